@@ -1,0 +1,3 @@
+from minisgl_core.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,50 @@
+"""minisgl's stable extension API: the only module plugins import.
+
+Versioned by :data:`API_VERSION` ("major.minor"). A plugin declares ``MINISGL_API = "1.0"``, the
+oldest version it needs; it is compatible when the majors are equal and its minor is not newer
+than the core's. Every name in ``__all__`` is covered by a snapshot test.
+"""
+
+from minisgl_core.api.attention import AttentionBackend, AttentionConfig, KVCache, PagedLayout, paged_layout
+from minisgl_core.api.batch import ForwardBatch
+from minisgl_core.api.cache import CacheManager, CacheSize, PrefixMatch
+from minisgl_core.api.hookspecs import hookimpl, hookspec
+from minisgl_core.api.model import KVSpec, Model, ModelConfig
+from minisgl_core.api.parallel import ParallelContext
+from minisgl_core.api.policy import (
+    Budgets,
+    DecodePlan,
+    PrefillPlan,
+    RequestView,
+    SchedulerState,
+    SchedulingPolicy,
+)
+from minisgl_core.api.process import ProcessContext
+
+API_VERSION = "1.0"
+
+__all__ = [
+    "API_VERSION",
+    "AttentionBackend",
+    "AttentionConfig",
+    "Budgets",
+    "CacheManager",
+    "CacheSize",
+    "DecodePlan",
+    "ForwardBatch",
+    "KVCache",
+    "KVSpec",
+    "Model",
+    "ModelConfig",
+    "PagedLayout",
+    "ParallelContext",
+    "PrefillPlan",
+    "PrefixMatch",
+    "ProcessContext",
+    "RequestView",
+    "SchedulerState",
+    "SchedulingPolicy",
+    "hookimpl",
+    "hookspec",
+    "paged_layout",
+]

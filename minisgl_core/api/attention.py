@@ -1,0 +1,158 @@
+"""Attention backends and the paged KV pool they read and write."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar, NamedTuple
+
+import torch
+
+from minisgl_core.api.batch import ForwardBatch
+
+
+class KVCache:
+    """The paged KV pool of one TP rank: per layer, K and V of shape
+    ``[num_pages, page_size, num_kv_heads, head_dim]`` (the "NHD" paged layout)."""
+
+    def __init__(
+        self,
+        *,
+        num_layers: int,
+        num_pages: int,
+        page_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        self.num_layers = num_layers
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.device = torch.device(device)
+        shape = (num_layers, 2, num_pages, page_size, num_kv_heads, head_dim)
+        self.buffer = torch.zeros(shape, dtype=dtype, device=self.device)
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_pages * self.page_size
+
+    def k_cache(self, layer_id: int) -> torch.Tensor:
+        return self.buffer[layer_id, 0]
+
+    def v_cache(self, layer_id: int) -> torch.Tensor:
+        return self.buffer[layer_id, 1]
+
+    def store(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write ``k``/``v`` ([num_tokens, num_kv_heads, head_dim]) at slots ``loc``."""
+        flat_shape = (self.num_slots, self.num_kv_heads, self.head_dim)
+        self.k_cache(layer_id).view(flat_shape)[loc] = k.to(self.dtype)
+        self.v_cache(layer_id).view(flat_shape)[loc] = v.to(self.dtype)
+
+    @staticmethod
+    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """What a backend is built with (head counts are per TP rank)."""
+
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim: int
+    scale: float
+    page_size: int
+    dtype: torch.dtype
+    device: torch.device
+    #: rows of the page table = most requests in flight at once
+    max_requests: int
+    max_context_len: int
+    kv_cache: KVCache
+
+
+class PagedLayout(NamedTuple):
+    """The CSR description of a batch's paged KV that FlashInfer-style kernels take.
+
+    All int32 on the batch's device."""
+
+    #: [bs + 1] offsets of each sequence's new tokens
+    qo_indptr: torch.Tensor
+    #: [bs + 1] offsets into ``kv_indices``
+    kv_indptr: torch.Tensor
+    #: [total_pages] page ids, sequence after sequence
+    kv_indices: torch.Tensor
+    #: [bs] tokens used in each sequence's last page (1..page_size)
+    kv_last_page_len: torch.Tensor
+
+
+def paged_layout(batch: ForwardBatch, page_size: int) -> PagedLayout:
+    """Build the CSR page layout of ``batch`` from its page table (one gather, no host sync)."""
+    device = batch.seq_lens.device
+    seq_lens = batch.seq_lens.to(torch.int32)
+    num_pages = (seq_lens + page_size - 1) // page_size
+    qo_indptr = torch.zeros(batch.batch_size + 1, dtype=torch.int32, device=device)
+    qo_indptr[1:] = torch.cumsum(batch.extend_lens, 0)
+    kv_indptr = torch.zeros_like(qo_indptr)
+    kv_indptr[1:] = torch.cumsum(num_pages, 0)
+    max_pages = max((s + page_size - 1) // page_size for s in batch.seq_lens_cpu) if batch.seq_lens_cpu else 0
+    # First slot of every page of every sequence, then keep the pages the sequence uses.
+    rows = batch.page_table[batch.req_slots.long(), : max_pages * page_size : page_size]
+    used = torch.arange(max_pages, device=device)[None, :] < num_pages[:, None]
+    kv_indices = (rows[used] // page_size).to(torch.int32)
+    kv_last_page_len = (seq_lens - 1) % page_size + 1
+    return PagedLayout(qo_indptr, kv_indptr, kv_indices, kv_last_page_len)
+
+
+class AttentionBackend(ABC):
+    """Paged attention for one model. One instance serves every layer.
+
+    The core calls :meth:`prepare_metadata` once per step, then every attention layer calls
+    :meth:`forward`. Decode batches may run inside CUDA graphs: a backend that supports it sets
+    ``capabilities`` to include ``"cuda_graph"`` and implements the three graph methods.
+    """
+
+    #: capability names the conformance kit and the core look at:
+    #: "prefill", "decode", "cuda_graph", "page_size>1"
+    capabilities: ClassVar[frozenset[str]] = frozenset({"prefill", "decode", "page_size>1"})
+
+    def __init__(self, config: AttentionConfig) -> None:
+        self.config = config
+
+    @classmethod
+    def availability(cls, device: torch.device) -> str | None:
+        """``None`` when the backend can run on ``device``, else one line saying why not.
+
+        Must be cheap and must not initialise CUDA kernels."""
+        return None
+
+    @abstractmethod
+    def prepare_metadata(self, batch: ForwardBatch) -> None:
+        """Compute whatever the kernels need for this batch and store it in ``batch.attn_metadata``."""
+
+    @abstractmethod
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch
+    ) -> torch.Tensor:
+        """Store ``k``/``v`` of the new tokens at ``batch.out_cache_loc`` in ``config.kv_cache``,
+        then return causal attention of ``q`` over each sequence's whole KV.
+
+        ``q``: [num_tokens, num_qo_heads, head_dim]; ``k``/``v``: [num_tokens, num_kv_heads, head_dim].
+        Returns [num_tokens, num_qo_heads, head_dim] in ``q``'s dtype."""
+
+    # --- CUDA graphs (decode only); only called when "cuda_graph" is in capabilities ---
+
+    def init_graph_capture(self, max_batch_size: int) -> None:
+        """Allocate the fixed buffers that captured decode graphs will read."""
+        raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")
+
+    def prepare_capture(self, batch: ForwardBatch) -> None:
+        """Like :meth:`prepare_metadata`, for a dummy batch of a captured size, using the fixed buffers."""
+        raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")
+
+    def prepare_replay(self, batch: ForwardBatch) -> None:
+        """Refresh the fixed buffers for a real (padded) batch before the graph of its size replays."""
+        raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")

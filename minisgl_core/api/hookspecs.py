@@ -1,0 +1,109 @@
+"""Every hook a plugin may implement.
+
+pluggy is used at start-up and shutdown only; the per-step hot path calls the selected backend
+objects directly. Registration hooks receive a ``register`` callback and name implementations
+lazily as ``"module:attribute"`` strings, so discovering a plugin never imports a kernel.
+All parameters are passed by keyword.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import pluggy
+
+if TYPE_CHECKING:
+    import argparse
+
+    from minisgl_core.api.process import ProcessContext
+
+PROJECT = "minisgl"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+#: ``register(name, target)``: ``target`` is ``"package.module:ClassName"``, imported on first use.
+Register = Callable[[str, str], None]
+
+
+@hookspec
+def minisgl_register_models(register: Register) -> None:
+    """Register model classes under the Hugging Face architecture names they implement.
+
+    ``register("Qwen3ForCausalLM", "minisgl_plugin_qwen3.model:Qwen3ForCausalLM")``. The class must
+    subclass :class:`minisgl_core.api.Model`. The core picks it by the first entry of
+    ``architectures`` in the model's ``config.json``.
+
+    Runs once per process at plugin load, in every process.
+
+    .. versionadded:: 1.0
+    """
+
+
+@hookspec
+def minisgl_register_attention_backends(register: Register) -> None:
+    """Register attention backends by the name users pass to ``--attn``.
+
+    ``register("fi", "minisgl_plugin_fi.backend:FlashInferBackend")``. The class must subclass
+    :class:`minisgl_core.api.AttentionBackend`.
+
+    Runs once per process at plugin load, in every process.
+
+    .. versionadded:: 1.0
+    """
+
+
+@hookspec
+def minisgl_register_caches(register: Register) -> None:
+    """Register prefix-cache managers by the name users pass to ``--cache``.
+
+    The class must subclass :class:`minisgl_core.api.CacheManager`.
+
+    Runs once per process at plugin load, in every process.
+
+    .. versionadded:: 1.0
+    """
+
+
+@hookspec
+def minisgl_register_policies(register: Register) -> None:
+    """Register scheduling policies by the name users pass to ``--policy``.
+
+    The class must subclass :class:`minisgl_core.api.SchedulingPolicy`.
+
+    Runs once per process at plugin load, in every process.
+
+    .. versionadded:: 1.0
+    """
+
+
+@hookspec
+def minisgl_add_cli_options(parser: argparse.ArgumentParser) -> None:
+    """Add plugin-specific options to ``minisgl serve`` / ``minisgl bench`` and friends.
+
+    Namespace them with the plugin name (``--fi-workspace-mb``) so plugins never collide. The
+    parsed values reach every process through :class:`ProcessContext.options`.
+
+    Runs in the launcher while it builds its argument parser.
+
+    .. versionadded:: 1.0
+    """
+
+
+@hookspec
+def minisgl_process_start(ctx: ProcessContext) -> None:
+    """Called once when a minisgl process has loaded its plugins and is about to start work.
+
+    ``ctx.role`` is ``"api"``, ``"tokenizer"``, ``"detokenizer"``, ``"scheduler"`` or ``"offline"``;
+    scheduler processes also carry ``ctx.tp_rank``. Use it for per-process set-up (logging,
+    warming a JIT cache). An exception here stops the process with an error naming the plugin.
+
+    .. versionadded:: 1.0
+    """
+
+
+@hookspec
+def minisgl_process_stop(ctx: ProcessContext) -> None:
+    """Called once when a minisgl process shuts down cleanly; errors are logged, not raised.
+
+    .. versionadded:: 1.0
+    """

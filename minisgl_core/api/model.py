@@ -1,0 +1,62 @@
+"""Model architectures."""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from minisgl_core.api.batch import ForwardBatch
+from minisgl_core.api.parallel import ParallelContext
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    #: the parsed ``config.json`` of the model directory
+    hf_config: dict[str, Any]
+    dtype: torch.dtype
+    device: torch.device
+    parallel: ParallelContext
+
+
+@dataclass(frozen=True)
+class KVSpec:
+    """What the core needs to size the KV pool and build the attention backend (per TP rank)."""
+
+    num_layers: int
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim: int
+    scale: float
+
+
+class Model(torch.nn.Module):
+    """A causal LM built from a Hugging Face ``config.json``.
+
+    Subclasses are constructed with a :class:`ModelConfig` directly on its device and dtype, get
+    their weights through :meth:`load_weights`, and run one :class:`ForwardBatch` per step.
+    Build them from :mod:`minisgl_core.api.layers` so tensor parallelism comes for free.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+
+    @property
+    @abstractmethod
+    def kv_spec(self) -> KVSpec:
+        """Attention shape of this rank's shard."""
+
+    @abstractmethod
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Run the batch; return float32 logits [bs, vocab_size] of each sequence's last new token."""
+
+    @abstractmethod
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Consume (checkpoint name, full tensor) pairs, keeping this rank's shard of each.
+
+        Returns the checkpoint names it used; the core reports any name left unused and any
+        parameter never loaded."""

@@ -1,0 +1,83 @@
+"""The ``minisgl`` command: serve, shell, generate, plugins, bench."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+from minisgl_core.plugins import PluginError, Plugins
+
+
+def _cmd_plugins(args: argparse.Namespace) -> int:
+    plugins = Plugins.load(disable=args.disable_plugin)
+    if args.json:
+        print(json.dumps([i.to_json() for i in plugins.infos], indent=2))
+    else:
+        print(plugins.format_table())
+    return 0
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from minisgl_core.engine.args import engine_config_from_args
+    from minisgl_core.llm import LLM
+    from minisgl_core.sampling import SamplingParams
+
+    config = engine_config_from_args(args)
+    if config.tp_size != 1:
+        raise SystemExit("minisgl generate runs one process (--tp 1); use `minisgl serve --tp N` for tensor parallelism")
+    fields = {k: v for k, v in vars(config).items() if k not in ("model", "tp_size")}
+    llm = LLM(config.model, **fields)
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
+    for out in llm.generate(args.prompt, params):
+        print(json.dumps({"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason}))
+    return 0
+
+
+def build_parser(plugins: Plugins | None = None) -> argparse.ArgumentParser:
+    from minisgl_core.engine.args import add_engine_args
+
+    parser = argparse.ArgumentParser(prog="minisgl", description="minisgl: a small plugin-based LLM serving engine")
+    parser.add_argument("--log-level", default=os.environ.get("MINISGL_LOG_LEVEL", "info"))
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("plugins", help="list discovered plugins")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--disable-plugin", action="append", default=[], metavar="NAME")
+    p.set_defaults(func=_cmd_plugins)
+
+    p = sub.add_parser("generate", help="generate offline for prompts given on the command line")
+    add_engine_args(p)
+    p.add_argument("prompt", nargs="+")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.set_defaults(func=_cmd_generate)
+
+    try:
+        from minisgl_core.server.cli import add_server_commands
+    except ImportError:  # the server package is optional while it is being built
+        add_server_commands = None
+    if add_server_commands is not None:
+        add_server_commands(sub, plugins)
+    try:
+        from minisgl_core.bench.cli import add_bench_command
+    except ImportError:
+        add_bench_command = None
+    if add_bench_command is not None:
+        add_bench_command(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    try:
+        return int(args.func(args) or 0)
+    except PluginError as exc:
+        print(f"minisgl: error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,73 @@
+"""Command-line options that build an EngineConfig (shared by serve, shell, generate and bench)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from minisgl_core.engine.config import EngineConfig
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("engine")
+    g.add_argument("--model", default=None, help="Hugging Face model directory (default: the embedded demo model)")
+    g.add_argument("--attn", default="auto", help="attention backend: NAME, PREFILL,DECODE or auto")
+    g.add_argument("--cache", default="radix", help="prefix cache plugin (radix, naive, ...)")
+    g.add_argument("--policy", default="prefill-first", help="scheduling policy plugin")
+    g.add_argument("--page-size", type=int, default=1)
+    g.add_argument("--max-prefill-tokens", type=int, default=8192)
+    g.add_argument("--max-running-requests", type=int, default=256)
+    g.add_argument("--max-context-len", type=int, default=None)
+    g.add_argument("--num-kv-tokens", type=int, default=None, help="KV pool size in tokens")
+    g.add_argument("--kv-memory-fraction", type=float, default=0.85)
+    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
+    g.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    g.add_argument("--tp", type=int, default=1, dest="tp_size", help="tensor-parallel size")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--cuda-graph-max-bs", type=int, default=256, help="0 disables CUDA graphs")
+    g.add_argument("--disable-overlap", action="store_true", help="turn off overlap scheduling (ablation)")
+    g.add_argument(
+        "--disable-plugin", action="append", default=[], metavar="NAME", help="skip a plugin (repeatable)"
+    )
+
+
+ENGINE_FIELDS = (
+    "attn",
+    "cache",
+    "policy",
+    "page_size",
+    "max_prefill_tokens",
+    "max_running_requests",
+    "max_context_len",
+    "num_kv_tokens",
+    "kv_memory_fraction",
+    "dtype",
+    "device",
+    "tp_size",
+    "seed",
+    "cuda_graph_max_bs",
+)
+
+
+def resolve_model(model: str | None) -> str:
+    if model is not None:
+        return model
+    import logging
+
+    from minisgl_core.testing.factories import demo_model_dir
+
+    logging.getLogger("minisgl").warning(
+        "no --model given: using the embedded demo model (Qwen3 architecture, random weights): "
+        "its output is meaningless"
+    )
+    return str(demo_model_dir())
+
+
+def engine_config_from_args(args: argparse.Namespace, plugin_options: dict[str, Any] | None = None) -> EngineConfig:
+    values = {name: getattr(args, name) for name in ENGINE_FIELDS}
+    return EngineConfig(
+        model=resolve_model(args.model),
+        overlap=not args.disable_overlap,
+        plugin_options=plugin_options or {},
+        **values,
+    )

@@ -1,0 +1,154 @@
+"""ModelRunner: loads the model of one TP rank, owns the KV pool and page table, runs forward passes."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from minisgl_core.api import AttentionBackend, AttentionConfig, ForwardBatch, KVCache, ModelConfig, ParallelContext
+from minisgl_core.engine.config import EngineConfig
+from minisgl_core.engine.loader import iter_checkpoint, load_hf_config
+from minisgl_core.plugins import PluginError, Plugins
+
+logger = logging.getLogger(__name__)
+
+CPU_DEFAULT_KV_TOKENS = 65536
+
+
+def pick_attention(spec: str, device: torch.device, plugins: Plugins) -> tuple[str, str]:
+    """Parse ``--attn``: "name", "prefill,decode" or "auto" (torch on CPU; fa3 prefill + fi decode on Hopper)."""
+    if spec != "auto":
+        names = [s.strip() for s in spec.split(",")]
+        if len(names) not in (1, 2) or not all(names):
+            raise ValueError(f"--attn takes NAME or PREFILL,DECODE; got {spec!r}")
+        return names[0], names[-1]
+    if device.type != "cuda":
+        return "torch", "torch"
+    available = [n for n in ("fa3", "fi") if n in plugins.registry["attention"]]
+    usable = [n for n in available if plugins.resolve("attention", n).availability(device) is None]
+    decode = "fi" if "fi" in usable else "torch"
+    prefill = "fa3" if "fa3" in usable else decode
+    return prefill, decode
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, parallel: ParallelContext, plugins: Plugins) -> None:
+        self.config = config
+        self.parallel = parallel
+        self.device = config.resolve_device()
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", parallel.tp_rank % torch.cuda.device_count())
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self.dtype = config.resolve_dtype(self.device)
+        model_dir = Path(config.model)
+        self.hf_config = load_hf_config(model_dir)
+        self.model = self._load_model(model_dir, plugins)
+        spec = self.model.kv_spec
+        max_pos = int(self.hf_config.get("max_position_embeddings", 4096))
+        self.max_context_len = min(config.max_context_len or max_pos, max_pos)
+        self.vocab_size = int(self.hf_config["vocab_size"])
+        num_pages = self._num_kv_pages(spec.num_layers, spec.num_kv_heads, spec.head_dim)
+        self.kv_cache = KVCache(
+            num_layers=spec.num_layers,
+            num_pages=num_pages,
+            page_size=config.page_size,
+            num_kv_heads=spec.num_kv_heads,
+            head_dim=spec.head_dim,
+            dtype=self.dtype,
+            device=self.device,
+        )
+        # One spare row: CUDA-graph padding points its dummy requests there.
+        self.num_request_rows = config.max_running_requests + 1
+        self.page_table = torch.zeros(
+            (self.num_request_rows, self.max_context_len), dtype=torch.int32, device=self.device
+        )
+        prefill_name, decode_name = pick_attention(config.attn, self.device, plugins)
+        attn_config = AttentionConfig(
+            num_qo_heads=spec.num_qo_heads,
+            num_kv_heads=spec.num_kv_heads,
+            head_dim=spec.head_dim,
+            scale=spec.scale,
+            page_size=config.page_size,
+            dtype=self.dtype,
+            device=self.device,
+            max_requests=self.num_request_rows,
+            max_context_len=self.max_context_len,
+            kv_cache=self.kv_cache,
+        )
+        self.prefill_attn = self._make_backend(prefill_name, attn_config, plugins)
+        self.decode_attn = (
+            self.prefill_attn
+            if decode_name == prefill_name
+            else self._make_backend(decode_name, attn_config, plugins)
+        )
+        self.attn_names = (prefill_name, decode_name)
+        self.graphs = None
+        if self.device.type == "cuda" and config.cuda_graph_max_bs > 0:
+            if "cuda_graph" in self.decode_attn.capabilities:
+                from minisgl_core.engine.cuda_graph import GraphRunner
+
+                self.graphs = GraphRunner(self, config.cuda_graph_max_bs)
+            else:
+                logger.info("attention backend %s does not support CUDA graphs; running eagerly", decode_name)
+
+    # ------------------------------------------------------------------ set-up
+
+    def _load_model(self, model_dir: Path, plugins: Plugins) -> torch.nn.Module:
+        archs = self.hf_config.get("architectures") or []
+        if not archs:
+            raise ValueError(f"{model_dir / 'config.json'} has no 'architectures' entry")
+        arch = archs[0]
+        if arch not in plugins.registry["models"]:
+            raise PluginError(plugins._missing_message("models", arch))
+        model_cls = plugins.resolve("models", arch)
+        model_config = ModelConfig(self.hf_config, self.dtype, self.device, self.parallel)
+        default_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+        try:
+            with torch.device(self.device):
+                model = model_cls(model_config)
+        finally:
+            torch.set_default_dtype(default_dtype)
+        used = model.load_weights(iter_checkpoint(model_dir))
+        logger.debug("loaded %d checkpoint tensors", len(used))
+        return model.eval()
+
+    def _num_kv_pages(self, num_layers: int, num_kv_heads: int, head_dim: int) -> int:
+        page = self.config.page_size
+        if self.config.num_kv_tokens is not None:
+            tokens = self.config.num_kv_tokens
+        elif self.device.type == "cuda":
+            per_token = KVCache.bytes_per_token(num_layers, num_kv_heads, head_dim, self.dtype)
+            free, _ = torch.cuda.mem_get_info(self.device)
+            # Leave room for activations, CUDA graphs and the sampler.
+            reserve = 4 << 30
+            tokens = int(max(free - reserve, 0) * self.config.kv_memory_fraction) // per_token
+            if self.parallel.tp_size > 1:  # every rank must see the same capacity
+                t = torch.tensor([tokens], device=self.device)
+                torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN, group=self.parallel.group)
+                tokens = int(t.item())
+        else:
+            tokens = CPU_DEFAULT_KV_TOKENS
+        pages = tokens // page
+        if pages < 2:
+            raise ValueError(f"KV pool too small: {tokens} tokens; give more memory or a larger num_kv_tokens")
+        return pages
+
+    def _make_backend(self, name: str, attn_config: AttentionConfig, plugins: Plugins) -> AttentionBackend:
+        cls = plugins.resolve("attention", name)
+        why = cls.availability(self.device)
+        if why is not None:
+            raise PluginError(f"attention backend {name!r} cannot run on {self.device}: {why}")
+        return cls(attn_config)
+
+    # ------------------------------------------------------------------ running
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        if self.graphs is not None and not batch.is_prefill and self.graphs.can_run(batch):
+            return self.graphs.replay(batch)
+        batch.attn.prepare_metadata(batch)
+        return self.model(batch)

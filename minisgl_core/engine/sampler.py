@@ -1,0 +1,128 @@
+"""Batched sampling on the model's device: penalties, temperature, top-k, top-p, min-p, seeds.
+
+Sampling uses the exponential race (``argmax(p / q)`` with ``q ~ Exp(1)``), which draws from ``p``
+without normalising it, so a seeded request draws its noise from its own generator and gets the
+same tokens whatever else shares its batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from minisgl_core.sampling import SamplingParams, TokenLogprob
+
+
+@dataclass
+class SampleRequest:
+    """What the sampler needs of one request."""
+
+    params: SamplingParams
+    output_ids: list[int]
+    generator: torch.Generator | None = None
+
+
+class SampleResult:
+    def __init__(self, token_ids: torch.Tensor, logprobs: list[TokenLogprob | None]) -> None:
+        self.token_ids = token_ids
+        self.logprobs = logprobs
+
+
+class Sampler:
+    def __init__(self, vocab_size: int, device: torch.device) -> None:
+        self.vocab_size = vocab_size
+        self.device = device
+
+    def make_generator(self, seed: int) -> torch.Generator:
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(seed)
+        return gen
+
+    def sample(self, logits: torch.Tensor, requests: Sequence[SampleRequest]) -> SampleResult:
+        """``logits``: float32 [n, vocab] (may be wider than the tokenizer; extra ids stay valid)."""
+        params = [r.params for r in requests]
+        raw = logits
+        logits = self._apply_penalties(logits, requests)
+        greedy = torch.tensor([p.greedy for p in params], device=logits.device)
+        if bool(greedy.all()):
+            token_ids = logits.argmax(dim=-1)
+        else:
+            token_ids = self._sample_random(logits, requests, greedy)
+        logprobs = self._logprobs(raw, token_ids, params)
+        return SampleResult(token_ids, logprobs)
+
+    # ------------------------------------------------------------------ pieces
+
+    def _apply_penalties(self, logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tensor:
+        rows = [
+            i
+            for i, r in enumerate(requests)
+            if (r.params.presence_penalty or r.params.frequency_penalty) and r.output_ids
+        ]
+        if not rows:
+            return logits
+        logits = logits.clone()
+        for i in rows:
+            p = requests[i].params
+            ids = torch.tensor(requests[i].output_ids, device=logits.device)
+            counts = torch.zeros(logits.shape[-1], device=logits.device).index_add_(
+                0, ids, torch.ones(len(ids), device=logits.device)
+            )
+            logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
+        return logits
+
+    def _sample_random(
+        self, logits: torch.Tensor, requests: Sequence[SampleRequest], greedy: torch.Tensor
+    ) -> torch.Tensor:
+        params = [r.params for r in requests]
+        device = logits.device
+        temperature = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], device=device)
+        probs = torch.softmax(logits / temperature[:, None], dim=-1)
+        if any(p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 for p in params):
+            probs = self._truncate(probs, params)
+        noise = torch.empty_like(probs).exponential_()
+        for i, r in enumerate(requests):
+            if r.generator is not None:
+                noise[i] = torch.empty(probs.shape[-1], device=device).exponential_(generator=r.generator)
+        sampled = (probs / noise).argmax(dim=-1)
+        return torch.where(greedy, logits.argmax(dim=-1), sampled)
+
+    @staticmethod
+    def _truncate(probs: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+        """Zero out tokens outside top-k, outside the top-p nucleus, or below min-p × the best."""
+        device = probs.device
+        vocab = probs.shape[-1]
+        top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)
+        top_p = torch.tensor([p.top_p for p in params], device=device)
+        min_p = torch.tensor([p.min_p for p in params], device=device)
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        rank = torch.arange(vocab, device=device)[None, :]
+        # mass strictly before each token: a token is kept while that is below top_p (the first always is)
+        before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        drop = (rank >= top_k[:, None]) | (before > top_p[:, None] * sorted_probs.sum(-1, keepdim=True))
+        drop |= sorted_probs < min_p[:, None] * sorted_probs[:, :1]
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+        return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+
+    @staticmethod
+    def _logprobs(
+        raw_logits: torch.Tensor, token_ids: torch.Tensor, params: Sequence[SamplingParams]
+    ) -> list[TokenLogprob | None]:
+        wanted = [i for i, p in enumerate(params) if p.logprobs is not None]
+        out: list[TokenLogprob | None] = [None] * len(params)
+        if not wanted:
+            return out
+        rows = torch.tensor(wanted, device=raw_logits.device)
+        logprobs = torch.log_softmax(raw_logits[rows].float(), dim=-1)
+        chosen = logprobs.gather(1, token_ids[rows][:, None]).squeeze(1).tolist()
+        k = max(params[i].logprobs or 0 for i in wanted)
+        top_vals, top_ids = logprobs.topk(k, dim=-1) if k else (None, None)
+        for j, i in enumerate(wanted):
+            n = params[i].logprobs or 0
+            top = (
+                list(zip(top_ids[j, :n].tolist(), top_vals[j, :n].tolist())) if n and top_ids is not None else []
+            )
+            out[i] = TokenLogprob(int(token_ids[i]), chosen[j], top)
+        return out

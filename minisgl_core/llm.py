@@ -1,0 +1,137 @@
+"""The offline Python API: ``LLM(model).generate(prompts, SamplingParams(...))``."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from minisgl_core.api import ParallelContext
+from minisgl_core.engine.config import EngineConfig
+from minisgl_core.engine.engine import Engine
+from minisgl_core.sampling import SamplingParams, TokenLogprob
+from minisgl_core.tokenizer.detokenize import final_text
+
+logger = logging.getLogger(__name__)
+
+Prompt = str | list[int]
+
+
+@dataclass
+class RequestOutput:
+    prompt_token_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    #: "stop" | "length"
+    finish_reason: str | None = None
+    #: the stop string or token id that ended generation, if any
+    matched_stop: str | int | None = None
+    #: one entry per output token when SamplingParams.logprobs is set
+    logprobs: list[TokenLogprob] | None = None
+
+
+class LLM:
+    """Runs one engine in this process (tensor parallel size 1).
+
+    ``model`` is a Hugging Face model directory; None builds and uses the embedded demo model
+    (random weights: its output is meaningless)."""
+
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        *,
+        attn: str = "auto",
+        cache: str = "radix",
+        policy: str = "prefill-first",
+        page_size: int = 1,
+        max_prefill_tokens: int = 8192,
+        dtype: str = "auto",
+        device: str = "auto",
+        **engine_options: Any,
+    ) -> None:
+        if model is None:
+            from minisgl_core.testing.factories import demo_model_dir
+
+            model = demo_model_dir()
+            logger.warning("no model given: using the embedded demo model (random weights, meaningless output)")
+        self.config = EngineConfig(
+            model=str(model),
+            attn=attn,
+            cache=cache,
+            policy=policy,
+            page_size=page_size,
+            max_prefill_tokens=max_prefill_tokens,
+            dtype=dtype,
+            device=device,
+            **engine_options,
+        )
+        self.engine = Engine(self.config, ParallelContext())
+        self.tokenizer = self.engine.tokenizer
+        self._rids = itertools.count()
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            return list(self.tokenizer.encode(prompt, add_special_tokens=False))
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+            return list(prompt)
+        raise TypeError(f"a prompt must be a str or a list of token ids, got {type(prompt).__name__}")
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool | None = None,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt; outputs come back in prompt order."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        prompts = list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params = (
+            [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) else list(sampling_params)
+        )
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
+        encoded = [self.encode(p) for p in prompts]
+        for ids, p in zip(encoded, params):
+            p.validate()
+            self.engine.check_request(ids, p)
+        outputs: dict[int, RequestOutput] = {}
+        for ids, p in zip(encoded, params):
+            rid = next(self._rids)
+            outputs[rid] = RequestOutput(prompt_token_ids=ids, logprobs=[] if p.logprobs is not None else None)
+            self.engine.add_request(rid, ids, p)
+        by_rid = dict(zip(outputs, params))
+        bar = self._progress(len(prompts), use_tqdm)
+        pending = len(outputs)
+        while pending:
+            for out in self.engine.step():
+                result = outputs[out.rid]
+                if out.token_id >= 0:
+                    result.token_ids.append(out.token_id)
+                    if out.logprob is not None and result.logprobs is not None:
+                        result.logprobs.append(out.logprob)
+                if out.finished:
+                    result.finish_reason = out.finish_reason
+                    result.matched_stop = out.matched_stop
+                    result.text = final_text(
+                        self.tokenizer, result.token_ids, out.matched_stop, by_rid[out.rid].skip_special_tokens
+                    )
+                    pending -= 1
+                    if bar is not None:
+                        bar.update(1)
+        if bar is not None:
+            bar.close()
+        return list(outputs.values())
+
+    @staticmethod
+    def _progress(total: int, use_tqdm: bool | None):
+        if use_tqdm is False or (use_tqdm is None and total < 16):
+            return None
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc="generate", unit="req")

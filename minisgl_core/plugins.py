@@ -1,0 +1,306 @@
+"""Plugin discovery, per-plugin status, the four registries and the cross-process fingerprint.
+
+Plugins are modules named by entry points in the ``minisgl.plugins`` group. Each one is loaded,
+version-checked and asked to register its implementations one at a time inside try/except, so a
+broken plugin is recorded as ``failed`` with its reason and never stops the others. It only
+becomes fatal when the user selects something it provides (see :meth:`Plugins.resolve`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any, Literal
+
+import pluggy
+
+from minisgl_core.api import API_VERSION, hookspecs
+
+GROUP = "minisgl.plugins"
+KINDS = ("models", "attention", "caches", "policies")
+KIND_HOOKS = {
+    "models": "minisgl_register_models",
+    "attention": "minisgl_register_attention_backends",
+    "caches": "minisgl_register_caches",
+    "policies": "minisgl_register_policies",
+}
+# What users type for each kind, used in error messages.
+KIND_FLAGS = {"models": "model architecture", "attention": "--attn", "caches": "--cache", "policies": "--policy"}
+
+Status = Literal["ok", "failed", "incompatible", "disabled"]
+
+
+class PluginError(RuntimeError):
+    """A selected implementation cannot be used; the message says which plugin and what to do."""
+
+
+@dataclass
+class PluginInfo:
+    name: str
+    distribution: str
+    version: str
+    api: str | None = None
+    status: Status = "ok"
+    reason: str | None = None
+    module: Any = None
+    provides: dict[str, list[str]] = field(default_factory=lambda: {k: [] for k in KINDS})
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "distribution": self.distribution,
+            "version": self.version,
+            "api": self.api,
+            "status": self.status,
+            "reason": self.reason,
+            "provides": self.provides,
+        }
+
+
+@dataclass(frozen=True)
+class Registration:
+    kind: str
+    name: str
+    target: str
+    plugin: PluginInfo
+
+
+def api_compatible(required: str, provided: str = API_VERSION) -> bool:
+    req_major, req_minor = (int(x) for x in required.split("."))
+    major, minor = (int(x) for x in provided.split("."))
+    return req_major == major and req_minor <= minor
+
+
+def _split_list(value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+class Plugins:
+    """Every discovered plugin and what it registered."""
+
+    def __init__(self) -> None:
+        self.pm = pluggy.PluginManager(hookspecs.PROJECT)
+        self.pm.add_hookspecs(hookspecs)
+        self.infos: list[PluginInfo] = []
+        self.registry: dict[str, dict[str, Registration]] = {k: {} for k in KINDS}
+        # name -> every registration of it, for errors about collisions
+        self.collisions: dict[tuple[str, str], list[Registration]] = {}
+
+    # ---------------------------------------------------------------- loading
+
+    @classmethod
+    def load(
+        cls,
+        allow: Iterable[str] | None = None,
+        disable: Iterable[str] = (),
+        entry_points: Iterable[metadata.EntryPoint] | None = None,
+    ) -> Plugins:
+        """Discover and load plugins. ``allow`` None = all; ``disable`` names are skipped.
+
+        Defaults come from ``MINISGL_PLUGINS`` (allow-list; empty string = none) and
+        ``MINISGL_DISABLE_PLUGINS`` (comma-separated)."""
+        if allow is None:
+            allow = _split_list(os.environ.get("MINISGL_PLUGINS"))
+        disabled = set(disable) | set(_split_list(os.environ.get("MINISGL_DISABLE_PLUGINS")) or [])
+        allowed = None if allow is None else set(allow)
+        self = cls()
+        if entry_points is None:
+            entry_points = metadata.entry_points(group=GROUP)
+        seen: set[str] = set()
+        for ep in sorted(entry_points, key=lambda e: e.name):
+            if ep.name in seen:  # the same distribution visible twice on sys.path
+                continue
+            seen.add(ep.name)
+            dist = ep.dist
+            info = PluginInfo(
+                name=ep.name,
+                distribution=dist.metadata["Name"] if dist else "?",
+                version=dist.version if dist else "?",
+            )
+            self.infos.append(info)
+            if ep.name in disabled or (allowed is not None and ep.name not in allowed):
+                info.status, info.reason = "disabled", "disabled by MINISGL_PLUGINS / --disable-plugin"
+                continue
+            self._load_one(info, ep)
+        return self
+
+    def _load_one(self, info: PluginInfo, ep: metadata.EntryPoint) -> None:
+        try:
+            module = ep.load()
+        except Exception as exc:  # noqa: BLE001 - any import failure is the plugin's
+            info.status, info.reason = "failed", f"import failed: {type(exc).__name__}: {exc}"
+            return
+        info.module = module
+        info.api = getattr(module, "MINISGL_API", None)
+        if not isinstance(info.api, str):
+            info.status, info.reason = "incompatible", "declares no MINISGL_API (e.g. MINISGL_API = \"1.0\")"
+            return
+        try:
+            compatible = api_compatible(info.api)
+        except ValueError:
+            info.status, info.reason = "incompatible", f"MINISGL_API {info.api!r} is not 'major.minor'"
+            return
+        if not compatible:
+            newer = int(info.api.split(".")[0]) > int(API_VERSION.split(".")[0]) or info.api > API_VERSION
+            fix = "upgrade minisgl-core" if newer else f"upgrade {info.distribution} to a release for API {API_VERSION}"
+            info.status = "incompatible"
+            info.reason = f"needs minisgl API {info.api}, core provides {API_VERSION}: {fix}"
+            return
+        try:
+            self.pm.register(module, name=info.name)
+        except Exception as exc:  # noqa: BLE001 - e.g. a hookimpl with wrong argument names
+            info.status, info.reason = "failed", f"invalid hooks: {exc}"
+            return
+        for kind, hook_name in KIND_HOOKS.items():
+            registered: list[Registration] = []
+
+            def register(name: str, target: str, _kind: str = kind, _out: list = registered) -> None:
+                if not isinstance(name, str) or not isinstance(target, str) or ":" not in target:
+                    raise TypeError(f"register(name, 'module:attr') got ({name!r}, {target!r})")
+                _out.append(Registration(_kind, name, target, info))
+
+            caller = self.pm.subset_hook_caller(
+                hook_name, remove_plugins=[p for p in self.pm.get_plugins() if p is not module]
+            )
+            try:
+                caller(register=register)
+            except Exception as exc:  # noqa: BLE001
+                info.status = "failed"
+                info.reason = f"hook {hook_name} raised {type(exc).__name__}: {exc}"
+                self._forget(info)
+                return
+            for reg in registered:
+                self._add(reg)
+
+    def _add(self, reg: Registration) -> None:
+        table = self.registry[reg.kind]
+        existing = table.get(reg.name)
+        if existing is not None and existing.plugin is not reg.plugin:
+            self.collisions.setdefault((reg.kind, reg.name), [existing]).append(reg)
+        elif existing is None:
+            table[reg.name] = reg
+        if reg.name not in reg.plugin.provides[reg.kind]:
+            reg.plugin.provides[reg.kind].append(reg.name)
+
+    def _forget(self, info: PluginInfo) -> None:
+        """Drop everything a plugin registered before it failed, so a half-registered plugin is not used."""
+        for kind in KINDS:
+            for name in [n for n, r in self.registry[kind].items() if r.plugin is info]:
+                del self.registry[kind][name]
+            info.provides[kind] = []
+        try:
+            self.pm.unregister(name=info.name)
+        except ValueError:
+            pass
+
+    # ---------------------------------------------------------------- lookup
+
+    def names(self, kind: str) -> list[str]:
+        return sorted(self.registry[kind])
+
+    def providers_of(self, kind: str, name: str) -> list[PluginInfo]:
+        """Plugins that would provide ``name`` if they loaded (best effort for failed ones)."""
+        return [i for i in self.infos if name in i.provides[kind]]
+
+    def resolve(self, kind: str, name: str) -> type:
+        """Import and return the class registered as ``name``, or raise PluginError saying why not."""
+        clash = self.collisions.get((kind, name))
+        if clash:
+            who = " and ".join(f"{r.plugin.distribution} (plugin {r.plugin.name!r})" for r in clash)
+            raise PluginError(
+                f"{KIND_FLAGS[kind]} {name!r} is provided by both {who}; uninstall one or disable it "
+                f"with MINISGL_DISABLE_PLUGINS=<plugin>"
+            )
+        reg = self.registry[kind].get(name)
+        if reg is None:
+            raise PluginError(self._missing_message(kind, name))
+        module_name, _, attr = reg.target.partition(":")
+        try:
+            obj: Any = importlib.import_module(module_name)
+            for part in attr.split("."):
+                obj = getattr(obj, part)
+        except Exception as exc:  # noqa: BLE001
+            raise PluginError(
+                f"{KIND_FLAGS[kind]} {name!r} from {reg.plugin.distribution} {reg.plugin.version} "
+                f"(plugin {reg.plugin.name!r}) failed to import {reg.target}: {type(exc).__name__}: {exc}"
+            ) from exc
+        return obj
+
+    def _missing_message(self, kind: str, name: str) -> str:
+        broken = [i for i in self.infos if i.status != "ok" and _likely_provides(i, kind, name)]
+        if broken:
+            info = broken[0]
+            return (
+                f"{KIND_FLAGS[kind]} {name!r} is unavailable: plugin {info.name!r} "
+                f"({info.distribution} {info.version}) is {info.status}: {info.reason}"
+            )
+        have = ", ".join(self.names(kind)) or "none"
+        hint = f"install the plugin that provides it (e.g. pip install minisgl-plugin-{_plugin_hint(kind, name)})"
+        return f"unknown {KIND_FLAGS[kind]} {name!r}; installed: {have}; {hint}"
+
+    # ---------------------------------------------------------------- reporting
+
+    def fingerprint(self) -> str:
+        """Stable digest of what is loaded, compared across processes at start-up."""
+        rows = [
+            (i.name, i.distribution, i.version, i.status, {k: sorted(v) for k, v in i.provides.items()})
+            for i in self.infos
+        ]
+        return hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()[:16]
+
+    def check_fingerprint(self, expected: str, where: str) -> None:
+        mine = self.fingerprint()
+        if mine != expected:
+            raise PluginError(
+                f"{where} sees a different set of plugins than the launcher (fingerprint {mine} != "
+                f"{expected}); install the same plugins in every environment and use the same "
+                f"MINISGL_PLUGINS / MINISGL_DISABLE_PLUGINS settings. Here: {self.summary()}"
+            )
+
+    def summary(self) -> str:
+        return ", ".join(f"{i.name} {i.version}" + ("" if i.status == "ok" else f" ({i.status})") for i in self.infos)
+
+    def call_hook(self, hook_name: str, **kwargs: Any) -> None:
+        """Call a non-registration hook on every loaded plugin, naming the plugin if one raises."""
+        for info in self.infos:
+            if info.status != "ok":
+                continue
+            caller = self.pm.subset_hook_caller(
+                hook_name, remove_plugins=[p for p in self.pm.get_plugins() if p is not info.module]
+            )
+            try:
+                caller(**kwargs)
+            except Exception as exc:
+                raise PluginError(
+                    f"plugin {info.name!r} ({info.distribution} {info.version}) hook {hook_name} "
+                    f"raised {type(exc).__name__}: {exc}"
+                ) from exc
+
+    def format_table(self) -> str:
+        lines = [f"{'plugin':<16} {'distribution':<30} {'version':<9} {'api':<5} {'status':<13} provides"]
+        for i in self.infos:
+            provides = "; ".join(f"{k}: {', '.join(v)}" for k, v in i.provides.items() if v) or "-"
+            lines.append(
+                f"{i.name:<16} {i.distribution:<30} {i.version:<9} {i.api or '-':<5} {i.status:<13} {provides}"
+            )
+            if i.reason:
+                lines.append(f"{'':<16} reason: {i.reason}")
+        return "\n".join(lines)
+
+
+def _plugin_hint(kind: str, name: str) -> str:
+    if kind == "models":
+        return name.removesuffix("ForCausalLM").lower()
+    return name
+
+
+def _likely_provides(info: PluginInfo, kind: str, name: str) -> bool:
+    """A failed plugin registered nothing, so guess by its name (``fi`` provides ``--attn fi``)."""
+    return info.name == _plugin_hint(kind, name) or name in info.provides[kind]

@@ -1,0 +1,1 @@
+"""Request state, admission and batching, and the per-rank scheduler loop."""

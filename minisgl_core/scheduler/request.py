@@ -1,0 +1,63 @@
+"""A request's state inside the scheduler."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from minisgl_core.api import RequestView
+from minisgl_core.sampling import SamplingParams
+
+
+@dataclass(eq=False)
+class Request:
+    rid: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    arrival: int
+    output_ids: list[int] = field(default_factory=list)
+    #: row of the page table; None until admitted
+    row: int | None = None
+    #: cache handle locked for the reused prefix, and that prefix's slots (positions [0, prefix_len))
+    prefix_handle: Any = None
+    prefix_slots: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
+    #: pages this request owns, covering positions prefix_len, prefix_len + page_size, ...
+    pages: list[int] = field(default_factory=list)
+    #: tokens whose KV is in the pool (prefix + prefilled chunks + decoded tokens)
+    num_computed: int = 0
+    #: pages promised at admission and not allocated yet
+    reserved_pages: int = 0
+    generator: torch.Generator | None = None
+    #: per-request stop-string window, in tokens
+    stop_window: int = 0
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def prefix_len(self) -> int:
+        return int(self.prefix_slots.numel())
+
+    @property
+    def admitted(self) -> bool:
+        return self.row is not None
+
+    @property
+    def prefilled(self) -> bool:
+        return self.num_computed >= self.prompt_len
+
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    def view(self) -> RequestView:
+        return RequestView(
+            rid=self.rid,
+            arrival=self.arrival,
+            prompt_len=self.prompt_len,
+            num_computed=self.num_computed,
+            output_len=len(self.output_ids),
+            max_new_tokens=self.params.max_tokens,
+        )

@@ -1,0 +1,229 @@
+"""The scheduler of one TP rank: queues, the policy call, batch building, and stop checks.
+
+``schedule()`` turns the policy's plan into a :class:`ScheduledBatch` (checking every budget
+itself), ``process()`` takes the sampled tokens back, decides which requests finished and
+releases their KV. Every rank runs the same code on the same inputs, so they agree.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from minisgl_core.api import (
+    AttentionBackend,
+    Budgets,
+    CacheManager,
+    DecodePlan,
+    ForwardBatch,
+    PrefillPlan,
+    SchedulerState,
+    SchedulingPolicy,
+)
+from minisgl_core.engine.allocator import PageAllocator, RequestSlots
+from minisgl_core.sampling import StepOutput, TokenLogprob
+from minisgl_core.scheduler.kv import KVManager
+from minisgl_core.scheduler.request import Request
+from minisgl_core.scheduler.stop import StopChecker
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ScheduledBatch:
+    forward: ForwardBatch
+    requests: list[Request]
+    #: chunk length per request (1 for decode)
+    chunk_lens: list[int]
+    #: indices into ``requests`` of the ones that get a token this step
+    sampled: list[int]
+
+
+class Scheduler:
+    def __init__(
+        self,
+        *,
+        policy: SchedulingPolicy,
+        cache: CacheManager,
+        num_pages: int,
+        page_size: int,
+        num_request_rows: int,
+        max_prefill_tokens: int,
+        page_table: torch.Tensor,
+        last_tokens: torch.Tensor,
+        prefill_attn: AttentionBackend,
+        decode_attn: AttentionBackend,
+        stop_checker: StopChecker,
+        make_generator: Callable[[int], torch.Generator],
+    ) -> None:
+        self.policy = policy
+        self.kv = KVManager(PageAllocator(num_pages, page_size), cache, page_size)
+        self.rows = RequestSlots(num_request_rows)
+        self.max_prefill_tokens = max_prefill_tokens
+        self.page_table = page_table
+        self.last_tokens = last_tokens
+        self.device = page_table.device
+        self.prefill_attn = prefill_attn
+        self.decode_attn = decode_attn
+        self.stop_checker = stop_checker
+        self.make_generator = make_generator
+        self.waiting: dict[int, Request] = {}
+        self.running: dict[int, Request] = {}
+        self._arrivals = 0
+        self._warned_plan = False
+
+    # ------------------------------------------------------------------ queue
+
+    def add(self, req: Request) -> None:
+        req.arrival = self._arrivals
+        self._arrivals += 1
+        if req.params.seed is not None:
+            req.generator = self.make_generator(req.params.seed)
+        self.waiting[req.rid] = req
+
+    def abort(self, rid: int) -> StepOutput | None:
+        req = self.waiting.pop(rid, None) or self.running.pop(rid, None)
+        if req is None:
+            return None
+        self._release(req)
+        return StepOutput(rid, -1, True, "abort")
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ------------------------------------------------------------------ planning
+
+    def state(self) -> SchedulerState:
+        budgets = Budgets(
+            prefill_tokens=self.max_prefill_tokens,
+            free_kv_tokens=self.kv.available_pages() * self.kv.page_size,
+            free_request_slots=self.rows.free,
+        )
+        return SchedulerState(
+            waiting=[r.view() for r in self.waiting.values()],
+            running=[r.view() for r in self.running.values()],
+            budgets=budgets,
+            cached_prefix_len=lambda rid: self.kv.cached_prefix_len(self.waiting[rid].prompt_ids),
+        )
+
+    def schedule(self) -> ScheduledBatch | None:
+        if not self.has_work:
+            return None
+        plan = self.policy.schedule(self.state())
+        if isinstance(plan, PrefillPlan):
+            batch = self._build_prefill(plan)
+            if batch is not None:
+                return batch
+            plan = DecodePlan(list(self.running))  # nothing admissible: keep decoding
+        if isinstance(plan, DecodePlan) and self.running:
+            return self._build_decode(plan)
+        return None
+
+    def _build_prefill(self, plan: PrefillPlan) -> ScheduledBatch | None:
+        budget = self.max_prefill_tokens
+        reqs: list[Request] = []
+        chunks: list[int] = []
+        slots: list[torch.Tensor] = []
+        for rid, n in plan.chunks:
+            req = self.waiting.get(rid)
+            if req is None or req in reqs or budget <= 0:
+                self._complain(f"prefill plan names {rid!r} which is not waiting, twice, or over budget")
+                continue
+            if not req.admitted:
+                if self.rows.free == 0 or not self.kv.admit(req):
+                    break  # keep arrival order: later requests do not overtake one that does not fit
+                req.row = self.rows.alloc()
+            n = min(max(int(n), 1), req.prompt_len - req.num_computed, budget)
+            budget -= n
+            slots.append(self.kv.allocate(req, req.num_computed + n))
+            reqs.append(req)
+            chunks.append(n)
+        if not reqs:
+            return None
+        input_ids = [t for r, n in zip(reqs, chunks) for t in r.prompt_ids[r.num_computed : r.num_computed + n]]
+        positions = [p for r, n in zip(reqs, chunks) for p in range(r.num_computed, r.num_computed + n)]
+        seq_lens = [r.num_computed + n for r, n in zip(reqs, chunks)]
+        sampled = [i for i, r in enumerate(reqs) if seq_lens[i] == r.prompt_len]
+        batch = self._forward_batch(
+            True, reqs, chunks, seq_lens, torch.tensor(input_ids, device=self.device), positions, slots
+        )
+        return ScheduledBatch(batch, reqs, chunks, sampled)
+
+    def _build_decode(self, plan: DecodePlan) -> ScheduledBatch:
+        reqs = [self.running[rid] for rid in dict.fromkeys(plan.rids) if rid in self.running]
+        if len(reqs) != len(plan.rids):
+            self._complain("decode plan names requests that are not running")
+        if not reqs:
+            reqs = list(self.running.values())
+        slots = [self.kv.allocate(r, r.num_computed + 1) for r in reqs]
+        positions = [r.num_computed for r in reqs]
+        rows = torch.tensor([r.row for r in reqs], device=self.device)
+        # The last sampled token is read on the device: no host round trip for the inputs.
+        input_ids = self.last_tokens[rows]
+        seq_lens = [r.num_computed + 1 for r in reqs]
+        batch = self._forward_batch(False, reqs, [1] * len(reqs), seq_lens, input_ids, positions, slots)
+        return ScheduledBatch(batch, reqs, [1] * len(reqs), list(range(len(reqs))))
+
+    def _forward_batch(self, is_prefill, reqs, chunks, seq_lens, input_ids, positions, slots) -> ForwardBatch:
+        device = self.device
+        out_cache_loc = torch.cat(slots).to(device, non_blocking=True)
+        pos = torch.tensor(positions, dtype=torch.int64, device=device)
+        rows_cpu = torch.cat([torch.full((n,), r.row, dtype=torch.int64) for r, n in zip(reqs, chunks)])
+        self.page_table[rows_cpu.to(device), pos] = out_cache_loc.to(torch.int32)
+        ends = torch.tensor(chunks).cumsum(0) - 1
+        return ForwardBatch(
+            is_prefill=is_prefill,
+            input_ids=input_ids,
+            positions=pos,
+            out_cache_loc=out_cache_loc,
+            req_slots=torch.tensor([r.row for r in reqs], dtype=torch.int32, device=device),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+            extend_lens=torch.tensor(chunks, dtype=torch.int32, device=device),
+            seq_lens_cpu=seq_lens,
+            extend_lens_cpu=list(chunks),
+            page_table=self.page_table,
+            logits_indices=ends.to(device),
+            attn=self.prefill_attn if is_prefill else self.decode_attn,
+        )
+
+    def _complain(self, what: str) -> None:
+        if not self._warned_plan:
+            logger.warning("scheduling policy %s: %s; ignoring that part of the plan", type(self.policy).__name__, what)
+            self._warned_plan = True
+
+    # ------------------------------------------------------------------ results
+
+    def process(
+        self, batch: ScheduledBatch, token_ids: list[int], logprobs: list[TokenLogprob | None]
+    ) -> list[StepOutput]:
+        """Advance the batch's requests by their chunk; ``token_ids[j]`` is for ``batch.sampled[j]``."""
+        for req, n in zip(batch.requests, batch.chunk_lens):
+            req.num_computed += n
+        outputs: list[StepOutput] = []
+        for j, i in enumerate(batch.sampled):
+            req = batch.requests[i]
+            if req.rid not in self.waiting and req.rid not in self.running:
+                continue  # aborted meanwhile
+            if req.rid in self.waiting:
+                del self.waiting[req.rid]
+                self.running[req.rid] = req
+            token = token_ids[j]
+            req.output_ids.append(token)
+            reason, matched = self.stop_checker.check(req)
+            if reason is None and req.prompt_len + len(req.output_ids) >= self.page_table.shape[1]:
+                reason = "length"
+            if reason is not None:
+                del self.running[req.rid]
+                self._release(req)
+            outputs.append(StepOutput(req.rid, token, reason is not None, reason, matched, logprobs[j]))
+        return outputs
+
+    def _release(self, req: Request) -> None:
+        self.kv.release(req)
+        if req.row is not None:
+            self.rows.release(req.row)
+            req.row = None

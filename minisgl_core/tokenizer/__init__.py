@@ -1,0 +1,1 @@
+"""Tokenizer loading, chat templates and (incremental) detokenization."""

@@ -1,0 +1,82 @@
+"""Turning output token ids into text, whole or incrementally for streaming."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def visible_ids(output_ids: list[int], matched_stop: str | int | None) -> list[int]:
+    """Output ids without the stop token id that ended the request (it is not part of the text)."""
+    if isinstance(matched_stop, int) and output_ids and output_ids[-1] == matched_stop:
+        return output_ids[:-1]
+    return output_ids
+
+
+def trim_stop(text: str, matched_stop: str | int | None) -> str:
+    """Cut the text before the stop string that ended the request."""
+    if isinstance(matched_stop, str):
+        cut = text.find(matched_stop)
+        if cut >= 0:
+            return text[:cut]
+    return text
+
+
+def final_text(
+    tokenizer: Any, output_ids: list[int], matched_stop: str | int | None, skip_special_tokens: bool = True
+) -> str:
+    text = tokenizer.decode(visible_ids(output_ids, matched_stop), skip_special_tokens=skip_special_tokens)
+    return trim_stop(text, matched_stop)
+
+
+class IncrementalDetokenizer:
+    """Yields the new text of each step, holding back incomplete UTF-8 and a possible stop-string prefix.
+
+    Decodes a short window of recent tokens (not the whole output) each step, the way
+    streaming servers do: text is emitted once the window decodes to complete characters.
+    """
+
+    def __init__(self, tokenizer: Any, stop: list[str], skip_special_tokens: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.skip = skip_special_tokens
+        self.stop = stop
+        self.ids: list[int] = []
+        self.prefix_offset = 0
+        self.read_offset = 0
+        self.text = ""  # all text decoded so far (before stop trimming)
+        self.sent = 0  # characters of text already emitted
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip)
+
+    def add(self, token_ids: list[int], finished: bool = False, matched_stop: str | int | None = None) -> str:
+        """Feed new tokens; return text that is safe to emit now."""
+        self.ids.extend(token_ids)
+        ids = visible_ids(self.ids, matched_stop) if finished else self.ids
+        prefix = self._decode(ids[self.prefix_offset : self.read_offset])
+        full = self._decode(ids[self.prefix_offset :])
+        if finished or (len(full) > len(prefix) and not full.endswith("\ufffd")):
+            self.text += full[len(prefix) :]
+            self.prefix_offset = self.read_offset
+            self.read_offset = len(ids)
+        if finished:
+            end = len(trim_stop(self.text, matched_stop))
+        else:
+            # Hold back a tail that could still grow into a stop string.
+            end = len(self.text) - self._stop_overlap()
+            for stop in self.stop:
+                at = self.text.find(stop)
+                if at >= 0:
+                    end = min(end, at)
+        end = max(end, self.sent)
+        out = self.text[self.sent : end]
+        self.sent = end
+        return out
+
+    def _stop_overlap(self) -> int:
+        longest = 0
+        for stop in self.stop:
+            for k in range(min(len(stop) - 1, len(self.text)), 0, -1):
+                if self.text.endswith(stop[:k]):
+                    longest = max(longest, k)
+                    break
+        return longest

@@ -1,0 +1,31 @@
+"""Loading the model directory's tokenizer and rendering chat messages."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def load_tokenizer(model_dir: str | Path) -> Any:
+    """The HF tokenizer saved in ``model_dir`` (tokenizer.json / tokenizer_config.json)."""
+    from transformers import AutoTokenizer
+
+    path = Path(model_dir)
+    if not any((path / name).exists() for name in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+        raise FileNotFoundError(
+            f"no tokenizer in {path} (expected tokenizer.json, tokenizer.model or vocab.json next to config.json)"
+        )
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def apply_chat_template(tokenizer: Any, messages: list[dict[str, Any]], **kwargs: Any) -> list[int]:
+    """Token ids of ``messages`` rendered with the tokenizer's chat template, ready for the reply."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("this model's tokenizer has no chat_template; use the completions API instead")
+    ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, **kwargs)
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # transformers 5 returns a BatchEncoding
+        ids = ids["input_ids"]
+    return list(ids)
