@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -15,7 +16,7 @@ from minisgl_core.api import ParallelContext
 from minisgl_core.engine.config import EngineConfig
 from minisgl_core.engine.loader import load_generation_config
 from minisgl_core.engine.runner import ModelRunner
-from minisgl_core.engine.sampler import SampleRequest, Sampler
+from minisgl_core.engine.sampler import SampleRequest, SampleResult, Sampler
 from minisgl_core.plugins import Plugins
 from minisgl_core.sampling import SamplingParams, StepOutput
 from minisgl_core.scheduler.request import Request
@@ -36,6 +37,29 @@ def eos_token_ids(hf_config: dict, generation_config: dict) -> set[int]:
     return ids
 
 
+def check_request_fits(
+    prompt_ids: list[int], params: SamplingParams, *, vocab_size: int, max_context_len: int, kv_capacity_tokens: int
+) -> None:
+    """Raise ValueError when a request can never run with these limits.
+
+    Shared by :meth:`Engine.check_request` and the server's tokenizer worker, which checks
+    requests against the limits of the ready handshake before they reach a scheduler."""
+    if not prompt_ids:
+        raise ValueError("prompt is empty")
+    if any(not isinstance(t, int) or t < 0 or t >= vocab_size for t in prompt_ids):
+        raise ValueError(f"prompt token ids must be integers in [0, {vocab_size})")
+    total = len(prompt_ids) + params.max_tokens
+    if total > max_context_len:
+        raise ValueError(
+            f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) = {total} exceeds "
+            f"the context length {max_context_len}; shorten the prompt or lower max_tokens"
+        )
+    if total > kv_capacity_tokens:
+        raise ValueError(
+            f"prompt + max_tokens = {total} tokens exceeds the KV pool ({kv_capacity_tokens} tokens)"
+        )
+
+
 class Engine:
     def __init__(
         self,
@@ -48,6 +72,9 @@ class Engine:
         self.parallel = parallel or ParallelContext()
         self.plugins = plugins or Plugins.load()
         torch.manual_seed(config.seed)
+        # Resolve every selected plugin before the (slow) model load, so a bad choice fails fast.
+        cache_cls = self.plugins.resolve("caches", config.cache)
+        policy_cls = self.plugins.resolve("policies", config.policy)
         self.runner = ModelRunner(config, self.parallel, self.plugins)
         self.generation_config = load_generation_config(Path(config.model))
         self.eos_ids = eos_token_ids(self.runner.hf_config, self.generation_config)
@@ -56,15 +83,15 @@ class Engine:
 
             tokenizer = load_tokenizer(config.model)
         self.tokenizer = tokenizer
-        cache = self.plugins.resolve("caches", config.cache)(page_size=config.page_size)
-        policy = self.plugins.resolve("policies", config.policy)()
+        cache = cache_cls(page_size=config.page_size)
+        policy = policy_cls()
         device = self.runner.device
         self.sampler = Sampler(self.runner.vocab_size, device)
         self.last_tokens = torch.zeros(self.runner.num_request_rows, dtype=torch.int64, device=device)
         self.scheduler = Scheduler(
             policy=policy,
             cache=cache,
-            num_pages=self.runner.kv_cache.num_pages,
+            num_pages=self.runner.usable_kv_pages,
             page_size=config.page_size,
             # the spare row stays out of the scheduler's hands (CUDA-graph padding uses it)
             num_request_rows=self.runner.num_request_rows - 1,
@@ -76,6 +103,9 @@ class Engine:
             stop_checker=StopChecker(self.eos_ids, lambda ids: tokenizer.decode(ids)),
             make_generator=self.sampler.make_generator,
         )
+        # Overlap needs an asynchronous device; on the CPU every step completes before the next.
+        self.overlap = config.overlap and device.type == "cuda"
+        self._inflight: _InFlight | None = None
 
     # ------------------------------------------------------------------ properties
 
@@ -85,11 +115,11 @@ class Engine:
 
     @property
     def kv_capacity_tokens(self) -> int:
-        return self.runner.kv_cache.num_slots
+        return self.runner.usable_kv_pages * self.config.page_size
 
     @property
     def has_work(self) -> bool:
-        return self.scheduler.has_work
+        return self.scheduler.has_work or self._inflight is not None
 
     def stats(self) -> dict[str, int]:
         """Gauges and counters for /metrics and the benchmarks."""
@@ -110,20 +140,13 @@ class Engine:
 
     def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
         """Raise ValueError when the request can never run (checked before it is queued)."""
-        if not prompt_ids:
-            raise ValueError("prompt is empty")
-        if any(not isinstance(t, int) or t < 0 or t >= self.runner.vocab_size for t in prompt_ids):
-            raise ValueError(f"prompt token ids must be integers in [0, {self.runner.vocab_size})")
-        total = len(prompt_ids) + params.max_tokens
-        if total > self.max_context_len:
-            raise ValueError(
-                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) = {total} exceeds "
-                f"the context length {self.max_context_len}; shorten the prompt or lower max_tokens"
-            )
-        if total > self.kv_capacity_tokens:
-            raise ValueError(
-                f"prompt + max_tokens = {total} tokens exceeds the KV pool ({self.kv_capacity_tokens} tokens)"
-            )
+        check_request_fits(
+            prompt_ids,
+            params,
+            vocab_size=self.runner.vocab_size,
+            max_context_len=self.max_context_len,
+            kv_capacity_tokens=self.kv_capacity_tokens,
+        )
 
     def add_request(self, rid: int, prompt_ids: list[int], params: SamplingParams) -> None:
         self.check_request(prompt_ids, params)
@@ -135,23 +158,64 @@ class Engine:
     # ------------------------------------------------------------------ stepping
 
     def step(self) -> list[StepOutput]:
-        batch = self.scheduler.schedule()
-        if batch is None:
-            return []
-        logits = self.runner.forward(batch.forward)
-        return self._finish_step(batch, logits)
+        """Run one step; returns what finished steps produced.
 
-    def _finish_step(self, batch: ScheduledBatch, logits: torch.Tensor) -> list[StepOutput]:
+        With overlap (GPU only) the step planned here is launched before the previous step's
+        tokens are read back, so the host plans step N+1 while the device runs step N; outputs
+        then lag one step behind the launch. A batch whose sampling reads the newest output
+        tokens on the host (penalties) waits for the previous step first.
+        """
+        batch = self.scheduler.schedule()
+        outputs: list[StepOutput] = []
+        if self._inflight is not None and (batch is None or not self.overlap or _needs_host_outputs(batch)):
+            outputs += self._complete(self._inflight)
+            self._inflight = None
+        if batch is None:
+            return outputs
+        launched = self._launch(batch)
+        if self.overlap:
+            if self._inflight is not None:
+                outputs += self._complete(self._inflight)
+            self._inflight = launched
+        else:
+            outputs += self._complete(launched)
+        return outputs
+
+    def _launch(self, batch: ScheduledBatch) -> _InFlight:
+        logits = self.runner.forward(batch.forward)
         if not batch.sampled:
-            return self.scheduler.process(batch, [], [])
+            return _InFlight(batch, None, None, None)
         reqs = [batch.requests[i] for i in batch.sampled]
         rows = logits if len(batch.sampled) == len(batch.requests) else logits[batch.sampled]
-        result = self.sampler.sample(
-            rows, [SampleRequest(r.params, r.output_ids, r.generator) for r in reqs]
-        )
+        result = self.sampler.sample(rows, [SampleRequest(r.params, r.output_ids, r.generator) for r in reqs])
         token_ids = result.token_ids
         if self.parallel.tp_size > 1:
-            # Every rank must continue with rank 0's tokens, whatever its sampler drew.
+            # Every rank continues with rank 0's tokens, whatever its own sampler drew.
             torch.distributed.broadcast(token_ids, src=0, group=self.parallel.group)
-        self.last_tokens[torch.tensor([r.row for r in reqs], device=token_ids.device)] = token_ids
-        return self.scheduler.process(batch, token_ids.tolist(), result.logprobs)
+        row_ids = torch.tensor([r.row for r in reqs]).to(token_ids.device, non_blocking=True)
+        self.last_tokens[row_ids] = token_ids
+        host = token_ids.to("cpu", non_blocking=True)
+        done = None
+        if token_ids.is_cuda:
+            done = torch.cuda.Event()
+            done.record()
+        return _InFlight(batch, result, host, done)
+
+    def _complete(self, inflight: _InFlight) -> list[StepOutput]:
+        if inflight.result is None:
+            return self.scheduler.process(inflight.batch, [], [])
+        if inflight.done is not None:
+            inflight.done.synchronize()
+        token_ids = inflight.host_tokens.tolist()
+        return self.scheduler.process(inflight.batch, token_ids, inflight.result.logprobs(token_ids))
+
+
+class _InFlight(NamedTuple):
+    batch: ScheduledBatch
+    result: SampleResult | None
+    host_tokens: torch.Tensor | None
+    done: torch.cuda.Event | None
+
+
+def _needs_host_outputs(batch: ScheduledBatch) -> bool:
+    return any(r.params.presence_penalty or r.params.frequency_penalty for r in batch.requests)

@@ -43,6 +43,8 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self.dtype = config.resolve_dtype(self.device)
+        prefill_name, decode_name = pick_attention(config.attn, self.device, plugins)
+        attn_classes = {name: self._backend_class(name, plugins) for name in (prefill_name, decode_name)}
         model_dir = Path(config.model)
         self.hf_config = load_hf_config(model_dir)
         self.model = self._load_model(model_dir, plugins)
@@ -50,7 +52,7 @@ class ModelRunner:
         max_pos = int(self.hf_config.get("max_position_embeddings", 4096))
         self.max_context_len = min(config.max_context_len or max_pos, max_pos)
         self.vocab_size = int(self.hf_config["vocab_size"])
-        num_pages = self._num_kv_pages(spec.num_layers, spec.num_kv_heads, spec.head_dim)
+        num_pages = self._num_kv_pages(spec.num_layers, spec.num_kv_heads, spec.head_dim) + 1
         self.kv_cache = KVCache(
             num_layers=spec.num_layers,
             num_pages=num_pages,
@@ -60,12 +62,14 @@ class ModelRunner:
             dtype=self.dtype,
             device=self.device,
         )
-        # One spare row: CUDA-graph padding points its dummy requests there.
+        # The last KV page and one spare page-table row are kept out of the scheduler's hands:
+        # padded (dummy) requests of CUDA-graph replays write there.
+        self.usable_kv_pages = num_pages - 1
+        self.dummy_slot = self.usable_kv_pages * config.page_size
         self.num_request_rows = config.max_running_requests + 1
         self.page_table = torch.zeros(
             (self.num_request_rows, self.max_context_len), dtype=torch.int32, device=self.device
         )
-        prefill_name, decode_name = pick_attention(config.attn, self.device, plugins)
         attn_config = AttentionConfig(
             num_qo_heads=spec.num_qo_heads,
             num_kv_heads=spec.num_kv_heads,
@@ -78,11 +82,9 @@ class ModelRunner:
             max_context_len=self.max_context_len,
             kv_cache=self.kv_cache,
         )
-        self.prefill_attn = self._make_backend(prefill_name, attn_config, plugins)
+        self.prefill_attn = attn_classes[prefill_name](attn_config)
         self.decode_attn = (
-            self.prefill_attn
-            if decode_name == prefill_name
-            else self._make_backend(decode_name, attn_config, plugins)
+            self.prefill_attn if decode_name == prefill_name else attn_classes[decode_name](attn_config)
         )
         self.attn_names = (prefill_name, decode_name)
         self.graphs = None
@@ -137,12 +139,12 @@ class ModelRunner:
             raise ValueError(f"KV pool too small: {tokens} tokens; give more memory or a larger num_kv_tokens")
         return pages
 
-    def _make_backend(self, name: str, attn_config: AttentionConfig, plugins: Plugins) -> AttentionBackend:
+    def _backend_class(self, name: str, plugins: Plugins) -> type[AttentionBackend]:
         cls = plugins.resolve("attention", name)
         why = cls.availability(self.device)
         if why is not None:
             raise PluginError(f"attention backend {name!r} cannot run on {self.device}: {why}")
-        return cls(attn_config)
+        return cls
 
     # ------------------------------------------------------------------ running
 

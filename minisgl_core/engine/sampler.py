@@ -25,9 +25,23 @@ class SampleRequest:
 
 
 class SampleResult:
-    def __init__(self, token_ids: torch.Tensor, logprobs: list[TokenLogprob | None]) -> None:
+    """Sampled tokens, still on the device; logprob lists are built on the host only when asked."""
+
+    def __init__(self, token_ids: torch.Tensor, logprob_rows: list[int], chosen, top_ids, top_vals, ks) -> None:
         self.token_ids = token_ids
-        self.logprobs = logprobs
+        self._rows, self._chosen, self._top_ids, self._top_vals, self._ks = logprob_rows, chosen, top_ids, top_vals, ks
+
+    def logprobs(self, token_ids: list[int]) -> list[TokenLogprob | None]:
+        out: list[TokenLogprob | None] = [None] * len(token_ids)
+        if not self._rows:
+            return out
+        chosen = self._chosen.tolist()
+        top_ids = self._top_ids.tolist() if self._top_ids is not None else None
+        top_vals = self._top_vals.tolist() if self._top_vals is not None else None
+        for j, (i, k) in enumerate(zip(self._rows, self._ks)):
+            top = list(zip(top_ids[j][:k], top_vals[j][:k])) if k and top_ids is not None else []
+            out[i] = TokenLogprob(token_ids[i], chosen[j], top)
+        return out
 
 
 class Sampler:
@@ -45,13 +59,12 @@ class Sampler:
         params = [r.params for r in requests]
         raw = logits
         logits = self._apply_penalties(logits, requests)
-        greedy = torch.tensor([p.greedy for p in params], device=logits.device)
-        if bool(greedy.all()):
+        if all(p.greedy for p in params):
             token_ids = logits.argmax(dim=-1)
         else:
+            greedy = torch.tensor([p.greedy for p in params]).to(logits.device, non_blocking=True)
             token_ids = self._sample_random(logits, requests, greedy)
-        logprobs = self._logprobs(raw, token_ids, params)
-        return SampleResult(token_ids, logprobs)
+        return self._with_logprobs(raw, token_ids, params)
 
     # ------------------------------------------------------------------ pieces
 
@@ -107,22 +120,15 @@ class Sampler:
         return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
 
     @staticmethod
-    def _logprobs(
+    def _with_logprobs(
         raw_logits: torch.Tensor, token_ids: torch.Tensor, params: Sequence[SamplingParams]
-    ) -> list[TokenLogprob | None]:
+    ) -> SampleResult:
         wanted = [i for i, p in enumerate(params) if p.logprobs is not None]
-        out: list[TokenLogprob | None] = [None] * len(params)
         if not wanted:
-            return out
+            return SampleResult(token_ids, [], None, None, None, [])
         rows = torch.tensor(wanted, device=raw_logits.device)
         logprobs = torch.log_softmax(raw_logits[rows].float(), dim=-1)
-        chosen = logprobs.gather(1, token_ids[rows][:, None]).squeeze(1).tolist()
-        k = max(params[i].logprobs or 0 for i in wanted)
-        top_vals, top_ids = logprobs.topk(k, dim=-1) if k else (None, None)
-        for j, i in enumerate(wanted):
-            n = params[i].logprobs or 0
-            top = (
-                list(zip(top_ids[j, :n].tolist(), top_vals[j, :n].tolist())) if n and top_ids is not None else []
-            )
-            out[i] = TokenLogprob(int(token_ids[i]), chosen[j], top)
-        return out
+        chosen = logprobs.gather(1, token_ids[rows][:, None]).squeeze(1)
+        ks = [params[i].logprobs or 0 for i in wanted]
+        top_vals, top_ids = logprobs.topk(max(ks), dim=-1) if max(ks) else (None, None)
+        return SampleResult(token_ids, wanted, chosen, top_ids, top_vals, ks)

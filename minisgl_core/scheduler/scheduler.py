@@ -137,6 +137,8 @@ class Scheduler:
                 if self.rows.free == 0 or not self.kv.admit(req):
                     break  # keep arrival order: later requests do not overtake one that does not fit
                 req.row = self.rows.alloc()
+                if req.prefix_len:  # the reused prefix's KV, as the cache holds it
+                    self.page_table[req.row, : req.prefix_len] = req.prefix_slots.to(self.device, torch.int32)
             n = min(max(int(n), 1), req.prompt_len - req.num_computed, budget)
             budget -= n
             slots.append(self.kv.allocate(req, req.num_computed + n))
@@ -151,6 +153,12 @@ class Scheduler:
         batch = self._forward_batch(
             True, reqs, chunks, seq_lens, torch.tensor(input_ids, device=self.device), positions, slots
         )
+        # State advances when the step is planned, so the next step can be planned before this
+        # one's tokens reach the host (overlap scheduling).
+        for req, seq_len in zip(reqs, seq_lens):
+            req.num_computed = seq_len
+            if seq_len == req.prompt_len:
+                self.running[req.rid] = self.waiting.pop(req.rid)
         return ScheduledBatch(batch, reqs, chunks, sampled)
 
     def _build_decode(self, plan: DecodePlan) -> ScheduledBatch:
@@ -166,6 +174,8 @@ class Scheduler:
         input_ids = self.last_tokens[rows]
         seq_lens = [r.num_computed + 1 for r in reqs]
         batch = self._forward_batch(False, reqs, [1] * len(reqs), seq_lens, input_ids, positions, slots)
+        for req in reqs:
+            req.num_computed += 1
         return ScheduledBatch(batch, reqs, [1] * len(reqs), list(range(len(reqs))))
 
     def _forward_batch(self, is_prefill, reqs, chunks, seq_lens, input_ids, positions, slots) -> ForwardBatch:
@@ -200,17 +210,15 @@ class Scheduler:
     def process(
         self, batch: ScheduledBatch, token_ids: list[int], logprobs: list[TokenLogprob | None]
     ) -> list[StepOutput]:
-        """Advance the batch's requests by their chunk; ``token_ids[j]`` is for ``batch.sampled[j]``."""
-        for req, n in zip(batch.requests, batch.chunk_lens):
-            req.num_computed += n
+        """Append each sampled token and check stops; ``token_ids[j]`` is for ``batch.sampled[j]``.
+
+        With overlap scheduling a request may have been planned once more after it finished (or
+        been aborted) before its last token arrived here: such tokens are dropped."""
         outputs: list[StepOutput] = []
         for j, i in enumerate(batch.sampled):
             req = batch.requests[i]
-            if req.rid not in self.waiting and req.rid not in self.running:
-                continue  # aborted meanwhile
-            if req.rid in self.waiting:
-                del self.waiting[req.rid]
-                self.running[req.rid] = req
+            if self.running.get(req.rid) is not req:
+                continue
             token = token_ids[j]
             req.output_ids.append(token)
             reason, matched = self.stop_checker.check(req)

@@ -1,0 +1,190 @@
+"""Plugin discovery and isolation, with real distributions pip-installed while the tests run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from minisgl_core.plugins import Plugins, PluginError, api_compatible
+
+# name -> module source; each becomes an entry point of one of two test distributions
+GOOD = """
+from minisgl_core.api import hookimpl
+MINISGL_API = "1.0"
+
+@hookimpl
+def minisgl_register_policies(register):
+    register("test-fifo", "minisgl_test_plugins.impl:Fifo")
+    register("dup", "minisgl_test_plugins.impl:Fifo")
+"""
+BROKEN_IMPORT = """
+import this_module_does_not_exist  # noqa
+MINISGL_API = "1.0"
+"""
+RAISING_HOOK = """
+from minisgl_core.api import hookimpl
+MINISGL_API = "1.0"
+
+@hookimpl
+def minisgl_register_attention_backends(register):
+    register("halfway", "minisgl_test_plugins.impl:Fifo")
+    raise RuntimeError("kernel library missing")
+"""
+FUTURE_API = """
+from minisgl_core.api import hookimpl
+MINISGL_API = "9.0"
+
+@hookimpl
+def minisgl_register_caches(register):
+    register("future", "minisgl_test_plugins.impl:Fifo")
+"""
+DUPLICATE = """
+from minisgl_core.api import hookimpl
+MINISGL_API = "1.0"
+
+@hookimpl
+def minisgl_register_policies(register):
+    register("dup", "minisgl_test_other.impl:Other")
+"""
+IMPL = """
+from minisgl_core.api import SchedulingPolicy
+
+class Fifo(SchedulingPolicy):
+    def schedule(self, state):
+        return None
+"""
+
+
+def _write_dist(root: Path, dist: str, package: str, modules: dict[str, str], entry_points: dict[str, str]) -> Path:
+    src = root / dist
+    (src / package).mkdir(parents=True)
+    (src / package / "__init__.py").write_text("")
+    for name, code in modules.items():
+        (src / package / f"{name}.py").write_text(textwrap.dedent(code))
+    eps = "\n".join(f'"{k}" = "{package}.{v}"' for k, v in entry_points.items())
+    (src / "pyproject.toml").write_text(
+        textwrap.dedent(
+            f"""
+            [build-system]
+            requires = ["setuptools>=64"]
+            build-backend = "setuptools.build_meta"
+            [project]
+            name = "{dist}"
+            version = "0.3.1"
+            [project.entry-points."minisgl.plugins"]
+            """
+        )
+        + eps
+        + f'\n[tool.setuptools]\npackages = ["{package}"]\n'
+    )
+    return src
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """Two plugin distributions, installed with pip into a private site directory."""
+    root = tmp_path_factory.mktemp("plugins")
+    first = _write_dist(
+        root,
+        "minisgl-test-plugins",
+        "minisgl_test_plugins",
+        {"good": GOOD, "broken": BROKEN_IMPORT, "raising": RAISING_HOOK, "future": FUTURE_API, "impl": IMPL},
+        {"good": "good", "broken": "broken", "raising": "raising", "future": "future"},
+    )
+    second = _write_dist(
+        root, "minisgl-test-other", "minisgl_test_other", {"dup": DUPLICATE, "impl": IMPL}, {"other": "dup"}
+    )
+    target = root / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index",
+         "--target", str(target), str(first), str(second)],
+        check=True,
+    )  # fmt: skip
+    return target
+
+
+def _minisgl(site: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]), **env}
+    return subprocess.run(
+        [sys.executable, "-m", "minisgl_core", *args], capture_output=True, text=True, env=full_env, timeout=120
+    )
+
+
+def _listing(site: Path, *args: str, **env: str) -> dict[str, dict]:
+    proc = _minisgl(site, "plugins", "--json", *args, **env)
+    assert proc.returncode == 0, proc.stderr
+    return {p["name"]: p for p in json.loads(proc.stdout)}
+
+
+def test_installed_plugins_are_discovered_and_broken_ones_isolated(site):
+    plugins = _listing(site)
+    good = plugins["good"]
+    assert good["status"] == "ok"
+    assert good["distribution"] == "minisgl-test-plugins" and good["version"] == "0.3.1"
+    assert good["provides"]["policies"] == ["test-fifo", "dup"]
+    assert plugins["broken"]["status"] == "failed"
+    assert "this_module_does_not_exist" in plugins["broken"]["reason"]
+    assert plugins["raising"]["status"] == "failed"
+    assert "kernel library missing" in plugins["raising"]["reason"]
+    assert plugins["raising"]["provides"]["attention"] == []  # half-registered names are dropped
+    assert plugins["future"]["status"] == "incompatible"
+    assert "upgrade minisgl-core" in plugins["future"]["reason"]
+    # first-party plugins still load next to the broken ones
+    assert plugins["torch"]["status"] == "ok" and plugins["radix"]["status"] == "ok"
+
+
+def test_selecting_a_broken_plugin_names_distribution_and_cause(site):
+    proc = _minisgl(site, "generate", "--attn", "raising", "--max-tokens", "1", "hi")
+    assert proc.returncode == 2
+    assert "minisgl-test-plugins" in proc.stderr and "kernel library missing" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_duplicate_names_from_two_distributions_are_an_error(site):
+    code = "from minisgl_core.plugins import Plugins; Plugins.load().resolve('policies', 'dup')"
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert proc.returncode != 0
+    assert "minisgl-test-plugins" in proc.stderr and "minisgl-test-other" in proc.stderr
+
+
+def test_allow_and_block_lists(site):
+    only_good = _listing(site, MINISGL_PLUGINS="good")
+    assert only_good["good"]["status"] == "ok"
+    assert only_good["torch"]["status"] == "disabled"
+    none = _listing(site, MINISGL_PLUGINS="")
+    assert all(p["status"] == "disabled" for p in none.values())
+    blocked = _listing(site, "--disable-plugin", "broken", MINISGL_DISABLE_PLUGINS="raising")
+    assert blocked["broken"]["status"] == "disabled" and blocked["raising"]["status"] == "disabled"
+    assert blocked["good"]["status"] == "ok"
+
+
+def test_resolve_unknown_name_lists_installed_and_the_fix():
+    plugins = Plugins.load()
+    with pytest.raises(PluginError, match=r"unknown --attn 'nope'; installed: .*torch.*pip install minisgl-plugin-nope"):
+        plugins.resolve("attention", "nope")
+    with pytest.raises(PluginError, match="minisgl-plugin-mamba"):
+        plugins.resolve("models", "MambaForCausalLM")
+
+
+def test_fingerprint_is_stable_and_sensitive():
+    a, b = Plugins.load(), Plugins.load()
+    assert a.fingerprint() == b.fingerprint()
+    c = Plugins.load(disable=["naive"])
+    assert c.fingerprint() != a.fingerprint()
+    with pytest.raises(PluginError, match="different set of plugins"):
+        c.check_fingerprint(a.fingerprint(), "scheduler rank 1")
+
+
+@pytest.mark.parametrize(
+    ("required", "ok"), [("1.0", True), ("1.9", False), ("0.9", False), ("2.0", False)]
+)
+def test_api_version_negotiation(required, ok):
+    assert api_compatible(required, "1.0") is ok
+    assert api_compatible("1.0", "1.3")

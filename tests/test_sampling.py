@@ -1,0 +1,148 @@
+"""Sampling parameters, the sampler's distributions, and stop conditions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minisgl_core import LLM, SamplingParams
+from minisgl_core.engine.sampler import SampleRequest, Sampler
+from minisgl_core.testing.factories import make_model_dir
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("temperature", -0.1),
+        ("temperature", float("nan")),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("top_k", -2),
+        ("min_p", 1.1),
+        ("max_tokens", 0),
+        ("presence_penalty", 3.0),
+        ("frequency_penalty", -2.5),
+        ("seed", 1.5),
+        ("logprobs", 21),
+        ("stop", [""]),
+    ],
+)
+def test_bad_values_raise_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**{field: value})
+
+
+def _draw(logits: torch.Tensor, params: SamplingParams, n: int) -> torch.Tensor:
+    sampler = Sampler(logits.shape[-1], torch.device("cpu"))
+    batch = logits.expand(n, -1).contiguous()
+    return sampler.sample(batch, [SampleRequest(params, [])] * n).token_ids
+
+
+def _expected(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
+    probs = torch.softmax(logits / temperature, -1)
+    order = probs.argsort(descending=True)
+    keep = torch.zeros_like(probs, dtype=torch.bool)
+    mass = 0.0
+    for rank, i in enumerate(order.tolist()):
+        if (top_k > 0 and rank >= top_k) or mass > top_p or probs[i] < min_p * probs[order[0]]:
+            continue
+        keep[i] = True
+        mass += float(probs[i])
+    probs = probs * keep
+    return probs / probs.sum()
+
+
+@pytest.mark.parametrize(
+    ("temperature", "top_k", "top_p", "min_p"),
+    [(1.0, -1, 1.0, 0.0), (0.5, -1, 1.0, 0.0), (1.0, 3, 1.0, 0.0), (1.0, -1, 0.7, 0.0), (1.3, 5, 0.9, 0.1)],
+)
+def test_sampled_frequencies_match_the_truncated_distribution(temperature, top_k, top_p, min_p):
+    torch.manual_seed(0)
+    logits = torch.randn(12) * 1.5
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    tokens = _draw(logits, params, 40000)
+    freq = torch.bincount(tokens, minlength=12).float() / len(tokens)
+    expected = _expected(logits, temperature, top_k, top_p, min_p)
+    assert torch.all(freq[expected == 0] == 0)
+    assert torch.allclose(freq, expected, atol=0.012)
+
+
+def test_greedy_limits():
+    logits = torch.randn(4, 50)
+    best = logits.argmax(-1)
+    for params in [SamplingParams(temperature=0.0), SamplingParams(top_k=1), SamplingParams(min_p=1.0)]:
+        sampler = Sampler(50, torch.device("cpu"))
+        assert torch.equal(sampler.sample(logits, [SampleRequest(params, [])] * 4).token_ids, best)
+
+
+def test_penalties_push_down_repeated_tokens():
+    logits = torch.zeros(1, 10)
+    logits[0, 3] = 1.0
+    sampler = Sampler(10, torch.device("cpu"))
+    plain = SamplingParams(temperature=0.0)
+    assert sampler.sample(logits, [SampleRequest(plain, [3, 3])]).token_ids.item() == 3
+    presence = SamplingParams(temperature=0.0, presence_penalty=1.5)
+    assert sampler.sample(logits, [SampleRequest(presence, [3])]).token_ids.item() != 3
+    frequency = SamplingParams(temperature=0.0, frequency_penalty=0.6)
+    assert sampler.sample(logits, [SampleRequest(frequency, [3])]).token_ids.item() == 3  # 1 - 0.6 > 0
+    assert sampler.sample(logits, [SampleRequest(frequency, [3, 3])]).token_ids.item() != 3  # 1 - 1.2 < 0
+
+
+def test_logprobs_are_log_softmax_of_the_raw_logits():
+    logits = torch.randn(2, 30)
+    sampler = Sampler(30, torch.device("cpu"))
+    params = SamplingParams(temperature=0.7, logprobs=3, seed=1)
+    result = sampler.sample(logits, [SampleRequest(params, []), SampleRequest(SamplingParams(), [])])
+    token_ids = result.token_ids.tolist()
+    lp = result.logprobs(token_ids)
+    ref = torch.log_softmax(logits[0], -1)
+    assert lp[1] is None
+    assert lp[0].logprob == pytest.approx(float(ref[token_ids[0]]), abs=1e-5)
+    top = ref.topk(3)
+    assert [t for t, _ in lp[0].top] == top.indices.tolist()
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory):
+    d = make_model_dir(tmp_path_factory.mktemp("m") / "llama", "LlamaForCausalLM")
+    return LLM(d, attn="torch", device="cpu", dtype="float32")
+
+
+def test_seeded_requests_do_not_depend_on_batch(llm):
+    params = SamplingParams(temperature=1.0, max_tokens=10, seed=1234, ignore_eos=True)
+    alone = llm.generate(["one two three"], params)[0].token_ids
+    others = SamplingParams(temperature=1.0, max_tokens=10, ignore_eos=True)
+    batch = llm.generate(["x", "one two three", "the cat"], [others, params, others])
+    assert batch[1].token_ids == alone
+    assert llm.generate(["one two three"], SamplingParams(temperature=1.0, max_tokens=10, seed=99, ignore_eos=True))[
+        0
+    ].token_ids != alone
+
+
+def test_stop_token_ids_eos_and_ignore_eos(llm):
+    base = llm.generate(["hello there"], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))[0]
+    stop_at = base.token_ids[3]
+    out = llm.generate(["hello there"], SamplingParams(temperature=0.0, max_tokens=10, stop_token_ids=[stop_at]))[0]
+    first = base.token_ids.index(stop_at)
+    assert out.finish_reason == "stop" and out.matched_stop == stop_at
+    assert out.token_ids == base.token_ids[: first + 1]
+    # eos from generation_config.json stops too, unless ignore_eos
+    llm.engine.scheduler.stop_checker.eos_ids = frozenset({stop_at})
+    try:
+        out = llm.generate(["hello there"], SamplingParams(temperature=0.0, max_tokens=10))[0]
+        assert out.finish_reason == "stop" and len(out.token_ids) == first + 1
+        out = llm.generate(["hello there"], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))[0]
+        assert out.finish_reason == "length" and out.token_ids == base.token_ids
+    finally:
+        llm.engine.scheduler.stop_checker.eos_ids = frozenset(llm.engine.eos_ids)
+
+
+def test_stop_strings_end_generation_and_are_trimmed(llm):
+    base = llm.generate(["hello there"], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))[0]
+    text = base.text
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    assert stop.strip()
+    out = llm.generate(["hello there"], SamplingParams(temperature=0.0, max_tokens=16, stop=[stop], ignore_eos=True))[0]
+    assert out.finish_reason == "stop" and out.matched_stop == stop
+    assert out.text == text[: text.index(stop)]
+    assert len(out.token_ids) < len(base.token_ids)
