@@ -1,0 +1,73 @@
+"""Tensor parallelism on CPU (gloo): two ranks give the same greedy tokens as one."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch.multiprocessing as mp
+
+from minisgl_core.testing.factories import make_model_dir
+
+PROMPTS = [[11, 12, 13, 14, 15], list(range(20, 70)), [7] * 9]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank(rank: int, world: int, port: int, model_dir: str, queue) -> None:
+    import torch.distributed as dist
+
+    from minisgl_core.api import ParallelContext
+    from minisgl_core.engine.config import EngineConfig
+    from minisgl_core.engine.engine import Engine
+    from minisgl_core.sampling import SamplingParams
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        parallel = ParallelContext(rank, world, dist.group.WORLD)
+        config = EngineConfig(model=model_dir, attn="torch", device="cpu", dtype="float32", tp_size=world)
+        engine = Engine(config, parallel)
+        params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+        for rid, prompt in enumerate(PROMPTS):
+            engine.add_request(rid, prompt, params)
+        tokens: dict[int, list[int]] = {rid: [] for rid in range(len(PROMPTS))}
+        while engine.has_work:
+            for out in engine.step():
+                tokens[out.rid].append(out.token_id)
+        queue.put((rank, [tokens[r] for r in range(len(PROMPTS))]))
+    finally:
+        dist.destroy_process_group()
+
+
+def _run(world: int, model_dir: str) -> dict[int, list[list[int]]]:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_rank, args=(r, world, port, model_dir, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results = dict(queue.get(timeout=300) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    return results
+
+
+@pytest.mark.parametrize(
+    ("arch", "overrides"),
+    [
+        ("Qwen3ForCausalLM", {}),  # 4 q heads / 2 kv heads: 1 kv head per rank
+        ("LlamaForCausalLM", {"num_key_value_heads": 1, "tie_word_embeddings": False, "vocab_size": 1027}),
+    ],
+    ids=["qwen3-gqa", "llama-replicated-kv-odd-vocab"],
+)
+def test_tp2_equals_tp1(tmp_path, arch, overrides):
+    model_dir = str(make_model_dir(tmp_path / "m", arch, **overrides))
+    one = _run(1, model_dir)[0]
+    two = _run(2, model_dir)
+    assert two[0] == one and two[1] == one
+    assert len({t for seq in one for t in seq}) > 5
