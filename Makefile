@@ -16,7 +16,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml constraints.txt $(wildcard plugins/*/*/pyproject.toml)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test,shell]' $(addprefix -e ,$(CPU_PLUGINS))
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test,shell,bench]' $(addprefix -e ,$(CPU_PLUGINS))
 	$(BIN)/python -m pip install -q --no-deps $(addprefix -e ,$(wildcard $(GPU_PLUGINS)))
 	touch $@
 

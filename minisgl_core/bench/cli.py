@@ -1,0 +1,145 @@
+"""`minisgl bench offline | serve | make-model`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from minisgl_core.bench import workloads
+from minisgl_core.bench.shapes import SHAPES
+
+
+def add_bench_command(sub) -> None:
+    from minisgl_core.engine.args import add_engine_args
+
+    bench = sub.add_parser("bench", help="benchmarks (offline throughput, online serving)")
+    kinds = bench.add_subparsers(dest="bench_kind", required=True)
+
+    p = kinds.add_parser("offline", help="offline throughput on the standard workload")
+    add_engine_args(p)
+    p.add_argument("--shape", choices=sorted(SHAPES), help="build a random-weight model of this real shape")
+    p.add_argument("--model-cache", default="/tmp/minisgl-bench-models")
+    p.add_argument("--num-requests", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.6)
+    p.add_argument("--decode-latency", action="store_true", help="also measure batch-1 decode ms/token")
+    p.add_argument("--label", default="")
+    p.add_argument("--output", help="append the JSON result to this file (one object per line)")
+    p.set_defaults(func=_offline)
+
+    p = kinds.add_parser("serve", help="online benchmark against a running server")
+    p.add_argument("--url", default="http://127.0.0.1:8000")
+    p.add_argument("--model", default="default")
+    p.add_argument("--api-key")
+    p.add_argument("--workload", choices=["standard", "shared-prefix"], default="standard")
+    p.add_argument("--num-requests", type=int, default=256)
+    p.add_argument("--concurrency", default=None, help="comma-separated sweep, e.g. 1,16,64")
+    p.add_argument("--request-rate", default=None, help="comma-separated requests/s sweep (Poisson arrivals)")
+    p.add_argument("--groups", type=int, default=64)
+    p.add_argument("--prompts-per-group", type=int, default=16)
+    p.add_argument("--prefix-len", type=int, default=2048)
+    p.add_argument("--question-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--label", default="")
+    p.add_argument("--output")
+    p.set_defaults(func=_serve)
+
+    p = kinds.add_parser("make-model", help="write a random-weight model of a real shape")
+    p.add_argument("--shape", choices=sorted(SHAPES), required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(func=lambda a: print(_make(a.shape, Path(a.out), a.device)) or 0)
+
+
+def _make(shape: str, out: Path, device: str) -> Path:
+    from minisgl_core.bench.shapes import build_random_model
+
+    return build_random_model(shape, out, device=device)
+
+
+def _meta(args: argparse.Namespace) -> dict[str, Any]:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    device = "cpu"
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            device = f"{torch.cuda.device_count()}x {torch.cuda.get_device_name(0)}"
+    except Exception:  # noqa: BLE001
+        pass
+    return {"date": time.strftime("%Y-%m-%d"), "commit": commit or "?", "hardware": device,
+            "host": platform.node(), "label": args.label}  # fmt: skip
+
+
+def _emit(result: dict[str, Any], path: str | None) -> None:
+    line = json.dumps(result)
+    print(line)
+    if path:
+        with open(path, "a") as f:
+            f.write(line + "\n")
+
+
+def _offline(args: argparse.Namespace) -> int:
+    from minisgl_core.engine.args import engine_config_from_args
+
+    if args.shape:
+        args.model = str(_make(args.shape, Path(args.model_cache) / args.shape, "cuda" if _cuda() else "cpu"))
+    config = engine_config_from_args(args)
+    requests = workloads.standard_offline(args.num_requests, seed=0)
+    result: dict[str, Any] = {**_meta(args), "bench": "offline", "shape": args.shape or config.model,
+                              "attn": config.attn, "tp": config.tp_size, "cuda_graph_max_bs": config.cuda_graph_max_bs,
+                              "overlap": config.overlap}  # fmt: skip
+    if config.tp_size > 1:
+        from minisgl_core.bench.tp import run_offline_tp
+
+        result |= run_offline_tp(config, requests, args.temperature)
+    else:
+        from minisgl_core.bench.offline import decode_latency, run_offline
+        from minisgl_core.llm import LLM
+
+        fields = {k: v for k, v in vars(config).items() if k not in ("model",)}
+        llm = LLM(config.model, **fields)
+        result["attn"] = ",".join(llm.engine.runner.attn_names)
+        result |= run_offline(llm, requests, args.temperature)
+        if args.decode_latency:
+            result["decode"] = decode_latency(llm)
+    _emit(result, args.output)
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from minisgl_core.bench.serve import run_load
+
+    if args.workload == "standard":
+        requests = workloads.standard_offline(args.num_requests, seed=0)
+    else:
+        requests = workloads.shared_prefix(
+            args.groups, args.prompts_per_group, args.prefix_len, args.question_len, args.output_len
+        )
+    sweep: list[tuple[int | None, float | None]] = []
+    if args.concurrency:
+        sweep += [(int(c), None) for c in args.concurrency.split(",")]
+    if args.request_rate:
+        sweep += [(None, float(r)) for r in args.request_rate.split(",")]
+    for concurrency, rate in sweep or [(None, None)]:
+        result = asyncio.run(
+            run_load(args.url, args.model, requests, concurrency=concurrency, request_rate=rate, api_key=args.api_key)
+        )
+        extra = {}
+        if args.workload == "shared-prefix":
+            extra["ideal_hit_rate"] = round(
+                workloads.ideal_hit_rate(args.groups, args.prompts_per_group, args.prefix_len, args.question_len), 4
+            )
+        _emit({**_meta(args), "bench": "serve", "workload": args.workload, **result, **extra}, args.output)
+    return 0
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

@@ -1,0 +1,113 @@
+"""Online benchmark against a running server: streaming completions, latency percentiles, throughput."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from typing import Any
+
+from minisgl_core.bench.workloads import BenchRequest
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q / 100
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text → {name{labels}: value} (comments skipped)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            try:
+                out[name] = float(value)
+            except ValueError:
+                pass
+    return out
+
+
+async def _one(client, url: str, model: str, req: BenchRequest, headers: dict[str, str]) -> dict[str, Any]:
+    body = {
+        "model": model, "prompt": req.prompt_ids, "max_tokens": req.max_tokens, "temperature": 0.6,
+        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+    }  # fmt: skip
+    start = time.perf_counter()
+    stamps: list[float] = []
+    tokens = 0
+    async with client.stream("POST", f"{url}/v1/completions", json=body, headers=headers) as resp:
+        if resp.status_code != 200:
+            raise RuntimeError(f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}")
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            if chunk.get("choices"):
+                stamps.append(time.perf_counter())
+    return {"start": start, "stamps": stamps, "output_tokens": tokens}
+
+
+async def run_load(
+    url: str, model: str, requests: list[BenchRequest], *, concurrency: int | None = None,
+    request_rate: float | None = None, api_key: str | None = None, seed: int = 0,
+) -> dict[str, Any]:  # fmt: skip
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    limits = httpx.Limits(max_connections=max(concurrency or 0, 1024))
+    async with httpx.AsyncClient(timeout=None, limits=limits) as client:
+        before = parse_metrics((await client.get(f"{url}/metrics", headers=headers)).text)
+        gate = asyncio.Semaphore(concurrency or len(requests))
+        rng = random.Random(seed)
+
+        async def gated(i: int, req: BenchRequest) -> dict[str, Any]:
+            async with gate:
+                return await _one(client, url, model, req, headers)
+
+        start = time.perf_counter()
+        tasks = []
+        for i, req in enumerate(requests):
+            tasks.append(asyncio.create_task(gated(i, req)))
+            if request_rate:
+                await asyncio.sleep(rng.expovariate(request_rate))
+        results = await asyncio.gather(*tasks)
+        elapsed = time.perf_counter() - start
+        after = parse_metrics((await client.get(f"{url}/metrics", headers=headers)).text)
+    ttft = [(r["stamps"][0] - r["start"]) * 1000 for r in results if r["stamps"]]
+    itl = [(b - a) * 1000 for r in results for a, b in zip(r["stamps"], r["stamps"][1:])]
+    tpot = [
+        (r["stamps"][-1] - r["stamps"][0]) * 1000 / (r["output_tokens"] - 1)
+        for r in results
+        if r["output_tokens"] > 1 and len(r["stamps"]) > 1
+    ]
+    out_tokens = sum(r["output_tokens"] for r in results)
+    return {
+        "requests": len(requests), "concurrency": concurrency, "request_rate": request_rate,
+        "seconds": round(elapsed, 3), "output_tokens": out_tokens,
+        "output_tok_per_s": round(out_tokens / elapsed, 1), "req_per_s": round(len(requests) / elapsed, 3),
+        "ttft_ms_p50": round(percentile(ttft, 50), 2), "ttft_ms_p99": round(percentile(ttft, 99), 2),
+        "tpot_ms_p50": round(percentile(tpot, 50), 3), "tpot_ms_p99": round(percentile(tpot, 99), 3),
+        "itl_ms_p50": round(percentile(itl, 50), 3), "itl_ms_p99": round(percentile(itl, 99), 3),
+        "prefix_hit_rate": _hit_rate(before, after),
+    }  # fmt: skip
+
+
+def _hit_rate(before: dict[str, float], after: dict[str, float]) -> float | None:
+    def delta(name: str) -> float | None:
+        if name not in after:
+            return None
+        return after[name] - before.get(name, 0.0)
+
+    prompt = delta("minisgl_prompt_tokens_total")
+    cached = delta("minisgl_cached_prompt_tokens_total")
+    if not prompt or cached is None:
+        return None
+    return round(cached / prompt, 4)

@@ -1,0 +1,97 @@
+"""Real model shapes with random weights, written as genuine HF model directories.
+
+Weights are generated tensor by tensor on the target device and written straight to sharded
+safetensors (an 8B model in well under a minute), so the engine's real loading code reads them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SHAPES: dict[str, dict[str, Any]] = {
+    "qwen3-0.6b": dict(
+        architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=1024, num_hidden_layers=28,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128, intermediate_size=3072,
+        vocab_size=151936, tie_word_embeddings=True, rope_theta=1000000.0, rms_norm_eps=1e-6,
+        max_position_embeddings=40960, hidden_act="silu", attention_bias=False,
+    ),
+    "llama-3.1-8b": dict(
+        architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=4096, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, intermediate_size=14336,
+        vocab_size=128256, tie_word_embeddings=False, rope_theta=500000.0, rms_norm_eps=1e-5,
+        max_position_embeddings=131072, hidden_act="silu", attention_bias=False, mlp_bias=False,
+        rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                          original_max_position_embeddings=8192),
+    ),
+}  # fmt: skip
+
+
+def parameter_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """HF checkpoint names and shapes of a Llama/Qwen3 decoder."""
+    h, inter, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    d = config.get("head_dim") or h // config["num_attention_heads"]
+    q, kv = config["num_attention_heads"] * d, config["num_key_value_heads"] * d
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, h), "model.norm.weight": (h,)}
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        shapes |= {
+            p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
+            p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
+            p + "mlp.down_proj.weight": (h, inter),
+            p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+        }  # fmt: skip
+        if config["model_type"] == "qwen3":
+            shapes |= {p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)}
+    if not config.get("tie_word_embeddings"):
+        shapes["lm_head.weight"] = (vocab, h)
+    return shapes
+
+
+def build_random_model(
+    shape: str, out_dir: str | Path, *, device: str = "cpu", dtype: torch.dtype = torch.bfloat16,
+    shard_bytes: int = 4 << 30, seed: int = 0,
+) -> Path:  # fmt: skip
+    """Write ``SHAPES[shape]`` with random weights (std hidden**-0.5, norms near one) to ``out_dir``."""
+    from safetensors.torch import save_file
+
+    from minisgl_core.testing.factories import train_tokenizer
+
+    config = dict(SHAPES[shape], torch_dtype=str(dtype).removeprefix("torch."))
+    out = Path(out_dir)
+    if (out / "model.safetensors.index.json").is_file():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    train_tokenizer(out, vocab_size=4096)
+    tokens = json.loads((out / "tokenizer.json").read_text())["model"]["vocab"]
+    config |= dict(eos_token_id=tokens["<|im_end|>"], bos_token_id=None)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    std = config["hidden_size"] ** -0.5
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, dims in parameter_shapes(config).items():
+        if len(dims) == 1:
+            t = 1.0 + 0.05 * torch.randn(dims, generator=gen, device=device)
+        else:
+            t = torch.randn(dims, generator=gen, device=device) * std
+        t = t.to(dtype).cpu()
+        if size and size + t.numel() * t.element_size() > shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += t.numel() * t.element_size()
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(out / fname), metadata={"format": "pt"})
+        weight_map |= {name: fname for name in shard}
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": [config["eos_token_id"]]}))
+    index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for s in shards for t in s.values())},
+             "weight_map": weight_map}  # fmt: skip
+    (out / "model.safetensors.index.json").write_text(json.dumps(index))
+    return out

@@ -1,0 +1,81 @@
+"""Offline runs with tensor parallelism: one process per rank, each driving its own Engine with
+the same requests in the same order (the server's scheduler processes do the same)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any
+
+from minisgl_core.bench.workloads import BenchRequest
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def drive(engine, requests: list[BenchRequest], temperature: float, first_rid: int = 0) -> int:
+    """Submit everything, step until done; returns the number of output tokens."""
+    from minisgl_core.sampling import SamplingParams
+
+    for i, r in enumerate(requests):
+        params = SamplingParams(temperature=temperature, max_tokens=r.max_tokens, ignore_eos=True, seed=i)
+        engine.add_request(first_rid + i, r.prompt_ids, params)
+    tokens = 0
+    while engine.has_work:
+        tokens += sum(1 for out in engine.step() if out.token_id >= 0)
+    return tokens
+
+
+def _rank_main(rank: int, world: int, port: int, config, requests, temperature, queue) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from minisgl_core.api import ParallelContext
+    from minisgl_core.engine.engine import Engine
+
+    backend = "nccl" if config.resolve_device().type == "cuda" else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        engine = Engine(config, ParallelContext(rank, world, dist.group.WORLD))
+        drive(engine, requests[:4], temperature, first_rid=10**6)  # warm-up
+        dist.barrier()
+        start = time.perf_counter()
+        tokens = drive(engine, requests, temperature)
+        elapsed = time.perf_counter() - start
+        if rank == 0:
+            queue.put((tokens, elapsed))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_offline_tp(config, requests: list[BenchRequest], temperature: float = 0.6) -> dict[str, Any]:
+    import torch.multiprocessing as mp
+
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [
+        ctx.Process(target=_rank_main, args=(r, config.tp_size, port, config, requests, temperature, queue))
+        for r in range(config.tp_size)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        tokens, elapsed = queue.get(timeout=3600)
+    finally:
+        for p in procs:
+            p.join(timeout=120)
+    return {
+        "requests": len(requests),
+        "prompt_tokens": sum(len(r.prompt_ids) for r in requests),
+        "output_tokens": tokens,
+        "seconds": round(elapsed, 3),
+        "output_tok_per_s": round(tokens / elapsed, 1),
+    }
