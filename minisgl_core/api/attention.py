@@ -90,19 +90,24 @@ class PagedLayout(NamedTuple):
 
 
 def paged_layout(batch: ForwardBatch, page_size: int) -> PagedLayout:
-    """Build the CSR page layout of ``batch`` from its page table (one gather, no host sync)."""
+    """Build the CSR page layout of ``batch`` from its page table.
+
+    Sizes come from the batch's host-side lengths, so nothing here waits for the device."""
     device = batch.seq_lens.device
     seq_lens = batch.seq_lens.to(torch.int32)
     num_pages = (seq_lens + page_size - 1) // page_size
+    total_pages = sum((s + page_size - 1) // page_size for s in batch.seq_lens_cpu)
     qo_indptr = torch.zeros(batch.batch_size + 1, dtype=torch.int32, device=device)
     qo_indptr[1:] = torch.cumsum(batch.extend_lens, 0)
     kv_indptr = torch.zeros_like(qo_indptr)
     kv_indptr[1:] = torch.cumsum(num_pages, 0)
-    max_pages = max((s + page_size - 1) // page_size for s in batch.seq_lens_cpu) if batch.seq_lens_cpu else 0
-    # First slot of every page of every sequence, then keep the pages the sequence uses.
-    rows = batch.page_table[batch.req_slots.long(), : max_pages * page_size : page_size]
-    used = torch.arange(max_pages, device=device)[None, :] < num_pages[:, None]
-    kv_indices = (rows[used] // page_size).to(torch.int32)
+    # For every page of every sequence: which sequence, and which page of it.
+    seq_of_page = torch.repeat_interleave(
+        torch.arange(batch.batch_size, device=device), num_pages, output_size=total_pages
+    )
+    page_in_seq = torch.arange(total_pages, device=device) - kv_indptr[seq_of_page]
+    first_slots = batch.page_table[batch.req_slots.long()[seq_of_page], page_in_seq * page_size]
+    kv_indices = (first_slots // page_size).to(torch.int32)
     kv_last_page_len = (seq_lens - 1) % page_size + 1
     return PagedLayout(qo_indptr, kv_indptr, kv_indices, kv_last_page_len)
 

@@ -1,0 +1,10 @@
+"""Registers the FlashAttention-3 attention backend; imports nothing heavy (no torch.cuda, no kernels)."""
+
+from minisgl_core.api import hookimpl
+
+MINISGL_API = "1.0"
+
+
+@hookimpl
+def minisgl_register_attention_backends(register) -> None:
+    register("fa3", "minisgl_plugin_fa3.backend:FlashAttention3Backend")

@@ -1,0 +1,10 @@
+"""Registers the FlashInfer attention backend; imports nothing heavy (no torch.cuda, no flashinfer)."""
+
+from minisgl_core.api import hookimpl
+
+MINISGL_API = "1.0"
+
+
+@hookimpl
+def minisgl_register_attention_backends(register) -> None:
+    register("fi", "minisgl_plugin_fi.backend:FlashInferBackend")

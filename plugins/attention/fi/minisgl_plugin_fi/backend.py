@@ -1,0 +1,202 @@
+"""FlashInfer paged attention for minisgl (``--attn fi``).
+
+Once per step :meth:`FlashInferBackend.prepare_metadata` plans one FlashInfer wrapper from the
+batch's CSR page layout (page ids from :func:`minisgl_core.api.paged_layout`, offsets from the
+host-side lengths, see :mod:`minisgl_plugin_fi.planning`): the paged prefill wrapper (causal, any
+page size) for prefill/extend steps, the tensor-core decode wrapper for decode steps. Every layer
+then writes its new K/V into the pool and runs the planned wrapper over its own pages, so the
+planning (host-side scheduling work) happens once per step, not once per layer.
+
+CUDA graphs (decode only): :meth:`init_graph_capture` allocates one set of fixed index buffers
+(``indptr``/``indices``/``last_page_len``) sized for the largest batch and every page a batch can
+reference; each captured batch size gets its own graph-mode decode wrapper over views of those
+buffers, and :meth:`prepare_replay` re-plans it, which rewrites the buffers in place.
+
+``flashinfer`` is imported in ``__init__`` only, so importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+
+import torch
+
+from minisgl_core.api import AttentionBackend, AttentionConfig, ForwardBatch, PagedLayout, paged_layout
+from minisgl_plugin_fi.availability import cuda_unavailable_reason, module_installed
+from minisgl_plugin_fi.planning import PlanFences, host_csr
+
+if TYPE_CHECKING:
+    from flashinfer import BatchDecodeWithPagedKVCacheWrapper
+
+#: float workspace for split-KV partial results, shared by every wrapper of one backend (the
+#: wrappers run one after another on one stream); FlashInfer recommends 128 MiB
+WORKSPACE_BYTES = 128 << 20
+
+#: ``attend(q, (k_cache, v_cache)) -> out``: the planned kernel over one layer's paged K/V
+Attend = Callable[[torch.Tensor, "tuple[torch.Tensor, torch.Tensor]"], torch.Tensor]
+
+
+class FlashInferMetadata(NamedTuple):
+    """What ``prepare_metadata`` leaves in ``batch.attn_metadata``."""
+
+    attend: Attend
+
+
+class GraphBuffers(NamedTuple):
+    """The fixed int32 index buffers every captured decode graph reads (views for smaller sizes)."""
+
+    #: [max_batch_size + 1]
+    kv_indptr: torch.Tensor
+    #: [max_batch_size * pages per max_context_len]
+    kv_indices: torch.Tensor
+    #: [max_batch_size]
+    kv_last_page_len: torch.Tensor
+
+
+class FlashInferBackend(AttentionBackend):
+    """Causal paged attention with GQA on FlashInfer kernels, CUDA-graph capable for decode."""
+
+    capabilities = frozenset({"prefill", "decode", "page_size>1", "cuda_graph"})
+    #: FlashInfer kernel family for prefill/extend; "fa2" runs on sm80+ and shares its JIT module
+    #: with the tensor-core decode kernel (one compile). The fa3 plugin swaps in "fa3".
+    prefill_kernels: ClassVar[str] = "fa2"
+    name: ClassVar[str] = "fi"
+
+    @classmethod
+    def availability(cls, device: torch.device) -> str | None:
+        reason = cuda_unavailable_reason(device, backend=cls.name, min_capability=(8, 0))
+        if reason is None and not module_installed("flashinfer"):
+            reason = f"the {cls.name} attention backend needs FlashInfer: pip install flashinfer-python"
+        return reason
+
+    def __init__(self, config: AttentionConfig) -> None:
+        super().__init__(config)
+        import flashinfer  # the heavy import, deferred until a backend is actually built
+
+        self._flashinfer: Any = flashinfer
+        # Zeroed: FlashInfer requires the float workspace to start at 0 on first use.
+        self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=config.device)
+        self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            self.workspace, "NHD", backend=self.prefill_kernels
+        )
+        self.decode_wrapper = self._decode_wrapper()
+        self.graph_wrappers: dict[int, BatchDecodeWithPagedKVCacheWrapper] = {}
+        self._graph_buffers: GraphBuffers | None = None
+        self._fences = PlanFences()
+
+    # --- per step ---
+
+    def prepare_metadata(self, batch: ForwardBatch) -> None:
+        layout = paged_layout(batch, self.config.page_size)
+        if batch.is_prefill or max(batch.extend_lens_cpu) > 1:
+            batch.attn_metadata = self._plan_prefill(batch, layout)
+        else:
+            batch.attn_metadata = self._plan_decode(self.decode_wrapper, batch, layout)
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch
+    ) -> torch.Tensor:
+        cache = self.config.kv_cache
+        cache.store(layer_id, batch.out_cache_loc, k, v)
+        metadata: FlashInferMetadata = batch.attn_metadata
+        out = metadata.attend(q.to(self.config.dtype), (cache.k_cache(layer_id), cache.v_cache(layer_id)))
+        return out.to(q.dtype)
+
+    # --- CUDA graphs (decode) ---
+
+    def init_graph_capture(self, max_batch_size: int) -> None:
+        config = self.config
+        device = config.device
+        pages_per_seq = (config.max_context_len + config.page_size - 1) // config.page_size
+        # Sized by sequences x pages rather than by the pool: with prefix sharing, several
+        # sequences list the same page, so a batch may reference more entries than the pool has.
+        self._graph_buffers = GraphBuffers(
+            kv_indptr=torch.zeros(max_batch_size + 1, dtype=torch.int32, device=device),
+            kv_indices=torch.zeros(max_batch_size * pages_per_seq, dtype=torch.int32, device=device),
+            kv_last_page_len=torch.ones(max_batch_size, dtype=torch.int32, device=device),
+        )
+
+    def prepare_capture(self, batch: ForwardBatch) -> None:
+        wrapper = self._graph_wrapper(batch.batch_size)
+        batch.attn_metadata = self._plan_decode(wrapper, batch, paged_layout(batch, self.config.page_size))
+
+    def prepare_replay(self, batch: ForwardBatch) -> None:
+        wrapper = self.graph_wrappers.get(batch.batch_size)
+        if wrapper is None:
+            raise RuntimeError(f"no decode graph was captured for batch size {batch.batch_size}")
+        # Planning a graph-mode wrapper copies the layout into the buffers the graph reads.
+        batch.attn_metadata = self._plan_decode(wrapper, batch, paged_layout(batch, self.config.page_size))
+
+    # --- planning, overridable by backends that reuse this one (fa3) ---
+
+    def _plan_prefill(self, batch: ForwardBatch, layout: PagedLayout) -> FlashInferMetadata:
+        config = self.config
+        host = host_csr(batch, config.page_size)
+        with self._fences.planning(self.prefill_wrapper):
+            self.prefill_wrapper.plan(
+                host.qo_indptr,
+                host.kv_indptr,
+                layout.kv_indices,
+                host.kv_last_page_len,
+                config.num_qo_heads,
+                config.num_kv_heads,
+                config.head_dim,
+                config.page_size,
+                causal=True,
+                **self._kernel_options(),
+            )
+        return FlashInferMetadata(self.prefill_wrapper.run)
+
+    def _plan_decode(
+        self, wrapper: BatchDecodeWithPagedKVCacheWrapper, batch: ForwardBatch, layout: PagedLayout
+    ) -> FlashInferMetadata:
+        config = self.config
+        host = host_csr(batch, config.page_size)
+        with self._fences.planning(wrapper):
+            wrapper.plan(
+                host.kv_indptr,
+                layout.kv_indices,
+                host.kv_last_page_len,
+                config.num_qo_heads,
+                config.num_kv_heads,
+                config.head_dim,
+                config.page_size,
+                **self._kernel_options(),
+            )
+        return FlashInferMetadata(wrapper.run)
+
+    def _kernel_options(self) -> dict[str, Any]:
+        return {
+            "sm_scale": self.config.scale,
+            "q_data_type": self.config.dtype,
+            "kv_data_type": self.config.kv_cache.dtype,
+        }
+
+    def _decode_wrapper(self, graph_batch_size: int | None = None) -> BatchDecodeWithPagedKVCacheWrapper:
+        # Tensor cores (the FA2 prefill kernel run with one query per sequence) are much faster
+        # than the CUDA-core decode kernel once several query heads share a KV head (GQA).
+        options: dict[str, Any] = {"use_tensor_cores": True, "backend": "fa2"}
+        if graph_batch_size is not None:
+            buffers = self._graph_buffers
+            assert buffers is not None
+            options.update(
+                use_cuda_graph=True,
+                paged_kv_indptr_buffer=buffers.kv_indptr[: graph_batch_size + 1],
+                paged_kv_indices_buffer=buffers.kv_indices,
+                paged_kv_last_page_len_buffer=buffers.kv_last_page_len[:graph_batch_size],
+            )
+        return self._flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", **options)
+
+    def _graph_wrapper(self, batch_size: int) -> BatchDecodeWithPagedKVCacheWrapper:
+        buffers = self._graph_buffers
+        if buffers is None:
+            raise RuntimeError("call init_graph_capture() before prepare_capture()")
+        if batch_size > buffers.kv_last_page_len.numel():
+            raise ValueError(
+                f"batch size {batch_size} exceeds init_graph_capture's max_batch_size "
+                f"{buffers.kv_last_page_len.numel()}"
+            )
+        if batch_size not in self.graph_wrappers:
+            self.graph_wrappers[batch_size] = self._decode_wrapper(batch_size)
+        return self.graph_wrappers[batch_size]

@@ -1,0 +1,124 @@
+"""The fi plugin without a GPU: registration, cheap import, and availability() reasons."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import minisgl_plugin_fi
+import pytest
+import torch
+from minisgl_plugin_fi import availability
+from minisgl_plugin_fi.backend import FlashInferBackend
+from minisgl_plugin_fi.planning import HostCSR, host_csr
+
+from minisgl_core.api import AttentionBackend, paged_layout
+from minisgl_core.testing.attention_suite import import_target
+from minisgl_core.testing.paged import pages_needed, random_paged_batch
+
+PLUGIN_DIR = Path(__file__).resolve().parents[1]
+
+
+def registered() -> list[tuple[str, str]]:
+    calls: list[tuple[str, str]] = []
+    minisgl_plugin_fi.minisgl_register_attention_backends(
+        register=lambda name, target: calls.append((name, target))
+    )
+    return calls
+
+
+def test_registers_fi_backend() -> None:
+    assert registered() == [("fi", "minisgl_plugin_fi.backend:FlashInferBackend")]
+    cls = import_target(registered()[0][1])
+    assert cls is FlashInferBackend and issubclass(cls, AttentionBackend)
+    assert {"prefill", "decode", "page_size>1", "cuda_graph"} <= cls.capabilities
+
+
+def test_distribution_metadata() -> None:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    project = tomllib.loads((PLUGIN_DIR / "pyproject.toml").read_text())["project"]
+    assert project["name"] == "minisgl-plugin-fi"
+    assert project["entry-points"]["minisgl.plugins"] == {"fi": "minisgl_plugin_fi"}
+    assert any(dep.startswith("flashinfer-python") for dep in project["dependencies"])
+    assert minisgl_plugin_fi.MINISGL_API == "1.0"
+
+
+def test_import_loads_no_kernels() -> None:
+    """Discovery and availability() import no FlashInfer; neither starts CUDA on a non-CUDA device."""
+    code = (
+        "import sys, torch, minisgl_plugin_fi, minisgl_plugin_fi.backend as b\n"
+        "b.FlashInferBackend.availability(torch.device('cpu'))\n"
+        "print('flashinfer' in sys.modules, torch.cuda.is_initialized())\n"
+        "b.FlashInferBackend.availability(torch.device('cuda'))\n"
+        "print('flashinfer' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False", "False"]
+
+
+def test_unavailable_without_cuda() -> None:
+    reason = FlashInferBackend.availability(torch.device("cpu"))
+    assert reason is not None and "CUDA" in reason
+    if not torch.cuda.is_available():
+        reason = FlashInferBackend.availability(torch.device("cuda"))
+        assert reason is not None and "is_available" in reason
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch: pytest.MonkeyPatch):
+    """Pretend a GPU of a given compute capability and a given set of installed modules."""
+
+    def install(capability: tuple[int, int], modules: set[str]) -> None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+        monkeypatch.setattr(availability, "module_installed", lambda name: name in modules)
+        monkeypatch.setattr(
+            sys.modules[FlashInferBackend.__module__], "module_installed", lambda name: name in modules
+        )
+
+    return install
+
+
+def test_available_on_ampere_with_flashinfer(fake_gpu) -> None:
+    fake_gpu((8, 0), {"flashinfer"})
+    assert FlashInferBackend.availability(torch.device("cuda")) is None
+
+
+def test_reason_names_missing_flashinfer(fake_gpu) -> None:
+    fake_gpu((9, 0), set())
+    reason = FlashInferBackend.availability(torch.device("cuda"))
+    assert reason is not None and "pip install flashinfer-python" in reason
+
+
+def test_reason_names_old_gpu(fake_gpu) -> None:
+    fake_gpu((7, 5), {"flashinfer"})
+    reason = FlashInferBackend.availability(torch.device("cuda"))
+    assert reason is not None and "sm75" in reason and "sm80+" in reason
+
+
+def test_module_installed_does_not_import() -> None:
+    assert availability.module_installed("json")
+    assert not availability.module_installed("surely_not_a_module_minisgl")
+    assert not availability.module_installed("surely_not_a_package_minisgl.sub")
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_host_offsets_match_paged_layout(page_size: int) -> None:
+    """The CPU offsets handed to FlashInfer's planner equal paged_layout's device ones."""
+    generator = torch.Generator().manual_seed(page_size)
+    seq_lens, extend_lens = [1, 16, 17, 40, 33, 5], [1, 16, 2, 1, 33, 4]
+    batch = random_paged_batch(
+        seq_lens,
+        extend_lens,
+        page_size=page_size,
+        num_pages=pages_needed(seq_lens, page_size) + 2,
+        max_requests=8,
+        max_context_len=48,
+        attn=None,  # type: ignore[arg-type]  # only the layout is used
+        generator=generator,
+    )
+    host, device = host_csr(batch, page_size), paged_layout(batch, page_size)
+    for name in HostCSR._fields:
+        assert getattr(host, name).device.type == "cpu" and getattr(host, name).dtype == torch.int32
+        assert getattr(host, name).tolist() == getattr(device, name).tolist(), name
