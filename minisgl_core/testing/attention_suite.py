@@ -1,0 +1,432 @@
+"""Conformance suite for attention backends: subclass it, point it at a backend, run pytest.
+
+    from minisgl_core.testing.attention_suite import AttentionBackendSuite
+
+    class TestMyBackend(AttentionBackendSuite):
+        backend_cls = "mine"            # a registered name, "module:Class", or the class itself
+        device = "cuda"
+        dtype = torch.bfloat16          # atol/rtol default per dtype; set them to override
+
+Every test builds a random paged layout (random pages, random page-table rows), fills the rest of
+the pool with finite garbage and the slots of the new tokens with NaN, runs the backend and
+compares with :func:`~minisgl_core.testing.paged.reference_attention` (dense K/V, float64), then
+checks the new K/V landed at ``out_cache_loc`` and nothing else in the pool changed. Tests of a
+capability the backend does not declare are skipped. Randomness is seeded from the test id.
+
+Problem sizes (``gqa_ratios``, ``head_dims``, ``page_sizes``, ``max_seq_len``, ...) are class
+attributes; override :meth:`make_backend` when the backend needs more than its config.
+The CUDA-graph test follows the core's protocol: ``init_graph_capture(bs)``, ``prepare_capture``
+on a dummy decode batch, capture ``forward``; per replay, copy the real batch's ``input_ids``,
+``positions`` and ``out_cache_loc`` into the dummy's tensors, ``prepare_replay(real_batch)``, replay.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import itertools
+import math
+import zlib
+from collections.abc import Sequence
+from typing import Any, ClassVar, NamedTuple
+
+import pytest
+import torch
+
+from minisgl_core.api import AttentionBackend, AttentionConfig, ForwardBatch, KVCache
+from minisgl_core.testing.paged import (
+    PageTableLayout,
+    make_forward_batch,
+    pages_needed,
+    random_page_table,
+    reference_attention,
+    store_prefixes,
+)
+
+KNOWN_CAPABILITIES = frozenset({"prefill", "decode", "cuda_graph", "page_size>1"})
+#: (atol, rtol) when the suite does not set them
+DEFAULT_TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float16: (4e-3, 4e-3), torch.bfloat16: (2e-2, 2e-2)}
+#: the layer single-layer tests use; layer 0 holds garbage a backend must not read
+LAYER = 1
+
+
+class Shape(NamedTuple):
+    num_kv_heads: int
+    gqa_ratio: int
+    head_dim: int
+    page_size: int
+
+    def __str__(self) -> str:
+        return f"kv{self.num_kv_heads}-gqa{self.gqa_ratio}-d{self.head_dim}-ps{self.page_size}"
+
+
+class Problem(NamedTuple):
+    """One backend on a filled pool and a random layout, plus the dense K/V of every sequence."""
+
+    backend: AttentionBackend
+    config: AttentionConfig
+    layout: PageTableLayout
+    #: [capacity_i, kv_heads, head_dim] per sequence and layer: keys[layer][i]
+    keys: list[list[torch.Tensor]]
+    values: list[list[torch.Tensor]]
+
+
+@functools.cache
+def registered_attention_backend(name: str) -> type[AttentionBackend]:
+    """The class an installed plugin registers as attention backend ``name`` (through the core's loader)."""
+    from minisgl_core.plugins import Plugins
+
+    return Plugins.load().resolve("attention", name)
+
+
+def import_target(target: str) -> Any:
+    module, _, attribute = target.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+class AttentionBackendSuite:
+    #: the backend: its class, "package.module:Class", or a name registered by an installed plugin
+    backend_cls: ClassVar[type[AttentionBackend] | str | None] = None
+    device: str = "cpu"
+    dtype: torch.dtype = torch.float32
+    atol: float | None = None
+    rtol: float | None = None
+    # Problem sizes: every shape-parametrised test runs on the product of these.
+    num_kv_heads: int = 2
+    gqa_ratios: Sequence[int] = (1, 2, 4, 8)
+    head_dims: Sequence[int] = (64, 128)
+    page_sizes: Sequence[int] = (1, 16)
+    max_batch_size: int = 16
+    max_seq_len: int = 80
+    graph_batch_size: int = 8
+    seed: int = 0
+
+    # --- hooks a subclass may override ---
+
+    def make_backend(self, config: AttentionConfig) -> AttentionBackend:
+        return self.backend_class()(config)
+
+    def shapes(self) -> list[Shape]:
+        product = itertools.product(self.gqa_ratios, self.head_dims, self.page_sizes)
+        return [Shape(self.num_kv_heads, ratio, dim, size) for ratio, dim, size in product]
+
+    # --- plumbing ---
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        if "shape" in metafunc.fixturenames:
+            metafunc.parametrize("shape", self.shapes(), ids=str)
+
+    @classmethod
+    def backend_class(cls) -> type[AttentionBackend]:
+        target = cls.backend_cls
+        if target is None:
+            raise TypeError(f"{cls.__name__} must set backend_cls")
+        if isinstance(target, str):
+            return import_target(target) if ":" in target else registered_attention_backend(target)
+        return target
+
+    @pytest.fixture(autouse=True)
+    def _available(self) -> None:
+        reason = self.backend_class().availability(torch.device(self.device))
+        if reason is not None:
+            pytest.skip(f"backend unavailable on {self.device}: {reason}")
+
+    @pytest.fixture
+    def generator(self, request: pytest.FixtureRequest) -> torch.Generator:
+        # crc32, not hash(): the seed must not change between runs.
+        return torch.Generator().manual_seed(zlib.crc32(f"{self.seed}:{request.node.name}".encode()))
+
+    def require(self, *capabilities: str) -> None:
+        missing = [c for c in capabilities if c not in self.backend_class().capabilities]
+        if missing:
+            pytest.skip(f"backend does not declare {', '.join(missing)}")
+
+    def tolerances(self) -> tuple[float, float]:
+        atol, rtol = DEFAULT_TOLERANCES.get(self.dtype, (1e-2, 1e-2))
+        return (atol if self.atol is None else self.atol, rtol if self.rtol is None else self.rtol)
+
+    def representative_shape(self) -> Shape:
+        declared = "page_size>1" in self.backend_class().capabilities
+        page_size = max(self.page_sizes) if declared else 1
+        return Shape(self.num_kv_heads, max(self.gqa_ratios), max(self.head_dims), page_size)
+
+    def randoms(self, generator: torch.Generator, count: int, low: int, high: int) -> list[int]:
+        """``count`` integers in [low, high]."""
+        return torch.randint(low, high + 1, (count,), generator=generator).tolist()
+
+    def random_tensor(self, generator: torch.Generator, *shape: int, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(shape, generator=generator) * scale).to(device=self.device, dtype=self.dtype)
+
+    def make_problem(self, shape: Shape, capacities: Sequence[int], generator: torch.Generator) -> Problem:
+        """A backend over a 2-layer pool full of garbage and a layout giving each sequence room
+        for ``capacities[i]`` tokens; the sequences' K/V are generated, not yet stored."""
+        if shape.page_size > 1:
+            self.require("page_size>1")
+        page_size = shape.page_size
+        num_pages = pages_needed(capacities, page_size) + 3
+        max_context_len = math.ceil(max(capacities) / page_size) * page_size + page_size
+        max_requests = len(capacities) + 3
+        cache = KVCache(
+            num_layers=2,
+            num_pages=num_pages,
+            page_size=page_size,
+            num_kv_heads=shape.num_kv_heads,
+            head_dim=shape.head_dim,
+            dtype=self.dtype,
+            device=self.device,
+        )
+        # Large finite garbage: reading a slot the sequence does not own changes the output a lot.
+        cache.buffer.copy_(self.random_tensor(generator, *cache.buffer.shape, scale=10.0))
+        config = AttentionConfig(
+            num_qo_heads=shape.num_kv_heads * shape.gqa_ratio,
+            num_kv_heads=shape.num_kv_heads,
+            head_dim=shape.head_dim,
+            # Not 1/sqrt(head_dim), so a backend ignoring config.scale fails.
+            scale=1.25 / math.sqrt(shape.head_dim),
+            page_size=page_size,
+            dtype=self.dtype,
+            device=torch.device(self.device),
+            max_requests=max_requests,
+            max_context_len=max_context_len,
+            kv_cache=cache,
+        )
+        layout = random_page_table(
+            capacities,
+            page_size=page_size,
+            num_pages=num_pages,
+            max_requests=max_requests,
+            max_context_len=max_context_len,
+            generator=generator,
+            device=self.device,
+        )
+
+        def dense() -> list[list[torch.Tensor]]:
+            return [
+                [self.random_tensor(generator, n, shape.num_kv_heads, shape.head_dim) for n in capacities]
+                for _ in range(cache.num_layers)
+            ]
+
+        return Problem(self.make_backend(config), config, layout, dense(), dense())
+
+    def batch(
+        self,
+        problem: Problem,
+        generator: torch.Generator,
+        seq_lens: Sequence[int],
+        extend_lens: Sequence[int],
+        **kw: Any,
+    ) -> ForwardBatch:
+        return make_forward_batch(
+            problem.layout, seq_lens, extend_lens, attn=problem.backend, generator=generator, **kw
+        )
+
+    def step_inputs(
+        self,
+        problem: Problem,
+        generator: torch.Generator,
+        batch: ForwardBatch,
+        layer_id: int,
+        rows: Sequence[int],
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q of the new tokens, their k/v (from the dense K/V of sequences ``rows``), and NaN in
+        the slots they are about to be written to, so attending before storing shows."""
+        config = problem.config
+        pieces = list(zip(rows, batch.prefix_lens_cpu, batch.seq_lens_cpu, strict=True))
+        k = torch.cat([problem.keys[layer_id][r][p:s] for r, p, s in pieces])
+        v = torch.cat([problem.values[layer_id][r][p:s] for r, p, s in pieces])
+        self.poison_slots(problem, layer_id, batch.out_cache_loc)
+        return self.random_tensor(generator, batch.num_tokens, config.num_qo_heads, config.head_dim), k, v
+
+    def poison_slots(self, problem: Problem, layer_id: int, slots: torch.Tensor) -> None:
+        """NaN in K and V of ``slots``: any read of them before a write shows in the output."""
+        config = problem.config
+        pool = config.kv_cache.buffer[layer_id].view(2, -1, config.num_kv_heads, config.head_dim)
+        pool[:, slots] = float("nan")
+
+    def check_step(
+        self,
+        problem: Problem,
+        batch: ForwardBatch,
+        layer_id: int,
+        rows: Sequence[int],
+        inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        output: torch.Tensor,
+        pool_before: torch.Tensor,
+    ) -> None:
+        """The output matches the dense reference; the pool changed exactly at ``out_cache_loc``."""
+        q, k, v = inputs
+        assert output.shape == q.shape, f"output shape {tuple(output.shape)}, expected {tuple(q.shape)}"
+        assert output.dtype == q.dtype, f"output dtype {output.dtype}, expected {q.dtype}"
+        assert output.device == q.device, f"output on {output.device}, expected {q.device}"
+        keys = [problem.keys[layer_id][r][:s] for r, s in zip(rows, batch.seq_lens_cpu, strict=True)]
+        values = [problem.values[layer_id][r][:s] for r, s in zip(rows, batch.seq_lens_cpu, strict=True)]
+        expected = reference_attention(q, keys, values, batch.extend_lens_cpu, problem.config.scale)
+        atol, rtol = self.tolerances()
+        torch.testing.assert_close(output.detach().cpu().double(), expected, atol=atol, rtol=rtol)
+
+        config = problem.config
+        flat = pool_before[layer_id].view(2, -1, config.num_kv_heads, config.head_dim)
+        flat[0, batch.out_cache_loc] = k.to(config.kv_cache.dtype)
+        flat[1, batch.out_cache_loc] = v.to(config.kv_cache.dtype)
+        # Bitwise, NaN equal to NaN (assert_close on the whole pool is several times slower).
+        pool = config.kv_cache.buffer
+        same = (pool == pool_before) | (pool.isnan() & pool_before.isnan())
+        if not bool(same.all()):
+            bad = (~same).view(pool.shape[0], 2, config.kv_cache.num_slots, -1).any(-1).nonzero().tolist()
+            raise AssertionError(
+                f"KV pool should change exactly at out_cache_loc; {len(bad)} (layer, k/v, slot) differ, "
+                f"first: {bad[:4]}; out_cache_loc: {batch.out_cache_loc.tolist()[:16]}"
+            )
+
+    def run_step(
+        self,
+        problem: Problem,
+        generator: torch.Generator,
+        batch: ForwardBatch,
+        layer_id: int = LAYER,
+        rows: Sequence[int] | None = None,
+        prepare: bool = True,
+    ) -> None:
+        """Prepare, run one layer's forward on ``batch`` and check it (``rows``: which sequences of
+        the problem the batch holds, default the first ``bs``)."""
+        rows = list(range(batch.batch_size)) if rows is None else list(rows)
+        if prepare:
+            problem.backend.prepare_metadata(batch)
+        inputs = self.step_inputs(problem, generator, batch, layer_id, rows)
+        pool_before = problem.config.kv_cache.buffer.clone()
+        output = problem.backend.forward(*inputs, layer_id, batch)
+        self.check_step(problem, batch, layer_id, rows, inputs, output, pool_before)
+
+    def single_step(
+        self, shape: Shape, generator: torch.Generator, seq_lens: list[int], extend_lens: list[int]
+    ) -> None:
+        """Run one step whose cached prefixes are already in the pool."""
+        problem = self.make_problem(shape, seq_lens, generator)
+        batch = self.batch(
+            problem, generator, seq_lens, extend_lens, is_prefill=any(e > 1 for e in extend_lens)
+        )
+        store_prefixes(problem.config.kv_cache, LAYER, batch, problem.keys[LAYER], problem.values[LAYER])
+        self.run_step(problem, generator, batch)
+
+    # --- the tests ---
+
+    def test_capabilities_are_known(self) -> None:
+        cls = self.backend_class()
+        assert issubclass(cls, AttentionBackend), f"{cls} does not subclass AttentionBackend"
+        unknown = set(cls.capabilities) - KNOWN_CAPABILITIES
+        assert not unknown, f"unknown capabilities {sorted(unknown)}; known: {sorted(KNOWN_CAPABILITIES)}"
+
+    def test_prefill(self, shape: Shape, generator: torch.Generator) -> None:
+        self.require("prefill")
+        bs = min(4, self.max_batch_size)
+        seq_lens = [self.max_seq_len] + self.randoms(generator, bs - 1, 1, self.max_seq_len)
+        self.single_step(shape, generator, seq_lens, seq_lens)
+
+    def test_extend_with_cached_prefix(self, shape: Shape, generator: torch.Generator) -> None:
+        """Chunked prefill: the new tokens attend to a prefix written by earlier steps."""
+        self.require("prefill")
+        bs = min(6, self.max_batch_size)
+        seq_lens = [self.max_seq_len] + self.randoms(generator, bs - 1, 2, self.max_seq_len)
+        prefixes = [min(shape.page_size, seq_lens[0] - 1)]  # a prefix ending on a page boundary
+        prefixes += [self.randoms(generator, 1, 1, s - 1)[0] for s in seq_lens[1:]]
+        self.single_step(shape, generator, seq_lens, [s - p for s, p in zip(seq_lens, prefixes, strict=True)])
+
+    def test_decode(self, shape: Shape, generator: torch.Generator) -> None:
+        self.require("decode")
+        page = shape.page_size
+        edges = [1, page, page + 1, 2 * page - 1, self.max_seq_len]
+        seq_lens = [min(n, self.max_seq_len) for n in edges][: self.max_batch_size]
+        seq_lens += self.randoms(generator, self.max_batch_size - len(seq_lens), 1, self.max_seq_len)
+        problem = self.make_problem(shape, seq_lens, generator)
+        batch = self.batch(problem, generator, seq_lens, [1] * len(seq_lens), is_prefill=False)
+        store_prefixes(problem.config.kv_cache, LAYER, batch, problem.keys[LAYER], problem.values[LAYER])
+        self.run_step(problem, generator, batch)
+
+    def test_mixed_batch(self, shape: Shape, generator: torch.Generator) -> None:
+        """One prefill batch mixing fresh prompts, chunk continuations and single new tokens."""
+        self.require("prefill")
+        longest = self.max_seq_len
+        cases = [(longest, longest), (1, 1), (longest, 1), (longest // 2 + 1, longest // 4 + 1), (3, 2)]
+        cases = cases[: self.max_batch_size]
+        order = torch.randperm(len(cases), generator=generator).tolist()
+        self.single_step(shape, generator, [cases[i][0] for i in order], [cases[i][1] for i in order])
+
+    def test_layers_share_metadata(self, generator: torch.Generator) -> None:
+        """prepare_metadata runs once per step; every layer's forward reuses it on its own KV."""
+        self.require("prefill")
+        seq_lens, extend_lens = [self.max_seq_len, 9, 30], [self.max_seq_len - 5, 9, 1]
+        problem = self.make_problem(self.representative_shape(), seq_lens, generator)
+        batch = self.batch(problem, generator, seq_lens, extend_lens)
+        problem.backend.prepare_metadata(batch)
+        for layer_id in (0, 1):
+            store_prefixes(
+                problem.config.kv_cache, layer_id, batch, problem.keys[layer_id], problem.values[layer_id]
+            )
+            self.run_step(problem, generator, batch, layer_id=layer_id, prepare=False)
+
+    def test_steps_on_shared_pages(self, generator: torch.Generator) -> None:
+        """Two prefill chunks then decode steps on one layout: each step reads only what earlier
+        steps of the backend stored (the pool starts with NaN in every sequence slot)."""
+        self.require("prefill", "decode")
+        prompts, decode_steps = [self.max_seq_len - 3, 2, 17], 3
+        capacities = [p + decode_steps for p in prompts]
+        problem = self.make_problem(self.representative_shape(), capacities, generator)
+        full = self.batch(problem, generator, capacities, capacities)
+        self.poison_slots(problem, LAYER, full.out_cache_loc)
+        first_chunk = [p // 2 for p in prompts]
+        steps = [
+            (first_chunk, first_chunk),
+            (prompts, [p - c for p, c in zip(prompts, first_chunk, strict=True)]),
+        ]
+        steps += [([p + i for p in prompts], [1] * len(prompts)) for i in range(1, decode_steps + 1)]
+        for seq_lens, extend_lens in steps:
+            is_prefill = any(e > 1 for e in extend_lens)
+            self.run_step(
+                problem,
+                generator,
+                self.batch(problem, generator, seq_lens, extend_lens, is_prefill=is_prefill),
+            )
+
+    def test_cuda_graph_decode(self, shape: Shape, generator: torch.Generator) -> None:
+        """Capture one decode step on a dummy batch, then replay it for two different real batches."""
+        self.require("decode", "cuda_graph")
+        if torch.device(self.device).type != "cuda":
+            pytest.skip("CUDA graphs need a CUDA device")
+        n = self.graph_batch_size
+        real_lens = [self.randoms(generator, n, 1, self.max_seq_len) for _ in range(2)]
+        problem = self.make_problem(shape, real_lens[0] + real_lens[1] + [1] * n, generator)
+        backend, config = problem.backend, problem.config
+        dummy = self.batch(
+            problem, generator, [1] * n, [1] * n, rows=range(2 * n, 3 * n), is_prefill=False, captured=True
+        )
+        static_q = torch.zeros(n, config.num_qo_heads, config.head_dim, dtype=self.dtype, device=self.device)
+        static_k = torch.zeros(n, config.num_kv_heads, config.head_dim, dtype=self.dtype, device=self.device)
+        static_v = torch.zeros_like(static_k)
+        backend.init_graph_capture(n)
+        backend.prepare_capture(dummy)
+        side = torch.cuda.Stream(device=self.device)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up outside the graph, as the core does
+            backend.forward(static_q, static_k, static_v, LAYER, dummy)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = backend.forward(static_q, static_k, static_v, LAYER, dummy)
+
+        for part, seq_lens in enumerate(real_lens):
+            rows = list(range(part * n, (part + 1) * n))
+            batch = self.batch(
+                problem, generator, seq_lens, [1] * n, rows=rows, is_prefill=False, captured=True
+            )
+            keys, values = ([d[r] for r in rows] for d in (problem.keys[LAYER], problem.values[LAYER]))
+            store_prefixes(config.kv_cache, LAYER, batch, keys, values)
+            inputs = self.step_inputs(problem, generator, batch, LAYER, rows)
+            for name in ("input_ids", "positions", "out_cache_loc"):
+                getattr(dummy, name).copy_(getattr(batch, name))
+            for static, value in zip((static_q, static_k, static_v), inputs, strict=True):
+                static.copy_(value)
+            backend.prepare_replay(batch)
+            pool_before = config.kv_cache.buffer.clone()
+            graph.replay()
+            torch.cuda.synchronize(self.device)
+            self.check_step(problem, batch, LAYER, rows, inputs, static_out.clone(), pool_before)

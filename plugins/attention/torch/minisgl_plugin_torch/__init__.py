@@ -1,0 +1,10 @@
+"""Registers the pure-PyTorch attention backend; imports nothing heavy."""
+
+from minisgl_core.api import hookimpl
+
+MINISGL_API = "1.0"
+
+
+@hookimpl
+def minisgl_register_attention_backends(register) -> None:
+    register("torch", "minisgl_plugin_torch.backend:TorchAttentionBackend")

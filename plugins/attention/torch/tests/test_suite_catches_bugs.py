@@ -1,0 +1,98 @@
+"""The conformance suite must fail backends with typical bugs; each mutant of the torch backend
+below has one, and running a suite test against it has to raise."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from minisgl_plugin_torch.backend import TorchAttentionBackend
+
+from minisgl_core.api import ForwardBatch
+from minisgl_core.testing.attention_suite import AttentionBackendSuite, Shape
+
+
+class DefaultScale(TorchAttentionBackend):
+    def forward(self, q, k, v, layer_id, batch):
+        self.config = dataclasses.replace(self.config, scale=1 / math.sqrt(q.shape[-1]))
+        return super().forward(q, k, v, layer_id, batch)
+
+
+class AttendsBeforeStoring(TorchAttentionBackend):
+    def forward(self, q, k, v, layer_id, batch):
+        store = self.config.kv_cache.store
+        self.config.kv_cache.store = lambda *args: None  # type: ignore[method-assign]
+        try:
+            out = super().forward(q, k, v, layer_id, batch)
+        finally:
+            self.config.kv_cache.store = store  # type: ignore[method-assign]
+        store(layer_id, batch.out_cache_loc, k, v)
+        return out
+
+
+class ReadsLayerZero(TorchAttentionBackend):
+    def forward(self, q, k, v, layer_id, batch):
+        self.config.kv_cache.store(layer_id, batch.out_cache_loc, k, v)
+        return super().forward(q, k, v, 0, batch)
+
+
+class NotCausal(TorchAttentionBackend):
+    def prepare_metadata(self, batch: ForwardBatch) -> None:
+        super().prepare_metadata(batch)
+        meta = batch.attn_metadata
+        valid = torch.arange(meta.mask.shape[-1]) < batch.seq_lens.long()[:, None]
+        batch.attn_metadata = meta._replace(mask=valid[:, None, None, :].expand_as(meta.mask))
+
+
+class ReadsPastSequenceEnd(TorchAttentionBackend):
+    def prepare_metadata(self, batch: ForwardBatch) -> None:
+        super().prepare_metadata(batch)
+        meta = batch.attn_metadata
+        width = meta.kv_slots.shape[1] + 1
+        slots = batch.page_table[batch.req_slots.long(), :width].long()
+        batch.attn_metadata = meta._replace(kv_slots=slots, mask=F.pad(meta.mask, (0, 1), value=True))
+
+
+class WrongGqaGrouping(TorchAttentionBackend):
+    def forward(self, q, k, v, layer_id, batch):
+        heads = q.shape[1]
+        order = torch.arange(heads).view(-1, self.config.num_kv_heads).t().flatten()  # interleaved
+        out = super().forward(q[:, order], k, v, layer_id, batch)
+        return out[:, torch.argsort(order)]
+
+
+class WritesOneSlotTooMany(TorchAttentionBackend):
+    def forward(self, q, k, v, layer_id, batch):
+        written = set(batch.out_cache_loc.tolist())
+        other = next(slot for slot in range(self.config.kv_cache.num_slots) if slot not in written)
+        self.config.kv_cache.store(layer_id, torch.tensor([other]), k[:1], v[:1])
+        return super().forward(q, k, v, layer_id, batch)
+
+
+MUTANTS = [
+    DefaultScale,
+    AttendsBeforeStoring,
+    ReadsLayerZero,
+    NotCausal,
+    ReadsPastSequenceEnd,
+    WrongGqaGrouping,
+    WritesOneSlotTooMany,
+]
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.__name__)
+@pytest.mark.parametrize("test_name", ["test_extend_with_cached_prefix", "test_mixed_batch"])
+def test_suite_rejects(mutant: type[TorchAttentionBackend], test_name: str) -> None:
+    suite = type("MutantSuite", (AttentionBackendSuite,), {"backend_cls": mutant})()
+    generator = torch.Generator().manual_seed(1)
+    with pytest.raises(AssertionError):
+        getattr(suite, test_name)(Shape(2, 4, 64, 16), generator)
+
+
+def test_suite_accepts_the_unmutated_backend() -> None:
+    suite = type("PlainSuite", (AttentionBackendSuite,), {"backend_cls": TorchAttentionBackend})()
+    for test_name in ("test_extend_with_cached_prefix", "test_mixed_batch"):
+        getattr(suite, test_name)(Shape(2, 4, 64, 16), torch.Generator().manual_seed(1))
