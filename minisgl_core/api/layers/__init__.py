@@ -1,0 +1,42 @@
+"""Tensor-parallel building blocks for model plugins, and the shared decoder built from them.
+
+Every block takes a :class:`~minisgl_core.api.ParallelContext` and allocates only this rank's
+shard; it works with tp_size 1 (no torch.distributed needed) and above. Each parameter carries
+``weight_loader(param, full_tensor, shard_id=None)`` that copies this rank's shard out of a full
+checkpoint tensor, so loading is one code path for any tp_size. :class:`DecoderForCausalLM` is
+the Llama-family decoder the model plugins subclass, setting flags only.
+"""
+
+from minisgl_core.api.layers.attention import AttentionLayer
+from minisgl_core.api.layers.decoder import (
+    DecoderAttention,
+    DecoderForCausalLM,
+    DecoderLayer,
+    DecoderMLP,
+    DecoderModel,
+)
+from minisgl_core.api.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from minisgl_core.api.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from minisgl_core.api.layers.norm import RMSNorm
+from minisgl_core.api.layers.rotary import RotaryEmbedding, get_rope, rope_parameters
+from minisgl_core.api.layers.weights import WeightLoader, load_full
+
+__all__ = [
+    "AttentionLayer",
+    "DecoderAttention",
+    "DecoderForCausalLM",
+    "DecoderLayer",
+    "DecoderMLP",
+    "DecoderModel",
+    "MergedColumnParallelLinear",
+    "ParallelLMHead",
+    "QKVParallelLinear",
+    "RMSNorm",
+    "RotaryEmbedding",
+    "RowParallelLinear",
+    "VocabParallelEmbedding",
+    "WeightLoader",
+    "get_rope",
+    "load_full",
+    "rope_parameters",
+]

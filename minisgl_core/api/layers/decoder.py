@@ -1,0 +1,220 @@
+"""The shared Llama-family decoder (pre-norm blocks, GQA with rope, SwiGLU MLP).
+
+Model plugins subclass :class:`DecoderForCausalLM` and set flags (``qk_norm`` for Qwen3) instead
+of copying the model; bias and tied embeddings come from the config."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minisgl_core.api.batch import ForwardBatch
+from minisgl_core.api.layers.attention import AttentionLayer
+from minisgl_core.api.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from minisgl_core.api.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from minisgl_core.api.layers.norm import RMSNorm
+from minisgl_core.api.layers.rotary import get_rope
+from minisgl_core.api.model import KVSpec, Model, ModelConfig
+from minisgl_core.api.parallel import ParallelContext
+
+
+class DecoderAttention(nn.Module):
+    def __init__(
+        self,
+        hf: dict[str, Any],
+        layer_id: int,
+        *,
+        qk_norm: bool,
+        parallel: ParallelContext,
+        dtype: torch.dtype | None,
+        device: Any,
+    ) -> None:
+        super().__init__()
+        hidden, heads = hf["hidden_size"], hf["num_attention_heads"]
+        head_dim = _head_dim(hf)
+        bias = bool(hf.get("attention_bias", False))
+        self.qkv_proj = QKVParallelLinear(
+            hidden,
+            head_dim,
+            heads,
+            hf.get("num_key_value_heads") or heads,
+            parallel=parallel,
+            bias=bias,
+            dtype=dtype,
+            device=device,
+        )
+        num_heads, num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.o_proj = RowParallelLinear(
+            heads * head_dim, hidden, parallel=parallel, bias=bias, dtype=dtype, device=device
+        )
+        eps = hf.get("rms_norm_eps", 1e-6)
+        self.q_norm = RMSNorm(head_dim, eps, dtype=dtype, device=device) if qk_norm else None
+        self.k_norm = RMSNorm(head_dim, eps, dtype=dtype, device=device) if qk_norm else None
+        self.rotary_emb = get_rope(hf, head_dim).to(device)
+        self.attn = AttentionLayer(layer_id, num_heads, num_kv_heads, head_dim)
+
+    def forward(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        num_tokens, head_dim = hidden.shape[0], self.attn.head_dim
+        q, k, v = self.qkv_proj(hidden).split(self.qkv_proj.output_sizes, dim=-1)
+        q = q.reshape(num_tokens, self.attn.num_heads, head_dim)
+        k = k.reshape(num_tokens, self.attn.num_kv_heads, head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary_emb(batch.positions, q, k)
+        return self.o_proj(self.attn(q, k, v, batch))
+
+
+class DecoderMLP(nn.Module):
+    def __init__(
+        self, hf: dict[str, Any], *, parallel: ParallelContext, dtype: torch.dtype | None, device: Any
+    ) -> None:
+        super().__init__()
+        if hf.get("hidden_act", "silu") != "silu":
+            raise NotImplementedError(f"hidden_act {hf['hidden_act']!r} is not supported (silu is)")
+        hidden, inter, bias = hf["hidden_size"], hf["intermediate_size"], bool(hf.get("mlp_bias", False))
+        self.gate_up_proj = MergedColumnParallelLinear(
+            hidden, [inter, inter], parallel=parallel, bias=bias, dtype=dtype, device=device
+        )
+        self.down_proj = RowParallelLinear(
+            inter, hidden, parallel=parallel, bias=bias, dtype=dtype, device=device
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(
+        self,
+        hf: dict[str, Any],
+        layer_id: int,
+        *,
+        qk_norm: bool,
+        parallel: ParallelContext,
+        dtype: torch.dtype | None,
+        device: Any,
+    ) -> None:
+        super().__init__()
+        eps = hf.get("rms_norm_eps", 1e-6)
+        self.self_attn = DecoderAttention(
+            hf, layer_id, qk_norm=qk_norm, parallel=parallel, dtype=dtype, device=device
+        )
+        self.mlp = DecoderMLP(hf, parallel=parallel, dtype=dtype, device=device)
+        self.input_layernorm = RMSNorm(hf["hidden_size"], eps, dtype=dtype, device=device)
+        self.post_attention_layernorm = RMSNorm(hf["hidden_size"], eps, dtype=dtype, device=device)
+
+    def forward(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), batch)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class DecoderModel(nn.Module):
+    def __init__(
+        self,
+        hf: dict[str, Any],
+        *,
+        qk_norm: bool,
+        parallel: ParallelContext,
+        dtype: torch.dtype | None,
+        device: Any,
+    ) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(
+            hf["vocab_size"], hf["hidden_size"], parallel=parallel, dtype=dtype, device=device
+        )
+        self.layers = nn.ModuleList(
+            DecoderLayer(hf, i, qk_norm=qk_norm, parallel=parallel, dtype=dtype, device=device)
+            for i in range(hf["num_hidden_layers"])
+        )
+        self.norm = RMSNorm(hf["hidden_size"], hf.get("rms_norm_eps", 1e-6), dtype=dtype, device=device)
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Hidden states of every new token, before the final norm."""
+        hidden = self.embed_tokens(batch.input_ids)
+        for layer in self.layers:
+            hidden = layer(hidden, batch)
+        return hidden
+
+
+# HF checkpoint name part -> (our fused parameter name part, shard id)
+_FUSED = {
+    ".q_proj.": (".qkv_proj.", "q"),
+    ".k_proj.": (".qkv_proj.", "k"),
+    ".v_proj.": (".qkv_proj.", "v"),
+    ".gate_proj.": (".gate_up_proj.", 0),
+    ".up_proj.": (".gate_up_proj.", 1),
+}
+
+
+class DecoderForCausalLM(Model):
+    """Llama-style decoder: pre-norm blocks, GQA with rotary embedding, SwiGLU MLP.
+
+    Subclasses set the class flags; attention/MLP bias and tied embeddings come from the config."""
+
+    #: per-head RMS norm on q and k before rope (Qwen3)
+    qk_norm: bool = False
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        hf, parallel = config.hf_config, config.parallel
+        dtype, device = config.dtype, config.device
+        if hf.get("use_sliding_window"):
+            raise NotImplementedError("sliding-window attention (use_sliding_window) is not supported")
+        self.model = DecoderModel(hf, qk_norm=self.qk_norm, parallel=parallel, dtype=dtype, device=device)
+        self.lm_head = ParallelLMHead(
+            hf["vocab_size"], hf["hidden_size"], parallel=parallel, dtype=dtype, device=device
+        )
+        self.tie_word_embeddings = bool(hf.get("tie_word_embeddings", False))
+        if self.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        first = self.model.layers[0].self_attn.attn
+        self._kv_spec = KVSpec(
+            num_layers=len(self.model.layers),
+            num_qo_heads=first.num_heads,
+            num_kv_heads=first.num_kv_heads,
+            head_dim=first.head_dim,
+            scale=first.head_dim**-0.5,
+        )
+
+    @property
+    def kv_spec(self) -> KVSpec:
+        return self._kv_spec
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        hidden = self.model(batch)[batch.logits_indices]
+        return self.lm_head(self.model.norm(hidden)).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        params = dict(self.named_parameters(remove_duplicate=False))  # tied lm_head.weight is listed too
+        used: set[str] = set()
+        loaded: set[tuple[int, Any]] = set()
+        for name, tensor in weights:
+            target, shard_id = name, None
+            for part, (fused, fused_shard) in _FUSED.items():
+                if part in name:
+                    target, shard_id = name.replace(part, fused), fused_shard
+                    break
+            param = params.get(target)
+            if param is None:
+                continue  # not ours (e.g. rotary inv_freq); the core reports unused names
+            # copy_ in the loaders moves only this rank's slice to the parameter's device and dtype
+            param.weight_loader(param, tensor, shard_id)  # type: ignore[attr-defined]
+            used.add(name)
+            loaded.add((id(param), shard_id))
+        for name, param in params.items():
+            missing = [sid for sid in getattr(param, "shard_ids", (None,)) if (id(param), sid) not in loaded]
+            if missing:
+                parts = "" if missing == [None] else f" (parts {missing} missing)"
+                raise ValueError(
+                    f"model parameter {name!r} was never loaded{parts}: the checkpoint has no tensor for it"
+                )
+        return used
+
+
+def _head_dim(hf: dict[str, Any]) -> int:
+    return hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]

@@ -1,0 +1,60 @@
+"""Vocabulary-parallel input embedding and output head."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minisgl_core.api.layers.weights import new_param
+from minisgl_core.api.parallel import ParallelContext
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Embedding table split by vocabulary rows; the vocabulary is padded to a multiple of tp_size."""
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        *,
+        parallel: ParallelContext,
+        dtype: torch.dtype | None = None,
+        device: Any = None,
+    ) -> None:
+        super().__init__()
+        self.num_embeddings = num_embeddings
+        self.parallel = parallel
+        self.rows_per_rank = math.ceil(num_embeddings / parallel.tp_size)
+        self.vocab_start = parallel.tp_rank * self.rows_per_rank
+        self.weight = new_param((self.rows_per_rank, embedding_dim), dtype, device, self._load)
+
+    def _load(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Any = None) -> None:
+        if loaded.shape != (self.num_embeddings, param.shape[1]):
+            raise ValueError(
+                f"checkpoint tensor of shape {tuple(loaded.shape)} does not fit a vocabulary of "
+                f"{self.num_embeddings} x {param.shape[1]}"
+            )
+        shard = loaded[self.vocab_start : self.vocab_start + self.rows_per_rank]
+        param.data.zero_()  # padding rows past the true vocabulary stay zero
+        param.data[: shard.shape[0]].copy_(shard)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.parallel.tp_size == 1:
+            return F.embedding(input_ids, self.weight)
+        local = input_ids - self.vocab_start
+        outside = (local < 0) | (local >= self.rows_per_rank)
+        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        out.masked_fill_(outside[:, None], 0)
+        return self.parallel.all_reduce(out)
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """Output projection split by vocabulary rows; logits are gathered and trimmed to the true vocab."""
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.parallel.all_gather(F.linear(hidden, self.weight), dim=-1)
+        return logits[:, : self.num_embeddings]

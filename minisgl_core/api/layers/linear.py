@@ -1,0 +1,149 @@
+"""Tensor-parallel linear layers: fused column-parallel (q/k/v, gate/up) and row-parallel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minisgl_core.api.layers.weights import WeightLoader, copy_rows, copy_shard, load_full, new_param
+from minisgl_core.api.parallel import ParallelContext
+
+
+class _Linear(nn.Module):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        loader: WeightLoader,
+        bias_loader: WeightLoader,
+        dtype: torch.dtype | None,
+        device: Any,
+        shard_ids: tuple[Any, ...] = (None,),
+    ) -> None:
+        super().__init__()
+        self.weight = new_param((out_features, in_features), dtype, device, loader, shard_ids)
+        self.bias = new_param((out_features,), dtype, device, bias_loader, shard_ids) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class MergedColumnParallelLinear(_Linear):
+    """Several column-parallel outputs fused in one matmul (gate_up); shard_id = index of the part."""
+
+    def __init__(
+        self,
+        in_features: int,
+        output_sizes: list[int],
+        *,
+        parallel: ParallelContext,
+        bias: bool = False,
+        dtype: torch.dtype | None = None,
+        device: Any = None,
+    ) -> None:
+        self.parallel = parallel
+        self.local_sizes = [parallel.shard(size, "output size") for size in output_sizes]
+        super().__init__(
+            in_features,
+            sum(self.local_sizes),
+            bias,
+            self._load,
+            self._load,
+            dtype,
+            device,
+            shard_ids=tuple(range(len(output_sizes))),
+        )
+
+    def _load(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Any = None) -> None:
+        size = self.local_sizes[shard_id]
+        offset = sum(self.local_sizes[:shard_id])
+        dest = param.data.narrow(0, offset, size)
+        copy_rows(dest, loaded, self.parallel.tp_rank * size, size * self.parallel.tp_size)
+
+
+class QKVParallelLinear(_Linear):
+    """Fused q/k/v projection sharded by heads (shard_id "q", "k" or "v").
+
+    When there are fewer KV heads than ranks, each rank keeps the one KV head its query heads use."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        head_dim: int,
+        num_heads: int,
+        num_kv_heads: int,
+        *,
+        parallel: ParallelContext,
+        bias: bool = False,
+        dtype: torch.dtype | None = None,
+        device: Any = None,
+    ) -> None:
+        self.parallel = parallel
+        self.head_dim = head_dim
+        self.num_heads = parallel.shard(num_heads, "num_attention_heads")
+        if num_kv_heads >= parallel.tp_size:
+            self.num_kv_heads = parallel.shard(num_kv_heads, "num_key_value_heads")
+            kv_head_start = parallel.tp_rank * self.num_kv_heads
+        elif parallel.tp_size % num_kv_heads == 0:
+            self.num_kv_heads = 1
+            kv_head_start = parallel.tp_rank * num_kv_heads // parallel.tp_size
+        else:
+            raise ValueError(
+                f"tp_size={parallel.tp_size} is not a multiple of num_key_value_heads={num_kv_heads}"
+            )
+        q_size, kv_size = self.num_heads * head_dim, self.num_kv_heads * head_dim
+        # shard_id -> (offset in this rank's output, rows here, first row in the full tensor, full rows)
+        self._parts = {
+            "q": (0, q_size, parallel.tp_rank * q_size, num_heads * head_dim),
+            "k": (q_size, kv_size, kv_head_start * head_dim, num_kv_heads * head_dim),
+            "v": (q_size + kv_size, kv_size, kv_head_start * head_dim, num_kv_heads * head_dim),
+        }
+        self.output_sizes = [q_size, kv_size, kv_size]
+        super().__init__(
+            hidden_size,
+            q_size + 2 * kv_size,
+            bias,
+            self._load,
+            self._load,
+            dtype,
+            device,
+            shard_ids=("q", "k", "v"),
+        )
+
+    def _load(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Any = None) -> None:
+        offset, size, start, full_rows = self._parts[shard_id]
+        copy_rows(param.data.narrow(0, offset, size), loaded, start, full_rows)
+
+
+class RowParallelLinear(_Linear):
+    """Input features sharded; partial outputs are summed across ranks, then the bias is added once."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        parallel: ParallelContext,
+        bias: bool = False,
+        dtype: torch.dtype | None = None,
+        device: Any = None,
+    ) -> None:
+        self.parallel = parallel
+        self.in_local = parallel.shard(in_features, "input size")
+        super().__init__(self.in_local, out_features, bias, self._load, load_full, dtype, device)
+
+    def _load(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Any = None) -> None:
+        if loaded.dim() != 2 or loaded.shape[1] != self.in_local * self.parallel.tp_size:
+            raise ValueError(
+                f"checkpoint tensor of shape {tuple(loaded.shape)} does not fit: expected "
+                f"{self.in_local * self.parallel.tp_size} input features"
+            )
+        copy_shard(param, loaded.narrow(1, self.parallel.tp_rank * self.in_local, self.in_local))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.parallel.all_reduce(F.linear(x, self.weight))
+        return out if self.bias is None else out + self.bias

@@ -1,0 +1,10 @@
+"""Registers LlamaForCausalLM; the model class is imported only when a model of that architecture loads."""
+
+from minisgl_core.api import hookimpl
+
+MINISGL_API = "1.0"
+
+
+@hookimpl
+def minisgl_register_models(register) -> None:
+    register("LlamaForCausalLM", "minisgl_plugin_llama.model:LlamaForCausalLM")

@@ -1,0 +1,22 @@
+"""The thin plugin module registers LlamaForCausalLM lazily and points at a real Model subclass."""
+
+from __future__ import annotations
+
+import importlib
+
+import minisgl_plugin_llama
+
+from minisgl_core.api import Model
+from minisgl_core.api.layers import DecoderForCausalLM
+
+
+def test_registers_the_architecture() -> None:
+    registered: list[tuple[str, str]] = []
+    minisgl_plugin_llama.minisgl_register_models(
+        register=lambda name, target: registered.append((name, target))
+    )
+    assert registered == [("LlamaForCausalLM", "minisgl_plugin_llama.model:LlamaForCausalLM")]
+    module, _, attribute = registered[0][1].partition(":")
+    cls = getattr(importlib.import_module(module), attribute)
+    assert issubclass(cls, DecoderForCausalLM) and issubclass(cls, Model)
+    assert minisgl_plugin_llama.MINISGL_API == "1.0"

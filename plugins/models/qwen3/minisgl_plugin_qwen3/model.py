@@ -1,0 +1,7 @@
+"""Qwen3: the shared Llama-family decoder plus per-head RMS norm on q and k before rope."""
+
+from minisgl_core.api.layers import DecoderForCausalLM
+
+
+class Qwen3ForCausalLM(DecoderForCausalLM):
+    qk_norm = True

@@ -1,0 +1,22 @@
+"""The thin plugin module registers Qwen3ForCausalLM lazily and points at a real Model subclass."""
+
+from __future__ import annotations
+
+import importlib
+
+import minisgl_plugin_qwen3
+
+from minisgl_core.api import Model
+from minisgl_core.api.layers import DecoderForCausalLM
+
+
+def test_registers_the_architecture() -> None:
+    registered: list[tuple[str, str]] = []
+    minisgl_plugin_qwen3.minisgl_register_models(
+        register=lambda name, target: registered.append((name, target))
+    )
+    assert registered == [("Qwen3ForCausalLM", "minisgl_plugin_qwen3.model:Qwen3ForCausalLM")]
+    module, _, attribute = registered[0][1].partition(":")
+    cls = getattr(importlib.import_module(module), attribute)
+    assert issubclass(cls, DecoderForCausalLM) and issubclass(cls, Model)
+    assert minisgl_plugin_qwen3.MINISGL_API == "1.0"
