@@ -29,6 +29,7 @@ def add_bench_command(sub) -> None:
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--decode-latency", action="store_true", help="also measure batch-1 decode ms/token")
     p.add_argument("--label", default="")
+    p.add_argument("--profile", help="write a cProfile report (host time) of the timed run to this file")
     p.add_argument("--output", help="append the JSON result to this file (one object per line)")
     p.set_defaults(func=_offline)
 
@@ -105,7 +106,16 @@ def _offline(args: argparse.Namespace) -> int:
         fields = {k: v for k, v in vars(config).items() if k not in ("model",)}
         llm = LLM(config.model, **fields)
         result["attn"] = ",".join(llm.engine.runner.attn_names)
-        result |= run_offline(llm, requests, args.temperature)
+        if args.profile:
+            import cProfile
+            import pstats
+
+            profiler = cProfile.Profile()
+            result |= profiler.runcall(run_offline, llm, requests, args.temperature)
+            with open(args.profile, "w") as f:
+                pstats.Stats(profiler, stream=f).sort_stats("tottime").print_stats(40)
+        else:
+            result |= run_offline(llm, requests, args.temperature)
         if args.decode_latency:
             result["decode"] = decode_latency(llm)
     _emit(result, args.output)

@@ -22,7 +22,7 @@ def drive(engine, requests: list[BenchRequest], temperature: float, first_rid: i
     from minisgl_core.sampling import SamplingParams
 
     for i, r in enumerate(requests):
-        params = SamplingParams(temperature=temperature, max_tokens=r.max_tokens, ignore_eos=True, seed=i)
+        params = SamplingParams(temperature=temperature, max_tokens=r.max_tokens, ignore_eos=True)
         engine.add_request(first_rid + i, r.prompt_ids, params)
     tokens = 0
     while engine.has_work:

@@ -65,6 +65,7 @@ class KVManager:
             return False
         req.prefix_handle = match.handle
         req.prefix_slots = match.slots[:prefix_len]
+        req.prefix_len = prefix_len
         req.num_computed = prefix_len
         req.reserved_pages = need
         self.reserved_pages += need
@@ -74,24 +75,29 @@ class KVManager:
 
     # ------------------------------------------------------------ allocation
 
-    def allocate(self, req: Request, end: int) -> torch.Tensor:
-        """Slots (CPU int64) for positions [req.num_computed, end), allocating pages as needed."""
+    def allocate(self, req: Request, end: int) -> list[int]:
+        """Slots for positions [req.num_computed, end), allocating pages as needed.
+
+        Plain Python ints: this runs for every request of every decode step, where building
+        tiny tensors would cost more than the arithmetic."""
         start = req.num_computed
-        have = req.prefix_len + len(req.pages) * self.page_size
+        page_size = self.page_size
+        have = req.prefix_len + len(req.pages) * page_size
         if end > have:
-            n = ceil_div(end - have, self.page_size)
+            n = ceil_div(end - have, page_size)
             if n > req.reserved_pages:
                 raise RuntimeError(f"request {req.rid} outgrew its KV reservation")
             short = n - self.allocator.free_pages
             if short > 0:
-                self.allocator.free_slots(self.cache.evict(short * self.page_size))
+                self.allocator.free_slots(self.cache.evict(short * page_size))
             req.pages.extend(self.allocator.alloc(n))
             req.reserved_pages -= n
             self.reserved_pages -= n
-        positions = torch.arange(start, end, dtype=torch.int64)
-        own = positions - req.prefix_len
-        pages = torch.tensor(req.pages, dtype=torch.int64)[own // self.page_size]
-        return pages * self.page_size + own % self.page_size
+        base, pages = req.prefix_len, req.pages
+        if end - start == 1:
+            own = start - base
+            return [pages[own // page_size] * page_size + own % page_size]
+        return [pages[(pos - base) // page_size] * page_size + (pos - base) % page_size for pos in range(start, end)]
 
     def slots_of(self, req: Request, end: int) -> torch.Tensor:
         """Slots of positions [0, end) (CPU int64)."""

@@ -23,6 +23,7 @@ class Request:
     #: cache handle locked for the reused prefix, and that prefix's slots (positions [0, prefix_len))
     prefix_handle: Any = None
     prefix_slots: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
+    prefix_len: int = 0
     #: pages this request owns, covering positions prefix_len, prefix_len + page_size, ...
     pages: list[int] = field(default_factory=list)
     #: tokens whose KV is in the pool (prefix + prefilled chunks + decoded tokens)
@@ -36,10 +37,6 @@ class Request:
     @property
     def prompt_len(self) -> int:
         return len(self.prompt_ids)
-
-    @property
-    def prefix_len(self) -> int:
-        return int(self.prefix_slots.numel())
 
     @property
     def admitted(self) -> bool:

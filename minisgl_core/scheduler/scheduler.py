@@ -127,7 +127,7 @@ class Scheduler:
         budget = self.max_prefill_tokens
         reqs: list[Request] = []
         chunks: list[int] = []
-        slots: list[torch.Tensor] = []
+        slots: list[list[int]] = []
         for rid, n in plan.chunks:
             req = self.waiting.get(rid)
             if req is None or req in reqs or budget <= 0:
@@ -169,7 +169,7 @@ class Scheduler:
             reqs = list(self.running.values())
         slots = [self.kv.allocate(r, r.num_computed + 1) for r in reqs]
         positions = [r.num_computed for r in reqs]
-        rows = torch.tensor([r.row for r in reqs], device=self.device)
+        rows = torch.tensor([r.row for r in reqs]).to(self.device, non_blocking=True)
         # The last sampled token is read on the device: no host round trip for the inputs.
         input_ids = self.last_tokens[rows]
         seq_lens = [r.num_computed + 1 for r in reqs]
@@ -178,25 +178,38 @@ class Scheduler:
             req.num_computed += 1
         return ScheduledBatch(batch, reqs, [1] * len(reqs), list(range(len(reqs))))
 
-    def _forward_batch(self, is_prefill, reqs, chunks, seq_lens, input_ids, positions, slots) -> ForwardBatch:
+    def _forward_batch(
+        self,
+        is_prefill: bool,
+        reqs: list[Request],
+        chunks: list[int],
+        seq_lens: list[int],
+        input_ids: torch.Tensor,
+        positions: list[int],
+        slots: list[list[int]],
+    ) -> ForwardBatch:
         device = self.device
-        out_cache_loc = torch.cat(slots).to(device, non_blocking=True)
-        pos = torch.tensor(positions, dtype=torch.int64, device=device)
-        rows_cpu = torch.cat([torch.full((n,), r.row, dtype=torch.int64) for r, n in zip(reqs, chunks)])
-        self.page_table[rows_cpu.to(device), pos] = out_cache_loc.to(torch.int32)
-        ends = torch.tensor(chunks).cumsum(0) - 1
+        flat_slots = slots[0] if len(slots) == 1 else [s for per_req in slots for s in per_req]
+        rows = [r.row for r in reqs]
+        token_rows = rows if not is_prefill else [r for r, n in zip(rows, chunks) for _ in range(n)]
+        # One host-to-device copy for all the small per-step arrays.
+        packed = torch.tensor([flat_slots, positions, token_rows], dtype=torch.int64).to(device, non_blocking=True)
+        out_cache_loc, pos, token_rows_dev = packed[0], packed[1], packed[2]
+        self.page_table[token_rows_dev, pos] = out_cache_loc.to(torch.int32)
+        lens = torch.tensor([rows, seq_lens, chunks], dtype=torch.int32).to(device, non_blocking=True)
+        ends = torch.tensor(chunks).cumsum(0) - 1 if is_prefill else torch.arange(len(reqs))
         return ForwardBatch(
             is_prefill=is_prefill,
             input_ids=input_ids,
             positions=pos,
             out_cache_loc=out_cache_loc,
-            req_slots=torch.tensor([r.row for r in reqs], dtype=torch.int32, device=device),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-            extend_lens=torch.tensor(chunks, dtype=torch.int32, device=device),
+            req_slots=lens[0],
+            seq_lens=lens[1],
+            extend_lens=lens[2],
             seq_lens_cpu=seq_lens,
             extend_lens_cpu=list(chunks),
             page_table=self.page_table,
-            logits_indices=ends.to(device),
+            logits_indices=ends.to(device, non_blocking=True),
             attn=self.prefill_attn if is_prefill else self.decode_attn,
         )
 
