@@ -8,6 +8,13 @@ than the core's. Every name in ``__all__`` is covered by a snapshot test.
 from minisgl_core.api.attention import AttentionBackend, AttentionConfig, KVCache, PagedLayout, paged_layout
 from minisgl_core.api.batch import ForwardBatch
 from minisgl_core.api.cache import CacheManager, CacheSize, PrefixMatch
+from minisgl_core.api.deprecation import (
+    MinisglDeprecationWarning,
+    deprecated,
+    renamed,
+    renamed_attribute,
+    warn_deprecated,
+)
 from minisgl_core.api.hookspecs import hookimpl, hookspec
 from minisgl_core.api.model import KVSpec, Model, ModelConfig
 from minisgl_core.api.parallel import ParallelContext
@@ -34,6 +41,7 @@ __all__ = [
     "ForwardBatch",
     "KVCache",
     "KVSpec",
+    "MinisglDeprecationWarning",
     "Model",
     "ModelConfig",
     "PagedLayout",
@@ -44,7 +52,11 @@ __all__ = [
     "RequestView",
     "SchedulerState",
     "SchedulingPolicy",
+    "deprecated",
     "hookimpl",
     "hookspec",
     "paged_layout",
+    "renamed",
+    "renamed_attribute",
+    "warn_deprecated",
 ]

@@ -1,4 +1,4 @@
-"""The torch plugin against the packaging conformance suite (the installed distribution, as the core sees it)."""
+"""The packaging conformance suite on the installed distribution, as the core sees it."""
 
 from __future__ import annotations
 

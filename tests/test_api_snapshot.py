@@ -1,0 +1,259 @@
+"""The stable API cannot change by accident: names and signatures of ``minisgl_core.api`` (with
+``api.layers``) and the hookspecs are compared with ``tests/api_snapshot.json``.
+
+Any difference fails. To change the API on purpose:
+
+1. bump ``API_VERSION`` in ``minisgl_core/api/__init__.py``: the major for a removed or changed
+   name or signature (and keep the old spelling one minor version with
+   ``minisgl_core.api.deprecation`` where possible), the minor for additions only;
+2. add a line for the new version to ``CHANGELOG.md`` ("- API 1.1: ...");
+3. regenerate: ``.venv/bin/python tests/test_api_snapshot.py --update`` (it refuses when 1 or 2
+   is missing or the bump is too small; ``--force`` skips those checks, for before a release only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAPSHOT = ROOT / "tests" / "api_snapshot.json"
+CHANGELOG = ROOT / "CHANGELOG.md"
+
+
+# ---------------------------------------------------------------- describing the API
+
+
+def _clean(text: str) -> str:
+    return re.sub(r" at 0x[0-9a-f]+", "", text)
+
+
+def _signature(obj: Any) -> str:
+    try:
+        return _clean(str(inspect.signature(obj)))
+    except (TypeError, ValueError):
+        return "(?)"
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, (frozenset, set)):
+        return "{" + ", ".join(sorted(map(repr, value))) + "}"
+    return _clean(repr(value))
+
+
+def _annotation(annotation: Any) -> str:
+    # ForwardRef's repr differs between Python versions; its text does not
+    text = getattr(annotation, "__forward_arg__", annotation)
+    return text if isinstance(text, str) else inspect.formatannotation(text)
+
+
+def _member(owner: type, name: str) -> str | None:
+    raw = inspect.getattr_static(owner, name)
+    if isinstance(raw, staticmethod):
+        return "staticmethod " + _signature(raw.__func__)
+    if isinstance(raw, classmethod):
+        return "classmethod " + _signature(raw.__func__)
+    if isinstance(raw, property):
+        abstract = "abstract " if getattr(raw, "__isabstractmethod__", False) else ""
+        return abstract + "property -> " + _annotation(inspect.signature(raw.fget).return_annotation)
+    if inspect.isfunction(raw):
+        abstract = "abstract " if getattr(raw, "__isabstractmethod__", False) else ""
+        return abstract + "def " + _signature(raw)
+    if isinstance(raw, (bool, int, float, str, frozenset, set, tuple)) or raw is None:
+        return "= " + _value(raw)
+    return None  # descriptors of tuple fields and the like are described as fields
+
+
+def _fields(cls: type) -> dict[str, str] | None:
+    if dataclasses.is_dataclass(cls):
+        out = {}
+        for f in dataclasses.fields(cls):
+            default = "" if f.default is dataclasses.MISSING else " = " + _value(f.default)
+            factory = "" if f.default_factory is dataclasses.MISSING else " = <factory>"
+            out[f.name] = f"{_annotation(f.type)}{default}{factory}"
+        return out
+    if issubclass(cls, tuple) and hasattr(cls, "_fields"):
+        defaults = getattr(cls, "_field_defaults", {})
+        hints = getattr(cls, "__annotations__", {})
+        return {
+            name: _annotation(hints.get(name, "?"))
+            + (f" = {_value(defaults[name])}" if name in defaults else "")
+            for name in cls._fields
+        }
+    return None
+
+
+def describe(obj: Any) -> Any:
+    if inspect.isclass(obj):
+        members = {}
+        for name in sorted(dir(obj)):
+            definer = next((k for k in obj.__mro__ if name in k.__dict__), None)
+            if (name.startswith("_") and name != "__init__") or definer is None:
+                continue
+            if not definer.__module__.startswith("minisgl_core"):
+                continue  # inherited from torch.nn.Module, tuple, ...: not ours to promise
+            text = _member(obj, name)
+            if text is not None:
+                members[name] = text
+        return {
+            "bases": [f"{b.__module__}.{b.__qualname__}" for b in obj.__bases__],
+            "abstract": inspect.isabstract(obj),
+            "fields": _fields(obj),
+            "members": members,
+        }
+    if inspect.isfunction(obj):
+        return "def " + _signature(obj)
+    if isinstance(obj, str):
+        return "str"
+    if hasattr(obj, "project_name"):  # pluggy's markers: their repr names pluggy's private modules
+        return f"{type(obj).__name__}({obj.project_name!r})"
+    return _clean(repr(obj))
+
+
+def describe_api() -> dict[str, Any]:
+    import minisgl_core.api as api
+    from minisgl_core.api import hookspecs, layers
+
+    marker = f"{hookspecs.PROJECT}_spec"
+    hooks = {
+        # only the options pluggy has had since 1.0, so a pluggy upgrade alone changes nothing
+        name: {
+            "signature": _signature(fn),
+            "options": {
+                k: _value(getattr(fn, marker).get(k)) for k in ("firstresult", "historic", "warn_on_impl")
+            },
+        }
+        for name, fn in sorted(vars(hookspecs).items())
+        if inspect.isfunction(fn) and hasattr(fn, marker)
+    }
+    return {
+        "minisgl_core.api": {name: describe(getattr(api, name)) for name in sorted(api.__all__)},
+        "minisgl_core.api.layers": {name: describe(getattr(layers, name)) for name in sorted(layers.__all__)},
+        "hooks": hooks,
+    }
+
+
+# ---------------------------------------------------------------- comparing
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, str]:
+    if isinstance(tree, dict) and tree:
+        out: dict[str, str] = {}
+        for key, value in tree.items():
+            out.update(flatten(value, f"{prefix}.{key}" if prefix else key))
+        return out
+    return {prefix: json.dumps(tree, sort_keys=True)}
+
+
+def compare(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[str], list[str], list[str]]:
+    """(removed, changed, added) paths between two API descriptions."""
+    a, b = flatten(old), flatten(new)
+    removed = sorted(k for k in a if k not in b)
+    changed = sorted(k for k in a if k in b and a[k] != b[k])
+    added = sorted(k for k in b if k not in a)
+    return removed, changed, added
+
+
+def bump_problem(
+    old_version: str, new_version: str, removed: list[str], changed: list[str], added: list[str]
+) -> str | None:
+    """Why the version change does not fit the API change, or None when it does."""
+    old_major, old_minor = (int(x) for x in old_version.split("."))
+    major, minor = (int(x) for x in new_version.split("."))
+    if removed or changed:
+        if major <= old_major:
+            return (
+                f"names were removed or changed: API_VERSION must go to {old_major + 1}.0 (is {new_version})"
+            )
+    elif added and (major, minor) <= (old_major, old_minor):
+        return f"names were added: API_VERSION must go to at least {old_major}.{old_minor + 1} (is {new_version})"
+    return None
+
+
+def changelog_mentions(version: str) -> bool:
+    text = CHANGELOG.read_text() if CHANGELOG.is_file() else ""
+    return re.search(rf"^\s*[-*#].*\bAPI {re.escape(version)}\b", text, re.M) is not None
+
+
+def diff_report(removed: list[str], changed: list[str], added: list[str]) -> str:
+    lines = (
+        [f"  removed: {p}" for p in removed]
+        + [f"  changed: {p}" for p in changed]
+        + [f"  added:   {p}" for p in added]
+    )
+    return "\n".join(lines[:40]) + (f"\n  ... {len(lines) - 40} more" if len(lines) > 40 else "")
+
+
+# ---------------------------------------------------------------- tests
+
+
+def test_api_matches_the_snapshot() -> None:
+    from minisgl_core.api import API_VERSION
+
+    snapshot = json.loads(SNAPSHOT.read_text())
+    removed, changed, added = compare(snapshot["api"], describe_api())
+    assert not (removed or changed or added), (
+        f"minisgl_core.api differs from tests/api_snapshot.json (API {snapshot['api_version']}):\n"
+        f"{diff_report(removed, changed, added)}\n{__doc__}"
+    )
+    assert snapshot["api_version"] == API_VERSION, (
+        "API_VERSION changed: regenerate the snapshot (see this file)"
+    )
+
+
+def test_changelog_has_a_line_for_the_api_version() -> None:
+    from minisgl_core.api import API_VERSION
+
+    assert changelog_mentions(API_VERSION), f"CHANGELOG.md needs a line '- API {API_VERSION}: ...'"
+
+
+def test_bump_rules() -> None:
+    assert bump_problem("1.0", "1.0", [], [], []) is None
+    assert bump_problem("1.0", "1.1", [], [], ["x"]) is None
+    assert "at least 1.1" in bump_problem("1.0", "1.0", [], [], ["x"])
+    assert "2.0" in bump_problem("1.0", "1.1", [], ["x"], [])
+    assert bump_problem("1.3", "2.0", ["x"], [], []) is None
+
+
+def test_a_changed_signature_is_detected() -> None:
+    api = describe_api()
+    edited = json.loads(json.dumps(api))
+    edited["minisgl_core.api"]["AttentionBackend"]["members"]["forward"] += "  # edited"
+    del edited["hooks"]["minisgl_register_models"]
+    removed, changed, added = compare(api, edited)
+    assert changed == ["minisgl_core.api.AttentionBackend.members.forward"]
+    assert removed and all(path.startswith("hooks.minisgl_register_models.") for path in removed)
+    assert not added
+
+
+# ---------------------------------------------------------------- regenerating
+
+
+def update(force: bool = False) -> int:
+    from minisgl_core.api import API_VERSION
+
+    current = describe_api()
+    if SNAPSHOT.is_file() and not force:
+        old = json.loads(SNAPSHOT.read_text())
+        removed, changed, added = compare(old["api"], current)
+        problem = bump_problem(old["api_version"], API_VERSION, removed, changed, added)
+        if problem or not changelog_mentions(API_VERSION):
+            print(diff_report(removed, changed, added))
+            print(problem or f"add a line for API {API_VERSION} to CHANGELOG.md first", file=sys.stderr)
+            return 1
+    SNAPSHOT.write_text(
+        json.dumps({"api_version": API_VERSION, "api": current}, indent=1, sort_keys=True) + "\n"
+    )
+    print(f"wrote {SNAPSHOT} for API {API_VERSION}")
+    return 0
+
+
+if __name__ == "__main__":
+    if "--update" not in sys.argv:
+        sys.exit("usage: python tests/test_api_snapshot.py --update [--force]")
+    sys.exit(update(force="--force" in sys.argv))

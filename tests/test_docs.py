@@ -1,0 +1,121 @@
+"""docs/plugins.md documents the whole plugin API, and every hook has a test (datasette's rule).
+
+Undocumented or untested parts of the API fail here: every public name of ``minisgl_core.api``
+and ``minisgl_core.api.layers``, every hook with its exact signature, every method of the four
+extension classes with its exact signature, and the template plugin's code as it really is.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+
+import minisgl_core.api as api
+from minisgl_core.api import AttentionBackend, CacheManager, Model, SchedulingPolicy, hookspecs, layers
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "plugins.md"
+TEMPLATE_FILES = [
+    "pyproject.toml",
+    "minisgl_plugin_example/__init__.py",
+    "minisgl_plugin_example/attention.py",
+    "minisgl_plugin_example/policy.py",
+    "tests/test_example.py",
+]
+HOOKS = {
+    name: fn for name, fn in vars(hookspecs).items() if name.startswith("minisgl_") and inspect.isfunction(fn)
+}
+
+
+def doc_text() -> str:
+    return DOC.read_text()
+
+
+def squash(text: str) -> str:
+    return re.sub(r"\s+", " ", text)
+
+
+def _annotation(annotation: object) -> str | None:
+    if annotation is inspect.Parameter.empty:
+        return None
+    return annotation if isinstance(annotation, str) else inspect.formatannotation(annotation)
+
+
+def signature_line(name: str, fn: object) -> str:
+    """``def name(a: T, *, b: U = 1) -> R`` with annotations as written in the source."""
+    sig = inspect.signature(fn)  # type: ignore[arg-type]
+    parts: list[str] = []
+    for param in sig.parameters.values():
+        if param.kind is param.KEYWORD_ONLY and "*" not in parts:
+            parts.append("*")
+        text = param.name + (f": {_annotation(param.annotation)}" if _annotation(param.annotation) else "")
+        parts.append(text + (f" = {param.default!r}" if param.default is not param.empty else ""))
+    returns = _annotation(sig.return_annotation)
+    return f"def {name}({', '.join(parts)})" + (f" -> {returns}" if returns else "")
+
+
+def extension_methods() -> list[tuple[str, str]]:
+    """(class name, signature line) of every public method the extension classes define."""
+    out = []
+    for cls in (AttentionBackend, CacheManager, Model, SchedulingPolicy):
+        for name, raw in vars(cls).items():
+            if name.startswith("_") and name != "__init__":
+                continue
+            fn = raw.__func__ if isinstance(raw, (classmethod, staticmethod)) else getattr(raw, "fget", raw)
+            if inspect.isfunction(fn):
+                out.append((cls.__name__, signature_line(name, fn)))
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(set(api.__all__) | set(layers.__all__)))
+def test_public_api_name_is_documented(name: str) -> None:
+    assert re.search(rf"`[^`]*\b{re.escape(name)}\b", doc_text()), (
+        f"{name} is not mentioned in docs/plugins.md"
+    )
+
+
+@pytest.mark.parametrize("hook", sorted(HOOKS))
+def test_hook_is_documented_with_its_signature(hook: str) -> None:
+    text = doc_text()
+    assert f"### {hook}\n" in text, f"docs/plugins.md has no section '### {hook}'"
+    line = signature_line(hook, HOOKS[hook])
+    assert squash(line) in squash(text), f"docs/plugins.md lacks the exact signature:\n    {line}"
+
+
+@pytest.mark.parametrize(
+    ("cls", "line"), extension_methods(), ids=lambda v: v if "(" not in v else v[4 : v.index("(")]
+)
+def test_extension_method_is_documented_with_its_signature(cls: str, line: str) -> None:
+    assert f"### {cls}\n" in doc_text(), f"docs/plugins.md has no section '### {cls}'"
+    assert squash(line) in squash(doc_text()), f"docs/plugins.md lacks {cls}'s exact signature:\n    {line}"
+
+
+@pytest.mark.parametrize("hook", sorted(HOOKS))
+def test_hook_is_exercised_by_a_test(hook: str) -> None:
+    files = [
+        *ROOT.glob("tests/**/*.py"),
+        *ROOT.glob("plugins/*/*/tests/**/*.py"),
+        *ROOT.glob("templates/plugin/tests/**/*.py"),
+    ]
+    users = [f for f in files if f.name != Path(__file__).name and hook in f.read_text()]
+    assert users, f"no test mentions {hook}: add one that makes the core call it"
+
+
+@pytest.mark.parametrize("path", TEMPLATE_FILES)
+def test_template_code_in_the_docs_is_the_template(path: str) -> None:
+    source = (ROOT / "templates" / "plugin" / path).read_text().rstrip("\n")
+    assert source in doc_text(), f"docs/plugins.md must show templates/plugin/{path} exactly as it is"
+
+
+def test_signature_line_renders_keyword_only_and_defaults() -> None:
+    """The helper the checks above rely on: a mismatch here would make them vacuous or wrong."""
+
+    def sample(a: int, *, b: str = "x") -> None: ...
+
+    assert signature_line("sample", sample) == "def sample(a: int, *, b: str = 'x') -> None"
+    assert (
+        signature_line("__init__", CacheManager.__init__) == "def __init__(self, *, page_size: int) -> None"
+    )
