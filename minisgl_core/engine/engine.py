@@ -16,7 +16,7 @@ from minisgl_core.api import ParallelContext
 from minisgl_core.engine.config import EngineConfig
 from minisgl_core.engine.loader import load_generation_config
 from minisgl_core.engine.runner import ModelRunner
-from minisgl_core.engine.sampler import SampleRequest, SampleResult, Sampler
+from minisgl_core.engine.sampler import SampleRequest, SampleResult, Sampler, to_device
 from minisgl_core.plugins import Plugins
 from minisgl_core.sampling import SamplingParams, StepOutput
 from minisgl_core.scheduler.request import Request
@@ -186,19 +186,22 @@ class Engine:
         if not batch.sampled:
             return _InFlight(batch, None, None, None)
         reqs = [batch.requests[i] for i in batch.sampled]
-        rows = logits if len(batch.sampled) == len(batch.requests) else logits[batch.sampled]
+        rows = logits if len(batch.sampled) == len(batch.requests) else logits[to_device(batch.sampled, logits.device)]
         result = self.sampler.sample(rows, [SampleRequest(r.params, r.output_ids, r.generator) for r in reqs])
         token_ids = result.token_ids
         if self.parallel.tp_size > 1:
             # Every rank continues with rank 0's tokens, whatever its own sampler drew.
             torch.distributed.broadcast(token_ids, src=0, group=self.parallel.group)
-        row_ids = torch.tensor([r.row for r in reqs]).to(token_ids.device, non_blocking=True)
-        self.last_tokens[row_ids] = token_ids
-        host = token_ids.to("cpu", non_blocking=True)
+        self.last_tokens[to_device([r.row for r in reqs], token_ids.device)] = token_ids
         done = None
         if token_ids.is_cuda:
+            # Pinned memory: a copy into pageable memory would block until the step finishes.
+            host = torch.empty(token_ids.shape, dtype=token_ids.dtype, pin_memory=True)
+            host.copy_(token_ids, non_blocking=True)
             done = torch.cuda.Event()
             done.record()
+        else:
+            host = token_ids
         return _InFlight(batch, result, host, done)
 
     def _complete(self, inflight: _InFlight) -> list[StepOutput]:

@@ -15,6 +15,12 @@ import torch
 from minisgl_core.sampling import SamplingParams, TokenLogprob
 
 
+def to_device(values: list, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A small host list on ``device`` without waiting for the device: ``torch.tensor(..., device=cuda)``
+    is a synchronous copy that blocks until all queued kernels finish, which would defeat overlap."""
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+
 @dataclass
 class SampleRequest:
     """What the sampler needs of one request."""
@@ -62,7 +68,7 @@ class Sampler:
         if all(p.greedy for p in params):
             token_ids = logits.argmax(dim=-1)
         else:
-            greedy = torch.tensor([p.greedy for p in params]).to(logits.device, non_blocking=True)
+            greedy = to_device([p.greedy for p in params], logits.device)
             token_ids = self._sample_random(logits, requests, greedy)
         return self._with_logprobs(raw, token_ids, params)
 
@@ -79,7 +85,7 @@ class Sampler:
         logits = logits.clone()
         for i in rows:
             p = requests[i].params
-            ids = torch.tensor(requests[i].output_ids, device=logits.device)
+            ids = to_device(requests[i].output_ids, logits.device)
             counts = torch.zeros(logits.shape[-1], device=logits.device).index_add_(
                 0, ids, torch.ones(len(ids), device=logits.device)
             )
@@ -91,7 +97,7 @@ class Sampler:
     ) -> torch.Tensor:
         params = [r.params for r in requests]
         device = logits.device
-        temperature = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], device=device)
+        temperature = to_device([p.temperature if not p.greedy else 1.0 for p in params], device)
         probs = torch.softmax(logits / temperature[:, None], dim=-1)
         if any(p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 for p in params):
             probs = self._truncate(probs, params)
@@ -107,9 +113,9 @@ class Sampler:
         """Zero out tokens outside top-k, outside the top-p nucleus, or below min-p × the best."""
         device = probs.device
         vocab = probs.shape[-1]
-        top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)
-        top_p = torch.tensor([p.top_p for p in params], device=device)
-        min_p = torch.tensor([p.min_p for p in params], device=device)
+        top_k = to_device([p.top_k if p.top_k > 0 else vocab for p in params], device)
+        top_p = to_device([p.top_p for p in params], device)
+        min_p = to_device([p.min_p for p in params], device)
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         rank = torch.arange(vocab, device=device)[None, :]
         # mass strictly before each token: a token is kept while that is below top_p (the first always is)
@@ -126,7 +132,7 @@ class Sampler:
         wanted = [i for i, p in enumerate(params) if p.logprobs is not None]
         if not wanted:
             return SampleResult(token_ids, [], None, None, None, [])
-        rows = torch.tensor(wanted, device=raw_logits.device)
+        rows = to_device(wanted, raw_logits.device)
         logprobs = torch.log_softmax(raw_logits[rows].float(), dim=-1)
         chosen = logprobs.gather(1, token_ids[rows][:, None]).squeeze(1)
         ks = [params[i].logprobs or 0 for i in wanted]

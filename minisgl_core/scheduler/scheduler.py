@@ -24,6 +24,7 @@ from minisgl_core.api import (
     SchedulingPolicy,
 )
 from minisgl_core.engine.allocator import PageAllocator, RequestSlots
+from minisgl_core.engine.sampler import to_device
 from minisgl_core.sampling import StepOutput, TokenLogprob
 from minisgl_core.scheduler.kv import KVManager
 from minisgl_core.scheduler.request import Request
@@ -151,7 +152,7 @@ class Scheduler:
         seq_lens = [r.num_computed + n for r, n in zip(reqs, chunks)]
         sampled = [i for i, r in enumerate(reqs) if seq_lens[i] == r.prompt_len]
         batch = self._forward_batch(
-            True, reqs, chunks, seq_lens, torch.tensor(input_ids, device=self.device), positions, slots
+            True, reqs, chunks, seq_lens, to_device(input_ids, self.device), positions, slots
         )
         # State advances when the step is planned, so the next step can be planned before this
         # one's tokens reach the host (overlap scheduling).
@@ -169,7 +170,7 @@ class Scheduler:
             reqs = list(self.running.values())
         slots = [self.kv.allocate(r, r.num_computed + 1) for r in reqs]
         positions = [r.num_computed for r in reqs]
-        rows = torch.tensor([r.row for r in reqs]).to(self.device, non_blocking=True)
+        rows = to_device([r.row for r in reqs], self.device)
         # The last sampled token is read on the device: no host round trip for the inputs.
         input_ids = self.last_tokens[rows]
         seq_lens = [r.num_computed + 1 for r in reqs]
