@@ -1,12 +1,14 @@
 """End-to-end bf16 checks on the GPU machine: every attention backend, CUDA graphs on/off and
 overlap on/off against the torch backend and transformers, on one model of a real head size.
 
-Criterion (bf16 accumulates rounding differently in each kernel, so exact equality is not
-expected everywhere): for every configuration and every prompt, the first generated token must
-equal the torch backend's whenever the torch backend's top-2 logprob margin exceeds 0.05, the
-first-token logprob must be within 0.05 of it, and on average at least 75% of the 32 greedy
-tokens must match before the first divergence. Graphs on/off and overlap on/off of the same
-backend run the same kernels, so their outputs must be identical.
+Criterion. bf16 kernels round differently, and with random weights greedy paths fork wherever
+two logits nearly tie, so exact equality with a reference is not expected. The reference is the
+torch backend in float32. Every bf16 configuration must (1) give the reference's first token
+wherever the reference's top-2 logprob margin exceeds 0.1, (2) keep its first-token logprob
+within 0.05 of the reference, and (3) agree with the reference (mean fraction of the 32 greedy
+tokens before the first divergence) at least as well as the torch backend itself does in bf16,
+minus 0.1. CUDA graphs on/off and overlap on/off run the same kernels, so those pairs must be
+identical token for token. transformers (fp32) must give the reference's first token too.
 
     python3 scripts/device_e2e.py --out $OUT/e2e.json
 """
@@ -31,7 +33,8 @@ SHAPE = dict(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, num_ke
 
 
 def run(model_dir: str, prompts, **options):
-    llm = LLM(model_dir, device="cuda", dtype="bfloat16", num_kv_tokens=200_000, **options)
+    options.setdefault("dtype", "bfloat16")
+    llm = LLM(model_dir, device="cuda", num_kv_tokens=200_000, **options)
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=2)
     start = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
@@ -73,19 +76,21 @@ def main() -> int:
     for arch in ("Qwen3ForCausalLM", "LlamaForCausalLM"):
         model_dir = str(make_model_dir(tempfile.mkdtemp() + "/m", arch, tokenizer_vocab_size=4096, **SHAPE))
         hf_first = hf_first_tokens(model_dir, prompts)
-        ref, _ = run(model_dir, prompts, attn="torch", cuda_graph_max_bs=0, overlap=False)
+        ref, _ = run(model_dir, prompts, attn="torch", cuda_graph_max_bs=0, overlap=False, dtype="float32")
         ref_ids = [o.token_ids for o in ref]
         margins = [o.logprobs[0].top[0][1] - o.logprobs[0].top[1][1] for o in ref]
-        clear = [m > 0.05 for m in margins]
-        rows = {"torch_vs_transformers_first_token": sum(
-            a == b[0] for a, b, c in zip(hf_first, ref_ids, clear) if c) / max(sum(clear), 1)}  # fmt: skip
+        clear = [m > 0.1 for m in margins]
+        rows = {"clear_margin_prompts": sum(clear), "transformers_first_token_agrees": all(
+            a == b[0] for a, b, c in zip(hf_first, ref_ids, clear) if c)}  # fmt: skip
+        ok &= rows["transformers_first_token_agrees"]
         configs = {
+            "torch_bf16": dict(attn="torch", cuda_graph_max_bs=0, overlap=False),
+            "torch_bf16_graph_overlap": dict(attn="torch"),
             "fi": dict(attn="fi"),
             "fi_no_graph": dict(attn="fi", cuda_graph_max_bs=0),
             "fi_no_overlap": dict(attn="fi", overlap=False),
             "fa3,fi": dict(attn="fa3,fi"),
             "fi_page16": dict(attn="fi", page_size=16),
-            "torch_graph_overlap": dict(attn="torch"),
         }
         results = {}
         for name, options in configs.items():
@@ -102,8 +107,13 @@ def main() -> int:
             results[name] = {"first_token_ok": first_ok, "first_logprob_max_diff": round(lp_diff, 4),
                              "mean_match_fraction": round(prefix, 3), "identical": ids == ref_ids,
                              "seconds": round(seconds, 2), "_ids": ids}  # fmt: skip
-            ok &= first_ok and lp_diff < 0.05 and prefix >= 0.75
-        for a, b in (("fi", "fi_no_graph"), ("fi", "fi_no_overlap")):
+            ok &= first_ok and lp_diff < 0.05
+        floor = results.get("torch_bf16", {}).get("mean_match_fraction", 1.0) - 0.1
+        for name, r in results.items():
+            if "error" not in r:
+                r["agreement_ok"] = r["mean_match_fraction"] >= floor
+                ok &= r["agreement_ok"]
+        for a, b in (("fi", "fi_no_graph"), ("fi", "fi_no_overlap"), ("torch_bf16", "torch_bf16_graph_overlap")):
             if "_ids" in results.get(a, {}) and "_ids" in results.get(b, {}):
                 same = results[a]["_ids"] == results[b]["_ids"]
                 rows[f"{a}=={b}"] = same

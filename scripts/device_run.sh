@@ -19,9 +19,11 @@ if [[ $what == qwen || $what == all ]]; then
   bench --model /tmp/m/qwen3-0.6b --label qwen3-0.6b --attn fi
   bench --model /tmp/m/qwen3-0.6b --label qwen3-0.6b --attn auto --cuda-graph-max-bs 0
   bench --model /tmp/m/qwen3-0.6b --label qwen3-0.6b --attn auto --disable-overlap
+  MINISGL_COMPILE=0 bench --model /tmp/m/qwen3-0.6b --label qwen3-0.6b-no-fusion --attn auto
 fi
 if [[ $what == llama || $what == all ]]; then
   python3 -m minisgl_core bench make-model --shape llama-3.1-8b --out /tmp/m/llama-3.1-8b --device cuda
   bench --model /tmp/m/llama-3.1-8b --label llama-3.1-8b --attn auto --decode-latency
+  [[ ${LLAMA_ABLATION:-0} == 1 ]] && MINISGL_COMPILE=0 bench --model /tmp/m/llama-3.1-8b --label llama-3.1-8b-no-fusion --attn auto --decode-latency
 fi
 tail -n 40 "$out/bench.log" 2>/dev/null | grep -E "Error|error|Traceback" | head

@@ -8,6 +8,7 @@ page-table row and a reserved KV page, and the graph replays.
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -74,6 +75,21 @@ class GraphRunner:
         self.attn.init_graph_capture(self.max_bs)
         pool = None
         torch.cuda.synchronize()
+        # A garbage collection during capture could free CUDA objects of an earlier engine in
+        # this process, which is illegal while the stream is capturing.
+        gc.collect()
+        gc.disable()
+        try:
+            self._capture_sizes(pool)
+        finally:
+            gc.enable()
+        torch.cuda.synchronize()
+        logger.info(
+            "captured %d decode CUDA graphs (bs %d..%d) in %.1f s",
+            len(self.sizes), self.sizes[0], self.sizes[-1], time.perf_counter() - start,
+        )  # fmt: skip
+
+    def _capture_sizes(self, pool) -> None:
         for bs in reversed(self.sizes):  # largest first, so smaller graphs reuse its memory pool
             batch = self._batch(bs, [1] * bs)
             self.attn.prepare_capture(batch)
@@ -85,11 +101,6 @@ class GraphRunner:
                 self.outputs[bs] = self.runner.model(batch)
             pool = graph.pool()
             self.graphs[bs] = graph
-        torch.cuda.synchronize()
-        logger.info(
-            "captured %d decode CUDA graphs (bs %d..%d) in %.1f s",
-            len(self.sizes), self.sizes[0], self.sizes[-1], time.perf_counter() - start,
-        )  # fmt: skip
 
     def can_run(self, batch: ForwardBatch) -> bool:
         return batch.batch_size <= self.max_bs

@@ -9,12 +9,12 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from minisgl_core.api.batch import ForwardBatch
 from minisgl_core.api.layers.attention import AttentionLayer
 from minisgl_core.api.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from minisgl_core.api.layers.fused import silu_and_mul
 from minisgl_core.api.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from minisgl_core.api.layers.norm import RMSNorm
 from minisgl_core.api.layers.rotary import get_rope
@@ -84,8 +84,7 @@ class DecoderMLP(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -108,9 +107,18 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(hf["hidden_size"], eps, dtype=dtype, device=device)
         self.post_attention_layernorm = RMSNorm(hf["hidden_size"], eps, dtype=dtype, device=device)
 
-    def forward(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), batch)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+    def forward(
+        self, hidden: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Takes and returns (branch output, residual stream): each residual add is folded into
+        the norm that follows it (the last one into the model's final norm)."""
+        if residual is None:
+            normed, residual = self.input_layernorm(hidden), hidden
+        else:
+            normed, residual = self.input_layernorm(hidden, residual)
+        attn_out = self.self_attn(normed, batch)
+        normed, residual = self.post_attention_layernorm(attn_out, residual)
+        return self.mlp(normed), residual
 
 
 class DecoderModel(nn.Module):
@@ -133,12 +141,13 @@ class DecoderModel(nn.Module):
         )
         self.norm = RMSNorm(hf["hidden_size"], hf.get("rms_norm_eps", 1e-6), dtype=dtype, device=device)
 
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """Hidden states of every new token, before the final norm."""
-        hidden = self.embed_tokens(batch.input_ids)
+    def forward(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(last layer's MLP output, residual stream) of every new token; their sum, put
+        through ``self.norm``, is the final hidden state."""
+        hidden, residual = self.embed_tokens(batch.input_ids), None
         for layer in self.layers:
-            hidden = layer(hidden, batch)
-        return hidden
+            hidden, residual = layer(hidden, residual, batch)
+        return hidden, residual
 
 
 # HF checkpoint name part -> (our fused parameter name part, shard id)
@@ -186,8 +195,10 @@ class DecoderForCausalLM(Model):
         return self._kv_spec
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        hidden = self.model(batch)[batch.logits_indices]
-        return self.lm_head(self.model.norm(hidden)).float()
+        out, residual = self.model(batch)
+        rows = batch.logits_indices
+        hidden, _ = self.model.norm(out[rows], residual[rows])
+        return self.lm_head(hidden).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         params = dict(self.named_parameters(remove_duplicate=False))  # tied lm_head.weight is listed too

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from minisgl_core.api.layers.fused import add_rms_norm, rms_norm
 from minisgl_core.api.layers.weights import load_full, new_param
 
 
@@ -21,7 +22,8 @@ class RMSNorm(nn.Module):
         self.weight = new_param((dim,), dtype, device, load_full)
         self.weight.data.fill_(1.0)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """``norm(x)``; with ``residual``, ``(norm(x + residual), x + residual)`` in one pass."""
+        if residual is None:
+            return rms_norm(x, self.weight, self.eps)
+        return add_rms_norm(x, residual, self.weight, self.eps)

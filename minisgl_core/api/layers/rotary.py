@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from minisgl_core.api.layers.fused import rotary
+
 
 class RotaryEmbedding(nn.Module):
     """Neox-style rotary embedding (rotate_half over the two halves of each head)."""
@@ -20,15 +22,7 @@ class RotaryEmbedding(nn.Module):
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``q``/``k``: [num_tokens, heads, head_dim]; angles in float32, applied in q's dtype."""
-        freqs = positions.float()[:, None] * self.inv_freq.to(q.device)[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
-        cos, sin = emb.cos().to(q.dtype), emb.sin().to(q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return rotary(q, k, positions, self.inv_freq)
 
 
 def rope_parameters(hf_config: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,74 @@
+"""The elementwise pieces of a decoder layer, each fused into one kernel on CUDA.
+
+Decode steps of small models are made of many tiny kernels: written plainly, an fp32 RMS norm
+is eight launches and rotary twenty, which costs more than the matrix products at batch one.
+On CUDA these functions go through ``torch.compile`` (Triton), once per process with dynamic
+shapes, before any CUDA graph is captured; elsewhere (CPU, CI) they run eagerly with the same math.
+``MINISGL_COMPILE=0`` turns fusion off (ablation).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch
+import torch.nn.functional as F
+
+F_ = TypeVar("F_", bound=Callable)
+_ENABLED = os.environ.get("MINISGL_COMPILE", "1") != "0"
+
+
+def fused(fn: F_) -> F_:
+    compiled: list[Callable] = []
+
+    def call(x: torch.Tensor, *args):
+        if not (_ENABLED and x.is_cuda):
+            return fn(x, *args)
+        if not compiled:
+            compiled.append(torch.compile(fn, dynamic=True, fullgraph=True))
+        return compiled[0](x, *args)
+
+    call.__wrapped__ = fn  # type: ignore[attr-defined]
+    call.__doc__ = fn.__doc__
+    return call  # type: ignore[return-value]
+
+
+@fused
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMS norm over the last dimension in float32, as Hugging Face computes it."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+@fused
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rms_norm(x + residual), x + residual)``: the residual add folded into the next norm."""
+    total = x + residual
+    x32 = total.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype), total
+
+
+@fused
+def rotary(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Neox-style rotary (rotate_half) on [num_tokens, heads, head_dim]; angles in float32."""
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
+    cos, sin = emb.cos().to(q.dtype), emb.sin().to(q.dtype)
+    half = q.shape[-1] // 2
+    q_rot = torch.cat((-q[..., half:], q[..., :half]), dim=-1)
+    k_rot = torch.cat((-k[..., half:], k[..., :half]), dim=-1)
+    return q * cos + q_rot * sin, k * cos + k_rot * sin
+
+
+@fused
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
