@@ -107,7 +107,7 @@ def _hit_rate(before: dict[str, float], after: dict[str, float]) -> float | None
         return after[name] - before.get(name, 0.0)
 
     prompt = delta("minisgl_prompt_tokens_total")
-    cached = delta("minisgl_cached_prompt_tokens_total")
+    cached = delta("minisgl_prefix_cache_hit_tokens_total")
     if not prompt or cached is None:
         return None
     return round(cached / prompt, 4)

@@ -1,0 +1,116 @@
+"""torch.distributed for tensor parallelism: joining the group, and broadcasting bytes from rank 0.
+
+The main group uses NCCL on GPUs and gloo on CPU; the model's collectives and the per-step
+command broadcast run on it. A second, gloo-only "control" group with a very long timeout is
+where ranks 1..N-1 park while the server is idle: a blocked gloo broadcast sleeps (no busy
+spin, unlike a pending NCCL kernel) and does not time out after NCCL's few minutes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from minisgl_core.api import ParallelContext
+
+#: how long an idle rank may wait for rank 0's next step
+IDLE_TIMEOUT = datetime.timedelta(days=365)
+
+
+@dataclass(frozen=True)
+class DistributedSpec:
+    """Where the TP group meets and which ranks live on this node (picklable: sent to each rank)."""
+
+    tp_size: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    #: "host:port" of rank 0's TCP rendezvous
+    init_addr: str = ""
+
+    def __post_init__(self) -> None:
+        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"--node-rank must be in [0, --nnodes={self.nnodes}), got {self.node_rank}")
+        if self.tp_size % self.nnodes:
+            raise ValueError(f"--tp {self.tp_size} must be a multiple of --nnodes {self.nnodes}")
+
+    @property
+    def local_ranks(self) -> range:
+        per_node = self.tp_size // self.nnodes
+        return range(self.node_rank * per_node, (self.node_rank + 1) * per_node)
+
+
+def free_loopback_addr() -> str:
+    """A loopback "host:port" that was free a moment ago (the rendezvous for one-node TP)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+class TPGroup:
+    """This rank's view of the TP group: the ParallelContext handed to the engine, plus the
+    byte broadcasts the scheduler uses to keep every rank on rank 0's inputs."""
+
+    def __init__(self, parallel: ParallelContext, control_group: object | None, device: torch.device) -> None:
+        self.parallel = parallel
+        self.control_group = control_group
+        # NCCL only moves device tensors; gloo wants CPU ones.
+        self.device = device if device.type == "cuda" else torch.device("cpu")
+
+    @property
+    def rank(self) -> int:
+        return self.parallel.tp_rank
+
+    @property
+    def size(self) -> int:
+        return self.parallel.tp_size
+
+    def broadcast_int(self, value: int = 0) -> int:
+        t = torch.tensor([value], dtype=torch.int64, device=self.device)
+        dist.broadcast(t, src=0, group=self.parallel.group)
+        return int(t.item())
+
+    def broadcast_bytes(self, data: bytes, length: int) -> bytes:
+        """Rank 0's ``data`` (``length`` bytes, known to every rank) on every rank."""
+        if self.rank == 0:
+            t = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device)
+        else:
+            t = torch.empty(length, dtype=torch.uint8, device=self.device)
+        dist.broadcast(t, src=0, group=self.parallel.group)
+        return data if self.rank == 0 else t.cpu().numpy().tobytes()
+
+    def park(self) -> None:
+        """Ranks > 0: sleep until rank 0 calls :meth:`wake` (control group: no spin, no timeout)."""
+        dist.broadcast(torch.zeros(1), src=0, group=self.control_group)
+
+    def wake(self) -> None:
+        """Rank 0: release the ranks parked in :meth:`park`."""
+        dist.broadcast(torch.ones(1), src=0, group=self.control_group)
+
+    def barrier(self) -> None:
+        if self.size > 1:
+            dist.barrier(group=self.control_group)
+
+    def close(self) -> None:
+        if self.size > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def init_tp_group(tp_rank: int, spec: DistributedSpec, device: torch.device) -> TPGroup:
+    """Join the TP group as ``tp_rank`` (a no-op group when tp_size is 1)."""
+    if spec.tp_size == 1:
+        return TPGroup(ParallelContext(), None, device)
+    if device.type == "cuda":
+        if device.index is None:
+            device = torch.device("cuda", tp_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(
+        backend, init_method=f"tcp://{spec.init_addr}", world_size=spec.tp_size, rank=tp_rank
+    )
+    control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+    parallel = ParallelContext(tp_rank=tp_rank, tp_size=spec.tp_size, group=dist.group.WORLD)
+    return TPGroup(parallel, control, device)

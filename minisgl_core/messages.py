@@ -1,0 +1,201 @@
+"""The typed messages the server's processes exchange, and their msgpack wire format (never pickle).
+
+Each message is a small dataclass of plain values (ints, strings, lists, dicts), so it encodes as
+``[tag, field1, field2, ...]`` with msgpack and decodes back into the same class. Token ids travel
+as lists of ints. Who sends what:
+
+    API server  ──TokenizeRequest / AbortRequest / Shutdown──▶ tokenizer
+    tokenizer   ──Admission──▶ API server          (accepted with its prompt length, or rejected)
+    tokenizer   ──DetokRegister──▶ detokenizer     (how to turn the request's tokens into text)
+    tokenizer   ──EngineRequest / AbortRequest / Shutdown──▶ scheduler rank 0
+    scheduler 0 ──StepOutputs / Shutdown──▶ detokenizer
+    detokenizer ──DetokOutputs──▶ API server
+    launcher    ──Limits──▶ tokenizer               (the engine's limits, from the ready handshake)
+    every child ──ProcessReady / ProcessFailed──▶ launcher
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+import msgpack
+
+#: a token's logprob on the wire: [token_id, logprob, [[top_id, top_logprob], ...]]
+WireLogprob = list[Any]
+
+
+@dataclass
+class Message:
+    tag: ClassVar[int] = -1
+
+
+@dataclass
+class Limits(Message):
+    """What every request must fit in; the tokenizer checks requests against it."""
+
+    tag: ClassVar[int] = 1
+    max_context_len: int
+    kv_capacity_tokens: int
+    vocab_size: int
+
+
+@dataclass
+class TokenizeRequest(Message):
+    """One prompt to tokenize, fanned out to ``len(rids)`` engine requests (OpenAI's ``n``)."""
+
+    tag: ClassVar[int] = 2
+    rids: list[int]
+    #: exactly one of text / messages / input_ids is set
+    text: str | None
+    messages: list[dict[str, str]] | None
+    input_ids: list[int] | None
+    #: SamplingParams fields; ``max_tokens`` None = whatever the context has left
+    params: dict[str, Any]
+    #: the API field that set max_tokens, named in length errors
+    max_tokens_field: str = "max_tokens"
+
+
+@dataclass
+class Admission(Message):
+    """The tokenizer's answer to a TokenizeRequest, keyed by its first rid."""
+
+    tag: ClassVar[int] = 3
+    rid: int
+    prompt_len: int
+    max_tokens: int
+    #: set when the request is rejected; nothing was sent to the scheduler then
+    error: str | None = None
+    param: str | None = None
+
+
+@dataclass
+class EngineRequest(Message):
+    tag: ClassVar[int] = 4
+    rid: int
+    prompt_ids: list[int]
+    params: dict[str, Any]
+
+
+@dataclass
+class AbortRequest(Message):
+    tag: ClassVar[int] = 5
+    rid: int
+
+
+@dataclass
+class Shutdown(Message):
+    """Passed down the pipeline (tokenizer → scheduler → detokenizer); each process exits after it."""
+
+    tag: ClassVar[int] = 6
+
+
+@dataclass
+class DetokRegister(Message):
+    tag: ClassVar[int] = 7
+    rid: int
+    stop: list[str]
+    skip_special_tokens: bool
+
+
+@dataclass
+class StepOutputs(Message):
+    """One engine step's outputs, column by column (one entry per request that progressed)."""
+
+    tag: ClassVar[int] = 8
+    rids: list[int] = field(default_factory=list)
+    #: -1 for an aborted request (no token)
+    token_ids: list[int] = field(default_factory=list)
+    #: None while running, else "stop" | "length" | "abort" | "error"
+    finish_reasons: list[str | None] = field(default_factory=list)
+    matched_stops: list[str | int | None] = field(default_factory=list)
+    logprobs: list[WireLogprob | None] = field(default_factory=list)
+    #: error text per request (finish_reason "error"), else None
+    errors: list[str | None] = field(default_factory=list)
+    #: Engine.stats(), sent now and then
+    stats: dict[str, int] | None = None
+
+    def add(
+        self,
+        rid: int,
+        token_id: int,
+        finish_reason: str | None,
+        matched_stop: str | int | None = None,
+        logprob: WireLogprob | None = None,
+        error: str | None = None,
+    ) -> None:
+        self.rids.append(rid)
+        self.token_ids.append(token_id)
+        self.finish_reasons.append(finish_reason)
+        self.matched_stops.append(matched_stop)
+        self.logprobs.append(logprob)
+        self.errors.append(error)
+
+    def __len__(self) -> int:
+        return len(self.rids)
+
+
+@dataclass
+class DetokOutputs(Message):
+    """StepOutputs with text: per request the new text (may be empty while held back) and token."""
+
+    tag: ClassVar[int] = 9
+    rids: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    finish_reasons: list[str | None] = field(default_factory=list)
+    matched_stops: list[str | int | None] = field(default_factory=list)
+    #: [token_text, logprob, [[top_text, top_logprob, top_id], ...], token_id] or None
+    logprobs: list[list[Any] | None] = field(default_factory=list)
+    errors: list[str | None] = field(default_factory=list)
+    stats: dict[str, int] | None = None
+
+
+@dataclass
+class ProcessReady(Message):
+    tag: ClassVar[int] = 10
+    role: str
+    rank: int
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ProcessFailed(Message):
+    tag: ClassVar[int] = 11
+    role: str
+    rank: int
+    #: the child's traceback, shown by the launcher
+    error: str
+
+
+_BY_TAG: dict[int, type[Message]] = {
+    cls.tag: cls
+    for cls in (
+        Limits,
+        TokenizeRequest,
+        Admission,
+        EngineRequest,
+        AbortRequest,
+        Shutdown,
+        DetokRegister,
+        StepOutputs,
+        DetokOutputs,
+        ProcessReady,
+        ProcessFailed,
+    )
+}
+_FIELDS: dict[type[Message], tuple[str, ...]] = {
+    cls: tuple(f.name for f in fields(cls)) for cls in _BY_TAG.values()
+}
+
+
+def encode(msg: Message) -> bytes:
+    return msgpack.packb([msg.tag, *(getattr(msg, name) for name in _FIELDS[type(msg)])], use_bin_type=True)
+
+
+def decode(data: bytes) -> Message:
+    tag, *values = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    cls = _BY_TAG.get(tag)
+    if cls is None:
+        raise ValueError(f"unknown message tag {tag!r}")
+    return cls(*values)

@@ -1,0 +1,50 @@
+"""The FastAPI application: the routes, the error format, the API key, and the state's lifetime."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import Depends, FastAPI, Request
+
+from minisgl_core.server.errors import APIError, install_error_handlers
+from minisgl_core.server.native_routes import health_router, native_router
+from minisgl_core.server.routes import make_router
+from minisgl_core.server.state import ServerState
+
+
+def require_api_key(api_key: str) -> Callable[[Request], None]:
+    expected = f"Bearer {api_key}".encode()
+
+    def check(request: Request) -> None:
+        given = request.headers.get("authorization", "").encode()
+        if not secrets.compare_digest(given, expected):
+            raise APIError(
+                401, "invalid or missing API key (send 'Authorization: Bearer <key>')", code="invalid_api_key"
+            )
+
+    return check
+
+
+def create_app(state: ServerState, api_key: str | None = None) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await state.start()
+        try:
+            yield
+        finally:
+            await state.stop()
+
+    # No /docs or /openapi.json: they would be the only pages the API key does not protect.
+    app = FastAPI(title="minisgl", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+
+    def count_error(status: int) -> None:
+        state.metrics.rejected += 1
+
+    install_error_handlers(app, count_error)
+    app.include_router(health_router(state))
+    protected = [Depends(require_api_key(api_key))] if api_key else []
+    app.include_router(make_router(state), dependencies=protected)
+    app.include_router(native_router(state), dependencies=protected)
+    return app

@@ -1,0 +1,179 @@
+"""``minisgl serve`` and ``minisgl shell``: their options, and turning them into a running server."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from typing import Any
+
+from minisgl_core.plugins import Plugins
+
+logger = logging.getLogger(__name__)
+
+
+def _add_http_args(p: argparse.ArgumentParser, port: int) -> None:
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
+    g.add_argument("--port", type=int, default=port, help="HTTP port (0 = any free port)")
+    g.add_argument(
+        "--api-key",
+        default=os.environ.get("MINISGL_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on every endpoint but /health (env MINISGL_API_KEY)",
+    )
+    g.add_argument(
+        "--served-model-name", default=None, help="model id in the API (default: the model directory name)"
+    )
+    g.add_argument("--nnodes", type=int, default=1, help="nodes the TP group spans")
+    g.add_argument("--node-rank", type=int, default=0, help="this node's index (0 runs the API server)")
+    g.add_argument(
+        "--dist-init-addr",
+        default=None,
+        help="HOST:PORT where the TP ranks meet (default: a free loopback port; needed with --nnodes > 1)",
+    )
+
+
+def _add_shell_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("shell")
+    g.add_argument("--temperature", type=float, default=0.7)
+    g.add_argument("--max-tokens", type=int, default=512, help="longest reply in tokens")
+    g.add_argument("--system", default=None, help="system prompt")
+
+
+def _add_plugin_args(p: argparse.ArgumentParser, plugins: Plugins | None) -> None:
+    """Let plugins add their (namespaced) options, and remember which ones are theirs."""
+    if plugins is None:
+        return
+    before = {a.dest for a in p._actions}
+    try:
+        plugins.call_hook("minisgl_add_cli_options", parser=p)
+    except Exception as exc:  # noqa: BLE001 - a broken plugin must not break the CLI
+        logger.warning("%s", exc)
+    p.set_defaults(plugin_dests=sorted({a.dest for a in p._actions} - before))
+
+
+def add_server_commands(subparsers: Any, plugins: Plugins | None = None) -> None:
+    from minisgl_core.engine.args import add_engine_args
+
+    if plugins is None:
+        try:
+            plugins = Plugins.load()
+        except Exception as exc:  # noqa: BLE001
+            logger.warning("could not load plugins for their CLI options: %s", exc)
+
+    p = subparsers.add_parser("serve", help="run the OpenAI-compatible HTTP server")
+    add_engine_args(p)
+    _add_http_args(p, port=8000)
+    p.add_argument("--shell", action="store_true", help="also chat with the server in this terminal")
+    _add_shell_args(p)
+    _add_plugin_args(p, plugins)
+    p.set_defaults(func=_cmd_serve)
+
+    p = subparsers.add_parser("shell", help="chat with a model in the terminal")
+    add_engine_args(p)
+    _add_http_args(p, port=0)
+    p.add_argument(
+        "--url", default=None, help="chat with a server already running there instead of starting one"
+    )
+    _add_shell_args(p)
+    _add_plugin_args(p, plugins)
+    p.set_defaults(func=_cmd_shell)
+
+
+def _plain_options(args: argparse.Namespace) -> dict[str, Any]:
+    """CLI options as plain values, for plugins' ProcessContext.options."""
+    plain = (str, int, float, bool, type(None))
+    return {
+        k: v
+        for k, v in vars(args).items()
+        if isinstance(v, plain) or (isinstance(v, list) and all(isinstance(x, plain) for x in v))
+    }
+
+
+def _serve_options(args: argparse.Namespace):
+    from minisgl_core.distributed import DistributedSpec, free_loopback_addr
+    from minisgl_core.engine.args import engine_config_from_args
+    from minisgl_core.server.launcher import ServeOptions
+    from minisgl_core.server.runtime import RuntimeOptions
+
+    plugins = Plugins.load(disable=args.disable_plugin)
+    plugin_options = {d: getattr(args, d) for d in getattr(args, "plugin_dests", [])}
+    config = engine_config_from_args(args, plugin_options)
+    if args.nnodes > 1 and not args.dist_init_addr:
+        raise SystemExit("minisgl: error: --nnodes > 1 needs --dist-init-addr HOST:PORT (rank 0's node)")
+    dist = DistributedSpec(
+        tp_size=config.tp_size,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        init_addr=args.dist_init_addr or (free_loopback_addr() if config.tp_size > 1 else ""),
+    )
+    runtime = RuntimeOptions(
+        config=config,
+        dist=dist,
+        fingerprint=plugins.fingerprint(),
+        disable_plugins=tuple(args.disable_plugin),
+        log_level=args.log_level,
+        options=_plain_options(args),
+    )
+    opts = ServeOptions(
+        runtime=runtime,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        served_model_name=args.served_model_name,
+        log_level=args.log_level,
+    )
+    return opts, plugins
+
+
+def _shell_foreground(args: argparse.Namespace):
+    """The shell, run in the launcher's main thread once the server is up."""
+    from minisgl_core.server.shell import run_shell
+
+    def foreground(url: str, api_key: str | None, model: str, is_failed) -> int:
+        return run_shell(
+            url,
+            api_key,
+            model,
+            is_failed,
+            temperature=args.temperature,
+            max_tokens=args.max_tokens,
+            system=args.system,
+        )
+
+    return foreground
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from minisgl_core.server.launcher import serve
+
+    opts, plugins = _serve_options(args)
+    return serve(opts, plugins, _shell_foreground(args) if args.shell else None)
+
+
+def _cmd_shell(args: argparse.Namespace) -> int:
+    if args.url:
+        url = args.url.rstrip("/")
+        try:
+            model = args.served_model_name or _first_model(url, args.api_key)
+        except OSError as exc:  # URLError and HTTPError are OSErrors
+            raise SystemExit(f"minisgl shell: cannot reach the server at {url}: {exc}") from None
+        return _shell_foreground(args)(url, args.api_key, model, lambda: False)
+    from minisgl_core.server.launcher import serve
+
+    if args.log_level == "info":  # the shell's own output is the conversation
+        logging.getLogger().setLevel(logging.WARNING)
+        args.log_level = "warning"
+    opts, plugins = _serve_options(args)
+    return serve(opts, plugins, _shell_foreground(args))
+
+
+def _first_model(url: str, api_key: str | None) -> str:
+    import json
+    import urllib.request
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    with urllib.request.urlopen(
+        urllib.request.Request(f"{url.rstrip('/')}/v1/models", headers=headers)
+    ) as resp:
+        return json.loads(resp.read())["data"][0]["id"]

@@ -1,0 +1,88 @@
+"""Errors of the HTTP API, always returned as OpenAI's body ``{"error": {message, type, param, code}}``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    500: "internal_server_error",
+    503: "service_unavailable",
+}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.status, self.message, self.param, self.code)
+
+
+def error_body(
+    status: int, message: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "internal_server_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def sse_error(message: str) -> str:
+    """An error in the middle of a stream: the status line is already sent, so it goes as an event."""
+    return f"data: {json.dumps(error_body(500, message))}\n\n"
+
+
+def validation_error(exc: RequestValidationError) -> APIError:
+    """The first problem pydantic found, as a 400 naming the field."""
+    errors = exc.errors()
+    if not errors:
+        return APIError(400, "invalid request body")
+    err = errors[0]
+    loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+    kind = err.get("type", "")
+    if kind == "json_invalid":
+        return APIError(400, f"malformed JSON body: {err.get('ctx', {}).get('error', err.get('msg'))}")
+    if kind == "missing" and not loc:
+        return APIError(400, "the request body must be a JSON object")
+    # Unions report one error per member; the path of the first member type is noise.
+    loc = [p for p in loc if not p.startswith(("list[", "str", "int", "function-", "TextPart", "float"))]
+    param = ".".join(loc) or None
+    if kind == "extra_forbidden":
+        return APIError(
+            400, f"unsupported field {param!r}: minisgl does not implement it", param, "unsupported_field"
+        )
+    msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+    return APIError(400, f"{param}: {msg}" if param else msg, param)
+
+
+def install_error_handlers(app: FastAPI, on_error: Callable[[int], None] = lambda status: None) -> None:
+    """Answer every error in OpenAI's format; ``on_error(status)`` is told about each (for metrics)."""
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        on_error(exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        err = validation_error(exc)
+        on_error(err.status)
+        return JSONResponse(err.body(), status_code=err.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        on_error(exc.status_code)
+        return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code)

@@ -1,0 +1,86 @@
+"""What every generating route does the same way: early range checks, then answering from a
+RequestGroup as a stream of SSE chunks or as one JSON body, aborting whatever the client abandons."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from minisgl_core.sampling import SamplingParams
+from minisgl_core.server.errors import APIError
+from minisgl_core.server.responses import Choice
+from minisgl_core.server.state import RequestGroup
+
+#: status for a request whose client left before the answer (nginx's convention; nobody reads it)
+CLIENT_CLOSED = 499
+
+
+def check_sampling(fields: dict[str, Any], rename: dict[str, str]) -> None:
+    """Range-check the sampling fields now (max_tokens may still be unknown) as a 400 naming the field."""
+    try:
+        SamplingParams(**{**fields, "max_tokens": fields["max_tokens"] or 1})
+    except ValueError as exc:
+        name = str(exc).split(" ", 1)[0]
+        raise APIError(
+            400, str(exc).replace(name, rename.get(name, name), 1), rename.get(name, name)
+        ) from exc
+
+
+async def wait_for_all(group: RequestGroup, request: Request) -> list[Choice] | None:
+    """Every choice of the group once finished; None if the client went away first."""
+    choices = [Choice(i) for i in range(group.num_choices)]
+
+    async def gather() -> None:
+        async for ev in group.events():
+            choices[ev.index].add(ev)
+
+    async def client_gone() -> None:
+        # The body is already read, so the next ASGI message is the disconnect, whenever it comes.
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    answer, gone = asyncio.ensure_future(gather()), asyncio.ensure_future(client_gone())
+    try:
+        await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if answer.done():
+            answer.result()
+            return choices
+        return None
+    finally:
+        answer.cancel()
+        gone.cancel()
+        group.close()
+
+
+def first_error(choices: list[Choice]) -> str | None:
+    return next((c.error for c in choices if c.finish_reason == "error"), None)
+
+
+async def respond(
+    group: RequestGroup,
+    request: Request,
+    stream: bool,
+    chunks: Callable[[], AsyncIterator[str]],
+    build: Callable[[list[Choice]], dict[str, Any]],
+) -> Response:
+    """Stream ``chunks()`` as SSE, or wait for every choice and answer ``build(choices)``."""
+    if stream:
+        return StreamingResponse(_closing(group, chunks), media_type="text/event-stream")
+    choices = await wait_for_all(group, request)
+    if choices is None:
+        return Response(status_code=CLIENT_CLOSED)
+    if (error := first_error(choices)) is not None:
+        raise APIError(500, error)
+    return JSONResponse(build(choices))
+
+
+async def _closing(group: RequestGroup, chunks: Callable[[], AsyncIterator[str]]) -> AsyncIterator[str]:
+    try:
+        async for chunk in chunks():
+            yield chunk
+    finally:
+        group.close()  # also runs when the client disconnects mid-stream (the task is cancelled)

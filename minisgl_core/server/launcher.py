@@ -1,0 +1,189 @@
+"""``minisgl serve``: start the worker processes, then the HTTP server, and stop it all cleanly.
+
+The main thread owns the processes and the signals; uvicorn runs in a second thread (so the main
+thread is free for the interactive shell of ``serve --shell`` / ``minisgl shell``). SIGINT and
+SIGTERM stop everything with exit code 0; a failed child stops everything with exit code 1 and
+its error in the log.
+"""
+
+from __future__ import annotations
+
+import _thread
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from minisgl_core.api import ProcessContext
+from minisgl_core.plugins import Plugins
+from minisgl_core.server.runtime import ChildFailed, Runtime, RuntimeOptions
+
+logger = logging.getLogger("minisgl.server")
+
+
+class StopRequested(BaseException):
+    """Raised in the main thread by SIGTERM, unwinding to the clean-up."""
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    runtime: RuntimeOptions
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    served_model_name: str | None = None
+    log_level: str = "info"
+
+
+#: what to run in the main thread once the server is up: (url, api key, model name, is_failed) -> exit code
+Foreground = Callable[[str, "str | None", str, Callable[[], bool]], int]
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise StopRequested()
+
+
+def _ignore_signals() -> None:
+    """A second Ctrl-C or SIGTERM must not interrupt the clean-up."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def serve(opts: ServeOptions, plugins: Plugins, foreground: Foreground | None = None) -> int:
+    """Run a server node until a signal, a failed child, or ``foreground`` returning; the exit code."""
+    config = opts.runtime.config
+    process_ctx = ProcessContext(role="api", tp_size=config.tp_size, options=dict(opts.runtime.options or {}))
+    plugins.call_hook("minisgl_process_start", ctx=process_ctx)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    runtime = Runtime(opts.runtime)
+    code = 0
+    try:
+        started = time.monotonic()
+        info = runtime.start()
+        if runtime.is_head:
+            code = _serve_head(opts, plugins, runtime, info, started, foreground)
+        else:
+            logger.info(
+                "node %d ready: scheduler ranks %s",
+                opts.runtime.dist.node_rank,
+                list(opts.runtime.dist.local_ranks),
+            )
+            runtime.supervise(lambda message: None)
+            # Its ranks exit with the group when node 0 stops; a failed rank is reported below.
+            while runtime.failure is None and not runtime.all_exited():
+                time.sleep(0.2)
+    except (KeyboardInterrupt, StopRequested):
+        logger.info("stopping")
+    except ChildFailed as exc:
+        if runtime.failure is None:  # not a child: the HTTP server itself
+            logger.error("%s", exc)
+            code = 1
+    finally:
+        _ignore_signals()
+        runtime.stop()
+        try:
+            plugins.call_hook("minisgl_process_stop", ctx=process_ctx)
+        except Exception as exc:  # noqa: BLE001 - stop hooks are logged, never fatal
+            logger.warning("%s", exc)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, previous)
+    if runtime.failure is not None:
+        logger.error("%s", runtime.failure.rstrip())
+        return 1
+    return code
+
+
+def _serve_head(
+    opts: ServeOptions,
+    plugins: Plugins,
+    runtime: Runtime,
+    info: dict[str, Any],
+    started: float,
+    foreground: Foreground | None,
+) -> int:
+    """Node 0: the HTTP server on top of the worker processes, until it stops; the exit code."""
+    config = opts.runtime.config
+    name = opts.served_model_name or Path(config.model).name
+    # A shell waiting for input must learn about a failed child too: interrupt it.
+    server, thread, url = _start_http(opts, runtime, info, name, interrupt_main=foreground is not None)
+    try:
+        _log_banner(opts, plugins, info, started, url)
+        if foreground is not None:
+            return foreground(url, opts.api_key, name, lambda: runtime.failure is not None)
+        while thread.is_alive():  # until a failed child makes it exit, or a signal interrupts the wait
+            thread.join(0.5)
+        return 0
+    finally:
+        _ignore_signals()
+        server.should_exit = True
+        thread.join(10)
+
+
+def _log_banner(opts: ServeOptions, plugins: Plugins, info: dict[str, Any], started: float, url: str) -> None:
+    config = opts.runtime.config
+    logger.info(
+        "minisgl ready in %.1fs: model=%s (%s) plugins=[%s] attn=%s cache=%s policy=%s tp=%d "
+        "kv_capacity=%d tokens context=%d url=%s",
+        time.monotonic() - started,
+        config.model,
+        info.get("architecture"),
+        plugins.summary(),
+        "/".join(dict.fromkeys(info.get("attn", []))),
+        config.cache,
+        config.policy,
+        config.tp_size,
+        info["kv_capacity_tokens"],
+        info["max_context_len"],
+        url,
+    )
+
+
+def _start_http(opts: ServeOptions, runtime: Runtime, info: dict[str, Any], name: str, interrupt_main: bool):
+    import uvicorn
+
+    from minisgl_core.server.app import create_app
+    from minisgl_core.server.state import ModelInfo, ServerState
+
+    model = ModelInfo(
+        name,
+        opts.runtime.config.model,
+        info["max_context_len"],
+        info["kv_capacity_tokens"],
+        info["vocab_size"],
+    )
+    state = ServerState(runtime.endpoints, model)
+    app = create_app(state, opts.api_key)
+    uv_level = "debug" if opts.log_level.lower() == "debug" else "warning"
+    config = uvicorn.Config(
+        app,
+        host=opts.host,
+        port=opts.port,
+        log_level=uv_level,
+        access_log=False,
+        log_config=None,
+        timeout_graceful_shutdown=3,
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="minisgl-http", daemon=True)
+    thread.start()
+    while not server.started:
+        if not thread.is_alive():
+            raise ChildFailed(
+                f"the HTTP server could not start on {opts.host}:{opts.port} (see the log above)"
+            )
+        time.sleep(0.05)
+
+    def on_failure(message: str) -> None:
+        state.loop.call_soon_threadsafe(state.fail, message.splitlines()[0])
+        server.should_exit = True
+        if interrupt_main:
+            _thread.interrupt_main()
+
+    runtime.supervise(on_failure)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    host = f"[{opts.host}]" if ":" in opts.host else opts.host
+    return server, thread, f"http://{host}:{port}"

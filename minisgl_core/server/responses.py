@@ -1,0 +1,200 @@
+"""Response bodies: OpenAI chat/completions objects and stream chunks, and the native /generate shape.
+
+A :class:`Choice` accumulates one engine request's token events; the functions here turn choices
+into the JSON the clients expect (including both OpenAI logprobs formats).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from minisgl_core.server.state import TokenEvent
+
+DONE = "data: [DONE]\n\n"
+
+
+def sse(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+@dataclass
+class Choice:
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[list[Any]] = field(default_factory=list)
+    finish_reason: str | None = None
+    matched_stop: str | int | None = None
+    error: str | None = None
+
+    def add(self, ev: TokenEvent) -> None:
+        self.text += ev.text
+        if ev.token_id >= 0:
+            self.token_ids.append(ev.token_id)
+        if ev.logprob is not None:
+            self.logprobs.append(ev.logprob)
+        if ev.finish_reason is not None:
+            self.finish_reason = ev.finish_reason
+            self.matched_stop = ev.matched_stop
+            self.error = ev.error
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+# ------------------------------------------------------------------ logprobs
+
+
+def _entry(text: str, logprob: float) -> dict[str, Any]:
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+
+def chat_logprobs(items: list[list[Any]]) -> dict[str, Any]:
+    """Chat format: ``{"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}``."""
+    content = []
+    for text, logprob, top, _ in items:
+        entry = _entry(text, logprob)
+        entry["top_logprobs"] = [_entry(t, lp) for t, lp, _ in top]
+        content.append(entry)
+    return {"content": content, "refusal": None}
+
+
+def completion_logprobs(items: list[list[Any]], text_offset: int = 0) -> dict[str, Any]:
+    """Completions format: parallel lists of tokens, their logprobs, top-k dicts and text offsets."""
+    tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
+    for text, logprob, top, _ in items:
+        tokens.append(text)
+        token_logprobs.append(logprob)
+        top_logprobs.append({t: lp for t, lp, _ in top})
+        offsets.append(text_offset)
+        text_offset += len(text)
+    return {
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "top_logprobs": top_logprobs,
+        "text_offset": offsets,
+    }
+
+
+# ------------------------------------------------------------------ OpenAI objects
+
+
+def finish_reason(choice: Choice) -> str | None:
+    # "abort" and "error" never reach a client as a finish reason: those requests end otherwise.
+    return choice.finish_reason if choice.finish_reason in ("stop", "length") else None
+
+
+def chat_completion(
+    rid: str, model: str, choices: list[Choice], prompt_tokens: int, with_logprobs: bool
+) -> dict:
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": c.index,
+                "message": {"role": "assistant", "content": c.text},
+                "logprobs": chat_logprobs(c.logprobs) if with_logprobs else None,
+                "finish_reason": finish_reason(c),
+            }
+            for c in choices
+        ],
+        "usage": usage(prompt_tokens, sum(len(c.token_ids) for c in choices)),
+    }
+
+
+def chat_chunk(rid: str, model: str, created: int, index: int, delta: dict, **extra: Any) -> dict:
+    choice = {
+        "index": index,
+        "delta": delta,
+        "logprobs": extra.get("logprobs"),
+        "finish_reason": extra.get("finish_reason"),
+    }
+    return {
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+    }
+
+
+def completion(rid: str, model: str, choices: list[Choice], prompt_tokens: int, with_logprobs: bool) -> dict:
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": c.index,
+                "text": c.text,
+                "logprobs": completion_logprobs(c.logprobs) if with_logprobs else None,
+                "finish_reason": finish_reason(c),
+            }
+            for c in choices
+        ],
+        "usage": usage(prompt_tokens, sum(len(c.token_ids) for c in choices)),
+    }
+
+
+def completion_chunk(rid: str, model: str, created: int, index: int, text: str, **extra: Any) -> dict:
+    choice = {
+        "index": index,
+        "text": text,
+        "logprobs": extra.get("logprobs"),
+        "finish_reason": extra.get("finish_reason"),
+    }
+    return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [choice]}
+
+
+def usage_chunk(
+    rid: str, model: str, created: int, kind: str, prompt_tokens: int, completion_tokens: int
+) -> dict:
+    return {
+        "id": rid,
+        "object": kind,
+        "created": created,
+        "model": model,
+        "choices": [],
+        "usage": usage(prompt_tokens, completion_tokens),
+    }
+
+
+# ------------------------------------------------------------------ native /generate
+
+
+def generate_result(
+    rid: str, choice: Choice, prompt_tokens: int, arrival: float, with_logprobs: bool
+) -> dict:
+    meta: dict[str, Any] = {
+        "id": rid,
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": len(choice.token_ids),
+        "finish_reason": (
+            {"type": choice.finish_reason, "matched": choice.matched_stop} if choice.finish_reason else None
+        ),
+        "e2e_latency": time.monotonic() - arrival,
+    }
+    if with_logprobs:
+        # SGLang's layout: (logprob, token_id, text) per position, and the top-k at each position
+        meta["output_token_logprobs"] = [[lp, tid, text] for text, lp, _, tid in choice.logprobs]
+        meta["output_top_logprobs"] = [
+            [[lp, tid, t] for t, lp, tid in top] for _, _, top, _ in choice.logprobs
+        ]
+    return {"text": choice.text, "output_ids": choice.token_ids, "meta_info": meta}

@@ -1,0 +1,209 @@
+"""Request bodies of the HTTP API (OpenAI chat/completions and the native /generate), validated.
+
+Unknown fields are rejected (``extra="forbid"``) so a client never believes a field it sent was
+honoured when it was not; a field sent as ``null`` means "not set" and is dropped (so an
+unsupported one sent as null is fine, and a supported one takes its default).
+Each body turns into SamplingParams fields with :meth:`sampling_fields`; range checks live in
+SamplingParams itself and surface as 400 errors naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+#: roles a chat message may have; "developer" is OpenAI's newer name for "system"
+CHAT_ROLES = ("system", "developer", "user", "assistant")
+MAX_N = 64
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_nulls(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
+
+
+class StreamOptions(StrictModel):
+    include_usage: bool = False
+
+
+class TextPart(StrictModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(StrictModel):
+    role: str
+    content: str | list[TextPart]
+
+    @field_validator("role")
+    @classmethod
+    def _known_role(cls, role: str) -> str:
+        if role not in CHAT_ROLES:
+            raise ValueError(f"unknown role {role!r}; use one of {', '.join(CHAT_ROLES)}")
+        return role
+
+    def to_template(self) -> dict[str, str]:
+        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        return {"role": "system" if self.role == "developer" else self.role, "content": content}
+
+
+class SamplingFields(StrictModel):
+    """Sampling options shared by chat and completions (OpenAI names plus top_k/min_p/ignore_eos)."""
+
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    n: int = Field(default=1, ge=1, le=MAX_N)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    #: accepted as harmless metadata (OpenAI uses it for abuse monitoring)
+    user: str | None = None
+
+    def sampling_fields(self) -> dict[str, Any]:
+        """SamplingParams keyword arguments; max_tokens None = what the context has left."""
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "max_tokens": self.max_tokens,
+            "stop": [self.stop] if isinstance(self.stop, str) else list(self.stop or []),
+            "stop_token_ids": list(self.stop_token_ids or []),
+            "ignore_eos": self.ignore_eos,
+            "seed": self.seed,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "logprobs": self.logprobs_k(),
+            "skip_special_tokens": self.skip_special_tokens,
+        }
+
+    def logprobs_k(self) -> int | None:
+        return None
+
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self) -> SamplingFields:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true")
+        return self
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def max_tokens_field(self) -> str:
+        return "max_tokens"
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ChatCompletionRequest:
+        if self.max_completion_tokens is not None:
+            if self.max_tokens is not None and self.max_tokens != self.max_completion_tokens:
+                raise ValueError("give max_completion_tokens or max_tokens, not two different values")
+            self.max_tokens = self.max_completion_tokens
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs requires logprobs to be true")
+        return self
+
+    def logprobs_k(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    @property
+    def max_tokens_field(self) -> str:
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+
+    def template_messages(self) -> list[dict[str, str]]:
+        return [m.to_template() for m in self.messages]
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    #: the number of top tokens to report per position (OpenAI's completions convention)
+    logprobs: int | None = None
+
+    def logprobs_k(self) -> int | None:
+        return self.logprobs
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts of this request (a string, token ids, or a batch of either)."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if not p:
+            raise ValueError("prompt must not be empty")
+        if isinstance(p[0], int):
+            return [list(p)]  # type: ignore[arg-type]
+        return list(p)  # type: ignore[arg-type]
+
+
+class GenerateSampling(StrictModel):
+    """The native API's sampling_params (SGLang names)."""
+
+    max_new_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    skip_special_tokens: bool = True
+
+
+class GenerateRequest(StrictModel):
+    text: str | None = None
+    input_ids: list[int] | None = None
+    sampling_params: GenerateSampling = Field(default_factory=GenerateSampling)
+    stream: bool = False
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> GenerateRequest:
+        if (self.text is None) == (self.input_ids is None):
+            raise ValueError("give exactly one of text or input_ids")
+        return self
+
+    def sampling_fields(self) -> dict[str, Any]:
+        s = self.sampling_params
+        return {
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "top_k": s.top_k,
+            "min_p": s.min_p,
+            "max_tokens": s.max_new_tokens,
+            "stop": [s.stop] if isinstance(s.stop, str) else list(s.stop or []),
+            "stop_token_ids": list(s.stop_token_ids or []),
+            "ignore_eos": s.ignore_eos,
+            "seed": s.seed,
+            "presence_penalty": s.presence_penalty,
+            "frequency_penalty": s.frequency_penalty,
+            "logprobs": self.top_logprobs_num if self.return_logprob else None,
+            "skip_special_tokens": s.skip_special_tokens,
+        }

@@ -1,0 +1,129 @@
+"""The interactive chat shell: a client of the server's streaming chat API, keeping the history.
+
+Commands: ``/reset`` forgets the conversation, ``/exit`` (or Ctrl-D) quits; Ctrl-C stops the reply
+being streamed. It also reads a scripted conversation from a pipe (one user turn per line), and
+then echoes each turn so the output reads as a transcript. Standard library only (urllib).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import TextIO
+
+HELP = "minisgl shell: type a message; /reset clears the history, /exit or Ctrl-D quits, Ctrl-C stops a reply"
+
+
+class ShellError(RuntimeError):
+    pass
+
+
+def stream_chat(
+    url: str,
+    api_key: str | None,
+    model: str,
+    messages: list[dict[str, str]],
+    temperature: float,
+    max_tokens: int,
+) -> Iterator[str]:
+    """The reply's text pieces as the server streams them."""
+    body = {
+        "model": model,
+        "messages": messages,
+        "stream": True,
+        "temperature": temperature,
+        "max_tokens": max_tokens,
+    }
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    request = urllib.request.Request(f"{url}/v1/chat/completions", json.dumps(body).encode(), headers)
+    try:
+        response = urllib.request.urlopen(request)
+    except urllib.error.HTTPError as exc:
+        try:
+            message = json.loads(exc.read())["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = str(exc)
+        raise ShellError(message) from exc
+    except urllib.error.URLError as exc:
+        raise ShellError(f"cannot reach the server at {url}: {exc.reason}") from exc
+    with response:
+        for raw in response:
+            line = raw.decode("utf-8").strip()
+            if not line.startswith("data: "):
+                continue
+            data = line.removeprefix("data: ")
+            if data == "[DONE]":
+                return
+            chunk = json.loads(data)
+            if "error" in chunk:
+                raise ShellError(chunk["error"]["message"])
+            for choice in chunk["choices"]:
+                if choice["delta"].get("content"):
+                    yield choice["delta"]["content"]
+
+
+def run_shell(
+    url: str,
+    api_key: str | None,
+    model: str,
+    is_failed: Callable[[], bool] = lambda: False,
+    *,
+    temperature: float = 0.7,
+    max_tokens: int = 512,
+    system: str | None = None,
+    stdin: TextIO | None = None,
+    stdout: TextIO | None = None,
+) -> int:
+    stdin = stdin or sys.stdin
+    out = stdout or sys.stdout
+    interactive = stdin.isatty()
+    start = [{"role": "system", "content": system}] if system else []
+    history = list(start)
+    if interactive:
+        try:
+            import readline  # noqa: F401 - line editing and history for input()
+        except ImportError:
+            pass
+        print(HELP, file=out)
+    while not is_failed():
+        try:
+            line = input("you> ") if interactive and stdin is sys.stdin else stdin.readline()
+        except (EOFError, KeyboardInterrupt):
+            break
+        if not interactive and not line:
+            break  # end of the script
+        line = line.strip()
+        if not line:
+            continue
+        if not interactive:
+            print(f"you> {line}", file=out)
+        if line in ("/exit", "/quit"):
+            break
+        if line == "/reset":
+            history = list(start)
+            print("(history cleared)", file=out, flush=True)
+            continue
+        if line.startswith("/"):
+            print(f"unknown command {line}; {HELP}", file=out, flush=True)
+            continue
+        history.append({"role": "user", "content": line})
+        reply = ""
+        print("assistant> ", end="", file=out, flush=True)
+        try:
+            for piece in stream_chat(url, api_key, model, history, temperature, max_tokens):
+                reply += piece
+                print(piece, end="", file=out, flush=True)
+        except KeyboardInterrupt:
+            print(" [stopped]", end="", file=out)
+        except ShellError as exc:
+            print(f"\nerror: {exc}", file=out, flush=True)
+            history.pop()
+            continue
+        print(file=out, flush=True)
+        history.append({"role": "assistant", "content": reply})
+    return 1 if is_failed() else 0

@@ -1,0 +1,107 @@
+"""Bad input gets an OpenAI-style 4xx naming the problem, and the server keeps serving."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+USER = [{"role": "user", "content": "hi"}]
+LONG = "word " * 2500  # well over the 2048-token context
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+CASES = [
+    # (path, body or raw text, status, param the error names, words the message contains)
+    (CHAT, '{"messages": [', 400, None, "malformed JSON"),
+    (CHAT, "[1, 2]", 400, None, ""),
+    (CHAT, {"messages": []}, 400, "messages", ""),
+    (CHAT, {}, 400, "messages", ""),
+    (CHAT, {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0.role", "unknown role"),
+    (CHAT, {"messages": [{"role": "user", "content": LONG}]}, 400, "messages", "context length"),
+    (CHAT, {"messages": USER, "max_tokens": 0}, 400, "max_tokens", "max_tokens"),
+    (CHAT, {"messages": USER, "max_completion_tokens": -3}, 400, "max_completion_tokens", ""),
+    (CHAT, {"messages": USER, "max_tokens": 100000}, 400, "max_tokens", "context length"),
+    (CHAT, {"messages": USER, "temperature": -1}, 400, "temperature", "temperature"),
+    (CHAT, {"messages": USER, "top_p": 1.5}, 400, "top_p", ""),
+    (CHAT, {"messages": USER, "top_k": -7}, 400, "top_k", ""),
+    (CHAT, {"messages": USER, "min_p": 2}, 400, "min_p", ""),
+    (CHAT, {"messages": USER, "presence_penalty": 3}, 400, "presence_penalty", ""),
+    (CHAT, {"messages": USER, "frequency_penalty": -2.5}, 400, "frequency_penalty", ""),
+    (CHAT, {"messages": USER, "n": 0}, 400, "n", ""),
+    (CHAT, {"messages": USER, "logprobs": True, "top_logprobs": 50}, 400, "top_logprobs", ""),
+    (CHAT, {"messages": USER, "top_logprobs": 2}, 400, None, "requires logprobs"),
+    (CHAT, {"messages": USER, "tools": [{"type": "function"}]}, 400, "tools", "unsupported"),
+    (CHAT, {"messages": USER, "logit_bias": {"5": 1}}, 400, "logit_bias", "unsupported"),
+    (
+        CHAT,
+        {"messages": USER, "response_format": {"type": "json_object"}},
+        400,
+        "response_format",
+        "unsupported",
+    ),
+    (CHAT, {"messages": USER, "model": "gpt-4"}, 404, "model", "does not exist"),
+    (COMPLETIONS, {"prompt": []}, 400, "prompt", ""),
+    (COMPLETIONS, {"prompt": "hi", "echo": True}, 400, "echo", "unsupported"),
+    (COMPLETIONS, {"prompt": [5, 99999]}, 400, "prompt", "token ids"),
+    (COMPLETIONS, {"prompt": LONG}, 400, "prompt", "context length"),
+    (COMPLETIONS, {"prompt": "hi", "logprobs": 21}, 400, "logprobs", ""),
+    (
+        "/generate",
+        {"text": "hi", "sampling_params": {"max_new_tokens": 0}},
+        400,
+        "sampling_params.max_new_tokens",
+        "",
+    ),
+    (
+        "/generate",
+        {"text": "hi", "sampling_params": {"beam_width": 4}},
+        400,
+        "sampling_params.beam_width",
+        "",
+    ),
+    ("/generate", {"sampling_params": {}}, 400, None, "exactly one"),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "param", "words"),
+    CASES,
+    ids=[f"{i}-{c[0].rsplit('/', 1)[-1]}" for i, c in enumerate(CASES)],
+)
+def test_bad_input_is_rejected_and_server_stays_healthy(server, auth, path, body, status, param, words):
+    url = f"{server.url}{path}"
+    if isinstance(body, str):
+        resp = httpx.post(url, content=body, headers={**auth, "Content-Type": "application/json"})
+    else:
+        resp = httpx.post(url, json=body, headers=auth)
+    assert resp.status_code == status, resp.text
+    error = resp.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == ("invalid_request_error" if status == 400 else "not_found_error")
+    assert error["param"] == param, error
+    assert words.lower() in error["message"].lower(), error
+    # the next good request still succeeds
+    good = httpx.post(
+        f"{server.url}{CHAT}", headers=auth, json={"messages": USER, "max_tokens": 2, "temperature": 0}
+    )
+    assert good.status_code == 200 and good.json()["usage"]["completion_tokens"] == 2
+
+
+def test_null_fields_mean_not_set(server, auth):
+    body = {
+        "messages": USER,
+        "max_tokens": 3,
+        "temperature": None,
+        "tools": None,
+        "logit_bias": None,
+        "user": "u1",
+    }
+    resp = httpx.post(f"{server.url}{CHAT}", json=body, headers=auth)
+    assert resp.status_code == 200, resp.text
+
+
+def test_rejections_are_counted(server, auth, read_metrics):
+    before = read_metrics()["minisgl_requests_rejected_total"]
+    httpx.post(f"{server.url}{COMPLETIONS}", json={"prompt": LONG}, headers=auth)
+    assert read_metrics()["minisgl_requests_rejected_total"] == before + 1

@@ -1,0 +1,83 @@
+"""A failing child stops the server with a non-zero exit and the child's error, leaving nothing behind."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import httpx
+
+PLUGIN = """
+from minisgl_core.api import SchedulingPolicy, hookimpl
+
+MINISGL_API = "1.0"
+
+
+class CrashPolicy(SchedulingPolicy):
+    def schedule(self, state):
+        raise RuntimeError("the crash policy exploded on purpose")
+
+
+@hookimpl
+def minisgl_register_policies(register):
+    register("crash", "minisgl_crash_policy:CrashPolicy")
+"""
+
+
+#: importable in the launcher only, as if the plugin were installed on one side and not the other
+LOPSIDED_PLUGIN = """
+import multiprocessing
+
+if multiprocessing.current_process().name != "MainProcess":
+    raise ImportError("not installed in this process")
+MINISGL_API = "1.0"
+"""
+
+
+def install_fake_plugin(root: Path, name: str, source: str) -> dict[str, str]:
+    """A real installed-looking plugin (a dist-info with an entry point); the env that makes it visible."""
+    module = f"minisgl_{name}"
+    (root / f"{module}.py").write_text(source)
+    info = root / f"{module}-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: minisgl-{name}\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text(f"[minisgl.plugins]\n{name} = {module}\n")
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+
+
+def test_scheduler_crash_mid_serving_exits_nonzero(start_server, model_dir, engine_args, tmp_path):
+    env = install_fake_plugin(tmp_path, "crash_policy", PLUGIN)
+    server = start_server(["--model", str(model_dir), "--policy", "crash", *engine_args], env=env)
+    assert "crash_policy 0.1.0" in server.log()  # the banner lists it: every process loaded it
+    children = server.children()
+    try:
+        resp = httpx.post(f"{server.url}/v1/completions", json={"prompt": "hi", "max_tokens": 4}, timeout=30)
+        assert resp.status_code in (500, 503)
+        assert "scheduler 0" in resp.json()["error"]["message"]
+    except httpx.TransportError:
+        pass  # the server may already be going down
+    assert server.wait_exit(30) != 0
+    log = server.log()
+    assert "the scheduler 0 process failed" in log
+    assert "RuntimeError: the crash policy exploded on purpose" in log  # the child's traceback
+    server.assert_all_stopped(children)
+
+
+def test_start_up_failure_exits_nonzero_with_the_error(start_server, model_dir, engine_args):
+    args = [a for a in engine_args if a not in ("--attn", "torch")]
+    server = start_server(["--model", str(model_dir), *args, "--attn", "nonexistent"], wait=False)
+    assert server.wait_exit(120) != 0
+    log = server.log()
+    assert "unknown --attn 'nonexistent'" in log
+    assert "minisgl ready" not in log
+    assert server.socket_dirs() == []
+
+
+def test_a_process_seeing_other_plugins_stops_the_server(start_server, model_dir, engine_args, tmp_path):
+    env = install_fake_plugin(tmp_path, "lopsided", LOPSIDED_PLUGIN)
+    server = start_server(["--model", str(model_dir), *engine_args], env=env, wait=False)
+    assert server.wait_exit(120) != 0
+    log = server.log()
+    assert "sees a different set of plugins than the launcher" in log
+    assert "lopsided 0.1.0 (failed)" in log  # the failing side's view, in the error
+    assert server.socket_dirs() == []

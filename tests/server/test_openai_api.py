@@ -1,0 +1,222 @@
+"""The official openai client against a live server, checked against the offline LLM."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from minisgl_core.sampling import SamplingParams
+from minisgl_core.tokenizer.load import apply_chat_template
+
+MESSAGES = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Tell me about the sea."},
+]
+PROMPT = "The quick brown fox jumps over"
+
+
+def greedy(llm, prompt, max_tokens: int, **kw):
+    return llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=max_tokens, **kw))[0]
+
+
+def test_models_lists_the_served_model(client, model_name):
+    models = client.models.list()
+    assert [m.id for m in models.data] == [model_name]
+
+
+def test_chat_non_stream_matches_offline(client, llm, model_name):
+    resp = client.chat.completions.create(model=model_name, messages=MESSAGES, max_tokens=8, temperature=0)
+    ids = apply_chat_template(llm.tokenizer, MESSAGES)
+    ref = greedy(llm, ids, 8)
+    choice = resp.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.message.content == ref.text
+    assert choice.finish_reason == ref.finish_reason == "length"
+    assert resp.usage.prompt_tokens == len(ids)
+    assert resp.usage.completion_tokens == 8
+    assert resp.usage.total_tokens == len(ids) + 8
+    assert resp.object == "chat.completion" and resp.id.startswith("chatcmpl-")
+
+
+def test_chat_stream_with_usage(client, llm, model_name):
+    stream = client.chat.completions.create(
+        model=model_name,
+        messages=MESSAGES,
+        max_completion_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    ids = apply_chat_template(llm.tokenizer, MESSAGES)
+    ref = greedy(llm, ids, 8)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == ref.text
+    assert chunks[0].choices[0].delta.role == "assistant"
+    reasons = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert reasons == ["length"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 8
+    assert chunks[-1].usage.prompt_tokens == len(ids)
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_completions_stream_and_not(client, llm, model_name):
+    ref = greedy(llm, PROMPT, 10)
+    resp = client.completions.create(model=model_name, prompt=PROMPT, max_tokens=10, temperature=0)
+    assert resp.choices[0].text == ref.text and resp.choices[0].finish_reason == "length"
+    assert resp.usage.prompt_tokens == len(ref.prompt_token_ids) and resp.usage.completion_tokens == 10
+    stream = client.completions.create(
+        model=model_name, prompt=PROMPT, max_tokens=10, temperature=0, stream=True
+    )
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks) == ref.text
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_completions_batch_of_prompts_and_token_ids(client, llm, model_name):
+    prompts = ["Once upon a time", "In a hole in the ground"]
+    resp = client.completions.create(model=model_name, prompt=prompts, max_tokens=5, temperature=0)
+    refs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=5))
+    assert [c.index for c in resp.choices] == [0, 1]
+    assert [c.text for c in resp.choices] == [r.text for r in refs]
+    by_ids = client.completions.create(
+        model=model_name, prompt=refs[1].prompt_token_ids, max_tokens=5, temperature=0
+    )
+    assert by_ids.choices[0].text == refs[1].text
+
+
+def test_default_max_tokens_is_the_rest_of_the_context(client, llm, model_name):
+    prompt = [100 + i % 900 for i in range(2036)]  # 2036 tokens of a 2048-token context
+    resp = client.completions.create(model=model_name, prompt=prompt, temperature=0)
+    assert resp.usage.completion_tokens == 12 and resp.choices[0].finish_reason == "length"
+
+
+def test_n_fans_out(client, model_name):
+    resp = client.chat.completions.create(
+        model=model_name, messages=MESSAGES, max_tokens=6, n=2, temperature=1.0, seed=7
+    )
+    assert sorted(c.index for c in resp.choices) == [0, 1]
+    assert all(c.finish_reason == "length" for c in resp.choices)
+    assert resp.usage.completion_tokens == 12
+    # same seed, same choices
+    again = client.chat.completions.create(
+        model=model_name, messages=MESSAGES, max_tokens=6, n=2, temperature=1.0, seed=7
+    )
+    assert [c.message.content for c in again.choices] == [c.message.content for c in resp.choices]
+    stream = client.completions.create(model=model_name, prompt=PROMPT, max_tokens=4, n=2, stream=True)
+    finished = [c.choices[0].index for c in stream if c.choices[0].finish_reason]
+    assert sorted(finished) == [0, 1]
+
+
+def _stop_string(text: str) -> str:
+    """A 3-letter piece from the middle of the text whose first occurrence is there."""
+    for k in range(len(text) // 3, len(text) - 3):
+        piece = text[k : k + 3]
+        if piece.isascii() and piece.isalpha() and text.find(piece) == k:
+            return piece
+    pytest.skip("no usable stop string in the reference output")
+
+
+def test_stop_strings(client, llm, model_name):
+    full = greedy(llm, PROMPT, 24).text
+    stop = _stop_string(full)
+    expected = full[: full.find(stop)]
+    resp = client.completions.create(
+        model=model_name, prompt=PROMPT, max_tokens=24, temperature=0, stop=[stop]
+    )
+    assert resp.choices[0].text == expected
+    assert resp.choices[0].finish_reason == "stop"
+    stream = client.completions.create(
+        model=model_name, prompt=PROMPT, max_tokens=24, temperature=0, stop=stop, stream=True
+    )
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks) == expected
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_stop_token_ids_finish_with_stop(client, llm, model_name):
+    ref = greedy(llm, PROMPT, 8)
+    stop_id = ref.token_ids[3]
+    first = ref.token_ids.index(stop_id)
+    resp = client.completions.create(
+        model=model_name, prompt=PROMPT, max_tokens=8, temperature=0, extra_body={"stop_token_ids": [stop_id]}
+    )
+    assert resp.choices[0].finish_reason == "stop"
+    assert resp.usage.completion_tokens == first + 1
+    assert resp.choices[0].text == llm.tokenizer.decode(ref.token_ids[:first])
+
+
+def test_chat_logprobs(client, llm, model_name):
+    resp = client.chat.completions.create(
+        model=model_name, messages=MESSAGES, max_tokens=5, temperature=0, logprobs=True, top_logprobs=3
+    )
+    ref = greedy(llm, apply_chat_template(llm.tokenizer, MESSAGES), 5, logprobs=3)
+    content = resp.choices[0].logprobs.content
+    assert len(content) == 5
+    for got, want in zip(content, ref.logprobs, strict=True):
+        assert got.logprob == pytest.approx(want.logprob, abs=1e-4)
+        assert len(got.top_logprobs) == 3
+        assert got.top_logprobs[0].logprob == pytest.approx(got.logprob, abs=1e-5)  # greedy picks the best
+        assert got.token == llm.tokenizer.decode([want.token_id], skip_special_tokens=False)
+        assert got.bytes == list(got.token.encode())
+    stream = client.chat.completions.create(
+        model=model_name, messages=MESSAGES, max_tokens=5, temperature=0, logprobs=True, stream=True
+    )
+    streamed = [
+        e for c in stream if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content
+    ]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content], abs=1e-5)
+
+
+def test_completion_logprobs(client, model_name):
+    resp = client.completions.create(model=model_name, prompt=PROMPT, max_tokens=4, temperature=0, logprobs=2)
+    lp = resp.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
+    assert all(
+        len(top) <= 2 and max(top.values()) == pytest.approx(v, abs=1e-5)
+        for top, v in zip(lp.top_logprobs, lp.token_logprobs, strict=True)
+    )
+    assert lp.text_offset[0] == 0 and "".join(lp.tokens).startswith(resp.choices[0].text[:1])
+
+
+def test_native_generate(server, llm, auth):
+    ref = greedy(llm, PROMPT, 6)
+    headers = auth
+    body = {"text": PROMPT, "sampling_params": {"max_new_tokens": 6, "temperature": 0}}
+    out = httpx.post(f"{server.url}/generate", json=body, headers=headers).json()
+    assert out["text"] == ref.text and out["output_ids"] == ref.token_ids
+    assert out["meta_info"]["finish_reason"]["type"] == "length"
+    assert out["meta_info"]["prompt_tokens"] == len(ref.prompt_token_ids)
+    by_ids = httpx.post(
+        f"{server.url}/generate",
+        headers=headers,
+        json={"input_ids": ref.prompt_token_ids, "sampling_params": body["sampling_params"]},
+    ).json()
+    assert by_ids["output_ids"] == ref.token_ids
+    with httpx.stream(
+        "POST", f"{server.url}/generate", json={**body, "stream": True}, headers=headers
+    ) as resp:
+        events = [line.removeprefix("data: ") for line in resp.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    last = json.loads(events[-2])
+    assert last["text"] == ref.text and last["output_ids"] == ref.token_ids
+
+
+def test_api_key_protects_all_but_health(server):
+    assert httpx.get(f"{server.url}/health").status_code == 200
+    for method, path in [
+        ("GET", "/v1/models"),
+        ("GET", "/metrics"),
+        ("POST", "/v1/completions"),
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/generate"),
+    ]:
+        resp = httpx.request(method, f"{server.url}{path}", json={})
+        assert resp.status_code == 401, path
+        assert resp.json()["error"]["code"] == "invalid_api_key"
+        wrong = httpx.request(
+            method, f"{server.url}{path}", json={}, headers={"Authorization": "Bearer nope"}
+        )
+        assert wrong.status_code == 401, path
