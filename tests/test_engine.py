@@ -102,3 +102,18 @@ def assert_no_leak(llm: LLM) -> None:
     held = kv.allocator.num_pages - kv.allocator.free_pages
     assert held * kv.page_size == size.evictable
     assert len(set(kv.allocator._free)) == kv.allocator.free_pages  # no page freed twice
+
+
+def test_prompt_is_shared_while_its_request_still_decodes(model_dir):
+    shared = list(range(100, 164))
+    first, second = shared + [7, 8, 9, 10, 11, 12], shared + [20, 21, 22, 23, 24]
+    alone = make_llm(model_dir, cache="naive")
+    expected = [alone.generate([p], GREEDY)[0].token_ids for p in (first, second)]
+    # a 70-token budget prefills `first` alone in step one; `second` is admitted in step two,
+    # while `first` is decoding (it finishes only after 12 tokens)
+    llm = make_llm(model_dir, cache="radix", max_prefill_tokens=70)
+    outs = llm.generate([first, second], GREEDY)
+    assert [o.token_ids for o in outs] == expected
+    assert llm.engine.stats()["cached_prompt_tokens"] == len(shared)
+    assert_no_leak(llm)
+    llm.engine.scheduler.kv.cache.check_integrity()

@@ -104,6 +104,28 @@ class KVManager:
         own = (torch.tensor(req.pages, dtype=torch.int64)[:, None] * self.page_size + self._offsets).flatten()
         return torch.cat([req.prefix_slots, own])[:end]
 
+    # ------------------------------------------------------------ sharing a prompt early
+
+    def cache_prompt(self, req: Request, page_table: torch.Tensor) -> None:
+        """Offer a just-prefilled prompt to the cache, so requests sharing it hit while this one
+        still decodes. The request then reads the cached copy: its lock moves to the new entry,
+        its page-table row points at the cache's slots, and its pages the cache did not keep
+        (positions another request cached first) are freed."""
+        if "prefix_reuse" not in self.cache.capabilities:
+            return
+        aligned = req.prompt_len // self.page_size * self.page_size
+        if aligned <= req.prefix_len:
+            return
+        tokens = req.prompt_ids[:aligned]
+        self.allocator.free_slots(self.cache.insert_prefix(tokens, self.slots_of(req, aligned)))
+        match = self.cache.match_prefix(tokens)
+        self.cache.lock(match.handle)
+        self.cache.unlock(req.prefix_handle)
+        cached = len(match.slots)
+        page_table[req.row, :cached] = match.slots.to(page_table.device, torch.int32)
+        req.pages = req.pages[(cached - req.prefix_len) // self.page_size :]
+        req.prefix_handle, req.prefix_slots, req.prefix_len = match.handle, match.slots, cached
+
     # ------------------------------------------------------------ release
 
     def release(self, req: Request) -> None:

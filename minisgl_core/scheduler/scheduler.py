@@ -160,6 +160,7 @@ class Scheduler:
             req.num_computed = seq_len
             if seq_len == req.prompt_len:
                 self.running[req.rid] = self.waiting.pop(req.rid)
+                self.kv.cache_prompt(req, self.page_table)
         return ScheduledBatch(batch, reqs, chunks, sampled)
 
     def _build_decode(self, plan: DecodePlan) -> ScheduledBatch:
