@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from minisgl_core.api import ParallelContext
+from minisgl_core.api import ParallelContext, ProcessContext
 from minisgl_core.engine.config import EngineConfig
 from minisgl_core.engine.engine import Engine
+from minisgl_core.plugins import Plugins
 from minisgl_core.sampling import SamplingParams, TokenLogprob
 from minisgl_core.tokenizer.detokenize import final_text
 
@@ -68,9 +69,28 @@ class LLM:
             device=device,
             **engine_options,
         )
-        self.engine = Engine(self.config, ParallelContext())
+        plugins = Plugins.load()
+        self._context = ProcessContext(role="offline", options=dict(engine_options))
+        plugins.call_hook("minisgl_process_start", ctx=self._context)
+        self.engine = Engine(self.config, ParallelContext(), plugins)
         self.tokenizer = self.engine.tokenizer
         self._rids = itertools.count()
+        self._closed = False
+
+    def close(self) -> None:
+X
+        if not self._closed:
+            self._closed = True
+            try:
+                self.engine.plugins.call_hook("minisgl_process_stop", ctx=self._context)
+            except Exception:  # noqa: BLE001 - stop hooks log, never raise
+                logger.exception("a plugin's minisgl_process_stop hook failed")
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):

@@ -114,8 +114,18 @@ class ModelRunner:
                 model = model_cls(model_config)
         finally:
             torch.set_default_dtype(default_dtype)
-        used = model.load_weights(iter_checkpoint(model_dir))
-        logger.debug("loaded %d checkpoint tensors", len(used))
+        seen: list[str] = []
+
+        def tracked():
+            for name, tensor in iter_checkpoint(model_dir):
+                seen.append(name)
+                yield name, tensor
+
+        used = model.load_weights(tracked())
+        unused = sorted(set(seen) - set(used))
+        if unused:
+            shown = ", ".join(unused[:8]) + (f" and {len(unused) - 8} more" if len(unused) > 8 else "")
+            logger.warning("%s did not use %d checkpoint tensors: %s", arch, len(unused), shown)
         return model.eval()
 
     def _num_kv_pages(self, num_layers: int, num_kv_heads: int, head_dim: int) -> int:
