@@ -13,7 +13,7 @@ from minisgl_core.api import ParallelContext, ProcessContext
 from minisgl_core.engine.config import EngineConfig
 from minisgl_core.engine.engine import Engine
 from minisgl_core.plugins import Plugins
-from minisgl_core.sampling import SamplingParams, TokenLogprob
+from minisgl_core.sampling import SamplingParams, TokenLogprob, sampling_defaults
 from minisgl_core.tokenizer.detokenize import final_text
 
 logger = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ class LLM:
         self._closed = False
 
     def close(self) -> None:
-X
+        """Run the plugins' ``minisgl_process_stop`` hooks; ``with LLM(...) as llm:`` calls it for you."""
         if not self._closed:
             self._closed = True
             try:
@@ -109,8 +109,8 @@ X
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         prompts = list(prompts)
-        if sampling_params is None:
-            sampling_params = SamplingParams()
+        if sampling_params is None:  # the model's own defaults (generation_config.json), if any
+            sampling_params = SamplingParams(**sampling_defaults(self.engine.generation_config))
         params = (
             [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) else list(sampling_params)
         )

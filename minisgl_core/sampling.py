@@ -78,6 +78,16 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+#: generation_config.json keys that become a request's defaults when the request leaves them unset
+GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p")
+
+
+def sampling_defaults(generation_config: dict) -> dict:
+    """The model's own sampling defaults (from ``generation_config.json``), as vLLM applies them:
+    a request's unset field takes the model's value, an explicit one always wins."""
+    return {k: generation_config[k] for k in GENERATION_DEFAULTS if generation_config.get(k) is not None}
+
+
 class TokenLogprob(NamedTuple):
     token_id: int
     logprob: float

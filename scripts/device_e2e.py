@@ -109,7 +109,7 @@ def main() -> int:
                              "seconds": round(seconds, 2), "_ids": ids}  # fmt: skip
             ok &= first_ok and lp_diff < 0.05
         floor = results.get("torch_bf16", {}).get("mean_match_fraction", 1.0) - 0.1
-        for name, r in results.items():
+        for r in results.values():
             if "error" not in r:
                 r["agreement_ok"] = r["mean_match_fraction"] >= floor
                 ok &= r["agreement_ok"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from minisgl_core.plugins import Plugins, PluginError, api_compatible
+from minisgl_core.plugins import PluginError, Plugins, api_compatible
 
 # name -> module source; each becomes an entry point of one of two test distributions
 GOOD = """

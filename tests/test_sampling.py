@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from minisgl_core import LLM, SamplingParams
-from minisgl_core.engine.sampler import SampleRequest, Sampler
+from minisgl_core.engine.sampler import Sampler, SampleRequest
 from minisgl_core.testing.factories import make_model_dir
 
 
@@ -146,3 +146,33 @@ def test_stop_strings_end_generation_and_are_trimmed(llm):
     assert out.finish_reason == "stop" and out.matched_stop == stop
     assert out.text == text[: text.index(stop)]
     assert len(out.token_ids) < len(base.token_ids)
+
+
+def test_generation_config_supplies_defaults_for_unset_fields(tmp_path):
+    import json
+
+    from minisgl_core.sampling import sampling_defaults
+    from minisgl_core.tokenizer.worker import Admitter
+
+    d = make_model_dir(tmp_path / "m", "LlamaForCausalLM")
+    gen = json.loads((d / "generation_config.json").read_text())
+    gen |= {"temperature": 0.0, "top_k": 7}
+    (d / "generation_config.json").write_text(json.dumps(gen))
+    llm = LLM(d, attn="torch", device="cpu", dtype="float32")
+    assert sampling_defaults(llm.engine.generation_config) == {"temperature": 0.0, "top_k": 7}
+    # no SamplingParams: the model's greedy default applies, so two runs agree
+    a, b = (llm.generate(["the cat sat"])[0].token_ids for _ in range(2))
+    assert a == b and len(a) == SamplingParams().max_tokens
+    # the server's admission: unset fields take the model's values, explicit ones win
+    from minisgl_core.messages import Limits, TokenizeRequest  # noqa: F401 - the request type it admits
+
+    admitter = Admitter(llm.tokenizer, Limits(512, 4096, 1024), sampling_defaults(llm.engine.generation_config))
+
+    class Req:
+        messages, text, input_ids, max_tokens_field = None, None, [5, 6, 7], "max_tokens"
+        params = {"temperature": None, "top_p": 0.5, "max_tokens": 4}
+
+    _, sampling = admitter.admit(Req)
+    assert (sampling.temperature, sampling.top_k, sampling.top_p) == (0.0, 7, 0.5)
+    Req.params = {"temperature": 0.9, "max_tokens": 4}
+    assert admitter.admit(Req)[1].temperature == 0.9

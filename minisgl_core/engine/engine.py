@@ -16,7 +16,7 @@ from minisgl_core.api import ParallelContext
 from minisgl_core.engine.config import EngineConfig
 from minisgl_core.engine.loader import load_generation_config
 from minisgl_core.engine.runner import ModelRunner
-from minisgl_core.engine.sampler import SampleRequest, SampleResult, Sampler, to_device
+from minisgl_core.engine.sampler import Sampler, SampleRequest, SampleResult, to_device
 from minisgl_core.plugins import Plugins
 from minisgl_core.sampling import SamplingParams, StepOutput
 from minisgl_core.scheduler.request import Request

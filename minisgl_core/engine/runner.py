@@ -7,7 +7,14 @@ from pathlib import Path
 
 import torch
 
-from minisgl_core.api import AttentionBackend, AttentionConfig, ForwardBatch, KVCache, ModelConfig, ParallelContext
+from minisgl_core.api import (
+    AttentionBackend,
+    AttentionConfig,
+    ForwardBatch,
+    KVCache,
+    ModelConfig,
+    ParallelContext,
+)
 from minisgl_core.engine.config import EngineConfig
 from minisgl_core.engine.loader import iter_checkpoint, load_hf_config
 from minisgl_core.plugins import PluginError, Plugins

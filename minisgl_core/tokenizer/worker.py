@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
 import zmq
 
 from minisgl_core.engine.engine import check_request_fits
+from minisgl_core.engine.loader import load_generation_config
 from minisgl_core.messages import (
     AbortRequest,
     Admission,
@@ -30,7 +32,7 @@ from minisgl_core.messages import (
     TokenizeRequest,
 )
 from minisgl_core.plugins import Plugins
-from minisgl_core.sampling import SamplingParams
+from minisgl_core.sampling import SamplingParams, sampling_defaults
 from minisgl_core.server.child import ChildSpec, ReportReady
 from minisgl_core.server.ipc import bind_pull, connect_push, recv, send
 from minisgl_core.tokenizer.detokenize import IncrementalDetokenizer
@@ -51,9 +53,11 @@ class RequestRejected(ValueError):
 class Admitter:
     """Tokenizes one request and decides its max_tokens, or says precisely why it cannot run."""
 
-    def __init__(self, tokenizer: Any, limits: Limits) -> None:
+    def __init__(self, tokenizer: Any, limits: Limits, defaults: dict[str, Any] | None = None) -> None:
         self.tokenizer = tokenizer
         self.limits = limits
+        #: the model's sampling defaults (generation_config.json) for fields a request leaves unset
+        self.defaults = defaults or {}
 
     def prompt_ids(self, req: TokenizeRequest) -> list[int]:
         if req.messages is not None:
@@ -69,6 +73,9 @@ class Admitter:
         except Exception as exc:  # noqa: BLE001 - a template or tokenizer error is the request's problem
             raise RequestRejected(f"could not tokenize the prompt: {exc}", prompt_field) from exc
         params = dict(req.params)
+        for key, value in self.defaults.items():
+            if params.get(key) is None:
+                params[key] = value
         room = min(self.limits.max_context_len, self.limits.kv_capacity_tokens) - len(ids)
         if params.get("max_tokens") is None:
             if room < 1:
@@ -111,7 +118,8 @@ def tokenizer_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_r
         return
     if not isinstance(limits, Limits):
         raise RuntimeError(f"tokenizer expected Limits first, got {type(limits).__name__}")
-    admitter = Admitter(tokenizer, limits)
+    defaults = sampling_defaults(load_generation_config(Path(spec.payload["model"])))
+    admitter = Admitter(tokenizer, limits, defaults)
     report_ready({})
     while True:
         msg = recv(inbox)
