@@ -146,6 +146,8 @@ class LLM:
                         bar.update(1)
         if bar is not None:
             bar.close()
+        while self.engine.has_work:  # with overlap, one step launched after the last finish
+            self.engine.step()
         return list(outputs.values())
 
     @staticmethod
