@@ -98,7 +98,7 @@ def assert_no_leak(llm: LLM) -> None:
     assert not llm.engine.has_work
     size = kv.cache.size_info()
     assert size.protected == 0
-    assert kv.reserved_pages == 0
+    assert not kv.admitted
     held = kv.allocator.num_pages - kv.allocator.free_pages
     assert held * kv.page_size == size.evictable
     assert len(set(kv.allocator._free)) == kv.allocator.free_pages  # no page freed twice
@@ -115,5 +115,22 @@ def test_prompt_is_shared_while_its_request_still_decodes(model_dir):
     outs = llm.generate([first, second], GREEDY)
     assert [o.token_ids for o in outs] == expected
     assert llm.engine.stats()["cached_prompt_tokens"] == len(shared)
+    assert_no_leak(llm)
+    llm.engine.scheduler.kv.cache.check_integrity()
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_retraction_when_decode_outgrows_the_pool(model_dir, page_size):
+    rng = random.Random(3)
+    prompts = [[rng.randrange(5, 1000) for _ in range(30)] for _ in range(6)]
+    params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
+    alone = make_llm(model_dir, cache="naive")
+    expected = [alone.generate([p], params)[0].token_ids for p in prompts]
+    # 90 tokens per request and room for 256: admission expects only part of max_tokens, so
+    # three start together, outgrow the pool, and the newest is retracted and resumed later
+    llm = make_llm(model_dir, cache="radix", num_kv_tokens=256, page_size=page_size)
+    outs = llm.generate(prompts, params)
+    assert [o.token_ids for o in outs] == expected
+    assert llm.engine.stats()["retractions"] >= 1
     assert_no_leak(llm)
     llm.engine.scheduler.kv.cache.check_integrity()

@@ -6,6 +6,8 @@ budget is cut back to fit (and logged), never trusted.
 
 from __future__ import annotations
 
+import math
+
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,10 +33,19 @@ class RequestView(NamedTuple):
 class Budgets(NamedTuple):
     #: most new tokens one prefill step may process (``max_prefill_tokens``)
     prefill_tokens: int
-    #: KV tokens that can still be promised (free + evictable - reserved for running requests)
+    #: KV tokens that can still be promised (free + evictable - expected growth of admitted requests)
     free_kv_tokens: int
     #: request rows free in the page table
     free_request_slots: int
+    #: share of a request's remaining ``max_new_tokens`` the core expects to need KV for. The core
+    #: lowers it while requests finish early and raises it after it had to retract one.
+    #: (versionadded 1.1)
+    output_reserve_ratio: float = 1.0
+
+    def kv_to_admit(self, request: RequestView, cached_prefix_len: int) -> int:
+        """KV tokens admitting ``request`` takes out of ``free_kv_tokens`` (versionadded 1.1)."""
+        expected_output = math.ceil(self.output_reserve_ratio * request.max_new_tokens)
+        return request.remaining_prefill - cached_prefix_len + expected_output
 
 
 @dataclass(frozen=True)
@@ -64,6 +75,8 @@ class SchedulingPolicy(ABC):
 
         Rules the core enforces: a prefill chunk's tokens count against ``prefill_tokens``;
         admitting a waiting request with ``num_computed == 0`` needs a free request slot and
-        KV for ``remaining_prefill + max_new_tokens`` out of ``free_kv_tokens`` (the cached
-        prefix does not count). A decode plan names running requests only.
+        ``budgets.kv_to_admit(request, cached_prefix_len)`` KV tokens out of ``free_kv_tokens``
+        (the cached prefix does not count). A decode plan names running requests only. When
+        decode runs out of KV the core retracts running requests (newest first): they return to
+        ``waiting`` with their output so far as part of the prompt.
         """

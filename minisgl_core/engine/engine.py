@@ -135,6 +135,7 @@ class Engine:
             "cache_protected_tokens": cache.protected,
             "prompt_tokens": kv.prompt_tokens,
             "cached_prompt_tokens": kv.cached_tokens,
+            "retractions": kv.retractions,
         }
 
     # ------------------------------------------------------------------ requests

@@ -1,12 +1,17 @@
 """KV accounting: admission against free + evictable memory, page allocation, release into the cache.
 
-A request is admitted only when the pool can hold its whole future (remaining prompt plus
-``max_tokens``), counting pages promised to running requests as taken; so a running request
-never waits for memory and nothing accepted is ever dropped. Pages are allocated lazily, and
-unlocked cache entries are evicted (LRU) only when the free list runs short.
+A request is admitted when the pool can hold its remaining prompt plus an expected share
+(``output_reserve_ratio``) of its remaining ``max_tokens``, counting the expected growth of every
+admitted request as taken. The ratio falls while requests finish early and jumps back up when
+decode runs out of pages, in which case the scheduler retracts the newest running request: its
+KV goes to the prefix cache and it later resumes from there, so nothing accepted is dropped.
+Pages are allocated lazily; unlocked cache entries are evicted (LRU) only when the free list
+runs short.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -19,12 +24,19 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+#: output_reserve_ratio: where it starts, its floor, how much each decode step lowers it
+RESERVE_INITIAL, RESERVE_MIN, RESERVE_DECAY = 0.7, 0.2, 0.002
+
+
 class KVManager:
     def __init__(self, allocator: PageAllocator, cache: CacheManager, page_size: int) -> None:
         self.allocator = allocator
         self.cache = cache
         self.page_size = page_size
-        self.reserved_pages = 0
+        self.reserve_ratio = RESERVE_INITIAL
+        #: requests holding a page-table row, by rid
+        self.admitted: dict[int, Request] = {}
+        self.retractions = 0
         #: prompt tokens admitted, and how many of them came from the prefix cache
         self.prompt_tokens = 0
         self.cached_tokens = 0
@@ -32,14 +44,33 @@ class KVManager:
 
     # ------------------------------------------------------------ accounting
 
+    def expected_final_len(self, req: Request) -> int:
+        """Tokens the request is expected to reach: what it has plus a share of what it may still add."""
+        produced = req.prompt_len + len(req.output_ids)
+        return max(produced + math.ceil(self.reserve_ratio * req.remaining_output), req.fill_len + 1)
+
+    def future_pages(self, req: Request) -> int:
+        held = req.prefix_len // self.page_size + len(req.pages)
+        return max(0, ceil_div(self.expected_final_len(req), self.page_size) - held)
+
     def available_pages(self) -> int:
         """Pages a new request may still be promised."""
         evictable = self.cache.size_info().evictable // self.page_size
-        return self.allocator.free_pages + evictable - self.reserved_pages
+        growth = sum(self.future_pages(r) for r in self.admitted.values())
+        return self.allocator.free_pages + evictable - growth
 
-    def pages_needed(self, req: Request, prefix_len: int) -> int:
-        final_len = req.prompt_len + req.params.max_tokens
-        return ceil_div(final_len, self.page_size) - prefix_len // self.page_size
+    def obtainable_pages(self) -> int:
+        """Pages allocate() can get right now (free, then by evicting unlocked cache entries)."""
+        return self.allocator.free_pages + self.cache.size_info().evictable // self.page_size
+
+    def decayed(self) -> None:
+        """One decode step went by: expect a little less output from everyone."""
+        self.reserve_ratio = max(RESERVE_MIN, self.reserve_ratio - RESERVE_DECAY)
+
+    def retracted(self) -> None:
+        """Decode ran out of pages: reserve for all of max_tokens again until requests prove otherwise."""
+        self.reserve_ratio = 1.0
+        self.retractions += 1
 
     def used_tokens(self) -> int:
         """KV tokens not free: held by running requests or by the cache."""
@@ -55,11 +86,11 @@ class KVManager:
     # ------------------------------------------------------------ admission
 
     def admit(self, req: Request) -> bool:
-        """Match and lock the cached prefix and promise the rest of the request's pages."""
-        match = self.cache.match_prefix(req.prompt_ids)
+        """Match and lock the cached prefix if the request's expected KV fits."""
+        match = self.cache.match_prefix(req.fill_ids)
         self.cache.lock(match.handle)
-        prefix_len = self._usable_prefix(len(match.slots), req.prompt_len)
-        need = self.pages_needed(req, prefix_len)
+        prefix_len = self._usable_prefix(len(match.slots), req.fill_len)
+        need = ceil_div(self.expected_final_len(req), self.page_size) - prefix_len // self.page_size
         if need > self.available_pages():
             self.cache.unlock(match.handle)
             return False
@@ -67,32 +98,33 @@ class KVManager:
         req.prefix_slots = match.slots[:prefix_len]
         req.prefix_len = prefix_len
         req.num_computed = prefix_len
-        req.reserved_pages = need
-        self.reserved_pages += need
-        self.prompt_tokens += req.prompt_len
+        self.admitted[req.rid] = req
+        self.prompt_tokens += req.fill_len
         self.cached_tokens += prefix_len
         return True
 
     # ------------------------------------------------------------ allocation
 
-    def allocate(self, req: Request, end: int) -> list[int]:
-        """Slots for positions [req.num_computed, end), allocating pages as needed.
+    def pages_to_reach(self, req: Request, end: int) -> int:
+        have = req.prefix_len + len(req.pages) * self.page_size
+        return ceil_div(end - have, self.page_size) if end > have else 0
+
+    def allocate(self, req: Request, end: int) -> list[int] | None:
+        """Slots for positions [req.num_computed, end), allocating pages as needed; None (and
+        nothing allocated) when the pool cannot supply them even after evicting the cache.
 
         Plain Python ints: this runs for every request of every decode step, where building
         tiny tensors would cost more than the arithmetic."""
         start = req.num_computed
         page_size = self.page_size
-        have = req.prefix_len + len(req.pages) * page_size
-        if end > have:
-            n = ceil_div(end - have, page_size)
-            if n > req.reserved_pages:
-                raise RuntimeError(f"request {req.rid} outgrew its KV reservation")
+        n = self.pages_to_reach(req, end)
+        if n:
             short = n - self.allocator.free_pages
             if short > 0:
                 self.allocator.free_slots(self.cache.evict(short * page_size))
+            if n > self.allocator.free_pages:
+                return None
             req.pages.extend(self.allocator.alloc(n))
-            req.reserved_pages -= n
-            self.reserved_pages -= n
         base, pages = req.prefix_len, req.pages
         if end - start == 1:
             own = start - base
@@ -113,10 +145,10 @@ class KVManager:
         (positions another request cached first) are freed."""
         if "prefix_reuse" not in self.cache.capabilities:
             return
-        aligned = req.prompt_len // self.page_size * self.page_size
+        aligned = req.fill_len // self.page_size * self.page_size
         if aligned <= req.prefix_len:
             return
-        tokens = req.prompt_ids[:aligned]
+        tokens = req.fill_ids[:aligned]
         self.allocator.free_slots(self.cache.insert_prefix(tokens, self.slots_of(req, aligned)))
         match = self.cache.match_prefix(tokens)
         self.cache.lock(match.handle)
@@ -142,7 +174,8 @@ class KVManager:
         tail_pages = req.pages[(max(aligned, req.prefix_len) - req.prefix_len) // self.page_size :]
         self.allocator.free_pages_list(tail_pages)
         self.cache.unlock(req.prefix_handle)
-        self.reserved_pages -= req.reserved_pages
-        req.reserved_pages = 0
+        self.admitted.pop(req.rid, None)
         req.pages = []
         req.prefix_handle = None
+        req.prefix_slots = req.prefix_slots[:0]
+        req.prefix_len = 0

@@ -28,15 +28,29 @@ class Request:
     pages: list[int] = field(default_factory=list)
     #: tokens whose KV is in the pool (prefix + prefilled chunks + decoded tokens)
     num_computed: int = 0
-    #: pages promised at admission and not allocated yet
-    reserved_pages: int = 0
     generator: torch.Generator | None = None
     #: per-request stop-string window, in tokens
     stop_window: int = 0
 
+    #: tokens whose KV must exist before the next token is sampled: the prompt, and after a
+    #: retraction the prompt plus the output so far (recomputed, mostly from the prefix cache)
+    fill_ids: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.fill_ids:
+            self.fill_ids = self.prompt_ids
+
     @property
     def prompt_len(self) -> int:
         return len(self.prompt_ids)
+
+    @property
+    def fill_len(self) -> int:
+        return len(self.fill_ids)
+
+    @property
+    def remaining_output(self) -> int:
+        return self.params.max_tokens - len(self.output_ids)
 
     @property
     def admitted(self) -> bool:
@@ -44,7 +58,7 @@ class Request:
 
     @property
     def prefilled(self) -> bool:
-        return self.num_computed >= self.prompt_len
+        return self.num_computed >= self.fill_len
 
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
@@ -53,8 +67,8 @@ class Request:
         return RequestView(
             rid=self.rid,
             arrival=self.arrival,
-            prompt_len=self.prompt_len,
+            prompt_len=self.fill_len,
             num_computed=self.num_computed,
             output_len=len(self.output_ids),
-            max_new_tokens=self.params.max_tokens,
+            max_new_tokens=self.remaining_output,
         )

@@ -103,12 +103,13 @@ class Scheduler:
             prefill_tokens=self.max_prefill_tokens,
             free_kv_tokens=self.kv.available_pages() * self.kv.page_size,
             free_request_slots=self.rows.free,
+            output_reserve_ratio=self.kv.reserve_ratio,
         )
         return SchedulerState(
             waiting=[r.view() for r in self.waiting.values()],
             running=[r.view() for r in self.running.values()],
             budgets=budgets,
-            cached_prefix_len=lambda rid: self.kv.cached_prefix_len(self.waiting[rid].prompt_ids),
+            cached_prefix_len=lambda rid: self.kv.cached_prefix_len(self.waiting[rid].fill_ids),
         )
 
     def schedule(self) -> ScheduledBatch | None:
@@ -134,23 +135,29 @@ class Scheduler:
             if req is None or req in reqs or budget <= 0:
                 self._complain(f"prefill plan names {rid!r} which is not waiting, twice, or over budget")
                 continue
-            if not req.admitted:
+            newly_admitted = not req.admitted
+            if newly_admitted:
                 if self.rows.free == 0 or not self.kv.admit(req):
                     break  # keep arrival order: later requests do not overtake one that does not fit
                 req.row = self.rows.alloc()
-                if req.prefix_len:  # the reused prefix's KV, as the cache holds it
-                    self.page_table[req.row, : req.prefix_len] = req.prefix_slots.to(self.device, torch.int32)
-            n = min(max(int(n), 1), req.prompt_len - req.num_computed, budget)
+            n = min(max(int(n), 1), req.fill_len - req.num_computed, budget)
+            req_slots = self.kv.allocate(req, req.num_computed + n)
+            if req_slots is None:  # decode growth took the pages: try again after it frees some
+                if newly_admitted:
+                    self._release(req)
+                break
+            if newly_admitted and req.prefix_len:  # the reused prefix's KV, as the cache holds it
+                self.page_table[req.row, : req.prefix_len] = req.prefix_slots.to(self.device, torch.int32)
             budget -= n
-            slots.append(self.kv.allocate(req, req.num_computed + n))
+            slots.append(req_slots)
             reqs.append(req)
             chunks.append(n)
         if not reqs:
             return None
-        input_ids = [t for r, n in zip(reqs, chunks) for t in r.prompt_ids[r.num_computed : r.num_computed + n]]
+        input_ids = [t for r, n in zip(reqs, chunks) for t in r.fill_ids[r.num_computed : r.num_computed + n]]
         positions = [p for r, n in zip(reqs, chunks) for p in range(r.num_computed, r.num_computed + n)]
         seq_lens = [r.num_computed + n for r, n in zip(reqs, chunks)]
-        sampled = [i for i, r in enumerate(reqs) if seq_lens[i] == r.prompt_len]
+        sampled = [i for i, r in enumerate(reqs) if seq_lens[i] == r.fill_len]
         batch = self._forward_batch(
             True, reqs, chunks, seq_lens, to_device(input_ids, self.device), positions, slots
         )
@@ -158,7 +165,7 @@ class Scheduler:
         # one's tokens reach the host (overlap scheduling).
         for req, seq_len in zip(reqs, seq_lens):
             req.num_computed = seq_len
-            if seq_len == req.prompt_len:
+            if seq_len == req.fill_len:
                 self.running[req.rid] = self.waiting.pop(req.rid)
                 self.kv.cache_prompt(req, self.page_table)
         return ScheduledBatch(batch, reqs, chunks, sampled)
@@ -169,7 +176,11 @@ class Scheduler:
             self._complain("decode plan names requests that are not running")
         if not reqs:
             reqs = list(self.running.values())
+        self._retract_until_decode_fits(reqs)
         slots = [self.kv.allocate(r, r.num_computed + 1) for r in reqs]
+        if any(s is None for s in slots):  # cannot happen: check_request keeps one request within the pool
+            raise RuntimeError("KV pool exhausted with a single request running")
+        self.kv.decayed()
         positions = [r.num_computed for r in reqs]
         rows = to_device([r.row for r in reqs], self.device)
         # The last sampled token is read on the device: no host round trip for the inputs.
@@ -214,6 +225,25 @@ class Scheduler:
             logits_indices=ends.to(device, non_blocking=True),
             attn=self.prefill_attn if is_prefill else self.decode_attn,
         )
+
+    def _retract_until_decode_fits(self, reqs: list[Request]) -> None:
+        """Retract the newest requests (removed from ``reqs``) until every other one can grow by a token.
+
+        A retracted request gives its KV to the prefix cache and goes back to ``waiting`` with its
+        output so far appended to what it must prefill; with overlap, the token it may still have
+        in flight is dropped and sampled again when it resumes."""
+        needed = sum(1 for r in reqs if self.kv.pages_to_reach(r, r.num_computed + 1))
+        while needed > self.kv.obtainable_pages() and len(reqs) > 1:
+            victim = max(reqs, key=lambda r: r.arrival)
+            reqs.remove(victim)
+            del self.running[victim.rid]
+            self._release(victim)
+            victim.fill_ids = victim.prompt_ids + victim.output_ids
+            victim.num_computed = 0
+            self.waiting[victim.rid] = victim
+            self.kv.retracted()
+            needed = sum(1 for r in reqs if self.kv.pages_to_reach(r, r.num_computed + 1))
+            logger.info("KV pool full: retracted request %d (%d tokens so far)", victim.rid, victim.fill_len)
 
     def _complain(self, what: str) -> None:
         if not self._warned_plan:

@@ -16,16 +16,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minisgl_core.api import CacheManager, DecodePlan, PrefillPlan, SchedulerState, SchedulingPolicy
+from minisgl_core.api import CacheManager, DecodePlan, PrefillPlan, RequestView, SchedulerState, SchedulingPolicy
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.scheduler.request import Request
 from minisgl_core.scheduler.scheduler import Scheduler
 from minisgl_core.scheduler.stop import StopChecker
 
 
-def kv_need(state: SchedulerState, rid: int, prompt_len: int, max_new_tokens: int) -> int:
+def kv_need(state: SchedulerState, request: RequestView) -> int:
     """KV tokens admitting a new request takes from ``free_kv_tokens`` (its cached prefix is free)."""
-    return prompt_len - state.cached_prefix_len(rid) + max_new_tokens
+    return state.budgets.kv_to_admit(request, state.cached_prefix_len(request.rid))
 
 
 def plan_problems(state: SchedulerState, plan: object) -> Iterator[str]:
@@ -43,7 +43,7 @@ def plan_problems(state: SchedulerState, plan: object) -> Iterator[str]:
                 r.rid
                 for r in state.waiting
                 if budgets.free_request_slots > 0
-                and kv_need(state, r.rid, r.prompt_len, r.max_new_tokens) <= budgets.free_kv_tokens
+                and kv_need(state, r) <= budgets.free_kv_tokens
             ]
             if fits:
                 yield f"returned None although request {fits[0]} fits every budget"
@@ -75,7 +75,7 @@ def plan_problems(state: SchedulerState, plan: object) -> Iterator[str]:
         left = req.remaining_prefill
         if req.num_computed == 0:
             new_requests += 1
-            kv += kv_need(state, rid, req.prompt_len, req.max_new_tokens)
+            kv += kv_need(state, req)
             left -= state.cached_prefix_len(rid)
         tokens += min(n, left)  # the core never prefills the cached prefix, whatever n says
     if tokens > budgets.prefill_tokens:
@@ -211,10 +211,10 @@ class Simulation:
         kv = self.scheduler.kv
         if not self.scheduler.has_work:
             free = kv.allocator.free_pages + kv.cache.size_info().evictable
-            if free != self.kv_tokens or kv.reserved_pages or kv.cache.size_info().protected:
+            if free != self.kv_tokens or kv.admitted or kv.cache.size_info().protected:
                 problems.append(
                     f"KV leaked: {free} of {self.kv_tokens} tokens free or evictable once idle, "
-                    f"{kv.reserved_pages} still reserved"
+                    f"{len(kv.admitted)} requests still admitted"
                 )
             if self.scheduler.rows.free != self.max_requests:
                 problems.append(

@@ -21,7 +21,7 @@ def plan_prefill(state: SchedulerState, order: Iterable[RequestView]) -> Prefill
         remaining = req.remaining_prefill
         if req.num_computed == 0:
             cached = state.cached_prefix_len(req.rid)
-            need = req.prompt_len - cached + req.max_new_tokens
+            need = state.budgets.kv_to_admit(req, cached)
             if free_rows == 0 or need > free_kv:
                 break
             free_rows -= 1
