@@ -1,0 +1,68 @@
+"""Clear errors for bad model directories and bad engine settings, before any weight is loaded."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from minisgl_core import LLM
+from minisgl_core.engine.config import EngineConfig
+from minisgl_core.engine.runner import pick_attention
+from minisgl_core.plugins import PluginError, Plugins
+from minisgl_core.testing.factories import make_model_dir
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_model_dir(tmp_path_factory.mktemp("m") / "llama", "LlamaForCausalLM")
+
+
+def test_unknown_architecture_lists_installed_and_the_plugin_to_install(model_dir, tmp_path):
+    bad = tmp_path / "mamba"
+    bad.mkdir()
+    for f in model_dir.iterdir():
+        (bad / f.name).symlink_to(f)
+    (bad / "config.json").unlink()
+    config = json.loads((model_dir / "config.json").read_text()) | {"architectures": ["MambaForCausalLM"]}
+    (bad / "config.json").write_text(json.dumps(config))
+    with pytest.raises(PluginError) as err:
+        LLM(bad, attn="torch", device="cpu")
+    message = str(err.value)
+    assert "MambaForCausalLM" in message and "LlamaForCausalLM" in message and "Qwen3ForCausalLM" in message
+    assert "pip install minisgl-plugin-mamba" in message
+
+
+def test_missing_config_names_the_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        LLM(tmp_path, attn="torch", device="cpu")
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        (dict(dtype="float64"), "dtype"),
+        (dict(page_size=3), "page_size"),
+        (dict(max_prefill_tokens=0), "max_prefill_tokens"),
+        (dict(kv_memory_fraction=1.5), "kv_memory_fraction"),
+    ],
+)
+def test_bad_engine_settings_name_the_field(options, field):
+    with pytest.raises(ValueError, match=field):
+        EngineConfig(model="x", **options)
+
+
+def test_attn_auto_is_torch_on_cpu_and_pairs_parse():
+    plugins = Plugins.load()
+    cpu = torch.device("cpu")
+    assert pick_attention("auto", cpu, plugins) == ("torch", "torch")
+    assert pick_attention("fa3,fi", cpu, plugins) == ("fa3", "fi")
+    assert pick_attention("fi", cpu, plugins) == ("fi", "fi")
+    with pytest.raises(ValueError, match="--attn"):
+        pick_attention("a,b,c", cpu, plugins)
+
+
+def test_gpu_backend_on_cpu_says_why(model_dir):
+    with pytest.raises(PluginError, match="'fi' cannot run on cpu: .*CUDA"):
+        LLM(model_dir, attn="fi", device="cpu")
