@@ -119,11 +119,19 @@ def test_prompt_is_shared_while_its_request_still_decodes(model_dir):
     llm.engine.scheduler.kv.cache.check_integrity()
 
 
-@pytest.mark.parametrize("page_size", [1, 4])
-def test_retraction_when_decode_outgrows_the_pool(model_dir, page_size):
+@pytest.mark.parametrize(
+    ("page_size", "params"),
+    [
+        (1, SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)),
+        (4, SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)),
+        # seeded sampling draws from each request's own generator: retraction must not disturb it
+        (1, SamplingParams(temperature=1.0, top_k=50, max_tokens=60, ignore_eos=True, seed=7)),
+    ],
+    ids=["greedy-page1", "greedy-page4", "seeded"],
+)
+def test_retraction_when_decode_outgrows_the_pool(model_dir, page_size, params):
     rng = random.Random(3)
     prompts = [[rng.randrange(5, 1000) for _ in range(30)] for _ in range(6)]
-    params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
     alone = make_llm(model_dir, cache="naive")
     expected = [alone.generate([p], params)[0].token_ids for p in prompts]
     # 90 tokens per request and room for 256: admission expects only part of max_tokens, so

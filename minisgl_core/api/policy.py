@@ -7,7 +7,6 @@ budget is cut back to fit (and logged), never trusted.
 from __future__ import annotations
 
 import math
-
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass

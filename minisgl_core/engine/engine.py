@@ -107,6 +107,8 @@ class Engine:
         # same lagged bookkeeping, which keeps that logic under test in CI.
         self.overlap = config.overlap
         self._inflight: _InFlight | None = None
+        self._early_outputs: list[StepOutput] = []
+        self.scheduler.complete_inflight = self._complete_inflight_now
 
     # ------------------------------------------------------------------ properties
 
@@ -168,7 +170,7 @@ class Engine:
         tokens on the host (penalties) waits for the previous step first.
         """
         batch = self.scheduler.schedule()
-        outputs: list[StepOutput] = []
+        outputs, self._early_outputs = self._early_outputs, []
         if self._inflight is not None and (batch is None or not self.overlap or _needs_host_outputs(batch)):
             outputs += self._complete(self._inflight)
             self._inflight = None
@@ -182,6 +184,12 @@ class Engine:
         else:
             outputs += self._complete(launched)
         return outputs
+
+    def _complete_inflight_now(self) -> None:
+        """Called by the scheduler mid-planning (before a retraction); outputs go out with this step's."""
+        if self._inflight is not None:
+            self._early_outputs += self._complete(self._inflight)
+            self._inflight = None
 
     def _launch(self, batch: ScheduledBatch) -> _InFlight:
         logits = self.runner.forward(batch.forward)

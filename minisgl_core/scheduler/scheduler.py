@@ -71,6 +71,9 @@ class Scheduler:
         self.decode_attn = decode_attn
         self.stop_checker = stop_checker
         self.make_generator = make_generator
+        #: set by the engine: completes the step still in flight (overlap) before a retraction,
+        #: so the retracted request keeps the token it was computing
+        self.complete_inflight: Callable[[], None] = lambda: None
         self.waiting: dict[int, Request] = {}
         self.running: dict[int, Request] = {}
         self._arrivals = 0
@@ -170,13 +173,15 @@ class Scheduler:
                 self.kv.cache_prompt(req, self.page_table)
         return ScheduledBatch(batch, reqs, chunks, sampled)
 
-    def _build_decode(self, plan: DecodePlan) -> ScheduledBatch:
+    def _build_decode(self, plan: DecodePlan) -> ScheduledBatch | None:
         reqs = [self.running[rid] for rid in dict.fromkeys(plan.rids) if rid in self.running]
         if len(reqs) != len(plan.rids):
             self._complain("decode plan names requests that are not running")
         if not reqs:
             reqs = list(self.running.values())
         self._retract_until_decode_fits(reqs)
+        if not reqs:  # the step completed meanwhile finished them all
+            return None
         slots = [self.kv.allocate(r, r.num_computed + 1) for r in reqs]
         if any(s is None for s in slots):  # cannot happen: check_request keeps one request within the pool
             raise RuntimeError("KV pool exhausted with a single request running")
@@ -230,9 +235,14 @@ class Scheduler:
         """Retract the newest requests (removed from ``reqs``) until every other one can grow by a token.
 
         A retracted request gives its KV to the prefix cache and goes back to ``waiting`` with its
-        output so far appended to what it must prefill; with overlap, the token it may still have
-        in flight is dropped and sampled again when it resumes."""
+        output so far appended to what it must prefill."""
         needed = sum(1 for r in reqs if self.kv.pages_to_reach(r, r.num_computed + 1))
+        if needed > self.kv.obtainable_pages():
+            # Rare: wait for the step in flight. Requests it finishes free their KV, and the
+            # ones we retract keep their newest token.
+            self.complete_inflight()
+            reqs[:] = [r for r in reqs if self.running.get(r.rid) is r]
+            needed = sum(1 for r in reqs if self.kv.pages_to_reach(r, r.num_computed + 1))
         while needed > self.kv.obtainable_pages() and len(reqs) > 1:
             victim = max(reqs, key=lambda r: r.arrival)
             reqs.remove(victim)

@@ -16,7 +16,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minisgl_core.api import CacheManager, DecodePlan, PrefillPlan, RequestView, SchedulerState, SchedulingPolicy
+from minisgl_core.api import (
+    CacheManager,
+    DecodePlan,
+    PrefillPlan,
+    RequestView,
+    SchedulerState,
+    SchedulingPolicy,
+)
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.scheduler.request import Request
 from minisgl_core.scheduler.scheduler import Scheduler
