@@ -220,7 +220,7 @@ class Plugins:
             )
         reg = self.registry[kind].get(name)
         if reg is None:
-            raise PluginError(self._missing_message(kind, name))
+            raise PluginError(self.missing_message(kind, name))
         module_name, _, attr = reg.target.partition(":")
         try:
             obj: Any = importlib.import_module(module_name)
@@ -233,7 +233,8 @@ class Plugins:
             ) from exc
         return obj
 
-    def _missing_message(self, kind: str, name: str) -> str:
+    def missing_message(self, kind: str, name: str) -> str:
+        """Why ``name`` cannot be selected: the broken plugin that would provide it, or what to install."""
         broken = [i for i in self.infos if i.status != "ok" and _likely_provides(i, kind, name)]
         if broken:
             info = broken[0]

@@ -110,8 +110,6 @@ class ModelRunner:
         if not archs:
             raise ValueError(f"{model_dir / 'config.json'} has no 'architectures' entry")
         arch = archs[0]
-        if arch not in plugins.registry["models"]:
-            raise PluginError(plugins._missing_message("models", arch))
         model_cls = plugins.resolve("models", arch)
         model_config = ModelConfig(self.hf_config, self.dtype, self.device, self.parallel)
         default_dtype = torch.get_default_dtype()
