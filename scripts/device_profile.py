@@ -1,0 +1,204 @@
+"""Where the GPU time of a run goes. Run on the GPU machine (see ../shared/device/README.md):
+
+    python scripts/device_profile.py attn              # decode kernel variants, one layer, µs
+    python scripts/device_profile.py steps MODEL_DIR   # standard offline workload, step by step
+    python scripts/device_profile.py b1 MODEL_DIR      # batch-1 decode, kernel table
+
+``steps`` drives one Engine over the standard workload, times every step on the host (with
+overlap on, a step's host time is the device time of the step before it once the device is the
+bottleneck), sums them by kind and batch size, and profiles a window of decode steps with
+``torch.profiler`` (kernel table sorted by device time). ``b1`` does the same for a single
+request's decode steps. Tables go to stdout; JSON summaries to --json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+
+import torch
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _activities() -> list:
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    return acts
+
+
+def _table(prof, rows: int = 28) -> str:
+    for key in ("self_device_time_total", "self_cuda_time_total"):
+        try:
+            return prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=70)
+        except (AttributeError, KeyError, RuntimeError):
+            continue
+    return prof.key_averages().table(row_limit=rows)
+
+
+def _device_us(prof) -> float:
+    total = 0.0
+    for e in prof.key_averages():
+        t = getattr(e, "self_device_time_total", None)
+        if t is None:
+            t = getattr(e, "self_cuda_time_total", 0.0)
+        total += t
+    return total
+
+
+def attn(args: argparse.Namespace) -> dict:
+    import flashinfer
+
+    out = {}
+    dev = torch.device("cuda")
+    ws = torch.zeros(128 << 20, dtype=torch.uint8, device=dev)
+    for qo, kv in ((16, 8), (32, 8)):
+        for bs, ctx in ((256, 800), (64, 1024), (1, 200)):
+            for page in (1, 16):
+                pages_per = (ctx + page - 1) // page
+                num_pages = bs * pages_per + 1
+                cache = torch.randn(2, num_pages, page, kv, 128, dtype=torch.bfloat16, device=dev)
+                indices = torch.randperm(num_pages - 1, device=dev)[: bs * pages_per].int()
+                indptr = torch.arange(0, bs + 1, dtype=torch.int32) * pages_per
+                last = torch.full((bs,), ctx - (pages_per - 1) * page, dtype=torch.int32)
+                q = torch.randn(bs, qo, 128, dtype=torch.bfloat16, device=dev)
+                for tc in (True, False):
+                    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tc, backend="fa2")
+                    w.plan(indptr, indices, last, qo, kv, 128, page, q_data_type=torch.bfloat16,
+                           kv_data_type=torch.bfloat16, sm_scale=128**-0.5)  # fmt: skip
+                    kvc = (cache[0], cache[1])
+                    fn = lambda: w.run(q, kvc)  # noqa: E731
+                    for _ in range(5):
+                        fn()
+                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    _sync()
+                    s.record()
+                    for _ in range(100):
+                        fn()
+                    e.record()
+                    _sync()
+                    us = s.elapsed_time(e) * 10
+                    tbps = 2 * bs * ctx * kv * 128 * 2 / (us * 1e-6) / 1e12
+                    key = f"qo{qo}/kv{kv} bs{bs} ctx{ctx} page{page} tc={tc}"
+                    out[key] = {"us": round(us, 1), "TB/s": round(tbps, 2)}
+                    print(f"{key:45s} {us:8.1f} us  {tbps:5.2f} TB/s", flush=True)
+    return out
+
+
+def _engine(model: str, attn_name: str):
+    from minisgl_core.llm import LLM
+
+    return LLM(model, attn=attn_name)
+
+
+def steps(args: argparse.Namespace) -> dict:
+    from minisgl_core.bench.workloads import standard_offline
+    from minisgl_core.sampling import SamplingParams
+
+    llm = _engine(args.model, args.attn)
+    engine = llm.engine
+    runner = engine.runner
+    seen: list[tuple[bool, int]] = []
+    forward = runner.forward
+
+    def recording_forward(batch):
+        seen.append((batch.is_prefill, batch.batch_size))
+        return forward(batch)
+
+    runner.forward = recording_forward
+    # warm-up
+    llm.generate([[1, 2, 3, 4]] * 4, SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
+    seen.clear()
+    vocab = runner.vocab_size  # the demo model (CPU smoke test) has a small vocabulary
+    for i, r in enumerate(standard_offline(args.num_requests, seed=0)):
+        prompt = [t % vocab for t in r.prompt_ids]
+        engine.add_request(10_000 + i, prompt, SamplingParams(temperature=0.6, max_tokens=r.max_tokens, ignore_eos=True))
+    records: list[tuple[bool, int, float]] = []
+    window = (args.window_start, args.window_start + args.window)
+    prof = None
+    _sync()
+    begin = last = time.perf_counter()
+    n = 0
+    while engine.has_work:
+        if n == window[0]:
+            prof = torch.profiler.profile(activities=_activities())
+            prof.__enter__()
+            pstart = time.perf_counter()
+        before = len(seen)
+        engine.step()
+        now = time.perf_counter()
+        kind = seen[before] if len(seen) > before else (False, 0)
+        records.append((kind[0], kind[1], now - last))
+        last = now
+        n += 1
+        if n == window[1] and prof is not None:
+            _sync()
+            pwall = time.perf_counter() - pstart
+            prof.__exit__(None, None, None)
+            last = time.perf_counter()
+    total = time.perf_counter() - begin
+    buckets: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for is_prefill, bs, dt in records:
+        key = "prefill" if is_prefill else f"decode bs<= {next(b for b in (8, 32, 64, 128, 192, 256, 10**9) if bs <= b)}"
+        buckets[key][0] += 1
+        buckets[key][1] += dt
+    summary = {"total_s": round(total, 3), "steps": len(records),
+               "buckets": {k: {"steps": v[0], "s": round(v[1], 3), "ms_per_step": round(v[1] / v[0] * 1e3, 3)}
+                           for k, v in sorted(buckets.items())}}  # fmt: skip
+    print(json.dumps(summary, indent=1))
+    if prof is not None:
+        dev_us = _device_us(prof)
+        summary["window"] = {"steps": args.window, "wall_ms": round(pwall * 1e3, 2),
+                             "device_busy_ms": round(dev_us / 1e3, 2),
+                             "batch_sizes": sorted({bs for _, bs, _ in records[window[0]:window[1]]})}  # fmt: skip
+        print(json.dumps(summary["window"]))
+        print(_table(prof))
+    llm.close()
+    return summary
+
+
+def b1(args: argparse.Namespace) -> dict:
+    from minisgl_core.sampling import SamplingParams
+
+    llm = _engine(args.model, args.attn)
+    prompt = list(range(100, 228))
+    greedy = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    llm.generate([prompt], greedy, use_tqdm=False)
+    _sync()
+    steps = 64
+    with torch.profiler.profile(activities=_activities()) as prof:
+        start = time.perf_counter()
+        llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True), use_tqdm=False)
+        _sync()
+        wall = time.perf_counter() - start
+    summary = {"steps": steps, "wall_ms": round(wall * 1e3, 2), "device_busy_ms": round(_device_us(prof) / 1e3, 2)}
+    print(json.dumps(summary))
+    print(_table(prof, 40))
+    llm.close()
+    return summary
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("what", choices=["attn", "steps", "b1"])
+    p.add_argument("model", nargs="?")
+    p.add_argument("--attn", default="fi")
+    p.add_argument("--window-start", type=int, default=120)
+    p.add_argument("--window", type=int, default=20)
+    p.add_argument("--num-requests", type=int, default=256)
+    p.add_argument("--json")
+    args = p.parse_args()
+    result = {"attn": attn, "steps": steps, "b1": b1}[args.what](args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
