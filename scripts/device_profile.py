@@ -88,6 +88,44 @@ def attn(args: argparse.Namespace) -> dict:
                     key = f"qo{qo}/kv{kv} bs{bs} ctx{ctx} page{page} tc={tc}"
                     out[key] = {"us": round(us, 1), "TB/s": round(tbps, 2)}
                     print(f"{key:45s} {us:8.1f} us  {tbps:5.2f} TB/s", flush=True)
+    # graph mode, as the engine runs decode: tensor cores with and without split-KV, CUDA cores
+    for qo, kv in ((16, 8), (32, 8)):
+        for bs, ctx in ((256, 800), (32, 1500), (1, 200)):
+            num_pages = bs * ctx + 1
+            cache = torch.randn(2, num_pages, 1, kv, 128, dtype=torch.bfloat16, device=dev)
+            indices = torch.randperm(num_pages - 1, device=dev)[: bs * ctx].int()
+            indptr = torch.arange(0, bs + 1, dtype=torch.int32) * ctx
+            last = torch.ones(bs, dtype=torch.int32)
+            q = torch.randn(bs, qo, 128, dtype=torch.bfloat16, device=dev)
+            for tc, no_split in ((True, False), (True, True), (False, False)):
+                bufs = (torch.zeros(bs + 1, dtype=torch.int32, device=dev), torch.zeros(bs * ctx, dtype=torch.int32, device=dev),
+                        torch.ones(bs, dtype=torch.int32, device=dev))  # fmt: skip
+                w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                    ws, "NHD", use_tensor_cores=tc, backend="fa2", use_cuda_graph=True, paged_kv_indptr_buffer=bufs[0],
+                    paged_kv_indices_buffer=bufs[1], paged_kv_last_page_len_buffer=bufs[2])  # fmt: skip
+                extra = {"disable_split_kv": True} if no_split else {}
+                w.plan(indptr, indices, last, qo, kv, 128, 1, q_data_type=torch.bfloat16,
+                       kv_data_type=torch.bfloat16, sm_scale=128**-0.5, **extra)  # fmt: skip
+                kvc = (cache[0], cache[1])
+                w.run(q, kvc)
+                _sync()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    for _ in range(20):
+                        w.run(q, kvc)
+                graph.replay()
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                _sync()
+                s.record()
+                for _ in range(10):
+                    graph.replay()
+                e.record()
+                _sync()
+                us = s.elapsed_time(e) * 1000 / 200
+                tbps = 2 * bs * ctx * kv * 128 * 2 / (us * 1e-6) / 1e12
+                key = f"graph qo{qo}/kv{kv} bs{bs} ctx{ctx} tc={tc} no_split={no_split}"
+                out[key] = {"us": round(us, 1), "TB/s": round(tbps, 2)}
+                print(f"{key:55s} {us:8.1f} us  {tbps:5.2f} TB/s", flush=True)
     return out
 
 

@@ -71,3 +71,19 @@ def test_tp2_equals_tp1(tmp_path, arch, overrides):
     two = _run(2, model_dir)
     assert two[0] == one and two[1] == one
     assert len({t for seq in one for t in seq}) > 5
+
+
+def test_offline_tp_runner_reports_a_failing_rank_instead_of_hanging(tmp_path):
+    """A rank that raises (here: a prompt id outside the vocabulary) ends the run with its error."""
+    import time
+
+    from minisgl_core.bench.tp import run_offline_tp
+    from minisgl_core.bench.workloads import BenchRequest
+    from minisgl_core.engine.config import EngineConfig
+
+    model_dir = make_model_dir(tmp_path / "m", "LlamaForCausalLM")
+    config = EngineConfig(model=str(model_dir), attn="torch", device="cpu", dtype="float32", tp_size=2)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="prompt token ids must be integers"):
+        run_offline_tp(config, [BenchRequest(prompt_ids=[10**9], max_tokens=4)] * 4)
+    assert time.monotonic() - start < 120

@@ -28,7 +28,7 @@ from minisgl_core.api.policy import (
 )
 from minisgl_core.api.process import ProcessContext
 
-API_VERSION = "1.1"
+API_VERSION = "1.2"
 
 __all__ = [
     "API_VERSION",

@@ -52,7 +52,8 @@ class Model(torch.nn.Module):
 
     @abstractmethod
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """Run the batch; return float32 logits [bs, vocab_size] of each sequence's last new token."""
+        """Run the batch; return logits [bs, vocab_size] of each sequence's last new token, in float32
+        or (API 1.2+) in the model's dtype: the sampler computes in float32 either way."""
 
     @abstractmethod
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:

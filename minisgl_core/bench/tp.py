@@ -4,8 +4,10 @@ the same requests in the same order (the server's scheduler processes do the sam
 from __future__ import annotations
 
 import os
+import queue as queue_module
 import socket
 import time
+import traceback
 from typing import Any
 
 from minisgl_core.bench.workloads import BenchRequest
@@ -40,8 +42,8 @@ def _rank_main(rank: int, world: int, port: int, config, requests, temperature, 
     backend = "nccl" if config.resolve_device().type == "cuda" else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(rank)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
         engine = Engine(config, ParallelContext(rank, world, dist.group.WORLD))
         drive(engine, requests[:4], temperature, first_rid=10**6)  # warm-up
         dist.barrier()
@@ -49,9 +51,13 @@ def _rank_main(rank: int, world: int, port: int, config, requests, temperature, 
         tokens = drive(engine, requests, temperature)
         elapsed = time.perf_counter() - start
         if rank == 0:
-            queue.put((tokens, elapsed))
+            queue.put(("ok", tokens, elapsed))
+    except BaseException:
+        queue.put(("error", rank, traceback.format_exc()))
+        raise
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def run_offline_tp(config, requests: list[BenchRequest], temperature: float = 0.6) -> dict[str, Any]:
@@ -68,10 +74,22 @@ def run_offline_tp(config, requests: list[BenchRequest], temperature: float = 0.
     for p in procs:
         p.start()
     try:
-        tokens, elapsed = queue.get(timeout=3600)
+        while True:
+            try:
+                message = queue.get(timeout=1.0)
+                break
+            except queue_module.Empty:
+                dead = [r for r, p in enumerate(procs) if not p.is_alive() and p.exitcode != 0]
+                if dead:
+                    raise RuntimeError(f"TP rank {dead[0]} exited with code {procs[dead[0]].exitcode}") from None
+        if message[0] == "error":
+            raise RuntimeError(f"TP rank {message[1]} failed:\n{message[2]}")
+        _, tokens, elapsed = message
     finally:
         for p in procs:
-            p.join(timeout=120)
+            p.join(timeout=30)
+            if p.is_alive():  # a rank stuck in a collective its failed peer never joins
+                p.kill()
     return {
         "requests": len(requests),
         "prompt_tokens": sum(len(r.prompt_ids) for r in requests),

@@ -1,8 +1,11 @@
 """Batched sampling on the model's device: penalties, temperature, top-k, top-p, min-p, seeds.
 
-Sampling uses the exponential race (``argmax(p / q)`` with ``q ~ Exp(1)``), which draws from ``p``
-without normalising it, so a seeded request draws its noise from its own generator and gets the
-same tokens whatever else shares its batch.
+Sampling uses the exponential race, ``argmax(p / q)`` with ``q ~ Exp(1)``, which draws from ``p``
+without normalising it. Without truncation (top-k/top-p/min-p) it is taken in log space,
+``argmax(logits / T - log q)`` (the Gumbel-max trick): no softmax, and on CUDA the noise, the
+scaling and the argmax are one fused kernel over the logits, in whatever dtype the model returned
+them. A seeded request draws its noise from its own generator, so it gets the same tokens whatever
+else shares its batch.
 """
 
 from __future__ import annotations
@@ -12,7 +15,20 @@ from dataclasses import dataclass
 
 import torch
 
+from minisgl_core.api.layers.fused import fused
 from minisgl_core.sampling import SamplingParams, TokenLogprob
+
+#: uniform draws are clamped here so that neither log below sees 0 (an event of probability 1e-20)
+_TINY = 1e-20
+
+
+@fused
+def gumbel_argmax(logits: torch.Tensor, scale: torch.Tensor, noise_scale: torch.Tensor) -> torch.Tensor:
+    """Per row ``argmax(logits * scale + noise_scale * g)`` with fresh Gumbel noise ``g = -log(q)``,
+    ``q ~ Exp(1)``: a draw from ``softmax(logits * scale)`` (``noise_scale`` 1) or the argmax (0)."""
+    u = torch.rand(logits.shape, device=logits.device, dtype=torch.float32).clamp(min=_TINY)
+    gumbel = -torch.log(-torch.log(u))
+    return (logits.float() * scale[:, None] + noise_scale[:, None] * gumbel).argmax(dim=-1)
 
 
 def to_device(values: list, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -61,15 +77,17 @@ class Sampler:
         return gen
 
     def sample(self, logits: torch.Tensor, requests: Sequence[SampleRequest]) -> SampleResult:
-        """``logits``: float32 [n, vocab] (may be wider than the tokenizer; extra ids stay valid)."""
+        """``logits``: [n, vocab] in float32 or the model's dtype (may be wider than the tokenizer;
+        extra ids stay valid). All arithmetic is in float32."""
         params = [r.params for r in requests]
         raw = logits
         logits = self._apply_penalties(logits, requests)
         if all(p.greedy for p in params):
             token_ids = logits.argmax(dim=-1)
+        elif any(p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 for p in params):
+            token_ids = self._sample_truncated(logits, requests)
         else:
-            greedy = to_device([p.greedy for p in params], logits.device)
-            token_ids = self._sample_random(logits, requests, greedy)
+            token_ids = self._sample_race(logits, requests)
         return self._with_logprobs(raw, token_ids, params)
 
     # ------------------------------------------------------------------ pieces
@@ -82,7 +100,7 @@ class Sampler:
         ]
         if not rows:
             return logits
-        logits = logits.clone()
+        logits = logits.to(torch.float32, copy=True)
         for i in rows:
             p = requests[i].params
             ids = to_device(requests[i].output_ids, logits.device)
@@ -92,15 +110,26 @@ class Sampler:
             logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
         return logits
 
-    def _sample_random(
-        self, logits: torch.Tensor, requests: Sequence[SampleRequest], greedy: torch.Tensor
-    ) -> torch.Tensor:
+    def _sample_race(self, logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tensor:
+        """Gumbel-max over the whole batch in one pass; greedy rows get no noise, seeded rows are
+        redrawn with their own generators."""
         params = [r.params for r in requests]
         device = logits.device
+        scale = to_device([1.0 if p.greedy else 1.0 / p.temperature for p in params], device, torch.float32)
+        noise_scale = to_device([0.0 if p.greedy else 1.0 for p in params], device, torch.float32)
+        token_ids = gumbel_argmax(logits, scale, noise_scale)
+        for i, r in enumerate(requests):
+            if r.generator is not None and not r.params.greedy:
+                q = torch.empty(logits.shape[-1], device=device).exponential_(generator=r.generator)
+                token_ids[i] = (logits[i].float() / r.params.temperature - q.log()).argmax()
+        return token_ids
+
+    def _sample_truncated(self, logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tensor:
+        params = [r.params for r in requests]
+        device = logits.device
+        greedy = to_device([p.greedy for p in params], device)
         temperature = to_device([p.temperature if not p.greedy else 1.0 for p in params], device)
-        probs = torch.softmax(logits / temperature[:, None], dim=-1)
-        if any(p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 for p in params):
-            probs = self._truncate(probs, params)
+        probs = self._truncate(torch.softmax(logits.float() / temperature[:, None], dim=-1), params)
         noise = torch.empty_like(probs).exponential_()
         for i, r in enumerate(requests):
             if r.generator is not None:

@@ -136,10 +136,10 @@ def greedy_generate(
     prefill's, then each decode step's (the last token is predicted but never fed back)."""
     sequences = PagedSequences(attn, seed=seed)
     row = sequences.new_row()
-    logits = [model(sequences.extend([row], [prompt]))[0]]
+    logits = [model(sequences.extend([row], [prompt]))[0].float()]
     tokens: list[int] = []
     for _ in range(steps):
         tokens.append(int(logits[-1].argmax()))
-        logits.append(model(sequences.extend([row], [[tokens[-1]]], is_prefill=False))[0])
+        logits.append(model(sequences.extend([row], [[tokens[-1]]], is_prefill=False))[0].float())
     tokens.append(int(logits[-1].argmax()))
     return tokens, logits

@@ -143,6 +143,7 @@ class ModelSuite:
         rows = [sequences.new_row() for _ in range(3)]
         with torch.inference_mode():
             logits = model(sequences.extend(rows, [[5, 6, 7], [8], [9, 10, 11, 12, 13]]))
+        # float32 or the model's dtype (API 1.2); this suite loads models in float32
         assert logits.shape == (3, vocab_size) and logits.dtype == torch.float32
         assert torch.isfinite(logits).all()
 

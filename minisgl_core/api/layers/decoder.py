@@ -14,7 +14,7 @@ from torch import nn
 from minisgl_core.api.batch import ForwardBatch
 from minisgl_core.api.layers.attention import AttentionLayer
 from minisgl_core.api.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from minisgl_core.api.layers.fused import silu_and_mul
+from minisgl_core.api.layers.fused import qk_norm_rope, silu_and_mul
 from minisgl_core.api.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from minisgl_core.api.layers.norm import RMSNorm
 from minisgl_core.api.layers.rotary import get_rope
@@ -59,12 +59,21 @@ class DecoderAttention(nn.Module):
 
     def forward(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         num_tokens, head_dim = hidden.shape[0], self.attn.head_dim
-        q, k, v = self.qkv_proj(hidden).split(self.qkv_proj.output_sizes, dim=-1)
-        q = q.reshape(num_tokens, self.attn.num_heads, head_dim)
-        k = k.reshape(num_tokens, self.attn.num_kv_heads, head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary_emb(batch.positions, q, k)
+        num_heads, num_kv_heads = self.attn.num_heads, self.attn.num_kv_heads
+        qkv = self.qkv_proj(hidden)
+        qk_size = (num_heads + num_kv_heads) * head_dim
+        # q/k norm and rotary on the q and k heads together (one kernel on CUDA)
+        qk = qk_norm_rope(
+            qkv[:, :qk_size].view(num_tokens, num_heads + num_kv_heads, head_dim),
+            batch.positions,
+            self.rotary_emb.inv_freq,
+            None if self.q_norm is None else self.q_norm.weight,
+            None if self.k_norm is None else self.k_norm.weight,
+            num_heads,
+            self.q_norm.eps if self.q_norm is not None else 0.0,
+        )
+        q, k = qk[:, :num_heads], qk[:, num_heads:]
+        v = qkv[:, qk_size:].view(num_tokens, num_kv_heads, head_dim)
         return self.o_proj(self.attn(q, k, v, batch))
 
 
@@ -198,7 +207,7 @@ class DecoderForCausalLM(Model):
         out, residual = self.model(batch)
         rows = batch.logits_indices
         hidden, _ = self.model.norm(out[rows], residual[rows])
-        return self.lm_head(hidden).float()
+        return self.lm_head(hidden)  # in the model's dtype: the sampler upcasts as it reads
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         params = dict(self.named_parameters(remove_duplicate=False))  # tied lm_head.weight is listed too

@@ -72,3 +72,33 @@ def rotary(
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+@fused
+def qk_norm_rope(
+    qk: torch.Tensor,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    num_q_heads: int,
+    eps: float,
+) -> torch.Tensor:
+    """Query and key heads side by side, ``[num_tokens, q_heads + kv_heads, head_dim]`` (a view
+    into the fused qkv projection): optional per-head RMS norm (Qwen3's q_norm/k_norm), then
+    rotary, written to one contiguous tensor. One kernel on CUDA instead of four; the same
+    arithmetic as :func:`rms_norm` followed by :func:`rotary`."""
+    num_heads, head_dim = qk.shape[1], qk.shape[2]
+    if q_weight is not None and k_weight is not None:
+        x32 = qk.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+        weight = torch.cat(
+            (q_weight.expand(num_q_heads, head_dim), k_weight.expand(num_heads - num_q_heads, head_dim))
+        )
+        qk = weight * x32.to(qk.dtype)
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
+    cos, sin = emb.cos().to(qk.dtype), emb.sin().to(qk.dtype)
+    half = head_dim // 2
+    rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
+    return qk * cos + rotated * sin

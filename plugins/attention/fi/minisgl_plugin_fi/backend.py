@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
+import os
+
 import torch
 
 from minisgl_core.api import AttentionBackend, AttentionConfig, ForwardBatch, PagedLayout, paged_layout
@@ -28,6 +30,12 @@ from minisgl_plugin_fi.planning import PlanFences, host_csr
 
 if TYPE_CHECKING:
     from flashinfer import BatchDecodeWithPagedKVCacheWrapper
+
+#: decode on tensor cores (the FA2 prefill kernel, one query row per sequence) from this many
+#: query heads per KV head; below it, FlashInfer's CUDA-core decode kernel reads the KV faster
+#: (H200, bf16, head_dim 128: 212 vs 226 µs at group 2, 281 vs 227 µs at group 4, bs 256 x 800;
+#: BENCHMARKS.md). ``MINISGL_FI_TENSOR_CORES=1|0`` forces either (ablation).
+TENSOR_CORE_MIN_GROUP = 4
 
 #: float workspace for split-KV partial results, shared by every wrapper of one backend (the
 #: wrappers run one after another on one stream); FlashInfer recommends 128 MiB
@@ -80,6 +88,11 @@ class FlashInferBackend(AttentionBackend):
         self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
             self.workspace, "NHD", backend=self.prefill_kernels
         )
+        forced = os.environ.get("MINISGL_FI_TENSOR_CORES")
+        group = config.num_qo_heads // config.num_kv_heads
+        self.decode_tensor_cores = forced == "1" if forced in ("0", "1") else group >= TENSOR_CORE_MIN_GROUP
+        props = torch.cuda.get_device_properties(config.device)
+        self._num_sms = props.multi_processor_count
         self.decode_wrapper = self._decode_wrapper()
         self.graph_wrappers: dict[int, BatchDecodeWithPagedKVCacheWrapper] = {}
         self._graph_buffers: GraphBuffers | None = None
@@ -153,6 +166,13 @@ class FlashInferBackend(AttentionBackend):
     ) -> FlashInferMetadata:
         config = self.config
         host = host_csr(batch, config.page_size)
+        options = self._kernel_options()
+        if self.decode_tensor_cores and batch.batch_size * config.num_kv_heads >= self._num_sms:
+            # One CTA per (sequence, KV head) already fills the GPU: splitting the KV only adds a
+            # merge kernel and a round trip of partial outputs through the workspace. (Graph-mode
+            # wrappers always see the same batch size, so this choice is the same at capture and
+            # at every replay.)
+            options["disable_split_kv"] = True
         with self._fences.planning(wrapper):
             wrapper.plan(
                 host.kv_indptr,
@@ -162,7 +182,7 @@ class FlashInferBackend(AttentionBackend):
                 config.num_kv_heads,
                 config.head_dim,
                 config.page_size,
-                **self._kernel_options(),
+                **options,
             )
         return FlashInferMetadata(wrapper.run)
 
@@ -174,9 +194,7 @@ class FlashInferBackend(AttentionBackend):
         }
 
     def _decode_wrapper(self, graph_batch_size: int | None = None) -> BatchDecodeWithPagedKVCacheWrapper:
-        # Tensor cores (the FA2 prefill kernel run with one query per sequence) are much faster
-        # than the CUDA-core decode kernel once several query heads share a KV head (GQA).
-        options: dict[str, Any] = {"use_tensor_cores": True, "backend": "fa2"}
+        options: dict[str, Any] = {"use_tensor_cores": self.decode_tensor_cores, "backend": "fa2"}
         if graph_batch_size is not None:
             buffers = self._graph_buffers
             assert buffers is not None
