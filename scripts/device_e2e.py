@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import tempfile
@@ -32,8 +33,39 @@ SHAPE = dict(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, num_ke
              intermediate_size=1024, max_position_embeddings=4096)  # fmt: skip
 
 
-def run(model_dir: str, prompts, **options):
+def run(model_dir: str, prompts, env: dict | None = None, **options):
     options.setdefault("dtype", "bfloat16")
+    saved = {k: os.environ.get(k) for k in env or {}}
+    os.environ.update(env or {})
+    try:
+        return _run(model_dir, prompts, **options)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def sampler_check() -> dict:
+    """The fused Gumbel-max sampler on CUDA over bf16 logits: frequencies of 40,000 draws from one
+    row of 12 logits at temperature 0.7 against softmax(logits / 0.7)."""
+    from minisgl_core.engine.sampler import Sampler, SampleRequest
+
+    torch.manual_seed(0)
+    logits = (torch.randn(12) * 1.5).to(torch.bfloat16)
+    expected = torch.softmax(logits.float() / 0.7, -1)
+    n = 40_000
+    params = SamplingParams(temperature=0.7)
+    tokens = Sampler(12, torch.device("cuda")).sample(
+        logits.cuda().expand(n, -1).contiguous(), [SampleRequest(params, [])] * n
+    ).token_ids.cpu()
+    freq = torch.bincount(tokens, minlength=12).float() / n
+    err = float((freq - expected).abs().max())
+    return {"max_abs_freq_error": round(err, 4), "ok": err < 0.012}
+
+
+def _run(model_dir: str, prompts, **options):
     llm = LLM(model_dir, device="cuda", num_kv_tokens=200_000, **options)
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=2)
     start = time.perf_counter()
@@ -68,11 +100,13 @@ def hf_first_tokens(model_dir: str, prompts) -> list[int]:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
+    parser.add_argument("--configs", help="comma-separated subset of the configurations")
     args = parser.parse_args()
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 1000) for _ in range(rng.randrange(8, 700))] for _ in range(32)]
     report: dict = {"criterion": __doc__.split("Criterion")[1].split("python3")[0].strip(), "models": {}}
-    ok = True
+    report["sampler"] = sampler_check()
+    ok = report["sampler"]["ok"]
     for arch in ("Qwen3ForCausalLM", "LlamaForCausalLM"):
         model_dir = str(make_model_dir(tempfile.mkdtemp() + "/m", arch, tokenizer_vocab_size=4096, **SHAPE))
         hf_first = hf_first_tokens(model_dir, prompts)
@@ -91,7 +125,11 @@ def main() -> int:
             "fi_no_overlap": dict(attn="fi", overlap=False),
             "fa3,fi": dict(attn="fa3,fi"),
             "fi_page16": dict(attn="fi", page_size=16),
+            "fi_cuda_core_decode": dict(attn="fi", env={"MINISGL_FI_TENSOR_CORES": "0"}),
         }
+        if args.configs:
+            wanted = args.configs.split(",")
+            configs = {k: v for k, v in configs.items() if k in wanted}
         results = {}
         for name, options in configs.items():
             try:
