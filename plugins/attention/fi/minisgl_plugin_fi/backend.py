@@ -17,10 +17,9 @@ buffers, and :meth:`prepare_replay` re-plans it, which rewrites the buffers in p
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
-
-import os
 
 import torch
 
