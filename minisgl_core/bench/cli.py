@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import subprocess
 import time
@@ -64,7 +65,10 @@ def _make(shape: str, out: Path, device: str) -> Path:
 
 
 def _meta(args: argparse.Namespace) -> dict[str, Any]:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    # MINISGL_COMMIT: for copies of a checkout whose .git is not the one the run came from
+    commit = os.environ.get("MINISGL_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     device = "cpu"
     try:
         import torch

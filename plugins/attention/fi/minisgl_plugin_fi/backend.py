@@ -30,11 +30,11 @@ from minisgl_plugin_fi.planning import PlanFences, host_csr
 if TYPE_CHECKING:
     from flashinfer import BatchDecodeWithPagedKVCacheWrapper
 
-#: decode on tensor cores (the FA2 prefill kernel, one query row per sequence) from this many
-#: query heads per KV head; below it, FlashInfer's CUDA-core decode kernel reads the KV faster
-#: (H200, bf16, head_dim 128: 212 vs 226 µs at group 2, 281 vs 227 µs at group 4, bs 256 x 800;
-#: BENCHMARKS.md). ``MINISGL_FI_TENSOR_CORES=1|0`` forces either (ablation).
-TENSOR_CORE_MIN_GROUP = 4
+#: Decode runs on tensor cores (the FA2 prefill kernel, one query row per sequence) at every GQA
+#: group size. Alone, FlashInfer's CUDA-core decode kernel reads the KV ~9% faster at group 2
+#: (H200, bf16, head_dim 128, bs 256 x 800, graph replay: 213 vs 232 µs), but the whole Qwen3-0.6B
+#: offline run was 16% slower with it (17.5k vs 20.8k tok/s), about what losing overlap costs,
+#: so we keep tensor cores. ``MINISGL_FI_TENSOR_CORES=0`` selects the CUDA-core kernel (ablation).
 
 #: float workspace for split-KV partial results, shared by every wrapper of one backend (the
 #: wrappers run one after another on one stream); FlashInfer recommends 128 MiB
@@ -87,11 +87,7 @@ class FlashInferBackend(AttentionBackend):
         self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
             self.workspace, "NHD", backend=self.prefill_kernels
         )
-        forced = os.environ.get("MINISGL_FI_TENSOR_CORES")
-        group = config.num_qo_heads // config.num_kv_heads
-        self.decode_tensor_cores = forced == "1" if forced in ("0", "1") else group >= TENSOR_CORE_MIN_GROUP
-        props = torch.cuda.get_device_properties(config.device)
-        self._num_sms = props.multi_processor_count
+        self.decode_tensor_cores = os.environ.get("MINISGL_FI_TENSOR_CORES", "1") != "0"
         self.decode_wrapper = self._decode_wrapper()
         self.graph_wrappers: dict[int, BatchDecodeWithPagedKVCacheWrapper] = {}
         self._graph_buffers: GraphBuffers | None = None
@@ -165,13 +161,9 @@ class FlashInferBackend(AttentionBackend):
     ) -> FlashInferMetadata:
         config = self.config
         host = host_csr(batch, config.page_size)
+        # Split-KV stays on even for full batches: without it the graph replay of bs 32 x 1500
+        # tokens took 71.6 instead of 56.7 µs per layer (scripts/device_profile.py attn).
         options = self._kernel_options()
-        if self.decode_tensor_cores and batch.batch_size * config.num_kv_heads >= self._num_sms:
-            # One CTA per (sequence, KV head) already fills the GPU: splitting the KV only adds a
-            # merge kernel and a round trip of partial outputs through the workspace. (Graph-mode
-            # wrappers always see the same batch size, so this choice is the same at capture and
-            # at every replay.)
-            options["disable_split_kv"] = True
         with self._fences.planning(wrapper):
             wrapper.plan(
                 host.kv_indptr,
