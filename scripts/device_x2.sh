@@ -28,7 +28,8 @@ if [[ $what == serve || $what == all ]]; then
   done
   sp() { timeout 150 python3 -m minisgl_core bench serve --url http://127.0.0.1:$1 --model bench --workload shared-prefix \
            --concurrency 128 --label "shared-prefix $2" --output "$out/serve.jsonl" 2>/dev/null | tail -n 1 | cut -c1-600; }
-  sp 8001 radix & sp 8002 naive & wait
+  # wait for the two clients only: a bare `wait` would also wait for the servers, i.e. forever
+  sp 8001 radix & c1=$!; sp 8002 naive & c2=$!; wait $c1 $c2
   timeout 120 python3 -m minisgl_core bench serve --url http://127.0.0.1:8001 --model bench --workload standard \
     --num-requests 64 --concurrency 16,64 --label "standard sweep radix" --output "$out/serve.jsonl" 2>/dev/null | cut -c1-400
   pkill -f "minisgl_core serve"; sleep 3
