@@ -87,6 +87,7 @@ class Engine:
         policy = policy_cls()
         device = self.runner.device
         self.sampler = Sampler(self.runner.vocab_size, device)
+        self.sampler.warm_up(self.runner.dtype)
         self.last_tokens = torch.zeros(self.runner.num_request_rows, dtype=torch.int64, device=device)
         self.scheduler = Scheduler(
             policy=policy,

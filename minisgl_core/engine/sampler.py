@@ -71,6 +71,16 @@ class Sampler:
         self.vocab_size = vocab_size
         self.device = device
 
+    def warm_up(self, dtype: torch.dtype) -> None:
+        """Compile the fused sampling kernel now (one and several rows), so that the first sampled
+        request does not wait for it: on a cold machine that is over a second."""
+        if self.device.type != "cuda":
+            return
+        for rows in (2, 1):
+            logits = torch.zeros(rows, self.vocab_size, dtype=dtype, device=self.device)
+            ones = torch.ones(rows, device=self.device)
+            gumbel_argmax(logits, ones, ones)
+
     def make_generator(self, seed: int) -> torch.Generator:
         gen = torch.Generator(device=self.device)
         gen.manual_seed(seed)
