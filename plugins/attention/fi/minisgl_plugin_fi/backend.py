@@ -31,10 +31,10 @@ if TYPE_CHECKING:
     from flashinfer import BatchDecodeWithPagedKVCacheWrapper
 
 #: Decode runs on tensor cores (the FA2 prefill kernel, one query row per sequence) at every GQA
-#: group size. Alone, FlashInfer's CUDA-core decode kernel reads the KV ~9% faster at group 2
-#: (H200, bf16, head_dim 128, bs 256 x 800, graph replay: 213 vs 232 µs), but the whole Qwen3-0.6B
-#: offline run was 16% slower with it (17.5k vs 20.8k tok/s), about what losing overlap costs,
-#: so we keep tensor cores. ``MINISGL_FI_TENSOR_CORES=0`` selects the CUDA-core kernel (ablation).
+#: group size: measured best in the engine (Qwen3-0.6B offline 20.6k tok/s). Alone, FlashInfer's
+#: CUDA-core decode kernel reads the KV ~9% faster at group 2 (H200, bf16, head_dim 128, bs 256 x
+#: 800, graph replay: 213 vs 232 µs) and ~45% slower at group 4; it has not had a clean A/B in
+#: the engine yet (BENCHMARKS.md). ``MINISGL_FI_TENSOR_CORES=0`` selects it.
 
 #: float workspace for split-KV partial results, shared by every wrapper of one backend (the
 #: wrappers run one after another on one stream); FlashInfer recommends 128 MiB
