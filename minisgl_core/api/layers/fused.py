@@ -35,12 +35,30 @@ def fused(fn: F_) -> F_:
     return call  # type: ignore[return-value]
 
 
-@fused
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMS norm over the last dimension in float32, as Hugging Face computes it."""
+def _normalize(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``weight * x / rms(x)`` over the last dimension, computed in float32 like Hugging Face."""
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x32.to(x.dtype)
+
+
+def _cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary angles in float32, as ``[num_tokens, 1, head_dim]`` cos and sin in ``dtype``."""
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Neox-style rotary: ``x * cos + rotate_half(x) * sin``."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+@fused
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMS norm over the last dimension in float32, as Hugging Face computes it."""
+    return _normalize(x, weight, eps)
 
 
 @fused
@@ -49,9 +67,7 @@ def add_rms_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(rms_norm(x + residual), x + residual)``: the residual add folded into the next norm."""
     total = x + residual
-    x32 = total.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype), total
+    return _normalize(total, weight, eps), total
 
 
 @fused
@@ -59,13 +75,8 @@ def rotary(
     q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Neox-style rotary (rotate_half) on [num_tokens, heads, head_dim]; angles in float32."""
-    freqs = positions.float()[:, None] * inv_freq[None, :]
-    emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
-    cos, sin = emb.cos().to(q.dtype), emb.sin().to(q.dtype)
-    half = q.shape[-1] // 2
-    q_rot = torch.cat((-q[..., half:], q[..., :half]), dim=-1)
-    k_rot = torch.cat((-k[..., half:], k[..., :half]), dim=-1)
-    return q * cos + q_rot * sin, k * cos + k_rot * sin
+    cos, sin = _cos_sin(positions, inv_freq, q.dtype)
+    return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 
 @fused
@@ -90,15 +101,8 @@ def qk_norm_rope(
     arithmetic as :func:`rms_norm` followed by :func:`rotary`."""
     num_heads, head_dim = qk.shape[1], qk.shape[2]
     if q_weight is not None and k_weight is not None:
-        x32 = qk.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
         weight = torch.cat(
             (q_weight.expand(num_q_heads, head_dim), k_weight.expand(num_heads - num_q_heads, head_dim))
         )
-        qk = weight * x32.to(qk.dtype)
-    freqs = positions.float()[:, None] * inv_freq[None, :]
-    emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
-    cos, sin = emb.cos().to(qk.dtype), emb.sin().to(qk.dtype)
-    half = head_dim // 2
-    rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
-    return qk * cos + rotated * sin
+        qk = _normalize(qk, weight, eps)
+    return _rotate(qk, *_cos_sin(positions, inv_freq, qk.dtype))
