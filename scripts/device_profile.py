@@ -17,6 +17,7 @@ import argparse
 import json
 import time
 from collections import defaultdict
+from functools import partial
 
 import torch
 
@@ -54,6 +55,7 @@ def _device_us(prof) -> float:
 
 def attn(args: argparse.Namespace) -> dict:
     import flashinfer
+    from device_attention_check import cuda_time_us  # scripts/ is on sys.path when run as a script
 
     out = {}
     dev = torch.device("cuda")
@@ -72,18 +74,7 @@ def attn(args: argparse.Namespace) -> dict:
                     w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tc, backend="fa2")
                     w.plan(indptr, indices, last, qo, kv, 128, page, q_data_type=torch.bfloat16,
                            kv_data_type=torch.bfloat16, sm_scale=128**-0.5)  # fmt: skip
-                    kvc = (cache[0], cache[1])
-                    fn = lambda: w.run(q, kvc)  # noqa: E731
-                    for _ in range(5):
-                        fn()
-                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    _sync()
-                    s.record()
-                    for _ in range(100):
-                        fn()
-                    e.record()
-                    _sync()
-                    us = s.elapsed_time(e) * 10
+                    us = cuda_time_us(partial(w.run, q, (cache[0], cache[1])), iters=100)
                     tbps = 2 * bs * ctx * kv * 128 * 2 / (us * 1e-6) / 1e12
                     key = f"qo{qo}/kv{kv} bs{bs} ctx{ctx} page{page} tc={tc}"
                     out[key] = {"us": round(us, 1), "TB/s": round(tbps, 2)}
@@ -113,15 +104,7 @@ def attn(args: argparse.Namespace) -> dict:
                 with torch.cuda.graph(graph):
                     for _ in range(20):
                         w.run(q, kvc)
-                graph.replay()
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                _sync()
-                s.record()
-                for _ in range(10):
-                    graph.replay()
-                e.record()
-                _sync()
-                us = s.elapsed_time(e) * 1000 / 200
+                us = cuda_time_us(graph.replay, iters=10) / 20  # 20 runs per replay
                 tbps = 2 * bs * ctx * kv * 128 * 2 / (us * 1e-6) / 1e12
                 key = f"graph qo{qo}/kv{kv} bs{bs} ctx{ctx} tc={tc} no_split={no_split}"
                 out[key] = {"us": round(us, 1), "TB/s": round(tbps, 2)}
