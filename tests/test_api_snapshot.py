@@ -150,12 +150,43 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, str]:
     return {prefix: json.dumps(tree, sort_keys=True)}
 
 
+def _parameters(signature: str) -> tuple[list[str], str] | None:
+    """The parameters (split at top-level commas) and the rest of ``"def (params) -> ret"``."""
+    if not signature.startswith('"def ('):
+        return None
+    depth, params, current = 0, [], ""
+    for i, char in enumerate(signature[len('"def (') :], start=len('"def (')):
+        if char == ")" and depth == 0:
+            params.append(current.strip())
+            return [p for p in params if p], signature[i:]
+        depth += char in "([{"
+        depth -= char in ")]}"
+        if char == "," and depth == 0:
+            params.append(current.strip())
+            current = ""
+        else:
+            current += char
+    return None
+
+
+def extends(old: str, new: str) -> bool:
+    """``new`` is the signature ``old`` with parameters added at the end, each with a default:
+    every call that worked still does (a dataclass growing a defaulted field, for example)."""
+    a, b = _parameters(old), _parameters(new)
+    if a is None or b is None or a[1] != b[1]:
+        return False
+    (old_params, _), (new_params, _) = a, b
+    added = new_params[len(old_params) :]
+    return new_params[: len(old_params)] == old_params and bool(added) and all("=" in p for p in added)
+
+
 def compare(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[str], list[str], list[str]]:
-    """(removed, changed, added) paths between two API descriptions."""
+    """(removed, changed, added) paths between two API descriptions; a signature that only gained
+    trailing parameters with defaults counts as added."""
     a, b = flatten(old), flatten(new)
     removed = sorted(k for k in a if k not in b)
-    changed = sorted(k for k in a if k in b and a[k] != b[k])
-    added = sorted(k for k in b if k not in a)
+    changed = sorted(k for k in a if k in b and a[k] != b[k] and not extends(a[k], b[k]))
+    added = sorted([k for k in b if k not in a] + [k for k in a if k in b and a[k] != b[k] and extends(a[k], b[k])])
     return removed, changed, added
 
 
@@ -229,6 +260,17 @@ def test_a_changed_signature_is_detected() -> None:
     assert changed == ["minisgl_core.api.AttentionBackend.members.forward"]
     assert removed and all(path.startswith("hooks.minisgl_register_models.") for path in removed)
     assert not added
+
+
+def test_trailing_defaulted_parameters_are_an_addition() -> None:
+    old = '"def (self, a: int, b: dict[str, int] = {}) -> None"'
+    assert extends(old, '"def (self, a: int, b: dict[str, int] = {}, c: int | None = None) -> None"')
+    assert not extends(old, '"def (self, a: int, b: dict[str, int] = {}, c: int) -> None"')  # no default
+    assert not extends(old, '"def (self, c: int = 0, a: int, b: dict[str, int] = {}) -> None"')  # not at the end
+    assert not extends(old, '"def (self, a: int, b: dict[str, int] = {}, c: int = 0) -> int"')  # return changed
+    assert not extends(old, old)
+    assert compare({"f": "def (x)"}, {"f": "def (x, y=1)"}) == ([], [], ["f"])
+    assert compare({"f": "def (x)"}, {"f": "def (y)"}) == ([], ["f"], [])
 
 
 # ---------------------------------------------------------------- regenerating

@@ -5,8 +5,16 @@ oldest version it needs; it is compatible when the majors are equal and its mino
 than the core's. Every name in ``__all__`` is covered by a snapshot test.
 """
 
-from minisgl_core.api.attention import AttentionBackend, AttentionConfig, KVCache, PagedLayout, paged_layout
-from minisgl_core.api.batch import ForwardBatch
+from minisgl_core.api.attention import (
+    AttentionBackend,
+    AttentionConfig,
+    KVCache,
+    PagedLayout,
+    PageRanges,
+    paged_layout,
+    paged_ranges,
+)
+from minisgl_core.api.batch import ForwardBatch, SharedPrefix
 from minisgl_core.api.cache import CacheManager, CacheSize, PrefixMatch
 from minisgl_core.api.deprecation import (
     MinisglDeprecationWarning,
@@ -28,7 +36,7 @@ from minisgl_core.api.policy import (
 )
 from minisgl_core.api.process import ProcessContext
 
-API_VERSION = "1.2"
+API_VERSION = "1.3"
 
 __all__ = [
     "API_VERSION",
@@ -44,6 +52,7 @@ __all__ = [
     "MinisglDeprecationWarning",
     "Model",
     "ModelConfig",
+    "PageRanges",
     "PagedLayout",
     "ParallelContext",
     "PrefillPlan",
@@ -52,10 +61,12 @@ __all__ = [
     "RequestView",
     "SchedulerState",
     "SchedulingPolicy",
+    "SharedPrefix",
     "deprecated",
     "hookimpl",
     "hookspec",
     "paged_layout",
+    "paged_ranges",
     "renamed",
     "renamed_attribute",
     "warn_deprecated",

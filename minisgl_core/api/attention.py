@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
@@ -112,6 +113,40 @@ def paged_layout(batch: ForwardBatch, page_size: int) -> PagedLayout:
     return PagedLayout(qo_indptr, kv_indptr, kv_indices, kv_last_page_len)
 
 
+class PageRanges(NamedTuple):
+    """Pages covering chosen position ranges of chosen page-table rows (see :func:`paged_ranges`)."""
+
+    #: [total_pages] int32 page ids on the page table's device, range after range
+    kv_indices: torch.Tensor
+    #: [n + 1] host offsets into ``kv_indices``
+    kv_indptr: list[int]
+    #: [n] host: tokens used in each range's last page (0 for an empty range)
+    kv_last_page_len: list[int]
+
+
+def paged_ranges(
+    page_table: torch.Tensor, rows: torch.Tensor, starts: list[int], ends: list[int], page_size: int
+) -> PageRanges:
+    """The pages of positions ``[starts[i], ends[i])`` of page-table row ``rows[i]``, for each ``i``.
+
+    ``rows``: [n] integer tensor on the page table's device; ``starts`` must sit on page
+    boundaries. Lengths come from the host lists, so nothing here waits for the device."""
+    if any(s % page_size for s in starts):
+        raise ValueError(f"range starts must be multiples of the page size {page_size}: {starts}")
+    first = [s // page_size for s in starts]
+    counts = [max(0, -(-e // page_size) - f) for e, f in zip(ends, first, strict=True)]
+    indptr = [0, *itertools.accumulate(counts)]
+    device = page_table.device
+    info = torch.tensor([first, counts], dtype=torch.int64).to(device, non_blocking=True)
+    total = indptr[-1]
+    entry = torch.repeat_interleave(torch.arange(len(counts), device=device), info[1], output_size=total)
+    entry_start = torch.cumsum(info[1], 0) - info[1]
+    page = info[0][entry] + torch.arange(total, device=device) - entry_start[entry]
+    kv_indices = (page_table[rows.long()[entry], page * page_size] // page_size).to(torch.int32)
+    last = [(e - 1) % page_size + 1 if c else 0 for e, c in zip(ends, counts, strict=True)]
+    return PageRanges(kv_indices, indptr, last)
+
+
 class AttentionBackend(ABC):
     """Paged attention for one model. One instance serves every layer.
 
@@ -121,7 +156,9 @@ class AttentionBackend(ABC):
     """
 
     #: capability names the conformance kit and the core look at:
-    #: "prefill", "decode", "cuda_graph", "page_size>1"
+    #: "prefill", "decode", "cuda_graph", "page_size>1", and (API 1.3) "cascade": decode batches
+    #: may carry ``ForwardBatch.shared_prefixes`` (also in CUDA graphs, when "cuda_graph" is
+    #: declared: the core captures a second set of decode graphs with ``shared_prefixes=[]``)
     capabilities: ClassVar[frozenset[str]] = frozenset({"prefill", "decode", "page_size>1"})
 
     def __init__(self, config: AttentionConfig) -> None:

@@ -9,12 +9,23 @@ contiguous (``slot // page_size`` is the page, ``slot % page_size`` the offset i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
 if TYPE_CHECKING:
     from minisgl_core.api.attention import AttentionBackend
+
+
+class SharedPrefix(NamedTuple):
+    """Decode sequences ``start .. end - 1`` of a batch (consecutive) whose first ``length``
+    positions are the same KV slots: a prompt prefix they all reused from the prefix cache.
+
+    ``length`` is a multiple of the page size and shorter than each of their sequences."""
+
+    start: int
+    end: int
+    length: int
 
 
 @dataclass
@@ -47,6 +58,12 @@ class ForwardBatch:
     captured: bool = False
     #: free-form data for plugins; never read by the core
     extra: dict[str, Any] = field(default_factory=dict)
+    #: (API 1.3, decode batches, only for backends declaring "cascade") ``None``: attend as
+    #: usual. A list: the groups of sequences sharing a prefix (each sequence in at most one;
+    #: the others are on their own), for cascade attention: read a shared prefix once per group
+    #: and merge it with each sequence's own suffix. The result must equal plain attention, so a
+    #: backend may also ignore it.
+    shared_prefixes: list[SharedPrefix] | None = None
 
     @property
     def batch_size(self) -> int:

@@ -27,6 +27,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--cuda-graph-max-bs", type=int, default=256, help="0 disables CUDA graphs")
     g.add_argument("--disable-overlap", action="store_true", help="turn off overlap scheduling (ablation)")
     g.add_argument(
+        "--disable-cascade",
+        action="store_true",
+        help="turn off cascade attention for requests sharing a cached prefix (ablation)",
+    )
+    g.add_argument(
         "--disable-plugin", action="append", default=[], metavar="NAME", help="skip a plugin (repeatable)"
     )
 
@@ -68,6 +73,7 @@ def engine_config_from_args(args: argparse.Namespace, plugin_options: dict[str, 
     return EngineConfig(
         model=resolve_model(args.model),
         overlap=not args.disable_overlap,
+        cascade=not args.disable_cascade,
         plugin_options=plugin_options or {},
         **values,
     )

@@ -35,6 +35,9 @@ class EngineConfig:
     cuda_graph_max_bs: int = 256
     #: overlap CPU scheduling of step N+1 with the GPU running step N
     overlap: bool = True
+    #: cascade attention for decode requests sharing a cached prefix, where the decode backend
+    #: supports it (read the shared prefix once per group)
+    cascade: bool = True
     #: options plugins added to the CLI, passed through untouched
     plugin_options: dict[str, Any] = field(default_factory=dict)
 

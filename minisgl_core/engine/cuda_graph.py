@@ -4,6 +4,10 @@ Decode steps are many small kernels, so launching them costs more than running t
 batch sizes. Each captured graph reads fixed input buffers; a real batch is copied into them,
 padded up to the nearest captured size with dummy requests that point at a reserved spare
 page-table row and a reserved KV page, and the graph replays.
+
+With cascade attention (the decode backend declares "cascade") every size is captured twice: a
+plain graph, and a cascade graph captured on ``shared_prefixes=[]`` that replays the batches
+whose ``shared_prefixes`` is set (the dummy requests are lone sequences there).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from minisgl_core.api import ForwardBatch
+from minisgl_core.api import ForwardBatch, SharedPrefix
 
 if TYPE_CHECKING:
     from minisgl_core.engine.runner import ModelRunner
@@ -31,8 +35,9 @@ def capture_sizes(max_bs: int) -> list[int]:
 
 
 class GraphRunner:
-    def __init__(self, runner: ModelRunner, max_bs: int) -> None:
+    def __init__(self, runner: ModelRunner, max_bs: int, cascade: bool = False) -> None:
         self.runner = runner
+        self.cascade = cascade
         self.attn = runner.decode_attn
         self.max_bs = min(max_bs, runner.num_request_rows - 1)
         self.sizes = capture_sizes(self.max_bs)
@@ -48,11 +53,12 @@ class GraphRunner:
         self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
         self.extend_lens = torch.ones(n, dtype=torch.int32, device=device)
         self.logits_indices = torch.arange(n, device=device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
+        #: by (batch size, cascade)
+        self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[tuple[int, bool], torch.Tensor] = {}
         self._capture()
 
-    def _batch(self, bs: int, seq_lens_cpu: list[int]) -> ForwardBatch:
+    def _batch(self, bs: int, seq_lens_cpu: list[int], shared: list[SharedPrefix] | None = None) -> ForwardBatch:
         return ForwardBatch(
             is_prefill=False,
             input_ids=self.input_ids[:bs],
@@ -67,6 +73,7 @@ class GraphRunner:
             logits_indices=self.logits_indices[:bs],
             attn=self.attn,
             captured=True,
+            shared_prefixes=shared,
         )
 
     @torch.inference_mode()
@@ -85,25 +92,28 @@ class GraphRunner:
             gc.enable()
         torch.cuda.synchronize()
         logger.info(
-            "captured %d decode CUDA graphs (bs %d..%d) in %.1f s",
-            len(self.sizes), self.sizes[0], self.sizes[-1], time.perf_counter() - start,
+            "captured %d decode CUDA graphs (bs %d..%d%s) in %.1f s",
+            len(self.graphs), self.sizes[0], self.sizes[-1], ", plain and cascade" if self.cascade else "",
+            time.perf_counter() - start,
         )  # fmt: skip
 
     def _capture_sizes(self, pool) -> None:
+        variants = (False, True) if self.cascade else (False,)
         for bs in reversed(self.sizes):  # largest first, so smaller graphs reuse its memory pool
-            batch = self._batch(bs, [1] * bs)
-            self.attn.prepare_capture(batch)
-            for _ in range(2):  # warm up outside the graph (lazy init, autotuning)
-                self.runner.model(batch)
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.outputs[bs] = self.runner.model(batch)
-            pool = graph.pool()
-            self.graphs[bs] = graph
+            for cascade in variants:
+                batch = self._batch(bs, [1] * bs, [] if cascade else None)
+                self.attn.prepare_capture(batch)
+                for _ in range(2):  # warm up outside the graph (lazy init, autotuning)
+                    self.runner.model(batch)
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self.outputs[bs, cascade] = self.runner.model(batch)
+                pool = graph.pool()
+                self.graphs[bs, cascade] = graph
 
     def can_run(self, batch: ForwardBatch) -> bool:
-        return batch.batch_size <= self.max_bs
+        return batch.batch_size <= self.max_bs and (batch.shared_prefixes is None or self.cascade)
 
     def replay(self, batch: ForwardBatch) -> torch.Tensor:
         bs = batch.batch_size
@@ -119,7 +129,9 @@ class GraphRunner:
             self.out_cache_loc[bs:padded].fill_(self.dummy_slot)
             self.req_slots[bs:padded].fill_(self.spare_row)
             self.seq_lens[bs:padded].fill_(1)
-        replay_batch = self._batch(padded, batch.seq_lens_cpu + [1] * (padded - bs))
+        shared = batch.shared_prefixes
+        replay_batch = self._batch(padded, batch.seq_lens_cpu + [1] * (padded - bs), shared)
         self.attn.prepare_replay(replay_batch)
-        self.graphs[padded].replay()
-        return self.outputs[padded][:bs]
+        key = (padded, shared is not None)
+        self.graphs[key].replay()
+        return self.outputs[key][:bs]

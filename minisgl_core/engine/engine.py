@@ -103,6 +103,7 @@ class Engine:
             decode_attn=self.runner.decode_attn,
             stop_checker=StopChecker(self.eos_ids, lambda ids: tokenizer.decode(ids)),
             make_generator=self.sampler.make_generator,
+            cascade=self.runner.cascade,
         )
         # On the CPU the forward is synchronous, so overlap gains nothing there, but it runs the
         # same lagged bookkeeping, which keeps that logic under test in CI.

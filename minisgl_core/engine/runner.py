@@ -94,12 +94,13 @@ class ModelRunner:
             self.prefill_attn if decode_name == prefill_name else attn_classes[decode_name](attn_config)
         )
         self.attn_names = (prefill_name, decode_name)
+        self.cascade = config.cascade and "cascade" in self.decode_attn.capabilities
         self.graphs = None
         if self.device.type == "cuda" and config.cuda_graph_max_bs > 0:
             if "cuda_graph" in self.decode_attn.capabilities:
                 from minisgl_core.engine.cuda_graph import GraphRunner
 
-                self.graphs = GraphRunner(self, config.cuda_graph_max_bs)
+                self.graphs = GraphRunner(self, config.cuda_graph_max_bs, cascade=self.cascade)
             else:
                 logger.info("attention backend %s does not support CUDA graphs; running eagerly", decode_name)
 

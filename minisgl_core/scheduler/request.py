@@ -31,6 +31,9 @@ class Request:
     generator: torch.Generator | None = None
     #: per-request stop-string window, in tokens
     stop_window: int = 0
+    #: (another request's prefix_slots, how many leading slots this one shares with it), see
+    #: :mod:`minisgl_core.scheduler.cascade`
+    shared_prefix_memo: tuple[torch.Tensor, int] | None = None
 
     #: tokens whose KV must exist before the next token is sampled: the prompt, and after a
     #: retraction the prompt plus the output so far (recomputed, mostly from the prefix cache)

@@ -26,6 +26,7 @@ from minisgl_core.api import (
 from minisgl_core.engine.allocator import PageAllocator, RequestSlots
 from minisgl_core.engine.sampler import to_device
 from minisgl_core.sampling import StepOutput, TokenLogprob
+from minisgl_core.scheduler.cascade import group_shared_prefixes
 from minisgl_core.scheduler.kv import KVManager
 from minisgl_core.scheduler.request import Request
 from minisgl_core.scheduler.stop import StopChecker
@@ -59,6 +60,7 @@ class Scheduler:
         decode_attn: AttentionBackend,
         stop_checker: StopChecker,
         make_generator: Callable[[int], torch.Generator],
+        cascade: bool = False,
     ) -> None:
         self.policy = policy
         self.kv = KVManager(PageAllocator(num_pages, page_size), cache, page_size)
@@ -71,6 +73,8 @@ class Scheduler:
         self.decode_attn = decode_attn
         self.stop_checker = stop_checker
         self.make_generator = make_generator
+        #: group decode requests that share a cached prefix (the decode backend declares "cascade")
+        self.cascade = cascade
         #: set by the engine: completes the step still in flight (overlap) before a retraction,
         #: so the retracted request keeps the token it was computing
         self.complete_inflight: Callable[[], None] = lambda: None
@@ -182,6 +186,9 @@ class Scheduler:
         self._retract_until_decode_fits(reqs)
         if not reqs:  # the step completed meanwhile finished them all
             return None
+        shared = None
+        if self.cascade:
+            reqs, shared = group_shared_prefixes(reqs, {r.rid: r.num_computed + 1 for r in reqs}, self.kv.page_size)
         slots = [self.kv.allocate(r, r.num_computed + 1) for r in reqs]
         if any(s is None for s in slots):  # cannot happen: check_request keeps one request within the pool
             raise RuntimeError("KV pool exhausted with a single request running")
@@ -192,6 +199,7 @@ class Scheduler:
         input_ids = self.last_tokens[rows]
         seq_lens = [r.num_computed + 1 for r in reqs]
         batch = self._forward_batch(False, reqs, [1] * len(reqs), seq_lens, input_ids, positions, slots)
+        batch.shared_prefixes = shared
         for req in reqs:
             req.num_computed += 1
         return ScheduledBatch(batch, reqs, [1] * len(reqs), list(range(len(reqs))))

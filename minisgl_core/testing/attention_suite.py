@@ -33,7 +33,7 @@ from typing import Any, ClassVar, NamedTuple
 import pytest
 import torch
 
-from minisgl_core.api import AttentionBackend, AttentionConfig, ForwardBatch, KVCache
+from minisgl_core.api import AttentionBackend, AttentionConfig, ForwardBatch, KVCache, SharedPrefix
 from minisgl_core.testing.paged import (
     PageTableLayout,
     make_forward_batch,
@@ -43,7 +43,7 @@ from minisgl_core.testing.paged import (
     store_prefixes,
 )
 
-KNOWN_CAPABILITIES = frozenset({"prefill", "decode", "cuda_graph", "page_size>1"})
+KNOWN_CAPABILITIES = frozenset({"prefill", "decode", "cuda_graph", "page_size>1", "cascade"})
 #: (atol, rtol) when the suite does not set them
 DEFAULT_TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float16: (4e-3, 4e-3), torch.bfloat16: (2e-2, 2e-2)}
 #: the layer single-layer tests use; layer 0 holds garbage a backend must not read
@@ -418,6 +418,106 @@ class AttentionBackendSuite:
             batch = self.batch(
                 problem, generator, seq_lens, [1] * n, rows=rows, is_prefill=False, captured=True
             )
+            keys, values = ([d[r] for r in rows] for d in (problem.keys[LAYER], problem.values[LAYER]))
+            store_prefixes(config.kv_cache, LAYER, batch, keys, values)
+            inputs = self.step_inputs(problem, generator, batch, LAYER, rows)
+            for name in ("input_ids", "positions", "out_cache_loc"):
+                getattr(dummy, name).copy_(getattr(batch, name))
+            for static, value in zip((static_q, static_k, static_v), inputs, strict=True):
+                static.copy_(value)
+            backend.prepare_replay(batch)
+            pool_before = config.kv_cache.buffer.clone()
+            graph.replay()
+            torch.cuda.synchronize(self.device)
+            self.check_step(problem, batch, LAYER, rows, inputs, static_out.clone(), pool_before)
+
+    # --- cascade (shared prefixes) ---
+
+    def shared_prefix_problem(
+        self, shape: Shape, generator: torch.Generator, plan: Sequence[int], extra: int = 0
+    ) -> tuple[Problem, list[int], list[SharedPrefix]]:
+        """A decode batch laid out by ``plan`` (a group of that many sequences for each entry
+        > 1, a lone sequence for each 1) whose groups really share their prefix's pages, as the
+        prefix cache makes them: members' page-table rows point at the first member's slots and
+        their K/V there is the first member's. ``extra`` more lone sequences follow in the
+        problem (not in the batch). Returns the problem, the batch's lengths and its groups."""
+        page, longest = shape.page_size, self.max_seq_len
+        seq_lens: list[int] = []
+        groups: list[SharedPrefix] = []
+        for size in plan:
+            if size == 1:
+                seq_lens.append(self.randoms(generator, 1, 1, longest)[0])
+                continue
+            length = page * self.randoms(generator, 1, 1, (longest - 1) // page)[0]
+            lens = self.randoms(generator, size, length + 1, longest)
+            lens[0] = length + 1  # one member's suffix is just its new token
+            groups.append(SharedPrefix(len(seq_lens), len(seq_lens) + size, length))
+            seq_lens += lens
+        capacities = seq_lens + self.randoms(generator, extra, 1, longest)
+        problem = self.make_problem(shape, capacities, generator)
+        table, rows = problem.layout.page_table, problem.layout.req_slots.long()
+        for g in groups:
+            for member in range(g.start + 1, g.end):
+                table[rows[member], : g.length] = table[rows[g.start], : g.length]
+                for dense in (*problem.keys, *problem.values):
+                    dense[member][: g.length] = dense[g.start][: g.length]
+        return problem, seq_lens, groups
+
+    def test_cascade_decode(self, shape: Shape, generator: torch.Generator) -> None:
+        """Decode with ``shared_prefixes``: groups of several sizes between lone sequences,
+        including a member whose suffix is only its new token, equals plain attention."""
+        self.require("decode", "cascade")
+        problem, seq_lens, groups = self.shared_prefix_problem(shape, generator, [1, 3, 1, 2, 4, 1])
+        batch = self.batch(problem, generator, seq_lens, [1] * len(seq_lens), is_prefill=False)
+        batch.shared_prefixes = groups
+        store_prefixes(problem.config.kv_cache, LAYER, batch, problem.keys[LAYER], problem.values[LAYER])
+        self.run_step(problem, generator, batch)
+
+    def test_cascade_decode_without_groups(self, generator: torch.Generator) -> None:
+        """``shared_prefixes=[]`` (every sequence on its own) is plain attention too."""
+        self.require("decode", "cascade")
+        problem, seq_lens, _ = self.shared_prefix_problem(self.representative_shape(), generator, [1] * 5)
+        batch = self.batch(problem, generator, seq_lens, [1] * len(seq_lens), is_prefill=False)
+        batch.shared_prefixes = []
+        store_prefixes(problem.config.kv_cache, LAYER, batch, problem.keys[LAYER], problem.values[LAYER])
+        self.run_step(problem, generator, batch)
+
+    def test_cuda_graph_cascade_decode(self, shape: Shape, generator: torch.Generator) -> None:
+        """Capture a cascade decode step on a dummy batch of lone sequences, replay it for two
+        real batches with different groups (fewer prefix entries than sequences: padding)."""
+        self.require("decode", "cuda_graph", "cascade")
+        if torch.device(self.device).type != "cuda":
+            pytest.skip("CUDA graphs need a CUDA device")
+        plans = [[3, 1, 2, 1, 1], [1, 4, 3]]
+        n = sum(plans[0])
+        problem, seq_lens, groups = self.shared_prefix_problem(shape, generator, plans[0] + plans[1], extra=n)
+        backend, config = problem.backend, problem.config
+        dummy = self.batch(
+            problem, generator, [1] * n, [1] * n, rows=range(2 * n, 3 * n), is_prefill=False, captured=True
+        )
+        dummy.shared_prefixes = []
+        static_q = torch.zeros(n, config.num_qo_heads, config.head_dim, dtype=self.dtype, device=self.device)
+        static_k = torch.zeros(n, config.num_kv_heads, config.head_dim, dtype=self.dtype, device=self.device)
+        static_v = torch.zeros_like(static_k)
+        backend.init_graph_capture(n)
+        backend.prepare_capture(dummy)
+        side = torch.cuda.Stream(device=self.device)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up outside the graph, as the core does
+            backend.forward(static_q, static_k, static_v, LAYER, dummy)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = backend.forward(static_q, static_k, static_v, LAYER, dummy)
+
+        for part in range(2):
+            rows = list(range(part * n, (part + 1) * n))
+            batch = self.batch(
+                problem, generator, seq_lens[part * n : (part + 1) * n], [1] * n, rows=rows, is_prefill=False, captured=True
+            )
+            batch.shared_prefixes = [
+                SharedPrefix(g.start - part * n, g.end - part * n, g.length) for g in groups if g.start in rows
+            ]
             keys, values = ([d[r] for r in rows] for d in (problem.keys[LAYER], problem.values[LAYER]))
             store_prefixes(config.kv_cache, LAYER, batch, keys, values)
             inputs = self.step_inputs(problem, generator, batch, LAYER, rows)

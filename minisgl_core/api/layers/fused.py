@@ -106,3 +106,23 @@ def qk_norm_rope(
         )
         qk = _normalize(qk, weight, eps)
     return _rotate(qk, *_cos_sin(positions, inv_freq, qk.dtype))
+
+
+@fused
+def merge_attention_states(
+    out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor, use_b: torch.Tensor
+) -> torch.Tensor:
+    """Attention over the union of two disjoint key sets, from attention over each part.
+
+    ``out_*``: [num_tokens, heads, head_dim]; ``lse_*``: [num_tokens, heads] float32 log-sum-exp
+    of the scaled scores in **base 2** (FlashInfer's convention). Rows where ``use_b`` ([num_tokens]
+    bool) is false return ``out_a`` and ignore part b entirely, even NaN there. Result in
+    ``out_a``'s dtype; the weighting is done in float32."""
+    keep = use_b[:, None]
+    lse_b = torch.where(keep, lse_b, float("-inf"))
+    top = torch.maximum(lse_a, lse_b)
+    w_a = torch.exp2(lse_a - top)
+    w_b = torch.exp2(lse_b - top)
+    part_b = torch.where(keep[..., None], out_b.float(), 0.0)
+    merged = (out_a.float() * w_a[..., None] + part_b * w_b[..., None]) / (w_a + w_b)[..., None]
+    return merged.to(out_a.dtype)

@@ -12,6 +12,15 @@ CUDA graphs (decode only): :meth:`init_graph_capture` allocates one set of fixed
 reference; each captured batch size gets its own graph-mode decode wrapper over views of those
 buffers, and :meth:`prepare_replay` re-plans it, which rewrites the buffers in place.
 
+Cascade (decode batches with ``shared_prefixes``, see :mod:`minisgl_plugin_fi.cascade`): two
+passes and a merge per layer. The prefix pass runs the paged prefill kernel, non-causal, with one
+entry per group whose query rows are all the group's sequences, over the shared prefix's pages,
+so the prefix is read once per group instead of once per sequence; a sequence of no group is an
+entry of its own over all its pages. The suffix pass is the decode kernel over each grouped
+sequence's pages after the prefix. The two are merged by their log-sum-exp (rows of no group keep
+the prefix pass's result). Captured in CUDA graphs like plain decode, with the prefix pass's entry
+list padded to the batch size by empty entries, since graph-mode wrappers keep their batch size.
+
 ``flashinfer`` is imported in ``__init__`` only, so importing this module stays cheap.
 """
 
@@ -24,11 +33,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 import torch
 
 from minisgl_core.api import AttentionBackend, AttentionConfig, ForwardBatch, PagedLayout, paged_layout
+from minisgl_core.api.layers.fused import merge_attention_states
 from minisgl_plugin_fi.availability import cuda_unavailable_reason, module_installed
-from minisgl_plugin_fi.planning import PlanFences, host_csr
+from minisgl_plugin_fi.cascade import CascadeLayout, cascade_layout
+from minisgl_plugin_fi.planning import PlanFences, host_csr, int32
 
 if TYPE_CHECKING:
-    from flashinfer import BatchDecodeWithPagedKVCacheWrapper
+    from flashinfer import BatchDecodeWithPagedKVCacheWrapper, BatchPrefillWithPagedKVCacheWrapper
 
 #: Decode runs on tensor cores (the FA2 prefill kernel, one query row per sequence) at every GQA
 #: group size: measured best in the engine (Qwen3-0.6B offline 20.6k tok/s). Alone, FlashInfer's
@@ -61,10 +72,24 @@ class GraphBuffers(NamedTuple):
     kv_last_page_len: torch.Tensor
 
 
+class CascadeGraphBuffers(NamedTuple):
+    """The prefix pass's fixed buffers for the cascade decode graphs (views for smaller sizes)."""
+
+    #: [max_batch_size + 1]: one entry per group or lone sequence, padded with empty entries
+    qo_indptr: torch.Tensor
+    kv_indptr: torch.Tensor
+    #: [max_batch_size * pages per max_context_len]
+    kv_indices: torch.Tensor
+    #: [max_batch_size]
+    kv_last_page_len: torch.Tensor
+    #: [max_batch_size] bool: the sequence is in a group (its suffix pass counts)
+    in_group: torch.Tensor
+
+
 class FlashInferBackend(AttentionBackend):
     """Causal paged attention with GQA on FlashInfer kernels, CUDA-graph capable for decode."""
 
-    capabilities = frozenset({"prefill", "decode", "page_size>1", "cuda_graph"})
+    capabilities = frozenset({"prefill", "decode", "page_size>1", "cuda_graph", "cascade"})
     #: FlashInfer kernel family for prefill/extend; "fa2" runs on sm80+ and shares its JIT module
     #: with the tensor-core decode kernel (one compile). The fa3 plugin swaps in "fa3".
     prefill_kernels: ClassVar[str] = "fa2"
@@ -91,11 +116,20 @@ class FlashInferBackend(AttentionBackend):
         self.decode_wrapper = self._decode_wrapper()
         self.graph_wrappers: dict[int, BatchDecodeWithPagedKVCacheWrapper] = {}
         self._graph_buffers: GraphBuffers | None = None
+        # Cascade: the prefix pass (paged prefill kernel); its suffix pass reuses the decode wrappers.
+        self.prefix_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
+        self.cascade_graph_wrappers: dict[
+            int, tuple[BatchPrefillWithPagedKVCacheWrapper, BatchDecodeWithPagedKVCacheWrapper]
+        ] = {}
+        self._cascade_buffers: CascadeGraphBuffers | None = None
         self._fences = PlanFences()
 
     # --- per step ---
 
     def prepare_metadata(self, batch: ForwardBatch) -> None:
+        if batch.shared_prefixes is not None and not batch.is_prefill:
+            batch.attn_metadata = self._plan_cascade(self.prefix_wrapper, self.decode_wrapper, batch, pad=False)
+            return
         layout = paged_layout(batch, self.config.page_size)
         if batch.is_prefill or max(batch.extend_lens_cpu) > 1:
             batch.attn_metadata = self._plan_prefill(batch, layout)
@@ -124,16 +158,33 @@ class FlashInferBackend(AttentionBackend):
             kv_indices=torch.zeros(max_batch_size * pages_per_seq, dtype=torch.int32, device=device),
             kv_last_page_len=torch.ones(max_batch_size, dtype=torch.int32, device=device),
         )
+        self._cascade_buffers = CascadeGraphBuffers(
+            qo_indptr=torch.zeros(max_batch_size + 1, dtype=torch.int32, device=device),
+            kv_indptr=torch.zeros(max_batch_size + 1, dtype=torch.int32, device=device),
+            kv_indices=torch.zeros(max_batch_size * pages_per_seq, dtype=torch.int32, device=device),
+            kv_last_page_len=torch.ones(max_batch_size, dtype=torch.int32, device=device),
+            in_group=torch.zeros(max_batch_size, dtype=torch.bool, device=device),
+        )
 
     def prepare_capture(self, batch: ForwardBatch) -> None:
+        if batch.shared_prefixes is not None:
+            prefix, suffix = self._cascade_graph_wrappers(batch.batch_size)
+            batch.attn_metadata = self._plan_cascade(prefix, suffix, batch, pad=True)
+            return
         wrapper = self._graph_wrapper(batch.batch_size)
         batch.attn_metadata = self._plan_decode(wrapper, batch, paged_layout(batch, self.config.page_size))
 
     def prepare_replay(self, batch: ForwardBatch) -> None:
+        # Planning a graph-mode wrapper copies the layout into the buffers the graph reads.
+        if batch.shared_prefixes is not None:
+            wrappers = self.cascade_graph_wrappers.get(batch.batch_size)
+            if wrappers is None:
+                raise RuntimeError(f"no cascade decode graph was captured for batch size {batch.batch_size}")
+            batch.attn_metadata = self._plan_cascade(*wrappers, batch, pad=True)
+            return
         wrapper = self.graph_wrappers.get(batch.batch_size)
         if wrapper is None:
             raise RuntimeError(f"no decode graph was captured for batch size {batch.batch_size}")
-        # Planning a graph-mode wrapper copies the layout into the buffers the graph reads.
         batch.attn_metadata = self._plan_decode(wrapper, batch, paged_layout(batch, self.config.page_size))
 
     # --- planning, overridable by backends that reuse this one (fa3) ---
@@ -177,6 +228,53 @@ class FlashInferBackend(AttentionBackend):
             )
         return FlashInferMetadata(wrapper.run)
 
+    def _plan_cascade(
+        self,
+        prefix_wrapper: BatchPrefillWithPagedKVCacheWrapper,
+        suffix_wrapper: BatchDecodeWithPagedKVCacheWrapper,
+        batch: ForwardBatch,
+        pad: bool,
+    ) -> FlashInferMetadata:
+        config = self.config
+        layout: CascadeLayout = cascade_layout(batch, config.page_size, pad_entries=pad)
+        prefix, suffix = layout.prefix, layout.suffix
+        in_group = int32(layout.in_group).to(config.device, non_blocking=True).bool()
+        if pad:  # a graph reads the flags from its fixed buffer
+            assert self._cascade_buffers is not None
+            in_group = self._cascade_buffers.in_group[: batch.batch_size].copy_(in_group, non_blocking=True)
+        options = self._kernel_options()
+        with self._fences.planning(prefix_wrapper):
+            prefix_wrapper.plan(
+                int32(layout.qo_indptr),
+                int32(prefix.kv_indptr),
+                prefix.kv_indices,
+                int32(prefix.kv_last_page_len),
+                config.num_qo_heads,
+                config.num_kv_heads,
+                config.head_dim,
+                config.page_size,
+                causal=False,
+                **options,
+            )
+        with self._fences.planning(suffix_wrapper):
+            suffix_wrapper.plan(
+                int32(suffix.kv_indptr),
+                suffix.kv_indices,
+                int32(suffix.kv_last_page_len),
+                config.num_qo_heads,
+                config.num_kv_heads,
+                config.head_dim,
+                config.page_size,
+                **options,
+            )
+
+        def attend(q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+            out, lse = prefix_wrapper.run(q, kv, return_lse=True)
+            suffix_out, suffix_lse = suffix_wrapper.run(q, kv, return_lse=True)
+            return merge_attention_states(out, lse, suffix_out, suffix_lse, in_group)
+
+        return FlashInferMetadata(attend)
+
     def _kernel_options(self) -> dict[str, Any]:
         return {
             "sm_scale": self.config.scale,
@@ -196,6 +294,28 @@ class FlashInferBackend(AttentionBackend):
                 paged_kv_last_page_len_buffer=buffers.kv_last_page_len[:graph_batch_size],
             )
         return self._flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", **options)
+
+    def _cascade_graph_wrappers(
+        self, batch_size: int
+    ) -> tuple[BatchPrefillWithPagedKVCacheWrapper, BatchDecodeWithPagedKVCacheWrapper]:
+        buffers = self._cascade_buffers
+        if buffers is None:
+            raise RuntimeError("call init_graph_capture() before prepare_capture()")
+        self._graph_wrapper(batch_size)  # checks the size against init_graph_capture's
+        if batch_size not in self.cascade_graph_wrappers:
+            prefix = self._flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+                self.workspace,
+                "NHD",
+                backend="fa2",
+                use_cuda_graph=True,
+                qo_indptr_buf=buffers.qo_indptr[: batch_size + 1],
+                paged_kv_indptr_buf=buffers.kv_indptr[: batch_size + 1],
+                paged_kv_indices_buf=buffers.kv_indices,
+                paged_kv_last_page_len_buf=buffers.kv_last_page_len[:batch_size],
+            )
+            # The suffix pass reads the plain decode graphs' index buffers: one graph replays at a time.
+            self.cascade_graph_wrappers[batch_size] = (prefix, self._decode_wrapper(batch_size))
+        return self.cascade_graph_wrappers[batch_size]
 
     def _graph_wrapper(self, batch_size: int) -> BatchDecodeWithPagedKVCacheWrapper:
         buffers = self._graph_buffers

@@ -34,12 +34,13 @@ class HostCSR(NamedTuple):
     kv_last_page_len: torch.Tensor
 
 
+def int32(values: list[int]) -> torch.Tensor:
+    """A CPU int32 tensor."""
+    return torch.tensor(values, dtype=torch.int32)
+
+
 def host_csr(batch: ForwardBatch, page_size: int) -> HostCSR:
     pages = [(n + page_size - 1) // page_size for n in batch.seq_lens_cpu]
-
-    def int32(values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int32)
-
     return HostCSR(
         qo_indptr=int32([0, *itertools.accumulate(batch.extend_lens_cpu)]),
         kv_indptr=int32([0, *itertools.accumulate(pages)]),

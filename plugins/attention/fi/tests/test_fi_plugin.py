@@ -11,9 +11,10 @@ import pytest
 import torch
 from minisgl_plugin_fi import availability
 from minisgl_plugin_fi.backend import FlashInferBackend
+from minisgl_plugin_fi.cascade import cascade_layout
 from minisgl_plugin_fi.planning import HostCSR, host_csr
 
-from minisgl_core.api import AttentionBackend, paged_layout
+from minisgl_core.api import AttentionBackend, SharedPrefix, paged_layout
 from minisgl_core.testing.attention_suite import import_target
 from minisgl_core.testing.paged import pages_needed, random_paged_batch
 
@@ -122,3 +123,52 @@ def test_host_offsets_match_paged_layout(page_size: int) -> None:
     for name in HostCSR._fields:
         assert getattr(host, name).device.type == "cpu" and getattr(host, name).dtype == torch.int32
         assert getattr(host, name).tolist() == getattr(device, name).tolist(), name
+
+
+@pytest.mark.parametrize("pad", [False, True])
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_cascade_layout(page_size: int, pad: bool) -> None:
+    """The prefix pass has one entry per group (its rows, the prefix's pages of its first
+    sequence) or lone sequence (all its pages); the suffix pass one per sequence."""
+    seq_lens = [9, 13, 21, 5, 17, 30]
+    batch = random_paged_batch(
+        seq_lens,
+        [1] * len(seq_lens),
+        page_size=page_size,
+        num_pages=pages_needed(seq_lens, page_size) + 2,
+        max_requests=8,
+        max_context_len=32,
+        attn=None,  # type: ignore[arg-type]  # only the layout is used
+        generator=torch.Generator().manual_seed(page_size),
+    )
+    batch.shared_prefixes = [SharedPrefix(1, 3, 8), SharedPrefix(4, 6, 4)]
+    layout = cascade_layout(batch, page_size, pad_entries=pad)
+    rows = batch.req_slots.long().tolist()
+
+    def pages(seq: int, start: int, end: int) -> list[int]:
+        return [int(batch.page_table[rows[seq], p]) // page_size for p in range(start, end, page_size)]
+
+    entries = [(0, 0, 9), (1, 0, 8), (3, 0, 5), (4, 0, 4)]
+    assert layout.qo_indptr == [0, 1, 3, 4, 6] + ([6, 6] if pad else [])
+    expected = [p for seq, start, end in entries for p in pages(seq, start, end)]
+    assert layout.prefix.kv_indices.tolist() == expected
+    assert len(layout.prefix.kv_indptr) == len(layout.qo_indptr)
+    last_page = [(0, 8 // page_size * page_size), (1, 8), (2, 8), (3, 4 // page_size * page_size), (4, 4), (5, 4)]
+    suffix = [p for seq, start in last_page for p in pages(seq, start, seq_lens[seq])]
+    assert layout.suffix.kv_indices.tolist() == suffix
+    assert layout.in_group == [0, 1, 1, 0, 1, 1]
+
+
+def test_cascade_layout_rejects_bad_groups() -> None:
+    batch = random_paged_batch(
+        [9, 13, 21], [1, 1, 1], page_size=1, num_pages=50, max_requests=4, max_context_len=32,
+        attn=None, generator=torch.Generator().manual_seed(0),  # type: ignore[arg-type]
+    )  # fmt: skip
+    for groups, message in [
+        ([SharedPrefix(0, 2, 9)], "bad shared prefix"),  # no suffix left for the 9-token one
+        ([SharedPrefix(1, 4, 4)], "outside the batch"),
+        ([SharedPrefix(0, 2, 4), SharedPrefix(1, 3, 4)], "overlap"),
+    ]:
+        batch.shared_prefixes = groups
+        with pytest.raises(ValueError, match=message):
+            cascade_layout(batch, 1, pad_entries=False)

@@ -5,6 +5,11 @@ Once per step, :meth:`TorchAttentionBackend.prepare_metadata` turns the page tab
 then gathers its K/V through that grid and runs one masked ``scaled_dot_product_attention`` over
 the whole batch, in float32. Padding costs memory proportional to ``bs * max_len`` per layer,
 which is fine on CPU and in tests but is why GPU serving uses the kernel backends.
+
+Cascade (decode batches with ``shared_prefixes``): each group's queries attend once to the shared
+prefix (the first sequence's slots), each sequence to its own positions after it, and the two
+partial results are merged by their log-sum-exp: the same arithmetic the GPU backends run,
+written plainly so it serves as their reference.
 """
 
 from __future__ import annotations
@@ -14,7 +19,10 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from minisgl_core.api import AttentionBackend, ForwardBatch
+from minisgl_core.api import AttentionBackend, ForwardBatch, SharedPrefix
+from minisgl_core.api.layers.fused import merge_attention_states
+
+LOG2_E = 1.4426950408889634
 
 
 class TorchAttentionMetadata(NamedTuple):
@@ -28,18 +36,35 @@ class TorchAttentionMetadata(NamedTuple):
     #: [num_tokens] int64 index of each new token among its sequence's new tokens
     token_offset: torch.Tensor
     max_extend: int
+    #: cascade decode: the batch's groups, and the KV slots of each group's shared prefix;
+    #: ``kv_slots``/``mask`` then cover only the positions after a grouped sequence's prefix
+    groups: list[SharedPrefix] | None = None
+    group_slots: list[torch.Tensor] | None = None
 
 
 class TorchAttentionBackend(AttentionBackend):
     """Causal paged attention with GQA for any device and page size (no CUDA graphs)."""
 
-    capabilities = frozenset({"prefill", "decode", "page_size>1"})
+    capabilities = frozenset({"prefill", "decode", "page_size>1", "cascade"})
 
     def prepare_metadata(self, batch: ForwardBatch) -> None:
         batch.attn_metadata = self.build_metadata(batch)
 
     def build_metadata(self, batch: ForwardBatch, max_len: int | None = None) -> TorchAttentionMetadata:
         """The metadata of ``batch``, its KV padded to ``max_len`` (default: the longest sequence)."""
+        groups = batch.shared_prefixes
+        if not groups:
+            return self._grid(batch, max_len, None)
+        if max(batch.extend_lens_cpu) > 1:
+            raise ValueError("shared_prefixes is for decode batches (one new token per sequence)")
+        key_starts = [0] * batch.batch_size
+        for group in groups:
+            key_starts[group.start : group.end] = [group.length] * (group.end - group.start)
+        rows = batch.req_slots.long()
+        group_slots = [batch.page_table[rows[g.start], : g.length].long() for g in groups]
+        return self._grid(batch, max_len, key_starts)._replace(groups=groups, group_slots=group_slots)
+
+    def _grid(self, batch: ForwardBatch, max_len: int | None, key_starts: list[int] | None) -> TorchAttentionMetadata:
         device = batch.page_table.device
         bs = batch.batch_size
         # Python-side lengths give the padded shapes without a device sync.
@@ -52,6 +77,8 @@ class TorchAttentionBackend(AttentionBackend):
 
         key_pos = torch.arange(max_len, device=device)
         key_valid = key_pos[None, :] < seq_lens[:, None]
+        if key_starts is not None:
+            key_valid &= key_pos[None, :] >= torch.tensor(key_starts, device=device)[:, None]
         rows = batch.page_table[batch.req_slots.long(), :max_len].long()
         kv_slots = torch.where(key_valid, rows, rows[:, :1])
 
@@ -88,6 +115,8 @@ class TorchAttentionBackend(AttentionBackend):
 
         queries = q.new_zeros((bs, meta.max_extend, num_qo_heads, head_dim), dtype=torch.float32)
         queries[meta.token_seq, meta.token_offset] = q.float()
+        if meta.groups is not None:
+            return self._cascade(queries[:, 0], keys, values, meta, layer_id).to(q.dtype)
         out = F.scaled_dot_product_attention(
             queries.transpose(1, 2),
             keys,
@@ -98,3 +127,48 @@ class TorchAttentionBackend(AttentionBackend):
         )
         # [bs, qo_heads, max_extend, head_dim] -> the new tokens, token-major
         return out.transpose(1, 2)[meta.token_seq, meta.token_offset].to(q.dtype)
+
+    def _cascade(
+        self,
+        queries: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        meta: TorchAttentionMetadata,
+        layer_id: int,
+    ) -> torch.Tensor:
+        """Decode ``queries`` [bs, qo_heads, head_dim]: own suffixes (``keys``/``values`` as
+        gathered through the suffix-only grid), then each group's shared prefix, merged."""
+        out, lse = self._attend(queries[:, :, None], keys, values, meta.mask)
+        out, lse = out[:, :, 0], lse[:, :, 0]  # [bs, heads, head_dim], [bs, heads]
+        cache = self.config.kv_cache
+        flat = (cache.num_slots, cache.num_kv_heads, cache.head_dim)
+        assert meta.groups is not None and meta.group_slots is not None
+        for group, slots in zip(meta.groups, meta.group_slots, strict=True):
+            # The group's queries as the query rows of one sequence: [1, heads, n, head_dim].
+            q = queries[group.start : group.end].transpose(0, 1)[None]
+            k = cache.k_cache(layer_id).view(flat)[slots].float().transpose(0, 1)[None]
+            v = cache.v_cache(layer_id).view(flat)[slots].float().transpose(0, 1)[None]
+            prefix_out, prefix_lse = self._attend(q, k, v, None)
+            rows = slice(group.start, group.end)
+            out[rows] = merge_attention_states(
+                prefix_out[0].transpose(0, 1),
+                prefix_lse[0].transpose(0, 1),
+                out[rows],
+                lse[rows],
+                torch.ones(group.end - group.start, dtype=torch.bool, device=q.device),
+            )
+        return out
+
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attention with its log-sum-exp: ``q`` [b, qo_heads, t, d], ``k``/``v`` [b, kv_heads, s, d],
+        ``mask`` broadcastable to [b, qo_heads, t, s] or None. Returns the output [b, qo_heads, t, d]
+        and the base-2 log-sum-exp of the scaled scores [b, qo_heads, t]."""
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        scores = q @ k.transpose(-1, -2) * self.config.scale
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        lse = torch.logsumexp(scores, dim=-1)
+        return torch.exp(scores - lse[..., None]) @ v, lse * LOG2_E

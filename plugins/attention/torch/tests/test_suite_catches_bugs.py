@@ -72,6 +72,35 @@ class WritesOneSlotTooMany(TorchAttentionBackend):
         return super().forward(q, k, v, layer_id, batch)
 
 
+class CascadeDropsThePrefix(TorchAttentionBackend):
+    """Cascade decode that attends to each grouped sequence's own suffix only."""
+
+    def prepare_metadata(self, batch: ForwardBatch) -> None:
+        super().prepare_metadata(batch)
+        meta = batch.attn_metadata
+        if meta.groups:
+            batch.attn_metadata = meta._replace(groups=[], group_slots=[])
+
+
+class CascadeAveragesInsteadOfMerging(TorchAttentionBackend):
+    """Merges the prefix and suffix results with equal weights instead of by log-sum-exp."""
+
+    def _attend(self, q, k, v, mask):
+        out, lse = super()._attend(q, k, v, mask)
+        return out, torch.zeros_like(lse)
+
+
+class CascadeStopsAPageShort(TorchAttentionBackend):
+    """Reads one page less of each shared prefix than the group shares."""
+
+    def prepare_metadata(self, batch: ForwardBatch) -> None:
+        super().prepare_metadata(batch)
+        meta = batch.attn_metadata
+        if meta.groups:
+            page = self.config.page_size
+            batch.attn_metadata = meta._replace(group_slots=[s[:-page] for s in meta.group_slots])
+
+
 MUTANTS = [
     DefaultScale,
     AttendsBeforeStoring,
@@ -92,7 +121,18 @@ def test_suite_rejects(mutant: type[TorchAttentionBackend], test_name: str) -> N
         getattr(suite, test_name)(Shape(2, 4, 64, 16), generator)
 
 
+@pytest.mark.parametrize(
+    "mutant",
+    [CascadeDropsThePrefix, CascadeAveragesInsteadOfMerging, CascadeStopsAPageShort],
+    ids=lambda m: m.__name__,
+)
+def test_suite_rejects_cascade_bugs(mutant: type[TorchAttentionBackend]) -> None:
+    suite = type("MutantSuite", (AttentionBackendSuite,), {"backend_cls": mutant})()
+    with pytest.raises(AssertionError):
+        suite.test_cascade_decode(Shape(2, 4, 64, 16), torch.Generator().manual_seed(1))
+
+
 def test_suite_accepts_the_unmutated_backend() -> None:
     suite = type("PlainSuite", (AttentionBackendSuite,), {"backend_cls": TorchAttentionBackend})()
-    for test_name in ("test_extend_with_cached_prefix", "test_mixed_batch"):
+    for test_name in ("test_extend_with_cached_prefix", "test_mixed_batch", "test_cascade_decode"):
         getattr(suite, test_name)(Shape(2, 4, 64, 16), torch.Generator().manual_seed(1))
