@@ -2,6 +2,7 @@
 
     python scripts/device_profile.py attn              # decode kernel variants, one layer, µs
     python scripts/device_profile.py steps MODEL_DIR   # standard offline workload, step by step
+    python scripts/device_profile.py steps MODEL_DIR --workload shared-prefix --max-running 128 [--disable-cascade]
     python scripts/device_profile.py b1 MODEL_DIR      # batch-1 decode, kernel table
 
 ``steps`` drives one Engine over the standard workload, times every step on the host (with
@@ -112,24 +113,27 @@ def attn(args: argparse.Namespace) -> dict:
     return out
 
 
-def _engine(model: str, attn_name: str):
+def _engine(model: str, attn_name: str, **options):
     from minisgl_core.llm import LLM
 
-    return LLM(model, attn=attn_name)
+    return LLM(model, attn=attn_name, **options)
 
 
 def steps(args: argparse.Namespace) -> dict:
-    from minisgl_core.bench.workloads import standard_offline
+    from minisgl_core.bench.workloads import shared_prefix, standard_offline
     from minisgl_core.sampling import SamplingParams
 
-    llm = _engine(args.model, args.attn)
+    llm = _engine(args.model, args.attn, max_running_requests=args.max_running, cascade=not args.disable_cascade)
     engine = llm.engine
     runner = engine.runner
     seen: list[tuple[bool, int]] = []
+    cascade_steps: list[int] = []  # groups per cascade decode step
     forward = runner.forward
 
     def recording_forward(batch):
         seen.append((batch.is_prefill, batch.batch_size))
+        if batch.shared_prefixes is not None:
+            cascade_steps.append(len(batch.shared_prefixes))
         return forward(batch)
 
     runner.forward = recording_forward
@@ -137,7 +141,8 @@ def steps(args: argparse.Namespace) -> dict:
     llm.generate([[1, 2, 3, 4]] * 4, SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
     seen.clear()
     vocab = runner.vocab_size  # the demo model (CPU smoke test) has a small vocabulary
-    for i, r in enumerate(standard_offline(args.num_requests, seed=0)):
+    workload = standard_offline(args.num_requests, seed=0) if args.workload == "standard" else shared_prefix()
+    for i, r in enumerate(workload):
         prompt = [t % vocab for t in r.prompt_ids]
         engine.add_request(10_000 + i, prompt, SamplingParams(temperature=0.6, max_tokens=r.max_tokens, ignore_eos=True))
     records: list[tuple[bool, int, float]] = []
@@ -169,7 +174,10 @@ def steps(args: argparse.Namespace) -> dict:
         key = "prefill" if is_prefill else f"decode bs<= {next(b for b in (8, 32, 64, 128, 192, 256, 10**9) if bs <= b)}"
         buckets[key][0] += 1
         buckets[key][1] += dt
-    summary = {"total_s": round(total, 3), "steps": len(records),
+    output_tokens = sum(r.max_tokens for r in workload)
+    summary = {"total_s": round(total, 3), "steps": len(records), "output_tok_per_s": round(output_tokens / total, 1),
+               "cascade_steps": len(cascade_steps),
+               "groups_per_cascade_step": round(sum(cascade_steps) / max(len(cascade_steps), 1), 1),
                "buckets": {k: {"steps": v[0], "s": round(v[1], 3), "ms_per_step": round(v[1] / v[0] * 1e3, 3)}
                            for k, v in sorted(buckets.items())}}  # fmt: skip
     print(json.dumps(summary, indent=1))
@@ -213,6 +221,9 @@ def main() -> None:
     p.add_argument("--window-start", type=int, default=120)
     p.add_argument("--window", type=int, default=20)
     p.add_argument("--num-requests", type=int, default=256)
+    p.add_argument("--workload", choices=["standard", "shared-prefix"], default="standard")
+    p.add_argument("--max-running", type=int, default=256)
+    p.add_argument("--disable-cascade", action="store_true")
     p.add_argument("--json")
     args = p.parse_args()
     result = {"attn": attn, "steps": steps, "b1": b1}[args.what](args)

@@ -27,6 +27,15 @@ def common_prefix_len(a: torch.Tensor, b: torch.Tensor) -> int:
     return int(differ[0, 0]) if len(differ) else n
 
 
+def _first_slot(req: Request) -> int:
+    """``int(req.prefix_slots[0])``, remembered (reading a tensor element costs a microsecond,
+    and this runs for every request of every decode step)."""
+    known = req.first_slot_memo
+    if known is None or known[0] is not req.prefix_slots:
+        known = req.first_slot_memo = (req.prefix_slots, int(req.prefix_slots[0]))
+    return known[1]
+
+
 def _shared_with(req: Request, leader: torch.Tensor) -> int:
     """``common_prefix_len(req.prefix_slots, leader)``, remembered on the request: both hold their
     prefix locked while they run, so the answer holds for as long as ``leader`` is that tensor."""
@@ -47,7 +56,7 @@ def group_shared_prefixes(
     buckets: dict[int, list[Request]] = {}
     for req in reqs:
         if req.prefix_len >= page_size:
-            buckets.setdefault(int(req.prefix_slots[0]), []).append(req)
+            buckets.setdefault(_first_slot(req), []).append(req)
     grouped: list[Request] = []
     groups: list[SharedPrefix] = []
     saved = 0

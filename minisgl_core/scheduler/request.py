@@ -34,6 +34,8 @@ class Request:
     #: (another request's prefix_slots, how many leading slots this one shares with it), see
     #: :mod:`minisgl_core.scheduler.cascade`
     shared_prefix_memo: tuple[torch.Tensor, int] | None = None
+    #: (prefix_slots, its first slot as an int)
+    first_slot_memo: tuple[torch.Tensor, int] | None = None
 
     #: tokens whose KV must exist before the next token is sampled: the prompt, and after a
     #: retraction the prompt plus the output so far (recomputed, mostly from the prefix cache)
