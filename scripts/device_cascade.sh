@@ -5,7 +5,9 @@
 # serve:   the shared-prefix workload against radix (cascade on), radix --disable-cascade, naive,
 #          one server after the other on the same GPU
 # offline: Qwen3-0.6B standard offline workload (no shared prefixes: cascade must cost nothing)
+# CONCURRENCY (default 128) sets the serve client's concurrency.
 set -uo pipefail
+conc=${CONCURRENCY:-128}
 what=${1:-all}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 m=/tmp/m
@@ -29,7 +31,7 @@ if [[ $what == serve || $what == all ]]; then
     server=$!
     for _ in $(seq 240); do curl -sf localhost:8001/health >/dev/null && break; sleep 1; done
     timeout 150 python3 -m minisgl_core bench serve --url http://127.0.0.1:8001 --model bench \
-      --workload shared-prefix --concurrency 128 --label "shared-prefix $label" --output "$out/serve.jsonl" \
+      --workload shared-prefix --concurrency "$conc" --label "shared-prefix $label c$conc" --output "$out/serve.jsonl" \
       2>/dev/null | tail -n 1 | cut -c1-600
     kill $server; wait $server
     grep -i -m3 "error\|traceback" "$out/server-$label.log"
