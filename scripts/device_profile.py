@@ -2,7 +2,7 @@
 
     python scripts/device_profile.py attn              # decode kernel variants, one layer, µs
     python scripts/device_profile.py steps MODEL_DIR   # standard offline workload, step by step
-    python scripts/device_profile.py steps MODEL_DIR --workload shared-prefix --max-running 128 [--disable-cascade]
+    python scripts/device_profile.py steps MODEL_DIR --workload shared-prefix --max-running 128 [--disable-cascade] [--cache naive]
     python scripts/device_profile.py b1 MODEL_DIR      # batch-1 decode, kernel table
 
 ``steps`` drives one Engine over the standard workload, times every step on the host (with
@@ -123,7 +123,9 @@ def steps(args: argparse.Namespace) -> dict:
     from minisgl_core.bench.workloads import shared_prefix, standard_offline
     from minisgl_core.sampling import SamplingParams
 
-    llm = _engine(args.model, args.attn, max_running_requests=args.max_running, cascade=not args.disable_cascade)
+    llm = _engine(
+        args.model, args.attn, cache=args.cache, max_running_requests=args.max_running, cascade=not args.disable_cascade
+    )
     engine = llm.engine
     runner = engine.runner
     seen: list[tuple[bool, int]] = []
@@ -224,6 +226,7 @@ def main() -> None:
     p.add_argument("--workload", choices=["standard", "shared-prefix"], default="standard")
     p.add_argument("--max-running", type=int, default=256)
     p.add_argument("--disable-cascade", action="store_true")
+    p.add_argument("--cache", default="radix")
     p.add_argument("--json")
     args = p.parse_args()
     result = {"attn": attn, "steps": steps, "b1": b1}[args.what](args)
