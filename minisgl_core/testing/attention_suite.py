@@ -60,6 +60,16 @@ class Shape(NamedTuple):
         return f"kv{self.num_kv_heads}-gqa{self.gqa_ratio}-d{self.head_dim}-ps{self.page_size}"
 
 
+class CapturedDecode(NamedTuple):
+    """One layer's decode forward captured in a CUDA graph, with the tensors it reads and writes."""
+
+    graph: torch.cuda.CUDAGraph
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    out: torch.Tensor
+
+
 class Problem(NamedTuple):
     """One backend on a filled pool and a random layout, plus the dense K/V of every sequence."""
 
@@ -387,6 +397,50 @@ class AttentionBackendSuite:
                 self.batch(problem, generator, seq_lens, extend_lens, is_prefill=is_prefill),
             )
 
+    def capture_decode(self, problem: Problem, dummy: ForwardBatch) -> CapturedDecode:
+        """The core's protocol: ``init_graph_capture``, ``prepare_capture(dummy)``, a warm-up
+        outside the graph, then one layer's ``forward`` captured on fixed q/k/v tensors."""
+        config, backend, n = problem.config, problem.backend, dummy.batch_size
+        q = torch.zeros(n, config.num_qo_heads, config.head_dim, dtype=self.dtype, device=self.device)
+        k = torch.zeros(n, config.num_kv_heads, config.head_dim, dtype=self.dtype, device=self.device)
+        v = torch.zeros_like(k)
+        backend.init_graph_capture(n)
+        backend.prepare_capture(dummy)
+        side = torch.cuda.Stream(device=self.device)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up outside the graph, as the core does
+            backend.forward(q, k, v, LAYER, dummy)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = backend.forward(q, k, v, LAYER, dummy)
+        return CapturedDecode(graph, q, k, v, out)
+
+    def replay_and_check(
+        self,
+        problem: Problem,
+        generator: torch.Generator,
+        captured: CapturedDecode,
+        dummy: ForwardBatch,
+        batch: ForwardBatch,
+        rows: Sequence[int],
+    ) -> None:
+        """Store the prefixes of ``batch`` (sequences ``rows``), copy its inputs into the captured
+        ones, ``prepare_replay(batch)``, replay and check the output and the pool."""
+        config = problem.config
+        keys, values = ([d[r] for r in rows] for d in (problem.keys[LAYER], problem.values[LAYER]))
+        store_prefixes(config.kv_cache, LAYER, batch, keys, values)
+        inputs = self.step_inputs(problem, generator, batch, LAYER, rows)
+        for name in ("input_ids", "positions", "out_cache_loc"):
+            getattr(dummy, name).copy_(getattr(batch, name))
+        for static, value in zip((captured.q, captured.k, captured.v), inputs, strict=True):
+            static.copy_(value)
+        problem.backend.prepare_replay(batch)
+        pool_before = config.kv_cache.buffer.clone()
+        captured.graph.replay()
+        torch.cuda.synchronize(self.device)
+        self.check_step(problem, batch, LAYER, rows, inputs, captured.out.clone(), pool_before)
+
     def test_cuda_graph_decode(self, shape: Shape, generator: torch.Generator) -> None:
         """Capture one decode step on a dummy batch, then replay it for two different real batches."""
         self.require("decode", "cuda_graph")
@@ -395,41 +449,17 @@ class AttentionBackendSuite:
         n = self.graph_batch_size
         real_lens = [self.randoms(generator, n, 1, self.max_seq_len) for _ in range(2)]
         problem = self.make_problem(shape, real_lens[0] + real_lens[1] + [1] * n, generator)
-        backend, config = problem.backend, problem.config
         dummy = self.batch(
             problem, generator, [1] * n, [1] * n, rows=range(2 * n, 3 * n), is_prefill=False, captured=True
         )
-        static_q = torch.zeros(n, config.num_qo_heads, config.head_dim, dtype=self.dtype, device=self.device)
-        static_k = torch.zeros(n, config.num_kv_heads, config.head_dim, dtype=self.dtype, device=self.device)
-        static_v = torch.zeros_like(static_k)
-        backend.init_graph_capture(n)
-        backend.prepare_capture(dummy)
-        side = torch.cuda.Stream(device=self.device)
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up outside the graph, as the core does
-            backend.forward(static_q, static_k, static_v, LAYER, dummy)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static_out = backend.forward(static_q, static_k, static_v, LAYER, dummy)
+        captured = self.capture_decode(problem, dummy)
 
         for part, seq_lens in enumerate(real_lens):
             rows = list(range(part * n, (part + 1) * n))
             batch = self.batch(
                 problem, generator, seq_lens, [1] * n, rows=rows, is_prefill=False, captured=True
             )
-            keys, values = ([d[r] for r in rows] for d in (problem.keys[LAYER], problem.values[LAYER]))
-            store_prefixes(config.kv_cache, LAYER, batch, keys, values)
-            inputs = self.step_inputs(problem, generator, batch, LAYER, rows)
-            for name in ("input_ids", "positions", "out_cache_loc"):
-                getattr(dummy, name).copy_(getattr(batch, name))
-            for static, value in zip((static_q, static_k, static_v), inputs, strict=True):
-                static.copy_(value)
-            backend.prepare_replay(batch)
-            pool_before = config.kv_cache.buffer.clone()
-            graph.replay()
-            torch.cuda.synchronize(self.device)
-            self.check_step(problem, batch, LAYER, rows, inputs, static_out.clone(), pool_before)
+            self.replay_and_check(problem, generator, captured, dummy, batch, rows)
 
     # --- cascade (shared prefixes) ---
 
@@ -491,24 +521,11 @@ class AttentionBackendSuite:
         plans = [[3, 1, 2, 1, 1], [1, 4, 3]]
         n = sum(plans[0])
         problem, seq_lens, groups = self.shared_prefix_problem(shape, generator, plans[0] + plans[1], extra=n)
-        backend, config = problem.backend, problem.config
         dummy = self.batch(
             problem, generator, [1] * n, [1] * n, rows=range(2 * n, 3 * n), is_prefill=False, captured=True
         )
         dummy.shared_prefixes = []
-        static_q = torch.zeros(n, config.num_qo_heads, config.head_dim, dtype=self.dtype, device=self.device)
-        static_k = torch.zeros(n, config.num_kv_heads, config.head_dim, dtype=self.dtype, device=self.device)
-        static_v = torch.zeros_like(static_k)
-        backend.init_graph_capture(n)
-        backend.prepare_capture(dummy)
-        side = torch.cuda.Stream(device=self.device)
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up outside the graph, as the core does
-            backend.forward(static_q, static_k, static_v, LAYER, dummy)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static_out = backend.forward(static_q, static_k, static_v, LAYER, dummy)
+        captured = self.capture_decode(problem, dummy)
 
         for part in range(2):
             rows = list(range(part * n, (part + 1) * n))
@@ -518,15 +535,4 @@ class AttentionBackendSuite:
             batch.shared_prefixes = [
                 SharedPrefix(g.start - part * n, g.end - part * n, g.length) for g in groups if g.start in rows
             ]
-            keys, values = ([d[r] for r in rows] for d in (problem.keys[LAYER], problem.values[LAYER]))
-            store_prefixes(config.kv_cache, LAYER, batch, keys, values)
-            inputs = self.step_inputs(problem, generator, batch, LAYER, rows)
-            for name in ("input_ids", "positions", "out_cache_loc"):
-                getattr(dummy, name).copy_(getattr(batch, name))
-            for static, value in zip((static_q, static_k, static_v), inputs, strict=True):
-                static.copy_(value)
-            backend.prepare_replay(batch)
-            pool_before = config.kv_cache.buffer.clone()
-            graph.replay()
-            torch.cuda.synchronize(self.device)
-            self.check_step(problem, batch, LAYER, rows, inputs, static_out.clone(), pool_before)
+            self.replay_and_check(problem, generator, captured, dummy, batch, rows)
