@@ -142,3 +142,23 @@ def test_retraction_when_decode_outgrows_the_pool(model_dir, page_size, params):
     assert llm.engine.stats()["retractions"] >= 1
     assert_no_leak(llm)
     llm.engine.scheduler.kv.cache.check_integrity()
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_length_limited_requests_are_not_decoded_past_their_last_token(model_dir, prompts, reference, overlap):
+    """With overlap the scheduler plans a step before the previous one's tokens land; it must still
+    not decode a request whose step in flight already samples its last token (max_tokens)."""
+    llm = make_llm(model_dir, cache="radix", overlap=overlap)
+    launched: list[tuple[bool, int]] = []
+    forward = llm.engine.runner.forward
+
+    def recording(batch):
+        launched.append((batch.is_prefill, batch.batch_size))
+        return forward(batch)
+
+    llm.engine.runner.forward = recording
+    outs = llm.generate(prompts, GREEDY)
+    assert [o.token_ids for o in outs] == reference
+    # the prefill samples the first token, one decode row per further token: 11 each, none wasted
+    assert sum(bs for is_prefill, bs in launched if not is_prefill) == len(prompts) * (GREEDY.max_tokens - 1)
+    assert_no_leak(llm)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from minisgl_core.testing import demo_model_dir, make_model_dir, train_tokenizer
+from minisgl_core.testing import demo_model_dir, make_model_dir, pad_vocab, train_tokenizer
 
 
 def test_tokenizer_loads_in_transformers_with_chatml(tmp_path: Path) -> None:
@@ -77,3 +77,21 @@ def test_demo_model_is_built_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     stamp = (path / "model.safetensors").stat().st_mtime_ns
     assert demo_model_dir() == path and (path / "model.safetensors").stat().st_mtime_ns == stamp
     assert [p.name for p in tmp_path.iterdir()] == ["demo-qwen3"]  # no staging directory left behind
+
+
+def test_pad_vocab_makes_every_id_decode_to_text_and_keeps_encoding(tmp_path: Path) -> None:
+    train_tokenizer(tmp_path, vocab_size=1024)
+    before = AutoTokenizer.from_pretrained(tmp_path)
+    text = "The children walked to school through the green fields. <|im_end|> 1234 é"
+    ids = before(text).input_ids
+    assert pad_vocab(tmp_path, 5000) == 5000 - len(before)
+    after = AutoTokenizer.from_pretrained(tmp_path)
+    assert len(after) == 5000
+    assert after(text).input_ids == ids  # no merge reaches a filler word
+    assert after.decode(ids) == text
+    fillers = list(range(len(before), 5000))
+    words = [after.decode([i]) for i in fillers]
+    assert all(w.startswith(" ") and len(w) > 1 and w[1:].isalpha() for w in words)
+    assert len(set(words)) == len(words)
+    assert after.convert_tokens_to_ids("<|im_end|>") == before.convert_tokens_to_ids("<|im_end|>")
+    assert pad_vocab(tmp_path, 5000) == 0  # idempotent

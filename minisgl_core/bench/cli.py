@@ -49,6 +49,7 @@ def add_bench_command(sub) -> None:
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--label", default="")
     p.add_argument("--output")
+    p.add_argument("--trace", help="append one JSON line per request (send, first and last chunk times) to this file")
     p.set_defaults(func=_serve)
 
     p = kinds.add_parser("make-model", help="write a random-weight model of a real shape")
@@ -142,7 +143,10 @@ def _serve(args: argparse.Namespace) -> int:
         sweep += [(None, float(r)) for r in args.request_rate.split(",")]
     for concurrency, rate in sweep or [(None, None)]:
         result = asyncio.run(
-            run_load(args.url, args.model, requests, concurrency=concurrency, request_rate=rate, api_key=args.api_key)
+            run_load(
+                args.url, args.model, requests, concurrency=concurrency, request_rate=rate,
+                api_key=args.api_key, trace=args.trace,
+            )  # fmt: skip
         )
         extra = {}
         if args.workload == "shared-prefix":

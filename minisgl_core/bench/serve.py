@@ -38,7 +38,7 @@ async def _one(client, url: str, model: str, req: BenchRequest, headers: dict[st
         "model": model, "prompt": req.prompt_ids, "max_tokens": req.max_tokens, "temperature": 0.6,
         "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
     }  # fmt: skip
-    start = time.perf_counter()
+    start = time.monotonic()
     stamps: list[float] = []
     tokens = 0
     async with client.stream("POST", f"{url}/v1/completions", json=body, headers=headers) as resp:
@@ -51,36 +51,60 @@ async def _one(client, url: str, model: str, req: BenchRequest, headers: dict[st
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
             if chunk.get("choices"):
-                stamps.append(time.perf_counter())
-    return {"start": start, "stamps": stamps, "output_tokens": tokens}
+                stamps.append(time.monotonic())
+    return {"start": start, "stamps": stamps, "output_tokens": tokens, "prompt_len": len(req.prompt_ids)}
 
 
 async def run_load(
     url: str, model: str, requests: list[BenchRequest], *, concurrency: int | None = None,
-    request_rate: float | None = None, api_key: str | None = None, seed: int = 0,
+    request_rate: float | None = None, api_key: str | None = None, seed: int = 0, trace: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
+    """Run ``requests`` against the server; with ``trace``, also append one JSON line per request
+    (monotonic seconds: sent, first chunk, last chunk; chunks and tokens) to that file, on the clock
+    of the server's step trace (MINISGL_STEP_TRACE) when both run on one machine."""
     import httpx
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    limits = httpx.Limits(max_connections=max(concurrency or 0, 1024))
-    async with httpx.AsyncClient(timeout=None, limits=limits) as client:
-        before = parse_metrics((await client.get(f"{url}/metrics", headers=headers)).text)
-        gate = asyncio.Semaphore(concurrency or len(requests))
-        rng = random.Random(seed)
+    # One single-connection client per request in flight, reused: httpcore's pool scans every
+    # connection of a pool on each request start and end, which with hundreds of open streams made
+    # the client, not the server, the bottleneck (and delayed the requests it sent).
+    idle: list[httpx.AsyncClient] = []
+    every: list[httpx.AsyncClient] = []
+    one = httpx.Limits(max_connections=1, max_keepalive_connections=1)
 
-        async def gated(i: int, req: BenchRequest) -> dict[str, Any]:
-            async with gate:
+    def checkout() -> httpx.AsyncClient:
+        if idle:
+            return idle.pop()
+        client = httpx.AsyncClient(timeout=None, limits=one)
+        every.append(client)
+        return client
+
+    rng = random.Random(seed)
+    gate = asyncio.Semaphore(concurrency or len(requests))
+
+    async def gated(req: BenchRequest) -> dict[str, Any]:
+        async with gate:
+            client = checkout()
+            try:
                 return await _one(client, url, model, req, headers)
+            finally:
+                idle.append(client)
 
-        start = time.perf_counter()
+    try:
+        control = checkout()
+        before = parse_metrics((await control.get(f"{url}/metrics", headers=headers)).text)
+        idle.append(control)
+        start = time.monotonic()
         tasks = []
-        for i, req in enumerate(requests):
-            tasks.append(asyncio.create_task(gated(i, req)))
+        for req in requests:
+            tasks.append(asyncio.create_task(gated(req)))
             if request_rate:
                 await asyncio.sleep(rng.expovariate(request_rate))
         results = await asyncio.gather(*tasks)
-        elapsed = time.perf_counter() - start
-        after = parse_metrics((await client.get(f"{url}/metrics", headers=headers)).text)
+        elapsed = time.monotonic() - start
+        after = parse_metrics((await checkout().get(f"{url}/metrics", headers=headers)).text)
+    finally:
+        await asyncio.gather(*(c.aclose() for c in every))
     ttft = [(r["stamps"][0] - r["start"]) * 1000 for r in results if r["stamps"]]
     itl = [(b - a) * 1000 for r in results for a, b in zip(r["stamps"], r["stamps"][1:])]
     tpot = [
@@ -89,6 +113,14 @@ async def run_load(
         if r["output_tokens"] > 1 and len(r["stamps"]) > 1
     ]
     out_tokens = sum(r["output_tokens"] for r in results)
+    if trace:
+        with open(trace, "a") as f:
+            for i, r in enumerate(results):
+                stamps = r["stamps"]
+                record = {"i": i, "sent": round(r["start"], 6), "first": round(stamps[0], 6) if stamps else None,
+                          "last": round(stamps[-1], 6) if stamps else None, "chunks": len(stamps),
+                          "tokens": r["output_tokens"], "prompt_len": r["prompt_len"]}  # fmt: skip
+                f.write(json.dumps(record) + "\n")
     return {
         "requests": len(requests), "concurrency": concurrency, "request_rate": request_rate,
         "seconds": round(elapsed, 3), "output_tokens": out_tokens,

@@ -59,7 +59,7 @@ def build_random_model(
     """Write ``SHAPES[shape]`` with random weights (std hidden**-0.5, norms near one) to ``out_dir``."""
     from safetensors.torch import save_file
 
-    from minisgl_core.testing.factories import train_tokenizer
+    from minisgl_core.testing.factories import pad_vocab, train_tokenizer
 
     config = dict(SHAPES[shape], torch_dtype=str(dtype).removeprefix("torch."))
     out = Path(out_dir)
@@ -68,6 +68,8 @@ def build_random_model(
     out.mkdir(parents=True, exist_ok=True)
     train_tokenizer(out, vocab_size=4096)
     tokens = json.loads((out / "tokenizer.json").read_text())["model"]["vocab"]
+    # Every id the model samples must decode to text, or streaming would send almost no chunks.
+    pad_vocab(out, config["vocab_size"])
     config |= dict(eos_token_id=tokens["<|im_end|>"], bos_token_id=None)
     gen = torch.Generator(device=device).manual_seed(seed)
     std = config["hidden_size"] ** -0.5

@@ -183,6 +183,11 @@ class Scheduler:
             self._complain("decode plan names requests that are not running")
         if not reqs:
             reqs = list(self.running.values())
+        # With overlap, a request whose step in flight samples its last token by length would be
+        # decoded once more for nothing: leave it out, process() finishes it when that step lands.
+        reqs = [r for r in reqs if not self._last_token_in_flight(r)]
+        if not reqs:
+            return None
         self._retract_until_decode_fits(reqs)
         if not reqs:  # the step completed meanwhile finished them all
             return None
@@ -238,6 +243,11 @@ class Scheduler:
             logits_indices=ends.to(device, non_blocking=True),
             attn=self.prefill_attn if is_prefill else self.decode_attn,
         )
+
+    def _last_token_in_flight(self, req: Request) -> bool:
+        # tokens it will have once every planned step lands: one per computed position past the prompt
+        planned = req.num_computed - req.prompt_len + 1
+        return planned >= req.params.max_tokens or req.num_computed + 1 >= self.page_table.shape[1]
 
     def _retract_until_decode_fits(self, reqs: list[Request]) -> None:
         """Retract the newest requests (removed from ``reqs``) until every other one can grow by a token.

@@ -35,8 +35,8 @@ async def wait_for_all(group: RequestGroup, request: Request) -> list[Choice] | 
     choices = [Choice(i) for i in range(group.num_choices)]
 
     async def gather() -> None:
-        async for ev in group.events():
-            choices[ev.index].add(ev)
+        async for delta in group.deltas():
+            choices[delta.index].add(delta)
 
     async def client_gone() -> None:
         # The body is already read, so the next ASGI message is the disconnect, whenever it comes.

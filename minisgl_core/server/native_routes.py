@@ -35,12 +35,12 @@ def native_router(state: ServerState) -> APIRouter:
 
         async def chunks() -> AsyncIterator[str]:
             choice = r.Choice(0)
-            async for ev in group.events():
-                if ev.finish_reason == "error":
-                    yield sse_error(ev.error)
+            async for delta in group.deltas():
+                if delta.finish_reason == "error":
+                    yield sse_error(delta.error)
                     return
-                choice.add(ev)
-                if ev.text or ev.finish_reason is not None:
+                choice.add(delta)
+                if delta.text or delta.finish_reason is not None:
                     yield r.sse(
                         r.generate_result(
                             rid, choice, group.prompt_tokens, group.arrival, body.return_logprob

@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from minisgl_core.server.state import TokenEvent
+from minisgl_core.server.state import Delta
 
 DONE = "data: [DONE]\n\n"
 
@@ -35,16 +35,14 @@ class Choice:
     matched_stop: str | int | None = None
     error: str | None = None
 
-    def add(self, ev: TokenEvent) -> None:
-        self.text += ev.text
-        if ev.token_id >= 0:
-            self.token_ids.append(ev.token_id)
-        if ev.logprob is not None:
-            self.logprobs.append(ev.logprob)
-        if ev.finish_reason is not None:
-            self.finish_reason = ev.finish_reason
-            self.matched_stop = ev.matched_stop
-            self.error = ev.error
+    def add(self, delta: Delta) -> None:
+        self.text += delta.text
+        self.token_ids += delta.token_ids
+        self.logprobs += delta.logprobs
+        if delta.finish_reason is not None:
+            self.finish_reason = delta.finish_reason
+            self.matched_stop = delta.matched_stop
+            self.error = delta.error
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

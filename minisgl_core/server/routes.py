@@ -50,22 +50,22 @@ def make_router(state: ServerState) -> APIRouter:
             for i in range(group.num_choices):
                 yield r.sse(r.chat_chunk(rid, model.name, created, i, {"role": "assistant", "content": ""}))
             completion_tokens = 0
-            async for ev in group.events():
-                if ev.finish_reason == "error":
-                    yield sse_error(ev.error)
+            async for delta in group.deltas():
+                if delta.finish_reason == "error":
+                    yield sse_error(delta.error)
                     return
-                completion_tokens += ev.token_id >= 0
-                if not ev.text and ev.finish_reason is None and ev.logprob is None:
+                completion_tokens += len(delta.token_ids)
+                if not delta.text and delta.finish_reason is None and not delta.logprobs:
                     continue
                 yield r.sse(
                     r.chat_chunk(
                         rid,
                         model.name,
                         created,
-                        ev.index,
-                        {"content": ev.text} if ev.text else {},
-                        logprobs=r.chat_logprobs([ev.logprob]) if ev.logprob is not None else None,
-                        finish_reason=ev.finish_reason,
+                        delta.index,
+                        {"content": delta.text} if delta.text else {},
+                        logprobs=r.chat_logprobs(delta.logprobs) if delta.logprobs else None,
+                        finish_reason=delta.finish_reason,
                     )
                 )
             if body.include_usage:
@@ -113,26 +113,26 @@ def make_router(state: ServerState) -> APIRouter:
         async def chunks() -> AsyncIterator[str]:
             completion_tokens = 0
             offsets = [0] * group.num_choices
-            async for ev in group.events():
-                if ev.finish_reason == "error":
-                    yield sse_error(ev.error)
+            async for delta in group.deltas():
+                if delta.finish_reason == "error":
+                    yield sse_error(delta.error)
                     return
-                completion_tokens += ev.token_id >= 0
-                if not ev.text and ev.finish_reason is None and ev.logprob is None:
+                completion_tokens += len(delta.token_ids)
+                if not delta.text and delta.finish_reason is None and not delta.logprobs:
                     continue
                 logprobs = None
-                if ev.logprob is not None:
-                    logprobs = r.completion_logprobs([ev.logprob], offsets[ev.index])
-                offsets[ev.index] += len(ev.text)
+                if delta.logprobs:
+                    logprobs = r.completion_logprobs(delta.logprobs, offsets[delta.index])
+                offsets[delta.index] += len(delta.text)
                 yield r.sse(
                     r.completion_chunk(
                         rid,
                         model.name,
                         created,
-                        ev.index,
-                        ev.text,
+                        delta.index,
+                        delta.text,
                         logprobs=logprobs,
-                        finish_reason=ev.finish_reason,
+                        finish_reason=delta.finish_reason,
                     )
                 )
             if body.include_usage:

@@ -16,7 +16,7 @@ import itertools
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
@@ -53,6 +53,30 @@ class TokenEvent:
     #: [token_text, logprob, [[top_text, top_logprob, top_id], ...], token_id] or None
     logprob: list[Any] | None
     error: str | None
+
+
+@dataclass
+class Delta:
+    """What one choice gained since its route last looked: usually one token's event, several
+    merged when the route fell behind (so a busy server sends fewer, larger chunks instead of
+    falling further behind)."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[list[Any]] = field(default_factory=list)
+    finish_reason: str | None = None
+    matched_stop: str | int | None = None
+    error: str | None = None
+
+    def add(self, ev: TokenEvent) -> None:
+        self.text += ev.text
+        if ev.token_id >= 0:
+            self.token_ids.append(ev.token_id)
+        if ev.logprob is not None:
+            self.logprobs.append(ev.logprob)
+        if ev.finish_reason is not None:
+            self.finish_reason, self.matched_stop, self.error = ev.finish_reason, ev.matched_stop, ev.error
 
 
 class RequestGroup:
@@ -102,14 +126,27 @@ class RequestGroup:
         state.metrics.prompt_tokens += result.prompt_len
         return result
 
-    async def events(self) -> AsyncIterator[TokenEvent]:
-        """Every engine request's token events, interleaved, until all have finished."""
+    async def deltas(self) -> AsyncIterator[Delta]:
+        """Every choice's progress until all have finished: one delta per choice for all the events
+        that are waiting when the route asks (an error always starts a delta of its own, so the
+        text before it still goes out)."""
         open_indices = set(range(self.num_choices))
         while open_indices:
-            event = await self.queue.get()
-            if event.finish_reason is not None:
-                open_indices.discard(event.index)
-            yield event
+            events = [await self.queue.get()]
+            while not self.queue.empty():
+                events.append(self.queue.get_nowait())
+            current: dict[int, Delta] = {}
+            merged: list[Delta] = []
+            for ev in events:
+                delta = current.get(ev.index)
+                if delta is None or ev.finish_reason == "error":
+                    delta = current[ev.index] = Delta(ev.index)
+                    merged.append(delta)
+                delta.add(ev)
+                if ev.finish_reason is not None:
+                    open_indices.discard(ev.index)
+            for delta in merged:
+                yield delta
 
     def close(self) -> None:
         """Abort the engine requests that have not finished (the client is gone or gave up)."""

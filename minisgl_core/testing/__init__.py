@@ -6,6 +6,7 @@ from minisgl_core.testing.factories import (
     SPECIAL_TOKENS,
     demo_model_dir,
     make_model_dir,
+    pad_vocab,
     train_tokenizer,
 )
 from minisgl_core.testing.harness import PagedSequences, greedy_generate, make_attention
@@ -18,5 +19,6 @@ __all__ = [
     "greedy_generate",
     "make_attention",
     "make_model_dir",
+    "pad_vocab",
     "train_tokenizer",
 ]

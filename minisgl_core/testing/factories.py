@@ -95,6 +95,43 @@ def train_tokenizer(out_dir: str | Path, vocab_size: int = 1024, corpus: list[st
     return out
 
 
+def pad_vocab(tokenizer_dir: str | Path, vocab_size: int) -> int:
+    """Grow a trained tokenizer's vocabulary to ``vocab_size`` ids with filler words, so that every
+    id a model of that vocabulary samples decodes to visible text, as with a real tokenizer.
+
+    A random-weight model of a real shape (151,936 ids for Qwen3) samples nearly uniformly; with
+    the 4,096-token tokenizer we can train locally, 97% of its tokens would decode to nothing, and
+    a streaming server would send almost no chunks. The filler words (`` ba``, `` be``, ...) are
+    plain vocabulary entries that no merge produces, so encoding is unchanged. Returns how many
+    ids were added."""
+    path = Path(tokenizer_dir) / "tokenizer.json"
+    data = json.loads(path.read_text())
+    vocab: dict[str, int] = data["model"]["vocab"]
+    taken = set(vocab) | {t["content"] for t in data.get("added_tokens", [])}
+    next_id = max([*vocab.values(), *(t["id"] for t in data.get("added_tokens", []))]) + 1
+    added = 0
+    consonants, vowels = "bcdfghjklmnprstvwz", "aeiou"
+    i = 0
+    while next_id < vocab_size:
+        # i in base (consonant, vowel) syllables: "Ġ" is the byte-level alphabet's space
+        word, k = "", i
+        while True:
+            word += consonants[k % len(consonants)] + vowels[(k // len(consonants)) % len(vowels)]
+            k //= len(consonants) * len(vowels)
+            if k == 0:
+                break
+        i += 1
+        token = "\u0120" + word
+        if token in taken:
+            continue
+        vocab[token] = next_id
+        taken.add(token)
+        next_id += 1
+        added += 1
+    path.write_text(json.dumps(data, ensure_ascii=False))
+    return added
+
+
 def make_model_dir(
     out_dir: str | Path,
     arch: str = "Qwen3ForCausalLM",
