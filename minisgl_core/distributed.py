@@ -9,13 +9,18 @@ spin, unlike a pending NCCL kernel) and does not time out after NCCL's few minut
 from __future__ import annotations
 
 import datetime
+import logging
+import os
 import socket
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from minisgl_core.api import ParallelContext
+
+logger = logging.getLogger(__name__)
 
 #: how long an idle rank may wait for rank 0's next step
 IDLE_TIMEOUT = datetime.timedelta(days=365)
@@ -114,3 +119,67 @@ def init_tp_group(tp_rank: int, spec: DistributedSpec, device: torch.device) -> 
     control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
     parallel = ParallelContext(tp_rank=tp_rank, tp_size=spec.tp_size, group=dist.group.WORLD)
     return TPGroup(parallel, control, device)
+
+
+class SymmMemAllReduce:
+    """All-reduce of small tensors through PyTorch symmetric memory: every rank copies its tensor
+    into a buffer its peers can read over NVLink, and one kernel per rank (with the barrier on
+    the buffer's signal pads, which CUDA graphs can capture) sums all ranks' copies in rank order.
+    One kernel instead of NCCL's ring: for the ``[batch, hidden]`` sums of tensor-parallel decode
+    (1-2 MB) it is latency, not bandwidth, that counts. Bigger tensors (prefill) go to NCCL.
+    The sum lands in a fresh tensor and is copied back (``all_reduce`` works in place)."""
+
+    #: one-shot reads every peer's copy, so its useful size shrinks with the group
+    MAX_BYTES_TIMES_WORLD = 8 << 20
+
+    def __init__(self, group: Any, device: torch.device) -> None:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        self.group_name = group.group_name
+        self.max_bytes = self.MAX_BYTES_TIMES_WORLD // dist.get_world_size(group)
+        self.buffer = symm_mem.empty(self.max_bytes, dtype=torch.uint8, device=device)
+        symm_mem.rendezvous(self.buffer, self.group_name)
+        self._views: dict[torch.dtype, torch.Tensor] = {}
+
+    def __call__(self, x: torch.Tensor) -> bool:
+        nbytes = x.numel() * x.element_size()
+        if (
+            x.dtype not in (torch.bfloat16, torch.float16, torch.float32)
+            or nbytes > self.max_bytes
+            or nbytes % 16
+            or x.data_ptr() % 16
+            or not x.is_contiguous()
+            or x.device != self.buffer.device
+        ):
+            return False
+        view = self._views.get(x.dtype)
+        if view is None:
+            view = self._views[x.dtype] = self.buffer.view(x.dtype)
+        flat = x.view(-1)
+        out = torch.empty_like(flat)
+        torch.ops.symm_mem.one_shot_all_reduce_copy_out(view[: flat.numel()], flat, "sum", self.group_name, out)
+        flat.copy_(out)
+        return True
+
+
+def enable_fast_all_reduce(parallel: ParallelContext, device: torch.device) -> bool:
+    """Install :class:`SymmMemAllReduce` for ``parallel``'s group (CUDA, TP > 1) unless
+    ``MINISGL_SYMM_MEM=0``; on any failure keep NCCL and say why. Every rank must call this at the
+    same point (the buffer's rendezvous is collective)."""
+    from minisgl_core.api.parallel import _fast_all_reduce
+
+    if parallel.tp_size == 1 or device.type != "cuda" or os.environ.get("MINISGL_SYMM_MEM", "1") == "0":
+        return False
+    reducer: SymmMemAllReduce | None = None
+    try:
+        reducer = SymmMemAllReduce(parallel.group, device)
+    except Exception as exc:  # noqa: BLE001 - an optional fast path: NCCL still works
+        logger.warning("symmetric-memory all-reduce unavailable (%s: %s); using NCCL", type(exc).__name__, exc)
+    # All ranks use it or none does: one rank on NCCL and another on the buffer would hang.
+    ok = torch.tensor([reducer is not None], dtype=torch.int32, device=device)
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=parallel.group)
+    if reducer is None or not ok.item():
+        return False
+    _fast_all_reduce[id(parallel.group)] = reducer
+    logger.info("tensor parallelism: one-shot symmetric-memory all-reduce up to %d KiB, NCCL above", reducer.max_bytes >> 10)
+    return True

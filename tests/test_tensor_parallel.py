@@ -87,3 +87,43 @@ def test_offline_tp_runner_reports_a_failing_rank_instead_of_hanging(tmp_path):
     with pytest.raises(RuntimeError, match="prompt token ids must be integers"):
         run_offline_tp(config, [BenchRequest(prompt_ids=[10**9], max_tokens=4)] * 4)
     assert time.monotonic() - start < 120
+
+
+def test_all_reduce_takes_an_installed_fast_path_and_falls_back_when_it_declines(monkeypatch):
+    """The core's fast all-reduce (symmetric memory on GPUs) is a per-group hook: used when it
+    accepts the tensor, NCCL/gloo otherwise; never installed on CPU or with MINISGL_SYMM_MEM=0."""
+    import torch
+    import torch.distributed as dist
+
+    from minisgl_core.api import ParallelContext
+    from minisgl_core.api.parallel import _fast_all_reduce
+    from minisgl_core.distributed import enable_fast_all_reduce, free_loopback_addr
+
+    dist.init_process_group("gloo", init_method=f"tcp://{free_loopback_addr()}", rank=0, world_size=1)
+    try:
+        # a world of one rank standing in for two: gloo's sum leaves the tensor as it is
+        parallel = ParallelContext(0, 2, dist.group.WORLD)
+        assert not enable_fast_all_reduce(parallel, torch.device("cpu"))
+        monkeypatch.setenv("MINISGL_SYMM_MEM", "0")
+        assert not enable_fast_all_reduce(parallel, torch.device("cuda", 0))
+        assert id(parallel.group) not in _fast_all_reduce
+        calls = []
+
+        def doubling(x):  # accepts even-sized tensors only
+            calls.append(x.numel())
+            if x.numel() % 2:
+                return False
+            x.mul_(2)
+            return True
+
+        _fast_all_reduce[id(parallel.group)] = doubling
+        x = torch.ones(4)
+        assert parallel.all_reduce(x) is x and x.tolist() == [2.0] * 4
+        y = torch.ones(3)
+        assert parallel.all_reduce(y).tolist() == [1.0] * 3  # declined: gloo's sum of one rank
+        assert calls == [4, 3]
+        assert ParallelContext().all_reduce(torch.ones(2)).tolist() == [1.0, 1.0]  # TP=1: nothing at all
+        assert calls == [4, 3]
+    finally:
+        _fast_all_reduce.pop(id(dist.group.WORLD), None)
+        dist.destroy_process_group()

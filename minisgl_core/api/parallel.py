@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+#: Faster all-reduce paths the core installs per process group (``id(group)``): each takes the
+#: tensor, sums it across ranks in place and returns True, or returns False when it cannot (size,
+#: dtype) and NCCL/gloo does it. See ``minisgl_core.distributed.SymmMemAllReduce``.
+_fast_all_reduce: dict[int, Callable[[torch.Tensor], bool]] = {}
 
 
 @dataclass(frozen=True)
@@ -18,7 +24,9 @@ class ParallelContext:
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum ``x`` across ranks in place and return it."""
         if self.tp_size > 1:
-            torch.distributed.all_reduce(x, group=self.group)
+            fast = _fast_all_reduce.get(id(self.group))
+            if fast is None or not fast(x):
+                torch.distributed.all_reduce(x, group=self.group)
         return x
 
     def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:

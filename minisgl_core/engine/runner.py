@@ -49,6 +49,10 @@ class ModelRunner:
             self.device = torch.device("cuda", parallel.tp_rank % torch.cuda.device_count())
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+            if parallel.tp_size > 1:
+                from minisgl_core.distributed import enable_fast_all_reduce
+
+                enable_fast_all_reduce(parallel, self.device)
         self.dtype = config.resolve_dtype(self.device)
         prefill_name, decode_name = pick_attention(config.attn, self.device, plugins)
         attn_classes = {name: self._backend_class(name, plugins) for name in (prefill_name, decode_name)}
