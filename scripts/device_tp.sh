@@ -1,20 +1,29 @@
 #!/usr/bin/env bash
 # One call on the 2-GPU machine (`nvidia-h200-x2`, .whl carried): tensor parallelism's all-reduce.
-#   source .whl/prelude.sh && bash scripts/device_tp.sh
+#   source .whl/prelude.sh && bash scripts/device_tp.sh [check|repeat]
 # The symmetric-memory all-reduce against NCCL (bitwise, eager and in CUDA graphs; latency), then
 # Llama-3.1-8B offline at TP=1, TP=2 (symmetric memory for decode-sized sums) and TP=2 with
-# MINISGL_SYMM_MEM=0 (NCCL only). Results: $OUT/allreduce.json, $OUT/bench.jsonl, $OUT/logs.tgz.
+# MINISGL_SYMM_MEM=0 (NCCL only). "repeat": no check; TP=2 symm, TP=2 NCCL, TP=1, TP=2 symm,
+# TP=2 NCCL, alternating. Results: $OUT/allreduce.json, $OUT/bench.jsonl, $OUT/logs.tgz.
 set -uo pipefail
+what=${1:-check}
 out=${OUT:-/tmp/out}; logs=/tmp/logs; mkdir -p "$out" $logs
 m=/tmp/m
 python3 -m minisgl_core bench make-model --shape llama-3.1-8b --out $m/llama-3.1-8b --device cuda >/dev/null &
-timeout 240 python3 scripts/device_allreduce_check.py --json "$out/allreduce.json" > $logs/allreduce.log 2>&1
-echo "all-reduce check exit $?"; grep -A12 graph_us_per_all_reduce $logs/allreduce.log | head -14; grep -m3 -i "error\|fail\|warn" $logs/allreduce.log
+if [[ $what == check ]]; then
+  timeout 240 python3 scripts/device_allreduce_check.py --json "$out/allreduce.json" > $logs/allreduce.log 2>&1
+  echo "all-reduce check exit $?"; grep -A12 graph_us_per_all_reduce $logs/allreduce.log | head -14
+  grep -m3 -i "error\|fail\|warn" $logs/allreduce.log
+fi
 wait
-bench() { timeout 200 python3 -m minisgl_core bench offline --model $m/llama-3.1-8b --attn fi --output "$out/bench.jsonl" "$@" | tail -n 1 | cut -c1-420; }
-CUDA_VISIBLE_DEVICES=0 bench --label llama-3.1-8b-tp1 2>$logs/tp1.log
-bench --tp 2 --label "llama-3.1-8b-tp2 symm-mem" 2>$logs/tp2.log
-grep -m2 -i "symmetric" $logs/tp2.log
-MINISGL_SYMM_MEM=0 bench --tp 2 --label "llama-3.1-8b-tp2 nccl (MINISGL_SYMM_MEM=0)" 2>$logs/tp2-nccl.log
+bench() { timeout 200 python3 -m minisgl_core bench offline --model $m/llama-3.1-8b --attn fi --output "$out/bench.jsonl" "$@" | tail -n 1 | cut -c180-420; }
+tp1() { CUDA_VISIBLE_DEVICES=0 bench --label llama-3.1-8b-tp1 2>>$logs/tp1.log; }
+tp2() { bench --tp 2 --label "llama-3.1-8b-tp2 symm-mem" 2>>$logs/tp2.log; }
+tp2_nccl() { MINISGL_SYMM_MEM=0 bench --tp 2 --label "llama-3.1-8b-tp2 nccl (MINISGL_SYMM_MEM=0)" 2>>$logs/tp2-nccl.log; }
+if [[ $what == check ]]; then
+  tp1; tp2; tp2_nccl
+else
+  tp2; tp2_nccl; tp1; tp2; tp2_nccl
+fi
 grep -i -m5 "error\|traceback" $logs/*.log
 tar -czf "$out/logs.tgz" -C /tmp logs
