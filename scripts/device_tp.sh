@@ -16,7 +16,8 @@ if [[ $what == check ]]; then
   grep -m3 -i "error\|fail\|warn" $logs/allreduce.log
 fi
 wait
-bench() { timeout 200 python3 -m minisgl_core bench offline --model $m/llama-3.1-8b --attn fi --output "$out/bench.jsonl" "$@" | tail -n 1 | cut -c180-420; }
+bench() { timeout 200 python3 -m minisgl_core bench offline --model $m/llama-3.1-8b --attn fi --output "$out/bench.jsonl" "$@" | tail -n 1 \
+  | python3 -c 'import json, sys; d = json.loads(sys.stdin.read()); print(d["label"], d["output_tok_per_s"], d["seconds"])'; }
 tp1() { CUDA_VISIBLE_DEVICES=0 bench --label llama-3.1-8b-tp1 2>>$logs/tp1.log; }
 tp2() { bench --tp 2 --label "llama-3.1-8b-tp2 symm-mem" 2>>$logs/tp2.log; }
 tp2_nccl() { MINISGL_SYMM_MEM=0 bench --tp 2 --label "llama-3.1-8b-tp2 nccl (MINISGL_SYMM_MEM=0)" 2>>$logs/tp2-nccl.log; }
@@ -25,5 +26,5 @@ if [[ $what == check ]]; then
 else
   tp2; tp2_nccl; tp1; tp2; tp2_nccl
 fi
-grep -i -m5 "error\|traceback" $logs/*.log
+grep -m5 "Traceback" $logs/*.log
 tar -czf "$out/logs.tgz" -C /tmp logs
