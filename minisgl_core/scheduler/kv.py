@@ -54,9 +54,20 @@ class KVManager:
         return max(0, ceil_div(self.expected_final_len(req), self.page_size) - held)
 
     def available_pages(self) -> int:
-        """Pages a new request may still be promised."""
-        evictable = self.cache.size_info().evictable // self.page_size
-        growth = sum(self.future_pages(r) for r in self.admitted.values())
+        """Pages a new request may still be promised.
+
+        The sum of :meth:`future_pages` over every admitted request, spelled out in one loop: the
+        scheduler asks every step, for hundreds of requests."""
+        ps, ratio = self.page_size, self.reserve_ratio
+        growth = 0
+        for r in self.admitted.values():
+            produced = len(r.prompt_ids) + len(r.output_ids)
+            final = produced + math.ceil(ratio * (r.params.max_tokens - len(r.output_ids)))
+            final = max(final, len(r.fill_ids) + 1)
+            need = -(-final // ps) - r.prefix_len // ps - len(r.pages)
+            if need > 0:
+                growth += need
+        evictable = self.cache.size_info().evictable // ps
         return self.allocator.free_pages + evictable - growth
 
     def obtainable_pages(self) -> int:
@@ -130,6 +141,34 @@ class KVManager:
             own = start - base
             return [pages[own // page_size] * page_size + own % page_size]
         return [pages[(pos - base) // page_size] * page_size + (pos - base) % page_size for pos in range(start, end)]
+
+    def decode_slots(self, reqs: list[Request]) -> list[int] | None:
+        """The slot of each request's next position (``num_computed``): :meth:`allocate` for one
+        position of many requests, with the new pages (where a page starts) taken in one go;
+        None, and nothing allocated, when the pool cannot supply them."""
+        ps = self.page_size
+        out: list[int] = []
+        fresh: list[int] = []  # indices of requests whose next position starts a page
+        for i, r in enumerate(reqs):
+            own = r.num_computed - r.prefix_len
+            page = own // ps
+            if page < len(r.pages):
+                out.append(r.pages[page] * ps + own % ps)
+            elif page == len(r.pages) and own % ps == 0:
+                out.append(-1)
+                fresh.append(i)
+            else:  # decode grows one position at a time, so this does not happen
+                raise RuntimeError(f"request {r.rid}: position {r.num_computed} is past its pages")
+        if fresh:
+            short = len(fresh) - self.allocator.free_pages
+            if short > 0:
+                self.allocator.free_slots(self.cache.evict(short * ps))
+            if len(fresh) > self.allocator.free_pages:
+                return None
+            for i, page in zip(fresh, self.allocator.alloc(len(fresh)), strict=True):
+                reqs[i].pages.append(page)
+                out[i] = page * ps
+        return out
 
     def slots_of(self, req: Request, end: int) -> torch.Tensor:
         """Slots of positions [0, end) (CPU int64)."""

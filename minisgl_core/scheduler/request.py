@@ -69,11 +69,7 @@ class Request:
         return self.prompt_ids + self.output_ids
 
     def view(self) -> RequestView:
+        out = len(self.output_ids)  # positional, no properties: built for every request every step
         return RequestView(
-            rid=self.rid,
-            arrival=self.arrival,
-            prompt_len=self.fill_len,
-            num_computed=self.num_computed,
-            output_len=len(self.output_ids),
-            max_new_tokens=self.remaining_output,
+            self.rid, self.arrival, len(self.fill_ids), self.num_computed, out, self.params.max_tokens - out
         )

@@ -165,8 +165,9 @@ class Scheduler:
         positions = [p for r, n in zip(reqs, chunks) for p in range(r.num_computed, r.num_computed + n)]
         seq_lens = [r.num_computed + n for r, n in zip(reqs, chunks)]
         sampled = [i for i, r in enumerate(reqs) if seq_lens[i] == r.fill_len]
+        flat_slots = slots[0] if len(slots) == 1 else [s for per_req in slots for s in per_req]
         batch = self._forward_batch(
-            True, reqs, chunks, seq_lens, to_device(input_ids, self.device), positions, slots
+            True, reqs, chunks, seq_lens, to_device(input_ids, self.device), positions, flat_slots
         )
         # State advances when the step is planned, so the next step can be planned before this
         # one's tokens reach the host (overlap scheduling).
@@ -185,7 +186,9 @@ class Scheduler:
             reqs = list(self.running.values())
         # With overlap, a request whose step in flight samples its last token by length would be
         # decoded once more for nothing: leave it out, process() finishes it when that step lands.
-        reqs = [r for r in reqs if not self._last_token_in_flight(r)]
+        # (the tokens a request will have once every planned step lands: one per position past its prompt)
+        limit = self.page_table.shape[1] - 1
+        reqs = [r for r in reqs if r.num_computed - len(r.prompt_ids) + 1 < r.params.max_tokens and r.num_computed < limit]
         if not reqs:
             return None
         self._retract_until_decode_fits(reqs)
@@ -194,8 +197,8 @@ class Scheduler:
         shared = None
         if self.cascade:
             reqs, shared = group_shared_prefixes(reqs, {r.rid: r.num_computed + 1 for r in reqs}, self.kv.page_size)
-        slots = [self.kv.allocate(r, r.num_computed + 1) for r in reqs]
-        if any(s is None for s in slots):  # cannot happen: check_request keeps one request within the pool
+        slots = self.kv.decode_slots(reqs)
+        if slots is None:  # cannot happen: check_request keeps one request within the pool
             raise RuntimeError("KV pool exhausted with a single request running")
         self.kv.decayed()
         positions = [r.num_computed for r in reqs]
@@ -217,10 +220,9 @@ class Scheduler:
         seq_lens: list[int],
         input_ids: torch.Tensor,
         positions: list[int],
-        slots: list[list[int]],
+        flat_slots: list[int],
     ) -> ForwardBatch:
         device = self.device
-        flat_slots = slots[0] if len(slots) == 1 else [s for per_req in slots for s in per_req]
         rows = [r.row for r in reqs]
         token_rows = rows if not is_prefill else [r for r, n in zip(rows, chunks) for _ in range(n)]
         # One host-to-device copy for all the small per-step arrays.
@@ -244,17 +246,14 @@ class Scheduler:
             attn=self.prefill_attn if is_prefill else self.decode_attn,
         )
 
-    def _last_token_in_flight(self, req: Request) -> bool:
-        # tokens it will have once every planned step lands: one per computed position past the prompt
-        planned = req.num_computed - req.prompt_len + 1
-        return planned >= req.params.max_tokens or req.num_computed + 1 >= self.page_table.shape[1]
-
     def _retract_until_decode_fits(self, reqs: list[Request]) -> None:
         """Retract the newest requests (removed from ``reqs``) until every other one can grow by a token.
 
         A retracted request gives its KV to the prefix cache and goes back to ``waiting`` with its
         output so far appended to what it must prefill."""
-        needed = sum(1 for r in reqs if self.kv.pages_to_reach(r, r.num_computed + 1))
+        ps = self.kv.page_size
+        # requests whose next token starts a new page (kv.pages_to_reach(r, r.num_computed + 1) > 0)
+        needed = sum(1 for r in reqs if r.num_computed + 1 > r.prefix_len + len(r.pages) * ps)
         if needed > self.kv.obtainable_pages():
             # Rare: wait for the step in flight. Requests it finishes free their KV, and the
             # ones we retract keep their newest token.
