@@ -36,7 +36,7 @@ async def wait_for_all(group: RequestGroup, request: Request) -> list[Choice] | 
 
     async def gather() -> None:
         async for delta in group.deltas():
-            choices[delta.index].add(delta)
+            choices[delta.index].merge(delta)
 
     async def client_gone() -> None:
         # The body is already read, so the next ASGI message is the disconnect, whenever it comes.

@@ -39,7 +39,7 @@ def native_router(state: ServerState) -> APIRouter:
                 if delta.finish_reason == "error":
                     yield sse_error(delta.error)
                     return
-                choice.add(delta)
+                choice.merge(delta)
                 if delta.text or delta.finish_reason is not None:
                     yield r.sse(
                         r.generate_result(

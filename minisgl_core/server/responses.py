@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
 from minisgl_core.server.state import Delta
@@ -25,24 +24,8 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-@dataclass
-class Choice:
-    index: int
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[list[Any]] = field(default_factory=list)
-    finish_reason: str | None = None
-    matched_stop: str | int | None = None
-    error: str | None = None
-
-    def add(self, delta: Delta) -> None:
-        self.text += delta.text
-        self.token_ids += delta.token_ids
-        self.logprobs += delta.logprobs
-        if delta.finish_reason is not None:
-            self.finish_reason = delta.finish_reason
-            self.matched_stop = delta.matched_stop
-            self.error = delta.error
+#: one choice's whole answer: the deltas of its stream merged (``Choice(index).merge(delta)``)
+Choice = Delta
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

@@ -78,6 +78,14 @@ class Delta:
         if ev.finish_reason is not None:
             self.finish_reason, self.matched_stop, self.error = ev.finish_reason, ev.matched_stop, ev.error
 
+    def merge(self, later: Delta) -> None:
+        """Append what ``later`` (of the same choice) gained."""
+        self.text += later.text
+        self.token_ids += later.token_ids
+        self.logprobs += later.logprobs
+        if later.finish_reason is not None:
+            self.finish_reason, self.matched_stop, self.error = later.finish_reason, later.matched_stop, later.error
+
 
 class RequestGroup:
     def __init__(self, state: ServerState) -> None:
