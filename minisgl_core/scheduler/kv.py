@@ -28,6 +28,11 @@ def ceil_div(a: int, b: int) -> int:
 RESERVE_INITIAL, RESERVE_MIN, RESERVE_DECAY = 0.7, 0.2, 0.002
 
 
+def _expected_final_len(prompt_len: int, output_len: int, fill_len: int, max_tokens: int, ratio: float) -> int:
+    # what it has, plus ``ratio`` of what it may still add; at least one token past what must be filled
+    return max(prompt_len + output_len + math.ceil(ratio * (max_tokens - output_len)), fill_len + 1)
+
+
 class KVManager:
     def __init__(self, allocator: PageAllocator, cache: CacheManager, page_size: int) -> None:
         self.allocator = allocator
@@ -46,24 +51,17 @@ class KVManager:
 
     def expected_final_len(self, req: Request) -> int:
         """Tokens the request is expected to reach: what it has plus a share of what it may still add."""
-        produced = req.prompt_len + len(req.output_ids)
-        return max(produced + math.ceil(self.reserve_ratio * req.remaining_output), req.fill_len + 1)
-
-    def future_pages(self, req: Request) -> int:
-        held = req.prefix_len // self.page_size + len(req.pages)
-        return max(0, ceil_div(self.expected_final_len(req), self.page_size) - held)
+        return _expected_final_len(
+            len(req.prompt_ids), len(req.output_ids), len(req.fill_ids), req.params.max_tokens, self.reserve_ratio
+        )
 
     def available_pages(self) -> int:
-        """Pages a new request may still be promised.
-
-        The sum of :meth:`future_pages` over every admitted request, spelled out in one loop: the
-        scheduler asks every step, for hundreds of requests."""
+        """Pages a new request may still be promised: free and evictable pages minus the pages every
+        admitted request is still expected to need (asked every step, for hundreds of requests)."""
         ps, ratio = self.page_size, self.reserve_ratio
         growth = 0
         for r in self.admitted.values():
-            produced = len(r.prompt_ids) + len(r.output_ids)
-            final = produced + math.ceil(ratio * (r.params.max_tokens - len(r.output_ids)))
-            final = max(final, len(r.fill_ids) + 1)
+            final = _expected_final_len(len(r.prompt_ids), len(r.output_ids), len(r.fill_ids), r.params.max_tokens, ratio)
             need = -(-final // ps) - r.prefix_len // ps - len(r.pages)
             if need > 0:
                 growth += need
@@ -130,17 +128,31 @@ class KVManager:
         page_size = self.page_size
         n = self.pages_to_reach(req, end)
         if n:
-            short = n - self.allocator.free_pages
-            if short > 0:
-                self.allocator.free_slots(self.cache.evict(short * page_size))
-            if n > self.allocator.free_pages:
+            new = self._take_pages(n)
+            if new is None:
                 return None
-            req.pages.extend(self.allocator.alloc(n))
+            req.pages.extend(new)
         base, pages = req.prefix_len, req.pages
         if end - start == 1:
             own = start - base
             return [pages[own // page_size] * page_size + own % page_size]
         return [pages[(pos - base) // page_size] * page_size + (pos - base) % page_size for pos in range(start, end)]
+
+    def _take_pages(self, n: int) -> list[int] | None:
+        """``n`` free pages, evicting unlocked cache entries if the free list is short; None (and
+        nothing taken) when even that is not enough."""
+        short = n - self.allocator.free_pages
+        if short > 0:
+            self.allocator.free_slots(self.cache.evict(short * self.page_size))
+        if n > self.allocator.free_pages:
+            return None
+        return self.allocator.alloc(n)
+
+    def needing_a_page(self, reqs: list[Request]) -> int:
+        """How many of ``reqs`` start a new page with their next token (``pages_to_reach(r,
+        r.num_computed + 1) > 0``), counted in one loop: decode asks every step."""
+        ps = self.page_size
+        return sum(1 for r in reqs if r.num_computed + 1 > r.prefix_len + len(r.pages) * ps)
 
     def decode_slots(self, reqs: list[Request]) -> list[int] | None:
         """The slot of each request's next position (``num_computed``): :meth:`allocate` for one
@@ -160,12 +172,10 @@ class KVManager:
             else:  # decode grows one position at a time, so this does not happen
                 raise RuntimeError(f"request {r.rid}: position {r.num_computed} is past its pages")
         if fresh:
-            short = len(fresh) - self.allocator.free_pages
-            if short > 0:
-                self.allocator.free_slots(self.cache.evict(short * ps))
-            if len(fresh) > self.allocator.free_pages:
+            pages = self._take_pages(len(fresh))
+            if pages is None:
                 return None
-            for i, page in zip(fresh, self.allocator.alloc(len(fresh)), strict=True):
+            for i, page in zip(fresh, pages, strict=True):
                 reqs[i].pages.append(page)
                 out[i] = page * ps
         return out

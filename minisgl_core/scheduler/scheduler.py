@@ -251,15 +251,13 @@ class Scheduler:
 
         A retracted request gives its KV to the prefix cache and goes back to ``waiting`` with its
         output so far appended to what it must prefill."""
-        ps = self.kv.page_size
-        # requests whose next token starts a new page (kv.pages_to_reach(r, r.num_computed + 1) > 0)
-        needed = sum(1 for r in reqs if r.num_computed + 1 > r.prefix_len + len(r.pages) * ps)
+        needed = self.kv.needing_a_page(reqs)
         if needed > self.kv.obtainable_pages():
             # Rare: wait for the step in flight. Requests it finishes free their KV, and the
             # ones we retract keep their newest token.
             self.complete_inflight()
             reqs[:] = [r for r in reqs if self.running.get(r.rid) is r]
-            needed = sum(1 for r in reqs if self.kv.pages_to_reach(r, r.num_computed + 1))
+            needed = self.kv.needing_a_page(reqs)
         while needed > self.kv.obtainable_pages() and len(reqs) > 1:
             victim = max(reqs, key=lambda r: r.arrival)
             reqs.remove(victim)
@@ -269,7 +267,7 @@ class Scheduler:
             victim.num_computed = 0
             self.waiting[victim.rid] = victim
             self.kv.retracted()
-            needed = sum(1 for r in reqs if self.kv.pages_to_reach(r, r.num_computed + 1))
+            needed = self.kv.needing_a_page(reqs)
             logger.info("KV pool full: retracted request %d (%d tokens so far)", victim.rid, victim.fill_len)
 
     def _complain(self, what: str) -> None:
