@@ -110,8 +110,8 @@ class Engine:
         self.overlap = config.overlap
         self._inflight: _InFlight | None = None
         self._early_outputs: list[StepOutput] = []
-        #: what the last step() launched (None: nothing), for step traces and diagnostics
-        self.launched_last: LaunchRecord | None = None
+        #: the batch the last step() launched (None: nothing), for step traces and diagnostics
+        self.launched_last: ScheduledBatch | None = None
         self.scheduler.complete_inflight = self._complete_inflight_now
 
     # ------------------------------------------------------------------ properties
@@ -174,10 +174,7 @@ class Engine:
         tokens on the host (penalties) waits for the previous step first.
         """
         batch = self.scheduler.schedule()
-        self.launched_last = None if batch is None else LaunchRecord(
-            batch.forward.is_prefill, len(batch.requests), sum(batch.chunk_lens),
-            len(batch.forward.shared_prefixes or ()),
-        )  # fmt: skip
+        self.launched_last = batch
         outputs, self._early_outputs = self._early_outputs, []
         if self._inflight is not None and (batch is None or not self.overlap or _needs_host_outputs(batch)):
             outputs += self._complete(self._inflight)
@@ -229,15 +226,6 @@ class Engine:
             inflight.done.synchronize()
         token_ids = inflight.host_tokens.tolist()
         return self.scheduler.process(inflight.batch, token_ids, inflight.result.logprobs(token_ids))
-
-
-class LaunchRecord(NamedTuple):
-    """One launched step: prefill or decode, how many requests and new tokens, cascade groups."""
-
-    prefill: bool
-    requests: int
-    tokens: int
-    cascade_groups: int
 
 
 class _InFlight(NamedTuple):

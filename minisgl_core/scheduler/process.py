@@ -120,14 +120,14 @@ class SchedulerLoop:
                 send(to_detokenizer, out)
 
     def _trace_step(self, started: float, now: float, new: int) -> None:
-        launch = self.engine.launched_last
+        batch = self.engine.launched_last
         record: dict[str, Any] = {"t": round(started, 6), "dt": round(now - started, 6), "new": new}
-        if launch is not None:
+        if batch is not None:
             record |= {
-                "kind": "prefill" if launch.prefill else "decode",
-                "reqs": launch.requests,
-                "tokens": launch.tokens,
-                "groups": launch.cascade_groups,
+                "kind": "prefill" if batch.forward.is_prefill else "decode",
+                "reqs": len(batch.requests),
+                "tokens": sum(batch.chunk_lens),
+                "groups": len(batch.forward.shared_prefixes or ()),
             }
         sched = self.engine.scheduler
         record |= {"running": len(sched.running), "waiting": len(sched.waiting)}
