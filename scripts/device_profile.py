@@ -1,6 +1,8 @@
 """Where the GPU time of a run goes. Run on the GPU machine (see ../shared/device/README.md):
 
     python scripts/device_profile.py attn              # decode kernel variants, one layer, µs
+    python scripts/device_profile.py kv                # decode over a bf16 vs an fp8 KV pool, µs
+    python scripts/device_profile.py gemv              # batch-1 GEMMs, cuBLAS vs cuBLASLt, µs
     python scripts/device_profile.py steps MODEL_DIR   # standard offline workload, step by step
     python scripts/device_profile.py steps MODEL_DIR --workload shared-prefix --max-running 128 [--disable-cascade] [--cache naive]
     python scripts/device_profile.py b1 MODEL_DIR      # batch-1 decode, kernel table
@@ -72,7 +74,9 @@ def attn(args: argparse.Namespace) -> dict:
                 last = torch.full((bs,), ctx - (pages_per - 1) * page, dtype=torch.int32)
                 q = torch.randn(bs, qo, 128, dtype=torch.bfloat16, device=dev)
                 for tc in (True, False):
-                    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tc, backend="fa2")
+                    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                        ws, "NHD", use_tensor_cores=tc, backend="fa2"
+                    )
                     w.plan(indptr, indices, last, qo, kv, 128, page, q_data_type=torch.bfloat16,
                            kv_data_type=torch.bfloat16, sm_scale=128**-0.5)  # fmt: skip
                     us = cuda_time_us(partial(w.run, q, (cache[0], cache[1])), iters=100)
@@ -113,6 +117,81 @@ def attn(args: argparse.Namespace) -> dict:
     return out
 
 
+def _graph_us(fn, reps: int = 20) -> float:
+    """Device µs of one ``fn()`` replayed from a CUDA graph of ``reps`` calls (launch gaps included)."""
+    from device_attention_check import cuda_time_us
+
+    fn()
+    _sync()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    return cuda_time_us(graph.replay, iters=10) / reps
+
+
+def kv(args: argparse.Namespace) -> dict:
+    """Decode attention over a bf16 vs an fp8 (e4m3) KV pool, graph mode, as the engine runs it."""
+    import flashinfer
+
+    out = {}
+    dev = torch.device("cuda")
+    ws = torch.zeros(128 << 20, dtype=torch.uint8, device=dev)
+    for qo, kvh in ((16, 8), (32, 8)):
+        for bs, ctx in ((256, 800), (32, 1500), (1, 200)):
+            for page in (1, 16):
+                pages_per = (ctx + page - 1) // page
+                num_pages = bs * pages_per + 1
+                base = torch.randn(2, num_pages, page, kvh, 128, dtype=torch.bfloat16, device=dev)
+                indices = torch.randperm(num_pages - 1, device=dev)[: bs * pages_per].int()
+                indptr = torch.arange(0, bs + 1, dtype=torch.int32) * pages_per
+                last = torch.full((bs,), ctx - (pages_per - 1) * page, dtype=torch.int32)
+                q = torch.randn(bs, qo, 128, dtype=torch.bfloat16, device=dev)
+                for kv_dtype in (torch.bfloat16, torch.float8_e4m3fn):
+                    cache = base.to(kv_dtype)
+                    for tc in (True, False):
+                        bufs = (torch.zeros(bs + 1, dtype=torch.int32, device=dev),
+                                torch.zeros(bs * pages_per, dtype=torch.int32, device=dev),
+                                torch.ones(bs, dtype=torch.int32, device=dev))  # fmt: skip
+                        w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                            ws, "NHD", use_tensor_cores=tc, backend="fa2", use_cuda_graph=True,
+                            paged_kv_indptr_buffer=bufs[0], paged_kv_indices_buffer=bufs[1],
+                            paged_kv_last_page_len_buffer=bufs[2])  # fmt: skip
+                        key = f"qo{qo}/kv{kvh} bs{bs} ctx{ctx} page{page} {str(kv_dtype)[6:]} tc={tc}"
+                        try:
+                            w.plan(indptr, indices, last, qo, kvh, 128, page, q_data_type=torch.bfloat16,
+                                   kv_data_type=kv_dtype, sm_scale=128**-0.5)  # fmt: skip
+                            us = _graph_us(partial(w.run, q, (cache[0], cache[1])))
+                        except Exception as exc:  # an unsupported combination: say so, go on
+                            out[key] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+                            print(f"{key:60s} ERROR {out[key]['error']}", flush=True)
+                            continue
+                        nbytes = 2 * bs * ctx * kvh * 128 * cache.element_size()
+                        out[key] = {"us": round(us, 1), "TB/s": round(nbytes / (us * 1e-6) / 1e12, 2)}
+                        print(f"{key:60s} {us:8.1f} us  {out[key]['TB/s']:5.2f} TB/s", flush=True)
+    return out
+
+
+def gemv(args: argparse.Namespace) -> dict:
+    """Batch-1 (and small-batch) GEMMs of Llama-3.1-8B's shapes, cuBLAS vs cuBLASLt, graph mode."""
+    out = {}
+    dev = torch.device("cuda")
+    shapes = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
+              "lm_head": (128256, 4096)}  # fmt: skip
+    for lib in ("cublas", "cublaslt"):
+        torch.backends.cuda.preferred_blas_library(lib)
+        for m in (1, 8):
+            for name, (n, k) in shapes.items():
+                w = torch.randn(n, k, dtype=torch.bfloat16, device=dev) * 0.02
+                x = torch.randn(m, k, dtype=torch.bfloat16, device=dev)
+                us = _graph_us(partial(torch.nn.functional.linear, x, w))
+                key = f"{lib} m{m} {name}"
+                out[key] = {"us": round(us, 1), "TB/s": round(w.numel() * 2 / (us * 1e-6) / 1e12, 2)}
+                print(f"{key:30s} {us:8.1f} us  {out[key]['TB/s']:5.2f} TB/s", flush=True)
+    torch.backends.cuda.preferred_blas_library("cublas")
+    return out
+
+
 def _engine(model: str, attn_name: str, **options):
     from minisgl_core.llm import LLM
 
@@ -124,7 +203,11 @@ def steps(args: argparse.Namespace) -> dict:
     from minisgl_core.sampling import SamplingParams
 
     llm = _engine(
-        args.model, args.attn, cache=args.cache, max_running_requests=args.max_running, cascade=not args.disable_cascade
+        args.model,
+        args.attn,
+        cache=args.cache,
+        max_running_requests=args.max_running,
+        cascade=not args.disable_cascade,
     )
     engine = llm.engine
     runner = engine.runner
@@ -146,7 +229,9 @@ def steps(args: argparse.Namespace) -> dict:
     workload = standard_offline(args.num_requests, seed=0) if args.workload == "standard" else shared_prefix()
     for i, r in enumerate(workload):
         prompt = [t % vocab for t in r.prompt_ids]
-        engine.add_request(10_000 + i, prompt, SamplingParams(temperature=0.6, max_tokens=r.max_tokens, ignore_eos=True))
+        engine.add_request(
+            10_000 + i, prompt, SamplingParams(temperature=0.6, max_tokens=r.max_tokens, ignore_eos=True)
+        )
     records: list[tuple[bool, int, float]] = []
     window = (args.window_start, args.window_start + args.window)
     prof = None
@@ -173,7 +258,11 @@ def steps(args: argparse.Namespace) -> dict:
     total = time.perf_counter() - begin
     buckets: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for is_prefill, bs, dt in records:
-        key = "prefill" if is_prefill else f"decode bs<= {next(b for b in (8, 32, 64, 128, 192, 256, 10**9) if bs <= b)}"
+        key = (
+            "prefill"
+            if is_prefill
+            else f"decode bs<= {next(b for b in (8, 32, 64, 128, 192, 256, 10**9) if bs <= b)}"
+        )
         buckets[key][0] += 1
         buckets[key][1] += dt
     output_tokens = sum(r.max_tokens for r in workload)
@@ -205,10 +294,16 @@ def b1(args: argparse.Namespace) -> dict:
     steps = 64
     with torch.profiler.profile(activities=_activities()) as prof:
         start = time.perf_counter()
-        llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True), use_tqdm=False)
+        llm.generate(
+            [prompt], SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True), use_tqdm=False
+        )
         _sync()
         wall = time.perf_counter() - start
-    summary = {"steps": steps, "wall_ms": round(wall * 1e3, 2), "device_busy_ms": round(_device_us(prof) / 1e3, 2)}
+    summary = {
+        "steps": steps,
+        "wall_ms": round(wall * 1e3, 2),
+        "device_busy_ms": round(_device_us(prof) / 1e3, 2),
+    }
     print(json.dumps(summary))
     print(_table(prof, 40))
     llm.close()
@@ -217,7 +312,7 @@ def b1(args: argparse.Namespace) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("what", choices=["attn", "steps", "b1"])
+    p.add_argument("what", choices=["attn", "kv", "gemv", "steps", "b1"])
     p.add_argument("model", nargs="?")
     p.add_argument("--attn", default="fi")
     p.add_argument("--window-start", type=int, default=120)
@@ -229,7 +324,7 @@ def main() -> None:
     p.add_argument("--cache", default="radix")
     p.add_argument("--json")
     args = p.parse_args()
-    result = {"attn": attn, "steps": steps, "b1": b1}[args.what](args)
+    result = {"attn": attn, "kv": kv, "gemv": gemv, "steps": steps, "b1": b1}[args.what](args)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
