@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -14,7 +15,9 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    return make_model_dir(tmp_path_factory.mktemp("m") / "qwen3", "Qwen3ForCausalLM", max_position_embeddings=512)
+    return make_model_dir(
+        tmp_path_factory.mktemp("m") / "qwen3", "Qwen3ForCausalLM", max_position_embeddings=512
+    )
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +148,9 @@ def test_retraction_when_decode_outgrows_the_pool(model_dir, page_size, params):
 
 
 @pytest.mark.parametrize("overlap", [True, False])
-def test_length_limited_requests_are_not_decoded_past_their_last_token(model_dir, prompts, reference, overlap):
+def test_length_limited_requests_are_not_decoded_past_their_last_token(
+    model_dir, prompts, reference, overlap
+):
     """With overlap the scheduler plans a step before the previous one's tokens land; it must still
     not decode a request whose step in flight already samples its last token (max_tokens)."""
     llm = make_llm(model_dir, cache="radix", overlap=overlap)
@@ -162,3 +167,23 @@ def test_length_limited_requests_are_not_decoded_past_their_last_token(model_dir
     # the prefill samples the first token, one decode row per further token: 11 each, none wasted
     assert sum(bs for is_prefill, bs in launched if not is_prefill) == len(prompts) * (GREEDY.max_tokens - 1)
     assert_no_leak(llm)
+
+
+def test_step_trace_of_an_offline_run(model_dir, prompts, reference, tmp_path, monkeypatch):
+    """MINISGL_STEP_TRACE is written by the engine itself, so offline runs (and each TP rank 0 of
+    the offline TP benchmark) are traced like the server: every step once, tokens as launched."""
+    path = tmp_path / "steps.jsonl"
+    monkeypatch.setenv("MINISGL_STEP_TRACE", str(path))
+    llm = make_llm(model_dir, cache="naive", max_prefill_tokens=256)
+    monkeypatch.delenv("MINISGL_STEP_TRACE")
+    outs = llm.generate(prompts, GREEDY)
+    assert [o.token_ids for o in outs] == reference
+    steps = [json.loads(line) for line in path.read_text().splitlines()]
+    assert sum(s["new"] for s in steps) == len(prompts)
+    prefill = [s for s in steps if s.get("kind") == "prefill"]
+    decode = [s for s in steps if s.get("kind") == "decode"]
+    assert sum(s["tokens"] for s in prefill) == sum(len(p) for p in prompts)  # no prefix cache
+    assert max(s["tokens"] for s in prefill) <= 256 and len(prefill) > 1  # chunked
+    assert sum(s["tokens"] for s in decode) == len(prompts) * (GREEDY.max_tokens - 1)
+    assert all(s["dt"] >= 0 for s in steps)
+    assert [s["t"] for s in steps] == sorted(s["t"] for s in steps)

@@ -2,13 +2,24 @@
 
 The offline :class:`~minisgl_core.llm.LLM` drives one Engine in-process; the server runs one per
 scheduler process and feeds every rank the same requests in the same order.
+
+With ``MINISGL_STEP_TRACE=FILE`` in its environment, the engine of rank 0 appends one JSON line
+per step to FILE: when it started and how long it took on the host (``t``, ``dt``, seconds,
+monotonic clock), how many requests were added since the step before (``new``), what it launched
+(``kind``, ``reqs``, ``tokens``, ``groups`` of cascade attention) and the queues after it
+(``running``, ``waiting``). With overlap, a step's ``dt`` is about the device time of the step
+before it once the device is the bottleneck. It is how a run (served, offline, or one rank of a
+tensor-parallel one) is read step by step; ``scripts/step_trace.py`` summarises one.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import IO, Any, NamedTuple
 
 import torch
 
@@ -38,7 +49,12 @@ def eos_token_ids(hf_config: dict, generation_config: dict) -> set[int]:
 
 
 def check_request_fits(
-    prompt_ids: list[int], params: SamplingParams, *, vocab_size: int, max_context_len: int, kv_capacity_tokens: int
+    prompt_ids: list[int],
+    params: SamplingParams,
+    *,
+    vocab_size: int,
+    max_context_len: int,
+    kv_capacity_tokens: int,
 ) -> None:
     """Raise ValueError when a request can never run with these limits.
 
@@ -113,6 +129,9 @@ class Engine:
         #: the batch the last step() launched (None: nothing), for step traces and diagnostics
         self.launched_last: ScheduledBatch | None = None
         self.scheduler.complete_inflight = self._complete_inflight_now
+        #: the step trace (rank 0, MINISGL_STEP_TRACE), line-buffered; requests added since the last step
+        self.trace: IO[str] | None = _open_step_trace(self.parallel.tp_rank)
+        self._added_since_step = 0
 
     # ------------------------------------------------------------------ properties
 
@@ -159,6 +178,7 @@ class Engine:
     def add_request(self, rid: int, prompt_ids: list[int], params: SamplingParams) -> None:
         self.check_request(prompt_ids, params)
         self.scheduler.add(Request(rid=rid, prompt_ids=list(prompt_ids), params=params, arrival=0))
+        self._added_since_step += 1
 
     def abort(self, rid: int) -> StepOutput | None:
         return self.scheduler.abort(rid)
@@ -173,6 +193,33 @@ class Engine:
         then lag one step behind the launch. A batch whose sampling reads the newest output
         tokens on the host (penalties) waits for the previous step first.
         """
+        if self.trace is None:
+            return self._step()
+        started = time.monotonic()
+        outputs = self._step()
+        self._trace_step(started, time.monotonic())
+        return outputs
+
+    def _trace_step(self, started: float, now: float) -> None:
+        assert self.trace is not None
+        record: dict[str, Any] = {
+            "t": round(started, 6),
+            "dt": round(now - started, 6),
+            "new": self._added_since_step,
+        }
+        self._added_since_step = 0
+        batch = self.launched_last
+        if batch is not None:
+            record |= {
+                "kind": "prefill" if batch.forward.is_prefill else "decode",
+                "reqs": len(batch.requests),
+                "tokens": sum(batch.chunk_lens),
+                "groups": len(batch.forward.shared_prefixes or ()),
+            }
+        record |= {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting)}
+        self.trace.write(json.dumps(record) + "\n")
+
+    def _step(self) -> list[StepOutput]:
         batch = self.scheduler.schedule()
         self.launched_last = batch
         outputs, self._early_outputs = self._early_outputs, []
@@ -201,7 +248,11 @@ class Engine:
         if not batch.sampled:
             return _InFlight(batch, None, None, None)
         reqs = [batch.requests[i] for i in batch.sampled]
-        rows = logits if len(batch.sampled) == len(batch.requests) else logits[to_device(batch.sampled, logits.device)]
+        rows = (
+            logits
+            if len(batch.sampled) == len(batch.requests)
+            else logits[to_device(batch.sampled, logits.device)]
+        )
         result = self.sampler.sample(rows, [SampleRequest(r.params, r.output_ids, r.generator) for r in reqs])
         token_ids = result.token_ids
         if self.parallel.tp_size > 1:
@@ -233,6 +284,12 @@ class _InFlight(NamedTuple):
     result: SampleResult | None
     host_tokens: torch.Tensor | None
     done: torch.cuda.Event | None
+
+
+def _open_step_trace(rank: int) -> IO[str] | None:
+    path = os.environ.get("MINISGL_STEP_TRACE") if rank == 0 else None
+    # line-buffered, open as long as the engine: a trace read while the run goes on is whole
+    return open(path, "a", buffering=1) if path else None  # noqa: SIM115
 
 
 def _needs_host_outputs(batch: ScheduledBatch) -> bool:

@@ -9,20 +9,16 @@ outputs (and now and then ``Engine.stats()``) to the detokenizer.
 When there is nothing to do, rank 0 blocks on its socket and first tells the other ranks to
 park (see :meth:`TPGroup.park`): nobody spins while the server is idle.
 
-With ``MINISGL_STEP_TRACE=FILE`` in its environment, rank 0 appends one JSON line per step to
-FILE: when it started and how long it took on the host (``t``, ``dt``, seconds, monotonic clock),
-how many requests arrived just before it (``new``), what it launched (``kind``, ``reqs``,
-``tokens``, ``groups`` of cascade attention) and the queues after it (``running``, ``waiting``).
-It is how a serving run is read step by step (``scripts/step_trace.py`` summarises one).
+``MINISGL_STEP_TRACE=FILE`` in the server's environment makes rank 0's engine write one JSON line
+per step (see :mod:`minisgl_core.engine.engine`); ``new`` is then the requests that arrived just
+before the step.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
-from typing import IO, Any
+from typing import Any
 
 import msgpack
 import zmq
@@ -52,13 +48,11 @@ STATS_INTERVAL = 0.25
 
 
 class SchedulerLoop:
-    def __init__(self, engine: Engine, tp: TPGroup, trace: IO[str] | None = None) -> None:
+    def __init__(self, engine: Engine, tp: TPGroup) -> None:
         self.engine = engine
         self.tp = tp
         self.last_stats_at = 0.0
         self.last_stats: dict[str, int] | None = None
-        #: the step trace (rank 0, MINISGL_STEP_TRACE), line-buffered
-        self.trace = trace
 
     # ------------------------------------------------------------------ every rank
 
@@ -109,29 +103,12 @@ class SchedulerLoop:
                 send(to_detokenizer, Shutdown())
                 return
             aborted = "abort" in out.finish_reasons
-            started = time.monotonic()
             self.step(out)
             now = time.monotonic()
-            if self.trace is not None:
-                self._trace_step(started, now, sum(isinstance(m, EngineRequest) for m in msgs))
             if aborted or now - self.last_stats_at >= STATS_INTERVAL:
                 out.stats = self._stats(now)
             if len(out) or out.stats is not None:
                 send(to_detokenizer, out)
-
-    def _trace_step(self, started: float, now: float, new: int) -> None:
-        batch = self.engine.launched_last
-        record: dict[str, Any] = {"t": round(started, 6), "dt": round(now - started, 6), "new": new}
-        if batch is not None:
-            record |= {
-                "kind": "prefill" if batch.forward.is_prefill else "decode",
-                "reqs": len(batch.requests),
-                "tokens": sum(batch.chunk_lens),
-                "groups": len(batch.forward.shared_prefixes or ()),
-            }
-        sched = self.engine.scheduler
-        record |= {"running": len(sched.running), "waiting": len(sched.waiting)}
-        self.trace.write(json.dumps(record) + "\n")
 
     def _stats(self, now: float) -> dict[str, int]:
         self.last_stats_at = now
@@ -183,9 +160,7 @@ def scheduler_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_r
             "architecture": (engine.runner.hf_config.get("architectures") or ["?"])[0],
         }
     )
-    trace_path = os.environ.get("MINISGL_STEP_TRACE") if spec.rank == 0 else None
-    trace = open(trace_path, "a", buffering=1) if trace_path else None  # noqa: SIM115 - lives as long as the loop
-    loop = SchedulerLoop(engine, tp, trace)
+    loop = SchedulerLoop(engine, tp)
     if inbox is not None:
         loop.run_leader(inbox, connect_push(ctx, spec.endpoints.detokenizer))
     else:
