@@ -127,7 +127,12 @@ class SymmMemAllReduce:
     the buffer's signal pads, which CUDA graphs can capture) sums all ranks' copies in rank order.
     One kernel instead of NCCL's ring: for the ``[batch, hidden]`` sums of tensor-parallel decode
     (1-2 MB) it is latency, not bandwidth, that counts. Bigger tensors (prefill) go to NCCL.
-    The sum lands in a fresh tensor and is copied back (``all_reduce`` works in place)."""
+
+    The sum is written over the input itself: PyTorch's one-shot kernel has each thread copy its
+    elements into the shared buffer, wait at the barrier, then sum exactly those elements from
+    every rank's buffer, so a thread overwrites only input it has already copied (peers read the
+    shared buffer, never our input). ``scripts/device_allreduce_check.py`` checks the result
+    bitwise against NCCL, eagerly and in CUDA graphs."""
 
     #: one-shot reads every peer's copy, so its useful size shrinks with the group
     MAX_BYTES_TIMES_WORLD = 8 << 20
@@ -156,9 +161,9 @@ class SymmMemAllReduce:
         if view is None:
             view = self._views[x.dtype] = self.buffer.view(x.dtype)
         flat = x.view(-1)
-        out = torch.empty_like(flat)
-        torch.ops.symm_mem.one_shot_all_reduce_copy_out(view[: flat.numel()], flat, "sum", self.group_name, out)
-        flat.copy_(out)
+        torch.ops.symm_mem.one_shot_all_reduce_copy_out(
+            view[: flat.numel()], flat, "sum", self.group_name, flat
+        )
         return True
 
 
@@ -174,12 +179,17 @@ def enable_fast_all_reduce(parallel: ParallelContext, device: torch.device) -> b
     try:
         reducer = SymmMemAllReduce(parallel.group, device)
     except Exception as exc:  # noqa: BLE001 - an optional fast path: NCCL still works
-        logger.warning("symmetric-memory all-reduce unavailable (%s: %s); using NCCL", type(exc).__name__, exc)
+        logger.warning(
+            "symmetric-memory all-reduce unavailable (%s: %s); using NCCL", type(exc).__name__, exc
+        )
     # All ranks use it or none does: one rank on NCCL and another on the buffer would hang.
     ok = torch.tensor([reducer is not None], dtype=torch.int32, device=device)
     dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=parallel.group)
     if reducer is None or not ok.item():
         return False
     _fast_all_reduce[id(parallel.group)] = reducer
-    logger.info("tensor parallelism: one-shot symmetric-memory all-reduce up to %d KiB, NCCL above", reducer.max_bytes >> 10)
+    logger.info(
+        "tensor parallelism: one-shot symmetric-memory all-reduce up to %d KiB, NCCL above",
+        reducer.max_bytes >> 10,
+    )
     return True

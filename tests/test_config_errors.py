@@ -66,3 +66,31 @@ def test_attn_auto_is_torch_on_cpu_and_pairs_parse():
 def test_gpu_backend_on_cpu_says_why(model_dir):
     with pytest.raises(PluginError, match="'fi' cannot run on cpu: .*CUDA"):
         LLM(model_dir, attn="fi", device="cpu")
+
+
+def test_page_size_defaults_by_device_and_backend_capabilities():
+    from minisgl_core.api import AttentionBackend
+    from minisgl_core.engine.runner import resolve_page_size
+
+    class Paged(AttentionBackend):
+        capabilities = frozenset({"prefill", "decode", "page_size>1"})
+
+    class SingleToken(AttentionBackend):
+        capabilities = frozenset({"prefill", "decode"})
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert resolve_page_size(None, cuda, {"a": Paged, "b": Paged}) == 16
+    assert resolve_page_size(None, cpu, {"a": Paged}) == 1
+    assert resolve_page_size(None, cuda, {"a": Paged, "b": SingleToken}) == 1  # the default stays valid
+    assert resolve_page_size(4, cpu, {"a": Paged}) == 4
+    with pytest.raises(PluginError, match="'b' supports only --page-size 1"):
+        resolve_page_size(16, cuda, {"a": Paged, "b": SingleToken})
+
+
+def test_the_engine_runs_at_the_page_size_it_resolved(model_dir):
+    llm = LLM(model_dir, attn="torch", device="cpu", num_kv_tokens=512)
+    assert llm.config.page_size is None and llm.engine.config.page_size == 1
+    assert llm.engine.kv_capacity_tokens == 512  # plus one page for the CUDA-graph padding
+    llm = LLM(model_dir, attn="torch", device="cpu", num_kv_tokens=512, page_size=8)
+    assert llm.engine.runner.kv_cache.page_size == 8 and llm.engine.kv_capacity_tokens == 512
+    assert llm.engine.scheduler.kv.cache.page_size == 8

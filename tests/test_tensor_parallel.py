@@ -89,6 +89,23 @@ def test_offline_tp_runner_reports_a_failing_rank_instead_of_hanging(tmp_path):
     assert time.monotonic() - start < 120
 
 
+def test_offline_tp_runner_counts_every_token_and_reports_the_page_size(tmp_path):
+    from minisgl_core.bench.tp import run_offline_tp
+    from minisgl_core.bench.workloads import BenchRequest
+    from minisgl_core.engine.config import EngineConfig
+
+    model_dir = make_model_dir(tmp_path / "m", "Qwen3ForCausalLM")
+    config = EngineConfig(
+        model=str(model_dir), attn="torch", device="cpu", dtype="float32", tp_size=2, page_size=4
+    )
+    requests = [
+        BenchRequest(prompt_ids=list(range(5, 5 + n)), max_tokens=m) for n, m in ((9, 3), (30, 12), (17, 1))
+    ]
+    result = run_offline_tp(config, requests)
+    assert result["output_tokens"] == 3 + 12 + 1 and result["requests"] == 3
+    assert result["page_size"] == 4 and result["seconds"] > 0
+
+
 def test_all_reduce_takes_an_installed_fast_path_and_falls_back_when_it_declines(monkeypatch):
     """The core's fast all-reduce (symmetric memory on GPUs) is a per-group hook: used when it
     accepts the tensor, NCCL/gloo otherwise; never installed on CPU or with MINISGL_SYMM_MEM=0."""

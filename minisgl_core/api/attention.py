@@ -48,10 +48,35 @@ class KVCache:
         return self.buffer[layer_id, 1]
 
     def store(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Write ``k``/``v`` ([num_tokens, num_kv_heads, head_dim]) at slots ``loc``."""
+        """Write ``k``/``v`` ([num_tokens, num_kv_heads, head_dim]) at slots ``loc``.
+
+        One kernel when each token's v heads follow its k heads in memory (as
+        :func:`~minisgl_core.api.layers.fused.qkv_norm_rope` leaves them), else one per tensor."""
+        kv = self._adjacent(k, v)
+        if kv is not None:
+            # [2, slots, heads, head_dim]: k and v of one layer, written through one index
+            self.buffer[layer_id].view(2, self.num_slots, self.num_kv_heads, self.head_dim)[:, loc] = kv
+            return
         flat_shape = (self.num_slots, self.num_kv_heads, self.head_dim)
         self.k_cache(layer_id).view(flat_shape)[loc] = k.to(self.dtype)
         self.v_cache(layer_id).view(flat_shape)[loc] = v.to(self.dtype)
+
+    def _adjacent(self, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
+        """``k`` and ``v`` as one ``[2, num_tokens, heads, head_dim]`` view when ``v`` starts where
+        ``k``'s heads end, in every token row of the same storage; None otherwise."""
+        heads_size = self.num_kv_heads * self.head_dim
+        if (
+            k.dtype != self.dtype
+            or v.dtype != self.dtype
+            or k.shape != v.shape
+            or k.stride() != v.stride()
+            or k.stride()[1:] != (self.head_dim, 1)
+            or k.untyped_storage().data_ptr() != v.untyped_storage().data_ptr()
+            or v.storage_offset() - k.storage_offset() != heads_size
+        ):
+            return None
+        shape = (2, k.shape[0], self.num_kv_heads, self.head_dim)
+        return k.as_strided(shape, (heads_size, k.stride(0), self.head_dim, 1))
 
     @staticmethod
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:

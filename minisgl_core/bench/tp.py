@@ -19,12 +19,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def drive(engine, requests: list[BenchRequest], temperature: float, first_rid: int = 0) -> int:
-    """Submit everything, step until done; returns the number of output tokens."""
+def drive(
+    engine,
+    requests: list[BenchRequest],
+    temperature: float,
+    first_rid: int = 0,
+    max_tokens: int | None = None,
+) -> int:
+    """Submit everything, step until done; returns the number of output tokens. ``max_tokens``
+    overrides the requests' own (a short warm-up)."""
     from minisgl_core.sampling import SamplingParams
 
     for i, r in enumerate(requests):
-        params = SamplingParams(temperature=temperature, max_tokens=r.max_tokens, ignore_eos=True)
+        params = SamplingParams(
+            temperature=temperature, max_tokens=max_tokens or r.max_tokens, ignore_eos=True
+        )
         engine.add_request(first_rid + i, r.prompt_ids, params)
     tokens = 0
     while engine.has_work:
@@ -45,13 +54,13 @@ def _rank_main(rank: int, world: int, port: int, config, requests, temperature, 
     try:
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
         engine = Engine(config, ParallelContext(rank, world, dist.group.WORLD))
-        drive(engine, requests[:4], temperature, first_rid=10**6)  # warm-up
+        drive(engine, requests[:4], temperature, first_rid=10**6, max_tokens=8)  # warm-up, as run_offline's
         dist.barrier()
         start = time.perf_counter()
         tokens = drive(engine, requests, temperature)
         elapsed = time.perf_counter() - start
         if rank == 0:
-            queue.put(("ok", tokens, elapsed))
+            queue.put(("ok", tokens, elapsed, engine.config.page_size))
     except BaseException:
         queue.put(("error", rank, traceback.format_exc()))
         raise
@@ -81,10 +90,12 @@ def run_offline_tp(config, requests: list[BenchRequest], temperature: float = 0.
             except queue_module.Empty:
                 dead = [r for r, p in enumerate(procs) if not p.is_alive() and p.exitcode != 0]
                 if dead:
-                    raise RuntimeError(f"TP rank {dead[0]} exited with code {procs[dead[0]].exitcode}") from None
+                    raise RuntimeError(
+                        f"TP rank {dead[0]} exited with code {procs[dead[0]].exitcode}"
+                    ) from None
         if message[0] == "error":
             raise RuntimeError(f"TP rank {message[1]} failed:\n{message[2]}")
-        _, tokens, elapsed = message
+        _, tokens, elapsed, page_size = message
     finally:
         for p in procs:
             p.join(timeout=30)
@@ -96,4 +107,5 @@ def run_offline_tp(config, requests: list[BenchRequest], temperature: float = 0.
         "output_tokens": tokens,
         "seconds": round(elapsed, 3),
         "output_tok_per_s": round(tokens / elapsed, 1),
+        "page_size": page_size,
     }

@@ -14,6 +14,7 @@ tensor-parallel one) is read step by step; ``scripts/step_trace.py`` summarises 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -92,6 +93,8 @@ class Engine:
         cache_cls = self.plugins.resolve("caches", config.cache)
         policy_cls = self.plugins.resolve("policies", config.policy)
         self.runner = ModelRunner(config, self.parallel, self.plugins)
+        # from here on the page size is the one the runner resolved (None picks by device)
+        self.config = config = dataclasses.replace(config, page_size=self.runner.page_size)
         self.generation_config = load_generation_config(Path(config.model))
         self.eos_ids = eos_token_ids(self.runner.hf_config, self.generation_config)
         if tokenizer is None:

@@ -15,7 +15,7 @@ from minisgl_core.api import (
     ModelConfig,
     ParallelContext,
 )
-from minisgl_core.engine.config import EngineConfig
+from minisgl_core.engine.config import CUDA_PAGE_SIZE, EngineConfig
 from minisgl_core.engine.loader import iter_checkpoint, load_hf_config
 from minisgl_core.plugins import PluginError, Plugins
 
@@ -40,6 +40,20 @@ def pick_attention(spec: str, device: torch.device, plugins: Plugins) -> tuple[s
     return prefill, decode
 
 
+def resolve_page_size(
+    page_size: int | None, device: torch.device, backends: dict[str, type[AttentionBackend]]
+) -> int:
+    """``page_size`` checked against the attention backends, or the default when None."""
+    single = sorted(name for name, cls in backends.items() if "page_size>1" not in cls.capabilities)
+    if page_size is None:
+        return CUDA_PAGE_SIZE if device.type == "cuda" and not single else 1
+    if page_size > 1 and single:
+        raise PluginError(
+            f'attention backend {single[0]!r} supports only --page-size 1 (it does not declare "page_size>1")'
+        )
+    return page_size
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig, parallel: ParallelContext, plugins: Plugins) -> None:
         self.config = config
@@ -56,6 +70,7 @@ class ModelRunner:
         self.dtype = config.resolve_dtype(self.device)
         prefill_name, decode_name = pick_attention(config.attn, self.device, plugins)
         attn_classes = {name: self._backend_class(name, plugins) for name in (prefill_name, decode_name)}
+        self.page_size = resolve_page_size(config.page_size, self.device, attn_classes)
         model_dir = Path(config.model)
         self.hf_config = load_hf_config(model_dir)
         self.model = self._load_model(model_dir, plugins)
@@ -67,7 +82,7 @@ class ModelRunner:
         self.kv_cache = KVCache(
             num_layers=spec.num_layers,
             num_pages=num_pages,
-            page_size=config.page_size,
+            page_size=self.page_size,
             num_kv_heads=spec.num_kv_heads,
             head_dim=spec.head_dim,
             dtype=self.dtype,
@@ -76,7 +91,7 @@ class ModelRunner:
         # The last KV page and one spare page-table row are kept out of the scheduler's hands:
         # padded (dummy) requests of CUDA-graph replays write there.
         self.usable_kv_pages = num_pages - 1
-        self.dummy_slot = self.usable_kv_pages * config.page_size
+        self.dummy_slot = self.usable_kv_pages * self.page_size
         self.num_request_rows = config.max_running_requests + 1
         self.page_table = torch.zeros(
             (self.num_request_rows, self.max_context_len), dtype=torch.int32, device=self.device
@@ -86,7 +101,7 @@ class ModelRunner:
             num_kv_heads=spec.num_kv_heads,
             head_dim=spec.head_dim,
             scale=spec.scale,
-            page_size=config.page_size,
+            page_size=self.page_size,
             dtype=self.dtype,
             device=self.device,
             max_requests=self.num_request_rows,
@@ -139,7 +154,7 @@ class ModelRunner:
         return model.eval()
 
     def _num_kv_pages(self, num_layers: int, num_kv_heads: int, head_dim: int) -> int:
-        page = self.config.page_size
+        page = self.page_size
         if self.config.num_kv_tokens is not None:
             tokens = self.config.num_kv_tokens
         elif self.device.type == "cuda":
@@ -156,7 +171,9 @@ class ModelRunner:
             tokens = CPU_DEFAULT_KV_TOKENS
         pages = tokens // page
         if pages < 2:
-            raise ValueError(f"KV pool too small: {tokens} tokens; give more memory or a larger num_kv_tokens")
+            raise ValueError(
+                f"KV pool too small: {tokens} tokens; give more memory or a larger num_kv_tokens"
+            )
         return pages
 
     def _backend_class(self, name: str, plugins: Plugins) -> type[AttentionBackend]:

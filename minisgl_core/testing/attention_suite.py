@@ -239,13 +239,19 @@ class AttentionBackendSuite:
         rows: Sequence[int],
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q of the new tokens, their k/v (from the dense K/V of sequences ``rows``), and NaN in
-        the slots they are about to be written to, so attending before storing shows."""
+        the slots they are about to be written to, so attending before storing shows.
+
+        As the core's decoder passes them: views of one ``[tokens, q + 2 * kv heads, head_dim]``
+        tensor (see ``api.layers.fused.qkv_norm_rope``), so q is strided and k/v are adjacent."""
         config = problem.config
         pieces = list(zip(rows, batch.prefix_lens_cpu, batch.seq_lens_cpu, strict=True))
         k = torch.cat([problem.keys[layer_id][r][p:s] for r, p, s in pieces])
         v = torch.cat([problem.values[layer_id][r][p:s] for r, p, s in pieces])
         self.poison_slots(problem, layer_id, batch.out_cache_loc)
-        return self.random_tensor(generator, batch.num_tokens, config.num_qo_heads, config.head_dim), k, v
+        q = self.random_tensor(generator, batch.num_tokens, config.num_qo_heads, config.head_dim)
+        qkv = torch.cat((q, k.to(q.dtype), v.to(q.dtype)), dim=1)
+        q, k, v = qkv.split((config.num_qo_heads, config.num_kv_heads, config.num_kv_heads), dim=1)
+        return q, k, v
 
     def poison_slots(self, problem: Problem, layer_id: int, slots: torch.Tensor) -> None:
         """NaN in K and V of ``slots``: any read of them before a write shows in the output."""
@@ -530,9 +536,17 @@ class AttentionBackendSuite:
         for part in range(2):
             rows = list(range(part * n, (part + 1) * n))
             batch = self.batch(
-                problem, generator, seq_lens[part * n : (part + 1) * n], [1] * n, rows=rows, is_prefill=False, captured=True
+                problem,
+                generator,
+                seq_lens[part * n : (part + 1) * n],
+                [1] * n,
+                rows=rows,
+                is_prefill=False,
+                captured=True,
             )
             batch.shared_prefixes = [
-                SharedPrefix(g.start - part * n, g.end - part * n, g.length) for g in groups if g.start in rows
+                SharedPrefix(g.start - part * n, g.end - part * n, g.length)
+                for g in groups
+                if g.start in rows
             ]
             self.replay_and_check(problem, generator, captured, dummy, batch, rows)

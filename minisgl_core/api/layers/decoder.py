@@ -14,7 +14,7 @@ from torch import nn
 from minisgl_core.api.batch import ForwardBatch
 from minisgl_core.api.layers.attention import AttentionLayer
 from minisgl_core.api.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from minisgl_core.api.layers.fused import qk_norm_rope, silu_and_mul
+from minisgl_core.api.layers.fused import qkv_norm_rope, silu_and_mul
 from minisgl_core.api.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from minisgl_core.api.layers.norm import RMSNorm
 from minisgl_core.api.layers.rotary import get_rope
@@ -61,19 +61,19 @@ class DecoderAttention(nn.Module):
         num_tokens, head_dim = hidden.shape[0], self.attn.head_dim
         num_heads, num_kv_heads = self.attn.num_heads, self.attn.num_kv_heads
         qkv = self.qkv_proj(hidden)
-        qk_size = (num_heads + num_kv_heads) * head_dim
-        # q/k norm and rotary on the q and k heads together (one kernel on CUDA)
-        qk = qk_norm_rope(
-            qkv[:, :qk_size].view(num_tokens, num_heads + num_kv_heads, head_dim),
+        # q/k norm and rotary on the q and k heads, v copied beside k (one kernel on CUDA): k and
+        # v of a token are then adjacent, which lets the KV pool store both with one kernel
+        qkv = qkv_norm_rope(
+            qkv.view(num_tokens, num_heads + 2 * num_kv_heads, head_dim),
             batch.positions,
             self.rotary_emb.inv_freq,
             None if self.q_norm is None else self.q_norm.weight,
             None if self.k_norm is None else self.k_norm.weight,
             num_heads,
+            num_kv_heads,
             self.q_norm.eps if self.q_norm is not None else 0.0,
         )
-        q, k = qk[:, :num_heads], qk[:, num_heads:]
-        v = qkv[:, qk_size:].view(num_tokens, num_kv_heads, head_dim)
+        q, k, v = qkv.split((num_heads, num_kv_heads, num_kv_heads), dim=1)
         return self.o_proj(self.attn(q, k, v, batch))
 
 

@@ -42,7 +42,9 @@ def _normalize(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tenso
     return weight * x32.to(x.dtype)
 
 
-def _cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def _cos_sin(
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary angles in float32, as ``[num_tokens, 1, head_dim]`` cos and sin in ``dtype``."""
     freqs = positions.float()[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
@@ -106,6 +108,30 @@ def qk_norm_rope(
         )
         qk = _normalize(qk, weight, eps)
     return _rotate(qk, *_cos_sin(positions, inv_freq, qk.dtype))
+
+
+@fused
+def qkv_norm_rope(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    num_q_heads: int,
+    num_kv_heads: int,
+    eps: float,
+) -> torch.Tensor:
+    """:func:`qk_norm_rope` on the q and k heads of ``qkv`` (``[num_tokens, q_heads + 2 * kv_heads,
+    head_dim]``, the fused projection's output), the v heads copied after them: one contiguous
+    tensor of the same shape, still one kernel on CUDA. Each token's k and v heads end up side by
+    side, so :meth:`~minisgl_core.api.KVCache.store` writes both with one kernel (API 1.4)."""
+    qk_heads = num_q_heads + num_kv_heads
+    qk = qkv[:, :qk_heads]
+    if q_weight is not None and k_weight is not None:
+        head_dim = qkv.shape[2]
+        weight = torch.cat((q_weight.expand(num_q_heads, head_dim), k_weight.expand(num_kv_heads, head_dim)))
+        qk = _normalize(qk, weight, eps)
+    return torch.cat((_rotate(qk, *_cos_sin(positions, inv_freq, qk.dtype)), qkv[:, qk_heads:]), dim=1)
 
 
 @fused
