@@ -5,10 +5,14 @@ Criterion. bf16 kernels round differently, and with random weights greedy paths 
 two logits nearly tie, so exact equality with a reference is not expected. The reference is the
 torch backend in float32. Every bf16 configuration must (1) give the reference's first token
 wherever the reference's top-2 logprob margin exceeds 0.1, (2) keep its first-token logprob
-within 0.05 of the reference, and (3) agree with the reference (mean fraction of the 32 greedy
-tokens before the first divergence) at least as well as the torch backend itself does in bf16,
-minus 0.1. CUDA graphs on/off and overlap on/off run the same kernels, so those pairs must be
-identical token for token. transformers (fp32) must give the reference's first token too.
+within 0.05 of the reference, and (3) pick, at each of its 32 greedy steps, a token within 0.1
+nats of the best one by transformers in float32 given the same context (its own earlier tokens,
+scored teacher-forced): a fork is allowed only where the two nearly tie, as in (1). CUDA graphs
+on/off and overlap on/off run the same kernels, so those pairs must be identical token for
+token. transformers (fp32) must give the reference's first token too. Also reported, not judged:
+the mean fraction of the 32 tokens before the first divergence from the reference (until
+0fbd70a criterion 3 required it to be at least the torch backend's in bf16 minus 0.1; with 32
+prompts its standard error is about 0.05, so it judged noise as much as kernels).
 
     python3 scripts/device_e2e.py --out $OUT/e2e.json
 """
@@ -87,16 +91,33 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def hf_first_tokens(model_dir: str, prompts) -> list[int]:
+def hf_model(model_dir: str):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).cuda().eval()
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).cuda().eval()
+
+
+def hf_first_tokens(model, prompts) -> list[int]:
     firsts = []
     with torch.no_grad():
         for p in prompts:
             logits = model(torch.tensor([p], device="cuda")).logits[0, -1]
             firsts.append(int(logits.argmax()))
     return firsts
+
+
+def hf_gaps(model, prompts, outputs: list[list[int]]) -> list[float]:
+    """For every generated token: how many nats below the best token transformers (fp32) puts it,
+    given the prompt and the tokens generated before it (one teacher-forced pass per prompt)."""
+    gaps: list[float] = []
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        for p, out in zip(prompts, outputs, strict=True):
+            ids = torch.tensor([p + out[:-1]], device=device)
+            logprobs = torch.log_softmax(model(ids).logits[0, len(p) - 1 :].float(), -1)
+            chosen = logprobs.gather(1, torch.tensor(out, device=device)[:, None])[:, 0]
+            gaps += (logprobs.max(-1).values - chosen).tolist()
+    return gaps
 
 
 def main() -> int:
@@ -111,7 +132,8 @@ def main() -> int:
     ok = report["sampler"]["ok"]
     for arch in ("Qwen3ForCausalLM", "LlamaForCausalLM"):
         model_dir = str(make_model_dir(tempfile.mkdtemp() + "/m", arch, tokenizer_vocab_size=4096, **SHAPE))
-        hf_first = hf_first_tokens(model_dir, prompts)
+        hf = hf_model(model_dir)
+        hf_first = hf_first_tokens(hf, prompts)
         ref, _ = run(model_dir, prompts, attn="torch", cuda_graph_max_bs=0, overlap=False, dtype="float32")
         ref_ids = [o.token_ids for o in ref]
         margins = [o.logprobs[0].top[0][1] - o.logprobs[0].top[1][1] for o in ref]
@@ -144,15 +166,17 @@ def main() -> int:
             first_ok = all(a[0] == b[0] for a, b, c in zip(ids, ref_ids, clear) if c)
             lp_diff = max(abs(o.logprobs[0].logprob - r.logprobs[0].logprob) for o, r in zip(outs, ref))
             prefix = sum(common_prefix(a, b) for a, b in zip(ids, ref_ids)) / (32 * len(prompts))
+            gaps = sorted(hf_gaps(hf, prompts, ids))
             results[name] = {"first_token_ok": first_ok, "first_logprob_max_diff": round(lp_diff, 4),
+                             "token_gap_max": round(gaps[-1], 4), "token_gap_p99": round(gaps[len(gaps) * 99 // 100], 4),
+                             "tokens_off_best": sum(g > 1e-6 for g in gaps), "tokens": len(gaps),
                              "mean_match_fraction": round(prefix, 3), "identical": ids == ref_ids,
                              "seconds": round(seconds, 2), "_ids": ids}  # fmt: skip
-            ok &= first_ok and lp_diff < 0.05
-        floor = results.get("torch_bf16", {}).get("mean_match_fraction", 1.0) - 0.1
-        for r in results.values():
-            if "error" not in r:
-                r["agreement_ok"] = r["mean_match_fraction"] >= floor
-                ok &= r["agreement_ok"]
+            results[name]["ok"] = first_ok and lp_diff < 0.05 and gaps[-1] <= 0.1
+            ok &= results[name]["ok"]
+        rows["reference_token_gap_max"] = round(max(hf_gaps(hf, prompts, ref_ids)), 4)
+        del hf
+        torch.cuda.empty_cache()
         for a, b in (
             ("fi", "fi_no_graph"),
             ("fi", "fi_no_overlap"),
