@@ -101,6 +101,10 @@ def qk_norm_rope(
     into the fused qkv projection): optional per-head RMS norm (Qwen3's q_norm/k_norm), then
     rotary, written to one contiguous tensor. One kernel on CUDA instead of four; the same
     arithmetic as :func:`rms_norm` followed by :func:`rotary`."""
+    return _qk_norm_rope(qk, positions, inv_freq, q_weight, k_weight, num_q_heads, eps)
+
+
+def _qk_norm_rope(qk, positions, inv_freq, q_weight, k_weight, num_q_heads: int, eps: float) -> torch.Tensor:
     num_heads, head_dim = qk.shape[1], qk.shape[2]
     if q_weight is not None and k_weight is not None:
         weight = torch.cat(
@@ -126,12 +130,8 @@ def qkv_norm_rope(
     tensor of the same shape, still one kernel on CUDA. Each token's k and v heads end up side by
     side, so :meth:`~minisgl_core.api.KVCache.store` writes both with one kernel (API 1.4)."""
     qk_heads = num_q_heads + num_kv_heads
-    qk = qkv[:, :qk_heads]
-    if q_weight is not None and k_weight is not None:
-        head_dim = qkv.shape[2]
-        weight = torch.cat((q_weight.expand(num_q_heads, head_dim), k_weight.expand(num_kv_heads, head_dim)))
-        qk = _normalize(qk, weight, eps)
-    return torch.cat((_rotate(qk, *_cos_sin(positions, inv_freq, qk.dtype)), qkv[:, qk_heads:]), dim=1)
+    qk = _qk_norm_rope(qkv[:, :qk_heads], positions, inv_freq, q_weight, k_weight, num_q_heads, eps)
+    return torch.cat((qk, qkv[:, qk_heads:]), dim=1)
 
 
 @fused
