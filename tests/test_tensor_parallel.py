@@ -144,3 +144,37 @@ def test_all_reduce_takes_an_installed_fast_path_and_falls_back_when_it_declines
     finally:
         _fast_all_reduce.pop(id(dist.group.WORLD), None)
         dist.destroy_process_group()
+
+
+def _gather_rank(rank: int, addr: str, results) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from minisgl_core.api import ParallelContext
+
+    dist.init_process_group("gloo", init_method=f"tcp://{addr}", rank=rank, world_size=2)
+    try:
+        parallel = ParallelContext(rank, 2, dist.group.WORLD)
+        x = torch.arange(6.0).view(2, 3) + 10 * rank  # this rank's shard
+        results.put((rank, parallel.all_gather(x, dim=-1).tolist(), parallel.all_gather(x, dim=0).tolist()))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_all_gather_concatenates_in_rank_order_along_the_dimension():
+    import torch.multiprocessing as mp
+
+    from minisgl_core.distributed import free_loopback_addr
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    addr = free_loopback_addr()
+    procs = [ctx.Process(target=_gather_rank, args=(r, addr, results)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = dict((r, (last, first)) for r, last, first in (results.get(timeout=120) for _ in procs))
+    for p in procs:
+        p.join(timeout=30)
+    ranks = [[[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]], [[10.0, 11.0, 12.0], [13.0, 14.0, 15.0]]]
+    along_last = [ranks[0][i] + ranks[1][i] for i in range(2)]
+    assert got[0] == got[1] == (along_last, ranks[0] + ranks[1])
