@@ -5,18 +5,11 @@ from __future__ import annotations
 
 import os
 import queue as queue_module
-import socket
 import time
 import traceback
 from typing import Any
 
 from minisgl_core.bench.workloads import BenchRequest
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def drive(
@@ -52,7 +45,10 @@ def _rank_main(rank: int, world: int, port: int, config, requests, temperature, 
     if backend == "nccl":
         torch.cuda.set_device(rank)
     try:
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        # The store is the parent's (see run_offline_tp): it outlives every rank, so no rank's
+        # NCCL watchdog is left polling a store that rank 0 took down when it exited first.
+        store = dist.TCPStore("127.0.0.1", port, is_master=False)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world)
         engine = Engine(config, ParallelContext(rank, world, dist.group.WORLD))
         drive(engine, requests[:4], temperature, first_rid=10**6, max_tokens=8)  # warm-up, as run_offline's
         dist.barrier()
@@ -73,9 +69,12 @@ def run_offline_tp(config, requests: list[BenchRequest], temperature: float = 0.
     import torch.multiprocessing as mp
 
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    import torch.distributed as dist
+
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = _free_port()
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    port = store.port
     procs = [
         ctx.Process(target=_rank_main, args=(r, config.tp_size, port, config, requests, temperature, queue))
         for r in range(config.tp_size)
