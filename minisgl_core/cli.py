@@ -27,9 +27,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     config = engine_config_from_args(args)
     if config.tp_size != 1:
-        raise SystemExit(
-            "minisgl generate runs one process (--tp 1); use `minisgl serve --tp N` for tensor parallelism"
-        )
+        raise SystemExit("minisgl generate runs one process (--tp 1); use `minisgl serve --tp N` for tensor parallelism")
     fields = {k: v for k, v in vars(config).items() if k not in ("model", "tp_size")}
     llm = LLM(config.model, **fields)
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
@@ -41,9 +39,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 def build_parser(plugins: Plugins | None = None) -> argparse.ArgumentParser:
     from minisgl_core.engine.args import add_engine_args
 
-    parser = argparse.ArgumentParser(
-        prog="minisgl", description="minisgl: a small plugin-based LLM serving engine"
-    )
+    parser = argparse.ArgumentParser(prog="minisgl", description="minisgl: a small plugin-based LLM serving engine")
     parser.add_argument("--log-level", default=os.environ.get("MINISGL_LOG_LEVEL", "info"))
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -78,9 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
     try:
         return int(args.func(args) or 0)

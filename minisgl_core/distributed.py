@@ -161,9 +161,7 @@ class SymmMemAllReduce:
         if view is None:
             view = self._views[x.dtype] = self.buffer.view(x.dtype)
         flat = x.view(-1)
-        torch.ops.symm_mem.one_shot_all_reduce_copy_out(
-            view[: flat.numel()], flat, "sum", self.group_name, flat
-        )
+        torch.ops.symm_mem.one_shot_all_reduce_copy_out(view[: flat.numel()], flat, "sum", self.group_name, flat)
         return True
 
 
@@ -179,17 +177,12 @@ def enable_fast_all_reduce(parallel: ParallelContext, device: torch.device) -> b
     try:
         reducer = SymmMemAllReduce(parallel.group, device)
     except Exception as exc:  # noqa: BLE001 - an optional fast path: NCCL still works
-        logger.warning(
-            "symmetric-memory all-reduce unavailable (%s: %s); using NCCL", type(exc).__name__, exc
-        )
+        logger.warning("symmetric-memory all-reduce unavailable (%s: %s); using NCCL", type(exc).__name__, exc)
     # All ranks use it or none does: one rank on NCCL and another on the buffer would hang.
     ok = torch.tensor([reducer is not None], dtype=torch.int32, device=device)
     dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=parallel.group)
     if reducer is None or not ok.item():
         return False
     _fast_all_reduce[id(parallel.group)] = reducer
-    logger.info(
-        "tensor parallelism: one-shot symmetric-memory all-reduce up to %d KiB, NCCL above",
-        reducer.max_bytes >> 10,
-    )
+    logger.info("tensor parallelism: one-shot symmetric-memory all-reduce up to %d KiB, NCCL above", reducer.max_bytes >> 10)
     return True

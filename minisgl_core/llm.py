@@ -57,9 +57,7 @@ class LLM:
             from minisgl_core.testing.factories import demo_model_dir
 
             model = demo_model_dir()
-            logger.warning(
-                "no model given: using the embedded demo model (random weights, meaningless output)"
-            )
+            logger.warning("no model given: using the embedded demo model (random weights, meaningless output)")
         self.config = EngineConfig(
             model=str(model),
             attn=attn,
@@ -114,9 +112,7 @@ class LLM:
         if sampling_params is None:  # the model's own defaults (generation_config.json), if any
             sampling_params = SamplingParams(**sampling_defaults(self.engine.generation_config))
         params = (
-            [sampling_params] * len(prompts)
-            if isinstance(sampling_params, SamplingParams)
-            else list(sampling_params)
+            [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) else list(sampling_params)
         )
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
@@ -127,9 +123,7 @@ class LLM:
         outputs: dict[int, RequestOutput] = {}
         for ids, p in zip(encoded, params):
             rid = next(self._rids)
-            outputs[rid] = RequestOutput(
-                prompt_token_ids=ids, logprobs=[] if p.logprobs is not None else None
-            )
+            outputs[rid] = RequestOutput(prompt_token_ids=ids, logprobs=[] if p.logprobs is not None else None)
             self.engine.add_request(rid, ids, p)
         by_rid = dict(zip(outputs, params))
         bar = self._progress(len(prompts), use_tqdm)
@@ -145,10 +139,7 @@ class LLM:
                     result.finish_reason = out.finish_reason
                     result.matched_stop = out.matched_stop
                     result.text = final_text(
-                        self.tokenizer,
-                        result.token_ids,
-                        out.matched_stop,
-                        by_rid[out.rid].skip_special_tokens,
+                        self.tokenizer, result.token_ids, out.matched_stop, by_rid[out.rid].skip_special_tokens
                     )
                     pending -= 1
                     if bar is not None:

@@ -30,12 +30,7 @@ KIND_HOOKS = {
     "policies": "minisgl_register_policies",
 }
 # What users type for each kind, used in error messages.
-KIND_FLAGS = {
-    "models": "model architecture",
-    "attention": "--attn",
-    "caches": "--cache",
-    "policies": "--policy",
-}
+KIND_FLAGS = {"models": "model architecture", "attention": "--attn", "caches": "--cache", "policies": "--policy"}
 
 Status = Literal["ok", "failed", "incompatible", "disabled"]
 
@@ -145,7 +140,7 @@ class Plugins:
         info.module = module
         info.api = getattr(module, "MINISGL_API", None)
         if not isinstance(info.api, str):
-            info.status, info.reason = "incompatible", 'declares no MINISGL_API (e.g. MINISGL_API = "1.0")'
+            info.status, info.reason = "incompatible", "declares no MINISGL_API (e.g. MINISGL_API = \"1.0\")"
             return
         try:
             compatible = api_compatible(info.api)
@@ -154,11 +149,7 @@ class Plugins:
             return
         if not compatible:
             newer = int(info.api.split(".")[0]) > int(API_VERSION.split(".")[0]) or info.api > API_VERSION
-            fix = (
-                "upgrade minisgl-core"
-                if newer
-                else f"upgrade {info.distribution} to a release for API {API_VERSION}"
-            )
+            fix = "upgrade minisgl-core" if newer else f"upgrade {info.distribution} to a release for API {API_VERSION}"
             info.status = "incompatible"
             info.reason = f"needs minisgl API {info.api}, core provides {API_VERSION}: {fix}"
             return
@@ -275,9 +266,7 @@ class Plugins:
             )
 
     def summary(self) -> str:
-        return ", ".join(
-            f"{i.name} {i.version}" + ("" if i.status == "ok" else f" ({i.status})") for i in self.infos
-        )
+        return ", ".join(f"{i.name} {i.version}" + ("" if i.status == "ok" else f" ({i.status})") for i in self.infos)
 
     def call_hook(self, hook_name: str, **kwargs: Any) -> None:
         """Call a non-registration hook on every loaded plugin, naming the plugin if one raises."""

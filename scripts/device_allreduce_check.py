@@ -66,9 +66,7 @@ def rank_main(rank: int, world: int, port: int, out_path: str | None) -> None:
         if not same:
             failures.append(f"eager {shape}: differs from NCCL")
         if installed and took != should_be_fast:
-            failures.append(
-                f"eager {shape}: fast path {'taken' if took else 'not taken'}, expected the opposite"
-            )
+            failures.append(f"eager {shape}: fast path {'taken' if took else 'not taken'}, expected the opposite")
     # Replayed from a CUDA graph, with inputs written into the static tensor after capture.
     for bs in (1, 256):
         static = torch.zeros(bs, HIDDEN, device=device, dtype=torch.bfloat16)

@@ -61,11 +61,9 @@ def sampler_check() -> dict:
     expected = torch.softmax(logits.float() / 0.7, -1)
     n = 40_000
     params = SamplingParams(temperature=0.7)
-    tokens = (
-        Sampler(12, torch.device("cuda"))
-        .sample(logits.cuda().expand(n, -1).contiguous(), [SampleRequest(params, [])] * n)
-        .token_ids.cpu()
-    )
+    tokens = Sampler(12, torch.device("cuda")).sample(
+        logits.cuda().expand(n, -1).contiguous(), [SampleRequest(params, [])] * n
+    ).token_ids.cpu()
     freq = torch.bincount(tokens, minlength=12).float() / n
     err = float((freq - expected).abs().max())
     return {"max_abs_freq_error": round(err, 4), "ok": err < 0.012}
@@ -177,11 +175,7 @@ def main() -> int:
         rows["reference_token_gap_max"] = round(max(hf_gaps(hf, prompts, ref_ids)), 4)
         del hf
         torch.cuda.empty_cache()
-        for a, b in (
-            ("fi", "fi_no_graph"),
-            ("fi", "fi_no_overlap"),
-            ("torch_bf16", "torch_bf16_graph_overlap"),
-        ):
+        for a, b in (("fi", "fi_no_graph"), ("fi", "fi_no_overlap"), ("torch_bf16", "torch_bf16_graph_overlap")):
             if "_ids" in results.get(a, {}) and "_ids" in results.get(b, {}):
                 same = results[a]["_ids"] == results[b]["_ids"]
                 rows[f"{a}=={b}"] = same

@@ -74,9 +74,7 @@ def attn(args: argparse.Namespace) -> dict:
                 last = torch.full((bs,), ctx - (pages_per - 1) * page, dtype=torch.int32)
                 q = torch.randn(bs, qo, 128, dtype=torch.bfloat16, device=dev)
                 for tc in (True, False):
-                    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-                        ws, "NHD", use_tensor_cores=tc, backend="fa2"
-                    )
+                    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tc, backend="fa2")
                     w.plan(indptr, indices, last, qo, kv, 128, page, q_data_type=torch.bfloat16,
                            kv_data_type=torch.bfloat16, sm_scale=128**-0.5)  # fmt: skip
                     us = cuda_time_us(partial(w.run, q, (cache[0], cache[1])), iters=100)
@@ -203,11 +201,7 @@ def steps(args: argparse.Namespace) -> dict:
     from minisgl_core.sampling import SamplingParams
 
     llm = _engine(
-        args.model,
-        args.attn,
-        cache=args.cache,
-        max_running_requests=args.max_running,
-        cascade=not args.disable_cascade,
+        args.model, args.attn, cache=args.cache, max_running_requests=args.max_running, cascade=not args.disable_cascade
     )
     engine = llm.engine
     runner = engine.runner
@@ -229,9 +223,7 @@ def steps(args: argparse.Namespace) -> dict:
     workload = standard_offline(args.num_requests, seed=0) if args.workload == "standard" else shared_prefix()
     for i, r in enumerate(workload):
         prompt = [t % vocab for t in r.prompt_ids]
-        engine.add_request(
-            10_000 + i, prompt, SamplingParams(temperature=0.6, max_tokens=r.max_tokens, ignore_eos=True)
-        )
+        engine.add_request(10_000 + i, prompt, SamplingParams(temperature=0.6, max_tokens=r.max_tokens, ignore_eos=True))
     records: list[tuple[bool, int, float]] = []
     window = (args.window_start, args.window_start + args.window)
     prof = None
@@ -258,11 +250,7 @@ def steps(args: argparse.Namespace) -> dict:
     total = time.perf_counter() - begin
     buckets: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for is_prefill, bs, dt in records:
-        key = (
-            "prefill"
-            if is_prefill
-            else f"decode bs<= {next(b for b in (8, 32, 64, 128, 192, 256, 10**9) if bs <= b)}"
-        )
+        key = "prefill" if is_prefill else f"decode bs<= {next(b for b in (8, 32, 64, 128, 192, 256, 10**9) if bs <= b)}"
         buckets[key][0] += 1
         buckets[key][1] += dt
     output_tokens = sum(r.max_tokens for r in workload)
@@ -294,16 +282,10 @@ def b1(args: argparse.Namespace) -> dict:
     steps = 64
     with torch.profiler.profile(activities=_activities()) as prof:
         start = time.perf_counter()
-        llm.generate(
-            [prompt], SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True), use_tqdm=False
-        )
+        llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True), use_tqdm=False)
         _sync()
         wall = time.perf_counter() - start
-    summary = {
-        "steps": steps,
-        "wall_ms": round(wall * 1e3, 2),
-        "device_busy_ms": round(_device_us(prof) / 1e3, 2),
-    }
+    summary = {"steps": steps, "wall_ms": round(wall * 1e3, 2), "device_busy_ms": round(_device_us(prof) / 1e3, 2)}
     print(json.dumps(summary))
     print(_table(prof, 40))
     llm.close()

@@ -37,11 +37,7 @@ def summarise(steps: list[dict], bucket: float) -> dict:
     idle = sum(max(0.0, b["t"] - (a["t"] + a["dt"])) for a, b in zip(steps, steps[1:]))
     kinds: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0, 0])
     for s in busy:
-        key = (
-            s["kind"]
-            if s["kind"] == "prefill"
-            else f"decode bs<={next(b for b in (8, 32, 64, 128, 192, 256, 10**9) if s['reqs'] <= b)}"
-        )
+        key = s["kind"] if s["kind"] == "prefill" else f"decode bs<={next(b for b in (8, 32, 64, 128, 192, 256, 10**9) if s['reqs'] <= b)}"
         k = kinds[key]
         k[0] += 1
         k[1] += s["dt"]
@@ -49,16 +45,12 @@ def summarise(steps: list[dict], bucket: float) -> dict:
         k[3] += s["tokens"]
     print(f"wall {t1 - t0:.2f} s, {len(busy)} steps, idle between steps {idle:.2f} s")
     for key, (n, dt, reqs, tokens) in sorted(kinds.items()):
-        print(
-            f"  {key:16s} {n:6d} steps {dt:8.2f} s {dt / n * 1e3:8.2f} ms/step  {reqs / n:7.1f} reqs {tokens / n:8.1f} tokens"
-        )
+        print(f"  {key:16s} {n:6d} steps {dt:8.2f} s {dt / n * 1e3:8.2f} ms/step  {reqs / n:7.1f} reqs {tokens / n:8.1f} tokens")
     decode_during_prefill = sum(1 for s in busy if s["kind"] == "prefill" and s["running"] > s["reqs"])
     print(f"  prefill steps while others were running: {decode_during_prefill}")
     print(f"timeline ({bucket} s buckets): prefill% decode% idle%  mean running  arrivals  decode tokens")
     nb = int((t1 - t0) / bucket) + 1
-    rows = [
-        [0.0, 0.0, 0.0, 0, 0, 0] for _ in range(nb)
-    ]  # prefill s, decode s, running*steps, steps, new, decode tokens
+    rows = [[0.0, 0.0, 0.0, 0, 0, 0] for _ in range(nb)]  # prefill s, decode s, running*steps, steps, new, decode tokens
     for s in steps:
         row = rows[min(nb - 1, int((s["t"] - t0) / bucket))]
         row[4] += s.get("new", 0)
@@ -88,12 +80,8 @@ def requests_view(steps: list[dict], reqs: list[dict]) -> None:
             before_prefill.append(prefill_starts[i] - r["sent"])
     sent = sorted(r["sent"] for r in reqs)
     print(f"requests {len(reqs)}; sent over {sent[-1] - sent[0]:.2f} s")
-    print(
-        f"  client TTFT ms p50 {pct(ttft, 50) * 1e3:.0f} p90 {pct(ttft, 90) * 1e3:.0f} p99 {pct(ttft, 99) * 1e3:.0f}"
-    )
-    print(
-        f"  send -> next prefill step ms p50 {pct(before_prefill, 50) * 1e3:.1f} p99 {pct(before_prefill, 99) * 1e3:.1f}"
-    )
+    print(f"  client TTFT ms p50 {pct(ttft, 50) * 1e3:.0f} p90 {pct(ttft, 90) * 1e3:.0f} p99 {pct(ttft, 99) * 1e3:.0f}")
+    print(f"  send -> next prefill step ms p50 {pct(before_prefill, 50) * 1e3:.1f} p99 {pct(before_prefill, 99) * 1e3:.1f}")
     chunks = [r["chunks"] / max(r["tokens"], 1) for r in reqs]
     print(f"  chunks per token p50 {pct(chunks, 50):.2f} (1.00: one SSE chunk per token)")
 

@@ -15,9 +15,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    return make_model_dir(
-        tmp_path_factory.mktemp("m") / "qwen3", "Qwen3ForCausalLM", max_position_embeddings=512
-    )
+    return make_model_dir(tmp_path_factory.mktemp("m") / "qwen3", "Qwen3ForCausalLM", max_position_embeddings=512)
 
 
 @pytest.fixture(scope="module")
@@ -148,9 +146,7 @@ def test_retraction_when_decode_outgrows_the_pool(model_dir, page_size, params):
 
 
 @pytest.mark.parametrize("overlap", [True, False])
-def test_length_limited_requests_are_not_decoded_past_their_last_token(
-    model_dir, prompts, reference, overlap
-):
+def test_length_limited_requests_are_not_decoded_past_their_last_token(model_dir, prompts, reference, overlap):
     """With overlap the scheduler plans a step before the previous one's tokens land; it must still
     not decode a request whose step in flight already samples its last token (max_tokens)."""
     llm = make_llm(model_dir, cache="radix", overlap=overlap)

@@ -61,9 +61,7 @@ class Fifo(SchedulingPolicy):
 """
 
 
-def _write_dist(
-    root: Path, dist: str, package: str, modules: dict[str, str], entry_points: dict[str, str]
-) -> Path:
+def _write_dist(root: Path, dist: str, package: str, modules: dict[str, str], entry_points: dict[str, str]) -> Path:
     src = root / dist
     (src / package).mkdir(parents=True)
     (src / package / "__init__.py").write_text("")
@@ -112,17 +110,9 @@ def site(tmp_path_factory) -> Path:
 
 
 def _minisgl(site: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    full_env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
-        **env,
-    }
+    full_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]), **env}
     return subprocess.run(
-        [sys.executable, "-m", "minisgl_core", *args],
-        capture_output=True,
-        text=True,
-        env=full_env,
-        timeout=120,
+        [sys.executable, "-m", "minisgl_core", *args], capture_output=True, text=True, env=full_env, timeout=120
     )
 
 
@@ -177,9 +167,7 @@ def test_allow_and_block_lists(site):
 
 def test_resolve_unknown_name_lists_installed_and_the_fix():
     plugins = Plugins.load()
-    with pytest.raises(
-        PluginError, match=r"unknown --attn 'nope'; installed: .*torch.*pip install minisgl-plugin-nope"
-    ):
+    with pytest.raises(PluginError, match=r"unknown --attn 'nope'; installed: .*torch.*pip install minisgl-plugin-nope"):
         plugins.resolve("attention", "nope")
     with pytest.raises(PluginError, match="minisgl-plugin-mamba"):
         plugins.resolve("models", "MambaForCausalLM")
@@ -194,7 +182,9 @@ def test_fingerprint_is_stable_and_sensitive():
         c.check_fingerprint(a.fingerprint(), "scheduler rank 1")
 
 
-@pytest.mark.parametrize(("required", "ok"), [("1.0", True), ("1.9", False), ("0.9", False), ("2.0", False)])
+@pytest.mark.parametrize(
+    ("required", "ok"), [("1.0", True), ("1.9", False), ("0.9", False), ("2.0", False)]
+)
 def test_api_version_negotiation(required, ok):
     assert api_compatible(required, "1.0") is ok
     assert api_compatible("1.0", "1.3")

@@ -38,9 +38,7 @@ def _draw(logits: torch.Tensor, params: SamplingParams, n: int) -> torch.Tensor:
     return sampler.sample(batch, [SampleRequest(params, [])] * n).token_ids
 
 
-def _expected(
-    logits: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float
-) -> torch.Tensor:
+def _expected(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
     probs = torch.softmax(logits / temperature, -1)
     order = probs.argsort(descending=True)
     keep = torch.zeros_like(probs, dtype=torch.bool)
@@ -116,20 +114,15 @@ def test_seeded_requests_do_not_depend_on_batch(llm):
     others = SamplingParams(temperature=1.0, max_tokens=10, ignore_eos=True)
     batch = llm.generate(["x", "one two three", "the cat"], [others, params, others])
     assert batch[1].token_ids == alone
-    assert (
-        llm.generate(
-            ["one two three"], SamplingParams(temperature=1.0, max_tokens=10, seed=99, ignore_eos=True)
-        )[0].token_ids
-        != alone
-    )
+    assert llm.generate(["one two three"], SamplingParams(temperature=1.0, max_tokens=10, seed=99, ignore_eos=True))[
+        0
+    ].token_ids != alone
 
 
 def test_stop_token_ids_eos_and_ignore_eos(llm):
     base = llm.generate(["hello there"], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))[0]
     stop_at = base.token_ids[3]
-    out = llm.generate(
-        ["hello there"], SamplingParams(temperature=0.0, max_tokens=10, stop_token_ids=[stop_at])
-    )[0]
+    out = llm.generate(["hello there"], SamplingParams(temperature=0.0, max_tokens=10, stop_token_ids=[stop_at]))[0]
     first = base.token_ids.index(stop_at)
     assert out.finish_reason == "stop" and out.matched_stop == stop_at
     assert out.token_ids == base.token_ids[: first + 1]
@@ -138,9 +131,7 @@ def test_stop_token_ids_eos_and_ignore_eos(llm):
     try:
         out = llm.generate(["hello there"], SamplingParams(temperature=0.0, max_tokens=10))[0]
         assert out.finish_reason == "stop" and len(out.token_ids) == first + 1
-        out = llm.generate(["hello there"], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))[
-            0
-        ]
+        out = llm.generate(["hello there"], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))[0]
         assert out.finish_reason == "length" and out.token_ids == base.token_ids
     finally:
         llm.engine.scheduler.stop_checker.eos_ids = frozenset(llm.engine.eos_ids)
@@ -151,9 +142,7 @@ def test_stop_strings_end_generation_and_are_trimmed(llm):
     text = base.text
     stop = text[len(text) // 2 : len(text) // 2 + 3]
     assert stop.strip()
-    out = llm.generate(
-        ["hello there"], SamplingParams(temperature=0.0, max_tokens=16, stop=[stop], ignore_eos=True)
-    )[0]
+    out = llm.generate(["hello there"], SamplingParams(temperature=0.0, max_tokens=16, stop=[stop], ignore_eos=True))[0]
     assert out.finish_reason == "stop" and out.matched_stop == stop
     assert out.text == text[: text.index(stop)]
     assert len(out.token_ids) < len(base.token_ids)
@@ -177,9 +166,7 @@ def test_generation_config_supplies_defaults_for_unset_fields(tmp_path):
     # the server's admission: unset fields take the model's values, explicit ones win
     from minisgl_core.messages import Limits, TokenizeRequest  # noqa: F401 - the request type it admits
 
-    admitter = Admitter(
-        llm.tokenizer, Limits(512, 4096, 1024), sampling_defaults(llm.engine.generation_config)
-    )
+    admitter = Admitter(llm.tokenizer, Limits(512, 4096, 1024), sampling_defaults(llm.engine.generation_config))
 
     class Req:
         messages, text, input_ids, max_tokens_field = None, None, [5, 6, 7], "max_tokens"

@@ -49,9 +49,7 @@ def add_bench_command(sub) -> None:
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--label", default="")
     p.add_argument("--output")
-    p.add_argument(
-        "--trace", help="append one JSON line per request (send, first and last chunk times) to this file"
-    )
+    p.add_argument("--trace", help="append one JSON line per request (send, first and last chunk times) to this file")
     p.set_defaults(func=_serve)
 
     p = kinds.add_parser("make-model", help="write a random-weight model of a real shape")
@@ -69,12 +67,9 @@ def _make(shape: str, out: Path, device: str) -> Path:
 
 def _meta(args: argparse.Namespace) -> dict[str, Any]:
     # MINISGL_COMMIT: for copies of a checkout whose .git is not the one the run came from
-    commit = (
-        os.environ.get("MINISGL_COMMIT")
-        or subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout.strip()
-    )
+    commit = os.environ.get("MINISGL_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     device = "cpu"
     try:
         import torch
@@ -150,22 +145,14 @@ def _serve(args: argparse.Namespace) -> int:
     for concurrency, rate in sweep or [(None, None)]:
         result = asyncio.run(
             run_load(
-                args.url,
-                args.model,
-                requests,
-                concurrency=concurrency,
-                request_rate=rate,
-                api_key=args.api_key,
-                trace=args.trace,
+                args.url, args.model, requests, concurrency=concurrency, request_rate=rate,
+                api_key=args.api_key, trace=args.trace,
             )  # fmt: skip
         )
         extra = {}
         if args.workload == "shared-prefix":
             extra["ideal_hit_rate"] = round(
-                workloads.ideal_hit_rate(
-                    args.groups, args.prompts_per_group, args.prefix_len, args.question_len
-                ),
-                4,
+                workloads.ideal_hit_rate(args.groups, args.prompts_per_group, args.prefix_len, args.question_len), 4
             )
         _emit({**_meta(args), "bench": "serve", "workload": args.workload, **result, **extra}, args.output)
     return 0

@@ -11,9 +11,7 @@ from minisgl_core.sampling import SamplingParams
 
 
 def run_offline(llm: LLM, requests: list[BenchRequest], temperature: float = 0.6) -> dict[str, Any]:
-    params = [
-        SamplingParams(temperature=temperature, max_tokens=r.max_tokens, ignore_eos=True) for r in requests
-    ]
+    params = [SamplingParams(temperature=temperature, max_tokens=r.max_tokens, ignore_eos=True) for r in requests]
     # warm-up outside the timed region (JIT kernels, allocator, graphs already captured at load)
     llm.generate([r.prompt_ids for r in requests[:4]], [SamplingParams(max_tokens=8, ignore_eos=True)] * 4,
                  use_tqdm=False)  # fmt: skip
@@ -42,12 +40,6 @@ def decode_latency(llm: LLM, prompt_len: int = 128, steps: int = 256) -> dict[st
     llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True), use_tqdm=False)
     prefill = time.perf_counter() - start
     start = time.perf_counter()
-    llm.generate(
-        [prompt], SamplingParams(temperature=0.0, max_tokens=steps + 1, ignore_eos=True), use_tqdm=False
-    )
+    llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=steps + 1, ignore_eos=True), use_tqdm=False)
     total = time.perf_counter() - start
-    return {
-        "prompt_len": prompt_len,
-        "steps": steps,
-        "ms_per_token": round((total - prefill) / steps * 1000, 3),
-    }
+    return {"prompt_len": prompt_len, "steps": steps, "ms_per_token": round((total - prefill) / steps * 1000, 3)}

@@ -10,9 +10,7 @@ from minisgl_core.engine.config import EngineConfig
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("engine")
-    g.add_argument(
-        "--model", default=None, help="Hugging Face model directory (default: the embedded demo model)"
-    )
+    g.add_argument("--model", default=None, help="Hugging Face model directory (default: the embedded demo model)")
     g.add_argument("--attn", default="auto", help="attention backend: NAME, PREFILL,DECODE or auto")
     g.add_argument("--cache", default="radix", help="prefix cache plugin (radix, naive, ...)")
     g.add_argument("--policy", default="prefill-first", help="scheduling policy plugin")
@@ -72,9 +70,7 @@ def resolve_model(model: str | None) -> str:
     return str(demo_model_dir())
 
 
-def engine_config_from_args(
-    args: argparse.Namespace, plugin_options: dict[str, Any] | None = None
-) -> EngineConfig:
+def engine_config_from_args(args: argparse.Namespace, plugin_options: dict[str, Any] | None = None) -> EngineConfig:
     values = {name: getattr(args, name) for name in ENGINE_FIELDS}
     return EngineConfig(
         model=resolve_model(args.model),

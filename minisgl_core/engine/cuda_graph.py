@@ -58,9 +58,7 @@ class GraphRunner:
         self.outputs: dict[tuple[int, bool], torch.Tensor] = {}
         self._capture()
 
-    def _batch(
-        self, bs: int, seq_lens_cpu: list[int], shared: list[SharedPrefix] | None = None
-    ) -> ForwardBatch:
+    def _batch(self, bs: int, seq_lens_cpu: list[int], shared: list[SharedPrefix] | None = None) -> ForwardBatch:
         return ForwardBatch(
             is_prefill=False,
             input_ids=self.input_ids[:bs],

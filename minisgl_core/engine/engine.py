@@ -50,12 +50,7 @@ def eos_token_ids(hf_config: dict, generation_config: dict) -> set[int]:
 
 
 def check_request_fits(
-    prompt_ids: list[int],
-    params: SamplingParams,
-    *,
-    vocab_size: int,
-    max_context_len: int,
-    kv_capacity_tokens: int,
+    prompt_ids: list[int], params: SamplingParams, *, vocab_size: int, max_context_len: int, kv_capacity_tokens: int
 ) -> None:
     """Raise ValueError when a request can never run with these limits.
 
@@ -251,11 +246,7 @@ class Engine:
         if not batch.sampled:
             return _InFlight(batch, None, None, None)
         reqs = [batch.requests[i] for i in batch.sampled]
-        rows = (
-            logits
-            if len(batch.sampled) == len(batch.requests)
-            else logits[to_device(batch.sampled, logits.device)]
-        )
+        rows = logits if len(batch.sampled) == len(batch.requests) else logits[to_device(batch.sampled, logits.device)]
         result = self.sampler.sample(rows, [SampleRequest(r.params, r.output_ids, r.generator) for r in reqs])
         token_ids = result.token_ids
         if self.parallel.tp_size > 1:

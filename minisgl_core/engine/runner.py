@@ -171,9 +171,7 @@ class ModelRunner:
             tokens = CPU_DEFAULT_KV_TOKENS
         pages = tokens // page
         if pages < 2:
-            raise ValueError(
-                f"KV pool too small: {tokens} tokens; give more memory or a larger num_kv_tokens"
-            )
+            raise ValueError(f"KV pool too small: {tokens} tokens; give more memory or a larger num_kv_tokens")
         return pages
 
     def _backend_class(self, name: str, plugins: Plugins) -> type[AttentionBackend]:

@@ -49,17 +49,9 @@ class SampleRequest:
 class SampleResult:
     """Sampled tokens, still on the device; logprob lists are built on the host only when asked."""
 
-    def __init__(
-        self, token_ids: torch.Tensor, logprob_rows: list[int], chosen, top_ids, top_vals, ks
-    ) -> None:
+    def __init__(self, token_ids: torch.Tensor, logprob_rows: list[int], chosen, top_ids, top_vals, ks) -> None:
         self.token_ids = token_ids
-        self._rows, self._chosen, self._top_ids, self._top_vals, self._ks = (
-            logprob_rows,
-            chosen,
-            top_ids,
-            top_vals,
-            ks,
-        )
+        self._rows, self._chosen, self._top_ids, self._top_vals, self._ks = logprob_rows, chosen, top_ids, top_vals, ks
 
     def logprobs(self, token_ids: list[int]) -> list[TokenLogprob | None]:
         out: list[TokenLogprob | None] = [None] * len(token_ids)

@@ -188,11 +188,7 @@ class Scheduler:
         # decoded once more for nothing: leave it out, process() finishes it when that step lands.
         # (the tokens a request will have once every planned step lands: one per position past its prompt)
         limit = self.page_table.shape[1] - 1
-        reqs = [
-            r
-            for r in reqs
-            if r.num_computed - len(r.prompt_ids) + 1 < r.params.max_tokens and r.num_computed < limit
-        ]
+        reqs = [r for r in reqs if r.num_computed - len(r.prompt_ids) + 1 < r.params.max_tokens and r.num_computed < limit]
         if not reqs:
             return None
         self._retract_until_decode_fits(reqs)
@@ -200,9 +196,7 @@ class Scheduler:
             return None
         shared = None
         if self.cascade:
-            reqs, shared = group_shared_prefixes(
-                reqs, {r.rid: r.num_computed + 1 for r in reqs}, self.kv.page_size
-            )
+            reqs, shared = group_shared_prefixes(reqs, {r.rid: r.num_computed + 1 for r in reqs}, self.kv.page_size)
         slots = self.kv.decode_slots(reqs)
         if slots is None:  # cannot happen: check_request keeps one request within the pool
             raise RuntimeError("KV pool exhausted with a single request running")
@@ -232,9 +226,7 @@ class Scheduler:
         rows = [r.row for r in reqs]
         token_rows = rows if not is_prefill else [r for r, n in zip(rows, chunks) for _ in range(n)]
         # One host-to-device copy for all the small per-step arrays.
-        packed = torch.tensor([flat_slots, positions, token_rows], dtype=torch.int64).to(
-            device, non_blocking=True
-        )
+        packed = torch.tensor([flat_slots, positions, token_rows], dtype=torch.int64).to(device, non_blocking=True)
         out_cache_loc, pos, token_rows_dev = packed[0], packed[1], packed[2]
         self.page_table[token_rows_dev, pos] = out_cache_loc.to(torch.int32)
         lens = torch.tensor([rows, seq_lens, chunks], dtype=torch.int32).to(device, non_blocking=True)
@@ -280,9 +272,7 @@ class Scheduler:
 
     def _complain(self, what: str) -> None:
         if not self._warned_plan:
-            logger.warning(
-                "scheduling policy %s: %s; ignoring that part of the plan", type(self.policy).__name__, what
-            )
+            logger.warning("scheduling policy %s: %s; ignoring that part of the plan", type(self.policy).__name__, what)
             self._warned_plan = True
 
     # ------------------------------------------------------------------ results

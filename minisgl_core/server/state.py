@@ -84,11 +84,7 @@ class Delta:
         self.token_ids += later.token_ids
         self.logprobs += later.logprobs
         if later.finish_reason is not None:
-            self.finish_reason, self.matched_stop, self.error = (
-                later.finish_reason,
-                later.matched_stop,
-                later.error,
-            )
+            self.finish_reason, self.matched_stop, self.error = later.finish_reason, later.matched_stop, later.error
 
 
 class RequestGroup:
