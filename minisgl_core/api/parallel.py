@@ -33,12 +33,9 @@ class ParallelContext:
         """Concatenate every rank's ``x`` along ``dim`` (rank order)."""
         if self.tp_size == 1:
             return x
-        # One buffer, the ranks' tensors one after the other (a list of outputs costs the
-        # collective a copy into each), then the ranks moved to ``dim`` with one copy.
-        gathered = x.new_empty((self.tp_size * x.shape[0], *x.shape[1:]))
-        torch.distributed.all_gather_into_tensor(gathered, x.contiguous(), group=self.group)
-        dim = dim % x.dim()
-        return gathered.view(self.tp_size, *x.shape).movedim(0, dim).flatten(dim, dim + 1)
+        parts = [torch.empty_like(x) for _ in range(self.tp_size)]
+        torch.distributed.all_gather(parts, x.contiguous(), group=self.group)
+        return torch.cat(parts, dim=dim)
 
     def shard(self, size: int, what: str = "dimension") -> int:
         """Size of this rank's shard of ``size``; an error when it does not divide evenly."""
