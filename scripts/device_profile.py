@@ -56,6 +56,19 @@ def _device_us(prof) -> float:
     return total
 
 
+def _graph_us(fn, reps: int = 20) -> float:
+    """Device µs of one ``fn()`` replayed from a CUDA graph of ``reps`` calls (launch gaps included)."""
+    from device_attention_check import cuda_time_us
+
+    fn()
+    _sync()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    return cuda_time_us(graph.replay, iters=10) / reps
+
+
 def attn(args: argparse.Namespace) -> dict:
     import flashinfer
     from device_attention_check import cuda_time_us  # scripts/ is on sys.path when run as a script
@@ -100,32 +113,12 @@ def attn(args: argparse.Namespace) -> dict:
                 extra = {"disable_split_kv": True} if no_split else {}
                 w.plan(indptr, indices, last, qo, kv, 128, 1, q_data_type=torch.bfloat16,
                        kv_data_type=torch.bfloat16, sm_scale=128**-0.5, **extra)  # fmt: skip
-                kvc = (cache[0], cache[1])
-                w.run(q, kvc)
-                _sync()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    for _ in range(20):
-                        w.run(q, kvc)
-                us = cuda_time_us(graph.replay, iters=10) / 20  # 20 runs per replay
+                us = _graph_us(partial(w.run, q, (cache[0], cache[1])))
                 tbps = 2 * bs * ctx * kv * 128 * 2 / (us * 1e-6) / 1e12
                 key = f"graph qo{qo}/kv{kv} bs{bs} ctx{ctx} tc={tc} no_split={no_split}"
                 out[key] = {"us": round(us, 1), "TB/s": round(tbps, 2)}
                 print(f"{key:55s} {us:8.1f} us  {tbps:5.2f} TB/s", flush=True)
     return out
-
-
-def _graph_us(fn, reps: int = 20) -> float:
-    """Device µs of one ``fn()`` replayed from a CUDA graph of ``reps`` calls (launch gaps included)."""
-    from device_attention_check import cuda_time_us
-
-    fn()
-    _sync()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    return cuda_time_us(graph.replay, iters=10) / reps
 
 
 def kv(args: argparse.Namespace) -> dict:
