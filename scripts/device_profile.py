@@ -1,6 +1,7 @@
 """Where the GPU time of a run goes. Run on the GPU machine (see ../shared/device/README.md):
 
     python scripts/device_profile.py attn              # decode kernel variants, one layer, µs
+    python scripts/device_profile.py small             # the same at batch 1-64, page 16
     python scripts/device_profile.py kv                # decode over a bf16 vs an fp8 KV pool, µs
     python scripts/device_profile.py gemv              # batch-1 GEMMs, cuBLAS vs cuBLASLt, µs
     python scripts/device_profile.py steps MODEL_DIR   # standard offline workload, step by step
@@ -69,6 +70,44 @@ def _graph_us(fn, reps: int = 20) -> float:
     return cuda_time_us(graph.replay, iters=10) / reps
 
 
+def _graph_decode_us(ws, qo: int, kv: int, bs: int, ctx: int, page: int, tc: bool, no_split: bool) -> float:
+    """One layer's decode attention as the engine replays it (graph-mode wrapper, random page order), µs."""
+    import flashinfer
+
+    dev = ws.device
+    pages_per = (ctx + page - 1) // page
+    num_pages = bs * pages_per + 1
+    cache = torch.randn(2, num_pages, page, kv, 128, dtype=torch.bfloat16, device=dev)
+    indices = torch.randperm(num_pages - 1, device=dev)[: bs * pages_per].int()
+    indptr = torch.arange(0, bs + 1, dtype=torch.int32) * pages_per
+    last = torch.full((bs,), ctx - (pages_per - 1) * page, dtype=torch.int32)
+    q = torch.randn(bs, qo, 128, dtype=torch.bfloat16, device=dev)
+    bufs = (torch.zeros(bs + 1, dtype=torch.int32, device=dev), torch.zeros(bs * pages_per, dtype=torch.int32, device=dev),
+            torch.ones(bs, dtype=torch.int32, device=dev))  # fmt: skip
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+        ws, "NHD", use_tensor_cores=tc, backend="fa2", use_cuda_graph=True, paged_kv_indptr_buffer=bufs[0],
+        paged_kv_indices_buffer=bufs[1], paged_kv_last_page_len_buffer=bufs[2])  # fmt: skip
+    extra = {"disable_split_kv": True} if no_split else {}
+    w.plan(indptr, indices, last, qo, kv, 128, page, q_data_type=torch.bfloat16,
+           kv_data_type=torch.bfloat16, sm_scale=128**-0.5, **extra)  # fmt: skip
+    return _graph_us(partial(w.run, q, (cache[0], cache[1])))
+
+
+def small(args: argparse.Namespace) -> dict:
+    """Small-batch decode attention at page 16 (graph replay): which kernel for batch 1-16."""
+    out = {}
+    ws = torch.zeros(128 << 20, dtype=torch.uint8, device="cuda")
+    for qo, kv in ((16, 8), (32, 8)):
+        for bs in (1, 4, 16, 64):
+            for ctx in (256, 1024, 4096):
+                for tc, no_split in ((True, False), (True, True), (False, False)):
+                    us = _graph_decode_us(ws, qo, kv, bs, ctx, 16, tc, no_split)
+                    key = f"qo{qo}/kv{kv} bs{bs} ctx{ctx} tc={tc} no_split={no_split}"
+                    out[key] = {"us": round(us, 2)}
+                    print(f"{key:50s} {us:8.2f} us", flush=True)
+    return out
+
+
 def attn(args: argparse.Namespace) -> dict:
     import flashinfer
     from device_attention_check import cuda_time_us  # scripts/ is on sys.path when run as a script
@@ -98,22 +137,8 @@ def attn(args: argparse.Namespace) -> dict:
     # graph mode, as the engine runs decode: tensor cores with and without split-KV, CUDA cores
     for qo, kv in ((16, 8), (32, 8)):
         for bs, ctx in ((256, 800), (32, 1500), (1, 200)):
-            num_pages = bs * ctx + 1
-            cache = torch.randn(2, num_pages, 1, kv, 128, dtype=torch.bfloat16, device=dev)
-            indices = torch.randperm(num_pages - 1, device=dev)[: bs * ctx].int()
-            indptr = torch.arange(0, bs + 1, dtype=torch.int32) * ctx
-            last = torch.ones(bs, dtype=torch.int32)
-            q = torch.randn(bs, qo, 128, dtype=torch.bfloat16, device=dev)
             for tc, no_split in ((True, False), (True, True), (False, False)):
-                bufs = (torch.zeros(bs + 1, dtype=torch.int32, device=dev), torch.zeros(bs * ctx, dtype=torch.int32, device=dev),
-                        torch.ones(bs, dtype=torch.int32, device=dev))  # fmt: skip
-                w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-                    ws, "NHD", use_tensor_cores=tc, backend="fa2", use_cuda_graph=True, paged_kv_indptr_buffer=bufs[0],
-                    paged_kv_indices_buffer=bufs[1], paged_kv_last_page_len_buffer=bufs[2])  # fmt: skip
-                extra = {"disable_split_kv": True} if no_split else {}
-                w.plan(indptr, indices, last, qo, kv, 128, 1, q_data_type=torch.bfloat16,
-                       kv_data_type=torch.bfloat16, sm_scale=128**-0.5, **extra)  # fmt: skip
-                us = _graph_us(partial(w.run, q, (cache[0], cache[1])))
+                us = _graph_decode_us(ws, qo, kv, bs, ctx, 1, tc, no_split)
                 tbps = 2 * bs * ctx * kv * 128 * 2 / (us * 1e-6) / 1e12
                 key = f"graph qo{qo}/kv{kv} bs{bs} ctx{ctx} tc={tc} no_split={no_split}"
                 out[key] = {"us": round(us, 1), "TB/s": round(tbps, 2)}
@@ -287,7 +312,7 @@ def b1(args: argparse.Namespace) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("what", choices=["attn", "kv", "gemv", "steps", "b1"])
+    p.add_argument("what", choices=["attn", "small", "kv", "gemv", "steps", "b1"])
     p.add_argument("model", nargs="?")
     p.add_argument("--attn", default="fi")
     p.add_argument("--window-start", type=int, default=120)
@@ -299,7 +324,7 @@ def main() -> None:
     p.add_argument("--cache", default="radix")
     p.add_argument("--json")
     args = p.parse_args()
-    result = {"attn": attn, "kv": kv, "gemv": gemv, "steps": steps, "b1": b1}[args.what](args)
+    result = {"attn": attn, "small": small, "kv": kv, "gemv": gemv, "steps": steps, "b1": b1}[args.what](args)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
