@@ -176,3 +176,18 @@ def test_generation_config_supplies_defaults_for_unset_fields(tmp_path):
     assert (sampling.temperature, sampling.top_k, sampling.top_p) == (0.0, 7, 0.5)
     Req.params = {"temperature": 0.9, "max_tokens": 4}
     assert admitter.admit(Req)[1].temperature == 0.9
+
+
+@pytest.mark.parametrize("rows, vocab", [(1, 5), (3, 2048), (4, 2049), (2, 151936), (5, 4097)])
+def test_chunked_argmax_is_argmax(rows, vocab):
+    """The two-stage argmax the sampler uses (chunks of the vocabulary, then the chunks' maxima)
+    equals torch's, ties included: the first maximum wins, also across chunk boundaries."""
+    from minisgl_core.engine.sampler import _CHUNK, _chunked_argmax
+
+    x = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(vocab))
+    assert torch.equal(_chunked_argmax(x), x.argmax(-1))
+    tied = torch.zeros(rows, vocab)
+    tied[:, -1] = tied[:, vocab // 2] = tied[:, min(_CHUNK, vocab - 1)] = 1.0
+    assert torch.equal(_chunked_argmax(tied), tied.argmax(-1))
+    flat = torch.full((rows, vocab), -3.0, dtype=torch.bfloat16)
+    assert torch.equal(_chunked_argmax(flat), torch.zeros(rows, dtype=torch.int64))

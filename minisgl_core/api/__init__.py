@@ -36,7 +36,7 @@ from minisgl_core.api.policy import (
 )
 from minisgl_core.api.process import ProcessContext
 
-API_VERSION = "1.4"
+API_VERSION = "1.5"
 
 __all__ = [
     "API_VERSION",

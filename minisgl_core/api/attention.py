@@ -183,7 +183,10 @@ class AttentionBackend(ABC):
     #: capability names the conformance kit and the core look at:
     #: "prefill", "decode", "cuda_graph", "page_size>1", and (API 1.3) "cascade": decode batches
     #: may carry ``ForwardBatch.shared_prefixes`` (also in CUDA graphs, when "cuda_graph" is
-    #: declared: the core captures a second set of decode graphs with ``shared_prefixes=[]``)
+    #: declared: the core captures a second set of decode graphs with ``shared_prefixes=[]``),
+    #: and (API 1.5) "prestored_kv": the backend implements :meth:`attend`, which the core's
+    #: decoder calls instead of :meth:`forward` when it has written the K/V itself (one fused
+    #: kernel on CUDA)
     capabilities: ClassVar[frozenset[str]] = frozenset({"prefill", "decode", "page_size>1"})
 
     def __init__(self, config: AttentionConfig) -> None:
@@ -209,6 +212,11 @@ class AttentionBackend(ABC):
 
         ``q``: [num_tokens, num_qo_heads, head_dim]; ``k``/``v``: [num_tokens, num_kv_heads, head_dim].
         Returns [num_tokens, num_qo_heads, head_dim] in ``q``'s dtype."""
+
+    def attend(self, q: torch.Tensor, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
+        """(API 1.5, backends declaring "prestored_kv") :meth:`forward` without the store: the
+        new tokens' K/V are already at ``batch.out_cache_loc`` in ``config.kv_cache``."""
+        raise NotImplementedError(f"{type(self).__name__} does not declare prestored_kv")
 
     # --- CUDA graphs (decode only); only called when "cuda_graph" is in capabilities ---
 

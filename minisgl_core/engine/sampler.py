@@ -14,12 +14,34 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from minisgl_core.api.layers.fused import fused
 from minisgl_core.sampling import SamplingParams, TokenLogprob
 
 #: uniform draws are clamped here so that neither log below sees 0 (an event of probability 1e-20)
 _TINY = 1e-20
+#: argmaxes over the vocabulary reduce chunks of this many ids, then the chunks' maxima: one
+#: program per (row, chunk) rather than per row. Compiled as one argmax per row, the fused sampler
+#: took 216 µs per step at batch 250 on an H200 (76 MB of logits), and greedy argmax 37 µs at
+#: batch 1, in both cases a few programs walking 128-152k ids each.
+_CHUNK = 2048
+
+
+def _chunked_argmax(x: torch.Tensor) -> torch.Tensor:
+    """``x.argmax(dim=-1)`` of a 2-D tensor (the first maximum, as torch's) in two stages."""
+    rows, vocab = x.shape
+    chunks = -(-vocab // _CHUNK)
+    padded = F.pad(x, (0, chunks * _CHUNK - vocab), value=float("-inf")).view(rows, chunks, _CHUNK)
+    best, where = padded.max(dim=-1)  # [rows, chunks]: each chunk's maximum and its first index
+    chunk = best.argmax(dim=-1)  # the first chunk holding the row's maximum
+    return chunk * _CHUNK + where.gather(1, chunk[:, None]).squeeze(1)
+
+
+@fused
+def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Per row ``argmax(logits)``; one pass over chunks on CUDA."""
+    return _chunked_argmax(logits)
 
 
 @fused
@@ -28,7 +50,7 @@ def gumbel_argmax(logits: torch.Tensor, scale: torch.Tensor, noise_scale: torch.
     ``q ~ Exp(1)``: a draw from ``softmax(logits * scale)`` (``noise_scale`` 1) or the argmax (0)."""
     u = torch.rand(logits.shape, device=logits.device, dtype=torch.float32).clamp(min=_TINY)
     gumbel = -torch.log(-torch.log(u))
-    return (logits.float() * scale[:, None] + noise_scale[:, None] * gumbel).argmax(dim=-1)
+    return _chunked_argmax(logits.float() * scale[:, None] + noise_scale[:, None] * gumbel)
 
 
 def to_device(values: list, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -80,6 +102,7 @@ class Sampler:
             logits = torch.zeros(rows, self.vocab_size, dtype=dtype, device=self.device)
             ones = torch.ones(rows, device=self.device)
             gumbel_argmax(logits, ones, ones)
+            greedy_argmax(logits)
 
     def make_generator(self, seed: int) -> torch.Generator:
         gen = torch.Generator(device=self.device)
@@ -93,7 +116,7 @@ class Sampler:
         raw = logits
         logits = self._apply_penalties(logits, requests)
         if all(p.greedy for p in params):
-            token_ids = logits.argmax(dim=-1)
+            token_ids = greedy_argmax(logits)
         elif any(p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 for p in params):
             token_ids = self._sample_truncated(logits, requests)
         else:

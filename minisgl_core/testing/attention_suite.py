@@ -43,7 +43,7 @@ from minisgl_core.testing.paged import (
     store_prefixes,
 )
 
-KNOWN_CAPABILITIES = frozenset({"prefill", "decode", "cuda_graph", "page_size>1", "cascade"})
+KNOWN_CAPABILITIES = frozenset({"prefill", "decode", "cuda_graph", "page_size>1", "cascade", "prestored_kv"})
 #: (atol, rtol) when the suite does not set them
 DEFAULT_TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float16: (4e-3, 4e-3), torch.bfloat16: (2e-2, 2e-2)}
 #: the layer single-layer tests use; layer 0 holds garbage a backend must not read
@@ -302,15 +302,23 @@ class AttentionBackendSuite:
         layer_id: int = LAYER,
         rows: Sequence[int] | None = None,
         prepare: bool = True,
+        prestore: bool = False,
     ) -> None:
         """Prepare, run one layer's forward on ``batch`` and check it (``rows``: which sequences of
-        the problem the batch holds, default the first ``bs``)."""
+        the problem the batch holds, default the first ``bs``). ``prestore``: write the new
+        tokens' k/v to the pool first and call ``attend``, as the core's decoder does with
+        backends declaring "prestored_kv"."""
         rows = list(range(batch.batch_size)) if rows is None else list(rows)
         if prepare:
             problem.backend.prepare_metadata(batch)
         inputs = self.step_inputs(problem, generator, batch, layer_id, rows)
         pool_before = problem.config.kv_cache.buffer.clone()
-        output = problem.backend.forward(*inputs, layer_id, batch)
+        q, k, v = inputs
+        if prestore:
+            problem.config.kv_cache.store(layer_id, batch.out_cache_loc, k, v)
+            output = problem.backend.attend(q, layer_id, batch)
+        else:
+            output = problem.backend.forward(q, k, v, layer_id, batch)
         self.check_step(problem, batch, layer_id, rows, inputs, output, pool_before)
 
     def single_step(
@@ -366,6 +374,20 @@ class AttentionBackendSuite:
         cases = cases[: self.max_batch_size]
         order = torch.randperm(len(cases), generator=generator).tolist()
         self.single_step(shape, generator, [cases[i][0] for i in order], [cases[i][1] for i in order])
+
+    def test_prestored_kv(self, generator: torch.Generator) -> None:
+        """(API 1.5) With "prestored_kv": k and v already in the pool, ``attend(q, layer_id, batch)``
+        attends over them and writes nothing; a prefill step then decode steps."""
+        self.require("prefill", "decode", "prestored_kv")
+        prompts, decode_steps = [self.max_seq_len - 2, 5, 1], 2
+        capacities = [p + decode_steps for p in prompts]
+        problem = self.make_problem(self.representative_shape(), capacities, generator)
+        steps = [(prompts, prompts)]
+        steps += [([p + i for p in prompts], [1] * len(prompts)) for i in range(1, decode_steps + 1)]
+        for seq_lens, extend_lens in steps:
+            is_prefill = any(e > 1 for e in extend_lens)
+            batch = self.batch(problem, generator, seq_lens, extend_lens, is_prefill=is_prefill)
+            self.run_step(problem, generator, batch, prestore=True)
 
     def test_layers_share_metadata(self, generator: torch.Generator) -> None:
         """prepare_metadata runs once per step; every layer's forward reuses it on its own KV."""

@@ -30,3 +30,10 @@ class AttentionLayer(nn.Module):
             batch,
         )
         return out.reshape(num_tokens, self.num_heads * self.head_dim)
+
+    def attend(self, q: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """Attention of ``q`` when the model has already written this layer's new K/V to the pool
+        (only for backends declaring ``"prestored_kv"``, API 1.5)."""
+        num_tokens = q.shape[0]
+        out = batch.attn.attend(q.reshape(num_tokens, self.num_heads, self.head_dim), self.layer_id, batch)
+        return out.reshape(num_tokens, self.num_heads * self.head_dim)

@@ -15,6 +15,7 @@ from minisgl_core.api.batch import ForwardBatch
 from minisgl_core.api.layers.attention import AttentionLayer
 from minisgl_core.api.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from minisgl_core.api.layers.fused import qkv_norm_rope, silu_and_mul
+from minisgl_core.api.layers.kv_kernels import fused_kv_enabled, rope_store_kv
 from minisgl_core.api.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from minisgl_core.api.layers.norm import RMSNorm
 from minisgl_core.api.layers.rotary import get_rope
@@ -60,19 +61,27 @@ class DecoderAttention(nn.Module):
     def forward(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         num_tokens, head_dim = hidden.shape[0], self.attn.head_dim
         num_heads, num_kv_heads = self.attn.num_heads, self.attn.num_kv_heads
-        qkv = self.qkv_proj(hidden)
+        qkv = self.qkv_proj(hidden).view(num_tokens, num_heads + 2 * num_kv_heads, head_dim)
+        q_weight = None if self.q_norm is None else self.q_norm.weight
+        k_weight = None if self.k_norm is None else self.k_norm.weight
+        eps = self.q_norm.eps if self.q_norm is not None else 0.0
+        inv_freq = self.rotary_emb.inv_freq
+        cache = batch.attn.config.kv_cache
+        if (
+            "prestored_kv" in batch.attn.capabilities
+            and fused_kv_enabled(qkv.device)
+            and cache.dtype == qkv.dtype
+        ):
+            # norm + rotary, k and v written to the KV pool, in one kernel; the backend is told
+            # the pool already holds them (API 1.5)
+            q = rope_store_kv(
+                qkv, batch.positions, inv_freq, q_weight, k_weight, eps, num_heads, num_kv_heads,
+                cache, self.attn.layer_id, batch.out_cache_loc,
+            )  # fmt: skip
+            return self.o_proj(self.attn.attend(q, batch))
         # q/k norm and rotary on the q and k heads, v copied beside k (one kernel on CUDA): k and
         # v of a token are then adjacent, which lets the KV pool store both with one kernel
-        qkv = qkv_norm_rope(
-            qkv.view(num_tokens, num_heads + 2 * num_kv_heads, head_dim),
-            batch.positions,
-            self.rotary_emb.inv_freq,
-            None if self.q_norm is None else self.q_norm.weight,
-            None if self.k_norm is None else self.k_norm.weight,
-            num_heads,
-            num_kv_heads,
-            self.q_norm.eps if self.q_norm is not None else 0.0,
-        )
+        qkv = qkv_norm_rope(qkv, batch.positions, inv_freq, q_weight, k_weight, num_heads, num_kv_heads, eps)
         q, k, v = qkv.split((num_heads, num_kv_heads, num_kv_heads), dim=1)
         return self.o_proj(self.attn(q, k, v, batch))
 

@@ -89,7 +89,7 @@ class CascadeGraphBuffers(NamedTuple):
 class FlashInferBackend(AttentionBackend):
     """Causal paged attention with GQA on FlashInfer kernels, CUDA-graph capable for decode."""
 
-    capabilities = frozenset({"prefill", "decode", "page_size>1", "cuda_graph", "cascade"})
+    capabilities = frozenset({"prefill", "decode", "page_size>1", "cuda_graph", "cascade", "prestored_kv"})
     #: FlashInfer kernel family for prefill/extend; "fa2" runs on sm80+ and shares its JIT module
     #: with the tensor-core decode kernel (one compile). The fa3 plugin swaps in "fa3".
     prefill_kernels: ClassVar[str] = "fa2"
@@ -139,8 +139,11 @@ class FlashInferBackend(AttentionBackend):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch
     ) -> torch.Tensor:
+        self.config.kv_cache.store(layer_id, batch.out_cache_loc, k, v)
+        return self.attend(q, layer_id, batch)
+
+    def attend(self, q: torch.Tensor, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
         cache = self.config.kv_cache
-        cache.store(layer_id, batch.out_cache_loc, k, v)
         metadata: FlashInferMetadata = batch.attn_metadata
         out = metadata.attend(q.to(self.config.dtype), (cache.k_cache(layer_id), cache.v_cache(layer_id)))
         return out.to(q.dtype)

@@ -45,7 +45,7 @@ class TorchAttentionMetadata(NamedTuple):
 class TorchAttentionBackend(AttentionBackend):
     """Causal paged attention with GQA for any device and page size (no CUDA graphs)."""
 
-    capabilities = frozenset({"prefill", "decode", "page_size>1", "cascade"})
+    capabilities = frozenset({"prefill", "decode", "page_size>1", "cascade", "prestored_kv"})
 
     def prepare_metadata(self, batch: ForwardBatch) -> None:
         batch.attn_metadata = self.build_metadata(batch)
@@ -103,8 +103,11 @@ class TorchAttentionBackend(AttentionBackend):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch
     ) -> torch.Tensor:
+        self.config.kv_cache.store(layer_id, batch.out_cache_loc, k, v)
+        return self.attend(q, layer_id, batch)
+
+    def attend(self, q: torch.Tensor, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
         cache = self.config.kv_cache
-        cache.store(layer_id, batch.out_cache_loc, k, v)
         meta: TorchAttentionMetadata = batch.attn_metadata
         bs, num_qo_heads, head_dim = batch.batch_size, q.shape[1], q.shape[2]
 

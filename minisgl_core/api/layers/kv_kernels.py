@@ -1,0 +1,164 @@
+"""One kernel from the qkv projection to the KV pool (CUDA, Triton).
+
+After the qkv projection a decoder layer needs: optional per-head RMS norm on q and k (Qwen3),
+rotary on q and k, and k and v written into the paged KV pool at the new tokens' slots. Through
+``torch.compile`` that is two to four kernels, and its rotary kernel recomputes ``cos``/``sin``
+for every element of every head (in an 8,192-token prefill step of Qwen3-0.6B on an H200 that
+kernel took 125 µs per layer, busy with transcendentals). :func:`rope_store_kv` does all of it in one kernel, one
+program per (token, head): the angles are computed once per program, q goes to a fresh tensor,
+k and v straight to their pool slots. The attention backend is then told not to store them
+again (``k = v = None``, for backends that declare ``"prestored_kv"``, API 1.5).
+
+The same arithmetic as :func:`minisgl_core.api.layers.fused.qkv_norm_rope` followed by
+:meth:`~minisgl_core.api.KVCache.store`: norm in float32 rounded to the model dtype, times the
+weight; angles ``position * inv_freq`` in float32, ``cos``/``sin`` rounded to the model dtype,
+the rotation in float32 rounded once. ``MINISGL_FUSED_KV=0`` turns it off (ablation).
+Triton is imported on first use; on CPU, tests run the kernel under ``TRITON_INTERPRET=1``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from minisgl_core.api.attention import KVCache
+
+
+@functools.cache
+def triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def fused_kv_enabled(device: torch.device) -> bool:
+    """Whether the decoder should use :func:`rope_store_kv` on ``device``: on CUDA unless
+    ``MINISGL_FUSED_KV=0`` or ``MINISGL_COMPILE=0``; elsewhere only under Triton's interpreter
+    (``TRITON_INTERPRET=1``, which tests set to run the kernel on the CPU)."""
+    if os.environ.get("MINISGL_FUSED_KV", "1") == "0" or os.environ.get("MINISGL_COMPILE", "1") == "0":
+        return False
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return False
+    return triton_available()
+
+
+@functools.cache
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def rope_store_kernel(
+        qkv,  # [tokens, num_q + 2 * num_kv, head_dim], head and element strides head_dim and 1
+        qkv_token_stride,
+        positions,  # [tokens] int
+        inv_freq,  # [head_dim / 2] float32
+        q_weight,  # [head_dim] or a dummy when not NORM
+        k_weight,
+        eps,
+        q_out,  # [tokens, num_q, head_dim] contiguous
+        k_pool,  # [slots, num_kv, head_dim] contiguous
+        v_pool,
+        loc,  # [tokens] int: slot of each token
+        NUM_Q: tl.constexpr,
+        NUM_KV: tl.constexpr,
+        HALF: tl.constexpr,
+        BLOCK: tl.constexpr,
+        NORM: tl.constexpr,
+    ):
+        token = tl.program_id(0).to(tl.int64)
+        head = tl.program_id(1)
+        d = tl.arange(0, BLOCK)
+        mask = d < HALF
+        head_dim = 2 * HALF
+        src = qkv + token * qkv_token_stride + head * head_dim
+        if head >= NUM_Q + NUM_KV:  # a v head: copied to its slot as it is
+            slot = tl.load(loc + token).to(tl.int64)
+            dst = v_pool + (slot * NUM_KV + head - NUM_Q - NUM_KV) * head_dim
+            tl.store(dst + d, tl.load(src + d, mask=mask).to(dst.dtype.element_ty), mask=mask)
+            tl.store(dst + HALF + d, tl.load(src + HALF + d, mask=mask).to(dst.dtype.element_ty), mask=mask)
+        else:
+            x1 = tl.load(src + d, mask=mask, other=0.0)
+            x2 = tl.load(src + HALF + d, mask=mask, other=0.0)
+            dtype = x1.dtype
+            x1 = x1.to(tl.float32)
+            x2 = x2.to(tl.float32)
+            if NORM:
+                if head < NUM_Q:
+                    w1 = tl.load(q_weight + d, mask=mask).to(tl.float32)
+                    w2 = tl.load(q_weight + HALF + d, mask=mask).to(tl.float32)
+                else:
+                    w1 = tl.load(k_weight + d, mask=mask).to(tl.float32)
+                    w2 = tl.load(k_weight + HALF + d, mask=mask).to(tl.float32)
+                r = tl.rsqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / head_dim + eps)
+                x1 = ((x1 * r).to(dtype).to(tl.float32) * w1).to(dtype).to(tl.float32)
+                x2 = ((x2 * r).to(dtype).to(tl.float32) * w2).to(dtype).to(tl.float32)
+            angle = tl.load(positions + token).to(tl.float32) * tl.load(inv_freq + d, mask=mask, other=0.0)
+            cos = tl.cos(angle).to(dtype).to(tl.float32)
+            sin = tl.sin(angle).to(dtype).to(tl.float32)
+            out1 = x1 * cos - x2 * sin
+            out2 = x2 * cos + x1 * sin
+            if head < NUM_Q:
+                dst = q_out + (token * NUM_Q + head) * head_dim
+                tl.store(dst + d, out1.to(dst.dtype.element_ty), mask=mask)
+                tl.store(dst + HALF + d, out2.to(dst.dtype.element_ty), mask=mask)
+            else:
+                slot = tl.load(loc + token).to(tl.int64)
+                dst = k_pool + (slot * NUM_KV + head - NUM_Q) * head_dim
+                tl.store(dst + d, out1.to(dst.dtype.element_ty), mask=mask)
+                tl.store(dst + HALF + d, out2.to(dst.dtype.element_ty), mask=mask)
+
+    return rope_store_kernel
+
+
+def rope_store_kv(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    eps: float,
+    num_q_heads: int,
+    num_kv_heads: int,
+    cache: KVCache,
+    layer_id: int,
+    loc: torch.Tensor,
+) -> torch.Tensor:
+    """Norm + rotary on the q and k heads of ``qkv`` (``[tokens, q_heads + 2 * kv_heads, head_dim]``),
+    k and v written to ``cache`` layer ``layer_id`` at slots ``loc``; returns q ``[tokens, q_heads,
+    head_dim]``."""
+    import triton
+
+    tokens, heads, head_dim = qkv.shape
+    if heads != num_q_heads + 2 * num_kv_heads or qkv.stride()[1:] != (head_dim, 1) or head_dim % 2:
+        raise ValueError(f"rope_store_kv: qkv of shape {tuple(qkv.shape)} and strides {qkv.stride()}")
+    if (cache.num_kv_heads, cache.head_dim) != (num_kv_heads, head_dim):
+        raise ValueError("rope_store_kv: the KV pool's heads do not match qkv's")
+    q = torch.empty((tokens, num_q_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
+    if tokens == 0:
+        return q
+    norm = q_weight is not None and k_weight is not None
+    half = head_dim // 2
+    _kernel()[(tokens, heads)](
+        qkv,
+        qkv.stride(0),
+        positions,
+        inv_freq,
+        q_weight if norm else inv_freq,
+        k_weight if norm else inv_freq,
+        float(eps),
+        q,
+        cache.k_cache(layer_id),
+        cache.v_cache(layer_id),
+        loc,
+        NUM_Q=num_q_heads,
+        NUM_KV=num_kv_heads,
+        HALF=half,
+        BLOCK=triton.next_power_of_2(half),
+        NORM=norm,
+        num_warps=1,
+    )
+    return q
