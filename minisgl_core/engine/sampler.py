@@ -3,13 +3,15 @@
 Sampling uses the exponential race, ``argmax(p / q)`` with ``q ~ Exp(1)``, which draws from ``p``
 without normalising it. Without truncation (top-k/top-p/min-p) it is taken in log space,
 ``argmax(logits / T - log q)`` (the Gumbel-max trick): no softmax, and on CUDA the noise, the
-scaling and the argmax are one fused kernel over the logits, in whatever dtype the model returned
-them. A seeded request draws its noise from its own generator, so it gets the same tokens whatever
+scaling and the argmax are one Triton kernel over (row, chunk of the vocabulary) programs, in
+whatever dtype the model returned the logits, its noise from Philox with a fresh seed per call
+(``MINISGL_TRITON_SAMPLER=0``: one compiled pass per row, noise from torch's generator). A seeded request draws its noise from its own generator, so it gets the same tokens whatever
 else shares its batch.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -17,14 +19,16 @@ import torch
 import torch.nn.functional as F
 
 from minisgl_core.api.layers.fused import fused
+from minisgl_core.api.layers.kv_kernels import triton_available
 from minisgl_core.sampling import SamplingParams, TokenLogprob
 
 #: uniform draws are clamped here so that neither log below sees 0 (an event of probability 1e-20)
 _TINY = 1e-20
 #: argmaxes over the vocabulary reduce chunks of this many ids, then the chunks' maxima: one
-#: program per (row, chunk) rather than per row. Compiled as one argmax per row, the fused sampler
-#: took 216 µs per step at batch 250 on an H200 (76 MB of logits), and greedy argmax 37 µs at
-#: batch 1, in both cases a few programs walking 128-152k ids each.
+#: program per (row, chunk) rather than per row. On an H200, torch's argmax took 37 µs at batch 1
+#: over 128k ids, and the compiled Gumbel draw (one program per row) 216 µs at batch 250; chunked
+#: through Inductor, the draw got slower (it wrote its noise to memory first: 400 µs), hence the
+#: hand-written kernel in ``_sampler_triton``.
 _CHUNK = 2048
 
 
@@ -45,12 +49,38 @@ def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
 
 
 @fused
-def gumbel_argmax(logits: torch.Tensor, scale: torch.Tensor, noise_scale: torch.Tensor) -> torch.Tensor:
+def gumbel_argmax_compiled(logits: torch.Tensor, scale: torch.Tensor, noise_scale: torch.Tensor) -> torch.Tensor:
     """Per row ``argmax(logits * scale + noise_scale * g)`` with fresh Gumbel noise ``g = -log(q)``,
     ``q ~ Exp(1)``: a draw from ``softmax(logits * scale)`` (``noise_scale`` 1) or the argmax (0)."""
     u = torch.rand(logits.shape, device=logits.device, dtype=torch.float32).clamp(min=_TINY)
     gumbel = -torch.log(-torch.log(u))
-    return _chunked_argmax(logits.float() * scale[:, None] + noise_scale[:, None] * gumbel)
+    return (logits.float() * scale[:, None] + noise_scale[:, None] * gumbel).argmax(dim=-1)
+
+
+def gumbel_argmax_chunked(
+    logits: torch.Tensor, scale: torch.Tensor, noise_scale: torch.Tensor, seed: int
+) -> torch.Tensor:
+    """:func:`gumbel_argmax_compiled` as one Triton kernel over (row, chunk) programs, noise from
+    Philox(``seed``, row * vocab + id), then the chunks' maxima reduced by torch."""
+    from minisgl_core.engine._sampler_triton import gumbel_chunk_max_kernel
+
+    rows, vocab = logits.shape
+    chunks = -(-vocab // _CHUNK)
+    values = torch.empty((rows, chunks), dtype=torch.float32, device=logits.device)
+    indices = torch.empty((rows, chunks), dtype=torch.int64, device=logits.device)
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    gumbel_chunk_max_kernel[(rows, chunks)](
+        logits, logits.stride(0), scale, noise_scale, seed, vocab, values, indices, chunks,
+        TINY=_TINY, CHUNK=_CHUNK, num_warps=8,
+    )  # fmt: skip
+    return indices.gather(1, values.argmax(dim=1, keepdim=True)).squeeze(1)
+
+
+def _triton_sampler(device: torch.device) -> bool:
+    if os.environ.get("MINISGL_TRITON_SAMPLER", "1") == "0" or os.environ.get("MINISGL_COMPILE", "1") == "0":
+        return False
+    return (device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1") and triton_available()
 
 
 def to_device(values: list, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -92,6 +122,9 @@ class Sampler:
     def __init__(self, vocab_size: int, device: torch.device) -> None:
         self.vocab_size = vocab_size
         self.device = device
+        self.triton = _triton_sampler(device)
+        # Philox seeds of the Triton draw: one per call, counted up from a draw of torch's RNG
+        self._seed = int(torch.randint(0, 2**30, ()).item())
 
     def warm_up(self, dtype: torch.dtype) -> None:
         """Compile the fused sampling kernel now (one and several rows), so that the first sampled
@@ -101,7 +134,7 @@ class Sampler:
         for rows in (2, 1):
             logits = torch.zeros(rows, self.vocab_size, dtype=dtype, device=self.device)
             ones = torch.ones(rows, device=self.device)
-            gumbel_argmax(logits, ones, ones)
+            self._gumbel_argmax(logits, ones, ones)
             greedy_argmax(logits)
 
     def make_generator(self, seed: int) -> torch.Generator:
@@ -150,12 +183,18 @@ class Sampler:
         device = logits.device
         scale = to_device([1.0 if p.greedy else 1.0 / p.temperature for p in params], device, torch.float32)
         noise_scale = to_device([0.0 if p.greedy else 1.0 for p in params], device, torch.float32)
-        token_ids = gumbel_argmax(logits, scale, noise_scale)
+        token_ids = self._gumbel_argmax(logits, scale, noise_scale)
         for i, r in enumerate(requests):
             if r.generator is not None and not r.params.greedy:
                 q = torch.empty(logits.shape[-1], device=device).exponential_(generator=r.generator)
                 token_ids[i] = (logits[i].float() / r.params.temperature - q.log()).argmax()
         return token_ids
+
+    def _gumbel_argmax(self, logits: torch.Tensor, scale: torch.Tensor, noise_scale: torch.Tensor) -> torch.Tensor:
+        if not self.triton:
+            return gumbel_argmax_compiled(logits, scale, noise_scale)
+        self._seed = (self._seed + 1) % 2**31
+        return gumbel_argmax_chunked(logits, scale, noise_scale, self._seed)
 
     def _sample_truncated(self, logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tensor:
         params = [r.params for r in requests]

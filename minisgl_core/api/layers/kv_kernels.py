@@ -4,10 +4,12 @@ After the qkv projection a decoder layer needs: optional per-head RMS norm on q 
 rotary on q and k, and k and v written into the paged KV pool at the new tokens' slots. Through
 ``torch.compile`` that is two to four kernels, and its rotary kernel recomputes ``cos``/``sin``
 for every element of every head (in an 8,192-token prefill step of Qwen3-0.6B on an H200 that
-kernel took 125 µs per layer, busy with transcendentals). :func:`rope_store_kv` does all of it in one kernel, one
-program per (token, head): the angles are computed once per program, q goes to a fresh tensor,
-k and v straight to their pool slots. The attention backend is then told not to store them
-again (``k = v = None``, for backends that declare ``"prestored_kv"``, API 1.5).
+kernel took 125 µs per layer, busy with transcendentals). :func:`rope_store_kv` does all of it in
+one kernel with three programs per token, for its q, k and v heads: the angles are computed once
+per program, q goes to a fresh tensor, k and v straight to their pool slots. The decoder then
+calls the backend's ``attend`` instead of ``forward`` (backends declaring ``"prestored_kv"``,
+API 1.5). A first version with one program per (token, head) recomputed the angles per head and
+was no faster than what it replaced (159 µs per layer on that prefill step).
 
 The same arithmetic as :func:`minisgl_core.api.layers.fused.qkv_norm_rope` followed by
 :meth:`~minisgl_core.api.KVCache.store`: norm in float32 rounded to the model dtype, times the
@@ -47,69 +49,7 @@ def fused_kv_enabled(device: torch.device) -> bool:
 
 @functools.cache
 def _kernel():
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def rope_store_kernel(
-        qkv,  # [tokens, num_q + 2 * num_kv, head_dim], head and element strides head_dim and 1
-        qkv_token_stride,
-        positions,  # [tokens] int
-        inv_freq,  # [head_dim / 2] float32
-        q_weight,  # [head_dim] or a dummy when not NORM
-        k_weight,
-        eps,
-        q_out,  # [tokens, num_q, head_dim] contiguous
-        k_pool,  # [slots, num_kv, head_dim] contiguous
-        v_pool,
-        loc,  # [tokens] int: slot of each token
-        NUM_Q: tl.constexpr,
-        NUM_KV: tl.constexpr,
-        HALF: tl.constexpr,
-        BLOCK: tl.constexpr,
-        NORM: tl.constexpr,
-    ):
-        token = tl.program_id(0).to(tl.int64)
-        head = tl.program_id(1)
-        d = tl.arange(0, BLOCK)
-        mask = d < HALF
-        head_dim = 2 * HALF
-        src = qkv + token * qkv_token_stride + head * head_dim
-        if head >= NUM_Q + NUM_KV:  # a v head: copied to its slot as it is
-            slot = tl.load(loc + token).to(tl.int64)
-            dst = v_pool + (slot * NUM_KV + head - NUM_Q - NUM_KV) * head_dim
-            tl.store(dst + d, tl.load(src + d, mask=mask).to(dst.dtype.element_ty), mask=mask)
-            tl.store(dst + HALF + d, tl.load(src + HALF + d, mask=mask).to(dst.dtype.element_ty), mask=mask)
-        else:
-            x1 = tl.load(src + d, mask=mask, other=0.0)
-            x2 = tl.load(src + HALF + d, mask=mask, other=0.0)
-            dtype = x1.dtype
-            x1 = x1.to(tl.float32)
-            x2 = x2.to(tl.float32)
-            if NORM:
-                if head < NUM_Q:
-                    w1 = tl.load(q_weight + d, mask=mask).to(tl.float32)
-                    w2 = tl.load(q_weight + HALF + d, mask=mask).to(tl.float32)
-                else:
-                    w1 = tl.load(k_weight + d, mask=mask).to(tl.float32)
-                    w2 = tl.load(k_weight + HALF + d, mask=mask).to(tl.float32)
-                r = tl.rsqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / head_dim + eps)
-                x1 = ((x1 * r).to(dtype).to(tl.float32) * w1).to(dtype).to(tl.float32)
-                x2 = ((x2 * r).to(dtype).to(tl.float32) * w2).to(dtype).to(tl.float32)
-            angle = tl.load(positions + token).to(tl.float32) * tl.load(inv_freq + d, mask=mask, other=0.0)
-            cos = tl.cos(angle).to(dtype).to(tl.float32)
-            sin = tl.sin(angle).to(dtype).to(tl.float32)
-            out1 = x1 * cos - x2 * sin
-            out2 = x2 * cos + x1 * sin
-            if head < NUM_Q:
-                dst = q_out + (token * NUM_Q + head) * head_dim
-                tl.store(dst + d, out1.to(dst.dtype.element_ty), mask=mask)
-                tl.store(dst + HALF + d, out2.to(dst.dtype.element_ty), mask=mask)
-            else:
-                slot = tl.load(loc + token).to(tl.int64)
-                dst = k_pool + (slot * NUM_KV + head - NUM_Q) * head_dim
-                tl.store(dst + d, out1.to(dst.dtype.element_ty), mask=mask)
-                tl.store(dst + HALF + d, out2.to(dst.dtype.element_ty), mask=mask)
+    from minisgl_core.api.layers._kv_triton import rope_store_kernel
 
     return rope_store_kernel
 
@@ -142,7 +82,7 @@ def rope_store_kv(
         return q
     norm = q_weight is not None and k_weight is not None
     half = head_dim // 2
-    _kernel()[(tokens, heads)](
+    _kernel()[(tokens, 3)](
         qkv,
         qkv.stride(0),
         positions,
@@ -158,7 +98,9 @@ def rope_store_kv(
         NUM_KV=num_kv_heads,
         HALF=half,
         BLOCK=triton.next_power_of_2(half),
+        BLOCK_Q=triton.next_power_of_2(num_q_heads),
+        BLOCK_KV=triton.next_power_of_2(num_kv_heads),
         NORM=norm,
-        num_warps=1,
+        num_warps=4,
     )
     return q

@@ -1,0 +1,83 @@
+"""The Triton kernel of :mod:`minisgl_core.api.layers.kv_kernels` (imported on first use: this
+module imports Triton, which CPU installs may lack)."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _norm_rope(x1, x2, weight, cos, sin, eps, d, mask, HALF: tl.constexpr, NORM: tl.constexpr):
+    """Rows of ``[heads, half]`` halves: per-row RMS norm (times ``weight``), then rotary."""
+    dtype = x1.dtype
+    x1 = x1.to(tl.float32)
+    x2 = x2.to(tl.float32)
+    if NORM:
+        w1 = tl.load(weight + d, mask=mask).to(tl.float32)[None, :]
+        w2 = tl.load(weight + HALF + d, mask=mask).to(tl.float32)[None, :]
+        r = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + eps)[:, None]
+        x1 = ((x1 * r).to(dtype).to(tl.float32) * w1).to(dtype).to(tl.float32)
+        x2 = ((x2 * r).to(dtype).to(tl.float32) * w2).to(dtype).to(tl.float32)
+    return x1 * cos - x2 * sin, x2 * cos + x1 * sin
+
+
+@triton.jit
+def rope_store_kernel(
+    qkv,  # [tokens, num_q + 2 * num_kv, head_dim], head and element strides head_dim and 1
+    qkv_token_stride,
+    positions,  # [tokens] int
+    inv_freq,  # [head_dim / 2] float32
+    q_weight,  # [head_dim] or a dummy when not NORM
+    k_weight,
+    eps,
+    q_out,  # [tokens, num_q, head_dim] contiguous
+    k_pool,  # [slots, num_kv, head_dim] contiguous
+    v_pool,
+    loc,  # [tokens] int: slot of each token
+    NUM_Q: tl.constexpr,
+    NUM_KV: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_KV: tl.constexpr,
+    NORM: tl.constexpr,
+):
+    # program (token, part): part 0 the q heads, 1 the k heads, 2 the v heads
+    token = tl.program_id(0).to(tl.int64)
+    part = tl.program_id(1)
+    d = tl.arange(0, BLOCK)
+    mask = d < HALF
+    row = qkv + token * qkv_token_stride
+    if part == 2:  # v: copied to its slot as it is
+        h = tl.arange(0, BLOCK_KV)[:, None]
+        m = (h < NUM_KV) & mask[None, :]
+        src = row + (NUM_Q + NUM_KV + h) * (2 * HALF) + d[None, :]
+        dst = v_pool + tl.load(loc + token).to(tl.int64) * (NUM_KV * 2 * HALF) + h * (2 * HALF) + d[None, :]
+        tl.store(dst, tl.load(src, mask=m).to(dst.dtype.element_ty), mask=m)
+        tl.store(dst + HALF, tl.load(src + HALF, mask=m).to(dst.dtype.element_ty), mask=m)
+    else:
+        # the angles once per program; cos and sin rounded to the model dtype like the reference
+        angle = tl.load(positions + token).to(tl.float32) * tl.load(inv_freq + d, mask=mask, other=0.0)
+        dtype = qkv.dtype.element_ty
+        cos = tl.cos(angle).to(dtype).to(tl.float32)[None, :]
+        sin = tl.sin(angle).to(dtype).to(tl.float32)[None, :]
+        if part == 0:
+            h = tl.arange(0, BLOCK_Q)[:, None]
+            m = (h < NUM_Q) & mask[None, :]
+            src = row + h * (2 * HALF) + d[None, :]
+            x1 = tl.load(src, mask=m, other=0.0)
+            x2 = tl.load(src + HALF, mask=m, other=0.0)
+            out1, out2 = _norm_rope(x1, x2, q_weight, cos, sin, eps, d, mask, HALF, NORM)
+            dst = q_out + (token * NUM_Q + h) * (2 * HALF) + d[None, :]
+            tl.store(dst, out1.to(dst.dtype.element_ty), mask=m)
+            tl.store(dst + HALF, out2.to(dst.dtype.element_ty), mask=m)
+        else:
+            h = tl.arange(0, BLOCK_KV)[:, None]
+            m = (h < NUM_KV) & mask[None, :]
+            src = row + (NUM_Q + h) * (2 * HALF) + d[None, :]
+            x1 = tl.load(src, mask=m, other=0.0)
+            x2 = tl.load(src + HALF, mask=m, other=0.0)
+            out1, out2 = _norm_rope(x1, x2, k_weight, cos, sin, eps, d, mask, HALF, NORM)
+            slot = tl.load(loc + token).to(tl.int64)
+            dst = k_pool + slot * (NUM_KV * 2 * HALF) + h * (2 * HALF) + d[None, :]
+            tl.store(dst, out1.to(dst.dtype.element_ty), mask=m)
+            tl.store(dst + HALF, out2.to(dst.dtype.element_ty), mask=m)
