@@ -47,13 +47,14 @@ def rope_store_kernel(
     d = tl.arange(0, BLOCK)
     mask = d < HALF
     row = qkv + token * qkv_token_stride
+    # (Triton types a name assigned in both branches of an ``if`` as one: each branch has its own.)
     if part == 2:  # v: copied to its slot as it is
-        h = tl.arange(0, BLOCK_KV)[:, None]
-        m = (h < NUM_KV) & mask[None, :]
-        src = row + (NUM_Q + NUM_KV + h) * (2 * HALF) + d[None, :]
-        dst = v_pool + tl.load(loc + token).to(tl.int64) * (NUM_KV * 2 * HALF) + h * (2 * HALF) + d[None, :]
-        tl.store(dst, tl.load(src, mask=m).to(dst.dtype.element_ty), mask=m)
-        tl.store(dst + HALF, tl.load(src + HALF, mask=m).to(dst.dtype.element_ty), mask=m)
+        hv = tl.arange(0, BLOCK_KV)[:, None]
+        mv = (hv < NUM_KV) & mask[None, :]
+        v_src = row + (NUM_Q + NUM_KV + hv) * (2 * HALF) + d[None, :]
+        v_dst = v_pool + tl.load(loc + token).to(tl.int64) * (NUM_KV * 2 * HALF) + hv * (2 * HALF) + d[None, :]
+        tl.store(v_dst, tl.load(v_src, mask=mv).to(v_dst.dtype.element_ty), mask=mv)
+        tl.store(v_dst + HALF, tl.load(v_src + HALF, mask=mv).to(v_dst.dtype.element_ty), mask=mv)
     else:
         # the angles once per program; cos and sin rounded to the model dtype like the reference
         angle = tl.load(positions + token).to(tl.float32) * tl.load(inv_freq + d, mask=mask, other=0.0)
@@ -61,23 +62,20 @@ def rope_store_kernel(
         cos = tl.cos(angle).to(dtype).to(tl.float32)[None, :]
         sin = tl.sin(angle).to(dtype).to(tl.float32)[None, :]
         if part == 0:
-            h = tl.arange(0, BLOCK_Q)[:, None]
-            m = (h < NUM_Q) & mask[None, :]
-            src = row + h * (2 * HALF) + d[None, :]
-            x1 = tl.load(src, mask=m, other=0.0)
-            x2 = tl.load(src + HALF, mask=m, other=0.0)
-            out1, out2 = _norm_rope(x1, x2, q_weight, cos, sin, eps, d, mask, HALF, NORM)
-            dst = q_out + (token * NUM_Q + h) * (2 * HALF) + d[None, :]
-            tl.store(dst, out1.to(dst.dtype.element_ty), mask=m)
-            tl.store(dst + HALF, out2.to(dst.dtype.element_ty), mask=m)
+            hq = tl.arange(0, BLOCK_Q)[:, None]
+            mq = (hq < NUM_Q) & mask[None, :]
+            q_src = row + hq * (2 * HALF) + d[None, :]
+            q1, q2 = _norm_rope(tl.load(q_src, mask=mq, other=0.0), tl.load(q_src + HALF, mask=mq, other=0.0),
+                                q_weight, cos, sin, eps, d, mask, HALF, NORM)  # fmt: skip
+            q_dst = q_out + (token * NUM_Q + hq) * (2 * HALF) + d[None, :]
+            tl.store(q_dst, q1.to(q_dst.dtype.element_ty), mask=mq)
+            tl.store(q_dst + HALF, q2.to(q_dst.dtype.element_ty), mask=mq)
         else:
-            h = tl.arange(0, BLOCK_KV)[:, None]
-            m = (h < NUM_KV) & mask[None, :]
-            src = row + (NUM_Q + h) * (2 * HALF) + d[None, :]
-            x1 = tl.load(src, mask=m, other=0.0)
-            x2 = tl.load(src + HALF, mask=m, other=0.0)
-            out1, out2 = _norm_rope(x1, x2, k_weight, cos, sin, eps, d, mask, HALF, NORM)
-            slot = tl.load(loc + token).to(tl.int64)
-            dst = k_pool + slot * (NUM_KV * 2 * HALF) + h * (2 * HALF) + d[None, :]
-            tl.store(dst, out1.to(dst.dtype.element_ty), mask=m)
-            tl.store(dst + HALF, out2.to(dst.dtype.element_ty), mask=m)
+            hk = tl.arange(0, BLOCK_KV)[:, None]
+            mk = (hk < NUM_KV) & mask[None, :]
+            k_src = row + (NUM_Q + hk) * (2 * HALF) + d[None, :]
+            k1, k2 = _norm_rope(tl.load(k_src, mask=mk, other=0.0), tl.load(k_src + HALF, mask=mk, other=0.0),
+                                k_weight, cos, sin, eps, d, mask, HALF, NORM)  # fmt: skip
+            k_dst = k_pool + tl.load(loc + token).to(tl.int64) * (NUM_KV * 2 * HALF) + hk * (2 * HALF) + d[None, :]
+            tl.store(k_dst, k1.to(k_dst.dtype.element_ty), mask=mk)
+            tl.store(k_dst + HALF, k2.to(k_dst.dtype.element_ty), mask=mk)
