@@ -3,6 +3,25 @@ Triton, which CPU installs may lack). See :func:`minisgl_core.engine.sampler.gum
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import libdevice
+
+
+@triton.jit
+def _quarter_max(logits_row, start, i, u, vocab, scale, noise_scale, FAST_LOG: tl.constexpr):
+    """Max and first index of ``logits * scale + noise_scale * gumbel(u)`` over ids ``start + i``."""
+    cols = start + i
+    mask = cols < vocab
+    x = tl.load(logits_row + cols, mask=mask, other=0.0).to(tl.float32)
+    # The inner log stays exact: near u = 1 its value is tiny and decides the largest noises. The
+    # outer one only needs relative accuracy, which the hardware approximation gives.
+    e = -tl.log(u)
+    if FAST_LOG:
+        g = -libdevice.fast_logf(e)
+    else:  # Triton's interpreter (CPU tests) has no libdevice
+        g = -tl.log(e)
+    y = tl.where(mask, x * scale + noise_scale * g, float("-inf"))
+    value, index = tl.max(y, 0, return_indices=True, return_indices_tie_break_left=True)
+    return value, start + index
 
 
 @triton.jit
@@ -18,16 +37,30 @@ def gumbel_chunk_max_kernel(
     chunks,
     TINY: tl.constexpr,
     CHUNK: tl.constexpr,
+    FAST_LOG: tl.constexpr,
 ):
-    # program (row, chunk): max and first argmax of logits * scale + noise_scale * gumbel there
+    # program (row, chunk): max and first argmax of logits * scale + noise_scale * gumbel there.
+    # One Philox call gives four uniforms, one for each quarter of the chunk.
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
-    cols = chunk * CHUNK + tl.arange(0, CHUNK)
-    mask = cols < vocab
-    x = tl.load(logits + row * row_stride + cols, mask=mask, other=0.0).to(tl.float32)
-    u = tl.maximum(tl.rand(seed, row * vocab + cols), TINY)
-    y = x * tl.load(scale + row) + tl.load(noise_scale + row) * -tl.log(-tl.log(u))
-    y = tl.where(mask, y, float("-inf"))
-    value, index = tl.max(y, 0, return_indices=True, return_indices_tie_break_left=True)
-    tl.store(best_value + row * chunks + chunk, value)
-    tl.store(best_index + row * chunks + chunk, chunk * CHUNK + index.to(tl.int64))
+    QUARTER: tl.constexpr = CHUNK // 4
+    i = tl.arange(0, QUARTER)
+    u0, u1, u2, u3 = tl.rand4x(seed, (row * chunks + chunk) * QUARTER + i)
+    s = tl.load(scale + row)
+    ns = tl.load(noise_scale + row)
+    logits_row = logits + row * row_stride
+    base = chunk * CHUNK
+    v0, i0 = _quarter_max(logits_row, base, i, tl.maximum(u0, TINY), vocab, s, ns, FAST_LOG)
+    v1, i1 = _quarter_max(logits_row, base + QUARTER, i, tl.maximum(u1, TINY), vocab, s, ns, FAST_LOG)
+    v2, i2 = _quarter_max(logits_row, base + 2 * QUARTER, i, tl.maximum(u2, TINY), vocab, s, ns, FAST_LOG)
+    v3, i3 = _quarter_max(logits_row, base + 3 * QUARTER, i, tl.maximum(u3, TINY), vocab, s, ns, FAST_LOG)
+    # the first quarter holding the maximum wins a tie, as torch's argmax would pick
+    best, at = v0, i0
+    better = v1 > best
+    best, at = tl.where(better, v1, best), tl.where(better, i1, at)
+    better = v2 > best
+    best, at = tl.where(better, v2, best), tl.where(better, i2, at)
+    better = v3 > best
+    best, at = tl.where(better, v3, best), tl.where(better, i3, at)
+    tl.store(best_value + row * chunks + chunk, best)
+    tl.store(best_index + row * chunks + chunk, at.to(tl.int64))

@@ -72,7 +72,7 @@ def gumbel_argmax_chunked(
         logits = logits.contiguous()
     gumbel_chunk_max_kernel[(rows, chunks)](
         logits, logits.stride(0), scale, noise_scale, seed, vocab, values, indices, chunks,
-        TINY=_TINY, CHUNK=_CHUNK, num_warps=8,
+        TINY=_TINY, CHUNK=_CHUNK, FAST_LOG=os.environ.get("TRITON_INTERPRET") != "1", num_warps=8,
     )  # fmt: skip
     return indices.gather(1, values.argmax(dim=1, keepdim=True)).squeeze(1)
 
