@@ -12,12 +12,18 @@ def _quarter_max(logits_row, start, i, u, vocab, scale, noise_scale, FAST_LOG: t
     cols = start + i
     mask = cols < vocab
     x = tl.load(logits_row + cols, mask=mask, other=0.0).to(tl.float32)
-    # The inner log stays exact: near u = 1 its value is tiny and decides the largest noises. The
-    # outer one only needs relative accuracy, which the hardware approximation gives.
-    e = -tl.log(u)
+    # e = -log(u) ~ Exp(1), then g = -log(e). Near u = 1, e is tiny and decides the largest noises,
+    # and the hardware log2 (absolute error ~2^-22) would be off by its whole size there: for
+    # v = 1 - u < 2^-10 a series (-log(1 - v) = v + v^2/2 + v^3/3, the next term below 2^-40 of
+    # it), above that the hardware log (relative error then below 2^-11). The outer log only
+    # needs relative accuracy.
+    v = 1.0 - u
+    near_one = v + v * v * (0.5 + v * (1.0 / 3.0))
     if FAST_LOG:
+        e = tl.where(v < 1.0 / 1024, near_one, -libdevice.fast_logf(u))
         g = -libdevice.fast_logf(e)
     else:  # Triton's interpreter (CPU tests) has no libdevice
+        e = tl.where(v < 1.0 / 1024, near_one, -tl.log(u))
         g = -tl.log(e)
     y = tl.where(mask, x * scale + noise_scale * g, float("-inf"))
     value, index = tl.max(y, 0, return_indices=True, return_indices_tie_break_left=True)

@@ -16,6 +16,8 @@ from typing import TypeVar
 import torch
 import torch.nn.functional as F
 
+from minisgl_core.api.layers import triton_ops
+
 F_ = TypeVar("F_", bound=Callable)
 _ENABLED = os.environ.get("MINISGL_COMPILE", "1") != "0"
 
@@ -80,9 +82,18 @@ def rotary(
 
 
 @fused
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+def _silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` of ``gate_up = [gate | up]`` over the last dimension: a hand-written
+    Triton kernel on CUDA (:func:`~minisgl_core.api.layers.triton_ops.silu_and_mul`), else fused
+    through ``torch.compile`` (or eager on CPU)."""
+    if gate_up.dim() == 2 and triton_ops.silu_mul_enabled(gate_up.device):
+        return triton_ops.silu_and_mul(gate_up)
+    return _silu_and_mul(gate_up)
 
 
 @fused

@@ -1,5 +1,6 @@
-"""The Triton kernel of :mod:`minisgl_core.api.layers.kv_kernels` (imported on first use: this
-module imports Triton, which CPU installs may lack)."""
+"""The hand-written Triton kernels of the decoder layer, wrapped in
+:mod:`minisgl_core.api.layers.triton_ops` (imported on first use: this module imports Triton,
+which CPU installs may lack)."""
 
 import triton
 import triton.language as tl
@@ -79,3 +80,16 @@ def rope_store_kernel(
             k_dst = k_pool + tl.load(loc + token).to(tl.int64) * (NUM_KV * 2 * HALF) + hk * (2 * HALF) + d[None, :]
             tl.store(k_dst, k1.to(k_dst.dtype.element_ty), mask=mk)
             tl.store(k_dst + HALF, k2.to(k_dst.dtype.element_ty), mask=mk)
+
+
+@triton.jit
+def silu_mul_kernel(gate_up, row_stride, out, inter, BLOCK: tl.constexpr):
+    """``out[row] = silu(gate) * up`` with ``gate_up[row] = [gate | up]``; in float32, rounded once."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < inter
+    src = gate_up + row * row_stride + cols
+    gate = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(src + inter, mask=mask, other=0.0).to(tl.float32)
+    dst = out + row * inter + cols
+    tl.store(dst, (gate * tl.sigmoid(gate) * up).to(dst.dtype.element_ty), mask=mask)

@@ -1,4 +1,4 @@
-"""The fused norm + rotary + KV-store kernel (``api.layers.kv_kernels``), run on the CPU under
+"""The hand-written Triton kernels of ``api.layers.triton_ops`` (norm + rotary + KV store; SiLU·mul), run on the CPU under
 Triton's interpreter in a child process (``TRITON_INTERPRET`` must be set before Triton is
 imported). In float32, where the interpreter's arithmetic is exact enough to compare with the
 eager reference at 1e-5; bf16 rounding is checked on the GPU (``scripts/device_e2e.py``)."""
@@ -30,6 +30,11 @@ def test_kernel_matches_norm_rope_and_store():
     assert out.count("ok") == 8, out
 
 
+def test_silu_mul_matches_eager():
+    out = run_child("silu")
+    assert out.count("ok") == 3, out
+
+
 def test_decoder_with_fused_store_generates_the_same(tmp_path):
     out = run_child("model", str(tmp_path))
     assert out.count("same") == 2, out
@@ -44,7 +49,7 @@ def test_bf16_on_cuda_is_as_close_to_float32_as_the_compiled_path(q_heads, kv_he
     ``KVCache.store``), and no slot but ``loc`` changes."""
     from minisgl_core.api import KVCache
     from minisgl_core.api.layers.fused import qkv_norm_rope
-    from minisgl_core.api.layers.kv_kernels import rope_store_kv
+    from minisgl_core.api.layers.triton_ops import rope_store_kv
 
     dev, head_dim, slots = torch.device("cuda"), 128, 4096
     gen = torch.Generator(device=dev).manual_seed(tokens)
@@ -75,13 +80,30 @@ def test_bf16_on_cuda_is_as_close_to_float32_as_the_compiled_path(q_heads, kv_he
     assert not pools[1].buffer[0].view(2, slots, -1)[:, untouched].any()
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("tokens, inter", [(1, 3072), (300, 14336), (8192, 3072)])
+def test_silu_mul_bf16_on_cuda_is_as_close_to_float32_as_the_compiled_path(tokens, inter):
+    import torch.nn.functional as F
+
+    from minisgl_core.api.layers import triton_ops
+    from minisgl_core.api.layers.fused import _silu_and_mul
+
+    gate_up = torch.randn(tokens, 2 * inter, device="cuda", generator=torch.Generator("cuda").manual_seed(tokens))
+    gate_up = gate_up.bfloat16()
+    exact = F.silu(gate_up[:, :inter].float()) * gate_up[:, inter:].float()
+    error_ours = (triton_ops.silu_and_mul(gate_up).float() - exact).abs()
+    error_compiled = (_silu_and_mul(gate_up).float() - exact).abs()
+    assert error_ours.mean() <= 1.25 * error_compiled.mean() + 1e-6, (error_ours.mean(), error_compiled.mean())
+    assert error_ours.max() <= 2 * error_compiled.max() + 1e-3, (error_ours.max(), error_compiled.max())
+
+
 # ---------------------------------------------------------------- the child process
 
 
 def check_kernel() -> None:
     from minisgl_core.api import KVCache
     from minisgl_core.api.layers.fused import qkv_norm_rope
-    from minisgl_core.api.layers.kv_kernels import rope_store_kv
+    from minisgl_core.api.layers.triton_ops import rope_store_kv
 
     gen = torch.Generator().manual_seed(0)
     for norm in (False, True):
@@ -111,6 +133,22 @@ def check_kernel() -> None:
             print("ok", norm, head_dim)
 
 
+def check_silu() -> None:
+    import torch.nn.functional as F
+
+    from minisgl_core.api.layers.fused import silu_and_mul
+
+    gen = torch.Generator().manual_seed(0)
+    for tokens, inter in ((1, 8), (5, 1500), (3, 2048)):  # 1500: a partial last block
+        wide = torch.randn(tokens, 2 * inter + 3, generator=gen)
+        gate_up = wide[:, : 2 * inter]  # a row stride wider than the row
+        out = silu_and_mul(gate_up)
+        expected = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+        assert out.shape == (tokens, inter) and out.is_contiguous()
+        torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
+        print("ok", tokens, inter)
+
+
 def check_model(tmp: str) -> None:
     import minisgl_core.api.layers.decoder as decoder
     from minisgl_core.llm import LLM
@@ -127,7 +165,7 @@ def check_model(tmp: str) -> None:
         model = make_model_dir(Path(tmp) / arch, arch, max_position_embeddings=256)
         runs = {}
         for flag in ("1", "0"):
-            os.environ["MINISGL_FUSED_KV"] = flag
+            os.environ["MINISGL_FUSED_KV"] = os.environ["MINISGL_TRITON_SILU"] = flag
             calls.clear()
             llm = LLM(model, device="cpu", dtype="float32", attn="torch", page_size=4)
             runs[flag] = llm.generate(prompts, params, use_tqdm=False)
@@ -143,5 +181,7 @@ def check_model(tmp: str) -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "kernel":
         check_kernel()
+    elif sys.argv[1] == "silu":
+        check_silu()
     else:
         check_model(sys.argv[2])
