@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from minisgl_core.api.layers.fused import fused
-from minisgl_core.api.layers.triton_ops import triton_available
+from minisgl_core.api.layers.triton_ops import triton_enabled
 from minisgl_core.sampling import SamplingParams, TokenLogprob
 
 #: uniform draws are clamped here so that neither log below sees 0 (an event of probability 1e-20)
@@ -77,12 +77,6 @@ def gumbel_argmax_chunked(
     return indices.gather(1, values.argmax(dim=1, keepdim=True)).squeeze(1)
 
 
-def _triton_sampler(device: torch.device) -> bool:
-    if os.environ.get("MINISGL_TRITON_SAMPLER", "1") == "0" or os.environ.get("MINISGL_COMPILE", "1") == "0":
-        return False
-    return (device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1") and triton_available()
-
-
 def to_device(values: list, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A small host list on ``device`` without waiting for the device: ``torch.tensor(..., device=cuda)``
     is a synchronous copy that blocks until all queued kernels finish, which would defeat overlap."""
@@ -122,7 +116,7 @@ class Sampler:
     def __init__(self, vocab_size: int, device: torch.device) -> None:
         self.vocab_size = vocab_size
         self.device = device
-        self.triton = _triton_sampler(device)
+        self.triton = triton_enabled(device, "MINISGL_TRITON_SAMPLER")
         # Philox seeds of the Triton draw: one per call, counted up from a draw of torch's RNG
         self._seed = int(torch.randint(0, 2**30, ()).item())
 

@@ -45,10 +45,12 @@ def fused_kv_enabled(device: torch.device) -> bool:
     """Whether the decoder should use :func:`rope_store_kv` on ``device``: on CUDA unless
     ``MINISGL_FUSED_KV=0`` or ``MINISGL_COMPILE=0``; elsewhere only under Triton's interpreter
     (``TRITON_INTERPRET=1``, which tests set to run the kernel on the CPU)."""
-    return _triton_enabled(device, "MINISGL_FUSED_KV")
+    return triton_enabled(device, "MINISGL_FUSED_KV")
 
 
-def _triton_enabled(device: torch.device, flag: str) -> bool:
+def triton_enabled(device: torch.device, flag: str) -> bool:
+    """A hand-written Triton kernel runs on ``device`` unless its ``flag`` (an environment
+    variable) or ``MINISGL_COMPILE`` is ``0``: on CUDA, elsewhere only under Triton's interpreter."""
     if os.environ.get(flag, "1") == "0" or os.environ.get("MINISGL_COMPILE", "1") == "0":
         return False
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -59,7 +61,7 @@ def _triton_enabled(device: torch.device, flag: str) -> bool:
 def silu_mul_enabled(device: torch.device) -> bool:
     """Whether :func:`minisgl_core.api.layers.fused.silu_and_mul` runs :func:`silu_and_mul`
     (``MINISGL_TRITON_SILU=0`` turns it off; the same device rules as :func:`fused_kv_enabled`)."""
-    return _triton_enabled(device, "MINISGL_TRITON_SILU")
+    return triton_enabled(device, "MINISGL_TRITON_SILU")
 
 
 #: columns per program of the SiLU·mul kernel
