@@ -5,8 +5,9 @@ without normalising it. Without truncation (top-k/top-p/min-p) it is taken in lo
 ``argmax(logits / T - log q)`` (the Gumbel-max trick): no softmax, and on CUDA the noise, the
 scaling and the argmax are one Triton kernel over (row, chunk of the vocabulary) programs, in
 whatever dtype the model returned the logits, its noise from Philox with a fresh seed per call
-(``MINISGL_TRITON_SAMPLER=0``: one compiled pass per row, noise from torch's generator). A seeded request draws its noise from its own generator, so it gets the same tokens whatever
-else shares its batch.
+(``MINISGL_TRITON_SAMPLER=0``: one compiled pass per row, noise from torch's generator). A
+seeded request draws its noise from its own generator, so it gets the same tokens whatever else
+shares its batch.
 """
 
 from __future__ import annotations
@@ -60,8 +61,9 @@ def gumbel_argmax_compiled(logits: torch.Tensor, scale: torch.Tensor, noise_scal
 def gumbel_argmax_chunked(
     logits: torch.Tensor, scale: torch.Tensor, noise_scale: torch.Tensor, seed: int
 ) -> torch.Tensor:
-    """:func:`gumbel_argmax_compiled` as one Triton kernel over (row, chunk) programs, noise from
-    Philox(``seed``, row * vocab + id), then the chunks' maxima reduced by torch."""
+    """:func:`gumbel_argmax_compiled` as one Triton kernel over (row, chunk) programs, the noise
+    from Philox keyed by ``seed`` (four uniforms per counter, one counter per four ids of a
+    chunk), then the chunks' maxima reduced by torch."""
     from minisgl_core.engine._sampler_triton import gumbel_chunk_max_kernel
 
     rows, vocab = logits.shape
