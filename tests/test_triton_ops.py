@@ -68,7 +68,7 @@ def test_bf16_on_cuda_is_as_close_to_float32_as_the_compiled_path(q_heads, kv_he
         pools.append(KVCache(num_layers=1, num_pages=slots // 16, page_size=16, num_kv_heads=kv_heads,
                              head_dim=head_dim, dtype=torch.bfloat16, device=dev))  # fmt: skip
     pools[0].store(0, loc, *two_kernels[:, q_heads:].split(kv_heads, dim=1))
-    q = rope_store_kv(qkv, positions, inv_freq, *weights, 1e-6, q_heads, kv_heads, pools[1], 0, loc)
+    q = rope_store_kv(qkv, positions, inv_freq, *weights, q_heads, kv_heads, 1e-6, pools[1], 0, loc)
     stored = pools[1].buffer[0].view(2, slots, kv_heads, head_dim)[:, loc]
     fused = torch.cat((q, stored[0], stored[1]), dim=1).float()
     # bf16 rounding: the mean error the same within 25%, the largest within one more ulp
@@ -127,7 +127,7 @@ def check_kernel() -> None:
             flat = expected_pool[1].view(2, slots, kv_heads, head_dim)
             flat[0, loc] = ref[:, q_heads : q_heads + kv_heads]
             flat[1, loc] = ref[:, q_heads + kv_heads :]
-            q = rope_store_kv(qkv, positions, inv_freq, q_w, k_w, 1e-6, q_heads, kv_heads, cache, 1, loc)
+            q = rope_store_kv(qkv, positions, inv_freq, q_w, k_w, q_heads, kv_heads, 1e-6, cache, 1, loc)
             torch.testing.assert_close(q, ref[:, :q_heads], atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(cache.buffer, expected_pool, atol=1e-5, rtol=1e-5)  # only loc changed
             print("ok", norm, head_dim)

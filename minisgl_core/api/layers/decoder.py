@@ -75,7 +75,7 @@ class DecoderAttention(nn.Module):
             # norm + rotary, k and v written to the KV pool, in one kernel; the backend is told
             # the pool already holds them (API 1.5)
             q = rope_store_kv(
-                qkv, batch.positions, inv_freq, q_weight, k_weight, eps, num_heads, num_kv_heads,
+                qkv, batch.positions, inv_freq, q_weight, k_weight, num_heads, num_kv_heads, eps,
                 cache, self.attn.layer_id, batch.out_cache_loc,
             )  # fmt: skip
             return self.o_proj(self.attn.attend(q, batch))
