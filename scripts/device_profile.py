@@ -70,11 +70,9 @@ def _graph_us(fn, reps: int = 20) -> float:
     return cuda_time_us(graph.replay, iters=10) / reps
 
 
-def _graph_decode_us(ws, qo: int, kv: int, bs: int, ctx: int, page: int, tc: bool, no_split: bool) -> float:
-    """One layer's decode attention as the engine replays it (graph-mode wrapper, random page order), µs."""
-    import flashinfer
-
-    dev = ws.device
+def _paged_decode_problem(dev, qo: int, kv: int, bs: int, ctx: int, page: int):
+    """``bs`` sequences of ``ctx`` tokens in a bf16 pool of ``page``-token pages in random order:
+    (cache [2, pages, page, kv, 128], page indices, indptr, last page lengths, q [bs, qo, 128])."""
     pages_per = (ctx + page - 1) // page
     num_pages = bs * pages_per + 1
     cache = torch.randn(2, num_pages, page, kv, 128, dtype=torch.bfloat16, device=dev)
@@ -82,14 +80,25 @@ def _graph_decode_us(ws, qo: int, kv: int, bs: int, ctx: int, page: int, tc: boo
     indptr = torch.arange(0, bs + 1, dtype=torch.int32) * pages_per
     last = torch.full((bs,), ctx - (pages_per - 1) * page, dtype=torch.int32)
     q = torch.randn(bs, qo, 128, dtype=torch.bfloat16, device=dev)
-    bufs = (torch.zeros(bs + 1, dtype=torch.int32, device=dev), torch.zeros(bs * pages_per, dtype=torch.int32, device=dev),
+    return cache, indices, indptr, last, q
+
+
+def _graph_decode_us(ws, qo: int, kv: int, bs: int, ctx: int, page: int, tc: bool, no_split: bool,
+                     kv_dtype: torch.dtype = torch.bfloat16) -> float:  # fmt: skip
+    """One layer's decode attention as the engine replays it (graph-mode wrapper, random page order), µs."""
+    import flashinfer
+
+    dev = ws.device
+    cache, indices, indptr, last, q = _paged_decode_problem(dev, qo, kv, bs, ctx, page)
+    cache = cache.to(kv_dtype)
+    bufs = (torch.zeros(bs + 1, dtype=torch.int32, device=dev), torch.zeros(indices.numel(), dtype=torch.int32, device=dev),
             torch.ones(bs, dtype=torch.int32, device=dev))  # fmt: skip
     w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
         ws, "NHD", use_tensor_cores=tc, backend="fa2", use_cuda_graph=True, paged_kv_indptr_buffer=bufs[0],
         paged_kv_indices_buffer=bufs[1], paged_kv_last_page_len_buffer=bufs[2])  # fmt: skip
     extra = {"disable_split_kv": True} if no_split else {}
     w.plan(indptr, indices, last, qo, kv, 128, page, q_data_type=torch.bfloat16,
-           kv_data_type=torch.bfloat16, sm_scale=128**-0.5, **extra)  # fmt: skip
+           kv_data_type=kv_dtype, sm_scale=128**-0.5, **extra)  # fmt: skip
     return _graph_us(partial(w.run, q, (cache[0], cache[1])))
 
 
@@ -118,13 +127,7 @@ def attn(args: argparse.Namespace) -> dict:
     for qo, kv in ((16, 8), (32, 8)):
         for bs, ctx in ((256, 800), (64, 1024), (1, 200)):
             for page in (1, 16):
-                pages_per = (ctx + page - 1) // page
-                num_pages = bs * pages_per + 1
-                cache = torch.randn(2, num_pages, page, kv, 128, dtype=torch.bfloat16, device=dev)
-                indices = torch.randperm(num_pages - 1, device=dev)[: bs * pages_per].int()
-                indptr = torch.arange(0, bs + 1, dtype=torch.int32) * pages_per
-                last = torch.full((bs,), ctx - (pages_per - 1) * page, dtype=torch.int32)
-                q = torch.randn(bs, qo, 128, dtype=torch.bfloat16, device=dev)
+                cache, indices, indptr, last, q = _paged_decode_problem(dev, qo, kv, bs, ctx, page)
                 for tc in (True, False):
                     w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tc, backend="fa2")
                     w.plan(indptr, indices, last, qo, kv, 128, page, q_data_type=torch.bfloat16,
@@ -148,41 +151,21 @@ def attn(args: argparse.Namespace) -> dict:
 
 def kv(args: argparse.Namespace) -> dict:
     """Decode attention over a bf16 vs an fp8 (e4m3) KV pool, graph mode, as the engine runs it."""
-    import flashinfer
-
     out = {}
-    dev = torch.device("cuda")
-    ws = torch.zeros(128 << 20, dtype=torch.uint8, device=dev)
+    ws = torch.zeros(128 << 20, dtype=torch.uint8, device="cuda")
     for qo, kvh in ((16, 8), (32, 8)):
         for bs, ctx in ((256, 800), (32, 1500), (1, 200)):
             for page in (1, 16):
-                pages_per = (ctx + page - 1) // page
-                num_pages = bs * pages_per + 1
-                base = torch.randn(2, num_pages, page, kvh, 128, dtype=torch.bfloat16, device=dev)
-                indices = torch.randperm(num_pages - 1, device=dev)[: bs * pages_per].int()
-                indptr = torch.arange(0, bs + 1, dtype=torch.int32) * pages_per
-                last = torch.full((bs,), ctx - (pages_per - 1) * page, dtype=torch.int32)
-                q = torch.randn(bs, qo, 128, dtype=torch.bfloat16, device=dev)
                 for kv_dtype in (torch.bfloat16, torch.float8_e4m3fn):
-                    cache = base.to(kv_dtype)
                     for tc in (True, False):
-                        bufs = (torch.zeros(bs + 1, dtype=torch.int32, device=dev),
-                                torch.zeros(bs * pages_per, dtype=torch.int32, device=dev),
-                                torch.ones(bs, dtype=torch.int32, device=dev))  # fmt: skip
-                        w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-                            ws, "NHD", use_tensor_cores=tc, backend="fa2", use_cuda_graph=True,
-                            paged_kv_indptr_buffer=bufs[0], paged_kv_indices_buffer=bufs[1],
-                            paged_kv_last_page_len_buffer=bufs[2])  # fmt: skip
                         key = f"qo{qo}/kv{kvh} bs{bs} ctx{ctx} page{page} {str(kv_dtype)[6:]} tc={tc}"
                         try:
-                            w.plan(indptr, indices, last, qo, kvh, 128, page, q_data_type=torch.bfloat16,
-                                   kv_data_type=kv_dtype, sm_scale=128**-0.5)  # fmt: skip
-                            us = _graph_us(partial(w.run, q, (cache[0], cache[1])))
+                            us = _graph_decode_us(ws, qo, kvh, bs, ctx, page, tc, False, kv_dtype)
                         except Exception as exc:  # an unsupported combination: say so, go on
                             out[key] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
                             print(f"{key:60s} ERROR {out[key]['error']}", flush=True)
                             continue
-                        nbytes = 2 * bs * ctx * kvh * 128 * cache.element_size()
+                        nbytes = 2 * bs * ctx * kvh * 128 * torch.empty((), dtype=kv_dtype).element_size()
                         out[key] = {"us": round(us, 1), "TB/s": round(nbytes / (us * 1e-6) / 1e12, 2)}
                         print(f"{key:60s} {us:8.1f} us  {out[key]['TB/s']:5.2f} TB/s", flush=True)
     return out
