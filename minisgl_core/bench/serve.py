@@ -108,7 +108,7 @@ async def run_load(
                 await asyncio.sleep(rng.expovariate(request_rate))
         results = await asyncio.gather(*tasks)
         elapsed = time.monotonic() - start
-        after = parse_metrics((await checkout().get(f"{url}/metrics", headers=headers)).text)
+        after = await _settled_metrics(checkout(), url, headers, before)
     finally:
         await asyncio.gather(*(c.aclose() for c in every))
     ttft = [(r["stamps"][0] - r["start"]) * 1000 for r in results if r["stamps"]]
@@ -138,14 +138,34 @@ async def run_load(
     }  # fmt: skip
 
 
-def _hit_rate(before: dict[str, float], after: dict[str, float]) -> float | None:
-    def delta(name: str) -> float | None:
-        if name not in after:
-            return None
-        return after[name] - before.get(name, 0.0)
+#: how long the metrics may lag the last response (the scheduler reports its counters every 0.25 s
+#: while busy and once more when it goes idle)
+SETTLE_SECONDS = 5.0
 
-    prompt = delta("minisgl_prompt_tokens_total")
-    cached = delta("minisgl_prefix_cache_hit_tokens_total")
+
+def _delta(before: dict[str, float], after: dict[str, float], name: str) -> float | None:
+    return after[name] - before.get(name, 0.0) if name in after else None
+
+
+async def _settled_metrics(client, url: str, headers: dict[str, str], before: dict[str, float]) -> dict[str, float]:
+    """The server's metrics once the scheduler's counters cover every prompt the server accepted
+    during the run: the hit counters come from the scheduler's reports, which can arrive after the
+    last response (read at once, a short run's hit rate came out as a third of the true one)."""
+    deadline = time.monotonic() + SETTLE_SECONDS
+    while True:
+        after = parse_metrics((await client.get(f"{url}/metrics", headers=headers)).text)
+        admitted = _delta(before, after, "minisgl_admitted_prompt_tokens_total")
+        accepted = _delta(before, after, "minisgl_prompt_tokens_total")
+        if admitted is None or accepted is None or admitted >= accepted or time.monotonic() > deadline:
+            return after
+        await asyncio.sleep(0.05)
+
+
+def _hit_rate(before: dict[str, float], after: dict[str, float]) -> float | None:
+    prompt = _delta(before, after, "minisgl_admitted_prompt_tokens_total")
+    if prompt is None:  # a server without the admitted counter
+        prompt = _delta(before, after, "minisgl_prompt_tokens_total")
+    cached = _delta(before, after, "minisgl_prefix_cache_hit_tokens_total")
     if not prompt or cached is None:
         return None
     return round(cached / prompt, 4)

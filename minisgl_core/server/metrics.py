@@ -124,9 +124,15 @@ class Metrics:
             [("", held / total if total else 0.0)],
         )
         metric(
+            "minisgl_admitted_prompt_tokens_total",
+            "counter",
+            "Prompt tokens the scheduler admitted (a retracted request counts again when readmitted).",
+            [("", prompt)],
+        )
+        metric(
             "minisgl_prefix_cache_hit_tokens_total",
             "counter",
-            "Prompt tokens served from the prefix cache.",
+            "Prompt tokens of admitted requests served from the prefix cache.",
             [("", cached)],
         )
         metric(

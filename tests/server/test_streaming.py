@@ -99,3 +99,30 @@ def test_bench_client_and_step_trace_agree_with_the_workload(start_server, model
     # one clock: the first step with a new request began after the client sent it, and soon after
     first_sent = min(r["sent"] for r in requests)
     assert first_sent < min(s["t"] for s in steps if s["new"]) < first_sent + 5
+
+
+def test_bench_waits_for_the_schedulers_counters_before_the_hit_rate() -> None:
+    """The hit counters reach /metrics in the scheduler's reports, which can come after the last
+    response: the bench reads until the admitted prompt tokens cover the accepted ones (seen in CI:
+    read at once, a run whose step trace showed 67% hits reported 22%)."""
+    from minisgl_core.bench import serve
+
+    before = {"minisgl_prompt_tokens_total": 10.0, "minisgl_admitted_prompt_tokens_total": 10.0,
+              "minisgl_prefix_cache_hit_tokens_total": 0.0}  # fmt: skip
+    stale = {"minisgl_prompt_tokens_total": 110.0, "minisgl_admitted_prompt_tokens_total": 60.0,
+             "minisgl_prefix_cache_hit_tokens_total": 10.0}  # fmt: skip
+    fresh = {**stale, "minisgl_admitted_prompt_tokens_total": 110.0, "minisgl_prefix_cache_hit_tokens_total": 60.0}
+    pages = [stale, stale, fresh]
+
+    class Client:
+        async def get(self, url, headers):
+            page = pages.pop(0)
+
+            class Response:
+                text = "\n".join(f"{k} {v}" for k, v in page.items())
+
+            return Response()
+
+    after = asyncio.run(serve._settled_metrics(Client(), "http://x", {}, before))
+    assert not pages and serve._hit_rate(before, after) == 0.6
+    assert serve._hit_rate(before, stale) == 0.2  # what reading at once would have said
