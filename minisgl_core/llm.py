@@ -78,13 +78,17 @@ class LLM:
         self._closed = False
 
     def close(self) -> None:
-        """Run the plugins' ``minisgl_process_stop`` hooks; ``with LLM(...) as llm:`` calls it for you."""
+        """Run the plugins' ``minisgl_process_stop`` hooks and free the engine (the model, the KV
+        pool) now rather than whenever the garbage collector runs; ``with LLM(...) as llm:`` calls
+        it for you. The LLM cannot generate afterwards."""
         if not self._closed:
             self._closed = True
             try:
                 self.engine.plugins.call_hook("minisgl_process_stop", ctx=self._context)
             except Exception:  # noqa: BLE001 - stop hooks log, never raise
                 logger.exception("a plugin's minisgl_process_stop hook failed")
+            self.engine.close()
+            del self.engine
 
     def __enter__(self) -> LLM:
         return self
@@ -106,6 +110,8 @@ class LLM:
         use_tqdm: bool | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in prompt order."""
+        if self._closed:
+            raise RuntimeError("this LLM is closed; create a new one to generate")
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         prompts = list(prompts)

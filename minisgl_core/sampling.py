@@ -6,6 +6,19 @@ import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+#: every integer a request carries travels as a signed 64-bit integer (msgpack, torch tensors)
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+#: temperatures in (0, MIN_TEMPERATURE) are raised to it, as vLLM does: dividing logits by a
+#: smaller one overflows to inf and yields NaN probabilities
+MIN_TEMPERATURE = 1e-2
+
+
+def choice_seed(seed: int, index: int) -> int:
+    """The seed of choice ``index`` of a request with ``n > 1``: distinct and reproducible, and
+    still a signed 64-bit integer (it wraps around) whatever the request's seed."""
+    return (seed + index - INT64_MIN) % 2**64 + INT64_MIN
+
 
 @dataclass
 class SamplingParams:
@@ -37,10 +50,21 @@ class SamplingParams:
         self.validate()
 
     def validate(self) -> None:
-        """Raise ValueError naming the first field that is out of range."""
+        """Raise ValueError naming the first field that is out of range (its message starts with
+        the field's name); then raise a tiny positive temperature to ``MIN_TEMPERATURE``.
+
+        Integer ranges: ``max_tokens`` in [1, 2**63-1], ``top_k`` in [-1, 2**63-1] (above the
+        vocabulary size it keeps every token), ``seed`` in [-2**63, 2**63-1] (OpenAI's int64),
+        ``logprobs`` in [0, 20], ``stop_token_ids`` in [0, 2**63-1] (the engine also checks them
+        against the vocabulary)."""
 
         def bad(name: str, why: str) -> None:
-            raise ValueError(f"{name} {why}, got {getattr(self, name)!r}")
+            raise ValueError(f"{name} {why}, got {_short(getattr(self, name))}")
+
+        def integer(name: str, low: int, high: int, value: object = None) -> None:
+            value = getattr(self, name) if value is None else value
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                bad(name, f"must be an integer in [{_bound(low)}, {_bound(high)}]")
 
         def finite(name: str) -> float:
             value = getattr(self, name)
@@ -52,30 +76,38 @@ class SamplingParams:
             bad("temperature", "must be >= 0")
         if not 0 < finite("top_p") <= 1:
             bad("top_p", "must be in (0, 1]")
-        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < -1:
-            bad("top_k", "must be an integer >= -1 (-1 or 0 disables it)")
+        integer("top_k", -1, INT64_MAX)
         if not 0 <= finite("min_p") <= 1:
             bad("min_p", "must be in [0, 1]")
-        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
-            bad("max_tokens", "must be an integer >= 1")
+        integer("max_tokens", 1, INT64_MAX)
         if not -2 <= finite("presence_penalty") <= 2:
             bad("presence_penalty", "must be in [-2, 2]")
         if not -2 <= finite("frequency_penalty") <= 2:
             bad("frequency_penalty", "must be in [-2, 2]")
-        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
-            bad("seed", "must be an integer")
-        if self.logprobs is not None and (
-            not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= self.MAX_TOP_LOGPROBS
-        ):
-            bad("logprobs", f"must be an integer in [0, {self.MAX_TOP_LOGPROBS}]")
+        if self.seed is not None:
+            integer("seed", INT64_MIN, INT64_MAX)
+        if self.logprobs is not None:
+            integer("logprobs", 0, self.MAX_TOP_LOGPROBS)
         if not all(isinstance(s, str) and s for s in self.stop):
             bad("stop", "must be non-empty strings")
-        if not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
-            bad("stop_token_ids", "must be non-negative integers")
+        for token in self.stop_token_ids:
+            integer("stop_token_ids", 0, INT64_MAX, token)
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            self.temperature = MIN_TEMPERATURE
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def _bound(value: int) -> str:
+    return {INT64_MIN: "-2**63", INT64_MAX: "2**63-1"}.get(value, str(value))
+
+
+def _short(value: object) -> str:
+    """A field's value for an error message, cut short (a stop list may be long)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 #: generation_config.json keys that become a request's defaults when the request leaves them unset

@@ -60,6 +60,8 @@ def check_request_fits(
         raise ValueError("prompt is empty")
     if any(not isinstance(t, int) or t < 0 or t >= vocab_size for t in prompt_ids):
         raise ValueError(f"prompt token ids must be integers in [0, {vocab_size})")
+    if any(t >= vocab_size for t in params.stop_token_ids):
+        raise ValueError(f"stop_token_ids must be integers in [0, {vocab_size}), the model's vocabulary")
     total = len(prompt_ids) + params.max_tokens
     if total > max_context_len:
         raise ValueError(
@@ -181,6 +183,24 @@ class Engine:
     def abort(self, rid: int) -> StepOutput | None:
         return self.scheduler.abort(rid)
 
+    def close(self) -> None:
+        """Drop the model, the KV pool and the scheduler now: the scheduler points back at this
+        engine (``complete_inflight``), a cycle only the garbage collector would break."""
+        self.scheduler.complete_inflight = lambda: None
+        self._inflight = self.launched_last = None
+        self._early_outputs = []
+        if self.trace is not None:
+            self.trace.close()
+            self.trace = None
+        device = self.runner.device
+        # The weights' loaders are bound methods of their layers (parameter <-> module cycles):
+        # empty the tensors themselves so the memory goes now, whoever still holds a layer.
+        for tensor in [*self.runner.model.parameters(), *self.runner.model.buffers()]:
+            tensor.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
+        del self.scheduler, self.runner, self.sampler, self.last_tokens
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
     # ------------------------------------------------------------------ stepping
 
     def step(self) -> list[StepOutput]:
@@ -218,10 +238,15 @@ class Engine:
         self.trace.write(json.dumps(record) + "\n")
 
     def _step(self) -> list[StepOutput]:
+        if self._inflight is not None and self._planning_needs_host_outputs():
+            # Land the step in flight before planning: a request it finishes (a stop string, EOS)
+            # must not be planned again, since its row and KV are released when it finishes and
+            # this batch's sampling would read them.
+            self._complete_inflight_now()
         batch = self.scheduler.schedule()
         self.launched_last = batch
         outputs, self._early_outputs = self._early_outputs, []
-        if self._inflight is not None and (batch is None or not self.overlap or _needs_host_outputs(batch)):
+        if self._inflight is not None and (batch is None or not self.overlap):
             outputs += self._complete(self._inflight)
             self._inflight = None
         if batch is None:
@@ -234,6 +259,14 @@ class Engine:
         else:
             outputs += self._complete(launched)
         return outputs
+
+    def _planning_needs_host_outputs(self) -> bool:
+        """Whether the next step may plan a request whose sampling needs the step in flight first:
+        without overlap always; with it when a request that could be planned uses penalties."""
+        if not self.overlap:
+            return True
+        s = self.scheduler
+        return any(_needs_host_outputs(r.params) for r in (*s.running.values(), *s.waiting.values()))
 
     def _complete_inflight_now(self) -> None:
         """Called by the scheduler mid-planning (before a retraction); outputs go out with this step's."""
@@ -286,5 +319,6 @@ def _open_step_trace(rank: int) -> IO[str] | None:
     return open(path, "a", buffering=1) if path else None  # noqa: SIM115
 
 
-def _needs_host_outputs(batch: ScheduledBatch) -> bool:
-    return any(r.params.presence_penalty or r.params.frequency_penalty for r in batch.requests)
+def _needs_host_outputs(params: SamplingParams) -> bool:
+    """Whether sampling for this request reads its newest output tokens on the host (penalties)."""
+    return bool(params.presence_penalty or params.frequency_penalty)

@@ -210,7 +210,7 @@ class Sampler:
         """Zero out tokens outside top-k, outside the top-p nucleus, or below min-p × the best."""
         device = probs.device
         vocab = probs.shape[-1]
-        top_k = to_device([p.top_k if p.top_k > 0 else vocab for p in params], device)
+        top_k = to_device([min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params], device)
         top_p = to_device([p.top_p for p in params], device)
         min_p = to_device([p.min_p for p in params], device)
         sorted_probs, order = probs.sort(dim=-1, descending=True)

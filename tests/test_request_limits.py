@@ -1,0 +1,176 @@
+"""Requests at the edges: integer ranges, tiny temperatures, penalties with early stops under
+overlap scheduling, and an offline LLM that frees its memory when closed."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+
+from minisgl_core import LLM, SamplingParams
+from minisgl_core.engine.sampler import Sampler, SampleRequest
+from minisgl_core.sampling import INT64_MAX, INT64_MIN, MIN_TEMPERATURE, choice_seed
+from minisgl_core.testing.factories import make_model_dir
+
+PROMPTS = [[11, 12, 13], [200, 300, 400, 500], [7] * 9, [42, 43]]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_model_dir(
+        tmp_path_factory.mktemp("m") / "qwen3", "Qwen3ForCausalLM", max_position_embeddings=256
+    )
+
+
+def make_llm(model_dir, **kw) -> LLM:
+    return LLM(model_dir, device="cpu", dtype="float32", attn="torch", **kw)
+
+
+@pytest.fixture(scope="module")
+def llm(model_dir):
+    with make_llm(model_dir) as llm:
+        yield llm
+
+
+# ------------------------------------------------------------------------ integer ranges
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("top_k", 2**63),
+        ("top_k", 2**64 - 1),
+        ("seed", 2**64 - 1),
+        ("seed", INT64_MIN - 1),
+        ("max_tokens", 2**64),
+        ("max_tokens", -(2**63)),
+        ("logprobs", 2**64),
+        ("stop_token_ids", [5, 2**64]),
+        ("stop_token_ids", [-1]),
+        ("stop_token_ids", [True]),
+    ],
+)
+def test_integers_out_of_range_raise_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=f"^{field} must be an integer in"):
+        SamplingParams(**{field: value})
+
+
+def test_choice_seeds_stay_64_bit_and_distinct():
+    assert choice_seed(5, 1) == 6
+    assert choice_seed(INT64_MAX, 1) == INT64_MIN
+    seeds = [choice_seed(INT64_MAX - 2, i) for i in range(8)]
+    assert len(set(seeds)) == 8 and all(INT64_MIN <= s <= INT64_MAX for s in seeds)
+
+
+def test_extreme_integers_in_range_run_offline(llm):
+    greedy = llm.generate(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))[0]
+    # top_k past the vocabulary keeps every token: the same draws as top_k disabled, seeded alike
+    for seed in (INT64_MAX, INT64_MIN):
+        unlimited = SamplingParams(top_k=INT64_MAX, seed=seed, max_tokens=4, ignore_eos=True)
+        disabled = SamplingParams(top_k=-1, seed=seed, max_tokens=4, ignore_eos=True)
+        a, b = llm.generate(PROMPTS[:1], unlimited)[0], llm.generate(PROMPTS[:1], disabled)[0]
+        assert a.token_ids == b.token_ids and len(a.token_ids) == 4
+    big_k_greedy = SamplingParams(temperature=0, top_k=INT64_MAX, max_tokens=4, ignore_eos=True)
+    assert llm.generate(PROMPTS[:1], big_k_greedy)[0].token_ids == greedy.token_ids
+
+
+def test_token_ids_outside_the_vocabulary_are_refused_offline(llm):
+    vocab = llm.engine.runner.vocab_size
+    with pytest.raises(ValueError, match="^stop_token_ids"):
+        llm.generate(PROMPTS[:1], SamplingParams(max_tokens=2, stop_token_ids=[vocab]))
+    for prompt in ([1, 2**64], [1, -1], [vocab]):
+        with pytest.raises(ValueError, match="prompt token ids"):
+            llm.generate([prompt], SamplingParams(max_tokens=2))
+
+
+# ------------------------------------------------------------------------ temperature
+
+
+def test_tiny_temperatures_are_raised_as_vllm_does():
+    assert SamplingParams(temperature=1e-320).temperature == MIN_TEMPERATURE
+    assert SamplingParams(temperature=0.005).temperature == MIN_TEMPERATURE
+    assert SamplingParams(temperature=0.5).temperature == 0.5
+    assert SamplingParams(temperature=0).greedy
+
+
+def test_tiny_temperature_samples_the_argmax_not_nan():
+    torch.manual_seed(0)
+    logits = torch.randn(4, 64)
+    logits[:, 17] = logits.max() + 1  # at temperature 0.01, 100 nats ahead: every draw is the argmax
+    sampler = Sampler(64, torch.device("cpu"))
+    params = SamplingParams(temperature=1e-320)
+    result = sampler.sample(logits, [SampleRequest(params, [])] * 4)
+    assert result.token_ids.tolist() == [17] * 4
+
+
+# ------------------------------------------------------------------------ overlap and early stops
+
+
+def _stop_cases(llm: LLM) -> list[SamplingParams]:
+    """Penalised requests that stop early, on a token id and on a string the model does produce."""
+    free = llm.generate(
+        PROMPTS, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, frequency_penalty=0.5)
+    )
+    cases = []
+    for out in free:
+        token = out.token_ids[2]
+        text = llm.tokenizer.decode([token])
+        cases.append(
+            SamplingParams(temperature=0, max_tokens=12, frequency_penalty=0.5, stop_token_ids=[token])
+        )
+        if text.strip():
+            cases.append(
+                SamplingParams(temperature=0, max_tokens=12, presence_penalty=0.5, stop=[text.strip()])
+            )
+    return cases
+
+
+@pytest.mark.parametrize("with_seed", [False, True])
+def test_penalties_with_early_stops_match_without_overlap(model_dir, llm, with_seed):
+    """A request finished by the step in flight must not be sampled again (it used to raise
+    'Could not infer dtype of NoneType' building the next step's rows)."""
+    cases = _stop_cases(llm)
+    if with_seed:
+        cases = [
+            SamplingParams(**{**vars(p), "temperature": 0.8, "seed": 7 + i}) for i, p in enumerate(cases)
+        ]
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(len(cases))]
+    # mixed with an unpenalised long request, so some steps overlap and others wait
+    prompts.append(PROMPTS[0])
+    cases.append(SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, logprobs=2))
+    overlapped = llm.generate(prompts, cases)
+    with make_llm(model_dir, overlap=False) as serial:
+        expected = serial.generate(prompts, cases)
+    for got, want in zip(overlapped, expected):
+        assert (got.token_ids, got.finish_reason, got.matched_stop) == (
+            want.token_ids,
+            want.finish_reason,
+            want.matched_stop,
+        )
+    if not with_seed:
+        assert any(o.finish_reason == "stop" and len(o.token_ids) <= 3 for o in overlapped)
+    assert not llm.engine.has_work
+
+
+# ------------------------------------------------------------------------ close
+
+
+def test_close_frees_the_kv_pool_and_model_without_the_garbage_collector(model_dir):
+    llm = make_llm(model_dir)
+    llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=3, frequency_penalty=0.1))
+    pool = weakref.ref(llm.engine.runner.kv_cache.buffer)
+    weights = [weakref.ref(p) for p in llm.engine.runner.model.parameters()]
+    assert all(w().numel() > 0 for w in weights)
+    gc.disable()
+    try:
+        llm.close()
+        assert pool() is None
+        # each weight is gone, or at least its memory is (a layer may outlive close in a cycle)
+        assert all(w() is None or w().numel() == 0 for w in weights)
+    finally:
+        gc.enable()
+    with pytest.raises(RuntimeError, match="closed"):
+        llm.generate(PROMPTS[:1])
+    llm.close()  # twice is fine
