@@ -45,6 +45,8 @@ logger = logging.getLogger(__name__)
 IDLE = -1
 #: seconds between two stats reports while busy
 STATS_INTERVAL = 0.25
+#: seconds between two heartbeats while idle: the API server's /health reads their age
+HEARTBEAT_INTERVAL_MS = 1000
 
 
 class SchedulerLoop:
@@ -88,8 +90,9 @@ class SchedulerLoop:
                 self._report_idle_stats(to_detokenizer)
                 if self.tp.size > 1:
                     self.tp.broadcast_int(IDLE)
-                msg = recv(inbox)  # blocks until there is work: no busy wait
-                assert msg is not None
+                # Blocks until there is work (no busy wait), waking once a second to say it is alive.
+                while (msg := recv(inbox, timeout_ms=HEARTBEAT_INTERVAL_MS)) is None:
+                    send(to_detokenizer, StepOutputs(stats=self._stats(time.monotonic())))
                 msgs = [msg, *drain(inbox)]
                 if self.tp.size > 1:
                     self.tp.wake()

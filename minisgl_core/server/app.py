@@ -5,11 +5,13 @@ from __future__ import annotations
 import secrets
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 
+from minisgl_core.server.body_limit import BodySizeLimit
 from minisgl_core.server.errors import APIError, install_error_handlers
-from minisgl_core.server.native_routes import health_router, native_router
+from minisgl_core.server.native_routes import health_router, info_router, native_router
 from minisgl_core.server.routes import make_router
 from minisgl_core.server.state import ServerState
 
@@ -27,7 +29,9 @@ def require_api_key(api_key: str) -> Callable[[Request], None]:
     return check
 
 
-def create_app(state: ServerState, api_key: str | None = None) -> FastAPI:
+def create_app(state: ServerState, api_key: str | None = None, info: dict[str, Any] | None = None) -> FastAPI:
+    """The app over ``state``; ``info`` is scheduler rank 0's ready report (for /get_server_info)."""
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await state.start()
@@ -47,4 +51,6 @@ def create_app(state: ServerState, api_key: str | None = None) -> FastAPI:
     protected = [Depends(require_api_key(api_key))] if api_key else []
     app.include_router(make_router(state), dependencies=protected)
     app.include_router(native_router(state), dependencies=protected)
+    app.include_router(info_router(state, info or {}), dependencies=protected)
+    app.add_middleware(BodySizeLimit, max_bytes=state.limits.max_body_bytes)
     return app

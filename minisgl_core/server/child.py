@@ -68,11 +68,25 @@ def _die_with_launcher(launcher_pid: int) -> None:
         os._exit(1)
 
 
+def _name_process(spec: ChildSpec) -> None:
+    """Show the role in ``ps``/``top`` (Linux's 15-character comm), e.g. ``minisgl-sched0``:
+    an operator (or a test) can tell which process is which."""
+    short = {"tokenizer": "tok", "detokenizer": "detok", "scheduler": f"sched{spec.rank}"}
+    name = short.get(spec.role, spec.role)
+    if sys.platform.startswith("linux"):
+        try:
+            PR_SET_NAME = 15
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, f"minisgl-{name}"[:15].encode())
+        except (OSError, AttributeError):
+            pass
+
+
 def run_child(spec: ChildSpec, main: ChildMain) -> None:
     """The spawn target of every child: set-up, ``main(spec, plugins, zmq_context, report_ready)``,
     reporting. Sockets the main function opens on the context are closed here, lingering so the
     last messages (a forwarded Shutdown, the failure report) still go out."""
     _die_with_launcher(spec.launcher_pid)
+    _name_process(spec)
     # Ctrl-C reaches the whole process group; the launcher alone decides how to stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(

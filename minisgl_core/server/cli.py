@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from minisgl_core.plugins import Plugins
+from minisgl_core.server.limits import add_limit_args, limits_from_args
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ def add_server_commands(subparsers: Any, plugins: Plugins | None = None) -> None
     p = subparsers.add_parser("serve", help="run the OpenAI-compatible HTTP server")
     add_engine_args(p)
     _add_http_args(p, port=8000)
+    add_limit_args(p)
     p.add_argument("--shell", action="store_true", help="also chat with the server in this terminal")
     _add_shell_args(p)
     _add_plugin_args(p, plugins)
@@ -72,6 +74,7 @@ def add_server_commands(subparsers: Any, plugins: Plugins | None = None) -> None
     p = subparsers.add_parser("shell", help="chat with a model in the terminal")
     add_engine_args(p)
     _add_http_args(p, port=0)
+    add_limit_args(p)
     p.add_argument(
         "--url", default=None, help="chat with a server already running there instead of starting one"
     )
@@ -122,6 +125,7 @@ def _serve_options(args: argparse.Namespace):
         api_key=args.api_key,
         served_model_name=args.served_model_name,
         log_level=args.log_level,
+        limits=limits_from_args(args),
     )
     return opts, plugins
 

@@ -16,18 +16,30 @@ ERROR_TYPES = {
     401: "authentication_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
     500: "internal_server_error",
     503: "service_unavailable",
+    504: "timeout_error",
 }
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        #: extra response headers (Retry-After on a 429)
+        self.headers = headers
 
     def body(self) -> dict[str, Any]:
         return error_body(self.status, self.message, self.param, self.code)
@@ -74,7 +86,7 @@ def install_error_handlers(app: FastAPI, on_error: Callable[[int], None] = lambd
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
         on_error(exc.status)
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

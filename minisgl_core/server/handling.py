@@ -74,7 +74,9 @@ async def respond(
     if choices is None:
         return Response(status_code=CLIENT_CLOSED)
     if (error := first_error(choices)) is not None:
-        raise APIError(500, error)
+        if group.timed_out:
+            raise APIError(504, error, "timeout", "request_timeout")
+        raise APIError(503 if group.state.failure is not None else 500, error)
     return JSONResponse(build(choices))
 
 

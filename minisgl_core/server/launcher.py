@@ -20,6 +20,7 @@ from typing import Any
 
 from minisgl_core.api import ProcessContext
 from minisgl_core.plugins import Plugins
+from minisgl_core.server.limits import ServerLimits
 from minisgl_core.server.runtime import ChildFailed, Runtime, RuntimeOptions
 
 logger = logging.getLogger("minisgl.server")
@@ -37,6 +38,7 @@ class ServeOptions:
     api_key: str | None = None
     served_model_name: str | None = None
     log_level: str = "info"
+    limits: ServerLimits = ServerLimits()
 
 
 #: what to run in the main thread once the server is up: (url, api key, model name, is_failed) -> exit code
@@ -109,7 +111,7 @@ def _serve_head(
     config = opts.runtime.config
     name = opts.served_model_name or Path(config.model).name
     # A shell waiting for input must learn about a failed child too: interrupt it.
-    server, thread, url = _start_http(opts, runtime, info, name, interrupt_main=foreground is not None)
+    server, thread, url, state = _start_http(opts, runtime, info, name, interrupt_main=foreground is not None)
     try:
         _log_banner(opts, plugins, info, started, url)
         if foreground is not None:
@@ -117,10 +119,29 @@ def _serve_head(
         while thread.is_alive():  # until a failed child makes it exit, or a signal interrupts the wait
             thread.join(0.5)
         return 0
+    except (KeyboardInterrupt, StopRequested):
+        _ignore_signals()
+        if runtime.failure is None:
+            _drain(state, runtime, opts.limits.shutdown_timeout_s)
+        raise
     finally:
         _ignore_signals()
         server.should_exit = True
         thread.join(10)
+
+
+def _drain(state: Any, runtime: Runtime, timeout_s: float) -> None:
+    """Let in-flight requests finish for up to ``timeout_s`` while new ones get 503; then end the
+    rest with an error (an error event and [DONE] on a stream), so no client sees a cut connection."""
+    state.loop.call_soon_threadsafe(state.start_draining)
+    deadline = time.monotonic() + timeout_s
+    if state.pending:
+        logger.info("draining %d in-flight requests for up to %gs", len(state.pending), timeout_s)
+    while state.pending and time.monotonic() < deadline and runtime.failure is None:
+        time.sleep(0.05)
+    if state.pending:
+        logger.warning("ending %d unfinished requests with an error", len(state.pending))
+    state.loop.call_soon_threadsafe(state.fail, "the server is shutting down")
 
 
 def _log_banner(opts: ServeOptions, plugins: Plugins, info: dict[str, Any], started: float, url: str) -> None:
@@ -155,8 +176,8 @@ def _start_http(opts: ServeOptions, runtime: Runtime, info: dict[str, Any], name
         info["kv_capacity_tokens"],
         info["vocab_size"],
     )
-    state = ServerState(runtime.endpoints, model)
-    app = create_app(state, opts.api_key)
+    state = ServerState(runtime.endpoints, model, limits=opts.limits, process_problem=runtime.process_problem)
+    app = create_app(state, opts.api_key, {**info, "tp_size": opts.runtime.config.tp_size})
     uv_level = "debug" if opts.log_level.lower() == "debug" else "warning"
     config = uvicorn.Config(
         app,
@@ -186,4 +207,4 @@ def _start_http(opts: ServeOptions, runtime: Runtime, info: dict[str, Any], name
     runtime.supervise(on_failure)
     port = server.servers[0].sockets[0].getsockname()[1]
     host = f"[{opts.host}]" if ":" in opts.host else opts.host
-    return server, thread, f"http://{host}:{port}"
+    return server, thread, f"http://{host}:{port}", state

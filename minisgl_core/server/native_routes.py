@@ -1,14 +1,18 @@
-"""Routes outside the OpenAI API: the native /generate, /metrics, and /health (never behind the key)."""
+"""Routes outside the OpenAI API: the native /generate, /metrics, the model and server info a router
+asks for, and /health (never behind the key)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import asdict
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from minisgl_core.sampling import SamplingParams
 from minisgl_core.server import responses as r
-from minisgl_core.server.errors import sse_error
+from minisgl_core.server.errors import APIError, sse_error
 from minisgl_core.server.handling import check_sampling, respond
 from minisgl_core.server.schemas import GenerateRequest
 from minisgl_core.server.state import RequestGroup, ServerState
@@ -24,6 +28,7 @@ def native_router(state: ServerState) -> APIRouter:
             fields, {"max_tokens": "sampling_params.max_new_tokens", "logprobs": "top_logprobs_num"}
         )
         group = RequestGroup(state)
+        group.set_timeout(body.timeout)
         await group.add(
             fields,
             1,
@@ -37,7 +42,10 @@ def native_router(state: ServerState) -> APIRouter:
             choice = r.Choice(0)
             async for delta in group.deltas():
                 if delta.finish_reason == "error":
+                    # The status line went out long ago: the error is an event, and [DONE] still
+                    # tells the client the stream ended on purpose.
                     yield sse_error(delta.error)
+                    yield r.DONE
                     return
                 choice.merge(delta)
                 if delta.text or delta.finish_reason is not None:
@@ -65,8 +73,94 @@ def health_router(state: ServerState) -> APIRouter:
 
     @router.get("/health")
     async def health() -> JSONResponse:
-        if state.failure is not None:
-            return JSONResponse({"status": "failed", "error": state.failure}, status_code=503)
+        """200 while the engine makes progress; 503 once a worker failed, stopped or went silent."""
+        problem = state.health()
+        if problem is not None:
+            return JSONResponse({"status": "unhealthy", "error": problem}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     return router
+
+
+def info_router(state: ServerState, info: dict[str, Any]) -> APIRouter:
+    """What routers such as the SGLang Model Gateway ask a worker: a health check that runs the
+    engine, and the model and server descriptions (behind the API key like the rest)."""
+    router = APIRouter()
+    model = state.model
+
+    @router.get("/health_generate")
+    async def health_generate() -> JSONResponse:
+        """Healthy only if one greedy token comes out of the engine within the health bound."""
+        problem = state.health()
+        if problem is None:
+            group = RequestGroup(state)
+            group.set_timeout(state.limits.health_timeout_s)
+            try:
+                await group.add(_PROBE, 1, input_ids=[0])
+                async for delta in group.deltas():
+                    if delta.finish_reason == "error":
+                        problem = delta.error
+            except APIError as exc:
+                if exc.status != 429:  # a full queue is busy, not broken
+                    problem = exc.message
+            finally:
+                group.close()
+        if problem is not None:
+            return JSONResponse({"status": "unhealthy", "error": problem}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    def model_info() -> dict[str, Any]:
+        return {
+            "model_path": model.path,
+            "tokenizer_path": model.path,
+            "served_model_name": model.name,
+            "is_generation": True,
+            "max_context_len": model.max_context_len,
+            "vocab_size": model.vocab_size,
+            "architecture": info.get("architecture"),
+        }
+
+    def server_info() -> dict[str, Any]:
+        return {
+            **model_info(),
+            "version": minisgl_version(),
+            "kv_capacity_tokens": model.kv_capacity_tokens,
+            "tp_size": info.get("tp_size", 1),
+            "attn": info.get("attn", []),
+            "max_queued_requests": state.limits.max_queued_sequences,
+            "queued_or_running": len(state.pending),
+        }
+
+    def load() -> list[dict[str, int]]:
+        """SGLang's load report (one entry per data-parallel rank; we have one), which load-aware
+        routing policies poll; counts from rank 0's latest stats."""
+        engine = state.metrics.engine
+        return [
+            {
+                "dp_rank": 0,
+                "num_reqs": engine.get("running", 0) + engine.get("waiting", 0),
+                "num_waiting_reqs": engine.get("waiting", 0),
+                "num_tokens": engine.get("kv_used_tokens", 0),
+            }
+        ]
+
+    # Both spellings: SGLang's older /get_* names and its newer ones.
+    router.add_api_route("/get_load", load, methods=["GET"])
+    router.add_api_route("/get_model_info", model_info, methods=["GET"])
+    router.add_api_route("/model_info", model_info, methods=["GET"])
+    router.add_api_route("/get_server_info", server_info, methods=["GET"])
+    router.add_api_route("/server_info", server_info, methods=["GET"])
+    return router
+
+
+#: the smallest request that runs the engine: one greedy token
+_PROBE: dict[str, Any] = asdict(SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+
+
+def minisgl_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("minisgl-core")
+    except PackageNotFoundError:
+        return "unknown"

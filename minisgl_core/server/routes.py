@@ -41,6 +41,7 @@ def make_router(state: ServerState) -> APIRouter:
         fields = body.sampling_fields()
         check_sampling(fields, {"max_tokens": body.max_tokens_field, "logprobs": "top_logprobs"})
         group = RequestGroup(state)
+        group.set_timeout(body.timeout)
         await group.add(
             fields, body.n, messages=body.template_messages(), max_tokens_field=body.max_tokens_field
         )
@@ -52,7 +53,10 @@ def make_router(state: ServerState) -> APIRouter:
             completion_tokens = 0
             async for delta in group.deltas():
                 if delta.finish_reason == "error":
+                    # The status line went out long ago: the error is an event, and [DONE] still
+                    # tells the client the stream ended on purpose.
                     yield sse_error(delta.error)
+                    yield r.DONE
                     return
                 completion_tokens += len(delta.token_ids)
                 if not delta.text and delta.finish_reason is None and not delta.logprobs:
@@ -98,6 +102,8 @@ def make_router(state: ServerState) -> APIRouter:
         except ValueError as exc:
             raise APIError(400, str(exc), "prompt") from exc
         group = RequestGroup(state)
+        group.set_timeout(body.timeout)
+        group.expect(len(prompts) * body.n)
         try:
             for prompt in prompts:
                 if isinstance(prompt, str):
@@ -115,7 +121,10 @@ def make_router(state: ServerState) -> APIRouter:
             offsets = [0] * group.num_choices
             async for delta in group.deltas():
                 if delta.finish_reason == "error":
+                    # The status line went out long ago: the error is an event, and [DONE] still
+                    # tells the client the stream ended on purpose.
                     yield sse_error(delta.error)
+                    yield r.DONE
                     return
                 completion_tokens += len(delta.token_ids)
                 if not delta.text and delta.finish_reason is None and not delta.logprobs:

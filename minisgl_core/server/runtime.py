@@ -138,6 +138,16 @@ class Runtime:
     def all_exited(self) -> bool:
         return all(proc.exitcode is not None for proc in self.procs.values())
 
+    def process_problem(self) -> str | None:
+        """A local worker that is gone or stopped (SIGSTOP, a debugger), in words; None if all run.
+        Cheap (one /proc read per process): /health calls it on every probe."""
+        for name, proc in self.procs.items():
+            if proc.exitcode is not None:
+                return f"the {name} process exited with code {proc.exitcode}"
+            if proc.pid is not None and _process_state(proc.pid) in ("T", "t"):
+                return f"the {name} process is stopped"
+        return None
+
     def _dead_child(self) -> str | None:
         for name, proc in self.procs.items():
             # On the other nodes, scheduler ranks exit with 0 when rank 0 shuts the group down.
@@ -196,6 +206,15 @@ class Runtime:
                 proc.join()
         self.ctx.destroy(linger=0)
         self.endpoints.remove()
+
+
+def _process_state(pid: int) -> str | None:
+    """The one-letter state of a Linux process (R, S, D, T, Z...), None where /proc cannot tell."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 def _name(role: str, rank: int) -> str:

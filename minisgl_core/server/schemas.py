@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 #: roles a chat message may have; "developer" is OpenAI's newer name for "system"
 CHAT_ROLES = ("system", "developer", "user", "assistant")
 MAX_N = 64
+#: a request's own timeout field may ask for at most a day
+MAX_TIMEOUT_S = 86400.0
 
 
 class StrictModel(BaseModel):
@@ -75,6 +77,9 @@ class SamplingFields(StrictModel):
     stream_options: StreamOptions | None = None
     #: accepted as harmless metadata (OpenAI uses it for abuse monitoring)
     user: str | None = None
+    #: seconds after which the request ends with a timeout error (the server's --request-timeout
+    #: still bounds it)
+    timeout: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S)
 
     def sampling_fields(self) -> dict[str, Any]:
         """SamplingParams keyword arguments; max_tokens None = what the context has left."""
@@ -183,6 +188,7 @@ class GenerateRequest(StrictModel):
     stream: bool = False
     return_logprob: bool = False
     top_logprobs_num: int = 0
+    timeout: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S)
 
     @model_validator(mode="after")
     def _one_prompt(self) -> GenerateRequest:

@@ -15,7 +15,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +25,7 @@ import zmq.asyncio
 from minisgl_core.messages import AbortRequest, Admission, DetokOutputs, TokenizeRequest, decode
 from minisgl_core.server.errors import APIError
 from minisgl_core.server.ipc import bind_pull, connect_push, send
+from minisgl_core.server.limits import ServerLimits
 from minisgl_core.server.metrics import Metrics
 
 logger = logging.getLogger(__name__)
@@ -95,6 +96,22 @@ class RequestGroup:
         self.prompt_tokens = 0
         self.arrival = time.monotonic()
         self.num_choices = 0
+        #: monotonic time the request ends with a timeout error (None: no deadline)
+        self.deadline: float | None = None
+        self.timed_out = False
+        #: sequences the whole request will start, when the route knows them up front
+        self.expected_sequences: int | None = None
+
+    def expect(self, sequences: int) -> None:
+        """Check the whole request's size (prompts x n) against the bounds before any prompt is
+        tokenized, so a request too large is refused at once and never half-admitted."""
+        self.state.check_room(0, sequences)
+        self.expected_sequences = sequences
+
+    def set_timeout(self, timeout_s: float | None) -> None:
+        """The request's deadline: its own ``timeout`` field, bounded by the server's --request-timeout."""
+        bounds = [t for t in (timeout_s, self.state.limits.request_timeout_s) if t]
+        self.deadline = self.arrival + min(bounds) if bounds else None
 
     async def add(
         self,
@@ -106,9 +123,13 @@ class RequestGroup:
         input_ids: list[int] | None = None,
         max_tokens_field: str = "max_tokens",
     ) -> Admission:
-        """Tokenize one prompt into ``n`` engine requests; raise a 400 APIError if it cannot run."""
+        """Tokenize one prompt into ``n`` engine requests; raise a 400 APIError if it cannot run
+        (a 429 if the server's queue is full, a 503 if it cannot take requests)."""
         state = self.state
         state.check_alive()
+        if self.expected_sequences is None:
+            state.check_room(self.num_choices, n)
+        state.check_prompt_size(text, messages)
         rids = [next(state.rids) for _ in range(n)]
         first_index = self.num_choices
         self.num_choices += n
@@ -140,7 +161,17 @@ class RequestGroup:
         text before it still goes out)."""
         open_indices = set(range(self.num_choices))
         while open_indices:
-            events = [await self.queue.get()]
+            try:
+                events = [await asyncio.wait_for(self.queue.get(), self._time_left())]
+            except asyncio.TimeoutError:
+                # Past the deadline: free the engine now and end every open choice with the reason.
+                self.timed_out = True
+                self.close()
+                timeout_s = (self.deadline or self.arrival) - self.arrival
+                message = f"the request did not finish within its timeout of {timeout_s:g}s"
+                for index in sorted(open_indices):
+                    yield Delta(index, finish_reason="error", error=message)
+                return
             while not self.queue.empty():
                 events.append(self.queue.get_nowait())
             current: dict[int, Delta] = {}
@@ -156,6 +187,9 @@ class RequestGroup:
             for delta in merged:
                 yield delta
 
+    def _time_left(self) -> float | None:
+        return None if self.deadline is None else max(self.deadline - time.monotonic(), 0.0)
+
     def close(self) -> None:
         """Abort the engine requests that have not finished (the client is gone or gave up)."""
         for rid in list(self.unfinished):
@@ -165,10 +199,24 @@ class RequestGroup:
 
 
 class ServerState:
-    def __init__(self, endpoints: Any, model: ModelInfo, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        endpoints: Any,
+        model: ModelInfo,
+        metrics: Metrics | None = None,
+        limits: ServerLimits | None = None,
+        process_problem: Callable[[], str | None] = lambda: None,
+    ) -> None:
         self.endpoints = endpoints
         self.model = model
         self.metrics = metrics or Metrics()
+        self.limits = limits or ServerLimits()
+        #: a worker process that is stopped or gone, in words (None: all run)
+        self.process_problem = process_problem
+        #: when scheduler rank 0 last reported (outputs, stats or its idle heartbeat)
+        self.last_report_at = time.monotonic()
+        #: set by SIGTERM: new requests get 503 while the in-flight ones finish
+        self.draining = False
         self.rids = itertools.count()
         self.pending: dict[int, RequestGroup] = {}
         self.admissions: dict[int, asyncio.Future[Admission]] = {}
@@ -201,12 +249,70 @@ class ServerState:
     def check_alive(self) -> None:
         if self.failure is not None:
             raise APIError(503, f"the server cannot take requests: {self.failure}", code="server_unavailable")
+        if self.draining:
+            message = "the server is shutting down and takes no new requests"
+            raise APIError(503, message, code="server_unavailable")
+
+    def check_room(self, sequences_so_far: int, n: int) -> None:
+        """Refuse a prompt whose ``n`` sequences would pass the per-request or the server's bound."""
+        limits = self.limits
+        if sequences_so_far + n > limits.max_sequences_per_request:
+            raise APIError(
+                400,
+                f"the request asks for {sequences_so_far + n} or more sequences (prompts x n); "
+                f"this server runs at most {limits.max_sequences_per_request} per request",
+                "n",
+                "too_many_sequences",
+            )
+        if len(self.pending) + n > limits.max_queued_sequences:
+            raise APIError(
+                429,
+                f"the server is at capacity ({len(self.pending)} sequences queued or running); retry later",
+                code="server_overloaded",
+                headers={"Retry-After": str(self.retry_after_s())},
+            )
+
+    def retry_after_s(self) -> int:
+        return 1
+
+    def check_prompt_size(self, text: str | None, messages: list[dict[str, Any]] | None) -> None:
+        """Refuse a prompt that cannot fit the context by its length in characters, before the
+        tokenizer spends seconds on it (and every other request waits)."""
+        chars = len(text) if text is not None else 0
+        for message in messages or ():
+            chars += sum(len(v) for v in message.values() if isinstance(v, str))
+        bound = self.limits.max_prompt_chars(self.model.max_context_len)
+        if chars > bound:
+            raise APIError(
+                400,
+                f"the prompt has {chars} characters, more than can fit the context length of "
+                f"{self.model.max_context_len} tokens (at most {bound} characters); shorten it",
+                "messages" if messages is not None else "prompt",
+                "context_length_exceeded",
+            )
+
+    def health(self) -> str | None:
+        """Why the server is not healthy, or None: a failed or stopped worker, draining, or an
+        engine that stopped reporting (rank 0 sends a heartbeat every second even when idle)."""
+        if self.failure is not None:
+            return self.failure
+        if self.draining:
+            return "the server is shutting down"
+        if (problem := self.process_problem()) is not None:
+            return problem
+        silent, bound = time.monotonic() - self.last_report_at, self.limits.health_timeout_s
+        if silent > bound:
+            return f"the scheduler has not reported for {silent:.1f}s (bound {bound:g}s)"
+        return None
 
     def abort(self, rid: int) -> None:
         self.metrics.finished["abort"] += 1
         self.last_token_at.pop(rid, None)
         if not self.to_tokenizer.closed:  # streams cancelled at shutdown close their groups late
             send(self.to_tokenizer, AbortRequest(rid))
+
+    def start_draining(self) -> None:
+        self.draining = True
 
     def fail(self, message: str) -> None:
         """A worker died: end every waiting request with an error instead of letting it hang."""
@@ -234,6 +340,7 @@ class ServerState:
                 self._dispatch(msg)
 
     def _dispatch(self, out: DetokOutputs) -> None:
+        self.last_report_at = time.monotonic()
         if out.stats is not None:
             self.metrics.engine = out.stats
         now = time.monotonic()

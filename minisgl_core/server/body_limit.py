@@ -1,0 +1,59 @@
+"""Refuse request bodies over ``--max-body-bytes`` with a 413 before they are read into memory."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+from minisgl_core.server.errors import error_body
+
+Scope = dict[str, Any]
+
+
+class BodySizeLimit:
+    """ASGI middleware: a declared Content-Length over the bound is refused at once; a body without
+    one (chunked) is read here up to the bound, refused past it, or replayed to the app."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def _refuse(self) -> JSONResponse:
+        message = f"the request body is larger than this server's limit of {self.max_bytes} bytes"
+        return JSONResponse(error_body(413, message, None, "body_too_large"), status_code=413)
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or ()).get(b"content-length")
+        if declared is not None:
+            if declared.isdigit() and int(declared) > self.max_bytes:
+                await self._refuse()(scope, receive, send)
+                return
+            await self.app(scope, receive, send)  # the HTTP server enforces the declared length
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes:
+                await self._refuse()(scope, receive, send)
+                return
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()  # from here on: the disconnect, whenever it comes
+
+        await self.app(scope, replay, send)

@@ -1,0 +1,195 @@
+"""Overload is refused early and cleanly: body size, prompt length, sequences per request, a full
+queue (429 + Retry-After), request deadlines, requests that can never fit, and a /health that
+follows the engine's heartbeat and the worker processes' state."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+MAX_BODY = 2_000_000
+#: one server for the module, with small bounds so each is cheap to reach
+LIMITS = [
+    "--max-body-bytes", str(MAX_BODY),
+    "--max-sequences-per-request", "4",
+    "--max-queued-requests", "6",
+    "--health-timeout", "3",
+    "--num-kv-tokens", "1024",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def busy_server(start_server, model_dir, engine_args):
+    return start_server(["--model", str(model_dir), *engine_args, *LIMITS])
+
+
+def assert_openai_error(resp: httpx.Response, status: int, code: str | None = None) -> dict:
+    assert resp.status_code == status, resp.text
+    error = resp.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["message"]
+    if code is not None:
+        assert error["code"] == code
+    return error
+
+
+def process_by_name(server, name: str) -> int:
+    for pid in server.children():
+        if Path(f"/proc/{pid}/comm").read_text().strip() == name:
+            return pid
+    raise AssertionError(
+        f"no child named {name}: {[Path(f'/proc/{p}/comm').read_text() for p in server.children()]}"
+    )
+
+
+def test_body_over_the_limit_is_413(busy_server):
+    body = json.dumps({"prompt": "x" * (MAX_BODY + 10), "max_tokens": 1}).encode()
+    resp = httpx.post(
+        f"{busy_server.url}/v1/completions", content=body, headers={"content-type": "application/json"}
+    )
+    assert_openai_error(resp, 413, "body_too_large")
+
+    def chunks():  # no Content-Length: counted as it arrives
+        yield b'{"prompt": "'
+        for _ in range(MAX_BODY // 100_000 + 1):
+            yield b"y" * 100_000
+        yield b'", "max_tokens": 1}'
+
+    resp = httpx.post(
+        f"{busy_server.url}/v1/completions", content=chunks(), headers={"content-type": "application/json"}
+    )
+    assert_openai_error(resp, 413, "body_too_large")
+
+
+def test_huge_prompt_is_refused_before_tokenizing(busy_server, model_name):
+    # 1.5 MB of text: far over 2048 tokens x 16 characters; tokenizing it would take seconds
+    started = time.monotonic()
+    resp = httpx.post(
+        f"{busy_server.url}/v1/completions",
+        json={"model": model_name, "prompt": "lorem ipsum " * 125_000, "max_tokens": 1},
+        timeout=30,
+    )
+    error = assert_openai_error(resp, 400, "context_length_exceeded")
+    assert error["param"] == "prompt"
+    assert time.monotonic() - started < 1.0
+    chat = httpx.post(
+        f"{busy_server.url}/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "é" * 40_000}], "max_tokens": 1},
+    )
+    assert assert_openai_error(chat, 400, "context_length_exceeded")["param"] == "messages"
+
+
+def test_prompts_times_n_is_bounded(busy_server, model_name):
+    resp = httpx.post(
+        f"{busy_server.url}/v1/completions",
+        json={"model": model_name, "prompt": ["a", "b", "c"], "n": 2, "max_tokens": 1},
+    )
+    error = assert_openai_error(resp, 400, "too_many_sequences")
+    assert error["param"] == "n"
+    ok = httpx.post(
+        f"{busy_server.url}/v1/completions",
+        json={"model": model_name, "prompt": ["a", "b"], "n": 2, "max_tokens": 1},
+    )
+    assert ok.status_code == 200 and len(ok.json()["choices"]) == 4
+
+
+def test_a_request_that_can_never_fit_is_a_400(busy_server, model_name):
+    # fits the 2048-token context but not the 1024-token KV pool: no amount of waiting helps
+    resp = httpx.post(
+        f"{busy_server.url}/v1/completions",
+        json={"model": model_name, "prompt": [5] * 1100, "max_tokens": 4},
+    )
+    assert_openai_error(resp, 400)
+
+
+def test_full_queue_is_429_with_retry_after(busy_server, model_name):
+    client = openai.OpenAI(base_url=f"{busy_server.url}/v1", api_key="unused", max_retries=0, timeout=60)
+    body = {"model": model_name, "prompt": "Tell a long story", "max_tokens": 200, "ignore_eos": True}
+    openai_body = {"model": model_name, "prompt": body["prompt"], "max_tokens": 200}
+    openai_body["extra_body"] = {"ignore_eos": True}
+    # three requests of n=2 fill the queue of 6
+    streams = [client.completions.create(**openai_body, n=2, stream=True) for _ in range(3)]
+    try:
+        for s in streams:
+            next(iter(s))  # each is admitted
+        resp = httpx.post(f"{busy_server.url}/v1/completions", json={**body, "max_tokens": 1})
+        assert_openai_error(resp, 429, "server_overloaded")
+        assert int(resp.headers["retry-after"]) >= 1
+        with pytest.raises(openai.RateLimitError):
+            client.completions.create(**{**openai_body, "max_tokens": 1})
+    finally:
+        for s in streams:
+            s.close()
+    deadline = time.monotonic() + 10
+    while True:  # the aborts reach the engine; then there is room again
+        resp = httpx.post(f"{busy_server.url}/v1/completions", json={**body, "max_tokens": 1})
+        if resp.status_code == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert resp.status_code == 200, resp.text
+
+
+def test_request_deadline_ends_the_request(busy_server, model_name):
+    body = {"model": model_name, "prompt": "Once", "max_tokens": 900, "ignore_eos": True, "timeout": 0.3}
+    resp = httpx.post(f"{busy_server.url}/v1/completions", json=body, timeout=30)
+    error = assert_openai_error(resp, 504, "request_timeout")
+    assert "0.3s" in error["message"]
+    with httpx.stream(
+        "POST", f"{busy_server.url}/v1/completions", json={**body, "stream": True}, timeout=30
+    ) as s:
+        events = [line.removeprefix("data: ") for line in s.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert "0.3s" in json.loads(events[-2])["error"]["message"]
+    bad = httpx.post(f"{busy_server.url}/v1/completions", json={**body, "timeout": -1})
+    assert assert_openai_error(bad, 400)["param"] == "timeout"
+
+
+def test_router_info_endpoints(busy_server, model_name):
+    info = httpx.get(f"{busy_server.url}/get_model_info").json()
+    assert info["served_model_name"] == model_name and info["is_generation"] is True
+    server_info = httpx.get(f"{busy_server.url}/get_server_info").json()
+    assert server_info["max_context_len"] == 2048 and server_info["max_queued_requests"] == 6
+    assert httpx.get(f"{busy_server.url}/health_generate", timeout=30).json() == {"status": "ok"}
+
+
+def test_health_follows_the_engine(busy_server):
+    # idle for longer than the bound: the scheduler's heartbeat keeps it healthy
+    time.sleep(3.5)
+    assert httpx.get(f"{busy_server.url}/health").status_code == 200
+    scheduler = process_by_name(busy_server, "minisgl-sched0")
+    os.kill(scheduler, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 3
+        while (resp := httpx.get(f"{busy_server.url}/health")).status_code == 200:
+            assert time.monotonic() < deadline, "still healthy with the scheduler stopped"
+            time.sleep(0.1)
+        assert resp.status_code == 503
+        assert "scheduler 0" in resp.json()["error"]
+        # a request sent meanwhile waits for the engine, it is not lost
+        done = threading.Event()
+        result: dict = {}
+
+        def send() -> None:
+            result["resp"] = httpx.post(
+                f"{busy_server.url}/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=60
+            )
+            done.set()
+
+        threading.Thread(target=send, daemon=True).start()
+        time.sleep(0.5)
+        assert not done.is_set()
+    finally:
+        os.kill(scheduler, signal.SIGCONT)
+    assert done.wait(30) and result["resp"].status_code == 200
+    deadline = time.monotonic() + 5
+    while httpx.get(f"{busy_server.url}/health").status_code != 200:
+        assert time.monotonic() < deadline, "not healthy again after SIGCONT"
+        time.sleep(0.1)
