@@ -21,7 +21,12 @@ def engines(default_model_dir):
     def get(cache: str, page_size: int) -> LLM:
         if (cache, page_size) not in built:
             built[cache, page_size] = LLM(
-                default_model_dir, device="cpu", attn="torch", cache=cache, page_size=page_size, num_kv_tokens=8192
+                default_model_dir,
+                device="cpu",
+                attn="torch",
+                cache=cache,
+                page_size=page_size,
+                num_kv_tokens=8192,
             )
         return built[cache, page_size]
 

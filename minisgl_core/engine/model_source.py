@@ -135,9 +135,13 @@ def _hub_snapshot(repo_id: str) -> str:
     try:
         from huggingface_hub import snapshot_download
     except ImportError as exc:
-        raise ModelNotFound(f"--model {repo_id}: huggingface_hub is not installed (pip install huggingface_hub)") from exc
+        raise ModelNotFound(
+            f"--model {repo_id}: huggingface_hub is not installed (pip install huggingface_hub)"
+        ) from exc
     try:
-        return snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"])
+        return snapshot_download(
+            repo_id, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]
+        )
     except Exception as exc:  # noqa: BLE001 - offline, unknown repo, gated...: all one line for the user
         raise ModelNotFound(
             f"--model {repo_id}: not a local path, and the Hugging Face hub could not provide it "

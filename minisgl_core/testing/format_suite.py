@@ -138,14 +138,19 @@ class WeightFormatSuite:
                 scale = float(want.abs().max()) or 1.0
                 error = float((tensor.float() - want).abs().max()) / scale
                 allowed = self.weight_tolerance + cast_error
-                assert error <= allowed, f"{arch}: {name} differs by {error:.3g} x its scale (allowed {allowed:.3g})"
+                assert error <= allowed, (
+                    f"{arch}: {name} differs by {error:.3g} x its scale (allowed {allowed:.3g})"
+                )
 
     def test_tokenizer_round_trips(self, round_trip) -> None:
         self._require(TOKENIZER)
         from minisgl_core.testing.corpus import builtin_corpus
         from minisgl_core.tokenizer.load import load_tokenizer_dir
 
-        texts = builtin_corpus(num_sentences=50, seed=3) + ["<|im_start|>user\nhi<|im_end|>", "  two  spaces\n\ttab"]
+        texts = builtin_corpus(num_sentences=50, seed=3) + [
+            "<|im_start|>user\nhi<|im_end|>",
+            "  two  spaces\n\ttab",
+        ]
         for arch, (hf_dir, path) in round_trip.items():
             expected, actual = load_tokenizer_dir(hf_dir), self.format_cls(Path(path)).tokenizer()
             for text in texts:

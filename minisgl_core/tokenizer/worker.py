@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, replace
-from pathlib import Path
 from typing import Any
 
 import zmq

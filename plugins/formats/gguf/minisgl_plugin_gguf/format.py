@@ -1,12 +1,17 @@
-"""The GGUF weight format: one ``.gguf`` file (or a directory holding one) read with ``gguf``.
+"""The GGUF weight format: one ``.gguf`` file (or a directory holding one).
 
 Everything that can be checked without dequantizing is checked when the file is opened (magic,
 complete tensor data, architecture, tensor types), so a bad file fails before a model is built
-and nothing is half-loaded.
+and nothing is half-loaded. ``gguf`` (llama.cpp's package) dequantizes; transformers builds the
+tokenizer from the file once, and the result is cached so the other processes load it quickly.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +20,7 @@ import numpy as np
 import torch
 
 from minisgl_core.api import WeightFormat
+from minisgl_plugin_gguf.header import GGUFHeader, TensorInfo, Truncated, read_header
 from minisgl_plugin_gguf.metadata import (
     UnsupportedGGUF,
     generation_config_from_metadata,
@@ -25,8 +31,6 @@ from minisgl_plugin_gguf.names import IGNORED, hf_name, unpermute_qk
 MAGIC = b"GGUF"
 #: tensor types dequantized at load (by name of ``gguf.GGMLQuantizationType``)
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
-#: metadata arrays too large to be worth decoding for the config (the tokenizer reads them itself)
-_SKIPPED_FIELDS = frozenset({"tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.ggml.scores"})
 
 
 def find_gguf_file(path: Path) -> Path:
@@ -46,15 +50,13 @@ class GGUFFormat(WeightFormat):
     def __init__(self, path: Path) -> None:
         super().__init__(path)
         self.file = find_gguf_file(self.path)
-        self._reader = _open_reader(self.file)
-        self.fields = {
-            name: field.contents()
-            for name, field in self._reader.fields.items()
-            if name not in _SKIPPED_FIELDS and not name.startswith("GGUF.")
-        }
-        names = {tensor.name for tensor in self._reader.tensors}
-        self._config = hf_config_from_metadata(self.fields, tied="output.weight" not in names, path=str(self.file))
-        _check_tensor_types(self._reader, self.file)
+        self.header = _read_header(self.file)
+        self.fields = self.header.fields
+        names = {tensor.name for tensor in self.header.tensors}
+        self._config = hf_config_from_metadata(
+            self.fields, tied="output.weight" not in names, path=str(self.file)
+        )
+        _check_tensor_types(self.header, self.file)
 
     @classmethod
     def detect(cls, path: Path) -> bool:
@@ -78,28 +80,22 @@ class GGUFFormat(WeightFormat):
 
     def tokenizer(self) -> Any:
         from transformers import AutoTokenizer
-        from transformers.utils import logging as hf_logging
 
-        verbosity = hf_logging.get_verbosity()
-        hf_logging.set_verbosity_error()  # its GGUF notes ("converting tokenizer...") are not ours to show
-        try:
-            return AutoTokenizer.from_pretrained(str(self.file.parent), gguf_file=self.file.name)
-        finally:
-            hf_logging.set_verbosity(verbosity)
+        cached = _tokenizer_cache_dir(self.file)
+        if not (cached / "tokenizer_config.json").is_file():
+            _convert_tokenizer(self.file, cached)
+        return AutoTokenizer.from_pretrained(str(cached))
 
     def num_weights(self) -> int | None:
-        return sum(1 for tensor in self._reader.tensors if tensor.name not in IGNORED)
+        return sum(1 for tensor in self.header.tensors if tensor.name not in IGNORED)
 
     def weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-        from gguf.quants import dequantize
-
         config = self._config
         permuted = config["model_type"] == "llama"
-        for tensor in self._reader.tensors:
+        for tensor in self.header.tensors:
             if tensor.name in IGNORED:
                 continue
-            values = np.ascontiguousarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
-            weight = torch.from_numpy(values).reshape(tuple(int(d) for d in reversed(tensor.shape)))
+            weight = torch.from_numpy(_dequantize(self.header, tensor))
             name = hf_name(tensor.name) or tensor.name  # unknown names reach the core, which reports them
             if permuted and name.endswith("self_attn.q_proj.weight"):
                 weight = unpermute_qk(weight, config["num_attention_heads"])
@@ -111,32 +107,90 @@ class GGUFFormat(WeightFormat):
         return f"{self.file} (GGUF, {self.fields.get('general.architecture')})"
 
 
-def _open_reader(file: Path) -> Any:
-    from gguf import GGUFReader
+def _quant_sizes() -> dict[int, tuple[int, int]]:
+    from gguf import GGML_QUANT_SIZES
 
-    size = file.stat().st_size
+    return {int(qtype): sizes for qtype, sizes in GGML_QUANT_SIZES.items()}
+
+
+def _read_header(file: Path) -> GGUFHeader:
     try:
-        reader = GGUFReader(str(file))
-    except Exception as exc:  # noqa: BLE001 - gguf raises ValueError/IndexError/... on damaged files
-        raise ValueError(
-            f"{file} is not a readable GGUF file ({type(exc).__name__}: {exc}); it may be truncated or "
-            f"corrupt: download it again"
-        ) from exc
-    for tensor in reader.tensors:
-        end = tensor.data_offset + tensor.n_bytes
-        if end > size:
-            raise ValueError(
-                f"{file} is truncated: tensor {tensor.name} ends at byte {end} but the file has {size} bytes; "
-                f"download it again"
-            )
-    return reader
+        return read_header(file, _quant_sizes())
+    except Truncated as exc:
+        raise ValueError(f"{file} is truncated: {exc}; download it again") from exc
+    except ValueError as exc:
+        raise ValueError(f"{file} is not a readable GGUF file: {exc}") from exc
 
 
-def _check_tensor_types(reader: Any, file: Path) -> None:
-    for tensor in reader.tensors:
-        type_name = tensor.tensor_type.name
+def _type_name(type_id: int) -> str:
+    from gguf import GGMLQuantizationType
+
+    try:
+        return GGMLQuantizationType(type_id).name
+    except ValueError:
+        return f"type id {type_id}"
+
+
+def _check_tensor_types(header: GGUFHeader, file: Path) -> None:
+    for tensor in header.tensors:
+        type_name = _type_name(tensor.type_id)
         if type_name not in SUPPORTED_TYPES:
             raise UnsupportedGGUF(
                 f"{file}: tensor {tensor.name} has GGUF type {type_name}, which is not supported; "
                 f"supported: {', '.join(SUPPORTED_TYPES)}"
             )
+
+
+def _dequantize(header: GGUFHeader, tensor: TensorInfo) -> np.ndarray:
+    """The tensor as float32 in PyTorch's shape (ggml dims reversed)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    qtype = GGMLQuantizationType(tensor.type_id)
+    shape = tuple(reversed(tensor.dims))
+    raw = header.tensor_bytes(tensor)
+    if qtype == GGMLQuantizationType.F32:
+        return np.array(raw.view(np.float32).reshape(shape))  # a copy: the map is read-only
+    if qtype == GGMLQuantizationType.F16:
+        return raw.view(np.float16).reshape(shape).astype(np.float32)
+    block, type_size = GGML_QUANT_SIZES[qtype]
+    blocks = raw.reshape(*shape[:-1], shape[-1] // block * type_size)
+    return np.ascontiguousarray(dequantize(blocks, qtype), dtype=np.float32).reshape(shape)
+
+
+def _tokenizer_cache_dir(file: Path) -> Path:
+    """Where the tokenizer built from ``file`` is kept: keyed by the file's identity and transformers' version."""
+    import transformers
+
+    from minisgl_core.engine.model_source import cache_dir
+
+    stat = file.stat()
+    key = f"{file.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
+    return cache_dir() / "gguf-tokenizers" / hashlib.sha256(key.encode()).hexdigest()[:20]
+
+
+def _convert_tokenizer(file: Path, target: Path) -> None:
+    """Build the tokenizer with transformers (slow: it re-reads the whole vocabulary) and save it
+    under ``target``; a lock makes concurrent processes convert once, a rename keeps it whole."""
+    import fcntl
+
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f"{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / "tokenizer_config.json").is_file():
+            return
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # its notes on converting the GGUF vocabulary are not ours to show
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(file.parent), gguf_file=file.name)
+        finally:
+            hf_logging.set_verbosity(verbosity)
+        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
+        try:
+            tokenizer.save_pretrained(str(staging))
+            os.replace(staging, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)

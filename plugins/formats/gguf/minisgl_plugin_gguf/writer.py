@@ -55,7 +55,11 @@ def gguf_name(hf_name: str) -> str:
 def permute_qk(weight: np.ndarray, num_heads: int) -> np.ndarray:
     """llama.cpp's converter row order for q_proj/k_proj of the llama architecture."""
     rows = weight.shape[0]
-    return weight.reshape(num_heads, 2, rows // num_heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+    return (
+        weight.reshape(num_heads, 2, rows // num_heads // 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
 
 
 def write_gguf(
@@ -97,7 +101,9 @@ def write_gguf(
             raw, raw_type = custom
             writer.add_tensor(target, raw, raw_shape=values.shape, raw_dtype=raw_type)
         elif values.ndim == 2 and quant != gguf.GGMLQuantizationType.F32:
-            writer.add_tensor(target, gguf.quants.quantize(values, quant), raw_shape=values.shape, raw_dtype=quant)
+            writer.add_tensor(
+                target, gguf.quants.quantize(values, quant), raw_shape=values.shape, raw_dtype=quant
+            )
         else:
             writer.add_tensor(target, values)
     writer.write_header_to_file()

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from minisgl_core.testing.format_suite import CHAT_TEMPLATE, TOKENIZER, TRUNCATION, WeightFormatSuite
-from minisgl_core.testing.packaging_suite import PluginPackagingSuite
 from minisgl_plugin_gguf.format import GGUFFormat
 from minisgl_plugin_gguf.writer import write_gguf
+
+from minisgl_core.testing.format_suite import CHAT_TEMPLATE, TOKENIZER, TRUNCATION, WeightFormatSuite
+from minisgl_core.testing.packaging_suite import PluginPackagingSuite
 
 ALL = frozenset({TOKENIZER, CHAT_TEMPLATE, TRUNCATION})
 

@@ -14,14 +14,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-from minisgl_core.testing.harness import greedy_generate, make_attention
-from minisgl_core.testing.reference import TransformersReference, assert_logits_close, random_prompt
 from minisgl_plugin_gguf.format import SUPPORTED_TYPES, GGUFFormat
 from minisgl_plugin_gguf.writer import write_gguf
 
+from minisgl_core.testing.harness import greedy_generate, make_attention
+from minisgl_core.testing.reference import TransformersReference, assert_logits_close, random_prompt
+
 #: row length a multiple of 256, so the K-quants (256-weight super-blocks) apply to every matrix
-K_FRIENDLY = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=64)
+K_FRIENDLY = dict(
+    hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=64
+)
 #: byte offset of the float16 scale ``d`` (and ``dmin`` right after it, where there is one) per block
 _K_SCALES = {"Q4_K": (0, True), "Q5_K": (0, True), "Q6_K": (208, False)}
 
@@ -143,7 +145,9 @@ def test_unsupported_tensor_type_fails_in_one_line(make_tiny_model, tmp_path):
 
     def q5_0(name: str, values: np.ndarray):
         if name == "blk.0.ffn_up.weight":
-            return gguf.quants.quantize(values, gguf.GGMLQuantizationType.Q5_0), gguf.GGMLQuantizationType.Q5_0
+            return gguf.quants.quantize(
+                values, gguf.GGMLQuantizationType.Q5_0
+            ), gguf.GGMLQuantizationType.Q5_0
         return None
 
     file = write_gguf(make_tiny_model("LlamaForCausalLM"), tmp_path / "q5_0.gguf", encode=q5_0)
@@ -183,9 +187,10 @@ def test_offline_engine_serves_a_gguf_with_its_tokenizer_and_template(make_tiny_
     hf_dir = make_tiny_model("Qwen3ForCausalLM")
     file = write_gguf(hf_dir, tmp_path / "tiny.gguf", "F32")
     messages = [{"role": "user", "content": "Hello there"}]
-    with LLM(file, device="cpu", attn="torch", num_kv_tokens=1024) as from_gguf, LLM(
-        hf_dir, device="cpu", attn="torch", num_kv_tokens=1024
-    ) as from_dir:
+    with (
+        LLM(file, device="cpu", attn="torch", num_kv_tokens=1024) as from_gguf,
+        LLM(hf_dir, device="cpu", attn="torch", num_kv_tokens=1024) as from_dir,
+    ):
         ids = apply_chat_template(from_gguf.tokenizer, messages)
         assert ids == apply_chat_template(load_tokenizer_dir(hf_dir), messages)
         params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
