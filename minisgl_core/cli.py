@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 
+from minisgl_core.engine.model_source import ModelNotFound
 from minisgl_core.plugins import PluginError, Plugins
 
 
@@ -78,6 +79,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return int(args.func(args) or 0)
-    except PluginError as exc:
+    except (PluginError, ModelNotFound) as exc:
         print(f"minisgl: error: {exc}", file=sys.stderr)
         return 2

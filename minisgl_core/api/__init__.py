@@ -35,8 +35,9 @@ from minisgl_core.api.policy import (
     SchedulingPolicy,
 )
 from minisgl_core.api.process import ProcessContext
+from minisgl_core.api.weights import WeightFormat
 
-API_VERSION = "1.5"
+API_VERSION = "1.6"
 
 __all__ = [
     "API_VERSION",
@@ -62,6 +63,7 @@ __all__ = [
     "SchedulerState",
     "SchedulingPolicy",
     "SharedPrefix",
+    "WeightFormat",
     "deprecated",
     "hookimpl",
     "hookspec",

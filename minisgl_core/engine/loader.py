@@ -1,7 +1,10 @@
-"""Reading a Hugging Face model directory: config.json, generation_config.json and safetensors weights.
+"""Reading a model from disk: the built-in safetensors format and the choice among weight formats.
 
-Weights stream as (checkpoint name, full tensor) pairs, one tensor at a time, so a model's
-``load_weights`` can keep its rank's shard without the whole checkpoint in memory.
+A Hugging Face directory (config.json, generation_config.json, tokenizer, safetensors weights) is
+the core's own format; plugins add others (``minisgl_register_weight_formats``) and
+:func:`open_model` picks the one that recognises the path. Weights stream as (checkpoint name,
+full tensor) pairs, one tensor at a time, so a model's ``load_weights`` can keep its rank's shard
+without the whole checkpoint in memory.
 """
 
 from __future__ import annotations
@@ -9,9 +12,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+from minisgl_core.api import WeightFormat
+
+if TYPE_CHECKING:
+    from minisgl_core.plugins import Plugins
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -66,3 +74,61 @@ def _iter_files(files: list[Path], device: str) -> Iterator[tuple[str, torch.Ten
         with safe_open(str(path), framework="pt", device=device) as handle:
             for name in handle.keys():  # safe_open handles are not iterable
                 yield name, handle.get_tensor(name)
+
+
+class SafetensorsFormat(WeightFormat):
+    """A Hugging Face model directory: config.json, tokenizer files and safetensors weights."""
+
+    @classmethod
+    def detect(cls, path: Path) -> bool:
+        return path.is_dir() and (path / "config.json").is_file()
+
+    def hf_config(self) -> dict[str, Any]:
+        return load_hf_config(self.path)
+
+    def generation_config(self) -> dict[str, Any]:
+        return load_generation_config(self.path)
+
+    def tokenizer(self) -> Any:
+        from minisgl_core.tokenizer.load import load_tokenizer_dir
+
+        return load_tokenizer_dir(self.path)
+
+    def num_weights(self) -> int | None:
+        from safetensors import safe_open
+
+        total = 0
+        for path in checkpoint_files(self.path):
+            with safe_open(str(path), framework="pt") as handle:
+                total += len(handle.keys())
+        return total
+
+    def weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+        # tensors keep the checkpoint's dtype: the model's loaders cast while copying its shard
+        return iter_checkpoint(self.path)
+
+
+def open_model(path: str | Path, plugins: Plugins | None = None) -> WeightFormat:
+    """The model at ``path``, read through the weight format that recognises it.
+
+    Safetensors directories are the core's own; otherwise every registered format is asked in
+    name order. Raises ``FileNotFoundError`` / ``ValueError`` with a one-line message saying what
+    was expected when nothing fits."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"model path {path} does not exist")
+    if SafetensorsFormat.detect(path):
+        return SafetensorsFormat(path)
+    if plugins is None:
+        from minisgl_core.plugins import Plugins
+
+        plugins = Plugins.load()
+    for name in plugins.names("formats"):
+        format_cls = plugins.resolve("formats", name)
+        if format_cls.detect(path):
+            return format_cls(path)
+    formats = ", ".join(["safetensors (a directory with config.json)", *plugins.names("formats")])
+    raise ValueError(
+        f"{path} is not a model this installation can read; supported formats: {formats} "
+        f"(.gguf files need minisgl-plugin-gguf)"
+    )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import torch
 
@@ -16,7 +15,7 @@ from minisgl_core.api import (
     ParallelContext,
 )
 from minisgl_core.engine.config import CUDA_PAGE_SIZE, EngineConfig
-from minisgl_core.engine.loader import iter_checkpoint, load_hf_config
+from minisgl_core.engine.loader import open_model
 from minisgl_core.plugins import PluginError, Plugins
 
 logger = logging.getLogger(__name__)
@@ -71,9 +70,10 @@ class ModelRunner:
         prefill_name, decode_name = pick_attention(config.attn, self.device, plugins)
         attn_classes = {name: self._backend_class(name, plugins) for name in (prefill_name, decode_name)}
         self.page_size = resolve_page_size(config.page_size, self.device, attn_classes)
-        model_dir = Path(config.model)
-        self.hf_config = load_hf_config(model_dir)
-        self.model = self._load_model(model_dir, plugins)
+        #: the model on disk, through its weight format (safetensors, or a plugin's: GGUF...)
+        self.source = open_model(config.model, plugins)
+        self.hf_config = self.source.hf_config()
+        self.model = self._load_model(plugins)
         spec = self.model.kv_spec
         max_pos = int(self.hf_config.get("max_position_embeddings", 4096))
         self.max_context_len = min(config.max_context_len or max_pos, max_pos)
@@ -125,10 +125,10 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ set-up
 
-    def _load_model(self, model_dir: Path, plugins: Plugins) -> torch.nn.Module:
+    def _load_model(self, plugins: Plugins) -> torch.nn.Module:
         archs = self.hf_config.get("architectures") or []
         if not archs:
-            raise ValueError(f"{model_dir / 'config.json'} has no 'architectures' entry")
+            raise ValueError(f"the config of {self.source.path} has no 'architectures' entry")
         arch = archs[0]
         model_cls = plugins.resolve("models", arch)
         model_config = ModelConfig(self.hf_config, self.dtype, self.device, self.parallel)
@@ -142,9 +142,20 @@ class ModelRunner:
         seen: list[str] = []
 
         def tracked():
-            for name, tensor in iter_checkpoint(model_dir):
-                seen.append(name)
-                yield name, tensor
+            from tqdm import tqdm
+
+            progress = tqdm(
+                desc=f"loading {self.source.model_name}",
+                total=self.source.num_weights(),
+                unit="tensor",
+                disable=self.parallel.tp_rank != 0,
+                leave=False,
+            )
+            with progress:
+                for name, tensor in self.source.weights(self.dtype):
+                    seen.append(name)
+                    progress.update(1)
+                    yield name, tensor
 
         used = model.load_weights(tracked())
         unused = sorted(set(seen) - set(used))

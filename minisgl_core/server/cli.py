@@ -96,12 +96,14 @@ def _plain_options(args: argparse.Namespace) -> dict[str, Any]:
 def _serve_options(args: argparse.Namespace):
     from minisgl_core.distributed import DistributedSpec, free_loopback_addr
     from minisgl_core.engine.args import engine_config_from_args
+    from minisgl_core.engine.model_source import check_model
     from minisgl_core.server.launcher import ServeOptions
     from minisgl_core.server.runtime import RuntimeOptions
 
     plugins = Plugins.load(disable=args.disable_plugin)
     plugin_options = {d: getattr(args, d) for d in getattr(args, "plugin_dests", [])}
     config = engine_config_from_args(args, plugin_options)
+    check_model(config.model, plugins)  # a bad file fails here in one line, before any process starts
     if args.nnodes > 1 and not args.dist_init_addr:
         raise SystemExit("minisgl: error: --nnodes > 1 needs --dist-init-addr HOST:PORT (rank 0's node)")
     dist = DistributedSpec(

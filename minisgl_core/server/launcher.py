@@ -15,10 +15,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from minisgl_core.api import ProcessContext
+from minisgl_core.engine.model_source import served_model_name
 from minisgl_core.plugins import Plugins
 from minisgl_core.server.limits import ServerLimits
 from minisgl_core.server.runtime import ChildFailed, Runtime, RuntimeOptions
@@ -109,7 +109,7 @@ def _serve_head(
 ) -> int:
     """Node 0: the HTTP server on top of the worker processes, until it stops; the exit code."""
     config = opts.runtime.config
-    name = opts.served_model_name or Path(config.model).name
+    name = opts.served_model_name or served_model_name(config.model)
     # A shell waiting for input must learn about a failed child too: interrupt it.
     server, thread, url, state = _start_http(opts, runtime, info, name, interrupt_main=foreground is not None)
     try:

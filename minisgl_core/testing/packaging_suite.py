@@ -39,6 +39,7 @@ from minisgl_core.api import (
     Model,
     ProcessContext,
     SchedulingPolicy,
+    WeightFormat,
     hookspecs,
 )
 from minisgl_core.plugins import GROUP, KIND_HOOKS, Plugins, api_compatible
@@ -48,6 +49,7 @@ KIND_BASES: dict[str, type] = {
     "attention": AttentionBackend,
     "caches": CacheManager,
     "policies": SchedulingPolicy,
+    "formats": WeightFormat,
 }
 HOOK_NAMES = frozenset(name for name in dir(hookspecs) if name.startswith("minisgl_"))
 #: what a discovery-time import must never pull in: kernel libraries and compilers
@@ -131,7 +133,7 @@ class PluginPackagingSuite:
     plugin: ClassVar[str] = ""
     #: the distribution that must provide it (default ``minisgl-plugin-<plugin>``)
     distribution: ClassVar[str | None] = None
-    #: kind ("models", "attention", "caches", "policies") -> names it must register; None: not checked
+    #: kind ("models", "attention", "caches", "policies", "formats") -> names it must register; None: not checked
     provides: ClassVar[dict[str, list[str]] | None] = None
     heavy_modules: ClassVar[tuple[str, ...]] = HEAVY_MODULES
     known_distributions: ClassVar[dict[str, str]] = KNOWN_DISTRIBUTIONS

@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from minisgl_core.plugins import Plugins
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def load_tokenizer(model_dir: str | Path) -> Any:
+def load_tokenizer(model: str | Path, plugins: Plugins | None = None) -> Any:
+    """The tokenizer of the model at ``model``, read through its weight format."""
+    from minisgl_core.engine.loader import open_model
+
+    return open_model(model, plugins).tokenizer()
+
+
+def load_tokenizer_dir(model_dir: str | Path) -> Any:
     """The HF tokenizer saved in ``model_dir`` (tokenizer.json / tokenizer_config.json)."""
     from transformers import AutoTokenizer
 

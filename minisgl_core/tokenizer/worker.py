@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, replace
-from pathlib import Path
 from typing import Any
 
 import zmq
 
 from minisgl_core.engine.engine import check_request_fits
-from minisgl_core.engine.loader import load_generation_config
+from minisgl_core.engine.loader import open_model
 from minisgl_core.messages import (
     AbortRequest,
     Admission,
@@ -107,7 +106,8 @@ class Admitter:
 
 
 def tokenizer_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_ready: ReportReady) -> None:
-    tokenizer = load_tokenizer(spec.payload["model"])
+    source = open_model(spec.payload["model"], plugins)
+    tokenizer = source.tokenizer()
     inbox = bind_pull(ctx, spec.endpoints.tokenizer)
     to_scheduler = connect_push(ctx, spec.endpoints.scheduler)
     to_detokenizer = connect_push(ctx, spec.endpoints.detokenizer)
@@ -118,7 +118,7 @@ def tokenizer_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_r
         return
     if not isinstance(limits, Limits):
         raise RuntimeError(f"tokenizer expected Limits first, got {type(limits).__name__}")
-    defaults = sampling_defaults(load_generation_config(Path(spec.payload["model"])))
+    defaults = sampling_defaults(source.generation_config())
     admitter = Admitter(tokenizer, limits, defaults)
     report_ready({})
     while True:
@@ -209,7 +209,7 @@ class Detokenizer:
 
 
 def detokenizer_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_ready: ReportReady) -> None:
-    detok = Detokenizer(load_tokenizer(spec.payload["model"]))
+    detok = Detokenizer(load_tokenizer(spec.payload["model"], plugins))
     inbox = bind_pull(ctx, spec.endpoints.detokenizer)
     to_api = connect_push(ctx, spec.endpoints.api)
     report_ready({})

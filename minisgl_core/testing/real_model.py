@@ -1,0 +1,102 @@
+"""The real default model (SmolLM2-135M-Instruct, GGUF Q4_1) and its ``transformers`` reference.
+
+Shared by the offline and the server tests on real weights: the model file is fetched once per
+run into ``$MINISGL_CACHE_DIR`` (``resolve_model(None)``, the product's own path) and the
+reference greedy outputs are computed once per session (float32, CPU, transformers loading the
+same GGUF with ``gguf_file=``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+#: enough new tokens to see an answer take shape, few enough for 2 CPU cores in CI
+MAX_TOKENS = 28
+
+_LONG_TEXT = (
+    "The Amazon rainforest covers much of the Amazon basin of South America. The basin spans "
+    "about seven million square kilometres, of which five and a half million are covered by the "
+    "forest. The region includes territory belonging to nine nations. The majority of the forest "
+    "lies in Brazil, followed by Peru and Colombia, with minor amounts in Venezuela, Ecuador, "
+    "Bolivia, Guyana, Suriname and French Guiana. The rainforest represents over half of the "
+    "planet's remaining rainforests and is the largest and most biodiverse tract of tropical "
+    "rainforest in the world, with an estimated 390 billion individual trees divided into 16,000 "
+    "species. More than 30 million people of 350 different ethnic groups live in the Amazon, and "
+    "they are subdivided into 9 different national political systems and 3,344 formally "
+    "acknowledged indigenous territories. "
+) * 3
+
+#: (label, chat messages): multi-turn, non-English, long input, an early end, code, a system prompt
+PROMPTS: list[tuple[str, list[dict[str, str]]]] = [
+    ("capital", [{"role": "user", "content": "What is the capital of France?"}]),
+    (
+        "multi-turn",
+        [
+            {"role": "user", "content": "My name is Ada and I like chess."},
+            {"role": "assistant", "content": "Nice to meet you, Ada! Chess is a great game."},
+            {"role": "user", "content": "What is my name, and which game do I like?"},
+        ],
+    ),
+    ("french", [{"role": "user", "content": "Quelle est la couleur du ciel par beau temps ?"}]),
+    ("spanish", [{"role": "user", "content": "¿Cuántos días tiene una semana? Responde en español."}]),
+    ("long-input", [{"role": "user", "content": _LONG_TEXT + "\nSummarize the text above in one sentence."}]),
+    ("early-eos", [{"role": "user", "content": "Reply with exactly one word: is water wet?"}]),
+    ("code", [{"role": "user", "content": "Write a Python function that returns the sum of two numbers."}]),
+    (
+        "system",
+        [
+            {"role": "system", "content": "You are a pirate. Always talk like a pirate."},
+            {"role": "user", "content": "Say hello to my friend."},
+        ],
+    ),
+    ("math", [{"role": "user", "content": "What is 12 plus 7?"}]),
+]
+
+
+@dataclass(frozen=True)
+class Reference:
+    """transformers' greedy continuation of one prompt."""
+
+    label: str
+    messages: list[dict[str, str]]
+    prompt_ids: list[int]
+    output_ids: list[int]
+    text: str
+
+
+def gguf_file(model_dir: str | Path) -> Path:
+    [path] = Path(model_dir).glob("*.gguf")
+    return path
+
+
+def transformers_references(model_dir: str | Path) -> list[Reference]:
+    """Greedy outputs of ``transformers`` (float32, CPU, eager attention) for :data:`PROMPTS`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = gguf_file(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    references = []
+    for label, messages in PROMPTS:
+        ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+        if not isinstance(ids, list):  # transformers 5 returns a BatchEncoding
+            ids = list(ids["input_ids"])
+        with torch.inference_mode():
+            out = model.generate(
+                torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                do_sample=False,
+                max_new_tokens=MAX_TOKENS,
+                eos_token_id=eos,
+                pad_token_id=eos,
+            )
+        output = out[0, len(ids) :].tolist()
+        text = tokenizer.decode([t for t in output if t != eos], skip_special_tokens=True)
+        references.append(Reference(label, messages, list(ids), output, text))
+    return references

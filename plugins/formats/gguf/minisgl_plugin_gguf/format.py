@@ -1,0 +1,196 @@
+"""The GGUF weight format: one ``.gguf`` file (or a directory holding one).
+
+Everything that can be checked without dequantizing is checked when the file is opened (magic,
+complete tensor data, architecture, tensor types), so a bad file fails before a model is built
+and nothing is half-loaded. ``gguf`` (llama.cpp's package) dequantizes; transformers builds the
+tokenizer from the file once, and the result is cached so the other processes load it quickly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from minisgl_core.api import WeightFormat
+from minisgl_plugin_gguf.header import GGUFHeader, TensorInfo, Truncated, read_header
+from minisgl_plugin_gguf.metadata import (
+    UnsupportedGGUF,
+    generation_config_from_metadata,
+    hf_config_from_metadata,
+)
+from minisgl_plugin_gguf.names import IGNORED, hf_name, unpermute_qk
+
+MAGIC = b"GGUF"
+#: tensor types dequantized at load (by name of ``gguf.GGMLQuantizationType``)
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+
+
+def find_gguf_file(path: Path) -> Path:
+    """``path`` itself, or the one ``.gguf`` file in the directory ``path``."""
+    if path.is_file():
+        return path
+    found = sorted(path.glob("*.gguf"))
+    if len(found) != 1:
+        names = ", ".join(p.name for p in found) or "none"
+        raise ValueError(f"{path} must hold exactly one .gguf file (found: {names}); pass the file itself")
+    return found[0]
+
+
+class GGUFFormat(WeightFormat):
+    """A llama.cpp GGUF file: config, tokenizer and chat template from its metadata."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.file = find_gguf_file(self.path)
+        self.header = _read_header(self.file)
+        self.fields = self.header.fields
+        names = {tensor.name for tensor in self.header.tensors}
+        self._config = hf_config_from_metadata(
+            self.fields, tied="output.weight" not in names, path=str(self.file)
+        )
+        _check_tensor_types(self.header, self.file)
+
+    @classmethod
+    def detect(cls, path: Path) -> bool:
+        if path.is_dir():
+            return any(path.glob("*.gguf"))
+        if not path.is_file():
+            return False
+        with open(path, "rb") as handle:
+            return handle.read(4) == MAGIC
+
+    @property
+    def model_name(self) -> str:
+        # the cached default model lives in a directory named after it; a bare file is named by its stem
+        return self.path.name if self.path.is_dir() else self.file.stem
+
+    def hf_config(self) -> dict[str, Any]:
+        return dict(self._config)
+
+    def generation_config(self) -> dict[str, Any]:
+        return generation_config_from_metadata(self.fields)
+
+    def tokenizer(self) -> Any:
+        from transformers import AutoTokenizer
+
+        cached = _tokenizer_cache_dir(self.file)
+        if not (cached / "tokenizer_config.json").is_file():
+            _convert_tokenizer(self.file, cached)
+        return AutoTokenizer.from_pretrained(str(cached))
+
+    def num_weights(self) -> int | None:
+        return sum(1 for tensor in self.header.tensors if tensor.name not in IGNORED)
+
+    def weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+        config = self._config
+        permuted = config["model_type"] == "llama"
+        for tensor in self.header.tensors:
+            if tensor.name in IGNORED:
+                continue
+            weight = torch.from_numpy(_dequantize(self.header, tensor))
+            name = hf_name(tensor.name) or tensor.name  # unknown names reach the core, which reports them
+            if permuted and name.endswith("self_attn.q_proj.weight"):
+                weight = unpermute_qk(weight, config["num_attention_heads"])
+            elif permuted and name.endswith("self_attn.k_proj.weight"):
+                weight = unpermute_qk(weight, config["num_key_value_heads"])
+            yield name, weight.to(dtype)
+
+    def describe(self) -> str:
+        return f"{self.file} (GGUF, {self.fields.get('general.architecture')})"
+
+
+def _quant_sizes() -> dict[int, tuple[int, int]]:
+    from gguf import GGML_QUANT_SIZES
+
+    return {int(qtype): sizes for qtype, sizes in GGML_QUANT_SIZES.items()}
+
+
+def _read_header(file: Path) -> GGUFHeader:
+    try:
+        return read_header(file, _quant_sizes())
+    except Truncated as exc:
+        raise ValueError(f"{file} is truncated: {exc}; download it again") from exc
+    except ValueError as exc:
+        raise ValueError(f"{file} is not a readable GGUF file: {exc}") from exc
+
+
+def _type_name(type_id: int) -> str:
+    from gguf import GGMLQuantizationType
+
+    try:
+        return GGMLQuantizationType(type_id).name
+    except ValueError:
+        return f"type id {type_id}"
+
+
+def _check_tensor_types(header: GGUFHeader, file: Path) -> None:
+    for tensor in header.tensors:
+        type_name = _type_name(tensor.type_id)
+        if type_name not in SUPPORTED_TYPES:
+            raise UnsupportedGGUF(
+                f"{file}: tensor {tensor.name} has GGUF type {type_name}, which is not supported; "
+                f"supported: {', '.join(SUPPORTED_TYPES)}"
+            )
+
+
+def _dequantize(header: GGUFHeader, tensor: TensorInfo) -> np.ndarray:
+    """The tensor as float32 in PyTorch's shape (ggml dims reversed)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    qtype = GGMLQuantizationType(tensor.type_id)
+    shape = tuple(reversed(tensor.dims))
+    raw = header.tensor_bytes(tensor)
+    if qtype == GGMLQuantizationType.F32:
+        return np.array(raw.view(np.float32).reshape(shape))  # a copy: the map is read-only
+    if qtype == GGMLQuantizationType.F16:
+        return raw.view(np.float16).reshape(shape).astype(np.float32)
+    block, type_size = GGML_QUANT_SIZES[qtype]
+    blocks = raw.reshape(*shape[:-1], shape[-1] // block * type_size)
+    return np.ascontiguousarray(dequantize(blocks, qtype), dtype=np.float32).reshape(shape)
+
+
+def _tokenizer_cache_dir(file: Path) -> Path:
+    """Where the tokenizer built from ``file`` is kept: keyed by the file's identity and transformers' version."""
+    import transformers
+
+    from minisgl_core.engine.model_source import cache_dir
+
+    stat = file.stat()
+    key = f"{file.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
+    return cache_dir() / "gguf-tokenizers" / hashlib.sha256(key.encode()).hexdigest()[:20]
+
+
+def _convert_tokenizer(file: Path, target: Path) -> None:
+    """Build the tokenizer with transformers (slow: it re-reads the whole vocabulary) and save it
+    under ``target``; a lock makes concurrent processes convert once, a rename keeps it whole."""
+    import fcntl
+
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f"{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / "tokenizer_config.json").is_file():
+            return
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # its notes on converting the GGUF vocabulary are not ours to show
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(file.parent), gguf_file=file.name)
+        finally:
+            hf_logging.set_verbosity(verbosity)
+        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
+        try:
+            tokenizer.save_pretrained(str(staging))
+            os.replace(staging, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)

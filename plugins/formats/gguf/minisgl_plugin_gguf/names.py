@@ -1,0 +1,53 @@
+"""llama.cpp tensor names → Hugging Face checkpoint names, and undoing llama.cpp's Q/K permutation."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+_GLOBAL = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+_BLOCK = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+_BLOCK_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+
+#: tensors llama.cpp stores that our models compute themselves (rotary tables)
+IGNORED = frozenset({"rope_freqs.weight"})
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """The Hugging Face name of a GGUF tensor, or None for a tensor we do not know."""
+    if gguf_name in _GLOBAL:
+        return _GLOBAL[gguf_name]
+    match = _BLOCK_NAME.fullmatch(gguf_name)
+    if match is None or match.group(2) not in _BLOCK:
+        return None
+    layer, part, kind = match.groups()
+    return f"model.layers.{layer}.{_BLOCK[part]}.{kind}"
+
+
+def unpermute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Undo the row order llama.cpp's converter gives q_proj/k_proj of the llama architecture.
+
+    The converter interleaves each head's two rotary halves (HF's rotate-half layout → GGML's
+    adjacent pairs); reading its rows back in the inverse order restores HF's layout."""
+    rows = weight.shape[0]
+    rest = weight.shape[1:]
+    return weight.reshape(num_heads, rows // num_heads // 2, 2, *rest).transpose(1, 2).reshape(rows, *rest)

@@ -1,0 +1,165 @@
+"""Writing a Hugging Face model directory (safetensors + byte-level BPE tokenizer) as a GGUF file.
+
+For tests and for the weight-format conformance kit: it writes what llama.cpp's converter writes
+(llama.cpp tensor names, the llama architecture's Q/K row permutation, norms kept in F32, the
+tokenizer as a ``gpt2`` token list with merges, the chat template), so reading it back exercises
+the same paths a downloaded GGUF does.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from minisgl_plugin_gguf.metadata import ARCHITECTURES
+
+#: tensor types ``gguf.quants.quantize`` can produce (the K-quants it can only read)
+WRITABLE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
+
+_TO_GGUF = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+_BLOCK_TO_GGUF = {
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+
+#: (gguf name, float32 array) -> raw array to store, or None to store it quantized by qtype
+EncodeHook = Callable[[str, np.ndarray], "tuple[np.ndarray, Any] | None"]
+
+
+def gguf_name(hf_name: str) -> str:
+    if hf_name in _TO_GGUF:
+        return _TO_GGUF[hf_name]
+    parts = hf_name.split(".")  # model.layers.N.<module...>.weight
+    layer, module, kind = parts[2], ".".join(parts[3:-1]), parts[-1]
+    return f"blk.{layer}.{_BLOCK_TO_GGUF[module]}.{kind}"
+
+
+def permute_qk(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """llama.cpp's converter row order for q_proj/k_proj of the llama architecture."""
+    rows = weight.shape[0]
+    return (
+        weight.reshape(num_heads, 2, rows // num_heads // 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
+
+
+def write_gguf(
+    hf_dir: str | Path,
+    out: str | Path,
+    qtype: str = "F32",
+    *,
+    arch: str | None = None,
+    encode: EncodeHook | None = None,
+) -> Path:
+    """Write the model in ``hf_dir`` to the GGUF file ``out``; 2-D weights stored as ``qtype``.
+
+    ``arch`` overrides ``general.architecture`` (to write files of an unsupported one);
+    ``encode`` may store a tensor its own way (e.g. K-quant blocks made by a test)."""
+    import gguf
+
+    from minisgl_core.engine.loader import iter_checkpoint, load_hf_config
+
+    hf_dir, out = Path(hf_dir), Path(out)
+    config = load_hf_config(hf_dir)
+    by_class = {v: k for k, v in ARCHITECTURES.items()}
+    arch = arch or by_class[config["architectures"][0]]
+    quant = gguf.GGMLQuantizationType[qtype]
+    writer = gguf.GGUFWriter(str(out), arch)
+    _write_config(writer, config)
+    _write_tokenizer(writer, hf_dir)
+    permuted = arch == "llama"
+    for name, tensor in iter_checkpoint(hf_dir):
+        if name == "lm_head.weight" and config.get("tie_word_embeddings"):
+            continue
+        values = tensor.to(torch.float32).numpy()
+        target = gguf_name(name)
+        if permuted and name.endswith("q_proj.weight"):
+            values = permute_qk(values, config["num_attention_heads"])
+        elif permuted and name.endswith("k_proj.weight"):
+            values = permute_qk(values, config["num_key_value_heads"])
+        custom = encode(target, values) if encode is not None else None
+        if custom is not None:
+            raw, raw_type = custom
+            writer.add_tensor(target, raw, raw_shape=values.shape, raw_dtype=raw_type)
+        elif values.ndim == 2 and quant != gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(
+                target, gguf.quants.quantize(values, quant), raw_shape=values.shape, raw_dtype=quant
+            )
+        else:
+            writer.add_tensor(target, values)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+def _write_config(writer: Any, config: dict[str, Any]) -> None:
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_layer_norm_rms_eps(config.get("rms_norm_eps", 1e-6))
+    writer.add_rope_freq_base(config.get("rope_theta", 10000.0))
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_vocab_size(config["vocab_size"])
+    writer.add_file_type(0)
+
+
+def _write_tokenizer(writer: Any, hf_dir: Path) -> None:
+    import gguf
+
+    spec = json.loads((hf_dir / "tokenizer.json").read_text())
+    tokenizer_config = json.loads((hf_dir / "tokenizer_config.json").read_text())
+    vocab: dict[str, int] = dict(spec["model"]["vocab"])
+    special = {token["content"]: token["id"] for token in spec.get("added_tokens", [])}
+    vocab.update(special)
+    config = json.loads((hf_dir / "config.json").read_text())
+    size = config["vocab_size"]
+    tokens = [f"[PAD{i}]" for i in range(size)]  # the model's vocabulary may be padded past the tokenizer's
+    types = [gguf.TokenType.UNUSED] * size
+    for token, token_id in vocab.items():
+        tokens[token_id] = token
+        types[token_id] = gguf.TokenType.CONTROL if token in special else gguf.TokenType.NORMAL
+    merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    eos = tokenizer_config.get("eos_token")
+    if isinstance(eos, dict):
+        eos = eos["content"]
+    if eos in vocab:
+        writer.add_eos_token_id(vocab[eos])
+    pad = tokenizer_config.get("pad_token")
+    if isinstance(pad, dict):
+        pad = pad["content"]
+    if pad in vocab:
+        writer.add_pad_token_id(vocab[pad])
+    writer.add_add_bos_token(False)
+    if tokenizer_config.get("chat_template"):
+        writer.add_chat_template(tokenizer_config["chat_template"])

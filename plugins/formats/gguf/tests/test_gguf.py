@@ -1,0 +1,197 @@
+"""GGUF files of every supported tensor type against transformers' own GGUF loading, and bad files.
+
+Tiny random llama / qwen3 models are written with ``gguf.GGUFWriter``; the tensor types
+``gguf.quants`` cannot quantize (the K-quants) are filled with random blocks of valid scales.
+Our model loaded through :class:`GGUFFormat` must give transformers' logits for the same file.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from minisgl_plugin_gguf.format import SUPPORTED_TYPES, GGUFFormat
+from minisgl_plugin_gguf.writer import write_gguf
+
+from minisgl_core.testing.harness import greedy_generate, make_attention
+from minisgl_core.testing.reference import TransformersReference, assert_logits_close, random_prompt
+
+#: row length a multiple of 256, so the K-quants (256-weight super-blocks) apply to every matrix
+K_FRIENDLY = dict(
+    hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=64
+)
+#: byte offset of the float16 scale ``d`` (and ``dmin`` right after it, where there is one) per block
+_K_SCALES = {"Q4_K": (0, True), "Q5_K": (0, True), "Q6_K": (208, False)}
+
+
+def k_quant_blocks(qtype: str, seed: int):
+    """An ``encode`` hook for :func:`write_gguf`: random ``qtype`` blocks with small valid scales."""
+    import gguf
+
+    quant = gguf.GGMLQuantizationType[qtype]
+    block_size, type_size = gguf.GGML_QUANT_SIZES[quant]
+    offset, has_min = _K_SCALES[qtype]
+    rng = np.random.default_rng(seed)
+
+    def encode(name: str, values: np.ndarray):
+        if values.ndim != 2 or values.shape[1] % block_size:
+            return None  # norms stay float32, as llama.cpp keeps them
+        rows, cols = values.shape
+        blocks = rng.integers(0, 256, size=(rows * cols // block_size, type_size), dtype=np.uint8)
+        scale = rng.uniform(1e-4, 4e-4, size=len(blocks)).astype(np.float16)
+        blocks[:, offset : offset + 2] = scale.view(np.uint8).reshape(-1, 2)
+        if has_min:
+            blocks[:, offset + 2 : offset + 4] = (scale * 4).view(np.uint8).reshape(-1, 2)
+        return blocks.reshape(rows, cols // block_size * type_size), quant
+
+    return encode
+
+
+class GGUFReference(TransformersReference):
+    """transformers' model of a GGUF file (its own loader dequantizes and un-permutes)."""
+
+    def __init__(self, file: Path) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(
+            file.parent, gguf_file=file.name, dtype=torch.float32, attn_implementation="eager"
+        ).eval()
+
+
+def load_ours(file: Path):
+    from minisgl_core.api import ModelConfig, ParallelContext
+    from minisgl_core.plugins import Plugins
+
+    source = GGUFFormat(file)
+    config = source.hf_config()
+    model_cls = Plugins.load().resolve("models", config["architectures"][0])
+    model = model_cls(ModelConfig(config, torch.float32, torch.device("cpu"), ParallelContext()))
+    names = [name for name, _ in source.weights(torch.float32)]
+    used = model.load_weights(source.weights(torch.float32))
+    assert used == set(names), f"unused tensors: {set(names) - used}"
+    return model.eval(), config
+
+
+def check_against_transformers(file: Path, steps: int = 3) -> None:
+    from minisgl_plugin_torch.backend import TorchAttentionBackend
+
+    model, config = load_ours(file)
+    prompt = random_prompt(12, config["vocab_size"], seed=5)
+    _, logits = greedy_generate(model, make_attention(TorchAttentionBackend, model.kv_spec), prompt, steps)
+    _, expected = GGUFReference(file).greedy(prompt, steps)
+    for step, (actual, want) in enumerate(zip(logits, expected, strict=True)):
+        assert_logits_close(actual, want, 1e-4, what=f"{file.name} logits at step {step}")
+
+
+@pytest.mark.parametrize("arch", ["LlamaForCausalLM", "Qwen3ForCausalLM"])
+@pytest.mark.parametrize("qtype", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"])
+def test_quantized_model_matches_transformers(make_tiny_model, tmp_path, arch, qtype):
+    file = write_gguf(make_tiny_model(arch, tie_word_embeddings=False), tmp_path / f"{qtype}.gguf", qtype)
+    check_against_transformers(file)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
+def test_k_quant_model_matches_transformers(make_tiny_model, tmp_path, qtype):
+    hf_dir = make_tiny_model("LlamaForCausalLM", tie_word_embeddings=True, **K_FRIENDLY)
+    file = write_gguf(hf_dir, tmp_path / f"{qtype}.gguf", encode=k_quant_blocks(qtype, seed=1))
+    assert {t.tensor_type.name for t in GGUFFormat(file)._reader.tensors} == {"F32", qtype}
+    check_against_transformers(file)
+
+
+def test_tied_embeddings_when_the_file_has_no_output_tensor(make_tiny_model, tmp_path):
+    file = write_gguf(make_tiny_model("LlamaForCausalLM", tie_word_embeddings=True), tmp_path / "tied.gguf")
+    source = GGUFFormat(file)
+    assert source.hf_config()["tie_word_embeddings"] is True
+    assert "lm_head.weight" not in dict(source.weights(torch.float32))
+    check_against_transformers(file, steps=1)
+
+
+def test_every_supported_type_is_tested():
+    tested = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", *_K_SCALES}
+    assert tested == set(SUPPORTED_TYPES)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "minisgl_core", "serve", "--device", "cpu", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def one_error_line(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in result.stderr, result.stderr
+    return lines[-1]
+
+
+def test_unsupported_architecture_fails_in_one_line(make_tiny_model, tmp_path):
+    file = write_gguf(make_tiny_model("LlamaForCausalLM"), tmp_path / "falcon.gguf", arch="falcon")
+    with pytest.raises(ValueError, match="architecture 'falcon' is not supported; supported: llama"):
+        GGUFFormat(file)
+    line = one_error_line(run_cli("--model", str(file)))
+    assert "'falcon' is not supported" in line and "qwen3" in line
+
+
+def test_unsupported_tensor_type_fails_in_one_line(make_tiny_model, tmp_path):
+    import gguf
+
+    def q5_0(name: str, values: np.ndarray):
+        if name == "blk.0.ffn_up.weight":
+            return gguf.quants.quantize(
+                values, gguf.GGMLQuantizationType.Q5_0
+            ), gguf.GGMLQuantizationType.Q5_0
+        return None
+
+    file = write_gguf(make_tiny_model("LlamaForCausalLM"), tmp_path / "q5_0.gguf", encode=q5_0)
+    with pytest.raises(ValueError, match=r"blk\.0\.ffn_up\.weight has GGUF type Q5_0.*supported: F32, F16"):
+        GGUFFormat(file)
+    assert "Q5_0, which is not supported" in one_error_line(run_cli("--model", str(file)))
+
+
+def test_truncated_file_fails_before_anything_loads(make_tiny_model, tmp_path):
+    from minisgl_core.llm import LLM
+
+    file = write_gguf(make_tiny_model("Qwen3ForCausalLM"), tmp_path / "whole.gguf", "Q8_0")
+    data = file.read_bytes()
+    cut = tmp_path / "cut" / "model.gguf"
+    cut.parent.mkdir()
+    for size in (len(data) - 1, len(data) // 2, 40):  # inside the last tensor, mid-weights, mid-header
+        cut.write_bytes(data[:size])
+        with pytest.raises(ValueError, match="truncated"):
+            LLM(cut, device="cpu", attn="torch")
+    assert "truncated" in one_error_line(run_cli("--model", str(cut.parent)))
+
+
+def test_a_directory_must_hold_exactly_one_gguf(make_tiny_model, tmp_path):
+    hf_dir = make_tiny_model("LlamaForCausalLM")
+    write_gguf(hf_dir, tmp_path / "a.gguf")
+    assert GGUFFormat(tmp_path).file == tmp_path / "a.gguf"
+    write_gguf(hf_dir, tmp_path / "b.gguf")
+    with pytest.raises(ValueError, match=r"exactly one \.gguf file \(found: a\.gguf, b\.gguf\)"):
+        GGUFFormat(tmp_path)
+
+
+def test_offline_engine_serves_a_gguf_with_its_tokenizer_and_template(make_tiny_model, tmp_path):
+    from minisgl_core.llm import LLM
+    from minisgl_core.sampling import SamplingParams
+    from minisgl_core.tokenizer.load import apply_chat_template, load_tokenizer_dir
+
+    hf_dir = make_tiny_model("Qwen3ForCausalLM")
+    file = write_gguf(hf_dir, tmp_path / "tiny.gguf", "F32")
+    messages = [{"role": "user", "content": "Hello there"}]
+    with (
+        LLM(file, device="cpu", attn="torch", num_kv_tokens=1024) as from_gguf,
+        LLM(hf_dir, device="cpu", attn="torch", num_kv_tokens=1024) as from_dir,
+    ):
+        ids = apply_chat_template(from_gguf.tokenizer, messages)
+        assert ids == apply_chat_template(load_tokenizer_dir(hf_dir), messages)
+        params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+        assert from_gguf.generate([ids], params)[0].token_ids == from_dir.generate([ids], params)[0].token_ids

@@ -1,0 +1,70 @@
+"""The offline engine on real weights: greedy output of the default model equals transformers'.
+
+The default model (SmolLM2-135M-Instruct, GGUF Q4_1, dequantized to float32) runs through ``LLM``
+with every cache plugin and page size the CPU supports; transformers loads the same GGUF file.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from minisgl_core.llm import LLM
+from minisgl_core.sampling import SamplingParams
+from minisgl_core.testing.real_model import MAX_TOKENS, PROMPTS
+from minisgl_core.tokenizer.load import apply_chat_template
+
+
+@pytest.fixture(scope="module")
+def engines(default_model_dir):
+    built: dict[tuple[str, int], LLM] = {}
+
+    def get(cache: str, page_size: int) -> LLM:
+        if (cache, page_size) not in built:
+            built[cache, page_size] = LLM(
+                default_model_dir,
+                device="cpu",
+                attn="torch",
+                cache=cache,
+                page_size=page_size,
+                num_kv_tokens=8192,
+            )
+        return built[cache, page_size]
+
+    yield get
+    for llm in built.values():
+        llm.close()
+
+
+def test_the_default_model_is_smollm2_from_its_gguf(default_model_dir):
+    llm = LLM(device="cpu", attn="torch", num_kv_tokens=2048)  # no model: the default one
+    assert llm.config.model == str(default_model_dir)
+    assert default_model_dir.name == "SmolLM2-135M-Instruct"
+    assert llm.engine.runner.hf_config["architectures"] == ["LlamaForCausalLM"]
+    assert llm.engine.eos_ids and 2 in llm.engine.eos_ids  # <|im_end|>
+    assert llm.tokenizer.convert_ids_to_tokens(2) == "<|im_end|>"
+    ids = apply_chat_template(llm.tokenizer, [{"role": "user", "content": "hi"}])
+    assert llm.tokenizer.convert_ids_to_tokens(ids[0]) == "<|im_start|>"  # no BOS in front
+
+
+@pytest.mark.parametrize(("cache", "page_size"), [("radix", 1), ("radix", 16), ("naive", 1), ("naive", 16)])
+def test_greedy_output_equals_transformers(engines, real_references, cache, page_size):
+    llm = engines(cache, page_size)
+    prompts = [ref.prompt_ids for ref in real_references]
+    # our template rendering must agree with transformers' before the outputs can
+    assert [apply_chat_template(llm.tokenizer, messages) for _, messages in PROMPTS] == prompts
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+    outputs = llm.generate(prompts, params)
+    for ref, out in zip(real_references, outputs, strict=True):
+        assert out.token_ids == ref.output_ids, f"{ref.label}: {out.text!r} != transformers {ref.text!r}"
+        assert out.text == ref.text, ref.label
+    # and the prompt set covers what it claims: one ends early on eos, the long one is long
+    by_label = {ref.label: ref for ref in real_references}
+    assert len(by_label["early-eos"].output_ids) < MAX_TOKENS
+    assert len(by_label["long-input"].prompt_ids) > 400
+
+
+def test_capital_of_france(engines):
+    llm = engines("radix", 1)
+    ids = apply_chat_template(llm.tokenizer, [{"role": "user", "content": "What is the capital of France?"}])
+    [out] = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=16))
+    assert "Paris" in out.text
