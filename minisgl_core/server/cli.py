@@ -83,13 +83,18 @@ def add_server_commands(subparsers: Any, plugins: Plugins | None = None) -> None
     p.set_defaults(func=_cmd_shell)
 
 
+#: options no plugin is shown: the worker processes get ProcessContext.options too
+SECRET_OPTIONS = frozenset({"api_key"})
+
+
 def _plain_options(args: argparse.Namespace) -> dict[str, Any]:
-    """CLI options as plain values, for plugins' ProcessContext.options."""
+    """CLI options as plain values, for plugins' ProcessContext.options (secrets left out)."""
     plain = (str, int, float, bool, type(None))
     return {
         k: v
         for k, v in vars(args).items()
-        if isinstance(v, plain) or (isinstance(v, list) and all(isinstance(x, plain) for x in v))
+        if k not in SECRET_OPTIONS
+        and (isinstance(v, plain) or (isinstance(v, list) and all(isinstance(x, plain) for x in v)))
     }
 
 
@@ -100,6 +105,10 @@ def _serve_options(args: argparse.Namespace):
     from minisgl_core.server.launcher import ServeOptions
     from minisgl_core.server.runtime import RuntimeOptions
 
+    if args.api_key and os.environ.get("MINISGL_API_KEY") != args.api_key:
+        logger.warning("--api-key is visible to every local user in the process list; prefer env MINISGL_API_KEY")
+    # Only the API server checks the key: the worker processes need not inherit it.
+    os.environ.pop("MINISGL_API_KEY", None)
     plugins = Plugins.load(disable=args.disable_plugin)
     plugin_options = {d: getattr(args, d) for d in getattr(args, "plugin_dests", [])}
     config = engine_config_from_args(args, plugin_options)

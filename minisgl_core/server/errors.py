@@ -62,7 +62,9 @@ def validation_error(exc: RequestValidationError) -> APIError:
     errors = exc.errors()
     if not errors:
         return APIError(400, "invalid request body")
-    err = errors[0]
+    # A union field reports one error per member; a member's own check (a lone surrogate, a range)
+    # says more than "not a list" from the members the value was never meant to be.
+    err = next((e for e in errors if not _is_type_mismatch(e)), errors[0])
     loc = [str(p) for p in err.get("loc", ()) if p != "body"]
     kind = err.get("type", "")
     if kind == "json_invalid":
@@ -70,7 +72,7 @@ def validation_error(exc: RequestValidationError) -> APIError:
     if kind == "missing" and not loc:
         return APIError(400, "the request body must be a JSON object")
     # Unions report one error per member; the path of the first member type is noise.
-    loc = [p for p in loc if not p.startswith(("list[", "str", "int", "function-", "TextPart", "float"))]
+    loc = [p for p in loc if not _is_union_member_tag(p)]
     param = ".".join(loc) or None
     if kind == "extra_forbidden":
         return APIError(
@@ -78,6 +80,17 @@ def validation_error(exc: RequestValidationError) -> APIError:
         )
     msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
     return APIError(400, f"{param}: {msg}" if param else msg, param)
+
+
+def _is_union_member_tag(part: str) -> bool:
+    # e.g. "str", "list[int]", "function-after[_utf8(), str]", "TextPart"; exact names, so that
+    # fields such as "stream" or "stream_options" are kept
+    return part in ("str", "int", "float", "bool", "TextPart") or part.startswith(("list[", "function-"))
+
+
+def _is_type_mismatch(err: Any) -> bool:
+    kind = str(err.get("type", ""))
+    return kind.endswith("_type") or kind.endswith("_parsing") or kind in ("literal_error", "union_tag_invalid")
 
 
 def install_error_handlers(app: FastAPI, on_error: Callable[[int], None] = lambda status: None) -> None:
@@ -93,6 +106,14 @@ def install_error_handlers(app: FastAPI, on_error: Callable[[int], None] = lambd
         err = validation_error(exc)
         on_error(err.status)
         return JSONResponse(err.body(), status_code=err.status)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # A bug, not the client's fault; still answered in OpenAI's shape (Starlette logs the traceback).
+        on_error(500)
+        return JSONResponse(
+            error_body(500, f"internal error: {type(exc).__name__}: {exc}"[:500]), status_code=500
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

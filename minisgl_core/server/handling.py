@@ -19,15 +19,27 @@ from minisgl_core.server.state import RequestGroup
 CLIENT_CLOSED = 499
 
 
-def check_sampling(fields: dict[str, Any], rename: dict[str, str]) -> None:
-    """Range-check the sampling fields now (max_tokens may still be unknown) as a 400 naming the field."""
+def check_sampling(fields: dict[str, Any], rename: dict[str, str], vocab_size: int) -> None:
+    """Range-check the sampling fields now (max_tokens may still be unknown) as a 400 naming the field,
+    before anything reaches the workers (an integer past 64 bits cannot even travel there)."""
     try:
-        SamplingParams(**{**fields, "max_tokens": fields["max_tokens"] or 1})
+        SamplingParams(**{**fields, "max_tokens": 1 if fields["max_tokens"] is None else fields["max_tokens"]})
     except ValueError as exc:
         name = str(exc).split(" ", 1)[0]
         raise APIError(
             400, str(exc).replace(name, rename.get(name, name), 1), rename.get(name, name)
         ) from exc
+    check_token_ids(fields["stop_token_ids"], vocab_size, rename.get("stop_token_ids", "stop_token_ids"))
+
+
+def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
+    """Token ids must be the model's: integers in [0, vocab_size), else a 400 naming ``param``."""
+    for token in ids:
+        if not 0 <= token < vocab_size:
+            shown = str(token) if abs(token) < 10**20 else f"{str(token)[:20]}..."
+            raise APIError(
+                400, f"{param}: token ids must be integers in [0, {vocab_size}), got {shown}", param
+            )
 
 
 async def wait_for_all(group: RequestGroup, request: Request) -> list[Choice] | None:

@@ -13,9 +13,22 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.server import responses as r
 from minisgl_core.server.errors import APIError, sse_error
-from minisgl_core.server.handling import check_sampling, respond
+from minisgl_core.server.handling import check_sampling, check_token_ids, respond
 from minisgl_core.server.schemas import GenerateRequest
 from minisgl_core.server.state import RequestGroup, ServerState
+
+#: SamplingParams field -> the native body's name for it, as errors name it
+NATIVE_NAMES = {
+    **{
+        name: f"sampling_params.{name}"
+        for name in (
+            "temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids", "seed",
+            "presence_penalty", "frequency_penalty",
+        )
+    },
+    "max_tokens": "sampling_params.max_new_tokens",
+    "logprobs": "top_logprobs_num",
+}  # fmt: skip
 
 
 def native_router(state: ServerState) -> APIRouter:
@@ -24,9 +37,9 @@ def native_router(state: ServerState) -> APIRouter:
     @router.post("/generate")
     async def generate(body: GenerateRequest, request: Request) -> Response:
         fields = body.sampling_fields()
-        check_sampling(
-            fields, {"max_tokens": "sampling_params.max_new_tokens", "logprobs": "top_logprobs_num"}
-        )
+        check_sampling(fields, NATIVE_NAMES, state.model.vocab_size)
+        if body.input_ids is not None:
+            check_token_ids(body.input_ids, state.model.vocab_size, "input_ids")
         group = RequestGroup(state)
         group.set_timeout(body.timeout)
         await group.add(

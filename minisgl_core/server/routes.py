@@ -15,7 +15,7 @@ from fastapi.responses import Response
 
 from minisgl_core.server import responses as r
 from minisgl_core.server.errors import APIError, sse_error
-from minisgl_core.server.handling import check_sampling, respond
+from minisgl_core.server.handling import check_sampling, check_token_ids, respond
 from minisgl_core.server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from minisgl_core.server.state import RequestGroup, ServerState
 
@@ -39,7 +39,9 @@ def make_router(state: ServerState) -> APIRouter:
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         check_model(body)
         fields = body.sampling_fields()
-        check_sampling(fields, {"max_tokens": body.max_tokens_field, "logprobs": "top_logprobs"})
+        check_sampling(
+            fields, {"max_tokens": body.max_tokens_field, "logprobs": "top_logprobs"}, model.vocab_size
+        )
         group = RequestGroup(state)
         group.set_timeout(body.timeout)
         await group.add(
@@ -96,11 +98,14 @@ def make_router(state: ServerState) -> APIRouter:
     async def completions(body: CompletionRequest, request: Request) -> Response:
         check_model(body)
         fields = body.sampling_fields()
-        check_sampling(fields, {})
+        check_sampling(fields, {}, model.vocab_size)
         try:
             prompts = body.prompts()
         except ValueError as exc:
             raise APIError(400, str(exc), "prompt") from exc
+        for prompt in prompts:
+            if not isinstance(prompt, str):
+                check_token_ids(prompt, model.vocab_size, "prompt")
         group = RequestGroup(state)
         group.set_timeout(body.timeout)
         group.expect(len(prompts) * body.n)

@@ -9,15 +9,36 @@ SamplingParams itself and surface as 400 errors naming the field.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 #: roles a chat message may have; "developer" is OpenAI's newer name for "system"
 CHAT_ROLES = ("system", "developer", "user", "assistant")
 MAX_N = 64
 #: a request's own timeout field may ask for at most a day
 MAX_TIMEOUT_S = 86400.0
+
+
+def _utf8(text: str) -> str:
+    # JSON may carry a lone UTF-16 surrogate ("\udfff"): no tokenizer or wire format takes it.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"invalid text: a lone UTF-16 surrogate at character {exc.start}") from None
+    return text
+
+
+#: every string of a request body: valid Unicode text (no lone surrogates)
+Text = Annotated[str, AfterValidator(_utf8)]
 
 
 class StrictModel(BaseModel):
@@ -37,12 +58,12 @@ class StreamOptions(StrictModel):
 
 class TextPart(StrictModel):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(StrictModel):
-    role: str
-    content: str | list[TextPart]
+    role: Text
+    content: Text | list[TextPart]
 
     @field_validator("role")
     @classmethod
@@ -59,14 +80,14 @@ class ChatMessage(StrictModel):
 class SamplingFields(StrictModel):
     """Sampling options shared by chat and completions (OpenAI names plus top_k/min_p/ignore_eos)."""
 
-    model: str | None = None
+    model: Text | None = None
     max_tokens: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
     min_p: float = 0.0
     seed: int | None = None
-    stop: str | list[str] | None = None
+    stop: Text | list[Text] | None = None
     stop_token_ids: list[int] | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -76,7 +97,7 @@ class SamplingFields(StrictModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     #: accepted as harmless metadata (OpenAI uses it for abuse monitoring)
-    user: str | None = None
+    user: Text | None = None
     #: seconds after which the request ends with a timeout error (the server's --request-timeout
     #: still bounds it)
     timeout: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S)
@@ -102,11 +123,13 @@ class SamplingFields(StrictModel):
     def logprobs_k(self) -> int | None:
         return None
 
-    @model_validator(mode="after")
-    def _stream_options_need_stream(self) -> SamplingFields:
-        if self.stream_options is not None and not self.stream:
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options_need_stream(cls, options: StreamOptions, info: ValidationInfo) -> StreamOptions:
+        # a field validator (not a model one) so that the 400 names stream_options
+        if not info.data.get("stream", False):
             raise ValueError("stream_options is only allowed when stream is true")
-        return self
+        return options
 
     @property
     def include_usage(self) -> bool:
@@ -145,7 +168,7 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: Text | list[Text] | list[int] | list[list[int]]
     #: the number of top tokens to report per position (OpenAI's completions convention)
     logprobs: int | None = None
 
@@ -172,7 +195,7 @@ class GenerateSampling(StrictModel):
     top_p: float = 1.0
     top_k: int = -1
     min_p: float = 0.0
-    stop: str | list[str] | None = None
+    stop: Text | list[Text] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     seed: int | None = None
@@ -182,7 +205,7 @@ class GenerateSampling(StrictModel):
 
 
 class GenerateRequest(StrictModel):
-    text: str | None = None
+    text: Text | None = None
     input_ids: list[int] | None = None
     sampling_params: GenerateSampling = Field(default_factory=GenerateSampling)
     stream: bool = False

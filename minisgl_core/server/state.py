@@ -138,10 +138,10 @@ class RequestGroup:
             state.pending[rid] = self
         admission: asyncio.Future[Admission] = asyncio.get_running_loop().create_future()
         state.admissions[rids[0]] = admission
-        send(state.to_tokenizer, TokenizeRequest(rids, text, messages, input_ids, params, max_tokens_field))
         try:
+            send(state.to_tokenizer, TokenizeRequest(rids, text, messages, input_ids, params, max_tokens_field))
             result = await admission
-        except BaseException:  # cancelled, or the server failed meanwhile
+        except BaseException:  # cancelled, the server failed meanwhile, or the request did not encode
             self.close()
             raise
         finally:

@@ -31,7 +31,7 @@ from minisgl_core.messages import (
     TokenizeRequest,
 )
 from minisgl_core.plugins import Plugins
-from minisgl_core.sampling import SamplingParams, sampling_defaults
+from minisgl_core.sampling import SamplingParams, choice_seed, sampling_defaults
 from minisgl_core.server.child import ChildSpec, ReportReady
 from minisgl_core.server.ipc import bind_pull, connect_push, recv, send
 from minisgl_core.tokenizer.detokenize import IncrementalDetokenizer
@@ -101,6 +101,8 @@ class Admitter:
             # Blame max_tokens only when lowering it would help.
             prompt_fits = len(ids) < min(self.limits.max_context_len, self.limits.kv_capacity_tokens)
             blame = req.max_tokens_field if prompt_fits and "max_tokens" in str(exc) else prompt_field
+            if str(exc).startswith("stop_token_ids"):
+                blame = "stop_token_ids"
             raise RequestRejected(str(exc), blame) from exc
         return ids, sampling
 
@@ -134,7 +136,9 @@ def tokenizer_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_r
             for i, rid in enumerate(msg.rids):
                 # n > 1 with a seed: distinct but reproducible choices
                 seeded = (
-                    sampling if i == 0 or sampling.seed is None else replace(sampling, seed=sampling.seed + i)
+                    sampling
+                    if i == 0 or sampling.seed is None
+                    else replace(sampling, seed=choice_seed(sampling.seed, i))
                 )
                 send(to_detokenizer, DetokRegister(rid, sampling.stop, sampling.skip_special_tokens))
                 send(to_scheduler, EngineRequest(rid, ids, asdict(seeded)))
