@@ -24,6 +24,8 @@ logger = logging.getLogger(__name__)
 
 #: how long an idle rank may wait for rank 0's next step
 IDLE_TIMEOUT = datetime.timedelta(days=365)
+#: how long the ranks may take to meet at start-up
+RENDEZVOUS_TIMEOUT = datetime.timedelta(minutes=10)
 
 
 @dataclass(frozen=True)
@@ -113,12 +115,46 @@ def init_tp_group(tp_rank: int, spec: DistributedSpec, device: torch.device) -> 
             device = torch.device("cuda", tp_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(
-        backend, init_method=f"tcp://{spec.init_addr}", world_size=spec.tp_size, rank=tp_rank
-    )
+    if spec.nnodes == 1:
+        # One node: the ranks' own connections stay on loopback (a library left alone listens
+        # on the host's outward address). A user's own setting wins.
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    store = _rendezvous_store(tp_rank, spec)
+    dist.init_process_group(backend, store=store, world_size=spec.tp_size, rank=tp_rank)
     control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
     parallel = ParallelContext(tp_rank=tp_rank, tp_size=spec.tp_size, group=dist.group.WORLD)
     return TPGroup(parallel, control, device)
+
+
+def _rendezvous_store(tp_rank: int, spec: DistributedSpec) -> dist.TCPStore:
+    """The TCP store where the ranks meet. Rank 0 binds its listening socket itself, to the host
+    of ``--dist-init-addr`` only: the store's own server would listen on every interface."""
+    host, port = spec.init_addr.rsplit(":", 1)
+    host = host.strip("[]")
+    if tp_rank != 0:
+        return dist.TCPStore(host, int(port), spec.tp_size, is_master=False, timeout=RENDEZVOUS_TIMEOUT)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, int(port)))
+    except OSError as exc:
+        listener.close()
+        raise RuntimeError(
+            f"cannot listen on --dist-init-addr {spec.init_addr} for the TP rendezvous ({exc}); "
+            "give an address of this machine with a free port"
+        ) from exc
+    listener.listen(spec.tp_size * 4)
+    return dist.TCPStore(
+        host,
+        int(port),
+        spec.tp_size,
+        is_master=True,
+        timeout=RENDEZVOUS_TIMEOUT,
+        # The store owns the socket from here on.
+        master_listen_fd=listener.detach(),
+    )
 
 
 class SymmMemAllReduce:

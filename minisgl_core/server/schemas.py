@@ -41,6 +41,30 @@ def _utf8(text: str) -> str:
 Text = Annotated[str, AfterValidator(_utf8)]
 
 
+#: SGLang fields the SGLang Model Gateway (sglang-router) writes into every request it forwards,
+#: each with its default. At that value each asks for what minisgl does anyway, so it is accepted
+#: and dropped; any other value is still refused as an unsupported field.
+GATEWAY_DEFAULTS: dict[str, bool] = {
+    "echo": False,
+    "no_stop_trim": False,
+    "return_hidden_states": False,
+    "continue_final_message": False,
+    # no reasoning parser: there is no reasoning text to separate or stream apart
+    "separate_reasoning": True,
+    "stream_reasoning": True,
+    "return_text_in_logprobs": False,
+    "log_metrics": True,
+    "background": False,
+    "no_logs": False,
+    "return_bytes": False,
+    "return_entropy": False,
+}
+
+
+def _is_gateway_default(key: str, value: Any) -> bool:
+    return key in GATEWAY_DEFAULTS and value is GATEWAY_DEFAULTS[key]
+
+
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -48,7 +72,7 @@ class StrictModel(BaseModel):
     @classmethod
     def _drop_nulls(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            return {k: v for k, v in data.items() if v is not None}
+            return {k: v for k, v in data.items() if v is not None and not _is_gateway_default(k, v)}
         return data
 
 

@@ -193,3 +193,15 @@ def test_health_follows_the_engine(busy_server):
     while httpx.get(f"{busy_server.url}/health").status_code != 200:
         assert time.monotonic() < deadline, "not healthy again after SIGCONT"
         time.sleep(0.1)
+
+
+def test_gateway_fields_at_their_defaults_are_accepted(busy_server, model_name):
+    # what the SGLang Model Gateway adds to every completion it forwards (captured from 0.3.2)
+    added = {"echo": False, "no_stop_trim": False, "return_hidden_states": False}
+    body = {"model": model_name, "prompt": "hi", "max_tokens": 2, "temperature": 0, **added}
+    assert httpx.post(f"{busy_server.url}/v1/completions", json=body).status_code == 200
+    # a value that would ask for something minisgl does not do is still refused
+    error = assert_openai_error(
+        httpx.post(f"{busy_server.url}/v1/completions", json={**body, "echo": True}), 400, "unsupported_field"
+    )
+    assert error["param"] == "echo"

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -53,6 +55,45 @@ def test_idle_server_does_not_spin(tp2):
     time.sleep(2.0)
     # a rank polling in a loop would burn ~2 CPU seconds here; parked ones use almost none
     assert tp2.cpu_seconds(children) - before < 0.2
+
+
+def _socket_inodes(pid: int) -> set[int]:
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(int(target[8:-1]))
+    return inodes
+
+
+def _listening(table: str) -> dict[int, str]:
+    """inode -> local address of every listening TCP socket in /proc/net/tcp or tcp6."""
+    out = {}
+    for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "0A":  # TCP_LISTEN
+            out[int(fields[9])] = fields[1]
+    return out
+
+
+def _is_loopback(hex_addr: str) -> bool:
+    host = hex_addr.split(":")[0]
+    if len(host) == 8:  # IPv4, little-endian: 127.x.x.x ends in 7F
+        return host.endswith("7F")
+    return host == "00000000000000000000000001000000"  # ::1
+
+
+def test_tp2_listens_on_loopback_only(tp2):
+    tree = [tp2.proc.pid, *tp2.children()]
+    inodes = set().union(*(_socket_inodes(pid) for pid in tree))
+    listening = {**_listening("tcp"), **_listening("tcp6")}
+    ours = {inode: addr for inode, addr in listening.items() if inode in inodes}
+    assert ours, "expected the HTTP server and the TP rendezvous to listen"
+    # nothing on 0.0.0.0, ::, or an outward address
+    assert all(_is_loopback(addr) for addr in ours.values()), ours
 
 
 def test_sigterm_stops_every_process(tp2):

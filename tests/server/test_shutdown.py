@@ -1,0 +1,132 @@
+"""Shutdown under load drains, then ends every stream properly; a worker killed mid-load fails every
+client with an error (never a hang) and the launcher exits non-zero."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+LONG = {"prompt": "Tell me a story", "max_tokens": 2000, "ignore_eos": True, "temperature": 0}
+
+
+class StreamingClient(threading.Thread):
+    """Reads one SSE stream to its end in the background: the events, or the transport error."""
+
+    def __init__(self, url: str, body: dict) -> None:
+        super().__init__(daemon=True)
+        self.url, self.body = url, body
+        self.events: list[str] = []
+        self.first_event = threading.Event()
+        self.error: Exception | None = None
+
+    def run(self) -> None:
+        try:
+            with httpx.stream(
+                "POST", f"{self.url}/v1/completions", json={**self.body, "stream": True}, timeout=60
+            ) as s:
+                for line in s.iter_lines():
+                    if line.startswith("data: "):
+                        self.events.append(line.removeprefix("data: "))
+                        self.first_event.set()
+        except httpx.HTTPError as exc:
+            self.error = exc
+        finally:
+            self.first_event.set()
+
+    def error_events(self) -> list[dict]:
+        return [json.loads(e)["error"] for e in self.events if e != "[DONE]" and "error" in json.loads(e)]
+
+
+class PlainClient(threading.Thread):
+    def __init__(self, url: str, body: dict) -> None:
+        super().__init__(daemon=True)
+        self.url, self.body = url, body
+        self.response: httpx.Response | None = None
+        self.error: Exception | None = None
+
+    def run(self) -> None:
+        try:
+            self.response = httpx.post(f"{self.url}/v1/completions", json=self.body, timeout=60)
+        except httpx.HTTPError as exc:
+            self.error = exc
+
+
+def finish_reasons(events: list[str]) -> list[str]:
+    out = []
+    for e in events:
+        if e != "[DONE]" and "choices" in (data := json.loads(e)):
+            out += [c["finish_reason"] for c in data["choices"] if c.get("finish_reason")]
+    return out
+
+
+def test_sigterm_drains_then_ends_streams_with_an_error(start_server, model_dir, engine_args):
+    server = start_server(["--model", str(model_dir), *engine_args, "--shutdown-timeout", "3"])
+    children = server.children()
+    long = StreamingClient(server.url, LONG)
+    short = StreamingClient(server.url, {**LONG, "max_tokens": 12})
+    long.start()
+    assert long.first_event.wait(30)
+    short.start()
+    assert short.first_event.wait(30)
+    server.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    # draining: no new work, and health says so (the listener stays up until the end)
+    resp = httpx.post(f"{server.url}/v1/completions", json={"prompt": "hi", "max_tokens": 1}, timeout=10)
+    assert resp.status_code == 503 and resp.json()["error"]["code"] == "server_unavailable"
+    assert httpx.get(f"{server.url}/health").status_code == 503
+    short.join(30)
+    long.join(30)
+    assert not short.is_alive() and not long.is_alive()
+    # the short one finished inside the drain, normally
+    assert short.error is None and short.events[-1] == "[DONE]"
+    assert finish_reasons(short.events) == ["length"] and short.error_events() == [], short.events[-3:]
+    # the long one could not: an error event, then [DONE]
+    assert long.error is None and long.events[-1] == "[DONE]", long.events[-3:]
+    assert "shutting down" in long.error_events()[0]["message"]
+    assert server.wait_exit(30) == 0
+    server.assert_all_stopped(children)
+
+
+def _child(server, name: str) -> int:
+    for pid in server.children():
+        if Path(f"/proc/{pid}/comm").read_text().strip() == name:
+            return pid
+    raise AssertionError(f"no child process {name}")
+
+
+@pytest.mark.parametrize("victim", ["minisgl-tok", "minisgl-detok", "minisgl-sched0"])
+def test_killed_worker_fails_every_client_and_the_launcher(start_server, model_dir, engine_args, victim):
+    server = start_server(["--model", str(model_dir), *engine_args])
+    children = server.children()
+    streams = [StreamingClient(server.url, LONG) for _ in range(3)]
+    plain = [PlainClient(server.url, LONG) for _ in range(2)]
+    for c in [*streams, *plain]:
+        c.start()
+    for s in streams:
+        assert s.first_event.wait(30)
+    time.sleep(0.3)  # the plain requests are admitted too
+    os.kill(_child(server, victim), signal.SIGKILL)
+    for c in [*streams, *plain]:
+        c.join(30)
+        assert not c.is_alive(), "a client hangs after a worker died"
+    for s in streams:
+        # an error event (then [DONE]), or at worst a connection the server closed: never a hang
+        # nor a stream that looks complete
+        if s.error is None:
+            assert s.error_events(), s.events[-3:]
+            assert s.events[-1] == "[DONE]"
+            assert "length" not in finish_reasons(s.events)
+    for p in plain:
+        if p.error is None:
+            assert p.response is not None and p.response.status_code in (500, 503), p.response.text
+            assert p.response.json()["error"]["message"]
+    assert server.wait_exit(30) != 0
+    assert "process exited unexpectedly" in server.log() or "process failed" in server.log()
+    server.assert_all_stopped(children)
