@@ -104,8 +104,9 @@ class SafetensorsFormat(WeightFormat):
         return total
 
     def weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-        # tensors keep the checkpoint's dtype: the model's loaders cast while copying its shard
-        return iter_checkpoint(self.path)
+        for name, tensor in iter_checkpoint(self.path):
+            # a no-op when the checkpoint already has the run dtype (the usual case on GPU)
+            yield name, tensor.to(dtype) if tensor.is_floating_point() else tensor
 
 
 def open_model(path: str | Path, plugins: Plugins | None = None) -> WeightFormat:

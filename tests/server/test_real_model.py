@@ -1,0 +1,64 @@
+"""``minisgl serve`` with no ``--model`` serves the real default model, and its greedy chat output
+through the official ``openai`` client equals transformers' on the same GGUF, token for token."""
+
+from __future__ import annotations
+
+import pytest
+
+from minisgl_core.testing.real_model import MAX_TOKENS
+
+# fmt: off
+REAL_ARGS = ["--device", "cpu", "--attn", "torch", "--num-kv-tokens", "8192", "--max-running-requests", "16",
+             "--max-context-len", "2048"]
+# fmt: on
+
+
+@pytest.fixture(scope="module")
+def real_server(start_server, default_model_dir):
+    # default_model_dir first: the file is in the cache, so the server does not fetch it again
+    return start_server(REAL_ARGS)
+
+
+@pytest.fixture(scope="module")
+def real_client(real_server):
+    import openai
+
+    return openai.OpenAI(base_url=f"{real_server.url}/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def test_serves_smollm2_by_default(real_client):
+    assert [m.id for m in real_client.models.list().data] == ["SmolLM2-135M-Instruct"]
+
+
+def test_capital_of_france(real_client):
+    resp = real_client.chat.completions.create(
+        model="SmolLM2-135M-Instruct",
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        temperature=0,
+        max_tokens=16,
+    )
+    assert "Paris" in resp.choices[0].message.content
+
+
+def test_greedy_chat_equals_transformers(real_client, real_references):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def ask(ref):
+        return real_client.chat.completions.create(
+            model="SmolLM2-135M-Instruct",
+            messages=ref.messages,
+            temperature=0,
+            max_tokens=MAX_TOKENS,
+            logprobs=True,
+        )
+
+    # concurrently, so the references are checked under continuous batching too
+    with ThreadPoolExecutor(len(real_references)) as pool:
+        responses = list(pool.map(ask, real_references))
+    for ref, resp in zip(real_references, responses, strict=True):
+        choice = resp.choices[0]
+        assert resp.usage.prompt_tokens == len(ref.prompt_ids), ref.label
+        assert choice.message.content == ref.text, f"{ref.label}: {choice.message.content!r} != {ref.text!r}"
+        ended = len(ref.output_ids) < MAX_TOKENS
+        assert choice.finish_reason == ("stop" if ended else "length"), ref.label
+        assert resp.usage.completion_tokens == len(ref.output_ids), ref.label
