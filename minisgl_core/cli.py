@@ -76,8 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    from minisgl_core.engine.generation_defaults import GenerationConfigError
+    from minisgl_core.engine.model_path import ModelPathError
+
     try:
         return int(args.func(args) or 0)
-    except PluginError as exc:
+    except (PluginError, ModelPathError, GenerationConfigError) as exc:
         print(f"minisgl: error: {exc}", file=sys.stderr)
         return 2

@@ -12,8 +12,9 @@ from typing import Any
 from minisgl_core.api import ParallelContext, ProcessContext
 from minisgl_core.engine.config import EngineConfig
 from minisgl_core.engine.engine import Engine
+from minisgl_core.engine.model_path import check_model_path
 from minisgl_core.plugins import Plugins
-from minisgl_core.sampling import SamplingParams, TokenLogprob, sampling_defaults
+from minisgl_core.sampling import SamplingParams, TokenLogprob, merge_sampling
 from minisgl_core.tokenizer.detokenize import final_text
 
 logger = logging.getLogger(__name__)
@@ -38,7 +39,13 @@ class LLM:
     """Runs one engine in this process (tensor parallel size 1).
 
     ``model`` is a Hugging Face model directory; None builds and uses the embedded demo model
-    (random weights: its output is meaningless)."""
+    (random weights: its output is meaningless).
+
+    Sampling defaults: ``generate(prompts)`` without SamplingParams uses the model's own defaults
+    (``generation_config.json``; ``generation_config="none"`` ignores them), and
+    :meth:`sampling_params` builds SamplingParams with the same precedence as the HTTP server: a
+    field you give > the model's default > SamplingParams' (OpenAI's) default. A SamplingParams
+    you build yourself is taken as it is."""
 
     def __init__(
         self,
@@ -58,6 +65,7 @@ class LLM:
 
             model = demo_model_dir()
             logger.warning("no model given: using the embedded demo model (random weights, meaningless output)")
+        check_model_path(model)
         self.config = EngineConfig(
             model=str(model),
             attn=attn,
@@ -92,6 +100,10 @@ class LLM:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def sampling_params(self, **fields: Any) -> SamplingParams:
+        """SamplingParams from ``fields`` (None = unset), the model's defaults filling the rest."""
+        return SamplingParams(**merge_sampling(fields, self.engine.sampling_defaults))
+
     def encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
             return list(self.tokenizer.encode(prompt, add_special_tokens=False))
@@ -110,7 +122,7 @@ class LLM:
             prompts = [prompts]  # type: ignore[list-item]
         prompts = list(prompts)
         if sampling_params is None:  # the model's own defaults (generation_config.json), if any
-            sampling_params = SamplingParams(**sampling_defaults(self.engine.generation_config))
+            sampling_params = self.sampling_params()
         params = (
             [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) else list(sampling_params)
         )
