@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import platform
 import subprocess
@@ -137,6 +138,7 @@ def _serve(args: argparse.Namespace) -> int:
         requests = workloads.shared_prefix(
             args.groups, args.prompts_per_group, args.prefix_len, args.question_len, args.output_len
         )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not one log line per request
     try:
         served = served_model(args.url, args.api_key)
         check_context(requests, served)

@@ -175,8 +175,12 @@ def _cmd_shell(args: argparse.Namespace) -> int:
     opts, plugins = _serve_options(args)
     config = opts.runtime.config
     # Loading takes a while (seconds to minutes): say so on stderr, so stdout stays the conversation.
+    try:
+        device = config.resolve_device().type
+    except ValueError:
+        device = config.device  # the scheduler reports the problem
     print(
-        f"minisgl shell: loading {config.model} (device {config.device}, attn {config.attn}, tp {config.tp_size}) ...",
+        f"minisgl shell: loading {config.model} on {device} (attn {config.attn}, tp {config.tp_size}) ...",
         file=sys.stderr,
         flush=True,
     )
