@@ -13,12 +13,23 @@ PYTEST_ARGS ?=
 .PHONY: install serve test lint
 install: $(VENV)/.installed
 
+# One line per step: pip's own output (setuptools' build warnings, hundreds of lines) goes to
+# $(INSTALL_LOG), whose tail is shown only when a step fails.
+INSTALL_LOG := $(VENV)/install.log
+define step
+	@echo "make install: $(1)"
+	@$(2) >>$(INSTALL_LOG) 2>&1 || { tail -n 40 $(INSTALL_LOG); echo "make install: failed: $(1) (whole log: $(INSTALL_LOG))"; exit 1; }
+endef
+EXTRAS := test,bench
+
 $(VENV)/.installed: pyproject.toml constraints.txt $(wildcard plugins/*/*/pyproject.toml)
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test,shell,bench]' $(addprefix -e ,$(CPU_PLUGINS))
-	$(BIN)/python -m pip install -q --no-deps $(addprefix -e ,$(wildcard $(GPU_PLUGINS)))
-	touch $@
+	@test -x $(BIN)/python || { echo "make install: creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
+	@: >$(INSTALL_LOG)
+	$(call step,upgrading pip,$(BIN)/python -m pip install -q --upgrade pip)
+	$(call step,installing minisgl-core and the CPU plugins (torch included: a few minutes the first time),$(BIN)/python -m pip install -q -c constraints.txt -e '.[$(EXTRAS)]' $(addprefix -e ,$(CPU_PLUGINS)))
+	$(call step,installing the GPU plugins without their kernels,$(BIN)/python -m pip install -q --no-deps $(addprefix -e ,$(wildcard $(GPU_PLUGINS))))
+	@touch $@
+	@echo "make install: done ($(VENV)/bin/minisgl)"
 
 serve: install
 	$(BIN)/minisgl serve $(ARGS)

@@ -15,7 +15,7 @@ from minisgl_core.plugins import PluginError, Plugins
 def _cmd_plugins(args: argparse.Namespace) -> int:
     plugins = Plugins.load(disable=args.disable_plugin)
     if args.json:
-        print(json.dumps([i.to_json() for i in plugins.infos], indent=2))
+        print(json.dumps(plugins.listing(), indent=2))
     else:
         print(plugins.format_table())
     return 0
@@ -77,8 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    from minisgl_core.engine.generation_defaults import GenerationConfigError
+    from minisgl_core.engine.model_path import ModelPathError
+
     try:
         return int(args.func(args) or 0)
-    except (PluginError, ModelNotFound) as exc:
+    except (PluginError, ModelNotFound, ModelPathError, GenerationConfigError) as exc:
         print(f"minisgl: error: {exc}", file=sys.stderr)
         return 2

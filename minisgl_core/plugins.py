@@ -291,15 +291,55 @@ class Plugins:
                     f"raised {type(exc).__name__}: {exc}"
                 ) from exc
 
+    def unavailable_here(self) -> dict[str, str]:
+        """Loaded plugins that cannot run on this machine (plugin name -> why): those whose every
+        attention backend's ``availability()`` refuses the machine's device (CUDA when it has one,
+        else the CPU). Cheap: imports the backend classes, which start no kernels."""
+        import torch
+
+        cuda = torch.cuda.is_available()
+        device = torch.device("cuda" if cuda else "cpu")
+        out: dict[str, str] = {}
+        for info in self.infos:
+            backends = info.provides["attention"]
+            if info.status != "ok" or not backends or any(v for k, v in info.provides.items() if k != "attention"):
+                continue
+            reasons = []
+            for name in backends:
+                try:
+                    why = self.resolve("attention", name).availability(device)
+                except PluginError as exc:
+                    why = str(exc)
+                if why is None:
+                    break
+                reasons.append(why)
+            else:
+                why = "; ".join(reasons)
+                out[info.name] = f"no CUDA device ({why})" if not cuda else why
+        return out
+
+    def listing(self) -> list[dict[str, Any]]:
+        """What ``minisgl plugins --json`` prints: each plugin, with status ``unavailable`` (and why)
+        where it loaded but cannot run on this machine."""
+        unavailable = self.unavailable_here()
+        rows = []
+        for info in self.infos:
+            row = info.to_json()
+            if info.name in unavailable:
+                row["status"], row["reason"] = "unavailable", unavailable[info.name]
+            rows.append(row)
+        return rows
+
     def format_table(self) -> str:
         lines = [f"{'plugin':<16} {'distribution':<30} {'version':<9} {'api':<5} {'status':<13} provides"]
-        for i in self.infos:
-            provides = "; ".join(f"{k}: {', '.join(v)}" for k, v in i.provides.items() if v) or "-"
+        for row in self.listing():
+            provides = "; ".join(f"{k}: {', '.join(v)}" for k, v in row["provides"].items() if v) or "-"
             lines.append(
-                f"{i.name:<16} {i.distribution:<30} {i.version:<9} {i.api or '-':<5} {i.status:<13} {provides}"
+                f"{row['name']:<16} {row['distribution']:<30} {row['version']:<9} {row['api'] or '-':<5} "
+                f"{row['status']:<13} {provides}"
             )
-            if i.reason:
-                lines.append(f"{'':<16} reason: {i.reason}")
+            if row["reason"]:
+                lines.append(f"{'':<16} {row['status']}: {row['reason']}")
         return "\n".join(lines)
 
 

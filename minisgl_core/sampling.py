@@ -112,12 +112,26 @@ def _short(value: object) -> str:
 
 #: generation_config.json keys that become a request's defaults when the request leaves them unset
 GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p")
+#: generation_config.json keys minisgl reads but cannot honour (no such sampler option): logged once
+UNSUPPORTED_GENERATION_KEYS = ("repetition_penalty", "typical_p", "epsilon_cutoff", "eta_cutoff")
 
 
 def sampling_defaults(generation_config: dict) -> dict:
-    """The model's own sampling defaults (from ``generation_config.json``), as vLLM applies them:
-    a request's unset field takes the model's value, an explicit one always wins."""
-    return {k: generation_config[k] for k in GENERATION_DEFAULTS if generation_config.get(k) is not None}
+    """The model's own sampling defaults (from ``generation_config.json`` or a weight file's
+    metadata) as SamplingParams fields: ``max_new_tokens`` becomes ``max_tokens``."""
+    defaults = {k: generation_config[k] for k in GENERATION_DEFAULTS if generation_config.get(k) is not None}
+    if generation_config.get("max_new_tokens") is not None:
+        defaults["max_tokens"] = generation_config["max_new_tokens"]
+    return defaults
+
+
+def merge_sampling(request: dict, model_defaults: dict) -> dict:
+    """SamplingParams keyword arguments for one request, field by field: the request's value when
+    it set one (not None), else the model's default, else SamplingParams' own (OpenAI's) default,
+    which is why unset fields are simply left out."""
+    merged = {k: v for k, v in model_defaults.items() if v is not None}
+    merged.update({k: v for k, v in request.items() if v is not None})
+    return merged
 
 
 class TokenLogprob(NamedTuple):

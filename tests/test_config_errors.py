@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from minisgl_core import LLM
 from minisgl_core.engine.config import EngineConfig
+from minisgl_core.engine.model_path import ModelPathError
 from minisgl_core.engine.runner import pick_attention
 from minisgl_core.plugins import PluginError, Plugins
 from minisgl_core.testing.factories import make_model_dir
@@ -35,8 +38,56 @@ def test_unknown_architecture_lists_installed_and_the_plugin_to_install(model_di
 
 
 def test_missing_config_names_the_file(tmp_path):
-    with pytest.raises(FileNotFoundError, match="config.json"):
+    with pytest.raises(ModelPathError, match="the directory has no config.json"):
         LLM(tmp_path, attn="torch", device="cpu")
+
+
+def _bad_models(tmp_path, model_dir) -> dict[str, tuple[str, str]]:
+    """Bad --model values: name -> (path, what the one-line error must say)."""
+    garbage = tmp_path / "garbage"
+    garbage.mkdir()
+    (garbage / "config.json").write_text("{not json")
+    no_weights = tmp_path / "no-weights"
+    no_weights.mkdir()
+    (no_weights / "config.json").write_text((model_dir / "config.json").read_text())
+    text_file = tmp_path / "notes.txt"
+    text_file.write_text("hello")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    return {
+        "missing": (str(tmp_path / "nowhere"), "no such file or directory"),
+        "no config": (str(empty), "the directory has no config.json"),
+        "unreadable config": (str(garbage), "config.json is unreadable"),
+        "no weights": (str(no_weights), "no weights in the directory"),
+        "not a model file": (str(text_file), "is a file, not a model"),
+    }
+
+
+def test_bad_model_raises_one_clear_error_offline(model_dir, tmp_path):
+    for path, says in _bad_models(tmp_path, model_dir).values():
+        with pytest.raises(ModelPathError) as err:
+            LLM(path, attn="torch", device="cpu")
+        assert says in str(err.value) and "\n" not in str(err.value)
+        assert str(err.value).startswith(f"--model {path}")
+
+
+@pytest.mark.parametrize("command", ["serve", "shell", "generate", "bench"])
+def test_bad_model_is_one_line_on_the_command_line(model_dir, tmp_path, command):
+    """Every command that loads a model: exit code 2 and one line naming the problem, no traceback
+    (every kind of bad path through serve, one through the others: each run imports torch)."""
+    args = {"serve": ["serve", "--port", "0"], "shell": ["shell"], "generate": ["generate", "hi"],
+            "bench": ["bench", "offline", "--num-requests", "1"]}[command]  # fmt: skip
+    bad = _bad_models(tmp_path, model_dir)
+    for name, (path, says) in bad.items():
+        if command != "serve" and name != "missing":
+            continue
+        proc = subprocess.run(
+            [sys.executable, "-m", "minisgl_core", *args, "--model", path, "--device", "cpu"],
+            capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        assert proc.returncode == 2, proc.stderr
+        lines = proc.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"minisgl: error: --model {path}") and says in lines[0], lines
 
 
 @pytest.mark.parametrize(

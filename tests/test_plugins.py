@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 from minisgl_core.plugins import PluginError, Plugins, api_compatible
 
@@ -188,3 +189,23 @@ def test_fingerprint_is_stable_and_sensitive():
 def test_api_version_negotiation(required, ok):
     assert api_compatible(required, "1.0") is ok
     assert api_compatible("1.0", "1.3")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the listing on a machine without CUDA")
+def test_listing_says_which_backends_cannot_run_without_cuda():
+    """fi and fa3 load fine but cannot run here: the listing says so instead of "ok", text and json."""
+    run = [sys.executable, "-m", "minisgl_core", "plugins"]
+    listed = {p["name"]: p for p in json.loads(subprocess.run([*run, "--json"], capture_output=True, text=True,
+                                                                 check=True).stdout)}  # fmt: skip
+    for name in ("fi", "fa3"):
+        assert listed[name]["status"] == "unavailable", listed[name]
+        assert listed[name]["reason"].startswith("no CUDA device (the"), listed[name]
+    assert listed["torch"]["status"] == "ok" and listed["torch"]["reason"] is None
+    assert listed["radix"]["status"] == "ok"
+    table = subprocess.run(run, capture_output=True, text=True, check=True).stdout.splitlines()
+    fi_row = next(i for i, line in enumerate(table) if line.startswith("fi "))
+    assert table[fi_row].split()[4] == "unavailable"
+    assert table[fi_row + 1].split(":", 1)[0].strip() == "unavailable"
+    assert "no CUDA device" in table[fi_row + 1]
+    torch_row = next(line for line in table if line.startswith("torch "))
+    assert torch_row.split()[4] == "ok"

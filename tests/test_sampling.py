@@ -149,33 +149,84 @@ def test_stop_strings_end_generation_and_are_trimmed(llm):
 
 
 def test_generation_config_supplies_defaults_for_unset_fields(tmp_path):
+    """The model's generation_config.json fills the fields a request leaves unset, offline and in the
+    server's admission of a real HTTP body (parsed by the server's own schema: the schema must leave
+    unset fields None, or the model's defaults could never apply)."""
     import json
 
-    from minisgl_core.sampling import sampling_defaults
+    from minisgl_core.messages import Limits, TokenizeRequest
+    from minisgl_core.server.schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest
     from minisgl_core.tokenizer.worker import Admitter
 
     d = make_model_dir(tmp_path / "m", "LlamaForCausalLM")
     gen = json.loads((d / "generation_config.json").read_text())
-    gen |= {"temperature": 0.0, "top_k": 7}
+    gen |= {"temperature": 0.0, "top_k": 7, "max_new_tokens": 5, "repetition_penalty": 1.1}
     (d / "generation_config.json").write_text(json.dumps(gen))
     llm = LLM(d, attn="torch", device="cpu", dtype="float32")
-    assert sampling_defaults(llm.engine.generation_config) == {"temperature": 0.0, "top_k": 7}
-    # no SamplingParams: the model's greedy default applies, so two runs agree
+    assert llm.engine.sampling_defaults == {"temperature": 0.0, "top_k": 7, "max_tokens": 5}
+    # no SamplingParams: the model's greedy default applies, so two runs agree, and equal greedy
     a, b = (llm.generate(["the cat sat"])[0].token_ids for _ in range(2))
-    assert a == b and len(a) == SamplingParams().max_tokens
-    # the server's admission: unset fields take the model's values, explicit ones win
-    from minisgl_core.messages import Limits, TokenizeRequest  # noqa: F401 - the request type it admits
+    greedy = llm.generate(["the cat sat"], SamplingParams(temperature=0.0, max_tokens=5))[0].token_ids
+    assert a == b == greedy and len(a) <= 5
+    # precedence offline: given > model > SamplingParams' own
+    params = llm.sampling_params(top_p=0.5, temperature=None)
+    assert (params.temperature, params.top_k, params.top_p, params.min_p, params.max_tokens) == (0.0, 7, 0.5, 0.0, 5)
+    assert llm.sampling_params(temperature=0.9).temperature == 0.9
 
-    admitter = Admitter(llm.tokenizer, Limits(512, 4096, 1024), sampling_defaults(llm.engine.generation_config))
+    admitter = Admitter(llm.tokenizer, Limits(512, 4096, 1024), llm.engine.sampling_defaults)
 
-    class Req:
-        messages, text, input_ids, max_tokens_field = None, None, [5, 6, 7], "max_tokens"
-        params = {"temperature": None, "top_p": 0.5, "max_tokens": 4}
+    def admit(body) -> SamplingParams:
+        field = getattr(body, "max_tokens_field", "sampling_params.max_new_tokens")
+        req = TokenizeRequest([0], None, None, [5, 6, 7], body.sampling_fields(), field)
+        return admitter.admit(req)[1]
 
-    _, sampling = admitter.admit(Req)
-    assert (sampling.temperature, sampling.top_k, sampling.top_p) == (0.0, 7, 0.5)
-    Req.params = {"temperature": 0.9, "max_tokens": 4}
-    assert admitter.admit(Req)[1].temperature == 0.9
+    unset = admit(CompletionRequest(prompt=[5, 6, 7], top_p=0.5))
+    assert (unset.temperature, unset.top_k, unset.top_p, unset.min_p, unset.max_tokens) == (0.0, 7, 0.5, 0.0, 5)
+    chat = admit(ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], temperature=None))
+    assert (chat.temperature, chat.top_k) == (0.0, 7)
+    explicit = admit(CompletionRequest(prompt=[5, 6, 7], temperature=0.9, top_k=-1, max_tokens=9))
+    assert (explicit.temperature, explicit.top_k, explicit.max_tokens) == (0.9, -1, 9)
+    native = admit(GenerateRequest(input_ids=[5, 6, 7], sampling_params={"top_p": 0.8}))
+    assert (native.temperature, native.top_k, native.top_p) == (0.0, 7, 0.8)
+    # a model without defaults: the OpenAI ones (temperature 1, no truncation)
+    bare = Admitter(llm.tokenizer, Limits(512, 4096, 1024), {})
+    req = TokenizeRequest([0], None, None, [5, 6, 7], CompletionRequest(prompt=[5]).sampling_fields())
+    plain = bare.admit(req)[1]
+    assert (plain.temperature, plain.top_k, plain.top_p, plain.min_p) == (1.0, -1, 1.0, 0.0)
+    assert plain.max_tokens == 512 - 3  # what the context leaves
+
+
+@pytest.mark.parametrize(
+    ("setting", "expected"),
+    [("auto", {"temperature": 0.3}), ("none", {}), ("vllm", {}), ("DIR", {"top_p": 0.4, "max_tokens": 3})],
+)
+def test_generation_config_setting_picks_the_source(tmp_path, setting, expected):
+    import json
+
+    from minisgl_core.engine.generation_defaults import load_sampling_defaults
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "generation_config.json").write_text(json.dumps({"temperature": 0.3, "eos_token_id": 2}))
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "generation_config.json").write_text(json.dumps({"top_p": 0.4, "max_new_tokens": 3}))
+    assert load_sampling_defaults(model, str(other) if setting == "DIR" else setting) == expected
+
+
+def test_bad_generation_config_is_a_clear_error(tmp_path):
+    import json
+
+    from minisgl_core.engine.generation_defaults import GenerationConfigError, load_sampling_defaults
+
+    with pytest.raises(GenerationConfigError, match="no generation_config.json there"):
+        load_sampling_defaults(tmp_path, str(tmp_path / "missing"))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": -1}))
+    with pytest.raises(GenerationConfigError, match="temperature must be >= 0"):
+        load_sampling_defaults(tmp_path)
+    (tmp_path / "generation_config.json").write_text("{not json")
+    with pytest.raises(GenerationConfigError, match="unreadable"):
+        load_sampling_defaults(tmp_path)
 
 
 @pytest.mark.parametrize("rows, vocab", [(1, 5), (3, 2048), (4, 2049), (2, 151936), (5, 4097)])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import platform
 import subprocess
@@ -36,7 +37,7 @@ def add_bench_command(sub) -> None:
 
     p = kinds.add_parser("serve", help="online benchmark against a running server")
     p.add_argument("--url", default="http://127.0.0.1:8000")
-    p.add_argument("--model", default="default")
+    p.add_argument("--model", default=None, help="model id to request (default: the one the server lists)")
     p.add_argument("--api-key")
     p.add_argument("--workload", choices=["standard", "shared-prefix"], default="standard")
     p.add_argument("--num-requests", type=int, default=256)
@@ -129,7 +130,7 @@ def _offline(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from minisgl_core.bench.serve import run_load
+    from minisgl_core.bench.serve import BenchError, check_context, fit_vocab, run_load, served_model
 
     if args.workload == "standard":
         requests = workloads.standard_offline(args.num_requests, seed=0)
@@ -137,6 +138,14 @@ def _serve(args: argparse.Namespace) -> int:
         requests = workloads.shared_prefix(
             args.groups, args.prompts_per_group, args.prefix_len, args.question_len, args.output_len
         )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not one log line per request
+    try:
+        served = served_model(args.url, args.api_key)
+        check_context(requests, served)
+    except BenchError as exc:
+        raise SystemExit(f"minisgl bench serve: {exc}") from None
+    model = args.model or served.name
+    requests = fit_vocab(requests, served.vocab_size)
     sweep: list[tuple[int | None, float | None]] = []
     if args.concurrency:
         sweep += [(int(c), None) for c in args.concurrency.split(",")]
@@ -145,7 +154,7 @@ def _serve(args: argparse.Namespace) -> int:
     for concurrency, rate in sweep or [(None, None)]:
         result = asyncio.run(
             run_load(
-                args.url, args.model, requests, concurrency=concurrency, request_rate=rate,
+                args.url, model, requests, concurrency=concurrency, request_rate=rate,
                 api_key=args.api_key, trace=args.trace,
             )  # fmt: skip
         )
@@ -154,7 +163,8 @@ def _serve(args: argparse.Namespace) -> int:
             extra["ideal_hit_rate"] = round(
                 workloads.ideal_hit_rate(args.groups, args.prompts_per_group, args.prefix_len, args.question_len), 4
             )
-        _emit({**_meta(args), "bench": "serve", "workload": args.workload, **result, **extra}, args.output)
+        _emit({**_meta(args), "bench": "serve", "workload": args.workload, "model": model, **result, **extra},
+              args.output)  # fmt: skip
     return 0
 
 

@@ -6,7 +6,7 @@ import asyncio
 import json
 import random
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from minisgl_core.bench.workloads import BenchRequest
 
@@ -31,6 +31,54 @@ def parse_metrics(text: str) -> dict[str, float]:
             except ValueError:
                 pass
     return out
+
+
+class ServedModel(NamedTuple):
+    name: str
+    #: None when the server does not say (then prompts are sent as generated)
+    vocab_size: int | None
+    #: the longest prompt + output the server accepts, when it says
+    max_model_len: int | None
+
+
+def served_model(url: str, api_key: str | None = None) -> ServedModel:
+    """The model the server at ``url`` serves (its first, as ``/v1/models`` lists them)."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        resp = httpx.get(f"{url.rstrip('/')}/v1/models", headers=headers, timeout=30)
+    except httpx.HTTPError as exc:
+        raise BenchError(f"cannot reach the server at {url}: {exc}; start it first (make serve)") from None
+    if resp.status_code != 200:
+        raise BenchError(f"{url}/v1/models answered HTTP {resp.status_code}: {resp.text[:200]} (--api-key?)")
+    models = resp.json().get("data") or []
+    if not models:
+        raise BenchError(f"{url}/v1/models lists no model")
+    return ServedModel(models[0]["id"], models[0].get("vocab_size"), models[0].get("max_model_len"))
+
+
+def check_context(requests: list[BenchRequest], served: ServedModel) -> None:
+    """A workload the server would answer with 400s is refused up front, saying what fits."""
+    longest = max((len(r.prompt_ids) + r.max_tokens for r in requests), default=0)
+    if served.max_model_len is not None and longest > served.max_model_len:
+        raise BenchError(
+            f"the workload's longest request needs {longest} tokens (prompt + output) but {served.name} "
+            f"accepts {served.max_model_len}; use a shorter workload (e.g. --workload shared-prefix "
+            f"--prefix-len/--question-len/--output-len) or a server with a longer --max-context-len"
+        )
+
+
+def fit_vocab(requests: list[BenchRequest], vocab_size: int | None) -> list[BenchRequest]:
+    """The workload with every prompt token id folded into [0, vocab_size): same lengths, and equal
+    ids stay equal, so shared prefixes stay shared."""
+    if vocab_size is None or all(t < vocab_size for r in requests for t in r.prompt_ids):
+        return requests
+    return [r._replace(prompt_ids=[t % vocab_size for t in r.prompt_ids]) for r in requests]
+
+
+class BenchError(RuntimeError):
+    """The benchmark cannot run; the message says why and what to do."""
 
 
 async def _one(client, url: str, model: str, req: BenchRequest, headers: dict[str, str]) -> dict[str, Any]:

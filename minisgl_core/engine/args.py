@@ -40,6 +40,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="turn off cascade attention for requests sharing a cached prefix (ablation)",
     )
     g.add_argument(
+        "--generation-config",
+        default="auto",
+        metavar="auto|vllm|none|DIR",
+        help="defaults for sampling fields a request leaves unset: auto = the model's generation_config.json; "
+        "vllm or none = the OpenAI defaults only; DIR = a folder holding a generation_config.json",
+    )
+    g.add_argument(
         "--disable-plugin", action="append", default=[], metavar="NAME", help="skip a plugin (repeatable)"
     )
 
@@ -59,13 +66,18 @@ ENGINE_FIELDS = (
     "tp_size",
     "seed",
     "cuda_graph_max_bs",
+    "generation_config",
 )
 
 
 def engine_config_from_args(args: argparse.Namespace, plugin_options: dict[str, Any] | None = None) -> EngineConfig:
+    from minisgl_core.engine.model_path import check_model_path
+
     values = {name: getattr(args, name) for name in ENGINE_FIELDS}
+    model = resolve_model(args.model)
+    check_model_path(model)
     return EngineConfig(
-        model=resolve_model(args.model),
+        model=model,
         overlap=not args.disable_overlap,
         cascade=not args.disable_cascade,
         plugin_options=plugin_options or {},

@@ -45,6 +45,10 @@ class EngineConfig:
     #: cascade attention for decode requests sharing a cached prefix, where the decode backend
     #: supports it (read the shared prefix once per group)
     cascade: bool = True
+    #: where requests' unset sampling fields get their defaults: "auto" (the model's
+    #: generation_config.json), "vllm"/"none" (SamplingParams' own), or a folder holding a
+    #: generation_config.json (see engine/generation_defaults.py)
+    generation_config: str = "auto"
     #: options plugins added to the CLI, passed through untouched
     plugin_options: dict[str, Any] = field(default_factory=dict)
 

@@ -25,6 +25,7 @@ import torch
 
 from minisgl_core.api import ParallelContext
 from minisgl_core.engine.config import EngineConfig
+from minisgl_core.engine.generation_defaults import load_sampling_defaults
 from minisgl_core.engine.runner import ModelRunner
 from minisgl_core.engine.sampler import Sampler, SampleRequest, SampleResult, to_device
 from minisgl_core.plugins import Plugins
@@ -87,6 +88,8 @@ class Engine:
         # Resolve every selected plugin before the (slow) model load, so a bad choice fails fast.
         cache_cls = self.plugins.resolve("caches", config.cache)
         policy_cls = self.plugins.resolve("policies", config.policy)
+        #: what requests inherit for the sampling fields they leave unset (--generation-config)
+        self.sampling_defaults = load_sampling_defaults(config.model, config.generation_config, self.plugins)
         self.runner = ModelRunner(config, self.parallel, self.plugins)
         # from here on the page size is the one the runner resolved (None picks by device)
         self.config = config = dataclasses.replace(config, page_size=self.runner.page_size)

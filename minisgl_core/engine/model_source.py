@@ -154,7 +154,9 @@ def check_model(path: str, plugins: Plugins | None = None) -> None:
     """Open the model at ``path`` through its weight format (metadata only), so an unreadable
     model fails with :class:`ModelNotFound` before any process is started."""
     from minisgl_core.engine.loader import open_model
+    from minisgl_core.engine.model_path import check_model_path
 
+    check_model_path(path)  # the common mistakes, each named in one line
     try:
         open_model(path, plugins)
     except (OSError, ValueError) as exc:

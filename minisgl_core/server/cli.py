@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
+import time
 from typing import Any
 
 from minisgl_core.plugins import Plugins
@@ -36,7 +38,9 @@ def _add_http_args(p: argparse.ArgumentParser, port: int) -> None:
 
 def _add_shell_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("shell")
-    g.add_argument("--temperature", type=float, default=0.7)
+    g.add_argument(
+        "--temperature", type=float, default=None, help="sampling temperature (default: the model's, else 1.0)"
+    )
     g.add_argument("--max-tokens", type=int, default=512, help="longest reply in tokens")
     g.add_argument("--system", default=None, help="system prompt")
 
@@ -101,6 +105,7 @@ def _plain_options(args: argparse.Namespace) -> dict[str, Any]:
 def _serve_options(args: argparse.Namespace):
     from minisgl_core.distributed import DistributedSpec, free_loopback_addr
     from minisgl_core.engine.args import engine_config_from_args
+    from minisgl_core.engine.generation_defaults import describe, load_sampling_defaults
     from minisgl_core.engine.model_source import check_model
     from minisgl_core.server.launcher import ServeOptions
     from minisgl_core.server.runtime import RuntimeOptions
@@ -113,6 +118,8 @@ def _serve_options(args: argparse.Namespace):
     plugin_options = {d: getattr(args, d) for d in getattr(args, "plugin_dests", [])}
     config = engine_config_from_args(args, plugin_options)
     check_model(config.model, plugins)  # a bad file fails here in one line, before any process starts
+    sampling_defaults = load_sampling_defaults(config.model, config.generation_config, plugins)
+    logger.info("%s", describe(sampling_defaults))
     if args.nnodes > 1 and not args.dist_init_addr:
         raise SystemExit("minisgl: error: --nnodes > 1 needs --dist-init-addr HOST:PORT (rank 0's node)")
     dist = DistributedSpec(
@@ -128,6 +135,7 @@ def _serve_options(args: argparse.Namespace):
         disable_plugins=tuple(args.disable_plugin),
         log_level=args.log_level,
         options=_plain_options(args),
+        sampling_defaults=sampling_defaults,
     )
     opts = ServeOptions(
         runtime=runtime,
@@ -180,7 +188,25 @@ def _cmd_shell(args: argparse.Namespace) -> int:
         logging.getLogger().setLevel(logging.WARNING)
         args.log_level = "warning"
     opts, plugins = _serve_options(args)
-    return serve(opts, plugins, _shell_foreground(args))
+    config = opts.runtime.config
+    # Loading takes a while (seconds to minutes): say so on stderr, so stdout stays the conversation.
+    try:
+        device = config.resolve_device().type
+    except ValueError:
+        device = config.device  # the scheduler reports the problem
+    print(
+        f"minisgl shell: loading {config.model} on {device} (attn {config.attn}, tp {config.tp_size}) ...",
+        file=sys.stderr,
+        flush=True,
+    )
+    started = time.monotonic()
+    chat = _shell_foreground(args)
+
+    def foreground(url: str, api_key: str | None, model: str, is_failed) -> int:
+        print(f"minisgl shell: {model} ready in {time.monotonic() - started:.1f}s", file=sys.stderr, flush=True)
+        return chat(url, api_key, model, is_failed)
+
+    return serve(opts, plugins, foreground)
 
 
 def _first_model(url: str, api_key: str | None) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from minisgl_core.sampling import SamplingParams
+from minisgl_core.sampling import SamplingParams, merge_sampling
 from minisgl_core.server.errors import APIError
 from minisgl_core.server.responses import Choice
 from minisgl_core.server.state import RequestGroup
@@ -20,10 +20,12 @@ CLIENT_CLOSED = 499
 
 
 def check_sampling(fields: dict[str, Any], rename: dict[str, str], vocab_size: int) -> None:
-    """Range-check the sampling fields now (max_tokens may still be unknown) as a 400 naming the field,
-    before anything reaches the workers (an integer past 64 bits cannot even travel there)."""
+    """Range-check the fields the request set (None = unset, max_tokens may still be unknown) as a
+    400 naming the field, before anything reaches the workers (an integer past 64 bits cannot even
+    travel there); the model's defaults fill the unset ones later and were checked at start."""
     try:
-        SamplingParams(**{**fields, "max_tokens": 1 if fields["max_tokens"] is None else fields["max_tokens"]})
+        max_tokens = 1 if fields["max_tokens"] is None else fields["max_tokens"]
+        SamplingParams(**{**merge_sampling(fields, {}), "max_tokens": max_tokens})
     except ValueError as exc:
         name = str(exc).split(" ", 1)[0]
         raise APIError(

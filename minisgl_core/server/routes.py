@@ -176,6 +176,8 @@ def make_router(state: ServerState) -> APIRouter:
                     "owned_by": "minisgl",
                     "root": model.path,
                     "max_model_len": model.max_context_len,
+                    # token ids a prompt may use: [0, vocab_size) (bench serve builds prompts from it)
+                    "vocab_size": model.vocab_size,
                 }
             ],
         }

@@ -46,6 +46,8 @@ class RuntimeOptions:
     log_level: str = "info"
     #: CLI options for plugins' ProcessContext
     options: dict[str, Any] | None = None
+    #: what requests inherit for the sampling fields they leave unset (engine/generation_defaults.py)
+    sampling_defaults: dict[str, Any] | None = None
 
 
 class Runtime:
@@ -92,7 +94,11 @@ class Runtime:
         if self.is_head:
             model = self.opts.config.model
             children += [
-                ("tokenizer", self._spec("tokenizer", model=model), tokenizer_main),
+                (
+                    "tokenizer",
+                    self._spec("tokenizer", model=model, sampling_defaults=self.opts.sampling_defaults or {}),
+                    tokenizer_main,
+                ),
                 ("detokenizer", self._spec("detokenizer", model=model), detokenizer_main),
             ]
             self.to_tokenizer = connect_push(self.ctx, self.endpoints.tokenizer)

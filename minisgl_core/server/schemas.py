@@ -3,8 +3,10 @@
 Unknown fields are rejected (``extra="forbid"``) so a client never believes a field it sent was
 honoured when it was not; a field sent as ``null`` means "not set" and is dropped (so an
 unsupported one sent as null is fine, and a supported one takes its default).
-Each body turns into SamplingParams fields with :meth:`sampling_fields`; range checks live in
-SamplingParams itself and surface as 400 errors naming the field.
+Each body turns into SamplingParams fields with :meth:`sampling_fields`, where None means unset:
+the tokenizer fills those from the model's defaults, then SamplingParams' own (OpenAI's), see
+``sampling.merge_sampling``. Range checks live in SamplingParams itself and surface as 400
+errors naming the field.
 """
 
 from __future__ import annotations
@@ -106,10 +108,11 @@ class SamplingFields(StrictModel):
 
     model: Text | None = None
     max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0
+    #: None = unset: the model's default (--generation-config), else OpenAI's
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
     seed: int | None = None
     stop: Text | list[Text] | None = None
     stop_token_ids: list[int] | None = None
@@ -215,10 +218,11 @@ class GenerateSampling(StrictModel):
     """The native API's sampling_params (SGLang names)."""
 
     max_new_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0
+    #: None = unset: the model's default (--generation-config), else OpenAI's
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
     stop: Text | list[Text] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False

@@ -26,10 +26,10 @@ def stream_chat(
     api_key: str | None,
     model: str,
     messages: list[dict[str, str]],
-    temperature: float,
+    temperature: float | None,
     max_tokens: int,
 ) -> Iterator[str]:
-    """The reply's text pieces as the server streams them."""
+    """The reply's text pieces as the server streams them; temperature None = the model's default."""
     body = {
         "model": model,
         "messages": messages,
@@ -73,7 +73,7 @@ def run_shell(
     model: str,
     is_failed: Callable[[], bool] = lambda: False,
     *,
-    temperature: float = 0.7,
+    temperature: float | None = None,
     max_tokens: int = 512,
     system: str | None = None,
     stdin: TextIO | None = None,

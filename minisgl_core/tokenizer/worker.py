@@ -31,7 +31,7 @@ from minisgl_core.messages import (
     TokenizeRequest,
 )
 from minisgl_core.plugins import Plugins
-from minisgl_core.sampling import SamplingParams, choice_seed, sampling_defaults
+from minisgl_core.sampling import SamplingParams, choice_seed, merge_sampling
 from minisgl_core.server.child import ChildSpec, ReportReady
 from minisgl_core.server.ipc import bind_pull, connect_push, recv, send
 from minisgl_core.tokenizer.detokenize import IncrementalDetokenizer
@@ -55,7 +55,7 @@ class Admitter:
     def __init__(self, tokenizer: Any, limits: Limits, defaults: dict[str, Any] | None = None) -> None:
         self.tokenizer = tokenizer
         self.limits = limits
-        #: the model's sampling defaults (generation_config.json) for fields a request leaves unset
+        #: the model's sampling defaults (--generation-config) for fields a request leaves unset
         self.defaults = defaults or {}
 
     def prompt_ids(self, req: TokenizeRequest) -> list[int]:
@@ -71,10 +71,8 @@ class Admitter:
             ids = self.prompt_ids(req)
         except Exception as exc:  # noqa: BLE001 - a template or tokenizer error is the request's problem
             raise RequestRejected(f"could not tokenize the prompt: {exc}", prompt_field) from exc
-        params = dict(req.params)
-        for key, value in self.defaults.items():
-            if params.get(key) is None:
-                params[key] = value
+        # request > model default > SamplingParams' (OpenAI's) default, field by field
+        params = merge_sampling(req.params, {k: v for k, v in self.defaults.items() if k != "max_tokens"})
         room = min(self.limits.max_context_len, self.limits.kv_capacity_tokens) - len(ids)
         if params.get("max_tokens") is None:
             if room < 1:
@@ -83,7 +81,8 @@ class Admitter:
                     f"length {self.limits.max_context_len}; shorten the prompt",
                     prompt_field,
                 )
-            params["max_tokens"] = room
+            # the model's max_new_tokens caps what the context leaves, never the other way round
+            params["max_tokens"] = min(room, self.defaults.get("max_tokens") or room)
         try:
             sampling = SamplingParams(**params)
         except (TypeError, ValueError) as exc:
@@ -120,8 +119,7 @@ def tokenizer_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_r
         return
     if not isinstance(limits, Limits):
         raise RuntimeError(f"tokenizer expected Limits first, got {type(limits).__name__}")
-    defaults = sampling_defaults(source.generation_config())
-    admitter = Admitter(tokenizer, limits, defaults)
+    admitter = Admitter(tokenizer, limits, spec.payload.get("sampling_defaults"))
     report_ready({})
     while True:
         msg = recv(inbox)

@@ -1,0 +1,55 @@
+"""`minisgl bench serve` as the README runs it: no --model (the server says which), prompts the
+served tokenizer accepts (ids folded into its vocabulary), clear one-line errors otherwise."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from minisgl_core.bench.serve import ServedModel, check_context, fit_vocab
+from minisgl_core.bench.workloads import BenchRequest, shared_prefix
+
+from .conftest import API_KEY
+
+SMALL = ["--workload", "shared-prefix", "--groups", "2", "--prompts-per-group", "2", "--prefix-len", "48",
+         "--question-len", "8", "--output-len", "4"]  # fmt: skip
+
+
+def bench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "minisgl_core", "bench", "serve", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+def test_bench_serve_finds_the_model_and_fits_the_vocabulary(server, model_name: str) -> None:
+    proc = bench("--url", server.url, "--api-key", API_KEY, *SMALL)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["model"] == model_name
+    assert result["requests"] == 4 and result["output_tokens"] == 4 * 4
+    assert 0 < result["prefix_hit_rate"] <= 1
+
+
+def test_bench_serve_errors_are_one_line(server) -> None:
+    unreachable = bench("--url", "http://127.0.0.1:9", *SMALL)
+    assert unreachable.returncode != 0 and "Traceback" not in unreachable.stderr
+    assert unreachable.stderr.startswith("minisgl bench serve: cannot reach the server at http://127.0.0.1:9")
+    no_key = bench("--url", server.url, *SMALL)
+    assert no_key.returncode != 0 and "HTTP 401" in no_key.stderr and "Traceback" not in no_key.stderr
+    too_long = bench("--url", server.url, "--api-key", API_KEY, *SMALL[:-2], "--output-len", "4000")
+    assert too_long.returncode != 0 and "Traceback" not in too_long.stderr
+    assert "needs 4056 tokens (prompt + output)" in too_long.stderr
+
+
+def test_fit_vocab_keeps_lengths_and_shared_prefixes() -> None:
+    workload = shared_prefix(groups=2, prompts_per_group=2, prefix_len=16, question_len=4, vocab=10000)
+    fitted = fit_vocab(workload, 100)
+    assert [len(r.prompt_ids) for r in fitted] == [len(r.prompt_ids) for r in workload]
+    assert all(0 <= t < 100 for r in fitted for t in r.prompt_ids)
+    assert fitted[0].prompt_ids[:16] == fitted[2].prompt_ids[:16]  # same group, same prefix
+    assert fit_vocab(workload, None) is workload and fit_vocab(workload, 10000) is workload
+    check_context([BenchRequest([1] * 10, 6)], ServedModel("m", 100, 16))  # fits exactly

@@ -1,0 +1,120 @@
+"""The model's generation_config.json reaches HTTP requests that leave a sampling field unset.
+
+A copy of the tiny model whose generation_config.json says temperature 0 (greedy) and
+max_new_tokens 6 is served: requests without a temperature must then be greedy whatever their
+seed (and equal an explicit temperature 0), while an explicit temperature still samples. The
+session server (same weights, no sampling defaults) is the control: there an unset temperature
+means OpenAI's 1.0, so seeded requests differ.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import API_KEY, ENGINE_ARGS
+
+PROMPT = [11, 42, 7, 99, 5]
+SEEDS = (1, 2, 3, 4)
+
+
+@pytest.fixture(scope="module")
+def greedy_model_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    copy = tmp_path_factory.mktemp("greedy") / model_dir.name
+    shutil.copytree(model_dir, copy)
+    gen = json.loads((copy / "generation_config.json").read_text())
+    gen |= {"temperature": 0.0, "max_new_tokens": 6}
+    (copy / "generation_config.json").write_text(json.dumps(gen))
+    return copy
+
+
+@pytest.fixture(scope="module")
+def greedy_client(start_server, greedy_model_dir: Path):
+    import openai
+
+    server = start_server(["--model", str(greedy_model_dir), "--api-key", API_KEY, *ENGINE_ARGS])
+    assert (
+        "requests' unset sampling fields take the model's defaults: temperature=0.0 max_tokens=6"
+        in server.log()
+    )
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+
+
+def _completion(client, model: str, **fields) -> tuple[tuple[str, ...], str, int]:
+    """(the output's tokens as text, finish reason, completion tokens) of one completion of PROMPT."""
+    out = client.completions.create(
+        model=model, prompt=PROMPT, logprobs=0, extra_body={"ignore_eos": True}, **fields
+    )
+    choice = out.choices[0]
+    return tuple(choice.logprobs.tokens), choice.finish_reason, out.usage.completion_tokens
+
+
+def test_unset_temperature_takes_the_models_greedy_default(greedy_client, greedy_model_dir: Path) -> None:
+    name = greedy_model_dir.name
+    greedy = _completion(greedy_client, name, temperature=0, max_tokens=6)
+    unset = [_completion(greedy_client, name, seed=seed, max_tokens=6) for seed in SEEDS]
+    assert all(result == greedy for result in unset)
+    # an explicit temperature wins over the model's default: seeded samples leave the greedy path
+    sampled = [_completion(greedy_client, name, seed=seed, temperature=1.5, max_tokens=6) for seed in SEEDS]
+    assert any(result[0] != greedy[0] for result in sampled)
+
+
+def test_unset_max_tokens_takes_the_models_max_new_tokens(greedy_client, greedy_model_dir: Path) -> None:
+    name = greedy_model_dir.name
+    _, reason, used = _completion(greedy_client, name)
+    assert (reason, used) == ("length", 6)
+    _, reason, used = _completion(greedy_client, name, max_tokens=9)
+    assert (reason, used) == ("length", 9)
+
+
+def test_chat_and_native_routes_take_the_defaults_too(greedy_client, greedy_model_dir: Path) -> None:
+    import httpx
+
+    name = greedy_model_dir.name
+    messages = [{"role": "user", "content": "hello there"}]
+    explicit = greedy_client.chat.completions.create(
+        model=name, messages=messages, temperature=0, max_tokens=6
+    )
+    for seed in SEEDS[:2]:
+        unset = greedy_client.chat.completions.create(model=name, messages=messages, seed=seed)
+        assert unset.choices[0].message.content == explicit.choices[0].message.content
+    url = str(greedy_client.base_url).removesuffix("/v1/")
+    bodies = [
+        {"input_ids": PROMPT, "sampling_params": {"seed": seed, "ignore_eos": True}} for seed in SEEDS[:2]
+    ] + [
+        {"input_ids": PROMPT, "sampling_params": {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}}
+    ]
+    outputs = [
+        httpx.post(
+            f"{url}/generate", json=body, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=120
+        ).json()
+        for body in bodies
+    ]
+    assert len({tuple(out["output_ids"]) for out in outputs}) == 1, outputs
+    assert all(out["meta_info"]["completion_tokens"] == 6 for out in outputs), outputs
+
+
+def test_without_model_defaults_an_unset_temperature_samples(client, model_name: str) -> None:
+    """The control: the same weights without sampling defaults sample at OpenAI's temperature 1."""
+    greedy = _completion(client, model_name, temperature=0, max_tokens=6)
+    unset = [_completion(client, model_name, seed=seed, max_tokens=6) for seed in SEEDS]
+    assert any(result[0] != greedy[0] for result in unset)
+    assert unset[0] == _completion(client, model_name, seed=SEEDS[0], max_tokens=6)  # seeded: reproducible
+
+
+def test_bad_generation_config_fails_in_one_line(model_dir: Path, tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "minisgl_core", "serve", "--model", str(model_dir), "--port", "0",
+         "--generation-config", str(tmp_path / "nowhere"), *ENGINE_ARGS],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert errors == [f"minisgl: error: --generation-config {tmp_path / 'nowhere'}: no generation_config.json "
+                      "there; give a folder holding one, or one of auto, vllm, none"]  # fmt: skip
