@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from minisgl_core.engine.loader import open_model
+from minisgl_core.engine.loader import load_generation_config, open_model
 from minisgl_core.sampling import UNSUPPORTED_GENERATION_KEYS, SamplingParams, sampling_defaults
 
 if TYPE_CHECKING:
@@ -32,15 +32,21 @@ class GenerationConfigError(ValueError):
 
 
 def model_generation_config(model: str | Path, plugins: Plugins | None = None) -> dict[str, Any]:
-    """The model's own generation config, read through its weight format: a directory's
-    ``generation_config.json``, a GGUF's metadata (the one place sources are asked)."""
+    """The model's own generation config: a directory's ``generation_config.json``, or what its
+    weight format reads (a GGUF's metadata). The one place that knows where a model keeps it."""
+    path = Path(model)
+    if path.is_dir() and not any(path.glob("*.gguf")):
+        try:
+            return load_generation_config(path)
+        except (OSError, ValueError) as exc:
+            raise GenerationConfigError(
+                f"{path / 'generation_config.json'} is unreadable ({exc}); fix it, or start with "
+                "--generation-config none to ignore it"
+            ) from exc
     try:
-        return open_model(model, plugins).generation_config()
-    except (OSError, ValueError) as exc:
-        raise GenerationConfigError(
-            f"the generation config of {model} is unreadable ({exc}); fix it, or start with "
-            "--generation-config none to ignore it"
-        ) from exc
+        return open_model(path, plugins).generation_config()
+    except (OSError, ValueError):
+        return {}  # not a model this installation reads: the model checks say so in one line
 
 
 def _read_folder(folder: Path) -> dict[str, Any]:
