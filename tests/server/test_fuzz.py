@@ -108,9 +108,13 @@ def test_schema_fuzz_gets_no_server_error(case, server, auth):
 
 EDGE_INTS = [0, -1, 1, 2**31, 2**63 - 1, 2**63, 2**64 - 1, 2**64, -(2**63), -(2**63) - 1, 2**80]
 integers = st.one_of(st.integers(-3, 40), st.sampled_from(EDGE_INTS), st.integers(-(2**70), 2**70))
+#: mostly sensible values, the edges now and then
+small_or_edge = st.one_of(st.integers(-1, 40), st.integers(-1, 40), integers)
 numbers = st.one_of(
-    st.floats(allow_nan=True, allow_infinity=True),
+    st.floats(0, 1),
+    st.floats(0, 1),
     st.sampled_from([0.0, 1e-320, 5e-3, 0.7, 1.0, 2.0, -0.5, 3.0]),
+    st.floats(allow_nan=True, allow_infinity=True),
     integers,
 )
 #: text with the characters that used to break things: lone surrogates, controls, emoji
@@ -122,29 +126,30 @@ junk = st.one_of(st.none(), st.booleans(), texts, st.lists(integers, max_size=3)
 
 
 def maybe(strategy: st.SearchStrategy) -> st.SearchStrategy:
-    """The strategy, or now and then a value of the wrong type."""
-    return st.one_of(strategy, strategy, strategy, junk)
+    """The strategy, or now and then (1 in 10) a value of the wrong type: rarely, so that most
+    bodies get past the schema and reach the range checks, the tokenizer and the scheduler."""
+    return st.one_of(*[strategy] * 9, junk)
 
 
 sampling_fields = st.fixed_dictionaries(
-    {"max_tokens": st.one_of(st.integers(1, MAX_FUZZ_TOKENS), integers, junk)},
+    {"max_tokens": st.one_of(*[st.integers(1, MAX_FUZZ_TOKENS)] * 4, integers, junk)},
     optional={
         "temperature": maybe(numbers),
         "top_p": maybe(numbers),
-        "top_k": maybe(integers),
+        "top_k": maybe(small_or_edge),
         "min_p": maybe(numbers),
-        "seed": maybe(integers),
+        "seed": maybe(small_or_edge),
         "presence_penalty": maybe(numbers),
         "frequency_penalty": maybe(numbers),
         "stop": maybe(st.one_of(texts, st.lists(texts, max_size=3))),
-        "stop_token_ids": maybe(st.lists(integers, max_size=3)),
+        "stop_token_ids": maybe(st.lists(small_or_edge, max_size=3)),
         "n": maybe(st.one_of(st.integers(1, 2), integers)),
         "ignore_eos": maybe(st.booleans()),
         "stream": maybe(st.booleans()),
         "stream_options": maybe(st.fixed_dictionaries({}, optional={"include_usage": maybe(st.booleans())})),
     },
 )
-prompts = st.one_of(texts, st.lists(integers, max_size=4), st.lists(texts, max_size=3), junk)
+prompts = st.one_of(texts, texts, st.lists(small_or_edge, max_size=4), st.lists(texts, max_size=3), junk)
 messages = st.lists(
     st.fixed_dictionaries(
         {
