@@ -191,12 +191,16 @@ class Engine:
         if self.trace is not None:
             self.trace.close()
             self.trace = None
-        device = self.runner.device
-        # The weights' loaders are bound methods of their layers (parameter <-> module cycles):
-        # empty the tensors themselves so the memory goes now, whoever still holds a layer.
-        for tensor in [*self.runner.model.parameters(), *self.runner.model.buffers()]:
+        runner = self.runner
+        device = runner.device
+        # More cycles hold the big tensors: the weights' loaders are bound methods of their layers,
+        # and CUDA graphs point back at the runner. So empty the tensors themselves: the memory
+        # goes now, whoever still holds a layer or a view of the pool.
+        runner.graphs = None
+        for tensor in [*runner.model.parameters(), *runner.model.buffers()]:
             tensor.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
-        del self.scheduler, self.runner, self.sampler, self.last_tokens
+        runner.kv_cache.buffer.untyped_storage().resize_(0)
+        del self.scheduler, self.runner, self.sampler, self.last_tokens, runner
         if device.type == "cuda":
             torch.cuda.empty_cache()
 
