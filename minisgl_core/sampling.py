@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from minisgl_core.api.grammar import GrammarSpec
+
 
 @dataclass
 class SamplingParams:
@@ -26,14 +28,25 @@ class SamplingParams:
     #: None: no logprobs; 0: the sampled token's logprob; k > 0: also the k most likely tokens
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    #: token id -> added to its logit before sampling, in [-100, 100] (OpenAI's logit_bias)
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    #: > 1 discourages every token already in the prompt or the output (Hugging Face semantics)
+    repetition_penalty: float = 1.0
+    #: what the output must match (constrained decoding), None = free
+    grammar: GrammarSpec | None = None
 
     MAX_TOP_LOGPROBS = 20
+    MAX_LOGIT_BIAS = 100.0
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        # JSON and msgpack carry these as plain values: ids may be strings, the grammar a dict
+        self.logit_bias = {_token_id(k): v for k, v in (self.logit_bias or {}).items()}
+        if isinstance(self.grammar, dict):
+            self.grammar = GrammarSpec(**self.grammar)
         self.validate()
 
     def validate(self) -> None:
@@ -72,10 +85,25 @@ class SamplingParams:
             bad("stop", "must be non-empty strings")
         if not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
             bad("stop_token_ids", "must be non-negative integers")
+        if not finite("repetition_penalty") > 0:
+            bad("repetition_penalty", "must be > 0 (1 disables it)")
+        limit = self.MAX_LOGIT_BIAS
+        for token, bias in self.logit_bias.items():
+            if token < 0:
+                bad("logit_bias", "must map token ids (non-negative integers) to biases")
+            if not isinstance(bias, (int, float)) or isinstance(bias, bool) or not -limit <= bias <= limit:
+                bad("logit_bias", f"values must be numbers in [-{limit:g}, {limit:g}]")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def _token_id(key: object) -> int:
+    try:
+        return int(key)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        raise ValueError(f"logit_bias keys must be token ids, got {key!r}") from None
 
 
 #: generation_config.json keys that become a request's defaults when the request leaves them unset

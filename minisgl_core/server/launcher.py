@@ -14,12 +14,13 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from minisgl_core.api import ProcessContext
 from minisgl_core.plugins import Plugins
+from minisgl_core.server.api_options import ApiOptions
 from minisgl_core.server.runtime import ChildFailed, Runtime, RuntimeOptions
 
 logger = logging.getLogger("minisgl.server")
@@ -37,6 +38,8 @@ class ServeOptions:
     api_key: str | None = None
     served_model_name: str | None = None
     log_level: str = "info"
+    #: parsers, CORS and the chat template of the HTTP layer
+    api: ApiOptions = field(default_factory=ApiOptions)
 
 
 #: what to run in the main thread once the server is up: (url, api key, model name, is_failed) -> exit code
@@ -156,7 +159,7 @@ def _start_http(opts: ServeOptions, runtime: Runtime, info: dict[str, Any], name
         info["vocab_size"],
     )
     state = ServerState(runtime.endpoints, model)
-    app = create_app(state, opts.api_key)
+    app = create_app(state, opts.api_key, opts.api)
     uv_level = "debug" if opts.log_level.lower() == "debug" else "warning"
     config = uvicorn.Config(
         app,

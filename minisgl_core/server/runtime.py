@@ -46,6 +46,8 @@ class RuntimeOptions:
     log_level: str = "info"
     #: CLI options for plugins' ProcessContext
     options: dict[str, Any] | None = None
+    #: Jinja text replacing the tokenizer's chat template (``--chat-template``)
+    chat_template: str | None = None
 
 
 class Runtime:
@@ -92,7 +94,11 @@ class Runtime:
         if self.is_head:
             model = self.opts.config.model
             children += [
-                ("tokenizer", self._spec("tokenizer", model=model), tokenizer_main),
+                (
+                    "tokenizer",
+                    self._spec("tokenizer", model=model, chat_template=self.opts.chat_template),
+                    tokenizer_main,
+                ),
                 ("detokenizer", self._spec("detokenizer", model=model), detokenizer_main),
             ]
             self.to_tokenizer = connect_push(self.ctx, self.endpoints.tokenizer)

@@ -38,7 +38,9 @@ from minisgl_core.api import (
     CacheManager,
     Model,
     ProcessContext,
+    ReasoningParser,
     SchedulingPolicy,
+    ToolParser,
     hookspecs,
 )
 from minisgl_core.plugins import GROUP, KIND_HOOKS, Plugins, api_compatible
@@ -48,6 +50,8 @@ KIND_BASES: dict[str, type] = {
     "attention": AttentionBackend,
     "caches": CacheManager,
     "policies": SchedulingPolicy,
+    "tool_parsers": ToolParser,
+    "reasoning_parsers": ReasoningParser,
 }
 HOOK_NAMES = frozenset(name for name in dir(hookspecs) if name.startswith("minisgl_"))
 #: what a discovery-time import must never pull in: kernel libraries and compilers

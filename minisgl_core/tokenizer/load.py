@@ -9,8 +9,9 @@ from typing import Any
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def load_tokenizer(model_dir: str | Path) -> Any:
-    """The HF tokenizer saved in ``model_dir`` (tokenizer.json / tokenizer_config.json)."""
+def load_tokenizer(model_dir: str | Path, chat_template: str | None = None) -> Any:
+    """The HF tokenizer saved in ``model_dir`` (tokenizer.json / tokenizer_config.json), with
+    ``chat_template`` (Jinja text, ``--chat-template``) replacing its own when given."""
     from transformers import AutoTokenizer
 
     path = Path(model_dir)
@@ -18,7 +19,10 @@ def load_tokenizer(model_dir: str | Path) -> Any:
         raise FileNotFoundError(
             f"no tokenizer in {path} (expected tokenizer.json, tokenizer.model or vocab.json next to config.json)"
         )
-    return AutoTokenizer.from_pretrained(str(path))
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+    return tokenizer
 
 
 def apply_chat_template(tokenizer: Any, messages: list[dict[str, Any]], **kwargs: Any) -> list[int]:

@@ -61,7 +61,7 @@ class Admitter:
 
     def prompt_ids(self, req: TokenizeRequest) -> list[int]:
         if req.messages is not None:
-            return apply_chat_template(self.tokenizer, req.messages)
+            return apply_chat_template(self.tokenizer, req.messages, **(req.template_args or {}))
         if req.text is not None:
             return list(self.tokenizer.encode(req.text, add_special_tokens=False))
         return list(req.input_ids or [])
@@ -102,12 +102,14 @@ class Admitter:
             # Blame max_tokens only when lowering it would help.
             prompt_fits = len(ids) < min(self.limits.max_context_len, self.limits.kv_capacity_tokens)
             blame = req.max_tokens_field if prompt_fits and "max_tokens" in str(exc) else prompt_field
+            if str(exc).startswith("logit_bias"):
+                blame = "logit_bias"
             raise RequestRejected(str(exc), blame) from exc
         return ids, sampling
 
 
 def tokenizer_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_ready: ReportReady) -> None:
-    tokenizer = load_tokenizer(spec.payload["model"])
+    tokenizer = load_tokenizer(spec.payload["model"], spec.payload.get("chat_template"))
     inbox = bind_pull(ctx, spec.endpoints.tokenizer)
     to_scheduler = connect_push(ctx, spec.endpoints.scheduler)
     to_detokenizer = connect_push(ctx, spec.endpoints.detokenizer)
