@@ -311,7 +311,7 @@ def _plugin_hint(kind: str, name: str) -> str:
     if kind == "tool_parsers":
         return name.replace("_", "-")
     if kind == "reasoning_parsers":
-        return f"{name}-reasoning"
+        return f"{name.replace('_', '-')}-reasoning"
     return name
 
 
