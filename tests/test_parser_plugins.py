@@ -11,7 +11,7 @@ import pytest
 from minisgl_core.api import ReasoningParser, ReasoningResult, ToolParser, scan_tool_call
 from minisgl_core.plugins import PluginError, Plugins
 
-PARSERS = '''
+PARSERS = """
 from minisgl_core.api import JsonToolCallParser, TagReasoningParser, hookimpl
 
 MINISGL_API = "1.6"
@@ -35,13 +35,15 @@ def minisgl_register_tool_parsers(register):
 @hookimpl
 def minisgl_register_reasoning_parsers(register):
     register("thought", "fake_parsers:Thought")
-'''
+"""
 
 
 def test_parser_hooks_fill_their_registries(tmp_path, monkeypatch):
     (tmp_path / "fake_parsers.py").write_text(PARSERS)
     monkeypatch.syspath_prepend(str(tmp_path))
-    plugins = Plugins.load(entry_points=[metadata.EntryPoint("fake-parsers", "fake_parsers", "minisgl.plugins")])
+    plugins = Plugins.load(
+        entry_points=[metadata.EntryPoint("fake-parsers", "fake_parsers", "minisgl.plugins")]
+    )
     [info] = plugins.infos
     assert info.status == "ok", info.reason
     assert info.provides["tool_parsers"] == ["bracket"] and info.provides["reasoning_parsers"] == ["thought"]
@@ -58,7 +60,9 @@ def test_installed_parsers_resolve_and_unknown_names_say_what_to_install():
     assert issubclass(plugins.resolve("tool_parsers", "hermes"), ToolParser)
     assert issubclass(plugins.resolve("tool_parsers", "llama3_json"), ToolParser)
     assert issubclass(plugins.resolve("reasoning_parsers", "qwen3"), ReasoningParser)
-    with pytest.raises(PluginError, match=r"unknown --tool-call-parser 'mistral'; installed: hermes, llama3_json"):
+    with pytest.raises(
+        PluginError, match=r"unknown --tool-call-parser 'mistral'; installed: hermes, llama3_json"
+    ):
         plugins.resolve("tool_parsers", "mistral")
     with pytest.raises(PluginError, match="minisgl-plugin-deepseek-r1-reasoning"):
         plugins.resolve("reasoning_parsers", "deepseek_r1")
@@ -68,7 +72,12 @@ def test_installed_parsers_resolve_and_unknown_names_say_what_to_install():
     ("text", "status", "name", "arguments"),
     [
         ('{"name": "f", "arguments": {"a": "}{"}}', "complete", "f", '{"a": "}{"}'),
-        ('  {"arguments": {"a": [1, {"b": 2}]}, "name": "g", "extra": 3}', "complete", "g", '{"a": [1, {"b": 2}]}'),
+        (
+            '  {"arguments": {"a": [1, {"b": 2}]}, "name": "g", "extra": 3}',
+            "complete",
+            "g",
+            '{"a": [1, {"b": 2}]}',
+        ),
         ('{"name": "f"}', "complete", "f", "{}"),
         ('{"name": "f", "arguments": {"a": tru', "partial", "f", '{"a": tru'),
         ('{"name": "f', "partial", None, ""),

@@ -102,7 +102,9 @@ def _load(text: str) -> object:
         raise _Invalid from None
 
 
-def scan_tool_call(text: str, start: int = 0, arguments_keys: tuple[str, ...] = ("arguments",)) -> ScannedCall:
+def scan_tool_call(
+    text: str, start: int = 0, arguments_keys: tuple[str, ...] = ("arguments",)
+) -> ScannedCall:
     """Read the call object at ``text[start:]`` (leading whitespace allowed): ``{"name": <string>,
     <one of arguments_keys>: <object>}``, keys in any order, other keys ignored. A complete call
     with no arguments key has arguments ``"{}"``."""

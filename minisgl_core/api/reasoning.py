@@ -98,4 +98,3 @@ class TagReasoningParser(ReasoningParser):
         if self._mode in ("content", "content_only"):
             content, self._buffer = self._buffer, ""
         return ReasoningDelta(reasoning, content)
-

@@ -261,4 +261,3 @@ class JsonToolCallParser(ToolParser):
         if deltas_id is not None or new:
             self._out_calls.append(ToolCallDelta(self._index, deltas_id, deltas_name, new))
             self._sent_arguments[self._index] = len(scan.arguments)
-

@@ -31,6 +31,7 @@ def require_api_key(api_key: str) -> Callable[[Request], None]:
 
 def create_app(state: ServerState, api_key: str | None = None, options: ApiOptions | None = None) -> FastAPI:
     options = options or ApiOptions()
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await state.start()

@@ -160,7 +160,9 @@ def _read_chat_template(path: str | None) -> str | None:
     try:
         return Path(path).read_text(encoding="utf-8")
     except OSError as exc:
-        raise SystemExit(f"minisgl: error: --chat-template: cannot read {path}: {exc.strerror or exc}") from None
+        raise SystemExit(
+            f"minisgl: error: --chat-template: cannot read {path}: {exc.strerror or exc}"
+        ) from None
 
 
 def _api_options(args: argparse.Namespace, plugins: Plugins, chat_template: str | None):
@@ -169,7 +171,9 @@ def _api_options(args: argparse.Namespace, plugins: Plugins, chat_template: str 
     from minisgl_core.server.api_options import ApiOptions
 
     try:
-        tool_parser = plugins.resolve("tool_parsers", args.tool_call_parser) if args.tool_call_parser else None
+        tool_parser = (
+            plugins.resolve("tool_parsers", args.tool_call_parser) if args.tool_call_parser else None
+        )
         reasoning_parser = (
             plugins.resolve("reasoning_parsers", args.reasoning_parser) if args.reasoning_parser else None
         )

@@ -61,7 +61,9 @@ def validation_error(exc: RequestValidationError) -> APIError:
     loc = [
         p
         for p in loc
-        if not p.startswith(("list[", "str", "int", "function-", "TextPart", "float", "literal[", "NamedToolChoice"))
+        if not p.startswith(
+            ("list[", "str", "int", "function-", "TextPart", "float", "literal[", "NamedToolChoice")
+        )
     ]
     param = ".".join(loc) or None
     if kind == "extra_forbidden":

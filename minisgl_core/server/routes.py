@@ -23,7 +23,9 @@ from minisgl_core.server.state import RequestGroup, ServerState
 from minisgl_core.server.tools import plan_tools
 
 
-def make_router(state: ServerState, options: ApiOptions | None = None, tokenizer: ApiTokenizer | None = None) -> APIRouter:
+def make_router(
+    state: ServerState, options: ApiOptions | None = None, tokenizer: ApiTokenizer | None = None
+) -> APIRouter:
     router = APIRouter()
     model = state.model
     options = options or ApiOptions()
@@ -130,7 +132,10 @@ def make_router(state: ServerState, options: ApiOptions | None = None, tokenizer
         # echo: each choice starts with its prompt's text (choices are n per prompt, in order)
         echoes = [""] * group.num_choices
         if body.echo:
-            texts = [p if isinstance(p, str) else await tokenizer.run(lambda t, ids=p: t.decode(ids)) for p in prompts]
+            texts = [
+                p if isinstance(p, str) else await tokenizer.run(lambda t, ids=p: t.decode(ids))
+                for p in prompts
+            ]
             echoes = [text for text in texts for _ in range(body.n)]
 
         async def chunks() -> AsyncIterator[str]:

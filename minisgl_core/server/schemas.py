@@ -59,7 +59,11 @@ class AssistantToolCall(StrictModel):
             arguments = self.function.arguments
         if not isinstance(arguments, dict):
             arguments = self.function.arguments
-        return {"id": self.id, "type": "function", "function": {"name": self.function.name, "arguments": arguments}}
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.function.name, "arguments": arguments},
+        }
 
 
 class ChatMessage(StrictModel):
@@ -80,7 +84,9 @@ class ChatMessage(StrictModel):
     @model_validator(mode="after")
     def _fits_role(self) -> ChatMessage:
         if self.content is None and not (self.role == "assistant" and self.tool_calls):
-            raise ValueError(f"a {self.role} message needs content (only an assistant message with tool_calls may omit it)")
+            raise ValueError(
+                f"a {self.role} message needs content (only an assistant message with tool_calls may omit it)"
+            )
         if self.tool_calls is not None and self.role != "assistant":
             raise ValueError("only assistant messages may have tool_calls")
         if self.role == "tool" and not self.tool_call_id:
@@ -94,7 +100,10 @@ class ChatMessage(StrictModel):
             content = self.content
         else:
             content = "".join(p.text for p in self.content)
-        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": content}
+        out: dict[str, Any] = {
+            "role": "system" if self.role == "developer" else self.role,
+            "content": content,
+        }
         if self.name is not None:
             out["name"] = self.name
         if self.tool_calls:

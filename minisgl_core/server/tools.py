@@ -64,7 +64,9 @@ def plan_tools(body: ChatCompletionRequest, tool_parser: type[ToolParser] | None
         named = [f for f in functions if f.name == name]
         if not named:
             known = ", ".join(f.name for f in functions)
-            raise APIError(400, f"tool_choice names {name!r}, which is not among the tools ({known})", "tool_choice")
+            raise APIError(
+                400, f"tool_choice names {name!r}, which is not among the tools ({known})", "tool_choice"
+            )
         schema = {"type": "array", "items": _call_schema(named[0]), "minItems": 1, "maxItems": 1}
         single = True
     grammar = {"kind": "json_schema", "value": json.dumps(schema)}

@@ -34,7 +34,10 @@ WEATHER = {
         },
     },
 }
-TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+TIME = {
+    "type": "function",
+    "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}},
+}
 MESSAGES = [{"role": "user", "content": "Weather in Paris?"}]
 QWEN3_ANSWER = (
     "<think>\nThe user wants the weather; call the tool.\n</think>\n\n"
@@ -90,14 +93,18 @@ def test_auto_needs_a_parser_and_named_function_must_exist():
     with pytest.raises(APIError, match="--tool-call-parser"):
         plan_tools(request(tools=[WEATHER]), None)
     with pytest.raises(APIError, match="not among the tools"):
-        plan_tools(request(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}}), None)
+        plan_tools(
+            request(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}}), None
+        )
     plan = plan_tools(request(tools=[WEATHER]), HermesToolParser)
     assert plan.parser is HermesToolParser and plan.grammar is None and plan.tools == [WEATHER]
 
 
 @pytest.mark.parametrize("parallel", [True, False])
 def test_required_forces_calls_that_validate_against_the_functions(parallel):
-    plan = plan_tools(request(tools=[WEATHER, TIME], tool_choice="required", parallel_tool_calls=parallel), None)
+    plan = plan_tools(
+        request(tools=[WEATHER, TIME], tool_choice="required", parallel_tool_calls=parallel), None
+    )
     assert plan.parser is ForcedToolCallParser and plan.grammar["kind"] == "json_schema"
     schema = json.loads(plan.grammar["value"])
     jsonschema.Draft202012Validator.check_schema(schema)
@@ -210,7 +217,11 @@ def test_tool_messages_reach_the_template():
                 "role": "assistant",
                 "content": None,
                 "tool_calls": [
-                    {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                    }
                 ],
             },
             {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"},
@@ -222,7 +233,13 @@ def test_tool_messages_reach_the_template():
     assert rendered[1] == {
         "role": "assistant",
         "content": "",
-        "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}],
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+            }
+        ],
     }
     assert rendered[2] == {"role": "tool", "content": "18 C, sunny", "tool_call_id": "call_1"}
     assert body.template_args() == {"enable_thinking": False, "tools": [WEATHER]}
@@ -233,7 +250,11 @@ def test_tool_messages_reach_the_template():
     [
         {"role": "tool", "content": "x"},  # no tool_call_id
         {"role": "user", "content": None, "tool_calls": []},
-        {"role": "user", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{}"}}], "content": "x"},
+        {
+            "role": "user",
+            "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{}"}}],
+            "content": "x",
+        },
         {"role": "assistant"},
     ],
 )

@@ -8,7 +8,6 @@ sampling fields against the offline engine; the parsing of real tool-call text i
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import httpx
@@ -81,7 +80,11 @@ def test_tool_round_trip_messages(tools_client, templated, model_name, stream):
         model=model_name, messages=ASK, tools=[WEATHER], tool_choice="auto", max_tokens=8, temperature=0
     )
     assert first.choices[0].finish_reason in ("stop", "length", "tool_calls")
-    call = {"id": "call_abc", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    call = {
+        "id": "call_abc",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+    }
     history = [
         *ASK,
         {"role": "assistant", "content": None, "tool_calls": [call]},
@@ -89,7 +92,15 @@ def test_tool_round_trip_messages(tools_client, templated, model_name, stream):
     ]
     expected = reference_ids(
         templated,
-        [*ASK, {"role": "assistant", "content": "", "tool_calls": [{**call, "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}, history[2]],
+        [
+            *ASK,
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{**call, "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}],
+            },
+            history[2],
+        ],
         tools=[WEATHER],
     )
     rendered = templated.decode(expected)
@@ -101,7 +112,9 @@ def test_tool_round_trip_messages(tools_client, templated, model_name, stream):
         assert final.usage.prompt_tokens == len(expected)
         assert final.choices[0].message.role == "assistant"
         return
-    chunks = list(tools_client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        tools_client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True})
+    )
     assert chunks[-1].usage.prompt_tokens == len(expected)
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] != []
 
@@ -171,7 +184,12 @@ def test_echo(tools_client, llm, model_name, prompt_as_ids):
 def test_completions_stream_usage(tools_client, llm, model_name):
     chunks = list(
         tools_client.completions.create(
-            model=model_name, prompt=PROMPT, max_tokens=4, temperature=0, stream=True, stream_options={"include_usage": True}
+            model=model_name,
+            prompt=PROMPT,
+            max_tokens=4,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
         )
     )
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 4
@@ -208,10 +226,16 @@ def test_version_and_model_by_id(tools_server, tools_client, model_name):
 
 
 def test_cors_only_for_allowed_origins(tools_server, server, auth):
-    preflight = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization"}
+    preflight = {
+        "Origin": ORIGIN,
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization",
+    }
     resp = httpx.options(f"{tools_server.url}/v1/chat/completions", headers=preflight)
     assert resp.status_code == 200 and resp.headers["access-control-allow-origin"] == ORIGIN
-    other = httpx.options(f"{tools_server.url}/v1/chat/completions", headers={**preflight, "Origin": "https://evil.example"})
+    other = httpx.options(
+        f"{tools_server.url}/v1/chat/completions", headers={**preflight, "Origin": "https://evil.example"}
+    )
     assert "access-control-allow-origin" not in other.headers
     # off by default: the session server has no --allowed-origins
     plain = httpx.get(f"{server.url}/v1/models", headers={**auth, "Origin": ORIGIN})

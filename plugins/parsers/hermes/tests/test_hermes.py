@@ -52,7 +52,10 @@ def test_one_call_with_content():
 def test_two_calls_keys_in_any_order():
     result = HermesToolParser(TOOLS).parse(TWO_CALLS)
     assert result.content is None
-    assert [json.loads(c.arguments) for c in result.tool_calls] == [{"city": "Paris"}, {"city": 'Rome, "Italy" {}'}]
+    assert [json.loads(c.arguments) for c in result.tool_calls] == [
+        {"city": "Paris"},
+        {"city": 'Rome, "Italy" {}'},
+    ]
     assert len({c.id for c in result.tool_calls}) == 2
 
 
@@ -61,7 +64,9 @@ def test_plain_text_is_untouched():
     assert result == type(result)(PLAIN, [])
 
 
-@pytest.mark.parametrize("text", [*MALFORMED_EARLY, '<tool_call>{"name": "f", "arguments": {"a": }}</tool_call>'])
+@pytest.mark.parametrize(
+    "text", [*MALFORMED_EARLY, '<tool_call>{"name": "f", "arguments": {"a": }}</tool_call>']
+)
 def test_malformed_call_is_content(text):
     result = HermesToolParser(TOOLS).parse(text)
     assert result.content == text and result.tool_calls == []

@@ -24,7 +24,9 @@ def stream(text: str, cuts: list[int]):
         out = parser.feed(text[start:end])
         content, deltas, start = content + out.content, deltas + out.tool_calls, end
     last = parser.finish()
-    return content + last.content, [(c.name, c.arguments) for c in merge_tool_deltas(deltas + last.tool_calls)]
+    return content + last.content, [
+        (c.name, c.arguments) for c in merge_tool_deltas(deltas + last.tool_calls)
+    ]
 
 
 def test_one_call():
