@@ -266,3 +266,18 @@ def test_logit_bias_forces_and_bans_tokens():
     assert best not in _draw(logits, banned, 200).tolist()
     plain = _draw(logits, SamplingParams(temperature=0.0), 1)
     assert plain.tolist() == [best]
+
+
+def test_grammar_and_logit_bias_survive_the_wire():
+    """The tokenizer sends SamplingParams as a plain dict in msgpack; the scheduler rebuilds them."""
+    from dataclasses import asdict
+
+    from minisgl_core.api import GrammarSpec
+    from minisgl_core.messages import EngineRequest, decode, encode
+
+    params = SamplingParams(
+        grammar=GrammarSpec("json_schema", '{"type": "array"}'), logit_bias={"7": -3.5}, repetition_penalty=1.2
+    )
+    received = decode(encode(EngineRequest(1, [1, 2], asdict(params))))
+    assert SamplingParams(**received.params) == params
+    assert params.grammar == GrammarSpec("json_schema", '{"type": "array"}') and params.logit_bias == {7: -3.5}

@@ -20,7 +20,7 @@ from minisgl_core.server.schemas import ChatMessage, StrictModel, ToolDefinition
 from minisgl_core.server.state import ServerState
 
 
-class TokenizeRequest(StrictModel):
+class TokenizeBody(StrictModel):
     model: str | None = None
     prompt: str | None = None
     add_special_tokens: bool = False
@@ -30,12 +30,12 @@ class TokenizeRequest(StrictModel):
     chat_template_kwargs: dict[str, Any] | None = None
 
 
-class DetokenizeRequest(StrictModel):
+class DetokenizeBody(StrictModel):
     model: str | None = None
     tokens: list[int] = Field(min_length=0)
 
 
-def _encode(tokenizer: Any, body: TokenizeRequest) -> list[int]:
+def _encode(tokenizer: Any, body: TokenizeBody) -> list[int]:
     if body.messages is None:
         return list(tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens))
     if not getattr(tokenizer, "chat_template", None):
@@ -58,7 +58,7 @@ def tokenize_router(state: ServerState, tokenizer: ApiTokenizer) -> APIRouter:
     router = APIRouter()
 
     @router.post("/tokenize")
-    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+    async def tokenize(body: TokenizeBody) -> dict[str, Any]:
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "give exactly one of prompt or messages", "prompt")
         try:
@@ -70,7 +70,7 @@ def tokenize_router(state: ServerState, tokenizer: ApiTokenizer) -> APIRouter:
         return {"tokens": ids, "count": len(ids), "max_model_len": state.model.max_context_len}
 
     @router.post("/detokenize")
-    async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
+    async def detokenize(body: DetokenizeBody) -> dict[str, Any]:
         vocab = state.model.vocab_size
         if any(not 0 <= t < vocab for t in body.tokens):
             raise APIError(400, f"tokens must be token ids in [0, {vocab})", "tokens")
