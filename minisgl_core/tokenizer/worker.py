@@ -61,7 +61,18 @@ class Admitter:
 
     def prompt_ids(self, req: TokenizeRequest) -> list[int]:
         if req.messages is not None:
-            return apply_chat_template(self.tokenizer, req.messages, **(req.template_args or {}))
+            args = dict(req.template_args or {})
+            ids = apply_chat_template(self.tokenizer, req.messages, **args)
+            if args.pop("tools", None):
+                # A template without a tools section would drop them without a word, and the
+                # model would answer as if it had none.
+                if ids == apply_chat_template(self.tokenizer, req.messages, **args):
+                    raise RequestRejected(
+                        "this model's chat template does not render tools; start the server with "
+                        "--chat-template FILE whose template does",
+                        "tools",
+                    )
+            return ids
         if req.text is not None:
             return list(self.tokenizer.encode(req.text, add_special_tokens=False))
         return list(req.input_ids or [])
@@ -70,6 +81,8 @@ class Admitter:
         prompt_field = "messages" if req.messages is not None else "prompt"
         try:
             ids = self.prompt_ids(req)
+        except RequestRejected:
+            raise
         except Exception as exc:  # noqa: BLE001 - a template or tokenizer error is the request's problem
             raise RequestRejected(f"could not tokenize the prompt: {exc}", prompt_field) from exc
         params = dict(req.params)
