@@ -151,7 +151,9 @@ def test_auto_tools_without_a_parser_is_a_400(client, model_name):
 def test_a_template_that_ignores_tools_is_a_400(client, model_name):
     """The demo tokenizer's template has no tools section: the request must not silently lose them."""
     with pytest.raises(openai.BadRequestError, match="does not render tools") as err:
-        client.chat.completions.create(model=model_name, messages=ASK, tools=[WEATHER], tool_choice="required")
+        client.chat.completions.create(
+            model=model_name, messages=ASK, tools=[WEATHER], tool_choice="required"
+        )
     assert err.value.body["param"] == "tools"
 
 
