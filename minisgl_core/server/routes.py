@@ -117,6 +117,15 @@ def make_router(
             prompts = body.prompts()
         except ValueError as exc:
             raise APIError(400, str(exc), "prompt") from exc
+        # echo: each choice starts with its prompt's text (choices are n per prompt, in order);
+        # decoded before any engine request exists, so nothing is left running if this fails
+        echoes = [""] * (len(prompts) * body.n)
+        if body.echo:
+            texts = [
+                p if isinstance(p, str) else await tokenizer.run(lambda t, ids=p: t.decode(ids))
+                for p in prompts
+            ]
+            echoes = [text for text in texts for _ in range(body.n)]
         group = RequestGroup(state)
         try:
             for prompt in prompts:
@@ -129,14 +138,6 @@ def make_router(
             raise
         rid, created = r.new_id("cmpl"), int(time.time())
         with_logprobs = body.logprobs is not None
-        # echo: each choice starts with its prompt's text (choices are n per prompt, in order)
-        echoes = [""] * group.num_choices
-        if body.echo:
-            texts = [
-                p if isinstance(p, str) else await tokenizer.run(lambda t, ids=p: t.decode(ids))
-                for p in prompts
-            ]
-            echoes = [text for text in texts for _ in range(body.n)]
 
         async def chunks() -> AsyncIterator[str]:
             completion_tokens = 0
