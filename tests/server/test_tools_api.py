@@ -255,3 +255,8 @@ def test_unknown_parser_fails_at_start(start_server, model_dir, engine_args):
     bad = start_server(["--model", str(model_dir), *engine_args, "--tool-call-parser", "nope"], wait=False)
     assert bad.wait_exit(120) != 0
     assert "unknown --tool-call-parser 'nope'" in bad.log() and "hermes" in bad.log()
+    missing = start_server(
+        ["--model", str(model_dir), *engine_args, "--chat-template", "/no/such.jinja"], wait=False
+    )
+    assert missing.wait_exit(120) != 0
+    assert "--chat-template: cannot read /no/such.jinja" in missing.log()
