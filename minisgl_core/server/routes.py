@@ -48,6 +48,13 @@ def make_router(
         plan = plan_tools(body, options.tool_parser)
         fields = body.sampling_fields()
         if plan.grammar is not None:
+            if fields.get("grammar") is not None:  # response_format / structured_outputs
+                raise APIError(
+                    400,
+                    "tool_choice 'required' or a named function constrains the output to tool calls; "
+                    "it cannot be combined with another output constraint such as response_format",
+                    "tool_choice",
+                )
             fields["grammar"] = plan.grammar
         check_sampling(fields, {"max_tokens": body.max_tokens_field, "logprobs": "top_logprobs"})
         group = RequestGroup(state)
