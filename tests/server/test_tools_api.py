@@ -8,6 +8,7 @@ sampling fields against the offline engine; the parsing of real tool-call text i
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import httpx
@@ -129,6 +130,80 @@ def test_plain_answers_pass_through_the_parsers(tools_client, llm, templated, mo
     assert resp.choices[0].finish_reason == "length"
     chunks = list(tools_client.chat.completions.create(**kwargs, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ref.text
+
+
+BOUNDED = {
+    "type": "function",
+    "function": {
+        "name": "plan_trip",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"enum": ["Paris", "Rome"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            },
+            "required": ["city", "days"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def grammar_backend() -> None:
+    """Skip (before any server starts) unless a grammar backend plugin is installed."""
+    from minisgl_core.plugins import Plugins
+
+    if not Plugins.load().registry.get("grammars"):
+        pytest.skip("no grammar backend installed: tool_choice's GrammarSpec cannot be enforced")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_forced_tool_call_round_trip(grammar_backend, tools_client, model_name, stream):
+    """tools -> tool_calls -> tool message -> answer with a random model: the named tool_choice's
+    grammar makes it call the function with valid arguments. Needs a grammar backend plugin."""
+    import jsonschema
+
+    kwargs = dict(
+        model=model_name,
+        messages=ASK,
+        tools=[WEATHER, BOUNDED],
+        tool_choice={"type": "function", "function": {"name": "plan_trip"}},
+        max_tokens=64,
+        temperature=1.0,
+        seed=7,
+    )
+    if stream:
+        chunks = list(tools_client.chat.completions.create(**kwargs, stream=True))
+        parts: dict[int, list[str]] = {}
+        for chunk in chunks:
+            for d in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                entry = parts.setdefault(d.index, [d.id, d.function.name, ""])
+                entry[2] += d.function.arguments or ""
+        calls = [tuple(parts[i]) for i in sorted(parts)]
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    else:
+        choice = tools_client.chat.completions.create(**kwargs).choices[0]
+        calls = [(c.id, c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
+        finish = [choice.finish_reason]
+    assert finish == ["tool_calls"] and [c[1] for c in calls] == ["plan_trip"], (finish, calls)
+    jsonschema.validate(json.loads(calls[0][2]), BOUNDED["function"]["parameters"])
+    call_id, name, arguments = calls[0]
+    history = [
+        *ASK,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": call_id, "content": "booked"},
+    ]
+    final = tools_client.chat.completions.create(
+        model=model_name, messages=history, tools=[WEATHER, BOUNDED], max_tokens=8, temperature=0
+    )
+    assert final.choices[0].finish_reason in ("stop", "length")
 
 
 def test_tool_choice_errors(tools_client, model_name):
