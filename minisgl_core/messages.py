@@ -48,12 +48,14 @@ class TokenizeRequest(Message):
     rids: list[int]
     #: exactly one of text / messages / input_ids is set
     text: str | None
-    messages: list[dict[str, str]] | None
+    messages: list[dict[str, Any]] | None
     input_ids: list[int] | None
     #: SamplingParams fields; ``max_tokens`` None = whatever the context has left
     params: dict[str, Any]
     #: the API field that set max_tokens, named in length errors
     max_tokens_field: str = "max_tokens"
+    #: extra chat-template variables with ``messages``: ``tools`` and the request's chat_template_kwargs
+    template_args: dict[str, Any] | None = None
 
 
 @dataclass

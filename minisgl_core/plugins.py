@@ -1,4 +1,4 @@
-"""Plugin discovery, per-plugin status, the five registries and the cross-process fingerprint.
+"""Plugin discovery, per-plugin status, the registries (one per kind) and the cross-process fingerprint.
 
 Plugins are modules named by entry points in the ``minisgl.plugins`` group. Each one is loaded,
 version-checked and asked to register its implementations one at a time inside try/except, so a
@@ -22,13 +22,15 @@ import pluggy
 from minisgl_core.api import API_VERSION, hookspecs
 
 GROUP = "minisgl.plugins"
-KINDS = ("models", "attention", "caches", "policies", "formats")
+KINDS = ("models", "attention", "caches", "policies", "formats", "tool_parsers", "reasoning_parsers")
 KIND_HOOKS = {
     "models": "minisgl_register_models",
     "attention": "minisgl_register_attention_backends",
     "caches": "minisgl_register_caches",
     "policies": "minisgl_register_policies",
     "formats": "minisgl_register_weight_formats",
+    "tool_parsers": "minisgl_register_tool_parsers",
+    "reasoning_parsers": "minisgl_register_reasoning_parsers",
 }
 # What users type for each kind, used in error messages.
 KIND_FLAGS = {
@@ -37,6 +39,8 @@ KIND_FLAGS = {
     "caches": "--cache",
     "policies": "--policy",
     "formats": "weight format",
+    "tool_parsers": "--tool-call-parser",
+    "reasoning_parsers": "--reasoning-parser",
 }
 
 Status = Literal["ok", "failed", "incompatible", "disabled"]
@@ -346,6 +350,10 @@ class Plugins:
 def _plugin_hint(kind: str, name: str) -> str:
     if kind == "models":
         return name.removesuffix("ForCausalLM").lower()
+    if kind == "tool_parsers":
+        return name.replace("_", "-")
+    if kind == "reasoning_parsers":
+        return f"{name.replace('_', '-')}-reasoning"
     return name
 
 

@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from minisgl_core.api.grammar import GrammarSpec
+
 #: every integer a request carries travels as a signed 64-bit integer (msgpack, torch tensors)
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
@@ -39,14 +41,25 @@ class SamplingParams:
     #: None: no logprobs; 0: the sampled token's logprob; k > 0: also the k most likely tokens
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    #: token id -> added to its logit before sampling, in [-100, 100] (OpenAI's logit_bias)
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    #: > 1 discourages every token already in the prompt or the output (Hugging Face semantics)
+    repetition_penalty: float = 1.0
+    #: what the output must match (constrained decoding), None = free
+    grammar: GrammarSpec | None = None
 
     MAX_TOP_LOGPROBS = 20
+    MAX_LOGIT_BIAS = 100.0
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        # JSON and msgpack carry these as plain values: ids may be strings, the grammar a dict
+        self.logit_bias = {_token_id(k): v for k, v in (self.logit_bias or {}).items()}
+        if isinstance(self.grammar, dict):
+            self.grammar = GrammarSpec(**self.grammar)
         self.validate()
 
     def validate(self) -> None:
@@ -92,6 +105,14 @@ class SamplingParams:
             bad("stop", "must be non-empty strings")
         for token in self.stop_token_ids:
             integer("stop_token_ids", 0, INT64_MAX, token)
+        if not finite("repetition_penalty") > 0:
+            bad("repetition_penalty", "must be > 0 (1 disables it)")
+        limit = self.MAX_LOGIT_BIAS
+        for token, bias in self.logit_bias.items():
+            if token < 0:
+                bad("logit_bias", "must map token ids (non-negative integers) to biases")
+            if not isinstance(bias, (int, float)) or isinstance(bias, bool) or not -limit <= bias <= limit:
+                bad("logit_bias", f"values must be numbers in [-{limit:g}, {limit:g}]")
         if 0 < self.temperature < MIN_TEMPERATURE:
             self.temperature = MIN_TEMPERATURE
 
@@ -110,10 +131,17 @@ def _short(value: object) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def _token_id(key: object) -> int:
+    try:
+        return int(key)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        raise ValueError(f"logit_bias keys must be token ids, got {key!r}") from None
+
+
 #: generation_config.json keys that become a request's defaults when the request leaves them unset
-GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p")
+GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 #: generation_config.json keys minisgl reads but cannot honour (no such sampler option): logged once
-UNSUPPORTED_GENERATION_KEYS = ("repetition_penalty", "typical_p", "epsilon_cutoff", "eta_cutoff")
+UNSUPPORTED_GENERATION_KEYS = ("typical_p", "epsilon_cutoff", "eta_cutoff")
 
 
 def sampling_defaults(generation_config: dict) -> dict:

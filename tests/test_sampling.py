@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from minisgl_core import LLM, SamplingParams
-from minisgl_core.engine.sampler import Sampler, SampleRequest
+from minisgl_core.engine.sampler import Sampler, SampleRequest, apply_repetition_penalty
 from minisgl_core.testing.factories import make_model_dir
 
 
@@ -25,6 +25,10 @@ from minisgl_core.testing.factories import make_model_dir
         ("seed", 1.5),
         ("logprobs", 21),
         ("stop", [""]),
+        ("repetition_penalty", 0.0),
+        ("logit_bias", {5: 100.5}),
+        ("logit_bias", {"not-an-id": 1.0}),
+        ("logit_bias", {-1: 1.0}),
     ],
 )
 def test_bad_values_raise_naming_the_field(field, value):
@@ -288,3 +292,43 @@ def test_triton_gumbel_draw_matches_softmax(device):
     code = _TRITON_DRAW.replace("{args}", args)
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
+
+
+def test_repetition_penalty_matches_transformers():
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    torch.manual_seed(0)
+    logits = torch.randn(2, 64)
+    prompt, output = [1, 5, 7, 5], [7, 9, 63]
+    reference = RepetitionPenaltyLogitsProcessor(1.3)(torch.tensor([prompt + output]), logits[:1].clone())
+    penalized = SampleRequest(SamplingParams(repetition_penalty=1.3), output, None, prompt)
+    ours = apply_repetition_penalty(logits, [penalized, SampleRequest(SamplingParams(), [9], None, [1])])
+    assert torch.allclose(ours[0], reference[0])
+    assert torch.equal(ours[1], logits[1])  # a request without the penalty is untouched
+
+
+def test_logit_bias_forces_and_bans_tokens():
+    torch.manual_seed(0)
+    logits = torch.randn(1, 64)
+    best = int(logits.argmax())
+    forced = SamplingParams(temperature=0.0, logit_bias={"17": 100})  # string keys, as JSON sends them
+    assert _draw(logits, forced, 1).tolist() == [17]
+    banned = SamplingParams(temperature=1.0, logit_bias={best: -100})
+    assert best not in _draw(logits, banned, 200).tolist()
+    plain = _draw(logits, SamplingParams(temperature=0.0), 1)
+    assert plain.tolist() == [best]
+
+
+def test_grammar_and_logit_bias_survive_the_wire():
+    """The tokenizer sends SamplingParams as a plain dict in msgpack; the scheduler rebuilds them."""
+    from dataclasses import asdict
+
+    from minisgl_core.api import GrammarSpec
+    from minisgl_core.messages import EngineRequest, decode, encode
+
+    params = SamplingParams(
+        grammar=GrammarSpec("json_schema", '{"type": "array"}'), logit_bias={"7": -3.5}, repetition_penalty=1.2
+    )
+    received = decode(encode(EngineRequest(1, [1, 2], asdict(params))))
+    assert SamplingParams(**received.params) == params
+    assert params.grammar == GrammarSpec("json_schema", '{"type": "array"}') and params.logit_bias == {7: -3.5}

@@ -23,7 +23,9 @@ from minisgl_core.api.deprecation import (
     renamed_attribute,
     warn_deprecated,
 )
+from minisgl_core.api.grammar import GrammarKind, GrammarSpec
 from minisgl_core.api.hookspecs import hookimpl, hookspec
+from minisgl_core.api.json_scan import ScannedCall, marker_prefix_length, scan_tool_call
 from minisgl_core.api.model import KVSpec, Model, ModelConfig
 from minisgl_core.api.parallel import ParallelContext
 from minisgl_core.api.policy import (
@@ -35,6 +37,17 @@ from minisgl_core.api.policy import (
     SchedulingPolicy,
 )
 from minisgl_core.api.process import ProcessContext
+from minisgl_core.api.reasoning import ReasoningDelta, ReasoningParser, ReasoningResult, TagReasoningParser
+from minisgl_core.api.tool_parser import (
+    JsonToolCallParser,
+    ToolCall,
+    ToolCallDelta,
+    ToolParser,
+    ToolParseResult,
+    ToolStreamDelta,
+    merge_tool_deltas,
+    new_tool_call_id,
+)
 from minisgl_core.api.weights import WeightFormat
 
 API_VERSION = "1.6"
@@ -48,6 +61,9 @@ __all__ = [
     "CacheSize",
     "DecodePlan",
     "ForwardBatch",
+    "GrammarKind",
+    "GrammarSpec",
+    "JsonToolCallParser",
     "KVCache",
     "KVSpec",
     "MinisglDeprecationWarning",
@@ -59,17 +75,31 @@ __all__ = [
     "PrefillPlan",
     "PrefixMatch",
     "ProcessContext",
+    "ReasoningDelta",
+    "ReasoningParser",
+    "ReasoningResult",
     "RequestView",
+    "ScannedCall",
     "SchedulerState",
     "SchedulingPolicy",
     "SharedPrefix",
     "WeightFormat",
+    "TagReasoningParser",
+    "ToolCall",
+    "ToolCallDelta",
+    "ToolParseResult",
+    "ToolParser",
+    "ToolStreamDelta",
     "deprecated",
     "hookimpl",
     "hookspec",
+    "marker_prefix_length",
+    "merge_tool_deltas",
+    "new_tool_call_id",
     "paged_layout",
     "paged_ranges",
     "renamed",
     "renamed_attribute",
+    "scan_tool_call",
     "warn_deprecated",
 ]

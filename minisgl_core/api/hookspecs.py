@@ -93,6 +93,35 @@ def minisgl_register_weight_formats(register: Register) -> None:
 
 
 @hookspec
+def minisgl_register_tool_parsers(register: Register) -> None:
+    """Register tool-call parsers by the name users pass to ``--tool-call-parser``.
+
+    ``register("hermes", "minisgl_plugin_hermes.parser:HermesToolParser")``. The class must
+    subclass :class:`minisgl_core.api.ToolParser` (most formats subclass
+    :class:`minisgl_core.api.JsonToolCallParser` and set its attributes); the API server makes one
+    per choice of a chat request that offers ``tools``, with the request's tools.
+
+    Runs once per process at plugin load, in every process.
+
+    .. versionadded:: 1.6
+    """
+
+
+@hookspec
+def minisgl_register_reasoning_parsers(register: Register) -> None:
+    """Register reasoning parsers by the name users pass to ``--reasoning-parser``.
+
+    ``register("qwen3", "minisgl_plugin_qwen3_reasoning.parser:Qwen3ReasoningParser")``. The class
+    must subclass :class:`minisgl_core.api.ReasoningParser` and take no constructor arguments; the
+    API server makes one per choice of every chat request.
+
+    Runs once per process at plugin load, in every process.
+
+    .. versionadded:: 1.6
+    """
+
+
+@hookspec
 def minisgl_add_cli_options(parser: argparse.ArgumentParser) -> None:
     """Add plugin-specific options to ``minisgl serve`` / ``minisgl bench`` and friends.
 

@@ -61,6 +61,8 @@ def check_request_fits(
         raise ValueError(f"prompt token ids must be integers in [0, {vocab_size})")
     if any(t >= vocab_size for t in params.stop_token_ids):
         raise ValueError(f"stop_token_ids must be integers in [0, {vocab_size}), the model's vocabulary")
+    if any(t >= vocab_size for t in params.logit_bias):
+        raise ValueError(f"logit_bias token ids must be in [0, {vocab_size})")
     total = len(prompt_ids) + params.max_tokens
     if total > max_context_len:
         raise ValueError(
@@ -283,7 +285,7 @@ class Engine:
             return _InFlight(batch, None, None, None)
         reqs = [batch.requests[i] for i in batch.sampled]
         rows = logits if len(batch.sampled) == len(batch.requests) else logits[to_device(batch.sampled, logits.device)]
-        result = self.sampler.sample(rows, [SampleRequest(r.params, r.output_ids, r.generator) for r in reqs])
+        result = self.sampler.sample(rows, [SampleRequest(r.params, r.output_ids, r.generator, r.prompt_ids) for r in reqs])
         token_ids = result.token_ids
         if self.parallel.tp_size > 1:
             # Every rank continues with rank 0's tokens, whatever its own sampler drew.

@@ -92,6 +92,36 @@ class SampleRequest:
     params: SamplingParams
     output_ids: list[int]
     generator: torch.Generator | None = None
+    #: only read for repetition_penalty, which (as in Hugging Face) also counts the prompt's tokens
+    prompt_ids: Sequence[int] = ()
+
+
+def apply_repetition_penalty(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tensor:
+    """Hugging Face's repetition penalty: each token already in the prompt or the output has its
+    logit divided by the penalty when positive and multiplied by it when negative."""
+    rows = [i for i, r in enumerate(requests) if r.params.repetition_penalty != 1.0]
+    if not rows:
+        return logits
+    logits = logits.to(torch.float32, copy=True)
+    for i in rows:
+        seen = to_device(sorted({*requests[i].prompt_ids, *requests[i].output_ids}), logits.device)
+        penalty = requests[i].params.repetition_penalty
+        scores = logits[i, seen]
+        logits[i, seen] = torch.where(scores < 0, scores * penalty, scores / penalty)
+    return logits
+
+
+def apply_logit_bias(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tensor:
+    """OpenAI's logit_bias: a fixed amount added to the logits of the given token ids."""
+    rows = [i for i, r in enumerate(requests) if r.params.logit_bias]
+    if not rows:
+        return logits
+    logits = logits.to(torch.float32, copy=True)
+    for i in rows:
+        bias = requests[i].params.logit_bias
+        ids = to_device(list(bias), logits.device)
+        logits[i, ids] += to_device(list(bias.values()), logits.device, torch.float32)
+    return logits
 
 
 class SampleResult:
@@ -143,7 +173,9 @@ class Sampler:
         extra ids stay valid). All arithmetic is in float32."""
         params = [r.params for r in requests]
         raw = logits
+        logits = apply_repetition_penalty(logits, requests)
         logits = self._apply_penalties(logits, requests)
+        logits = apply_logit_bias(logits, requests)
         if all(p.greedy for p in params):
             token_ids = greedy_argmax(logits)
         elif any(p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 for p in params):

@@ -1,4 +1,4 @@
-"""The FastAPI application: the routes, the error format, the API key, and the state's lifetime."""
+"""The FastAPI application: the routes, the error format, the API key, CORS, and the state's lifetime."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 
+from minisgl_core.server.api_options import ApiOptions, ApiTokenizer
 from minisgl_core.server.body_limit import BodySizeLimit
 from minisgl_core.server.errors import APIError, install_error_handlers
 from minisgl_core.server.native_routes import health_router, info_router, native_router
 from minisgl_core.server.routes import make_router
 from minisgl_core.server.state import ServerState
+from minisgl_core.server.tokenize_routes import tokenize_router
 
 
 def require_api_key(api_key: str) -> Callable[[Request], None]:
@@ -29,8 +31,14 @@ def require_api_key(api_key: str) -> Callable[[Request], None]:
     return check
 
 
-def create_app(state: ServerState, api_key: str | None = None, info: dict[str, Any] | None = None) -> FastAPI:
+def create_app(
+    state: ServerState,
+    api_key: str | None = None,
+    options: ApiOptions | None = None,
+    info: dict[str, Any] | None = None,
+) -> FastAPI:
     """The app over ``state``; ``info`` is scheduler rank 0's ready report (for /get_server_info)."""
+    options = options or ApiOptions()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -47,10 +55,23 @@ def create_app(state: ServerState, api_key: str | None = None, info: dict[str, A
         state.metrics.rejected += 1
 
     install_error_handlers(app, count_error)
+    if options.allowed_origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        # Browsers send the key in Authorization, so that header must be allowed; credentials
+        # (cookies) are not used by this API.
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(options.allowed_origins),
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
+    tokenizer = ApiTokenizer(state.model.path, options.chat_template)
     app.include_router(health_router(state))
     protected = [Depends(require_api_key(api_key))] if api_key else []
-    app.include_router(make_router(state), dependencies=protected)
+    app.include_router(make_router(state, options, tokenizer), dependencies=protected)
     app.include_router(native_router(state), dependencies=protected)
     app.include_router(info_router(state, info or {}), dependencies=protected)
     app.add_middleware(BodySizeLimit, max_bytes=state.limits.max_body_bytes)
+    app.include_router(tokenize_router(state, tokenizer), dependencies=protected)
     return app

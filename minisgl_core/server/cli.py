@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from minisgl_core.plugins import Plugins
@@ -26,6 +27,30 @@ def _add_http_args(p: argparse.ArgumentParser, port: int) -> None:
     )
     g.add_argument(
         "--served-model-name", default=None, help="model id in the API (default: the model directory name)"
+    )
+    g.add_argument(
+        "--tool-call-parser",
+        default=None,
+        metavar="NAME",
+        help="read tool calls from chat answers with this parser (tool_choice 'auto'), e.g. hermes, llama3_json",
+    )
+    g.add_argument(
+        "--reasoning-parser",
+        default=None,
+        metavar="NAME",
+        help="split reasoning_content from chat answers with this parser, e.g. qwen3",
+    )
+    g.add_argument(
+        "--chat-template",
+        default=None,
+        metavar="PATH",
+        help="a Jinja chat template file replacing the tokenizer's own",
+    )
+    g.add_argument(
+        "--allowed-origins",
+        default="",
+        metavar="ORIGINS",
+        help="comma-separated origins browsers may call the API from (CORS; '*' = any); off by default",
     )
     g.add_argument("--nnodes", type=int, default=1, help="nodes the TP group spans")
     g.add_argument("--node-rank", type=int, default=0, help="this node's index (0 runs the API server)")
@@ -128,7 +153,9 @@ def _serve_options(args: argparse.Namespace):
         node_rank=args.node_rank,
         init_addr=args.dist_init_addr or (free_loopback_addr() if config.tp_size > 1 else ""),
     )
+    chat_template = _read_chat_template(args.chat_template)
     runtime = RuntimeOptions(
+        chat_template=chat_template,
         config=config,
         dist=dist,
         fingerprint=plugins.fingerprint(),
@@ -145,8 +172,38 @@ def _serve_options(args: argparse.Namespace):
         served_model_name=args.served_model_name,
         log_level=args.log_level,
         limits=limits_from_args(args),
+        api=_api_options(args, plugins, chat_template),
     )
     return opts, plugins
+
+
+def _read_chat_template(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SystemExit(
+            f"minisgl: error: --chat-template: cannot read {path}: {exc.strerror or exc}"
+        ) from None
+
+
+def _api_options(args: argparse.Namespace, plugins: Plugins, chat_template: str | None):
+    """The HTTP layer's options, the parsers resolved now so that a wrong name fails at start-up."""
+    from minisgl_core.plugins import PluginError
+    from minisgl_core.server.api_options import ApiOptions
+
+    try:
+        tool_parser = (
+            plugins.resolve("tool_parsers", args.tool_call_parser) if args.tool_call_parser else None
+        )
+        reasoning_parser = (
+            plugins.resolve("reasoning_parsers", args.reasoning_parser) if args.reasoning_parser else None
+        )
+    except PluginError as exc:
+        raise SystemExit(f"minisgl: error: {exc}") from None
+    origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
+    return ApiOptions(tool_parser, reasoning_parser, origins, chat_template)
 
 
 def _shell_foreground(args: argparse.Namespace):

@@ -85,7 +85,9 @@ def validation_error(exc: RequestValidationError) -> APIError:
 def _is_union_member_tag(part: str) -> bool:
     # e.g. "str", "list[int]", "function-after[_utf8(), str]", "TextPart"; exact names, so that
     # fields such as "stream" or "stream_options" are kept
-    return part in ("str", "int", "float", "bool", "TextPart") or part.startswith(("list[", "function-"))
+    return part in ("str", "int", "float", "bool", "TextPart") or part.startswith(
+        ("list[", "function-", "literal[", "NamedToolChoice")
+    )
 
 
 def _is_type_mismatch(err: Any) -> bool:

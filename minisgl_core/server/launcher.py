@@ -14,12 +14,13 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from minisgl_core.api import ProcessContext
 from minisgl_core.engine.model_source import served_model_name
 from minisgl_core.plugins import Plugins
+from minisgl_core.server.api_options import ApiOptions
 from minisgl_core.server.limits import ServerLimits
 from minisgl_core.server.runtime import ChildFailed, Runtime, RuntimeOptions
 
@@ -39,6 +40,8 @@ class ServeOptions:
     served_model_name: str | None = None
     log_level: str = "info"
     limits: ServerLimits = ServerLimits()
+    #: parsers, CORS and the chat template of the HTTP layer
+    api: ApiOptions = field(default_factory=ApiOptions)
 
 
 #: what to run in the main thread once the server is up: (url, api key, model name, is_failed) -> exit code
@@ -177,7 +180,7 @@ def _start_http(opts: ServeOptions, runtime: Runtime, info: dict[str, Any], name
         info["vocab_size"],
     )
     state = ServerState(runtime.endpoints, model, limits=opts.limits, process_problem=runtime.process_problem)
-    app = create_app(state, opts.api_key, {**info, "tp_size": opts.runtime.config.tp_size})
+    app = create_app(state, opts.api_key, opts.api, {**info, "tp_size": opts.runtime.config.tp_size})
     uv_level = "debug" if opts.log_level.lower() == "debug" else "warning"
     config = uvicorn.Config(
         app,

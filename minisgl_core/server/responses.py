@@ -9,9 +9,13 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from minisgl_core.server.state import Delta
+
+if TYPE_CHECKING:
+    from minisgl_core.server.chat_output import ChoiceOutput
 
 DONE = "data: [DONE]\n\n"
 
@@ -79,22 +83,36 @@ def finish_reason(choice: Choice) -> str | None:
 
 
 def chat_completion(
-    rid: str, model: str, choices: list[Choice], prompt_tokens: int, with_logprobs: bool
+    rid: str,
+    model: str,
+    choices: list[Choice],
+    prompt_tokens: int,
+    with_logprobs: bool,
+    new_output: Callable[[], ChoiceOutput] | None = None,
 ) -> dict:
+    """``new_output()`` makes each choice's parser (reasoning, tool calls); None: plain content."""
+    rendered = []
+    for c in choices:
+        if new_output is None:
+            message, reason = {"role": "assistant", "content": c.text}, finish_reason(c)
+        else:
+            output = new_output()
+            message = output.message(c.text)
+            reason = output.finish_reason(finish_reason(c))
+        rendered.append(
+            {
+                "index": c.index,
+                "message": message,
+                "logprobs": chat_logprobs(c.logprobs) if with_logprobs else None,
+                "finish_reason": reason,
+            }
+        )
     return {
         "id": rid,
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [
-            {
-                "index": c.index,
-                "message": {"role": "assistant", "content": c.text},
-                "logprobs": chat_logprobs(c.logprobs) if with_logprobs else None,
-                "finish_reason": finish_reason(c),
-            }
-            for c in choices
-        ],
+        "choices": rendered,
         "usage": usage(prompt_tokens, sum(len(c.token_ids) for c in choices)),
     }
 

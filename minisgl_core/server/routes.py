@@ -1,4 +1,4 @@
-"""The OpenAI-compatible routes: /v1/chat/completions, /v1/completions and /v1/models.
+"""The OpenAI-compatible routes: /v1/chat/completions, /v1/completions and /v1/models[/{id}].
 
 Each route validates its body (schemas), opens a RequestGroup on the server state, adds its
 prompts (a 400 comes back here, before any streaming starts), then streams SSE chunks or waits for
@@ -14,15 +14,22 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from minisgl_core.server import responses as r
+from minisgl_core.server.api_options import ApiOptions, ApiTokenizer
+from minisgl_core.server.chat_output import ChoiceOutput
 from minisgl_core.server.errors import APIError, sse_error
 from minisgl_core.server.handling import check_sampling, check_token_ids, respond
 from minisgl_core.server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from minisgl_core.server.state import RequestGroup, ServerState
+from minisgl_core.server.tools import plan_tools
 
 
-def make_router(state: ServerState) -> APIRouter:
+def make_router(
+    state: ServerState, options: ApiOptions | None = None, tokenizer: ApiTokenizer | None = None
+) -> APIRouter:
     router = APIRouter()
     model = state.model
+    options = options or ApiOptions()
+    tokenizer = tokenizer or ApiTokenizer(model.path, options.chat_template)
 
     def check_model(body: SamplingFields) -> None:
         if body.model is not None and body.model not in (model.name, model.path):
@@ -38,18 +45,36 @@ def make_router(state: ServerState) -> APIRouter:
     @router.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         check_model(body)
+        plan = plan_tools(body, options.tool_parser)
         fields = body.sampling_fields()
+        if plan.grammar is not None:
+            if fields.get("grammar") is not None:  # response_format / structured_outputs
+                raise APIError(
+                    400,
+                    "tool_choice 'required' or a named function constrains the output to tool calls; "
+                    "it cannot be combined with another output constraint such as response_format",
+                    "tool_choice",
+                )
+            fields["grammar"] = plan.grammar
         check_sampling(
             fields, {"max_tokens": body.max_tokens_field, "logprobs": "top_logprobs"}, model.vocab_size
         )
         group = RequestGroup(state)
         group.set_timeout(body.timeout)
         await group.add(
-            fields, body.n, messages=body.template_messages(), max_tokens_field=body.max_tokens_field
+            fields,
+            body.n,
+            messages=body.template_messages(),
+            max_tokens_field=body.max_tokens_field,
+            template_args=body.template_args(),
         )
         rid, created = r.new_id("chatcmpl"), int(time.time())
 
+        def new_output() -> ChoiceOutput:
+            return ChoiceOutput(plan, options.reasoning_parser)
+
         async def chunks() -> AsyncIterator[str]:
+            outputs = [new_output() for _ in range(group.num_choices)]
             for i in range(group.num_choices):
                 yield r.sse(r.chat_chunk(rid, model.name, created, i, {"role": "assistant", "content": ""}))
             completion_tokens = 0
@@ -61,7 +86,9 @@ def make_router(state: ServerState) -> APIRouter:
                     yield r.DONE
                     return
                 completion_tokens += len(delta.token_ids)
-                if not delta.text and delta.finish_reason is None and not delta.logprobs:
+                output = outputs[delta.index]
+                message = output.delta(delta.text, final=delta.finish_reason is not None)
+                if not message and delta.finish_reason is None and not delta.logprobs:
                     continue
                 yield r.sse(
                     r.chat_chunk(
@@ -69,9 +96,9 @@ def make_router(state: ServerState) -> APIRouter:
                         model.name,
                         created,
                         delta.index,
-                        {"content": delta.text} if delta.text else {},
+                        message,
                         logprobs=r.chat_logprobs(delta.logprobs) if delta.logprobs else None,
-                        finish_reason=delta.finish_reason,
+                        finish_reason=output.finish_reason(delta.finish_reason),
                     )
                 )
             if body.include_usage:
@@ -88,7 +115,7 @@ def make_router(state: ServerState) -> APIRouter:
             yield r.DONE
 
         def build(choices: list[r.Choice]) -> dict:
-            return r.chat_completion(rid, model.name, choices, group.prompt_tokens, body.logprobs)
+            return r.chat_completion(rid, model.name, choices, group.prompt_tokens, body.logprobs, new_output)
 
         return await respond(group, request, body.stream, chunks, build)
 
@@ -106,6 +133,15 @@ def make_router(state: ServerState) -> APIRouter:
         for prompt in prompts:
             if not isinstance(prompt, str):
                 check_token_ids(prompt, model.vocab_size, "prompt")
+        # echo: each choice starts with its prompt's text (choices are n per prompt, in order);
+        # decoded before any engine request exists, so nothing is left running if this fails
+        echoes = [""] * (len(prompts) * body.n)
+        if body.echo:
+            texts = [
+                p if isinstance(p, str) else await tokenizer.run(lambda t, ids=p: t.decode(ids))
+                for p in prompts
+            ]
+            echoes = [text for text in texts for _ in range(body.n)]
         group = RequestGroup(state)
         group.set_timeout(body.timeout)
         group.expect(len(prompts) * body.n)
@@ -124,6 +160,9 @@ def make_router(state: ServerState) -> APIRouter:
         async def chunks() -> AsyncIterator[str]:
             completion_tokens = 0
             offsets = [0] * group.num_choices
+            for i, echo in enumerate(echoes):
+                if echo:
+                    yield r.sse(r.completion_chunk(rid, model.name, created, i, echo))
             async for delta in group.deltas():
                 if delta.finish_reason == "error":
                     # The status line went out long ago: the error is an event, and [DONE] still
@@ -158,28 +197,39 @@ def make_router(state: ServerState) -> APIRouter:
             yield r.DONE
 
         def build(choices: list[r.Choice]) -> dict:
+            for choice in choices:
+                choice.text = echoes[choice.index] + choice.text
             return r.completion(rid, model.name, choices, group.prompt_tokens, with_logprobs)
 
         return await respond(group, request, body.stream, chunks, build)
 
     # ---------------------------------------------------------------- info
 
+    def model_card() -> dict:
+        return {
+            "id": model.name,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "minisgl",
+            "root": model.path,
+            "max_model_len": model.max_context_len,
+            # token ids a prompt may use: [0, vocab_size) (bench serve builds prompts from it)
+            "vocab_size": model.vocab_size,
+        }
+
     @router.get("/v1/models")
     async def models() -> dict:
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": model.name,
-                    "object": "model",
-                    "created": state.created,
-                    "owned_by": "minisgl",
-                    "root": model.path,
-                    "max_model_len": model.max_context_len,
-                    # token ids a prompt may use: [0, vocab_size) (bench serve builds prompts from it)
-                    "vocab_size": model.vocab_size,
-                }
-            ],
-        }
+        return {"object": "list", "data": [model_card()]}
+
+    @router.get("/v1/models/{model_id:path}")
+    async def model_info(model_id: str) -> dict:
+        if model_id not in (model.name, model.path):
+            raise APIError(
+                404,
+                f"the model {model_id!r} does not exist; this server serves {model.name!r}",
+                "model",
+                "model_not_found",
+            )
+        return model_card()
 
     return router

@@ -48,6 +48,8 @@ class RuntimeOptions:
     options: dict[str, Any] | None = None
     #: what requests inherit for the sampling fields they leave unset (engine/generation_defaults.py)
     sampling_defaults: dict[str, Any] | None = None
+    #: Jinja text replacing the tokenizer's chat template (``--chat-template``)
+    chat_template: str | None = None
 
 
 class Runtime:
@@ -96,7 +98,12 @@ class Runtime:
             children += [
                 (
                     "tokenizer",
-                    self._spec("tokenizer", model=model, sampling_defaults=self.opts.sampling_defaults or {}),
+                    self._spec(
+                        "tokenizer",
+                        model=model,
+                        sampling_defaults=self.opts.sampling_defaults or {},
+                        chat_template=self.opts.chat_template,
+                    ),
                     tokenizer_main,
                 ),
                 ("detokenizer", self._spec("detokenizer", model=model), detokenizer_main),

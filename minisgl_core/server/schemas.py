@@ -11,6 +11,7 @@ errors naming the field.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -24,7 +25,7 @@ from pydantic import (
 )
 
 #: roles a chat message may have; "developer" is OpenAI's newer name for "system"
-CHAT_ROLES = ("system", "developer", "user", "assistant")
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_N = 64
 #: a request's own timeout field may ask for at most a day
 MAX_TIMEOUT_S = 86400.0
@@ -87,9 +88,40 @@ class TextPart(StrictModel):
     text: Text
 
 
+class FunctionCall(StrictModel):
+    name: str
+    #: JSON text, as OpenAI sends it
+    arguments: str
+
+
+class AssistantToolCall(StrictModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+    def to_template(self) -> dict[str, Any]:
+        # Chat templates expect the arguments as a mapping (Llama's applies tojson to them again;
+        # Qwen's writes a string as is), so a JSON object is handed over decoded.
+        try:
+            arguments: Any = json.loads(self.function.arguments)
+        except ValueError:
+            arguments = self.function.arguments
+        if not isinstance(arguments, dict):
+            arguments = self.function.arguments
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.function.name, "arguments": arguments},
+        }
+
+
 class ChatMessage(StrictModel):
     role: Text
-    content: Text | list[TextPart]
+    #: may be null only on an assistant message that makes tool calls
+    content: Text | list[TextPart] | None = None
+    name: Text | None = None
+    tool_calls: list[AssistantToolCall] | None = None
+    tool_call_id: Text | None = None
 
     @field_validator("role")
     @classmethod
@@ -98,9 +130,58 @@ class ChatMessage(StrictModel):
             raise ValueError(f"unknown role {role!r}; use one of {', '.join(CHAT_ROLES)}")
         return role
 
-    def to_template(self) -> dict[str, str]:
-        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-        return {"role": "system" if self.role == "developer" else self.role, "content": content}
+    @model_validator(mode="after")
+    def _fits_role(self) -> ChatMessage:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(
+                f"a {self.role} message needs content (only an assistant message with tool_calls may omit it)"
+            )
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("only assistant messages may have tool_calls")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs the tool_call_id of the call it answers")
+        return self
+
+    def to_template(self) -> dict[str, Any]:
+        if self.content is None:
+            content = ""
+        elif isinstance(self.content, str):
+            content = self.content
+        else:
+            content = "".join(p.text for p in self.content)
+        out: dict[str, Any] = {
+            "role": "system" if self.role == "developer" else self.role,
+            "content": content,
+        }
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_calls:
+            out["tool_calls"] = [call.to_template() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+
+class FunctionDefinition(StrictModel):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    #: a JSON schema of the arguments object
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDefinition(StrictModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(StrictModel):
+    name: str
+
+
+class NamedToolChoice(StrictModel):
+    type: Literal["function"]
+    function: FunctionName
 
 
 class SamplingFields(StrictModel):
@@ -123,6 +204,9 @@ class SamplingFields(StrictModel):
     skip_special_tokens: bool = True
     stream: bool = False
     stream_options: StreamOptions | None = None
+    #: token id (as a string, JSON keys are) -> bias in [-100, 100]
+    logit_bias: dict[str, float] | None = None
+    repetition_penalty: float = 1.0
     #: accepted as harmless metadata (OpenAI uses it for abuse monitoring)
     user: Text | None = None
     #: seconds after which the request ends with a timeout error (the server's --request-timeout
@@ -145,6 +229,8 @@ class SamplingFields(StrictModel):
             "frequency_penalty": self.frequency_penalty,
             "logprobs": self.logprobs_k(),
             "skip_special_tokens": self.skip_special_tokens,
+            "logit_bias": dict(self.logit_bias or {}),
+            "repetition_penalty": self.repetition_penalty,
         }
 
     def logprobs_k(self) -> int | None:
@@ -172,6 +258,12 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    tools: list[ToolDefinition] | None = None
+    #: default "auto" when tools are given, else "none" (OpenAI's defaults)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+    #: extra variables for the chat template, e.g. {"enable_thinking": false} for Qwen3
+    chat_template_kwargs: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> ChatCompletionRequest:
@@ -190,14 +282,36 @@ class ChatCompletionRequest(SamplingFields):
     def max_tokens_field(self) -> str:
         return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
 
-    def template_messages(self) -> list[dict[str, str]]:
+    def template_messages(self) -> list[dict[str, Any]]:
         return [m.to_template() for m in self.messages]
+
+    def template_args(self) -> dict[str, Any]:
+        """Keyword arguments for the chat template: the tools and chat_template_kwargs."""
+        args = dict(self.chat_template_kwargs or {})
+        if self.tools:
+            args["tools"] = [t.model_dump(exclude_none=True) for t in self.tools]
+        return args
 
 
 class CompletionRequest(SamplingFields):
     prompt: Text | list[Text] | list[int] | list[list[int]]
     #: the number of top tokens to report per position (OpenAI's completions convention)
     logprobs: int | None = None
+    #: answer with the prompt followed by the completion
+    echo: bool = False
+    #: fill-in-the-middle text after the completion: not supported, rejected with a 400
+    suffix: str | None = None
+
+    @model_validator(mode="after")
+    def _check_completion(self) -> CompletionRequest:
+        if self.suffix is not None:
+            raise ValueError(
+                "suffix is not supported: this server does no fill-in-the-middle; "
+                "put the whole text in prompt instead"
+            )
+        if self.echo and self.logprobs is not None:
+            raise ValueError("echo with logprobs is not supported: the prompt's logprobs are not computed")
+        return self
 
     def logprobs_k(self) -> int | None:
         return self.logprobs

@@ -119,9 +119,10 @@ class RequestGroup:
         n: int = 1,
         *,
         text: str | None = None,
-        messages: list[dict[str, str]] | None = None,
+        messages: list[dict[str, Any]] | None = None,
         input_ids: list[int] | None = None,
         max_tokens_field: str = "max_tokens",
+        template_args: dict[str, Any] | None = None,
     ) -> Admission:
         """Tokenize one prompt into ``n`` engine requests; raise a 400 APIError if it cannot run
         (a 429 if the server's queue is full, a 503 if it cannot take requests)."""
@@ -139,7 +140,10 @@ class RequestGroup:
         admission: asyncio.Future[Admission] = asyncio.get_running_loop().create_future()
         state.admissions[rids[0]] = admission
         try:
-            send(state.to_tokenizer, TokenizeRequest(rids, text, messages, input_ids, params, max_tokens_field))
+            send(
+                state.to_tokenizer,
+                TokenizeRequest(rids, text, messages, input_ids, params, max_tokens_field, template_args),
+            )
             result = await admission
         except BaseException:  # cancelled, the server failed meanwhile, or the request did not encode
             self.close()

@@ -38,7 +38,9 @@ from minisgl_core.api import (
     CacheManager,
     Model,
     ProcessContext,
+    ReasoningParser,
     SchedulingPolicy,
+    ToolParser,
     WeightFormat,
     hookspecs,
 )
@@ -50,6 +52,8 @@ KIND_BASES: dict[str, type] = {
     "caches": CacheManager,
     "policies": SchedulingPolicy,
     "formats": WeightFormat,
+    "tool_parsers": ToolParser,
+    "reasoning_parsers": ReasoningParser,
 }
 HOOK_NAMES = frozenset(name for name in dir(hookspecs) if name.startswith("minisgl_"))
 #: what a discovery-time import must never pull in: kernel libraries and compilers

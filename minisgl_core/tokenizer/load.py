@@ -12,11 +12,17 @@ if TYPE_CHECKING:
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def load_tokenizer(model: str | Path, plugins: Plugins | None = None) -> Any:
-    """The tokenizer of the model at ``model``, read through its weight format."""
+def load_tokenizer(
+    model: str | Path, plugins: Plugins | None = None, chat_template: str | None = None
+) -> Any:
+    """The tokenizer of the model at ``model``, read through its weight format, with
+    ``chat_template`` (Jinja text, ``--chat-template``) replacing its own when given."""
     from minisgl_core.engine.loader import open_model
 
-    return open_model(model, plugins).tokenizer()
+    tokenizer = open_model(model, plugins).tokenizer()
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+    return tokenizer
 
 
 def load_tokenizer_dir(model_dir: str | Path) -> Any:

@@ -18,7 +18,6 @@ from typing import Any
 import zmq
 
 from minisgl_core.engine.engine import check_request_fits
-from minisgl_core.engine.loader import open_model
 from minisgl_core.messages import (
     AbortRequest,
     Admission,
@@ -60,7 +59,18 @@ class Admitter:
 
     def prompt_ids(self, req: TokenizeRequest) -> list[int]:
         if req.messages is not None:
-            return apply_chat_template(self.tokenizer, req.messages)
+            args = dict(req.template_args or {})
+            ids = apply_chat_template(self.tokenizer, req.messages, **args)
+            if args.pop("tools", None):
+                # A template without a tools section would drop them without a word, and the
+                # model would answer as if it had none.
+                if ids == apply_chat_template(self.tokenizer, req.messages, **args):
+                    raise RequestRejected(
+                        "this model's chat template does not render tools; start the server with "
+                        "--chat-template FILE whose template does",
+                        "tools",
+                    )
+            return ids
         if req.text is not None:
             return list(self.tokenizer.encode(req.text, add_special_tokens=False))
         return list(req.input_ids or [])
@@ -69,6 +79,8 @@ class Admitter:
         prompt_field = "messages" if req.messages is not None else "prompt"
         try:
             ids = self.prompt_ids(req)
+        except RequestRejected:
+            raise
         except Exception as exc:  # noqa: BLE001 - a template or tokenizer error is the request's problem
             raise RequestRejected(f"could not tokenize the prompt: {exc}", prompt_field) from exc
         # request > model default > SamplingParams' (OpenAI's) default, field by field
@@ -102,13 +114,14 @@ class Admitter:
             blame = req.max_tokens_field if prompt_fits and "max_tokens" in str(exc) else prompt_field
             if str(exc).startswith("stop_token_ids"):
                 blame = "stop_token_ids"
+            if str(exc).startswith("logit_bias"):
+                blame = "logit_bias"
             raise RequestRejected(str(exc), blame) from exc
         return ids, sampling
 
 
 def tokenizer_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_ready: ReportReady) -> None:
-    source = open_model(spec.payload["model"], plugins)
-    tokenizer = source.tokenizer()
+    tokenizer = load_tokenizer(spec.payload["model"], plugins, spec.payload.get("chat_template"))
     inbox = bind_pull(ctx, spec.endpoints.tokenizer)
     to_scheduler = connect_push(ctx, spec.endpoints.scheduler)
     to_detokenizer = connect_push(ctx, spec.endpoints.detokenizer)

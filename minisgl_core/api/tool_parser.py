@@ -1,0 +1,263 @@
+"""Tool parsers: turning a model's tool-call text into OpenAI ``tool_calls``.
+
+A :class:`ToolParser` is made per choice of a chat request that offers tools. Given the model's
+whole output, :meth:`ToolParser.parse` splits it into content and calls; streaming, it is fed the
+text as it arrives (:meth:`ToolParser.feed`, then :meth:`ToolParser.finish`) and answers content
+deltas and tool-call deltas whose ``arguments`` grow piece by piece. Text that only looks like a
+call (malformed JSON, a missing name) is left as content.
+
+:class:`JsonToolCallParser` implements both for the common family of formats whose calls are
+JSON objects ``{"name": ..., "arguments": {...}}`` with optional markers around them; a plugin
+for such a format only sets its class attributes (see the ``hermes`` and ``llama3_json`` plugins).
+"""
+
+from __future__ import annotations
+
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from minisgl_core.api.json_scan import ScannedCall, marker_prefix_length, scan_tool_call
+
+
+def new_tool_call_id() -> str:
+    """An id in OpenAI's shape (``call_`` + 24 hex digits)."""
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    #: the arguments as JSON text (OpenAI sends a string, not an object)
+    arguments: str
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of the call at ``index``: its first delta carries ``id`` and ``name``."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+@dataclass(frozen=True)
+class ToolParseResult:
+    content: str | None
+    tool_calls: list[ToolCall]
+
+
+@dataclass(frozen=True)
+class ToolStreamDelta:
+    content: str = ""
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)
+
+
+class ToolParser(ABC):
+    """One choice's tool-call parser. Use an instance either for :meth:`parse` or for a stream."""
+
+    def __init__(self, tools: Sequence[Mapping[str, Any]] = ()) -> None:
+        #: the request's ``tools`` as sent (``{"type": "function", "function": {...}}``)
+        self.tools = list(tools)
+
+    @abstractmethod
+    def parse(self, text: str) -> ToolParseResult:
+        """Split the complete output into content (None when empty) and tool calls."""
+
+    @abstractmethod
+    def feed(self, text: str) -> ToolStreamDelta:
+        """Take the next piece of output; return what can be sent now (text that may still turn
+        out to be part of a call is held back)."""
+
+    @abstractmethod
+    def finish(self) -> ToolStreamDelta:
+        """The output ended: return whatever was held back."""
+
+
+def merge_tool_deltas(deltas: Sequence[ToolCallDelta]) -> list[ToolCall]:
+    """The calls that a stream of deltas describes."""
+    calls: dict[int, list[str]] = {}
+    for d in deltas:
+        entry = calls.setdefault(d.index, [d.id or "", d.name or "", ""])
+        entry[2] += d.arguments
+    return [ToolCall(i, n, a) for i, n, a in (calls[k] for k in sorted(calls))]
+
+
+class JsonToolCallParser(ToolParser):
+    """Calls are JSON objects ``{"name": str, <arguments key>: object}``, each optionally between
+    ``call_open`` and ``call_close``; with ``leading_only`` they count only at the start of the
+    output (after ``lead_markers``, inside ``list_open``/``list_close``, joined by ``separator``).
+
+    Whitespace next to a call is not content. Streaming, a call's id and name go out once its
+    arguments begin, then its arguments as they grow; a call that turns out malformed after that
+    cannot be taken back (it keeps what was sent), one malformed before that is sent as content.
+    """
+
+    call_open: str = ""
+    call_close: str = ""
+    separator: str = ""
+    leading_only: bool = False
+    lead_markers: tuple[str, ...] = ()
+    list_open: str = ""
+    list_close: str = ""
+    arguments_keys: tuple[str, ...] = ("arguments",)
+
+    def __init__(self, tools: Sequence[Mapping[str, Any]] = ()) -> None:
+        super().__init__(tools)
+        self._mode = "lead" if self.leading_only else "text"
+        self._buffer = ""
+        #: text consumed before the current call's object, given back as content if it is malformed
+        self._giveback = ""
+        self._index = 0
+        self._ids: list[str] = []
+        self._sent_arguments: list[int] = []
+        self._held_whitespace = ""
+        self._streaming = True
+        self._out_content: list[str] = []
+        self._out_calls: list[ToolCallDelta] = []
+
+    # ------------------------------------------------------------------ the public face
+
+    def parse(self, text: str) -> ToolParseResult:
+        # The streaming machine in one go, except that a call cut off by the end of the text is
+        # content (a stream would already have sent its beginning).
+        self._streaming = False
+        first, last = self.feed(text), self.finish()
+        content = first.content + last.content
+        return ToolParseResult(content or None, merge_tool_deltas(first.tool_calls + last.tool_calls))
+
+    def feed(self, text: str) -> ToolStreamDelta:
+        self._buffer += text
+        self._run(final=False)
+        return self._take()
+
+    def finish(self) -> ToolStreamDelta:
+        self._run(final=True)
+        if self._ids:  # whitespace next to calls is not content
+            self._held_whitespace = ""
+        self._out_content.append(self._held_whitespace)
+        self._held_whitespace = ""
+        return self._take()
+
+    # ------------------------------------------------------------------ the machine
+
+    def _take(self) -> ToolStreamDelta:
+        out = ToolStreamDelta("".join(self._out_content), self._out_calls)
+        self._out_content, self._out_calls = [], []
+        return out
+
+    def _text(self, text: str) -> None:
+        """Content, except that whitespace is held until we know no call follows it."""
+        text = self._held_whitespace + text
+        kept = text.rstrip()
+        self._out_content.append(kept)
+        self._held_whitespace = text[len(kept) :]
+
+    def _run(self, final: bool) -> None:
+        step = {"lead": self._lead, "text": self._plain, "call": self._call, "after": self._after}
+        while step[self._mode](final):
+            pass
+
+    def _lead(self, final: bool) -> bool:
+        """Start of a ``leading_only`` output: calls, or plain content for good."""
+        rest = self._buffer.lstrip()
+        for marker in self.lead_markers:
+            if rest.startswith(marker):
+                rest = rest[len(marker) :].lstrip()
+            elif marker.startswith(rest) and not final:
+                return False
+        if self.list_open:
+            if rest.startswith(self.list_open):
+                rest = rest[len(self.list_open) :].lstrip()
+            elif not (self.list_open.startswith(rest) and not final):
+                return self._give_up()
+        if not rest:
+            return self._give_up() if final else False
+        if rest[0] != "{":
+            return self._give_up()
+        self._giveback = self._buffer[: len(self._buffer) - len(rest)]
+        self._buffer, self._mode = rest, "call"
+        return True
+
+    def _give_up(self) -> bool:
+        """No (more) calls: the rest of the output is content."""
+        self._mode = "text"
+        return True
+
+    def _plain(self, final: bool) -> bool:
+        if self.leading_only or not self.call_open:
+            self._text(self._buffer)
+            self._buffer = ""
+            return False
+        where = self._buffer.find(self.call_open)
+        if where >= 0:
+            self._text(self._buffer[:where])
+            # whitespace before a call is not content, unless the call turns out malformed
+            self._giveback, self._held_whitespace = self._held_whitespace + self.call_open, ""
+            self._buffer, self._mode = self._buffer[where + len(self.call_open) :], "call"
+            return True
+        keep = 0 if final else marker_prefix_length(self._buffer, self.call_open)
+        self._text(self._buffer[: len(self._buffer) - keep])
+        self._buffer = self._buffer[len(self._buffer) - keep :]
+        return False
+
+    def _call(self, final: bool) -> bool:
+        scan = scan_tool_call(self._buffer, 0, self.arguments_keys)
+        if scan.status == "complete":
+            self._send(scan)
+            self._index += 1
+            self._buffer, self._mode = self._buffer[scan.end :], "after"
+            return True
+        if scan.status == "partial" and not final:
+            if self._streaming:
+                self._send(scan)
+            return False
+        if self._index < len(self._ids):  # already sent: it ends as it is
+            self._index += 1
+            self._buffer = ""
+            return self._give_up()
+        self._text(self._giveback)
+        return self._give_up()
+
+    def _after(self, final: bool) -> bool:
+        """After a call: its close marker, then the next call or the rest as content."""
+        rest = self._buffer.lstrip()
+        for marker in (self.call_close, self.separator, self.list_close):
+            if marker and marker.startswith(rest) and len(rest) < len(marker):
+                if final:  # cut off inside a marker: there is nothing more to say
+                    self._buffer = ""
+                    return self._give_up()
+                return False
+        if self.call_close:
+            if not rest.startswith(self.call_close):
+                self._buffer = rest
+                return self._give_up()
+            self._buffer, self._mode = rest[len(self.call_close) :], "text"
+            return True
+        if self.separator and rest.startswith(self.separator):
+            self._giveback = ""
+            self._buffer, self._mode = rest[len(self.separator) :], "call"
+            return True
+        if self.list_close and rest.startswith(self.list_close):
+            rest = rest[len(self.list_close) :]
+        self._buffer = rest
+        return self._give_up()
+
+    def _send(self, scan: ScannedCall) -> None:
+        """Send what is new of the current call: its header once arguments begin, then arguments."""
+        if scan.name is None or (scan.status == "partial" and not scan.arguments):
+            return
+        deltas_id = deltas_name = None
+        if self._index == len(self._ids):
+            self._ids.append(new_tool_call_id())
+            self._sent_arguments.append(0)
+            deltas_id, deltas_name = self._ids[-1], scan.name
+        sent = self._sent_arguments[self._index]
+        new = scan.arguments[sent:]
+        if deltas_id is not None or new:
+            self._out_calls.append(ToolCallDelta(self._index, deltas_id, deltas_name, new))
+            self._sent_arguments[self._index] = len(scan.arguments)

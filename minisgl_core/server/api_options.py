@@ -1,0 +1,45 @@
+"""What the HTTP layer does beyond passing requests on: the output parsers chosen at start-up,
+CORS, and a tokenizer of its own for /tokenize, /detokenize and echoing token-id prompts."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from minisgl_core.api import ReasoningParser, ToolParser
+
+
+@dataclass(frozen=True)
+class ApiOptions:
+    #: ``--tool-call-parser``: reads tool calls when tool_choice is "auto"
+    tool_parser: type[ToolParser] | None = None
+    #: ``--reasoning-parser``: splits reasoning_content from every chat answer
+    reasoning_parser: type[ReasoningParser] | None = None
+    #: ``--allowed-origins``: CORS is off when empty
+    allowed_origins: tuple[str, ...] = ()
+    #: ``--chat-template`` text, so /tokenize renders messages as the tokenizer worker does
+    chat_template: str | None = None
+
+
+@dataclass
+class ApiTokenizer:
+    """The model's tokenizer in the API process, loaded on first use (most servers never need it)."""
+
+    model_path: str
+    chat_template: str | None = None
+    _tokenizer: Any = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def get(self) -> Any:
+        with self._lock:
+            if self._tokenizer is None:
+                from minisgl_core.tokenizer.load import load_tokenizer
+
+                self._tokenizer = load_tokenizer(self.model_path, chat_template=self.chat_template)
+            return self._tokenizer
+
+    async def run(self, work: Any, *args: Any, **kwargs: Any) -> Any:
+        """``work(tokenizer, *args, **kwargs)`` off the event loop (tokenizing can take a while)."""
+        return await asyncio.to_thread(lambda: work(self.get(), *args, **kwargs))

@@ -1,0 +1,85 @@
+"""/tokenize, /detokenize (vLLM's and SGLang's shapes) and /version.
+
+/tokenize counts tokens the way the generating routes do: a ``prompt`` is encoded without special
+tokens (as /v1/completions does; ``add_special_tokens`` true adds them), ``messages`` are rendered
+with the chat template (the server's ``--chat-template`` if given), tools and template variables
+included.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from pydantic import Field
+
+import minisgl_core
+from minisgl_core.server.api_options import ApiTokenizer
+from minisgl_core.server.errors import APIError
+from minisgl_core.server.schemas import ChatMessage, StrictModel, ToolDefinition
+from minisgl_core.server.state import ServerState
+
+
+class TokenizeBody(StrictModel):
+    model: str | None = None
+    prompt: str | None = None
+    add_special_tokens: bool = False
+    messages: list[ChatMessage] | None = None
+    add_generation_prompt: bool = True
+    tools: list[ToolDefinition] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class DetokenizeBody(StrictModel):
+    model: str | None = None
+    tokens: list[int] = Field(min_length=0)
+
+
+def _encode(tokenizer: Any, body: TokenizeBody) -> list[int]:
+    if body.messages is None:
+        return list(tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens))
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("this model's tokenizer has no chat_template; start the server with --chat-template")
+    args = dict(body.chat_template_kwargs or {})
+    if body.tools:
+        args["tools"] = [t.model_dump(exclude_none=True) for t in body.tools]
+    ids = tokenizer.apply_chat_template(
+        [m.to_template() for m in body.messages],
+        tokenize=True,
+        add_generation_prompt=body.add_generation_prompt,
+        **args,
+    )
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+def tokenize_router(state: ServerState, tokenizer: ApiTokenizer) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/tokenize")
+    async def tokenize(body: TokenizeBody) -> dict[str, Any]:
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError(400, "give exactly one of prompt or messages", "prompt")
+        try:
+            ids = await tokenizer.run(_encode, body)
+        except Exception as exc:  # noqa: BLE001 - a template error is the request's problem
+            raise APIError(
+                400, f"could not tokenize: {exc}", "messages" if body.messages else "prompt"
+            ) from exc
+        return {"tokens": ids, "count": len(ids), "max_model_len": state.model.max_context_len}
+
+    @router.post("/detokenize")
+    async def detokenize(body: DetokenizeBody) -> dict[str, Any]:
+        vocab = state.model.vocab_size
+        if any(not 0 <= t < vocab for t in body.tokens):
+            raise APIError(400, f"tokens must be token ids in [0, {vocab})", "tokens")
+        text = await tokenizer.run(lambda tok: tok.decode(body.tokens))
+        # vLLM answers "prompt", SGLang "text": both, so either client reads it
+        return {"prompt": text, "text": text}
+
+    @router.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": minisgl_core.__version__}
+
+    return router

@@ -1,0 +1,85 @@
+"""What a chat request's ``tools`` and ``tool_choice`` mean for its output.
+
+``none``: plain content. ``auto``: the model may call tools in its own format, read back by the
+server's ``--tool-call-parser``. ``required`` and a named function: the output is forced through a
+grammar (a JSON schema, enforced by the grammar backend) to be a JSON array of calls
+``[{"name": ..., "arguments": {...}}]`` whose arguments follow each function's ``parameters``
+schema; :class:`ForcedToolCallParser` reads that array back, whatever the model's own format.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from minisgl_core.api import JsonToolCallParser, ToolParser
+from minisgl_core.server.errors import APIError
+from minisgl_core.server.schemas import ChatCompletionRequest, FunctionDefinition
+
+
+class ForcedToolCallParser(JsonToolCallParser):
+    """The array of calls that ``required`` / a named ``tool_choice`` forces."""
+
+    leading_only = True
+    list_open = "["
+    list_close = "]"
+    separator = ","
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    #: reads tool calls out of each choice's text; None = the text is plain content
+    parser: type[ToolParser] | None = None
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    #: GrammarSpec fields (a dict: it travels to the scheduler as msgpack) forcing the calls
+    grammar: dict[str, str] | None = None
+    #: parallel_tool_calls false: at most one call per choice
+    single_call: bool = False
+
+
+def plan_tools(body: ChatCompletionRequest, tool_parser: type[ToolParser] | None) -> ToolPlan:
+    choice = body.tool_choice if body.tool_choice is not None else ("auto" if body.tools else "none")
+    if choice not in ("none", "auto") and not body.tools:
+        raise APIError(400, "tool_choice needs tools: give the functions the model may call", "tool_choice")
+    if choice == "none" or not body.tools:
+        return ToolPlan()
+    tools = [t.model_dump(exclude_none=True) for t in body.tools]
+    single = not body.parallel_tool_calls
+    if choice == "auto":
+        if tool_parser is None:
+            raise APIError(
+                400,
+                "tool_choice 'auto' needs the server started with --tool-call-parser NAME (see "
+                "`minisgl plugins`); or force calls with tool_choice 'required' or a named function",
+                "tool_choice",
+            )
+        return ToolPlan(tool_parser, tools, single_call=single)
+    functions = [t.function for t in body.tools]
+    if choice == "required":
+        items: dict[str, Any] = {"anyOf": [_call_schema(f) for f in functions]}
+        schema = {"type": "array", "items": items, "minItems": 1, **({"maxItems": 1} if single else {})}
+    else:
+        name = choice.function.name  # type: ignore[union-attr]
+        named = [f for f in functions if f.name == name]
+        if not named:
+            known = ", ".join(f.name for f in functions)
+            raise APIError(
+                400, f"tool_choice names {name!r}, which is not among the tools ({known})", "tool_choice"
+            )
+        schema = {"type": "array", "items": _call_schema(named[0]), "minItems": 1, "maxItems": 1}
+        single = True
+    grammar = {"kind": "json_schema", "value": json.dumps(schema)}
+    return ToolPlan(ForcedToolCallParser, tools, grammar, single)
+
+
+def _call_schema(function: FunctionDefinition) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "const": function.name},
+            "arguments": function.parameters or {"type": "object"},
+        },
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }

@@ -1,0 +1,10 @@
+"""Entry point of the Hermes tool parser (thin: no heavy imports)."""
+
+from minisgl_core.api import hookimpl
+
+MINISGL_API = "1.6"
+
+
+@hookimpl
+def minisgl_register_tool_parsers(register):
+    register("hermes", "minisgl_plugin_hermes.parser:HermesToolParser")

@@ -1,0 +1,15 @@
+"""Hermes-style tool calls, as Qwen2.5 / Qwen3 and the Hermes models write them:
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+one block per call, anywhere in the output, with plain content around them.
+"""
+
+from minisgl_core.api import JsonToolCallParser
+
+
+class HermesToolParser(JsonToolCallParser):
+    call_open = "<tool_call>"
+    call_close = "</tool_call>"

@@ -1,0 +1,110 @@
+"""The Hermes tool parser on Qwen3-style outputs: whole, streamed split at every character, and
+malformed calls left as content."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from minisgl_plugin_hermes.parser import HermesToolParser
+
+from minisgl_core.api import ToolCall, merge_tool_deltas
+from minisgl_core.testing.packaging_suite import PluginPackagingSuite
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+ONE_CALL = (
+    "Let me check the weather.\n"
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>'
+)
+TWO_CALLS = (
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+    '<tool_call>\n{"arguments": {"city": "Rome, \\"Italy\\" {}"}, "name": "get_weather"}\n</tool_call>'
+)
+PLAIN = "The weather in Paris is mild.\n\nEnjoy!\n"
+#: malformed before the arguments begin: a stream can still give it back as content
+MALFORMED_EARLY = [
+    "<tool_call>\nnot json at all\n</tool_call>",
+    '<tool_call>\n{"name": get_weather, "arguments": {}}\n</tool_call>',
+    'Sure. <tool_call>{"arguments" {"a": 1}}</tool_call> done',
+]
+
+
+def stream(text: str, cuts: list[int]) -> tuple[str, list[ToolCall], int]:
+    """Feed ``text`` in pieces ending at ``cuts``: (content, calls, number of argument deltas)."""
+    parser = HermesToolParser(TOOLS)
+    content, deltas, start = "", [], 0
+    for end in [*cuts, len(text)]:
+        out = parser.feed(text[start:end])
+        content, deltas, start = content + out.content, deltas + out.tool_calls, end
+    last = parser.finish()
+    deltas += last.tool_calls
+    return content + last.content, merge_tool_deltas(deltas), sum(1 for d in deltas if d.arguments)
+
+
+def test_one_call_with_content():
+    result = HermesToolParser(TOOLS).parse(ONE_CALL)
+    assert result.content == "Let me check the weather."
+    [call] = result.tool_calls
+    assert call.name == "get_weather" and call.id.startswith("call_") and len(call.id) == 29
+    assert json.loads(call.arguments) == {"city": "Paris", "unit": "celsius"}
+
+
+def test_two_calls_keys_in_any_order():
+    result = HermesToolParser(TOOLS).parse(TWO_CALLS)
+    assert result.content is None
+    assert [json.loads(c.arguments) for c in result.tool_calls] == [
+        {"city": "Paris"},
+        {"city": 'Rome, "Italy" {}'},
+    ]
+    assert len({c.id for c in result.tool_calls}) == 2
+
+
+def test_plain_text_is_untouched():
+    result = HermesToolParser(TOOLS).parse(PLAIN)
+    assert result == type(result)(PLAIN, [])
+
+
+@pytest.mark.parametrize(
+    "text", [*MALFORMED_EARLY, '<tool_call>{"name": "f", "arguments": {"a": }}</tool_call>']
+)
+def test_malformed_call_is_content(text):
+    result = HermesToolParser(TOOLS).parse(text)
+    assert result.content == text and result.tool_calls == []
+
+
+def test_call_cut_off_is_content():
+    text = ONE_CALL[: ONE_CALL.index("celsius")]
+    assert HermesToolParser(TOOLS).parse(text).content == text
+
+
+def test_missing_close_tag_at_the_end_is_still_a_call():
+    result = HermesToolParser(TOOLS).parse(ONE_CALL.removesuffix("\n</tool_call>"))
+    assert [c.name for c in result.tool_calls] == ["get_weather"]
+
+
+@pytest.mark.parametrize("text", [ONE_CALL, TWO_CALLS, PLAIN])
+def test_stream_split_anywhere_matches_parse(text):
+    whole = HermesToolParser(TOOLS).parse(text)
+    expected = (whole.content or "", [(c.name, c.arguments) for c in whole.tool_calls])
+    for cut in range(len(text) + 1):
+        content, calls, _ = stream(text, [cut])
+        assert (content, [(c.name, c.arguments) for c in calls]) == expected, cut
+
+
+def test_stream_char_by_char_sends_arguments_incrementally():
+    content, calls, argument_deltas = stream(ONE_CALL, list(range(1, len(ONE_CALL))))
+    whole = HermesToolParser(TOOLS).parse(ONE_CALL)
+    assert [(c.name, c.arguments) for c in calls] == [(c.name, c.arguments) for c in whole.tool_calls]
+    assert argument_deltas == len(calls[0].arguments)  # one per character, not one per call
+
+
+@pytest.mark.parametrize("text", MALFORMED_EARLY)
+def test_stream_malformed_is_content(text):
+    for cut in range(len(text) + 1):
+        assert stream(text, [cut])[:2] == (text, []), cut
+    assert stream(text, list(range(1, len(text))))[:2] == (text, [])
+
+
+class TestHermesPackaging(PluginPackagingSuite):
+    plugin = "hermes"
+    provides = {"tool_parsers": ["hermes"]}

@@ -1,0 +1,69 @@
+"""The Llama 3.1 JSON tool parser: calls opening the answer, whole and streamed at every split."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from minisgl_plugin_llama3_json.parser import Llama3JsonToolParser
+
+from minisgl_core.api import merge_tool_deltas
+from minisgl_core.testing.packaging_suite import PluginPackagingSuite
+
+ONE = '{"name": "get_weather", "parameters": {"city": "Paris", "days": [1, 2]}}'
+WITH_TAG = '<|python_tag|>{"name": "search", "arguments": {"q": "a;b"}}'
+TWO = '{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "get_time", "parameters": {}}'
+PLAIN = "It is sunny in Paris {today}."
+MALFORMED = ['{"name": "get_weather", "parameters": 5}', '{"city": "Paris"}', "{not json}"]
+
+
+def stream(text: str, cuts: list[int]):
+    parser = Llama3JsonToolParser([])
+    content, deltas, start = "", [], 0
+    for end in [*cuts, len(text)]:
+        out = parser.feed(text[start:end])
+        content, deltas, start = content + out.content, deltas + out.tool_calls, end
+    last = parser.finish()
+    return content + last.content, [
+        (c.name, c.arguments) for c in merge_tool_deltas(deltas + last.tool_calls)
+    ]
+
+
+def test_one_call():
+    result = Llama3JsonToolParser([]).parse(ONE)
+    assert result.content is None
+    [call] = result.tool_calls
+    assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris", "days": [1, 2]}
+
+
+def test_python_tag_and_arguments_key():
+    [call] = Llama3JsonToolParser([]).parse(WITH_TAG).tool_calls
+    assert call.name == "search" and json.loads(call.arguments) == {"q": "a;b"}
+
+
+def test_several_calls_joined_by_semicolons():
+    calls = Llama3JsonToolParser([]).parse(TWO).tool_calls
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris"}),
+        ("get_time", {}),
+    ]
+
+
+@pytest.mark.parametrize("text", [PLAIN, *MALFORMED])
+def test_not_a_call_is_content(text):
+    result = Llama3JsonToolParser([]).parse(text)
+    assert result.content == text and result.tool_calls == []
+
+
+@pytest.mark.parametrize("text", [ONE, WITH_TAG, TWO, PLAIN, *MALFORMED])
+def test_stream_split_anywhere_matches_parse(text):
+    whole = Llama3JsonToolParser([]).parse(text)
+    expected = (whole.content or "", [(c.name, c.arguments) for c in whole.tool_calls])
+    for cut in range(len(text) + 1):
+        assert stream(text, [cut]) == expected, cut
+    assert stream(text, list(range(1, len(text)))) == expected
+
+
+class TestLlama3JsonPackaging(PluginPackagingSuite):
+    plugin = "llama3-json"
+    provides = {"tool_parsers": ["llama3_json"]}

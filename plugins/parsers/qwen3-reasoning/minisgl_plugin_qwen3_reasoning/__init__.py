@@ -1,0 +1,10 @@
+"""Entry point of the Qwen3 reasoning parser (thin: no heavy imports)."""
+
+from minisgl_core.api import hookimpl
+
+MINISGL_API = "1.6"
+
+
+@hookimpl
+def minisgl_register_reasoning_parsers(register):
+    register("qwen3", "minisgl_plugin_qwen3_reasoning.parser:Qwen3ReasoningParser")

@@ -1,0 +1,51 @@
+"""The Qwen3 reasoning parser: whole and streamed at every split."""
+
+from __future__ import annotations
+
+import pytest
+from minisgl_plugin_qwen3_reasoning.parser import Qwen3ReasoningParser
+
+from minisgl_core.api import ReasoningResult
+from minisgl_core.testing.packaging_suite import PluginPackagingSuite
+
+THINKING = "<think>\nThe user greets me; <b>answer</b> kindly.\n</think>\n\nHello! How can I help?"
+NOT_THINKING = "Hello! <think> is only a word here."
+UNFINISHED = "<think>\nLet me count: 1, 2, 3"
+
+
+def stream(text: str, cuts: list[int]) -> tuple[str, str]:
+    parser = Qwen3ReasoningParser()
+    reasoning, content, start = "", "", 0
+    for end in [*cuts, len(text)]:
+        out = parser.feed(text[start:end])
+        reasoning, content, start = reasoning + out.reasoning, content + out.content, end
+    last = parser.finish()
+    return reasoning + last.reasoning, content + last.content
+
+
+def test_thinking_is_split_off():
+    assert Qwen3ReasoningParser().parse(THINKING) == ReasoningResult(
+        "\nThe user greets me; <b>answer</b> kindly.\n", "Hello! How can I help?"
+    )
+
+
+def test_no_think_block_is_all_content():
+    assert Qwen3ReasoningParser().parse(NOT_THINKING) == ReasoningResult(None, NOT_THINKING)
+
+
+def test_unfinished_thinking_is_all_reasoning():
+    assert Qwen3ReasoningParser().parse(UNFINISHED) == ReasoningResult("\nLet me count: 1, 2, 3", None)
+
+
+@pytest.mark.parametrize("text", [THINKING, NOT_THINKING, UNFINISHED, "<think></think>Hi"])
+def test_stream_split_anywhere_matches_parse(text):
+    whole = Qwen3ReasoningParser().parse(text)
+    expected = (whole.reasoning or "", whole.content or "")
+    for cut in range(len(text) + 1):
+        assert stream(text, [cut]) == expected, cut
+    assert stream(text, list(range(1, len(text)))) == expected
+
+
+class TestQwen3ReasoningPackaging(PluginPackagingSuite):
+    plugin = "qwen3-reasoning"
+    provides = {"reasoning_parsers": ["qwen3"]}

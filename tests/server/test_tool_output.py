@@ -1,0 +1,263 @@
+"""tools / tool_choice planning and a chat choice's output (reasoning, tool calls), without a server.
+
+The parsed messages and stream chunks are read back with the official ``openai`` client's types
+and its own stream accumulator, and forced calls are checked against the grammar's JSON schema
+with ``jsonschema``: the references a client and the grammar backend use.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+from minisgl_plugin_hermes.parser import HermesToolParser
+from minisgl_plugin_qwen3_reasoning.parser import Qwen3ReasoningParser
+from openai.lib.streaming.chat import ChatCompletionStreamState
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+from minisgl_core.server import responses as r
+from minisgl_core.server.chat_output import ChoiceOutput
+from minisgl_core.server.errors import APIError
+from minisgl_core.server.schemas import ChatCompletionRequest
+from minisgl_core.server.tools import ForcedToolCallParser, ToolPlan, plan_tools
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city"],
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}},
+}
+MESSAGES = [{"role": "user", "content": "Weather in Paris?"}]
+QWEN3_ANSWER = (
+    "<think>\nThe user wants the weather; call the tool.\n</think>\n\n"
+    "I'll look it up.\n"
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>'
+)
+
+
+def request(**fields) -> ChatCompletionRequest:
+    return ChatCompletionRequest(messages=MESSAGES, **fields)
+
+
+def as_completion(message: dict, finish_reason: str) -> ChatCompletion:
+    body = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "m",
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}],
+    }
+    return ChatCompletion.model_validate(body)
+
+
+def streamed(output: ChoiceOutput, text: str, cuts: list[int], tools: list[dict]) -> ChatCompletion:
+    """Stream ``text`` through ``output`` as chunks and let the openai client accumulate them."""
+    state = ChatCompletionStreamState(input_tools=tools)
+    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+    first = r.chat_chunk("chatcmpl-1", "m", 0, 0, {"role": "assistant", "content": ""})
+    state.handle_chunk(ChatCompletionChunk.model_validate(first))
+    for i, piece in enumerate(pieces):
+        final = i == len(pieces) - 1
+        delta = output.delta(piece, final)
+        reason = output.finish_reason("stop") if final else None
+        if delta or reason:
+            chunk = r.chat_chunk("chatcmpl-1", "m", 0, 0, delta, finish_reason=reason)
+            state.handle_chunk(ChatCompletionChunk.model_validate(chunk))
+    return state.get_final_completion()
+
+
+# ---------------------------------------------------------------- planning
+
+
+def test_tool_choice_without_tools_is_a_400():
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        with pytest.raises(APIError) as err:
+            plan_tools(request(tool_choice=choice), HermesToolParser)
+        assert err.value.status == 400 and err.value.param == "tool_choice"
+    assert plan_tools(request(tool_choice="none"), None) == ToolPlan()
+    assert plan_tools(request(tool_choice="auto"), None) == ToolPlan()
+
+
+def test_auto_needs_a_parser_and_named_function_must_exist():
+    with pytest.raises(APIError, match="--tool-call-parser"):
+        plan_tools(request(tools=[WEATHER]), None)
+    with pytest.raises(APIError, match="not among the tools"):
+        plan_tools(
+            request(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}}), None
+        )
+    plan = plan_tools(request(tools=[WEATHER]), HermesToolParser)
+    assert plan.parser is HermesToolParser and plan.grammar is None and plan.tools == [WEATHER]
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_required_forces_calls_that_validate_against_the_functions(parallel):
+    plan = plan_tools(
+        request(tools=[WEATHER, TIME], tool_choice="required", parallel_tool_calls=parallel), None
+    )
+    assert plan.parser is ForcedToolCallParser and plan.grammar["kind"] == "json_schema"
+    schema = json.loads(plan.grammar["value"])
+    jsonschema.Draft202012Validator.check_schema(schema)
+    good = [{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_time", "arguments": {}}]
+    jsonschema.validate(good[:1], schema)
+    bad = [
+        [],
+        [{"name": "get_weather", "arguments": {"unit": "celsius"}}],  # city is required
+        [{"name": "get_weather", "arguments": {"city": "Paris", "unit": "kelvin"}}],
+        [{"name": "delete_everything", "arguments": {}}],
+    ]
+    for output in bad + ([] if parallel else [good]):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(output, schema)
+    if parallel:
+        jsonschema.validate(good, schema)
+
+
+def test_named_function_forces_exactly_that_call():
+    choice = {"type": "function", "function": {"name": "get_time"}}
+    plan = plan_tools(request(tools=[WEATHER, TIME], tool_choice=choice), None)
+    schema = json.loads(plan.grammar["value"])
+    jsonschema.validate([{"name": "get_time", "arguments": {}}], schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate([{"name": "get_weather", "arguments": {"city": "Paris"}}], schema)
+    assert plan.single_call
+
+
+# ---------------------------------------------------------------- forced output read back
+
+FORCED = '[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_time", "arguments": {}}]'
+
+
+def test_forced_array_is_read_back_whole_and_streamed():
+    whole = ForcedToolCallParser([]).parse(FORCED)
+    assert whole.content is None
+    assert [(c.name, json.loads(c.arguments)) for c in whole.tool_calls] == [
+        ("get_weather", {"city": "Paris"}),
+        ("get_time", {}),
+    ]
+    plan = ToolPlan(ForcedToolCallParser, [WEATHER, TIME])
+    for cut in range(len(FORCED) + 1):
+        completion = streamed(ChoiceOutput(plan, None), FORCED, [cut], [WEATHER, TIME])
+        calls = completion.choices[0].message.tool_calls
+        assert [(c.function.name, c.function.arguments) for c in calls] == [
+            (c.name, c.arguments) for c in whole.tool_calls
+        ], cut
+
+
+def test_forced_output_that_is_not_calls_stays_content():
+    assert ForcedToolCallParser([]).parse("Hello there").content == "Hello there"
+
+
+# ---------------------------------------------------------------- a choice's message
+
+
+def test_reasoning_then_tool_call_message():
+    output = ChoiceOutput(ToolPlan(HermesToolParser, [WEATHER]), Qwen3ReasoningParser)
+    message = output.message(QWEN3_ANSWER)
+    completion = as_completion(message, output.finish_reason("stop"))
+    choice = completion.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content == "I'll look it up."
+    assert message["reasoning_content"] == "\nThe user wants the weather; call the tool.\n"
+    [call] = choice.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_") and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris", "unit": "celsius"}
+
+
+def test_no_parsers_keeps_the_text_as_is():
+    output = ChoiceOutput(ToolPlan(), None)
+    assert output.message(QWEN3_ANSWER) == {"role": "assistant", "content": QWEN3_ANSWER}
+    assert output.finish_reason("stop") == "stop"
+
+
+def test_single_call_keeps_the_first():
+    two = QWEN3_ANSWER + '\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    output = ChoiceOutput(ToolPlan(HermesToolParser, [WEATHER, TIME], single_call=True), None)
+    assert [c["function"]["name"] for c in output.message(two)["tool_calls"]] == ["get_weather"]
+
+
+def test_stream_at_every_split_accumulates_to_the_message():
+    plan = ToolPlan(HermesToolParser, [WEATHER])
+    whole = ChoiceOutput(plan, Qwen3ReasoningParser).message(QWEN3_ANSWER)
+    for cut in range(0, len(QWEN3_ANSWER) + 1, 3):
+        completion = streamed(ChoiceOutput(plan, Qwen3ReasoningParser), QWEN3_ANSWER, [cut], [WEATHER])
+        message = completion.choices[0].message
+        assert completion.choices[0].finish_reason == "tool_calls"
+        assert message.content == whole["content"]
+        assert [(c.function.name, c.function.arguments) for c in message.tool_calls] == [
+            (c["function"]["name"], c["function"]["arguments"]) for c in whole["tool_calls"]
+        ]
+
+
+def test_stream_reasoning_deltas():
+    output = ChoiceOutput(ToolPlan(), Qwen3ReasoningParser)
+    deltas = [output.delta(piece, False) for piece in ("<think>Hmm", ", sure.</think>", "\n\nHi", "!")]
+    deltas.append(output.delta("", True))
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "Hmm, sure."
+    assert "".join(d.get("content", "") for d in deltas) == "Hi!"
+    for delta in deltas:
+        ChatCompletionChunk.model_validate(r.chat_chunk("c", "m", 0, 0, delta))
+
+
+def test_tool_messages_reach_the_template():
+    body = ChatCompletionRequest(
+        messages=[
+            *MESSAGES,
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"},
+        ],
+        tools=[WEATHER],
+        chat_template_kwargs={"enable_thinking": False},
+    )
+    rendered = body.template_messages()
+    assert rendered[1] == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+            }
+        ],
+    }
+    assert rendered[2] == {"role": "tool", "content": "18 C, sunny", "tool_call_id": "call_1"}
+    assert body.template_args() == {"enable_thinking": False, "tools": [WEATHER]}
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"role": "tool", "content": "x"},  # no tool_call_id
+        {"role": "user", "content": None, "tool_calls": []},
+        {
+            "role": "user",
+            "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{}"}}],
+            "content": "x",
+        },
+        {"role": "assistant"},
+    ],
+)
+def test_bad_tool_messages_are_rejected(message):
+    with pytest.raises(ValueError):
+        ChatCompletionRequest(messages=[message])

@@ -1,0 +1,337 @@
+"""Tools, reasoning and the rest of the OpenAI surface through the official ``openai`` client, on a
+server started with ``--tool-call-parser hermes --reasoning-parser qwen3 --chat-template FILE
+--allowed-origins``. The tiny model's weights are random, so its answers are not tool calls: these
+tests check what reaches the chat template, the request shapes a tool round trip sends, and the
+sampling fields against the offline engine; the parsing of real tool-call text is covered by
+``test_tool_output.py`` and the parser plugins' tests.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from minisgl_core.sampling import SamplingParams
+from minisgl_core.tokenizer.load import load_tokenizer
+
+TEMPLATE = Path(__file__).parent / "data" / "tools_template.jinja"
+ORIGIN = "https://app.example"
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+PROMPT = "The quick brown fox jumps over"
+
+
+@pytest.fixture(scope="module")
+def tools_server(start_server, model_dir, engine_args):
+    return start_server(
+        [
+            "--model", str(model_dir), *engine_args,
+            "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3",
+            "--chat-template", str(TEMPLATE), "--allowed-origins", ORIGIN,
+        ]
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tools_client(tools_server):
+    return openai.OpenAI(base_url=f"{tools_server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def templated(model_dir):
+    """The reference: transformers' tokenizer with the same template file."""
+    return load_tokenizer(model_dir, TEMPLATE.read_text())
+
+
+def reference_ids(tokenizer, messages, **kwargs) -> list[int]:
+    ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, **kwargs)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def test_tools_and_template_kwargs_reach_the_template(tools_client, templated, model_name):
+    for extra, kwargs in [
+        ({}, {}),
+        ({"tools": [WEATHER]}, {"tools": [WEATHER]}),
+        (
+            {"tools": [WEATHER], "extra_body": {"chat_template_kwargs": {"enable_thinking": False}}},
+            {"tools": [WEATHER], "enable_thinking": False},
+        ),
+    ]:
+        resp = tools_client.chat.completions.create(model=model_name, messages=ASK, max_tokens=2, **extra)
+        assert resp.usage.prompt_tokens == len(reference_ids(templated, ASK, **kwargs)), extra
+    no_tools = len(reference_ids(templated, ASK))
+    assert len(reference_ids(templated, ASK, tools=[WEATHER])) > no_tools  # the template does render them
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_round_trip_messages(tools_client, templated, model_name, stream):
+    """tools -> (the assistant's tool call) -> tool message -> final answer, as a client sends it."""
+    first = tools_client.chat.completions.create(
+        model=model_name, messages=ASK, tools=[WEATHER], tool_choice="auto", max_tokens=8, temperature=0
+    )
+    assert first.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    call = {
+        "id": "call_abc",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+    }
+    history = [
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_abc", "content": "18 C and sunny"},
+    ]
+    expected = reference_ids(
+        templated,
+        [
+            *ASK,
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{**call, "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}],
+            },
+            history[2],
+        ],
+        tools=[WEATHER],
+    )
+    rendered = templated.decode(expected)
+    assert '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>' in rendered
+    assert '<tool_response id="call_abc">18 C and sunny</tool_response>' in rendered
+    kwargs = dict(model=model_name, messages=history, tools=[WEATHER], max_tokens=8, temperature=0)
+    if not stream:
+        final = tools_client.chat.completions.create(**kwargs)
+        assert final.usage.prompt_tokens == len(expected)
+        assert final.choices[0].message.role == "assistant"
+        return
+    chunks = list(
+        tools_client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True})
+    )
+    assert chunks[-1].usage.prompt_tokens == len(expected)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] != []
+
+
+def test_plain_answers_pass_through_the_parsers(tools_client, llm, templated, model_name):
+    """Random-model text has no <think> or <tool_call>: all of it is content, streamed or not."""
+    ids = reference_ids(templated, ASK, tools=[WEATHER])
+    ref = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=12))[0]
+    kwargs = dict(model=model_name, messages=ASK, tools=[WEATHER], max_tokens=12, temperature=0)
+    resp = tools_client.chat.completions.create(**kwargs)
+    assert resp.choices[0].message.content == ref.text and not resp.choices[0].message.tool_calls
+    assert resp.choices[0].finish_reason == "length"
+    chunks = list(tools_client.chat.completions.create(**kwargs, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ref.text
+
+
+BOUNDED = {
+    "type": "function",
+    "function": {
+        "name": "plan_trip",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"enum": ["Paris", "Rome"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            },
+            "required": ["city", "days"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def grammar_backend() -> None:
+    """Skip (before any server starts) unless a grammar backend plugin is installed."""
+    from minisgl_core.plugins import Plugins
+
+    if not Plugins.load().registry.get("grammars"):
+        pytest.skip("no grammar backend installed: tool_choice's GrammarSpec cannot be enforced")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_forced_tool_call_round_trip(grammar_backend, tools_client, model_name, stream):
+    """tools -> tool_calls -> tool message -> answer with a random model: the named tool_choice's
+    grammar makes it call the function with valid arguments. Needs a grammar backend plugin."""
+    import jsonschema
+
+    kwargs = dict(
+        model=model_name,
+        messages=ASK,
+        tools=[WEATHER, BOUNDED],
+        tool_choice={"type": "function", "function": {"name": "plan_trip"}},
+        max_tokens=64,
+        temperature=1.0,
+        seed=7,
+    )
+    if stream:
+        chunks = list(tools_client.chat.completions.create(**kwargs, stream=True))
+        parts: dict[int, list[str]] = {}
+        for chunk in chunks:
+            for d in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                entry = parts.setdefault(d.index, [d.id, d.function.name, ""])
+                entry[2] += d.function.arguments or ""
+        calls = [tuple(parts[i]) for i in sorted(parts)]
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    else:
+        choice = tools_client.chat.completions.create(**kwargs).choices[0]
+        calls = [(c.id, c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
+        finish = [choice.finish_reason]
+    assert finish == ["tool_calls"] and [c[1] for c in calls] == ["plan_trip"], (finish, calls)
+    jsonschema.validate(json.loads(calls[0][2]), BOUNDED["function"]["parameters"])
+    call_id, name, arguments = calls[0]
+    history = [
+        *ASK,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": call_id, "content": "booked"},
+    ]
+    final = tools_client.chat.completions.create(
+        model=model_name, messages=history, tools=[WEATHER, BOUNDED], max_tokens=8, temperature=0
+    )
+    assert final.choices[0].finish_reason in ("stop", "length")
+
+
+def test_tool_choice_errors(tools_client, model_name):
+    with pytest.raises(openai.BadRequestError, match="needs tools"):
+        tools_client.chat.completions.create(model=model_name, messages=ASK, tool_choice="required")
+    with pytest.raises(openai.BadRequestError, match="not among the tools"):
+        tools_client.chat.completions.create(
+            model=model_name,
+            messages=ASK,
+            tools=[WEATHER],
+            tool_choice={"type": "function", "function": {"name": "launch_rocket"}},
+        )
+
+
+def test_auto_tools_without_a_parser_is_a_400(client, model_name):
+    with pytest.raises(openai.BadRequestError, match="--tool-call-parser"):
+        client.chat.completions.create(model=model_name, messages=ASK, tools=[WEATHER])
+
+
+def test_a_template_that_ignores_tools_is_a_400(client, model_name):
+    """The demo tokenizer's template has no tools section: the request must not silently lose them."""
+    with pytest.raises(openai.BadRequestError, match="does not render tools") as err:
+        client.chat.completions.create(
+            model=model_name, messages=ASK, tools=[WEATHER], tool_choice="required"
+        )
+    assert err.value.body["param"] == "tools"
+
+
+# ---------------------------------------------------------------- sampling fields
+
+
+def test_logit_bias_forces_a_token(tools_client, llm, model_name):
+    token = llm.tokenizer.encode(" sea", add_special_tokens=False)[0]
+    resp = tools_client.completions.create(
+        model=model_name, prompt=PROMPT, max_tokens=5, temperature=1.0, seed=3, logit_bias={str(token): 100}
+    )
+    assert resp.choices[0].text == llm.tokenizer.decode([token] * 5)
+
+
+def test_repetition_penalty_matches_offline(tools_client, llm, model_name):
+    ref = llm.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=16, repetition_penalty=1.8))[0]
+    plain = llm.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=16))[0]
+    resp = tools_client.completions.create(
+        model=model_name, prompt=PROMPT, max_tokens=16, temperature=0, extra_body={"repetition_penalty": 1.8}
+    )
+    assert resp.choices[0].text == ref.text
+    assert ref.token_ids != plain.token_ids  # the penalty did change the greedy answer
+
+
+@pytest.mark.parametrize("prompt_as_ids", [False, True])
+def test_echo(tools_client, llm, model_name, prompt_as_ids):
+    ids = llm.tokenizer.encode(PROMPT, add_special_tokens=False)
+    prompt = ids if prompt_as_ids else PROMPT
+    ref = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=6))[0]
+    echoed = llm.tokenizer.decode(ids) if prompt_as_ids else PROMPT
+    kwargs = dict(model=model_name, prompt=prompt, max_tokens=6, temperature=0, echo=True)
+    assert tools_client.completions.create(**kwargs).choices[0].text == echoed + ref.text
+    chunks = list(tools_client.completions.create(**kwargs, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == echoed + ref.text
+
+
+def test_completions_stream_usage(tools_client, llm, model_name):
+    chunks = list(
+        tools_client.completions.create(
+            model=model_name,
+            prompt=PROMPT,
+            max_tokens=4,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 4
+    assert chunks[-1].usage.prompt_tokens == len(llm.tokenizer.encode(PROMPT, add_special_tokens=False))
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+# ---------------------------------------------------------------- other endpoints
+
+
+def test_tokenize_and_detokenize(tools_server, templated, model_name):
+    url = tools_server.url
+    ids = templated.encode(PROMPT, add_special_tokens=False)
+    got = httpx.post(f"{url}/tokenize", json={"model": model_name, "prompt": PROMPT}).json()
+    assert got["tokens"] == ids and got["count"] == len(ids) and got["max_model_len"] == 2048
+    chat = httpx.post(f"{url}/tokenize", json={"messages": ASK, "tools": [WEATHER]}).json()
+    assert chat["tokens"] == reference_ids(templated, ASK, tools=[WEATHER])
+    back = httpx.post(f"{url}/detokenize", json={"tokens": ids}).json()
+    assert back["prompt"] == back["text"] == templated.decode(ids)
+    bad = httpx.post(f"{url}/detokenize", json={"tokens": [10**9]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+    both = httpx.post(f"{url}/tokenize", json={"prompt": "a", "messages": ASK})
+    assert both.status_code == 400
+
+
+def test_version_and_model_by_id(tools_server, tools_client, model_name):
+    import minisgl_core
+
+    assert httpx.get(f"{tools_server.url}/version").json() == {"version": minisgl_core.__version__}
+    assert tools_client.models.retrieve(model_name).id == model_name
+    with pytest.raises(openai.NotFoundError) as err:
+        tools_client.models.retrieve("gpt-4")
+    assert err.value.body["code"] == "model_not_found"
+
+
+def test_cors_only_for_allowed_origins(tools_server, server, auth):
+    preflight = {
+        "Origin": ORIGIN,
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization",
+    }
+    resp = httpx.options(f"{tools_server.url}/v1/chat/completions", headers=preflight)
+    assert resp.status_code == 200 and resp.headers["access-control-allow-origin"] == ORIGIN
+    other = httpx.options(
+        f"{tools_server.url}/v1/chat/completions", headers={**preflight, "Origin": "https://evil.example"}
+    )
+    assert "access-control-allow-origin" not in other.headers
+    # off by default: the session server has no --allowed-origins
+    plain = httpx.get(f"{server.url}/v1/models", headers={**auth, "Origin": ORIGIN})
+    assert "access-control-allow-origin" not in plain.headers
+
+
+def test_unknown_parser_fails_at_start(start_server, model_dir, engine_args):
+    bad = start_server(["--model", str(model_dir), *engine_args, "--tool-call-parser", "nope"], wait=False)
+    assert bad.wait_exit(120) != 0
+    assert "unknown --tool-call-parser 'nope'" in bad.log() and "hermes" in bad.log()
+    missing = start_server(
+        ["--model", str(model_dir), *engine_args, "--chat-template", "/no/such.jinja"], wait=False
+    )
+    assert missing.wait_exit(120) != 0
+    assert "--chat-template: cannot read /no/such.jinja" in missing.log()
