@@ -51,7 +51,7 @@ def tools_client(tools_server):
 @pytest.fixture(scope="module")
 def templated(model_dir):
     """The reference: transformers' tokenizer with the same template file."""
-    return load_tokenizer(model_dir, TEMPLATE.read_text())
+    return load_tokenizer(model_dir, chat_template=TEMPLATE.read_text())
 
 
 def reference_ids(tokenizer, messages, **kwargs) -> list[int]:
