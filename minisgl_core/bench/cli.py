@@ -109,7 +109,10 @@ def _offline(args: argparse.Namespace) -> int:
         from minisgl_core.llm import LLM
 
         fields = {k: v for k, v in vars(config).items() if k not in ("model",)}
+        started = time.perf_counter()
         llm = LLM(config.model, **fields)
+        # start-up (weights, KV pool, JIT, graph capture): a fresh machine's cost, outside the timed run
+        result["init_seconds"] = round(time.perf_counter() - started, 1)
         result["attn"] = ",".join(llm.engine.runner.attn_names)
         result["page_size"] = llm.engine.config.page_size
         if args.profile:
