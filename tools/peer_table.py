@@ -39,7 +39,9 @@ def main(path: str) -> int:
                 key = config_of(run)
                 runs[key].append(run)
                 machine.setdefault(key[0], str(run.get("hardware", "?")))
-    print("| shape | engine | configuration | output tok/s, runs in order | start-up s | first / best vs peer |")
+    print(
+        "| shape | engine | configuration | output tok/s, runs in order | start-up s | first / best vs peer |"
+    )
     print("|---|---|---|---|---|---|")
     for shape in dict.fromkeys(k[0] for k in runs):
         peer = next((v for k, v in runs.items() if k[0] == shape and k[1] == "mini-sglang"), [])
