@@ -9,6 +9,12 @@
 # run a fresh process. Every run is reported, the first one of each engine included: that is the
 # figure a fresh machine gives, start-up JIT and all. The table (tools/peer_table.py) follows.
 #
+# Time on one H100 (2026-11-25): fresh machine ~190 s before the first run (the peer's JIT), then
+# per run ~95 s / ~45 s (ours, first / later: start-up JIT) and ~110 s / ~50 s (the peer) for
+# Qwen3-0.6B, ~60 s and ~75 s for Llama-3.1-8B. A GPU call may run 600 s: on a fresh machine give
+# it one shape (ROUNDS=2), and chain the next shape's call within the machine's idle window so the
+# JIT caches and /tmp/m stay (both shapes with ROUNDS=1 ran out of time in the peer's Llama run).
+#
 # Environment:
 #   ROUNDS=2            runs per engine and shape
 #   ATTN=fi             our attention backend (the peer runs FlashInfer, `fi`, too)
