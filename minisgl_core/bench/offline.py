@@ -13,8 +13,10 @@ from minisgl_core.sampling import SamplingParams
 def run_offline(llm: LLM, requests: list[BenchRequest], temperature: float = 0.6) -> dict[str, Any]:
     params = [SamplingParams(temperature=temperature, max_tokens=r.max_tokens, ignore_eos=True) for r in requests]
     # warm-up outside the timed region (JIT kernels, allocator, graphs already captured at load)
+    warm_start = time.perf_counter()
     llm.generate([r.prompt_ids for r in requests[:4]], [SamplingParams(max_tokens=8, ignore_eos=True)] * 4,
                  use_tqdm=False)  # fmt: skip
+    warmup = time.perf_counter() - warm_start
     start = time.perf_counter()
     outs = llm.generate([r.prompt_ids for r in requests], params, use_tqdm=False)
     elapsed = time.perf_counter() - start
@@ -29,6 +31,7 @@ def run_offline(llm: LLM, requests: list[BenchRequest], temperature: float = 0.6
         "seconds": round(elapsed, 3),
         "output_tok_per_s": round(output_tokens / elapsed, 1),
         "total_tok_per_s": round((output_tokens + sum(len(r.prompt_ids) for r in requests)) / elapsed, 1),
+        "warmup_seconds": round(warmup, 1),
     }
 
 

@@ -30,7 +30,11 @@ def _quarter_max(logits_row, start, i, u, vocab, scale, noise_scale, FAST_LOG: t
     return value, start + index
 
 
-@triton.jit
+# Triton compiles one variant per specialisation of its int arguments (== 1, divisible by 16).
+# The seed changes every call, so specialising on it meant a fresh compile (~0.6 s, on the host,
+# stalling the run) the first time a seed came up divisible by 16: in the offline benchmark that was
+# the 26th sampling step, inside the timed run, in every process.
+@triton.jit(do_not_specialize=["seed"])
 def gumbel_chunk_max_kernel(
     logits,  # [rows, vocab], last stride 1
     row_stride,

@@ -225,11 +225,15 @@ class Scheduler:
         device = self.device
         rows = [r.row for r in reqs]
         token_rows = rows if not is_prefill else [r for r, n in zip(rows, chunks) for _ in range(n)]
-        # One host-to-device copy for all the small per-step arrays.
-        packed = torch.tensor([flat_slots, positions, token_rows], dtype=torch.int64).to(device, non_blocking=True)
-        out_cache_loc, pos, token_rows_dev = packed[0], packed[1], packed[2]
+        # One host-to-device copy for all the small per-step arrays, each row padded to whole
+        # 64-byte lines: kernels receive the rows as tensors, and Triton compiles a separate variant
+        # for a pointer that is not 16-byte aligned (row 1 of an odd-length int64 pack is not), which
+        # cost a 0.6-1 s compile in the middle of a run at the first odd-sized prefill.
+        n = len(flat_slots)
+        packed = _padded_rows([flat_slots, positions, token_rows], torch.int64).to(device, non_blocking=True)
+        out_cache_loc, pos, token_rows_dev = packed[0, :n], packed[1, :n], packed[2, :n]
         self.page_table[token_rows_dev, pos] = out_cache_loc.to(torch.int32)
-        lens = torch.tensor([rows, seq_lens, chunks], dtype=torch.int32).to(device, non_blocking=True)
+        lens = _padded_rows([rows, seq_lens, chunks], torch.int32).to(device, non_blocking=True)[:, : len(reqs)]
         ends = torch.tensor(chunks).cumsum(0) - 1 if is_prefill else torch.arange(len(reqs))
         return ForwardBatch(
             is_prefill=is_prefill,
@@ -305,3 +309,11 @@ class Scheduler:
         if req.row is not None:
             self.rows.release(req.row)
             req.row = None
+
+
+def _padded_rows(rows: list[list[int]], dtype: torch.dtype) -> torch.Tensor:
+    """``rows`` (of one length) as a host tensor whose rows each start 64-byte aligned."""
+    per_line = 64 // torch.empty((), dtype=dtype).element_size()
+    width = -(-len(rows[0]) // per_line) * per_line
+    pad = [0] * (width - len(rows[0]))
+    return torch.tensor([row + pad for row in rows], dtype=dtype)
