@@ -54,6 +54,8 @@ class TokenizeRequest(Message):
     params: dict[str, Any]
     #: the API field that set max_tokens, named in length errors
     max_tokens_field: str = "max_tokens"
+    #: the API field that set the grammar (params["grammar"]), named in grammar errors
+    grammar_field: str = "grammar"
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Plugin discovery, per-plugin status, the four registries and the cross-process fingerprint.
+"""Plugin discovery, per-plugin status, the registries (one per kind) and the cross-process fingerprint.
 
 Plugins are modules named by entry points in the ``minisgl.plugins`` group. Each one is loaded,
 version-checked and asked to register its implementations one at a time inside try/except, so a
@@ -22,15 +22,22 @@ import pluggy
 from minisgl_core.api import API_VERSION, hookspecs
 
 GROUP = "minisgl.plugins"
-KINDS = ("models", "attention", "caches", "policies")
+KINDS = ("models", "attention", "caches", "policies", "grammars")
 KIND_HOOKS = {
     "models": "minisgl_register_models",
     "attention": "minisgl_register_attention_backends",
     "caches": "minisgl_register_caches",
     "policies": "minisgl_register_policies",
+    "grammars": "minisgl_register_grammar_backends",
 }
 # What users type for each kind, used in error messages.
-KIND_FLAGS = {"models": "model architecture", "attention": "--attn", "caches": "--cache", "policies": "--policy"}
+KIND_FLAGS = {
+    "models": "model architecture",
+    "attention": "--attn",
+    "caches": "--cache",
+    "policies": "--policy",
+    "grammars": "--grammar-backend",
+}
 
 Status = Literal["ok", "failed", "incompatible", "disabled"]
 

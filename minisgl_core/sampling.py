@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from minisgl_core.api.grammar import GrammarError, GrammarSpec
+
 
 @dataclass
 class SamplingParams:
@@ -26,6 +28,8 @@ class SamplingParams:
     #: None: no logprobs; 0: the sampled token's logprob; k > 0: also the k most likely tokens
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    #: what the output must match (constrained decoding); None = free text
+    grammar: GrammarSpec | None = None
 
     MAX_TOP_LOGPROBS = 20
 
@@ -34,6 +38,11 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        # messages carry the spec as a plain dict (dataclasses.asdict, msgpack)
+        try:
+            self.grammar = GrammarSpec.coerce(self.grammar)
+        except GrammarError as exc:
+            raise ValueError(f"grammar {exc}") from exc
         self.validate()
 
     def validate(self) -> None:
@@ -106,3 +115,5 @@ class StepOutput(NamedTuple):
     #: the stop string or stop token id that ended the request, if any
     matched_stop: str | int | None = None
     logprob: TokenLogprob | None = None
+    #: why the request failed (finish_reason "error"), e.g. its grammar rejected a sampled token
+    error: str | None = None

@@ -23,6 +23,16 @@ from minisgl_core.api.deprecation import (
     renamed_attribute,
     warn_deprecated,
 )
+from minisgl_core.api.grammar import (
+    GrammarBackend,
+    GrammarError,
+    GrammarKind,
+    GrammarMatcher,
+    GrammarSpec,
+    allocate_token_bitmask,
+    allowed_tokens,
+    bitmask_width,
+)
 from minisgl_core.api.hookspecs import hookimpl, hookspec
 from minisgl_core.api.model import KVSpec, Model, ModelConfig
 from minisgl_core.api.parallel import ParallelContext
@@ -36,7 +46,7 @@ from minisgl_core.api.policy import (
 )
 from minisgl_core.api.process import ProcessContext
 
-API_VERSION = "1.5"
+API_VERSION = "1.6"
 
 __all__ = [
     "API_VERSION",
@@ -47,6 +57,11 @@ __all__ = [
     "CacheSize",
     "DecodePlan",
     "ForwardBatch",
+    "GrammarBackend",
+    "GrammarError",
+    "GrammarKind",
+    "GrammarMatcher",
+    "GrammarSpec",
     "KVCache",
     "KVSpec",
     "MinisglDeprecationWarning",
@@ -62,6 +77,9 @@ __all__ = [
     "SchedulerState",
     "SchedulingPolicy",
     "SharedPrefix",
+    "allocate_token_bitmask",
+    "allowed_tokens",
+    "bitmask_width",
     "deprecated",
     "hookimpl",
     "hookspec",

@@ -34,6 +34,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="turn off cascade attention for requests sharing a cached prefix (ablation)",
     )
     g.add_argument(
+        "--grammar-backend",
+        default="xgrammar",
+        help="grammar backend plugin for constrained decoding (xgrammar, llguidance, ...)",
+    )
+    g.add_argument(
         "--disable-plugin", action="append", default=[], metavar="NAME", help="skip a plugin (repeatable)"
     )
 
@@ -53,6 +58,7 @@ ENGINE_FIELDS = (
     "tp_size",
     "seed",
     "cuda_graph_max_bs",
+    "grammar_backend",
 )
 
 

@@ -45,6 +45,8 @@ class EngineConfig:
     #: cascade attention for decode requests sharing a cached prefix, where the decode backend
     #: supports it (read the shared prefix once per group)
     cascade: bool = True
+    #: grammar-backend plugin for constrained decoding (response_format, structured_outputs)
+    grammar_backend: str = "xgrammar"
     #: options plugins added to the CLI, passed through untouched
     plugin_options: dict[str, Any] = field(default_factory=dict)
 

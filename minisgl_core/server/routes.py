@@ -42,7 +42,11 @@ def make_router(state: ServerState) -> APIRouter:
         check_sampling(fields, {"max_tokens": body.max_tokens_field, "logprobs": "top_logprobs"})
         group = RequestGroup(state)
         await group.add(
-            fields, body.n, messages=body.template_messages(), max_tokens_field=body.max_tokens_field
+            fields,
+            body.n,
+            messages=body.template_messages(),
+            max_tokens_field=body.max_tokens_field,
+            grammar_field=body.grammar_field,
         )
         rid, created = r.new_id("chatcmpl"), int(time.time())
 
@@ -101,9 +105,9 @@ def make_router(state: ServerState) -> APIRouter:
         try:
             for prompt in prompts:
                 if isinstance(prompt, str):
-                    await group.add(fields, body.n, text=prompt)
+                    await group.add(fields, body.n, text=prompt, grammar_field=body.grammar_field)
                 else:
-                    await group.add(fields, body.n, input_ids=prompt)
+                    await group.add(fields, body.n, input_ids=prompt, grammar_field=body.grammar_field)
         except BaseException:
             group.close()  # the prompts admitted before the bad one
             raise

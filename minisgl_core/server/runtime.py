@@ -92,7 +92,11 @@ class Runtime:
         if self.is_head:
             model = self.opts.config.model
             children += [
-                ("tokenizer", self._spec("tokenizer", model=model), tokenizer_main),
+                (
+                    "tokenizer",
+                    self._spec("tokenizer", model=model, grammar_backend=self.opts.config.grammar_backend),
+                    tokenizer_main,
+                ),
                 ("detokenizer", self._spec("detokenizer", model=model), detokenizer_main),
             ]
             self.to_tokenizer = connect_push(self.ctx, self.endpoints.tokenizer)

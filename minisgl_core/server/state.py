@@ -105,6 +105,7 @@ class RequestGroup:
         messages: list[dict[str, str]] | None = None,
         input_ids: list[int] | None = None,
         max_tokens_field: str = "max_tokens",
+        grammar_field: str = "grammar",
     ) -> Admission:
         """Tokenize one prompt into ``n`` engine requests; raise a 400 APIError if it cannot run."""
         state = self.state
@@ -117,7 +118,7 @@ class RequestGroup:
             state.pending[rid] = self
         admission: asyncio.Future[Admission] = asyncio.get_running_loop().create_future()
         state.admissions[rids[0]] = admission
-        send(state.to_tokenizer, TokenizeRequest(rids, text, messages, input_ids, params, max_tokens_field))
+        send(state.to_tokenizer, TokenizeRequest(rids, text, messages, input_ids, params, max_tokens_field, grammar_field))
         try:
             result = await admission
         except BaseException:  # cancelled, or the server failed meanwhile

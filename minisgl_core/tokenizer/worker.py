@@ -18,8 +18,9 @@ from typing import Any
 
 import zmq
 
-from minisgl_core.engine.engine import check_request_fits
-from minisgl_core.engine.loader import load_generation_config
+from minisgl_core.engine.engine import check_request_fits, eos_token_ids
+from minisgl_core.engine.grammar import LazyGrammarBackend
+from minisgl_core.engine.loader import load_generation_config, load_hf_config
 from minisgl_core.messages import (
     AbortRequest,
     Admission,
@@ -53,11 +54,19 @@ class RequestRejected(ValueError):
 class Admitter:
     """Tokenizes one request and decides its max_tokens, or says precisely why it cannot run."""
 
-    def __init__(self, tokenizer: Any, limits: Limits, defaults: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        limits: Limits,
+        defaults: dict[str, Any] | None = None,
+        grammars: LazyGrammarBackend | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.limits = limits
         #: the model's sampling defaults (generation_config.json) for fields a request leaves unset
         self.defaults = defaults or {}
+        #: checks a request's grammar before admission, so a bad one is a 400 before anything runs
+        self.grammars = grammars
 
     def prompt_ids(self, req: TokenizeRequest) -> list[int]:
         if req.messages is not None:
@@ -103,6 +112,13 @@ class Admitter:
             prompt_fits = len(ids) < min(self.limits.max_context_len, self.limits.kv_capacity_tokens)
             blame = req.max_tokens_field if prompt_fits and "max_tokens" in str(exc) else prompt_field
             raise RequestRejected(str(exc), blame) from exc
+        if sampling.grammar is not None:
+            if self.grammars is None:
+                raise RequestRejected("this server does not support constrained decoding", req.grammar_field)
+            try:
+                self.grammars.check(sampling.grammar)
+            except ValueError as exc:  # GrammarError: the message says what is wrong
+                raise RequestRejected(f"{req.grammar_field}: {exc}", req.grammar_field) from exc
         return ids, sampling
 
 
@@ -118,8 +134,17 @@ def tokenizer_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_r
         return
     if not isinstance(limits, Limits):
         raise RuntimeError(f"tokenizer expected Limits first, got {type(limits).__name__}")
-    defaults = sampling_defaults(load_generation_config(Path(spec.payload["model"])))
-    admitter = Admitter(tokenizer, limits, defaults)
+    generation_config = load_generation_config(Path(spec.payload["model"]))
+    defaults = sampling_defaults(generation_config)
+    hf_config = load_hf_config(spec.payload["model"])
+    grammars = LazyGrammarBackend(
+        plugins,
+        spec.payload.get("grammar_backend", "xgrammar"),
+        tokenizer,
+        vocab_size=limits.vocab_size,
+        stop_token_ids=sorted(eos_token_ids(hf_config, generation_config)),
+    )
+    admitter = Admitter(tokenizer, limits, defaults, grammars)
     report_ready({})
     while True:
         msg = recv(inbox)
