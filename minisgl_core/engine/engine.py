@@ -176,7 +176,8 @@ class Engine:
     # ------------------------------------------------------------------ requests
 
     def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
-        """Raise ValueError when the request can never run (checked before it is queued)."""
+        """Raise ValueError when the request can never run (checked before it is queued); a
+        GrammarError (a ValueError) names what is wrong with its grammar."""
         check_request_fits(
             prompt_ids,
             params,
@@ -184,6 +185,8 @@ class Engine:
             max_context_len=self.max_context_len,
             kv_capacity_tokens=self.kv_capacity_tokens,
         )
+        if params.grammar is not None:
+            self.grammars.backend.check(params.grammar)
 
     def add_request(self, rid: int, prompt_ids: list[int], params: SamplingParams) -> None:
         """Queue a request; ValueError (a GrammarError for a bad grammar) when it cannot run."""
