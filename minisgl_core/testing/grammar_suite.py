@@ -90,19 +90,21 @@ class GrammarBackendSuite:
     # ------------------------------------------------------------------ fixtures
 
     @pytest.fixture(scope="class")
-    def backend_class(self) -> type[GrammarBackend]:
-        if self.backend_cls is None:
+    @classmethod
+    def backend_class(cls) -> type[GrammarBackend]:
+        if cls.backend_cls is None:
             pytest.skip("set backend_cls on the suite subclass")
-        cls = resolve("grammars", self.backend_cls)
-        assert issubclass(cls, GrammarBackend), f"{cls!r} is not a GrammarBackend subclass"
-        reason = cls.availability()
+        backend_cls = resolve("grammars", cls.backend_cls)
+        assert issubclass(backend_cls, GrammarBackend), f"{backend_cls!r} is not a GrammarBackend subclass"
+        reason = backend_cls.availability()
         assert reason is None or (isinstance(reason, str) and reason), "availability() must be None or a reason"
         if reason is not None:
-            pytest.skip(f"{cls.__name__} is unavailable here: {reason}")
-        return cls
+            pytest.skip(f"{backend_cls.__name__} is unavailable here: {reason}")
+        return backend_cls
 
     @pytest.fixture(scope="class")
-    def tokenizer(self, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    @classmethod
+    def tokenizer(cls, tmp_path_factory: pytest.TempPathFactory) -> Any:
         from transformers import AutoTokenizer
 
         from minisgl_core.testing.factories import train_tokenizer
@@ -111,15 +113,18 @@ class GrammarBackendSuite:
         return AutoTokenizer.from_pretrained(str(directory))
 
     @pytest.fixture(scope="class")
-    def vocab_size(self, tokenizer: Any) -> int:
+    @classmethod
+    def vocab_size(cls, tokenizer: Any) -> int:
         return len(tokenizer) + VOCAB_PADDING
 
     @pytest.fixture(scope="class")
-    def stop_id(self, tokenizer: Any) -> int:
+    @classmethod
+    def stop_id(cls, tokenizer: Any) -> int:
         return tokenizer.convert_tokens_to_ids(STOP_TOKEN)
 
     @pytest.fixture(scope="class")
-    def backend(self, backend_class: type[GrammarBackend], tokenizer: Any, vocab_size: int, stop_id: int) -> GrammarBackend:
+    @classmethod
+    def backend(cls, backend_class: type[GrammarBackend], tokenizer: Any, vocab_size: int, stop_id: int) -> GrammarBackend:
         return backend_class(tokenizer, vocab_size=vocab_size, stop_token_ids=[stop_id])
 
     def need(self, backend: GrammarBackend, kind: str) -> None:

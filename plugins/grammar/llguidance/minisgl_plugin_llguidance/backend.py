@@ -12,7 +12,7 @@ import torch
 from minisgl_core.api import GrammarBackend, GrammarError, GrammarMatcher, GrammarSpec
 
 #: compact JSON (no free whitespace): a weak model cannot stall in an endless run of spaces
-_JSON_OPTIONS = {"whitespace_flexible": False}
+_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
 
 
 class LLGuidanceMatcher(GrammarMatcher):

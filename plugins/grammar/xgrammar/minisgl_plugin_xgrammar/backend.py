@@ -6,25 +6,46 @@ import importlib.util
 import json
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
-from minisgl_core.api import GrammarBackend, GrammarError, GrammarMatcher, GrammarSpec
+from minisgl_core.api import GrammarBackend, GrammarError, GrammarMatcher, GrammarSpec, bitmask_width
 
 #: threads xgrammar compiles one grammar with (it splits the vocabulary among them)
 _COMPILE_THREADS = int(os.environ.get("MINISGL_XGRAMMAR_THREADS", "8"))
 
+#: any JSON object, compact (no whitespace) and strict (no raw control characters in strings).
+#: xgrammar's own ``{"type": "object"}`` writes ", " between array items whatever the separators.
+JSON_OBJECT_EBNF = r"""
+root ::= object
+value ::= object | array | string | number | "true" | "false" | "null"
+object ::= "{" "}" | "{" member ("," member)* "}"
+member ::= string ":" value
+array ::= "[" "]" | "[" value ("," value)* "]"
+string ::= "\"" char* "\""
+char ::= [^"\\\0-\x1f] | "\\" escape
+escape ::= ["\\/bfnrt] | "u" [A-Fa-f0-9] [A-Fa-f0-9] [A-Fa-f0-9] [A-Fa-f0-9]
+number ::= "-"? integer fraction? exponent?
+integer ::= "0" | [1-9] [0-9]*
+fraction ::= "." [0-9]+
+exponent ::= [eE] [+\-]? [0-9]+
+"""
+
 
 class XGrammarMatcher(GrammarMatcher):
-    def __init__(self, matcher: Any) -> None:
+    def __init__(self, matcher: Any, also_allowed: torch.Tensor | None = None) -> None:
         self._matcher = matcher
+        #: a bitmask row ANDed into every row this matcher fills (see XGrammarBackend._json_safe)
+        self._also_allowed = also_allowed
 
     def accept_token(self, token_id: int) -> bool:
         return bool(self._matcher.accept_token(token_id))
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         self._matcher.fill_next_token_bitmask(bitmask, row)
+        if self._also_allowed is not None:
+            bitmask[row] &= self._also_allowed
 
     def is_terminated(self) -> bool:
         return bool(self._matcher.is_terminated())
@@ -52,9 +73,17 @@ class XGrammarBackend(GrammarBackend):
         )
         # our own cache (GrammarBackend.compile) keeps compiled grammars; no second one inside
         self._compiler = xgrammar.GrammarCompiler(info, max_threads=_COMPILE_THREADS, cache_enabled=False)
+        #: specs that parsed (check), so admission parses each distinct grammar once
+        self._checked: set[GrammarSpec] = set()
+        # xgrammar 0.2's strings with maxLength take raw control characters, which no JSON
+        # parser accepts: JSON matchers also forbid every token that holds one (compact JSON
+        # never needs them, and an escape or the closing quote is always left)
+        self._json_safe = _tokens_without_control_bytes(info.decoded_vocab, vocab_size)
 
     def check(self, spec: GrammarSpec) -> None:
         """Parse without compiling against the vocabulary (the expensive part), for admission."""
+        if spec in self._checked or spec in self._cache:
+            return
         if spec.kind not in self.capabilities:
             self.compile(spec)  # raises, naming the kinds we support
         try:
@@ -63,22 +92,25 @@ class XGrammarBackend(GrammarBackend):
             raise
         except Exception as exc:  # noqa: BLE001 - xgrammar's parse errors name the problem
             raise GrammarError(f"invalid {spec.kind} grammar: {exc}") from exc
+        if len(self._checked) >= self.cache_size:
+            self._checked.clear()
+        self._checked.add(spec)
 
     def compile_uncached(self, spec: GrammarSpec) -> Any:
-        return self._compiler.compile_grammar(self._grammar(spec))
+        return _Compiled(self._compiler.compile_grammar(self._grammar(spec)), spec.kind in _JSON_KINDS)
 
     def matcher(self, compiled: Any) -> GrammarMatcher:
-        return XGrammarMatcher(self._xgr.GrammarMatcher(compiled))
+        also = self._json_safe if compiled.json else None
+        return XGrammarMatcher(self._xgr.GrammarMatcher(compiled.grammar), also)
 
     def _grammar(self, spec: GrammarSpec) -> Any:
         grammar = self._xgr.Grammar
         if spec.kind == "json_schema":
             _check_json(spec.value, "json_schema")
             # compact output (no free whitespace): a weak model cannot stall in an endless run of spaces
-            return grammar.from_json_schema(spec.value, any_whitespace=False, strict_mode=True)
+            return grammar.from_json_schema(spec.value, any_whitespace=False, separators=(",", ":"), strict_mode=True)
         if spec.kind == "json_object":
-            # any object: strict mode would forbid every property the schema does not name
-            return grammar.from_json_schema('{"type": "object"}', any_whitespace=False, strict_mode=False)
+            return grammar.from_ebnf(JSON_OBJECT_EBNF)
         if spec.kind == "regex":
             return grammar.from_regex(spec.value)
         if spec.kind == "choice":
@@ -90,6 +122,28 @@ class XGrammarBackend(GrammarBackend):
             _check_json(spec.value, "structural_tag")
             return grammar.from_structural_tag(spec.value)
         raise GrammarError(f"xgrammar backend: unsupported grammar kind {spec.kind!r}")
+
+
+_JSON_KINDS = frozenset({"json_schema", "json_object"})
+
+
+class _Compiled(NamedTuple):
+    grammar: Any
+    #: JSON output: the matcher also forbids tokens with raw control characters
+    json: bool
+
+
+def _tokens_without_control_bytes(decoded_vocab: Sequence[bytes], vocab_size: int) -> torch.Tensor:
+    """One bitmask row: set for every token whose bytes hold no control character (< 0x20), and
+    for the ids past the tokenizer's vocabulary (the grammar forbids those already)."""
+    ok = torch.ones(bitmask_width(vocab_size) * 32, dtype=torch.bool)
+    for token_id, raw in enumerate(decoded_vocab[:vocab_size]):
+        if any(b < 0x20 for b in raw):
+            ok[token_id] = False
+    words = ok.view(-1, 32).to(torch.int64) << torch.arange(32)
+    packed = words.sum(dim=1)
+    # as int32: bit 31 is the sign bit
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
 
 
 def _check_json(text: str, what: str) -> None:
