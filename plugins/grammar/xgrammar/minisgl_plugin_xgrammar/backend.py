@@ -5,7 +5,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -33,25 +34,47 @@ exponent ::= [eE] [+\-]? [0-9]+
 """
 
 
+class JsonGuard:
+    """What xgrammar 0.2 lets through in JSON strings that no JSON parser accepts: raw control
+    characters (in strings with maxLength) and UTF-8-encoded surrogates (0xED then 0xA0-0xBF,
+    which decode to U+FFFD). Compact JSON never needs either, so JSON matchers also forbid every
+    token holding a control byte or such a pair, and after a token that ends in a lone 0xED,
+    every token starting with 0xA0-0xBF. Bitmask rows, ANDed into what xgrammar fills."""
+
+    def __init__(self, decoded_vocab: Sequence[bytes], vocab_size: int) -> None:
+        self.decoded_vocab = decoded_vocab
+        self.always = _bitmask_row(vocab_size, decoded_vocab, _json_unsafe)
+        self.after_lone_ed = _bitmask_row(vocab_size, decoded_vocab, lambda raw: raw[:1] in _SURROGATE_TAILS)
+
+    def ends_in_lone_ed(self, token_id: int) -> bool:
+        return token_id < len(self.decoded_vocab) and self.decoded_vocab[token_id].endswith(b"\xed")
+
+
 class XGrammarMatcher(GrammarMatcher):
-    def __init__(self, matcher: Any, also_allowed: torch.Tensor | None = None) -> None:
+    def __init__(self, matcher: Any, json_guard: JsonGuard | None = None) -> None:
         self._matcher = matcher
-        #: a bitmask row ANDed into every row this matcher fills (see XGrammarBackend._json_safe)
-        self._also_allowed = also_allowed
+        self._guard = json_guard
+        self._after_lone_ed = False
 
     def accept_token(self, token_id: int) -> bool:
-        return bool(self._matcher.accept_token(token_id))
+        accepted = bool(self._matcher.accept_token(token_id))
+        if accepted and self._guard is not None:
+            self._after_lone_ed = self._guard.ends_in_lone_ed(token_id)
+        return accepted
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         self._matcher.fill_next_token_bitmask(bitmask, row)
-        if self._also_allowed is not None:
-            bitmask[row] &= self._also_allowed
+        if self._guard is not None:
+            bitmask[row] &= self._guard.always
+            if self._after_lone_ed:
+                bitmask[row] &= self._guard.after_lone_ed
 
     def is_terminated(self) -> bool:
         return bool(self._matcher.is_terminated())
 
     def reset(self) -> None:
         self._matcher.reset()
+        self._after_lone_ed = False
 
 
 class XGrammarBackend(GrammarBackend):
@@ -75,10 +98,7 @@ class XGrammarBackend(GrammarBackend):
         self._compiler = xgrammar.GrammarCompiler(info, max_threads=_COMPILE_THREADS, cache_enabled=False)
         #: specs that parsed (check), so admission parses each distinct grammar once
         self._checked: set[GrammarSpec] = set()
-        # xgrammar 0.2's strings with maxLength take raw control characters, which no JSON
-        # parser accepts: JSON matchers also forbid every token that holds one (compact JSON
-        # never needs them, and an escape or the closing quote is always left)
-        self._json_safe = _tokens_without_control_bytes(info.decoded_vocab, vocab_size)
+        self._json_guard = JsonGuard(info.decoded_vocab, vocab_size)
 
     def check(self, spec: GrammarSpec) -> None:
         """Parse without compiling against the vocabulary (the expensive part), for admission."""
@@ -100,8 +120,8 @@ class XGrammarBackend(GrammarBackend):
         return _Compiled(self._compiler.compile_grammar(self._grammar(spec)), spec.kind in _JSON_KINDS)
 
     def matcher(self, compiled: Any) -> GrammarMatcher:
-        also = self._json_safe if compiled.json else None
-        return XGrammarMatcher(self._xgr.GrammarMatcher(compiled.grammar), also)
+        guard = self._json_guard if compiled.json else None
+        return XGrammarMatcher(self._xgr.GrammarMatcher(compiled.grammar), guard)
 
     def _grammar(self, spec: GrammarSpec) -> Any:
         grammar = self._xgr.Grammar
@@ -129,16 +149,24 @@ _JSON_KINDS = frozenset({"json_schema", "json_object"})
 
 class _Compiled(NamedTuple):
     grammar: Any
-    #: JSON output: the matcher also forbids tokens with raw control characters
+    #: JSON output: the matcher is guarded by JsonGuard
     json: bool
 
 
-def _tokens_without_control_bytes(decoded_vocab: Sequence[bytes], vocab_size: int) -> torch.Tensor:
-    """One bitmask row: set for every token whose bytes hold no control character (< 0x20), and
-    for the ids past the tokenizer's vocabulary (the grammar forbids those already)."""
+_SURROGATE_TAILS = frozenset(bytes([b]) for b in range(0xA0, 0xC0))
+_SURROGATE_PAIR = re.compile(rb"\xed[\xa0-\xbf]")
+
+
+def _json_unsafe(raw: bytes) -> bool:
+    return any(b < 0x20 for b in raw) or _SURROGATE_PAIR.search(raw) is not None
+
+
+def _bitmask_row(vocab_size: int, decoded_vocab: Sequence[bytes], forbidden: Callable[[bytes], bool]) -> torch.Tensor:
+    """One bitmask row: set for every token but those ``forbidden`` says, and for the ids past the
+    tokenizer's vocabulary (the grammar forbids those already)."""
     ok = torch.ones(bitmask_width(vocab_size) * 32, dtype=torch.bool)
     for token_id, raw in enumerate(decoded_vocab[:vocab_size]):
-        if any(b < 0x20 for b in raw):
+        if forbidden(raw):
             ok[token_id] = False
     words = ok.view(-1, 32).to(torch.int64) << torch.arange(32)
     packed = words.sum(dim=1)
