@@ -38,7 +38,9 @@ class GrammarSpec:
         if self.kind not in GRAMMAR_KINDS:
             raise GrammarError(f"unknown grammar kind {self.kind!r}; use one of {', '.join(GRAMMAR_KINDS)}")
         if not isinstance(self.value, str):
-            raise GrammarError(f"the {self.kind} grammar must be given as a string, got {type(self.value).__name__}")
+            raise GrammarError(
+                f"the {self.kind} grammar must be given as a string, got {type(self.value).__name__}"
+            )
 
     @classmethod
     def coerce(cls, value: GrammarSpec | dict[str, Any] | None) -> GrammarSpec | None:

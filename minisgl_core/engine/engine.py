@@ -19,8 +19,8 @@ import json
 import logging
 import os
 import time
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Any
 
 import torch

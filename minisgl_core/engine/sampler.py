@@ -82,15 +82,19 @@ def gumbel_argmax_chunked(
 @fused
 def _mask_by_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
     """``logits`` with -inf at every token whose bit is 0 in its row of ``bitmask``."""
-    ids = torch.arange(logits.shape[-1], device=logits.device)
-    # an arithmetic shift keeps the sign bit, so bit 31 reads through ``& 1`` like the others
-    allowed = ((bitmask[:, ids >> 5] >> (ids & 31)) & 1).bool()
-    return logits.masked_fill(~allowed, float("-inf"))
+    rows, vocab = logits.shape
+    shifts = torch.arange(32, device=bitmask.device, dtype=torch.int32)
+    # word w, bit b is token 32 w + b; an arithmetic shift keeps the sign bit, so bit 31 reads
+    # through ``& 1`` like the others
+    allowed = ((bitmask[:, :, None] >> shifts) & 1).view(rows, -1)[:, :vocab].bool()
+    return torch.where(allowed, logits, float("-inf"))
 
 
 def apply_token_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
-    """Forbid, in place, the tokens whose bit is 0 in ``bitmask`` (int32, ``ceil(vocab / 32)``
-    words per row) for the listed ``rows`` of ``logits`` only; returns ``logits``."""
+    """Forbid the tokens whose bit is 0 in ``bitmask`` (int32, ``ceil(vocab / 32)`` words per
+    row) for the listed ``rows`` of ``logits`` only; in place unless every row is listed."""
+    if rows.numel() == logits.shape[0]:  # every row constrained (rows are then 0..n-1 in order)
+        return _mask_by_bitmask(logits, bitmask)
     logits[rows] = _mask_by_bitmask(logits[rows], bitmask)
     return logits
 
@@ -171,8 +175,10 @@ class Sampler:
         raw = logits
         logits = self._apply_penalties(logits, requests)
         if grammar_mask is not None:
-            logits = logits.float() if logits is not raw or logits.dtype != torch.float32 else logits.clone()
-            logits = apply_token_bitmask(logits, *grammar_mask)
+            rows, bitmask = grammar_mask
+            if rows.numel() != logits.shape[0] and logits is raw:  # masked in place: not the model's
+                logits = logits.float() if logits.dtype != torch.float32 else logits.clone()
+            logits = apply_token_bitmask(logits, rows, bitmask)
         if all(p.greedy for p in params):
             token_ids = greedy_argmax(logits)
         elif any(p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 for p in params):

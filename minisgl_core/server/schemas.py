@@ -55,7 +55,9 @@ class ResponseFormat(StrictModel):
     @model_validator(mode="after")
     def _schema_iff_json_schema(self) -> ResponseFormat:
         if (self.type == "json_schema") != (self.json_schema is not None):
-            raise ValueError('response_format.json_schema is required with (and only with) type "json_schema"')
+            raise ValueError(
+                'response_format.json_schema is required with (and only with) type "json_schema"'
+            )
         return self
 
     def spec(self) -> GrammarSpec | None:
@@ -80,7 +82,11 @@ class StructuredOutputs(StrictModel):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> StructuredOutputs:
-        given = [name for name in ("json", "regex", "choice", "grammar", "json_object", "structural_tag") if self._value(name) is not None]
+        given = [
+            name
+            for name in ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+            if self._value(name) is not None
+        ]
         if len(given) != 1:
             raise ValueError(
                 "structured_outputs takes exactly one of json, regex, choice, grammar, json_object, "
@@ -119,7 +125,11 @@ class GrammarFields(StrictModel):
 
     @model_validator(mode="after")
     def _one_grammar(self) -> GrammarFields:
-        given = [name for name in ("response_format", "structured_outputs", "regex", "ebnf") if getattr(self, name) is not None]
+        given = [
+            name
+            for name in ("response_format", "structured_outputs", "regex", "ebnf")
+            if getattr(self, name) is not None
+        ]
         if self.response_format is not None and self.response_format.type == "text":
             given.remove("response_format")
         if len(given) > 1:
@@ -312,7 +322,9 @@ class GenerateSampling(StrictModel):
 
     @property
     def grammar_field(self) -> str:
-        name = next((n for n in ("json_schema", "regex", "ebnf") if getattr(self, n) is not None), "json_schema")
+        name = next(
+            (n for n in ("json_schema", "regex", "ebnf") if getattr(self, n) is not None), "json_schema"
+        )
         return f"sampling_params.{name}"
 
 
@@ -346,5 +358,7 @@ class GenerateRequest(StrictModel):
             "frequency_penalty": s.frequency_penalty,
             "logprobs": self.top_logprobs_num if self.return_logprob else None,
             "skip_special_tokens": s.skip_special_tokens,
-            "grammar": None if (spec := s.grammar_spec()) is None else {"kind": spec.kind, "value": spec.value},
+            "grammar": None
+            if (spec := s.grammar_spec()) is None
+            else {"kind": spec.kind, "value": spec.value},
         }

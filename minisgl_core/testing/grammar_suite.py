@@ -62,7 +62,9 @@ NESTED_SCHEMA: dict[str, Any] = {
 }
 
 
-def walk(matcher: GrammarMatcher, vocab_size: int, stop_id: int, rng: random.Random, max_steps: int) -> list[int]:
+def walk(
+    matcher: GrammarMatcher, vocab_size: int, stop_id: int, rng: random.Random, max_steps: int
+) -> list[int]:
     """Tokens drawn at random among those the bitmask allows, until the matcher terminates.
 
     Prefers ending: once the stop token is allowed it is taken half the time, so walks stay short."""
@@ -97,7 +99,9 @@ class GrammarBackendSuite:
         backend_cls = resolve("grammars", cls.backend_cls)
         assert issubclass(backend_cls, GrammarBackend), f"{backend_cls!r} is not a GrammarBackend subclass"
         reason = backend_cls.availability()
-        assert reason is None or (isinstance(reason, str) and reason), "availability() must be None or a reason"
+        assert reason is None or (isinstance(reason, str) and reason), (
+            "availability() must be None or a reason"
+        )
         if reason is not None:
             pytest.skip(f"{backend_cls.__name__} is unavailable here: {reason}")
         return backend_cls
@@ -124,7 +128,9 @@ class GrammarBackendSuite:
 
     @pytest.fixture(scope="class")
     @classmethod
-    def backend(cls, backend_class: type[GrammarBackend], tokenizer: Any, vocab_size: int, stop_id: int) -> GrammarBackend:
+    def backend(
+        cls, backend_class: type[GrammarBackend], tokenizer: Any, vocab_size: int, stop_id: int
+    ) -> GrammarBackend:
         return backend_class(tokenizer, vocab_size=vocab_size, stop_token_ids=[stop_id])
 
     def need(self, backend: GrammarBackend, kind: str) -> None:
@@ -141,7 +147,9 @@ class GrammarBackendSuite:
         for token in tokenizer.encode(text, add_special_tokens=False):
             mask.fill_(0)
             matcher.fill_bitmask(mask, 0)
-            assert allowed_tokens(mask[0], vocab_size)[token], f"token {token} of {text!r} is not in the bitmask"
+            assert allowed_tokens(mask[0], vocab_size)[token], (
+                f"token {token} of {text!r} is not in the bitmask"
+            )
             assert matcher.accept_token(token), f"token {token} of {text!r} was refused"
 
     def finish(self, matcher: GrammarMatcher, stop_id: int, vocab_size: int) -> None:
@@ -151,7 +159,9 @@ class GrammarBackendSuite:
         mask = allocate_token_bitmask(1, vocab_size)
         mask.fill_(0)
         matcher.fill_bitmask(mask, 0)
-        assert allowed_tokens(mask[0], vocab_size)[stop_id], "the stop token is not allowed after a complete output"
+        assert allowed_tokens(mask[0], vocab_size)[stop_id], (
+            "the stop token is not allowed after a complete output"
+        )
         assert matcher.accept_token(stop_id)
         assert matcher.is_terminated()
 
@@ -166,13 +176,17 @@ class GrammarBackendSuite:
         assert backend_class.capabilities, "declare the grammar kinds the backend compiles"
         assert set(backend_class.capabilities) <= set(GRAMMAR_KINDS), backend_class.capabilities
 
-    def test_json_schema_text_is_accepted_and_ends(self, backend: GrammarBackend, tokenizer: Any, vocab_size: int, stop_id: int) -> None:
+    def test_json_schema_text_is_accepted_and_ends(
+        self, backend: GrammarBackend, tokenizer: Any, vocab_size: int, stop_id: int
+    ) -> None:
         m = self.matcher(backend, "json_schema", json.dumps(NESTED_SCHEMA))
         value = {"name": "Rex", "kind": "dog", "age": 7, "tags": ["a", "bc"], "owner": {"id": 3, "vip": True}}
         self.feed(m, tokenizer, json.dumps(value, separators=(",", ":")), vocab_size)
         self.finish(m, stop_id, vocab_size)
 
-    def test_random_walks_validate_against_the_schema(self, backend: GrammarBackend, tokenizer: Any, vocab_size: int, stop_id: int) -> None:
+    def test_random_walks_validate_against_the_schema(
+        self, backend: GrammarBackend, tokenizer: Any, vocab_size: int, stop_id: int
+    ) -> None:
         jsonschema = pytest.importorskip("jsonschema")
         self.need(backend, "json_schema")
         compiled = backend.compile(GrammarSpec("json_schema", json.dumps(NESTED_SCHEMA)))
@@ -181,14 +195,18 @@ class GrammarBackendSuite:
             tokens = walk(backend.matcher(compiled), vocab_size, stop_id, rng, max_steps=400)
             jsonschema.validate(json.loads(self.decoded(tokenizer, tokens, stop_id)), NESTED_SCHEMA)
 
-    def test_json_object_walks_give_objects(self, backend: GrammarBackend, tokenizer: Any, vocab_size: int, stop_id: int) -> None:
+    def test_json_object_walks_give_objects(
+        self, backend: GrammarBackend, tokenizer: Any, vocab_size: int, stop_id: int
+    ) -> None:
         self.need(backend, "json_object")
         compiled = backend.compile(GrammarSpec("json_object", ""))
         m = backend.matcher(compiled)
         self.feed(m, tokenizer, '{"a":[1,{"b":null}],"c":"x"}', vocab_size)
         self.finish(m, stop_id, vocab_size)
         bad = backend.matcher(compiled)
-        assert not bad.accept_token(tokenizer.encode("[", add_special_tokens=False)[0]), "a JSON array is not an object"
+        assert not bad.accept_token(tokenizer.encode("[", add_special_tokens=False)[0]), (
+            "a JSON array is not an object"
+        )
 
     def test_regex(self, backend: GrammarBackend, tokenizer: Any, vocab_size: int, stop_id: int) -> None:
         pattern = r"[a-c]{2,4}-[0-9]{3}"
@@ -198,7 +216,9 @@ class GrammarBackendSuite:
         compiled = backend.compile(GrammarSpec("regex", pattern))
         rng = random.Random(1)
         for _ in range(self.walks):
-            text = self.decoded(tokenizer, walk(backend.matcher(compiled), vocab_size, stop_id, rng, 50), stop_id)
+            text = self.decoded(
+                tokenizer, walk(backend.matcher(compiled), vocab_size, stop_id, rng, 50), stop_id
+            )
             assert re.fullmatch(pattern, text), text
 
     def test_choice(self, backend: GrammarBackend, tokenizer: Any, vocab_size: int, stop_id: int) -> None:
@@ -208,7 +228,9 @@ class GrammarBackendSuite:
         rng = random.Random(2)
         seen = set()
         for _ in range(self.walks):
-            text = self.decoded(tokenizer, walk(backend.matcher(compiled), vocab_size, stop_id, rng, 30), stop_id)
+            text = self.decoded(
+                tokenizer, walk(backend.matcher(compiled), vocab_size, stop_id, rng, 30), stop_id
+            )
             assert text in options, text
             seen.add(text)
         assert len(seen) > 1, "random walks always picked the same choice"
@@ -221,10 +243,14 @@ class GrammarBackendSuite:
         rng = random.Random(3)
         compiled = backend.compile(GrammarSpec("ebnf", grammar))
         for _ in range(self.walks):
-            text = self.decoded(tokenizer, walk(backend.matcher(compiled), vocab_size, stop_id, rng, 60), stop_id)
+            text = self.decoded(
+                tokenizer, walk(backend.matcher(compiled), vocab_size, stop_id, rng, 60), stop_id
+            )
             assert re.fullmatch(r"\(([0-9x])(,[0-9x])*\)", text), text
 
-    def test_rejects_tokens_outside_the_bitmask(self, backend: GrammarBackend, tokenizer: Any, vocab_size: int) -> None:
+    def test_rejects_tokens_outside_the_bitmask(
+        self, backend: GrammarBackend, tokenizer: Any, vocab_size: int
+    ) -> None:
         m = self.matcher(backend, "regex", "[0-9]+")
         mask = allocate_token_bitmask(1, vocab_size)
         m.fill_bitmask(mask, 0)
@@ -234,7 +260,9 @@ class GrammarBackendSuite:
         assert not allowed[letter]
         assert not m.accept_token(letter)
 
-    def test_padded_ids_are_never_allowed(self, backend: GrammarBackend, tokenizer: Any, vocab_size: int) -> None:
+    def test_padded_ids_are_never_allowed(
+        self, backend: GrammarBackend, tokenizer: Any, vocab_size: int
+    ) -> None:
         kind, value = ("json_object", "") if "json_object" in backend.capabilities else ("regex", ".*")
         m = self.matcher(backend, kind, value)
         mask = allocate_token_bitmask(2, vocab_size)

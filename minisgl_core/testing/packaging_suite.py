@@ -258,7 +258,9 @@ class PluginPackagingSuite:
                     f"{kind} {name!r} -> {target} is not a {KIND_BASES[kind].__name__} subclass"
                 )
                 if kind in ("attention", "grammars"):
-                    reason = obj.availability(torch.device("cpu")) if kind == "attention" else obj.availability()
+                    reason = (
+                        obj.availability(torch.device("cpu")) if kind == "attention" else obj.availability()
+                    )
                     assert reason is None or (isinstance(reason, str) and reason), (
                         "availability() must be None or a reason"
                     )

@@ -15,7 +15,10 @@ import pytest
 from minisgl_core.testing.grammar_suite import NESTED_SCHEMA
 
 USER = [{"role": "user", "content": "describe a pet"}]
-SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "pet", "schema": NESTED_SCHEMA, "strict": True}}
+SCHEMA_FORMAT = {
+    "type": "json_schema",
+    "json_schema": {"name": "pet", "schema": NESTED_SCHEMA, "strict": True},
+}
 
 
 def test_chat_json_schema(client, model_name):
@@ -59,15 +62,26 @@ def test_chat_json_object_and_text(client, model_name):
 def test_completions_structured_outputs(client, model_name):
     options = ["sunny", "rainy", "partly cloudy"]
     resp = client.completions.create(
-        model=model_name, prompt="weather:", max_tokens=20, n=6, seed=2, extra_body={"structured_outputs": {"choice": options}}
+        model=model_name,
+        prompt="weather:",
+        max_tokens=20,
+        n=6,
+        seed=2,
+        extra_body={"structured_outputs": {"choice": options}},
     )
     assert all(c.text in options and c.finish_reason == "stop" for c in resp.choices), resp.choices
     resp = client.completions.create(
-        model=model_name, prompt="code:", max_tokens=20, extra_body={"structured_outputs": {"regex": "[A-Z]{3}-[0-9]{4}"}}
+        model=model_name,
+        prompt="code:",
+        max_tokens=20,
+        extra_body={"structured_outputs": {"regex": "[A-Z]{3}-[0-9]{4}"}},
     )
     assert re.fullmatch("[A-Z]{3}-[0-9]{4}", resp.choices[0].text)
     resp = client.completions.create(
-        model=model_name, prompt="list:", max_tokens=40, extra_body={"ebnf": 'root ::= "(" [a-c] ("," [a-c])* ")"'}
+        model=model_name,
+        prompt="list:",
+        max_tokens=40,
+        extra_body={"ebnf": 'root ::= "(" [a-c] ("," [a-c])* ")"'},
     )
     assert re.fullmatch(r"\([a-c](,[a-c])*\)", resp.choices[0].text), resp.choices[0].text
 
@@ -81,9 +95,14 @@ def test_generate_regex(server, auth):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_bad_schema_is_a_400_before_anything_streams(client, model_name, stream):
-    bad = {"type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "object", "properties": {"a": {"type": 5}}}}}
+    bad = {
+        "type": "json_schema",
+        "json_schema": {"name": "bad", "schema": {"type": "object", "properties": {"a": {"type": 5}}}},
+    }
     with pytest.raises(openai.BadRequestError) as err:
-        client.chat.completions.create(model=model_name, messages=USER, response_format=bad, max_tokens=5, stream=stream)
+        client.chat.completions.create(
+            model=model_name, messages=USER, response_format=bad, max_tokens=5, stream=stream
+        )
     assert err.value.status_code == 400
     assert err.value.body["param"] == "response_format"
     assert "json_schema" in err.value.body["message"]

@@ -128,14 +128,18 @@ class XGrammarBackend(GrammarBackend):
         if spec.kind == "json_schema":
             _check_json(spec.value, "json_schema")
             # compact output (no free whitespace): a weak model cannot stall in an endless run of spaces
-            return grammar.from_json_schema(spec.value, any_whitespace=False, separators=(",", ":"), strict_mode=True)
+            return grammar.from_json_schema(
+                spec.value, any_whitespace=False, separators=(",", ":"), strict_mode=True
+            )
         if spec.kind == "json_object":
             return grammar.from_ebnf(JSON_OBJECT_EBNF)
         if spec.kind == "regex":
             return grammar.from_regex(spec.value)
         if spec.kind == "choice":
             options = spec.choices()
-            return grammar.from_ebnf("root ::= " + " | ".join(json.dumps(o, ensure_ascii=False) for o in options))
+            return grammar.from_ebnf(
+                "root ::= " + " | ".join(json.dumps(o, ensure_ascii=False) for o in options)
+            )
         if spec.kind == "ebnf":
             return grammar.from_ebnf(spec.value)
         if spec.kind == "structural_tag":
@@ -161,7 +165,9 @@ def _json_unsafe(raw: bytes) -> bool:
     return any(b < 0x20 for b in raw) or _SURROGATE_PAIR.search(raw) is not None
 
 
-def _bitmask_row(vocab_size: int, decoded_vocab: Sequence[bytes], forbidden: Callable[[bytes], bool]) -> torch.Tensor:
+def _bitmask_row(
+    vocab_size: int, decoded_vocab: Sequence[bytes], forbidden: Callable[[bytes], bool]
+) -> torch.Tensor:
     """One bitmask row: set for every token but those ``forbidden`` says, and for the ids past the
     tokenizer's vocabulary (the grammar forbids those already)."""
     ok = torch.ones(bitmask_width(vocab_size) * 32, dtype=torch.bool)

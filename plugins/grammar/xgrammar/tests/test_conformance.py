@@ -13,3 +13,17 @@ class TestXGrammarBackend(GrammarBackendSuite):
 class TestXGrammarBackendPackaging(PluginPackagingSuite):
     plugin = "xgrammar"
     provides = {"grammars": ["xgrammar"]}
+
+
+def test_plugin_registers_the_backend_lazily() -> None:
+    import importlib
+
+    import minisgl_plugin_xgrammar
+
+    registered: list[tuple[str, str]] = []
+    minisgl_plugin_xgrammar.minisgl_register_grammar_backends(
+        register=lambda name, target: registered.append((name, target))
+    )
+    assert registered == [("xgrammar", "minisgl_plugin_xgrammar.backend:XGrammarBackend")]
+    module, attribute = registered[0][1].split(":")
+    assert getattr(importlib.import_module(module), attribute).__name__ == "XGrammarBackend"
