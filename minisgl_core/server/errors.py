@@ -58,7 +58,12 @@ def validation_error(exc: RequestValidationError) -> APIError:
     if kind == "missing" and not loc:
         return APIError(400, "the request body must be a JSON object")
     # Unions report one error per member; the path of the first member type is noise.
-    loc = [p for p in loc if not p.startswith(("list[", "str", "int", "function-", "TextPart", "float"))]
+    # (exact names for the scalar types: a prefix "str" would also drop "structured_outputs")
+    loc = [
+        p
+        for p in loc
+        if p not in ("str", "int", "float", "bool") and not p.startswith(("list[", "dict[", "function-", "TextPart"))
+    ]
     param = ".".join(loc) or None
     if kind == "extra_forbidden":
         return APIError(
