@@ -20,7 +20,8 @@ def run_offline(
         for r in requests
     ]
     # warm-up outside the timed region (JIT kernels, allocator, graphs already captured at load)
-    llm.generate([r.prompt_ids for r in requests[:4]], [SamplingParams(max_tokens=8, ignore_eos=True, grammar=grammar)] * 4,
+    warm = requests[:4]
+    llm.generate([r.prompt_ids for r in warm], [SamplingParams(max_tokens=8, ignore_eos=True, grammar=grammar)] * len(warm),
                  use_tqdm=False)  # fmt: skip
     start = time.perf_counter()
     outs = llm.generate([r.prompt_ids for r in requests], params, use_tqdm=False)
