@@ -33,7 +33,13 @@ def make_grammar_backend(
     why = cls.availability()
     if why is not None:
         raise GrammarError(f"constrained decoding is unavailable: --grammar-backend {name}: {why}")
-    return cls(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
+    try:
+        return cls(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
+    except Exception as exc:  # noqa: BLE001 - e.g. a tokenizer the library cannot read
+        raise GrammarError(
+            f"constrained decoding is unavailable: --grammar-backend {name} failed to start: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
 
 
 class LazyGrammarBackend:
@@ -46,16 +52,25 @@ class LazyGrammarBackend:
         self.plugins, self.name, self.tokenizer = plugins, name, tokenizer
         self.vocab_size, self.stop_token_ids = vocab_size, tuple(stop_token_ids)
         self._backend: GrammarBackend | None = None
+        #: why the backend cannot be built (kept: trying again per request would cost each one)
+        self._failure: GrammarError | None = None
 
     def get(self) -> GrammarBackend:
+        if self._failure is not None:
+            raise GrammarError(str(self._failure))
         if self._backend is None:
-            self._backend = make_grammar_backend(
-                self.plugins,
-                self.name,
-                self.tokenizer,
-                vocab_size=self.vocab_size,
-                stop_token_ids=self.stop_token_ids,
-            )
+            try:
+                self._backend = make_grammar_backend(
+                    self.plugins,
+                    self.name,
+                    self.tokenizer,
+                    vocab_size=self.vocab_size,
+                    stop_token_ids=self.stop_token_ids,
+                )
+            except GrammarError as exc:
+                logger.error("%s", exc)
+                self._failure = exc
+                raise
         return self._backend
 
     def check(self, spec: GrammarSpec) -> None:
@@ -76,7 +91,15 @@ class GrammarRunner:
         if spec is None:
             return
         backend = self.backend.get()
-        req.matcher = backend.matcher(backend.compile(spec))
+        compiled = backend.compile(spec)
+        try:
+            req.matcher = backend.matcher(compiled)
+        except GrammarError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the request fails, not the scheduler
+            raise GrammarError(
+                f"the grammar backend could not start a matcher: {type(exc).__name__}: {exc}"
+            ) from exc
 
     def accept(self, requests: Sequence[Request], token_ids: Sequence[int], live: dict[int, Request]) -> None:
         """Advance each live constrained request by its sampled token. A token the grammar rejects
