@@ -34,6 +34,8 @@ class RequestOutput:
     matched_stop: str | int | None = None
     #: one entry per output token when SamplingParams.logprobs is set
     logprobs: list[TokenLogprob] | None = None
+    #: why the request failed (finish_reason "error"), e.g. its grammar rejected a token
+    error: str | None = None
 
 
 class LLM:
@@ -154,6 +156,7 @@ class LLM:
                 if out.finished:
                     result.finish_reason = out.finish_reason
                     result.matched_stop = out.matched_stop
+                    result.error = out.error
                     result.text = final_text(
                         self.tokenizer, result.token_ids, out.matched_stop, by_rid[out.rid].skip_special_tokens
                     )

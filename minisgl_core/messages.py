@@ -56,6 +56,8 @@ class TokenizeRequest(Message):
     max_tokens_field: str = "max_tokens"
     #: extra chat-template variables with ``messages``: ``tools`` and the request's chat_template_kwargs
     template_args: dict[str, Any] | None = None
+    #: the API field that set the grammar (params["grammar"]), named in grammar errors
+    grammar_field: str = "grammar"
 
 
 @dataclass

@@ -22,7 +22,7 @@ import pluggy
 from minisgl_core.api import API_VERSION, hookspecs
 
 GROUP = "minisgl.plugins"
-KINDS = ("models", "attention", "caches", "policies", "formats", "tool_parsers", "reasoning_parsers")
+KINDS = ("models", "attention", "caches", "policies", "formats", "grammars", "tool_parsers", "reasoning_parsers")
 KIND_HOOKS = {
     "models": "minisgl_register_models",
     "attention": "minisgl_register_attention_backends",
@@ -31,6 +31,7 @@ KIND_HOOKS = {
     "formats": "minisgl_register_weight_formats",
     "tool_parsers": "minisgl_register_tool_parsers",
     "reasoning_parsers": "minisgl_register_reasoning_parsers",
+    "grammars": "minisgl_register_grammar_backends",
 }
 # What users type for each kind, used in error messages.
 KIND_FLAGS = {
@@ -41,6 +42,7 @@ KIND_FLAGS = {
     "formats": "weight format",
     "tool_parsers": "--tool-call-parser",
     "reasoning_parsers": "--reasoning-parser",
+    "grammars": "--grammar-backend",
 }
 
 Status = Literal["ok", "failed", "incompatible", "disabled"]

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from minisgl_core.api.grammar import GrammarSpec
+from minisgl_core.api.grammar import GrammarError, GrammarSpec
 
 #: every integer a request carries travels as a signed 64-bit integer (msgpack, torch tensors)
 INT64_MIN = -(2**63)
@@ -58,8 +58,11 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
         # JSON and msgpack carry these as plain values: ids may be strings, the grammar a dict
         self.logit_bias = {_token_id(k): v for k, v in (self.logit_bias or {}).items()}
-        if isinstance(self.grammar, dict):
-            self.grammar = GrammarSpec(**self.grammar)
+        # messages carry the spec as a plain dict (dataclasses.asdict, msgpack)
+        try:
+            self.grammar = GrammarSpec.coerce(self.grammar)
+        except GrammarError as exc:
+            raise ValueError(f"grammar {exc}") from exc
         self.validate()
 
     def validate(self) -> None:
@@ -180,3 +183,5 @@ class StepOutput(NamedTuple):
     #: the stop string or stop token id that ended the request, if any
     matched_stop: str | int | None = None
     logprob: TokenLogprob | None = None
+    #: why the request failed (finish_reason "error"), e.g. its grammar rejected a sampled token
+    error: str | None = None

@@ -14,7 +14,16 @@ from pathlib import Path
 import pytest
 
 import minisgl_core.api as api
-from minisgl_core.api import AttentionBackend, CacheManager, Model, SchedulingPolicy, hookspecs, layers
+from minisgl_core.api import (
+    AttentionBackend,
+    CacheManager,
+    GrammarBackend,
+    GrammarMatcher,
+    Model,
+    SchedulingPolicy,
+    hookspecs,
+    layers,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "plugins.md"
@@ -60,7 +69,7 @@ def signature_line(name: str, fn: object) -> str:
 def extension_methods() -> list[tuple[str, str]]:
     """(class name, signature line) of every public method the extension classes define."""
     out = []
-    for cls in (AttentionBackend, CacheManager, Model, SchedulingPolicy):
+    for cls in (AttentionBackend, CacheManager, Model, SchedulingPolicy, GrammarBackend, GrammarMatcher):
         for name, raw in vars(cls).items():
             if name.startswith("_") and name != "__init__":
                 continue
@@ -89,7 +98,8 @@ def test_hook_is_documented_with_its_signature(hook: str) -> None:
     ("cls", "line"), extension_methods(), ids=lambda v: v if "(" not in v else v[4 : v.index("(")]
 )
 def test_extension_method_is_documented_with_its_signature(cls: str, line: str) -> None:
-    assert f"### {cls}\n" in doc_text(), f"docs/plugins.md has no section '### {cls}'"
+    section = "GrammarBackend" if cls == "GrammarMatcher" else cls  # documented together
+    assert f"### {section}\n" in doc_text(), f"docs/plugins.md has no section '### {section}'"
     assert squash(line) in squash(doc_text()), f"docs/plugins.md lacks {cls}'s exact signature:\n    {line}"
 
 

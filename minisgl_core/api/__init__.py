@@ -23,7 +23,16 @@ from minisgl_core.api.deprecation import (
     renamed_attribute,
     warn_deprecated,
 )
-from minisgl_core.api.grammar import GrammarKind, GrammarSpec
+from minisgl_core.api.grammar import (
+    GrammarBackend,
+    GrammarError,
+    GrammarKind,
+    GrammarMatcher,
+    GrammarSpec,
+    allocate_token_bitmask,
+    allowed_tokens,
+    bitmask_width,
+)
 from minisgl_core.api.hookspecs import hookimpl, hookspec
 from minisgl_core.api.json_scan import ScannedCall, marker_prefix_length, scan_tool_call
 from minisgl_core.api.model import KVSpec, Model, ModelConfig
@@ -61,7 +70,10 @@ __all__ = [
     "CacheSize",
     "DecodePlan",
     "ForwardBatch",
+    "GrammarBackend",
+    "GrammarError",
     "GrammarKind",
+    "GrammarMatcher",
     "GrammarSpec",
     "JsonToolCallParser",
     "KVCache",
@@ -90,6 +102,9 @@ __all__ = [
     "ToolParseResult",
     "ToolParser",
     "ToolStreamDelta",
+    "allocate_token_bitmask",
+    "allowed_tokens",
+    "bitmask_width",
     "deprecated",
     "hookimpl",
     "hookspec",

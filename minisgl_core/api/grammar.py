@@ -1,9 +1,28 @@
-"""What a request's output must match: the request-side contract of constrained decoding."""
+"""Constrained decoding: what a request's output must match, and the grammar-backend plugin ABCs.
 
+A :class:`GrammarSpec` travels with a request's sampling parameters. The engine compiles it once
+with the selected :class:`GrammarBackend` (cached by ``(kind, value)``), gives the request its own
+:class:`GrammarMatcher`, and every step asks the matcher for the tokens it allows next as a row
+of a token bitmask: int32 words, ``ceil(vocab / 32)`` per row, bit ``t % 32`` of word ``t // 32``
+set when token ``t`` is allowed (xgrammar's and llguidance's layout). The sampler sets the
+logits of disallowed tokens to -inf.
+
+.. versionadded:: 1.6
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, ClassVar, Literal, get_args
+
+import torch
 
 GrammarKind = Literal["json_schema", "json_object", "regex", "choice", "ebnf", "structural_tag"]
+GRAMMAR_KINDS: tuple[str, ...] = get_args(GrammarKind)
 
 
 @dataclass(frozen=True)
@@ -14,3 +33,150 @@ class GrammarSpec:
 
     kind: GrammarKind
     value: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in GRAMMAR_KINDS:
+            raise GrammarError(f"unknown grammar kind {self.kind!r}; use one of {', '.join(GRAMMAR_KINDS)}")
+        if not isinstance(self.value, str):
+            raise GrammarError(
+                f"the {self.kind} grammar must be given as a string, got {type(self.value).__name__}"
+            )
+
+    @classmethod
+    def coerce(cls, value: GrammarSpec | dict[str, Any] | None) -> GrammarSpec | None:
+        """A spec from itself or from its wire form ``{"kind": ..., "value": ...}`` (msgpack)."""
+        if value is None or isinstance(value, GrammarSpec):
+            return value
+        if isinstance(value, dict) and set(value) == {"kind", "value"}:
+            return cls(value["kind"], value["value"])
+        raise GrammarError(f"a grammar is {{'kind': ..., 'value': ...}}, got {value!r}")
+
+    def choices(self) -> list[str]:
+        """The alternatives of a ``choice`` spec, checked (a non-empty JSON list of strings)."""
+        try:
+            options = json.loads(self.value)
+        except json.JSONDecodeError as exc:
+            raise GrammarError(f"choice must be a JSON list of strings: {exc}") from exc
+        if not isinstance(options, list) or not options or not all(isinstance(o, str) for o in options):
+            raise GrammarError("choice must be a non-empty list of strings")
+        return options
+
+
+class GrammarError(ValueError):
+    """The grammar of a request is invalid (the message says what is wrong) or unsupported."""
+
+
+def bitmask_width(vocab_size: int) -> int:
+    """int32 words per bitmask row."""
+    return (vocab_size + 31) // 32
+
+
+def allocate_token_bitmask(rows: int, vocab_size: int, *, pin_memory: bool = False) -> torch.Tensor:
+    """A host bitmask of ``rows`` rows with every token allowed (all bits set)."""
+    return torch.full((rows, bitmask_width(vocab_size)), -1, dtype=torch.int32, pin_memory=pin_memory)
+
+
+def allowed_tokens(bitmask_row: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """A bool vector over ``vocab_size`` tokens from one bitmask row (for tests and checks)."""
+    ids = torch.arange(vocab_size)
+    words = bitmask_row.to(torch.int64)[ids // 32]
+    return ((words >> (ids % 32)) & 1).bool()
+
+
+def choice_regex(options: Sequence[str]) -> str:
+    """A regex matching exactly one of ``options`` (each escaped)."""
+    import re
+
+    return "(" + "|".join(re.escape(o) for o in options) + ")"
+
+
+class GrammarMatcher(ABC):
+    """One request's position in its grammar. Not thread-safe; used by one engine step at a time."""
+
+    @abstractmethod
+    def accept_token(self, token_id: int) -> bool:
+        """Advance by ``token_id``; False (and no change) when the grammar does not allow it."""
+
+    @abstractmethod
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        """Write the tokens allowed next into ``bitmask[row]`` (a host int32 tensor, see the module)."""
+
+    @abstractmethod
+    def is_terminated(self) -> bool:
+        """True once the output is complete (the grammar accepted a stop token); nothing may follow."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Back to the start of the grammar, as freshly made."""
+
+
+class GrammarBackend(ABC):
+    """Compiles grammars for one tokenizer and makes matchers; registered by plugins with
+    ``minisgl_register_grammar_backends`` and selected with ``--grammar-backend NAME``.
+
+    Built once per process from the served Hugging Face tokenizer, the model's vocabulary size
+    (the logits' width, which may exceed the tokenizer's: the extra ids are never allowed) and the
+    model's stop token ids (end of sequence): a grammar allows a stop token exactly where the
+    output may end, and accepting it terminates the matcher.
+    """
+
+    #: the grammar kinds this backend compiles; others raise GrammarError naming the backend
+    capabilities: ClassVar[frozenset[str]] = frozenset()
+    #: compiled grammars kept (least recently used dropped first)
+    cache_size: ClassVar[int] = 256
+
+    def __init__(self, tokenizer: Any, *, vocab_size: int, stop_token_ids: Sequence[int]) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.stop_token_ids = tuple(stop_token_ids)
+        self._cache: OrderedDict[GrammarSpec, Any] = OrderedDict()
+        #: compiles done (cache misses), for tests and the benchmarks
+        self.compiles = 0
+
+    @classmethod
+    def availability(cls) -> str | None:
+        """``None`` when the backend can run here, else one line saying why not (e.g. what to
+        ``pip install``). Must be cheap."""
+        return None
+
+    def compile(self, spec: GrammarSpec) -> Any:
+        """The compiled grammar of ``spec``, from the cache when compiled before.
+
+        Raises GrammarError saying what is wrong with the spec, or that this backend does not
+        support its kind."""
+        cached = self._cache.get(spec)
+        if cached is not None:
+            self._cache.move_to_end(spec)
+            return cached
+        if spec.kind not in self.capabilities:
+            supported = ", ".join(sorted(self.capabilities)) or "none"
+            raise GrammarError(
+                f"grammar backend {type(self).__name__} does not support {spec.kind!r} grammars (it supports: {supported})"
+            )
+        if spec.kind == "choice":
+            spec.choices()  # the same error for every backend
+        try:
+            compiled = self.compile_uncached(spec)
+        except GrammarError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a library's parse error is the spec's fault
+            raise GrammarError(f"invalid {spec.kind} grammar: {exc}") from exc
+        self.compiles += 1
+        self._cache[spec] = compiled
+        if len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+        return compiled
+
+    def check(self, spec: GrammarSpec) -> None:
+        """Raise GrammarError when ``spec`` is invalid; used at admission, before a request runs.
+
+        The default compiles (and caches) it; a backend may override it with a cheaper parse."""
+        self.compile(spec)
+
+    @abstractmethod
+    def compile_uncached(self, spec: GrammarSpec) -> Any:
+        """Compile ``spec`` (its kind is in ``capabilities``); any exception becomes a GrammarError."""
+
+    @abstractmethod
+    def matcher(self, compiled: Any) -> GrammarMatcher:
+        """A fresh matcher at the start of a compiled grammar."""

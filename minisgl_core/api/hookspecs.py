@@ -122,6 +122,20 @@ def minisgl_register_reasoning_parsers(register: Register) -> None:
 
 
 @hookspec
+def minisgl_register_grammar_backends(register: Register) -> None:
+    """Register grammar backends (constrained decoding) by the name users pass to ``--grammar-backend``.
+
+    ``register("xgrammar", "minisgl_plugin_xgrammar.backend:XGrammarBackend")``. The class must
+    subclass :class:`minisgl_core.api.GrammarBackend`; it is built from the served tokenizer in
+    the tokenizer worker (to check grammars before admission) and in every scheduler rank.
+
+    Runs once per process at plugin load, in every process.
+
+    .. versionadded:: 1.6
+    """
+
+
+@hookspec
 def minisgl_add_cli_options(parser: argparse.ArgumentParser) -> None:
     """Add plugin-specific options to ``minisgl serve`` / ``minisgl bench`` and friends.
 

@@ -30,6 +30,12 @@ def add_bench_command(sub) -> None:
     p.add_argument("--num-requests", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--decode-latency", action="store_true", help="also measure batch-1 decode ms/token")
+    p.add_argument(
+        "--grammar-schema",
+        metavar="FILE|builtin",
+        help="constrain every request by this JSON schema (builtin: an array of objects too long to "
+        "end before max_tokens); reports the schema's compile time too",
+    )
     p.add_argument("--label", default="")
     p.add_argument("--profile", help="write a cProfile report (host time) of the timed run to this file")
     p.add_argument("--output", help="append the JSON result to this file (one object per line)")
@@ -104,6 +110,9 @@ def _offline(args: argparse.Namespace) -> int:
     if config.tp_size > 1:
         from minisgl_core.bench.tp import run_offline_tp
 
+        if args.grammar_schema:
+            raise SystemExit("minisgl bench offline: --grammar-schema runs with --tp 1 only")
+
         result |= run_offline_tp(config, requests, args.temperature)
     else:
         from minisgl_core.bench.offline import decode_latency, run_offline
@@ -116,18 +125,24 @@ def _offline(args: argparse.Namespace) -> int:
         result["init_seconds"] = round(time.perf_counter() - started, 1)
         result["attn"] = ",".join(llm.engine.runner.attn_names)
         result["page_size"] = llm.engine.config.page_size
+        grammar = None
+        if args.grammar_schema:
+            from minisgl_core.bench.grammar import prepare, schema_spec
+
+            grammar = schema_spec(args.grammar_schema, max(r.max_tokens for r in requests))
+            result |= prepare(llm, grammar)
         if args.profile:
             import cProfile
             import pstats
 
             profiler = cProfile.Profile()
-            result |= profiler.runcall(run_offline, llm, requests, args.temperature)
+            result |= profiler.runcall(run_offline, llm, requests, args.temperature, grammar)
             with open(args.profile, "w") as f:
                 stats = pstats.Stats(profiler, stream=f)
                 stats.sort_stats("tottime").print_stats(40)
                 stats.sort_stats("cumulative").print_stats(60)  # one-off costs (compiles) show here
         else:
-            result |= run_offline(llm, requests, args.temperature)
+            result |= run_offline(llm, requests, args.temperature, grammar)
         if args.decode_latency:
             result["decode"] = decode_latency(llm)
     _emit(result, args.output)

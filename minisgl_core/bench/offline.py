@@ -5,16 +5,24 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from minisgl_core.api import GrammarSpec
 from minisgl_core.bench.workloads import BenchRequest
 from minisgl_core.llm import LLM
 from minisgl_core.sampling import SamplingParams
 
 
-def run_offline(llm: LLM, requests: list[BenchRequest], temperature: float = 0.6) -> dict[str, Any]:
-    params = [SamplingParams(temperature=temperature, max_tokens=r.max_tokens, ignore_eos=True) for r in requests]
+def run_offline(
+    llm: LLM, requests: list[BenchRequest], temperature: float = 0.6, grammar: GrammarSpec | None = None
+) -> dict[str, Any]:
+    """``grammar``: constrain every request by it (compile it before, see bench.grammar.prepare)."""
+    params = [
+        SamplingParams(temperature=temperature, max_tokens=r.max_tokens, ignore_eos=True, grammar=grammar)
+        for r in requests
+    ]
     # warm-up outside the timed region (JIT kernels, allocator, graphs already captured at load)
     warm_start = time.perf_counter()
-    llm.generate([r.prompt_ids for r in requests[:4]], [SamplingParams(max_tokens=8, ignore_eos=True)] * 4,
+    warm = requests[:4]
+    llm.generate([r.prompt_ids for r in warm], [SamplingParams(max_tokens=8, ignore_eos=True, grammar=grammar)] * len(warm),
                  use_tqdm=False)  # fmt: skip
     warmup = time.perf_counter() - warm_start
     start = time.perf_counter()

@@ -47,6 +47,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "vllm or none = the OpenAI defaults only; DIR = a folder holding a generation_config.json",
     )
     g.add_argument(
+        "--grammar-backend",
+        default="xgrammar",
+        help="grammar backend plugin for constrained decoding (xgrammar, llguidance, ...)",
+    )
+    g.add_argument(
         "--disable-plugin", action="append", default=[], metavar="NAME", help="skip a plugin (repeatable)"
     )
 
@@ -67,6 +72,7 @@ ENGINE_FIELDS = (
     "seed",
     "cuda_graph_max_bs",
     "generation_config",
+    "grammar_backend",
 )
 
 

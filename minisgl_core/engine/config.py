@@ -49,6 +49,8 @@ class EngineConfig:
     #: generation_config.json), "vllm"/"none" (SamplingParams' own), or a folder holding a
     #: generation_config.json (see engine/generation_defaults.py)
     generation_config: str = "auto"
+    #: grammar-backend plugin for constrained decoding (response_format, structured_outputs)
+    grammar_backend: str = "xgrammar"
     #: options plugins added to the CLI, passed through untouched
     plugin_options: dict[str, Any] = field(default_factory=dict)
 

@@ -19,13 +19,15 @@ import json
 import logging
 import os
 import time
-from typing import IO, Any, NamedTuple
+from dataclasses import dataclass
+from typing import IO, Any
 
 import torch
 
 from minisgl_core.api import ParallelContext
 from minisgl_core.engine.config import EngineConfig
 from minisgl_core.engine.generation_defaults import load_sampling_defaults
+from minisgl_core.engine.grammar import GrammarRunner, LazyGrammarBackend
 from minisgl_core.engine.runner import ModelRunner
 from minisgl_core.engine.sampler import Sampler, SampleRequest, SampleResult, to_device
 from minisgl_core.plugins import Plugins
@@ -103,6 +105,16 @@ class Engine:
         cache = cache_cls(page_size=config.page_size)
         policy = policy_cls()
         device = self.runner.device
+        self.grammars = GrammarRunner(
+            LazyGrammarBackend(
+                self.plugins,
+                config.grammar_backend,
+                tokenizer,
+                vocab_size=self.runner.vocab_size,
+                stop_token_ids=sorted(self.eos_ids),
+            ),
+            device,
+        )
         self.sampler = Sampler(self.runner.vocab_size, device)
         self.sampler.warm_up(self.runner.dtype)
         self.last_tokens = torch.zeros(self.runner.num_request_rows, dtype=torch.int64, device=device)
@@ -167,7 +179,8 @@ class Engine:
     # ------------------------------------------------------------------ requests
 
     def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
-        """Raise ValueError when the request can never run (checked before it is queued)."""
+        """Raise ValueError when the request can never run (checked before it is queued); a
+        GrammarError (a ValueError) names what is wrong with its grammar."""
         check_request_fits(
             prompt_ids,
             params,
@@ -175,10 +188,15 @@ class Engine:
             max_context_len=self.max_context_len,
             kv_capacity_tokens=self.kv_capacity_tokens,
         )
+        if params.grammar is not None:
+            self.grammars.backend.check(params.grammar)
 
     def add_request(self, rid: int, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Queue a request; ValueError (a GrammarError for a bad grammar) when it cannot run."""
         self.check_request(prompt_ids, params)
-        self.scheduler.add(Request(rid=rid, prompt_ids=list(prompt_ids), params=params, arrival=0))
+        req = Request(rid=rid, prompt_ids=list(prompt_ids), params=params, arrival=0)
+        self.grammars.attach(req)  # compiled once per distinct grammar (the backend caches)
+        self.scheduler.add(req)
         self._added_since_step += 1
 
     def abort(self, rid: int) -> StepOutput | None:
@@ -284,8 +302,18 @@ class Engine:
         if not batch.sampled:
             return _InFlight(batch, None, None, None)
         reqs = [batch.requests[i] for i in batch.sampled]
+        grammar_mask = None
+        if any(r.matcher is not None for r in reqs):
+            # The device runs the forward just launched while the host brings the matchers up to
+            # date (with overlap, the step before this one may still be in flight: its tokens
+            # come first) and fills this step's bitmask.
+            if self._inflight is not None:
+                self._advance_grammars(self._inflight)
+            grammar_mask = self.grammars.bitmask(reqs)
         rows = logits if len(batch.sampled) == len(batch.requests) else logits[to_device(batch.sampled, logits.device)]
-        result = self.sampler.sample(rows, [SampleRequest(r.params, r.output_ids, r.generator, r.prompt_ids) for r in reqs])
+        result = self.sampler.sample(
+            rows, [SampleRequest(r.params, r.output_ids, r.generator, r.prompt_ids) for r in reqs], grammar_mask
+        )
         token_ids = result.token_ids
         if self.parallel.tp_size > 1:
             # Every rank continues with rank 0's tokens, whatever its own sampler drew.
@@ -305,17 +333,39 @@ class Engine:
     def _complete(self, inflight: _InFlight) -> list[StepOutput]:
         if inflight.result is None:
             return self.scheduler.process(inflight.batch, [], [])
-        if inflight.done is not None:
-            inflight.done.synchronize()
-        token_ids = inflight.host_tokens.tolist()
+        self._advance_grammars(inflight)
+        token_ids = inflight.token_list()
         return self.scheduler.process(inflight.batch, token_ids, inflight.result.logprobs(token_ids))
 
+    def _advance_grammars(self, inflight: _InFlight) -> None:
+        """Feed a step's sampled tokens to the matchers of its constrained requests, once."""
+        if inflight.result is None or inflight.grammars_advanced:
+            return
+        inflight.grammars_advanced = True
+        batch = inflight.batch
+        reqs = [batch.requests[i] for i in batch.sampled]
+        if any(r.matcher is not None for r in reqs):
+            self.grammars.accept(reqs, inflight.token_list(), self.scheduler.running)
 
-class _InFlight(NamedTuple):
+
+@dataclass(eq=False)
+class _InFlight:
     batch: ScheduledBatch
     result: SampleResult | None
     host_tokens: torch.Tensor | None
     done: torch.cuda.Event | None
+    #: whether the constrained requests' matchers have taken this step's tokens
+    grammars_advanced: bool = False
+    _tokens: list[int] | None = None
+
+    def token_list(self) -> list[int]:
+        """The sampled tokens on the host, waiting for the device to produce them if need be."""
+        if self._tokens is None:
+            assert self.host_tokens is not None
+            if self.done is not None:
+                self.done.synchronize()
+            self._tokens = self.host_tokens.tolist()
+        return self._tokens
 
 
 def _open_step_trace(rank: int) -> IO[str] | None:

@@ -79,6 +79,26 @@ def gumbel_argmax_chunked(
     return indices.gather(1, values.argmax(dim=1, keepdim=True)).squeeze(1)
 
 
+@fused
+def _mask_by_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """``logits`` with -inf at every token whose bit is 0 in its row of ``bitmask``."""
+    rows, vocab = logits.shape
+    shifts = torch.arange(32, device=bitmask.device, dtype=torch.int32)
+    # word w, bit b is token 32 w + b; an arithmetic shift keeps the sign bit, so bit 31 reads
+    # through ``& 1`` like the others
+    allowed = ((bitmask[:, :, None] >> shifts) & 1).view(rows, -1)[:, :vocab].bool()
+    return torch.where(allowed, logits, float("-inf"))
+
+
+def apply_token_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """Forbid the tokens whose bit is 0 in ``bitmask`` (int32, ``ceil(vocab / 32)`` words per
+    row) for the listed ``rows`` of ``logits`` only; in place unless every row is listed."""
+    if rows.numel() == logits.shape[0]:  # every row constrained (rows are then 0..n-1 in order)
+        return _mask_by_bitmask(logits, bitmask)
+    logits[rows] = _mask_by_bitmask(logits[rows], bitmask)
+    return logits
+
+
 def to_device(values: list, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A small host list on ``device`` without waiting for the device: ``torch.tensor(..., device=cuda)``
     is a synchronous copy that blocks until all queued kernels finish, which would defeat overlap."""
@@ -168,14 +188,29 @@ class Sampler:
         gen.manual_seed(seed)
         return gen
 
-    def sample(self, logits: torch.Tensor, requests: Sequence[SampleRequest]) -> SampleResult:
+    def sample(
+        self,
+        logits: torch.Tensor,
+        requests: Sequence[SampleRequest],
+        grammar_mask: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> SampleResult:
         """``logits``: [n, vocab] in float32 or the model's dtype (may be wider than the tokenizer;
-        extra ids stay valid). All arithmetic is in float32."""
+        extra ids stay valid). All arithmetic is in float32.
+
+        ``grammar_mask``: (rows, bitmask) of the constrained requests, on the device; tokens
+        their grammar forbids get -inf. It is applied here, after the forward (and its CUDA-graph
+        replay), so graphs stay the same for constrained and free batches. Logprobs are those of
+        the model, before the mask."""
         params = [r.params for r in requests]
         raw = logits
         logits = apply_repetition_penalty(logits, requests)
         logits = self._apply_penalties(logits, requests)
         logits = apply_logit_bias(logits, requests)
+        if grammar_mask is not None:
+            rows, bitmask = grammar_mask
+            if rows.numel() != logits.shape[0] and logits is raw:  # masked in place: not the model's
+                logits = logits.float() if logits.dtype != torch.float32 else logits.clone()
+            logits = apply_token_bitmask(logits, rows, bitmask)
         if all(p.greedy for p in params):
             token_ids = greedy_argmax(logits)
         elif any(p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 for p in params):

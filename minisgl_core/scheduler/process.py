@@ -78,7 +78,12 @@ class SchedulerLoop:
     def step(self, out: StepOutputs) -> None:
         for o in self.engine.step():
             out.add(
-                o.rid, o.token_id, o.finish_reason if o.finished else None, o.matched_stop, _wire_logprob(o)
+                o.rid,
+                o.token_id,
+                o.finish_reason if o.finished else None,
+                o.matched_stop,
+                _wire_logprob(o),
+                o.error,
             )
 
     # ------------------------------------------------------------------ rank 0

@@ -37,6 +37,11 @@ class Request:
     #: (prefix_slots, its first slot as an int)
     first_slot_memo: tuple[torch.Tensor, int] | None = None
 
+    #: the request's GrammarMatcher when its output is constrained (see engine/grammar.py)
+    matcher: Any = None
+    #: set when the grammar rejected a sampled token: the request then finishes with an error
+    grammar_error: str | None = None
+
     #: tokens whose KV must exist before the next token is sampled: the prompt, and after a
     #: retraction the prompt plus the output so far (recomputed, mostly from the prefix cache)
     fill_ids: list[int] = field(default_factory=list)

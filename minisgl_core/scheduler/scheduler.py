@@ -296,12 +296,20 @@ class Scheduler:
             token = token_ids[j]
             req.output_ids.append(token)
             reason, matched = self.stop_checker.check(req)
+            if req.grammar_error is not None:
+                reason, matched = "error", None
+            elif req.matcher is not None and req.matcher.is_terminated():
+                # the grammar is complete, also under ignore_eos; its final stop token stays hidden
+                if reason != "stop":
+                    matched = token if token in self.stop_checker.eos_ids else None
+                reason = "stop"
             if reason is None and req.prompt_len + len(req.output_ids) >= self.page_table.shape[1]:
                 reason = "length"
             if reason is not None:
                 del self.running[req.rid]
                 self._release(req)
-            outputs.append(StepOutput(req.rid, token, reason is not None, reason, matched, logprobs[j]))
+            error = req.grammar_error if reason == "error" else None
+            outputs.append(StepOutput(req.rid, token, reason is not None, reason, matched, logprobs[j], error))
         return outputs
 
     def _release(self, req: Request) -> None:

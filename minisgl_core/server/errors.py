@@ -86,7 +86,7 @@ def _is_union_member_tag(part: str) -> bool:
     # e.g. "str", "list[int]", "function-after[_utf8(), str]", "TextPart"; exact names, so that
     # fields such as "stream" or "stream_options" are kept
     return part in ("str", "int", "float", "bool", "TextPart") or part.startswith(
-        ("list[", "function-", "literal[", "NamedToolChoice")
+        ("list[", "dict[", "function-", "literal[", "NamedToolChoice")
     )
 
 

@@ -48,6 +48,7 @@ def native_router(state: ServerState) -> APIRouter:
             text=body.text,
             input_ids=body.input_ids,
             max_tokens_field="sampling_params.max_new_tokens",
+            grammar_field=body.sampling_params.grammar_field,
         )
         rid = r.new_id("gen")
 

@@ -67,6 +67,8 @@ def make_router(
             messages=body.template_messages(),
             max_tokens_field=body.max_tokens_field,
             template_args=body.template_args(),
+            # a forced tool call's grammar comes from tool_choice, so its errors name that field
+            grammar_field="tool_choice" if plan.grammar is not None else body.grammar_field,
         )
         rid, created = r.new_id("chatcmpl"), int(time.time())
 
@@ -148,9 +150,9 @@ def make_router(
         try:
             for prompt in prompts:
                 if isinstance(prompt, str):
-                    await group.add(fields, body.n, text=prompt)
+                    await group.add(fields, body.n, text=prompt, grammar_field=body.grammar_field)
                 else:
-                    await group.add(fields, body.n, input_ids=prompt)
+                    await group.add(fields, body.n, input_ids=prompt, grammar_field=body.grammar_field)
         except BaseException:
             group.close()  # the prompts admitted before the bad one
             raise

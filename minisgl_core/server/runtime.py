@@ -103,6 +103,7 @@ class Runtime:
                         model=model,
                         sampling_defaults=self.opts.sampling_defaults or {},
                         chat_template=self.opts.chat_template,
+                        grammar_backend=self.opts.config.grammar_backend,
                     ),
                     tokenizer_main,
                 ),

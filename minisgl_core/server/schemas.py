@@ -24,6 +24,8 @@ from pydantic import (
     model_validator,
 )
 
+from minisgl_core.api.grammar import GrammarSpec
+
 #: roles a chat message may have; "developer" is OpenAI's newer name for "system"
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_N = 64
@@ -81,6 +83,129 @@ class StrictModel(BaseModel):
 
 class StreamOptions(StrictModel):
     include_usage: bool = False
+
+
+class JsonSchemaFormat(StrictModel):
+    """OpenAI's ``response_format.json_schema``; without ``schema`` any JSON object matches."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str
+    description: str | None = None
+    schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")
+    #: accepted; the output always follows the schema exactly (what strict asks for)
+    strict: bool | None = None
+
+
+class ResponseFormat(StrictModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_iff_json_schema(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError(
+                'response_format.json_schema is required with (and only with) type "json_schema"'
+            )
+        return self
+
+    def spec(self) -> GrammarSpec | None:
+        if self.type == "text":
+            return None
+        if self.type == "json_object" or self.json_schema is None or self.json_schema.schema_ is None:
+            return GrammarSpec("json_object", "")
+        return GrammarSpec("json_schema", json.dumps(self.json_schema.schema_))
+
+
+class StructuredOutputs(StrictModel):
+    """vLLM's ``structured_outputs``: exactly one constraint."""
+
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = Field(default=None, min_length=1)
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | None = None
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> StructuredOutputs:
+        given = [
+            name
+            for name in ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+            if self._value(name) is not None
+        ]
+        if len(given) != 1:
+            raise ValueError(
+                "structured_outputs takes exactly one of json, regex, choice, grammar, json_object, "
+                f"structural_tag; got {', '.join(given) or 'none'}"
+            )
+        if self.json_object is False:
+            raise ValueError("structured_outputs.json_object must be true when given")
+        return self
+
+    def _value(self, name: str) -> Any:
+        return self.json_ if name == "json" else getattr(self, name)
+
+    def spec(self) -> GrammarSpec:
+        if self.json_ is not None:
+            value = self.json_ if isinstance(self.json_, str) else json.dumps(self.json_)
+            return GrammarSpec("json_schema", value)
+        if self.regex is not None:
+            return GrammarSpec("regex", self.regex)
+        if self.choice is not None:
+            return GrammarSpec("choice", json.dumps(self.choice))
+        if self.grammar is not None:
+            return GrammarSpec("ebnf", self.grammar)
+        if self.structural_tag is not None:
+            return GrammarSpec("structural_tag", self.structural_tag)
+        return GrammarSpec("json_object", "")
+
+
+class GrammarFields(StrictModel):
+    """Constrained decoding: OpenAI's ``response_format``, vLLM's ``structured_outputs``, and
+    SGLang's top-level ``regex`` / ``ebnf``; at most one of them."""
+
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+
+    @model_validator(mode="after")
+    def _one_grammar(self) -> GrammarFields:
+        given = [
+            name
+            for name in ("response_format", "structured_outputs", "regex", "ebnf")
+            if getattr(self, name) is not None
+        ]
+        if self.response_format is not None and self.response_format.type == "text":
+            given.remove("response_format")
+        if len(given) > 1:
+            raise ValueError(f"give at most one of {', '.join(given)} (each constrains the output)")
+        return self
+
+    def grammar_spec(self) -> GrammarSpec | None:
+        if self.structured_outputs is not None:
+            return self.structured_outputs.spec()
+        if self.regex is not None:
+            return GrammarSpec("regex", self.regex)
+        if self.ebnf is not None:
+            return GrammarSpec("ebnf", self.ebnf)
+        return self.response_format.spec() if self.response_format is not None else None
+
+    @property
+    def grammar_field(self) -> str:
+        """The request field a grammar error is about."""
+        for name in ("structured_outputs", "regex", "ebnf"):
+            if getattr(self, name) is not None:
+                return name
+        return "response_format"
+
+    def grammar_wire(self) -> dict[str, str] | None:
+        """The grammar as SamplingParams takes it over the wire (a plain dict for msgpack)."""
+        spec = self.grammar_spec()
+        return None if spec is None else {"kind": spec.kind, "value": spec.value}
 
 
 class TextPart(StrictModel):
@@ -184,7 +309,7 @@ class NamedToolChoice(StrictModel):
     function: FunctionName
 
 
-class SamplingFields(StrictModel):
+class SamplingFields(GrammarFields):
     """Sampling options shared by chat and completions (OpenAI names plus top_k/min_p/ignore_eos)."""
 
     model: Text | None = None
@@ -231,6 +356,7 @@ class SamplingFields(StrictModel):
             "skip_special_tokens": self.skip_special_tokens,
             "logit_bias": dict(self.logit_bias or {}),
             "repetition_penalty": self.repetition_penalty,
+            "grammar": self.grammar_wire(),
         }
 
     def logprobs_k(self) -> int | None:
@@ -344,6 +470,31 @@ class GenerateSampling(StrictModel):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     skip_special_tokens: bool = True
+    #: SGLang's constraints: a JSON schema (as JSON text), a regex or an EBNF grammar; one at most
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+
+    @model_validator(mode="after")
+    def _one_grammar(self) -> GenerateSampling:
+        given = [name for name in ("json_schema", "regex", "ebnf") if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give at most one of sampling_params.{', sampling_params.'.join(given)}")
+        return self
+
+    def grammar_spec(self) -> GrammarSpec | None:
+        for name in ("json_schema", "regex", "ebnf"):
+            value = getattr(self, name)
+            if value is not None:
+                return GrammarSpec(name, value)  # type: ignore[arg-type]
+        return None
+
+    @property
+    def grammar_field(self) -> str:
+        name = next(
+            (n for n in ("json_schema", "regex", "ebnf") if getattr(self, n) is not None), "json_schema"
+        )
+        return f"sampling_params.{name}"
 
 
 class GenerateRequest(StrictModel):
@@ -377,4 +528,7 @@ class GenerateRequest(StrictModel):
             "frequency_penalty": s.frequency_penalty,
             "logprobs": self.top_logprobs_num if self.return_logprob else None,
             "skip_special_tokens": s.skip_special_tokens,
+            "grammar": None
+            if (spec := s.grammar_spec()) is None
+            else {"kind": spec.kind, "value": spec.value},
         }

@@ -123,6 +123,7 @@ class RequestGroup:
         input_ids: list[int] | None = None,
         max_tokens_field: str = "max_tokens",
         template_args: dict[str, Any] | None = None,
+        grammar_field: str = "grammar",
     ) -> Admission:
         """Tokenize one prompt into ``n`` engine requests; raise a 400 APIError if it cannot run
         (a 429 if the server's queue is full, a 503 if it cannot take requests)."""
@@ -142,7 +143,9 @@ class RequestGroup:
         try:
             send(
                 state.to_tokenizer,
-                TokenizeRequest(rids, text, messages, input_ids, params, max_tokens_field, template_args),
+                TokenizeRequest(
+                    rids, text, messages, input_ids, params, max_tokens_field, template_args, grammar_field
+                ),
             )
             result = await admission
         except BaseException:  # cancelled, the server failed meanwhile, or the request did not encode

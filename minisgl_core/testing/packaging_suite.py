@@ -36,6 +36,7 @@ import pytest
 from minisgl_core.api import (
     AttentionBackend,
     CacheManager,
+    GrammarBackend,
     Model,
     ProcessContext,
     ReasoningParser,
@@ -54,6 +55,7 @@ KIND_BASES: dict[str, type] = {
     "formats": WeightFormat,
     "tool_parsers": ToolParser,
     "reasoning_parsers": ReasoningParser,
+    "grammars": GrammarBackend,
 }
 HOOK_NAMES = frozenset(name for name in dir(hookspecs) if name.startswith("minisgl_"))
 #: what a discovery-time import must never pull in: kernel libraries and compilers
@@ -69,6 +71,8 @@ HEAVY_MODULES = (
     "cutlass",
     "cuda",
     "tensorrt",
+    "xgrammar",
+    "llguidance",
 )
 #: import name -> distribution for common heavy dependencies that need not be installed here
 KNOWN_DISTRIBUTIONS = {
@@ -79,6 +83,8 @@ KNOWN_DISTRIBUTIONS = {
     "xformers": "xformers",
     "sgl_kernel": "sgl-kernel",
     "deep_gemm": "deep-gemm",
+    "xgrammar": "xgrammar",
+    "llguidance": "llguidance",
 }
 
 _PROBE = """
@@ -257,8 +263,10 @@ class PluginPackagingSuite:
                 assert isinstance(obj, type) and issubclass(obj, KIND_BASES[kind]), (
                     f"{kind} {name!r} -> {target} is not a {KIND_BASES[kind].__name__} subclass"
                 )
-                if kind == "attention":
-                    reason = obj.availability(torch.device("cpu"))
+                if kind in ("attention", "grammars"):
+                    reason = (
+                        obj.availability(torch.device("cpu")) if kind == "attention" else obj.availability()
+                    )
                     assert reason is None or (isinstance(reason, str) and reason), (
                         "availability() must be None or a reason"
                     )

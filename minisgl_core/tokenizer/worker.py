@@ -17,7 +17,9 @@ from typing import Any
 
 import zmq
 
-from minisgl_core.engine.engine import check_request_fits
+from minisgl_core.engine.engine import check_request_fits, eos_token_ids
+from minisgl_core.engine.grammar import LazyGrammarBackend
+from minisgl_core.engine.loader import open_model
 from minisgl_core.messages import (
     AbortRequest,
     Admission,
@@ -51,11 +53,19 @@ class RequestRejected(ValueError):
 class Admitter:
     """Tokenizes one request and decides its max_tokens, or says precisely why it cannot run."""
 
-    def __init__(self, tokenizer: Any, limits: Limits, defaults: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        limits: Limits,
+        defaults: dict[str, Any] | None = None,
+        grammars: LazyGrammarBackend | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.limits = limits
         #: the model's sampling defaults (--generation-config) for fields a request leaves unset
         self.defaults = defaults or {}
+        #: checks a request's grammar before admission, so a bad one is a 400 before anything runs
+        self.grammars = grammars
 
     def prompt_ids(self, req: TokenizeRequest) -> list[int]:
         if req.messages is not None:
@@ -117,6 +127,13 @@ class Admitter:
             if str(exc).startswith("logit_bias"):
                 blame = "logit_bias"
             raise RequestRejected(str(exc), blame) from exc
+        if sampling.grammar is not None:
+            if self.grammars is None:
+                raise RequestRejected("this server does not support constrained decoding", req.grammar_field)
+            try:
+                self.grammars.check(sampling.grammar)
+            except ValueError as exc:  # GrammarError: the message says what is wrong
+                raise RequestRejected(f"{req.grammar_field}: {exc}", req.grammar_field) from exc
         return ids, sampling
 
 
@@ -132,7 +149,15 @@ def tokenizer_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_r
         return
     if not isinstance(limits, Limits):
         raise RuntimeError(f"tokenizer expected Limits first, got {type(limits).__name__}")
-    admitter = Admitter(tokenizer, limits, spec.payload.get("sampling_defaults"))
+    source = open_model(spec.payload["model"], plugins)
+    grammars = LazyGrammarBackend(
+        plugins,
+        spec.payload.get("grammar_backend", "xgrammar"),
+        tokenizer,
+        vocab_size=limits.vocab_size,
+        stop_token_ids=sorted(eos_token_ids(source.hf_config(), source.generation_config())),
+    )
+    admitter = Admitter(tokenizer, limits, spec.payload.get("sampling_defaults"), grammars)
     report_ready({})
     while True:
         msg = recv(inbox)

@@ -1,0 +1,319 @@
+"""Conformance suite for grammar backends: subclass it, point it at a backend, run pytest.
+
+    from minisgl_core.testing.grammar_suite import GrammarBackendSuite
+
+    class TestMyGrammar(GrammarBackendSuite):
+        backend_cls = "mine"   # a registered name, "module:Class", or the class itself
+
+Every test builds the backend on a small byte-level BPE tokenizer (trained locally) whose model
+vocabulary is padded past the tokenizer's, as real models' often are, and checks the contract of
+:class:`~minisgl_core.api.GrammarBackend` and :class:`~minisgl_core.api.GrammarMatcher`: valid
+text is accepted token by token, each token allowed by the bitmask filled just before it, and the
+stop token ends it; tokens outside the bitmask are rejected; random walks through the bitmask end
+in text that matches (JSON validated with ``jsonschema``); padded ids are never allowed; bad
+grammars raise GrammarError; compiling is cached; ``reset`` starts over. Tests of grammar kinds
+the backend does not list in ``capabilities`` are skipped, not failed.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+import torch
+
+from minisgl_core.api import (
+    GrammarBackend,
+    GrammarError,
+    GrammarMatcher,
+    GrammarSpec,
+    allocate_token_bitmask,
+    allowed_tokens,
+    bitmask_width,
+)
+from minisgl_core.testing.policy_suite import resolve
+
+#: ids past the tokenizer's vocabulary that the (pretend) model still has logits for
+VOCAB_PADDING = 37
+STOP_TOKEN = "<|im_end|>"
+
+#: a nested schema with objects, arrays, enums, bounded numbers and required fields, small
+#: enough that every walk through it ends
+NESTED_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 6},
+        "kind": {"enum": ["cat", "dog", "fish"]},
+        "age": {"type": "integer", "minimum": 0, "maximum": 99},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 3}, "maxItems": 3},
+        "owner": {
+            "type": "object",
+            "properties": {"id": {"type": "integer", "minimum": 1, "maximum": 9}, "vip": {"type": "boolean"}},
+            "required": ["id", "vip"],
+            "additionalProperties": False,
+        },
+    },
+    "required": ["name", "kind", "age", "owner"],
+    "additionalProperties": False,
+}
+
+
+def walk(
+    matcher: GrammarMatcher, vocab_size: int, stop_id: int, rng: random.Random, max_steps: int
+) -> list[int]:
+    """Tokens drawn at random among those the bitmask allows, until the matcher terminates.
+
+    Prefers ending: once the stop token is allowed it is taken half the time, so walks stay short."""
+    tokens: list[int] = []
+    mask = allocate_token_bitmask(1, vocab_size)
+    for _ in range(max_steps):
+        if matcher.is_terminated():
+            return tokens
+        mask.fill_(0)
+        matcher.fill_bitmask(mask, 0)
+        allowed = allowed_tokens(mask[0], vocab_size).nonzero().flatten().tolist()
+        assert allowed, "the bitmask allows no token at all before the grammar ended"
+        token = stop_id if stop_id in allowed and rng.random() < 0.5 else rng.choice(allowed)
+        assert matcher.accept_token(token), f"token {token} was in the bitmask but accept_token refused it"
+        tokens.append(token)
+    raise AssertionError(f"the walk did not end within {max_steps} tokens: {tokens}")
+
+
+class GrammarBackendSuite:
+    #: the backend: its class, "package.module:Class", or a name registered by an installed plugin
+    backend_cls: ClassVar[type[GrammarBackend] | str | None] = None
+    #: random walks per grammar
+    walks: ClassVar[int] = 20
+
+    # ------------------------------------------------------------------ fixtures
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def backend_class(cls) -> type[GrammarBackend]:
+        if cls.backend_cls is None:
+            pytest.skip("set backend_cls on the suite subclass")
+        backend_cls = resolve("grammars", cls.backend_cls)
+        assert issubclass(backend_cls, GrammarBackend), f"{backend_cls!r} is not a GrammarBackend subclass"
+        reason = backend_cls.availability()
+        assert reason is None or (isinstance(reason, str) and reason), (
+            "availability() must be None or a reason"
+        )
+        if reason is not None:
+            pytest.skip(f"{backend_cls.__name__} is unavailable here: {reason}")
+        return backend_cls
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def tokenizer(cls, tmp_path_factory: pytest.TempPathFactory) -> Any:
+        from transformers import AutoTokenizer
+
+        from minisgl_core.testing.factories import train_tokenizer
+
+        directory: Path = train_tokenizer(tmp_path_factory.mktemp("grammar-tokenizer"), vocab_size=512)
+        return AutoTokenizer.from_pretrained(str(directory))
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def vocab_size(cls, tokenizer: Any) -> int:
+        return len(tokenizer) + VOCAB_PADDING
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def stop_id(cls, tokenizer: Any) -> int:
+        return tokenizer.convert_tokens_to_ids(STOP_TOKEN)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def backend(
+        cls, backend_class: type[GrammarBackend], tokenizer: Any, vocab_size: int, stop_id: int
+    ) -> GrammarBackend:
+        return backend_class(tokenizer, vocab_size=vocab_size, stop_token_ids=[stop_id])
+
+    def need(self, backend: GrammarBackend, kind: str) -> None:
+        if kind not in backend.capabilities:
+            pytest.skip(f"{type(backend).__name__} does not declare {kind!r}")
+
+    def matcher(self, backend: GrammarBackend, kind: str, value: str) -> GrammarMatcher:
+        self.need(backend, kind)
+        return backend.matcher(backend.compile(GrammarSpec(kind, value)))  # type: ignore[arg-type]
+
+    def feed(self, matcher: GrammarMatcher, tokenizer: Any, text: str, vocab_size: int) -> None:
+        """Accept ``text`` token by token, checking each token was in the bitmask filled before it."""
+        mask = allocate_token_bitmask(1, vocab_size)
+        for token in tokenizer.encode(text, add_special_tokens=False):
+            mask.fill_(0)
+            matcher.fill_bitmask(mask, 0)
+            assert allowed_tokens(mask[0], vocab_size)[token], (
+                f"token {token} of {text!r} is not in the bitmask"
+            )
+            assert matcher.accept_token(token), f"token {token} of {text!r} was refused"
+
+    def finish(self, matcher: GrammarMatcher, stop_id: int, vocab_size: int) -> None:
+        """Whatever is accepted so far is a complete output: the stop token ends it (or it ended already)."""
+        if matcher.is_terminated():
+            return
+        mask = allocate_token_bitmask(1, vocab_size)
+        mask.fill_(0)
+        matcher.fill_bitmask(mask, 0)
+        assert allowed_tokens(mask[0], vocab_size)[stop_id], (
+            "the stop token is not allowed after a complete output"
+        )
+        assert matcher.accept_token(stop_id)
+        assert matcher.is_terminated()
+
+    def decoded(self, tokenizer: Any, tokens: list[int], stop_id: int) -> str:
+        return tokenizer.decode([t for t in tokens if t != stop_id], skip_special_tokens=False)
+
+    # ------------------------------------------------------------------ the contract
+
+    def test_declares_known_capabilities(self, backend_class: type[GrammarBackend]) -> None:
+        from minisgl_core.api.grammar import GRAMMAR_KINDS
+
+        assert backend_class.capabilities, "declare the grammar kinds the backend compiles"
+        assert set(backend_class.capabilities) <= set(GRAMMAR_KINDS), backend_class.capabilities
+
+    def test_json_schema_text_is_accepted_and_ends(
+        self, backend: GrammarBackend, tokenizer: Any, vocab_size: int, stop_id: int
+    ) -> None:
+        m = self.matcher(backend, "json_schema", json.dumps(NESTED_SCHEMA))
+        value = {"name": "Rex", "kind": "dog", "age": 7, "tags": ["a", "bc"], "owner": {"id": 3, "vip": True}}
+        self.feed(m, tokenizer, json.dumps(value, separators=(",", ":")), vocab_size)
+        self.finish(m, stop_id, vocab_size)
+
+    def test_random_walks_validate_against_the_schema(
+        self, backend: GrammarBackend, tokenizer: Any, vocab_size: int, stop_id: int
+    ) -> None:
+        jsonschema = pytest.importorskip("jsonschema")
+        self.need(backend, "json_schema")
+        compiled = backend.compile(GrammarSpec("json_schema", json.dumps(NESTED_SCHEMA)))
+        rng = random.Random(0)
+        for _ in range(self.walks):
+            tokens = walk(backend.matcher(compiled), vocab_size, stop_id, rng, max_steps=400)
+            jsonschema.validate(json.loads(self.decoded(tokenizer, tokens, stop_id)), NESTED_SCHEMA)
+
+    def test_json_object_walks_give_objects(
+        self, backend: GrammarBackend, tokenizer: Any, vocab_size: int, stop_id: int
+    ) -> None:
+        self.need(backend, "json_object")
+        compiled = backend.compile(GrammarSpec("json_object", ""))
+        m = backend.matcher(compiled)
+        self.feed(m, tokenizer, '{"a":[1,{"b":null}],"c":"x"}', vocab_size)
+        self.finish(m, stop_id, vocab_size)
+        bad = backend.matcher(compiled)
+        assert not bad.accept_token(tokenizer.encode("[", add_special_tokens=False)[0]), (
+            "a JSON array is not an object"
+        )
+
+    def test_regex(self, backend: GrammarBackend, tokenizer: Any, vocab_size: int, stop_id: int) -> None:
+        pattern = r"[a-c]{2,4}-[0-9]{3}"
+        m = self.matcher(backend, "regex", pattern)
+        self.feed(m, tokenizer, "abca-123", vocab_size)
+        self.finish(m, stop_id, vocab_size)
+        compiled = backend.compile(GrammarSpec("regex", pattern))
+        rng = random.Random(1)
+        for _ in range(self.walks):
+            text = self.decoded(
+                tokenizer, walk(backend.matcher(compiled), vocab_size, stop_id, rng, 50), stop_id
+            )
+            assert re.fullmatch(pattern, text), text
+
+    def test_choice(self, backend: GrammarBackend, tokenizer: Any, vocab_size: int, stop_id: int) -> None:
+        options = ["yes", "no", "maybe so", 'say "hi"']
+        self.need(backend, "choice")
+        compiled = backend.compile(GrammarSpec("choice", json.dumps(options)))
+        rng = random.Random(2)
+        seen = set()
+        for _ in range(self.walks):
+            text = self.decoded(
+                tokenizer, walk(backend.matcher(compiled), vocab_size, stop_id, rng, 30), stop_id
+            )
+            assert text in options, text
+            seen.add(text)
+        assert len(seen) > 1, "random walks always picked the same choice"
+
+    def test_ebnf(self, backend: GrammarBackend, tokenizer: Any, vocab_size: int, stop_id: int) -> None:
+        grammar = 'root ::= "(" item ("," item)* ")"\nitem ::= [0-9] | "x"'
+        m = self.matcher(backend, "ebnf", grammar)
+        self.feed(m, tokenizer, "(1,x,7)", vocab_size)
+        self.finish(m, stop_id, vocab_size)
+        rng = random.Random(3)
+        compiled = backend.compile(GrammarSpec("ebnf", grammar))
+        for _ in range(self.walks):
+            text = self.decoded(
+                tokenizer, walk(backend.matcher(compiled), vocab_size, stop_id, rng, 60), stop_id
+            )
+            assert re.fullmatch(r"\(([0-9x])(,[0-9x])*\)", text), text
+
+    def test_rejects_tokens_outside_the_bitmask(
+        self, backend: GrammarBackend, tokenizer: Any, vocab_size: int
+    ) -> None:
+        m = self.matcher(backend, "regex", "[0-9]+")
+        mask = allocate_token_bitmask(1, vocab_size)
+        m.fill_bitmask(mask, 0)
+        allowed = allowed_tokens(mask[0], vocab_size)
+        assert 0 < int(allowed.sum()) < vocab_size
+        letter = tokenizer.encode("a", add_special_tokens=False)[0]
+        assert not allowed[letter]
+        assert not m.accept_token(letter)
+
+    def test_padded_ids_are_never_allowed(
+        self, backend: GrammarBackend, tokenizer: Any, vocab_size: int
+    ) -> None:
+        kind, value = ("json_object", "") if "json_object" in backend.capabilities else ("regex", ".*")
+        m = self.matcher(backend, kind, value)
+        mask = allocate_token_bitmask(2, vocab_size)
+        assert mask.shape == (2, bitmask_width(vocab_size)) and mask.dtype == torch.int32
+        m.fill_bitmask(mask, 1)
+        allowed = allowed_tokens(mask[1], vocab_size)
+        assert not allowed[len(tokenizer) :].any(), "ids past the tokenizer's vocabulary were allowed"
+        assert (mask[0] == -1).all(), "filling row 1 touched row 0"
+
+    def test_reset_starts_over(self, backend: GrammarBackend, tokenizer: Any, vocab_size: int) -> None:
+        m = self.matcher(backend, "regex", "ab[0-9]")
+        first = allocate_token_bitmask(1, vocab_size)
+        m.fill_bitmask(first, 0)
+        self.feed(m, tokenizer, "ab", vocab_size)
+        again = allocate_token_bitmask(1, vocab_size)
+        m.reset()
+        m.fill_bitmask(again, 0)
+        assert torch.equal(first, again)
+
+    def test_compiles_are_cached(self, backend: GrammarBackend) -> None:
+        self.need(backend, "regex")
+        spec = GrammarSpec("regex", "cache-me-[0-9]")
+        before = backend.compiles
+        first = backend.compile(spec)
+        assert backend.compile(GrammarSpec("regex", "cache-me-[0-9]")) is first
+        assert backend.compiles == before + 1
+
+    @pytest.mark.parametrize(
+        "kind, value",
+        [
+            ("json_schema", "{not json"),
+            ("json_schema", '{"type": "no-such-type"}'),
+            ("regex", "(unclosed"),
+            ("choice", "[]"),
+            ("choice", '["a", 1]'),
+            ("ebnf", "root ::= missing_rule"),
+        ],
+    )
+    def test_bad_grammars_raise_grammar_error(self, backend: GrammarBackend, kind: str, value: str) -> None:
+        self.need(backend, kind)
+        spec = GrammarSpec(kind, value)  # type: ignore[arg-type]
+        with pytest.raises(GrammarError) as err:
+            backend.check(spec)
+            backend.compile(spec)
+        assert str(err.value), "the error must say what is wrong"
+
+    def test_undeclared_kinds_raise_grammar_error(self, backend: GrammarBackend) -> None:
+        from minisgl_core.api.grammar import GRAMMAR_KINDS
+
+        missing = [k for k in GRAMMAR_KINDS if k not in backend.capabilities]
+        if not missing:
+            pytest.skip("the backend declares every kind")
+        with pytest.raises(GrammarError, match=missing[0]):
+            backend.compile(GrammarSpec(missing[0], "{}"))  # type: ignore[arg-type]

@@ -1,0 +1,92 @@
+"""The llguidance grammar backend: JSON schema, JSON object, regex, choice and EBNF (GBNF or Lark)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from minisgl_core.api import GrammarBackend, GrammarError, GrammarMatcher, GrammarSpec
+
+#: compact JSON (no free whitespace): a weak model cannot stall in an endless run of spaces
+_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
+
+
+class LLGuidanceMatcher(GrammarMatcher):
+    def __init__(self, matcher: Any) -> None:
+        self._matcher = matcher
+
+    def accept_token(self, token_id: int) -> bool:
+        # a rejected token leaves the matcher in its error state for good; the engine then
+        # fails the request, so there is nothing to undo
+        return bool(self._matcher.consume_token(token_id))
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        if bitmask.dtype != torch.int32 or not bitmask.is_cpu or bitmask.dim() != 2:
+            raise ValueError("the bitmask must be a 2-D int32 tensor on the CPU")
+        words = bitmask[row]
+        if not words.is_contiguous():
+            raise ValueError("bitmask rows must be contiguous")
+        self._matcher.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * words.element_size())
+
+    def is_terminated(self) -> bool:
+        # llguidance stops when only the end may follow (or after the stop token)
+        return bool(self._matcher.is_stopped()) and not self._matcher.is_error()
+
+    def reset(self) -> None:
+        self._matcher.reset()
+
+
+class LLGuidanceBackend(GrammarBackend):
+    capabilities = frozenset({"json_schema", "json_object", "regex", "choice", "ebnf"})
+
+    @classmethod
+    def availability(cls) -> str | None:
+        if importlib.util.find_spec("llguidance") is None:
+            return "llguidance is not installed (pip install minisgl-plugin-llguidance pulls it in)"
+        return None
+
+    def __init__(self, tokenizer: Any, *, vocab_size: int, stop_token_ids: Sequence[int]) -> None:
+        super().__init__(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
+        import llguidance
+        import llguidance.hf
+
+        self._llg = llguidance
+        self._tokenizer = llguidance.hf.from_tokenizer(
+            tokenizer, n_vocab=vocab_size, eos_token=list(self.stop_token_ids) or None
+        )
+
+    def compile_uncached(self, spec: GrammarSpec) -> str:
+        """The llguidance grammar text of ``spec``, validated against the tokenizer."""
+        grammar = self._grammar(spec)
+        error = self._llg.LLMatcher.validate_grammar(grammar, self._tokenizer)
+        if error:
+            raise GrammarError(f"invalid {spec.kind} grammar: {error}")
+        return grammar
+
+    def matcher(self, compiled: Any) -> GrammarMatcher:
+        matcher = self._llg.LLMatcher(self._tokenizer, compiled, log_level=0)
+        if matcher.is_error():
+            raise GrammarError(f"llguidance could not start the grammar: {matcher.get_error()}")
+        return LLGuidanceMatcher(matcher)
+
+    def _grammar(self, spec: GrammarSpec) -> str:
+        build = self._llg.LLMatcher
+        if spec.kind == "json_schema":
+            try:
+                json.loads(spec.value)
+            except json.JSONDecodeError as exc:
+                raise GrammarError(f"json_schema is not valid JSON: {exc}") from exc
+            return build.grammar_from_json_schema(spec.value, defaults=_JSON_OPTIONS)
+        if spec.kind == "json_object":
+            return build.grammar_from_json_schema('{"type": "object"}', defaults=_JSON_OPTIONS)
+        if spec.kind == "regex":
+            return build.grammar_from_regex(spec.value)
+        if spec.kind == "choice":
+            return build.grammar_from_lark("start: " + " | ".join(json.dumps(o) for o in spec.choices()))
+        if spec.kind == "ebnf":
+            return self._llg.grammar_from("ebnf", spec.value)  # GBNF (xgrammar's dialect) or Lark
+        raise GrammarError(f"llguidance backend: unsupported grammar kind {spec.kind!r}")

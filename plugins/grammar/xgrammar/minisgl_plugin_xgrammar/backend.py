@@ -1,0 +1,187 @@
+"""The xgrammar grammar backend: every grammar kind, compiled for the served tokenizer."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import torch
+
+from minisgl_core.api import GrammarBackend, GrammarError, GrammarMatcher, GrammarSpec, bitmask_width
+
+#: threads xgrammar compiles one grammar with (it splits the vocabulary among them)
+_COMPILE_THREADS = int(os.environ.get("MINISGL_XGRAMMAR_THREADS", "8"))
+
+#: any JSON object, compact (no whitespace) and strict (no raw control characters in strings).
+#: xgrammar's own ``{"type": "object"}`` writes ", " between array items whatever the separators.
+JSON_OBJECT_EBNF = r"""
+root ::= object
+value ::= object | array | string | number | "true" | "false" | "null"
+object ::= "{" "}" | "{" member ("," member)* "}"
+member ::= string ":" value
+array ::= "[" "]" | "[" value ("," value)* "]"
+string ::= "\"" char* "\""
+char ::= [^"\\\0-\x1f] | "\\" escape
+escape ::= ["\\/bfnrt] | "u" [A-Fa-f0-9] [A-Fa-f0-9] [A-Fa-f0-9] [A-Fa-f0-9]
+number ::= "-"? integer fraction? exponent?
+integer ::= "0" | [1-9] [0-9]*
+fraction ::= "." [0-9]+
+exponent ::= [eE] [+\-]? [0-9]+
+"""
+
+
+class JsonGuard:
+    """What xgrammar 0.2 lets through in JSON strings that no JSON parser accepts: raw control
+    characters (in strings with maxLength) and UTF-8-encoded surrogates (0xED then 0xA0-0xBF,
+    which decode to U+FFFD). Compact JSON never needs either, so JSON matchers also forbid every
+    token holding a control byte or such a pair, and after a token that ends in a lone 0xED,
+    every token starting with 0xA0-0xBF. Bitmask rows, ANDed into what xgrammar fills."""
+
+    def __init__(self, decoded_vocab: Sequence[bytes], vocab_size: int) -> None:
+        self.decoded_vocab = decoded_vocab
+        self.always = _bitmask_row(vocab_size, decoded_vocab, _json_unsafe)
+        self.after_lone_ed = _bitmask_row(vocab_size, decoded_vocab, lambda raw: raw[:1] in _SURROGATE_TAILS)
+
+    def ends_in_lone_ed(self, token_id: int) -> bool:
+        return token_id < len(self.decoded_vocab) and self.decoded_vocab[token_id].endswith(b"\xed")
+
+
+class XGrammarMatcher(GrammarMatcher):
+    def __init__(self, matcher: Any, json_guard: JsonGuard | None = None) -> None:
+        self._matcher = matcher
+        self._guard = json_guard
+        self._after_lone_ed = False
+
+    def accept_token(self, token_id: int) -> bool:
+        accepted = bool(self._matcher.accept_token(token_id))
+        if accepted and self._guard is not None:
+            self._after_lone_ed = self._guard.ends_in_lone_ed(token_id)
+        return accepted
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        self._matcher.fill_next_token_bitmask(bitmask, row)
+        if self._guard is not None:
+            bitmask[row] &= self._guard.always
+            if self._after_lone_ed:
+                bitmask[row] &= self._guard.after_lone_ed
+
+    def is_terminated(self) -> bool:
+        return bool(self._matcher.is_terminated())
+
+    def reset(self) -> None:
+        self._matcher.reset()
+        self._after_lone_ed = False
+
+
+class XGrammarBackend(GrammarBackend):
+    capabilities = frozenset({"json_schema", "json_object", "regex", "choice", "ebnf", "structural_tag"})
+
+    @classmethod
+    def availability(cls) -> str | None:
+        if importlib.util.find_spec("xgrammar") is None:
+            return "xgrammar is not installed (pip install minisgl-plugin-xgrammar pulls it in)"
+        return None
+
+    def __init__(self, tokenizer: Any, *, vocab_size: int, stop_token_ids: Sequence[int]) -> None:
+        super().__init__(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
+        import xgrammar
+
+        self._xgr = xgrammar
+        info = xgrammar.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab_size, stop_token_ids=list(self.stop_token_ids) or None
+        )
+        # our own cache (GrammarBackend.compile) keeps compiled grammars; no second one inside
+        self._compiler = xgrammar.GrammarCompiler(info, max_threads=_COMPILE_THREADS, cache_enabled=False)
+        #: specs that parsed (check), so admission parses each distinct grammar once
+        self._checked: set[GrammarSpec] = set()
+        self._json_guard = JsonGuard(info.decoded_vocab, vocab_size)
+
+    def check(self, spec: GrammarSpec) -> None:
+        """Parse without compiling against the vocabulary (the expensive part), for admission."""
+        if spec in self._checked or spec in self._cache:
+            return
+        if spec.kind not in self.capabilities:
+            self.compile(spec)  # raises, naming the kinds we support
+        try:
+            self._grammar(spec)
+        except GrammarError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - xgrammar's parse errors name the problem
+            raise GrammarError(f"invalid {spec.kind} grammar: {exc}") from exc
+        if len(self._checked) >= self.cache_size:
+            self._checked.clear()
+        self._checked.add(spec)
+
+    def compile_uncached(self, spec: GrammarSpec) -> Any:
+        return _Compiled(self._compiler.compile_grammar(self._grammar(spec)), spec.kind in _JSON_KINDS)
+
+    def matcher(self, compiled: Any) -> GrammarMatcher:
+        guard = self._json_guard if compiled.json else None
+        return XGrammarMatcher(self._xgr.GrammarMatcher(compiled.grammar), guard)
+
+    def _grammar(self, spec: GrammarSpec) -> Any:
+        grammar = self._xgr.Grammar
+        if spec.kind == "json_schema":
+            _check_json(spec.value, "json_schema")
+            # compact output (no free whitespace): a weak model cannot stall in an endless run of spaces
+            return grammar.from_json_schema(
+                spec.value, any_whitespace=False, separators=(",", ":"), strict_mode=True
+            )
+        if spec.kind == "json_object":
+            return grammar.from_ebnf(JSON_OBJECT_EBNF)
+        if spec.kind == "regex":
+            return grammar.from_regex(spec.value)
+        if spec.kind == "choice":
+            options = spec.choices()
+            return grammar.from_ebnf(
+                "root ::= " + " | ".join(json.dumps(o, ensure_ascii=False) for o in options)
+            )
+        if spec.kind == "ebnf":
+            return grammar.from_ebnf(spec.value)
+        if spec.kind == "structural_tag":
+            _check_json(spec.value, "structural_tag")
+            return grammar.from_structural_tag(spec.value)
+        raise GrammarError(f"xgrammar backend: unsupported grammar kind {spec.kind!r}")
+
+
+_JSON_KINDS = frozenset({"json_schema", "json_object"})
+
+
+class _Compiled(NamedTuple):
+    grammar: Any
+    #: JSON output: the matcher is guarded by JsonGuard
+    json: bool
+
+
+_SURROGATE_TAILS = frozenset(bytes([b]) for b in range(0xA0, 0xC0))
+_SURROGATE_PAIR = re.compile(rb"\xed[\xa0-\xbf]")
+
+
+def _json_unsafe(raw: bytes) -> bool:
+    return any(b < 0x20 for b in raw) or _SURROGATE_PAIR.search(raw) is not None
+
+
+def _bitmask_row(
+    vocab_size: int, decoded_vocab: Sequence[bytes], forbidden: Callable[[bytes], bool]
+) -> torch.Tensor:
+    """One bitmask row: set for every token but those ``forbidden`` says, and for the ids past the
+    tokenizer's vocabulary (the grammar forbids those already)."""
+    ok = torch.ones(bitmask_width(vocab_size) * 32, dtype=torch.bool)
+    for token_id, raw in enumerate(decoded_vocab[:vocab_size]):
+        if forbidden(raw):
+            ok[token_id] = False
+    words = ok.view(-1, 32).to(torch.int64) << torch.arange(32)
+    packed = words.sum(dim=1)
+    # as int32: bit 31 is the sign bit
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+
+
+def _check_json(text: str, what: str) -> None:
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise GrammarError(f"{what} is not valid JSON: {exc}") from exc

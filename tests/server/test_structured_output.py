@@ -1,0 +1,108 @@
+"""Structured output through the server with the official ``openai`` client: response_format,
+vLLM's structured_outputs and SGLang's regex on chat, completions and /generate; bad grammars are
+a 400 before anything streams. The tiny model has random weights: the shape is the grammar's doing."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from minisgl_core.testing.grammar_suite import NESTED_SCHEMA
+
+USER = [{"role": "user", "content": "describe a pet"}]
+SCHEMA_FORMAT = {
+    "type": "json_schema",
+    "json_schema": {"name": "pet", "schema": NESTED_SCHEMA, "strict": True},
+}
+
+
+def test_chat_json_schema(client, model_name):
+    resp = client.chat.completions.create(
+        model=model_name, messages=USER, response_format=SCHEMA_FORMAT, max_tokens=300, n=4, seed=3
+    )
+    for choice in resp.choices:
+        assert choice.finish_reason == "stop"
+        jsonschema.validate(json.loads(choice.message.content), NESTED_SCHEMA)
+
+
+def test_chat_json_schema_streamed(client, model_name):
+    stream = client.chat.completions.create(
+        model=model_name, messages=USER, response_format=SCHEMA_FORMAT, max_tokens=300, stream=True, seed=5
+    )
+    text, reasons = "", []
+    for chunk in stream:
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+            reasons.append(choice.finish_reason)
+    assert reasons[-1] == "stop"
+    jsonschema.validate(json.loads(text), NESTED_SCHEMA)
+
+
+def test_chat_json_object_and_text(client, model_name):
+    resp = client.chat.completions.create(
+        model=model_name, messages=USER, response_format={"type": "json_object"}, max_tokens=200, seed=1
+    )
+    content = resp.choices[0].message.content
+    if resp.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(content), dict)
+    else:
+        assert content.startswith("{")
+    free = client.chat.completions.create(
+        model=model_name, messages=USER, response_format={"type": "text"}, max_tokens=5, temperature=0
+    )
+    plain = client.chat.completions.create(model=model_name, messages=USER, max_tokens=5, temperature=0)
+    assert free.choices[0].message.content == plain.choices[0].message.content
+
+
+def test_completions_structured_outputs(client, model_name):
+    options = ["sunny", "rainy", "partly cloudy"]
+    resp = client.completions.create(
+        model=model_name,
+        prompt="weather:",
+        max_tokens=20,
+        n=6,
+        seed=2,
+        extra_body={"structured_outputs": {"choice": options}},
+    )
+    assert all(c.text in options and c.finish_reason == "stop" for c in resp.choices), resp.choices
+    resp = client.completions.create(
+        model=model_name,
+        prompt="code:",
+        max_tokens=20,
+        extra_body={"structured_outputs": {"regex": "[A-Z]{3}-[0-9]{4}"}},
+    )
+    assert re.fullmatch("[A-Z]{3}-[0-9]{4}", resp.choices[0].text)
+    resp = client.completions.create(
+        model=model_name,
+        prompt="list:",
+        max_tokens=40,
+        extra_body={"ebnf": 'root ::= "(" [a-c] ("," [a-c])* ")"'},
+    )
+    assert re.fullmatch(r"\([a-c](,[a-c])*\)", resp.choices[0].text), resp.choices[0].text
+
+
+def test_generate_regex(server, auth):
+    body = {"text": "id:", "sampling_params": {"max_new_tokens": 20, "regex": "[0-9]{6}"}}
+    resp = httpx.post(f"{server.url}/generate", json=body, headers=auth, timeout=60)
+    assert resp.status_code == 200, resp.text
+    assert re.fullmatch("[0-9]{6}", resp.json()["text"])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_bad_schema_is_a_400_before_anything_streams(client, model_name, stream):
+    bad = {
+        "type": "json_schema",
+        "json_schema": {"name": "bad", "schema": {"type": "object", "properties": {"a": {"type": 5}}}},
+    }
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(
+            model=model_name, messages=USER, response_format=bad, max_tokens=5, stream=stream
+        )
+    assert err.value.status_code == 400
+    assert err.value.body["param"] == "response_format"
+    assert "json_schema" in err.value.body["message"]

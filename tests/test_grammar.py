@@ -1,0 +1,214 @@
+"""Constrained decoding through the engine: tiny random-weight model, real grammar backends.
+
+A random model follows no grammar on its own, so every valid output here is the grammar's doing."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+import torch
+
+from minisgl_core import LLM, SamplingParams
+from minisgl_core.api import GrammarError, GrammarSpec, allocate_token_bitmask
+from minisgl_core.engine.sampler import apply_token_bitmask
+from minisgl_core.testing.factories import make_model_dir
+from minisgl_core.testing.grammar_suite import NESTED_SCHEMA
+
+BACKENDS = ["xgrammar", "llguidance"]
+SCHEMA = GrammarSpec("json_schema", json.dumps(NESTED_SCHEMA))
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_model_dir(
+        tmp_path_factory.mktemp("m") / "qwen3", "Qwen3ForCausalLM", max_position_embeddings=1024
+    )
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def llm(request, model_dir):
+    engine = LLM(model_dir, device="cpu", dtype="float32", attn="torch", grammar_backend=request.param)
+    yield engine
+    engine.close()
+
+
+def prompts(n: int) -> list[list[int]]:
+    return [[10 + i % 50, 20 + i % 7, 30 + i % 11] for i in range(n)]
+
+
+def constrained(spec: GrammarSpec, **kw) -> SamplingParams:
+    kw.setdefault("max_tokens", 300)
+    return SamplingParams(temperature=1.0, seed=kw.pop("seed", None), grammar=spec, **kw)
+
+
+def test_schema_outputs_parse_and_validate(llm):
+    n = 100 if llm.engine.config.grammar_backend == "xgrammar" else 30
+    outs = llm.generate(prompts(n), constrained(SCHEMA), use_tqdm=False)
+    for out in outs:
+        assert out.finish_reason == "stop", (out.finish_reason, out.text)
+        jsonschema.validate(json.loads(out.text), NESTED_SCHEMA)
+    assert len({o.text for o in outs}) > n // 2, "sampling should vary the outputs"
+
+
+def test_json_object(llm):
+    outs = llm.generate(prompts(10), constrained(GrammarSpec("json_object", "")), use_tqdm=False)
+    for out in outs:
+        if out.finish_reason == "stop":
+            assert isinstance(json.loads(out.text), dict), out.text
+        else:  # an unbounded object may run to max_tokens; what there is still starts one
+            assert out.finish_reason == "length" and out.text.startswith("{"), out.text
+
+
+def test_regex_and_choice(llm):
+    pattern = r"(ab|cd)[0-9]{2,5}-[xyz]"
+    outs = llm.generate(prompts(30), constrained(GrammarSpec("regex", pattern)), use_tqdm=False)
+    for out in outs:
+        assert out.finish_reason == "stop" and re.fullmatch(pattern, out.text), (out.finish_reason, out.text)
+    options = ["red", "green", "blue sky", "ye'llow"]
+    outs = llm.generate(prompts(30), constrained(GrammarSpec("choice", json.dumps(options))), use_tqdm=False)
+    assert all(o.finish_reason == "stop" and o.text in options for o in outs), [o.text for o in outs]
+    assert len({o.text for o in outs}) > 1
+
+
+def test_ebnf(llm):
+    grammar = 'root ::= "[" num ("," num)* "]"\nnum ::= [1-9] [0-9]?'
+    outs = llm.generate(prompts(10), constrained(GrammarSpec("ebnf", grammar)), use_tqdm=False)
+    for out in outs:
+        assert out.finish_reason == "stop" and re.fullmatch(r"\[[1-9][0-9]?(,[1-9][0-9]?)*\]", out.text), (
+            out.text
+        )
+
+
+def test_ignore_eos_still_ends_with_the_grammar(llm):
+    options = ["alpha", "beta"]
+    spec = GrammarSpec("choice", json.dumps(options))
+    outs = llm.generate(prompts(6), constrained(spec, ignore_eos=True, max_tokens=50), use_tqdm=False)
+    assert all(o.finish_reason == "stop" and o.text in options for o in outs), [
+        (o.finish_reason, o.text) for o in outs
+    ]
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_free_requests_are_unaffected_by_constrained_neighbours(model_dir, overlap):
+    llm = LLM(model_dir, device="cpu", dtype="float32", attn="torch", overlap=overlap)
+    free = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    alone = [o.token_ids for o in llm.generate(prompts(6), free, use_tqdm=False)]
+    mixed_prompts = [p for pair in zip(prompts(6), prompts(12)[6:]) for p in pair]
+    mixed_params = [p for i in range(6) for p in (free, constrained(SCHEMA, seed=i))]
+    mixed = llm.generate(mixed_prompts, mixed_params, use_tqdm=False)
+    assert [o.token_ids for o in mixed[0::2]] == alone
+    for out in mixed[1::2]:
+        jsonschema.validate(json.loads(out.text), NESTED_SCHEMA)
+    llm.close()
+
+
+def test_greedy_constrained_matches_masked_reference(model_dir):
+    """Greedy decoding under a grammar picks, at every step, the best token the grammar allows:
+    recomputed here from the model's own logits and the backend's own masks."""
+    llm = LLM(model_dir, device="cpu", dtype="float32", attn="torch")
+    spec = GrammarSpec("regex", "[a-f]{3,8}")
+    out = llm.generate([prompts(1)[0]], SamplingParams(temperature=0.0, max_tokens=20, grammar=spec))[0]
+    backend = llm.engine.grammars.backend.get()
+    matcher = backend.matcher(backend.compile(spec))
+    free = LLM(model_dir, device="cpu", dtype="float32", attn="torch", cache="naive")
+    ids = list(prompts(1)[0])
+    for token in out.token_ids:
+        logits = _next_logits(free, ids)
+        mask = allocate_token_bitmask(1, backend.vocab_size)
+        matcher.fill_bitmask(mask, 0)
+        masked = apply_token_bitmask(logits[None].clone(), torch.tensor([0]), mask)[0]
+        assert token == int(masked.argmax()), "the engine's token is not the best allowed one"
+        assert matcher.accept_token(token)
+        ids.append(token)
+    assert matcher.is_terminated() and out.finish_reason == "stop"
+    llm.close()
+    free.close()
+
+
+def _next_logits(llm: LLM, ids: list[int]) -> torch.Tensor:
+    """The model's logits for the token after ``ids`` (one prefill step, nothing cached)."""
+    captured: list[torch.Tensor] = []
+    sample = llm.engine.sampler.sample
+
+    def spy(logits, requests, grammar_mask=None):
+        captured.append(logits[0].float().clone())
+        return sample(logits, requests, grammar_mask)
+
+    llm.engine.sampler.sample = spy  # type: ignore[method-assign]
+    try:
+        llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
+    finally:
+        llm.engine.sampler.sample = sample  # type: ignore[method-assign]
+    return captured[0]
+
+
+def test_bad_grammars_are_rejected_before_anything_runs(model_dir):
+    llm = LLM(model_dir, device="cpu", dtype="float32", attn="torch")
+    for spec, words in [
+        (GrammarSpec("json_schema", "{oops"), "not valid JSON"),
+        (GrammarSpec("regex", "(unclosed"), "regex"),
+        (GrammarSpec("choice", "[]"), "choice"),
+    ]:
+        with pytest.raises(GrammarError, match=words):
+            llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, grammar=spec), use_tqdm=False)
+    assert not llm.engine.has_work
+    llm.close()
+
+
+def test_unknown_backend_is_a_clear_error_on_constrained_requests_only(model_dir):
+    llm = LLM(model_dir, device="cpu", dtype="float32", attn="torch", grammar_backend="no-such-backend")
+    assert llm.generate([[1, 2]], SamplingParams(max_tokens=3), use_tqdm=False)[0].finish_reason == "length"
+    with pytest.raises(GrammarError, match="--grammar-backend 'no-such-backend'"):
+        llm.generate(
+            [[1, 2]], SamplingParams(max_tokens=3, grammar=GrammarSpec("regex", "a")), use_tqdm=False
+        )
+    llm.close()
+
+
+def test_a_rejected_token_fails_the_request_not_the_engine(model_dir, monkeypatch):
+    """Without the mask the sampler picks tokens the grammar forbids: the matcher refuses one,
+    and that request (only) finishes with an error while its neighbour goes on."""
+    llm = LLM(model_dir, device="cpu", dtype="float32", attn="torch")
+    monkeypatch.setattr(llm.engine.grammars, "bitmask", lambda requests: None)
+    spec = GrammarSpec("regex", "z{5}")
+    outs = llm.generate(
+        prompts(2),
+        [
+            SamplingParams(temperature=0.0, max_tokens=8, grammar=spec),
+            SamplingParams(temperature=0.0, max_tokens=8),
+        ],
+    )
+    assert outs[0].finish_reason == "error" and "rejected" in (outs[0].error or "")
+    assert outs[1].finish_reason == "length" and len(outs[1].token_ids) == 8
+    llm.close()
+
+
+def test_apply_token_bitmask_touches_only_the_listed_rows():
+    vocab = 70
+    logits = torch.randn(3, vocab)
+    allowed = [0, 5, 31, 32, 63, 69]
+    words = [0] * 3
+    for t in allowed:
+        words[t // 32] |= 1 << (t % 32)
+    # as int32 words: bit 31 is the sign bit
+    mask = torch.tensor([[w - (1 << 32) if w >= 1 << 31 else w for w in words]], dtype=torch.int32)
+    out = apply_token_bitmask(logits.clone(), torch.tensor([1]), mask)
+    assert torch.equal(out[0], logits[0]) and torch.equal(out[2], logits[2])
+    finite = torch.isfinite(out[1]).nonzero().flatten().tolist()
+    assert finite == allowed
+    assert torch.equal(out[1, allowed], logits[1, allowed])
+
+
+def test_the_core_resolves_grammar_backends_by_name():
+    from minisgl_core.api import GrammarBackend
+    from minisgl_core.plugins import PluginError, Plugins
+
+    plugins = Plugins.load()
+    assert {"xgrammar", "llguidance"} <= set(plugins.names("grammars"))
+    for name in ("xgrammar", "llguidance"):
+        assert issubclass(plugins.resolve("grammars", name), GrammarBackend)
+    with pytest.raises(PluginError, match="--grammar-backend 'nope'"):
+        plugins.resolve("grammars", "nope")
