@@ -20,6 +20,8 @@ from minisgl_plugin_gguf.writer import write_gguf
 from minisgl_core.testing.harness import greedy_generate, make_attention
 from minisgl_core.testing.reference import TransformersReference, assert_logits_close, random_prompt
 
+pytest_plugins = ["minisgl_core.testing.pytest_plugin"]
+
 #: row length a multiple of 256, so the K-quants (256-weight super-blocks) apply to every matrix
 K_FRIENDLY = dict(
     hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=64
@@ -98,7 +100,9 @@ def test_quantized_model_matches_transformers(make_tiny_model, tmp_path, arch, q
 def test_k_quant_model_matches_transformers(make_tiny_model, tmp_path, qtype):
     hf_dir = make_tiny_model("LlamaForCausalLM", tie_word_embeddings=True, **K_FRIENDLY)
     file = write_gguf(hf_dir, tmp_path / f"{qtype}.gguf", encode=k_quant_blocks(qtype, seed=1))
-    assert {t.tensor_type.name for t in GGUFFormat(file)._reader.tensors} == {"F32", qtype}
+    from gguf import GGUFReader
+
+    assert {t.tensor_type.name for t in GGUFReader(file).tensors} == {"F32", qtype}  # llama.cpp's reader agrees
     check_against_transformers(file)
 
 
