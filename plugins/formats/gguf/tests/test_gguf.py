@@ -102,7 +102,10 @@ def test_k_quant_model_matches_transformers(make_tiny_model, tmp_path, qtype):
     file = write_gguf(hf_dir, tmp_path / f"{qtype}.gguf", encode=k_quant_blocks(qtype, seed=1))
     from gguf import GGUFReader
 
-    assert {t.tensor_type.name for t in GGUFReader(file).tensors} == {"F32", qtype}  # llama.cpp's reader agrees
+    assert {t.tensor_type.name for t in GGUFReader(file).tensors} == {
+        "F32",
+        qtype,
+    }  # llama.cpp's reader agrees
     check_against_transformers(file)
 
 
