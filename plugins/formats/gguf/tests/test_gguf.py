@@ -92,7 +92,11 @@ def check_against_transformers(file: Path, steps: int = 3) -> None:
 @pytest.mark.parametrize("arch", ["LlamaForCausalLM", "Qwen3ForCausalLM"])
 @pytest.mark.parametrize("qtype", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"])
 def test_quantized_model_matches_transformers(make_tiny_model, tmp_path, arch, qtype):
-    file = write_gguf(make_tiny_model(arch, tie_word_embeddings=False), tmp_path / f"{qtype}.gguf", qtype)
+    # transformers' GGUF config for qwen3 ignores qwen3.attention.key_length and keeps Qwen3's
+    # head_dim 128 (that of every real Qwen3), so the reference needs that head size
+    overrides = {"head_dim": 128} if arch.startswith("Qwen3") else {}
+    hf_dir = make_tiny_model(arch, tie_word_embeddings=False, **overrides)
+    file = write_gguf(hf_dir, tmp_path / f"{qtype}.gguf", qtype)
     check_against_transformers(file)
 
 
