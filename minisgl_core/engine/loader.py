@@ -129,7 +129,9 @@ def open_model(path: str | Path, plugins: Plugins | None = None) -> WeightFormat
         if format_cls.detect(path):
             return format_cls(path)
     formats = ", ".join(["safetensors (a directory with config.json)", *plugins.names("formats")])
-    raise ValueError(
-        f"{path} is not a model this installation can read; supported formats: {formats} "
-        f"(.gguf files need minisgl-plugin-gguf)"
-    )
+    hint = "" if "gguf" in plugins.names("formats") else " (.gguf files need minisgl-plugin-gguf)"
+    if path.is_dir():  # most often a Hugging Face directory missing its config.json
+        raise FileNotFoundError(
+            f"no model in {path}: no config.json, and no other format recognises it; supported formats: {formats}{hint}"
+        )
+    raise ValueError(f"{path} is not a model this installation can read; supported formats: {formats}{hint}")

@@ -59,6 +59,10 @@ class WeightFormatSuite:
     #: largest allowed |read - written| of a weight, relative to that weight's largest |value|
     weight_tolerance: ClassVar[float] = 0.0
     capabilities: ClassVar[frozenset[str]] = frozenset()
+    #: architectures whose tokenizer must round-trip (None: all); a format whose tokenizer depends
+    #: on the architecture (GGUF: transformers gives qwen3 files Qwen2's digit-splitting
+    #: pre-tokenizer) may exclude those the tiny test tokenizer does not fit
+    tokenizer_architectures: ClassVar[tuple[str, ...] | None] = None
 
     def write(self, hf_dir: Path, out_dir: Path) -> Path:
         """Store the model in ``hf_dir`` in your format under ``out_dir``; the path to pass to ``--model``."""
@@ -155,6 +159,8 @@ class WeightFormatSuite:
             "  two  spaces\n\ttab",
         ]
         for arch, (hf_dir, path) in round_trip.items():
+            if self.tokenizer_architectures is not None and arch not in self.tokenizer_architectures:
+                continue
             expected, actual = load_tokenizer_dir(hf_dir), self.format_cls(Path(path)).tokenizer()
             for text in texts:
                 ids = actual.encode(text, add_special_tokens=False)

@@ -49,7 +49,6 @@ def test_greedy_chat_equals_transformers(real_client, real_references):
             messages=ref.messages,
             temperature=0,
             max_tokens=MAX_TOKENS,
-            logprobs=True,
         )
 
     # concurrently, so the references are checked under continuous batching too

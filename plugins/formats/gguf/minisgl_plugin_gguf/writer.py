@@ -99,11 +99,9 @@ def write_gguf(
         custom = encode(target, values) if encode is not None else None
         if custom is not None:
             raw, raw_type = custom
-            writer.add_tensor(target, raw, raw_shape=values.shape, raw_dtype=raw_type)
+            writer.add_tensor(target, raw, raw_dtype=raw_type)  # raw: the byte shape
         elif values.ndim == 2 and quant != gguf.GGMLQuantizationType.F32:
-            writer.add_tensor(
-                target, gguf.quants.quantize(values, quant), raw_shape=values.shape, raw_dtype=quant
-            )
+            writer.add_tensor(target, gguf.quants.quantize(values, quant), raw_dtype=quant)
         else:
             writer.add_tensor(target, values)
     writer.write_header_to_file()

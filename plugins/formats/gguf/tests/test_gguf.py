@@ -20,6 +20,8 @@ from minisgl_plugin_gguf.writer import write_gguf
 from minisgl_core.testing.harness import greedy_generate, make_attention
 from minisgl_core.testing.reference import TransformersReference, assert_logits_close, random_prompt
 
+pytest_plugins = ["minisgl_core.testing.pytest_plugin"]
+
 #: row length a multiple of 256, so the K-quants (256-weight super-blocks) apply to every matrix
 K_FRIENDLY = dict(
     hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=64
@@ -90,7 +92,11 @@ def check_against_transformers(file: Path, steps: int = 3) -> None:
 @pytest.mark.parametrize("arch", ["LlamaForCausalLM", "Qwen3ForCausalLM"])
 @pytest.mark.parametrize("qtype", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"])
 def test_quantized_model_matches_transformers(make_tiny_model, tmp_path, arch, qtype):
-    file = write_gguf(make_tiny_model(arch, tie_word_embeddings=False), tmp_path / f"{qtype}.gguf", qtype)
+    # transformers' GGUF config for qwen3 ignores qwen3.attention.key_length and keeps Qwen3's
+    # head_dim 128 (that of every real Qwen3), so the reference needs that head size
+    overrides = {"head_dim": 128} if arch.startswith("Qwen3") else {}
+    hf_dir = make_tiny_model(arch, tie_word_embeddings=False, **overrides)
+    file = write_gguf(hf_dir, tmp_path / f"{qtype}.gguf", qtype)
     check_against_transformers(file)
 
 
@@ -98,7 +104,12 @@ def test_quantized_model_matches_transformers(make_tiny_model, tmp_path, arch, q
 def test_k_quant_model_matches_transformers(make_tiny_model, tmp_path, qtype):
     hf_dir = make_tiny_model("LlamaForCausalLM", tie_word_embeddings=True, **K_FRIENDLY)
     file = write_gguf(hf_dir, tmp_path / f"{qtype}.gguf", encode=k_quant_blocks(qtype, seed=1))
-    assert {t.tensor_type.name for t in GGUFFormat(file)._reader.tensors} == {"F32", qtype}
+    from gguf import GGUFReader
+
+    assert {t.tensor_type.name for t in GGUFReader(file).tensors} == {
+        "F32",
+        qtype,
+    }  # llama.cpp's reader agrees
     check_against_transformers(file)
 
 
