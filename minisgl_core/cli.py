@@ -21,7 +21,7 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from minisgl_core.engine.args import engine_config_from_args
+    from minisgl_core.config_args import engine_config_from_args
     from minisgl_core.llm import LLM
     from minisgl_core.sampling import SamplingParams
 
@@ -37,7 +37,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def build_parser(plugins: Plugins | None = None) -> argparse.ArgumentParser:
-    from minisgl_core.engine.args import add_engine_args
+    from minisgl_core.config_args import add_engine_args
 
     parser = argparse.ArgumentParser(prog="minisgl", description="minisgl: a small plugin-based LLM serving engine")
     parser.add_argument("--log-level", default=os.environ.get("MINISGL_LOG_LEVEL", "info"))

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from minisgl_core.api import ParallelContext, ProcessContext
-from minisgl_core.engine.config import EngineConfig
+from minisgl_core.config import EngineConfig
 from minisgl_core.engine.engine import Engine
 from minisgl_core.plugins import Plugins
 from minisgl_core.sampling import SamplingParams, TokenLogprob, sampling_defaults
@@ -54,7 +54,7 @@ class LLM:
         **engine_options: Any,
     ) -> None:
         if model is None:
-            from minisgl_core.testing.factories import demo_model_dir
+            from minisgl_core.demo.factories import demo_model_dir
 
             model = demo_model_dir()
             logger.warning("no model given: using the embedded demo model (random weights, meaningless output)")

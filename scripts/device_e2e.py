@@ -31,7 +31,7 @@ import traceback
 import torch
 
 from minisgl_core import LLM, SamplingParams
-from minisgl_core.testing.factories import make_model_dir
+from minisgl_core.demo.factories import make_model_dir
 
 SHAPE = dict(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, head_dim=128,
              intermediate_size=1024, max_position_embeddings=4096)  # fmt: skip
@@ -54,7 +54,7 @@ def run(model_dir: str, prompts, env: dict | None = None, **options):
 def sampler_check() -> dict:
     """The fused Gumbel-max sampler on CUDA over bf16 logits: frequencies of 40,000 draws from one
     row of 12 logits at temperature 0.7 against softmax(logits / 0.7)."""
-    from minisgl_core.engine.sampler import Sampler, SampleRequest
+    from minisgl_core.runner.sampler import Sampler, SampleRequest
 
     torch.manual_seed(0)
     logits = (torch.randn(12) * 1.5).to(torch.bfloat16)

@@ -10,10 +10,10 @@ import torch
 
 from minisgl_core import LLM, SamplingParams
 from minisgl_core.api import SharedPrefix, paged_ranges
+from minisgl_core.demo.factories import make_model_dir
 from minisgl_core.scheduler import cascade
 from minisgl_core.scheduler.cascade import common_prefix_len, group_shared_prefixes
 from minisgl_core.scheduler.request import Request
-from minisgl_core.testing.factories import make_model_dir
 
 # ---------------------------------------------------------------- paged_ranges
 

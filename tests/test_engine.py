@@ -8,7 +8,7 @@ import random
 import pytest
 
 from minisgl_core import LLM, SamplingParams
-from minisgl_core.testing.factories import make_model_dir
+from minisgl_core.demo.factories import make_model_dir
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 

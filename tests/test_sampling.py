@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from minisgl_core import LLM, SamplingParams
-from minisgl_core.engine.sampler import Sampler, SampleRequest
-from minisgl_core.testing.factories import make_model_dir
+from minisgl_core.demo.factories import make_model_dir
+from minisgl_core.runner.sampler import Sampler, SampleRequest
 
 
 @pytest.mark.parametrize(
@@ -151,8 +151,8 @@ def test_stop_strings_end_generation_and_are_trimmed(llm):
 def test_generation_config_supplies_defaults_for_unset_fields(tmp_path):
     import json
 
+    from minisgl_core.processes.text_workers import Admitter
     from minisgl_core.sampling import sampling_defaults
-    from minisgl_core.tokenizer.worker import Admitter
 
     d = make_model_dir(tmp_path / "m", "LlamaForCausalLM")
     gen = json.loads((d / "generation_config.json").read_text())
@@ -182,7 +182,7 @@ def test_generation_config_supplies_defaults_for_unset_fields(tmp_path):
 def test_chunked_argmax_is_argmax(rows, vocab):
     """The two-stage argmax the sampler uses (chunks of the vocabulary, then the chunks' maxima)
     equals torch's, ties included: the first maximum wins, also across chunk boundaries."""
-    from minisgl_core.engine.sampler import _CHUNK, _chunked_argmax
+    from minisgl_core.runner.sampler import _CHUNK, _chunked_argmax
 
     x = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(vocab))
     assert torch.equal(_chunked_argmax(x), x.argmax(-1))
@@ -195,7 +195,7 @@ def test_chunked_argmax_is_argmax(rows, vocab):
 
 _TRITON_DRAW = """
 import torch
-from minisgl_core.engine.sampler import gumbel_argmax_chunked, _CHUNK
+from minisgl_core.runner.sampler import gumbel_argmax_chunked, _CHUNK
 device, rows, seeds, tolerance = {args}
 vocab = 2 * _CHUNK + 37
 logits = torch.full((vocab,), -40.0, device=device)

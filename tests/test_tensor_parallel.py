@@ -7,7 +7,7 @@ import socket
 import pytest
 import torch.multiprocessing as mp
 
-from minisgl_core.testing.factories import make_model_dir
+from minisgl_core.demo.factories import make_model_dir
 
 PROMPTS = [[11, 12, 13, 14, 15], list(range(20, 70)), [7] * 9]
 
@@ -22,7 +22,7 @@ def _rank(rank: int, world: int, port: int, model_dir: str, queue) -> None:
     import torch.distributed as dist
 
     from minisgl_core.api import ParallelContext
-    from minisgl_core.engine.config import EngineConfig
+    from minisgl_core.config import EngineConfig
     from minisgl_core.engine.engine import Engine
     from minisgl_core.sampling import SamplingParams
 
@@ -79,7 +79,7 @@ def test_offline_tp_runner_reports_a_failing_rank_instead_of_hanging(tmp_path):
 
     from minisgl_core.bench.tp import run_offline_tp
     from minisgl_core.bench.workloads import BenchRequest
-    from minisgl_core.engine.config import EngineConfig
+    from minisgl_core.config import EngineConfig
 
     model_dir = make_model_dir(tmp_path / "m", "LlamaForCausalLM")
     config = EngineConfig(model=str(model_dir), attn="torch", device="cpu", dtype="float32", tp_size=2)
@@ -92,7 +92,7 @@ def test_offline_tp_runner_reports_a_failing_rank_instead_of_hanging(tmp_path):
 def test_offline_tp_runner_counts_every_token_and_reports_the_page_size(tmp_path):
     from minisgl_core.bench.tp import run_offline_tp
     from minisgl_core.bench.workloads import BenchRequest
-    from minisgl_core.engine.config import EngineConfig
+    from minisgl_core.config import EngineConfig
 
     model_dir = make_model_dir(tmp_path / "m", "Qwen3ForCausalLM")
     config = EngineConfig(

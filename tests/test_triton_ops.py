@@ -151,9 +151,9 @@ def check_silu() -> None:
 
 def check_model(tmp: str) -> None:
     import minisgl_core.api.layers.decoder as decoder
+    from minisgl_core.demo.factories import make_model_dir
     from minisgl_core.llm import LLM
     from minisgl_core.sampling import SamplingParams
-    from minisgl_core.testing.factories import make_model_dir
 
     calls = []
     kernel = decoder.rope_store_kv

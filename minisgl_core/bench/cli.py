@@ -17,7 +17,7 @@ from minisgl_core.bench.shapes import SHAPES
 
 
 def add_bench_command(sub) -> None:
-    from minisgl_core.engine.args import add_engine_args
+    from minisgl_core.config_args import add_engine_args
 
     bench = sub.add_parser("bench", help="benchmarks (offline throughput, online serving)")
     kinds = bench.add_subparsers(dest="bench_kind", required=True)
@@ -91,7 +91,7 @@ def _emit(result: dict[str, Any], path: str | None) -> None:
 
 
 def _offline(args: argparse.Namespace) -> int:
-    from minisgl_core.engine.args import engine_config_from_args
+    from minisgl_core.config_args import engine_config_from_args
 
     if args.shape:
         args.model = str(_make(args.shape, Path(args.model_cache) / args.shape, "cuda" if _cuda() else "cpu"))

@@ -25,11 +25,12 @@ from typing import IO, Any, NamedTuple
 import torch
 
 from minisgl_core.api import ParallelContext
-from minisgl_core.engine.config import EngineConfig
-from minisgl_core.engine.loader import load_generation_config
-from minisgl_core.engine.runner import ModelRunner
-from minisgl_core.engine.sampler import Sampler, SampleRequest, SampleResult, to_device
+from minisgl_core.config import EngineConfig
 from minisgl_core.plugins import Plugins
+from minisgl_core.request_limits import check_request_fits
+from minisgl_core.runner.loader import load_generation_config
+from minisgl_core.runner.model_runner import ModelRunner
+from minisgl_core.runner.sampler import Sampler, SampleRequest, SampleResult, to_device
 from minisgl_core.sampling import SamplingParams, StepOutput
 from minisgl_core.scheduler.request import Request
 from minisgl_core.scheduler.scheduler import ScheduledBatch, Scheduler
@@ -47,29 +48,6 @@ def eos_token_ids(hf_config: dict, generation_config: dict) -> set[int]:
         elif isinstance(value, list):
             ids.update(int(v) for v in value)
     return ids
-
-
-def check_request_fits(
-    prompt_ids: list[int], params: SamplingParams, *, vocab_size: int, max_context_len: int, kv_capacity_tokens: int
-) -> None:
-    """Raise ValueError when a request can never run with these limits.
-
-    Shared by :meth:`Engine.check_request` and the server's tokenizer worker, which checks
-    requests against the limits of the ready handshake before they reach a scheduler."""
-    if not prompt_ids:
-        raise ValueError("prompt is empty")
-    if any(not isinstance(t, int) or t < 0 or t >= vocab_size for t in prompt_ids):
-        raise ValueError(f"prompt token ids must be integers in [0, {vocab_size})")
-    total = len(prompt_ids) + params.max_tokens
-    if total > max_context_len:
-        raise ValueError(
-            f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) = {total} exceeds "
-            f"the context length {max_context_len}; shorten the prompt or lower max_tokens"
-        )
-    if total > kv_capacity_tokens:
-        raise ValueError(
-            f"prompt + max_tokens = {total} tokens exceeds the KV pool ({kv_capacity_tokens} tokens)"
-        )
 
 
 class Engine:

@@ -16,7 +16,7 @@ import math
 import torch
 
 from minisgl_core.api import CacheManager
-from minisgl_core.engine.allocator import PageAllocator
+from minisgl_core.scheduler.allocator import PageAllocator
 from minisgl_core.scheduler.request import Request
 
 

@@ -23,9 +23,9 @@ from minisgl_core.api import (
     SchedulerState,
     SchedulingPolicy,
 )
-from minisgl_core.engine.allocator import PageAllocator, RequestSlots
-from minisgl_core.engine.sampler import to_device
+from minisgl_core.runner.sampler import to_device
 from minisgl_core.sampling import StepOutput, TokenLogprob
+from minisgl_core.scheduler.allocator import PageAllocator, RequestSlots
 from minisgl_core.scheduler.cascade import group_shared_prefixes
 from minisgl_core.scheduler.kv import KVManager
 from minisgl_core.scheduler.request import Request

@@ -53,7 +53,7 @@ def _add_plugin_args(p: argparse.ArgumentParser, plugins: Plugins | None) -> Non
 
 
 def add_server_commands(subparsers: Any, plugins: Plugins | None = None) -> None:
-    from minisgl_core.engine.args import add_engine_args
+    from minisgl_core.config_args import add_engine_args
 
     if plugins is None:
         try:
@@ -91,10 +91,10 @@ def _plain_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _serve_options(args: argparse.Namespace):
+    from minisgl_core.config_args import engine_config_from_args
     from minisgl_core.distributed import DistributedSpec, free_loopback_addr
-    from minisgl_core.engine.args import engine_config_from_args
+    from minisgl_core.processes.runtime import RuntimeOptions
     from minisgl_core.server.launcher import ServeOptions
-    from minisgl_core.server.runtime import RuntimeOptions
 
     plugins = Plugins.load(disable=args.disable_plugin)
     plugin_options = {d: getattr(args, d) for d in getattr(args, "plugin_dests", [])}

@@ -20,7 +20,7 @@ from typing import Any
 
 from minisgl_core.api import ProcessContext
 from minisgl_core.plugins import Plugins
-from minisgl_core.server.runtime import ChildFailed, Runtime, RuntimeOptions
+from minisgl_core.processes.runtime import ChildFailed, Runtime, RuntimeOptions
 
 logger = logging.getLogger("minisgl.server")
 

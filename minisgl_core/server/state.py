@@ -23,8 +23,8 @@ import zmq
 import zmq.asyncio
 
 from minisgl_core.messages import AbortRequest, Admission, DetokOutputs, TokenizeRequest, decode
+from minisgl_core.processes.ipc import bind_pull, connect_push, send
 from minisgl_core.server.errors import APIError
-from minisgl_core.server.ipc import bind_pull, connect_push, send
 from minisgl_core.server.metrics import Metrics
 
 logger = logging.getLogger(__name__)

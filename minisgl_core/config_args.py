@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from minisgl_core.engine.config import EngineConfig
+from minisgl_core.config import EngineConfig
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -61,7 +61,7 @@ def resolve_model(model: str | None) -> str:
         return model
     import logging
 
-    from minisgl_core.testing.factories import demo_model_dir
+    from minisgl_core.demo.factories import demo_model_dir
 
     logging.getLogger("minisgl").warning(
         "no --model given: using the embedded demo model (Qwen3 architecture, random weights): "

@@ -1,5 +1,5 @@
 """Triton kernel of the sampler's Gumbel-max draw (imported on first use: this module imports
-Triton, which CPU installs may lack). See :func:`minisgl_core.engine.sampler.gumbel_argmax_chunked`."""
+Triton, which CPU installs may lack). See :func:`minisgl_core.runner.sampler.gumbel_argmax_chunked`."""
 
 import triton
 import triton.language as tl

@@ -53,7 +53,7 @@ def train_tokenizer(out_dir: str | Path, vocab_size: int = 1024, corpus: list[st
     vocabulary holds at most ``vocab_size`` tokens (fewer if the corpus runs out of merges)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from minisgl_core.testing.corpus import builtin_corpus
+    from minisgl_core.demo.corpus import builtin_corpus
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -24,7 +24,7 @@ import zmq
 from minisgl_core.api import ProcessContext
 from minisgl_core.messages import ProcessFailed, ProcessReady
 from minisgl_core.plugins import Plugins
-from minisgl_core.server.ipc import LINGER_MS, Endpoints, connect_push, send
+from minisgl_core.processes.ipc import LINGER_MS, Endpoints, connect_push, send
 
 logger = logging.getLogger(__name__)
 

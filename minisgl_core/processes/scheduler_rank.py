@@ -35,9 +35,9 @@ from minisgl_core.messages import (
     encode,
 )
 from minisgl_core.plugins import Plugins
+from minisgl_core.processes.child import ChildSpec, ReportReady
+from minisgl_core.processes.ipc import bind_pull, connect_push, drain, recv, send
 from minisgl_core.sampling import SamplingParams, StepOutput
-from minisgl_core.server.child import ChildSpec, ReportReady
-from minisgl_core.server.ipc import bind_pull, connect_push, drain, recv, send
 
 logger = logging.getLogger(__name__)
 

@@ -18,8 +18,6 @@ from typing import Any
 
 import zmq
 
-from minisgl_core.engine.engine import check_request_fits
-from minisgl_core.engine.loader import load_generation_config
 from minisgl_core.messages import (
     AbortRequest,
     Admission,
@@ -32,9 +30,11 @@ from minisgl_core.messages import (
     TokenizeRequest,
 )
 from minisgl_core.plugins import Plugins
+from minisgl_core.processes.child import ChildSpec, ReportReady
+from minisgl_core.processes.ipc import bind_pull, connect_push, recv, send
+from minisgl_core.request_limits import check_request_fits
+from minisgl_core.runner.loader import load_generation_config
 from minisgl_core.sampling import SamplingParams, sampling_defaults
-from minisgl_core.server.child import ChildSpec, ReportReady
-from minisgl_core.server.ipc import bind_pull, connect_push, recv, send
 from minisgl_core.tokenizer.detokenize import IncrementalDetokenizer
 from minisgl_core.tokenizer.load import apply_chat_template, load_tokenizer
 

@@ -64,7 +64,7 @@ def gumbel_argmax_chunked(
     """:func:`gumbel_argmax_compiled` as one Triton kernel over (row, chunk) programs, the noise
     from Philox keyed by ``seed`` (four uniforms per counter, one counter per four ids of a
     chunk), then the chunks' maxima reduced by torch."""
-    from minisgl_core.engine._sampler_triton import gumbel_chunk_max_kernel
+    from minisgl_core.runner._sampler_triton import gumbel_chunk_max_kernel
 
     rows, vocab = logits.shape
     chunks = -(-vocab // _CHUNK)

@@ -15,14 +15,10 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from typing import TYPE_CHECKING
 
 import torch
 
-from minisgl_core.api import ForwardBatch, SharedPrefix
-
-if TYPE_CHECKING:
-    from minisgl_core.engine.runner import ModelRunner
+from minisgl_core.api import AttentionBackend, ForwardBatch, Model, SharedPrefix
 
 logger = logging.getLogger(__name__)
 
@@ -35,16 +31,29 @@ def capture_sizes(max_bs: int) -> list[int]:
 
 
 class GraphRunner:
-    def __init__(self, runner: ModelRunner, max_bs: int, cascade: bool = False) -> None:
-        self.runner = runner
+    # Handed the pieces it replays rather than the runner, so graphs sit below the runner.
+    def __init__(
+        self,
+        model: Model,
+        attn: AttentionBackend,
+        page_table: torch.Tensor,
+        dummy_slot: int,
+        max_bs: int,
+        cascade: bool = False,
+    ) -> None:
+        self.model = model
+        self.page_table = page_table
         self.cascade = cascade
-        self.attn = runner.decode_attn
-        self.max_bs = min(max_bs, runner.num_request_rows - 1)
+        self.attn = attn
+        num_request_rows = page_table.shape[0]
+        self.max_bs = min(max_bs, num_request_rows - 1)
         self.sizes = capture_sizes(self.max_bs)
-        device = runner.device
-        self.spare_row = runner.num_request_rows - 1
-        self.dummy_slot = runner.dummy_slot
-        runner.page_table[self.spare_row].fill_(self.dummy_slot)
+        device = page_table.device
+        # The last page-table row is reserved for padding: graphs of a larger size than the batch
+        # point their spare entries at it and at the dummy slot.
+        self.spare_row = num_request_rows - 1
+        self.dummy_slot = dummy_slot
+        page_table[self.spare_row].fill_(self.dummy_slot)
         n = self.max_bs
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
         self.positions = torch.zeros(n, dtype=torch.int64, device=device)
@@ -69,7 +78,7 @@ class GraphRunner:
             extend_lens=self.extend_lens[:bs],
             seq_lens_cpu=seq_lens_cpu,
             extend_lens_cpu=[1] * bs,
-            page_table=self.runner.page_table,
+            page_table=self.page_table,
             logits_indices=self.logits_indices[:bs],
             attn=self.attn,
             captured=True,
@@ -104,11 +113,11 @@ class GraphRunner:
                 batch = self._batch(bs, [1] * bs, [] if cascade else None)
                 self.attn.prepare_capture(batch)
                 for _ in range(2):  # warm up outside the graph (lazy init, autotuning)
-                    self.runner.model(batch)
+                    self.model(batch)
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
-                    self.outputs[bs, cascade] = self.runner.model(batch)
+                    self.outputs[bs, cascade] = self.model(batch)
                 pool = graph.pool()
                 self.graphs[bs, cascade] = graph
 

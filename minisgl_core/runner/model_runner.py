@@ -15,9 +15,9 @@ from minisgl_core.api import (
     ModelConfig,
     ParallelContext,
 )
-from minisgl_core.engine.config import CUDA_PAGE_SIZE, EngineConfig
-from minisgl_core.engine.loader import iter_checkpoint, load_hf_config
+from minisgl_core.config import CUDA_PAGE_SIZE, EngineConfig
 from minisgl_core.plugins import PluginError, Plugins
+from minisgl_core.runner.loader import iter_checkpoint, load_hf_config
 
 logger = logging.getLogger(__name__)
 
@@ -117,9 +117,16 @@ class ModelRunner:
         self.graphs = None
         if self.device.type == "cuda" and config.cuda_graph_max_bs > 0:
             if "cuda_graph" in self.decode_attn.capabilities:
-                from minisgl_core.engine.cuda_graph import GraphRunner
+                from minisgl_core.runner.cuda_graph import GraphRunner
 
-                self.graphs = GraphRunner(self, config.cuda_graph_max_bs, cascade=self.cascade)
+                self.graphs = GraphRunner(
+                    self.model,
+                    self.decode_attn,
+                    self.page_table,
+                    self.dummy_slot,
+                    config.cuda_graph_max_bs,
+                    cascade=self.cascade,
+                )
             else:
                 logger.info("attention backend %s does not support CUDA graphs; running eagerly", decode_name)
 

@@ -20,11 +20,11 @@ from typing import Any
 
 import zmq
 
+from minisgl_core.config import EngineConfig
 from minisgl_core.distributed import DistributedSpec
-from minisgl_core.engine.config import EngineConfig
 from minisgl_core.messages import Limits, ProcessFailed, ProcessReady, Shutdown
-from minisgl_core.server.child import ChildSpec, run_child
-from minisgl_core.server.ipc import Endpoints, bind_pull, connect_push, recv, send
+from minisgl_core.processes.child import ChildSpec, run_child
+from minisgl_core.processes.ipc import Endpoints, bind_pull, connect_push, recv, send
 
 logger = logging.getLogger(__name__)
 
@@ -84,8 +84,8 @@ class Runtime:
 
     def start(self) -> dict[str, Any]:
         """Spawn every process and wait until all are ready; return scheduler rank 0's report."""
-        from minisgl_core.scheduler.process import scheduler_main
-        from minisgl_core.tokenizer.worker import detokenizer_main, tokenizer_main
+        from minisgl_core.processes.scheduler_rank import scheduler_main
+        from minisgl_core.processes.text_workers import detokenizer_main, tokenizer_main
 
         spawn = mp.get_context("spawn")
         children: list[tuple[str, ChildSpec, Callable]] = []
