@@ -1,5 +1,5 @@
 # The two quick-start commands: `make serve` (install everything into .venv, serve the embedded
-# demo model) and `make test` (the whole test suite). CI runs .ci/run, which calls `make test`.
+# demo model) and `make test` (the whole test suite). CI runs .ci/run: `make lint-ci test`.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -10,7 +10,7 @@ CPU_PLUGINS := $(filter-out $(GPU_PLUGINS),$(patsubst %/pyproject.toml,%,$(wildc
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install serve test lint
+.PHONY: install serve test lint lint-ci
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml constraints.txt $(wildcard plugins/*/*/pyproject.toml)
@@ -26,5 +26,11 @@ serve: install
 test: install
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-lint: install
-	$(BIN)/ruff check minisgl_core plugins tests
+# Paths and rules live in pyproject.toml ([tool.ruff], [tool.importlinter]).
+lint: lint-ci
+	$(BIN)/ruff format --check
+
+# What CI runs until the tree is formatted once (then .ci/run calls `make lint` instead).
+lint-ci: install
+	$(BIN)/ruff check
+	$(BIN)/lint-imports
