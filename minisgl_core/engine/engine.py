@@ -26,9 +26,9 @@ import torch
 
 from minisgl_core.api import ParallelContext
 from minisgl_core.config import EngineConfig
+from minisgl_core.model_dir import load_generation_config
 from minisgl_core.plugins import Plugins
 from minisgl_core.request_limits import check_request_fits
-from minisgl_core.runner.loader import load_generation_config
 from minisgl_core.runner.model_runner import ModelRunner
 from minisgl_core.runner.sampler import Sampler, SampleRequest, SampleResult, to_device
 from minisgl_core.sampling import SamplingParams, StepOutput

@@ -29,11 +29,11 @@ from minisgl_core.messages import (
     StepOutputs,
     TokenizeRequest,
 )
+from minisgl_core.model_dir import load_generation_config
 from minisgl_core.plugins import Plugins
 from minisgl_core.processes.child import ChildSpec, ReportReady
 from minisgl_core.processes.ipc import bind_pull, connect_push, recv, send
 from minisgl_core.request_limits import check_request_fits
-from minisgl_core.runner.loader import load_generation_config
 from minisgl_core.sampling import SamplingParams, sampling_defaults
 from minisgl_core.tokenizer.detokenize import IncrementalDetokenizer
 from minisgl_core.tokenizer.load import apply_chat_template, load_tokenizer

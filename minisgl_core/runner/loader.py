@@ -9,28 +9,15 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import torch
+
+from minisgl_core.model_dir import load_generation_config, load_hf_config
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
-
-def load_hf_config(model_dir: str | Path) -> dict[str, Any]:
-    """The parsed ``config.json`` of ``model_dir``."""
-    path = Path(model_dir) / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{path} not found: a model directory needs config.json and safetensors weights"
-        )
-    return json.loads(path.read_text())
-
-
-def load_generation_config(model_dir: str | Path) -> dict[str, Any]:
-    """The parsed ``generation_config.json``, or ``{}`` when the model has none."""
-    path = Path(model_dir) / "generation_config.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
+__all__ = ["checkpoint_files", "iter_checkpoint", "load_generation_config", "load_hf_config"]
 
 
 def checkpoint_files(model_dir: str | Path) -> list[Path]:
