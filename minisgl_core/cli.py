@@ -13,6 +13,7 @@ from minisgl_core.plugins import PluginError, Plugins
 
 def _cmd_plugins(args: argparse.Namespace) -> int:
     plugins = Plugins.load(disable=args.disable_plugin)
+    plugins.check_classes()
     if args.json:
         print(json.dumps([i.to_json() for i in plugins.infos], indent=2))
     else:
