@@ -131,7 +131,7 @@ class SymmMemAllReduce:
     The sum is written over the input itself: PyTorch's one-shot kernel has each thread copy its
     elements into the shared buffer, wait at the barrier, then sum exactly those elements from
     every rank's buffer, so a thread overwrites only input it has already copied (peers read the
-    shared buffer, never our input). ``scripts/device_allreduce_check.py`` checks the result
+    shared buffer, never our input). ``tools/device_allreduce_check.py`` checks the result
     bitwise against NCCL, eagerly and in CUDA graphs."""
 
     #: one-shot reads every peer's copy, so its useful size shrinks with the group

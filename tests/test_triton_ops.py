@@ -1,7 +1,7 @@
 """The hand-written Triton kernels of ``api.layers.triton_ops`` (norm + rotary + KV store; SiLU·mul), run on the CPU under
 Triton's interpreter in a child process (``TRITON_INTERPRET`` must be set before Triton is
 imported). In float32, where the interpreter's arithmetic is exact enough to compare with the
-eager reference at 1e-5; bf16 rounding is checked on the GPU (``scripts/device_e2e.py``)."""
+eager reference at 1e-5; bf16 rounding is checked on the GPU (``tools/device_e2e.py``)."""
 
 from __future__ import annotations
 

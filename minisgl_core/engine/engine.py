@@ -9,7 +9,7 @@ monotonic clock), how many requests were added since the step before (``new``), 
 (``kind``, ``reqs``, ``tokens``, ``groups`` of cascade attention) and the queues after it
 (``running``, ``waiting``). With overlap, a step's ``dt`` is about the device time of the step
 before it once the device is the bottleneck. It is how a run (served, offline, or one rank of a
-tensor-parallel one) is read step by step; ``scripts/step_trace.py`` summarises one.
+tensor-parallel one) is read step by step; ``tools/step_trace.py`` summarises one.
 """
 
 from __future__ import annotations

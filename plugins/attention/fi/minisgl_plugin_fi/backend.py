@@ -216,7 +216,7 @@ class FlashInferBackend(AttentionBackend):
         config = self.config
         host = host_csr(batch, config.page_size)
         # Split-KV stays on even for full batches: without it the graph replay of bs 32 x 1500
-        # tokens took 71.6 instead of 56.7 µs per layer (scripts/device_profile.py attn).
+        # tokens took 71.6 instead of 56.7 µs per layer (tools/device_profile.py attn).
         options = self._kernel_options()
         with self._fences.planning(wrapper):
             wrapper.plan(

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the 2-GPU machine (`nvidia-h200-x2`, .whl carried):
-#   source .whl/prelude.sh && bash scripts/device_x2.sh [tp|serve|all]
+#   source .whl/prelude.sh && bash tools/device_x2.sh [tp|serve|all]
 # tp:    Llama-3.1-8B offline at TP=1 and TP=2 (NCCL) on the same machine, the ratio the target asks for.
 # serve: shared-prefix radix vs naive (one server per GPU), then a short concurrency sweep.
 # The TP step comes first: the first attempt (2026-11-20) ran out of time in the sweep before reaching it.

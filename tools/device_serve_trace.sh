@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One call on one H200 (.whl carried): the shared-prefix workload through the server, traced.
-#   source .whl/prelude.sh && bash scripts/device_serve_trace.sh [CACHE ...]   (default: radix naive)
+#   source .whl/prelude.sh && bash tools/device_serve_trace.sh [CACHE ...]   (default: radix naive)
 # For each cache variant (words after the cache name are more server flags, e.g. "radix --disable-cascade"):
 # a server with MINISGL_STEP_TRACE, `bench serve --trace` at CONCURRENCY (default 256), the CPU
-# seconds each server process used during the run, and scripts/step_trace.py's summary.
+# seconds each server process used during the run, and tools/step_trace.py's summary.
 # Writes to $OUT: serve.jsonl, trace-summary.txt, traces.tgz (raw traces), logs.tgz.
 set -uo pipefail
 conc=${CONCURRENCY:-256}
@@ -41,7 +41,7 @@ for variant in "$@"; do
     echo "=== $variant, concurrency $conc"
     echo "CPU seconds per server process during the run:"
     paste "$work/cpu0" "$work/cpu1" | awk '{printf "  %-12s %6.2f s\n", $1, ($4 - $2) / 100}'
-    python3 scripts/step_trace.py "$work/steps-$label.jsonl" --requests "$work/requests-$label.jsonl" --bucket 1
+    python3 tools/step_trace.py "$work/steps-$label.jsonl" --requests "$work/requests-$label.jsonl" --bucket 1
   } >> "$out/trace-summary.txt" 2>&1
   kill $server; wait $server
   grep -i -m3 "error\|traceback" "$work/server-$label.log"

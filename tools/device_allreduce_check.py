@@ -1,6 +1,6 @@
 """The symmetric-memory all-reduce against NCCL on 2+ GPUs of one host (run on `nvidia-h200-x2`):
 
-    python3 scripts/device_allreduce_check.py [--world 2] [--json out.json]
+    python3 tools/device_allreduce_check.py [--world 2] [--json out.json]
 
 Each rank fills tensors from its own seed; the fast path (``ParallelContext.all_reduce`` with
 ``SymmMemAllReduce`` installed) must give bitwise the result of ``torch.distributed.all_reduce``

@@ -1,12 +1,12 @@
 """Where the GPU time of a run goes. Run on the GPU machine (see ../shared/device/README.md):
 
-    python scripts/device_profile.py attn              # decode kernel variants, one layer, µs
-    python scripts/device_profile.py small             # the same at batch 1-64, page 16
-    python scripts/device_profile.py kv                # decode over a bf16 vs an fp8 KV pool, µs
-    python scripts/device_profile.py gemv              # batch-1 GEMMs, cuBLAS vs cuBLASLt, µs
-    python scripts/device_profile.py steps MODEL_DIR   # standard offline workload, step by step
-    python scripts/device_profile.py steps MODEL_DIR --workload shared-prefix --max-running 128 [--disable-cascade] [--cache naive]
-    python scripts/device_profile.py b1 MODEL_DIR      # batch-1 decode, kernel table
+    python tools/device_profile.py attn              # decode kernel variants, one layer, µs
+    python tools/device_profile.py small             # the same at batch 1-64, page 16
+    python tools/device_profile.py kv                # decode over a bf16 vs an fp8 KV pool, µs
+    python tools/device_profile.py gemv              # batch-1 GEMMs, cuBLAS vs cuBLASLt, µs
+    python tools/device_profile.py steps MODEL_DIR   # standard offline workload, step by step
+    python tools/device_profile.py steps MODEL_DIR --workload shared-prefix --max-running 128 [--disable-cascade] [--cache naive]
+    python tools/device_profile.py b1 MODEL_DIR      # batch-1 decode, kernel table
 
 ``steps`` drives one Engine over the standard workload, times every step on the host (with
 overlap on, a step's host time is the device time of the step before it once the device is the
@@ -119,7 +119,7 @@ def small(args: argparse.Namespace) -> dict:
 
 def attn(args: argparse.Namespace) -> dict:
     import flashinfer
-    from device_attention_check import cuda_time_us  # scripts/ is on sys.path when run as a script
+    from device_attention_check import cuda_time_us  # tools/ is on sys.path when run as a script
 
     out = {}
     dev = torch.device("cuda")

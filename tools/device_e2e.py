@@ -14,7 +14,7 @@ the mean fraction of the 32 tokens before the first divergence from the referenc
 0fbd70a criterion 3 required it to be at least the torch backend's in bf16 minus 0.1; with 32
 prompts its standard error is about 0.05, so it judged noise as much as kernels).
 
-    python3 scripts/device_e2e.py --out $OUT/e2e.json
+    python3 tools/device_e2e.py --out $OUT/e2e.json
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """GPU checks of the fi and fa3 attention backends: first-use JIT times, then kernel timings and
 accuracy against a float64 reference. Run on the GPU machine (see ../shared/device/README.md):
 
-    python scripts/device_attention_check.py jit     # compile every kernel the GPU test suites use
-    python scripts/device_attention_check.py bench   # decode / prefill timings, JSON on stdout
+    python tools/device_attention_check.py jit     # compile every kernel the GPU test suites use
+    python tools/device_attention_check.py bench   # decode / prefill timings, JSON on stdout
 
 ``jit`` builds each (backend, head_dim) in its own process, all at once (FlashInfer's file locks
 make concurrent builds safe), so the suites that follow find every kernel compiled. Its times

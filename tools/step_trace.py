@@ -2,7 +2,7 @@
 
     MINISGL_STEP_TRACE=/tmp/steps.jsonl minisgl serve ...          # the server writes the steps
     minisgl bench serve ... --trace /tmp/requests.jsonl             # the client writes the requests
-    python scripts/step_trace.py /tmp/steps.jsonl [--requests /tmp/requests.jsonl] [--bucket 0.5]
+    python tools/step_trace.py /tmp/steps.jsonl [--requests /tmp/requests.jsonl] [--bucket 0.5]
 
 Prints where the scheduler's wall time went (prefill steps, decode steps by batch size, idle
 between steps), a timeline in buckets (share of prefill, decode and idle; mean running requests;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on one H200 (.whl carried): an A/B of settings on Qwen3-0.6B (SHAPE=...) offline.
-#   source .whl/prelude.sh && ROUNDS=2 bash scripts/device_offline_ab.sh "MINISGL_FI_TENSOR_CORES=1" "MINISGL_FI_TENSOR_CORES=0"
-#   source .whl/prelude.sh && bash scripts/device_offline_ab.sh "--page-size 1" "--page-size 16 MINISGL_FI_TENSOR_CORES=0"
+#   source .whl/prelude.sh && ROUNDS=2 bash tools/device_offline_ab.sh "MINISGL_FI_TENSOR_CORES=1" "MINISGL_FI_TENSOR_CORES=0"
+#   source .whl/prelude.sh && bash tools/device_offline_ab.sh "--page-size 1" "--page-size 16 MINISGL_FI_TENSOR_CORES=0"
 # A variant is words: VAR=value ones go to the environment, the others to `bench offline`.
 # A throwaway first process (the first one on a fresh machine measures slow, see BENCHMARKS.md),
 # then the variants alternately, ROUNDS times. Results: $OUT/offline-ab.jsonl (label = the variant).

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on one H200 (.whl carried): cascade attention on the GPU.
-#   source .whl/prelude.sh && bash scripts/device_cascade.sh [check|serve|offline|all]
+#   source .whl/prelude.sh && bash tools/device_cascade.sh [check|serve|offline|all]
 # check:   the fi conformance tests of cascade decode (eager and CUDA-graph replay), bf16
 # serve:   the shared-prefix workload against radix (cascade on), radix --disable-cascade, naive,
 #          one server after the other on the same GPU

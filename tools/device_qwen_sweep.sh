@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on one H200 (.whl carried): Qwen3-0.6B offline alone on the machine, then a server and
 # the online concurrency sweep on the standard workload.
-#   source .whl/prelude.sh && bash scripts/device_qwen_sweep.sh
+#   source .whl/prelude.sh && bash tools/device_qwen_sweep.sh
 set -uo pipefail
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 m=/tmp/m

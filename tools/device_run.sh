@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU-machine call: JIT the FlashInfer kernels, run the bf16 end-to-end checks, then the
 # offline benchmarks with ablations. Usage (from the repo root, .whl carried):
-#   source .whl/prelude.sh && bash scripts/device_run.sh [checks|qwen|llama|all]
+#   source .whl/prelude.sh && bash tools/device_run.sh [checks|qwen|llama|all]
 set -uo pipefail
 what=${1:-all}
 out=${OUT:-/tmp/out}
@@ -9,8 +9,8 @@ mkdir -p "$out"
 bench() { timeout "${BENCH_TIMEOUT:-240}" python3 -m minisgl_core bench offline --output "$out/bench.jsonl" "$@" \
             2>>"$out/bench.log" | tail -n 1; }
 if [[ $what == checks || $what == all ]]; then
-  timeout 200 python3 scripts/device_attention_check.py jit > "$out/jit.log" 2>&1; tail -n 3 "$out/jit.log"
-  timeout 300 python3 scripts/device_e2e.py --out "$out/e2e.json" > "$out/e2e.log" 2>&1
+  timeout 200 python3 tools/device_attention_check.py jit > "$out/jit.log" 2>&1; tail -n 3 "$out/jit.log"
+  timeout 300 python3 tools/device_e2e.py --out "$out/e2e.json" > "$out/e2e.log" 2>&1
   echo "e2e exit $?"; grep -E '"passed"|error|Error' "$out/e2e.log" | head -20
 fi
 if [[ $what == qwen || $what == all ]]; then

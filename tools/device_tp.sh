@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # One call on the 2-GPU machine (`nvidia-h200-x2`, .whl carried): tensor parallelism's all-reduce.
-#   source .whl/prelude.sh && bash scripts/device_tp.sh [check|repeat|pages|pairs]
+#   source .whl/prelude.sh && bash tools/device_tp.sh [check|repeat|pages|pairs]
 # The symmetric-memory all-reduce against NCCL (bitwise, eager and in CUDA graphs; latency), then
 # Llama-3.1-8B offline at TP=1, TP=2 (symmetric memory for decode-sized sums) and TP=2 with
 # MINISGL_SYMM_MEM=0 (NCCL only). "repeat": no check; TP=2 symm, TP=2 NCCL, TP=1, TP=2 symm,
 # TP=2 NCCL, alternating. "pages": a discarded Qwen3-0.6B TP=2 run (JIT, both GPUs), then TP=1 and
 # TP=2 at page size 1 and at page size 16, each with a step trace ($OUT/steps-tp{1,2}-p{1,16}.jsonl,
-# summarised by scripts/step_trace.py into the output).
+# summarised by tools/step_trace.py into the output).
 # "pairs": the check, then TP=2, TP=1, TP=2, TP=1 (defaults).
 # Results: $OUT/allreduce.json, $OUT/bench.jsonl, $OUT/logs.tgz.
 set -uo pipefail
@@ -20,7 +20,7 @@ if [[ $what == pages ]]; then
     2>$logs/warm-up.log | tail -n 1 | cut -c1-200
 fi
 if [[ $what == check || $what == pairs ]]; then
-  timeout 240 python3 scripts/device_allreduce_check.py --json "$out/allreduce.json" > $logs/allreduce.log 2>&1
+  timeout 240 python3 tools/device_allreduce_check.py --json "$out/allreduce.json" > $logs/allreduce.log 2>&1
   echo "all-reduce check exit $?"; grep -A12 graph_us_per_all_reduce $logs/allreduce.log | head -14
   grep -m3 -i "error\|fail\|warn" $logs/allreduce.log
 fi
@@ -37,7 +37,7 @@ traced() {  # TP PAGE: one run with its step trace
   else
     MINISGL_STEP_TRACE=$f bench --tp 2 --page-size "$2" --label "llama-3.1-8b-tp2 page $2" 2>>$logs/tp2.log
   fi
-  python3 scripts/step_trace.py "$f" --bucket 100 2>&1 | head -n 12
+  python3 tools/step_trace.py "$f" --bucket 100 2>&1 | head -n 12
 }
 if [[ $what == check ]]; then
   tp1; tp2; tp2_nccl
