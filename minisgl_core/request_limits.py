@@ -9,7 +9,12 @@ from minisgl_core.sampling import SamplingParams
 
 
 def check_request_fits(
-    prompt_ids: list[int], params: SamplingParams, *, vocab_size: int, max_context_len: int, kv_capacity_tokens: int
+    prompt_ids: list[int],
+    params: SamplingParams,
+    *,
+    vocab_size: int,
+    max_context_len: int,
+    kv_capacity_tokens: int,
 ) -> None:
     """Raise ValueError when a request can never run with these limits.
 
