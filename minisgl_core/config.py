@@ -7,6 +7,9 @@ from typing import Any
 
 import torch
 
+from minisgl_core import fast_paths
+from minisgl_core.fast_paths import FastPaths
+
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 #: the default page size on CUDA: FlashInfer's decode reads 16-token pages ~5% faster than
@@ -47,6 +50,8 @@ class EngineConfig:
     cascade: bool = True
     #: options plugins added to the CLI, passed through untouched
     plugin_options: dict[str, Any] = field(default_factory=dict)
+    #: the GPU fast paths' switches (ablations); default: the environment's overrides, else all on
+    fast_paths: FastPaths = field(default_factory=fast_paths.from_env)
 
     def __post_init__(self) -> None:
         if self.page_size is not None and (self.page_size < 1 or self.page_size & (self.page_size - 1)):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from minisgl_core import fast_paths
 from minisgl_core.config import EngineConfig
 
 
@@ -35,6 +36,15 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--disable-plugin", action="append", default=[], metavar="NAME", help="skip a plugin (repeatable)"
+    )
+    g.add_argument(
+        "--disable-fast-path",
+        action="append",
+        default=[],
+        choices=fast_paths.NAMES,
+        metavar="NAME",
+        help=f"turn off a GPU fast path (ablation, repeatable): {', '.join(fast_paths.NAMES)}; "
+        "the environment can also turn one off (MINISGL_COMPILE=0, ...)",
     )
 
 
@@ -77,5 +87,6 @@ def engine_config_from_args(args: argparse.Namespace, plugin_options: dict[str, 
         overlap=not args.disable_overlap,
         cascade=not args.disable_cascade,
         plugin_options=plugin_options or {},
+        fast_paths=fast_paths.from_env().without(*getattr(args, "disable_fast_path", [])),
         **values,
     )

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-import os
 import socket
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from minisgl_core import fast_paths
 from minisgl_core.api import ParallelContext
 
 logger = logging.getLogger(__name__)
@@ -167,11 +167,11 @@ class SymmMemAllReduce:
 
 def enable_fast_all_reduce(parallel: ParallelContext, device: torch.device) -> bool:
     """Install :class:`SymmMemAllReduce` for ``parallel``'s group (CUDA, TP > 1) unless
-    ``MINISGL_SYMM_MEM=0``; on any failure keep NCCL and say why. Every rank must call this at the
+    the ``symm_mem`` fast path is off (:mod:`minisgl_core.fast_paths`); on any failure keep NCCL and say why. Every rank must call this at the
     same point (the buffer's rendezvous is collective)."""
     from minisgl_core.api.parallel import _fast_all_reduce
 
-    if parallel.tp_size == 1 or device.type != "cuda" or os.environ.get("MINISGL_SYMM_MEM", "1") == "0":
+    if parallel.tp_size == 1 or device.type != "cuda" or not fast_paths.current().symm_mem:
         return False
     reducer: SymmMemAllReduce | None = None
     try:

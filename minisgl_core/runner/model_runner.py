@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from minisgl_core import fast_paths
 from minisgl_core.api import (
     AttentionBackend,
     AttentionConfig,
@@ -58,6 +59,8 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, parallel: ParallelContext, plugins: Plugins) -> None:
         self.config = config
         self.parallel = parallel
+        # Before anything reads a switch: the kernels and the all-reduce ask fast_paths.current().
+        fast_paths.configure(config.fast_paths)
         self.device = config.resolve_device()
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", parallel.tp_rank % torch.cuda.device_count())

@@ -32,6 +32,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from minisgl_core import fast_paths
+
+#: MINISGL_FUSED_KV -> "fused_kv", ...: callers name a switch by its environment variable
+_SWITCH_OF_ENV_VAR = {var: name for name, var in fast_paths.ENV_VARS.items()}
+
 if TYPE_CHECKING:
     from minisgl_core.api.attention import KVCache
 
@@ -49,9 +54,10 @@ def fused_kv_enabled(device: torch.device) -> bool:
 
 
 def triton_enabled(device: torch.device, flag: str) -> bool:
-    """A hand-written Triton kernel runs on ``device`` unless its ``flag`` (an environment
-    variable) or ``MINISGL_COMPILE`` is ``0``: on CUDA, elsewhere only under Triton's interpreter."""
-    if os.environ.get(flag, "1") == "0" or os.environ.get("MINISGL_COMPILE", "1") == "0":
+    """A hand-written Triton kernel runs on ``device`` unless its fast-path switch (named by its
+    environment variable ``flag``, see :mod:`minisgl_core.fast_paths`) or ``compile`` is off: on
+    CUDA, elsewhere only under Triton's interpreter."""
+    if not fast_paths.current().enabled(_SWITCH_OF_ENV_VAR[flag]):
         return False
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         return False
