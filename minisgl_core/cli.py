@@ -8,12 +8,13 @@ import logging
 import os
 import sys
 
-from minisgl_core.engine.model_source import ModelNotFound
+from minisgl_core.checkpoint.resolve import ModelNotFound
 from minisgl_core.plugins import PluginError, Plugins
 
 
 def _cmd_plugins(args: argparse.Namespace) -> int:
     plugins = Plugins.load(disable=args.disable_plugin)
+    plugins.check_classes()
     if args.json:
         print(json.dumps(plugins.listing(), indent=2))
     else:
@@ -22,13 +23,15 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from minisgl_core.engine.args import engine_config_from_args
+    from minisgl_core.config_args import engine_config_from_args
     from minisgl_core.llm import LLM
     from minisgl_core.sampling import SamplingParams
 
     config = engine_config_from_args(args)
     if config.tp_size != 1:
-        raise SystemExit("minisgl generate runs one process (--tp 1); use `minisgl serve --tp N` for tensor parallelism")
+        raise SystemExit(
+            "minisgl generate runs one process (--tp 1); use `minisgl serve --tp N` for tensor parallelism"
+        )
     fields = {k: v for k, v in vars(config).items() if k not in ("model", "tp_size")}
     llm = LLM(config.model, **fields)
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
@@ -38,9 +41,11 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def build_parser(plugins: Plugins | None = None) -> argparse.ArgumentParser:
-    from minisgl_core.engine.args import add_engine_args
+    from minisgl_core.config_args import add_engine_args
 
-    parser = argparse.ArgumentParser(prog="minisgl", description="minisgl: a small plugin-based LLM serving engine")
+    parser = argparse.ArgumentParser(
+        prog="minisgl", description="minisgl: a small plugin-based LLM serving engine"
+    )
     parser.add_argument("--log-level", default=os.environ.get("MINISGL_LOG_LEVEL", "info"))
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -75,10 +80,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
     )
-    from minisgl_core.engine.generation_defaults import GenerationConfigError
-    from minisgl_core.engine.model_path import ModelPathError
+    from minisgl_core.checkpoint.generation_defaults import GenerationConfigError
+    from minisgl_core.checkpoint.path_check import ModelPathError
 
     try:
         return int(args.func(args) or 0)

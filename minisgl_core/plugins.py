@@ -18,11 +18,21 @@ from importlib import metadata
 from typing import Any, Literal
 
 import pluggy
+from packaging.version import Version
 
 from minisgl_core.api import API_VERSION, hookspecs
 
 GROUP = "minisgl.plugins"
-KINDS = ("models", "attention", "caches", "policies", "formats", "grammars", "tool_parsers", "reasoning_parsers")
+KINDS = (
+    "models",
+    "attention",
+    "caches",
+    "policies",
+    "formats",
+    "grammars",
+    "tool_parsers",
+    "reasoning_parsers",
+)
 KIND_HOOKS = {
     "models": "minisgl_register_models",
     "attention": "minisgl_register_attention_backends",
@@ -43,6 +53,18 @@ KIND_FLAGS = {
     "tool_parsers": "--tool-call-parser",
     "reasoning_parsers": "--reasoning-parser",
     "grammars": "--grammar-backend",
+}
+# The class in minisgl_core.api every registration of a kind must subclass (looked up only when a
+# target is imported: discovery stays free of torch).
+KIND_BASES = {
+    "models": "Model",
+    "attention": "AttentionBackend",
+    "caches": "CacheManager",
+    "policies": "SchedulingPolicy",
+    "formats": "WeightFormat",
+    "grammars": "GrammarBackend",
+    "tool_parsers": "ToolParser",
+    "reasoning_parsers": "ReasoningParser",
 }
 
 Status = Literal["ok", "failed", "incompatible", "disabled"]
@@ -83,10 +105,26 @@ class Registration:
     plugin: PluginInfo
 
 
+def _api_version(text: str) -> Version:
+    """``"major.minor"`` as a Version; anything else (``"1"``, ``"1.0.0"``, ``"1.x"``) is a ValueError."""
+    parts = text.split(".")
+    if len(parts) != 2 or not all(part.isdigit() for part in parts):
+        raise ValueError(f"API version {text!r} is not 'major.minor'")
+    return Version(text)
+
+
 def api_compatible(required: str, provided: str = API_VERSION) -> bool:
-    req_major, req_minor = (int(x) for x in required.split("."))
-    major, minor = (int(x) for x in provided.split("."))
-    return req_major == major and req_minor <= minor
+    """A plugin needing API ``required`` runs on a core providing ``provided``: same major, and
+    the plugin's minor not newer. Compared as versions, so 1.10 is newer than 1.9."""
+    need, have = _api_version(required), _api_version(provided)
+    return need.major == have.major and need <= have
+
+
+def api_upgrade_hint(required: str, distribution: str, provided: str = API_VERSION) -> str:
+    """What to upgrade when a plugin needing ``required`` cannot run on ``provided``."""
+    if _api_version(required) > _api_version(provided):
+        return "upgrade minisgl-core"
+    return f"upgrade {distribution} to a release for API {provided}"
 
 
 def _split_list(value: str | None) -> list[str] | None:
@@ -153,7 +191,7 @@ class Plugins:
         info.module = module
         info.api = getattr(module, "MINISGL_API", None)
         if not isinstance(info.api, str):
-            info.status, info.reason = "incompatible", "declares no MINISGL_API (e.g. MINISGL_API = \"1.0\")"
+            info.status, info.reason = "incompatible", 'declares no MINISGL_API (e.g. MINISGL_API = "1.0")'
             return
         try:
             compatible = api_compatible(info.api)
@@ -161,8 +199,7 @@ class Plugins:
             info.status, info.reason = "incompatible", f"MINISGL_API {info.api!r} is not 'major.minor'"
             return
         if not compatible:
-            newer = int(info.api.split(".")[0]) > int(API_VERSION.split(".")[0]) or info.api > API_VERSION
-            fix = "upgrade minisgl-core" if newer else f"upgrade {info.distribution} to a release for API {API_VERSION}"
+            fix = api_upgrade_hint(info.api, info.distribution)
             info.status = "incompatible"
             info.reason = f"needs minisgl API {info.api}, core provides {API_VERSION}: {fix}"
             return
@@ -244,7 +281,38 @@ class Plugins:
                 f"{KIND_FLAGS[kind]} {name!r} from {reg.plugin.distribution} {reg.plugin.version} "
                 f"(plugin {reg.plugin.name!r}) failed to import {reg.target}: {type(exc).__name__}: {exc}"
             ) from exc
+        wrong = wrong_base_message(reg, obj)
+        if wrong:
+            raise PluginError(wrong)
         return obj
+
+    def check_classes(self) -> None:
+        """Import every registered class and mark a plugin ``failed`` if one is not a subclass of
+        its kind's base class (e.g. a policy registered as an attention backend).
+
+        Imports the plugins' implementation modules (torch, kernels), so only ``minisgl plugins``
+        calls it; every process checks what it selects in :meth:`resolve`. A target that cannot be
+        imported here (say a GPU library missing on this machine) is left to :meth:`resolve`, which
+        names the cause when it is selected."""
+        for info in self.infos:
+            if info.status != "ok":
+                continue
+            for kind in KINDS:
+                for reg in [r for r in self.registry[kind].values() if r.plugin is info]:
+                    module_name, _, attr = reg.target.partition(":")
+                    try:
+                        obj: Any = importlib.import_module(module_name)
+                        for part in attr.split("."):
+                            obj = getattr(obj, part)
+                    except Exception:  # noqa: BLE001 - reported at selection, see above
+                        continue
+                    wrong = wrong_base_message(reg, obj)
+                    if wrong:
+                        info.status, info.reason = "failed", wrong
+                        self._forget(info)
+                        break
+                if info.status != "ok":
+                    break
 
     def missing_message(self, kind: str, name: str) -> str:
         """Why ``name`` cannot be selected: the broken plugin that would provide it, or what to install."""
@@ -279,7 +347,9 @@ class Plugins:
             )
 
     def summary(self) -> str:
-        return ", ".join(f"{i.name} {i.version}" + ("" if i.status == "ok" else f" ({i.status})") for i in self.infos)
+        return ", ".join(
+            f"{i.name} {i.version}" + ("" if i.status == "ok" else f" ({i.status})") for i in self.infos
+        )
 
     def call_hook(self, hook_name: str, **kwargs: Any) -> None:
         """Call a non-registration hook on every loaded plugin, naming the plugin if one raises."""
@@ -308,7 +378,11 @@ class Plugins:
         out: dict[str, str] = {}
         for info in self.infos:
             backends = info.provides["attention"]
-            if info.status != "ok" or not backends or any(v for k, v in info.provides.items() if k != "attention"):
+            if (
+                info.status != "ok"
+                or not backends
+                or any(v for k, v in info.provides.items() if k != "attention")
+            ):
                 continue
             reasons = []
             for name in backends:
@@ -347,6 +421,22 @@ class Plugins:
             if row["reason"]:
                 lines.append(f"{'':<16} {row['status']}: {row['reason']}")
         return "\n".join(lines)
+
+
+def wrong_base_message(reg: Registration, obj: Any) -> str | None:
+    """None when ``obj`` is a class of the registration's kind, else what is wrong and the fix."""
+    import minisgl_core.api as api
+
+    base_name = KIND_BASES[reg.kind]
+    if isinstance(obj, type) and issubclass(obj, getattr(api, base_name)):
+        return None
+    what = obj.__name__ if isinstance(obj, type) else f"{type(obj).__name__} object"
+    return (
+        f"plugin {reg.plugin.name!r} ({reg.plugin.distribution} {reg.plugin.version}) registered "
+        f"{reg.target} ({what}) as {KIND_FLAGS[reg.kind]} {reg.name!r} through {KIND_HOOKS[reg.kind]}, "
+        f"but it is not a subclass of minisgl_core.api.{base_name}: register it through the hook of "
+        f"its kind, or make it subclass {base_name}"
+    )
 
 
 def _plugin_hint(kind: str, name: str) -> str:

@@ -10,7 +10,7 @@ import pytest
 @pytest.fixture(scope="session")
 def default_model_dir() -> Path:
     """SmolLM2-135M-Instruct through the product's own path: fetched once into the cache, reused."""
-    from minisgl_core.engine.model_source import resolve_model
+    from minisgl_core.checkpoint.resolve import resolve_model
 
     return Path(resolve_model(None))
 

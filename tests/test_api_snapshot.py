@@ -186,7 +186,9 @@ def compare(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[str], list[s
     a, b = flatten(old), flatten(new)
     removed = sorted(k for k in a if k not in b)
     changed = sorted(k for k in a if k in b and a[k] != b[k] and not extends(a[k], b[k]))
-    added = sorted([k for k in b if k not in a] + [k for k in a if k in b and a[k] != b[k] and extends(a[k], b[k])])
+    added = sorted(
+        [k for k in b if k not in a] + [k for k in a if k in b and a[k] != b[k] and extends(a[k], b[k])]
+    )
     return removed, changed, added
 
 
@@ -266,8 +268,12 @@ def test_trailing_defaulted_parameters_are_an_addition() -> None:
     old = '"def (self, a: int, b: dict[str, int] = {}) -> None"'
     assert extends(old, '"def (self, a: int, b: dict[str, int] = {}, c: int | None = None) -> None"')
     assert not extends(old, '"def (self, a: int, b: dict[str, int] = {}, c: int) -> None"')  # no default
-    assert not extends(old, '"def (self, c: int = 0, a: int, b: dict[str, int] = {}) -> None"')  # not at the end
-    assert not extends(old, '"def (self, a: int, b: dict[str, int] = {}, c: int = 0) -> int"')  # return changed
+    assert not extends(
+        old, '"def (self, c: int = 0, a: int, b: dict[str, int] = {}) -> None"'
+    )  # not at the end
+    assert not extends(
+        old, '"def (self, a: int, b: dict[str, int] = {}, c: int = 0) -> int"'
+    )  # return changed
     assert not extends(old, old)
     assert compare({"f": "def (x)"}, {"f": "def (x, y=1)"}) == ([], [], ["f"])
     assert compare({"f": "def (x)"}, {"f": "def (y)"}) == ([], ["f"], [])

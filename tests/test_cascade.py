@@ -10,10 +10,10 @@ import torch
 
 from minisgl_core import LLM, SamplingParams
 from minisgl_core.api import SharedPrefix, paged_ranges
+from minisgl_core.demo.factories import make_model_dir
 from minisgl_core.scheduler import cascade
 from minisgl_core.scheduler.cascade import common_prefix_len, group_shared_prefixes
 from minisgl_core.scheduler.request import Request
-from minisgl_core.testing.factories import make_model_dir
 
 # ---------------------------------------------------------------- paged_ranges
 
@@ -130,14 +130,18 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    return make_model_dir(tmp_path_factory.mktemp("m") / "qwen3", "Qwen3ForCausalLM", max_position_embeddings=512)
+    return make_model_dir(
+        tmp_path_factory.mktemp("m") / "qwen3", "Qwen3ForCausalLM", max_position_embeddings=512
+    )
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_engine_cascade_gives_the_same_tokens(model_dir, always_worth_it, page_size: int) -> None:
     rng = random.Random(page_size)
     systems = [[rng.randrange(5, 1000) for _ in range(rng.randrange(30, 70))] for _ in range(3)]
-    prompts = [s + [rng.randrange(5, 1000) for _ in range(rng.randrange(1, 12))] for s in systems for _ in range(4)]
+    prompts = [
+        s + [rng.randrange(5, 1000) for _ in range(rng.randrange(1, 12))] for s in systems for _ in range(4)
+    ]
     prompts += [[rng.randrange(5, 1000) for _ in range(20)] for _ in range(3)]  # lone ones
     rng.shuffle(prompts)
 

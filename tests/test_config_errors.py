@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from minisgl_core import LLM
-from minisgl_core.engine.config import EngineConfig
-from minisgl_core.engine.model_path import ModelPathError
-from minisgl_core.engine.runner import pick_attention
+from minisgl_core.checkpoint.path_check import ModelPathError
+from minisgl_core.config import EngineConfig
+from minisgl_core.demo.factories import make_model_dir
 from minisgl_core.plugins import PluginError, Plugins
-from minisgl_core.testing.factories import make_model_dir
+from minisgl_core.runner.model_runner import pick_attention
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,9 @@ def test_bad_model_is_one_line_on_the_command_line(model_dir, tmp_path, command)
         )  # fmt: skip
         assert proc.returncode == 2, proc.stderr
         lines = proc.stderr.splitlines()
-        assert len(lines) == 1 and lines[0].startswith(f"minisgl: error: --model {path}") and says in lines[0], lines
+        assert (
+            len(lines) == 1 and lines[0].startswith(f"minisgl: error: --model {path}") and says in lines[0]
+        ), lines
 
 
 @pytest.mark.parametrize(
@@ -121,7 +123,7 @@ def test_gpu_backend_on_cpu_says_why(model_dir):
 
 def test_page_size_defaults_by_device_and_backend_capabilities():
     from minisgl_core.api import AttentionBackend
-    from minisgl_core.engine.runner import resolve_page_size
+    from minisgl_core.runner.model_runner import resolve_page_size
 
     class Paged(AttentionBackend):
         capabilities = frozenset({"prefill", "decode", "page_size>1"})

@@ -8,14 +8,16 @@ import random
 import pytest
 
 from minisgl_core import LLM, SamplingParams
-from minisgl_core.testing.factories import make_model_dir
+from minisgl_core.demo.factories import make_model_dir
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    return make_model_dir(tmp_path_factory.mktemp("m") / "qwen3", "Qwen3ForCausalLM", max_position_embeddings=512)
+    return make_model_dir(
+        tmp_path_factory.mktemp("m") / "qwen3", "Qwen3ForCausalLM", max_position_embeddings=512
+    )
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +148,9 @@ def test_retraction_when_decode_outgrows_the_pool(model_dir, page_size, params):
 
 
 @pytest.mark.parametrize("overlap", [True, False])
-def test_length_limited_requests_are_not_decoded_past_their_last_token(model_dir, prompts, reference, overlap):
+def test_length_limited_requests_are_not_decoded_past_their_last_token(
+    model_dir, prompts, reference, overlap
+):
     """With overlap the scheduler plans a step before the previous one's tokens land; it must still
     not decode a request whose step in flight already samples its last token (max_tokens)."""
     llm = make_llm(model_dir, cache="radix", overlap=overlap)
@@ -200,6 +204,8 @@ def test_batch_tensors_start_16_byte_aligned(model_dir):
         return forward(batch)
 
     llm.engine.runner.forward = recording_forward
-    outs = llm.generate([[11, 12, 13, 14, 15, 16, 17], [21, 22, 23]], SamplingParams(max_tokens=3, temperature=0.0))
+    outs = llm.generate(
+        [[11, 12, 13, 14, 15, 16, 17], [21, 22, 23]], SamplingParams(max_tokens=3, temperature=0.0)
+    )
     assert [len(o.token_ids) for o in outs] == [3, 3]
     assert seen and all(offsets == dict.fromkeys(offsets, 0) for _, offsets in seen), seen

@@ -13,8 +13,8 @@ import torch
 
 from minisgl_core import LLM, SamplingParams
 from minisgl_core.api import GrammarError, GrammarSpec, allocate_token_bitmask
-from minisgl_core.engine.sampler import apply_token_bitmask
-from minisgl_core.testing.factories import make_model_dir
+from minisgl_core.demo.factories import make_model_dir
+from minisgl_core.runner.sampler import apply_token_bitmask
 from minisgl_core.testing.grammar_suite import NESTED_SCHEMA
 
 BACKENDS = ["xgrammar", "llguidance"]

@@ -1,4 +1,4 @@
-"""minisgl_core.engine.loader: config files and safetensors checkpoints, single-file and sharded."""
+"""minisgl_core.checkpoint.formats: config files and safetensors checkpoints, single-file and sharded."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minisgl_core.engine.loader import iter_checkpoint, load_generation_config, load_hf_config
+from minisgl_core.checkpoint.formats import iter_checkpoint, load_generation_config, load_hf_config
 from minisgl_core.testing import make_model_dir
 
 

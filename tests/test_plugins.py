@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minisgl_core.plugins import PluginError, Plugins, api_compatible
+from minisgl_core.plugins import PluginError, Plugins, api_compatible, api_upgrade_hint
 
 # name -> module source; each becomes an entry point of one of two test distributions
 GOOD = """
@@ -53,6 +53,14 @@ MINISGL_API = "1.0"
 def minisgl_register_policies(register):
     register("dup", "minisgl_test_other.impl:Other")
 """
+WRONG_KIND = """
+from minisgl_core.api import hookimpl
+MINISGL_API = "1.0"
+
+@hookimpl
+def minisgl_register_attention_backends(register):
+    register("policy-as-attn", "minisgl_test_plugins.impl:Fifo")
+"""
 IMPL = """
 from minisgl_core.api import SchedulingPolicy
 
@@ -62,7 +70,9 @@ class Fifo(SchedulingPolicy):
 """
 
 
-def _write_dist(root: Path, dist: str, package: str, modules: dict[str, str], entry_points: dict[str, str]) -> Path:
+def _write_dist(
+    root: Path, dist: str, package: str, modules: dict[str, str], entry_points: dict[str, str]
+) -> Path:
     src = root / dist
     (src / package).mkdir(parents=True)
     (src / package / "__init__.py").write_text("")
@@ -95,8 +105,21 @@ def site(tmp_path_factory) -> Path:
         root,
         "minisgl-test-plugins",
         "minisgl_test_plugins",
-        {"good": GOOD, "broken": BROKEN_IMPORT, "raising": RAISING_HOOK, "future": FUTURE_API, "impl": IMPL},
-        {"good": "good", "broken": "broken", "raising": "raising", "future": "future"},
+        {
+            "good": GOOD,
+            "broken": BROKEN_IMPORT,
+            "raising": RAISING_HOOK,
+            "future": FUTURE_API,
+            "wrong_kind": WRONG_KIND,
+            "impl": IMPL,
+        },
+        {
+            "good": "good",
+            "broken": "broken",
+            "raising": "raising",
+            "future": "future",
+            "wrongkind": "wrong_kind",
+        },
     )
     second = _write_dist(
         root, "minisgl-test-other", "minisgl_test_other", {"dup": DUPLICATE, "impl": IMPL}, {"other": "dup"}
@@ -111,9 +134,17 @@ def site(tmp_path_factory) -> Path:
 
 
 def _minisgl(site: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]), **env}
+    full_env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
+        **env,
+    }
     return subprocess.run(
-        [sys.executable, "-m", "minisgl_core", *args], capture_output=True, text=True, env=full_env, timeout=120
+        [sys.executable, "-m", "minisgl_core", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=120,
     )
 
 
@@ -155,6 +186,36 @@ def test_duplicate_names_from_two_distributions_are_an_error(site):
     assert "minisgl-test-plugins" in proc.stderr and "minisgl-test-other" in proc.stderr
 
 
+def _assert_names_wrong_kind(message: str) -> None:
+    for part in (
+        "'wrongkind'",
+        "minisgl-test-plugins",
+        "minisgl_register_attention_backends",
+        "AttentionBackend",
+    ):
+        assert part in message, (part, message)
+
+
+def test_class_registered_under_the_wrong_kind_is_a_failed_plugin(site):
+    listing = _listing(site)
+    wrong = listing["wrongkind"]
+    assert wrong["status"] == "failed"
+    _assert_names_wrong_kind(wrong["reason"])
+    assert wrong["provides"]["attention"] == []
+    assert listing["good"]["status"] == "ok"  # the same Fifo class is fine as a policy
+    table = _minisgl(site, "plugins")
+    assert table.returncode == 0 and "minisgl_register_attention_backends" in table.stdout
+
+
+def test_selecting_a_class_of_the_wrong_kind_is_a_clear_error(site):
+    code = "from minisgl_core.plugins import Plugins; Plugins.load().resolve('attention', 'policy-as-attn')"
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode != 0
+    assert "PluginError" in proc.stderr and "TypeError" not in proc.stderr
+    _assert_names_wrong_kind(proc.stderr)
+
+
 def test_allow_and_block_lists(site):
     only_good = _listing(site, MINISGL_PLUGINS="good")
     assert only_good["good"]["status"] == "ok"
@@ -168,7 +229,9 @@ def test_allow_and_block_lists(site):
 
 def test_resolve_unknown_name_lists_installed_and_the_fix():
     plugins = Plugins.load()
-    with pytest.raises(PluginError, match=r"unknown --attn 'nope'; installed: .*torch.*pip install minisgl-plugin-nope"):
+    with pytest.raises(
+        PluginError, match=r"unknown --attn 'nope'; installed: .*torch.*pip install minisgl-plugin-nope"
+    ):
         plugins.resolve("attention", "nope")
     with pytest.raises(PluginError, match="minisgl-plugin-mamba"):
         plugins.resolve("models", "MambaForCausalLM")
@@ -183,9 +246,7 @@ def test_fingerprint_is_stable_and_sensitive():
         c.check_fingerprint(a.fingerprint(), "scheduler rank 1")
 
 
-@pytest.mark.parametrize(
-    ("required", "ok"), [("1.0", True), ("1.9", False), ("0.9", False), ("2.0", False)]
-)
+@pytest.mark.parametrize(("required", "ok"), [("1.0", True), ("1.9", False), ("0.9", False), ("2.0", False)])
 def test_api_version_negotiation(required, ok):
     assert api_compatible(required, "1.0") is ok
     assert api_compatible("1.0", "1.3")
@@ -209,3 +270,13 @@ def test_listing_says_which_backends_cannot_run_without_cuda():
     assert "no CUDA device" in table[fi_row + 1]
     torch_row = next(line for line in table if line.startswith("torch "))
     assert torch_row.split()[4] == "ok"
+
+
+def test_api_versions_compare_as_versions_not_strings():
+    assert api_compatible("1.9", "1.10") and not api_compatible("1.10", "1.9")
+    assert api_upgrade_hint("1.10", "minisgl-plugin-x", "1.9") == "upgrade minisgl-core"
+    assert api_upgrade_hint("2.0", "minisgl-plugin-x", "1.10") == "upgrade minisgl-core"
+    assert "upgrade minisgl-plugin-x" in api_upgrade_hint("0.9", "minisgl-plugin-x", "1.10")
+    for malformed in ("1", "1.0.0", "1.x", "v1.0"):
+        with pytest.raises(ValueError, match="major.minor"):
+            api_compatible(malformed, "1.0")

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from minisgl_core import LLM, SamplingParams
-from minisgl_core.engine.sampler import Sampler, SampleRequest
+from minisgl_core.demo.factories import make_model_dir
+from minisgl_core.runner.sampler import Sampler, SampleRequest
 from minisgl_core.sampling import INT64_MAX, INT64_MIN, MIN_TEMPERATURE, choice_seed
-from minisgl_core.testing.factories import make_model_dir
 
 PROMPTS = [[11, 12, 13], [200, 300, 400, 500], [7] * 9, [42, 43]]
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from minisgl_core import LLM, SamplingParams
-from minisgl_core.engine.sampler import Sampler, SampleRequest, apply_repetition_penalty
-from minisgl_core.testing.factories import make_model_dir
+from minisgl_core.demo.factories import make_model_dir
+from minisgl_core.runner.sampler import Sampler, SampleRequest, apply_repetition_penalty
 
 
 @pytest.mark.parametrize(
@@ -42,7 +42,9 @@ def _draw(logits: torch.Tensor, params: SamplingParams, n: int) -> torch.Tensor:
     return sampler.sample(batch, [SampleRequest(params, [])] * n).token_ids
 
 
-def _expected(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
+def _expected(
+    logits: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float
+) -> torch.Tensor:
     probs = torch.softmax(logits / temperature, -1)
     order = probs.argsort(descending=True)
     keep = torch.zeros_like(probs, dtype=torch.bool)
@@ -118,15 +120,20 @@ def test_seeded_requests_do_not_depend_on_batch(llm):
     others = SamplingParams(temperature=1.0, max_tokens=10, ignore_eos=True)
     batch = llm.generate(["x", "one two three", "the cat"], [others, params, others])
     assert batch[1].token_ids == alone
-    assert llm.generate(["one two three"], SamplingParams(temperature=1.0, max_tokens=10, seed=99, ignore_eos=True))[
-        0
-    ].token_ids != alone
+    assert (
+        llm.generate(
+            ["one two three"], SamplingParams(temperature=1.0, max_tokens=10, seed=99, ignore_eos=True)
+        )[0].token_ids
+        != alone
+    )
 
 
 def test_stop_token_ids_eos_and_ignore_eos(llm):
     base = llm.generate(["hello there"], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))[0]
     stop_at = base.token_ids[3]
-    out = llm.generate(["hello there"], SamplingParams(temperature=0.0, max_tokens=10, stop_token_ids=[stop_at]))[0]
+    out = llm.generate(
+        ["hello there"], SamplingParams(temperature=0.0, max_tokens=10, stop_token_ids=[stop_at])
+    )[0]
     first = base.token_ids.index(stop_at)
     assert out.finish_reason == "stop" and out.matched_stop == stop_at
     assert out.token_ids == base.token_ids[: first + 1]
@@ -135,7 +142,9 @@ def test_stop_token_ids_eos_and_ignore_eos(llm):
     try:
         out = llm.generate(["hello there"], SamplingParams(temperature=0.0, max_tokens=10))[0]
         assert out.finish_reason == "stop" and len(out.token_ids) == first + 1
-        out = llm.generate(["hello there"], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))[0]
+        out = llm.generate(["hello there"], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))[
+            0
+        ]
         assert out.finish_reason == "length" and out.token_ids == base.token_ids
     finally:
         llm.engine.scheduler.stop_checker.eos_ids = frozenset(llm.engine.eos_ids)
@@ -146,7 +155,9 @@ def test_stop_strings_end_generation_and_are_trimmed(llm):
     text = base.text
     stop = text[len(text) // 2 : len(text) // 2 + 3]
     assert stop.strip()
-    out = llm.generate(["hello there"], SamplingParams(temperature=0.0, max_tokens=16, stop=[stop], ignore_eos=True))[0]
+    out = llm.generate(
+        ["hello there"], SamplingParams(temperature=0.0, max_tokens=16, stop=[stop], ignore_eos=True)
+    )[0]
     assert out.finish_reason == "stop" and out.matched_stop == stop
     assert out.text == text[: text.index(stop)]
     assert len(out.token_ids) < len(base.token_ids)
@@ -159,8 +170,8 @@ def test_generation_config_supplies_defaults_for_unset_fields(tmp_path):
     import json
 
     from minisgl_core.messages import Limits, TokenizeRequest
+    from minisgl_core.processes.text_workers import Admitter
     from minisgl_core.server.schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest
-    from minisgl_core.tokenizer.worker import Admitter
 
     d = make_model_dir(tmp_path / "m", "LlamaForCausalLM")
     gen = json.loads((d / "generation_config.json").read_text())
@@ -174,7 +185,13 @@ def test_generation_config_supplies_defaults_for_unset_fields(tmp_path):
     assert a == b == greedy and len(a) <= 5
     # precedence offline: given > model > SamplingParams' own
     params = llm.sampling_params(top_p=0.5, temperature=None)
-    assert (params.temperature, params.top_k, params.top_p, params.min_p, params.max_tokens) == (0.0, 7, 0.5, 0.0, 5)
+    assert (params.temperature, params.top_k, params.top_p, params.min_p, params.max_tokens) == (
+        0.0,
+        7,
+        0.5,
+        0.0,
+        5,
+    )
     assert llm.sampling_params(temperature=0.9).temperature == 0.9
 
     admitter = Admitter(llm.tokenizer, Limits(512, 4096, 1024), llm.engine.sampling_defaults)
@@ -185,7 +202,13 @@ def test_generation_config_supplies_defaults_for_unset_fields(tmp_path):
         return admitter.admit(req)[1]
 
     unset = admit(CompletionRequest(prompt=[5, 6, 7], top_p=0.5))
-    assert (unset.temperature, unset.top_k, unset.top_p, unset.min_p, unset.max_tokens) == (0.0, 7, 0.5, 0.0, 5)
+    assert (unset.temperature, unset.top_k, unset.top_p, unset.min_p, unset.max_tokens) == (
+        0.0,
+        7,
+        0.5,
+        0.0,
+        5,
+    )
     chat = admit(ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], temperature=None))
     assert (chat.temperature, chat.top_k) == (0.0, 7)
     explicit = admit(CompletionRequest(prompt=[5, 6, 7], temperature=0.9, top_k=-1, max_tokens=9))
@@ -207,7 +230,7 @@ def test_generation_config_supplies_defaults_for_unset_fields(tmp_path):
 def test_generation_config_setting_picks_the_source(tmp_path, setting, expected):
     import json
 
-    from minisgl_core.engine.generation_defaults import load_sampling_defaults
+    from minisgl_core.checkpoint.generation_defaults import load_sampling_defaults
 
     model = tmp_path / "model"
     model.mkdir()
@@ -221,7 +244,7 @@ def test_generation_config_setting_picks_the_source(tmp_path, setting, expected)
 def test_bad_generation_config_is_a_clear_error(tmp_path):
     import json
 
-    from minisgl_core.engine.generation_defaults import GenerationConfigError, load_sampling_defaults
+    from minisgl_core.checkpoint.generation_defaults import GenerationConfigError, load_sampling_defaults
 
     with pytest.raises(GenerationConfigError, match="no generation_config.json there"):
         load_sampling_defaults(tmp_path, str(tmp_path / "missing"))
@@ -237,7 +260,7 @@ def test_bad_generation_config_is_a_clear_error(tmp_path):
 def test_chunked_argmax_is_argmax(rows, vocab):
     """The two-stage argmax the sampler uses (chunks of the vocabulary, then the chunks' maxima)
     equals torch's, ties included: the first maximum wins, also across chunk boundaries."""
-    from minisgl_core.engine.sampler import _CHUNK, _chunked_argmax
+    from minisgl_core.runner.sampler import _CHUNK, _chunked_argmax
 
     x = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(vocab))
     assert torch.equal(_chunked_argmax(x), x.argmax(-1))
@@ -250,7 +273,7 @@ def test_chunked_argmax_is_argmax(rows, vocab):
 
 _TRITON_DRAW = """
 import torch
-from minisgl_core.engine.sampler import gumbel_argmax_chunked, _CHUNK
+from minisgl_core.runner.sampler import gumbel_argmax_chunked, _CHUNK
 device, rows, seeds, tolerance = {args}
 vocab = 2 * _CHUNK + 37
 logits = torch.full((vocab,), -40.0, device=device)
@@ -327,11 +350,15 @@ def test_grammar_and_logit_bias_survive_the_wire():
     from minisgl_core.messages import EngineRequest, decode, encode
 
     params = SamplingParams(
-        grammar=GrammarSpec("json_schema", '{"type": "array"}'), logit_bias={"7": -3.5}, repetition_penalty=1.2
+        grammar=GrammarSpec("json_schema", '{"type": "array"}'),
+        logit_bias={"7": -3.5},
+        repetition_penalty=1.2,
     )
     received = decode(encode(EngineRequest(1, [1, 2], asdict(params))))
     assert SamplingParams(**received.params) == params
-    assert params.grammar == GrammarSpec("json_schema", '{"type": "array"}') and params.logit_bias == {7: -3.5}
+    assert params.grammar == GrammarSpec("json_schema", '{"type": "array"}') and params.logit_bias == {
+        7: -3.5
+    }
 
 
 def test_triton_draw_does_not_compile_per_seed():
@@ -340,7 +367,7 @@ def test_triton_draw_does_not_compile_per_seed():
     0.6–1 s stall seen in the offline benchmark's step trace on the GPU). The other scalar
     arguments are fixed by the model (row stride, vocabulary, chunk count)."""
     pytest.importorskip("triton")
-    from minisgl_core.engine._sampler_triton import gumbel_chunk_max_kernel
+    from minisgl_core.runner._sampler_triton import gumbel_chunk_max_kernel
 
     unspecialised = {p.name for p in gumbel_chunk_max_kernel.params if p.do_not_specialize}
     assert unspecialised == {"seed"}

@@ -7,7 +7,7 @@ import socket
 import pytest
 import torch.multiprocessing as mp
 
-from minisgl_core.testing.factories import make_model_dir
+from minisgl_core.demo.factories import make_model_dir
 
 PROMPTS = [[11, 12, 13, 14, 15], list(range(20, 70)), [7] * 9]
 
@@ -22,7 +22,7 @@ def _rank(rank: int, world: int, port: int, model_dir: str, queue) -> None:
     import torch.distributed as dist
 
     from minisgl_core.api import ParallelContext
-    from minisgl_core.engine.config import EngineConfig
+    from minisgl_core.config import EngineConfig
     from minisgl_core.engine.engine import Engine
     from minisgl_core.sampling import SamplingParams
 
@@ -79,7 +79,7 @@ def test_offline_tp_runner_reports_a_failing_rank_instead_of_hanging(tmp_path):
 
     from minisgl_core.bench.tp import run_offline_tp
     from minisgl_core.bench.workloads import BenchRequest
-    from minisgl_core.engine.config import EngineConfig
+    from minisgl_core.config import EngineConfig
 
     model_dir = make_model_dir(tmp_path / "m", "LlamaForCausalLM")
     config = EngineConfig(model=str(model_dir), attn="torch", device="cpu", dtype="float32", tp_size=2)
@@ -92,7 +92,7 @@ def test_offline_tp_runner_reports_a_failing_rank_instead_of_hanging(tmp_path):
 def test_offline_tp_runner_counts_every_token_and_reports_the_page_size(tmp_path):
     from minisgl_core.bench.tp import run_offline_tp
     from minisgl_core.bench.workloads import BenchRequest
-    from minisgl_core.engine.config import EngineConfig
+    from minisgl_core.config import EngineConfig
 
     model_dir = make_model_dir(tmp_path / "m", "Qwen3ForCausalLM")
     config = EngineConfig(
@@ -108,20 +108,23 @@ def test_offline_tp_runner_counts_every_token_and_reports_the_page_size(tmp_path
 
 def test_all_reduce_takes_an_installed_fast_path_and_falls_back_when_it_declines(monkeypatch):
     """The core's fast all-reduce (symmetric memory on GPUs) is a per-group hook: used when it
-    accepts the tensor, NCCL/gloo otherwise; never installed on CPU or with MINISGL_SYMM_MEM=0."""
+    accepts the tensor, NCCL/gloo otherwise; never installed on CPU or with the symm_mem fast path off."""
     import torch
     import torch.distributed as dist
 
+    from minisgl_core import fast_paths
     from minisgl_core.api import ParallelContext
     from minisgl_core.api.parallel import _fast_all_reduce
     from minisgl_core.distributed import enable_fast_all_reduce, free_loopback_addr
+    from minisgl_core.fast_paths import FastPaths
 
     dist.init_process_group("gloo", init_method=f"tcp://{free_loopback_addr()}", rank=0, world_size=1)
     try:
         # a world of one rank standing in for two: gloo's sum leaves the tensor as it is
         parallel = ParallelContext(0, 2, dist.group.WORLD)
         assert not enable_fast_all_reduce(parallel, torch.device("cpu"))
-        monkeypatch.setenv("MINISGL_SYMM_MEM", "0")
+        # the switch as the model runner sets it (--disable-fast-path symm_mem or MINISGL_SYMM_MEM=0)
+        monkeypatch.setattr(fast_paths, "_configured", FastPaths(symm_mem=False))
         assert not enable_fast_all_reduce(parallel, torch.device("cuda", 0))
         assert id(parallel.group) not in _fast_all_reduce
         calls = []

@@ -25,7 +25,12 @@ def compiles(kernel, signature: dict[str, str], constants: dict[str, object], ta
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")
 @pytest.mark.parametrize(
     "heads, half, norm, dtype",
-    [((16, 8), 64, True, "bf16"), ((32, 8), 64, False, "bf16"), ((4, 2), 40, True, "fp16"), ((6, 1), 8, False, "fp32")],
+    [
+        ((16, 8), 64, True, "bf16"),
+        ((32, 8), 64, False, "bf16"),
+        ((4, 2), 40, True, "fp16"),
+        ((6, 1), 8, False, "fp32"),
+    ],
 )
 def test_rope_store_kernel_compiles(target, heads, half, norm, dtype):
     import triton
@@ -45,8 +50,8 @@ def test_rope_store_kernel_compiles(target, heads, half, norm, dtype):
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_gumbel_kernel_compiles(target, dtype):
-    from minisgl_core.engine._sampler_triton import gumbel_chunk_max_kernel
-    from minisgl_core.engine.sampler import _CHUNK, _TINY
+    from minisgl_core.runner._sampler_triton import gumbel_chunk_max_kernel
+    from minisgl_core.runner.sampler import _CHUNK, _TINY
 
     signature = {"logits": f"*{dtype}", "row_stride": "i64", "scale": "*fp32", "noise_scale": "*fp32", "seed": "i32",
                  "vocab": "i32", "best_value": "*fp32", "best_index": "*i64", "chunks": "i32"}  # fmt: skip

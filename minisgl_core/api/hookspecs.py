@@ -137,7 +137,8 @@ def minisgl_register_grammar_backends(register: Register) -> None:
 
 @hookspec
 def minisgl_add_cli_options(parser: argparse.ArgumentParser) -> None:
-    """Add plugin-specific options to ``minisgl serve`` / ``minisgl bench`` and friends.
+    """Add plugin-specific options to ``minisgl serve`` and ``minisgl shell`` (the commands that
+    start server processes; ``generate`` and ``bench`` take none).
 
     Namespace them with the plugin name (``--fi-workspace-mb``) so plugins never collide. The
     parsed values reach every process through :class:`ProcessContext.options`.
@@ -152,8 +153,9 @@ def minisgl_add_cli_options(parser: argparse.ArgumentParser) -> None:
 def minisgl_process_start(ctx: ProcessContext) -> None:
     """Called once when a minisgl process has loaded its plugins and is about to start work.
 
-    ``ctx.role`` is ``"api"``, ``"tokenizer"``, ``"detokenizer"``, ``"scheduler"`` or ``"offline"``;
-    scheduler processes also carry ``ctx.tp_rank``. Use it for per-process set-up (logging,
+    ``ctx.role`` is ``"api"``, ``"tokenizer"``, ``"detokenizer"``, ``"scheduler"``, or ``"offline"``
+    in a program using the in-process ``LLM`` (its constructor calls this hook, ``LLM.close()`` the
+    stop hook); scheduler processes also carry ``ctx.tp_rank``. Use it for per-process set-up (logging,
     warming a JIT cache). An exception here stops the process with an error naming the plugin.
 
     .. versionadded:: 1.0

@@ -18,7 +18,7 @@ from minisgl_core.bench.shapes import SHAPES
 
 
 def add_bench_command(sub) -> None:
-    from minisgl_core.engine.args import add_engine_args
+    from minisgl_core.config_args import add_engine_args
 
     bench = sub.add_parser("bench", help="benchmarks (offline throughput, online serving)")
     kinds = bench.add_subparsers(dest="bench_kind", required=True)
@@ -56,7 +56,9 @@ def add_bench_command(sub) -> None:
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--label", default="")
     p.add_argument("--output")
-    p.add_argument("--trace", help="append one JSON line per request (send, first and last chunk times) to this file")
+    p.add_argument(
+        "--trace", help="append one JSON line per request (send, first and last chunk times) to this file"
+    )
     p.set_defaults(func=_serve)
 
     p = kinds.add_parser("make-model", help="write a random-weight model of a real shape")
@@ -74,9 +76,12 @@ def _make(shape: str, out: Path, device: str) -> Path:
 
 def _meta(args: argparse.Namespace) -> dict[str, Any]:
     # MINISGL_COMMIT: for copies of a checkout whose .git is not the one the run came from
-    commit = os.environ.get("MINISGL_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
+    commit = (
+        os.environ.get("MINISGL_COMMIT")
+        or subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+    )
     device = "cpu"
     try:
         import torch
@@ -98,7 +103,7 @@ def _emit(result: dict[str, Any], path: str | None) -> None:
 
 
 def _offline(args: argparse.Namespace) -> int:
-    from minisgl_core.engine.args import engine_config_from_args
+    from minisgl_core.config_args import engine_config_from_args
 
     if args.shape:
         args.model = str(_make(args.shape, Path(args.model_cache) / args.shape, "cuda" if _cuda() else "cpu"))
@@ -174,14 +179,22 @@ def _serve(args: argparse.Namespace) -> int:
     for concurrency, rate in sweep or [(None, None)]:
         result = asyncio.run(
             run_load(
-                args.url, model, requests, concurrency=concurrency, request_rate=rate,
-                api_key=args.api_key, trace=args.trace,
+                args.url,
+                model,
+                requests,
+                concurrency=concurrency,
+                request_rate=rate,
+                api_key=args.api_key,
+                trace=args.trace,
             )  # fmt: skip
         )
         extra = {}
         if args.workload == "shared-prefix":
             extra["ideal_hit_rate"] = round(
-                workloads.ideal_hit_rate(args.groups, args.prompts_per_group, args.prefix_len, args.question_len), 4
+                workloads.ideal_hit_rate(
+                    args.groups, args.prompts_per_group, args.prefix_len, args.question_len
+                ),
+                4,
             )
         _emit({**_meta(args), "bench": "serve", "workload": args.workload, "model": model, **result, **extra},
               args.output)  # fmt: skip

@@ -51,6 +51,12 @@ def decode_latency(llm: LLM, prompt_len: int = 128, steps: int = 256) -> dict[st
     llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True), use_tqdm=False)
     prefill = time.perf_counter() - start
     start = time.perf_counter()
-    llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=steps + 1, ignore_eos=True), use_tqdm=False)
+    llm.generate(
+        [prompt], SamplingParams(temperature=0.0, max_tokens=steps + 1, ignore_eos=True), use_tqdm=False
+    )
     total = time.perf_counter() - start
-    return {"prompt_len": prompt_len, "steps": steps, "ms_per_token": round((total - prefill) / steps * 1000, 3)}
+    return {
+        "prompt_len": prompt_len,
+        "steps": steps,
+        "ms_per_token": round((total - prefill) / steps * 1000, 3),
+    }

@@ -195,7 +195,9 @@ def _delta(before: dict[str, float], after: dict[str, float], name: str) -> floa
     return after[name] - before.get(name, 0.0) if name in after else None
 
 
-async def _settled_metrics(client, url: str, headers: dict[str, str], before: dict[str, float]) -> dict[str, float]:
+async def _settled_metrics(
+    client, url: str, headers: dict[str, str], before: dict[str, float]
+) -> dict[str, float]:
     """The server's metrics once the scheduler's counters cover every prompt the server accepted
     during the run: the hit counters come from the scheduler's reports, which can arrive after the
     last response (read at once, a short run's hit rate came out as a third of the true one)."""

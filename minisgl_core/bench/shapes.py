@@ -59,7 +59,7 @@ def build_random_model(
     """Write ``SHAPES[shape]`` with random weights (std hidden**-0.5, norms near one) to ``out_dir``."""
     from safetensors.torch import save_file
 
-    from minisgl_core.testing.factories import pad_vocab, train_tokenizer
+    from minisgl_core.demo.factories import pad_vocab, train_tokenizer
 
     config = dict(SHAPES[shape], torch_dtype=str(dtype).removeprefix("torch."))
     out = Path(out_dir)

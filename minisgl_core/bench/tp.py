@@ -13,14 +13,20 @@ from minisgl_core.bench.workloads import BenchRequest
 
 
 def drive(
-    engine, requests: list[BenchRequest], temperature: float, first_rid: int = 0, max_tokens: int | None = None
+    engine,
+    requests: list[BenchRequest],
+    temperature: float,
+    first_rid: int = 0,
+    max_tokens: int | None = None,
 ) -> int:
     """Submit everything, step until done; returns the number of output tokens. ``max_tokens``
     overrides the requests' own (a short warm-up)."""
     from minisgl_core.sampling import SamplingParams
 
     for i, r in enumerate(requests):
-        params = SamplingParams(temperature=temperature, max_tokens=max_tokens or r.max_tokens, ignore_eos=True)
+        params = SamplingParams(
+            temperature=temperature, max_tokens=max_tokens or r.max_tokens, ignore_eos=True
+        )
         engine.add_request(first_rid + i, r.prompt_ids, params)
     tokens = 0
     while engine.has_work:
@@ -82,7 +88,9 @@ def run_offline_tp(config, requests: list[BenchRequest], temperature: float = 0.
             except queue_module.Empty:
                 dead = [r for r, p in enumerate(procs) if not p.is_alive() and p.exitcode != 0]
                 if dead:
-                    raise RuntimeError(f"TP rank {dead[0]} exited with code {procs[dead[0]].exitcode}") from None
+                    raise RuntimeError(
+                        f"TP rank {dead[0]} exited with code {procs[dead[0]].exitcode}"
+                    ) from None
         if message[0] == "error":
             raise RuntimeError(f"TP rank {message[1]} failed:\n{message[2]}")
         _, tokens, elapsed, page_size = message

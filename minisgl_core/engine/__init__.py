@@ -1,1 +1,1 @@
-"""Model loading, the KV pool and its allocator, the forward pass and sampling."""
+"""The per-rank engine loop: admits requests, asks the scheduler for a batch, runs it on the model runner and turns the sampled tokens into outputs."""

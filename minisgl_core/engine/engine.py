@@ -9,7 +9,7 @@ monotonic clock), how many requests were added since the step before (``new``), 
 (``kind``, ``reqs``, ``tokens``, ``groups`` of cascade attention) and the queues after it
 (``running``, ``waiting``). With overlap, a step's ``dt`` is about the device time of the step
 before it once the device is the bottleneck. It is how a run (served, offline, or one rank of a
-tensor-parallel one) is read step by step; ``scripts/step_trace.py`` summarises one.
+tensor-parallel one) is read step by step; ``tools/step_trace.py`` summarises one.
 """
 
 from __future__ import annotations
@@ -25,56 +25,21 @@ from typing import IO, Any
 import torch
 
 from minisgl_core.api import ParallelContext
-from minisgl_core.engine.config import EngineConfig
-from minisgl_core.engine.generation_defaults import load_sampling_defaults
-from minisgl_core.engine.grammar import GrammarRunner, LazyGrammarBackend
-from minisgl_core.engine.runner import ModelRunner
-from minisgl_core.engine.sampler import Sampler, SampleRequest, SampleResult, to_device
+from minisgl_core.checkpoint.generation_defaults import load_sampling_defaults
+from minisgl_core.config import EngineConfig
+from minisgl_core.engine.grammar import GrammarRunner
+from minisgl_core.grammars import LazyGrammarBackend
+from minisgl_core.model_dir import eos_token_ids
 from minisgl_core.plugins import Plugins
+from minisgl_core.request_limits import check_request_fits
+from minisgl_core.runner.model_runner import ModelRunner
+from minisgl_core.runner.sampler import Sampler, SampleRequest, SampleResult, to_device
 from minisgl_core.sampling import SamplingParams, StepOutput
 from minisgl_core.scheduler.request import Request
 from minisgl_core.scheduler.scheduler import ScheduledBatch, Scheduler
 from minisgl_core.scheduler.stop import StopChecker
 
 logger = logging.getLogger(__name__)
-
-
-def eos_token_ids(hf_config: dict, generation_config: dict) -> set[int]:
-    ids: set[int] = set()
-    for source in (generation_config, hf_config):
-        value = source.get("eos_token_id")
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, list):
-            ids.update(int(v) for v in value)
-    return ids
-
-
-def check_request_fits(
-    prompt_ids: list[int], params: SamplingParams, *, vocab_size: int, max_context_len: int, kv_capacity_tokens: int
-) -> None:
-    """Raise ValueError when a request can never run with these limits.
-
-    Shared by :meth:`Engine.check_request` and the server's tokenizer worker, which checks
-    requests against the limits of the ready handshake before they reach a scheduler."""
-    if not prompt_ids:
-        raise ValueError("prompt is empty")
-    if any(not isinstance(t, int) or t < 0 or t >= vocab_size for t in prompt_ids):
-        raise ValueError(f"prompt token ids must be integers in [0, {vocab_size})")
-    if any(t >= vocab_size for t in params.stop_token_ids):
-        raise ValueError(f"stop_token_ids must be integers in [0, {vocab_size}), the model's vocabulary")
-    if any(t >= vocab_size for t in params.logit_bias):
-        raise ValueError(f"logit_bias token ids must be in [0, {vocab_size})")
-    total = len(prompt_ids) + params.max_tokens
-    if total > max_context_len:
-        raise ValueError(
-            f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) = {total} exceeds "
-            f"the context length {max_context_len}; shorten the prompt or lower max_tokens"
-        )
-    if total > kv_capacity_tokens:
-        raise ValueError(
-            f"prompt + max_tokens = {total} tokens exceeds the KV pool ({kv_capacity_tokens} tokens)"
-        )
 
 
 class Engine:
@@ -310,9 +275,15 @@ class Engine:
             if self._inflight is not None:
                 self._advance_grammars(self._inflight)
             grammar_mask = self.grammars.bitmask(reqs)
-        rows = logits if len(batch.sampled) == len(batch.requests) else logits[to_device(batch.sampled, logits.device)]
+        rows = (
+            logits
+            if len(batch.sampled) == len(batch.requests)
+            else logits[to_device(batch.sampled, logits.device)]
+        )
         result = self.sampler.sample(
-            rows, [SampleRequest(r.params, r.output_ids, r.generator, r.prompt_ids) for r in reqs], grammar_mask
+            rows,
+            [SampleRequest(r.params, r.output_ids, r.generator, r.prompt_ids) for r in reqs],
+            grammar_mask,
         )
         token_ids = result.token_ids
         if self.parallel.tp_size > 1:

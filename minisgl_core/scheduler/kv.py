@@ -16,7 +16,7 @@ import math
 import torch
 
 from minisgl_core.api import CacheManager
-from minisgl_core.engine.allocator import PageAllocator
+from minisgl_core.scheduler.allocator import PageAllocator
 from minisgl_core.scheduler.request import Request
 
 
@@ -28,7 +28,9 @@ def ceil_div(a: int, b: int) -> int:
 RESERVE_INITIAL, RESERVE_MIN, RESERVE_DECAY = 0.7, 0.2, 0.002
 
 
-def _expected_final_len(prompt_len: int, output_len: int, fill_len: int, max_tokens: int, ratio: float) -> int:
+def _expected_final_len(
+    prompt_len: int, output_len: int, fill_len: int, max_tokens: int, ratio: float
+) -> int:
     # what it has, plus ``ratio`` of what it may still add; at least one token past what must be filled
     return max(prompt_len + output_len + math.ceil(ratio * (max_tokens - output_len)), fill_len + 1)
 
@@ -52,7 +54,11 @@ class KVManager:
     def expected_final_len(self, req: Request) -> int:
         """Tokens the request is expected to reach: what it has plus a share of what it may still add."""
         return _expected_final_len(
-            len(req.prompt_ids), len(req.output_ids), len(req.fill_ids), req.params.max_tokens, self.reserve_ratio
+            len(req.prompt_ids),
+            len(req.output_ids),
+            len(req.fill_ids),
+            req.params.max_tokens,
+            self.reserve_ratio,
         )
 
     def available_pages(self) -> int:
@@ -61,7 +67,9 @@ class KVManager:
         ps, ratio = self.page_size, self.reserve_ratio
         growth = 0
         for r in self.admitted.values():
-            final = _expected_final_len(len(r.prompt_ids), len(r.output_ids), len(r.fill_ids), r.params.max_tokens, ratio)
+            final = _expected_final_len(
+                len(r.prompt_ids), len(r.output_ids), len(r.fill_ids), r.params.max_tokens, ratio
+            )
             need = -(-final // ps) - r.prefix_len // ps - len(r.pages)
             if need > 0:
                 growth += need
@@ -136,7 +144,10 @@ class KVManager:
         if end - start == 1:
             own = start - base
             return [pages[own // page_size] * page_size + own % page_size]
-        return [pages[(pos - base) // page_size] * page_size + (pos - base) % page_size for pos in range(start, end)]
+        return [
+            pages[(pos - base) // page_size] * page_size + (pos - base) % page_size
+            for pos in range(start, end)
+        ]
 
     def _take_pages(self, n: int) -> list[int] | None:
         """``n`` free pages, evicting unlocked cache entries if the free list is short; None (and

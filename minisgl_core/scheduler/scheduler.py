@@ -23,9 +23,9 @@ from minisgl_core.api import (
     SchedulerState,
     SchedulingPolicy,
 )
-from minisgl_core.engine.allocator import PageAllocator, RequestSlots
-from minisgl_core.engine.sampler import to_device
+from minisgl_core.runner.sampler import to_device
 from minisgl_core.sampling import StepOutput, TokenLogprob
+from minisgl_core.scheduler.allocator import PageAllocator, RequestSlots
 from minisgl_core.scheduler.cascade import group_shared_prefixes
 from minisgl_core.scheduler.kv import KVManager
 from minisgl_core.scheduler.request import Request
@@ -188,7 +188,11 @@ class Scheduler:
         # decoded once more for nothing: leave it out, process() finishes it when that step lands.
         # (the tokens a request will have once every planned step lands: one per position past its prompt)
         limit = self.page_table.shape[1] - 1
-        reqs = [r for r in reqs if r.num_computed - len(r.prompt_ids) + 1 < r.params.max_tokens and r.num_computed < limit]
+        reqs = [
+            r
+            for r in reqs
+            if r.num_computed - len(r.prompt_ids) + 1 < r.params.max_tokens and r.num_computed < limit
+        ]
         if not reqs:
             return None
         self._retract_until_decode_fits(reqs)
@@ -196,7 +200,9 @@ class Scheduler:
             return None
         shared = None
         if self.cascade:
-            reqs, shared = group_shared_prefixes(reqs, {r.rid: r.num_computed + 1 for r in reqs}, self.kv.page_size)
+            reqs, shared = group_shared_prefixes(
+                reqs, {r.rid: r.num_computed + 1 for r in reqs}, self.kv.page_size
+            )
         slots = self.kv.decode_slots(reqs)
         if slots is None:  # cannot happen: check_request keeps one request within the pool
             raise RuntimeError("KV pool exhausted with a single request running")
@@ -233,7 +239,9 @@ class Scheduler:
         packed = _padded_rows([flat_slots, positions, token_rows], torch.int64).to(device, non_blocking=True)
         out_cache_loc, pos, token_rows_dev = packed[0, :n], packed[1, :n], packed[2, :n]
         self.page_table[token_rows_dev, pos] = out_cache_loc.to(torch.int32)
-        lens = _padded_rows([rows, seq_lens, chunks], torch.int32).to(device, non_blocking=True)[:, : len(reqs)]
+        lens = _padded_rows([rows, seq_lens, chunks], torch.int32).to(device, non_blocking=True)[
+            :, : len(reqs)
+        ]
         ends = torch.tensor(chunks).cumsum(0) - 1 if is_prefill else torch.arange(len(reqs))
         return ForwardBatch(
             is_prefill=is_prefill,
@@ -276,7 +284,9 @@ class Scheduler:
 
     def _complain(self, what: str) -> None:
         if not self._warned_plan:
-            logger.warning("scheduling policy %s: %s; ignoring that part of the plan", type(self.policy).__name__, what)
+            logger.warning(
+                "scheduling policy %s: %s; ignoring that part of the plan", type(self.policy).__name__, what
+            )
             self._warned_plan = True
 
     # ------------------------------------------------------------------ results
@@ -309,7 +319,9 @@ class Scheduler:
                 del self.running[req.rid]
                 self._release(req)
             error = req.grammar_error if reason == "error" else None
-            outputs.append(StepOutput(req.rid, token, reason is not None, reason, matched, logprobs[j], error))
+            outputs.append(
+                StepOutput(req.rid, token, reason is not None, reason, matched, logprobs[j], error)
+            )
         return outputs
 
     def _release(self, req: Request) -> None:

@@ -1,1 +1,1 @@
-"""The multi-process OpenAI-compatible server: launcher, API app, shell and the child-process plumbing."""
+"""The OpenAI-compatible HTTP server: launcher, FastAPI app, routes, metrics and the shell."""

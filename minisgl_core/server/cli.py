@@ -64,7 +64,10 @@ def _add_http_args(p: argparse.ArgumentParser, port: int) -> None:
 def _add_shell_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("shell")
     g.add_argument(
-        "--temperature", type=float, default=None, help="sampling temperature (default: the model's, else 1.0)"
+        "--temperature",
+        type=float,
+        default=None,
+        help="sampling temperature (default: the model's, else 1.0)",
     )
     g.add_argument("--max-tokens", type=int, default=512, help="longest reply in tokens")
     g.add_argument("--system", default=None, help="system prompt")
@@ -83,7 +86,7 @@ def _add_plugin_args(p: argparse.ArgumentParser, plugins: Plugins | None) -> Non
 
 
 def add_server_commands(subparsers: Any, plugins: Plugins | None = None) -> None:
-    from minisgl_core.engine.args import add_engine_args
+    from minisgl_core.config_args import add_engine_args
 
     if plugins is None:
         try:
@@ -128,15 +131,17 @@ def _plain_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _serve_options(args: argparse.Namespace):
+    from minisgl_core.checkpoint.generation_defaults import describe, load_sampling_defaults
+    from minisgl_core.checkpoint.resolve import check_model
+    from minisgl_core.config_args import engine_config_from_args
     from minisgl_core.distributed import DistributedSpec, free_loopback_addr
-    from minisgl_core.engine.args import engine_config_from_args
-    from minisgl_core.engine.generation_defaults import describe, load_sampling_defaults
-    from minisgl_core.engine.model_source import check_model
+    from minisgl_core.processes.runtime import RuntimeOptions
     from minisgl_core.server.launcher import ServeOptions
-    from minisgl_core.server.runtime import RuntimeOptions
 
     if args.api_key and os.environ.get("MINISGL_API_KEY") != args.api_key:
-        logger.warning("--api-key is visible to every local user in the process list; prefer env MINISGL_API_KEY")
+        logger.warning(
+            "--api-key is visible to every local user in the process list; prefer env MINISGL_API_KEY"
+        )
     # Only the API server checks the key: the worker processes need not inherit it.
     os.environ.pop("MINISGL_API_KEY", None)
     plugins = Plugins.load(disable=args.disable_plugin)
@@ -260,7 +265,9 @@ def _cmd_shell(args: argparse.Namespace) -> int:
     chat = _shell_foreground(args)
 
     def foreground(url: str, api_key: str | None, model: str, is_failed) -> int:
-        print(f"minisgl shell: {model} ready in {time.monotonic() - started:.1f}s", file=sys.stderr, flush=True)
+        print(
+            f"minisgl shell: {model} ready in {time.monotonic() - started:.1f}s", file=sys.stderr, flush=True
+        )
         return chat(url, api_key, model, is_failed)
 
     return serve(opts, plugins, foreground)

@@ -92,7 +92,9 @@ def _is_union_member_tag(part: str) -> bool:
 
 def _is_type_mismatch(err: Any) -> bool:
     kind = str(err.get("type", ""))
-    return kind.endswith("_type") or kind.endswith("_parsing") or kind in ("literal_error", "union_tag_invalid")
+    return (
+        kind.endswith("_type") or kind.endswith("_parsing") or kind in ("literal_error", "union_tag_invalid")
+    )
 
 
 def install_error_handlers(app: FastAPI, on_error: Callable[[int], None] = lambda status: None) -> None:

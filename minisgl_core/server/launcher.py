@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from minisgl_core.api import ProcessContext
-from minisgl_core.engine.model_source import served_model_name
+from minisgl_core.checkpoint.resolve import served_model_name
 from minisgl_core.plugins import Plugins
+from minisgl_core.processes.runtime import ChildFailed, Runtime, RuntimeOptions
 from minisgl_core.server.api_options import ApiOptions
 from minisgl_core.server.limits import ServerLimits
-from minisgl_core.server.runtime import ChildFailed, Runtime, RuntimeOptions
 
 logger = logging.getLogger("minisgl.server")
 

@@ -23,8 +23,8 @@ import zmq
 import zmq.asyncio
 
 from minisgl_core.messages import AbortRequest, Admission, DetokOutputs, TokenizeRequest, decode
+from minisgl_core.processes.ipc import bind_pull, connect_push, send
 from minisgl_core.server.errors import APIError
-from minisgl_core.server.ipc import bind_pull, connect_push, send
 from minisgl_core.server.limits import ServerLimits
 from minisgl_core.server.metrics import Metrics
 
@@ -85,7 +85,11 @@ class Delta:
         self.token_ids += later.token_ids
         self.logprobs += later.logprobs
         if later.finish_reason is not None:
-            self.finish_reason, self.matched_stop, self.error = later.finish_reason, later.matched_stop, later.error
+            self.finish_reason, self.matched_stop, self.error = (
+                later.finish_reason,
+                later.matched_stop,
+                later.error,
+            )
 
 
 class RequestGroup:

@@ -13,7 +13,6 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import Field
 
-import minisgl_core
 from minisgl_core.server.api_options import ApiTokenizer
 from minisgl_core.server.errors import APIError
 from minisgl_core.server.schemas import ChatMessage, StrictModel, ToolDefinition
@@ -80,6 +79,13 @@ def tokenize_router(state: ServerState, tokenizer: ApiTokenizer) -> APIRouter:
 
     @router.get("/version")
     async def version() -> dict[str, str]:
-        return {"version": minisgl_core.__version__}
+        return {"version": _core_version()}
 
     return router
+
+
+def _core_version() -> str:
+    # from the installed distribution: importing the package root would pull in the offline LLM
+    from importlib.metadata import version
+
+    return version("minisgl-core")

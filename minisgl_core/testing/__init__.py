@@ -1,7 +1,7 @@
 """Test helpers for the core and for plugin authors: tiny random models and tokenizers built
 locally, and hand-built batches over a paged KV pool."""
 
-from minisgl_core.testing.factories import (
+from minisgl_core.demo.factories import (
     CHAT_TEMPLATE,
     SPECIAL_TOKENS,
     demo_model_dir,

@@ -558,9 +558,17 @@ class AttentionBackendSuite:
         for part in range(2):
             rows = list(range(part * n, (part + 1) * n))
             batch = self.batch(
-                problem, generator, seq_lens[part * n : (part + 1) * n], [1] * n, rows=rows, is_prefill=False, captured=True
+                problem,
+                generator,
+                seq_lens[part * n : (part + 1) * n],
+                [1] * n,
+                rows=rows,
+                is_prefill=False,
+                captured=True,
             )
             batch.shared_prefixes = [
-                SharedPrefix(g.start - part * n, g.end - part * n, g.length) for g in groups if g.start in rows
+                SharedPrefix(g.start - part * n, g.end - part * n, g.length)
+                for g in groups
+                if g.start in rows
             ]
             self.replay_and_check(problem, generator, captured, dummy, batch, rows)

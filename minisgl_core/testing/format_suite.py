@@ -14,7 +14,7 @@ format::
 
 The suite reads the result back through your class and checks it against the original: what
 ``detect`` accepts, the config our model plugins read, every weight's name, shape, dtype and
-values (within ``weight_tolerance``), that the core's :func:`~minisgl_core.engine.loader.open_model`
+values (within ``weight_tolerance``), that the core's :func:`~minisgl_core.checkpoint.formats.open_model`
 picks your format, and, per declared capability, the tokenizer's ids, the chat template's
 rendering and a clear error for a truncated file. Tests for undeclared capabilities are skipped.
 """
@@ -74,7 +74,7 @@ class WeightFormatSuite:
     @classmethod
     def round_trip(cls, tmp_path_factory: pytest.TempPathFactory):
         """{architecture: (original HF directory, path written in the format)}."""
-        from minisgl_core.testing.factories import make_model_dir
+        from minisgl_core.demo.factories import make_model_dir
 
         written = {}
         for arch in cls.architectures:
@@ -102,29 +102,33 @@ class WeightFormatSuite:
         assert not self.format_cls.detect(stray), "detect() accepts a text file"
 
     def test_open_model_picks_this_format(self, round_trip) -> None:
-        from minisgl_core.engine.loader import open_model
+        from minisgl_core.checkpoint.formats import open_model
 
         for _, path in round_trip.values():
             assert isinstance(open_model(path), self.format_cls)
 
     def test_config_round_trips(self, round_trip) -> None:
         from minisgl_core.api.layers.rotary import rope_parameters
-        from minisgl_core.engine.loader import load_hf_config
+        from minisgl_core.checkpoint.formats import load_hf_config
 
         for arch, (hf_dir, path) in round_trip.items():
             expected, actual = load_hf_config(hf_dir), self.format_cls(Path(path)).hf_config()
             for key in _CONFIG_KEYS:
                 assert actual.get(key) == expected.get(key), f"{arch}: config[{key!r}]"
             # read as the model plugins read them (transformers 5 nests rope_theta in rope_parameters)
-            assert actual.get("rms_norm_eps", 1e-6) == pytest.approx(expected.get("rms_norm_eps", 1e-6), rel=1e-6)
+            assert actual.get("rms_norm_eps", 1e-6) == pytest.approx(
+                expected.get("rms_norm_eps", 1e-6), rel=1e-6
+            )
             theta = rope_parameters(actual)["rope_theta"]
-            assert theta == pytest.approx(rope_parameters(expected)["rope_theta"], rel=1e-6), f"{arch}: rope_theta"
+            assert theta == pytest.approx(rope_parameters(expected)["rope_theta"], rel=1e-6), (
+                f"{arch}: rope_theta"
+            )
             head_dim = actual.get("head_dim") or actual["hidden_size"] // actual["num_attention_heads"]
             assert head_dim == expected["head_dim"], f"{arch}: head_dim"
 
     @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
     def test_weights_round_trip(self, round_trip, dtype: torch.dtype) -> None:
-        from minisgl_core.engine.loader import iter_checkpoint, load_hf_config
+        from minisgl_core.checkpoint.formats import iter_checkpoint, load_hf_config
 
         for arch, (hf_dir, path) in round_trip.items():
             expected = dict(iter_checkpoint(hf_dir))
@@ -151,7 +155,7 @@ class WeightFormatSuite:
 
     def test_tokenizer_round_trips(self, round_trip) -> None:
         self._require(TOKENIZER)
-        from minisgl_core.testing.corpus import builtin_corpus
+        from minisgl_core.demo.corpus import builtin_corpus
         from minisgl_core.tokenizer.load import load_tokenizer_dir
 
         texts = builtin_corpus(num_sentences=50, seed=3) + [

@@ -111,7 +111,7 @@ class GrammarBackendSuite:
     def tokenizer(cls, tmp_path_factory: pytest.TempPathFactory) -> Any:
         from transformers import AutoTokenizer
 
-        from minisgl_core.testing.factories import train_tokenizer
+        from minisgl_core.demo.factories import train_tokenizer
 
         directory: Path = train_tokenizer(tmp_path_factory.mktemp("grammar-tokenizer"), vocab_size=512)
         return AutoTokenizer.from_pretrained(str(directory))

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from minisgl_core.api import Model, ParallelContext
-from minisgl_core.engine.loader import iter_checkpoint, load_hf_config
+from minisgl_core.checkpoint.formats import iter_checkpoint, load_hf_config
 from minisgl_core.testing.harness import PagedSequences, make_attention
 from minisgl_core.testing.policy_suite import resolve
 from minisgl_core.testing.reference import (
@@ -57,7 +57,7 @@ class ModelSuite:
 
     def make_model_dir(self, path: Path) -> Path:
         """Write a random checkpoint of the architecture (config.json, safetensors, tokenizer)."""
-        from minisgl_core.testing.factories import make_model_dir
+        from minisgl_core.demo.factories import make_model_dir
 
         return make_model_dir(path, self.architecture, seed=self.seed, **self.config_overrides)
 

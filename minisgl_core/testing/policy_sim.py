@@ -49,8 +49,7 @@ def plan_problems(state: SchedulerState, plan: object) -> Iterator[str]:
             fits = [
                 r.rid
                 for r in state.waiting
-                if budgets.free_request_slots > 0
-                and kv_need(state, r) <= budgets.free_kv_tokens
+                if budgets.free_request_slots > 0 and kv_need(state, r) <= budgets.free_kv_tokens
             ]
             if fits:
                 yield f"returned None although request {fits[0]} fits every budget"

@@ -40,7 +40,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 @pytest.fixture(scope="session")
 def make_tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
-    from minisgl_core.testing.factories import make_model_dir
+    from minisgl_core.demo.factories import make_model_dir
 
     built: dict[str, Path] = {}
 
@@ -67,7 +67,7 @@ def tiny_llama_dir(make_tiny_model: Callable[..., Path]) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from minisgl_core.testing.factories import train_tokenizer
+    from minisgl_core.demo.factories import train_tokenizer
 
     return train_tokenizer(tmp_path_factory.mktemp("minisgl-tokenizer"))
 

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from minisgl_core.api import AttentionBackend, Model, ModelConfig, ParallelContext
-from minisgl_core.engine.loader import iter_checkpoint, load_hf_config
+from minisgl_core.checkpoint.formats import iter_checkpoint, load_hf_config
 from minisgl_core.testing.harness import PagedSequences, greedy_generate, make_attention
 
 

@@ -11,30 +11,22 @@ if TYPE_CHECKING:
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from minisgl_core.checkpoint.formats import load_tokenizer_dir  # noqa: E402 (after the variable)
+
+__all__ = ["apply_chat_template", "load_tokenizer", "load_tokenizer_dir"]
+
 
 def load_tokenizer(
     model: str | Path, plugins: Plugins | None = None, chat_template: str | None = None
 ) -> Any:
     """The tokenizer of the model at ``model``, read through its weight format, with
     ``chat_template`` (Jinja text, ``--chat-template``) replacing its own when given."""
-    from minisgl_core.engine.loader import open_model
+    from minisgl_core.checkpoint.formats import open_model
 
     tokenizer = open_model(model, plugins).tokenizer()
     if chat_template is not None:
         tokenizer.chat_template = chat_template
     return tokenizer
-
-
-def load_tokenizer_dir(model_dir: str | Path) -> Any:
-    """The HF tokenizer saved in ``model_dir`` (tokenizer.json / tokenizer_config.json)."""
-    from transformers import AutoTokenizer
-
-    path = Path(model_dir)
-    if not any((path / name).exists() for name in ("tokenizer.json", "tokenizer.model", "vocab.json")):
-        raise FileNotFoundError(
-            f"no tokenizer in {path} (expected tokenizer.json, tokenizer.model or vocab.json next to config.json)"
-        )
-    return AutoTokenizer.from_pretrained(str(path))
 
 
 def apply_chat_template(tokenizer: Any, messages: list[dict[str, Any]], **kwargs: Any) -> list[int]:

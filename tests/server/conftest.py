@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from minisgl_core.testing.factories import make_model_dir
+from minisgl_core.demo.factories import make_model_dir
 
 API_KEY = "test-key"
 #: small limits keep start-up and every request cheap (2048 is the tiny model's own context)

@@ -111,7 +111,7 @@ def serve(model: str, tp: int, extra: list[str]) -> dict:
 
 
 def main() -> None:
-    from minisgl_core.testing.factories import make_model_dir
+    from minisgl_core.demo.factories import make_model_dir
 
     OUT.mkdir(parents=True, exist_ok=True)
     model = str(

@@ -8,10 +8,10 @@ import msgpack
 import pytest
 
 from minisgl_core import messages as m
+from minisgl_core.processes.text_workers import Admitter, Detokenizer, RequestRejected
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.tokenizer.detokenize import final_text
 from minisgl_core.tokenizer.load import load_tokenizer
-from minisgl_core.tokenizer.worker import Admitter, Detokenizer, RequestRejected
 
 SAMPLES = [
     m.Limits(2048, 65536, 1024),

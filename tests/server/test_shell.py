@@ -66,7 +66,9 @@ def test_shell_starts_its_own_server(model_dir, engine_args, llm, tmp_path):
     assert result.stdout == expected_transcript(llm)
     # while loading it says what it is doing (on stderr: stdout is the conversation)
     said = result.stderr.splitlines()
-    loading = next(i for i, line in enumerate(said) if line.startswith(f"minisgl shell: loading {model_dir} "))
+    loading = next(
+        i for i, line in enumerate(said) if line.startswith(f"minisgl shell: loading {model_dir} ")
+    )
     assert any(line.startswith(f"minisgl shell: {model_dir.name} ready in ") for line in said[loading + 1 :])
     assert list(tmp_path.glob("minisgl-*")) == []  # its private sockets are gone
 

@@ -14,7 +14,9 @@ from minisgl_core.bench.workloads import shared_prefix
 from minisgl_core.server.state import RequestGroup, TokenEvent
 
 
-def event(index: int, token: int, text: str, reason: str | None = None, error: str | None = None) -> TokenEvent:
+def event(
+    index: int, token: int, text: str, reason: str | None = None, error: str | None = None
+) -> TokenEvent:
     return TokenEvent(index, token, text, reason, None, [token, -0.5, []] if token >= 0 else None, error)
 
 
@@ -67,17 +69,25 @@ def test_a_route_that_keeps_up_gets_one_delta_per_event() -> None:
     assert deltas[-1].finish_reason == "stop"
 
 
-def test_bench_client_and_step_trace_agree_with_the_workload(start_server, model_dir, engine_args, auth, tmp_path) -> None:
+def test_bench_client_and_step_trace_agree_with_the_workload(
+    start_server, model_dir, engine_args, auth, tmp_path
+) -> None:
     steps_path, requests_path = tmp_path / "steps.jsonl", tmp_path / "requests.jsonl"
     server = start_server(
         ["--model", str(model_dir), "--api-key", auth["Authorization"].split()[1], *engine_args],
         env={"MINISGL_STEP_TRACE": str(steps_path)},
     )
-    workload = shared_prefix(groups=2, prompts_per_group=4, prefix_len=64, question_len=8, output_len=6, vocab=500)
+    workload = shared_prefix(
+        groups=2, prompts_per_group=4, prefix_len=64, question_len=8, output_len=6, vocab=500
+    )
     result = asyncio.run(
         run_load(
-            server.url, model_dir.name, workload, concurrency=4,
-            api_key=auth["Authorization"].split()[1], trace=str(requests_path),
+            server.url,
+            model_dir.name,
+            workload,
+            concurrency=4,
+            api_key=auth["Authorization"].split()[1],
+            trace=str(requests_path),
         )  # fmt: skip
     )
     assert result["output_tokens"] == 8 * 6
@@ -94,7 +104,9 @@ def test_bench_client_and_step_trace_agree_with_the_workload(start_server, model
     # the first token of each request comes from its prefill step, the other five from decode steps
     assert sum(s["tokens"] for s in decode) == 8 * 5
     # the prompt tokens the cache did not hold (the hit rate is rounded to 4 digits)
-    assert sum(s["tokens"] for s in prefill) == pytest.approx(8 * 72 * (1 - result["prefix_hit_rate"]), abs=0.5)
+    assert sum(s["tokens"] for s in prefill) == pytest.approx(
+        8 * 72 * (1 - result["prefix_hit_rate"]), abs=0.5
+    )
     assert all(s["dt"] >= 0 and s["running"] >= 0 and s["waiting"] >= 0 for s in steps)
     # one clock: the first step with a new request began after the client sent it, and soon after
     first_sent = min(r["sent"] for r in requests)
@@ -111,7 +123,11 @@ def test_bench_waits_for_the_schedulers_counters_before_the_hit_rate() -> None:
               "minisgl_prefix_cache_hit_tokens_total": 0.0}  # fmt: skip
     stale = {"minisgl_prompt_tokens_total": 110.0, "minisgl_admitted_prompt_tokens_total": 60.0,
              "minisgl_prefix_cache_hit_tokens_total": 10.0}  # fmt: skip
-    fresh = {**stale, "minisgl_admitted_prompt_tokens_total": 110.0, "minisgl_prefix_cache_hit_tokens_total": 60.0}
+    fresh = {
+        **stale,
+        "minisgl_admitted_prompt_tokens_total": 110.0,
+        "minisgl_prefix_cache_hit_tokens_total": 60.0,
+    }
     pages = [stale, stale, fresh]
 
     class Client:

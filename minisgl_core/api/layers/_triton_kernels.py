@@ -53,7 +53,9 @@ def rope_store_kernel(
         hv = tl.arange(0, BLOCK_KV)[:, None]
         mv = (hv < NUM_KV) & mask[None, :]
         v_src = row + (NUM_Q + NUM_KV + hv) * (2 * HALF) + d[None, :]
-        v_dst = v_pool + tl.load(loc + token).to(tl.int64) * (NUM_KV * 2 * HALF) + hv * (2 * HALF) + d[None, :]
+        v_dst = (
+            v_pool + tl.load(loc + token).to(tl.int64) * (NUM_KV * 2 * HALF) + hv * (2 * HALF) + d[None, :]
+        )
         tl.store(v_dst, tl.load(v_src, mask=mv).to(v_dst.dtype.element_ty), mask=mv)
         tl.store(v_dst + HALF, tl.load(v_src + HALF, mask=mv).to(v_dst.dtype.element_ty), mask=mv)
     else:
@@ -77,7 +79,12 @@ def rope_store_kernel(
             k_src = row + (NUM_Q + hk) * (2 * HALF) + d[None, :]
             k1, k2 = _norm_rope(tl.load(k_src, mask=mk, other=0.0), tl.load(k_src + HALF, mask=mk, other=0.0),
                                 k_weight, cos, sin, eps, d, mask, HALF, NORM)  # fmt: skip
-            k_dst = k_pool + tl.load(loc + token).to(tl.int64) * (NUM_KV * 2 * HALF) + hk * (2 * HALF) + d[None, :]
+            k_dst = (
+                k_pool
+                + tl.load(loc + token).to(tl.int64) * (NUM_KV * 2 * HALF)
+                + hk * (2 * HALF)
+                + d[None, :]
+            )
             tl.store(k_dst, k1.to(k_dst.dtype.element_ty), mask=mk)
             tl.store(k_dst + HALF, k2.to(k_dst.dtype.element_ty), mask=mk)
 

@@ -4,29 +4,28 @@ Decode steps of small models are made of many tiny kernels: written plainly, an 
 is eight launches and rotary twenty, which costs more than the matrix products at batch one.
 On CUDA these functions go through ``torch.compile`` (Triton), once per process with dynamic
 shapes, before any CUDA graph is captured; elsewhere (CPU, CI) they run eagerly with the same math.
-``MINISGL_COMPILE=0`` turns fusion off (ablation).
+``--disable-fast-path compile`` (or ``MINISGL_COMPILE=0``) turns fusion off (ablation).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
 
+from minisgl_core import fast_paths
 from minisgl_core.api.layers import triton_ops
 
 F_ = TypeVar("F_", bound=Callable)
-_ENABLED = os.environ.get("MINISGL_COMPILE", "1") != "0"
 
 
 def fused(fn: F_) -> F_:
     compiled: list[Callable] = []
 
     def call(x: torch.Tensor, *args):
-        if not (_ENABLED and x.is_cuda):
+        if not (x.is_cuda and fast_paths.current().compile):
             return fn(x, *args)
         if not compiled:
             compiled.append(torch.compile(fn, dynamic=True, fullgraph=True))
@@ -44,7 +43,9 @@ def _normalize(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tenso
     return weight * x32.to(x.dtype)
 
 
-def _cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def _cos_sin(
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary angles in float32, as ``[num_tokens, 1, head_dim]`` cos and sin in ``dtype``."""
     freqs = positions.float()[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]

@@ -32,6 +32,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from minisgl_core import fast_paths
+
+#: MINISGL_FUSED_KV -> "fused_kv", ...: callers name a switch by its environment variable
+_SWITCH_OF_ENV_VAR = {var: name for name, var in fast_paths.ENV_VARS.items()}
+
 if TYPE_CHECKING:
     from minisgl_core.api.attention import KVCache
 
@@ -49,9 +54,10 @@ def fused_kv_enabled(device: torch.device) -> bool:
 
 
 def triton_enabled(device: torch.device, flag: str) -> bool:
-    """A hand-written Triton kernel runs on ``device`` unless its ``flag`` (an environment
-    variable) or ``MINISGL_COMPILE`` is ``0``: on CUDA, elsewhere only under Triton's interpreter."""
-    if os.environ.get(flag, "1") == "0" or os.environ.get("MINISGL_COMPILE", "1") == "0":
+    """A hand-written Triton kernel runs on ``device`` unless its fast-path switch (named by its
+    environment variable ``flag``, see :mod:`minisgl_core.fast_paths`) or ``compile`` is off: on
+    CUDA, elsewhere only under Triton's interpreter."""
+    if not fast_paths.current().enabled(_SWITCH_OF_ENV_VAR[flag]):
         return False
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         return False
@@ -74,12 +80,16 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     1.6 TB/s on an 8,192-token Qwen3-0.6B prefill (95 µs per layer on an H200)."""
     tokens, width = gate_up.shape
     if width % 2 or gate_up.stride(1) != 1:
-        raise ValueError(f"silu_and_mul: gate_up of shape {tuple(gate_up.shape)} and strides {gate_up.stride()}")
+        raise ValueError(
+            f"silu_and_mul: gate_up of shape {tuple(gate_up.shape)} and strides {gate_up.stride()}"
+        )
     inter = width // 2
     out = torch.empty((tokens, inter), dtype=gate_up.dtype, device=gate_up.device)
     if tokens:
         grid = (tokens, -(-inter // _SILU_BLOCK))
-        _kernels().silu_mul_kernel[grid](gate_up, gate_up.stride(0), out, inter, BLOCK=_SILU_BLOCK, num_warps=4)
+        _kernels().silu_mul_kernel[grid](
+            gate_up, gate_up.stride(0), out, inter, BLOCK=_SILU_BLOCK, num_warps=4
+        )
     return out
 
 

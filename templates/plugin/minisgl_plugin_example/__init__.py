@@ -5,8 +5,8 @@ Imports only the standard library and minisgl_core.api, so discovering the plugi
 
 from minisgl_core.api import hookimpl
 
-#: the oldest minisgl plugin API this plugin works with
-MINISGL_API = "1.0"
+#: the oldest minisgl plugin API this plugin works with (1.1: the policy uses Budgets.kv_to_admit)
+MINISGL_API = "1.1"
 
 
 @hookimpl

@@ -43,9 +43,11 @@ class ShortestFirstPolicy(SchedulingPolicy):
             if tokens <= 0:
                 break
             remaining = req.remaining_prefill
-            if req.num_computed == 0:  # a new request needs a row and KV for its whole future
+            if req.num_computed == 0:  # a new request needs a row and KV for its expected future
                 cached = state.cached_prefix_len(req.rid)
-                need = req.prompt_len - cached + req.max_new_tokens
+                # the uncached prompt plus the share of max_new_tokens the core expects to use:
+                # exactly what the core itself takes when it admits the request
+                need = budgets.kv_to_admit(req, cached)
                 if rows == 0 or need > kv:
                     break  # wait for room rather than let later requests overtake this one
                 rows, kv, remaining = rows - 1, kv - need, req.prompt_len - cached

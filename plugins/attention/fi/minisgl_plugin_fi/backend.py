@@ -117,7 +117,9 @@ class FlashInferBackend(AttentionBackend):
         self.graph_wrappers: dict[int, BatchDecodeWithPagedKVCacheWrapper] = {}
         self._graph_buffers: GraphBuffers | None = None
         # Cascade: the prefix pass (paged prefill kernel); its suffix pass reuses the decode wrappers.
-        self.prefix_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
+        self.prefix_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            self.workspace, "NHD", backend="fa2"
+        )
         self.cascade_graph_wrappers: dict[
             int, tuple[BatchPrefillWithPagedKVCacheWrapper, BatchDecodeWithPagedKVCacheWrapper]
         ] = {}
@@ -128,7 +130,9 @@ class FlashInferBackend(AttentionBackend):
 
     def prepare_metadata(self, batch: ForwardBatch) -> None:
         if batch.shared_prefixes is not None and not batch.is_prefill:
-            batch.attn_metadata = self._plan_cascade(self.prefix_wrapper, self.decode_wrapper, batch, pad=False)
+            batch.attn_metadata = self._plan_cascade(
+                self.prefix_wrapper, self.decode_wrapper, batch, pad=False
+            )
             return
         layout = paged_layout(batch, self.config.page_size)
         if batch.is_prefill or max(batch.extend_lens_cpu) > 1:
@@ -216,7 +220,7 @@ class FlashInferBackend(AttentionBackend):
         config = self.config
         host = host_csr(batch, config.page_size)
         # Split-KV stays on even for full batches: without it the graph replay of bs 32 x 1500
-        # tokens took 71.6 instead of 56.7 µs per layer (scripts/device_profile.py attn).
+        # tokens took 71.6 instead of 56.7 µs per layer (tools/device_profile.py attn).
         options = self._kernel_options()
         with self._fences.planning(wrapper):
             wrapper.plan(

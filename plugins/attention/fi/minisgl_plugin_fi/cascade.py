@@ -43,7 +43,9 @@ def cascade_layout(batch: ForwardBatch, page_size: int, *, pad_entries: bool) ->
         group = groups.get(i)
         if group is not None:
             if not 0 < group.length < min(seq_lens[group.start : group.end]) or group.length % page_size:
-                raise ValueError(f"bad shared prefix {group} for sequence lengths {seq_lens[group.start : group.end]}")
+                raise ValueError(
+                    f"bad shared prefix {group} for sequence lengths {seq_lens[group.start : group.end]}"
+                )
             members = group.end - group.start
             entry_seqs.append(i)
             entry_ends.append(group.length)

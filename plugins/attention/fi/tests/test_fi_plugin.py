@@ -153,7 +153,14 @@ def test_cascade_layout(page_size: int, pad: bool) -> None:
     expected = [p for seq, start, end in entries for p in pages(seq, start, end)]
     assert layout.prefix.kv_indices.tolist() == expected
     assert len(layout.prefix.kv_indptr) == len(layout.qo_indptr)
-    last_page = [(0, 8 // page_size * page_size), (1, 8), (2, 8), (3, 4 // page_size * page_size), (4, 4), (5, 4)]
+    last_page = [
+        (0, 8 // page_size * page_size),
+        (1, 8),
+        (2, 8),
+        (3, 4 // page_size * page_size),
+        (4, 4),
+        (5, 4),
+    ]
     suffix = [p for seq, start in last_page for p in pages(seq, start, seq_lens[seq])]
     assert layout.suffix.kv_indices.tolist() == suffix
     assert layout.in_group == [0, 1, 1, 0, 1, 1]

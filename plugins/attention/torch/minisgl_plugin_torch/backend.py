@@ -64,7 +64,9 @@ class TorchAttentionBackend(AttentionBackend):
         group_slots = [batch.page_table[rows[g.start], : g.length].long() for g in groups]
         return self._grid(batch, max_len, key_starts)._replace(groups=groups, group_slots=group_slots)
 
-    def _grid(self, batch: ForwardBatch, max_len: int | None, key_starts: list[int] | None) -> TorchAttentionMetadata:
+    def _grid(
+        self, batch: ForwardBatch, max_len: int | None, key_starts: list[int] | None
+    ) -> TorchAttentionMetadata:
         device = batch.page_table.device
         bs = batch.batch_size
         # Python-side lengths give the padded shapes without a device sync.

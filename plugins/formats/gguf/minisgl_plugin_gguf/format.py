@@ -162,11 +162,11 @@ def _tokenizer_cache_dir(file: Path) -> Path:
     """Where the tokenizer built from ``file`` is kept: keyed by the file's identity and transformers' version."""
     import transformers
 
-    from minisgl_core.engine.model_source import cache_dir
-
     stat = file.stat()
     key = f"{file.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
-    return cache_dir() / "gguf-tokenizers" / hashlib.sha256(key.encode()).hexdigest()[:20]
+    # the core's cache directory ($MINISGL_CACHE_DIR, else ~/.cache/minisgl), where it keeps models too
+    cache_dir = Path(os.environ.get("MINISGL_CACHE_DIR") or Path.home() / ".cache" / "minisgl")
+    return cache_dir / "gguf-tokenizers" / hashlib.sha256(key.encode()).hexdigest()[:20]
 
 
 def _convert_tokenizer(file: Path, target: Path) -> None:

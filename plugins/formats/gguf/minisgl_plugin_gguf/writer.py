@@ -76,10 +76,8 @@ def write_gguf(
     ``encode`` may store a tensor its own way (e.g. K-quant blocks made by a test)."""
     import gguf
 
-    from minisgl_core.engine.loader import iter_checkpoint, load_hf_config
-
     hf_dir, out = Path(hf_dir), Path(out)
-    config = load_hf_config(hf_dir)
+    config = json.loads((hf_dir / "config.json").read_text())
     by_class = {v: k for k, v in ARCHITECTURES.items()}
     arch = arch or by_class[config["architectures"][0]]
     quant = gguf.GGMLQuantizationType[qtype]
@@ -87,7 +85,7 @@ def write_gguf(
     _write_config(writer, config)
     _write_tokenizer(writer, hf_dir)
     permuted = arch == "llama"
-    for name, tensor in iter_checkpoint(hf_dir):
+    for name, tensor in _iter_safetensors(hf_dir):
         if name == "lm_head.weight" and config.get("tie_word_embeddings"):
             continue
         values = tensor.to(torch.float32).numpy()
@@ -161,3 +159,14 @@ def _write_tokenizer(writer: Any, hf_dir: Path) -> None:
     writer.add_add_bos_token(False)
     if tokenizer_config.get("chat_template"):
         writer.add_chat_template(tokenizer_config["chat_template"])
+
+
+def _iter_safetensors(hf_dir: Path):
+    """Every (name, tensor) of the directory's safetensors files (the plugin reads them itself:
+    plugins use the stable API only)."""
+    from safetensors import safe_open
+
+    for path in sorted(hf_dir.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as handle:
+            for name in handle.keys():
+                yield name, handle.get_tensor(name)

@@ -9,7 +9,7 @@ import torch
 from minisgl_plugin_llama.model import LlamaForCausalLM
 
 from minisgl_core.api import ParallelContext
-from minisgl_core.engine.loader import iter_checkpoint, load_hf_config
+from minisgl_core.checkpoint.formats import iter_checkpoint, load_hf_config
 from minisgl_core.testing import make_model_dir
 from minisgl_core.testing.reference import load_model
 

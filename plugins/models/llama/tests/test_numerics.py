@@ -10,7 +10,7 @@ import torch
 from minisgl_plugin_llama.model import LlamaForCausalLM
 from minisgl_plugin_torch.backend import TorchAttentionBackend
 
-from minisgl_core.engine.loader import load_hf_config
+from minisgl_core.checkpoint.formats import load_hf_config
 from minisgl_core.testing import greedy_generate, make_attention, make_model_dir
 from minisgl_core.testing.reference import (
     check_batch_against_transformers,

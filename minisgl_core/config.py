@@ -1,0 +1,87 @@
+"""Engine settings shared by the offline API, the server and the benchmarks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from minisgl_core import fast_paths
+from minisgl_core.fast_paths import FastPaths
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+#: the default page size on CUDA: FlashInfer's decode reads 16-token pages ~5% faster than
+#: single-token ones (H200, Qwen3-0.6B offline +2.7%, BENCHMARKS.md); the prefix cache then
+#: shares whole pages only
+CUDA_PAGE_SIZE = 16
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str
+    #: attention backend; "a,b" = a for prefill, b for decode; "auto" picks by device
+    attn: str = "auto"
+    cache: str = "radix"
+    policy: str = "prefill-first"
+    #: tokens per KV page; None = :data:`CUDA_PAGE_SIZE` on CUDA when the attention backends
+    #: support pages of several tokens, else 1 (see ``ModelRunner``)
+    page_size: int | None = None
+    #: most new tokens in one prefill step (longer prompts are prefilled in chunks)
+    max_prefill_tokens: int = 8192
+    max_running_requests: int = 256
+    #: None = the model's max_position_embeddings
+    max_context_len: int | None = None
+    #: KV pool size in tokens; None = sized from free memory (GPU) or 65,536 (CPU)
+    num_kv_tokens: int | None = None
+    #: share of the free GPU memory (after loading weights) given to the KV pool
+    kv_memory_fraction: float = 0.85
+    dtype: str = "auto"
+    device: str = "auto"
+    tp_size: int = 1
+    seed: int = 0
+    #: largest decode batch captured in a CUDA graph; 0 disables graphs
+    cuda_graph_max_bs: int = 256
+    #: overlap CPU scheduling of step N+1 with the GPU running step N
+    overlap: bool = True
+    #: cascade attention for decode requests sharing a cached prefix, where the decode backend
+    #: supports it (read the shared prefix once per group)
+    cascade: bool = True
+    #: where requests' unset sampling fields get their defaults: "auto" (the model's
+    #: generation_config.json), "vllm"/"none" (SamplingParams' own), or a folder holding a
+    #: generation_config.json (see checkpoint/generation_defaults.py)
+    generation_config: str = "auto"
+    #: grammar-backend plugin for constrained decoding (response_format, structured_outputs)
+    grammar_backend: str = "xgrammar"
+    #: options plugins added to the CLI, passed through untouched
+    plugin_options: dict[str, Any] = field(default_factory=dict)
+    #: the GPU fast paths' switches (ablations); default: the environment's overrides, else all on
+    fast_paths: FastPaths = field(default_factory=fast_paths.from_env)
+
+    def __post_init__(self) -> None:
+        if self.page_size is not None and (self.page_size < 1 or self.page_size & (self.page_size - 1)):
+            raise ValueError(f"page_size must be a power of two >= 1, got {self.page_size}")
+        if self.max_prefill_tokens < 1:
+            raise ValueError(f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
+        if self.max_running_requests < 1:
+            raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {self.dtype!r}")
+        if self.tp_size < 1:
+            raise ValueError(f"tp_size must be >= 1, got {self.tp_size}")
+        if not 0 < self.kv_memory_fraction <= 1:
+            raise ValueError(f"kv_memory_fraction must be in (0, 1], got {self.kv_memory_fraction}")
+
+    def resolve_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = torch.device(self.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device 'cuda' requested but CUDA is not available; use --device cpu")
+        return device
+
+    def resolve_dtype(self, device: torch.device) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return DTYPES[self.dtype]

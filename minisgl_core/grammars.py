@@ -1,0 +1,71 @@
+"""The grammar backend a process uses, chosen by ``--grammar-backend`` and built on first use.
+
+Shared by the tokenizer worker (grammars are checked before admission) and the engine (which
+compiles and runs them); free of torch so the tokenizer process stays light until a library needs it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from minisgl_core.api.grammar import GrammarBackend, GrammarError, GrammarSpec
+from minisgl_core.plugins import PluginError, Plugins
+
+logger = logging.getLogger(__name__)
+
+
+def make_grammar_backend(
+    plugins: Plugins, name: str, tokenizer: Any, *, vocab_size: int, stop_token_ids: Sequence[int]
+) -> GrammarBackend:
+    """The backend registered as ``name``; GrammarError saying why when it cannot be used."""
+    try:
+        cls = plugins.resolve("grammars", name)
+    except PluginError as exc:
+        raise GrammarError(f"constrained decoding is unavailable: {exc}") from None
+    why = cls.availability()
+    if why is not None:
+        raise GrammarError(f"constrained decoding is unavailable: --grammar-backend {name}: {why}")
+    try:
+        return cls(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
+    except Exception as exc:  # noqa: BLE001 - e.g. a tokenizer the library cannot read
+        raise GrammarError(
+            f"constrained decoding is unavailable: --grammar-backend {name} failed to start: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+
+
+class LazyGrammarBackend:
+    """The backend, built on first use; an unusable one is reported on every constrained request
+    (a server without a grammar library still serves free text)."""
+
+    def __init__(
+        self, plugins: Plugins, name: str, tokenizer: Any, *, vocab_size: int, stop_token_ids: Sequence[int]
+    ) -> None:
+        self.plugins, self.name, self.tokenizer = plugins, name, tokenizer
+        self.vocab_size, self.stop_token_ids = vocab_size, tuple(stop_token_ids)
+        self._backend: GrammarBackend | None = None
+        #: why the backend cannot be built (kept: trying again per request would cost each one)
+        self._failure: GrammarError | None = None
+
+    def get(self) -> GrammarBackend:
+        if self._failure is not None:
+            raise GrammarError(str(self._failure))
+        if self._backend is None:
+            try:
+                self._backend = make_grammar_backend(
+                    self.plugins,
+                    self.name,
+                    self.tokenizer,
+                    vocab_size=self.vocab_size,
+                    stop_token_ids=self.stop_token_ids,
+                )
+            except GrammarError as exc:
+                logger.error("%s", exc)
+                self._failure = exc
+                raise
+        return self._backend
+
+    def check(self, spec: GrammarSpec) -> None:
+        self.get().check(spec)

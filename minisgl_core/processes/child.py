@@ -1,0 +1,131 @@
+"""What every child process of the server does around its real work.
+
+A child (tokenizer, detokenizer, each scheduler rank) dies with the launcher, leaves Ctrl-C to
+the launcher, logs with its role in every line, loads the plugins with the launcher's settings
+and checks it sees the same set (fingerprint), then runs its main function. It reports
+``ProcessReady`` once it can serve, and on any exception ``ProcessFailed`` with the traceback, so
+the launcher can show the real error and exit non-zero instead of waiting forever.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from minisgl_core.api import ProcessContext
+from minisgl_core.messages import ProcessFailed, ProcessReady
+from minisgl_core.plugins import Plugins
+from minisgl_core.processes.ipc import LINGER_MS, Endpoints, connect_push, send
+
+logger = logging.getLogger(__name__)
+
+ReportReady = Callable[[dict[str, Any]], None]
+ChildMain = Callable[["ChildSpec", Plugins, zmq.Context, ReportReady], None]
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    """Everything a child needs, passed once at spawn (plain values only)."""
+
+    role: str
+    endpoints: Endpoints
+    #: the launcher's Plugins.fingerprint()
+    fingerprint: str
+    disable_plugins: tuple[str, ...]
+    log_level: str
+    launcher_pid: int
+    #: scheduler rank (0 for the other roles) and TP size, for ProcessContext
+    rank: int = 0
+    tp_size: int = 1
+    #: parsed CLI options, for ProcessContext.options
+    options: dict[str, Any] = field(default_factory=dict)
+    #: role-specific settings (the EngineConfig, the DistributedSpec, the model directory)
+    payload: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return f"{self.role} {self.rank}" if self.role == "scheduler" else self.role
+
+
+def _die_with_launcher(launcher_pid: int) -> None:
+    """Ask Linux to SIGKILL this process when the launcher dies, so a killed launcher leaves no orphans."""
+    if sys.platform.startswith("linux"):
+        try:
+            PR_SET_PDEATHSIG = 1
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != launcher_pid:  # the launcher died before prctl took effect
+        os._exit(1)
+
+
+def _name_process(spec: ChildSpec) -> None:
+    """Show the role in ``ps``/``top`` (Linux's 15-character comm), e.g. ``minisgl-sched0``:
+    an operator (or a test) can tell which process is which."""
+    short = {"tokenizer": "tok", "detokenizer": "detok", "scheduler": f"sched{spec.rank}"}
+    name = short.get(spec.role, spec.role)
+    if sys.platform.startswith("linux"):
+        try:
+            PR_SET_NAME = 15
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, f"minisgl-{name}"[:15].encode())
+        except (OSError, AttributeError):
+            pass
+
+
+def run_child(spec: ChildSpec, main: ChildMain) -> None:
+    """The spawn target of every child: set-up, ``main(spec, plugins, zmq_context, report_ready)``,
+    reporting. Sockets the main function opens on the context are closed here, lingering so the
+    last messages (a forwarded Shutdown, the failure report) still go out."""
+    _die_with_launcher(spec.launcher_pid)
+    _name_process(spec)
+    # Ctrl-C reaches the whole process group; the launcher alone decides how to stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(
+        level=spec.log_level.upper(),
+        format=f"%(asctime)s %(levelname)s [{spec.name}] %(name)s: %(message)s",
+        stream=sys.stderr,
+        force=True,
+    )
+    ctx = zmq.Context()
+    control = connect_push(ctx, spec.endpoints.control)
+
+    def report_ready(info: dict[str, Any]) -> None:
+        send(control, ProcessReady(spec.role, spec.rank, info))
+
+    process_ctx = ProcessContext(
+        role=spec.role, tp_rank=spec.rank, tp_size=spec.tp_size, options=spec.options
+    )
+    plugins: Plugins | None = None
+    code = 0
+    try:
+        plugins = Plugins.load(disable=spec.disable_plugins)
+        plugins.check_fingerprint(spec.fingerprint, where=f"the {spec.name} process")
+        plugins.call_hook("minisgl_process_start", ctx=process_ctx)
+        main(spec, plugins, ctx, report_ready)
+    except SystemExit as exc:
+        code = 0 if not exc.code else 1
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the launcher
+        code = 1
+        logger.error("%s process failed: %s: %s", spec.name, type(exc).__name__, exc)
+        send(control, ProcessFailed(spec.role, spec.rank, traceback.format_exc()))
+    finally:
+        if plugins is not None and code == 0:
+            try:
+                plugins.call_hook("minisgl_process_stop", ctx=process_ctx)
+            except Exception as exc:  # noqa: BLE001 - stop hooks are logged, never fatal
+                logger.warning("%s", exc)
+        ctx.destroy(linger=LINGER_MS)
+    # Everything is closed: skip the interpreter's teardown, which takes seconds with torch loaded.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,235 @@
+"""The worker processes of one server node: spawning, the ready handshake, supervision and stopping.
+
+Node 0 runs the tokenizer, the detokenizer and its share of the scheduler ranks; other nodes run
+only their scheduler ranks. Every child reports ``ProcessReady`` or ``ProcessFailed`` (with its
+traceback) on the control socket; a child that dies without a word is noticed by its exit code.
+Stopping sends ``Shutdown`` down the pipeline so every process exits by itself, then terminates
+whatever is left, and removes the private socket directory.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from minisgl_core.config import EngineConfig
+from minisgl_core.distributed import DistributedSpec
+from minisgl_core.messages import Limits, ProcessFailed, ProcessReady, Shutdown
+from minisgl_core.processes.child import ChildSpec, run_child
+from minisgl_core.processes.ipc import Endpoints, bind_pull, connect_push, recv, send
+
+logger = logging.getLogger(__name__)
+
+#: how long stopping waits for the processes to exit by themselves, then after SIGTERM
+GRACEFUL_STOP_S = 5.0
+TERMINATE_WAIT_S = 2.0
+
+
+class ChildFailed(RuntimeError):
+    """A worker process failed; the message carries its traceback or exit status."""
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    config: EngineConfig
+    dist: DistributedSpec
+    fingerprint: str
+    disable_plugins: tuple[str, ...] = ()
+    log_level: str = "info"
+    #: CLI options for plugins' ProcessContext
+    options: dict[str, Any] | None = None
+    #: what requests inherit for the sampling fields they leave unset (checkpoint/generation_defaults.py)
+    sampling_defaults: dict[str, Any] | None = None
+    #: Jinja text replacing the tokenizer's chat template (``--chat-template``)
+    chat_template: str | None = None
+
+
+class Runtime:
+    def __init__(self, opts: RuntimeOptions) -> None:
+        self.opts = opts
+        self.endpoints = Endpoints.create()
+        self.ctx = zmq.Context()
+        self.control = bind_pull(self.ctx, self.endpoints.control)
+        self.to_tokenizer: zmq.Socket | None = None
+        self.procs: dict[str, mp.process.BaseProcess] = {}
+        self.failure: str | None = None
+        self.ready = False
+        self._supervisor: threading.Thread | None = None
+        self._stopping = threading.Event()
+
+    @property
+    def is_head(self) -> bool:
+        return self.opts.dist.node_rank == 0
+
+    # ------------------------------------------------------------------ start
+
+    def _spec(self, role: str, rank: int = 0, **payload: Any) -> ChildSpec:
+        o = self.opts
+        return ChildSpec(
+            role=role,
+            endpoints=self.endpoints,
+            fingerprint=o.fingerprint,
+            disable_plugins=o.disable_plugins,
+            log_level=o.log_level,
+            launcher_pid=os.getpid(),
+            rank=rank,
+            tp_size=o.dist.tp_size,
+            options=dict(o.options or {}),
+            payload=payload,
+        )
+
+    def start(self) -> dict[str, Any]:
+        """Spawn every process and wait until all are ready; return scheduler rank 0's report."""
+        from minisgl_core.processes.scheduler_rank import scheduler_main
+        from minisgl_core.processes.text_workers import detokenizer_main, tokenizer_main
+
+        spawn = mp.get_context("spawn")
+        children: list[tuple[str, ChildSpec, Callable]] = []
+        if self.is_head:
+            model = self.opts.config.model
+            children += [
+                (
+                    "tokenizer",
+                    self._spec(
+                        "tokenizer",
+                        model=model,
+                        sampling_defaults=self.opts.sampling_defaults or {},
+                        chat_template=self.opts.chat_template,
+                        grammar_backend=self.opts.config.grammar_backend,
+                    ),
+                    tokenizer_main,
+                ),
+                ("detokenizer", self._spec("detokenizer", model=model), detokenizer_main),
+            ]
+            self.to_tokenizer = connect_push(self.ctx, self.endpoints.tokenizer)
+        for rank in self.opts.dist.local_ranks:
+            spec = self._spec("scheduler", rank, config=self.opts.config, dist=self.opts.dist)
+            children.append((spec.name, spec, scheduler_main))
+        for name, spec, main in children:
+            proc = spawn.Process(target=run_child, args=(spec, main), name=f"minisgl-{name}", daemon=False)
+            proc.start()
+            self.procs[name] = proc
+        return self._wait_ready()
+
+    def _wait_ready(self) -> dict[str, Any]:
+        waiting = set(self.procs)
+        info: dict[str, Any] = {}
+        last_note = time.monotonic()
+        while waiting:
+            msg = recv(self.control, timeout_ms=200)
+            if isinstance(msg, ProcessReady):
+                name = _name(msg.role, msg.rank)
+                waiting.discard(name)
+                logger.debug("%s ready", name)
+                if name == "scheduler 0":
+                    info = msg.info
+                    assert self.to_tokenizer is not None
+                    send(
+                        self.to_tokenizer,
+                        Limits(info["max_context_len"], info["kv_capacity_tokens"], info["vocab_size"]),
+                    )
+            elif isinstance(msg, ProcessFailed):
+                self.failure = f"the {_name(msg.role, msg.rank)} process failed:\n{msg.error}"
+                raise ChildFailed(self.failure)
+            elif msg is None and (dead := self._dead_child()) is not None:
+                raise ChildFailed(dead)
+            if time.monotonic() - last_note > 60:
+                logger.info("still starting: waiting for %s", ", ".join(sorted(waiting)))
+                last_note = time.monotonic()
+        self.ready = True
+        return info
+
+    # ------------------------------------------------------------------ supervision
+
+    def all_exited(self) -> bool:
+        return all(proc.exitcode is not None for proc in self.procs.values())
+
+    def process_problem(self) -> str | None:
+        """A local worker that is gone or stopped (SIGSTOP, a debugger), in words; None if all run.
+        Cheap (one /proc read per process): /health calls it on every probe."""
+        for name, proc in self.procs.items():
+            if proc.exitcode is not None:
+                return f"the {name} process exited with code {proc.exitcode}"
+            if proc.pid is not None and _process_state(proc.pid) in ("T", "t"):
+                return f"the {name} process is stopped"
+        return None
+
+    def _dead_child(self) -> str | None:
+        for name, proc in self.procs.items():
+            # On the other nodes, scheduler ranks exit with 0 when rank 0 shuts the group down.
+            if proc.exitcode is not None and (proc.exitcode != 0 or self.is_head):
+                # Prefer the child's own report if it managed to send one.
+                msg = recv(self.control, timeout_ms=100)
+                if isinstance(msg, ProcessFailed):
+                    self.failure = f"the {_name(msg.role, msg.rank)} process failed:\n{msg.error}"
+                else:
+                    self.failure = f"the {name} process exited unexpectedly with code {proc.exitcode}"
+                return self.failure
+        return None
+
+    def supervise(self, on_failure: Callable[[str], None]) -> None:
+        """Watch the children from a thread; call ``on_failure(message)`` once if one fails."""
+
+        def watch() -> None:
+            while not self._stopping.is_set():
+                msg = recv(self.control, timeout_ms=200)
+                failure = None
+                if isinstance(msg, ProcessFailed):
+                    failure = self.failure = f"the {_name(msg.role, msg.rank)} process failed:\n{msg.error}"
+                elif msg is None and not self._stopping.is_set():
+                    failure = self._dead_child()
+                if failure is not None:
+                    on_failure(failure)
+                    return
+
+        self._supervisor = threading.Thread(target=watch, name="minisgl-supervisor", daemon=True)
+        self._supervisor.start()
+
+    # ------------------------------------------------------------------ stop
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._supervisor is not None:
+            self._supervisor.join()
+        procs = list(self.procs.values())
+        graceful = self.ready and self.failure is None
+        if graceful and self.to_tokenizer is not None:
+            # Through the pipeline: tokenizer -> scheduler 0 (-> every rank) -> detokenizer.
+            send(self.to_tokenizer, Shutdown())
+        # A process still loading (or a failed peer) would not see Shutdown for a while: terminate it.
+        deadline = time.monotonic() + (GRACEFUL_STOP_S if graceful else 0)
+        for proc in procs:
+            proc.join(max(deadline - time.monotonic(), 0))
+            logger.debug("%s exit code %s", proc.name, proc.exitcode)
+        for proc in procs:
+            if proc.is_alive():
+                logger.debug("terminating %s", proc.name)
+                proc.terminate()
+        for proc in procs:
+            proc.join(TERMINATE_WAIT_S)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        self.ctx.destroy(linger=0)
+        self.endpoints.remove()
+
+
+def _process_state(pid: int) -> str | None:
+    """The one-letter state of a Linux process (R, S, D, T, Z...), None where /proc cannot tell."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _name(role: str, rank: int) -> str:
+    return f"{role} {rank}" if role == "scheduler" else role

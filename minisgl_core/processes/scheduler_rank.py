@@ -1,0 +1,176 @@
+"""The scheduler process of one TP rank: its engine and the loop that feeds it.
+
+Rank 0 receives requests and aborts from the tokenizer. At the start of every step it broadcasts
+that step's messages to ranks 1..N-1 (msgpack bytes in a uint8 tensor), so every rank calls
+``add_request`` / ``abort`` / ``step`` with the same arguments in the same order and the engines
+stay in lock-step; the engine itself broadcasts rank 0's sampled tokens. Only rank 0 sends
+outputs (and now and then ``Engine.stats()``) to the detokenizer.
+
+When there is nothing to do, rank 0 blocks on its socket and first tells the other ranks to
+park (see :meth:`TPGroup.park`): nobody spins while the server is idle.
+
+``MINISGL_STEP_TRACE=FILE`` in the server's environment makes rank 0's engine write one JSON line
+per step (see :mod:`minisgl_core.engine.engine`); ``new`` is then the requests that arrived just
+before the step.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import msgpack
+import zmq
+
+from minisgl_core.distributed import TPGroup, init_tp_group
+from minisgl_core.engine.engine import Engine
+from minisgl_core.messages import (
+    AbortRequest,
+    EngineRequest,
+    Message,
+    Shutdown,
+    StepOutputs,
+    decode,
+    encode,
+)
+from minisgl_core.plugins import Plugins
+from minisgl_core.processes.child import ChildSpec, ReportReady
+from minisgl_core.processes.ipc import bind_pull, connect_push, drain, recv, send
+from minisgl_core.sampling import SamplingParams, StepOutput
+
+logger = logging.getLogger(__name__)
+
+#: header value telling ranks 1..N-1 to park until rank 0 has work again
+IDLE = -1
+#: seconds between two stats reports while busy
+STATS_INTERVAL = 0.25
+#: seconds between two heartbeats while idle: the API server's /health reads their age
+HEARTBEAT_INTERVAL_MS = 1000
+
+
+class SchedulerLoop:
+    def __init__(self, engine: Engine, tp: TPGroup) -> None:
+        self.engine = engine
+        self.tp = tp
+        self.last_stats_at = 0.0
+        self.last_stats: dict[str, int] | None = None
+
+    # ------------------------------------------------------------------ every rank
+
+    def apply(self, msgs: list[Message], out: StepOutputs) -> bool:
+        """Apply one step's messages to the engine; True when told to shut down."""
+        for msg in msgs:
+            if isinstance(msg, EngineRequest):
+                try:
+                    self.engine.add_request(msg.rid, msg.prompt_ids, SamplingParams(**msg.params))
+                except ValueError as exc:  # the tokenizer checks first, so this is a bug, not bad input
+                    logger.error("request %d rejected by the engine: %s", msg.rid, exc)
+                    out.add(msg.rid, -1, "error", error=str(exc))
+            elif isinstance(msg, AbortRequest):
+                aborted = self.engine.abort(msg.rid)
+                if aborted is not None:
+                    out.add(msg.rid, -1, "abort")
+            elif isinstance(msg, Shutdown):
+                return True
+        return False
+
+    def step(self, out: StepOutputs) -> None:
+        for o in self.engine.step():
+            out.add(
+                o.rid,
+                o.token_id,
+                o.finish_reason if o.finished else None,
+                o.matched_stop,
+                _wire_logprob(o),
+                o.error,
+            )
+
+    # ------------------------------------------------------------------ rank 0
+
+    def run_leader(self, inbox: zmq.Socket, to_detokenizer: zmq.Socket) -> None:
+        while True:
+            msgs = drain(inbox)
+            if not msgs and not self.engine.has_work:
+                self._report_idle_stats(to_detokenizer)
+                if self.tp.size > 1:
+                    self.tp.broadcast_int(IDLE)
+                # Blocks until there is work (no busy wait), waking once a second to say it is alive.
+                while (msg := recv(inbox, timeout_ms=HEARTBEAT_INTERVAL_MS)) is None:
+                    send(to_detokenizer, StepOutputs(stats=self._stats(time.monotonic())))
+                msgs = [msg, *drain(inbox)]
+                if self.tp.size > 1:
+                    self.tp.wake()
+            if self.tp.size > 1:
+                payload = msgpack.packb([encode(m) for m in msgs]) if msgs else b""
+                self.tp.broadcast_int(len(payload))
+                if payload:
+                    self.tp.broadcast_bytes(payload, len(payload))
+            out = StepOutputs()
+            if self.apply(msgs, out):
+                send(to_detokenizer, Shutdown())
+                return
+            aborted = "abort" in out.finish_reasons
+            self.step(out)
+            now = time.monotonic()
+            if aborted or now - self.last_stats_at >= STATS_INTERVAL:
+                out.stats = self._stats(now)
+            if len(out) or out.stats is not None:
+                send(to_detokenizer, out)
+
+    def _stats(self, now: float) -> dict[str, int]:
+        self.last_stats_at = now
+        self.last_stats = self.engine.stats()
+        return self.last_stats
+
+    def _report_idle_stats(self, to_detokenizer: zmq.Socket) -> None:
+        # The last word before blocking, so /metrics shows the idle state (KV freed, 0 running).
+        stats = self.engine.stats()
+        if stats != self.last_stats:
+            self.last_stats, self.last_stats_at = stats, time.monotonic()
+            send(to_detokenizer, StepOutputs(stats=stats))
+
+    # ------------------------------------------------------------------ ranks 1..N-1
+
+    def run_follower(self) -> None:
+        while True:
+            length = self.tp.broadcast_int()
+            if length == IDLE:
+                self.tp.park()
+                continue
+            msgs = (
+                [decode(m) for m in msgpack.unpackb(self.tp.broadcast_bytes(b"", length))] if length else []
+            )
+            if self.apply(msgs, StepOutputs()):
+                return
+            self.engine.step()
+
+
+def _wire_logprob(o: StepOutput) -> list[Any] | None:
+    if o.logprob is None:
+        return None
+    return [o.logprob.token_id, o.logprob.logprob, [list(t) for t in o.logprob.top]]
+
+
+def scheduler_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_ready: ReportReady) -> None:
+    config = spec.payload["config"]
+    tp = init_tp_group(spec.rank, spec.payload["dist"], config.resolve_device())
+    # Rank 0 binds its inbox before loading the model, so early requests simply queue.
+    inbox = bind_pull(ctx, spec.endpoints.scheduler) if spec.rank == 0 else None
+    engine = Engine(config, tp.parallel, plugins)
+    tp.barrier()  # rank 0's ready then means every rank is ready
+    report_ready(
+        {
+            "max_context_len": engine.max_context_len,
+            "kv_capacity_tokens": engine.kv_capacity_tokens,
+            "vocab_size": engine.runner.vocab_size,
+            "attn": list(engine.runner.attn_names),
+            "architecture": (engine.runner.hf_config.get("architectures") or ["?"])[0],
+        }
+    )
+    loop = SchedulerLoop(engine, tp)
+    if inbox is not None:
+        loop.run_leader(inbox, connect_push(ctx, spec.endpoints.detokenizer))
+    else:
+        loop.run_follower()
+    tp.close()

@@ -1,0 +1,214 @@
+"""ModelRunner: loads the model of one TP rank, owns the KV pool and page table, runs forward passes."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from minisgl_core import fast_paths
+from minisgl_core.api import (
+    AttentionBackend,
+    AttentionConfig,
+    ForwardBatch,
+    KVCache,
+    ModelConfig,
+    ParallelContext,
+)
+from minisgl_core.checkpoint.formats import open_model
+from minisgl_core.config import CUDA_PAGE_SIZE, EngineConfig
+from minisgl_core.plugins import PluginError, Plugins
+
+logger = logging.getLogger(__name__)
+
+CPU_DEFAULT_KV_TOKENS = 65536
+
+
+def pick_attention(spec: str, device: torch.device, plugins: Plugins) -> tuple[str, str]:
+    """Parse ``--attn``: "name", "prefill,decode" or "auto" (torch on CPU; fa3 prefill + fi decode on Hopper)."""
+    if spec != "auto":
+        names = [s.strip() for s in spec.split(",")]
+        if len(names) not in (1, 2) or not all(names):
+            raise ValueError(f"--attn takes NAME or PREFILL,DECODE; got {spec!r}")
+        return names[0], names[-1]
+    if device.type != "cuda":
+        return "torch", "torch"
+    available = [n for n in ("fa3", "fi") if n in plugins.registry["attention"]]
+    usable = [n for n in available if plugins.resolve("attention", n).availability(device) is None]
+    decode = "fi" if "fi" in usable else "torch"
+    prefill = "fa3" if "fa3" in usable else decode
+    return prefill, decode
+
+
+def resolve_page_size(
+    page_size: int | None, device: torch.device, backends: dict[str, type[AttentionBackend]]
+) -> int:
+    """``page_size`` checked against the attention backends, or the default when None."""
+    single = sorted(name for name, cls in backends.items() if "page_size>1" not in cls.capabilities)
+    if page_size is None:
+        return CUDA_PAGE_SIZE if device.type == "cuda" and not single else 1
+    if page_size > 1 and single:
+        raise PluginError(
+            f'attention backend {single[0]!r} supports only --page-size 1 (it does not declare "page_size>1")'
+        )
+    return page_size
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, parallel: ParallelContext, plugins: Plugins) -> None:
+        self.config = config
+        self.parallel = parallel
+        # Before anything reads a switch: the kernels and the all-reduce ask fast_paths.current().
+        fast_paths.configure(config.fast_paths)
+        self.device = config.resolve_device()
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", parallel.tp_rank % torch.cuda.device_count())
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+            if parallel.tp_size > 1:
+                from minisgl_core.distributed import enable_fast_all_reduce
+
+                enable_fast_all_reduce(parallel, self.device)
+        self.dtype = config.resolve_dtype(self.device)
+        prefill_name, decode_name = pick_attention(config.attn, self.device, plugins)
+        attn_classes = {name: self._backend_class(name, plugins) for name in (prefill_name, decode_name)}
+        self.page_size = resolve_page_size(config.page_size, self.device, attn_classes)
+        #: the model on disk, through its weight format (safetensors, or a plugin's: GGUF...)
+        self.source = open_model(config.model, plugins)
+        self.hf_config = self.source.hf_config()
+        self.model = self._load_model(plugins)
+        spec = self.model.kv_spec
+        max_pos = int(self.hf_config.get("max_position_embeddings", 4096))
+        self.max_context_len = min(config.max_context_len or max_pos, max_pos)
+        self.vocab_size = int(self.hf_config["vocab_size"])
+        num_pages = self._num_kv_pages(spec.num_layers, spec.num_kv_heads, spec.head_dim) + 1
+        self.kv_cache = KVCache(
+            num_layers=spec.num_layers,
+            num_pages=num_pages,
+            page_size=self.page_size,
+            num_kv_heads=spec.num_kv_heads,
+            head_dim=spec.head_dim,
+            dtype=self.dtype,
+            device=self.device,
+        )
+        # The last KV page and one spare page-table row are kept out of the scheduler's hands:
+        # padded (dummy) requests of CUDA-graph replays write there.
+        self.usable_kv_pages = num_pages - 1
+        self.dummy_slot = self.usable_kv_pages * self.page_size
+        self.num_request_rows = config.max_running_requests + 1
+        self.page_table = torch.zeros(
+            (self.num_request_rows, self.max_context_len), dtype=torch.int32, device=self.device
+        )
+        attn_config = AttentionConfig(
+            num_qo_heads=spec.num_qo_heads,
+            num_kv_heads=spec.num_kv_heads,
+            head_dim=spec.head_dim,
+            scale=spec.scale,
+            page_size=self.page_size,
+            dtype=self.dtype,
+            device=self.device,
+            max_requests=self.num_request_rows,
+            max_context_len=self.max_context_len,
+            kv_cache=self.kv_cache,
+        )
+        self.prefill_attn = attn_classes[prefill_name](attn_config)
+        self.decode_attn = (
+            self.prefill_attn if decode_name == prefill_name else attn_classes[decode_name](attn_config)
+        )
+        self.attn_names = (prefill_name, decode_name)
+        self.cascade = config.cascade and "cascade" in self.decode_attn.capabilities
+        self.graphs = None
+        if self.device.type == "cuda" and config.cuda_graph_max_bs > 0:
+            if "cuda_graph" in self.decode_attn.capabilities:
+                from minisgl_core.runner.cuda_graph import GraphRunner
+
+                self.graphs = GraphRunner(
+                    self.model,
+                    self.decode_attn,
+                    self.page_table,
+                    self.dummy_slot,
+                    config.cuda_graph_max_bs,
+                    cascade=self.cascade,
+                )
+            else:
+                logger.info("attention backend %s does not support CUDA graphs; running eagerly", decode_name)
+
+    # ------------------------------------------------------------------ set-up
+
+    def _load_model(self, plugins: Plugins) -> torch.nn.Module:
+        archs = self.hf_config.get("architectures") or []
+        if not archs:
+            raise ValueError(f"the config of {self.source.path} has no 'architectures' entry")
+        arch = archs[0]
+        model_cls = plugins.resolve("models", arch)
+        model_config = ModelConfig(self.hf_config, self.dtype, self.device, self.parallel)
+        default_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+        try:
+            with torch.device(self.device):
+                model = model_cls(model_config)
+        finally:
+            torch.set_default_dtype(default_dtype)
+        seen: list[str] = []
+
+        def tracked():
+            from tqdm import tqdm
+
+            progress = tqdm(
+                desc=f"loading {self.source.model_name}",
+                total=self.source.num_weights(),
+                unit="tensor",
+                disable=self.parallel.tp_rank != 0,
+                leave=False,
+            )
+            with progress:
+                for name, tensor in self.source.weights(self.dtype):
+                    seen.append(name)
+                    progress.update(1)
+                    yield name, tensor
+
+        used = model.load_weights(tracked())
+        unused = sorted(set(seen) - set(used))
+        if unused:
+            shown = ", ".join(unused[:8]) + (f" and {len(unused) - 8} more" if len(unused) > 8 else "")
+            logger.warning("%s did not use %d checkpoint tensors: %s", arch, len(unused), shown)
+        return model.eval()
+
+    def _num_kv_pages(self, num_layers: int, num_kv_heads: int, head_dim: int) -> int:
+        page = self.page_size
+        if self.config.num_kv_tokens is not None:
+            tokens = self.config.num_kv_tokens
+        elif self.device.type == "cuda":
+            per_token = KVCache.bytes_per_token(num_layers, num_kv_heads, head_dim, self.dtype)
+            free, _ = torch.cuda.mem_get_info(self.device)
+            # Leave room for activations, CUDA graphs and the sampler.
+            reserve = 4 << 30
+            tokens = int(max(free - reserve, 0) * self.config.kv_memory_fraction) // per_token
+            if self.parallel.tp_size > 1:  # every rank must see the same capacity
+                t = torch.tensor([tokens], device=self.device)
+                torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN, group=self.parallel.group)
+                tokens = int(t.item())
+        else:
+            tokens = CPU_DEFAULT_KV_TOKENS
+        pages = tokens // page
+        if pages < 2:
+            raise ValueError(
+                f"KV pool too small: {tokens} tokens; give more memory or a larger num_kv_tokens"
+            )
+        return pages
+
+    def _backend_class(self, name: str, plugins: Plugins) -> type[AttentionBackend]:
+        cls = plugins.resolve("attention", name)
+        why = cls.availability(self.device)
+        if why is not None:
+            raise PluginError(f"attention backend {name!r} cannot run on {self.device}: {why}")
+        return cls
+
+    # ------------------------------------------------------------------ running
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        if self.graphs is not None and not batch.is_prefill and self.graphs.can_run(batch):
+            return self.graphs.replay(batch)
+        batch.attn.prepare_metadata(batch)
+        return self.model(batch)

@@ -1,0 +1,316 @@
+"""Batched sampling on the model's device: penalties, temperature, top-k, top-p, min-p, seeds.
+
+Sampling uses the exponential race, ``argmax(p / q)`` with ``q ~ Exp(1)``, which draws from ``p``
+without normalising it. Without truncation (top-k/top-p/min-p) it is taken in log space,
+``argmax(logits / T - log q)`` (the Gumbel-max trick): no softmax, and on CUDA the noise, the
+scaling and the argmax are one Triton kernel over (row, chunk of the vocabulary) programs, in
+whatever dtype the model returned the logits, its noise from Philox with a fresh seed per call
+(``MINISGL_TRITON_SAMPLER=0``: one compiled pass per row, noise from torch's generator). A
+seeded request draws its noise from its own generator, so it gets the same tokens whatever else
+shares its batch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from minisgl_core.api.layers.fused import fused
+from minisgl_core.api.layers.triton_ops import triton_enabled
+from minisgl_core.sampling import SamplingParams, TokenLogprob
+
+#: uniform draws are clamped here so that neither log below sees 0 (an event of probability 1e-20)
+_TINY = 1e-20
+#: argmaxes over the vocabulary reduce chunks of this many ids, then the chunks' maxima: one
+#: program per (row, chunk) rather than per row. On an H200, torch's argmax took 37 µs at batch 1
+#: over 128k ids, and the compiled Gumbel draw (one program per row) 216 µs at batch 250; chunked
+#: through Inductor, the draw got slower (it wrote its noise to memory first: 400 µs), hence the
+#: hand-written kernel in ``_sampler_triton``.
+_CHUNK = 2048
+
+
+def _chunked_argmax(x: torch.Tensor) -> torch.Tensor:
+    """``x.argmax(dim=-1)`` of a 2-D tensor (the first maximum, as torch's) in two stages."""
+    rows, vocab = x.shape
+    chunks = -(-vocab // _CHUNK)
+    padded = F.pad(x, (0, chunks * _CHUNK - vocab), value=float("-inf")).view(rows, chunks, _CHUNK)
+    best, where = padded.max(dim=-1)  # [rows, chunks]: each chunk's maximum and its first index
+    chunk = best.argmax(dim=-1)  # the first chunk holding the row's maximum
+    return chunk * _CHUNK + where.gather(1, chunk[:, None]).squeeze(1)
+
+
+@fused
+def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Per row ``argmax(logits)``; one pass over chunks on CUDA."""
+    return _chunked_argmax(logits)
+
+
+@fused
+def gumbel_argmax_compiled(
+    logits: torch.Tensor, scale: torch.Tensor, noise_scale: torch.Tensor
+) -> torch.Tensor:
+    """Per row ``argmax(logits * scale + noise_scale * g)`` with fresh Gumbel noise ``g = -log(q)``,
+    ``q ~ Exp(1)``: a draw from ``softmax(logits * scale)`` (``noise_scale`` 1) or the argmax (0)."""
+    u = torch.rand(logits.shape, device=logits.device, dtype=torch.float32).clamp(min=_TINY)
+    gumbel = -torch.log(-torch.log(u))
+    return (logits.float() * scale[:, None] + noise_scale[:, None] * gumbel).argmax(dim=-1)
+
+
+def gumbel_argmax_chunked(
+    logits: torch.Tensor, scale: torch.Tensor, noise_scale: torch.Tensor, seed: int
+) -> torch.Tensor:
+    """:func:`gumbel_argmax_compiled` as one Triton kernel over (row, chunk) programs, the noise
+    from Philox keyed by ``seed`` (four uniforms per counter, one counter per four ids of a
+    chunk), then the chunks' maxima reduced by torch."""
+    from minisgl_core.runner._sampler_triton import gumbel_chunk_max_kernel
+
+    rows, vocab = logits.shape
+    chunks = -(-vocab // _CHUNK)
+    values = torch.empty((rows, chunks), dtype=torch.float32, device=logits.device)
+    indices = torch.empty((rows, chunks), dtype=torch.int64, device=logits.device)
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    gumbel_chunk_max_kernel[(rows, chunks)](
+        logits, logits.stride(0), scale, noise_scale, seed, vocab, values, indices, chunks,
+        TINY=_TINY, CHUNK=_CHUNK, FAST_LOG=os.environ.get("TRITON_INTERPRET") != "1", num_warps=8,
+    )  # fmt: skip
+    return indices.gather(1, values.argmax(dim=1, keepdim=True)).squeeze(1)
+
+
+@fused
+def _mask_by_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """``logits`` with -inf at every token whose bit is 0 in its row of ``bitmask``."""
+    rows, vocab = logits.shape
+    shifts = torch.arange(32, device=bitmask.device, dtype=torch.int32)
+    # word w, bit b is token 32 w + b; an arithmetic shift keeps the sign bit, so bit 31 reads
+    # through ``& 1`` like the others
+    allowed = ((bitmask[:, :, None] >> shifts) & 1).view(rows, -1)[:, :vocab].bool()
+    return torch.where(allowed, logits, float("-inf"))
+
+
+def apply_token_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """Forbid the tokens whose bit is 0 in ``bitmask`` (int32, ``ceil(vocab / 32)`` words per
+    row) for the listed ``rows`` of ``logits`` only; in place unless every row is listed."""
+    if rows.numel() == logits.shape[0]:  # every row constrained (rows are then 0..n-1 in order)
+        return _mask_by_bitmask(logits, bitmask)
+    logits[rows] = _mask_by_bitmask(logits[rows], bitmask)
+    return logits
+
+
+def to_device(values: list, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A small host list on ``device`` without waiting for the device: ``torch.tensor(..., device=cuda)``
+    is a synchronous copy that blocks until all queued kernels finish, which would defeat overlap."""
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+
+@dataclass
+class SampleRequest:
+    """What the sampler needs of one request."""
+
+    params: SamplingParams
+    output_ids: list[int]
+    generator: torch.Generator | None = None
+    #: only read for repetition_penalty, which (as in Hugging Face) also counts the prompt's tokens
+    prompt_ids: Sequence[int] = ()
+
+
+def apply_repetition_penalty(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tensor:
+    """Hugging Face's repetition penalty: each token already in the prompt or the output has its
+    logit divided by the penalty when positive and multiplied by it when negative."""
+    rows = [i for i, r in enumerate(requests) if r.params.repetition_penalty != 1.0]
+    if not rows:
+        return logits
+    logits = logits.to(torch.float32, copy=True)
+    for i in rows:
+        seen = to_device(sorted({*requests[i].prompt_ids, *requests[i].output_ids}), logits.device)
+        penalty = requests[i].params.repetition_penalty
+        scores = logits[i, seen]
+        logits[i, seen] = torch.where(scores < 0, scores * penalty, scores / penalty)
+    return logits
+
+
+def apply_logit_bias(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tensor:
+    """OpenAI's logit_bias: a fixed amount added to the logits of the given token ids."""
+    rows = [i for i, r in enumerate(requests) if r.params.logit_bias]
+    if not rows:
+        return logits
+    logits = logits.to(torch.float32, copy=True)
+    for i in rows:
+        bias = requests[i].params.logit_bias
+        ids = to_device(list(bias), logits.device)
+        logits[i, ids] += to_device(list(bias.values()), logits.device, torch.float32)
+    return logits
+
+
+class SampleResult:
+    """Sampled tokens, still on the device; logprob lists are built on the host only when asked."""
+
+    def __init__(
+        self, token_ids: torch.Tensor, logprob_rows: list[int], chosen, top_ids, top_vals, ks
+    ) -> None:
+        self.token_ids = token_ids
+        self._rows, self._chosen, self._top_ids, self._top_vals, self._ks = (
+            logprob_rows,
+            chosen,
+            top_ids,
+            top_vals,
+            ks,
+        )
+
+    def logprobs(self, token_ids: list[int]) -> list[TokenLogprob | None]:
+        out: list[TokenLogprob | None] = [None] * len(token_ids)
+        if not self._rows:
+            return out
+        chosen = self._chosen.tolist()
+        top_ids = self._top_ids.tolist() if self._top_ids is not None else None
+        top_vals = self._top_vals.tolist() if self._top_vals is not None else None
+        for j, (i, k) in enumerate(zip(self._rows, self._ks)):
+            top = list(zip(top_ids[j][:k], top_vals[j][:k])) if k and top_ids is not None else []
+            out[i] = TokenLogprob(token_ids[i], chosen[j], top)
+        return out
+
+
+class Sampler:
+    def __init__(self, vocab_size: int, device: torch.device) -> None:
+        self.vocab_size = vocab_size
+        self.device = device
+        self.triton = triton_enabled(device, "MINISGL_TRITON_SAMPLER")
+        # Philox seeds of the Triton draw: one per call, counted up from a draw of torch's RNG
+        self._seed = int(torch.randint(0, 2**30, ()).item())
+
+    def warm_up(self, dtype: torch.dtype) -> None:
+        """Compile the fused sampling kernel now (one and several rows), so that the first sampled
+        request does not wait for it: on a cold machine that is over a second."""
+        if self.device.type != "cuda":
+            return
+        for rows in (2, 1):
+            logits = torch.zeros(rows, self.vocab_size, dtype=dtype, device=self.device)
+            ones = torch.ones(rows, device=self.device)
+            self._gumbel_argmax(logits, ones, ones)
+            greedy_argmax(logits)
+
+    def make_generator(self, seed: int) -> torch.Generator:
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(seed)
+        return gen
+
+    def sample(
+        self,
+        logits: torch.Tensor,
+        requests: Sequence[SampleRequest],
+        grammar_mask: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> SampleResult:
+        """``logits``: [n, vocab] in float32 or the model's dtype (may be wider than the tokenizer;
+        extra ids stay valid). All arithmetic is in float32.
+
+        ``grammar_mask``: (rows, bitmask) of the constrained requests, on the device; tokens
+        their grammar forbids get -inf. It is applied here, after the forward (and its CUDA-graph
+        replay), so graphs stay the same for constrained and free batches. Logprobs are those of
+        the model, before the mask."""
+        params = [r.params for r in requests]
+        raw = logits
+        logits = apply_repetition_penalty(logits, requests)
+        logits = self._apply_penalties(logits, requests)
+        logits = apply_logit_bias(logits, requests)
+        if grammar_mask is not None:
+            rows, bitmask = grammar_mask
+            if rows.numel() != logits.shape[0] and logits is raw:  # masked in place: not the model's
+                logits = logits.float() if logits.dtype != torch.float32 else logits.clone()
+            logits = apply_token_bitmask(logits, rows, bitmask)
+        if all(p.greedy for p in params):
+            token_ids = greedy_argmax(logits)
+        elif any(p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 for p in params):
+            token_ids = self._sample_truncated(logits, requests)
+        else:
+            token_ids = self._sample_race(logits, requests)
+        return self._with_logprobs(raw, token_ids, params)
+
+    # ------------------------------------------------------------------ pieces
+
+    def _apply_penalties(self, logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tensor:
+        rows = [
+            i
+            for i, r in enumerate(requests)
+            if (r.params.presence_penalty or r.params.frequency_penalty) and r.output_ids
+        ]
+        if not rows:
+            return logits
+        logits = logits.to(torch.float32, copy=True)
+        for i in rows:
+            p = requests[i].params
+            ids = to_device(requests[i].output_ids, logits.device)
+            counts = torch.zeros(logits.shape[-1], device=logits.device).index_add_(
+                0, ids, torch.ones(len(ids), device=logits.device)
+            )
+            logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
+        return logits
+
+    def _sample_race(self, logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tensor:
+        """Gumbel-max over the whole batch in one pass; greedy rows get no noise, seeded rows are
+        redrawn with their own generators."""
+        params = [r.params for r in requests]
+        device = logits.device
+        scale = to_device([1.0 if p.greedy else 1.0 / p.temperature for p in params], device, torch.float32)
+        noise_scale = to_device([0.0 if p.greedy else 1.0 for p in params], device, torch.float32)
+        token_ids = self._gumbel_argmax(logits, scale, noise_scale)
+        for i, r in enumerate(requests):
+            if r.generator is not None and not r.params.greedy:
+                q = torch.empty(logits.shape[-1], device=device).exponential_(generator=r.generator)
+                token_ids[i] = (logits[i].float() / r.params.temperature - q.log()).argmax()
+        return token_ids
+
+    def _gumbel_argmax(
+        self, logits: torch.Tensor, scale: torch.Tensor, noise_scale: torch.Tensor
+    ) -> torch.Tensor:
+        if not self.triton:
+            return gumbel_argmax_compiled(logits, scale, noise_scale)
+        self._seed = (self._seed + 1) % 2**31
+        return gumbel_argmax_chunked(logits, scale, noise_scale, self._seed)
+
+    def _sample_truncated(self, logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tensor:
+        params = [r.params for r in requests]
+        device = logits.device
+        greedy = to_device([p.greedy for p in params], device)
+        temperature = to_device([p.temperature if not p.greedy else 1.0 for p in params], device)
+        probs = self._truncate(torch.softmax(logits.float() / temperature[:, None], dim=-1), params)
+        noise = torch.empty_like(probs).exponential_()
+        for i, r in enumerate(requests):
+            if r.generator is not None:
+                noise[i] = torch.empty(probs.shape[-1], device=device).exponential_(generator=r.generator)
+        sampled = (probs / noise).argmax(dim=-1)
+        return torch.where(greedy, logits.argmax(dim=-1), sampled)
+
+    @staticmethod
+    def _truncate(probs: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+        """Zero out tokens outside top-k, outside the top-p nucleus, or below min-p × the best."""
+        device = probs.device
+        vocab = probs.shape[-1]
+        top_k = to_device([min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params], device)
+        top_p = to_device([p.top_p for p in params], device)
+        min_p = to_device([p.min_p for p in params], device)
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        rank = torch.arange(vocab, device=device)[None, :]
+        # mass strictly before each token: a token is kept while that is below top_p (the first always is)
+        before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        drop = (rank >= top_k[:, None]) | (before > top_p[:, None] * sorted_probs.sum(-1, keepdim=True))
+        drop |= sorted_probs < min_p[:, None] * sorted_probs[:, :1]
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+        return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+
+    @staticmethod
+    def _with_logprobs(
+        raw_logits: torch.Tensor, token_ids: torch.Tensor, params: Sequence[SamplingParams]
+    ) -> SampleResult:
+        wanted = [i for i, p in enumerate(params) if p.logprobs is not None]
+        if not wanted:
+            return SampleResult(token_ids, [], None, None, None, [])
+        rows = to_device(wanted, raw_logits.device)
+        logprobs = torch.log_softmax(raw_logits[rows].float(), dim=-1)
+        chosen = logprobs.gather(1, token_ids[rows][:, None]).squeeze(1)
+        ks = [params[i].logprobs or 0 for i in wanted]
+        top_vals, top_ids = logprobs.topk(max(ks), dim=-1) if max(ks) else (None, None)
+        return SampleResult(token_ids, wanted, chosen, top_ids, top_vals, ks)

@@ -1,0 +1,335 @@
+"""Where the GPU time of a run goes. Run on the GPU machine (see ../shared/device/README.md):
+
+    python tools/device_profile.py attn              # decode kernel variants, one layer, µs
+    python tools/device_profile.py small             # the same at batch 1-64, page 16
+    python tools/device_profile.py kv                # decode over a bf16 vs an fp8 KV pool, µs
+    python tools/device_profile.py gemv              # batch-1 GEMMs, cuBLAS vs cuBLASLt, µs
+    python tools/device_profile.py steps MODEL_DIR   # standard offline workload, step by step
+    python tools/device_profile.py steps MODEL_DIR --workload shared-prefix --max-running 128 [--disable-cascade] [--cache naive]
+    python tools/device_profile.py b1 MODEL_DIR      # batch-1 decode, kernel table
+
+``steps`` drives one Engine over the standard workload, times every step on the host (with
+overlap on, a step's host time is the device time of the step before it once the device is the
+bottleneck), sums them by kind and batch size, and profiles a window of decode steps with
+``torch.profiler`` (kernel table sorted by device time). ``b1`` does the same for a single
+request's decode steps. Tables go to stdout; JSON summaries to --json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+from functools import partial
+
+import torch
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _activities() -> list:
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    return acts
+
+
+def _table(prof, rows: int = 28) -> str:
+    for key in ("self_device_time_total", "self_cuda_time_total"):
+        try:
+            return prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=70)
+        except (AttributeError, KeyError, RuntimeError):
+            continue
+    return prof.key_averages().table(row_limit=rows)
+
+
+def _device_us(prof) -> float:
+    total = 0.0
+    for e in prof.key_averages():
+        t = getattr(e, "self_device_time_total", None)
+        if t is None:
+            t = getattr(e, "self_cuda_time_total", 0.0)
+        total += t
+    return total
+
+
+def _graph_us(fn, reps: int = 20) -> float:
+    """Device µs of one ``fn()`` replayed from a CUDA graph of ``reps`` calls (launch gaps included)."""
+    from device_attention_check import cuda_time_us
+
+    fn()
+    _sync()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    return cuda_time_us(graph.replay, iters=10) / reps
+
+
+def _paged_decode_problem(dev, qo: int, kv: int, bs: int, ctx: int, page: int):
+    """``bs`` sequences of ``ctx`` tokens in a bf16 pool of ``page``-token pages in random order:
+    (cache [2, pages, page, kv, 128], page indices, indptr, last page lengths, q [bs, qo, 128])."""
+    pages_per = (ctx + page - 1) // page
+    num_pages = bs * pages_per + 1
+    cache = torch.randn(2, num_pages, page, kv, 128, dtype=torch.bfloat16, device=dev)
+    indices = torch.randperm(num_pages - 1, device=dev)[: bs * pages_per].int()
+    indptr = torch.arange(0, bs + 1, dtype=torch.int32) * pages_per
+    last = torch.full((bs,), ctx - (pages_per - 1) * page, dtype=torch.int32)
+    q = torch.randn(bs, qo, 128, dtype=torch.bfloat16, device=dev)
+    return cache, indices, indptr, last, q
+
+
+def _graph_decode_us(ws, qo: int, kv: int, bs: int, ctx: int, page: int, tc: bool, no_split: bool,
+                     kv_dtype: torch.dtype = torch.bfloat16) -> float:  # fmt: skip
+    """One layer's decode attention as the engine replays it (graph-mode wrapper, random page order), µs."""
+    import flashinfer
+
+    dev = ws.device
+    cache, indices, indptr, last, q = _paged_decode_problem(dev, qo, kv, bs, ctx, page)
+    cache = cache.to(kv_dtype)
+    bufs = (torch.zeros(bs + 1, dtype=torch.int32, device=dev), torch.zeros(indices.numel(), dtype=torch.int32, device=dev),
+            torch.ones(bs, dtype=torch.int32, device=dev))  # fmt: skip
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+        ws, "NHD", use_tensor_cores=tc, backend="fa2", use_cuda_graph=True, paged_kv_indptr_buffer=bufs[0],
+        paged_kv_indices_buffer=bufs[1], paged_kv_last_page_len_buffer=bufs[2])  # fmt: skip
+    extra = {"disable_split_kv": True} if no_split else {}
+    w.plan(indptr, indices, last, qo, kv, 128, page, q_data_type=torch.bfloat16,
+           kv_data_type=kv_dtype, sm_scale=128**-0.5, **extra)  # fmt: skip
+    return _graph_us(partial(w.run, q, (cache[0], cache[1])))
+
+
+def small(args: argparse.Namespace) -> dict:
+    """Small-batch decode attention at page 16 (graph replay): which kernel for batch 1-16."""
+    out = {}
+    ws = torch.zeros(128 << 20, dtype=torch.uint8, device="cuda")
+    for qo, kv in ((16, 8), (32, 8)):
+        for bs in (1, 4, 16, 64):
+            for ctx in (256, 1024, 4096):
+                for tc, no_split in ((True, False), (True, True), (False, False)):
+                    us = _graph_decode_us(ws, qo, kv, bs, ctx, 16, tc, no_split)
+                    key = f"qo{qo}/kv{kv} bs{bs} ctx{ctx} tc={tc} no_split={no_split}"
+                    out[key] = {"us": round(us, 2)}
+                    print(f"{key:50s} {us:8.2f} us", flush=True)
+    return out
+
+
+def attn(args: argparse.Namespace) -> dict:
+    import flashinfer
+    from device_attention_check import cuda_time_us  # tools/ is on sys.path when run as a script
+
+    out = {}
+    dev = torch.device("cuda")
+    ws = torch.zeros(128 << 20, dtype=torch.uint8, device=dev)
+    for qo, kv in ((16, 8), (32, 8)):
+        for bs, ctx in ((256, 800), (64, 1024), (1, 200)):
+            for page in (1, 16):
+                cache, indices, indptr, last, q = _paged_decode_problem(dev, qo, kv, bs, ctx, page)
+                for tc in (True, False):
+                    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                        ws, "NHD", use_tensor_cores=tc, backend="fa2"
+                    )
+                    w.plan(indptr, indices, last, qo, kv, 128, page, q_data_type=torch.bfloat16,
+                           kv_data_type=torch.bfloat16, sm_scale=128**-0.5)  # fmt: skip
+                    us = cuda_time_us(partial(w.run, q, (cache[0], cache[1])), iters=100)
+                    tbps = 2 * bs * ctx * kv * 128 * 2 / (us * 1e-6) / 1e12
+                    key = f"qo{qo}/kv{kv} bs{bs} ctx{ctx} page{page} tc={tc}"
+                    out[key] = {"us": round(us, 1), "TB/s": round(tbps, 2)}
+                    print(f"{key:45s} {us:8.1f} us  {tbps:5.2f} TB/s", flush=True)
+    # graph mode, as the engine runs decode: tensor cores with and without split-KV, CUDA cores
+    for qo, kv in ((16, 8), (32, 8)):
+        for bs, ctx in ((256, 800), (32, 1500), (1, 200)):
+            for tc, no_split in ((True, False), (True, True), (False, False)):
+                us = _graph_decode_us(ws, qo, kv, bs, ctx, 1, tc, no_split)
+                tbps = 2 * bs * ctx * kv * 128 * 2 / (us * 1e-6) / 1e12
+                key = f"graph qo{qo}/kv{kv} bs{bs} ctx{ctx} tc={tc} no_split={no_split}"
+                out[key] = {"us": round(us, 1), "TB/s": round(tbps, 2)}
+                print(f"{key:55s} {us:8.1f} us  {tbps:5.2f} TB/s", flush=True)
+    return out
+
+
+def kv(args: argparse.Namespace) -> dict:
+    """Decode attention over a bf16 vs an fp8 (e4m3) KV pool, graph mode, as the engine runs it."""
+    out = {}
+    ws = torch.zeros(128 << 20, dtype=torch.uint8, device="cuda")
+    for qo, kvh in ((16, 8), (32, 8)):
+        for bs, ctx in ((256, 800), (32, 1500), (1, 200)):
+            for page in (1, 16):
+                for kv_dtype in (torch.bfloat16, torch.float8_e4m3fn):
+                    for tc in (True, False):
+                        key = f"qo{qo}/kv{kvh} bs{bs} ctx{ctx} page{page} {str(kv_dtype)[6:]} tc={tc}"
+                        try:
+                            us = _graph_decode_us(ws, qo, kvh, bs, ctx, page, tc, False, kv_dtype)
+                        except Exception as exc:  # an unsupported combination: say so, go on
+                            out[key] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+                            print(f"{key:60s} ERROR {out[key]['error']}", flush=True)
+                            continue
+                        nbytes = 2 * bs * ctx * kvh * 128 * torch.empty((), dtype=kv_dtype).element_size()
+                        out[key] = {"us": round(us, 1), "TB/s": round(nbytes / (us * 1e-6) / 1e12, 2)}
+                        print(f"{key:60s} {us:8.1f} us  {out[key]['TB/s']:5.2f} TB/s", flush=True)
+    return out
+
+
+def gemv(args: argparse.Namespace) -> dict:
+    """Batch-1 (and small-batch) GEMMs of Llama-3.1-8B's shapes, cuBLAS vs cuBLASLt, graph mode."""
+    out = {}
+    dev = torch.device("cuda")
+    shapes = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
+              "lm_head": (128256, 4096)}  # fmt: skip
+    for lib in ("cublas", "cublaslt"):
+        torch.backends.cuda.preferred_blas_library(lib)
+        for m in (1, 8):
+            for name, (n, k) in shapes.items():
+                w = torch.randn(n, k, dtype=torch.bfloat16, device=dev) * 0.02
+                x = torch.randn(m, k, dtype=torch.bfloat16, device=dev)
+                us = _graph_us(partial(torch.nn.functional.linear, x, w))
+                key = f"{lib} m{m} {name}"
+                out[key] = {"us": round(us, 1), "TB/s": round(w.numel() * 2 / (us * 1e-6) / 1e12, 2)}
+                print(f"{key:30s} {us:8.1f} us  {out[key]['TB/s']:5.2f} TB/s", flush=True)
+    torch.backends.cuda.preferred_blas_library("cublas")
+    return out
+
+
+def _engine(model: str, attn_name: str, **options):
+    from minisgl_core.llm import LLM
+
+    return LLM(model, attn=attn_name, **options)
+
+
+def steps(args: argparse.Namespace) -> dict:
+    from minisgl_core.bench.workloads import shared_prefix, standard_offline
+    from minisgl_core.sampling import SamplingParams
+
+    llm = _engine(
+        args.model,
+        args.attn,
+        cache=args.cache,
+        max_running_requests=args.max_running,
+        cascade=not args.disable_cascade,
+    )
+    engine = llm.engine
+    runner = engine.runner
+    seen: list[tuple[bool, int]] = []
+    cascade_steps: list[int] = []  # groups per cascade decode step
+    forward = runner.forward
+
+    def recording_forward(batch):
+        seen.append((batch.is_prefill, batch.batch_size))
+        if batch.shared_prefixes is not None:
+            cascade_steps.append(len(batch.shared_prefixes))
+        return forward(batch)
+
+    runner.forward = recording_forward
+    # warm-up
+    llm.generate([[1, 2, 3, 4]] * 4, SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
+    seen.clear()
+    vocab = runner.vocab_size  # the demo model (CPU smoke test) has a small vocabulary
+    workload = standard_offline(args.num_requests, seed=0) if args.workload == "standard" else shared_prefix()
+    for i, r in enumerate(workload):
+        prompt = [t % vocab for t in r.prompt_ids]
+        engine.add_request(
+            10_000 + i, prompt, SamplingParams(temperature=0.6, max_tokens=r.max_tokens, ignore_eos=True)
+        )
+    records: list[tuple[bool, int, float]] = []
+    window = (args.window_start, args.window_start + args.window)
+    prof = None
+    _sync()
+    begin = last = time.perf_counter()
+    n = 0
+    while engine.has_work:
+        if n == window[0]:
+            prof = torch.profiler.profile(activities=_activities())
+            prof.__enter__()
+            pstart = time.perf_counter()
+        before = len(seen)
+        engine.step()
+        now = time.perf_counter()
+        kind = seen[before] if len(seen) > before else (False, 0)
+        records.append((kind[0], kind[1], now - last))
+        last = now
+        n += 1
+        if n == window[1] and prof is not None:
+            _sync()
+            pwall = time.perf_counter() - pstart
+            prof.__exit__(None, None, None)
+            last = time.perf_counter()
+    total = time.perf_counter() - begin
+    buckets: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for is_prefill, bs, dt in records:
+        key = (
+            "prefill"
+            if is_prefill
+            else f"decode bs<= {next(b for b in (8, 32, 64, 128, 192, 256, 10**9) if bs <= b)}"
+        )
+        buckets[key][0] += 1
+        buckets[key][1] += dt
+    output_tokens = sum(r.max_tokens for r in workload)
+    summary = {"total_s": round(total, 3), "steps": len(records), "output_tok_per_s": round(output_tokens / total, 1),
+               "cascade_steps": len(cascade_steps),
+               "groups_per_cascade_step": round(sum(cascade_steps) / max(len(cascade_steps), 1), 1),
+               "buckets": {k: {"steps": v[0], "s": round(v[1], 3), "ms_per_step": round(v[1] / v[0] * 1e3, 3)}
+                           for k, v in sorted(buckets.items())}}  # fmt: skip
+    print(json.dumps(summary, indent=1))
+    if prof is not None:
+        dev_us = _device_us(prof)
+        summary["window"] = {"steps": args.window, "wall_ms": round(pwall * 1e3, 2),
+                             "device_busy_ms": round(dev_us / 1e3, 2),
+                             "batch_sizes": sorted({bs for _, bs, _ in records[window[0]:window[1]]})}  # fmt: skip
+        print(json.dumps(summary["window"]))
+        print(_table(prof))
+    llm.close()
+    return summary
+
+
+def b1(args: argparse.Namespace) -> dict:
+    from minisgl_core.sampling import SamplingParams
+
+    llm = _engine(args.model, args.attn)
+    prompt = list(range(100, 228))
+    greedy = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    llm.generate([prompt], greedy, use_tqdm=False)
+    _sync()
+    steps = 64
+    with torch.profiler.profile(activities=_activities()) as prof:
+        start = time.perf_counter()
+        llm.generate(
+            [prompt], SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True), use_tqdm=False
+        )
+        _sync()
+        wall = time.perf_counter() - start
+    summary = {
+        "steps": steps,
+        "wall_ms": round(wall * 1e3, 2),
+        "device_busy_ms": round(_device_us(prof) / 1e3, 2),
+    }
+    print(json.dumps(summary))
+    print(_table(prof, 40))
+    llm.close()
+    return summary
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("what", choices=["attn", "small", "kv", "gemv", "steps", "b1"])
+    p.add_argument("model", nargs="?")
+    p.add_argument("--attn", default="fi")
+    p.add_argument("--window-start", type=int, default=120)
+    p.add_argument("--window", type=int, default=20)
+    p.add_argument("--num-requests", type=int, default=256)
+    p.add_argument("--workload", choices=["standard", "shared-prefix"], default="standard")
+    p.add_argument("--max-running", type=int, default=256)
+    p.add_argument("--disable-cascade", action="store_true")
+    p.add_argument("--cache", default="radix")
+    p.add_argument("--json")
+    args = p.parse_args()
+    result = {"attn": attn, "small": small, "kv": kv, "gemv": gemv, "steps": steps, "b1": b1}[args.what](args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

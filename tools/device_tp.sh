@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# One call on the 2-GPU machine (`nvidia-h200-x2`, .whl carried): tensor parallelism's all-reduce.
+#   source .whl/prelude.sh && bash tools/device_tp.sh [check|repeat|pages|pairs]
+# The symmetric-memory all-reduce against NCCL (bitwise, eager and in CUDA graphs; latency), then
+# Llama-3.1-8B offline at TP=1, TP=2 (symmetric memory for decode-sized sums) and TP=2 with
+# MINISGL_SYMM_MEM=0 (NCCL only). "repeat": no check; TP=2 symm, TP=2 NCCL, TP=1, TP=2 symm,
+# TP=2 NCCL, alternating. "pages": a discarded Qwen3-0.6B TP=2 run (JIT, both GPUs), then TP=1 and
+# TP=2 at page size 1 and at page size 16, each with a step trace ($OUT/steps-tp{1,2}-p{1,16}.jsonl,
+# summarised by tools/step_trace.py into the output).
+# "pairs": the check, then TP=2, TP=1, TP=2, TP=1 (defaults).
+# Results: $OUT/allreduce.json, $OUT/bench.jsonl, $OUT/logs.tgz.
+set -uo pipefail
+what=${1:-check}
+out=${OUT:-/tmp/out}; logs=/tmp/logs; mkdir -p "$out" $logs
+m=/tmp/m
+python3 -m minisgl_core bench make-model --shape llama-3.1-8b --out $m/llama-3.1-8b --device cuda >/dev/null &
+if [[ $what == pages ]]; then
+  python3 -m minisgl_core bench make-model --shape qwen3-0.6b --out $m/qwen3-0.6b --device cuda >/dev/null
+  timeout 200 python3 -m minisgl_core bench offline --model $m/qwen3-0.6b --attn fi --tp 2 --label "warm-up (discarded)" \
+    2>$logs/warm-up.log | tail -n 1 | cut -c1-200
+fi
+if [[ $what == check || $what == pairs ]]; then
+  timeout 240 python3 tools/device_allreduce_check.py --json "$out/allreduce.json" > $logs/allreduce.log 2>&1
+  echo "all-reduce check exit $?"; grep -A12 graph_us_per_all_reduce $logs/allreduce.log | head -14
+  grep -m3 -i "error\|fail\|warn" $logs/allreduce.log
+fi
+wait
+bench() { timeout 200 python3 -m minisgl_core bench offline --model $m/llama-3.1-8b --attn fi --output "$out/bench.jsonl" "$@" | tail -n 1 \
+  | python3 -c 'import json, sys; d = json.loads(sys.stdin.read()); print(d["label"], d["output_tok_per_s"], d["seconds"], d.get("page_size", ""), d.get("decode", ""))'; }
+tp1() { CUDA_VISIBLE_DEVICES=0 bench --label llama-3.1-8b-tp1 "$@" 2>>$logs/tp1.log; }
+tp2() { bench --tp 2 --label "llama-3.1-8b-tp2 symm-mem" 2>>$logs/tp2.log; }
+tp2_nccl() { MINISGL_SYMM_MEM=0 bench --tp 2 --label "llama-3.1-8b-tp2 nccl (MINISGL_SYMM_MEM=0)" 2>>$logs/tp2-nccl.log; }
+traced() {  # TP PAGE: one run with its step trace
+  local f="$out/steps-tp$1-p$2.jsonl"
+  if [[ $1 == 1 ]]; then
+    MINISGL_STEP_TRACE=$f CUDA_VISIBLE_DEVICES=0 bench --page-size "$2" --label "llama-3.1-8b-tp1 page $2" 2>>$logs/tp1.log
+  else
+    MINISGL_STEP_TRACE=$f bench --tp 2 --page-size "$2" --label "llama-3.1-8b-tp2 page $2" 2>>$logs/tp2.log
+  fi
+  python3 tools/step_trace.py "$f" --bucket 100 2>&1 | head -n 12
+}
+if [[ $what == check ]]; then
+  tp1; tp2; tp2_nccl
+elif [[ $what == pairs ]]; then
+  tp2; tp1 --decode-latency; tp2; tp1 --decode-latency
+elif [[ $what == pages ]]; then
+  traced 1 1; traced 2 1; traced 1 16; traced 2 16
+else
+  tp2; tp2_nccl; tp1; tp2; tp2_nccl
+fi
+grep -m5 "Traceback" $logs/*.log
+tar -czf "$out/logs.tgz" -C /tmp logs

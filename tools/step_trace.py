@@ -1,0 +1,114 @@
+"""Read a serving run step by step: the scheduler's step trace, and the client's request trace.
+
+    MINISGL_STEP_TRACE=/tmp/steps.jsonl minisgl serve ...          # the server writes the steps
+    minisgl bench serve ... --trace /tmp/requests.jsonl             # the client writes the requests
+    python tools/step_trace.py /tmp/steps.jsonl [--requests /tmp/requests.jsonl] [--bucket 0.5]
+
+Prints where the scheduler's wall time went (prefill steps, decode steps by batch size, idle
+between steps), a timeline in buckets (share of prefill, decode and idle; mean running requests;
+arrivals), and with the request trace the client's view (time to first chunk, split into the
+wait before the request's prefill began on the server and the rest). Both traces use the
+monotonic clock, so they line up when client and server run on one machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+from collections import defaultdict
+
+
+def load(path: str) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round((len(s) - 1) * q / 100)))]
+
+
+def summarise(steps: list[dict], bucket: float) -> dict:
+    busy = [s for s in steps if "kind" in s]
+    t0, t1 = steps[0]["t"], steps[-1]["t"] + steps[-1]["dt"]
+    idle = sum(max(0.0, b["t"] - (a["t"] + a["dt"])) for a, b in zip(steps, steps[1:]))
+    kinds: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0, 0])
+    for s in busy:
+        key = (
+            s["kind"]
+            if s["kind"] == "prefill"
+            else f"decode bs<={next(b for b in (8, 32, 64, 128, 192, 256, 10**9) if s['reqs'] <= b)}"
+        )
+        k = kinds[key]
+        k[0] += 1
+        k[1] += s["dt"]
+        k[2] += s["reqs"]
+        k[3] += s["tokens"]
+    print(f"wall {t1 - t0:.2f} s, {len(busy)} steps, idle between steps {idle:.2f} s")
+    for key, (n, dt, reqs, tokens) in sorted(kinds.items()):
+        print(
+            f"  {key:16s} {n:6d} steps {dt:8.2f} s {dt / n * 1e3:8.2f} ms/step  {reqs / n:7.1f} reqs {tokens / n:8.1f} tokens"
+        )
+    decode_during_prefill = sum(1 for s in busy if s["kind"] == "prefill" and s["running"] > s["reqs"])
+    print(f"  prefill steps while others were running: {decode_during_prefill}")
+    print(f"timeline ({bucket} s buckets): prefill% decode% idle%  mean running  arrivals  decode tokens")
+    nb = int((t1 - t0) / bucket) + 1
+    rows = [
+        [0.0, 0.0, 0.0, 0, 0, 0] for _ in range(nb)
+    ]  # prefill s, decode s, running*steps, steps, new, decode tokens
+    for s in steps:
+        row = rows[min(nb - 1, int((s["t"] - t0) / bucket))]
+        row[4] += s.get("new", 0)
+        if "kind" in s:
+            row[0 if s["kind"] == "prefill" else 1] += s["dt"]
+            row[2] += s["running"]
+            row[3] += 1
+            if s["kind"] == "decode":
+                row[5] += s["tokens"]
+    for i, (pf, dc, run, n, new, toks) in enumerate(rows):
+        idle_share = max(0.0, 1 - (pf + dc) / bucket)
+        print(f"  {i * bucket:7.2f}  {pf / bucket * 100:5.0f} {dc / bucket * 100:6.0f} {idle_share * 100:5.0f}"
+              f"  {run / max(n, 1):11.1f}  {new:8d}  {toks:8d}")  # fmt: skip
+    return {"t0": t0, "t1": t1}
+
+
+def requests_view(steps: list[dict], reqs: list[dict]) -> None:
+    """TTFT as the client saw it, and how much of it passed before the server's next prefill step."""
+    prefill_starts = [s["t"] for s in steps if s.get("kind") == "prefill"]
+    ttft, before_prefill = [], []
+    for r in reqs:
+        if r["first"] is None:
+            continue
+        ttft.append(r["first"] - r["sent"])
+        i = bisect.bisect_left(prefill_starts, r["sent"])
+        if i < len(prefill_starts):
+            before_prefill.append(prefill_starts[i] - r["sent"])
+    sent = sorted(r["sent"] for r in reqs)
+    print(f"requests {len(reqs)}; sent over {sent[-1] - sent[0]:.2f} s")
+    print(
+        f"  client TTFT ms p50 {pct(ttft, 50) * 1e3:.0f} p90 {pct(ttft, 90) * 1e3:.0f} p99 {pct(ttft, 99) * 1e3:.0f}"
+    )
+    print(
+        f"  send -> next prefill step ms p50 {pct(before_prefill, 50) * 1e3:.1f} p99 {pct(before_prefill, 99) * 1e3:.1f}"
+    )
+    chunks = [r["chunks"] / max(r["tokens"], 1) for r in reqs]
+    print(f"  chunks per token p50 {pct(chunks, 50):.2f} (1.00: one SSE chunk per token)")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("steps")
+    p.add_argument("--requests")
+    p.add_argument("--bucket", type=float, default=0.5)
+    args = p.parse_args()
+    steps = load(args.steps)
+    summarise(steps, args.bucket)
+    if args.requests:
+        requests_view(steps, load(args.requests))
+
+
+if __name__ == "__main__":
+    main()
