@@ -25,6 +25,10 @@ def check_request_fits(
         raise ValueError("prompt is empty")
     if any(not isinstance(t, int) or t < 0 or t >= vocab_size for t in prompt_ids):
         raise ValueError(f"prompt token ids must be integers in [0, {vocab_size})")
+    if any(t >= vocab_size for t in params.stop_token_ids):
+        raise ValueError(f"stop_token_ids must be integers in [0, {vocab_size}), the model's vocabulary")
+    if any(t >= vocab_size for t in params.logit_bias):
+        raise ValueError(f"logit_bias token ids must be in [0, {vocab_size})")
     total = len(prompt_ids) + params.max_tokens
     if total > max_context_len:
         raise ValueError(
