@@ -1,0 +1,116 @@
+"""A tool-call round trip on the real default model (SmolLM2-135M-Instruct) through the official
+``openai`` client: tools -> tool_calls -> a ``tool`` message -> a final answer, streamed and not.
+
+SmolLM2's own chat template does not render ``tools`` (the server refuses them rather than drop
+them silently), so the server runs with the Hermes-style template of these tests
+(``--chat-template``) and the ``hermes`` parser; the named ``tool_choice`` makes the grammar
+backend enforce the function's parameter schema, which is what these tests check with
+``jsonschema``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+TEMPLATE = Path(__file__).parent / "data" / "tools_template.jinja"
+MODEL = "SmolLM2-135M-Instruct"
+WEATHER_PARAMS = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 24},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+    },
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": WEATHER_PARAMS,
+    },
+}
+FORCED = {"type": "function", "function": {"name": "get_weather"}}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+# fmt: off
+ARGS = ["--device", "cpu", "--attn", "torch", "--num-kv-tokens", "8192", "--max-running-requests", "8",
+        "--max-context-len", "2048", "--chat-template", str(TEMPLATE), "--tool-call-parser", "hermes"]
+# fmt: on
+
+
+@pytest.fixture(scope="module")
+def client(start_server, default_model_dir):
+    import openai
+
+    server = start_server(ARGS)  # no --model: the default, already in the cache (default_model_dir)
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def _round_trip(client, call_id: str, name: str, arguments: str) -> str:
+    """Send the call back with a tool result; the model's final answer."""
+    messages = [
+        *ASK,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": call_id, "content": json.dumps({"temperature": 18, "sky": "clear"})},
+    ]
+    final = client.chat.completions.create(
+        model=MODEL, messages=messages, tools=[WEATHER], tool_choice="none", temperature=0, max_tokens=24
+    )
+    choice = final.choices[0]
+    assert choice.finish_reason in ("stop", "length") and not choice.message.tool_calls
+    return choice.message.content
+
+
+def test_forced_tool_call_round_trip(client):
+    resp = client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=[WEATHER], tool_choice=FORCED, temperature=0, max_tokens=64
+    )
+    choice = resp.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER_PARAMS)
+    answer = _round_trip(client, call.id, call.function.name, call.function.arguments)
+    assert isinstance(answer, str) and answer.strip()
+
+
+def test_forced_tool_call_streamed_equals_the_whole_answer(client):
+    whole = client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=[WEATHER], tool_choice=FORCED, temperature=0, max_tokens=64
+    )
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=ASK,
+        tools=[WEATHER],
+        tool_choice=FORCED,
+        temperature=0,
+        max_tokens=64,
+        stream=True,
+    )
+    name, arguments, call_id, finish = None, "", None, None
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        for part in delta.tool_calls or []:
+            assert part.index == 0
+            call_id = part.id or call_id
+            if part.function is not None:
+                name = part.function.name or name
+                arguments += part.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert finish == "tool_calls" and name == "get_weather" and call_id
+    assert json.loads(arguments) == json.loads(whole.choices[0].message.tool_calls[0].function.arguments)
+    jsonschema.validate(json.loads(arguments), WEATHER_PARAMS)
+    assert _round_trip(client, call_id, name, arguments).strip()
