@@ -27,7 +27,7 @@ def _unconfigured(monkeypatch):
 def _config(*argv: str):
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
-    return engine_config_from_args(parser.parse_args(["--model", "unused", *argv]))
+    return engine_config_from_args(parser.parse_args(["--model", "demo", *argv]))
 
 
 def test_all_on_by_default_and_each_variable_turns_one_off(monkeypatch):

@@ -113,7 +113,7 @@ def test_resolve_model_paths_demo_and_errors(tmp_path, monkeypatch):
     demo = Path(resolve_model("demo"))
     assert demo == tmp_path / "cache" / "demo-qwen3" and (demo / "config.json").is_file()
     assert resolve_model(str(demo)) == str(demo)
-    with pytest.raises(ModelNotFound, match=r"--model '\./nope': no such file or directory") as info:
+    with pytest.raises(ModelNotFound, match=r"--model \./nope: no such file or directory") as info:
         resolve_model("./nope")
     assert "\n" not in str(info.value)
 

@@ -17,9 +17,10 @@ from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, get_args
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 GrammarKind = Literal["json_schema", "json_object", "regex", "choice", "ebnf", "structural_tag"]
 GRAMMAR_KINDS: tuple[str, ...] = get_args(GrammarKind)
@@ -73,11 +74,15 @@ def bitmask_width(vocab_size: int) -> int:
 
 def allocate_token_bitmask(rows: int, vocab_size: int, *, pin_memory: bool = False) -> torch.Tensor:
     """A host bitmask of ``rows`` rows with every token allowed (all bits set)."""
+    import torch  # here, not at import: the tokenizer process checks grammars without torch
+
     return torch.full((rows, bitmask_width(vocab_size)), -1, dtype=torch.int32, pin_memory=pin_memory)
 
 
 def allowed_tokens(bitmask_row: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """A bool vector over ``vocab_size`` tokens from one bitmask row (for tests and checks)."""
+    import torch
+
     ids = torch.arange(vocab_size)
     words = bitmask_row.to(torch.int64)[ids // 32]
     return ((words >> (ids % 32)) & 1).bool()

@@ -21,15 +21,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from minisgl_core.checkpoint.path_check import ModelPathError
+
 if TYPE_CHECKING:
     from minisgl_core.plugins import Plugins
+
 
 logger = logging.getLogger("minisgl")
 
 DEMO = "demo"
 
 
-class ModelNotFound(RuntimeError):
+class ModelNotFound(ModelPathError):
     """The model cannot be resolved or fetched; the message is one line naming the fix."""
 
 
@@ -72,7 +75,7 @@ def resolve_model(model: str | os.PathLike[str] | None) -> str:
     if _looks_like_hub_id(spec):
         return _hub_snapshot(spec)
     raise ModelNotFound(
-        f"--model {spec!r}: no such file or directory (give a model directory, a .gguf file, "
+        f"--model {spec}: no such file or directory (give a model directory, a .gguf file, "
         f"ORG/NAME on a Hugging Face hub, 'demo', or nothing for the default {DEFAULT_MODEL.name})"
     )
 

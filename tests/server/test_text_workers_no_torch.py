@@ -18,7 +18,7 @@ from minisgl_core.messages import Limits, StepOutputs, TokenizeRequest
 from minisgl_core.plugins import Plugins
 from minisgl_core.processes.text_workers import Admitter, Detokenizer, RequestRejected
 from minisgl_core.model_dir import load_generation_config
-from minisgl_core.tokenizer.load import load_tokenizer
+from minisgl_core.tokenizer.load import load_tokenizer_dir as load_tokenizer
 
 model_dir = sys.argv[1]
 plugins = Plugins.load()
