@@ -202,6 +202,8 @@ def test_gateway_fields_at_their_defaults_are_accepted(busy_server, model_name):
     assert httpx.post(f"{busy_server.url}/v1/completions", json=body).status_code == 200
     # a value that would ask for something minisgl does not do is still refused
     error = assert_openai_error(
-        httpx.post(f"{busy_server.url}/v1/completions", json={**body, "echo": True}), 400, "unsupported_field"
+        httpx.post(f"{busy_server.url}/v1/completions", json={**body, "return_hidden_states": True}),
+        400,
+        "unsupported_field",
     )
-    assert error["param"] == "echo"
+    assert error["param"] == "return_hidden_states"

@@ -41,6 +41,7 @@ def new_group(num_choices: int) -> RequestGroup:
     group = RequestGroup.__new__(RequestGroup)  # the queue is all deltas() reads
     group.queue = asyncio.Queue()
     group.num_choices = num_choices
+    group.deadline = None
     return group
 
 
