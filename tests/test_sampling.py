@@ -178,10 +178,17 @@ def test_generation_config_supplies_defaults_for_unset_fields(tmp_path):
     gen |= {"temperature": 0.0, "top_k": 7, "max_new_tokens": 5, "repetition_penalty": 1.1}
     (d / "generation_config.json").write_text(json.dumps(gen))
     llm = LLM(d, attn="torch", device="cpu", dtype="float32")
-    assert llm.engine.sampling_defaults == {"temperature": 0.0, "top_k": 7, "max_tokens": 5}
+    assert llm.engine.sampling_defaults == {
+        "temperature": 0.0,
+        "top_k": 7,
+        "repetition_penalty": 1.1,
+        "max_tokens": 5,
+    }
     # no SamplingParams: the model's greedy default applies, so two runs agree, and equal greedy
     a, b = (llm.generate(["the cat sat"])[0].token_ids for _ in range(2))
-    greedy = llm.generate(["the cat sat"], SamplingParams(temperature=0.0, max_tokens=5))[0].token_ids
+    greedy = llm.generate(
+        ["the cat sat"], SamplingParams(temperature=0.0, max_tokens=5, repetition_penalty=1.1)
+    )[0].token_ids
     assert a == b == greedy and len(a) <= 5
     # precedence offline: given > model > SamplingParams' own
     params = llm.sampling_params(top_p=0.5, temperature=None)

@@ -331,7 +331,8 @@ class SamplingFields(GrammarFields):
     stream_options: StreamOptions | None = None
     #: token id (as a string, JSON keys are) -> bias in [-100, 100]
     logit_bias: dict[str, float] | None = None
-    repetition_penalty: float = 1.0
+    #: None = unset: the model's default (generation_config.json), else 1.0 (off)
+    repetition_penalty: float | None = None
     #: accepted as harmless metadata (OpenAI uses it for abuse monitoring)
     user: Text | None = None
     #: seconds after which the request ends with a timeout error (the server's --request-timeout
