@@ -3,11 +3,12 @@
 # workload through the router with cache-aware routing, then round robin; prints each run's
 # throughput and the prefix-cache hit rate summed over both workers (read from their /metrics).
 # On the GPU machine, from the tree's root, after `source .whl/prelude.sh` (the carried wheels
-# must include sglang_router and its imports). ATTN (default fi), GRAPH_BS, GROUPS, PER_GROUP, PREFIX,
-# OUTPUT_LEN tune it.
+# must include sglang_router and its imports). ATTN (default fi), GRAPH_BS, N_GROUPS, PER_GROUP, PREFIX
+# (words), OUTPUT_LEN, CONCURRENCY tune it. The load is tools/router_client.py: text prompts, since
+# the gateway takes no token-id prompts.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-ATTN=${ATTN:-fi}; GROUPS=${GROUPS:-16}; PER_GROUP=${PER_GROUP:-16}; PREFIX=${PREFIX:-1024}; OUTPUT_LEN=${OUTPUT_LEN:-64}
+ATTN=${ATTN:-fi}; N_GROUPS=${N_GROUPS:-16}; PER_GROUP=${PER_GROUP:-16}; PREFIX=${PREFIX:-1024}; OUTPUT_LEN=${OUTPUT_LEN:-64}
 M=/tmp/m/q
 python3 -m minisgl_core bench make-model --shape qwen3-0.6b --out $M --device cuda > "$OUT/make.log" 2>&1 || exit 1
 for port in 8001 8002; do
@@ -30,15 +31,16 @@ for port in (8001, 8002):
 print(int(tot["minisgl_admitted_prompt_tokens_total"]), int(tot["minisgl_prefix_cache_hit_tokens_total"]))
 PY
 }
+seed=0
 for policy in cache_aware round_robin; do
+  seed=$((seed + 1))  # fresh prefixes per policy: the workers keep their caches between runs
   python3 -m sglang_router.launch_router --worker-urls http://127.0.0.1:8001 http://127.0.0.1:8002 \
     --policy $policy --host 127.0.0.1 --port 30000 > "$OUT/router-$policy.log" 2>&1 &
   router=$!
   for _ in $(seq 1 60); do curl -sf localhost:30000/v1/models >/dev/null && break; sleep 1; done
   read -r admitted0 hit0 < <(hits)
-  python3 -m minisgl_core bench serve --url http://127.0.0.1:30000 --model q --workload shared-prefix \
-    --groups "$GROUPS" --prompts-per-group "$PER_GROUP" --prefix-len "$PREFIX" --question-len 64 \
-    --output-len "$OUTPUT_LEN" --label "router-$policy" --output "$OUT/router.jsonl" > "$OUT/bench-$policy.log" 2>&1
+  python3 tools/router_client.py http://127.0.0.1:30000 q "$N_GROUPS" "$PER_GROUP" "$PREFIX" "$OUTPUT_LEN" \
+    "${CONCURRENCY:-64}" "$seed" > "$OUT/bench-$policy.log" 2>&1
   echo "bench rc=$?"; tail -1 "$OUT/bench-$policy.log"
   sleep 1
   read -r admitted1 hit1 < <(hits)
