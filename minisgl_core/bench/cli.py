@@ -27,7 +27,7 @@ def add_bench_command(sub) -> None:
     add_engine_args(p)
     p.add_argument("--shape", choices=sorted(SHAPES), help="build a random-weight model of this real shape")
     p.add_argument("--model-cache", default="/tmp/minisgl-bench-models")
-    p.add_argument("--num-requests", type=int, default=256)
+    p.add_argument("--num-requests", type=_positive_int, default=256)
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--decode-latency", action="store_true", help="also measure batch-1 decode ms/token")
     p.add_argument(
@@ -46,14 +46,14 @@ def add_bench_command(sub) -> None:
     p.add_argument("--model", default=None, help="model id to request (default: the one the server lists)")
     p.add_argument("--api-key")
     p.add_argument("--workload", choices=["standard", "shared-prefix"], default="standard")
-    p.add_argument("--num-requests", type=int, default=256)
+    p.add_argument("--num-requests", type=_positive_int, default=256)
     p.add_argument("--concurrency", default=None, help="comma-separated sweep, e.g. 1,16,64")
     p.add_argument("--request-rate", default=None, help="comma-separated requests/s sweep (Poisson arrivals)")
-    p.add_argument("--groups", type=int, default=64)
-    p.add_argument("--prompts-per-group", type=int, default=16)
-    p.add_argument("--prefix-len", type=int, default=2048)
-    p.add_argument("--question-len", type=int, default=128)
-    p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--groups", type=_positive_int, default=64)
+    p.add_argument("--prompts-per-group", type=_positive_int, default=16)
+    p.add_argument("--prefix-len", type=_positive_int, default=2048)
+    p.add_argument("--question-len", type=_non_negative_int, default=128)
+    p.add_argument("--output-len", type=_positive_int, default=256)
     p.add_argument("--label", default="")
     p.add_argument("--output")
     p.add_argument(
@@ -205,3 +205,17 @@ def _cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value}")
+    return value

@@ -53,3 +53,11 @@ def test_fit_vocab_keeps_lengths_and_shared_prefixes() -> None:
     assert fitted[0].prompt_ids[:16] == fitted[2].prompt_ids[:16]  # same group, same prefix
     assert fit_vocab(workload, None) is workload and fit_vocab(workload, 10000) is workload
     check_context([BenchRequest([1] * 10, 6)], ServedModel("m", 100, 16))  # fits exactly
+
+
+def test_bench_serve_sizes_below_one_are_a_usage_error() -> None:
+    # --groups 0 once divided by zero after the run, in the ideal hit rate
+    for flag in ("--groups", "--prompts-per-group", "--prefix-len", "--output-len", "--num-requests"):
+        proc = bench("--url", "http://127.0.0.1:9", flag, "0")
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert f"argument {flag}: must be an integer >= 1, got 0" in proc.stderr
