@@ -53,6 +53,18 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="grammar backend plugin for constrained decoding (xgrammar, llguidance, ...)",
     )
     g.add_argument(
+        "--speculative-algorithm",
+        default=None,
+        choices=["ngram"],
+        help="speculative decoding: ngram = prompt lookup (lossless; off by default; verify steps run "
+        "without overlap scheduling and CUDA graphs)",
+    )
+    g.add_argument(
+        "--speculative-num-draft-tokens", type=int, default=4, help="most draft tokens per request per step"
+    )
+    g.add_argument("--speculative-ngram-max", type=int, default=4, help="longest n-gram the ngram drafter matches")
+    g.add_argument("--speculative-ngram-min", type=int, default=1, help="shortest n-gram the ngram drafter matches")
+    g.add_argument(
         "--disable-plugin", action="append", default=[], metavar="NAME", help="skip a plugin (repeatable)"
     )
     g.add_argument(
@@ -83,6 +95,10 @@ ENGINE_FIELDS = (
     "cuda_graph_max_bs",
     "generation_config",
     "grammar_backend",
+    "speculative_algorithm",
+    "speculative_num_draft_tokens",
+    "speculative_ngram_max",
+    "speculative_ngram_min",
 )
 
 

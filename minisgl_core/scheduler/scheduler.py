@@ -78,6 +78,9 @@ class Scheduler:
         #: set by the engine: completes the step still in flight (overlap) before a retraction,
         #: so the retracted request keeps the token it was computing
         self.complete_inflight: Callable[[], None] = lambda: None
+        #: set by the engine when speculative decoding is on: turns a decode step into a verify
+        #: step with drafts, or returns None for a plain decode (see scheduler/speculative.py)
+        self.speculate: Callable[[Scheduler, list[Request]], ScheduledBatch | None] | None = None
         self.waiting: dict[int, Request] = {}
         self.running: dict[int, Request] = {}
         self._arrivals = 0
@@ -198,6 +201,8 @@ class Scheduler:
         self._retract_until_decode_fits(reqs)
         if not reqs:  # the step completed meanwhile finished them all
             return None
+        if self.speculate is not None and (verify := self.speculate(self, reqs)) is not None:
+            return verify
         shared = None
         if self.cascade:
             reqs, shared = group_shared_prefixes(
