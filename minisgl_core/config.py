@@ -81,7 +81,9 @@ class EngineConfig:
         if not 0 < self.kv_memory_fraction <= 1:
             raise ValueError(f"kv_memory_fraction must be in (0, 1], got {self.kv_memory_fraction}")
         if self.speculative_algorithm not in (None, "ngram"):
-            raise ValueError(f"speculative_algorithm must be ngram or unset, got {self.speculative_algorithm!r}")
+            raise ValueError(
+                f"speculative_algorithm must be ngram or unset, got {self.speculative_algorithm!r}"
+            )
         if self.speculative_num_draft_tokens < 1:
             raise ValueError(
                 f"speculative_num_draft_tokens must be >= 1, got {self.speculative_num_draft_tokens}"

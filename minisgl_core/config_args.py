@@ -62,8 +62,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--speculative-num-draft-tokens", type=int, default=4, help="most draft tokens per request per step"
     )
-    g.add_argument("--speculative-ngram-max", type=int, default=4, help="longest n-gram the ngram drafter matches")
-    g.add_argument("--speculative-ngram-min", type=int, default=1, help="shortest n-gram the ngram drafter matches")
+    g.add_argument(
+        "--speculative-ngram-max", type=int, default=4, help="longest n-gram the ngram drafter matches"
+    )
+    g.add_argument(
+        "--speculative-ngram-min", type=int, default=1, help="shortest n-gram the ngram drafter matches"
+    )
     g.add_argument(
         "--disable-plugin", action="append", default=[], metavar="NAME", help="skip a plugin (repeatable)"
     )

@@ -41,7 +41,9 @@ def brute_force_lookup(tokens: list[int], k: int, max_n: int, min_n: int) -> lis
 
 
 def request(prompt: list[int], output: list[int] | None = None, **params) -> Request:
-    return Request(rid=0, prompt_ids=list(prompt), params=SamplingParams(**params), arrival=0, output_ids=output or [])
+    return Request(
+        rid=0, prompt_ids=list(prompt), params=SamplingParams(**params), arrival=0, output_ids=output or []
+    )
 
 
 @settings(max_examples=150, deadline=None)
@@ -89,7 +91,9 @@ def test_config_refuses_bad_speculative_settings():
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    return make_model_dir(tmp_path_factory.mktemp("m") / "llama", "LlamaForCausalLM", max_position_embeddings=512)
+    return make_model_dir(
+        tmp_path_factory.mktemp("m") / "llama", "LlamaForCausalLM", max_position_embeddings=512
+    )
 
 
 @pytest.fixture(scope="module")
@@ -218,7 +222,9 @@ def test_penalties_bias_and_logprobs_follow_each_position(spec_llm, plain, promp
 
 
 def test_constrained_requests_share_verify_batches(spec_llm, plain, prompts):
-    schema = GrammarSpec("json_schema", json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}}))
+    schema = GrammarSpec(
+        "json_schema", json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}})
+    )
     constrained = SamplingParams(temperature=0.0, max_tokens=30, grammar=schema)
     params = [constrained if i % 3 == 0 else GREEDY for i in range(len(prompts))]
     before = spec_llm.engine.stats()["spec_verify_steps"]
@@ -314,13 +320,12 @@ def test_real_model_copies_with_drafts_and_the_same_tokens(default_model_dir):
 
     messages = [
         [{"role": "user", "content": f"Repeat this text exactly: {COPY_TEXT}"}],
-        [{"role": "user", "content": f"Copy the following sentence word for word.\n\n{COPY_TEXT}"}],
         [{"role": "user", "content": "What is the capital of France?"}],  # little to look up
     ]
-    params = SamplingParams(temperature=0.0, max_tokens=48)
+    params = SamplingParams(temperature=0.0, max_tokens=40)
     outputs = []
     for options in ({}, SPEC):
-        llm = LLM(default_model_dir, device="cpu", attn="torch", num_kv_tokens=4096, **options)
+        llm = LLM(default_model_dir, device="cpu", attn="torch", num_kv_tokens=2048, **options)
         prompts = [apply_chat_template(llm.tokenizer, m) for m in messages]
         outputs.append(llm.generate(prompts, params))
         stats = llm.engine.stats()

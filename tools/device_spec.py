@@ -47,10 +47,10 @@ def prompts_for(llm: LLM) -> list[list[int]]:
     return [tok.encode(ask.format(text)) for text in TEXTS for ask in ASKS]
 
 
-def measure(model: str, max_tokens: int, **options) -> dict:
+def measure(model: str, max_tokens: int, ignore_eos: bool, **options) -> dict:
     llm = LLM(model, **options)
     prompts = prompts_for(llm)
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=ignore_eos)
     llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True))  # warm-up
     before = llm.engine.stats()
     tokens, seconds, outputs = 0, 0.0, []
@@ -65,8 +65,12 @@ def measure(model: str, max_tokens: int, **options) -> dict:
     stats = {k: v - before.get(k, 0) for k, v in llm.engine.stats().items() if k.startswith("spec_")}
     result = {"tok_s": round(tokens / seconds, 1), "tokens": tokens, "seconds": round(seconds, 3)}
     if stats:
-        result["acceptance_length"] = round(stats["spec_emitted_tokens"] / max(stats["spec_request_steps"], 1), 3)
-        result["acceptance_rate"] = round(stats["spec_accepted_tokens"] / max(stats["spec_draft_tokens"], 1), 3)
+        result["acceptance_length"] = round(
+            stats["spec_emitted_tokens"] / max(stats["spec_request_steps"], 1), 3
+        )
+        result["acceptance_rate"] = round(
+            stats["spec_accepted_tokens"] / max(stats["spec_draft_tokens"], 1), 3
+        )
         result["stats"] = stats
     result["sample_text"] = llm.tokenizer.decode(outputs[0][:80])
     llm.close()
@@ -79,13 +83,15 @@ def main() -> None:
     parser.add_argument("--draft-tokens", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--attn", default="auto")
+    parser.add_argument("--ignore-eos", action="store_true", help="always run max_tokens (random weights)")
     parser.add_argument("--out")
     args = parser.parse_args()
     common = dict(attn=args.attn, num_kv_tokens=65536, max_running_requests=8)
-    plain = measure(args.model, args.max_tokens, **common)
+    plain = measure(args.model, args.max_tokens, args.ignore_eos, **common)
     spec = measure(
         args.model,
         args.max_tokens,
+        args.ignore_eos,
         speculative_algorithm="ngram",
         speculative_num_draft_tokens=args.draft_tokens,
         **common,

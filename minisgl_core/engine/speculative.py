@@ -15,8 +15,8 @@ Constrained requests (grammars) get no drafts: their bitmask depends on the toke
 They still run in verify batches, one position each, masked as usual.
 
 Verify steps run without overlap scheduling: the drafter needs the newest tokens on the host
-before it can plan the next step. They run eagerly (not in CUDA graphs); steps where no request
-has a draft are plain decode steps, graphs included.
+before it can plan the next step. A verify batch is a decode batch (one sequence per position),
+so it replays the decode CUDA graphs like any decode step.
 """
 
 from __future__ import annotations
@@ -73,7 +73,9 @@ class VerifyRunner:
         constrained = [i for i, r in enumerate(row_requests) if r.matcher is not None]
         if constrained:
             self.grammars.accept(
-                [row_requests[i] for i in constrained], [tokens[i] for i in constrained], self.scheduler.running
+                [row_requests[i] for i in constrained],
+                [tokens[i] for i in constrained],
+                self.scheduler.running,
             )
         outputs = self.speculator.process(self.scheduler, batch, tokens, logprobs)
         # the next plain decode step reads each request's newest token on the device

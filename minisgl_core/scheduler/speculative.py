@@ -1,9 +1,10 @@
 """Speculative decoding, the scheduler's half: drafters, verify batches, accepting tokens.
 
 A decode step with drafts becomes a *verify* step: each running request feeds its last sampled
-token followed by the tokens its drafter proposed (``q_len = 1 + drafts``), as an extend batch
-over the paged KV (the prefill attention path, causal within the draft), and the model returns
-logits at every position. The engine samples every position (see ``engine/speculative.py``) and
+token followed by the tokens its drafter proposed (``q_len = 1 + drafts``), and the model returns
+logits at every position. The batch is a decode batch with one sequence per position, each
+reading its request's page-table row up to itself: causal within the draft, on the decode
+kernels and in the decode CUDA graphs. The engine samples every position (see ``engine/speculative.py``) and
 :meth:`Speculator.process` keeps the longest prefix of drafts the target agreed with, plus the
 token the target sampled after it: 1 to ``1 + drafts`` tokens per request per step. KV written for
 rejected drafts is rolled back: ``num_computed`` goes back to the accepted length and the pages
@@ -21,8 +22,6 @@ import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-
-import torch
 
 from minisgl_core.runner.sampler import to_device
 from minisgl_core.sampling import StepOutput, TokenLogprob
@@ -200,15 +199,24 @@ class Speculator:
         kv.decayed()
         bases = [r.num_computed for r in reqs]
         chunks = [1 + len(d) for d in drafts]
-        input_ids = [t for r, d in zip(reqs, drafts) for t in (r.output_ids[-1], *d)]
+        # One decode "sequence" per verified position: position j of a request reads the request's
+        # page-table row up to itself, which is causal attention within the draft, and the batch
+        # is an ordinary decode batch (decode kernels, CUDA graphs). Every position's K/V is
+        # stored before any is attended to, as in any attention layer.
         positions = [p for base, n in zip(bases, chunks) for p in range(base, base + n)]
-        seq_lens = [base + n for base, n in zip(bases, chunks)]
+        sequences = [r for r, n in zip(reqs, chunks) for _ in range(n)]
+        input_ids = [t for r, d in zip(reqs, drafts) for t in (r.output_ids[-1], *d)]
         batch = scheduler._forward_batch(
-            True, reqs, chunks, seq_lens, to_device(input_ids, scheduler.device), positions, slots
+            False,
+            sequences,
+            [1] * len(positions),
+            [p + 1 for p in positions],
+            to_device(input_ids, scheduler.device),
+            positions,
+            slots,
         )
-        batch.logits_indices = torch.arange(len(input_ids), device=scheduler.device)
-        for req, seq_len in zip(reqs, seq_lens):
-            req.num_computed = seq_len  # until process(): what the pages were allocated for
+        for req, base, n in zip(reqs, bases, chunks):
+            req.num_computed = base + n  # until process(): what the pages were allocated for
         return VerifyBatch(batch, reqs, chunks, list(range(len(reqs))), drafts, bases)
 
     def sample_rows(self, batch: VerifyBatch) -> list[tuple[Request, list[int]]]:
