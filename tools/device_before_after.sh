@@ -8,7 +8,8 @@
 #
 #   source .whl/prelude.sh && BEFORE=.dev/before bash tools/device_before_after.sh [SHAPE ...]
 #
-# Environment: ROUNDS (default 1), ATTN (default fi), OUT (default /tmp/out). Output:
+# Environment: ROUNDS (default 1), ATTN (default fi), OUT (default /tmp/out), TREES (default
+# "before after"; "before" alone when this tree's runs come from tools/peer_compare.sh in the same call). Output:
 # $OUT/before-after.jsonl (one `bench offline` result per run) and a table on stdout.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -35,7 +36,7 @@ for shape in "${shapes[@]}"; do
 done
 for shape in "${shapes[@]}"; do
   for round in $(seq "${ROUNDS:-1}"); do
-    for which in before after; do
+    for which in ${TREES:-before after}; do
       tree=$root; [ "$which" = before ] && tree=$before
       use_tree "$tree" || { say "install of $which failed"; exit 1; }
       say "$which $shape r$round"
