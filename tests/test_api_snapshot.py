@@ -117,7 +117,8 @@ def describe(obj: Any) -> Any:
 
 def describe_api() -> dict[str, Any]:
     import minisgl_core.api as api
-    from minisgl_core.api import hookspecs, layers
+    from minisgl_core import layers
+    from minisgl_core.api import hookspecs
 
     marker = f"{hookspecs.PROJECT}_spec"
     hooks = {
@@ -133,7 +134,7 @@ def describe_api() -> dict[str, Any]:
     }
     return {
         "minisgl_core.api": {name: describe(getattr(api, name)) for name in sorted(api.__all__)},
-        "minisgl_core.api.layers": {name: describe(getattr(layers, name)) for name in sorted(layers.__all__)},
+        "minisgl_core.layers": {name: describe(getattr(layers, name)) for name in sorted(layers.__all__)},
         "hooks": hooks,
     }
 

@@ -51,7 +51,7 @@ class KVCache:
         """Write ``k``/``v`` ([num_tokens, num_kv_heads, head_dim]) at slots ``loc``.
 
         One kernel when each token's v heads follow its k heads in memory (as
-        :func:`~minisgl_core.api.layers.fused.qkv_norm_rope` leaves them), else one per tensor."""
+        :func:`~minisgl_core.layers.fused.qkv_norm_rope` leaves them), else one per tensor."""
         kv = self._adjacent(k, v)
         if kv is not None:
             # [2, slots, heads, head_dim]: k and v of one layer, written through one index

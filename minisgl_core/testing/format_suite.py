@@ -108,7 +108,7 @@ class WeightFormatSuite:
             assert isinstance(open_model(path), self.format_cls)
 
     def test_config_round_trips(self, round_trip) -> None:
-        from minisgl_core.api.layers.rotary import rope_parameters
+        from minisgl_core.layers.rotary import rope_parameters
         from minisgl_core.checkpoint.formats import load_hf_config
 
         for arch, (hf_dir, path) in round_trip.items():

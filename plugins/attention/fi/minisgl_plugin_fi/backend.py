@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 import torch
 
 from minisgl_core.api import AttentionBackend, AttentionConfig, ForwardBatch, PagedLayout, paged_layout
-from minisgl_core.api.layers.fused import merge_attention_states
+from minisgl_core.layers.fused import merge_attention_states
 from minisgl_plugin_fi.availability import cuda_unavailable_reason, module_installed
 from minisgl_plugin_fi.cascade import CascadeLayout, cascade_layout
 from minisgl_plugin_fi.planning import PlanFences, host_csr, int32

@@ -7,7 +7,7 @@ import importlib
 import minisgl_plugin_llama
 
 from minisgl_core.api import Model
-from minisgl_core.api.layers import DecoderForCausalLM
+from minisgl_core.layers import DecoderForCausalLM
 
 
 def test_registers_the_architecture() -> None:
