@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import minisgl_core.api as api
+from minisgl_core import layers
 from minisgl_core.api import (
     AttentionBackend,
     CacheManager,
@@ -23,7 +24,6 @@ from minisgl_core.api import (
     SchedulingPolicy,
     hookspecs,
 )
-from minisgl_core import layers
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "plugins.md"

@@ -13,7 +13,7 @@ import pytest
 
 from minisgl_core.testing.packaging_suite import PluginPackagingSuite
 
-API = 'from minisgl_core.api import hookimpl\nMINISGL_API = "1.0"\n'
+API = 'from minisgl_core.api import hookimpl\nMINISGL_API = "2.0"\n'
 REGISTER = '@hookimpl\ndef minisgl_register_policies(register):\n    register("{name}", "minisgl_test_broken.impl:Policy")\n'
 MODULES = {
     "heavy": API

@@ -12,6 +12,8 @@ import torch
 from torch import nn
 
 from minisgl_core.api.batch import ForwardBatch
+from minisgl_core.api.model import KVSpec, Model, ModelConfig
+from minisgl_core.api.parallel import ParallelContext
 from minisgl_core.layers.attention import AttentionLayer
 from minisgl_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from minisgl_core.layers.fused import qkv_norm_rope, silu_and_mul
@@ -19,8 +21,6 @@ from minisgl_core.layers.linear import MergedColumnParallelLinear, QKVParallelLi
 from minisgl_core.layers.norm import RMSNorm
 from minisgl_core.layers.rotary import get_rope
 from minisgl_core.layers.triton_ops import fused_kv_enabled, rope_store_kv
-from minisgl_core.api.model import KVSpec, Model, ModelConfig
-from minisgl_core.api.parallel import ParallelContext
 
 
 class DecoderAttention(nn.Module):
