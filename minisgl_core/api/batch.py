@@ -126,7 +126,8 @@ class ForwardBatch:
         """(API 2.0) The CSR page layout of this batch on its device, for its backend's page size:
         computed by the core on first read and shared by every later reader (the backend's
         ``prepare_metadata`` / ``prepare_capture`` / ``prepare_replay`` and its layers), so no
-        backend builds it. The batch's tensors must not change after the first read."""
+        backend builds it. Cached: code that changes a batch's lengths, rows or page table after
+        the first read builds a new batch (or deletes ``layout`` and ``host_layout`` first)."""
         return paged_layout(self, self.attn.config.page_size)
 
     @functools.cached_property
