@@ -165,7 +165,10 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def prepare_metadata(self, batch: ForwardBatch) -> None:
-        """Compute whatever the kernels need for this batch and store it in ``batch.attn_metadata``."""
+        """Compute whatever the kernels need for this batch and store it in ``batch.attn_metadata``.
+
+        The CSR page layout is already there, computed once by the core (API 2.0):
+        ``batch.layout`` on the device, ``batch.host_layout`` on the host."""
 
     @abstractmethod
     def forward(
