@@ -12,6 +12,8 @@ import hashlib
 import importlib
 import json
 import os
+import sys
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -113,11 +115,26 @@ def _api_version(text: str) -> Version:
     return Version(text)
 
 
+#: The previous major a core still loads for one minor version, through the compatibility layer
+#: (``minisgl_core.api.layers``, see :mod:`minisgl_core.api.deprecation`): API 2.0 loads plugins
+#: written for any 1.x, with a deprecation warning; API 2.1 refuses them.
+LEGACY_MAJOR = 1
+LEGACY_UNTIL = "2.1"
+
+
 def api_compatible(required: str, provided: str = API_VERSION) -> bool:
     """A plugin needing API ``required`` runs on a core providing ``provided``: same major, and
-    the plugin's minor not newer. Compared as versions, so 1.10 is newer than 1.9."""
+    the plugin's minor not newer; or ``required`` is of the previous major that ``provided`` still
+    loads (:func:`api_legacy`). Compared as versions, so 1.10 is newer than 1.9."""
     need, have = _api_version(required), _api_version(provided)
-    return need.major == have.major and need <= have
+    return (need.major == have.major and need <= have) or api_legacy(required, provided)
+
+
+def api_legacy(required: str, provided: str = API_VERSION) -> bool:
+    """Whether a plugin needing ``required`` runs on ``provided`` only through the previous major's
+    compatibility layer (it loads, with a deprecation warning): a 1.x plugin on core API 2.0."""
+    need, have = _api_version(required), _api_version(provided)
+    return need.major == LEGACY_MAJOR and have.major == LEGACY_MAJOR + 1 and have < Version(LEGACY_UNTIL)
 
 
 def api_upgrade_hint(required: str, distribution: str, provided: str = API_VERSION) -> str:
@@ -203,6 +220,8 @@ class Plugins:
             info.status = "incompatible"
             info.reason = f"needs minisgl API {info.api}, core provides {API_VERSION}: {fix}"
             return
+        if api_legacy(info.api):
+            self._warn_legacy(info)
         try:
             self.pm.register(module, name=info.name)
         except Exception as exc:  # noqa: BLE001 - e.g. a hookimpl with wrong argument names
@@ -228,6 +247,25 @@ class Plugins:
                 return
             for reg in registered:
                 self._add(reg)
+
+    @staticmethod
+    def _warn_legacy(info: PluginInfo) -> None:
+        """A plugin written for the previous major loads (status ``ok``), with the note as its
+        reason and a :class:`~minisgl_core.api.MinisglDeprecationWarning`, shown by default."""
+        from minisgl_core.api.deprecation import MinisglDeprecationWarning
+
+        info.reason = (
+            f"written for minisgl API {info.api}: runs through the {LEGACY_MAJOR}.x compatibility "
+            f"layer, which API {LEGACY_UNTIL} removes; port it to {API_VERSION} "
+            f'(docs/plugins.md, "Migrating from 1.x") and declare MINISGL_API = "{API_VERSION}"'
+        )
+        if not sys.warnoptions:  # the user chose no filters: show each deprecation once per place
+            warnings.filterwarnings("default", category=MinisglDeprecationWarning)
+        warnings.warn(
+            f"plugin {info.name!r} ({info.distribution} {info.version}) is {info.reason}",
+            MinisglDeprecationWarning,
+            stacklevel=2,
+        )
 
     def _add(self, reg: Registration) -> None:
         table = self.registry[reg.kind]

@@ -1,7 +1,7 @@
 """docs/plugins.md documents the whole plugin API, and every hook has a test (datasette's rule).
 
 Undocumented or untested parts of the API fail here: every public name of ``minisgl_core.api``
-and ``minisgl_core.api.layers``, every hook with its exact signature, every method of the four
+and ``minisgl_core.layers``, every hook with its exact signature, every method of the four
 extension classes with its exact signature, and the template plugin's code as it really is.
 """
 
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import minisgl_core.api as api
+from minisgl_core import layers
 from minisgl_core.api import (
     AttentionBackend,
     CacheManager,
@@ -22,7 +23,6 @@ from minisgl_core.api import (
     Model,
     SchedulingPolicy,
     hookspecs,
-    layers,
 )
 
 ROOT = Path(__file__).resolve().parents[1]

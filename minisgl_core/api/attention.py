@@ -9,7 +9,9 @@ from typing import ClassVar, NamedTuple
 
 import torch
 
-from minisgl_core.api.batch import ForwardBatch
+# The page layout lives next to the batch since API 2.0 (the core computes it once per batch);
+# still importable from here, as in 1.x.
+from minisgl_core.api.batch import ForwardBatch, HostPagedLayout, PagedLayout, paged_layout  # noqa: F401
 
 
 class KVCache:
@@ -51,7 +53,7 @@ class KVCache:
         """Write ``k``/``v`` ([num_tokens, num_kv_heads, head_dim]) at slots ``loc``.
 
         One kernel when each token's v heads follow its k heads in memory (as
-        :func:`~minisgl_core.api.layers.fused.qkv_norm_rope` leaves them), else one per tensor."""
+        :func:`~minisgl_core.layers.fused.qkv_norm_rope` leaves them), else one per tensor."""
         kv = self._adjacent(k, v)
         if kv is not None:
             # [2, slots, heads, head_dim]: k and v of one layer, written through one index
@@ -98,44 +100,6 @@ class AttentionConfig:
     max_requests: int
     max_context_len: int
     kv_cache: KVCache
-
-
-class PagedLayout(NamedTuple):
-    """The CSR description of a batch's paged KV that FlashInfer-style kernels take.
-
-    All int32 on the batch's device."""
-
-    #: [bs + 1] offsets of each sequence's new tokens
-    qo_indptr: torch.Tensor
-    #: [bs + 1] offsets into ``kv_indices``
-    kv_indptr: torch.Tensor
-    #: [total_pages] page ids, sequence after sequence
-    kv_indices: torch.Tensor
-    #: [bs] tokens used in each sequence's last page (1..page_size)
-    kv_last_page_len: torch.Tensor
-
-
-def paged_layout(batch: ForwardBatch, page_size: int) -> PagedLayout:
-    """Build the CSR page layout of ``batch`` from its page table.
-
-    Sizes come from the batch's host-side lengths, so nothing here waits for the device."""
-    device = batch.seq_lens.device
-    seq_lens = batch.seq_lens.to(torch.int32)
-    num_pages = (seq_lens + page_size - 1) // page_size
-    total_pages = sum((s + page_size - 1) // page_size for s in batch.seq_lens_cpu)
-    qo_indptr = torch.zeros(batch.batch_size + 1, dtype=torch.int32, device=device)
-    qo_indptr[1:] = torch.cumsum(batch.extend_lens, 0)
-    kv_indptr = torch.zeros_like(qo_indptr)
-    kv_indptr[1:] = torch.cumsum(num_pages, 0)
-    # For every page of every sequence: which sequence, and which page of it.
-    seq_of_page = torch.repeat_interleave(
-        torch.arange(batch.batch_size, device=device), num_pages, output_size=total_pages
-    )
-    page_in_seq = torch.arange(total_pages, device=device) - kv_indptr[seq_of_page]
-    first_slots = batch.page_table[batch.req_slots.long()[seq_of_page], page_in_seq * page_size]
-    kv_indices = (first_slots // page_size).to(torch.int32)
-    kv_last_page_len = (seq_lens - 1) % page_size + 1
-    return PagedLayout(qo_indptr, kv_indptr, kv_indices, kv_last_page_len)
 
 
 class PageRanges(NamedTuple):
@@ -201,7 +165,10 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def prepare_metadata(self, batch: ForwardBatch) -> None:
-        """Compute whatever the kernels need for this batch and store it in ``batch.attn_metadata``."""
+        """Compute whatever the kernels need for this batch and store it in ``batch.attn_metadata``.
+
+        The CSR page layout is already there, computed once by the core (API 2.0):
+        ``batch.layout`` on the device, ``batch.host_layout`` on the host."""
 
     @abstractmethod
     def forward(

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from minisgl_core.api.layers.fused import fused
-from minisgl_core.api.layers.triton_ops import triton_enabled
+from minisgl_core.layers.fused import fused
+from minisgl_core.layers.triton_ops import triton_enabled
 from minisgl_core.sampling import SamplingParams, TokenLogprob
 
 #: uniform draws are clamped here so that neither log below sees 0 (an event of probability 1e-20)

@@ -242,7 +242,7 @@ class AttentionBackendSuite:
         the slots they are about to be written to, so attending before storing shows.
 
         As the core's decoder passes them: views of one ``[tokens, q + 2 * kv heads, head_dim]``
-        tensor (see ``api.layers.fused.qkv_norm_rope``), so q is strided and k/v are adjacent."""
+        tensor (see ``minisgl_core.layers.fused.qkv_norm_rope``), so q is strided and k/v are adjacent."""
         config = problem.config
         pieces = list(zip(rows, batch.prefix_lens_cpu, batch.seq_lens_cpu, strict=True))
         k = torch.cat([problem.keys[layer_id][r][p:s] for r, p, s in pieces])

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from minisgl_core.api import AttentionBackend, ForwardBatch, SharedPrefix
-from minisgl_core.api.layers.fused import merge_attention_states
+from minisgl_core.layers.fused import merge_attention_states
 
 LOG2_E = 1.4426950408889634
 

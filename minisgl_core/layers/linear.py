@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minisgl_core.api.layers.weights import WeightLoader, copy_rows, copy_shard, load_full, new_param
 from minisgl_core.api.parallel import ParallelContext
+from minisgl_core.layers.weights import WeightLoader, copy_rows, copy_shard, load_full, new_param
 
 
 class _Linear(nn.Module):
