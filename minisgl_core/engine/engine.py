@@ -4,10 +4,10 @@ The offline :class:`~minisgl_core.llm.LLM` drives one Engine in-process; the ser
 scheduler process and feeds every rank the same requests in the same order.
 
 With ``EngineConfig.step_trace`` set (``--step-trace FILE``, default ``$MINISGL_STEP_TRACE``),
-the engine of rank 0 appends one JSON line per step to FILE: when it started and how long it took on the host (``t``, ``dt``, seconds,
-monotonic clock), how many requests were added since the step before (``new``), what it launched
-(``kind``, ``reqs``, ``tokens``, ``groups`` of cascade attention) and the queues after it
-(``running``, ``waiting``). With overlap, a step's ``dt`` is about the device time of the step
+the engine of rank 0 appends one JSON line per step to FILE: when it started and how long it
+took on the host (``t``, ``dt``, seconds, monotonic clock), how many requests were added since
+the step before (``new``), what it launched (``kind``, ``reqs``, ``tokens``, ``groups`` of
+cascade attention) and the queues after it (``running``, ``waiting``). With overlap, a step's ``dt`` is about the device time of the step
 before it once the device is the bottleneck. It is how a run (served, offline, or one rank of a
 tensor-parallel one) is read step by step; ``tools/step_trace.py`` summarises one.
 """
