@@ -165,14 +165,14 @@ class SamplingParams:
     def from_wire(cls, values: list[Any]) -> SamplingParams:
         """Rebuild what :meth:`to_wire` sent, without validating again: the object was validated
         where the request entered, and only minisgl's own processes send it."""
-        fields_ = dict(zip(_FIELD_NAMES, values, strict=True))
-        fields_["stop"] = tuple(fields_["stop"])
-        fields_["stop_token_ids"] = tuple(fields_["stop_token_ids"])
-        grammar = fields_["grammar"]
+        by_name = dict(zip(_FIELD_NAMES, values, strict=True))
+        by_name["stop"] = tuple(by_name["stop"])
+        by_name["stop_token_ids"] = tuple(by_name["stop_token_ids"])
+        grammar = by_name["grammar"]
         if grammar is not None:
-            fields_["grammar"] = GrammarSpec(*grammar)
+            by_name["grammar"] = GrammarSpec(*grammar)
         params = object.__new__(cls)
-        params.__dict__.update(fields_)
+        params.__dict__.update(by_name)
         return params
 
     @property
