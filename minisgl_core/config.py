@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from minisgl_core import fast_paths
+from minisgl_core import environment, fast_paths
 from minisgl_core.fast_paths import FastPaths
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -58,6 +58,9 @@ class EngineConfig:
     plugin_options: dict[str, Any] = field(default_factory=dict)
     #: the GPU fast paths' switches (ablations); default: the environment's overrides, else all on
     fast_paths: FastPaths = field(default_factory=fast_paths.from_env)
+    #: a file the engine of rank 0 appends one JSON line per step to (``--step-trace``); default:
+    #: ``$MINISGL_STEP_TRACE``, else none
+    step_trace: str | None = field(default_factory=lambda: environment.get("MINISGL_STEP_TRACE") or None)
 
     def __post_init__(self) -> None:
         if self.page_size is not None and (self.page_size < 1 or self.page_size & (self.page_size - 1)):

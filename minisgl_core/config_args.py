@@ -56,6 +56,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--disable-plugin", action="append", default=[], metavar="NAME", help="skip a plugin (repeatable)"
     )
     g.add_argument(
+        "--step-trace",
+        default=None,
+        metavar="FILE",
+        help="append one JSON line per engine step to FILE (rank 0; tools/step_trace.py reads it); "
+        "default: $MINISGL_STEP_TRACE",
+    )
+    g.add_argument(
         "--disable-fast-path",
         action="append",
         default=[],
@@ -94,6 +101,8 @@ def engine_config_from_args(
     values = {name: getattr(args, name) for name in ENGINE_FIELDS}
     model = resolve_model(args.model)
     check_model_path(model)
+    if getattr(args, "step_trace", None):  # else EngineConfig's default: $MINISGL_STEP_TRACE
+        values["step_trace"] = args.step_trace
     return EngineConfig(
         model=model,
         overlap=not args.disable_overlap,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
-import os
 import sys
 import warnings
 from collections.abc import Iterable
@@ -22,6 +21,7 @@ from typing import Any, Literal
 import pluggy
 from packaging.version import Version
 
+from minisgl_core import environment
 from minisgl_core.api import API_VERSION, hookspecs
 
 GROUP = "minisgl.plugins"
@@ -144,12 +144,6 @@ def api_upgrade_hint(required: str, distribution: str, provided: str = API_VERSI
     return f"upgrade {distribution} to a release for API {provided}"
 
 
-def _split_list(value: str | None) -> list[str] | None:
-    if value is None:
-        return None
-    return [item.strip() for item in value.split(",") if item.strip()]
-
-
 class Plugins:
     """Every discovered plugin and what it registered."""
 
@@ -175,8 +169,10 @@ class Plugins:
         Defaults come from ``MINISGL_PLUGINS`` (allow-list; empty string = none) and
         ``MINISGL_DISABLE_PLUGINS`` (comma-separated)."""
         if allow is None:
-            allow = _split_list(os.environ.get("MINISGL_PLUGINS"))
-        disabled = set(disable) | set(_split_list(os.environ.get("MINISGL_DISABLE_PLUGINS")) or [])
+            allow = environment.split_list(environment.get("MINISGL_PLUGINS"))
+        disabled = set(disable) | set(
+            environment.split_list(environment.get("MINISGL_DISABLE_PLUGINS")) or []
+        )
         allowed = None if allow is None else set(allow)
         self = cls()
         if entry_points is None:

@@ -10,6 +10,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from minisgl_core import environment
+
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 #: Qwen-style ChatML
@@ -198,7 +200,7 @@ def demo_model_dir() -> Path:
     Built once into ``$MINISGL_CACHE_DIR/demo-qwen3`` (default ``~/.cache/minisgl/demo-qwen3``)
     and reused; building goes through a temporary directory renamed into place, so concurrent
     first starts never see a half-written model."""
-    root = Path(os.environ.get("MINISGL_CACHE_DIR") or Path.home() / ".cache" / "minisgl")
+    root = environment.cache_dir()
     final = root / "demo-qwen3"
     if (final / "config.json").is_file():
         return final

@@ -27,12 +27,11 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import os
 from typing import TYPE_CHECKING
 
 import torch
 
-from minisgl_core import fast_paths
+from minisgl_core import environment, fast_paths
 
 #: MINISGL_FUSED_KV -> "fused_kv", ...: callers name a switch by its environment variable
 _SWITCH_OF_ENV_VAR = {var: name for name, var in fast_paths.ENV_VARS.items()}
@@ -59,7 +58,7 @@ def triton_enabled(device: torch.device, flag: str) -> bool:
     CUDA, elsewhere only under Triton's interpreter."""
     if not fast_paths.current().enabled(_SWITCH_OF_ENV_VAR[flag]):
         return False
-    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+    if device.type != "cuda" and not environment.triton_interpreter():
         return False
     return triton_available()
 
