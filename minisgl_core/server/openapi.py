@@ -37,6 +37,13 @@ ERROR_SCHEMA: dict[str, Any] = {
     },
 }
 
+#: one server-sent event of a stream: ``data`` is a JSON chunk, an error chunk, or ``[DONE]``
+SSE_EVENT: dict[str, Any] = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"}},
+}
+
 #: what each error status means, as the schema describes it
 ERROR_MEANINGS = {
     400: "Invalid request: the error's param names the field",
@@ -77,6 +84,8 @@ def build_schema(app: FastAPI, protected: bool) -> dict[str, Any]:
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     for name in ("HTTPValidationError", "ValidationError"):
         components.pop(name, None)
+    for model in components.values():
+        _nullable_optionals(model)
     components["ErrorResponse"] = ERROR_SCHEMA
     error_ref = {"$ref": "#/components/schemas/ErrorResponse"}
     for path, operations in schema.get("paths", {}).items():
@@ -95,6 +104,21 @@ def build_schema(app: FastAPI, protected: bool) -> dict[str, Any]:
                 ok = responses.setdefault("200", {"description": "Successful Response"})
                 ok["content"] = {
                     "application/json": {"schema": {"type": "object"}},
-                    "text/event-stream": {"schema": {"type": "string"}},
+                    "text/event-stream": {"schema": SSE_EVENT},
                 }
     return schema
+
+
+def _nullable_optionals(model: dict[str, Any]) -> None:
+    """A field sent as null counts as not sent (``schemas.StrictModel``): say so for every optional
+    property, so that a client or fuzzer reading the schema expects null to be accepted."""
+    required = set(model.get("required", ()))
+    for name, prop in model.get("properties", {}).items():
+        if name in required or _allows_null(prop):
+            continue
+        outer = {k: prop.pop(k) for k in ("title", "default", "description") if k in prop}
+        model["properties"][name] = {**outer, "anyOf": [prop, {"type": "null"}]}
+
+
+def _allows_null(prop: dict[str, Any]) -> bool:
+    return prop.get("type") == "null" or any(_allows_null(p) for p in prop.get("anyOf", ()))

@@ -82,3 +82,17 @@ def test_real_errors_match_the_documented_body(server, auth, path, body, status)
     assert resp.status_code == status, resp.text
     assert str(status) in schema["paths"][path]["post"]["responses"]
     jsonschema.validate(resp.json(), error_schema(schema))
+
+
+def test_optional_fields_are_documented_as_nullable(server, auth):
+    """Null means "not set" for every optional field, and the schema says so: a client sending
+    the nulls it reads there gets an answer, not a 400."""
+    schema = generated_schema()
+    props = schema["components"]["schemas"]["ChatCompletionRequest"]["properties"]
+    assert {"type": "null"} in props["presence_penalty"]["anyOf"]
+    assert props["presence_penalty"]["default"] == 0.0
+    assert not any(p.get("type") == "null" for p in props["messages"].get("anyOf", []))
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "presence_penalty": None}
+    body |= {"stream": None, "n": None, "tools": None, "logprobs": None}
+    resp = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=auth)
+    assert resp.status_code == 200, resp.text
