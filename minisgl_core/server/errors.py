@@ -82,7 +82,10 @@ def validation_error(exc: RequestValidationError) -> APIError:
         )
     msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
     if kind in ("int_type", "float_type", "bool_type", "string_type") and "input" in err:
-        msg += f", not {_json_kind(err['input'])}"  # "an integer, not a boolean": what was wrong
+        got = _json_kind(err["input"])
+        if kind == "float_type" and got == "an integer":  # only one past a double's range fails
+            got = "an integer this large"
+        msg += f", not {got}"  # "an integer, not a boolean": what was wrong
     return APIError(400, f"{param}: {msg}" if param else msg, param)
 
 

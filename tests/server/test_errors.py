@@ -175,6 +175,7 @@ CASES = [
     (CHAT, {"messages": USER, "stop_token_ids": [True]}, 400, "stop_token_ids.0", "not a boolean"),
     (CHAT, {"messages": USER, "temperature": True}, 400, "temperature", "number, not a boolean"),
     (CHAT, {"messages": USER, "top_p": "0.5"}, 400, "top_p", "number, not a string"),
+    (COMPLETIONS, r'{"prompt": "hi", "top_p": 1%s}' % ("0" * 400), 400, "top_p", "integer this large"),
     (CHAT, {"messages": USER, "logit_bias": {"5": True}}, 400, "logit_bias.5", "not a boolean"),
     (CHAT, {"messages": USER, "stream": 1}, 400, "stream", "boolean, not an integer"),
     (CHAT, {"messages": USER, "logprobs": "yes"}, 400, "logprobs", "boolean, not a string"),
