@@ -189,8 +189,11 @@ class Plugins:
                 version=dist.version if dist else "?",
             )
             self.infos.append(info)
-            if ep.name in disabled or (allowed is not None and ep.name not in allowed):
-                info.status, info.reason = "disabled", "disabled by MINISGL_PLUGINS / --disable-plugin"
+            if ep.name in disabled:
+                info.status, info.reason = "disabled", "named in MINISGL_DISABLE_PLUGINS or --disable-plugin"
+                continue
+            if allowed is not None and ep.name not in allowed:
+                info.status, info.reason = "disabled", "not in the MINISGL_PLUGINS allow-list"
                 continue
             self._load_one(info, ep)
         return self

@@ -224,6 +224,10 @@ def test_allow_and_block_lists(site):
     assert all(p["status"] == "disabled" for p in none.values())
     blocked = _listing(site, "--disable-plugin", "broken", MINISGL_DISABLE_PLUGINS="raising")
     assert blocked["broken"]["status"] == "disabled" and blocked["raising"]["status"] == "disabled"
+    # the reason names the setting that did it
+    assert "MINISGL_PLUGINS allow-list" in only_good["torch"]["reason"]
+    for name in ("broken", "raising"):
+        assert "MINISGL_DISABLE_PLUGINS or --disable-plugin" in blocked[name]["reason"]
     assert blocked["good"]["status"] == "ok"
 
 

@@ -33,11 +33,10 @@ _TINY_DEFAULTS: dict[str, Any] = dict(
     tie_word_embeddings=False,
 )
 
-_DEMO_CONFIG: dict[str, Any] = dict(
+#: the embedded demo model: what it changes in the tiny shape (make_model_dir starts from that)
+_DEMO_OVERRIDES: dict[str, Any] = dict(
     hidden_size=256,
     num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
     head_dim=64,
     intermediate_size=512,
     vocab_size=2048,
@@ -207,7 +206,7 @@ def demo_model_dir() -> Path:
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".demo-qwen3-", dir=root))
     try:
-        make_model_dir(staging, "Qwen3ForCausalLM", seed=0, tokenizer_vocab_size=2048, **_DEMO_CONFIG)
+        make_model_dir(staging, "Qwen3ForCausalLM", seed=0, tokenizer_vocab_size=2048, **_DEMO_OVERRIDES)
         os.rename(staging, final)
     except OSError:
         if not (final / "config.json").is_file():  # a concurrent builder did not win the race either

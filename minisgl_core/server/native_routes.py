@@ -73,7 +73,7 @@ def native_router(state: ServerState) -> APIRouter:
 
         return await respond(group, request, body.stream, chunks, build)
 
-    @router.get("/metrics")
+    @router.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
