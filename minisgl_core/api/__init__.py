@@ -44,6 +44,7 @@ __all__ = [
     "PrefillPlan",
     "PrefixMatch",
     "ProcessContext",
+    "QuantizationMethod",
     "ReasoningDelta",
     "ReasoningParser",
     "ReasoningResult",
@@ -118,6 +119,7 @@ _LAZY: dict[str, str] = {
     "SchedulerState": "policy",
     "SchedulingPolicy": "policy",
     "ProcessContext": "process",
+    "QuantizationMethod": "quantization",
     "ReasoningDelta": "reasoning",
     "ReasoningParser": "reasoning",
     "ReasoningResult": "reasoning",
@@ -174,6 +176,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs
         SchedulingPolicy,
     )
     from minisgl_core.api.process import ProcessContext
+    from minisgl_core.api.quantization import QuantizationMethod
     from minisgl_core.api.reasoning import (
         ReasoningDelta,
         ReasoningParser,
