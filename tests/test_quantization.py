@@ -139,7 +139,9 @@ def test_fp8_kv_cache_is_refused_by_a_backend_that_does_not_declare_it():
     torch_backend = Plugins.load().resolve("attention", "torch")
     check_kv_dtype("fp8_e4m3", torch.float8_e4m3fn, torch.bfloat16, {"torch": torch_backend})
     with pytest.raises(PluginError, match=r"'fa3' does not support --kv-cache-dtype fp8_e4m3"):
-        check_kv_dtype("fp8_e4m3", torch.float8_e4m3fn, torch.bfloat16, {"fa3": NoFp8, "torch": torch_backend})
+        check_kv_dtype(
+            "fp8_e4m3", torch.float8_e4m3fn, torch.bfloat16, {"fa3": NoFp8, "torch": torch_backend}
+        )
 
 
 def test_the_flags_reach_the_engine_config(tiny_model_dir):

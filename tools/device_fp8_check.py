@@ -78,8 +78,8 @@ def gemm_check() -> dict:
             bf16 = F.linear(x, weight).float()
             err_fp8 = ((fp8 - reference).norm() / reference.norm()).item()
             err_bf16 = ((bf16 - reference).norm() / reference.norm()).item()
-            ms_fp8 = _time(lambda x=x: method.apply(layer, x))
-            ms_bf16 = _time(lambda x=x: F.linear(x, weight))
+            ms_fp8 = _time(lambda x=x, layer=layer: method.apply(layer, x))
+            ms_bf16 = _time(lambda x=x, w=weight: F.linear(x, w))
             row[f"m{tokens}"] = {"rel_err_fp8": round(err_fp8, 5), "rel_err_bf16": round(err_bf16, 5),
                                  "ms_fp8": round(ms_fp8, 4), "ms_bf16": round(ms_bf16, 4),
                                  "speedup": round(ms_bf16 / ms_fp8, 2)}  # fmt: skip
@@ -142,7 +142,9 @@ def e2e_check() -> dict:
             results["fi_vs_torch_on_fp8_kv_first_logprob_max_diff"] = round(same_pool, 4)
             ok &= same_pool < 0.05
         if "fi_fp8" in outputs and "fi_fp8_no_graph" in outputs:
-            same = [o.token_ids for o in outputs["fi_fp8"]] == [o.token_ids for o in outputs["fi_fp8_no_graph"]]
+            same = [o.token_ids for o in outputs["fi_fp8"]] == [
+                o.token_ids for o in outputs["fi_fp8_no_graph"]
+            ]
             results["fi_fp8==fi_fp8_no_graph"] = same
         out[arch] = results
         del hf
@@ -156,7 +158,10 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     started = time.perf_counter()
-    report: dict = {"criterion": __doc__.split("Criterion.")[1].strip(), "device": torch.cuda.get_device_name()}
+    report: dict = {
+        "criterion": __doc__.split("Criterion.")[1].strip(),
+        "device": torch.cuda.get_device_name(),
+    }
     if args.what in ("gemm", "all"):
         report["gemm"] = gemm_check()
     if args.what in ("e2e", "all"):

@@ -11,7 +11,6 @@ import torch
 
 from minisgl_core.api.batch import ForwardBatch
 
-
 #: the largest finite float8_e4m3fn value
 _FP8_E4M3_MAX = 448.0
 

@@ -107,7 +107,9 @@ class QuantizationMethodSuite:
             expected = F.linear(x.double(), weight.double(), None if bias_ref is None else bias_ref.double())
             assert out.shape == expected.shape and out.dtype == self.dtype
             error = (out.double() - expected).norm() / expected.norm()
-            assert error < self.max_relative_error, f"{layer_kind}, {tokens} tokens: relative error {error:.4f}"
+            assert error < self.max_relative_error, (
+                f"{layer_kind}, {tokens} tokens: relative error {error:.4f}"
+            )
 
     def test_apply_keeps_leading_dimensions(self, method) -> None:
         layer, weight, _ = self._loaded(method, "merged", False)
