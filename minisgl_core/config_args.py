@@ -53,6 +53,19 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="grammar backend plugin for constrained decoding (xgrammar, llguidance, ...)",
     )
     g.add_argument(
+        "--quantization",
+        default=None,
+        metavar="NAME",
+        help="quantize the linear layers' weights at load: fp8 (Hopper FP8 GEMMs), int8 (weight-only), "
+        "or a plugin's method",
+    )
+    g.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=["auto", "fp8_e4m3"],
+        help="KV pool dtype: auto = the run dtype; fp8_e4m3 halves the KV memory of bf16 (torch and fi backends)",
+    )
+    g.add_argument(
         "--disable-plugin", action="append", default=[], metavar="NAME", help="skip a plugin (repeatable)"
     )
     g.add_argument(
@@ -90,6 +103,8 @@ ENGINE_FIELDS = (
     "cuda_graph_max_bs",
     "generation_config",
     "grammar_backend",
+    "quantization",
+    "kv_cache_dtype",
 )
 
 

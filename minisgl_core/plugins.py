@@ -34,6 +34,7 @@ KINDS = (
     "grammars",
     "tool_parsers",
     "reasoning_parsers",
+    "quantization",
 )
 KIND_HOOKS = {
     "models": "minisgl_register_models",
@@ -44,6 +45,7 @@ KIND_HOOKS = {
     "tool_parsers": "minisgl_register_tool_parsers",
     "reasoning_parsers": "minisgl_register_reasoning_parsers",
     "grammars": "minisgl_register_grammar_backends",
+    "quantization": "minisgl_register_quantization_methods",
 }
 # What users type for each kind, used in error messages.
 KIND_FLAGS = {
@@ -55,6 +57,7 @@ KIND_FLAGS = {
     "tool_parsers": "--tool-call-parser",
     "reasoning_parsers": "--reasoning-parser",
     "grammars": "--grammar-backend",
+    "quantization": "--quantization",
 }
 # The class in minisgl_core.api every registration of a kind must subclass (looked up only when a
 # target is imported: discovery stays free of torch).
@@ -67,6 +70,7 @@ KIND_BASES = {
     "grammars": "GrammarBackend",
     "tool_parsers": "ToolParser",
     "reasoning_parsers": "ReasoningParser",
+    "quantization": "QuantizationMethod",
 }
 
 Status = Literal["ok", "failed", "incompatible", "disabled"]

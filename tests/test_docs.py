@@ -21,6 +21,7 @@ from minisgl_core.api import (
     GrammarBackend,
     GrammarMatcher,
     Model,
+    QuantizationMethod,
     SchedulingPolicy,
     hookspecs,
 )
@@ -69,7 +70,15 @@ def signature_line(name: str, fn: object) -> str:
 def extension_methods() -> list[tuple[str, str]]:
     """(class name, signature line) of every public method the extension classes define."""
     out = []
-    for cls in (AttentionBackend, CacheManager, Model, SchedulingPolicy, GrammarBackend, GrammarMatcher):
+    for cls in (
+        AttentionBackend,
+        CacheManager,
+        Model,
+        SchedulingPolicy,
+        GrammarBackend,
+        GrammarMatcher,
+        QuantizationMethod,
+    ):
         for name, raw in vars(cls).items():
             if name.startswith("_") and name != "__init__":
                 continue

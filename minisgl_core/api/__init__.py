@@ -49,6 +49,7 @@ __all__ = [
     "PrefillPlan",
     "PrefixMatch",
     "ProcessContext",
+    "QuantizationMethod",
     "ReasoningDelta",
     "ReasoningParser",
     "ReasoningResult",
@@ -124,6 +125,7 @@ _LAZY: dict[str, str] = {
     "SchedulerState": "policy",
     "SchedulingPolicy": "policy",
     "ProcessContext": "process",
+    "QuantizationMethod": "quantization",
     "ReasoningDelta": "reasoning",
     "ReasoningParser": "reasoning",
     "ReasoningResult": "reasoning",
@@ -178,6 +180,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs
         SchedulingPolicy,
     )
     from minisgl_core.api.process import ProcessContext
+    from minisgl_core.api.quantization import QuantizationMethod
     from minisgl_core.api.reasoning import (
         ReasoningDelta,
         ReasoningParser,

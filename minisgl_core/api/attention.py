@@ -13,6 +13,9 @@ import torch
 # still importable from here, as in 1.x.
 from minisgl_core.api.batch import ForwardBatch, HostPagedLayout, PagedLayout, paged_layout  # noqa: F401
 
+#: the largest finite float8_e4m3fn value
+_FP8_E4M3_MAX = 448.0
+
 
 class KVCache:
     """The paged KV pool of one TP rank: per layer, K and V of shape
@@ -60,8 +63,13 @@ class KVCache:
             self.buffer[layer_id].view(2, self.num_slots, self.num_kv_heads, self.head_dim)[:, loc] = kv
             return
         flat_shape = (self.num_slots, self.num_kv_heads, self.head_dim)
-        self.k_cache(layer_id).view(flat_shape)[loc] = k.to(self.dtype)
-        self.v_cache(layer_id).view(flat_shape)[loc] = v.to(self.dtype)
+        self.k_cache(layer_id).view(flat_shape)[loc] = self._cast(k)
+        self.v_cache(layer_id).view(flat_shape)[loc] = self._cast(v)
+
+    def _cast(self, t: torch.Tensor) -> torch.Tensor:
+        if self.dtype == torch.float8_e4m3fn:  # --kv-cache-dtype fp8_e4m3, scale 1.0: saturate, not NaN
+            return t.clamp(-_FP8_E4M3_MAX, _FP8_E4M3_MAX).to(self.dtype)
+        return t.to(self.dtype)
 
     def _adjacent(self, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
         """``k`` and ``v`` as one ``[2, num_tokens, heads, head_dim]`` view when ``v`` starts where
@@ -150,7 +158,8 @@ class AttentionBackend(ABC):
     #: declared: the core captures a second set of decode graphs with ``shared_prefixes=[]``),
     #: and (API 1.5) "prestored_kv": the backend implements :meth:`attend`, which the core's
     #: decoder calls instead of :meth:`forward` when it has written the K/V itself (one fused
-    #: kernel on CUDA)
+    #: kernel on CUDA), and (API 2.0) "kv_fp8": the backend reads a float8_e4m3fn KV pool
+    #: (``--kv-cache-dtype fp8_e4m3``, scale 1.0) with queries in the run dtype
     capabilities: ClassVar[frozenset[str]] = frozenset({"prefill", "decode", "page_size>1"})
 
     def __init__(self, config: AttentionConfig) -> None:
