@@ -27,6 +27,7 @@ ALLOWED = {
     "bench/tp.py": "os.environ.setdefault('NCCL_NVLS_ENABLE', '0')",
     # the test kit, not product code: a child interpreter's environment
     "testing/packaging_suite.py": "passes os.environ on to a subprocess",
+    "testing/live_server.py": "passes os.environ on to the server it starts",
 }
 
 
