@@ -165,6 +165,38 @@ def test_greedy_output_is_unchanged_and_drafts_are_accepted(model_dir, prompts, 
     llm.close()
 
 
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(kv_cache_dtype="fp8_e4m3"),
+        dict(quantization="int8"),
+        dict(quantization="int8", kv_cache_dtype="fp8_e4m3"),
+        dict(quantization="fp8", kv_cache_dtype="fp8_e4m3"),
+    ],
+    ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()),
+)
+def test_speculation_with_quantized_weights_and_fp8_kv(model_dir, prompts, options):
+    """Verify steps read and write the same pool and run the same linear layers as decode steps:
+    under the same quantization flags, greedy output with drafts is the one without."""
+    subset = prompts[:6]
+    runs = []
+    for spec in ({}, SPEC):
+        llm = make_llm(model_dir, cache="radix", **(options | spec))
+        if "kv_cache_dtype" in options:
+            assert llm.engine.runner.kv_cache.buffer.dtype == torch.float8_e4m3fn
+        if "quantization" in options:
+            assert {
+                m.quant_method.name for m in llm.engine.runner.model.modules() if hasattr(m, "quant_method")
+            } == {options["quantization"]}
+        runs.append([o.token_ids for o in llm.generate(subset, GREEDY)])
+        stats = llm.engine.stats()
+        assert_no_leak(llm)
+        llm.close()
+    plain, spec = runs
+    assert spec == plain
+    assert stats["spec_accepted_tokens"] > 0
+
+
 @pytest.fixture(scope="module")
 def spec_llm(model_dir):
     llm = make_llm(model_dir, cache="radix", **SPEC)

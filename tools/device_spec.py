@@ -6,9 +6,11 @@ prompts, the acceptance length, and whether greedy output is the same.
 PATH: a model directory or .gguf (the real default model when it can be brought), or
 ``--shape llama-3.1-8b``-style random weights (``minisgl bench make-model``): then only the timing
 means something, since a random model does not copy its prompt. Each prompt runs alone (batch 1)
-after a warm-up; one engine at a time on the GPU. bf16 verify runs the prefill kernels where
-decode runs the decode ones, so where two logits nearly tie greedy paths may fork: the report
-gives, per prompt, whether the tokens are identical and where they first differ.
+after a warm-up; one engine at a time on the GPU. A verify step is a decode batch of more
+sequences than the plain decode step it replaces (other CUDA graph, other kernel split), so in
+bf16 greedy paths may fork where two logits nearly tie: the report gives, per prompt, whether the
+tokens are identical and where they first differ. ``--quantization NAME`` and
+``--kv-cache-dtype fp8_e4m3`` apply to both runs (speculation on quantized weights / an fp8 pool).
 """
 
 from __future__ import annotations
@@ -84,9 +86,17 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--attn", default="auto")
     parser.add_argument("--ignore-eos", action="store_true", help="always run max_tokens (random weights)")
+    parser.add_argument("--quantization", default=None, help="both runs: int8, fp8, ... (default: none)")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8_e4m3"], help="both runs")
     parser.add_argument("--out")
     args = parser.parse_args()
-    common = dict(attn=args.attn, num_kv_tokens=65536, max_running_requests=8)
+    common = dict(
+        attn=args.attn,
+        num_kv_tokens=65536,
+        max_running_requests=8,
+        quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
+    )
     plain = measure(args.model, args.max_tokens, args.ignore_eos, **common)
     spec = measure(
         args.model,
@@ -102,6 +112,8 @@ def main() -> None:
         "model": args.model,
         "device": torch.cuda.get_device_name(0),
         "draft_tokens": args.draft_tokens,
+        "quantization": args.quantization,
+        "kv_cache_dtype": args.kv_cache_dtype,
         "plain": plain,
         "ngram": spec,
         "speedup": round(spec["tok_s"] / plain["tok_s"], 3),

@@ -3,6 +3,7 @@
 # greedy agreement, on copy-heavy prompts. About 2 minutes on an H100 with a small model.
 #   source .whl/prelude.sh && bash tools/device_spec.sh --model PATH      (the real default model's .gguf/dir)
 #   source .whl/prelude.sh && bash tools/device_spec.sh                   (random Qwen3-0.6B-shape weights: timing only)
+# Other flags go to tools/device_spec.py, e.g. --kv-cache-dtype fp8_e4m3 --quantization int8 (both runs).
 # Output: one JSON line ($OUT/spec.json): plain.tok_s, ngram.tok_s, speedup, ngram.acceptance_length,
 # identical_prompts / prompts (greedy agreement; bf16 may fork where logits nearly tie: first_difference).
 set -uo pipefail
