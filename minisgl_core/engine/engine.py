@@ -27,6 +27,7 @@ from minisgl_core.api import ParallelContext
 from minisgl_core.checkpoint.generation_defaults import load_sampling_defaults
 from minisgl_core.config import EngineConfig
 from minisgl_core.engine.grammar import GrammarRunner
+from minisgl_core.engine.speculative import VerifyRunner
 from minisgl_core.grammars import LazyGrammarBackend
 from minisgl_core.messages import Limits
 from minisgl_core.model_dir import eos_token_ids
@@ -37,6 +38,7 @@ from minisgl_core.runner.sampler import Sampler, SampleRequest, SampleResult, to
 from minisgl_core.sampling import SamplingParams, StepOutput
 from minisgl_core.scheduler.request import Request
 from minisgl_core.scheduler.scheduler import ScheduledBatch, Scheduler
+from minisgl_core.scheduler.speculative import Speculator, VerifyBatch, make_drafter
 from minisgl_core.scheduler.stop import StopChecker
 
 logger = logging.getLogger(__name__)
@@ -102,6 +104,26 @@ class Engine:
         # On the CPU the forward is synchronous, so overlap gains nothing there, but it runs the
         # same lagged bookkeeping, which keeps that logic under test in CI.
         self.overlap = config.overlap
+        #: speculative decoding (None: off); its steps need the newest tokens on the host, so no overlap
+        self.verify: VerifyRunner | None = None
+        if config.speculative_algorithm is not None:
+            self.overlap = False
+            drafter = make_drafter(
+                config.speculative_algorithm,
+                ngram_max=config.speculative_ngram_max,
+                ngram_min=config.speculative_ngram_min,
+            )
+            speculator = Speculator(drafter, config.speculative_num_draft_tokens)
+            self.scheduler.speculate = speculator.build
+            self.verify = VerifyRunner(
+                speculator,
+                runner=self.runner,
+                sampler=self.sampler,
+                grammars=self.grammars,
+                scheduler=self.scheduler,
+                last_tokens=self.last_tokens,
+                parallel=self.parallel,
+            )
         self._inflight: _InFlight | None = None
         self._early_outputs: list[StepOutput] = []
         #: the batch the last step() launched (None: nothing), for step traces and diagnostics
@@ -130,7 +152,8 @@ class Engine:
         """Gauges and counters for /metrics and the benchmarks."""
         kv = self.scheduler.kv
         cache = kv.cache.size_info()
-        return {
+        spec = self.verify.speculator.stats.as_dict() if self.verify is not None else {}
+        return spec | {
             "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting),
             "kv_used_tokens": kv.used_tokens(),
@@ -175,7 +198,7 @@ class Engine:
     def close(self) -> None:
         """Drop the model, the KV pool and the scheduler now rather than whenever the garbage
         collector runs."""
-        self._inflight = self.launched_last = None
+        self._inflight = self.launched_last = self.verify = None
         self._early_outputs = []
         if self.trace is not None:
             self.trace.close()
@@ -221,7 +244,11 @@ class Engine:
         batch = self.launched_last
         if batch is not None:
             record |= {
-                "kind": "prefill" if batch.forward.is_prefill else "decode",
+                "kind": "verify"
+                if isinstance(batch, VerifyBatch)
+                else "prefill"
+                if batch.forward.is_prefill
+                else "decode",
                 "reqs": len(batch.requests),
                 "tokens": sum(batch.chunk_lens),
                 "groups": len(batch.forward.shared_prefixes or ()),
@@ -243,6 +270,9 @@ class Engine:
             self._inflight = None
         if batch is None:
             return outputs
+        if isinstance(batch, VerifyBatch):  # speculative: never overlapped, nothing in flight
+            assert self.verify is not None and self._inflight is None
+            return outputs + self.verify.run(batch)
         launched = self._launch(batch)
         if self.overlap:
             if self._inflight is not None:

@@ -75,6 +75,9 @@ class Scheduler:
         self.make_generator = make_generator
         #: group decode requests that share a cached prefix (the decode backend declares "cascade")
         self.cascade = cascade
+        #: set by the engine when speculative decoding is on: turns a decode step into a verify
+        #: step with drafts, or returns None for a plain decode (see scheduler/speculative.py)
+        self.speculate: Callable[[Scheduler, list[Request]], ScheduledBatch | None] | None = None
         self.waiting: dict[int, Request] = {}
         self.running: dict[int, Request] = {}
         self._arrivals = 0
@@ -206,6 +209,8 @@ class Scheduler:
         self._retract_until_decode_fits(reqs)
         if not reqs:  # the step completed meanwhile finished them all
             return None
+        if self.speculate is not None and (verify := self.speculate(self, reqs)) is not None:
+            return verify
         shared = None
         if self.cascade:
             reqs, shared = group_shared_prefixes(
