@@ -77,6 +77,7 @@ class Engine:
                 tokenizer,
                 vocab_size=self.runner.vocab_size,
                 stop_token_ids=sorted(self.eos_ids),
+                fill_threads=config.grammar_threads,
             ),
             device,
         )

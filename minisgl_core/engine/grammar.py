@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from minisgl_core.api import GrammarError, allocate_token_bitmask
+from minisgl_core.api import GrammarBackend, GrammarError, GrammarMatcher, bitmask_width
 from minisgl_core.grammars import LazyGrammarBackend
 from minisgl_core.scheduler.request import Request
 
@@ -25,9 +25,11 @@ class GrammarRunner:
     """Matchers of the engine's constrained requests: made at admission, advanced by each sampled
     token, asked for the next step's bitmask."""
 
-    def __init__(self, backend: LazyGrammarBackend, device: torch.device) -> None:
+    def __init__(self, backend: LazyGrammarBackend, device: torch.device, *, batched: bool = True) -> None:
         self.backend = backend
         self.device = device
+        #: False: one matcher at a time through the GrammarMatcher API (the benchmark's baseline)
+        self.batched = batched
 
     def attach(self, req: Request) -> None:
         """Give a constrained request its matcher; GrammarError (a ValueError) for a bad grammar."""
@@ -46,47 +48,100 @@ class GrammarRunner:
             ) from exc
 
     def accept(self, requests: Sequence[Request], token_ids: Sequence[int], live: dict[int, Request]) -> None:
-        """Advance each live constrained request by its sampled token. A token the grammar rejects
-        (only possible through a bug or a disagreeing rank) fails that request, never the engine."""
+        """Advance each live constrained request by its sampled token, all in one backend call
+        (:meth:`GrammarBackend.accept_tokens`). A token the grammar rejects (only possible through
+        a bug or a disagreeing rank) fails that request, never the engine."""
+        reqs: list[Request] = []
+        matchers: list[GrammarMatcher] = []
+        tokens: list[int] = []
         for req, token in zip(requests, token_ids):
             matcher = req.matcher
             if matcher is None or req.grammar_error is not None or live.get(req.rid) is not req:
                 continue
             if matcher.is_terminated():  # a token planned before the finish was seen: dropped later
                 continue
-            try:
-                accepted = matcher.accept_token(token)
-            except Exception as exc:  # noqa: BLE001 - a backend failure fails the request, not the engine
-                accepted, why = False, f"{type(exc).__name__}: {exc}"
+            reqs.append(req)
+            matchers.append(matcher)
+            tokens.append(token)
+        if not matchers:
+            return
+        backend = self.backend.get()
+        try:
+            if self.batched:
+                accepted = backend.accept_tokens(matchers, tokens)
             else:
-                why = "not allowed here"
-            if not accepted:
-                req.grammar_error = f"the grammar rejected sampled token {token} ({why})"
-                logger.error("request %d: %s", req.rid, req.grammar_error)
+                accepted = GrammarBackend.accept_tokens(backend, matchers, tokens)
+        except Exception as exc:  # noqa: BLE001 - a backend failure fails its requests, not the engine
+            # some matchers may have moved already: none of them can be trusted again
+            for req in reqs:
+                self._fail(req, f"the grammar backend failed: {type(exc).__name__}: {exc}")
+            return
+        for req, token, ok in zip(reqs, tokens, accepted):
+            if not ok:
+                self._fail(req, f"the grammar rejected sampled token {token} (not allowed here)")
 
-    def bitmask(self, requests: Sequence[Request]) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(rows of ``requests`` that are constrained, their bitmask) on the device, or None.
+    def fill(self, requests: Sequence[Request]) -> tuple[list[int], torch.Tensor] | None:
+        """(rows of ``requests`` that are constrained, their bitmask on the host), or None.
 
-        A matcher that is finished or failed allows everything: its token is dropped anyway."""
+        Every live matcher's row is filled in one backend call (:meth:`GrammarBackend.fill_bitmasks`,
+        batched and multi-threaded where the library can); a matcher that is finished or failed
+        allows everything (its token is dropped anyway), without asking the backend."""
         rows = [i for i, r in enumerate(requests) if r.matcher is not None]
         if not rows:
             return None
         pinned = self.device.type == "cuda"
         # A fresh pinned buffer per step: the caching host allocator does not hand it out again
-        # until the copy below has run, while a reused one could be overwritten under it.
-        mask = allocate_token_bitmask(len(rows), self.backend.vocab_size, pin_memory=pinned)
+        # until the copy to the device has run, while a reused one could be overwritten under it.
+        # Uninitialised: the backend writes every row it fills; the others are set below.
+        mask = torch.empty(
+            (len(rows), bitmask_width(self.backend.vocab_size)), dtype=torch.int32, pin_memory=pinned
+        )
+        live: list[int] = []
         for j, i in enumerate(rows):
             req = requests[i]
             matcher = req.matcher
             assert matcher is not None
             if req.grammar_error is None and not matcher.is_terminated():
-                try:
-                    matcher.fill_bitmask(mask, j)
-                except Exception as exc:  # noqa: BLE001
-                    req.grammar_error = f"the grammar backend failed: {type(exc).__name__}: {exc}"
-                    logger.error("request %d: %s", req.rid, req.grammar_error)
-                    mask[j] = -1
+                live.append(j)
+            else:
+                mask[j] = -1
+        if live:
+            self._fill_rows(mask, [requests[rows[j]] for j in live], live)
+        return rows, mask
+
+    def bitmask(self, requests: Sequence[Request]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """:meth:`fill`, then (rows, bitmask) copied to the device (without waiting for it)."""
+        filled = self.fill(requests)
+        if filled is None:
+            return None
+        rows, mask = filled
         index = torch.tensor(rows, dtype=torch.int64)
-        if pinned:
+        if mask.is_pinned():
             index = index.pin_memory()
         return index.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)
+
+    def _fill_rows(self, mask: torch.Tensor, reqs: list[Request], rows: list[int]) -> None:
+        backend = self.backend.get()
+        matchers = [r.matcher for r in reqs]
+        try:
+            if self.batched:
+                backend.fill_bitmasks(matchers, mask, rows)  # type: ignore[arg-type]
+            else:
+                GrammarBackend.fill_bitmasks(backend, matchers, mask, rows)  # type: ignore[arg-type]
+            return
+        except Exception:  # noqa: BLE001 - find the request at fault one row at a time (filling has no side effect)
+            logger.warning(
+                "batched grammar fill failed; filling %d rows one by one", len(rows), exc_info=True
+            )
+        for req, row in zip(reqs, rows):
+            assert req.matcher is not None
+            try:
+                req.matcher.fill_bitmask(mask, row)
+            except Exception as exc:  # noqa: BLE001
+                self._fail(req, f"the grammar backend failed: {type(exc).__name__}: {exc}")
+                mask[row] = -1
+
+    @staticmethod
+    def _fail(req: Request, why: str) -> None:
+        req.grammar_error = why
+        logger.error("request %d: %s", req.rid, why)
