@@ -172,7 +172,7 @@ def test_a_rejected_token_fails_the_request_not_the_engine(model_dir, monkeypatc
     """Without the mask the sampler picks tokens the grammar forbids: the matcher refuses one,
     and that request (only) finishes with an error while its neighbour goes on."""
     llm = LLM(model_dir, device="cpu", dtype="float32", attn="torch")
-    monkeypatch.setattr(llm.engine.grammars, "bitmask", lambda requests: None)
+    monkeypatch.setattr(llm.engine.grammars, "bitmask", lambda requests, **kw: None)
     spec = GrammarSpec("regex", "z{5}")
     outs = llm.generate(
         prompts(2),

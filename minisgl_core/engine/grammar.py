@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
@@ -30,6 +31,8 @@ class GrammarRunner:
         self.device = device
         #: False: one matcher at a time through the GrammarMatcher API (the benchmark's baseline)
         self.batched = batched
+        #: the thread background fills run on, started on the first
+        self._thread: ThreadPoolExecutor | None = None
 
     def attach(self, req: Request) -> None:
         """Give a constrained request its matcher; GrammarError (a ValueError) for a bad grammar."""
@@ -49,8 +52,9 @@ class GrammarRunner:
 
     def accept(self, requests: Sequence[Request], token_ids: Sequence[int], live: dict[int, Request]) -> None:
         """Advance each live constrained request by its sampled token, all in one backend call
-        (:meth:`GrammarBackend.accept_tokens`). A token the grammar rejects (only possible through
-        a bug or a disagreeing rank) fails that request, never the engine."""
+        (:meth:`GrammarBackend.accept_tokens`), and note which matchers ended
+        (``Request.grammar_terminated``). A token the grammar rejects (only possible through a bug
+        or a disagreeing rank) fails that request, never the engine."""
         reqs: list[Request] = []
         matchers: list[GrammarMatcher] = []
         tokens: list[int] = []
@@ -58,7 +62,7 @@ class GrammarRunner:
             matcher = req.matcher
             if matcher is None or req.grammar_error is not None or live.get(req.rid) is not req:
                 continue
-            if matcher.is_terminated():  # a token planned before the finish was seen: dropped later
+            if req.grammar_terminated:  # a token planned before the finish was seen: dropped later
                 continue
             reqs.append(req)
             matchers.append(matcher)
@@ -79,13 +83,27 @@ class GrammarRunner:
         for req, token, ok in zip(reqs, tokens, accepted):
             if not ok:
                 self._fail(req, f"the grammar rejected sampled token {token} (not allowed here)")
+            elif req.matcher.is_terminated():
+                req.grammar_terminated = True
 
     def fill(self, requests: Sequence[Request]) -> tuple[list[int], torch.Tensor] | None:
-        """(rows of ``requests`` that are constrained, their bitmask on the host), or None.
+        """(rows of ``requests`` that are constrained, their bitmask on the host), or None; filled
+        on this thread."""
+        pending = self._start(requests, background=False)
+        return None if pending is None else (pending.rows, pending.mask)
 
-        Every live matcher's row is filled in one backend call (:meth:`GrammarBackend.fill_bitmasks`,
-        batched and multi-threaded where the library can); a matcher that is finished or failed
-        allows everything (its token is dropped anyway), without asking the backend."""
+    def bitmask(self, requests: Sequence[Request], *, background: bool = False) -> PendingMask | None:
+        """The bitmask of the constrained ``requests`` (None: none is): every live matcher's row
+        filled in one backend call (:meth:`GrammarBackend.fill_bitmasks`, batched and
+        multi-threaded where the library can); a matcher that is finished or failed allows
+        everything (its token is dropped anyway), without asking the backend.
+
+        ``background``: the fill runs on the runner's thread (the libraries release the GIL) and
+        :meth:`PendingMask.result` waits for it; meanwhile the caller must leave the matchers
+        alone (the scheduler reads ``Request.grammar_terminated``, not the matcher)."""
+        return self._start(requests, background=background)
+
+    def _start(self, requests: Sequence[Request], *, background: bool) -> PendingMask | None:
         rows = [i for i, r in enumerate(requests) if r.matcher is not None]
         if not rows:
             return None
@@ -99,26 +117,20 @@ class GrammarRunner:
         live: list[int] = []
         for j, i in enumerate(rows):
             req = requests[i]
-            matcher = req.matcher
-            assert matcher is not None
-            if req.grammar_error is None and not matcher.is_terminated():
+            if req.grammar_error is None and not req.grammar_terminated:
                 live.append(j)
             else:
                 mask[j] = -1
+        pending = PendingMask(rows, mask, self.device)
         if live:
-            self._fill_rows(mask, [requests[rows[j]] for j in live], live)
-        return rows, mask
-
-    def bitmask(self, requests: Sequence[Request]) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """:meth:`fill`, then (rows, bitmask) copied to the device (without waiting for it)."""
-        filled = self.fill(requests)
-        if filled is None:
-            return None
-        rows, mask = filled
-        index = torch.tensor(rows, dtype=torch.int64)
-        if mask.is_pinned():
-            index = index.pin_memory()
-        return index.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)
+            reqs = [requests[rows[j]] for j in live]
+            if background:
+                if self._thread is None:
+                    self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="minisgl-grammar")
+                pending.future = self._thread.submit(self._fill_rows, mask, reqs, live)
+            else:
+                self._fill_rows(mask, reqs, live)
+        return pending
 
     def _fill_rows(self, mask: torch.Tensor, reqs: list[Request], rows: list[int]) -> None:
         backend = self.backend.get()
@@ -145,3 +157,22 @@ class GrammarRunner:
     def _fail(req: Request, why: str) -> None:
         req.grammar_error = why
         logger.error("request %d: %s", req.rid, why)
+
+
+class PendingMask:
+    """A step's bitmask, being filled (on the runner's thread) or filled."""
+
+    def __init__(self, rows: list[int], mask: torch.Tensor, device: torch.device) -> None:
+        #: rows of the step's sampled requests that are constrained, and their host bitmask
+        self.rows, self.mask, self.device = rows, mask, device
+        self.future: Future[None] | None = None
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows, bitmask) on the device, once filled; the copy does not wait for the device."""
+        if self.future is not None:
+            self.future.result()
+            self.future = None
+        index = torch.tensor(self.rows, dtype=torch.int64)
+        if self.mask.is_pinned():
+            index = index.pin_memory()
+        return index.to(self.device, non_blocking=True), self.mask.to(self.device, non_blocking=True)
