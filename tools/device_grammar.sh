@@ -14,7 +14,7 @@ set -uo pipefail
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 m=/tmp/m; shape=qwen3-0.6b; backend=${GRAMMAR_BACKEND:-xgrammar}
 start=$SECONDS
-timeout 90 python3 -m minisgl_core bench grammar --grammar-backend "$backend" --steps 16 --warm-steps 32 \
+timeout 90 python3 -m minisgl_core bench grammar --grammar-backend "$backend" --steps 24 --warm-steps 32 \
   --output "$out/grammar-host.jsonl" 2>"$out/grammar-host.log" | tail -n 1 | cut -c1-600
 python3 -m minisgl_core bench make-model --shape "$shape" --out "$m/$shape" --device cuda >/dev/null
 run() {  # run LABEL [flags...]
