@@ -212,3 +212,32 @@ def test_the_core_resolves_grammar_backends_by_name():
         assert issubclass(plugins.resolve("grammars", name), GrammarBackend)
     with pytest.raises(PluginError, match="--grammar-backend 'nope'"):
         plugins.resolve("grammars", "nope")
+
+
+def test_a_failing_batched_fill_falls_back_to_one_by_one(model_dir, monkeypatch):
+    """fill_bitmasks raising (a library bug) costs speed, not correctness: the rows are filled one
+    by one; accept_tokens raising fails the requests of that call with the reason, not the engine."""
+    llm = LLM(model_dir, device="cpu", dtype="float32", attn="torch")
+    backend = llm.engine.grammars.backend.get()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("batched call broken")
+
+    pattern = r"(ab|cd)[0-9]{2,4}"
+    monkeypatch.setattr(backend, "fill_bitmasks", broken)
+    outs = llm.generate(prompts(6), constrained(GrammarSpec("regex", pattern), max_tokens=20), use_tqdm=False)
+    assert all(o.finish_reason == "stop" and re.fullmatch(pattern, o.text) for o in outs), [
+        (o.finish_reason, o.text) for o in outs
+    ]
+    monkeypatch.setattr(backend, "accept_tokens", broken)
+    outs = llm.generate(
+        prompts(2),
+        [
+            constrained(GrammarSpec("regex", pattern), max_tokens=20),
+            SamplingParams(temperature=0.0, max_tokens=5),
+        ],
+        use_tqdm=False,
+    )
+    assert outs[0].finish_reason == "error" and "batched call broken" in (outs[0].error or "")
+    assert outs[1].finish_reason == "length" and len(outs[1].token_ids) == 5
+    llm.close()

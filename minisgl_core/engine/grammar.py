@@ -4,7 +4,9 @@ and the token bitmask of a step.
 The backend is built on the first constrained request (building it reads the whole vocabulary),
 so a server that never sees one pays nothing. Where the masks are filled is the engine's
 business (:meth:`Engine._launch`): after the forward is launched and before the sampler, so the
-host fills them while the device computes the logits.
+host fills them while the device computes the logits; with overlap, on this runner's thread while
+the engine's main thread lands the step before. Each step is one batched backend call for the
+tokens accepted and one for the rows filled (``GrammarBackend.accept_tokens`` / ``fill_bitmasks``).
 """
 
 from __future__ import annotations
