@@ -241,3 +241,18 @@ def test_a_failing_batched_fill_falls_back_to_one_by_one(model_dir, monkeypatch)
     assert outs[0].finish_reason == "error" and "batched call broken" in (outs[0].error or "")
     assert outs[1].finish_reason == "length" and len(outs[1].token_ids) == 5
     llm.close()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bench_grammar_compares_the_two_paths_on_the_same_states(backend, tmp_path):
+    """`minisgl bench grammar` at a small size: both paths run, their masks agree on every state
+    (the bench raises otherwise), and the figures it reports are there and positive."""
+    from minisgl_core.bench.grammar import host_step_bench
+
+    result = host_step_bench(
+        backend, rows=6, steps=4, warm_steps=3, vocab_size=4200, fill_threads=2, max_tokens=64, cache=tmp_path
+    )
+    assert result["rows"] == 6 and result["fill_threads"] == 2
+    for key in ("fill_serial_ms", "fill_batched_ms", "accept_serial_ms", "accept_batched_ms", "step_speedup"):
+        assert result[key] > 0, key
+    assert ("guard_vectorized_ms" in result) == (backend == "xgrammar")
