@@ -9,8 +9,9 @@
 #    very first process JITs FlashInfer, which costs start-up, not throughput). Runs after the
 #    first two start only before BUDGET_S (135) seconds, so the call stays near 3 minutes (on a
 #    fresh H100: free, constrained, free). GRAMMAR_BACKEND=llguidance runs the other plugin.
-# Results: $OUT/grammar-host.jsonl, $OUT/grammar-offline.jsonl (one line per run), and the table
-# $OUT/grammar-table.md (constrained / free throughput, schema compile time, host step figures).
+# Results: $OUT/grammar-host.jsonl, $OUT/grammar-offline.jsonl (one line per run), each run's step
+# trace (steps-N.jsonl.gz) and its summary (steps-N.txt: decode step times by batch size), and
+# the table $OUT/grammar-table.md (constrained / free throughput, schema compile time, host step).
 set -uo pipefail
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 m=/tmp/m; shape=qwen3-0.6b; backend=${GRAMMAR_BACKEND:-xgrammar}
@@ -18,10 +19,12 @@ start=$SECONDS
 timeout 90 python3 -m minisgl_core bench grammar --grammar-backend "$backend" --steps 24 --warm-steps 32 \
   --output "$out/grammar-host.jsonl" 2>"$out/grammar-host.log" | tail -n 1 | cut -c1-600
 python3 -m minisgl_core bench make-model --shape "$shape" --out "$m/$shape" --device cuda >/dev/null
-run() {  # run LABEL [flags...]
+run() {  # run LABEL [flags...]: one process; its step trace summarised in steps-N.txt
   local label=$1; shift
   timeout 120 python3 -m minisgl_core bench offline --model "$m/$shape" --attn fi --label "$label" \
-    --output "$out/grammar-offline.jsonl" "$@" 2>>"$out/grammar-offline.log" | tail -n 1 | cut -c1-300
+    --step-trace "$out/steps-$n.jsonl" --output "$out/grammar-offline.jsonl" "$@" \
+    2>>"$out/grammar-offline.log" | tail -n 1 | cut -c1-300
+  python3 tools/step_trace.py "$out/steps-$n.jsonl" > "$out/steps-$n.txt" 2>&1 && gzip -f "$out/steps-$n.jsonl"
 }
 n=0
 for round in 1 2; do
