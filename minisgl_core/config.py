@@ -56,6 +56,9 @@ class EngineConfig:
     generation_config: str = "auto"
     #: grammar-backend plugin for constrained decoding (response_format, structured_outputs)
     grammar_backend: str = "xgrammar"
+    #: threads the grammar backend fills a step's token bitmasks with (``--grammar-threads``);
+    #: None = ``minisgl_core.api.default_fill_threads()`` (half the CPUs, 1 to 16)
+    grammar_threads: int | None = None
     #: weight quantization of the linear layers: a method registered through
     #: minisgl_register_quantization_methods (fp8, int8, ...); None = weights in the run dtype
     quantization: str | None = None
@@ -108,6 +111,8 @@ class EngineConfig:
                 "speculative n-gram sizes must satisfy 1 <= min <= max, got "
                 f"min={self.speculative_ngram_min}, max={self.speculative_ngram_max}"
             )
+        if self.grammar_threads is not None and self.grammar_threads < 1:
+            raise ValueError(f"grammar_threads must be >= 1, got {self.grammar_threads}")
 
     def resolve_device(self) -> torch.device:
         if self.device == "auto":

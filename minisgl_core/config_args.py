@@ -53,6 +53,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="grammar backend plugin for constrained decoding (xgrammar, llguidance, ...)",
     )
     g.add_argument(
+        "--grammar-threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="threads that fill the token bitmasks of constrained requests each step "
+        "(default: half the CPUs, 1 to 16)",
+    )
+    g.add_argument(
         "--quantization",
         default=None,
         metavar="NAME",
@@ -119,6 +127,7 @@ ENGINE_FIELDS = (
     "cuda_graph_max_bs",
     "generation_config",
     "grammar_backend",
+    "grammar_threads",
     "quantization",
     "kv_cache_dtype",
     "speculative_algorithm",

@@ -17,9 +17,16 @@ logger = logging.getLogger(__name__)
 
 
 def make_grammar_backend(
-    plugins: Plugins, name: str, tokenizer: Any, *, vocab_size: int, stop_token_ids: Sequence[int]
+    plugins: Plugins,
+    name: str,
+    tokenizer: Any,
+    *,
+    vocab_size: int,
+    stop_token_ids: Sequence[int],
+    fill_threads: int | None = None,
 ) -> GrammarBackend:
-    """The backend registered as ``name``; GrammarError saying why when it cannot be used."""
+    """The backend registered as ``name``; GrammarError saying why when it cannot be used.
+    ``fill_threads``: its batched fills' threads (None: ``default_fill_threads()``)."""
     try:
         cls = plugins.resolve("grammars", name)
     except PluginError as exc:
@@ -28,12 +35,15 @@ def make_grammar_backend(
     if why is not None:
         raise GrammarError(f"constrained decoding is unavailable: --grammar-backend {name}: {why}")
     try:
-        return cls(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
+        backend = cls(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
     except Exception as exc:  # noqa: BLE001 - e.g. a tokenizer the library cannot read
         raise GrammarError(
             f"constrained decoding is unavailable: --grammar-backend {name} failed to start: "
             f"{type(exc).__name__}: {exc}"
         ) from exc
+    if fill_threads is not None:
+        backend.fill_threads = fill_threads
+    return backend
 
 
 class LazyGrammarBackend:
@@ -41,10 +51,18 @@ class LazyGrammarBackend:
     (a server without a grammar library still serves free text)."""
 
     def __init__(
-        self, plugins: Plugins, name: str, tokenizer: Any, *, vocab_size: int, stop_token_ids: Sequence[int]
+        self,
+        plugins: Plugins,
+        name: str,
+        tokenizer: Any,
+        *,
+        vocab_size: int,
+        stop_token_ids: Sequence[int],
+        fill_threads: int | None = None,
     ) -> None:
         self.plugins, self.name, self.tokenizer = plugins, name, tokenizer
         self.vocab_size, self.stop_token_ids = vocab_size, tuple(stop_token_ids)
+        self.fill_threads = fill_threads
         self._backend: GrammarBackend | None = None
         #: why the backend cannot be built (kept: trying again per request would cost each one)
         self._failure: GrammarError | None = None
@@ -60,6 +78,7 @@ class LazyGrammarBackend:
                     self.tokenizer,
                     vocab_size=self.vocab_size,
                     stop_token_ids=self.stop_token_ids,
+                    fill_threads=self.fill_threads,
                 )
             except GrammarError as exc:
                 logger.error("%s", exc)

@@ -172,7 +172,7 @@ def test_a_rejected_token_fails_the_request_not_the_engine(model_dir, monkeypatc
     """Without the mask the sampler picks tokens the grammar forbids: the matcher refuses one,
     and that request (only) finishes with an error while its neighbour goes on."""
     llm = LLM(model_dir, device="cpu", dtype="float32", attn="torch")
-    monkeypatch.setattr(llm.engine.grammars, "bitmask", lambda requests: None)
+    monkeypatch.setattr(llm.engine.grammars, "bitmask", lambda requests, **kw: None)
     spec = GrammarSpec("regex", "z{5}")
     outs = llm.generate(
         prompts(2),
@@ -212,3 +212,47 @@ def test_the_core_resolves_grammar_backends_by_name():
         assert issubclass(plugins.resolve("grammars", name), GrammarBackend)
     with pytest.raises(PluginError, match="--grammar-backend 'nope'"):
         plugins.resolve("grammars", "nope")
+
+
+def test_a_failing_batched_fill_falls_back_to_one_by_one(model_dir, monkeypatch):
+    """fill_bitmasks raising (a library bug) costs speed, not correctness: the rows are filled one
+    by one; accept_tokens raising fails the requests of that call with the reason, not the engine."""
+    llm = LLM(model_dir, device="cpu", dtype="float32", attn="torch")
+    backend = llm.engine.grammars.backend.get()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("batched call broken")
+
+    pattern = r"(ab|cd)[0-9]{2,4}"
+    monkeypatch.setattr(backend, "fill_bitmasks", broken)
+    outs = llm.generate(prompts(6), constrained(GrammarSpec("regex", pattern), max_tokens=20), use_tqdm=False)
+    assert all(o.finish_reason == "stop" and re.fullmatch(pattern, o.text) for o in outs), [
+        (o.finish_reason, o.text) for o in outs
+    ]
+    monkeypatch.setattr(backend, "accept_tokens", broken)
+    outs = llm.generate(
+        prompts(2),
+        [
+            constrained(GrammarSpec("regex", pattern), max_tokens=20),
+            SamplingParams(temperature=0.0, max_tokens=5),
+        ],
+        use_tqdm=False,
+    )
+    assert outs[0].finish_reason == "error" and "batched call broken" in (outs[0].error or "")
+    assert outs[1].finish_reason == "length" and len(outs[1].token_ids) == 5
+    llm.close()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bench_grammar_compares_the_two_paths_on_the_same_states(backend, tmp_path):
+    """`minisgl bench grammar` at a small size: both paths run, their masks agree on every state
+    (the bench raises otherwise), and the figures it reports are there and positive."""
+    from minisgl_core.bench.grammar import host_step_bench
+
+    result = host_step_bench(
+        backend, rows=6, steps=4, warm_steps=3, vocab_size=4200, fill_threads=2, max_tokens=64, cache=tmp_path
+    )
+    assert result["rows"] == 6 and result["fill_threads"] == 2
+    for key in ("fill_serial_ms", "fill_batched_ms", "accept_serial_ms", "accept_batched_ms", "step_speedup"):
+        assert result[key] > 0, key
+    assert ("guard_vectorized_ms" in result) == (backend == "xgrammar")

@@ -68,6 +68,7 @@ __all__ = [
     "allocate_token_bitmask",
     "allowed_tokens",
     "bitmask_width",
+    "default_fill_threads",
     "deprecated",
     "hookimpl",
     "hookspec",
@@ -111,6 +112,7 @@ _LAZY: dict[str, str] = {
     "allocate_token_bitmask": "grammar",
     "allowed_tokens": "grammar",
     "bitmask_width": "grammar",
+    "default_fill_threads": "grammar",
     "ScannedCall": "json_scan",
     "marker_prefix_length": "json_scan",
     "scan_tool_call": "json_scan",
@@ -167,6 +169,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs
         allocate_token_bitmask,
         allowed_tokens,
         bitmask_width,
+        default_fill_threads,
     )
     from minisgl_core.api.json_scan import ScannedCall, marker_prefix_length, scan_tool_call
     from minisgl_core.api.model import KVSpec, Model, ModelConfig

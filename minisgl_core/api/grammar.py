@@ -7,12 +7,19 @@ of a token bitmask: int32 words, ``ceil(vocab / 32)`` per row, bit ``t % 32`` of
 set when token ``t`` is allowed (xgrammar's and llguidance's layout). The sampler sets the
 logits of disallowed tokens to -inf.
 
+A decode step asks every constrained request at once: :meth:`GrammarBackend.accept_tokens` then
+:meth:`GrammarBackend.fill_bitmasks`. Their defaults go matcher by matcher; a backend whose
+library has a batched, multi-threaded call overrides them (``fill_threads`` says how many threads).
+
 .. versionadded:: 1.6
+.. versionadded:: 2.0 ``GrammarBackend.fill_bitmasks``, ``accept_tokens``, ``fill_threads``,
+   ``default_fill_threads``
 """
 
 from __future__ import annotations
 
 import json
+import os
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -88,6 +95,16 @@ def allowed_tokens(bitmask_row: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return ((words >> (ids % 32)) & 1).bool()
 
 
+def default_fill_threads() -> int:
+    """Threads a batched bitmask fill uses unless configured: half the CPUs this process may run
+    on (the other half keeps the scheduler and the device's launches going), 1 to 16."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        cpus = os.cpu_count() or 2
+    return max(1, min(16, cpus // 2))
+
+
 def choice_regex(options: Sequence[str]) -> str:
     """A regex matching exactly one of ``options`` (each escaped)."""
     import re
@@ -137,6 +154,9 @@ class GrammarBackend(ABC):
         self._cache: OrderedDict[GrammarSpec, Any] = OrderedDict()
         #: compiles done (cache misses), for tests and the benchmarks
         self.compiles = 0
+        #: threads :meth:`fill_bitmasks` may use; the engine sets it (``--grammar-threads``) before
+        #: the first fill, so a backend reads it when it starts its pool, not here
+        self.fill_threads = default_fill_threads()
 
     @classmethod
     def availability(cls) -> str | None:
@@ -185,3 +205,22 @@ class GrammarBackend(ABC):
     @abstractmethod
     def matcher(self, compiled: Any) -> GrammarMatcher:
         """A fresh matcher at the start of a compiled grammar."""
+
+    def fill_bitmasks(
+        self, matchers: Sequence[GrammarMatcher], bitmask: torch.Tensor, rows: Sequence[int]
+    ) -> None:
+        """Fill ``bitmask[rows[i]]`` for ``matchers[i]`` (this backend's, none terminated), as
+        :meth:`GrammarMatcher.fill_bitmask` would one by one; rows not listed are left alone.
+
+        The default does exactly that. A backend overrides it with its library's batched call
+        (up to ``fill_threads`` threads, the GIL released): the engine calls it once per step
+        with every constrained request. On an exception the engine fills the rows one by one to
+        find the request at fault."""
+        for matcher, row in zip(matchers, rows, strict=True):
+            matcher.fill_bitmask(bitmask, row)
+
+    def accept_tokens(self, matchers: Sequence[GrammarMatcher], token_ids: Sequence[int]) -> list[bool]:
+        """Advance ``matchers[i]`` by ``token_ids[i]``; whether each accepted (as
+        :meth:`GrammarMatcher.accept_token`). The default goes one by one. An exception fails every
+        request of the call (some matchers may have moved, so none is tried again)."""
+        return [matcher.accept_token(t) for matcher, t in zip(matchers, token_ids, strict=True)]

@@ -61,6 +61,25 @@ def add_bench_command(sub) -> None:
     )
     p.set_defaults(func=_serve)
 
+    p = kinds.add_parser(
+        "grammar",
+        help="host time per decode step of constrained decoding (fill, accept, guard, copy), serial vs batched",
+    )
+    p.add_argument("--grammar-backend", default="xgrammar")
+    p.add_argument("--rows", type=_positive_int, default=256, help="constrained requests in the batch")
+    p.add_argument("--steps", type=_positive_int, default=24, help="timed decode steps")
+    p.add_argument("--warm-steps", type=_non_negative_int, default=24, help="steps walked before timing")
+    p.add_argument("--vocab-size", type=_positive_int, default=151936, help="default: Qwen3's")
+    p.add_argument(
+        "--grammar-threads", type=_positive_int, default=None, help="default: half the CPUs, 1 to 16"
+    )
+    p.add_argument("--grammar-schema", default="builtin", metavar="FILE|builtin")
+    p.add_argument("--max-tokens", type=_positive_int, default=1024, help="the builtin schema's length")
+    p.add_argument("--model-cache", default="/tmp/minisgl-bench-models", help="where the tokenizer is built")
+    p.add_argument("--label", default="")
+    p.add_argument("--output")
+    p.set_defaults(func=_grammar)
+
     p = kinds.add_parser("make-model", help="write a random-weight model of a real shape")
     p.add_argument("--shape", choices=sorted(SHAPES), required=True)
     p.add_argument("--out", required=True)
@@ -162,6 +181,18 @@ def _offline(args: argparse.Namespace) -> int:
                 **stats.as_dict(),
             }
     _emit(result, args.output)
+    return 0
+
+
+def _grammar(args: argparse.Namespace) -> int:
+    from minisgl_core.bench.grammar import host_step_bench
+
+    result = host_step_bench(
+        args.grammar_backend, rows=args.rows, steps=args.steps, warm_steps=args.warm_steps,
+        vocab_size=args.vocab_size, fill_threads=args.grammar_threads, schema=args.grammar_schema,
+        max_tokens=args.max_tokens, cache=Path(args.model_cache),
+    )  # fmt: skip
+    _emit({**_meta(args), **result}, args.output)
     return 0
 
 

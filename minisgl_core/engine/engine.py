@@ -26,7 +26,7 @@ import torch
 from minisgl_core.api import ParallelContext
 from minisgl_core.checkpoint.generation_defaults import load_sampling_defaults
 from minisgl_core.config import EngineConfig
-from minisgl_core.engine.grammar import GrammarRunner
+from minisgl_core.engine.grammar import GrammarRunner, PendingMask
 from minisgl_core.engine.speculative import VerifyRunner
 from minisgl_core.grammars import LazyGrammarBackend
 from minisgl_core.messages import Limits
@@ -79,6 +79,7 @@ class Engine:
                 tokenizer,
                 vocab_size=self.runner.vocab_size,
                 stop_token_ids=sorted(self.eos_ids),
+                fill_threads=config.grammar_threads,
             ),
             device,
         )
@@ -277,6 +278,7 @@ class Engine:
         if self.overlap:
             if self._inflight is not None:
                 outputs += self._complete(self._inflight)
+            self._sample(launched)  # if deferred: its bitmask was filled while the step above landed
             self._inflight = launched
         else:
             outputs += self._complete(launched)
@@ -304,29 +306,46 @@ class Engine:
         if not batch.sampled:
             return _InFlight(batch, None, None, None)
         reqs = [batch.requests[i] for i in batch.sampled]
-        grammar_mask = None
+        # what sampling needs, taken now: landing the step in flight may release a row
+        samples = [SampleRequest(r.params, r.output_ids, r.generator, r.prompt_ids) for r in reqs]
+        launched = _InFlight(
+            batch, None, None, None, logits=logits, sampling=([r.row for r in reqs], samples)
+        )
         if any(r.matcher is not None for r in reqs):
             # The device runs the forward just launched while the host brings the matchers up to
             # date (with overlap, the step before this one may still be in flight: its tokens
-            # come first) and fills this step's bitmask.
+            # come first) and fills this step's bitmask. With a step in flight, the fill runs on
+            # the grammar thread while this one lands that step (_step), and the sampling waits.
+            background = self._inflight is not None and self.overlap
             if self._inflight is not None:
                 self._advance_grammars(self._inflight)
-            grammar_mask = self.grammars.bitmask(reqs)
+            launched.grammar_mask = self.grammars.bitmask(reqs, background=background)
+            if background:
+                return launched
+        self._sample(launched)
+        return launched
+
+    def _sample(self, launched: _InFlight) -> None:
+        """Launch the sampling of a launched forward, once (with its grammar bitmask, if any)."""
+        logits, launched.logits = launched.logits, None
+        if logits is None:
+            return
+        batch = launched.batch
+        assert launched.sampling is not None
+        request_rows, samples = launched.sampling
+        pending, launched.grammar_mask = launched.grammar_mask, None
+        grammar_mask = None if pending is None else pending.result()
         rows = (
             logits
             if len(batch.sampled) == len(batch.requests)
             else logits[to_device(batch.sampled, logits.device)]
         )
-        result = self.sampler.sample(
-            rows,
-            [SampleRequest(r.params, r.output_ids, r.generator, r.prompt_ids) for r in reqs],
-            grammar_mask,
-        )
+        result = self.sampler.sample(rows, samples, grammar_mask)
         token_ids = result.token_ids
         if self.parallel.tp_size > 1:
             # Every rank continues with rank 0's tokens, whatever its own sampler drew.
             torch.distributed.broadcast(token_ids, src=0, group=self.parallel.group)
-        self.last_tokens[to_device([r.row for r in reqs], token_ids.device)] = token_ids
+        self.last_tokens[to_device(request_rows, token_ids.device)] = token_ids
         done = None
         if token_ids.is_cuda:
             # Pinned memory: a copy into pageable memory would block until the step finishes.
@@ -336,9 +355,10 @@ class Engine:
             done.record()
         else:
             host = token_ids
-        return _InFlight(batch, result, host, done)
+        launched.result, launched.host_tokens, launched.done = result, host, done
 
     def _complete(self, inflight: _InFlight) -> list[StepOutput]:
+        self._sample(inflight)
         if inflight.result is None:
             return self.scheduler.process(inflight.batch, [], [])
         self._advance_grammars(inflight)
@@ -364,6 +384,11 @@ class _InFlight:
     done: torch.cuda.Event | None
     #: whether the constrained requests' matchers have taken this step's tokens
     grammars_advanced: bool = False
+    #: the forward's logits until its sampling is launched (Engine._sample), and its bitmask
+    logits: torch.Tensor | None = None
+    grammar_mask: PendingMask | None = None
+    #: the sampled requests' rows and what their sampling reads, taken at launch
+    sampling: tuple[list[int], list[SampleRequest]] | None = None
     _tokens: list[int] | None = None
 
     def token_list(self) -> list[int]:

@@ -4,17 +4,20 @@ and the token bitmask of a step.
 The backend is built on the first constrained request (building it reads the whole vocabulary),
 so a server that never sees one pays nothing. Where the masks are filled is the engine's
 business (:meth:`Engine._launch`): after the forward is launched and before the sampler, so the
-host fills them while the device computes the logits.
+host fills them while the device computes the logits; with overlap, on this runner's thread while
+the engine's main thread lands the step before. Each step is one batched backend call for the
+tokens accepted and one for the rows filled (``GrammarBackend.accept_tokens`` / ``fill_bitmasks``).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from minisgl_core.api import GrammarError, allocate_token_bitmask
+from minisgl_core.api import GrammarBackend, GrammarError, GrammarMatcher, bitmask_width
 from minisgl_core.grammars import LazyGrammarBackend
 from minisgl_core.scheduler.request import Request
 
@@ -25,9 +28,13 @@ class GrammarRunner:
     """Matchers of the engine's constrained requests: made at admission, advanced by each sampled
     token, asked for the next step's bitmask."""
 
-    def __init__(self, backend: LazyGrammarBackend, device: torch.device) -> None:
+    def __init__(self, backend: LazyGrammarBackend, device: torch.device, *, batched: bool = True) -> None:
         self.backend = backend
         self.device = device
+        #: False: one matcher at a time through the GrammarMatcher API (the benchmark's baseline)
+        self.batched = batched
+        #: the thread background fills run on, started on the first
+        self._thread: ThreadPoolExecutor | None = None
 
     def attach(self, req: Request) -> None:
         """Give a constrained request its matcher; GrammarError (a ValueError) for a bad grammar."""
@@ -46,47 +53,128 @@ class GrammarRunner:
             ) from exc
 
     def accept(self, requests: Sequence[Request], token_ids: Sequence[int], live: dict[int, Request]) -> None:
-        """Advance each live constrained request by its sampled token. A token the grammar rejects
-        (only possible through a bug or a disagreeing rank) fails that request, never the engine."""
+        """Advance each live constrained request by its sampled token, all in one backend call
+        (:meth:`GrammarBackend.accept_tokens`), and note which matchers ended
+        (``Request.grammar_terminated``). A token the grammar rejects (only possible through a bug
+        or a disagreeing rank) fails that request, never the engine."""
+        reqs: list[Request] = []
+        matchers: list[GrammarMatcher] = []
+        tokens: list[int] = []
         for req, token in zip(requests, token_ids):
             matcher = req.matcher
             if matcher is None or req.grammar_error is not None or live.get(req.rid) is not req:
                 continue
-            if matcher.is_terminated():  # a token planned before the finish was seen: dropped later
+            if req.grammar_terminated:  # a token planned before the finish was seen: dropped later
                 continue
-            try:
-                accepted = matcher.accept_token(token)
-            except Exception as exc:  # noqa: BLE001 - a backend failure fails the request, not the engine
-                accepted, why = False, f"{type(exc).__name__}: {exc}"
+            reqs.append(req)
+            matchers.append(matcher)
+            tokens.append(token)
+        if not matchers:
+            return
+        backend = self.backend.get()
+        try:
+            if self.batched:
+                accepted = backend.accept_tokens(matchers, tokens)
             else:
-                why = "not allowed here"
-            if not accepted:
-                req.grammar_error = f"the grammar rejected sampled token {token} ({why})"
-                logger.error("request %d: %s", req.rid, req.grammar_error)
+                accepted = GrammarBackend.accept_tokens(backend, matchers, tokens)
+        except Exception as exc:  # noqa: BLE001 - a backend failure fails its requests, not the engine
+            # some matchers may have moved already: none of them can be trusted again
+            for req in reqs:
+                self._fail(req, f"the grammar backend failed: {type(exc).__name__}: {exc}")
+            return
+        for req, token, ok in zip(reqs, tokens, accepted):
+            if not ok:
+                self._fail(req, f"the grammar rejected sampled token {token} (not allowed here)")
+            elif req.matcher.is_terminated():
+                req.grammar_terminated = True
 
-    def bitmask(self, requests: Sequence[Request]) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(rows of ``requests`` that are constrained, their bitmask) on the device, or None.
+    def fill(self, requests: Sequence[Request]) -> tuple[list[int], torch.Tensor] | None:
+        """(rows of ``requests`` that are constrained, their bitmask on the host), or None; filled
+        on this thread."""
+        pending = self._start(requests, background=False)
+        return None if pending is None else (pending.rows, pending.mask)
 
-        A matcher that is finished or failed allows everything: its token is dropped anyway."""
+    def bitmask(self, requests: Sequence[Request], *, background: bool = False) -> PendingMask | None:
+        """The bitmask of the constrained ``requests`` (None: none is): every live matcher's row
+        filled in one backend call (:meth:`GrammarBackend.fill_bitmasks`, batched and
+        multi-threaded where the library can); a matcher that is finished or failed allows
+        everything (its token is dropped anyway), without asking the backend.
+
+        ``background``: the fill runs on the runner's thread (the libraries release the GIL) and
+        :meth:`PendingMask.result` waits for it; meanwhile the caller must leave the matchers
+        alone (the scheduler reads ``Request.grammar_terminated``, not the matcher)."""
+        return self._start(requests, background=background)
+
+    def _start(self, requests: Sequence[Request], *, background: bool) -> PendingMask | None:
         rows = [i for i, r in enumerate(requests) if r.matcher is not None]
         if not rows:
             return None
         pinned = self.device.type == "cuda"
         # A fresh pinned buffer per step: the caching host allocator does not hand it out again
-        # until the copy below has run, while a reused one could be overwritten under it.
-        mask = allocate_token_bitmask(len(rows), self.backend.vocab_size, pin_memory=pinned)
+        # until the copy to the device has run, while a reused one could be overwritten under it.
+        # Uninitialised: the backend writes every row it fills; the others are set below.
+        mask = torch.empty(
+            (len(rows), bitmask_width(self.backend.vocab_size)), dtype=torch.int32, pin_memory=pinned
+        )
+        live: list[int] = []
         for j, i in enumerate(rows):
             req = requests[i]
-            matcher = req.matcher
-            assert matcher is not None
-            if req.grammar_error is None and not matcher.is_terminated():
-                try:
-                    matcher.fill_bitmask(mask, j)
-                except Exception as exc:  # noqa: BLE001
-                    req.grammar_error = f"the grammar backend failed: {type(exc).__name__}: {exc}"
-                    logger.error("request %d: %s", req.rid, req.grammar_error)
-                    mask[j] = -1
-        index = torch.tensor(rows, dtype=torch.int64)
-        if pinned:
+            if req.grammar_error is None and not req.grammar_terminated:
+                live.append(j)
+            else:
+                mask[j] = -1
+        pending = PendingMask(rows, mask, self.device)
+        if live:
+            reqs = [requests[rows[j]] for j in live]
+            if background:
+                if self._thread is None:
+                    self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="minisgl-grammar")
+                pending.future = self._thread.submit(self._fill_rows, mask, reqs, live)
+            else:
+                self._fill_rows(mask, reqs, live)
+        return pending
+
+    def _fill_rows(self, mask: torch.Tensor, reqs: list[Request], rows: list[int]) -> None:
+        backend = self.backend.get()
+        matchers = [r.matcher for r in reqs]
+        try:
+            if self.batched:
+                backend.fill_bitmasks(matchers, mask, rows)  # type: ignore[arg-type]
+            else:
+                GrammarBackend.fill_bitmasks(backend, matchers, mask, rows)  # type: ignore[arg-type]
+            return
+        except Exception:  # noqa: BLE001 - find the request at fault one row at a time (filling has no side effect)
+            logger.warning(
+                "batched grammar fill failed; filling %d rows one by one", len(rows), exc_info=True
+            )
+        for req, row in zip(reqs, rows):
+            assert req.matcher is not None
+            try:
+                req.matcher.fill_bitmask(mask, row)
+            except Exception as exc:  # noqa: BLE001
+                self._fail(req, f"the grammar backend failed: {type(exc).__name__}: {exc}")
+                mask[row] = -1
+
+    @staticmethod
+    def _fail(req: Request, why: str) -> None:
+        req.grammar_error = why
+        logger.error("request %d: %s", req.rid, why)
+
+
+class PendingMask:
+    """A step's bitmask, being filled (on the runner's thread) or filled."""
+
+    def __init__(self, rows: list[int], mask: torch.Tensor, device: torch.device) -> None:
+        #: rows of the step's sampled requests that are constrained, and their host bitmask
+        self.rows, self.mask, self.device = rows, mask, device
+        self.future: Future[None] | None = None
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows, bitmask) on the device, once filled; the copy does not wait for the device."""
+        if self.future is not None:
+            self.future.result()
+            self.future = None
+        index = torch.tensor(self.rows, dtype=torch.int64)
+        if self.mask.is_pinned():
             index = index.pin_memory()
-        return index.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)
+        return index.to(self.device, non_blocking=True), self.mask.to(self.device, non_blocking=True)

@@ -58,7 +58,8 @@ class VerifyRunner:
         rows = self.speculator.sample_rows(batch)
         row_requests = [req for req, _ in rows]
         # only draft-less requests are constrained, so each matcher masks its request's one row
-        grammar_mask = self.grammars.bitmask(row_requests)
+        pending = self.grammars.bitmask(row_requests)
+        grammar_mask = None if pending is None else pending.result()
         result = self.sampler.sample(
             logits,
             [SampleRequest(r.params, output, r.generator, r.prompt_ids) for r, output in rows],

@@ -41,6 +41,9 @@ class Request:
     matcher: Any = None
     #: set when the grammar rejected a sampled token: the request then finishes with an error
     grammar_error: str | None = None
+    #: the matcher's is_terminated() after its last accepted token, kept by the engine's grammar
+    #: runner: the scheduler reads this, never the matcher, which a fill thread may be using
+    grammar_terminated: bool = False
 
     #: tokens whose KV must exist before the next token is sampled: the prompt, and after a
     #: retraction the prompt plus the output so far (recomputed, mostly from the prefix cache)

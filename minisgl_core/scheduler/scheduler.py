@@ -316,7 +316,7 @@ class Scheduler:
             reason, matched = self.stop_checker.check(req)
             if req.grammar_error is not None:
                 reason, matched = "error", None
-            elif req.matcher is not None and req.matcher.is_terminated():
+            elif req.matcher is not None and req.grammar_terminated:
                 # the grammar is complete, also under ignore_eos; its final stop token stays hidden
                 if reason != "stop":
                     matched = token if token in self.stop_checker.eos_ids else None

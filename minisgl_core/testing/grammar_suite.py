@@ -282,6 +282,63 @@ class GrammarBackendSuite:
         m.fill_bitmask(again, 0)
         assert torch.equal(first, again)
 
+    def test_batched_fill_and_accept_match_one_by_one(
+        self, backend: GrammarBackend, vocab_size: int, stop_id: int
+    ) -> None:
+        """``fill_bitmasks`` / ``accept_tokens`` (one call for many matchers, as the engine makes
+        each step) give what ``fill_bitmask`` / ``accept_token`` give matcher by matcher: twin
+        matchers walk the same random tokens, one set batched, the other one by one, into
+        scattered rows (rows not listed stay untouched), with 1 and 3 threads, for several grammars
+        at once; a token outside the mask is refused in the batch too."""
+        specs = [
+            GrammarSpec("json_schema", json.dumps(NESTED_SCHEMA)),
+            GrammarSpec("regex", "[a-c]{2,9}-[0-9]{1,6}"),
+        ]
+        specs = [s for s in specs if s.kind in backend.capabilities]
+        if not specs:
+            pytest.skip("neither json_schema nor regex is declared")
+        compiled = [backend.compile(s) for s in specs]
+        threads = backend.fill_threads
+        try:
+            for fill_threads in (1, 3):
+                backend.fill_threads = fill_threads
+                rng = random.Random(fill_threads)
+                n = 7
+                batched = [backend.matcher(compiled[i % len(compiled)]) for i in range(n)]
+                single = [backend.matcher(compiled[i % len(compiled)]) for i in range(n)]
+                for _ in range(24):
+                    live = [i for i in range(n) if not single[i].is_terminated()]
+                    if not live:
+                        break
+                    rows = [2 * i + 1 for i in live]  # scattered, in a bigger mask
+                    got = allocate_token_bitmask(2 * n + 1, vocab_size)
+                    backend.fill_bitmasks([batched[i] for i in live], got, rows)
+                    want = allocate_token_bitmask(2 * n + 1, vocab_size)
+                    for i, row in zip(live, rows):
+                        single[i].fill_bitmask(want, row)
+                    assert torch.equal(got, want), "fill_bitmasks differs from fill_bitmask one by one"
+                    tokens = []
+                    for row in rows:
+                        allowed = allowed_tokens(got[row], vocab_size).nonzero().flatten().tolist()
+                        tokens.append(
+                            stop_id if stop_id in allowed and rng.random() < 0.1 else rng.choice(allowed)
+                        )
+                    accepted = backend.accept_tokens([batched[i] for i in live], tokens)
+                    assert accepted == [True] * len(live), "accept_tokens refused a token its mask allowed"
+                    assert all(single[i].accept_token(t) for i, t in zip(live, tokens))
+                    assert [batched[i].is_terminated() for i in live] == [
+                        single[i].is_terminated() for i in live
+                    ]
+                # a token outside the mask: refused in the batch as one by one
+                fresh = [backend.matcher(compiled[-1]), backend.matcher(compiled[-1])]
+                mask = allocate_token_bitmask(2, vocab_size)
+                backend.fill_bitmasks(fresh, mask, [0, 1])
+                forbidden = int((~allowed_tokens(mask[0], vocab_size)).nonzero()[0])
+                allowed = int(allowed_tokens(mask[1], vocab_size).nonzero()[0])
+                assert backend.accept_tokens(fresh, [forbidden, allowed]) == [False, True]
+        finally:
+            backend.fill_threads = threads
+
     def test_compiles_are_cached(self, backend: GrammarBackend) -> None:
         self.need(backend, "regex")
         spec = GrammarSpec("regex", "cache-me-[0-9]")

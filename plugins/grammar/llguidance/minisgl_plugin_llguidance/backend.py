@@ -58,6 +58,37 @@ class LLGuidanceBackend(GrammarBackend):
         self._tokenizer = llguidance.hf.from_tokenizer(
             tokenizer, n_vocab=vocab_size, eos_token=list(self.stop_token_ids) or None
         )
+        #: llguidance's thread pool for batched fills and accepts, started on first use
+        self._executor: Any = None
+        self._executor_threads = 0
+
+    def _pool(self) -> Any:
+        if self._executor is None or self._executor_threads != self.fill_threads:
+            self._executor = self._llg.LLExecutor(num_threads=self.fill_threads)
+            self._executor_threads = self.fill_threads
+        return self._executor
+
+    def fill_bitmasks(
+        self, matchers: Sequence[GrammarMatcher], bitmask: torch.Tensor, rows: Sequence[int]
+    ) -> None:
+        """One call for every row: llguidance's executor computes the masks on ``fill_threads``
+        threads without the GIL, straight into the (contiguous, int32, host) bitmask."""
+        if not matchers:
+            return
+        if (
+            bitmask.dtype != torch.int32
+            or not bitmask.is_cpu
+            or bitmask.dim() != 2
+            or not bitmask.is_contiguous()
+        ):
+            raise ValueError("the bitmask must be a contiguous 2-D int32 tensor on the CPU")
+        pairs = [(m._matcher, row) for m, row in zip(matchers, rows, strict=True)]  # type: ignore[attr-defined]
+        batch, words = bitmask.shape
+        self._pool().unsafe_compute_mask_ptr(pairs, bitmask.data_ptr(), words * 4, batch)
+
+    def accept_tokens(self, matchers: Sequence[GrammarMatcher], token_ids: Sequence[int]) -> list[bool]:
+        pairs = [(m._matcher, t) for m, t in zip(matchers, token_ids, strict=True)]  # type: ignore[attr-defined]
+        return [bool(ok) for ok in self._pool().consume_token_par(pairs)]
 
     def compile_uncached(self, spec: GrammarSpec) -> str:
         """The llguidance grammar text of ``spec``, validated against the tokenizer."""

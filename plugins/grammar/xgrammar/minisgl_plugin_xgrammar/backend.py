@@ -9,6 +9,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 from minisgl_core.api import GrammarBackend, GrammarError, GrammarMatcher, GrammarSpec, bitmask_width
@@ -45,9 +46,35 @@ class JsonGuard:
         self.decoded_vocab = decoded_vocab
         self.always = _bitmask_row(vocab_size, decoded_vocab, _json_unsafe)
         self.after_lone_ed = _bitmask_row(vocab_size, decoded_vocab, lambda raw: raw[:1] in _SURROGATE_TAILS)
+        #: the ids of the tokens that end in a lone 0xED (few: a set lookup per accepted token)
+        self.lone_ed_ids = frozenset(i for i, raw in enumerate(decoded_vocab) if raw.endswith(b"\xed"))
 
     def ends_in_lone_ed(self, token_id: int) -> bool:
-        return token_id < len(self.decoded_vocab) and self.decoded_vocab[token_id].endswith(b"\xed")
+        return token_id in self.lone_ed_ids
+
+    def apply(self, bitmask: torch.Tensor, rows: Sequence[int], after_lone_ed: Sequence[int]) -> None:
+        """AND the guard into ``bitmask[rows]`` (one vectorized AND for all of them, in place;
+        a contiguous run of rows is ANDed as one block) and ``after_lone_ed`` into those rows."""
+        if not rows:
+            return
+        words = bitmask.numpy()  # a view: the AND runs in numpy, in place, without torch's dispatch
+        first, count = rows[0], len(rows)
+        if rows[-1] - first + 1 == count and all(b - a == 1 for a, b in zip(rows, rows[1:])):
+            block = words[first : first + count]
+            np.bitwise_and(block, self._always_np, out=block)
+        else:
+            index = np.asarray(rows, dtype=np.int64)
+            words[index] &= self._always_np
+        for row in after_lone_ed:
+            np.bitwise_and(words[row], self._after_lone_ed_np, out=words[row])
+
+    @property
+    def _always_np(self) -> np.ndarray:
+        return self.always.numpy()
+
+    @property
+    def _after_lone_ed_np(self) -> np.ndarray:
+        return self.after_lone_ed.numpy()
 
 
 class XGrammarMatcher(GrammarMatcher):
@@ -99,6 +126,47 @@ class XGrammarBackend(GrammarBackend):
         #: specs that parsed (check), so admission parses each distinct grammar once
         self._checked: set[GrammarSpec] = set()
         self._json_guard = JsonGuard(info.decoded_vocab, vocab_size)
+        #: xgrammar's thread pool for batched fills, started on the first (``fill_threads`` threads)
+        self._batch: Any = None
+        self._batch_threads = 0
+
+    def fill_bitmasks(
+        self, matchers: Sequence[GrammarMatcher], bitmask: torch.Tensor, rows: Sequence[int]
+    ) -> None:
+        """One call for every row: xgrammar's BatchGrammarMatcher fills them on ``fill_threads``
+        threads without the GIL, then the JSON guard is ANDed into the guarded rows at once."""
+        if not matchers:
+            return
+        if not hasattr(self._xgr, "BatchGrammarMatcher"):  # xgrammar before 0.1.22: one by one
+            super().fill_bitmasks(matchers, bitmask, rows)
+            return
+        if self._batch is None or self._batch_threads != self.fill_threads:
+            self._batch = self._xgr.BatchGrammarMatcher(max_threads=self.fill_threads)
+            self._batch_threads = self.fill_threads
+        rows = list(rows)
+        inner = [m._matcher for m in matchers]  # type: ignore[attr-defined]
+        self._batch.batch_fill_next_token_bitmask(inner, bitmask, rows)
+        self.apply_guards(matchers, bitmask, rows)
+
+    def apply_guards(
+        self, matchers: Sequence[GrammarMatcher], bitmask: torch.Tensor, rows: Sequence[int]
+    ) -> None:
+        """AND the JSON guard into the rows of the JSON matchers (after xgrammar filled them)."""
+        guarded = [row for m, row in zip(matchers, rows) if m._guard is not None]  # type: ignore[attr-defined]
+        lone = [row for m, row in zip(matchers, rows) if m._after_lone_ed]  # type: ignore[attr-defined]
+        self._json_guard.apply(bitmask, guarded, lone)
+
+    def accept_tokens(self, matchers: Sequence[GrammarMatcher], token_ids: Sequence[int]) -> list[bool]:
+        """One call into xgrammar for every matcher (no Python per token), then the guards' state."""
+        if not hasattr(self._xgr, "BatchGrammarMatcher"):
+            return super().accept_tokens(matchers, token_ids)
+        inner = [m._matcher for m in matchers]  # type: ignore[attr-defined]
+        accepted = self._xgr.BatchGrammarMatcher.batch_accept_token(inner, list(token_ids))
+        lone_ed = self._json_guard.lone_ed_ids
+        for matcher, token, ok in zip(matchers, token_ids, accepted):
+            if ok and matcher._guard is not None:  # type: ignore[attr-defined]
+                matcher._after_lone_ed = token in lone_ed  # type: ignore[attr-defined]
+        return [bool(ok) for ok in accepted]
 
     def check(self, spec: GrammarSpec) -> None:
         """Parse without compiling against the vocabulary (the expensive part), for admission."""
