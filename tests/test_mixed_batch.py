@@ -141,7 +141,9 @@ def test_mixed_on_and_off_give_each_request_its_own_tokens(request, model, optio
         assert [run.tokens[i] for i in range(len(arrivals))] == expected, f"mixed_batch={mixed}"
         assert all(run.finish[i] == "length" for i in range(len(arrivals)))
         # a step never exceeds the budget: decode rows count against max_prefill_tokens
-        assert all(tokens <= options["max_prefill_tokens"] for tokens, decodes in run.sizes if decodes < tokens)
+        assert all(
+            tokens <= options["max_prefill_tokens"] for tokens, decodes in run.sizes if decodes < tokens
+        )
         assert_no_leak(llm)
         llm.engine.scheduler.kv.cache.check_integrity()
         llm.close()
@@ -228,7 +230,8 @@ def test_penalties_logprobs_and_grammars_in_mixed_steps(qwen_dir):
         llm = make_llm(qwen_dir, cache="radix", max_prefill_tokens=32, mixed_batch=mixed)
         runs[mixed] = run_staggered(llm, arrivals)
         texts = {
-            i: llm.tokenizer.decode(runs[mixed].tokens[i], skip_special_tokens=True) for i in range(len(arrivals))
+            i: llm.tokenizer.decode(runs[mixed].tokens[i], skip_special_tokens=True)
+            for i in range(len(arrivals))
         }
         llm.close()
         for i, (_, _, params) in enumerate(arrivals):

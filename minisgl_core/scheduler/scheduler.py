@@ -48,7 +48,7 @@ class ScheduledBatch:
 
     @property
     def kind(self) -> str:
-        """"prefill", "decode" or "mixed" (step traces, diagnostics)."""
+        """ "prefill", "decode" or "mixed" (step traces, diagnostics)."""
         if not self.forward.is_prefill:
             return "decode"
         return "mixed" if self.decodes else "prefill"

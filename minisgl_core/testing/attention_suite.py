@@ -391,7 +391,9 @@ class AttentionBackendSuite:
         room = max(self.max_batch_size - 2, 1)
         decodes = decodes[:room] + self.randoms(generator, max(room - len(decodes), 0), 1, longest)
         seq_lens = decodes + [longest, longest // 2 + 1][: self.max_batch_size - len(decodes)]
-        extend_lens = [1] * len(decodes) + [longest // 3 + 1, longest // 2 + 1][: len(seq_lens) - len(decodes)]
+        extend_lens = [1] * len(decodes) + [longest // 3 + 1, longest // 2 + 1][
+            : len(seq_lens) - len(decodes)
+        ]
         self.single_step(shape, generator, seq_lens, extend_lens, is_prefill=True)
 
     def test_prestored_kv(self, generator: torch.Generator) -> None:
