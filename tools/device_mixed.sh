@@ -27,7 +27,7 @@ if [ -z "$model" ]; then
 fi
 read -r -a server_flags <<< "${SERVER_FLAGS:-}"
 read -r -a workload <<< "${WORKLOAD:---workload standard --num-requests $num}"
-for variant in on off; do
+for variant in ${VARIANTS:-on off}; do  # VARIANTS="off on": the other order
   flags=()
   [ "$variant" = off ] && flags=(--disable-mixed-batch)
   MINISGL_STEP_TRACE="$work/steps-$variant.jsonl" $py -m minisgl_core serve --model "$model" \
