@@ -1,25 +1,35 @@
 #!/usr/bin/env bash
 # One call on one GPU (.whl carried): mixed prefill + decode steps on vs off, served, same load.
-#   source .whl/prelude.sh && bash tools/device_mixed.sh
+#   source .whl/prelude.sh && bash tools/device_mixed.sh [check|serve|all]   (default all)
+# check: the attention conformance kit's mixed-step test (decode rows of one token among prompt
+#   chunks, in one prefill batch) on fi and fa3 (fa3 skips off sm90) against the reference, bf16;
+#   success: "passed", no "failed". About 30 s after the kernels' JIT cache is warm.
 # The Qwen3-0.6B shape (random weights) behind `minisgl serve`, default flags, then again with
 # --disable-mixed-batch; each run: a short warm-up, then the standard workload (100-1024 prompt
 # tokens, 100-1024 output tokens) with Poisson arrivals at RATE req/s (default 16: below
 # saturation, so both variants serve the same throughput and the latencies compare), NUM
-# requests (default 200). About 2.5 minutes in all (two server start-ups with CUDA-graph capture).
+# requests (default 200). serve: about 2.5 minutes (two server start-ups with CUDA-graph capture);
+# all: about 3.
 # Writes to $OUT: serve.jsonl (bench serve's lines), table.md, trace-summary.txt (step traces
 # summarised: how many mixed steps, decode rows riding along), logs.tgz.
 # Success: two rows in table.md; the "on" row shows a lower ITL p99 at about the same output tok/s,
 # and trace-summary.txt shows "mixed steps" for on only.
-# The same comparison on the CPU (the embedded demo model, short requests; ~4 minutes on 2 cores):
+# The same comparison on the CPU (the embedded demo model, short requests; ~3 minutes on 2 cores):
 #   MODEL=demo RATE=1.5 SERVER_FLAGS="--device cpu --max-prefill-tokens 64 --num-kv-tokens 16384" \
 #   WORKLOAD="--workload shared-prefix --groups 24 --prompts-per-group 1 --prefix-len 200 \
-#   --question-len 8 --output-len 24" PY=.venv/bin/python bash tools/device_mixed.sh
+#   --question-len 8 --output-len 24" PY=.venv/bin/python bash tools/device_mixed.sh serve
 set -uo pipefail
+what=${1:-all}
 rate=${RATE:-16}
 num=${NUM:-200}
 py=${PY:-python3}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 work=$(mktemp -d)
+if [[ $what == check || $what == all ]]; then
+  timeout 240 $py -m pytest -q -p no:cacheprovider plugins/attention/fi/tests/test_fi_suite.py \
+    plugins/attention/fa3/tests/test_fa3_suite.py -k "mixed or capabilities" 2>&1 | tail -n 5
+fi
+[[ $what == check ]] && exit 0
 model=${MODEL:-}
 if [ -z "$model" ]; then
   model=/tmp/m/qwen3-0.6b
