@@ -65,6 +65,14 @@ class EngineConfig:
     #: KV pool dtype: "auto" = the run dtype; "fp8_e4m3" = float8_e4m3fn, scale 1.0 (values are
     #: cast on store and dequantized on read; the attention backend must declare "kv_fp8")
     kv_cache_dtype: str = "auto"
+    #: speculative decoding: None (off) or "ngram" (prompt lookup); verify steps run without
+    #: overlap scheduling, as decode batches in the decode CUDA graphs (see engine/speculative.py)
+    speculative_algorithm: str | None = None
+    #: most draft tokens per request per step
+    speculative_num_draft_tokens: int = 4
+    #: n-gram sizes the ngram drafter looks up, longest first
+    speculative_ngram_max: int = 4
+    speculative_ngram_min: int = 1
     #: options plugins added to the CLI, passed through untouched
     plugin_options: dict[str, Any] = field(default_factory=dict)
     #: the GPU fast paths' switches (ablations); default: the environment's overrides, else all on
@@ -90,6 +98,19 @@ class EngineConfig:
             )
         if not 0 < self.kv_memory_fraction <= 1:
             raise ValueError(f"kv_memory_fraction must be in (0, 1], got {self.kv_memory_fraction}")
+        if self.speculative_algorithm not in (None, "ngram"):
+            raise ValueError(
+                f"speculative_algorithm must be ngram or unset, got {self.speculative_algorithm!r}"
+            )
+        if self.speculative_num_draft_tokens < 1:
+            raise ValueError(
+                f"speculative_num_draft_tokens must be >= 1, got {self.speculative_num_draft_tokens}"
+            )
+        if not 1 <= self.speculative_ngram_min <= self.speculative_ngram_max:
+            raise ValueError(
+                "speculative n-gram sizes must satisfy 1 <= min <= max, got "
+                f"min={self.speculative_ngram_min}, max={self.speculative_ngram_max}"
+            )
 
     def resolve_device(self) -> torch.device:
         if self.device == "auto":

@@ -72,6 +72,22 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="KV pool dtype: auto = the run dtype; fp8_e4m3 halves the KV memory of bf16 (torch and fi backends)",
     )
     g.add_argument(
+        "--speculative-algorithm",
+        default=None,
+        choices=["ngram"],
+        help="speculative decoding: ngram = prompt lookup (lossless; off by default; verify steps run "
+        "without overlap scheduling, as decode batches in the decode CUDA graphs)",
+    )
+    g.add_argument(
+        "--speculative-num-draft-tokens", type=int, default=4, help="most draft tokens per request per step"
+    )
+    g.add_argument(
+        "--speculative-ngram-max", type=int, default=4, help="longest n-gram the ngram drafter matches"
+    )
+    g.add_argument(
+        "--speculative-ngram-min", type=int, default=1, help="shortest n-gram the ngram drafter matches"
+    )
+    g.add_argument(
         "--disable-plugin", action="append", default=[], metavar="NAME", help="skip a plugin (repeatable)"
     )
     g.add_argument(
@@ -111,6 +127,10 @@ ENGINE_FIELDS = (
     "grammar_backend",
     "quantization",
     "kv_cache_dtype",
+    "speculative_algorithm",
+    "speculative_num_draft_tokens",
+    "speculative_ngram_max",
+    "speculative_ngram_min",
 )
 
 

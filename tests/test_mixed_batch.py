@@ -17,6 +17,7 @@ import pytest
 from minisgl_core import LLM, SamplingParams
 from minisgl_core.api import GrammarSpec
 from minisgl_core.demo.factories import make_model_dir
+from minisgl_core.scheduler.speculative import VerifyBatch
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +72,9 @@ def run_staggered(llm: LLM, arrivals: list[tuple[int, list[int], SamplingParams]
                 run.tokens[rid], run.logprobs[rid] = [], []
         outputs = engine.step()
         batch = engine.launched_last
-        run.kinds.append(batch.kind if batch is not None else None)
-        if batch is not None:
+        verify = isinstance(batch, VerifyBatch)  # speculative decoding's decode step with drafts
+        run.kinds.append(None if batch is None else "verify" if verify else batch.kind)
+        if batch is not None and not verify:
             decode_rows = len(batch.requests) if batch.kind == "decode" else batch.decodes
             run.sizes.append((sum(batch.chunk_lens), decode_rows))
         run.got.append({o.rid for o in outputs})
@@ -294,3 +296,34 @@ def test_real_default_model_mixed_on_equals_off(default_model_dir):
     off_llm.close()
     assert [on.tokens[i] for i in range(len(prompts))] == expected
     assert on.tokens == off.tokens
+
+
+@pytest.mark.parametrize(
+    "options", [dict(cache="radix"), dict(cache="naive", page_size=4, num_kv_tokens=320)]
+)
+def test_speculative_decoding_and_mixed_steps_together(llama_dir, options):
+    """With speculative decoding on, decode steps may be verify steps (drafts), and prefill steps
+    are still mixed: their decode rows run one token each, without drafts. Greedy tokens stay each
+    request's own, both kinds of step happen, and the KV comes back."""
+    rng = random.Random(9)
+    greedy = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    arrivals = []
+    for i, (at, n) in enumerate([(0, 6), (0, 9), (2, 150), (4, 5), (8, 120), (9, 7), (20, 90)]):
+        piece = [rng.randrange(5, 1000) for _ in range(n)]
+        # copy-heavy prompts (a piece repeated) give the n-gram drafter something to propose
+        arrivals.append((at, piece * 4 if i % 2 == 0 and n < 20 else piece, greedy))
+    expected = alone(llama_dir, arrivals)
+    llm = make_llm(llama_dir, max_prefill_tokens=40, speculative_algorithm="ngram", **options)
+    assert llm.engine.scheduler.mixed and llm.engine.verify is not None
+    run = run_staggered(llm, arrivals)
+    assert [run.tokens[i] for i in range(len(arrivals))] == expected
+    stats = llm.engine.stats()
+    assert run.count("mixed") >= 5
+    assert run.count("verify") == stats["spec_verify_steps"] >= 3 and stats["spec_accepted_tokens"] > 0
+    # mixed steps after verify steps: a decode row's input is the last token a verify step accepted
+    first_verify = run.kinds.index("verify")
+    assert "mixed" in run.kinds[first_verify:]
+    assert_no_leak(llm)
+    if options["cache"] == "radix":
+        llm.engine.scheduler.kv.cache.check_integrity()
+    llm.close()

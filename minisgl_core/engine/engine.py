@@ -6,7 +6,7 @@ scheduler process and feeds every rank the same requests in the same order.
 With ``EngineConfig.step_trace`` set (``--step-trace FILE``, default ``$MINISGL_STEP_TRACE``),
 the engine of rank 0 appends one JSON line per step to FILE: when it started and how long it
 took on the host (``t``, ``dt``, seconds, monotonic clock), how many requests were added since
-the step before (``new``), what it launched (``kind``: prefill, decode or mixed; ``reqs``,
+the step before (``new``), what it launched (``kind``: prefill, decode, mixed or verify; ``reqs``,
 ``tokens``, ``groups`` of cascade attention; for a mixed step ``decodes``, how many of its
 requests, and tokens, are decode rows) and the queues after it (``running``, ``waiting``). With
 overlap, a step's ``dt`` is about the device time of the step
@@ -29,6 +29,7 @@ from minisgl_core.api import ParallelContext
 from minisgl_core.checkpoint.generation_defaults import load_sampling_defaults
 from minisgl_core.config import EngineConfig
 from minisgl_core.engine.grammar import GrammarRunner
+from minisgl_core.engine.speculative import VerifyRunner
 from minisgl_core.grammars import LazyGrammarBackend
 from minisgl_core.messages import Limits
 from minisgl_core.model_dir import eos_token_ids
@@ -39,6 +40,7 @@ from minisgl_core.runner.sampler import Sampler, SampleRequest, SampleResult, to
 from minisgl_core.sampling import SamplingParams, StepOutput
 from minisgl_core.scheduler.request import Request
 from minisgl_core.scheduler.scheduler import ScheduledBatch, Scheduler
+from minisgl_core.scheduler.speculative import Speculator, VerifyBatch, make_drafter
 from minisgl_core.scheduler.stop import StopChecker
 
 logger = logging.getLogger(__name__)
@@ -105,6 +107,26 @@ class Engine:
         # On the CPU the forward is synchronous, so overlap gains nothing there, but it runs the
         # same lagged bookkeeping, which keeps that logic under test in CI.
         self.overlap = config.overlap
+        #: speculative decoding (None: off); its steps need the newest tokens on the host, so no overlap
+        self.verify: VerifyRunner | None = None
+        if config.speculative_algorithm is not None:
+            self.overlap = False
+            drafter = make_drafter(
+                config.speculative_algorithm,
+                ngram_max=config.speculative_ngram_max,
+                ngram_min=config.speculative_ngram_min,
+            )
+            speculator = Speculator(drafter, config.speculative_num_draft_tokens)
+            self.scheduler.speculate = speculator.build
+            self.verify = VerifyRunner(
+                speculator,
+                runner=self.runner,
+                sampler=self.sampler,
+                grammars=self.grammars,
+                scheduler=self.scheduler,
+                last_tokens=self.last_tokens,
+                parallel=self.parallel,
+            )
         self._inflight: _InFlight | None = None
         self._early_outputs: list[StepOutput] = []
         #: the batch the last step() launched (None: nothing), for step traces and diagnostics
@@ -133,7 +155,8 @@ class Engine:
         """Gauges and counters for /metrics and the benchmarks."""
         kv = self.scheduler.kv
         cache = kv.cache.size_info()
-        return {
+        spec = self.verify.speculator.stats.as_dict() if self.verify is not None else {}
+        return spec | {
             "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting),
             "kv_used_tokens": kv.used_tokens(),
@@ -178,7 +201,7 @@ class Engine:
     def close(self) -> None:
         """Drop the model, the KV pool and the scheduler now rather than whenever the garbage
         collector runs."""
-        self._inflight = self.launched_last = None
+        self._inflight = self.launched_last = self.verify = None
         self._early_outputs = []
         if self.trace is not None:
             self.trace.close()
@@ -224,7 +247,7 @@ class Engine:
         batch = self.launched_last
         if batch is not None:
             record |= {
-                "kind": batch.kind,
+                "kind": "verify" if isinstance(batch, VerifyBatch) else batch.kind,
                 "reqs": len(batch.requests),
                 "tokens": sum(batch.chunk_lens),
                 "groups": len(batch.forward.shared_prefixes or ()),
@@ -248,6 +271,9 @@ class Engine:
             self._inflight = None
         if batch is None:
             return outputs
+        if isinstance(batch, VerifyBatch):  # speculative: never overlapped, nothing in flight
+            assert self.verify is not None and self._inflight is None
+            return outputs + self.verify.run(batch)
         launched = self._launch(batch)
         if self.overlap:
             if self._inflight is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -44,7 +44,7 @@ class ScheduledBatch:
     sampled: list[int]
     #: in a mixed step (a prefill batch carrying the running decodes), the first ``decodes``
     #: requests are decode rows of one token each; 0 in plain prefill and decode steps
-    decodes: int = 0
+    decodes: int = field(default=0, kw_only=True)
 
     @property
     def kind(self) -> str:
@@ -89,6 +89,9 @@ class Scheduler:
         #: mixed steps: a prefill step also carries every running decode (one token each), the
         #: decodes counting against ``max_prefill_tokens`` (the prefill backend declares "mixed")
         self.mixed = mixed
+        #: set by the engine when speculative decoding is on: turns a decode step into a verify
+        #: step with drafts, or returns None for a plain decode (see scheduler/speculative.py)
+        self.speculate: Callable[[Scheduler, list[Request]], ScheduledBatch | None] | None = None
         self.waiting: dict[int, Request] = {}
         self.running: dict[int, Request] = {}
         self._arrivals = 0
@@ -273,6 +276,8 @@ class Scheduler:
         self._retract_until_decode_fits(reqs)
         if not reqs:  # the step completed meanwhile finished them all
             return None
+        if self.speculate is not None and (verify := self.speculate(self, reqs)) is not None:
+            return verify
         shared = None
         if self.cascade:
             reqs, shared = group_shared_prefixes(

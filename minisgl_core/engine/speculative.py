@@ -1,0 +1,88 @@
+"""Speculative decoding, the engine's half: run a verify step and sample every position.
+
+Verification is lossless, greedy or not. The drafts are deterministic (the n-gram drafter gives
+one token, probability 1), for which the standard rule (accept draft ``d`` with probability
+``p(d)``; on rejection sample from ``p`` with ``d`` removed and renormalised) is the same as:
+sample ``x ~ p`` at the position as usual, accept ``d`` when ``x == d``, else emit ``x`` and stop.
+``P(accept) = p(d)``, and a rejected ``x`` is ``p`` conditioned on ``x != d``, which is the
+renormalised remainder. So each position goes through the ordinary sampler, with everything it
+supports: temperature, top-k/top-p/min-p, penalties (each position sees the output as if the
+drafts before it were accepted, as it would be without speculation), logit bias, logprobs,
+seeds. Under greedy sampling this accepts a draft exactly when it is the argmax, so the output is
+the one decoding without drafts gives (up to the float differences of an extend-shaped forward).
+
+Constrained requests (grammars) get no drafts: their bitmask depends on the tokens before it.
+They still run in verify batches, one position each, masked as usual.
+
+Verify steps run without overlap scheduling: the drafter needs the newest tokens on the host
+before it can plan the next step. A verify batch is a decode batch (one sequence per position),
+so it replays the decode CUDA graphs like any decode step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minisgl_core.api import ParallelContext
+from minisgl_core.engine.grammar import GrammarRunner
+from minisgl_core.runner.model_runner import ModelRunner
+from minisgl_core.runner.sampler import Sampler, SampleRequest, to_device
+from minisgl_core.sampling import StepOutput
+from minisgl_core.scheduler.scheduler import Scheduler
+from minisgl_core.scheduler.speculative import Speculator, VerifyBatch
+
+
+class VerifyRunner:
+    def __init__(
+        self,
+        speculator: Speculator,
+        *,
+        runner: ModelRunner,
+        sampler: Sampler,
+        grammars: GrammarRunner,
+        scheduler: Scheduler,
+        last_tokens: torch.Tensor,
+        parallel: ParallelContext,
+    ) -> None:
+        self.speculator = speculator
+        self.runner = runner
+        self.sampler = sampler
+        self.grammars = grammars
+        self.scheduler = scheduler
+        self.last_tokens = last_tokens
+        self.parallel = parallel
+
+    def run(self, batch: VerifyBatch) -> list[StepOutput]:
+        """Forward the batch, sample every position, accept, and return the steps' outputs."""
+        logits = self.runner.forward(batch.forward)  # one row per position
+        rows = self.speculator.sample_rows(batch)
+        row_requests = [req for req, _ in rows]
+        # only draft-less requests are constrained, so each matcher masks its request's one row
+        grammar_mask = self.grammars.bitmask(row_requests)
+        result = self.sampler.sample(
+            logits,
+            [SampleRequest(r.params, output, r.generator, r.prompt_ids) for r, output in rows],
+            grammar_mask,
+        )
+        token_ids = result.token_ids
+        if self.parallel.tp_size > 1:
+            # every rank accepts rank 0's tokens, whatever its own sampler drew
+            torch.distributed.broadcast(token_ids, src=0, group=self.parallel.group)
+        tokens = token_ids.tolist()
+        logprobs = result.logprobs(tokens)
+        constrained = [i for i, r in enumerate(row_requests) if r.matcher is not None]
+        if constrained:
+            self.grammars.accept(
+                [row_requests[i] for i in constrained],
+                [tokens[i] for i in constrained],
+                self.scheduler.running,
+            )
+        outputs = self.speculator.process(self.scheduler, batch, tokens, logprobs)
+        # the next plain decode step reads each request's newest token on the device
+        live = [r for r in batch.requests if self.scheduler.running.get(r.rid) is r]
+        if live:
+            device = self.last_tokens.device
+            self.last_tokens[to_device([r.row for r in live], device)] = to_device(
+                [r.output_ids[-1] for r in live], device
+            )
+        return outputs
