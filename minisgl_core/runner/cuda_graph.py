@@ -40,13 +40,16 @@ class GraphRunner:
         dummy_slot: int,
         max_bs: int,
         cascade: bool = False,
+        sequences_per_request: int = 1,
     ) -> None:
         self.model = model
         self.page_table = page_table
         self.cascade = cascade
         self.attn = attn
         num_request_rows = page_table.shape[0]
-        self.max_bs = min(max_bs, num_request_rows - 1)
+        # A decode batch holds at most one sequence per request row (the spare row aside); a
+        # speculative verify batch holds one per verified position (1 + drafts) of each request.
+        self.max_bs = min(max_bs, (num_request_rows - 1) * sequences_per_request)
         self.sizes = capture_sizes(self.max_bs)
         device = page_table.device
         # The last page-table row is reserved for padding: graphs of a larger size than the batch

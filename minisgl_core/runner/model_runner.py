@@ -149,6 +149,9 @@ class ModelRunner:
                     self.dummy_slot,
                     config.cuda_graph_max_bs,
                     cascade=self.cascade,
+                    sequences_per_request=(
+                        1 + config.speculative_num_draft_tokens if config.speculative_algorithm else 1
+                    ),
                 )
             else:
                 logger.info("attention backend %s does not support CUDA graphs; running eagerly", decode_name)
