@@ -50,6 +50,9 @@ class EngineConfig:
     #: cascade attention for decode requests sharing a cached prefix, where the decode backend
     #: supports it (read the shared prefix once per group)
     cascade: bool = True
+    #: mixed steps: chunked prefill rides along with the running decodes (each decode one token,
+    #: counted against ``max_prefill_tokens``), where the prefill backend declares "mixed"
+    mixed_batch: bool = True
     #: where requests' unset sampling fields get their defaults: "auto" (the model's
     #: generation_config.json), "vllm"/"none" (SamplingParams' own), or a folder holding a
     #: generation_config.json (see checkpoint/generation_defaults.py)

@@ -41,6 +41,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="turn off cascade attention for requests sharing a cached prefix (ablation)",
     )
     g.add_argument(
+        "--disable-mixed-batch",
+        action="store_true",
+        help="turn off mixed steps (prefill chunks riding along with the running decodes); "
+        "prefill and decode steps then alternate (ablation)",
+    )
+    g.add_argument(
         "--generation-config",
         default="auto",
         metavar="auto|vllm|none|DIR",
@@ -151,6 +157,7 @@ def engine_config_from_args(
         model=model,
         overlap=not args.disable_overlap,
         cascade=not args.disable_cascade,
+        mixed_batch=not args.disable_mixed_batch,
         plugin_options=plugin_options or {},
         fast_paths=fast_paths.from_env().without(*getattr(args, "disable_fast_path", [])),
         **values,

@@ -153,19 +153,22 @@ def test_length_limited_requests_are_not_decoded_past_their_last_token(
 ):
     """With overlap the scheduler plans a step before the previous one's tokens land; it must still
     not decode a request whose step in flight already samples its last token (max_tokens)."""
-    llm = make_llm(model_dir, cache="radix", overlap=overlap)
-    launched: list[tuple[bool, int]] = []
-    forward = llm.engine.runner.forward
+    llm = make_llm(model_dir, cache="radix", overlap=overlap, max_running_requests=12)
+    decode_rows: list[int] = []
+    schedule = llm.engine.scheduler.schedule
 
-    def recording(batch):
-        launched.append((batch.is_prefill, batch.batch_size))
-        return forward(batch)
+    def recording():
+        batch = schedule()
+        if batch is not None:  # a decode step's requests, a mixed step's decode rows
+            decode_rows.append(batch.decodes if batch.forward.is_prefill else len(batch.requests))
+        return batch
 
-    llm.engine.runner.forward = recording
+    llm.engine.scheduler.schedule = recording
     outs = llm.generate(prompts, GREEDY)
     assert [o.token_ids for o in outs] == reference
     # the prefill samples the first token, one decode row per further token: 11 each, none wasted
-    assert sum(bs for is_prefill, bs in launched if not is_prefill) == len(prompts) * (GREEDY.max_tokens - 1)
+    # (12 rows for 32 requests: requests are admitted while others decode, in mixed steps)
+    assert sum(decode_rows) == len(prompts) * (GREEDY.max_tokens - 1)
     assert_no_leak(llm)
 
 
@@ -180,11 +183,16 @@ def test_step_trace_of_an_offline_run(model_dir, prompts, reference, tmp_path, m
     assert [o.token_ids for o in outs] == reference
     steps = [json.loads(line) for line in path.read_text().splitlines()]
     assert sum(s["new"] for s in steps) == len(prompts)
-    prefill = [s for s in steps if s.get("kind") == "prefill"]
+    prefill = [s for s in steps if s.get("kind") in ("prefill", "mixed")]
     decode = [s for s in steps if s.get("kind") == "decode"]
-    assert sum(s["tokens"] for s in prefill) == sum(len(p) for p in prompts)  # no prefix cache
+    assert all(s.get("decodes", 0) == 0 for s in steps if s.get("kind") != "mixed")
+    # a mixed step's tokens: its decode rows, then its prompt tokens
+    prompt_tokens = sum(s["tokens"] - s.get("decodes", 0) for s in prefill)
+    assert prompt_tokens == sum(len(p) for p in prompts)  # no prefix cache
     assert max(s["tokens"] for s in prefill) <= 256 and len(prefill) > 1  # chunked
-    assert sum(s["tokens"] for s in decode) == len(prompts) * (GREEDY.max_tokens - 1)
+    decode_rows = sum(s["tokens"] for s in decode) + sum(s.get("decodes", 0) for s in prefill)
+    assert decode_rows == len(prompts) * (GREEDY.max_tokens - 1)
+    assert any(s["kind"] == "mixed" and 0 < s["decodes"] < s["tokens"] for s in steps)
     assert all(s["dt"] >= 0 for s in steps)
     assert [s["t"] for s in steps] == sorted(s["t"] for s in steps)
 

@@ -74,6 +74,16 @@ class IdlesWhileRunning(PrefillFirstPolicy):
         return None if isinstance(plan, DecodePlan) and len(state.running) > 1 else plan
 
 
+class ForgetsDecodesRideAlong(PrefillFirstPolicy):
+    """Plans chunks for the whole ``max_prefill_tokens``, as if mixed steps did not also carry
+    one token of every running request."""
+
+    def schedule(self, state):
+        b = state.budgets
+        full = b._replace(prefill_tokens=b.prefill_tokens + len(state.running))
+        return super().schedule(SchedulerState(state.waiting, state.running, full, state.cached_prefix_len))
+
+
 def lpm_without_guard() -> LongestPrefixMatchPolicy:
     return LongestPrefixMatchPolicy(max_wait_rounds=None)
 
@@ -85,6 +95,7 @@ MUTANTS = [
     (RemembersStaleRequests, "test_aborts_at_every_stage", "not waiting"),
     (ShortestFirstWithoutGuard, "test_bounded_starvation", "waited"),
     (lpm_without_guard, "test_bounded_starvation", "waited"),
+    (ForgetsDecodesRideAlong, "test_mixed_steps", "over the prefill budget"),
     (
         IdlesWhileRunning,
         "test_random_arrivals_under_tight_budgets",
@@ -104,7 +115,7 @@ def test_suite_catches(factory, test_name: str, message: str) -> None:
 
     test = getattr(Suite(), test_name)
     with pytest.raises(AssertionError, match=message):
-        test(0) if test_name.startswith("test_random") else test()
+        test(0) if test_name.startswith(("test_random", "test_mixed")) else test()
 
 
 def test_correct_policies_pass_the_same_tests() -> None:
@@ -120,4 +131,28 @@ def test_correct_policies_pass_the_same_tests() -> None:
 
         suite = Suite()
         for _, test_name, _ in MUTANTS:
-            getattr(suite, test_name)(*([0] if test_name.startswith("test_random") else []))
+            getattr(suite, test_name)(*([0] if test_name.startswith(("test_random", "test_mixed")) else []))
+
+
+@pytest.mark.parametrize("factory", [PrefillFirstPolicy, LongestPrefixMatchPolicy])
+def test_policies_run_unchanged_in_mixed_steps(factory) -> None:
+    """The first-party policies under the core's mixed steps: prefill steps really carry the
+    running decodes, and every request gets the tokens it gets with mixing off."""
+    import random
+
+    from minisgl_core.testing.policy_suite import random_workload
+
+    class Suite(SchedulingPolicySuite):
+        policy_cls = factory
+
+    suite = Suite()
+    workload = random_workload(random.Random(4), 30, max_prompt=60, rounds=40)
+    sims = {}
+    for mixed in (True, False):
+        sims[mixed] = suite.simulation(kv_tokens=160, prefill_tokens=20, mixed=mixed)
+        suite.run(sims[mixed], workload)
+    assert sims[True].mixed_steps >= 10
+    assert sims[False].mixed_steps == 0
+    assert sims[True].outputs == sims[False].outputs
+    # with the decodes riding along, the run takes fewer rounds
+    assert sims[True].round < sims[False].round

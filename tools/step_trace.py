@@ -39,7 +39,7 @@ def summarise(steps: list[dict], bucket: float) -> dict:
     for s in busy:
         key = (
             s["kind"]
-            if s["kind"] == "prefill"
+            if s["kind"] in ("prefill", "mixed")
             else f"decode bs<={next(b for b in (8, 32, 64, 128, 192, 256, 10**9) if s['reqs'] <= b)}"
         )
         k = kinds[key]
@@ -54,6 +54,10 @@ def summarise(steps: list[dict], bucket: float) -> dict:
         )
     decode_during_prefill = sum(1 for s in busy if s["kind"] == "prefill" and s["running"] > s["reqs"])
     print(f"  prefill steps while others were running: {decode_during_prefill}")
+    mixed = [s for s in busy if s["kind"] == "mixed"]
+    if mixed:
+        print(f"  mixed steps (prefill with the running decodes): {len(mixed)}, "
+              f"{sum(s.get('decodes', 0) for s in mixed)} decode rows")  # fmt: skip
     print(f"timeline ({bucket} s buckets): prefill% decode% idle%  mean running  arrivals  decode tokens")
     nb = int((t1 - t0) / bucket) + 1
     rows = [
@@ -63,11 +67,13 @@ def summarise(steps: list[dict], bucket: float) -> dict:
         row = rows[min(nb - 1, int((s["t"] - t0) / bucket))]
         row[4] += s.get("new", 0)
         if "kind" in s:
-            row[0 if s["kind"] == "prefill" else 1] += s["dt"]
+            row[0 if s["kind"] in ("prefill", "mixed") else 1] += s["dt"]
             row[2] += s["running"]
             row[3] += 1
             if s["kind"] == "decode":
                 row[5] += s["tokens"]
+            elif s["kind"] == "mixed":
+                row[5] += s.get("decodes", 0)
     for i, (pf, dc, run, n, new, toks) in enumerate(rows):
         idle_share = max(0.0, 1 - (pf + dc) / bucket)
         print(f"  {i * bucket:7.2f}  {pf / bucket * 100:5.0f} {dc / bucket * 100:6.0f} {idle_share * 100:5.0f}"
@@ -77,7 +83,7 @@ def summarise(steps: list[dict], bucket: float) -> dict:
 
 def requests_view(steps: list[dict], reqs: list[dict]) -> None:
     """TTFT as the client saw it, and how much of it passed before the server's next prefill step."""
-    prefill_starts = [s["t"] for s in steps if s.get("kind") == "prefill"]
+    prefill_starts = [s["t"] for s in steps if s.get("kind") in ("prefill", "mixed")]
     ttft, before_prefill = [], []
     for r in reqs:
         if r["first"] is None:

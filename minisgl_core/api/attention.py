@@ -158,8 +158,12 @@ class AttentionBackend(ABC):
     #: declared: the core captures a second set of decode graphs with ``shared_prefixes=[]``),
     #: and (API 1.5) "prestored_kv": the backend implements :meth:`attend`, which the core's
     #: decoder calls instead of :meth:`forward` when it has written the K/V itself (one fused
-    #: kernel on CUDA), and (API 2.0) "kv_fp8": the backend reads a float8_e4m3fn KV pool
-    #: (``--kv-cache-dtype fp8_e4m3``, scale 1.0) with queries in the run dtype
+    #: kernel on CUDA), (API 2.0) "kv_fp8": the backend reads a float8_e4m3fn KV pool
+    #: (``--kv-cache-dtype fp8_e4m3``, scale 1.0) with queries in the run dtype, and (API 2.0)
+    #: "mixed": prefill batches (``is_prefill``) may hold decode rows, sequences with one new
+    #: token after a long KV, among the prompt chunks; the core then runs chunked prefill and the
+    #: running decodes in one step (``--disable-mixed-batch`` off). A backend's prefill path
+    #: normally handles them already (an extend of length 1)
     capabilities: ClassVar[frozenset[str]] = frozenset({"prefill", "decode", "page_size>1"})
 
     def __init__(self, config: AttentionConfig) -> None:

@@ -30,7 +30,8 @@ class RequestView(NamedTuple):
 
 
 class Budgets(NamedTuple):
-    #: most new tokens one prefill step may process (``max_prefill_tokens``)
+    #: most new tokens one prefill step may process (``max_prefill_tokens``; with mixed steps,
+    #: less one per running request, whose decodes ride along in the step: versionchanged 2.0)
     prefill_tokens: int
     #: KV tokens that can still be promised (free + evictable - expected growth of admitted requests)
     free_kv_tokens: int

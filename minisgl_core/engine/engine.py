@@ -6,8 +6,10 @@ scheduler process and feeds every rank the same requests in the same order.
 With ``EngineConfig.step_trace`` set (``--step-trace FILE``, default ``$MINISGL_STEP_TRACE``),
 the engine of rank 0 appends one JSON line per step to FILE: when it started and how long it
 took on the host (``t``, ``dt``, seconds, monotonic clock), how many requests were added since
-the step before (``new``), what it launched (``kind``, ``reqs``, ``tokens``, ``groups`` of
-cascade attention) and the queues after it (``running``, ``waiting``). With overlap, a step's ``dt`` is about the device time of the step
+the step before (``new``), what it launched (``kind``: prefill, decode, mixed or verify; ``reqs``,
+``tokens``, ``groups`` of cascade attention; for a mixed step ``decodes``, how many of its
+requests, and tokens, are decode rows) and the queues after it (``running``, ``waiting``). With
+overlap, a step's ``dt`` is about the device time of the step
 before it once the device is the bottleneck. It is how a run (served, offline, or one rank of a
 tensor-parallel one) is read step by step; ``tools/step_trace.py`` summarises one.
 """
@@ -101,6 +103,7 @@ class Engine:
             stop_checker=StopChecker(self.eos_ids, lambda ids: tokenizer.decode(ids)),
             make_generator=self.sampler.make_generator,
             cascade=self.runner.cascade,
+            mixed=self.runner.mixed,
         )
         # On the CPU the forward is synchronous, so overlap gains nothing there, but it runs the
         # same lagged bookkeeping, which keeps that logic under test in CI.
@@ -245,15 +248,13 @@ class Engine:
         batch = self.launched_last
         if batch is not None:
             record |= {
-                "kind": "verify"
-                if isinstance(batch, VerifyBatch)
-                else "prefill"
-                if batch.forward.is_prefill
-                else "decode",
+                "kind": "verify" if isinstance(batch, VerifyBatch) else batch.kind,
                 "reqs": len(batch.requests),
                 "tokens": sum(batch.chunk_lens),
                 "groups": len(batch.forward.shared_prefixes or ()),
             }
+            if batch.decodes:  # a mixed step: its decode rows (one token each) among the tokens
+                record["decodes"] = batch.decodes
         record |= {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting)}
         self.trace.write(json.dumps(record) + "\n")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -42,6 +42,16 @@ class ScheduledBatch:
     chunk_lens: list[int]
     #: indices into ``requests`` of the ones that get a token this step
     sampled: list[int]
+    #: in a mixed step (a prefill batch carrying the running decodes), the first ``decodes``
+    #: requests are decode rows of one token each; 0 in plain prefill and decode steps
+    decodes: int = field(default=0, kw_only=True)
+
+    @property
+    def kind(self) -> str:
+        """ "prefill", "decode" or "mixed" (step traces, diagnostics)."""
+        if not self.forward.is_prefill:
+            return "decode"
+        return "mixed" if self.decodes else "prefill"
 
 
 class Scheduler:
@@ -61,6 +71,7 @@ class Scheduler:
         stop_checker: StopChecker,
         make_generator: Callable[[int], torch.Generator],
         cascade: bool = False,
+        mixed: bool = False,
     ) -> None:
         self.policy = policy
         self.kv = KVManager(PageAllocator(num_pages, page_size), cache, page_size)
@@ -75,6 +86,9 @@ class Scheduler:
         self.make_generator = make_generator
         #: group decode requests that share a cached prefix (the decode backend declares "cascade")
         self.cascade = cascade
+        #: mixed steps: a prefill step also carries every running decode (one token each), the
+        #: decodes counting against ``max_prefill_tokens`` (the prefill backend declares "mixed")
+        self.mixed = mixed
         #: set by the engine when speculative decoding is on: turns a decode step into a verify
         #: step with drafts, or returns None for a plain decode (see scheduler/speculative.py)
         self.speculate: Callable[[Scheduler, list[Request]], ScheduledBatch | None] | None = None
@@ -117,7 +131,7 @@ class Scheduler:
 
     def state(self) -> SchedulerState:
         budgets = Budgets(
-            prefill_tokens=self.max_prefill_tokens,
+            prefill_tokens=self._prefill_budget(),
             free_kv_tokens=self.kv.available_pages() * self.kv.page_size,
             free_request_slots=self.rows.free,
             output_reserve_ratio=self.kv.reserve_ratio,
@@ -135,7 +149,7 @@ class Scheduler:
         self.kv.new_round()
         plan = self.policy.schedule(self.state())
         if isinstance(plan, PrefillPlan):
-            batch = self._build_prefill(plan)
+            batch = self._build_mixed(plan) if self._mixing() else self._build_prefill(plan)
             if batch is not None:
                 return batch
             plan = DecodePlan(list(self.running))  # nothing admissible: keep decoding
@@ -143,8 +157,86 @@ class Scheduler:
             return self._build_decode(plan)
         return None
 
+    def _mixing(self) -> bool:
+        """Whether a prefill step now carries the running decodes: there are some, and they leave
+        room for prefill tokens in the step's budget (else prefill and decode steps alternate)."""
+        return self.mixed and 0 < len(self.running) < self.max_prefill_tokens
+
+    def _prefill_budget(self) -> int:
+        """New prompt tokens the next prefill step may take: ``max_prefill_tokens``, less one per
+        running decode when they ride along (a mixed step's tokens stay within the budget)."""
+        if self._mixing():
+            return self.max_prefill_tokens - len(self.running)
+        return self.max_prefill_tokens
+
     def _build_prefill(self, plan: PrefillPlan) -> ScheduledBatch | None:
-        budget = self.max_prefill_tokens
+        taken = self._take_chunks(plan, self._prefill_budget())
+        if taken is None:
+            return None
+        reqs, chunks, slots = taken
+        input_ids = [t for r, n in zip(reqs, chunks) for t in r.fill_ids[r.num_computed : r.num_computed + n]]
+        positions = [p for r, n in zip(reqs, chunks) for p in range(r.num_computed, r.num_computed + n)]
+        seq_lens = [r.num_computed + n for r, n in zip(reqs, chunks)]
+        sampled = [i for i, r in enumerate(reqs) if seq_lens[i] == r.fill_len]
+        flat_slots = slots[0] if len(slots) == 1 else [s for per_req in slots for s in per_req]
+        batch = self._forward_batch(
+            True, reqs, chunks, seq_lens, to_device(input_ids, self.device), positions, flat_slots
+        )
+        self._advance_prefill(reqs, seq_lens)
+        return ScheduledBatch(batch, reqs, chunks, sampled)
+
+    def _build_mixed(self, plan: PrefillPlan) -> ScheduledBatch | None:
+        """One step of every running decode (first, one token each) and the plan's prefill chunks.
+
+        The decodes come first for the KV too: they get their next slot (retracting as a decode
+        step would) before any chunk is allocated. None when no chunk can run: the caller then
+        builds a plain decode step (CUDA graphs, cascade), whose slots are the ones taken here."""
+        budget = self._prefill_budget()  # before a retraction shrinks ``running``
+        decodes = self._decodable(list(self.running.values()))
+        if decodes:
+            self._retract_until_decode_fits(decodes)
+        if not decodes:
+            return self._build_prefill(plan)
+        dec_slots = self.kv.decode_slots(decodes)
+        if dec_slots is None:  # cannot happen: the retraction left room for every one
+            raise RuntimeError("KV pool exhausted with a single request running")
+        taken = self._take_chunks(plan, budget)
+        if taken is None:
+            return None
+        pre, chunks, slots = taken
+        self.kv.decayed()
+        reqs = decodes + pre
+        lens = [1] * len(decodes) + chunks
+        positions = [r.num_computed for r in decodes]
+        positions += [p for r, n in zip(pre, chunks) for p in range(r.num_computed, r.num_computed + n)]
+        seq_lens = [r.num_computed + n for r, n in zip(reqs, lens)]
+        prompt_ids = [t for r, n in zip(pre, chunks) for t in r.fill_ids[r.num_computed : r.num_computed + n]]
+        # a decode row's input is its last sampled token, read on the device as in a decode step
+        rows = to_device([r.row for r in decodes], self.device)
+        input_ids = torch.cat([self.last_tokens[rows], to_device(prompt_ids, self.device)])
+        flat_slots = dec_slots + [s for per_req in slots for s in per_req]
+        sampled = list(range(len(decodes)))
+        sampled += [len(decodes) + i for i, r in enumerate(pre) if r.num_computed + chunks[i] == r.fill_len]
+        batch = self._forward_batch(True, reqs, lens, seq_lens, input_ids, positions, flat_slots)
+        for req in decodes:
+            req.num_computed += 1
+        self._advance_prefill(pre, seq_lens[len(decodes) :])
+        return ScheduledBatch(batch, reqs, lens, sampled, decodes=len(decodes))
+
+    def _advance_prefill(self, reqs: list[Request], seq_lens: list[int]) -> None:
+        # State advances when the step is planned, so the next step can be planned before this
+        # one's tokens reach the host (overlap scheduling).
+        for req, seq_len in zip(reqs, seq_lens):
+            req.num_computed = seq_len
+            if seq_len == req.fill_len:
+                self.running[req.rid] = self.waiting.pop(req.rid)
+                self.kv.cache_prompt(req, self.page_table)
+
+    def _take_chunks(
+        self, plan: PrefillPlan, budget: int
+    ) -> tuple[list[Request], list[int], list[list[int]]] | None:
+        """Admit and allocate the plan's chunks within ``budget`` tokens: the requests, their
+        chunk lengths and KV slots; None when not even the first one fits."""
         reqs: list[Request] = []
         chunks: list[int] = []
         slots: list[list[int]] = []
@@ -170,24 +262,7 @@ class Scheduler:
             slots.append(req_slots)
             reqs.append(req)
             chunks.append(n)
-        if not reqs:
-            return None
-        input_ids = [t for r, n in zip(reqs, chunks) for t in r.fill_ids[r.num_computed : r.num_computed + n]]
-        positions = [p for r, n in zip(reqs, chunks) for p in range(r.num_computed, r.num_computed + n)]
-        seq_lens = [r.num_computed + n for r, n in zip(reqs, chunks)]
-        sampled = [i for i, r in enumerate(reqs) if seq_lens[i] == r.fill_len]
-        flat_slots = slots[0] if len(slots) == 1 else [s for per_req in slots for s in per_req]
-        batch = self._forward_batch(
-            True, reqs, chunks, seq_lens, to_device(input_ids, self.device), positions, flat_slots
-        )
-        # State advances when the step is planned, so the next step can be planned before this
-        # one's tokens reach the host (overlap scheduling).
-        for req, seq_len in zip(reqs, seq_lens):
-            req.num_computed = seq_len
-            if seq_len == req.fill_len:
-                self.running[req.rid] = self.waiting.pop(req.rid)
-                self.kv.cache_prompt(req, self.page_table)
-        return ScheduledBatch(batch, reqs, chunks, sampled)
+        return (reqs, chunks, slots) if reqs else None
 
     def _build_decode(self, plan: DecodePlan) -> ScheduledBatch | None:
         reqs = [self.running[rid] for rid in dict.fromkeys(plan.rids) if rid in self.running]
@@ -195,15 +270,7 @@ class Scheduler:
             self._complain("decode plan names requests that are not running")
         if not reqs:
             reqs = list(self.running.values())
-        # With overlap, a request whose step in flight samples its last token by length would be
-        # decoded once more for nothing: leave it out, process() finishes it when that step lands.
-        # (the tokens a request will have once every planned step lands: one per position past its prompt)
-        limit = self.page_table.shape[1] - 1
-        reqs = [
-            r
-            for r in reqs
-            if r.num_computed - len(r.prompt_ids) + 1 < r.params.max_tokens and r.num_computed < limit
-        ]
+        reqs = self._decodable(reqs)
         if not reqs:
             return None
         self._retract_until_decode_fits(reqs)
@@ -230,6 +297,19 @@ class Scheduler:
         for req in reqs:
             req.num_computed += 1
         return ScheduledBatch(batch, reqs, [1] * len(reqs), list(range(len(reqs))))
+
+    def _decodable(self, reqs: list[Request]) -> list[Request]:
+        """``reqs`` less those whose step in flight samples their last token by length.
+
+        With overlap such a request would be decoded once more for nothing: process() finishes it
+        when that step lands. (the tokens a request will have once every planned step lands: one
+        per position past its prompt)"""
+        limit = self.page_table.shape[1] - 1
+        return [
+            r
+            for r in reqs
+            if r.num_computed - len(r.prompt_ids) + 1 < r.params.max_tokens and r.num_computed < limit
+        ]
 
     def _forward_batch(
         self,

@@ -44,7 +44,7 @@ from minisgl_core.testing.paged import (
 )
 
 KNOWN_CAPABILITIES = frozenset(
-    {"prefill", "decode", "cuda_graph", "page_size>1", "cascade", "prestored_kv", "kv_fp8"}
+    {"prefill", "decode", "cuda_graph", "page_size>1", "cascade", "prestored_kv", "kv_fp8", "mixed"}
 )
 #: (atol, rtol) when the suite does not set them
 DEFAULT_TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float16: (4e-3, 4e-3), torch.bfloat16: (2e-2, 2e-2)}
@@ -341,13 +341,18 @@ class AttentionBackendSuite:
         self.check_step(problem, batch, layer_id, rows, inputs, output, pool_before)
 
     def single_step(
-        self, shape: Shape, generator: torch.Generator, seq_lens: list[int], extend_lens: list[int]
+        self,
+        shape: Shape,
+        generator: torch.Generator,
+        seq_lens: list[int],
+        extend_lens: list[int],
+        is_prefill: bool | None = None,
     ) -> None:
         """Run one step whose cached prefixes are already in the pool."""
         problem = self.make_problem(shape, seq_lens, generator)
-        batch = self.batch(
-            problem, generator, seq_lens, extend_lens, is_prefill=any(e > 1 for e in extend_lens)
-        )
+        if is_prefill is None:
+            is_prefill = any(e > 1 for e in extend_lens)
+        batch = self.batch(problem, generator, seq_lens, extend_lens, is_prefill=is_prefill)
         store_prefixes(problem.config.kv_cache, LAYER, batch, problem.keys[LAYER], problem.values[LAYER])
         self.run_step(problem, generator, batch)
 
@@ -393,6 +398,20 @@ class AttentionBackendSuite:
         cases = cases[: self.max_batch_size]
         order = torch.randperm(len(cases), generator=generator).tolist()
         self.single_step(shape, generator, [cases[i][0] for i in order], [cases[i][1] for i in order])
+
+    def test_mixed_step(self, shape: Shape, generator: torch.Generator) -> None:
+        """(API 2.0, "mixed") The core's mixed step: decode rows first (one new token after KV of
+        page-edge and random lengths), then prompt chunks, all in one prefill batch."""
+        self.require("prefill", "mixed")
+        page, longest = shape.page_size, self.max_seq_len
+        decodes = [min(n, longest) for n in (1, page, page + 1, 2 * page - 1, longest)]
+        room = max(self.max_batch_size - 2, 1)
+        decodes = decodes[:room] + self.randoms(generator, max(room - len(decodes), 0), 1, longest)
+        seq_lens = decodes + [longest, longest // 2 + 1][: self.max_batch_size - len(decodes)]
+        extend_lens = [1] * len(decodes) + [longest // 3 + 1, longest // 2 + 1][
+            : len(seq_lens) - len(decodes)
+        ]
+        self.single_step(shape, generator, seq_lens, extend_lens, is_prefill=True)
 
     def test_prestored_kv(self, generator: torch.Generator) -> None:
         """(API 1.5) With "prestored_kv": k and v already in the pool, ``attend(q, layer_id, batch)``

@@ -88,7 +88,9 @@ def plan_problems(state: SchedulerState, plan: object) -> Iterator[str]:
         yield f"prefills {tokens} tokens, over the prefill budget of {budgets.prefill_tokens}"
     if new_requests > budgets.free_request_slots:
         yield f"admits {new_requests} requests with {budgets.free_request_slots} free request slots"
-    if kv > budgets.free_kv_tokens:
+    # continuing admitted requests takes no KV budget (it goes below 0 when the admitted ones are
+    # expected to grow past the pool)
+    if new_requests and kv > budgets.free_kv_tokens:
         yield f"admits requests needing {kv} KV tokens with {budgets.free_kv_tokens} free"
 
 
@@ -124,6 +126,8 @@ class Simulation:
     max_requests: int
     prefill_tokens: int
     max_context_len: int = 1024
+    #: (API 2.0) the core's mixed steps: a prefill plan also carries every running decode
+    mixed: bool = False
     round: int = 0
     arrived: dict[int, int] = field(default_factory=dict)
     #: rid -> round the core first ran a prefill chunk of it
@@ -133,6 +137,8 @@ class Simulation:
     finished: dict[int, str] = field(default_factory=dict)
     aborted: set[int] = field(default_factory=set)
     problems: list[str] = field(default_factory=list)
+    #: rounds whose step was mixed (prefill chunks and running decodes together)
+    mixed_steps: int = 0
 
     def __post_init__(self) -> None:
         self.checked = CheckedPolicy(self.policy)
@@ -149,6 +155,7 @@ class Simulation:
             decode_attn=None,  # type: ignore[arg-type]
             stop_checker=StopChecker((), None),
             make_generator=lambda seed: torch.Generator().manual_seed(seed),
+            mixed=self.mixed,
         )
 
     def add(self, rid: int, prompt: list[int], max_new_tokens: int) -> None:
@@ -173,6 +180,7 @@ class Simulation:
         batch = self.scheduler.schedule()
         if batch is None:
             return False
+        self.mixed_steps += batch.decodes > 0
         for req in batch.requests:
             self.admitted.setdefault(req.rid, self.round)
         tokens = [fake_token(batch.requests[i]) for i in batch.sampled]

@@ -105,9 +105,11 @@ class SchedulingPolicySuite:
             pytest.skip(f"policy does not declare {capability!r}")
 
     def simulation(
-        self, *, kv_tokens: int = 160, max_requests: int = 4, prefill_tokens: int = 24
+        self, *, kv_tokens: int = 160, max_requests: int = 4, prefill_tokens: int = 24, mixed: bool = False
     ) -> Simulation:
-        return Simulation(self.make_policy(), self.make_cache(), kv_tokens, max_requests, prefill_tokens)
+        return Simulation(
+            self.make_policy(), self.make_cache(), kv_tokens, max_requests, prefill_tokens, mixed=mixed
+        )
 
     def run(
         self, sim: Simulation, workload: list[tuple[int, list[int], int]], max_rounds: int = 2000
@@ -164,6 +166,17 @@ class SchedulingPolicySuite:
         rng = random.Random(3)
         workload = random_workload(rng, 24, max_prompt=90, rounds=30)
         sim = self.simulation(kv_tokens=200, prefill_tokens=16)
+        self.run(sim, workload)
+
+    def test_mixed_steps(self, seed: int) -> None:
+        """(API 2.0) The core's mixed steps (its default where the attention backend allows): a
+        prefill plan also runs one token of every running request, and ``budgets.prefill_tokens``
+        is lowered by one per running request for them. A policy needs nothing new: random
+        arrivals with long prompts under tight budgets, nothing lost, duplicated or leaked."""
+        rng = random.Random(seed)
+        chunked = "chunked_prefill" in self.declared()  # else prompts fit the lowered budget
+        workload = random_workload(rng, 30, max_prompt=60 if chunked else 12, rounds=40)
+        sim = self.simulation(kv_tokens=160, prefill_tokens=20, mixed=True)
         self.run(sim, workload)
 
     def test_aborts_at_every_stage(self) -> None:

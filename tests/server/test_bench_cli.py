@@ -32,6 +32,9 @@ def test_bench_serve_finds_the_model_and_fits_the_vocabulary(server, model_name:
     assert result["model"] == model_name
     assert result["requests"] == 4 and result["output_tokens"] == 4 * 4
     assert 0 < result["prefix_hit_rate"] <= 1
+    # latency percentiles: time to first token, and between tokens (what mixed steps change)
+    for name in ("ttft_ms", "itl_ms", "tpot_ms"):
+        assert 0 < result[f"{name}_p50"] <= result[f"{name}_p99"] < 180_000, name
 
 
 def test_bench_serve_errors_are_one_line(server) -> None:
@@ -61,3 +64,17 @@ def test_bench_serve_sizes_below_one_are_a_usage_error() -> None:
         proc = bench("--url", "http://127.0.0.1:9", flag, "0")
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         assert f"argument {flag}: must be an integer >= 1, got 0" in proc.stderr
+
+
+def test_latency_percentiles_interpolate_as_numpy_does() -> None:
+    import numpy as np
+    import pytest
+
+    from minisgl_core.bench.serve import percentile
+
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 7, 100):
+        values = rng.exponential(20.0, n).tolist()
+        for q in (0, 50, 90, 99, 100):
+            assert percentile(values, q) == pytest.approx(np.percentile(values, q)), (n, q)
+    assert percentile([], 50) != percentile([], 50)  # nan: no samples

@@ -90,7 +90,7 @@ class FlashInferBackend(AttentionBackend):
     """Causal paged attention with GQA on FlashInfer kernels, CUDA-graph capable for decode."""
 
     capabilities = frozenset(
-        {"prefill", "decode", "page_size>1", "cuda_graph", "cascade", "prestored_kv", "kv_fp8"}
+        {"prefill", "decode", "page_size>1", "cuda_graph", "cascade", "prestored_kv", "kv_fp8", "mixed"}
     )
     #: FlashInfer kernel family for prefill/extend; "fa2" runs on sm80+ and shares its JIT module
     #: with the tensor-core decode kernel (one compile). The fa3 plugin swaps in "fa3".

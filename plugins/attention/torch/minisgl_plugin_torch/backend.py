@@ -45,7 +45,9 @@ class TorchAttentionMetadata(NamedTuple):
 class TorchAttentionBackend(AttentionBackend):
     """Causal paged attention with GQA for any device and page size (no CUDA graphs)."""
 
-    capabilities = frozenset({"prefill", "decode", "page_size>1", "cascade", "prestored_kv", "kv_fp8"})
+    capabilities = frozenset(
+        {"prefill", "decode", "page_size>1", "cascade", "prestored_kv", "kv_fp8", "mixed"}
+    )
 
     def prepare_metadata(self, batch: ForwardBatch) -> None:
         batch.attn_metadata = self.build_metadata(batch)

@@ -101,6 +101,22 @@ class CascadeStopsAPageShort(TorchAttentionBackend):
             batch.attn_metadata = meta._replace(group_slots=[s[:-page] for s in meta.group_slots])
 
 
+class OneTokenRowsSeeOnlyThemselves(TorchAttentionBackend):
+    """In a prefill batch, treats a row with one new token as a fresh one-token prompt (a kernel
+    that takes extend length 1 for "no cached prefix"): mixed steps' decode rows lose their KV."""
+
+    def prepare_metadata(self, batch: ForwardBatch) -> None:
+        super().prepare_metadata(batch)
+        if not batch.is_prefill:
+            return
+        meta = batch.attn_metadata
+        mask = meta.mask.clone()
+        for b, (seq, ext) in enumerate(zip(batch.seq_lens_cpu, batch.extend_lens_cpu)):
+            if ext == 1:
+                mask[b, 0, 0, :] = torch.arange(mask.shape[-1]) == seq - 1
+        batch.attn_metadata = meta._replace(mask=mask)
+
+
 MUTANTS = [
     DefaultScale,
     AttendsBeforeStoring,
@@ -113,7 +129,9 @@ MUTANTS = [
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.__name__)
-@pytest.mark.parametrize("test_name", ["test_extend_with_cached_prefix", "test_mixed_batch"])
+@pytest.mark.parametrize(
+    "test_name", ["test_extend_with_cached_prefix", "test_mixed_batch", "test_mixed_step"]
+)
 def test_suite_rejects(mutant: type[TorchAttentionBackend], test_name: str) -> None:
     suite = type("MutantSuite", (AttentionBackendSuite,), {"backend_cls": mutant})()
     generator = torch.Generator().manual_seed(1)
@@ -132,7 +150,19 @@ def test_suite_rejects_cascade_bugs(mutant: type[TorchAttentionBackend]) -> None
         suite.test_cascade_decode(Shape(2, 4, 64, 16), torch.Generator().manual_seed(1))
 
 
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_suite_rejects_a_prefill_path_without_decode_rows(page_size: int) -> None:
+    suite = type("MutantSuite", (AttentionBackendSuite,), {"backend_cls": OneTokenRowsSeeOnlyThemselves})()
+    with pytest.raises(AssertionError):
+        suite.test_mixed_step(Shape(2, 4, 64, page_size), torch.Generator().manual_seed(1))
+
+
 def test_suite_accepts_the_unmutated_backend() -> None:
     suite = type("PlainSuite", (AttentionBackendSuite,), {"backend_cls": TorchAttentionBackend})()
-    for test_name in ("test_extend_with_cached_prefix", "test_mixed_batch", "test_cascade_decode"):
+    for test_name in (
+        "test_extend_with_cached_prefix",
+        "test_mixed_batch",
+        "test_mixed_step",
+        "test_cascade_decode",
+    ):
         getattr(suite, test_name)(Shape(2, 4, 64, 16), torch.Generator().manual_seed(1))
