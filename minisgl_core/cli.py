@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 
+from minisgl_core import environment
 from minisgl_core.checkpoint.resolve import ModelNotFound
 from minisgl_core.plugins import PluginError, Plugins
 
@@ -46,7 +46,7 @@ def build_parser(plugins: Plugins | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="minisgl", description="minisgl: a small plugin-based LLM serving engine"
     )
-    parser.add_argument("--log-level", default=os.environ.get("MINISGL_LOG_LEVEL", "info"))
+    parser.add_argument("--log-level", default=environment.get("MINISGL_LOG_LEVEL", "info"))
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("plugins", help="list discovered plugins")

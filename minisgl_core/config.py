@@ -7,10 +7,12 @@ from typing import Any
 
 import torch
 
-from minisgl_core import fast_paths
+from minisgl_core import environment, fast_paths
 from minisgl_core.fast_paths import FastPaths
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+#: ``--kv-cache-dtype``: None = the run dtype
+KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {"auto": None, "fp8_e4m3": torch.float8_e4m3fn}
 
 #: the default page size on CUDA: FlashInfer's decode reads 16-token pages ~5% faster than
 #: single-token ones (H200, Qwen3-0.6B offline +2.7%, BENCHMARKS.md); the prefix cache then
@@ -54,10 +56,19 @@ class EngineConfig:
     generation_config: str = "auto"
     #: grammar-backend plugin for constrained decoding (response_format, structured_outputs)
     grammar_backend: str = "xgrammar"
+    #: weight quantization of the linear layers: a method registered through
+    #: minisgl_register_quantization_methods (fp8, int8, ...); None = weights in the run dtype
+    quantization: str | None = None
+    #: KV pool dtype: "auto" = the run dtype; "fp8_e4m3" = float8_e4m3fn, scale 1.0 (values are
+    #: cast on store and dequantized on read; the attention backend must declare "kv_fp8")
+    kv_cache_dtype: str = "auto"
     #: options plugins added to the CLI, passed through untouched
     plugin_options: dict[str, Any] = field(default_factory=dict)
     #: the GPU fast paths' switches (ablations); default: the environment's overrides, else all on
     fast_paths: FastPaths = field(default_factory=fast_paths.from_env)
+    #: a file the engine of rank 0 appends one JSON line per step to (``--step-trace``); default:
+    #: ``$MINISGL_STEP_TRACE``, else none
+    step_trace: str | None = field(default_factory=lambda: environment.get("MINISGL_STEP_TRACE") or None)
 
     def __post_init__(self) -> None:
         if self.page_size is not None and (self.page_size < 1 or self.page_size & (self.page_size - 1)):
@@ -70,6 +81,10 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {self.dtype!r}")
         if self.tp_size < 1:
             raise ValueError(f"tp_size must be >= 1, got {self.tp_size}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}; got {self.kv_cache_dtype!r}"
+            )
         if not 0 < self.kv_memory_fraction <= 1:
             raise ValueError(f"kv_memory_fraction must be in (0, 1], got {self.kv_memory_fraction}")
 
@@ -85,3 +100,7 @@ class EngineConfig:
         if self.dtype == "auto":
             return torch.bfloat16 if device.type == "cuda" else torch.float32
         return DTYPES[self.dtype]
+
+    def resolve_kv_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The KV pool's dtype for a run in ``dtype``."""
+        return KV_CACHE_DTYPES[self.kv_cache_dtype] or dtype

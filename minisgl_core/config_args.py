@@ -53,7 +53,27 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="grammar backend plugin for constrained decoding (xgrammar, llguidance, ...)",
     )
     g.add_argument(
+        "--quantization",
+        default=None,
+        metavar="NAME",
+        help="quantize the linear layers' weights at load: fp8 (Hopper FP8 GEMMs), int8 (weight-only), "
+        "or a plugin's method",
+    )
+    g.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=["auto", "fp8_e4m3"],
+        help="KV pool dtype: auto = the run dtype; fp8_e4m3 halves the KV memory of bf16 (torch and fi backends)",
+    )
+    g.add_argument(
         "--disable-plugin", action="append", default=[], metavar="NAME", help="skip a plugin (repeatable)"
+    )
+    g.add_argument(
+        "--step-trace",
+        default=None,
+        metavar="FILE",
+        help="append one JSON line per engine step to FILE (rank 0; tools/step_trace.py reads it); "
+        "default: $MINISGL_STEP_TRACE",
     )
     g.add_argument(
         "--disable-fast-path",
@@ -83,6 +103,8 @@ ENGINE_FIELDS = (
     "cuda_graph_max_bs",
     "generation_config",
     "grammar_backend",
+    "quantization",
+    "kv_cache_dtype",
 )
 
 
@@ -94,6 +116,8 @@ def engine_config_from_args(
     values = {name: getattr(args, name) for name in ENGINE_FIELDS}
     model = resolve_model(args.model)
     check_model_path(model)
+    if getattr(args, "step_trace", None):  # else EngineConfig's default: $MINISGL_STEP_TRACE
+        values["step_trace"] = args.step_trace
     return EngineConfig(
         model=model,
         overlap=not args.disable_overlap,

@@ -3,8 +3,8 @@ environment variables.
 
 Every path is on by default; turning one off is an ablation (BENCHMARKS.md measures each). The
 command line sets them (``--disable-fast-path NAME``, repeatable) into ``EngineConfig.fast_paths``,
-which every process receives; the environment variables below are documented overrides read
-here only, when a config is built without the flag.
+which every process receives; the environment variables below are documented overrides (read
+through :mod:`minisgl_core.environment`), when a config is built without the flag.
 
 A process applies its config with :func:`configure` (the model runner does, before it builds the
 model); the kernels ask :func:`current`. Until a process configures, :func:`current` reads the
@@ -13,9 +13,10 @@ environment on each call, so tests and tools that set a variable at run time sti
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
+
+from minisgl_core import environment
 
 
 @dataclass(frozen=True)
@@ -60,8 +61,9 @@ ENV_VARS: dict[str, str] = {
 
 def from_env(environ: Mapping[str, str] | None = None) -> FastPaths:
     """The switches the environment asks for (all on unless a variable is ``0``)."""
-    env = os.environ if environ is None else environ
-    return FastPaths(**{name: env.get(var, "1") != "0" for name, var in ENV_VARS.items()})
+    if environ is None:
+        return FastPaths(**{name: environment.get(var, "1") != "0" for name, var in ENV_VARS.items()})
+    return FastPaths(**{name: environ.get(var, "1") != "0" for name, var in ENV_VARS.items()})
 
 
 _configured: FastPaths | None = None

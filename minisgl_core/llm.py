@@ -137,9 +137,9 @@ class LLM:
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
         encoded = [self.encode(p) for p in prompts]
-        for ids, p in zip(encoded, params):
-            p.validate()
-            self.engine.check_request(ids, p)
+        # SamplingParams checked themselves when built; admission checks each request against
+        # the engine's limits (all before any runs) and decides max_tokens where it is None
+        params = [self.engine.admit(ids, p) for ids, p in zip(encoded, params)]
         outputs: dict[int, RequestOutput] = {}
         for ids, p in zip(encoded, params):
             rid = next(self._rids)

@@ -2,13 +2,16 @@
 
 Each message is a small dataclass of plain values (ints, strings, lists, dicts), so it encodes as
 ``[tag, field1, field2, ...]`` with msgpack and decodes back into the same class. Token ids travel
-as lists of ints. Who sends what:
+as lists of ints; a request's :class:`~minisgl_core.sampling.SamplingParams`, validated once where
+the request entered, travels as its field values and is rebuilt without a second check. Who sends
+what:
 
     API server  ──TokenizeRequest / AbortRequest / Shutdown──▶ tokenizer
     tokenizer   ──Admission──▶ API server          (accepted with its prompt length, or rejected)
-    tokenizer   ──DetokRegister──▶ detokenizer     (how to turn the request's tokens into text)
     tokenizer   ──EngineRequest / AbortRequest / Shutdown──▶ scheduler rank 0
-    scheduler 0 ──StepOutputs / Shutdown──▶ detokenizer
+    scheduler 0 ──StepOutputs / Shutdown──▶ detokenizer  (a new request's stop strings and
+                                                       skip_special_tokens ride with the step
+                                                       that received it, before its first token)
     detokenizer ──DetokOutputs──▶ API server
     launcher    ──Limits──▶ tokenizer               (the engine's limits, from the ready handshake)
     every child ──ProcessReady / ProcessFailed──▶ launcher
@@ -16,10 +19,13 @@ as lists of ints. Who sends what:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 import msgpack
+
+from minisgl_core.sampling import SamplingParams
 
 #: a token's logprob on the wire: [token_id, logprob, [[top_id, top_logprob], ...]]
 WireLogprob = list[Any]
@@ -50,8 +56,8 @@ class TokenizeRequest(Message):
     text: str | None
     messages: list[dict[str, Any]] | None
     input_ids: list[int] | None
-    #: SamplingParams fields; ``max_tokens`` None = whatever the context has left
-    params: dict[str, Any]
+    #: validated by the API server; ``max_tokens`` None = whatever the context has left
+    params: SamplingParams
     #: the API field that set max_tokens, named in length errors
     max_tokens_field: str = "max_tokens"
     #: extra chat-template variables with ``messages``: ``tools`` and the request's chat_template_kwargs
@@ -78,7 +84,8 @@ class EngineRequest(Message):
     tag: ClassVar[int] = 4
     rid: int
     prompt_ids: list[int]
-    params: dict[str, Any]
+    #: admitted: max_tokens resolved and checked against the engine's limits
+    params: SamplingParams
 
 
 @dataclass
@@ -92,14 +99,6 @@ class Shutdown(Message):
     """Passed down the pipeline (tokenizer → scheduler → detokenizer); each process exits after it."""
 
     tag: ClassVar[int] = 6
-
-
-@dataclass
-class DetokRegister(Message):
-    tag: ClassVar[int] = 7
-    rid: int
-    stop: list[str]
-    skip_special_tokens: bool
 
 
 @dataclass
@@ -118,6 +117,12 @@ class StepOutputs(Message):
     errors: list[str | None] = field(default_factory=list)
     #: Engine.stats(), sent now and then
     stats: dict[str, int] | None = None
+    #: [rid, stop strings, skip_special_tokens] of each request the scheduler received this step:
+    #: how the detokenizer turns its tokens into text (sent no later than its first token)
+    streams: list[list[Any]] = field(default_factory=list)
+
+    def open_stream(self, rid: int, stop: Sequence[str], skip_special_tokens: bool) -> None:
+        self.streams.append([rid, list(stop), skip_special_tokens])
 
     def add(
         self,
@@ -181,7 +186,6 @@ _BY_TAG: dict[int, type[Message]] = {
         EngineRequest,
         AbortRequest,
         Shutdown,
-        DetokRegister,
         StepOutputs,
         DetokOutputs,
         ProcessReady,
@@ -191,10 +195,22 @@ _BY_TAG: dict[int, type[Message]] = {
 _FIELDS: dict[type[Message], tuple[str, ...]] = {
     cls: tuple(f.name for f in fields(cls)) for cls in _BY_TAG.values()
 }
+#: positions of the SamplingParams fields of each message (rebuilt from the wire untouched)
+_PARAMS_AT: dict[type[Message], tuple[int, ...]] = {
+    cls: tuple(i for i, f in enumerate(fields(cls)) if f.type == "SamplingParams") for cls in _BY_TAG.values()
+}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, SamplingParams):
+        return value.to_wire()
+    raise TypeError(f"cannot encode {type(value).__name__} in a message")
 
 
 def encode(msg: Message) -> bytes:
-    return msgpack.packb([msg.tag, *(getattr(msg, name) for name in _FIELDS[type(msg)])], use_bin_type=True)
+    return msgpack.packb(
+        [msg.tag, *(getattr(msg, name) for name in _FIELDS[type(msg)])], use_bin_type=True, default=_plain
+    )
 
 
 def decode(data: bytes) -> Message:
@@ -202,4 +218,6 @@ def decode(data: bytes) -> Message:
     cls = _BY_TAG.get(tag)
     if cls is None:
         raise ValueError(f"unknown message tag {tag!r}")
+    for i in _PARAMS_AT[cls]:
+        values[i] = SamplingParams.from_wire(values[i])
     return cls(*values)

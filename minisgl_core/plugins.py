@@ -11,7 +11,8 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
-import os
+import sys
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -20,6 +21,7 @@ from typing import Any, Literal
 import pluggy
 from packaging.version import Version
 
+from minisgl_core import environment
 from minisgl_core.api import API_VERSION, hookspecs
 
 GROUP = "minisgl.plugins"
@@ -32,6 +34,7 @@ KINDS = (
     "grammars",
     "tool_parsers",
     "reasoning_parsers",
+    "quantization",
 )
 KIND_HOOKS = {
     "models": "minisgl_register_models",
@@ -42,6 +45,7 @@ KIND_HOOKS = {
     "tool_parsers": "minisgl_register_tool_parsers",
     "reasoning_parsers": "minisgl_register_reasoning_parsers",
     "grammars": "minisgl_register_grammar_backends",
+    "quantization": "minisgl_register_quantization_methods",
 }
 # What users type for each kind, used in error messages.
 KIND_FLAGS = {
@@ -53,6 +57,7 @@ KIND_FLAGS = {
     "tool_parsers": "--tool-call-parser",
     "reasoning_parsers": "--reasoning-parser",
     "grammars": "--grammar-backend",
+    "quantization": "--quantization",
 }
 # The class in minisgl_core.api every registration of a kind must subclass (looked up only when a
 # target is imported: discovery stays free of torch).
@@ -65,6 +70,7 @@ KIND_BASES = {
     "grammars": "GrammarBackend",
     "tool_parsers": "ToolParser",
     "reasoning_parsers": "ReasoningParser",
+    "quantization": "QuantizationMethod",
 }
 
 Status = Literal["ok", "failed", "incompatible", "disabled"]
@@ -113,11 +119,26 @@ def _api_version(text: str) -> Version:
     return Version(text)
 
 
+#: The previous major a core still loads for one minor version, through the compatibility layer
+#: (``minisgl_core.api.layers``, see :mod:`minisgl_core.api.deprecation`): API 2.0 loads plugins
+#: written for any 1.x, with a deprecation warning; API 2.1 refuses them.
+LEGACY_MAJOR = 1
+LEGACY_UNTIL = "2.1"
+
+
 def api_compatible(required: str, provided: str = API_VERSION) -> bool:
     """A plugin needing API ``required`` runs on a core providing ``provided``: same major, and
-    the plugin's minor not newer. Compared as versions, so 1.10 is newer than 1.9."""
+    the plugin's minor not newer; or ``required`` is of the previous major that ``provided`` still
+    loads (:func:`api_legacy`). Compared as versions, so 1.10 is newer than 1.9."""
     need, have = _api_version(required), _api_version(provided)
-    return need.major == have.major and need <= have
+    return (need.major == have.major and need <= have) or api_legacy(required, provided)
+
+
+def api_legacy(required: str, provided: str = API_VERSION) -> bool:
+    """Whether a plugin needing ``required`` runs on ``provided`` only through the previous major's
+    compatibility layer (it loads, with a deprecation warning): a 1.x plugin on core API 2.0."""
+    need, have = _api_version(required), _api_version(provided)
+    return need.major == LEGACY_MAJOR and have.major == LEGACY_MAJOR + 1 and have < Version(LEGACY_UNTIL)
 
 
 def api_upgrade_hint(required: str, distribution: str, provided: str = API_VERSION) -> str:
@@ -125,12 +146,6 @@ def api_upgrade_hint(required: str, distribution: str, provided: str = API_VERSI
     if _api_version(required) > _api_version(provided):
         return "upgrade minisgl-core"
     return f"upgrade {distribution} to a release for API {provided}"
-
-
-def _split_list(value: str | None) -> list[str] | None:
-    if value is None:
-        return None
-    return [item.strip() for item in value.split(",") if item.strip()]
 
 
 class Plugins:
@@ -158,8 +173,10 @@ class Plugins:
         Defaults come from ``MINISGL_PLUGINS`` (allow-list; empty string = none) and
         ``MINISGL_DISABLE_PLUGINS`` (comma-separated)."""
         if allow is None:
-            allow = _split_list(os.environ.get("MINISGL_PLUGINS"))
-        disabled = set(disable) | set(_split_list(os.environ.get("MINISGL_DISABLE_PLUGINS")) or [])
+            allow = environment.split_list(environment.get("MINISGL_PLUGINS"))
+        disabled = set(disable) | set(
+            environment.split_list(environment.get("MINISGL_DISABLE_PLUGINS")) or []
+        )
         allowed = None if allow is None else set(allow)
         self = cls()
         if entry_points is None:
@@ -176,8 +193,11 @@ class Plugins:
                 version=dist.version if dist else "?",
             )
             self.infos.append(info)
-            if ep.name in disabled or (allowed is not None and ep.name not in allowed):
-                info.status, info.reason = "disabled", "disabled by MINISGL_PLUGINS / --disable-plugin"
+            if ep.name in disabled:
+                info.status, info.reason = "disabled", "named in MINISGL_DISABLE_PLUGINS or --disable-plugin"
+                continue
+            if allowed is not None and ep.name not in allowed:
+                info.status, info.reason = "disabled", "not in the MINISGL_PLUGINS allow-list"
                 continue
             self._load_one(info, ep)
         return self
@@ -203,6 +223,8 @@ class Plugins:
             info.status = "incompatible"
             info.reason = f"needs minisgl API {info.api}, core provides {API_VERSION}: {fix}"
             return
+        if api_legacy(info.api):
+            self._warn_legacy(info)
         try:
             self.pm.register(module, name=info.name)
         except Exception as exc:  # noqa: BLE001 - e.g. a hookimpl with wrong argument names
@@ -228,6 +250,25 @@ class Plugins:
                 return
             for reg in registered:
                 self._add(reg)
+
+    @staticmethod
+    def _warn_legacy(info: PluginInfo) -> None:
+        """A plugin written for the previous major loads (status ``ok``), with the note as its
+        reason and a :class:`~minisgl_core.api.MinisglDeprecationWarning`, shown by default."""
+        from minisgl_core.api.deprecation import MinisglDeprecationWarning
+
+        info.reason = (
+            f"written for minisgl API {info.api}: runs through the {LEGACY_MAJOR}.x compatibility "
+            f"layer, which API {LEGACY_UNTIL} removes; port it to {API_VERSION} "
+            f'(docs/plugins.md, "Migrating from 1.x") and declare MINISGL_API = "{API_VERSION}"'
+        )
+        if not sys.warnoptions:  # the user chose no filters: show each deprecation once per place
+            warnings.filterwarnings("default", category=MinisglDeprecationWarning)
+        warnings.warn(
+            f"plugin {info.name!r} ({info.distribution} {info.version}) is {info.reason}",
+            MinisglDeprecationWarning,
+            stacklevel=2,
+        )
 
     def _add(self, reg: Registration) -> None:
         table = self.registry[reg.kind]

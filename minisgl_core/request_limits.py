@@ -1,11 +1,42 @@
-"""Whether a request can ever run under an engine's limits.
+"""Admission: the one place a request is checked against an engine's limits (context length, KV
+capacity, vocabulary) and its ``max_tokens`` decided.
 
-Plain Python on purpose: the tokenizer process checks requests with it and must start without
-importing torch."""
+The server's tokenizer worker admits with the limits scheduler rank 0 reported in the ready
+handshake, the offline ``LLM`` with its engine's (:meth:`Engine.limits`); an engine then trusts
+what it is given. Plain Python on purpose: the tokenizer process must start without importing
+torch."""
 
 from __future__ import annotations
 
+from minisgl_core.messages import Limits
 from minisgl_core.sampling import SamplingParams
+
+
+def admit(
+    prompt_ids: list[int], params: SamplingParams, limits: Limits, default_max_tokens: int | None = None
+) -> SamplingParams:
+    """``params`` with ``max_tokens`` decided, once the request is known to fit; ValueError (the
+    message says what to change) when it never can.
+
+    ``max_tokens=None`` becomes what the context leaves, capped by the model's own default
+    (``default_max_tokens``, generation_config.json's max_new_tokens): the default caps what the
+    context leaves, never the other way round."""
+    if params.max_tokens is None:
+        room = min(limits.max_context_len, limits.kv_capacity_tokens) - len(prompt_ids)
+        if room < 1:
+            raise ValueError(
+                f"the prompt has {len(prompt_ids)} tokens and leaves no room for output in the context "
+                f"length {limits.max_context_len}; shorten the prompt"
+            )
+        params = params.with_max_tokens(min(room, default_max_tokens or room))
+    check_request_fits(
+        prompt_ids,
+        params,
+        vocab_size=limits.vocab_size,
+        max_context_len=limits.max_context_len,
+        kv_capacity_tokens=limits.kv_capacity_tokens,
+    )
+    return params
 
 
 def check_request_fits(
@@ -16,11 +47,8 @@ def check_request_fits(
     max_context_len: int,
     kv_capacity_tokens: int,
 ) -> None:
-    """Raise ValueError when a request can never run with these limits.
-
-    Shared by :meth:`~minisgl_core.engine.engine.Engine.check_request` and the server's tokenizer
-    worker, which checks requests against the limits of the ready handshake before they reach a
-    scheduler."""
+    """Raise ValueError when a request (``max_tokens`` decided) can never run with these limits."""
+    assert params.max_tokens is not None, "admit() decides max_tokens first"
     if not prompt_ids:
         raise ValueError("prompt is empty")
     if any(not isinstance(t, int) or t < 0 or t >= vocab_size for t in prompt_ids):

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from dataclasses import dataclass, field, fields
+from functools import partial
+from typing import Any, ClassVar, NamedTuple
 
 from minisgl_core.api.grammar import GrammarError, GrammarSpec
 
@@ -22,18 +23,29 @@ def choice_seed(seed: int, index: int) -> int:
     return (seed + index - INT64_MIN) % 2**64 + INT64_MIN
 
 
-@dataclass
+@dataclass(frozen=True)
 class SamplingParams:
-    """How to pick each next token and when to stop. ``temperature == 0`` is greedy."""
+    """How to pick each next token and when to stop. ``temperature == 0`` is greedy.
+
+    Frozen, and validated once: constructing one checks every field (ValueError naming the first
+    bad one), which happens where a request enters, in the HTTP server's routes or the offline
+    ``LLM``'s caller. Every process downstream receives this very object (over IPC through
+    :meth:`to_wire` / :meth:`from_wire`, which does not check again) and trusts it.
+
+    ``max_tokens=None`` means as many as the context leaves; admission
+    (:func:`minisgl_core.request_limits.admit`, the one check against an engine's limits) turns it
+    into a number, so an engine only ever sees a number."""
 
     temperature: float = 1.0
     top_p: float = 1.0
     #: -1 or 0 disables top-k
     top_k: int = -1
     min_p: float = 0.0
-    max_tokens: int = 16
-    stop: list[str] = field(default_factory=list)
-    stop_token_ids: list[int] = field(default_factory=list)
+    #: None: what the context leaves (resolved at admission)
+    max_tokens: int | None = 16
+    #: a string or any sequence of strings; kept as a tuple
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     seed: int | None = None
     presence_penalty: float = 0.0
@@ -48,30 +60,31 @@ class SamplingParams:
     #: what the output must match (constrained decoding), None = free
     grammar: GrammarSpec | None = None
 
-    MAX_TOP_LOGPROBS = 20
-    MAX_LOGIT_BIAS = 100.0
+    MAX_TOP_LOGPROBS: ClassVar[int] = 20
+    MAX_LOGIT_BIAS: ClassVar[float] = 100.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        self.stop = list(self.stop or [])
-        self.stop_token_ids = list(self.stop_token_ids or [])
+        normalise = partial(object.__setattr__, self)
+        stop = self.stop
+        normalise("stop", (stop,) if isinstance(stop, str) else tuple(stop or ()))
+        normalise("stop_token_ids", tuple(self.stop_token_ids or ()))
         # JSON and msgpack carry these as plain values: ids may be strings, the grammar a dict
-        self.logit_bias = {_token_id(k): v for k, v in (self.logit_bias or {}).items()}
-        # messages carry the spec as a plain dict (dataclasses.asdict, msgpack)
+        normalise("logit_bias", {_token_id(k): v for k, v in (self.logit_bias or {}).items()})
         try:
-            self.grammar = GrammarSpec.coerce(self.grammar)
+            normalise("grammar", GrammarSpec.coerce(self.grammar))
         except GrammarError as exc:
             raise ValueError(f"grammar {exc}") from exc
-        self.validate()
+        self._validate()
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            normalise("temperature", MIN_TEMPERATURE)
 
-    def validate(self) -> None:
+    def _validate(self) -> None:
         """Raise ValueError naming the first field that is out of range (its message starts with
-        the field's name); then raise a tiny positive temperature to ``MIN_TEMPERATURE``.
+        the field's name).
 
-        Integer ranges: ``max_tokens`` in [1, 2**63-1], ``top_k`` in [-1, 2**63-1] (above the
-        vocabulary size it keeps every token), ``seed`` in [-2**63, 2**63-1] (OpenAI's int64),
-        ``logprobs`` in [0, 20], ``stop_token_ids`` in [0, 2**63-1] (the engine also checks them
+        Integer ranges: ``max_tokens`` in [1, 2**63-1] or None, ``top_k`` in [-1, 2**63-1] (above
+        the vocabulary size it keeps every token), ``seed`` in [-2**63, 2**63-1] (OpenAI's int64),
+        ``logprobs`` in [0, 20], ``stop_token_ids`` in [0, 2**63-1] (admission also checks them
         against the vocabulary)."""
 
         def bad(name: str, why: str) -> None:
@@ -95,7 +108,8 @@ class SamplingParams:
         integer("top_k", -1, INT64_MAX)
         if not 0 <= finite("min_p") <= 1:
             bad("min_p", "must be in [0, 1]")
-        integer("max_tokens", 1, INT64_MAX)
+        if self.max_tokens is not None:
+            integer("max_tokens", 1, INT64_MAX)
         if not -2 <= finite("presence_penalty") <= 2:
             bad("presence_penalty", "must be in [-2, 2]")
         if not -2 <= finite("frequency_penalty") <= 2:
@@ -116,12 +130,58 @@ class SamplingParams:
                 bad("logit_bias", "must map token ids (non-negative integers) to biases")
             if not isinstance(bias, (int, float)) or isinstance(bias, bool) or not -limit <= bias <= limit:
                 bad("logit_bias", f"values must be numbers in [-{limit:g}, {limit:g}]")
-        if 0 < self.temperature < MIN_TEMPERATURE:
-            self.temperature = MIN_TEMPERATURE
+
+    # ---------------------------------------------------------------- derived copies (no re-check)
+
+    def _derived(self, **changes: Any) -> SamplingParams:
+        """A copy with ``changes``, which the caller guarantees are in range: no validation."""
+        copy = object.__new__(SamplingParams)
+        copy.__dict__.update(self.__dict__, **changes)
+        return copy
+
+    def with_max_tokens(self, max_tokens: int) -> SamplingParams:
+        """This request with ``max_tokens`` decided by admission (what the context leaves)."""
+        if not 1 <= max_tokens <= INT64_MAX:
+            raise ValueError(f"max_tokens must be an integer in [1, 2**63-1], got {max_tokens}")
+        return self._derived(max_tokens=max_tokens)
+
+    def for_choice(self, index: int) -> SamplingParams:
+        """The parameters of choice ``index`` of a request with ``n > 1``: with a seed, a distinct
+        but reproducible one per choice (:func:`choice_seed`); otherwise this very object."""
+        if index == 0 or self.seed is None:
+            return self
+        return self._derived(seed=choice_seed(self.seed, index))
+
+    # ---------------------------------------------------------------- the wire (msgpack)
+
+    def to_wire(self) -> list[Any]:
+        """The fields in order as plain values (msgpack); the grammar as ``[kind, value]``."""
+        values = [getattr(self, name) for name in _FIELD_NAMES]
+        if self.grammar is not None:
+            values[_GRAMMAR_INDEX] = [self.grammar.kind, self.grammar.value]
+        return values
+
+    @classmethod
+    def from_wire(cls, values: list[Any]) -> SamplingParams:
+        """Rebuild what :meth:`to_wire` sent, without validating again: the object was validated
+        where the request entered, and only minisgl's own processes send it."""
+        by_name = dict(zip(_FIELD_NAMES, values, strict=True))
+        by_name["stop"] = tuple(by_name["stop"])
+        by_name["stop_token_ids"] = tuple(by_name["stop_token_ids"])
+        grammar = by_name["grammar"]
+        if grammar is not None:
+            by_name["grammar"] = GrammarSpec(*grammar)
+        params = object.__new__(cls)
+        params.__dict__.update(by_name)
+        return params
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+_FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in fields(SamplingParams))
+_GRAMMAR_INDEX = _FIELD_NAMES.index("grammar")
 
 
 def _bound(value: int) -> str:

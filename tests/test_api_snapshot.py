@@ -1,5 +1,6 @@
-"""The stable API cannot change by accident: names and signatures of ``minisgl_core.api`` (with
-``api.layers``) and the hookspecs are compared with ``tests/api_snapshot.json``.
+"""The stable API cannot change by accident: names and signatures of ``minisgl_core.api`` and the
+hookspecs are compared with ``tests/api_snapshot.json``. (``minisgl_core.layers``, the kernels and
+model layers plugins may use, is not part of the API since 2.0 and is not compared.)
 
 Any difference fails. To change the API on purpose:
 
@@ -14,6 +15,7 @@ Any difference fails. To change the API on purpose:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import json
 import re
@@ -58,6 +60,8 @@ def _member(owner: type, name: str) -> str | None:
         return "staticmethod " + _signature(raw.__func__)
     if isinstance(raw, classmethod):
         return "classmethod " + _signature(raw.__func__)
+    if isinstance(raw, functools.cached_property):
+        return "cached_property -> " + _annotation(inspect.signature(raw.func).return_annotation)
     if isinstance(raw, property):
         abstract = "abstract " if getattr(raw, "__isabstractmethod__", False) else ""
         return abstract + "property -> " + _annotation(inspect.signature(raw.fget).return_annotation)
@@ -117,7 +121,7 @@ def describe(obj: Any) -> Any:
 
 def describe_api() -> dict[str, Any]:
     import minisgl_core.api as api
-    from minisgl_core.api import hookspecs, layers
+    from minisgl_core.api import hookspecs
 
     marker = f"{hookspecs.PROJECT}_spec"
     hooks = {
@@ -133,7 +137,6 @@ def describe_api() -> dict[str, Any]:
     }
     return {
         "minisgl_core.api": {name: describe(getattr(api, name)) for name in sorted(api.__all__)},
-        "minisgl_core.api.layers": {name: describe(getattr(layers, name)) for name in sorted(layers.__all__)},
         "hooks": hooks,
     }
 

@@ -67,3 +67,48 @@ def test_aliases_must_go_one_minor_version_later() -> None:
         renamed({"Old": "New"}, {"__name__": "m", "New": 1}, since="1.0", current="1.1")
     with pytest.raises(RuntimeError, match="delete the alias"):
         deprecated(since="1.0", current="2.0")(lambda: None)
+
+
+def test_moved_module_forwards_names_and_submodules_warning_once_per_importer() -> None:
+    """``minisgl_core.api.layers`` (1.x) serves ``minisgl_core.layers`` (2.0), names and submodules."""
+    import minisgl_core.layers
+    import minisgl_core.layers.rotary
+    from minisgl_core.api import MinisglDeprecationWarning
+
+    with pytest.warns(MinisglDeprecationWarning) as caught:
+        from minisgl_core.api.layers import RMSNorm
+    assert RMSNorm is minisgl_core.layers.RMSNorm
+    (message,) = [str(w.message) for w in caught]
+    # "<importing module> (<its distribution, when it has one>) imports ..."
+    assert message.startswith(f"{__name__} ")
+    assert "imports RMSNorm from minisgl_core.api.layers, which moved in minisgl API 2.0" in message
+    assert message.endswith("use `from minisgl_core.layers import RMSNorm` instead")
+    assert caught[0].filename == __file__  # points at the importing line
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MinisglDeprecationWarning)
+        from minisgl_core.api.layers import RMSNorm as again  # this module was told already
+
+    assert again is RMSNorm
+
+    with pytest.warns(
+        MinisglDeprecationWarning, match=r"use `from minisgl_core\.layers\.rotary import get_rope`"
+    ):
+        from minisgl_core.api.layers.rotary import get_rope
+    assert get_rope is minisgl_core.layers.rotary.get_rope
+
+    with pytest.raises(ImportError, match="no_such_name"):
+        from minisgl_core.api.layers import no_such_name  # noqa: F401
+    with pytest.raises(ModuleNotFoundError):
+        import minisgl_core.api.layers.no_such_module  # noqa: F401
+
+
+def test_moved_module_refuses_to_outlive_its_cycle() -> None:
+    from minisgl_core.api.deprecation import moved_module
+
+    namespace = {"__name__": "fake_api.old"}
+    moved_module(namespace, "json", since="2.0", current="2.0")  # fine during 2.0
+    with pytest.raises(
+        RuntimeError, match="fake_api.old was deprecated in API 2.0 and must be removed in 2.1"
+    ):
+        moved_module({"__name__": "fake_api.old"}, "json", since="2.0", current="2.1")

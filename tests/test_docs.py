@@ -1,7 +1,7 @@
 """docs/plugins.md documents the whole plugin API, and every hook has a test (datasette's rule).
 
 Undocumented or untested parts of the API fail here: every public name of ``minisgl_core.api``
-and ``minisgl_core.api.layers``, every hook with its exact signature, every method of the four
+and ``minisgl_core.layers``, every hook with its exact signature, every method of the four
 extension classes with its exact signature, and the template plugin's code as it really is.
 """
 
@@ -14,15 +14,16 @@ from pathlib import Path
 import pytest
 
 import minisgl_core.api as api
+from minisgl_core import layers
 from minisgl_core.api import (
     AttentionBackend,
     CacheManager,
     GrammarBackend,
     GrammarMatcher,
     Model,
+    QuantizationMethod,
     SchedulingPolicy,
     hookspecs,
-    layers,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,7 +70,15 @@ def signature_line(name: str, fn: object) -> str:
 def extension_methods() -> list[tuple[str, str]]:
     """(class name, signature line) of every public method the extension classes define."""
     out = []
-    for cls in (AttentionBackend, CacheManager, Model, SchedulingPolicy, GrammarBackend, GrammarMatcher):
+    for cls in (
+        AttentionBackend,
+        CacheManager,
+        Model,
+        SchedulingPolicy,
+        GrammarBackend,
+        GrammarMatcher,
+        QuantizationMethod,
+    ):
         for name, raw in vars(cls).items():
             if name.startswith("_") and name != "__init__":
                 continue

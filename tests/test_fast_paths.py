@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from minisgl_core import fast_paths
-from minisgl_core.api.layers import triton_ops
 from minisgl_core.config_args import add_engine_args, engine_config_from_args
 from minisgl_core.fast_paths import FastPaths
+from minisgl_core.layers import triton_ops
 
 pytest_plugins = ["minisgl_core.testing.pytest_plugin"]
 

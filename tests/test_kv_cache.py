@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from minisgl_core.api import KVCache
-from minisgl_core.api.layers.fused import qk_norm_rope, qkv_norm_rope
+from minisgl_core.layers.fused import qk_norm_rope, qkv_norm_rope
 
 HEADS, DIM, Q_HEADS = 2, 8, 4
 

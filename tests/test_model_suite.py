@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from minisgl_plugin_qwen3.model import Qwen3ForCausalLM
 
-from minisgl_core.api.layers import rope_parameters
+from minisgl_core.layers import rope_parameters
 from minisgl_core.testing import make_model_dir
 from minisgl_core.testing.model_suite import ModelSuite
 

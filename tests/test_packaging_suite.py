@@ -13,7 +13,7 @@ import pytest
 
 from minisgl_core.testing.packaging_suite import PluginPackagingSuite
 
-API = 'from minisgl_core.api import hookimpl\nMINISGL_API = "1.0"\n'
+API = 'from minisgl_core.api import hookimpl\nMINISGL_API = "2.0"\n'
 REGISTER = '@hookimpl\ndef minisgl_register_policies(register):\n    register("{name}", "minisgl_test_broken.impl:Policy")\n'
 MODULES = {
     "heavy": API
@@ -24,7 +24,7 @@ MODULES = {
     "badtarget": API + "@hookimpl\ndef minisgl_register_policies(register):\n"
     "    register('badtarget', 'minisgl_test_broken.impl:NotAPolicy')\n",
     "noapi": "from minisgl_core.api import hookimpl\n" + REGISTER.format(name="noapi"),
-    "futureapi": API.replace("1.0", "1.99") + REGISTER.format(name="futureapi"),
+    "futureapi": API.replace("2.0", "2.99") + REGISTER.format(name="futureapi"),
     "flaky": API
     + "import itertools\n_count = itertools.count()\n@hookimpl\ndef minisgl_register_policies(register):\n"
     "    register(f'flaky-{next(_count)}', 'minisgl_test_broken.impl:Policy')\n",

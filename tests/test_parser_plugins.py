@@ -14,7 +14,7 @@ from minisgl_core.plugins import PluginError, Plugins
 PARSERS = """
 from minisgl_core.api import JsonToolCallParser, TagReasoningParser, hookimpl
 
-MINISGL_API = "1.6"
+MINISGL_API = "2.0"
 
 
 class BracketCalls(JsonToolCallParser):

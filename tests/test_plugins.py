@@ -17,7 +17,7 @@ from minisgl_core.plugins import PluginError, Plugins, api_compatible, api_upgra
 # name -> module source; each becomes an entry point of one of two test distributions
 GOOD = """
 from minisgl_core.api import hookimpl
-MINISGL_API = "1.0"
+MINISGL_API = "2.0"
 
 @hookimpl
 def minisgl_register_policies(register):
@@ -26,11 +26,11 @@ def minisgl_register_policies(register):
 """
 BROKEN_IMPORT = """
 import this_module_does_not_exist  # noqa
-MINISGL_API = "1.0"
+MINISGL_API = "2.0"
 """
 RAISING_HOOK = """
 from minisgl_core.api import hookimpl
-MINISGL_API = "1.0"
+MINISGL_API = "2.0"
 
 @hookimpl
 def minisgl_register_attention_backends(register):
@@ -47,7 +47,7 @@ def minisgl_register_caches(register):
 """
 DUPLICATE = """
 from minisgl_core.api import hookimpl
-MINISGL_API = "1.0"
+MINISGL_API = "2.0"
 
 @hookimpl
 def minisgl_register_policies(register):
@@ -55,7 +55,7 @@ def minisgl_register_policies(register):
 """
 WRONG_KIND = """
 from minisgl_core.api import hookimpl
-MINISGL_API = "1.0"
+MINISGL_API = "2.0"
 
 @hookimpl
 def minisgl_register_attention_backends(register):
@@ -224,6 +224,10 @@ def test_allow_and_block_lists(site):
     assert all(p["status"] == "disabled" for p in none.values())
     blocked = _listing(site, "--disable-plugin", "broken", MINISGL_DISABLE_PLUGINS="raising")
     assert blocked["broken"]["status"] == "disabled" and blocked["raising"]["status"] == "disabled"
+    # the reason names the setting that did it
+    assert "MINISGL_PLUGINS allow-list" in only_good["torch"]["reason"]
+    for name in ("broken", "raising"):
+        assert "MINISGL_DISABLE_PLUGINS or --disable-plugin" in blocked[name]["reason"]
     assert blocked["good"]["status"] == "ok"
 
 

@@ -21,7 +21,7 @@ PLUGIN = """
 import json, os
 from minisgl_core.api import hookimpl
 
-MINISGL_API = "1.0"
+MINISGL_API = "2.0"
 
 
 def _record(event, ctx):

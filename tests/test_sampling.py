@@ -169,9 +169,11 @@ def test_generation_config_supplies_defaults_for_unset_fields(tmp_path):
     unset fields None, or the model's defaults could never apply)."""
     import json
 
-    from minisgl_core.messages import Limits, TokenizeRequest
+    from minisgl_core.messages import Limits, TokenizeRequest, decode, encode
     from minisgl_core.processes.text_workers import Admitter
+    from minisgl_core.server.handling import sampling_params
     from minisgl_core.server.schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest
+    from minisgl_core.server.state import ModelInfo
 
     d = make_model_dir(tmp_path / "m", "LlamaForCausalLM")
     gen = json.loads((d / "generation_config.json").read_text())
@@ -201,12 +203,17 @@ def test_generation_config_supplies_defaults_for_unset_fields(tmp_path):
     )
     assert llm.sampling_params(temperature=0.9).temperature == 0.9
 
-    admitter = Admitter(llm.tokenizer, Limits(512, 4096, 1024), llm.engine.sampling_defaults)
+    # the server: the API builds the request's SamplingParams with the model's defaults, the
+    # tokenizer's admission decides max_tokens (at most the model's default)
+    defaults = llm.engine.sampling_defaults
+    info = ModelInfo("m", str(d), 512, 4096, 1024, defaults)
+    admitter = Admitter(llm.tokenizer, Limits(512, 4096, 1024), defaults)
 
-    def admit(body) -> SamplingParams:
+    def admit(body, model: ModelInfo = info, admitter: Admitter = admitter) -> SamplingParams:
         field = getattr(body, "max_tokens_field", "sampling_params.max_new_tokens")
-        req = TokenizeRequest([0], None, None, [5, 6, 7], body.sampling_fields(), field)
-        return admitter.admit(req)[1]
+        params = sampling_params(body.sampling_fields(), {}, model)
+        req = TokenizeRequest([0], None, None, [5, 6, 7], params, field)
+        return admitter.admit(decode(encode(req)))[1]
 
     unset = admit(CompletionRequest(prompt=[5, 6, 7], top_p=0.5))
     assert (unset.temperature, unset.top_k, unset.top_p, unset.min_p, unset.max_tokens) == (
@@ -224,8 +231,7 @@ def test_generation_config_supplies_defaults_for_unset_fields(tmp_path):
     assert (native.temperature, native.top_k, native.top_p) == (0.0, 7, 0.8)
     # a model without defaults: the OpenAI ones (temperature 1, no truncation)
     bare = Admitter(llm.tokenizer, Limits(512, 4096, 1024), {})
-    req = TokenizeRequest([0], None, None, [5, 6, 7], CompletionRequest(prompt=[5]).sampling_fields())
-    plain = bare.admit(req)[1]
+    plain = admit(CompletionRequest(prompt=[5]), ModelInfo("m", str(d), 512, 4096, 1024), bare)
     assert (plain.temperature, plain.top_k, plain.top_p, plain.min_p) == (1.0, -1, 1.0, 0.0)
     assert plain.max_tokens == 512 - 3  # what the context leaves
 
@@ -350,8 +356,9 @@ def test_logit_bias_forces_and_bans_tokens():
 
 
 def test_grammar_and_logit_bias_survive_the_wire():
-    """The tokenizer sends SamplingParams as a plain dict in msgpack; the scheduler rebuilds them."""
-    from dataclasses import asdict
+    """The tokenizer sends SamplingParams as their field values in msgpack; the scheduler rebuilds
+    the same frozen object."""
+    import dataclasses
 
     from minisgl_core.api import GrammarSpec
     from minisgl_core.messages import EngineRequest, decode, encode
@@ -360,9 +367,13 @@ def test_grammar_and_logit_bias_survive_the_wire():
         grammar=GrammarSpec("json_schema", '{"type": "array"}'),
         logit_bias={"7": -3.5},
         repetition_penalty=1.2,
+        stop=["a", "b"],
+        stop_token_ids=[3],
     )
-    received = decode(encode(EngineRequest(1, [1, 2], asdict(params))))
-    assert SamplingParams(**received.params) == params
+    received = decode(encode(EngineRequest(1, [1, 2], params)))
+    assert received.params == params and received.params.stop == ("a", "b")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        received.params.temperature = 0.0  # type: ignore[misc]
     assert params.grammar == GrammarSpec("json_schema", '{"type": "array"}') and params.logit_bias == {
         7: -3.5
     }

@@ -35,7 +35,7 @@ def compiles(kernel, signature: dict[str, str], constants: dict[str, object], ta
 def test_rope_store_kernel_compiles(target, heads, half, norm, dtype):
     import triton
 
-    from minisgl_core.api.layers._triton_kernels import rope_store_kernel
+    from minisgl_core.layers._triton_kernels import rope_store_kernel
 
     t = f"*{dtype}"
     signature = {"qkv": t, "qkv_token_stride": "i64", "positions": "*i64", "inv_freq": "*fp32", "q_weight": t,
@@ -61,8 +61,8 @@ def test_gumbel_kernel_compiles(target, dtype):
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
 def test_silu_mul_kernel_compiles(target, dtype):
-    from minisgl_core.api.layers._triton_kernels import silu_mul_kernel
-    from minisgl_core.api.layers.triton_ops import _SILU_BLOCK
+    from minisgl_core.layers._triton_kernels import silu_mul_kernel
+    from minisgl_core.layers.triton_ops import _SILU_BLOCK
 
     signature = {"gate_up": f"*{dtype}", "row_stride": "i64", "out": f"*{dtype}", "inter": "i32"}
     compiles(silu_mul_kernel, signature, {"BLOCK": _SILU_BLOCK}, target)

@@ -1,4 +1,4 @@
-"""The hand-written Triton kernels of ``api.layers.triton_ops`` (norm + rotary + KV store; SiLU·mul), run on the CPU under
+"""The hand-written Triton kernels of ``minisgl_core.layers.triton_ops`` (norm + rotary + KV store; SiLU·mul), run on the CPU under
 Triton's interpreter in a child process (``TRITON_INTERPRET`` must be set before Triton is
 imported). In float32, where the interpreter's arithmetic is exact enough to compare with the
 eager reference at 1e-5; bf16 rounding is checked on the GPU (``tools/device_e2e.py``)."""
@@ -48,8 +48,8 @@ def test_bf16_on_cuda_is_as_close_to_float32_as_the_compiled_path(q_heads, kv_he
     close to a float32 computation as the two-kernel path it replaces (``qkv_norm_rope`` compiled, then
     ``KVCache.store``), and no slot but ``loc`` changes."""
     from minisgl_core.api import KVCache
-    from minisgl_core.api.layers.fused import qkv_norm_rope
-    from minisgl_core.api.layers.triton_ops import rope_store_kv
+    from minisgl_core.layers.fused import qkv_norm_rope
+    from minisgl_core.layers.triton_ops import rope_store_kv
 
     dev, head_dim, slots = torch.device("cuda"), 128, 4096
     gen = torch.Generator(device=dev).manual_seed(tokens)
@@ -87,8 +87,8 @@ def test_bf16_on_cuda_is_as_close_to_float32_as_the_compiled_path(q_heads, kv_he
 def test_silu_mul_bf16_on_cuda_is_as_close_to_float32_as_the_compiled_path(tokens, inter):
     import torch.nn.functional as F
 
-    from minisgl_core.api.layers import triton_ops
-    from minisgl_core.api.layers.fused import _silu_and_mul
+    from minisgl_core.layers import triton_ops
+    from minisgl_core.layers.fused import _silu_and_mul
 
     gate_up = torch.randn(
         tokens, 2 * inter, device="cuda", generator=torch.Generator("cuda").manual_seed(tokens)
@@ -109,8 +109,8 @@ def test_silu_mul_bf16_on_cuda_is_as_close_to_float32_as_the_compiled_path(token
 
 def check_kernel() -> None:
     from minisgl_core.api import KVCache
-    from minisgl_core.api.layers.fused import qkv_norm_rope
-    from minisgl_core.api.layers.triton_ops import rope_store_kv
+    from minisgl_core.layers.fused import qkv_norm_rope
+    from minisgl_core.layers.triton_ops import rope_store_kv
 
     gen = torch.Generator().manual_seed(0)
     for norm in (False, True):
@@ -148,7 +148,7 @@ def check_kernel() -> None:
 def check_silu() -> None:
     import torch.nn.functional as F
 
-    from minisgl_core.api.layers.fused import silu_and_mul
+    from minisgl_core.layers.fused import silu_and_mul
 
     gen = torch.Generator().manual_seed(0)
     for tokens, inter in ((1, 8), (5, 1500), (3, 2048)):  # 1500: a partial last block
@@ -162,7 +162,7 @@ def check_silu() -> None:
 
 
 def check_model(tmp: str) -> None:
-    import minisgl_core.api.layers.decoder as decoder
+    import minisgl_core.layers.decoder as decoder
     from minisgl_core.demo.factories import make_model_dir
     from minisgl_core.llm import LLM
     from minisgl_core.sampling import SamplingParams

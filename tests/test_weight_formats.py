@@ -41,7 +41,7 @@ class TestSafetensorsFormat(WeightFormatSuite):
 # A format that stores a model as a one-line ``.toy`` file naming a safetensors directory.
 TOY_PLUGIN = """
 from minisgl_core.api import hookimpl
-MINISGL_API = "1.6"
+MINISGL_API = "2.0"
 
 @hookimpl
 def minisgl_register_weight_formats(register):

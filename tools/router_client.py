@@ -1,6 +1,6 @@
 """Shared-prefix load through an OpenAI-compatible router, as text (the SGLang Model Gateway
 routes on text and takes no token-id prompts): GROUPS groups of PER_GROUP prompts that share a
-PREFIX-word system text, sent CONCURRENCY at a time; prints one JSON line (requests, output
+PREFIX-word system text (drawn from SEED), sent CONCURRENCY at a time; prints one JSON line (requests, output
 tokens, seconds, output tok/s). Used by tools/device_router.sh."""
 
 from __future__ import annotations
@@ -15,9 +15,16 @@ import httpx
 
 
 async def main(
-    url: str, model: str, groups: int, per_group: int, prefix: int, output_len: int, concurrency: int
+    url: str,
+    model: str,
+    groups: int,
+    per_group: int,
+    prefix: int,
+    output_len: int,
+    concurrency: int,
+    seed: int = 0,
 ):
-    rng = random.Random(0)
+    rng = random.Random(seed)
     words = [f"w{i}" for i in range(2000)]
     prompts = []
     for _ in range(groups):

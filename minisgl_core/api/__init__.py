@@ -1,8 +1,12 @@
 """minisgl's stable extension API: the only module plugins import.
 
-Versioned by :data:`API_VERSION` ("major.minor"). A plugin declares ``MINISGL_API = "1.0"``, the
+Versioned by :data:`API_VERSION` ("major.minor"). A plugin declares ``MINISGL_API = "2.0"``, the
 oldest version it needs; it is compatible when the majors are equal and its minor is not newer
-than the core's. Every name in ``__all__`` is covered by a snapshot test.
+than the core's (API 2.0 also loads 1.x plugins, with a deprecation warning, for one minor
+version). Every name in ``__all__`` is covered by a snapshot test.
+
+The API is types, hookspecs and versions. The model layers and kernels plugins build models from
+live in :mod:`minisgl_core.layers`: usable, but not promised (their changes are no API change).
 
 The names are imported on first use (PEP 562): plugin discovery needs only ``hookimpl`` and
 ``API_VERSION``, so the processes that never touch a tensor (tokenizer, detokenizer, API server)
@@ -16,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from minisgl_core.api.hookspecs import hookimpl, hookspec
 
-API_VERSION = "1.6"
+API_VERSION = "2.0"
 
 __all__ = [
     "API_VERSION",
@@ -32,6 +36,7 @@ __all__ = [
     "GrammarKind",
     "GrammarMatcher",
     "GrammarSpec",
+    "HostPagedLayout",
     "JsonToolCallParser",
     "KVCache",
     "KVSpec",
@@ -44,6 +49,7 @@ __all__ = [
     "PrefillPlan",
     "PrefixMatch",
     "ProcessContext",
+    "QuantizationMethod",
     "ReasoningDelta",
     "ReasoningParser",
     "ReasoningResult",
@@ -82,11 +88,12 @@ _LAZY: dict[str, str] = {
     "AttentionBackend": "attention",
     "AttentionConfig": "attention",
     "KVCache": "attention",
-    "PagedLayout": "attention",
     "PageRanges": "attention",
-    "paged_layout": "attention",
     "paged_ranges": "attention",
     "ForwardBatch": "batch",
+    "HostPagedLayout": "batch",
+    "PagedLayout": "batch",
+    "paged_layout": "batch",
     "SharedPrefix": "batch",
     "CacheManager": "cache",
     "CacheSize": "cache",
@@ -118,6 +125,7 @@ _LAZY: dict[str, str] = {
     "SchedulerState": "policy",
     "SchedulingPolicy": "policy",
     "ProcessContext": "process",
+    "QuantizationMethod": "quantization",
     "ReasoningDelta": "reasoning",
     "ReasoningParser": "reasoning",
     "ReasoningResult": "reasoning",
@@ -138,12 +146,10 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs
         AttentionBackend,
         AttentionConfig,
         KVCache,
-        PagedLayout,
         PageRanges,
-        paged_layout,
         paged_ranges,
     )
-    from minisgl_core.api.batch import ForwardBatch, SharedPrefix
+    from minisgl_core.api.batch import ForwardBatch, HostPagedLayout, PagedLayout, SharedPrefix, paged_layout
     from minisgl_core.api.cache import CacheManager, CacheSize, PrefixMatch
     from minisgl_core.api.deprecation import (
         MinisglDeprecationWarning,
@@ -174,6 +180,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs
         SchedulingPolicy,
     )
     from minisgl_core.api.process import ProcessContext
+    from minisgl_core.api.quantization import QuantizationMethod
     from minisgl_core.api.reasoning import (
         ReasoningDelta,
         ReasoningParser,

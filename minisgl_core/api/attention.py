@@ -9,7 +9,12 @@ from typing import ClassVar, NamedTuple
 
 import torch
 
-from minisgl_core.api.batch import ForwardBatch
+# The page layout lives next to the batch since API 2.0 (the core computes it once per batch);
+# still importable from here, as in 1.x.
+from minisgl_core.api.batch import ForwardBatch, HostPagedLayout, PagedLayout, paged_layout  # noqa: F401
+
+#: the largest finite float8_e4m3fn value
+_FP8_E4M3_MAX = 448.0
 
 
 class KVCache:
@@ -51,15 +56,20 @@ class KVCache:
         """Write ``k``/``v`` ([num_tokens, num_kv_heads, head_dim]) at slots ``loc``.
 
         One kernel when each token's v heads follow its k heads in memory (as
-        :func:`~minisgl_core.api.layers.fused.qkv_norm_rope` leaves them), else one per tensor."""
+        :func:`~minisgl_core.layers.fused.qkv_norm_rope` leaves them), else one per tensor."""
         kv = self._adjacent(k, v)
         if kv is not None:
             # [2, slots, heads, head_dim]: k and v of one layer, written through one index
             self.buffer[layer_id].view(2, self.num_slots, self.num_kv_heads, self.head_dim)[:, loc] = kv
             return
         flat_shape = (self.num_slots, self.num_kv_heads, self.head_dim)
-        self.k_cache(layer_id).view(flat_shape)[loc] = k.to(self.dtype)
-        self.v_cache(layer_id).view(flat_shape)[loc] = v.to(self.dtype)
+        self.k_cache(layer_id).view(flat_shape)[loc] = self._cast(k)
+        self.v_cache(layer_id).view(flat_shape)[loc] = self._cast(v)
+
+    def _cast(self, t: torch.Tensor) -> torch.Tensor:
+        if self.dtype == torch.float8_e4m3fn:  # --kv-cache-dtype fp8_e4m3, scale 1.0: saturate, not NaN
+            return t.clamp(-_FP8_E4M3_MAX, _FP8_E4M3_MAX).to(self.dtype)
+        return t.to(self.dtype)
 
     def _adjacent(self, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
         """``k`` and ``v`` as one ``[2, num_tokens, heads, head_dim]`` view when ``v`` starts where
@@ -98,44 +108,6 @@ class AttentionConfig:
     max_requests: int
     max_context_len: int
     kv_cache: KVCache
-
-
-class PagedLayout(NamedTuple):
-    """The CSR description of a batch's paged KV that FlashInfer-style kernels take.
-
-    All int32 on the batch's device."""
-
-    #: [bs + 1] offsets of each sequence's new tokens
-    qo_indptr: torch.Tensor
-    #: [bs + 1] offsets into ``kv_indices``
-    kv_indptr: torch.Tensor
-    #: [total_pages] page ids, sequence after sequence
-    kv_indices: torch.Tensor
-    #: [bs] tokens used in each sequence's last page (1..page_size)
-    kv_last_page_len: torch.Tensor
-
-
-def paged_layout(batch: ForwardBatch, page_size: int) -> PagedLayout:
-    """Build the CSR page layout of ``batch`` from its page table.
-
-    Sizes come from the batch's host-side lengths, so nothing here waits for the device."""
-    device = batch.seq_lens.device
-    seq_lens = batch.seq_lens.to(torch.int32)
-    num_pages = (seq_lens + page_size - 1) // page_size
-    total_pages = sum((s + page_size - 1) // page_size for s in batch.seq_lens_cpu)
-    qo_indptr = torch.zeros(batch.batch_size + 1, dtype=torch.int32, device=device)
-    qo_indptr[1:] = torch.cumsum(batch.extend_lens, 0)
-    kv_indptr = torch.zeros_like(qo_indptr)
-    kv_indptr[1:] = torch.cumsum(num_pages, 0)
-    # For every page of every sequence: which sequence, and which page of it.
-    seq_of_page = torch.repeat_interleave(
-        torch.arange(batch.batch_size, device=device), num_pages, output_size=total_pages
-    )
-    page_in_seq = torch.arange(total_pages, device=device) - kv_indptr[seq_of_page]
-    first_slots = batch.page_table[batch.req_slots.long()[seq_of_page], page_in_seq * page_size]
-    kv_indices = (first_slots // page_size).to(torch.int32)
-    kv_last_page_len = (seq_lens - 1) % page_size + 1
-    return PagedLayout(qo_indptr, kv_indptr, kv_indices, kv_last_page_len)
 
 
 class PageRanges(NamedTuple):
@@ -186,7 +158,8 @@ class AttentionBackend(ABC):
     #: declared: the core captures a second set of decode graphs with ``shared_prefixes=[]``),
     #: and (API 1.5) "prestored_kv": the backend implements :meth:`attend`, which the core's
     #: decoder calls instead of :meth:`forward` when it has written the K/V itself (one fused
-    #: kernel on CUDA)
+    #: kernel on CUDA), and (API 2.0) "kv_fp8": the backend reads a float8_e4m3fn KV pool
+    #: (``--kv-cache-dtype fp8_e4m3``, scale 1.0) with queries in the run dtype
     capabilities: ClassVar[frozenset[str]] = frozenset({"prefill", "decode", "page_size>1"})
 
     def __init__(self, config: AttentionConfig) -> None:
@@ -201,7 +174,10 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def prepare_metadata(self, batch: ForwardBatch) -> None:
-        """Compute whatever the kernels need for this batch and store it in ``batch.attn_metadata``."""
+        """Compute whatever the kernels need for this batch and store it in ``batch.attn_metadata``.
+
+        The CSR page layout is already there, computed once by the core (API 2.0):
+        ``batch.layout`` on the device, ``batch.host_layout`` on the host."""
 
     @abstractmethod
     def forward(

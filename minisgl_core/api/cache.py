@@ -36,7 +36,11 @@ class CacheManager(ABC):
 
     @abstractmethod
     def match_prefix(self, tokens: list[int]) -> PrefixMatch:
-        """Longest cached prefix of ``tokens``, rounded down to whole pages. Does not lock."""
+        """Longest cached prefix of ``tokens``, rounded down to whole pages. Does not lock.
+
+        The core may lock the handle after other ``match_prefix`` and ``lock`` calls (the policy's
+        question and the admission share one match), but never after an ``insert_prefix`` or
+        ``evict`` in between: it matches again then."""
 
     @abstractmethod
     def lock(self, handle: Any) -> None:

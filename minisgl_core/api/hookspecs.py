@@ -136,6 +136,21 @@ def minisgl_register_grammar_backends(register: Register) -> None:
 
 
 @hookspec
+def minisgl_register_quantization_methods(register: Register) -> None:
+    """Register weight-quantization methods by the name users pass to ``--quantization``.
+
+    ``register("fp8", "minisgl_plugin_fp8.method:Fp8Method")``. The class must subclass
+    :class:`minisgl_core.api.QuantizationMethod`; every scheduler rank builds one and hands it each
+    linear layer of the model (create weights, load, process after loading, then ``apply`` on
+    every forward).
+
+    Runs once per process at plugin load, in every process.
+
+    .. versionadded:: 2.0
+    """
+
+
+@hookspec
 def minisgl_add_cli_options(parser: argparse.ArgumentParser) -> None:
     """Add plugin-specific options to ``minisgl serve`` and ``minisgl shell`` (the commands that
     start server processes; ``generate`` and ``bench`` take none).

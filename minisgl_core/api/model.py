@@ -38,7 +38,7 @@ class Model(torch.nn.Module):
 
     Subclasses are constructed with a :class:`ModelConfig` directly on its device and dtype, get
     their weights through :meth:`load_weights`, and run one :class:`ForwardBatch` per step.
-    Build them from :mod:`minisgl_core.api.layers` so tensor parallelism comes for free.
+    Build them from :mod:`minisgl_core.layers` so tensor parallelism comes for free.
     """
 
     def __init__(self, config: ModelConfig) -> None:

@@ -6,13 +6,13 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import platform
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
+from minisgl_core import environment
 from minisgl_core.bench import workloads
 from minisgl_core.bench.shapes import SHAPES
 
@@ -98,7 +98,7 @@ def _make(shape: str, out: Path, device: str) -> Path:
 def _meta(args: argparse.Namespace) -> dict[str, Any]:
     # MINISGL_COMMIT: for copies of a checkout whose .git is not the one the run came from
     commit = (
-        os.environ.get("MINISGL_COMMIT")
+        environment.get("MINISGL_COMMIT")
         or subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
         ).stdout.strip()
@@ -132,7 +132,8 @@ def _offline(args: argparse.Namespace) -> int:
     requests = workloads.standard_offline(args.num_requests, seed=0)
     result: dict[str, Any] = {**_meta(args), "bench": "offline", "shape": args.shape or config.model,
                               "attn": config.attn, "tp": config.tp_size, "cuda_graph_max_bs": config.cuda_graph_max_bs,
-                              "overlap": config.overlap}  # fmt: skip
+                              "overlap": config.overlap, "quantization": config.quantization,
+                              "kv_cache_dtype": config.kv_cache_dtype}  # fmt: skip
     if config.tp_size > 1:
         from minisgl_core.bench.tp import run_offline_tp
 

@@ -27,7 +27,8 @@ def drive(
         params = SamplingParams(
             temperature=temperature, max_tokens=max_tokens or r.max_tokens, ignore_eos=True
         )
-        engine.add_request(first_rid + i, r.prompt_ids, params)
+        # admitted here, the edge of this path, as LLM.generate does: the engine trusts it
+        engine.add_request(first_rid + i, r.prompt_ids, engine.admit(r.prompt_ids, params))
     tokens = 0
     while engine.has_work:
         tokens += sum(1 for out in engine.step() if out.token_id >= 0)

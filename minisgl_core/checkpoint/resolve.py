@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from minisgl_core import environment
 from minisgl_core.checkpoint.path_check import ModelPathError
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ DEFAULT_MODEL = WheelModel(
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("MINISGL_CACHE_DIR") or Path.home() / ".cache" / "minisgl")
+    return environment.cache_dir()
 
 
 def resolve_model(model: str | os.PathLike[str] | None) -> str:

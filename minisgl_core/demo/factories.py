@@ -10,6 +10,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from minisgl_core import environment
+
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 #: Qwen-style ChatML
@@ -31,11 +33,10 @@ _TINY_DEFAULTS: dict[str, Any] = dict(
     tie_word_embeddings=False,
 )
 
-_DEMO_CONFIG: dict[str, Any] = dict(
+#: the embedded demo model: what it changes in the tiny shape (make_model_dir starts from that)
+_DEMO_OVERRIDES: dict[str, Any] = dict(
     hidden_size=256,
     num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
     head_dim=64,
     intermediate_size=512,
     vocab_size=2048,
@@ -198,14 +199,14 @@ def demo_model_dir() -> Path:
     Built once into ``$MINISGL_CACHE_DIR/demo-qwen3`` (default ``~/.cache/minisgl/demo-qwen3``)
     and reused; building goes through a temporary directory renamed into place, so concurrent
     first starts never see a half-written model."""
-    root = Path(os.environ.get("MINISGL_CACHE_DIR") or Path.home() / ".cache" / "minisgl")
+    root = environment.cache_dir()
     final = root / "demo-qwen3"
     if (final / "config.json").is_file():
         return final
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".demo-qwen3-", dir=root))
     try:
-        make_model_dir(staging, "Qwen3ForCausalLM", seed=0, tokenizer_vocab_size=2048, **_DEMO_CONFIG)
+        make_model_dir(staging, "Qwen3ForCausalLM", seed=0, tokenizer_vocab_size=2048, **_DEMO_OVERRIDES)
         os.rename(staging, final)
     except OSError:
         if not (final / "config.json").is_file():  # a concurrent builder did not win the race either

@@ -3,11 +3,11 @@
 The offline :class:`~minisgl_core.llm.LLM` drives one Engine in-process; the server runs one per
 scheduler process and feeds every rank the same requests in the same order.
 
-With ``MINISGL_STEP_TRACE=FILE`` in its environment, the engine of rank 0 appends one JSON line
-per step to FILE: when it started and how long it took on the host (``t``, ``dt``, seconds,
-monotonic clock), how many requests were added since the step before (``new``), what it launched
-(``kind``, ``reqs``, ``tokens``, ``groups`` of cascade attention) and the queues after it
-(``running``, ``waiting``). With overlap, a step's ``dt`` is about the device time of the step
+With ``EngineConfig.step_trace`` set (``--step-trace FILE``, default ``$MINISGL_STEP_TRACE``),
+the engine of rank 0 appends one JSON line per step to FILE: when it started and how long it
+took on the host (``t``, ``dt``, seconds, monotonic clock), how many requests were added since
+the step before (``new``), what it launched (``kind``, ``reqs``, ``tokens``, ``groups`` of
+cascade attention) and the queues after it (``running``, ``waiting``). With overlap, a step's ``dt`` is about the device time of the step
 before it once the device is the bottleneck. It is how a run (served, offline, or one rank of a
 tensor-parallel one) is read step by step; ``tools/step_trace.py`` summarises one.
 """
@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass
 from typing import IO, Any
@@ -29,9 +28,10 @@ from minisgl_core.checkpoint.generation_defaults import load_sampling_defaults
 from minisgl_core.config import EngineConfig
 from minisgl_core.engine.grammar import GrammarRunner
 from minisgl_core.grammars import LazyGrammarBackend
+from minisgl_core.messages import Limits
 from minisgl_core.model_dir import eos_token_ids
 from minisgl_core.plugins import Plugins
-from minisgl_core.request_limits import check_request_fits
+from minisgl_core.request_limits import admit
 from minisgl_core.runner.model_runner import ModelRunner
 from minisgl_core.runner.sampler import Sampler, SampleRequest, SampleResult, to_device
 from minisgl_core.sampling import SamplingParams, StepOutput
@@ -106,9 +106,10 @@ class Engine:
         self._early_outputs: list[StepOutput] = []
         #: the batch the last step() launched (None: nothing), for step traces and diagnostics
         self.launched_last: ScheduledBatch | None = None
-        self.scheduler.complete_inflight = self._complete_inflight_now
-        #: the step trace (rank 0, MINISGL_STEP_TRACE), line-buffered; requests added since the last step
-        self.trace: IO[str] | None = _open_step_trace(self.parallel.tp_rank)
+        #: the step trace (rank 0, config.step_trace), line-buffered; requests added since the last step
+        self.trace: IO[str] | None = _open_step_trace(
+            config.step_trace if self.parallel.tp_rank == 0 else None
+        )
         self._added_since_step = 0
 
     # ------------------------------------------------------------------ properties
@@ -143,22 +144,26 @@ class Engine:
 
     # ------------------------------------------------------------------ requests
 
-    def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
-        """Raise ValueError when the request can never run (checked before it is queued); a
-        GrammarError (a ValueError) names what is wrong with its grammar."""
-        check_request_fits(
-            prompt_ids,
-            params,
-            vocab_size=self.runner.vocab_size,
-            max_context_len=self.max_context_len,
-            kv_capacity_tokens=self.kv_capacity_tokens,
-        )
+    @property
+    def limits(self) -> Limits:
+        """What every request must fit in (the server's tokenizer gets them in the ready handshake)."""
+        return Limits(self.max_context_len, self.kv_capacity_tokens, self.runner.vocab_size)
+
+    def admit(self, prompt_ids: list[int], params: SamplingParams) -> SamplingParams:
+        """The offline path's admission: ``params`` with ``max_tokens`` decided (None = what the
+        context leaves, at most the model's default); ValueError when the request can never run,
+        a GrammarError (a ValueError) naming what is wrong with its grammar. The server's
+        tokenizer worker does the same with the limits of the ready handshake."""
+        params = admit(prompt_ids, params, self.limits, self.sampling_defaults.get("max_tokens"))
         if params.grammar is not None:
             self.grammars.backend.check(params.grammar)
+        return params
 
     def add_request(self, rid: int, prompt_ids: list[int], params: SamplingParams) -> None:
-        """Queue a request; ValueError (a GrammarError for a bad grammar) when it cannot run."""
-        self.check_request(prompt_ids, params)
+        """Queue an admitted request (:meth:`admit`, or the server's tokenizer): it is not checked
+        again. A GrammarError (a ValueError) when its grammar does not compile."""
+        if params.max_tokens is None:
+            raise ValueError("admit the request first: its max_tokens is not decided")
         req = Request(rid=rid, prompt_ids=list(prompt_ids), params=params, arrival=0)
         self.grammars.attach(req)  # compiled once per distinct grammar (the backend caches)
         self.scheduler.add(req)
@@ -168,9 +173,8 @@ class Engine:
         return self.scheduler.abort(rid)
 
     def close(self) -> None:
-        """Drop the model, the KV pool and the scheduler now: the scheduler points back at this
-        engine (``complete_inflight``), a cycle only the garbage collector would break."""
-        self.scheduler.complete_inflight = lambda: None
+        """Drop the model, the KV pool and the scheduler now rather than whenever the garbage
+        collector runs."""
         self._inflight = self.launched_last = None
         self._early_outputs = []
         if self.trace is not None:
@@ -229,7 +233,7 @@ class Engine:
         if self._inflight is not None and self._planning_needs_host_outputs():
             # Land the step in flight before planning: a request it finishes (a stop string, EOS)
             # must not be planned again, since its row and KV are released when it finishes and
-            # this batch's sampling would read them.
+            # this batch's sampling would read them; and a request retracted keeps every token.
             self._complete_inflight_now()
         batch = self.scheduler.schedule()
         self.launched_last = batch
@@ -249,15 +253,18 @@ class Engine:
         return outputs
 
     def _planning_needs_host_outputs(self) -> bool:
-        """Whether the next step may plan a request whose sampling needs the step in flight first:
-        without overlap always; with it when a request that could be planned uses penalties."""
+        """Whether the next step may plan a request whose sampling needs the step in flight first,
+        or may retract one: without overlap always; with it when a request that could be planned
+        uses penalties, or when decode may run out of pages."""
         if not self.overlap:
             return True
         s = self.scheduler
+        if s.decode_may_retract():
+            return True
         return any(_needs_host_outputs(r.params) for r in (*s.running.values(), *s.waiting.values()))
 
     def _complete_inflight_now(self) -> None:
-        """Called by the scheduler mid-planning (before a retraction); outputs go out with this step's."""
+        """Land the step in flight before planning the next; its outputs go out with this step's."""
         if self._inflight is not None:
             self._early_outputs += self._complete(self._inflight)
             self._inflight = None
@@ -339,8 +346,7 @@ class _InFlight:
         return self._tokens
 
 
-def _open_step_trace(rank: int) -> IO[str] | None:
-    path = os.environ.get("MINISGL_STEP_TRACE") if rank == 0 else None
+def _open_step_trace(path: str | None) -> IO[str] | None:
     # line-buffered, open as long as the engine: a trace read while the run goes on is whole
     return open(path, "a", buffering=1) if path else None  # noqa: SIM115
 

@@ -9,8 +9,8 @@ outputs (and now and then ``Engine.stats()``) to the detokenizer.
 When there is nothing to do, rank 0 blocks on its socket and first tells the other ranks to
 park (see :meth:`TPGroup.park`): nobody spins while the server is idle.
 
-``MINISGL_STEP_TRACE=FILE`` in the server's environment makes rank 0's engine write one JSON line
-per step (see :mod:`minisgl_core.engine.engine`); ``new`` is then the requests that arrived just
+``--step-trace FILE`` (or ``MINISGL_STEP_TRACE=FILE`` in the server's environment) makes rank 0's
+engine write one JSON line per step (see :mod:`minisgl_core.engine.engine`); ``new`` is then the requests that arrived just
 before the step.
 """
 
@@ -37,7 +37,7 @@ from minisgl_core.messages import (
 from minisgl_core.plugins import Plugins
 from minisgl_core.processes.child import ChildSpec, ReportReady
 from minisgl_core.processes.ipc import bind_pull, connect_push, drain, recv, send
-from minisgl_core.sampling import SamplingParams, StepOutput
+from minisgl_core.sampling import StepOutput
 
 logger = logging.getLogger(__name__)
 
@@ -62,11 +62,13 @@ class SchedulerLoop:
         """Apply one step's messages to the engine; True when told to shut down."""
         for msg in msgs:
             if isinstance(msg, EngineRequest):
-                try:
-                    self.engine.add_request(msg.rid, msg.prompt_ids, SamplingParams(**msg.params))
-                except ValueError as exc:  # the tokenizer checks first, so this is a bug, not bad input
+                try:  # admitted by the tokenizer: the engine trusts it
+                    self.engine.add_request(msg.rid, msg.prompt_ids, msg.params)
+                except ValueError as exc:  # e.g. a grammar the backend then failed to compile
                     logger.error("request %d rejected by the engine: %s", msg.rid, exc)
                     out.add(msg.rid, -1, "error", error=str(exc))
+                else:  # the detokenizer learns how to detokenize it before its first token
+                    out.open_stream(msg.rid, msg.params.stop, msg.params.skip_special_tokens)
             elif isinstance(msg, AbortRequest):
                 aborted = self.engine.abort(msg.rid)
                 if aborted is not None:
@@ -115,7 +117,7 @@ class SchedulerLoop:
             now = time.monotonic()
             if aborted or now - self.last_stats_at >= STATS_INTERVAL:
                 out.stats = self._stats(now)
-            if len(out) or out.stats is not None:
+            if len(out) or out.stats is not None or out.streams:
                 send(to_detokenizer, out)
 
     def _stats(self, now: float) -> dict[str, int]:

@@ -1,8 +1,10 @@
 """The tokenizer and detokenizer worker processes of the server.
 
-The tokenizer turns text or chat messages into token ids, checks each request against the
-engine's limits (from the ready handshake) so a bad one is answered at once with a clear error
-instead of reaching a scheduler, and fans an accepted one out to ``n`` engine requests. Aborts
+The tokenizer turns text or chat messages into token ids, admits each request against the
+engine's limits (from the ready handshake; :func:`minisgl_core.request_limits.admit`) so a bad one
+is answered at once with a clear error instead of reaching a scheduler, and fans an accepted one
+out to ``n`` engine requests. Its SamplingParams arrive validated from the API server and leave
+for the scheduler without another check. Aborts
 travel the same way as requests, so an abort can never overtake the request it cancels.
 
 The detokenizer turns the scheduler's per-step tokens into text increments, holding back partial
@@ -12,7 +14,6 @@ characters and possible stop-string prefixes, and adds the text of logprob token
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, replace
 from typing import Any
 
 import zmq
@@ -23,7 +24,6 @@ from minisgl_core.messages import (
     AbortRequest,
     Admission,
     DetokOutputs,
-    DetokRegister,
     EngineRequest,
     Limits,
     Shutdown,
@@ -34,8 +34,8 @@ from minisgl_core.model_dir import eos_token_ids
 from minisgl_core.plugins import Plugins
 from minisgl_core.processes.child import ChildSpec, ReportReady
 from minisgl_core.processes.ipc import bind_pull, connect_push, recv, send
-from minisgl_core.request_limits import check_request_fits
-from minisgl_core.sampling import SamplingParams, choice_seed, merge_sampling
+from minisgl_core.request_limits import admit
+from minisgl_core.sampling import SamplingParams
 from minisgl_core.tokenizer.detokenize import IncrementalDetokenizer
 from minisgl_core.tokenizer.load import apply_chat_template, load_tokenizer
 
@@ -63,7 +63,8 @@ class Admitter:
     ) -> None:
         self.tokenizer = tokenizer
         self.limits = limits
-        #: the model's sampling defaults (--generation-config) for fields a request leaves unset
+        #: the model's sampling defaults (--generation-config): the API server applied them all
+        #: but ``max_tokens``, which caps what the context leaves once the prompt is tokenized
         self.defaults = defaults or {}
         #: checks a request's grammar before admission, so a bad one is a 400 before anything runs
         self.grammars = grammars
@@ -87,6 +88,8 @@ class Admitter:
         return list(req.input_ids or [])
 
     def admit(self, req: TokenizeRequest) -> tuple[list[int], SamplingParams]:
+        """The prompt's token ids and the request's parameters admitted (``max_tokens`` decided);
+        the parameters themselves were validated by the API server and are not checked again."""
         prompt_field = "messages" if req.messages is not None else "prompt"
         try:
             ids = self.prompt_ids(req)
@@ -94,31 +97,8 @@ class Admitter:
             raise
         except Exception as exc:  # noqa: BLE001 - a template or tokenizer error is the request's problem
             raise RequestRejected(f"could not tokenize the prompt: {exc}", prompt_field) from exc
-        # request > model default > SamplingParams' (OpenAI's) default, field by field
-        params = merge_sampling(req.params, {k: v for k, v in self.defaults.items() if k != "max_tokens"})
-        room = min(self.limits.max_context_len, self.limits.kv_capacity_tokens) - len(ids)
-        if params.get("max_tokens") is None:
-            if room < 1:
-                raise RequestRejected(
-                    f"the prompt has {len(ids)} tokens and leaves no room for output in the context "
-                    f"length {self.limits.max_context_len}; shorten the prompt",
-                    prompt_field,
-                )
-            # the model's max_new_tokens caps what the context leaves, never the other way round
-            params["max_tokens"] = min(room, self.defaults.get("max_tokens") or room)
         try:
-            sampling = SamplingParams(**params)
-        except (TypeError, ValueError) as exc:
-            field = str(exc).split(" ", 1)[0]
-            raise RequestRejected(str(exc), req.max_tokens_field if field == "max_tokens" else field) from exc
-        try:
-            check_request_fits(
-                ids,
-                sampling,
-                vocab_size=self.limits.vocab_size,
-                max_context_len=self.limits.max_context_len,
-                kv_capacity_tokens=self.limits.kv_capacity_tokens,
-            )
+            sampling = admit(ids, req.params, self.limits, self.defaults.get("max_tokens"))
         except ValueError as exc:
             # Blame max_tokens only when lowering it would help.
             prompt_fits = len(ids) < min(self.limits.max_context_len, self.limits.kv_capacity_tokens)
@@ -142,7 +122,6 @@ def tokenizer_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_r
     tokenizer = load_tokenizer(spec.payload["model"], plugins, spec.payload.get("chat_template"))
     inbox = bind_pull(ctx, spec.endpoints.tokenizer)
     to_scheduler = connect_push(ctx, spec.endpoints.scheduler)
-    to_detokenizer = connect_push(ctx, spec.endpoints.detokenizer)
     to_api = connect_push(ctx, spec.endpoints.api)
     # The launcher sends the engine's limits once scheduler rank 0 is up; only then are we ready.
     limits = recv(inbox)
@@ -172,13 +151,7 @@ def tokenizer_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_r
             send(to_api, Admission(first, len(ids), sampling.max_tokens))
             for i, rid in enumerate(msg.rids):
                 # n > 1 with a seed: distinct but reproducible choices
-                seeded = (
-                    sampling
-                    if i == 0 or sampling.seed is None
-                    else replace(sampling, seed=choice_seed(sampling.seed, i))
-                )
-                send(to_detokenizer, DetokRegister(rid, sampling.stop, sampling.skip_special_tokens))
-                send(to_scheduler, EngineRequest(rid, ids, asdict(seeded)))
+                send(to_scheduler, EngineRequest(rid, ids, sampling.for_choice(i)))
         elif isinstance(msg, (AbortRequest, Shutdown)):
             send(to_scheduler, msg)
             if isinstance(msg, Shutdown):
@@ -196,15 +169,7 @@ class Detokenizer:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self.streams: dict[int, IncrementalDetokenizer] = {}
-        # Registration and outputs come from different processes; an output that overtakes its
-        # registration waits here.
-        self.early: dict[int, StepOutputs] = {}
         self._token_text: dict[int, str] = {}
-
-    def register(self, msg: DetokRegister) -> DetokOutputs | None:
-        self.streams[msg.rid] = IncrementalDetokenizer(self.tokenizer, msg.stop, msg.skip_special_tokens)
-        waiting = self.early.pop(msg.rid, None)
-        return self.convert(waiting) if waiting is not None else None
 
     def token_text(self, token_id: int) -> str:
         text = self._token_text.get(token_id)
@@ -213,14 +178,14 @@ class Detokenizer:
         return text
 
     def convert(self, step: StepOutputs) -> DetokOutputs:
+        # The scheduler opens a request's stream in the step that received it, so no later than
+        # its first token (one socket: nothing overtakes it).
+        for rid, stop, skip_special_tokens in step.streams:
+            self.streams[rid] = IncrementalDetokenizer(self.tokenizer, stop, skip_special_tokens)
         out = DetokOutputs(stats=step.stats)
         for i, rid in enumerate(step.rids):
             token, reason, matched = step.token_ids[i], step.finish_reasons[i], step.matched_stops[i]
             stream = self.streams.get(rid)
-            if stream is None and reason not in ("abort", "error"):
-                early = self.early.setdefault(rid, StepOutputs())
-                early.add(rid, token, reason, matched, step.logprobs[i], step.errors[i])
-                continue
             text = ""
             if stream is not None and token >= 0:
                 text = stream.add([token], finished=reason is not None, matched_stop=matched)
@@ -257,9 +222,7 @@ def detokenizer_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report
     while True:
         msg = recv(inbox)
         out: DetokOutputs | None = None
-        if isinstance(msg, DetokRegister):
-            out = detok.register(msg)
-        elif isinstance(msg, StepOutputs):
+        if isinstance(msg, StepOutputs):
             out = detok.convert(msg)
         elif isinstance(msg, Shutdown):
             return

@@ -18,6 +18,7 @@ from minisgl_core.api import (
 from minisgl_core.checkpoint.formats import open_model
 from minisgl_core.config import CUDA_PAGE_SIZE, EngineConfig
 from minisgl_core.plugins import PluginError, Plugins
+from minisgl_core.runner import quantization
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,21 @@ def resolve_page_size(
     return page_size
 
 
+def check_kv_dtype(
+    name: str, kv_dtype: torch.dtype, dtype: torch.dtype, backends: dict[str, type[AttentionBackend]]
+) -> None:
+    """A KV pool in another dtype than the run's needs backends that declare reading it."""
+    if kv_dtype == dtype:
+        return
+    if kv_dtype == torch.float8_e4m3fn:
+        refusing = sorted(n for n, cls in backends.items() if "kv_fp8" not in cls.capabilities)
+        if refusing:
+            raise PluginError(
+                f"attention backend {refusing[0]!r} does not support --kv-cache-dtype {name} (it does not "
+                f'declare "kv_fp8"); use --attn fi or --attn torch, or --kv-cache-dtype auto'
+            )
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig, parallel: ParallelContext, plugins: Plugins) -> None:
         self.config = config
@@ -70,8 +86,10 @@ class ModelRunner:
 
                 enable_fast_all_reduce(parallel, self.device)
         self.dtype = config.resolve_dtype(self.device)
+        self.kv_dtype = config.resolve_kv_dtype(self.dtype)
         prefill_name, decode_name = pick_attention(config.attn, self.device, plugins)
         attn_classes = {name: self._backend_class(name, plugins) for name in (prefill_name, decode_name)}
+        check_kv_dtype(config.kv_cache_dtype, self.kv_dtype, self.dtype, attn_classes)
         self.page_size = resolve_page_size(config.page_size, self.device, attn_classes)
         #: the model on disk, through its weight format (safetensors, or a plugin's: GGUF...)
         self.source = open_model(config.model, plugins)
@@ -88,7 +106,7 @@ class ModelRunner:
             page_size=self.page_size,
             num_kv_heads=spec.num_kv_heads,
             head_dim=spec.head_dim,
-            dtype=self.dtype,
+            dtype=self.kv_dtype,
             device=self.device,
         )
         # The last KV page and one spare page-table row are kept out of the scheduler's hands:
@@ -149,6 +167,9 @@ class ModelRunner:
                 model = model_cls(model_config)
         finally:
             torch.set_default_dtype(default_dtype)
+        method = quantization.make_quantization(self.config.quantization, plugins, self.device, self.dtype)
+        if method is not None:
+            quantization.before_loading(model, method)
         seen: list[str] = []
 
         def tracked():
@@ -172,6 +193,8 @@ class ModelRunner:
         if unused:
             shown = ", ".join(unused[:8]) + (f" and {len(unused) - 8} more" if len(unused) > 8 else "")
             logger.warning("%s did not use %d checkpoint tensors: %s", arch, len(unused), shown)
+        if method is not None:
+            quantization.after_loading(model, method)
         return model.eval()
 
     def _num_kv_pages(self, num_layers: int, num_kv_heads: int, head_dim: int) -> int:
@@ -179,7 +202,7 @@ class ModelRunner:
         if self.config.num_kv_tokens is not None:
             tokens = self.config.num_kv_tokens
         elif self.device.type == "cuda":
-            per_token = KVCache.bytes_per_token(num_layers, num_kv_heads, head_dim, self.dtype)
+            per_token = KVCache.bytes_per_token(num_layers, num_kv_heads, head_dim, self.kv_dtype)
             free, _ = torch.cuda.mem_get_info(self.device)
             # Leave room for activations, CUDA graphs and the sampler.
             reserve = 4 << 30

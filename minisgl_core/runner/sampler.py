@@ -12,15 +12,15 @@ shares its batch.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from minisgl_core.api.layers.fused import fused
-from minisgl_core.api.layers.triton_ops import triton_enabled
+from minisgl_core import environment
+from minisgl_core.layers.fused import fused
+from minisgl_core.layers.triton_ops import triton_enabled
 from minisgl_core.sampling import SamplingParams, TokenLogprob
 
 #: uniform draws are clamped here so that neither log below sees 0 (an event of probability 1e-20)
@@ -84,7 +84,7 @@ def gumbel_argmax_chunked(
         logits = logits.contiguous()
     gumbel_chunk_max_kernel[(rows, chunks)](
         logits, logits.stride(0), scale, noise_scale, seed, vocab, values, indices, chunks,
-        TINY=_TINY, CHUNK=_CHUNK, FAST_LOG=os.environ.get("TRITON_INTERPRET") != "1", num_warps=8,
+        TINY=_TINY, CHUNK=_CHUNK, FAST_LOG=not environment.triton_interpreter(), num_warps=8,
     )  # fmt: skip
     return indices.gather(1, values.argmax(dim=1, keepdim=True)).squeeze(1)
 

@@ -7,6 +7,10 @@ decode runs out of pages, in which case the scheduler retracts the newest runnin
 KV goes to the prefix cache and it later resumes from there, so nothing accepted is dropped.
 Pages are allocated lazily; unlocked cache entries are evicted (LRU) only when the free list
 runs short.
+
+The prefix cache is searched once per admission: the match the policy's ``cached_prefix_len``
+asked for is remembered and is the one :meth:`KVManager.admit` locks, until the cache changes
+(an insert or an eviction, all of which go through this class) or the next scheduling round.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import math
 
 import torch
 
-from minisgl_core.api import CacheManager
+from minisgl_core.api import CacheManager, PrefixMatch
 from minisgl_core.scheduler.allocator import PageAllocator
 from minisgl_core.scheduler.request import Request
 
@@ -48,6 +52,9 @@ class KVManager:
         self.prompt_tokens = 0
         self.cached_tokens = 0
         self._offsets = torch.arange(page_size, dtype=torch.int64)
+        #: this round's prefix matches by rid, with the token list each matched; emptied whenever
+        #: the cache changes, since a match may then be stale (shorter, or its entry evicted)
+        self._matches: dict[int, tuple[list[int], PrefixMatch]] = {}
 
     # ------------------------------------------------------------ accounting
 
@@ -93,8 +100,22 @@ class KVManager:
         """KV tokens not free: held by running requests or by the cache."""
         return (self.allocator.num_pages - self.allocator.free_pages) * self.page_size
 
-    def cached_prefix_len(self, tokens: list[int]) -> int:
-        return self._usable_prefix(len(self.cache.match_prefix(tokens).slots), len(tokens))
+    def match(self, req: Request) -> PrefixMatch:
+        """The cache's match for what the request must fill, searched once while the cache does
+        not change: the policy's question and the admission that follows share it."""
+        seen = self._matches.get(req.rid)
+        if seen is not None and seen[0] is req.fill_ids:
+            return seen[1]
+        match = self.cache.match_prefix(req.fill_ids)
+        self._matches[req.rid] = (req.fill_ids, match)
+        return match
+
+    def new_round(self) -> None:
+        """A scheduling round starts: forget the last one's matches (and requests gone since)."""
+        self._matches.clear()
+
+    def cached_prefix_len(self, req: Request) -> int:
+        return self._usable_prefix(len(self.match(req).slots), req.fill_len)
 
     def _usable_prefix(self, matched: int, prompt_len: int) -> int:
         # At least one prompt token must run through the model to produce the first output logits.
@@ -103,8 +124,8 @@ class KVManager:
     # ------------------------------------------------------------ admission
 
     def admit(self, req: Request) -> bool:
-        """Match and lock the cached prefix if the request's expected KV fits."""
-        match = self.cache.match_prefix(req.fill_ids)
+        """Lock the cached prefix (the round's one match) if the request's expected KV fits."""
+        match = self.match(req)
         self.cache.lock(match.handle)
         prefix_len = self._usable_prefix(len(match.slots), req.fill_len)
         need = ceil_div(self.expected_final_len(req), self.page_size) - prefix_len // self.page_size
@@ -154,6 +175,7 @@ class KVManager:
         nothing taken) when even that is not enough."""
         short = n - self.allocator.free_pages
         if short > 0:
+            self._matches.clear()
             self.allocator.free_slots(self.cache.evict(short * self.page_size))
         if n > self.allocator.free_pages:
             return None
@@ -209,6 +231,7 @@ class KVManager:
         if aligned <= req.prefix_len:
             return
         tokens = req.fill_ids[:aligned]
+        self._matches.clear()
         self.allocator.free_slots(self.cache.insert_prefix(tokens, self.slots_of(req, aligned)))
         match = self.cache.match_prefix(tokens)
         self.cache.lock(match.handle)
@@ -229,6 +252,7 @@ class KVManager:
         all_slots = self.slots_of(req, len(req.pages) * self.page_size + req.prefix_len)
         tokens = req.all_ids()[:aligned]
         if aligned:
+            self._matches.clear()
             self.allocator.free_slots(self.cache.insert_prefix(tokens, all_slots[:aligned]))
         # The pages past the aligned part (partly written or never used) return to the allocator.
         tail_pages = req.pages[(max(aligned, req.prefix_len) - req.prefix_len) // self.page_size :]

@@ -75,9 +75,6 @@ class Scheduler:
         self.make_generator = make_generator
         #: group decode requests that share a cached prefix (the decode backend declares "cascade")
         self.cascade = cascade
-        #: set by the engine: completes the step still in flight (overlap) before a retraction,
-        #: so the retracted request keeps the token it was computing
-        self.complete_inflight: Callable[[], None] = lambda: None
         self.waiting: dict[int, Request] = {}
         self.running: dict[int, Request] = {}
         self._arrivals = 0
@@ -103,6 +100,16 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def decode_may_retract(self) -> bool:
+        """Whether decoding the running requests could run out of pages and retract one. The
+        engine then lands the step in flight (overlap) before it plans the next: the requests that
+        step finishes free their KV first, and a retracted request keeps the token it computed.
+        One comparison unless the pool is nearly exhausted."""
+        obtainable = self.kv.obtainable_pages()
+        return len(self.running) > obtainable and (
+            self.kv.needing_a_page(list(self.running.values())) > obtainable
+        )
+
     # ------------------------------------------------------------------ planning
 
     def state(self) -> SchedulerState:
@@ -116,12 +123,13 @@ class Scheduler:
             waiting=[r.view() for r in self.waiting.values()],
             running=[r.view() for r in self.running.values()],
             budgets=budgets,
-            cached_prefix_len=lambda rid: self.kv.cached_prefix_len(self.waiting[rid].fill_ids),
+            cached_prefix_len=lambda rid: self.kv.cached_prefix_len(self.waiting[rid]),
         )
 
     def schedule(self) -> ScheduledBatch | None:
         if not self.has_work:
             return None
+        self.kv.new_round()
         plan = self.policy.schedule(self.state())
         if isinstance(plan, PrefillPlan):
             batch = self._build_prefill(plan)
@@ -204,7 +212,7 @@ class Scheduler:
                 reqs, {r.rid: r.num_computed + 1 for r in reqs}, self.kv.page_size
             )
         slots = self.kv.decode_slots(reqs)
-        if slots is None:  # cannot happen: check_request keeps one request within the pool
+        if slots is None:  # cannot happen: admission keeps one request within the pool
             raise RuntimeError("KV pool exhausted with a single request running")
         self.kv.decayed()
         positions = [r.num_computed for r in reqs]
@@ -262,14 +270,9 @@ class Scheduler:
         """Retract the newest requests (removed from ``reqs``) until every other one can grow by a token.
 
         A retracted request gives its KV to the prefix cache and goes back to ``waiting`` with its
-        output so far appended to what it must prefill."""
+        output so far appended to what it must prefill. No step is in flight here: the engine
+        lands it first when :meth:`decode_may_retract` says so."""
         needed = self.kv.needing_a_page(reqs)
-        if needed > self.kv.obtainable_pages():
-            # Rare: wait for the step in flight. Requests it finishes free their KV, and the
-            # ones we retract keep their newest token.
-            self.complete_inflight()
-            reqs[:] = [r for r in reqs if self.running.get(r.rid) is r]
-            needed = self.kv.needing_a_page(reqs)
         while needed > self.kv.obtainable_pages() and len(reqs) > 1:
             victim = max(reqs, key=lambda r: r.arrival)
             reqs.remove(victim)

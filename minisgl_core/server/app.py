@@ -13,6 +13,7 @@ from minisgl_core.server.api_options import ApiOptions, ApiTokenizer
 from minisgl_core.server.body_limit import BodySizeLimit
 from minisgl_core.server.errors import APIError, install_error_handlers
 from minisgl_core.server.native_routes import health_router, info_router, native_router
+from minisgl_core.server.openapi import build_schema
 from minisgl_core.server.routes import make_router
 from minisgl_core.server.state import ServerState
 from minisgl_core.server.tokenize_routes import tokenize_router
@@ -48,7 +49,7 @@ def create_app(
         finally:
             await state.stop()
 
-    # No /docs or /openapi.json: they would be the only pages the API key does not protect.
+    # /openapi.json is served below, behind the API key like the API it describes; no /docs pages.
     app = FastAPI(title="minisgl", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
 
     def count_error(status: int) -> None:
@@ -74,4 +75,11 @@ def create_app(
     app.include_router(info_router(state, info or {}), dependencies=protected)
     app.add_middleware(BodySizeLimit, max_bytes=state.limits.max_body_bytes)
     app.include_router(tokenize_router(state, tokenizer), dependencies=protected)
+    schema = build_schema(app, protected=bool(protected))
+    app.openapi = lambda: schema  # type: ignore[method-assign]
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=protected)
+    async def openapi() -> dict[str, Any]:
+        return schema
+
     return app

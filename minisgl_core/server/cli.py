@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from minisgl_core import environment
 from minisgl_core.plugins import Plugins
 from minisgl_core.server.limits import add_limit_args, limits_from_args
 
@@ -22,7 +22,7 @@ def _add_http_args(p: argparse.ArgumentParser, port: int) -> None:
     g.add_argument("--port", type=int, default=port, help="HTTP port (0 = any free port)")
     g.add_argument(
         "--api-key",
-        default=os.environ.get("MINISGL_API_KEY"),
+        default=environment.get("MINISGL_API_KEY"),
         help="require 'Authorization: Bearer KEY' on every endpoint but /health (env MINISGL_API_KEY)",
     )
     g.add_argument(
@@ -138,12 +138,12 @@ def _serve_options(args: argparse.Namespace):
     from minisgl_core.processes.runtime import RuntimeOptions
     from minisgl_core.server.launcher import ServeOptions
 
-    if args.api_key and os.environ.get("MINISGL_API_KEY") != args.api_key:
+    if args.api_key and environment.get("MINISGL_API_KEY") != args.api_key:
         logger.warning(
             "--api-key is visible to every local user in the process list; prefer env MINISGL_API_KEY"
         )
     # Only the API server checks the key: the worker processes need not inherit it.
-    os.environ.pop("MINISGL_API_KEY", None)
+    environment.forget("MINISGL_API_KEY")
     plugins = Plugins.load(disable=args.disable_plugin)
     plugin_options = {d: getattr(args, d) for d in getattr(args, "plugin_dests", [])}
     config = engine_config_from_args(args, plugin_options)

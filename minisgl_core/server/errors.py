@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -64,7 +66,7 @@ def validation_error(exc: RequestValidationError) -> APIError:
         return APIError(400, "invalid request body")
     # A union field reports one error per member; a member's own check (a lone surrogate, a range)
     # says more than "not a list" from the members the value was never meant to be.
-    err = next((e for e in errors if not _is_type_mismatch(e)), errors[0])
+    err = next((e for e in errors if not _is_type_mismatch(e)), None) or _closest_member(errors)
     loc = [str(p) for p in err.get("loc", ()) if p != "body"]
     kind = err.get("type", "")
     if kind == "json_invalid":
@@ -79,7 +81,46 @@ def validation_error(exc: RequestValidationError) -> APIError:
             400, f"unsupported field {param!r}: minisgl does not implement it", param, "unsupported_field"
         )
     msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+    if kind in ("int_type", "float_type", "bool_type", "string_type") and "input" in err:
+        got = _json_kind(err["input"])
+        if kind == "float_type" and got == "an integer":  # only one past a double's range fails
+            got = "an integer this large"
+        msg += f", not {got}"  # "an integer, not a boolean": what was wrong
     return APIError(400, f"{param}: {msg}" if param else msg, param)
+
+
+def _closest_member(errors: list[Any]) -> Any:
+    """The type mismatch to report: among the first field's errors, the one from the union member
+    the value came closest to (fewest errors, then the deepest path), so that ``prompt: [true, 5]``
+    is "prompt.0: not an integer" from list[int] rather than "not a string" from str."""
+    field = errors[0].get("loc", ())[:2]
+    candidates = [e for e in errors if e.get("loc", ())[:2] == field]
+    per_member = Counter(_member(e) for e in candidates)
+    return min(candidates, key=lambda e: (per_member[_member(e)], -len(e.get("loc", ()))))
+
+
+def _member(err: Any) -> tuple[str, ...]:
+    loc = tuple(str(p) for p in err.get("loc", ()))
+    for i, part in enumerate(loc):
+        if _is_union_member_tag(part):
+            return loc[: i + 1]
+    return loc
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number with a fraction" if math.isfinite(value) else "NaN or infinity"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, (list, tuple)):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return "null" if value is None else type(value).__name__
 
 
 def _is_union_member_tag(part: str) -> bool:

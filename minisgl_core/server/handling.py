@@ -1,4 +1,4 @@
-"""What every generating route does the same way: early range checks, then answering from a
+"""What every generating route does the same way: the request's one SamplingParams, then answering from a
 RequestGroup as a stream of SSE chunks or as one JSON body, aborting whatever the client abandons."""
 
 from __future__ import annotations
@@ -13,25 +13,33 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from minisgl_core.sampling import SamplingParams, merge_sampling
 from minisgl_core.server.errors import APIError
 from minisgl_core.server.responses import Choice
-from minisgl_core.server.state import RequestGroup
+from minisgl_core.server.state import ModelInfo, RequestGroup
 
 #: status for a request whose client left before the answer (nginx's convention; nobody reads it)
 CLIENT_CLOSED = 499
 
 
-def check_sampling(fields: dict[str, Any], rename: dict[str, str], vocab_size: int) -> None:
-    """Range-check the fields the request set (None = unset, max_tokens may still be unknown) as a
-    400 naming the field, before anything reaches the workers (an integer past 64 bits cannot even
-    travel there); the model's defaults fill the unset ones later and were checked at start."""
+def sampling_params(fields: dict[str, Any], rename: dict[str, str], model: ModelInfo) -> SamplingParams:
+    """The request's SamplingParams, built and validated here once for every process after this one.
+
+    Field by field: what the request set (None = unset), else the model's default
+    (``--generation-config``), else SamplingParams' own (OpenAI's); ``max_tokens`` left unset stays
+    None, and admission gives the request what the context leaves (at most the model's default).
+    A bad field is a 400 naming it (``rename``: the body's name for a field), before anything
+    reaches the workers (an integer past 64 bits cannot even travel there); the model's defaults
+    were checked at start."""
+    defaults = {k: v for k, v in model.sampling_defaults.items() if k != "max_tokens"}
     try:
-        max_tokens = 1 if fields["max_tokens"] is None else fields["max_tokens"]
-        SamplingParams(**{**merge_sampling(fields, {}), "max_tokens": max_tokens})
+        params = SamplingParams(**{**merge_sampling(fields, defaults), "max_tokens": fields["max_tokens"]})
     except ValueError as exc:
         name = str(exc).split(" ", 1)[0]
         raise APIError(
             400, str(exc).replace(name, rename.get(name, name), 1), rename.get(name, name)
         ) from exc
-    check_token_ids(fields["stop_token_ids"], vocab_size, rename.get("stop_token_ids", "stop_token_ids"))
+    check_token_ids(
+        list(params.stop_token_ids), model.vocab_size, rename.get("stop_token_ids", "stop_token_ids")
+    )
+    return params
 
 
 def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:

@@ -9,87 +9,79 @@ request past its deadline with a timeout error, and a stalled engine with a 503 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import Field, dataclass, field, fields
+from typing import Any
 
 #: no BPE vocabulary of a served model has tokens longer than this many characters on average, so a
 #: prompt over ``context * CHARS_PER_TOKEN`` characters cannot fit and is refused without tokenizing
 CHARS_PER_TOKEN = 16
 
 
+def _limit(default: float, flag: str, help_text: str) -> Any:
+    """A limit with its command-line flag: the one place each is defined."""
+    return field(default=default, metadata={"flag": flag, "help": help_text})
+
+
 @dataclass(frozen=True)
 class ServerLimits:
-    #: largest request body in bytes (413 above)
-    max_body_bytes: int = 32 << 20
+    max_body_bytes: int = _limit(32 << 20, "--max-body-bytes", "largest request body (413)")
     #: engine sequences one request may start: prompts x n (400 above)
-    max_sequences_per_request: int = 256
+    max_sequences_per_request: int = _limit(
+        256, "--max-sequences-per-request", "prompts x n one request may run (400 above)"
+    )
     #: engine sequences admitted but not finished across the server; beyond it new requests get 429
-    max_queued_sequences: int = 4096
-    #: seconds a request may run before it ends with a timeout error (0: no limit); a request's
-    #: own ``timeout`` field may only lower it
-    request_timeout_s: float = 0.0
-    #: seconds SIGTERM waits for in-flight requests before ending their streams with an error
-    shutdown_timeout_s: float = 10.0
-    #: /health answers 503 when scheduler rank 0 has not reported for this long
-    health_timeout_s: float = 20.0
+    max_queued_sequences: int = _limit(
+        4096,
+        "--max-queued-requests",
+        "engine sequences queued or running before new requests get 429 with Retry-After",
+    )
+    #: a request's own ``timeout`` field may only lower it
+    request_timeout_s: float = _limit(
+        0.0, "--request-timeout", "seconds a request may run before it ends with a timeout error (0 = none)"
+    )
+    shutdown_timeout_s: float = _limit(
+        10.0,
+        "--shutdown-timeout",
+        "seconds SIGTERM lets in-flight requests finish before ending them with an error",
+    )
+    #: measured from scheduler rank 0's latest report
+    health_timeout_s: float = _limit(
+        20.0,
+        "--health-timeout",
+        "/health answers 503 when the scheduler has not reported for this many seconds",
+    )
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_sequences_per_request", "max_queued_sequences"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
-        for name in ("request_timeout_s", "shutdown_timeout_s", "health_timeout_s"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"--{name.removesuffix('_s').replace('_', '-')} must not be negative")
+        for f in fields(self):
+            value, flag = getattr(self, f.name), f.metadata["flag"]
+            if isinstance(f.default, int) and value < 1:
+                raise ValueError(f"{flag} must be at least 1")
+            if value < 0:
+                raise ValueError(f"{flag} must not be negative")
 
     def max_prompt_chars(self, max_context_len: int) -> int:
         return max_context_len * CHARS_PER_TOKEN
 
 
+def _dest(f: Field) -> str:
+    # the names the options always had (plugins see them in ProcessContext.options)
+    return f.name.removesuffix("_s")
+
+
 def add_limit_args(p: argparse.ArgumentParser) -> None:
-    d = ServerLimits()
     g = p.add_argument_group("overload and shutdown")
-    g.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, help="largest request body (413)")
-    g.add_argument(
-        "--max-sequences-per-request",
-        type=int,
-        default=d.max_sequences_per_request,
-        help="prompts x n one request may run (400 above)",
-    )
-    g.add_argument(
-        "--max-queued-requests",
-        dest="max_queued_sequences",
-        type=int,
-        default=d.max_queued_sequences,
-        help="engine sequences queued or running before new requests get 429 with Retry-After",
-    )
-    g.add_argument(
-        "--request-timeout",
-        type=float,
-        default=d.request_timeout_s,
-        help="seconds a request may run before it ends with a timeout error (0 = none)",
-    )
-    g.add_argument(
-        "--shutdown-timeout",
-        type=float,
-        default=d.shutdown_timeout_s,
-        help="seconds SIGTERM lets in-flight requests finish before ending them with an error",
-    )
-    g.add_argument(
-        "--health-timeout",
-        type=float,
-        default=d.health_timeout_s,
-        help="/health answers 503 when the scheduler has not reported for this many seconds",
-    )
+    for f in fields(ServerLimits):
+        g.add_argument(
+            f.metadata["flag"],
+            dest=_dest(f),
+            type=type(f.default),
+            default=f.default,
+            help=f.metadata["help"],
+        )
 
 
 def limits_from_args(args: argparse.Namespace) -> ServerLimits:
     try:
-        return ServerLimits(
-            max_body_bytes=args.max_body_bytes,
-            max_sequences_per_request=args.max_sequences_per_request,
-            max_queued_sequences=args.max_queued_sequences,
-            request_timeout_s=args.request_timeout,
-            shutdown_timeout_s=args.shutdown_timeout,
-            health_timeout_s=args.health_timeout,
-        )
+        return ServerLimits(**{f.name: getattr(args, _dest(f)) for f in fields(ServerLimits)})
     except ValueError as exc:
         raise SystemExit(f"minisgl: error: {exc}") from None

@@ -4,7 +4,6 @@ asks for, and /health (never behind the key)."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -13,7 +12,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.server import responses as r
 from minisgl_core.server.errors import APIError, sse_error
-from minisgl_core.server.handling import check_sampling, check_token_ids, respond
+from minisgl_core.server.handling import check_token_ids, respond, sampling_params
 from minisgl_core.server.schemas import GenerateRequest
 from minisgl_core.server.state import RequestGroup, ServerState
 
@@ -36,14 +35,13 @@ def native_router(state: ServerState) -> APIRouter:
 
     @router.post("/generate")
     async def generate(body: GenerateRequest, request: Request) -> Response:
-        fields = body.sampling_fields()
-        check_sampling(fields, NATIVE_NAMES, state.model.vocab_size)
+        params = sampling_params(body.sampling_fields(), NATIVE_NAMES, state.model)
         if body.input_ids is not None:
             check_token_ids(body.input_ids, state.model.vocab_size, "input_ids")
         group = RequestGroup(state)
         group.set_timeout(body.timeout)
         await group.add(
-            fields,
+            params,
             1,
             text=body.text,
             input_ids=body.input_ids,
@@ -75,7 +73,7 @@ def native_router(state: ServerState) -> APIRouter:
 
         return await respond(group, request, body.stream, chunks, build)
 
-    @router.get("/metrics")
+    @router.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
@@ -168,7 +166,7 @@ def info_router(state: ServerState, info: dict[str, Any]) -> APIRouter:
 
 
 #: the smallest request that runs the engine: one greedy token
-_PROBE: dict[str, Any] = asdict(SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+_PROBE = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
 
 
 def minisgl_version() -> str:

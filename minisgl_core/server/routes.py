@@ -17,7 +17,7 @@ from minisgl_core.server import responses as r
 from minisgl_core.server.api_options import ApiOptions, ApiTokenizer
 from minisgl_core.server.chat_output import ChoiceOutput
 from minisgl_core.server.errors import APIError, sse_error
-from minisgl_core.server.handling import check_sampling, check_token_ids, respond
+from minisgl_core.server.handling import check_token_ids, respond, sampling_params
 from minisgl_core.server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from minisgl_core.server.state import RequestGroup, ServerState
 from minisgl_core.server.tools import plan_tools
@@ -56,13 +56,13 @@ def make_router(
                     "tool_choice",
                 )
             fields["grammar"] = plan.grammar
-        check_sampling(
-            fields, {"max_tokens": body.max_tokens_field, "logprobs": "top_logprobs"}, model.vocab_size
+        params = sampling_params(
+            fields, {"max_tokens": body.max_tokens_field, "logprobs": "top_logprobs"}, model
         )
         group = RequestGroup(state)
         group.set_timeout(body.timeout)
         await group.add(
-            fields,
+            params,
             body.n,
             messages=body.template_messages(),
             max_tokens_field=body.max_tokens_field,
@@ -126,8 +126,7 @@ def make_router(
     @router.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
         check_model(body)
-        fields = body.sampling_fields()
-        check_sampling(fields, {}, model.vocab_size)
+        params = sampling_params(body.sampling_fields(), {}, model)
         try:
             prompts = body.prompts()
         except ValueError as exc:
@@ -150,9 +149,9 @@ def make_router(
         try:
             for prompt in prompts:
                 if isinstance(prompt, str):
-                    await group.add(fields, body.n, text=prompt, grammar_field=body.grammar_field)
+                    await group.add(params, body.n, text=prompt, grammar_field=body.grammar_field)
                 else:
-                    await group.add(fields, body.n, input_ids=prompt, grammar_field=body.grammar_field)
+                    await group.add(params, body.n, input_ids=prompt, grammar_field=body.grammar_field)
         except BaseException:
             group.close()  # the prompts admitted before the bad one
             raise

@@ -17,12 +17,14 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationInfo,
     field_validator,
     model_validator,
 )
+from pydantic.types import Strict
 
 from minisgl_core.api.grammar import GrammarSpec
 
@@ -44,6 +46,24 @@ def _utf8(text: str) -> str:
 
 #: every string of a request body: valid Unicode text (no lone surrogates)
 Text = Annotated[str, AfterValidator(_utf8)]
+
+
+def _integral_number(value: Any) -> Any:
+    # JSON has one kind of number and some clients write every number as 5.0: a float with no
+    # fraction is that integer (as vLLM reads it); anything else goes on to the strict check.
+    if type(value) is float and value.is_integer():
+        return int(value)
+    return value
+
+
+# Pydantic's lax mode reads true as 1, "5" as 5 and "yes" as true; OpenAI refuses all three with a
+# 400, and so do these types: a field never silently takes a value the client did not write.
+#: a JSON integer (5.0 counts as 5); not a boolean, a string or a fraction
+Int = Annotated[int, Strict(), BeforeValidator(_integral_number)]
+#: a JSON number; not a boolean or a string
+Float = Annotated[float, Strict()]
+#: JSON true or false; not 0/1 or a string
+Bool = Annotated[bool, Strict()]
 
 
 #: SGLang fields the SGLang Model Gateway (sglang-router) writes into every request it forwards,
@@ -82,7 +102,7 @@ class StrictModel(BaseModel):
 
 
 class StreamOptions(StrictModel):
-    include_usage: bool = False
+    include_usage: Bool = False
 
 
 class JsonSchemaFormat(StrictModel):
@@ -92,9 +112,9 @@ class JsonSchemaFormat(StrictModel):
 
     name: str
     description: str | None = None
-    schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")
+    schema_: dict[str, Any] | Bool | None = Field(default=None, alias="schema")
     #: accepted; the output always follows the schema exactly (what strict asks for)
-    strict: bool | None = None
+    strict: Bool | None = None
 
 
 class ResponseFormat(StrictModel):
@@ -124,7 +144,7 @@ class StructuredOutputs(StrictModel):
     regex: str | None = None
     choice: list[str] | None = Field(default=None, min_length=1)
     grammar: str | None = None
-    json_object: bool | None = None
+    json_object: Bool | None = None
     structural_tag: str | None = None
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
@@ -292,7 +312,7 @@ class FunctionDefinition(StrictModel):
     description: str | None = None
     #: a JSON schema of the arguments object
     parameters: dict[str, Any] | None = None
-    strict: bool | None = None
+    strict: Bool | None = None
 
 
 class ToolDefinition(StrictModel):
@@ -313,31 +333,31 @@ class SamplingFields(GrammarFields):
     """Sampling options shared by chat and completions (OpenAI names plus top_k/min_p/ignore_eos)."""
 
     model: Text | None = None
-    max_tokens: int | None = None
+    max_tokens: Int | None = None
     #: None = unset: the model's default (--generation-config), else OpenAI's
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    seed: int | None = None
+    temperature: Float | None = None
+    top_p: Float | None = None
+    top_k: Int | None = None
+    min_p: Float | None = None
+    seed: Int | None = None
     stop: Text | list[Text] | None = None
-    stop_token_ids: list[int] | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    n: int = Field(default=1, ge=1, le=MAX_N)
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
-    stream: bool = False
+    stop_token_ids: list[Int] | None = None
+    presence_penalty: Float = 0.0
+    frequency_penalty: Float = 0.0
+    n: Int = Field(default=1, ge=1, le=MAX_N)
+    ignore_eos: Bool = False
+    skip_special_tokens: Bool = True
+    stream: Bool = False
     stream_options: StreamOptions | None = None
     #: token id (as a string, JSON keys are) -> bias in [-100, 100]
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, Float] | None = None
     #: None = unset: the model's default (generation_config.json), else 1.0 (off)
-    repetition_penalty: float | None = None
+    repetition_penalty: Float | None = None
     #: accepted as harmless metadata (OpenAI uses it for abuse monitoring)
     user: Text | None = None
     #: seconds after which the request ends with a timeout error (the server's --request-timeout
     #: still bounds it)
-    timeout: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S)
+    timeout: Float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S)
 
     def sampling_fields(self) -> dict[str, Any]:
         """SamplingParams keyword arguments; max_tokens None = what the context has left."""
@@ -382,13 +402,13 @@ class SamplingFields(GrammarFields):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = None
+    max_completion_tokens: Int | None = None
+    logprobs: Bool = False
+    top_logprobs: Int | None = None
     tools: list[ToolDefinition] | None = None
     #: default "auto" when tools are given, else "none" (OpenAI's defaults)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool = True
+    parallel_tool_calls: Bool = True
     #: extra variables for the chat template, e.g. {"enable_thinking": false} for Qwen3
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -421,11 +441,11 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: Text | list[Text] | list[int] | list[list[int]]
+    prompt: Text | list[Text] | list[Int] | list[list[Int]]
     #: the number of top tokens to report per position (OpenAI's completions convention)
-    logprobs: int | None = None
+    logprobs: Int | None = None
     #: answer with the prompt followed by the completion
-    echo: bool = False
+    echo: Bool = False
     #: fill-in-the-middle text after the completion: not supported, rejected with a 400
     suffix: str | None = None
 
@@ -458,19 +478,19 @@ class CompletionRequest(SamplingFields):
 class GenerateSampling(StrictModel):
     """The native API's sampling_params (SGLang names)."""
 
-    max_new_tokens: int | None = None
+    max_new_tokens: Int | None = None
     #: None = unset: the model's default (--generation-config), else OpenAI's
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
+    temperature: Float | None = None
+    top_p: Float | None = None
+    top_k: Int | None = None
+    min_p: Float | None = None
     stop: Text | list[Text] | None = None
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False
-    seed: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    skip_special_tokens: bool = True
+    stop_token_ids: list[Int] | None = None
+    ignore_eos: Bool = False
+    seed: Int | None = None
+    presence_penalty: Float = 0.0
+    frequency_penalty: Float = 0.0
+    skip_special_tokens: Bool = True
     #: SGLang's constraints: a JSON schema (as JSON text), a regex or an EBNF grammar; one at most
     json_schema: str | None = None
     regex: str | None = None
@@ -500,12 +520,12 @@ class GenerateSampling(StrictModel):
 
 class GenerateRequest(StrictModel):
     text: Text | None = None
-    input_ids: list[int] | None = None
+    input_ids: list[Int] | None = None
     sampling_params: GenerateSampling = Field(default_factory=GenerateSampling)
-    stream: bool = False
-    return_logprob: bool = False
-    top_logprobs_num: int = 0
-    timeout: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S)
+    stream: Bool = False
+    return_logprob: Bool = False
+    top_logprobs_num: Int = 0
+    timeout: Float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S)
 
     @model_validator(mode="after")
     def _one_prompt(self) -> GenerateRequest:

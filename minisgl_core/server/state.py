@@ -24,6 +24,7 @@ import zmq.asyncio
 
 from minisgl_core.messages import AbortRequest, Admission, DetokOutputs, TokenizeRequest, decode
 from minisgl_core.processes.ipc import bind_pull, connect_push, send
+from minisgl_core.sampling import SamplingParams
 from minisgl_core.server.errors import APIError
 from minisgl_core.server.limits import ServerLimits
 from minisgl_core.server.metrics import Metrics
@@ -40,6 +41,8 @@ class ModelInfo:
     max_context_len: int
     kv_capacity_tokens: int
     vocab_size: int
+    #: the model's sampling defaults (--generation-config) for fields a request leaves unset
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,7 @@ class RequestGroup:
 
     async def add(
         self,
-        params: dict[str, Any],
+        params: SamplingParams,
         n: int = 1,
         *,
         text: str | None = None,

@@ -15,23 +15,23 @@ from pydantic import Field
 
 from minisgl_core.server.api_options import ApiTokenizer
 from minisgl_core.server.errors import APIError
-from minisgl_core.server.schemas import ChatMessage, StrictModel, ToolDefinition
+from minisgl_core.server.schemas import Bool, ChatMessage, Int, StrictModel, ToolDefinition
 from minisgl_core.server.state import ServerState
 
 
 class TokenizeBody(StrictModel):
     model: str | None = None
     prompt: str | None = None
-    add_special_tokens: bool = False
+    add_special_tokens: Bool = False
     messages: list[ChatMessage] | None = None
-    add_generation_prompt: bool = True
+    add_generation_prompt: Bool = True
     tools: list[ToolDefinition] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
 
 class DetokenizeBody(StrictModel):
     model: str | None = None
-    tokens: list[int] = Field(min_length=0)
+    tokens: list[Int] = Field(min_length=0)
 
 
 def _encode(tokenizer: Any, body: TokenizeBody) -> list[int]:

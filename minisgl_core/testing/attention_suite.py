@@ -43,7 +43,9 @@ from minisgl_core.testing.paged import (
     store_prefixes,
 )
 
-KNOWN_CAPABILITIES = frozenset({"prefill", "decode", "cuda_graph", "page_size>1", "cascade", "prestored_kv"})
+KNOWN_CAPABILITIES = frozenset(
+    {"prefill", "decode", "cuda_graph", "page_size>1", "cascade", "prestored_kv", "kv_fp8"}
+)
 #: (atol, rtol) when the suite does not set them
 DEFAULT_TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float16: (4e-3, 4e-3), torch.bfloat16: (2e-2, 2e-2)}
 #: the layer single-layer tests use; layer 0 holds garbage a backend must not read
@@ -167,9 +169,17 @@ class AttentionBackendSuite:
     def random_tensor(self, generator: torch.Generator, *shape: int, scale: float = 1.0) -> torch.Tensor:
         return (torch.randn(shape, generator=generator) * scale).to(device=self.device, dtype=self.dtype)
 
-    def make_problem(self, shape: Shape, capacities: Sequence[int], generator: torch.Generator) -> Problem:
+    def make_problem(
+        self,
+        shape: Shape,
+        capacities: Sequence[int],
+        generator: torch.Generator,
+        kv_dtype: torch.dtype | None = None,
+    ) -> Problem:
         """A backend over a 2-layer pool full of garbage and a layout giving each sequence room
-        for ``capacities[i]`` tokens; the sequences' K/V are generated, not yet stored."""
+        for ``capacities[i]`` tokens; the sequences' K/V are generated, not yet stored.
+        ``kv_dtype``: the pool's dtype when not the suite's (float8_e4m3fn for "kv_fp8"); the
+        dense K/V are then rounded through it, so the reference sees what the pool holds."""
         if shape.page_size > 1:
             self.require("page_size>1")
         page_size = shape.page_size
@@ -182,7 +192,7 @@ class AttentionBackendSuite:
             page_size=page_size,
             num_kv_heads=shape.num_kv_heads,
             head_dim=shape.head_dim,
-            dtype=self.dtype,
+            dtype=kv_dtype or self.dtype,
             device=self.device,
         )
         # Large finite garbage: reading a slot the sequence does not own changes the output a lot.
@@ -210,9 +220,15 @@ class AttentionBackendSuite:
             device=self.device,
         )
 
+        def rounded(t: torch.Tensor) -> torch.Tensor:
+            return t if kv_dtype is None else t.to(kv_dtype).to(self.dtype)
+
         def dense() -> list[list[torch.Tensor]]:
             return [
-                [self.random_tensor(generator, n, shape.num_kv_heads, shape.head_dim) for n in capacities]
+                [
+                    rounded(self.random_tensor(generator, n, shape.num_kv_heads, shape.head_dim))
+                    for n in capacities
+                ]
                 for _ in range(cache.num_layers)
             ]
 
@@ -242,7 +258,7 @@ class AttentionBackendSuite:
         the slots they are about to be written to, so attending before storing shows.
 
         As the core's decoder passes them: views of one ``[tokens, q + 2 * kv heads, head_dim]``
-        tensor (see ``api.layers.fused.qkv_norm_rope``), so q is strided and k/v are adjacent."""
+        tensor (see ``minisgl_core.layers.fused.qkv_norm_rope``), so q is strided and k/v are adjacent."""
         config = problem.config
         pieces = list(zip(rows, batch.prefix_lens_cpu, batch.seq_lens_cpu, strict=True))
         k = torch.cat([problem.keys[layer_id][r][p:s] for r, p, s in pieces])
@@ -286,7 +302,10 @@ class AttentionBackendSuite:
         flat[1, batch.out_cache_loc] = v.to(config.kv_cache.dtype)
         # Bitwise, NaN equal to NaN (assert_close on the whole pool is several times slower).
         pool = config.kv_cache.buffer
-        same = (pool == pool_before) | (pool.isnan() & pool_before.isnan())
+        if pool.element_size() == 1:  # float8: compare the bytes (NaN is one bit pattern)
+            same = pool.view(torch.uint8) == pool_before.view(torch.uint8)
+        else:
+            same = (pool == pool_before) | (pool.isnan() & pool_before.isnan())
         if not bool(same.all()):
             bad = (~same).view(pool.shape[0], 2, config.kv_cache.num_slots, -1).any(-1).nonzero().tolist()
             raise AssertionError(
@@ -416,6 +435,27 @@ class AttentionBackendSuite:
             (first_chunk, first_chunk),
             (prompts, [p - c for p, c in zip(prompts, first_chunk, strict=True)]),
         ]
+        steps += [([p + i for p in prompts], [1] * len(prompts)) for i in range(1, decode_steps + 1)]
+        for seq_lens, extend_lens in steps:
+            is_prefill = any(e > 1 for e in extend_lens)
+            self.run_step(
+                problem,
+                generator,
+                self.batch(problem, generator, seq_lens, extend_lens, is_prefill=is_prefill),
+            )
+
+    def test_fp8_kv_cache(self, generator: torch.Generator) -> None:
+        """(API 2.0) With "kv_fp8": over a float8_e4m3fn pool, the backend stores the new k/v cast
+        to float8 and attends over the dequantized pool; a prefill step then decode steps,
+        compared with the reference on the same float8-rounded K/V."""
+        self.require("prefill", "decode", "kv_fp8")
+        prompts, decode_steps = [self.max_seq_len - 3, 2, 17], 2
+        capacities = [p + decode_steps for p in prompts]
+        problem = self.make_problem(
+            self.representative_shape(), capacities, generator, kv_dtype=torch.float8_e4m3fn
+        )
+        assert problem.config.kv_cache.buffer.dtype == torch.float8_e4m3fn
+        steps = [(prompts, prompts)]
         steps += [([p + i for p in prompts], [1] * len(prompts)) for i in range(1, decode_steps + 1)]
         for seq_lens, extend_lens in steps:
             is_prefill = any(e > 1 for e in extend_lens)

@@ -389,6 +389,26 @@ class CacheManagerSuite:
         assert sorted(slot_list(cache.evict(100))) == list(range(2 * page_size))
         cache.check_integrity()
 
+    def test_a_match_stays_lockable_after_other_matches(self, page_size: int) -> None:
+        """The core matches a request when the policy asks and locks that match at admission,
+        possibly after matching others (which may split the entry the first match ends in)."""
+        self.require(PREFIX_REUSE)
+        cache = self.make_cache(page_size)
+        prompt = [5] * (3 * page_size)
+        cache.insert_prefix(prompt, slot_tensor(range(len(prompt))))
+        whole = cache.match_prefix(prompt)
+        shorter = cache.match_prefix(prompt[:page_size] + [6] * page_size)  # ends inside the entry
+        cache.lock(whole.handle)
+        cache.lock(shorter.handle)
+        assert slot_list(whole.slots) == list(range(len(prompt)))
+        assert slot_list(shorter.slots) == list(range(page_size))
+        assert tuple(cache.size_info()) == (0, len(prompt))
+        cache.unlock(whole.handle)
+        assert tuple(cache.size_info()) == (2 * page_size, page_size)
+        cache.unlock(shorter.handle)
+        assert tuple(cache.size_info()) == (len(prompt), 0)
+        cache.check_integrity()
+
     def test_lock_is_reference_counted(self, page_size: int) -> None:
         self.require(PREFIX_REUSE)
         cache = self.make_cache(page_size)

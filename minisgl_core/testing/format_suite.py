@@ -108,8 +108,8 @@ class WeightFormatSuite:
             assert isinstance(open_model(path), self.format_cls)
 
     def test_config_round_trips(self, round_trip) -> None:
-        from minisgl_core.api.layers.rotary import rope_parameters
         from minisgl_core.checkpoint.formats import load_hf_config
+        from minisgl_core.layers.rotary import rope_parameters
 
         for arch, (hf_dir, path) in round_trip.items():
             expected, actual = load_hf_config(hf_dir), self.format_cls(Path(path)).hf_config()

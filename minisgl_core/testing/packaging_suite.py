@@ -39,6 +39,7 @@ from minisgl_core.api import (
     GrammarBackend,
     Model,
     ProcessContext,
+    QuantizationMethod,
     ReasoningParser,
     SchedulingPolicy,
     ToolParser,
@@ -56,6 +57,7 @@ KIND_BASES: dict[str, type] = {
     "tool_parsers": ToolParser,
     "reasoning_parsers": ReasoningParser,
     "grammars": GrammarBackend,
+    "quantization": QuantizationMethod,
 }
 HOOK_NAMES = frozenset(name for name in dir(hookspecs) if name.startswith("minisgl_"))
 #: what a discovery-time import must never pull in: kernel libraries and compilers

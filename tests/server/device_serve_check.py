@@ -12,66 +12,36 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import signal
-import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+from minisgl_core.testing.live_server import LiveServer
 
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
 PROMPTS = [f"Prompt {i}: tell me about {'the sea ' * (i % 5)}and the sky" for i in range(64)]
 
 
-def children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    out.append(int(entry.name))
-            except OSError:
-                pass
-    return out
-
-
-def cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def serve(model: str, tp: int, extra: list[str]) -> dict:
+    server = LiveServer(
+        Path(tempfile.mkdtemp(prefix="serve-check-")),
+        ["--model", model, "--tp", str(tp), *extra],
+        log_path=OUT / f"serve-tp{tp}-{extra[1]}.log",
+    )
+    try:
+        return check(server, model)
+    finally:
+        if server.proc.poll() is None:
+            server.kill_all()
+
+
+def check(server: LiveServer, model: str) -> dict:
     import openai
 
-    log_path = OUT / f"serve-tp{tp}-{extra[1]}.log"
-    cmd = [
-        sys.executable,
-        "-m",
-        "minisgl_core",
-        "serve",
-        "--model",
-        model,
-        "--port",
-        "0",
-        "--tp",
-        str(tp),
-        *extra,
-    ]
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     started = time.monotonic()
-    while not (m := re.search(r"url=(http://\S+)", log_path.read_text())):
-        assert proc.poll() is None, log_path.read_text()
-        assert time.monotonic() - started < 300, "not ready"
-        time.sleep(0.2)
-    url = m.group(1)
+    url = server.wait_ready(timeout=300)
     result: dict = {"ready_s": round(time.monotonic() - started, 1)}
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
     greedy = client.completions.create(
@@ -95,18 +65,18 @@ def serve(model: str, tp: int, extra: list[str]) -> dict:
     t = time.monotonic()
     result["concurrent"] = asyncio.run(stream_all())
     result["concurrent_s"] = round(time.monotonic() - t, 2)
-    kids = children(proc.pid)
+    kids = server.children()
     time.sleep(1.0)
-    before = sum(cpu(k) for k in kids if alive(k))
+    before = server.cpu_seconds(server.running(kids))
     time.sleep(3.0)
-    result["idle_cpu_s_over_3s"] = round(sum(cpu(k) for k in kids if alive(k)) - before, 3)
-    proc.send_signal(signal.SIGTERM)
+    result["idle_cpu_s_over_3s"] = round(server.cpu_seconds(server.running(kids)) - before, 3)
+    server.proc.send_signal(signal.SIGTERM)
     t = time.monotonic()
-    result["exit_code"] = proc.wait(60)
+    result["exit_code"] = server.wait_exit(60)
     result["stop_s"] = round(time.monotonic() - t, 2)
     time.sleep(1.0)
-    result["children_left"] = [k for k in kids if alive(k)]
-    result["log_tail"] = log_path.read_text().splitlines()[-3:]
+    result["children_left"] = server.running(kids)
+    result["log_tail"] = server.log().splitlines()[-3:]
     return result
 
 

@@ -16,11 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import subprocess
-import sys
-import time
+import tempfile
 from pathlib import Path
+
+from minisgl_core.testing.live_server import LiveServer
 
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
 WEATHER = {
@@ -41,18 +40,10 @@ WEATHER = {
 ASK = [{"role": "user", "content": "What's the weather like in Paris today? Use celsius."}]
 
 
-def start(model: str, extra: list[str]) -> tuple[subprocess.Popen, str]:
-    log_path = OUT / "tool_check_server.log"
-    cmd = [sys.executable, "-m", "minisgl_core", "serve", "--model", model, "--port", "0"]
-    cmd += ["--tool-call-parser", "hermes", "--reasoning-parser", "qwen3", *extra]
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    started = time.monotonic()
-    while not (m := re.search(r"minisgl ready in .* url=(http://\S+)", log_path.read_text())):
-        assert proc.poll() is None, log_path.read_text()
-        assert time.monotonic() - started < 600, "not ready"
-        time.sleep(0.5)
-    return proc, m.group(1)
+def start(model: str, extra: list[str]) -> LiveServer:
+    args = ["--model", model, "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3", *extra]
+    workdir = Path(tempfile.mkdtemp(prefix="tool-check-"))
+    return LiveServer(workdir, args, log_path=OUT / "tool_check_server.log")
 
 
 def call_and_answer(client, model: str, stream: bool) -> dict:
@@ -118,10 +109,11 @@ def main() -> None:
     import openai
 
     OUT.mkdir(parents=True, exist_ok=True)
-    proc, url = start(args.model, args.extra)
+    server = start(args.model, args.extra)
     name = Path(args.model).name
     result: dict = {}
     try:
+        url = server.wait_ready(timeout=600)
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=300)
         for stream in (False, True):
             result[f"forced_stream={stream}"] = call_and_answer(client, name, stream)
@@ -135,8 +127,11 @@ def main() -> None:
             "tool_calls": [c.model_dump() for c in auto.message.tool_calls or []],
         }
     finally:
-        proc.terminate()
-        proc.wait(60)
+        server.proc.terminate()
+        try:
+            server.wait_exit(60)
+        finally:
+            server.kill_all()
         (OUT / "tool_check.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
 

@@ -161,6 +161,36 @@ CASES = [
         "stream_options.include_usage",
         "",
     ),
+    # JSON types are strict (pydantic's lax mode read true as 1 and "true" as true; OpenAI refuses)
+    (COMPLETIONS, {"prompt": [True, 5]}, 400, "prompt.0", "integer, not a boolean"),
+    (COMPLETIONS, {"prompt": [[5], [5, False]]}, 400, "prompt.1.1", "integer, not a boolean"),
+    (COMPLETIONS, {"prompt": "hi", "top_k": True}, 400, "top_k", "integer, not a boolean"),
+    (COMPLETIONS, {"prompt": "hi", "echo": "true"}, 400, "echo", "boolean, not a string"),
+    (COMPLETIONS, {"prompt": "hi", "logprobs": True}, 400, "logprobs", "integer, not a boolean"),
+    (CHAT, {"messages": USER, "max_tokens": True}, 400, "max_tokens", "integer, not a boolean"),
+    (CHAT, {"messages": USER, "max_tokens": "5"}, 400, "max_tokens", "integer, not a string"),
+    (CHAT, {"messages": USER, "max_tokens": 2.5}, 400, "max_tokens", "not a number with a fraction"),
+    (CHAT, {"messages": USER, "seed": True}, 400, "seed", "integer, not a boolean"),
+    (CHAT, {"messages": USER, "n": True}, 400, "n", "integer, not a boolean"),
+    (CHAT, {"messages": USER, "stop_token_ids": [True]}, 400, "stop_token_ids.0", "not a boolean"),
+    (CHAT, {"messages": USER, "temperature": True}, 400, "temperature", "number, not a boolean"),
+    (CHAT, {"messages": USER, "top_p": "0.5"}, 400, "top_p", "number, not a string"),
+    (COMPLETIONS, r'{"prompt": "hi", "top_p": 1%s}' % ("0" * 400), 400, "top_p", "integer this large"),
+    (CHAT, {"messages": USER, "logit_bias": {"5": True}}, 400, "logit_bias.5", "not a boolean"),
+    (CHAT, {"messages": USER, "stream": 1}, 400, "stream", "boolean, not an integer"),
+    (CHAT, {"messages": USER, "logprobs": "yes"}, 400, "logprobs", "boolean, not a string"),
+    (CHAT, {"messages": USER, "ignore_eos": 0}, 400, "ignore_eos", "boolean, not an integer"),
+    ("/generate", {"input_ids": [1, True]}, 400, "input_ids.1", "integer, not a boolean"),
+    (
+        "/generate",
+        {"text": "hi", "sampling_params": {"max_new_tokens": True}},
+        400,
+        "sampling_params.max_new_tokens",
+        "not a boolean",
+    ),
+    ("/generate", {"text": "hi", "return_logprob": 1}, 400, "return_logprob", "not an integer"),
+    ("/detokenize", {"tokens": [True]}, 400, "tokens.0", "integer, not a boolean"),
+    ("/tokenize", {"prompt": "hi", "add_special_tokens": "false"}, 400, "add_special_tokens", ""),
 ]
 
 
@@ -186,6 +216,32 @@ def test_bad_input_is_rejected_and_server_stays_healthy(server, auth, path, body
         f"{server.url}{CHAT}", headers=auth, json={"messages": USER, "max_tokens": 2, "temperature": 0}
     )
     assert good.status_code == 200 and good.json()["usage"]["completion_tokens"] == 2
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (
+            CHAT,
+            {"messages": USER, "max_tokens": 2.0, "n": 1.0, "seed": 7.0, "top_k": 5.0, "ignore_eos": True},
+        ),
+        (COMPLETIONS, {"prompt": [5.0, 6], "max_tokens": 2.0, "top_p": 1, "ignore_eos": True}),
+        (
+            "/generate",
+            {"input_ids": [5.0, 6], "sampling_params": {"max_new_tokens": 2.0, "ignore_eos": True}},
+        ),
+    ],
+)
+def test_integral_numbers_count_as_integers(server, auth, path, body):
+    """JSON has one kind of number: 2.0 is the integer 2 (as vLLM reads it), and an integer is a
+    valid float: the request runs as if it had said 2."""
+    resp = httpx.post(f"{server.url}{path}", json=body, headers=auth)
+    assert resp.status_code == 200, resp.text
+    out = resp.json()
+    tokens = (
+        out["meta_info"]["completion_tokens"] if path == "/generate" else out["usage"]["completion_tokens"]
+    )
+    assert tokens == 2
 
 
 def test_null_fields_mean_not_set(server, auth):

@@ -3,8 +3,12 @@ error comes in OpenAI's shape.
 
 Two sources of requests, both bounded to run in CI on two cores in about a minute:
 
-- schemathesis, from the server's own OpenAPI schema (generated from the FastAPI app here, since
-  the server does not publish it), valid and invalid bodies for every route;
+- schemathesis, from the server's own OpenAPI schema (generated from the FastAPI app here: the
+  same schema the server publishes at /openapi.json, see test_openapi.py), valid and invalid
+  bodies for every route, each answer checked against the schema too: its status is one the
+  route documents, its body (an error's, each SSE event) matches what is documented for it, and
+  a body the schema calls invalid is refused (this is what catches pydantic's lax mode reading
+  ``true`` as 1);
 - hypothesis strategies for sampling parameters, prompts and chat messages with the values that
   used to hurt: integers past 64 bits, lone surrogates, NaN, tiny temperatures, penalties with
   stops.
@@ -23,6 +27,12 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from schemathesis.checks import (
+    content_type_conformance,
+    negative_data_rejection,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from minisgl_core.server.app import create_app
 from minisgl_core.server.state import ModelInfo, ServerState
@@ -46,6 +56,14 @@ def openapi_schema() -> dict[str, Any]:
 
 
 SCHEMA = schemathesis.openapi.from_dict(openapi_schema())
+#: what the answers must agree with the schema on (no 5xx is assert_well_formed's, which allows
+#: the 504 a fuzzed tiny ``timeout`` asks for)
+SCHEMA_CHECKS = [
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+    negative_data_rejection,
+]
 
 
 def bound_output(body: Any) -> Any:
@@ -106,6 +124,7 @@ def test_schema_fuzz_gets_no_server_error(case, server, auth):
     case.body = bound_output(case.body)
     response = case.call(base_url=server.url, headers=auth, timeout=120)
     assert_well_formed(response)
+    case.validate_response(response, checks=SCHEMA_CHECKS)
 
 
 # ------------------------------------------------------------------------ hypothesis

@@ -10,7 +10,7 @@ import httpx
 PLUGIN = """
 from minisgl_core.api import SchedulingPolicy, hookimpl
 
-MINISGL_API = "1.0"
+MINISGL_API = "2.0"
 
 
 class CrashPolicy(SchedulingPolicy):
@@ -30,7 +30,7 @@ import multiprocessing
 
 if multiprocessing.current_process().name != "MainProcess":
     raise ImportError("not installed in this process")
-MINISGL_API = "1.0"
+MINISGL_API = "2.0"
 """
 
 

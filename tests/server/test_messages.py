@@ -9,20 +9,25 @@ import pytest
 
 from minisgl_core import messages as m
 from minisgl_core.processes.text_workers import Admitter, Detokenizer, RequestRejected
-from minisgl_core.sampling import SamplingParams
+from minisgl_core.sampling import SamplingParams, choice_seed
 from minisgl_core.tokenizer.detokenize import final_text
 from minisgl_core.tokenizer.load import load_tokenizer
 
 SAMPLES = [
     m.Limits(2048, 65536, 1024),
     m.TokenizeRequest(
-        [3, 4], None, [{"role": "user", "content": "hé"}], None, {"max_tokens": None}, "max_tokens"
+        [3, 4], None, [{"role": "user", "content": "hé"}], None, SamplingParams(max_tokens=None), "max_tokens"
     ),
     m.Admission(3, 17, 100, error="too long", param="messages"),
-    m.EngineRequest(5, [1, 2, 3], {"temperature": 0.0, "stop": ["x"], "seed": None}),
+    m.EngineRequest(
+        5,
+        [1, 2, 3],
+        SamplingParams(
+            temperature=0.0, stop="x", logit_bias={"7": -1.5}, grammar={"kind": "regex", "value": "a+"}
+        ),
+    ),
     m.AbortRequest(5),
     m.Shutdown(),
-    m.DetokRegister(5, ["\n\n"], True),
     m.StepOutputs(
         [5, 6],
         [10, -1],
@@ -31,6 +36,7 @@ SAMPLES = [
         [[10, -0.5, [[10, -0.5]]], None],
         [None, None],
         {"running": 1},
+        [[7, ["\n\n"], True]],
     ),
     m.DetokOutputs([5], [10], ["hi"], ["stop"], ["</s>"], [None], [None], None),
     m.ProcessReady("scheduler", 1, {"max_context_len": 2048}),
@@ -44,7 +50,7 @@ def test_every_message_round_trips(msg):
     assert isinstance(data, bytes)
     assert m.decode(data) == msg
     # plain msgpack, no pickle: any msgpack reader sees a tag and the fields
-    tag, *fields = msgpack.unpackb(data)
+    tag, *fields = msgpack.unpackb(data, strict_map_key=False)  # logit_bias maps token ids
     assert tag == msg.tag and len(fields) == len(dataclasses.fields(msg))
 
 
@@ -58,28 +64,35 @@ def tokenizer(model_dir):
     return load_tokenizer(model_dir)
 
 
-def test_detokenizer_holds_outputs_that_overtake_their_registration(tokenizer):
+def test_detokenizer_opens_a_stream_with_the_step_that_brings_it(tokenizer):
+    """The scheduler sends a request's stop strings with the step that received it, no later than
+    its first token: the detokenizer needs no message from the tokenizer, and no holding back."""
     ids = tokenizer.encode("hello wide world", add_special_tokens=False)
     detok = Detokenizer(tokenizer)
-    early = m.StepOutputs()
-    early.add(7, ids[0], None)
-    assert detok.convert(early).rids == []  # not registered yet: kept back
-    first = detok.register(m.DetokRegister(7, [], True))
-    assert first is not None and first.rids == [7]
-    text = first.texts[0]
+    received = m.StepOutputs()
+    received.open_stream(7, ["wide"], True)
+    assert detok.convert(received).rids == [] and set(detok.streams) == {7}
+    first = m.StepOutputs()
+    first.add(7, ids[0], None)
+    text = detok.convert(first).texts[0]
     for i, token in enumerate(ids[1:], 1):
         step = m.StepOutputs()
         step.add(7, token, "length" if i == len(ids) - 1 else None)
         text += detok.convert(step).texts[0]
     assert text == final_text(tokenizer, ids, None)
     assert detok.streams == {}  # forgotten once finished
+    # a request received and given its first token in one step
+    both = m.StepOutputs()
+    both.open_stream(8, [], True)
+    both.add(8, ids[0], "length")
+    assert detok.convert(both).texts == [final_text(tokenizer, ids[:1], None)]
 
 
 def test_detokenizer_adds_token_text_to_logprobs(tokenizer):
     ids = tokenizer.encode("sea", add_special_tokens=False)
     detok = Detokenizer(tokenizer)
-    detok.register(m.DetokRegister(1, [], True))
     step = m.StepOutputs()
+    step.open_stream(1, [], True)
     step.add(1, ids[0], "length", logprob=[ids[0], -0.25, [[ids[0], -0.25], [5, -3.0]]])
     out = detok.convert(step)
     token_text = tokenizer.decode([ids[0]])
@@ -95,7 +108,7 @@ def test_admitter_fills_max_tokens_and_names_the_bad_field(tokenizer):
     admitter = Admitter(tokenizer, m.Limits(max_context_len=64, kv_capacity_tokens=48, vocab_size=1024))
 
     def admit(params, text="hello", field="max_tokens"):
-        return admitter.admit(m.TokenizeRequest([0], text, None, None, params, field))
+        return admitter.admit(m.TokenizeRequest([0], text, None, None, SamplingParams(**params), field))
 
     ids, sampling = admit({"max_tokens": None})
     assert isinstance(sampling, SamplingParams) and sampling.max_tokens == 48 - len(ids)  # the smaller limit
@@ -106,5 +119,34 @@ def test_admitter_fills_max_tokens_and_names_the_bad_field(tokenizer):
         admit({"max_tokens": None}, text="word " * 100)
     assert bad.value.param == "prompt" and "no room" in str(bad.value)
     with pytest.raises(RequestRejected) as bad:
-        admit({"max_tokens": 4, "top_p": 0})
-    assert bad.value.param == "top_p"
+        admit({"max_tokens": 4, "stop_token_ids": [1024]})
+    assert bad.value.param == "stop_token_ids"
+
+
+def test_sampling_params_are_validated_once_on_their_way_to_the_scheduler(tokenizer, monkeypatch):
+    """The API server builds the request's SamplingParams (the one check); the tokenizer decides
+    max_tokens and fans it out to n choices, and the scheduler receives the same frozen object,
+    none of them checking the fields again."""
+    checks = []
+    original = SamplingParams._validate
+
+    def counted(self):
+        checks.append(self)
+        original(self)
+
+    monkeypatch.setattr(SamplingParams, "_validate", counted)
+    params = SamplingParams(max_tokens=None, seed=5, stop=["x"], logit_bias={"3": 1.0})
+    assert len(checks) == 1
+    received = m.decode(m.encode(m.TokenizeRequest([0, 1], "hello", None, None, params)))
+    ids, admitted = Admitter(tokenizer, m.Limits(64, 48, 1024)).admit(received)
+    engine_requests = [
+        m.decode(m.encode(m.EngineRequest(rid, ids, admitted.for_choice(i))))
+        for i, rid in enumerate(received.rids)
+    ]
+    assert len(checks) == 1
+    first, second = (r.params for r in engine_requests)
+    assert first == dataclasses.replace(params, max_tokens=48 - len(ids))
+    assert second.seed == choice_seed(5, 1) and second.max_tokens == first.max_tokens
+    assert first.stop == ("x",) and first.logit_bias == {3: 1.0}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        first.max_tokens = 1  # type: ignore[misc]

@@ -207,3 +207,42 @@ def test_gateway_fields_at_their_defaults_are_accepted(busy_server, model_name):
         "unsupported_field",
     )
     assert error["param"] == "return_hidden_states"
+
+
+# ------------------------------------------------------------------------ the flags
+
+
+def _limits(argv: list[str]):
+    import argparse
+
+    from minisgl_core.server.cli import add_server_commands
+    from minisgl_core.server.limits import limits_from_args
+
+    parser = argparse.ArgumentParser()
+    add_server_commands(parser.add_subparsers())
+    return limits_from_args(parser.parse_args(["serve", "--model", "m", *argv]))
+
+
+def test_each_limit_flag_sets_its_field():
+    from minisgl_core.server.limits import ServerLimits
+
+    assert _limits([]) == ServerLimits()
+    limits = _limits(
+        ["--max-body-bytes", "5", "--max-sequences-per-request", "6", "--max-queued-requests", "7"]
+        + ["--request-timeout", "1.5", "--shutdown-timeout", "2.5", "--health-timeout", "3.5"]
+    )
+    assert limits == ServerLimits(5, 6, 7, 1.5, 2.5, 3.5)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--max-queued-requests", "0"], "--max-queued-requests must be at least 1"),
+        (["--max-body-bytes", "0"], "--max-body-bytes must be at least 1"),
+        (["--request-timeout", "-1"], "--request-timeout must not be negative"),
+        (["--health-timeout", "-0.5"], "--health-timeout must not be negative"),
+    ],
+)
+def test_a_bad_limit_names_its_flag(argv, message):
+    with pytest.raises(SystemExit, match=message):
+        _limits(argv)

@@ -17,6 +17,7 @@ import json, sys
 from minisgl_core.messages import Limits, StepOutputs, TokenizeRequest
 from minisgl_core.plugins import Plugins
 from minisgl_core.processes.text_workers import Admitter, Detokenizer, RequestRejected
+from minisgl_core.sampling import SamplingParams, merge_sampling, sampling_defaults
 from minisgl_core.model_dir import load_generation_config
 from minisgl_core.tokenizer.load import load_tokenizer_dir as load_tokenizer
 
@@ -27,11 +28,12 @@ torch_before_tokenizer = "torch" in sys.modules
 tokenizer = load_tokenizer(model_dir)
 admitter = Admitter(tokenizer, Limits(max_context_len=64, kv_capacity_tokens=64, vocab_size=len(tokenizer)),
                     defaults)
+# the API server merges the model's defaults into the request's one SamplingParams
 ids, params = admitter.admit(TokenizeRequest(rids=[0], text="hello world", messages=None, input_ids=None,
-                                             params={"max_tokens": 4}))
+                                             params=SamplingParams(**merge_sampling({"max_tokens": 4}, sampling_defaults(defaults)))))
 try:
     admitter.admit(TokenizeRequest(rids=[1], text="hello", messages=None, input_ids=None,
-                                   params={"max_tokens": 1000}))
+                                   params=SamplingParams(max_tokens=1000)))
     rejected = None
 except RequestRejected as exc:
     rejected = exc.param

@@ -17,9 +17,16 @@ class ExampleAttentionBackend(AttentionBackend):
     capabilities = frozenset({"prefill", "decode", "page_size>1"})
 
     def prepare_metadata(self, batch: ForwardBatch) -> None:
-        # Once per step, shared by every layer: the KV slots of each sequence, in position order.
-        rows = batch.page_table[batch.req_slots.long()]
-        batch.attn_metadata = [rows[i, :n].long() for i, n in enumerate(batch.seq_lens_cpu)]
+        # Once per step, shared by every layer: the KV slots of each sequence, in position order,
+        # from the page layout the core computed for this batch (page ids on the batch's device,
+        # offsets on the host: no device sync).
+        page_size, pages = self.config.page_size, batch.layout.kv_indices.long()
+        starts = batch.host_layout.kv_indptr.tolist()
+        in_page = torch.arange(page_size, device=pages.device)
+        batch.attn_metadata = [
+            (pages[starts[i] : starts[i + 1], None] * page_size + in_page).flatten()[:n]
+            for i, n in enumerate(batch.seq_lens_cpu)
+        ]
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch

@@ -1,8 +1,8 @@
 """FlashInfer paged attention for minisgl (``--attn fi``).
 
 Once per step :meth:`FlashInferBackend.prepare_metadata` plans one FlashInfer wrapper from the
-batch's CSR page layout (page ids from :func:`minisgl_core.api.paged_layout`, offsets from the
-host-side lengths, see :mod:`minisgl_plugin_fi.planning`): the paged prefill wrapper (causal, any
+batch's CSR page layout, which the core computes once per batch (page ids on the device from
+``batch.layout``, offsets on the host from ``batch.host_layout``; see :mod:`minisgl_plugin_fi.planning`): the paged prefill wrapper (causal, any
 page size) for prefill/extend steps, the tensor-core decode wrapper for decode steps. Every layer
 then writes its new K/V into the pool and runs the planned wrapper over its own pages, so the
 planning (host-side scheduling work) happens once per step, not once per layer.
@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import torch
 
-from minisgl_core.api import AttentionBackend, AttentionConfig, ForwardBatch, PagedLayout, paged_layout
-from minisgl_core.api.layers.fused import merge_attention_states
+from minisgl_core.api import AttentionBackend, AttentionConfig, ForwardBatch, PagedLayout
+from minisgl_core.layers.fused import merge_attention_states
 from minisgl_plugin_fi.availability import cuda_unavailable_reason, module_installed
 from minisgl_plugin_fi.cascade import CascadeLayout, cascade_layout
-from minisgl_plugin_fi.planning import PlanFences, host_csr, int32
+from minisgl_plugin_fi.planning import PlanFences, int32
 
 if TYPE_CHECKING:
     from flashinfer import BatchDecodeWithPagedKVCacheWrapper, BatchPrefillWithPagedKVCacheWrapper
@@ -89,7 +89,9 @@ class CascadeGraphBuffers(NamedTuple):
 class FlashInferBackend(AttentionBackend):
     """Causal paged attention with GQA on FlashInfer kernels, CUDA-graph capable for decode."""
 
-    capabilities = frozenset({"prefill", "decode", "page_size>1", "cuda_graph", "cascade", "prestored_kv"})
+    capabilities = frozenset(
+        {"prefill", "decode", "page_size>1", "cuda_graph", "cascade", "prestored_kv", "kv_fp8"}
+    )
     #: FlashInfer kernel family for prefill/extend; "fa2" runs on sm80+ and shares its JIT module
     #: with the tensor-core decode kernel (one compile). The fa3 plugin swaps in "fa3".
     prefill_kernels: ClassVar[str] = "fa2"
@@ -134,7 +136,7 @@ class FlashInferBackend(AttentionBackend):
                 self.prefix_wrapper, self.decode_wrapper, batch, pad=False
             )
             return
-        layout = paged_layout(batch, self.config.page_size)
+        layout = batch.layout
         if batch.is_prefill or max(batch.extend_lens_cpu) > 1:
             batch.attn_metadata = self._plan_prefill(batch, layout)
         else:
@@ -179,7 +181,7 @@ class FlashInferBackend(AttentionBackend):
             batch.attn_metadata = self._plan_cascade(prefix, suffix, batch, pad=True)
             return
         wrapper = self._graph_wrapper(batch.batch_size)
-        batch.attn_metadata = self._plan_decode(wrapper, batch, paged_layout(batch, self.config.page_size))
+        batch.attn_metadata = self._plan_decode(wrapper, batch, batch.layout)
 
     def prepare_replay(self, batch: ForwardBatch) -> None:
         # Planning a graph-mode wrapper copies the layout into the buffers the graph reads.
@@ -192,13 +194,13 @@ class FlashInferBackend(AttentionBackend):
         wrapper = self.graph_wrappers.get(batch.batch_size)
         if wrapper is None:
             raise RuntimeError(f"no decode graph was captured for batch size {batch.batch_size}")
-        batch.attn_metadata = self._plan_decode(wrapper, batch, paged_layout(batch, self.config.page_size))
+        batch.attn_metadata = self._plan_decode(wrapper, batch, batch.layout)
 
     # --- planning, overridable by backends that reuse this one (fa3) ---
 
     def _plan_prefill(self, batch: ForwardBatch, layout: PagedLayout) -> FlashInferMetadata:
         config = self.config
-        host = host_csr(batch, config.page_size)
+        host = batch.host_layout
         with self._fences.planning(self.prefill_wrapper):
             self.prefill_wrapper.plan(
                 host.qo_indptr,
@@ -218,7 +220,7 @@ class FlashInferBackend(AttentionBackend):
         self, wrapper: BatchDecodeWithPagedKVCacheWrapper, batch: ForwardBatch, layout: PagedLayout
     ) -> FlashInferMetadata:
         config = self.config
-        host = host_csr(batch, config.page_size)
+        host = batch.host_layout
         # Split-KV stays on even for full batches: without it the graph replay of bs 32 x 1500
         # tokens took 71.6 instead of 56.7 µs per layer (tools/device_profile.py attn).
         options = self._kernel_options()

@@ -1,9 +1,9 @@
-"""What FlashInfer's ``plan()`` needs besides the device page layout, and when it is safe to call.
+"""When it is safe to call FlashInfer's ``plan()``.
 
-- :func:`host_csr`: the indptr arrays as CPU tensors. ``plan()`` reads them on the host, and
-  copies any device tensor it is given there (one device sync each); the batch's Python-side
-  lengths give them for free. The page ids (``kv_indices``) stay on the device, from
-  :func:`minisgl_core.api.paged_layout`.
+``plan()`` reads the indptr arrays on the host, and copies any device tensor it is given there
+(one device sync each): the backends hand it ``batch.host_layout`` (CPU tensors the core computes
+from the batch's Python-side lengths) and the page ids of ``batch.layout`` (on the device).
+
 - :class:`PlanFences`: ``plan()`` stages its schedule in a pinned buffer owned by the wrapper and
   copies it to the GPU with ``cudaMemcpyAsync``, without waiting. Re-planning a wrapper before the
   GPU has run that copy (a CPU a step ahead, as with overlap scheduling) would overwrite the
@@ -13,39 +13,15 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import NamedTuple
 
 import torch
-
-from minisgl_core.api import ForwardBatch
-
-
-class HostCSR(NamedTuple):
-    """CPU int32 twins of :class:`minisgl_core.api.PagedLayout`'s offsets."""
-
-    #: [bs + 1] offsets of each sequence's new tokens
-    qo_indptr: torch.Tensor
-    #: [bs + 1] offsets into the page ids
-    kv_indptr: torch.Tensor
-    #: [bs] tokens used in each sequence's last page (1..page_size)
-    kv_last_page_len: torch.Tensor
 
 
 def int32(values: list[int]) -> torch.Tensor:
     """A CPU int32 tensor."""
     return torch.tensor(values, dtype=torch.int32)
-
-
-def host_csr(batch: ForwardBatch, page_size: int) -> HostCSR:
-    pages = [(n + page_size - 1) // page_size for n in batch.seq_lens_cpu]
-    return HostCSR(
-        qo_indptr=int32([0, *itertools.accumulate(batch.extend_lens_cpu)]),
-        kv_indptr=int32([0, *itertools.accumulate(pages)]),
-        kv_last_page_len=int32([(n - 1) % page_size + 1 for n in batch.seq_lens_cpu]),
-    )
 
 
 class PlanFences:

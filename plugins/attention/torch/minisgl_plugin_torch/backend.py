@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from minisgl_core.api import AttentionBackend, ForwardBatch, SharedPrefix
-from minisgl_core.api.layers.fused import merge_attention_states
+from minisgl_core.layers.fused import merge_attention_states
 
 LOG2_E = 1.4426950408889634
 
@@ -58,7 +58,7 @@ def _gather(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
 class TorchAttentionBackend(AttentionBackend):
     """Causal paged attention with GQA for any device and page size (no CUDA graphs)."""
 
-    capabilities = frozenset({"prefill", "decode", "page_size>1", "cascade", "prestored_kv"})
+    capabilities = frozenset({"prefill", "decode", "page_size>1", "cascade", "prestored_kv", "kv_fp8"})
 
     def prepare_metadata(self, batch: ForwardBatch) -> None:
         batch.attn_metadata = self.build_metadata(batch)

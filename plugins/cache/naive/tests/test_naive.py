@@ -22,7 +22,7 @@ def test_plugin_registers_the_cache_lazily() -> None:
     assert registered == [("naive", "minisgl_plugin_naive.cache:NaiveCache")]
     module, attribute = registered[0][1].split(":")
     assert getattr(importlib.import_module(module), attribute) is NaiveCache
-    assert minisgl_plugin_naive.MINISGL_API == "1.0"
+    assert minisgl_plugin_naive.MINISGL_API == "2.0"
 
 
 def test_declares_no_prefix_reuse() -> None:

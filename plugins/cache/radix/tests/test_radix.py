@@ -25,7 +25,7 @@ def test_plugin_registers_the_cache_lazily() -> None:
     assert registered == [("radix", "minisgl_plugin_radix.cache:RadixCache")]
     module, attribute = registered[0][1].split(":")
     assert getattr(importlib.import_module(module), attribute) is RadixCache
-    assert minisgl_plugin_radix.MINISGL_API == "1.0"
+    assert minisgl_plugin_radix.MINISGL_API == "2.0"
 
 
 def test_insert_needs_whole_pages_and_one_slot_per_token() -> None:

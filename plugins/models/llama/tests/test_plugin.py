@@ -7,7 +7,7 @@ import importlib
 import minisgl_plugin_llama
 
 from minisgl_core.api import Model
-from minisgl_core.api.layers import DecoderForCausalLM
+from minisgl_core.layers import DecoderForCausalLM
 
 
 def test_registers_the_architecture() -> None:
@@ -19,4 +19,4 @@ def test_registers_the_architecture() -> None:
     module, _, attribute = registered[0][1].partition(":")
     cls = getattr(importlib.import_module(module), attribute)
     assert issubclass(cls, DecoderForCausalLM) and issubclass(cls, Model)
-    assert minisgl_plugin_llama.MINISGL_API == "1.0"
+    assert minisgl_plugin_llama.MINISGL_API == "2.0"

@@ -9,7 +9,7 @@ import torch
 from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from minisgl_core.api.layers import get_rope, rope_parameters
+from minisgl_core.layers import get_rope, rope_parameters
 
 LLAMA3 = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192)
 BASE: dict[str, Any] = dict(hidden_size=4096, num_attention_heads=32, head_dim=128)

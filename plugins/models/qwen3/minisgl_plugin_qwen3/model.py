@@ -1,6 +1,6 @@
 """Qwen3: the shared Llama-family decoder plus per-head RMS norm on q and k before rope."""
 
-from minisgl_core.api.layers import DecoderForCausalLM
+from minisgl_core.layers import DecoderForCausalLM
 
 
 class Qwen3ForCausalLM(DecoderForCausalLM):

@@ -12,15 +12,15 @@ import torch
 from torch import nn
 
 from minisgl_core.api.batch import ForwardBatch
-from minisgl_core.api.layers.attention import AttentionLayer
-from minisgl_core.api.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from minisgl_core.api.layers.fused import qkv_norm_rope, silu_and_mul
-from minisgl_core.api.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
-from minisgl_core.api.layers.norm import RMSNorm
-from minisgl_core.api.layers.rotary import get_rope
-from minisgl_core.api.layers.triton_ops import fused_kv_enabled, rope_store_kv
 from minisgl_core.api.model import KVSpec, Model, ModelConfig
 from minisgl_core.api.parallel import ParallelContext
+from minisgl_core.layers.attention import AttentionLayer
+from minisgl_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from minisgl_core.layers.fused import qkv_norm_rope, silu_and_mul
+from minisgl_core.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from minisgl_core.layers.norm import RMSNorm
+from minisgl_core.layers.rotary import get_rope
+from minisgl_core.layers.triton_ops import fused_kv_enabled, rope_store_kv
 
 
 class DecoderAttention(nn.Module):

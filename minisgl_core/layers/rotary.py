@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from minisgl_core.api.layers.fused import rotary
+from minisgl_core.layers.fused import rotary
 
 
 class RotaryEmbedding(nn.Module):

@@ -1,4 +1,4 @@
-"""Parameters that know how to load their shard: every parameter of :mod:`minisgl_core.api.layers`
+"""Parameters that know how to load their shard: every parameter of :mod:`minisgl_core.layers`
 carries ``weight_loader(param, full_tensor, shard_id=None)`` and ``shard_ids`` (the shard ids a
 complete load needs; fused layers are loaded from several checkpoint tensors)."""
 

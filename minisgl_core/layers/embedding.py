@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minisgl_core.api.layers.weights import new_param
 from minisgl_core.api.parallel import ParallelContext
+from minisgl_core.layers.weights import new_param
 
 
 class VocabParallelEmbedding(nn.Module):

@@ -7,19 +7,19 @@ checkpoint tensor, so loading is one code path for any tp_size. :class:`DecoderF
 the Llama-family decoder the model plugins subclass, setting flags only.
 """
 
-from minisgl_core.api.layers.attention import AttentionLayer
-from minisgl_core.api.layers.decoder import (
+from minisgl_core.layers.attention import AttentionLayer
+from minisgl_core.layers.decoder import (
     DecoderAttention,
     DecoderForCausalLM,
     DecoderLayer,
     DecoderMLP,
     DecoderModel,
 )
-from minisgl_core.api.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from minisgl_core.api.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
-from minisgl_core.api.layers.norm import RMSNorm
-from minisgl_core.api.layers.rotary import RotaryEmbedding, get_rope, rope_parameters
-from minisgl_core.api.layers.weights import WeightLoader, load_full
+from minisgl_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from minisgl_core.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from minisgl_core.layers.norm import RMSNorm
+from minisgl_core.layers.rotary import RotaryEmbedding, get_rope, rope_parameters
+from minisgl_core.layers.weights import WeightLoader, load_full
 
 __all__ = [
     "AttentionLayer",

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minisgl_core.api.layers.weights import WeightLoader, copy_rows, copy_shard, load_full, new_param
 from minisgl_core.api.parallel import ParallelContext
+from minisgl_core.layers.weights import WeightLoader, copy_rows, copy_shard, load_full, new_param
 
 
 class _Linear(nn.Module):
@@ -27,8 +27,16 @@ class _Linear(nn.Module):
         super().__init__()
         self.weight = new_param((out_features, in_features), dtype, device, loader, shard_ids)
         self.bias = new_param((out_features,), dtype, device, bias_loader, shard_ids) if bias else None
+        #: the --quantization method that owns the weight (set by the runner; see api/quantization.py)
+        self.quant_method: Any = None
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight) if self.quant_method is None else self.quant_method.apply(self, x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.quant_method is not None:
+            out = self.quant_method.apply(self, x)
+            return out if self.bias is None else out + self.bias
         return F.linear(x, self.weight, self.bias)
 
 
@@ -145,5 +153,5 @@ class RowParallelLinear(_Linear):
         copy_shard(param, loaded.narrow(1, self.parallel.tp_rank * self.in_local, self.in_local))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.parallel.all_reduce(F.linear(x, self.weight))
+        out = self.parallel.all_reduce(self._matmul(x))
         return out if self.bias is None else out + self.bias

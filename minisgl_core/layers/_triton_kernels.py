@@ -1,5 +1,5 @@
 """The hand-written Triton kernels of the decoder layer, wrapped in
-:mod:`minisgl_core.api.layers.triton_ops` (imported on first use: this module imports Triton,
+:mod:`minisgl_core.layers.triton_ops` (imported on first use: this module imports Triton,
 which CPU installs may lack)."""
 
 import triton

@@ -11,7 +11,7 @@ calls the backend's ``attend`` instead of ``forward`` (backends declaring ``"pre
 API 1.5). A first version with one program per (token, head) recomputed the angles per head and
 was no faster than what it replaced (159 µs per layer on that prefill step).
 
-The same arithmetic as :func:`minisgl_core.api.layers.fused.qkv_norm_rope` followed by
+The same arithmetic as :func:`minisgl_core.layers.fused.qkv_norm_rope` followed by
 :meth:`~minisgl_core.api.KVCache.store`: norm in float32 rounded to the model dtype, times the
 weight; angles ``position * inv_freq`` in float32, ``cos``/``sin`` rounded to the model dtype,
 the rotation in float32 rounded once. ``MINISGL_FUSED_KV=0`` turns it off (ablation).
@@ -27,12 +27,11 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import os
 from typing import TYPE_CHECKING
 
 import torch
 
-from minisgl_core import fast_paths
+from minisgl_core import environment, fast_paths
 
 #: MINISGL_FUSED_KV -> "fused_kv", ...: callers name a switch by its environment variable
 _SWITCH_OF_ENV_VAR = {var: name for name, var in fast_paths.ENV_VARS.items()}
@@ -59,13 +58,13 @@ def triton_enabled(device: torch.device, flag: str) -> bool:
     CUDA, elsewhere only under Triton's interpreter."""
     if not fast_paths.current().enabled(_SWITCH_OF_ENV_VAR[flag]):
         return False
-    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+    if device.type != "cuda" and not environment.triton_interpreter():
         return False
     return triton_available()
 
 
 def silu_mul_enabled(device: torch.device) -> bool:
-    """Whether :func:`minisgl_core.api.layers.fused.silu_and_mul` runs :func:`silu_and_mul`
+    """Whether :func:`minisgl_core.layers.fused.silu_and_mul` runs :func:`silu_and_mul`
     (``MINISGL_TRITON_SILU=0`` turns it off; the same device rules as :func:`fused_kv_enabled`)."""
     return triton_enabled(device, "MINISGL_TRITON_SILU")
 
@@ -96,7 +95,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 @functools.cache
 def _kernels():
     """The kernel module, imported once (it imports Triton)."""
-    from minisgl_core.api.layers import _triton_kernels
+    from minisgl_core.layers import _triton_kernels
 
     return _triton_kernels
 
@@ -121,7 +120,7 @@ def rope_store_kv(
 ) -> torch.Tensor:
     """Norm + rotary on the q and k heads of ``qkv`` (``[tokens, q_heads + 2 * kv_heads, head_dim]``),
     k and v written to ``cache`` layer ``layer_id`` at slots ``loc``; returns q ``[tokens, q_heads,
-    head_dim]``. The first eight parameters are :func:`~minisgl_core.api.layers.fused.qkv_norm_rope`'s."""
+    head_dim]``. The first eight parameters are :func:`~minisgl_core.layers.fused.qkv_norm_rope`'s."""
     tokens, heads, head_dim = qkv.shape
     if heads != num_q_heads + 2 * num_kv_heads or qkv.stride()[1:] != (head_dim, 1) or head_dim % 2:
         raise ValueError(f"rope_store_kv: qkv of shape {tuple(qkv.shape)} and strides {qkv.stride()}")

@@ -7,8 +7,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from minisgl_core.api.layers.fused import add_rms_norm, rms_norm
-from minisgl_core.api.layers.weights import load_full, new_param
+from minisgl_core.layers.fused import add_rms_norm, rms_norm
+from minisgl_core.layers.weights import load_full, new_param
 
 
 class RMSNorm(nn.Module):

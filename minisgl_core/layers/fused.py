@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from minisgl_core import fast_paths
-from minisgl_core.api.layers import triton_ops
+from minisgl_core.layers import triton_ops
 
 F_ = TypeVar("F_", bound=Callable)
 
@@ -90,7 +90,7 @@ def _silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` of ``gate_up = [gate | up]`` over the last dimension: a hand-written
-    Triton kernel on CUDA (:func:`~minisgl_core.api.layers.triton_ops.silu_and_mul`), else fused
+    Triton kernel on CUDA (:func:`~minisgl_core.layers.triton_ops.silu_and_mul`), else fused
     through ``torch.compile`` (or eager on CPU)."""
     if gate_up.dim() == 2 and triton_ops.silu_mul_enabled(gate_up.device):
         return triton_ops.silu_and_mul(gate_up)

@@ -1,0 +1,63 @@
+"""Every environment variable minisgl reads, and the one place it reads them.
+
+A behaviour switch is a field of a frozen config with a command-line flag (``EngineConfig``,
+``FastPaths``, ``ServerLimits``...); a variable here only supplies the default of such a flag, or
+a location or secret that has no better home. Product code reads them through :func:`get` (a
+test keeps ``os.environ`` reads out of every other module), so this table is the whole list; the
+README repeats it for users.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+#: name -> what it does (the flag or field it is the default of)
+DOCUMENTED: dict[str, str] = {
+    "MINISGL_COMPILE": "0 turns off the compiled fused ops and every Triton kernel (--disable-fast-path compile)",
+    "MINISGL_FUSED_KV": "0 turns off the fused q/k norm + rotary + KV store kernel (--disable-fast-path fused_kv)",
+    "MINISGL_TRITON_SILU": "0 turns off the Triton SiLU·mul kernel (--disable-fast-path triton_silu)",
+    "MINISGL_TRITON_SAMPLER": "0 turns off the one-kernel Gumbel-max draw (--disable-fast-path triton_sampler)",
+    "MINISGL_SYMM_MEM": "0 turns off the symmetric-memory all-reduce (--disable-fast-path symm_mem)",
+    "MINISGL_STEP_TRACE": "FILE: the default of --step-trace (EngineConfig.step_trace), one JSON line per step",
+    "MINISGL_LOG_LEVEL": "the default of --log-level",
+    "MINISGL_API_KEY": "the default of serve's --api-key (preferred: a flag shows in the process list)",
+    "MINISGL_PLUGINS": "comma-separated allow-list of plugins ('' = none); no flag: plugins are "
+    "discovered before any flag is parsed, since they add flags",
+    "MINISGL_DISABLE_PLUGINS": "comma-separated plugins to skip, added to --disable-plugin",
+    "MINISGL_CACHE_DIR": "where the default model and the demo model are kept (default ~/.cache/minisgl)",
+    "MINISGL_COMMIT": "the commit bench results record, for a checkout whose .git is elsewhere",
+    "TRITON_INTERPRET": "Triton's own: 1 runs the Triton kernels on the CPU under its interpreter (tests)",
+}
+
+
+def get(name: str, default: str | None = None) -> str | None:
+    """The variable's value, or ``default`` when it is unset; only documented names."""
+    if name not in DOCUMENTED:
+        raise KeyError(f"{name} is not a documented minisgl environment variable (minisgl_core.environment)")
+    return os.environ.get(name, default)
+
+
+def forget(name: str) -> None:
+    """Remove the variable from this process's environment, so the processes it starts do not
+    inherit it (the API key: only the API server checks it)."""
+    if name not in DOCUMENTED:
+        raise KeyError(f"{name} is not a documented minisgl environment variable (minisgl_core.environment)")
+    os.environ.pop(name, None)
+
+
+def split_list(value: str | None) -> list[str] | None:
+    """A comma-separated list; None stays None (unset), ``""`` is the empty list."""
+    if value is None:
+        return None
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
+def cache_dir() -> Path:
+    """Where downloaded and built models are kept: ``$MINISGL_CACHE_DIR``, else ~/.cache/minisgl."""
+    return Path(get("MINISGL_CACHE_DIR") or Path.home() / ".cache" / "minisgl")
+
+
+def triton_interpreter() -> bool:
+    """Whether Triton runs its kernels under the CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return get("TRITON_INTERPRET") == "1"

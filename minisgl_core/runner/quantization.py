@@ -1,0 +1,51 @@
+"""``--quantization``: the method a rank builds and the linear layers it is handed.
+
+See :mod:`minisgl_core.api.quantization` for the order of the steps; this module runs them around
+the model's weight loading.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from minisgl_core.api import QuantizationMethod
+from minisgl_core.plugins import PluginError, Plugins
+
+logger = logging.getLogger(__name__)
+
+
+def make_quantization(
+    name: str | None, plugins: Plugins, device: torch.device, dtype: torch.dtype
+) -> QuantizationMethod | None:
+    """The method registered as ``name`` (None: no quantization); PluginError saying why not."""
+    if not name or name == "none":
+        return None
+    cls = plugins.resolve("quantization", name)
+    why = cls.availability(device)
+    if why is not None:
+        raise PluginError(f"--quantization {name} cannot run on {device}: {why}")
+    return cls(device=device, dtype=dtype)
+
+
+def quantizable_layers(model: nn.Module) -> list[nn.Module]:
+    """The layers a method is handed: every module with a ``quant_method`` slot (the linear layers
+    of :mod:`minisgl_core.layers`), in model order."""
+    return [m for m in model.modules() if hasattr(m, "quant_method")]
+
+
+def before_loading(model: nn.Module, method: QuantizationMethod) -> None:
+    for layer in quantizable_layers(model):
+        method.create_weights(layer)
+        layer.quant_method = method
+
+
+def after_loading(model: nn.Module, method: QuantizationMethod) -> None:
+    layers = quantizable_layers(model)
+    for layer in layers:
+        method.process_weights_after_loading(layer)
+    if method.device.type == "cuda":
+        torch.cuda.empty_cache()  # the run-dtype weights are gone: the KV pool may take their room
+    logger.info("quantized %d linear layers: %s", len(layers), method.describe())

@@ -1,0 +1,124 @@
+"""The OpenAPI schema the server publishes at /openapi.json, telling the truth about its errors.
+
+FastAPI documents a 422 with its own body for every route that validates input; this server
+answers such input with a 400 in OpenAI's error shape (``errors.py``), and has more answers of its
+own (413 before a body is read, 429 when full, 504 past a request's ``timeout``...). The schema
+here replaces FastAPI's 422 with what each route can really answer, all with the one error body,
+so clients and schema-driven fuzzers (schemathesis) can check responses against it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from minisgl_core.server.errors import ERROR_TYPES
+
+#: OpenAI's error body, as ``errors.error_body`` writes it
+ERROR_SCHEMA: dict[str, Any] = {
+    "title": "ErrorResponse",
+    "type": "object",
+    "required": ["error"],
+    "additionalProperties": False,
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "param", "code"],
+            "additionalProperties": False,
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string", "enum": sorted(set(ERROR_TYPES.values()))},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+        }
+    },
+}
+
+#: one server-sent event of a stream: ``data`` is a JSON chunk, an error chunk, or ``[DONE]``
+SSE_EVENT: dict[str, Any] = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"}},
+}
+
+#: what each error status means, as the schema describes it
+ERROR_MEANINGS = {
+    400: "Invalid request: the error's param names the field",
+    401: "Missing or wrong API key",
+    404: "Unknown model",
+    413: "Request body over --max-body-bytes",
+    429: "The server's queue is full; retry after the Retry-After header's seconds",
+    500: "The engine failed while answering",
+    503: "A worker process failed or the engine is shutting down",
+    504: "The request ran past its timeout",
+}
+
+#: routes that run the engine: they stream (SSE) on request and answer every engine-side error
+GENERATING = {"/v1/chat/completions", "/v1/completions", "/generate"}
+#: routes that take a ``model`` they may not serve
+NAMING_A_MODEL = {"/v1/chat/completions", "/v1/completions", "/v1/models/{model_id}"}
+#: routes that answer with the error body on an unhealthy engine (no OpenAI body: {status, error})
+HEALTH = {"/health", "/health_generate"}
+
+
+def error_statuses(path: str, method: str, protected: bool) -> list[int]:
+    """The error statuses ``method path`` can answer, sorted."""
+    statuses: set[int] = set()
+    if method == "post":
+        statuses |= {400, 413}
+    if protected and path != "/health":
+        statuses.add(401)
+    if path in NAMING_A_MODEL:
+        statuses.add(404)
+    if path in GENERATING:
+        statuses |= {429, 500, 503, 504}
+    return sorted(statuses)
+
+
+def build_schema(app: FastAPI, protected: bool) -> dict[str, Any]:
+    """``app``'s OpenAPI schema with each route's real error answers instead of FastAPI's 422."""
+    schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    for name in ("HTTPValidationError", "ValidationError"):
+        components.pop(name, None)
+    for model in components.values():
+        _nullable_optionals(model)
+    components["ErrorResponse"] = ERROR_SCHEMA
+    error_ref = {"$ref": "#/components/schemas/ErrorResponse"}
+    for path, operations in schema.get("paths", {}).items():
+        for method, operation in operations.items():
+            responses = operation.setdefault("responses", {})
+            responses.pop("422", None)
+            for status in error_statuses(path, method, protected):
+                content = {"application/json": {"schema": error_ref}}
+                responses[str(status)] = {"description": ERROR_MEANINGS[status], "content": content}
+            if path in HEALTH:
+                responses["503"] = {
+                    "description": "The engine is not making progress",
+                    "content": {"application/json": {"schema": {"type": "object"}}},
+                }
+            if path in GENERATING:
+                ok = responses.setdefault("200", {"description": "Successful Response"})
+                ok["content"] = {
+                    "application/json": {"schema": {"type": "object"}},
+                    "text/event-stream": {"schema": SSE_EVENT},
+                }
+    return schema
+
+
+def _nullable_optionals(model: dict[str, Any]) -> None:
+    """A field sent as null counts as not sent (``schemas.StrictModel``): say so for every optional
+    property, so that a client or fuzzer reading the schema expects null to be accepted."""
+    required = set(model.get("required", ()))
+    for name, prop in model.get("properties", {}).items():
+        if name in required or _allows_null(prop):
+            continue
+        outer = {k: prop.pop(k) for k in ("title", "default", "description") if k in prop}
+        model["properties"][name] = {**outer, "anyOf": [prop, {"type": "null"}]}
+
+
+def _allows_null(prop: dict[str, Any]) -> bool:
+    return prop.get("type") == "null" or any(_allows_null(p) for p in prop.get("anyOf", ()))

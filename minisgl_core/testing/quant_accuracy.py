@@ -1,0 +1,130 @@
+"""How far ``--quantization`` / ``--kv-cache-dtype`` move the real default model from itself.
+
+Greedy decoding of the real-model prompts (:data:`minisgl_core.testing.real_model.PROMPTS`) with
+and without quantization, same engine, CPU: *agreement* is the share of the unquantized run's
+output tokens that the quantized run reproduces before it first picks another token (a prompt
+counts its tokens up to the divergence, none after); the *logprob distance* is
+``|logprob_quantized - logprob_unquantized|`` of the chosen token at every position where both
+chose the same token from the same context.
+
+    python -m minisgl_core.testing.quant_accuracy      # the table in BENCHMARKS.md
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+#: (label, quantization, kv_cache_dtype) compared against the unquantized run
+VARIANTS: list[tuple[str, str | None, str]] = [
+    ("int8", "int8", "auto"),
+    ("fp8", "fp8", "auto"),
+    ("fp8 KV", None, "fp8_e4m3"),
+    ("fp8 + fp8 KV", "fp8", "fp8_e4m3"),
+]
+
+
+@dataclass(frozen=True)
+class Run:
+    """One greedy run: per prompt, the output tokens and their logprobs."""
+
+    tokens: list[list[int]]
+    logprobs: list[list[float]]
+
+
+@dataclass(frozen=True)
+class Agreement:
+    label: str
+    #: output tokens of the unquantized run
+    reference_tokens: int
+    #: of those, reproduced before the first divergence (summed over prompts)
+    agreed_tokens: int
+    #: prompts whose whole output is identical
+    identical_prompts: int
+    prompts: int
+    mean_logprob_distance: float
+    max_logprob_distance: float
+
+    @property
+    def agreement(self) -> float:
+        return self.agreed_tokens / self.reference_tokens
+
+    def row(self) -> str:
+        return (
+            f"| {self.label} | {self.agreement:.1%} ({self.agreed_tokens}/{self.reference_tokens}) | "
+            f"{self.identical_prompts}/{self.prompts} | {self.mean_logprob_distance:.4f} | "
+            f"{self.max_logprob_distance:.4f} |"
+        )
+
+
+def greedy_run(model_dir: Path, quantization: str | None = None, kv_cache_dtype: str = "auto") -> Run:
+    from minisgl_core.llm import LLM
+    from minisgl_core.sampling import SamplingParams
+    from minisgl_core.testing.real_model import MAX_TOKENS, PROMPTS
+    from minisgl_core.tokenizer.load import apply_chat_template
+
+    llm = LLM(
+        str(model_dir),
+        device="cpu",
+        attn="torch",
+        num_kv_tokens=8192,
+        quantization=quantization,
+        kv_cache_dtype=kv_cache_dtype,
+    )
+    try:
+        prompts = [apply_chat_template(llm.tokenizer, messages) for _, messages in PROMPTS]
+        outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=0))
+    finally:
+        llm.close()
+    return Run(
+        tokens=[out.token_ids for out in outputs],
+        logprobs=[[lp.logprob for lp in out.logprobs or []] for out in outputs],
+    )
+
+
+def compare(label: str, reference: Run, run: Run) -> Agreement:
+    agreed = identical = 0
+    distances: list[float] = []
+    for ref_tokens, ref_lps, tokens, lps in zip(
+        reference.tokens, reference.logprobs, run.tokens, run.logprobs, strict=True
+    ):
+        same = 0
+        for a, b in zip(ref_tokens, tokens):
+            if a != b:
+                break
+            same += 1
+        agreed += same
+        identical += ref_tokens == tokens
+        distances += [abs(x - y) for x, y in zip(ref_lps[:same], lps[:same])]
+    return Agreement(
+        label=label,
+        reference_tokens=sum(len(t) for t in reference.tokens),
+        agreed_tokens=agreed,
+        identical_prompts=identical,
+        prompts=len(reference.tokens),
+        mean_logprob_distance=sum(distances) / max(len(distances), 1),
+        max_logprob_distance=max(distances, default=0.0),
+    )
+
+
+def measure(model_dir: Path, variants=VARIANTS) -> list[Agreement]:
+    reference = greedy_run(model_dir)
+    return [compare(label, reference, greedy_run(model_dir, q, kv)) for label, q, kv in variants]
+
+
+def main() -> None:
+    from minisgl_core.checkpoint.resolve import resolve_model
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=None, help="default: the real default model")
+    args = parser.parse_args()
+    model_dir = Path(resolve_model(args.model))
+    print("| variant | greedy agreement | identical prompts | mean |Δlogprob| | max |Δlogprob| |")
+    print("|---|---|---|---|---|")
+    for result in measure(model_dir):
+        print(result.row(), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""Conformance suite that every :class:`~minisgl_core.api.QuantizationMethod` runs.
+
+    from minisgl_core.testing.quantization_suite import QuantizationMethodSuite
+
+    class TestMyMethod(QuantizationMethodSuite):
+        method_cls = MyMethod
+        max_relative_error = 0.02     # what your format's rounding allows
+
+Each linear layer of :mod:`minisgl_core.layers` (fused q/k/v, merged gate/up, row-parallel;
+with and without bias) goes through the core's steps (``create_weights``, the checkpoint load
+through the parameters' ``weight_loader``, ``process_weights_after_loading``) and its output is
+compared with ``F.linear`` of the unquantized weights on random inputs: the relative error
+(Frobenius norm) must stay under ``max_relative_error``. Set ``device``/``dtype`` to run the same
+checks on a GPU (the suite skips when the device is missing or the method declines it).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minisgl_core.api import ParallelContext, QuantizationMethod
+from minisgl_core.layers import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+
+HIDDEN, HEAD_DIM, HEADS, KV_HEADS, INTERMEDIATE = 256, 32, 8, 2, 512
+
+
+def _checkpoint(layer_kind: str, bias: bool, generator: torch.Generator) -> dict[Any, torch.Tensor]:
+    """shard_id -> full checkpoint tensor (weights ~ N(0, 0.05), a few large outliers per row)."""
+
+    def weight(rows: int, cols: int) -> torch.Tensor:
+        w = torch.randn(rows, cols, generator=generator) * 0.05
+        w[:, torch.randint(0, cols, (2,), generator=generator)] *= 8  # outlier columns, as in real models
+        return w
+
+    if layer_kind == "qkv":
+        shapes = {"q": HEADS * HEAD_DIM, "k": KV_HEADS * HEAD_DIM, "v": KV_HEADS * HEAD_DIM}
+        parts = {sid: weight(rows, HIDDEN) for sid, rows in shapes.items()}
+    elif layer_kind == "merged":
+        parts = {0: weight(INTERMEDIATE, HIDDEN), 1: weight(INTERMEDIATE, HIDDEN)}
+    else:
+        parts = {None: weight(HIDDEN, INTERMEDIATE)}
+    out = {("weight", sid): w for sid, w in parts.items()}
+    if bias:
+        for sid, w in parts.items():
+            out["bias", sid] = torch.randn(w.shape[0], generator=generator) * 0.1
+    return out
+
+
+class QuantizationMethodSuite:
+    method_cls: ClassVar[type[QuantizationMethod]]
+    device: ClassVar[str] = "cpu"
+    dtype: ClassVar[torch.dtype] = torch.float32
+    #: the largest relative error (Frobenius) of a layer's output against the unquantized layer
+    max_relative_error: ClassVar[float] = 0.05
+
+    @pytest.fixture
+    def method(self) -> QuantizationMethod:
+        device = torch.device(self.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            pytest.skip("no CUDA device")
+        why = self.method_cls.availability(device)
+        if why is not None:
+            pytest.skip(f"{self.method_cls.__name__} unavailable on {device}: {why}")
+        return self.method_cls(device=device, dtype=self.dtype)
+
+    def _layer(self, layer_kind: str, bias: bool) -> nn.Module:
+        options = {"parallel": ParallelContext(), "bias": bias, "dtype": self.dtype, "device": self.device}
+        if layer_kind == "qkv":
+            return QKVParallelLinear(HIDDEN, HEAD_DIM, HEADS, KV_HEADS, **options)
+        if layer_kind == "merged":
+            return MergedColumnParallelLinear(HIDDEN, [INTERMEDIATE, INTERMEDIATE], **options)
+        return RowParallelLinear(INTERMEDIATE, HIDDEN, **options)
+
+    def _loaded(
+        self, method: QuantizationMethod, layer_kind: str, bias: bool
+    ) -> tuple[nn.Module, torch.Tensor, torch.Tensor | None]:
+        """(quantized layer, unquantized weight, unquantized bias) through the core's steps."""
+        generator = torch.Generator().manual_seed(hash((layer_kind, bias)) % 2**31)
+        checkpoint = _checkpoint(layer_kind, bias, generator)
+        reference = self._layer(layer_kind, bias)
+        layer = self._layer(layer_kind, bias)
+        method.create_weights(layer)
+        layer.quant_method = method
+        for target in (reference, layer):
+            params = dict(target.named_parameters())
+            for (name, shard_id), tensor in checkpoint.items():
+                param = params[name]
+                param.weight_loader(param, tensor.to(self.dtype).to(self.device), shard_id)
+        method.process_weights_after_loading(layer)
+        bias_ref = None if reference.bias is None else reference.bias.data
+        return layer, reference.weight.data, bias_ref
+
+    @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+    @pytest.mark.parametrize("layer_kind", ["qkv", "merged", "row"])
+    def test_layer_output_is_close_to_unquantized(self, method, layer_kind: str, bias: bool) -> None:
+        layer, weight, bias_ref = self._loaded(method, layer_kind, bias)
+        generator = torch.Generator().manual_seed(7)
+        for tokens in (1, 5, 33):
+            x = torch.randn(tokens, weight.shape[1], generator=generator).to(self.dtype).to(self.device)
+            with torch.inference_mode():
+                out = layer(x)
+            expected = F.linear(x.double(), weight.double(), None if bias_ref is None else bias_ref.double())
+            assert out.shape == expected.shape and out.dtype == self.dtype
+            error = (out.double() - expected).norm() / expected.norm()
+            assert error < self.max_relative_error, (
+                f"{layer_kind}, {tokens} tokens: relative error {error:.4f}"
+            )
+
+    def test_apply_keeps_leading_dimensions(self, method) -> None:
+        layer, weight, _ = self._loaded(method, "merged", False)
+        x = torch.randn(2, 3, weight.shape[1]).to(self.dtype).to(self.device)
+        with torch.inference_mode():
+            out = layer(x)
+            flat = layer(x.reshape(6, -1))
+        assert out.shape == (2, 3, weight.shape[0])
+        torch.testing.assert_close(out.reshape(6, -1), flat)
+
+    def test_weight_is_stored_in_fewer_bytes(self, method) -> None:
+        layer, weight, _ = self._loaded(method, "row", False)
+        stored = layer.weight.numel() * layer.weight.element_size()
+        assert stored < weight.numel() * weight.element_size(), f"weight kept as {layer.weight.dtype}"
+
+    def test_describe_names_the_method(self, method) -> None:
+        info = method.describe()
+        assert isinstance(info, dict) and info.get("quantization")

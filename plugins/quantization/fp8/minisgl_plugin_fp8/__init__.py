@@ -1,0 +1,10 @@
+"""Entry point of the fp8 quantization method (thin: no heavy imports)."""
+
+from minisgl_core.api import hookimpl
+
+MINISGL_API = "2.0"
+
+
+@hookimpl
+def minisgl_register_quantization_methods(register):
+    register("fp8", "minisgl_plugin_fp8.method:Fp8Method")

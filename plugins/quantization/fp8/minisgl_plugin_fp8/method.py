@@ -1,0 +1,103 @@
+"""FP8 (e4m3) linear layers: weights quantized at load with one scale per output channel,
+activations quantized per token on the fly, multiplied by ``torch._scaled_mm`` (FP8 tensor cores
+of Hopper and Ada) with both scales applied in its epilogue.
+
+Elsewhere (CPU, older GPUs, a float32 or float16 run, shapes the kernel refuses) the layer emulates
+the same arithmetic: the same quantized weights and per-token activations, dequantized and
+multiplied in the run dtype, so the numerics measured on CPU are the GPU's up to accumulation
+order. The emulation keeps a dequantized copy of each weight: it is for testing, not for memory.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch import nn
+
+from minisgl_core.api import QuantizationMethod
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8).max  # 448
+#: smallest scale: an all-zero row or token must not divide by zero
+MIN_SCALE = 1e-12
+
+
+def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``t`` [rows, cols] as (float8_e4m3fn [rows, cols], float32 scale [rows, 1]) with
+    ``t ≈ q * scale``: each row scaled so its largest magnitude maps to 448."""
+    amax = t.abs().amax(dim=-1, keepdim=True).float()
+    scale = (amax / FP8_MAX).clamp_(min=MIN_SCALE)
+    q = (t.float() / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8)
+    return q, scale
+
+
+_compiled: list = []
+
+
+def quantize_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize_rows` of the activations: on CUDA through ``torch.compile`` (one fused
+    kernel instead of six per layer, which batch-1 decoding would feel); ``MINISGL_COMPILE=0``
+    runs it eagerly."""
+    if not x.is_cuda or os.environ.get("MINISGL_COMPILE", "1") == "0":
+        return quantize_rows(x)
+    if not _compiled:
+        _compiled.append(torch.compile(quantize_rows, dynamic=True, fullgraph=True))
+    return _compiled[0](x)
+
+
+def scaled_mm_supported(device: torch.device) -> bool:
+    """FP8 GEMMs with row-wise scales: CUDA compute capability 8.9 (Ada) or newer."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+class Fp8Method(QuantizationMethod):
+    name = "fp8"
+
+    def __init__(self, *, device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__(device=device, dtype=dtype)
+        # row-wise scaled _scaled_mm writes bfloat16 only
+        self.native = scaled_mm_supported(self.device) and dtype == torch.bfloat16
+        self.native_layers = 0
+        self.emulated_layers = 0
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        weight = layer.weight.data
+        q, scale = quantize_rows(weight)
+        out_features, in_features = q.shape
+        layer.weight = nn.Parameter(q, requires_grad=False)
+        # [1, out]: the layout _scaled_mm wants for scale_b
+        layer.weight_scale = scale.view(1, out_features).contiguous()
+        # _scaled_mm needs both dimensions of the weight divisible by 16
+        layer.fp8_native = self.native and in_features % 16 == 0 and out_features % 16 == 0
+        if layer.fp8_native:
+            self.native_layers += 1
+        else:
+            layer.fp8_dequantized = (q.float() * scale).to(self.dtype)
+            self.emulated_layers += 1
+
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        if layer.fp8_native:
+            xq, x_scale = quantize_tokens(x2)
+            out = torch._scaled_mm(
+                xq,
+                layer.weight.t(),
+                scale_a=x_scale,
+                scale_b=layer.weight_scale,
+                out_dtype=x.dtype,
+            )
+        else:
+            xq, x_scale = quantize_rows(x2)
+            x_deq = (xq.float() * x_scale).to(x.dtype)
+            out = x_deq @ layer.fp8_dequantized.t()
+        return out.view(*shape[:-1], out.shape[-1])
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "quantization": "fp8",
+            "scaled_mm_layers": self.native_layers,
+            "emulated_layers": self.emulated_layers,
+        }

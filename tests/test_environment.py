@@ -1,0 +1,89 @@
+"""Environment variables: read in one module, each documented, each the default of a flag or a
+config field (or a location); no other product module reads ``os.environ``."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+from pathlib import Path
+
+import pytest
+
+import minisgl_core
+from minisgl_core import environment
+from minisgl_core.config import EngineConfig
+from minisgl_core.config_args import add_engine_args
+
+PACKAGE = Path(minisgl_core.__file__).parent
+README = PACKAGE.parent / "README.md"
+
+#: modules allowed to touch os.environ, and why
+ALLOWED = {
+    # the one place
+    "environment.py": "reads every documented variable",
+    # writes of third-party libraries' defaults, never reads of a minisgl switch
+    "tokenizer/load.py": "os.environ.setdefault('TOKENIZERS_PARALLELISM', ...)",
+    "distributed.py": "os.environ.setdefault of GLOO/NCCL_SOCKET_IFNAME (loopback)",
+    "bench/tp.py": "os.environ.setdefault('NCCL_NVLS_ENABLE', '0')",
+    # the test kit, not product code: a child interpreter's environment
+    "testing/packaging_suite.py": "passes os.environ on to a subprocess",
+    "testing/live_server.py": "passes os.environ on to the server it starts",
+}
+
+
+def _environ_uses(path: Path) -> list[int]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    lines = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr in ("environ", "getenv", "putenv")
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "os"
+        ):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_no_product_module_reads_the_environment_but_one():
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = path.relative_to(PACKAGE).as_posix()
+        lines = _environ_uses(path)
+        if lines and name not in ALLOWED:
+            found[name] = lines
+    assert found == {}, f"read environment variables through minisgl_core.environment: {found}"
+
+
+def test_every_variable_is_documented_in_the_readme():
+    readme = README.read_text(encoding="utf-8")
+    missing = [name for name in environment.DOCUMENTED if f"`{name}`" not in readme]
+    assert missing == []
+
+
+def test_only_documented_variables_can_be_read(monkeypatch):
+    monkeypatch.setenv("MINISGL_CACHE_DIR", "/tmp/somewhere")
+    assert environment.get("MINISGL_CACHE_DIR") == "/tmp/somewhere"
+    assert environment.cache_dir() == Path("/tmp/somewhere")
+    with pytest.raises(KeyError, match="not a documented"):
+        environment.get("MINISGL_SOMETHING_NEW")
+
+
+def test_step_trace_is_a_config_field_with_a_flag_and_an_environment_default(monkeypatch):
+    monkeypatch.delenv("MINISGL_STEP_TRACE", raising=False)
+    assert EngineConfig(model="m").step_trace is None
+    monkeypatch.setenv("MINISGL_STEP_TRACE", "/tmp/steps.jsonl")
+    assert EngineConfig(model="m").step_trace == "/tmp/steps.jsonl"
+    assert EngineConfig(model="m", step_trace="/tmp/other.jsonl").step_trace == "/tmp/other.jsonl"
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    assert parser.parse_args(["--step-trace", "/tmp/x.jsonl"]).step_trace == "/tmp/x.jsonl"
+    assert parser.parse_args([]).step_trace is None
+
+
+def test_fast_path_variables_are_read_through_the_one_module(monkeypatch):
+    from minisgl_core import fast_paths
+
+    monkeypatch.setenv("MINISGL_FUSED_KV", "0")
+    assert not fast_paths.from_env().fused_kv and fast_paths.from_env().compile
+    assert set(fast_paths.ENV_VARS.values()) <= set(environment.DOCUMENTED)

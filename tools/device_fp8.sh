@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# FP8 on Hopper, one GPU call (about 5 minutes on an H200; `checks` alone about 1.5):
+#   checks: the fp8 plugin's tests on CUDA (torch._scaled_mm vs its emulation, the conformance
+#           suite in bf16), then tools/device_fp8_check.py (GEMM accuracy and speed on
+#           Llama-3.1-8B's layer shapes; fp8 weights / fp8 KV end to end against float32)
+#   bench:  Llama-3.1-8B shape (random weights) offline and batch-1 decode, bf16 vs
+#           --quantization fp8 vs fp8 + --kv-cache-dtype fp8_e4m3 (bound: ~1.6 ms/token on H200)
+# Usage (repo root, .whl carried): source .whl/prelude.sh && bash tools/device_fp8.sh [checks|bench|all]
+# Success: "fp8 check passed: True" and three JSON lines whose output_throughput / ms_per_token
+# go up / down from the bf16 line to the fp8 ones.
+set -uo pipefail
+what=${1:-all}
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+start=$SECONDS
+if [[ $what == checks || $what == all ]]; then
+  timeout 150 python3 -m pytest -q -p no:cacheprovider plugins/quantization/fp8/tests > "$out/fp8_pytest.log" 2>&1
+  echo "fp8 plugin tests on CUDA: exit $? ($(tail -n 1 "$out/fp8_pytest.log"))"
+  timeout 240 python3 tools/device_fp8_check.py all --out "$out/fp8_check.json" > "$out/fp8_check.log" 2>&1
+  echo "fp8 check passed: $(python3 -c "import json;print(json.load(open('$out/fp8_check.json'))['passed'])" 2>/dev/null || echo "no report (see fp8_check.log)")"
+  grep -E "Error|error" "$out/fp8_check.log" | head -5
+fi
+if [[ $what == bench || $what == all ]]; then
+  python3 -m minisgl_core bench make-model --shape llama-3.1-8b --out /tmp/m/llama-3.1-8b --device cuda > /dev/null
+  bench() { timeout "${BENCH_TIMEOUT:-200}" python3 -m minisgl_core bench offline --model /tmp/m/llama-3.1-8b \
+              --attn auto --decode-latency --output "$out/fp8_bench.jsonl" "$@" 2>>"$out/fp8_bench.log" | tail -n 1; }
+  bench --label llama-3.1-8b-bf16
+  bench --label llama-3.1-8b-fp8 --quantization fp8
+  # fa3 has no fp8 KV path here: fi for both phases
+  bench --label llama-3.1-8b-fp8-kvfp8 --quantization fp8 --kv-cache-dtype fp8_e4m3 --attn fi
+  grep -E "Error|Traceback" "$out/fp8_bench.log" | head -5
+fi
+echo "device_fp8.sh: $((SECONDS - start)) s"
