@@ -202,7 +202,9 @@ def run_cpu_bench(
                 out = runners[name].generate(prompts, new_tokens)
                 times[name].append(time.perf_counter() - start)
                 if [len(o) for o in out] != [new_tokens] * bs:
-                    raise RuntimeError(f"{name} generated {[len(o) for o in out]} tokens, not {new_tokens} each")
+                    raise RuntimeError(
+                        f"{name} generated {[len(o) for o in out]} tokens, not {new_tokens} each"
+                    )
                 outputs[name] = out
         row: dict[str, Any] = {
             "batch_size": bs,
@@ -213,7 +215,10 @@ def run_cpu_bench(
         }
         for name, seconds in times.items():
             rates = [bs * new_tokens / s for s in seconds]
-            row[name] = {"tok_per_s": [round(x, 2) for x in rates], "median": round(statistics.median(rates), 2)}
+            row[name] = {
+                "tok_per_s": [round(x, 2) for x in rates],
+                "median": round(statistics.median(rates), 2),
+            }
         if theirs is not None:
             row["ratio"] = round(row["minisgl"]["median"] / row["transformers"]["median"], 2)
             # greedy output up to the first EOS: what the tests hold equal
