@@ -3,7 +3,8 @@
 Once per step, :meth:`TorchAttentionBackend.prepare_metadata` turns the page table into a padded
 ``[bs, max_len]`` grid of KV slots and a ``[bs, max_extend, max_len]`` causal mask; every layer
 then gathers its K/V through that grid and runs one masked ``scaled_dot_product_attention`` over
-the whole batch, in float32. Padding costs memory proportional to ``bs * max_len`` per layer,
+the whole batch, in float32 (on a CPU, a decode batch runs the same arithmetic as two batched
+matmuls around a softmax: see :meth:`TorchAttentionBackend._decode`). Padding costs memory proportional to ``bs * max_len`` per layer,
 which is fine on CPU and in tests but is why GPU serving uses the kernel backends.
 
 Cascade (decode batches with ``shared_prefixes``): each group's queries attend once to the shared
