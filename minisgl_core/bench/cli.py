@@ -80,6 +80,27 @@ def add_bench_command(sub) -> None:
     p.add_argument("--output")
     p.set_defaults(func=_grammar)
 
+    p = kinds.add_parser(
+        "cpu", help="our offline LLM against transformers generate on the CPU, with the bandwidth bound"
+    )
+    add_engine_args(p)
+    p.add_argument("--threads", type=_positive_int, default=2, help="torch.set_num_threads for both engines")
+    p.add_argument("--batch-sizes", default="1,8", help="comma-separated batch sizes")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=64, help="new tokens per request")
+    p.add_argument("--rounds", type=_positive_int, default=3, help="alternating runs per batch size")
+    p.add_argument("--no-transformers", action="store_true", help="measure ours only")
+    p.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an extra LLM(...) option (repeatable; VALUE read as a Python literal when it is one), "
+        "e.g. --engine-arg quantization=int8",
+    )
+    p.add_argument("--label", default="")
+    p.add_argument("--output", help="append the JSON result to this file (one object per line)")
+    p.set_defaults(func=_cpu)
+
     p = kinds.add_parser("make-model", help="write a random-weight model of a real shape")
     p.add_argument("--shape", choices=sorted(SHAPES), required=True)
     p.add_argument("--out", required=True)
@@ -194,6 +215,60 @@ def _grammar(args: argparse.Namespace) -> int:
     )  # fmt: skip
     _emit({**_meta(args), **result}, args.output)
     return 0
+
+
+def _cpu(args: argparse.Namespace) -> int:
+    import torch
+
+    from minisgl_core.bench.cpu import TransformersRunner, markdown_table, memory_bandwidth, run_cpu_bench
+    from minisgl_core.config_args import engine_config_from_args
+    from minisgl_core.llm import LLM
+
+    torch.set_num_threads(args.threads)
+    if args.device == "auto":
+        args.device = "cpu"
+    batch_sizes = [_positive_int(b) for b in args.batch_sizes.split(",")]
+    config = engine_config_from_args(args)
+    fields = {k: v for k, v in vars(config).items() if k != "model"}
+    fields |= dict(_engine_arg(text) for text in args.engine_arg)
+    llm = LLM(config.model, **fields)
+    theirs = None if args.no_transformers else TransformersRunner(config.model, set(llm.engine.eos_ids))
+    result = run_cpu_bench(
+        llm,
+        theirs,
+        batch_sizes=batch_sizes,
+        new_tokens=args.max_new_tokens,
+        rounds=args.rounds,
+        bandwidth=memory_bandwidth(),
+    )
+    result = {**_meta(args), "bench": "cpu", "model": config.model, "engine_args": args.engine_arg,
+              "cpu": _cpu_name(), **result}  # fmt: skip
+    print(markdown_table(result))
+    _emit(result, args.output)
+    llm.close()
+    return 0
+
+
+def _engine_arg(text: str) -> tuple[str, Any]:
+    import ast
+
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise SystemExit(f"minisgl bench cpu: --engine-arg takes KEY=VALUE, got {text!r}")
+    try:
+        return key.replace("-", "_"), ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return key.replace("-", "_"), value
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def _serve(args: argparse.Namespace) -> int:

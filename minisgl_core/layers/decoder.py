@@ -215,7 +215,9 @@ class DecoderForCausalLM(Model):
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         out, residual = self.model(batch)
         rows = batch.logits_indices
-        hidden, _ = self.model.norm(out[rows], residual[rows])
+        # index_select, not out[rows]: on a CPU, advanced indexing opens a parallel region even
+        # for one row (see the torch attention backend's _gather)
+        hidden, _ = self.model.norm(out.index_select(0, rows), residual.index_select(0, rows))
         return self.lm_head(hidden)  # in the model's dtype: the sampler upcasts as it reads
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:

@@ -46,7 +46,35 @@ def _normalize(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tenso
 def _cos_sin(
     positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotary angles in float32, as ``[num_tokens, 1, head_dim]`` cos and sin in ``dtype``."""
+    """Rotary angles in float32, as ``[num_tokens, 1, head_dim]`` cos and sin in ``dtype``.
+
+    Off CUDA, every layer of a forward asks for the same angles (the same ``positions`` tensor,
+    equal ``inv_freq``): they are computed for the first layer and reused by the others, which on
+    a CPU saves a cos and a sin over every token per layer (5% of a 2-core decode step)."""
+    if positions.is_cuda:
+        return _angles(positions, inv_freq, dtype)
+    memo = _CPU_ANGLES
+    if (
+        memo
+        and memo[0] is positions
+        and memo[1] == positions._version  # not written in place since
+        and memo[3] == dtype
+        and (memo[2] is inv_freq or torch.equal(memo[2], inv_freq))
+    ):
+        return memo[4], memo[5]
+    cos, sin = _angles(positions, inv_freq, dtype)
+    # holding ``positions`` keeps its identity from being reused by another step's tensor
+    _CPU_ANGLES[:] = [positions, positions._version, inv_freq, dtype, cos, sin]
+    return cos, sin
+
+
+#: the last angles computed off CUDA: [positions, its version, inv_freq, dtype, cos, sin]
+_CPU_ANGLES: list = []
+
+
+def _angles(
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     freqs = positions.float()[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
     return emb.cos().to(dtype), emb.sin().to(dtype)

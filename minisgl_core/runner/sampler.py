@@ -44,9 +44,17 @@ def _chunked_argmax(x: torch.Tensor) -> torch.Tensor:
 
 
 @fused
-def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
-    """Per row ``argmax(logits)``; one pass over chunks on CUDA."""
+def _greedy_argmax_chunked(logits: torch.Tensor) -> torch.Tensor:
     return _chunked_argmax(logits)
+
+
+def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Per row ``argmax(logits)`` (the first maximum); one pass over chunks on CUDA. Elsewhere
+    torch's own argmax: the chunked form pads a copy of the logits first, which on a CPU costs
+    more than the argmax itself (1.2 ms of a 2-core decode step at batch 1)."""
+    if not logits.is_cuda:
+        return logits.argmax(dim=-1)
+    return _greedy_argmax_chunked(logits)
 
 
 @fused

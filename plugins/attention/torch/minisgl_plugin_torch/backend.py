@@ -3,7 +3,8 @@
 Once per step, :meth:`TorchAttentionBackend.prepare_metadata` turns the page table into a padded
 ``[bs, max_len]`` grid of KV slots and a ``[bs, max_extend, max_len]`` causal mask; every layer
 then gathers its K/V through that grid and runs one masked ``scaled_dot_product_attention`` over
-the whole batch, in float32. Padding costs memory proportional to ``bs * max_len`` per layer,
+the whole batch, in float32 (on a CPU, a decode batch runs the same arithmetic as two batched
+matmuls around a softmax: see :meth:`TorchAttentionBackend._decode`). Padding costs memory proportional to ``bs * max_len`` per layer,
 which is fine on CPU and in tests but is why GPU serving uses the kernel backends.
 
 Cascade (decode batches with ``shared_prefixes``): each group's queries attend once to the shared
@@ -40,6 +41,19 @@ class TorchAttentionMetadata(NamedTuple):
     #: ``kv_slots``/``mask`` then cover only the positions after a grouped sequence's prefix
     groups: list[SharedPrefix] | None = None
     group_slots: list[torch.Tensor] | None = None
+
+
+def _gather(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """K or V of one layer (``pool``: ``[num_pages, page_size, kv_heads, head_dim]``) at ``slots``
+    (``[b, n]`` KV slots) as float32 ``[b, kv_heads, n, head_dim]``.
+
+    ``index_select`` rather than ``pool[slots]``: the advanced-indexing kernel opens a parallel
+    region even for a few rows, which on a CPU whose cores are busy with other work waits for a
+    descheduled thread (milliseconds per layer on 2 shared cores, against microseconds here)."""
+    b, n = slots.shape
+    flat = pool.view(-1, pool.shape[-2], pool.shape[-1])
+    rows = flat.index_select(0, slots.reshape(-1)).view(b, n, pool.shape[-2], pool.shape[-1])
+    return rows.float().transpose(1, 2)
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -115,25 +129,56 @@ class TorchAttentionBackend(AttentionBackend):
         meta: TorchAttentionMetadata = batch.attn_metadata
         bs, num_qo_heads, head_dim = batch.batch_size, q.shape[1], q.shape[2]
 
-        flat = (cache.num_slots, cache.num_kv_heads, cache.head_dim)
-        # [bs, max_len, kv_heads, head_dim] -> [bs, kv_heads, max_len, head_dim]
-        keys = cache.k_cache(layer_id).view(flat)[meta.kv_slots].float().transpose(1, 2)
-        values = cache.v_cache(layer_id).view(flat)[meta.kv_slots].float().transpose(1, 2)
+        keys = _gather(cache.k_cache(layer_id), meta.kv_slots)
+        values = _gather(cache.v_cache(layer_id), meta.kv_slots)
 
-        queries = q.new_zeros((bs, meta.max_extend, num_qo_heads, head_dim), dtype=torch.float32)
-        queries[meta.token_seq, meta.token_offset] = q.float()
+        # Decode (one new token per sequence) needs no scatter into the padded grid: token i is
+        # sequence i's only query. The index_put/index pair it replaces cost a parallel region
+        # each per layer on the CPU (see _gather).
+        decode = meta.max_extend == 1 and q.shape[0] == bs
+        if decode:
+            queries = q.float()[:, None]
+        else:
+            queries = q.new_zeros((bs, meta.max_extend, num_qo_heads, head_dim), dtype=torch.float32)
+            queries[meta.token_seq, meta.token_offset] = q.float()
         if meta.groups is not None:
             return self._cascade(queries[:, 0], keys, values, meta, layer_id).to(q.dtype)
+        # one sequence decoding over exactly its own keys sees them all: no mask to apply
+        whole = decode and bs == 1 and keys.shape[2] == batch.seq_lens_cpu[0]
+        if decode and not q.is_cuda:
+            return self._decode(queries[:, 0], keys, values, None if whole else meta.mask).to(q.dtype)
         out = F.scaled_dot_product_attention(
             queries.transpose(1, 2),
             keys,
             values,
-            attn_mask=meta.mask,
+            attn_mask=None if whole else meta.mask,
             scale=self.config.scale,
             enable_gqa=num_qo_heads != cache.num_kv_heads,
         )
         # [bs, qo_heads, max_extend, head_dim] -> the new tokens, token-major
+        if decode:
+            return out[:, :, 0].to(q.dtype)
         return out.transpose(1, 2)[meta.token_seq, meta.token_offset].to(q.dtype)
+
+    def _decode(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """One query per sequence (``q``: float32 [bs, qo_heads, head_dim]) over its keys
+        (``keys``/``values``: [bs, kv_heads, n, head_dim]; ``mask`` [bs, 1, 1, n] or None), as
+        two batched matmuls around a softmax, GQA by viewing each KV head's queries as rows.
+
+        On a CPU this beats ``scaled_dot_product_attention``, whose flash kernel opens a parallel
+        region per call for a few microseconds of work: on cores shared with other programs that
+        region waits for a descheduled thread, milliseconds per layer (measured 13 ms per call on
+        2 busy cores, against tens of microseconds for these ops)."""
+        bs, num_heads, head_dim = q.shape
+        kv_heads = keys.shape[1]
+        rows = q.view(bs, kv_heads, num_heads // kv_heads, head_dim)  # head h reads KV head h // group
+        scores = torch.matmul(rows, keys.transpose(-1, -2)).mul_(self.config.scale)  # [bs, kv, g, n]
+        if mask is not None:
+            scores.masked_fill_(~mask, float("-inf"))  # [bs, 1, 1, n] broadcast over heads
+        out = torch.matmul(torch.softmax(scores, dim=-1), values)  # [bs, kv, g, head_dim]
+        return out.view(bs, num_heads, head_dim)
 
     def _cascade(
         self,
@@ -148,13 +193,12 @@ class TorchAttentionBackend(AttentionBackend):
         out, lse = self._attend(queries[:, :, None], keys, values, meta.mask)
         out, lse = out[:, :, 0], lse[:, :, 0]  # [bs, heads, head_dim], [bs, heads]
         cache = self.config.kv_cache
-        flat = (cache.num_slots, cache.num_kv_heads, cache.head_dim)
         assert meta.groups is not None and meta.group_slots is not None
         for group, slots in zip(meta.groups, meta.group_slots, strict=True):
             # The group's queries as the query rows of one sequence: [1, heads, n, head_dim].
             q = queries[group.start : group.end].transpose(0, 1)[None]
-            k = cache.k_cache(layer_id).view(flat)[slots].float().transpose(0, 1)[None]
-            v = cache.v_cache(layer_id).view(flat)[slots].float().transpose(0, 1)[None]
+            k = _gather(cache.k_cache(layer_id), slots[None])
+            v = _gather(cache.v_cache(layer_id), slots[None])
             prefix_out, prefix_lse = self._attend(q, k, v, None)
             rows = slice(group.start, group.end)
             out[rows] = merge_attention_states(

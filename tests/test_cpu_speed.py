@@ -1,0 +1,111 @@
+"""The CPU speed work (issue 16): the shortcuts taken on a CPU compute what the plain code does,
+and `minisgl bench cpu`'s arithmetic (bytes per step, bound, greedy comparison) is right."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from minisgl_core.api.parallel import ParallelContext
+from minisgl_core.bench import cpu as bench_cpu
+from minisgl_core.layers import fused
+from minisgl_core.layers.embedding import ParallelLMHead
+
+
+def test_lm_head_for_several_rows_equals_f_linear():
+    torch.manual_seed(0)
+    head = ParallelLMHead(1000, 64, parallel=ParallelContext(), dtype=torch.float32, device="cpu")
+    head.weight.data.normal_()
+    for rows in (1, 3, 8):
+        hidden = torch.randn(rows, 64)
+        logits = head(hidden)
+        assert logits.shape == (rows, 1000) and logits.is_contiguous()
+        torch.testing.assert_close(logits, F.linear(hidden, head.weight), rtol=1e-5, atol=1e-5)
+        assert torch.equal(logits.argmax(-1), F.linear(hidden, head.weight).argmax(-1))
+
+
+def _reference_angles(positions, inv_freq):
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
+    return emb.cos(), emb.sin()
+
+
+def test_rotary_angles_are_reused_only_for_the_same_positions():
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 16, 2).float() / 16))
+    positions = torch.tensor([3, 4, 5])
+    cos, sin = fused._cos_sin(positions, inv_freq, torch.float32)
+    again = fused._cos_sin(positions, inv_freq.clone(), torch.float32)  # another layer's equal copy
+    assert again[0] is cos and again[1] is sin
+    for got, want in zip((cos, sin), _reference_angles(positions, inv_freq), strict=True):
+        torch.testing.assert_close(got, want)
+    # written in place (a reused buffer): recomputed, not served stale
+    positions[0] = 7
+    cos2, _ = fused._cos_sin(positions, inv_freq, torch.float32)
+    torch.testing.assert_close(cos2, _reference_angles(positions, inv_freq)[0])
+    # another tensor with the same values is another step: recomputed (and still right)
+    other = torch.tensor([1, 2])
+    cos3, sin3 = fused._cos_sin(other, inv_freq, torch.float32)
+    torch.testing.assert_close(cos3, _reference_angles(other, inv_freq)[0])
+    # different frequencies (another rope) are not served the cached angles
+    cos4, _ = fused._cos_sin(other, inv_freq * 2, torch.float32)
+    torch.testing.assert_close(cos4, _reference_angles(other, inv_freq * 2)[0])
+    # another dtype is another entry
+    cos5, _ = fused._cos_sin(other, inv_freq * 2, torch.float64)
+    assert cos5.dtype == torch.float64
+
+
+class _Tied(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed_tokens = torch.nn.Embedding(100, 8)
+        self.proj = torch.nn.Linear(8, 8, bias=False)
+        self.lm_head = torch.nn.Linear(8, 100, bias=False)
+        self.lm_head.weight = self.embed_tokens.weight
+
+
+class _Untied(_Tied):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lm_head = torch.nn.Linear(8, 100, bias=False)
+
+
+def test_weight_bytes_count_a_tied_table_once_and_skip_an_untied_input_table():
+    table, proj = 100 * 8 * 4, 8 * 8 * 4
+    assert bench_cpu.weight_bytes_per_step(_Tied()) == table + proj  # read once, as the lm_head
+    assert bench_cpu.weight_bytes_per_step(_Untied()) == proj + table  # lm_head; embedding rows only
+
+
+def test_bound_is_bandwidth_over_bytes_per_step():
+    # one sequence, no KV: 1 GB of weights at 10 GB/s is 10 steps a second
+    assert bench_cpu.bound_tok_per_s(10.0, 10**9, 0, [5], 8) == 10.0
+    # 8 sequences share the weight read; KV at the mean context (prompt + half the new tokens)
+    got = bench_cpu.bound_tok_per_s(10.0, 10**9, 1000, [100] * 8, 200)
+    assert abs(got - 8 * 10e9 / (10**9 + 8 * 200 * 1000)) < 1e-6
+
+
+def test_greedy_comparison_stops_at_our_first_eos():
+    eos = {2}
+    assert bench_cpu._same_until_eos([5, 6, 2, 9, 9], [5, 6, 7, 8, 1], eos)  # theirs masks EOS
+    assert not bench_cpu._same_until_eos([5, 6, 2, 9], [5, 7, 3, 3], eos)
+    assert bench_cpu._same_until_eos([5, 6, 7], [5, 6, 7], eos)
+    assert not bench_cpu._same_until_eos([5, 6, 7], [5, 6, 8], eos)
+
+
+def test_markdown_table_has_both_engines_and_the_bound():
+    result = {
+        "threads": 2, "weight_bytes_per_step": 538_000_000, "bandwidth_read_gbs": 14.5,
+        "bandwidth_copy_gbs": 16.0, "new_tokens": 32, "rounds": 3,
+        "rows": [{
+            "batch_size": 8, "bound_tok_per_s": 200.0, "ratio": 2.0, "greedy_equal": True,
+            "minisgl": {"tok_per_s": [40.0, 42.0], "median": 41.0},
+            "transformers": {"tok_per_s": [20.0, 21.0], "median": 20.5},
+        }],
+    }  # fmt: skip
+    table = bench_cpu.markdown_table(result)
+    assert "| 8 | **41.0** (40.0, 42.0) | 200.0 | 20% | 20.5 (20.0, 21.0) | **2.0×** | yes |" in table
+    assert "read bandwidth 14.5 GB/s" in table
+
+
+def test_memory_bandwidth_is_measured():
+    bw = bench_cpu.memory_bandwidth(size_mib=64, repeats=2)
+    assert 0.1 < bw.read < 10_000 and 0.1 < bw.copy < 10_000
