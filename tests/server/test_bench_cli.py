@@ -26,7 +26,9 @@ def bench(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_bench_serve_finds_the_model_and_fits_the_vocabulary(server, model_name: str) -> None:
-    proc = bench("--url", server.url, "--api-key", API_KEY, *SMALL)
+    # Two at a time: the second prompt of each group is sent once a first one has finished, so its
+    # prefix is in the cache (sent all at once, each may be admitted before any prefix is stored).
+    proc = bench("--url", server.url, "--api-key", API_KEY, *SMALL, "--concurrency", "2")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["model"] == model_name
