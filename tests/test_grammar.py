@@ -105,6 +105,25 @@ def test_free_requests_are_unaffected_by_constrained_neighbours(model_dir, overl
     llm.close()
 
 
+def test_step_trace_times_the_host_phases_of_constrained_steps(model_dir, tmp_path):
+    """With overlap, a constrained step's bitmask is filled on the grammar thread and its sampling
+    launched by the next step's launch: the trace says how long each host phase took."""
+    trace = tmp_path / "steps.jsonl"
+    llm = LLM(model_dir, device="cpu", dtype="float32", attn="torch", step_trace=str(trace))
+    outs = llm.generate(prompts(4), constrained(SCHEMA), use_tqdm=False)
+    llm.close()
+    for out in outs:
+        jsonschema.validate(json.loads(out.text), NESTED_SCHEMA)
+    steps = [json.loads(line) for line in trace.read_text().splitlines()]
+    decodes = [s for s in steps if s.get("kind") == "decode"]
+    assert decodes and all("ms" in s for s in decodes)
+    phases = set().union(*(s["ms"] for s in decodes))
+    assert {"schedule", "forward", "sample", "sync", "accept", "mask_fill", "mask_wait", "process"} <= phases
+    assert all(v >= 0 for s in decodes for v in s["ms"].values())
+    # the fill ran on the grammar thread: its time is its own, not the main thread's wait
+    assert sum(s["ms"].get("mask_fill", 0) for s in decodes) > 0
+
+
 def test_greedy_constrained_matches_masked_reference(model_dir):
     """Greedy decoding under a grammar picks, at every step, the best token the grammar allows:
     recomputed here from the model's own logits and the backend's own masks."""

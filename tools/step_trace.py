@@ -52,6 +52,7 @@ def summarise(steps: list[dict], bucket: float) -> dict:
         print(
             f"  {key:16s} {n:6d} steps {dt:8.2f} s {dt / n * 1e3:8.2f} ms/step  {reqs / n:7.1f} reqs {tokens / n:8.1f} tokens"
         )
+    phases_by_kind(busy)
     decode_during_prefill = sum(1 for s in busy if s["kind"] == "prefill" and s["running"] > s["reqs"])
     print(f"  prefill steps while others were running: {decode_during_prefill}")
     mixed = [s for s in busy if s["kind"] == "mixed"]
@@ -79,6 +80,26 @@ def summarise(steps: list[dict], bucket: float) -> dict:
         print(f"  {i * bucket:7.2f}  {pf / bucket * 100:5.0f} {dc / bucket * 100:6.0f} {idle_share * 100:5.0f}"
               f"  {run / max(n, 1):11.1f}  {new:8d}  {toks:8d}")  # fmt: skip
     return {"t0": t0, "t1": t1}
+
+
+def phases_by_kind(busy: list[dict]) -> None:
+    """Mean host ms per phase (the trace's ``ms``: schedule, forward launch, sample launch, sync
+    wait for the device, grammar accept / fill / wait for the fill, process) per step kind."""
+    sums: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    counts: dict[str, int] = defaultdict(int)
+    for s in busy:
+        if "ms" not in s:
+            continue
+        key = s["kind"] if s["kind"] != "decode" else f"decode bs>{(s['reqs'] - 1) // 64 * 64}"
+        counts[key] += 1
+        for phase, ms in s["ms"].items():
+            sums[key][phase] += ms
+    if counts:
+        print("host ms per step by phase (mean):")
+    for key in sorted(counts):
+        n = counts[key]
+        text = "  ".join(f"{k} {v / n:.2f}" for k, v in sorted(sums[key].items(), key=lambda kv: -kv[1]))
+        print(f"  {key:14s} {n:6d} steps: {text}")
 
 
 def requests_view(steps: list[dict], reqs: list[dict]) -> None:

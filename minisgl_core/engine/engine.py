@@ -10,7 +10,10 @@ the step before (``new``), what it launched (``kind``: prefill, decode, mixed or
 ``tokens``, ``groups`` of cascade attention; for a mixed step ``decodes``, how many of its
 requests, and tokens, are decode rows) and the queues after it (``running``, ``waiting``). With
 overlap, a step's ``dt`` is about the device time of the step
-before it once the device is the bottleneck. It is how a run (served, offline, or one rank of a
+before it once the device is the bottleneck. ``ms`` splits the step's host time by phase
+(``schedule``, the ``forward`` and ``sample`` launches, ``sync``: waiting for the device's tokens,
+``process``, and for constrained steps ``accept``, ``mask_fill``: the grammar thread's fill, and
+``mask_wait``: the main thread's wait for it). It is how a run (served, offline, or one rank of a
 tensor-parallel one) is read step by step; ``tools/step_trace.py`` summarises one.
 """
 
@@ -137,6 +140,8 @@ class Engine:
             config.step_trace if self.parallel.tp_rank == 0 else None
         )
         self._added_since_step = 0
+        #: host seconds per phase of the step being traced (None: no trace), see _trace_step
+        self._phases: dict[str, float] | None = {} if self.trace is not None else None
 
     # ------------------------------------------------------------------ properties
 
@@ -256,6 +261,9 @@ class Engine:
             if batch.decodes:  # a mixed step: its decode rows (one token each) among the tokens
                 record["decodes"] = batch.decodes
         record |= {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting)}
+        if self._phases:
+            record["ms"] = {k: round(v * 1e3, 3) for k, v in self._phases.items()}
+            self._phases.clear()
         self.trace.write(json.dumps(record) + "\n")
 
     def _step(self) -> list[StepOutput]:
@@ -264,7 +272,9 @@ class Engine:
             # must not be planned again, since its row and KV are released when it finishes and
             # this batch's sampling would read them; and a request retracted keeps every token.
             self._complete_inflight_now()
+        started = time.perf_counter()
         batch = self.scheduler.schedule()
+        self._time("schedule", started)
         self.launched_last = batch
         outputs, self._early_outputs = self._early_outputs, []
         if self._inflight is not None and (batch is None or not self.overlap):
@@ -279,7 +289,8 @@ class Engine:
         if self.overlap:
             if self._inflight is not None:
                 outputs += self._complete(self._inflight)
-            self._sample(launched)  # if deferred: its bitmask was filled while the step above landed
+            if launched.grammar_mask is None:  # else sampled once its bitmask is filled (_launch)
+                self._sample(launched)
             self._inflight = launched
         else:
             outputs += self._complete(launched)
@@ -303,7 +314,19 @@ class Engine:
             self._inflight = None
 
     def _launch(self, batch: ScheduledBatch) -> _InFlight:
+        inflight = self._inflight
+        if inflight is not None and inflight.logits is not None:
+            # The step in flight is constrained and its sampling waited for its bitmask, which the
+            # grammar thread filled while this step was planned: launch that sampling now, before
+            # this forward reads its tokens, and gather this step's decode inputs again (they were
+            # gathered when planned, before the sampling that writes them).
+            self._sample(inflight)
+            rows = batch.decode_rows
+            if rows is not None:
+                batch.forward.input_ids[: rows.numel()] = self.last_tokens[rows]
+        started = time.perf_counter()
         logits = self.runner.forward(batch.forward)
+        self._time("forward", started)
         if not batch.sampled:
             return _InFlight(batch, None, None, None)
         reqs = [batch.requests[i] for i in batch.sampled]
@@ -322,7 +345,7 @@ class Engine:
                 self._advance_grammars(self._inflight)
             launched.grammar_mask = self.grammars.bitmask(reqs, background=background)
             if background:
-                return launched
+                return launched  # sampled by the next _launch, or when it lands
         self._sample(launched)
         return launched
 
@@ -335,12 +358,17 @@ class Engine:
         assert launched.sampling is not None
         request_rows, samples = launched.sampling
         pending, launched.grammar_mask = launched.grammar_mask, None
+        started = time.perf_counter()
         grammar_mask = None if pending is None else pending.result()
+        self._time("mask_wait", started)
+        if pending is not None and pending.fill_seconds is not None:
+            self._time("mask_fill", 0.0, pending.fill_seconds)
         rows = (
             logits
             if len(batch.sampled) == len(batch.requests)
             else logits[to_device(batch.sampled, logits.device)]
         )
+        started = time.perf_counter()
         result = self.sampler.sample(rows, samples, grammar_mask)
         token_ids = result.token_ids
         if self.parallel.tp_size > 1:
@@ -357,14 +385,31 @@ class Engine:
         else:
             host = token_ids
         launched.result, launched.host_tokens, launched.done = result, host, done
+        self._time("sample", started)
 
     def _complete(self, inflight: _InFlight) -> list[StepOutput]:
         self._sample(inflight)
         if inflight.result is None:
             return self.scheduler.process(inflight.batch, [], [])
         self._advance_grammars(inflight)
-        token_ids = inflight.token_list()
-        return self.scheduler.process(inflight.batch, token_ids, inflight.result.logprobs(token_ids))
+        token_ids = self._tokens_of(inflight)
+        started = time.perf_counter()
+        outputs = self.scheduler.process(inflight.batch, token_ids, inflight.result.logprobs(token_ids))
+        self._time("process", started)
+        return outputs
+
+    def _tokens_of(self, inflight: _InFlight) -> list[int]:
+        """A step's sampled tokens on the host (the wait for the device is timed: ``sync``)."""
+        started = time.perf_counter()
+        tokens = inflight.token_list()
+        self._time("sync", started)
+        return tokens
+
+    def _time(self, phase: str, started: float, seconds: float | None = None) -> None:
+        """Add to the step trace's host time of ``phase`` (only while a trace is written)."""
+        if self._phases is not None:
+            spent = seconds if seconds is not None else time.perf_counter() - started
+            self._phases[phase] = self._phases.get(phase, 0.0) + spent
 
     def _advance_grammars(self, inflight: _InFlight) -> None:
         """Feed a step's sampled tokens to the matchers of its constrained requests, once."""
@@ -374,7 +419,10 @@ class Engine:
         batch = inflight.batch
         reqs = [batch.requests[i] for i in batch.sampled]
         if any(r.matcher is not None for r in reqs):
-            self.grammars.accept(reqs, inflight.token_list(), self.scheduler.running)
+            tokens = self._tokens_of(inflight)
+            started = time.perf_counter()
+            self.grammars.accept(reqs, tokens, self.scheduler.running)
+            self._time("accept", started)
 
 
 @dataclass(eq=False)

@@ -12,6 +12,7 @@ tokens accepted and one for the rows filled (``GrammarBackend.accept_tokens`` / 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -129,12 +130,21 @@ class GrammarRunner:
             if background:
                 if self._thread is None:
                     self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="minisgl-grammar")
-                pending.future = self._thread.submit(self._fill_rows, mask, reqs, live)
+                pending.future = self._thread.submit(self._fill_rows, mask, reqs, live, pending)
             else:
-                self._fill_rows(mask, reqs, live)
+                self._fill_rows(mask, reqs, live, pending)
         return pending
 
-    def _fill_rows(self, mask: torch.Tensor, reqs: list[Request], rows: list[int]) -> None:
+    def _fill_rows(
+        self, mask: torch.Tensor, reqs: list[Request], rows: list[int], pending: PendingMask
+    ) -> None:
+        started = time.perf_counter()
+        try:
+            self._fill_rows_now(mask, reqs, rows)
+        finally:
+            pending.fill_seconds = time.perf_counter() - started
+
+    def _fill_rows_now(self, mask: torch.Tensor, reqs: list[Request], rows: list[int]) -> None:
         backend = self.backend.get()
         matchers = [r.matcher for r in reqs]
         try:
@@ -168,6 +178,8 @@ class PendingMask:
         #: rows of the step's sampled requests that are constrained, and their host bitmask
         self.rows, self.mask, self.device = rows, mask, device
         self.future: Future[None] | None = None
+        #: how long the fill took, once done (step traces)
+        self.fill_seconds: float | None = None
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(rows, bitmask) on the device, once filled; the copy does not wait for the device."""

@@ -45,6 +45,10 @@ class ScheduledBatch:
     #: in a mixed step (a prefill batch carrying the running decodes), the first ``decodes``
     #: requests are decode rows of one token each; 0 in plain prefill and decode steps
     decodes: int = field(default=0, kw_only=True)
+    #: the rows of ``Engine.last_tokens`` whose tokens are the first inputs of this step (its
+    #: decode rows, gathered on the device when planned); None when it has none. The engine gathers
+    #: them again when a sampling it launched after planning wrote newer ones (a constrained step).
+    decode_rows: torch.Tensor | None = field(default=None, kw_only=True)
 
     @property
     def kind(self) -> str:
@@ -221,7 +225,7 @@ class Scheduler:
         for req in decodes:
             req.num_computed += 1
         self._advance_prefill(pre, seq_lens[len(decodes) :])
-        return ScheduledBatch(batch, reqs, lens, sampled, decodes=len(decodes))
+        return ScheduledBatch(batch, reqs, lens, sampled, decodes=len(decodes), decode_rows=rows)
 
     def _advance_prefill(self, reqs: list[Request], seq_lens: list[int]) -> None:
         # State advances when the step is planned, so the next step can be planned before this
@@ -296,7 +300,7 @@ class Scheduler:
         batch.shared_prefixes = shared
         for req in reqs:
             req.num_computed += 1
-        return ScheduledBatch(batch, reqs, [1] * len(reqs), list(range(len(reqs))))
+        return ScheduledBatch(batch, reqs, [1] * len(reqs), list(range(len(reqs))), decode_rows=rows)
 
     def _decodable(self, reqs: list[Request]) -> list[Request]:
         """``reqs`` less those whose step in flight samples their last token by length.
