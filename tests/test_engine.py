@@ -204,14 +204,14 @@ def test_batch_tensors_start_16_byte_aligned(model_dir):
     row 1 of one int64 pack, at byte 8 * tokens)."""
     llm = make_llm(model_dir, cache="naive")
     seen: list[tuple[int, dict[str, int]]] = []
-    forward = llm.engine.runner.forward
+    prepare = llm.engine.runner.prepare
 
-    def recording_forward(batch):
+    def recording_prepare(batch):
         fields = ("positions", "out_cache_loc", "req_slots", "seq_lens", "extend_lens")
         seen.append((len(batch.extend_lens_cpu), {f: getattr(batch, f).data_ptr() % 16 for f in fields}))
-        return forward(batch)
+        return prepare(batch)
 
-    llm.engine.runner.forward = recording_forward
+    llm.engine.runner.prepare = recording_prepare
     outs = llm.generate(
         [[11, 12, 13, 14, 15, 16, 17], [21, 22, 23]], SamplingParams(max_tokens=3, temperature=0.0)
     )

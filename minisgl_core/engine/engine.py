@@ -314,18 +314,21 @@ class Engine:
             self._inflight = None
 
     def _launch(self, batch: ScheduledBatch) -> _InFlight:
+        started = time.perf_counter()
+        run = self.runner.prepare(batch.forward)
+        self._time("forward", started)
         inflight = self._inflight
         if inflight is not None and inflight.logits is not None:
             # The step in flight is constrained and its sampling waited for its bitmask, which the
-            # grammar thread filled while this step was planned: launch that sampling now, before
-            # this forward reads its tokens, and gather this step's decode inputs again (they were
-            # gathered when planned, before the sampling that writes them).
+            # grammar thread filled while this step was planned and prepared: launch that sampling
+            # now, before this forward reads its tokens, and gather this step's decode inputs
+            # again (they were gathered when planned, before the sampling that writes them).
             self._sample(inflight)
             rows = batch.decode_rows
             if rows is not None:
                 batch.forward.input_ids[: rows.numel()] = self.last_tokens[rows]
         started = time.perf_counter()
-        logits = self.runner.forward(batch.forward)
+        logits = run()
         self._time("forward", started)
         if not batch.sampled:
             return _InFlight(batch, None, None, None)

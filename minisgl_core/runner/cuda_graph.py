@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -130,15 +131,18 @@ class GraphRunner:
         return batch.batch_size <= self.max_bs and (batch.shared_prefixes is None or self.cascade)
 
     def replay(self, batch: ForwardBatch) -> torch.Tensor:
+        return self.prepare(batch)()
+
+    def prepare(self, batch: ForwardBatch) -> Callable[[], torch.Tensor]:
+        """Fill the graph's inputs but the token ids and plan its attention; the call returned
+        copies the token ids in, replays the graph and returns the logits."""
         bs = batch.batch_size
         padded = next(s for s in self.sizes if s >= bs)
-        self.input_ids[:bs].copy_(batch.input_ids)
         self.positions[:bs].copy_(batch.positions)
         self.out_cache_loc[:bs].copy_(batch.out_cache_loc)
         self.req_slots[:bs].copy_(batch.req_slots)
         self.seq_lens[:bs].copy_(batch.seq_lens)
         if padded > bs:  # dummy requests: one token at position 0 of the spare row
-            self.input_ids[bs:padded].zero_()
             self.positions[bs:padded].zero_()
             self.out_cache_loc[bs:padded].fill_(self.dummy_slot)
             self.req_slots[bs:padded].fill_(self.spare_row)
@@ -147,5 +151,12 @@ class GraphRunner:
         replay_batch = self._batch(padded, batch.seq_lens_cpu + [1] * (padded - bs), shared)
         self.attn.prepare_replay(replay_batch)
         key = (padded, shared is not None)
-        self.graphs[key].replay()
-        return self.outputs[key][:bs]
+
+        def run() -> torch.Tensor:
+            self.input_ids[:bs].copy_(batch.input_ids)
+            if padded > bs:
+                self.input_ids[bs:padded].zero_()
+            self.graphs[key].replay()
+            return self.outputs[key][:bs]
+
+        return run

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -234,9 +235,21 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ running
 
-    @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        return self.prepare(batch)()
+
+    @torch.inference_mode()
+    def prepare(self, batch: ForwardBatch) -> Callable[[], torch.Tensor]:
+        """Everything of ``batch``'s forward that does not read its ``input_ids`` on the device
+        (the attention's plan, a CUDA graph's other inputs); the call returned reads them and runs
+        the model, returning the logits. The engine launches a sampling that writes those input
+        ids in between (a constrained step whose bitmask was being filled)."""
         if self.graphs is not None and not batch.is_prefill and self.graphs.can_run(batch):
-            return self.graphs.replay(batch)
+            return self.graphs.prepare(batch)
         batch.attn.prepare_metadata(batch)
-        return self.model(batch)
+
+        @torch.inference_mode()
+        def run() -> torch.Tensor:
+            return self.model(batch)
+
+        return run
