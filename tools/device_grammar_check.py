@@ -24,9 +24,10 @@ def main() -> int:
     p.add_argument("--out")
     p.add_argument("--device", default="cuda", help="cpu runs the same check in float32 (no graphs)")
     args = p.parse_args()
-    model = make_model_dir(
-        Path(tempfile.mkdtemp()) / "qwen3", "Qwen3ForCausalLM", max_position_embeddings=1024
-    )
+    model = make_model_dir(  # head_dim 64: FlashInfer has no kernels for the tiny default's 16
+        Path(tempfile.mkdtemp()) / "qwen3", "Qwen3ForCausalLM", max_position_embeddings=1024,
+        hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+    )  # fmt: skip
     prompts = [[10 + i % 50, 20 + i % 7, 30 + i % 11, 40 + i % 13] for i in range(48)]
     free = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
     spec = GrammarSpec("json_schema", json.dumps(NESTED_SCHEMA))
