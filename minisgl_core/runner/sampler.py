@@ -197,19 +197,24 @@ class Sampler:
         if self.device.type != "cuda":
             return
         for rows in (2, 1):
-            logits = torch.zeros(rows, self.vocab_size, dtype=dtype, device=self.device)
+            # The compiled kernels' guards tell the model's logits (inference tensors) from tensors
+            # made outside inference mode (a masked or penalised copy): a warm-up with only one
+            # kind left the other to compile inside a run (0.3-2.5 s in the first constrained step).
+            with torch.inference_mode():
+                model_logits = torch.zeros(rows, self.vocab_size, dtype=dtype, device=self.device)
+            copy = model_logits.float()
             ones = torch.ones(rows, device=self.device)
-            self._gumbel_argmax(logits, ones, ones)
-            greedy_argmax(logits)
-            # The grammar mask is compiled on its first use, which cost 0.3-1.9 s inside the first
-            # constrained step of a run: compile it here, for every row of a batch and for some
-            # rows of a wider one, in the dtypes it sees.
+            for logits in (model_logits, copy):
+                self._gumbel_argmax(logits, ones, ones)
+                greedy_argmax(logits)
+            # the grammar mask: every row of the model's logits or of a float32 copy, and some rows
+            # of a wider float32 batch (in place)
             bitmask = torch.full(
                 (rows, (self.vocab_size + 31) // 32), -1, dtype=torch.int32, device=self.device
             )
             every = torch.arange(rows, device=self.device)
-            apply_token_bitmask(logits.clone(), every, bitmask)
-            apply_token_bitmask(logits.float(), every, bitmask)
+            apply_token_bitmask(model_logits, every, bitmask)
+            apply_token_bitmask(copy, every, bitmask)
             wider = torch.zeros(rows + 1, self.vocab_size, dtype=torch.float32, device=self.device)
             apply_token_bitmask(wider, every, bitmask)
 
