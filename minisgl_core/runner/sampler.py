@@ -198,23 +198,20 @@ class Sampler:
             return
         for rows in (2, 1):
             # The compiled kernels' guards tell the model's logits (inference tensors) from tensors
-            # made outside inference mode (a masked or penalised copy): a warm-up with only one
-            # kind left the other to compile inside a run (0.3-2.5 s in the first constrained step).
+            # made outside inference mode (some rows of them, a masked or penalised copy): warmed
+            # up on one kind only, the others compiled inside a run (2.2-2.5 s in one step).
             with torch.inference_mode():
                 model_logits = torch.zeros(rows, self.vocab_size, dtype=dtype, device=self.device)
-            copy = model_logits.float()
             ones = torch.ones(rows, device=self.device)
-            for logits in (model_logits, copy):
-                self._gumbel_argmax(logits, ones, ones)
-                greedy_argmax(logits)
-            # the grammar mask: every row of the model's logits or of a float32 copy, and some rows
-            # of a wider float32 batch (in place)
             bitmask = torch.full(
                 (rows, (self.vocab_size + 31) // 32), -1, dtype=torch.int32, device=self.device
             )
             every = torch.arange(rows, device=self.device)
-            apply_token_bitmask(model_logits, every, bitmask)
-            apply_token_bitmask(copy, every, bitmask)
+            for logits in (model_logits, model_logits.clone(), model_logits.float()):
+                self._gumbel_argmax(logits, ones, ones)
+                greedy_argmax(logits)
+                apply_token_bitmask(logits, every, bitmask)  # the grammar mask on every row
+            # and on some rows of a wider batch (in place, in float32)
             wider = torch.zeros(rows + 1, self.vocab_size, dtype=torch.float32, device=self.device)
             apply_token_bitmask(wider, every, bitmask)
 
