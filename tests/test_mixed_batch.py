@@ -272,6 +272,27 @@ def test_cli_flag():
     add_engine_args(parser)
     assert parser.parse_args(["--model", "x"]).disable_mixed_batch is False
     assert parser.parse_args(["--model", "x", "--disable-mixed-batch"]).disable_mixed_batch is True
+    assert parser.parse_args(["--model", "x", "--enable-mixed-batch"]).enable_mixed_batch is True
+    with pytest.raises(SystemExit):  # not both
+        parser.parse_args(["--model", "x", "--enable-mixed-batch", "--disable-mixed-batch"])
+
+
+def test_default_is_mixed_on_a_cpu(qwen_dir):
+    """None (the default) means on for a CPU engine (off on CUDA, where it measured slower)."""
+    from minisgl_core.config import EngineConfig
+    from minisgl_core.config_args import add_engine_args, engine_config_from_args
+
+    assert EngineConfig(model="m").mixed_batch is None
+    llm = make_llm(qwen_dir)
+    assert llm.engine.config.mixed_batch is None and llm.engine.scheduler.mixed
+    llm.close()
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    for flags, expected in (([], None), (["--enable-mixed-batch"], True), (["--disable-mixed-batch"], False)):
+        args = parser.parse_args(["--model", str(qwen_dir), *flags])
+        assert engine_config_from_args(args).mixed_batch is expected
 
 
 def test_real_default_model_mixed_on_equals_off(default_model_dir):

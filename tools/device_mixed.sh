@@ -4,7 +4,7 @@
 # check: the attention conformance kit's mixed-step test (decode rows of one token among prompt
 #   chunks, in one prefill batch) on fi and fa3 (fa3 skips off sm90) against the reference, bf16;
 #   success: "passed", no "failed". About 30 s after the kernels' JIT cache is warm.
-# The Qwen3-0.6B shape (random weights) behind `minisgl serve`, default flags, then again with
+# The Qwen3-0.6B shape (random weights) behind `minisgl serve` with --enable-mixed-batch, then with
 # --disable-mixed-batch; each run: a short warm-up, then the standard workload (100-1024 prompt
 # tokens, 100-1024 output tokens) with Poisson arrivals at RATE req/s (default 16: below
 # saturation, so both variants serve the same throughput and the latencies compare), NUM
@@ -38,7 +38,7 @@ fi
 read -r -a server_flags <<< "${SERVER_FLAGS:-}"
 read -r -a workload <<< "${WORKLOAD:---workload standard --num-requests $num}"
 for variant in ${VARIANTS:-on off}; do  # VARIANTS="off on": the other order
-  flags=()
+  flags=(--enable-mixed-batch)  # explicit both ways: the default depends on the device
   [ "$variant" = off ] && flags=(--disable-mixed-batch)
   MINISGL_STEP_TRACE="$work/steps-$variant.jsonl" $py -m minisgl_core serve --model "$model" \
     --served-model-name bench --port 8001 "${server_flags[@]}" "${flags[@]}" > "$work/server-$variant.log" 2>&1 &

@@ -137,7 +137,9 @@ class ModelRunner:
         self.attn_names = (prefill_name, decode_name)
         self.cascade = config.cascade and "cascade" in self.decode_attn.capabilities
         #: prefill steps carry the running decodes where the prefill backend takes decode rows
-        self.mixed = config.mixed_batch and "mixed" in self.prefill_attn.capabilities
+        #: (by default on a CPU only, see EngineConfig.mixed_batch)
+        wanted = config.mixed_batch if config.mixed_batch is not None else self.device.type != "cuda"
+        self.mixed = wanted and "mixed" in self.prefill_attn.capabilities
         self.graphs = None
         if self.device.type == "cuda" and config.cuda_graph_max_bs > 0:
             if "cuda_graph" in self.decode_attn.capabilities:
