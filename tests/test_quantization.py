@@ -120,7 +120,9 @@ def test_a_method_that_quantizes_the_lm_head_unties_it_from_the_embedding(make_t
     assert head.quant_method is not None and head not in linear_layers(engine)
     assert head.weight is not model.model.embed_tokens.weight
     torch.testing.assert_close(model.model.embed_tokens.weight, plain_model.model.embed_tokens.weight)
-    hidden = torch.randn(3, engine.runner.hf_config["hidden_size"], generator=torch.Generator().manual_seed(0))
+    hidden = torch.randn(
+        3, engine.runner.hf_config["hidden_size"], generator=torch.Generator().manual_seed(0)
+    )
     with torch.inference_mode():
         logits, expected = head(hidden), plain_model.lm_head(hidden)
     assert logits.shape == expected.shape and logits.dtype == torch.float32
@@ -128,7 +130,9 @@ def test_a_method_that_quantizes_the_lm_head_unties_it_from_the_embedding(make_t
 
 
 def test_unknown_method_names_the_installed_ones(tiny_model_dir):
-    with pytest.raises(PluginError, match=r"unknown --quantization 'awq'; installed: .*fp8, int4, int4-head, int8"):
+    with pytest.raises(
+        PluginError, match=r"unknown --quantization 'awq'; installed: .*fp8, int4, int4-head, int8"
+    ):
         engine_for(tiny_model_dir, quantization="awq")
 
 

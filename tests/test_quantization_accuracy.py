@@ -49,10 +49,13 @@ def test_int4_greedy_output_stays_close_to_transformers(default_model_dir, real_
     from minisgl_core.sampling import SamplingParams
     from minisgl_core.testing.real_model import MAX_TOKENS
 
-    llm = LLM(str(default_model_dir), device="cpu", attn="torch", num_kv_tokens=8192, quantization=quantization)
+    llm = LLM(
+        str(default_model_dir), device="cpu", attn="torch", num_kv_tokens=8192, quantization=quantization
+    )
     try:
         outputs = llm.generate(
-            [ref.prompt_ids for ref in real_references], SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+            [ref.prompt_ids for ref in real_references],
+            SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS),
         )
     finally:
         llm.close()
@@ -63,5 +66,7 @@ def test_int4_greedy_output_stays_close_to_transformers(default_model_dir, real_
         total += len(ref.output_ids)
     assert agreed / total >= INT4_FLOORS[quantization], f"{quantization}: {agreed}/{total}"
     # the answers themselves survive
-    capital = next(out.text for ref, out in zip(real_references, outputs, strict=True) if ref.label == "capital")
+    capital = next(
+        out.text for ref, out in zip(real_references, outputs, strict=True) if ref.label == "capital"
+    )
     assert "Paris" in capital

@@ -8,7 +8,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from minisgl_plugin_int4.method import (
-    GROUP_SIZE,
     Int4HeadMethod,
     Int4Method,
     dequantize,
