@@ -77,6 +77,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="NAME",
         help="quantize the linear layers' weights at load: fp8 (Hopper FP8 GEMMs), int8 (weight-only), "
+        "int4 / int4-head (weight-only, groups of 32; int4-head also the LM head), "
         "or a plugin's method",
     )
     g.add_argument(

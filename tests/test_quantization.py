@@ -14,6 +14,7 @@ import torch
 from minisgl_core.config import EngineConfig
 from minisgl_core.engine.engine import Engine
 from minisgl_core.plugins import PluginError, Plugins
+from minisgl_core.runner.quantization import quantizable_layers
 from minisgl_core.sampling import SamplingParams
 
 pytest_plugins = ["minisgl_core.testing.pytest_plugin"]
@@ -73,7 +74,7 @@ def engine_for(model: Path, plugins: Plugins | None = None, **options) -> Engine
 
 
 def linear_layers(engine: Engine) -> list[torch.nn.Module]:
-    return [m for m in engine.runner.model.modules() if hasattr(m, "quant_method")]
+    return quantizable_layers(engine.runner.model)
 
 
 def test_minisgl_register_quantization_methods_makes_the_core_use_a_new_method(toy_plugins, tiny_model_dir):
@@ -91,18 +92,47 @@ def test_minisgl_register_quantization_methods_makes_the_core_use_a_new_method(t
     assert method_cls.calls > calls_before
 
 
-@pytest.mark.parametrize("name", ["int8", "fp8"])
+@pytest.mark.parametrize("name", ["int8", "fp8", "int4"])
 def test_built_in_methods_quantize_every_linear_layer(tiny_model_dir, name):
     engine = engine_for(tiny_model_dir, quantization=name)
-    expected = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}[name]
+    # int4 keeps two 4-bit values per byte
+    expected = {"int8": torch.int8, "fp8": torch.float8_e4m3fn, "int4": torch.uint8}[name]
     layers = linear_layers(engine)
     assert layers and all(layer.weight.dtype == expected for layer in layers)
-    assert engine.runner.model.lm_head.weight.dtype == torch.float32
+    head = engine.runner.model.lm_head
+    assert head.weight.dtype == torch.float32 and head.quant_method is None
     assert len(greedy(engine, [5, 6, 7, 8])) == 6
 
 
+def test_a_method_that_quantizes_the_lm_head_unties_it_from_the_embedding(make_tiny_model):
+    """int4-head sets quantizes_lm_head: the runner hands it the (tied) head after loading; the
+    input embedding keeps its float table and the logits stay close to the unquantized run's."""
+    from minisgl_plugin_int4.method import packed_kernel_is_fast
+
+    if not packed_kernel_is_fast():
+        pytest.skip("int4-head quantizes the head only for the packed CPU kernel (AVX-512/AVX2)")
+    tied_model_dir = make_tiny_model("Qwen3ForCausalLM", tie_word_embeddings=True)
+    plain = engine_for(tied_model_dir)
+    engine = engine_for(tied_model_dir, quantization="int4-head")
+    model, plain_model = engine.runner.model, plain.runner.model
+    assert plain_model.lm_head.weight is plain_model.model.embed_tokens.weight  # tied in this config
+    head = model.lm_head
+    assert head.quant_method is not None and head not in linear_layers(engine)
+    assert head.weight is not model.model.embed_tokens.weight
+    torch.testing.assert_close(model.model.embed_tokens.weight, plain_model.model.embed_tokens.weight)
+    hidden = torch.randn(
+        3, engine.runner.hf_config["hidden_size"], generator=torch.Generator().manual_seed(0)
+    )
+    with torch.inference_mode():
+        logits, expected = head(hidden), plain_model.lm_head(hidden)
+    assert logits.shape == expected.shape and logits.dtype == torch.float32
+    assert (logits - expected).norm() / expected.norm() < 0.02
+
+
 def test_unknown_method_names_the_installed_ones(tiny_model_dir):
-    with pytest.raises(PluginError, match=r"unknown --quantization 'awq'; installed: .*fp8, int8"):
+    with pytest.raises(
+        PluginError, match=r"unknown --quantization 'awq'; installed: .*fp8, int4, int4-head, int8"
+    ):
         engine_for(tiny_model_dir, quantization="awq")
 
 

@@ -18,6 +18,7 @@ from minisgl_core import LLM, SamplingParams
 from minisgl_core.api import GrammarSpec
 from minisgl_core.config import EngineConfig
 from minisgl_core.demo.factories import make_model_dir
+from minisgl_core.runner.quantization import quantizable_layers
 from minisgl_core.scheduler.request import Request
 from minisgl_core.scheduler.speculative import Drafter, NgramDrafter, Speculator
 
@@ -170,6 +171,7 @@ def test_greedy_output_is_unchanged_and_drafts_are_accepted(model_dir, prompts, 
     [
         dict(kv_cache_dtype="fp8_e4m3"),
         dict(quantization="int8"),
+        dict(quantization="int4"),
         dict(quantization="int8", kv_cache_dtype="fp8_e4m3"),
         dict(quantization="fp8", kv_cache_dtype="fp8_e4m3"),
     ],
@@ -185,9 +187,8 @@ def test_speculation_with_quantized_weights_and_fp8_kv(model_dir, prompts, optio
         if "kv_cache_dtype" in options:
             assert llm.engine.runner.kv_cache.buffer.dtype == torch.float8_e4m3fn
         if "quantization" in options:
-            assert {
-                m.quant_method.name for m in llm.engine.runner.model.modules() if hasattr(m, "quant_method")
-            } == {options["quantization"]}
+            layers = quantizable_layers(llm.engine.runner.model)
+            assert {m.quant_method.name for m in layers} == {options["quantization"]}
         runs.append([o.token_ids for o in llm.generate(subset, GREEDY)])
         stats = llm.engine.stats()
         assert_no_leak(llm)

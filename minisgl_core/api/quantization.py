@@ -2,7 +2,8 @@
 
 The core picks the method registered under ``--quantization NAME`` and hands it every linear
 layer of :mod:`minisgl_core.layers` (fused q/k/v, gate/up, the output and down projections;
-embeddings and the LM head stay in the run dtype). Its life with each layer, in order:
+embeddings stay in the run dtype, and so does the LM head unless the method sets
+:attr:`QuantizationMethod.quantizes_lm_head`). Its life with each layer, in order:
 
 1. :meth:`QuantizationMethod.create_weights`, after the model is built and before any checkpoint
    tensor is read: replace parameters when the checkpoint itself is quantized (AWQ, GPTQ: packed
@@ -31,6 +32,12 @@ class QuantizationMethod(ABC):
 
     #: the name users pass to ``--quantization`` (informational; the registration decides)
     name: ClassVar[str] = ""
+    #: True: the LM head is handed to :meth:`process_weights_after_loading` and :meth:`apply`
+    #: too (not to :meth:`create_weights`: it loads as usual). Its ``weight`` is
+    #: ``[vocab rows of this rank, hidden]``, it has no bias, and with tied embeddings it is the
+    #: input embedding's table: replacing ``layer.weight`` unties them (the embedding keeps the
+    #: run-dtype table). Default False: the head multiplies in the run dtype.
+    quantizes_lm_head: ClassVar[bool] = False
 
     def __init__(self, *, device: torch.device, dtype: torch.dtype) -> None:
         self.device = torch.device(device)

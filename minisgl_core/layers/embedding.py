@@ -55,8 +55,15 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Output projection split by vocabulary rows; logits are gathered and trimmed to the true vocab."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: a --quantization method that set ``quantizes_lm_head`` (see api/quantization.py)
+        self.quant_method: Any = None
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        if hidden.is_cuda or hidden.shape[0] == 1:
+        if self.quant_method is not None:
+            logits = self.quant_method.apply(self, hidden)
+        elif hidden.is_cuda or hidden.shape[0] == 1:
             logits = F.linear(hidden, self.weight)
         else:
             # On a CPU, ``weight @ hidden.T`` (each vocabulary row read once, dotted with every

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from minisgl_core.api import QuantizationMethod
+from minisgl_core.layers.embedding import ParallelLMHead
 from minisgl_core.plugins import PluginError, Plugins
 
 logger = logging.getLogger(__name__)
@@ -32,8 +33,13 @@ def make_quantization(
 
 def quantizable_layers(model: nn.Module) -> list[nn.Module]:
     """The layers a method is handed: every module with a ``quant_method`` slot (the linear layers
-    of :mod:`minisgl_core.layers`), in model order."""
-    return [m for m in model.modules() if hasattr(m, "quant_method")]
+    of :mod:`minisgl_core.layers`), in model order; the LM head is not one of them."""
+    return [m for m in model.modules() if hasattr(m, "quant_method") and not isinstance(m, ParallelLMHead)]
+
+
+def lm_heads(model: nn.Module) -> list[nn.Module]:
+    """The LM head(s), handed only to a method that sets ``quantizes_lm_head``."""
+    return [m for m in model.modules() if isinstance(m, ParallelLMHead)]
 
 
 def before_loading(model: nn.Module, method: QuantizationMethod) -> None:
@@ -46,6 +52,11 @@ def after_loading(model: nn.Module, method: QuantizationMethod) -> None:
     layers = quantizable_layers(model)
     for layer in layers:
         method.process_weights_after_loading(layer)
+    if method.quantizes_lm_head:
+        for head in lm_heads(model):
+            method.process_weights_after_loading(head)
+            head.quant_method = method
+            layers.append(head)
     if method.device.type == "cuda":
         torch.cuda.empty_cache()  # the run-dtype weights are gone: the KV pool may take their room
     logger.info("quantized %d linear layers: %s", len(layers), method.describe())

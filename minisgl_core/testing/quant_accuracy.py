@@ -19,6 +19,8 @@ from pathlib import Path
 #: (label, quantization, kv_cache_dtype) compared against the unquantized run
 VARIANTS: list[tuple[str, str | None, str]] = [
     ("int8", "int8", "auto"),
+    ("int4", "int4", "auto"),
+    ("int4-head", "int4-head", "auto"),
     ("fp8", "fp8", "auto"),
     ("fp8 KV", None, "fp8_e4m3"),
     ("fp8 + fp8 KV", "fp8", "fp8_e4m3"),
