@@ -19,6 +19,11 @@ KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {"auto": None, "fp8_e4m3": torc
 #: shares whole pages only
 CUDA_PAGE_SIZE = 16
 
+#: most threads the grammar backend may fill bitmasks with (``--grammar-threads``): a fill splits
+#: one step's constrained rows (at most ``max_running_requests``) among them, and past the CPUs
+#: of any host we serve from more threads only add switching
+MAX_GRAMMAR_THREADS = 64
+
 
 class ConfigError(ValueError):
     """A setting the engine refuses at start-up. The message names the settings by their field
@@ -70,7 +75,8 @@ class EngineConfig:
     #: grammar-backend plugin for constrained decoding (response_format, structured_outputs)
     grammar_backend: str = "xgrammar"
     #: threads the grammar backend fills a step's token bitmasks with (``--grammar-threads``);
-    #: None = ``minisgl_core.api.default_fill_threads()`` (half the CPUs, 1 to 16)
+    #: 1 to :data:`MAX_GRAMMAR_THREADS`; None = ``minisgl_core.api.default_fill_threads()`` (half the
+    #: CPUs, 1 to 16)
     grammar_threads: int | None = None
     #: weight quantization of the linear layers: a method registered through
     #: minisgl_register_quantization_methods (fp8, int8, ...); None = weights in the run dtype
@@ -100,7 +106,8 @@ class EngineConfig:
         for name in ("max_prefill_tokens", "max_running_requests", "tp_size", "speculative_num_draft_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}", name)
-        for name in ("max_context_len", "num_kv_tokens", "grammar_threads"):
+        check_grammar_threads(self.grammar_threads)
+        for name in ("max_context_len", "num_kv_tokens"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1 (or unset), got {getattr(self, name)}", name)
         if self.num_kv_tokens is not None and self.num_kv_tokens < 2 * (self.page_size or 1):
@@ -169,3 +176,13 @@ def _device_type(device: str) -> str | None:
         return torch.device(device).type
     except RuntimeError:  # not a device string at all
         return None
+
+
+def check_grammar_threads(threads: int | None) -> None:
+    """``grammar_threads``: None (the default, half the CPUs, 1 to 16) or 1 to :data:`MAX_GRAMMAR_THREADS`."""
+    if threads is not None and not 1 <= threads <= MAX_GRAMMAR_THREADS:
+        raise ConfigError(
+            f"grammar_threads must be in [1, {MAX_GRAMMAR_THREADS}] (unset: half the CPUs, 1 to 16), "
+            f"got {threads}",
+            "grammar_threads",
+        )

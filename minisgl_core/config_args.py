@@ -8,7 +8,7 @@ from typing import Any
 
 from minisgl_core import fast_paths
 from minisgl_core.checkpoint.resolve import resolve_model
-from minisgl_core.config import ConfigError, EngineConfig
+from minisgl_core.config import MAX_GRAMMAR_THREADS, ConfigError, EngineConfig
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -64,8 +64,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="threads that fill the token bitmasks of constrained requests each step "
-        "(default: half the CPUs, 1 to 16)",
+        help="threads that fill the token bitmasks of constrained requests each step, "
+        f"1 to {MAX_GRAMMAR_THREADS} (default: half the CPUs, 1 to 16)",
     )
     g.add_argument(
         "--quantization",

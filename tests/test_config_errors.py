@@ -11,7 +11,7 @@ import torch
 
 from minisgl_core import LLM
 from minisgl_core.checkpoint.path_check import ModelPathError
-from minisgl_core.config import ConfigError, EngineConfig
+from minisgl_core.config import MAX_GRAMMAR_THREADS, ConfigError, EngineConfig
 from minisgl_core.config_args import cli_message
 from minisgl_core.demo.factories import make_model_dir
 from minisgl_core.plugins import PluginError, Plugins
@@ -130,6 +130,18 @@ def test_the_command_line_names_the_flag_not_the_field():
     assert EngineConfig(model="x", device="cuda:1", attn=" fa3 , fi ").device == "cuda:1"
 
 
+def test_grammar_threads_are_bounded():
+    for threads in (None, 1, 7, MAX_GRAMMAR_THREADS):
+        assert EngineConfig(model="x", grammar_threads=threads).grammar_threads == threads
+    for threads in (0, -3, MAX_GRAMMAR_THREADS + 1, 10_000):
+        with pytest.raises(ConfigError) as err:
+            EngineConfig(model="x", grammar_threads=threads)
+        assert cli_message(err.value) == (
+            f"--grammar-threads must be in [1, {MAX_GRAMMAR_THREADS}] (unset: half the CPUs, 1 to 16), "
+            f"got {threads}"
+        )
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "minisgl_core", *args],
@@ -156,8 +168,12 @@ BAD_FLAGS = [
     ("generate", ["hi", "--num-kv-tokens", "1"], "--num-kv-tokens must hold two pages at least"),
     ("bench", ["offline", "--num-requests", "1", "--max-context-len", "0"], "--max-context-len must be >= 1"),
     ("bench", ["offline", "--tp", "2", "--grammar-schema", "builtin"], "--grammar-schema runs with --tp 1 only"),
+    ("generate", ["hi", "--grammar-threads", "0"], "--grammar-threads must be in [1, 64]"),
+    ("serve", ["--port", "0", "--grammar-threads", "65"], "--grammar-threads must be in [1, 64]"),
     ("bench", ["cpu", "--no-transformers", "--engine-arg", "page-size"], "--engine-arg takes KEY=VALUE"),
     ("bench", ["cpu", "--no-transformers", "--engine-arg", "pagesize=4"], "--engine-arg pagesize: not an LLM option"),
+    ("bench grammar", ["--grammar-threads", "0"],
+     "--grammar-threads must be in [1, 64] (unset: half the CPUs, 1 to 16), got 0"),
 ]  # fmt: skip
 
 
@@ -167,6 +183,10 @@ BAD_FLAGS = [
 def test_a_setting_the_engine_refuses_is_one_line_on_the_command_line(model_dir, command, args, says):
     """Exit code 2 and one line naming the flag, as argparse's own errors; no traceback, and
     nothing started (no log line before it)."""
+    if command == "bench grammar":  # no engine: no model, no device
+        proc = _cli("bench", "grammar", *args)
+        assert proc.returncode == 2 and proc.stderr.splitlines() == [f"minisgl: error: {says}"], proc.stderr
+        return
     device = [] if "--device" in args else ["--device", "cpu"]
     proc = _cli(command, *args, "--model", str(model_dir), *device)
     assert proc.returncode == 2, proc.stderr

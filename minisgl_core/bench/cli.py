@@ -15,7 +15,7 @@ from typing import Any
 from minisgl_core import environment
 from minisgl_core.bench import workloads
 from minisgl_core.bench.shapes import SHAPES
-from minisgl_core.config import ConfigError
+from minisgl_core.config import MAX_GRAMMAR_THREADS, ConfigError, check_grammar_threads
 
 
 def add_bench_command(sub) -> None:
@@ -72,7 +72,10 @@ def add_bench_command(sub) -> None:
     p.add_argument("--warm-steps", type=_non_negative_int, default=24, help="steps walked before timing")
     p.add_argument("--vocab-size", type=_positive_int, default=151936, help="default: Qwen3's")
     p.add_argument(
-        "--grammar-threads", type=_positive_int, default=None, help="default: half the CPUs, 1 to 16"
+        "--grammar-threads",
+        type=int,
+        default=None,
+        help=f"1 to {MAX_GRAMMAR_THREADS} (default: half the CPUs, 1 to 16)",
     )
     p.add_argument("--grammar-schema", default="builtin", metavar="FILE|builtin")
     p.add_argument("--max-tokens", type=_positive_int, default=1024, help="the builtin schema's length")
@@ -209,6 +212,7 @@ def _offline(args: argparse.Namespace) -> int:
 def _grammar(args: argparse.Namespace) -> int:
     from minisgl_core.bench.grammar import host_step_bench
 
+    check_grammar_threads(args.grammar_threads)
     result = host_step_bench(
         args.grammar_backend, rows=args.rows, steps=args.steps, warm_steps=args.warm_steps,
         vocab_size=args.vocab_size, fill_threads=args.grammar_threads, schema=args.grammar_schema,
