@@ -9,6 +9,7 @@ import sys
 
 from minisgl_core import environment
 from minisgl_core.checkpoint.resolve import ModelNotFound
+from minisgl_core.config import ConfigError
 from minisgl_core.plugins import PluginError, Plugins
 
 
@@ -29,8 +30,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     config = engine_config_from_args(args)
     if config.tp_size != 1:
-        raise SystemExit(
-            "minisgl generate runs one process (--tp 1); use `minisgl serve --tp N` for tensor parallelism"
+        raise ConfigError(
+            f"tp_size {config.tp_size}: minisgl generate runs one process (tp_size 1); "
+            "use `minisgl serve --tp N` for tensor parallelism",
+            "tp_size",
         )
     fields = {k: v for k, v in vars(config).items() if k not in ("model", "tp_size")}
     llm = LLM(config.model, **fields)
@@ -86,9 +89,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     from minisgl_core.checkpoint.generation_defaults import GenerationConfigError
     from minisgl_core.checkpoint.path_check import ModelPathError
+    from minisgl_core.config_args import cli_message
 
+    # a setting or an input the user can fix: one line and exit code 2, as argparse's own errors
     try:
         return int(args.func(args) or 0)
+    except ConfigError as exc:
+        print(f"minisgl: error: {cli_message(exc)}", file=sys.stderr)
+        return 2
     except (PluginError, ModelNotFound, ModelPathError, GenerationConfigError) as exc:
         print(f"minisgl: error: {exc}", file=sys.stderr)
         return 2

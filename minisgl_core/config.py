@@ -19,6 +19,21 @@ KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {"auto": None, "fp8_e4m3": torc
 #: shares whole pages only
 CUDA_PAGE_SIZE = 16
 
+#: most threads the grammar backend may fill bitmasks with (``--grammar-threads``): a fill splits
+#: one step's constrained rows (at most ``max_running_requests``) among them, and past the CPUs
+#: of any host we serve from more threads only add switching
+MAX_GRAMMAR_THREADS = 64
+
+
+class ConfigError(ValueError):
+    """A setting the engine refuses at start-up. The message names the settings by their field
+    names (``page_size``), listed in ``fields`` too, so that the command line can say the flag
+    instead (``--page-size``, see :func:`minisgl_core.config_args.cli_message`)."""
+
+    def __init__(self, message: str, *fields: str) -> None:
+        super().__init__(message)
+        self.fields = fields
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -63,7 +78,8 @@ class EngineConfig:
     #: grammar-backend plugin for constrained decoding (response_format, structured_outputs)
     grammar_backend: str = "xgrammar"
     #: threads the grammar backend fills a step's token bitmasks with (``--grammar-threads``);
-    #: None = ``minisgl_core.api.default_fill_threads()`` (half the CPUs, 1 to 16)
+    #: 1 to :data:`MAX_GRAMMAR_THREADS`; None = ``minisgl_core.api.default_fill_threads()`` (half the
+    #: CPUs, 1 to 16)
     grammar_threads: int | None = None
     #: weight quantization of the linear layers: a method registered through
     #: minisgl_register_quantization_methods (fp8, int8, ...); None = weights in the run dtype
@@ -89,43 +105,63 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         if self.page_size is not None and (self.page_size < 1 or self.page_size & (self.page_size - 1)):
-            raise ValueError(f"page_size must be a power of two >= 1, got {self.page_size}")
-        if self.max_prefill_tokens < 1:
-            raise ValueError(f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
-        if self.max_running_requests < 1:
-            raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
+            raise ConfigError(f"page_size must be a power of two >= 1, got {self.page_size}", "page_size")
+        for name in ("max_prefill_tokens", "max_running_requests", "tp_size", "speculative_num_draft_tokens"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}", name)
+        check_grammar_threads(self.grammar_threads)
+        for name in ("max_context_len", "num_kv_tokens"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1 (or unset), got {getattr(self, name)}", name)
+        if self.num_kv_tokens is not None and self.num_kv_tokens < 2 * (self.page_size or 1):
+            raise ConfigError(
+                f"num_kv_tokens must hold two pages at least (2 x page_size {self.page_size or 1}), "
+                f"got {self.num_kv_tokens}",
+                "num_kv_tokens",
+                "page_size",
+            )
+        if self.cuda_graph_max_bs < 0:
+            raise ConfigError(
+                f"cuda_graph_max_bs must be >= 0 (0 disables CUDA graphs), got {self.cuda_graph_max_bs}",
+                "cuda_graph_max_bs",
+            )
         if self.dtype != "auto" and self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {self.dtype!r}")
-        if self.tp_size < 1:
-            raise ValueError(f"tp_size must be >= 1, got {self.tp_size}")
+            raise ConfigError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {self.dtype!r}", "dtype")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(
-                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}; got {self.kv_cache_dtype!r}"
+            raise ConfigError(
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}; got {self.kv_cache_dtype!r}",
+                "kv_cache_dtype",
             )
         if not 0 < self.kv_memory_fraction <= 1:
-            raise ValueError(f"kv_memory_fraction must be in (0, 1], got {self.kv_memory_fraction}")
-        if self.speculative_algorithm not in (None, "ngram"):
-            raise ValueError(
-                f"speculative_algorithm must be ngram or unset, got {self.speculative_algorithm!r}"
+            raise ConfigError(
+                f"kv_memory_fraction must be in (0, 1], got {self.kv_memory_fraction}", "kv_memory_fraction"
             )
-        if self.speculative_num_draft_tokens < 1:
-            raise ValueError(
-                f"speculative_num_draft_tokens must be >= 1, got {self.speculative_num_draft_tokens}"
+        if self.speculative_algorithm not in (None, "ngram"):
+            raise ConfigError(
+                f"speculative_algorithm must be ngram or unset, got {self.speculative_algorithm!r}",
+                "speculative_algorithm",
             )
         if not 1 <= self.speculative_ngram_min <= self.speculative_ngram_max:
-            raise ValueError(
-                "speculative n-gram sizes must satisfy 1 <= min <= max, got "
-                f"min={self.speculative_ngram_min}, max={self.speculative_ngram_max}"
+            raise ConfigError(
+                "speculative n-gram sizes must satisfy 1 <= speculative_ngram_min <= speculative_ngram_max, "
+                f"got {self.speculative_ngram_min} and {self.speculative_ngram_max}",
+                "speculative_ngram_min",
+                "speculative_ngram_max",
             )
-        if self.grammar_threads is not None and self.grammar_threads < 1:
-            raise ValueError(f"grammar_threads must be >= 1, got {self.grammar_threads}")
+        attn = [name.strip() for name in self.attn.split(",")]
+        if len(attn) not in (1, 2) or not all(attn):
+            raise ConfigError(f"attn takes NAME, PREFILL,DECODE or auto; got {self.attn!r}", "attn")
+        if self.device != "auto" and _device_type(self.device) not in ("cpu", "cuda"):
+            raise ConfigError(f"device must be auto, cpu, cuda or cuda:N; got {self.device!r}", "device")
 
     def resolve_device(self) -> torch.device:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         device = torch.device(self.device)
         if device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError("device 'cuda' requested but CUDA is not available; use --device cpu")
+            raise ConfigError(
+                f"device {self.device} was asked for but CUDA is not available here; use device cpu", "device"
+            )
         return device
 
     def resolve_dtype(self, device: torch.device) -> torch.dtype:
@@ -136,3 +172,20 @@ class EngineConfig:
     def resolve_kv_dtype(self, dtype: torch.dtype) -> torch.dtype:
         """The KV pool's dtype for a run in ``dtype``."""
         return KV_CACHE_DTYPES[self.kv_cache_dtype] or dtype
+
+
+def _device_type(device: str) -> str | None:
+    try:
+        return torch.device(device).type
+    except RuntimeError:  # not a device string at all
+        return None
+
+
+def check_grammar_threads(threads: int | None) -> None:
+    """``grammar_threads``: None (the default, half the CPUs, 1 to 16) or 1 to :data:`MAX_GRAMMAR_THREADS`."""
+    if threads is not None and not 1 <= threads <= MAX_GRAMMAR_THREADS:
+        raise ConfigError(
+            f"grammar_threads must be in [1, {MAX_GRAMMAR_THREADS}] (unset: half the CPUs, 1 to 16), "
+            f"got {threads}",
+            "grammar_threads",
+        )

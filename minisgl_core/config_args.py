@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 from minisgl_core import fast_paths
 from minisgl_core.checkpoint.resolve import resolve_model
-from minisgl_core.config import EngineConfig
+from minisgl_core.config import MAX_GRAMMAR_THREADS, ConfigError, EngineConfig
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -69,8 +70,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="threads that fill the token bitmasks of constrained requests each step "
-        "(default: half the CPUs, 1 to 16)",
+        help="threads that fill the token bitmasks of constrained requests each step, "
+        f"1 to {MAX_GRAMMAR_THREADS} (default: half the CPUs, 1 to 16)",
     )
     g.add_argument(
         "--quantization",
@@ -150,6 +151,23 @@ ENGINE_FIELDS = (
 )
 
 
+#: settings whose flag is not ``--`` and the field's name with dashes
+_FLAGS = {"tp_size": "--tp"}
+
+
+def flag(field: str) -> str:
+    """The command-line flag that sets an :class:`EngineConfig` field."""
+    return _FLAGS.get(field, "--" + field.replace("_", "-"))
+
+
+def cli_message(exc: ConfigError) -> str:
+    """The error as the command line says it: each setting named by its flag."""
+    message = str(exc)
+    for field in exc.fields:
+        message = re.sub(rf"(?<![-\w]){field}(?!\w)", flag(field), message)
+    return message
+
+
 def engine_config_from_args(
     args: argparse.Namespace, plugin_options: dict[str, Any] | None = None
 ) -> EngineConfig:
@@ -160,7 +178,7 @@ def engine_config_from_args(
     check_model_path(model)
     if getattr(args, "step_trace", None):  # else EngineConfig's default: $MINISGL_STEP_TRACE
         values["step_trace"] = args.step_trace
-    return EngineConfig(
+    config = EngineConfig(
         model=model,
         overlap=not args.disable_overlap,
         cascade=not args.disable_cascade,
@@ -169,3 +187,5 @@ def engine_config_from_args(
         fast_paths=fast_paths.from_env().without(*getattr(args, "disable_fast_path", [])),
         **values,
     )
+    config.resolve_device()  # --device cuda without CUDA fails here, before any process starts
+    return config

@@ -11,7 +11,8 @@ import torch
 
 from minisgl_core import LLM
 from minisgl_core.checkpoint.path_check import ModelPathError
-from minisgl_core.config import EngineConfig
+from minisgl_core.config import MAX_GRAMMAR_THREADS, ConfigError, EngineConfig
+from minisgl_core.config_args import cli_message
 from minisgl_core.demo.factories import make_model_dir
 from minisgl_core.plugins import PluginError, Plugins
 from minisgl_core.runner.model_runner import pick_attention
@@ -99,11 +100,99 @@ def test_bad_model_is_one_line_on_the_command_line(model_dir, tmp_path, command)
         (dict(page_size=3), "page_size"),
         (dict(max_prefill_tokens=0), "max_prefill_tokens"),
         (dict(kv_memory_fraction=1.5), "kv_memory_fraction"),
+        (dict(max_context_len=0), "max_context_len"),
+        (dict(num_kv_tokens=0), "num_kv_tokens"),
+        (dict(num_kv_tokens=20, page_size=16), "num_kv_tokens"),
+        (dict(cuda_graph_max_bs=-1), "cuda_graph_max_bs"),
+        (dict(attn="a,b,c"), "attn"),
+        (dict(attn="torch,"), "attn"),
+        (dict(device="tpu"), "device"),
+        (dict(device="meta"), "device"),
+        (dict(tp_size=0), "tp_size"),
     ],
 )
 def test_bad_engine_settings_name_the_field(options, field):
-    with pytest.raises(ValueError, match=field):
+    with pytest.raises(ConfigError, match=field) as err:
         EngineConfig(model="x", **options)
+    assert field in err.value.fields
+
+
+def test_the_command_line_names_the_flag_not_the_field():
+    with pytest.raises(ConfigError) as err:
+        EngineConfig(model="x", speculative_ngram_min=3, speculative_ngram_max=2)
+    assert cli_message(err.value) == (
+        "speculative n-gram sizes must satisfy 1 <= --speculative-ngram-min <= --speculative-ngram-max, "
+        "got 3 and 2"
+    )
+    with pytest.raises(ConfigError) as err:
+        EngineConfig(model="x", tp_size=0)
+    assert cli_message(err.value) == "--tp must be >= 1, got 0"
+    assert EngineConfig(model="x", device="cuda:1", attn=" fa3 , fi ").device == "cuda:1"
+
+
+def test_grammar_threads_are_bounded():
+    for threads in (None, 1, 7, MAX_GRAMMAR_THREADS):
+        assert EngineConfig(model="x", grammar_threads=threads).grammar_threads == threads
+    for threads in (0, -3, MAX_GRAMMAR_THREADS + 1, 10_000):
+        with pytest.raises(ConfigError) as err:
+            EngineConfig(model="x", grammar_threads=threads)
+        assert cli_message(err.value) == (
+            f"--grammar-threads must be in [1, {MAX_GRAMMAR_THREADS}] (unset: half the CPUs, 1 to 16), "
+            f"got {threads}"
+        )
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "minisgl_core", *args],
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+#: (command, its arguments and the bad flags, what the one line says); every command that builds
+#: an engine config from flags, and each kind of check (engine config, device, server, bench)
+BAD_FLAGS = [
+    ("serve", ["--port", "0", "--page-size", "3"], "--page-size must be a power of two >= 1, got 3"),
+    ("serve", ["--port", "0", "--device", "tpu"], "--device must be auto, cpu, cuda or cuda:N; got 'tpu'"),
+    *([] if torch.cuda.is_available() else [
+        ("bench", ["offline", "--device", "cuda"], "--device cuda was asked for but CUDA is not available here"),
+    ]),
+    ("serve", ["--port", "0", "--nnodes", "2"], "--nnodes > 1 needs --dist-init-addr"),
+    ("serve", ["--port", "0", "--tp", "2", "--nnodes", "2", "--node-rank", "2", "--dist-init-addr", "127.0.0.1:1"],
+     "--node-rank must be in [0, --nnodes=2), got 2"),
+    ("serve", ["--port", "0", "--max-body-bytes", "0"], "--max-body-bytes must be at least 1"),
+    ("serve", ["--port", "0", "--chat-template", "/no/such.jinja"], "--chat-template: cannot read /no/such.jinja"),
+    ("shell", ["--speculative-ngram-min", "3", "--speculative-ngram-max", "2"], "--speculative-ngram-min <= --speculative-ngram-max"),
+    ("generate", ["hi", "--tp", "2"], "--tp 2: minisgl generate runs one process"),
+    ("generate", ["hi", "--attn", "torch,torch,torch"], "--attn takes NAME, PREFILL,DECODE or auto"),
+    ("generate", ["hi", "--num-kv-tokens", "1"], "--num-kv-tokens must hold two pages at least"),
+    ("bench", ["offline", "--num-requests", "1", "--max-context-len", "0"], "--max-context-len must be >= 1"),
+    ("bench", ["offline", "--tp", "2", "--grammar-schema", "builtin"], "--grammar-schema runs with --tp 1 only"),
+    ("generate", ["hi", "--grammar-threads", "0"], "--grammar-threads must be in [1, 64]"),
+    ("serve", ["--port", "0", "--grammar-threads", "65"], "--grammar-threads must be in [1, 64]"),
+    ("bench", ["cpu", "--no-transformers", "--engine-arg", "page-size"], "--engine-arg takes KEY=VALUE"),
+    ("bench", ["cpu", "--no-transformers", "--engine-arg", "pagesize=4"], "--engine-arg pagesize: not an LLM option"),
+    ("bench grammar", ["--grammar-threads", "0"],
+     "--grammar-threads must be in [1, 64] (unset: half the CPUs, 1 to 16), got 0"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("command", "args", "says"), BAD_FLAGS, ids=lambda v: v if isinstance(v, str) else None
+)
+def test_a_setting_the_engine_refuses_is_one_line_on_the_command_line(model_dir, command, args, says):
+    """Exit code 2 and one line naming the flag, as argparse's own errors; no traceback, and
+    nothing started (no log line before it)."""
+    if command == "bench grammar":  # no engine: no model, no device
+        proc = _cli("bench", "grammar", *args)
+        assert proc.returncode == 2 and proc.stderr.splitlines() == [f"minisgl: error: {says}"], proc.stderr
+        return
+    device = [] if "--device" in args else ["--device", "cpu"]
+    proc = _cli(command, *args, "--model", str(model_dir), *device)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("minisgl: error: ") and says in lines[0], lines
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
 
 
 def test_attn_auto_is_torch_on_cpu_and_pairs_parse():

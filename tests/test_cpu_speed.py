@@ -30,28 +30,60 @@ def _reference_angles(positions, inv_freq):
     return emb.cos(), emb.sin()
 
 
-def test_rotary_angles_are_reused_only_for_the_same_positions():
+def test_rotary_with_given_angles_equals_computing_them():
+    torch.manual_seed(0)
     inv_freq = 1.0 / (10000 ** (torch.arange(0, 16, 2).float() / 16))
-    positions = torch.tensor([3, 4, 5])
-    cos, sin = fused._cos_sin(positions, inv_freq, torch.float32)
-    again = fused._cos_sin(positions, inv_freq.clone(), torch.float32)  # another layer's equal copy
-    assert again[0] is cos and again[1] is sin
-    for got, want in zip((cos, sin), _reference_angles(positions, inv_freq), strict=True):
+    positions = torch.tensor([3, 4, 5, 900])
+    angles = fused.rotary_angles(positions, inv_freq, torch.float32)
+    for got, want in zip(angles, _reference_angles(positions, inv_freq), strict=True):
         torch.testing.assert_close(got, want)
-    # written in place (a reused buffer): recomputed, not served stale
-    positions[0] = 7
-    cos2, _ = fused._cos_sin(positions, inv_freq, torch.float32)
-    torch.testing.assert_close(cos2, _reference_angles(positions, inv_freq)[0])
-    # another tensor with the same values is another step: recomputed (and still right)
-    other = torch.tensor([1, 2])
-    cos3, sin3 = fused._cos_sin(other, inv_freq, torch.float32)
-    torch.testing.assert_close(cos3, _reference_angles(other, inv_freq)[0])
-    # different frequencies (another rope) are not served the cached angles
-    cos4, _ = fused._cos_sin(other, inv_freq * 2, torch.float32)
-    torch.testing.assert_close(cos4, _reference_angles(other, inv_freq * 2)[0])
-    # another dtype is another entry
-    cos5, _ = fused._cos_sin(other, inv_freq * 2, torch.float64)
-    assert cos5.dtype == torch.float64
+    assert fused.rotary_angles(positions, inv_freq, torch.bfloat16)[0].dtype == torch.bfloat16
+    qkv = torch.randn(4, 4 + 2 * 2, 16)
+    weights = (torch.rand(16) + 0.5, torch.rand(16) + 0.5)
+    given = fused.qkv_norm_rope(qkv, positions, inv_freq, *weights, 4, 2, 1e-6, angles)
+    computed = fused.qkv_norm_rope(qkv, positions, inv_freq, *weights, 4, 2, 1e-6)
+    assert torch.equal(given, computed)
+    # angles of other positions really are used: rotary is not silently recomputing them
+    other = fused.rotary_angles(positions + 1, inv_freq, torch.float32)
+    assert not torch.allclose(
+        fused.qkv_norm_rope(qkv, positions, inv_freq, *weights, 4, 2, 1e-6, other), computed
+    )
+    q, k = qkv[:, :4], qkv[:, 4:6]
+    for a, b in zip(fused.rotary(q, k, positions, inv_freq, angles), fused.rotary(q, k, positions, inv_freq)):
+        assert torch.equal(a, b)
+
+
+def test_a_cpu_forward_computes_the_rotary_angles_once(monkeypatch, tmp_path):
+    """Every layer rotates by the angles the decoder computed once for the forward, passed down
+    (no memo kept between calls): one computation per forward, whatever the number of layers."""
+    from minisgl_core.layers import rotary
+    from minisgl_core.sampling import SamplingParams
+    from minisgl_core.testing import cpu_llm, make_model_dir
+
+    llm = cpu_llm(make_model_dir(tmp_path / "m", "LlamaForCausalLM", num_hidden_layers=3), cache="naive")
+    assert len(llm.engine.runner.model.model.layers) == 3
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    expected = llm.generate([[5, 6, 7, 8], [9, 10]], params)
+    calls, forwards = [], []
+    real_angles, real_forward = fused.rotary_angles, llm.engine.runner.forward
+
+    def counting(*args):
+        calls.append(args[0].shape)
+        return real_angles(*args)
+
+    def counting_forward(batch):
+        forwards.append(batch)
+        return real_forward(batch)
+
+    # both names the angles are computed under: the decoder's (through RotaryEmbedding.angles)
+    # and the fallback inside the fused functions
+    monkeypatch.setattr(rotary, "rotary_angles", counting)
+    monkeypatch.setattr(fused, "rotary_angles", counting)
+    llm.engine.runner.forward = counting_forward
+    got = llm.generate([[5, 6, 7, 8], [9, 10]], params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in expected]
+    assert forwards and len(calls) == len(forwards)
+    llm.close()
 
 
 class _Tied(torch.nn.Module):

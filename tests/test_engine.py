@@ -7,8 +7,9 @@ import random
 
 import pytest
 
-from minisgl_core import LLM, SamplingParams
+from minisgl_core import SamplingParams
 from minisgl_core.demo.factories import make_model_dir
+from minisgl_core.testing import assert_kv_released, cpu_llm
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
@@ -32,15 +33,10 @@ def prompts():
     return out
 
 
-def make_llm(model_dir, **kw) -> LLM:
-    kw.setdefault("attn", "torch")
-    return LLM(model_dir, device="cpu", dtype="float32", **kw)
-
-
 @pytest.fixture(scope="module")
 def reference(model_dir, prompts):
     """Each prompt alone, no prefix cache, one page per token, no chunking."""
-    llm = make_llm(model_dir, cache="naive")
+    llm = cpu_llm(model_dir, cache="naive")
     return [llm.generate([p], GREEDY)[0].token_ids for p in prompts]
 
 
@@ -62,7 +58,7 @@ def test_reference_is_not_degenerate(reference):
     ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()),
 )
 def test_batched_equals_alone(model_dir, prompts, reference, options):
-    llm = make_llm(model_dir, **options)
+    llm = cpu_llm(model_dir, **options)
     outs = llm.generate(prompts, GREEDY)
     assert [o.token_ids for o in outs] == reference
     assert all(o.finish_reason == "length" for o in outs)
@@ -74,51 +70,39 @@ def test_batched_equals_alone(model_dir, prompts, reference, options):
         assert stats["cached_prompt_tokens"] > sum(len(p) for p in prompts) // 2
     else:
         assert stats["cached_prompt_tokens"] == 0
-    assert_no_leak(llm)
+    assert_kv_released(llm)
 
 
 def test_memory_pressure_evicts_and_queues_but_never_loses(model_dir, prompts, reference):
     # room for only a few requests at a time: the cache must evict, requests must wait their turn
-    llm = make_llm(model_dir, cache="radix", num_kv_tokens=256)
+    llm = cpu_llm(model_dir, cache="radix", num_kv_tokens=256)
     for _ in range(2):
         outs = llm.generate(prompts, GREEDY)
         assert [o.token_ids for o in outs] == reference
-        assert_no_leak(llm)
+        assert_kv_released(llm)
     llm.engine.scheduler.kv.cache.check_integrity()
 
 
 def test_request_too_large_for_pool_is_rejected(model_dir):
-    llm = make_llm(model_dir, num_kv_tokens=64)
+    llm = cpu_llm(model_dir, num_kv_tokens=64)
     with pytest.raises(ValueError, match="exceeds the KV pool"):
         llm.generate([[5] * 60], SamplingParams(max_tokens=10))
     with pytest.raises(ValueError, match="context length 512"):
         llm.generate([[5] * 500], SamplingParams(max_tokens=20))
 
 
-def assert_no_leak(llm: LLM) -> None:
-    """Every KV page is either free or held by the cache once nothing runs."""
-    kv = llm.engine.scheduler.kv
-    assert not llm.engine.has_work
-    size = kv.cache.size_info()
-    assert size.protected == 0
-    assert not kv.admitted
-    held = kv.allocator.num_pages - kv.allocator.free_pages
-    assert held * kv.page_size == size.evictable
-    assert len(set(kv.allocator._free)) == kv.allocator.free_pages  # no page freed twice
-
-
 def test_prompt_is_shared_while_its_request_still_decodes(model_dir):
     shared = list(range(100, 164))
     first, second = shared + [7, 8, 9, 10, 11, 12], shared + [20, 21, 22, 23, 24]
-    alone = make_llm(model_dir, cache="naive")
+    alone = cpu_llm(model_dir, cache="naive")
     expected = [alone.generate([p], GREEDY)[0].token_ids for p in (first, second)]
     # a 70-token budget prefills `first` alone in step one; `second` is admitted in step two,
     # while `first` is decoding (it finishes only after 12 tokens)
-    llm = make_llm(model_dir, cache="radix", max_prefill_tokens=70)
+    llm = cpu_llm(model_dir, cache="radix", max_prefill_tokens=70)
     outs = llm.generate([first, second], GREEDY)
     assert [o.token_ids for o in outs] == expected
     assert llm.engine.stats()["cached_prompt_tokens"] == len(shared)
-    assert_no_leak(llm)
+    assert_kv_released(llm)
     llm.engine.scheduler.kv.cache.check_integrity()
 
 
@@ -135,15 +119,15 @@ def test_prompt_is_shared_while_its_request_still_decodes(model_dir):
 def test_retraction_when_decode_outgrows_the_pool(model_dir, page_size, params):
     rng = random.Random(3)
     prompts = [[rng.randrange(5, 1000) for _ in range(30)] for _ in range(6)]
-    alone = make_llm(model_dir, cache="naive")
+    alone = cpu_llm(model_dir, cache="naive")
     expected = [alone.generate([p], params)[0].token_ids for p in prompts]
     # 90 tokens per request and room for 256: admission expects only part of max_tokens, so
     # three start together, outgrow the pool, and the newest is retracted and resumed later
-    llm = make_llm(model_dir, cache="radix", num_kv_tokens=256, page_size=page_size)
+    llm = cpu_llm(model_dir, cache="radix", num_kv_tokens=256, page_size=page_size)
     outs = llm.generate(prompts, params)
     assert [o.token_ids for o in outs] == expected
     assert llm.engine.stats()["retractions"] >= 1
-    assert_no_leak(llm)
+    assert_kv_released(llm)
     llm.engine.scheduler.kv.cache.check_integrity()
 
 
@@ -153,7 +137,7 @@ def test_length_limited_requests_are_not_decoded_past_their_last_token(
 ):
     """With overlap the scheduler plans a step before the previous one's tokens land; it must still
     not decode a request whose step in flight already samples its last token (max_tokens)."""
-    llm = make_llm(model_dir, cache="radix", overlap=overlap, max_running_requests=12)
+    llm = cpu_llm(model_dir, cache="radix", overlap=overlap, max_running_requests=12)
     decode_rows: list[int] = []
     schedule = llm.engine.scheduler.schedule
 
@@ -169,7 +153,7 @@ def test_length_limited_requests_are_not_decoded_past_their_last_token(
     # the prefill samples the first token, one decode row per further token: 11 each, none wasted
     # (12 rows for 32 requests: requests are admitted while others decode, in mixed steps)
     assert sum(decode_rows) == len(prompts) * (GREEDY.max_tokens - 1)
-    assert_no_leak(llm)
+    assert_kv_released(llm)
 
 
 def test_step_trace_of_an_offline_run(model_dir, prompts, reference, tmp_path, monkeypatch):
@@ -177,7 +161,7 @@ def test_step_trace_of_an_offline_run(model_dir, prompts, reference, tmp_path, m
     the offline TP benchmark) are traced like the server: every step once, tokens as launched."""
     path = tmp_path / "steps.jsonl"
     monkeypatch.setenv("MINISGL_STEP_TRACE", str(path))
-    llm = make_llm(model_dir, cache="naive", max_prefill_tokens=256)
+    llm = cpu_llm(model_dir, cache="naive", max_prefill_tokens=256)
     monkeypatch.delenv("MINISGL_STEP_TRACE")
     outs = llm.generate(prompts, GREEDY)
     assert [o.token_ids for o in outs] == reference
@@ -202,7 +186,7 @@ def test_batch_tensors_start_16_byte_aligned(model_dir):
     token count: Triton compiles a separate kernel variant for an unaligned pointer, which on the
     GPU was a 0.6-1 s compile in the middle of a run at the first odd-sized prefill (positions were
     row 1 of one int64 pack, at byte 8 * tokens)."""
-    llm = make_llm(model_dir, cache="naive")
+    llm = cpu_llm(model_dir, cache="naive")
     seen: list[tuple[int, dict[str, int]]] = []
     prepare = llm.engine.runner.prepare
 

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import random
 import re
-from dataclasses import dataclass, field
 
 import pytest
 
-from minisgl_core import LLM, SamplingParams
+from minisgl_core import SamplingParams
 from minisgl_core.api import GrammarSpec
 from minisgl_core.demo.factories import make_model_dir
-from minisgl_core.scheduler.speculative import VerifyBatch
+from minisgl_core.testing import assert_kv_released, cpu_llm, drain, run_staggered
 
 
 @pytest.fixture(scope="module")
@@ -34,64 +33,9 @@ def llama_dir(tmp_path_factory):
     )
 
 
-def make_llm(model_dir, **kw) -> LLM:
-    kw.setdefault("attn", "torch")
-    return LLM(model_dir, device="cpu", dtype="float32", **kw)
-
-
-@dataclass
-class Run:
-    """What a hand-stepped run produced."""
-
-    tokens: dict[int, list[int]] = field(default_factory=dict)
-    logprobs: dict[int, list[float]] = field(default_factory=dict)
-    finish: dict[int, str | None] = field(default_factory=dict)
-    #: per step: the kind of batch launched (None: nothing) and the rids that got a token
-    kinds: list[str | None] = field(default_factory=list)
-    got: list[set[int]] = field(default_factory=list)
-    #: per launched step: (new tokens in the step, decode rows in it)
-    sizes: list[tuple[int, int]] = field(default_factory=list)
-
-    def count(self, kind: str) -> int:
-        return sum(k == kind for k in self.kinds)
-
-    def longest_wait(self) -> int:
-        """The most steps any request waited between two of its tokens."""
-        steps = {rid: [i for i, got in enumerate(self.got) if rid in got] for rid in self.tokens}
-        return max(b - a for s in steps.values() for a, b in zip(s, s[1:]))
-
-
-def run_staggered(llm: LLM, arrivals: list[tuple[int, list[int], SamplingParams]]) -> Run:
-    """Add request ``i`` (``arrivals[i]`` = step, prompt, params) at its step; step until done."""
-    engine, run = llm.engine, Run()
-    step = 0
-    while step <= max(a[0] for a in arrivals) or engine.has_work:
-        for rid, (at, prompt, params) in enumerate(arrivals):
-            if at == step:
-                engine.add_request(rid, prompt, params)
-                run.tokens[rid], run.logprobs[rid] = [], []
-        outputs = engine.step()
-        batch = engine.launched_last
-        verify = isinstance(batch, VerifyBatch)  # speculative decoding's decode step with drafts
-        run.kinds.append(None if batch is None else "verify" if verify else batch.kind)
-        if batch is not None and not verify:
-            decode_rows = len(batch.requests) if batch.kind == "decode" else batch.decodes
-            run.sizes.append((sum(batch.chunk_lens), decode_rows))
-        run.got.append({o.rid for o in outputs})
-        for o in outputs:
-            run.tokens[o.rid].append(o.token_id)
-            if o.logprob is not None:
-                run.logprobs[o.rid].append(o.logprob.logprob)
-            if o.finished:
-                run.finish[o.rid] = o.finish_reason
-        step += 1
-        assert step < 10_000
-    return run
-
-
 def alone(model_dir, arrivals, **kw) -> list[list[int]]:
     """Each request on its own: no batching, no cache, no chunking."""
-    llm = make_llm(model_dir, cache="naive", **kw)
+    llm = cpu_llm(model_dir, cache="naive", **kw)
     out = [llm.generate([p], params, use_tqdm=False)[0].token_ids for _, p, params in arrivals]
     llm.close()
     return out
@@ -108,16 +52,6 @@ def workload(seed: int, max_tokens: int = 24) -> list[tuple[int, list[int], Samp
 
     plan = [(0, 7), (0, 19), (1, 3), (4, 230), (5, 11), (6, 2), (9, 160), (10, 40), (12, 9), (30, 120)]
     return [(at, prompt(n), greedy) for at, n in plan]
-
-
-def assert_no_leak(llm: LLM) -> None:
-    kv = llm.engine.scheduler.kv
-    assert not llm.engine.has_work
-    size = kv.cache.size_info()
-    assert size.protected == 0
-    assert not kv.admitted
-    held = kv.allocator.num_pages - kv.allocator.free_pages
-    assert held * kv.page_size == size.evictable
 
 
 @pytest.mark.parametrize(
@@ -137,7 +71,7 @@ def test_mixed_on_and_off_give_each_request_its_own_tokens(request, model, optio
     assert len({t for ids in expected for t in ids}) > 40  # a degenerate model would prove nothing
     runs = {}
     for mixed in (True, False):
-        llm = make_llm(model_dir, mixed_batch=mixed, **options)
+        llm = cpu_llm(model_dir, mixed_batch=mixed, **options)
         assert llm.engine.scheduler.mixed is mixed
         run = runs[mixed] = run_staggered(llm, arrivals)
         assert [run.tokens[i] for i in range(len(arrivals))] == expected, f"mixed_batch={mixed}"
@@ -146,7 +80,7 @@ def test_mixed_on_and_off_give_each_request_its_own_tokens(request, model, optio
         assert all(
             tokens <= options["max_prefill_tokens"] for tokens, decodes in run.sizes if decodes < tokens
         )
-        assert_no_leak(llm)
+        assert_kv_released(llm)
         llm.engine.scheduler.kv.cache.check_integrity()
         llm.close()
     assert runs[True].count("mixed") >= 5
@@ -165,7 +99,7 @@ def test_a_decode_gets_a_token_every_step_while_a_long_prompt_prefills(qwen_dir,
     long_prompt = list(range(10, 210))  # 200 tokens: 13 chunks of at most 16
     stalls = {}
     for mixed in (True, False):
-        llm = make_llm(qwen_dir, cache="naive", max_prefill_tokens=16, overlap=overlap, mixed_batch=mixed)
+        llm = cpu_llm(qwen_dir, cache="naive", max_prefill_tokens=16, overlap=overlap, mixed_batch=mixed)
         engine = llm.engine
         engine.add_request(0, [5, 6, 7], short)
         while not any(o.rid == 0 for o in engine.step()):
@@ -182,8 +116,7 @@ def test_a_decode_gets_a_token_every_step_while_a_long_prompt_prefills(qwen_dir,
                 assert sum(engine.launched_last.chunk_lens) <= 16
         assert steps >= 200 // 16
         stalls[mixed] = stalled
-        while engine.has_work:
-            engine.step()
+        drain(engine)
         llm.close()
     assert stalls[True] == 0
     assert stalls[False] >= 200 // 16 - 1  # the test can tell: without mixing, decode waits
@@ -197,13 +130,13 @@ def test_retraction_under_a_small_pool_with_mixed_steps(qwen_dir):
     arrivals = [(i * 3, [rng.randrange(5, 1000) for _ in range(30 + 7 * i)], params) for i in range(7)]
     expected = alone(qwen_dir, arrivals)
     for page_size in (1, 4):
-        llm = make_llm(qwen_dir, cache="radix", num_kv_tokens=256, page_size=page_size, max_prefill_tokens=24)
+        llm = cpu_llm(qwen_dir, cache="radix", num_kv_tokens=256, page_size=page_size, max_prefill_tokens=24)
         run = run_staggered(llm, arrivals)
         assert [run.tokens[i] for i in range(len(arrivals))] == expected
         stats = llm.engine.stats()
         assert stats["retractions"] >= 1
         assert run.count("mixed") >= 3
-        assert_no_leak(llm)
+        assert_kv_released(llm)
         llm.engine.scheduler.kv.cache.check_integrity()
         llm.close()
 
@@ -229,7 +162,7 @@ def test_penalties_logprobs_and_grammars_in_mixed_steps(qwen_dir):
         arrivals.append((2 * i, [rng.randrange(5, 1000) for _ in range(n)], kinds[i % len(kinds)]))
     runs = {}
     for mixed in (True, False):
-        llm = make_llm(qwen_dir, cache="radix", max_prefill_tokens=32, mixed_batch=mixed)
+        llm = cpu_llm(qwen_dir, cache="radix", max_prefill_tokens=32, mixed_batch=mixed)
         runs[mixed] = run_staggered(llm, arrivals)
         texts = {
             i: llm.tokenizer.decode(runs[mixed].tokens[i], skip_special_tokens=True)
@@ -253,11 +186,11 @@ def test_off_switch_and_backends_without_the_capability(qwen_dir, monkeypatch):
     from minisgl_plugin_torch.backend import TorchAttentionBackend
 
     assert "mixed" in TorchAttentionBackend.capabilities
-    assert make_llm(qwen_dir, num_kv_tokens=1024).engine.scheduler.mixed
-    assert not make_llm(qwen_dir, num_kv_tokens=1024, mixed_batch=False).engine.scheduler.mixed
+    assert cpu_llm(qwen_dir, num_kv_tokens=1024).engine.scheduler.mixed
+    assert not cpu_llm(qwen_dir, num_kv_tokens=1024, mixed_batch=False).engine.scheduler.mixed
     # a third-party prefill backend that does not declare "mixed" keeps prefill and decode apart
     monkeypatch.setattr(TorchAttentionBackend, "capabilities", TorchAttentionBackend.capabilities - {"mixed"})
-    llm = make_llm(qwen_dir, num_kv_tokens=1024)
+    llm = cpu_llm(qwen_dir, num_kv_tokens=1024)
     assert not llm.engine.scheduler.mixed
     run = run_staggered(llm, workload(seed=2, max_tokens=6)[:5])
     assert run.count("mixed") == 0 and run.count("prefill") > 0
@@ -305,14 +238,14 @@ def test_real_default_model_mixed_on_equals_off(default_model_dir):
     def text(n: int) -> str:
         return " ".join(rng.choice(words) for _ in range(n))
 
-    llm = make_llm(default_model_dir, num_kv_tokens=4096, max_prefill_tokens=48, mixed_batch=True)
+    llm = cpu_llm(default_model_dir, num_kv_tokens=4096, max_prefill_tokens=48, mixed_batch=True)
     prompts = [llm.tokenizer.encode(text(n)) for n in (6, 120, 4, 10, 90, 3)]
     arrivals = [(at, p, params) for at, p in zip((0, 2, 3, 5, 7, 9), prompts, strict=True)]
     on = run_staggered(llm, arrivals)
     assert on.count("mixed") >= 3
     llm.close()
     expected = alone(default_model_dir, arrivals, num_kv_tokens=4096)
-    off_llm = make_llm(default_model_dir, num_kv_tokens=4096, max_prefill_tokens=48, mixed_batch=False)
+    off_llm = cpu_llm(default_model_dir, num_kv_tokens=4096, max_prefill_tokens=48, mixed_batch=False)
     off = run_staggered(off_llm, arrivals)
     off_llm.close()
     assert [on.tokens[i] for i in range(len(prompts))] == expected
@@ -334,7 +267,7 @@ def test_speculative_decoding_and_mixed_steps_together(llama_dir, options):
         # copy-heavy prompts (a piece repeated) give the n-gram drafter something to propose
         arrivals.append((at, piece * 4 if i % 2 == 0 and n < 20 else piece, greedy))
     expected = alone(llama_dir, arrivals)
-    llm = make_llm(llama_dir, max_prefill_tokens=40, speculative_algorithm="ngram", **options)
+    llm = cpu_llm(llama_dir, max_prefill_tokens=40, speculative_algorithm="ngram", **options)
     assert llm.engine.scheduler.mixed and llm.engine.verify is not None
     run = run_staggered(llm, arrivals)
     assert [run.tokens[i] for i in range(len(arrivals))] == expected
@@ -344,7 +277,7 @@ def test_speculative_decoding_and_mixed_steps_together(llama_dir, options):
     # mixed steps after verify steps: a decode row's input is the last token a verify step accepted
     first_verify = run.kinds.index("verify")
     assert "mixed" in run.kinds[first_verify:]
-    assert_no_leak(llm)
+    assert_kv_released(llm)
     if options["cache"] == "radix":
         llm.engine.scheduler.kv.cache.check_integrity()
     llm.close()

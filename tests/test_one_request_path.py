@@ -8,12 +8,13 @@ import random
 
 import pytest
 
-from minisgl_core import LLM, SamplingParams
+from minisgl_core import SamplingParams
 from minisgl_core.demo.factories import make_model_dir
 from minisgl_core.plugins import Plugins
 from minisgl_core.scheduler.allocator import PageAllocator
 from minisgl_core.scheduler.kv import KVManager
 from minisgl_core.scheduler.request import Request
+from minisgl_core.testing import cpu_llm
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 
@@ -23,10 +24,6 @@ def model_dir(tmp_path_factory):
     return make_model_dir(
         tmp_path_factory.mktemp("m") / "qwen3", "Qwen3ForCausalLM", max_position_embeddings=512
     )
-
-
-def make_llm(model_dir, **kw) -> LLM:
-    return LLM(model_dir, device="cpu", dtype="float32", attn="torch", **kw)
 
 
 # ------------------------------------------------------------------------ one match per admission
@@ -41,7 +38,7 @@ def test_each_admission_searches_the_cache_once(model_dir, policy):
     # lengths that are not whole pages, so the prompt offered to the cache after prefill (whole
     # pages only) is never the prompt itself
     prompts = [shared + [rng.randrange(5, 1000) for _ in range(4 * i + 2)] for i in range(5)]
-    with make_llm(model_dir, page_size=4, policy=policy) as llm:
+    with cpu_llm(model_dir, page_size=4, policy=policy) as llm:
         cache = llm.engine.scheduler.kv.cache
         searched: list[tuple[int, ...]] = []
         match_prefix = cache.match_prefix
@@ -88,7 +85,7 @@ def test_a_remembered_match_is_dropped_when_the_cache_changes():
 
 
 def test_admission_decides_max_tokens_and_the_engine_trusts_it(model_dir):
-    with make_llm(model_dir, num_kv_tokens=256) as llm:
+    with cpu_llm(model_dir, num_kv_tokens=256) as llm:
         rest = SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True)
         admitted = llm.engine.admit([5] * 200, rest)
         assert admitted.max_tokens == 256 - 200 and rest.max_tokens is None  # frozen: a new object
@@ -112,7 +109,7 @@ def test_the_step_in_flight_lands_before_any_retraction(model_dir, signal):
     rng = random.Random(3)
     prompts = [[rng.randrange(5, 1000) for _ in range(30)] for _ in range(6)]
     params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
-    with make_llm(model_dir, num_kv_tokens=256) as llm:
+    with cpu_llm(model_dir, num_kv_tokens=256) as llm:
         engine = llm.engine
         kv = engine.scheduler.kv
         in_flight_at_retraction: list[bool] = []
@@ -129,7 +126,7 @@ def test_the_step_in_flight_lands_before_any_retraction(model_dir, signal):
         assert in_flight_at_retraction
         if signal:
             assert not any(in_flight_at_retraction)
-            with make_llm(model_dir, cache="naive") as alone:
+            with cpu_llm(model_dir, cache="naive") as alone:
                 expected = [alone.generate([p], params)[0].token_ids for p in prompts]
             assert [o.token_ids for o in outs] == expected
         else:

@@ -16,6 +16,7 @@ from minisgl_core.engine.engine import Engine
 from minisgl_core.plugins import PluginError, Plugins
 from minisgl_core.runner.quantization import quantizable_layers
 from minisgl_core.sampling import SamplingParams
+from minisgl_core.testing import drain
 
 pytest_plugins = ["minisgl_core.testing.pytest_plugin"]
 
@@ -62,10 +63,7 @@ def toy_plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Plugins:
 
 def greedy(engine: Engine, prompt: list[int], max_tokens: int = 6) -> list[int]:
     engine.add_request(0, prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
-    tokens = []
-    while engine.has_work:
-        tokens += [out.token_id for out in engine.step() if out.token_id >= 0]
-    return tokens
+    return [out.token_id for out in drain(engine) if out.token_id >= 0]
 
 
 def engine_for(model: Path, plugins: Plugins | None = None, **options) -> Engine:
@@ -144,19 +142,12 @@ def test_fp8_kv_cache_stores_float8_and_stays_close(tiny_model_dir):
     engine.add_request(0, prompt, params)
     reference = engine_for(tiny_model_dir)
     reference.add_request(0, prompt, params)
-    outs = [o for o in _drain(engine) if o.token_id >= 0]
-    refs = [o for o in _drain(reference) if o.token_id >= 0]
+    outs = [o for o in drain(engine) if o.token_id >= 0]
+    refs = [o for o in drain(reference) if o.token_id >= 0]
     assert outs[0].token_id == refs[0].token_id
     assert abs(outs[0].logprob.logprob - refs[0].logprob.logprob) < 0.05
     # the pool holds real values (stored, dequantized on read), not zeros
     assert engine.runner.kv_cache.buffer.float().abs().sum() > 0
-
-
-def _drain(engine: Engine) -> list:
-    out = []
-    while engine.has_work:
-        out += engine.step()
-    return out
 
 
 def test_fp8_kv_cache_is_refused_by_a_backend_that_does_not_declare_it():

@@ -13,6 +13,7 @@ from minisgl_core import LLM, SamplingParams
 from minisgl_core.demo.factories import make_model_dir
 from minisgl_core.runner.sampler import Sampler, SampleRequest
 from minisgl_core.sampling import INT64_MAX, INT64_MIN, MIN_TEMPERATURE, choice_seed
+from minisgl_core.testing import cpu_llm
 
 PROMPTS = [[11, 12, 13], [200, 300, 400, 500], [7] * 9, [42, 43]]
 
@@ -24,13 +25,9 @@ def model_dir(tmp_path_factory):
     )
 
 
-def make_llm(model_dir, **kw) -> LLM:
-    return LLM(model_dir, device="cpu", dtype="float32", attn="torch", **kw)
-
-
 @pytest.fixture(scope="module")
 def llm(model_dir):
-    with make_llm(model_dir) as llm:
+    with cpu_llm(model_dir) as llm:
         yield llm
 
 
@@ -141,7 +138,7 @@ def test_penalties_with_early_stops_match_without_overlap(model_dir, llm, with_s
     prompts.append(PROMPTS[0])
     cases.append(SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, logprobs=2))
     overlapped = llm.generate(prompts, cases)
-    with make_llm(model_dir, overlap=False) as serial:
+    with cpu_llm(model_dir, overlap=False) as serial:
         expected = serial.generate(prompts, cases)
     for got, want in zip(overlapped, expected):
         assert (got.token_ids, got.finish_reason, got.matched_stop) == (
@@ -158,7 +155,7 @@ def test_penalties_with_early_stops_match_without_overlap(model_dir, llm, with_s
 
 
 def test_close_frees_the_kv_pool_and_model_without_the_garbage_collector(model_dir):
-    llm = make_llm(model_dir)
+    llm = cpu_llm(model_dir)
     llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=3, frequency_penalty=0.1))
     pool = weakref.ref(llm.engine.runner.kv_cache.buffer)
     pool_view = llm.engine.runner.kv_cache.k_cache(0)  # as an attention backend may keep one

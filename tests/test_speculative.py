@@ -21,6 +21,7 @@ from minisgl_core.demo.factories import make_model_dir
 from minisgl_core.runner.quantization import quantizable_layers
 from minisgl_core.scheduler.request import Request
 from minisgl_core.scheduler.speculative import Drafter, NgramDrafter, Speculator
+from minisgl_core.testing import assert_kv_released, cpu_llm, drain
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
 SPEC = dict(speculative_algorithm="ngram", speculative_num_draft_tokens=4)
@@ -108,14 +109,9 @@ def prompts():
     return out
 
 
-def make_llm(model_dir, **kw) -> LLM:
-    kw.setdefault("attn", "torch")
-    return LLM(model_dir, device="cpu", dtype="float32", **kw)
-
-
 @pytest.fixture(scope="module")
 def plain(model_dir):
-    llm = make_llm(model_dir, cache="naive")
+    llm = cpu_llm(model_dir, cache="naive")
     yield llm
     llm.close()
 
@@ -123,17 +119,6 @@ def plain(model_dir):
 @pytest.fixture(scope="module")
 def reference(plain, prompts):
     return [plain.generate([p], GREEDY)[0].token_ids for p in prompts]
-
-
-def assert_no_leak(llm: LLM) -> None:
-    kv = llm.engine.scheduler.kv
-    assert not llm.engine.has_work
-    size = kv.cache.size_info()
-    assert size.protected == 0
-    assert not kv.admitted
-    held = kv.allocator.num_pages - kv.allocator.free_pages
-    assert held * kv.page_size == size.evictable
-    assert len(set(kv.allocator._free)) == kv.allocator.free_pages
 
 
 @pytest.mark.parametrize(
@@ -150,7 +135,7 @@ def assert_no_leak(llm: LLM) -> None:
     ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()),
 )
 def test_greedy_output_is_unchanged_and_drafts_are_accepted(model_dir, prompts, reference, options):
-    llm = make_llm(model_dir, **(SPEC | options))
+    llm = cpu_llm(model_dir, **(SPEC | options))
     outs = llm.generate(prompts, GREEDY)
     assert [o.token_ids for o in outs] == reference
     assert all(o.finish_reason == "length" for o in outs)
@@ -160,7 +145,7 @@ def test_greedy_output_is_unchanged_and_drafts_are_accepted(model_dir, prompts, 
     # some drafts were also rejected: both paths of the rollback ran
     assert stats["spec_accepted_tokens"] < stats["spec_draft_tokens"]
     assert stats["spec_emitted_tokens"] > stats["spec_request_steps"]
-    assert_no_leak(llm)
+    assert_kv_released(llm)
     if options["cache"] == "radix":
         llm.engine.scheduler.kv.cache.check_integrity()
     llm.close()
@@ -183,7 +168,7 @@ def test_speculation_with_quantized_weights_and_fp8_kv(model_dir, prompts, optio
     subset = prompts[:6]
     runs = []
     for spec in ({}, SPEC):
-        llm = make_llm(model_dir, cache="radix", **(options | spec))
+        llm = cpu_llm(model_dir, cache="radix", **(options | spec))
         if "kv_cache_dtype" in options:
             assert llm.engine.runner.kv_cache.buffer.dtype == torch.float8_e4m3fn
         if "quantization" in options:
@@ -191,7 +176,7 @@ def test_speculation_with_quantized_weights_and_fp8_kv(model_dir, prompts, optio
             assert {m.quant_method.name for m in layers} == {options["quantization"]}
         runs.append([o.token_ids for o in llm.generate(subset, GREEDY)])
         stats = llm.engine.stats()
-        assert_no_leak(llm)
+        assert_kv_released(llm)
         llm.close()
     plain, spec = runs
     assert spec == plain
@@ -200,7 +185,7 @@ def test_speculation_with_quantized_weights_and_fp8_kv(model_dir, prompts, optio
 
 @pytest.fixture(scope="module")
 def spec_llm(model_dir):
-    llm = make_llm(model_dir, cache="radix", **SPEC)
+    llm = cpu_llm(model_dir, cache="radix", **SPEC)
     yield llm
     llm.close()
 
@@ -219,7 +204,7 @@ def test_stops_inside_an_accepted_run_end_at_the_right_token(spec_llm, plain, pr
         assert got.token_ids == want.token_ids
         assert got.finish_reason == want.finish_reason == "stop"
         assert (got.matched_stop, got.text) == (want.matched_stop, want.text)
-    assert_no_leak(spec_llm)
+    assert_kv_released(spec_llm)
 
 
 def test_stop_strings_end_at_the_right_token(spec_llm, plain, prompts, reference):
@@ -230,7 +215,7 @@ def test_stop_strings_end_at_the_right_token(spec_llm, plain, prompts, reference
         params = SamplingParams(temperature=0.0, max_tokens=40, stop=[stop])
         got, want = spec_llm.generate([prompt], params)[0], plain.generate([prompt], params)[0]
         assert (got.token_ids, got.text, got.finish_reason) == (want.token_ids, want.text, want.finish_reason)
-    assert_no_leak(spec_llm)
+    assert_kv_released(spec_llm)
 
 
 def test_penalties_bias_and_logprobs_follow_each_position(spec_llm, plain, prompts):
@@ -279,9 +264,8 @@ def test_abort_mid_run_frees_everything(spec_llm, prompts):
         steps += 1
     for rid in range(10_000, 10_000 + len(prompts), 2):
         engine.abort(rid)
-    while engine.has_work:
-        engine.step()
-    assert_no_leak(spec_llm)
+    drain(engine)
+    assert_kv_released(spec_llm)
     spec_llm.engine.scheduler.kv.cache.check_integrity()
 
 
@@ -301,12 +285,12 @@ def test_sampling_keeps_the_target_distribution(model_dir):
     prompt = [11, 12, 13, 14, 15]
     params = SamplingParams(temperature=2.0, max_tokens=3, ignore_eos=True, top_k=3)
     n = 400
-    plain = make_llm(model_dir, cache="naive")
+    plain = cpu_llm(model_dir, cache="naive")
     samples = [tuple(o.token_ids[1:]) for o in plain.generate([prompt] * n, params)]
     plain.close()
     # guess the most frequent second token, and a third: accepted often, rejected often
     second = max(set(s[0] for s in samples), key=[s[0] for s in samples].count)
-    spec = make_llm(model_dir, cache="naive", **SPEC)
+    spec = cpu_llm(model_dir, cache="naive", **SPEC)
     spec.engine.verify.speculator.drafter = ConstantDrafter([second, second])
     spec_samples = [tuple(o.token_ids[1:]) for o in spec.generate([prompt] * n, params)]
     stats = spec.engine.stats()

@@ -25,6 +25,7 @@ def _rank(rank: int, world: int, port: int, model_dir: str, queue) -> None:
     from minisgl_core.config import EngineConfig
     from minisgl_core.engine.engine import Engine
     from minisgl_core.sampling import SamplingParams
+    from minisgl_core.testing import drain
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
@@ -35,9 +36,8 @@ def _rank(rank: int, world: int, port: int, model_dir: str, queue) -> None:
         for rid, prompt in enumerate(PROMPTS):
             engine.add_request(rid, prompt, params)
         tokens: dict[int, list[int]] = {rid: [] for rid in range(len(PROMPTS))}
-        while engine.has_work:
-            for out in engine.step():
-                tokens[out.rid].append(out.token_id)
+        for out in drain(engine):
+            tokens[out.rid].append(out.token_id)
         queue.put((rank, [tokens[r] for r in range(len(PROMPTS))]))
     finally:
         dist.destroy_process_group()

@@ -79,6 +79,7 @@ def test_minisgl_register_weight_formats_makes_the_core_read_a_new_format(
     from minisgl_core.config import EngineConfig
     from minisgl_core.engine.engine import Engine
     from minisgl_core.sampling import SamplingParams
+    from minisgl_core.testing import drain
 
     assert "toy" in toy_plugins.names("formats")
     toy = tmp_path / "model.toy"
@@ -92,10 +93,7 @@ def test_minisgl_register_weight_formats_makes_the_core_read_a_new_format(
             EngineConfig(model=str(model), device="cpu", attn="torch", num_kv_tokens=512), plugins=toy_plugins
         )
         engine.add_request(0, [5, 6, 7, 8], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
-        tokens = []
-        while engine.has_work:
-            tokens += [out.token_id for out in engine.step() if out.token_id >= 0]
-        return tokens
+        return [out.token_id for out in drain(engine) if out.token_id >= 0]
 
     assert greedy(toy) == greedy(tiny_model_dir)
 

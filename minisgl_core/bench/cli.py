@@ -15,6 +15,7 @@ from typing import Any
 from minisgl_core import environment
 from minisgl_core.bench import workloads
 from minisgl_core.bench.shapes import SHAPES
+from minisgl_core.config import MAX_GRAMMAR_THREADS, ConfigError, check_grammar_threads
 
 
 def add_bench_command(sub) -> None:
@@ -71,7 +72,10 @@ def add_bench_command(sub) -> None:
     p.add_argument("--warm-steps", type=_non_negative_int, default=24, help="steps walked before timing")
     p.add_argument("--vocab-size", type=_positive_int, default=151936, help="default: Qwen3's")
     p.add_argument(
-        "--grammar-threads", type=_positive_int, default=None, help="default: half the CPUs, 1 to 16"
+        "--grammar-threads",
+        type=int,
+        default=None,
+        help=f"1 to {MAX_GRAMMAR_THREADS} (default: half the CPUs, 1 to 16)",
     )
     p.add_argument("--grammar-schema", default="builtin", metavar="FILE|builtin")
     p.add_argument("--max-tokens", type=_positive_int, default=1024, help="the builtin schema's length")
@@ -157,7 +161,7 @@ def _offline(args: argparse.Namespace) -> int:
         from minisgl_core.bench.tp import run_offline_tp
 
         if args.grammar_schema:
-            raise SystemExit("minisgl bench offline: --grammar-schema runs with --tp 1 only")
+            raise ConfigError("--grammar-schema runs with tp_size 1 only", "tp_size")
 
         result |= run_offline_tp(config, requests, args.temperature)
     else:
@@ -208,6 +212,7 @@ def _offline(args: argparse.Namespace) -> int:
 def _grammar(args: argparse.Namespace) -> int:
     from minisgl_core.bench.grammar import host_step_bench
 
+    check_grammar_threads(args.grammar_threads)
     result = host_step_bench(
         args.grammar_backend, rows=args.rows, steps=args.steps, warm_steps=args.warm_steps,
         vocab_size=args.vocab_size, fill_threads=args.grammar_threads, schema=args.grammar_schema,
@@ -230,7 +235,7 @@ def _cpu(args: argparse.Namespace) -> int:
     batch_sizes = [_positive_int(b) for b in args.batch_sizes.split(",")]
     config = engine_config_from_args(args)
     fields = {k: v for k, v in vars(config).items() if k != "model"}
-    fields |= dict(_engine_arg(text) for text in args.engine_arg)
+    fields |= dict(_engine_arg(text, fields) for text in args.engine_arg)
     llm = LLM(config.model, **fields)
     theirs = None if args.no_transformers else TransformersRunner(config.model, set(llm.engine.eos_ids))
     result = run_cpu_bench(
@@ -249,16 +254,19 @@ def _cpu(args: argparse.Namespace) -> int:
     return 0
 
 
-def _engine_arg(text: str) -> tuple[str, Any]:
+def _engine_arg(text: str, known: dict[str, Any]) -> tuple[str, Any]:
     import ast
 
     key, sep, value = text.partition("=")
     if not sep or not key:
-        raise SystemExit(f"minisgl bench cpu: --engine-arg takes KEY=VALUE, got {text!r}")
+        raise ConfigError(f"--engine-arg takes KEY=VALUE, got {text!r}")
+    key = key.replace("-", "_")
+    if key not in known:
+        raise ConfigError(f"--engine-arg {key}: not an LLM option; known: {', '.join(sorted(known))}")
     try:
-        return key.replace("-", "_"), ast.literal_eval(value)
+        return key, ast.literal_eval(value)
     except (ValueError, SyntaxError):
-        return key.replace("-", "_"), value
+        return key, value
 
 
 def _cpu_name() -> str:

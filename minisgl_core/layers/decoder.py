@@ -22,6 +22,9 @@ from minisgl_core.layers.norm import RMSNorm
 from minisgl_core.layers.rotary import get_rope
 from minisgl_core.layers.triton_ops import fused_kv_enabled, rope_store_kv
 
+#: a forward's rotary cos and sin, ``[num_tokens, 1, head_dim]`` each (see ``DecoderModel.forward``)
+Angles = tuple[torch.Tensor, torch.Tensor]
+
 
 class DecoderAttention(nn.Module):
     def __init__(
@@ -58,7 +61,11 @@ class DecoderAttention(nn.Module):
         self.rotary_emb = get_rope(hf, head_dim).to(device)
         self.attn = AttentionLayer(layer_id, num_heads, num_kv_heads, head_dim)
 
-    def forward(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    def forward(
+        self, hidden: torch.Tensor, batch: ForwardBatch, angles: Angles | None = None
+    ) -> torch.Tensor:
+        """``angles``: the rotary cos/sin of ``batch.positions`` the model computed for every layer,
+        or None (each layer's kernel computes them: CUDA)."""
         num_tokens, head_dim = hidden.shape[0], self.attn.head_dim
         num_heads, num_kv_heads = self.attn.num_heads, self.attn.num_kv_heads
         qkv = self.qkv_proj(hidden).view(num_tokens, num_heads + 2 * num_kv_heads, head_dim)
@@ -81,7 +88,9 @@ class DecoderAttention(nn.Module):
             return self.o_proj(self.attn.attend(q, batch))
         # q/k norm and rotary on the q and k heads, v copied beside k (one kernel on CUDA): k and
         # v of a token are then adjacent, which lets the KV pool store both with one kernel
-        qkv = qkv_norm_rope(qkv, batch.positions, inv_freq, q_weight, k_weight, num_heads, num_kv_heads, eps)
+        qkv = qkv_norm_rope(
+            qkv, batch.positions, inv_freq, q_weight, k_weight, num_heads, num_kv_heads, eps, angles
+        )
         q, k, v = qkv.split((num_heads, num_kv_heads, num_kv_heads), dim=1)
         return self.o_proj(self.attn(q, k, v, batch))
 
@@ -126,15 +135,20 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(hf["hidden_size"], eps, dtype=dtype, device=device)
 
     def forward(
-        self, hidden: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch
+        self,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        batch: ForwardBatch,
+        angles: Angles | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Takes and returns (branch output, residual stream): each residual add is folded into
-        the norm that follows it (the last one into the model's final norm)."""
+        the norm that follows it (the last one into the model's final norm). ``angles``: see
+        :meth:`DecoderAttention.forward`."""
         if residual is None:
             normed, residual = self.input_layernorm(hidden), hidden
         else:
             normed, residual = self.input_layernorm(hidden, residual)
-        attn_out = self.self_attn(normed, batch)
+        attn_out = self.self_attn(normed, batch, angles)
         normed, residual = self.post_attention_layernorm(attn_out, residual)
         return self.mlp(normed), residual
 
@@ -163,8 +177,14 @@ class DecoderModel(nn.Module):
         """(last layer's MLP output, residual stream) of every new token; their sum, put
         through ``self.norm``, is the final hidden state."""
         hidden, residual = self.embed_tokens(batch.input_ids), None
+        # Every layer rotates by the same angles (one rope config, the same positions). Off CUDA
+        # they are computed here once and passed down; on CUDA each layer's fused kernel computes
+        # them in registers, cheaper than reading them back.
+        angles = None
+        if not batch.positions.is_cuda:
+            angles = self.layers[0].self_attn.rotary_emb.angles(batch.positions, hidden.dtype)
         for layer in self.layers:
-            hidden, residual = layer(hidden, residual, batch)
+            hidden, residual = layer(hidden, residual, batch, angles)
         return hidden, residual
 
 

@@ -43,41 +43,14 @@ def _normalize(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tenso
     return weight * x32.to(x.dtype)
 
 
-def _cos_sin(
+def rotary_angles(
     positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotary angles in float32, as ``[num_tokens, 1, head_dim]`` cos and sin in ``dtype``.
+    """Rotary angles computed in float32: ``[num_tokens, 1, head_dim]`` cos and sin in ``dtype``.
 
-    Off CUDA, every layer of a forward asks for the same angles (the same ``positions`` tensor,
-    equal ``inv_freq``): they are computed for the first layer and reused by the others, which on
-    a CPU saves a cos and a sin over every token per layer (5% of a 2-core decode step)."""
-    if positions.is_cuda:
-        return _angles(positions, inv_freq, dtype)
-    if positions.is_inference():
-        # an inference tensor keeps no version counter, so a write in place could not be told
-        return _angles(positions, inv_freq, dtype)
-    memo = _CPU_ANGLES
-    if (
-        memo
-        and memo[0] is positions
-        and memo[1] == positions._version  # not written in place since
-        and memo[3] == dtype
-        and (memo[2] is inv_freq or torch.equal(memo[2], inv_freq))
-    ):
-        return memo[4], memo[5]
-    cos, sin = _angles(positions, inv_freq, dtype)
-    # holding ``positions`` keeps its identity from being reused by another step's tensor
-    _CPU_ANGLES[:] = [positions, positions._version, inv_freq, dtype, cos, sin]
-    return cos, sin
-
-
-#: the last angles computed off CUDA: [positions, its version, inv_freq, dtype, cos, sin]
-_CPU_ANGLES: list = []
-
-
-def _angles(
-    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
+    Off CUDA the decoder computes them once per forward and hands them to every layer (``angles``
+    below), which on a CPU saves a cos and a sin over every token per layer (5% of a 2-core
+    decode step); on CUDA each layer's fused kernel computes them in registers instead."""
     freqs = positions.float()[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
     return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -106,10 +79,15 @@ def add_rms_norm(
 
 @fused
 def rotary(
-    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    angles: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Neox-style rotary (rotate_half) on [num_tokens, heads, head_dim]; angles in float32."""
-    cos, sin = _cos_sin(positions, inv_freq, q.dtype)
+    """Neox-style rotary (rotate_half) on [num_tokens, heads, head_dim]; angles in float32.
+    ``angles``: :func:`rotary_angles` of ``positions`` already computed (in q's dtype), or None."""
+    cos, sin = angles if angles is not None else rotary_angles(positions, inv_freq, q.dtype)
     return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 
@@ -137,22 +115,26 @@ def qk_norm_rope(
     k_weight: torch.Tensor | None,
     num_q_heads: int,
     eps: float,
+    angles: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Query and key heads side by side, ``[num_tokens, q_heads + kv_heads, head_dim]`` (a view
     into the fused qkv projection): optional per-head RMS norm (Qwen3's q_norm/k_norm), then
     rotary, written to one contiguous tensor. One kernel on CUDA instead of four; the same
-    arithmetic as :func:`rms_norm` followed by :func:`rotary`."""
-    return _qk_norm_rope(qk, positions, inv_freq, q_weight, k_weight, num_q_heads, eps)
+    arithmetic as :func:`rms_norm` followed by :func:`rotary` (``angles`` as there)."""
+    return _qk_norm_rope(qk, positions, inv_freq, q_weight, k_weight, num_q_heads, eps, angles)
 
 
-def _qk_norm_rope(qk, positions, inv_freq, q_weight, k_weight, num_q_heads: int, eps: float) -> torch.Tensor:
+def _qk_norm_rope(
+    qk, positions, inv_freq, q_weight, k_weight, num_q_heads: int, eps: float, angles
+) -> torch.Tensor:
     num_heads, head_dim = qk.shape[1], qk.shape[2]
     if q_weight is not None and k_weight is not None:
         weight = torch.cat(
             (q_weight.expand(num_q_heads, head_dim), k_weight.expand(num_heads - num_q_heads, head_dim))
         )
         qk = _normalize(qk, weight, eps)
-    return _rotate(qk, *_cos_sin(positions, inv_freq, qk.dtype))
+    cos, sin = angles if angles is not None else rotary_angles(positions, inv_freq, qk.dtype)
+    return _rotate(qk, cos, sin)
 
 
 @fused
@@ -165,13 +147,14 @@ def qkv_norm_rope(
     num_q_heads: int,
     num_kv_heads: int,
     eps: float,
+    angles: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """:func:`qk_norm_rope` on the q and k heads of ``qkv`` (``[num_tokens, q_heads + 2 * kv_heads,
     head_dim]``, the fused projection's output), the v heads copied after them: one contiguous
     tensor of the same shape, still one kernel on CUDA. Each token's k and v heads end up side by
     side, so :meth:`~minisgl_core.api.KVCache.store` writes both with one kernel (API 1.4)."""
     qk_heads = num_q_heads + num_kv_heads
-    qk = _qk_norm_rope(qkv[:, :qk_heads], positions, inv_freq, q_weight, k_weight, num_q_heads, eps)
+    qk = _qk_norm_rope(qkv[:, :qk_heads], positions, inv_freq, q_weight, k_weight, num_q_heads, eps, angles)
     return torch.cat((qk, qkv[:, qk_heads:]), dim=1)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from minisgl_core.layers.fused import rotary
+from minisgl_core.layers.fused import rotary, rotary_angles
 
 
 class RotaryEmbedding(nn.Module):
@@ -18,11 +18,21 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
 
+    def angles(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of ``positions``' angles (``[num_tokens, 1, head_dim]``, computed in float32,
+        returned in ``dtype``): computed once per forward, they serve every layer (``angles=``)."""
+        return rotary_angles(positions, self.inv_freq, dtype)
+
     def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+        self,
+        positions: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        angles: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``q``/``k``: [num_tokens, heads, head_dim]; angles in float32, applied in q's dtype."""
-        return rotary(q, k, positions, self.inv_freq)
+        """``q``/``k``: [num_tokens, heads, head_dim]; angles in float32, applied in q's dtype
+        (``angles``: :meth:`angles` of ``positions`` in q's dtype, else computed here)."""
+        return rotary(q, k, positions, self.inv_freq, angles)
 
 
 def rope_parameters(hf_config: dict[str, Any]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from minisgl_core.api import (
     ParallelContext,
 )
 from minisgl_core.checkpoint.formats import open_model
-from minisgl_core.config import CUDA_PAGE_SIZE, EngineConfig
+from minisgl_core.config import CUDA_PAGE_SIZE, ConfigError, EngineConfig
 from minisgl_core.plugins import PluginError, Plugins
 from minisgl_core.runner import quantization
 
@@ -223,8 +223,10 @@ class ModelRunner:
             tokens = CPU_DEFAULT_KV_TOKENS
         pages = tokens // page
         if pages < 2:
-            raise ValueError(
-                f"KV pool too small: {tokens} tokens; give more memory or a larger num_kv_tokens"
+            raise ConfigError(
+                f"KV pool too small: {tokens} tokens, {pages} pages of {page}; the pool needs two pages at "
+                "least: give more memory or a larger num_kv_tokens",
+                "num_kv_tokens",
             )
         return pages
 

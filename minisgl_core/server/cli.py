@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from minisgl_core import environment
+from minisgl_core.config import ConfigError
 from minisgl_core.plugins import Plugins
 from minisgl_core.server.limits import add_limit_args, limits_from_args
 
@@ -148,17 +149,23 @@ def _serve_options(args: argparse.Namespace):
     plugin_options = {d: getattr(args, d) for d in getattr(args, "plugin_dests", [])}
     config = engine_config_from_args(args, plugin_options)
     check_model(config.model, plugins)  # a bad file fails here in one line, before any process starts
+    if args.nnodes > 1 and not args.dist_init_addr:
+        raise ConfigError("--nnodes > 1 needs --dist-init-addr HOST:PORT (rank 0's node)")
+    try:
+        dist = DistributedSpec(
+            tp_size=config.tp_size,
+            nnodes=args.nnodes,
+            node_rank=args.node_rank,
+            init_addr=args.dist_init_addr or (free_loopback_addr() if config.tp_size > 1 else ""),
+        )
+    except ValueError as exc:  # the message names the flags
+        raise ConfigError(str(exc)) from None
+    chat_template = _read_chat_template(args.chat_template)
+    limits = limits_from_args(args)
+    api = _api_options(args, plugins, chat_template)
+    # every setting checked: an error above is the only line the command prints
     sampling_defaults = load_sampling_defaults(config.model, config.generation_config, plugins)
     logger.info("%s", describe(sampling_defaults))
-    if args.nnodes > 1 and not args.dist_init_addr:
-        raise SystemExit("minisgl: error: --nnodes > 1 needs --dist-init-addr HOST:PORT (rank 0's node)")
-    dist = DistributedSpec(
-        tp_size=config.tp_size,
-        nnodes=args.nnodes,
-        node_rank=args.node_rank,
-        init_addr=args.dist_init_addr or (free_loopback_addr() if config.tp_size > 1 else ""),
-    )
-    chat_template = _read_chat_template(args.chat_template)
     runtime = RuntimeOptions(
         chat_template=chat_template,
         config=config,
@@ -176,8 +183,8 @@ def _serve_options(args: argparse.Namespace):
         api_key=args.api_key,
         served_model_name=args.served_model_name,
         log_level=args.log_level,
-        limits=limits_from_args(args),
-        api=_api_options(args, plugins, chat_template),
+        limits=limits,
+        api=api,
     )
     return opts, plugins
 
@@ -188,25 +195,18 @@ def _read_chat_template(path: str | None) -> str | None:
     try:
         return Path(path).read_text(encoding="utf-8")
     except OSError as exc:
-        raise SystemExit(
-            f"minisgl: error: --chat-template: cannot read {path}: {exc.strerror or exc}"
-        ) from None
+        raise ConfigError(f"--chat-template: cannot read {path}: {exc.strerror or exc}") from None
 
 
 def _api_options(args: argparse.Namespace, plugins: Plugins, chat_template: str | None):
     """The HTTP layer's options, the parsers resolved now so that a wrong name fails at start-up."""
-    from minisgl_core.plugins import PluginError
     from minisgl_core.server.api_options import ApiOptions
 
-    try:
-        tool_parser = (
-            plugins.resolve("tool_parsers", args.tool_call_parser) if args.tool_call_parser else None
-        )
-        reasoning_parser = (
-            plugins.resolve("reasoning_parsers", args.reasoning_parser) if args.reasoning_parser else None
-        )
-    except PluginError as exc:
-        raise SystemExit(f"minisgl: error: {exc}") from None
+    # an unknown name is a PluginError: the command line says it in one line (exit code 2)
+    tool_parser = plugins.resolve("tool_parsers", args.tool_call_parser) if args.tool_call_parser else None
+    reasoning_parser = (
+        plugins.resolve("reasoning_parsers", args.reasoning_parser) if args.reasoning_parser else None
+    )
     origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
     return ApiOptions(tool_parser, reasoning_parser, origins, chat_template)
 

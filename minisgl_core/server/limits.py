@@ -12,6 +12,8 @@ import argparse
 from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
+from minisgl_core.config import ConfigError
+
 #: no BPE vocabulary of a served model has tokens longer than this many characters on average, so a
 #: prompt over ``context * CHARS_PER_TOKEN`` characters cannot fit and is refused without tokenizing
 CHARS_PER_TOKEN = 16
@@ -83,5 +85,5 @@ def add_limit_args(p: argparse.ArgumentParser) -> None:
 def limits_from_args(args: argparse.Namespace) -> ServerLimits:
     try:
         return ServerLimits(**{f.name: getattr(args, _dest(f)) for f in fields(ServerLimits)})
-    except ValueError as exc:
-        raise SystemExit(f"minisgl: error: {exc}") from None
+    except ValueError as exc:  # the message names the flag
+        raise ConfigError(str(exc)) from None

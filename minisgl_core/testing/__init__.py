@@ -1,5 +1,6 @@
 """Test helpers for the core and for plugin authors: tiny random models and tokenizers built
-locally, and hand-built batches over a paged KV pool."""
+locally, hand-built batches over a paged KV pool, and offline engines run step by step
+(:mod:`minisgl_core.testing.engine_run`)."""
 
 from minisgl_core.demo.factories import (
     CHAT_TEMPLATE,
@@ -9,16 +10,22 @@ from minisgl_core.demo.factories import (
     pad_vocab,
     train_tokenizer,
 )
+from minisgl_core.testing.engine_run import StaggeredRun, assert_kv_released, cpu_llm, drain, run_staggered
 from minisgl_core.testing.harness import PagedSequences, greedy_generate, make_attention
 
 __all__ = [
     "CHAT_TEMPLATE",
     "SPECIAL_TOKENS",
     "PagedSequences",
+    "StaggeredRun",
+    "assert_kv_released",
+    "cpu_llm",
     "demo_model_dir",
+    "drain",
     "greedy_generate",
     "make_attention",
     "make_model_dir",
     "pad_vocab",
+    "run_staggered",
     "train_tokenizer",
 ]

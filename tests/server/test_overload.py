@@ -244,5 +244,8 @@ def test_each_limit_flag_sets_its_field():
     ],
 )
 def test_a_bad_limit_names_its_flag(argv, message):
-    with pytest.raises(SystemExit, match=message):
+    from minisgl_core.config import ConfigError
+
+    # a ConfigError: `minisgl serve` says it in one line, exit code 2 (tests/test_config_errors.py)
+    with pytest.raises(ConfigError, match=message):
         _limits(argv)
