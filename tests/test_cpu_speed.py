@@ -65,21 +65,21 @@ def test_a_cpu_forward_computes_the_rotary_angles_once(monkeypatch, tmp_path):
     params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
     expected = llm.generate([[5, 6, 7, 8], [9, 10]], params)
     calls, forwards = [], []
-    real_angles, real_forward = fused.rotary_angles, llm.engine.runner.forward
+    real_angles, real_prepare = fused.rotary_angles, llm.engine.runner.prepare
 
     def counting(*args):
         calls.append(args[0].shape)
         return real_angles(*args)
 
-    def counting_forward(batch):
+    def counting_prepare(batch):  # the engine prepares each forward, then runs it
         forwards.append(batch)
-        return real_forward(batch)
+        return real_prepare(batch)
 
     # both names the angles are computed under: the decoder's (through RotaryEmbedding.angles)
     # and the fallback inside the fused functions
     monkeypatch.setattr(rotary, "rotary_angles", counting)
     monkeypatch.setattr(fused, "rotary_angles", counting)
-    llm.engine.runner.forward = counting_forward
+    llm.engine.runner.prepare = counting_prepare
     got = llm.generate([[5, 6, 7, 8], [9, 10]], params)
     assert [o.token_ids for o in got] == [o.token_ids for o in expected]
     assert forwards and len(calls) == len(forwards)

@@ -216,7 +216,7 @@ def test_default_is_mixed_on_a_cpu(qwen_dir):
     from minisgl_core.config_args import add_engine_args, engine_config_from_args
 
     assert EngineConfig(model="m").mixed_batch is None
-    llm = make_llm(qwen_dir)
+    llm = cpu_llm(qwen_dir)
     assert llm.engine.config.mixed_batch is None and llm.engine.scheduler.mixed
     llm.close()
     import argparse
