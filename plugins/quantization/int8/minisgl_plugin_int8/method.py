@@ -1,9 +1,11 @@
 """Int8 weight-only linear layers: weights rounded at load to int8 with one scale per output
 channel; activations stay in the run dtype.
 
-On a CPU with AVX-512 the product is ``torch.ops.aten._weight_int8pack_mm`` (reads the int8
-weight directly: a quarter of float32's bytes, which is what batch-1 decoding on a CPU waits
-for). Without AVX-512 that kernel takes a scalar path: on the 2-core AVX2 dev machine it took
+On a CPU with AVX-512, in bfloat16, the product is ``torch.ops.aten._weight_int8pack_mm`` (reads
+the int8 weight directly: a quarter of float32's bytes, which is what batch-1 decoding on a CPU
+waits for); in float32 that kernel is slower than dequantizing, so a float32 run dequantizes (for
+CPU speed use ``--quantization int4``, which runs its kernel in bfloat16 whatever the run dtype).
+Without AVX-512 that kernel takes a scalar path: on the 2-core AVX2 dev machine it took
 3.3 ms for a 1536x576 product at one token against 0.08 ms for float32 (44 ms vs 0.4 at 8 tokens,
 one thread), so there, and on GPUs, the weight is dequantized for each product instead: correct,
 a quarter of the memory at rest, but not faster than the run dtype.
@@ -21,8 +23,11 @@ from minisgl_core.api import QuantizationMethod
 
 INT8_MAX = 127
 MIN_SCALE = 1e-12
-#: the activation dtypes _weight_int8pack_mm accepts on CPU
-PACKED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: the run dtypes _weight_int8pack_mm is used for on an AVX-512 CPU. It accepts float32 and
+#: float16 too, but there it is slower than dequantizing (2-core AVX-512 + BF16 dev VM, 1536x576 at
+#: one token: float32 0.54 ms against 0.25 dequantized and 0.11 for the float32 weight; bfloat16
+#: 0.041 ms against 0.16 dequantized)
+PACKED_DTYPES = (torch.bfloat16,)
 
 
 def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
