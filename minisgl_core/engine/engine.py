@@ -361,11 +361,13 @@ class Engine:
         assert launched.sampling is not None
         request_rows, samples = launched.sampling
         pending, launched.grammar_mask = launched.grammar_mask, None
-        started = time.perf_counter()
-        grammar_mask = None if pending is None else pending.result()
-        self._time("mask_wait", started)
-        if pending is not None and pending.fill_seconds is not None:
-            self._time("mask_fill", 0.0, pending.fill_seconds)
+        grammar_mask = None
+        if pending is not None:
+            started = time.perf_counter()
+            grammar_mask = pending.result()
+            self._time("mask_wait", started)
+            if pending.fill_seconds is not None:
+                self._time("mask_fill", 0.0, pending.fill_seconds)
         rows = (
             logits
             if len(batch.sampled) == len(batch.requests)
