@@ -26,6 +26,8 @@ def read(path: str) -> dict[str, Counter]:
             if not stack:
                 continue
             frames = stack.split(";")
+            if frames[0].startswith("process "):  # --subprocesses: the process comes first
+                frames = frames[1:]
             thread = frames[0].split(": ", 1)[-1]
             names = []
             for fr in frames[1:]:
