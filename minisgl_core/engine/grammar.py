@@ -12,6 +12,8 @@ tokens accepted and one for the rows filled (``GrammarBackend.accept_tokens`` / 
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -23,6 +25,13 @@ from minisgl_core.grammars import LazyGrammarBackend
 from minisgl_core.scheduler.request import Request
 
 logger = logging.getLogger(__name__)
+
+#: the interpreter's GIL switch interval while background fills run (seconds). With Python's
+#: default 5 ms, the fill thread waits up to 5 ms for the GIL to start a fill (and again to finish
+#: it) while the main thread plans the next step in Python: py-spy on the GPU machine showed the
+#: main thread stalled at the hand-offs and the bitmask late. ``MINISGL_GIL_SWITCH_INTERVAL``
+#: overrides it (benchmarks; "0" leaves the interpreter's own).
+GIL_SWITCH_INTERVAL_S = float(os.environ.get("MINISGL_GIL_SWITCH_INTERVAL", "0.0002"))
 
 
 class GrammarRunner:
@@ -130,6 +139,7 @@ class GrammarRunner:
             if background:
                 if self._thread is None:
                     self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="minisgl-grammar")
+                    _shorten_switch_interval()
                 pending.future = self._thread.submit(self._fill_rows, mask, reqs, live, pending)
             else:
                 self._fill_rows(mask, reqs, live, pending)
@@ -169,6 +179,14 @@ class GrammarRunner:
     def _fail(req: Request, why: str) -> None:
         req.grammar_error = why
         logger.error("request %d: %s", req.rid, why)
+
+
+def _shorten_switch_interval() -> None:
+    """Hand the GIL between the engine's thread and the fill thread within GIL_SWITCH_INTERVAL_S
+    (process-wide, never lengthened; in a server the scheduler process runs only the engine)."""
+    if 0 < GIL_SWITCH_INTERVAL_S < sys.getswitchinterval():
+        logger.info("GIL switch interval %g s for background grammar fills", GIL_SWITCH_INTERVAL_S)
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
 
 
 class PendingMask:
