@@ -5,7 +5,7 @@
 # constrained run first (FlashInfer JIT, compile caches). Runs, in order, from RUNS: lines of
 # "LABEL|ENV=VALUE ...|EXTRA FLAGS" (flags with "C" as the first word run constrained, the rest free).
 #   source .whl/prelude.sh && RUNS="$(cat runs.txt)" bash tools/device_grammar_ab.sh
-# Results: $OUT/ab.jsonl (one line per run), steps-N.txt (step trace summaries), $OUT/ab-table.md.
+# Results: $OUT/ab.jsonl (one line per run), steps-N.txt and steps-N.jsonl.gz (step traces), $OUT/ab-table.md.
 set -uo pipefail
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 m=/tmp/m; shape=qwen3-0.6b
@@ -22,7 +22,7 @@ while IFS='|' read -r label envs flags; do
   env $envs timeout 150 python3 -m minisgl_core bench offline --model "$m/$shape" --attn fi --label "$label" \
     --step-trace "/tmp/steps-$n.jsonl" --output "$out/ab.jsonl" "${fl[@]}" 2>>"$out/ab.log" | tail -n 1 \
     | python3 -c 'import json, sys; d = json.loads(sys.stdin.read()); print(d["label"], d["output_tok_per_s"])'
-  python3 tools/step_trace.py "/tmp/steps-$n.jsonl" > "$out/steps-$n.txt" 2>&1
+  python3 tools/step_trace.py "/tmp/steps-$n.jsonl" > "$out/steps-$n.txt" 2>&1 && gzip -c "/tmp/steps-$n.jsonl" > "$out/steps-$n.jsonl.gz"
 done <<< "$RUNS"
 python3 - "$out" <<'PY'
 import json, sys

@@ -20,6 +20,7 @@ tensor-parallel one) is read step by step; ``tools/step_trace.py`` summarises on
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import logging
 import time
@@ -142,6 +143,7 @@ class Engine:
         self._added_since_step = 0
         #: host seconds per phase of the step being traced (None: no trace), see _trace_step
         self._phases: dict[str, float] | None = {} if self.trace is not None else None
+        _freeze_startup_objects()
 
     # ------------------------------------------------------------------ properties
 
@@ -209,6 +211,7 @@ class Engine:
         collector runs."""
         self._inflight = self.launched_last = self.verify = None
         self._early_outputs = []
+        gc.unfreeze()  # what this engine built may be collected again (see _freeze_startup_objects)
         if self.trace is not None:
             self.trace.close()
             self.trace = None
@@ -453,6 +456,20 @@ class _InFlight:
                 self.done.synchronize()
             self._tokens = self.host_tokens.tolist()
         return self._tokens
+
+
+def _freeze_startup_objects() -> None:
+    """Keep the garbage collector's full passes off the engine's steps: move every object alive now
+    (torch, the model, the tokenizer: ~380k objects after a CPU start-up) to the permanent
+    generation, which collections never scan. Without it a full collection, due every few
+    seconds of steps that allocate (constrained decoding does more), stalled one step for 166 ms on
+    the dev CPU and 347 ms on the GPU machine's host (a step trace's ``process`` phase)."""
+    started = time.perf_counter()
+    gc.collect()
+    gc.freeze()
+    logger.debug(
+        "gc: %d objects frozen in %.0f ms", gc.get_freeze_count(), (time.perf_counter() - started) * 1e3
+    )
 
 
 def _open_step_trace(path: str | None) -> IO[str] | None:
