@@ -10,6 +10,7 @@ the launcher can show the real error and exit non-zero instead of waiting foreve
 from __future__ import annotations
 
 import ctypes
+import gc
 import logging
 import os
 import signal
@@ -99,6 +100,10 @@ def run_child(spec: ChildSpec, main: ChildMain) -> None:
     control = connect_push(ctx, spec.endpoints.control)
 
     def report_ready(info: dict[str, Any]) -> None:
+        # What start-up built lives as long as the process: out of the collector's full passes,
+        # which otherwise stall a request-serving loop now and then (see engine._freeze_startup_objects)
+        gc.collect()
+        gc.freeze()
         send(control, ProcessReady(spec.role, spec.rank, info))
 
     process_ctx = ProcessContext(
