@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 
 import jsonschema
 import pytest
@@ -14,6 +15,7 @@ import torch
 from minisgl_core import LLM, SamplingParams
 from minisgl_core.api import GrammarError, GrammarSpec, allocate_token_bitmask
 from minisgl_core.demo.factories import make_model_dir
+from minisgl_core.engine.grammar import GIL_SWITCH_INTERVAL_S
 from minisgl_core.runner.sampler import apply_token_bitmask
 from minisgl_core.testing.grammar_suite import NESTED_SCHEMA
 
@@ -110,7 +112,13 @@ def test_step_trace_times_the_host_phases_of_constrained_steps(model_dir, tmp_pa
     launched by the next step's launch: the trace says how long each host phase took."""
     trace = tmp_path / "steps.jsonl"
     llm = LLM(model_dir, device="cpu", dtype="float32", attn="torch", step_trace=str(trace))
-    outs = llm.generate(prompts(4), constrained(SCHEMA), use_tqdm=False)
+    before = sys.getswitchinterval()
+    try:
+        outs = llm.generate(prompts(4), constrained(SCHEMA), use_tqdm=False)
+        # background fills hand the GIL over within GIL_SWITCH_INTERVAL_S, not Python's 5 ms
+        assert sys.getswitchinterval() == min(before, GIL_SWITCH_INTERVAL_S)
+    finally:
+        sys.setswitchinterval(before)
     llm.close()
     for out in outs:
         jsonschema.validate(json.loads(out.text), NESTED_SCHEMA)

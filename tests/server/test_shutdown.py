@@ -85,7 +85,8 @@ def finish_reasons(events: list[str]) -> list[str]:
 
 
 def test_sigterm_drains_then_ends_streams_with_an_error(start_server, long_context_model_dir, engine_args):
-    args = [*engine_args, "--max-context-len", "32768", "--num-kv-tokens", "32768", "--shutdown-timeout", str(DRAIN_S)]
+    limits = ["--max-context-len", "32768", "--num-kv-tokens", "32768", "--shutdown-timeout", str(DRAIN_S)]
+    args = [*engine_args, *limits]
     server = start_server(["--model", str(long_context_model_dir), *args])
     children = server.children()
     long = StreamingClient(server.url, VERY_LONG)
