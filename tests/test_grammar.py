@@ -117,9 +117,10 @@ def test_step_trace_times_the_host_phases_of_constrained_steps(model_dir, tmp_pa
         outs = llm.generate(prompts(4), constrained(SCHEMA), use_tqdm=False)
         # background fills hand the GIL over within GIL_SWITCH_INTERVAL_S, not Python's 5 ms
         assert sys.getswitchinterval() == min(before, GIL_SWITCH_INTERVAL_S)
+        llm.close()  # and the process gets its own interval back
+        assert sys.getswitchinterval() == before
     finally:
         sys.setswitchinterval(before)
-    llm.close()
     for out in outs:
         jsonschema.validate(json.loads(out.text), NESTED_SCHEMA)
     steps = [json.loads(line) for line in trace.read_text().splitlines()]

@@ -212,6 +212,7 @@ class Engine:
         self._inflight = self.launched_last = self.verify = None
         self._early_outputs = []
         gc.unfreeze()  # what this engine built may be collected again (see _freeze_startup_objects)
+        self.grammars.close()
         if self.trace is not None:
             self.trace.close()
             self.trace = None

@@ -44,6 +44,8 @@ class GrammarRunner:
         self.batched = batched
         #: the thread background fills run on, started on the first
         self._thread: ThreadPoolExecutor | None = None
+        #: the interpreter's switch interval before the first background fill shortened it
+        self._switch_interval: float | None = None
 
     def attach(self, req: Request) -> None:
         """Give a constrained request its matcher; GrammarError (a ValueError) for a bad grammar."""
@@ -60,6 +62,16 @@ class GrammarRunner:
             raise GrammarError(
                 f"the grammar backend could not start a matcher: {type(exc).__name__}: {exc}"
             ) from exc
+
+    def close(self) -> None:
+        """Stop the fill thread and give the interpreter its switch interval back (the engine's
+        ``close``); a later background fill starts both again."""
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+            self._thread = None
+        if self._switch_interval is not None:
+            sys.setswitchinterval(self._switch_interval)
+            self._switch_interval = None
 
     def accept(self, requests: Sequence[Request], token_ids: Sequence[int], live: dict[int, Request]) -> None:
         """Advance each live constrained request by its sampled token, all in one backend call
@@ -138,7 +150,7 @@ class GrammarRunner:
             if background:
                 if self._thread is None:
                     self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="minisgl-grammar")
-                    _shorten_switch_interval()
+                    self._switch_interval = _shorten_switch_interval()
                 pending.future = self._thread.submit(self._fill_rows, mask, reqs, live, pending)
             else:
                 self._fill_rows(mask, reqs, live, pending)
@@ -180,12 +192,16 @@ class GrammarRunner:
         logger.error("request %d: %s", req.rid, why)
 
 
-def _shorten_switch_interval() -> None:
+def _shorten_switch_interval() -> float | None:
     """Hand the GIL between the engine's thread and the fill thread within GIL_SWITCH_INTERVAL_S
-    (process-wide, never lengthened; in a server the scheduler process runs only the engine)."""
-    if GIL_SWITCH_INTERVAL_S < sys.getswitchinterval():
-        logger.info("GIL switch interval %g s for background grammar fills", GIL_SWITCH_INTERVAL_S)
-        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    (process-wide, never lengthened; in a server the scheduler process runs only the engine);
+    the interval it replaced, or None when it left it alone."""
+    before = sys.getswitchinterval()
+    if GIL_SWITCH_INTERVAL_S >= before:
+        return None
+    logger.info("GIL switch interval %g s for background grammar fills", GIL_SWITCH_INTERVAL_S)
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    return before
 
 
 class PendingMask:
