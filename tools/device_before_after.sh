@@ -9,7 +9,9 @@
 #   source .whl/prelude.sh && BEFORE=.dev/before bash tools/device_before_after.sh [SHAPE ...]
 #
 # Environment: ROUNDS (default 1), ATTN (default fi), OUT (default /tmp/out), TREES (default
-# "before after"; "before" alone when this tree's runs come from tools/peer_compare.sh in the same call). Output:
+# "before after"; "before" alone when this tree's runs come from tools/peer_compare.sh in the same call),
+# MODES (default "free"; "free constrained" adds runs with every request under the builtin JSON
+# schema, `--grammar-schema builtin`), LATENCY (default 1; 0 leaves out the batch-1 decode). Output:
 # $OUT/before-after.jsonl (one `bench offline` result per run) and a table on stdout.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -39,10 +41,14 @@ for shape in "${shapes[@]}"; do
     for which in ${TREES:-before after}; do
       tree=$root; [ "$which" = before ] && tree=$before
       use_tree "$tree" || { say "install of $which failed"; exit 1; }
-      say "$which $shape r$round"
-      (cd /tmp && timeout 300 python3 -m minisgl_core bench offline --model "/tmp/m/$shape" --attn "${ATTN:-fi}" \
-        --decode-latency --label "$which $shape r$round" --output "$results" 2>>"$out/before-after.log" |
-        tail -n 1 | cut -c1-300)
+      for mode in ${MODES:-free}; do
+        extra=(); [ "${LATENCY:-1}" = 1 ] && extra+=(--decode-latency)
+        [ "$mode" = constrained ] && extra+=(--grammar-schema builtin)
+        say "$which $mode $shape r$round"
+        (cd /tmp && timeout 300 python3 -m minisgl_core bench offline --model "/tmp/m/$shape" --attn "${ATTN:-fi}" \
+          "${extra[@]}" --label "$which $mode $shape r$round" --output "$results" 2>>"$out/before-after.log" |
+          tail -n 1 | cut -c1-300)
+      done
     done
   done
 done
