@@ -11,7 +11,8 @@
 # Environment: ROUNDS (default 1), ATTN (default fi), OUT (default /tmp/out), TREES (default
 # "before after"; "before" alone when this tree's runs come from tools/peer_compare.sh in the same call),
 # MODES (default "free"; "free constrained" adds runs with every request under the builtin JSON
-# schema, `--grammar-schema builtin`), LATENCY (default 1; 0 leaves out the batch-1 decode). Output:
+# schema, `--grammar-schema builtin`), LATENCY (default 1; 0 leaves out the batch-1 decode), EXTRA
+# (more `bench offline` flags for every run, e.g. "--quantization fp8"). Output:
 # $OUT/before-after.jsonl (one `bench offline` result per run) and a table on stdout.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -42,7 +43,8 @@ for shape in "${shapes[@]}"; do
       tree=$root; [ "$which" = before ] && tree=$before
       use_tree "$tree" || { say "install of $which failed"; exit 1; }
       for mode in ${MODES:-free}; do
-        extra=(); [ "${LATENCY:-1}" = 1 ] && extra+=(--decode-latency)
+        read -r -a extra <<< "${EXTRA:-}"
+        [ "${LATENCY:-1}" = 1 ] && extra+=(--decode-latency)
         [ "$mode" = constrained ] && extra+=(--grammar-schema builtin)
         say "$which $mode $shape r$round"
         (cd /tmp && timeout 300 python3 -m minisgl_core bench offline --model "/tmp/m/$shape" --attn "${ATTN:-fi}" \
