@@ -2,6 +2,11 @@
 activations quantized per token on the fly, multiplied by ``torch._scaled_mm`` (FP8 tensor cores
 of Hopper and Ada) with both scales applied in its epilogue.
 
+Up to ``GEMV_MAX_M`` (16) tokens, as in decoding, a Triton kernel (:mod:`minisgl_plugin_fp8.gemv`)
+runs instead: weight-only, the bf16 activations multiplied as they are (not quantized, so more
+accurate) by the e4m3 weights read one byte each. cuBLASLt's FP8 GEMM plus the activation
+quantizer ran slower than bf16 at one token; the product is a stream over the weight there.
+
 Elsewhere (CPU, older GPUs, a float32 or float16 run, shapes the kernel refuses) the layer emulates
 the same arithmetic: the same quantized weights and per-token activations, dequantized and
 multiplied in the run dtype, so the numerics measured on CPU are the GPU's up to accumulation
@@ -10,6 +15,7 @@ order. The emulation keeps a dequantized copy of each weight: it is for testing,
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -47,6 +53,26 @@ def quantize_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return _compiled[0](x)
 
 
+#: module switch (ablation, benchmarks): False sends every token count to ``torch._scaled_mm``
+GEMV_ENABLED = True
+#: most tokens the GEMV takes (as minisgl_plugin_fp8.gemv.GEMV_MAX_M, without importing Triton)
+GEMV_MAX_M = 16
+
+
+def gemv_applies(tokens: int, fp8_native: bool) -> bool:
+    """Whether a native FP8 layer multiplies ``tokens`` rows with the weight-only GEMV (else
+    ``torch._scaled_mm``); emulated layers never do."""
+    return GEMV_ENABLED and fp8_native and 0 < tokens <= GEMV_MAX_M
+
+
+@functools.cache
+def _gemv():
+    from minisgl_plugin_fp8 import gemv
+
+    assert gemv.GEMV_MAX_M == GEMV_MAX_M
+    return gemv.fp8_gemv
+
+
 def scaled_mm_supported(device: torch.device) -> bool:
     """FP8 GEMMs with row-wise scales: CUDA compute capability 8.9 (Ada) or newer."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
@@ -80,7 +106,9 @@ class Fp8Method(QuantizationMethod):
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        if layer.fp8_native:
+        if gemv_applies(x2.shape[0], layer.fp8_native):
+            out = _gemv()(x2, layer.weight, layer.weight_scale)
+        elif layer.fp8_native:
             xq, x_scale = quantize_tokens(x2)
             out = torch._scaled_mm(
                 xq,
@@ -100,4 +128,6 @@ class Fp8Method(QuantizationMethod):
             "quantization": "fp8",
             "scaled_mm_layers": self.native_layers,
             "emulated_layers": self.emulated_layers,
+            # tokens up to which native layers run the weight-only GEMV (0: never)
+            "gemv_max_m": GEMV_MAX_M if GEMV_ENABLED and self.native else 0,
         }
