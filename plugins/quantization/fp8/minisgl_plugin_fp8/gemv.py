@@ -147,7 +147,11 @@ def fp8_gemv(
     assert m <= config.block_m and weight.shape[1] == k and weight.is_contiguous()
     k_per_split = triton.cdiv(triton.cdiv(k, config.split_k), config.block_k) * config.block_k
     out = torch.empty(m, n, device=x.device, dtype=x.dtype)
-    target = out if config.split_k == 1 else torch.empty(config.split_k, m, n, device=x.device, dtype=torch.float32)
+    target = (
+        out
+        if config.split_k == 1
+        else torch.empty(config.split_k, m, n, device=x.device, dtype=torch.float32)
+    )
     grid = (triton.cdiv(n, config.block_n), config.split_k)
     fp8_gemv_kernel[grid](
         x, x.stride(0), weight, weight_scale, target, m, n, k,
