@@ -72,8 +72,10 @@ def _time(fn, iters: int = 50) -> float:
 
 
 GEMV_TOKENS = (1, 2, 4, 8, 16)
-#: token counts that ``--sweep`` searches (each compiles ~50 variants: minutes in all)
-SWEEP_TOKENS = (1, 4, 16)
+#: token counts that ``--sweep`` searches (each compiles tens of variants: minutes in all)
+SWEEP_TOKENS = (2, 4, 8)
+#: layer shapes it searches (a small-N and a large-N one)
+SWEEP_SHAPES = ("qkv", "gate_up")
 
 
 def _gemv_rows(method, layer, weight: torch.Tensor, generator, sweep: bool) -> tuple[dict, bool]:
@@ -115,20 +117,30 @@ def _gemv_rows(method, layer, weight: torch.Tensor, generator, sweep: bool) -> t
 
 
 def _sweep(fp8_gemv, pick_config, x, layer, reference) -> dict:
-    """Times of the GEMV over launch configurations around ``pick_config``'s (at one token, the
-    tensor-core path too): the five fastest, each with its error (a wrong one is shown, not judged)."""
+    """Times of the GEMV over launch configurations, both paths (CUDA cores up to 8 tokens, tensor
+    cores with the tokens padded to a power of two or to 16): the five fastest of each path, each
+    with its error (a wrong one is shown, not judged), and ``pick_config``'s."""
     tokens, in_features = x.shape
-    base = pick_config(tokens, layer.weight.shape[0], in_features)
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    base = pick_config(tokens, layer.weight.shape[0], in_features, sms)
     candidates = []
-    for block_m in [base.block_m] + ([2] if tokens == 1 else []):
-        if block_m == 1:
-            shapes, launches = [(8, 512), (16, 256), (8, 1024)], [(4, 1), (8, 1)]
-        else:
-            shapes, launches = [(16, 256), (32, 256), (64, 128)], [(4, 2), (4, 4)]
-        for (block_n, block_k), split_k, (warps, stages) in itertools.product(shapes, (1, 2, 4, 8), launches):
+    padded = base.block_m
+    # CUDA cores: the elementwise path (a few tokens; the accumulator grows with block_m)
+    if tokens <= 8:
+        shapes = [(4, 512), (8, 256), (8, 512), (16, 256)]
+        for (block_n, block_k), split_k, warps in itertools.product(shapes, (1, 2), (4,)):
+            if in_features >= split_k * block_k and padded * block_n * block_k <= 16384:
+                candidates.append(base._replace(block_n=block_n, block_k=block_k, split_k=split_k,
+                                                num_warps=warps, num_stages=2, tensor_cores=False))  # fmt: skip
+    # tensor cores: the tokens padded to 16 too (the MMA's narrow side)
+    for block_m in sorted({padded, 16}):
+        shapes = [(64, 128), (64, 256), (128, 128), (128, 256)]
+        for (block_n, block_k), split_k, (warps, stages) in itertools.product(
+            shapes, (1, 2), [(4, 3), (8, 3)]
+        ):
             if in_features >= split_k * block_k:
-                candidates.append(base._replace(block_m=block_m, block_n=block_n, block_k=block_k,
-                                                split_k=split_k, num_warps=warps, num_stages=stages))  # fmt: skip
+                candidates.append(base._replace(block_m=block_m, block_n=block_n, block_k=block_k, split_k=split_k,
+                                                num_warps=warps, num_stages=stages, tensor_cores=True))  # fmt: skip
     tried = []
     for config in candidates:
         try:
@@ -140,7 +152,10 @@ def _sweep(fp8_gemv, pick_config, x, layer, reference) -> dict:
             continue
         tried.append({"config": config._asdict(), "ms": round(ms, 4), "rel_err": round(err, 5)})
     timed = sorted((t for t in tried if "ms" in t), key=lambda t: t["ms"])
-    return {"tried": len(tried), "errors": [t for t in tried if "error" in t][:3], "best": timed[:5]}
+    best = {path: [t for t in timed if t["config"]["tensor_cores"] == tc][:5]
+            for path, tc in (("cuda_cores", False), ("tensor_cores", True))}  # fmt: skip
+    return {"tried": len(tried), "errors": [t for t in tried if "error" in t][:3], "best": best,
+            "picked": base._asdict()}  # fmt: skip
 
 
 def gemm_check(sweep: bool = False) -> dict:
@@ -172,7 +187,7 @@ def gemm_check(sweep: bool = False) -> dict:
                                  "speedup": round(ms_bf16 / ms_fp8, 2)}  # fmt: skip
             ok &= err_fp8 < 0.05
         ok &= row["scaled_mm"]
-        row["gemv"], gemv_ok = _gemv_rows(method, layer, weight, generator, sweep)
+        row["gemv"], gemv_ok = _gemv_rows(method, layer, weight, generator, sweep and name in SWEEP_SHAPES)
         ok &= gemv_ok
         rows[name] = row
         del layer, weight

@@ -8,9 +8,9 @@ accurate) by the e4m3 weights read one byte each. cuBLASLt's FP8 GEMM plus the a
 quantizer ran slower than bf16 at one token; the product is a stream over the weight there.
 
 Elsewhere (CPU, older GPUs, a float32 or float16 run, shapes the kernel refuses) the layer emulates
-the same arithmetic: the same quantized weights and per-token activations, dequantized and
-multiplied in the run dtype, so the numerics measured on CPU are the GPU's up to accumulation
-order. The emulation keeps a dequantized copy of each weight: it is for testing, not for memory.
+the same arithmetic: the same quantized weights and (beyond ``GEMV_MAX_M`` tokens, where the GPU
+quantizes them) per-token activations, dequantized and multiplied in the run dtype, so the numerics
+measured on CPU are the GPU's up to accumulation order. The emulation keeps a dequantized copy of each weight: it is for testing, not for memory.
 """
 
 from __future__ import annotations
@@ -59,10 +59,16 @@ GEMV_ENABLED = True
 GEMV_MAX_M = 16
 
 
+def weight_only(tokens: int) -> bool:
+    """Whether ``tokens`` rows are multiplied as they are, with only the weight quantized (the
+    GEMV on a native layer, its emulation elsewhere), rather than quantized per token too."""
+    return GEMV_ENABLED and 0 < tokens <= GEMV_MAX_M
+
+
 def gemv_applies(tokens: int, fp8_native: bool) -> bool:
     """Whether a native FP8 layer multiplies ``tokens`` rows with the weight-only GEMV (else
     ``torch._scaled_mm``); emulated layers never do."""
-    return GEMV_ENABLED and fp8_native and 0 < tokens <= GEMV_MAX_M
+    return fp8_native and weight_only(tokens)
 
 
 @functools.cache
@@ -117,6 +123,8 @@ class Fp8Method(QuantizationMethod):
                 scale_b=layer.weight_scale,
                 out_dtype=x.dtype,
             )
+        elif weight_only(x2.shape[0]):
+            out = x2 @ layer.fp8_dequantized.t()
         else:
             xq, x_scale = quantize_rows(x2)
             x_deq = (xq.float() * x_scale).to(x.dtype)
