@@ -117,30 +117,22 @@ def _gemv_rows(method, layer, weight: torch.Tensor, generator, sweep: bool) -> t
 
 
 def _sweep(fp8_gemv, pick_config, x, layer, reference) -> dict:
-    """Times of the GEMV over launch configurations, both paths (CUDA cores up to 8 tokens, tensor
-    cores with the tokens padded to a power of two or to 16): the five fastest of each path, each
-    with its error (a wrong one is shown, not judged), and ``pick_config``'s."""
+    """Times of the GEMV's tensor-core path over launch configurations: the five fastest, each with
+    its error (a wrong one is shown, not judged), and ``pick_config``'s."""
     tokens, in_features = x.shape
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
     base = pick_config(tokens, layer.weight.shape[0], in_features, sms)
     candidates = []
-    padded = base.block_m
-    # CUDA cores: the elementwise path (a few tokens; the accumulator grows with block_m)
-    if tokens <= 8:
-        shapes = [(4, 512), (8, 256), (8, 512), (16, 256)]
-        for (block_n, block_k), split_k, warps in itertools.product(shapes, (1, 2), (4,)):
-            if in_features >= split_k * block_k and padded * block_n * block_k <= 16384:
-                candidates.append(base._replace(block_n=block_n, block_k=block_k, split_k=split_k,
-                                                num_warps=warps, num_stages=2, tensor_cores=False))  # fmt: skip
-    # tensor cores: the tokens padded to 16 too (the MMA's narrow side)
-    for block_m in sorted({padded, 16}):
-        shapes = [(64, 128), (64, 256), (128, 128), (128, 256)]
+    # tensor cores, the tokens padded to a power of two or to 16 (the MMA's narrow side); the
+    # elementwise CUDA-core scheme at 2-8 tokens ran 1.0-2.5x slower (H200, 2026-11-26: ea4fa11)
+    for block_m in sorted({base.block_m, 16}):
+        shapes = [(32, 256), (64, 128), (64, 256), (128, 128)]
         for (block_n, block_k), split_k, (warps, stages) in itertools.product(
-            shapes, (1, 2), [(4, 3), (8, 3)]
+            shapes, (1, 2, 4, 8), [(4, 3), (8, 3)]
         ):
-            if in_features >= split_k * block_k:
+            if in_features >= split_k * 2 * block_k:
                 candidates.append(base._replace(block_m=block_m, block_n=block_n, block_k=block_k, split_k=split_k,
-                                                num_warps=warps, num_stages=stages, tensor_cores=True))  # fmt: skip
+                                                num_warps=warps, num_stages=stages))  # fmt: skip
     tried = []
     for config in candidates:
         try:
@@ -152,9 +144,7 @@ def _sweep(fp8_gemv, pick_config, x, layer, reference) -> dict:
             continue
         tried.append({"config": config._asdict(), "ms": round(ms, 4), "rel_err": round(err, 5)})
     timed = sorted((t for t in tried if "ms" in t), key=lambda t: t["ms"])
-    best = {path: [t for t in timed if t["config"]["tensor_cores"] == tc][:5]
-            for path, tc in (("cuda_cores", False), ("tensor_cores", True))}  # fmt: skip
-    return {"tried": len(tried), "errors": [t for t in tried if "error" in t][:3], "best": best,
+    return {"tried": len(tried), "errors": [t for t in tried if "error" in t][:3], "best": timed[:5],
             "picked": base._asdict()}  # fmt: skip
 
 

@@ -7,10 +7,11 @@ over the memory bandwidth, and cuBLASLt's FP8 GEMM (plus the kernel that quantiz
 ran slower than bf16 there. Here each program owns ``BLOCK_N`` output rows (weight rows) and walks
 ``K`` in ``BLOCK_K`` chunks, each thread loading 16 bytes of a row at a time:
 
-* a few tokens (up to ``CUDA_CORE_MAX_M``): CUDA cores, ``acc[m, n, k] += w[n, k] * x[m, k]``
-  elementwise, one sum over ``k`` at the end (one token: the same with no ``m`` axis);
-* more, up to 16: tensor cores, ``acc = w_tile @ x_tile.T`` (the weight is the MMA's wide operand,
-  the tokens its narrow one, padded to a power of two).
+* one token: CUDA cores, ``acc[n, k] += w[n, k] * x[k]`` elementwise, one sum over ``k`` at the end;
+* 2-16 tokens: tensor cores, ``acc = w_tile @ x_tile.T`` (the weight is the MMA's wide operand, the
+  tokens its narrow one, padded to a power of two). Measured on an H200 (2026-11-26): the same
+  elementwise scheme with a token axis ran 1.0-2.5x slower than this from two tokens on, and
+  64-row by 128-column tiles in three stages were the fastest of the 32-256 by 128-256 tried.
 
 When ``N / BLOCK_N`` programs cannot fill the GPU (N = 4,096 with wide tiles) the ``K`` loop is split
 over a second grid dimension: each split writes float32 partial sums and a second small kernel
@@ -32,23 +33,19 @@ import triton.language as tl
 GEMV_MAX_M = 16
 
 
-#: most tokens the CUDA-core path takes (the first H200 run: the tensor-core path streamed the weight
-#: at 1.0-1.6 TB/s at 2-16 tokens, the one-token CUDA-core path at 2.8-3.4 TB/s)
-CUDA_CORE_MAX_M = 4
-
-
 class GemvConfig(NamedTuple):
-    block_m: int  # tokens per program, a power of two
+    block_m: int  # tokens per program: 1 (CUDA cores) or a power of two >= 2 (tensor cores)
     block_n: int  # weight rows per program
     block_k: int  # weight columns per loop step
     split_k: int  # programs along K (1: no partial sums)
     num_warps: int
     num_stages: int
-    tensor_cores: bool = False  # tl.dot (else elementwise products on CUDA cores)
 
 
 #: programs wanted per SM before the K loop is split (several per SM keep enough loads in flight)
 PROGRAMS_PER_SM = 2
+#: most splits: each adds float32 partial sums of [tokens, N] to write and read back
+MAX_SPLIT_K = 4
 
 
 @functools.cache
@@ -60,23 +57,22 @@ def _sm_count(device_index: int | None) -> int:
 
 def pick_config(m: int, n: int, k: int, sm_count: int = 132) -> GemvConfig:
     """The launch for ``m`` tokens times an ``[n, k]`` weight. One token: 8 rows by 512 columns
-    per step (16 bytes per thread, two rows per thread); up to ``CUDA_CORE_MAX_M`` tokens: the
-    same on CUDA cores with a third of the float32 accumulator's size per token more; beyond, 32
-    rows by 256 columns through tensor cores. Then ``split_k``, a power of two, grows until there
-    are ``PROGRAMS_PER_SM`` programs per SM, as long as each split keeps at least two loop steps."""
-    block_m = triton.next_power_of_2(m)
-    tensor_cores = m > CUDA_CORE_MAX_M
+    per step (16 bytes per thread, two rows per thread); more: 64 rows by 128 columns through
+    tensor cores. Then ``split_k``, a power of two up to ``MAX_SPLIT_K``, grows until there are
+    ``PROGRAMS_PER_SM`` programs per SM, as long as each split keeps at least two loop steps."""
     if m == 1:
-        block_n, block_k, num_warps, num_stages = 8, 512, 4, 2
-    elif not tensor_cores:  # the accumulator grows with the tokens: fewer columns per step
-        block_n, block_k, num_warps, num_stages = 8, 1024 // block_m, 4, 2
+        block_m, block_n, block_k, num_warps, num_stages = 1, 8, 512, 4, 2
     else:
-        block_n, block_k, num_warps, num_stages = 32, 256, 4, 4
+        block_m, block_n, block_k, num_warps, num_stages = triton.next_power_of_2(m), 64, 128, 4, 3
     tiles = triton.cdiv(n, block_n)
     split_k = 1
-    while tiles * split_k < PROGRAMS_PER_SM * sm_count and k >= 2 * split_k * 2 * block_k:
+    while (
+        split_k < MAX_SPLIT_K
+        and tiles * split_k < PROGRAMS_PER_SM * sm_count
+        and k >= 2 * split_k * 2 * block_k
+    ):
         split_k *= 2
-    return GemvConfig(block_m, block_n, block_k, split_k, num_warps, num_stages, tensor_cores)
+    return GemvConfig(block_m, block_n, block_k, split_k, num_warps, num_stages)
 
 
 @triton.jit
@@ -93,7 +89,6 @@ def fp8_gemv_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    TENSOR_CORES: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
@@ -114,19 +109,6 @@ def fp8_gemv_kernel(
             acc += wk.to(tl.float32) * xk
         result = tl.sum(acc, axis=1) * scale
         tl.store(out + rows, result.to(out.dtype.element_ty), mask=row_ok)
-    elif not TENSOR_CORES:
-        tokens = tl.arange(0, BLOCK_M)
-        token_ok = tokens < M
-        x_ptrs = x + tokens[:, None] * x_row_stride + cols[None, :]
-        acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
-        for step in range(0, K_PER_SPLIT, BLOCK_K):
-            col_ok = cols + step < K
-            xk = tl.load(x_ptrs + step, mask=token_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
-            wk = tl.load(w_ptrs + step, mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-            acc += wk.to(tl.float32)[None, :, :] * xk[:, None, :]
-        result = tl.sum(acc, axis=2) * scale[None, :]
-        dst = out + tokens[:, None] * N + rows[None, :]
-        tl.store(dst, result.to(out.dtype.element_ty), mask=token_ok[:, None] & row_ok[None, :])
     else:
         tokens = tl.arange(0, BLOCK_M)
         token_ok = tokens < M
@@ -182,7 +164,7 @@ def fp8_gemv(
     fp8_gemv_kernel[grid](
         x, x.stride(0), weight, weight_scale, target, m, n, k,
         K_PER_SPLIT=k_per_split, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        TENSOR_CORES=config.tensor_cores, num_warps=config.num_warps, num_stages=config.num_stages,
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     if config.split_k > 1:
         sum_splits_kernel[(triton.cdiv(m * n, _SUM_BLOCK),)](
