@@ -2,14 +2,21 @@
 activations quantized per token on the fly, multiplied by ``torch._scaled_mm`` (FP8 tensor cores
 of Hopper and Ada) with both scales applied in its epilogue.
 
+Up to ``GEMV_MAX_M`` (16) tokens, as in decoding, a Triton kernel (:mod:`minisgl_plugin_fp8.gemv`)
+runs instead: weight-only, the bf16 activations multiplied as they are (not quantized, so more
+accurate) by the e4m3 weights read one byte each. cuBLASLt's FP8 GEMM plus the activation
+quantizer ran slower than bf16 at one token; the product is a stream over the weight there.
+
 Elsewhere (CPU, older GPUs, a float32 or float16 run, shapes the kernel refuses) the layer emulates
-the same arithmetic: the same quantized weights and per-token activations, dequantized and
-multiplied in the run dtype, so the numerics measured on CPU are the GPU's up to accumulation
-order. The emulation keeps a dequantized copy of each weight: it is for testing, not for memory.
+the same arithmetic: the same quantized weights and (beyond ``GEMV_MAX_M`` tokens, where the GPU
+quantizes them) per-token activations, dequantized and multiplied in float32 and rounded once to
+the run dtype, so the numerics measured on CPU are the GPU's up to accumulation order. The
+emulation keeps a float32 dequantized copy of each weight: it is for testing, not for memory.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -47,6 +54,32 @@ def quantize_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return _compiled[0](x)
 
 
+#: module switch (ablation, benchmarks): False sends every token count to ``torch._scaled_mm``
+GEMV_ENABLED = True
+#: most tokens the GEMV takes (as minisgl_plugin_fp8.gemv.GEMV_MAX_M, without importing Triton)
+GEMV_MAX_M = 16
+
+
+def weight_only(tokens: int) -> bool:
+    """Whether ``tokens`` rows are multiplied as they are, with only the weight quantized (the
+    GEMV on a native layer, its emulation elsewhere), rather than quantized per token too."""
+    return GEMV_ENABLED and 0 < tokens <= GEMV_MAX_M
+
+
+def gemv_applies(tokens: int, fp8_native: bool) -> bool:
+    """Whether a native FP8 layer multiplies ``tokens`` rows with the weight-only GEMV (else
+    ``torch._scaled_mm``); emulated layers never do."""
+    return fp8_native and weight_only(tokens)
+
+
+@functools.cache
+def _gemv():
+    from minisgl_plugin_fp8 import gemv
+
+    assert gemv.GEMV_MAX_M == GEMV_MAX_M
+    return gemv.fp8_gemv
+
+
 def scaled_mm_supported(device: torch.device) -> bool:
     """FP8 GEMMs with row-wise scales: CUDA compute capability 8.9 (Ada) or newer."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
@@ -74,13 +107,18 @@ class Fp8Method(QuantizationMethod):
         if layer.fp8_native:
             self.native_layers += 1
         else:
-            layer.fp8_dequantized = (q.float() * scale).to(self.dtype)
+            # float32, as the kernels' operands are exact and their sums float32: rounding the
+            # operands to bf16 here made the emulation another computation (e4m3 rounding of the
+            # next layer's activations turns 0.4% differences into whole e4m3 steps)
+            layer.fp8_dequantized = q.float() * scale
             self.emulated_layers += 1
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        if layer.fp8_native:
+        if gemv_applies(x2.shape[0], layer.fp8_native):
+            out = _gemv()(x2, layer.weight, layer.weight_scale)
+        elif layer.fp8_native:
             xq, x_scale = quantize_tokens(x2)
             out = torch._scaled_mm(
                 xq,
@@ -89,10 +127,11 @@ class Fp8Method(QuantizationMethod):
                 scale_b=layer.weight_scale,
                 out_dtype=x.dtype,
             )
+        elif weight_only(x2.shape[0]):
+            out = (x2.float() @ layer.fp8_dequantized.t()).to(x.dtype)
         else:
             xq, x_scale = quantize_rows(x2)
-            x_deq = (xq.float() * x_scale).to(x.dtype)
-            out = x_deq @ layer.fp8_dequantized.t()
+            out = ((xq.float() * x_scale) @ layer.fp8_dequantized.t()).to(x.dtype)
         return out.view(*shape[:-1], out.shape[-1])
 
     def describe(self) -> dict[str, Any]:
@@ -100,4 +139,6 @@ class Fp8Method(QuantizationMethod):
             "quantization": "fp8",
             "scaled_mm_layers": self.native_layers,
             "emulated_layers": self.emulated_layers,
+            # tokens up to which native layers run the weight-only GEMV (0: never)
+            "gemv_max_m": GEMV_MAX_M if GEMV_ENABLED and self.native else 0,
         }

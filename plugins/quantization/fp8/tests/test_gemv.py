@@ -1,0 +1,160 @@
+"""The weight-only FP8 GEMV (:mod:`minisgl_plugin_fp8.gemv`) on the CPU under Triton's interpreter,
+in a child process (``TRITON_INTERPRET`` must be set before Triton is imported): it equals the
+float32 product of the activations and the dequantized weight on both of its paths (one token on
+CUDA cores, 2-16 tokens on tensor cores), with and without split-K; ``Fp8Method.apply`` sends up to
+``GEMV_MAX_M`` tokens to it and more to ``torch._scaled_mm``. Both paths also compile for sm_90
+(the interpreter does not type-check). Speed is measured on a GPU: tools/device_fp8_check.py gemm."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from minisgl_plugin_fp8 import method as fp8_method
+
+pytest.importorskip("triton")
+
+
+def run_child(*args: str) -> str:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run(
+        [sys.executable, __file__, *args], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_gemv_equals_the_float32_product():
+    out = run_child("kernel")
+    assert out.count("ok") == len(SHAPES), out
+
+
+def test_apply_takes_the_gemv_up_to_its_limit_and_scaled_mm_beyond():
+    out = run_child("apply")
+    assert out.split() == ["gemv", "gemv", "gemv", "scaled_mm", "scaled_mm"], out
+
+
+def test_the_choice_of_kernel():
+    limit = fp8_method.GEMV_MAX_M
+    assert fp8_method.gemv_applies(1, True) and fp8_method.gemv_applies(limit, True)
+    assert not fp8_method.gemv_applies(limit + 1, True)
+    assert not fp8_method.gemv_applies(0, True)  # an empty batch: no launch with an empty grid
+    assert not fp8_method.gemv_applies(1, False)  # emulated layers keep the emulation
+
+
+def test_split_k_only_when_the_rows_alone_leave_the_gpu_idle():
+    from minisgl_plugin_fp8.gemv import MAX_SPLIT_K, PROGRAMS_PER_SM, pick_config
+
+    # Llama-3.1-8B's shapes on 132 SMs: rows alone fill the GPU at one token (8-row tiles)
+    for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)):
+        assert pick_config(1, n, k).split_k == 1
+    assert pick_config(8, 28672, 4096).split_k == 1
+    qkv = pick_config(8, 6144, 4096)  # 96 tiles of 64 rows: split until 2 programs per SM
+    assert qkv.split_k == 4 and qkv.block_m == 8 and qkv.block_n == 64
+    assert 6144 // qkv.block_n * qkv.split_k >= PROGRAMS_PER_SM * 132
+    assert pick_config(8, 4096, 4096).split_k == MAX_SPLIT_K  # 64 tiles: 8 splits wanted, 4 at most
+    assert pick_config(3, 64, 256).split_k == 1  # too short a K to split: one loop step each
+    assert pick_config(16, 64, 256).block_m == 16
+
+
+@pytest.mark.parametrize("block_m", [1, 16])
+def test_gemv_compiles_for_sm90(block_m):
+    from minisgl_plugin_fp8.gemv import fp8_gemv_kernel, pick_config
+    from triton import compile as triton_compile
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    config = pick_config(block_m, 4096, 4096)
+    signature = {"x": "*bf16", "x_row_stride": "i32", "w": "*fp8e4nv", "w_scale": "*fp32", "out": "*bf16",
+                 "M": "i32", "N": "i32", "K": "i32"}  # fmt: skip
+    constants = {"K_PER_SPLIT": 4096 // config.split_k, "BLOCK_M": config.block_m,
+                 "BLOCK_N": config.block_n, "BLOCK_K": config.block_k}  # fmt: skip
+    signature.update(dict.fromkeys(constants, "constexpr"))
+    compiled = triton_compile(
+        ASTSource(fp8_gemv_kernel, signature, constexprs=constants),
+        target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": config.num_warps, "num_stages": config.num_stages},
+    )
+    ptx = compiled.asm["ptx"]
+    assert "cvt.rn.f16x2.e4m3x2" in ptx  # the weight is read as fp8 and widened in registers
+    # tensor cores from two tokens on (Hopper's wgmma or mma.sync, as Triton picks)
+    assert ("mma" in ptx) == (block_m > 1)
+
+
+# ---------------------------------------------------------------- the child process
+
+#: (tokens, weight rows, weight columns, split_k or None for pick_config's): odd token counts,
+#: row counts not a multiple of the tile, columns a multiple of 16 but not of the K step
+SHAPES = [
+    (1, 40, 208, None),
+    (1, 24, 1024, 2),
+    (3, 72, 512, None),
+    (16, 40, 256, None),
+    (5, 40, 1024, 2),
+    (2, 33, 128, None),
+    (4, 24, 1024, 2),
+]
+
+
+def check_kernel() -> None:
+    from minisgl_plugin_fp8.gemv import fp8_gemv, pick_config
+    from minisgl_plugin_fp8.method import quantize_rows
+
+    gen = torch.Generator().manual_seed(0)
+    for tokens, rows, cols, split_k in SHAPES:
+        q, scale = quantize_rows(torch.randn(rows, cols, generator=gen))
+        config = pick_config(tokens, rows, cols)
+        if split_k:
+            config = config._replace(split_k=split_k)
+        wide = torch.randn(tokens, cols + 16, generator=gen)
+        x = wide[:, :cols]  # a row stride wider than the row
+        # bf16 on the one-token path only: the interpreter's tl.dot gets bf16 wrong (Triton 3.6; the
+        # GPU's bf16 products are checked by tools/device_fp8_check.py gemm)
+        dtypes = ((torch.float32, 1e-4), (torch.bfloat16, 1e-2))[: 2 if config.block_m == 1 else 1]
+        for dtype, tolerance in dtypes:
+            xd = x.to(dtype)
+            expected = xd.float() @ (q.float() * scale).T
+            out = fp8_gemv(xd, q, scale.view(1, rows), config)
+            assert out.dtype == dtype and out.shape == (tokens, rows)
+            # float32: summation order only; bf16: the output's rounding (2**-8 relative)
+            torch.testing.assert_close(out.float(), expected, atol=tolerance, rtol=tolerance)
+        print("ok", tokens, rows, cols, config.split_k)
+
+
+def check_apply() -> None:
+    """``apply`` on a layer marked native (as on a Hopper GPU) with ``torch._scaled_mm`` and the
+    activation quantizer replaced by recorders: which token counts reach which kernel."""
+    from minisgl_plugin_fp8.method import GEMV_MAX_M, Fp8Method, quantize_rows
+
+    method = Fp8Method(device=torch.device("cpu"), dtype=torch.float32)
+    layer = torch.nn.Module()
+    weight = torch.randn(48, 64, generator=torch.Generator().manual_seed(1))
+    layer.weight = torch.nn.Parameter(weight, requires_grad=False)
+    method.process_weights_after_loading(layer)
+    layer.fp8_native = True  # what a CUDA device of compute capability >= 8.9 would have set
+    calls: list[str] = []
+
+    def fake_scaled_mm(a, b, **kwargs):
+        calls.append("scaled_mm")
+        return torch.zeros(a.shape[0], b.shape[1])
+
+    fp8_method.quantize_tokens = quantize_rows
+    torch._scaled_mm = fake_scaled_mm
+    for tokens in (1, 7, GEMV_MAX_M, GEMV_MAX_M + 1, 64):
+        x = torch.randn(tokens, 64)
+        calls.clear()
+        out = method.apply(layer, x.view(1, tokens, 64))
+        assert out.shape == (1, tokens, 48)
+        if calls:
+            print(calls[0])
+        else:
+            expected = x @ (layer.weight.float() * layer.weight_scale.view(-1, 1)).T
+            torch.testing.assert_close(out[0], expected, atol=1e-5, rtol=1e-5)
+            print("gemv")
+
+
+if __name__ == "__main__":
+    {"kernel": check_kernel, "apply": check_apply}[sys.argv[1]]()
