@@ -2,7 +2,7 @@
 and ``--quantization fp8`` / ``--kv-cache-dtype fp8_e4m3`` end to end against the float32 torch
 reference (the model and prompts of tools/device_e2e.py).
 
-    python3 tools/device_fp8_check.py gemm|e2e|all --out $OUT/fp8.json [--sweep]
+    python3 tools/device_fp8_check.py gemm|e2e|all --out $OUT/fp8.json [--sweep [--sweep-tokens 1,2] [--sweep-shapes o,down]]
 
 ``gemm`` also times the weight-only GEMV that ``Fp8Method.apply`` runs for 1-16 tokens
 (minisgl_plugin_fp8/gemv.py) against bf16 and against the W8A8 path (per-token quantizer +
@@ -76,10 +76,10 @@ def _time(fn, iters: int = 50) -> float:
 
 
 GEMV_TOKENS = (1, 2, 4, 8, 16)
-#: token counts that ``--sweep`` searches (each compiles tens of variants: minutes in all)
-SWEEP_TOKENS = (2, 4, 8)
-#: layer shapes it searches (a small-N and a large-N one)
-SWEEP_SHAPES = ("qkv", "gate_up")
+#: token counts that ``--sweep`` searches by default (each compiles tens of variants: minutes in
+#: all), and the layer shapes (a small-N and a large-N one); --sweep-tokens / --sweep-shapes change them
+SWEEP_TOKENS = [2, 4, 8]
+SWEEP_SHAPES = ["qkv", "gate_up"]
 
 
 def _gemv_rows(method, layer, weight: torch.Tensor, generator, sweep: bool) -> tuple[dict, bool]:
@@ -123,15 +123,24 @@ def _gemv_rows(method, layer, weight: torch.Tensor, generator, sweep: bool) -> t
 
 
 def _sweep(fp8_gemv, pick_config, x, layer, reference) -> dict:
-    """Times of the GEMV's tensor-core path over launch configurations: the five fastest, each with
-    its error (a wrong one is shown, not judged), and ``pick_config``'s."""
+    """Times of the GEMV over launch configurations (at one token its CUDA-core path, else its
+    tensor-core path): the five fastest, each with its error (a wrong one is shown, not judged),
+    and ``pick_config``'s."""
     tokens, in_features = x.shape
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
     base = pick_config(tokens, layer.weight.shape[0], in_features, sms)
     candidates = []
+    if tokens == 1:
+        shapes = [(4, 1024), (8, 512), (8, 1024), (16, 256), (16, 512)]
+        for (block_n, block_k), split_k, (warps, stages) in itertools.product(
+            shapes, (1, 2), [(4, 2), (4, 3), (8, 2)]
+        ):
+            if in_features >= split_k * 2 * block_k:
+                candidates.append(base._replace(block_n=block_n, block_k=block_k, split_k=split_k,
+                                                num_warps=warps, num_stages=stages))  # fmt: skip
     # tensor cores, the tokens padded to a power of two or to 16 (the MMA's narrow side); the
     # elementwise CUDA-core scheme at 2-8 tokens ran 1.0-2.5x slower (H200, 2026-11-26: ea4fa11)
-    for block_m in sorted({base.block_m, 16}):
+    for block_m in sorted({base.block_m, 16}) if tokens > 1 else ():
         shapes = [(32, 256), (64, 128), (64, 256), (128, 128)]
         for (block_n, block_k), split_k, (warps, stages) in itertools.product(
             shapes, (1, 2, 4, 8), [(4, 3), (8, 3)]
@@ -302,7 +311,13 @@ def main() -> int:
     parser.add_argument("what", choices=["gemm", "e2e", "all"], nargs="?", default="all")
     parser.add_argument("--out", required=True)
     parser.add_argument("--sweep", action="store_true", help="gemm: search the GEMV's launch configurations")
+    parser.add_argument("--sweep-tokens", help="comma-separated token counts to search (default 2,4,8)")
+    parser.add_argument("--sweep-shapes", help="comma-separated layers to search (default qkv,gate_up)")
     args = parser.parse_args()
+    if args.sweep_tokens:
+        SWEEP_TOKENS[:] = [int(t) for t in args.sweep_tokens.split(",")]
+    if args.sweep_shapes:
+        SWEEP_SHAPES[:] = args.sweep_shapes.split(",")
     started = time.perf_counter()
     report: dict = {
         "criterion": __doc__.split("Criterion.")[1].strip(),
