@@ -139,7 +139,7 @@ def _sweep(fp8_gemv, pick_config, x, layer, reference) -> dict:
                 candidates.append(base._replace(block_n=block_n, block_k=block_k, split_k=split_k,
                                                 num_warps=warps, num_stages=stages))  # fmt: skip
     # tensor cores, the tokens padded to a power of two or to 16 (the MMA's narrow side); the
-    # elementwise CUDA-core scheme at 2-8 tokens ran 1.0-2.5x slower (H200, 2026-11-26: ea4fa11)
+    # elementwise CUDA-core scheme at 2-8 tokens ran up to 5x slower (H200, 2026-11-26: ea4fa11)
     for block_m in sorted({base.block_m, 16}) if tokens > 1 else ():
         shapes = [(32, 256), (64, 128), (64, 256), (128, 128)]
         for (block_n, block_k), split_k, (warps, stages) in itertools.product(

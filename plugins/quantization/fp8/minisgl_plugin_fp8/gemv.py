@@ -10,7 +10,8 @@ ran slower than bf16 there. Here each program owns ``BLOCK_N`` output rows (weig
 * one token: CUDA cores, ``acc[n, k] += w[n, k] * x[k]`` elementwise, one sum over ``k`` at the end;
 * 2-16 tokens: tensor cores, ``acc = w_tile @ x_tile.T`` (the weight is the MMA's wide operand, the
   tokens its narrow one, padded to a power of two). Measured on an H200 (2026-11-26): the same
-  elementwise scheme with a token axis ran 1.0-2.5x slower than this from two tokens on, and
+  elementwise scheme with a token axis matched this only at two tokens on one shape and ran
+  1.45-5x slower elsewhere, and
   64-row by 128-column tiles in three stages were the fastest of the 32-256 by 128-256 tried.
 
 When ``N / BLOCK_N`` programs cannot fill the GPU (N = 4,096 with wide tiles) the ``K`` loop is split
