@@ -1,18 +1,21 @@
-"""Weight-only FP8 products for small batches (decode): ``out = x @ (w_q * w_scale).T`` with the
-activations as they are (bf16, not quantized), the e4m3 weights read as one byte each, float32
-accumulation and the per-row weight scale applied once at the end.
+"""FP8 products for small batches (decode): ``out = (q(x) * x_scale) @ (w_q * w_scale).T`` with the
+activations quantized per token to e4m3 exactly as ``quantize_rows`` does (so a token's result is
+the one ``torch._scaled_mm`` gives it in a large batch, up to float32 summation order: greedy output
+does not depend on how many tokens share the step, which speculative decoding's verify relies on),
+the e4m3 weights read as one byte each, float32 accumulation and both scales applied at the end.
 
 At a handful of tokens a linear layer is a stream over its weight: the time is the weight's bytes
-over the memory bandwidth, and cuBLASLt's FP8 GEMM (plus the kernel that quantizes activations)
-ran slower than bf16 there. Here each program owns ``BLOCK_N`` output rows (weight rows) and walks
-``K`` in ``BLOCK_K`` chunks, each thread loading 16 bytes of a row at a time:
+over the memory bandwidth, and cuBLASLt's FP8 GEMM plus the separate kernel that quantizes the
+activations ran slower than bf16 there. Here each program owns ``BLOCK_N`` output rows (weight
+rows), first reads its tokens' whole rows for their scales (a few KB from L2), then walks ``K`` in
+``BLOCK_K`` chunks, each thread loading 16 bytes of a weight row at a time:
 
-* one token: CUDA cores, ``acc[n, k] += w[n, k] * x[k]`` elementwise, one sum over ``k`` at the end;
-* 2-16 tokens: tensor cores, ``acc = w_tile @ x_tile.T`` (the weight is the MMA's wide operand, the
-  tokens its narrow one, padded to a power of two). Measured on an H200 (2026-11-26): the same
-  elementwise scheme with a token axis matched this only at two tokens on one shape and ran
-  1.45-5x slower elsewhere, and
-  64-row by 128-column tiles in three stages were the fastest of the 32-256 by 128-256 tried.
+* one token: CUDA cores, ``acc[n, k] += w[n, k] * q(x)[k]`` elementwise, one sum over ``k`` at the end;
+* 2-16 tokens: tensor cores, ``acc = w_tile @ q(x)_tile.T`` (the weight is the MMA's wide operand,
+  the tokens its narrow one, padded to a power of two; e4m3 values are exact in bf16). Measured on
+  an H200 (2026-11-26): an elementwise scheme with a token axis matched this only at two tokens on
+  one shape and ran 1.45-5x slower elsewhere, and 64-row by 128-column tiles in three stages were
+  the fastest of the 32-256 by 128-256 tried.
 
 When ``N / BLOCK_N`` programs cannot fill the GPU (N = 4,096 with wide tiles) the ``K`` loop is split
 over a second grid dimension: each split writes float32 partial sums and a second small kernel
@@ -32,6 +35,8 @@ import triton.language as tl
 
 #: most tokens the GEMV takes; from 17 on the FP8 tensor-core GEMM (``torch._scaled_mm``) runs
 GEMV_MAX_M = 16
+FP8_MAX: tl.constexpr = tl.constexpr(448.0)
+MIN_SCALE: tl.constexpr = tl.constexpr(1e-12)
 
 
 class GemvConfig(NamedTuple):
@@ -87,6 +92,7 @@ def fp8_gemv_kernel(
     N,
     K,
     K_PER_SPLIT: tl.constexpr,  # a multiple of BLOCK_K (a constant: Triton's interpreter wants one)
+    K_ROW: tl.constexpr,  # K rounded up to a multiple of BLOCK_K (the scales' loop bound)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -101,29 +107,68 @@ def fp8_gemv_kernel(
     out = out + split.to(tl.int64) * M * N
     if BLOCK_M == 1:
         # x as one [1, BLOCK_K] row: the weight tile's layout, no shuffle through shared memory
-        x_ptrs = x + cols[None, :]
+        x_ptrs = x + tl.arange(0, BLOCK_K)[None, :]
+        x_scale = _token_scale(x_ptrs, K, tl.full((1, 1), True, tl.int1), K_ROW, BLOCK_K)
+        x_ptrs += k_start
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         for step in range(0, K_PER_SPLIT, BLOCK_K):
             col_ok = cols[None, :] + step < K
-            xk = tl.load(x_ptrs + step, mask=col_ok, other=0.0).to(tl.float32)
+            xk = _quantize(tl.load(x_ptrs + step, mask=col_ok, other=0.0), x_scale, tl.float32)
             wk = tl.load(w_ptrs + step, mask=row_ok[:, None] & col_ok, other=0.0)
             acc += wk.to(tl.float32) * xk
-        result = tl.sum(acc, axis=1) * scale
+        result = tl.sum(acc, axis=1) * scale * tl.reshape(x_scale, (1,))
         tl.store(out + rows, result.to(out.dtype.element_ty), mask=row_ok)
     else:
         tokens = tl.arange(0, BLOCK_M)
         token_ok = tokens < M
-        x_ptrs = x + tokens[:, None] * x_row_stride + cols[None, :]
+        x_ptrs = x + tokens[:, None] * x_row_stride + tl.arange(0, BLOCK_K)[None, :]
+        x_scale = _token_scale(x_ptrs, K, token_ok[:, None], K_ROW, BLOCK_K)  # [BLOCK_M, 1]
+        x_ptrs += k_start
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         for step in range(0, K_PER_SPLIT, BLOCK_K):
             col_ok = cols + step < K
             xk = tl.load(x_ptrs + step, mask=token_ok[:, None] & col_ok[None, :], other=0.0)
+            xq = _quantize(xk, x_scale, xk.dtype)  # e4m3 values: exact in bf16 and float32
             wk = tl.load(w_ptrs + step, mask=row_ok[:, None] & col_ok[None, :], other=0.0)
             # the weight is the wide operand; ieee keeps a float32 run (tests) out of tf32
-            acc = tl.dot(wk.to(xk.dtype), tl.trans(xk), acc, input_precision="ieee")
-        result = acc * scale[:, None]
+            acc = tl.dot(wk.to(xk.dtype), tl.trans(xq), acc, input_precision="ieee")
+        result = acc * scale[:, None] * tl.trans(x_scale)
         dst = out + tokens[None, :] * N + rows[:, None]
         tl.store(dst, result.to(out.dtype.element_ty), mask=row_ok[:, None] & token_ok[None, :])
+
+
+@triton.jit
+def _token_scale(x_ptrs, K, token_ok, K_ROW: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Each token's e4m3 scale as ``quantize_rows`` computes it: ``max(amax / 448, 1e-12)`` over
+    its whole row (every split reads the row: the scale must not depend on the split)."""
+    amax = tl.zeros(x_ptrs.shape, dtype=tl.float32)
+    for step in range(0, K_ROW, BLOCK_K):
+        col_ok = tl.arange(0, BLOCK_K)[None, :] + step < K
+        amax = tl.maximum(
+            amax, tl.abs(tl.load(x_ptrs + step, mask=token_ok & col_ok, other=0.0).to(tl.float32))
+        )
+    return tl.maximum(tl.div_rn(tl.max(amax, axis=1, keep_dims=True), FP8_MAX), MIN_SCALE)
+
+
+@triton.jit
+def _quantize(xk, x_scale, dtype: tl.constexpr):
+    """``xk`` rounded to e4m3 on ``x_scale``'s grid, as ``quantize_rows`` does (IEEE division,
+    clamp, round to nearest even), returned as the e4m3 values in ``dtype`` (unscaled)."""
+    q = tl.clamp(tl.div_rn(xk.to(tl.float32), x_scale), -FP8_MAX, FP8_MAX)
+    return _round_e4m3(q).to(dtype)
+
+
+@triton.jit
+def _round_e4m3(q):
+    """float32 ``q`` (``|q| <= 448``) to the nearest e4m3 value, ties to even, in arithmetic: the
+    step of ``q``'s binade (2**(e - 3); 2**-9 for e4m3's subnormals) from the exponent bits, then
+    ``q / step`` rounded by the 1.5 * 2**23 trick. The same bits as a hardware conversion, and
+    also right under Triton's interpreter, whose conversion (3.6) drops the carry into the
+    exponent when a value rounds up to a power of two (31.6 gave 16, not 32)."""
+    exponent = tl.maximum((q.to(tl.int32, bitcast=True) >> 23) & 0xFF, 127 - 6)
+    step = ((exponent - 3) << 23).to(tl.float32, bitcast=True)
+    inverse = ((257 - exponent) << 23).to(tl.float32, bitcast=True)  # 1 / step, exactly
+    return ((q * inverse + 12582912.0) - 12582912.0) * step
 
 
 @triton.jit
@@ -143,7 +188,8 @@ _SUM_BLOCK = 1024
 def fp8_gemv(
     x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, config: GemvConfig | None = None
 ) -> torch.Tensor:
-    """``x @ (weight.float() * weight_scale.view(-1, 1)).T`` in ``x.dtype``: ``x`` [M, K] with
+    """``(xq * x_scale) @ (weight.float() * weight_scale.view(-1, 1)).T`` in ``x.dtype``, where
+    ``xq, x_scale = quantize_rows(x)`` (computed inside the kernel): ``x`` [M, K] with
     ``M <= GEMV_MAX_M``, ``weight`` [N, K] float8_e4m3fn contiguous, ``weight_scale`` N float32
     (any shape). No host synchronisation: safe in CUDA graph capture. ``config`` overrides
     :func:`pick_config` (benchmarks)."""
@@ -164,7 +210,7 @@ def fp8_gemv(
     grid = (triton.cdiv(n, config.block_n), config.split_k)
     fp8_gemv_kernel[grid](
         x, x.stride(0), weight, weight_scale, target, m, n, k,
-        K_PER_SPLIT=k_per_split, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        K_PER_SPLIT=k_per_split, K_ROW=triton.cdiv(k, config.block_k) * config.block_k, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     if config.split_k > 1:

@@ -3,15 +3,16 @@ activations quantized per token on the fly, multiplied by ``torch._scaled_mm`` (
 of Hopper and Ada) with both scales applied in its epilogue.
 
 Up to ``GEMV_MAX_M`` (16) tokens, as in decoding, a Triton kernel (:mod:`minisgl_plugin_fp8.gemv`)
-runs instead: weight-only, the bf16 activations multiplied as they are (not quantized, so more
-accurate) by the e4m3 weights read one byte each. cuBLASLt's FP8 GEMM plus the activation
-quantizer ran slower than bf16 at one token; the product is a stream over the weight there.
+runs instead: the same arithmetic (it quantizes the activations per token itself, as
+``quantize_rows`` does), as one stream over the e4m3 weights. cuBLASLt's FP8 GEMM plus the separate
+activation quantizer ran slower than bf16 at one token. Both paths round the same way, so a
+token's logits do not depend on the batch it rides in beyond float32 summation order.
 
 Elsewhere (CPU, older GPUs, a float32 or float16 run, shapes the kernel refuses) the layer emulates
-the same arithmetic: the same quantized weights and (beyond ``GEMV_MAX_M`` tokens, where the GPU
-quantizes them) per-token activations, dequantized and multiplied in float32 and rounded once to
-the run dtype, so the numerics measured on CPU are the GPU's up to accumulation order. The
-emulation keeps a float32 dequantized copy of each weight: it is for testing, not for memory.
+the same arithmetic: the same quantized weights and per-token activations, dequantized and
+multiplied in float32 and rounded once to the run dtype, so the numerics measured on CPU are the
+GPU's up to accumulation order. The emulation keeps a float32 dequantized copy of each weight: it
+is for testing, not for memory.
 """
 
 from __future__ import annotations
@@ -60,16 +61,10 @@ GEMV_ENABLED = True
 GEMV_MAX_M = 16
 
 
-def weight_only(tokens: int) -> bool:
-    """Whether ``tokens`` rows are multiplied as they are, with only the weight quantized (the
-    GEMV on a native layer, its emulation elsewhere), rather than quantized per token too."""
-    return GEMV_ENABLED and 0 < tokens <= GEMV_MAX_M
-
-
 def gemv_applies(tokens: int, fp8_native: bool) -> bool:
-    """Whether a native FP8 layer multiplies ``tokens`` rows with the weight-only GEMV (else
+    """Whether a native FP8 layer multiplies ``tokens`` rows with the GEMV (else
     ``torch._scaled_mm``); emulated layers never do."""
-    return fp8_native and weight_only(tokens)
+    return GEMV_ENABLED and fp8_native and 0 < tokens <= GEMV_MAX_M
 
 
 @functools.cache
@@ -127,8 +122,6 @@ class Fp8Method(QuantizationMethod):
                 scale_b=layer.weight_scale,
                 out_dtype=x.dtype,
             )
-        elif weight_only(x2.shape[0]):
-            out = (x2.float() @ layer.fp8_dequantized.t()).to(x.dtype)
         else:
             xq, x_scale = quantize_rows(x2)
             out = ((xq.float() * x_scale) @ layer.fp8_dequantized.t()).to(x.dtype)
@@ -139,6 +132,6 @@ class Fp8Method(QuantizationMethod):
             "quantization": "fp8",
             "scaled_mm_layers": self.native_layers,
             "emulated_layers": self.emulated_layers,
-            # tokens up to which native layers run the weight-only GEMV (0: never)
+            # tokens up to which native layers run the GEMV (0: never)
             "gemv_max_m": GEMV_MAX_M if GEMV_ENABLED and self.native else 0,
         }

@@ -44,33 +44,22 @@ def test_quantize_rows_maps_each_rows_largest_magnitude_to_448():
     assert ((back - t).abs() <= t.abs() * 2**-4 + 1e-6).all()
 
 
-def test_emulation_quantizes_activations_per_token():
-    """Beyond GEMV_MAX_M tokens (where the GPU runs W8A8) a token with one huge entry must not
-    spoil the precision of the other tokens."""
+@pytest.mark.parametrize("tokens", [2, fp8_method.GEMV_MAX_M + 1])
+def test_emulation_quantizes_activations_per_token(tokens):
+    """At every token count (the GPU's GEMV rounds the activations as ``_scaled_mm`` does), and per
+    token: a token with one huge entry must not spoil the precision of the other tokens."""
     method = Fp8Method(device=torch.device("cpu"), dtype=torch.float32)
     assert not method.native
     layer = torch.nn.Module()
     layer.weight = torch.nn.Parameter(torch.eye(16), requires_grad=False)
     method.process_weights_after_loading(layer)
-    x = torch.full((fp8_method.GEMV_MAX_M + 1, 16), 0.01)
+    x = torch.full((tokens, 16), 0.01)
     x[0, 0] = 1000.0
     out = method.apply(layer, x)
     torch.testing.assert_close(out[1], x[1], rtol=2**-4, atol=0)  # its own scale: 0.01 is exact-ish
     # while the huge token's own small entries do lose precision under its scale: quantized
     assert not torch.allclose(out[0, 1:], x[0, 1:], rtol=2**-4, atol=0)
     assert layer.weight.dtype == torch.float8_e4m3fn
-
-
-def test_emulation_is_weight_only_up_to_the_gemv_limit():
-    """Up to GEMV_MAX_M tokens the GPU's GEMV multiplies the activations unrounded: so does the
-    emulation (an identity weight is exact in e4m3, so the output is the input, bit for bit)."""
-    method = Fp8Method(device=torch.device("cpu"), dtype=torch.float32)
-    layer = torch.nn.Module()
-    layer.weight = torch.nn.Parameter(torch.eye(16), requires_grad=False)
-    method.process_weights_after_loading(layer)
-    for tokens in (1, fp8_method.GEMV_MAX_M):
-        x = torch.randn(tokens, 16)
-        torch.testing.assert_close(method.apply(layer, x), x, rtol=0, atol=0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the FP8 GEMM needs a CUDA device")

@@ -1,6 +1,7 @@
-"""The weight-only FP8 GEMV (:mod:`minisgl_plugin_fp8.gemv`) on the CPU under Triton's interpreter,
-in a child process (``TRITON_INTERPRET`` must be set before Triton is imported): it equals the
-float32 product of the activations and the dequantized weight on both of its paths (one token on
+"""The FP8 GEMV (:mod:`minisgl_plugin_fp8.gemv`) on the CPU under Triton's interpreter, in a child
+process (``TRITON_INTERPRET`` must be set before Triton is imported): it equals the plugin's
+emulation (``quantize_rows`` of the activations, both operands dequantized, the float32 product)
+on both of its paths (one token on
 CUDA cores, 2-16 tokens on tensor cores), with and without split-K; ``Fp8Method.apply`` sends up to
 ``GEMV_MAX_M`` tokens to it and more to ``torch._scaled_mm``. Both paths also compile for sm_90
 (the interpreter does not type-check). Speed is measured on a GPU: tools/device_fp8_check.py gemm."""
@@ -30,6 +31,11 @@ def run_child(*args: str) -> str:
 def test_gemv_equals_the_float32_product():
     out = run_child("kernel")
     assert out.count("ok") == len(SHAPES), out
+
+
+def test_in_kernel_rounding_to_e4m3_is_torchs():
+    out = run_child("round")
+    assert out.split() == ["ok"], out
 
 
 def test_apply_takes_the_gemv_up_to_its_limit_and_scaled_mm_beyond():
@@ -70,7 +76,7 @@ def test_gemv_compiles_for_sm90(block_m):
     config = pick_config(block_m, 4096, 4096)
     signature = {"x": "*bf16", "x_row_stride": "i32", "w": "*fp8e4nv", "w_scale": "*fp32", "out": "*bf16",
                  "M": "i32", "N": "i32", "K": "i32"}  # fmt: skip
-    constants = {"K_PER_SPLIT": 4096 // config.split_k, "BLOCK_M": config.block_m,
+    constants = {"K_PER_SPLIT": 4096 // config.split_k, "K_ROW": 4096, "BLOCK_M": config.block_m,
                  "BLOCK_N": config.block_n, "BLOCK_K": config.block_k}  # fmt: skip
     signature.update(dict.fromkeys(constants, "constexpr"))
     compiled = triton_compile(
@@ -116,12 +122,44 @@ def check_kernel() -> None:
         dtypes = ((torch.float32, 1e-4), (torch.bfloat16, 1e-2))[: 2 if config.block_m == 1 else 1]
         for dtype, tolerance in dtypes:
             xd = x.to(dtype)
-            expected = xd.float() @ (q.float() * scale).T
+            xq, x_scale = quantize_rows(xd)
+            weight = (q.float() * scale).T
+            expected = (xq.float() * x_scale) @ weight
             out = fp8_gemv(xd, q, scale.view(1, rows), config)
             assert out.dtype == dtype and out.shape == (tokens, rows)
             # float32: summation order only; bf16: the output's rounding (2**-8 relative)
             torch.testing.assert_close(out.float(), expected, atol=tolerance, rtol=tolerance)
+            # and the activations really were rounded to e4m3 (3.6% relative), not used as they are
+            unrounded = xd.float() @ weight
+            assert (out.float() - unrounded).norm() > 0.01 * unrounded.norm()
         print("ok", tokens, rows, cols, config.split_k)
+
+
+def check_round() -> None:
+    """``_round_e4m3`` against torch's float32 -> float8_e4m3fn on random values of every binade,
+    exact ties (100 lies between 96 and 104: even is 96), subnormals and binade edges."""
+    import triton
+    import triton.language as tl
+    from minisgl_plugin_fp8 import gemv
+
+    globals()["_round_e4m3"] = gemv._round_e4m3  # a jitted kernel finds helpers among its globals
+
+    @triton.jit
+    def kernel(x, out, N: tl.constexpr):
+        i = tl.arange(0, N)
+        tl.store(out + i, _round_e4m3(tl.load(x + i)))  # noqa: F821
+
+    gen = torch.Generator().manual_seed(0)
+    grid = torch.arange(-(2**14), 2**14, dtype=torch.float32) / 2**14  # fine steps, both signs
+    values = torch.cat([
+        (torch.randn(8192, generator=gen) * torch.exp2(torch.randint(-12, 9, (8192,), generator=gen).float())),
+        grid * 448, grid * 2**-6, torch.tensor([100.0, -100.0, 31.6, 0.0, 448.0, -448.0, 2**-10, 3 * 2**-10]),
+    ]).clamp(-448, 448)  # fmt: skip
+    values = torch.cat([values, torch.zeros(triton.next_power_of_2(values.numel()) - values.numel())])
+    out = torch.empty_like(values)
+    kernel[(1,)](values, out, N=values.numel())
+    torch.testing.assert_close(out, values.to(torch.float8_e4m3fn).float(), rtol=0, atol=0)
+    print("ok")
 
 
 def check_apply() -> None:
@@ -151,10 +189,11 @@ def check_apply() -> None:
         if calls:
             print(calls[0])
         else:
-            expected = x @ (layer.weight.float() * layer.weight_scale.view(-1, 1)).T
+            xq, x_scale = quantize_rows(x)  # the GEMV rounds the activations as _scaled_mm's path does
+            expected = (xq.float() * x_scale) @ (layer.weight.float() * layer.weight_scale.view(-1, 1)).T
             torch.testing.assert_close(out[0], expected, atol=1e-5, rtol=1e-5)
             print("gemv")
 
 
 if __name__ == "__main__":
-    {"kernel": check_kernel, "apply": check_apply}[sys.argv[1]]()
+    {"kernel": check_kernel, "apply": check_apply, "round": check_round}[sys.argv[1]]()
