@@ -92,7 +92,8 @@ def fp8_gemv_kernel(
     N,
     K,
     K_PER_SPLIT: tl.constexpr,  # a multiple of BLOCK_K (a constant: Triton's interpreter wants one)
-    K_ROW: tl.constexpr,  # K rounded up to a multiple of BLOCK_K (the scales' loop bound)
+    K_ROW: tl.constexpr,  # K rounded up to a multiple of SCALE_BLOCK (the scales' loop bound)
+    SCALE_BLOCK: tl.constexpr,  # columns per step of the scales' pass over the tokens' rows
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -107,13 +108,13 @@ def fp8_gemv_kernel(
     out = out + split.to(tl.int64) * M * N
     if BLOCK_M == 1:
         # x as one [1, BLOCK_K] row: the weight tile's layout, no shuffle through shared memory
-        x_ptrs = x + tl.arange(0, BLOCK_K)[None, :]
-        x_scale = _token_scale(x_ptrs, K, tl.full((1, 1), True, tl.int1), K_ROW, BLOCK_K)
-        x_ptrs += k_start
+        x_scale, x_inverse = _token_scale(x + tl.arange(0, SCALE_BLOCK)[None, :], K, tl.full((1, 1), True, tl.int1),
+                                          K_ROW, SCALE_BLOCK)  # fmt: skip
+        x_ptrs = x + cols[None, :]
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         for step in range(0, K_PER_SPLIT, BLOCK_K):
             col_ok = cols[None, :] + step < K
-            xk = _quantize(tl.load(x_ptrs + step, mask=col_ok, other=0.0), x_scale, tl.float32)
+            xk = _quantize(tl.load(x_ptrs + step, mask=col_ok, other=0.0), x_inverse, tl.float32)
             wk = tl.load(w_ptrs + step, mask=row_ok[:, None] & col_ok, other=0.0)
             acc += wk.to(tl.float32) * xk
         result = tl.sum(acc, axis=1) * scale * tl.reshape(x_scale, (1,))
@@ -121,14 +122,15 @@ def fp8_gemv_kernel(
     else:
         tokens = tl.arange(0, BLOCK_M)
         token_ok = tokens < M
-        x_ptrs = x + tokens[:, None] * x_row_stride + tl.arange(0, BLOCK_K)[None, :]
-        x_scale = _token_scale(x_ptrs, K, token_ok[:, None], K_ROW, BLOCK_K)  # [BLOCK_M, 1]
-        x_ptrs += k_start
+        x_rows = x + tokens[:, None] * x_row_stride
+        x_scale, x_inverse = _token_scale(x_rows + tl.arange(0, SCALE_BLOCK)[None, :], K, token_ok[:, None],
+                                          K_ROW, SCALE_BLOCK)  # [BLOCK_M, 1] each  # fmt: skip
+        x_ptrs = x_rows + cols[None, :]
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         for step in range(0, K_PER_SPLIT, BLOCK_K):
             col_ok = cols + step < K
             xk = tl.load(x_ptrs + step, mask=token_ok[:, None] & col_ok[None, :], other=0.0)
-            xq = _quantize(xk, x_scale, xk.dtype)  # e4m3 values: exact in bf16 and float32
+            xq = _quantize(xk, x_inverse, xk.dtype)  # e4m3 values: exact in bf16 and float32
             wk = tl.load(w_ptrs + step, mask=row_ok[:, None] & col_ok[None, :], other=0.0)
             # the weight is the wide operand; ieee keeps a float32 run (tests) out of tf32
             acc = tl.dot(wk.to(xk.dtype), tl.trans(xq), acc, input_precision="ieee")
@@ -138,23 +140,25 @@ def fp8_gemv_kernel(
 
 
 @triton.jit
-def _token_scale(x_ptrs, K, token_ok, K_ROW: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Each token's e4m3 scale as ``quantize_rows`` computes it: ``max(amax / 448, 1e-12)`` over
-    its whole row (every split reads the row: the scale must not depend on the split)."""
+def _token_scale(x_ptrs, K, token_ok, K_ROW: tl.constexpr, SCALE_BLOCK: tl.constexpr):
+    """Each token's e4m3 scale as ``quantize_rows`` computes it, ``max(amax / 448, 1e-12)`` over
+    its whole row (every split reads the row: the scale must not depend on the split), and its
+    reciprocal."""
     amax = tl.zeros(x_ptrs.shape, dtype=tl.float32)
-    for step in range(0, K_ROW, BLOCK_K):
-        col_ok = tl.arange(0, BLOCK_K)[None, :] + step < K
+    for step in range(0, K_ROW, SCALE_BLOCK):
+        col_ok = tl.arange(0, SCALE_BLOCK)[None, :] + step < K
         amax = tl.maximum(
             amax, tl.abs(tl.load(x_ptrs + step, mask=token_ok & col_ok, other=0.0).to(tl.float32))
         )
-    return tl.maximum(tl.div_rn(tl.max(amax, axis=1, keep_dims=True), FP8_MAX), MIN_SCALE)
+    scale = tl.maximum(tl.div_rn(tl.max(amax, axis=1, keep_dims=True), FP8_MAX), MIN_SCALE)
+    return scale, tl.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale)
 
 
 @triton.jit
-def _quantize(xk, x_scale, dtype: tl.constexpr):
-    """``xk`` rounded to e4m3 on ``x_scale``'s grid, as ``quantize_rows`` does (IEEE division,
-    clamp, round to nearest even), returned as the e4m3 values in ``dtype`` (unscaled)."""
-    q = tl.clamp(tl.div_rn(xk.to(tl.float32), x_scale), -FP8_MAX, FP8_MAX)
+def _quantize(xk, x_inverse, dtype: tl.constexpr):
+    """``xk`` rounded to e4m3 on its token's grid, as ``quantize_rows`` does (times the scale's
+    reciprocal, clamp, round to nearest even), returned as the e4m3 values in ``dtype``."""
+    q = tl.clamp(xk.to(tl.float32) * x_inverse, -FP8_MAX, FP8_MAX)
     return _round_e4m3(q).to(dtype)
 
 
@@ -201,6 +205,8 @@ def fp8_gemv(
         config = pick_config(m, n, k, _sm_count(x.device.index if x.is_cuda else None))
     assert m <= config.block_m and weight.shape[1] == k and weight.is_contiguous()
     k_per_split = triton.cdiv(triton.cdiv(k, config.split_k), config.block_k) * config.block_k
+    # the scales' pass: a token's whole row in one load when it fits (16K elements a program)
+    scale_block = min(triton.next_power_of_2(k), 16384 // config.block_m)
     out = torch.empty(m, n, device=x.device, dtype=x.dtype)
     target = (
         out
@@ -210,7 +216,7 @@ def fp8_gemv(
     grid = (triton.cdiv(n, config.block_n), config.split_k)
     fp8_gemv_kernel[grid](
         x, x.stride(0), weight, weight_scale, target, m, n, k,
-        K_PER_SPLIT=k_per_split, K_ROW=triton.cdiv(k, config.block_k) * config.block_k, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        K_PER_SPLIT=k_per_split, K_ROW=triton.cdiv(k, scale_block) * scale_block, SCALE_BLOCK=scale_block, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     if config.split_k > 1:

@@ -76,7 +76,8 @@ def test_gemv_compiles_for_sm90(block_m):
     config = pick_config(block_m, 4096, 4096)
     signature = {"x": "*bf16", "x_row_stride": "i32", "w": "*fp8e4nv", "w_scale": "*fp32", "out": "*bf16",
                  "M": "i32", "N": "i32", "K": "i32"}  # fmt: skip
-    constants = {"K_PER_SPLIT": 4096 // config.split_k, "K_ROW": 4096, "BLOCK_M": config.block_m,
+    constants = {"K_PER_SPLIT": 4096 // config.split_k, "K_ROW": 4096, "SCALE_BLOCK": min(4096, 16384 // block_m),
+                 "BLOCK_M": config.block_m,
                  "BLOCK_N": config.block_n, "BLOCK_K": config.block_k}  # fmt: skip
     signature.update(dict.fromkeys(constants, "constexpr"))
     compiled = triton_compile(
