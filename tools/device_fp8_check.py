@@ -2,17 +2,17 @@
 and ``--quantization fp8`` / ``--kv-cache-dtype fp8_e4m3`` end to end against the float32 torch
 reference (the model and prompts of tools/device_e2e.py).
 
-    python3 tools/device_fp8_check.py gemm|e2e|all --out $OUT/fp8.json [--sweep [--sweep-tokens 1,2] [--sweep-shapes o,down]]
+    python3 tools/device_fp8_check.py gemm|e2e|all --out $OUT/fp8.json [--sweep [--sweep-shapes o,down]]
 
-``gemm`` also times the GEMV that ``Fp8Method.apply`` runs for 1-16 tokens
+``gemm`` also times the GEMV that ``Fp8Method.apply`` runs for one token
 (minisgl_plugin_fp8/gemv.py) against bf16 and against the W8A8 path (per-token quantizer +
-``torch._scaled_mm``, what ran before it) at 1, 2, 4, 8 and 16 tokens, with the GB/s it reaches
+``torch._scaled_mm``, what runs from two tokens on) on the same token, with the GB/s it reaches
 (fp8 weight bytes plus bf16 activations in and out, over its time); ``--sweep`` adds a search over
-its launch configurations per shape and token count (for tuning ``pick_config``).
+its launch configurations per shape (for tuning ``pick_config``).
 
 Criterion. gemm: on every shape, the fp8 layer's output is within 5% (relative Frobenius error)
 of the float32 product of the same bf16 weights (bf16 itself is ~0.3%), and the kernel is
-``torch._scaled_mm`` (not the emulation) at 256 tokens; at 1-16 tokens the GEMV's error is within
+``torch._scaled_mm`` (not the emulation) at 256 tokens; at one token the GEMV's error is within
 5% too; and at every token count the kernel (GEMV or ``_scaled_mm``, which round the activations
 the same way) equals the plugin's float32 emulation of the same quantized operands up to
 its bf16 output's rounding (``EMULATION_TOLERANCE``). e2e, judged: each fp8 configuration runs
@@ -75,21 +75,18 @@ def _time(fn, iters: int = 50) -> float:
     return start.elapsed_time(end) / iters
 
 
-GEMV_TOKENS = (1, 2, 4, 8, 16)
-#: token counts that ``--sweep`` searches by default (each compiles tens of variants: minutes in
-#: all), and the layer shapes (a small-N and a large-N one); --sweep-tokens / --sweep-shapes change them
-SWEEP_TOKENS = [2, 4, 8]
-SWEEP_SHAPES = ["qkv", "gate_up"]
+#: the layer shapes ``--sweep`` searches (30 variants each: a minute or two in all; --sweep-shapes)
+SWEEP_SHAPES = ["qkv", "o", "gate_up", "down"]
 
 
 def _gemv_rows(method, layer, weight: torch.Tensor, generator, sweep: bool) -> tuple[dict, bool]:
-    """The GEMV against bf16 and W8A8 (quantizer + ``_scaled_mm``) at each of ``GEMV_TOKENS``."""
+    """The one-token GEMV against bf16 and W8A8 (quantizer + ``_scaled_mm``) on the same token."""
     from minisgl_plugin_fp8 import method as fp8_method
     from minisgl_plugin_fp8.gemv import fp8_gemv, pick_config
 
     out_features, in_features = weight.shape
     rows, ok = {}, True
-    for tokens in GEMV_TOKENS:
+    for tokens in (1,):
         x = torch.randn(tokens, in_features, generator=generator, device=weight.device).to(torch.bfloat16)
         reference = F.linear(x.float(), weight.float())
         assert fp8_method.gemv_applies(tokens, layer.fp8_native)
@@ -107,7 +104,7 @@ def _gemv_rows(method, layer, weight: torch.Tensor, generator, sweep: bool) -> t
         err_w8a8 = ((w8a8 - reference).norm() / reference.norm()).item()
         moved = out_features * in_features + 2 * tokens * (in_features + out_features)
         sms = torch.cuda.get_device_properties(weight.device).multi_processor_count
-        row = {"config": pick_config(tokens, out_features, in_features, sms)._asdict(),
+        row = {"config": pick_config(out_features, in_features, sms)._asdict(),
                "rel_err_gemv": round(err_gemv, 5), "rel_err_w8a8": round(err_w8a8, 5),
                "rel_err_vs_emulation": round(err_emulation, 5),
                "ms_gemv": round(ms_gemv, 4), "ms_w8a8": round(ms_w8a8, 4), "ms_bf16": round(ms_bf16, 4),
@@ -116,38 +113,27 @@ def _gemv_rows(method, layer, weight: torch.Tensor, generator, sweep: bool) -> t
                "speedup_vs_w8a8": round(ms_w8a8 / ms_gemv, 2)}  # fmt: skip
         row["ok"] = err_gemv < 0.05 and err_emulation < EMULATION_TOLERANCE
         ok &= row["ok"]
-        if sweep and tokens in SWEEP_TOKENS:
+        if sweep:
             row["sweep"] = _sweep(fp8_gemv, pick_config, x, layer, reference)
         rows[f"m{tokens}"] = row
     return rows, ok
 
 
 def _sweep(fp8_gemv, pick_config, x, layer, reference) -> dict:
-    """Times of the GEMV over launch configurations (at one token its CUDA-core path, else its
-    tensor-core path): the five fastest, each with its error (a wrong one is shown, not judged),
-    and ``pick_config``'s."""
-    tokens, in_features = x.shape
+    """Times of the GEMV over launch configurations: the five fastest, each with its error (a
+    wrong one is shown, not judged), and ``pick_config``'s. (2-16 tokens: a tensor-core variant was
+    swept and removed, BENCHMARKS.md.)"""
+    in_features = x.shape[1]
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-    base = pick_config(tokens, layer.weight.shape[0], in_features, sms)
+    base = pick_config(layer.weight.shape[0], in_features, sms)
     candidates = []
-    if tokens == 1:
-        shapes = [(4, 1024), (8, 512), (8, 1024), (16, 256), (16, 512)]
-        for (block_n, block_k), split_k, (warps, stages) in itertools.product(
-            shapes, (1, 2), [(4, 2), (4, 3), (8, 2)]
-        ):
-            if in_features >= split_k * 2 * block_k:
-                candidates.append(base._replace(block_n=block_n, block_k=block_k, split_k=split_k,
-                                                num_warps=warps, num_stages=stages))  # fmt: skip
-    # tensor cores, the tokens padded to a power of two or to 16 (the MMA's narrow side); the
-    # elementwise CUDA-core scheme at 2-8 tokens ran up to 5x slower (H200, 2026-11-26: ea4fa11)
-    for block_m in sorted({base.block_m, 16}) if tokens > 1 else ():
-        shapes = [(32, 256), (64, 128), (64, 256), (128, 128)]
-        for (block_n, block_k), split_k, (warps, stages) in itertools.product(
-            shapes, (1, 2, 4, 8), [(4, 3), (8, 3)]
-        ):
-            if in_features >= split_k * 2 * block_k:
-                candidates.append(base._replace(block_m=block_m, block_n=block_n, block_k=block_k, split_k=split_k,
-                                                num_warps=warps, num_stages=stages))  # fmt: skip
+    shapes = [(4, 1024), (8, 512), (8, 1024), (16, 256), (16, 512)]
+    for (block_n, block_k), split_k, (warps, stages) in itertools.product(
+        shapes, (1, 2), [(4, 2), (4, 3), (8, 2)]
+    ):
+        if in_features >= split_k * 2 * block_k:
+            candidates.append(base._replace(block_n=block_n, block_k=block_k, split_k=split_k,
+                                            num_warps=warps, num_stages=stages))  # fmt: skip
     tried = []
     for config in candidates:
         try:
@@ -308,11 +294,8 @@ def main() -> int:
     parser.add_argument("what", choices=["gemm", "e2e", "all"], nargs="?", default="all")
     parser.add_argument("--out", required=True)
     parser.add_argument("--sweep", action="store_true", help="gemm: search the GEMV's launch configurations")
-    parser.add_argument("--sweep-tokens", help="comma-separated token counts to search (default 2,4,8)")
-    parser.add_argument("--sweep-shapes", help="comma-separated layers to search (default qkv,gate_up)")
+    parser.add_argument("--sweep-shapes", help="comma-separated layers to search (default all four)")
     args = parser.parse_args()
-    if args.sweep_tokens:
-        SWEEP_TOKENS[:] = [int(t) for t in args.sweep_tokens.split(",")]
     if args.sweep_shapes:
         SWEEP_SHAPES[:] = args.sweep_shapes.split(",")
     started = time.perf_counter()

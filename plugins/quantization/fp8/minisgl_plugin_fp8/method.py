@@ -2,11 +2,11 @@
 activations quantized per token on the fly, multiplied by ``torch._scaled_mm`` (FP8 tensor cores
 of Hopper and Ada) with both scales applied in its epilogue.
 
-Up to ``GEMV_MAX_M`` (16) tokens, as in decoding, a Triton kernel (:mod:`minisgl_plugin_fp8.gemv`)
-runs instead: the same arithmetic (it quantizes the activations per token itself, as
-``quantize_rows`` does), as one stream over the e4m3 weights. cuBLASLt's FP8 GEMM plus the separate
-activation quantizer ran slower than bf16 at one token. Both paths round the same way, so a
-token's logits do not depend on the batch it rides in beyond float32 summation order.
+At one token (``GEMV_MAX_M``), as in batch-1 decoding, a Triton kernel (:mod:`minisgl_plugin_fp8.gemv`)
+runs instead: the same arithmetic (it quantizes the activation row itself, as ``quantize_rows``
+does), as one stream over the e4m3 weights. cuBLASLt's FP8 GEMM plus the separate activation
+quantizer ran slower than bf16 at one token. Both paths round the same way, so a token's logits
+do not depend on the batch it rides in beyond float32 summation order.
 
 Elsewhere (CPU, older GPUs, a float32 or float16 run, shapes the kernel refuses) the layer emulates
 the same arithmetic: the same quantized weights and per-token activations, dequantized and
@@ -59,7 +59,7 @@ def quantize_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 #: module switch (ablation, benchmarks): False sends every token count to ``torch._scaled_mm``
 GEMV_ENABLED = True
 #: most tokens the GEMV takes (as minisgl_plugin_fp8.gemv.GEMV_MAX_M, without importing Triton)
-GEMV_MAX_M = 16
+GEMV_MAX_M = 1
 
 
 def gemv_applies(tokens: int, fp8_native: bool) -> bool:
