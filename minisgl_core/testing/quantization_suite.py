@@ -16,6 +16,7 @@ checks on a GPU (the suite skips when the device is missing or the method declin
 
 from __future__ import annotations
 
+import zlib
 from typing import Any, ClassVar
 
 import pytest
@@ -80,7 +81,9 @@ class QuantizationMethodSuite:
         self, method: QuantizationMethod, layer_kind: str, bias: bool
     ) -> tuple[nn.Module, torch.Tensor, torch.Tensor | None]:
         """(quantized layer, unquantized weight, unquantized bias) through the core's steps."""
-        generator = torch.Generator().manual_seed(hash((layer_kind, bias)) % 2**31)
+        # crc32, not hash(): str hashes change with each process (PYTHONHASHSEED), and so did the
+        # weights, which let int4's qkv at one token land either side of its bound (CI, 2026-11-26)
+        generator = torch.Generator().manual_seed(zlib.crc32(f"{layer_kind}/{bias}".encode()))
         checkpoint = _checkpoint(layer_kind, bias, generator)
         reference = self._layer(layer_kind, bias)
         layer = self._layer(layer_kind, bias)
