@@ -6,23 +6,19 @@ eager reference at 1e-5; bf16 rounding is checked on the GPU (``tools/device_e2e
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from minisgl_core.testing.triton_interpreter import run_under_interpreter
+
 pytest.importorskip("triton")
 
 
 def run_child(*args: str) -> str:
-    env = {**os.environ, "TRITON_INTERPRET": "1", "MINISGL_FUSED_KV": "1"}
-    proc = subprocess.run(
-        [sys.executable, __file__, *args], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc.stdout
+    return run_under_interpreter(__file__, *args, env={"MINISGL_FUSED_KV": "1"})
 
 
 def test_kernel_matches_norm_rope_and_store():

@@ -7,24 +7,19 @@ type-check). Speed is measured on a GPU: tools/device_fp8_check.py gemm."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 
 import pytest
 import torch
 from minisgl_plugin_fp8 import method as fp8_method
 
+from minisgl_core.testing.triton_interpreter import run_under_interpreter
+
 pytest.importorskip("triton")
 
 
 def run_child(*args: str) -> str:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run(
-        [sys.executable, __file__, *args], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc.stdout
+    return run_under_interpreter(__file__, *args)
 
 
 def test_gemv_equals_the_float32_product():
