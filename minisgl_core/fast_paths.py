@@ -32,6 +32,11 @@ class FastPaths:
     triton_sampler: bool = True
     #: one-shot symmetric-memory all-reduce for decode-sized sums under tensor parallelism
     symm_mem: bool = True
+    #: its wide path for sums from 256 KiB: copy, barrier, a Triton sum over every peer's buffer
+    symm_mem_wide: bool = True
+    #: tensor parallelism: each rank samples its own slice of the vocabulary and the ranks trade
+    #: one (value, token) pair per row, instead of gathering every rank's logits
+    vocab_parallel_sampling: bool = True
 
     def without(self, *names: str) -> FastPaths:
         """These switches turned off (names as in :data:`NAMES`)."""
@@ -56,6 +61,8 @@ ENV_VARS: dict[str, str] = {
     "triton_silu": "MINISGL_TRITON_SILU",
     "triton_sampler": "MINISGL_TRITON_SAMPLER",
     "symm_mem": "MINISGL_SYMM_MEM",
+    "symm_mem_wide": "MINISGL_SYMM_MEM_WIDE",
+    "vocab_parallel_sampling": "MINISGL_VOCAB_PARALLEL_SAMPLING",
 }
 
 

@@ -181,3 +181,129 @@ def test_all_gather_concatenates_in_rank_order_along_the_dimension():
     ranks = [[[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]], [[10.0, 11.0, 12.0], [13.0, 14.0, 15.0]]]
     along_last = [ranks[0][i] + ranks[1][i] for i in range(2)]
     assert got[0] == got[1] == (along_last, ranks[0] + ranks[1])
+
+
+def _sharded_sampling_rank(rank: int, addr: str, results) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from minisgl_core.api import ParallelContext
+    from minisgl_core.runner.sampler import Sampler, SampleRequest
+    from minisgl_core.sampling import SamplingParams
+
+    dist.init_process_group("gloo", init_method=f"tcp://{addr}", rank=rank, world_size=2)
+    try:
+        parallel = ParallelContext(rank, 2, dist.group.WORLD)
+        torch.manual_seed(0)  # the ranks' torch RNGs agree, as the engine's --seed makes them
+        sampler = Sampler(12, torch.device("cpu"))
+        requests = [SampleRequest(SamplingParams(temperature=0.8), [])] * SAMPLED
+        requests.append(SampleRequest(SamplingParams(temperature=0.0), []))
+        drawn = []
+        for logits in (MIRRORED_LOGITS, PADDED_LOGITS):
+            full = torch.tensor(logits)
+            width = 6  # rank r holds ids 6r .. 6r + 5 (the 11-id vocabulary padded to 12)
+            start, valid = rank * width, min(width, len(logits) - rank * width)
+            local = torch.full((SAMPLED + 1, width), 50.0)  # padding that would win if it were read
+            local[:, :valid] = full[start : start + valid]
+            local[SAMPLED, :valid] += (start + torch.arange(valid)) * 0.01  # the greedy row
+            drawn.append(sampler.sample_sharded(local, requests, (start, valid), parallel).token_ids.tolist())
+        results.put((rank, drawn))
+    finally:
+        dist.destroy_process_group()
+
+
+SAMPLED = 20000
+#: rank 1's ids repeat rank 0's: ranks drawing the same noise would tie on every pair, and the
+#: first rank's id would always win
+MIRRORED_LOGITS = [0.3, -1.0, 2.0, 0.0, 1.1, -0.4] * 2
+#: 11 ids: rank 1's slice ends in a padding column
+PADDED_LOGITS = [0.3, -1.0, 2.0, 0.0, 1.1, -0.4, 0.9, 1.8, -2.0, 0.5, 1.5]
+
+
+def test_vocabulary_parallel_sampling_draws_from_softmax_and_every_rank_agrees():
+    """Sampler.sample_sharded (TP > 1): each rank draws over its slice of the vocabulary and the
+    ranks trade one (value, token) pair per row. Every rank must end with the same tokens, drawn
+    from softmax(logits / T) over the whole vocabulary (so from noises independent across ranks,
+    even with equal torch seeds), the last rank's padding never drawn, and a greedy row must take
+    the global argmax (in rank 1's slice here)."""
+    import torch
+    import torch.multiprocessing as mp
+
+    from minisgl_core.distributed import free_loopback_addr
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    addr = free_loopback_addr()
+    procs = [ctx.Process(target=_sharded_sampling_rank, args=(r, addr, results)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = dict(results.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert got[0] == got[1]
+    for logits, drawn in zip((MIRRORED_LOGITS, PADDED_LOGITS), got[0]):
+        tokens = torch.tensor(drawn)
+        full = torch.tensor(logits)
+        assert tokens[-1].item() == int((full + 0.01 * torch.arange(len(logits))).argmax())
+        freq = torch.bincount(tokens[:-1], minlength=12).float() / SAMPLED
+        if len(logits) == 12:
+            assert tokens[-1].item() == 8  # in rank 1's slice
+        else:
+            assert freq[11] == 0  # the padding column
+        expected = torch.softmax(full / 0.8, dim=0)
+        assert (freq[: len(logits)] - expected).abs().max() < 0.012, (freq, expected)
+
+
+def _mixed_sampling_rank(rank: int, world: int, port: int, model_dir: str, queue) -> None:
+    import torch.distributed as dist
+
+    from minisgl_core.api import ParallelContext
+    from minisgl_core.config import EngineConfig
+    from minisgl_core.engine.engine import Engine
+    from minisgl_core.sampling import SamplingParams
+    from minisgl_core.testing import drain
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        config = EngineConfig(model=model_dir, attn="torch", device="cpu", dtype="float32", tp_size=world)
+        engine = Engine(config, ParallelContext(rank, world, dist.group.WORLD))
+        sharded = engine.runner.logit_shard is not None
+        plain = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True)
+        nucleus = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=12, ignore_eos=True)
+        with_logprobs = SamplingParams(temperature=1.0, logprobs=2, max_tokens=12, ignore_eos=True)
+        for rid, params in enumerate((plain, nucleus, with_logprobs, plain)):
+            engine.add_request(rid, PROMPTS[rid % len(PROMPTS)], params)
+        tokens: dict[int, list[int]] = {rid: [] for rid in range(4)}
+        logprobs = 0
+        for out in drain(engine):
+            tokens[out.rid].append(out.token_id)
+            logprobs += out.logprob is not None
+        queue.put((rank, (sharded, [tokens[r] for r in range(4)], logprobs)))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_tp2_sampled_batches_agree_across_ranks_on_both_sampling_paths(tmp_path):
+    """Temperature 1: plain rows take the vocabulary-parallel draw, while rows with top-p or
+    logprobs need the whole vocabulary (the logits are gathered, rank 0 samples and broadcasts).
+    Both ranks must emit the same tokens, and the logprobs must come out."""
+    model_dir = str(
+        make_model_dir(tmp_path / "m", "LlamaForCausalLM", vocab_size=1027, tie_word_embeddings=False)
+    )
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_mixed_sampling_rank, args=(r, 2, port, model_dir, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = dict(queue.get(timeout=300) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    (sharded0, tokens0, logprobs0), (sharded1, tokens1, logprobs1) = got[0], got[1]
+    assert sharded0 and sharded1
+    assert tokens0 == tokens1
+    assert all(len(t) == 12 for t in tokens0)
+    assert logprobs0 == logprobs1 == 12  # the one request that asked
+    assert len({t for seq in tokens0 for t in seq}) > 8  # sampled, not one token repeated

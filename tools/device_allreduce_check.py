@@ -6,8 +6,10 @@ Each rank fills tensors from its own seed; the fast path (``ParallelContext.all_
 ``SymmMemAllReduce`` installed) must give bitwise the result of ``torch.distributed.all_reduce``
 (NCCL), eagerly and replayed from a CUDA graph with new inputs, for decode-sized
 ``[batch, 4096]`` bf16 tensors and for shapes it must hand to NCCL (too big, misaligned).
-Then the time per all-reduce inside a CUDA graph of 64 of them (a Llama-3.1-8B decode step's
-worth), NCCL vs symmetric memory. Exit status 0 only when every check passed on every rank.
+A graph of eight back-to-back all-reduces checks that the wide path's buffer is not overwritten
+while a peer still reads it. Then the time per all-reduce inside a CUDA graph of 64 of them (a
+Llama-3.1-8B decode step's worth): NCCL, the one-shot kernel alone, and one-shot below
+``SymmMemAllReduce.WIDE_MIN_BYTES`` with the wide path above (``symm_mem``; as the engine runs). Exit status 0 only when every check passed on every rank.
 """
 
 from __future__ import annotations
@@ -86,14 +88,36 @@ def rank_main(rank: int, world: int, port: int, out_path: str | None) -> None:
             report["checks"].append({"shape": [bs, HIDDEN], "graph_replay": salt, "bitwise_equal": same})
             if not same:
                 failures.append(f"graph replay bs={bs}: differs from NCCL")
+    # Back to back in one graph, eight tensors in turn (the wide path reuses its one buffer).
+    statics = [
+        torch.zeros(256 if i % 2 else 64, HIDDEN, device=device, dtype=torch.bfloat16) for i in range(8)
+    ]
+    for t in statics:
+        parallel.all_reduce(t)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for t in statics:
+            parallel.all_reduce(t)
+    for salt in range(3):
+        inputs = [data(tuple(t.shape), 70 + 8 * salt + i) for i, t in enumerate(statics)]
+        for t, x in zip(statics, inputs):
+            t.copy_(x)
+        graph.replay()
+        same = all(torch.equal(t, nccl(x)) for t, x in zip(statics, inputs))
+        report["checks"].append({"back_to_back": 8, "graph_replay": salt, "bitwise_equal": same})
+        if not same:
+            failures.append(f"graph replay of 8 back-to-back all-reduces ({salt}): differs from NCCL")
     # Latency inside a graph: 64 all-reduces in a row, like one decode step of Llama-3.1-8B.
-    for label, use_fast in (("nccl", False), ("symm_mem", True)):
+    wide = getattr(fast, "wide", False)
+    for label, use_fast in (("nccl", False), ("symm_mem_one_shot", True), ("symm_mem", True)):
         if use_fast and not installed:
             continue
         saved = _fast_all_reduce.pop(id(parallel.group), None)
         if use_fast and saved is not None:
             _fast_all_reduce[id(parallel.group)] = saved
-        for bs in (1, 32, 128, 256):
+            saved.wide = wide and label == "symm_mem"
+        for bs in (1, 32, 64, 128, 256):
             static = data((bs, HIDDEN), 99)
             graph = torch.cuda.CUDAGraph()
             for _ in range(2):
@@ -116,6 +140,8 @@ def rank_main(rank: int, world: int, port: int, out_path: str | None) -> None:
             )
         if saved is not None:
             _fast_all_reduce[id(parallel.group)] = saved
+            saved.wide = wide
+    report["wide_path"] = wide
     report["failures"] = failures
     flags = torch.tensor([len(failures)], device=device)
     dist.all_reduce(flags)

@@ -8,6 +8,8 @@
 # TP=2 at page size 1 and at page size 16, each with a step trace ($OUT/steps-tp{1,2}-p{1,16}.jsonl,
 # summarised by tools/step_trace.py into the output).
 # "pairs": the check, then TP=2, TP=1, TP=2, TP=1 (defaults).
+# "ab": the check, then TP=2, TP=2 without the wide all-reduce and the vocabulary-parallel sampler
+# (as before them), TP=1, TP=2 without each one alone, TP=2 again.
 # Results: $OUT/allreduce.json, $OUT/bench.jsonl, $OUT/logs.tgz.
 set -uo pipefail
 what=${1:-check}
@@ -19,7 +21,7 @@ if [[ $what == pages ]]; then
   timeout 200 python3 -m minisgl_core bench offline --model $m/qwen3-0.6b --attn fi --tp 2 --label "warm-up (discarded)" \
     2>$logs/warm-up.log | tail -n 1 | cut -c1-200
 fi
-if [[ $what == check || $what == pairs ]]; then
+if [[ $what == check || $what == pairs || $what == ab ]]; then
   timeout 240 python3 tools/device_allreduce_check.py --json "$out/allreduce.json" > $logs/allreduce.log 2>&1
   echo "all-reduce check exit $?"; grep -A12 graph_us_per_all_reduce $logs/allreduce.log | head -14
   grep -m3 -i "error\|fail\|warn" $logs/allreduce.log
@@ -29,6 +31,9 @@ bench() { timeout 200 python3 -m minisgl_core bench offline --model $m/llama-3.1
   | python3 -c 'import json, sys; d = json.loads(sys.stdin.read()); print(d["label"], d["output_tok_per_s"], d["seconds"], d.get("page_size", ""), d.get("decode", ""))'; }
 tp1() { CUDA_VISIBLE_DEVICES=0 bench --label llama-3.1-8b-tp1 "$@" 2>>$logs/tp1.log; }
 tp2() { bench --tp 2 --label "llama-3.1-8b-tp2 symm-mem" 2>>$logs/tp2.log; }
+tp2_before() { MINISGL_SYMM_MEM_WIDE=0 MINISGL_VOCAB_PARALLEL_SAMPLING=0 bench --tp 2 \
+  --label "llama-3.1-8b-tp2 one-shot only, gathered logits (MINISGL_SYMM_MEM_WIDE=0 MINISGL_VOCAB_PARALLEL_SAMPLING=0)" 2>>$logs/tp2.log; }
+tp2_without() { ( export "$1=0"; bench --tp 2 --label "llama-3.1-8b-tp2 $1=0" 2>>$logs/tp2.log ); }
 tp2_nccl() { MINISGL_SYMM_MEM=0 bench --tp 2 --label "llama-3.1-8b-tp2 nccl (MINISGL_SYMM_MEM=0)" 2>>$logs/tp2-nccl.log; }
 traced() {  # TP PAGE: one run with its step trace
   local f="$out/steps-tp$1-p$2.jsonl"
@@ -43,6 +48,8 @@ if [[ $what == check ]]; then
   tp1; tp2; tp2_nccl
 elif [[ $what == pairs ]]; then
   tp2; tp1 --decode-latency; tp2; tp1 --decode-latency
+elif [[ $what == ab ]]; then
+  tp2; tp2_before; tp1; tp2_without MINISGL_SYMM_MEM_WIDE; tp2_without MINISGL_VOCAB_PARALLEL_SAMPLING; tp2
 elif [[ $what == pages ]]; then
   traced 1 1; traced 2 1; traced 1 16; traced 2 16
 else

@@ -40,7 +40,7 @@ from minisgl_core.model_dir import eos_token_ids
 from minisgl_core.plugins import Plugins
 from minisgl_core.request_limits import admit
 from minisgl_core.runner.model_runner import ModelRunner
-from minisgl_core.runner.sampler import Sampler, SampleRequest, SampleResult, to_device
+from minisgl_core.runner.sampler import Sampler, SampleRequest, SampleResult, shards_plain, to_device
 from minisgl_core.sampling import SamplingParams, StepOutput
 from minisgl_core.scheduler.request import Request
 from minisgl_core.scheduler.scheduler import ScheduledBatch, Scheduler
@@ -90,7 +90,7 @@ class Engine:
             device,
         )
         self.sampler = Sampler(self.runner.vocab_size, device)
-        self.sampler.warm_up(self.runner.dtype)
+        self.sampler.warm_up(self.runner.dtype, self.runner.logit_shard_shape)
         self.last_tokens = torch.zeros(self.runner.num_request_rows, dtype=torch.int64, device=device)
         self.scheduler = Scheduler(
             policy=policy,
@@ -378,11 +378,17 @@ class Engine:
             else logits[to_device(batch.sampled, logits.device)]
         )
         started = time.perf_counter()
-        result = self.sampler.sample(rows, samples, grammar_mask)
-        token_ids = result.token_ids
-        if self.parallel.tp_size > 1:
-            # Every rank continues with rank 0's tokens, whatever its own sampler drew.
-            torch.distributed.broadcast(token_ids, src=0, group=self.parallel.group)
+        shard = self.runner.logit_shard
+        if shard is not None and grammar_mask is None and shards_plain(samples):
+            # each rank draws over its slice of the vocabulary; the ranks agree on the tokens
+            result = self.sampler.sample_sharded(rows, samples, shard, self.parallel)
+            token_ids = result.token_ids
+        else:
+            result = self.sampler.sample(self.runner.full_logits(rows), samples, grammar_mask)
+            token_ids = result.token_ids
+            if self.parallel.tp_size > 1:
+                # Every rank continues with rank 0's tokens, whatever its own sampler drew.
+                torch.distributed.broadcast(token_ids, src=0, group=self.parallel.group)
         self.last_tokens[to_device(request_rows, token_ids.device)] = token_ids
         done = None
         if token_ids.is_cuda:

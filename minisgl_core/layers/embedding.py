@@ -53,12 +53,21 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(VocabParallelEmbedding):
-    """Output projection split by vocabulary rows; logits are gathered and trimmed to the true vocab."""
+    """Output projection split by vocabulary rows; logits are gathered and trimmed to the true
+    vocab, unless the model runner turned :attr:`gather_output` off (it then samples each rank's
+    slice where it can: ``Sampler.sample_sharded``)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         #: a --quantization method that set ``quantizes_lm_head`` (see api/quantization.py)
         self.quant_method: Any = None
+        #: False: return this rank's ``[n, rows_per_rank]`` slice, padding columns included
+        self.gather_output = True
+
+    @property
+    def valid_rows(self) -> int:
+        """How many of this rank's rows are true vocabulary (the last rank's may be padding)."""
+        return max(0, min(self.rows_per_rank, self.num_embeddings - self.vocab_start))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.quant_method is not None:
@@ -70,5 +79,7 @@ class ParallelLMHead(VocabParallelEmbedding):
             # row of hidden) runs 1.5-3x faster than F.linear for a few rows (measured on 2
             # AVX2 cores, 49,152 x 576, 8 rows: 32 ms against 50-99 ms); the same dot products.
             logits = (self.weight @ hidden.T).T.contiguous()
+        if not self.gather_output:
+            return logits
         logits = self.parallel.all_gather(logits, dim=-1)
         return logits[:, : self.num_embeddings]

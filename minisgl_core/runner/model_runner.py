@@ -18,6 +18,7 @@ from minisgl_core.api import (
 )
 from minisgl_core.checkpoint.formats import open_model
 from minisgl_core.config import CUDA_PAGE_SIZE, ConfigError, EngineConfig
+from minisgl_core.layers import ParallelLMHead
 from minisgl_core.plugins import PluginError, Plugins
 from minisgl_core.runner import quantization
 
@@ -96,6 +97,22 @@ class ModelRunner:
         self.source = open_model(config.model, plugins)
         self.hf_config = self.source.hf_config()
         self.model = self._load_model(plugins)
+        #: (first id, ids) of this rank's slice of the vocabulary while the model returns only
+        #: that slice of the logits (TP > 1, a ParallelLMHead, vocabulary-parallel sampling on);
+        #: None while it returns every id's. :meth:`full_logits` gathers the rest.
+        self.logit_shard: tuple[int, int] | None = None
+        #: (columns, true ids) of that slice as the model returns it (the last rank's may be padded)
+        self.logit_shard_shape: tuple[int, int] | None = None
+        head = getattr(self.model, "lm_head", None)
+        if (
+            parallel.tp_size > 1
+            and isinstance(head, ParallelLMHead)
+            and config.fast_paths.enabled("vocab_parallel_sampling")
+        ):
+            head.gather_output = False
+            self.logit_shard = (head.vocab_start, head.valid_rows)
+            self.logit_shard_shape = (head.rows_per_rank, head.valid_rows)
+            self._vocab_ids = head.num_embeddings
         spec = self.model.kv_spec
         max_pos = int(self.hf_config.get("max_position_embeddings", 4096))
         self.max_context_len = min(config.max_context_len or max_pos, max_pos)
@@ -240,14 +257,23 @@ class ModelRunner:
     # ------------------------------------------------------------------ running
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        return self.prepare(batch)()
+        """The batch's logits over the whole vocabulary."""
+        return self.full_logits(self.prepare(batch)())
+
+    def full_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` over the whole vocabulary: gathered from every rank while the model returns
+        this rank's slice (:attr:`logit_shard`); every rank must call it for the same rows."""
+        if self.logit_shard is None:
+            return logits
+        return self.parallel.all_gather(logits, dim=-1)[:, : self._vocab_ids]
 
     @torch.inference_mode()
     def prepare(self, batch: ForwardBatch) -> Callable[[], torch.Tensor]:
         """Everything of ``batch``'s forward that does not read its ``input_ids`` on the device
         (the attention's plan, a CUDA graph's other inputs); the call returned reads them and runs
-        the model, returning the logits. The engine launches a sampling that writes those input
-        ids in between (a constrained step whose bitmask was being filled)."""
+        the model, returning the logits (this rank's slice of them while :attr:`logit_shard` is
+        set). The engine launches a sampling that writes those input ids in between (a
+        constrained step whose bitmask was being filled)."""
         if self.graphs is not None and not batch.is_prefill and self.graphs.can_run(batch):
             return self.graphs.prepare(batch)
         batch.attn.prepare_metadata(batch)

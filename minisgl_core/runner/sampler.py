@@ -74,6 +74,14 @@ def gumbel_argmax_chunked(
     """:func:`gumbel_argmax_compiled` as one Triton kernel over (row, chunk) programs, the noise
     from Philox keyed by ``seed`` (four uniforms per counter, one counter per four ids of a
     chunk), then the chunks' maxima reduced by torch."""
+    return gumbel_max_chunked(logits, scale, noise_scale, seed)[1]
+
+
+def gumbel_max_chunked(
+    logits: torch.Tensor, scale: torch.Tensor, noise_scale: torch.Tensor, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row the maximum of ``logits * scale + noise_scale * gumbel`` (float32) and its first
+    index, as :func:`gumbel_argmax_chunked` draws it."""
     from minisgl_core.runner._sampler_triton import gumbel_chunk_max_kernel
 
     rows, vocab = logits.shape
@@ -86,7 +94,36 @@ def gumbel_argmax_chunked(
         logits, logits.stride(0), scale, noise_scale, seed, vocab, values, indices, chunks,
         TINY=_TINY, CHUNK=_CHUNK, FAST_LOG=not environment.triton_interpreter(), num_warps=8,
     )  # fmt: skip
-    return indices.gather(1, values.argmax(dim=1, keepdim=True)).squeeze(1)
+    best = values.argmax(dim=1, keepdim=True)
+    return values.gather(1, best).squeeze(1), indices.gather(1, best).squeeze(1)
+
+
+def gumbel_max_torch(
+    logits: torch.Tensor, scale: torch.Tensor, noise_scale: torch.Tensor, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`gumbel_max_chunked` in torch ops, the noise from ``generator`` (CPU; the fast path off)."""
+    u = torch.rand(logits.shape, device=logits.device, generator=generator).clamp(min=_TINY)
+    y = logits.float() * scale[:, None] + noise_scale[:, None] * -torch.log(-torch.log(u))
+    values, indices = y.max(dim=-1)
+    return values, indices
+
+
+def shards_plain(requests: Sequence[SampleRequest]) -> bool:
+    """Whether these rows can be sampled from each rank's slice of the vocabulary alone
+    (:meth:`Sampler.sample_sharded`): no penalty, bias, truncation, logprobs or own seed, which all
+    need the whole row."""
+    return all(
+        r.generator is None
+        and r.params.logprobs is None
+        and r.params.top_k <= 0
+        and r.params.top_p >= 1.0
+        and r.params.min_p <= 0.0
+        and not r.params.presence_penalty
+        and not r.params.frequency_penalty
+        and r.params.repetition_penalty == 1.0
+        and not r.params.logit_bias
+        for r in requests
+    )
 
 
 @fused
@@ -189,13 +226,22 @@ class Sampler:
         self.triton = triton_enabled(device, "MINISGL_TRITON_SAMPLER")
         # Philox seeds of the Triton draw: one per call, counted up from a draw of torch's RNG
         self._seed = int(torch.randint(0, 2**30, ()).item())
+        #: the noise of sample_sharded off the Triton path (made on first use, keyed by rank)
+        self._shard_generator: torch.Generator | None = None
 
-    def warm_up(self, dtype: torch.dtype) -> None:
+    def warm_up(self, dtype: torch.dtype, shard: tuple[int, int] | None = None) -> None:
         """Compile the fused sampling kernel and the grammar mask now (one and several rows), so
         that the first sampled request does not wait for them: on a cold machine that is over a
-        second each."""
+        second each. ``shard``: (columns, true ids) of this rank's slice of the logits, when it
+        samples one (:meth:`sample_sharded`; Triton compiles a variant per class of sizes)."""
         if self.device.type != "cuda":
             return
+        if shard is not None and self.triton:
+            ones = torch.ones(2, device=self.device)
+            for rows in (2, 1):
+                with torch.inference_mode():
+                    local = torch.zeros(rows, shard[0], dtype=dtype, device=self.device)
+                gumbel_max_chunked(local[:, : shard[1]], ones[:rows], ones[:rows], 1)
         for rows in (2, 1):
             # The compiled kernels' guards tell the model's logits (inference tensors) from tensors
             # made outside inference mode (some rows of them, a masked or penalised copy): warmed
@@ -250,6 +296,45 @@ class Sampler:
         else:
             token_ids = self._sample_race(logits, requests)
         return self._with_logprobs(raw, token_ids, params)
+
+    def sample_sharded(
+        self, logits: torch.Tensor, requests: Sequence[SampleRequest], shard: tuple[int, int], parallel
+    ) -> SampleResult:
+        """Sample rows whose logits are split by vocabulary across the TP ranks (``logits``: this
+        rank's ``[n, width]`` slice, ids ``start .. start + valid - 1`` of ``shard = (start,
+        valid)``; columns past ``valid`` are padding). Only for :func:`shards_plain` rows.
+
+        The Gumbel-max draw splits exactly: the largest ``logits / T + g`` over the whole
+        vocabulary is the largest of each slice's largest, so each rank draws over its own ids
+        with its own noise (a Philox key or generator of its own: the ranks' noises must be
+        independent) and the ranks trade one (value, token) pair per row, through an all-reduce
+        of a ``[tp, n, 2]`` float32 tensor in which each rank fills its own row of pairs. Every
+        rank then picks the same winner (the first rank holding the maximum: torch's first
+        index), so no broadcast of the tokens is needed. Token ids stay exact in float32 below
+        2**24."""
+        start, valid = shard
+        params = [r.params for r in requests]
+        device = logits.device
+        local = logits[:, :valid]
+        scale = to_device([1.0 if p.greedy else 1.0 / p.temperature for p in params], device, torch.float32)
+        noise_scale = to_device([0.0 if p.greedy else 1.0 for p in params], device, torch.float32)
+        if self.triton:
+            self._seed = (self._seed + 1) % 2**31
+            # a key per rank: every rank counts the same seeds
+            key = (self._seed + 1_000_003 * parallel.tp_rank) % 2**31
+            values, indices = gumbel_max_chunked(local, scale, noise_scale, key)
+        else:
+            if self._shard_generator is None:
+                self._shard_generator = torch.Generator(device=device)
+                self._shard_generator.manual_seed(self._seed + 7919 * parallel.tp_rank)
+            values, indices = gumbel_max_torch(local, scale, noise_scale, self._shard_generator)
+        pairs = torch.zeros((parallel.tp_size, local.shape[0], 2), dtype=torch.float32, device=device)
+        pairs[parallel.tp_rank, :, 0] = values
+        pairs[parallel.tp_rank, :, 1] = (indices + start).float()
+        parallel.all_reduce(pairs)  # each rank's pairs, on every rank (the others add zeros)
+        winner = pairs[:, :, 0].argmax(dim=0, keepdim=True)
+        token_ids = pairs[:, :, 1].gather(0, winner).squeeze(0).long()
+        return SampleResult(token_ids, [], None, None, None, [])
 
     # ------------------------------------------------------------------ pieces
 
