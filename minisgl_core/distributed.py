@@ -1,9 +1,12 @@
 """torch.distributed for tensor parallelism: joining the group, and broadcasting bytes from rank 0.
 
-The main group uses NCCL on GPUs and gloo on CPU; the model's collectives and the per-step
-command broadcast run on it. A second, gloo-only "control" group with a very long timeout is
-where ranks 1..N-1 park while the server is idle: a blocked gloo broadcast sleeps (no busy
-spin, unlike a pending NCCL kernel) and does not time out after NCCL's few minutes.
+The main group uses NCCL on GPUs and gloo on CPU; the model's collectives run on it. A second,
+gloo-only "control" group with a very long timeout carries the host's messages: the per-step
+command broadcast, and the broadcast where ranks 1..N-1 park while the server is idle (a blocked
+gloo broadcast sleeps, no busy spin unlike a pending NCCL kernel, and does not time out after
+NCCL's few minutes). The per-step broadcast must not ride on NCCL: a broadcast there waits for
+every kernel queued before it, so reading its result would wait for the step in flight and
+undo the overlap of host and device.
 """
 
 from __future__ import annotations
@@ -65,8 +68,7 @@ class TPGroup:
     def __init__(self, parallel: ParallelContext, control_group: object | None, device: torch.device) -> None:
         self.parallel = parallel
         self.control_group = control_group
-        # NCCL only moves device tensors; gloo wants CPU ones.
-        self.device = device if device.type == "cuda" else torch.device("cpu")
+        self.device = device
 
     @property
     def rank(self) -> int:
@@ -77,18 +79,19 @@ class TPGroup:
         return self.parallel.tp_size
 
     def broadcast_int(self, value: int = 0) -> int:
-        t = torch.tensor([value], dtype=torch.int64, device=self.device)
-        dist.broadcast(t, src=0, group=self.parallel.group)
+        """Rank 0's ``value`` on every rank (host to host, on the gloo control group)."""
+        t = torch.tensor([value], dtype=torch.int64)
+        dist.broadcast(t, src=0, group=self.control_group)
         return int(t.item())
 
     def broadcast_bytes(self, data: bytes, length: int) -> bytes:
         """Rank 0's ``data`` (``length`` bytes, known to every rank) on every rank."""
         if self.rank == 0:
-            t = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device)
+            t = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         else:
-            t = torch.empty(length, dtype=torch.uint8, device=self.device)
-        dist.broadcast(t, src=0, group=self.parallel.group)
-        return data if self.rank == 0 else t.cpu().numpy().tobytes()
+            t = torch.empty(length, dtype=torch.uint8)
+        dist.broadcast(t, src=0, group=self.control_group)
+        return data if self.rank == 0 else t.numpy().tobytes()
 
     def park(self) -> None:
         """Ranks > 0: sleep until rank 0 calls :meth:`wake` (control group: no spin, no timeout)."""
@@ -181,8 +184,9 @@ class SymmMemAllReduce:
 
     #: one-shot reads every peer's copy, so its useful size shrinks with the group
     MAX_BYTES_TIMES_WORLD = 8 << 20
-    #: from this size on the wide path (when on): four kernels cost more than one below it
-    WIDE_MIN_BYTES = 256 << 10
+    #: from this size on the wide path (when on): its four kernels cost more than the one below it
+    #: (two H200s, µs in a graph: 256 KiB 10.7 vs 9.6, 512 KiB 11.7 vs 11.8, 1 MiB 13.1 vs 15.0)
+    WIDE_MIN_BYTES = 768 << 10
     #: elements per program of the wide path's sum (bf16: 8 KiB)
     WIDE_BLOCK = 4096
 

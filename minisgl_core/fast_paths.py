@@ -32,7 +32,7 @@ class FastPaths:
     triton_sampler: bool = True
     #: one-shot symmetric-memory all-reduce for decode-sized sums under tensor parallelism
     symm_mem: bool = True
-    #: its wide path for sums from 256 KiB: copy, barrier, a Triton sum over every peer's buffer
+    #: its wide path for sums from 768 KiB: copy, barrier, a Triton sum over every peer's buffer
     symm_mem_wide: bool = True
     #: tensor parallelism: each rank samples its own slice of the vocabulary and the ranks trade
     #: one (value, token) pair per row, instead of gathering every rank's logits

@@ -1,9 +1,10 @@
 """The scheduler process of one TP rank: its engine and the loop that feeds it.
 
 Rank 0 receives requests and aborts from the tokenizer. At the start of every step it broadcasts
-that step's messages to ranks 1..N-1 (msgpack bytes in a uint8 tensor), so every rank calls
+that step's messages to ranks 1..N-1 (msgpack bytes in a uint8 tensor, host to host on the gloo
+control group, so that no rank waits for the step in flight on its GPU), so every rank calls
 ``add_request`` / ``abort`` / ``step`` with the same arguments in the same order and the engines
-stay in lock-step; the engine itself broadcasts rank 0's sampled tokens. Only rank 0 sends
+stay in lock-step; the engine makes every rank sample the same tokens. Only rank 0 sends
 outputs (and now and then ``Engine.stats()``) to the detokenizer.
 
 When there is nothing to do, rank 0 blocks on its socket and first tells the other ranks to
