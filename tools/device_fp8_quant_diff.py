@@ -5,7 +5,8 @@
 1. Identity weight (e4m3 1.0 on the diagonal, scales 1): the GEMV's output is then ``q(x) * x_scale``
    (float32 activations holding bf16 values: no rounding after the product), compared bitwise, row by row, with ``quantize_rows``' on random rows (with and without
    a few large entries); the first mismatching elements are printed with their operands.
-2. The case ``tools/device_fp8_check.py gemm`` flagged (o_proj, one token: 0.0077 from the
+2. The Triton row quantizer that feeds ``torch._scaled_mm`` against eager ``quantize_rows``, bitwise.
+3. The case ``tools/device_fp8_check.py gemm`` flagged (o_proj, one token: 0.0077 from the
    emulation, 2026-11-26): its weight and token redrawn from the same generator sequence, the
    GEMV against the emulation in float64 and float32, and which quantized elements differ.
 """
@@ -45,6 +46,23 @@ def identity_rows(rows: int, k: int, device) -> dict:
     return {"rows": rows, "rows_with_a_difference": bad_rows, "examples": examples[:12]}
 
 
+def row_quantizer(rows: int, device) -> dict:
+    """The Triton row quantizer (the ``_scaled_mm`` path's) against eager ``quantize_rows``."""
+    from minisgl_plugin_fp8.gemv import quantize_rows_triton
+    from minisgl_plugin_fp8.method import quantize_rows
+
+    gen = torch.Generator(device=device).manual_seed(2)
+    differing = 0
+    for k in (4096, 14336):
+        x = torch.randn(rows, k, generator=gen, device=device)
+        x[::2, :8] *= 10
+        x = x.to(torch.bfloat16)
+        q, scale = quantize_rows_triton(x)
+        q_ref, scale_ref = quantize_rows(x)
+        differing += int((scale != scale_ref).sum()) + int((q.float() != q_ref.float()).any(dim=1).sum())
+    return {"rows": 2 * rows, "rows_with_a_difference": differing}
+
+
 def flagged_case(device) -> dict:
     from minisgl_plugin_fp8 import method as fp8_method
     from minisgl_plugin_fp8.method import Fp8Method
@@ -82,7 +100,7 @@ def flagged_case(device) -> dict:
     eye = torch.eye(k, device=device).to(fp8_method.FP8).contiguous()
     got = fp8_gemv(x.float(), eye, torch.ones(k, device=device))
     want = q.float() * scale
-    cols = (got != want).nonzero()[:, 1].tolist()
+    cols = sorted((got != want).nonzero()[:, 1].tolist(), key=lambda j: -abs((got - want)[0, j]).item())
     report["differing_activations"] = [
         {"col": j, "x": x[0, j].item(), "gemv": got[0, j].item(), "quantize_rows": want[0, j].item()}
         for j in cols[:8]
@@ -97,7 +115,8 @@ def main() -> None:
     p.add_argument("--json")
     args = p.parse_args()
     device = torch.device(args.device)
-    report = {"identity": identity_rows(args.rows, 4096, device), "flagged": flagged_case(device)}
+    report = {"identity": identity_rows(args.rows, 4096, device), "row_quantizer": row_quantizer(args.rows, device),
+              "flagged": flagged_case(device)}  # fmt: skip
     print(json.dumps(report, indent=1))
     if args.json:
         with open(args.json, "w") as f:

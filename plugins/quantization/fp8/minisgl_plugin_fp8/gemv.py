@@ -36,6 +36,7 @@ import triton.language as tl
 #: most tokens the GEMV takes; from 2 on the FP8 tensor-core GEMM (``torch._scaled_mm``) runs
 GEMV_MAX_M = 1
 FP8_MAX: tl.constexpr = tl.constexpr(448.0)
+INV_FP8_MAX: tl.constexpr = tl.constexpr(1.0 / 448.0)  # method.INV_FP8_MAX, rounded to float32 alike
 MIN_SCALE: tl.constexpr = tl.constexpr(1e-12)
 
 
@@ -98,13 +99,13 @@ def fp8_gemv_kernel(
     w_ptrs = w + rows[:, None].to(tl.int64) * K + cols[None, :]
     scale = tl.load(w_scale + rows, mask=row_ok, other=0.0)
     out = out + split.to(tl.int64) * N
-    # the token's scale as quantize_rows computes it, max(amax / 448, 1e-12), over the whole row
+    # the token's scale as quantize_rows computes it, max(amax * (1 / 448), 1e-12), over the whole row
     # (every split reads the row: the scale must not depend on the split), and its reciprocal
     amax = tl.zeros((1, SCALE_BLOCK), dtype=tl.float32)
     for step in range(0, K_ROW, SCALE_BLOCK):
         offsets = step + tl.arange(0, SCALE_BLOCK)[None, :]
         amax = tl.maximum(amax, tl.abs(tl.load(x + offsets, mask=offsets < K, other=0.0).to(tl.float32)))
-    x_scale = tl.maximum(tl.div_rn(tl.max(amax, axis=1, keep_dims=True), FP8_MAX), MIN_SCALE)
+    x_scale = tl.maximum(tl.max(amax, axis=1, keep_dims=True) * INV_FP8_MAX, MIN_SCALE)
     x_inverse = tl.div_rn(tl.full((1, 1), 1.0, tl.float32), x_scale)
     # x as one [1, BLOCK_K] row: the weight tile's layout, no shuffle through shared memory
     x_ptrs = x + cols[None, :]
@@ -129,6 +130,53 @@ def _round_e4m3(q):
     step = ((exponent - 3) << 23).to(tl.float32, bitcast=True)
     inverse = ((257 - exponent) << 23).to(tl.float32, bitcast=True)  # 1 / step, exactly
     return ((q * inverse + 12582912.0) - 12582912.0) * step
+
+
+@triton.jit
+def quantize_rows_kernel(
+    x,
+    x_row_stride,
+    q,
+    scales,
+    K,
+    K_ROW: tl.constexpr,  # K rounded up to a multiple of BLOCK (a constant: the interpreter wants one)
+    BLOCK: tl.constexpr,
+):
+    """Row ``program_id`` of ``x`` as ``quantize_rows`` quantizes it, in the GEMV's arithmetic:
+    the scale ``max(amax * (1 / 448), 1e-12)``, its IEEE reciprocal, each element times it,
+    clamped, rounded to e4m3 (exact in the float8 store), in two passes over the row."""
+    row = tl.program_id(0).to(tl.int64)
+    x = x + row * x_row_stride
+    amax = tl.zeros((1, BLOCK), dtype=tl.float32)  # [1, BLOCK] rows, as in the GEMV
+    for start in range(0, K_ROW, BLOCK):
+        cols = start + tl.arange(0, BLOCK)[None, :]
+        amax = tl.maximum(amax, tl.abs(tl.load(x + cols, mask=cols < K, other=0.0).to(tl.float32)))
+    scale = tl.maximum(tl.max(amax, axis=1, keep_dims=True) * INV_FP8_MAX, MIN_SCALE)
+    inverse = tl.div_rn(tl.full((1, 1), 1.0, tl.float32), scale)
+    for start in range(0, K_ROW, BLOCK):
+        cols = start + tl.arange(0, BLOCK)[None, :]
+        xk = tl.load(x + cols, mask=cols < K, other=0.0).to(tl.float32)
+        qk = _round_e4m3(tl.clamp(xk * inverse, -FP8_MAX, FP8_MAX))
+        tl.store(q + row * K + cols, qk.to(q.dtype.element_ty), mask=cols < K)
+    tl.store(scales + row + tl.zeros((1, 1), dtype=tl.int64), scale)
+
+
+_QUANTIZE_BLOCK = 4096
+
+
+def quantize_rows_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_rows(x)`` for ``x`` [M, K] (last stride 1) as one kernel: (float8_e4m3fn [M, K],
+    float32 scales [M, 1]), the same bits."""
+    m, k = x.shape
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
+    scales = torch.empty((m, 1), dtype=torch.float32, device=x.device)
+    if m:
+        block = min(triton.next_power_of_2(k), _QUANTIZE_BLOCK)
+        k_row = triton.cdiv(k, block) * block
+        quantize_rows_kernel[(m,)](x, x.stride(0), q, scales, k, K_ROW=k_row, BLOCK=block, num_warps=4)
+    return q, scales
 
 
 @triton.jit

@@ -28,6 +28,10 @@ from minisgl_core.api import QuantizationMethod
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448
+#: scales are ``amax * INV_FP8_MAX`` (a multiplication by this float32 constant), not ``amax / 448``:
+#: torch on CUDA divides by a scalar that way itself, while its CPU kernel and Triton divide, and
+#: one ulp of scale moves activations across e4m3 rounding boundaries (GPU check, 2026-11-26)
+INV_FP8_MAX = 1.0 / FP8_MAX
 #: smallest scale: an all-zero row or token must not divide by zero
 MIN_SCALE = 1e-12
 
@@ -36,24 +40,22 @@ def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``t`` [rows, cols] as (float8_e4m3fn [rows, cols], float32 scale [rows, 1]) with
     ``t ≈ q * scale``: each row scaled so its largest magnitude maps to 448."""
     amax = t.abs().amax(dim=-1, keepdim=True).float()
-    scale = (amax / FP8_MAX).clamp_(min=MIN_SCALE)
-    # times the reciprocal (one division per row, as the GEMV computes it): the same bits there
+    scale = (amax * INV_FP8_MAX).clamp_(min=MIN_SCALE)
+    # times the reciprocal (one IEEE division per row, as the Triton kernels compute it)
     q = (t.float() * torch.reciprocal(scale)).clamp_(-FP8_MAX, FP8_MAX).to(FP8)
     return q, scale
 
 
-_compiled: list = []
-
-
 def quantize_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`quantize_rows` of the activations: on CUDA through ``torch.compile`` (one fused
-    kernel instead of six per layer, which batch-1 decoding would feel); ``MINISGL_COMPILE=0``
-    runs it eagerly."""
+    """:func:`quantize_rows` of the activations: on CUDA one Triton kernel (instead of six per
+    layer), whose arithmetic is the one-token GEMV's, so a token's e4m3 row is the same bits
+    whichever path its batch takes (``torch.compile`` of :func:`quantize_rows` was the kernel
+    before: its division is not ours to choose); ``MINISGL_COMPILE=0`` runs it eagerly."""
     if not x.is_cuda or os.environ.get("MINISGL_COMPILE", "1") == "0":
         return quantize_rows(x)
-    if not _compiled:
-        _compiled.append(torch.compile(quantize_rows, dynamic=True, fullgraph=True))
-    return _compiled[0](x)
+    from minisgl_plugin_fp8.gemv import quantize_rows_triton
+
+    return quantize_rows_triton(x)
 
 
 #: module switch (ablation, benchmarks): False sends every token count to ``torch._scaled_mm``

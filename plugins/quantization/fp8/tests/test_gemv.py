@@ -1,8 +1,9 @@
 """The one-token FP8 GEMV (:mod:`minisgl_plugin_fp8.gemv`) on the CPU under Triton's interpreter, in
 a child process (``TRITON_INTERPRET`` must be set before Triton is imported): it equals the plugin's
 emulation (``quantize_rows`` of the activations, both operands dequantized, the float32 product),
-with and without split-K, and its in-kernel e4m3 rounding is torch's; ``Fp8Method.apply`` sends one
-token to it and more to ``torch._scaled_mm``. It also compiles for sm_90 (the interpreter does not
+with and without split-K, and its in-kernel e4m3 rounding is torch's; the row quantizer kernel that
+feeds ``torch._scaled_mm`` on CUDA gives ``quantize_rows``' bits; ``Fp8Method.apply`` sends one
+token to the GEMV and more to ``torch._scaled_mm``. It also compiles for sm_90 (the interpreter does not
 type-check). Speed is measured on a GPU: tools/device_fp8_check.py gemm."""
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ def test_gemv_equals_the_float32_product():
 def test_in_kernel_rounding_to_e4m3_is_torchs():
     out = run_child("round")
     assert out.split() == ["ok"], out
+
+
+def test_the_row_quantizer_kernel_gives_quantize_rows_bits():
+    out = run_child("quantize")
+    assert out.split() == ["ok"] * len(QUANTIZE_SHAPES), out
 
 
 def test_apply_takes_the_gemv_at_one_token_and_scaled_mm_beyond():
@@ -80,6 +86,23 @@ def test_gemv_compiles_for_sm90():
     assert "mma" not in ptx  # CUDA cores
 
 
+def test_row_quantizer_compiles_for_sm90():
+    from minisgl_plugin_fp8.gemv import quantize_rows_kernel
+    from triton import compile as triton_compile
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature = {"x": "*bf16", "x_row_stride": "i32", "q": "*fp8e4nv", "scales": "*fp32", "K": "i32",
+                 "K_ROW": "constexpr", "BLOCK": "constexpr"}  # fmt: skip
+    compiled = triton_compile(
+        ASTSource(quantize_rows_kernel, signature, constexprs={"K_ROW": 16384, "BLOCK": 4096}),
+        target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": 4},
+    )
+    ptx = compiled.asm["ptx"]
+    assert "div.rn.f32" in ptx  # the IEEE reciprocal, as torch.reciprocal
+
+
 # ---------------------------------------------------------------- the child process
 
 #: (weight rows, weight columns, split_k or None for pick_config's): row counts not a multiple of
@@ -117,6 +140,35 @@ def check_kernel() -> None:
             unrounded = xd.float() @ weight
             assert (out.float() - unrounded).norm() > 0.01 * unrounded.norm()
         print("ok", rows, cols, config.split_k)
+
+
+#: (rows, columns, dtype): one pass and two passes over a row (4,096 columns per pass), a row
+#: of zeros, a row with outliers, a view into wider rows
+QUANTIZE_SHAPES = [
+    (5, 208, torch.float32),
+    (3, 4096, torch.bfloat16),
+    (4, 9000, torch.bfloat16),
+    (6, 640, torch.float16),
+]
+
+
+def check_quantize() -> None:
+    from minisgl_plugin_fp8.gemv import quantize_rows_triton
+    from minisgl_plugin_fp8.method import quantize_rows
+
+    gen = torch.Generator().manual_seed(2)
+    for rows, cols, dtype in QUANTIZE_SHAPES:
+        x = torch.randn(rows, cols + 8, generator=gen)[:, :cols] * 3
+        x[0] = 0.0
+        x[1, :4] *= 40
+        x = x.to(dtype)
+        q, scale = quantize_rows_triton(x)
+        q_ref, scale_ref = quantize_rows(x)
+        assert q.dtype == torch.float8_e4m3fn and scale.shape == (rows, 1)
+        assert torch.equal(scale, scale_ref), (scale, scale_ref)
+        # the same values (a tiny negative may come out +0.0 here and -0.0 in torch: no product differs)
+        assert torch.equal(q.float(), q_ref.float())
+        print("ok")
 
 
 def check_round() -> None:
@@ -180,4 +232,6 @@ def check_apply() -> None:
 
 
 if __name__ == "__main__":
-    {"kernel": check_kernel, "apply": check_apply, "round": check_round}[sys.argv[1]]()
+    {"kernel": check_kernel, "apply": check_apply, "round": check_round, "quantize": check_quantize}[
+        sys.argv[1]
+    ]()
