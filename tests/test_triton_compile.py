@@ -66,3 +66,15 @@ def test_silu_mul_kernel_compiles(target, dtype):
 
     signature = {"gate_up": f"*{dtype}", "row_stride": "i64", "out": f"*{dtype}", "inter": "i32"}
     compiles(silu_mul_kernel, signature, {"BLOCK": _SILU_BLOCK}, target)
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")
+@pytest.mark.parametrize("dtype, world", [("bf16", 2), ("fp32", 4)])
+def test_all_reduce_sum_kernel_compiles(target, dtype, world):
+    from minisgl_core.distributed import SymmMemAllReduce
+    from minisgl_core.layers._triton_collectives import sum_peer_buffers_kernel
+
+    signature = {"buffer_ptrs": "*i64", "out": f"*{dtype}", "n": "i32"}
+    compiles(
+        sum_peer_buffers_kernel, signature, {"WORLD": world, "BLOCK": SymmMemAllReduce.WIDE_BLOCK}, target
+    )

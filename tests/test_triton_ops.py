@@ -1,4 +1,5 @@
-"""The hand-written Triton kernels of ``minisgl_core.layers.triton_ops`` (norm + rotary + KV store; SiLU·mul), run on the CPU under
+"""The hand-written Triton kernels of ``minisgl_core.layers.triton_ops`` (norm + rotary + KV store; SiLU·mul) and the
+wide all-reduce's sum (``minisgl_core.layers._triton_collectives``), run on the CPU under
 Triton's interpreter in a child process (``TRITON_INTERPRET`` must be set before Triton is
 imported). In float32, where the interpreter's arithmetic is exact enough to compare with the
 eager reference at 1e-5; bf16 rounding is checked on the GPU (``tools/device_e2e.py``)."""
@@ -29,6 +30,11 @@ def test_kernel_matches_norm_rope_and_store():
 def test_silu_mul_matches_eager():
     out = run_child("silu")
     assert out.count("ok") == 3, out
+
+
+def test_all_reduce_sum_kernel_adds_every_buffer_in_rank_order():
+    out = run_child("collective")
+    assert out.split() == ["ok"] * 3, out
 
 
 def test_decoder_with_fused_store_generates_the_same(tmp_path):
@@ -186,10 +192,30 @@ def check_model(tmp: str) -> None:
         print("same", arch)
 
 
+def check_collective() -> None:
+    """The wide all-reduce's sum (``SymmMemAllReduce``): every rank's buffer, found through a table
+    of pointers, summed in rank order into the output; sizes not a multiple of the block."""
+    from minisgl_core.layers._triton_collectives import sum_peer_buffers_kernel
+
+    gen = torch.Generator().manual_seed(3)
+    for world, n, block in ((2, 10_000, 4096), (3, 5, 64), (4, 4096, 1024)):
+        buffers = [torch.randn(n + 7, generator=gen) for _ in range(world)]  # larger than the tensor
+        ptrs = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64)
+        out = torch.full((n,), float("nan"))
+        sum_peer_buffers_kernel[(-(-n // block),)](ptrs, out, n, WORLD=world, BLOCK=block)
+        expected = buffers[0][:n].clone()
+        for b in buffers[1:]:
+            expected += b[:n]
+        assert torch.equal(out, expected), (out - expected).abs().max()
+        print("ok")
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "kernel":
         check_kernel()
     elif sys.argv[1] == "silu":
         check_silu()
+    elif sys.argv[1] == "collective":
+        check_collective()
     else:
         check_model(sys.argv[2])
