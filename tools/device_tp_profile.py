@@ -177,7 +177,9 @@ def main() -> None:
         proc.start()
     reports = sorted((queue.get(timeout=900) for _ in procs), key=lambda r: r["rank"])
     for proc in procs:
-        proc.join(timeout=60)
+        proc.join(timeout=30)
+        if proc.is_alive():  # a rank stuck tearing down NCCL (seen once at TP=2): its report is in
+            proc.kill()
     for r in reports:
         print(f"== TP={world} rank {r['rank']}: {r['total_s']} s for the workload")
         buckets: dict[int, list[float]] = defaultdict(list)
