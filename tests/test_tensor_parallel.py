@@ -43,11 +43,13 @@ def _rank(rank: int, world: int, port: int, model_dir: str, queue) -> None:
         dist.destroy_process_group()
 
 
-def _run(world: int, model_dir: str) -> dict[int, list[list[int]]]:
+def _spawn_ranks(target, world: int, *args) -> dict:
+    """``target(rank, world, port, *args, queue)`` in ``world`` processes; the (rank, result) pairs
+    they put on the queue, as a dict, once every one exited cleanly."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, world, port, model_dir, queue)) for r in range(world)]
+    procs = [ctx.Process(target=target, args=(r, world, port, *args, queue)) for r in range(world)]
     for p in procs:
         p.start()
     results = dict(queue.get(timeout=300) for _ in procs)
@@ -55,6 +57,10 @@ def _run(world: int, model_dir: str) -> dict[int, list[list[int]]]:
         p.join(timeout=60)
         assert p.exitcode == 0
     return results
+
+
+def _run(world: int, model_dir: str) -> dict[int, list[list[int]]]:
+    return _spawn_ranks(_rank, world, model_dir)
 
 
 @pytest.mark.parametrize(
@@ -183,7 +189,7 @@ def test_all_gather_concatenates_in_rank_order_along_the_dimension():
     assert got[0] == got[1] == (along_last, ranks[0] + ranks[1])
 
 
-def _sharded_sampling_rank(rank: int, addr: str, results) -> None:
+def _sharded_sampling_rank(rank: int, world: int, port: int, results) -> None:
     import torch
     import torch.distributed as dist
 
@@ -191,9 +197,9 @@ def _sharded_sampling_rank(rank: int, addr: str, results) -> None:
     from minisgl_core.runner.sampler import Sampler, SampleRequest
     from minisgl_core.sampling import SamplingParams
 
-    dist.init_process_group("gloo", init_method=f"tcp://{addr}", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        parallel = ParallelContext(rank, 2, dist.group.WORLD)
+        parallel = ParallelContext(rank, world, dist.group.WORLD)
         torch.manual_seed(0)  # the ranks' torch RNGs agree, as the engine's --seed makes them
         sampler = Sampler(12, torch.device("cpu"))
         requests = [SampleRequest(SamplingParams(temperature=0.8), [])] * SAMPLED
@@ -227,20 +233,8 @@ def test_vocabulary_parallel_sampling_draws_from_softmax_and_every_rank_agrees()
     even with equal torch seeds), the last rank's padding never drawn, and a greedy row must take
     the global argmax (in rank 1's slice here)."""
     import torch
-    import torch.multiprocessing as mp
 
-    from minisgl_core.distributed import free_loopback_addr
-
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    addr = free_loopback_addr()
-    procs = [ctx.Process(target=_sharded_sampling_rank, args=(r, addr, results)) for r in range(2)]
-    for p in procs:
-        p.start()
-    got = dict(results.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    got = _spawn_ranks(_sharded_sampling_rank, 2)
     assert got[0] == got[1]
     for logits, drawn in zip((MIRRORED_LOGITS, PADDED_LOGITS), got[0]):
         tokens = torch.tensor(drawn)
@@ -291,16 +285,7 @@ def test_tp2_sampled_batches_agree_across_ranks_on_both_sampling_paths(tmp_path)
     model_dir = str(
         make_model_dir(tmp_path / "m", "LlamaForCausalLM", vocab_size=1027, tie_word_embeddings=False)
     )
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_mixed_sampling_rank, args=(r, 2, port, model_dir, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    got = dict(queue.get(timeout=300) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    got = _spawn_ranks(_mixed_sampling_rank, 2, model_dir)
     (sharded0, tokens0, logprobs0), (sharded1, tokens1, logprobs1) = got[0], got[1]
     assert sharded0 and sharded1
     assert tokens0 == tokens1

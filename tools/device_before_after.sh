@@ -25,13 +25,7 @@ shapes=("$@")
 results="$out/before-after.jsonl"
 say() { echo "[before_after $(date -u +%H:%M:%S)] $*"; }
 
-use_tree() {  # reinstall the packages of one tree
-  local tree=$1 pkgs=(-e .)
-  python3 -m pip list --format=freeze 2>/dev/null | grep -i '^minisgl' | cut -d= -f1 |
-    xargs -r python3 -m pip uninstall -q -y >/dev/null 2>&1
-  for d in "$tree"/plugins/*/*/; do [ -f "$d/pyproject.toml" ] && pkgs+=(-e "${d#"$tree"/}"); done
-  (cd "$tree" && python3 -m pip install -q --no-index --no-deps --no-build-isolation "${pkgs[@]}")
-}
+source "$here/_use_tree.sh"
 
 for shape in "${shapes[@]}"; do
   [ -f "/tmp/m/$shape/config.json" ] || python3 -m minisgl_core bench make-model --shape "$shape" \

@@ -16,13 +16,7 @@ out=${OUT:-/tmp/out}; logs=/tmp/tp-serve-logs; mkdir -p "$out" $logs /tmp/m
 before=$(cd "${BEFORE:?set BEFORE to the earlier tree}" && pwd)
 model=/tmp/m/llama-3.1-8b
 [ -f $model/config.json ] || python3 -m minisgl_core bench make-model --shape llama-3.1-8b --out $model --device cuda >/dev/null
-use_tree() {  # reinstall the packages of one tree
-  local tree=$1 pkgs=(-e .)
-  python3 -m pip list --format=freeze 2>/dev/null | grep -i '^minisgl' | cut -d= -f1 |
-    xargs -r python3 -m pip uninstall -q -y >/dev/null 2>&1
-  for d in "$tree"/plugins/*/*/; do [ -f "$d/pyproject.toml" ] && pkgs+=(-e "${d#"$tree"/}"); done
-  (cd "$tree" && python3 -m pip install -q --no-index --no-deps --no-build-isolation "${pkgs[@]}")
-}
+source "$here/_use_tree.sh"
 n=0
 for tree in ${TREES:-after before after before}; do
   n=$((n + 1))
