@@ -99,14 +99,8 @@ def fp8_gemv_kernel(
     w_ptrs = w + rows[:, None].to(tl.int64) * K + cols[None, :]
     scale = tl.load(w_scale + rows, mask=row_ok, other=0.0)
     out = out + split.to(tl.int64) * N
-    # the token's scale as quantize_rows computes it, max(amax * (1 / 448), 1e-12), over the whole row
-    # (every split reads the row: the scale must not depend on the split), and its reciprocal
-    amax = tl.zeros((1, SCALE_BLOCK), dtype=tl.float32)
-    for step in range(0, K_ROW, SCALE_BLOCK):
-        offsets = step + tl.arange(0, SCALE_BLOCK)[None, :]
-        amax = tl.maximum(amax, tl.abs(tl.load(x + offsets, mask=offsets < K, other=0.0).to(tl.float32)))
-    x_scale = tl.maximum(tl.max(amax, axis=1, keep_dims=True) * INV_FP8_MAX, MIN_SCALE)
-    x_inverse = tl.div_rn(tl.full((1, 1), 1.0, tl.float32), x_scale)
+    # over the whole row: every split reads it, the scale must not depend on the split
+    x_scale, x_inverse = _row_scale(x, K, K_ROW, SCALE_BLOCK)
     # x as one [1, BLOCK_K] row: the weight tile's layout, no shuffle through shared memory
     x_ptrs = x + cols[None, :]
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
@@ -117,6 +111,19 @@ def fp8_gemv_kernel(
         acc += wk.to(tl.float32) * _round_e4m3(tl.clamp(xk * x_inverse, -FP8_MAX, FP8_MAX))
     result = tl.sum(acc, axis=1) * scale * tl.reshape(x_scale, (1,))
     tl.store(out + rows, result.to(out.dtype.element_ty), mask=row_ok)
+
+
+@triton.jit
+def _row_scale(x, K, K_ROW: tl.constexpr, BLOCK: tl.constexpr):
+    """The e4m3 scale of the row at ``x`` as ``quantize_rows`` computes it, ``max(amax * (1 / 448),
+    1e-12)`` (a multiplication: see method.INV_FP8_MAX), and its IEEE reciprocal, both ``[1, 1]``:
+    the one place the two kernels below take them from."""
+    amax = tl.zeros((1, BLOCK), dtype=tl.float32)
+    for start in range(0, K_ROW, BLOCK):
+        cols = start + tl.arange(0, BLOCK)[None, :]
+        amax = tl.maximum(amax, tl.abs(tl.load(x + cols, mask=cols < K, other=0.0).to(tl.float32)))
+    scale = tl.maximum(tl.max(amax, axis=1, keep_dims=True) * INV_FP8_MAX, MIN_SCALE)
+    return scale, tl.div_rn(tl.full((1, 1), 1.0, tl.float32), scale)
 
 
 @triton.jit
@@ -147,12 +154,7 @@ def quantize_rows_kernel(
     clamped, rounded to e4m3 (exact in the float8 store), in two passes over the row."""
     row = tl.program_id(0).to(tl.int64)
     x = x + row * x_row_stride
-    amax = tl.zeros((1, BLOCK), dtype=tl.float32)  # [1, BLOCK] rows, as in the GEMV
-    for start in range(0, K_ROW, BLOCK):
-        cols = start + tl.arange(0, BLOCK)[None, :]
-        amax = tl.maximum(amax, tl.abs(tl.load(x + cols, mask=cols < K, other=0.0).to(tl.float32)))
-    scale = tl.maximum(tl.max(amax, axis=1, keep_dims=True) * INV_FP8_MAX, MIN_SCALE)
-    inverse = tl.div_rn(tl.full((1, 1), 1.0, tl.float32), scale)
+    scale, inverse = _row_scale(x, K, K_ROW, BLOCK)
     for start in range(0, K_ROW, BLOCK):
         cols = start + tl.arange(0, BLOCK)[None, :]
         xk = tl.load(x + cols, mask=cols < K, other=0.0).to(tl.float32)
