@@ -108,6 +108,17 @@ def gumbel_max_torch(
     return values, indices
 
 
+#: sample_sharded's seeds (and CPU generators) are offset by this times the TP rank
+_RANK_SEED_STRIDE = 1_000_003
+
+
+def _race_scales(params: Sequence[SamplingParams], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of a Gumbel-max race: the logits' scale (1 / temperature) and the noise's (0 for greedy)."""
+    scale = to_device([1.0 if p.greedy else 1.0 / p.temperature for p in params], device, torch.float32)
+    noise_scale = to_device([0.0 if p.greedy else 1.0 for p in params], device, torch.float32)
+    return scale, noise_scale
+
+
 def shards_plain(requests: Sequence[SampleRequest]) -> bool:
     """Whether these rows can be sampled from each rank's slice of the vocabulary alone
     (:meth:`Sampler.sample_sharded`): no penalty, bias, truncation, logprobs or own seed, which all
@@ -316,17 +327,16 @@ class Sampler:
         params = [r.params for r in requests]
         device = logits.device
         local = logits[:, :valid]
-        scale = to_device([1.0 if p.greedy else 1.0 / p.temperature for p in params], device, torch.float32)
-        noise_scale = to_device([0.0 if p.greedy else 1.0 for p in params], device, torch.float32)
+        scale, noise_scale = _race_scales(params, device)
+        # a key per rank (every rank counts the same seeds): the ranks' noises must differ
+        rank_offset = _RANK_SEED_STRIDE * parallel.tp_rank
         if self.triton:
-            self._seed = (self._seed + 1) % 2**31
-            # a key per rank: every rank counts the same seeds
-            key = (self._seed + 1_000_003 * parallel.tp_rank) % 2**31
+            key = (self._next_seed() + rank_offset) % 2**31
             values, indices = gumbel_max_chunked(local, scale, noise_scale, key)
         else:
             if self._shard_generator is None:
                 self._shard_generator = torch.Generator(device=device)
-                self._shard_generator.manual_seed(self._seed + 7919 * parallel.tp_rank)
+                self._shard_generator.manual_seed(self._seed + rank_offset)
             values, indices = gumbel_max_torch(local, scale, noise_scale, self._shard_generator)
         pairs = torch.zeros((parallel.tp_size, local.shape[0], 2), dtype=torch.float32, device=device)
         pairs[parallel.tp_rank, :, 0] = values
@@ -359,10 +369,8 @@ class Sampler:
     def _sample_race(self, logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tensor:
         """Gumbel-max over the whole batch in one pass; greedy rows get no noise, seeded rows are
         redrawn with their own generators."""
-        params = [r.params for r in requests]
         device = logits.device
-        scale = to_device([1.0 if p.greedy else 1.0 / p.temperature for p in params], device, torch.float32)
-        noise_scale = to_device([0.0 if p.greedy else 1.0 for p in params], device, torch.float32)
+        scale, noise_scale = _race_scales([r.params for r in requests], device)
         token_ids = self._gumbel_argmax(logits, scale, noise_scale)
         for i, r in enumerate(requests):
             if r.generator is not None and not r.params.greedy:
@@ -375,8 +383,12 @@ class Sampler:
     ) -> torch.Tensor:
         if not self.triton:
             return gumbel_argmax_compiled(logits, scale, noise_scale)
+        return gumbel_argmax_chunked(logits, scale, noise_scale, self._next_seed())
+
+    def _next_seed(self) -> int:
+        """The Philox seed of the next Triton draw (one per call)."""
         self._seed = (self._seed + 1) % 2**31
-        return gumbel_argmax_chunked(logits, scale, noise_scale, self._seed)
+        return self._seed
 
     def _sample_truncated(self, logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tensor:
         params = [r.params for r in requests]
