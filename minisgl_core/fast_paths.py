@@ -28,6 +28,8 @@ class FastPaths:
     fused_kv: bool = True
     #: the Triton SiLU·mul kernel
     triton_silu: bool = True
+    #: the Triton RMS norm (and residual add + RMS norm) kernels, in place of the compiled ones
+    triton_norm: bool = True
     #: the sampler's one-kernel Gumbel-max draw
     triton_sampler: bool = True
     #: one-shot symmetric-memory all-reduce for decode-sized sums under tensor parallelism
@@ -47,7 +49,7 @@ class FastPaths:
 
     def enabled(self, name: str) -> bool:
         """Whether ``name`` is on; every Triton kernel also needs ``compile``."""
-        if name in ("fused_kv", "triton_silu", "triton_sampler") and not self.compile:
+        if name in ("fused_kv", "triton_silu", "triton_norm", "triton_sampler") and not self.compile:
             return False
         return bool(getattr(self, name))
 
@@ -59,6 +61,7 @@ ENV_VARS: dict[str, str] = {
     "compile": "MINISGL_COMPILE",
     "fused_kv": "MINISGL_FUSED_KV",
     "triton_silu": "MINISGL_TRITON_SILU",
+    "triton_norm": "MINISGL_TRITON_NORM",
     "triton_sampler": "MINISGL_TRITON_SAMPLER",
     "symm_mem": "MINISGL_SYMM_MEM",
     "symm_mem_wide": "MINISGL_SYMM_MEM_WIDE",

@@ -69,6 +69,20 @@ def test_silu_mul_kernel_compiles(target, dtype):
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")
+@pytest.mark.parametrize(
+    "dtype, hidden, add", [("bf16", 1024, True), ("bf16", 4096, False), ("fp32", 96, True)]
+)
+def test_rms_norm_kernel_compiles(target, dtype, hidden, add):
+    from minisgl_core.layers._triton_kernels import rms_norm_kernel
+    from minisgl_core.layers.triton_ops import _pow2
+
+    t = f"*{dtype}"
+    signature = {"x": t, "x_stride": "i64", "residual": t, "residual_stride": "i64", "weight": t, "eps": "fp32",
+                 "out": t, "total": t, "n": "i32"}  # fmt: skip
+    compiles(rms_norm_kernel, signature, {"BLOCK": _pow2(hidden), "ADD": add}, target)
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")
 @pytest.mark.parametrize("dtype, world", [("bf16", 2), ("fp32", 4)])
 def test_all_reduce_sum_kernel_compiles(target, dtype, world):
     from minisgl_core.distributed import SymmMemAllReduce

@@ -32,6 +32,11 @@ def test_silu_mul_matches_eager():
     assert out.count("ok") == 3, out
 
 
+def test_rms_norm_matches_eager():
+    out = run_child("norm")
+    assert out.count("ok") == 8, out
+
+
 def test_all_reduce_sum_kernel_adds_every_buffer_in_rank_order():
     out = run_child("collective")
     assert out.split() == ["ok"] * 3, out
@@ -106,6 +111,33 @@ def test_silu_mul_bf16_on_cuda_is_as_close_to_float32_as_the_compiled_path(token
     assert error_ours.max() <= 2 * error_compiled.max() + 1e-3, (error_ours.max(), error_compiled.max())
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("tokens, hidden", [(1, 1024), (300, 4096), (8192, 1024), (5, 5120)])
+@pytest.mark.parametrize("add", [False, True])
+def test_rms_norm_bf16_on_cuda_is_as_close_to_float32_as_the_compiled_path(tokens, hidden, add):
+    """In bf16 on the GPU, the Triton norm's error from a float32 computation is the compiled
+    kernel's (the same roundings: the residual sum, the normalized row, the product), and its
+    residual sum is the eager bf16 sum exactly."""
+    from minisgl_core.layers import triton_ops
+    from minisgl_core.layers.fused import _add_rms_norm, _normalize, _rms_norm
+
+    gen = torch.Generator("cuda").manual_seed(tokens + hidden)
+    x = torch.randn(tokens, hidden, device="cuda", generator=gen).bfloat16()
+    residual = (torch.randn(tokens, hidden, device="cuda", generator=gen) * 4).bfloat16()
+    weight = (torch.rand(hidden, device="cuda", generator=gen) + 0.5).bfloat16()
+    if add:
+        ours, total = triton_ops.rms_norm(x, weight, 1e-6, residual)
+        compiled, compiled_total = _add_rms_norm(x, residual, weight, 1e-6)
+        assert torch.equal(total, x + residual) and torch.equal(compiled_total, total)
+        source = total
+    else:
+        ours, compiled, source = triton_ops.rms_norm(x, weight, 1e-6), _rms_norm(x, weight, 1e-6), x
+    exact = _normalize(source.float(), weight.float(), 1e-6)
+    error_ours, error_compiled = (ours.float() - exact).abs(), (compiled.float() - exact).abs()
+    assert error_ours.mean() <= 1.1 * error_compiled.mean() + 1e-6, (error_ours.mean(), error_compiled.mean())
+    assert error_ours.max() <= 1.5 * error_compiled.max() + 1e-3, (error_ours.max(), error_compiled.max())
+
+
 # ---------------------------------------------------------------- the child process
 
 
@@ -163,6 +195,29 @@ def check_silu() -> None:
         print("ok", tokens, inter)
 
 
+def check_norm() -> None:
+    """The Triton RMS norm (through ``fused.rms_norm`` / ``add_rms_norm``, which pick it under the
+    interpreter) against the eager arithmetic in float32: rows wider than a block's power of two,
+    strided rows, a [tokens, heads, dim] input, no rows."""
+    from minisgl_core.layers import fused, triton_ops
+
+    gen = torch.Generator().manual_seed(0)
+    for shape in ((1, 8), (7, 1500), (3, 4, 96), (0, 64)):
+        wide = torch.randn(*shape[:-1], shape[-1] + 5, generator=gen)
+        x = wide[..., : shape[-1]]  # a row stride wider than the row
+        residual = torch.randn(shape, generator=gen) * 3
+        weight = torch.rand(shape[-1], generator=gen) + 0.5
+        assert triton_ops.norm_enabled(x, weight)
+        out = fused.rms_norm(x, weight, 1e-6)
+        assert out.shape == x.shape and out.is_contiguous()
+        torch.testing.assert_close(out, fused._normalize(x, weight, 1e-6), atol=1e-5, rtol=1e-5)
+        print("ok", shape)
+        normed, total = fused.add_rms_norm(x, residual, weight, 1e-6)
+        assert torch.equal(total, x + residual)
+        torch.testing.assert_close(normed, fused._normalize(x + residual, weight, 1e-6), atol=1e-5, rtol=1e-5)
+        print("ok", shape, "residual")
+
+
 def check_model(tmp: str) -> None:
     import minisgl_core.layers.decoder as decoder
     from minisgl_core.demo.factories import make_model_dir
@@ -180,6 +235,7 @@ def check_model(tmp: str) -> None:
         runs = {}
         for flag in ("1", "0"):
             os.environ["MINISGL_FUSED_KV"] = os.environ["MINISGL_TRITON_SILU"] = flag
+            os.environ["MINISGL_TRITON_NORM"] = flag
             calls.clear()
             llm = LLM(model, device="cpu", dtype="float32", attn="torch", page_size=4)
             runs[flag] = llm.generate(prompts, params, use_tqdm=False)
@@ -215,6 +271,8 @@ if __name__ == "__main__":
         check_kernel()
     elif sys.argv[1] == "silu":
         check_silu()
+    elif sys.argv[1] == "norm":
+        check_norm()
     elif sys.argv[1] == "collective":
         check_collective()
     else:

@@ -7,7 +7,8 @@
 #
 # BEFORE is a plain tree of the earlier commit (`git archive COMMIT | tar -x -C .dev/before`,
 # carried); each run first reinstalls that tree's packages (as tools/device_before_after.sh does).
-# Environment: TREES (default "after before after before"), CONCURRENCY (default 128), NUM (default
+# About 110 s a run on a fresh H200 pair (the first run pays FlashInfer's JIT): keep TREES to three runs
+# within one 600 s call. Environment: TREES (default "after before after"), CONCURRENCY (default 128), NUM (default
 # 256), OUT. Output: $OUT/tp-serve.jsonl (`bench serve` lines), $OUT/tp-serve-logs.tgz.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -18,7 +19,7 @@ model=/tmp/m/llama-3.1-8b
 [ -f $model/config.json ] || python3 -m minisgl_core bench make-model --shape llama-3.1-8b --out $model --device cuda >/dev/null
 source "$here/_use_tree.sh"
 n=0
-for tree in ${TREES:-after before after before}; do
+for tree in ${TREES:-after before after}; do
   n=$((n + 1))
   dir=$root; [ "$tree" = before ] && dir=$before
   use_tree "$dir"
@@ -33,6 +34,6 @@ for tree in ${TREES:-after before after before}; do
     --output "$out/tp-serve.jsonl" 2>>$logs/client.log | tail -n 1 | cut -c1-400
   kill $server; wait $server 2>/dev/null
   grep -i -m3 "error\|traceback" $logs/server-$n-$tree.log
+  tar -czf "$out/tp-serve-logs.tgz" -C /tmp tp-serve-logs  # after every run: the call may end first
 done
 use_tree "$root"
-tar -czf "$out/tp-serve-logs.tgz" -C /tmp tp-serve-logs

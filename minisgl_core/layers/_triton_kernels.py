@@ -100,3 +100,36 @@ def silu_mul_kernel(gate_up, row_stride, out, inter, BLOCK: tl.constexpr):
     up = tl.load(src + inter, mask=mask, other=0.0).to(tl.float32)
     dst = out + row * inter + cols
     tl.store(dst, (gate * tl.sigmoid(gate) * up).to(dst.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def rms_norm_kernel(
+    x,  # [rows, n], last stride 1
+    x_stride,
+    residual,  # [rows, n] or a dummy when not ADD
+    residual_stride,
+    weight,  # [n]
+    eps,
+    out,  # [rows, n] contiguous: weight * norm(x [+ residual])
+    total,  # [rows, n] contiguous: x + residual (when ADD)
+    n,
+    BLOCK: tl.constexpr,
+    ADD: tl.constexpr,
+):
+    """One row per program, Hugging Face's arithmetic: the residual sum rounded to the model dtype,
+    the mean of squares and ``rsqrt`` in float32, the normalized row rounded, then times the weight
+    and rounded again."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n
+    v = tl.load(x + row * x_stride + cols, mask=mask, other=0.0)
+    dtype = v.dtype
+    if ADD:
+        r = tl.load(residual + row * residual_stride + cols, mask=mask, other=0.0)
+        v = (v.to(tl.float32) + r.to(tl.float32)).to(dtype)
+        tl.store(total + row * n + cols, v, mask=mask)
+    v32 = v.to(tl.float32)
+    inv_rms = tl.rsqrt(tl.sum(v32 * v32, 0) / n + eps)
+    w = tl.load(weight + cols, mask=mask, other=0.0).to(tl.float32)
+    y = (v32 * inv_rms).to(dtype).to(tl.float32) * w
+    tl.store(out + row * n + cols, y.to(out.dtype.element_ty), mask=mask)

@@ -63,18 +63,34 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 @fused
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMS norm over the last dimension in float32, as Hugging Face computes it."""
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return _normalize(x, weight, eps)
 
 
 @fused
+def _add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    total = x + residual
+    return _normalize(total, weight, eps), total
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMS norm over the last dimension in float32, as Hugging Face computes it: a hand-written
+    Triton kernel on CUDA (:func:`~minisgl_core.layers.triton_ops.rms_norm`), else compiled (or
+    eager on CPU)."""
+    if triton_ops.norm_enabled(x, weight):
+        return triton_ops.rms_norm(x, weight, eps)  # type: ignore[return-value]
+    return _rms_norm(x, weight, eps)
+
+
 def add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(rms_norm(x + residual), x + residual)``: the residual add folded into the next norm."""
-    total = x + residual
-    return _normalize(total, weight, eps), total
+    if triton_ops.norm_enabled(x, weight) and residual.shape == x.shape:
+        return triton_ops.rms_norm(x, weight, eps, residual)  # type: ignore[return-value]
+    return _add_rms_norm(x, residual, weight, eps)
 
 
 @fused

@@ -63,6 +63,62 @@ def triton_enabled(device: torch.device, flag: str) -> bool:
     return triton_available()
 
 
+def norm_enabled(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether :func:`rms_norm` serves this norm (``MINISGL_TRITON_NORM=0`` turns it off; the same
+    device rules as :func:`fused_kv_enabled`): rows of at most :data:`_NORM_MAX` elements with unit
+    last stride, the weight in the activations' dtype (else the reference's result dtype differs)."""
+    return (
+        x.dim() >= 1
+        and 0 < x.shape[-1] <= _NORM_MAX
+        and x.stride(-1) == 1
+        and weight.dtype == x.dtype
+        and triton_enabled(x.device, "MINISGL_TRITON_NORM")
+    )
+
+
+#: the widest row :func:`rms_norm` takes in one program (wider rows go to the compiled kernel)
+_NORM_MAX = 16384
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """``weight * norm(x)`` over the last dimension, or with ``residual`` ``(weight * norm(x +
+    residual), x + residual)``: one Triton kernel, one program per row, with
+    :func:`minisgl_core.layers.fused.rms_norm`'s arithmetic.
+
+    Why not the compiled kernel: outside CUDA graphs (prefill and mixed steps) a call through
+    ``torch.compile`` cost about 170 µs of host time on the GPU machine (guards, the AOT wrapper,
+    Inductor's launcher), 57 of them per Qwen3-0.6B forward: 10 of the 30 ms a 950-token prefill
+    step spent on the host (``tools/device_prefill_host.py``, 2026-11-26)."""
+    n = x.shape[-1]
+    rows = x.reshape(-1, n)  # a view where it can be (the row stride is passed)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    total = None
+    if residual is not None:
+        residual_rows = residual.reshape(-1, n)
+        if residual_rows.stride(-1) != 1 or residual_rows.shape != rows.shape:
+            raise ValueError(f"rms_norm: residual of shape {tuple(residual.shape)} for x {tuple(x.shape)}")
+        total = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if rows.shape[0]:
+        block = _pow2(n)
+        _kernels().rms_norm_kernel[(rows.shape[0],)](
+            rows,
+            rows.stride(0),
+            residual_rows if residual is not None else rows,
+            residual_rows.stride(0) if residual is not None else 0,
+            weight,
+            float(eps),
+            out,
+            total if total is not None else out,
+            n,
+            BLOCK=block,
+            ADD=residual is not None,
+            num_warps=min(16, max(1, block // 256)),
+        )
+    return out if total is None else (out, total)
+
+
 def silu_mul_enabled(device: torch.device) -> bool:
     """Whether :func:`minisgl_core.layers.fused.silu_and_mul` runs :func:`silu_and_mul`
     (``MINISGL_TRITON_SILU=0`` turns it off; the same device rules as :func:`fused_kv_enabled`)."""
