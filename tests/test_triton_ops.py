@@ -114,12 +114,13 @@ def test_silu_mul_bf16_on_cuda_is_as_close_to_float32_as_the_compiled_path(token
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("tokens, hidden", [(1, 1024), (300, 4096), (8192, 1024), (5, 5120)])
 @pytest.mark.parametrize("add", [False, True])
-def test_rms_norm_bf16_on_cuda_is_as_close_to_float32_as_the_compiled_path(tokens, hidden, add):
-    """In bf16 on the GPU, the Triton norm's error from a float32 computation is the compiled
-    kernel's (the same roundings: the residual sum, the normalized row, the product), and its
-    residual sum is the eager bf16 sum exactly."""
+def test_rms_norm_bf16_on_cuda_matches_the_eager_arithmetic(tokens, hidden, add):
+    """In bf16 on the GPU the Triton norm rounds where Hugging Face's eager code does (the residual
+    sum, the normalized row, the product): within one bf16 step of eager torch everywhere, equal
+    almost everywhere (the float32 sum's order differs), and as far from float32 as eager is. (The
+    compiled kernel is *closer* to float32: Inductor skips the intermediate bf16 rounding.)"""
     from minisgl_core.layers import triton_ops
-    from minisgl_core.layers.fused import _add_rms_norm, _normalize, _rms_norm
+    from minisgl_core.layers.fused import _normalize
 
     gen = torch.Generator("cuda").manual_seed(tokens + hidden)
     x = torch.randn(tokens, hidden, device="cuda", generator=gen).bfloat16()
@@ -127,15 +128,18 @@ def test_rms_norm_bf16_on_cuda_is_as_close_to_float32_as_the_compiled_path(token
     weight = (torch.rand(hidden, device="cuda", generator=gen) + 0.5).bfloat16()
     if add:
         ours, total = triton_ops.rms_norm(x, weight, 1e-6, residual)
-        compiled, compiled_total = _add_rms_norm(x, residual, weight, 1e-6)
-        assert torch.equal(total, x + residual) and torch.equal(compiled_total, total)
+        assert torch.equal(total, x + residual)
         source = total
     else:
-        ours, compiled, source = triton_ops.rms_norm(x, weight, 1e-6), _rms_norm(x, weight, 1e-6), x
+        ours, source = triton_ops.rms_norm(x, weight, 1e-6), x
+    eager = _normalize(source, weight, 1e-6).float()
+    ours = ours.float()
+    step = eager.abs() * 2.0**-7 + 1e-30  # one bf16 step (8 significant bits)
+    assert ((ours - eager).abs() <= step).all(), (ours - eager).abs().max()
+    assert (ours != eager).float().mean() < 0.01, (ours != eager).float().mean()
     exact = _normalize(source.float(), weight.float(), 1e-6)
-    error_ours, error_compiled = (ours.float() - exact).abs(), (compiled.float() - exact).abs()
-    assert error_ours.mean() <= 1.1 * error_compiled.mean() + 1e-6, (error_ours.mean(), error_compiled.mean())
-    assert error_ours.max() <= 1.5 * error_compiled.max() + 1e-3, (error_ours.max(), error_compiled.max())
+    error_ours, error_eager = (ours - exact).abs(), (eager - exact).abs()
+    assert error_ours.mean() <= 1.05 * error_eager.mean() + 1e-6, (error_ours.mean(), error_eager.mean())
 
 
 # ---------------------------------------------------------------- the child process

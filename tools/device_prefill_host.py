@@ -9,8 +9,9 @@ under cProfile, and a window of them under ``torch.profiler`` for the device sid
     python3 tools/device_prefill_host.py MODEL_DIR [--attn fi] [--mixed] [--json OUT.json]
     python3 tools/device_prefill_host.py --probe-gemm    # host µs of one F.linear: M repeated vs new
 
-Prints the host ms of decode and prefill forwards (mean, median), cProfile's top functions of the
-prefill forwards by cumulative and by own time, and the profiler's kernel table. Runs on the CPU
+Prints the host ms of decode and prefill forwards (mean, median; the prefill forwards under a
+profiler apart), cProfile's top functions of every other prefill forward by cumulative and by own
+time, and the torch profiler's tables for prefill forwards 8-12. Runs on the CPU
 too (``--device cpu``, the demo model) as a smoke test.
 """
 
@@ -34,18 +35,23 @@ def probe_gemm() -> dict:
     import torch.nn.functional as F
 
     w = torch.randn(3072, 1024, device="cuda", dtype=torch.bfloat16)
-    x = torch.randn(2048, 1024, device="cuda", dtype=torch.bfloat16)
-    result = {}
-    for name, sizes in (("same_m", [700] * 300), ("new_m", list(range(400, 700)))):
-        F.linear(x[:64], w)
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for m in sizes:
-            F.linear(x[:m], w)
-        host = time.perf_counter() - t
-        torch.cuda.synchronize()
-        result[name + "_host_us"] = round(host / len(sizes) * 1e6, 1)
-        result[name + "_wall_us"] = round((time.perf_counter() - t) / len(sizes) * 1e6, 1)
+    x = torch.randn(2048, 1024, device="cuda", dtype=torch.bfloat16)  # up to 2,047 rows below
+    result = {"default_blas": str(torch.backends.cuda.preferred_blas_library())}
+    for lib, start in (("cublas", 400), ("cublaslt", 1000), ("default", 1600)):
+        if lib != "default":
+            torch.backends.cuda.preferred_blas_library(lib)
+        else:
+            torch.backends.cuda.preferred_blas_library(result["default_blas"].split(".")[-1].lower())
+        for name, sizes in (("same_m", [start] * 300), ("new_m", list(range(start + 1, start + 301)))):
+            F.linear(x[:64], w)
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for m in sizes:
+                F.linear(x[:m], w)
+            host = time.perf_counter() - t
+            torch.cuda.synchronize()
+            result[f"{lib}_{name}_host_us"] = round(host / len(sizes) * 1e6, 1)
+            result[f"{lib}_{name}_wall_us"] = round((time.perf_counter() - t) / len(sizes) * 1e6, 1)
     return result
 
 
@@ -92,28 +98,37 @@ def main() -> None:
         lens = batch.extend_lens_cpu
         mixed = len(lens) > 1 and 1 in lens  # decode rows ride along (one token each)
         kind = "decode" if not batch.is_prefill else ("mixed" if mixed else "prefill")
+        profiled = False
         if kind != "decode":
             prefills += 1
-            if prefills == 8 and torch.cuda.is_available():
+            # every other prefill forward under cProfile (which slows the host), the rest timed
+            # plain; the torch profiler's window (forwards 8-12) is left out of the plain times
+            profiled = prefills % 2 == 1 or 8 <= prefills <= 12
+            if not profiled:
+                pass
+            elif prefills == 8 and torch.cuda.is_available():
                 torch_prof = torch.profiler.profile(
                     activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
                 )
                 torch_prof.__enter__()
+        if profiled:
             prof.enable()
         t = time.perf_counter()
         run = prepare(batch)
         planned = time.perf_counter() - t
-        if kind != "decode":
+        if profiled:
             prof.disable()
 
         def timed_run():
             nonlocal torch_prof
-            if kind != "decode":
+            if profiled:
                 prof.enable()
             t = time.perf_counter()
             out = run()
-            records.append((kind, sum(lens), planned, time.perf_counter() - t))
-            if kind != "decode":
+            records.append(
+                (kind + (" (profiled)" if profiled else ""), sum(lens), planned, time.perf_counter() - t)
+            )
+            if profiled:
                 prof.disable()
                 if prefills == 12 and torch_prof is not None:
                     torch.cuda.synchronize()
@@ -143,7 +158,7 @@ def main() -> None:
     llm.close()
 
     summary: dict = {}
-    for kind in ("decode", "prefill", "mixed"):
+    for kind in ("decode", "prefill", "mixed", "prefill (profiled)", "mixed (profiled)"):
         rows = [r for r in records if r[0] == kind]
         if rows:
             ms = [(p + r) * 1e3 for _, _, p, r in rows]
