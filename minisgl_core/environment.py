@@ -18,8 +18,6 @@ DOCUMENTED: dict[str, str] = {
     "MINISGL_FUSED_KV": "0 turns off the fused q/k norm + rotary + KV store kernel (--disable-fast-path fused_kv)",
     "MINISGL_TRITON_SILU": "0 turns off the Triton SiLU·mul kernel (--disable-fast-path triton_silu)",
     "MINISGL_TRITON_NORM": "0 turns off the Triton RMS norm kernels (--disable-fast-path triton_norm)",
-    "MINISGL_DIRECT_LAUNCH": "0 launches the layer's Triton kernels through Triton's own per-call path "
-    "(--disable-fast-path direct_launch)",
     "MINISGL_TRITON_SAMPLER": "0 turns off the one-kernel Gumbel-max draw (--disable-fast-path triton_sampler)",
     "MINISGL_SYMM_MEM": "0 turns off the symmetric-memory all-reduce (--disable-fast-path symm_mem)",
     "MINISGL_SYMM_MEM_WIDE": "0 turns off its wide path for sums from 768 KiB (--disable-fast-path symm_mem_wide)",

@@ -30,9 +30,6 @@ class FastPaths:
     triton_silu: bool = True
     #: the Triton RMS norm (and residual add + RMS norm) kernels, in place of the compiled ones
     triton_norm: bool = True
-    #: the hand-written layer kernels above launched through their compiled binary after the first
-    #: call of each specialization, skipping Triton's per-call argument binding (eager steps)
-    direct_launch: bool = True
     #: the sampler's one-kernel Gumbel-max draw
     triton_sampler: bool = True
     #: one-shot symmetric-memory all-reduce for decode-sized sums under tensor parallelism
@@ -65,7 +62,6 @@ ENV_VARS: dict[str, str] = {
     "fused_kv": "MINISGL_FUSED_KV",
     "triton_silu": "MINISGL_TRITON_SILU",
     "triton_norm": "MINISGL_TRITON_NORM",
-    "direct_launch": "MINISGL_DIRECT_LAUNCH",
     "triton_sampler": "MINISGL_TRITON_SAMPLER",
     "symm_mem": "MINISGL_SYMM_MEM",
     "symm_mem_wide": "MINISGL_SYMM_MEM_WIDE",

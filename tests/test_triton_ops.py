@@ -143,47 +143,6 @@ def test_rms_norm_bf16_on_cuda_matches_the_eager_arithmetic(tokens, hidden, add)
     assert error_ours.mean() <= 1.05 * error_eager.mean() + 1e-6, (error_ours.mean(), error_eager.mean())
 
 
-def test_direct_launch_key_tells_apart_what_triton_specializes_on():
-    """A kernel compiled for one case must not be launched on another: the key separates a
-    tensor's dtype and 16-byte alignment, an integer's width and its being 1 or a multiple of 16."""
-    from minisgl_core.layers._triton_launch import _spec
-
-    buf = torch.zeros(64, dtype=torch.bfloat16)
-    assert _spec(buf) != _spec(buf[1:])  # 2 bytes off: not 16-byte aligned
-    assert _spec(buf) == _spec(buf[8:])  # 16 bytes off
-    assert _spec(buf) != _spec(buf.float())
-    keys = {_spec(v) for v in (1, 2, 3, 16, 32, 2**31, True)}
-    assert len(keys) == 5, keys  # 2 and 3 alike, 16 and 32 alike
-    with pytest.raises(TypeError):
-        _spec("a string")
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_direct_launch_equals_tritons_launch_on_cuda(monkeypatch):
-    """Through :class:`DirectLaunch` (aligned rows, again, then rows 2 bytes off alignment, then a
-    new width) the norm and SiLU·mul kernels give Triton's own launch's bits, and the later calls
-    really take the direct path (one compiled kernel kept per specialization)."""
-    from minisgl_core import fast_paths
-    from minisgl_core.layers import triton_ops
-
-    gen = torch.Generator("cuda").manual_seed(5)
-    buf = torch.randn(1 + 300 * 4096, device="cuda", generator=gen).bfloat16()
-    weight = (torch.rand(4096, device="cuda", generator=gen) + 0.5).bfloat16()
-    cases = [buf[:300 * 1024].view(300, 1024), buf[:300 * 1024].view(300, 1024),
-             buf[1:1 + 300 * 1024].view(300, 1024), buf[: 300 * 4096].view(300, 4096)]  # fmt: skip
-    results = {}
-    for direct in (True, False):
-        monkeypatch.setattr(fast_paths, "_configured", fast_paths.FastPaths(direct_launch=direct))
-        results[direct] = [
-            (triton_ops.rms_norm(x, weight[: x.shape[1]], 1e-6, x.flip(0)), triton_ops.silu_and_mul(x))
-            for x in cases
-        ]
-    for (norm_d, silu_d), (norm_t, silu_t) in zip(results[True], results[False], strict=True):
-        assert torch.equal(norm_d[0], norm_t[0]) and torch.equal(norm_d[1], norm_t[1])
-        assert torch.equal(silu_d, silu_t)
-    assert len(triton_ops._direct_launcher("rms_norm_kernel").compiled) >= 3
-
-
 # ---------------------------------------------------------------- the child process
 
 

@@ -102,8 +102,7 @@ def rms_norm(
         total = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if rows.shape[0]:
         block = _pow2(n)
-        _launch("rms_norm_kernel")(
-            (rows.shape[0],),
+        _kernels().rms_norm_kernel[(rows.shape[0],)](
             rows,
             rows.stride(0),
             residual_rows if residual is not None else rows,
@@ -143,8 +142,8 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty((tokens, inter), dtype=gate_up.dtype, device=gate_up.device)
     if tokens:
         grid = (tokens, -(-inter // _SILU_BLOCK))
-        _launch("silu_mul_kernel")(
-            grid, gate_up, gate_up.stride(0), out, inter, BLOCK=_SILU_BLOCK, num_warps=4
+        _kernels().silu_mul_kernel[grid](
+            gate_up, gate_up.stride(0), out, inter, BLOCK=_SILU_BLOCK, num_warps=4
         )
     return out
 
@@ -155,24 +154,6 @@ def _kernels():
     from minisgl_core.layers import _triton_kernels
 
     return _triton_kernels
-
-
-@functools.cache
-def _direct_launcher(name: str):
-    from minisgl_core.layers._triton_launch import DirectLaunch
-
-    return DirectLaunch(getattr(_kernels(), name))
-
-
-def _launch(name: str):
-    """How to launch kernel ``name`` of ``_triton_kernels``: ``(grid, *args, num_warps=...,
-    **constexprs)``, through :class:`~minisgl_core.layers._triton_launch.DirectLaunch` (a third of
-    Triton's host time per launch, which eager prefill steps pay for every kernel) unless the
-    ``direct_launch`` fast path is off."""
-    if fast_paths.current().direct_launch:
-        return _direct_launcher(name)
-    kernel = getattr(_kernels(), name)
-    return lambda grid, *args, **kwargs: kernel[grid](*args, **kwargs)
 
 
 def _pow2(n: int) -> int:
@@ -206,8 +187,7 @@ def rope_store_kv(
         return q
     norm = q_weight is not None and k_weight is not None
     half = head_dim // 2
-    _launch("rope_store_kernel")(
-        (tokens, 3),
+    _kernels().rope_store_kernel[(tokens, 3)](
         qkv,
         qkv.stride(0),
         positions,
