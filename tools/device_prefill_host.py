@@ -3,7 +3,8 @@
 The H100 serve run of 2026-11-25 spent 27 ms of host time in ``forward`` for a prefill step of
 ≈ 580 tokens (35 ms in a mixed one), where the device needs a few ms. This drives one Engine the
 way a server does: requests decoding, a new one arriving every few steps with a prompt of a new
-length, and times every step's ``runner.forward`` on the host; prefill (and mixed) forwards run
+length, and times every step's forward (``runner.prepare(batch)()``: plan, then launch) on the
+host; prefill (and mixed) forwards run
 under cProfile, and a window of them under ``torch.profiler`` for the device side.
 
     python3 tools/device_prefill_host.py MODEL_DIR [--attn fi] [--mixed] [--json OUT.json]

@@ -214,15 +214,15 @@ def steps(args: argparse.Namespace) -> dict:
     runner = engine.runner
     seen: list[tuple[bool, int]] = []
     cascade_steps: list[int] = []  # groups per cascade decode step
-    forward = runner.forward
+    prepare = runner.prepare  # the engine runs prepare(batch)() (plan, then launch), not forward
 
-    def recording_forward(batch):
+    def recording_prepare(batch):
         seen.append((batch.is_prefill, batch.batch_size))
         if batch.shared_prefixes is not None:
             cascade_steps.append(len(batch.shared_prefixes))
-        return forward(batch)
+        return prepare(batch)
 
-    runner.forward = recording_forward
+    runner.prepare = recording_prepare
     # warm-up
     llm.generate([[1, 2, 3, 4]] * 4, SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
     seen.clear()
