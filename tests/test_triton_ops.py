@@ -220,6 +220,9 @@ def check_norm() -> None:
         normed, total = fused.add_rms_norm(x, residual, weight, 1e-6)
         assert torch.equal(total, x + residual)
         torch.testing.assert_close(normed, fused._normalize(x + residual, weight, 1e-6), atol=1e-5, rtol=1e-5)
+        # a residual of another dtype is not the kernel's case: torch's promotion, as before
+        _, wide_total = fused.add_rms_norm(x, residual.double(), weight, 1e-6)
+        assert wide_total.dtype == torch.float64 and torch.equal(wide_total, x + residual.double())
         print("ok", shape, "residual")
 
 

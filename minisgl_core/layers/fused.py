@@ -88,7 +88,7 @@ def add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(rms_norm(x + residual), x + residual)``: the residual add folded into the next norm."""
-    if triton_ops.norm_enabled(x, weight) and residual.shape == x.shape:
+    if triton_ops.norm_enabled(x, weight) and residual.shape == x.shape and residual.dtype == x.dtype:
         return triton_ops.rms_norm(x, weight, eps, residual)  # type: ignore[return-value]
     return _add_rms_norm(x, residual, weight, eps)
 
