@@ -41,16 +41,19 @@ class KVCache:
         self.device = torch.device(device)
         shape = (num_layers, 2, num_pages, page_size, num_kv_heads, head_dim)
         self.buffer = torch.zeros(shape, dtype=dtype, device=self.device)
+        # each layer's K and V views made once: indexing the buffer costs a few µs of host time,
+        # and eager (prefill) steps ask for them several times per layer
+        self._views = [(layer[0], layer[1]) for layer in self.buffer]
 
     @property
     def num_slots(self) -> int:
         return self.num_pages * self.page_size
 
     def k_cache(self, layer_id: int) -> torch.Tensor:
-        return self.buffer[layer_id, 0]
+        return self._views[layer_id][0]
 
     def v_cache(self, layer_id: int) -> torch.Tensor:
-        return self.buffer[layer_id, 1]
+        return self._views[layer_id][1]
 
     def store(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write ``k``/``v`` ([num_tokens, num_kv_heads, head_dim]) at slots ``loc``.
