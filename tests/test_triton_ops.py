@@ -223,6 +223,12 @@ def check_norm() -> None:
         # a residual of another dtype is not the kernel's case: torch's promotion, as before
         _, wide_total = fused.add_rms_norm(x, residual.double(), weight, 1e-6)
         assert wide_total.dtype == torch.float64 and torch.equal(wide_total, x + residual.double())
+        # a residual whose last dimension is strided (a transposed view) is read correctly
+        strided = (
+            residual.transpose(-1, -2).contiguous().transpose(-1, -2) if residual.dim() > 1 else residual
+        )
+        normed_s, total_s = fused.add_rms_norm(x, strided, weight, 1e-6)
+        assert torch.equal(total_s, total) and torch.equal(normed_s, normed)
         print("ok", shape, "residual")
 
 

@@ -66,11 +66,14 @@ def triton_enabled(device: torch.device, flag: str) -> bool:
 def norm_enabled(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether :func:`rms_norm` serves this norm (``MINISGL_TRITON_NORM=0`` turns it off; the same
     device rules as :func:`fused_kv_enabled`): rows of at most :data:`_NORM_MAX` elements with unit
-    last stride, the weight in the activations' dtype (else the reference's result dtype differs)."""
+    last stride, a dense weight of the row's length in the activations' dtype (else the reference's
+    result dtype differs)."""
     return (
         x.dim() >= 1
         and 0 < x.shape[-1] <= _NORM_MAX
         and x.stride(-1) == 1
+        and weight.shape == x.shape[-1:]
+        and weight.stride(0) == 1
         and weight.dtype == x.dtype
         and triton_enabled(x.device, "MINISGL_TRITON_NORM")
     )
@@ -96,9 +99,11 @@ def rms_norm(
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     total = None
     if residual is not None:
-        residual_rows = residual.reshape(-1, n)
-        if residual_rows.stride(-1) != 1 or residual_rows.shape != rows.shape:
+        if residual.shape != x.shape:
             raise ValueError(f"rms_norm: residual of shape {tuple(residual.shape)} for x {tuple(x.shape)}")
+        residual_rows = residual.reshape(-1, n)
+        if residual_rows.stride(-1) != 1:
+            residual_rows = residual_rows.contiguous()
         total = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if rows.shape[0]:
         block = _pow2(n)
