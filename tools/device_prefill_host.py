@@ -4,16 +4,16 @@ The H100 serve run of 2026-11-25 spent 27 ms of host time in ``forward`` for a p
 ≈ 580 tokens (35 ms in a mixed one), where the device needs a few ms. This drives one Engine the
 way a server does: requests decoding, a new one arriving every few steps with a prompt of a new
 length, and times every step's forward (``runner.prepare(batch)()``: plan, then launch) on the
-host; prefill (and mixed) forwards run
-under cProfile, and a window of them under ``torch.profiler`` for the device side.
+host; every other prefill (and mixed) forward runs under cProfile, and a window of them under
+``torch.profiler`` for the device side.
 
     python3 tools/device_prefill_host.py MODEL_DIR [--attn fi] [--mixed] [--json OUT.json]
     python3 tools/device_prefill_host.py --probe-gemm    # host µs of one F.linear: M repeated vs new
 
 Prints the host ms of decode and prefill forwards (mean, median; the prefill forwards under a
 profiler apart), cProfile's top functions of every other prefill forward by cumulative and by own
-time, and the torch profiler's tables for prefill forwards 8-12. Runs on the CPU
-too (``--device cpu``, the demo model) as a smoke test.
+time, and the torch profiler's tables for prefill forwards 8-12. Runs on the CPU too
+(``--device cpu --attn torch``, the model ``demo``) as a smoke test.
 """
 
 from __future__ import annotations
