@@ -105,9 +105,7 @@ def main() -> None:
             # every other prefill forward under cProfile (which slows the host), the rest timed
             # plain; the torch profiler's window (forwards 8-12) is left out of the plain times
             profiled = prefills % 2 == 1 or 8 <= prefills <= 12
-            if not profiled:
-                pass
-            elif prefills == 8 and torch.cuda.is_available():
+            if prefills == 8 and torch.cuda.is_available():
                 torch_prof = torch.profiler.profile(
                     activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
                 )
