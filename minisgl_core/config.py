@@ -60,6 +60,9 @@ class EngineConfig:
     seed: int = 0
     #: largest decode batch captured in a CUDA graph; 0 disables graphs
     cuda_graph_max_bs: int = 256
+    #: prefill and mixed steps of at most this many tokens replay piecewise CUDA graphs
+    #: (everything but attention; runner/piecewise.py); 0, or ``cuda_graph_max_bs`` 0, disables them
+    piecewise_cuda_graph_max_tokens: int = 2048
     #: overlap CPU scheduling of step N+1 with the GPU running step N
     overlap: bool = True
     #: cascade attention for decode requests sharing a cached prefix, where the decode backend
@@ -124,6 +127,12 @@ class EngineConfig:
             raise ConfigError(
                 f"cuda_graph_max_bs must be >= 0 (0 disables CUDA graphs), got {self.cuda_graph_max_bs}",
                 "cuda_graph_max_bs",
+            )
+        if self.piecewise_cuda_graph_max_tokens < 0:
+            raise ConfigError(
+                "piecewise_cuda_graph_max_tokens must be >= 0 (0 disables piecewise prefill graphs), "
+                f"got {self.piecewise_cuda_graph_max_tokens}",
+                "piecewise_cuda_graph_max_tokens",
             )
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {self.dtype!r}", "dtype")

@@ -35,6 +35,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tp", type=int, default=1, dest="tp_size", help="tensor-parallel size")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--cuda-graph-max-bs", type=int, default=256, help="0 disables CUDA graphs")
+    g.add_argument(
+        "--piecewise-cuda-graph-max-tokens",
+        type=int,
+        default=2048,
+        help="prefill/mixed steps of at most this many tokens replay CUDA graphs of everything but "
+        "attention; 0 disables them",
+    )
     g.add_argument("--disable-overlap", action="store_true", help="turn off overlap scheduling (ablation)")
     g.add_argument(
         "--disable-cascade",
@@ -139,6 +146,7 @@ ENGINE_FIELDS = (
     "tp_size",
     "seed",
     "cuda_graph_max_bs",
+    "piecewise_cuda_graph_max_tokens",
     "generation_config",
     "grammar_backend",
     "grammar_threads",

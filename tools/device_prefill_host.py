@@ -7,7 +7,7 @@ length, and times every step's forward (``runner.prepare(batch)()``: plan, then 
 host; every other prefill (and mixed) forward runs under cProfile, and a window of them under
 ``torch.profiler`` for the device side.
 
-    python3 tools/device_prefill_host.py MODEL_DIR [--attn fi] [--mixed] [--json OUT.json]
+    python3 tools/device_prefill_host.py MODEL_DIR [--attn fi] [--mixed] [--piecewise N] [--json OUT.json]
     python3 tools/device_prefill_host.py --probe-gemm    # host µs of one F.linear: M repeated vs new
 
 Prints the host ms of decode and prefill forwards (mean, median; the prefill forwards under a
@@ -66,6 +66,9 @@ def main() -> None:
     p.add_argument("--running", type=int, default=32, help="requests decoding throughout")
     p.add_argument("--arrivals", type=int, default=40, help="requests arriving one by one")
     p.add_argument("--every", type=int, default=4, help="steps between arrivals")
+    p.add_argument(
+        "--piecewise", type=int, default=None, help="--piecewise-cuda-graph-max-tokens (0: prefill eager)"
+    )
     p.add_argument("--json")
     args = p.parse_args()
     if args.probe_gemm:
@@ -76,6 +79,8 @@ def main() -> None:
     from minisgl_core.sampling import SamplingParams
 
     options = {"mixed_batch": args.mixed}
+    if args.piecewise is not None:
+        options["piecewise_cuda_graph_max_tokens"] = args.piecewise
     if args.device:
         options["device"] = args.device
     llm = LLM(args.model, attn=args.attn, **options)

@@ -2,10 +2,33 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 
 from minisgl_core.api.batch import ForwardBatch
+
+#: (layer, method name, tensor arguments, batch) -> the layer's output; see :func:`split_at_attention`
+Splitter = Callable[["AttentionLayer", str, tuple[torch.Tensor, ...], ForwardBatch], torch.Tensor]
+
+_splitter: Splitter | None = None
+
+
+@contextmanager
+def split_at_attention(splitter: Splitter | None) -> Iterator[None]:
+    """While active, every :class:`AttentionLayer` call goes to ``splitter`` instead of the batch's
+    backend: ``splitter(layer, "forward" or "attend", tensor arguments, batch)`` returns the
+    ``[num_tokens, heads * head_dim]`` output the model continues with. The piecewise CUDA graphs
+    of prefill steps (``runner/piecewise.py``) end one graph and begin the next there, and replay
+    the layer's own method between the graphs. ``None``: calls go to the backend again."""
+    global _splitter
+    previous, _splitter = _splitter, splitter
+    try:
+        yield
+    finally:
+        _splitter = previous
 
 
 class AttentionLayer(nn.Module):
@@ -21,6 +44,8 @@ class AttentionLayer(nn.Module):
         )
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        if _splitter is not None:
+            return _splitter(self, "forward", (q, k, v), batch)
         num_tokens = q.shape[0]
         out = batch.attn.forward(
             q.reshape(num_tokens, self.num_heads, self.head_dim),
@@ -34,6 +59,8 @@ class AttentionLayer(nn.Module):
     def attend(self, q: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """Attention of ``q`` when the model has already written this layer's new K/V to the pool
         (only for backends declaring ``"prestored_kv"``, API 1.5)."""
+        if _splitter is not None:
+            return _splitter(self, "attend", (q,), batch)
         num_tokens = q.shape[0]
         out = batch.attn.attend(q.reshape(num_tokens, self.num_heads, self.head_dim), self.layer_id, batch)
         return out.reshape(num_tokens, self.num_heads * self.head_dim)

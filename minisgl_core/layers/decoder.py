@@ -233,7 +233,18 @@ class DecoderForCausalLM(Model):
         return self._kv_spec
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        out, residual = self.model(batch)
+        return self.logits_from(self.hidden_states(batch), batch)
+
+    # The two halves of forward, for the piecewise CUDA graphs of prefill steps
+    # (runner/piecewise.py): the token-major body is captured, padded to a token count; the head
+    # depends on how many sequences the batch has and runs eagerly.
+    def hidden_states(self, batch: ForwardBatch) -> tuple[torch.Tensor, ...]:
+        """Token-major tensors (one row per new token) the logits are computed from."""
+        return self.model(batch)
+
+    def logits_from(self, states: tuple[torch.Tensor, ...], batch: ForwardBatch) -> torch.Tensor:
+        """The logits of ``batch.logits_indices`` from :meth:`hidden_states`' rows."""
+        out, residual = states
         rows = batch.logits_indices
         # index_select, not out[rows]: on a CPU, advanced indexing opens a parallel region even
         # for one row (see the torch attention backend's _gather)

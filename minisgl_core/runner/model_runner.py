@@ -175,6 +175,17 @@ class ModelRunner:
                 )
             else:
                 logger.info("attention backend %s does not support CUDA graphs; running eagerly", decode_name)
+        self.prefill_graphs = None
+        if self._wants_piecewise():
+            from minisgl_core.runner.piecewise import PiecewiseGraphs
+
+            self.prefill_graphs = PiecewiseGraphs(
+                self.model,
+                self.prefill_attn,
+                self.dummy_slot,
+                min(config.piecewise_cuda_graph_max_tokens, config.max_prefill_tokens),
+                self.device,
+            )
 
     # ------------------------------------------------------------------ set-up
 
@@ -247,6 +258,26 @@ class ModelRunner:
             )
         return pages
 
+    def _wants_piecewise(self) -> bool:
+        from minisgl_core.runner.piecewise import supports_piecewise
+
+        config = self.config
+        if (
+            self.device.type != "cuda"
+            or config.cuda_graph_max_bs == 0
+            or config.piecewise_cuda_graph_max_tokens == 0
+        ):
+            return False
+        if self.parallel.tp_size > 1:  # not measured with the all-reduce inside the graphs yet
+            logger.info("piecewise prefill CUDA graphs are off under --tp > 1")
+            return False
+        if not supports_piecewise(self.model):
+            logger.info(
+                "%s has no hidden_states/logits_from: prefill steps run eagerly", type(self.model).__name__
+            )
+            return False
+        return True
+
     def _backend_class(self, name: str, plugins: Plugins) -> type[AttentionBackend]:
         cls = plugins.resolve("attention", name)
         why = cls.availability(self.device)
@@ -276,6 +307,8 @@ class ModelRunner:
         constrained step whose bitmask was being filled)."""
         if self.graphs is not None and not batch.is_prefill and self.graphs.can_run(batch):
             return self.graphs.prepare(batch)
+        if self.prefill_graphs is not None and batch.is_prefill and self.prefill_graphs.can_run(batch):
+            return self.prefill_graphs.prepare(batch)
         batch.attn.prepare_metadata(batch)
 
         @torch.inference_mode()
