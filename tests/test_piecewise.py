@@ -118,6 +118,12 @@ def test_graphs_equal_eager_forward(model_dir, backend):
     if backend == "fi":
         pytest.importorskip("flashinfer")
     dtype = torch.bfloat16
+    # FlashInfer's prefill kernels take head_dim 64 and up (the small test models have 16)
+    arch = json.loads((model_dir / "config.json").read_text())["architectures"][0]
+    model_dir = make_model_dir(
+        model_dir.parent / f"{arch}-hd64", arch, hidden_size=256, head_dim=64, intermediate_size=512,
+        max_position_embeddings=512,
+    )  # fmt: skip
     model = _model(model_dir, dtype=dtype, device="cuda")
     vocab = model.config.hf_config["vocab_size"]
     page = 16 if backend == "fi" else 1
