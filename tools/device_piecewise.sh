@@ -6,6 +6,8 @@
 #        plain prefill steps and mixed ones (--mixed): host ms per prefill forward.
 # serve: tools/device_mixed.sh serve with and without the graphs (mixed on and off each):
 #        TTFT / ITL at RATE req/s (default 16), the standard workload.
+# offline: `bench offline` (the standard workload) with the graphs on and off, alternating, on the
+#        SHAPES (default qwen3-0.6b); offline.jsonl, offline-*.log (start-up lines: capture times).
 # Results under $OUT: pytest.log, host-*.json/.txt, serve.jsonl, table.md, trace-summary.txt.
 set -uo pipefail
 what=${1:-all}
@@ -33,5 +35,18 @@ if [[ $what == serve || $what == all ]]; then
   for pw in ${PIECEWISE:-2048 0}; do
     OUT="$out/serve-pw$pw" SERVER_FLAGS="--attn $attn --piecewise-cuda-graph-max-tokens $pw" MODEL=$model \
       PY=$py bash tools/device_mixed.sh serve
+  done
+fi
+if [[ $what == offline ]]; then
+  for shape in ${SHAPES:-qwen3-0.6b}; do
+    m=/tmp/m/$shape
+    [ -d $m ] || $py -m minisgl_core bench make-model --shape $shape --out $m --device cuda >/dev/null
+    for pw in ${PIECEWISE:-2048 0}; do
+      timeout ${BENCH_TIMEOUT:-200} $py -m minisgl_core bench offline --model $m --attn "$attn" \
+        --piecewise-cuda-graph-max-tokens $pw --label "$shape piecewise $pw" --output "$out/offline.jsonl" \
+        > "$out/offline-$shape-pw$pw.log" 2>&1
+      echo "== $shape pw$pw"; grep -h "captured\|Traceback\|Error" "$out/offline-$shape-pw$pw.log" | cut -c1-200
+      tail -n 1 "$out/offline.jsonl" | cut -c1-400
+    done
   done
 fi
