@@ -70,9 +70,10 @@ class EngineConfig:
     cascade: bool = True
     #: mixed steps: chunked prefill rides along with the running decodes (each decode one token,
     #: counted against ``max_prefill_tokens``), where the prefill backend declares "mixed".
-    #: None: on a CPU only. On the GPU they made every latency worse at equal throughput (decode
-    #: rows through the prefill kernel, no CUDA graph; BENCHMARKS.md, "Mixed prefill + decode
-    #: steps"), on the CPU better (a decode row costs about what a prefill token does there).
+    #: None: on a CPU only. On the GPU they made every latency worse at equal throughput while
+    #: prefill steps ran eagerly; with the piecewise prefill graphs two served runs disagree
+    #: (BENCHMARKS.md, "Piecewise CUDA graphs"); on the CPU they are better (a decode row costs
+    #: about what a prefill token does there).
     mixed_batch: bool | None = None
     #: where requests' unset sampling fields get their defaults: "auto" (the model's
     #: generation_config.json), "vllm"/"none" (SamplingParams' own), or a folder holding a

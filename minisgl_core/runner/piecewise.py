@@ -17,7 +17,9 @@ count is the batch's sequence count. Equal to the eager forward up to the GEMMs'
 kernel for the padded row count.
 
 Models opt in with two methods, as :class:`~minisgl_core.layers.decoder.DecoderForCausalLM` does:
-``hidden_states(batch) -> tuple of token-major tensors`` and ``logits_from(states, batch)``.
+``hidden_states(batch) -> tuple of token-major tensors`` (one row per new token, no row depending
+on another but through attention) and ``logits_from(states, batch)``. Not part of the stable API
+yet: adding it would make the API 2.1, which ends the 1.x plugins' compatibility window early.
 """
 
 from __future__ import annotations
