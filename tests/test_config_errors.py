@@ -168,6 +168,8 @@ BAD_FLAGS = [
     ("generate", ["hi", "--num-kv-tokens", "1"], "--num-kv-tokens must hold two pages at least"),
     ("bench", ["offline", "--num-requests", "1", "--max-context-len", "0"], "--max-context-len must be >= 1"),
     ("bench", ["offline", "--tp", "2", "--grammar-schema", "builtin"], "--grammar-schema runs with --tp 1 only"),
+    ("bench", ["offline", "--num-requests", "1", "--piecewise-cuda-graph-max-tokens", "-1"],
+     "--piecewise-cuda-graph-max-tokens must be >= 0"),
     ("generate", ["hi", "--grammar-threads", "0"], "--grammar-threads must be in [1, 64]"),
     ("serve", ["--port", "0", "--grammar-threads", "65"], "--grammar-threads must be in [1, 64]"),
     ("bench", ["cpu", "--no-transformers", "--engine-arg", "page-size"], "--engine-arg takes KEY=VALUE"),
@@ -193,6 +195,14 @@ def test_a_setting_the_engine_refuses_is_one_line_on_the_command_line(model_dir,
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("minisgl: error: ") and says in lines[0], lines
     assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_bench_offline_on_a_model_too_small_for_its_token_ids_says_so(model_dir):
+    """The standard workload draws prompt ids up to 10,000: a smaller vocabulary is one message
+    naming the fix, not a traceback from the first request."""
+    proc = _cli("bench", "offline", "--num-requests", "1", "--model", str(model_dir), "--device", "cpu")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "has a vocabulary of" in proc.stderr and "--shape qwen3-0.6b" in proc.stderr, proc.stderr[-2000:]
 
 
 def test_attn_auto_is_torch_on_cpu_and_pairs_parse():

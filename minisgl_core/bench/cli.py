@@ -173,6 +173,14 @@ def _offline(args: argparse.Namespace) -> int:
         llm = LLM(config.model, **fields)
         # start-up (weights, KV pool, JIT, graph capture): a fresh machine's cost, outside the timed run
         result["init_seconds"] = round(time.perf_counter() - started, 1)
+        vocab, top = llm.engine.runner.vocab_size, max(max(r.prompt_ids) for r in requests)
+        if top >= vocab:
+            llm.close()
+            raise SystemExit(
+                f"minisgl bench offline: the standard workload's prompts hold token ids up to {top}, "
+                f"but {config.model} has a vocabulary of {vocab}; use a model with a larger one "
+                "(--shape qwen3-0.6b or llama-3.1-8b builds one)"
+            )
         result["attn"] = ",".join(llm.engine.runner.attn_names)
         result["page_size"] = llm.engine.config.page_size
         grammar = None
