@@ -268,9 +268,6 @@ class ModelRunner:
             or config.piecewise_cuda_graph_max_tokens == 0
         ):
             return False
-        if self.parallel.tp_size > 1:  # not measured with the all-reduce inside the graphs yet
-            logger.info("piecewise prefill CUDA graphs are off under --tp > 1")
-            return False
         if not supports_piecewise(self.model):
             logger.info(
                 "%s has no hidden_states/logits_from: prefill steps run eagerly", type(self.model).__name__

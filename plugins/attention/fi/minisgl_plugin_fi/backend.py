@@ -214,7 +214,19 @@ class FlashInferBackend(AttentionBackend):
                 causal=True,
                 **self._kernel_options(),
             )
-        return FlashInferMetadata(self.prefill_wrapper.run)
+        # One output buffer for every layer of this batch: FlashInfer's run() otherwise allocates
+        # (and zero-fills) one per call, ≈ 22 µs of host time a layer outside CUDA graphs. Each
+        # layer's output is consumed (o_proj, or the piecewise graphs' copy) before the next
+        # layer's attention runs on the same stream; every row is written (qo_indptr covers them).
+        out = torch.empty(
+            batch.num_tokens, config.num_qo_heads, config.head_dim, dtype=config.dtype, device=config.device
+        )
+        run = self.prefill_wrapper.run
+
+        def attend(q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+            return run(q, kv, out=out)
+
+        return FlashInferMetadata(attend)
 
     def _plan_decode(
         self, wrapper: BatchDecodeWithPagedKVCacheWrapper, batch: ForwardBatch, layout: PagedLayout
