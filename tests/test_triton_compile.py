@@ -92,3 +92,14 @@ def test_all_reduce_sum_kernel_compiles(target, dtype, world):
     compiles(
         sum_peer_buffers_kernel, signature, {"WORLD": world, "BLOCK": SymmMemAllReduce.WIDE_BLOCK}, target
     )
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")
+@pytest.mark.parametrize("page", [1, 16])
+def test_kv_indices_kernel_compiles(target, page):
+    from minisgl_core.runner._layout_triton import kv_indices_kernel
+    from minisgl_core.runner.layout import _BLOCK
+
+    signature = {"page_table": "*i32", "table_stride": "i32", "req_slots": "*i32", "kv_indptr": "*i32",
+                 "kv_indices": "*i32"}  # fmt: skip
+    compiles(kv_indices_kernel, signature, {"PAGE": page, "BLOCK": _BLOCK}, target)

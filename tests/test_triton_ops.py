@@ -32,6 +32,11 @@ def test_silu_mul_matches_eager():
     assert out.count("ok") == 3, out
 
 
+def test_layout_kernel_matches_paged_layout():
+    out = run_child("layout")
+    assert out.count("ok") == 6, out
+
+
 def test_rms_norm_matches_eager():
     out = run_child("norm")
     assert out.count("ok") == 8, out
@@ -280,8 +285,38 @@ def check_collective() -> None:
         print("ok")
 
 
+def check_layout() -> None:
+    """``runner.layout.build_layout`` (host offsets, the page ids by the Triton kernel) equals the
+    API's ``paged_layout`` on batches of scattered pages: prefill, decode, one sequence."""
+    from minisgl_core.api import KVSpec
+    from minisgl_core.runner.layout import build_layout, paged_layout, set_layout
+    from minisgl_core.testing.harness import PagedSequences, make_attention
+    from minisgl_core.testing.policy_suite import resolve
+
+    spec = KVSpec(num_layers=1, num_qo_heads=2, num_kv_heads=1, head_dim=8, scale=1.0)
+    gen = torch.Generator().manual_seed(5)
+    for page_size, lens in ((1, [3, 70, 1]), (4, [5, 130, 64, 2]), (16, [300])):
+        attn = make_attention(resolve("attention", "torch"), spec, page_size=page_size,
+                              num_pages=2048 // page_size, max_requests=8, max_context_len=512)  # fmt: skip
+        sequences = PagedSequences(attn, seed=page_size)
+        rows = [sequences.new_row() for _ in lens]
+        steps = [[torch.randint(100, (n,), generator=gen).tolist() for n in lens], [[1]] * len(lens)]
+        for tokens in steps:
+            batch = sequences.extend(rows, tokens)
+            expected = paged_layout(batch, page_size)
+            actual = build_layout(batch)
+            for name, a, b in zip(expected._fields, actual, expected, strict=True):
+                assert a.dtype == b.dtype == torch.int32 and torch.equal(a, b), (name, page_size, a, b)
+            batch.__dict__.pop("layout", None)
+            set_layout(batch)  # the interpreter counts as "Triton runs": the fast layout is set
+            assert torch.equal(batch.__dict__["layout"].kv_indices, expected.kv_indices)
+            print("ok")
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "kernel":
+    if sys.argv[1] == "layout":
+        check_layout()
+    elif sys.argv[1] == "kernel":
         check_kernel()
     elif sys.argv[1] == "silu":
         check_silu()

@@ -20,6 +20,7 @@ from collections.abc import Callable
 import torch
 
 from minisgl_core.api import AttentionBackend, ForwardBatch, Model, SharedPrefix
+from minisgl_core.runner.layout import set_layout
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +118,7 @@ class GraphRunner:
         for bs in reversed(self.sizes):  # largest first, so smaller graphs reuse its memory pool
             for cascade in variants:
                 batch = self._batch(bs, [1] * bs, [] if cascade else None)
+                set_layout(batch)  # its kernel compiles here, at start-up
                 self.attn.prepare_capture(batch)
                 for _ in range(2):  # warm up outside the graph (lazy init, autotuning)
                     self.model(batch)
@@ -149,6 +151,7 @@ class GraphRunner:
             self.seq_lens[bs:padded].fill_(1)
         shared = batch.shared_prefixes
         replay_batch = self._batch(padded, batch.seq_lens_cpu + [1] * (padded - bs), shared)
+        set_layout(replay_batch)
         self.attn.prepare_replay(replay_batch)
         key = (padded, shared is not None)
 

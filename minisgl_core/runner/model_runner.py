@@ -21,6 +21,7 @@ from minisgl_core.config import CUDA_PAGE_SIZE, ConfigError, EngineConfig
 from minisgl_core.layers import ParallelLMHead
 from minisgl_core.plugins import PluginError, Plugins
 from minisgl_core.runner import quantization
+from minisgl_core.runner.layout import set_layout
 
 logger = logging.getLogger(__name__)
 
@@ -306,6 +307,7 @@ class ModelRunner:
             return self.graphs.prepare(batch)
         if self.prefill_graphs is not None and batch.is_prefill and self.prefill_graphs.can_run(batch):
             return self.prefill_graphs.prepare(batch)
+        set_layout(batch)
         batch.attn.prepare_metadata(batch)
 
         @torch.inference_mode()

@@ -34,6 +34,7 @@ import torch
 
 from minisgl_core.api import AttentionBackend, ForwardBatch, Model
 from minisgl_core.layers.attention import AttentionLayer, split_at_attention
+from minisgl_core.runner.layout import set_layout
 
 logger = logging.getLogger(__name__)
 
@@ -197,6 +198,7 @@ class PiecewiseGraphs:
         if size > n:
             self.positions[n:size].zero_()
             self.out_cache_loc[n:size].fill_(self.dummy_slot)
+        set_layout(batch)
         batch.attn.prepare_metadata(batch)
         pieces = self.pieces[size]
 
