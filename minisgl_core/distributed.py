@@ -189,8 +189,11 @@ class SymmMemAllReduce:
     WIDE_MIN_BYTES = 768 << 10
     #: elements per program of the wide path's sum (bf16: 8 KiB)
     WIDE_BLOCK = 4096
+    #: from this size on :meth:`add_rms_norm` fuses the sum with the norm after it (when on); below
+    #: it the one-shot kernel then the norm (two kernels) is as short
+    NORM_MIN_BYTES = 768 << 10
 
-    def __init__(self, group: Any, device: torch.device, wide: bool = False) -> None:
+    def __init__(self, group: Any, device: torch.device, wide: bool = False, norm: bool = False) -> None:
         import torch.distributed._symmetric_memory as symm_mem
 
         self.group_name = group.group_name
@@ -202,6 +205,16 @@ class SymmMemAllReduce:
         # every rank's buffer, for the wide path's sum
         self.buffer_ptrs = torch.tensor(list(self.handle.buffer_ptrs), dtype=torch.int64, device=device)
         self._views: dict[torch.dtype, torch.Tensor] = {}
+        # the fused sum + residual add + RMS norm (add_rms_norm): two more buffers of its own, used
+        # in turn, each with its own rendezvous (its own signal pads)
+        self.norm_halves: list[tuple[torch.Tensor, Any, torch.Tensor]] = []
+        if norm:
+            for _ in range(2):
+                buf = symm_mem.empty(self.max_bytes, dtype=torch.uint8, device=device)
+                handle = symm_mem.rendezvous(buf, self.group_name)
+                ptrs = torch.tensor(list(handle.buffer_ptrs), dtype=torch.int64, device=device)
+                self.norm_halves.append((buf, handle, ptrs))
+        self._turn = 0
 
     def __call__(self, x: torch.Tensor) -> bool:
         nbytes = x.numel() * x.element_size()
@@ -226,6 +239,52 @@ class SymmMemAllReduce:
             )
         return True
 
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(weight * norm(sum + residual), sum + residual)`` where ``sum`` is ``x`` all-reduced:
+        bitwise :meth:`__call__` then ``minisgl_core.layers.triton_ops.rms_norm`` with the
+        residual, in three kernels instead of five (copy into a shared buffer, barrier, one Triton
+        kernel that sums every rank's row and adds and normalizes it). None when it does not apply
+        (off, under :attr:`NORM_MIN_BYTES`, too big, not bf16/fp16, not contiguous): the caller
+        all-reduces and normalizes as usual.
+
+        No barrier after the kernel: the two buffers take turns. Before a rank writes a buffer
+        again it has passed the other buffer's barrier, which every peer reaches only after its
+        kernel on this buffer, i.e. after it finished reading it. (Every other collective in
+        between, on the one-shot buffer or NCCL, only adds ordering.)"""
+        from minisgl_core.layers import triton_ops
+
+        nbytes = x.numel() * x.element_size()
+        n = x.shape[-1]
+        if (
+            not self.norm_halves
+            or x.dtype not in (torch.bfloat16, torch.float16)
+            or not self.NORM_MIN_BYTES <= nbytes <= self.max_bytes
+            or x.dim() != 2
+            or not x.is_contiguous()
+            or residual.shape != x.shape
+            or not residual.is_contiguous()
+            or residual.dtype != x.dtype
+            or x.device != self.buffer.device
+            or not triton_ops.norm_enabled(x, weight)  # (the path this one must equal)
+        ):
+            return None
+        from minisgl_core.layers._triton_collectives import sum_add_rms_norm_kernel
+
+        buf, handle, ptrs = self.norm_halves[self._turn]
+        self._turn ^= 1
+        buf.view(x.dtype)[: x.numel()].copy_(x.view(-1))
+        handle.barrier(channel=0)  # every rank's partial sum is in place
+        out = torch.empty_like(x)
+        total = torch.empty_like(x)
+        block = triton_ops._pow2(n)
+        sum_add_rms_norm_kernel[(x.shape[0],)](
+            ptrs, residual, weight, float(eps), out, total, n,
+            WORLD=self.world, BLOCK=block, num_warps=min(16, max(1, block // 256)),
+        )  # fmt: skip
+        return out, total
+
     def _wide(self, shared: torch.Tensor, flat: torch.Tensor) -> None:
         from minisgl_core.layers._triton_collectives import sum_peer_buffers_kernel
 
@@ -248,7 +307,8 @@ def enable_fast_all_reduce(parallel: ParallelContext, device: torch.device) -> b
         return False
     reducer: SymmMemAllReduce | None = None
     try:
-        reducer = SymmMemAllReduce(parallel.group, device, wide=fast_paths.current().symm_mem_wide)
+        paths = fast_paths.current()
+        reducer = SymmMemAllReduce(parallel.group, device, wide=paths.symm_mem_wide, norm=paths.symm_mem_norm)
     except Exception as exc:  # noqa: BLE001 - an optional fast path: NCCL still works
         logger.warning(
             "symmetric-memory all-reduce unavailable (%s: %s); using NCCL", type(exc).__name__, exc

@@ -36,6 +36,9 @@ class FastPaths:
     symm_mem: bool = True
     #: its wide path for sums from 768 KiB: copy, barrier, a Triton sum over every peer's buffer
     symm_mem_wide: bool = True
+    #: the all-reduce after o_proj and down_proj fused with the residual add and RMS norm that
+    #: follow it (from 768 KiB; two shared buffers in turn, one barrier)
+    symm_mem_norm: bool = True
     #: tensor parallelism: each rank samples its own slice of the vocabulary and the ranks trade
     #: one (value, token) pair per row, instead of gathering every rank's logits
     vocab_parallel_sampling: bool = True
@@ -65,6 +68,7 @@ ENV_VARS: dict[str, str] = {
     "triton_sampler": "MINISGL_TRITON_SAMPLER",
     "symm_mem": "MINISGL_SYMM_MEM",
     "symm_mem_wide": "MINISGL_SYMM_MEM_WIDE",
+    "symm_mem_norm": "MINISGL_SYMM_MEM_NORM",
     "vocab_parallel_sampling": "MINISGL_VOCAB_PARALLEL_SAMPLING",
 }
 

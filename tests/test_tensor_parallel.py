@@ -292,3 +292,97 @@ def test_tp2_sampled_batches_agree_across_ranks_on_both_sampling_paths(tmp_path)
     assert all(len(t) == 12 for t in tokens0)
     assert logprobs0 == logprobs1 == 12  # the one request that asked
     assert len({t for seq in tokens0 for t in seq}) > 8  # sampled, not one token repeated
+
+
+def _rank_cuda(rank: int, world: int, port: int, model_dir: str, env: dict, kwargs: dict, queue) -> None:
+    """One rank of a TP engine on GPU ``rank`` (NCCL): the greedy tokens and their logprobs of
+    :data:`CUDA_PROMPTS`, with ``env`` set (fast-path switches) and ``kwargs`` for EngineConfig."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(env)
+    from minisgl_core.api import ParallelContext
+    from minisgl_core.config import EngineConfig
+    from minisgl_core.engine.engine import Engine
+    from minisgl_core.sampling import SamplingParams
+    from minisgl_core.testing import drain
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        parallel = ParallelContext(rank, world, dist.group.WORLD)
+        engine = Engine(EngineConfig(model=model_dir, device="cuda", tp_size=world, **kwargs), parallel)
+        params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=0)
+        for rid, prompt in enumerate(CUDA_PROMPTS):
+            engine.add_request(rid, prompt, params)
+        tokens: dict[int, list[int]] = {rid: [] for rid in range(len(CUDA_PROMPTS))}
+        logprobs: dict[int, list[float]] = {rid: [] for rid in range(len(CUDA_PROMPTS))}
+        for out in drain(engine):
+            tokens[out.rid].append(out.token_id)
+            logprobs[out.rid].append(out.logprob.logprob)
+        queue.put((rank, (tokens, logprobs, engine.runner.prefill_graphs is not None)))
+        engine.close()
+    finally:
+        dist.destroy_process_group()
+
+
+#: one prefill step of 531 tokens (hidden 1024 in bf16: 1 MiB per all-reduce, above the fused
+#: norm's 768 KiB, and within the piecewise graphs' 2,048), then decode steps of four rows
+CUDA_PROMPTS = [list(range(3, 303)), [(7 * i) % 2000 + 5 for i in range(220)], [9] * 8, [40, 41, 42]]
+
+
+def _cuda_model(tmp_path, dtype: str):
+    return str(
+        make_model_dir(
+            tmp_path / dtype,
+            "LlamaForCausalLM",
+            dtype=dtype,
+            hidden_size=1024,
+            intermediate_size=2048,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            head_dim=128,
+            num_hidden_layers=3,
+            vocab_size=2048,
+            tokenizer_vocab_size=2048,
+            max_position_embeddings=2048,
+        )  # fmt: skip
+    )
+
+
+two_gpus = pytest.mark.skipif(
+    not (__import__("torch").cuda.is_available() and __import__("torch").cuda.device_count() >= 2),
+    reason="needs two CUDA GPUs",
+)
+
+
+@two_gpus
+def test_tp2_on_cuda_fused_all_reduce_norm_is_bitwise_the_unfused_path(tmp_path):
+    """bf16, TP = 2 on two GPUs: the all-reduce fused with the residual add and RMS norm
+    (``symm_mem_norm``, taken by the 531-token prefill step, inside its piecewise graph) gives the
+    same tokens and the same logprobs, to the bit, as the all-reduce followed by the norm."""
+    model_dir = _cuda_model(tmp_path, "bfloat16")
+    kwargs = {"dtype": "bfloat16", "attn": "fi"}
+    on = _spawn_ranks(_rank_cuda, 2, model_dir, {"MINISGL_SYMM_MEM_NORM": "1"}, kwargs)
+    off = _spawn_ranks(_rank_cuda, 2, model_dir, {"MINISGL_SYMM_MEM_NORM": "0"}, kwargs)
+    assert on[0][0] == on[1][0] and off[0][0] == off[1][0]  # the ranks agree
+    assert on[0][0] == off[0][0]
+    assert on[0][1] == off[0][1]
+    assert len({t for seq in on[0][0].values() for t in seq}) > 5
+
+
+@two_gpus
+def test_tp2_on_cuda_piecewise_prefill_graphs_change_nothing(tmp_path):
+    """float32 (no TF32), TP = 2 on two GPUs: the same greedy tokens with the piecewise prefill
+    graphs (their all-reduces captured inside them) as without."""
+    model_dir = _cuda_model(tmp_path, "float32")
+    runs = []
+    for max_tokens in (2048, 0):
+        kwargs = {"dtype": "float32", "attn": "torch", "piecewise_cuda_graph_max_tokens": max_tokens}
+        result = _spawn_ranks(_rank_cuda, 2, model_dir, {}, kwargs)
+        assert result[0][2] == (max_tokens > 0)
+        assert result[0][0] == result[1][0]
+        runs.append(result[0][0])
+    assert runs[0] == runs[1]

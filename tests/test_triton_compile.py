@@ -95,6 +95,25 @@ def test_all_reduce_sum_kernel_compiles(target, dtype, world):
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")
+@pytest.mark.parametrize("hidden", [4096, 1024])
+def test_all_reduce_norm_kernel_compiles(target, hidden):
+    from minisgl_core.layers._triton_collectives import sum_add_rms_norm_kernel
+    from minisgl_core.layers.triton_ops import _pow2
+
+    t = "*bf16"
+    signature = {
+        "buffer_ptrs": "*i64",
+        "residual": t,
+        "weight": t,
+        "eps": "fp32",
+        "out": t,
+        "total": t,
+        "n": "i32",
+    }
+    compiles(sum_add_rms_norm_kernel, signature, {"WORLD": 2, "BLOCK": _pow2(hidden)}, target)
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")
 @pytest.mark.parametrize("page", [1, 16])
 def test_kv_indices_kernel_compiles(target, page):
     from minisgl_core.runner._layout_triton import kv_indices_kernel

@@ -42,9 +42,9 @@ def test_rms_norm_matches_eager():
     assert out.count("ok") == 8, out
 
 
-def test_all_reduce_sum_kernel_adds_every_buffer_in_rank_order():
+def test_all_reduce_kernels_add_every_buffer_in_rank_order():
     out = run_child("collective")
-    assert out.split() == ["ok"] * 3, out
+    assert out.split() == ["ok"] * 5, out
 
 
 def test_decoder_with_fused_store_generates_the_same(tmp_path):
@@ -282,6 +282,26 @@ def check_collective() -> None:
         for b in buffers[1:]:
             expected += b[:n]
         assert torch.equal(out, expected), (out - expected).abs().max()
+        print("ok")
+    # the sum fused with the residual add and RMS norm after it (SymmMemAllReduce.add_rms_norm):
+    # bit for bit the wide sum, then the Triton add + norm
+    from minisgl_core.layers import triton_ops
+    from minisgl_core.layers._triton_collectives import sum_add_rms_norm_kernel
+
+    for world, rows, n in ((2, 5, 1500), (3, 1, 64)):
+        buffers = [torch.randn(rows * n + 9, generator=gen) for _ in range(world)]
+        ptrs = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64)
+        residual = torch.randn(rows, n, generator=gen) * 3
+        weight = torch.rand(n, generator=gen) + 0.5
+        out, total = torch.full((rows, n), float("nan")), torch.full((rows, n), float("nan"))
+        sum_add_rms_norm_kernel[(rows,)](
+            ptrs, residual, weight, 1e-6, out, total, n, WORLD=world, BLOCK=triton_ops._pow2(n)
+        )
+        summed = torch.empty(rows * n)
+        sum_peer_buffers_kernel[(-(-rows * n // 1024),)](ptrs, summed, rows * n, WORLD=world, BLOCK=1024)
+        expected_out, expected_total = triton_ops.rms_norm(summed.view(rows, n), weight, 1e-6, residual)
+        assert torch.equal(total, expected_total), (total - expected_total).abs().max()
+        assert torch.equal(out, expected_out), (out - expected_out).abs().max()
         print("ok")
 
 

@@ -9,7 +9,11 @@ Each rank fills tensors from its own seed; the fast path (``ParallelContext.all_
 A graph of eight back-to-back all-reduces checks that the wide path's buffer is not overwritten
 while a peer still reads it. Then the time per all-reduce inside a CUDA graph of 64 of them (a
 Llama-3.1-8B decode step's worth): NCCL, the one-shot kernel alone, and one-shot below
-``SymmMemAllReduce.WIDE_MIN_BYTES`` with the wide path above (``symm_mem``; as the engine runs). Exit status 0 only when every check passed on every rank.
+``SymmMemAllReduce.WIDE_MIN_BYTES`` with the wide path above (``symm_mem``; as the engine runs).
+The all-reduce fused with the residual add and RMS norm (``SymmMemAllReduce.add_rms_norm``, through
+``RMSNorm(partial_of=)``) against NCCL then the norm, bitwise, eagerly and in a graph of chained
+layers, then timed against the two kernels it replaces at every size.
+Exit status 0 only when every check passed on every rank.
 """
 
 from __future__ import annotations
@@ -108,6 +112,90 @@ def rank_main(rank: int, world: int, port: int, out_path: str | None) -> None:
         report["checks"].append({"back_to_back": 8, "graph_replay": salt, "bitwise_equal": same})
         if not same:
             failures.append(f"graph replay of 8 back-to-back all-reduces ({salt}): differs from NCCL")
+    # The all-reduce fused with the residual add and RMS norm (RMSNorm(partial_of=), the decoder's
+    # o_proj/down sums): bitwise NCCL then the Triton add + norm, eagerly and in a graph of eight
+    # chained "layers" (each one's total the next one's residual, the buffers taking turns),
+    # replayed with new inputs, with a one-shot all-reduce between the replays.
+    from minisgl_core.layers import triton_ops
+    from minisgl_core.layers.norm import RMSNorm
+
+    norm = RMSNorm(HIDDEN, 1e-5, dtype=torch.bfloat16, device=device)
+    norm.weight.data.copy_(data((HIDDEN,), 300) * 0.1 + 1)  # each rank its own weight: no matter here
+    fuse = getattr(fast, "add_rms_norm", None)
+    report["fused_norm"] = fuse is not None and bool(getattr(fast, "norm_halves", None))
+
+    def reference(x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return triton_ops.rms_norm(nccl(x), norm.weight, norm.eps, residual)
+
+    for bs in (1, 64, 96, 128, 256, 512, 1024):
+        x, residual = data((bs, HIDDEN), 400 + bs), data((bs, HIDDEN), 500 + bs) * 4
+        took = fuse is not None and fuse(x.clone(), residual, norm.weight, norm.eps) is not None
+        got = norm(x.clone(), residual, partial_of=parallel)
+        want = reference(x, residual)
+        same = torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        report["checks"].append({"norm_shape": [bs, HIDDEN], "fused": took, "bitwise_equal": same})
+        if not same:
+            failures.append(f"fused norm eager bs={bs} (fused={took}): differs from NCCL + norm")
+    for bs in (128, 256):
+        xs = [torch.zeros(bs, HIDDEN, device=device, dtype=torch.bfloat16) for _ in range(8)]
+        res0 = torch.zeros(bs, HIDDEN, device=device, dtype=torch.bfloat16)
+        small = torch.zeros(8, HIDDEN, device=device, dtype=torch.bfloat16)
+
+        def chain(xs: list[torch.Tensor], res0: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+            outs, residual = [], res0
+            for x in xs:
+                normed, residual = norm(x, residual, partial_of=parallel)
+                outs.append((normed, residual))
+            return outs
+
+        chain(xs, res0)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs = chain(xs, res0)
+        for salt in range(4):
+            inputs = [data((bs, HIDDEN), 600 + 10 * salt + i) for i in range(8)]
+            r0 = data((bs, HIDDEN), 700 + salt)
+            for t, x in zip(xs, inputs):
+                t.copy_(x)
+            res0.copy_(r0)
+            graph.replay()
+            parallel.all_reduce(small)  # another collective between replays, as the sampler's
+            ok, residual = True, r0
+            for x, (normed, total) in zip(inputs, outs):
+                want_normed, residual = reference(x, residual)
+                ok = ok and torch.equal(normed, want_normed) and torch.equal(total, residual)
+            report["checks"].append({"norm_chain": [bs, 8], "graph_replay": salt, "bitwise_equal": ok})
+            if not ok:
+                failures.append(f"fused norm graph chain bs={bs} replay {salt}: differs from NCCL + norm")
+    # µs per sum + add + norm in a graph of 64: the all-reduce then the norm, and fused (at every
+    # size, to place NORM_MIN_BYTES)
+    if fuse is not None and report["fused_norm"]:
+        for label in ("all_reduce_then_norm", "fused_all_sizes"):
+            saved_min = fast.NORM_MIN_BYTES
+            fast.NORM_MIN_BYTES = 0 if label == "fused_all_sizes" else 1 << 40
+            for bs in (1, 32, 64, 96, 128, 256, 512):
+                x, residual = data((bs, HIDDEN), 800), data((bs, HIDDEN), 801)
+                graph = torch.cuda.CUDAGraph()
+                for _ in range(2):
+                    norm(x, residual, partial_of=parallel)
+                torch.cuda.synchronize()
+                with torch.cuda.graph(graph):
+                    for _ in range(64):
+                        norm(x, residual, partial_of=parallel)
+                for _ in range(5):
+                    graph.replay()
+                torch.cuda.synchronize()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(50):
+                    graph.replay()
+                end.record()
+                torch.cuda.synchronize()
+                report.setdefault("graph_us_per_sum_add_norm", {}).setdefault(label, {})[bs] = round(
+                    start.elapsed_time(end) * 1000 / (50 * 64), 2
+                )
+            fast.NORM_MIN_BYTES = saved_min
     # Latency inside a graph: 64 all-reduces in a row, like one decode step of Llama-3.1-8B.
     wide = getattr(fast, "wide", False)
     for label, use_fast in (("nccl", False), ("symm_mem_one_shot", True), ("symm_mem", True)):

@@ -62,10 +62,15 @@ class DecoderAttention(nn.Module):
         self.attn = AttentionLayer(layer_id, num_heads, num_kv_heads, head_dim)
 
     def forward(
-        self, hidden: torch.Tensor, batch: ForwardBatch, angles: Angles | None = None
+        self,
+        hidden: torch.Tensor,
+        batch: ForwardBatch,
+        angles: Angles | None = None,
+        reduce: bool = True,
     ) -> torch.Tensor:
         """``angles``: the rotary cos/sin of ``batch.positions`` the model computed for every layer,
-        or None (each layer's kernel computes them: CUDA)."""
+        or None (each layer's kernel computes them: CUDA). ``reduce=False``: o_proj's partial sum
+        (no bias only; see ``RowParallelLinear``)."""
         num_tokens, head_dim = hidden.shape[0], self.attn.head_dim
         num_heads, num_kv_heads = self.attn.num_heads, self.attn.num_kv_heads
         qkv = self.qkv_proj(hidden).view(num_tokens, num_heads + 2 * num_kv_heads, head_dim)
@@ -85,14 +90,14 @@ class DecoderAttention(nn.Module):
                 qkv, batch.positions, inv_freq, q_weight, k_weight, num_heads, num_kv_heads, eps,
                 cache, self.attn.layer_id, batch.out_cache_loc,
             )  # fmt: skip
-            return self.o_proj(self.attn.attend(q, batch))
+            return self.o_proj(self.attn.attend(q, batch), reduce)
         # q/k norm and rotary on the q and k heads, v copied beside k (one kernel on CUDA): k and
         # v of a token are then adjacent, which lets the KV pool store both with one kernel
         qkv = qkv_norm_rope(
             qkv, batch.positions, inv_freq, q_weight, k_weight, num_heads, num_kv_heads, eps, angles
         )
         q, k, v = qkv.split((num_heads, num_kv_heads, num_kv_heads), dim=1)
-        return self.o_proj(self.attn(q, k, v, batch))
+        return self.o_proj(self.attn(q, k, v, batch), reduce)
 
 
 class DecoderMLP(nn.Module):
@@ -110,8 +115,9 @@ class DecoderMLP(nn.Module):
             inter, hidden, parallel=parallel, bias=bias, dtype=dtype, device=device
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+    def forward(self, x: torch.Tensor, reduce: bool = True) -> torch.Tensor:
+        """``reduce=False``: down_proj's partial sum (no bias only; see ``RowParallelLinear``)."""
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)), reduce)
 
 
 class DecoderLayer(nn.Module):
@@ -133,6 +139,11 @@ class DecoderLayer(nn.Module):
         self.mlp = DecoderMLP(hf, parallel=parallel, dtype=dtype, device=device)
         self.input_layernorm = RMSNorm(hf["hidden_size"], eps, dtype=dtype, device=device)
         self.post_attention_layernorm = RMSNorm(hf["hidden_size"], eps, dtype=dtype, device=device)
+        # Under tensor parallelism o_proj's and down_proj's sums are left to the norm after them,
+        # which fuses the all-reduce with the residual add and norm where it can (RMSNorm's
+        # partial_of); with a bias the sum must come before the bias, so they reduce as usual.
+        self.parallel = parallel
+        self.defers_sums = parallel.tp_size > 1 and not _bias_in(hf)
 
     def forward(
         self,
@@ -140,17 +151,25 @@ class DecoderLayer(nn.Module):
         residual: torch.Tensor | None,
         batch: ForwardBatch,
         angles: Angles | None = None,
+        *,
+        hidden_is_partial: bool = False,
+        reduce_output: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Takes and returns (branch output, residual stream): each residual add is folded into
         the norm that follows it (the last one into the model's final norm). ``angles``: see
-        :meth:`DecoderAttention.forward`."""
+        :meth:`DecoderAttention.forward`. ``hidden_is_partial``: ``hidden`` is the previous layer's
+        MLP output as this rank's partial sum (``reduce_output=False`` there), summed here."""
         if residual is None:
             normed, residual = self.input_layernorm(hidden), hidden
         else:
-            normed, residual = self.input_layernorm(hidden, residual)
-        attn_out = self.self_attn(normed, batch, angles)
-        normed, residual = self.post_attention_layernorm(attn_out, residual)
-        return self.mlp(normed), residual
+            partial_of = self.parallel if hidden_is_partial else None
+            normed, residual = self.input_layernorm(hidden, residual, partial_of=partial_of)
+        defer = self.defers_sums
+        attn_out = self.self_attn(normed, batch, angles, reduce=not defer)
+        normed, residual = self.post_attention_layernorm(
+            attn_out, residual, partial_of=self.parallel if defer else None
+        )
+        return self.mlp(normed, reduce=reduce_output or not defer), residual
 
 
 class DecoderModel(nn.Module):
@@ -183,8 +202,14 @@ class DecoderModel(nn.Module):
         angles = None
         if not batch.positions.is_cuda:
             angles = self.layers[0].self_attn.rotary_emb.angles(batch.positions, hidden.dtype)
-        for layer in self.layers:
-            hidden, residual = layer(hidden, residual, batch, angles)
+        last = len(self.layers) - 1
+        partial = False  # whether hidden is the previous layer's partial sum (see DecoderLayer)
+        for i, layer in enumerate(self.layers):
+            reduce = i == last or not layer.defers_sums
+            hidden, residual = layer(
+                hidden, residual, batch, angles, hidden_is_partial=partial, reduce_output=reduce
+            )
+            partial = not reduce
         return hidden, residual
 
 
@@ -276,6 +301,11 @@ class DecoderForCausalLM(Model):
                     f"model parameter {name!r} was never loaded{parts}: the checkpoint has no tensor for it"
                 )
         return used
+
+
+def _bias_in(hf: dict[str, Any]) -> bool:
+    """Whether the config gives o_proj or down_proj a bias (``attention_bias``, ``mlp_bias``)."""
+    return bool(hf.get("attention_bias", False)) or bool(hf.get("mlp_bias", False))
 
 
 def _head_dim(hf: dict[str, Any]) -> int:

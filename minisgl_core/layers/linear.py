@@ -152,6 +152,12 @@ class RowParallelLinear(_Linear):
             )
         copy_shard(param, loaded.narrow(1, self.parallel.tp_rank * self.in_local, self.in_local))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, reduce: bool = True) -> torch.Tensor:
+        """The output, summed across ranks; with ``reduce=False`` (no bias only) this rank's partial
+        sum, for a caller that all-reduces it itself (``RMSNorm(..., partial_of=)``)."""
+        if not reduce:
+            if self.bias is not None:
+                raise ValueError("RowParallelLinear(reduce=False) has no bias to add after the sum")
+            return self._matmul(x)
         out = self.parallel.all_reduce(self._matmul(x))
         return out if self.bias is None else out + self.bias

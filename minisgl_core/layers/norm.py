@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from minisgl_core.api.parallel import ParallelContext, _fast_all_reduce
 from minisgl_core.layers.fused import add_rms_norm, rms_norm
 from minisgl_core.layers.weights import load_full, new_param
 
@@ -22,8 +23,27 @@ class RMSNorm(nn.Module):
         self.weight = new_param((dim,), dtype, device, load_full)
         self.weight.data.fill_(1.0)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        """``norm(x)``; with ``residual``, ``(norm(x + residual), x + residual)`` in one pass."""
+    def forward(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None = None,
+        *,
+        partial_of: ParallelContext | None = None,
+    ):
+        """``norm(x)``; with ``residual``, ``(norm(x + residual), x + residual)`` in one pass.
+        ``partial_of``: ``x`` is this rank's partial sum in that group (a ``RowParallelLinear``
+        called with ``reduce=False``), all-reduced first; with a residual under tensor parallelism
+        on CUDA that sum is fused with the add and the norm where the core's symmetric-memory
+        all-reduce can (``--disable-fast-path symm_mem_norm`` turns it off), bitwise the same."""
+        if partial_of is not None and partial_of.tp_size > 1:
+            fused = None
+            if residual is not None:
+                fast = _fast_all_reduce.get(id(partial_of.group))
+                fuse = getattr(fast, "add_rms_norm", None)
+                fused = fuse(x, residual, self.weight, self.eps) if fuse is not None else None
+            if fused is not None:
+                return fused
+            x = partial_of.all_reduce(x)
         if residual is None:
             return rms_norm(x, self.weight, self.eps)
         return add_rms_norm(x, residual, self.weight, self.eps)
