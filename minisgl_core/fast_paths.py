@@ -37,7 +37,7 @@ class FastPaths:
     #: its wide path for sums from 768 KiB: copy, barrier, a Triton sum over every peer's buffer
     symm_mem_wide: bool = True
     #: the all-reduce after o_proj and down_proj fused with the residual add and RMS norm that
-    #: follow it (from 768 KiB; two shared buffers in turn, one barrier)
+    #: follow it (two shared buffers in turn, one barrier)
     symm_mem_norm: bool = True
     #: tensor parallelism: each rank samples its own slice of the vocabulary and the ranks trade
     #: one (value, token) pair per row, instead of gathering every rank's logits

@@ -328,8 +328,7 @@ def _rank_cuda(rank: int, world: int, port: int, model_dir: str, env: dict, kwar
         dist.destroy_process_group()
 
 
-#: one prefill step of 531 tokens (hidden 1024 in bf16: 1 MiB per all-reduce, above the fused
-#: norm's 768 KiB, and within the piecewise graphs' 2,048), then decode steps of four rows
+#: one prefill step of 531 tokens (within the piecewise graphs' 2,048), then decode steps of four rows
 CUDA_PROMPTS = [list(range(3, 303)), [(7 * i) % 2000 + 5 for i in range(220)], [9] * 8, [40, 41, 42]]
 
 
@@ -361,8 +360,9 @@ two_gpus = pytest.mark.skipif(
 @two_gpus
 def test_tp2_on_cuda_fused_all_reduce_norm_is_bitwise_the_unfused_path(tmp_path):
     """bf16, TP = 2 on two GPUs: the all-reduce fused with the residual add and RMS norm
-    (``symm_mem_norm``, taken by the 531-token prefill step, inside its piecewise graph) gives the
-    same tokens and the same logprobs, to the bit, as the all-reduce followed by the norm."""
+    (``symm_mem_norm``, taken by the 531-token prefill step inside its piecewise graph and by the
+    decode steps' graphs) gives the same tokens and the same logprobs, to the bit, as the
+    all-reduce followed by the norm."""
     model_dir = _cuda_model(tmp_path, "bfloat16")
     kwargs = {"dtype": "bfloat16", "attn": "fi"}
     on = _spawn_ranks(_rank_cuda, 2, model_dir, {"MINISGL_SYMM_MEM_NORM": "1"}, kwargs)

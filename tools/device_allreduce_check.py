@@ -136,7 +136,7 @@ def rank_main(rank: int, world: int, port: int, out_path: str | None) -> None:
         report["checks"].append({"norm_shape": [bs, HIDDEN], "fused": took, "bitwise_equal": same})
         if not same:
             failures.append(f"fused norm eager bs={bs} (fused={took}): differs from NCCL + norm")
-    for bs in (128, 256):
+    for bs in (8, 128, 256):
         xs = [torch.zeros(bs, HIDDEN, device=device, dtype=torch.bfloat16) for _ in range(8)]
         res0 = torch.zeros(bs, HIDDEN, device=device, dtype=torch.bfloat16)
         small = torch.zeros(8, HIDDEN, device=device, dtype=torch.bfloat16)

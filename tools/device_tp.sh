@@ -12,7 +12,8 @@
 # (as before them), TP=1, TP=2 without each one alone, TP=2 again.
 # "norm": the two-GPU engine tests (tests/test_tensor_parallel.py -k cuda: the fused all-reduce +
 # norm bitwise against the unfused path, piecewise prefill graphs under TP), the check, then TP=2,
-# TP=2 with MINISGL_SYMM_MEM_NORM=0 (the sum, then the norm), TP=2, TP=1 (as long as the call lasts).
+# TP=2 with MINISGL_SYMM_MEM_NORM=0 (the sum, then the norm), TP=2, TP=1 (as long as the call lasts);
+# "norm2": the same tests and check, then TP=2, TP=1, TP=2.
 # Results: $OUT/allreduce.json, $OUT/bench.jsonl, $OUT/logs.tgz.
 set -uo pipefail
 what=${1:-check}
@@ -24,11 +25,11 @@ if [[ $what == pages ]]; then
   timeout 200 python3 -m minisgl_core bench offline --model $m/qwen3-0.6b --attn fi --tp 2 --label "warm-up (discarded)" \
     2>$logs/warm-up.log | tail -n 1 | cut -c1-200
 fi
-if [[ $what == norm ]]; then
+if [[ $what == norm || $what == norm2 ]]; then
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_tensor_parallel.py -k cuda > "$out/pytest-tp.log" 2>&1
   tail -n 3 "$out/pytest-tp.log"
 fi
-if [[ $what == check || $what == pairs || $what == ab || $what == norm ]]; then
+if [[ $what == check || $what == pairs || $what == ab || $what == norm || $what == norm2 ]]; then
   timeout 240 python3 tools/device_allreduce_check.py --json "$out/allreduce.json" > $logs/allreduce.log 2>&1
   echo "all-reduce check exit $?"; grep -A12 graph_us_per_all_reduce $logs/allreduce.log | head -14
   grep -A18 graph_us_per_sum_add_norm $logs/allreduce.log | tr -d ' \n'; echo
@@ -60,6 +61,8 @@ elif [[ $what == ab ]]; then
   tp2; tp2_before; tp1; tp2_without MINISGL_SYMM_MEM_WIDE; tp2_without MINISGL_VOCAB_PARALLEL_SAMPLING; tp2
 elif [[ $what == norm ]]; then
   tp2; tp2_without MINISGL_SYMM_MEM_NORM; tp2; tp1
+elif [[ $what == norm2 ]]; then
+  tp2; tp1; tp2
 elif [[ $what == pages ]]; then
   traced 1 1; traced 2 1; traced 1 16; traced 2 16
 else
