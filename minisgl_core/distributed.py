@@ -276,7 +276,9 @@ class SymmMemAllReduce:
 
         buf, handle, ptrs = self.norm_halves[self._turn]
         self._turn ^= 1
-        buf.view(x.dtype)[: x.numel()].copy_(x.view(-1))
+        shared = buf.view(x.dtype)[: x.numel()]
+        if x.data_ptr() != shared.data_ptr():  # else the GEMM wrote it there (norm_input)
+            shared.copy_(x.view(-1))
         handle.barrier(channel=0)  # every rank's partial sum is in place
         out = torch.empty_like(x)
         total = torch.empty_like(x)
@@ -286,6 +288,20 @@ class SymmMemAllReduce:
             WORLD=self.world, BLOCK=block, num_warps=min(16, max(1, block // 256)),
         )  # fmt: skip
         return out, total
+
+    def norm_input(self, rows: int, n: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """A ``[rows, n]`` view of the buffer the next :meth:`add_rms_norm` call reads this rank's
+        partial sum from, for the GEMM that produces it to write there (``RowParallelLinear`` with
+        ``reduce=False``), which saves the copy; None when that call would not be fused. Writing
+        it is as safe as the copy it replaces: it happens at the same point of the stream."""
+        nbytes = rows * n * dtype.itemsize
+        if (
+            not self.norm_halves
+            or dtype not in (torch.bfloat16, torch.float16)
+            or not self.NORM_MIN_BYTES <= nbytes <= self.max_bytes
+        ):
+            return None
+        return self.norm_halves[self._turn][0].view(dtype)[: rows * n].view(rows, n)
 
     def _wide(self, shared: torch.Tensor, flat: torch.Tensor) -> None:
         from minisgl_core.layers._triton_collectives import sum_peer_buffers_kernel

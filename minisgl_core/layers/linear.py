@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minisgl_core.api.parallel import ParallelContext
+from minisgl_core.api.parallel import ParallelContext, _fast_all_reduce
 from minisgl_core.layers.weights import WeightLoader, copy_rows, copy_shard, load_full, new_param
 
 
@@ -158,6 +158,13 @@ class RowParallelLinear(_Linear):
         if not reduce:
             if self.bias is not None:
                 raise ValueError("RowParallelLinear(reduce=False) has no bias to add after the sum")
+            if self.quant_method is None and x.dim() == 2 and self.parallel.tp_size > 1:
+                # straight into the buffer the fused all-reduce + norm reads it from, if it will
+                fast = _fast_all_reduce.get(id(self.parallel.group))
+                claim = getattr(fast, "norm_input", None)
+                out = claim(x.shape[0], self.weight.shape[0], x.dtype) if claim is not None else None
+                if out is not None:
+                    return torch.mm(x, self.weight.t(), out=out)
             return self._matmul(x)
         out = self.parallel.all_reduce(self._matmul(x))
         return out if self.bias is None else out + self.bias
