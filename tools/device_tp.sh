@@ -13,7 +13,7 @@
 # "norm": the two-GPU engine tests (tests/test_tensor_parallel.py -k cuda: the fused all-reduce +
 # norm bitwise against the unfused path, piecewise prefill graphs under TP), the check, then TP=2,
 # TP=2 with MINISGL_SYMM_MEM_NORM=0 (the sum, then the norm), TP=2, TP=1 (as long as the call lasts);
-# "norm2": the same tests and check, then TP=2, TP=1, TP=2.
+# "norm2": the same tests and check, then TP=2, TP=1, TP=2. "quick": the tests, TP=2, TP=1.
 # Results: $OUT/allreduce.json, $OUT/bench.jsonl, $OUT/logs.tgz.
 set -uo pipefail
 what=${1:-check}
@@ -25,7 +25,7 @@ if [[ $what == pages ]]; then
   timeout 200 python3 -m minisgl_core bench offline --model $m/qwen3-0.6b --attn fi --tp 2 --label "warm-up (discarded)" \
     2>$logs/warm-up.log | tail -n 1 | cut -c1-200
 fi
-if [[ $what == norm || $what == norm2 ]]; then
+if [[ $what == norm || $what == norm2 || $what == quick ]]; then
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_tensor_parallel.py -k cuda > "$out/pytest-tp.log" 2>&1
   tail -n 3 "$out/pytest-tp.log"
 fi
@@ -63,6 +63,8 @@ elif [[ $what == norm ]]; then
   tp2; tp2_without MINISGL_SYMM_MEM_NORM; tp2; tp1
 elif [[ $what == norm2 ]]; then
   tp2; tp1; tp2
+elif [[ $what == quick ]]; then
+  tp2; tp1
 elif [[ $what == pages ]]; then
   traced 1 1; traced 2 1; traced 1 16; traced 2 16
 else
