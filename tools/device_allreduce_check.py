@@ -37,6 +37,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def graph_us(op) -> float:
+    """µs per ``op()`` in a CUDA graph of 64 of them (a Llama-3.1-8B decode step's worth of sums),
+    after two eager warm-up calls and five replays, over 50 replays."""
+    graph = torch.cuda.CUDAGraph()
+    for _ in range(2):
+        op()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        for _ in range(64):
+            op()
+    for _ in range(5):
+        graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(50):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return round(start.elapsed_time(end) * 1000 / (50 * 64), 2)
+
+
 def rank_main(rank: int, world: int, port: int, out_path: str | None) -> None:
     from minisgl_core.api import ParallelContext
     from minisgl_core.api.parallel import _fast_all_reduce
@@ -176,25 +198,8 @@ def rank_main(rank: int, world: int, port: int, out_path: str | None) -> None:
             fast.NORM_MIN_BYTES = 0 if label == "fused_all_sizes" else 1 << 40
             for bs in (1, 32, 64, 96, 128, 256, 512):
                 x, residual = data((bs, HIDDEN), 800), data((bs, HIDDEN), 801)
-                graph = torch.cuda.CUDAGraph()
-                for _ in range(2):
-                    norm(x, residual, partial_of=parallel)
-                torch.cuda.synchronize()
-                with torch.cuda.graph(graph):
-                    for _ in range(64):
-                        norm(x, residual, partial_of=parallel)
-                for _ in range(5):
-                    graph.replay()
-                torch.cuda.synchronize()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                for _ in range(50):
-                    graph.replay()
-                end.record()
-                torch.cuda.synchronize()
-                report.setdefault("graph_us_per_sum_add_norm", {}).setdefault(label, {})[bs] = round(
-                    start.elapsed_time(end) * 1000 / (50 * 64), 2
-                )
+                us = graph_us(lambda x=x, residual=residual: norm(x, residual, partial_of=parallel))
+                report.setdefault("graph_us_per_sum_add_norm", {}).setdefault(label, {})[bs] = us
             fast.NORM_MIN_BYTES = saved_min
     # Latency inside a graph: 64 all-reduces in a row, like one decode step of Llama-3.1-8B.
     wide = getattr(fast, "wide", False)
@@ -207,25 +212,8 @@ def rank_main(rank: int, world: int, port: int, out_path: str | None) -> None:
             saved.wide = wide and label == "symm_mem"
         for bs in (1, 32, 64, 128, 256):
             static = data((bs, HIDDEN), 99)
-            graph = torch.cuda.CUDAGraph()
-            for _ in range(2):
-                parallel.all_reduce(static)
-            torch.cuda.synchronize()
-            with torch.cuda.graph(graph):
-                for _ in range(64):
-                    parallel.all_reduce(static)
-            for _ in range(5):
-                graph.replay()
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(50):
-                graph.replay()
-            end.record()
-            torch.cuda.synchronize()
-            report["graph_us_per_all_reduce"].setdefault(label, {})[bs] = round(
-                start.elapsed_time(end) * 1000 / (50 * 64), 2
-            )
+            us = graph_us(lambda static=static: parallel.all_reduce(static))
+            report["graph_us_per_all_reduce"].setdefault(label, {})[bs] = us
         if saved is not None:
             _fast_all_reduce[id(parallel.group)] = saved
             saved.wide = wide
