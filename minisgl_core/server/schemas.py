@@ -268,6 +268,20 @@ class ChatMessage(StrictModel):
     tool_calls: list[AssistantToolCall] | None = None
     tool_call_id: Text | None = None
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, content: Any) -> Any:
+        # a part of another type (image_url, input_audio, file) would otherwise fail as "text:
+        # Field required", which does not say what is wrong
+        if isinstance(content, list):
+            for part in content:
+                kind = part.get("type") if isinstance(part, dict) else None
+                if isinstance(kind, str) and kind != "text":
+                    raise ValueError(
+                        f"content parts of type {kind!r} are not supported: the served models take text only"
+                    )
+        return content
+
     @field_validator("role")
     @classmethod
     def _known_role(cls, role: str) -> str:

@@ -150,6 +150,18 @@ CASES = [
         "surrogate",
     ),
     (CHAT, r'{"messages": [{"role": "user", "content": "hi"}], "user": "\udfff"}', 400, "user", "surrogate"),
+    # a part the server cannot take says so (it read "text: Field required")
+    (
+        CHAT,
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}
+            ]
+        },
+        400,
+        "messages.0.content",
+        "'image_url' are not supported",
+    ),
     ("/generate", r'{"text": "\udfff"}', 400, "text", "surrogate"),
     # stream fields name themselves (issue 15 item 8)
     (CHAT, {"messages": USER, "stream_options": {"include_usage": True}}, 400, "stream_options", "stream"),
