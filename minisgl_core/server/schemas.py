@@ -73,7 +73,6 @@ GATEWAY_DEFAULTS: dict[str, bool] = {
     "echo": False,
     "no_stop_trim": False,
     "return_hidden_states": False,
-    "continue_final_message": False,
     # no reasoning parser: there is no reasoning text to separate or stream apart
     "separate_reasoning": True,
     "stream_reasoning": True,
@@ -425,9 +424,32 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: Bool = True
     #: extra variables for the chat template, e.g. {"enable_thinking": false} for Qwen3
     chat_template_kwargs: dict[str, Any] | None = None
+    #: end the prompt with the template's opening of an assistant turn (vLLM's field)
+    add_generation_prompt: Bool = True
+    #: the reply continues the last message, an assistant one, instead of starting a new turn
+    #: (vLLM's field; needs add_generation_prompt false)
+    continue_final_message: Bool = False
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _free_template_kwargs(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        for key in kwargs:
+            if key in _TEMPLATE_FIELDS:
+                raise ValueError(f"{key!r} is not a template variable here: set the request's {key} field")
+            if key in _TEMPLATE_RESERVED:
+                raise ValueError(f"{key!r} is set by the server and cannot be passed to the chat template")
+        return kwargs
 
     @model_validator(mode="after")
     def _check(self) -> ChatCompletionRequest:
+        if self.continue_final_message:
+            if self.add_generation_prompt:
+                raise ValueError(
+                    "continue_final_message needs add_generation_prompt false (the reply continues "
+                    "the last message instead of starting a turn)"
+                )
+            if self.messages[-1].role != "assistant":
+                raise ValueError("continue_final_message needs the last message to be an assistant one")
         if self.max_completion_tokens is not None:
             if self.max_tokens is not None and self.max_tokens != self.max_completion_tokens:
                 raise ValueError("give max_completion_tokens or max_tokens, not two different values")
@@ -451,7 +473,18 @@ class ChatCompletionRequest(SamplingFields):
         args = dict(self.chat_template_kwargs or {})
         if self.tools:
             args["tools"] = [t.model_dump(exclude_none=True) for t in self.tools]
+        if not self.add_generation_prompt:
+            args["add_generation_prompt"] = False
+        if self.continue_final_message:
+            args["continue_final_message"] = True
         return args
+
+
+#: chat template arguments that are request fields of their own
+_TEMPLATE_FIELDS = ("add_generation_prompt", "continue_final_message", "tools")
+#: apply_chat_template's own arguments, which the server sets
+_TEMPLATE_RESERVED = ("conversation", "messages", "tokenize", "return_dict", "return_tensors", "chat_template",
+                      "padding", "truncation", "max_length", "tokenizer_kwargs", "return_assistant_tokens_mask")  # fmt: skip
 
 
 class CompletionRequest(SamplingFields):

@@ -25,6 +25,7 @@ class TokenizeBody(StrictModel):
     add_special_tokens: Bool = False
     messages: list[ChatMessage] | None = None
     add_generation_prompt: Bool = True
+    continue_final_message: Bool = False
     tools: list[ToolDefinition] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -42,6 +43,12 @@ def _encode(tokenizer: Any, body: TokenizeBody) -> list[int]:
     args = dict(body.chat_template_kwargs or {})
     if body.tools:
         args["tools"] = [t.model_dump(exclude_none=True) for t in body.tools]
+    if body.continue_final_message:
+        if body.add_generation_prompt or body.messages[-1].role != "assistant":
+            raise ValueError(
+                "continue_final_message needs add_generation_prompt false and an assistant message last"
+            )
+        args["continue_final_message"] = True
     ids = tokenizer.apply_chat_template(
         [m.to_template() for m in body.messages],
         tokenize=True,

@@ -30,10 +30,12 @@ def load_tokenizer(
 
 
 def apply_chat_template(tokenizer: Any, messages: list[dict[str, Any]], **kwargs: Any) -> list[int]:
-    """Token ids of ``messages`` rendered with the tokenizer's chat template, ready for the reply."""
+    """Token ids of ``messages`` rendered with the tokenizer's chat template, ready for the reply
+    (``add_generation_prompt`` true unless ``kwargs`` says otherwise)."""
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("this model's tokenizer has no chat_template; use the completions API instead")
-    ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, **kwargs)
+    kwargs.setdefault("add_generation_prompt", True)
+    ids = tokenizer.apply_chat_template(messages, tokenize=True, **kwargs)
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # transformers 5 returns a BatchEncoding
         ids = ids["input_ids"]
     return list(ids)

@@ -40,6 +40,58 @@ def test_chat_non_stream_matches_offline(client, llm, model_name):
     assert resp.object == "chat.completion" and resp.id.startswith("chatcmpl-")
 
 
+def test_continue_final_message_continues_the_assistant_turn(client, server, auth, llm, model_name):
+    """vLLM's continue_final_message: the prompt is the conversation rendered up to the last
+    (assistant) message's text, with no end of turn after it, as transformers renders it; the reply
+    is what greedy decoding of exactly that prompt gives."""
+    messages = [*MESSAGES, {"role": "assistant", "content": "The sea is"}]
+    want = llm.tokenizer.apply_chat_template(
+        messages, tokenize=True, add_generation_prompt=False, continue_final_message=True
+    )
+    want = list(want["input_ids"] if hasattr(want, "keys") else want)
+    closed = apply_chat_template(llm.tokenizer, messages, add_generation_prompt=False)
+    assert want != closed and len(want) < len(closed)  # the turn is left open
+    extra = {"add_generation_prompt": False, "continue_final_message": True}
+    resp = client.chat.completions.create(
+        model=model_name, messages=messages, max_tokens=6, temperature=0, extra_body=extra
+    )
+    ref = greedy(llm, want, 6)
+    assert resp.usage.prompt_tokens == len(want)
+    assert resp.choices[0].message.content == ref.text
+    tokens = httpx.post(f"{server.url}/tokenize", json={"messages": messages, **extra}, headers=auth).json()[
+        "tokens"
+    ]
+    assert tokens == want
+    # without the flags the reply starts a new assistant turn after the closed one
+    plain = client.chat.completions.create(model=model_name, messages=messages, max_tokens=1)
+    assert plain.usage.prompt_tokens > len(closed)
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "words"),
+    [
+        ({"continue_final_message": True}, None, "add_generation_prompt false"),
+        (
+            {"continue_final_message": True, "add_generation_prompt": False, "messages": MESSAGES},
+            None,
+            "last message to be an assistant",
+        ),
+        ({"chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs", "request's"),
+        ({"chat_template_kwargs": {"tokenize": False}}, "chat_template_kwargs", "set by the server"),
+    ],
+)
+def test_chat_template_controls_are_checked(server, auth, model_name, body, param, words):
+    messages = [*MESSAGES, {"role": "assistant", "content": "The sea is"}]
+    resp = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        json={"model": model_name, "messages": messages, **body},
+        headers=auth,
+    )
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert words in error["message"] and error["param"] == param, error
+
+
 def test_chat_stream_with_usage(client, llm, model_name):
     stream = client.chat.completions.create(
         model=model_name,
