@@ -166,6 +166,7 @@ class LLM:
                         result.token_ids,
                         out.matched_stop,
                         by_rid[out.rid].skip_special_tokens,
+                        by_rid[out.rid].include_stop_str_in_output,
                     )
                     pending -= 1
                     if bar is not None:

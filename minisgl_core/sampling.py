@@ -53,6 +53,8 @@ class SamplingParams:
     #: None: no logprobs; 0: the sampled token's logprob; k > 0: also the k most likely tokens
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    #: the stop string that ended the request stays at the end of the text (vLLM's name)
+    include_stop_str_in_output: bool = False
     #: token id -> added to its logit before sampling, in [-100, 100] (OpenAI's logit_bias)
     logit_bias: dict[int, float] = field(default_factory=dict)
     #: > 1 discourages every token already in the prompt or the output (Hugging Face semantics)

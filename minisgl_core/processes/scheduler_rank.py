@@ -69,7 +69,10 @@ class SchedulerLoop:
                     logger.error("request %d rejected by the engine: %s", msg.rid, exc)
                     out.add(msg.rid, -1, "error", error=str(exc))
                 else:  # the detokenizer learns how to detokenize it before its first token
-                    out.open_stream(msg.rid, msg.params.stop, msg.params.skip_special_tokens)
+                    out.open_stream(
+                        msg.rid, msg.params.stop, msg.params.skip_special_tokens,
+                        msg.params.include_stop_str_in_output,
+                    )  # fmt: skip
             elif isinstance(msg, AbortRequest):
                 aborted = self.engine.abort(msg.rid)
                 if aborted is not None:

@@ -360,6 +360,8 @@ class SamplingFields(GrammarFields):
     n: Int = Field(default=1, ge=1, le=MAX_N)
     ignore_eos: Bool = False
     skip_special_tokens: Bool = True
+    #: vLLM's: the stop string that ended the request stays at the end of the text
+    include_stop_str_in_output: Bool = False
     stream: Bool = False
     stream_options: StreamOptions | None = None
     #: token id (as a string, JSON keys are) -> bias in [-100, 100]
@@ -388,6 +390,7 @@ class SamplingFields(GrammarFields):
             "frequency_penalty": self.frequency_penalty,
             "logprobs": self.logprobs_k(),
             "skip_special_tokens": self.skip_special_tokens,
+            "include_stop_str_in_output": self.include_stop_str_in_output,
             "logit_bias": dict(self.logit_bias or {}),
             "repetition_penalty": self.repetition_penalty,
             "grammar": self.grammar_wire(),
@@ -538,6 +541,8 @@ class GenerateSampling(StrictModel):
     presence_penalty: Float = 0.0
     frequency_penalty: Float = 0.0
     skip_special_tokens: Bool = True
+    #: SGLang's: the stop string that ended the request stays at the end of the text
+    no_stop_trim: Bool = False
     #: SGLang's constraints: a JSON schema (as JSON text), a regex or an EBNF grammar; one at most
     json_schema: str | None = None
     regex: str | None = None
@@ -596,6 +601,7 @@ class GenerateRequest(StrictModel):
             "frequency_penalty": s.frequency_penalty,
             "logprobs": self.top_logprobs_num if self.return_logprob else None,
             "skip_special_tokens": s.skip_special_tokens,
+            "include_stop_str_in_output": s.no_stop_trim,
             "grammar": None
             if (spec := s.grammar_spec()) is None
             else {"kind": spec.kind, "value": spec.value},

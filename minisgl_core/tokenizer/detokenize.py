@@ -12,20 +12,25 @@ def visible_ids(output_ids: list[int], matched_stop: str | int | None) -> list[i
     return output_ids
 
 
-def trim_stop(text: str, matched_stop: str | int | None) -> str:
-    """Cut the text before the stop string that ended the request."""
+def trim_stop(text: str, matched_stop: str | int | None, keep: bool = False) -> str:
+    """Cut the text before the stop string that ended the request (after it with ``keep``: vLLM's
+    include_stop_str_in_output, SGLang's no_stop_trim)."""
     if isinstance(matched_stop, str):
         cut = text.find(matched_stop)
         if cut >= 0:
-            return text[:cut]
+            return text[: cut + len(matched_stop)] if keep else text[:cut]
     return text
 
 
 def final_text(
-    tokenizer: Any, output_ids: list[int], matched_stop: str | int | None, skip_special_tokens: bool = True
+    tokenizer: Any,
+    output_ids: list[int],
+    matched_stop: str | int | None,
+    skip_special_tokens: bool = True,
+    keep_stop: bool = False,
 ) -> str:
     text = tokenizer.decode(visible_ids(output_ids, matched_stop), skip_special_tokens=skip_special_tokens)
-    return trim_stop(text, matched_stop)
+    return trim_stop(text, matched_stop, keep_stop)
 
 
 class IncrementalDetokenizer:
@@ -35,10 +40,13 @@ class IncrementalDetokenizer:
     streaming servers do: text is emitted once the window decodes to complete characters.
     """
 
-    def __init__(self, tokenizer: Any, stop: list[str], skip_special_tokens: bool = True) -> None:
+    def __init__(
+        self, tokenizer: Any, stop: list[str], skip_special_tokens: bool = True, keep_stop: bool = False
+    ) -> None:
         self.tokenizer = tokenizer
         self.skip = skip_special_tokens
         self.stop = stop
+        self.keep_stop = keep_stop  # the matched stop string stays in the text
         self.ids: list[int] = []
         self.prefix_offset = 0
         self.read_offset = 0
@@ -59,7 +67,7 @@ class IncrementalDetokenizer:
             self.prefix_offset = self.read_offset
             self.read_offset = len(ids)
         if finished:
-            end = len(trim_stop(self.text, matched_stop))
+            end = len(trim_stop(self.text, matched_stop, self.keep_stop))
         else:
             # Hold back a tail that could still grow into a stop string.
             end = len(self.text) - self._stop_overlap()

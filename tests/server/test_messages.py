@@ -88,6 +88,26 @@ def test_detokenizer_opens_a_stream_with_the_step_that_brings_it(tokenizer):
     assert detok.convert(both).texts == [final_text(tokenizer, ids[:1], None)]
 
 
+@pytest.mark.parametrize("keep", [False, True])
+def test_detokenizer_streams_up_to_the_matched_stop_string(tokenizer, keep):
+    """Token by token, a request that ends on a stop string: the streamed text is the text before
+    it, or with include_stop_str_in_output (``keep``) up to its end, as ``final_text`` says."""
+    ids = tokenizer.encode("hello wide world and more", add_special_tokens=False)
+    whole = tokenizer.decode(ids)
+    stop = "world"
+    last = next(i for i in range(len(ids)) if stop in tokenizer.decode(ids[: i + 1]))
+    detok = Detokenizer(tokenizer)
+    text = ""
+    for i, token in enumerate(ids[: last + 1]):
+        step = m.StepOutputs()
+        if i == 0:
+            step.open_stream(9, [stop], True, keep)
+        step.add(9, token, "stop" if i == last else None, stop if i == last else None)
+        text += detok.convert(step).texts[0]
+    expected = whole[: whole.find(stop) + (len(stop) if keep else 0)]
+    assert text == expected == final_text(tokenizer, ids[: last + 1], stop, keep_stop=keep)
+
+
 def test_detokenizer_adds_token_text_to_logprobs(tokenizer):
     ids = tokenizer.encode("sea", add_special_tokens=False)
     detok = Detokenizer(tokenizer)

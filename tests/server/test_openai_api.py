@@ -188,6 +188,34 @@ def test_stop_strings(client, llm, model_name):
     assert chunks[-1].choices[0].finish_reason == "stop"
 
 
+def test_stop_string_kept_with_include_stop_str_in_output(client, server, auth, llm, model_name):
+    """vLLM's include_stop_str_in_output (SGLang's no_stop_trim on /generate): the text runs up to
+    the end of the stop string, streamed or not; the offline LLM does the same."""
+    full = greedy(llm, PROMPT, 24).text
+    stop = _stop_string(full)
+    expected = full[: full.find(stop) + len(stop)]
+    keep = {"include_stop_str_in_output": True}
+    resp = client.completions.create(
+        model=model_name, prompt=PROMPT, max_tokens=24, temperature=0, stop=[stop], extra_body=keep
+    )
+    assert resp.choices[0].text == expected and resp.choices[0].finish_reason == "stop"
+    stream = client.completions.create(
+        model=model_name, prompt=PROMPT, max_tokens=24, temperature=0, stop=stop, stream=True, extra_body=keep
+    )
+    assert "".join(c.choices[0].text for c in stream) == expected
+    generated = httpx.post(
+        f"{server.url}/generate",
+        headers=auth,
+        json={
+            "text": PROMPT,
+            "sampling_params": {"max_new_tokens": 24, "temperature": 0, "stop": stop, "no_stop_trim": True},
+        },
+    ).json()
+    assert generated["text"] == expected
+    assert greedy(llm, PROMPT, 24, stop=[stop], include_stop_str_in_output=True).text == expected
+    assert greedy(llm, PROMPT, 24, stop=[stop]).text == full[: full.find(stop)]
+
+
 def test_stop_token_ids_finish_with_stop(client, llm, model_name):
     ref = greedy(llm, PROMPT, 8)
     stop_id = ref.token_ids[3]
