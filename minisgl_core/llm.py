@@ -15,6 +15,7 @@ from minisgl_core.checkpoint.resolve import resolve_model
 from minisgl_core.config import EngineConfig
 from minisgl_core.engine.engine import Engine
 from minisgl_core.plugins import Plugins
+from minisgl_core.request_limits import truncate_prompt
 from minisgl_core.sampling import SamplingParams, TokenLogprob, merge_sampling
 from minisgl_core.tokenizer.detokenize import final_text
 
@@ -136,7 +137,7 @@ class LLM:
         )
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
-        encoded = [self.encode(p) for p in prompts]
+        encoded = [truncate_prompt(self.encode(p), q, self.engine.limits) for p, q in zip(prompts, params)]
         # SamplingParams checked themselves when built; admission checks each request against
         # the engine's limits (all before any runs) and decides max_tokens where it is None
         params = [self.engine.admit(ids, p) for ids, p in zip(encoded, params)]

@@ -12,6 +12,17 @@ from minisgl_core.messages import Limits
 from minisgl_core.sampling import SamplingParams
 
 
+def truncate_prompt(prompt_ids: list[int], params: SamplingParams, limits: Limits) -> list[int]:
+    """The prompt as ``params.truncate_prompt_tokens`` asks: its last k tokens (-1: as many as the
+    context length holds), or all of it."""
+    k = params.truncate_prompt_tokens
+    if k is None:
+        return prompt_ids
+    if k == -1:
+        k = limits.max_context_len
+    return prompt_ids[-k:] if len(prompt_ids) > k else prompt_ids
+
+
 def admit(
     prompt_ids: list[int], params: SamplingParams, limits: Limits, default_max_tokens: int | None = None
 ) -> SamplingParams:

@@ -55,6 +55,9 @@ class SamplingParams:
     skip_special_tokens: bool = True
     #: the stop string that ended the request stays at the end of the text (vLLM's name)
     include_stop_str_in_output: bool = False
+    #: keep only the prompt's last k tokens (vLLM's left truncation); -1: as many as the context
+    #: length holds; None: the whole prompt (one that does not fit is refused)
+    truncate_prompt_tokens: int | None = None
     #: token id -> added to its logit before sampling, in [-100, 100] (OpenAI's logit_bias)
     logit_bias: dict[int, float] = field(default_factory=dict)
     #: > 1 discourages every token already in the prompt or the output (Hugging Face semantics)
@@ -120,6 +123,11 @@ class SamplingParams:
             integer("seed", INT64_MIN, INT64_MAX)
         if self.logprobs is not None:
             integer("logprobs", 0, self.MAX_TOP_LOGPROBS)
+        k = self.truncate_prompt_tokens
+        if k is not None and (
+            not isinstance(k, int) or isinstance(k, bool) or not (k == -1 or 1 <= k <= INT64_MAX)
+        ):
+            bad("truncate_prompt_tokens", "must be -1 (the context length) or an integer in [1, 2**63-1]")
         if not all(isinstance(s, str) and s for s in self.stop):
             bad("stop", "must be non-empty strings")
         for token in self.stop_token_ids:

@@ -34,7 +34,7 @@ from minisgl_core.model_dir import eos_token_ids
 from minisgl_core.plugins import Plugins
 from minisgl_core.processes.child import ChildSpec, ReportReady
 from minisgl_core.processes.ipc import bind_pull, connect_push, recv, send
-from minisgl_core.request_limits import admit
+from minisgl_core.request_limits import admit, truncate_prompt
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.tokenizer.detokenize import IncrementalDetokenizer
 from minisgl_core.tokenizer.load import apply_chat_template, load_tokenizer
@@ -97,6 +97,7 @@ class Admitter:
             raise
         except Exception as exc:  # noqa: BLE001 - a template or tokenizer error is the request's problem
             raise RequestRejected(f"could not tokenize the prompt: {exc}", prompt_field) from exc
+        ids = truncate_prompt(ids, req.params, self.limits)
         try:
             sampling = admit(ids, req.params, self.limits, self.defaults.get("max_tokens"))
         except ValueError as exc:

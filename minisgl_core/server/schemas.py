@@ -362,6 +362,8 @@ class SamplingFields(GrammarFields):
     skip_special_tokens: Bool = True
     #: vLLM's: the stop string that ended the request stays at the end of the text
     include_stop_str_in_output: Bool = False
+    #: vLLM's: keep only the prompt's last k tokens (-1: as many as the context length holds)
+    truncate_prompt_tokens: Int | None = None
     stream: Bool = False
     stream_options: StreamOptions | None = None
     #: token id (as a string, JSON keys are) -> bias in [-100, 100]
@@ -391,6 +393,7 @@ class SamplingFields(GrammarFields):
             "logprobs": self.logprobs_k(),
             "skip_special_tokens": self.skip_special_tokens,
             "include_stop_str_in_output": self.include_stop_str_in_output,
+            "truncate_prompt_tokens": self.truncate_prompt_tokens,
             "logit_bias": dict(self.logit_bias or {}),
             "repetition_penalty": self.repetition_penalty,
             "grammar": self.grammar_wire(),

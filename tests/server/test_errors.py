@@ -150,6 +150,8 @@ CASES = [
         "surrogate",
     ),
     (CHAT, r'{"messages": [{"role": "user", "content": "hi"}], "user": "\udfff"}', 400, "user", "surrogate"),
+    (COMPLETIONS, {"prompt": "hi", "truncate_prompt_tokens": 0}, 400, "truncate_prompt_tokens", "-1"),
+    (COMPLETIONS, {"prompt": "hi", "truncate_prompt_tokens": -2}, 400, "truncate_prompt_tokens", "-1"),
     # a part the server cannot take says so (it read "text: Field required")
     (
         CHAT,

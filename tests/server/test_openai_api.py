@@ -216,6 +216,28 @@ def test_stop_string_kept_with_include_stop_str_in_output(client, server, auth, 
     assert greedy(llm, PROMPT, 24, stop=[stop]).text == full[: full.find(stop)]
 
 
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(client, llm, model_name):
+    """vLLM's truncate_prompt_tokens: the prompt's last k tokens only, as the usage says and as
+    greedy decoding of exactly those gives; offline too."""
+    ids = llm.encode(PROMPT)
+    assert len(ids) > 3
+    ref = greedy(llm, ids[-3:], 5)
+    resp = client.completions.create(
+        model=model_name, prompt=PROMPT, max_tokens=5, temperature=0, extra_body={"truncate_prompt_tokens": 3}
+    )
+    assert resp.usage.prompt_tokens == 3 and resp.choices[0].text == ref.text
+    whole = client.completions.create(
+        model=model_name, prompt=PROMPT, max_tokens=1, extra_body={"truncate_prompt_tokens": 10**6}
+    )
+    assert whole.usage.prompt_tokens == len(ids)  # a longer limit keeps it all
+    offline = greedy(llm, PROMPT, 5, truncate_prompt_tokens=3)
+    assert offline.prompt_token_ids == ids[-3:] and offline.token_ids == ref.token_ids
+    chat = client.chat.completions.create(
+        model=model_name, messages=MESSAGES, max_tokens=1, extra_body={"truncate_prompt_tokens": 4}
+    )
+    assert chat.usage.prompt_tokens == 4
+
+
 def test_stop_token_ids_finish_with_stop(client, llm, model_name):
     ref = greedy(llm, PROMPT, 8)
     stop_id = ref.token_ids[3]
