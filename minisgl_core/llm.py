@@ -168,6 +168,7 @@ class LLM:
                         out.matched_stop,
                         by_rid[out.rid].skip_special_tokens,
                         by_rid[out.rid].include_stop_str_in_output,
+                        by_rid[out.rid].min_tokens,
                     )
                     pending -= 1
                     if bar is not None:

@@ -117,15 +117,20 @@ class StepOutputs(Message):
     errors: list[str | None] = field(default_factory=list)
     #: Engine.stats(), sent now and then
     stats: dict[str, int] | None = None
-    #: [rid, stop strings, skip_special_tokens, include_stop_str_in_output] of each request the
-    #: scheduler received this step: how the detokenizer turns its tokens into text (sent no later
-    #: than its first token)
+    #: [rid, stop strings, skip_special_tokens, include_stop_str_in_output, min_tokens] of each
+    #: request the scheduler received this step: how the detokenizer turns its tokens into text
+    #: (sent no later than its first token)
     streams: list[list[Any]] = field(default_factory=list)
 
     def open_stream(
-        self, rid: int, stop: Sequence[str], skip_special_tokens: bool, keep_stop: bool = False
+        self,
+        rid: int,
+        stop: Sequence[str],
+        skip_special_tokens: bool,
+        keep_stop: bool = False,
+        min_tokens: int = 0,
     ) -> None:
-        self.streams.append([rid, list(stop), skip_special_tokens, keep_stop])
+        self.streams.append([rid, list(stop), skip_special_tokens, keep_stop, min_tokens])
 
     def add(
         self,

@@ -55,6 +55,9 @@ class SamplingParams:
     skip_special_tokens: bool = True
     #: the stop string that ended the request stays at the end of the text (vLLM's name)
     include_stop_str_in_output: bool = False
+    #: stops (eos, stop_token_ids, stop strings) take effect only from this many output tokens on;
+    #: until then eos and stop_token_ids cannot be sampled (vLLM's min_tokens)
+    min_tokens: int = 0
     #: keep only the prompt's last k tokens (vLLM's left truncation); -1: as many as the context
     #: length holds; None: the whole prompt (one that does not fit is refused)
     truncate_prompt_tokens: int | None = None
@@ -123,6 +126,11 @@ class SamplingParams:
             integer("seed", INT64_MIN, INT64_MAX)
         if self.logprobs is not None:
             integer("logprobs", 0, self.MAX_TOP_LOGPROBS)
+        integer("min_tokens", 0, INT64_MAX)
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            bad("min_tokens", f"must be at most max_tokens ({self.max_tokens})")
+        if self.min_tokens and self.grammar is not None:
+            bad("min_tokens", "cannot be combined with a grammar (it may allow only a stop token)")
         k = self.truncate_prompt_tokens
         if k is not None and (
             not isinstance(k, int) or isinstance(k, bool) or not (k == -1 or 1 <= k <= INT64_MAX)

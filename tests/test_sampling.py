@@ -163,6 +163,66 @@ def test_stop_strings_end_generation_and_are_trimmed(llm):
     assert len(out.token_ids) < len(base.token_ids)
 
 
+def test_min_tokens_bans_stop_tokens_until_reached(llm):
+    """vLLM's min_tokens: before it, neither a stop token id nor eos can be sampled (the tokens are
+    greedy decoding with them biased away) and nothing stops the request; from it on they stop it."""
+    prompt = ["hello there"]
+    base = llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))[0]
+    stop_at = base.token_ids[1]
+    banned = llm.generate(
+        prompt, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logit_bias={stop_at: -100})
+    )[0]
+    out = llm.generate(
+        prompt, SamplingParams(temperature=0.0, max_tokens=12, stop_token_ids=[stop_at], min_tokens=6)
+    )[0]
+    assert out.token_ids[:6] == banned.token_ids[:6] and stop_at not in out.token_ids[:6]
+    assert len(out.token_ids) >= 6
+    assert out.finish_reason == ("stop" if stop_at in out.token_ids else "length")
+    # the same with stop_at as the model's eos (unless ignore_eos, which leaves eos alone)
+    llm.engine.scheduler.stop_checker.eos_ids = frozenset({stop_at})
+    try:
+        as_eos = llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=12, min_tokens=6))[0]
+        assert as_eos.token_ids[:6] == banned.token_ids[:6]
+        free = llm.generate(
+            prompt, SamplingParams(temperature=0.0, max_tokens=12, min_tokens=6, ignore_eos=True)
+        )[0]
+        assert free.token_ids == base.token_ids
+    finally:
+        llm.engine.scheduler.stop_checker.eos_ids = frozenset(llm.engine.eos_ids)
+    with pytest.raises(ValueError, match="min_tokens"):
+        SamplingParams(max_tokens=3, min_tokens=4)
+
+
+def test_min_tokens_ignores_stop_strings_before_it(llm):
+    """A stop string in the text of the first min_tokens - 1 tokens does not count (nor is the
+    text cut there): the request goes on to the next occurrence ending after that text, or to
+    max_tokens."""
+    prompt = ["hello there"]
+    base = llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))[0]
+    text, ids = base.text, base.token_ids
+    pairs = [text[i : i + 2] for i in range(len(text) - 1)]
+    stop = next((p for p in pairs if p.isprintable() and p.strip() and text.count(p) >= 2), None)
+    if stop is None:
+        pytest.skip(f"no repeated two-character piece in {text!r}")
+
+    def search_start(min_tokens: int) -> int:  # the rule the detokenizer and the stop checker share
+        if min_tokens <= 1:
+            return 0
+        return max(0, len(llm.tokenizer.decode(ids[: min_tokens - 1])) - len(stop) + 1)
+
+    # the fewest tokens that skip the first occurrence
+    past_first = next(m for m in range(2, 25) if search_start(m) > text.find(stop))
+    for min_tokens in (0, past_first, 24):
+        params = SamplingParams(
+            temperature=0.0, max_tokens=24, stop=[stop], ignore_eos=True, min_tokens=min_tokens
+        )
+        out = llm.generate(prompt, params)[0]
+        at = text.find(stop, search_start(min_tokens))
+        assert out.text == (text[:at] if at >= 0 else text), (min_tokens, stop, text)
+        assert out.finish_reason == ("stop" if at >= 0 else "length")
+        assert out.token_ids == ids[: len(out.token_ids)] and len(out.token_ids) >= min_tokens
+
+
 def test_generation_config_supplies_defaults_for_unset_fields(tmp_path):
     """The model's generation_config.json fills the fields a request leaves unset, offline and in the
     server's admission of a real HTTP body (parsed by the server's own schema: the schema must leave

@@ -218,6 +218,31 @@ def test_stop_strings_end_at_the_right_token(spec_llm, plain, prompts, reference
     assert_kv_released(spec_llm)
 
 
+def test_min_tokens_bans_stop_tokens_at_each_verified_position(spec_llm, plain, prompts, reference):
+    """A verify batch's rows each ban the stop tokens by their own position: with drafts, the
+    output is the plain engine's, stop token ids and stop strings before min_tokens ignored."""
+    tok = plain.tokenizer
+    for ref, prompt in list(zip(reference, prompts))[::2]:
+        stop_token = ref[2]
+        text = tok.decode(ref[:6])
+        for min_tokens in (4, 9):
+            params = SamplingParams(
+                temperature=0.0,
+                max_tokens=30,
+                stop_token_ids=[stop_token],
+                stop=[text[-2:]],
+                min_tokens=min_tokens,
+            )
+            got, want = spec_llm.generate([prompt], params)[0], plain.generate([prompt], params)[0]
+            assert (got.token_ids, got.text, got.finish_reason) == (
+                want.token_ids,
+                want.text,
+                want.finish_reason,
+            )
+            assert len(got.token_ids) >= min_tokens and stop_token not in got.token_ids[:min_tokens]
+    assert_kv_released(spec_llm)
+
+
 def test_penalties_bias_and_logprobs_follow_each_position(spec_llm, plain, prompts):
     # each verified position sees the output as if the drafts before it were accepted
     params = SamplingParams(

@@ -40,7 +40,14 @@ from minisgl_core.model_dir import eos_token_ids
 from minisgl_core.plugins import Plugins
 from minisgl_core.request_limits import admit
 from minisgl_core.runner.model_runner import ModelRunner
-from minisgl_core.runner.sampler import Sampler, SampleRequest, SampleResult, shards_plain, to_device
+from minisgl_core.runner.sampler import (
+    Sampler,
+    SampleRequest,
+    SampleResult,
+    min_tokens_ban,
+    shards_plain,
+    to_device,
+)
 from minisgl_core.sampling import SamplingParams, StepOutput
 from minisgl_core.scheduler.request import Request
 from minisgl_core.scheduler.scheduler import ScheduledBatch, Scheduler
@@ -338,7 +345,13 @@ class Engine:
             return _InFlight(batch, None, None, None)
         reqs = [batch.requests[i] for i in batch.sampled]
         # what sampling needs, taken now: landing the step in flight may release a row
-        samples = [SampleRequest(r.params, r.output_ids, r.generator, r.prompt_ids) for r in reqs]
+        samples = [
+            SampleRequest(
+                r.params, r.output_ids, r.generator, r.prompt_ids,
+                min_tokens_ban(r.params, len(r.output_ids), self.scheduler.stop_checker.eos_ids),
+            )
+            for r in reqs
+        ]  # fmt: skip
         launched = _InFlight(
             batch, None, None, None, logits=logits, sampling=([r.row for r in reqs], samples)
         )
@@ -485,5 +498,6 @@ def _open_step_trace(path: str | None) -> IO[str] | None:
 
 
 def _needs_host_outputs(params: SamplingParams) -> bool:
-    """Whether sampling for this request reads its newest output tokens on the host (penalties)."""
-    return bool(params.presence_penalty or params.frequency_penalty)
+    """Whether sampling for this request reads its newest output tokens on the host (penalties,
+    and min_tokens, which bans stop tokens by how many there are)."""
+    return bool(params.presence_penalty or params.frequency_penalty or params.min_tokens)

@@ -26,7 +26,7 @@ import torch
 from minisgl_core.api import ParallelContext
 from minisgl_core.engine.grammar import GrammarRunner
 from minisgl_core.runner.model_runner import ModelRunner
-from minisgl_core.runner.sampler import Sampler, SampleRequest, to_device
+from minisgl_core.runner.sampler import Sampler, SampleRequest, min_tokens_ban, to_device
 from minisgl_core.sampling import StepOutput
 from minisgl_core.scheduler.scheduler import Scheduler
 from minisgl_core.scheduler.speculative import Speculator, VerifyBatch
@@ -62,7 +62,16 @@ class VerifyRunner:
         grammar_mask = None if pending is None else pending.result()
         result = self.sampler.sample(
             logits,
-            [SampleRequest(r.params, output, r.generator, r.prompt_ids) for r, output in rows],
+            [
+                SampleRequest(
+                    r.params,
+                    output,
+                    r.generator,
+                    r.prompt_ids,
+                    min_tokens_ban(r.params, len(output), self.scheduler.stop_checker.eos_ids),
+                )
+                for r, output in rows
+            ],  # fmt: skip
             grammar_mask,
         )
         token_ids = result.token_ids

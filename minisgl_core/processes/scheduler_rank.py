@@ -71,7 +71,7 @@ class SchedulerLoop:
                 else:  # the detokenizer learns how to detokenize it before its first token
                     out.open_stream(
                         msg.rid, msg.params.stop, msg.params.skip_special_tokens,
-                        msg.params.include_stop_str_in_output,
+                        msg.params.include_stop_str_in_output, msg.params.min_tokens,
                     )  # fmt: skip
             elif isinstance(msg, AbortRequest):
                 aborted = self.engine.abort(msg.rid)

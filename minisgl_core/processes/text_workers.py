@@ -181,8 +181,10 @@ class Detokenizer:
     def convert(self, step: StepOutputs) -> DetokOutputs:
         # The scheduler opens a request's stream in the step that received it, so no later than
         # its first token (one socket: nothing overtakes it).
-        for rid, stop, skip_special_tokens, keep_stop in step.streams:
-            self.streams[rid] = IncrementalDetokenizer(self.tokenizer, stop, skip_special_tokens, keep_stop)
+        for rid, stop, skip_special_tokens, keep_stop, min_tokens in step.streams:
+            self.streams[rid] = IncrementalDetokenizer(
+                self.tokenizer, stop, skip_special_tokens, keep_stop, min_tokens
+            )
         out = DetokOutputs(stats=step.stats)
         for i, rid in enumerate(step.rids):
             token, reason, matched = step.token_ids[i], step.finish_reasons[i], step.matched_stops[i]

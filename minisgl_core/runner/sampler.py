@@ -12,7 +12,7 @@ shares its batch.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -133,6 +133,7 @@ def shards_plain(requests: Sequence[SampleRequest]) -> bool:
         and not r.params.frequency_penalty
         and r.params.repetition_penalty == 1.0
         and not r.params.logit_bias
+        and not r.banned
         for r in requests
     )
 
@@ -172,6 +173,29 @@ class SampleRequest:
     generator: torch.Generator | None = None
     #: only read for repetition_penalty, which (as in Hugging Face) also counts the prompt's tokens
     prompt_ids: Sequence[int] = ()
+    #: token ids that cannot be sampled now (eos and stop_token_ids before min_tokens)
+    banned: Sequence[int] = ()
+
+
+def min_tokens_ban(params: SamplingParams, produced: int, eos_ids: Iterable[int]) -> tuple[int, ...]:
+    """The token ids a request with ``produced`` output tokens may not sample now: before
+    ``min_tokens`` its stop token ids and (unless ``ignore_eos``) the eos ids, else none."""
+    if produced >= params.min_tokens:
+        return ()
+    return tuple(params.stop_token_ids) + (() if params.ignore_eos else tuple(sorted(eos_ids)))
+
+
+def apply_bans(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tensor:
+    """-inf at each row's banned token ids (those inside the logits' width)."""
+    rows = [i for i, r in enumerate(requests) if r.banned]
+    if not rows:
+        return logits
+    logits = logits.to(torch.float32, copy=True)
+    for i in rows:
+        ids = [t for t in requests[i].banned if t < logits.shape[1]]
+        if ids:
+            logits[i, to_device(ids, logits.device)] = float("-inf")
+    return logits
 
 
 def apply_repetition_penalty(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tensor:
@@ -295,6 +319,7 @@ class Sampler:
         logits = apply_repetition_penalty(logits, requests)
         logits = self._apply_penalties(logits, requests)
         logits = apply_logit_bias(logits, requests)
+        logits = apply_bans(logits, requests)
         if grammar_mask is not None:
             rows, bitmask = grammar_mask
             if rows.numel() != logits.shape[0] and logits is raw:  # masked in place: not the model's

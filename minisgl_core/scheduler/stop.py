@@ -17,26 +17,34 @@ class StopChecker:
         """(finish_reason, matched stop) after ``req`` got a new token; (None, None) to go on."""
         params = req.params
         token = req.output_ids[-1]
-        if token in params.stop_token_ids:
-            return "stop", token
-        if not params.ignore_eos and token in self.eos_ids:
-            return "stop", token
-        if params.stop and self.decode is not None:
-            matched = self._stop_string(req)
-            if matched is not None:
-                return "stop", matched
-        if len(req.output_ids) >= params.max_tokens:
+        produced = len(req.output_ids)
+        if produced >= params.min_tokens:  # before min_tokens no stop counts (vLLM's min_tokens)
+            if token in params.stop_token_ids:
+                return "stop", token
+            if not params.ignore_eos and token in self.eos_ids:
+                return "stop", token
+            if params.stop and self.decode is not None:
+                matched = self._stop_string(req)
+                if matched is not None:
+                    return "stop", matched
+        if produced >= params.max_tokens:
             return "length", None
         return None, None
 
     def _stop_string(self, req: Request) -> str | None:
         # A stop string that ends in the newest token lies within the last few tokens; every token
         # decodes to at least one character except partial UTF-8 bytes, so a window of
-        # len(longest stop) + 4 tokens covers it. Earlier text was checked at earlier steps.
+        # len(longest stop) + 4 tokens covers it. Earlier text was checked at earlier steps, but
+        # for text before min_tokens, which does not count: while the window still holds some of
+        # the first min_tokens - 1 tokens, only a stop ending after their text does (the
+        # detokenizer trims at the same one: stop_search_start).
         if not req.stop_window:
             req.stop_window = max(len(s) for s in req.params.stop) + 4
-        tail = self.decode(req.output_ids[-req.stop_window :])
+        window = req.output_ids[-req.stop_window :]
+        tail = self.decode(window)
+        early = req.params.min_tokens - 1 - (len(req.output_ids) - len(window))
+        before = len(self.decode(window[:early])) if early > 0 else 0
         for stop in req.params.stop:
-            if stop in tail:
+            if tail.find(stop, max(0, before - len(stop) + 1)) >= 0:
                 return stop
         return None

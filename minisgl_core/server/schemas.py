@@ -362,6 +362,8 @@ class SamplingFields(GrammarFields):
     skip_special_tokens: Bool = True
     #: vLLM's: the stop string that ended the request stays at the end of the text
     include_stop_str_in_output: Bool = False
+    #: vLLM's: no stop (eos, stop_token_ids, stop strings) before this many output tokens
+    min_tokens: Int = 0
     #: vLLM's: keep only the prompt's last k tokens (-1: as many as the context length holds)
     truncate_prompt_tokens: Int | None = None
     stream: Bool = False
@@ -394,6 +396,7 @@ class SamplingFields(GrammarFields):
             "skip_special_tokens": self.skip_special_tokens,
             "include_stop_str_in_output": self.include_stop_str_in_output,
             "truncate_prompt_tokens": self.truncate_prompt_tokens,
+            "min_tokens": self.min_tokens,
             "logit_bias": dict(self.logit_bias or {}),
             "repetition_penalty": self.repetition_penalty,
             "grammar": self.grammar_wire(),
@@ -546,6 +549,8 @@ class GenerateSampling(StrictModel):
     skip_special_tokens: Bool = True
     #: SGLang's: the stop string that ended the request stays at the end of the text
     no_stop_trim: Bool = False
+    #: SGLang's: no stop before this many new tokens
+    min_new_tokens: Int = 0
     #: SGLang's constraints: a JSON schema (as JSON text), a regex or an EBNF grammar; one at most
     json_schema: str | None = None
     regex: str | None = None
@@ -605,6 +610,7 @@ class GenerateRequest(StrictModel):
             "logprobs": self.top_logprobs_num if self.return_logprob else None,
             "skip_special_tokens": s.skip_special_tokens,
             "include_stop_str_in_output": s.no_stop_trim,
+            "min_tokens": s.min_new_tokens,
             "grammar": None
             if (spec := s.grammar_spec()) is None
             else {"kind": spec.kind, "value": spec.value},

@@ -12,14 +12,25 @@ def visible_ids(output_ids: list[int], matched_stop: str | int | None) -> list[i
     return output_ids
 
 
-def trim_stop(text: str, matched_stop: str | int | None, keep: bool = False) -> str:
+def trim_stop(text: str, matched_stop: str | int | None, keep: bool = False, start: int = 0) -> str:
     """Cut the text before the stop string that ended the request (after it with ``keep``: vLLM's
-    include_stop_str_in_output, SGLang's no_stop_trim)."""
+    include_stop_str_in_output, SGLang's no_stop_trim): its first occurrence from ``start`` on
+    (occurrences before min_tokens did not count: :func:`stop_search_start`)."""
     if isinstance(matched_stop, str):
-        cut = text.find(matched_stop)
+        cut = text.find(matched_stop, start)
         if cut >= 0:
             return text[: cut + len(matched_stop)] if keep else text[:cut]
     return text
+
+
+def stop_search_start(decode: Any, output_ids: list[int], stop: str, min_tokens: int) -> int:
+    """Where a stop string that ended a request with ``min_tokens`` may start in its text: it
+    counts only if it ends in the text of token ``min_tokens`` or later (the scheduler's
+    ``StopChecker`` skips earlier ones), so after the text of the first ``min_tokens - 1`` tokens
+    less its length plus one."""
+    if min_tokens <= 1:
+        return 0
+    return max(0, len(decode(output_ids[: min_tokens - 1])) - len(stop) + 1)
 
 
 def final_text(
@@ -28,9 +39,18 @@ def final_text(
     matched_stop: str | int | None,
     skip_special_tokens: bool = True,
     keep_stop: bool = False,
+    min_tokens: int = 0,
 ) -> str:
-    text = tokenizer.decode(visible_ids(output_ids, matched_stop), skip_special_tokens=skip_special_tokens)
-    return trim_stop(text, matched_stop, keep_stop)
+    visible = visible_ids(output_ids, matched_stop)
+    text = tokenizer.decode(visible, skip_special_tokens=skip_special_tokens)
+    start = 0
+    if isinstance(matched_stop, str):
+
+        def decode(ids: list[int]) -> str:
+            return tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+        start = stop_search_start(decode, visible, matched_stop, min_tokens)
+    return trim_stop(text, matched_stop, keep_stop, start)
 
 
 class IncrementalDetokenizer:
@@ -41,12 +61,18 @@ class IncrementalDetokenizer:
     """
 
     def __init__(
-        self, tokenizer: Any, stop: list[str], skip_special_tokens: bool = True, keep_stop: bool = False
+        self,
+        tokenizer: Any,
+        stop: list[str],
+        skip_special_tokens: bool = True,
+        keep_stop: bool = False,
+        min_tokens: int = 0,
     ) -> None:
         self.tokenizer = tokenizer
         self.skip = skip_special_tokens
         self.stop = stop
         self.keep_stop = keep_stop  # the matched stop string stays in the text
+        self.min_tokens = min_tokens  # stop strings count from this token on
         self.ids: list[int] = []
         self.prefix_offset = 0
         self.read_offset = 0
@@ -67,14 +93,22 @@ class IncrementalDetokenizer:
             self.prefix_offset = self.read_offset
             self.read_offset = len(ids)
         if finished:
-            end = len(trim_stop(self.text, matched_stop, self.keep_stop))
+            start = 0
+            if isinstance(matched_stop, str):
+                start = stop_search_start(self._decode, ids, matched_stop, self.min_tokens)
+            end = len(trim_stop(self.text, matched_stop, self.keep_stop, start))
         else:
-            # Hold back a tail that could still grow into a stop string.
+            # Hold back a tail that could still grow into a stop string, and text from a whole one
+            # on (the request is about to end there), unless min_tokens has not been reached: then
+            # it does not count and the text goes out.
             end = len(self.text) - self._stop_overlap()
-            for stop in self.stop:
-                at = self.text.find(stop)
-                if at >= 0:
-                    end = min(end, at)
+            if len(self.ids) >= self.min_tokens:
+                for stop in self.stop:
+                    at = self.text.find(
+                        stop, stop_search_start(self._decode, self.ids, stop, self.min_tokens)
+                    )
+                    if at >= 0:
+                        end = min(end, at)
         end = max(end, self.sent)
         out = self.text[self.sent : end]
         self.sent = end

@@ -151,6 +151,15 @@ CASES = [
     ),
     (CHAT, r'{"messages": [{"role": "user", "content": "hi"}], "user": "\udfff"}', 400, "user", "surrogate"),
     (COMPLETIONS, {"prompt": "hi", "truncate_prompt_tokens": 0}, 400, "truncate_prompt_tokens", "-1"),
+    (
+        COMPLETIONS,
+        {"prompt": "hi", "max_tokens": 2, "min_tokens": 3},
+        400,
+        "min_tokens",
+        "at most max_tokens",
+    ),
+    (COMPLETIONS, {"prompt": "hi", "min_tokens": -1}, 400, "min_tokens", ""),
+    (COMPLETIONS, {"prompt": "hi", "min_tokens": 2, "regex": "a+"}, 400, "min_tokens", "grammar"),
     (COMPLETIONS, {"prompt": "hi", "truncate_prompt_tokens": -2}, 400, "truncate_prompt_tokens", "-1"),
     # a part the server cannot take says so (it read "text: Field required")
     (

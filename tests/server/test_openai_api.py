@@ -238,6 +238,34 @@ def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(client, llm, model
     assert chat.usage.prompt_tokens == 4
 
 
+def test_min_tokens_through_the_server_matches_offline(client, llm, model_name):
+    """vLLM's min_tokens: stop strings in the first tokens do not count; the server's text (whole
+    and streamed, through the detokenizer worker) and finish reason equal the offline LLM's."""
+    full = greedy(llm, PROMPT, 24).text
+    pairs = [full[i : i + 2] for i in range(len(full) - 1)]
+    stop = next((p for p in pairs if p.isprintable() and p.strip() and full.count(p) >= 2), None)
+    if stop is None:
+        pytest.skip(f"no repeated two-character piece in {full!r}")
+    for min_tokens in (3, 12):
+        ref = greedy(llm, PROMPT, 24, stop=[stop], min_tokens=min_tokens)
+        body = {"min_tokens": min_tokens}
+        resp = client.completions.create(
+            model=model_name, prompt=PROMPT, max_tokens=24, temperature=0, stop=[stop], extra_body=body
+        )
+        assert resp.choices[0].text == ref.text and resp.choices[0].finish_reason == ref.finish_reason
+        assert resp.usage.completion_tokens == len(ref.token_ids) >= min_tokens
+        stream = client.completions.create(
+            model=model_name,
+            prompt=PROMPT,
+            max_tokens=24,
+            temperature=0,
+            stop=[stop],
+            stream=True,
+            extra_body=body,
+        )
+        assert "".join(c.choices[0].text for c in stream) == ref.text
+
+
 def test_stop_token_ids_finish_with_stop(client, llm, model_name):
     ref = greedy(llm, PROMPT, 8)
     stop_id = ref.token_ids[3]
