@@ -75,10 +75,16 @@ def make_router(
         def new_output() -> ChoiceOutput:
             return ChoiceOutput(plan, options.reasoning_parser)
 
+        produced = [0] * group.num_choices  # each choice's completion tokens so far
+
+        def usage_so_far(chunk: dict, index: int) -> dict:
+            return _with_usage(chunk, body.continuous_usage, group, produced, index)
+
         async def chunks() -> AsyncIterator[str]:
             outputs = [new_output() for _ in range(group.num_choices)]
             for i in range(group.num_choices):
-                yield r.sse(r.chat_chunk(rid, model.name, created, i, {"role": "assistant", "content": ""}))
+                role = r.chat_chunk(rid, model.name, created, i, {"role": "assistant", "content": ""})
+                yield r.sse(usage_so_far(role, i))
             completion_tokens = 0
             async for delta in group.deltas():
                 if delta.finish_reason == "error":
@@ -88,21 +94,21 @@ def make_router(
                     yield r.DONE
                     return
                 completion_tokens += len(delta.token_ids)
+                produced[delta.index] += len(delta.token_ids)
                 output = outputs[delta.index]
                 message = output.delta(delta.text, final=delta.finish_reason is not None)
                 if not message and delta.finish_reason is None and not delta.logprobs:
                     continue
-                yield r.sse(
-                    r.chat_chunk(
-                        rid,
-                        model.name,
-                        created,
-                        delta.index,
-                        message,
-                        logprobs=r.chat_logprobs(delta.logprobs) if delta.logprobs else None,
-                        finish_reason=output.finish_reason(delta.finish_reason),
-                    )
+                chunk = r.chat_chunk(
+                    rid,
+                    model.name,
+                    created,
+                    delta.index,
+                    message,
+                    logprobs=r.chat_logprobs(delta.logprobs) if delta.logprobs else None,
+                    finish_reason=output.finish_reason(delta.finish_reason),
                 )
+                yield r.sse(usage_so_far(chunk, delta.index))
             if body.include_usage:
                 yield r.sse(
                     r.usage_chunk(
@@ -158,12 +164,17 @@ def make_router(
         rid, created = r.new_id("cmpl"), int(time.time())
         with_logprobs = body.logprobs is not None
 
+        produced = [0] * group.num_choices  # each choice's completion tokens so far
+
+        def usage_so_far(chunk: dict, index: int) -> dict:
+            return _with_usage(chunk, body.continuous_usage, group, produced, index)
+
         async def chunks() -> AsyncIterator[str]:
             completion_tokens = 0
             offsets = [0] * group.num_choices
             for i, echo in enumerate(echoes):
                 if echo:
-                    yield r.sse(r.completion_chunk(rid, model.name, created, i, echo))
+                    yield r.sse(usage_so_far(r.completion_chunk(rid, model.name, created, i, echo), i))
             async for delta in group.deltas():
                 if delta.finish_reason == "error":
                     # The status line went out long ago: the error is an event, and [DONE] still
@@ -172,23 +183,23 @@ def make_router(
                     yield r.DONE
                     return
                 completion_tokens += len(delta.token_ids)
+                produced[delta.index] += len(delta.token_ids)
                 if not delta.text and delta.finish_reason is None and not delta.logprobs:
                     continue
                 logprobs = None
                 if delta.logprobs:
                     logprobs = r.completion_logprobs(delta.logprobs, offsets[delta.index])
                 offsets[delta.index] += len(delta.text)
-                yield r.sse(
-                    r.completion_chunk(
-                        rid,
-                        model.name,
-                        created,
-                        delta.index,
-                        delta.text,
-                        logprobs=logprobs,
-                        finish_reason=delta.finish_reason,
-                    )
+                chunk = r.completion_chunk(
+                    rid,
+                    model.name,
+                    created,
+                    delta.index,
+                    delta.text,
+                    logprobs=logprobs,
+                    finish_reason=delta.finish_reason,
                 )
+                yield r.sse(usage_so_far(chunk, delta.index))
             if body.include_usage:
                 yield r.sse(
                     r.usage_chunk(
@@ -234,3 +245,10 @@ def make_router(
         return model_card()
 
     return router
+
+
+def _with_usage(chunk: dict, on: bool, group: RequestGroup, produced: list[int], index: int) -> dict:
+    """``chunk`` with the usage so far of its choice when ``on`` (vLLM's continuous_usage_stats)."""
+    if on:
+        chunk["usage"] = r.usage(group.choice_prompt_tokens[index], produced[index])
+    return chunk

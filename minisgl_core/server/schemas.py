@@ -102,6 +102,14 @@ class StrictModel(BaseModel):
 
 class StreamOptions(StrictModel):
     include_usage: Bool = False
+    #: vLLM's: every chunk carries the usage so far (its choice's completion tokens)
+    continuous_usage_stats: Bool = False
+
+    @model_validator(mode="after")
+    def _continuous_needs_usage(self) -> StreamOptions:
+        if self.continuous_usage_stats and not self.include_usage:
+            raise ValueError("continuous_usage_stats needs include_usage true")
+        return self
 
 
 class JsonSchemaFormat(StrictModel):
@@ -416,6 +424,10 @@ class SamplingFields(GrammarFields):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.continuous_usage_stats
 
     @property
     def max_tokens_field(self) -> str:

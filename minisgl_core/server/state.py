@@ -101,6 +101,8 @@ class RequestGroup:
         self.queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
         self.unfinished: dict[int, int] = {}  # rid -> choice index
         self.prompt_tokens = 0
+        #: each choice's prompt tokens, in choice order
+        self.choice_prompt_tokens: list[int] = []
         self.arrival = time.monotonic()
         self.num_choices = 0
         #: monotonic time the request ends with a timeout error (None: no deadline)
@@ -166,6 +168,7 @@ class RequestGroup:
                 state.pending.pop(rid, None)
             raise APIError(400, result.error, result.param)
         self.prompt_tokens += result.prompt_len
+        self.choice_prompt_tokens += [result.prompt_len] * n
         state.metrics.prompt_tokens += result.prompt_len
         return result
 

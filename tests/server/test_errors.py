@@ -153,6 +153,13 @@ CASES = [
     (COMPLETIONS, {"prompt": "hi", "truncate_prompt_tokens": 0}, 400, "truncate_prompt_tokens", "-1"),
     (
         COMPLETIONS,
+        {"prompt": "hi", "stream": True, "stream_options": {"continuous_usage_stats": True}},
+        400,
+        "stream_options",
+        "include_usage",
+    ),
+    (
+        COMPLETIONS,
         {"prompt": "hi", "max_tokens": 2, "min_tokens": 3},
         400,
         "min_tokens",

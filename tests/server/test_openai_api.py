@@ -266,6 +266,43 @@ def test_min_tokens_through_the_server_matches_offline(client, llm, model_name):
         assert "".join(c.choices[0].text for c in stream) == ref.text
 
 
+def test_continuous_usage_stats_on_every_chunk(client, model_name):
+    """vLLM's stream_options.continuous_usage_stats: each chunk carries its choice's usage so far
+    (prompt tokens, completion tokens up to that chunk), the last one the whole request's."""
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    chunks = list(
+        client.chat.completions.create(
+            model=model_name, messages=MESSAGES, max_tokens=5, n=2, stream=True, stream_options=options,
+            extra_body={"ignore_eos": True},
+        )
+    )  # fmt: skip
+    *choice_chunks, last = chunks
+    assert not last.choices and last.usage.completion_tokens == 10
+    seen = {0: 0, 1: 0}
+    for chunk in choice_chunks:
+        usage, index = chunk.usage, chunk.choices[0].index
+        assert usage.prompt_tokens == last.usage.prompt_tokens
+        assert (
+            usage.completion_tokens >= seen[index]
+            and usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+        )
+        seen[index] = usage.completion_tokens
+    assert seen == {0: 5, 1: 5}
+    # completions: each choice its own prompt's tokens
+    prompts = ["a b", "one two three four five six"]
+    stream = client.completions.create(
+        model=model_name, prompt=prompts, max_tokens=3, stream=True, stream_options=options,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    lengths = {}
+    for chunk in stream:
+        if chunk.choices:
+            lengths[chunk.choices[0].index] = chunk.usage.prompt_tokens
+    one = client.completions.create(model=model_name, prompt=prompts[0], max_tokens=1).usage.prompt_tokens
+    two = client.completions.create(model=model_name, prompt=prompts[1], max_tokens=1).usage.prompt_tokens
+    assert lengths == {0: one, 1: two} and one != two
+
+
 def test_stop_token_ids_finish_with_stop(client, llm, model_name):
     ref = greedy(llm, PROMPT, 8)
     stop_id = ref.token_ids[3]
