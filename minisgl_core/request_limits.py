@@ -40,6 +40,11 @@ def admit(
                 f"length {limits.max_context_len}; shorten the prompt"
             )
         params = params.with_max_tokens(min(room, default_max_tokens or room))
+    if params.min_tokens > params.max_tokens:  # (given ones are checked with the other fields)
+        raise ValueError(
+            f"min_tokens ({params.min_tokens}) exceeds the {params.max_tokens} output tokens this "
+            "request may have (max_tokens left unset: what the context leaves); lower min_tokens"
+        )
     check_request_fits(
         prompt_ids,
         params,

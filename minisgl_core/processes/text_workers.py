@@ -108,6 +108,8 @@ class Admitter:
                 blame = "stop_token_ids"
             if str(exc).startswith("logit_bias"):
                 blame = "logit_bias"
+            if str(exc).startswith("min_tokens"):
+                blame = "min_tokens"
             raise RequestRejected(str(exc), blame) from exc
         if sampling.grammar is not None:
             if self.grammars is None:

@@ -283,7 +283,7 @@ class ChatMessage(StrictModel):
         if isinstance(content, list):
             for part in content:
                 kind = part.get("type") if isinstance(part, dict) else None
-                if isinstance(kind, str) and kind != "text":
+                if kind is not None and kind != "text":
                     raise ValueError(
                         f"content parts of type {kind!r} are not supported: the served models take text only"
                     )

@@ -166,6 +166,15 @@ CASES = [
         "at most max_tokens",
     ),
     (COMPLETIONS, {"prompt": "hi", "min_tokens": -1}, 400, "min_tokens", ""),
+    # max_tokens unset: what the context leaves (the demo model's 2,048 less the prompt) caps it
+    (
+        COMPLETIONS,
+        {"prompt": "hi", "max_tokens": None, "min_tokens": 2**63 - 1},
+        400,
+        "min_tokens",
+        "lower min_tokens",
+    ),
+    (CHAT, {"messages": [{"role": "user", "content": [{"type": 5}]}]}, 400, "messages.0.content", "type 5"),
     (COMPLETIONS, {"prompt": "hi", "min_tokens": 2, "regex": "a+"}, 400, "min_tokens", "grammar"),
     (COMPLETIONS, {"prompt": "hi", "truncate_prompt_tokens": -2}, 400, "truncate_prompt_tokens", "-1"),
     # a part the server cannot take says so (it read "text: Field required")
