@@ -257,12 +257,9 @@ class SymmMemAllReduce:
         between, on the one-shot buffer or NCCL, only adds ordering.)"""
         from minisgl_core.layers import triton_ops
 
-        nbytes = x.numel() * x.element_size()
         n = x.shape[-1]
         if (
-            not self.norm_halves
-            or x.dtype not in (torch.bfloat16, torch.float16)
-            or not self.NORM_MIN_BYTES <= nbytes <= self.max_bytes
+            not self._norm_fits(x.numel(), x.dtype)
             or x.dim() != 2
             or not x.is_contiguous()
             or residual.shape != x.shape
@@ -294,14 +291,18 @@ class SymmMemAllReduce:
         partial sum from, for the GEMM that produces it to write there (``RowParallelLinear`` with
         ``reduce=False``), which saves the copy; None when that call would not be fused. Writing
         it is as safe as the copy it replaces: it happens at the same point of the stream."""
-        nbytes = rows * n * dtype.itemsize
-        if (
-            not self.norm_halves
-            or dtype not in (torch.bfloat16, torch.float16)
-            or not self.NORM_MIN_BYTES <= nbytes <= self.max_bytes
-        ):
+        if not self._norm_fits(rows * n, dtype):
             return None
         return self.norm_halves[self._turn][0].view(dtype)[: rows * n].view(rows, n)
+
+    def _norm_fits(self, numel: int, dtype: torch.dtype) -> bool:
+        """Whether :meth:`add_rms_norm` takes a sum of ``numel`` elements of ``dtype`` (its other
+        conditions are on the tensors themselves)."""
+        return (
+            bool(self.norm_halves)
+            and dtype in (torch.bfloat16, torch.float16)
+            and self.NORM_MIN_BYTES <= numel * dtype.itemsize <= self.max_bytes
+        )
 
     def _wide(self, shared: torch.Tensor, flat: torch.Tensor) -> None:
         from minisgl_core.layers._triton_collectives import sum_peer_buffers_kernel

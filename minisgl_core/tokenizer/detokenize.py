@@ -73,6 +73,7 @@ class IncrementalDetokenizer:
         self.stop = stop
         self.keep_stop = keep_stop  # the matched stop string stays in the text
         self.min_tokens = min_tokens  # stop strings count from this token on
+        self._search_start: dict[str, int] = {}  # stop -> stop_search_start (fixed by then)
         self.ids: list[int] = []
         self.prefix_offset = 0
         self.read_offset = 0
@@ -104,9 +105,12 @@ class IncrementalDetokenizer:
             end = len(self.text) - self._stop_overlap()
             if len(self.ids) >= self.min_tokens:
                 for stop in self.stop:
-                    at = self.text.find(
-                        stop, stop_search_start(self._decode, self.ids, stop, self.min_tokens)
-                    )
+                    start = self._search_start.get(stop)
+                    if start is None:  # decodes the first min_tokens - 1 tokens: once per stop
+                        start = self._search_start[stop] = stop_search_start(
+                            self._decode, self.ids, stop, self.min_tokens
+                        )
+                    at = self.text.find(stop, start)
                     if at >= 0:
                         end = min(end, at)
         end = max(end, self.sent)
