@@ -194,7 +194,14 @@ class SymmMemAllReduce:
     #: vs all-reduce then norm: 1 row 6.9 vs 8.2, 64 rows 8.3 vs 13.1, 256 rows 13.1 vs 18.2)
     NORM_MIN_BYTES = 0
 
-    def __init__(self, group: Any, device: torch.device, wide: bool = False, norm: bool = False) -> None:
+    def __init__(
+        self,
+        group: Any,
+        device: torch.device,
+        wide: bool = False,
+        norm: bool = False,
+        norm_barrier: bool = True,
+    ) -> None:
         import torch.distributed._symmetric_memory as symm_mem
 
         self.group_name = group.group_name
@@ -208,14 +215,28 @@ class SymmMemAllReduce:
         self._views: dict[torch.dtype, torch.Tensor] = {}
         # the fused sum + residual add + RMS norm (add_rms_norm): two more buffers of its own, used
         # in turn, each with its own rendezvous (its own signal pads)
-        self.norm_halves: list[tuple[torch.Tensor, Any, torch.Tensor]] = []
+        self.norm_halves: list[tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]] = []
         if norm:
             for _ in range(2):
                 buf = symm_mem.empty(self.max_bytes, dtype=torch.uint8, device=device)
                 handle = symm_mem.rendezvous(buf, self.group_name)
                 ptrs = torch.tensor(list(handle.buffer_ptrs), dtype=torch.int64, device=device)
-                self.norm_halves.append((buf, handle, ptrs))
+                signals = torch.tensor(list(handle.signal_pad_ptrs), dtype=torch.int64, device=device)
+                self.norm_halves.append((buf, handle, ptrs, signals))
         self._turn = 0
+        # the ``symm_mem_norm_barrier`` fast path: add_rms_norm's kernel passes the barrier itself,
+        # a program per channel of the signal pads (int32 flags, ``world`` per channel), at most
+        # two per SM so that every program is resident and a peer's program it waits for runs
+        self.norm_barrier = norm_barrier
+        if norm:
+            pad_bytes = getattr(self.norm_halves[0][1], "signal_pad_size", 2048)  # (PyTorch's default)
+            channels = pad_bytes // (4 * self.world)
+            sms = (
+                torch.cuda.get_device_properties(device).multi_processor_count
+                if device.type == "cuda"
+                else 64
+            )
+            self.norm_programs = max(1, min(channels, 2 * sms))
 
     def __call__(self, x: torch.Tensor) -> bool:
         nbytes = x.numel() * x.element_size()
@@ -271,18 +292,23 @@ class SymmMemAllReduce:
             return None
         from minisgl_core.layers._triton_collectives import sum_add_rms_norm_kernel
 
-        buf, handle, ptrs = self.norm_halves[self._turn]
+        buf, handle, ptrs, signals = self.norm_halves[self._turn]
         self._turn ^= 1
         shared = buf.view(x.dtype)[: x.numel()]
         if x.data_ptr() != shared.data_ptr():  # else the GEMM wrote it there (norm_input)
             shared.copy_(x.view(-1))
-        handle.barrier(channel=0)  # every rank's partial sum is in place
+        rows = x.shape[0]
+        if self.norm_barrier:
+            programs = min(rows, self.norm_programs)  # the kernel's programs wait for every rank's
+        else:
+            programs = rows
+            handle.barrier(channel=0)  # every rank's partial sum is in place
         out = torch.empty_like(x)
         total = torch.empty_like(x)
         block = triton_ops._pow2(n)
-        sum_add_rms_norm_kernel[(x.shape[0],)](
-            ptrs, residual, weight, float(eps), out, total, n,
-            WORLD=self.world, BLOCK=block, num_warps=min(16, max(1, block // 256)),
+        sum_add_rms_norm_kernel[(programs,)](
+            ptrs, signals, self.handle.rank, residual, weight, float(eps), out, total, rows, programs, n,
+            WORLD=self.world, BLOCK=block, BARRIER=self.norm_barrier, num_warps=min(16, max(1, block // 256)),
         )  # fmt: skip
         return out, total
 
@@ -327,7 +353,13 @@ def enable_fast_all_reduce(parallel: ParallelContext, device: torch.device) -> b
     reducer: SymmMemAllReduce | None = None
     try:
         paths = fast_paths.current()
-        reducer = SymmMemAllReduce(parallel.group, device, wide=paths.symm_mem_wide, norm=paths.symm_mem_norm)
+        reducer = SymmMemAllReduce(
+            parallel.group,
+            device,
+            wide=paths.symm_mem_wide,
+            norm=paths.symm_mem_norm,
+            norm_barrier=paths.symm_mem_norm_barrier,
+        )
     except Exception as exc:  # noqa: BLE001 - an optional fast path: NCCL still works
         logger.warning(
             "symmetric-memory all-reduce unavailable (%s: %s); using NCCL", type(exc).__name__, exc

@@ -39,6 +39,9 @@ class FastPaths:
     #: the all-reduce after o_proj and down_proj fused with the residual add and RMS norm that
     #: follow it (two shared buffers in turn, one barrier)
     symm_mem_norm: bool = True
+    #: that fused kernel passes the buffers' barrier itself (a flag per program in the signal pads)
+    #: instead of after PyTorch's barrier kernel
+    symm_mem_norm_barrier: bool = True
     #: tensor parallelism: each rank samples its own slice of the vocabulary and the ranks trade
     #: one (value, token) pair per row, instead of gathering every rank's logits
     vocab_parallel_sampling: bool = True
@@ -69,6 +72,7 @@ ENV_VARS: dict[str, str] = {
     "symm_mem": "MINISGL_SYMM_MEM",
     "symm_mem_wide": "MINISGL_SYMM_MEM_WIDE",
     "symm_mem_norm": "MINISGL_SYMM_MEM_NORM",
+    "symm_mem_norm_barrier": "MINISGL_SYMM_MEM_NORM_BARRIER",
     "vocab_parallel_sampling": "MINISGL_VOCAB_PARALLEL_SAMPLING",
 }
 

@@ -95,22 +95,28 @@ def test_all_reduce_sum_kernel_compiles(target, dtype, world):
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")
-@pytest.mark.parametrize("hidden", [4096, 1024])
-def test_all_reduce_norm_kernel_compiles(target, hidden):
+@pytest.mark.parametrize("hidden, barrier", [(4096, True), (1024, False)])
+def test_all_reduce_norm_kernel_compiles(target, hidden, barrier):
     from minisgl_core.layers._triton_collectives import sum_add_rms_norm_kernel
     from minisgl_core.layers.triton_ops import _pow2
 
     t = "*bf16"
     signature = {
         "buffer_ptrs": "*i64",
+        "signal_ptrs": "*i64",
+        "rank": "i32",
         "residual": t,
         "weight": t,
         "eps": "fp32",
         "out": t,
         "total": t,
+        "rows": "i32",
+        "programs": "i32",
         "n": "i32",
     }
-    compiles(sum_add_rms_norm_kernel, signature, {"WORLD": 2, "BLOCK": _pow2(hidden)}, target)
+    compiles(
+        sum_add_rms_norm_kernel, signature, {"WORLD": 2, "BLOCK": _pow2(hidden), "BARRIER": barrier}, target
+    )
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")

@@ -12,7 +12,8 @@ Llama-3.1-8B decode step's worth): NCCL, the one-shot kernel alone, and one-shot
 ``SymmMemAllReduce.WIDE_MIN_BYTES`` with the wide path above (``symm_mem``; as the engine runs).
 The all-reduce fused with the residual add and RMS norm (``SymmMemAllReduce.add_rms_norm``, through
 ``RMSNorm(partial_of=)``) against NCCL then the norm, bitwise, eagerly and in a graph of chained
-layers, then timed against the two kernels it replaces at every size.
+layers, with its kernel passing the barrier itself and behind PyTorch's barrier kernel, then both
+timed against the two kernels it replaces at every size.
 Exit status 0 only when every check passed on every rank.
 """
 
@@ -145,57 +146,82 @@ def rank_main(rank: int, world: int, port: int, out_path: str | None) -> None:
     norm.weight.data.copy_(data((HIDDEN,), 300) * 0.1 + 1)  # each rank its own weight: no matter here
     fuse = getattr(fast, "add_rms_norm", None)
     report["fused_norm"] = fuse is not None and bool(getattr(fast, "norm_halves", None))
+    report["norm_programs"] = getattr(fast, "norm_programs", None)
 
     def reference(x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return triton_ops.rms_norm(nccl(x), norm.weight, norm.eps, residual)
 
-    for bs in (1, 64, 96, 128, 256, 512, 1024):
-        x, residual = data((bs, HIDDEN), 400 + bs), data((bs, HIDDEN), 500 + bs) * 4
-        took = fuse is not None and fuse(x.clone(), residual, norm.weight, norm.eps) is not None
-        got = norm(x.clone(), residual, partial_of=parallel)
-        want = reference(x, residual)
-        same = torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-        report["checks"].append({"norm_shape": [bs, HIDDEN], "fused": took, "bitwise_equal": same})
-        if not same:
-            failures.append(f"fused norm eager bs={bs} (fused={took}): differs from NCCL + norm")
-    for bs in (8, 128, 256):
-        xs = [torch.zeros(bs, HIDDEN, device=device, dtype=torch.bfloat16) for _ in range(8)]
-        res0 = torch.zeros(bs, HIDDEN, device=device, dtype=torch.bfloat16)
-        small = torch.zeros(8, HIDDEN, device=device, dtype=torch.bfloat16)
+    # each twice: the kernel passing the barrier itself (symm_mem_norm_barrier), then behind
+    # PyTorch's barrier kernel
+    for barrier in (True, False) if fuse is not None and report["fused_norm"] else (False,):
+        if fuse is not None:
+            fast.norm_barrier = barrier
+        for bs in (1, 64, 96, 128, 256, 512, 1024):
+            x, residual = data((bs, HIDDEN), 400 + bs), data((bs, HIDDEN), 500 + bs) * 4
+            took = fuse is not None and fuse(x.clone(), residual, norm.weight, norm.eps) is not None
+            got = norm(x.clone(), residual, partial_of=parallel)
+            want = reference(x, residual)
+            same = torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+            report["checks"].append(
+                {
+                    "norm_shape": [bs, HIDDEN],
+                    "fused": took,
+                    "in_kernel_barrier": barrier,
+                    "bitwise_equal": same,
+                }
+            )
+            if not same:
+                failures.append(
+                    f"fused norm eager bs={bs} (fused={took}, barrier={barrier}): differs from NCCL + norm"
+                )
+        for bs in (8, 128, 256):
+            xs = [torch.zeros(bs, HIDDEN, device=device, dtype=torch.bfloat16) for _ in range(8)]
+            res0 = torch.zeros(bs, HIDDEN, device=device, dtype=torch.bfloat16)
+            small = torch.zeros(8, HIDDEN, device=device, dtype=torch.bfloat16)
 
-        def chain(xs: list[torch.Tensor], res0: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-            outs, residual = [], res0
-            for x in xs:
-                normed, residual = norm(x, residual, partial_of=parallel)
-                outs.append((normed, residual))
-            return outs
+            def chain(xs: list[torch.Tensor], res0: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+                outs, residual = [], res0
+                for x in xs:
+                    normed, residual = norm(x, residual, partial_of=parallel)
+                    outs.append((normed, residual))
+                return outs
 
-        chain(xs, res0)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            outs = chain(xs, res0)
-        for salt in range(4):
-            inputs = [data((bs, HIDDEN), 600 + 10 * salt + i) for i in range(8)]
-            r0 = data((bs, HIDDEN), 700 + salt)
-            for t, x in zip(xs, inputs):
-                t.copy_(x)
-            res0.copy_(r0)
-            graph.replay()
-            parallel.all_reduce(small)  # another collective between replays, as the sampler's
-            ok, residual = True, r0
-            for x, (normed, total) in zip(inputs, outs):
-                want_normed, residual = reference(x, residual)
-                ok = ok and torch.equal(normed, want_normed) and torch.equal(total, residual)
-            report["checks"].append({"norm_chain": [bs, 8], "graph_replay": salt, "bitwise_equal": ok})
-            if not ok:
-                failures.append(f"fused norm graph chain bs={bs} replay {salt}: differs from NCCL + norm")
+            chain(xs, res0)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                outs = chain(xs, res0)
+            for salt in range(4):
+                inputs = [data((bs, HIDDEN), 600 + 10 * salt + i) for i in range(8)]
+                r0 = data((bs, HIDDEN), 700 + salt)
+                for t, x in zip(xs, inputs):
+                    t.copy_(x)
+                res0.copy_(r0)
+                graph.replay()
+                parallel.all_reduce(small)  # another collective between replays, as the sampler's
+                ok, residual = True, r0
+                for x, (normed, total) in zip(inputs, outs):
+                    want_normed, residual = reference(x, residual)
+                    ok = ok and torch.equal(normed, want_normed) and torch.equal(total, residual)
+                report["checks"].append(
+                    {
+                        "norm_chain": [bs, 8],
+                        "graph_replay": salt,
+                        "in_kernel_barrier": barrier,
+                        "bitwise_equal": ok,
+                    }
+                )
+                if not ok:
+                    failures.append(
+                        f"fused norm graph chain bs={bs} replay {salt} (barrier={barrier}): differs"
+                    )
     # µs per sum + add + norm in a graph of 64: the all-reduce then the norm, and fused (at every
     # size, to place NORM_MIN_BYTES)
     if fuse is not None and report["fused_norm"]:
-        for label in ("all_reduce_then_norm", "fused_all_sizes"):
+        for label in ("all_reduce_then_norm", "fused_all_sizes", "fused_in_kernel_barrier"):
             saved_min = fast.NORM_MIN_BYTES
-            fast.NORM_MIN_BYTES = 0 if label == "fused_all_sizes" else 1 << 40
+            fast.NORM_MIN_BYTES = 1 << 40 if label == "all_reduce_then_norm" else 0
+            fast.norm_barrier = label == "fused_in_kernel_barrier"
             for bs in (1, 32, 64, 96, 128, 256, 512):
                 x, residual = data((bs, HIDDEN), 800), data((bs, HIDDEN), 801)
                 us = graph_us(lambda x=x, residual=residual: norm(x, residual, partial_of=parallel))
