@@ -16,8 +16,8 @@
 # "norm2": the same tests and check, then TP=2, TP=1, TP=2. "quick": the tests, TP=2, TP=1.
 # "prof": the tests, the check, a TP=2 profile (tools/device_tp_profile.py, windows 100 450 850:
 # $OUT/profile-tp2.{json,txt}), then TP=2, TP=1.
-# "barrier": the tests, the check, then TP=2, TP=2 with MINISGL_SYMM_MEM_NORM_BARRIER=0 (the fused
-# kernel behind PyTorch's barrier kernel), TP=1, TP=2.
+# "barrier": the check (no tests), then TP=2, TP=2 with MINISGL_SYMM_MEM_NORM_BARRIER=0 (the fused
+# kernel behind PyTorch's barrier kernel), TP=1, TP=2, TP=2 with it =0.
 # Results: $OUT/allreduce.json, $OUT/bench.jsonl, $OUT/logs.tgz.
 set -uo pipefail
 what=${1:-check}
@@ -29,7 +29,7 @@ if [[ $what == pages ]]; then
   timeout 200 python3 -m minisgl_core bench offline --model $m/qwen3-0.6b --attn fi --tp 2 --label "warm-up (discarded)" \
     2>$logs/warm-up.log | tail -n 1 | cut -c1-200
 fi
-if [[ $what == norm || $what == norm2 || $what == quick || $what == prof || $what == barrier ]]; then
+if [[ $what == norm || $what == norm2 || $what == quick || $what == prof ]]; then
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_tensor_parallel.py -k cuda > "$out/pytest-tp.log" 2>&1
   tail -n 3 "$out/pytest-tp.log"
 fi
@@ -70,7 +70,7 @@ elif [[ $what == norm2 ]]; then
 elif [[ $what == quick ]]; then
   tp2; tp1
 elif [[ $what == barrier ]]; then
-  tp2; tp2_without MINISGL_SYMM_MEM_NORM_BARRIER; tp1; tp2
+  tp2; tp2_without MINISGL_SYMM_MEM_NORM_BARRIER; tp1; tp2; tp2_without MINISGL_SYMM_MEM_NORM_BARRIER
 elif [[ $what == prof ]]; then
   timeout 200 python3 tools/device_tp_profile.py $m/llama-3.1-8b --attn fi --tp 2 --windows 100 450 850 \
     --json "$out/profile-tp2.json" > "$out/profile-tp2.txt" 2>>$logs/profile.log
