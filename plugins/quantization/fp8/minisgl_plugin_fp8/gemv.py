@@ -46,6 +46,8 @@ class GemvConfig(NamedTuple):
     split_k: int  # programs along K (1: no partial sums)
     num_warps: int
     num_stages: int
+    tiles: int = 1  # BLOCK_N-row tiles per program, one after the other (the scale's pass shared)
+    prefetch: bool = False  # the first weight block loaded before the scale's pass
 
 
 #: programs wanted per SM before the K loop is split (several per SM keep enough loads in flight)
@@ -91,26 +93,37 @@ def fp8_gemv_kernel(
     SCALE_BLOCK: tl.constexpr,  # columns per step of the scale's pass over the row
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    TILES: tl.constexpr,  # BLOCK_N-row tiles per program: the scale's pass once for all of them
+    PREFETCH: tl.constexpr,  # load the first weight block before the scale's pass
 ):
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < N
     split = tl.program_id(1)
     cols = split * K_PER_SPLIT + tl.arange(0, BLOCK_K)
-    w_ptrs = w + rows[:, None].to(tl.int64) * K + cols[None, :]
-    scale = tl.load(w_scale + rows, mask=row_ok, other=0.0)
     out = out + split.to(tl.int64) * N
+    first_rows = tl.program_id(0) * TILES * BLOCK_N + tl.arange(0, BLOCK_N)
+    first_ok = (first_rows[:, None] < N) & (cols[None, :] < K)
+    w_first = w + first_rows[:, None].to(tl.int64) * K + cols[None, :]
+    if PREFETCH:  # the first weight block in flight while the scale's pass runs
+        wk_first = tl.load(w_first, mask=first_ok, other=0.0)
     # over the whole row: every split reads it, the scale must not depend on the split
     x_scale, x_inverse = _row_scale(x, K, K_ROW, SCALE_BLOCK)
     # x as one [1, BLOCK_K] row: the weight tile's layout, no shuffle through shared memory
     x_ptrs = x + cols[None, :]
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for step in range(0, K_PER_SPLIT, BLOCK_K):
-        col_ok = cols[None, :] + step < K
-        xk = tl.load(x_ptrs + step, mask=col_ok, other=0.0).to(tl.float32)
-        wk = tl.load(w_ptrs + step, mask=row_ok[:, None] & col_ok, other=0.0)
-        acc += wk.to(tl.float32) * _round_e4m3(tl.clamp(xk * x_inverse, -FP8_MAX, FP8_MAX))
-    result = tl.sum(acc, axis=1) * scale * tl.reshape(x_scale, (1,))
-    tl.store(out + rows, result.to(out.dtype.element_ty), mask=row_ok)
+    for tile in tl.static_range(TILES):
+        rows = (tl.program_id(0) * TILES + tile) * BLOCK_N + tl.arange(0, BLOCK_N)
+        row_ok = rows < N
+        w_ptrs = w + rows[:, None].to(tl.int64) * K + cols[None, :]
+        scale = tl.load(w_scale + rows, mask=row_ok, other=0.0)
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        if PREFETCH and tile == 0:
+            xk = tl.load(x_ptrs, mask=cols[None, :] < K, other=0.0).to(tl.float32)
+            acc += wk_first.to(tl.float32) * _round_e4m3(tl.clamp(xk * x_inverse, -FP8_MAX, FP8_MAX))
+        for step in range(BLOCK_K if PREFETCH and tile == 0 else 0, K_PER_SPLIT, BLOCK_K):
+            col_ok = cols[None, :] + step < K
+            xk = tl.load(x_ptrs + step, mask=col_ok, other=0.0).to(tl.float32)
+            wk = tl.load(w_ptrs + step, mask=row_ok[:, None] & col_ok, other=0.0)
+            acc += wk.to(tl.float32) * _round_e4m3(tl.clamp(xk * x_inverse, -FP8_MAX, FP8_MAX))
+        result = tl.sum(acc, axis=1) * scale * tl.reshape(x_scale, (1,))
+        tl.store(out + rows, result.to(out.dtype.element_ty), mask=row_ok)
 
 
 @triton.jit
@@ -218,10 +231,11 @@ def fp8_gemv(
     target = (
         out if config.split_k == 1 else torch.empty(config.split_k, n, device=x.device, dtype=torch.float32)
     )
-    fp8_gemv_kernel[(triton.cdiv(n, config.block_n), config.split_k)](
+    fp8_gemv_kernel[(triton.cdiv(n, config.block_n * config.tiles), config.split_k)](
         x, weight, weight_scale, target, n, k,
         K_PER_SPLIT=k_per_split, K_ROW=triton.cdiv(k, scale_block) * scale_block, SCALE_BLOCK=scale_block,
-        BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.num_warps, num_stages=config.num_stages,
+        BLOCK_N=config.block_n, BLOCK_K=config.block_k, TILES=config.tiles, PREFETCH=config.prefetch,
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     if config.split_k > 1:
         sum_splits_kernel[(triton.cdiv(n, _SUM_BLOCK),)](

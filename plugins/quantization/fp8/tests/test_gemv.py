@@ -65,7 +65,8 @@ def test_split_k_only_when_the_rows_alone_leave_the_gpu_idle():
     assert pick_config(64, 1024).block_k == 512 and pick_config(64, 4096).block_k == 1024
 
 
-def test_gemv_compiles_for_sm90():
+@pytest.mark.parametrize("tiles, prefetch", [(None, False), (4, True)])
+def test_gemv_compiles_for_sm90(tiles, prefetch):
     from minisgl_plugin_fp8.gemv import fp8_gemv_kernel, pick_config
     from triton import compile as triton_compile
     from triton.backends.compiler import GPUTarget
@@ -74,7 +75,8 @@ def test_gemv_compiles_for_sm90():
     config = pick_config(4096, 4096)
     signature = {"x": "*bf16", "w": "*fp8e4nv", "w_scale": "*fp32", "out": "*bf16", "N": "i32", "K": "i32"}
     constants = {"K_PER_SPLIT": 4096 // config.split_k, "K_ROW": 4096, "SCALE_BLOCK": 4096,
-                 "BLOCK_N": config.block_n, "BLOCK_K": config.block_k}  # fmt: skip
+                 "BLOCK_N": config.block_n, "BLOCK_K": config.block_k,
+                 "TILES": tiles or config.tiles, "PREFETCH": prefetch}  # fmt: skip
     signature.update(dict.fromkeys(constants, "constexpr"))
     compiled = triton_compile(
         ASTSource(fp8_gemv_kernel, signature, constexprs=constants),
@@ -107,12 +109,13 @@ def test_row_quantizer_compiles_for_sm90():
 
 #: (weight rows, weight columns, split_k or None for pick_config's): row counts not a multiple of
 #: the tile, columns a multiple of 16 but not of the K step
-SHAPES = [
-    (40, 208, None),
-    (24, 1024, 2),
-    (72, 512, None),
-    (33, 4096, 4),
-    (40, 2048, None),
+SHAPES = [  # rows, cols, split_k, tiles per program (None: pick_config's), prefetch
+    (40, 208, None, None, False),
+    (24, 1024, 2, None, True),
+    (72, 512, None, 4, True),  # 72 rows in 8-row tiles, 4 per program: the last program's run out
+    (33, 4096, 4, 2, False),
+    (40, 2048, None, None, True),
+    (16, 300, None, 2, True),  # one step per split: the prefetched block is the only one
 ]
 
 
@@ -121,11 +124,14 @@ def check_kernel() -> None:
     from minisgl_plugin_fp8.method import quantize_rows
 
     gen = torch.Generator().manual_seed(0)
-    for rows, cols, split_k in SHAPES:
+    for rows, cols, split_k, tiles, prefetch in SHAPES:
         q, scale = quantize_rows(torch.randn(rows, cols, generator=gen))
         config = pick_config(rows, cols)
         if split_k:
             config = config._replace(split_k=split_k)
+        if tiles:
+            config = config._replace(tiles=tiles)
+        config = config._replace(prefetch=prefetch)
         x = torch.randn(1, cols + 16, generator=gen)[:, :cols]  # a view into a wider row
         for dtype, tolerance in ((torch.float32, 1e-4), (torch.bfloat16, 1e-2)):
             xd = x.to(dtype)
