@@ -193,6 +193,12 @@ class SymmMemAllReduce:
     #: size, as measured (two H200s, µs per sum + add + norm in a graph, rows of 4,096 bf16, fused
     #: vs all-reduce then norm: 1 row 6.9 vs 8.2, 64 rows 8.3 vs 13.1, 256 rows 13.1 vs 18.2)
     NORM_MIN_BYTES = 0
+    #: up to this size (when ``norm_barrier`` is on) the fused kernel passes the barrier itself: it
+    #: saves the barrier kernel, but every program waits on its own channel, which costs more than
+    #: it saves on big sums (two H200s, µs in a graph, in the kernel vs PyTorch's barrier kernel
+    #: before it: 1 row 6.05 vs 6.90, 64 rows 8.02 vs 8.67, 128 rows 9.84 vs 10.29, 256 rows 14.36
+    #: vs 13.62; rows of 4,096 bf16)
+    NORM_BARRIER_MAX_BYTES = 1 << 20
 
     def __init__(
         self,
@@ -224,9 +230,10 @@ class SymmMemAllReduce:
                 signals = torch.tensor(list(handle.signal_pad_ptrs), dtype=torch.int64, device=device)
                 self.norm_halves.append((buf, handle, ptrs, signals))
         self._turn = 0
-        # the ``symm_mem_norm_barrier`` fast path: add_rms_norm's kernel passes the barrier itself,
-        # a program per channel of the signal pads (int32 flags, ``world`` per channel), at most
-        # two per SM so that every program is resident and a peer's program it waits for runs
+        # the ``symm_mem_norm_barrier`` fast path: add_rms_norm's kernel passes the barrier itself
+        # (up to NORM_BARRIER_MAX_BYTES), a program per channel of the signal pads (int32 flags,
+        # ``world`` per channel), at most two per SM so that every program is resident and a peer's
+        # program it waits for runs
         self.norm_barrier = norm_barrier
         if norm:
             pad_bytes = getattr(self.norm_halves[0][1], "signal_pad_size", 2048)  # (PyTorch's default)
@@ -298,7 +305,8 @@ class SymmMemAllReduce:
         if x.data_ptr() != shared.data_ptr():  # else the GEMM wrote it there (norm_input)
             shared.copy_(x.view(-1))
         rows = x.shape[0]
-        if self.norm_barrier:
+        barrier = self.norm_barrier and x.numel() * x.element_size() <= self.NORM_BARRIER_MAX_BYTES
+        if barrier:
             programs = min(rows, self.norm_programs)  # the kernel's programs wait for every rank's
         else:
             programs = rows
@@ -308,7 +316,7 @@ class SymmMemAllReduce:
         block = triton_ops._pow2(n)
         sum_add_rms_norm_kernel[(programs,)](
             ptrs, signals, self.handle.rank, residual, weight, float(eps), out, total, rows, programs, n,
-            WORLD=self.world, BLOCK=block, BARRIER=self.norm_barrier, num_warps=min(16, max(1, block // 256)),
+            WORLD=self.world, BLOCK=block, BARRIER=barrier, num_warps=min(16, max(1, block // 256)),
         )  # fmt: skip
         return out, total
 
