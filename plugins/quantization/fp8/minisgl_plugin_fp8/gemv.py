@@ -7,8 +7,9 @@ relies on), the e4m3 weights read as one byte each, float32 accumulation, both s
 At one token a linear layer is a stream over its weight: the time is the weight's bytes over the
 memory bandwidth, and cuBLASLt's FP8 GEMM plus the separate kernel that quantizes the activations
 ran slower than bf16 there (0.70-1.10x on an H200). Here each program owns ``BLOCK_N`` output rows
-(weight rows), first reads the token's whole row for its scale (one load of a few KB from L2, the
-same in every program), then walks ``K`` in ``BLOCK_K`` chunks, each thread loading 16 bytes of a
+(weight rows), issues the load of its first weight block, reads the token's whole row for its scale
+while that block is in flight (one load of a few KB from L2, the same in every program), then walks
+``K`` in ``BLOCK_K`` chunks, each thread loading 16 bytes of a
 weight row at a time and multiplying on CUDA cores, ``acc[n, k] += w[n, k] * q(x)[k]``, with one
 sum over ``k`` at the end.
 
@@ -63,13 +64,27 @@ def _sm_count(device_index: int | None) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+#: weights with ``K`` up to this and at most :data:`SMALL_WEIGHT` elements take 16 x 512 tiles
+SMALL_K = 4096
+SMALL_WEIGHT = 32 << 20
+
+
 def pick_config(n: int, k: int, sm_count: int = 132) -> GemvConfig:
-    """The launch for one token times an ``[n, k]`` weight: 8 rows by 1,024 columns per step (512
-    for a short K; 1,024 took 9% less time than 512 over Llama-3.1-8B's four layers on an H200).
-    Then ``split_k``, a power of two up to ``MAX_SPLIT_K``, grows until there are
-    ``PROGRAMS_PER_SM`` programs per SM, as long as each split keeps at least two loop steps."""
-    block_n, block_k, num_warps, num_stages = 8, 1024 if k >= 2048 else 512, 4, 2
-    tiles = triton.cdiv(n, block_n)
+    """The launch for one token times an ``[n, k]`` weight, from the sweeps on an H200
+    (BENCHMARKS.md): the first weight block loaded before the scale's pass (3-7% faster on three
+    of Llama-3.1-8B's four shapes, equal on o_proj); 16 rows by 512 columns per step for short
+    rows of a small weight (qkv, o_proj: 0.0101 → 0.0090 ms on qkv), else 8 by 1,024 (512 for a
+    K under 2,048; 1,024 took 9% less time than 512 over the four layers, and 16 x 512 was 36%
+    slower on down_proj's 14,336 columns). Then ``split_k``, a power of two up to
+    ``MAX_SPLIT_K``, grows until there are ``PROGRAMS_PER_SM`` programs of 8 rows per SM (the
+    rule tuned with 8-row tiles; o_proj's 4,096 rows stay unsplit, as measured), as long as each
+    split keeps at least two loop steps."""
+    if k <= SMALL_K and n * k <= SMALL_WEIGHT:
+        block_n, block_k = 16, 512
+    else:
+        block_n, block_k = 8, 1024 if k >= 2048 else 512
+    num_warps, num_stages = 4, 2
+    tiles = triton.cdiv(n, 8)
     split_k = 1
     while (
         split_k < MAX_SPLIT_K
@@ -77,7 +92,7 @@ def pick_config(n: int, k: int, sm_count: int = 132) -> GemvConfig:
         and k >= 2 * split_k * 2 * block_k
     ):
         split_k *= 2
-    return GemvConfig(block_n, block_k, split_k, num_warps, num_stages)
+    return GemvConfig(block_n, block_k, split_k, num_warps, num_stages, tiles=1, prefetch=True)
 
 
 @triton.jit

@@ -54,15 +54,19 @@ def test_the_choice_of_kernel():
 def test_split_k_only_when_the_rows_alone_leave_the_gpu_idle():
     from minisgl_plugin_fp8.gemv import MAX_SPLIT_K, PROGRAMS_PER_SM, pick_config
 
-    # Llama-3.1-8B's shapes on 132 SMs: rows alone fill the GPU (8-row tiles)
-    for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)):
-        assert pick_config(n, k).split_k == 1
-    small = pick_config(512, 16384)  # 64 tiles: 8 splits wanted, 4 at most
+    # Llama-3.1-8B's shapes on 132 SMs, as swept on an H200: rows alone fill the GPU (no split),
+    # 16 x 512 tiles for qkv and o_proj, 8 x 1,024 for gate_up and down, the first block prefetched
+    for n, k, tile in ((6144, 4096, (16, 512)), (4096, 4096, (16, 512)), (28672, 4096, (8, 1024)),
+                       (4096, 14336, (8, 1024))):  # fmt: skip
+        config = pick_config(n, k)
+        assert (config.block_n, config.block_k, config.split_k) == (*tile, 1), (n, k, config)
+        assert config.prefetch and config.tiles == 1
+    small = pick_config(512, 16384)  # 64 tiles of 8 rows: 8 splits wanted, 4 at most
     assert small.split_k == MAX_SPLIT_K and 64 * small.split_k < PROGRAMS_PER_SM * 132
     assert pick_config(2048, 8192).split_k == 2  # 256 tiles: 2 splits reach 2 programs per SM
-    assert pick_config(512, 4096).split_k == 2  # 4 wanted, but each split keeps two K steps
+    assert pick_config(512, 6144).split_k == 2  # 4 wanted, but each split keeps two K steps
     assert pick_config(64, 1024).split_k == 1  # too short a K to split: one loop step each
-    assert pick_config(64, 1024).block_k == 512 and pick_config(64, 4096).block_k == 1024
+    assert pick_config(64, 1024).block_k == 512 and pick_config(64, 8192).block_k == 1024
 
 
 @pytest.mark.parametrize("tiles, prefetch", [(None, False), (4, True)])
