@@ -193,12 +193,12 @@ class SymmMemAllReduce:
     #: size, as measured (two H200s, µs per sum + add + norm in a graph, rows of 4,096 bf16, fused
     #: vs all-reduce then norm: 1 row 6.9 vs 8.2, 64 rows 8.3 vs 13.1, 256 rows 13.1 vs 18.2)
     NORM_MIN_BYTES = 0
-    #: up to this size (when ``norm_barrier`` is on) the fused kernel passes the barrier itself: it
-    #: saves the barrier kernel, but every program waits on its own channel, which costs more than
-    #: it saves on big sums (two H200s, µs in a graph, in the kernel vs PyTorch's barrier kernel
-    #: before it: 1 row 6.05 vs 6.90, 64 rows 8.02 vs 8.67, 128 rows 9.84 vs 10.29, 256 rows 14.36
-    #: vs 13.62; rows of 4,096 bf16)
-    NORM_BARRIER_MAX_BYTES = 1 << 20
+    #: up to this many rows (when ``norm_barrier`` is on) the fused kernel passes the barrier
+    #: itself: it saves the barrier kernel, but each of its programs (one per row up to two per SM)
+    #: waits on its own channel, which costs more than it saves with many programs (two H200s, µs in
+    #: a graph, rows of 4,096 bf16, in the kernel vs PyTorch's barrier kernel before it: 1 row 6.05
+    #: vs 6.90, 64 rows 8.02 vs 8.67, 128 rows 9.84 vs 10.29, 256 rows 14.36 vs 13.62)
+    NORM_BARRIER_MAX_ROWS = 128
 
     def __init__(
         self,
@@ -231,7 +231,7 @@ class SymmMemAllReduce:
                 self.norm_halves.append((buf, handle, ptrs, signals))
         self._turn = 0
         # the ``symm_mem_norm_barrier`` fast path: add_rms_norm's kernel passes the barrier itself
-        # (up to NORM_BARRIER_MAX_BYTES), a program per channel of the signal pads (int32 flags,
+        # (up to NORM_BARRIER_MAX_ROWS), a program per channel of the signal pads (int32 flags,
         # ``world`` per channel), at most two per SM so that every program is resident and a peer's
         # program it waits for runs
         self.norm_barrier = norm_barrier
@@ -305,7 +305,7 @@ class SymmMemAllReduce:
         if x.data_ptr() != shared.data_ptr():  # else the GEMM wrote it there (norm_input)
             shared.copy_(x.view(-1))
         rows = x.shape[0]
-        barrier = self.norm_barrier and x.numel() * x.element_size() <= self.NORM_BARRIER_MAX_BYTES
+        barrier = self.norm_barrier and rows <= self.NORM_BARRIER_MAX_ROWS
         if barrier:
             programs = min(rows, self.norm_programs)  # the kernel's programs wait for every rank's
         else:

@@ -362,9 +362,9 @@ def test_tp2_on_cuda_fused_all_reduce_norm_is_bitwise_the_unfused_path(tmp_path)
     """bf16, TP = 2 on two GPUs: the all-reduce fused with the residual add and RMS norm
     (``symm_mem_norm``, taken by the 531-token prefill step inside its piecewise graph and by the
     decode steps' graphs) gives the same tokens and the same logprobs, to the bit, as the
-    all-reduce followed by the norm. (The decode steps' sums are under
-    ``SymmMemAllReduce.NORM_BARRIER_MAX_BYTES``: their kernel passes the barrier itself; the
-    prefill step's 1.1 MB sums wait behind PyTorch's barrier kernel.)"""
+    all-reduce followed by the norm. (The decode steps' sums are within
+    ``SymmMemAllReduce.NORM_BARRIER_MAX_ROWS``: their kernel passes the barrier itself; the
+    prefill step's 531-row sums wait behind PyTorch's barrier kernel.)"""
     model_dir = _cuda_model(tmp_path, "bfloat16")
     kwargs = {"dtype": "bfloat16", "attn": "fi"}
     on = _spawn_ranks(_rank_cuda, 2, model_dir, {"MINISGL_SYMM_MEM_NORM": "1"}, kwargs)

@@ -222,14 +222,14 @@ def rank_main(rank: int, world: int, port: int, out_path: str | None) -> None:
             saved_min = fast.NORM_MIN_BYTES
             fast.NORM_MIN_BYTES = 1 << 40 if label == "all_reduce_then_norm" else 0
             fast.norm_barrier = label == "fused_in_kernel_barrier"
-            saved_max = fast.NORM_BARRIER_MAX_BYTES
-            fast.NORM_BARRIER_MAX_BYTES = 1 << 40  # (every size, to place the threshold)
+            saved_max = fast.NORM_BARRIER_MAX_ROWS
+            fast.NORM_BARRIER_MAX_ROWS = 1 << 30  # (every size, to place the threshold)
             for bs in (1, 32, 64, 96, 128, 256, 512):
                 x, residual = data((bs, HIDDEN), 800), data((bs, HIDDEN), 801)
                 us = graph_us(lambda x=x, residual=residual: norm(x, residual, partial_of=parallel))
                 report.setdefault("graph_us_per_sum_add_norm", {}).setdefault(label, {})[bs] = us
             fast.NORM_MIN_BYTES = saved_min
-            fast.NORM_BARRIER_MAX_BYTES = saved_max
+            fast.NORM_BARRIER_MAX_ROWS = saved_max
     # Latency inside a graph: 64 all-reduces in a row, like one decode step of Llama-3.1-8B.
     wide = getattr(fast, "wide", False)
     for label, use_fast in (("nccl", False), ("symm_mem_one_shot", True), ("symm_mem", True)):
