@@ -317,6 +317,7 @@ class SymmMemAllReduce:
         sum_add_rms_norm_kernel[(programs,)](
             ptrs, signals, self.handle.rank, residual, weight, float(eps), out, total, rows, programs, n,
             WORLD=self.world, BLOCK=block, BARRIER=barrier, num_warps=min(16, max(1, block // 256)),
+            **triton_ops.pdl_options(x.device),
         )  # fmt: skip
         return out, total
 

@@ -24,6 +24,8 @@ DOCUMENTED: dict[str, str] = {
     "MINISGL_SYMM_MEM_NORM": "0 turns off its sum fused with the residual add and RMS norm after it (--disable-fast-path symm_mem_norm)",
     "MINISGL_SYMM_MEM_NORM_BARRIER": "0 makes that fused kernel wait behind PyTorch's barrier kernel instead of "
     "passing the barrier itself (--disable-fast-path symm_mem_norm_barrier)",
+    "MINISGL_PDL": "1 launches the hand-written Triton kernels with programmatic dependent launch (Hopper+; "
+    "experimental, off by default: not measured yet)",
     "MINISGL_VOCAB_PARALLEL_SAMPLING": "0 gathers every rank's logits before sampling under TP "
     "(--disable-fast-path vocab_parallel_sampling)",
     "MINISGL_STEP_TRACE": "FILE: the default of --step-trace (EngineConfig.step_trace), one JSON line per step",

@@ -128,3 +128,48 @@ def test_kv_indices_kernel_compiles(target, page):
     signature = {"page_table": "*i32", "table_stride": "i32", "req_slots": "*i32", "kv_indptr": "*i32",
                  "kv_indices": "*i32"}  # fmt: skip
     compiles(kv_indices_kernel, signature, {"PAGE": page, "BLOCK": _BLOCK}, target)
+
+
+def _ptx(kernel, signature: dict[str, str], constants: dict[str, object], options: dict) -> str:
+    signature = {**signature, **dict.fromkeys(constants, "constexpr")}
+    compiled = triton_compile(
+        ASTSource(kernel, signature, constexprs=constants), target=TARGETS[0], options=options
+    )
+    return compiled.asm["ptx"]
+
+
+def test_pdl_variants_wait_for_the_kernel_before():
+    """``MINISGL_PDL=1`` (``triton_ops.pdl_options``): every kernel launched with programmatic
+    dependent launch compiles for sm_90 with ``griddepcontrol.wait`` (the wait for the kernel before
+    it, without which it could read that kernel's output too early), and without the option none
+    has it."""
+    from minisgl_core.layers._triton_collectives import sum_add_rms_norm_kernel
+    from minisgl_core.layers._triton_kernels import rms_norm_kernel, rope_store_kernel, silu_mul_kernel
+
+    t = "*bf16"
+    kernels = [
+        (silu_mul_kernel, {"gate_up": t, "row_stride": "i64", "out": t, "inter": "i32"}, {"BLOCK": 1024}),
+        (rms_norm_kernel, {"x": t, "x_stride": "i64", "residual": t, "residual_stride": "i64", "weight": t,
+                           "eps": "fp32", "out": t, "total": t, "n": "i32"}, {"BLOCK": 4096, "ADD": True}),
+        (rope_store_kernel, {"qkv": t, "qkv_token_stride": "i64", "positions": "*i64", "inv_freq": "*fp32",
+                             "q_weight": t, "k_weight": t, "eps": "fp32", "q_out": t, "k_pool": t, "v_pool": t,
+                             "loc": "*i64"},
+         {"NUM_Q": 32, "NUM_KV": 8, "HALF": 64, "BLOCK": 64, "BLOCK_Q": 32, "BLOCK_KV": 8, "NORM": False}),
+        (sum_add_rms_norm_kernel, {"buffer_ptrs": "*i64", "signal_ptrs": "*i64", "rank": "i32", "residual": t,
+                                   "weight": t, "eps": "fp32", "out": t, "total": t, "rows": "i32",
+                                   "programs": "i32", "n": "i32"},
+         {"WORLD": 2, "BLOCK": 4096, "BARRIER": True}),
+    ]  # fmt: skip
+    for kernel, signature, constants in kernels:
+        ptx = _ptx(kernel, signature, {**constants, "PDL": True}, {"launch_pdl": True})
+        assert "griddepcontrol.wait" in ptx, kernel.fn.__name__
+        assert "griddepcontrol.wait" not in _ptx(kernel, signature, constants, {}), kernel.fn.__name__
+
+
+def test_pdl_is_off_unless_asked_and_on_cuda(monkeypatch):
+    from minisgl_core.layers import triton_ops
+
+    monkeypatch.delenv("MINISGL_PDL", raising=False)
+    assert triton_ops.pdl_options(__import__("torch").device("cpu")) == {}
+    monkeypatch.setenv("MINISGL_PDL", "1")
+    assert triton_ops.pdl_options(__import__("torch").device("cpu")) == {}  # only CUDA launches with it

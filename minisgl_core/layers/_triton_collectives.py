@@ -4,6 +4,11 @@ imports Triton, which CPU installs may lack). See :class:`minisgl_core.distribut
 import triton
 import triton.language as tl
 
+try:  # programmatic dependent launch (see minisgl_core.layers._triton_kernels)
+    from triton.language.extra.cuda import gdc_wait
+except ImportError:
+    gdc_wait = None
+
 
 @triton.jit
 def sum_peer_buffers_kernel(
@@ -61,6 +66,7 @@ def sum_add_rms_norm_kernel(
     WORLD: tl.constexpr,
     BLOCK: tl.constexpr,
     BARRIER: tl.constexpr,
+    PDL: tl.constexpr = False,  # launched with programmatic dependent launch: wait for the GEMM first
 ):
     # rows pid, pid + programs, ...: the all-reduce of sum_peer_buffers_kernel (float32 in rank
     # order, then rounded to the model dtype), then rms_norm_kernel's residual add and norm, bit for
@@ -68,6 +74,8 @@ def sum_add_rms_norm_kernel(
     # program id), which saves the barrier kernel before this one: every rank's partial sum was
     # written by a kernel that finished before its program raised the flag.
     pid = tl.program_id(0)
+    if PDL:
+        gdc_wait()  # (before the flag: it says this rank's partial sum is written)
     if BARRIER:
         _signal_and_wait(signal_ptrs, rank, pid, WORLD)
     cols = tl.arange(0, BLOCK)

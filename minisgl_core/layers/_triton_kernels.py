@@ -5,6 +5,11 @@ which CPU installs may lack)."""
 import triton
 import triton.language as tl
 
+try:  # programmatic dependent launch (Hopper on): the kernels wait for the kernel before them
+    from triton.language.extra.cuda import gdc_wait
+except ImportError:  # an older Triton: PDL stays off (minisgl_core.layers.triton_ops.pdl_enabled)
+    gdc_wait = None
+
 
 @triton.jit
 def _norm_rope(x1, x2, weight, cos, sin, eps, d, mask, HALF: tl.constexpr, NORM: tl.constexpr):
@@ -41,8 +46,11 @@ def rope_store_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_KV: tl.constexpr,
     NORM: tl.constexpr,
+    PDL: tl.constexpr = False,  # launched with programmatic dependent launch: wait for the GEMM first
 ):
     # program (token, part): part 0 the q heads, 1 the k heads, 2 the v heads
+    if PDL:
+        gdc_wait()
     token = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
     d = tl.arange(0, BLOCK)
@@ -90,8 +98,11 @@ def rope_store_kernel(
 
 
 @triton.jit
-def silu_mul_kernel(gate_up, row_stride, out, inter, BLOCK: tl.constexpr):
-    """``out[row] = silu(gate) * up`` with ``gate_up[row] = [gate | up]``; in float32, rounded once."""
+def silu_mul_kernel(gate_up, row_stride, out, inter, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    """``out[row] = silu(gate) * up`` with ``gate_up[row] = [gate | up]``; in float32, rounded once.
+    (``PDL``: launched with programmatic dependent launch, it first waits for the kernel before it.)"""
+    if PDL:
+        gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter
@@ -115,10 +126,14 @@ def rms_norm_kernel(
     n,
     BLOCK: tl.constexpr,
     ADD: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """One row per program, Hugging Face's arithmetic: the residual sum rounded to the model dtype,
     the mean of squares and ``rsqrt`` in float32, the normalized row rounded, then times the weight
-    and rounded again."""
+    and rounded again. (``PDL``: launched with programmatic dependent launch, it first waits for
+    the kernel before it.)"""
+    if PDL:
+        gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n

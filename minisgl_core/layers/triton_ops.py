@@ -63,6 +63,30 @@ def triton_enabled(device: torch.device, flag: str) -> bool:
     return triton_available()
 
 
+def pdl_enabled(device: torch.device) -> bool:
+    """Whether the hand-written Triton kernels are launched with programmatic dependent launch
+    (``MINISGL_PDL=1``; experimental, off by default until measured): each starts launching while
+    the kernel before it finishes and waits for it in its first instruction (``gdc_wait``), which
+    hides part of the gap between kernels in a CUDA graph. Only on CUDA devices of compute
+    capability 9.0 or newer, with a Triton that has ``gdc_wait``."""
+    if device.type != "cuda" or environment.get("MINISGL_PDL", "0") != "1":
+        return False
+    return _pdl_supported(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _pdl_supported(index: int) -> bool:
+    if torch.cuda.get_device_capability(index) < (9, 0) or not triton_available():
+        return False
+    return _kernels().gdc_wait is not None
+
+
+def pdl_options(device: torch.device) -> dict:
+    """The launch arguments of a kernel with a ``PDL`` parameter: ``{"PDL": True, "launch_pdl":
+    True}`` when :func:`pdl_enabled`, else none (the kernels' default: no wait, a plain launch)."""
+    return {"PDL": True, "launch_pdl": True} if pdl_enabled(device) else {}
+
+
 def norm_enabled(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether :func:`rms_norm` serves this norm (``MINISGL_TRITON_NORM=0`` turns it off; the same
     device rules as :func:`fused_kv_enabled`): rows of at most :data:`_NORM_MAX` elements with unit
@@ -120,6 +144,7 @@ def rms_norm(
             BLOCK=block,
             ADD=residual is not None,
             num_warps=min(16, max(1, block // 256)),
+            **pdl_options(x.device),
         )
     return out if total is None else (out, total)
 
@@ -148,7 +173,13 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if tokens:
         grid = (tokens, -(-inter // _SILU_BLOCK))
         _kernels().silu_mul_kernel[grid](
-            gate_up, gate_up.stride(0), out, inter, BLOCK=_SILU_BLOCK, num_warps=4
+            gate_up,
+            gate_up.stride(0),
+            out,
+            inter,
+            BLOCK=_SILU_BLOCK,
+            num_warps=4,
+            **pdl_options(gate_up.device),
         )
     return out
 
@@ -212,5 +243,6 @@ def rope_store_kv(
         BLOCK_KV=_pow2(num_kv_heads),
         NORM=norm,
         num_warps=4,
+        **pdl_options(qkv.device),
     )
     return q

@@ -34,6 +34,13 @@ import torch
 import triton
 import triton.language as tl
 
+from minisgl_core.layers import triton_ops
+
+try:  # programmatic dependent launch (minisgl_core.layers.triton_ops.pdl_enabled)
+    from triton.language.extra.cuda import gdc_wait
+except ImportError:
+    gdc_wait = None
+
 #: most tokens the GEMV takes; from 2 on the FP8 tensor-core GEMM (``torch._scaled_mm``) runs
 GEMV_MAX_M = 1
 FP8_MAX: tl.constexpr = tl.constexpr(448.0)
@@ -110,6 +117,7 @@ def fp8_gemv_kernel(
     BLOCK_K: tl.constexpr,
     TILES: tl.constexpr,  # BLOCK_N-row tiles per program: the scale's pass once for all of them
     PREFETCH: tl.constexpr,  # load the first weight block before the scale's pass
+    PDL: tl.constexpr = False,  # launched with programmatic dependent launch
 ):
     split = tl.program_id(1)
     cols = split * K_PER_SPLIT + tl.arange(0, BLOCK_K)
@@ -119,6 +127,8 @@ def fp8_gemv_kernel(
     w_first = w + first_rows[:, None].to(tl.int64) * K + cols[None, :]
     if PREFETCH:  # the first weight block in flight while the scale's pass runs
         wk_first = tl.load(w_first, mask=first_ok, other=0.0)
+    if PDL:  # (the weights are not the kernel before's output: their first block may load before)
+        gdc_wait()
     # over the whole row: every split reads it, the scale must not depend on the split
     x_scale, x_inverse = _row_scale(x, K, K_ROW, SCALE_BLOCK)
     # x as one [1, BLOCK_K] row: the weight tile's layout, no shuffle through shared memory
@@ -176,10 +186,13 @@ def quantize_rows_kernel(
     K,
     K_ROW: tl.constexpr,  # K rounded up to a multiple of BLOCK (a constant: the interpreter wants one)
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,  # launched with programmatic dependent launch
 ):
     """Row ``program_id`` of ``x`` as ``quantize_rows`` quantizes it, in the GEMV's arithmetic:
     the scale ``max(amax * (1 / 448), 1e-12)``, its IEEE reciprocal, each element times it,
     clamped, rounded to e4m3 (exact in the float8 store), in two passes over the row."""
+    if PDL:
+        gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     x = x + row * x_row_stride
     scale, inverse = _row_scale(x, K, K_ROW, BLOCK)
@@ -205,13 +218,27 @@ def quantize_rows_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if m:
         block = min(triton.next_power_of_2(k), _QUANTIZE_BLOCK)
         k_row = triton.cdiv(k, block) * block
-        quantize_rows_kernel[(m,)](x, x.stride(0), q, scales, k, K_ROW=k_row, BLOCK=block, num_warps=4)
+        quantize_rows_kernel[(m,)](
+            x,
+            x.stride(0),
+            q,
+            scales,
+            k,
+            K_ROW=k_row,
+            BLOCK=block,
+            num_warps=4,
+            **triton_ops.pdl_options(x.device),
+        )
     return q, scales
 
 
 @triton.jit
-def sum_splits_kernel(partials, out, size, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+def sum_splits_kernel(
+    partials, out, size, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False
+):
     """``out = partials.sum(0)`` over ``[SPLIT_K, size]`` float32, in split order, rounded once."""
+    if PDL:
+        gdc_wait()
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = i < size
     total = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -243,6 +270,7 @@ def fp8_gemv(
     k_per_split = triton.cdiv(triton.cdiv(k, config.split_k), config.block_k) * config.block_k
     scale_block = min(triton.next_power_of_2(k), _SCALE_BLOCK_MAX)
     out = torch.empty(n, device=x.device, dtype=x.dtype)
+    pdl = triton_ops.pdl_options(x.device)
     target = (
         out if config.split_k == 1 else torch.empty(config.split_k, n, device=x.device, dtype=torch.float32)
     )
@@ -250,10 +278,10 @@ def fp8_gemv(
         x, weight, weight_scale, target, n, k,
         K_PER_SPLIT=k_per_split, K_ROW=triton.cdiv(k, scale_block) * scale_block, SCALE_BLOCK=scale_block,
         BLOCK_N=config.block_n, BLOCK_K=config.block_k, TILES=config.tiles, PREFETCH=config.prefetch,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        num_warps=config.num_warps, num_stages=config.num_stages, **pdl,
     )  # fmt: skip
     if config.split_k > 1:
         sum_splits_kernel[(triton.cdiv(n, _SUM_BLOCK),)](
-            target, out, n, SPLIT_K=config.split_k, BLOCK=_SUM_BLOCK
+            target, out, n, SPLIT_K=config.split_k, BLOCK=_SUM_BLOCK, **pdl
         )
     return out.view(1, n)

@@ -69,8 +69,8 @@ def test_split_k_only_when_the_rows_alone_leave_the_gpu_idle():
     assert pick_config(64, 1024).block_k == 512 and pick_config(64, 8192).block_k == 1024
 
 
-@pytest.mark.parametrize("tiles, prefetch", [(None, False), (4, True)])
-def test_gemv_compiles_for_sm90(tiles, prefetch):
+@pytest.mark.parametrize("tiles, prefetch, pdl", [(None, False, False), (4, True, True)])
+def test_gemv_compiles_for_sm90(tiles, prefetch, pdl):
     from minisgl_plugin_fp8.gemv import fp8_gemv_kernel, pick_config
     from triton import compile as triton_compile
     from triton.backends.compiler import GPUTarget
@@ -80,14 +80,16 @@ def test_gemv_compiles_for_sm90(tiles, prefetch):
     signature = {"x": "*bf16", "w": "*fp8e4nv", "w_scale": "*fp32", "out": "*bf16", "N": "i32", "K": "i32"}
     constants = {"K_PER_SPLIT": 4096 // config.split_k, "K_ROW": 4096, "SCALE_BLOCK": 4096,
                  "BLOCK_N": config.block_n, "BLOCK_K": config.block_k,
-                 "TILES": tiles or config.tiles, "PREFETCH": prefetch}  # fmt: skip
+                 "TILES": tiles or config.tiles, "PREFETCH": prefetch, "PDL": pdl}  # fmt: skip
     signature.update(dict.fromkeys(constants, "constexpr"))
     compiled = triton_compile(
         ASTSource(fp8_gemv_kernel, signature, constexprs=constants),
         target=GPUTarget("cuda", 90, 32),
-        options={"num_warps": config.num_warps, "num_stages": config.num_stages},
+        options={"num_warps": config.num_warps, "num_stages": config.num_stages, "launch_pdl": pdl},
     )
     ptx = compiled.asm["ptx"]
+    # launched with programmatic dependent launch (MINISGL_PDL=1) it waits for the kernel before it
+    assert ("griddepcontrol.wait" in ptx) == pdl
     assert "cvt.rn.f16x2.e4m3x2" in ptx  # the weight is read as fp8 and widened in registers
     assert "mma" not in ptx  # CUDA cores
 
