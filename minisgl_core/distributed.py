@@ -273,16 +273,19 @@ class SymmMemAllReduce:
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """``(weight * norm(sum + residual), sum + residual)`` where ``sum`` is ``x`` all-reduced:
         bitwise :meth:`__call__` then ``minisgl_core.layers.triton_ops.rms_norm`` with the
-        residual, in three kernels (copy into a shared buffer, barrier, one Triton kernel that sums
-        every rank's row and adds and normalizes it) where those are two (one-shot, norm) or five
-        (the wide path's four, norm), and one pass over the row fewer. None when it does not apply
-        (off, under :attr:`NORM_MIN_BYTES`, too big, not bf16/fp16, not contiguous): the caller
-        all-reduces and normalizes as usual.
+        residual, in at most three kernels (copy into a shared buffer unless the GEMM wrote there,
+        barrier, one Triton kernel that sums every rank's row and adds and normalizes it; up to
+        :attr:`NORM_BARRIER_MAX_ROWS` that kernel's programs pass the barrier themselves) where
+        those are two (one-shot, norm) or five (the wide path's four, norm), and one pass over the
+        row fewer. None when it does not apply (off, under :attr:`NORM_MIN_BYTES`, too big, not
+        bf16/fp16, not contiguous): the caller all-reduces and normalizes as usual.
 
         No barrier after the kernel: the two buffers take turns. Before a rank writes a buffer
         again it has passed the other buffer's barrier, which every peer reaches only after its
-        kernel on this buffer, i.e. after it finished reading it. (Every other collective in
-        between, on the one-shot buffer or NCCL, only adds ordering.)"""
+        kernel on this buffer, i.e. after it finished reading it (with the barrier in the kernel:
+        a peer's program raises its flag only once that peer's previous kernel, the one reading
+        this buffer, has finished). (Every other collective in between, on the one-shot buffer or
+        NCCL, only adds ordering.)"""
         from minisgl_core.layers import triton_ops
 
         n = x.shape[-1]
