@@ -16,6 +16,8 @@
 # "norm2": the same tests and check, then TP=2, TP=1, TP=2. "quick": the tests, TP=2, TP=1.
 # "prof": the tests, the check, a TP=2 profile (tools/device_tp_profile.py, windows 100 450 850:
 # $OUT/profile-tp2.{json,txt}), then TP=2, TP=1.
+# "pdl": the two-GPU engine tests with MINISGL_PDL=1 (programmatic dependent launch), then TP=2 and
+# TP=1 with MINISGL_PDL=0 and =1 alternating.
 # "barrier": the check (no tests), then TP=2, TP=2 with MINISGL_SYMM_MEM_NORM_BARRIER=0 (the fused
 # kernel behind PyTorch's barrier kernel), TP=1, TP=2, TP=2 with it =0.
 # Results: $OUT/allreduce.json, $OUT/bench.jsonl, $OUT/logs.tgz.
@@ -28,6 +30,10 @@ if [[ $what == pages ]]; then
   python3 -m minisgl_core bench make-model --shape qwen3-0.6b --out $m/qwen3-0.6b --device cuda >/dev/null
   timeout 200 python3 -m minisgl_core bench offline --model $m/qwen3-0.6b --attn fi --tp 2 --label "warm-up (discarded)" \
     2>$logs/warm-up.log | tail -n 1 | cut -c1-200
+fi
+if [[ $what == pdl ]]; then
+  MINISGL_PDL=1 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_tensor_parallel.py -k cuda > "$out/pytest-tp.log" 2>&1
+  tail -n 3 "$out/pytest-tp.log"
 fi
 if [[ $what == norm || $what == norm2 || $what == quick || $what == prof ]]; then
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_tensor_parallel.py -k cuda > "$out/pytest-tp.log" 2>&1
@@ -69,6 +75,10 @@ elif [[ $what == norm2 ]]; then
   tp2; tp1; tp2
 elif [[ $what == quick ]]; then
   tp2; tp1
+elif [[ $what == pdl ]]; then
+  tp2_pdl() { ( export MINISGL_PDL=$1; bench --tp 2 --label "llama-3.1-8b-tp2 MINISGL_PDL=$1" 2>>$logs/tp2.log ); }
+  tp1_pdl() { ( export MINISGL_PDL=$1; tp1 --label "llama-3.1-8b-tp1 MINISGL_PDL=$1" ); }
+  tp2_pdl 0; tp2_pdl 1; tp1_pdl 0; tp1_pdl 1; tp2_pdl 0; tp2_pdl 1
 elif [[ $what == barrier ]]; then
   tp2; tp2_without MINISGL_SYMM_MEM_NORM_BARRIER; tp1; tp2; tp2_without MINISGL_SYMM_MEM_NORM_BARRIER
 elif [[ $what == prof ]]; then
