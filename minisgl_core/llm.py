@@ -37,6 +37,8 @@ class RequestOutput:
     logprobs: list[TokenLogprob] | None = None
     #: why the request failed (finish_reason "error"), e.g. its grammar rejected a token
     error: str | None = None
+    #: with SamplingParams.prompt_logprobs: one entry per prompt token, None for the first
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 class LLM:
@@ -154,6 +156,8 @@ class LLM:
         while pending:
             for out in self.engine.step():
                 result = outputs[out.rid]
+                if out.prompt_logprobs is not None:
+                    result.prompt_logprobs = list(out.prompt_logprobs)
                 if out.token_id >= 0:
                     result.token_ids.append(out.token_id)
                     if out.logprob is not None and result.logprobs is not None:

@@ -117,6 +117,9 @@ class StepOutputs(Message):
     errors: list[str | None] = field(default_factory=list)
     #: Engine.stats(), sent now and then
     stats: dict[str, int] | None = None
+    #: with prompt_logprobs, on a request's first output: one wire logprob per prompt token (None
+    #: for the first), else None
+    prompt_logprobs: list[list[WireLogprob | None] | None] = field(default_factory=list)
     #: [rid, stop strings, skip_special_tokens, include_stop_str_in_output, min_tokens] of each
     #: request the scheduler received this step: how the detokenizer turns its tokens into text
     #: (sent no later than its first token)
@@ -140,6 +143,7 @@ class StepOutputs(Message):
         matched_stop: str | int | None = None,
         logprob: WireLogprob | None = None,
         error: str | None = None,
+        prompt_logprobs: list[WireLogprob | None] | None = None,
     ) -> None:
         self.rids.append(rid)
         self.token_ids.append(token_id)
@@ -147,6 +151,7 @@ class StepOutputs(Message):
         self.matched_stops.append(matched_stop)
         self.logprobs.append(logprob)
         self.errors.append(error)
+        self.prompt_logprobs.append(prompt_logprobs)
 
     def __len__(self) -> int:
         return len(self.rids)
@@ -166,6 +171,9 @@ class DetokOutputs(Message):
     logprobs: list[list[Any] | None] = field(default_factory=list)
     errors: list[str | None] = field(default_factory=list)
     stats: dict[str, int] | None = None
+    #: with prompt_logprobs, on a request's first output: the prompt tokens' logprobs as
+    #: ``logprobs`` writes them (None for the first token), else None
+    prompt_logprobs: list[list[list[Any] | None] | None] = field(default_factory=list)
 
 
 @dataclass

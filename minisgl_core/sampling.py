@@ -52,6 +52,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     #: None: no logprobs; 0: the sampled token's logprob; k > 0: also the k most likely tokens
     logprobs: int | None = None
+    #: vLLM's: the same for every prompt token after the first (its logprob given the tokens before
+    #: it, and the k most likely there); the prompt is then computed whole, without the prefix cache
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     #: the stop string that ended the request stays at the end of the text (vLLM's name)
     include_stop_str_in_output: bool = False
@@ -92,7 +95,7 @@ class SamplingParams:
 
         Integer ranges: ``max_tokens`` in [1, 2**63-1] or None, ``top_k`` in [-1, 2**63-1] (above
         the vocabulary size it keeps every token), ``seed`` in [-2**63, 2**63-1] (OpenAI's int64),
-        ``logprobs`` in [0, 20], ``stop_token_ids`` in [0, 2**63-1] (admission also checks them
+        ``logprobs`` and ``prompt_logprobs`` in [0, 20], ``stop_token_ids`` in [0, 2**63-1] (admission also checks them
         against the vocabulary)."""
 
         def bad(name: str, why: str) -> None:
@@ -126,6 +129,8 @@ class SamplingParams:
             integer("seed", INT64_MIN, INT64_MAX)
         if self.logprobs is not None:
             integer("logprobs", 0, self.MAX_TOP_LOGPROBS)
+        if self.prompt_logprobs is not None:
+            integer("prompt_logprobs", 0, self.MAX_TOP_LOGPROBS)
         integer("min_tokens", 0, INT64_MAX)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             bad("min_tokens", f"must be at most max_tokens ({self.max_tokens})")
@@ -263,3 +268,6 @@ class StepOutput(NamedTuple):
     logprob: TokenLogprob | None = None
     #: why the request failed (finish_reason "error"), e.g. its grammar rejected a sampled token
     error: str | None = None
+    #: with ``prompt_logprobs``, on the request's first output: one per prompt token, None for the
+    #: first (nothing precedes it)
+    prompt_logprobs: list[TokenLogprob | None] | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 
 import pytest
@@ -34,11 +35,15 @@ def _rank(rank: int, world: int, port: int, model_dir: str, queue) -> None:
         engine = Engine(config, parallel)
         params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
         for rid, prompt in enumerate(PROMPTS):
-            engine.add_request(rid, prompt, params)
+            # the first also scores its prompt (prompt_logprobs: the whole vocabulary's logits)
+            engine.add_request(rid, prompt, params if rid else dataclasses.replace(params, prompt_logprobs=2))
         tokens: dict[int, list[int]] = {rid: [] for rid in range(len(PROMPTS))}
+        prompt_logprobs = None
         for out in drain(engine):
             tokens[out.rid].append(out.token_id)
-        queue.put((rank, [tokens[r] for r in range(len(PROMPTS))]))
+            if out.prompt_logprobs is not None:
+                prompt_logprobs = [(lp.logprob, [t for t, _ in lp.top]) for lp in out.prompt_logprobs[1:]]
+        queue.put((rank, ([tokens[r] for r in range(len(PROMPTS))], prompt_logprobs)))
     finally:
         dist.destroy_process_group()
 
@@ -59,7 +64,7 @@ def _spawn_ranks(target, world: int, *args) -> dict:
     return results
 
 
-def _run(world: int, model_dir: str) -> dict[int, list[list[int]]]:
+def _run(world: int, model_dir: str) -> dict[int, tuple[list[list[int]], list | None]]:
     return _spawn_ranks(_rank, world, model_dir)
 
 
@@ -73,10 +78,15 @@ def _run(world: int, model_dir: str) -> dict[int, list[list[int]]]:
 )
 def test_tp2_equals_tp1(tmp_path, arch, overrides):
     model_dir = str(make_model_dir(tmp_path / "m", arch, **overrides))
-    one = _run(1, model_dir)[0]
+    one, one_prompt = _run(1, model_dir)[0]
     two = _run(2, model_dir)
-    assert two[0] == one and two[1] == one
+    assert two[0][0] == one and two[1][0] == one
     assert len({t for seq in one for t in seq}) > 5
+    # the prompt's logprobs: every rank the same, as TP=1's (float32 sums in another order)
+    assert len(one_prompt) == len(PROMPTS[0]) - 1
+    for rank in (0, 1):
+        for (a, top_a), (b, top_b) in zip(two[rank][1], one_prompt, strict=True):
+            assert abs(a - b) < 1e-4 and top_a == top_b, (rank, a, b, top_a, top_b)
 
 
 def test_offline_tp_runner_reports_a_failing_rank_instead_of_hanging(tmp_path):

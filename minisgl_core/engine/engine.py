@@ -48,7 +48,7 @@ from minisgl_core.runner.sampler import (
     shards_plain,
     to_device,
 )
-from minisgl_core.sampling import SamplingParams, StepOutput
+from minisgl_core.sampling import SamplingParams, StepOutput, TokenLogprob
 from minisgl_core.scheduler.request import Request
 from minisgl_core.scheduler.scheduler import ScheduledBatch, Scheduler
 from minisgl_core.scheduler.speculative import Speculator, VerifyBatch, make_drafter
@@ -341,8 +341,9 @@ class Engine:
         started = time.perf_counter()
         logits = run()
         self._time("forward", started)
+        prompt = self._prompt_logprobs(batch, logits) if batch.prompt_rows else None
         if not batch.sampled:
-            return _InFlight(batch, None, None, None)
+            return _InFlight(batch, None, None, None, prompt=prompt)
         reqs = [batch.requests[i] for i in batch.sampled]
         # what sampling needs, taken now: landing the step in flight may release a row
         samples = [
@@ -353,7 +354,7 @@ class Engine:
             for r in reqs
         ]  # fmt: skip
         launched = _InFlight(
-            batch, None, None, None, logits=logits, sampling=([r.row for r in reqs], samples)
+            batch, None, None, None, logits=logits, sampling=([r.row for r in reqs], samples), prompt=prompt
         )
         if any(r.matcher is not None for r in reqs):
             # The device runs the forward just launched while the host brings the matchers up to
@@ -385,11 +386,12 @@ class Engine:
             self._time("mask_wait", started)
             if pending.fill_seconds is not None:
                 self._time("mask_fill", 0.0, pending.fill_seconds)
-        rows = (
-            logits
-            if len(batch.sampled) == len(batch.requests)
-            else logits[to_device(batch.sampled, logits.device)]
-        )
+        if batch.logit_rows is not None:
+            rows = logits[to_device([batch.logit_rows[i] for i in batch.sampled], logits.device)]
+        elif len(batch.sampled) == len(batch.requests):
+            rows = logits
+        else:
+            rows = logits[to_device(batch.sampled, logits.device)]
         started = time.perf_counter()
         shard = self.runner.logit_shard
         if shard is not None and grammar_mask is None and shards_plain(samples):
@@ -415,8 +417,49 @@ class Engine:
         launched.result, launched.host_tokens, launched.done = result, host, done
         self._time("sample", started)
 
+    def _prompt_logprobs(
+        self, batch: ScheduledBatch, logits: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Launch the logprobs of the prompt tokens this step scores (``batch.prompt_rows``): for
+        each row the next prompt token's logprob and the top k (the most any of its requests
+        asks for), float32 over the whole vocabulary, as the sampler's logprobs."""
+        rows: list[int] = []
+        targets: list[int] = []
+        k = 0
+        for i, first, count, position in batch.prompt_rows:
+            req = batch.requests[i]
+            rows.extend(range(first, first + count))
+            targets.extend(req.prompt_ids[position + 1 : position + 1 + count])
+            k = max(k, req.params.prompt_logprobs or 0)
+        full = self.runner.full_logits(logits[to_device(rows, logits.device)])
+        logprobs = torch.log_softmax(full.float(), dim=-1)
+        chosen = logprobs.gather(1, to_device(targets, logprobs.device)[:, None]).squeeze(1)
+        if k:
+            top_values, top_ids = logprobs.topk(k, dim=-1)
+            return chosen, top_values, top_ids
+        return chosen, chosen, None
+
+    def _land_prompt_logprobs(self, inflight: _InFlight) -> None:
+        """Append a landed step's prompt logprobs to its requests (before their outputs are made)."""
+        if inflight.prompt is None:
+            return
+        chosen, top_values, top_ids = (t.tolist() if t is not None else None for t in inflight.prompt)
+        inflight.prompt = None
+        row = 0
+        for i, _, count, position in inflight.batch.prompt_rows:
+            req = inflight.batch.requests[i]
+            k = req.params.prompt_logprobs or 0
+            assert req.prompt_logprobs is not None and len(req.prompt_logprobs) == position + 1
+            for j in range(row, row + count):
+                top = list(zip(top_ids[j][:k], top_values[j][:k])) if k and top_ids is not None else []
+                req.prompt_logprobs.append(
+                    TokenLogprob(req.prompt_ids[len(req.prompt_logprobs)], chosen[j], top)
+                )
+            row += count
+
     def _complete(self, inflight: _InFlight) -> list[StepOutput]:
         self._sample(inflight)
+        self._land_prompt_logprobs(inflight)
         if inflight.result is None:
             return self.scheduler.process(inflight.batch, [], [])
         self._advance_grammars(inflight)
@@ -466,6 +509,8 @@ class _InFlight:
     grammar_mask: PendingMask | None = None
     #: the sampled requests' rows and what their sampling reads, taken at launch
     sampling: tuple[list[int], list[SampleRequest]] | None = None
+    #: the step's prompt logprobs on the device (Engine._prompt_logprobs), until it lands
+    prompt: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
     _tokens: list[int] | None = None
 
     def token_list(self) -> list[int]:

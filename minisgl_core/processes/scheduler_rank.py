@@ -38,7 +38,7 @@ from minisgl_core.messages import (
 from minisgl_core.plugins import Plugins
 from minisgl_core.processes.child import ChildSpec, ReportReady
 from minisgl_core.processes.ipc import bind_pull, connect_push, drain, recv, send
-from minisgl_core.sampling import StepOutput
+from minisgl_core.sampling import StepOutput, TokenLogprob
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +56,9 @@ class SchedulerLoop:
         self.tp = tp
         self.last_stats_at = 0.0
         self.last_stats: dict[str, int] | None = None
+        #: the first prompt token of each running request with prompt_logprobs: its wire entry
+        #: (no logprob: nothing precedes it) carries the id, for the token's text
+        self.first_prompt_ids: dict[int, int] = {}
 
     # ------------------------------------------------------------------ every rank
 
@@ -69,6 +72,8 @@ class SchedulerLoop:
                     logger.error("request %d rejected by the engine: %s", msg.rid, exc)
                     out.add(msg.rid, -1, "error", error=str(exc))
                 else:  # the detokenizer learns how to detokenize it before its first token
+                    if msg.params.prompt_logprobs is not None and msg.prompt_ids:
+                        self.first_prompt_ids[msg.rid] = msg.prompt_ids[0]
                     out.open_stream(
                         msg.rid, msg.params.stop, msg.params.skip_special_tokens,
                         msg.params.include_stop_str_in_output, msg.params.min_tokens,
@@ -83,6 +88,15 @@ class SchedulerLoop:
 
     def step(self, out: StepOutputs) -> None:
         for o in self.engine.step():
+            prompt = None
+            if o.prompt_logprobs is not None:
+                first = self.first_prompt_ids.get(o.rid)
+                prompt = [
+                    _wire(lp) if lp is not None else None if first is None else [first, None, []]
+                    for lp in o.prompt_logprobs
+                ]
+            if o.finished or o.prompt_logprobs is not None:
+                self.first_prompt_ids.pop(o.rid, None)
             out.add(
                 o.rid,
                 o.token_id,
@@ -90,6 +104,7 @@ class SchedulerLoop:
                 o.matched_stop,
                 _wire_logprob(o),
                 o.error,
+                prompt,
             )
 
     # ------------------------------------------------------------------ rank 0
@@ -153,9 +168,11 @@ class SchedulerLoop:
 
 
 def _wire_logprob(o: StepOutput) -> list[Any] | None:
-    if o.logprob is None:
-        return None
-    return [o.logprob.token_id, o.logprob.logprob, [list(t) for t in o.logprob.top]]
+    return None if o.logprob is None else _wire(o.logprob)
+
+
+def _wire(lp: TokenLogprob) -> list[Any]:
+    return [lp.token_id, lp.logprob, [list(t) for t in lp.top]]
 
 
 def scheduler_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_ready: ReportReady) -> None:

@@ -128,6 +128,8 @@ class KVManager:
         match = self.match(req)
         self.cache.lock(match.handle)
         prefix_len = self._usable_prefix(len(match.slots), req.fill_len)
+        if req.scores_prompt:  # every prompt position's logits are needed
+            prefix_len = 0
         need = ceil_div(self.expected_final_len(req), self.page_size) - prefix_len // self.page_size
         if need > self.available_pages():
             self.cache.unlock(match.handle)

@@ -49,9 +49,23 @@ class Request:
     #: retraction the prompt plus the output so far (recomputed, mostly from the prefix cache)
     fill_ids: list[int] = field(default_factory=list)
 
+    #: with ``params.prompt_logprobs``: those of the prompt tokens computed so far (the first None),
+    #: and whether they went out with the first output
+    prompt_logprobs: list[Any] | None = None
+    prompt_logprobs_sent: bool = False
+
     def __post_init__(self) -> None:
         if not self.fill_ids:
             self.fill_ids = self.prompt_ids
+        if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:
+            self.prompt_logprobs = [None]
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Whether prompt tokens' logprobs (``params.prompt_logprobs``) are still to compute: then
+        the prompt is prefilled whole, without the prefix cache (a retraction after they were
+        computed reuses it as usual)."""
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < self.prompt_len
 
     @property
     def prompt_len(self) -> int:

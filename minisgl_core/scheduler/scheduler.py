@@ -49,6 +49,12 @@ class ScheduledBatch:
     #: decode rows, gathered on the device when planned); None when it has none. The engine gathers
     #: them again when a sampling it launched after planning wrote newer ones (a constrained step).
     decode_rows: torch.Tensor | None = field(default=None, kw_only=True)
+    #: the logits row of each request's last token when the step computes more rows than one per
+    #: request (prompt logprobs); None: row i is request i's
+    logit_rows: list[int] | None = field(default=None, kw_only=True)
+    #: (request index, first logits row, rows, first position): the rows whose logits score the
+    #: request's prompt tokens at positions + 1 (SamplingParams.prompt_logprobs)
+    prompt_rows: list[tuple[int, int, int, int]] = field(default_factory=list, kw_only=True)
 
     @property
     def kind(self) -> str:
@@ -56,6 +62,11 @@ class ScheduledBatch:
         if not self.forward.is_prefill:
             return "decode"
         return "mixed" if self.decodes else "prefill"
+
+
+#: most prompt tokens a step scores for prompt_logprobs (their chunks are cut to fit): each is a
+#: row of float32 logprobs over the whole vocabulary (512 x 128k: 256 MB)
+PROMPT_LOGPROBS_ROWS = 512
 
 
 class Scheduler:
@@ -183,11 +194,12 @@ class Scheduler:
         seq_lens = [r.num_computed + n for r, n in zip(reqs, chunks)]
         sampled = [i for i, r in enumerate(reqs) if seq_lens[i] == r.fill_len]
         flat_slots = slots[0] if len(slots) == 1 else [s for per_req in slots for s in per_req]
+        rows = _logits_rows(reqs, chunks, seq_lens)
         batch = self._forward_batch(
-            True, reqs, chunks, seq_lens, to_device(input_ids, self.device), positions, flat_slots
+            True, reqs, chunks, seq_lens, to_device(input_ids, self.device), positions, flat_slots, rows[0]
         )
         self._advance_prefill(reqs, seq_lens)
-        return ScheduledBatch(batch, reqs, chunks, sampled)
+        return ScheduledBatch(batch, reqs, chunks, sampled, logit_rows=rows[1], prompt_rows=rows[2])
 
     def _build_mixed(self, plan: PrefillPlan) -> ScheduledBatch | None:
         """One step of every running decode (first, one token each) and the plan's prefill chunks.
@@ -221,11 +233,17 @@ class Scheduler:
         flat_slots = dec_slots + [s for per_req in slots for s in per_req]
         sampled = list(range(len(decodes)))
         sampled += [len(decodes) + i for i, r in enumerate(pre) if r.num_computed + chunks[i] == r.fill_len]
-        batch = self._forward_batch(True, reqs, lens, seq_lens, input_ids, positions, flat_slots)
+        logit_rows = _logits_rows(reqs, lens, seq_lens)
+        batch = self._forward_batch(
+            True, reqs, lens, seq_lens, input_ids, positions, flat_slots, logit_rows[0]
+        )
         for req in decodes:
             req.num_computed += 1
         self._advance_prefill(pre, seq_lens[len(decodes) :])
-        return ScheduledBatch(batch, reqs, lens, sampled, decodes=len(decodes), decode_rows=rows)
+        return ScheduledBatch(
+            batch, reqs, lens, sampled, decodes=len(decodes), decode_rows=rows,
+            logit_rows=logit_rows[1], prompt_rows=logit_rows[2],
+        )  # fmt: skip
 
     def _advance_prefill(self, reqs: list[Request], seq_lens: list[int]) -> None:
         # State advances when the step is planned, so the next step can be planned before this
@@ -244,17 +262,24 @@ class Scheduler:
         reqs: list[Request] = []
         chunks: list[int] = []
         slots: list[list[int]] = []
+        rows_left = PROMPT_LOGPROBS_ROWS
         for rid, n in plan.chunks:
             req = self.waiting.get(rid)
             if req is None or req in reqs or budget <= 0:
                 self._complain(f"prefill plan names {rid!r} which is not waiting, twice, or over budget")
                 continue
+            scored = req.scores_prompt
+            if scored and rows_left <= 0:
+                break  # (arrival order: the rest waits for the next step)
             newly_admitted = not req.admitted
             if newly_admitted:
                 if self.rows.free == 0 or not self.kv.admit(req):
                     break  # keep arrival order: later requests do not overtake one that does not fit
                 req.row = self.rows.alloc()
             n = min(max(int(n), 1), req.fill_len - req.num_computed, budget)
+            if scored:
+                n = min(n, rows_left)
+                rows_left -= n
             req_slots = self.kv.allocate(req, req.num_computed + n)
             if req_slots is None:  # decode growth took the pages: try again after it frees some
                 if newly_admitted:
@@ -324,6 +349,7 @@ class Scheduler:
         input_ids: torch.Tensor,
         positions: list[int],
         flat_slots: list[int],
+        logits_indices: list[int] | None = None,
     ) -> ForwardBatch:
         device = self.device
         rows = [r.row for r in reqs]
@@ -339,7 +365,10 @@ class Scheduler:
         lens = _padded_rows([rows, seq_lens, chunks], torch.int32).to(device, non_blocking=True)[
             :, : len(reqs)
         ]
-        ends = torch.tensor(chunks).cumsum(0) - 1 if is_prefill else torch.arange(len(reqs))
+        if logits_indices is not None:  # more rows than each request's last (prompt logprobs)
+            ends = torch.tensor(logits_indices)
+        else:
+            ends = torch.tensor(chunks).cumsum(0) - 1 if is_prefill else torch.arange(len(reqs))
         return ForwardBatch(
             is_prefill=is_prefill,
             input_ids=input_ids,
@@ -411,8 +440,11 @@ class Scheduler:
                 del self.running[req.rid]
                 self._release(req)
             error = req.grammar_error if reason == "error" else None
+            prompt = None
+            if req.prompt_logprobs is not None and not req.prompt_logprobs_sent:
+                prompt, req.prompt_logprobs_sent = req.prompt_logprobs, True
             outputs.append(
-                StepOutput(req.rid, token, reason is not None, reason, matched, logprobs[j], error)
+                StepOutput(req.rid, token, reason is not None, reason, matched, logprobs[j], error, prompt)
             )
         return outputs
 
@@ -421,6 +453,35 @@ class Scheduler:
         if req.row is not None:
             self.rows.release(req.row)
             req.row = None
+
+
+def _logits_rows(
+    reqs: list[Request], chunks: list[int], seq_lens: list[int]
+) -> tuple[list[int] | None, list[int] | None, list[tuple[int, int, int, int]]]:
+    """For a prefill or mixed step: the token rows whose logits it computes, the logits row of
+    each request's last token, and :attr:`ScheduledBatch.prompt_rows`; ``(None, None, [])`` when
+    no request of the step wants prompt logprobs (each request's last row, as usual).
+
+    A request with ``prompt_logprobs`` gets a row for every position ``p`` of its chunk before its
+    prompt's last (its logits score prompt token ``p + 1``) that is not scored yet (after a
+    retraction the prompt is computed again; its logprobs are not)."""
+    if all(r.prompt_logprobs is None for r in reqs):
+        return None, None, []
+    indices: list[int] = []
+    last_rows: list[int] = []
+    prompt: list[tuple[int, int, int, int]] = []
+    base = 0
+    for i, (req, n, end) in enumerate(zip(reqs, chunks, seq_lens, strict=True)):
+        start = end - n
+        if req.prompt_logprobs is not None:
+            lo, hi = max(start, len(req.prompt_logprobs) - 1), min(end, req.prompt_len - 1)
+            if hi > lo:
+                prompt.append((i, len(indices), hi - lo, lo))
+                indices.extend(range(base + lo - start, base + hi - start))
+        last_rows.append(len(indices))
+        indices.append(base + n - 1)
+        base += n
+    return indices, last_rows, prompt
 
 
 def _padded_rows(rows: list[list[int]], dtype: torch.dtype) -> torch.Tensor:

@@ -63,7 +63,8 @@ def completion_logprobs(items: list[list[Any]], text_offset: int = 0) -> dict[st
     for text, logprob, top, _ in items:
         tokens.append(text)
         token_logprobs.append(logprob)
-        top_logprobs.append({t: lp for t, lp, _ in top})
+        # (an echoed prompt's first token has no logprob, and no top ones: null, as OpenAI's)
+        top_logprobs.append({t: lp for t, lp, _ in top} if logprob is not None else None)
         offsets.append(text_offset)
         text_offset += len(text)
     return {

@@ -7,6 +7,7 @@ the whole answer. Leaving a route for any reason closes the group, which aborts 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 
@@ -133,6 +134,10 @@ def make_router(
     async def completions(body: CompletionRequest, request: Request) -> Response:
         check_model(body)
         params = sampling_params(body.sampling_fields(), {}, model)
+        # echo with logprobs: the prompt's tokens get theirs too (computed whole: no prefix cache)
+        echo_logprobs = body.echo and body.logprobs is not None
+        if echo_logprobs:
+            params = dataclasses.replace(params, prompt_logprobs=body.logprobs)
         try:
             prompts = body.prompts()
         except ValueError as exc:
@@ -184,10 +189,20 @@ def make_router(
                     return
                 completion_tokens += len(delta.token_ids)
                 produced[delta.index] += len(delta.token_ids)
-                if not delta.text and delta.finish_reason is None and not delta.logprobs:
+                if (
+                    not delta.text
+                    and delta.finish_reason is None
+                    and not delta.logprobs
+                    and delta.prompt_logprobs is None
+                ):
                     continue
                 logprobs = None
-                if delta.logprobs:
+                if echo_logprobs and delta.prompt_logprobs is not None:
+                    # the prompt's tokens first (their text went out as the echo), offsets from 0
+                    items = [e for e in delta.prompt_logprobs if e is not None]
+                    logprobs = r.completion_logprobs(items + delta.logprobs, 0)
+                    offsets[delta.index] = sum(len(e[0]) for e in items)
+                elif delta.logprobs:
                     logprobs = r.completion_logprobs(delta.logprobs, offsets[delta.index])
                 offsets[delta.index] += len(delta.text)
                 chunk = r.completion_chunk(
@@ -211,6 +226,8 @@ def make_router(
         def build(choices: list[r.Choice]) -> dict:
             for choice in choices:
                 choice.text = echoes[choice.index] + choice.text
+                if echo_logprobs and choice.prompt_logprobs is not None:
+                    choice.logprobs = [e for e in choice.prompt_logprobs if e is not None] + choice.logprobs
             return r.completion(rid, model.name, choices, group.prompt_tokens, with_logprobs)
 
         return await respond(group, request, body.stream, chunks, build)

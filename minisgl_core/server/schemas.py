@@ -524,8 +524,6 @@ class CompletionRequest(SamplingFields):
                 "suffix is not supported: this server does no fill-in-the-middle; "
                 "put the whole text in prompt instead"
             )
-        if self.echo and self.logprobs is not None:
-            raise ValueError("echo with logprobs is not supported: the prompt's logprobs are not computed")
         return self
 
     def logprobs_k(self) -> int | None:

@@ -57,6 +57,9 @@ class TokenEvent:
     #: [token_text, logprob, [[top_text, top_logprob, top_id], ...], token_id] or None
     logprob: list[Any] | None
     error: str | None
+    #: with prompt_logprobs, on the first event: one entry per prompt token as ``logprob`` (None
+    #: for the first token)
+    prompt_logprobs: list[list[Any] | None] | None = None
 
 
 @dataclass
@@ -72,8 +75,12 @@ class Delta:
     finish_reason: str | None = None
     matched_stop: str | int | None = None
     error: str | None = None
+    #: the prompt tokens' logprobs (prompt_logprobs), from the choice's first event
+    prompt_logprobs: list[list[Any] | None] | None = None
 
     def add(self, ev: TokenEvent) -> None:
+        if ev.prompt_logprobs is not None:
+            self.prompt_logprobs = ev.prompt_logprobs
         self.text += ev.text
         if ev.token_id >= 0:
             self.token_ids.append(ev.token_id)
@@ -84,6 +91,8 @@ class Delta:
 
     def merge(self, later: Delta) -> None:
         """Append what ``later`` (of the same choice) gained."""
+        if self.prompt_logprobs is None:
+            self.prompt_logprobs = later.prompt_logprobs
         self.text += later.text
         self.token_ids += later.token_ids
         self.logprobs += later.logprobs
@@ -384,6 +393,13 @@ class ServerState:
                 m.e2e.observe(now - group.arrival)
             group.queue.put_nowait(
                 TokenEvent(
-                    index, token, out.texts[i], reason, out.matched_stops[i], out.logprobs[i], out.errors[i]
-                )
+                    index,
+                    token,
+                    out.texts[i],
+                    reason,
+                    out.matched_stops[i],
+                    out.logprobs[i],
+                    out.errors[i],
+                    out.prompt_logprobs[i] if i < len(out.prompt_logprobs) else None,
+                )  # fmt: skip
             )

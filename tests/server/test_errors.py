@@ -92,7 +92,6 @@ CASES = [
     (CHAT, {"messages": USER, "model": "gpt-4"}, 404, "model", "does not exist"),
     (COMPLETIONS, {"prompt": []}, 400, "prompt", ""),
     (COMPLETIONS, {"prompt": "hi", "suffix": "end"}, 400, None, "suffix is not supported"),
-    (COMPLETIONS, {"prompt": "hi", "echo": True, "logprobs": 1}, 400, None, "echo with logprobs"),
     (COMPLETIONS, {"prompt": [5, 99999]}, 400, "prompt", "token ids"),
     (COMPLETIONS, {"prompt": LONG}, 400, "prompt", "context length"),
     (COMPLETIONS, {"prompt": "hi", "logprobs": 21}, 400, "logprobs", ""),

@@ -265,6 +265,38 @@ def test_echo(tools_client, llm, model_name, prompt_as_ids):
     assert "".join(c.choices[0].text for c in chunks) == echoed + ref.text
 
 
+@pytest.mark.parametrize("prompt_as_ids", [False, True])
+def test_echo_with_logprobs_scores_the_prompt(tools_client, llm, model_name, prompt_as_ids):
+    """echo + logprobs (what lm-evaluation-harness sends for loglikelihoods): the prompt's tokens
+    come first in the logprobs, the first with none, each other with its logprob given the tokens
+    before it, as the offline engine's prompt_logprobs; then the generated token's. Streamed alike."""
+    ids = llm.tokenizer.encode(PROMPT, add_special_tokens=False)
+    ref = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=1, logprobs=2, prompt_logprobs=2))[0]
+    kwargs = dict(model=model_name, prompt=ids if prompt_as_ids else PROMPT, max_tokens=1, temperature=0,
+                  echo=True, logprobs=2)  # fmt: skip
+    got = tools_client.completions.create(**kwargs).choices[0].logprobs
+    n = len(ids)
+    assert got.tokens == [llm.tokenizer.decode([t]) for t in ids + ref.token_ids]
+    assert got.token_logprobs[0] is None and got.top_logprobs[0] is None
+    expected = [lp.logprob for lp in ref.prompt_logprobs[1:]] + [ref.logprobs[0].logprob]
+    assert len(got.token_logprobs) == n + 1
+    for a, b in zip(got.token_logprobs[1:], expected, strict=True):
+        assert abs(a - b) < 1e-4, (a, b)
+    for top, lp in zip(got.top_logprobs[1:], [*ref.prompt_logprobs[1:], ref.logprobs[0]], strict=True):
+        assert list(top) == [llm.tokenizer.decode([t]) for t, _ in lp.top]
+    assert got.text_offset[0] == 0 and got.text_offset == sorted(got.text_offset)
+    chunks = list(tools_client.completions.create(**kwargs, stream=True))
+    streamed = [
+        lp
+        for c in chunks
+        if c.choices and c.choices[0].logprobs
+        for lp in c.choices[0].logprobs.token_logprobs
+    ]
+    assert streamed[0] is None and len(streamed) == n + 1
+    for a, b in zip(streamed[1:], expected, strict=True):
+        assert abs(a - b) < 1e-4, (a, b)
+
+
 def test_completions_stream_usage(tools_client, llm, model_name):
     chunks = list(
         tools_client.completions.create(
