@@ -27,6 +27,7 @@ NATIVE_NAMES = {
     },
     "max_tokens": "sampling_params.max_new_tokens",
     "logprobs": "top_logprobs_num",
+    "prompt_logprobs": "top_logprobs_num",
 }  # fmt: skip
 
 
@@ -63,13 +64,25 @@ def native_router(state: ServerState) -> APIRouter:
                 if delta.text or delta.finish_reason is not None:
                     yield r.sse(
                         r.generate_result(
-                            rid, choice, group.prompt_tokens, group.arrival, body.return_logprob
-                        )
+                            rid,
+                            choice,
+                            group.prompt_tokens,
+                            group.arrival,
+                            body.return_logprob,
+                            body.logprob_start_len,
+                        )  # fmt: skip
                     )
             yield r.DONE
 
         def build(choices: list[r.Choice]) -> dict:
-            return r.generate_result(rid, choices[0], group.prompt_tokens, group.arrival, body.return_logprob)
+            return r.generate_result(
+                rid,
+                choices[0],
+                group.prompt_tokens,
+                group.arrival,
+                body.return_logprob,
+                body.logprob_start_len,
+            )
 
         return await respond(group, request, body.stream, chunks, build)
 

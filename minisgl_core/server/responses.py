@@ -180,7 +180,12 @@ def usage_chunk(
 
 
 def generate_result(
-    rid: str, choice: Choice, prompt_tokens: int, arrival: float, with_logprobs: bool
+    rid: str,
+    choice: Choice,
+    prompt_tokens: int,
+    arrival: float,
+    with_logprobs: bool,
+    logprob_start_len: int = -1,
 ) -> dict:
     meta: dict[str, Any] = {
         "id": rid,
@@ -197,4 +202,11 @@ def generate_result(
         meta["output_top_logprobs"] = [
             [[lp, tid, t] for t, lp, tid in top] for _, _, top, _ in choice.logprobs
         ]
+        if logprob_start_len >= 0 and choice.prompt_logprobs is not None:
+            # the prompt's tokens from logprob_start_len on: the first prompt token's logprob null
+            prompt = [e for e in choice.prompt_logprobs[logprob_start_len:] if e is not None]
+            meta["input_token_logprobs"] = [[lp, tid, text] for text, lp, _, tid in prompt]
+            meta["input_top_logprobs"] = [
+                [[lp, tid, t] for t, lp, tid in top] if lp is not None else None for _, lp, top, tid in prompt
+            ]
     return {"text": choice.text, "output_ids": choice.token_ids, "meta_info": meta}

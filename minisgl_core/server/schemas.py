@@ -595,6 +595,9 @@ class GenerateRequest(StrictModel):
     stream: Bool = False
     return_logprob: Bool = False
     top_logprobs_num: Int = 0
+    #: SGLang's: with return_logprob, the prompt's tokens from this position on get their logprobs
+    #: too (meta_info input_token_logprobs; the first prompt token's is null); -1: none
+    logprob_start_len: Int = Field(default=-1, ge=-1)
     timeout: Float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S)
 
     @model_validator(mode="after")
@@ -618,6 +621,9 @@ class GenerateRequest(StrictModel):
             "presence_penalty": s.presence_penalty,
             "frequency_penalty": s.frequency_penalty,
             "logprobs": self.top_logprobs_num if self.return_logprob else None,
+            "prompt_logprobs": self.top_logprobs_num
+            if self.return_logprob and self.logprob_start_len >= 0
+            else None,
             "skip_special_tokens": s.skip_special_tokens,
             "include_stop_str_in_output": s.no_stop_trim,
             "min_tokens": s.min_new_tokens,

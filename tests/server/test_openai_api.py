@@ -371,6 +371,36 @@ def test_native_generate(server, llm, auth):
     assert last["text"] == ref.text and last["output_ids"] == ref.token_ids
 
 
+@pytest.mark.parametrize("start", [0, 3])
+def test_native_generate_input_logprobs(server, llm, auth, start):
+    """SGLang's logprob_start_len: the prompt's tokens from that position get their logprobs in
+    meta_info (the first prompt token's null), as the offline engine's prompt_logprobs."""
+    ids = llm.tokenizer.encode(PROMPT)
+    ref = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=2, logprobs=2, prompt_logprobs=2))[0]
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 2, "temperature": 0},
+            "return_logprob": True, "top_logprobs_num": 2, "logprob_start_len": start}  # fmt: skip
+    meta = httpx.post(f"{server.url}/generate", json=body, headers=auth).json()["meta_info"]
+    got = meta["input_token_logprobs"]
+    assert [tid for _, tid, _ in got] == ids[start:]
+    for (lp, _, text), want, tid in zip(got, ref.prompt_logprobs[start:], ids[start:], strict=True):
+        assert text == llm.tokenizer.decode([tid])
+        if want is None:
+            assert lp is None
+        else:
+            assert lp == pytest.approx(want.logprob, abs=1e-4)
+    tops = meta["input_top_logprobs"]
+    assert (tops[0] is None) == (start == 0)
+    assert [[t for _, t, _ in top] for top in tops if top is not None] == [
+        [t for t, _ in lp.top] for lp in ref.prompt_logprobs[max(start, 1) :]
+    ]
+    # without logprob_start_len (SGLang's default -1) there is none
+    plain = {**body, "logprob_start_len": -1}
+    assert (
+        "input_token_logprobs"
+        not in httpx.post(f"{server.url}/generate", json=plain, headers=auth).json()["meta_info"]
+    )
+
+
 def test_api_key_protects_all_but_health(server):
     assert httpx.get(f"{server.url}/health").status_code == 200
     for method, path in [
