@@ -79,6 +79,7 @@ class SchedulerLoop:
                         msg.params.include_stop_str_in_output, msg.params.min_tokens,
                     )  # fmt: skip
             elif isinstance(msg, AbortRequest):
+                self.first_prompt_ids.pop(msg.rid, None)
                 aborted = self.engine.abort(msg.rid)
                 if aborted is not None:
                     out.add(msg.rid, -1, "abort")
