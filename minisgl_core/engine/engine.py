@@ -419,7 +419,7 @@ class Engine:
 
     def _prompt_logprobs(
         self, batch: ScheduledBatch, logits: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Launch the logprobs of the prompt tokens this step scores (``batch.prompt_rows``): for
         each row the next prompt token's logprob and the top k (the most any of its requests
         asks for), float32 over the whole vocabulary, as the sampler's logprobs."""
@@ -437,7 +437,7 @@ class Engine:
         if k:
             top_values, top_ids = logprobs.topk(k, dim=-1)
             return chosen, top_values, top_ids
-        return chosen, chosen, None
+        return chosen, None, None
 
     def _land_prompt_logprobs(self, inflight: _InFlight) -> None:
         """Append a landed step's prompt logprobs to its requests (before their outputs are made)."""
@@ -451,7 +451,11 @@ class Engine:
             k = req.params.prompt_logprobs or 0
             assert req.prompt_logprobs is not None and len(req.prompt_logprobs) == position + 1
             for j in range(row, row + count):
-                top = list(zip(top_ids[j][:k], top_values[j][:k])) if k and top_ids is not None else []
+                top = (
+                    list(zip(top_ids[j][:k], top_values[j][:k]))
+                    if k and top_ids is not None and top_values is not None
+                    else []
+                )
                 req.prompt_logprobs.append(
                     TokenLogprob(req.prompt_ids[len(req.prompt_logprobs)], chosen[j], top)
                 )
@@ -510,7 +514,7 @@ class _InFlight:
     #: the sampled requests' rows and what their sampling reads, taken at launch
     sampling: tuple[list[int], list[SampleRequest]] | None = None
     #: the step's prompt logprobs on the device (Engine._prompt_logprobs), until it lands
-    prompt: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
+    prompt: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None = None
     _tokens: list[int] | None = None
 
     def token_list(self) -> list[int]:

@@ -91,11 +91,10 @@ class SchedulerLoop:
         for o in self.engine.step():
             prompt = None
             if o.prompt_logprobs is not None:
+                # the first prompt token has no logprob: its entry carries only its id
                 first = self.first_prompt_ids.get(o.rid)
-                prompt = [
-                    _wire(lp) if lp is not None else None if first is None else [first, None, []]
-                    for lp in o.prompt_logprobs
-                ]
+                head = None if first is None else [first, None, []]
+                prompt = [head if lp is None else _wire(lp) for lp in o.prompt_logprobs]
             if o.finished or o.prompt_logprobs is not None:
                 self.first_prompt_ids.pop(o.rid, None)
             out.add(

@@ -207,6 +207,7 @@ def generate_result(
             prompt = [e for e in choice.prompt_logprobs[logprob_start_len:] if e is not None]
             meta["input_token_logprobs"] = [[lp, tid, text] for text, lp, _, tid in prompt]
             meta["input_top_logprobs"] = [
-                [[lp, tid, t] for t, lp, tid in top] if lp is not None else None for _, lp, top, tid in prompt
+                None if logprob is None else [[lp, tid, t] for t, lp, tid in top]
+                for _, logprob, top, _ in prompt
             ]
     return {"text": choice.text, "output_ids": choice.token_ids, "meta_info": meta}
