@@ -27,7 +27,8 @@ import msgpack
 
 from minisgl_core.sampling import SamplingParams
 
-#: a token's logprob on the wire: [token_id, logprob, [[top_id, top_logprob], ...]]
+#: a token's logprob on the wire: [token_id, logprob, [[top_id, top_logprob], ...], rank] (rank:
+#: the token's vocabulary rank for a prompt token, else None)
 WireLogprob = list[Any]
 
 

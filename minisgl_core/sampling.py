@@ -253,6 +253,9 @@ class TokenLogprob(NamedTuple):
     logprob: float
     #: the most likely tokens at this position, (token_id, logprob), best first
     top: list[tuple[int, float]]
+    #: the token's rank in the vocabulary at this position (1: the most likely; a tie takes the
+    #: lowest place, as vLLM counts), for prompt logprobs; None for sampled tokens
+    rank: int | None = None
 
 
 class StepOutput(NamedTuple):

@@ -24,14 +24,23 @@ def reference(model_dir):
     return TransformersReference(model_dir)
 
 
-def _expected(reference: TransformersReference, prompt: list[int], k: int) -> list[tuple[float, list[int]]]:
-    """Per prompt token after the first: its logprob and the top-k ids, from transformers."""
+#: logprobs closer than this may rank either way between two float32 computations
+TIE = 1e-4
+
+
+def _expected(
+    reference: TransformersReference, prompt: list[int], k: int
+) -> list[tuple[float, list[int], range]]:
+    """Per prompt token after the first, from transformers: its logprob, the top-k ids, and the
+    ranks it may have (1 + the tokens surely more likely .. the tokens at least about as likely)."""
     with torch.inference_mode():
         logits = reference.model(input_ids=torch.tensor([prompt])).logits[0].float()
     logprobs = torch.log_softmax(logits, dim=-1)
     out = []
     for p in range(len(prompt) - 1):
-        out.append((float(logprobs[p, prompt[p + 1]]), logprobs[p].topk(k).indices.tolist() if k else []))
+        row, target = logprobs[p], float(logprobs[p, prompt[p + 1]])
+        ranks = range(int((row > target + TIE).sum()) + 1, int((row >= target - TIE).sum()) + 1)
+        out.append((target, row.topk(k).indices.tolist() if k else [], ranks))
     return out
 
 
@@ -39,9 +48,10 @@ def _check(output, prompt: list[int], expected, k: int) -> None:
     got = output.prompt_logprobs
     assert got is not None and len(got) == len(prompt), (None if got is None else len(got), len(prompt))
     assert got[0] is None
-    for p, (entry, (logprob, top_ids)) in enumerate(zip(got[1:], expected, strict=True)):
+    for p, (entry, (logprob, top_ids, ranks)) in enumerate(zip(got[1:], expected, strict=True)):
         assert entry.token_id == prompt[p + 1]
         assert abs(entry.logprob - logprob) < 1e-4, (p, entry.logprob, logprob)
+        assert entry.rank in ranks, (p, entry.rank, ranks)
         assert len(entry.top) == k
         if k:
             assert [t for t, _ in entry.top] == top_ids, (p, entry.top, top_ids)

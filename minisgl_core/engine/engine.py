@@ -25,7 +25,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 import torch
 
@@ -417,12 +417,10 @@ class Engine:
         launched.result, launched.host_tokens, launched.done = result, host, done
         self._time("sample", started)
 
-    def _prompt_logprobs(
-        self, batch: ScheduledBatch, logits: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    def _prompt_logprobs(self, batch: ScheduledBatch, logits: torch.Tensor) -> PromptLogprobs:
         """Launch the logprobs of the prompt tokens this step scores (``batch.prompt_rows``): for
-        each row the next prompt token's logprob and the top k (the most any of its requests
-        asks for), float32 over the whole vocabulary, as the sampler's logprobs."""
+        each row the next prompt token's logprob and vocabulary rank, and the top k (the most any
+        of its requests asks for), float32 over the whole vocabulary, as the sampler's logprobs."""
         rows: list[int] = []
         targets: list[int] = []
         k = 0
@@ -433,17 +431,17 @@ class Engine:
             k = max(k, req.params.prompt_logprobs or 0)
         full = self.runner.full_logits(logits[to_device(rows, logits.device)])
         logprobs = torch.log_softmax(full.float(), dim=-1)
-        chosen = logprobs.gather(1, to_device(targets, logprobs.device)[:, None]).squeeze(1)
-        if k:
-            top_values, top_ids = logprobs.topk(k, dim=-1)
-            return chosen, top_values, top_ids
-        return chosen, None, None
+        chosen = logprobs.gather(1, to_device(targets, logprobs.device)[:, None])
+        # the rank counts the tokens at least as likely, itself included (vLLM's count)
+        ranks = (logprobs >= chosen).sum(dim=-1)
+        top = logprobs.topk(k, dim=-1) if k else None
+        return PromptLogprobs(chosen.squeeze(1), ranks, *(top or (None, None)))
 
     def _land_prompt_logprobs(self, inflight: _InFlight) -> None:
         """Append a landed step's prompt logprobs to its requests (before their outputs are made)."""
         if inflight.prompt is None:
             return
-        chosen, top_values, top_ids = (t.tolist() if t is not None else None for t in inflight.prompt)
+        chosen, ranks, top_values, top_ids = (t.tolist() if t is not None else None for t in inflight.prompt)
         inflight.prompt = None
         row = 0
         for i, _, count, position in inflight.batch.prompt_rows:
@@ -456,9 +454,8 @@ class Engine:
                     if k and top_ids is not None and top_values is not None
                     else []
                 )
-                req.prompt_logprobs.append(
-                    TokenLogprob(req.prompt_ids[len(req.prompt_logprobs)], chosen[j], top)
-                )
+                token_id = req.prompt_ids[len(req.prompt_logprobs)]
+                req.prompt_logprobs.append(TokenLogprob(token_id, chosen[j], top, ranks[j]))
             row += count
 
     def _complete(self, inflight: _InFlight) -> list[StepOutput]:
@@ -500,6 +497,16 @@ class Engine:
             self._time("accept", started)
 
 
+class PromptLogprobs(NamedTuple):
+    """One step's prompt logprobs on the device, a row per scored prompt token."""
+
+    chosen: torch.Tensor
+    ranks: torch.Tensor
+    #: the top k per row (k the most the step's requests ask for), None when k is 0
+    top_values: torch.Tensor | None
+    top_ids: torch.Tensor | None
+
+
 @dataclass(eq=False)
 class _InFlight:
     batch: ScheduledBatch
@@ -514,7 +521,7 @@ class _InFlight:
     #: the sampled requests' rows and what their sampling reads, taken at launch
     sampling: tuple[list[int], list[SampleRequest]] | None = None
     #: the step's prompt logprobs on the device (Engine._prompt_logprobs), until it lands
-    prompt: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None = None
+    prompt: PromptLogprobs | None = None
     _tokens: list[int] | None = None
 
     def token_list(self) -> list[int]:

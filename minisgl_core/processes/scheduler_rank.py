@@ -93,7 +93,7 @@ class SchedulerLoop:
             if o.prompt_logprobs is not None:
                 # the first prompt token has no logprob: its entry carries only its id
                 first = self.first_prompt_ids.get(o.rid)
-                head = None if first is None else [first, None, []]
+                head = None if first is None else [first, None, [], None]
                 prompt = [head if lp is None else _wire(lp) for lp in o.prompt_logprobs]
             if o.finished or o.prompt_logprobs is not None:
                 self.first_prompt_ids.pop(o.rid, None)
@@ -172,7 +172,7 @@ def _wire_logprob(o: StepOutput) -> list[Any] | None:
 
 
 def _wire(lp: TokenLogprob) -> list[Any]:
-    return [lp.token_id, lp.logprob, [list(t) for t in lp.top]]
+    return [lp.token_id, lp.logprob, [list(t) for t in lp.top], lp.rank]
 
 
 def scheduler_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_ready: ReportReady) -> None:

@@ -212,12 +212,13 @@ class Detokenizer:
     def _logprob(self, wire: list[Any] | None) -> list[Any] | None:
         if wire is None:
             return None
-        token_id, logprob, top = wire
+        token_id, logprob, top, rank = wire
         return [
             self.token_text(token_id),
             logprob,
             [[self.token_text(t), lp, t] for t, lp in top],
             token_id,
+            rank,
         ]
 
 

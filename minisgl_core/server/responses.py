@@ -50,7 +50,7 @@ def _entry(text: str, logprob: float) -> dict[str, Any]:
 def chat_logprobs(items: list[list[Any]]) -> dict[str, Any]:
     """Chat format: ``{"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}``."""
     content = []
-    for text, logprob, top, _ in items:
+    for text, logprob, top, *_ in items:
         entry = _entry(text, logprob)
         entry["top_logprobs"] = [_entry(t, lp) for t, lp, _ in top]
         content.append(entry)
@@ -60,7 +60,7 @@ def chat_logprobs(items: list[list[Any]]) -> dict[str, Any]:
 def completion_logprobs(items: list[list[Any]], text_offset: int = 0) -> dict[str, Any]:
     """Completions format: parallel lists of tokens, their logprobs, top-k dicts and text offsets."""
     tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
-    for text, logprob, top, _ in items:
+    for text, logprob, top, *_ in items:
         tokens.append(text)
         token_logprobs.append(logprob)
         # (an echoed prompt's first token has no logprob, and no top ones: null, as OpenAI's)
@@ -73,6 +73,28 @@ def completion_logprobs(items: list[list[Any]], text_offset: int = 0) -> dict[st
         "top_logprobs": top_logprobs,
         "text_offset": offsets,
     }
+
+
+def prompt_logprobs(entries: list[list[Any] | None], k: int) -> list[dict[str, Any] | None]:
+    """vLLM's ``prompt_logprobs``: per prompt token, None for the first (nothing precedes it), else
+    ``{token_id: {logprob, rank, decoded_token}}`` for the token itself and then the k most likely
+    tokens at its position (the token once if it is among them)."""
+    out: list[dict[str, Any] | None] = []
+    for entry in entries:
+        if entry is None or entry[1] is None:
+            out.append(None)
+            continue
+        text, logprob, top, token_id, rank = entry
+        ranked = {str(token_id): {"logprob": logprob, "rank": rank, "decoded_token": text}}
+        for place, (t, lp, tid) in enumerate(top[:k], start=1):
+            ranked.setdefault(str(tid), {"logprob": lp, "rank": place, "decoded_token": t})
+        out.append(ranked)
+    return out
+
+
+def top_cut(entries: list[list[Any]], k: int) -> list[list[Any]]:
+    """``entries`` with at most ``k`` top tokens each (a step's top-k is the most any asked for)."""
+    return [[*e[:2], e[2][:k], *e[3:]] for e in entries]
 
 
 # ------------------------------------------------------------------ OpenAI objects
@@ -90,8 +112,11 @@ def chat_completion(
     prompt_tokens: int,
     with_logprobs: bool,
     new_output: Callable[[], ChoiceOutput] | None = None,
+    prompt_logprobs_k: int | None = None,
 ) -> dict:
-    """``new_output()`` makes each choice's parser (reasoning, tool calls); None: plain content."""
+    """``new_output()`` makes each choice's parser (reasoning, tool calls); None: plain content.
+    With ``prompt_logprobs_k`` the response carries vLLM's ``prompt_logprobs`` (the choices share
+    the prompt: the first choice's)."""
     rendered = []
     for c in choices:
         if new_output is None:
@@ -108,7 +133,7 @@ def chat_completion(
                 "finish_reason": reason,
             }
         )
-    return {
+    out = {
         "id": rid,
         "object": "chat.completion",
         "created": int(time.time()),
@@ -116,6 +141,10 @@ def chat_completion(
         "choices": rendered,
         "usage": usage(prompt_tokens, sum(len(c.token_ids) for c in choices)),
     }
+    if prompt_logprobs_k is not None:
+        first = min(choices, key=lambda c: c.index).prompt_logprobs
+        out["prompt_logprobs"] = None if first is None else prompt_logprobs(first, prompt_logprobs_k)
+    return out
 
 
 def chat_chunk(rid: str, model: str, created: int, index: int, delta: dict, **extra: Any) -> dict:
@@ -134,21 +163,34 @@ def chat_chunk(rid: str, model: str, created: int, index: int, delta: dict, **ex
     }
 
 
-def completion(rid: str, model: str, choices: list[Choice], prompt_tokens: int, with_logprobs: bool) -> dict:
+def completion(
+    rid: str,
+    model: str,
+    choices: list[Choice],
+    prompt_tokens: int,
+    with_logprobs: bool,
+    prompt_logprobs_k: int | None = None,
+) -> dict:
+    """With ``prompt_logprobs_k`` each choice carries vLLM's ``prompt_logprobs`` of its prompt."""
+    rendered = []
+    for c in choices:
+        choice = {
+            "index": c.index,
+            "text": c.text,
+            "logprobs": completion_logprobs(c.logprobs) if with_logprobs else None,
+            "finish_reason": finish_reason(c),
+        }
+        if prompt_logprobs_k is not None:
+            choice["prompt_logprobs"] = (
+                None if c.prompt_logprobs is None else prompt_logprobs(c.prompt_logprobs, prompt_logprobs_k)
+            )
+        rendered.append(choice)
     return {
         "id": rid,
         "object": "text_completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [
-            {
-                "index": c.index,
-                "text": c.text,
-                "logprobs": completion_logprobs(c.logprobs) if with_logprobs else None,
-                "finish_reason": finish_reason(c),
-            }
-            for c in choices
-        ],
+        "choices": rendered,
         "usage": usage(prompt_tokens, sum(len(c.token_ids) for c in choices)),
     }
 
@@ -198,16 +240,14 @@ def generate_result(
     }
     if with_logprobs:
         # SGLang's layout: (logprob, token_id, text) per position, and the top-k at each position
-        meta["output_token_logprobs"] = [[lp, tid, text] for text, lp, _, tid in choice.logprobs]
-        meta["output_top_logprobs"] = [
-            [[lp, tid, t] for t, lp, tid in top] for _, _, top, _ in choice.logprobs
-        ]
+        meta["output_token_logprobs"] = [[lp, tid, text] for text, lp, _, tid, _ in choice.logprobs]
+        meta["output_top_logprobs"] = [[[lp, tid, t] for t, lp, tid in e[2]] for e in choice.logprobs]
         if logprob_start_len >= 0 and choice.prompt_logprobs is not None:
             # the prompt's tokens from logprob_start_len on: the first prompt token's logprob null
             prompt = [e for e in choice.prompt_logprobs[logprob_start_len:] if e is not None]
-            meta["input_token_logprobs"] = [[lp, tid, text] for text, lp, _, tid in prompt]
+            meta["input_token_logprobs"] = [[lp, tid, text] for text, lp, _, tid, _ in prompt]
             meta["input_top_logprobs"] = [
                 None if logprob is None else [[lp, tid, t] for t, lp, tid in top]
-                for _, logprob, top, _ in prompt
+                for _, logprob, top, *_ in prompt
             ]
     return {"text": choice.text, "output_ids": choice.token_ids, "meta_info": meta}

@@ -124,7 +124,9 @@ def make_router(
             yield r.DONE
 
         def build(choices: list[r.Choice]) -> dict:
-            return r.chat_completion(rid, model.name, choices, group.prompt_tokens, body.logprobs, new_output)
+            return r.chat_completion(
+                rid, model.name, choices, group.prompt_tokens, body.logprobs, new_output, body.prompt_logprobs
+            )
 
         return await respond(group, request, body.stream, chunks, build)
 
@@ -137,7 +139,8 @@ def make_router(
         # echo with logprobs: the prompt's tokens get theirs too (computed whole: no prefix cache)
         echo_logprobs = body.echo and body.logprobs is not None
         if echo_logprobs:
-            params = dataclasses.replace(params, prompt_logprobs=body.logprobs)
+            k = max(body.logprobs or 0, body.prompt_logprobs or 0)
+            params = dataclasses.replace(params, prompt_logprobs=k)
         try:
             prompts = body.prompts()
         except ValueError as exc:
@@ -199,7 +202,7 @@ def make_router(
                 logprobs = None
                 if echo_logprobs and delta.prompt_logprobs is not None:
                     # the prompt's tokens first (their text went out as the echo), offsets from 0
-                    items = [e for e in delta.prompt_logprobs if e is not None]
+                    items = r.top_cut([e for e in delta.prompt_logprobs if e is not None], body.logprobs)
                     logprobs = r.completion_logprobs(items + delta.logprobs, 0)
                     offsets[delta.index] = sum(len(e[0]) for e in items)
                 elif delta.logprobs:
@@ -227,8 +230,11 @@ def make_router(
             for choice in choices:
                 choice.text = echoes[choice.index] + choice.text
                 if echo_logprobs and choice.prompt_logprobs is not None:
-                    choice.logprobs = [e for e in choice.prompt_logprobs if e is not None] + choice.logprobs
-            return r.completion(rid, model.name, choices, group.prompt_tokens, with_logprobs)
+                    prompt = [e for e in choice.prompt_logprobs if e is not None]
+                    choice.logprobs = r.top_cut(prompt, body.logprobs) + choice.logprobs
+            return r.completion(
+                rid, model.name, choices, group.prompt_tokens, with_logprobs, body.prompt_logprobs
+            )
 
         return await respond(group, request, body.stream, chunks, build)
 

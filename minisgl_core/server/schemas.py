@@ -385,6 +385,10 @@ class SamplingFields(GrammarFields):
     #: seconds after which the request ends with a timeout error (the server's --request-timeout
     #: still bounds it)
     timeout: Float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S)
+    #: vLLM's: each prompt token's logprob and vocabulary rank given the tokens before it, with the
+    #: k most likely tokens there (``prompt_logprobs`` of the choice, or of a chat response);
+    #: not with stream, as vLLM
+    prompt_logprobs: Int | None = None
 
     def sampling_fields(self) -> dict[str, Any]:
         """SamplingParams keyword arguments; max_tokens None = what the context has left."""
@@ -401,6 +405,7 @@ class SamplingFields(GrammarFields):
             "presence_penalty": self.presence_penalty,
             "frequency_penalty": self.frequency_penalty,
             "logprobs": self.logprobs_k(),
+            "prompt_logprobs": self.prompt_logprobs,
             "skip_special_tokens": self.skip_special_tokens,
             "include_stop_str_in_output": self.include_stop_str_in_output,
             "truncate_prompt_tokens": self.truncate_prompt_tokens,
@@ -420,6 +425,14 @@ class SamplingFields(GrammarFields):
         if not info.data.get("stream", False):
             raise ValueError("stream_options is only allowed when stream is true")
         return options
+
+    @field_validator("prompt_logprobs")
+    @classmethod
+    def _prompt_logprobs_not_streamed(cls, k: int, info: ValidationInfo) -> int:
+        # vLLM's rule: the prompt's logprobs come in the whole response only
+        if info.data.get("stream", False):
+            raise ValueError("prompt_logprobs is not available with stream true")
+        return k
 
     @property
     def include_usage(self) -> bool:

@@ -54,7 +54,8 @@ class TokenEvent:
     text: str
     finish_reason: str | None
     matched_stop: str | int | None
-    #: [token_text, logprob, [[top_text, top_logprob, top_id], ...], token_id] or None
+    #: [token_text, logprob, [[top_text, top_logprob, top_id], ...], token_id, rank] or None (rank:
+    #: the vocabulary rank, for prompt tokens only)
     logprob: list[Any] | None
     error: str | None
     #: with prompt_logprobs, on the first event: one entry per prompt token as ``logprob`` (None

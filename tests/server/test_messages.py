@@ -113,7 +113,8 @@ def test_detokenizer_adds_token_text_to_logprobs(tokenizer):
     detok = Detokenizer(tokenizer)
     step = m.StepOutputs()
     step.open_stream(1, [], True)
-    step.add(1, ids[0], "length", logprob=[ids[0], -0.25, [[ids[0], -0.25], [5, -3.0]]])
+    step.add(1, ids[0], "length", logprob=[ids[0], -0.25, [[ids[0], -0.25], [5, -3.0]], None],
+             prompt_logprobs=[[ids[0], None, [], None], [5, -1.5, [[ids[0], -0.5]], 2]])  # fmt: skip
     out = detok.convert(step)
     token_text = tokenizer.decode([ids[0]])
     assert out.logprobs[0] == [
@@ -121,6 +122,12 @@ def test_detokenizer_adds_token_text_to_logprobs(tokenizer):
         -0.25,
         [[token_text, -0.25, ids[0]], [tokenizer.decode([5]), -3.0, 5]],
         ids[0],
+        None,
+    ]
+    # a prompt token's entry carries its vocabulary rank through
+    assert out.prompt_logprobs[0] == [
+        [token_text, None, [], ids[0], None],
+        [tokenizer.decode([5]), -1.5, [[token_text, -0.5, ids[0]]], 5, 2],
     ]
 
 

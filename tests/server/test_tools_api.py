@@ -297,6 +297,76 @@ def test_echo_with_logprobs_scores_the_prompt(tools_client, llm, model_name, pro
         assert abs(a - b) < 1e-4, (a, b)
 
 
+def _check_vllm_prompt_logprobs(got, ids, ref, k, tokenizer) -> None:
+    """vLLM's prompt_logprobs: None for the first token, then {id: {logprob, rank, decoded_token}}
+    for the prompt token first and the k most likely after it, as the offline engine's."""
+    assert len(got) == len(ids) and got[0] is None
+    for position, entries, want in zip(range(1, len(ids)), got[1:], ref.prompt_logprobs[1:], strict=True):
+        token = str(ids[position])
+        assert next(iter(entries)) == token  # the prompt's own token comes first
+        assert abs(entries[token]["logprob"] - want.logprob) < 1e-4, (position, entries, want)
+        assert entries[token]["rank"] == want.rank and want.rank >= 1
+        assert entries[token]["decoded_token"] == tokenizer.decode([ids[position]])
+        expected = {token: want.rank}
+        for place, (t, _) in enumerate(want.top, start=1):
+            expected.setdefault(str(t), place)
+        assert [(t, e["rank"]) for t, e in entries.items()] == list(expected.items()), position
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_vllm_prompt_logprobs_completions(tools_client, llm, model_name, k):
+    """vLLM's prompt_logprobs field on /v1/completions: each choice gets its prompt's tokens with
+    their logprobs and vocabulary ranks and the k most likely tokens, as the offline engine's."""
+    ids = llm.tokenizer.encode(PROMPT, add_special_tokens=False)
+    ref = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=2, prompt_logprobs=k))[0]
+    resp = tools_client.completions.create(
+        model=model_name, prompt=PROMPT, max_tokens=2, temperature=0, n=2, extra_body={"prompt_logprobs": k}
+    )
+    assert resp.choices[0].text == ref.text
+    for choice in resp.choices:
+        _check_vllm_prompt_logprobs(choice.model_extra["prompt_logprobs"], ids, ref, k, llm.tokenizer)
+    # with echo + logprobs as well: each keeps its own k
+    resp = tools_client.completions.create(
+        model=model_name, prompt=PROMPT, max_tokens=1, temperature=0, echo=True, logprobs=1,
+        extra_body={"prompt_logprobs": k},
+    )  # fmt: skip
+    choice = resp.choices[0]
+    _check_vllm_prompt_logprobs(choice.model_extra["prompt_logprobs"], ids, ref, k, llm.tokenizer)
+    assert all(len(top) == 1 for top in choice.logprobs.top_logprobs[1:])
+    # not asked: no such field
+    plain = tools_client.completions.create(model=model_name, prompt=PROMPT, max_tokens=1)
+    assert "prompt_logprobs" not in plain.choices[0].model_extra
+
+
+def test_vllm_prompt_logprobs_chat(tools_client, llm, templated, model_name):
+    """On /v1/chat/completions the response (not each choice) carries them, for the templated prompt."""
+    ids = reference_ids(templated, ASK)
+    ref = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=2, prompt_logprobs=2))[0]
+    resp = tools_client.chat.completions.create(
+        model=model_name, messages=ASK, max_tokens=2, temperature=0, extra_body={"prompt_logprobs": 2}
+    )
+    _check_vllm_prompt_logprobs(resp.model_extra["prompt_logprobs"], ids, ref, 2, llm.tokenizer)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"prompt_logprobs": 21}, "prompt_logprobs"),
+        ({"prompt_logprobs": -1}, "prompt_logprobs"),
+        ({"prompt_logprobs": True}, "prompt_logprobs"),
+        ({"prompt_logprobs": 1, "stream": True}, "not available with stream"),
+    ],
+)
+def test_vllm_prompt_logprobs_bad_values(tools_client, model_name, extra, message):
+    for create, prompt in (
+        (tools_client.completions.create, {"prompt": PROMPT}),
+        (tools_client.chat.completions.create, {"messages": ASK}),
+    ):
+        with pytest.raises(openai.BadRequestError, match=message) as err:
+            create(model=model_name, max_tokens=1, extra_body=extra, **prompt)
+        assert err.value.body["param"] == "prompt_logprobs", err.value.body
+
+
 def test_completions_stream_usage(tools_client, llm, model_name):
     chunks = list(
         tools_client.completions.create(
