@@ -5,7 +5,9 @@ Criterion. bf16 kernels round differently, and with random weights greedy paths 
 two logits nearly tie, so exact equality with a reference is not expected. The reference is the
 torch backend in float32. Every bf16 configuration must (1) give the reference's first token
 wherever the reference's top-2 logprob margin exceeds 0.1, (2) keep its first-token logprob
-within 0.05 of the reference, and (3) pick, at each of its 32 greedy steps, a token within 0.1
+within 0.05 of the reference, or no further from it than transformers' own bf16 forward (its
+eager roundings, which the Triton RMS norm reproduces: two per norm where a compiled norm has one;
+since 178392c that alone puts some configurations just past 0.05), and (3) pick, at each of its 32 greedy steps, a token within 0.1
 nats of the best one by transformers in float32 given the same context (its own earlier tokens,
 scored teacher-forced): a fork is allowed only where the two nearly tie, as in (1). CUDA graphs
 on/off and overlap on/off run the same kernels, so those pairs must be identical token for
@@ -82,6 +84,47 @@ def _run(model_dir: str, prompts, **options):
     return outs, seconds
 
 
+def prompt_logprobs_check(model_dir: str, prompts, hf) -> dict:
+    """Prompt logprobs (``SamplingParams.prompt_logprobs``) on the GPU, fi in bf16 with its
+    graphs: every prompt token's logprob against transformers in float32 teacher-forced, as close
+    on average as transformers' own bf16 forward is (mean |Δ| at most 1.5 times its), and the rank
+    1 exactly where the token is float32's clear favourite (margin over 0.1)."""
+    llm = LLM(model_dir, device="cuda", num_kv_tokens=200_000, attn="fi", dtype="bfloat16")
+    outs = llm.generate(
+        prompts, SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1), use_tqdm=False
+    )
+    del llm
+    torch.cuda.empty_cache()
+    hf_bf16 = hf_model(model_dir, torch.bfloat16)
+    ours, theirs, rank_ok = [], [], True
+    with torch.no_grad():
+        for p, out in zip(prompts, outs, strict=True):
+            ids = torch.tensor([p], device="cuda")
+            target = ids[0, 1:, None]
+            ref = torch.log_softmax(hf(ids).logits[0, :-1].float(), -1)
+            bf16 = torch.log_softmax(hf_bf16(ids).logits[0, :-1].float(), -1)
+            got = torch.tensor([e.logprob for e in out.prompt_logprobs[1:]], device="cuda")
+            want = ref.gather(1, target)[:, 0]
+            ours.append((got - want).abs())
+            theirs.append((bf16.gather(1, target)[:, 0] - want).abs())
+            top2 = ref.topk(2, -1).values
+            clear = (want == top2[:, 0]) & (top2[:, 0] - top2[:, 1] > 0.1)
+            ranks = torch.tensor([e.rank for e in out.prompt_logprobs[1:]], device="cuda")
+            rank_ok &= bool((ranks[clear] == 1).all())
+    del hf_bf16
+    ours_all, theirs_all = torch.cat(ours), torch.cat(theirs)
+    result = {
+        "positions": int(ours_all.numel()),
+        "mean_abs_diff": round(float(ours_all.mean()), 5),
+        "max_abs_diff": round(float(ours_all.max()), 4),
+        "transformers_bf16_mean_abs_diff": round(float(theirs_all.mean()), 5),
+        "transformers_bf16_max_abs_diff": round(float(theirs_all.max()), 4),
+        "clear_favourites_rank_1": rank_ok,
+    }
+    result["ok"] = rank_ok and result["mean_abs_diff"] <= 1.5 * result["transformers_bf16_mean_abs_diff"]
+    return result
+
+
 def common_prefix(a: list[int], b: list[int]) -> int:
     n = 0
     for x, y in zip(a, b):
@@ -91,10 +134,21 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def hf_model(model_dir: str):
+def hf_model(model_dir: str, dtype: torch.dtype = torch.float32):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).cuda().eval()
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).cuda().eval()
+
+
+def hf_first_logprobs(model, prompts) -> list[float]:
+    """The logprob of the greedy first token after each prompt (what a configuration's
+    ``logprobs[0].logprob`` is)."""
+    out = []
+    with torch.no_grad():
+        for p in prompts:
+            logits = model(torch.tensor([p], device="cuda")).logits[0, -1].float()
+            out.append(float(torch.log_softmax(logits, -1).max()))
+    return out
 
 
 def hf_first_tokens(model, prompts) -> list[int]:
@@ -141,6 +195,12 @@ def main() -> int:
         rows = {"clear_margin_prompts": sum(clear), "transformers_first_token_agrees": all(
             a == b[0] for a, b, c in zip(hf_first, ref_ids, clear) if c)}  # fmt: skip
         ok &= rows["transformers_first_token_agrees"]
+        hf_bf16 = hf_model(model_dir, torch.bfloat16)
+        bf16_first = hf_first_logprobs(hf_bf16, prompts)
+        del hf_bf16
+        hf_bf16_diff = max(abs(a - r.logprobs[0].logprob) for a, r in zip(bf16_first, ref))
+        rows["transformers_bf16_first_logprob_max_diff"] = round(hf_bf16_diff, 4)
+        lp_limit = max(0.05, hf_bf16_diff)
         configs = {
             "torch_bf16": dict(attn="torch", cuda_graph_max_bs=0, overlap=False),
             "torch_bf16_graph_overlap": dict(attn="torch"),
@@ -150,6 +210,8 @@ def main() -> int:
             "fa3,fi": dict(attn="fa3,fi"),
             "fi_page1": dict(attn="fi", page_size=1),  # the CUDA default is 16
             "fi_cuda_core_decode": dict(attn="fi", env={"MINISGL_FI_TENSOR_CORES": "0"}),
+            # the compiled RMS norm (one rounding) in place of the Triton one (eager's two)
+            "fi_compiled_norm": dict(attn="fi", env={"MINISGL_TRITON_NORM": "0"}),
         }
         if args.configs:
             wanted = args.configs.split(",")
@@ -172,9 +234,12 @@ def main() -> int:
                              "tokens_off_best": sum(g > 1e-6 for g in gaps), "tokens": len(gaps),
                              "mean_match_fraction": round(prefix, 3), "identical": ids == ref_ids,
                              "seconds": round(seconds, 2), "_ids": ids}  # fmt: skip
-            results[name]["ok"] = first_ok and lp_diff < 0.05 and gaps[-1] <= 0.1
+            results[name]["ok"] = first_ok and lp_diff <= lp_limit and gaps[-1] <= 0.1
             ok &= results[name]["ok"]
         rows["reference_token_gap_max"] = round(max(hf_gaps(hf, prompts, ref_ids)), 4)
+        if not args.configs:
+            rows["prompt_logprobs"] = prompt_logprobs_check(model_dir, prompts[:8], hf)
+            ok &= rows["prompt_logprobs"]["ok"]
         del hf
         torch.cuda.empty_cache()
         for a, b in (
