@@ -65,6 +65,8 @@ class TokenizeRequest(Message):
     template_args: dict[str, Any] | None = None
     #: the API field that set the grammar (params["grammar"]), named in grammar errors
     grammar_field: str = "grammar"
+    #: the Admission carries the prompt's token ids back (vLLM's return_token_ids)
+    return_prompt_ids: bool = False
 
 
 @dataclass
@@ -78,6 +80,8 @@ class Admission(Message):
     #: set when the request is rejected; nothing was sent to the scheduler then
     error: str | None = None
     param: str | None = None
+    #: the prompt's token ids, when the TokenizeRequest asked for them
+    prompt_ids: list[int] | None = None
 
 
 @dataclass

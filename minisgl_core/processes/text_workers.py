@@ -151,7 +151,8 @@ def tokenizer_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_r
             except RequestRejected as exc:
                 send(to_api, Admission(first, 0, 0, error=str(exc), param=exc.param))
                 continue
-            send(to_api, Admission(first, len(ids), sampling.max_tokens))
+            prompt_ids = list(ids) if msg.return_prompt_ids else None
+            send(to_api, Admission(first, len(ids), sampling.max_tokens, prompt_ids=prompt_ids))
             for i, rid in enumerate(msg.rids):
                 # n > 1 with a seed: distinct but reproducible choices
                 send(to_scheduler, EngineRequest(rid, ids, sampling.for_choice(i)))

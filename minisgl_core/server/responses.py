@@ -75,6 +75,31 @@ def completion_logprobs(items: list[list[Any]], text_offset: int = 0) -> dict[st
     }
 
 
+def as_token_ids(entries: list[Any]) -> list[Any]:
+    """Logprob entries naming each token, and each top token, as ``"token_id:{id}"`` (vLLM's
+    return_tokens_as_token_ids); None entries stay None."""
+    return [
+        None
+        if e is None
+        else [f"token_id:{e[3]}", e[1], [[f"token_id:{tid}", lp, tid] for _, lp, tid in e[2]], *e[3:]]
+        for e in entries
+    ]
+
+
+def add_token_ids(
+    body: dict, choices: list[Choice], prompt_ids: list[list[int] | None], per_choice_prompt: bool
+) -> dict:
+    """vLLM's return_token_ids on a whole response: each choice's ``token_ids``, and the prompt's
+    ``prompt_token_ids`` on each choice (completions: a prompt per choice) or on the response (chat)."""
+    for rendered, c in zip(body["choices"], choices, strict=True):
+        rendered["token_ids"] = list(c.token_ids)
+        if per_choice_prompt:
+            rendered["prompt_token_ids"] = prompt_ids[c.index]
+    if not per_choice_prompt:
+        body["prompt_token_ids"] = prompt_ids[0] if prompt_ids else None
+    return body
+
+
 def prompt_logprobs(entries: list[list[Any] | None], k: int) -> list[dict[str, Any] | None]:
     """vLLM's ``prompt_logprobs``: per prompt token, None for the first (nothing precedes it), else
     ``{token_id: {logprob, rank, decoded_token}}`` for the token itself and then the k most likely

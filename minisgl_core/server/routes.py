@@ -70,6 +70,7 @@ def make_router(
             template_args=body.template_args(),
             # a forced tool call's grammar comes from tool_choice, so its errors name that field
             grammar_field="tool_choice" if plan.grammar is not None else body.grammar_field,
+            return_prompt_ids=body.return_token_ids,
         )
         rid, created = r.new_id("chatcmpl"), int(time.time())
 
@@ -85,6 +86,8 @@ def make_router(
             outputs = [new_output() for _ in range(group.num_choices)]
             for i in range(group.num_choices):
                 role = r.chat_chunk(rid, model.name, created, i, {"role": "assistant", "content": ""})
+                if body.return_token_ids:  # the prompt's ids on each choice's first chunk
+                    role["prompt_token_ids"] = group.choice_prompt_ids[i]
                 yield r.sse(usage_so_far(role, i))
             completion_tokens = 0
             async for delta in group.deltas():
@@ -98,7 +101,8 @@ def make_router(
                 produced[delta.index] += len(delta.token_ids)
                 output = outputs[delta.index]
                 message = output.delta(delta.text, final=delta.finish_reason is not None)
-                if not message and delta.finish_reason is None and not delta.logprobs:
+                with_ids = body.return_token_ids and delta.token_ids
+                if not message and delta.finish_reason is None and not delta.logprobs and not with_ids:
                     continue
                 chunk = r.chat_chunk(
                     rid,
@@ -106,9 +110,11 @@ def make_router(
                     created,
                     delta.index,
                     message,
-                    logprobs=r.chat_logprobs(delta.logprobs) if delta.logprobs else None,
+                    logprobs=r.chat_logprobs(named(delta.logprobs)) if delta.logprobs else None,
                     finish_reason=output.finish_reason(delta.finish_reason),
                 )
+                if body.return_token_ids:
+                    chunk["choices"][0]["token_ids"] = delta.token_ids
                 yield r.sse(usage_so_far(chunk, delta.index))
             if body.include_usage:
                 yield r.sse(
@@ -123,9 +129,21 @@ def make_router(
                 )
             yield r.DONE
 
+        def named(items: list) -> list:
+            return r.as_token_ids(items) if body.return_tokens_as_token_ids else items
+
         def build(choices: list[r.Choice]) -> dict:
-            return r.chat_completion(
+            for choice in choices:
+                choice.logprobs = named(choice.logprobs)
+                if choice.prompt_logprobs is not None:
+                    choice.prompt_logprobs = named(choice.prompt_logprobs)
+            out = r.chat_completion(
                 rid, model.name, choices, group.prompt_tokens, body.logprobs, new_output, body.prompt_logprobs
+            )
+            return (
+                r.add_token_ids(out, choices, group.choice_prompt_ids, False)
+                if body.return_token_ids
+                else out
             )
 
         return await respond(group, request, body.stream, chunks, build)
@@ -162,10 +180,14 @@ def make_router(
         group.expect(len(prompts) * body.n)
         try:
             for prompt in prompts:
-                if isinstance(prompt, str):
-                    await group.add(params, body.n, text=prompt, grammar_field=body.grammar_field)
-                else:
-                    await group.add(params, body.n, input_ids=prompt, grammar_field=body.grammar_field)
+                source = {"text": prompt} if isinstance(prompt, str) else {"input_ids": prompt}
+                await group.add(
+                    params,
+                    body.n,
+                    **source,
+                    grammar_field=body.grammar_field,
+                    return_prompt_ids=body.return_token_ids,
+                )
         except BaseException:
             group.close()  # the prompts admitted before the bad one
             raise
@@ -177,12 +199,27 @@ def make_router(
         def usage_so_far(chunk: dict, index: int) -> dict:
             return _with_usage(chunk, body.continuous_usage, group, produced, index)
 
+        def named(items: list) -> list:
+            return r.as_token_ids(items) if body.return_tokens_as_token_ids else items
+
+        unannounced = set(range(group.num_choices)) if body.return_token_ids else set()
+
+        def with_ids(chunk: dict, index: int, token_ids: list[int]) -> dict:
+            """return_token_ids: the chunk's token ids, and the prompt's on the choice's first chunk."""
+            if body.return_token_ids:
+                chunk["choices"][0]["token_ids"] = token_ids
+                if index in unannounced:
+                    unannounced.discard(index)
+                    chunk["choices"][0]["prompt_token_ids"] = group.choice_prompt_ids[index]
+            return chunk
+
         async def chunks() -> AsyncIterator[str]:
             completion_tokens = 0
             offsets = [0] * group.num_choices
             for i, echo in enumerate(echoes):
                 if echo:
-                    yield r.sse(usage_so_far(r.completion_chunk(rid, model.name, created, i, echo), i))
+                    chunk = with_ids(r.completion_chunk(rid, model.name, created, i, echo), i, [])
+                    yield r.sse(usage_so_far(chunk, i))
             async for delta in group.deltas():
                 if delta.finish_reason == "error":
                     # The status line went out long ago: the error is an event, and [DONE] still
@@ -197,16 +234,17 @@ def make_router(
                     and delta.finish_reason is None
                     and not delta.logprobs
                     and delta.prompt_logprobs is None
+                    and not (body.return_token_ids and delta.token_ids)
                 ):
                     continue
                 logprobs = None
                 if echo_logprobs and delta.prompt_logprobs is not None:
                     # the prompt's tokens first (their text went out as the echo), offsets from 0
                     items = r.top_cut([e for e in delta.prompt_logprobs if e is not None], body.logprobs)
-                    logprobs = r.completion_logprobs(items + delta.logprobs, 0)
+                    logprobs = r.completion_logprobs(named(items + delta.logprobs), 0)
                     offsets[delta.index] = sum(len(e[0]) for e in items)
                 elif delta.logprobs:
-                    logprobs = r.completion_logprobs(delta.logprobs, offsets[delta.index])
+                    logprobs = r.completion_logprobs(named(delta.logprobs), offsets[delta.index])
                 offsets[delta.index] += len(delta.text)
                 chunk = r.completion_chunk(
                     rid,
@@ -217,7 +255,7 @@ def make_router(
                     logprobs=logprobs,
                     finish_reason=delta.finish_reason,
                 )
-                yield r.sse(usage_so_far(chunk, delta.index))
+                yield r.sse(usage_so_far(with_ids(chunk, delta.index, delta.token_ids), delta.index))
             if body.include_usage:
                 yield r.sse(
                     r.usage_chunk(
@@ -232,8 +270,14 @@ def make_router(
                 if echo_logprobs and choice.prompt_logprobs is not None:
                     prompt = [e for e in choice.prompt_logprobs if e is not None]
                     choice.logprobs = r.top_cut(prompt, body.logprobs) + choice.logprobs
-            return r.completion(
+                choice.logprobs = named(choice.logprobs)
+                if choice.prompt_logprobs is not None:
+                    choice.prompt_logprobs = named(choice.prompt_logprobs)
+            out = r.completion(
                 rid, model.name, choices, group.prompt_tokens, with_logprobs, body.prompt_logprobs
+            )
+            return (
+                r.add_token_ids(out, choices, group.choice_prompt_ids, True) if body.return_token_ids else out
             )
 
         return await respond(group, request, body.stream, chunks, build)

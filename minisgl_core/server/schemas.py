@@ -389,6 +389,12 @@ class SamplingFields(GrammarFields):
     #: k most likely tokens there (``prompt_logprobs`` of the choice, or of a chat response);
     #: not with stream, as vLLM
     prompt_logprobs: Int | None = None
+    #: vLLM's: each choice also gets its ``token_ids`` and the prompt's ``prompt_token_ids`` (in a
+    #: stream: the delta's token ids on every chunk, the prompt's on the choice's first)
+    return_token_ids: Bool = False
+    #: vLLM's: logprobs name tokens as ``"token_id:{id}"`` instead of their text (which may not be
+    #: valid UTF-8 on its own, or shared by two tokens)
+    return_tokens_as_token_ids: Bool = False
 
     def sampling_fields(self) -> dict[str, Any]:
         """SamplingParams keyword arguments; max_tokens None = what the context has left."""

@@ -113,6 +113,8 @@ class RequestGroup:
         self.prompt_tokens = 0
         #: each choice's prompt tokens, in choice order
         self.choice_prompt_tokens: list[int] = []
+        #: each choice's prompt token ids, in choice order, when add() asked for them
+        self.choice_prompt_ids: list[list[int] | None] = []
         self.arrival = time.monotonic()
         self.num_choices = 0
         #: monotonic time the request ends with a timeout error (None: no deadline)
@@ -143,9 +145,11 @@ class RequestGroup:
         max_tokens_field: str = "max_tokens",
         template_args: dict[str, Any] | None = None,
         grammar_field: str = "grammar",
+        return_prompt_ids: bool = False,
     ) -> Admission:
         """Tokenize one prompt into ``n`` engine requests; raise a 400 APIError if it cannot run
-        (a 429 if the server's queue is full, a 503 if it cannot take requests)."""
+        (a 429 if the server's queue is full, a 503 if it cannot take requests). With
+        ``return_prompt_ids`` the admission carries the prompt's token ids."""
         state = self.state
         state.check_alive()
         if self.expected_sequences is None:
@@ -160,12 +164,11 @@ class RequestGroup:
         admission: asyncio.Future[Admission] = asyncio.get_running_loop().create_future()
         state.admissions[rids[0]] = admission
         try:
-            send(
-                state.to_tokenizer,
-                TokenizeRequest(
-                    rids, text, messages, input_ids, params, max_tokens_field, template_args, grammar_field
-                ),
-            )
+            request = TokenizeRequest(
+                rids, text, messages, input_ids, params, max_tokens_field, template_args, grammar_field,
+                return_prompt_ids=return_prompt_ids,
+            )  # fmt: skip
+            send(state.to_tokenizer, request)
             result = await admission
         except BaseException:  # cancelled, the server failed meanwhile, or the request did not encode
             self.close()
@@ -179,6 +182,7 @@ class RequestGroup:
             raise APIError(400, result.error, result.param)
         self.prompt_tokens += result.prompt_len
         self.choice_prompt_tokens += [result.prompt_len] * n
+        self.choice_prompt_ids += [result.prompt_ids] * n
         state.metrics.prompt_tokens += result.prompt_len
         return result
 

@@ -367,6 +367,75 @@ def test_vllm_prompt_logprobs_bad_values(tools_client, model_name, extra, messag
         assert err.value.body["param"] == "prompt_logprobs", err.value.body
 
 
+def test_return_token_ids_completions(tools_client, llm, model_name):
+    """vLLM's return_token_ids: each choice's prompt ids (text or token prompts) and generated ids,
+    as the offline engine's; streamed, the generated ids spread over the chunks and the prompt's on
+    each choice's first chunk only."""
+    ids = llm.tokenizer.encode(PROMPT, add_special_tokens=False)
+    other = ids[:3]
+    refs = llm.generate([ids, other], SamplingParams(temperature=0.0, max_tokens=5))
+    kwargs = dict(model=model_name, prompt=[ids, other], max_tokens=5, temperature=0, n=2,
+                  extra_body={"return_token_ids": True})  # fmt: skip
+    text = tools_client.completions.create(**{**kwargs, "prompt": PROMPT, "n": 1}).choices[0]
+    assert text.model_extra["prompt_token_ids"] == ids  # the server's tokenization
+    assert text.model_extra["token_ids"] == refs[0].token_ids
+    resp = tools_client.completions.create(**kwargs)
+    assert len(resp.choices) == 4
+    for choice in resp.choices:
+        prompt, ref = (ids, refs[0]) if choice.index < 2 else (other, refs[1])
+        assert choice.model_extra["prompt_token_ids"] == prompt
+        assert choice.model_extra["token_ids"] == ref.token_ids
+    streamed: dict[int, list[int]] = {i: [] for i in range(4)}
+    announced: dict[int, list[list[int]]] = {i: [] for i in range(4)}
+    for chunk in tools_client.completions.create(**kwargs, stream=True):
+        for c in chunk.choices:
+            if "prompt_token_ids" in c.model_extra:
+                assert not streamed[c.index]  # on the choice's first chunk
+                announced[c.index].append(c.model_extra["prompt_token_ids"])
+            streamed[c.index] += c.model_extra["token_ids"]
+    assert streamed == {i: refs[i // 2].token_ids for i in range(4)}
+    assert announced == {i: [ids if i < 2 else other] for i in range(4)}
+    # not asked: no such fields
+    plain = tools_client.completions.create(model=model_name, prompt=PROMPT, max_tokens=1)
+    assert "token_ids" not in plain.choices[0].model_extra
+
+
+def test_return_token_ids_chat(tools_client, llm, templated, model_name):
+    """On chat the response carries the templated prompt's ids once; each choice its own ids."""
+    ids = reference_ids(templated, ASK)
+    ref = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=5))[0]
+    kwargs = dict(model=model_name, messages=ASK, max_tokens=5, temperature=0,
+                  extra_body={"return_token_ids": True})  # fmt: skip
+    resp = tools_client.chat.completions.create(**kwargs)
+    assert resp.model_extra["prompt_token_ids"] == ids
+    assert resp.choices[0].model_extra["token_ids"] == ref.token_ids
+    chunks = list(tools_client.chat.completions.create(**kwargs, stream=True))
+    assert [c.model_extra.get("prompt_token_ids") for c in chunks if c.choices][0] == ids
+    assert sum(1 for c in chunks if c.model_extra.get("prompt_token_ids") is not None) == 1
+    assert [t for c in chunks if c.choices for t in c.choices[0].model_extra.get("token_ids", [])] == ref.token_ids
+
+
+def test_return_tokens_as_token_ids(tools_client, llm, model_name):
+    """vLLM's return_tokens_as_token_ids: logprobs name tokens (and top tokens) "token_id:{id}"."""
+    ids = llm.tokenizer.encode(PROMPT, add_special_tokens=False)
+    ref = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=3, logprobs=2))[0]
+    named = [f"token_id:{t}" for t in ref.token_ids]
+    top_named = [[f"token_id:{t}" for t, _ in lp.top] for lp in ref.logprobs]
+    extra = {"return_tokens_as_token_ids": True}
+    got = tools_client.completions.create(
+        model=model_name, prompt=PROMPT, max_tokens=3, temperature=0, logprobs=2, extra_body=extra
+    ).choices[0].logprobs
+    assert got.tokens == named
+    assert [list(top) for top in got.top_logprobs] == top_named
+    chat = tools_client.chat.completions.create(
+        model=model_name, messages=[{"role": "user", "content": PROMPT}], max_tokens=3, temperature=0,
+        logprobs=True, top_logprobs=2, extra_body=extra,
+    ).choices[0].logprobs.content  # fmt: skip
+    assert all(e.token.startswith("token_id:") and e.bytes == list(e.token.encode()) for e in chat)
+    assert all(t.token.startswith("token_id:") for e in chat for t in e.top_logprobs)
+    assert [e.token for e in chat] == [f"token_id:{int(e.token.split(':')[1])}" for e in chat]
+
+
 def test_completions_stream_usage(tools_client, llm, model_name):
     chunks = list(
         tools_client.completions.create(
