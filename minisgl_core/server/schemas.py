@@ -437,7 +437,9 @@ class SamplingFields(GrammarFields):
     def _prompt_logprobs_not_streamed(cls, k: int, info: ValidationInfo) -> int:
         # vLLM's rule: the prompt's logprobs come in the whole response only
         if info.data.get("stream", False):
-            raise ValueError("prompt_logprobs is not available with stream true")
+            raise ValueError(
+                "not available when stream is true (the prompt's logprobs come with the whole response)"
+            )
         return k
 
     @property

@@ -354,7 +354,7 @@ def test_vllm_prompt_logprobs_chat(tools_client, llm, templated, model_name):
         ({"prompt_logprobs": 21}, "prompt_logprobs"),
         ({"prompt_logprobs": -1}, "prompt_logprobs"),
         ({"prompt_logprobs": True}, "prompt_logprobs"),
-        ({"prompt_logprobs": 1, "stream": True}, "not available with stream"),
+        ({"prompt_logprobs": 1, "stream": True}, "prompt_logprobs: not available when stream is true"),
     ],
 )
 def test_vllm_prompt_logprobs_bad_values(tools_client, model_name, extra, message):
@@ -412,7 +412,9 @@ def test_return_token_ids_chat(tools_client, llm, templated, model_name):
     chunks = list(tools_client.chat.completions.create(**kwargs, stream=True))
     assert [c.model_extra.get("prompt_token_ids") for c in chunks if c.choices][0] == ids
     assert sum(1 for c in chunks if c.model_extra.get("prompt_token_ids") is not None) == 1
-    assert [t for c in chunks if c.choices for t in c.choices[0].model_extra.get("token_ids", [])] == ref.token_ids
+    assert [
+        t for c in chunks if c.choices for t in c.choices[0].model_extra.get("token_ids", [])
+    ] == ref.token_ids
 
 
 def test_return_tokens_as_token_ids(tools_client, llm, model_name):
@@ -422,9 +424,13 @@ def test_return_tokens_as_token_ids(tools_client, llm, model_name):
     named = [f"token_id:{t}" for t in ref.token_ids]
     top_named = [[f"token_id:{t}" for t, _ in lp.top] for lp in ref.logprobs]
     extra = {"return_tokens_as_token_ids": True}
-    got = tools_client.completions.create(
-        model=model_name, prompt=PROMPT, max_tokens=3, temperature=0, logprobs=2, extra_body=extra
-    ).choices[0].logprobs
+    got = (
+        tools_client.completions.create(
+            model=model_name, prompt=PROMPT, max_tokens=3, temperature=0, logprobs=2, extra_body=extra
+        )
+        .choices[0]
+        .logprobs
+    )
     assert got.tokens == named
     assert [list(top) for top in got.top_logprobs] == top_named
     chat = tools_client.chat.completions.create(
