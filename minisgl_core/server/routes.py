@@ -153,7 +153,13 @@ def make_router(
     @router.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
         check_model(body)
-        params = sampling_params(body.sampling_fields(), {}, model)
+        fields = body.sampling_fields()
+        # echo with max_tokens 0 (OpenAI's legacy way to score a text): the prompt alone comes back,
+        # with its logprobs if asked; one token is generated and dropped
+        score_only = body.echo and body.max_tokens == 0
+        if score_only:
+            fields["max_tokens"] = 1
+        params = sampling_params(fields, {}, model)
         # echo with logprobs: the prompt's tokens get theirs too (computed whole: no prefix cache)
         echo_logprobs = body.echo and body.logprobs is not None
         if echo_logprobs:
@@ -204,6 +210,12 @@ def make_router(
 
         unannounced = set(range(group.num_choices)) if body.return_token_ids else set()
 
+        def drop_generated(delta: r.Choice) -> None:
+            """Score-only echo: forget the token generated after the prompt."""
+            delta.text, delta.token_ids, delta.logprobs = "", [], []
+            if delta.finish_reason is not None:
+                delta.finish_reason, delta.matched_stop = "length", None
+
         def with_ids(chunk: dict, index: int, token_ids: list[int]) -> dict:
             """return_token_ids: the chunk's token ids, and the prompt's on the choice's first chunk."""
             if body.return_token_ids:
@@ -227,6 +239,8 @@ def make_router(
                     yield sse_error(delta.error)
                     yield r.DONE
                     return
+                if score_only:
+                    drop_generated(delta)
                 completion_tokens += len(delta.token_ids)
                 produced[delta.index] += len(delta.token_ids)
                 if (
@@ -266,6 +280,8 @@ def make_router(
 
         def build(choices: list[r.Choice]) -> dict:
             for choice in choices:
+                if score_only:
+                    drop_generated(choice)
                 choice.text = echoes[choice.index] + choice.text
                 if echo_logprobs and choice.prompt_logprobs is not None:
                     prompt = [e for e in choice.prompt_logprobs if e is not None]

@@ -297,6 +297,38 @@ def test_echo_with_logprobs_scores_the_prompt(tools_client, llm, model_name, pro
         assert abs(a - b) < 1e-4, (a, b)
 
 
+def test_echo_with_max_tokens_0_scores_the_prompt_only(tools_client, llm, model_name):
+    """OpenAI's legacy way to score a text: echo with max_tokens 0 returns the prompt alone (text,
+    logprobs as the offline engine's prompt_logprobs), no completion tokens; streamed alike.
+    Without echo, max_tokens 0 stays a 400."""
+    ids = llm.tokenizer.encode(PROMPT, add_special_tokens=False)
+    ref = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1))[0]
+    expected = [lp.logprob for lp in ref.prompt_logprobs[1:]]
+    kwargs = dict(model=model_name, prompt=PROMPT, max_tokens=0, echo=True, logprobs=1)
+    resp = tools_client.completions.create(**kwargs)
+    choice = resp.choices[0]
+    assert choice.text == PROMPT and choice.finish_reason == "length"
+    assert resp.usage.completion_tokens == 0 and resp.usage.prompt_tokens == len(ids)
+    assert choice.logprobs.tokens == [llm.tokenizer.decode([t]) for t in ids]
+    assert choice.logprobs.token_logprobs[0] is None
+    for a, b in zip(choice.logprobs.token_logprobs[1:], expected, strict=True):
+        assert abs(a - b) < 1e-4, (a, b)
+    chunks = list(tools_client.completions.create(**kwargs, stream=True))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == PROMPT
+    streamed = [
+        lp
+        for c in chunks
+        if c.choices and c.choices[0].logprobs
+        for lp in c.choices[0].logprobs.token_logprobs
+    ]
+    assert len(streamed) == len(ids) and streamed[0] is None
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    plain = tools_client.completions.create(model=model_name, prompt=PROMPT, max_tokens=0, echo=True)
+    assert plain.choices[0].text == PROMPT and plain.usage.completion_tokens == 0
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        tools_client.completions.create(model=model_name, prompt=PROMPT, max_tokens=0)
+
+
 def _check_vllm_prompt_logprobs(got, ids, ref, k, tokenizer) -> None:
     """vLLM's prompt_logprobs: None for the first token, then {id: {logprob, rank, decoded_token}}
     for the prompt token first and the k most likely after it, as the offline engine's."""
