@@ -158,6 +158,12 @@ def make_router(
         # with its logprobs if asked; one token is generated and dropped
         score_only = body.echo and body.max_tokens == 0
         if score_only:
+            if body.min_tokens:
+                raise APIError(
+                    400,
+                    "min_tokens: echo with max_tokens 0 generates nothing; leave min_tokens at 0",
+                    "min_tokens",
+                )
             fields["max_tokens"] = 1
         params = sampling_params(fields, {}, model)
         # echo with logprobs: the prompt's tokens get theirs too (computed whole: no prefix cache)

@@ -327,6 +327,8 @@ def test_echo_with_max_tokens_0_scores_the_prompt_only(tools_client, llm, model_
     assert plain.choices[0].text == PROMPT and plain.usage.completion_tokens == 0
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
         tools_client.completions.create(model=model_name, prompt=PROMPT, max_tokens=0)
+    with pytest.raises(openai.BadRequestError, match="generates nothing"):
+        tools_client.completions.create(**kwargs, extra_body={"min_tokens": 1})
 
 
 def _check_vllm_prompt_logprobs(got, ids, ref, k, tokenizer) -> None:
