@@ -239,7 +239,9 @@ class KVManager:
         self.cache.lock(match.handle)
         self.cache.unlock(req.prefix_handle)
         cached = len(match.slots)
-        page_table[req.row, :cached] = match.slots.to(page_table.device, torch.int32)
+        # non_blocking: a plain host-to-device copy waits for every kernel queued before it, which
+        # made each prefill step wait for the one in flight (overlap lost; tools/device_sync_probe.py)
+        page_table[req.row, :cached] = match.slots.to(torch.int32).to(page_table.device, non_blocking=True)
         req.pages = req.pages[(cached - req.prefix_len) // self.page_size :]
         req.prefix_handle, req.prefix_slots, req.prefix_len = match.handle, match.slots, cached
 
