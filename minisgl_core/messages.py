@@ -28,7 +28,7 @@ import msgpack
 from minisgl_core.sampling import SamplingParams
 
 #: a token's logprob on the wire: [token_id, logprob, [[top_id, top_logprob], ...], rank] (rank:
-#: the token's vocabulary rank for a prompt token, else None)
+#: the token's vocabulary rank, or None)
 WireLogprob = list[Any]
 
 

@@ -254,7 +254,7 @@ class TokenLogprob(NamedTuple):
     #: the most likely tokens at this position, (token_id, logprob), best first
     top: list[tuple[int, float]]
     #: the token's rank in the vocabulary at this position (1: the most likely; a tie takes the
-    #: lowest place, as vLLM counts), for prompt logprobs; None for sampled tokens
+    #: lowest place, as vLLM counts); None where not computed
     rank: int | None = None
 
 

@@ -108,6 +108,21 @@ def test_logprobs_are_log_softmax_of_the_raw_logits():
     assert [t for t, _ in lp[0].top] == top.indices.tolist()
 
 
+def test_sampled_tokens_carry_their_vocabulary_rank():
+    """1 + the tokens more likely than the one drawn (random logits: no ties), as vLLM counts;
+    hot sampling over many rows draws tokens of many ranks."""
+    torch.manual_seed(0)
+    logits = torch.randn(64, 30)
+    sampler = Sampler(30, torch.device("cpu"))
+    params = SamplingParams(temperature=2.0, logprobs=0)
+    result = sampler.sample(logits, [SampleRequest(params, [])] * 64)
+    token_ids = result.token_ids.tolist()
+    ref = torch.log_softmax(logits, -1)
+    expected = [1 + int((ref[i] > ref[i, t]).sum()) for i, t in enumerate(token_ids)]
+    assert [lp.rank for lp in result.logprobs(token_ids)] == expected
+    assert len(set(expected)) > 3
+
+
 @pytest.fixture(scope="module")
 def llm(tmp_path_factory):
     d = make_model_dir(tmp_path_factory.mktemp("m") / "llama", "LlamaForCausalLM")

@@ -230,7 +230,7 @@ class SampleResult:
     """Sampled tokens, still on the device; logprob lists are built on the host only when asked."""
 
     def __init__(
-        self, token_ids: torch.Tensor, logprob_rows: list[int], chosen, top_ids, top_vals, ks
+        self, token_ids: torch.Tensor, logprob_rows: list[int], chosen, top_ids, top_vals, ks, ranks=None
     ) -> None:
         self.token_ids = token_ids
         self._rows, self._chosen, self._top_ids, self._top_vals, self._ks = (
@@ -240,6 +240,8 @@ class SampleResult:
             top_vals,
             ks,
         )
+        #: each logprob row's token's vocabulary rank (vLLM's count), or None
+        self._ranks = ranks
 
     def logprobs(self, token_ids: list[int]) -> list[TokenLogprob | None]:
         out: list[TokenLogprob | None] = [None] * len(token_ids)
@@ -248,9 +250,10 @@ class SampleResult:
         chosen = self._chosen.tolist()
         top_ids = self._top_ids.tolist() if self._top_ids is not None else None
         top_vals = self._top_vals.tolist() if self._top_vals is not None else None
+        ranks = self._ranks.tolist() if self._ranks is not None else [None] * len(self._rows)
         for j, (i, k) in enumerate(zip(self._rows, self._ks)):
             top = list(zip(top_ids[j][:k], top_vals[j][:k])) if k and top_ids is not None else []
-            out[i] = TokenLogprob(token_ids[i], chosen[j], top)
+            out[i] = TokenLogprob(token_ids[i], chosen[j], top, ranks[j])
         return out
 
 
@@ -455,6 +458,7 @@ class Sampler:
         rows = to_device(wanted, raw_logits.device)
         logprobs = torch.log_softmax(raw_logits[rows].float(), dim=-1)
         chosen = logprobs.gather(1, token_ids[rows][:, None]).squeeze(1)
+        ranks = (logprobs >= chosen[:, None]).sum(dim=-1)  # the tokens at least as likely, itself included
         ks = [params[i].logprobs or 0 for i in wanted]
         top_vals, top_ids = logprobs.topk(max(ks), dim=-1) if max(ks) else (None, None)
-        return SampleResult(token_ids, wanted, chosen, top_ids, top_vals, ks)
+        return SampleResult(token_ids, wanted, chosen, top_ids, top_vals, ks, ranks)

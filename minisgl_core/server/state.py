@@ -55,7 +55,7 @@ class TokenEvent:
     finish_reason: str | None
     matched_stop: str | int | None
     #: [token_text, logprob, [[top_text, top_logprob, top_id], ...], token_id, rank] or None (rank:
-    #: the vocabulary rank, for prompt tokens only)
+    #: the token's vocabulary rank)
     logprob: list[Any] | None
     error: str | None
     #: with prompt_logprobs, on the first event: one entry per prompt token as ``logprob`` (None
