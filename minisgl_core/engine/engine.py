@@ -47,6 +47,7 @@ from minisgl_core.runner.sampler import (
     min_tokens_ban,
     shards_plain,
     to_device,
+    vocab_ranks,
 )
 from minisgl_core.sampling import SamplingParams, StepOutput, TokenLogprob
 from minisgl_core.scheduler.request import Request
@@ -432,8 +433,7 @@ class Engine:
         full = self.runner.full_logits(logits[to_device(rows, logits.device)])
         logprobs = torch.log_softmax(full.float(), dim=-1)
         chosen = logprobs.gather(1, to_device(targets, logprobs.device)[:, None])
-        # the rank counts the tokens at least as likely, itself included (vLLM's count)
-        ranks = (logprobs >= chosen).sum(dim=-1)
+        ranks = vocab_ranks(logprobs, chosen)
         top = logprobs.topk(k, dim=-1) if k else None
         return PromptLogprobs(chosen.squeeze(1), ranks, *(top or (None, None)))
 

@@ -206,7 +206,7 @@ class Detokenizer:
             out.matched_stops.append(matched)
             out.logprobs.append(self._logprob(step.logprobs[i]))
             out.errors.append(step.errors[i])
-            prompt = step.prompt_logprobs[i] if i < len(step.prompt_logprobs) else None
+            prompt = step.prompt_logprobs[i]
             out.prompt_logprobs.append(None if prompt is None else [self._logprob(w) for w in prompt])
         return out
 

@@ -158,10 +158,19 @@ def apply_token_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch
     return logits
 
 
-def to_device(values: list, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """A small host list on ``device`` without waiting for the device: ``torch.tensor(..., device=cuda)``
-    is a synchronous copy that blocks until all queued kernels finish, which would defeat overlap."""
-    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+def to_device(
+    values: list | torch.Tensor, device: torch.device, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """A small host list (or host tensor) on ``device`` without waiting for the device:
+    ``torch.tensor(..., device=cuda)`` or a plain ``.to(cuda)`` is a synchronous copy that blocks
+    until all queued kernels finish, which would defeat overlap."""
+    return torch.as_tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+
+def vocab_ranks(logprobs: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """Each row's chosen token's rank in the vocabulary (``chosen``: ``[rows, 1]`` logprobs): the
+    tokens at least as likely, itself included, as vLLM counts (1: the most likely)."""
+    return (logprobs >= chosen).sum(dim=-1)
 
 
 @dataclass
@@ -458,7 +467,7 @@ class Sampler:
         rows = to_device(wanted, raw_logits.device)
         logprobs = torch.log_softmax(raw_logits[rows].float(), dim=-1)
         chosen = logprobs.gather(1, token_ids[rows][:, None]).squeeze(1)
-        ranks = (logprobs >= chosen[:, None]).sum(dim=-1)  # the tokens at least as likely, itself included
+        ranks = vocab_ranks(logprobs, chosen[:, None])
         ks = [params[i].logprobs or 0 for i in wanted]
         top_vals, top_ids = logprobs.topk(max(ks), dim=-1) if max(ks) else (None, None)
         return SampleResult(token_ids, wanted, chosen, top_ids, top_vals, ks, ranks)

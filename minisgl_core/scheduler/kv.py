@@ -20,6 +20,7 @@ import math
 import torch
 
 from minisgl_core.api import CacheManager, PrefixMatch
+from minisgl_core.runner.sampler import to_device
 from minisgl_core.scheduler.allocator import PageAllocator
 from minisgl_core.scheduler.request import Request
 
@@ -239,9 +240,9 @@ class KVManager:
         self.cache.lock(match.handle)
         self.cache.unlock(req.prefix_handle)
         cached = len(match.slots)
-        # non_blocking: a plain host-to-device copy waits for every kernel queued before it, which
-        # made each prefill step wait for the one in flight (overlap lost; tools/device_sync_probe.py)
-        page_table[req.row, :cached] = match.slots.to(torch.int32).to(page_table.device, non_blocking=True)
+        # (to_device: a plain copy waits for every kernel queued before it, which made each prefill
+        # step wait for the one in flight; tools/device_sync_probe.py found it)
+        page_table[req.row, :cached] = to_device(match.slots, page_table.device, torch.int32)
         req.pages = req.pages[(cached - req.prefix_len) // self.page_size :]
         req.prefix_handle, req.prefix_slots, req.prefix_len = match.handle, match.slots, cached
 

@@ -286,9 +286,9 @@ class Scheduler:
                     self._release(req)
                 break
             if newly_admitted and req.prefix_len:  # the reused prefix's KV, as the cache holds it
-                # non_blocking: a plain copy would wait for the step in flight (see kv.cache_prompt)
-                prefix = req.prefix_slots.to(torch.int32).to(self.device, non_blocking=True)
-                self.page_table[req.row, : req.prefix_len] = prefix
+                self.page_table[req.row, : req.prefix_len] = to_device(
+                    req.prefix_slots, self.device, torch.int32
+                )
             budget -= n
             slots.append(req_slots)
             reqs.append(req)

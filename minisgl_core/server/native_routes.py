@@ -51,6 +51,11 @@ def native_router(state: ServerState) -> APIRouter:
         )
         rid = r.new_id("gen")
 
+        def result(choice: r.Choice) -> dict:
+            return r.generate_result(
+                rid, choice, group.prompt_tokens, group.arrival, body.return_logprob, body.logprob_start_len
+            )
+
         async def chunks() -> AsyncIterator[str]:
             choice = r.Choice(0)
             async for delta in group.deltas():
@@ -62,27 +67,11 @@ def native_router(state: ServerState) -> APIRouter:
                     return
                 choice.merge(delta)
                 if delta.text or delta.finish_reason is not None:
-                    yield r.sse(
-                        r.generate_result(
-                            rid,
-                            choice,
-                            group.prompt_tokens,
-                            group.arrival,
-                            body.return_logprob,
-                            body.logprob_start_len,
-                        )  # fmt: skip
-                    )
+                    yield r.sse(result(choice))
             yield r.DONE
 
         def build(choices: list[r.Choice]) -> dict:
-            return r.generate_result(
-                rid,
-                choices[0],
-                group.prompt_tokens,
-                group.arrival,
-                body.return_logprob,
-                body.logprob_start_len,
-            )
+            return result(choices[0])
 
         return await respond(group, request, body.stream, chunks, build)
 

@@ -405,6 +405,6 @@ class ServerState:
                     out.matched_stops[i],
                     out.logprobs[i],
                     out.errors[i],
-                    out.prompt_logprobs[i] if i < len(out.prompt_logprobs) else None,
+                    out.prompt_logprobs[i],
                 )  # fmt: skip
             )
