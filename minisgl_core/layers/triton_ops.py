@@ -58,6 +58,12 @@ def triton_enabled(device: torch.device, flag: str) -> bool:
     CUDA, elsewhere only under Triton's interpreter."""
     if not fast_paths.current().enabled(_SWITCH_OF_ENV_VAR[flag]):
         return False
+    return triton_runs_on(device)
+
+
+def triton_runs_on(device: torch.device) -> bool:
+    """Whether Triton kernels can run on ``device``: CUDA, or any device under Triton's CPU
+    interpreter (``TRITON_INTERPRET=1``, the tests); Triton installed."""
     if device.type != "cuda" and not environment.triton_interpreter():
         return False
     return triton_available()

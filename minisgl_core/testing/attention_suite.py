@@ -27,7 +27,7 @@ import importlib
 import itertools
 import math
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, NamedTuple
 
 import pytest
@@ -415,17 +415,33 @@ class AttentionBackendSuite:
 
     def test_prestored_kv(self, generator: torch.Generator) -> None:
         """(API 1.5) With "prestored_kv": k and v already in the pool, ``attend(q, layer_id, batch)``
-        attends over them and writes nothing; a prefill step then decode steps."""
-        self.require("prefill", "decode", "prestored_kv")
+        attends over them and writes nothing; a prefill step then decode steps (a decode-only
+        backend: the prompts stored by the suite, then the decode steps)."""
+        self.require("decode", "prestored_kv")
         prompts, decode_steps = [self.max_seq_len - 2, 5, 1], 2
         capacities = [p + decode_steps for p in prompts]
         problem = self.make_problem(self.representative_shape(), capacities, generator)
-        steps = [(prompts, prompts)]
-        steps += [([p + i for p in prompts], [1] * len(prompts)) for i in range(1, decode_steps + 1)]
-        for seq_lens, extend_lens in steps:
-            is_prefill = any(e > 1 for e in extend_lens)
-            batch = self.batch(problem, generator, seq_lens, extend_lens, is_prefill=is_prefill)
+        for batch in self.prompt_then_decode_steps(problem, generator, prompts, decode_steps):
             self.run_step(problem, generator, batch, prestore=True)
+
+    def prompt_then_decode_steps(
+        self, problem: Problem, generator: torch.Generator, prompts: list[int], decode_steps: int
+    ) -> Iterator[ForwardBatch]:
+        """The batches of a prefill step over ``prompts`` then ``decode_steps`` decode steps. For a
+        backend without "prefill" the prompts' K/V are stored by the suite before the first decode
+        step instead (later steps read what the backend stored)."""
+        decode_only = "prefill" not in self.backend_class().capabilities
+        if not decode_only:
+            yield self.batch(problem, generator, prompts, prompts, is_prefill=True)
+        for i in range(1, decode_steps + 1):
+            batch = self.batch(
+                problem, generator, [p + i for p in prompts], [1] * len(prompts), is_prefill=False
+            )
+            if decode_only and i == 1:
+                store_prefixes(
+                    problem.config.kv_cache, LAYER, batch, problem.keys[LAYER], problem.values[LAYER]
+                )
+            yield batch
 
     def test_layers_share_metadata(self, generator: torch.Generator) -> None:
         """prepare_metadata runs once per step; every layer's forward reuses it on its own KV."""
@@ -466,23 +482,17 @@ class AttentionBackendSuite:
     def test_fp8_kv_cache(self, generator: torch.Generator) -> None:
         """(API 2.0) With "kv_fp8": over a float8_e4m3fn pool, the backend stores the new k/v cast
         to float8 and attends over the dequantized pool; a prefill step then decode steps,
-        compared with the reference on the same float8-rounded K/V."""
-        self.require("prefill", "decode", "kv_fp8")
+        compared with the reference on the same float8-rounded K/V (a decode-only backend: the
+        prompts stored by the suite, then the decode steps)."""
+        self.require("decode", "kv_fp8")
         prompts, decode_steps = [self.max_seq_len - 3, 2, 17], 2
         capacities = [p + decode_steps for p in prompts]
         problem = self.make_problem(
             self.representative_shape(), capacities, generator, kv_dtype=torch.float8_e4m3fn
         )
         assert problem.config.kv_cache.buffer.dtype == torch.float8_e4m3fn
-        steps = [(prompts, prompts)]
-        steps += [([p + i for p in prompts], [1] * len(prompts)) for i in range(1, decode_steps + 1)]
-        for seq_lens, extend_lens in steps:
-            is_prefill = any(e > 1 for e in extend_lens)
-            self.run_step(
-                problem,
-                generator,
-                self.batch(problem, generator, seq_lens, extend_lens, is_prefill=is_prefill),
-            )
+        for batch in self.prompt_then_decode_steps(problem, generator, prompts, decode_steps):
+            self.run_step(problem, generator, batch)
 
     def capture_decode(self, problem: Problem, dummy: ForwardBatch) -> CapturedDecode:
         """The core's protocol: ``init_graph_capture``, ``prepare_capture(dummy)``, a warm-up

@@ -1,0 +1,10 @@
+"""Registers the Triton decode attention backend; imports nothing heavy (no Triton, no torch.cuda)."""
+
+from minisgl_core.api import hookimpl
+
+MINISGL_API = "2.0"
+
+
+@hookimpl
+def minisgl_register_attention_backends(register) -> None:
+    register("triton", "minisgl_plugin_triton.backend:TritonDecodeBackend")

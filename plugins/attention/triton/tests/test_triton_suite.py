@@ -1,0 +1,81 @@
+"""The attention conformance suite on the Triton decode backend: on a GPU as it is; on the CPU
+under Triton's interpreter, in a child process (``TRITON_INTERPRET`` must be set before Triton is
+imported), where the suite classes below run again with the variable set. Without a GPU or the
+interpreter the backend is unavailable and the suite classes skip.
+
+Two configurations: the backend as shipped (small batches split the KV only when the GPU would
+sit idle) and one that always splits (the partial outputs and their merge), over bf16 and float8
+pools (the suite's "kv_fp8" test), page sizes 1 and 16, GQA groups 1 to 8."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from minisgl_plugin_triton.backend import TritonDecodeBackend
+
+from minisgl_core import environment
+from minisgl_core.testing.attention_suite import AttentionBackendSuite
+from minisgl_core.testing.triton_interpreter import run_under_interpreter
+
+pytest.importorskip("triton")
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class AlwaysSplitting(TritonDecodeBackend):
+    """Asks for more programs than there are, so the suite's batches split their KV (4 ways for
+    16 sequences of 2 KV heads on the interpreter's 4 "SMs"; some splits of short ones empty)."""
+
+    programs_per_sm = 32
+
+
+class TestTritonDecode(AttentionBackendSuite):
+    backend_cls = TritonDecodeBackend
+    device = DEVICE
+    dtype = torch.bfloat16
+    gqa_ratios = (1, 2, 4, 8)
+    max_seq_len = 150  # more than two of the kernel's 64-position blocks
+
+
+class TestTritonDecodeSplitting(TestTritonDecode):
+    backend_cls = AlwaysSplitting
+    gqa_ratios = (1, 4)
+    head_dims = (128,)
+
+
+def test_the_split_rule():
+    from minisgl_plugin_triton.backend import MAX_SPLITS, splits_for
+
+    # Qwen3-0.6B (8 KV heads) on 132 SMs, 4 programs per SM: a full batch does not split
+    assert splits_for(256, 8, 132, 4) == 1
+    assert splits_for(66, 8, 132, 4) == 1  # 528 programs: exactly 4 per SM
+    assert splits_for(65, 8, 132, 4) == 2
+    assert splits_for(1, 8, 132, 4) == MAX_SPLITS  # batch 1: 66 wanted, capped
+    assert splits_for(16, 8, 132, 4) == 8  # 4.1 wanted: the next power of two
+    for bs in range(1, 300):
+        s = splits_for(bs, 8, 132, 4)
+        assert s & (s - 1) == 0 and 1 <= s <= MAX_SPLITS
+
+
+def test_decode_only_steps_are_refused_clearly():
+    backend = TritonDecodeBackend.__new__(TritonDecodeBackend)
+
+    class Batch:
+        is_prefill = True
+        extend_lens_cpu = [5]
+
+    with pytest.raises(ValueError, match="--attn fi,triton"):
+        backend.prepare_metadata(Batch())  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="on a GPU the suite classes run directly")
+@pytest.mark.skipif(environment.triton_interpreter(), reason="this is the interpreter's child process")
+def test_suite_under_the_interpreter():
+    out = run_under_interpreter(__file__)
+    assert " passed" in out and "failed" not in out, out[-3000:]
+
+
+if __name__ == "__main__":  # the child process: the suite classes under the interpreter
+    sys.exit(pytest.main([__file__, "-q", "-p", "no:cacheprovider", "-k", "TestTritonDecode"]))
