@@ -90,7 +90,7 @@ def main() -> None:
     result: dict = {"device": torch.cuda.get_device_name(0), "rows": [], "sweep": []}
 
     if args.sweep:
-        for block_n, warps, stages in itertools.product((32, 64, 128), (2, 4, 8), (2, 3, 4)):
+        for block_n, warps, stages in itertools.product((32, 64, 128), (4, 8), (2, 3)):
             variant = type(
                 "Variant", (triton_cls,), {"block_n": block_n, "num_warps": warps, "num_stages": stages}
             )
