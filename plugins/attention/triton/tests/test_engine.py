@@ -1,0 +1,62 @@
+"""The Triton decode backend inside the engine: ``--attn torch,triton`` (the torch backend's
+prefill, this decode) gives the greedy tokens of ``--attn torch`` and logprobs within float
+rounding of them: a random Llama over a float8 pool, a random Qwen3 (QK-norm) over a float32
+one, both of GQA group 4. On the CPU under Triton's interpreter, in a child process (on a
+GPU the same comparison runs in tools/device_e2e.py's configurations)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+
+import pytest
+import torch
+
+from minisgl_core.testing.triton_interpreter import run_under_interpreter
+
+pytest.importorskip("triton")
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [100, 3], list(range(40, 110))]
+MAX_TOKENS = 10
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="the interpreter's check; the GPU has tools/device_e2e.py"
+)
+@pytest.mark.parametrize(
+    "arch, kv_cache_dtype", [("LlamaForCausalLM", "fp8_e4m3"), ("Qwen3ForCausalLM", "auto")]
+)
+def test_triton_decode_gives_the_torch_backends_greedy_tokens(arch, kv_cache_dtype):
+    runs = json.loads(run_under_interpreter(__file__, arch, kv_cache_dtype).splitlines()[-1])
+    reference, triton = runs["torch"], runs["torch,triton"]
+    for ref, got in zip(reference, triton, strict=True):
+        assert got["tokens"] == ref["tokens"]
+        worst = max(abs(a - b) for a, b in zip(got["logprobs"], ref["logprobs"], strict=True))
+        # float32 products over the same pool (float8: both read the same dequantized values,
+        # the kernel multiplies in float16)
+        assert worst < (2e-2 if kv_cache_dtype == "fp8_e4m3" else 1e-4), worst
+
+
+def child(arch: str, kv_cache_dtype: str) -> None:
+    from minisgl_core.demo.factories import make_model_dir
+    from minisgl_core.llm import LLM
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = make_model_dir(
+            tmp, arch, num_attention_heads=8, num_key_value_heads=2, head_dim=32, hidden_size=128
+        )
+        runs = {}
+        for attn in ("torch", "torch,triton"):
+            llm = LLM(str(model), attn=attn, device="cpu", kv_cache_dtype=kv_cache_dtype, num_kv_tokens=1024)
+            params = llm.sampling_params(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
+            outputs = llm.generate(PROMPTS, params, use_tqdm=False)
+            runs[attn] = [
+                {"tokens": o.token_ids, "logprobs": [lp.logprob for lp in o.logprobs]} for o in outputs
+            ]
+            llm.close()
+        print(json.dumps(runs))
+
+
+if __name__ == "__main__":
+    child(*sys.argv[1:])
