@@ -215,6 +215,26 @@ def test_attn_auto_is_torch_on_cpu_and_pairs_parse():
         pick_attention("a,b,c", cpu, plugins)
 
 
+def test_a_backend_is_used_only_for_the_steps_it_declares():
+    from minisgl_core.api import AttentionBackend
+    from minisgl_core.runner.model_runner import check_roles
+
+    class DecodeOnly(AttentionBackend):
+        capabilities = frozenset({"decode"})
+
+    class PrefillOnly(AttentionBackend):
+        capabilities = frozenset({"prefill"})
+
+    both = Plugins.load().resolve("attention", "torch")
+    backends = {"dec": DecodeOnly, "pre": PrefillOnly, "torch": both}
+    check_roles("torch", "dec", backends)
+    check_roles("pre", "torch", backends)
+    with pytest.raises(PluginError, match="'dec' does not run prefill steps.*--attn fi,dec"):
+        check_roles("dec", "dec", backends)
+    with pytest.raises(PluginError, match="'pre' does not run decode steps.*--attn pre,fi"):
+        check_roles("pre", "pre", backends)
+
+
 def test_gpu_backend_on_cpu_says_why(model_dir):
     with pytest.raises(PluginError, match="'fi' cannot run on cpu: .*CUDA"):
         LLM(model_dir, attn="fi", device="cpu")

@@ -58,6 +58,19 @@ def resolve_page_size(
     return page_size
 
 
+def check_roles(prefill: str, decode: str, backends: dict[str, type[AttentionBackend]]) -> None:
+    """The prefill backend declares "prefill" and the decode backend "decode" (a backend may
+    implement one of the two: ``--attn fi,triton``)."""
+    for role, name in (("prefill", prefill), ("decode", decode)):
+        if role not in backends[name].capabilities:
+            other = "decode" if role == "prefill" else "prefill"
+            example = f"fi,{name}" if role == "prefill" else f"{name},fi"
+            raise PluginError(
+                f"attention backend {name!r} does not run {role} steps (it does not declare {role!r}); "
+                f"use it for {other} only, e.g. --attn {example}"
+            )
+
+
 def check_kv_dtype(
     name: str, kv_dtype: torch.dtype, dtype: torch.dtype, backends: dict[str, type[AttentionBackend]]
 ) -> None:
@@ -92,6 +105,7 @@ class ModelRunner:
         self.kv_dtype = config.resolve_kv_dtype(self.dtype)
         prefill_name, decode_name = pick_attention(config.attn, self.device, plugins)
         attn_classes = {name: self._backend_class(name, plugins) for name in (prefill_name, decode_name)}
+        check_roles(prefill_name, decode_name, attn_classes)
         check_kv_dtype(config.kv_cache_dtype, self.kv_dtype, self.dtype, attn_classes)
         self.page_size = resolve_page_size(config.page_size, self.device, attn_classes)
         #: the model on disk, through its weight format (safetensors, or a plugin's: GGUF...)
