@@ -3,12 +3,13 @@
 Both backends run through the attention API (``prepare_capture`` then ``attend``) on one random
 paged layout, page 16, over a bf16 and a float8 e4m3 pool; 20 calls are captured in one graph and
 the replay timed. TB/s counts the KV bytes the batch reads. Each Triton output is compared with
-FlashInfer's on the same pool (max |difference|).
+FlashInfer's on the same pool (max |difference|). A context of 0 stands for the offline
+workload's spread: lengths drawn uniformly from 100 to 2,048.
 
     python3 tools/device_triton_decode.py [--sweep] [--json OUT.json]
 
 ``--sweep`` first tries launch configurations of the Triton kernel (positions per loop step,
-warps, pipeline stages) on the full-batch shapes and reports each.
+warps, pipeline stages) on the full-batch Qwen3 shapes, per pool dtype, and reports each.
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ from minisgl_core.testing.paged import make_forward_batch, random_page_table
 
 PAGE = 16
 HEAD_DIM = 128
-#: (query heads, KV heads, batch, context): Qwen3-0.6B and Llama-3.1-8B at full batch, a mid batch
-#: of long sequences, batch 1
+#: (query heads, KV heads, batch, context; 0 = 100..2,048): Qwen3-0.6B and Llama-3.1-8B at full
+#: batch, a mid batch, long sequences, batch 1 and 4
 SHAPES = [
     (16, 8, 256, 800),
+    (16, 8, 256, 0),
     (32, 8, 256, 800),
+    (32, 8, 256, 0),
     (16, 8, 64, 800),
     (16, 8, 32, 1500),
     (32, 8, 1, 200),
@@ -38,45 +41,52 @@ SHAPES = [
 ]
 
 
-def problem(qo: int, kv: int, bs: int, ctx: int, kv_dtype: torch.dtype, backend_cls, dev):
-    pages = bs * math.ceil(ctx / PAGE) + 4
-    cache = KVCache(num_layers=1, num_pages=pages, page_size=PAGE, num_kv_heads=kv, head_dim=HEAD_DIM,
-                    dtype=kv_dtype, device=dev)  # fmt: skip
-    gen = torch.Generator().manual_seed(0)
-    cache.buffer.copy_(torch.randn(cache.buffer.shape, generator=gen).to(kv_dtype))
-    config = AttentionConfig(num_qo_heads=qo, num_kv_heads=kv, head_dim=HEAD_DIM, scale=HEAD_DIM**-0.5,
-                             page_size=PAGE, dtype=torch.bfloat16, device=torch.device(dev), max_requests=bs + 2,
-                             max_context_len=math.ceil(ctx / PAGE) * PAGE + PAGE, kv_cache=cache)  # fmt: skip
-    backend = backend_cls(config)
-    layout = random_page_table([ctx] * bs, page_size=PAGE, num_pages=pages, max_requests=bs + 2,
-                               max_context_len=config.max_context_len, generator=gen, device=dev)  # fmt: skip
-    batch = make_forward_batch(layout, [ctx] * bs, [1] * bs, attn=backend, generator=gen, is_prefill=False,
-                               captured=True)  # fmt: skip
-    q = torch.randn(bs, qo, HEAD_DIM, generator=gen).to(device=dev, dtype=torch.bfloat16)
-    return backend, batch, q
+class Problem:
+    """One pool filled with random values and one random layout of ``bs`` sequences."""
 
+    def __init__(self, qo: int, kv: int, bs: int, ctx: int, kv_dtype: torch.dtype, dev: torch.device) -> None:
+        gen = torch.Generator().manual_seed(0)
+        self.lens = [ctx] * bs if ctx else torch.randint(100, 2049, (bs,), generator=gen).tolist()
+        longest = max(self.lens)
+        pages = sum(math.ceil(n / PAGE) for n in self.lens) + 4
+        cache = KVCache(num_layers=1, num_pages=pages, page_size=PAGE, num_kv_heads=kv, head_dim=HEAD_DIM,
+                        dtype=kv_dtype, device=dev)  # fmt: skip
+        cache.buffer.copy_(torch.randn(cache.buffer.shape, generator=gen).to(kv_dtype))
+        self.config = AttentionConfig(num_qo_heads=qo, num_kv_heads=kv, head_dim=HEAD_DIM, scale=HEAD_DIM**-0.5,
+                                      page_size=PAGE, dtype=torch.bfloat16, device=dev, max_requests=bs + 2,
+                                      max_context_len=math.ceil(longest / PAGE) * PAGE + PAGE,
+                                      kv_cache=cache)  # fmt: skip
+        self.layout = random_page_table(self.lens, page_size=PAGE, num_pages=pages, max_requests=bs + 2,
+                                        max_context_len=self.config.max_context_len, generator=gen,
+                                        device=dev)  # fmt: skip
+        self.q = torch.randn(bs, qo, HEAD_DIM, generator=gen).to(device=dev, dtype=torch.bfloat16)
+        self.kv_bytes = 2 * sum(self.lens) * kv * HEAD_DIM * cache.buffer.element_size()
 
-def replay_us(backend, batch, q, reps: int = 20) -> tuple[float, torch.Tensor]:
-    backend.init_graph_capture(batch.batch_size)
-    backend.prepare_capture(batch)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        out = backend.attend(q, 0, batch)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            out = backend.attend(q, 0, batch)
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
+    def replay_us(self, backend_cls, reps: int = 20) -> tuple[float, torch.Tensor]:
+        backend = backend_cls(self.config)
+        bs = len(self.lens)
+        batch = make_forward_batch(self.layout, self.lens, [1] * bs, attn=backend, generator=torch.Generator(),
+                                   is_prefill=False, captured=True)  # fmt: skip
+        backend.init_graph_capture(bs)
+        backend.prepare_capture(batch)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            out = backend.attend(self.q, 0, batch)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(reps):
+                out = backend.attend(self.q, 0, batch)
         graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / (10 * reps), out.float()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(10):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) * 1e3 / (10 * reps), out.float()
 
 
 def main() -> None:
@@ -90,38 +100,31 @@ def main() -> None:
     result: dict = {"device": torch.cuda.get_device_name(0), "rows": [], "sweep": []}
 
     if args.sweep:
-        for block_n, warps, stages in itertools.product((32, 64, 128), (4, 8), (2, 3)):
-            variant = type(
-                "Variant", (triton_cls,), {"block_n": block_n, "num_warps": warps, "num_stages": stages}
-            )
-            for qo, kv, bs, ctx in SHAPES[:2]:
+        from minisgl_plugin_triton.backend import Launch
+
+        for kv_dtype, shape in itertools.product((torch.float8_e4m3fn, torch.bfloat16), SHAPES[:2]):
+            problem = Problem(*shape, kv_dtype, dev)
+            size = torch.empty((), dtype=kv_dtype).element_size()
+            for block_n, warps, stages in itertools.product((64, 128, 256), (4, 8), (2, 3, 4)):
+                launch = Launch(block_n, warps, stages)
+                variant = type("Variant", (triton_cls,), {"launches": {size: launch}})
                 try:
-                    us, _ = replay_us(*problem(qo, kv, bs, ctx, torch.float8_e4m3fn, variant, dev))
-                except Exception as e:  # a configuration that does not compile (registers, shared memory)
-                    us = None
-                    print(
-                        f"sweep block_n={block_n} warps={warps} stages={stages}: {type(e).__name__}: {e}"[
-                            :300
-                        ]
-                    )
-                row = {
-                    "block_n": block_n,
-                    "warps": warps,
-                    "stages": stages,
-                    "shape": [qo, kv, bs, ctx],
-                    "us": us,
-                }
+                    us = round(problem.replay_us(variant)[0], 2)
+                except Exception as e:  # a configuration that does not fit (registers, shared memory)
+                    us = f"{type(e).__name__}: {e}"[:120]
+                row = {"kv": str(kv_dtype)[6:], "shape": list(shape), "launch": list(launch), "us": us}
                 result["sweep"].append(row)
                 print(json.dumps(row), flush=True)
 
-    for (qo, kv, bs, ctx), kv_dtype in itertools.product(SHAPES, (torch.bfloat16, torch.float8_e4m3fn)):
-        row: dict = {"shape": f"qo{qo}/kv{kv} bs{bs} ctx{ctx}", "kv": str(kv_dtype)[6:]}
-        nbytes = 2 * bs * ctx * kv * HEAD_DIM * torch.empty((), dtype=kv_dtype).element_size()
+    for shape, kv_dtype in itertools.product(SHAPES, (torch.bfloat16, torch.float8_e4m3fn)):
+        qo, kv, bs, ctx = shape
+        problem = Problem(*shape, kv_dtype, dev)
+        row: dict = {"shape": f"qo{qo}/kv{kv} bs{bs} ctx{ctx or '100-2048'}", "kv": str(kv_dtype)[6:]}
         outs = {}
         for name, cls in (("fi", fi), ("triton", triton_cls)):
-            us, outs[name] = replay_us(*problem(qo, kv, bs, ctx, kv_dtype, cls, dev))
+            us, outs[name] = problem.replay_us(cls)
             row[f"{name}_us"] = round(us, 2)
-            row[f"{name}_tbps"] = round(nbytes / (us * 1e-6) / 1e12, 2)
+            row[f"{name}_tbps"] = round(problem.kv_bytes / (us * 1e-6) / 1e12, 2)
         row["max_abs_diff"] = float((outs["fi"] - outs["triton"]).abs().max())
         result["rows"].append(row)
         print(json.dumps(row), flush=True)

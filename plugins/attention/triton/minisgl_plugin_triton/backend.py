@@ -41,7 +41,27 @@ class TritonDecodeMetadata(NamedTuple):
     #: [bs] int32 page-table rows and KV lengths the kernel reads (the graph's buffers when captured)
     req_slots: torch.Tensor
     seq_lens: torch.Tensor
+    #: [bs] int32 the batch's sequences, longest first: the order the kernel's programs take them in
+    order: torch.Tensor
     num_splits: int
+
+
+class Launch(NamedTuple):
+    """The kernel's launch: positions per step of its loop, warps, software-pipeline stages."""
+
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def longest_first(seq_lens: list[int], device: torch.device) -> torch.Tensor:
+    """The indices of ``seq_lens`` by decreasing length, on ``device``, copied without waiting."""
+    order = sorted(range(len(seq_lens)), key=seq_lens.__getitem__, reverse=True)
+    host = torch.tensor(order, dtype=torch.int32)
+    if device.type == "cuda":
+        # pinned, so the copy does not wait; PyTorch keeps the block until the copy has run
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
 
 
 def splits_for(batch_size: int, num_kv_heads: int, num_sms: int, programs_per_sm: int) -> int:
@@ -58,10 +78,9 @@ class TritonDecodeBackend(AttentionBackend):
     name: ClassVar[str] = "triton"
     #: programs per SM the split rule aims for
     programs_per_sm: ClassVar[int] = 4
-    #: the kernel's launch: positions per step of its loop, warps, software-pipeline stages
-    block_n: ClassVar[int] = 64
-    num_warps: ClassVar[int] = 4
-    num_stages: ClassVar[int] = 2
+    #: the kernel's launch by the pool's element size; swept on an H200 (BENCHMARKS.md): a float8
+    #: pool wants more bytes in flight per program than a bf16 one
+    launches: ClassVar[dict[int, Launch]] = {1: Launch(128, 4, 3), 2: Launch(64, 4, 2), 4: Launch(32, 4, 2)}
 
     @classmethod
     def availability(cls, device: torch.device) -> str | None:
@@ -111,8 +130,10 @@ class TritonDecodeBackend(AttentionBackend):
             most * config.num_qo_heads * head_dim, dtype=torch.float32, device=config.device
         )
         self.partial_lse = torch.empty(most * config.num_qo_heads, dtype=torch.float32, device=config.device)
+        self.launch = self.launches[config.kv_cache.buffer.element_size()]
         self._graph_req_slots: torch.Tensor | None = None
         self._graph_seq_lens: torch.Tensor | None = None
+        self._graph_order: torch.Tensor | None = None
         self._kernels: Any = None
 
     def splits(self, batch_size: int) -> int:
@@ -126,8 +147,9 @@ class TritonDecodeBackend(AttentionBackend):
                 f"the {self.name} attention backend runs decode steps only; pair it with a prefill "
                 f"backend: --attn fi,{self.name}"
             )
+        order = longest_first(batch.seq_lens_cpu, batch.seq_lens.device)
         batch.attn_metadata = TritonDecodeMetadata(
-            batch.req_slots, batch.seq_lens, self.splits(batch.batch_size)
+            batch.req_slots, batch.seq_lens, order, self.splits(batch.batch_size)
         )
 
     def forward(
@@ -146,13 +168,15 @@ class TritonDecodeBackend(AttentionBackend):
         out = torch.empty(bs, config.num_qo_heads, config.head_dim, dtype=q.dtype, device=q.device)
         splits = metadata.num_splits
         page_table = batch.page_table
-        kernels.decode_kernel[(bs, config.num_kv_heads, splits)](
+        launch = self.launch
+        kernels.decode_kernel[(config.num_kv_heads, bs, splits)](
             q,
             cache.k_cache(layer_id),
             cache.v_cache(layer_id),
             page_table,
             metadata.req_slots,
             metadata.seq_lens,
+            metadata.order,
             out,
             self.partial,
             self.partial_lse,
@@ -167,12 +191,12 @@ class TritonDecodeBackend(AttentionBackend):
             GROUP=self.group,
             BLOCK_H=self.block_h,
             HEAD_DIM=config.head_dim,
-            BLOCK_N=self.block_n,
+            BLOCK_N=launch.block_n,
             NUM_SPLITS=splits,
             WIDEN_FP8=cache.dtype == torch.float8_e4m3fn,
             DOT_FP32=self.interpreted and q.dtype == torch.bfloat16,
-            num_warps=self.num_warps,
-            num_stages=self.num_stages,
+            num_warps=launch.num_warps,
+            num_stages=launch.num_stages,
         )
         if splits > 1:
             kernels.merge_kernel[(bs, config.num_qo_heads)](
@@ -201,6 +225,7 @@ class TritonDecodeBackend(AttentionBackend):
         device = self.config.device
         self._graph_req_slots = torch.zeros(max_batch_size, dtype=torch.int32, device=device)
         self._graph_seq_lens = torch.ones(max_batch_size, dtype=torch.int32, device=device)
+        self._graph_order = torch.arange(max_batch_size, dtype=torch.int32, device=device)
 
     def prepare_capture(self, batch: ForwardBatch) -> None:
         batch.attn_metadata = self._graph_metadata(batch)
@@ -209,8 +234,8 @@ class TritonDecodeBackend(AttentionBackend):
         self._graph_metadata(batch)
 
     def _graph_metadata(self, batch: ForwardBatch) -> TritonDecodeMetadata:
-        """The batch's rows and lengths copied into the fixed buffers a captured graph reads."""
-        if self._graph_req_slots is None or self._graph_seq_lens is None:
+        """The batch's rows, lengths and order copied into the fixed buffers a captured graph reads."""
+        if self._graph_req_slots is None or self._graph_seq_lens is None or self._graph_order is None:
             raise RuntimeError("call init_graph_capture() before prepare_capture()")
         bs = batch.batch_size
         if bs > self._graph_req_slots.numel():
@@ -219,6 +244,8 @@ class TritonDecodeBackend(AttentionBackend):
             )
         req_slots = self._graph_req_slots[:bs]
         seq_lens = self._graph_seq_lens[:bs]
+        order = self._graph_order[:bs]
         req_slots.copy_(batch.req_slots, non_blocking=True)
         seq_lens.copy_(batch.seq_lens, non_blocking=True)
-        return TritonDecodeMetadata(req_slots, seq_lens, self.splits(bs))
+        order.copy_(longest_first(batch.seq_lens_cpu, order.device), non_blocking=True)
+        return TritonDecodeMetadata(req_slots, seq_lens, order, self.splits(bs))

@@ -1,6 +1,6 @@
 """The Triton kernels of the decode backend; imported on first use (Triton is not imported with the plugin).
 
-:func:`decode_kernel`: one program per (sequence, KV head, split) reads the split's share of the
+:func:`decode_kernel`: one program per (KV head, sequence, split) reads the split's share of the
 sequence's KV, the slot of each position straight from the page table, and attends all the query
 heads of its GQA group at once (``BLOCK_H`` rows of one tensor-core product, padded to 16). A
 float8 e4m3 pool is widened to float16 in registers (one ``cvt`` per pair of values) and the
@@ -24,6 +24,7 @@ def decode_kernel(
     page_table_ptr,
     req_slots_ptr,
     seq_lens_ptr,
+    order_ptr,
     out_ptr,
     part_ptr,
     lse_ptr,
@@ -43,8 +44,10 @@ def decode_kernel(
     WIDEN_FP8: tl.constexpr,
     DOT_FP32: tl.constexpr,
 ):
-    seq = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    # heads vary fastest in the launch order, and sequences come longest first (``order``), so
+    # the longest programs start first and the short ones fill in behind them
+    kv_head = tl.program_id(0)
+    seq = tl.load(order_ptr + tl.program_id(1))
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
     row = tl.load(req_slots_ptr + seq).to(tl.int64)

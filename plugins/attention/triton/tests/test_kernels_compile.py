@@ -16,7 +16,7 @@ def compile_decode(arch: int, kv: str, widen: bool, splits: int) -> str:
     from triton.compiler import ASTSource
 
     signature = {"q_ptr": "*bf16", "k_ptr": f"*{kv}", "v_ptr": f"*{kv}", "page_table_ptr": "*i32",
-                 "req_slots_ptr": "*i32", "seq_lens_ptr": "*i32", "out_ptr": "*bf16", "part_ptr": "*fp32",
+                 "req_slots_ptr": "*i32", "seq_lens_ptr": "*i32", "order_ptr": "*i32", "out_ptr": "*bf16", "part_ptr": "*fp32",
                  "lse_ptr": "*fp32", "scale_log2": "fp32", "q_stride_token": "i32", "q_stride_head": "i32",
                  "kv_stride_slot": "i32", "page_table_stride": "i32", "out_stride_token": "i32",
                  "out_stride_head": "i32"}  # fmt: skip
