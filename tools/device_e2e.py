@@ -217,8 +217,8 @@ def main() -> int:
             # the compiled RMS norm (one rounding) in place of the Triton one (eager's two)
             "fi_compiled_norm": dict(attn="fi", env={"MINISGL_TRITON_NORM": "0"}),
             # FlashInfer prefill, the Triton decode kernel (plugins/attention/triton)
-            "fi,triton": dict(attn="fi,triton"),
-            "fi,triton_no_graph": dict(attn="fi,triton", cuda_graph_max_bs=0),
+            "fi_triton": dict(attn="fi,triton"),
+            "fi_triton_no_graph": dict(attn="fi,triton", cuda_graph_max_bs=0),
         }
         if args.configs:
             wanted = args.configs.split(",")
@@ -256,7 +256,7 @@ def main() -> int:
         for a, b in (
             ("fi", "fi_no_graph"),
             ("fi", "fi_no_overlap"),
-            ("fi,triton", "fi,triton_no_graph"),
+            ("fi_triton", "fi_triton_no_graph"),
             ("torch_bf16", "torch_bf16_graph_overlap"),
         ):
             if "_ids" in results.get(a, {}) and "_ids" in results.get(b, {}):
