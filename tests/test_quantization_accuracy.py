@@ -60,7 +60,7 @@ def test_int4_greedy_output_stays_close_to_transformers(default_model_dir, real_
     try:
         outputs = llm.generate(
             [ref.prompt_ids for ref in real_references],
-            SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS),
+            SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=5),
         )
     finally:
         llm.close()
@@ -70,8 +70,13 @@ def test_int4_greedy_output_stays_close_to_transformers(default_model_dir, real_
         agreed += min(len(ref.output_ids), len(out.token_ids)) if same is None else same
         total += len(ref.output_ids)
     assert agreed / total >= INT4_FLOORS[quantization], f"{quantization}: {agreed}/{total}"
-    # the answers themselves survive
-    capital = next(
-        out.text for ref, out in zip(real_references, outputs, strict=True) if ref.label == "capital"
-    )
-    assert "Paris" in capital
+    # The answer itself survives, or leaves transformers' path only where the two next tokens
+    # nearly tie for the quantized model: on the capital prompt even the unquantized model's first
+    # two tokens are 0.08 nats apart, and int4-head's are 0.012 apart, "L'" ahead of "The" on an
+    # AVX2 CPU (the int4 kernel rounds by ISA), where an AVX-512 one picked "The ... Paris".
+    ref, out = next((r, o) for r, o in zip(real_references, outputs, strict=True) if r.label == "capital")
+    if "Paris" not in out.text:
+        fork = next(i for i, (a, b) in enumerate(zip(ref.output_ids, out.token_ids)) if a != b)
+        step = out.logprobs[fork]
+        wanted = dict((tid, lp) for tid, lp in step.top).get(ref.output_ids[fork])
+        assert wanted is not None and step.logprob - wanted < 0.05, (out.text, step)
