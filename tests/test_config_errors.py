@@ -235,6 +235,20 @@ def test_a_backend_is_used_only_for_the_steps_it_declares():
         check_roles("pre", "pre", backends)
 
 
+def test_a_backend_refusing_the_model_is_one_clear_error():
+    from minisgl_core.api import AttentionBackend
+    from minisgl_core.runner.model_runner import build_backend
+
+    class Picky(AttentionBackend):
+        def __init__(self, config):
+            raise ValueError("head_dim 24 is not a power of two")
+
+        prepare_metadata = forward = None  # type: ignore[assignment]
+
+    with pytest.raises(PluginError, match="'picky' cannot run this model: head_dim 24 is not a power of two"):
+        build_backend("picky", Picky, None)  # type: ignore[arg-type]
+
+
 def test_gpu_backend_on_cpu_says_why(model_dir):
     with pytest.raises(PluginError, match="'fi' cannot run on cpu: .*CUDA"):
         LLM(model_dir, attn="fi", device="cpu")

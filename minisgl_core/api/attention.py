@@ -170,6 +170,8 @@ class AttentionBackend(ABC):
     capabilities: ClassVar[frozenset[str]] = frozenset({"prefill", "decode", "page_size>1"})
 
     def __init__(self, config: AttentionConfig) -> None:
+        """A backend that cannot serve ``config`` (its head size, the pool's dtype on this device)
+        raises ``ValueError`` saying why; the core reports it as a one-line error at start."""
         self.config = config
 
     @classmethod

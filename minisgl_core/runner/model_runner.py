@@ -71,6 +71,15 @@ def check_roles(prefill: str, decode: str, backends: dict[str, type[AttentionBac
             )
 
 
+def build_backend(name: str, cls: type[AttentionBackend], config: AttentionConfig) -> AttentionBackend:
+    """``cls(config)``; a ``ValueError`` from it (the backend refuses this model's heads, this pool's
+    dtype on this GPU...) becomes a one-line :class:`PluginError` naming the backend."""
+    try:
+        return cls(config)
+    except ValueError as exc:
+        raise PluginError(f"attention backend {name!r} cannot run this model: {exc}") from exc
+
+
 def check_kv_dtype(
     name: str, kv_dtype: torch.dtype, dtype: torch.dtype, backends: dict[str, type[AttentionBackend]]
 ) -> None:
@@ -162,9 +171,11 @@ class ModelRunner:
             max_context_len=self.max_context_len,
             kv_cache=self.kv_cache,
         )
-        self.prefill_attn = attn_classes[prefill_name](attn_config)
+        self.prefill_attn = build_backend(prefill_name, attn_classes[prefill_name], attn_config)
         self.decode_attn = (
-            self.prefill_attn if decode_name == prefill_name else attn_classes[decode_name](attn_config)
+            self.prefill_attn
+            if decode_name == prefill_name
+            else build_backend(decode_name, attn_classes[decode_name], attn_config)
         )
         self.attn_names = (prefill_name, decode_name)
         self.cascade = config.cascade and "cascade" in self.decode_attn.capabilities
