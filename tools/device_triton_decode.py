@@ -92,35 +92,12 @@ class Problem:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--sweep", action="store_true")
-    p.add_argument("--fp8-bits", action="store_true", help="only: float8 widened by cvt vs by moving bits")
     p.add_argument("--json")
     args = p.parse_args()
     dev = torch.device("cuda")
     plugins = Plugins.load()
     fi, triton_cls = plugins.resolve("attention", "fi"), plugins.resolve("attention", "triton")
     result: dict = {"device": torch.cuda.get_device_name(0), "rows": [], "sweep": []}
-
-    if args.fp8_bits:
-        from minisgl_plugin_triton.backend import Launch
-
-        for shape in (*SHAPES[:2], (16, 8, 64, 800), (32, 8, 1, 200)):
-            problem = Problem(*shape, torch.float8_e4m3fn, dev)
-            outs = {}
-            for launch, by_bits in itertools.product(
-                (Launch(128, 4, 3), Launch(64, 4, 3), Launch(128, 4, 4), Launch(256, 4, 3)), (False, True)
-            ):
-                attrs = {"launches": {1: launch}, "widen_by_bits": by_bits}
-                us, outs[by_bits] = problem.replay_us(type("Variant", (triton_cls,), attrs))
-                row = {"shape": list(shape), "launch": list(launch), "by_bits": by_bits, "us": round(us, 2),
-                       "tbps": round(problem.kv_bytes / (us * 1e-6) / 1e12, 2)}  # fmt: skip
-                if by_bits:
-                    row["max_abs_diff_vs_cvt"] = float((outs[True] - outs[False]).abs().max())
-                result["sweep"].append(row)
-                print(json.dumps(row), flush=True)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(result, f, indent=1)
-        return
 
     if args.sweep:
         from minisgl_plugin_triton.backend import Launch

@@ -81,9 +81,6 @@ class TritonDecodeBackend(AttentionBackend):
     #: the kernel's launch by the pool's element size; swept on an H200 (BENCHMARKS.md): a float8
     #: pool wants more bytes in flight per program than a bf16 one
     launches: ClassVar[dict[int, Launch]] = {1: Launch(128, 4, 3), 2: Launch(64, 4, 2), 4: Launch(32, 4, 2)}
-    #: a float8 pool widened by moving bits (integer instructions) instead of ``cvt`` (an experiment,
-    #: see kernels._e4m3_bits_to_f16; off until measured)
-    widen_by_bits: ClassVar[bool] = False
 
     @classmethod
     def availability(cls, device: torch.device) -> str | None:
@@ -172,15 +169,10 @@ class TritonDecodeBackend(AttentionBackend):
         splits = metadata.num_splits
         page_table = batch.page_table
         launch = self.launch
-        k_pool, v_pool = cache.k_cache(layer_id), cache.v_cache(layer_id)
-        fp8 = cache.dtype == torch.float8_e4m3fn
-        by_bits = fp8 and self.widen_by_bits
-        if by_bits:  # the bytes, widened in the kernel to 2**-8 of their values: scores scaled back
-            k_pool, v_pool = k_pool.view(torch.uint8), v_pool.view(torch.uint8)
         kernels.decode_kernel[(config.num_kv_heads, bs, splits)](
             q,
-            k_pool,
-            v_pool,
+            cache.k_cache(layer_id),
+            cache.v_cache(layer_id),
             page_table,
             metadata.req_slots,
             metadata.seq_lens,
@@ -188,7 +180,7 @@ class TritonDecodeBackend(AttentionBackend):
             out,
             self.partial,
             self.partial_lse,
-            config.scale * math.log2(math.e) * (256.0 if by_bits else 1.0),
+            config.scale * math.log2(math.e),
             q.stride(0),
             q.stride(1),
             cache.num_kv_heads * config.head_dim,
@@ -201,9 +193,8 @@ class TritonDecodeBackend(AttentionBackend):
             HEAD_DIM=config.head_dim,
             BLOCK_N=launch.block_n,
             NUM_SPLITS=splits,
-            WIDEN_FP8=fp8,
+            WIDEN_FP8=cache.dtype == torch.float8_e4m3fn,
             DOT_FP32=self.interpreted and q.dtype == torch.bfloat16,
-            WIDEN_BY_BITS=by_bits,
             num_warps=launch.num_warps,
             num_stages=launch.num_stages,
         )

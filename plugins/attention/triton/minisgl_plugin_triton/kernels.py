@@ -43,7 +43,6 @@ def decode_kernel(
     NUM_SPLITS: tl.constexpr,
     WIDEN_FP8: tl.constexpr,
     DOT_FP32: tl.constexpr,
-    WIDEN_BY_BITS: tl.constexpr = False,
 ):
     # heads vary fastest in the launch order, and sequences come longest first (``order``), so
     # the longest programs start first and the short ones fill in behind them
@@ -78,27 +77,19 @@ def decode_kernel(
         valid = pos < end
         slot = tl.load(table_row + pos, mask=valid, other=0).to(tl.int64)
         kv_offsets = slot[:, None] * kv_stride_slot + columns[None, :]
-        if WIDEN_BY_BITS:
-            k = _e4m3_bits_to_f16(tl.load(k_ptr + kv_offsets, mask=valid[:, None], other=0)).to(q.dtype)
-        else:
-            k = tl.load(k_ptr + kv_offsets, mask=valid[:, None], other=0.0).to(q.dtype)
+        k = tl.load(k_ptr + kv_offsets, mask=valid[:, None], other=0.0).to(q.dtype)
         scores = tl.dot(q, tl.trans(k)) * scale_log2
         scores = tl.where(valid[None, :], scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, 1))
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(scores - m_new[:, None])
         l_sum = l_sum * alpha + tl.sum(p, 1)
-        if WIDEN_BY_BITS:
-            v = _e4m3_bits_to_f16(tl.load(v_ptr + kv_offsets, mask=valid[:, None], other=0)).to(q.dtype)
-        else:
-            v = tl.load(v_ptr + kv_offsets, mask=valid[:, None], other=0.0).to(q.dtype)
+        v = tl.load(v_ptr + kv_offsets, mask=valid[:, None], other=0.0).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
         m = m_new
 
     nonempty = l_sum > 0
     o = acc / tl.where(nonempty, l_sum, 1.0)[:, None]
-    if WIDEN_BY_BITS:
-        o = o * 256.0  # the widened V is 2**-8 of the pool's values (the caller scaled K's scores)
     if NUM_SPLITS == 1:
         out_offsets = seq.to(tl.int64) * out_stride_token + head[:, None] * out_stride_head + dims[None, :]
         tl.store(out_ptr + out_offsets, o.to(out_ptr.dtype.element_ty), mask=head_ok[:, None])
@@ -107,15 +98,6 @@ def decode_kernel(
         tl.store(part_ptr + entry[:, None] * HEAD_DIM + dims[None, :], o, mask=head_ok[:, None])
         lse = tl.where(nonempty, m + tl.log2(l_sum), float("-inf"))
         tl.store(lse_ptr + entry, lse, mask=head_ok)
-
-
-@triton.jit
-def _e4m3_bits_to_f16(byte):
-    """float8 e4m3fn bytes (uint8) as float16 values 2**-8 times theirs, by moving the bits: sign to
-    bit 15, exponent and mantissa up by 7; the exponent bias differs by 8 (15 - 7), subnormals
-    included. Integer instructions instead of the ``cvt`` one (NaN, never in the pool, is not kept)."""
-    bits = byte.to(tl.uint16)
-    return (((bits & 0x80) << 8) | ((bits & 0x7F) << 7)).to(tl.float16, bitcast=True)
 
 
 @triton.jit

@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("triton")
 
 
-def compile_decode(arch: int, kv: str, widen: bool, splits: int, by_bits: bool = False) -> str:
+def compile_decode(arch: int, kv: str, widen: bool, splits: int) -> str:
     from minisgl_plugin_triton.kernels import decode_kernel
     from triton import compile as triton_compile
     from triton.backends.compiler import GPUTarget
@@ -21,7 +21,7 @@ def compile_decode(arch: int, kv: str, widen: bool, splits: int, by_bits: bool =
                  "kv_stride_slot": "i32", "page_table_stride": "i32", "out_stride_token": "i32",
                  "out_stride_head": "i32"}  # fmt: skip
     constants = {"NUM_HEADS": 16, "GROUP": 2, "BLOCK_H": 16, "HEAD_DIM": 128, "BLOCK_N": 64,
-                 "NUM_SPLITS": splits, "WIDEN_FP8": widen, "DOT_FP32": False, "WIDEN_BY_BITS": by_bits}  # fmt: skip
+                 "NUM_SPLITS": splits, "WIDEN_FP8": widen, "DOT_FP32": False}  # fmt: skip
     signature.update(dict.fromkeys(constants, "constexpr"))
     compiled = triton_compile(
         ASTSource(decode_kernel, signature, constexprs=constants),
@@ -35,11 +35,6 @@ def test_fp8_pool_is_widened_to_fp16_and_multiplied_on_tensor_cores():
     ptx = compile_decode(90, "fp8e4nv", widen=True, splits=1)
     assert "cvt.rn.f16x2.e4m3x2" in ptx
     assert "mma.sync" in ptx and ".f16.f16" in ptx
-
-
-def test_widening_by_bits_uses_no_conversion_instruction():
-    ptx = compile_decode(90, "u8", widen=True, splits=1, by_bits=True)
-    assert "e4m3" not in ptx and "mma.sync" in ptx and ".f16.f16" in ptx
 
 
 @pytest.mark.parametrize("arch", [90, 80])

@@ -45,19 +45,6 @@ class TestTritonDecodeSplitting(TestTritonDecode):
     head_dims = (128,)
 
 
-class WideningByBits(TritonDecodeBackend):
-    widen_by_bits = True
-
-
-class TestTritonDecodeWideningByBits(TestTritonDecode):
-    """The float8 pool widened by moving bits (the experiment): the suite's "kv_fp8" test."""
-
-    backend_cls = WideningByBits
-    gqa_ratios = (2,)
-    head_dims = (128,)
-    page_sizes = (16,)
-
-
 def test_the_split_rule():
     from minisgl_plugin_triton.backend import MAX_SPLITS, splits_for
 
