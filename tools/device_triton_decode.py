@@ -4,7 +4,9 @@ Both backends run through the attention API (``prepare_capture`` then ``attend``
 paged layout, page 16, over a bf16 and a float8 e4m3 pool; 20 calls are captured in one graph and
 the replay timed. TB/s counts the KV bytes the batch reads. Each Triton output is compared with
 FlashInfer's on the same pool (max |difference|). A context of 0 stands for the offline
-workload's spread: lengths drawn uniformly from 100 to 2,048.
+workload's spread: lengths drawn uniformly from 100 to 2,048. In bf16 the Triton kernel is also
+timed with ``exact_pv`` off (the probabilities rounded once to bf16 in P·V), the cost of the
+second product.
 
     python3 tools/device_triton_decode.py [--sweep] [--json OUT.json]
 
@@ -121,7 +123,11 @@ def main() -> None:
         problem = Problem(*shape, kv_dtype, dev)
         row: dict = {"shape": f"qo{qo}/kv{kv} bs{bs} ctx{ctx or '100-2048'}", "kv": str(kv_dtype)[6:]}
         outs = {}
-        for name, cls in (("fi", fi), ("triton", triton_cls)):
+        # "triton_rounded_pv": the kernel with P rounded once to bf16 in P·V (before EXACT_PV)
+        rounded = type("RoundedPV", (triton_cls,), {"exact_pv": False})
+        for name, cls in (("fi", fi), ("triton", triton_cls), ("triton_rounded_pv", rounded)):
+            if name == "triton_rounded_pv" and kv_dtype != torch.bfloat16:
+                continue
             us, outs[name] = problem.replay_us(cls)
             row[f"{name}_us"] = round(us, 2)
             row[f"{name}_tbps"] = round(problem.kv_bytes / (us * 1e-6) / 1e12, 2)

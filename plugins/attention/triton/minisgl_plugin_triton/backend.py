@@ -15,6 +15,13 @@ copies two small vectors into the buffers the graph reads.
 How many splits each sequence's KV is cut into depends on the batch size alone (graphs are
 captured per batch size): enough (sequence, KV head, split) programs for ``programs_per_sm``
 per SM, a power of two, at most ``MAX_SPLITS``.
+
+Cascade (``batch.shared_prefixes``): each group's shared prefix is read once by the prefix
+kernel for the query heads of up to ``prefix_rows // GQA group`` members at a time (a "task"),
+split ``prefix_splits(batch size)`` ways; the decode kernel reads each member from the end of
+its prefix on; the merge combines both. A step's plan is one small int32 table (order, skip,
+tasks) copied to the device without waiting, so cascade graphs (captured with no groups) replay
+any grouping of the batch.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import torch
 
-from minisgl_core.api import AttentionBackend, AttentionConfig, ForwardBatch
+from minisgl_core.api import AttentionBackend, AttentionConfig, ForwardBatch, SharedPrefix
 from minisgl_core.layers.triton_ops import triton_available, triton_runs_on
 
 #: most splits of one sequence's KV (a power of two: the merge reads them as one vector)
@@ -44,6 +51,11 @@ class TritonDecodeMetadata(NamedTuple):
     #: [bs] int32 the batch's sequences, longest first: the order the kernel's programs take them in
     order: torch.Tensor
     num_splits: int
+    #: cascade only (else None / 0): [bs] int32 positions each sequence leaves to the prefix
+    #: kernel; [3, >= bs] int32 tasks (first sequence, members, prefix length; 0 members: none)
+    skip: torch.Tensor | None = None
+    tasks: torch.Tensor | None = None
+    prefix_splits: int = 0
 
 
 class Launch(NamedTuple):
@@ -54,14 +66,43 @@ class Launch(NamedTuple):
     num_stages: int
 
 
-def longest_first(seq_lens: list[int], device: torch.device) -> torch.Tensor:
-    """The indices of ``seq_lens`` by decreasing length, on ``device``, copied without waiting."""
-    order = sorted(range(len(seq_lens)), key=seq_lens.__getitem__, reverse=True)
-    host = torch.tensor(order, dtype=torch.int32)
-    if device.type == "cuda":
-        # pinned, so the copy does not wait; PyTorch keeps the block until the copy has run
-        return host.pin_memory().to(device, non_blocking=True)
-    return host.to(device)
+def longest_first(seq_lens: list[int]) -> list[int]:
+    """The indices of ``seq_lens`` by decreasing length."""
+    return sorted(range(len(seq_lens)), key=seq_lens.__getitem__, reverse=True)
+
+
+def host_table(rows: list[list[int]], device: torch.device) -> torch.Tensor:
+    """``rows`` as one int32 CPU tensor, pinned when bound for a GPU, so that copying it there
+    does not wait (PyTorch keeps a pinned block until the copies from it have run)."""
+    host = torch.tensor(rows, dtype=torch.int32)
+    return host.pin_memory() if device.type == "cuda" else host
+
+
+def cascade_plan(seq_lens: list[int], groups: list[SharedPrefix], members_per_task: int) -> list[list[int]]:
+    """A cascade step's table, five rows of ``len(seq_lens)``: the decode kernel's order (longest
+    own part first), each sequence's skip (its group's prefix length, 0 when alone), and the prefix
+    kernel's tasks (first member, members, prefix length), each group cut into tasks of at most
+    ``members_per_task`` members; unused task columns are zeros."""
+    bs = len(seq_lens)
+    skip = [0] * bs
+    first, count, length = [0] * bs, [0] * bs, [0] * bs
+    task = 0
+    for g in groups:
+        if not (0 <= g.start < g.end <= bs) or g.length <= 0:
+            raise ValueError(f"shared prefix {g} falls outside the batch of {bs}")
+        for member in range(g.start, g.end):
+            if skip[member]:
+                raise ValueError(f"shared prefixes overlap: {groups}")
+            if g.length >= seq_lens[member]:
+                raise ValueError(
+                    f"shared prefix {g} is not shorter than sequence {member} ({seq_lens[member]})"
+                )
+            skip[member] = g.length
+        for at in range(g.start, g.end, members_per_task):
+            first[task], count[task], length[task] = at, min(members_per_task, g.end - at), g.length
+            task += 1
+    own = [n - k for n, k in zip(seq_lens, skip)]
+    return [longest_first(own), skip, first, count, length]
 
 
 def splits_for(batch_size: int, num_kv_heads: int, num_sms: int, programs_per_sm: int) -> int:
@@ -74,13 +115,22 @@ def splits_for(batch_size: int, num_kv_heads: int, num_sms: int, programs_per_sm
 class TritonDecodeBackend(AttentionBackend):
     """Decode attention over the paged pool (bf16, fp16 or float8 e4m3), CUDA-graph capable."""
 
-    capabilities = frozenset({"decode", "page_size>1", "cuda_graph", "prestored_kv", "kv_fp8"})
+    capabilities = frozenset({"decode", "page_size>1", "cuda_graph", "cascade", "prestored_kv", "kv_fp8"})
     name: ClassVar[str] = "triton"
     #: programs per SM the split rule aims for
     programs_per_sm: ClassVar[int] = 4
     #: the kernel's launch by the pool's element size; swept on an H200 (BENCHMARKS.md): a float8
     #: pool wants more bytes in flight per program than a bf16 one
     launches: ClassVar[dict[int, Launch]] = {1: Launch(128, 4, 3), 2: Launch(64, 4, 2), 4: Launch(32, 4, 2)}
+    #: the prefix kernel's (cascade): query rows per program (members x GQA group, padded) and launch
+    prefix_rows: ClassVar[int] = 64
+    prefix_launches: ClassVar[dict[int, Launch]] = {
+        1: Launch(64, 8, 2),
+        2: Launch(64, 8, 2),
+        4: Launch(32, 8, 2),
+    }
+    #: the rounding error of the probabilities as a second bf16/fp16 product (float32-accurate P·V)
+    exact_pv: ClassVar[bool] = True
 
     @classmethod
     def availability(cls, device: torch.device) -> str | None:
@@ -113,6 +163,8 @@ class TritonDecodeBackend(AttentionBackend):
             )
         self.group = config.num_qo_heads // config.num_kv_heads
         self.block_h = max(MIN_BLOCK_H, 1 << (self.group - 1).bit_length())
+        self.block_m = max(self.block_h, self.prefix_rows)
+        self.members_per_task = self.block_m // self.group
         self.interpreted = config.device.type != "cuda"
         if config.device.type == "cuda":
             capability = torch.cuda.get_device_capability(config.device)
@@ -125,19 +177,44 @@ class TritonDecodeBackend(AttentionBackend):
         else:
             self.num_sms = INTERPRETER_SMS
         # One buffer of partial outputs for the largest batch x splits any batch size asks for.
-        most = max(bs * self.splits(bs) for bs in range(1, config.max_requests + 1))
+        most = max(
+            bs * (self.splits(bs) + self.prefix_splits(bs)) for bs in range(1, config.max_requests + 1)
+        )
         self.partial = torch.empty(
             most * config.num_qo_heads * head_dim, dtype=torch.float32, device=config.device
         )
         self.partial_lse = torch.empty(most * config.num_qo_heads, dtype=torch.float32, device=config.device)
         self.launch = self.launches[config.kv_cache.buffer.element_size()]
+        self.prefix_launch = self.prefix_launches[config.kv_cache.buffer.element_size()]
         self._graph_req_slots: torch.Tensor | None = None
         self._graph_seq_lens: torch.Tensor | None = None
-        self._graph_order: torch.Tensor | None = None
+        self._graph_plan: torch.Tensor | None = None
         self._kernels: Any = None
 
     def splits(self, batch_size: int) -> int:
         return splits_for(batch_size, self.config.num_kv_heads, self.num_sms, self.programs_per_sm)
+
+    def prefix_splits(self, batch_size: int) -> int:
+        """Splits of each shared prefix (cascade), from the batch size alone, sized for groups of
+        four or more: about ``batch_size / 4`` tasks."""
+        return splits_for(
+            max(1, batch_size // 4), self.config.num_kv_heads, self.num_sms, self.programs_per_sm
+        )
+
+    def _plan(self, seq_lens: list[int], groups: list[SharedPrefix] | None) -> list[list[int]]:
+        """The step's table: the order alone, or a cascade plan (``groups`` not None)."""
+        if groups is None:
+            return [longest_first(seq_lens)]
+        return cascade_plan(seq_lens, groups, self.members_per_task)
+
+    def _metadata(
+        self, req_slots: torch.Tensor, seq_lens: torch.Tensor, plan: torch.Tensor, bs: int
+    ) -> TritonDecodeMetadata:
+        if plan.shape[0] == 1:
+            return TritonDecodeMetadata(req_slots, seq_lens, plan[0], self.splits(bs))
+        return TritonDecodeMetadata(
+            req_slots, seq_lens, plan[0], self.splits(bs), plan[1], plan[2:], self.prefix_splits(bs)
+        )
 
     # --- per step ---
 
@@ -147,10 +224,11 @@ class TritonDecodeBackend(AttentionBackend):
                 f"the {self.name} attention backend runs decode steps only; pair it with a prefill "
                 f"backend: --attn fi,{self.name}"
             )
-        order = longest_first(batch.seq_lens_cpu, batch.seq_lens.device)
-        batch.attn_metadata = TritonDecodeMetadata(
-            batch.req_slots, batch.seq_lens, order, self.splits(batch.batch_size)
-        )
+        # no groups (``[]``): a plain step, which gives the same result
+        device = batch.seq_lens.device
+        plan = host_table(self._plan(batch.seq_lens_cpu, batch.shared_prefixes or None), device)
+        plan = plan.to(device, non_blocking=True)
+        batch.attn_metadata = self._metadata(batch.req_slots, batch.seq_lens, plan, batch.batch_size)
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch
@@ -166,9 +244,46 @@ class TritonDecodeBackend(AttentionBackend):
         if q.stride(2) != 1:
             q = q.contiguous()
         out = torch.empty(bs, config.num_qo_heads, config.head_dim, dtype=q.dtype, device=q.device)
-        splits = metadata.num_splits
+        splits, prefix_splits = metadata.num_splits, metadata.prefix_splits
+        entries = splits + prefix_splits
+        cascade = metadata.skip is not None
         page_table = batch.page_table
         launch = self.launch
+        widen_fp8 = cache.dtype == torch.float8_e4m3fn
+        dot_fp32 = self.interpreted and q.dtype == torch.bfloat16
+        exact_pv = self.exact_pv and not widen_fp8 and not dot_fp32
+        scale_log2 = config.scale * math.log2(math.e)
+        if cascade:
+            assert metadata.tasks is not None
+            prefix_launch = self.prefix_launch
+            kernels.prefix_kernel[(config.num_kv_heads, bs, prefix_splits)](
+                q,
+                cache.k_cache(layer_id),
+                cache.v_cache(layer_id),
+                page_table,
+                metadata.req_slots,
+                metadata.tasks,
+                self.partial,
+                self.partial_lse,
+                scale_log2,
+                q.stride(0),
+                q.stride(1),
+                cache.num_kv_heads * config.head_dim,
+                page_table.stride(0),
+                metadata.tasks.stride(0),
+                NUM_HEADS=config.num_qo_heads,
+                GROUP=self.group,
+                BLOCK_M=self.block_m,
+                HEAD_DIM=config.head_dim,
+                BLOCK_N=prefix_launch.block_n,
+                NUM_SPLITS=splits,
+                PREFIX_SPLITS=prefix_splits,
+                WIDEN_FP8=widen_fp8,
+                DOT_FP32=dot_fp32,
+                EXACT_PV=exact_pv,
+                num_warps=prefix_launch.num_warps,
+                num_stages=prefix_launch.num_stages,
+            )
         kernels.decode_kernel[(config.num_kv_heads, bs, splits)](
             q,
             cache.k_cache(layer_id),
@@ -177,10 +292,11 @@ class TritonDecodeBackend(AttentionBackend):
             metadata.req_slots,
             metadata.seq_lens,
             metadata.order,
+            metadata.skip if cascade else metadata.order,
             out,
             self.partial,
             self.partial_lse,
-            config.scale * math.log2(math.e),
+            scale_log2,
             q.stride(0),
             q.stride(1),
             cache.num_kv_heads * config.head_dim,
@@ -193,21 +309,28 @@ class TritonDecodeBackend(AttentionBackend):
             HEAD_DIM=config.head_dim,
             BLOCK_N=launch.block_n,
             NUM_SPLITS=splits,
-            WIDEN_FP8=cache.dtype == torch.float8_e4m3fn,
-            DOT_FP32=self.interpreted and q.dtype == torch.bfloat16,
+            ENTRIES=entries,
+            CASCADE=cascade,
+            WIDEN_FP8=widen_fp8,
+            DOT_FP32=dot_fp32,
+            EXACT_PV=exact_pv,
             num_warps=launch.num_warps,
             num_stages=launch.num_stages,
         )
-        if splits > 1:
+        if entries > 1:
             kernels.merge_kernel[(bs, config.num_qo_heads)](
                 self.partial,
                 self.partial_lse,
+                metadata.skip if cascade else metadata.order,
                 out,
                 out.stride(0),
                 out.stride(1),
                 NUM_HEADS=config.num_qo_heads,
                 HEAD_DIM=config.head_dim,
-                NUM_SPLITS=splits,
+                ENTRIES=entries,
+                OWN_ENTRIES=splits,
+                ENTRIES_P2=1 << (entries - 1).bit_length(),
+                CASCADE=cascade,
                 num_warps=4,
             )
         return out
@@ -225,7 +348,8 @@ class TritonDecodeBackend(AttentionBackend):
         device = self.config.device
         self._graph_req_slots = torch.zeros(max_batch_size, dtype=torch.int32, device=device)
         self._graph_seq_lens = torch.ones(max_batch_size, dtype=torch.int32, device=device)
-        self._graph_order = torch.arange(max_batch_size, dtype=torch.int32, device=device)
+        # order, skip and the prefix tasks of every step a graph replays (rows of max_batch_size)
+        self._graph_plan = torch.zeros(5, max_batch_size, dtype=torch.int32, device=device)
 
     def prepare_capture(self, batch: ForwardBatch) -> None:
         batch.attn_metadata = self._graph_metadata(batch)
@@ -234,8 +358,9 @@ class TritonDecodeBackend(AttentionBackend):
         self._graph_metadata(batch)
 
     def _graph_metadata(self, batch: ForwardBatch) -> TritonDecodeMetadata:
-        """The batch's rows, lengths and order copied into the fixed buffers a captured graph reads."""
-        if self._graph_req_slots is None or self._graph_seq_lens is None or self._graph_order is None:
+        """The batch's rows, lengths and plan copied into the fixed buffers a captured graph reads
+        (a cascade graph, captured with ``shared_prefixes=[]``, replays any groups)."""
+        if self._graph_req_slots is None or self._graph_seq_lens is None or self._graph_plan is None:
             raise RuntimeError("call init_graph_capture() before prepare_capture()")
         bs = batch.batch_size
         if bs > self._graph_req_slots.numel():
@@ -244,8 +369,9 @@ class TritonDecodeBackend(AttentionBackend):
             )
         req_slots = self._graph_req_slots[:bs]
         seq_lens = self._graph_seq_lens[:bs]
-        order = self._graph_order[:bs]
+        table = self._plan(batch.seq_lens_cpu, batch.shared_prefixes)
+        plan = self._graph_plan[: len(table), :bs]
         req_slots.copy_(batch.req_slots, non_blocking=True)
         seq_lens.copy_(batch.seq_lens, non_blocking=True)
-        order.copy_(longest_first(batch.seq_lens_cpu, order.device), non_blocking=True)
-        return TritonDecodeMetadata(req_slots, seq_lens, order, self.splits(bs))
+        plan.copy_(host_table(table, plan.device), non_blocking=True)
+        return self._metadata(req_slots, seq_lens, plan, bs)

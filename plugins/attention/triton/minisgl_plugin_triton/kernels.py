@@ -8,12 +8,58 @@ products run in float16 with float32 sums; a bf16/fp16 pool runs in its own dtyp
 base 2 (``scale_log2`` is the softmax scale times log2(e)). With one split the program writes the
 output; with several it writes its normalised partial output and its log2-sum-exp, and
 :func:`merge_kernel` combines the splits of each (sequence, head).
+
+In bf16 / fp16 the probabilities enter the P·V product as two terms of the pool's dtype (``P_hi``
+and ``P_lo = P - P_hi``, ``EXACT_PV``), so the product is float32-accurate: V is exact in its own
+dtype, and only the output's final rounding remains (the kernel reads memory-bound, one more
+tensor-core product per block is free).
+
+Cascade (``CASCADE``): sequences sharing a cached prefix start at ``skip[seq]``, and
+:func:`prefix_kernel` reads each shared prefix once for all of a group's members (their query
+heads are the rows of one product), writing one more partial per split of the prefix; the merge
+then always runs and takes the prefix's partials only for sequences with ``skip > 0``.
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def _attend(
+    q, m, l_sum, acc, table_row, start, end, k_ptr, v_ptr, kv_stride_slot, columns, scale_log2,
+    BLOCK_N: tl.constexpr, EXACT_PV: tl.constexpr,
+):  # fmt: skip
+    """Online softmax of ``q``'s rows over positions ``start .. end - 1`` of one page-table row."""
+    for block in range(start, end, BLOCK_N):
+        pos = block + tl.arange(0, BLOCK_N)
+        valid = pos < end
+        slot = tl.load(table_row + pos, mask=valid, other=0).to(tl.int64)
+        kv_offsets = slot[:, None] * kv_stride_slot + columns[None, :]
+        k = tl.load(k_ptr + kv_offsets, mask=valid[:, None], other=0.0).to(q.dtype)
+        scores = tl.dot(q, tl.trans(k)) * scale_log2
+        scores = tl.where(valid[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, 1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l_sum = l_sum * alpha + tl.sum(p, 1)
+        v = tl.load(v_ptr + kv_offsets, mask=valid[:, None], other=0.0).to(q.dtype)
+        p_hi = p.to(q.dtype)
+        pv = tl.dot(p_hi, v)
+        if EXACT_PV:  # the rounding error of P as a second product: P·V as exact as float32
+            pv += tl.dot((p - p_hi.to(tl.float32)).to(q.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m = m_new
+    return m, l_sum, acc
+
+
+@triton.jit
+def _write_partial(part_ptr, lse_ptr, entry, o, m, l_sum, nonempty, row_ok, dims, HEAD_DIM: tl.constexpr):
+    """A normalised partial output and its log2-sum-exp (-inf where no position was read)."""
+    tl.store(part_ptr + entry[:, None] * HEAD_DIM + dims[None, :], o, mask=row_ok[:, None])
+    lse = tl.where(nonempty, m + tl.log2(l_sum), float("-inf"))
+    tl.store(lse_ptr + entry, lse, mask=row_ok)
 
 
 @triton.jit
@@ -25,6 +71,7 @@ def decode_kernel(
     req_slots_ptr,
     seq_lens_ptr,
     order_ptr,
+    skip_ptr,
     out_ptr,
     part_ptr,
     lse_ptr,
@@ -41,8 +88,11 @@ def decode_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    ENTRIES: tl.constexpr,
+    CASCADE: tl.constexpr,
     WIDEN_FP8: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    EXACT_PV: tl.constexpr,
 ):
     # heads vary fastest in the launch order, and sequences come longest first (``order``), so
     # the longest programs start first and the short ones fill in behind them
@@ -51,9 +101,12 @@ def decode_kernel(
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
     row = tl.load(req_slots_ptr + seq).to(tl.int64)
+    first = 0
+    if CASCADE:  # a shared prefix is the prefix kernel's: this sequence's own part starts after it
+        first = tl.load(skip_ptr + seq)
     # whole blocks per split, so only the sequence's last block is partial
-    per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = split * per_split
+    per_split = tl.cdiv(tl.cdiv(seq_len - first, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = first + split * per_split
     end = tl.minimum(start + per_split, seq_len)
 
     rows = tl.arange(0, BLOCK_H)
@@ -72,55 +125,122 @@ def decode_kernel(
     acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
     table_row = page_table_ptr + row * page_table_stride
     columns = kv_head * HEAD_DIM + dims
-    for block in range(start, end, BLOCK_N):
-        pos = block + tl.arange(0, BLOCK_N)
-        valid = pos < end
-        slot = tl.load(table_row + pos, mask=valid, other=0).to(tl.int64)
-        kv_offsets = slot[:, None] * kv_stride_slot + columns[None, :]
-        k = tl.load(k_ptr + kv_offsets, mask=valid[:, None], other=0.0).to(q.dtype)
-        scores = tl.dot(q, tl.trans(k)) * scale_log2
-        scores = tl.where(valid[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, 1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(scores - m_new[:, None])
-        l_sum = l_sum * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptr + kv_offsets, mask=valid[:, None], other=0.0).to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
-        m = m_new
+    m, l_sum, acc = _attend(
+        q, m, l_sum, acc, table_row, start, end, k_ptr, v_ptr, kv_stride_slot, columns, scale_log2,
+        BLOCK_N, EXACT_PV,
+    )  # fmt: skip
 
     nonempty = l_sum > 0
     o = acc / tl.where(nonempty, l_sum, 1.0)[:, None]
-    if NUM_SPLITS == 1:
+    if ENTRIES == 1:
         out_offsets = seq.to(tl.int64) * out_stride_token + head[:, None] * out_stride_head + dims[None, :]
         tl.store(out_ptr + out_offsets, o.to(out_ptr.dtype.element_ty), mask=head_ok[:, None])
     else:
-        entry = (seq.to(tl.int64) * NUM_HEADS + head) * NUM_SPLITS + split
-        tl.store(part_ptr + entry[:, None] * HEAD_DIM + dims[None, :], o, mask=head_ok[:, None])
-        lse = tl.where(nonempty, m + tl.log2(l_sum), float("-inf"))
-        tl.store(lse_ptr + entry, lse, mask=head_ok)
+        entry = (seq.to(tl.int64) * NUM_HEADS + head) * ENTRIES + split
+        _write_partial(part_ptr, lse_ptr, entry, o, m, l_sum, nonempty, head_ok, dims, HEAD_DIM)
+
+
+@triton.jit
+def prefix_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    page_table_ptr,
+    req_slots_ptr,
+    tasks_ptr,
+    part_ptr,
+    lse_ptr,
+    scale_log2,
+    q_stride_token,
+    q_stride_head,
+    kv_stride_slot,
+    page_table_stride,
+    tasks_stride,
+    NUM_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    PREFIX_SPLITS: tl.constexpr,
+    WIDEN_FP8: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    EXACT_PV: tl.constexpr,
+):
+    """One program per (KV head, task, prefix split). A task is up to ``BLOCK_M // GROUP``
+    consecutive sequences sharing their first ``length`` positions (``tasks`` rows: first
+    sequence, count, length; count 0 = no task): the prefix's KV is read once, through the first
+    member's page-table row, for the query heads of all of them."""
+    kv_head = tl.program_id(0)
+    task = tl.program_id(1)
+    split = tl.program_id(2)
+    first = tl.load(tasks_ptr + task)
+    count = tl.load(tasks_ptr + tasks_stride + task)
+    length = tl.load(tasks_ptr + 2 * tasks_stride + task)
+    row = tl.load(req_slots_ptr + first).to(tl.int64)
+    per_split = tl.cdiv(tl.cdiv(length, PREFIX_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * per_split
+    end = tl.minimum(start + per_split, length)
+
+    rows = tl.arange(0, BLOCK_M)
+    member = rows // GROUP
+    row_ok = member < count
+    seq = (first + member).to(tl.int64)
+    head = kv_head * GROUP + rows % GROUP
+    dims = tl.arange(0, HEAD_DIM)
+    q_offsets = seq[:, None] * q_stride_token + head[:, None] * q_stride_head + dims[None, :]
+    q = tl.load(q_ptr + q_offsets, mask=row_ok[:, None], other=0.0)
+    if WIDEN_FP8:
+        q = q.to(tl.float16)
+    if DOT_FP32:
+        q = q.to(tl.float32)
+
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_sum = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    table_row = page_table_ptr + row * page_table_stride
+    columns = kv_head * HEAD_DIM + dims
+    m, l_sum, acc = _attend(
+        q, m, l_sum, acc, table_row, start, end, k_ptr, v_ptr, kv_stride_slot, columns, scale_log2,
+        BLOCK_N, EXACT_PV,
+    )  # fmt: skip
+    nonempty = l_sum > 0
+    o = acc / tl.where(nonempty, l_sum, 1.0)[:, None]
+    entry = (seq * NUM_HEADS + head) * (NUM_SPLITS + PREFIX_SPLITS) + NUM_SPLITS + split
+    _write_partial(part_ptr, lse_ptr, entry, o, m, l_sum, nonempty, row_ok, dims, HEAD_DIM)
 
 
 @triton.jit
 def merge_kernel(
     part_ptr,
     lse_ptr,
+    skip_ptr,
     out_ptr,
     out_stride_token,
     out_stride_head,
     NUM_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
+    ENTRIES: tl.constexpr,
+    OWN_ENTRIES: tl.constexpr,
+    ENTRIES_P2: tl.constexpr,
+    CASCADE: tl.constexpr,
 ):
+    """Combines each (sequence, head)'s ``ENTRIES`` partials by their log2-sum-exp: the first
+    ``OWN_ENTRIES`` are the sequence's own splits, the rest (cascade) its shared prefix's, read
+    only where the sequence has one (``skip > 0``)."""
     seq = tl.program_id(0)
     head = tl.program_id(1)
-    splits = tl.arange(0, NUM_SPLITS)
+    index = tl.arange(0, ENTRIES_P2)
+    used = index < ENTRIES
+    if CASCADE:
+        used &= (index < OWN_ENTRIES) | (tl.load(skip_ptr + seq) > 0)
     dims = tl.arange(0, HEAD_DIM)
-    entry = (seq.to(tl.int64) * NUM_HEADS + head) * NUM_SPLITS + splits
-    lse = tl.load(lse_ptr + entry)
+    entry = (seq.to(tl.int64) * NUM_HEADS + head) * ENTRIES + index
+    lse = tl.load(lse_ptr + entry, mask=used, other=float("-inf"))
     top = tl.max(lse, 0)
     top = tl.where(top == float("-inf"), 0.0, top)  # no KV at all: zeros rather than NaN
     weight = tl.exp2(lse - top)
-    parts = tl.load(part_ptr + entry[:, None] * HEAD_DIM + dims[None, :])
+    parts = tl.load(part_ptr + entry[:, None] * HEAD_DIM + dims[None, :], mask=used[:, None], other=0.0)
     total = tl.sum(weight, 0)
     o = tl.sum(parts * weight[:, None], 0) / tl.where(total > 0, total, 1.0)
     out_offsets = seq.to(tl.int64) * out_stride_token + head * out_stride_head + dims

@@ -1,12 +1,15 @@
 """The Triton decode backend inside the engine: ``--attn torch,triton`` (the torch backend's
 prefill, this decode) gives the greedy tokens of ``--attn torch`` and logprobs within float
 rounding of them: a random Llama over a float8 pool, a random Qwen3 (QK-norm) over a float32
-one, both of GQA group 4. On the CPU under Triton's interpreter, in a child process (on a
-GPU the same comparison runs in tools/device_e2e.py's configurations)."""
+one, both of GQA group 4; and prompts sharing system prompts through the radix cache, where the
+Triton backend runs cascade decode steps (its prefix kernel). On the CPU under Triton's
+interpreter, in a child process (on a GPU the same comparison runs in tools/device_e2e.py's
+configurations)."""
 
 from __future__ import annotations
 
 import json
+import random
 import sys
 import tempfile
 
@@ -21,15 +24,29 @@ PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [100, 3], list(range(40, 110))]
 MAX_TOKENS = 10
 
 
+def shared_prompts() -> list[list[int]]:
+    """Two system prompts with three questions each, and two lone prompts."""
+    rng = random.Random(0)
+    systems = [[rng.randrange(5, 500) for _ in range(rng.randrange(40, 60))] for _ in range(2)]
+    prompts = [
+        s + [rng.randrange(5, 500) for _ in range(rng.randrange(1, 8))] for s in systems for _ in range(3)
+    ]
+    return prompts + [[rng.randrange(5, 500) for _ in range(15)] for _ in range(2)]
+
+
 @pytest.mark.skipif(
     torch.cuda.is_available(), reason="the interpreter's check; the GPU has tools/device_e2e.py"
 )
 @pytest.mark.parametrize(
-    "arch, kv_cache_dtype", [("LlamaForCausalLM", "fp8_e4m3"), ("Qwen3ForCausalLM", "auto")]
-)
-def test_triton_decode_gives_the_torch_backends_greedy_tokens(arch, kv_cache_dtype):
-    runs = json.loads(run_under_interpreter(__file__, arch, kv_cache_dtype).splitlines()[-1])
+    "arch, kv_cache_dtype, prompts",
+    [("LlamaForCausalLM", "fp8_e4m3", "plain"), ("Qwen3ForCausalLM", "auto", "plain"),
+     ("Qwen3ForCausalLM", "auto", "shared")],
+)  # fmt: skip
+def test_triton_decode_gives_the_torch_backends_greedy_tokens(arch, kv_cache_dtype, prompts):
+    runs = json.loads(run_under_interpreter(__file__, arch, kv_cache_dtype, prompts).splitlines()[-1])
     reference, triton = runs["torch"], runs["torch,triton"]
+    if prompts == "shared":  # the Triton backend's cascade ran: two groups in (nearly) every step
+        assert runs["cascade_steps"] >= MAX_TOKENS - 1 and runs["most_groups"] == 2, runs
     for ref, got in zip(reference, triton, strict=True):
         assert got["tokens"] == ref["tokens"]
         worst = max(abs(a - b) for a, b in zip(got["logprobs"], ref["logprobs"], strict=True))
@@ -38,19 +55,36 @@ def test_triton_decode_gives_the_torch_backends_greedy_tokens(arch, kv_cache_dty
         assert worst < (2e-2 if kv_cache_dtype == "fp8_e4m3" else 1e-4), worst
 
 
-def child(arch: str, kv_cache_dtype: str) -> None:
+def child(arch: str, kv_cache_dtype: str, prompts: str) -> None:
     from minisgl_core.demo.factories import make_model_dir
     from minisgl_core.llm import LLM
+    from minisgl_core.scheduler import cascade
 
+    # cascade for any saving, so these short prompts run it (the engine is in this process)
+    cascade.MIN_SAVED_TOKENS, cascade.MIN_SAVED_SHARE = 0, 0.0
     with tempfile.TemporaryDirectory() as tmp:
         model = make_model_dir(
             tmp, arch, num_attention_heads=8, num_key_value_heads=2, head_dim=32, hidden_size=128
         )
-        runs = {}
+        runs: dict = {"cascade_steps": 0, "most_groups": 0}
         for attn in ("torch", "torch,triton"):
             llm = LLM(str(model), attn=attn, device="cpu", kv_cache_dtype=kv_cache_dtype, num_kv_tokens=1024)
             params = llm.sampling_params(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
-            outputs = llm.generate(PROMPTS, params, use_tqdm=False)
+            scheduler = llm.engine.scheduler
+            build = scheduler._build_decode
+
+            def spy(plan, build=build, attn=attn):
+                scheduled = build(plan)
+                groups = scheduled.forward.shared_prefixes if scheduled is not None else None
+                if groups and attn == "torch,triton":
+                    runs["cascade_steps"] += 1
+                    runs["most_groups"] = max(runs["most_groups"], len(groups))
+                return scheduled
+
+            scheduler._build_decode = spy
+            outputs = llm.generate(
+                PROMPTS if prompts == "plain" else shared_prompts(), params, use_tqdm=False
+            )
             runs[attn] = [
                 {"tokens": o.token_ids, "logprobs": [lp.logprob for lp in o.logprobs]} for o in outputs
             ]

@@ -1,6 +1,7 @@
-"""The decode kernels compile for sm_90 (bf16 and float8 pools) and sm_80 (bf16; Triton has no
-e4m3 there) on any machine (the interpreter does not type-check): over a float8 pool the values
-are widened to float16 in registers and the products run on tensor cores. Their numbers are checked by the conformance suite (test_triton_suite.py)."""
+"""The kernels compile for sm_90 (bf16 and float8 pools) and sm_80 (bf16; Triton has no e4m3
+there) on any machine (the interpreter does not type-check): over a float8 pool the values are
+widened to float16 in registers and the products run on tensor cores; in bf16 the exact P·V adds
+a second product; the cascade prefix kernel's 64 rows run as Hopper warp-group products. Their numbers are checked by the conformance suite (test_triton_suite.py)."""
 
 from __future__ import annotations
 
@@ -8,27 +9,43 @@ import pytest
 
 pytest.importorskip("triton")
 
+ATTEND = {
+    "q_ptr": "*bf16",
+    "k_ptr": "*bf16",
+    "v_ptr": "*bf16",
+    "page_table_ptr": "*i32",
+    "req_slots_ptr": "*i32",
+}
+STRIDES = {"scale_log2": "fp32", "q_stride_token": "i32", "q_stride_head": "i32", "kv_stride_slot": "i32",
+           "page_table_stride": "i32"}  # fmt: skip
 
-def compile_decode(arch: int, kv: str, widen: bool, splits: int) -> str:
-    from minisgl_plugin_triton.kernels import decode_kernel
+
+def compile_ptx(kernel, signature: dict, constants: dict, arch: int = 90, num_warps: int = 4) -> str:
     from triton import compile as triton_compile
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    signature = {"q_ptr": "*bf16", "k_ptr": f"*{kv}", "v_ptr": f"*{kv}", "page_table_ptr": "*i32",
-                 "req_slots_ptr": "*i32", "seq_lens_ptr": "*i32", "order_ptr": "*i32", "out_ptr": "*bf16", "part_ptr": "*fp32",
-                 "lse_ptr": "*fp32", "scale_log2": "fp32", "q_stride_token": "i32", "q_stride_head": "i32",
-                 "kv_stride_slot": "i32", "page_table_stride": "i32", "out_stride_token": "i32",
-                 "out_stride_head": "i32"}  # fmt: skip
-    constants = {"NUM_HEADS": 16, "GROUP": 2, "BLOCK_H": 16, "HEAD_DIM": 128, "BLOCK_N": 64,
-                 "NUM_SPLITS": splits, "WIDEN_FP8": widen, "DOT_FP32": False}  # fmt: skip
-    signature.update(dict.fromkeys(constants, "constexpr"))
+    signature = {**signature, **dict.fromkeys(constants, "constexpr")}
     compiled = triton_compile(
-        ASTSource(decode_kernel, signature, constexprs=constants),
+        ASTSource(kernel, signature, constexprs=constants),
         target=GPUTarget("cuda", arch, 32),
-        options={"num_warps": 4, "num_stages": 2},
+        options={"num_warps": num_warps, "num_stages": 2},
     )
     return compiled.asm["ptx"]
+
+
+def compile_decode(
+    arch: int, kv: str, widen: bool, splits: int, cascade: bool = False, exact: bool = False
+) -> str:
+    from minisgl_plugin_triton.kernels import decode_kernel
+
+    signature = {**ATTEND, "k_ptr": f"*{kv}", "v_ptr": f"*{kv}", "seq_lens_ptr": "*i32", "order_ptr": "*i32",
+                 "skip_ptr": "*i32", "out_ptr": "*bf16", "part_ptr": "*fp32", "lse_ptr": "*fp32", **STRIDES,
+                 "out_stride_token": "i32", "out_stride_head": "i32"}  # fmt: skip
+    constants = {"NUM_HEADS": 16, "GROUP": 2, "BLOCK_H": 16, "HEAD_DIM": 128, "BLOCK_N": 64,
+                 "NUM_SPLITS": splits, "ENTRIES": splits + (2 if cascade else 0), "CASCADE": cascade,
+                 "WIDEN_FP8": widen, "DOT_FP32": False, "EXACT_PV": exact}  # fmt: skip
+    return compile_ptx(decode_kernel, signature, constants, arch)
 
 
 def test_fp8_pool_is_widened_to_fp16_and_multiplied_on_tensor_cores():
@@ -44,18 +61,34 @@ def test_bf16_pool_with_splits(arch):
     assert "e4m3" not in ptx
 
 
-def test_merge_kernel_compiles():
-    from minisgl_plugin_triton.kernels import merge_kernel
-    from triton import compile as triton_compile
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+def test_exact_pv_is_a_second_tensor_core_product():
+    plain = compile_decode(90, "bf16", widen=False, splits=1).count("mma.sync")
+    exact = compile_decode(90, "bf16", widen=False, splits=1, exact=True).count("mma.sync")
+    assert plain > 0 and exact > plain
 
-    signature = {"part_ptr": "*fp32", "lse_ptr": "*fp32", "out_ptr": "*bf16", "out_stride_token": "i32",
-                 "out_stride_head": "i32", "NUM_HEADS": "constexpr", "HEAD_DIM": "constexpr",
-                 "NUM_SPLITS": "constexpr"}  # fmt: skip
-    compiled = triton_compile(
-        ASTSource(merge_kernel, signature, constexprs={"NUM_HEADS": 16, "HEAD_DIM": 128, "NUM_SPLITS": 32}),
-        target=GPUTarget("cuda", 90, 32),
-        options={"num_warps": 4},
-    )
-    assert "ex2.approx" in compiled.asm["ptx"]
+
+def test_cascade_decode_and_prefix_kernels_compile():
+    from minisgl_plugin_triton.kernels import prefix_kernel
+
+    assert "mma.sync" in compile_decode(90, "bf16", widen=False, splits=4, cascade=True, exact=True)
+    signature = {**ATTEND, "tasks_ptr": "*i32", "part_ptr": "*fp32", "lse_ptr": "*fp32", **STRIDES,
+                 "tasks_stride": "i32"}  # fmt: skip
+    for kv, widen in (("bf16", False), ("fp8e4nv", True)):
+        constants = {"NUM_HEADS": 16, "GROUP": 2, "BLOCK_M": 64, "HEAD_DIM": 128, "BLOCK_N": 64, "NUM_SPLITS": 1,
+                     "PREFIX_SPLITS": 2, "WIDEN_FP8": widen, "DOT_FP32": False, "EXACT_PV": not widen}  # fmt: skip
+        ptx = compile_ptx(
+            prefix_kernel, {**signature, "k_ptr": f"*{kv}", "v_ptr": f"*{kv}"}, constants, num_warps=8
+        )
+        assert "wgmma.mma_async" in ptx  # 64 query rows: Hopper's warp-group products
+        assert "st.local" not in ptx  # no register spills
+
+
+@pytest.mark.parametrize("cascade", [False, True])
+def test_merge_kernel_compiles(cascade):
+    from minisgl_plugin_triton.kernels import merge_kernel
+
+    signature = {"part_ptr": "*fp32", "lse_ptr": "*fp32", "skip_ptr": "*i32", "out_ptr": "*bf16",
+                 "out_stride_token": "i32", "out_stride_head": "i32"}  # fmt: skip
+    constants = {"NUM_HEADS": 16, "HEAD_DIM": 128, "ENTRIES": 6 if cascade else 32, "OWN_ENTRIES": 4 if cascade else 32,
+                 "ENTRIES_P2": 8 if cascade else 32, "CASCADE": cascade}  # fmt: skip
+    assert "ex2.approx" in compile_ptx(merge_kernel, signature, constants)

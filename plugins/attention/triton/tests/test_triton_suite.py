@@ -16,6 +16,7 @@ import torch
 from minisgl_plugin_triton.backend import TritonDecodeBackend
 
 from minisgl_core import environment
+from minisgl_core.api import SharedPrefix
 from minisgl_core.testing.attention_suite import AttentionBackendSuite
 from minisgl_core.testing.triton_interpreter import run_under_interpreter
 
@@ -26,9 +27,12 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 class AlwaysSplitting(TritonDecodeBackend):
     """Asks for more programs than there are, so the suite's batches split their KV (4 ways for
-    16 sequences of 2 KV heads on the interpreter's 4 "SMs"; some splits of short ones empty)."""
+    16 sequences of 2 KV heads on the interpreter's 4 "SMs"; some splits of short ones empty),
+    and cuts cascade groups into tasks of a few members (2 at a GQA group of 8: the suite's groups
+    of 3 and 4 become two tasks each)."""
 
     programs_per_sm = 32
+    prefix_rows = 16
 
 
 class TestTritonDecode(AttentionBackendSuite):
@@ -41,7 +45,7 @@ class TestTritonDecode(AttentionBackendSuite):
 
 class TestTritonDecodeSplitting(TestTritonDecode):
     backend_cls = AlwaysSplitting
-    gqa_ratios = (1, 4)
+    gqa_ratios = (1, 8)
     head_dims = (128,)
 
 
@@ -57,6 +61,26 @@ def test_the_split_rule():
     for bs in range(1, 300):
         s = splits_for(bs, 8, 132, 4)
         assert s & (s - 1) == 0 and 1 <= s <= MAX_SPLITS
+
+
+def test_cascade_plan():
+    from minisgl_plugin_triton.backend import cascade_plan
+
+    seq_lens = [40, 70, 35, 90, 20, 50]
+    groups = [SharedPrefix(1, 4, 32), SharedPrefix(4, 6, 16)]
+    order, skip, first, count, length = cascade_plan(seq_lens, groups, members_per_task=2)
+    assert skip == [0, 32, 32, 32, 16, 16]
+    own = [n - k for n, k in zip(seq_lens, skip)]
+    assert sorted(order) == list(range(6)) and [own[i] for i in order] == sorted(own, reverse=True)
+    # the group of three is two tasks; columns past the last task are empty
+    assert (first, count, length) == ([1, 3, 4, 0, 0, 0], [2, 1, 2, 0, 0, 0], [32, 32, 16, 0, 0, 0])
+    assert cascade_plan(seq_lens, [], 2)[1:] == [[0] * 6] * 4
+    with pytest.raises(ValueError, match="overlap"):
+        cascade_plan(seq_lens, [SharedPrefix(0, 3, 16), SharedPrefix(2, 4, 16)], 2)
+    with pytest.raises(ValueError, match="outside"):
+        cascade_plan(seq_lens, [SharedPrefix(5, 7, 16)], 2)
+    with pytest.raises(ValueError, match="not shorter"):
+        cascade_plan(seq_lens, [SharedPrefix(4, 6, 20)], 2)
 
 
 def test_decode_only_steps_are_refused_clearly():
