@@ -41,10 +41,19 @@ SHAPE = dict(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, num_ke
              intermediate_size=1024, max_position_embeddings=4096)  # fmt: skip
 
 
-def run(model_dir: str, prompts, env: dict | None = None, **options):
+def run(model_dir: str, prompts, env: dict | None = None, triton: dict | None = None, **options):
+    """``env``: environment variables for the run; ``triton``: class attributes of the Triton
+    decode backend for the run (the engine runs in this process)."""
     options.setdefault("dtype", "bfloat16")
     saved = {k: os.environ.get(k) for k in env or {}}
     os.environ.update(env or {})
+    backend = None
+    if triton:
+        from minisgl_plugin_triton.backend import TritonDecodeBackend as backend
+
+        saved_attrs = {k: getattr(backend, k) for k in triton}
+        for k, v in triton.items():
+            setattr(backend, k, v)
     try:
         return _run(model_dir, prompts, **options)
     finally:
@@ -53,6 +62,9 @@ def run(model_dir: str, prompts, env: dict | None = None, **options):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        if backend is not None:
+            for k, v in saved_attrs.items():
+                setattr(backend, k, v)
 
 
 def sampler_check() -> dict:
@@ -219,6 +231,8 @@ def main() -> int:
             # FlashInfer prefill, the Triton decode kernel (plugins/attention/triton)
             "fi_triton": dict(attn="fi,triton"),
             "fi_triton_no_graph": dict(attn="fi,triton", cuda_graph_max_bs=0),
+            # the Triton decode with P rounded once to bf16 in P·V (FlashInfer's arithmetic)
+            "fi_triton_rounded_pv": dict(attn="fi,triton", triton={"exact_pv": False}),
         }
         if args.configs:
             wanted = args.configs.split(",")

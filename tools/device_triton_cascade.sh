@@ -5,7 +5,7 @@
 # micro:   tools/device_triton_decode.py (one layer, graph replay; exact P·V on and off)
 # shared:  the shared-prefix workload in the engine (tools/device_profile.py steps), Qwen3-0.6B,
 #          256 running: --attn fi (FlashInfer cascade), fi,triton (Triton cascade), fi,triton
-#          --disable-cascade
+#          --disable-cascade (SHARED_VARIANTS="fi;fi,triton": others, ';'-separated)
 # e2e:     tools/device_e2e.py on torch_bf16, fi, fi_triton, fi_triton_no_graph
 # offline: the standard offline workload, --attn fi then fi,triton, after a discarded warm-up
 set -uo pipefail
@@ -23,8 +23,9 @@ if has shared || has offline; then
   python3 -m minisgl_core bench make-model --shape qwen3-0.6b --out $m/qwen3-0.6b --device cuda >/dev/null
 fi
 if has shared; then
-  for variant in "fi" "fi,triton" "fi,triton --disable-cascade"; do
-    label=${variant// /_}
+  IFS=';' read -ra variants <<< "${SHARED_VARIANTS:-fi;fi,triton;fi,triton --disable-cascade}"
+  for variant in "${variants[@]}"; do
+    label=${variant// /_}; label=${label//,/+}  # no commas: $OUT keeps plain names only
     # shellcheck disable=SC2086  # the variant's words are separate flags
     timeout 200 python3 tools/device_profile.py steps $m/qwen3-0.6b --workload shared-prefix --max-running 256 \
       --attn $variant --json "$out/shared-$label.json" > "$out/shared-$label.txt" 2>&1

@@ -122,13 +122,11 @@ class TritonDecodeBackend(AttentionBackend):
     #: the kernel's launch by the pool's element size; swept on an H200 (BENCHMARKS.md): a float8
     #: pool wants more bytes in flight per program than a bf16 one
     launches: ClassVar[dict[int, Launch]] = {1: Launch(128, 4, 3), 2: Launch(64, 4, 2), 4: Launch(32, 4, 2)}
-    #: the prefix kernel's (cascade): query rows per program (members x GQA group, padded) and launch
-    prefix_rows: ClassVar[int] = 64
-    prefix_launches: ClassVar[dict[int, Launch]] = {
-        1: Launch(64, 8, 2),
-        2: Launch(64, 8, 2),
-        4: Launch(32, 8, 2),
-    }
+    #: the prefix kernel's (cascade) query rows per program (members x GQA group, padded to the
+    #: decode kernel's ``BLOCK_H`` at least); it launches as the decode kernel does. 64 rows
+    #: (Hopper's warp-group products, 8 warps) ran the shared-prefix workload at half FlashInfer's
+    #: speed with groups of four (8 of the 64 rows used): BENCHMARKS.md
+    prefix_rows: ClassVar[int] = 16
     #: the rounding error of the probabilities as a second bf16/fp16 product (float32-accurate P·V)
     exact_pv: ClassVar[bool] = True
 
@@ -185,7 +183,6 @@ class TritonDecodeBackend(AttentionBackend):
         )
         self.partial_lse = torch.empty(most * config.num_qo_heads, dtype=torch.float32, device=config.device)
         self.launch = self.launches[config.kv_cache.buffer.element_size()]
-        self.prefix_launch = self.prefix_launches[config.kv_cache.buffer.element_size()]
         self._graph_req_slots: torch.Tensor | None = None
         self._graph_seq_lens: torch.Tensor | None = None
         self._graph_plan: torch.Tensor | None = None
@@ -255,7 +252,6 @@ class TritonDecodeBackend(AttentionBackend):
         scale_log2 = config.scale * math.log2(math.e)
         if cascade:
             assert metadata.tasks is not None
-            prefix_launch = self.prefix_launch
             kernels.prefix_kernel[(config.num_kv_heads, bs, prefix_splits)](
                 q,
                 cache.k_cache(layer_id),
@@ -275,14 +271,14 @@ class TritonDecodeBackend(AttentionBackend):
                 GROUP=self.group,
                 BLOCK_M=self.block_m,
                 HEAD_DIM=config.head_dim,
-                BLOCK_N=prefix_launch.block_n,
+                BLOCK_N=launch.block_n,
                 NUM_SPLITS=splits,
                 PREFIX_SPLITS=prefix_splits,
                 WIDEN_FP8=widen_fp8,
                 DOT_FP32=dot_fp32,
                 EXACT_PV=exact_pv,
-                num_warps=prefix_launch.num_warps,
-                num_stages=prefix_launch.num_stages,
+                num_warps=launch.num_warps,
+                num_stages=launch.num_stages,
             )
         kernels.decode_kernel[(config.num_kv_heads, bs, splits)](
             q,
