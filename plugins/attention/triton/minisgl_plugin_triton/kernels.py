@@ -9,10 +9,11 @@ base 2 (``scale_log2`` is the softmax scale times log2(e)). With one split the p
 output; with several it writes its normalised partial output and its log2-sum-exp, and
 :func:`merge_kernel` combines the splits of each (sequence, head).
 
-In bf16 / fp16 the probabilities enter the P·V product as two terms of the pool's dtype (``P_hi``
-and ``P_lo = P - P_hi``, ``EXACT_PV``), so the product is float32-accurate: V is exact in its own
-dtype, and only the output's final rounding remains (the kernel reads memory-bound, one more
-tensor-core product per block is free).
+In bf16 / fp16 the probabilities enter the P·V product either as two terms of the pool's dtype
+(``EXACT_PV``: ``P_hi`` and ``P_lo = P - P_hi``), so the product is float32-accurate (V is exact
+in its own dtype, only the output's final rounding remains), or rounded once, and then the
+softmax's denominator sums the same rounded values, so the output stays a weighted mean of V
+(dividing by the unrounded sum biases it by V's mean times the rounding error).
 
 Cascade (``CASCADE``): sequences sharing a cached prefix start at ``skip[seq]``, and
 :func:`prefix_kernel` reads each shared prefix once for all of a group's members (their query
@@ -43,12 +44,14 @@ def _attend(
         m_new = tl.maximum(m, tl.max(scores, 1))
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(scores - m_new[:, None])
-        l_sum = l_sum * alpha + tl.sum(p, 1)
         v = tl.load(v_ptr + kv_offsets, mask=valid[:, None], other=0.0).to(q.dtype)
         p_hi = p.to(q.dtype)
         pv = tl.dot(p_hi, v)
         if EXACT_PV:  # the rounding error of P as a second product: P·V as exact as float32
             pv += tl.dot((p - p_hi.to(tl.float32)).to(q.dtype), v)
+        else:  # normalise by the rounded weights the product used: a true weighted mean of V
+            p = p_hi.to(tl.float32)
+        l_sum = l_sum * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + pv
         m = m_new
     return m, l_sum, acc
