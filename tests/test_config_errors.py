@@ -215,6 +215,59 @@ def test_attn_auto_is_torch_on_cpu_and_pairs_parse():
         pick_attention("a,b,c", cpu, plugins)
 
 
+def test_attn_auto_on_a_gpu_takes_the_first_usable_of_each_list():
+    """On CUDA ``auto`` is fa3 prefill + triton decode where both are usable, and steps down the
+    lists (AUTO_PREFILL, AUTO_DECODE) where one is missing or unavailable; a decode backend that
+    refuses the model is followed by the next usable one, under ``auto`` only."""
+    from minisgl_core.runner.model_runner import decode_fallbacks
+
+    class Backend:
+        def __init__(self, usable: bool, capabilities: frozenset = frozenset({"kv_fp8"})) -> None:
+            self.usable = usable
+            self.capabilities = capabilities
+
+        def availability(self, device):
+            return None if self.usable else "not here"
+
+    class FakePlugins:
+        def __init__(self, **backends: bool) -> None:
+            self.registry = {"attention": {name: Backend(ok) for name, ok in backends.items()}}
+
+        def resolve(self, kind: str, name: str):
+            return self.registry[kind][name]
+
+    gpu = torch.device("cuda")
+    every = FakePlugins(torch=True, fi=True, fa3=True, triton=True)
+    assert pick_attention("auto", gpu, every) == ("fa3", "triton")  # type: ignore[arg-type]
+    assert pick_attention("auto", gpu, FakePlugins(torch=True, fi=True, fa3=False, triton=True)) == (
+        "fi",
+        "triton",
+    )  # type: ignore[arg-type]
+    assert pick_attention("auto", gpu, FakePlugins(torch=True, fi=True, fa3=True)) == ("fa3", "fi")  # type: ignore[arg-type]
+    assert pick_attention("auto", gpu, FakePlugins(torch=True, fi=True, triton=False)) == ("fi", "fi")  # type: ignore[arg-type]
+    assert pick_attention("auto", gpu, FakePlugins(torch=True)) == ("torch", "torch")  # type: ignore[arg-type]
+    assert decode_fallbacks("auto", "triton", gpu, every) == ["fi"]  # type: ignore[arg-type]
+    assert decode_fallbacks("auto", "fi", gpu, every) == []  # type: ignore[arg-type]
+    assert decode_fallbacks("fa3,triton", "triton", gpu, every) == []  # type: ignore[arg-type]
+    # a float8 pool: auto skips backends that do not declare "kv_fp8" (fa3 does not)
+    every.registry["attention"]["fa3"].capabilities = frozenset()
+    fp8 = frozenset({"kv_fp8"})
+    assert pick_attention("auto", gpu, every, fp8) == ("fi", "triton")  # type: ignore[arg-type]
+    assert pick_attention("auto", gpu, every) == ("fa3", "triton")  # type: ignore[arg-type]
+
+
+def test_attn_auto_lists_name_real_backends():
+    from minisgl_core.runner.model_runner import AUTO_DECODE, AUTO_PREFILL
+
+    plugins = Plugins.load()
+    for name in AUTO_PREFILL + AUTO_DECODE:
+        assert name in plugins.registry["attention"], name
+    for name in AUTO_PREFILL:
+        assert "prefill" in plugins.resolve("attention", name).capabilities, name
+    for name in AUTO_DECODE:
+        assert "decode" in plugins.resolve("attention", name).capabilities, name
+
+
 def test_a_backend_is_used_only_for_the_steps_it_declares():
     from minisgl_core.api import AttentionBackend
     from minisgl_core.runner.model_runner import check_roles

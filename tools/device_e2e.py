@@ -231,8 +231,9 @@ def main() -> int:
             # FlashInfer prefill, the Triton decode kernel (plugins/attention/triton)
             "fi_triton": dict(attn="fi,triton"),
             "fi_triton_no_graph": dict(attn="fi,triton", cuda_graph_max_bs=0),
-            # the Triton decode with P rounded once to bf16 in P·V (FlashInfer's arithmetic)
-            "fi_triton_rounded_pv": dict(attn="fi,triton", triton={"exact_pv": False}),
+            # the Triton decode with P·V float32-accurate (a second product for P's rounding error)
+            "fi_triton_exact_pv": dict(attn="fi,triton", triton={"exact_pv": True}),
+            "fa3_triton": dict(attn="fa3,triton"),  # --attn auto on Hopper
         }
         if args.configs:
             wanted = args.configs.split(",")

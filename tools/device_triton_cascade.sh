@@ -6,7 +6,7 @@
 # shared:  the shared-prefix workload in the engine (tools/device_profile.py steps), Qwen3-0.6B,
 #          256 running: --attn fi (FlashInfer cascade), fi,triton (Triton cascade), fi,triton
 #          --disable-cascade (SHARED_VARIANTS="fi;fi,triton": others, ';'-separated)
-# e2e:     tools/device_e2e.py on torch_bf16, fi, fi_triton, fi_triton_no_graph, fi_triton_rounded_pv
+# e2e:     tools/device_e2e.py on torch_bf16, fi, fi_triton, fi_triton_no_graph, fi_triton_exact_pv, fa3_triton
 # offline: the standard offline workload, --attn fi then fi,triton, after a discarded warm-up
 set -uo pipefail
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -38,7 +38,7 @@ PY
   done
 fi
 if has e2e; then
-  timeout 400 python3 tools/device_e2e.py --out "$out/e2e.json" --configs torch_bf16,fi,fi_triton,fi_triton_no_graph,fi_triton_rounded_pv \
+  timeout 400 python3 tools/device_e2e.py --out "$out/e2e.json" --configs torch_bf16,fi,fi_triton,fi_triton_no_graph,fi_triton_exact_pv,fa3_triton \
     > "$out/e2e.txt" 2>&1
   python3 - "$out/e2e.json" <<'PY' || tail -n 30 "$out/e2e.txt"
 import json, sys

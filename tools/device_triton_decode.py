@@ -5,8 +5,7 @@ paged layout, page 16, over a bf16 and a float8 e4m3 pool; 20 calls are captured
 the replay timed. TB/s counts the KV bytes the batch reads. Each Triton output is compared with
 FlashInfer's on the same pool (max |difference|). A context of 0 stands for the offline
 workload's spread: lengths drawn uniformly from 100 to 2,048. In bf16 the Triton kernel is also
-timed with ``exact_pv`` off (the probabilities rounded once to bf16 in P·V), the cost of the
-second product.
+timed with ``exact_pv`` on (P·V float32-accurate: a second product), that product's cost.
 
     python3 tools/device_triton_decode.py [--sweep] [--json OUT.json]
 
@@ -123,10 +122,10 @@ def main() -> None:
         problem = Problem(*shape, kv_dtype, dev)
         row: dict = {"shape": f"qo{qo}/kv{kv} bs{bs} ctx{ctx or '100-2048'}", "kv": str(kv_dtype)[6:]}
         outs = {}
-        # "triton_rounded_pv": the kernel with P rounded once to bf16 in P·V (before EXACT_PV)
-        rounded = type("RoundedPV", (triton_cls,), {"exact_pv": False})
-        for name, cls in (("fi", fi), ("triton", triton_cls), ("triton_rounded_pv", rounded)):
-            if name == "triton_rounded_pv" and kv_dtype != torch.bfloat16:
+        # "triton_exact_pv": the kernel with P·V float32-accurate (two products)
+        exact = type("ExactPV", (triton_cls,), {"exact_pv": True})
+        for name, cls in (("fi", fi), ("triton", triton_cls), ("triton_exact_pv", exact)):
+            if name == "triton_exact_pv" and kv_dtype != torch.bfloat16:
                 continue
             us, outs[name] = problem.replay_us(cls)
             row[f"{name}_us"] = round(us, 2)

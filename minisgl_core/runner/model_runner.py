@@ -28,8 +28,17 @@ logger = logging.getLogger(__name__)
 CPU_DEFAULT_KV_TOKENS = 65536
 
 
-def pick_attention(spec: str, device: torch.device, plugins: Plugins) -> tuple[str, str]:
-    """Parse ``--attn``: "name", "prefill,decode" or "auto" (torch on CPU; fa3 prefill + fi decode on Hopper)."""
+#: ``--attn auto`` on CUDA: the first usable backend of each list (a GPU without them: torch)
+AUTO_PREFILL = ("fa3", "fi")
+AUTO_DECODE = ("triton", "fi")
+
+
+def pick_attention(
+    spec: str, device: torch.device, plugins: Plugins, needs: frozenset[str] = frozenset()
+) -> tuple[str, str]:
+    """Parse ``--attn``: "name", "prefill,decode" or "auto" (torch on CPU; on a GPU the first
+    usable of :data:`AUTO_PREFILL` and of :data:`AUTO_DECODE` declaring the capabilities in
+    ``needs``, e.g. "kv_fp8" for a float8 pool: fa3 prefill + triton decode on Hopper)."""
     if spec != "auto":
         names = [s.strip() for s in spec.split(",")]
         if len(names) not in (1, 2) or not all(names):
@@ -37,11 +46,28 @@ def pick_attention(spec: str, device: torch.device, plugins: Plugins) -> tuple[s
         return names[0], names[-1]
     if device.type != "cuda":
         return "torch", "torch"
-    available = [n for n in ("fa3", "fi") if n in plugins.registry["attention"]]
-    usable = [n for n in available if plugins.resolve("attention", n).availability(device) is None]
-    decode = "fi" if "fi" in usable else "torch"
-    prefill = "fa3" if "fa3" in usable else decode
+    prefill = (usable_backends(AUTO_PREFILL, device, plugins, needs) or ["torch"])[0]
+    decode = (usable_backends(AUTO_DECODE, device, plugins, needs) or ["torch"])[0]
     return prefill, decode
+
+
+def decode_fallbacks(
+    spec: str, decode: str, device: torch.device, plugins: Plugins, needs: frozenset[str] = frozenset()
+) -> list[str]:
+    """Under ``--attn auto``, the usable decode backends after ``decode`` in :data:`AUTO_DECODE`:
+    what to try when ``decode`` refuses the model. Empty for an explicit ``--attn``."""
+    usable = usable_backends(AUTO_DECODE, device, plugins, needs) if spec == "auto" else []
+    return usable[usable.index(decode) + 1 :] if decode in usable else []
+
+
+def usable_backends(
+    names: tuple[str, ...], device: torch.device, plugins: Plugins, needs: frozenset[str] = frozenset()
+) -> list[str]:
+    """Those of ``names`` that are installed, available on ``device`` and declare ``needs``, in order."""
+    installed = {n: plugins.resolve("attention", n) for n in names if n in plugins.registry["attention"]}
+    return [
+        n for n, cls in installed.items() if cls.availability(device) is None and needs <= cls.capabilities
+    ]
 
 
 def resolve_page_size(
@@ -112,7 +138,9 @@ class ModelRunner:
                 enable_fast_all_reduce(parallel, self.device)
         self.dtype = config.resolve_dtype(self.device)
         self.kv_dtype = config.resolve_kv_dtype(self.dtype)
-        prefill_name, decode_name = pick_attention(config.attn, self.device, plugins)
+        # a float8 pool under ``--attn auto``: backends that read one (fa3 does not)
+        needs = frozenset({"kv_fp8"}) if self.kv_dtype == torch.float8_e4m3fn else frozenset()
+        prefill_name, decode_name = pick_attention(config.attn, self.device, plugins, needs)
         attn_classes = {name: self._backend_class(name, plugins) for name in (prefill_name, decode_name)}
         check_roles(prefill_name, decode_name, attn_classes)
         check_kv_dtype(config.kv_cache_dtype, self.kv_dtype, self.dtype, attn_classes)
@@ -172,11 +200,23 @@ class ModelRunner:
             kv_cache=self.kv_cache,
         )
         self.prefill_attn = build_backend(prefill_name, attn_classes[prefill_name], attn_config)
-        self.decode_attn = (
-            self.prefill_attn
-            if decode_name == prefill_name
-            else build_backend(decode_name, attn_classes[decode_name], attn_config)
-        )
+        try:
+            self.decode_attn = (
+                self.prefill_attn
+                if decode_name == prefill_name
+                else build_backend(decode_name, attn_classes[decode_name], attn_config)
+            )
+        except PluginError as exc:
+            # ``--attn auto``: the next usable decode backend where the first refuses this model
+            # (the Triton kernel: a head size that is not a power of two, float8 KV before sm89)
+            rest = decode_fallbacks(config.attn, decode_name, self.device, plugins, needs)
+            if not rest:
+                raise
+            logger.info("--attn auto: %s; decoding with %r instead", exc, rest[0])
+            decode_name = rest[0]
+            self.decode_attn = build_backend(
+                decode_name, self._backend_class(decode_name, plugins), attn_config
+            )
         self.attn_names = (prefill_name, decode_name)
         self.cascade = config.cascade and "cascade" in self.decode_attn.capabilities
         #: prefill steps carry the running decodes where the prefill backend takes decode rows
