@@ -25,7 +25,7 @@ fi
 if has shared; then
   IFS=';' read -ra variants <<< "${SHARED_VARIANTS:-fi;fi,triton;fi,triton --disable-cascade}"
   for variant in "${variants[@]}"; do
-    label=${variant// /_}; label=${label//,/+}  # no commas: $OUT keeps plain names only
+    label=${variant// /_}; label=${label//,/-}; label=${label//--/}  # $OUT returns plain names only (no "," or "+")
     # shellcheck disable=SC2086  # the variant's words are separate flags
     timeout 200 python3 tools/device_profile.py steps $m/qwen3-0.6b --workload shared-prefix --max-running 256 \
       --attn $variant --json "$out/shared-$label.json" > "$out/shared-$label.txt" 2>&1
