@@ -3,9 +3,10 @@ P·V float32-accurate (``exact_pv``, two products) and with P rounded once (issu
 
     python3 tools/device_triton_pv.py MODEL_DIR [--rounds 2] [--json OUT.json]
 
-Each variant builds its own engine (``--attn fi`` / ``fi,triton``), runs the workload once to
-warm up (discarded) and then ``--rounds`` times; variants take turns within a round, so the
-machine's drift falls on all of them."""
+Each variant builds its own engine (``--attn fi`` / ``fi,triton``) per round and runs the
+workload once in it; variants take turns within a round, so the machine's drift falls on all of
+them. (Until 3e1de2b the first round ran the workload twice in one engine: its measured run found
+every prompt in the radix cache.)"""
 
 from __future__ import annotations
 
@@ -38,8 +39,6 @@ def main() -> None:
             if exact is not None:
                 TritonDecodeBackend.exact_pv = exact
             llm = LLM(args.model, attn=attn)
-            if round_ == 0:
-                run_offline(llm, requests)  # a discarded warm-up per variant on the fresh machine
             result = {"variant": name, "round": round_ + 1, **run_offline(llm, requests)}
             llm.close()
             rows.append(result)
