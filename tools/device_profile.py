@@ -280,6 +280,8 @@ def steps(args: argparse.Namespace) -> dict:
                              "batch_sizes": sorted({bs for _, bs, _ in records[window[0]:window[1]]})}  # fmt: skip
         print(json.dumps(summary["window"]))
         print(_table(prof))
+        if args.trace:
+            prof.export_chrome_trace(args.trace)
     llm.close()
     return summary
 
@@ -324,6 +326,7 @@ def main() -> None:
     p.add_argument("--disable-cascade", action="store_true")
     p.add_argument("--cache", default="radix")
     p.add_argument("--json")
+    p.add_argument("--trace", help="steps: write the profiled window as a Chrome trace here")
     args = p.parse_args()
     result = {"attn": attn, "small": small, "kv": kv, "gemv": gemv, "steps": steps, "b1": b1}[args.what](args)
     if args.json:
