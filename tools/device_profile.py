@@ -226,6 +226,7 @@ def steps(args: argparse.Namespace) -> dict:
     # warm-up
     llm.generate([[1, 2, 3, 4]] * 4, SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
     seen.clear()
+    host = _HostProfiles(engine) if args.cprofile else None
     vocab = runner.vocab_size  # the demo model (CPU smoke test) has a small vocabulary
     workload = standard_offline(args.num_requests, seed=0) if args.workload == "standard" else shared_prefix()
     for i, r in enumerate(workload):
@@ -282,8 +283,82 @@ def steps(args: argparse.Namespace) -> dict:
         print(_table(prof))
         if args.trace:
             prof.export_chrome_trace(args.trace)
+    if host is not None:
+        host.report()
     llm.close()
     return summary
+
+
+class _HostProfiles:
+    """cProfile of the host phases of a step (schedule, prepare + launch, sampling), kept apart
+    for prefill and decode steps: which Python lines a step's host time goes to."""
+
+    def __init__(self, engine) -> None:
+        self.stats: dict[tuple[str, str], object] = {}
+        self.calls: dict[tuple[str, str], int] = defaultdict(int)
+        self.kind = "decode"
+        scheduler, runner = engine.scheduler, engine.runner
+        schedule, prepare, sample = scheduler.schedule, runner.prepare, engine._sample
+
+        def profiled(fn, *a):
+            import cProfile
+
+            prof = cProfile.Profile()
+            prof.enable()
+            try:
+                return prof, fn(*a)
+            finally:
+                prof.disable()
+
+        def keep(phase, prof) -> None:
+            import pstats
+
+            key = (self.kind, phase)
+            self.calls[key] += 1
+            if key in self.stats:
+                self.stats[key].add(prof)
+            else:
+                self.stats[key] = pstats.Stats(prof)
+
+        def on_schedule():
+            prof, batch = profiled(schedule)
+            if batch is not None:  # a step's kind is known once it is scheduled
+                self.kind = "decode" if getattr(batch, "kind", "decode") == "decode" else "prefill"
+            keep("schedule", prof)
+            return batch
+
+        def on_prepare(batch):
+            prof, run = profiled(prepare, batch)
+            keep("forward", prof)
+
+            def launch():
+                prof, out = profiled(run)
+                keep("launch", prof)
+                return out
+
+            return launch
+
+        def on_sample(launched):
+            prof, out = profiled(sample, launched)
+            keep("sample", prof)
+            return out
+
+        scheduler.schedule = on_schedule
+        runner.prepare = on_prepare
+        engine._sample = on_sample
+
+    def report(self, rows: int = 22) -> None:
+        import io
+
+        for (kind, phase), stats in sorted(self.stats.items()):
+            calls = self.calls[(kind, phase)]
+            out = io.StringIO()
+            stats.stream = out
+            print(
+                f"=== {kind} {phase}: {calls} calls, {stats.total_tt * 1e3 / calls:.3f} ms each (under cProfile)"
+            )
+            stats.sort_stats("tottime").print_stats(rows)
+            print("\n".join(line for line in out.getvalue().splitlines()[4:] if line.strip()))
 
 
 def b1(args: argparse.Namespace) -> dict:
@@ -326,6 +401,7 @@ def main() -> None:
     p.add_argument("--disable-cascade", action="store_true")
     p.add_argument("--cache", default="radix")
     p.add_argument("--json")
+    p.add_argument("--cprofile", action="store_true", help="steps: cProfile the host phases by step kind")
     p.add_argument("--trace", help="steps: write the profiled window as a Chrome trace here")
     args = p.parse_args()
     result = {"attn": attn, "small": small, "kv": kv, "gemv": gemv, "steps": steps, "b1": b1}[args.what](args)
