@@ -74,3 +74,72 @@ def gumbel_chunk_max_kernel(
     best, at = tl.where(better, v3, best), tl.where(better, i3, at)
     tl.store(best_value + row * chunks + chunk, best)
     tl.store(best_index + row * chunks + chunk, at.to(tl.int64))
+
+
+@triton.jit
+def _quarter_keys(logits_row, cols, u, vocab, scale, noise_scale, FAST_LOG: tl.constexpr):
+    """``logits * scale + noise_scale * gumbel(u)`` at ids ``cols`` (-inf past the vocabulary);
+    the noise as :func:`_quarter_max` makes it."""
+    mask = cols < vocab
+    x = tl.load(logits_row + cols, mask=mask, other=0.0).to(tl.float32)
+    v = 1.0 - u
+    near_one = v + v * v * (0.5 + v * (1.0 / 3.0))
+    if FAST_LOG:
+        e = tl.where(v < 1.0 / 1024, near_one, -libdevice.fast_logf(u))
+        g = -libdevice.fast_logf(e)
+    else:
+        e = tl.where(v < 1.0 / 1024, near_one, -tl.log(u))
+        g = -tl.log(e)
+    return tl.where(mask, x * scale + noise_scale * g, float("-inf"))
+
+
+@triton.jit(do_not_specialize=["seed"])
+def gumbel_span_max_kernel(
+    logits,  # [rows, vocab], last stride 1
+    row_stride,
+    scale,  # [rows] float32
+    noise_scale,  # [rows] float32
+    seed,
+    vocab,
+    best_value,  # [rows, spans] float32
+    best_index,  # [rows, spans] int64
+    chunks,
+    spans,
+    TINY: tl.constexpr,
+    CHUNK: tl.constexpr,
+    SPAN: tl.constexpr,
+    FAST_LOG: tl.constexpr,
+):
+    # program (row, span): SPAN consecutive chunks of gumbel_chunk_max_kernel, each with the same
+    # noise (Philox counters) as there, kept as a running maximum per lane (ids visited in
+    # increasing order, so a strict > keeps each lane's first); one reduction at the end, the
+    # lowest id among the lanes holding the maximum.
+    row = tl.program_id(0).to(tl.int64)
+    span = tl.program_id(1)
+    QUARTER: tl.constexpr = CHUNK // 4
+    i = tl.arange(0, QUARTER)
+    s = tl.load(scale + row)
+    ns = tl.load(noise_scale + row)
+    logits_row = logits + row * row_stride
+    best = tl.full([QUARTER], float("-inf"), tl.float32)
+    at = tl.zeros([QUARTER], tl.int32)
+    for k in tl.static_range(SPAN):
+        chunk = span * SPAN + k
+        u0, u1, u2, u3 = tl.rand4x(seed, (row * chunks + chunk) * QUARTER + i)
+        base = chunk * CHUNK + i
+        y = _quarter_keys(logits_row, base, tl.maximum(u0, TINY), vocab, s, ns, FAST_LOG)
+        better = y > best
+        best, at = tl.where(better, y, best), tl.where(better, base, at)
+        y = _quarter_keys(logits_row, base + QUARTER, tl.maximum(u1, TINY), vocab, s, ns, FAST_LOG)
+        better = y > best
+        best, at = tl.where(better, y, best), tl.where(better, base + QUARTER, at)
+        y = _quarter_keys(logits_row, base + 2 * QUARTER, tl.maximum(u2, TINY), vocab, s, ns, FAST_LOG)
+        better = y > best
+        best, at = tl.where(better, y, best), tl.where(better, base + 2 * QUARTER, at)
+        y = _quarter_keys(logits_row, base + 3 * QUARTER, tl.maximum(u3, TINY), vocab, s, ns, FAST_LOG)
+        better = y > best
+        best, at = tl.where(better, y, best), tl.where(better, base + 3 * QUARTER, at)
+    top = tl.max(best, 0)
+    first = tl.min(tl.where(best == top, at, 2147483647), 0)
+    tl.store(best_value + row * spans + span, top)
+    tl.store(best_index + row * spans + span, first.to(tl.int64))

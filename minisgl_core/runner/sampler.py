@@ -78,24 +78,50 @@ def gumbel_argmax_chunked(
 
 
 def gumbel_max_chunked(
-    logits: torch.Tensor, scale: torch.Tensor, noise_scale: torch.Tensor, seed: int
+    logits: torch.Tensor, scale: torch.Tensor, noise_scale: torch.Tensor, seed: int, span: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row the maximum of ``logits * scale + noise_scale * gumbel`` (float32) and its first
-    index, as :func:`gumbel_argmax_chunked` draws it."""
-    from minisgl_core.runner._sampler_triton import gumbel_chunk_max_kernel
+    index, as :func:`gumbel_argmax_chunked` draws it. ``span``: chunks per program (0: one
+    reduction per chunk, the first kernel; None: :func:`sampler_span`)."""
+    from minisgl_core.runner._sampler_triton import gumbel_chunk_max_kernel, gumbel_span_max_kernel
 
     rows, vocab = logits.shape
     chunks = -(-vocab // _CHUNK)
-    values = torch.empty((rows, chunks), dtype=torch.float32, device=logits.device)
-    indices = torch.empty((rows, chunks), dtype=torch.int64, device=logits.device)
+    if span is None:
+        span = sampler_span(rows, chunks)
+    parts = chunks if span == 0 else -(-chunks // span)
+    values = torch.empty((rows, parts), dtype=torch.float32, device=logits.device)
+    indices = torch.empty((rows, parts), dtype=torch.int64, device=logits.device)
     if logits.stride(1) != 1:
         logits = logits.contiguous()
-    gumbel_chunk_max_kernel[(rows, chunks)](
-        logits, logits.stride(0), scale, noise_scale, seed, vocab, values, indices, chunks,
-        TINY=_TINY, CHUNK=_CHUNK, FAST_LOG=not environment.triton_interpreter(), num_warps=8,
-    )  # fmt: skip
+    fast_log = not environment.triton_interpreter()
+    if span == 0:
+        gumbel_chunk_max_kernel[(rows, chunks)](
+            logits, logits.stride(0), scale, noise_scale, seed, vocab, values, indices, chunks,
+            TINY=_TINY, CHUNK=_CHUNK, FAST_LOG=fast_log, num_warps=8,
+        )  # fmt: skip
+    else:
+        gumbel_span_max_kernel[(rows, parts)](
+            logits, logits.stride(0), scale, noise_scale, seed, vocab, values, indices, chunks, parts,
+            TINY=_TINY, CHUNK=_CHUNK, SPAN=span, FAST_LOG=fast_log, num_warps=8,
+        )  # fmt: skip
     best = values.argmax(dim=1, keepdim=True)
     return values.gather(1, best).squeeze(1), indices.gather(1, best).squeeze(1)
+
+
+#: the spans :func:`sampler_span` picks from (each a compiled variant, all warmed up)
+SAMPLER_SPANS = (1, 2, 4, 8)
+
+
+def sampler_span(rows: int, chunks: int, programs: int = 1024) -> int:
+    """Chunks per program of the Gumbel-max kernel: the widest of :data:`SAMPLER_SPANS` that
+    still leaves ``programs`` programs (a few per SM), so that a wide batch pays one reduction per
+    several chunks and a narrow one keeps its parallelism."""
+    best = SAMPLER_SPANS[0]
+    for span in SAMPLER_SPANS:
+        if rows * -(-chunks // span) >= programs:
+            best = span
+    return best
 
 
 def gumbel_max_torch(
