@@ -361,7 +361,7 @@ def test_chunked_argmax_is_argmax(rows, vocab):
 
 _TRITON_DRAW = """
 import torch
-from minisgl_core.runner.sampler import gumbel_argmax_chunked, _CHUNK
+from minisgl_core.runner.sampler import gumbel_argmax_chunked, gumbel_max_chunked, _CHUNK
 device, rows, seeds, tolerance = {args}
 vocab = 2 * _CHUNK + 37
 logits = torch.full((vocab,), -40.0, device=device)
@@ -377,6 +377,16 @@ assert (freq - expected).abs().max() < tolerance, (freq, expected)
 assert not torch.equal(draws[:rows], draws[rows : 2 * rows])  # another seed, other draws
 greedy = gumbel_argmax_chunked(logits.expand(3, vocab), torch.ones(3, device=device), torch.zeros(3, device=device), 5)
 assert greedy.tolist() == [2 * _CHUNK + 36] * 3
+# chunks per program do not change the draw: the same noise per id, ties to the first id
+mixed = torch.randn(5, vocab, device=device).bfloat16()
+mixed[1] = 0.0  # a greedy row of ties
+mixed[2, :_CHUNK + 5] = mixed[2, _CHUNK + 5 :].max()  # ties between a span's lanes and later ones
+mixed[3] = float("-inf")  # nothing allowed: index 0, as torch's argmax
+mixed[4, 7] = mixed[4, 2 * _CHUNK + 36] = 30.0
+noise = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0], device=device)
+spans = [gumbel_max_chunked(mixed, torch.ones(5, device=device), noise, 9, span) for span in (1, 2, 4)]
+assert all(torch.equal(spans[0][0], v) and torch.equal(spans[0][1], i) for v, i in spans[1:])
+assert spans[0][1][1:].tolist() == mixed[1:].float().argmax(-1).tolist() == [0, 0, 0, 7]
 print("ok", freq.tolist(), expected.tolist())
 """
 
@@ -460,7 +470,7 @@ def test_triton_draw_does_not_compile_per_seed():
     0.6–1 s stall seen in the offline benchmark's step trace on the GPU). The other scalar
     arguments are fixed by the model (row stride, vocabulary, chunk count)."""
     pytest.importorskip("triton")
-    from minisgl_core.runner._sampler_triton import gumbel_chunk_max_kernel
+    from minisgl_core.runner._sampler_triton import gumbel_span_max_kernel
 
-    unspecialised = {p.name for p in gumbel_chunk_max_kernel.params if p.do_not_specialize}
+    unspecialised = {p.name for p in gumbel_span_max_kernel.params if p.do_not_specialize}
     assert unspecialised == {"seed"}

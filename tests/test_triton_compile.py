@@ -50,12 +50,14 @@ def test_rope_store_kernel_compiles(target, heads, half, norm, dtype):
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_gumbel_kernel_compiles(target, dtype):
-    from minisgl_core.runner._sampler_triton import gumbel_chunk_max_kernel
-    from minisgl_core.runner.sampler import _CHUNK, _TINY
+    from minisgl_core.runner._sampler_triton import gumbel_span_max_kernel
+    from minisgl_core.runner.sampler import _CHUNK, _TINY, SAMPLER_SPANS
 
     signature = {"logits": f"*{dtype}", "row_stride": "i64", "scale": "*fp32", "noise_scale": "*fp32", "seed": "i32",
-                 "vocab": "i32", "best_value": "*fp32", "best_index": "*i64", "chunks": "i32"}  # fmt: skip
-    compiles(gumbel_chunk_max_kernel, signature, {"TINY": _TINY, "CHUNK": _CHUNK, "FAST_LOG": True}, target)
+                 "vocab": "i32", "best_value": "*fp32", "best_index": "*i64", "chunks": "i32", "spans": "i32"}  # fmt: skip
+    for span in SAMPLER_SPANS:
+        constants = {"TINY": _TINY, "CHUNK": _CHUNK, "SPAN": span, "FAST_LOG": True}
+        compiles(gumbel_span_max_kernel, signature, constants, target)
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")

@@ -71,9 +71,9 @@ def gumbel_argmax_compiled(
 def gumbel_argmax_chunked(
     logits: torch.Tensor, scale: torch.Tensor, noise_scale: torch.Tensor, seed: int
 ) -> torch.Tensor:
-    """:func:`gumbel_argmax_compiled` as one Triton kernel over (row, chunk) programs, the noise
-    from Philox keyed by ``seed`` (four uniforms per counter, one counter per four ids of a
-    chunk), then the chunks' maxima reduced by torch."""
+    """:func:`gumbel_argmax_compiled` as one Triton kernel over (row, span of chunks) programs,
+    the noise from Philox keyed by ``seed`` (four uniforms per counter, one counter per four ids
+    of a chunk), then the spans' maxima reduced by torch."""
     return gumbel_max_chunked(logits, scale, noise_scale, seed)[1]
 
 
@@ -81,36 +81,30 @@ def gumbel_max_chunked(
     logits: torch.Tensor, scale: torch.Tensor, noise_scale: torch.Tensor, seed: int, span: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row the maximum of ``logits * scale + noise_scale * gumbel`` (float32) and its first
-    index, as :func:`gumbel_argmax_chunked` draws it. ``span``: chunks per program (0: one
-    reduction per chunk, the first kernel; None: :func:`sampler_span`)."""
-    from minisgl_core.runner._sampler_triton import gumbel_chunk_max_kernel, gumbel_span_max_kernel
+    index, as :func:`gumbel_argmax_chunked` draws it. ``span``: chunks per program (default
+    :func:`sampler_span`); the draw does not depend on it."""
+    from minisgl_core.runner._sampler_triton import gumbel_span_max_kernel
 
     rows, vocab = logits.shape
     chunks = -(-vocab // _CHUNK)
-    if span is None:
-        span = sampler_span(rows, chunks)
-    parts = chunks if span == 0 else -(-chunks // span)
+    span = sampler_span(rows, chunks) if span is None else span
+    parts = -(-chunks // span)
     values = torch.empty((rows, parts), dtype=torch.float32, device=logits.device)
     indices = torch.empty((rows, parts), dtype=torch.int64, device=logits.device)
     if logits.stride(1) != 1:
         logits = logits.contiguous()
-    fast_log = not environment.triton_interpreter()
-    if span == 0:
-        gumbel_chunk_max_kernel[(rows, chunks)](
-            logits, logits.stride(0), scale, noise_scale, seed, vocab, values, indices, chunks,
-            TINY=_TINY, CHUNK=_CHUNK, FAST_LOG=fast_log, num_warps=8,
-        )  # fmt: skip
-    else:
-        gumbel_span_max_kernel[(rows, parts)](
-            logits, logits.stride(0), scale, noise_scale, seed, vocab, values, indices, chunks, parts,
-            TINY=_TINY, CHUNK=_CHUNK, SPAN=span, FAST_LOG=fast_log, num_warps=8,
-        )  # fmt: skip
+    gumbel_span_max_kernel[(rows, parts)](
+        logits, logits.stride(0), scale, noise_scale, seed, vocab, values, indices, chunks, parts,
+        TINY=_TINY, CHUNK=_CHUNK, SPAN=span, FAST_LOG=not environment.triton_interpreter(), num_warps=8,
+    )  # fmt: skip
     best = values.argmax(dim=1, keepdim=True)
     return values.gather(1, best).squeeze(1), indices.gather(1, best).squeeze(1)
 
 
-#: the spans :func:`sampler_span` picks from (each a compiled variant, all warmed up)
-SAMPLER_SPANS = (1, 2, 4, 8)
+#: the spans :func:`sampler_span` picks from (each a compiled variant, all warmed up). On an H200
+#: (``tools/device_sampler.py``): 1 is fastest up to 8 rows, 2-4 from 32 on (256 rows: 84 µs at 4,
+#: 96 at 1, 144 for the former one-reduction-per-chunk kernel), 8 and more slower again.
+SAMPLER_SPANS = (1, 2, 4)
 
 
 def sampler_span(rows: int, chunks: int, programs: int = 1024) -> int:
@@ -314,7 +308,8 @@ class Sampler:
             for rows in (2, 1):
                 with torch.inference_mode():
                     local = torch.zeros(rows, shard[0], dtype=dtype, device=self.device)
-                gumbel_max_chunked(local[:, : shard[1]], ones[:rows], ones[:rows], 1)
+                for span in SAMPLER_SPANS:  # a variant each, whatever the batch's width picks
+                    gumbel_max_chunked(local[:, : shard[1]], ones[:rows], ones[:rows], 1, span)
         for rows in (2, 1):
             # The compiled kernels' guards tell the model's logits (inference tensors) from tensors
             # made outside inference mode (some rows of them, a masked or penalised copy): warmed
@@ -327,7 +322,11 @@ class Sampler:
             )
             every = torch.arange(rows, device=self.device)
             for logits in (model_logits, model_logits.clone(), model_logits.float()):
-                self._gumbel_argmax(logits, ones, ones)
+                if self.triton:
+                    for span in SAMPLER_SPANS:
+                        gumbel_max_chunked(logits, ones, ones, 1, span)
+                else:
+                    self._gumbel_argmax(logits, ones, ones)
                 greedy_argmax(logits)
                 apply_token_bitmask(logits, every, bitmask)  # the grammar mask on every row
             # and on some rows of a wider batch (in place, in float32)
