@@ -215,3 +215,33 @@ def test_start_up_objects_are_frozen_until_the_engine_closes(model_dir):
     assert gc.get_freeze_count() > frozen - 1000  # still frozen (a few freed by reference count)
     llm.close()
     assert gc.get_freeze_count() == 0
+
+
+@pytest.mark.parametrize("page_size, mixed", [(1, False), (4, True)])
+def test_available_pages_kept_within_a_round_equals_the_full_sum(model_dir, prompts, page_size, mixed):
+    """Admission asks for the pages still promisable at every admission of a prefill step; the
+    KV manager sums the admitted requests' expected growth once a round and updates it as
+    admissions, allocations, prompt caching and releases change single requests. Under memory
+    pressure (evictions, retractions, shared prefixes moving into the cache) every answer must
+    equal the sum taken from scratch."""
+    from minisgl_core.scheduler.kv import KVManager
+
+    llm = cpu_llm(model_dir, cache="radix", num_kv_tokens=256, page_size=page_size, mixed_batch=mixed)
+    kv = llm.engine.scheduler.kv
+    kept = KVManager.available_pages.__get__(kv)
+    answers: list[tuple[int, int]] = []
+
+    def checked() -> int:
+        fast = kept()
+        saved = (kv._growth, kv._growth_total)
+        kv._forget_growth()
+        answers.append((fast, kept()))
+        kv._growth, kv._growth_total = saved
+        return fast
+
+    kv.available_pages = checked
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    llm.generate(prompts[:16], params)
+    assert len(answers) > 50 and llm.engine.stats()["retractions"] >= 1
+    assert [fast for fast, _ in answers] == [full for _, full in answers]
+    assert_kv_released(llm)

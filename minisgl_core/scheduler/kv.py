@@ -56,6 +56,11 @@ class KVManager:
         #: this round's prefix matches by rid, with the token list each matched; emptied whenever
         #: the cache changes, since a match may then be stale (shorter, or its entry evicted)
         self._matches: dict[int, tuple[list[int], PrefixMatch]] = {}
+        #: pages each admitted request is still expected to need (by rid), and their sum: summed
+        #: once per round (a step's outputs and the reserve ratio change them all) and kept up to
+        #: date within it, as admissions and allocations change single requests; None: not summed
+        self._growth: dict[int, int] | None = None
+        self._growth_total = 0
 
     # ------------------------------------------------------------ accounting
 
@@ -71,18 +76,31 @@ class KVManager:
 
     def available_pages(self) -> int:
         """Pages a new request may still be promised: free and evictable pages minus the pages every
-        admitted request is still expected to need (asked every step, for hundreds of requests)."""
-        ps, ratio = self.page_size, self.reserve_ratio
-        growth = 0
-        for r in self.admitted.values():
-            final = _expected_final_len(
-                len(r.prompt_ids), len(r.output_ids), len(r.fill_ids), r.params.max_tokens, ratio
-            )
-            need = -(-final // ps) - r.prefix_len // ps - len(r.pages)
-            if need > 0:
-                growth += need
-        evictable = self.cache.size_info().evictable // ps
-        return self.allocator.free_pages + evictable - growth
+        admitted request is still expected to need (asked every step, for hundreds of requests,
+        and at every admission of a prefill step: summed once a round, see :attr:`_growth`)."""
+        if self._growth is None:
+            self._growth = {rid: self._still_needed(r) for rid, r in self.admitted.items()}
+            self._growth_total = sum(self._growth.values())
+        evictable = self.cache.size_info().evictable // self.page_size
+        return self.allocator.free_pages + evictable - self._growth_total
+
+    def _still_needed(self, r: Request) -> int:
+        final = _expected_final_len(
+            len(r.prompt_ids), len(r.output_ids), len(r.fill_ids), r.params.max_tokens, self.reserve_ratio
+        )
+        return max(0, -(-final // self.page_size) - r.prefix_len // self.page_size - len(r.pages))
+
+    def _regrow(self, req: Request) -> None:
+        """``req`` was admitted or released, or its pages or prefix changed: its share of the sum."""
+        if self._growth is None:
+            return
+        need = self._still_needed(req) if req.rid in self.admitted else 0
+        self._growth_total += need - self._growth.pop(req.rid, 0)
+        if req.rid in self.admitted:
+            self._growth[req.rid] = need
+
+    def _forget_growth(self) -> None:
+        self._growth = None
 
     def obtainable_pages(self) -> int:
         """Pages allocate() can get right now (free, then by evicting unlocked cache entries)."""
@@ -91,11 +109,13 @@ class KVManager:
     def decayed(self) -> None:
         """One decode step went by: expect a little less output from everyone."""
         self.reserve_ratio = max(RESERVE_MIN, self.reserve_ratio - RESERVE_DECAY)
+        self._forget_growth()
 
     def retracted(self) -> None:
         """Decode ran out of pages: reserve for all of max_tokens again until requests prove otherwise."""
         self.reserve_ratio = 1.0
         self.retractions += 1
+        self._forget_growth()
 
     def used_tokens(self) -> int:
         """KV tokens not free: held by running requests or by the cache."""
@@ -112,8 +132,10 @@ class KVManager:
         return match
 
     def new_round(self) -> None:
-        """A scheduling round starts: forget the last one's matches (and requests gone since)."""
+        """A scheduling round starts: forget the last one's matches (and requests gone since) and
+        expected growth (outputs landed since)."""
         self._matches.clear()
+        self._forget_growth()
 
     def cached_prefix_len(self, req: Request) -> int:
         return self._usable_prefix(len(self.match(req).slots), req.fill_len)
@@ -140,6 +162,7 @@ class KVManager:
         req.prefix_len = prefix_len
         req.num_computed = prefix_len
         self.admitted[req.rid] = req
+        self._regrow(req)
         self.prompt_tokens += req.fill_len
         self.cached_tokens += prefix_len
         return True
@@ -164,6 +187,7 @@ class KVManager:
             if new is None:
                 return None
             req.pages.extend(new)
+            self._regrow(req)
         base, pages = req.prefix_len, req.pages
         if end - start == 1:
             own = start - base
@@ -214,6 +238,7 @@ class KVManager:
             for i, page in zip(fresh, pages, strict=True):
                 reqs[i].pages.append(page)
                 out[i] = page * ps
+                self._regrow(reqs[i])
         return out
 
     def slots_of(self, req: Request, end: int) -> torch.Tensor:
@@ -245,6 +270,7 @@ class KVManager:
         page_table[req.row, :cached] = to_device(match.slots, page_table.device, torch.int32)
         req.pages = req.pages[(cached - req.prefix_len) // self.page_size :]
         req.prefix_handle, req.prefix_slots, req.prefix_len = match.handle, match.slots, cached
+        self._regrow(req)
 
     # ------------------------------------------------------------ release
 
@@ -264,6 +290,7 @@ class KVManager:
         self.allocator.free_pages_list(tail_pages)
         self.cache.unlock(req.prefix_handle)
         self.admitted.pop(req.rid, None)
+        self._regrow(req)
         req.pages = []
         req.prefix_handle = None
         req.prefix_slots = req.prefix_slots[:0]
