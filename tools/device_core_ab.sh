@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The core package of an earlier commit against this tree's, on the GPU, without reinstalling:
-# both run with this tree's installed plugins, the earlier core first on PYTHONPATH. Only for
+# both run with this tree's installed plugins, the earlier core first on PYTHONPATH (ahead of the
+# prelude's own entries: FlashInfer lives there, and without it `--attn auto` falls back to torch). Only for
 # trees whose plugins/ are identical (checked). Quicker than tools/device_before_after.sh (no
 # reinstall per run), so more rounds fit in one call.
 #
@@ -22,11 +23,11 @@ shape=${SHAPE:-qwen3-0.6b}; attn=${ATTN:-auto}; rounds=${ROUNDS:-3}
   --device cuda >/dev/null 2>&1
 run() {  # which label [trace]
   local tree=$root; [ "$1" = before ] && tree=$before
-  (cd /tmp && env PYTHONPATH="$tree" ${3:+MINISGL_STEP_TRACE=$3} timeout 200 python3 -m minisgl_core bench offline \
+  (cd /tmp && env PYTHONPATH="$tree${PYTHONPATH:+:$PYTHONPATH}" ${3:+MINISGL_STEP_TRACE=$3} timeout 200 python3 -m minisgl_core bench offline \
     --model "/tmp/m/$shape" --attn "$attn" --label "$2" --output "$out/core-ab.jsonl" 2>>"$out/core-ab.log" | tail -n 1 | cut -c1-200)
 }
 for tree in "$before" "$root"; do  # which core each run imports
-  (cd /tmp && PYTHONPATH="$tree" python3 -c "import minisgl_core; print('core from', minisgl_core.__file__)")
+  (cd /tmp && PYTHONPATH="$tree${PYTHONPATH:+:$PYTHONPATH}" python3 -c "import minisgl_core; print('core from', minisgl_core.__file__)")
 done
 run after "warm-up (discarded)" >/dev/null
 for r in $(seq "$rounds"); do
