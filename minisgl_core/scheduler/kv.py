@@ -180,9 +180,15 @@ class KVManager:
         Plain Python ints: this runs for every request of every decode step, where building
         tiny tensors would cost more than the arithmetic."""
         start = req.num_computed
-        if not self._reserve(req, end):
-            return None
-        page_size, base, pages = self.page_size, req.prefix_len, req.pages
+        page_size = self.page_size
+        n = self.pages_to_reach(req, end)
+        if n:
+            new = self._take_pages(n)
+            if new is None:
+                return None
+            req.pages.extend(new)
+            self._regrow(req)
+        base, pages = req.prefix_len, req.pages
         if end - start == 1:
             own = start - base
             return [pages[own // page_size] * page_size + own % page_size]
@@ -190,29 +196,6 @@ class KVManager:
             pages[(pos - base) // page_size] * page_size + (pos - base) % page_size
             for pos in range(start, end)
         ]
-
-    def allocate_chunk(self, req: Request, end: int) -> torch.Tensor | None:
-        """:meth:`allocate` for a prefill chunk: the slots as a CPU int64 tensor, computed by torch
-        (thousands of positions a step, where a Python loop costs milliseconds)."""
-        if not self._reserve(req, end):
-            return None
-        own = torch.arange(req.num_computed - req.prefix_len, end - req.prefix_len)
-        pages = torch.tensor(req.pages, dtype=torch.int64)
-        if self.page_size == 1:
-            return pages[own]
-        return pages[own // self.page_size] * self.page_size + own % self.page_size
-
-    def _reserve(self, req: Request, end: int) -> bool:
-        """Give ``req`` the pages positions up to ``end`` need; False (and nothing taken) when the
-        pool cannot supply them even after evicting the cache."""
-        n = self.pages_to_reach(req, end)
-        if n:
-            new = self._take_pages(n)
-            if new is None:
-                return False
-            req.pages.extend(new)
-            self._regrow(req)
-        return True
 
     def _take_pages(self, n: int) -> list[int] | None:
         """``n`` free pages, evicting unlocked cache entries if the free list is short; None (and

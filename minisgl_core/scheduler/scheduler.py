@@ -190,10 +190,10 @@ class Scheduler:
             return None
         reqs, chunks, slots = taken
         input_ids = [t for r, n in zip(reqs, chunks) for t in r.fill_ids[r.num_computed : r.num_computed + n]]
-        positions = _chunk_positions(reqs, chunks)
+        positions = [p for r, n in zip(reqs, chunks) for p in range(r.num_computed, r.num_computed + n)]
         seq_lens = [r.num_computed + n for r, n in zip(reqs, chunks)]
         sampled = [i for i, r in enumerate(reqs) if seq_lens[i] == r.fill_len]
-        flat_slots = torch.cat(slots)
+        flat_slots = slots[0] if len(slots) == 1 else [s for per_req in slots for s in per_req]
         rows = _logits_rows(reqs, chunks, seq_lens)
         batch = self._forward_batch(
             True, reqs, chunks, seq_lens, to_device(input_ids, self.device), positions, flat_slots, rows[0]
@@ -223,15 +223,14 @@ class Scheduler:
         self.kv.decayed()
         reqs = decodes + pre
         lens = [1] * len(decodes) + chunks
-        positions = torch.cat(
-            [torch.tensor([r.num_computed for r in decodes]), _chunk_positions(pre, chunks)]
-        )
+        positions = [r.num_computed for r in decodes]
+        positions += [p for r, n in zip(pre, chunks) for p in range(r.num_computed, r.num_computed + n)]
         seq_lens = [r.num_computed + n for r, n in zip(reqs, lens)]
         prompt_ids = [t for r, n in zip(pre, chunks) for t in r.fill_ids[r.num_computed : r.num_computed + n]]
         # a decode row's input is its last sampled token, read on the device as in a decode step
         rows = to_device([r.row for r in decodes], self.device)
         input_ids = torch.cat([self.last_tokens[rows], to_device(prompt_ids, self.device)])
-        flat_slots = torch.cat([torch.tensor(dec_slots, dtype=torch.int64), *slots])
+        flat_slots = dec_slots + [s for per_req in slots for s in per_req]
         sampled = list(range(len(decodes)))
         sampled += [len(decodes) + i for i, r in enumerate(pre) if r.num_computed + chunks[i] == r.fill_len]
         logit_rows = _logits_rows(reqs, lens, seq_lens)
@@ -257,12 +256,12 @@ class Scheduler:
 
     def _take_chunks(
         self, plan: PrefillPlan, budget: int
-    ) -> tuple[list[Request], list[int], list[torch.Tensor]] | None:
+    ) -> tuple[list[Request], list[int], list[list[int]]] | None:
         """Admit and allocate the plan's chunks within ``budget`` tokens: the requests, their
         chunk lengths and KV slots; None when not even the first one fits."""
         reqs: list[Request] = []
         chunks: list[int] = []
-        slots: list[torch.Tensor] = []
+        slots: list[list[int]] = []
         rows_left = PROMPT_LOGPROBS_ROWS
         for rid, n in plan.chunks:
             req = self.waiting.get(rid)
@@ -281,7 +280,7 @@ class Scheduler:
             if scored:
                 n = min(n, rows_left)
                 rows_left -= n
-            req_slots = self.kv.allocate_chunk(req, req.num_computed + n)
+            req_slots = self.kv.allocate(req, req.num_computed + n)
             if req_slots is None:  # decode growth took the pages: try again after it frees some
                 if newly_admitted:
                     self._release(req)
@@ -350,13 +349,13 @@ class Scheduler:
         chunks: list[int],
         seq_lens: list[int],
         input_ids: torch.Tensor,
-        positions: list[int] | torch.Tensor,
-        flat_slots: list[int] | torch.Tensor,
+        positions: list[int],
+        flat_slots: list[int],
         logits_indices: list[int] | None = None,
     ) -> ForwardBatch:
         device = self.device
         rows = [r.row for r in reqs]
-        token_rows = rows if not is_prefill else torch.tensor(rows).repeat_interleave(torch.tensor(chunks))
+        token_rows = rows if not is_prefill else [r for r, n in zip(rows, chunks) for _ in range(n)]
         # One host-to-device copy for all the small per-step arrays, each row padded to whole
         # 64-byte lines: kernels receive the rows as tensors, and Triton compiles a separate variant
         # for a pointer that is not 16-byte aligned (row 1 of an odd-length int64 pack is not), which
@@ -487,23 +486,9 @@ def _logits_rows(
     return indices, last_rows, prompt
 
 
-def _padded_rows(rows: list[list[int]] | list[list[int] | torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-    """``rows`` (of one length; lists or CPU tensors) as a host tensor whose rows each start
-    64-byte aligned."""
+def _padded_rows(rows: list[list[int]], dtype: torch.dtype) -> torch.Tensor:
+    """``rows`` (of one length) as a host tensor whose rows each start 64-byte aligned."""
     per_line = 64 // torch.empty((), dtype=dtype).element_size()
     width = -(-len(rows[0]) // per_line) * per_line
-    if all(isinstance(row, list) for row in rows):  # a decode step's few hundred ints: one call
-        pad = [0] * (width - len(rows[0]))
-        return torch.tensor([row + pad for row in rows], dtype=dtype)
-    out = torch.zeros((len(rows), width), dtype=dtype)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = row if isinstance(row, torch.Tensor) else torch.tensor(row, dtype=dtype)
-    return out
-
-
-def _chunk_positions(reqs: list[Request], chunks: list[int]) -> torch.Tensor:
-    """The positions of prefill chunks, request after request (a CPU int64 tensor)."""
-    starts = torch.tensor([r.num_computed for r in reqs], dtype=torch.int64)
-    lens = torch.tensor(chunks, dtype=torch.int64)
-    offsets = torch.arange(int(lens.sum())) - (lens.cumsum(0) - lens).repeat_interleave(lens)
-    return starts.repeat_interleave(lens) + offsets
+    pad = [0] * (width - len(rows[0]))
+    return torch.tensor([row + pad for row in rows], dtype=dtype)
