@@ -6,12 +6,16 @@
     python tools/device_profile.py gemv              # batch-1 GEMMs, cuBLAS vs cuBLASLt, µs
     python tools/device_profile.py steps MODEL_DIR   # standard offline workload, step by step
     python tools/device_profile.py steps MODEL_DIR --workload shared-prefix --max-running 128 [--disable-cascade] [--cache naive]
+    python tools/device_profile.py steps MODEL_DIR --cprofile [--trace OUT.json]   # + host phases, Chrome trace
     python tools/device_profile.py b1 MODEL_DIR      # batch-1 decode, kernel table
 
 ``steps`` drives one Engine over the standard workload, times every step on the host (with
 overlap on, a step's host time is the device time of the step before it once the device is the
 bottleneck), sums them by kind and batch size, and profiles a window of decode steps with
-``torch.profiler`` (kernel table sorted by device time). ``b1`` does the same for a single
+``torch.profiler`` (kernel table sorted by device time; ``--trace`` writes that window as a Chrome
+trace). ``--cprofile`` runs the host phases of every step (schedule, prepare, launch, sampling;
+sampling's count includes its no-op calls) under cProfile, prefill and decode steps apart, and
+prints each phase's top functions. ``b1`` does the same for a single
 request's decode steps. Tables go to stdout; JSON summaries to --json.
 """
 
