@@ -1,0 +1,187 @@
+"""The bf16 GEMMs of a decode step on the GPU: cuBLAS (torch's default), cuBLASLt (torch's
+``preferred_blas_library``) and a plain Triton tiled kernel over a small sweep of tile sizes and
+K splits, µs per call replayed from a CUDA graph. Each graph calls the GEMM over enough copies of
+the weight that they do not fit in L2 (as in a step, where each layer's weights come from HBM).
+
+    cd tools && python3 device_gemm.py [--shapes qwen3-0.6b,llama-3.1-8b] [--json OUT.json]
+
+Prints one JSON line per (shape, layer, rows): the three timings, the weights' bytes over the
+time (TB/s), the best Triton configuration and its largest difference from cuBLAS's output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+
+import torch
+import triton
+import triton.language as tl
+
+LAYERS = {  # (N, K) of y = x @ W.T, W [N, K]
+    "qwen3-0.6b": {
+        "qkv": (4096, 1024),
+        "o": (1024, 2048),
+        "gate_up": (6144, 1024),
+        "down": (1024, 3072),
+        "lm_head": (151936, 1024),
+    },
+    "llama-3.1-8b": {
+        "qkv": (6144, 4096),
+        "o": (4096, 4096),
+        "gate_up": (28672, 4096),
+        "down": (4096, 14336),
+        "lm_head": (128256, 4096),
+    },
+}
+ROWS = (1, 8, 32, 64, 128, 256)
+
+
+@triton.jit
+def _mm_kernel(
+    x,
+    w,
+    out,
+    m,
+    n,
+    k,
+    k_per_split,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
+    pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k_start = pid_k * k_per_split
+    for k0 in range(k_start, k_start + k_per_split, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(x + rm[:, None] * k + rk[None, :], mask=(rm[:, None] < m) & (rk[None, :] < k), other=0.0)
+        b = tl.load(w + rn[None, :] * k + rk[:, None], mask=(rn[None, :] < n) & (rk[:, None] < k), other=0.0)
+        acc = tl.dot(a, b, acc)
+    mask = (rm[:, None] < m) & (rn[None, :] < n)
+    if SPLIT == 1:
+        tl.store(out + rm[:, None] * n + rn[None, :], acc.to(out.dtype.element_ty), mask=mask)
+    else:
+        tl.store(out + pid_k * m * n + rm[:, None] * n + rn[None, :], acc, mask=mask)
+
+
+@triton.jit
+def _sum_kernel(partials, out, size, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in tl.static_range(SPLIT):
+        acc += tl.load(partials + s * size + offs, mask=offs < size, other=0.0)
+    tl.store(out + offs, acc.to(out.dtype.element_ty), mask=offs < size)
+
+
+def triton_mm(
+    x: torch.Tensor, w: torch.Tensor, cfg: tuple, out: torch.Tensor, part: torch.Tensor | None
+) -> None:
+    bm, bn, bk, split, warps, stages = cfg
+    m, k = x.shape
+    n = w.shape[0]
+    k_per = triton.cdiv(triton.cdiv(k, split), bk) * bk
+    target = out if split == 1 else part
+    _mm_kernel[(triton.cdiv(n, bn), triton.cdiv(m, bm), split)](
+        x,
+        w,
+        target,
+        m,
+        n,
+        k,
+        k_per,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        SPLIT=split,
+        num_warps=warps,
+        num_stages=stages,
+    )
+    if split > 1:
+        _sum_kernel[(triton.cdiv(m * n, 1024),)](part, out, m * n, SPLIT=split, BLOCK=1024)
+
+
+def configs(rows: int) -> list[tuple]:
+    bms = [bm for bm in (16, 32, 64, 128) if bm <= max(16, triton.next_power_of_2(rows))][-2:]
+    out = []
+    for bm, bn, bk, split in itertools.product(bms, (32, 64, 128), (64, 128), (1, 2, 4)):
+        warps = 8 if bm * bn >= 128 * 128 else 4
+        out.append((bm, bn, bk, split, warps, 4))
+    return out
+
+
+def graph_us(fn, copies: int, reps: int = 20) -> float:
+    from device_attention_check import cuda_time_us
+
+    fn(0)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(copies):
+            fn(i)
+    return cuda_time_us(graph.replay, iters=reps) / copies
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--shapes", default="qwen3-0.6b,llama-3.1-8b")
+    p.add_argument("--rows", default=",".join(map(str, ROWS)))
+    p.add_argument("--json")
+    args = p.parse_args()
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    l2 = torch.cuda.get_device_properties(dev).L2_cache_size
+    results = []
+    for shape in args.shapes.split(","):
+        for layer, (n, k) in LAYERS[shape].items():
+            wbytes = n * k * 2
+            copies = max(1, min(32, -(-4 * l2 // wbytes)))
+            ws = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+            for rows in map(int, args.rows.split(",")):
+                x = torch.randn(rows, k, device=dev, dtype=torch.bfloat16)
+                out = torch.empty(rows, n, device=dev, dtype=torch.bfloat16)
+                row = {"shape": shape, "layer": layer, "rows": rows, "n": n, "k": k, "copies": copies}
+                for lib in ("cublas", "cublaslt"):
+                    torch.backends.cuda.preferred_blas_library(lib)
+                    us = graph_us(lambda i, x=x, ws=ws, out=out: torch.matmul(x, ws[i].t(), out=out), copies)
+                    row[lib] = round(us, 2)
+                torch.backends.cuda.preferred_blas_library("cublas")
+                ref = x @ ws[0].t()
+                best = None
+                for cfg in configs(rows):
+                    part = (
+                        torch.empty(cfg[3], rows, n, device=dev, dtype=torch.float32) if cfg[3] > 1 else None
+                    )
+                    try:
+                        us = graph_us(
+                            lambda i, cfg=cfg, part=part, x=x, ws=ws, out=out: triton_mm(
+                                x, ws[i], cfg, out, part
+                            ),
+                            copies,
+                        )
+                    except Exception as exc:  # noqa: BLE001 (out of shared memory for a large tile)
+                        print(json.dumps({"skip": cfg, "error": type(exc).__name__}), flush=True)
+                        continue
+                    if best is None or us < best[0]:
+                        triton_mm(x, ws[0], cfg, out, part)
+                        best = (us, cfg, float((out.float() - ref.float()).abs().max()))
+                if best is not None:
+                    row["triton"] = round(best[0], 2)
+                    row["triton_cfg"] = best[1]
+                    row["triton_maxdiff"] = best[2]
+                for key in ("cublas", "cublaslt", "triton"):
+                    if key in row:
+                        row[f"{key}_TBps"] = round(wbytes / row[key] / 1e6, 2)
+                print(json.dumps(row), flush=True)
+                results.append(row)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
