@@ -32,6 +32,9 @@ class FastPaths:
     triton_norm: bool = True
     #: the sampler's one-kernel Gumbel-max draw
     triton_sampler: bool = True
+    #: a Triton GEMM for linear layers of at most 64 rows where cuBLAS is slow (narrow weights of
+    #: small models, the lm_head): decode steps of small batches
+    triton_small_gemm: bool = True
     #: one-shot symmetric-memory all-reduce for decode-sized sums under tensor parallelism
     symm_mem: bool = True
     #: its wide path for sums from 768 KiB: copy, barrier, a Triton sum over every peer's buffer
@@ -55,7 +58,10 @@ class FastPaths:
 
     def enabled(self, name: str) -> bool:
         """Whether ``name`` is on; every Triton kernel also needs ``compile``."""
-        if name in ("fused_kv", "triton_silu", "triton_norm", "triton_sampler") and not self.compile:
+        if (
+            name in ("fused_kv", "triton_silu", "triton_norm", "triton_sampler", "triton_small_gemm")
+            and not self.compile
+        ):
             return False
         return bool(getattr(self, name))
 
@@ -69,6 +75,7 @@ ENV_VARS: dict[str, str] = {
     "triton_silu": "MINISGL_TRITON_SILU",
     "triton_norm": "MINISGL_TRITON_NORM",
     "triton_sampler": "MINISGL_TRITON_SAMPLER",
+    "triton_small_gemm": "MINISGL_TRITON_SMALL_GEMM",
     "symm_mem": "MINISGL_SYMM_MEM",
     "symm_mem_wide": "MINISGL_SYMM_MEM_WIDE",
     "symm_mem_norm": "MINISGL_SYMM_MEM_NORM",

@@ -48,6 +48,28 @@ def test_rope_store_kernel_compiles(target, heads, half, norm, dtype):
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize(
+    "rows, n, k", [(1, 1024, 2048), (64, 1024, 3072), (8, 151936, 1024), (48, 128256, 4096)]
+)
+def test_small_gemm_kernels_compile(target, dtype, rows, n, k):
+    """Every tile :func:`small_gemm_config` picks for Qwen3-0.6B's o_proj / down_proj and the two
+    lm_heads, and the split-K sum."""
+    from minisgl_core.layers._triton_kernels import small_gemm_kernel, split_sum_kernel
+    from minisgl_core.layers.triton_ops import _SPLIT_SUM_BLOCK, small_gemm_config
+
+    block_m, block_n, block_k, split = small_gemm_config(rows, n, k)
+    out = f"*{dtype}" if split == 1 else "*fp32"
+    signature = {"x": f"*{dtype}", "x_stride": "i64", "w": f"*{dtype}", "out": out, "m": "i32", "n": "i32",
+                 "k": "i32", "k_per_split": "i32"}  # fmt: skip
+    constants = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT": split}
+    compiles(small_gemm_kernel, signature, constants, target)
+    if split > 1:
+        signature = {"partials": "*fp32", "out": f"*{dtype}", "size": "i32"}
+        compiles(split_sum_kernel, signature, {"SPLIT": split, "BLOCK": _SPLIT_SUM_BLOCK}, target)
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_gumbel_kernel_compiles(target, dtype):
     from minisgl_core.runner._sampler_triton import gumbel_span_max_kernel

@@ -42,6 +42,27 @@ def test_rms_norm_matches_eager():
     assert out.count("ok") == 8, out
 
 
+def test_small_gemm_matches_a_float32_product():
+    out = run_child("gemm")
+    assert out.split() == ["ok"] * 7, out
+
+
+def test_small_gemm_takes_narrow_and_vocabulary_sized_weights_only():
+    """The shapes it serves (``small_gemm_config``): Qwen3-0.6B's o_proj and down_proj and every
+    lm_head, up to 64 rows; never qkv or gate_up (cuBLAS is as fast), never Llama-3.1-8B's
+    o_proj (square) or down_proj (58 Mi elements), never more than 64 rows."""
+    from minisgl_core.layers.triton_ops import small_gemm_config
+
+    assert small_gemm_config(1, 1024, 2048) == (16, 32, 128, 4)  # Qwen3-0.6B o_proj
+    assert small_gemm_config(64, 1024, 3072) == (64, 32, 128, 4)  # its down_proj
+    assert small_gemm_config(20, 151936, 1024) == (32, 64, 128, 1)  # its lm_head
+    assert small_gemm_config(48, 128256, 4096) == (64, 128, 128, 1)  # Llama-3.1-8B's lm_head
+    assert small_gemm_config(1, 100, 700) == (16, 32, 128, 1)  # too short for a split
+    for rows, n, k in [(1, 4096, 1024), (8, 6144, 1024), (1, 4096, 4096), (1, 4096, 14336), (65, 1024, 2048),
+                       (0, 1024, 2048)]:  # fmt: skip
+        assert small_gemm_config(rows, n, k) is None, (rows, n, k)
+
+
 def test_all_reduce_kernels_add_every_buffer_in_rank_order():
     out = run_child("collective")
     assert out.split() == ["ok"] * 5, out
@@ -114,6 +135,27 @@ def test_silu_mul_bf16_on_cuda_is_as_close_to_float32_as_the_compiled_path(token
         error_compiled.mean(),
     )
     assert error_ours.max() <= 2 * error_compiled.max() + 1e-3, (error_ours.max(), error_compiled.max())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("rows", [1, 7, 32, 64])
+@pytest.mark.parametrize("n, k", [(1024, 2048), (1024, 3072), (151936, 1024), (128256, 4096)])
+def test_small_gemm_bf16_on_cuda_is_as_close_to_float32_as_cublas(rows, n, k):
+    """In bf16 on the GPU, Qwen3-0.6B's o_proj and down_proj and both lm_heads: as close to a
+    float32 product as cuBLAS's (``F.linear``) is, on average and at worst."""
+    import torch.nn.functional as F
+
+    from minisgl_core.layers import triton_ops
+
+    gen = torch.Generator("cuda").manual_seed(rows + n)
+    x = torch.randn(rows, k, device="cuda", generator=gen).bfloat16()
+    w = (torch.randn(n, k, device="cuda", generator=gen) * 0.05).bfloat16()
+    assert triton_ops.small_gemm_enabled(x, w)
+    exact = x.float() @ w.float().T
+    error_ours = (triton_ops.small_gemm(x, w).float() - exact).abs()
+    error_cublas = (F.linear(x, w).float() - exact).abs()
+    assert error_ours.mean() <= 1.1 * error_cublas.mean() + 1e-6, (error_ours.mean(), error_cublas.mean())
+    assert error_ours.max() <= 1.5 * error_cublas.max() + 1e-3, (error_ours.max(), error_cublas.max())
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -203,6 +245,41 @@ def check_silu() -> None:
         assert out.shape == (tokens, inter) and out.is_contiguous()
         torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
         print("ok", tokens, inter)
+
+
+def check_gemm() -> None:
+    """In float16 (the interpreter computes bfloat16 wrongly): every tile shape and split of
+    ``small_gemm_config`` against a float32 product, rounded once; a row stride wider than the
+    row; and a RowParallelLinear and an lm_head routed through it."""
+    from minisgl_core.api.parallel import ParallelContext
+    from minisgl_core.layers import triton_ops
+    from minisgl_core.layers.embedding import ParallelLMHead
+    from minisgl_core.layers.linear import RowParallelLinear
+
+    gen = torch.Generator().manual_seed(0)
+    cases = [(1, 100, 700), (5, 96, 1100), (16, 64, 2200), (37, 200, 1536), (3, 33000, 64), (64, 33000, 96)]
+    for rows, n, k in cases:
+        wide = torch.randn(rows, k + 8, generator=gen).half()
+        x = wide[:, :k]  # a row stride wider than the row
+        w = (torch.randn(n, k, generator=gen) * 0.05).half()
+        assert triton_ops.small_gemm_enabled(x, w), (rows, n, k)
+        got = triton_ops.small_gemm(x, w)
+        exact = x.float() @ w.float().T
+        assert got.dtype == torch.float16 and got.shape == (rows, n)
+        torch.testing.assert_close(got.float(), exact, atol=2e-3, rtol=2e-3)
+        print("ok")
+    layer = RowParallelLinear(1100, 96, parallel=ParallelContext(), dtype=torch.float16, device="cpu")
+    head = ParallelLMHead(33000, 64, parallel=ParallelContext(), dtype=torch.float16, device="cpu")
+    x = torch.randn(3, 1100, generator=gen).half()
+    h = torch.randn(3, 64, generator=gen).half()
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(96, 1100, generator=gen) * 0.05)
+        head.weight.copy_(torch.randn(33000, 64, generator=gen) * 0.05)
+        got = (layer(x), head(h))
+    torch.testing.assert_close(got[0].float(), x.float() @ layer.weight.float().T, atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(got[1].float(), h.float() @ head.weight.float().T, atol=2e-3, rtol=2e-3)
+    assert triton_ops.small_gemm_enabled(x, layer.weight) and triton_ops.small_gemm_enabled(h, head.weight)
+    print("ok")
 
 
 def check_norm() -> None:
@@ -364,6 +441,8 @@ if __name__ == "__main__":
         check_silu()
     elif sys.argv[1] == "norm":
         check_norm()
+    elif sys.argv[1] == "gemm":
+        check_gemm()
     elif sys.argv[1] == "collective":
         check_collective()
     else:

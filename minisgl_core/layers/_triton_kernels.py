@@ -148,3 +148,54 @@ def rms_norm_kernel(
     w = tl.load(weight + cols, mask=mask, other=0.0).to(tl.float32)
     y = (v32 * inv_rms).to(dtype).to(tl.float32) * w
     tl.store(out + row * n + cols, y.to(out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def small_gemm_kernel(
+    x,  # [m, k], last stride 1
+    x_stride,
+    w,  # [n, k] contiguous
+    out,  # [m, n] contiguous in x's dtype, or float32 partial sums [SPLIT, m, n]
+    m,
+    n,
+    k,
+    k_per_split,  # a multiple of BLOCK_K
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
+    """``out = x @ w.T`` for a few rows: program (j, i, s) computes the ``[BLOCK_M, BLOCK_N]`` tile
+    (i, j) over the s-th of ``SPLIT`` slices of K in float32; one slice is rounded to x's dtype and
+    stored, several go to float32 partial sums that :func:`split_sum_kernel` adds in slice order."""
+    pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k_start = pid_k * k_per_split
+    for k0 in range(k_start, k_start + k_per_split, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(
+            x + rm[:, None].to(tl.int64) * x_stride + rk[None, :],
+            mask=(rm[:, None] < m) & (rk[None, :] < k),
+            other=0.0,
+        )
+        b = tl.load(
+            w + rn[None, :].to(tl.int64) * k + rk[:, None],
+            mask=(rn[None, :] < n) & (rk[:, None] < k),
+            other=0.0,
+        )
+        acc = tl.dot(a, b, acc)
+    mask = (rm[:, None] < m) & (rn[None, :] < n)
+    dst = out + pid_k.to(tl.int64) * m * n + rm[:, None] * n + rn[None, :]
+    tl.store(dst, acc.to(dst.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def split_sum_kernel(partials, out, size, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+    """``out = partials.sum(0)`` over ``[SPLIT, size]`` float32, in slice order, rounded once."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in tl.static_range(SPLIT):
+        acc += tl.load(partials + s * size + offs, mask=offs < size, other=0.0)
+    tl.store(out + offs, acc.to(out.dtype.element_ty), mask=offs < size)

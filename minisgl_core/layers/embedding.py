@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minisgl_core.api.parallel import ParallelContext
+from minisgl_core.layers import triton_ops
 from minisgl_core.layers.weights import new_param
 
 
@@ -72,6 +73,8 @@ class ParallelLMHead(VocabParallelEmbedding):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.quant_method is not None:
             logits = self.quant_method.apply(self, hidden)
+        elif triton_ops.small_gemm_enabled(hidden, self.weight):
+            logits = triton_ops.small_gemm(hidden, self.weight)
         elif hidden.is_cuda or hidden.shape[0] == 1:
             logits = F.linear(hidden, self.weight)
         else:

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minisgl_core.api.parallel import ParallelContext, _fast_all_reduce
+from minisgl_core.layers import triton_ops
 from minisgl_core.layers.weights import WeightLoader, copy_rows, copy_shard, load_full, new_param
 
 
@@ -31,13 +32,17 @@ class _Linear(nn.Module):
         self.quant_method: Any = None
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight) if self.quant_method is None else self.quant_method.apply(self, x)
+        if self.quant_method is not None:
+            return self.quant_method.apply(self, x)
+        if triton_ops.small_gemm_enabled(x, self.weight):
+            return triton_ops.small_gemm(x, self.weight)
+        return F.linear(x, self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.quant_method is not None:
-            out = self.quant_method.apply(self, x)
-            return out if self.bias is None else out + self.bias
-        return F.linear(x, self.weight, self.bias)
+        if self.quant_method is None and self.bias is not None:
+            return F.linear(x, self.weight, self.bias)
+        out = self._matmul(x)
+        return out if self.bias is None else out + self.bias
 
 
 class MergedColumnParallelLinear(_Linear):

@@ -190,6 +190,82 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out
 
 
+#: the most rows :func:`small_gemm` serves (decode batches of up to 64 requests)
+SMALL_GEMM_MAX_ROWS = 64
+#: a weight at least this many rows long is vocabulary-sized (an lm_head)
+_VOCAB_ROWS = 32768
+#: a "narrow" weight (fewer rows than columns) of at most this many elements goes to
+#: :func:`small_gemm` (the o_proj and down_proj of small models)
+_NARROW_MAX_ELEMENTS = 16 * 2**20
+
+
+def small_gemm_config(rows: int, n: int, k: int) -> tuple[int, int, int, int] | None:
+    """``(BLOCK_M, BLOCK_N, BLOCK_K, SPLIT)`` of :func:`small_gemm` for ``[rows, k] @ [n, k].T``, or
+    None where cuBLAS is as fast. From ``tools/device_gemm.py`` on an H200 (BENCHMARKS.md, "bf16
+    GEMMs of a few rows"): cuBLAS runs Qwen3-0.6B's o_proj (1024 x 2048) at one row in 12.7 µs
+    where 4-way split K over 32-column tiles takes 5.3; narrow weights of small models (N < K, up
+    to 16 Mi elements) gain 2-58% up to 64 rows, vocabulary-sized ones 3-9% with 64-column tiles
+    and no split; square and wide weights (qkv, gate_up) do not, and stay with cuBLAS."""
+    if not 1 <= rows <= SMALL_GEMM_MAX_ROWS:
+        return None
+    block_m = max(16, _pow2(rows))
+    if n >= _VOCAB_ROWS:
+        return block_m, 64 if rows <= 32 else 128, 128, 1
+    if n < k and n * k <= _NARROW_MAX_ELEMENTS:
+        return block_m, 32, 128, max(1, min(4, k // 512))
+    return None
+
+
+def small_gemm_enabled(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether :func:`small_gemm` serves ``x @ weight.T`` (``MINISGL_TRITON_SMALL_GEMM=0`` turns it
+    off; the same device rules as :func:`fused_kv_enabled`): two-dimensional ``x`` of half
+    precision with unit last stride, a contiguous weight of its dtype, and a shape
+    :func:`small_gemm_config` picks."""
+    return (
+        x.dim() == 2
+        and x.dtype in (torch.bfloat16, torch.float16)
+        and weight.dtype == x.dtype
+        and weight.dim() == 2
+        and x.shape[1] == weight.shape[1]
+        and x.stride(1) == 1
+        and weight.is_contiguous()
+        and small_gemm_config(x.shape[0], weight.shape[0], weight.shape[1]) is not None
+        and triton_enabled(x.device, "MINISGL_TRITON_SMALL_GEMM")
+    )
+
+
+#: elements per program of the split-K sum
+_SPLIT_SUM_BLOCK = 1024
+
+
+def small_gemm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T`` for a few rows (:func:`small_gemm_config`'s shapes): tiles of 16-64 rows,
+    float32 accumulation rounded once; with split K the slices' float32 partial sums are added in
+    order by a second kernel (deterministic, no atomics)."""
+    rows, k = x.shape
+    n = weight.shape[0]
+    config = small_gemm_config(rows, n, k)
+    if config is None:
+        raise ValueError(f"small_gemm: no tile for {rows} rows of a {n} x {k} weight")
+    block_m, block_n, block_k, split = config
+    out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    per_split = -(-k // split)
+    k_per_split = -(-per_split // block_k) * block_k
+    target = out if split == 1 else torch.empty((split, rows, n), dtype=torch.float32, device=x.device)
+    grid = (-(-n // block_n), -(-rows // block_m), split)
+    kernels = _kernels()
+    kernels.small_gemm_kernel[grid](
+        x, x.stride(0), weight, target, rows, n, k, k_per_split,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split, num_warps=4, num_stages=4,
+    )  # fmt: skip
+    if split > 1:
+        size = rows * n
+        kernels.split_sum_kernel[(-(-size // _SPLIT_SUM_BLOCK),)](
+            target, out, size, SPLIT=split, BLOCK=_SPLIT_SUM_BLOCK, num_warps=4
+        )
+    return out
+
+
 @functools.cache
 def _kernels():
     """The kernel module, imported once (it imports Triton)."""
