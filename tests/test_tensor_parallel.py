@@ -338,7 +338,7 @@ def _rank_cuda(rank: int, world: int, port: int, model_dir: str, env: dict, kwar
         dist.destroy_process_group()
 
 
-#: one prefill step of 531 tokens (within the piecewise graphs' 2,048), then decode steps of four rows
+#: one prefill step of 531 tokens (within the piecewise graphs' default 8,192), then decode steps of four rows
 CUDA_PROMPTS = [list(range(3, 303)), [(7 * i) % 2000 + 5 for i in range(220)], [9] * 8, [40, 41, 42]]
 
 
