@@ -1,0 +1,114 @@
+"""Bounds of the offline standard workload on one GPU, taken step by step (CPU only, no GPU).
+
+    python tools/roofline.py [--bandwidth 4.8e12] [--flops 989e12] [--json]
+
+The workload (``minisgl_core.bench.workloads.standard_offline``: 256 requests, all admitted at
+once) is walked the way the engine runs it: one prefill of every prompt, then decode steps in
+which every request with tokens left adds one; request i's decode step t reads ``prompt_i + t``
+tokens of KV. Two bounds per model shape (``minisgl_core.bench.shapes``):
+
+- **bandwidth**: every byte a step must read (all weight matrices once a decode step, the KV of
+  every running request) at ``--bandwidth``; prefill at ``--flops``. This is the kind of bound
+  the shared README's 40.8k / 15.7k figures are.
+- **roofline**: the same, but each weight matrix of a decode step takes the longer of reading it
+  and its ``2 * batch * N * K`` FLOPs at ``--flops``: at a batch of 256 Llama-3.1-8B's GEMMs
+  need more time for their arithmetic than for their bytes.
+
+Printed for the nominal H200 figures (4.8 TB/s, 989 TFLOP/s dense bf16) and for the rates
+measured on it (the decode kernel's ≈ 4.25 TB/s, an 8192² bf16 matmul's ≈ 789 TFLOP/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from minisgl_core.bench.shapes import SHAPES  # noqa: E402
+from minisgl_core.bench.workloads import standard_offline  # noqa: E402
+
+BYTES = 2  # bf16 weights and KV
+
+
+def matrices(config: dict) -> tuple[list[tuple[int, int]], tuple[int, int]]:
+    """(N, K) of one layer's GEMMs (q/k/v fused, gate/up fused) and of the lm_head."""
+    h, inter, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    d = config.get("head_dim") or h // config["num_attention_heads"]
+    q, kv = config["num_attention_heads"] * d, config["num_key_value_heads"] * d
+    return [(q + 2 * kv, h), (h, q), (2 * inter, h), (h, inter)], (vocab, h)
+
+
+def bounds(shape: str, bandwidth: float, flops: float) -> dict:
+    config = SHAPES[shape]
+    layers = config["num_hidden_layers"]
+    d = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    kv_bytes = 2 * config["num_key_value_heads"] * d * BYTES * layers  # K and V, every layer, a token
+    q_dim = config["num_attention_heads"] * d
+    layer, head = matrices(config)
+    requests = standard_offline()
+    prompts = [len(r.prompt_ids) for r in requests]
+    outputs = [r.max_tokens for r in requests]
+    # prefill: every prompt token through every matrix; causal attention QK^T and PV; each
+    # request's last row through the lm_head (its first output token)
+    layer_params = sum(n * k for n, k in layer)
+    prefill_flops = 2 * layer_params * layers * sum(prompts) + 2 * head[0] * head[1] * len(prompts)
+    prefill_flops += sum(2 * 2 * layers * q_dim * p * (p + 1) / 2 for p in prompts)
+    prefill_s = prefill_flops / flops
+    gemm_bw = gemm_roof = attn = 0.0
+    steps = max(outputs) - 1
+    for t in range(1, steps + 1):
+        running = [i for i, out in enumerate(outputs) if out > t]
+        batch = len(running)
+        kv = sum(prompts[i] + t for i in running) * kv_bytes
+        attn += kv / bandwidth
+        for n, k in [*layer * layers, head]:
+            read = n * k * BYTES / bandwidth
+            gemm_bw += read
+            gemm_roof += max(read, 2 * batch * n * k / flops)
+    out_tokens = sum(outputs)
+    bw_s = prefill_s + gemm_bw + attn
+    roof_s = prefill_s + gemm_roof + attn
+    return {
+        "shape": shape,
+        "bandwidth_TBps": bandwidth / 1e12,
+        "TFLOPs": flops / 1e12,
+        "decode_steps": steps,
+        "seconds": {
+            "prefill": round(prefill_s, 3),
+            "decode_gemm_bytes": round(gemm_bw, 3),
+            "decode_gemm_roofline": round(gemm_roof, 3),
+            "decode_attention": round(attn, 3),
+        },  # fmt: skip
+        "bandwidth_bound_tok_s": round(out_tokens / bw_s),
+        "roofline_tok_s": round(out_tokens / roof_s),
+        "70pct_of_roofline": round(0.7 * out_tokens / roof_s),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--bandwidth", type=float, action="append", help="bytes/s (default: 4.8e12 and 4.25e12)")
+    p.add_argument("--flops", type=float, action="append", help="FLOP/s (default: 989e12 and 789e12)")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    args = p.parse_args()
+    rates = list(zip(args.bandwidth or [4.8e12, 4.25e12], args.flops or [989e12, 789e12], strict=False))
+    for shape in sorted(SHAPES):
+        for bandwidth, flops in rates:
+            row = bounds(shape, bandwidth, flops)
+            if args.json:
+                print(json.dumps(row))
+                continue
+            s = row["seconds"]
+            print(
+                f"{shape:13} {bandwidth / 1e12:.2f} TB/s {flops / 1e12:4.0f} TFLOP/s: bandwidth bound "
+                f"{row['bandwidth_bound_tok_s']:6,} tok/s, roofline {row['roofline_tok_s']:6,} (70%: "
+                f"{row['70pct_of_roofline']:6,}); s: prefill {s['prefill']}, decode GEMMs {s['decode_gemm_bytes']}"
+                f" by bytes / {s['decode_gemm_roofline']} by roofline, attention {s['decode_attention']}"
+            )
+
+
+if __name__ == "__main__":
+    main()
