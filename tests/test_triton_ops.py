@@ -63,6 +63,23 @@ def test_small_gemm_takes_narrow_and_vocabulary_sized_weights_only():
         assert small_gemm_config(rows, n, k) is None, (rows, n, k)
 
 
+def test_every_small_gemm_tile_is_compiled_while_the_decode_graphs_are_captured():
+    """A prefill step's lm_head runs eagerly on however many sequences end their prompt in it
+    (1-64 rows): every tile it can pick must be one a decode graph size already compiled at
+    start-up, and the row count must not be a specialization of the kernel (else a row count the
+    capture did not see would compile inside a timed run)."""
+    pytest.importorskip("triton")
+    from minisgl_core.layers._triton_kernels import small_gemm_kernel
+    from minisgl_core.layers.triton_ops import SMALL_GEMM_MAX_ROWS, small_gemm_config
+    from minisgl_core.runner.cuda_graph import capture_sizes
+
+    assert [p.name for p in small_gemm_kernel.params if p.do_not_specialize] == ["m"]
+    for n, k in [(1024, 2048), (1024, 3072), (151936, 1024), (128256, 4096)]:
+        captured = {small_gemm_config(rows, n, k) for rows in capture_sizes(256)} - {None}
+        used = {small_gemm_config(rows, n, k) for rows in range(1, SMALL_GEMM_MAX_ROWS + 1)}
+        assert used <= captured, (n, k, used - captured)
+
+
 def test_all_reduce_kernels_add_every_buffer_in_rank_order():
     out = run_child("collective")
     assert out.split() == ["ok"] * 5, out

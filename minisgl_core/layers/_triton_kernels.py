@@ -150,7 +150,10 @@ def rms_norm_kernel(
     tl.store(out + row * n + cols, y.to(out.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+# ``m`` and ``size`` follow the batch: unspecialized, so the variants compiled while the decode
+# graphs are captured (1-64 rows) serve every row count an eager step brings (a prefill step's
+# lm_head rows), with no compile inside a run
+@triton.jit(do_not_specialize=["m"])
 def small_gemm_kernel(
     x,  # [m, k], last stride 1
     x_stride,
@@ -191,7 +194,7 @@ def small_gemm_kernel(
     tl.store(dst, acc.to(dst.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["size"])
 def split_sum_kernel(partials, out, size, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
     """``out = partials.sum(0)`` over ``[SPLIT, size]`` float32, in slice order, rounded once."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
