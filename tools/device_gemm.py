@@ -1,7 +1,8 @@
 """The bf16 GEMMs of a decode step on the GPU: cuBLAS (torch's default), cuBLASLt (torch's
-``preferred_blas_library``) and a plain Triton tiled kernel over a small sweep of tile sizes and
-K splits, µs per call replayed from a CUDA graph. Each graph calls the GEMM over enough copies of
-the weight that they do not fit in L2 (as in a step, where each layer's weights come from HBM).
+``preferred_blas_library``) and the engine's Triton kernel (``triton_ops.small_gemm``'s) over a
+small sweep of tile sizes and K splits, µs per call replayed from a CUDA graph. Each graph calls
+the GEMM over enough copies of the weight that they do not fit in L2 (as in a step, where each
+layer's weights come from HBM). (At 38d53d1 the tool carried its own copy of the kernel.)
 
     cd tools && python3 device_gemm.py [--shapes qwen3-0.6b,llama-3.1-8b] [--json OUT.json]
 
@@ -17,7 +18,6 @@ import json
 
 import torch
 import triton
-import triton.language as tl
 
 LAYERS = {  # (N, K) of y = x @ W.T, W [N, K]
     "qwen3-0.6b": {
@@ -38,71 +38,23 @@ LAYERS = {  # (N, K) of y = x @ W.T, W [N, K]
 ROWS = (1, 8, 32, 64, 128, 256)
 
 
-@triton.jit
-def _mm_kernel(
-    x,
-    w,
-    out,
-    m,
-    n,
-    k,
-    k_per_split,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    SPLIT: tl.constexpr,
-):
-    pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    k_start = pid_k * k_per_split
-    for k0 in range(k_start, k_start + k_per_split, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        a = tl.load(x + rm[:, None] * k + rk[None, :], mask=(rm[:, None] < m) & (rk[None, :] < k), other=0.0)
-        b = tl.load(w + rn[None, :] * k + rk[:, None], mask=(rn[None, :] < n) & (rk[:, None] < k), other=0.0)
-        acc = tl.dot(a, b, acc)
-    mask = (rm[:, None] < m) & (rn[None, :] < n)
-    if SPLIT == 1:
-        tl.store(out + rm[:, None] * n + rn[None, :], acc.to(out.dtype.element_ty), mask=mask)
-    else:
-        tl.store(out + pid_k * m * n + rm[:, None] * n + rn[None, :], acc, mask=mask)
-
-
-@triton.jit
-def _sum_kernel(partials, out, size, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in tl.static_range(SPLIT):
-        acc += tl.load(partials + s * size + offs, mask=offs < size, other=0.0)
-    tl.store(out + offs, acc.to(out.dtype.element_ty), mask=offs < size)
-
-
 def triton_mm(
     x: torch.Tensor, w: torch.Tensor, cfg: tuple, out: torch.Tensor, part: torch.Tensor | None
 ) -> None:
+    """The engine's kernels (``minisgl_core.layers._triton_kernels``) at an explicit tile."""
+    from minisgl_core.layers._triton_kernels import small_gemm_kernel, split_sum_kernel
+
     bm, bn, bk, split, warps, stages = cfg
     m, k = x.shape
     n = w.shape[0]
     k_per = triton.cdiv(triton.cdiv(k, split), bk) * bk
     target = out if split == 1 else part
-    _mm_kernel[(triton.cdiv(n, bn), triton.cdiv(m, bm), split)](
-        x,
-        w,
-        target,
-        m,
-        n,
-        k,
-        k_per,
-        BLOCK_M=bm,
-        BLOCK_N=bn,
-        BLOCK_K=bk,
-        SPLIT=split,
-        num_warps=warps,
-        num_stages=stages,
-    )
+    small_gemm_kernel[(triton.cdiv(n, bn), triton.cdiv(m, bm), split)](
+        x, x.stride(0), w, target, m, n, k, k_per, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT=split,
+        num_warps=warps, num_stages=stages,
+    )  # fmt: skip
     if split > 1:
-        _sum_kernel[(triton.cdiv(m * n, 1024),)](part, out, m * n, SPLIT=split, BLOCK=1024)
+        split_sum_kernel[(triton.cdiv(m * n, 1024),)](part, out, m * n, SPLIT=split, BLOCK=1024)
 
 
 def configs(rows: int) -> list[tuple]:
