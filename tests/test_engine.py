@@ -217,6 +217,37 @@ def test_start_up_objects_are_frozen_until_the_engine_closes(model_dir):
     assert gc.get_freeze_count() == 0
 
 
+@pytest.mark.parametrize("page_size, mixed", [(1, False), (4, True), (16, False)])
+def test_allocated_slots_follow_each_position_to_its_page(model_dir, prompts, page_size, mixed):
+    """``KVManager.allocate`` builds a chunk's slots a page at a time; every slot must be what the
+    position names: ``pages[(pos - prefix) // page] * page + (pos - prefix) % page``, for chunks
+    that start mid-page (a 22-token prefill budget), after cached prefixes, and for decode steps."""
+    from minisgl_core.scheduler.kv import KVManager
+
+    llm = cpu_llm(model_dir, cache="radix", page_size=page_size, mixed_batch=mixed, max_prefill_tokens=22)
+    kv = llm.engine.scheduler.kv
+    allocate = KVManager.allocate.__get__(kv)
+    checked: list[int] = []
+
+    def by_position(req, end):
+        start = req.num_computed
+        slots = allocate(req, end)
+        if slots is not None:
+            base, pages = req.prefix_len, req.pages
+            expected = [
+                pages[(p - base) // page_size] * page_size + (p - base) % page_size for p in range(start, end)
+            ]
+            assert slots == expected, (start, end, base)
+            checked.append((end - start, base))
+        return slots
+
+    kv.allocate = by_position
+    llm.generate(prompts[:12], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+    lengths = {n for n, _ in checked}
+    assert max(lengths) > page_size and 1 in lengths and any(base > 0 for _, base in checked)
+    assert_kv_released(llm)
+
+
 @pytest.mark.parametrize("page_size, mixed", [(1, False), (4, True)])
 def test_available_pages_kept_within_a_round_equals_the_full_sum(model_dir, prompts, page_size, mixed):
     """Admission asks for the pages still promisable at every admission of a prefill step; the

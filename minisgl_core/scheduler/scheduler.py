@@ -7,6 +7,7 @@ releases their KV. Every rank runs the same code on the same inputs, so they agr
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -189,11 +190,14 @@ class Scheduler:
         if taken is None:
             return None
         reqs, chunks, slots = taken
-        input_ids = [t for r, n in zip(reqs, chunks) for t in r.fill_ids[r.num_computed : r.num_computed + n]]
-        positions = [p for r, n in zip(reqs, chunks) for p in range(r.num_computed, r.num_computed + n)]
+        input_ids: list[int] = []
+        positions: list[int] = []
+        for r, n in zip(reqs, chunks):  # whole slices and ranges: no Python loop per token
+            input_ids += r.fill_ids[r.num_computed : r.num_computed + n]
+            positions.extend(range(r.num_computed, r.num_computed + n))
         seq_lens = [r.num_computed + n for r, n in zip(reqs, chunks)]
         sampled = [i for i, r in enumerate(reqs) if seq_lens[i] == r.fill_len]
-        flat_slots = slots[0] if len(slots) == 1 else [s for per_req in slots for s in per_req]
+        flat_slots = slots[0] if len(slots) == 1 else list(itertools.chain.from_iterable(slots))
         rows = _logits_rows(reqs, chunks, seq_lens)
         batch = self._forward_batch(
             True, reqs, chunks, seq_lens, to_device(input_ids, self.device), positions, flat_slots, rows[0]
@@ -355,7 +359,11 @@ class Scheduler:
     ) -> ForwardBatch:
         device = self.device
         rows = [r.row for r in reqs]
-        token_rows = rows if not is_prefill else [r for r, n in zip(rows, chunks) for _ in range(n)]
+        token_rows = rows
+        if is_prefill:
+            token_rows = []
+            for r, n in zip(rows, chunks):
+                token_rows += [r] * n
         # One host-to-device copy for all the small per-step arrays, each row padded to whole
         # 64-byte lines: kernels receive the rows as tensors, and Triton compiles a separate variant
         # for a pointer that is not 16-byte aligned (row 1 of an odd-length int64 pack is not), which
