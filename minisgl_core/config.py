@@ -62,8 +62,9 @@ class EngineConfig:
     cuda_graph_max_bs: int = 256
     #: prefill and mixed steps of at most this many tokens replay piecewise CUDA graphs
     #: (everything but attention; runner/piecewise.py); 0, or ``cuda_graph_max_bs`` 0, disables them.
-    #: 8192 (a full default prefill chunk) since 2026-11-27: +2-7% offline on an H200 in six pairs
-    #: against 2048, whose 8,192-token steps spent 13.5 ms of host time launching (BENCHMARKS.md)
+    #: 8192 (a full default prefill chunk) since 2026-11-27: +0.2 to +7.1% (mean +4.1%) offline on
+    #: an H200 in six pairs against 2048, whose 8,192-token steps spent 12-14 ms of host time
+    #: launching their eager forward (BENCHMARKS.md)
     piecewise_cuda_graph_max_tokens: int = 8192
     #: overlap CPU scheduling of step N+1 with the GPU running step N
     overlap: bool = True
