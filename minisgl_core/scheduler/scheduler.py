@@ -228,13 +228,15 @@ class Scheduler:
         reqs = decodes + pre
         lens = [1] * len(decodes) + chunks
         positions = [r.num_computed for r in decodes]
-        positions += [p for r, n in zip(pre, chunks) for p in range(r.num_computed, r.num_computed + n)]
+        prompt_ids: list[int] = []
+        for r, n in zip(pre, chunks):
+            positions.extend(range(r.num_computed, r.num_computed + n))
+            prompt_ids += r.fill_ids[r.num_computed : r.num_computed + n]
         seq_lens = [r.num_computed + n for r, n in zip(reqs, lens)]
-        prompt_ids = [t for r, n in zip(pre, chunks) for t in r.fill_ids[r.num_computed : r.num_computed + n]]
         # a decode row's input is its last sampled token, read on the device as in a decode step
         rows = to_device([r.row for r in decodes], self.device)
         input_ids = torch.cat([self.last_tokens[rows], to_device(prompt_ids, self.device)])
-        flat_slots = dec_slots + [s for per_req in slots for s in per_req]
+        flat_slots = dec_slots + list(itertools.chain.from_iterable(slots))
         sampled = list(range(len(decodes)))
         sampled += [len(decodes) + i for i, r in enumerate(pre) if r.num_computed + chunks[i] == r.fill_len]
         logit_rows = _logits_rows(reqs, lens, seq_lens)

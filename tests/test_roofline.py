@@ -1,0 +1,28 @@
+"""``tools/roofline.py`` walks the offline workload step by step; at the H200's nominal 4.8 TB/s and
+989 TFLOP/s its bandwidth bound must be the one BENCHMARKS.md measures against (the shared device
+README's ≈ 40.8k for Qwen3-0.6B and ≈ 15.7k for Llama-3.1-8B), and the roofline, which can only
+add time, must not exceed it."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+TOOL = Path(__file__).resolve().parent.parent / "tools" / "roofline.py"
+
+
+def load_tool():
+    spec = importlib.util.spec_from_file_location("roofline", TOOL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("shape, bound", [("qwen3-0.6b", 40_800), ("llama-3.1-8b", 15_700)])
+def test_the_walk_reproduces_the_bounds_we_measure_against(shape, bound):
+    row = load_tool().bounds(shape, 4.8e12, 989e12)
+    assert abs(row["bandwidth_bound_tok_s"] - bound) / bound < 0.005, row
+    assert row["roofline_tok_s"] <= row["bandwidth_bound_tok_s"]
+    assert row["decode_steps"] == 1023  # the longest request: 1,024 tokens, the first from prefill
