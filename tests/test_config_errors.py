@@ -333,3 +333,31 @@ def test_the_engine_runs_at_the_page_size_it_resolved(model_dir):
     llm = LLM(model_dir, attn="torch", device="cpu", num_kv_tokens=512, page_size=8)
     assert llm.engine.runner.kv_cache.page_size == 8 and llm.engine.kv_capacity_tokens == 512
     assert llm.engine.scheduler.kv.cache.page_size == 8
+
+
+@pytest.mark.parametrize("command", [["serve"], ["bench", "offline"]])
+def test_every_engine_flag_defaults_to_the_engine_config_default(command):
+    """`minisgl serve` and `bench offline` with no engine flag build what ``EngineConfig(model=...)``
+    holds: a default changed in the config is the command line's too (the piecewise graphs' 8,192
+    was the config's while the flag still said 2,048)."""
+    import argparse
+    import dataclasses
+
+    from minisgl_core.bench.cli import add_bench_command
+    from minisgl_core.config_args import ENGINE_FIELDS, add_engine_args
+    from minisgl_core.server.cli import add_server_commands
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="cmd")
+    add_server_commands(sub)
+    add_bench_command(sub)
+    args = parser.parse_args(command)
+    defaults = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
+    assert set(ENGINE_FIELDS) <= set(defaults)
+    assert {name: getattr(args, name) for name in ENGINE_FIELDS} == {
+        name: defaults[name] for name in ENGINE_FIELDS
+    }
+    assert args.piecewise_cuda_graph_max_tokens == 8192
+    plain = argparse.ArgumentParser()
+    add_engine_args(plain)
+    assert plain.parse_args([]).piecewise_cuda_graph_max_tokens == defaults["piecewise_cuda_graph_max_tokens"]
