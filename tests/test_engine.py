@@ -7,6 +7,7 @@ import json
 import random
 
 import pytest
+import torch
 
 from minisgl_core import SamplingParams
 from minisgl_core.demo.factories import make_model_dir
@@ -276,3 +277,36 @@ def test_available_pages_kept_within_a_round_equals_the_full_sum(model_dir, prom
     assert len(answers) > 50 and llm.engine.stats()["retractions"] >= 1
     assert [fast for fast, _ in answers] == [full for _, full in answers]
     assert_kv_released(llm)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_int_tensor_equals_torch_tensor(dtype):
+    """The scheduler's lists reach torch through an array (three times faster than torch.tensor
+    for a prefill step's thousands of ints): the same values, dtype and shape, and an error,
+    not a wrapped value, for an int out of range."""
+    import random
+
+    from minisgl_core.runner.sampler import int_tensor
+
+    info = torch.iinfo(dtype)
+    rng = random.Random(0)
+    values = [info.min, info.max, 0, -1, 1] + [rng.randint(info.min, info.max) for _ in range(9000)]
+    got = int_tensor(values, dtype)
+    assert got.dtype == dtype and torch.equal(got, torch.tensor(values, dtype=dtype))
+    assert torch.equal(int_tensor([], dtype), torch.tensor([], dtype=dtype))
+    with pytest.raises(OverflowError):
+        int_tensor([info.max + 1], dtype)
+
+
+@pytest.mark.parametrize("length", [0, 1, 7, 8, 9, 16, 8191])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_padded_rows_are_the_rows_each_on_whole_64_byte_lines(length, dtype):
+    from minisgl_core.scheduler.scheduler import _padded_rows
+
+    rows = [list(range(r * 10_000, r * 10_000 + length)) for r in range(3)]
+    got = _padded_rows(rows, dtype)
+    width = got.shape[1]
+    assert got.shape[0] == 3 and width >= length and (width * got.element_size()) % 64 == 0
+    assert width - length < 64 // got.element_size()
+    assert torch.equal(got[:, :length], torch.tensor(rows, dtype=dtype).view(3, length))
+    assert not got[:, length:].any()

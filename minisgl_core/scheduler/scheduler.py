@@ -24,7 +24,7 @@ from minisgl_core.api import (
     SchedulerState,
     SchedulingPolicy,
 )
-from minisgl_core.runner.sampler import to_device
+from minisgl_core.runner.sampler import int_tensor, to_device
 from minisgl_core.sampling import StepOutput, TokenLogprob
 from minisgl_core.scheduler.allocator import PageAllocator, RequestSlots
 from minisgl_core.scheduler.cascade import group_shared_prefixes
@@ -200,7 +200,14 @@ class Scheduler:
         flat_slots = slots[0] if len(slots) == 1 else list(itertools.chain.from_iterable(slots))
         rows = _logits_rows(reqs, chunks, seq_lens)
         batch = self._forward_batch(
-            True, reqs, chunks, seq_lens, to_device(input_ids, self.device), positions, flat_slots, rows[0]
+            True,
+            reqs,
+            chunks,
+            seq_lens,
+            int_tensor(input_ids).to(self.device, non_blocking=True),
+            positions,
+            flat_slots,
+            rows[0],
         )
         self._advance_prefill(reqs, seq_lens)
         return ScheduledBatch(batch, reqs, chunks, sampled, logit_rows=rows[1], prompt_rows=rows[2])
@@ -235,7 +242,9 @@ class Scheduler:
         seq_lens = [r.num_computed + n for r, n in zip(reqs, lens)]
         # a decode row's input is its last sampled token, read on the device as in a decode step
         rows = to_device([r.row for r in decodes], self.device)
-        input_ids = torch.cat([self.last_tokens[rows], to_device(prompt_ids, self.device)])
+        input_ids = torch.cat(
+            [self.last_tokens[rows], int_tensor(prompt_ids).to(self.device, non_blocking=True)]
+        )
         flat_slots = dec_slots + list(itertools.chain.from_iterable(slots))
         sampled = list(range(len(decodes)))
         sampled += [len(decodes) + i for i, r in enumerate(pre) if r.num_computed + chunks[i] == r.fill_len]
@@ -501,4 +510,8 @@ def _padded_rows(rows: list[list[int]], dtype: torch.dtype) -> torch.Tensor:
     per_line = 64 // torch.empty((), dtype=dtype).element_size()
     width = -(-len(rows[0]) // per_line) * per_line
     pad = [0] * (width - len(rows[0]))
-    return torch.tensor([row + pad for row in rows], dtype=dtype)
+    flat: list[int] = []
+    for row in rows:
+        flat += row
+        flat += pad
+    return int_tensor(flat, dtype).view(len(rows), width)
