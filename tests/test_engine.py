@@ -310,3 +310,20 @@ def test_padded_rows_are_the_rows_each_on_whole_64_byte_lines(length, dtype):
     assert width - length < 64 // got.element_size()
     assert torch.equal(got[:, :length], torch.tensor(rows, dtype=dtype).view(3, length))
     assert not got[:, length:].any()
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_start_up_runs_one_prefill_into_the_reserved_slot_only(model_dir, page_size):
+    """Start-up runs one prefill through the model and its attention (so kernels built on first
+    use, FlashInfer's JIT on a GPU, are built before the first request) on a dummy token: its K/V
+    land in the reserved slot that padded graph replays write to, and nowhere the scheduler owns."""
+    llm = cpu_llm(model_dir, page_size=page_size)
+    runner = llm.engine.runner
+    kv = runner.kv_cache
+    for layer in range(kv.num_layers):
+        for cache in (kv.k_cache(layer), kv.v_cache(layer)):
+            written = cache.reshape(kv.num_slots, -1).abs().sum(-1).nonzero().flatten().tolist()
+            assert written == [runner.dummy_slot]
+    assert runner.dummy_slot >= runner.usable_kv_pages * page_size
+    out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
+    assert len(out[0].token_ids) == 3

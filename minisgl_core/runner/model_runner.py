@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 import torch
@@ -253,7 +254,43 @@ class ModelRunner:
                 self.device,
             )
 
+        self._warm_up_prefill()
+
     # ------------------------------------------------------------------ set-up
+
+    @torch.inference_mode()
+    def _warm_up_prefill(self) -> None:
+        """One prefill forward of a single dummy token (the spare page-table row, the reserved KV
+        slot that padded graph replays write to), so that what attention builds on first use is
+        built at start-up and not in the first request: FlashInfer's JIT takes about a minute
+        for its FA3 prefill module on a fresh machine (BENCHMARKS.md). Decode attention is run by
+        the decode graphs' capture already."""
+        started = time.perf_counter()
+        device = self.device
+        spare = self.num_request_rows - 1
+        self.page_table[spare, 0] = self.dummy_slot
+        one = torch.ones(1, dtype=torch.int32, device=device)
+        batch = ForwardBatch(
+            is_prefill=True,
+            # token 1: id 0 is a zero (padding) embedding in some checkpoints, this is any token
+            input_ids=torch.full((1,), min(1, self.vocab_size - 1), dtype=torch.int64, device=device),
+            positions=torch.zeros(1, dtype=torch.int64, device=device),
+            out_cache_loc=torch.full((1,), self.dummy_slot, dtype=torch.int64, device=device),
+            req_slots=one * spare,
+            seq_lens=one,
+            extend_lens=one.clone(),
+            seq_lens_cpu=[1],
+            extend_lens_cpu=[1],
+            page_table=self.page_table,
+            logits_indices=torch.zeros(1, dtype=torch.int64, device=device),
+            attn=self.prefill_attn,
+        )
+        self.prepare(batch)()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds = time.perf_counter() - started
+        if seconds > 1:
+            logger.info("prefill attention (%s) warmed up in %.1f s", self.attn_names[0], seconds)
 
     def _load_model(self, plugins: Plugins) -> torch.nn.Module:
         archs = self.hf_config.get("architectures") or []
