@@ -155,6 +155,7 @@ def _offline(args: argparse.Namespace) -> int:
     requests = workloads.standard_offline(args.num_requests, seed=0)
     result: dict[str, Any] = {**_meta(args), "bench": "offline", "shape": args.shape or config.model,
                               "attn": config.attn, "tp": config.tp_size, "cuda_graph_max_bs": config.cuda_graph_max_bs,
+                              "piecewise_cuda_graph_max_tokens": config.piecewise_cuda_graph_max_tokens,
                               "overlap": config.overlap, "quantization": config.quantization,
                               "kv_cache_dtype": config.kv_cache_dtype}  # fmt: skip
     if config.tp_size > 1:
