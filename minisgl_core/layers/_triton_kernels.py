@@ -162,7 +162,8 @@ def small_gemm_kernel(
     m,
     n,
     k,
-    k_per_split,  # a multiple of BLOCK_K
+    K_PER_SPLIT: tl.constexpr,  # a multiple of BLOCK_K (a constant: Triton 3.5's interpreter takes
+    # no runtime bound in ``range``; it follows the weight's K, so no more variants compile)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -175,9 +176,9 @@ def small_gemm_kernel(
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    k_start = pid_k * k_per_split
-    for k0 in range(k_start, k_start + k_per_split, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
+    k_start = pid_k * K_PER_SPLIT
+    for k0 in range(0, K_PER_SPLIT, BLOCK_K):
+        rk = k_start + k0 + tl.arange(0, BLOCK_K)
         a = tl.load(
             x + rm[:, None].to(tl.int64) * x_stride + rk[None, :],
             mask=(rm[:, None] < m) & (rk[None, :] < k),

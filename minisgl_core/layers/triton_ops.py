@@ -255,8 +255,8 @@ def small_gemm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     grid = (-(-n // block_n), -(-rows // block_m), split)
     kernels = _kernels()
     kernels.small_gemm_kernel[grid](
-        x, x.stride(0), weight, target, rows, n, k, k_per_split,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split, num_warps=4, num_stages=4,
+        x, x.stride(0), weight, target, rows, n, k,
+        K_PER_SPLIT=k_per_split, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split, num_warps=4, num_stages=4,
     )  # fmt: skip
     if split > 1:
         size = rows * n
