@@ -162,8 +162,9 @@ def small_gemm_kernel(
     m,
     n,
     k,
-    K_PER_SPLIT: tl.constexpr,  # a multiple of BLOCK_K (a constant: Triton 3.5's interpreter takes
-    # no runtime bound in ``range``; it follows the weight's K, so no more variants compile)
+    K_PER_SPLIT: tl.constexpr,  # a multiple of BLOCK_K; a constant because Triton's interpreter
+    # on the GPU machine (3.6.0, as here) failed on a runtime ``range`` bound, a one-element array
+    # where it wants a scalar; it follows the weight's K, so no more variants compile
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
