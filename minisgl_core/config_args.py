@@ -105,7 +105,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--kv-cache-dtype",
         default=_default("kv_cache_dtype"),
         choices=["auto", "fp8_e4m3"],
-        help="KV pool dtype: auto = the run dtype; fp8_e4m3 halves the KV memory of bf16 (torch and fi backends)",
+        help="KV pool dtype: auto = the run dtype; fp8_e4m3 halves the KV memory of bf16 (torch, fi and triton backends; not fa3)",
     )
     g.add_argument(
         "--speculative-algorithm",

@@ -7,9 +7,6 @@ is built (:meth:`FlashAttention3Backend.prefill_path` says which):
   ``flash_attn_with_kvcache`` over the paged pool with a dense page table and varlen queries;
 - ``flashinfer``: FlashInfer's SM90 FA3 prefill kernels (the fi backend with ``backend="fa3"``).
 
-Over a float8 KV pool (``--kv-cache-dtype fp8_e4m3``) neither has a kernel for bf16 queries, so
-prefill runs FlashInfer's fa2 kernels there, as the fi backend does.
-
 Decode, CUDA graphs, K/V storing and the CSR planning are the fi backend's, inherited unchanged:
 FA3 gains nothing over FlashInfer's tensor-core decode for one query per sequence.
 """
@@ -30,6 +27,11 @@ FLASH_ATTN_MODULE = "flash_attn_interface"
 class FlashAttention3Backend(FlashInferBackend):
     """The fi backend with FlashAttention-3 (SM90) kernels for prefill and extend."""
 
+    # The fi backend's, less "kv_fp8": neither FA3 path has a kernel for bf16 queries over a
+    # float8 pool (FlashInfer 0.7.0's SM90 prefill fails to build it: "No eligible GMMA operator
+    # for request configuration"), so ``--attn auto`` prefills a float8 pool with fi and
+    # ``--attn fa3`` refuses one at start.
+    capabilities = FlashInferBackend.capabilities - {"kv_fp8"}
     prefill_kernels: ClassVar[str] = "fa3"
     name: ClassVar[str] = "fa3"
 
@@ -54,9 +56,7 @@ class FlashAttention3Backend(FlashInferBackend):
     def __init__(self, config: AttentionConfig) -> None:
         super().__init__(config)
         self._flash_attn_with_kvcache: Any = None
-        # a float8 pool prefills on FlashInfer's fa2 kernels (``prefill_kernels_for``): FA3 takes
-        # float8 K/V only with float8 queries
-        if self.prefill_path() == FLASH_ATTN_MODULE and config.kv_cache.dtype == config.dtype:
+        if self.prefill_path() == FLASH_ATTN_MODULE:
             from flash_attn_interface import flash_attn_with_kvcache
 
             self._flash_attn_with_kvcache = flash_attn_with_kvcache

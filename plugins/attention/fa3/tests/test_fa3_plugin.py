@@ -32,14 +32,30 @@ def test_registers_fa3_backend() -> None:
     assert cls.prefill_kernels == "fa3"
 
 
-def test_a_float8_pool_prefills_on_fa2_kernels() -> None:
-    """FlashInfer 0.7.0's SM90 FA3 prefill cannot be built for bf16 queries over float8 K/V (the
-    GPU suite's ``test_fp8_kv_cache`` failed in nvcc on an H200), so a float8 pool plans fa2."""
-    assert "kv_fp8" in FlashAttention3Backend.capabilities
-    assert FlashAttention3Backend.prefill_kernels_for(torch.bfloat16, torch.bfloat16) == "fa3"
-    assert FlashAttention3Backend.prefill_kernels_for(torch.float8_e4m3fn, torch.bfloat16) == "fa2"
-    assert FlashInferBackend.prefill_kernels_for(torch.float8_e4m3fn, torch.bfloat16) == "fa2"
-    assert FlashInferBackend.prefill_kernels_for(torch.float16, torch.float16) == "fa2"
+def test_a_float8_pool_is_refused_and_auto_prefills_it_with_fi() -> None:
+    """fa3 has no kernel for bf16 queries over float8 K/V (FlashInfer's SM90 prefill failed to
+    build in the GPU suite while fa3 inherited fi's "kv_fp8"): it declares everything fi does but
+    that, ``--attn fa3`` with a float8 pool stops at start naming the fix, and ``auto`` on Hopper
+    prefills such a pool with fi."""
+    from minisgl_core.plugins import PluginError
+    from minisgl_core.runner.model_runner import check_kv_dtype, pick_attention
+
+    assert FlashAttention3Backend.capabilities == FlashInferBackend.capabilities - {"kv_fp8"}
+    backends = {"fa3": FlashAttention3Backend, "fi": FlashInferBackend}
+    with pytest.raises(PluginError, match="'fa3' does not support --kv-cache-dtype fp8_e4m3.*--attn fi"):
+        check_kv_dtype("fp8_e4m3", torch.float8_e4m3fn, torch.bfloat16, backends)
+    check_kv_dtype("fp8_e4m3", torch.float8_e4m3fn, torch.bfloat16, {"fi": FlashInferBackend})
+
+    class Plugins:  # fa3 and fi usable, as on an H100
+        registry = {"attention": {name: type(name, (cls,), {"availability": classmethod(lambda c, d: None)})
+                                  for name, cls in backends.items()}}  # fmt: skip
+
+        def resolve(self, kind, name):
+            return self.registry[kind][name]
+
+    gpu = torch.device("cuda", 0)
+    assert pick_attention("auto", gpu, Plugins(), frozenset({"kv_fp8"}))[0] == "fi"
+    assert pick_attention("auto", gpu, Plugins())[0] == "fa3"
 
 
 def test_distribution_metadata() -> None:

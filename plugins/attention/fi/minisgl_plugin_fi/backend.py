@@ -98,14 +98,6 @@ class FlashInferBackend(AttentionBackend):
     name: ClassVar[str] = "fi"
 
     @classmethod
-    def prefill_kernels_for(cls, kv_dtype: torch.dtype, q_dtype: torch.dtype) -> str:
-        """The FlashInfer prefill kernel family over a pool of ``kv_dtype``: ``prefill_kernels``,
-        except "fa2" where the pool's dtype differs from the queries' (a float8 pool): FlashInfer
-        0.7.0's SM90 "fa3" prefill has no kernel for bf16 queries over float8 K/V (its build
-        fails: "No eligible GMMA operator"), its "fa2" one has."""
-        return cls.prefill_kernels if kv_dtype == q_dtype else "fa2"
-
-    @classmethod
     def availability(cls, device: torch.device) -> str | None:
         reason = cuda_unavailable_reason(device, backend=cls.name, min_capability=(8, 0))
         if reason is None and not module_installed("flashinfer"):
@@ -120,7 +112,7 @@ class FlashInferBackend(AttentionBackend):
         # Zeroed: FlashInfer requires the float workspace to start at 0 on first use.
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=config.device)
         self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-            self.workspace, "NHD", backend=self.prefill_kernels_for(config.kv_cache.dtype, config.dtype)
+            self.workspace, "NHD", backend=self.prefill_kernels
         )
         self.decode_tensor_cores = os.environ.get("MINISGL_FI_TENSOR_CORES", "1") != "0"
         self.decode_wrapper = self._decode_wrapper()
