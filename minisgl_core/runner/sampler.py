@@ -188,8 +188,13 @@ def to_device(
     return torch.as_tensor(values, dtype=dtype).to(device, non_blocking=True)
 
 
+def _array_code(itemsize: int) -> str:
+    """The signed ``array`` typecode of ``itemsize`` bytes (C's int and long differ by platform)."""
+    return next(code for code in "hilq" if array.array(code).itemsize == itemsize)
+
+
 #: array typecodes of the integer dtypes :func:`int_tensor` builds
-_ARRAY_CODES = {torch.int64: "q", torch.int32: "i"}
+_ARRAY_CODES = {torch.int64: _array_code(8), torch.int32: _array_code(4)}
 
 
 def int_tensor(values: list[int], dtype: torch.dtype = torch.int64) -> torch.Tensor:
