@@ -14,6 +14,10 @@
 # Qwen3-0.6B, ~60 s and ~75 s for Llama-3.1-8B. A GPU call may run 600 s: on a fresh machine give
 # it one shape (ROUNDS=2), and chain the next shape's call within the machine's idle window so the
 # JIT caches and /tmp/m stay (both shapes with ROUNDS=1 ran out of time in the peer's Llama run).
+# On one H200 (2026-11-27, ROUNDS=1): fresh machine 451 s for Qwen3-0.6B (129 s to ready, ours
+# 150 s with its 86 s FA3 JIT now in start-up, the peer 80 s), then Llama-3.1-8B 230 s on the
+# same machine. Machines went back after 30 s idle that day: chain the next call at once, or plan
+# for a fresh machine; keep the inner `timeout` + the prelude under the call's 600 s.
 #
 # Environment:
 #   ROUNDS=2            runs per engine and shape
