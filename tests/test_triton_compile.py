@@ -56,13 +56,14 @@ def test_small_gemm_kernels_compile(target, dtype, rows, n, k):
     """Every tile :func:`small_gemm_config` picks for Qwen3-0.6B's o_proj / down_proj and the two
     lm_heads, and the split-K sum."""
     from minisgl_core.layers._triton_kernels import small_gemm_kernel, split_sum_kernel
-    from minisgl_core.layers.triton_ops import _SPLIT_SUM_BLOCK, small_gemm_config
+    from minisgl_core.layers.triton_ops import _SPLIT_SUM_BLOCK, small_gemm_config, small_gemm_k_per_split
 
     block_m, block_n, block_k, split = small_gemm_config(rows, n, k)
     out = f"*{dtype}" if split == 1 else "*fp32"
     signature = {"x": f"*{dtype}", "x_stride": "i64", "w": f"*{dtype}", "out": out, "m": "i32", "n": "i32",
-                 "k": "i32", "k_per_split": "i32"}  # fmt: skip
-    constants = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT": split}
+                 "k": "i32"}  # fmt: skip
+    constants = {"K_PER_SPLIT": small_gemm_k_per_split(k, block_k, split), "BLOCK_M": block_m,
+                 "BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT": split}  # fmt: skip
     compiles(small_gemm_kernel, signature, constants, target)
     if split > 1:
         signature = {"partials": "*fp32", "out": f"*{dtype}", "size": "i32"}

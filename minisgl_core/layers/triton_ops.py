@@ -216,6 +216,13 @@ def small_gemm_config(rows: int, n: int, k: int) -> tuple[int, int, int, int] | 
     return None
 
 
+def small_gemm_k_per_split(k: int, block_k: int, split: int) -> int:
+    """The K each of ``split`` slices covers, a multiple of ``block_k`` (the kernel's constant
+    ``K_PER_SPLIT``)."""
+    per_split = -(-k // split)
+    return -(-per_split // block_k) * block_k
+
+
 def small_gemm_enabled(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether :func:`small_gemm` serves ``x @ weight.T`` (``MINISGL_TRITON_SMALL_GEMM=0`` turns it
     off; the same device rules as :func:`fused_kv_enabled`): two-dimensional ``x`` of half
@@ -249,8 +256,7 @@ def small_gemm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"small_gemm: no tile for {rows} rows of a {n} x {k} weight")
     block_m, block_n, block_k, split = config
     out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
-    per_split = -(-k // split)
-    k_per_split = -(-per_split // block_k) * block_k
+    k_per_split = small_gemm_k_per_split(k, block_k, split)
     target = out if split == 1 else torch.empty((split, rows, n), dtype=torch.float32, device=x.device)
     grid = (-(-n // block_n), -(-rows // block_m), split)
     kernels = _kernels()

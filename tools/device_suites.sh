@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The GPU conformance suites in one call, pytest processes side by side on one GPU, each under its
+# own timeout so one slow suite cannot take the others' results with it:
+#   triton   plugins/attention/triton
+#   fi       plugins/attention/fi
+#   fa3      plugins/attention/fa3
+#   kernels  the core's Triton kernels (tests/test_triton_ops.py, test_triton_compile.py)
+#   engine   the core's engine tests with CUDA cases (engine, piecewise graphs, sampler, sync)
+#
+#   source .whl/prelude.sh && bash tools/device_suites.sh [SUITE ...]      (results in $OUT)
+#
+# On one H200 (2026-11-27, fresh machine, four processes side by side: the three plugins and
+# test_triton_ops + test_engine): triton 158 s, fi 234 s, fa3 400 s, the core pair 410 s; 465 s of
+# wall in all. Each suite's log is $OUT/<suite>.log, its exit status $OUT/<suite>.status; the
+# summary lines are printed at the end. Exit status: the number of suites that did not pass.
+# PYTHON (default python3) runs pytest; SUITE_TIMEOUT (default 450) bounds each suite.
+set -uo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+cd "$(dirname "$here")"
+out=${OUT:-/tmp/out}; mkdir -p "$out"
+limit=${SUITE_TIMEOUT:-450}
+declare -A paths=(
+  [triton]="plugins/attention/triton"
+  [fi]="plugins/attention/fi"
+  [fa3]="plugins/attention/fa3"
+  [kernels]="tests/test_triton_ops.py tests/test_triton_compile.py"
+  [engine]="tests/test_engine.py tests/test_piecewise.py tests/test_sampling.py tests/test_schedule_sync.py"
+)
+suites=("$@")
+[ ${#suites[@]} -gt 0 ] || suites=(triton fi fa3 kernels engine)
+for suite in "${suites[@]}"; do
+  [ -n "${paths[$suite]:-}" ] || { echo "device_suites: unknown suite $suite (triton fi fa3 kernels engine)" >&2; exit 2; }
+done
+for suite in "${suites[@]}"; do
+  # shellcheck disable=SC2086
+  (timeout "$limit" "${PYTHON:-python3}" -m pytest -q -p no:cacheprovider -p no:randomly -rfE ${paths[$suite]} \
+    >"$out/$suite.log" 2>&1; echo "exit $?" >"$out/$suite.status") &
+done
+wait
+failed=0
+for suite in "${suites[@]}"; do
+  status=$(cat "$out/$suite.status")
+  summary=$(grep -E "^(FAILED|ERROR) |[0-9]+ (passed|failed)" "$out/$suite.log" | tail -n 6)
+  echo "== $suite ($status)"; echo "$summary"
+  [ "$status" = "exit 0" ] || failed=$((failed + 1))
+done
+exit "$failed"
