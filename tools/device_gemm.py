@@ -4,7 +4,10 @@ small sweep of tile sizes and K splits, µs per call replayed from a CUDA graph.
 the GEMM over enough copies of the weight that they do not fit in L2 (as in a step, where each
 layer's weights come from HBM). (At 38d53d1 the tool carried its own copy of the kernel.)
 
-    cd tools && python3 device_gemm.py [--shapes qwen3-0.6b,llama-3.1-8b] [--json OUT.json]
+    cd tools && python3 device_gemm.py [--shapes qwen3-0.6b,llama-3.1-8b] [--rows 1,256] [--l2] [--json OUT.json]
+
+``--l2``: one copy of each weight, so every replay after the first reads it from L2: the floor a
+GEMM would have if its weights were prefetched into L2 while the attention before it runs.
 
 Prints one JSON line per (shape, layer, rows): the three timings, the weights' bytes over the
 time (TB/s), the best Triton configuration and its largest difference from cuBLAS's output.
@@ -43,15 +46,15 @@ def triton_mm(
 ) -> None:
     """The engine's kernels (``minisgl_core.layers._triton_kernels``) at an explicit tile."""
     from minisgl_core.layers._triton_kernels import small_gemm_kernel, split_sum_kernel
+    from minisgl_core.layers.triton_ops import small_gemm_k_per_split
 
     bm, bn, bk, split, warps, stages = cfg
     m, k = x.shape
     n = w.shape[0]
-    k_per = triton.cdiv(triton.cdiv(k, split), bk) * bk
     target = out if split == 1 else part
     small_gemm_kernel[(triton.cdiv(n, bn), triton.cdiv(m, bm), split)](
-        x, x.stride(0), w, target, m, n, k, k_per, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT=split,
-        num_warps=warps, num_stages=stages,
+        x, x.stride(0), w, target, m, n, k, K_PER_SPLIT=small_gemm_k_per_split(k, bk, split),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT=split, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     if split > 1:
         split_sum_kernel[(triton.cdiv(m * n, 1024),)](part, out, m * n, SPLIT=split, BLOCK=1024)
@@ -66,22 +69,28 @@ def configs(rows: int) -> list[tuple]:
     return out
 
 
-def graph_us(fn, copies: int, reps: int = 20) -> float:
+def graph_us(fn, calls: int, reps: int = 20) -> float:
     from device_attention_check import cuda_time_us
 
     fn(0)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for i in range(copies):
+        for i in range(calls):
             fn(i)
-    return cuda_time_us(graph.replay, iters=reps) / copies
+    return cuda_time_us(graph.replay, iters=reps) / calls
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", default="qwen3-0.6b,llama-3.1-8b")
     p.add_argument("--rows", default=",".join(map(str, ROWS)))
+    p.add_argument(
+        "--l2",
+        action="store_true",
+        help="one copy of each weight, resident in L2 after the first call "
+        "(the floor of a GEMM whose weights were prefetched), instead of enough copies to miss L2",
+    )
     p.add_argument("--json")
     args = p.parse_args()
     dev = torch.device("cuda")
@@ -91,15 +100,27 @@ def main() -> None:
     for shape in args.shapes.split(","):
         for layer, (n, k) in LAYERS[shape].items():
             wbytes = n * k * 2
-            copies = max(1, min(32, -(-4 * l2 // wbytes)))
+            copies = 1 if args.l2 else max(1, min(32, -(-4 * l2 // wbytes)))
+            # calls per graph: 32 with --l2 (all on the one copy), else one per copy
+            calls = 32 if args.l2 else copies
             ws = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
             for rows in map(int, args.rows.split(",")):
                 x = torch.randn(rows, k, device=dev, dtype=torch.bfloat16)
                 out = torch.empty(rows, n, device=dev, dtype=torch.bfloat16)
-                row = {"shape": shape, "layer": layer, "rows": rows, "n": n, "k": k, "copies": copies}
+                row = {
+                    "shape": shape,
+                    "layer": layer,
+                    "rows": rows,
+                    "n": n,
+                    "k": k,
+                    "copies": copies,
+                    "l2": args.l2,
+                }
                 for lib in ("cublas", "cublaslt"):
                     torch.backends.cuda.preferred_blas_library(lib)
-                    us = graph_us(lambda i, x=x, ws=ws, out=out: torch.matmul(x, ws[i].t(), out=out), copies)
+                    us = graph_us(
+                        lambda i, x=x, ws=ws, out=out: torch.matmul(x, ws[i % len(ws)].t(), out=out), calls
+                    )
                     row[lib] = round(us, 2)
                 torch.backends.cuda.preferred_blas_library("cublas")
                 ref = x @ ws[0].t()
@@ -111,9 +132,9 @@ def main() -> None:
                     try:
                         us = graph_us(
                             lambda i, cfg=cfg, part=part, x=x, ws=ws, out=out: triton_mm(
-                                x, ws[i], cfg, out, part
+                                x, ws[i % len(ws)], cfg, out, part
                             ),
-                            copies,
+                            calls,
                         )
                     except Exception as exc:  # noqa: BLE001 (out of shared memory for a large tile)
                         print(json.dumps({"skip": cfg, "error": type(exc).__name__}), flush=True)
