@@ -179,15 +179,6 @@ def apply_token_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch
     return logits
 
 
-def to_device(
-    values: list | torch.Tensor, device: torch.device, dtype: torch.dtype | None = None
-) -> torch.Tensor:
-    """A small host list (or host tensor) on ``device`` without waiting for the device:
-    ``torch.tensor(..., device=cuda)`` or a plain ``.to(cuda)`` is a synchronous copy that blocks
-    until all queued kernels finish, which would defeat overlap."""
-    return torch.as_tensor(values, dtype=dtype).to(device, non_blocking=True)
-
-
 def _array_code(itemsize: int) -> str:
     """The signed ``array`` typecode of ``itemsize`` bytes (C's int and long differ by platform)."""
     return next(code for code in "hilq" if array.array(code).itemsize == itemsize)
@@ -206,6 +197,18 @@ def int_tensor(values: list[int], dtype: torch.dtype = torch.int64) -> torch.Ten
     if not values:
         return torch.empty(0, dtype=dtype)
     return torch.frombuffer(array.array(_ARRAY_CODES[dtype], values), dtype=dtype)
+
+
+def to_device(
+    values: list | torch.Tensor, device: torch.device, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """A small host list (or host tensor) on ``device`` without waiting for the device:
+    ``torch.tensor(..., device=cuda)`` or a plain ``.to(cuda)`` is a synchronous copy that blocks
+    until all queued kernels finish, which would defeat overlap. A list with an explicit int64 or
+    int32 ``dtype`` (token ids, slots) is built through :func:`int_tensor`."""
+    if isinstance(values, list) and dtype in _ARRAY_CODES:
+        return int_tensor(values, dtype).to(device, non_blocking=True)
+    return torch.as_tensor(values, dtype=dtype).to(device, non_blocking=True)
 
 
 def vocab_ranks(logprobs: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:

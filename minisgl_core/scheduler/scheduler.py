@@ -204,7 +204,7 @@ class Scheduler:
             reqs,
             chunks,
             seq_lens,
-            int_tensor(input_ids).to(self.device, non_blocking=True),
+            to_device(input_ids, self.device, torch.int64),
             positions,
             flat_slots,
             rows[0],
@@ -242,9 +242,7 @@ class Scheduler:
         seq_lens = [r.num_computed + n for r, n in zip(reqs, lens)]
         # a decode row's input is its last sampled token, read on the device as in a decode step
         rows = to_device([r.row for r in decodes], self.device)
-        input_ids = torch.cat(
-            [self.last_tokens[rows], int_tensor(prompt_ids).to(self.device, non_blocking=True)]
-        )
+        input_ids = torch.cat([self.last_tokens[rows], to_device(prompt_ids, self.device, torch.int64)])
         flat_slots = dec_slots + list(itertools.chain.from_iterable(slots))
         sampled = list(range(len(decodes)))
         sampled += [len(decodes) + i for i, r in enumerate(pre) if r.num_computed + chunks[i] == r.fill_len]
