@@ -95,8 +95,8 @@ class SamplingParams:
 
         Integer ranges: ``max_tokens`` in [1, 2**63-1] or None, ``top_k`` in [-1, 2**63-1] (above
         the vocabulary size it keeps every token), ``seed`` in [-2**63, 2**63-1] (OpenAI's int64),
-        ``logprobs`` and ``prompt_logprobs`` in [0, 20], ``stop_token_ids`` in [0, 2**63-1] (admission also checks them
-        against the vocabulary)."""
+        ``logprobs`` and ``prompt_logprobs`` in [0, 20], ``stop_token_ids`` and ``logit_bias``'s token ids in [0, 2**63-1] (admission also checks
+        them against the vocabulary)."""
 
         def bad(name: str, why: str) -> None:
             raise ValueError(f"{name} {why}, got {_short(getattr(self, name))}")
@@ -149,8 +149,8 @@ class SamplingParams:
             bad("repetition_penalty", "must be > 0 (1 disables it)")
         limit = self.MAX_LOGIT_BIAS
         for token, bias in self.logit_bias.items():
-            if token < 0:
-                bad("logit_bias", "must map token ids (non-negative integers) to biases")
+            if not 0 <= token <= INT64_MAX:  # (a larger id cannot cross to the workers)
+                bad("logit_bias", "must map token ids (integers in [0, 2**63-1]) to biases")
             if not isinstance(bias, (int, float)) or isinstance(bias, bool) or not -limit <= bias <= limit:
                 bad("logit_bias", f"values must be numbers in [-{limit:g}, {limit:g}]")
 

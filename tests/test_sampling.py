@@ -29,6 +29,7 @@ from minisgl_core.runner.sampler import Sampler, SampleRequest, apply_repetition
         ("logit_bias", {5: 100.5}),
         ("logit_bias", {"not-an-id": 1.0}),
         ("logit_bias", {-1: 1.0}),
+        ("logit_bias", {2**63: 1.0}),  # past int64: it could not cross to the workers (was a 500)
     ],
 )
 def test_bad_values_raise_naming_the_field(field, value):
