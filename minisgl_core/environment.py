@@ -21,6 +21,8 @@ DOCUMENTED: dict[str, str] = {
     "MINISGL_TRITON_SAMPLER": "0 turns off the one-kernel Gumbel-max draw (--disable-fast-path triton_sampler)",
     "MINISGL_TRITON_SMALL_GEMM": "0 turns off the Triton GEMM of linear layers at up to 64 rows "
     "(--disable-fast-path triton_small_gemm)",
+    "MINISGL_SPLIT_K_NORM": "0 gives that GEMM's split-K partial sums a kernel of their own instead of adding "
+    "them in the RMS norm after it (--disable-fast-path split_k_norm)",
     "MINISGL_SYMM_MEM": "0 turns off the symmetric-memory all-reduce (--disable-fast-path symm_mem)",
     "MINISGL_SYMM_MEM_WIDE": "0 turns off its wide path for sums from 768 KiB (--disable-fast-path symm_mem_wide)",
     "MINISGL_SYMM_MEM_NORM": "0 turns off its sum fused with the residual add and RMS norm after it (--disable-fast-path symm_mem_norm)",

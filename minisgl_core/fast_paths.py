@@ -35,6 +35,9 @@ class FastPaths:
     #: a Triton GEMM for linear layers of at most 64 rows where cuBLAS is slow (narrow weights of
     #: small models, the lm_head): decode steps of small batches
     triton_small_gemm: bool = True
+    #: on one GPU, that GEMM's split-K partial sums (o_proj, down_proj) added by the RMS norm after
+    #: it, with the residual add, instead of by a kernel of their own
+    split_k_norm: bool = True
     #: one-shot symmetric-memory all-reduce for decode-sized sums under tensor parallelism
     symm_mem: bool = True
     #: its wide path for sums from 768 KiB: copy, barrier, a Triton sum over every peer's buffer
@@ -59,7 +62,15 @@ class FastPaths:
     def enabled(self, name: str) -> bool:
         """Whether ``name`` is on; every Triton kernel also needs ``compile``."""
         if (
-            name in ("fused_kv", "triton_silu", "triton_norm", "triton_sampler", "triton_small_gemm")
+            name
+            in (
+                "fused_kv",
+                "triton_silu",
+                "triton_norm",
+                "triton_sampler",
+                "triton_small_gemm",
+                "split_k_norm",
+            )
             and not self.compile
         ):
             return False
@@ -76,6 +87,7 @@ ENV_VARS: dict[str, str] = {
     "triton_norm": "MINISGL_TRITON_NORM",
     "triton_sampler": "MINISGL_TRITON_SAMPLER",
     "triton_small_gemm": "MINISGL_TRITON_SMALL_GEMM",
+    "split_k_norm": "MINISGL_SPLIT_K_NORM",
     "symm_mem": "MINISGL_SYMM_MEM",
     "symm_mem_wide": "MINISGL_SYMM_MEM_WIDE",
     "symm_mem_norm": "MINISGL_SYMM_MEM_NORM",

@@ -108,6 +108,18 @@ def test_rms_norm_kernel_compiles(target, dtype, hidden, add):
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")
+@pytest.mark.parametrize("dtype, parts", [("bf16", 4), ("fp16", 2)])
+def test_rms_norm_kernel_over_split_k_partials_compiles(target, dtype, parts):
+    """The variant that adds a split-K GEMM's float32 partials (``triton_ops.rms_norm(parts=)``)."""
+    from minisgl_core.layers._triton_kernels import rms_norm_kernel
+
+    t = f"*{dtype}"
+    signature = {"x": "*fp32", "x_stride": "i64", "residual": t, "residual_stride": "i64", "weight": t,
+                 "eps": "fp32", "out": t, "total": t, "n": "i32"}  # fmt: skip
+    compiles(rms_norm_kernel, signature, {"BLOCK": 1024, "ADD": True, "PARTS": parts}, target)
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")
 @pytest.mark.parametrize("dtype, world", [("bf16", 2), ("fp32", 4)])
 def test_all_reduce_sum_kernel_compiles(target, dtype, world):
     from minisgl_core.distributed import SymmMemAllReduce

@@ -47,6 +47,16 @@ def test_small_gemm_matches_a_float32_product():
     assert out.split() == ["ok"] * 7, out
 
 
+def test_split_k_partials_added_in_the_norm_are_bitwise_the_separate_sum():
+    out = run_child("split_k")
+    assert out.split() == ["ok"] * 4, out
+
+
+def test_a_decoder_leaving_split_k_sums_to_its_norms_generates_the_same(tmp_path):
+    out = run_child("split_k_model", str(tmp_path))
+    assert out.split() == ["same"], out
+
+
 def test_small_gemm_takes_narrow_and_vocabulary_sized_weights_only():
     """The shapes it serves (``small_gemm_config``): Qwen3-0.6B's o_proj and down_proj and every
     lm_head, up to 64 rows; never qkv or gate_up (cuBLAS is as fast), never Llama-3.1-8B's
@@ -152,6 +162,26 @@ def test_silu_mul_bf16_on_cuda_is_as_close_to_float32_as_the_compiled_path(token
         error_compiled.mean(),
     )
     assert error_ours.max() <= 2 * error_compiled.max() + 1e-3, (error_ours.max(), error_compiled.max())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("rows", [1, 7, 64])
+@pytest.mark.parametrize("n, k", [(1024, 2048), (1024, 3072)])
+def test_split_k_partials_norm_bf16_on_cuda_is_bitwise_the_two_kernels(rows, n, k):
+    """In bf16 on the GPU, Qwen3-0.6B's o_proj and down_proj: the partial sums added in the norm
+    (one kernel) give bitwise what ``small_gemm`` and the residual add + norm (two) give."""
+    from minisgl_core.layers import triton_ops
+
+    gen = torch.Generator("cuda").manual_seed(rows + k)
+    x = torch.randn(rows, k, device="cuda", generator=gen).bfloat16()
+    w = (torch.randn(n, k, device="cuda", generator=gen) * 0.05).bfloat16()
+    residual = torch.randn(rows, n, device="cuda", generator=gen).bfloat16()
+    weight = (torch.rand(n, device="cuda", generator=gen) + 0.5).bfloat16()
+    partials = triton_ops.small_gemm_partials(x, w)
+    assert isinstance(partials, triton_ops.SplitKPartials)
+    normed, total = triton_ops.add_partials_rms_norm(partials, residual, weight, 1e-6)
+    ref_normed, ref_total = triton_ops.rms_norm(triton_ops.small_gemm(x, w), weight, 1e-6, residual)
+    assert torch.equal(total, ref_total) and torch.equal(normed, ref_normed)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -297,6 +327,65 @@ def check_gemm() -> None:
     torch.testing.assert_close(got[1].float(), h.float() @ head.weight.float().T, atol=2e-3, rtol=2e-3)
     assert triton_ops.small_gemm_enabled(x, layer.weight) and triton_ops.small_gemm_enabled(h, head.weight)
     print("ok")
+
+
+def check_split_k() -> None:
+    """In float16: the split-K partial sums left to the norm (``add_partials_rms_norm``, one kernel)
+    against ``small_gemm`` then the residual add and norm (two), bitwise; their ``total()`` against
+    ``small_gemm``'s sum, bitwise; a residual with a row stride wider than the row."""
+    from minisgl_core.layers import triton_ops
+
+    gen = torch.Generator().manual_seed(1)
+    for rows, n, k in ((1, 1024, 2048), (5, 96, 1100), (37, 200, 1536), (64, 64, 1024)):
+        x = torch.randn(rows, k, generator=gen).half()
+        w = (torch.randn(n, k, generator=gen) * 0.05).half()
+        residual = (torch.randn(rows, n + 3, generator=gen) * 2).half()[:, :n]
+        weight = (torch.rand(n, generator=gen) + 0.5).half()
+        partials = triton_ops.small_gemm_partials(x, w)
+        split = triton_ops.small_gemm_config(rows, n, k)[3]
+        assert isinstance(partials, triton_ops.SplitKPartials) and partials.parts.shape == (split, rows, n), (
+            split
+        )
+        assert split > 1 and partials.shape == (rows, n) and partials.dtype == torch.float16
+        summed = triton_ops.small_gemm(x, w)
+        assert torch.equal(partials.total(), summed)
+        normed, total = triton_ops.add_partials_rms_norm(partials, residual, weight, 1e-6)
+        ref_normed, ref_total = triton_ops.rms_norm(summed, weight, 1e-6, residual)
+        assert torch.equal(total, ref_total) and torch.equal(normed, ref_normed)
+        assert normed.dtype == torch.float16 and normed.shape == (rows, n)
+        print("ok")
+
+
+def check_split_k_model(tmp: str) -> None:
+    """A float16 Qwen3 whose o_proj and down_proj split K (K of 1024) generates the same tokens
+    and logprobs, bitwise, with the split-K sums added in the norms after them and without."""
+    import minisgl_core.layers.fused as fused
+    import minisgl_core.layers.norm as norm
+    from minisgl_core.demo.factories import make_model_dir
+    from minisgl_core.llm import LLM
+    from minisgl_core.sampling import SamplingParams
+
+    calls = []
+    kernel = fused.add_partials_rms_norm
+    norm.add_partials_rms_norm = lambda *a, **kw: calls.append(1) or kernel(*a, **kw)
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, logprobs=3)
+    prompts = [list(range(5, 30)), [7, 8, 9]]
+    model = make_model_dir(
+        Path(tmp) / "qwen3", "Qwen3ForCausalLM", dtype="float16", max_position_embeddings=128,
+        num_attention_heads=8, head_dim=128, intermediate_size=1024,
+    )  # fmt: skip
+    runs = {}
+    for flag in ("1", "0"):
+        os.environ["MINISGL_SPLIT_K_NORM"] = flag
+        calls.clear()
+        llm = LLM(model, device="cpu", dtype="float16", attn="torch", page_size=4)
+        runs[flag] = llm.generate(prompts, params, use_tqdm=False)
+        llm.close()
+        assert bool(calls) == (flag == "1"), (flag, len(calls))
+    for fused_run, plain in zip(runs["1"], runs["0"], strict=True):
+        assert fused_run.token_ids == plain.token_ids, (fused_run.token_ids, plain.token_ids)
+        assert [a.logprob for a in fused_run.logprobs] == [b.logprob for b in plain.logprobs]
+    print("same")
 
 
 def check_norm() -> None:
@@ -462,5 +551,9 @@ if __name__ == "__main__":
         check_gemm()
     elif sys.argv[1] == "collective":
         check_collective()
+    elif sys.argv[1] == "split_k":
+        check_split_k()
+    elif sys.argv[1] == "split_k_model":
+        check_split_k_model(sys.argv[2])
     else:
         check_model(sys.argv[2])

@@ -127,17 +127,27 @@ def rms_norm_kernel(
     BLOCK: tl.constexpr,
     ADD: tl.constexpr,
     PDL: tl.constexpr = False,
+    PARTS: tl.constexpr = 0,
 ):
     """One row per program, Hugging Face's arithmetic: the residual sum rounded to the model dtype,
     the mean of squares and ``rsqrt`` in float32, the normalized row rounded, then times the weight
     and rounded again. (``PDL``: launched with programmatic dependent launch, it first waits for
-    the kernel before it.)"""
+    the kernel before it.) ``PARTS`` > 0 (with ``ADD``): ``x`` is a split-K GEMM's float32 partial
+    sums ``[PARTS, rows, n]``, added here in slice order and rounded once to the residual's dtype,
+    as ``split_sum_kernel`` would have (one kernel fewer)."""
     if PDL:
         gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n
-    v = tl.load(x + row * x_stride + cols, mask=mask, other=0.0)
+    if PARTS > 0:
+        part_stride = tl.num_programs(0).to(tl.int64) * x_stride  # one program per row
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for s in tl.static_range(PARTS):
+            acc += tl.load(x + s * part_stride + row * x_stride + cols, mask=mask, other=0.0)
+        v = acc.to(residual.dtype.element_ty)
+    else:
+        v = tl.load(x + row * x_stride + cols, mask=mask, other=0.0)
     dtype = v.dtype
     if ADD:
         r = tl.load(residual + row * residual_stride + cols, mask=mask, other=0.0)

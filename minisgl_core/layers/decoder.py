@@ -139,11 +139,12 @@ class DecoderLayer(nn.Module):
         self.mlp = DecoderMLP(hf, parallel=parallel, dtype=dtype, device=device)
         self.input_layernorm = RMSNorm(hf["hidden_size"], eps, dtype=dtype, device=device)
         self.post_attention_layernorm = RMSNorm(hf["hidden_size"], eps, dtype=dtype, device=device)
-        # Under tensor parallelism o_proj's and down_proj's sums are left to the norm after them,
-        # which fuses the all-reduce with the residual add and norm where it can (RMSNorm's
-        # partial_of); with a bias the sum must come before the bias, so they reduce as usual.
+        # o_proj's and down_proj's sums are left to the norm after them (RMSNorm's partial_of):
+        # under tensor parallelism it fuses the all-reduce with the residual add and norm where it
+        # can; on one GPU it adds a split-K GEMM's partial sums there (a kernel fewer). With a bias
+        # the sum must come before the bias, so they reduce as usual.
         self.parallel = parallel
-        self.defers_sums = parallel.tp_size > 1 and not _bias_in(hf)
+        self.defers_sums = not _bias_in(hf)
 
     def forward(
         self,

@@ -93,6 +93,22 @@ def add_rms_norm(
     return _add_rms_norm(x, residual, weight, eps)
 
 
+def add_partials_rms_norm(
+    partials: triton_ops.SplitKPartials, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`add_rms_norm` of a split-K GEMM's partial sums not yet added (``partials.total()``):
+    the sum, the add and the norm in one Triton kernel where :func:`add_rms_norm` would run the
+    Triton norm, else the sum first."""
+    if (
+        triton_ops.norm_enabled(residual, weight)
+        and residual.dtype == partials.dtype
+        and residual.dim() == 2
+        and residual.shape == partials.shape
+    ):
+        return triton_ops.add_partials_rms_norm(partials, residual, weight, eps)
+    return add_rms_norm(partials.total(), residual, weight, eps)
+
+
 @fused
 def rotary(
     q: torch.Tensor,

@@ -159,10 +159,20 @@ class RowParallelLinear(_Linear):
 
     def forward(self, x: torch.Tensor, reduce: bool = True) -> torch.Tensor:
         """The output, summed across ranks; with ``reduce=False`` (no bias only) this rank's partial
-        sum, for a caller that all-reduces it itself (``RMSNorm(..., partial_of=)``)."""
+        sum, for a caller that all-reduces it itself (``RMSNorm(..., partial_of=)``). On one GPU that
+        sum may be a split-K GEMM's partials (``triton_ops.SplitKPartials``), which only that norm takes."""
         if not reduce:
             if self.bias is not None:
                 raise ValueError("RowParallelLinear(reduce=False) has no bias to add after the sum")
+            if (
+                self.parallel.tp_size == 1
+                and self.quant_method is None
+                and triton_ops.small_gemm_enabled(x, self.weight)
+                and triton_ops.split_k_norm_enabled(x.device)
+            ):
+                # one GPU: a split-K GEMM's partial sums, left to the norm after it (RMSNorm adds
+                # them with the residual), one kernel fewer
+                return triton_ops.small_gemm_partials(x, self.weight)  # type: ignore[return-value]
             if self.quant_method is None and x.dim() == 2 and self.parallel.tp_size > 1:
                 # straight into the buffer the fused all-reduce + norm reads it from, if it will
                 fast = _fast_all_reduce.get(id(self.parallel.group))

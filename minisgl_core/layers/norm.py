@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from minisgl_core.api.parallel import ParallelContext, _fast_all_reduce
-from minisgl_core.layers.fused import add_rms_norm, rms_norm
+from minisgl_core.layers import triton_ops
+from minisgl_core.layers.fused import add_partials_rms_norm, add_rms_norm, rms_norm
 from minisgl_core.layers.weights import load_full, new_param
 
 
@@ -34,7 +35,13 @@ class RMSNorm(nn.Module):
         ``partial_of``: ``x`` is this rank's partial sum in that group (a ``RowParallelLinear``
         called with ``reduce=False``), all-reduced first; with a residual under tensor parallelism
         on CUDA that sum is fused with the add and the norm where the core's symmetric-memory
-        all-reduce can (``--disable-fast-path symm_mem_norm`` turns it off), bitwise the same."""
+        all-reduce can (``--disable-fast-path symm_mem_norm`` turns it off), bitwise the same. On one
+        GPU ``x`` may be a split-K GEMM's partial sums (:class:`~minisgl_core.layers.triton_ops.SplitKPartials`),
+        added here with the residual and the norm in one kernel, bitwise the same too."""
+        if isinstance(x, triton_ops.SplitKPartials):  # one GPU: a split-K GEMM's sum, deferred
+            if residual is None:
+                return rms_norm(x.total(), self.weight, self.eps)
+            return add_partials_rms_norm(x, residual, self.weight, self.eps)
         if partial_of is not None and partial_of.tp_size > 1:
             fused = None
             if residual is not None:

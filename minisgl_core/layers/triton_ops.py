@@ -245,31 +245,106 @@ def small_gemm_enabled(x: torch.Tensor, weight: torch.Tensor) -> bool:
 _SPLIT_SUM_BLOCK = 1024
 
 
-def small_gemm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``x @ weight.T`` for a few rows (:func:`small_gemm_config`'s shapes): tiles of 16-64 rows,
-    float32 accumulation rounded once; with split K the slices' float32 partial sums are added in
-    order by a second kernel (deterministic, no atomics)."""
+class SplitKPartials:
+    """A split-K :func:`small_gemm`'s float32 partial sums ``[split, rows, n]``, not yet added: what
+    ``RowParallelLinear(reduce=False)`` returns on one GPU, for the RMS norm after it to add
+    (:func:`add_partials_rms_norm`), one kernel fewer than :func:`small_gemm`'s own sum."""
+
+    __slots__ = ("parts", "dtype")
+
+    def __init__(self, parts: torch.Tensor, dtype: torch.dtype) -> None:
+        self.parts = parts
+        #: the dtype :func:`small_gemm` would have returned (its input's)
+        self.dtype = dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.parts.shape[1:]
+
+    def total(self) -> torch.Tensor:
+        """The sum as :func:`small_gemm` returns it: the slices added in order in float32, rounded once."""
+        acc = self.parts[0].clone()
+        for part in self.parts[1:]:
+            acc += part
+        return acc.to(self.dtype)
+
+
+def _small_gemm_launch(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Runs :func:`small_gemm`'s GEMM kernel: ``(output, 1)``, or ``(float32 partials [split, rows,
+    n], split)`` where its tile splits K."""
     rows, k = x.shape
     n = weight.shape[0]
     config = small_gemm_config(rows, n, k)
     if config is None:
         raise ValueError(f"small_gemm: no tile for {rows} rows of a {n} x {k} weight")
     block_m, block_n, block_k, split = config
-    out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
     k_per_split = small_gemm_k_per_split(k, block_k, split)
-    target = out if split == 1 else torch.empty((split, rows, n), dtype=torch.float32, device=x.device)
+    if split == 1:
+        target = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    else:
+        target = torch.empty((split, rows, n), dtype=torch.float32, device=x.device)
     grid = (-(-n // block_n), -(-rows // block_m), split)
-    kernels = _kernels()
-    kernels.small_gemm_kernel[grid](
+    _kernels().small_gemm_kernel[grid](
         x, x.stride(0), weight, target, rows, n, k,
         K_PER_SPLIT=k_per_split, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split, num_warps=4, num_stages=4,
     )  # fmt: skip
-    if split > 1:
-        size = rows * n
-        kernels.split_sum_kernel[(-(-size // _SPLIT_SUM_BLOCK),)](
-            target, out, size, SPLIT=split, BLOCK=_SPLIT_SUM_BLOCK, num_warps=4
-        )
+    return target, split
+
+
+def small_gemm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T`` for a few rows (:func:`small_gemm_config`'s shapes): tiles of 16-64 rows,
+    float32 accumulation rounded once; with split K the slices' float32 partial sums are added in
+    order by a second kernel (deterministic, no atomics)."""
+    target, split = _small_gemm_launch(x, weight)
+    if split == 1:
+        return target
+    _, rows, n = target.shape
+    out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    size = rows * n
+    _kernels().split_sum_kernel[(-(-size // _SPLIT_SUM_BLOCK),)](
+        target, out, size, SPLIT=split, BLOCK=_SPLIT_SUM_BLOCK, num_warps=4
+    )
     return out
+
+
+def small_gemm_partials(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | SplitKPartials:
+    """:func:`small_gemm` without its last kernel: the partial sums where its tile splits K (for
+    :func:`add_partials_rms_norm`), else its output."""
+    target, split = _small_gemm_launch(x, weight)
+    return target if split == 1 else SplitKPartials(target, x.dtype)
+
+
+def split_k_norm_enabled(device: torch.device) -> bool:
+    """Whether a ``RowParallelLinear(reduce=False)`` on one GPU leaves a split-K :func:`small_gemm`'s
+    partial sums to the RMS norm after it (``MINISGL_SPLIT_K_NORM=0`` turns it off; the same device
+    rules as :func:`fused_kv_enabled`)."""
+    return triton_enabled(device, "MINISGL_SPLIT_K_NORM")
+
+
+def add_partials_rms_norm(
+    partials: SplitKPartials, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(weight * norm(total + residual), total + residual)`` with ``total =
+    partials.total()``: the split-K sum, the residual add and the norm in one kernel (one program
+    per row), bitwise :func:`small_gemm` followed by :func:`rms_norm` with the residual. The caller
+    checks :func:`norm_enabled` for ``residual`` and that it has the partials' dtype and shape."""
+    parts = partials.parts
+    split, rows, n = parts.shape
+    if residual.shape != (rows, n) or residual.dtype != partials.dtype or not parts.is_contiguous():
+        raise ValueError(
+            f"add_partials_rms_norm: residual {tuple(residual.shape)} for partials {tuple(parts.shape)}"
+        )
+    if residual.stride(-1) != 1:
+        residual = residual.contiguous()
+    out = torch.empty((rows, n), dtype=residual.dtype, device=residual.device)
+    total = torch.empty((rows, n), dtype=residual.dtype, device=residual.device)
+    if rows:
+        block = _pow2(n)
+        _kernels().rms_norm_kernel[(rows,)](
+            parts, n, residual, residual.stride(0), weight, float(eps), out, total, n,
+            BLOCK=block, ADD=True, PARTS=split, num_warps=min(16, max(1, block // 256)), **pdl_options(residual.device),
+        )  # fmt: skip
+    return out, total
 
 
 @functools.cache
