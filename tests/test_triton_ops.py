@@ -49,7 +49,7 @@ def test_small_gemm_matches_a_float32_product():
 
 def test_split_k_partials_added_in_the_norm_are_bitwise_the_separate_sum():
     out = run_child("split_k")
-    assert out.split() == ["ok"] * 4, out
+    assert out.split() == ["ok"] * 5, out
 
 
 def test_a_decoder_leaving_split_k_sums_to_its_norms_generates_the_same(tmp_path):
@@ -354,6 +354,19 @@ def check_split_k() -> None:
         assert torch.equal(total, ref_total) and torch.equal(normed, ref_normed)
         assert normed.dtype == torch.float16 and normed.shape == (rows, n)
         print("ok")
+    # RowParallelLinear hands out the partials only when asked (split_k): reduce=False alone stays a tensor
+    from minisgl_core.api.parallel import ParallelContext
+    from minisgl_core.layers.linear import RowParallelLinear
+
+    layer = RowParallelLinear(1100, 96, parallel=ParallelContext(), dtype=torch.float16, device="cpu")
+    x = torch.randn(5, 1100, generator=gen).half()
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(96, 1100, generator=gen) * 0.05)
+        summed, plain = layer(x), layer(x, reduce=False)
+        deferred = layer(x, reduce=False, split_k=True)
+    assert isinstance(plain, torch.Tensor) and torch.equal(plain, summed)
+    assert isinstance(deferred, triton_ops.SplitKPartials) and torch.equal(deferred.total(), summed)
+    print("ok")
 
 
 def check_split_k_model(tmp: str) -> None:

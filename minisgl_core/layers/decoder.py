@@ -70,7 +70,8 @@ class DecoderAttention(nn.Module):
     ) -> torch.Tensor:
         """``angles``: the rotary cos/sin of ``batch.positions`` the model computed for every layer,
         or None (each layer's kernel computes them: CUDA). ``reduce=False``: o_proj's partial sum
-        (no bias only; see ``RowParallelLinear``)."""
+        (no bias only; see ``RowParallelLinear``), for the norm after it (on one GPU possibly split-K
+        partials, ``split_k``)."""
         num_tokens, head_dim = hidden.shape[0], self.attn.head_dim
         num_heads, num_kv_heads = self.attn.num_heads, self.attn.num_kv_heads
         qkv = self.qkv_proj(hidden).view(num_tokens, num_heads + 2 * num_kv_heads, head_dim)
@@ -90,14 +91,14 @@ class DecoderAttention(nn.Module):
                 qkv, batch.positions, inv_freq, q_weight, k_weight, num_heads, num_kv_heads, eps,
                 cache, self.attn.layer_id, batch.out_cache_loc,
             )  # fmt: skip
-            return self.o_proj(self.attn.attend(q, batch), reduce)
+            return self.o_proj(self.attn.attend(q, batch), reduce, split_k=not reduce)
         # q/k norm and rotary on the q and k heads, v copied beside k (one kernel on CUDA): k and
         # v of a token are then adjacent, which lets the KV pool store both with one kernel
         qkv = qkv_norm_rope(
             qkv, batch.positions, inv_freq, q_weight, k_weight, num_heads, num_kv_heads, eps, angles
         )
         q, k, v = qkv.split((num_heads, num_kv_heads, num_kv_heads), dim=1)
-        return self.o_proj(self.attn(q, k, v, batch), reduce)
+        return self.o_proj(self.attn(q, k, v, batch), reduce, split_k=not reduce)
 
 
 class DecoderMLP(nn.Module):
@@ -116,8 +117,9 @@ class DecoderMLP(nn.Module):
         )
 
     def forward(self, x: torch.Tensor, reduce: bool = True) -> torch.Tensor:
-        """``reduce=False``: down_proj's partial sum (no bias only; see ``RowParallelLinear``)."""
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)), reduce)
+        """``reduce=False``: down_proj's partial sum (no bias only; see ``RowParallelLinear``), for
+        the norm after it (on one GPU possibly split-K partials, ``split_k``)."""
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)), reduce, split_k=not reduce)
 
 
 class DecoderLayer(nn.Module):

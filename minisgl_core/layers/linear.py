@@ -157,15 +157,18 @@ class RowParallelLinear(_Linear):
             )
         copy_shard(param, loaded.narrow(1, self.parallel.tp_rank * self.in_local, self.in_local))
 
-    def forward(self, x: torch.Tensor, reduce: bool = True) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, reduce: bool = True, *, split_k: bool = False) -> torch.Tensor:
         """The output, summed across ranks; with ``reduce=False`` (no bias only) this rank's partial
-        sum, for a caller that all-reduces it itself (``RMSNorm(..., partial_of=)``). On one GPU that
-        sum may be a split-K GEMM's partials (``triton_ops.SplitKPartials``), which only that norm takes."""
+        sum, for a caller that all-reduces it itself (``RMSNorm(..., partial_of=)``). ``split_k``
+        (with ``reduce=False``, for a caller whose next step is that norm): on one GPU the result
+        may be a split-K GEMM's partials not yet added (``triton_ops.SplitKPartials``), which only
+        that norm takes."""
         if not reduce:
             if self.bias is not None:
                 raise ValueError("RowParallelLinear(reduce=False) has no bias to add after the sum")
             if (
-                self.parallel.tp_size == 1
+                split_k
+                and self.parallel.tp_size == 1
                 and self.quant_method is None
                 and triton_ops.small_gemm_enabled(x, self.weight)
                 and triton_ops.split_k_norm_enabled(x.device)

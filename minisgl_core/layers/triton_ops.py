@@ -247,7 +247,7 @@ _SPLIT_SUM_BLOCK = 1024
 
 class SplitKPartials:
     """A split-K :func:`small_gemm`'s float32 partial sums ``[split, rows, n]``, not yet added: what
-    ``RowParallelLinear(reduce=False)`` returns on one GPU, for the RMS norm after it to add
+    ``RowParallelLinear(reduce=False, split_k=True)`` returns on one GPU, for the RMS norm after it to add
     (:func:`add_partials_rms_norm`), one kernel fewer than :func:`small_gemm`'s own sum."""
 
     __slots__ = ("parts", "dtype")
@@ -315,7 +315,7 @@ def small_gemm_partials(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor |
 
 
 def split_k_norm_enabled(device: torch.device) -> bool:
-    """Whether a ``RowParallelLinear(reduce=False)`` on one GPU leaves a split-K :func:`small_gemm`'s
+    """Whether a ``RowParallelLinear(reduce=False, split_k=True)`` on one GPU leaves a split-K :func:`small_gemm`'s
     partial sums to the RMS norm after it (``MINISGL_SPLIT_K_NORM=0`` turns it off; the same device
     rules as :func:`fused_kv_enabled`)."""
     return triton_enabled(device, "MINISGL_SPLIT_K_NORM")
