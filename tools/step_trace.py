@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import gzip
 import json
 from collections import defaultdict
 
 
 def load(path: str) -> list[dict]:
-    with open(path) as f:
+    """The step records of a trace, gzipped (``.gz``, as benchmarks/results keeps them) or not;
+    the engine's idle records (no ``kind``) included."""
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
         return [json.loads(line) for line in f if line.strip()]
 
 
