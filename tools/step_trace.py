@@ -23,7 +23,7 @@ from collections import defaultdict
 def load(path: str) -> list[dict]:
     """The step records of a trace, gzipped (``.gz``, as benchmarks/results keeps them) or not;
     the engine's idle records (no ``kind``) included."""
-    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
+    with gzip.open(path, "rt") if path.endswith(".gz") else open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
 
 
