@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from minisgl_core.api.batch import ForwardBatch, PagedLayout, paged_layout
+from minisgl_core.runner.staging import copy_to_device
 
 _BLOCK = 64
 
@@ -44,7 +45,7 @@ def build_layout(batch: ForwardBatch) -> PagedLayout:
     packed[0, : bs + 1] = host.qo_indptr
     packed[1, : bs + 1] = host.kv_indptr
     packed[2, :bs] = host.kv_last_page_len
-    packed = packed.to(device, non_blocking=True)
+    packed = copy_to_device(packed, device)
     qo_indptr, kv_indptr, last = packed[0, : bs + 1], packed[1, : bs + 1], packed[2, :bs]
     total = int(host.kv_indptr[-1])
     kv_indices = torch.empty(total, dtype=torch.int32, device=device)

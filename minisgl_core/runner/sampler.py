@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from minisgl_core import environment
 from minisgl_core.layers.fused import fused
 from minisgl_core.layers.triton_ops import triton_enabled
+from minisgl_core.runner.staging import copy_to_device
 from minisgl_core.sampling import SamplingParams, TokenLogprob
 
 #: uniform draws are clamped here so that neither log below sees 0 (an event of probability 1e-20)
@@ -205,10 +206,14 @@ def to_device(
     """A small host list (or host tensor) on ``device`` without waiting for the device:
     ``torch.tensor(..., device=cuda)`` or a plain ``.to(cuda)`` is a synchronous copy that blocks
     until all queued kernels finish, which would defeat overlap. A list with an explicit int64 or
-    int32 ``dtype`` (token ids, slots) is built through :func:`int_tensor`."""
+    int32 ``dtype`` (token ids, slots) is built through :func:`int_tensor`; host tensors go through
+    :func:`~minisgl_core.runner.staging.copy_to_device` (pinned staging, when enabled)."""
     if isinstance(values, list) and dtype in _ARRAY_CODES:
-        return int_tensor(values, dtype).to(device, non_blocking=True)
-    return torch.as_tensor(values, dtype=dtype).to(device, non_blocking=True)
+        return copy_to_device(int_tensor(values, dtype), device)
+    host = torch.as_tensor(values, dtype=dtype)
+    if host.device.type != "cpu":
+        return host.to(device, non_blocking=True)
+    return copy_to_device(host, device)
 
 
 def vocab_ranks(logprobs: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,7 @@ from minisgl_core.api import (
     SchedulingPolicy,
 )
 from minisgl_core.runner.sampler import int_tensor, to_device
+from minisgl_core.runner.staging import copy_to_device
 from minisgl_core.sampling import StepOutput, TokenLogprob
 from minisgl_core.scheduler.allocator import PageAllocator, RequestSlots
 from minisgl_core.scheduler.cascade import group_shared_prefixes
@@ -378,12 +379,10 @@ class Scheduler:
         # for a pointer that is not 16-byte aligned (row 1 of an odd-length int64 pack is not), which
         # cost a 0.6-1 s compile in the middle of a run at the first odd-sized prefill.
         n = len(flat_slots)
-        packed = _padded_rows([flat_slots, positions, token_rows], torch.int64).to(device, non_blocking=True)
+        packed = copy_to_device(_padded_rows([flat_slots, positions, token_rows], torch.int64), device)
         out_cache_loc, pos, token_rows_dev = packed[0, :n], packed[1, :n], packed[2, :n]
         self.page_table[token_rows_dev, pos] = out_cache_loc.to(torch.int32)
-        lens = _padded_rows([rows, seq_lens, chunks], torch.int32).to(device, non_blocking=True)[
-            :, : len(reqs)
-        ]
+        lens = copy_to_device(_padded_rows([rows, seq_lens, chunks], torch.int32), device)[:, : len(reqs)]
         if logits_indices is not None:  # more rows than each request's last (prompt logprobs)
             ends = torch.tensor(logits_indices)
         else:
@@ -399,7 +398,7 @@ class Scheduler:
             seq_lens_cpu=seq_lens,
             extend_lens_cpu=list(chunks),
             page_table=self.page_table,
-            logits_indices=ends.to(device, non_blocking=True),
+            logits_indices=copy_to_device(ends, device),
             attn=self.prefill_attn if is_prefill else self.decode_attn,
         )
 
