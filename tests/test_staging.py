@@ -94,3 +94,45 @@ def test_on_cuda_no_piece_is_overwritten_before_its_copy_has_run(monkeypatch):
     # and through the module's entry point, which the engine uses
     host = torch.arange(10, dtype=torch.int32)
     assert torch.equal(copy_to_device(host, device).cpu(), host)
+
+
+def test_a_decode_step_copies_three_host_arrays_to_the_device(tmp_path, monkeypatch):
+    """A plain decode step of sampled requests sends the device three host arrays: the scheduler's
+    two packed ones (slots and positions; rows, lengths and chunks) and the sampler's two scale
+    rows as one. Its token inputs, logits rows and the rows its sampled tokens are stored at are
+    read from tensors on the device already (there were seven copies before)."""
+    import minisgl_core.runner.layout as layout
+    import minisgl_core.runner.sampler as sampler
+    import minisgl_core.scheduler.scheduler as scheduler
+    from minisgl_core import SamplingParams
+    from minisgl_core.demo.factories import make_model_dir
+    from minisgl_core.testing import cpu_llm
+
+    copies: list[tuple[int, ...]] = []
+    for module in (layout, sampler, scheduler):
+        real = module.copy_to_device
+        monkeypatch.setattr(
+            module,
+            "copy_to_device",
+            lambda host, device, real=real: copies.append(tuple(host.shape)) or real(host, device),
+        )
+    model = make_model_dir(tmp_path / "qwen3", "Qwen3ForCausalLM", max_position_embeddings=256)
+    llm = cpu_llm(model)
+    engine = llm.engine
+    params = SamplingParams(temperature=0.8, max_tokens=6, ignore_eos=True)
+    per_step, kinds = [], []
+    step = engine.step
+
+    def counting_step():
+        before = len(copies)
+        out = step()
+        batch = engine.launched_last
+        kinds.append(None if batch is None else (batch.kind, len(batch.requests)))
+        per_step.append(len(copies) - before)
+        return out
+
+    monkeypatch.setattr(engine, "step", counting_step)
+    outputs = llm.generate([[5, 6, 7, 8], [9, 10, 11], [12, 13]], params, use_tqdm=False)
+    assert all(len(o.token_ids) == 6 for o in outputs)
+    decode_counts = [n for n, kind in zip(per_step, kinds) if kind == ("decode", 3)]
+    assert decode_counts and max(decode_counts) == 3, (per_step, kinds)

@@ -405,7 +405,15 @@ class Engine:
             if self.parallel.tp_size > 1:
                 # Every rank continues with rank 0's tokens, whatever its own sampler drew.
                 torch.distributed.broadcast(token_ids, src=0, group=self.parallel.group)
-        self.last_tokens[to_device(request_rows, token_ids.device)] = token_ids
+        if (
+            batch.kind == "decode"
+            and batch.decode_rows is not None
+            and len(request_rows) == batch.decode_rows.numel()
+        ):
+            rows_dev = batch.decode_rows  # every request sampled: the batch's rows, on the device already
+        else:
+            rows_dev = to_device(request_rows, token_ids.device)
+        self.last_tokens[rows_dev] = token_ids
         done = None
         if token_ids.is_cuda:
             # Pinned memory: a copy into pageable memory would block until the step finishes.

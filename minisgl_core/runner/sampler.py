@@ -136,9 +136,10 @@ _RANK_SEED_STRIDE = 1_000_003
 
 def _race_scales(params: Sequence[SamplingParams], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row of a Gumbel-max race: the logits' scale (1 / temperature) and the noise's (0 for greedy)."""
-    scale = to_device([1.0 if p.greedy else 1.0 / p.temperature for p in params], device, torch.float32)
-    noise_scale = to_device([0.0 if p.greedy else 1.0 for p in params], device, torch.float32)
-    return scale, noise_scale
+    scales = [1.0 if p.greedy else 1.0 / p.temperature for p in params]
+    scales += [0.0 if p.greedy else 1.0 for p in params]
+    both = to_device(scales, device, torch.float32)  # one copy for the two rows
+    return both[: len(params)], both[len(params) :]
 
 
 def shards_plain(requests: Sequence[SampleRequest]) -> bool:

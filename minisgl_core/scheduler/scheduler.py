@@ -97,6 +97,8 @@ class Scheduler:
         self.page_table = page_table
         self.last_tokens = last_tokens
         self.device = page_table.device
+        #: 0, 1, 2 ... on the device: a decode step's logits rows, sliced (grown for verify steps)
+        self._row_indices = torch.arange(num_request_rows, device=self.device)
         self.prefill_attn = prefill_attn
         self.decode_attn = decode_attn
         self.stop_checker = stop_checker
@@ -333,11 +335,11 @@ class Scheduler:
             raise RuntimeError("KV pool exhausted with a single request running")
         self.kv.decayed()
         positions = [r.num_computed for r in reqs]
-        rows = to_device([r.row for r in reqs], self.device)
-        # The last sampled token is read on the device: no host round trip for the inputs.
-        input_ids = self.last_tokens[rows]
         seq_lens = [r.num_computed + 1 for r in reqs]
-        batch = self._forward_batch(False, reqs, [1] * len(reqs), seq_lens, input_ids, positions, slots)
+        # The last sampled token is read on the device, by the batch's req_slots (input_ids None):
+        # no host round trip for the inputs, and no copy of the rows of their own.
+        batch = self._forward_batch(False, reqs, [1] * len(reqs), seq_lens, None, positions, slots)
+        rows = batch.req_slots
         batch.shared_prefixes = shared
         for req in reqs:
             req.num_computed += 1
@@ -362,7 +364,7 @@ class Scheduler:
         reqs: list[Request],
         chunks: list[int],
         seq_lens: list[int],
-        input_ids: torch.Tensor,
+        input_ids: torch.Tensor | None,
         positions: list[int],
         flat_slots: list[int],
         logits_indices: list[int] | None = None,
@@ -384,12 +386,16 @@ class Scheduler:
         self.page_table[token_rows_dev, pos] = out_cache_loc.to(torch.int32)
         lens = copy_to_device(_padded_rows([rows, seq_lens, chunks], torch.int32), device)[:, : len(reqs)]
         if logits_indices is not None:  # more rows than each request's last (prompt logprobs)
-            ends = torch.tensor(logits_indices)
-        else:
-            ends = torch.tensor(chunks).cumsum(0) - 1 if is_prefill else torch.arange(len(reqs))
+            ends = copy_to_device(torch.tensor(logits_indices), device)
+        elif is_prefill:
+            ends = copy_to_device(torch.tensor(chunks).cumsum(0) - 1, device)
+        else:  # one row per sequence: 0 .. n-1, a slice of a tensor on the device already
+            if len(reqs) > self._row_indices.numel():  # a verify step: 1 + drafts per request
+                self._row_indices = torch.arange(2 * len(reqs), device=device)
+            ends = self._row_indices[: len(reqs)]
         return ForwardBatch(
             is_prefill=is_prefill,
-            input_ids=input_ids,
+            input_ids=input_ids if input_ids is not None else self.last_tokens[lens[0]],
             positions=pos,
             out_cache_loc=out_cache_loc,
             req_slots=lens[0],
@@ -398,7 +404,7 @@ class Scheduler:
             seq_lens_cpu=seq_lens,
             extend_lens_cpu=list(chunks),
             page_table=self.page_table,
-            logits_indices=copy_to_device(ends, device),
+            logits_indices=ends,
             attn=self.prefill_attn if is_prefill else self.decode_attn,
         )
 
