@@ -5,13 +5,14 @@
 #   fi       plugins/attention/fi
 #   fa3      plugins/attention/fa3
 #   kernels  the core's Triton kernels (tests/test_triton_ops.py, test_triton_compile.py)
-#   engine   the core's engine tests with CUDA cases (engine, piecewise graphs, sampler, sync)
+#   engine   the core's engine tests with CUDA cases (engine, piecewise graphs, sampler, sync, staging)
 #
 #   source .whl/prelude.sh && bash tools/device_suites.sh [SUITE ...]      (results in $OUT)
 #
 # On one H200 (2026-11-27, fresh machine, four processes side by side: the three plugins and
 # test_triton_ops + test_engine): triton 158 s, fi 234 s, fa3 400 s, the core pair 410 s; 465 s of
-# wall in all. Each suite's log is $OUT/<suite>.log, its exit status $OUT/<suite>.status; the
+# wall in all; `kernels engine` alone (2026-11-27, twenty-seventh session, a warm machine): 138 s and
+# 240 s, 295 s of wall. Each suite's log is $OUT/<suite>.log, its exit status $OUT/<suite>.status; the
 # summary lines are printed at the end. Exit status: the number of suites that did not pass.
 # PYTHON (default python3) runs pytest; SUITE_TIMEOUT (default 450) bounds each suite.
 set -uo pipefail
@@ -24,7 +25,7 @@ declare -A paths=(
   [fi]="plugins/attention/fi"
   [fa3]="plugins/attention/fa3"
   [kernels]="tests/test_triton_ops.py tests/test_triton_compile.py"
-  [engine]="tests/test_engine.py tests/test_piecewise.py tests/test_sampling.py tests/test_schedule_sync.py"
+  [engine]="tests/test_engine.py tests/test_piecewise.py tests/test_sampling.py tests/test_schedule_sync.py tests/test_staging.py"
 )
 suites=("$@")
 [ ${#suites[@]} -gt 0 ] || suites=(triton fi fa3 kernels engine)
