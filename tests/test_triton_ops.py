@@ -369,13 +369,29 @@ def check_split_k() -> None:
     print("ok")
 
 
+def _on_and_off(model, dtype: str, switches: tuple[str, ...], calls: list, prompts, params) -> dict:
+    """A CPU LLM's outputs with the fast-path ``switches`` (environment variables) on ("1") and off
+    ("0"); ``calls`` counts the fast path's calls, which must happen exactly when it is on."""
+    from minisgl_core.llm import LLM
+
+    runs = {}
+    for flag in ("1", "0"):
+        for name in switches:
+            os.environ[name] = flag
+        calls.clear()
+        llm = LLM(model, device="cpu", dtype=dtype, attn="torch", page_size=4)
+        runs[flag] = llm.generate(prompts, params, use_tqdm=False)
+        llm.close()
+        assert bool(calls) == (flag == "1"), (flag, len(calls))
+    return runs
+
+
 def check_split_k_model(tmp: str) -> None:
     """A float16 Qwen3 whose o_proj and down_proj split K (K of 1024) generates the same tokens
     and logprobs, bitwise, with the split-K sums added in the norms after them and without."""
     import minisgl_core.layers.fused as fused
     import minisgl_core.layers.norm as norm
     from minisgl_core.demo.factories import make_model_dir
-    from minisgl_core.llm import LLM
     from minisgl_core.sampling import SamplingParams
 
     calls = []
@@ -387,14 +403,7 @@ def check_split_k_model(tmp: str) -> None:
         Path(tmp) / "qwen3", "Qwen3ForCausalLM", dtype="float16", max_position_embeddings=128,
         num_attention_heads=8, head_dim=128, intermediate_size=1024,
     )  # fmt: skip
-    runs = {}
-    for flag in ("1", "0"):
-        os.environ["MINISGL_SPLIT_K_NORM"] = flag
-        calls.clear()
-        llm = LLM(model, device="cpu", dtype="float16", attn="torch", page_size=4)
-        runs[flag] = llm.generate(prompts, params, use_tqdm=False)
-        llm.close()
-        assert bool(calls) == (flag == "1"), (flag, len(calls))
+    runs = _on_and_off(model, "float16", ("MINISGL_SPLIT_K_NORM",), calls, prompts, params)
     for fused_run, plain in zip(runs["1"], runs["0"], strict=True):
         assert fused_run.token_ids == plain.token_ids, (fused_run.token_ids, plain.token_ids)
         assert [a.logprob for a in fused_run.logprobs] == [b.logprob for b in plain.logprobs]
@@ -436,7 +445,6 @@ def check_norm() -> None:
 def check_model(tmp: str) -> None:
     import minisgl_core.layers.decoder as decoder
     from minisgl_core.demo.factories import make_model_dir
-    from minisgl_core.llm import LLM
     from minisgl_core.sampling import SamplingParams
 
     calls = []
@@ -447,15 +455,8 @@ def check_model(tmp: str) -> None:
     prompts = [list(range(5, 40)), [7, 8, 9]]
     for arch in ("Qwen3ForCausalLM", "LlamaForCausalLM"):
         model = make_model_dir(Path(tmp) / arch, arch, max_position_embeddings=256)
-        runs = {}
-        for flag in ("1", "0"):
-            os.environ["MINISGL_FUSED_KV"] = os.environ["MINISGL_TRITON_SILU"] = flag
-            os.environ["MINISGL_TRITON_NORM"] = flag
-            calls.clear()
-            llm = LLM(model, device="cpu", dtype="float32", attn="torch", page_size=4)
-            runs[flag] = llm.generate(prompts, params, use_tqdm=False)
-            llm.close()
-            assert bool(calls) == (flag == "1"), (flag, len(calls))
+        switches = ("MINISGL_FUSED_KV", "MINISGL_TRITON_SILU", "MINISGL_TRITON_NORM")
+        runs = _on_and_off(model, "float32", switches, calls, prompts, params)
         for fused, plain in zip(runs["1"], runs["0"], strict=True):
             assert fused.token_ids == plain.token_ids, (fused.token_ids, plain.token_ids)
             for a, b in zip(fused.logprobs, plain.logprobs, strict=True):
