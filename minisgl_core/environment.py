@@ -30,8 +30,6 @@ DOCUMENTED: dict[str, str] = {
     "passing the barrier itself (--disable-fast-path symm_mem_norm_barrier)",
     "MINISGL_PDL": "1 launches the hand-written Triton kernels with programmatic dependent launch (Hopper+; "
     "experimental, off by default: -1% at batch 1 but 4-11% slower offline on Qwen3-0.6B, BENCHMARKS.md)",
-    "MINISGL_PINNED_H2D": "1 copies a step's small host arrays to the GPU through a pinned staging ring instead of "
-    "from pageable memory (experimental, off by default until measured; runner/staging.py)",
     "MINISGL_VOCAB_PARALLEL_SAMPLING": "0 gathers every rank's logits before sampling under TP "
     "(--disable-fast-path vocab_parallel_sampling)",
     "MINISGL_STEP_TRACE": "FILE: the default of --step-trace (EngineConfig.step_trace), one JSON line per step",

@@ -299,12 +299,12 @@ def test_int_tensor_equals_torch_tensor(dtype):
 
 
 @pytest.mark.parametrize("length", [0, 1, 7, 8, 9, 16, 8191])
-@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
-def test_padded_rows_are_the_rows_each_on_whole_64_byte_lines(length, dtype):
-    from minisgl_core.scheduler.scheduler import _padded_rows
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float32])
+def test_aligned_rows_are_the_rows_each_on_whole_64_byte_lines(length, dtype):
+    from minisgl_core.runner.sampler import aligned_rows
 
     rows = [list(range(r * 10_000, r * 10_000 + length)) for r in range(3)]
-    got = _padded_rows(rows, dtype)
+    got = aligned_rows(rows, dtype)
     width = got.shape[1]
     assert got.shape[0] == 3 and width >= length and (width * got.element_size()) % 64 == 0
     assert width - length < 64 // got.element_size()

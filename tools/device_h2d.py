@@ -1,4 +1,4 @@
-"""Host time of one small host-to-device copy on the GPU machine, three ways (issue 19).
+"""Host time of one small host-to-device copy on the GPU machine, two ways (issue 19).
 
 A decode step copies a few small host arrays to the GPU; from pageable memory the driver stages
 each one synchronously. This times, in µs of host time per copy (the device's time is not
@@ -6,8 +6,10 @@ counted), a contiguous int64 CPU tensor of each size copied with ``non_blocking=
 
 * ``pageable``: ``host.to(cuda)``, as the engine does by default;
 * ``pin_memory``: ``host.pin_memory().to(cuda)`` (PyTorch's caching host allocator), as the
-  Triton plugin's plan table does;
-* ``ring``: ``PinnedStaging.copy`` (``minisgl_core/runner/staging.py``, ``MINISGL_PINNED_H2D=1``).
+  Triton plugin's plan table does.
+
+A third way, a pinned staging ring (``PinnedStaging`` at ``ee253fa``), measured 30-72 µs a copy
+against pageable's 8-18 and was removed (BENCHMARKS.md, 2026-11-27, twenty-eighth session).
 
 Each with the device idle and with the device busy (a long sleep kernel queued first, as during
 a run, where the host works a step ahead).
@@ -23,19 +25,18 @@ import time
 
 import torch
 
-from minisgl_core.runner.staging import PinnedStaging
-
 
 def _time(copy, host: torch.Tensor, iters: int, busy: bool) -> float:
     device = torch.device("cuda")
-    for _ in range(20):  # warm-up: allocator caches, the ring's first segments
+    for _ in range(20):  # warm-up: the allocators' caches
         copy(host, device)
     torch.cuda.synchronize()
     if busy:
         torch.cuda._sleep(2_000_000_000)  # ~1 s of the stream, longer than the loop
-        # no more bytes than the ring holds less a segment: past that it must wait for the
-        # sleeping stream (by design), which a step's few KiB never make it do
-        iters = min(iters, max(1, (3 << 20) // (-(-host.numel() * 8 // 64) * 64)))
+        # fewer copies than CUDA's launch queue holds: past about a thousand queued behind the
+        # sleeping kernel the host blocks until it ends (the first call's 2,000-copy loops at
+        # 8 and 64 elements read ~510 µs a copy that way)
+        iters = min(iters, 256)
     started = time.perf_counter()
     for _ in range(iters):
         copy(host, device)
@@ -50,11 +51,9 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=2000)
     p.add_argument("--json")
     args = p.parse_args()
-    ring = PinnedStaging()
     ways = {
         "pageable": lambda host, device: host.to(device, non_blocking=True),
         "pin_memory": lambda host, device: host.pin_memory().to(device, non_blocking=True),
-        "ring": ring.copy,
     }
     results = []
     for size in (int(s) for s in args.sizes.split(",")):

@@ -5,7 +5,7 @@
 #   fi       plugins/attention/fi
 #   fa3      plugins/attention/fa3
 #   kernels  the core's Triton kernels (tests/test_triton_ops.py, test_triton_compile.py)
-#   engine   the core's engine tests with CUDA cases (engine, piecewise graphs, sampler, sync, staging)
+#   engine   the core's engine tests with CUDA cases (engine, piecewise graphs, sampler, sync, step inputs)
 #
 #   source .whl/prelude.sh && bash tools/device_suites.sh [SUITE ...]      (results in $OUT)
 #
@@ -25,7 +25,7 @@ declare -A paths=(
   [fi]="plugins/attention/fi"
   [fa3]="plugins/attention/fa3"
   [kernels]="tests/test_triton_ops.py tests/test_triton_compile.py"
-  [engine]="tests/test_engine.py tests/test_piecewise.py tests/test_sampling.py tests/test_schedule_sync.py tests/test_staging.py"
+  [engine]="tests/test_engine.py tests/test_piecewise.py tests/test_sampling.py tests/test_schedule_sync.py tests/test_step_inputs.py"
 )
 suites=("$@")
 [ ${#suites[@]} -gt 0 ] || suites=(triton fi fa3 kernels engine)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from minisgl_core.api.batch import ForwardBatch, PagedLayout, paged_layout
-from minisgl_core.runner.staging import copy_to_device
+from minisgl_core.runner.sampler import copy_to_device
 
 _BLOCK = 64
 

@@ -24,8 +24,7 @@ from minisgl_core.api import (
     SchedulerState,
     SchedulingPolicy,
 )
-from minisgl_core.runner.sampler import int_tensor, to_device
-from minisgl_core.runner.staging import copy_to_device
+from minisgl_core.runner.sampler import aligned_rows, copy_to_device, to_device
 from minisgl_core.sampling import StepOutput, TokenLogprob
 from minisgl_core.scheduler.allocator import PageAllocator, RequestSlots
 from minisgl_core.scheduler.cascade import group_shared_prefixes
@@ -381,10 +380,10 @@ class Scheduler:
         # for a pointer that is not 16-byte aligned (row 1 of an odd-length int64 pack is not), which
         # cost a 0.6-1 s compile in the middle of a run at the first odd-sized prefill.
         n = len(flat_slots)
-        packed = copy_to_device(_padded_rows([flat_slots, positions, token_rows], torch.int64), device)
+        packed = copy_to_device(aligned_rows([flat_slots, positions, token_rows], torch.int64), device)
         out_cache_loc, pos, token_rows_dev = packed[0, :n], packed[1, :n], packed[2, :n]
         self.page_table[token_rows_dev, pos] = out_cache_loc.to(torch.int32)
-        lens = copy_to_device(_padded_rows([rows, seq_lens, chunks], torch.int32), device)[:, : len(reqs)]
+        lens = copy_to_device(aligned_rows([rows, seq_lens, chunks], torch.int32), device)[:, : len(reqs)]
         if logits_indices is not None:  # more rows than each request's last (prompt logprobs)
             ends = copy_to_device(torch.tensor(logits_indices), device)
         elif is_prefill:
@@ -506,15 +505,3 @@ def _logits_rows(
         indices.append(base + n - 1)
         base += n
     return indices, last_rows, prompt
-
-
-def _padded_rows(rows: list[list[int]], dtype: torch.dtype) -> torch.Tensor:
-    """``rows`` (of one length) as a host tensor whose rows each start 64-byte aligned."""
-    per_line = 64 // torch.empty((), dtype=dtype).element_size()
-    width = -(-len(rows[0]) // per_line) * per_line
-    pad = [0] * (width - len(rows[0]))
-    flat: list[int] = []
-    for row in rows:
-        flat += row
-        flat += pad
-    return int_tensor(flat, dtype).view(len(rows), width)

@@ -1,0 +1,83 @@
+"""What a step sends to the device: how many host-to-device copies a decode step makes, and (on
+CUDA) that no batch size makes a Triton kernel compile after start-up, which a misaligned input
+row does (Triton compiles a variant per 16-byte alignment of each pointer argument)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minisgl_core import SamplingParams
+from minisgl_core.demo.factories import make_model_dir
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def test_a_decode_step_copies_three_host_arrays_to_the_device(tmp_path, monkeypatch):
+    """A plain decode step of sampled requests sends the device three host arrays: the scheduler's
+    two packed ones (slots and positions; rows, lengths and chunks) and the sampler's two scale
+    rows as one. Its token inputs, logits rows and the rows its sampled tokens are stored at are
+    read from tensors on the device already (there were seven copies before)."""
+    import minisgl_core.runner.layout as layout
+    import minisgl_core.runner.sampler as sampler
+    import minisgl_core.scheduler.scheduler as scheduler
+    from minisgl_core.testing import cpu_llm
+
+    copies: list[tuple[int, ...]] = []
+    real = sampler.copy_to_device
+    for module in (layout, sampler, scheduler):
+        monkeypatch.setattr(
+            module,
+            "copy_to_device",
+            lambda host, device: copies.append(tuple(host.shape)) or real(host, device),
+        )
+    model = make_model_dir(tmp_path / "qwen3", "Qwen3ForCausalLM", max_position_embeddings=256)
+    llm = cpu_llm(model)
+    engine = llm.engine
+    params = SamplingParams(temperature=0.8, max_tokens=6, ignore_eos=True)
+    per_step, kinds = [], []
+    step = engine.step
+
+    def counting_step():
+        before = len(copies)
+        out = step()
+        batch = engine.launched_last
+        kinds.append(None if batch is None else (batch.kind, len(batch.requests)))
+        per_step.append(len(copies) - before)
+        return out
+
+    monkeypatch.setattr(engine, "step", counting_step)
+    outputs = llm.generate([[5, 6, 7, 8], [9, 10, 11], [12, 13]], params, use_tqdm=False)
+    assert all(len(o.token_ids) == 6 for o in outputs)
+    decode_counts = [n for n, kind in zip(per_step, kinds) if kind == ("decode", 3)]
+    assert decode_counts and max(decode_counts) == 3, (per_step, kinds)
+
+
+@cuda
+def test_no_triton_kernel_compiles_after_start_up(tmp_path):
+    """Batches of every size from 1 to 40, sampled and greedy, after the engine's start-up: no
+    Triton kernel may compile (or load from Triton's disk cache) then, since each compile stalls
+    the run for 0.6 s or more. A scale row that started 4 × batch-size bytes into its buffer did:
+    the offline benchmark fell from 26.1k to 19.8k tok/s (BENCHMARKS.md, 2026-11-27)."""
+    from triton import knobs
+
+    from minisgl_core.llm import LLM
+
+    model_dir = make_model_dir(tmp_path / "q", "Qwen3ForCausalLM", max_position_embeddings=1024)
+    llm = LLM(model_dir, device="cuda", dtype="bfloat16", attn="torch", page_size=16, num_kv_tokens=65536)
+    compiled: list[str] = []
+
+    def hook(*, fn, **_) -> bool:
+        compiled.append(fn.name)
+        return False
+
+    previous, knobs.runtime.jit_cache_hook = knobs.runtime.jit_cache_hook, hook
+    try:
+        for n in range(1, 41):
+            prompts = [[3 + (i * 7 + j) % 500 for j in range(5 + i % 9)] for i in range(n)]
+            temperature = 0.0 if n % 4 == 0 else 0.7
+            params = SamplingParams(temperature=temperature, max_tokens=3, ignore_eos=True)
+            llm.generate(prompts, params, use_tqdm=False)
+    finally:
+        knobs.runtime.jit_cache_hook = previous
+    assert compiled == [], sorted(set(compiled))
