@@ -215,6 +215,29 @@ def test_attn_auto_is_torch_on_cpu_and_pairs_parse():
         pick_attention("a,b,c", cpu, plugins)
 
 
+def test_attn_auto_says_why_it_falls_back_to_torch_on_a_gpu(caplog):
+    """Where no GPU backend is usable, ``auto`` still runs (on torch) but warns, naming why each
+    candidate was passed over: a benchmark on a GPU once ran torch prefill unnoticed (16.5k tok/s
+    against 26k), its result only saying ``"attn": "torch,triton"``."""
+    import logging
+
+    plugins = Plugins.load()
+    gpu = torch.device("cuda")
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA, where no GPU backend is usable")
+    with caplog.at_level(logging.WARNING, logger="minisgl_core.runner.model_runner"):
+        assert pick_attention("auto", gpu, plugins) == ("torch", "torch")
+    text = caplog.text
+    assert "no GPU prefill backend" in text and "no GPU decode backend" in text, text
+    for name in ("fa3", "fi", "triton"):
+        assert f"{name}: " in text, text
+    assert "torch.cuda.is_available() is False" in text or "not installed" in text, text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="minisgl_core.runner.model_runner"):
+        pick_attention("auto", torch.device("cpu"), plugins)  # torch is the CPU's choice: no warning
+    assert caplog.text == ""
+
+
 def test_attn_auto_on_a_gpu_takes_the_first_usable_of_each_list():
     """On CUDA ``auto`` is fa3 prefill + triton decode where both are usable, and steps down the
     lists (AUTO_PREFILL, AUTO_DECODE) where one is missing or unavailable; a decode backend that

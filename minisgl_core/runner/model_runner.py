@@ -47,9 +47,26 @@ def pick_attention(
         return names[0], names[-1]
     if device.type != "cuda":
         return "torch", "torch"
-    prefill = (usable_backends(AUTO_PREFILL, device, plugins, needs) or ["torch"])[0]
-    decode = (usable_backends(AUTO_DECODE, device, plugins, needs) or ["torch"])[0]
-    return prefill, decode
+    picked = []
+    for role, names in (("prefill", AUTO_PREFILL), ("decode", AUTO_DECODE)):
+        usable = usable_backends(names, device, plugins, needs)
+        if not usable:  # slow, and easy to miss in a result: say why each one was passed over
+            why = "; ".join(f"{n}: {unusable_reason(n, device, plugins, needs)}" for n in names)
+            logger.warning("--attn auto found no GPU %s backend usable here (%s); %s runs on torch", role, why, role)
+        picked.append((usable or ["torch"])[0])
+    return picked[0], picked[1]
+
+
+def unusable_reason(name: str, device: torch.device, plugins: Plugins, needs: frozenset[str] = frozenset()) -> str:
+    """Why attention backend ``name`` is not among :func:`usable_backends` (one phrase)."""
+    if name not in plugins.registry["attention"]:
+        return f"not installed (pip install minisgl-plugin-{name})"
+    cls = plugins.resolve("attention", name)
+    reason = cls.availability(device)
+    if reason is not None:
+        return reason
+    missing = sorted(needs - cls.capabilities)
+    return f"does not declare {', '.join(missing)}" if missing else "usable"
 
 
 def decode_fallbacks(
