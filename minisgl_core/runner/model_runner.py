@@ -52,12 +52,16 @@ def pick_attention(
         usable = usable_backends(names, device, plugins, needs)
         if not usable:  # slow, and easy to miss in a result: say why each one was passed over
             why = "; ".join(f"{n}: {unusable_reason(n, device, plugins, needs)}" for n in names)
-            logger.warning("--attn auto found no GPU %s backend usable here (%s); %s runs on torch", role, why, role)
+            logger.warning(
+                "--attn auto found no GPU %s backend usable here (%s); %s runs on torch", role, why, role
+            )
         picked.append((usable or ["torch"])[0])
     return picked[0], picked[1]
 
 
-def unusable_reason(name: str, device: torch.device, plugins: Plugins, needs: frozenset[str] = frozenset()) -> str:
+def unusable_reason(
+    name: str, device: torch.device, plugins: Plugins, needs: frozenset[str] = frozenset()
+) -> str:
     """Why attention backend ``name`` is not among :func:`usable_backends` (one phrase)."""
     if name not in plugins.registry["attention"]:
         return f"not installed (pip install minisgl-plugin-{name})"
