@@ -5,7 +5,8 @@
     python tools/step_trace.py /tmp/steps.jsonl [--requests /tmp/requests.jsonl] [--bucket 0.5]
 
 Prints where the scheduler's wall time went (prefill steps, decode steps by batch size, idle
-between steps), a timeline in buckets (share of prefill, decode and idle; mean running requests;
+between steps), the decode steps that stalled (5x their batch bucket's median or more, with their
+host phases: a kernel compiled mid-run shows there), a timeline in buckets (share of prefill, decode and idle; mean running requests;
 arrivals), and with the request trace the client's view (time to first chunk, split into the
 wait before the request's prefill began on the server and the rest). Both traces use the
 monotonic clock, so they line up when client and server run on one machine.
@@ -56,6 +57,7 @@ def summarise(steps: list[dict], bucket: float) -> dict:
             f"  {key:16s} {n:6d} steps {dt:8.2f} s {dt / n * 1e3:8.2f} ms/step  {reqs / n:7.1f} reqs {tokens / n:8.1f} tokens"
         )
     phases_by_kind(busy)
+    stalls(busy)
     decode_during_prefill = sum(1 for s in busy if s["kind"] == "prefill" and s["running"] > s["reqs"])
     print(f"  prefill steps while others were running: {decode_during_prefill}")
     mixed = [s for s in busy if s["kind"] == "mixed"]
@@ -103,6 +105,26 @@ def phases_by_kind(busy: list[dict]) -> None:
         n = counts[key]
         text = "  ".join(f"{k} {v / n:.2f}" for k, v in sorted(sums[key].items(), key=lambda kv: -kv[1]))
         print(f"  {key:14s} {n:6d} steps: {text}")
+
+
+def stalls(busy: list[dict], factor: float = 5.0, top: int = 5) -> None:
+    """Decode steps that took ``factor`` times the median decode step of their batch-size bucket
+    or more (a kernel compiled mid-run, a collector pause...): how many, and the longest with
+    their host phases. A Triton compile inside a run showed as 0.6-1 s steps whose ``sample``
+    phase held the time (BENCHMARKS.md, 2026-11-27)."""
+    buckets: dict[int, list[float]] = defaultdict(list)
+    decodes = [s for s in busy if s["kind"] == "decode"]
+    for s in decodes:
+        buckets[(s["reqs"] - 1) // 64].append(s["dt"])
+    medians = {b: sorted(v)[len(v) // 2] for b, v in buckets.items()}
+    slow = [s for s in decodes if s["dt"] >= factor * medians[(s["reqs"] - 1) // 64]]
+    print(f"decode steps over {factor:g}x their bucket's median: {len(slow)}, "
+          f"{sum(s['dt'] for s in slow):.2f} s")  # fmt: skip
+    for s in sorted(slow, key=lambda s: -s["dt"])[:top]:
+        phases = "  ".join(f"{k} {v:.1f}" for k, v in sorted(s.get("ms", {}).items(), key=lambda kv: -kv[1]))
+        print(
+            f"  {s['dt'] * 1e3:8.1f} ms at {s['reqs']} requests (median {medians[(s['reqs'] - 1) // 64] * 1e3:.2f}): {phases}"
+        )
 
 
 def requests_view(steps: list[dict], reqs: list[dict]) -> None:

@@ -1,0 +1,30 @@
+"""``tools/step_trace.py`` on step traces kept in benchmarks/results: the run where Triton compiled
+the sampler mid-run (``ee253fa``) must show its stalls, with the ``sample`` phase holding the
+time; the run before that change (``b42732f``) none."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "2026-11-27"
+
+
+def load_tool():
+    spec = importlib.util.spec_from_file_location("step_trace", ROOT / "tools" / "step_trace.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_stalls_name_the_recompiling_run_and_not_the_clean_one(capsys):
+    tool = load_tool()
+    misaligned = tool.load(str(RESULTS / "peer-ee253fa-misaligned" / "steps-qwen3-0.6b-r1.jsonl.gz"))
+    tool.stalls([s for s in misaligned if "kind" in s])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("decode steps over 5x their bucket's median: 2, 1.38 s"), lines
+    assert all(line.split(": ", 1)[1].startswith("sample ") for line in lines[1:]), lines
+    clean = tool.load(str(RESULTS / "peer-b42732f" / "steps-qwen3-0.6b-r1.jsonl.gz"))
+    tool.stalls([s for s in clean if "kind" in s])
+    assert capsys.readouterr().out.startswith("decode steps over 5x their bucket's median: 0, 0.00 s")
