@@ -70,6 +70,10 @@ ours() {  # shape label variant-words...
   say "ours $shape $label ${envs[*]} ${flags[*]}"
   env "${envs[@]}" timeout 300 python3 -m minisgl_core bench offline --model "/tmp/m/$shape" --attn "${ATTN:-fi}" \
     "${flags[@]}" --label "$shape $label $*" --output "$results" 2>>"$out/ours.log" | tail -n 1 | cut -c1-400
+  # stalled decode steps (a kernel compiled mid-run showed there first): the count and the longest
+  if [ -f "$out/steps-$shape-$label.jsonl" ]; then
+    python3 "$here/step_trace.py" "$out/steps-$shape-$label.jsonl" | grep -A 3 "over 5x" | cut -c1-200
+  fi
   # a GPU run on torch attention is no figure to compare (it happened once under --attn auto, cause unknown)
   if tail -n 1 "$results" | grep -q '"attn": "torch'; then
     say "WARNING: that run of ours used torch attention ($(grep -m 2 'no GPU' "$out/ours.log" | cut -c1-300)); plugins: $(python3 -m minisgl_core plugins 2>&1 | tr '\n' ' ' | cut -c1-600)"
