@@ -30,8 +30,6 @@ DOCUMENTED: dict[str, str] = {
     "passing the barrier itself (--disable-fast-path symm_mem_norm_barrier)",
     "MINISGL_PDL": "1 launches the hand-written Triton kernels with programmatic dependent launch (Hopper+; "
     "experimental, off by default: -1% at batch 1 but 4-11% slower offline on Qwen3-0.6B, BENCHMARKS.md)",
-    "MINISGL_SILU_GEMM": "1 computes SiLU·mul inside the down_proj GEMM of up to 64 rows on one GPU instead of in "
-    "a kernel before it (experimental, off by default until measured on the GPU)",
     "MINISGL_VOCAB_PARALLEL_SAMPLING": "0 gathers every rank's logits before sampling under TP "
     "(--disable-fast-path vocab_parallel_sampling)",
     "MINISGL_STEP_TRACE": "FILE: the default of --step-trace (EngineConfig.step_trace), one JSON line per step",

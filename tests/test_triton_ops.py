@@ -57,16 +57,6 @@ def test_a_decoder_leaving_split_k_sums_to_its_norms_generates_the_same(tmp_path
     assert out.split() == ["same"], out
 
 
-def test_silu_inside_the_small_gemm_is_bitwise_silu_mul_then_the_gemm():
-    out = run_child("silu_gemm")
-    assert out.split() == ["ok"] * 6, out
-
-
-def test_a_decoder_with_silu_inside_its_down_proj_generates_the_same(tmp_path):
-    out = run_child("silu_gemm_model", str(tmp_path))
-    assert out.split() == ["same"], out
-
-
 def test_small_gemm_takes_narrow_and_vocabulary_sized_weights_only():
     """The shapes it serves (``small_gemm_config``): Qwen3-0.6B's o_proj and down_proj and every
     lm_head, up to 64 rows; never qkv or gate_up (cuBLAS is as fast), never Llama-3.1-8B's
@@ -192,20 +182,6 @@ def test_split_k_partials_norm_bf16_on_cuda_is_bitwise_the_two_kernels(rows, n, 
     normed, total = triton_ops.add_partials_rms_norm(partials, residual, weight, 1e-6)
     ref_normed, ref_total = triton_ops.rms_norm(triton_ops.small_gemm(x, w), weight, 1e-6, residual)
     assert torch.equal(total, ref_total) and torch.equal(normed, ref_normed)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("rows", [1, 7, 64])
-def test_silu_inside_the_small_gemm_bf16_on_cuda_is_bitwise_silu_mul_then_the_gemm(rows):
-    """In bf16 on the GPU, Qwen3-0.6B's down_proj (1024 x 3072): SiLU·mul computed as the GEMM
-    loads its input gives bitwise what the SiLU·mul kernel then the GEMM give."""
-    from minisgl_core.layers import triton_ops
-
-    gen = torch.Generator("cuda").manual_seed(rows)
-    gate_up = (torch.randn(rows, 6144, device="cuda", generator=gen) * 2).bfloat16()
-    w = (torch.randn(1024, 3072, device="cuda", generator=gen) * 0.05).bfloat16()
-    fused = triton_ops.small_gemm(gate_up, w, silu=True)
-    assert torch.equal(fused, triton_ops.small_gemm(triton_ops.silu_and_mul(gate_up), w))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -391,55 +367,6 @@ def check_split_k() -> None:
     assert isinstance(plain, torch.Tensor) and torch.equal(plain, summed)
     assert isinstance(deferred, triton_ops.SplitKPartials) and torch.equal(deferred.total(), summed)
     print("ok")
-
-
-def check_silu_gemm() -> None:
-    """In float16: ``small_gemm(gate_up, w, silu=True)`` (SiLU·mul computed as the GEMM loads its
-    input) against ``silu_and_mul`` then ``small_gemm``, bitwise, split K or not, partials
-    included; a wrongly sized input raises; the switch is off unless MINISGL_SILU_GEMM=1."""
-    from minisgl_core.layers import triton_ops
-
-    gen = torch.Generator().manual_seed(2)
-    for rows, n, k in ((1, 256, 1024), (5, 96, 1100), (37, 200, 1536), (64, 1024, 3072)):
-        gate_up = (torch.randn(rows, 2 * k, generator=gen) * 2).half()
-        w = (torch.randn(n, k, generator=gen) * 0.05).half()
-        fused = triton_ops.small_gemm(gate_up, w, silu=True)
-        plain = triton_ops.small_gemm(triton_ops.silu_and_mul(gate_up), w)
-        assert torch.equal(fused, plain), (rows, n, k, (fused.float() - plain.float()).abs().max())
-        partials = triton_ops.small_gemm_partials(gate_up, w, silu=True)
-        if isinstance(partials, triton_ops.SplitKPartials):
-            assert torch.equal(partials.total(), plain)
-        else:
-            assert torch.equal(partials, plain)
-        print("ok")
-    try:
-        triton_ops.small_gemm(torch.zeros(3, 1024).half(), torch.zeros(256, 1024).half(), silu=True)
-    except ValueError as exc:
-        assert "silu=True" in str(exc)
-        print("ok")
-    os.environ.pop("MINISGL_SILU_GEMM", None)
-    off = triton_ops.silu_gemm_enabled(torch.zeros(3, 2048).half(), torch.zeros(256, 1024).half())
-    os.environ["MINISGL_SILU_GEMM"] = "1"
-    on = triton_ops.silu_gemm_enabled(torch.zeros(3, 2048).half(), torch.zeros(256, 1024).half())
-    assert not off and on, (off, on)
-    print("ok")
-
-
-def check_silu_gemm_model(tmp: str) -> None:
-    """A float16 Qwen3 whose down_proj takes the split-K small GEMM generates the same tokens and
-    logprobs, bitwise, with SiLU·mul computed inside that GEMM and without."""
-    from minisgl_core.layers import triton_ops
-
-    calls = []
-    launch = triton_ops._small_gemm_launch
-
-    def counting(x, weight, silu=False):
-        if silu:
-            calls.append(1)
-        return launch(x, weight, silu)
-
-    triton_ops._small_gemm_launch = counting
-    _split_k_qwen3_generates_the_same(tmp, "MINISGL_SILU_GEMM", calls)
 
 
 def _split_k_qwen3_generates_the_same(tmp: str, switch: str, calls: list) -> None:
@@ -650,9 +577,5 @@ if __name__ == "__main__":
         check_split_k()
     elif sys.argv[1] == "split_k_model":
         check_split_k_model(sys.argv[2])
-    elif sys.argv[1] == "silu_gemm":
-        check_silu_gemm()
-    elif sys.argv[1] == "silu_gemm_model":
-        check_silu_gemm_model(sys.argv[2])
     else:
         check_model(sys.argv[2])

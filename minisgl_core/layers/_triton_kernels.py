@@ -179,13 +179,10 @@ def small_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT: tl.constexpr,
-    SILU: tl.constexpr = False,
 ):
     """``out = x @ w.T`` for a few rows: program (j, i, s) computes the ``[BLOCK_M, BLOCK_N]`` tile
     (i, j) over the s-th of ``SPLIT`` slices of K in float32; one slice is rounded to x's dtype and
-    stored, several go to float32 partial sums that :func:`split_sum_kernel` adds in slice order.
-    ``SILU``: ``x`` is ``[gate | up]`` (``[m, 2k]``) and the GEMM's input is ``silu(gate) * up``,
-    computed as :func:`silu_mul_kernel` does (float32, rounded once to x's dtype) as it is loaded."""
+    stored, several go to float32 partial sums that :func:`split_sum_kernel` adds in slice order."""
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -193,14 +190,11 @@ def small_gemm_kernel(
     k_start = pid_k * K_PER_SPLIT
     for k0 in range(0, K_PER_SPLIT, BLOCK_K):
         rk = k_start + k0 + tl.arange(0, BLOCK_K)
-        src = x + rm[:, None].to(tl.int64) * x_stride + rk[None, :]
-        a_mask = (rm[:, None] < m) & (rk[None, :] < k)
-        if SILU:
-            gate = tl.load(src, mask=a_mask, other=0.0).to(tl.float32)
-            up = tl.load(src + k, mask=a_mask, other=0.0).to(tl.float32)
-            a = (gate * tl.sigmoid(gate) * up).to(x.dtype.element_ty)
-        else:
-            a = tl.load(src, mask=a_mask, other=0.0)
+        a = tl.load(
+            x + rm[:, None].to(tl.int64) * x_stride + rk[None, :],
+            mask=(rm[:, None] < m) & (rk[None, :] < k),
+            other=0.0,
+        )
         b = tl.load(
             w + rn[None, :].to(tl.int64) * k + rk[:, None],
             mask=(rn[None, :] < n) & (rk[:, None] < k),

@@ -16,7 +16,7 @@ from minisgl_core.api.model import KVSpec, Model, ModelConfig
 from minisgl_core.api.parallel import ParallelContext
 from minisgl_core.layers.attention import AttentionLayer
 from minisgl_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from minisgl_core.layers.fused import qkv_norm_rope
+from minisgl_core.layers.fused import qkv_norm_rope, silu_and_mul
 from minisgl_core.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from minisgl_core.layers.norm import RMSNorm
 from minisgl_core.layers.rotary import get_rope
@@ -119,7 +119,7 @@ class DecoderMLP(nn.Module):
     def forward(self, x: torch.Tensor, reduce: bool = True) -> torch.Tensor:
         """``reduce=False``: down_proj's partial sum (no bias only; see ``RowParallelLinear``), for
         the norm after it (on one GPU possibly split-K partials, ``split_k``)."""
-        return self.down_proj(self.gate_up_proj(x), reduce, split_k=not reduce, silu_input=True)
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)), reduce, split_k=not reduce)
 
 
 class DecoderLayer(nn.Module):

@@ -10,7 +10,6 @@ from torch import nn
 
 from minisgl_core.api.parallel import ParallelContext, _fast_all_reduce
 from minisgl_core.layers import triton_ops
-from minisgl_core.layers.fused import silu_and_mul
 from minisgl_core.layers.weights import WeightLoader, copy_rows, copy_shard, load_full, new_param
 
 
@@ -158,28 +157,12 @@ class RowParallelLinear(_Linear):
             )
         copy_shard(param, loaded.narrow(1, self.parallel.tp_rank * self.in_local, self.in_local))
 
-    def forward(
-        self, x: torch.Tensor, reduce: bool = True, *, split_k: bool = False, silu_input: bool = False
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, reduce: bool = True, *, split_k: bool = False) -> torch.Tensor:
         """The output, summed across ranks; with ``reduce=False`` (no bias only) this rank's partial
         sum, for a caller that all-reduces it itself (``RMSNorm(..., partial_of=)``). ``split_k``
         (with ``reduce=False``, for a caller whose next step is that norm): on one GPU the result
         may be a split-K GEMM's partials not yet added (``triton_ops.SplitKPartials``), which only
-        that norm takes. ``silu_input``: ``x`` is ``[gate | up]`` and the layer's input is
-        ``silu(gate) * up`` (an MLP's down_proj), which the small GEMM may compute as it loads it."""
-        if silu_input:
-            if (
-                not reduce
-                and split_k
-                and self.bias is None
-                and self.parallel.tp_size == 1
-                and self.quant_method is None
-                and triton_ops.silu_gemm_enabled(x, self.weight)
-                and triton_ops.split_k_norm_enabled(x.device)
-            ):
-                # SiLU·mul inside the split-K GEMM's loads: one kernel fewer again
-                return triton_ops.small_gemm_partials(x, self.weight, silu=True)  # type: ignore[return-value]
-            x = silu_and_mul(x)
+        that norm takes."""
         if not reduce:
             if self.bias is not None:
                 raise ValueError("RowParallelLinear(reduce=False) has no bias to add after the sum")

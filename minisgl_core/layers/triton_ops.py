@@ -269,33 +269,10 @@ class SplitKPartials:
         return acc.to(self.dtype)
 
 
-def silu_gemm_enabled(gate_up: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether :func:`small_gemm` may take ``gate_up = [gate | up]`` and compute ``silu(gate) * up``
-    as it loads it (``silu=True``), one kernel fewer than SiLU·mul then the GEMM: the down_proj of
-    up to 64 rows on small models. Experimental, off until measured on the GPU
-    (``MINISGL_SILU_GEMM=1``); needs the SiLU·mul and small-GEMM fast paths on, and the shapes and
-    layouts :func:`small_gemm_enabled` needs, with ``gate_up`` twice the weight's K wide."""
-    if environment.get("MINISGL_SILU_GEMM", "0") != "1" or gate_up.dim() != 2 or weight.dim() != 2:
-        return False
-    k = weight.shape[1]
-    return (
-        gate_up.shape[1] == 2 * k
-        and gate_up.dtype in (torch.bfloat16, torch.float16)
-        and weight.dtype == gate_up.dtype
-        and gate_up.stride(1) == 1
-        and weight.is_contiguous()
-        and small_gemm_config(gate_up.shape[0], weight.shape[0], k) is not None
-        and silu_mul_enabled(gate_up.device)
-        and triton_enabled(gate_up.device, "MINISGL_TRITON_SMALL_GEMM")
-    )
-
-
-def _small_gemm_launch(x: torch.Tensor, weight: torch.Tensor, silu: bool = False) -> tuple[torch.Tensor, int]:
+def _small_gemm_launch(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, int]:
     """Runs :func:`small_gemm`'s GEMM kernel: ``(output, 1)``, or ``(float32 partials [split, rows,
-    n], split)`` where its tile splits K. ``silu``: ``x`` is ``[gate | up]``, the input ``silu(gate) * up``."""
-    rows, k = x.shape[0], weight.shape[1]
-    if x.shape[1] != (2 * k if silu else k):
-        raise ValueError(f"small_gemm: input of shape {tuple(x.shape)} for a weight of K {k} (silu={silu})")
+    n], split)`` where its tile splits K."""
+    rows, k = x.shape
     n = weight.shape[0]
     config = small_gemm_config(rows, n, k)
     if config is None:
@@ -309,18 +286,16 @@ def _small_gemm_launch(x: torch.Tensor, weight: torch.Tensor, silu: bool = False
     grid = (-(-n // block_n), -(-rows // block_m), split)
     _kernels().small_gemm_kernel[grid](
         x, x.stride(0), weight, target, rows, n, k,
-        K_PER_SPLIT=k_per_split, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split, SILU=silu,
-        num_warps=4, num_stages=4,
+        K_PER_SPLIT=k_per_split, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split, num_warps=4, num_stages=4,
     )  # fmt: skip
     return target, split
 
 
-def small_gemm(x: torch.Tensor, weight: torch.Tensor, silu: bool = False) -> torch.Tensor:
+def small_gemm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``x @ weight.T`` for a few rows (:func:`small_gemm_config`'s shapes): tiles of 16-64 rows,
     float32 accumulation rounded once; with split K the slices' float32 partial sums are added in
-    order by a second kernel (deterministic, no atomics). ``silu``: ``x`` is ``[gate | up]`` and the
-    product is ``silu_and_mul(x) @ weight.T``, bitwise (:func:`silu_gemm_enabled`)."""
-    target, split = _small_gemm_launch(x, weight, silu)
+    order by a second kernel (deterministic, no atomics)."""
+    target, split = _small_gemm_launch(x, weight)
     if split == 1:
         return target
     _, rows, n = target.shape
@@ -332,12 +307,10 @@ def small_gemm(x: torch.Tensor, weight: torch.Tensor, silu: bool = False) -> tor
     return out
 
 
-def small_gemm_partials(
-    x: torch.Tensor, weight: torch.Tensor, silu: bool = False
-) -> torch.Tensor | SplitKPartials:
+def small_gemm_partials(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | SplitKPartials:
     """:func:`small_gemm` without its last kernel: the partial sums where its tile splits K (for
     :func:`add_partials_rms_norm`), else its output."""
-    target, split = _small_gemm_launch(x, weight, silu)
+    target, split = _small_gemm_launch(x, weight)
     return target if split == 1 else SplitKPartials(target, x.dtype)
 
 

@@ -27,7 +27,6 @@ any grouping of the batch.
 from __future__ import annotations
 
 import math
-import os
 from typing import Any, ClassVar, NamedTuple
 
 import torch
@@ -132,11 +131,6 @@ class TritonDecodeBackend(AttentionBackend):
     #: off: P rounded once, normalised by the rounded sum. Both pass tools/device_e2e.py; the
     #: second product cost 10% of the kernel's time at batch 256 (BENCHMARKS.md)
     exact_pv: ClassVar[bool] = False
-    #: where a batch splits its KV (and has no cascade), the last program of each (sequence, KV
-    #: head) to finish merges the splits itself (an atomic count per pair) instead of a merge
-    #: kernel after the decode kernel: one launch a layer fewer at small batches. Experimental,
-    #: off until measured on the GPU: ``MINISGL_TRITON_MERGE_IN_DECODE=1`` turns it on
-    merge_in_decode: ClassVar[bool] = os.environ.get("MINISGL_TRITON_MERGE_IN_DECODE", "0") == "1"
 
     @classmethod
     def availability(cls, device: torch.device) -> str | None:
@@ -190,11 +184,6 @@ class TritonDecodeBackend(AttentionBackend):
             most * config.num_qo_heads * head_dim, dtype=torch.float32, device=config.device
         )
         self.partial_lse = torch.empty(most * config.num_qo_heads, dtype=torch.float32, device=config.device)
-        #: per (sequence, KV head): how many of its splits have finished (merge_in_decode); each
-        #: launch leaves it at zero
-        self.split_counts = torch.zeros(
-            config.max_requests * config.num_kv_heads, dtype=torch.int32, device=config.device
-        )
         self.launch = self.launches[config.kv_cache.buffer.element_size()]
         self._graph_req_slots: torch.Tensor | None = None
         self._graph_seq_lens: torch.Tensor | None = None
@@ -263,7 +252,6 @@ class TritonDecodeBackend(AttentionBackend):
         dot_fp32 = self.interpreted and q.dtype == torch.bfloat16
         exact_pv = self.exact_pv and not widen_fp8 and not dot_fp32
         scale_log2 = config.scale * math.log2(math.e)
-        merge_last = self.merge_in_decode and entries > 1 and not cascade
         if cascade:
             assert metadata.tasks is not None
             kernels.prefix_kernel[(config.num_kv_heads, bs, prefix_splits)](
@@ -313,7 +301,6 @@ class TritonDecodeBackend(AttentionBackend):
             page_table.stride(0),
             out.stride(0),
             out.stride(1),
-            self.split_counts,
             NUM_HEADS=config.num_qo_heads,
             GROUP=self.group,
             BLOCK_H=self.block_h,
@@ -325,11 +312,10 @@ class TritonDecodeBackend(AttentionBackend):
             WIDEN_FP8=widen_fp8,
             DOT_FP32=dot_fp32,
             EXACT_PV=exact_pv,
-            MERGE_LAST=merge_last,
             num_warps=launch.num_warps,
             num_stages=launch.num_stages,
         )
-        if entries > 1 and not merge_last:
+        if entries > 1:
             kernels.merge_kernel[(bs, config.num_qo_heads)](
                 self.partial,
                 self.partial_lse,

@@ -85,7 +85,6 @@ def decode_kernel(
     page_table_stride,
     out_stride_token,
     out_stride_head,
-    counter_ptr,
     NUM_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -97,7 +96,6 @@ def decode_kernel(
     WIDEN_FP8: tl.constexpr,
     DOT_FP32: tl.constexpr,
     EXACT_PV: tl.constexpr,
-    MERGE_LAST: tl.constexpr = False,
 ):
     # heads vary fastest in the launch order, and sequences come longest first (``order``), so
     # the longest programs start first and the short ones fill in behind them
@@ -143,43 +141,6 @@ def decode_kernel(
     else:
         entry = (seq.to(tl.int64) * NUM_HEADS + head) * ENTRIES + split
         _write_partial(part_ptr, lse_ptr, entry, o, m, l_sum, nonempty, head_ok, dims, HEAD_DIM)
-        if MERGE_LAST:  # no cascade: the last of the (sequence, KV head)'s splits merges them
-            tl.debug_barrier()  # every thread's partial stored before the count goes up
-            count = counter_ptr + seq.to(tl.int64) * (NUM_HEADS // GROUP) + kv_head
-            if tl.atomic_add(count, 1, sem="acq_rel") == NUM_SPLITS - 1:
-                tl.store(count, 0)  # zero again for the next launch (a graph's replays included)
-                _merge_splits(part_ptr, lse_ptr, out_ptr, seq, head, head_ok, dims, out_stride_token,
-                              out_stride_head, BLOCK_H, HEAD_DIM, NUM_HEADS, NUM_SPLITS, ENTRIES)  # fmt: skip
-
-
-@triton.jit
-def _merge_splits(
-    part_ptr, lse_ptr, out_ptr, seq, head, head_ok, dims, out_stride_token, out_stride_head,
-    BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    ENTRIES: tl.constexpr,
-):  # fmt: skip
-    """:func:`merge_kernel`'s arithmetic for the ``BLOCK_H`` query heads of one program, the
-    splits taken in order (the loads bypass L1: the partials were written by other programs)."""
-    base = (seq.to(tl.int64) * NUM_HEADS + head) * ENTRIES
-    top = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    for s in tl.static_range(NUM_SPLITS):
-        top = tl.maximum(
-            top, tl.load(lse_ptr + base + s, mask=head_ok, other=float("-inf"), cache_modifier=".cg")
-        )
-    top = tl.where(top == float("-inf"), 0.0, top)  # no KV at all: zeros rather than NaN
-    total = tl.zeros([BLOCK_H], tl.float32)
-    merged = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
-    for s in tl.static_range(NUM_SPLITS):
-        weight = tl.exp2(
-            tl.load(lse_ptr + base + s, mask=head_ok, other=float("-inf"), cache_modifier=".cg") - top
-        )
-        part = tl.load(part_ptr + (base + s)[:, None] * HEAD_DIM + dims[None, :], mask=head_ok[:, None],
-                       other=0.0, cache_modifier=".cg")  # fmt: skip
-        merged += part * weight[:, None]
-        total += weight
-    o = merged / tl.where(total > 0, total, 1.0)[:, None]
-    out_offsets = seq.to(tl.int64) * out_stride_token + head[:, None] * out_stride_head + dims[None, :]
-    tl.store(out_ptr + out_offsets, o.to(out_ptr.dtype.element_ty), mask=head_ok[:, None])
 
 
 @triton.jit

@@ -35,31 +35,17 @@ def compile_ptx(kernel, signature: dict, constants: dict, arch: int = 90, num_wa
 
 
 def compile_decode(
-    arch: int,
-    kv: str,
-    widen: bool,
-    splits: int,
-    cascade: bool = False,
-    exact: bool = False,
-    merge: bool = False,
+    arch: int, kv: str, widen: bool, splits: int, cascade: bool = False, exact: bool = False
 ) -> str:
     from minisgl_plugin_triton.kernels import decode_kernel
 
     signature = {**ATTEND, "k_ptr": f"*{kv}", "v_ptr": f"*{kv}", "seq_lens_ptr": "*i32", "order_ptr": "*i32",
                  "skip_ptr": "*i32", "out_ptr": "*bf16", "part_ptr": "*fp32", "lse_ptr": "*fp32", **STRIDES,
-                 "out_stride_token": "i32", "out_stride_head": "i32", "counter_ptr": "*i32"}  # fmt: skip
+                 "out_stride_token": "i32", "out_stride_head": "i32"}  # fmt: skip
     constants = {"NUM_HEADS": 16, "GROUP": 2, "BLOCK_H": 16, "HEAD_DIM": 128, "BLOCK_N": 64,
                  "NUM_SPLITS": splits, "ENTRIES": splits + (2 if cascade else 0), "CASCADE": cascade,
-                 "WIDEN_FP8": widen, "DOT_FP32": False, "EXACT_PV": exact, "MERGE_LAST": merge}  # fmt: skip
+                 "WIDEN_FP8": widen, "DOT_FP32": False, "EXACT_PV": exact}  # fmt: skip
     return compile_ptx(decode_kernel, signature, constants, arch)
-
-
-@pytest.mark.parametrize("arch", [90, 80])
-def test_merging_in_the_decode_kernel_counts_with_an_acquire_release_atomic(arch):
-    ptx = compile_decode(arch, "bf16", widen=False, splits=8, merge=True)
-    assert "atom" in ptx and "acq_rel" in ptx and "ld.global.cg" in ptx, [
-        line for line in ptx.splitlines() if "atom" in line
-    ]
 
 
 def test_fp8_pool_is_widened_to_fp16_and_multiplied_on_tensor_cores():

@@ -35,13 +35,6 @@ class AlwaysSplitting(TritonDecodeBackend):
     prefix_rows = 16
 
 
-class MergingInDecode(AlwaysSplitting):
-    """Splits as AlwaysSplitting, and the last split of each (sequence, KV head) to finish merges
-    (``MINISGL_TRITON_MERGE_IN_DECODE=1``; cascade steps keep the merge kernel)."""
-
-    merge_in_decode = True
-
-
 class TestTritonDecode(AttentionBackendSuite):
     backend_cls = TritonDecodeBackend
     device = DEVICE
@@ -54,13 +47,6 @@ class TestTritonDecodeSplitting(TestTritonDecode):
     backend_cls = AlwaysSplitting
     gqa_ratios = (1, 8)
     head_dims = (128,)
-
-
-class TestTritonDecodeMergingInDecode(TestTritonDecodeSplitting):
-    """In float16, whose tolerance (4e-3) a merge off by 1% fails; bf16's (2e-2) would not."""
-
-    backend_cls = MergingInDecode
-    dtype = torch.float16
 
 
 def test_the_split_rule():
