@@ -1,6 +1,7 @@
 """``tools/step_trace.py`` on step traces kept in benchmarks/results: the run where Triton compiled
 the sampler mid-run (``ee253fa``) must show its stalls, with the ``sample`` phase holding the
-time; the run before that change (``b42732f``) none."""
+time; the run before that change (``b42732f``) none; nor a Llama-3.1-8B run (``d13769b``) whose first
+decode step waited 49 ms in ``sync`` for the prefill before it."""
 
 from __future__ import annotations
 
@@ -27,4 +28,17 @@ def test_stalls_name_the_recompiling_run_and_not_the_clean_one(capsys):
     assert all(line.split(": ", 1)[1].startswith("sample ") for line in lines[1:]), lines
     clean = tool.load(str(RESULTS / "peer-b42732f" / "steps-qwen3-0.6b-r1.jsonl.gz"))
     tool.stalls([s for s in clean if "kind" in s])
+    assert capsys.readouterr().out.startswith("decode steps over 5x their bucket's median: 0, 0.00 s")
+
+
+def test_a_decode_step_waiting_for_the_prefill_before_it_is_no_stall(capsys):
+    tool = load_tool()
+    steps = [
+        s
+        for s in tool.load(str(RESULTS / "peer-d13769b-llama" / "steps-llama-3.1-8b-r1.jsonl.gz"))
+        if "kind" in s
+    ]
+    first = next(i for i, s in enumerate(steps) if s["kind"] == "decode")
+    assert steps[first - 1]["kind"] == "prefill" and steps[first]["ms"]["sync"] > 40, steps[first]
+    tool.stalls(steps)
     assert capsys.readouterr().out.startswith("decode steps over 5x their bucket's median: 0, 0.00 s")

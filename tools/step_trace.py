@@ -111,9 +111,11 @@ def stalls(busy: list[dict], factor: float = 5.0, top: int = 5) -> None:
     """Decode steps that took ``factor`` times the median decode step of their batch-size bucket
     or more (a kernel compiled mid-run, a collector pause...): how many, and the longest with
     their host phases. A Triton compile inside a run showed as 0.6-1 s steps whose ``sample``
-    phase held the time (BENCHMARKS.md, 2026-11-27)."""
+    phase held the time (BENCHMARKS.md, 2026-11-27). A decode step right after a prefill or mixed
+    step is left out: with overlap its ``sync`` waits for that step's GPU work (a Llama-3.1-8B run's
+    first decode step, 52 ms, was its 2,680-token prefill)."""
     buckets: dict[int, list[float]] = defaultdict(list)
-    decodes = [s for s in busy if s["kind"] == "decode"]
+    decodes = [s for prev, s in zip(busy, busy[1:]) if s["kind"] == "decode" and prev["kind"] == "decode"]
     for s in decodes:
         buckets[(s["reqs"] - 1) // 64].append(s["dt"])
     medians = {b: sorted(v)[len(v) // 2] for b, v in buckets.items()}
