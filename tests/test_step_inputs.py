@@ -81,3 +81,31 @@ def test_no_triton_kernel_compiles_after_start_up(tmp_path):
     finally:
         knobs.runtime.jit_cache_hook = previous
     assert compiled == [], sorted(set(compiled))
+
+
+@cuda
+def test_a_triton_decode_graph_replay_builds_no_layout(tmp_path, monkeypatch):
+    """The Triton decode backend reads each sequence's slots from the page table itself, so a decode
+    step that replays a CUDA graph builds no paged layout for it (a packed copy, two allocations and
+    a kernel launch of host time a step, before ``FastLayoutBatch``); the prefill steps still do."""
+    import minisgl_core.runner.cuda_graph as cuda_graph
+    import minisgl_core.runner.layout as layout
+    from minisgl_core.llm import LLM
+
+    model_dir = make_model_dir(tmp_path / "q", "Qwen3ForCausalLM", max_position_embeddings=1024)
+    llm = LLM(
+        model_dir, device="cuda", dtype="bfloat16", attn="torch,triton", page_size=16, num_kv_tokens=65536
+    )
+    built, replays = [], []
+    real_build, real_prepare = layout.build_layout, cuda_graph.GraphRunner.prepare
+    monkeypatch.setattr(
+        layout, "build_layout", lambda batch: built.append(batch.is_prefill) or real_build(batch)
+    )
+    monkeypatch.setattr(
+        cuda_graph.GraphRunner, "prepare", lambda self, batch: replays.append(1) or real_prepare(self, batch)
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    outputs = llm.generate([[3 + i, 9, 27, 81 % (i + 2)] for i in range(5)], params, use_tqdm=False)
+    assert all(len(o.token_ids) == 8 for o in outputs)
+    assert len(replays) >= 7, replays  # the decode steps replayed graphs
+    assert False not in built, built  # no decode step built a layout

@@ -534,9 +534,13 @@ def check_collective() -> None:
 
 def check_layout() -> None:
     """``runner.layout.build_layout`` (host offsets, the page ids by the Triton kernel) equals the
-    API's ``paged_layout`` on batches of scattered pages: prefill, decode, one sequence."""
+    API's ``paged_layout`` on batches of scattered pages: prefill, decode, one sequence; a
+    ``FastLayoutBatch`` builds it once, when first read, and not before."""
+    import dataclasses
+
     from minisgl_core.api import KVSpec
-    from minisgl_core.runner.layout import build_layout, paged_layout, set_layout
+    from minisgl_core.runner import layout as layout_module
+    from minisgl_core.runner.layout import FastLayoutBatch, build_layout, paged_layout, set_layout
     from minisgl_core.testing.harness import PagedSequences, make_attention
     from minisgl_core.testing.policy_suite import resolve
 
@@ -557,6 +561,18 @@ def check_layout() -> None:
             batch.__dict__.pop("layout", None)
             set_layout(batch)  # the interpreter counts as "Triton runs": the fast layout is set
             assert torch.equal(batch.__dict__["layout"].kv_indices, expected.kv_indices)
+            # a decode graph's replay batch builds it on first read only, the fast way
+            lazy = FastLayoutBatch(**{f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)})
+            built = []
+            layout_module.build_layout = lambda b, built=built: built.append(b) or build_layout(b)
+            try:
+                assert "layout" not in lazy.__dict__ and not built
+                first, again = lazy.layout, lazy.layout
+            finally:
+                layout_module.build_layout = build_layout
+            assert built == [lazy] and first is again
+            for name, a, b in zip(expected._fields, first, expected, strict=True):
+                assert torch.equal(a, b), (name, page_size, a, b)
             print("ok")
 
 

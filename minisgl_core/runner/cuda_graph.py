@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 
 from minisgl_core.api import AttentionBackend, ForwardBatch, Model, SharedPrefix
-from minisgl_core.runner.layout import set_layout
+from minisgl_core.runner.layout import FastLayoutBatch, fast_layout_enabled, set_layout
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +67,7 @@ class GraphRunner:
         self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
         self.extend_lens = torch.ones(n, dtype=torch.int32, device=device)
         self.logits_indices = torch.arange(n, device=device)
+        self._fast_layout = fast_layout_enabled(device)
         #: by (batch size, cascade)
         self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[int, bool], torch.Tensor] = {}
@@ -75,7 +76,10 @@ class GraphRunner:
     def _batch(
         self, bs: int, seq_lens_cpu: list[int], shared: list[SharedPrefix] | None = None
     ) -> ForwardBatch:
-        return ForwardBatch(
+        # the replay batch's layout is built on first read (FastLayoutBatch): only by a backend
+        # that plans from it
+        batch_type = FastLayoutBatch if self._fast_layout else ForwardBatch
+        return batch_type(
             is_prefill=False,
             input_ids=self.input_ids[:bs],
             positions=self.positions[:bs],
@@ -151,7 +155,6 @@ class GraphRunner:
             self.seq_lens[bs:padded].fill_(1)
         shared = batch.shared_prefixes
         replay_batch = self._batch(padded, batch.seq_lens_cpu + [1] * (padded - bs), shared)
-        set_layout(replay_batch)
         self.attn.prepare_replay(replay_batch)
         key = (padded, shared is not None)
 

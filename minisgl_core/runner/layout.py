@@ -10,6 +10,8 @@ before the backend plans (a cached property: the backend then reads this one).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from minisgl_core.api.batch import ForwardBatch, PagedLayout, paged_layout
@@ -30,6 +32,18 @@ def set_layout(batch: ForwardBatch) -> None:
         return
     if fast_layout_enabled(batch.seq_lens.device):
         batch.layout = build_layout(batch)  # type: ignore[misc]  # fills the cached property
+
+
+class FastLayoutBatch(ForwardBatch):
+    """A batch whose ``layout`` is built the fast way (:func:`build_layout`) when something first
+    reads it, and not at all otherwise: a decode graph's replay batch, whose backend may plan from
+    the layout (FlashInfer) or read the page table itself (the Triton decode plugin reads none, so
+    building it eagerly cost every decode step a packed copy, two allocations and a kernel launch
+    of host time)."""
+
+    @functools.cached_property
+    def layout(self) -> PagedLayout:
+        return build_layout(self)
 
 
 def build_layout(batch: ForwardBatch) -> PagedLayout:
@@ -60,4 +74,4 @@ def build_layout(batch: ForwardBatch) -> PagedLayout:
     return PagedLayout(qo_indptr, kv_indptr, kv_indices, last)
 
 
-__all__ = ["build_layout", "paged_layout", "set_layout"]
+__all__ = ["FastLayoutBatch", "build_layout", "paged_layout", "set_layout"]
