@@ -55,6 +55,16 @@ def add_bench_command(sub) -> None:
     p.add_argument("--prefix-len", type=_positive_int, default=2048)
     p.add_argument("--question-len", type=_non_negative_int, default=128)
     p.add_argument("--output-len", type=_positive_int, default=256)
+    p.add_argument(
+        "--server", choices=["minisgl", "mini-sglang"], default="minisgl",
+        help="the server's kind: minisgl, or mini-sglang's server (the peer: text prompts only, at its "
+        "/v1/chat/completions; no usage or metrics)",
+    )  # fmt: skip
+    p.add_argument(
+        "--tokenizer", metavar="DIR",
+        help="send the prompts as text decoded by this tokenizer (the served model's folder); "
+        "needed with --server mini-sglang",
+    )  # fmt: skip
     p.add_argument("--label", default="")
     p.add_argument("--output")
     p.add_argument(
@@ -289,7 +299,20 @@ def _cpu_name() -> str:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from minisgl_core.bench.serve import BenchError, check_context, fit_vocab, run_load, served_model
+    from minisgl_core.bench.serve import (
+        BenchError,
+        check_context,
+        fit_vocab,
+        prompt_texts,
+        run_load,
+        served_model,
+    )
+
+    if args.server == "mini-sglang" and not args.tokenizer:
+        raise SystemExit(
+            "minisgl bench serve: mini-sglang's server takes text prompts only: add --tokenizer DIR "
+            "(the served model's folder)"
+        )
 
     if args.workload == "standard":
         requests = workloads.standard_offline(args.num_requests, seed=0)
@@ -305,6 +328,10 @@ def _serve(args: argparse.Namespace) -> int:
         raise SystemExit(f"minisgl bench serve: {exc}") from None
     model = args.model or served.name
     requests = fit_vocab(requests, served.vocab_size)
+    try:
+        texts = prompt_texts(requests, args.tokenizer) if args.tokenizer else None
+    except BenchError as exc:
+        raise SystemExit(f"minisgl bench serve: {exc}") from None
     sweep: list[tuple[int | None, float | None]] = []
     if args.concurrency:
         sweep += [(int(c), None) for c in args.concurrency.split(",")]
@@ -320,6 +347,8 @@ def _serve(args: argparse.Namespace) -> int:
                 request_rate=rate,
                 api_key=args.api_key,
                 trace=args.trace,
+                server=args.server,
+                texts=texts,
             )  # fmt: skip
         )
         extra = {}

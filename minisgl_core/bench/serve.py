@@ -69,6 +69,21 @@ def check_context(requests: list[BenchRequest], served: ServedModel) -> None:
         )
 
 
+def prompt_texts(requests: list[BenchRequest], tokenizer_dir: str) -> list[str]:
+    """Each request's prompt as text: its ids folded into the tokenizer's vocabulary (as
+    :func:`fit_vocab` does) and decoded, for a server that takes text only; the server's own
+    tokenizer may split the text a little differently, so the lengths the server sees are close to,
+    not exactly, the workload's. Shared prefixes stay shared (decoding is per token)."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    except (OSError, ValueError) as exc:
+        raise BenchError(f"cannot load a tokenizer from {tokenizer_dir!r}: {exc}") from None
+    fitted = fit_vocab(requests, len(tokenizer))
+    return [tokenizer.decode(r.prompt_ids) for r in fitted]
+
+
 def fit_vocab(requests: list[BenchRequest], vocab_size: int | None) -> list[BenchRequest]:
     """The workload with every prompt token id folded into [0, vocab_size): same lengths, and equal
     ids stay equal, so shared prefixes stay shared."""
@@ -81,35 +96,72 @@ class BenchError(RuntimeError):
     """The benchmark cannot run; the message says why and what to do."""
 
 
-async def _one(client, url: str, model: str, req: BenchRequest, headers: dict[str, str]) -> dict[str, Any]:
-    body = {
-        "model": model, "prompt": req.prompt_ids, "max_tokens": req.max_tokens, "temperature": 0.6,
-        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
-    }  # fmt: skip
+#: the servers ``bench serve`` speaks to: ours (OpenAI completions, token ids or text, the usage
+#: in the stream, /metrics) and mini-sglang's (the peer in shared/peer): its server takes a text
+#: ``prompt`` at /v1/chat/completions only, always streams, one chunk per token it generates, and
+#: reports neither usage nor metrics (at its commit 20fcd7f)
+SERVERS = ("minisgl", "mini-sglang")
+
+
+def request_body(server: str, model: str, req: BenchRequest, text: str | None) -> tuple[str, dict[str, Any]]:
+    """The path and JSON body of one benchmark request to ``server`` (``text``: the prompt as text,
+    else its token ids)."""
+    prompt: str | list[int] = req.prompt_ids if text is None else text
+    body = {"model": model, "prompt": prompt, "max_tokens": req.max_tokens, "temperature": 0.6,
+            "ignore_eos": True, "stream": True}  # fmt: skip
+    if server == "mini-sglang":
+        if text is None:
+            raise BenchError("mini-sglang's server takes text prompts only: give --tokenizer")
+        return "/v1/chat/completions", body
+    return "/v1/completions", {**body, "stream_options": {"include_usage": True}}
+
+
+def chunk_tokens(server: str, chunk: dict[str, Any]) -> tuple[bool, int | None]:
+    """What one streamed chunk says: whether it carries output (a time stamp), and the output
+    token count when it states one. mini-sglang states none: each of its chunks but the last
+    (``finish_reason`` set, an empty delta) is one token."""
+    choices = chunk.get("choices") or []
+    if server == "mini-sglang":
+        carries = bool(choices) and choices[0].get("finish_reason") is None
+        return carries, None
+    usage = chunk.get("usage")
+    return bool(choices), (usage["completion_tokens"] if usage else None)
+
+
+async def _one(
+    client, url: str, model: str, req: BenchRequest, headers: dict[str, str], server: str = "minisgl",
+    text: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    path, body = request_body(server, model, req, text)
     start = time.monotonic()
     stamps: list[float] = []
     tokens = 0
-    async with client.stream("POST", f"{url}/v1/completions", json=body, headers=headers) as resp:
+    async with client.stream("POST", f"{url}{path}", json=body, headers=headers) as resp:
         if resp.status_code != 200:
             raise RuntimeError(f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}")
         async for line in resp.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-            if chunk.get("choices"):
+            carries, stated = chunk_tokens(server, json.loads(line[6:]))
+            if stated is not None:
+                tokens = stated
+            if carries:
                 stamps.append(time.monotonic())
+    if server == "mini-sglang":
+        tokens = len(stamps)
     return {"start": start, "stamps": stamps, "output_tokens": tokens, "prompt_len": len(req.prompt_ids)}
 
 
 async def run_load(
     url: str, model: str, requests: list[BenchRequest], *, concurrency: int | None = None,
     request_rate: float | None = None, api_key: str | None = None, seed: int = 0, trace: str | None = None,
+    server: str = "minisgl", texts: list[str] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Run ``requests`` against the server; with ``trace``, also append one JSON line per request
-    (monotonic seconds: sent, first chunk, last chunk; chunks and tokens) to that file, on the clock
-    of the server's step trace (MINISGL_STEP_TRACE) when both run on one machine."""
+    """Run ``requests`` against the server (``server``, one of :data:`SERVERS`; ``texts``: the
+    prompts as text, one per request, else their token ids are sent); with ``trace``, also append
+    one JSON line per request (monotonic seconds: sent, first chunk, last chunk; chunks and tokens)
+    to that file, on the clock of the server's step trace (MINISGL_STEP_TRACE) when both run on one
+    machine."""
     import ssl
 
     import httpx
@@ -135,11 +187,11 @@ async def run_load(
     rng = random.Random(seed)
     gate = asyncio.Semaphore(concurrency or len(requests))
 
-    async def gated(req: BenchRequest) -> dict[str, Any]:
+    async def gated(req: BenchRequest, text: str | None) -> dict[str, Any]:
         async with gate:
             client = checkout()
             try:
-                return await _one(client, url, model, req, headers)
+                return await _one(client, url, model, req, headers, server, text)
             finally:
                 idle.append(client)
 
@@ -150,8 +202,8 @@ async def run_load(
         idle.append(control)
         start = time.monotonic()
         tasks = []
-        for req in requests:
-            tasks.append(asyncio.create_task(gated(req)))
+        for i, req in enumerate(requests):
+            tasks.append(asyncio.create_task(gated(req, None if texts is None else texts[i])))
             if request_rate:
                 await asyncio.sleep(rng.expovariate(request_rate))
         results = await asyncio.gather(*tasks)
@@ -182,7 +234,8 @@ async def run_load(
         "ttft_ms_p50": round(percentile(ttft, 50), 2), "ttft_ms_p99": round(percentile(ttft, 99), 2),
         "tpot_ms_p50": round(percentile(tpot, 50), 3), "tpot_ms_p99": round(percentile(tpot, 99), 3),
         "itl_ms_p50": round(percentile(itl, 50), 3), "itl_ms_p99": round(percentile(itl, 99), 3),
-        "prefix_hit_rate": _hit_rate(before, after),
+        "prefix_hit_rate": _hit_rate(before, after), "server": server, "text_prompts": texts is not None,
+        "expected_output_tokens": sum(r.max_tokens for r in requests),
     }  # fmt: skip
 
 

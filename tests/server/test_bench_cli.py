@@ -7,7 +7,16 @@ import json
 import subprocess
 import sys
 
-from minisgl_core.bench.serve import ServedModel, check_context, fit_vocab
+import pytest
+
+from minisgl_core.bench.serve import (
+    BenchError,
+    ServedModel,
+    check_context,
+    chunk_tokens,
+    fit_vocab,
+    request_body,
+)
 from minisgl_core.bench.workloads import BenchRequest, shared_prefix
 
 from .conftest import API_KEY
@@ -80,3 +89,52 @@ def test_latency_percentiles_interpolate_as_numpy_does() -> None:
         for q in (0, 50, 90, 99, 100):
             assert percentile(values, q) == pytest.approx(np.percentile(values, q)), (n, q)
     assert percentile([], 50) != percentile([], 50)  # nan: no samples
+
+
+def test_bench_serve_sends_text_prompts_decoded_by_the_tokenizer(server, model_dir) -> None:
+    """--tokenizer: the prompts go as text (what mini-sglang's server takes); our server tokenizes
+    them back, every request gets its tokens, and the shared prefixes still hit the cache."""
+    proc = bench(
+        "--url", server.url, "--api-key", API_KEY, *SMALL, "--concurrency", "2", "--tokenizer", str(model_dir)
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["text_prompts"] is True and result["server"] == "minisgl"
+    assert result["output_tokens"] == result["expected_output_tokens"] == 4 * 4
+    assert 0 < result["prefix_hit_rate"] <= 1
+
+
+def test_mini_sglang_requests_and_chunks() -> None:
+    """mini-sglang's server (20fcd7f, server/api_server.py): a text ``prompt`` at
+    /v1/chat/completions; it streams one chunk per generated token (its detokenizer answers each
+    token's message with one reply, content possibly empty while a character is incomplete), then
+    a chunk with ``finish_reason`` "stop" and an empty delta, then [DONE]; no usage."""
+    req = BenchRequest([5, 6, 7], 3)
+    path, body = request_body("mini-sglang", "m", req, "some text")
+    assert path == "/v1/chat/completions" and body["prompt"] == "some text" and body["stream"] is True
+    assert "stream_options" not in body and body["ignore_eos"] is True and body["max_tokens"] == 3
+    with pytest.raises(BenchError, match="--tokenizer"):
+        request_body("mini-sglang", "m", req, None)
+    stream = [
+        {"id": "cmpl-1", "object": "text_completion.chunk",
+         "choices": [{"delta": {"role": "assistant", "content": "He"}, "index": 0, "finish_reason": None}]},
+        {"id": "cmpl-1", "object": "text_completion.chunk",
+         "choices": [{"delta": {}, "index": 0, "finish_reason": None}]},
+        {"id": "cmpl-1", "object": "text_completion.chunk",
+         "choices": [{"delta": {"content": "llo"}, "index": 0, "finish_reason": None}]},
+        {"id": "cmpl-1", "object": "text_completion.chunk",
+         "choices": [{"delta": {}, "index": 0, "finish_reason": "stop"}]},
+    ]  # fmt: skip
+    assert [chunk_tokens("mini-sglang", c) for c in stream] == [(True, None)] * 3 + [(False, None)]
+    # ours: token ids at /v1/completions, the count from the usage chunk
+    path, body = request_body("minisgl", "m", req, None)
+    assert (
+        path == "/v1/completions" and body["prompt"] == [5, 6, 7] and body["stream_options"]["include_usage"]
+    )
+    assert chunk_tokens("minisgl", {"choices": [], "usage": {"completion_tokens": 3}}) == (False, 3)
+
+
+def test_bench_serve_against_mini_sglang_needs_a_tokenizer() -> None:
+    proc = bench("--url", "http://127.0.0.1:9", "--server", "mini-sglang", *SMALL)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "mini-sglang's server takes text prompts only: add --tokenizer DIR" in proc.stderr
