@@ -9,9 +9,13 @@
 #   source .whl/prelude.sh && bash tools/peer_serve_compare.sh [SHAPE]      (default qwen3-0.6b)
 #
 # Environment: RATES (default "8,16" requests/s, Poisson), WORKLOAD (default "--workload
-# shared-prefix --groups 32 --prompts-per-group 8"), ATTN (ours, default auto), PEER_DIR (default
-# shared/peer, else ../shared/peer), OUT (default /tmp/out): peer-serve.jsonl, the servers' logs.
-# Each server first answers a discarded warm-up pass (4 groups) before the measured rates.
+# shared-prefix --groups 32 --prompts-per-group 8"), ATTN (ours, default auto), OURS_FLAGS (more
+# `minisgl serve` flags), MODEL (a model folder instead of /tmp/m/SHAPE), PEER=0 (ours only: a dry
+# run of the script on a CPU, e.g. MODEL=<tiny model> ATTN=torch OURS_FLAGS="--device cpu"),
+# PEER_DIR (default shared/peer, else ../shared/peer), OUT (default /tmp/out): peer-serve.jsonl,
+# the servers' and the client's logs.
+# Each server first answers a discarded warm-up pass (2 groups, seed 1), then each rate runs with
+# its own workload seed, so its shared prefixes are new to the cache (both servers see the same).
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(dirname "$here")
@@ -26,11 +30,15 @@ done
 [ -f "${peer_dir:-/nonexistent}/run_peer.sh" ] || { echo "peer_serve_compare: no run_peer.sh; set PEER_DIR" >&2; exit 2; }
 results="$out/peer-serve.jsonl"
 say() { echo "[peer_serve $(date -u +%H:%M:%S)] $*"; }
-model=/tmp/m/$shape
+model=${MODEL:-/tmp/m/$shape}
+with_peer=${PEER:-1}
 
 say "building the peer's JIT kernels (if not cached) and the model"
-PYTHON="$here/_peer_jit_python.sh" bash "$peer_dir/run_peer.sh" "$root/tools/peer_jit_model" >"$out/peer-jit.log" 2>&1 &
-jit_pid=$!
+jit_pid=
+if [ "$with_peer" = 1 ]; then
+  PYTHON="$here/_peer_jit_python.sh" bash "$peer_dir/run_peer.sh" "$root/tools/peer_jit_model" >"$out/peer-jit.log" 2>&1 &
+  jit_pid=$!
+fi
 [ -f "$model/config.json" ] || python3 -m minisgl_core bench make-model --shape "$shape" --out "$model" \
   --device cuda >"$out/make-model.log" 2>&1
 
@@ -44,17 +52,24 @@ wait_ready() {  # url seconds pid
   return 1
 }
 measure() {  # kind url label
-  # shellcheck disable=SC2086
-  python3 -m minisgl_core bench serve --url "$2" --server "$1" --tokenizer "$model" --workload shared-prefix \
-    --groups 4 --prompts-per-group 4 --request-rate 16 >/dev/null 2>>"$out/client.log" || say "$3 warm-up failed"
+  # a warm-up pass (seed 1), then each rate with its own seed (2, 3, ...): its prefixes new to the cache
   # shellcheck disable=SC2086
   python3 -m minisgl_core bench serve --url "$2" --server "$1" --tokenizer "$model" $workload \
-    --request-rate "$rates" --label "$3" --output "$results" 2>>"$out/client.log" | cut -c1-300
+    --groups 2 --prompts-per-group 4 --request-rate 16 --seed 1 >/dev/null 2>>"$out/client.log" || say "$3 warm-up failed"
+  local seed=2 rate
+  for rate in ${rates//,/ }; do
+    # shellcheck disable=SC2086
+    python3 -m minisgl_core bench serve --url "$2" --server "$1" --tokenizer "$model" $workload \
+      --request-rate "$rate" --seed "$seed" --label "$3" --output "$results" 2>>"$out/client.log" | cut -c1-300
+    seed=$((seed + 1))
+  done
 }
 stop() { kill -- -"$1" 2>/dev/null || kill "$1" 2>/dev/null; sleep 3; kill -9 -- -"$1" 2>/dev/null; wait "$1" 2>/dev/null; }
 
 say "ours: minisgl serve --attn ${ATTN:-auto}"
-setsid python3 -m minisgl_core serve --model "$model" --port 8131 --attn "${ATTN:-auto}" >"$out/ours-server.log" 2>&1 &
+# shellcheck disable=SC2086
+setsid python3 -m minisgl_core serve --model "$model" --port 8131 --attn "${ATTN:-auto}" ${OURS_FLAGS:-} \
+  >"$out/ours-server.log" 2>&1 &
 ours=$!
 if wait_ready http://127.0.0.1:8131 400 "$ours"; then
   measure minisgl http://127.0.0.1:8131 "minisgl $shape"
@@ -63,16 +78,18 @@ else
 fi
 stop "$ours"
 
-wait "$jit_pid" || say "peer JIT prebuild failed (its server builds them at start): $(tail -n 2 "$out/peer-jit.log")"
-say "peer: mini-sglang's server (fi, radix)"
-PYTHON="$here/_peer_serve_python.sh" PEER_PORT=1919 setsid bash "$peer_dir/run_peer.sh" "$model" >"$out/peer-server.log" 2>&1 &
-peer=$!
-if wait_ready http://127.0.0.1:1919 400 "$peer"; then
-  measure mini-sglang http://127.0.0.1:1919 "mini-sglang $shape"
-else
-  say "the peer's server did not come up: $(tail -n 5 "$out/peer-server.log")"
+if [ "$with_peer" = 1 ]; then
+  wait "$jit_pid" || say "peer JIT prebuild failed (its server builds them at start): $(tail -n 2 "$out/peer-jit.log")"
+  say "peer: mini-sglang's server (fi, radix)"
+  PYTHON="$here/_peer_serve_python.sh" PEER_PORT=1919 setsid bash "$peer_dir/run_peer.sh" "$model" >"$out/peer-server.log" 2>&1 &
+  peer=$!
+  if wait_ready http://127.0.0.1:1919 400 "$peer"; then
+    measure mini-sglang http://127.0.0.1:1919 "mini-sglang $shape"
+  else
+    say "the peer's server did not come up: $(tail -n 5 "$out/peer-server.log")"
+  fi
+  stop "$peer"
 fi
-stop "$peer"
 
 python3 - "$results" <<'PY'
 import json, sys

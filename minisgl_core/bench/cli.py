@@ -56,6 +56,10 @@ def add_bench_command(sub) -> None:
     p.add_argument("--question-len", type=_non_negative_int, default=128)
     p.add_argument("--output-len", type=_positive_int, default=256)
     p.add_argument(
+        "--seed", type=_non_negative_int, default=0,
+        help="the workload's random seed: another seed, other prompts (and prefixes nothing cached yet)",
+    )  # fmt: skip
+    p.add_argument(
         "--server", choices=["minisgl", "mini-sglang"], default="minisgl",
         help="the server's kind: minisgl, or mini-sglang's server (the peer: text prompts only, at its "
         "/v1/chat/completions; no usage or metrics)",
@@ -315,10 +319,15 @@ def _serve(args: argparse.Namespace) -> int:
         )
 
     if args.workload == "standard":
-        requests = workloads.standard_offline(args.num_requests, seed=0)
+        requests = workloads.standard_offline(args.num_requests, seed=args.seed)
     else:
         requests = workloads.shared_prefix(
-            args.groups, args.prompts_per_group, args.prefix_len, args.question_len, args.output_len
+            args.groups,
+            args.prompts_per_group,
+            args.prefix_len,
+            args.question_len,
+            args.output_len,
+            seed=args.seed,
         )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not one log line per request
     try:
