@@ -369,26 +369,6 @@ def check_split_k() -> None:
     print("ok")
 
 
-def _split_k_qwen3_generates_the_same(tmp: str, switch: str, calls: list) -> None:
-    """A float16 Qwen3 whose o_proj and down_proj split K (K of 1024) generates bitwise the same
-    tokens and logprobs with fast-path ``switch`` on and off (``calls``: the fast path's, see
-    :func:`_on_and_off`); prints "same"."""
-    from minisgl_core.demo.factories import make_model_dir
-    from minisgl_core.sampling import SamplingParams
-
-    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, logprobs=3)
-    prompts = [list(range(5, 30)), [7, 8, 9]]
-    model = make_model_dir(
-        Path(tmp) / "qwen3", "Qwen3ForCausalLM", dtype="float16", max_position_embeddings=128,
-        num_attention_heads=8, head_dim=128, intermediate_size=1024,
-    )  # fmt: skip
-    runs = _on_and_off(model, "float16", (switch,), calls, prompts, params)
-    for fused_run, plain in zip(runs["1"], runs["0"], strict=True):
-        assert fused_run.token_ids == plain.token_ids, (fused_run.token_ids, plain.token_ids)
-        assert [a.logprob for a in fused_run.logprobs] == [b.logprob for b in plain.logprobs]
-    print("same")
-
-
 def _on_and_off(model, dtype: str, switches: tuple[str, ...], calls: list, prompts, params) -> dict:
     """A CPU LLM's outputs with the fast-path ``switches`` (environment variables) on ("1") and off
     ("0"); ``calls`` counts the fast path's calls, which must happen exactly when it is on."""
@@ -411,11 +391,23 @@ def check_split_k_model(tmp: str) -> None:
     and logprobs, bitwise, with the split-K sums added in the norms after them and without."""
     import minisgl_core.layers.fused as fused
     import minisgl_core.layers.norm as norm
+    from minisgl_core.demo.factories import make_model_dir
+    from minisgl_core.sampling import SamplingParams
 
     calls = []
     kernel = fused.add_partials_rms_norm
     norm.add_partials_rms_norm = lambda *a, **kw: calls.append(1) or kernel(*a, **kw)
-    _split_k_qwen3_generates_the_same(tmp, "MINISGL_SPLIT_K_NORM", calls)
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, logprobs=3)
+    prompts = [list(range(5, 30)), [7, 8, 9]]
+    model = make_model_dir(
+        Path(tmp) / "qwen3", "Qwen3ForCausalLM", dtype="float16", max_position_embeddings=128,
+        num_attention_heads=8, head_dim=128, intermediate_size=1024,
+    )  # fmt: skip
+    runs = _on_and_off(model, "float16", ("MINISGL_SPLIT_K_NORM",), calls, prompts, params)
+    for fused_run, plain in zip(runs["1"], runs["0"], strict=True):
+        assert fused_run.token_ids == plain.token_ids, (fused_run.token_ids, plain.token_ids)
+        assert [a.logprob for a in fused_run.logprobs] == [b.logprob for b in plain.logprobs]
+    print("same")
 
 
 def check_norm() -> None:

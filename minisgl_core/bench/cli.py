@@ -14,6 +14,7 @@ from typing import Any
 
 from minisgl_core import environment
 from minisgl_core.bench import workloads
+from minisgl_core.bench.serve import SERVERS
 from minisgl_core.bench.shapes import SHAPES
 from minisgl_core.config import MAX_GRAMMAR_THREADS, ConfigError, check_grammar_threads
 
@@ -60,7 +61,7 @@ def add_bench_command(sub) -> None:
         help="the workload's random seed: another seed, other prompts (and prefixes nothing cached yet)",
     )  # fmt: skip
     p.add_argument(
-        "--server", choices=["minisgl", "mini-sglang"], default="minisgl",
+        "--server", choices=SERVERS, default="minisgl",
         help="the server's kind: minisgl, or mini-sglang's server (the peer: text prompts only, at its "
         "/v1/chat/completions; no usage or metrics)",
     )  # fmt: skip

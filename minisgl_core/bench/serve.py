@@ -74,12 +74,17 @@ def prompt_texts(requests: list[BenchRequest], tokenizer_dir: str) -> list[str]:
     :func:`fit_vocab` does) and decoded, for a server that takes text only; the server's own
     tokenizer may split the text a little differently, so the lengths the server sees are close to,
     not exactly, the workload's. Shared prefixes stay shared (decoding is per token)."""
+    from pathlib import Path
+
     from transformers import AutoTokenizer
 
+    if not Path(tokenizer_dir).is_dir():
+        raise BenchError(f"--tokenizer {tokenizer_dir!r} is not a folder: give the served model's folder")
     try:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     except (OSError, ValueError) as exc:
-        raise BenchError(f"cannot load a tokenizer from {tokenizer_dir!r}: {exc}") from None
+        reason = " ".join(str(exc).split())  # one line
+        raise BenchError(f"cannot load a tokenizer from {tokenizer_dir!r}: {reason}") from None
     fitted = fit_vocab(requests, len(tokenizer))
     return [tokenizer.decode(r.prompt_ids) for r in fitted]
 

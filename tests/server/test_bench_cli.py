@@ -135,6 +135,14 @@ def test_mini_sglang_requests_and_chunks() -> None:
     assert chunk_tokens("minisgl", {"choices": [], "usage": {"completion_tokens": 3}}) == (False, 3)
 
 
+def test_bench_serve_names_a_tokenizer_it_cannot_load(server, tmp_path) -> None:
+    for folder, says in ((tmp_path / "none", "is not a folder"), (tmp_path, "cannot load a tokenizer from")):
+        proc = bench("--url", server.url, "--api-key", API_KEY, *SMALL, "--tokenizer", str(folder))
+        assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("minisgl bench serve: ") and says in lines[0], lines
+
+
 def test_bench_serve_against_mini_sglang_needs_a_tokenizer() -> None:
     proc = bench("--url", "http://127.0.0.1:9", "--server", "mini-sglang", *SMALL)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
