@@ -7,6 +7,9 @@
 # offline: Qwen3-0.6B standard offline workload (no shared prefixes: cascade must cost nothing)
 # CONCURRENCY (default 128) sets the serve client's concurrency.
 set -uo pipefail
+# shellcheck source=tools/_server.sh
+source "$(dirname "${BASH_SOURCE[0]}")/_server.sh"
+need_server_deps
 conc=${CONCURRENCY:-128}
 what=${1:-all}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -29,7 +32,7 @@ if [[ $what == serve || $what == all ]]; then
     python3 -m minisgl_core serve --model $m/qwen3-0.6b --served-model-name bench --port 8001 --attn fi \
       --cache $variant > "$out/server-$label.log" 2>&1 &
     server=$!
-    for _ in $(seq 240); do curl -sf localhost:8001/health >/dev/null && break; sleep 1; done
+    wait_server localhost:8001/health 240 $server "$out/server-$label.log" || { kill $server 2>/dev/null; wait $server; continue; }
     timeout 150 python3 -m minisgl_core bench serve --url http://127.0.0.1:8001 --model bench \
       --workload shared-prefix --concurrency "$conc" --label "shared-prefix $label c$conc" --output "$out/serve.jsonl" \
       2>/dev/null | tail -n 1 | cut -c1-600

@@ -25,6 +25,9 @@ num=${NUM:-200}
 py=${PY:-python3}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 work=$(mktemp -d)
+# shellcheck source=tools/_server.sh
+source "$(dirname "${BASH_SOURCE[0]}")/_server.sh"
+need_server_deps "$py"
 if [[ $what == check || $what == all ]]; then
   timeout 240 $py -m pytest -q -p no:cacheprovider plugins/attention/fi/tests/test_fi_suite.py \
     plugins/attention/fa3/tests/test_fa3_suite.py -k "mixed or capabilities" 2>&1 | tail -n 5
@@ -43,7 +46,9 @@ for variant in ${VARIANTS:-on off}; do  # VARIANTS="off on": the other order
   MINISGL_STEP_TRACE="$work/steps-$variant.jsonl" $py -m minisgl_core serve --model "$model" \
     --served-model-name bench --port 8001 "${server_flags[@]}" "${flags[@]}" > "$work/server-$variant.log" 2>&1 &
   server=$!
-  for _ in $(seq 240); do curl -sf localhost:8001/health >/dev/null && break; sleep 1; done
+  if ! wait_server localhost:8001/health 240 $server "$work/server-$variant.log"; then
+    kill $server 2>/dev/null; wait $server; continue
+  fi
   $py -m minisgl_core bench serve --url http://127.0.0.1:8001 --model bench "${workload[@]}" \
     --num-requests 4 --groups 2 --concurrency 4 >/dev/null 2>&1  # warm-up: one-time work stays out of the run
   : > "$work/steps-$variant.jsonl"
@@ -57,6 +62,7 @@ for variant in ${VARIANTS:-on off}; do  # VARIANTS="off on": the other order
     $py tools/step_trace.py "$work/steps-$variant.jsonl" --bucket 5
   } >> "$out/trace-summary.txt" 2>&1
 done
+[ -s "$out/serve.jsonl" ] || { echo "device_mixed.sh: no run finished (the servers' logs above)" >&2; exit 1; }
 $py - "$out/serve.jsonl" > "$out/table.md" <<'EOF'
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]

@@ -6,6 +6,9 @@
 # seconds each server process used during the run, and tools/step_trace.py's summary.
 # Writes to $OUT: serve.jsonl, trace-summary.txt, traces.tgz (raw traces), logs.tgz.
 set -uo pipefail
+# shellcheck source=tools/_server.sh
+source "$(dirname "${BASH_SOURCE[0]}")/_server.sh"
+need_server_deps
 conc=${CONCURRENCY:-256}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 work=$(mktemp -d)
@@ -26,7 +29,7 @@ for variant in "$@"; do
   MINISGL_STEP_TRACE="$work/steps-$label.jsonl" python3 -m minisgl_core serve --model $m/qwen3-0.6b \
     --served-model-name bench --port 8001 --attn fi --cache $variant > "$work/server-$label.log" 2>&1 &
   server=$!
-  for _ in $(seq 300); do curl -sf localhost:8001/health >/dev/null && break; sleep 1; done
+  wait_server localhost:8001/health 300 $server "$work/server-$label.log" || { kill $server 2>/dev/null; wait $server; continue; }
   # a short warm-up so the first wave does not pay for one-time work (JIT, first allocations)
   # (the standard workload: its random prompts share nothing with the shared-prefix prompts)
   python3 -m minisgl_core bench serve --url http://127.0.0.1:8001 --model bench --workload standard \

@@ -11,6 +11,9 @@
 # within one 600 s call. Environment: TREES (default "after before after"), CONCURRENCY (default 128), NUM (default
 # 256), OUT. Output: $OUT/tp-serve.jsonl (`bench serve` lines), $OUT/tp-serve-logs.tgz.
 set -uo pipefail
+# shellcheck source=tools/_server.sh
+source "$(dirname "${BASH_SOURCE[0]}")/_server.sh"
+need_server_deps
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(dirname "$here")
 out=${OUT:-/tmp/out}; logs=/tmp/tp-serve-logs; mkdir -p "$out" $logs /tmp/m
@@ -26,7 +29,7 @@ for tree in ${TREES:-after before after}; do
   (cd "$dir" && exec python3 -m minisgl_core serve --model $model --served-model-name bench --tp 2 --attn fi \
      --port 8001) > $logs/server-$n-$tree.log 2>&1 &
   server=$!
-  for _ in $(seq 300); do curl -sf localhost:8001/health >/dev/null && break; sleep 1; done
+  wait_server localhost:8001/health 300 $server $logs/server-$n-$tree.log || { kill $server 2>/dev/null; wait $server; continue; }
   python3 -m minisgl_core bench serve --url http://127.0.0.1:8001 --model bench --workload standard \
     --num-requests 8 --concurrency 8 >/dev/null 2>&1  # warm-up
   timeout 240 python3 -m minisgl_core bench serve --url http://127.0.0.1:8001 --model bench --workload standard \

@@ -32,6 +32,9 @@ results="$out/peer-serve.jsonl"
 say() { echo "[peer_serve $(date -u +%H:%M:%S)] $*"; }
 model=${MODEL:-/tmp/m/$shape}
 with_peer=${PEER:-1}
+# shellcheck source=tools/_server.sh
+source "$here/_server.sh"
+need_server_deps
 
 say "building the peer's JIT kernels (if not cached) and the model"
 jit_pid=
@@ -42,15 +45,6 @@ fi
 [ -f "$model/config.json" ] || python3 -m minisgl_core bench make-model --shape "$shape" --out "$model" \
   --device cuda >"$out/make-model.log" 2>&1
 
-wait_ready() {  # url seconds pid
-  local end=$((SECONDS + $2))
-  while [ $SECONDS -lt $end ]; do
-    kill -0 "$3" 2>/dev/null || return 1
-    curl -sf "$1/v1/models" >/dev/null 2>&1 && return 0
-    sleep 2
-  done
-  return 1
-}
 measure() {  # kind url label
   # a warm-up pass (seed 1), then each rate with its own seed (2, 3, ...): its prefixes new to the cache
   # shellcheck disable=SC2086
@@ -71,10 +65,10 @@ say "ours: minisgl serve --attn ${ATTN:-auto}"
 setsid python3 -m minisgl_core serve --model "$model" --port 8131 --attn "${ATTN:-auto}" ${OURS_FLAGS:-} \
   >"$out/ours-server.log" 2>&1 &
 ours=$!
-if wait_ready http://127.0.0.1:8131 400 "$ours"; then
+if wait_server http://127.0.0.1:8131/v1/models 400 "$ours" "$out/ours-server.log"; then
   measure minisgl http://127.0.0.1:8131 "minisgl $shape"
 else
-  say "our server did not come up: $(tail -n 3 "$out/ours-server.log")"
+  say "our server did not come up (the end of its log above)"
 fi
 stop "$ours"
 
@@ -83,16 +77,18 @@ if [ "$with_peer" = 1 ]; then
   say "peer: mini-sglang's server (fi, radix)"
   PYTHON="$here/_peer_serve_python.sh" PEER_PORT=1919 setsid bash "$peer_dir/run_peer.sh" "$model" >"$out/peer-server.log" 2>&1 &
   peer=$!
-  if wait_ready http://127.0.0.1:1919 400 "$peer"; then
+  if wait_server http://127.0.0.1:1919/v1/models 400 "$peer" "$out/peer-server.log"; then
     measure mini-sglang http://127.0.0.1:1919 "mini-sglang $shape"
   else
-    say "the peer's server did not come up: $(tail -n 5 "$out/peer-server.log")"
+    say "the peer's server did not come up (the end of its log above)"
   fi
   stop "$peer"
 fi
 
 python3 - "$results" <<'PY'
-import json, sys
+import json, os, sys
+if not os.path.exists(sys.argv[1]):
+    sys.exit(f"peer_serve_compare: no results ({sys.argv[1]} was not written): see the logs above")
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
 print("| server | req/s | output tok/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | tokens / expected | hit rate |")
 print("|---|---:|---:|---|---|---|---|")
