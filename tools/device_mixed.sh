@@ -10,6 +10,9 @@
 # saturation, so both variants serve the same throughput and the latencies compare), NUM
 # requests (default 200). serve: about 2.5 minutes (two server start-ups with CUDA-graph capture);
 # all: about 3.
+# VARIANTS (default "on off"): the runs, in order; a variant may add flags after a '+', each
+# separated by '+' ("on+--max-prefill-tokens=2048"). SHAPE (llama-3.1-8b: that shape instead)
+# or MODEL (a folder), SERVER_FLAGS, WORKLOAD, RATE, NUM, PY.
 # Writes to $OUT: serve.jsonl (bench serve's lines), table.md, trace-summary.txt (step traces
 # summarised: how many mixed steps, decode rows riding along), logs.tgz.
 # Success: two rows in table.md; the "on" row shows a lower ITL p99 at about the same output tok/s,
@@ -34,32 +37,37 @@ if [[ $what == check || $what == all ]]; then
 fi
 [[ $what == check ]] && exit 0
 model=${MODEL:-}
-if [ -z "$model" ]; then
-  model=/tmp/m/qwen3-0.6b
-  $py -m minisgl_core bench make-model --shape qwen3-0.6b --out $model --device cuda >/dev/null
+if [ -z "$model" ]; then  # SHAPE (default qwen3-0.6b): a random-weight model of that shape, made once
+  model=/tmp/m/${SHAPE:-qwen3-0.6b}
+  [ -f "$model/config.json" ] || $py -m minisgl_core bench make-model --shape "${SHAPE:-qwen3-0.6b}" \
+    --out "$model" --device cuda >/dev/null
 fi
 read -r -a server_flags <<< "${SERVER_FLAGS:-}"
 read -r -a workload <<< "${WORKLOAD:---workload standard --num-requests $num}"
-for variant in ${VARIANTS:-on off}; do  # VARIANTS="off on": the other order
+# VARIANTS="off on": the other order; "on+--max-prefill-tokens=2048": more flags for that run only
+for variant in ${VARIANTS:-on off}; do
   flags=(--enable-mixed-batch)  # explicit both ways: the default depends on the device
-  [ "$variant" = off ] && flags=(--disable-mixed-batch)
-  MINISGL_STEP_TRACE="$work/steps-$variant.jsonl" $py -m minisgl_core serve --model "$model" \
-    --served-model-name bench --port 8001 "${server_flags[@]}" "${flags[@]}" > "$work/server-$variant.log" 2>&1 &
+  [ "${variant%%+*}" = off ] && flags=(--disable-mixed-batch)
+  [[ $variant == *+* ]] && { IFS=+ read -r -a more <<< "${variant#*+}"; flags+=("${more[@]}"); }
+  name=${variant//[^A-Za-z0-9]/_}
+  MINISGL_STEP_TRACE="$work/steps-$name.jsonl" $py -m minisgl_core serve --model "$model" \
+    --served-model-name bench --port 8001 "${server_flags[@]}" "${flags[@]}" > "$work/server-$name.log" 2>&1 &
   server=$!
-  if ! wait_server localhost:8001/health 240 $server "$work/server-$variant.log"; then
+  if ! wait_server localhost:8001/health 240 $server "$work/server-$name.log"; then
     kill $server 2>/dev/null; wait $server; continue
   fi
+  # warm-up on another seed: one-time work, and none of the run's prompts in the cache, stays out of the run
   $py -m minisgl_core bench serve --url http://127.0.0.1:8001 --model bench "${workload[@]}" \
-    --num-requests 4 --groups 2 --concurrency 4 >/dev/null 2>&1  # warm-up: one-time work stays out of the run
-  : > "$work/steps-$variant.jsonl"
+    --num-requests 4 --groups 2 --concurrency 4 --seed 1 >/dev/null 2>&1
+  : > "$work/steps-$name.jsonl"
   timeout 300 $py -m minisgl_core bench serve --url http://127.0.0.1:8001 --model bench \
     "${workload[@]}" --request-rate "$rate" --label "mixed $variant rate $rate" \
     --output "$out/serve.jsonl" 2>/dev/null | tail -n 1 | cut -c1-700
   kill $server; wait $server
-  grep -i -m3 "error\|traceback" "$work/server-$variant.log"
+  grep -i -m3 "error\|traceback" "$work/server-$name.log"
   {
     echo "=== mixed $variant, rate $rate req/s"
-    $py tools/step_trace.py "$work/steps-$variant.jsonl" --bucket 5
+    $py tools/step_trace.py "$work/steps-$name.jsonl" --bucket 5
   } >> "$out/trace-summary.txt" 2>&1
 done
 [ -s "$out/serve.jsonl" ] || { echo "device_mixed.sh: no run finished (the servers' logs above)" >&2; exit 1; }
