@@ -90,10 +90,10 @@ import json, os, sys
 if not os.path.exists(sys.argv[1]):
     sys.exit(f"peer_serve_compare: no results ({sys.argv[1]} was not written): see the logs above")
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
-print("| server | req/s | output tok/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | tokens / expected | hit rate |")
+print("| server | req/s | output tok/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | tokens / expected (short requests) | hit rate |")
 print("|---|---:|---:|---|---|---|---|")
 for r in rows:
     print(f"| {r['server']} | {r['request_rate']} | {r['output_tok_per_s']:,} | {r['ttft_ms_p50']} / {r['ttft_ms_p99']} "
-          f"| {r['itl_ms_p50']} / {r['itl_ms_p99']} | {r['output_tokens']} / {r['expected_output_tokens']} "
+          f"| {r['itl_ms_p50']} / {r['itl_ms_p99']} | {r['output_tokens']} / {r['expected_output_tokens']} ({r.get('short_requests')}) "
           f"| {r['prefix_hit_rate']} |")
 PY

@@ -241,7 +241,16 @@ async def run_load(
         "itl_ms_p50": round(percentile(itl, 50), 3), "itl_ms_p99": round(percentile(itl, 99), 3),
         "prefix_hit_rate": _hit_rate(before, after), "server": server, "text_prompts": texts is not None,
         "expected_output_tokens": sum(r.max_tokens for r in requests),
+        "short_requests": short_requests(results, requests),
     }  # fmt: skip
+
+
+def short_requests(results: list[dict[str, Any]], requests: list[BenchRequest]) -> int:
+    """How many requests came back with fewer tokens than their ``max_tokens`` (the workloads
+    ignore EOS, so each should return all of them): 0 from our server; where a server states no
+    count (mini-sglang), its chunks are the count, and this says whether a shortfall is spread
+    over many requests or sits in a few."""
+    return sum(r["output_tokens"] < q.max_tokens for r, q in zip(results, requests, strict=True))
 
 
 #: how long the metrics may lag the last response (the scheduler reports its counters every 0.25 s

@@ -16,6 +16,7 @@ from minisgl_core.bench.serve import (
     chunk_tokens,
     fit_vocab,
     request_body,
+    short_requests,
 )
 from minisgl_core.bench.workloads import BenchRequest, shared_prefix
 
@@ -101,6 +102,7 @@ def test_bench_serve_sends_text_prompts_decoded_by_the_tokenizer(server, model_d
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["text_prompts"] is True and result["server"] == "minisgl"
     assert result["output_tokens"] == result["expected_output_tokens"] == 4 * 4
+    assert result["short_requests"] == 0
     assert result["ideal_hit_rate"] == 0.4286
     assert 0.3 < result["prefix_hit_rate"] <= result["ideal_hit_rate"] + 0.02, result
 
@@ -133,6 +135,14 @@ def test_mini_sglang_requests_and_chunks() -> None:
         path == "/v1/completions" and body["prompt"] == [5, 6, 7] and body["stream_options"]["include_usage"]
     )
     assert chunk_tokens("minisgl", {"choices": [], "usage": {"completion_tokens": 3}}) == (False, 3)
+
+
+def test_short_requests_counts_the_requests_that_returned_fewer_tokens() -> None:
+    requests = [BenchRequest([1], 3), BenchRequest([2], 4), BenchRequest([3], 5)]
+    results = [{"output_tokens": n} for n in (3, 3, 5)]  # the second stream lost one token
+    assert short_requests(results, requests) == 1
+    assert short_requests([{"output_tokens": n} for n in (2, 3, 4)], requests) == 3
+    assert short_requests([{"output_tokens": n} for n in (3, 4, 5)], requests) == 0
 
 
 def test_bench_serve_names_a_tokenizer_it_cannot_load(server, tmp_path) -> None:
