@@ -13,7 +13,7 @@ timeout 150 python3 -m minisgl_core bench offline --model $m/qwen3-0.6b --attn f
   --output "$out/bench.jsonl" 2>"$out/qwen.log" | tail -n 1 | cut -c1-500
 python3 -m minisgl_core serve --model $m/qwen3-0.6b --served-model-name bench --port 8001 --attn fi > "$out/server.log" 2>&1 &
 server=$!
-wait_server localhost:8001/health 120 $server "$out/server.log" || exit 1
+wait_server localhost:8001/health 120 $server "$out/server.log" || { kill $server 2>/dev/null; exit 1; }
 timeout 150 python3 -m minisgl_core bench serve --url http://127.0.0.1:8001 --model bench --workload standard \
   --num-requests 128 --concurrency 16,64,128 --label "standard sweep" --output "$out/serve.jsonl" 2>/dev/null | cut -c1-600
 kill $server; wait $server
