@@ -108,6 +108,33 @@ def test_prompt_is_shared_while_its_request_still_decodes(model_dir):
     llm.engine.scheduler.kv.cache.check_integrity()
 
 
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_requests_sharing_a_prompt_in_one_step_compute_it_once(model_dir, page_size):
+    """n choices of one prompt, or a burst of prompts sharing a long prefix, arriving together and
+    all fitting one prefill step: the first computes the shared part, the others wait a round
+    and read it from the cache (the first's prompt is offered to it once planned), each output
+    as it is alone. An unrelated prompt is not held back."""
+    shared = list(range(100, 164))
+    prompts = [shared + [7, 8], shared + [20, 21, 22], shared + [7, 8], [300 + i for i in range(10)]]
+    alone = cpu_llm(model_dir, cache="naive")
+    expected = [alone.generate([p], GREEDY)[0].token_ids for p in prompts]
+    llm = cpu_llm(model_dir, cache="radix", page_size=page_size)
+    taken = []  # the prompts each prefill (or mixed) step admits or continues
+    take = llm.engine.scheduler._take_chunks
+    llm.engine.scheduler._take_chunks = lambda plan, budget: taken.append(t := take(plan, budget)) or t
+    outs = llm.generate(prompts, GREEDY)
+    assert [o.token_ids for o in outs] == expected
+    # the second reads the 64 shared tokens; the third, the first's whole prompt, all of it but the
+    # page holding its last token (whose logits it must compute)
+    usable = [64, (len(prompts[2]) - 1) // page_size * page_size]
+    assert llm.engine.stats()["cached_prompt_tokens"] == sum(usable)
+    steps = [[r.rid for r in t[0]] for t in taken if t is not None]
+    first = min(min(step) for step in steps)  # the requests' rids follow the prompts' order
+    assert [[rid - first for rid in step] for step in steps] == [[0, 3], [1, 2]]
+    assert_kv_released(llm)
+    llm.engine.scheduler.kv.cache.check_integrity()
+
+
 @pytest.mark.parametrize(
     ("page_size", "params"),
     [

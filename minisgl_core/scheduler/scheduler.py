@@ -69,6 +69,10 @@ class ScheduledBatch:
 #: row of float32 logprobs over the whole vocabulary (512 x 128k: 256 MB)
 PROMPT_LOGPROBS_ROWS = 512
 
+#: a request about to be admitted whose prompt shares this many tokens past its cached prefix
+#: with a prompt the step already prefills waits one round and reads them from the cache then
+SHARED_IN_STEP_MIN = 32
+
 
 class Scheduler:
     def __init__(
@@ -269,6 +273,22 @@ class Scheduler:
                 self.running[req.rid] = self.waiting.pop(req.rid)
                 self.kv.cache_prompt(req, self.page_table)
 
+    def _shares_a_prompt_in_step(self, req: Request, taken: list[Request]) -> bool:
+        """Whether ``req``, not admitted yet, shares at least :data:`SHARED_IN_STEP_MIN` tokens
+        past its cached prefix with a prompt this step already prefills. Admitted a round later,
+        it reads them from the cache (a prompt is offered to it as soon as it is planned whole,
+        :meth:`KVManager.cache_prompt`) instead of computing them a second time: the n choices of
+        one prompt, a burst of requests behind one system prompt. The tokens compared are the
+        window right after the cached prefix (the cache already holds what comes before it)."""
+        if not taken or req.scores_prompt or "prefix_reuse" not in self.kv.cache.capabilities:
+            return False
+        start = self.kv.cached_prefix_len(req)
+        end = start + SHARED_IN_STEP_MIN
+        if end >= req.fill_len:  # too little left to share
+            return False
+        window = req.fill_ids[start:end]
+        return any(other.fill_ids[start:end] == window for other in taken)
+
     def _take_chunks(
         self, plan: PrefillPlan, budget: int
     ) -> tuple[list[Request], list[int], list[list[int]]] | None:
@@ -287,6 +307,8 @@ class Scheduler:
             if scored and rows_left <= 0:
                 break  # (arrival order: the rest waits for the next step)
             newly_admitted = not req.admitted
+            if newly_admitted and self._shares_a_prompt_in_step(req, reqs):
+                continue  # admitted next round (later requests may go first: they fit)
             if newly_admitted:
                 if self.rows.free == 0 or not self.kv.admit(req):
                     break  # keep arrival order: later requests do not overtake one that does not fit
