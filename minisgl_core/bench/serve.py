@@ -6,6 +6,7 @@ import asyncio
 import json
 import random
 import time
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from minisgl_core.bench.workloads import BenchRequest
@@ -74,8 +75,6 @@ def prompt_texts(requests: list[BenchRequest], tokenizer_dir: str) -> list[str]:
     :func:`fit_vocab` does) and decoded, for a server that takes text only; the server's own
     tokenizer may split the text a little differently, so the lengths the server sees are close to,
     not exactly, the workload's. Shared prefixes stay shared (decoding is per token)."""
-    from pathlib import Path
-
     from transformers import AutoTokenizer
 
     if not Path(tokenizer_dir).is_dir():
