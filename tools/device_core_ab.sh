@@ -17,7 +17,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(dirname "$here")
 out=${OUT:-/tmp/out}; mkdir -p "$out" /tmp/m
 before=$(cd "${BEFORE:?set BEFORE to the earlier tree}" && pwd)
-diff -rq "$before/plugins" "$root/plugins" >/dev/null || { echo "plugins differ: use tools/device_before_after.sh"; exit 2; }
+diff -rq -x "*.egg-info" -x __pycache__ "$before/plugins" "$root/plugins" >/dev/null || { echo "plugins differ: use tools/device_before_after.sh"; exit 2; }
 shape=${SHAPE:-qwen3-0.6b}; attn=${ATTN:-auto}; rounds=${ROUNDS:-3}
 [ -f "/tmp/m/$shape/config.json" ] || python3 -m minisgl_core bench make-model --shape "$shape" --out "/tmp/m/$shape" \
   --device cuda >/dev/null 2>&1
