@@ -71,10 +71,11 @@ def check_context(requests: list[BenchRequest], served: ServedModel) -> None:
 
 
 def prompt_texts(requests: list[BenchRequest], tokenizer_dir: str) -> list[str]:
-    """Each request's prompt as text: its ids folded into the tokenizer's vocabulary (as
-    :func:`fit_vocab` does) and decoded, for a server that takes text only; the server's own
-    tokenizer may split the text a little differently, so the lengths the server sees are close to,
-    not exactly, the workload's. Shared prefixes stay shared (decoding is per token)."""
+    """Each request's prompt as text for a server that takes text only, which the served model's
+    tokenizer encodes back to exactly the workload's length: every id is mapped onto one of the
+    tokenizer's whole words (a space and letters, each encoding to itself; equal ids to equal
+    words, so shared prefixes stay shared), and the texts are checked. Decoding the ids themselves
+    does not round-trip: a bench model's padded vocabulary re-encoded 2.6x longer."""
     from transformers import AutoTokenizer
 
     if not Path(tokenizer_dir).is_dir():
@@ -84,8 +85,40 @@ def prompt_texts(requests: list[BenchRequest], tokenizer_dir: str) -> list[str]:
     except (OSError, ValueError) as exc:
         reason = " ".join(str(exc).split())  # one line
         raise BenchError(f"cannot load a tokenizer from {tokenizer_dir!r}: {reason}") from None
-    fitted = fit_vocab(requests, len(tokenizer))
-    return [tokenizer.decode(r.prompt_ids) for r in fitted]
+    words = whole_words(tokenizer)
+    if len(words) < MIN_WORDS:
+        raise BenchError(
+            f"the tokenizer in {tokenizer_dir!r} has {len(words)} whole-word tokens (a space and letters), "
+            f"fewer than {MIN_WORDS}: text prompts of the workload's lengths cannot be built; send token ids "
+            "(leave out --tokenizer)"
+        )
+    texts = ["".join(words[t % len(words)] for t in r.prompt_ids) for r in requests]
+    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    for r, ids in zip(requests, encoded, strict=True):
+        if len(ids) != len(r.prompt_ids):  # a tokenizer that merges across words
+            raise BenchError(
+                f"the tokenizer in {tokenizer_dir!r} encodes a {len(r.prompt_ids)}-token prompt's text to "
+                f"{len(ids)} tokens: send token ids (leave out --tokenizer)"
+            )
+    return texts
+
+
+#: fewest whole-word tokens to build text prompts from (ids share words modulo this many)
+MIN_WORDS = 64
+
+
+def whole_words(tokenizer) -> list[str]:
+    """The vocabulary's tokens that are a space and ASCII letters and encode to themselves alone,
+    in id order: text joined from them splits back into the same tokens (byte-level BPE
+    pre-tokenizers split before each space)."""
+    pieces = [tokenizer.decode([i]) for i in range(len(tokenizer))]
+    candidates = [
+        (i, p)
+        for i, p in enumerate(pieces)
+        if len(p) > 1 and p[0] == " " and p[1:].isascii() and p[1:].isalpha()
+    ]
+    encoded = tokenizer([p for _, p in candidates], add_special_tokens=False)["input_ids"]
+    return [p for (i, p), ids in zip(candidates, encoded, strict=True) if ids == [i]]
 
 
 def fit_vocab(requests: list[BenchRequest], vocab_size: int | None) -> list[BenchRequest]:
@@ -240,6 +273,10 @@ async def run_load(
         "itl_ms_p50": round(percentile(itl, 50), 3), "itl_ms_p99": round(percentile(itl, 99), 3),
         "prefix_hit_rate": _hit_rate(before, after), "server": server, "text_prompts": texts is not None,
         "expected_output_tokens": sum(r.max_tokens for r in requests),
+        # what the workload says, and what the server counted (ours; None from mini-sglang): equal,
+        # also for text prompts, unless the server adds special tokens (a BOS: one per request)
+        "prompt_tokens": sum(len(r.prompt_ids) for r in requests),
+        "prompt_tokens_served": _served_prompt_tokens(before, after),
         "short_requests": short_requests(results, requests),
     }  # fmt: skip
 
@@ -275,6 +312,11 @@ async def _settled_metrics(
         if admitted is None or accepted is None or admitted >= accepted or time.monotonic() > deadline:
             return after
         await asyncio.sleep(0.05)
+
+
+def _served_prompt_tokens(before: dict[str, float], after: dict[str, float]) -> int | None:
+    accepted = _delta(before, after, "minisgl_prompt_tokens_total")
+    return None if accepted is None else int(accepted)
 
 
 def _hit_rate(before: dict[str, float], after: dict[str, float]) -> float | None:

@@ -15,8 +15,10 @@ from minisgl_core.bench.serve import (
     check_context,
     chunk_tokens,
     fit_vocab,
+    prompt_texts,
     request_body,
     short_requests,
+    whole_words,
 )
 from minisgl_core.bench.workloads import BenchRequest, shared_prefix
 
@@ -44,6 +46,7 @@ def test_bench_serve_finds_the_model_and_fits_the_vocabulary(server, model_name:
     assert result["model"] == model_name
     assert result["requests"] == 4 and result["output_tokens"] == 4 * 4
     assert 0 < result["prefix_hit_rate"] <= 1
+    assert result["prompt_tokens_served"] == result["prompt_tokens"] == 4 * (48 + 8)
     # latency percentiles: time to first token, and between tokens (what mixed steps change)
     for name in ("ttft_ms", "itl_ms", "tpot_ms"):
         assert 0 < result[f"{name}_p50"] <= result[f"{name}_p99"] < 180_000, name
@@ -94,8 +97,9 @@ def test_latency_percentiles_interpolate_as_numpy_does() -> None:
 
 def test_bench_serve_sends_text_prompts_decoded_by_the_tokenizer(server, model_dir) -> None:
     """--tokenizer: the prompts go as text (what mini-sglang's server takes); our server tokenizes
-    them back, every request gets its tokens, and the shared prefixes still hit the cache. Another
-    --seed: prefixes no earlier run cached (the hit rate stays at the workload's ideal, 0.43)."""
+    them back to the workload's lengths exactly (decoded ids once came back 2.6x longer), every
+    request gets its tokens, and the shared prefixes still hit the cache. Another --seed: prefixes
+    no earlier run cached (the hit rate stays at the workload's ideal, 0.43)."""
     args = (*SMALL, "--concurrency", "2", "--tokenizer", str(model_dir), "--seed", "7")
     proc = bench("--url", server.url, "--api-key", API_KEY, *args)
     assert proc.returncode == 0, proc.stderr
@@ -103,6 +107,7 @@ def test_bench_serve_sends_text_prompts_decoded_by_the_tokenizer(server, model_d
     assert result["text_prompts"] is True and result["server"] == "minisgl"
     assert result["output_tokens"] == result["expected_output_tokens"] == 4 * 4
     assert result["short_requests"] == 0
+    assert result["prompt_tokens_served"] == result["prompt_tokens"] == 4 * (48 + 8)
     assert result["ideal_hit_rate"] == 0.4286
     assert 0.3 < result["prefix_hit_rate"] <= result["ideal_hit_rate"] + 0.02, result
 
@@ -157,3 +162,25 @@ def test_bench_serve_against_mini_sglang_needs_a_tokenizer() -> None:
     proc = bench("--url", "http://127.0.0.1:9", "--server", "mini-sglang", *SMALL)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "mini-sglang's server takes text prompts only: add --tokenizer DIR" in proc.stderr
+
+
+def test_text_prompts_encode_back_to_the_workload_exactly(tmp_path) -> None:
+    """A bench model's tokenizer (4,096 trained tokens padded with filler words to the shape's
+    vocabulary): the ids' own text re-encoded 2.6x longer; the whole-word texts encode back to the
+    same lengths, equal ids to equal tokens (shared prefixes stay shared)."""
+    from transformers import AutoTokenizer
+
+    from minisgl_core.bench.grammar import bench_tokenizer
+
+    folder = bench_tokenizer(20_000, tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    workload = shared_prefix(groups=3, prompts_per_group=2, prefix_len=200, question_len=20, vocab=20_000)
+    naive = tokenizer(tokenizer.decode(workload[0].prompt_ids), add_special_tokens=False)["input_ids"]
+    assert len(naive) > 1.5 * 220  # what the texts were before
+    texts = prompt_texts(workload, str(folder))
+    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    assert [len(ids) for ids in encoded] == [220] * 6
+    assert encoded[0][:200] == encoded[3][:200] and encoded[0][200:] != encoded[3][200:]  # same group
+    assert encoded[0][:200] != encoded[1][:200]  # another group
+    words = whole_words(tokenizer)
+    assert len(words) >= 64 and all(w[0] == " " and w[1:].isalpha() for w in words)
