@@ -4,6 +4,9 @@ once (a device call once spent its budget waiting 240 s for each of two dead ser
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -65,3 +68,38 @@ def test_a_server_that_never_answers_times_out(tmp_path) -> None:
     assert out.returncode == 1
     assert time.monotonic() - started < 15
     assert "no answer from" in out.stderr
+
+
+ROOT = HELPER.parents[1]
+
+
+def test_serve_ab_serves_the_earlier_core_beside_this_one(tmp_path) -> None:
+    """tools/device_serve_ab.sh on the CPU: each run's server imports its own core (the earlier
+    tree's first on the path), both runs measured by the same client; plugins that differ from
+    the earlier tree's stop it at once (the installed plugins serve both)."""
+    from minisgl_core.demo.factories import make_model_dir
+
+    before = tmp_path / "before"
+    skip = shutil.ignore_patterns("*.egg-info", "__pycache__")
+    for part in ("minisgl_core", "plugins"):
+        shutil.copytree(ROOT / part, before / part, ignore=skip)
+    model = make_model_dir(tmp_path / "model", "Qwen3ForCausalLM", seed=1)
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",  # python3: this interpreter
+        "BEFORE": str(before), "MODEL": str(model), "OUT": str(tmp_path / "out"), "PORT": str(free_port()),
+        "SERVER_FLAGS": "--device cpu --attn torch --max-context-len 1024 --num-kv-tokens 4096",
+        "WORKLOAD": "--workload shared-prefix --groups 2 --prompts-per-group 2 --prefix-len 48 "
+                    "--question-len 8 --output-len 4",
+    }  # fmt: skip
+    script = ROOT / "tools" / "device_serve_ab.sh"
+    run = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=400)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert f"core from {before}/minisgl_core/__init__.py" in run.stdout
+    assert f"core from {ROOT}/minisgl_core/__init__.py" in run.stdout
+    rows = [json.loads(line) for line in (tmp_path / "out" / "serve.jsonl").read_text().splitlines()]
+    assert [r["label"] for r in rows] == ["before rate all", "after rate all"]
+    assert all(r["output_tokens"] == 4 * 4 and r["prompt_tokens_served"] == 4 * 56 for r in rows)
+    (before / "plugins" / "extra.txt").write_text("not in this tree\n")
+    differ = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert differ.returncode == 2 and "plugins differ" in differ.stderr

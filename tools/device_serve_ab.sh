@@ -9,7 +9,8 @@
 # every request sent at once), then the server stops.
 # RUNS (default "before after"): the runs in order; a run may add server flags after a '+', each
 # separated by '+' ("after+--disable-mixed-batch"). SHAPE (default qwen3-0.6b; a random-weight
-# model of that shape, made once), SERVER_FLAGS (every run), WORKLOAD, RATE (default all).
+# model of that shape, made once), SERVER_FLAGS (every run), WORKLOAD, RATE (default all), PORT
+# (default 8001).
 # Writes to $OUT: serve.jsonl (bench serve's lines, labelled with the run), table.md,
 # trace-summary.txt (tools/step_trace.py per run), logs.tgz.
 # On the CPU: MODEL=<folder> SERVER_FLAGS="--device cpu --attn torch" WORKLOAD="... short ..." with
@@ -33,24 +34,25 @@ fi
 read -r -a server_flags <<< "${SERVER_FLAGS:-}"
 read -r -a workload <<< "${WORKLOAD:---workload shared-prefix --groups 32 --prompts-per-group 8}"
 rate=()
+port=${PORT:-8001}
 [ "${RATE:-all}" != all ] && rate=(--request-rate "$RATE")
 for run in ${RUNS:-before after}; do
   tree=$root; [ "${run%%+*}" = before ] && tree=$before
   more=(); [[ $run == *+* ]] && IFS=+ read -r -a more <<< "${run#*+}"
   name=${run//[^A-Za-z0-9]/_}
   (cd /tmp && PYTHONPATH="$tree${PYTHONPATH:+:$PYTHONPATH}" MINISGL_STEP_TRACE="$work/steps-$name.jsonl" \
-    exec python3 -m minisgl_core serve --model "$model" --served-model-name bench --port 8001 \
+    exec python3 -m minisgl_core serve --model "$model" --served-model-name bench --port "$port" \
     "${server_flags[@]}" "${more[@]}") > "$work/server-$name.log" 2>&1 &
   server=$!
-  if ! wait_server localhost:8001/health 300 $server "$work/server-$name.log"; then
+  if ! wait_server "localhost:$port/health" 300 $server "$work/server-$name.log"; then
     kill $server 2>/dev/null; wait $server; continue
   fi
   (cd /tmp && PYTHONPATH="$tree${PYTHONPATH:+:$PYTHONPATH}" python3 -c \
     'import minisgl_core; print("core from", minisgl_core.__file__)')
-  python3 -m minisgl_core bench serve --url http://127.0.0.1:8001 --model bench "${workload[@]}" \
+  python3 -m minisgl_core bench serve --url "http://127.0.0.1:$port" --model bench "${workload[@]}" \
     --num-requests 8 --groups 2 --seed 1 >/dev/null 2>&1
   : > "$work/steps-$name.jsonl"
-  timeout 300 python3 -m minisgl_core bench serve --url http://127.0.0.1:8001 --model bench \
+  timeout 300 python3 -m minisgl_core bench serve --url "http://127.0.0.1:$port" --model bench \
     "${workload[@]}" "${rate[@]}" --label "$run rate ${RATE:-all}" --output "$out/serve.jsonl" 2>/dev/null \
     | tail -n 1 | cut -c1-400
   kill $server; wait $server
