@@ -3,7 +3,7 @@
 # the shared-prefix workload (issue 19 asks for it "if its server runs"), each server started in
 # turn on the same random-weight model and measured by the same client, `minisgl bench serve`, at
 # the same request rates. The peer's server takes text prompts only, so both get the prompts as
-# text decoded by the model's tokenizer (`--tokenizer`); `--server mini-sglang` speaks its
+# text that the model's tokenizer encodes back to the workload's lengths (`--tokenizer`); `--server mini-sglang` speaks its
 # protocol (/v1/chat/completions, one chunk per token, no usage and no /metrics: no hit rate).
 #
 #   source .whl/prelude.sh && bash tools/peer_serve_compare.sh [SHAPE]      (default qwen3-0.6b)
