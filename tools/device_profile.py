@@ -7,13 +7,17 @@
     python tools/device_profile.py steps MODEL_DIR   # standard offline workload, step by step
     python tools/device_profile.py steps MODEL_DIR --workload shared-prefix --max-running 128 [--disable-cascade] [--cache naive]
     python tools/device_profile.py steps MODEL_DIR --cprofile [--trace OUT.json]   # + host phases, Chrome trace
+    python tools/device_profile.py steps MODEL_DIR --workload shared-prefix --max-running 128 --mixed --profile-kind mixed
     python tools/device_profile.py b1 MODEL_DIR      # batch-1 decode, kernel table
 
 ``steps`` drives one Engine over the standard workload, times every step on the host (with
 overlap on, a step's host time is the device time of the step before it once the device is the
 bottleneck), sums them by kind and batch size, and profiles a window of decode steps with
 ``torch.profiler`` (kernel table sorted by device time; ``--trace`` writes that window as a Chrome
-trace). ``--cprofile`` runs the host phases of every step (schedule, prepare, launch, sampling;
+trace). ``--profile-kind decode|prefill|mixed`` profiles instead the first ``--window`` steps of
+that kind from step ``--window-start`` on, each step alone and waited for (their kernels summed
+into one table: where a mixed step's time goes); ``--mixed`` turns mixed steps on (off by
+default on CUDA). ``--cprofile`` runs the host phases of every step (schedule, prepare, launch, sampling;
 sampling's count includes its no-op calls) under cProfile, prefill and decode steps apart, and
 prints each phase's top functions. ``b1`` does the same for a single
 request's decode steps. Tables go to stdout; JSON summaries to --json.
@@ -213,15 +217,16 @@ def steps(args: argparse.Namespace) -> dict:
         cache=args.cache,
         max_running_requests=args.max_running,
         cascade=not args.disable_cascade,
+        mixed_batch=True if args.mixed else None,
     )
     engine = llm.engine
     runner = engine.runner
-    seen: list[tuple[bool, int]] = []
+    seen: list[tuple[str, int]] = []  # (kind, batch size) of every batch prepared
     cascade_steps: list[int] = []  # groups per cascade decode step
     prepare = runner.prepare  # the engine runs prepare(batch)() (plan, then launch), not forward
 
     def recording_prepare(batch):
-        seen.append((batch.is_prefill, batch.batch_size))
+        seen.append((_kind(batch), batch.batch_size))
         if batch.shared_prefixes is not None:
             cascade_steps.append(len(batch.shared_prefixes))
         return prepare(batch)
@@ -238,21 +243,25 @@ def steps(args: argparse.Namespace) -> dict:
         engine.add_request(
             10_000 + i, prompt, SamplingParams(temperature=0.6, max_tokens=r.max_tokens, ignore_eos=True)
         )
-    records: list[tuple[bool, int, float]] = []
+    records: list[tuple[str, int, float]] = []
     window = (args.window_start, args.window_start + args.window)
     prof = None
+    by_kind = _KindProfiles(args.profile_kind, args.window) if args.profile_kind else None
     _sync()
     begin = last = time.perf_counter()
     n = 0
     while engine.has_work:
-        if n == window[0]:
+        if n == window[0] and by_kind is None:
             prof = torch.profiler.profile(activities=_activities())
             prof.__enter__()
             pstart = time.perf_counter()
         before = len(seen)
-        engine.step()
+        if by_kind is not None and n >= window[0]:
+            by_kind.step(engine, seen)
+        else:
+            engine.step()
         now = time.perf_counter()
-        kind = seen[before] if len(seen) > before else (False, 0)
+        kind = seen[before] if len(seen) > before else ("idle", 0)
         records.append((kind[0], kind[1], now - last))
         last = now
         n += 1
@@ -263,12 +272,13 @@ def steps(args: argparse.Namespace) -> dict:
             last = time.perf_counter()
     total = time.perf_counter() - begin
     buckets: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
-    for is_prefill, bs, dt in records:
+    for kind, bs, dt in records:
         key = (
-            "prefill"
-            if is_prefill
+            kind
+            if kind != "decode"
             else f"decode bs<= {next(b for b in (8, 32, 64, 128, 192, 256, 10**9) if bs <= b)}"
         )
+
         buckets[key][0] += 1
         buckets[key][1] += dt
     output_tokens = sum(r.max_tokens for r in workload)
@@ -287,10 +297,62 @@ def steps(args: argparse.Namespace) -> dict:
         print(_table(prof))
         if args.trace:
             prof.export_chrome_trace(args.trace)
+    if by_kind is not None:
+        summary["profiled"] = by_kind.report()
     if host is not None:
         host.report()
     llm.close()
     return summary
+
+
+def _kind(batch) -> str:
+    """decode, prefill, or mixed (a prefill batch whose first rows are decode rows: one new token
+    after a KV of more than one)."""
+    if not batch.is_prefill:
+        return "decode"
+    first_new, first_len = batch.extend_lens_cpu[0], batch.seq_lens_cpu[0]
+    return "mixed" if first_new == 1 and first_len > 1 and batch.batch_size > 1 else "prefill"
+
+
+class _KindProfiles:
+    """``torch.profiler`` around single steps, each waited for, keeping those of one kind until
+    ``wanted`` are kept; their kernels are summed into one table (device µs per step)."""
+
+    def __init__(self, kind: str, wanted: int) -> None:
+        self.kind, self.wanted = kind, wanted
+        self.kept: list[tuple[int, float]] = []  # (batch size, device µs) per kept step
+        self.kernels: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])  # name: [calls, µs]
+
+    def step(self, engine, seen: list[tuple[str, int]]) -> None:
+        if len(self.kept) >= self.wanted:
+            engine.step()
+            return
+        _sync()
+        before = len(seen)
+        with torch.profiler.profile(activities=_activities()) as prof:
+            engine.step()
+            _sync()
+        if len(seen) == before or seen[before][0] != self.kind:
+            return
+        for e in prof.key_averages():
+            t = getattr(e, "self_device_time_total", None)
+            t = getattr(e, "self_cuda_time_total", 0.0) if t is None else t
+            if t > 0:
+                self.kernels[e.key][0] += e.count
+                self.kernels[e.key][1] += t
+        self.kept.append((seen[before][1], _device_us(prof)))
+
+    def report(self) -> dict:
+        steps = max(len(self.kept), 1)
+        device_ms = sum(us for _, us in self.kept) / steps / 1e3
+        print(f"{len(self.kept)} {self.kind} steps profiled alone (batch sizes "
+              f"{sorted(bs for bs, _ in self.kept)}): device {device_ms:.2f} ms per step")  # fmt: skip
+        print(f"{'kernel':<80} {'calls/step':>10} {'ms/step':>9}")
+        top = sorted(self.kernels.items(), key=lambda kv: -kv[1][1])[:30]
+        for name, (calls, us) in top:
+            print(f"{name[:80]:<80} {calls / steps:>10.1f} {us / steps / 1e3:>9.3f}")
+        return {"kind": self.kind, "steps": len(self.kept), "device_ms_per_step": round(device_ms, 3),
+                "kernels_ms_per_step": {n: round(us / steps / 1e3, 4) for n, (_, us) in top}}  # fmt: skip
 
 
 class _HostProfiles:
@@ -407,6 +469,12 @@ def main() -> None:
     p.add_argument("--json")
     p.add_argument("--cprofile", action="store_true", help="steps: cProfile the host phases by step kind")
     p.add_argument("--trace", help="steps: write the profiled window as a Chrome trace here")
+    p.add_argument("--mixed", action="store_true", help="steps: mixed prefill + decode steps on")
+    p.add_argument(
+        "--profile-kind",
+        choices=["decode", "prefill", "mixed"],
+        help="steps: profile the first --window steps of this kind from --window-start on, each alone",
+    )
     args = p.parse_args()
     result = {"attn": attn, "small": small, "kv": kv, "gemv": gemv, "steps": steps, "b1": b1}[args.what](args)
     if args.json:
