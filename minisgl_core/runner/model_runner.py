@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import torch
 
-from minisgl_core import fast_paths
+from minisgl_core import environment, fast_paths
 from minisgl_core.api import (
     AttentionBackend,
     AttentionConfig,
@@ -23,6 +23,7 @@ from minisgl_core.layers import ParallelLMHead
 from minisgl_core.plugins import PluginError, Plugins
 from minisgl_core.runner import quantization
 from minisgl_core.runner.layout import set_layout
+from minisgl_core.runner.split_mixed import SplitMixedAttention, leading_decode_rows
 
 logger = logging.getLogger(__name__)
 
@@ -245,6 +246,12 @@ class ModelRunner:
         #: (by default on a CPU only, see EngineConfig.mixed_batch)
         wanted = config.mixed_batch if config.mixed_batch is not None else self.device.type != "cuda"
         self.mixed = wanted and "mixed" in self.prefill_attn.capabilities
+        #: (experimental, MINISGL_SPLIT_MIXED=1) a mixed step's decode rows attend on the decode
+        #: backend (runner/split_mixed.py)
+        self.split_mixed = None
+        if self.mixed and environment.get("MINISGL_SPLIT_MIXED", "0") == "1":
+            if SplitMixedAttention.pairs(self.prefill_attn, self.decode_attn):
+                self.split_mixed = SplitMixedAttention(self.prefill_attn, self.decode_attn)
         self.graphs = None
         if self.device.type == "cuda" and config.cuda_graph_max_bs > 0:
             if "cuda_graph" in self.decode_attn.capabilities:
@@ -428,6 +435,12 @@ class ModelRunner:
         constrained step whose bitmask was being filled)."""
         if self.graphs is not None and not batch.is_prefill and self.graphs.can_run(batch):
             return self.graphs.prepare(batch)
+        if (
+            self.split_mixed is not None
+            and batch.is_prefill
+            and 0 < leading_decode_rows(batch) < batch.batch_size
+        ):
+            batch.attn = self.split_mixed  # type: ignore[assignment]  # an attention backend in all the core reads
         if self.prefill_graphs is not None and batch.is_prefill and self.prefill_graphs.can_run(batch):
             return self.prefill_graphs.prepare(batch)
         set_layout(batch)

@@ -35,6 +35,7 @@ import torch
 from minisgl_core.api import AttentionBackend, ForwardBatch, Model
 from minisgl_core.layers.attention import AttentionLayer, split_at_attention
 from minisgl_core.runner.layout import set_layout
+from minisgl_core.runner.split_mixed import SplitMixedAttention
 
 logger = logging.getLogger(__name__)
 
@@ -186,7 +187,8 @@ class PiecewiseGraphs:
     # ------------------------------------------------------------------ replay
 
     def can_run(self, batch: ForwardBatch) -> bool:
-        return batch.attn is self.attn and batch.num_tokens <= self.max_tokens
+        attn = batch.attn.prefill if isinstance(batch.attn, SplitMixedAttention) else batch.attn
+        return attn is self.attn and batch.num_tokens <= self.max_tokens
 
     def prepare(self, batch: ForwardBatch) -> Callable[[], torch.Tensor]:
         """Plan the attention and fill the fixed inputs but the token ids; the call returned

@@ -1,0 +1,91 @@
+"""Mixed steps split between two backends (``MINISGL_SPLIT_MIXED=1``): with ``--attn torch,triton``
+and mixed steps on, a mixed step's decode rows attend on this (the Triton decode) backend and its
+prompt rows on the torch backend. Each request must get the greedy tokens it gets with the split
+off (the torch backend attending every row of a mixed step), logprobs within float rounding,
+and the split must really have run. On the CPU under Triton's interpreter, in a child process."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import tempfile
+
+import pytest
+import torch
+
+from minisgl_core.testing.triton_interpreter import run_under_interpreter
+
+pytest.importorskip("triton")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's check")
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_split_mixed_steps_give_the_unsplit_tokens(page_size):
+    runs = {}
+    for split in ("0", "1"):
+        out = run_under_interpreter(__file__, str(page_size), env={"MINISGL_SPLIT_MIXED": split})
+        runs[split] = json.loads(out.splitlines()[-1])
+    off, on = runs["0"], runs["1"]
+    assert off["split_steps"] == 0 and on["split_steps"] >= 3, (off["split_steps"], on["split_steps"])
+    assert on["mixed_steps"] == off["mixed_steps"] >= 3
+    assert on["tokens"] == off["tokens"]
+    assert len({t for ids in off["tokens"] for t in ids}) > 20  # a degenerate model would prove nothing
+    worst = max(
+        abs(a - b)
+        for x, y in zip(on["logprobs"], off["logprobs"], strict=True)
+        for a, b in zip(x, y, strict=True)
+    )
+    assert worst < 1e-4, worst
+
+
+def child(page_size: str) -> None:
+    from minisgl_core.demo.factories import make_model_dir
+    from minisgl_core.runner.split_mixed import SplitMixedAttention
+    from minisgl_core.sampling import SamplingParams
+    from minisgl_core.testing import cpu_llm, run_staggered
+
+    rng = random.Random(0)
+    greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=0)
+    # short prompts decoding while longer ones (chunked by the budget) arrive
+    plan = [(0, 9), (0, 17), (2, 70), (3, 5), (5, 90), (8, 30)]
+    arrivals = [(at, [rng.randrange(5, 500) for _ in range(n)], greedy) for at, n in plan]
+    with tempfile.TemporaryDirectory() as tmp:
+        model = make_model_dir(
+            tmp,
+            "Qwen3ForCausalLM",
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            head_dim=32,
+            hidden_size=128,
+        )
+        llm = cpu_llm(
+            model, attn="torch,triton", mixed_batch=True, page_size=int(page_size), max_prefill_tokens=40,
+            num_kv_tokens=1024,
+        )  # fmt: skip
+        split = llm.engine.runner.split_mixed
+        steps = {"split_steps": 0}
+        if split is not None:
+            prepare = SplitMixedAttention.prepare_metadata
+
+            def counting(self, batch, prepare=prepare):
+                steps["split_steps"] += 1
+                return prepare(self, batch)
+
+            SplitMixedAttention.prepare_metadata = counting
+        run = run_staggered(llm, arrivals)
+        llm.close()
+    print(
+        json.dumps(
+            {
+                **steps,
+                "mixed_steps": run.kinds.count("mixed"),
+                "tokens": [run.tokens[i] for i in range(len(arrivals))],
+                "logprobs": [run.logprobs[i] for i in range(len(arrivals))],
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    child(*sys.argv[1:])
