@@ -11,7 +11,8 @@
 # requests (default 200). serve: about 2.5 minutes (two server start-ups with CUDA-graph capture);
 # all: about 3.
 # VARIANTS (default "on off"): the runs, in order; a variant may add flags after a '+', each
-# separated by '+' ("on+--max-prefill-tokens=2048"). SHAPE (llama-3.1-8b: that shape instead)
+# separated by '+' ("on+--max-prefill-tokens=2048"); a NAME=value there sets an environment variable
+# for that server instead ("on+MINISGL_SPLIT_MIXED=1"). SHAPE (llama-3.1-8b: that shape instead)
 # or MODEL (a folder), SERVER_FLAGS, WORKLOAD, RATE, NUM, PY.
 # Writes to $OUT: serve.jsonl (bench serve's lines), table.md, trace-summary.txt (step traces
 # summarised: how many mixed steps, decode rows riding along), logs.tgz.
@@ -48,9 +49,15 @@ read -r -a workload <<< "${WORKLOAD:---workload standard --num-requests $num}"
 for variant in ${VARIANTS:-on off}; do
   flags=(--enable-mixed-batch)  # explicit both ways: the default depends on the device
   [ "${variant%%+*}" = off ] && flags=(--disable-mixed-batch)
-  [[ $variant == *+* ]] && { IFS=+ read -r -a more <<< "${variant#*+}"; flags+=("${more[@]}"); }
+  envs=()
+  if [[ $variant == *+* ]]; then
+    IFS=+ read -r -a more <<< "${variant#*+}"
+    for m in "${more[@]}"; do
+      if [[ $m =~ ^[A-Z_][A-Z0-9_]*= ]]; then envs+=("$m"); else flags+=("$m"); fi
+    done
+  fi
   name=${variant//[^A-Za-z0-9]/_}
-  MINISGL_STEP_TRACE="$work/steps-$name.jsonl" $py -m minisgl_core serve --model "$model" \
+  env "${envs[@]}" MINISGL_STEP_TRACE="$work/steps-$name.jsonl" $py -m minisgl_core serve --model "$model" \
     --served-model-name bench --port 8001 "${server_flags[@]}" "${flags[@]}" > "$work/server-$name.log" 2>&1 &
   server=$!
   if ! wait_server localhost:8001/health 240 $server "$work/server-$name.log"; then

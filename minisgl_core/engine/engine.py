@@ -117,6 +117,7 @@ class Engine:
             cascade=self.runner.cascade,
             mixed=self.runner.mixed,
         )
+        self.scheduler.cascade_mixed = self.runner.split_mixed is not None
         # On the CPU the forward is synchronous, so overlap gains nothing there, but it runs the
         # same lagged bookkeeping, which keeps that logic under test in CI.
         self.overlap = config.overlap

@@ -435,12 +435,11 @@ class ModelRunner:
         constrained step whose bitmask was being filled)."""
         if self.graphs is not None and not batch.is_prefill and self.graphs.can_run(batch):
             return self.graphs.prepare(batch)
-        if (
-            self.split_mixed is not None
-            and batch.is_prefill
-            and 0 < leading_decode_rows(batch) < batch.batch_size
-        ):
-            batch.attn = self.split_mixed  # type: ignore[assignment]  # an attention backend in all the core reads
+        if self.split_mixed is not None and batch.is_prefill:
+            if 0 < leading_decode_rows(batch) < batch.batch_size:
+                batch.attn = self.split_mixed  # type: ignore[assignment]  # a backend in all the core reads
+            else:  # the decode rows' cascade groups are for the decode backend only
+                batch.shared_prefixes = None
         if self.prefill_graphs is not None and batch.is_prefill and self.prefill_graphs.can_run(batch):
             return self.prefill_graphs.prepare(batch)
         set_layout(batch)

@@ -8,8 +8,9 @@ prefill kernel spent about 0.25 ms per such row where the decode step's kernels 
 which made mixing lose on the GPU. Split, the decode rows run on the decode backend and the
 prompt rows on the prefill backend, each over its own part of the batch; everything else in the
 step (the GEMMs, the norms, the piecewise graphs) still runs once over all the rows. Both
-backends write the same KV pool. No cascade for the decode rows (``shared_prefixes`` stays
-``None``: plain attention, which the API defines as the same result).
+backends write the same KV pool. With cascade on, the scheduler groups the decode rows that share
+a cached prefix as it does a decode step's (``Scheduler.cascade_mixed``); the mixed batch's
+``shared_prefixes`` then index those rows, and only the decode part sees them.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ class SplitMixedAttention:
         d = leading_decode_rows(batch)
         rows = batch.batch_size
         decodes = part(batch, slice(0, d), slice(0, d), self.decode, is_prefill=False)
+        decodes.shared_prefixes = batch.shared_prefixes  # the scheduler's groups of the decode rows
         prompts = part(batch, slice(d, rows), slice(d, batch.num_tokens), self.prefill, is_prefill=True)
         for sub in (decodes, prompts):
             set_layout(sub)

@@ -111,6 +111,9 @@ class Scheduler:
         #: mixed steps: a prefill step also carries every running decode (one token each), the
         #: decodes counting against ``max_prefill_tokens`` (the prefill backend declares "mixed")
         self.mixed = mixed
+        #: (MINISGL_SPLIT_MIXED) a mixed step's decode rows run on the decode backend: group them
+        #: for cascade as a decode step's (``ForwardBatch.shared_prefixes`` then covers those rows)
+        self.cascade_mixed = False
         #: set by the engine when speculative decoding is on: turns a decode step into a verify
         #: step with drafts, or returns None for a plain decode (see scheduler/speculative.py)
         self.speculate: Callable[[Scheduler, list[Request]], ScheduledBatch | None] | None = None
@@ -230,6 +233,11 @@ class Scheduler:
             self._retract_until_decode_fits(decodes)
         if not decodes:
             return self._build_prefill(plan)
+        shared = None
+        if self.cascade and self.cascade_mixed:
+            decodes, shared = group_shared_prefixes(
+                decodes, {r.rid: r.num_computed + 1 for r in decodes}, self.kv.page_size
+            )
         dec_slots = self.kv.decode_slots(decodes)
         if dec_slots is None:  # cannot happen: the retraction left room for every one
             raise RuntimeError("KV pool exhausted with a single request running")
@@ -256,6 +264,7 @@ class Scheduler:
         batch = self._forward_batch(
             True, reqs, lens, seq_lens, input_ids, positions, flat_slots, logit_rows[0]
         )
+        batch.shared_prefixes = shared  # the decode rows' groups (rows 0 .. len(decodes) - 1)
         for req in decodes:
             req.num_computed += 1
         self._advance_prefill(pre, seq_lens[len(decodes) :])

@@ -2,7 +2,9 @@
 and mixed steps on, a mixed step's decode rows attend on this (the Triton decode) backend and its
 prompt rows on the torch backend. Each request must get the greedy tokens it gets with the split
 off (the torch backend attending every row of a mixed step), logprobs within float rounding,
-and the split must really have run. On the CPU under Triton's interpreter, in a child process."""
+and the split must really have run; with prompts sharing system prompts, the decode rows of a
+mixed step are grouped for cascade (this backend's prefix kernel) as a decode step's are. On the
+CPU under Triton's interpreter, in a child process."""
 
 from __future__ import annotations
 
@@ -20,14 +22,16 @@ pytest.importorskip("triton")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's check")
-@pytest.mark.parametrize("page_size", [1, 4])
-def test_split_mixed_steps_give_the_unsplit_tokens(page_size):
+@pytest.mark.parametrize(("page_size", "prompts"), [(1, "plain"), (4, "shared")])
+def test_split_mixed_steps_give_the_unsplit_tokens(page_size, prompts):
     runs = {}
     for split in ("0", "1"):
-        out = run_under_interpreter(__file__, str(page_size), env={"MINISGL_SPLIT_MIXED": split})
+        out = run_under_interpreter(__file__, str(page_size), prompts, env={"MINISGL_SPLIT_MIXED": split})
         runs[split] = json.loads(out.splitlines()[-1])
     off, on = runs["0"], runs["1"]
     assert off["split_steps"] == 0 and on["split_steps"] >= 3, (off["split_steps"], on["split_steps"])
+    if prompts == "shared":  # the decode rows of some mixed steps ran cascade
+        assert on["cascade_split_steps"] >= 1, on["cascade_split_steps"]
     assert on["mixed_steps"] == off["mixed_steps"] >= 3
     assert on["tokens"] == off["tokens"]
     assert len({t for ids in off["tokens"] for t in ids}) > 20  # a degenerate model would prove nothing
@@ -39,17 +43,25 @@ def test_split_mixed_steps_give_the_unsplit_tokens(page_size):
     assert worst < 1e-4, worst
 
 
-def child(page_size: str) -> None:
+def child(page_size: str, prompts: str) -> None:
     from minisgl_core.demo.factories import make_model_dir
     from minisgl_core.runner.split_mixed import SplitMixedAttention
     from minisgl_core.sampling import SamplingParams
+    from minisgl_core.scheduler import cascade
     from minisgl_core.testing import cpu_llm, run_staggered
 
+    cascade.MIN_SAVED_TOKENS, cascade.MIN_SAVED_SHARE = 0, 0.0  # cascade for any saving
     rng = random.Random(0)
     greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=0)
     # short prompts decoding while longer ones (chunked by the budget) arrive
     plan = [(0, 9), (0, 17), (2, 70), (3, 5), (5, 90), (8, 30)]
     arrivals = [(at, [rng.randrange(5, 500) for _ in range(n)], greedy) for at, n in plan]
+    if prompts == "shared":  # two system prompts, three requests behind each, then two long ones
+        system = [[rng.randrange(5, 500) for _ in range(24)] for _ in range(2)]
+        arrivals = [
+            (at, system[i % 2] + [rng.randrange(5, 500) for _ in range(3 + i)], greedy)
+            for i, at in enumerate((0, 0, 2, 2, 4, 4))
+        ] + arrivals[4:]
     with tempfile.TemporaryDirectory() as tmp:
         model = make_model_dir(
             tmp,
@@ -64,12 +76,13 @@ def child(page_size: str) -> None:
             num_kv_tokens=1024,
         )  # fmt: skip
         split = llm.engine.runner.split_mixed
-        steps = {"split_steps": 0}
+        steps = {"split_steps": 0, "cascade_split_steps": 0}
         if split is not None:
             prepare = SplitMixedAttention.prepare_metadata
 
             def counting(self, batch, prepare=prepare):
                 steps["split_steps"] += 1
+                steps["cascade_split_steps"] += bool(batch.shared_prefixes)
                 return prepare(self, batch)
 
             SplitMixedAttention.prepare_metadata = counting
