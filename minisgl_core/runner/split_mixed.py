@@ -3,7 +3,7 @@ experimental, off by default).
 
 A mixed step is a prefill batch whose first rows are the running decodes, one new token each
 (``Scheduler._build_mixed``). The prefill backend attends all of them; on an H200 FlashInfer's
-prefill kernel spent about 0.25 ms per such row where the decode step's kernels spend about
+prefill kernel spent about 0.3 ms per such row where the decode step's kernels spend about
 0.045 (Llama-3.1-8B, 2,200-token contexts; BENCHMARKS.md, "Where a mixed step's time goes"),
 which made mixing lose on the GPU. Split, the decode rows run on the decode backend and the
 prompt rows on the prefill backend, each over its own part of the batch; everything else in the
@@ -55,8 +55,9 @@ def part(
 
 class SplitMixedAttention:
     """Stands in as a mixed step's ``batch.attn``: the leading decode rows on ``decode``, the
-    rest on ``prefill`` (which also plans the whole batch's page layout for the core). Only for a
-    pair whose ``"prestored_kv"`` agree (the model then stores the KV the same way for both)."""
+    rest on ``prefill``; its ``config`` is the prefill backend's (both share the KV pool and page
+    size), its capabilities what both declare. Only for a pair whose ``"prestored_kv"`` agree
+    (the model then stores the KV the same way for both parts)."""
 
     def __init__(self, prefill: AttentionBackend, decode: AttentionBackend) -> None:
         self.prefill, self.decode = prefill, decode
