@@ -3,13 +3,17 @@ and mixed steps on, a mixed step's decode rows attend on this (the Triton decode
 prompt rows on the torch backend. Each request must get the greedy tokens it gets with the split
 off (the torch backend attending every row of a mixed step), logprobs within float rounding,
 and the split must really have run; with prompts sharing system prompts, the decode rows of a
-mixed step are grouped for cascade (this backend's prefix kernel) as a decode step's are. On the
-CPU under Triton's interpreter, in a child process."""
+mixed step are grouped for cascade (this backend's prefix kernel) as a decode step's are. In a
+child process: on the CPU under Triton's interpreter; on a GPU in float32 with the compiled
+kernels, where the fused rope + KV store, piecewise CUDA graphs and ``attend`` (pre-stored KV)
+run too (``tools/device_suites.sh triton``)."""
 
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
 import sys
 import tempfile
 
@@ -21,14 +25,23 @@ from minisgl_core.testing.triton_interpreter import run_under_interpreter
 pytest.importorskip("triton")
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's check")
+def run_child(page_size: int, prompts: str, split: str) -> dict:
+    env = {"MINISGL_SPLIT_MIXED": split}
+    if not torch.cuda.is_available():
+        out = run_under_interpreter(__file__, str(page_size), prompts, "cpu", env=env)
+    else:
+        proc = subprocess.run(
+            [sys.executable, __file__, str(page_size), prompts, "cuda"],
+            env={**os.environ, **env}, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        out = proc.stdout
+    return json.loads(out.splitlines()[-1])
+
+
 @pytest.mark.parametrize(("page_size", "prompts"), [(1, "plain"), (4, "shared")])
 def test_split_mixed_steps_give_the_unsplit_tokens(page_size, prompts):
-    runs = {}
-    for split in ("0", "1"):
-        out = run_under_interpreter(__file__, str(page_size), prompts, env={"MINISGL_SPLIT_MIXED": split})
-        runs[split] = json.loads(out.splitlines()[-1])
-    off, on = runs["0"], runs["1"]
+    off, on = (run_child(page_size, prompts, split) for split in ("0", "1"))
     assert off["split_steps"] == 0 and on["split_steps"] >= 3, (off["split_steps"], on["split_steps"])
     if prompts == "shared":  # the decode rows of some mixed steps ran cascade
         assert on["cascade_split_steps"] >= 1, on["cascade_split_steps"]
@@ -43,8 +56,9 @@ def test_split_mixed_steps_give_the_unsplit_tokens(page_size, prompts):
     assert worst < 1e-4, worst
 
 
-def child(page_size: str, prompts: str) -> None:
+def child(page_size: str, prompts: str, device: str) -> None:
     from minisgl_core.demo.factories import make_model_dir
+    from minisgl_core.llm import LLM
     from minisgl_core.runner.split_mixed import SplitMixedAttention
     from minisgl_core.sampling import SamplingParams
     from minisgl_core.scheduler import cascade
@@ -71,10 +85,14 @@ def child(page_size: str, prompts: str) -> None:
             head_dim=32,
             hidden_size=128,
         )
-        llm = cpu_llm(
-            model, attn="torch,triton", mixed_batch=True, page_size=int(page_size), max_prefill_tokens=40,
+        options = dict(
+            attn="torch,triton", mixed_batch=True, page_size=int(page_size), max_prefill_tokens=40,
             num_kv_tokens=1024,
         )  # fmt: skip
+        if device == "cpu":
+            llm = cpu_llm(model, **options)
+        else:  # float32 on the GPU too: the two runs' kernels must agree to float rounding
+            llm = LLM(str(model), device="cuda", dtype="float32", **options)
         split = llm.engine.runner.split_mixed
         steps = {"split_steps": 0, "cascade_split_steps": 0}
         if split is not None:
