@@ -135,6 +135,21 @@ def test_requests_sharing_a_prompt_in_one_step_compute_it_once(model_dir, page_s
     llm.engine.scheduler.kv.cache.check_integrity()
 
 
+def test_a_prompt_sharing_only_tokens_past_another_prefix_is_not_held_back(model_dir):
+    """The same 40 tokens at the same positions but behind another cached prefix share no K/V:
+    such a request is admitted with the prompt that has them, not a round later."""
+    system, other, middle = list(range(100, 164)), list(range(400, 464)), list(range(600, 640))
+    llm = cpu_llm(model_dir, cache="radix")
+    llm.generate([system + [5]], GREEDY)  # the system prompt in the cache
+    taken = []
+    take = llm.engine.scheduler._take_chunks
+    llm.engine.scheduler._take_chunks = lambda plan, budget: taken.append(t := take(plan, budget)) or t
+    outs = llm.generate([other + middle + [7], system + middle + [8]], GREEDY)
+    assert all(len(o.token_ids) == GREEDY.max_tokens for o in outs)
+    assert [len(t[0]) for t in taken if t is not None] == [2]  # one step admits both
+    assert_kv_released(llm)
+
+
 @pytest.mark.parametrize(
     ("page_size", "params"),
     [

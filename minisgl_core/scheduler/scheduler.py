@@ -287,16 +287,17 @@ class Scheduler:
         past its cached prefix with a prompt this step already prefills. Admitted a round later,
         it reads them from the cache (a prompt is offered to it as soon as it is planned whole,
         :meth:`KVManager.cache_prompt`) instead of computing them a second time: the n choices of
-        one prompt, a burst of requests behind one system prompt. The tokens compared are the
-        window right after the cached prefix (the cache already holds what comes before it)."""
+        one prompt, a burst of requests behind one system prompt. The window right after the
+        cached prefix is compared first (cheap, and it rules out almost every other prompt), then
+        everything before it (K/V at those positions are shared only behind the same tokens)."""
         if not taken or req.scores_prompt or "prefix_reuse" not in self.kv.cache.capabilities:
             return False
         start = self.kv.cached_prefix_len(req)
         end = start + SHARED_IN_STEP_MIN
         if end >= req.fill_len:  # too little left to share
             return False
-        window = req.fill_ids[start:end]
-        return any(other.fill_ids[start:end] == window for other in taken)
+        window, head = req.fill_ids[start:end], req.fill_ids[:end]
+        return any(other.fill_ids[start:end] == window and other.fill_ids[:end] == head for other in taken)
 
     def _take_chunks(
         self, plan: PrefillPlan, budget: int
