@@ -96,4 +96,9 @@ for r in rows:
     print(f"| {r['server']} | {r['request_rate']} | {r['output_tok_per_s']:,} | {r['ttft_ms_p50']} / {r['ttft_ms_p99']} "
           f"| {r['itl_ms_p50']} / {r['itl_ms_p99']} | {r['output_tokens']} / {r['expected_output_tokens']} ({r.get('short_requests')}) "
           f"| {r['prefix_hit_rate']} |")
+for r in rows:  # our server counts the prompt tokens it received: text prompts must not grow
+    served, sent = r.get("prompt_tokens_served"), r.get("prompt_tokens")
+    if served is not None and served != sent:
+        print(f"WARNING: {r['server']} at {r['request_rate']} req/s received {served:,} prompt tokens, "
+              f"the workload has {sent:,}: the text prompts did not encode back to the workload's lengths")
 PY
