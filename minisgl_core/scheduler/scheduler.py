@@ -296,8 +296,11 @@ class Scheduler:
         end = start + SHARED_IN_STEP_MIN
         if end >= req.fill_len:  # too little left to share
             return False
-        window, head = req.fill_ids[start:end], req.fill_ids[:end]
-        return any(other.fill_ids[start:end] == window and other.fill_ids[:end] == head for other in taken)
+        window = req.fill_ids[start:end]
+        return any(  # the head is sliced only for a prompt whose window matched
+            other.fill_ids[start:end] == window and other.fill_ids[:start] == req.fill_ids[:start]
+            for other in taken
+        )
 
     def _take_chunks(
         self, plan: PrefillPlan, budget: int
