@@ -71,11 +71,22 @@ def longest_first(seq_lens: list[int]) -> list[int]:
     return sorted(range(len(seq_lens)), key=seq_lens.__getitem__, reverse=True)
 
 
-def host_table(rows: list[list[int]]) -> torch.Tensor:
-    """``rows`` as one int32 CPU tensor in pageable memory, copied from there without waiting (the
-    driver stages a small pageable copy: 8-18 µs of host time on an H200 machine, where
-    ``pin_memory()`` alone took 15-85 µs; the core's ``tools/device_h2d.py``)."""
-    return torch.tensor(rows, dtype=torch.int32)
+def padded_width(n: int) -> int:
+    """``n`` columns rounded up to 16 int32s: each row of a table starts 64-byte aligned, as
+    Triton specialises a kernel on (another aligned pointer, another stride divisible by 16 is
+    another compile)."""
+    return -(-n // 16) * 16
+
+
+def host_table(rows: list[list[int]], width: int | None = None) -> torch.Tensor:
+    """``rows`` as one int32 CPU tensor in pageable memory (zero-padded to ``width`` columns),
+    copied from there without waiting (the driver stages a small pageable copy: 8-18 µs of host
+    time on an H200 machine, where ``pin_memory()`` alone took 15-85 µs; the core's
+    ``tools/device_h2d.py``)."""
+    table = torch.tensor(rows, dtype=torch.int32)
+    if width is not None and width > table.shape[1]:
+        table = torch.nn.functional.pad(table, (0, width - table.shape[1]))
+    return table
 
 
 def cascade_plan(seq_lens: list[int], groups: list[SharedPrefix], members_per_task: int) -> list[list[int]]:
@@ -225,7 +236,9 @@ class TritonDecodeBackend(AttentionBackend):
             )
         # no groups (``[]``): a plain step, which gives the same result
         device = batch.seq_lens.device
-        plan = host_table(self._plan(batch.seq_lens_cpu, batch.shared_prefixes or None))
+        plan = host_table(
+            self._plan(batch.seq_lens_cpu, batch.shared_prefixes or None), padded_width(batch.batch_size)
+        )
         plan = plan.to(device, non_blocking=True)
         batch.attn_metadata = self._metadata(batch.req_slots, batch.seq_lens, plan, batch.batch_size)
 
@@ -347,7 +360,7 @@ class TritonDecodeBackend(AttentionBackend):
         self._graph_req_slots = torch.zeros(max_batch_size, dtype=torch.int32, device=device)
         self._graph_seq_lens = torch.ones(max_batch_size, dtype=torch.int32, device=device)
         # order, skip and the prefix tasks of every step a graph replays (rows of max_batch_size)
-        self._graph_plan = torch.zeros(5, max_batch_size, dtype=torch.int32, device=device)
+        self._graph_plan = torch.zeros(5, padded_width(max_batch_size), dtype=torch.int32, device=device)
 
     def prepare_capture(self, batch: ForwardBatch) -> None:
         batch.attn_metadata = self._graph_metadata(batch)

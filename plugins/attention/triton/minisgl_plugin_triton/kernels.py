@@ -39,14 +39,20 @@ def _attend(
         slot = tl.load(table_row + pos, mask=valid, other=0).to(tl.int64)
         kv_offsets = slot[:, None] * kv_stride_slot + columns[None, :]
         k = tl.load(k_ptr + kv_offsets, mask=valid[:, None], other=0.0).to(q.dtype)
-        scores = tl.dot(q, tl.trans(k)) * scale_log2
+        if q.dtype == tl.float32:  # float32 products in float32 (a GPU's default is TF32: 10 bits)
+            scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2
+        else:
+            scores = tl.dot(q, tl.trans(k)) * scale_log2
         scores = tl.where(valid[None, :], scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, 1))
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(scores - m_new[:, None])
         v = tl.load(v_ptr + kv_offsets, mask=valid[:, None], other=0.0).to(q.dtype)
         p_hi = p.to(q.dtype)
-        pv = tl.dot(p_hi, v)
+        if q.dtype == tl.float32:
+            pv = tl.dot(p_hi, v, input_precision="ieee")
+        else:
+            pv = tl.dot(p_hi, v)
         if EXACT_PV:  # the rounding error of P as a second product: P·V as exact as float32
             pv += tl.dot((p - p_hi.to(tl.float32)).to(q.dtype), v)
         else:  # normalise by the rounded weights the product used: a true weighted mean of V

@@ -83,6 +83,44 @@ def test_cascade_plan():
         cascade_plan(seq_lens, [SharedPrefix(4, 6, 20)], 2)
 
 
+def test_an_eager_steps_plan_rows_start_aligned_at_any_batch_size():
+    """Triton compiles another kernel for a pointer not 16-byte aligned or a stride not divisible
+    by 16: an eager step's plan (a split mixed step's decode rows, any number of them) is padded
+    to 16 columns, as the graphs' buffers are, so its rows never ask for one."""
+    from minisgl_plugin_triton.backend import TritonDecodeBackend
+
+    backend = TritonDecodeBackend.__new__(TritonDecodeBackend)
+    backend.members_per_task = 2
+    backend.splits = backend.prefix_splits = lambda bs: 1  # type: ignore[method-assign]
+
+    class Batch:
+        is_prefill = False
+
+        def __init__(self, seq_lens: list[int], groups: list[SharedPrefix] | None) -> None:
+            self.batch_size, self.seq_lens_cpu, self.extend_lens_cpu = (
+                len(seq_lens),
+                seq_lens,
+                [1] * len(seq_lens),
+            )
+            self.seq_lens = torch.tensor(seq_lens, dtype=torch.int32)
+            self.req_slots = torch.arange(len(seq_lens), dtype=torch.int32)
+            self.shared_prefixes = groups
+
+    for bs in (1, 5, 17, 42):
+        lens = [20 + i for i in range(bs)]
+        for groups in (None, [SharedPrefix(0, bs, 16)]):
+            batch = Batch(lens, groups)
+            backend.prepare_metadata(batch)  # type: ignore[arg-type]
+            meta = batch.attn_metadata
+            rows = [meta.order] if groups is None else [meta.order, meta.skip, *meta.tasks]
+            assert all(row.data_ptr() % 64 == 0 for row in rows), bs
+            assert sorted(meta.order[:bs].tolist()) == list(range(bs))  # the plan, then zeros
+            assert not meta.order[bs:].any()
+            if groups is not None:
+                assert meta.tasks.stride(0) % 16 == 0
+                assert meta.skip[:bs].tolist() == [16] * bs
+
+
 def test_decode_only_steps_are_refused_clearly():
     backend = TritonDecodeBackend.__new__(TritonDecodeBackend)
 
