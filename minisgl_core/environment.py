@@ -31,7 +31,8 @@ DOCUMENTED: dict[str, str] = {
     "MINISGL_PDL": "1 launches the hand-written Triton kernels with programmatic dependent launch (Hopper+; "
     "experimental, off by default: -1% at batch 1 but 4-11% slower offline on Qwen3-0.6B, BENCHMARKS.md)",
     "MINISGL_SPLIT_MIXED": "1 runs a mixed step's decode rows on the decode attention backend and its "
-    "prompt rows on the prefill backend (experimental, off by default: not yet measured on a GPU)",
+    "prompt rows on the prefill backend (experimental, off by default: ahead of mixed steps off on "
+    "Llama-3.1-8B at saturation, behind on Qwen3-0.6B)",
     "MINISGL_VOCAB_PARALLEL_SAMPLING": "0 gathers every rank's logits before sampling under TP "
     "(--disable-fast-path vocab_parallel_sampling)",
     "MINISGL_STEP_TRACE": "FILE: the default of --step-trace (EngineConfig.step_trace), one JSON line per step",
