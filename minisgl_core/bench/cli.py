@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import platform
 import subprocess
 import time
@@ -49,8 +50,13 @@ def add_bench_command(sub) -> None:
     p.add_argument("--api-key")
     p.add_argument("--workload", choices=["standard", "shared-prefix"], default="standard")
     p.add_argument("--num-requests", type=_positive_int, default=256)
-    p.add_argument("--concurrency", default=None, help="comma-separated sweep, e.g. 1,16,64")
-    p.add_argument("--request-rate", default=None, help="comma-separated requests/s sweep (Poisson arrivals)")
+    p.add_argument(
+        "--concurrency", type=_concurrency_sweep, default=None, help="comma-separated sweep, e.g. 1,16,64"
+    )
+    p.add_argument(
+        "--request-rate", type=_rate_sweep, default=None,
+        help="comma-separated requests/s sweep (Poisson arrivals)",
+    )  # fmt: skip
     p.add_argument("--groups", type=_positive_int, default=64)
     p.add_argument("--prompts-per-group", type=_positive_int, default=16)
     p.add_argument("--prefix-len", type=_positive_int, default=2048)
@@ -167,6 +173,7 @@ def _offline(args: argparse.Namespace) -> int:
     if args.shape:
         args.model = str(_make(args.shape, Path(args.model_cache) / args.shape, "cuda" if _cuda() else "cpu"))
     config = engine_config_from_args(args)
+    _check_workload_size(args.num_requests * workloads.STANDARD_MAX_PROMPT, "--num-requests")
     requests = workloads.standard_offline(args.num_requests, seed=0)
     result: dict[str, Any] = {**_meta(args), "bench": "offline", "shape": args.shape or config.model,
                               "attn": config.attn, "tp": config.tp_size, "cuda_graph_max_bs": config.cuda_graph_max_bs,
@@ -320,8 +327,13 @@ def _serve(args: argparse.Namespace) -> int:
         )
 
     if args.workload == "standard":
+        _check_workload_size(args.num_requests * workloads.STANDARD_MAX_PROMPT, "--num-requests")
         requests = workloads.standard_offline(args.num_requests, seed=args.seed)
     else:
+        _check_workload_size(
+            args.groups * args.prompts_per_group * (args.prefix_len + args.question_len),
+            "--groups, --prompts-per-group, --prefix-len or --question-len",
+        )
         requests = workloads.shared_prefix(
             args.groups,
             args.prompts_per_group,
@@ -343,10 +355,8 @@ def _serve(args: argparse.Namespace) -> int:
     except BenchError as exc:
         raise SystemExit(f"minisgl bench serve: {exc}") from None
     sweep: list[tuple[int | None, float | None]] = []
-    if args.concurrency:
-        sweep += [(int(c), None) for c in args.concurrency.split(",")]
-    if args.request_rate:
-        sweep += [(None, float(r)) for r in args.request_rate.split(",")]
+    sweep += [(c, None) for c in args.concurrency or []]
+    sweep += [(None, r) for r in args.request_rate or []]
     for concurrency, rate in sweep or [(None, None)]:
         result = asyncio.run(
             run_load(
@@ -378,6 +388,38 @@ def _cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+#: the most prompt tokens a bench workload may hold (15x the shared-prefix default's 2.2M): a
+#: larger one took minutes and gigabytes to build before anything was sent
+MAX_BENCH_PROMPT_TOKENS = 1 << 25
+
+
+def _check_workload_size(prompt_tokens: int, flags: str) -> None:
+    if prompt_tokens > MAX_BENCH_PROMPT_TOKENS:
+        raise SystemExit(
+            f"minisgl bench: the workload would hold up to {prompt_tokens:,} prompt tokens, more than "
+            f"the {MAX_BENCH_PROMPT_TOKENS:,} a bench builds; lower {flags}"
+        )
+
+
+def _concurrency_sweep(text: str) -> list[int]:
+    try:
+        return [_positive_int(c) for c in text.split(",")]
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(f"must be integers >= 1 separated by commas, got {text!r}") from None
+
+
+def _rate_sweep(text: str) -> list[float]:
+    try:
+        rates = [float(r) for r in text.split(",")]
+    except ValueError:
+        rates = []
+    if not rates or not all(math.isfinite(r) and r > 0 for r in rates):
+        raise argparse.ArgumentTypeError(
+            f"must be requests/s > 0 separated by commas (e.g. 4,16), got {text!r}"
+        )
+    return rates
 
 
 def _positive_int(text: str) -> int:

@@ -11,12 +11,19 @@ class BenchRequest(NamedTuple):
     max_tokens: int
 
 
+#: the standard workload's longest prompt
+STANDARD_MAX_PROMPT = 1024
+
+
 def standard_offline(num_requests: int = 256, seed: int = 0) -> list[BenchRequest]:
     """The field's standard offline throughput workload (nano-vllm's bench): 100-1024 random prompt
     tokens, then 100-1024 output tokens per request. With the defaults: 142,827 prompt tokens and
     133,966 output tokens."""
     rng = random.Random(seed)
-    prompts = [[rng.randint(0, 10000) for _ in range(rng.randint(100, 1024))] for _ in range(num_requests)]
+    prompts = [
+        [rng.randint(0, 10000) for _ in range(rng.randint(100, STANDARD_MAX_PROMPT))]
+        for _ in range(num_requests)
+    ]
     return [BenchRequest(p, rng.randint(100, 1024)) for p in prompts]
 
 

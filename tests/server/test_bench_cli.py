@@ -81,6 +81,24 @@ def test_bench_serve_sizes_below_one_are_a_usage_error() -> None:
         assert f"argument {flag}: must be an integer >= 1, got 0" in proc.stderr
 
 
+def test_bench_serve_refuses_a_workload_too_large_to_build_and_bad_sweeps() -> None:
+    # each of these once ran for minutes building prompts (4-5 GB in 30 s) or died in a traceback
+    too_large = {
+        ("--num-requests", "1000000000"): "lower --num-requests",
+        ("--workload", "shared-prefix", "--groups", "100000000"): "lower --groups, --prompts-per-group",
+        ("--workload", "shared-prefix", "--prefix-len", "10000000000"): "lower --groups, --prompts-per-group",
+    }
+    for args, fix in too_large.items():
+        proc = bench("--url", "http://127.0.0.1:9", *args)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert "prompt tokens, more than the 33,554,432 a bench builds; " + fix in proc.stderr, proc.stderr
+    for flag, value in (("--concurrency", "abc"), ("--concurrency", "4,0"), ("--request-rate", "-1"),
+                        ("--request-rate", "nan"), ("--request-rate", "2,x")):  # fmt: skip
+        proc = bench("--url", "http://127.0.0.1:9", flag, value)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert f"argument {flag}: must be" in proc.stderr and repr(value) in proc.stderr, proc.stderr
+
+
 def test_latency_percentiles_interpolate_as_numpy_does() -> None:
     import numpy as np
     import pytest
