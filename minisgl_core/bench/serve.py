@@ -111,13 +111,25 @@ def whole_words(tokenizer) -> list[str]:
     """The vocabulary's tokens that are a space and ASCII letters and encode to themselves alone,
     in id order: text joined from them splits back into the same tokens (byte-level BPE
     pre-tokenizers split before each space)."""
-    pieces = [tokenizer.decode([i]) for i in range(len(tokenizer))]
+    ids = [[i] for i in range(len(tokenizer))]
+    # a fast tokenizer's own batch calls (Rust, threaded): on 2 cores 1.0 s for a bench model's
+    # 151,936 ids against 2.4 s through the Python wrapper; the same texts and ids (the space
+    # cleanup decode() may add touches no space-and-letters piece)
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        pieces = backend.decode_batch(ids, skip_special_tokens=False)
+    else:
+        pieces = [tokenizer.decode(i) for i in ids]
     candidates = [
         (i, p)
         for i, p in enumerate(pieces)
         if len(p) > 1 and p[0] == " " and p[1:].isascii() and p[1:].isalpha()
     ]
-    encoded = tokenizer([p for _, p in candidates], add_special_tokens=False)["input_ids"]
+    texts = [p for _, p in candidates]
+    if backend is not None:
+        encoded = [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
+    else:
+        encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
     return [p for (i, p), ids in zip(candidates, encoded, strict=True) if ids == [i]]
 
 
