@@ -23,8 +23,9 @@ from typing import Any
 import zmq
 
 from minisgl_core.api import ProcessContext
+from minisgl_core.config import ConfigError
 from minisgl_core.messages import ProcessFailed, ProcessReady
-from minisgl_core.plugins import Plugins
+from minisgl_core.plugins import PluginError, Plugins
 from minisgl_core.processes.ipc import LINGER_MS, Endpoints, connect_push, send
 
 logger = logging.getLogger(__name__)
@@ -118,6 +119,10 @@ def run_child(spec: ChildSpec, main: ChildMain) -> None:
         main(spec, plugins, ctx, report_ready)
     except SystemExit as exc:
         code = 0 if not exc.code else 1
+    except (PluginError, ConfigError) as exc:  # a setting refused: the message names the fix
+        code = 1
+        logger.error("%s process failed: %s", spec.name, exc)
+        send(control, ProcessFailed(spec.role, spec.rank, f"{type(exc).__name__}: {exc}"))
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the launcher
         code = 1
         logger.error("%s process failed: %s: %s", spec.name, type(exc).__name__, exc)

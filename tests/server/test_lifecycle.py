@@ -69,6 +69,7 @@ def test_start_up_failure_exits_nonzero_with_the_error(start_server, model_dir, 
     assert server.wait_exit(120) != 0
     log = server.log()
     assert "unknown --attn 'nonexistent'" in log
+    assert "Traceback" not in log  # a refused setting is its message, which names the fix
     assert "minisgl ready" not in log
     assert server.socket_dirs() == []
 
