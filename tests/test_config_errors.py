@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 
@@ -161,6 +162,8 @@ BAD_FLAGS = [
     ("serve", ["--port", "0", "--tp", "2", "--nnodes", "2", "--node-rank", "2", "--dist-init-addr", "127.0.0.1:1"],
      "--node-rank must be in [0, --nnodes=2), got 2"),
     ("serve", ["--port", "0", "--max-body-bytes", "0"], "--max-body-bytes must be at least 1"),
+    ("serve", ["--port", "0", "--host", "nonexistent.invalid"], "--host 'nonexistent.invalid' is not an address"),
+    ("serve", ["--port", "0", "--grammar-backend", "nope"], "unknown --grammar-backend 'nope'; installed: llguidance, xgrammar"),
     ("serve", ["--port", "0", "--chat-template", "/no/such.jinja"], "--chat-template: cannot read /no/such.jinja"),
     ("shell", ["--speculative-ngram-min", "3", "--speculative-ngram-max", "2"], "--speculative-ngram-min <= --speculative-ngram-max"),
     ("generate", ["hi", "--tp", "2"], "--tp 2: minisgl generate runs one process"),
@@ -195,6 +198,24 @@ def test_a_setting_the_engine_refuses_is_one_line_on_the_command_line(model_dir,
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("minisgl: error: ") and says in lines[0], lines
     assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_serve_on_a_port_in_use_or_out_of_range_is_one_line_before_anything_loads(model_dir):
+    # both once failed after the model loaded and the workers started: a port out of range in a
+    # traceback, a port in use as "could not start (see the log above)" with nothing above
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        proc = _cli("serve", "--port", str(port), "--model", str(model_dir), "--device", "cpu")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"minisgl: error: cannot listen on 127.0.0.1:{port}: Address already in use; pick another "
+        "--port, or a --host of this machine (or stop what holds the port)"
+    ]
+    proc = _cli("serve", "--port", "99999", "--model", str(model_dir))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "argument --port: must be a TCP port, 0 to 65535 (0 = any free port), got 99999" in proc.stderr
 
 
 def test_bench_offline_on_a_model_too_small_for_its_token_ids_says_so(model_dir):

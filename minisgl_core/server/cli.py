@@ -4,23 +4,52 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from minisgl_core import environment
-from minisgl_core.config import ConfigError
-from minisgl_core.plugins import Plugins
+from minisgl_core.config import ConfigError, EngineConfig
+from minisgl_core.plugins import PluginError, Plugins
 from minisgl_core.server.limits import add_limit_args, limits_from_args
 
 logger = logging.getLogger(__name__)
 
 
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port, 0 to 65535 (0 = any free port), got {value}")
+    return value
+
+
+def _check_listen(host: str, port: int) -> None:
+    """Bind ``host:port`` once and let go, before the model loads: an address in use or not of
+    this machine is then one line at once, not a failed start after the workers came up."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError) as exc:
+        raise ConfigError(
+            f"--host {host!r} is not an address: {getattr(exc, 'strerror', None) or exc}; "
+            "give one of this machine's, e.g. 127.0.0.1 or 0.0.0.0"
+        ) from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the HTTP server binds
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick another --port, or a "
+                "--host of this machine (or stop what holds the port)"
+            ) from None
+
+
 def _add_http_args(p: argparse.ArgumentParser, port: int) -> None:
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
-    g.add_argument("--port", type=int, default=port, help="HTTP port (0 = any free port)")
+    g.add_argument("--port", type=_port, default=port, help="HTTP port (0 = any free port)")
     g.add_argument(
         "--api-key",
         default=environment.get("MINISGL_API_KEY"),
@@ -149,6 +178,10 @@ def _serve_options(args: argparse.Namespace):
     plugin_options = {d: getattr(args, d) for d in getattr(args, "plugin_dests", [])}
     config = engine_config_from_args(args, plugin_options)
     check_model(config.model, plugins)  # a bad file fails here in one line, before any process starts
+    if config.grammar_backend != EngineConfig.grammar_backend and config.grammar_backend not in plugins.names(
+        "grammars"
+    ):  # a name given and not installed; the default, missing, leaves a server for free text
+        raise PluginError(plugins.missing_message("grammars", config.grammar_backend))
     if args.nnodes > 1 and not args.dist_init_addr:
         raise ConfigError("--nnodes > 1 needs --dist-init-addr HOST:PORT (rank 0's node)")
     try:
@@ -161,6 +194,8 @@ def _serve_options(args: argparse.Namespace):
     except ValueError as exc:  # the message names the flags
         raise ConfigError(str(exc)) from None
     chat_template = _read_chat_template(args.chat_template)
+    if dist.node_rank == 0:  # the node that serves HTTP
+        _check_listen(args.host, args.port)
     limits = limits_from_args(args)
     api = _api_options(args, plugins, chat_template)
     # every setting checked: an error above is the only line the command prints
