@@ -195,8 +195,23 @@ class GrammarBackend(ABC):
     def check(self, spec: GrammarSpec) -> None:
         """Raise GrammarError when ``spec`` is invalid; used at admission, before a request runs.
 
-        The default compiles (and caches) it; a backend may override it with a cheaper parse."""
-        self.compile(spec)
+        The default compiles (and caches) it and, when it compiled it now, asks a fresh matcher
+        which tokens may begin it: a grammar no token can begin (xgrammar's for a JSON schema
+        that only refers to itself) would otherwise fail its request at the first step, after
+        admission. A backend may override it with a cheaper parse."""
+        before = self.compiles
+        compiled = self.compile(spec)
+        if self.compiles == before:  # checked when it was compiled
+            return
+        matcher = self.matcher(compiled)
+        mask = allocate_token_bitmask(1, self.vocab_size)
+        matcher.fill_bitmask(mask, 0)
+        if not matcher.is_terminated() and not bool(allowed_tokens(mask[0], self.vocab_size).any()):
+            self._cache.pop(spec, None)
+            raise GrammarError(
+                f"the {spec.kind} grammar accepts no text: no token can begin it (a schema that only "
+                "refers to itself, for one)"
+            )
 
     @abstractmethod
     def compile_uncached(self, spec: GrammarSpec) -> Any:

@@ -106,3 +106,20 @@ def test_bad_schema_is_a_400_before_anything_streams(client, model_name, stream)
     assert err.value.status_code == 400
     assert err.value.body["param"] == "response_format"
     assert "json_schema" in err.value.body["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_schema_no_token_can_begin_is_a_400_not_a_failed_request(client, model_name, stream):
+    # xgrammar compiles a schema that only refers to itself into a grammar allowing no first
+    # token: the request was admitted, sampled a token the grammar refused, and ended in a 500
+    selfish = {"type": "json_schema", "json_schema": {"name": "selfish", "schema": {"$ref": "#"}}}
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(
+            model=model_name, messages=USER, response_format=selfish, max_tokens=5, stream=stream
+        )
+    assert err.value.body["param"] == "response_format"
+    assert "json_schema grammar accepts no text: no token can begin it" in err.value.body["message"]
+    ok = client.chat.completions.create(  # the server goes on serving
+        model=model_name, messages=USER, response_format={"type": "json_object"}, max_tokens=5
+    )
+    assert ok.choices[0].finish_reason in ("stop", "length")

@@ -123,6 +123,8 @@ class XGrammarBackend(GrammarBackend):
         )
         # our own cache (GrammarBackend.compile) keeps compiled grammars; no second one inside
         self._compiler = xgrammar.GrammarCompiler(info, max_threads=_COMPILE_THREADS, cache_enabled=False)
+        #: grammars compiled against the 256 bytes, to see whether any text can begin one (check)
+        self._byte_compiler: Any = None
         #: specs that parsed (check), so admission parses each distinct grammar once
         self._checked: set[GrammarSpec] = set()
         self._json_guard = JsonGuard(info.decoded_vocab, vocab_size)
@@ -175,14 +177,38 @@ class XGrammarBackend(GrammarBackend):
         if spec.kind not in self.capabilities:
             self.compile(spec)  # raises, naming the kinds we support
         try:
-            self._grammar(spec)
+            grammar = self._grammar(spec)
+            begins = self._can_begin(grammar)
         except GrammarError:
             raise
         except Exception as exc:  # noqa: BLE001 - xgrammar's parse errors name the problem
             raise GrammarError(f"invalid {spec.kind} grammar: {exc}") from exc
+        if not begins:
+            raise GrammarError(
+                f"the {spec.kind} grammar accepts no text: no token can begin it (a schema that only "
+                "refers to itself, for one)"
+            )
         if len(self._checked) >= self.cache_size:
             self._checked.clear()
         self._checked.add(spec)
+
+    def _can_begin(self, grammar: Any) -> bool:
+        """Whether some text (or the empty one) can begin ``grammar``: compiled against a vocabulary
+        of the 256 bytes and a stop token (2-5 ms, not the model's vocabulary), a fresh matcher
+        allows a byte or is already complete. xgrammar compiles a JSON schema that only refers to
+        itself into a grammar allowing nothing: admitted, its request failed at its first token."""
+        if self._byte_compiler is None:
+            xgr = self._xgr
+            info = xgr.TokenizerInfo(
+                [bytes([b]) for b in range(256)] + [b"</s>"],
+                vocab_type=xgr.VocabType.RAW,
+                stop_token_ids=[256],
+            )
+            self._byte_compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+        matcher = self._xgr.GrammarMatcher(self._byte_compiler.compile_grammar(grammar))
+        mask = torch.zeros(1, bitmask_width(257), dtype=torch.int32)
+        matcher.fill_next_token_bitmask(mask)
+        return bool(mask.any()) or matcher.is_terminated()
 
     def compile_uncached(self, spec: GrammarSpec) -> Any:
         return _Compiled(self._compiler.compile_grammar(self._grammar(spec)), spec.kind in _JSON_KINDS)
