@@ -35,10 +35,19 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             "use `minisgl serve --tp N` for tensor parallelism",
             "tp_size",
         )
+    try:  # before the model loads
+        params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
+    except ValueError as exc:  # the message names the field: --temperature, --max-tokens
+        raise ConfigError(str(exc), *(f for f in ("temperature", "max_tokens") if f in str(exc))) from None
+    if not all(args.prompt):
+        raise ConfigError("a prompt is empty: give each prompt some text")
     fields = {k: v for k, v in vars(config).items() if k not in ("model", "tp_size")}
     llm = LLM(config.model, **fields)
-    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
-    for out in llm.generate(args.prompt, params):
+    try:
+        outputs = llm.generate(args.prompt, params)
+    except ValueError as exc:  # a prompt the model cannot take (e.g. longer than its context)
+        raise ConfigError(str(exc), "max_tokens") from None
+    for out in outputs:
         print(json.dumps({"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason}))
     return 0
 

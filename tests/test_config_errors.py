@@ -169,6 +169,9 @@ BAD_FLAGS = [
     ("generate", ["hi", "--tp", "2"], "--tp 2: minisgl generate runs one process"),
     ("generate", ["hi", "--attn", "torch,torch,torch"], "--attn takes NAME, PREFILL,DECODE or auto"),
     ("generate", ["hi", "--num-kv-tokens", "1"], "--num-kv-tokens must hold two pages at least"),
+    ("generate", ["hi", "--max-tokens", "0"], "--max-tokens must be an integer in [1, 2**63-1], got 0"),
+    ("generate", ["hi", "--temperature", "-1"], "--temperature must be >= 0, got -1.0"),
+    ("generate", ["hi", ""], "a prompt is empty: give each prompt some text"),
     ("bench", ["offline", "--num-requests", "1", "--max-context-len", "0"], "--max-context-len must be >= 1"),
     ("bench", ["offline", "--tp", "2", "--grammar-schema", "builtin"], "--grammar-schema runs with --tp 1 only"),
     ("bench", ["offline", "--num-requests", "1", "--piecewise-cuda-graph-max-tokens", "-1"],
@@ -216,6 +219,15 @@ def test_serve_on_a_port_in_use_or_out_of_range_is_one_line_before_anything_load
     proc = _cli("serve", "--port", "99999", "--model", str(model_dir))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "argument --port: must be a TCP port, 0 to 65535 (0 = any free port), got 99999" in proc.stderr
+
+
+def test_generate_past_the_context_is_an_error_naming_the_flag(model_dir):
+    # once a ValueError traceback, after the model had loaded
+    proc = _cli("generate", "hi", "--max-tokens", "100000000", "--model", str(model_dir), "--device", "cpu")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("minisgl: error: prompt (") and "exceeds the context length" in last, last
+    assert last.endswith("shorten the prompt or lower --max-tokens"), last
 
 
 def test_bench_offline_on_a_model_too_small_for_its_token_ids_says_so(model_dir):
