@@ -23,7 +23,6 @@ from typing import Any
 import zmq
 
 from minisgl_core.api import ProcessContext
-from minisgl_core.config import ConfigError
 from minisgl_core.messages import ProcessFailed, ProcessReady
 from minisgl_core.plugins import PluginError, Plugins
 from minisgl_core.processes.ipc import LINGER_MS, Endpoints, connect_push, send
@@ -83,6 +82,13 @@ def _name_process(spec: ChildSpec) -> None:
             pass
 
 
+def _refused_setting(exc: BaseException) -> bool:
+    """A PluginError or ConfigError: a setting the process refused at start-up. ConfigError is
+    looked up only where its module is loaded (it imports torch, which the text workers do not)."""
+    config = sys.modules.get("minisgl_core.config")
+    return isinstance(exc, PluginError) or (config is not None and isinstance(exc, config.ConfigError))
+
+
 def run_child(spec: ChildSpec, main: ChildMain) -> None:
     """The spawn target of every child: set-up, ``main(spec, plugins, zmq_context, report_ready)``,
     reporting. Sockets the main function opens on the context are closed here, lingering so the
@@ -119,14 +125,14 @@ def run_child(spec: ChildSpec, main: ChildMain) -> None:
         main(spec, plugins, ctx, report_ready)
     except SystemExit as exc:
         code = 0 if not exc.code else 1
-    except (PluginError, ConfigError) as exc:  # a setting refused: the message names the fix
-        code = 1
-        logger.error("%s process failed: %s", spec.name, exc)
-        send(control, ProcessFailed(spec.role, spec.rank, f"{type(exc).__name__}: {exc}"))
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the launcher
         code = 1
-        logger.error("%s process failed: %s: %s", spec.name, type(exc).__name__, exc)
-        send(control, ProcessFailed(spec.role, spec.rank, traceback.format_exc()))
+        if _refused_setting(exc):  # its message names the fix: no traceback
+            logger.error("%s process failed: %s", spec.name, exc)
+            send(control, ProcessFailed(spec.role, spec.rank, f"{type(exc).__name__}: {exc}"))
+        else:
+            logger.error("%s process failed: %s: %s", spec.name, type(exc).__name__, exc)
+            send(control, ProcessFailed(spec.role, spec.rank, traceback.format_exc()))
     finally:
         if plugins is not None and code == 0:
             try:
