@@ -221,6 +221,23 @@ def test_serve_on_a_port_in_use_or_out_of_range_is_one_line_before_anything_load
     assert "argument --port: must be a TCP port, 0 to 65535 (0 = any free port), got 99999" in proc.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["offline", "--grammar-schema", "/no/such.json"], "argument --grammar-schema: cannot read /no/such.json"),
+        (["offline", "--temperature", "nan"], "argument --temperature: must be a finite number >= 0, got nan"),
+        (["grammar", "--grammar-schema", "/no/such.json"], "argument --grammar-schema: cannot read /no/such.json"),
+        (["cpu", "--batch-sizes", "8,a"], "argument --batch-sizes: must be integers >= 1 separated by commas"),
+        (["make-model", "--shape", "qwen3-0.6b", "--out", "/proc/no/such"], "cannot write /proc/no/such"),
+    ],
+)  # fmt: skip
+def test_bench_inputs_it_cannot_use_are_one_line_before_anything_loads(args, says):
+    # each was a traceback (the schema file, the temperature after the model loaded)
+    proc = _cli("bench", *args)
+    assert proc.returncode in (1, 2) and "Traceback" not in proc.stderr, proc.stderr
+    assert says in proc.stderr.strip().splitlines()[-1], proc.stderr
+
+
 def test_generate_past_the_context_is_an_error_naming_the_flag(model_dir):
     # once a ValueError traceback, after the model had loaded
     proc = _cli("generate", "hi", "--max-tokens", "100000000", "--model", str(model_dir), "--device", "cpu")

@@ -31,10 +31,11 @@ def add_bench_command(sub) -> None:
     p.add_argument("--shape", choices=sorted(SHAPES), help="build a random-weight model of this real shape")
     p.add_argument("--model-cache", default="/tmp/minisgl-bench-models")
     p.add_argument("--num-requests", type=_positive_int, default=256)
-    p.add_argument("--temperature", type=float, default=0.6)
+    p.add_argument("--temperature", type=_temperature, default=0.6)
     p.add_argument("--decode-latency", action="store_true", help="also measure batch-1 decode ms/token")
     p.add_argument(
         "--grammar-schema",
+        type=_schema_source,
         metavar="FILE|builtin",
         help="constrain every request by this JSON schema (builtin: an array of objects too long to "
         "end before max_tokens); reports the schema's compile time too",
@@ -51,7 +52,7 @@ def add_bench_command(sub) -> None:
     p.add_argument("--workload", choices=["standard", "shared-prefix"], default="standard")
     p.add_argument("--num-requests", type=_positive_int, default=256)
     p.add_argument(
-        "--concurrency", type=_concurrency_sweep, default=None, help="comma-separated sweep, e.g. 1,16,64"
+        "--concurrency", type=_positive_ints, default=None, help="comma-separated sweep, e.g. 1,16,64"
     )
     p.add_argument(
         "--request-rate", type=_rate_sweep, default=None,
@@ -98,7 +99,7 @@ def add_bench_command(sub) -> None:
         default=None,
         help=f"1 to {MAX_GRAMMAR_THREADS} (default: half the CPUs, 1 to 16)",
     )
-    p.add_argument("--grammar-schema", default="builtin", metavar="FILE|builtin")
+    p.add_argument("--grammar-schema", type=_schema_source, default="builtin", metavar="FILE|builtin")
     p.add_argument("--max-tokens", type=_positive_int, default=1024, help="the builtin schema's length")
     p.add_argument("--model-cache", default="/tmp/minisgl-bench-models", help="where the tokenizer is built")
     p.add_argument("--label", default="")
@@ -110,7 +111,7 @@ def add_bench_command(sub) -> None:
     )
     add_engine_args(p)
     p.add_argument("--threads", type=_positive_int, default=2, help="torch.set_num_threads for both engines")
-    p.add_argument("--batch-sizes", default="1,8", help="comma-separated batch sizes")
+    p.add_argument("--batch-sizes", type=_positive_ints, default=[1, 8], help="comma-separated batch sizes")
     p.add_argument("--max-new-tokens", type=_positive_int, default=64, help="new tokens per request")
     p.add_argument("--rounds", type=_positive_int, default=3, help="alternating runs per batch size")
     p.add_argument("--no-transformers", action="store_true", help="measure ours only")
@@ -130,7 +131,18 @@ def add_bench_command(sub) -> None:
     p.add_argument("--shape", choices=sorted(SHAPES), required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--device", default="cpu")
-    p.set_defaults(func=lambda a: print(_make(a.shape, Path(a.out), a.device)) or 0)
+    p.set_defaults(func=_make_model)
+
+
+def _make_model(args: argparse.Namespace) -> int:
+    try:
+        print(_make(args.shape, Path(args.out), args.device))
+    except OSError as exc:
+        raise SystemExit(
+            f"minisgl bench make-model: cannot write {args.out}: {exc.strerror or exc}; give a folder "
+            "you can write to with --out"
+        ) from None
+    return 0
 
 
 def _make(shape: str, out: Path, device: str) -> Path:
@@ -263,7 +275,7 @@ def _cpu(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     if args.device == "auto":
         args.device = "cpu"
-    batch_sizes = [_positive_int(b) for b in args.batch_sizes.split(",")]
+    batch_sizes = args.batch_sizes
     config = engine_config_from_args(args)
     fields = {k: v for k, v in vars(config).items() if k != "model"}
     fields |= dict(_engine_arg(text, fields) for text in args.engine_arg)
@@ -403,11 +415,31 @@ def _check_workload_size(prompt_tokens: int, flags: str) -> None:
         )
 
 
-def _concurrency_sweep(text: str) -> list[int]:
+def _positive_ints(text: str) -> list[int]:
     try:
         return [_positive_int(c) for c in text.split(",")]
     except (ValueError, argparse.ArgumentTypeError):
         raise argparse.ArgumentTypeError(f"must be integers >= 1 separated by commas, got {text!r}") from None
+
+
+def _temperature(text: str) -> float:
+    value = float(text)
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+def _schema_source(text: str) -> str:
+    """``builtin``, or a readable file holding JSON (checked before any model loads)."""
+    if text == "builtin":
+        return text
+    try:
+        json.loads(Path(text).read_text())
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {text}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text} is not JSON: {exc}") from None
+    return text
 
 
 def _rate_sweep(text: str) -> list[float]:
