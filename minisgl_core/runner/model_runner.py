@@ -298,24 +298,7 @@ class ModelRunner:
         the decode graphs' capture already."""
         started = time.perf_counter()
         device = self.device
-        spare = self.num_request_rows - 1
-        self.page_table[spare, 0] = self.dummy_slot
-        one = torch.ones(1, dtype=torch.int32, device=device)
-        batch = ForwardBatch(
-            is_prefill=True,
-            # token 1: id 0 is a zero (padding) embedding in some checkpoints, this is any token
-            input_ids=torch.full((1,), min(1, self.vocab_size - 1), dtype=torch.int64, device=device),
-            positions=torch.zeros(1, dtype=torch.int64, device=device),
-            out_cache_loc=torch.full((1,), self.dummy_slot, dtype=torch.int64, device=device),
-            req_slots=one * spare,
-            seq_lens=one,
-            extend_lens=one.clone(),
-            seq_lens_cpu=[1],
-            extend_lens_cpu=[1],
-            page_table=self.page_table,
-            logits_indices=torch.zeros(1, dtype=torch.int64, device=device),
-            attn=self.prefill_attn,
-        )
+        batch = self._spare_batch(1, 1, self.prefill_attn, is_prefill=True)
         self.prepare(batch)()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -331,37 +314,47 @@ class ModelRunner:
         of a run took 0.6-1.4 s of a mixed step on an H200 (Llama-3.1-8B, 2026-11-28)."""
         started = time.perf_counter()
         attn, device, config = self.decode_attn, self.device, self.decode_attn.config
-        spare = self.num_request_rows - 1
-        self.page_table[spare].fill_(self.dummy_slot)
-        dtype, page = config.dtype, config.page_size
+        page = config.page_size
         for bs in range(1, self.num_request_rows):
-            rows = torch.full((bs,), spare, dtype=torch.int32, device=device)
             # each row one token past a page of the spare row, that page shared by all
             for shared in (None, [SharedPrefix(0, bs, page)]) if self.cascade else (None,):
-                batch = ForwardBatch(
-                    is_prefill=False,
-                    input_ids=torch.zeros(bs, dtype=torch.int64, device=device),
-                    positions=torch.full((bs,), page, dtype=torch.int64, device=device),
-                    out_cache_loc=torch.full((bs,), self.dummy_slot, dtype=torch.int64, device=device),
-                    req_slots=rows,
-                    seq_lens=torch.full((bs,), page + 1, dtype=torch.int32, device=device),
-                    extend_lens=torch.ones(bs, dtype=torch.int32, device=device),
-                    seq_lens_cpu=[page + 1] * bs,
-                    extend_lens_cpu=[1] * bs,
-                    page_table=self.page_table,
-                    logits_indices=torch.arange(bs, device=device),
-                    attn=attn,
-                    shared_prefixes=shared,
-                )
+                batch = self._spare_batch(bs, page + 1, attn, is_prefill=False, shared=shared)
                 set_layout(batch)
                 attn.prepare_metadata(batch)
-                q = torch.zeros(bs, config.num_qo_heads, config.head_dim, dtype=dtype, device=device)
-                kv = torch.zeros(bs, config.num_kv_heads, config.head_dim, dtype=dtype, device=device)
+                q = torch.zeros(bs, config.num_qo_heads, config.head_dim, dtype=config.dtype, device=device)
+                kv = torch.zeros(bs, config.num_kv_heads, config.head_dim, dtype=config.dtype, device=device)
                 attn.forward(q, kv, kv, 0, batch)
         torch.cuda.synchronize(device)
         seconds = time.perf_counter() - started
         logger.info(
             "decode attention (%s) warmed up for split mixed steps in %.1f s", self.attn_names[1], seconds
+        )
+
+    def _spare_batch(
+        self, rows: int, seq_len: int, attn: AttentionBackend, *, is_prefill: bool,
+        shared: list[SharedPrefix] | None = None,
+    ) -> ForwardBatch:  # fmt: skip
+        """A warm-up batch of ``rows`` sequences on the spare page-table row (every entry the
+        reserved KV slot that padded graph replays write to), each adding one token at position
+        ``seq_len - 1``."""
+        device = self.device
+        spare = self.num_request_rows - 1
+        self.page_table[spare, :seq_len] = self.dummy_slot
+        return ForwardBatch(
+            is_prefill=is_prefill,
+            # token 1: id 0 is a zero (padding) embedding in some checkpoints, this is any token
+            input_ids=torch.full((rows,), min(1, self.vocab_size - 1), dtype=torch.int64, device=device),
+            positions=torch.full((rows,), seq_len - 1, dtype=torch.int64, device=device),
+            out_cache_loc=torch.full((rows,), self.dummy_slot, dtype=torch.int64, device=device),
+            req_slots=torch.full((rows,), spare, dtype=torch.int32, device=device),
+            seq_lens=torch.full((rows,), seq_len, dtype=torch.int32, device=device),
+            extend_lens=torch.ones(rows, dtype=torch.int32, device=device),
+            seq_lens_cpu=[seq_len] * rows,
+            extend_lens_cpu=[1] * rows,
+            page_table=self.page_table,
+            logits_indices=torch.arange(rows, device=device),
+            attn=attn,
+            shared_prefixes=shared,
         )
 
     def _load_model(self, plugins: Plugins) -> torch.nn.Module:
