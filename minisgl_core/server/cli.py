@@ -19,9 +19,9 @@ logger = logging.getLogger(__name__)
 
 
 def _port(text: str) -> int:
-    value = int(text)
+    value = int(text) if text.strip().isascii() and text.strip().isdigit() else -1
     if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a TCP port, 0 to 65535 (0 = any free port), got {value}")
+        raise argparse.ArgumentTypeError(f"must be a TCP port, 0 to 65535 (0 = any free port), got {text}")
     return value
 
 
