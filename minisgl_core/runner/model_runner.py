@@ -247,10 +247,12 @@ class ModelRunner:
         #: (by default on a CPU only, see EngineConfig.mixed_batch)
         wanted = config.mixed_batch if config.mixed_batch is not None else self.device.type != "cuda"
         self.mixed = wanted and "mixed" in self.prefill_attn.capabilities
-        #: (experimental, MINISGL_SPLIT_MIXED=1) a mixed step's decode rows attend on the decode
-        #: backend (runner/split_mixed.py)
+        #: a mixed step's decode rows attend on the decode backend (runner/split_mixed.py): by
+        #: default on a GPU, where the prefill kernel's decode rows cost several times a decode
+        #: kernel's; MINISGL_SPLIT_MIXED=0 turns it off, =1 on anywhere (the CPU tests)
         self.split_mixed = None
-        if self.mixed and environment.get("MINISGL_SPLIT_MIXED", "0") == "1":
+        split = environment.get("MINISGL_SPLIT_MIXED", "1" if self.device.type == "cuda" else "0")
+        if self.mixed and split == "1":
             if SplitMixedAttention.pairs(self.prefill_attn, self.decode_attn):
                 self.split_mixed = SplitMixedAttention(self.prefill_attn, self.decode_attn)
         self.graphs = None

@@ -1,5 +1,5 @@
-"""Mixed steps whose decode rows attend on the decode backend (``MINISGL_SPLIT_MIXED=1``;
-experimental, off by default).
+"""Mixed steps whose decode rows attend on the decode backend (by default on a GPU;
+``MINISGL_SPLIT_MIXED=0`` turns it off, ``=1`` on anywhere).
 
 A mixed step is a prefill batch whose first rows are the running decodes, one new token each
 (``Scheduler._build_mixed``). The prefill backend attends all of them; on an H200 FlashInfer's
@@ -13,9 +13,10 @@ a cached prefix as it does a decode step's (``Scheduler.cascade_mixed``); the mi
 ``shared_prefixes`` then index those rows, and only the decode part sees them.
 
 Measured on an H200 (BENCHMARKS.md, "Mixed steps split between the backends, on the GPU"):
-Llama-3.1-8B at 32 req/s 1.03× the throughput of mixed steps off, ITL p99 19.9 vs 23.2 ms;
-Qwen3-0.6B at 64 req/s 0.91×: between the piecewise graphs every layer launches both backends'
-kernels from the host, more host time than a small model's step has GPU work.
+Llama-3.1-8B at 32 req/s 1.10× the throughput of unsplit mixed steps (ITL p99 20 vs 121 ms) and
+1.03× mixed steps off; Qwen3-0.6B at 64 req/s about as fast as unsplit: between the piecewise
+graphs every layer launches both backends' kernels from the host, more host time than a small
+model's step has GPU work.
 """
 
 from __future__ import annotations
