@@ -88,6 +88,9 @@ class EngineConfig:
     #: 1 to :data:`MAX_GRAMMAR_THREADS`; None = ``minisgl_core.api.default_fill_threads()`` (half the
     #: CPUs, 1 to 16)
     grammar_threads: int | None = None
+    #: seconds a server's request waits for its grammar to compile (off the scheduler's thread)
+    #: before it fails with an HTTP 400 (``--grammar-compile-timeout``); None = no limit
+    grammar_compile_timeout: float | None = 60.0
     #: weight quantization of the linear layers: a method registered through
     #: minisgl_register_quantization_methods (fp8, int8, ...); None = weights in the run dtype
     quantization: str | None = None
@@ -117,6 +120,12 @@ class EngineConfig:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}", name)
         check_grammar_threads(self.grammar_threads)
+        timeout = self.grammar_compile_timeout
+        if timeout is not None and not (0 < timeout < float("inf")):
+            raise ConfigError(
+                f"grammar_compile_timeout must be a number of seconds > 0, got {timeout}",
+                "grammar_compile_timeout",
+            )
         for name in ("max_context_len", "num_kv_tokens"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1 (or unset), got {getattr(self, name)}", name)

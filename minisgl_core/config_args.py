@@ -17,6 +17,19 @@ def _default(field: str) -> Any:
     return EngineConfig.__dataclass_fields__[field].default
 
 
+def _seconds_or_none(text: str) -> float | None:
+    """A number of seconds > 0, or 0 for none (no limit)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if value == 0:
+        return None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0 (0: no limit), got {text!r}")
+    return value
+
+
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("engine")
     g.add_argument(
@@ -92,6 +105,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="threads that fill the token bitmasks of constrained requests each step, "
         f"1 to {MAX_GRAMMAR_THREADS} (default: half the CPUs, 1 to 16)",
+    )
+    g.add_argument(
+        "--grammar-compile-timeout",
+        type=_seconds_or_none,
+        default=_default("grammar_compile_timeout"),
+        metavar="SECONDS",
+        help="how long a served request waits for its grammar to compile (off the scheduler's thread) "
+        "before it fails with a 400; 0 = no limit (default: %(default)s)",
     )
     g.add_argument(
         "--quantization",
@@ -172,6 +193,7 @@ ENGINE_FIELDS = (
     "generation_config",
     "grammar_backend",
     "grammar_threads",
+    "grammar_compile_timeout",
     "quantization",
     "kv_cache_dtype",
     "speculative_algorithm",

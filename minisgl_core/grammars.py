@@ -7,6 +7,7 @@ compiles and runs them); free of torch so the tokenizer process stays light unti
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -66,8 +67,26 @@ class LazyGrammarBackend:
         self._backend: GrammarBackend | None = None
         #: why the backend cannot be built (kept: trying again per request would cost each one)
         self._failure: GrammarError | None = None
+        #: the engine builds it on a compile thread while its own thread may ask for it
+        self._lock = threading.Lock()
+
+    def is_compiled(self, spec: GrammarSpec) -> bool:
+        """Whether the backend is built and its ``compile`` would answer ``spec`` from its cache."""
+        backend = self._backend
+        return backend is not None and spec in backend._cache  # GrammarBackend's own cache (core)
+
+    @property
+    def failure(self) -> GrammarError | None:
+        """Why the backend cannot be built, once a build failed."""
+        return self._failure
 
     def get(self) -> GrammarBackend:
+        if self._backend is not None:
+            return self._backend
+        with self._lock:
+            return self._build()
+
+    def _build(self) -> GrammarBackend:
         if self._failure is not None:
             raise GrammarError(str(self._failure))
         if self._backend is None:

@@ -100,6 +100,16 @@ class AbortRequest(Message):
 
 
 @dataclass
+class CompilesSettled(Message):
+    """Rank 0 to every rank: admit the requests whose grammar compile has ended (``done``) and
+    drop those that waited too long for theirs (``overdue``), in this step (Engine.admit_compiled)."""
+
+    tag: ClassVar[int] = 12
+    done: list[int]
+    overdue: list[int]
+
+
+@dataclass
 class Shutdown(Message):
     """Passed down the pipeline (tokenizer → scheduler → detokenizer); each process exits after it."""
 
@@ -114,11 +124,12 @@ class StepOutputs(Message):
     rids: list[int] = field(default_factory=list)
     #: -1 for an aborted request (no token)
     token_ids: list[int] = field(default_factory=list)
-    #: None while running, else "stop" | "length" | "abort" | "error"
+    #: None while running, else "stop" | "length" | "abort" | "error" | "invalid" (the request's
+    #: fault, found by the engine: its grammar did not compile, or not in time; an HTTP 400)
     finish_reasons: list[str | None] = field(default_factory=list)
     matched_stops: list[str | int | None] = field(default_factory=list)
     logprobs: list[WireLogprob | None] = field(default_factory=list)
-    #: error text per request (finish_reason "error"), else None
+    #: error text per request (finish_reason "error" or "invalid"), else None
     errors: list[str | None] = field(default_factory=list)
     #: Engine.stats(), sent now and then
     stats: dict[str, int] | None = None
@@ -206,6 +217,7 @@ _BY_TAG: dict[int, type[Message]] = {
         Admission,
         EngineRequest,
         AbortRequest,
+        CompilesSettled,
         Shutdown,
         StepOutputs,
         DetokOutputs,

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import re
 import sys
+import threading
+import time
 
 import jsonschema
 import pytest
@@ -284,3 +286,96 @@ def test_bench_grammar_compares_the_two_paths_on_the_same_states(backend, tmp_pa
     for key in ("fill_serial_ms", "fill_batched_ms", "accept_serial_ms", "accept_batched_ms", "step_speedup"):
         assert result[key] > 0, key
     assert ("guard_vectorized_ms" in result) == (backend == "xgrammar")
+
+
+def _gated_compiles(engine, monkeypatch) -> threading.Event:
+    """Make the engine's grammar compiles wait for the returned event (a compile that takes long)."""
+    backend = engine.grammars.backend.get()
+    gate = threading.Event()
+    real = backend.compile_uncached
+
+    def slow(spec):
+        assert gate.wait(30), "the test never opened the gate"
+        return real(spec)
+
+    monkeypatch.setattr(backend, "compile_uncached", slow)
+    return gate
+
+
+def _step_until_idle(engine) -> dict[int, list]:
+    outputs: dict[int, list] = {}
+    for _ in range(200):
+        if not engine.has_work:
+            break
+        for o in engine.step():
+            outputs.setdefault(o.rid, []).append(o)
+    return outputs
+
+
+def test_a_grammar_compiling_aside_holds_only_its_own_request(model_dir, monkeypatch):
+    """The server's way (``compile_aside``): a grammar not compiled before compiles on another
+    thread while the engine serves the others; once rank 0 says the compile ended the request
+    runs, and its output follows the grammar. (Before, the engine's thread compiled it: xgrammar
+    took 47 s for a schema of 5,000 optional properties, and every request stood still.)"""
+    llm = LLM(model_dir, device="cpu", dtype="float32", attn="torch")
+    engine = llm.engine
+    gate = _gated_compiles(engine, monkeypatch)
+    spec = GrammarSpec("regex", "[a-z]{3}")
+    engine.add_request(
+        1, [11, 12, 13], engine.admit([11, 12, 13], constrained(spec, max_tokens=10)), compile_aside=True
+    )
+    engine.add_request(
+        2,
+        [14, 15, 16],
+        engine.admit([14, 15, 16], SamplingParams(temperature=0.0, max_tokens=8)),
+        compile_aside=True,
+    )
+    assert engine.compiling == 1 and engine.stats()["waiting"] >= 1
+    outputs = _step_until_idle(engine)  # only the free request runs, to its end
+    assert list(outputs) == [2] and outputs[2][-1].finish_reason == "length" and len(outputs[2]) == 8
+    assert engine.compiles_settled() == ([], [])
+    gate.set()
+    deadline = time.monotonic() + 30
+    while engine.compiles_settled() == ([], []) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.compiles_settled() == ([1], [])
+    assert engine.admit_compiled([1], []) == [] and engine.compiling == 0
+    outputs = _step_until_idle(engine)
+    assert outputs[1][-1].finish_reason == "stop"
+    text = llm.tokenizer.decode([o.token_id for o in outputs[1] if o.token_id not in engine.eos_ids])
+    assert re.fullmatch("[a-z]{3}", text), text
+    # compiled now: the next request with it is queued at once
+    engine.add_request(
+        3, [11, 12], engine.admit([11, 12], constrained(spec, max_tokens=10)), compile_aside=True
+    )
+    assert engine.compiling == 0 and engine.has_work
+    _step_until_idle(engine)
+    llm.close()
+
+
+def test_a_compile_past_the_timeout_fails_its_request_and_an_abort_stops_the_wait(model_dir, monkeypatch):
+    llm = LLM(model_dir, device="cpu", dtype="float32", attn="torch", grammar_compile_timeout=0.2)
+    engine = llm.engine
+    gate = _gated_compiles(engine, monkeypatch)
+    slow, other = GrammarSpec("regex", "[a-z]{3}"), GrammarSpec("regex", "[0-9]{2}")
+    for rid, spec in [(1, slow), (2, other), (3, slow)]:
+        engine.add_request(
+            rid, [11, 12], engine.admit([11, 12], constrained(spec, max_tokens=5)), compile_aside=True
+        )
+    aborted = engine.abort(3)
+    assert aborted is not None and aborted.finish_reason == "abort" and engine.compiling == 2
+    time.sleep(0.3)
+    done, overdue = engine.compiles_settled()
+    assert done == [] and overdue == [1, 2]
+    ended = engine.admit_compiled(done, overdue)
+    assert [(o.rid, o.finish_reason) for o in ended] == [(1, "invalid"), (2, "invalid")]
+    assert all("--grammar-compile-timeout" in o.error for o in ended)
+    assert engine.compiling == 0 and not engine.has_work and engine.abort(1) is None
+    # the compile that ran on ends by itself and is kept: the grammar is ready for the next request
+    gate.set()
+    grammars = engine.grammars.backend
+    deadline = time.monotonic() + 30
+    while not grammars.is_compiled(slow) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert grammars.is_compiled(slow)
+    llm.close()

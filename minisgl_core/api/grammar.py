@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -152,6 +153,8 @@ class GrammarBackend(ABC):
         self.vocab_size = vocab_size
         self.stop_token_ids = tuple(stop_token_ids)
         self._cache: OrderedDict[GrammarSpec, Any] = OrderedDict()
+        #: the engine compiles on other threads while its own reads the cache
+        self._cache_lock = threading.Lock()
         #: compiles done (cache misses), for tests and the benchmarks
         self.compiles = 0
         #: threads :meth:`fill_bitmasks` may use; the engine sets it (``--grammar-threads``) before
@@ -168,11 +171,13 @@ class GrammarBackend(ABC):
         """The compiled grammar of ``spec``, from the cache when compiled before.
 
         Raises GrammarError saying what is wrong with the spec, or that this backend does not
-        support its kind."""
-        cached = self._cache.get(spec)
-        if cached is not None:
-            self._cache.move_to_end(spec)
-            return cached
+        support its kind. Safe to call from several threads (the cache is locked, not the compile:
+        two threads may compile one grammar at once)."""
+        with self._cache_lock:
+            cached = self._cache.get(spec)
+            if cached is not None:
+                self._cache.move_to_end(spec)
+                return cached
         if spec.kind not in self.capabilities:
             supported = ", ".join(sorted(self.capabilities)) or "none"
             raise GrammarError(
@@ -186,10 +191,11 @@ class GrammarBackend(ABC):
             raise
         except Exception as exc:  # noqa: BLE001 - a library's parse error is the spec's fault
             raise GrammarError(f"invalid {spec.kind} grammar: {exc}") from exc
-        self.compiles += 1
-        self._cache[spec] = compiled
-        if len(self._cache) > self.cache_size:
-            self._cache.popitem(last=False)
+        with self._cache_lock:
+            self.compiles += 1
+            self._cache[spec] = compiled
+            if len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
         return compiled
 
     def check(self, spec: GrammarSpec) -> None:
@@ -207,7 +213,8 @@ class GrammarBackend(ABC):
         mask = allocate_token_bitmask(1, self.vocab_size)
         matcher.fill_bitmask(mask, 0)
         if not matcher.is_terminated() and not bool(allowed_tokens(mask[0], self.vocab_size).any()):
-            self._cache.pop(spec, None)
+            with self._cache_lock:
+                self._cache.pop(spec, None)
             raise GrammarError(
                 f"the {spec.kind} grammar accepts no text: no token can begin it (a schema that only "
                 "refers to itself, for one)"

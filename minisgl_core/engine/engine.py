@@ -175,7 +175,8 @@ class Engine:
         spec = self.verify.speculator.stats.as_dict() if self.verify is not None else {}
         return spec | {
             "running": len(self.scheduler.running),
-            "waiting": len(self.scheduler.waiting),
+            # a request waiting for its grammar's compile waits as much as one in the queue
+            "waiting": len(self.scheduler.waiting) + self.grammars.compiling,
             "kv_used_tokens": kv.used_tokens(),
             "kv_total_tokens": self.kv_capacity_tokens,
             "cache_evictable_tokens": cache.evictable,
@@ -202,17 +203,69 @@ class Engine:
             self.grammars.backend.check(params.grammar)
         return params
 
-    def add_request(self, rid: int, prompt_ids: list[int], params: SamplingParams) -> None:
+    def add_request(
+        self, rid: int, prompt_ids: list[int], params: SamplingParams, *, compile_aside: bool = False
+    ) -> None:
         """Queue an admitted request (:meth:`admit`, or the server's tokenizer): it is not checked
-        again. A GrammarError (a ValueError) when its grammar does not compile."""
+        again. A GrammarError (a ValueError) when its grammar does not compile.
+
+        ``compile_aside`` (the server): a grammar not compiled before compiles on another thread
+        and the request waits beside the queues until :meth:`admit_compiled` is told its compile
+        ended; no GrammarError here then. Otherwise (the offline path) it compiles now."""
         if params.max_tokens is None:
             raise ValueError("admit the request first: its max_tokens is not decided")
         req = Request(rid=rid, prompt_ids=list(prompt_ids), params=params, arrival=0)
+        if compile_aside and self.grammars.needs_compile(req):
+            self.grammars.start_compile(req)
+            return
         self.grammars.attach(req)  # compiled once per distinct grammar (the backend caches)
         self.scheduler.add(req)
         self._added_since_step += 1
 
+    @property
+    def compiling(self) -> int:
+        """Requests waiting for their grammar's compile (``add_request(..., compile_aside=True)``)."""
+        return self.grammars.compiling
+
+    def compiles_settled(self) -> tuple[list[int], list[int]]:
+        """(requests whose grammar compile has ended; requests that have waited for theirs longer
+        than ``EngineConfig.grammar_compile_timeout``), by rid: what rank 0 tells every rank to
+        :meth:`admit_compiled`."""
+        return self.grammars.settled(self.config.grammar_compile_timeout)
+
+    def admit_compiled(self, done: list[int], overdue: list[int]) -> list[StepOutput]:
+        """Queue the requests of ``done`` (waiting, on another rank, for its own compile to end)
+        and drop those of ``overdue``; the outputs of the requests that end here: finish reason
+        "invalid" (their grammar did not compile, or not in time)."""
+        ended: list[StepOutput] = []
+        for rid in done:
+            try:
+                req = self.grammars.finish_compile(rid)
+            except ValueError as exc:
+                ended.append(StepOutput(rid, -1, True, "invalid", error=str(exc)))
+                continue
+            if req is not None:  # else aborted meanwhile
+                self.scheduler.add(req)
+                self._added_since_step += 1
+        timeout = self.config.grammar_compile_timeout
+        for rid in overdue:
+            if self.grammars.drop_compile(rid):
+                ended.append(
+                    StepOutput(
+                        rid,
+                        -1,
+                        True,
+                        "invalid",
+                        error=f"the grammar did not compile within {timeout:g} s "
+                        "(--grammar-compile-timeout): simplify it (a JSON schema with thousands of "
+                        "optional properties, for one)",
+                    )  # fmt: skip
+                )
+        return ended
+
     def abort(self, rid: int) -> StepOutput | None:
+        if self.grammars.drop_compile(rid):
+            return StepOutput(rid, -1, True, "abort")
         return self.scheduler.abort(rid)
 
     def close(self) -> None:

@@ -24,10 +24,12 @@ from typing import Any
 import msgpack
 import zmq
 
+from minisgl_core.api import GrammarError
 from minisgl_core.distributed import TPGroup, init_tp_group
 from minisgl_core.engine.engine import Engine
 from minisgl_core.messages import (
     AbortRequest,
+    CompilesSettled,
     EngineRequest,
     Message,
     Shutdown,
@@ -48,6 +50,8 @@ IDLE = -1
 STATS_INTERVAL = 0.25
 #: seconds between two heartbeats while idle: the API server's /health reads their age
 HEARTBEAT_INTERVAL_MS = 1000
+#: how often an idle rank 0 looks whether a grammar compile has ended, while requests wait for one
+COMPILE_POLL_MS = 5
 
 
 class SchedulerLoop:
@@ -67,10 +71,13 @@ class SchedulerLoop:
         for msg in msgs:
             if isinstance(msg, EngineRequest):
                 try:  # admitted by the tokenizer: the engine trusts it
-                    self.engine.add_request(msg.rid, msg.prompt_ids, msg.params)
+                    # a grammar not compiled before compiles on another thread (CompilesSettled)
+                    self.engine.add_request(msg.rid, msg.prompt_ids, msg.params, compile_aside=True)
                 except ValueError as exc:  # e.g. a grammar the backend then failed to compile
                     logger.error("request %d rejected by the engine: %s", msg.rid, exc)
-                    out.add(msg.rid, -1, "error", error=str(exc))
+                    out.add(
+                        msg.rid, -1, "invalid" if isinstance(exc, GrammarError) else "error", error=str(exc)
+                    )
                 else:  # the detokenizer learns how to detokenize it before its first token
                     if msg.params.prompt_logprobs is not None and msg.prompt_ids:
                         self.first_prompt_ids[msg.rid] = msg.prompt_ids[0]
@@ -78,6 +85,11 @@ class SchedulerLoop:
                         msg.rid, msg.params.stop, msg.params.skip_special_tokens,
                         msg.params.include_stop_str_in_output, msg.params.min_tokens,
                     )  # fmt: skip
+            elif isinstance(msg, CompilesSettled):
+                for o in self.engine.admit_compiled(msg.done, msg.overdue):
+                    logger.error("request %d rejected by the engine: %s", o.rid, o.error)
+                    self.first_prompt_ids.pop(o.rid, None)
+                    out.add(o.rid, -1, o.finish_reason, error=o.error)
             elif isinstance(msg, AbortRequest):
                 self.first_prompt_ids.pop(msg.rid, None)
                 aborted = self.engine.abort(msg.rid)
@@ -111,15 +123,12 @@ class SchedulerLoop:
 
     def run_leader(self, inbox: zmq.Socket, to_detokenizer: zmq.Socket) -> None:
         while True:
-            msgs = drain(inbox)
+            msgs = drain(inbox) + self._compiles_settled()
             if not msgs and not self.engine.has_work:
                 self._report_idle_stats(to_detokenizer)
                 if self.tp.size > 1:
                     self.tp.broadcast_int(IDLE)
-                # Blocks until there is work (no busy wait), waking once a second to say it is alive.
-                while (msg := recv(inbox, timeout_ms=HEARTBEAT_INTERVAL_MS)) is None:
-                    send(to_detokenizer, StepOutputs(stats=self._stats(time.monotonic())))
-                msgs = [msg, *drain(inbox)]
+                msgs = self._wait_for_work(inbox, to_detokenizer)
                 if self.tp.size > 1:
                     self.tp.wake()
             if self.tp.size > 1:
@@ -138,6 +147,29 @@ class SchedulerLoop:
                 out.stats = self._stats(now)
             if len(out) or out.stats is not None or out.streams:
                 send(to_detokenizer, out)
+
+    def _wait_for_work(self, inbox: zmq.Socket, to_detokenizer: zmq.Socket) -> list[Message]:
+        """Block until a message arrives or, while requests wait for their grammar, a compile
+        ends or overruns (no busy wait); say it is alive once a second meanwhile."""
+        beat = time.monotonic()
+        while True:
+            waiting = self.engine.compiling > 0
+            msg = recv(inbox, timeout_ms=COMPILE_POLL_MS if waiting else HEARTBEAT_INTERVAL_MS)
+            if msg is not None:
+                return [msg, *drain(inbox), *self._compiles_settled()]
+            if waiting and (settled := self._compiles_settled()):
+                return settled
+            now = time.monotonic()
+            if now - beat >= HEARTBEAT_INTERVAL_MS / 1000:
+                send(to_detokenizer, StepOutputs(stats=self._stats(now)))
+                beat = now
+
+    def _compiles_settled(self) -> list[Message]:
+        """The step's CompilesSettled message, when a request's compile has ended or overrun."""
+        if not self.engine.compiling:
+            return []
+        done, overdue = self.engine.compiles_settled()
+        return [CompilesSettled(done, overdue)] if done or overdue else []
 
     def _stats(self, now: float) -> dict[str, int]:
         self.last_stats_at = now

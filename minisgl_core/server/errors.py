@@ -54,9 +54,10 @@ def error_body(
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def sse_error(message: str) -> str:
-    """An error in the middle of a stream: the status line is already sent, so it goes as an event."""
-    return f"data: {json.dumps(error_body(500, message))}\n\n"
+def sse_error(message: str, status: int = 500) -> str:
+    """An error in the middle of a stream: the status line is already sent, so it goes as an event
+    (with the error type of ``status``)."""
+    return f"data: {json.dumps(error_body(status, message))}\n\n"
 
 
 def validation_error(exc: RequestValidationError) -> APIError:

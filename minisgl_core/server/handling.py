@@ -78,8 +78,8 @@ async def wait_for_all(group: RequestGroup, request: Request) -> list[Choice] | 
         group.close()
 
 
-def first_error(choices: list[Choice]) -> str | None:
-    return next((c.error for c in choices if c.finish_reason == "error"), None)
+def first_error(choices: list[Choice]) -> Choice | None:
+    return next((c for c in choices if c.finish_reason == "error"), None)
 
 
 async def respond(
@@ -95,10 +95,13 @@ async def respond(
     choices = await wait_for_all(group, request)
     if choices is None:
         return Response(status_code=CLIENT_CLOSED)
-    if (error := first_error(choices)) is not None:
+    if (failed := first_error(choices)) is not None:
+        error = failed.error or "the request failed"
         if group.timed_out:
             raise APIError(504, error, "timeout", "request_timeout")
-        raise APIError(503 if group.state.failure is not None else 500, error)
+        if group.state.failure is not None:
+            raise APIError(503, error)
+        raise APIError(failed.error_status, error)
     return JSONResponse(build(choices))
 
 

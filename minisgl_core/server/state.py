@@ -61,6 +61,8 @@ class TokenEvent:
     #: with prompt_logprobs, on the first event: one entry per prompt token as ``logprob`` (None
     #: for the first token)
     prompt_logprobs: list[list[Any] | None] | None = None
+    #: the HTTP status of an error: 500, or 400 where the engine found the request at fault
+    error_status: int = 500
 
 
 @dataclass
@@ -76,6 +78,8 @@ class Delta:
     finish_reason: str | None = None
     matched_stop: str | int | None = None
     error: str | None = None
+    #: the HTTP status of ``error`` (TokenEvent.error_status)
+    error_status: int = 500
     #: the prompt tokens' logprobs (prompt_logprobs), from the choice's first event
     prompt_logprobs: list[list[Any] | None] | None = None
 
@@ -89,6 +93,7 @@ class Delta:
             self.logprobs.append(ev.logprob)
         if ev.finish_reason is not None:
             self.finish_reason, self.matched_stop, self.error = ev.finish_reason, ev.matched_stop, ev.error
+            self.error_status = ev.error_status
 
     def merge(self, later: Delta) -> None:
         """Append what ``later`` (of the same choice) gained."""
@@ -103,6 +108,7 @@ class Delta:
                 later.matched_stop,
                 later.error,
             )
+            self.error_status = later.error_status
 
 
 class RequestGroup:
@@ -381,6 +387,9 @@ class ServerState:
             if group is None:  # aborted or failed meanwhile
                 continue
             token, reason = out.token_ids[i], out.finish_reasons[i]
+            status = 500
+            if reason == "invalid":  # the engine found the request at fault: an error, a 400
+                reason, status = "error", 400
             if token >= 0:
                 m.generation_tokens += 1
                 last = self.last_token_at.get(rid)
@@ -406,5 +415,6 @@ class ServerState:
                     out.logprobs[i],
                     out.errors[i],
                     out.prompt_logprobs[i],
+                    status,
                 )  # fmt: skip
             )

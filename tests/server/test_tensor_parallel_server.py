@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -44,6 +45,27 @@ def test_tp2_abort_keeps_ranks_in_step(tp2, model_name):
                 break
     # every rank applied the abort at the same step, or the next request would hang or diverge
     c2 = openai.OpenAI(base_url=f"{tp2.url}/v1", api_key="unused", max_retries=0, timeout=60)
+    out = c2.completions.create(model=model_name, prompt=PROMPTS[0], max_tokens=4, temperature=0)
+    assert out.usage.completion_tokens == 4
+
+
+def test_tp2_grammars_compile_aside_and_every_rank_admits_them_in_step(tp2, model_name):
+    """A grammar new to the server compiles off each rank's scheduler thread; rank 0 tells every
+    rank in which step to admit the request (CompilesSettled), or the ranks would part."""
+    c2 = openai.OpenAI(base_url=f"{tp2.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    patterns = ["[A-Z]{3}-[0-9]{4}", "(yes|no)", "[a-z]{2,5}"]
+    outs = [
+        c2.completions.create(
+            model=model_name,
+            prompt=PROMPTS[i],
+            max_tokens=20,
+            temperature=0,
+            extra_body={"structured_outputs": {"regex": pattern}},
+        )  # fmt: skip
+        for i, pattern in enumerate(patterns)
+    ]
+    for pattern, out in zip(patterns, outs):
+        assert re.fullmatch(pattern, out.choices[0].text), (pattern, out.choices[0].text)
     out = c2.completions.create(model=model_name, prompt=PROMPTS[0], max_tokens=4, temperature=0)
     assert out.usage.completion_tokens == 4
 

@@ -1,0 +1,74 @@
+"""A grammar that takes long to compile holds up no other request (it compiles off the
+scheduler's thread) and, past ``--grammar-compile-timeout``, fails with a 400 naming the flag."""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+
+USER = [{"role": "user", "content": "fill the form"}]
+#: xgrammar 0.2 takes about 17 s to compile it for the tiny model on one thread (2.5 s at 1,000
+#: properties, superlinear), far past the server's limit below
+HEAVY = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(2000)}}
+HEAVY_FORMAT = {"type": "json_schema", "json_schema": {"name": "form", "schema": HEAVY}}
+
+
+@pytest.fixture(scope="module")
+def limited(start_server, model_dir, engine_args):
+    return start_server(
+        ["--model", str(model_dir), "--grammar-compile-timeout", "2", *engine_args],
+        env={"MINISGL_XGRAMMAR_THREADS": "1"},
+    )
+
+
+def test_a_grammar_compiling_for_long_holds_up_nobody_and_times_out_as_a_400(limited, model_name):
+    client = openai.OpenAI(base_url=f"{limited.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    with ThreadPoolExecutor(1) as pool:
+        started = time.monotonic()
+        heavy = pool.submit(
+            client.chat.completions.create,
+            model=model_name, messages=USER, response_format=HEAVY_FORMAT, max_tokens=20,
+        )  # fmt: skip
+        time.sleep(0.5)  # its compile has begun
+        t0 = time.monotonic()
+        plain = client.completions.create(model=model_name, prompt="hello", max_tokens=8, temperature=0)
+        plain_seconds = time.monotonic() - t0
+        with pytest.raises(openai.BadRequestError) as refused:
+            heavy.result()
+        heavy_seconds = time.monotonic() - started
+    # the scheduler kept stepping while the grammar compiled (before: it waited the whole compile)
+    assert plain.usage.completion_tokens == 8 and plain_seconds < 5, plain_seconds
+    body = refused.value.body
+    assert "--grammar-compile-timeout" in body["message"] and body["type"] == "invalid_request_error"
+    assert 2 <= heavy_seconds < 10, heavy_seconds
+    # the same grammar again while its compile still runs: it waits for that compile, and times out
+    # as well; streamed, the status line is out already, so the 400 comes as an event
+    with httpx.stream(
+        "POST",
+        f"{limited.url}/v1/chat/completions",
+        json={"model": model_name, "messages": USER, "response_format": HEAVY_FORMAT, "stream": True},
+        timeout=60,
+    ) as resp:
+        events = [line[6:] for line in resp.iter_lines() if line.startswith("data: ")]
+    errors = [json.loads(e)["error"] for e in events if e != "[DONE]" and "error" in json.loads(e)]
+    assert len(errors) == 1 and errors[0]["type"] == "invalid_request_error", events
+    assert "--grammar-compile-timeout" in errors[0]["message"] and events[-1] == "[DONE]"
+    assert httpx.get(f"{limited.url}/health", timeout=10).status_code == 200
+
+
+def test_the_timeout_flag_refuses_what_is_not_seconds(tmp_path):
+    import subprocess
+    import sys
+
+    for bad in ("-1", "nan", "inf", "soon"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "minisgl_core", "serve", "--grammar-compile-timeout", bad, "--model", str(tmp_path)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert proc.returncode == 2 and "--grammar-compile-timeout" in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
