@@ -70,16 +70,6 @@ class LazyGrammarBackend:
         #: the engine builds it on a compile thread while its own thread may ask for it
         self._lock = threading.Lock()
 
-    def is_compiled(self, spec: GrammarSpec) -> bool:
-        """Whether the backend is built and its ``compile`` would answer ``spec`` from its cache."""
-        backend = self._backend
-        return backend is not None and spec in backend._cache  # GrammarBackend's own cache (core)
-
-    @property
-    def failure(self) -> GrammarError | None:
-        """Why the backend cannot be built, once a build failed."""
-        return self._failure
-
     def get(self) -> GrammarBackend:
         if self._backend is not None:
             return self._backend

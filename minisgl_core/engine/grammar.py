@@ -42,6 +42,8 @@ GIL_SWITCH_INTERVAL_S = 0.0002
 #: grammars compiled at once off the engine's thread (the libraries release the GIL and may use
 #: threads of their own): a second one is not stuck behind a first that takes minutes
 COMPILE_THREADS = 2
+#: grammars remembered as compiled (GrammarRunner._known) before the record starts afresh
+KNOWN_GRAMMARS = 4096
 
 
 class _Compiling(NamedTuple):
@@ -73,6 +75,10 @@ class GrammarRunner:
         #: the compile of each grammar still running or queued: one per grammar, however many
         #: requests wait for it
         self._compiles: dict[GrammarSpec, Future[Any]] = {}
+        #: grammars some request got a matcher for (attach, finish_compile), so compiled. Changed
+        #: only there, where every rank of a server is in step, so every rank decides alike
+        #: which requests compile aside (the backend's cache fills whenever a compile thread ends)
+        self._known: set[GrammarSpec] = set()
 
     def attach(self, req: Request) -> None:
         """Give a constrained request its matcher; GrammarError (a ValueError) for a bad grammar."""
@@ -80,6 +86,12 @@ class GrammarRunner:
         if spec is None:
             return
         self._give_matcher(req, self.backend.get().compile(spec))
+        self._remember(spec)
+
+    def _remember(self, spec: GrammarSpec) -> None:
+        if len(self._known) >= KNOWN_GRAMMARS:
+            self._known.clear()
+        self._known.add(spec)
 
     def _give_matcher(self, req: Request, compiled: Any) -> None:
         try:
@@ -94,12 +106,12 @@ class GrammarRunner:
     # ------------------------------------------------------------------ compiles off the engine's thread
 
     def needs_compile(self, req: Request) -> bool:
-        """Whether :meth:`attach` would compile ``req``'s grammar (or first build the backend,
-        which reads the whole vocabulary) rather than find it compiled."""
+        """Whether ``req``'s grammar is one no request has been given a matcher for yet: it
+        compiles aside (or first builds the backend, which reads the whole vocabulary). The same
+        answer on every rank (not the backend's cache, which fills when a compile thread ends);
+        a grammar the backend's cache has dropped since is compiled again in :meth:`attach`."""
         spec = req.params.grammar
-        if spec is None or self.backend.failure is not None:
-            return False
-        return not self.backend.is_compiled(spec)
+        return spec is not None and spec not in self._known
 
     def start_compile(self, req: Request) -> None:
         """Compile ``req``'s grammar on a compile thread (one compile per grammar, shared by the
@@ -153,6 +165,7 @@ class GrammarRunner:
         except Exception as exc:  # noqa: BLE001 - the request fails, not the scheduler
             raise GrammarError(f"the grammar did not compile: {type(exc).__name__}: {exc}") from exc
         self._give_matcher(waiting.req, compiled)
+        self._remember(waiting.req.params.grammar)  # type: ignore[arg-type]
         return waiting.req
 
     def drop_compile(self, rid: int) -> bool:
