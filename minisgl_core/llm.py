@@ -35,7 +35,8 @@ class RequestOutput:
     matched_stop: str | int | None = None
     #: one entry per output token when SamplingParams.logprobs is set
     logprobs: list[TokenLogprob] | None = None
-    #: why the request failed (finish_reason "error"), e.g. its grammar rejected a token
+    #: why the request failed: finish_reason "error" (e.g. its grammar rejected a token) or
+    #: "invalid" (its grammar accepts no text)
     error: str | None = None
     #: with SamplingParams.prompt_logprobs: one entry per prompt token, None for the first
     prompt_logprobs: list[TokenLogprob | None] | None = None

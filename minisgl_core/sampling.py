@@ -264,12 +264,13 @@ class StepOutput(NamedTuple):
     rid: int
     token_id: int
     finished: bool
-    #: "stop" | "length" | "abort" when finished
+    #: "stop" | "length" | "abort" | "error" | "invalid" when finished
     finish_reason: str | None = None
     #: the stop string or stop token id that ended the request, if any
     matched_stop: str | int | None = None
     logprob: TokenLogprob | None = None
-    #: why the request failed (finish_reason "error"), e.g. its grammar rejected a sampled token
+    #: why the request failed (finish_reason "error"), e.g. its grammar rejected a sampled token;
+    #: "invalid" when the request is at fault (its grammar accepts no text, or did not compile)
     error: str | None = None
     #: with ``prompt_logprobs``, on the request's first output: one per prompt token, None for the
     #: first (nothing precedes it)

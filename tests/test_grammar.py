@@ -389,3 +389,19 @@ def test_a_compile_past_the_timeout_fails_its_request_and_an_abort_stops_the_wai
         time.sleep(0.01)
     assert slow in backend._cache
     llm.close()
+
+
+@pytest.mark.parametrize("backend", ["xgrammar"])
+def test_a_large_grammar_no_token_can_begin_fails_its_request_as_invalid(model_dir, backend):
+    """Admission leaves large grammars' start to the engine (its byte compile can take seconds):
+    a request whose grammar allows no first token finishes "invalid" with the cause, and its
+    neighbour is untouched."""
+    llm = LLM(model_dir, device="cpu", dtype="float32", attn="torch", grammar_backend=backend)
+    schema = {"$ref": "#", "properties": {f"p{i}": {"type": "string"} for i in range(400)}}
+    spec = GrammarSpec("json_schema", json.dumps(schema))
+    outs = llm.generate(
+        prompts(2), [constrained(spec, max_tokens=8), SamplingParams(temperature=0.0, max_tokens=8)]
+    )
+    assert outs[0].finish_reason == "invalid" and "no token can begin it" in outs[0].error
+    assert outs[1].finish_reason == "length" and len(outs[1].token_ids) == 8
+    llm.close()

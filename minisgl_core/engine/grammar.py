@@ -294,22 +294,43 @@ class GrammarRunner:
                 backend.fill_bitmasks(matchers, mask, rows)  # type: ignore[arg-type]
             else:
                 GrammarBackend.fill_bitmasks(backend, matchers, mask, rows)  # type: ignore[arg-type]
-            return
         except Exception:  # noqa: BLE001 - find the request at fault one row at a time (filling has no side effect)
             logger.warning(
                 "batched grammar fill failed; filling %d rows one by one", len(rows), exc_info=True
             )
+            for req, row in zip(reqs, rows):
+                assert req.matcher is not None
+                try:
+                    req.matcher.fill_bitmask(mask, row)
+                except Exception as exc:  # noqa: BLE001
+                    self._fail(req, f"the grammar backend failed: {type(exc).__name__}: {exc}")
+                    mask[row] = -1
+        self._refuse_unbeginnable(mask, reqs, rows)
+
+    def _refuse_unbeginnable(self, mask: torch.Tensor, reqs: list[Request], rows: list[int]) -> None:
+        """A request at its first tokens whose grammar allows no token and is not complete: its
+        grammar accepts no text (xgrammar compiles a JSON schema that only refers to itself so),
+        the request's fault, so it fails as "invalid" (a 400). Admission checks small grammars
+        for this already; a large one's check could take the tokenizer process seconds."""
+        words = None
         for req, row in zip(reqs, rows):
-            assert req.matcher is not None
-            try:
-                req.matcher.fill_bitmask(mask, row)
-            except Exception as exc:  # noqa: BLE001
-                self._fail(req, f"the grammar backend failed: {type(exc).__name__}: {exc}")
+            if req.output_ids or req.grammar_error is not None:
+                continue
+            if words is None:
+                words = mask.numpy()
+            if not words[row].any() and not req.matcher.is_terminated():
+                self._fail(
+                    req,
+                    "the grammar accepts no text: no token can begin it (a schema that only refers "
+                    "to itself, for one)",
+                    invalid=True,
+                )
                 mask[row] = -1
 
     @staticmethod
-    def _fail(req: Request, why: str) -> None:
+    def _fail(req: Request, why: str, *, invalid: bool = False) -> None:
         req.grammar_error = why
+        req.grammar_invalid = invalid
         logger.error("request %d: %s", req.rid, why)
 
 

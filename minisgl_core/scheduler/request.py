@@ -41,6 +41,8 @@ class Request:
     matcher: Any = None
     #: set when the grammar rejected a sampled token: the request then finishes with an error
     grammar_error: str | None = None
+    #: the grammar is at fault (it accepts no text): the request finishes as "invalid", not "error"
+    grammar_invalid: bool = False
     #: the matcher's is_terminated() after its last accepted token, kept by the engine's grammar
     #: runner: the scheduler reads this, never the matcher, which a fill thread may be using
     grammar_terminated: bool = False

@@ -486,7 +486,7 @@ class Scheduler:
             req.output_ids.append(token)
             reason, matched = self.stop_checker.check(req)
             if req.grammar_error is not None:
-                reason, matched = "error", None
+                reason, matched = "invalid" if req.grammar_invalid else "error", None
             elif req.matcher is not None and req.grammar_terminated:
                 # the grammar is complete, also under ignore_eos; its final stop token stays hidden
                 if reason != "stop":
@@ -497,7 +497,7 @@ class Scheduler:
             if reason is not None:
                 del self.running[req.rid]
                 self._release(req)
-            error = req.grammar_error if reason == "error" else None
+            error = req.grammar_error if reason in ("error", "invalid") else None
             prompt = None
             if req.prompt_logprobs is not None and not req.prompt_logprobs_sent:
                 prompt, req.prompt_logprobs_sent = req.prompt_logprobs, True

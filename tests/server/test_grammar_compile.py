@@ -72,3 +72,31 @@ def test_the_timeout_flag_refuses_what_is_not_seconds(tmp_path):
         )  # fmt: skip
         assert proc.returncode == 2 and "--grammar-compile-timeout" in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
+
+
+def test_a_large_grammar_no_text_can_begin_is_a_400_from_the_engine(limited, model_name):
+    """Admission compiles only small grammars against the 256 bytes (for 2,000 properties that
+    took the tokenizer process 20 s, every request waiting behind it); a large one that allows no
+    first token fails at its first step instead, still as a 400 naming the cause."""
+    big_self_ref = {"$ref": "#", "properties": {f"p{i}": {"type": "string"} for i in range(400)}}
+    client = openai.OpenAI(base_url=f"{limited.url}/v1", api_key="unused", max_retries=0, timeout=60)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(
+            model=model_name, messages=USER, max_tokens=20,
+            response_format={"type": "json_schema", "json_schema": {"name": "loop", "schema": big_self_ref}},
+        )  # fmt: skip
+    assert "no token can begin it" in refused.value.body["message"]
+    # a large schema with a reference admitted without the byte compile: nobody waits on it
+    heavy_ref = {**HEAVY, "$defs": {"n": {"type": "integer"}}}
+    heavy_ref["properties"] = {**HEAVY["properties"], "n": {"$ref": "#/$defs/n"}}
+    with ThreadPoolExecutor(1) as pool:
+        heavy = pool.submit(
+            client.chat.completions.create, model=model_name, messages=USER, max_tokens=20,
+            response_format={"type": "json_schema", "json_schema": {"name": "form", "schema": heavy_ref}},
+        )  # fmt: skip
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        plain = client.completions.create(model=model_name, prompt="hello", max_tokens=8, temperature=0)
+        assert time.monotonic() - t0 < 5 and plain.usage.completion_tokens == 8
+        with pytest.raises(openai.BadRequestError):  # its compile overran the server's 2 s
+            heavy.result()
