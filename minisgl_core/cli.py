@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import sys
+from typing import Any
 
 from minisgl_core import environment
 from minisgl_core.checkpoint.resolve import ModelNotFound
@@ -52,12 +53,20 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """No abbreviated flags: argparse took ``generate --n 2`` for ``--num-kv-tokens 2`` (and any
+    prefix for whichever flag it starts); a flag not spelled out is an error naming it. The
+    subcommands' parsers are of this class too (argparse makes them with the parent's class)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser(plugins: Plugins | None = None) -> argparse.ArgumentParser:
     from minisgl_core.config_args import add_engine_args
 
-    parser = argparse.ArgumentParser(
-        prog="minisgl", description="minisgl: a small plugin-based LLM serving engine"
-    )
+    parser = _Parser(prog="minisgl", description="minisgl: a small plugin-based LLM serving engine")
     parser.add_argument("--log-level", default=environment.get("MINISGL_LOG_LEVEL", "info"))
     sub = parser.add_subparsers(dest="command", required=True)
 

@@ -434,3 +434,20 @@ def test_every_engine_flag_defaults_to_the_engine_config_default(command):
     plain = argparse.ArgumentParser()
     add_engine_args(plain)
     assert plain.parse_args([]).piecewise_cuda_graph_max_tokens == defaults["piecewise_cuda_graph_max_tokens"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["generate", "--n", "2", "hi"],  # argparse took it for --num-kv-tokens 2
+        ["serve", "--max-running", "4"],
+        ["bench", "serve", "--num", "5"],
+    ],
+)
+def test_a_flag_not_spelled_out_is_refused_not_taken_for_another(argv, capsys):
+    from minisgl_core.cli import build_parser
+
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(argv)
+    flag = next(a for a in argv if a.startswith("--"))
+    assert exit_.value.code == 2 and f"unrecognized arguments: {flag}" in capsys.readouterr().err
