@@ -5,6 +5,7 @@ A random model follows no grammar on its own, so every valid output here is the 
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import threading
@@ -17,7 +18,7 @@ import torch
 from minisgl_core import LLM, SamplingParams
 from minisgl_core.api import GrammarError, GrammarSpec, allocate_token_bitmask
 from minisgl_core.demo.factories import make_model_dir
-from minisgl_core.engine.grammar import GIL_SWITCH_INTERVAL_S
+from minisgl_core.engine.grammar import COMPILE_NICE, GIL_SWITCH_INTERVAL_S
 from minisgl_core.runner.sampler import apply_token_bitmask
 from minisgl_core.testing.grammar_suite import NESTED_SCHEMA
 
@@ -289,12 +290,16 @@ def test_bench_grammar_compares_the_two_paths_on_the_same_states(backend, tmp_pa
 
 
 def _gated_compiles(engine, monkeypatch) -> threading.Event:
-    """Make the engine's grammar compiles wait for the returned event (a compile that takes long)."""
+    """Make the engine's grammar compiles wait for the returned event (a compile that takes long);
+    ``gate.nice`` collects the nice value each compile ran at."""
     backend = engine.grammars.backend.get()
     gate = threading.Event()
+    gate.nice = []
     real = backend.compile_uncached
 
     def slow(spec):
+        if sys.platform.startswith("linux"):
+            gate.nice.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
         assert gate.wait(30), "the test never opened the gate"
         return real(spec)
 
@@ -339,6 +344,9 @@ def test_a_grammar_compiling_aside_holds_only_its_own_request(model_dir, monkeyp
     while engine.compiles_settled() == ([], []) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert engine.compiles_settled() == ([1], [])
+    # compiles yield the cores to the engine's thread (and so do the threads xgrammar starts)
+    if sys.platform.startswith("linux"):
+        assert gate.nice == [max(COMPILE_NICE, os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))]
     # compiled in this process's cache, but not yet admitted where every rank is in step: a rank
     # whose compile is behind would queue this one otherwise, so it waits here too
     engine.add_request(
