@@ -6,6 +6,12 @@ outputs parse as their schema says (CUDA graphs and overlap on, the server's def
 
 Without --model the Qwen3-0.6B shape (random weights) is written to /tmp/m first. About a
 minute after the server is up (it starts with a 5 s compile limit).
+
+The GPU machine's wheel set (``../shared/device/fetch-wheels.sh``) has no grammar library: carry
+xgrammar with the others, or every constrained request is a 400 ("xgrammar is not installed")::
+
+    .venv/bin/pip download --no-deps --only-binary=:all: --python-version 3.12 \
+      --platform manylinux_2_28_x86_64 -d .dev/w2 xgrammar==0.2.8
 """
 
 from __future__ import annotations
