@@ -230,6 +230,12 @@ class XGrammarBackend(GrammarBackend):
         return XGrammarMatcher(self._xgr.GrammarMatcher(compiled.grammar), guard)
 
     def _grammar(self, spec: GrammarSpec) -> Any:
+        try:
+            return self._parse(spec)
+        except RuntimeError as exc:  # xgrammar's parse errors: what is wrong, behind C++ noise
+            raise GrammarError(f"invalid {spec.kind} grammar: {library_message(exc)}") from exc
+
+    def _parse(self, spec: GrammarSpec) -> Any:
         grammar = self._xgr.Grammar
         if spec.kind == "json_schema":
             _check_json(spec.value, "json_schema")
@@ -284,6 +290,16 @@ def _bitmask_row(
     packed = words.sum(dim=1)
     # as int32: bit 31 is the sign bit
     return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+
+
+#: what xgrammar puts before its messages: "[05:08:01] /project/cpp/regex_converter.cc:83: " and, for
+#: a failed assertion, "Check failed: (val <= MAX_INT64_AS_DOUBLE) is false: "
+_LIBRARY_NOISE = re.compile(r"^\[\d\d:\d\d:\d\d\] \S+:\d+: |Check failed: \(.*?\) is false: ")
+
+
+def library_message(exc: Exception) -> str:
+    """xgrammar's error message without its time stamp, source location and assertion text."""
+    return _LIBRARY_NOISE.sub("", str(exc)).strip()
 
 
 def _check_json(text: str, what: str) -> None:

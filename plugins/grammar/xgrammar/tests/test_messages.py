@@ -1,0 +1,51 @@
+"""A bad grammar's 400 says what is wrong in the user's terms: xgrammar's own messages come with a
+time stamp, a C++ source location and, for a failed assertion, its condition; those are cut."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from minisgl_plugin_xgrammar.backend import XGrammarBackend
+
+from minisgl_core.api import GrammarError, GrammarSpec
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory) -> XGrammarBackend:
+    from transformers import AutoTokenizer
+
+    from minisgl_core.demo.factories import train_tokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(train_tokenizer(tmp_path_factory.mktemp("tok"), vocab_size=400)))
+    return XGrammarBackend(tok, vocab_size=len(tok), stop_token_ids=[2])
+
+
+@pytest.mark.parametrize(
+    ("kind", "value", "says"),
+    [
+        ("json_schema", json.dumps({"type": "foo"}), 'invalid json_schema grammar: Unsupported type "foo"'),
+        (
+            "json_schema",
+            json.dumps({"type": "integer", "minimum": 1e30}),
+            "invalid json_schema grammar: Integer exceeds maximum limit",
+        ),
+        (
+            "regex",
+            "((",
+            "invalid regex grammar: Regex parsing error at position 3: The parenthesis is not closed.",
+        ),
+        (
+            "ebnf",
+            "root ::= foo",
+            'invalid ebnf grammar: EBNF parser error at line 1, column 10: Rule "foo" is not defined',
+        ),
+    ],
+)
+@pytest.mark.parametrize("how", ["check", "compile"])
+def test_a_bad_grammar_is_named_without_the_librarys_noise(backend, kind, value, says, how):
+    with pytest.raises(GrammarError) as refused:
+        getattr(backend, how)(GrammarSpec(kind, value))
+    message = str(refused.value)
+    assert message.startswith(says), message
+    assert ".cc:" not in message and "Check failed" not in message and not message.endswith("\n")
