@@ -247,20 +247,14 @@ class Engine:
             if req is not None:  # else aborted meanwhile
                 self.scheduler.add(req)
                 self._added_since_step += 1
-        timeout = self.config.grammar_compile_timeout
+        overran = (  # overdue is empty without a timeout
+            f"the grammar did not compile within {self.config.grammar_compile_timeout or 0:g} s "
+            "(--grammar-compile-timeout): simplify it (a JSON schema with thousands of optional "
+            "properties, for one)"
+        )
         for rid in overdue:
             if self.grammars.drop_compile(rid):
-                ended.append(
-                    StepOutput(
-                        rid,
-                        -1,
-                        True,
-                        "invalid",
-                        error=f"the grammar did not compile within {timeout:g} s "
-                        "(--grammar-compile-timeout): simplify it (a JSON schema with thousands of "
-                        "optional properties, for one)",
-                    )  # fmt: skip
-                )
+                ended.append(StepOutput(rid, -1, True, "invalid", error=overran))
         return ended
 
     def abort(self, rid: int) -> StepOutput | None:
