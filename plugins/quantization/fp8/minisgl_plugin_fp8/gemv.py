@@ -56,6 +56,9 @@ class GemvConfig(NamedTuple):
     num_stages: int
     tiles: int = 1  # BLOCK_N-row tiles per program, one after the other (the scale's pass shared)
     prefetch: bool = False  # the first weight block loaded before the scale's pass
+    pipe: bool = False  # each loop step issues the next weight block's load before its multiply
+    acc_r: int = 1  # products summed in each thread over this many neighbouring columns a step
+    evict: bool = False  # weight loads marked evict-first (each byte is read once a step)
 
 
 #: programs wanted per SM before the K loop is split (several per SM keep enough loads in flight)
@@ -118,6 +121,9 @@ def fp8_gemv_kernel(
     TILES: tl.constexpr,  # BLOCK_N-row tiles per program: the scale's pass once for all of them
     PREFETCH: tl.constexpr,  # load the first weight block before the scale's pass
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch
+    PIPE: tl.constexpr = False,  # GemvConfig.pipe
+    ACC_R: tl.constexpr = 1,  # GemvConfig.acc_r
+    EVICT: tl.constexpr = False,  # GemvConfig.evict
 ):
     split = tl.program_id(1)
     cols = split * K_PER_SPLIT + tl.arange(0, BLOCK_K)
@@ -126,7 +132,7 @@ def fp8_gemv_kernel(
     first_ok = (first_rows[:, None] < N) & (cols[None, :] < K)
     w_first = w + first_rows[:, None].to(tl.int64) * K + cols[None, :]
     if PREFETCH:  # the first weight block in flight while the scale's pass runs
-        wk_first = tl.load(w_first, mask=first_ok, other=0.0)
+        wk_first = _load_weights(w_first, first_ok, EVICT)
     if PDL:  # (the weights are not the kernel before's output: their first block may load before)
         gdc_wait()
     # over the whole row: every split reads it, the scale must not depend on the split
@@ -138,17 +144,50 @@ def fp8_gemv_kernel(
         row_ok = rows < N
         w_ptrs = w + rows[:, None].to(tl.int64) * K + cols[None, :]
         scale = tl.load(w_scale + rows, mask=row_ok, other=0.0)
-        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-        if PREFETCH and tile == 0:
-            xk = tl.load(x_ptrs, mask=cols[None, :] < K, other=0.0).to(tl.float32)
-            acc += wk_first.to(tl.float32) * _round_e4m3(tl.clamp(xk * x_inverse, -FP8_MAX, FP8_MAX))
-        for step in range(BLOCK_K if PREFETCH and tile == 0 else 0, K_PER_SPLIT, BLOCK_K):
-            col_ok = cols[None, :] + step < K
-            xk = tl.load(x_ptrs + step, mask=col_ok, other=0.0).to(tl.float32)
-            wk = tl.load(w_ptrs + step, mask=row_ok[:, None] & col_ok, other=0.0)
-            acc += wk.to(tl.float32) * _round_e4m3(tl.clamp(xk * x_inverse, -FP8_MAX, FP8_MAX))
+        acc = tl.zeros((BLOCK_N, BLOCK_K // ACC_R), dtype=tl.float32)
+        if PIPE:  # the block of the next step in flight while this step's multiplies run
+            if PREFETCH and tile == 0:
+                wk = wk_first
+            else:
+                wk = _load_weights(w_ptrs, row_ok[:, None] & (cols[None, :] < K), EVICT)
+            for step in range(0, K_PER_SPLIT, BLOCK_K):
+                ahead_ok = (cols[None, :] + (step + BLOCK_K) < K) & (step + BLOCK_K < K_PER_SPLIT)
+                wk_next = _load_weights(w_ptrs + step + BLOCK_K, row_ok[:, None] & ahead_ok, EVICT)
+                xk = tl.load(x_ptrs + step, mask=cols[None, :] + step < K, other=0.0)
+                acc = _accumulate(acc, wk, xk, x_inverse, ACC_R)
+                wk = wk_next
+        else:
+            if PREFETCH and tile == 0:
+                xk = tl.load(x_ptrs, mask=cols[None, :] < K, other=0.0)
+                acc = _accumulate(acc, wk_first, xk, x_inverse, ACC_R)
+            for step in range(BLOCK_K if PREFETCH and tile == 0 else 0, K_PER_SPLIT, BLOCK_K):
+                col_ok = cols[None, :] + step < K
+                xk = tl.load(x_ptrs + step, mask=col_ok, other=0.0)
+                wk = _load_weights(w_ptrs + step, row_ok[:, None] & col_ok, EVICT)
+                acc = _accumulate(acc, wk, xk, x_inverse, ACC_R)
         result = tl.sum(acc, axis=1) * scale * tl.reshape(x_scale, (1,))
         tl.store(out + rows, result.to(out.dtype.element_ty), mask=row_ok)
+
+
+@triton.jit
+def _load_weights(ptrs, mask, EVICT: tl.constexpr):
+    if EVICT:
+        return tl.load(ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
+    return tl.load(ptrs, mask=mask, other=0.0)
+
+
+@triton.jit
+def _accumulate(acc, wk, xk, x_inverse, ACC_R: tl.constexpr):
+    """``acc`` plus the products of a weight block and its columns of ``x`` rounded to e4m3; with
+    ``ACC_R`` > 1 each thread first sums ``ACC_R`` neighbouring columns (``acc`` is that much
+    narrower: fewer registers a program)."""
+    xq = _round_e4m3(tl.clamp(xk.to(tl.float32) * x_inverse, -FP8_MAX, FP8_MAX))
+    products = wk.to(tl.float32) * xq
+    if ACC_R == 1:
+        return acc + products
+    rows: tl.constexpr = products.shape[0]
+    cols: tl.constexpr = products.shape[1]
+    return acc + tl.sum(tl.reshape(products, (rows, cols // ACC_R, ACC_R)), axis=2)
 
 
 @triton.jit
@@ -278,6 +317,7 @@ def fp8_gemv(
         x, weight, weight_scale, target, n, k,
         K_PER_SPLIT=k_per_split, K_ROW=triton.cdiv(k, scale_block) * scale_block, SCALE_BLOCK=scale_block,
         BLOCK_N=config.block_n, BLOCK_K=config.block_k, TILES=config.tiles, PREFETCH=config.prefetch,
+        PIPE=config.pipe, ACC_R=config.acc_r, EVICT=config.evict,
         num_warps=config.num_warps, num_stages=config.num_stages, **pdl,
     )  # fmt: skip
     if config.split_k > 1:

@@ -69,8 +69,15 @@ def test_split_k_only_when_the_rows_alone_leave_the_gpu_idle():
     assert pick_config(64, 1024).block_k == 512 and pick_config(64, 8192).block_k == 1024
 
 
-@pytest.mark.parametrize("tiles, prefetch, pdl", [(None, False, False), (4, True, True)])
-def test_gemv_compiles_for_sm90(tiles, prefetch, pdl):
+@pytest.mark.parametrize(
+    "tiles, prefetch, pdl, variant",
+    [
+        (None, False, False, {}),
+        (4, True, True, {}),
+        (None, True, False, {"PIPE": True, "ACC_R": 4, "EVICT": True}),
+    ],
+)
+def test_gemv_compiles_for_sm90(tiles, prefetch, pdl, variant):
     from minisgl_plugin_fp8.gemv import fp8_gemv_kernel, pick_config
     from triton import compile as triton_compile
     from triton.backends.compiler import GPUTarget
@@ -80,7 +87,8 @@ def test_gemv_compiles_for_sm90(tiles, prefetch, pdl):
     signature = {"x": "*bf16", "w": "*fp8e4nv", "w_scale": "*fp32", "out": "*bf16", "N": "i32", "K": "i32"}
     constants = {"K_PER_SPLIT": 4096 // config.split_k, "K_ROW": 4096, "SCALE_BLOCK": 4096,
                  "BLOCK_N": config.block_n, "BLOCK_K": config.block_k,
-                 "TILES": tiles or config.tiles, "PREFETCH": prefetch, "PDL": pdl}  # fmt: skip
+                 "TILES": tiles or config.tiles, "PREFETCH": prefetch, "PDL": pdl,
+                 "PIPE": False, "ACC_R": 1, "EVICT": False, **variant}  # fmt: skip
     signature.update(dict.fromkeys(constants, "constexpr"))
     compiled = triton_compile(
         ASTSource(fp8_gemv_kernel, signature, constexprs=constants),
@@ -92,6 +100,7 @@ def test_gemv_compiles_for_sm90(tiles, prefetch, pdl):
     assert ("griddepcontrol.wait" in ptx) == pdl
     assert "cvt.rn.f16x2.e4m3x2" in ptx  # the weight is read as fp8 and widened in registers
     assert "mma" not in ptx  # CUDA cores
+    assert ("evict_first" in ptx) == bool(variant.get("EVICT"))
 
 
 def test_row_quantizer_compiles_for_sm90():
@@ -115,13 +124,19 @@ def test_row_quantizer_compiles_for_sm90():
 
 #: (weight rows, weight columns, split_k or None for pick_config's): row counts not a multiple of
 #: the tile, columns a multiple of 16 but not of the K step
-SHAPES = [  # rows, cols, split_k, tiles per program (None: pick_config's), prefetch
-    (40, 208, None, None, False),
-    (24, 1024, 2, None, True),
-    (72, 512, None, 4, True),  # 72 rows in 8-row tiles, 4 per program: the last program's run out
-    (33, 4096, 4, 2, False),
-    (40, 2048, None, None, True),
-    (16, 300, None, 2, True),  # one step per split: the prefetched block is the only one
+SHAPES = [  # rows, cols, split_k, tiles per program (None: pick_config's), prefetch, and
+    # GemvConfig's pipe, acc_r, evict
+    (40, 208, None, None, False, False, 1, False),
+    (24, 1024, 2, None, True, False, 1, False),
+    (72, 512, None, 4, True, False, 1, False),  # 72 rows in 8-row tiles, 4 a program: the last runs out
+    (33, 4096, 4, 2, False, False, 1, False),
+    (40, 2048, None, None, True, False, 1, False),
+    (16, 300, None, 2, True, False, 1, False),  # one step per split: the prefetched block is the only one
+    # the next block's load ahead of each step's multiply, in-thread sums over 4 or 8 columns
+    (40, 208, None, None, False, True, 4, True),
+    (33, 4096, 4, 2, False, True, 8, False),
+    (72, 2048, 2, 4, True, True, 1, True),  # the next split's first block is not read ahead
+    (16, 300, None, 2, True, True, 4, False),
 ]
 
 
@@ -130,14 +145,14 @@ def check_kernel() -> None:
     from minisgl_plugin_fp8.method import quantize_rows
 
     gen = torch.Generator().manual_seed(0)
-    for rows, cols, split_k, tiles, prefetch in SHAPES:
+    for rows, cols, split_k, tiles, prefetch, pipe, acc_r, evict in SHAPES:
         q, scale = quantize_rows(torch.randn(rows, cols, generator=gen))
         config = pick_config(rows, cols)
         if split_k:
             config = config._replace(split_k=split_k)
         if tiles:
             config = config._replace(tiles=tiles)
-        config = config._replace(prefetch=prefetch)
+        config = config._replace(prefetch=prefetch, pipe=pipe, acc_r=acc_r, evict=evict)
         x = torch.randn(1, cols + 16, generator=gen)[:, :cols]  # a view into a wider row
         for dtype, tolerance in ((torch.float32, 1e-4), (torch.bfloat16, 1e-2)):
             xd = x.to(dtype)
