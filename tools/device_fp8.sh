@@ -5,7 +5,7 @@
 #           Llama-3.1-8B's layer shapes; fp8 weights / fp8 KV end to end against float32)
 #   bench:  Llama-3.1-8B shape (random weights) offline and batch-1 decode, bf16 vs
 #           --quantization fp8 vs fp8 + --kv-cache-dtype fp8_e4m3 (bound: ~1.6 ms/token on H200)
-#   gemv:   the GEMV's launch sweep (device_fp8_check.py gemm --sweep: $OUT/fp8_sweep.json), then
+#   gemv:   the GEMV's launch sweep (tools/device_gemv_sweep.py, weights from HBM: $OUT/gemv-sweep.json), then
 #           batch-1 decode (16 requests offline, then --decode-latency) with --quantization fp8,
 #           pick_config's choice and the sweep's (tools/fp8_tuned_run.py) alternating, twice
 # Usage (repo root, .whl carried): source .whl/prelude.sh && bash tools/device_fp8.sh [checks|bench|all|gemv]
@@ -36,20 +36,17 @@ fi
 if [[ $what == gemv ]]; then
   # (the model made on the CPU: the sweep's timings have the GPU to themselves)
   python3 -m minisgl_core bench make-model --shape llama-3.1-8b --out /tmp/m/llama-3.1-8b --device cpu > /dev/null &
-  timeout 280 python3 tools/device_fp8_check.py gemm --sweep --out "$out/fp8_sweep.json" > "$out/fp8_sweep.log" 2>&1
-  echo "sweep exit $? ($((SECONDS - start)) s)"
-  python3 - "$out/fp8_sweep.json" <<'PY'
-import json, sys
-for name, row in json.load(open(sys.argv[1]))["gemm"]["shapes"].items():
-    g = row["gemv"]["m1"]; best = g.get("sweep", {}).get("best", [{}])[0]
-    print(name, "picked", g["ms_gemv"], g["config"], "| best", best.get("ms"), best.get("config"), best.get("rel_err"))
-PY
+  timeout 240 python3 tools/device_gemv_sweep.py --out "$out/gemv-sweep.json" > "$out/gemv-sweep.log" 2>&1
+  echo "sweep exit $? ($((SECONDS - start)) s)"; grep -E "^(compiled|qkv|o |gate_up|down|per layer)" "$out/gemv-sweep.log" | cut -c1-260
   wait
-  args=(bench offline --model /tmp/m/llama-3.1-8b --attn auto --num-requests 16 --decode-latency --quantization fp8
-        --output "$out/fp8_gemv_bench.jsonl")
+  echo "model made ($((SECONDS - start)) s)"
+  args=(bench offline --model /tmp/m/llama-3.1-8b --attn "${ATTN:-fi,triton}" --num-requests 16 --decode-latency
+        --quantization fp8 --output "$out/fp8_gemv_bench.jsonl")
+  line() { tail -n 1 | python3 -c 'import json, sys; d = json.loads(sys.stdin.read())
+print(d["label"], d["output_tok_per_s"], "tok/s; batch-1", d.get("decode", {}).get("ms_per_token"), "ms/token")'; }
   for round in 1 2; do  # (the first run JIT-compiles the attention kernels)
-    timeout $((round == 1 ? 250 : 150)) python3 -m minisgl_core "${args[@]}" --label "fp8 pick_config round $round" 2>>"$out/fp8_gemv_bench.log" | tail -n 1 | cut -c1-300
-    timeout 150 python3 tools/fp8_tuned_run.py "$out/fp8_sweep.json" "${args[@]}" --label "fp8 swept round $round" 2>>"$out/fp8_gemv_bench.log" | tail -n 1 | cut -c1-300
+    timeout $((round == 1 ? 250 : 150)) python3 -m minisgl_core "${args[@]}" --label "fp8 pick_config round $round" 2>>"$out/fp8_gemv_bench.log" | line
+    timeout 150 python3 tools/fp8_tuned_run.py "$out/gemv-sweep.json" "${args[@]}" --label "fp8 swept round $round" 2>>"$out/fp8_gemv_bench.log" | line
   done
   grep -E "Error|Traceback|configurations" "$out/fp8_gemv_bench.log" | head -5
 fi

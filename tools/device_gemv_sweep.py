@@ -9,7 +9,7 @@ processes (Triton's cache), then one process times them.
 
     python3 tools/device_gemv_sweep.py --out $OUT/gemv-sweep.json [--shapes llama-3.1-8b] [--workers 12]
 
-Prints per layer ``pick_config``'s time and the five fastest, each with its TB/s (weight bytes over
+Prints per layer ``pick_config``'s time and the fastest, each with its TB/s (weight bytes over
 the time) and its distance from the plugin's float32 emulation (every candidate must be within
 ``device_fp8_check.EMULATION_TOLERANCE``; a wrong one is shown and never ranked), and the sum over
 the four layers: what a decode step's 32 layers would gain.
@@ -38,15 +38,21 @@ EMULATION_TOLERANCE = 0.004
 
 
 def candidates(n: int, k: int) -> list:
+    """``pick_config``'s choice first, then tiles x warps x ``acc_r`` x tiles per program, and
+    ``pipe`` on the 8 x 1,024 tile (``evict`` is tried on the fastest three afterwards)."""
     from minisgl_plugin_fp8.gemv import pick_config
 
     base = pick_config(n, k, torch.cuda.get_device_properties(0).multi_processor_count)
     out = [base]
-    tiles = [(8, 1024), (16, 512), (32, 256), (4, 2048)]
-    for (block_n, block_k), warps, pipe, acc_r in itertools.product(tiles, (4, 8), (False, True), (1, 8)):
+    blocks = [(8, 1024), (16, 512), (16, 1024), (8, 2048), (4, 2048), (32, 256)]
+    grid = itertools.product(blocks, (4, 8), (1, 8, 16), (1, 2), (False,))
+    extra = [((8, 1024), 4, acc_r, 1, True) for acc_r in (1, 8)]
+    for (block_n, block_k), warps, acc_r, tiles, pipe in [*grid, *extra]:
         if block_k > k or (base.split_k > 1 and k < base.split_k * 2 * block_k):
             continue
-        config = base._replace(block_n=block_n, block_k=block_k, num_warps=warps, pipe=pipe, acc_r=acc_r)
+        config = base._replace(
+            block_n=block_n, block_k=block_k, num_warps=warps, acc_r=acc_r, tiles=tiles, pipe=pipe
+        )
         if config not in out:
             out.append(config)
     return out
@@ -132,7 +138,7 @@ def sweep_layer(name: str, n: int, k: int, configs: list) -> dict:
         timed.append(run(config))
     good = sorted((t for t in timed if t.get("ok")), key=lambda t: t["ms"])
     picked = timed[0]
-    return {"layer": name, "n": n, "k": k, "copies": copies, "picked": picked, "best": good[:6],
+    return {"layer": name, "n": n, "k": k, "copies": copies, "picked": picked, "best": good[:6], "timed": good,
             "tried": len(timed), "wrong": [t for t in timed if "ms" in t and not t["ok"]][:3],
             "errors": [t for t in timed if "error" in t][:3]}  # fmt: skip
 

@@ -1,5 +1,5 @@
 """Run ``python3 -m minisgl_core ARGS`` with the fp8 GEMV's launch configurations taken from a
-``tools/device_fp8_check.py gemm --sweep`` report (the fastest correct configuration of each swept
+``tools/device_fp8_check.py gemm --sweep`` or ``tools/device_gemv_sweep.py`` report (the fastest correct configuration of each swept
 Llama-3.1-8B layer shape; ``pick_config`` for any other shape), to measure a choice end to end before
 it goes into ``pick_config``. TP=1 only (the engine runs in this process).
 
@@ -16,9 +16,14 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 
 
 def tuned_configs(report_path: str) -> dict[tuple[int, int], dict]:
+    """The fastest correct configuration per swept shape, from a ``device_fp8_check.py gemm
+    --sweep`` report or a ``device_gemv_sweep.py`` one."""
     from device_fp8_check import LLAMA_8B_LINEARS
 
-    shapes = json.load(open(report_path))["gemm"]["shapes"]
+    report = json.load(open(report_path))
+    if "layers" in report:  # tools/device_gemv_sweep.py
+        return {(row["n"], row["k"]): row["best"][0]["config"] for row in report["layers"] if row["best"]}
+    shapes = report["gemm"]["shapes"]
     picked = {}
     for name, n, k in LLAMA_8B_LINEARS:
         sweep = shapes.get(name, {}).get("gemv", {}).get("m1", {}).get("sweep")
