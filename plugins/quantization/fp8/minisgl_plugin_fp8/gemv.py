@@ -9,9 +9,9 @@ memory bandwidth, and cuBLASLt's FP8 GEMM plus the separate kernel that quantize
 ran slower than bf16 there (0.70-1.10x on an H200). Here each program owns ``BLOCK_N`` output rows
 (weight rows), issues the load of its first weight block, reads the token's whole row for its scale
 while that block is in flight (one load of a few KB from L2, the same in every program), then walks
-``K`` in ``BLOCK_K`` chunks, each thread loading 16 bytes of a
-weight row at a time and multiplying on CUDA cores, ``acc[n, k] += w[n, k] * q(x)[k]``, with one
-sum over ``k`` at the end.
+``K`` in ``BLOCK_K`` chunks, each thread loading 16 bytes of a weight row at a time (evict-first:
+each byte is read once a step) and multiplying on CUDA cores, summing ``ACC_R`` neighbouring
+columns in registers into ``acc[n, k // ACC_R]``, with one sum over ``k`` at the end.
 
 From two tokens on ``torch._scaled_mm`` runs. Measured on an H200 (2026-11-26, BENCHMARKS.md): a
 tensor-core variant of this kernel for 2-16 tokens was as fast as bf16 when it multiplied the
@@ -56,7 +56,6 @@ class GemvConfig(NamedTuple):
     num_stages: int
     tiles: int = 1  # BLOCK_N-row tiles per program, one after the other (the scale's pass shared)
     prefetch: bool = False  # the first weight block loaded before the scale's pass
-    pipe: bool = False  # each loop step issues the next weight block's load before its multiply
     acc_r: int = 1  # products summed in each thread over this many neighbouring columns a step
     evict: bool = False  # weight loads marked evict-first (each byte is read once a step)
 
@@ -65,6 +64,9 @@ class GemvConfig(NamedTuple):
 PROGRAMS_PER_SM = 2
 #: most splits: each adds float32 partial sums of [N] to write and read back
 MAX_SPLIT_K = 4
+#: weights with at least this many rows take 16-row tiles; with at most FEW_ROWS, 2,048 columns a step
+MANY_ROWS = 16384
+FEW_ROWS = 4096
 
 
 @functools.cache
@@ -74,25 +76,26 @@ def _sm_count(device_index: int | None) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-#: weights with ``K`` up to this and at most :data:`SMALL_WEIGHT` elements take 16 x 512 tiles
-SMALL_K = 4096
-SMALL_WEIGHT = 32 << 20
-
-
 def pick_config(n: int, k: int, sm_count: int = 132) -> GemvConfig:
-    """The launch for one token times an ``[n, k]`` weight, from the sweeps on an H200
-    (BENCHMARKS.md): the first weight block loaded before the scale's pass (3-7% faster on three
-    of Llama-3.1-8B's four shapes, equal on o_proj); 16 rows by 512 columns per step for short
-    rows of a small weight (qkv, o_proj: 0.0101 → 0.0090 ms on qkv), else 8 by 1,024 (512 for a
-    K under 2,048; 1,024 took 9% less time than 512 over the four layers, and 16 x 512 was 36%
-    slower on down_proj's 14,336 columns). Then ``split_k``, a power of two up to
-    ``MAX_SPLIT_K``, grows until there are ``PROGRAMS_PER_SM`` programs of 8 rows per SM (the
-    rule tuned with 8-row tiles; o_proj's 4,096 rows stay unsplit, as measured), as long as each
-    split keeps at least two loop steps."""
-    if k <= SMALL_K and n * k <= SMALL_WEIGHT:
-        block_n, block_k = 16, 512
+    """The launch for one token times an ``[n, k]`` weight, from a sweep on an H200 with every
+    weight read from HBM (``tools/device_gemv_sweep.py``, BENCHMARKS.md, 2026-11-28; Llama-3.1-8B's
+    four shapes: 0.0779 -> 0.0635 ms a layer against the previous rule, which had been tuned on
+    weights L2 held): the first weight block loaded before the scale's pass, weights loaded
+    evict-first (each byte is read once a step: 1-3% on every shape), products summed in each
+    thread over ``acc_r`` neighbouring columns (a narrower accumulator: 10-20%), and the tile by
+    the row count: 16 rows x 512 columns for many rows (gate_up's 28,672), 8 x 2,048 for few rows
+    of a long K (o_proj, down_proj), else 8 x 1,024 (qkv); rows shorter than 2,048 (not swept)
+    take 8 x 512. Then ``split_k``, a power of two up to ``MAX_SPLIT_K``, grows until there are
+    ``PROGRAMS_PER_SM`` programs of 8 rows per SM (o_proj's 4,096 rows stay unsplit, as
+    measured), as long as each split keeps at least two loop steps."""
+    if k < 2048:
+        block_n, block_k, acc_r = 8, 512, 8
+    elif n >= MANY_ROWS:
+        block_n, block_k, acc_r = 16, 512, 16
+    elif n <= FEW_ROWS and k >= 4096:
+        block_n, block_k, acc_r = 8, 2048, 8
     else:
-        block_n, block_k = 8, 1024 if k >= 2048 else 512
+        block_n, block_k, acc_r = 8, 1024, 16
     num_warps, num_stages = 4, 2
     tiles = triton.cdiv(n, 8)
     split_k = 1
@@ -102,7 +105,9 @@ def pick_config(n: int, k: int, sm_count: int = 132) -> GemvConfig:
         and k >= 2 * split_k * 2 * block_k
     ):
         split_k *= 2
-    return GemvConfig(block_n, block_k, split_k, num_warps, num_stages, tiles=1, prefetch=True)
+    return GemvConfig(
+        block_n, block_k, split_k, num_warps, num_stages, tiles=1, prefetch=True, acc_r=acc_r, evict=True
+    )
 
 
 @triton.jit
@@ -121,7 +126,6 @@ def fp8_gemv_kernel(
     TILES: tl.constexpr,  # BLOCK_N-row tiles per program: the scale's pass once for all of them
     PREFETCH: tl.constexpr,  # load the first weight block before the scale's pass
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch
-    PIPE: tl.constexpr = False,  # GemvConfig.pipe
     ACC_R: tl.constexpr = 1,  # GemvConfig.acc_r
     EVICT: tl.constexpr = False,  # GemvConfig.evict
 ):
@@ -145,26 +149,14 @@ def fp8_gemv_kernel(
         w_ptrs = w + rows[:, None].to(tl.int64) * K + cols[None, :]
         scale = tl.load(w_scale + rows, mask=row_ok, other=0.0)
         acc = tl.zeros((BLOCK_N, BLOCK_K // ACC_R), dtype=tl.float32)
-        if PIPE:  # the block of the next step in flight while this step's multiplies run
-            if PREFETCH and tile == 0:
-                wk = wk_first
-            else:
-                wk = _load_weights(w_ptrs, row_ok[:, None] & (cols[None, :] < K), EVICT)
-            for step in range(0, K_PER_SPLIT, BLOCK_K):
-                ahead_ok = (cols[None, :] + (step + BLOCK_K) < K) & (step + BLOCK_K < K_PER_SPLIT)
-                wk_next = _load_weights(w_ptrs + step + BLOCK_K, row_ok[:, None] & ahead_ok, EVICT)
-                xk = tl.load(x_ptrs + step, mask=cols[None, :] + step < K, other=0.0)
-                acc = _accumulate(acc, wk, xk, x_inverse, ACC_R)
-                wk = wk_next
-        else:
-            if PREFETCH and tile == 0:
-                xk = tl.load(x_ptrs, mask=cols[None, :] < K, other=0.0)
-                acc = _accumulate(acc, wk_first, xk, x_inverse, ACC_R)
-            for step in range(BLOCK_K if PREFETCH and tile == 0 else 0, K_PER_SPLIT, BLOCK_K):
-                col_ok = cols[None, :] + step < K
-                xk = tl.load(x_ptrs + step, mask=col_ok, other=0.0)
-                wk = _load_weights(w_ptrs + step, row_ok[:, None] & col_ok, EVICT)
-                acc = _accumulate(acc, wk, xk, x_inverse, ACC_R)
+        if PREFETCH and tile == 0:
+            xk = tl.load(x_ptrs, mask=cols[None, :] < K, other=0.0)
+            acc = _accumulate(acc, wk_first, xk, x_inverse, ACC_R)
+        for step in range(BLOCK_K if PREFETCH and tile == 0 else 0, K_PER_SPLIT, BLOCK_K):
+            col_ok = cols[None, :] + step < K
+            xk = tl.load(x_ptrs + step, mask=col_ok, other=0.0)
+            wk = _load_weights(w_ptrs + step, row_ok[:, None] & col_ok, EVICT)
+            acc = _accumulate(acc, wk, xk, x_inverse, ACC_R)
         result = tl.sum(acc, axis=1) * scale * tl.reshape(x_scale, (1,))
         tl.store(out + rows, result.to(out.dtype.element_ty), mask=row_ok)
 
@@ -317,7 +309,7 @@ def fp8_gemv(
         x, weight, weight_scale, target, n, k,
         K_PER_SPLIT=k_per_split, K_ROW=triton.cdiv(k, scale_block) * scale_block, SCALE_BLOCK=scale_block,
         BLOCK_N=config.block_n, BLOCK_K=config.block_k, TILES=config.tiles, PREFETCH=config.prefetch,
-        PIPE=config.pipe, ACC_R=config.acc_r, EVICT=config.evict,
+        ACC_R=config.acc_r, EVICT=config.evict,
         num_warps=config.num_warps, num_stages=config.num_stages, **pdl,
     )  # fmt: skip
     if config.split_k > 1:

@@ -54,19 +54,25 @@ def test_the_choice_of_kernel():
 def test_split_k_only_when_the_rows_alone_leave_the_gpu_idle():
     from minisgl_plugin_fp8.gemv import MAX_SPLIT_K, PROGRAMS_PER_SM, pick_config
 
-    # Llama-3.1-8B's shapes on 132 SMs, as swept on an H200: rows alone fill the GPU (no split),
-    # 16 x 512 tiles for qkv and o_proj, 8 x 1,024 for gate_up and down, the first block prefetched
-    for n, k, tile in ((6144, 4096, (16, 512)), (4096, 4096, (16, 512)), (28672, 4096, (8, 1024)),
-                       (4096, 14336, (8, 1024))):  # fmt: skip
+    # Llama-3.1-8B's shapes on 132 SMs, as swept on an H200 (weights from HBM): rows alone fill the
+    # GPU (no split); 16 x 512 tiles for gate_up's many rows, 8 x 2,048 for o_proj's and
+    # down_proj's few rows of a long K, 8 x 1,024 for qkv; the first block prefetched, evict-first
+    for n, k, tile, acc_r in ((6144, 4096, (8, 1024), 16), (4096, 4096, (8, 2048), 8),
+                              (28672, 4096, (16, 512), 16), (4096, 14336, (8, 2048), 8)):  # fmt: skip
         config = pick_config(n, k)
-        assert (config.block_n, config.block_k, config.split_k) == (*tile, 1), (n, k, config)
-        assert config.prefetch and config.tiles == 1
+        assert (config.block_n, config.block_k, config.split_k, config.acc_r) == (*tile, 1, acc_r), (
+            n,
+            k,
+            config,
+        )
+        assert config.prefetch and config.evict and config.tiles == 1
     small = pick_config(512, 16384)  # 64 tiles of 8 rows: 8 splits wanted, 4 at most
     assert small.split_k == MAX_SPLIT_K and 64 * small.split_k < PROGRAMS_PER_SM * 132
     assert pick_config(2048, 8192).split_k == 2  # 256 tiles: 2 splits reach 2 programs per SM
-    assert pick_config(512, 6144).split_k == 2  # 4 wanted, but each split keeps two K steps
+    assert pick_config(512, 12288).split_k == 2  # 4 wanted, but each split keeps two 2,048-column steps
     assert pick_config(64, 1024).split_k == 1  # too short a K to split: one loop step each
-    assert pick_config(64, 1024).block_k == 512 and pick_config(64, 8192).block_k == 1024
+    assert pick_config(64, 1024).block_k == 512 and pick_config(64, 8192).block_k == 2048
+    assert pick_config(8192, 8192).block_k == 1024 and pick_config(16384, 2048).block_n == 16
 
 
 @pytest.mark.parametrize(
@@ -74,7 +80,7 @@ def test_split_k_only_when_the_rows_alone_leave_the_gpu_idle():
     [
         (None, False, False, {}),
         (4, True, True, {}),
-        (None, True, False, {"PIPE": True, "ACC_R": 4, "EVICT": True}),
+        (None, True, False, {"ACC_R": 4, "EVICT": False}),
     ],
 )
 def test_gemv_compiles_for_sm90(tiles, prefetch, pdl, variant):
@@ -88,7 +94,7 @@ def test_gemv_compiles_for_sm90(tiles, prefetch, pdl, variant):
     constants = {"K_PER_SPLIT": 4096 // config.split_k, "K_ROW": 4096, "SCALE_BLOCK": 4096,
                  "BLOCK_N": config.block_n, "BLOCK_K": config.block_k,
                  "TILES": tiles or config.tiles, "PREFETCH": prefetch, "PDL": pdl,
-                 "PIPE": False, "ACC_R": 1, "EVICT": False, **variant}  # fmt: skip
+                 "ACC_R": config.acc_r, "EVICT": config.evict, **variant}  # fmt: skip
     signature.update(dict.fromkeys(constants, "constexpr"))
     compiled = triton_compile(
         ASTSource(fp8_gemv_kernel, signature, constexprs=constants),
@@ -100,7 +106,7 @@ def test_gemv_compiles_for_sm90(tiles, prefetch, pdl, variant):
     assert ("griddepcontrol.wait" in ptx) == pdl
     assert "cvt.rn.f16x2.e4m3x2" in ptx  # the weight is read as fp8 and widened in registers
     assert "mma" not in ptx  # CUDA cores
-    assert ("evict_first" in ptx) == bool(variant.get("EVICT"))
+    assert ("evict_first" in ptx) == variant.get("EVICT", config.evict)
 
 
 def test_row_quantizer_compiles_for_sm90():
@@ -125,18 +131,17 @@ def test_row_quantizer_compiles_for_sm90():
 #: (weight rows, weight columns, split_k or None for pick_config's): row counts not a multiple of
 #: the tile, columns a multiple of 16 but not of the K step
 SHAPES = [  # rows, cols, split_k, tiles per program (None: pick_config's), prefetch, and
-    # GemvConfig's pipe, acc_r, evict
-    (40, 208, None, None, False, False, 1, False),
-    (24, 1024, 2, None, True, False, 1, False),
-    (72, 512, None, 4, True, False, 1, False),  # 72 rows in 8-row tiles, 4 a program: the last runs out
-    (33, 4096, 4, 2, False, False, 1, False),
-    (40, 2048, None, None, True, False, 1, False),
-    (16, 300, None, 2, True, False, 1, False),  # one step per split: the prefetched block is the only one
-    # the next block's load ahead of each step's multiply, in-thread sums over 4 or 8 columns
-    (40, 208, None, None, False, True, 4, True),
-    (33, 4096, 4, 2, False, True, 8, False),
-    (72, 2048, 2, 4, True, True, 1, True),  # the next split's first block is not read ahead
-    (16, 300, None, 2, True, True, 4, False),
+    # GemvConfig's acc_r (in-thread sums over that many columns) and evict
+    (40, 208, None, None, False, 1, False),
+    (24, 1024, 2, None, True, 1, False),
+    (72, 512, None, 4, True, 1, False),  # 72 rows in 8-row tiles, 4 a program: the last runs out
+    (33, 4096, 4, 2, False, 1, False),
+    (40, 2048, None, None, True, 1, False),
+    (16, 300, None, 2, True, 1, False),  # one step per split: the prefetched block is the only one
+    (40, 208, None, None, False, 4, True),
+    (33, 4096, 4, 2, False, 16, False),
+    (72, 2048, 2, 4, True, 8, True),
+    (16, 300, None, 2, True, 4, False),
 ]
 
 
@@ -145,14 +150,14 @@ def check_kernel() -> None:
     from minisgl_plugin_fp8.method import quantize_rows
 
     gen = torch.Generator().manual_seed(0)
-    for rows, cols, split_k, tiles, prefetch, pipe, acc_r, evict in SHAPES:
+    for rows, cols, split_k, tiles, prefetch, acc_r, evict in SHAPES:
         q, scale = quantize_rows(torch.randn(rows, cols, generator=gen))
         config = pick_config(rows, cols)
         if split_k:
             config = config._replace(split_k=split_k)
         if tiles:
             config = config._replace(tiles=tiles)
-        config = config._replace(prefetch=prefetch, pipe=pipe, acc_r=acc_r, evict=evict)
+        config = config._replace(prefetch=prefetch, acc_r=acc_r, evict=evict)
         x = torch.randn(1, cols + 16, generator=gen)[:, :cols]  # a view into a wider row
         for dtype, tolerance in ((torch.float32, 1e-4), (torch.bfloat16, 1e-2)):
             xd = x.to(dtype)
