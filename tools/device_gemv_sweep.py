@@ -31,7 +31,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 SHAPES = {  # (name, N, K) of y = x @ W.T
     "llama-3.1-8b": [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)],
+    "qwen3-0.6b": [("qkv", 4096, 1024), ("o", 1024, 2048), ("gate_up", 6144, 1024), ("down", 1024, 3072)],
 }
+#: weights up to this many elements are also swept over split K (1, 2, 4)
+SPLIT_SWEEP_MAX = 8 << 20
 #: bytes of weight copies per layer: well past an H200's 60 MB of L2
 COPY_BYTES = 512 << 20
 EMULATION_TOLERANCE = 0.004
@@ -46,12 +49,20 @@ def candidates(n: int, k: int) -> list:
 
     base = pick_config(n, k, torch.cuda.get_device_properties(0).multi_processor_count)
     out = [base]
-    blocks = [(8, 1024), (16, 512), (16, 1024), (8, 2048), (4, 2048), (32, 256)]
-    for (block_n, block_k), warps, acc_r, tiles in itertools.product(blocks, (4, 8), (1, 8, 16), (1, 2)):
-        if block_k > k or (base.split_k > 1 and k < base.split_k * 2 * block_k):
+    blocks = [(8, 1024), (16, 512), (16, 1024), (8, 2048), (4, 2048), (32, 256), (8, 512), (4, 1024)]
+    splits = sorted({1, 2, 4, base.split_k}) if n * k <= SPLIT_SWEEP_MAX else [base.split_k]
+    grid = itertools.product(blocks, (4, 8), (1, 8, 16), (1, 2), splits)
+    for (block_n, block_k), warps, acc_r, tiles, split_k in grid:
+        if block_k > k or (split_k > 1 and k < split_k * 2 * block_k):
             continue
         config = base._replace(
-            block_n=block_n, block_k=block_k, num_warps=warps, acc_r=acc_r, tiles=tiles, evict=False
+            block_n=block_n,
+            block_k=block_k,
+            split_k=split_k,
+            num_warps=warps,
+            acc_r=acc_r,
+            tiles=tiles,
+            evict=False,
         )
         if config not in out:
             out.append(config)
