@@ -18,7 +18,8 @@ import torch
 from minisgl_core import LLM, SamplingParams
 from minisgl_core.api import GrammarError, GrammarSpec, allocate_token_bitmask
 from minisgl_core.demo.factories import make_model_dir
-from minisgl_core.engine.grammar import COMPILE_NICE, GIL_SWITCH_INTERVAL_S
+from minisgl_core.engine import grammar as engine_grammar
+from minisgl_core.engine.grammar import COMPILE_NICE, COMPILE_THREADS, GIL_SWITCH_INTERVAL_S
 from minisgl_core.runner.sampler import apply_token_bitmask
 from minisgl_core.testing.grammar_suite import NESTED_SCHEMA
 
@@ -396,6 +397,51 @@ def test_a_compile_past_the_timeout_fails_its_request_and_an_abort_stops_the_wai
     while slow not in backend._cache and time.monotonic() < deadline:
         time.sleep(0.01)
     assert slow in backend._cache
+    llm.close()
+
+
+def test_a_small_grammar_compiles_while_large_ones_hold_their_threads(model_dir, monkeypatch):
+    """A compile cannot be stopped: before large grammars had threads of their own, as many
+    slow large ones as there are compile threads made every new grammar wait behind them (or
+    time out). Here they hold theirs and a small grammar compiles and runs meanwhile."""
+    monkeypatch.setattr(engine_grammar, "LARGE_GRAMMAR_CHARS", 12)  # "large": regexes over 12 chars
+    llm = LLM(model_dir, device="cpu", dtype="float32", attn="torch")
+    engine = llm.engine
+    backend = engine.grammars.backend.get()
+    gate = threading.Event()
+    real = backend.compile_uncached
+    started: list[str] = []
+
+    def slow_when_large(spec):
+        started.append(spec.value)
+        if len(spec.value) > 12:
+            assert gate.wait(30), "the test never opened the gate"
+        return real(spec)
+
+    monkeypatch.setattr(backend, "compile_uncached", slow_when_large)
+    large = [GrammarSpec("regex", f"(ab|cd){{{n}}}[a-z]{{2}}") for n in range(2, 2 + COMPILE_THREADS)]
+    small = GrammarSpec("regex", "[0-9]{2}")
+    for rid, spec in enumerate([*large, small], start=1):
+        engine.add_request(
+            rid, [11, 12], engine.admit([11, 12], constrained(spec, max_tokens=6)), compile_aside=True
+        )
+    small_rid = len(large) + 1
+    deadline = time.monotonic() + 30
+    while engine.compiles_settled() == ([], []) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.compiles_settled() == ([small_rid], [])
+    assert sum(len(v) > 12 for v in started) == engine_grammar.LARGE_COMPILE_THREADS  # the rest queue
+    assert engine.admit_compiled([small_rid], []) == []
+    outputs = _step_until_idle(engine)
+    assert list(outputs) == [small_rid] and outputs[small_rid][-1].finish_reason == "stop"
+    text = llm.tokenizer.decode([o.token_id for o in outputs[small_rid] if o.token_id not in engine.eos_ids])
+    assert re.fullmatch("[0-9]{2}", text), text
+    gate.set()
+    while engine.compiles_settled()[0] != list(range(1, small_rid)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.admit_compiled(list(range(1, small_rid)), []) == []
+    outputs = _step_until_idle(engine)
+    assert sorted(outputs) == list(range(1, small_rid))
     llm.close()
 
 

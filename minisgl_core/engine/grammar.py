@@ -45,6 +45,12 @@ GIL_SWITCH_INTERVAL_S = 0.0002
 #: threads of their own): a small schema is not stuck behind a few that take minutes (with two, a
 #: schema of two properties waited 16.7 s behind two of 3,000 on the default model)
 COMPILE_THREADS = 4
+#: grammars whose text is longer than this many characters compile on threads of their own
+#: (LARGE_COMPILE_THREADS): a compile cannot be stopped, and xgrammar took 17.7 s for a schema of
+#: 2,000 optional properties (≈ 60,000 characters), so a client sending a few of those would
+#: otherwise hold every compile thread and make each new schema behind them wait or time out
+LARGE_GRAMMAR_CHARS = 16384
+LARGE_COMPILE_THREADS = 2
 #: grammars remembered as compiled (GrammarRunner._known) before the record starts afresh
 KNOWN_GRAMMARS = 4096
 #: the compile threads' nice value, which the threads a library starts from them inherit (xgrammar
@@ -85,8 +91,9 @@ class GrammarRunner:
         self._thread: ThreadPoolExecutor | None = None
         #: the interpreter's switch interval before the first background fill shortened it
         self._switch_interval: float | None = None
-        #: the threads grammars compile on (start_compile), started on the first
-        self._compile_pool: ThreadPoolExecutor | None = None
+        #: the threads grammars compile on (start_compile), by lane (large: text longer than
+        #: LARGE_GRAMMAR_CHARS), each started on its first compile
+        self._compile_pools: dict[bool, ThreadPoolExecutor] = {}
         #: requests waiting for their grammar's compile, by rid (in arrival order)
         self._compiling: dict[int, _Compiling] = {}
         #: the compile of each grammar still running or queued: one per grammar, however many
@@ -137,16 +144,24 @@ class GrammarRunner:
         assert spec is not None
         future = self._compiles.get(spec)
         if future is None:
-            if self._compile_pool is None:
-                self._compile_pool = ThreadPoolExecutor(
-                    COMPILE_THREADS, thread_name_prefix="minisgl-compile", initializer=_lower_priority
-                )
-            future = self._compile_pool.submit(self._compile, spec)
+            future = self._compile_pool(len(spec.value) > LARGE_GRAMMAR_CHARS).submit(self._compile, spec)
             self._compiles[spec] = future
             future.add_done_callback(
                 lambda done: self._compiles.pop(spec, None) if self._compiles.get(spec) is done else None
             )
         self._compiling[req.rid] = _Compiling(req, future, time.monotonic())
+
+    def _compile_pool(self, large: bool) -> ThreadPoolExecutor:
+        """The compile threads of a lane: large grammars queue behind each other, never in front
+        of a small one."""
+        pool = self._compile_pools.get(large)
+        if pool is None:
+            pool = self._compile_pools[large] = ThreadPoolExecutor(
+                LARGE_COMPILE_THREADS if large else COMPILE_THREADS,
+                thread_name_prefix="minisgl-compile-large" if large else "minisgl-compile",
+                initializer=_lower_priority,
+            )
+        return pool
 
     def _compile(self, spec: GrammarSpec) -> Any:
         return self.backend.get().compile(spec)
@@ -205,9 +220,9 @@ class GrammarRunner:
         if self._thread is not None:
             self._thread.shutdown(wait=True)
             self._thread = None
-        if self._compile_pool is not None:
-            self._compile_pool.shutdown(wait=False, cancel_futures=True)
-            self._compile_pool = None
+        for pool in self._compile_pools.values():
+            pool.shutdown(wait=False, cancel_futures=True)
+        self._compile_pools.clear()
         self._compiling.clear()
         if self._switch_interval is not None:
             sys.setswitchinterval(self._switch_interval)
