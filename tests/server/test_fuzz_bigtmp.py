@@ -1,0 +1,228 @@
+"""Fuzzing the live server: whatever a client sends, no 5xx, the server stays alive, and every
+error comes in OpenAI's shape.
+
+Two sources of requests, both bounded to run in CI on two cores in about a minute:
+
+- schemathesis, from the server's own OpenAPI schema (generated from the FastAPI app here: the
+  same schema the server publishes at /openapi.json, see test_openapi.py), valid and invalid
+  bodies for every route, each answer checked against the schema too: its status is one the
+  route documents, its body (an error's, each SSE event) matches what is documented for it, and
+  a body the schema calls invalid is refused (this is what catches pydantic's lax mode reading
+  ``true`` as 1);
+- hypothesis strategies for sampling parameters, prompts and chat messages with the values that
+  used to hurt: integers past 64 bits, lone surrogates, NaN, tiny temperatures, penalties with
+  stops.
+
+Generated outputs are kept short: a body's max_tokens is capped at a few tokens (its out-of-range
+values are kept, they are what the fuzzing is for).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from schemathesis.checks import (
+    content_type_conformance,
+    negative_data_rejection,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from minisgl_core.server.app import create_app
+from minisgl_core.server.state import ModelInfo, ServerState
+
+#: the most tokens a fuzzed request may generate (per choice)
+MAX_FUZZ_TOKENS = 3
+MAX_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "max_new_tokens")
+#: per phase and route for schemathesis (about 700 requests in all), per test for hypothesis
+FUZZ_SETTINGS = settings(
+    max_examples=120,
+    deadline=None,
+    derandomize=False,
+    suppress_health_check=list(HealthCheck),
+)
+
+
+def openapi_schema() -> dict[str, Any]:
+    """The OpenAPI schema of the server's FastAPI app (the state is never started)."""
+    info = ModelInfo(name="m", path="m", max_context_len=2048, kv_capacity_tokens=16384, vocab_size=1024)
+    return create_app(ServerState(endpoints=None, model=info)).openapi()
+
+
+SCHEMA = schemathesis.openapi.from_dict(openapi_schema())
+#: what the answers must agree with the schema on (no 5xx is assert_well_formed's, which allows
+#: the 504 a fuzzed tiny ``timeout`` asks for)
+SCHEMA_CHECKS = [
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+    negative_data_rejection,
+]
+
+
+def bound_output(body: Any) -> Any:
+    """Cap how many tokens a generated body asks for; leave everything else (bad values too) alone."""
+    if isinstance(body, dict):
+        for key in MAX_TOKEN_FIELDS:
+            if key in body and body[key] is None:  # null means unset: the whole context
+                del body[key]
+            value = body.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 2**20:
+                body[key] = min(value, MAX_FUZZ_TOKENS)
+        if not any(key in body for key in MAX_TOKEN_FIELDS) and ("prompt" in body or "messages" in body):
+            body["max_tokens"] = MAX_FUZZ_TOKENS
+        params = body.get("sampling_params")
+        if isinstance(params, dict):
+            bound_output(params)
+            params.setdefault("max_new_tokens", MAX_FUZZ_TOKENS)
+        elif params is None and ("text" in body or "input_ids" in body):
+            body["sampling_params"] = {"max_new_tokens": MAX_FUZZ_TOKENS}
+        n = body.get("n")
+        if isinstance(n, int) and 1 <= n <= 64:
+            body["n"] = min(n, 2)
+    return body
+
+
+def assert_well_formed(response: Any) -> None:
+    """No 5xx (but the 504 a request's own ``timeout`` asks for when it runs out); an error is
+    OpenAI's ``{"error": {message, type, param, code}}``."""
+    status = response.status_code
+    if status == 504:  # a fuzzed tiny `timeout`: the deadline the client set, not a server fault
+        assert response.json()["error"]["code"] == "request_timeout", response.text[:2000]
+        return
+    assert status < 500, response.text[:2000]
+    if status >= 400:
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}, error
+        assert isinstance(error["message"], str) and error["message"]
+        assert error["param"] is None or isinstance(error["param"], str)
+    elif "text/event-stream" in str(response.headers.get("content-type", "")):
+        # (schemathesis' responses list each header's values; httpx's give a string)
+        events = [line[len("data: ") :] for line in response.text.splitlines() if line.startswith("data: ")]
+        assert events and events[-1] == "[DONE]", response.text[-2000:]
+        for event in events[:-1]:
+            assert "error" not in json.loads(event), event
+
+
+def assert_alive(url: str) -> None:
+    health = httpx.get(f"{url}/health", timeout=30)
+    assert health.status_code == 200 and health.json()["status"] == "ok", health.text
+
+
+# ------------------------------------------------------------------------ schemathesis
+
+
+@SCHEMA.parametrize()
+@FUZZ_SETTINGS
+def test_schema_fuzz_gets_no_server_error(case, server, auth):
+    case.body = bound_output(case.body)
+    response = case.call(base_url=server.url, headers=auth, timeout=120)
+    assert_well_formed(response)
+    case.validate_response(response, checks=SCHEMA_CHECKS)
+
+
+# ------------------------------------------------------------------------ hypothesis
+
+EDGE_INTS = [0, -1, 1, 2**31, 2**63 - 1, 2**63, 2**64 - 1, 2**64, -(2**63), -(2**63) - 1, 2**80]
+integers = st.one_of(st.integers(-3, 40), st.sampled_from(EDGE_INTS), st.integers(-(2**70), 2**70))
+#: mostly sensible values, the edges now and then
+small_or_edge = st.one_of(st.integers(-1, 40), st.integers(-1, 40), integers)
+numbers = st.one_of(
+    st.floats(0, 1),
+    st.floats(0, 1),
+    st.sampled_from([0.0, 1e-320, 5e-3, 0.7, 1.0, 2.0, -0.5, 3.0]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    integers,
+)
+#: text with the characters that used to break things: lone surrogates, controls, emoji
+texts = st.text(
+    st.one_of(st.characters(codec="utf-8"), st.characters(categories=["Cs"]), st.sampled_from(" \n\x00é😀")),
+    max_size=12,
+)
+junk = st.one_of(st.none(), st.booleans(), texts, st.lists(integers, max_size=3), st.just({}))
+
+
+def maybe(strategy: st.SearchStrategy) -> st.SearchStrategy:
+    """The strategy, or now and then (1 in 10) a value of the wrong type: rarely, so that most
+    bodies get past the schema and reach the range checks, the tokenizer and the scheduler."""
+    return st.one_of(*[strategy] * 9, junk)
+
+
+sampling_fields = st.fixed_dictionaries(
+    {"max_tokens": st.one_of(*[st.integers(1, MAX_FUZZ_TOKENS)] * 4, integers, junk)},
+    optional={
+        "temperature": maybe(numbers),
+        "top_p": maybe(numbers),
+        "top_k": maybe(small_or_edge),
+        "min_p": maybe(numbers),
+        "seed": maybe(small_or_edge),
+        "presence_penalty": maybe(numbers),
+        "frequency_penalty": maybe(numbers),
+        "stop": maybe(st.one_of(texts, st.lists(texts, max_size=3))),
+        "stop_token_ids": maybe(st.lists(small_or_edge, max_size=3)),
+        "n": maybe(st.one_of(st.integers(1, 2), integers)),
+        "ignore_eos": maybe(st.booleans()),
+        "stream": maybe(st.booleans()),
+        "stream_options": maybe(st.fixed_dictionaries({}, optional={"include_usage": maybe(st.booleans())})),
+    },
+)
+prompts = st.one_of(texts, texts, st.lists(small_or_edge, max_size=4), st.lists(texts, max_size=3), junk)
+messages = st.lists(
+    st.fixed_dictionaries(
+        {
+            "role": maybe(st.sampled_from(["system", "developer", "user", "assistant", "wizard"])),
+            "content": maybe(
+                st.one_of(
+                    texts,
+                    st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": texts}), max_size=2),
+                )
+            ),
+        }
+    ),
+    max_size=3,
+)
+
+
+def post(url: str, auth: dict[str, str], path: str, body: dict[str, Any]) -> httpx.Response:
+    # Encoded here: json.dumps escapes lone surrogates (httpx's encoder would refuse them) and
+    # writes NaN, which the server's JSON parser accepts, so the range checks meet it.
+    content = json.dumps(body)
+    headers = {**auth, "Content-Type": "application/json"}
+    return httpx.post(f"{url}{path}", content=content, headers=headers, timeout=120)
+
+
+@given(fields=sampling_fields, prompt=prompts)
+@FUZZ_SETTINGS
+def test_completions_fuzz(server, auth, fields, prompt):
+    body = bound_output({**fields, "prompt": prompt})
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+        body["logprobs"] = 1
+    assert_well_formed(post(server.url, auth, "/v1/completions", body))
+
+
+@given(fields=sampling_fields, chat=messages, logprobs=maybe(st.booleans()), top=maybe(integers))
+@FUZZ_SETTINGS
+def test_chat_fuzz(server, auth, fields, chat, logprobs, top):
+    body = bound_output({**fields, "messages": chat, "logprobs": logprobs, "top_logprobs": top})
+    assert_well_formed(post(server.url, auth, "/v1/chat/completions", body))
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/generate"])
+def test_server_survived_the_fuzzing(server, auth, path):
+    """Runs after the fuzz tests (file order): the server still answers a plain request."""
+    assert_alive(server.url)
+    body: dict[str, Any] = {"max_tokens": 2, "temperature": 0}
+    if path == "/generate":
+        body = {"text": "hi", "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
+    elif "chat" in path:
+        body["messages"] = [{"role": "user", "content": "hi"}]
+    else:
+        body["prompt"] = "hi"
+    resp = httpx.post(f"{server.url}{path}", json=body, headers=auth, timeout=60)
+    assert resp.status_code == 200, resp.text
