@@ -54,10 +54,10 @@ def error_body(
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def sse_error(message: str, status: int = 500) -> str:
+def sse_error(message: str, status: int = 500, param: str | None = None, code: str | None = None) -> str:
     """An error in the middle of a stream: the status line is already sent, so it goes as an event
-    (with the error type of ``status``)."""
-    return f"data: {json.dumps(error_body(status, message))}\n\n"
+    (with the error type of ``status``, and the param and code a response of that status has)."""
+    return f"data: {json.dumps(error_body(status, message, param, code))}\n\n"
 
 
 def validation_error(exc: RequestValidationError) -> APIError:

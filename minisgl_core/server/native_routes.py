@@ -62,7 +62,7 @@ def native_router(state: ServerState) -> APIRouter:
                 if delta.finish_reason == "error":
                     # The status line went out long ago: the error is an event, and [DONE] still
                     # tells the client the stream ended on purpose.
-                    yield sse_error(delta.error, delta.error_status)
+                    yield sse_error(delta.error, delta.error_status, delta.error_param, delta.error_code)
                     yield r.DONE
                     return
                 choice.merge(delta)

@@ -94,7 +94,7 @@ def make_router(
                 if delta.finish_reason == "error":
                     # The status line went out long ago: the error is an event, and [DONE] still
                     # tells the client the stream ended on purpose.
-                    yield sse_error(delta.error, delta.error_status)
+                    yield sse_error(delta.error, delta.error_status, delta.error_param, delta.error_code)
                     yield r.DONE
                     return
                 completion_tokens += len(delta.token_ids)
@@ -242,7 +242,7 @@ def make_router(
                 if delta.finish_reason == "error":
                     # The status line went out long ago: the error is an event, and [DONE] still
                     # tells the client the stream ended on purpose.
-                    yield sse_error(delta.error, delta.error_status)
+                    yield sse_error(delta.error, delta.error_status, delta.error_param, delta.error_code)
                     yield r.DONE
                     return
                 if score_only:

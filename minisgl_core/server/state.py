@@ -80,6 +80,10 @@ class Delta:
     error: str | None = None
     #: the HTTP status of ``error`` (TokenEvent.error_status)
     error_status: int = 500
+    #: the error's param and code where the server ended the choice (its request's timeout: the
+    #: 504's "timeout" and "request_timeout", in a stream too)
+    error_param: str | None = None
+    error_code: str | None = None
     #: the prompt tokens' logprobs (prompt_logprobs), from the choice's first event
     prompt_logprobs: list[list[Any] | None] | None = None
 
@@ -207,7 +211,10 @@ class RequestGroup:
                 timeout_s = (self.deadline or self.arrival) - self.arrival
                 message = f"the request did not finish within its timeout of {timeout_s:g}s"
                 for index in sorted(open_indices):
-                    yield Delta(index, finish_reason="error", error=message)
+                    yield Delta(
+                        index, finish_reason="error", error=message, error_status=504,
+                        error_param="timeout", error_code="request_timeout",
+                    )  # fmt: skip
                 return
             while not self.queue.empty():
                 events.append(self.queue.get_nowait())

@@ -107,7 +107,9 @@ def assert_well_formed(response: Any) -> None:
         events = [line[len("data: ") :] for line in response.text.splitlines() if line.startswith("data: ")]
         assert events and events[-1] == "[DONE]", response.text[-2000:]
         for event in events[:-1]:
-            assert "error" not in json.loads(event), event
+            error = json.loads(event).get("error")
+            # only a fuzzed tiny `timeout` running out ends a stream with an error, as the 504's
+            assert error is None or error["code"] == "request_timeout", event
 
 
 def assert_alive(url: str) -> None:

@@ -147,7 +147,14 @@ def test_request_deadline_ends_the_request(busy_server, model_name):
     ) as s:
         events = [line.removeprefix("data: ") for line in s.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
-    assert "0.3s" in json.loads(events[-2])["error"]["message"]
+    streamed = json.loads(events[-2])["error"]
+    assert "0.3s" in streamed["message"]
+    # the 504's error, in a stream too (it said "internal_server_error" with no code)
+    assert (streamed["type"], streamed["param"], streamed["code"]) == (
+        "timeout_error",
+        "timeout",
+        "request_timeout",
+    )
     bad = httpx.post(f"{busy_server.url}/v1/completions", json={**body, "timeout": -1})
     assert assert_openai_error(bad, 400)["param"] == "timeout"
 
