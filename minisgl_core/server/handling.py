@@ -100,7 +100,7 @@ async def respond(
         if group.timed_out:
             raise APIError(504, error, "timeout", "request_timeout")
         if group.state.failure is not None:
-            raise APIError(503, error)
+            raise APIError(503, error, code="server_unavailable")
         raise APIError(failed.error_status, error)
     return JSONResponse(build(choices))
 

@@ -61,8 +61,11 @@ class TokenEvent:
     #: with prompt_logprobs, on the first event: one entry per prompt token as ``logprob`` (None
     #: for the first token)
     prompt_logprobs: list[list[Any] | None] | None = None
-    #: the HTTP status of an error: 500, or 400 where the engine found the request at fault
+    #: the HTTP status of an error: 500, or 400 where the engine found the request at fault (503
+    #: where a worker died)
     error_status: int = 500
+    #: the error's code, where its status has one ("server_unavailable")
+    error_code: str | None = None
 
 
 @dataclass
@@ -97,7 +100,7 @@ class Delta:
             self.logprobs.append(ev.logprob)
         if ev.finish_reason is not None:
             self.finish_reason, self.matched_stop, self.error = ev.finish_reason, ev.matched_stop, ev.error
-            self.error_status = ev.error_status
+            self.error_status, self.error_code = ev.error_status, ev.error_code
 
     def merge(self, later: Delta) -> None:
         """Append what ``later`` (of the same choice) gained."""
@@ -112,7 +115,11 @@ class Delta:
                 later.matched_stop,
                 later.error,
             )
-            self.error_status = later.error_status
+            self.error_status, self.error_param, self.error_code = (
+                later.error_status,
+                later.error_param,
+                later.error_code,
+            )
 
 
 class RequestGroup:
@@ -367,7 +374,17 @@ class ServerState:
                 fut.set_exception(APIError(503, message, code="server_unavailable"))
         for rid, group in list(self.pending.items()):
             group.queue.put_nowait(
-                TokenEvent(group.unfinished.get(rid, 0), -1, "", "error", None, None, message)
+                TokenEvent(
+                    group.unfinished.get(rid, 0),
+                    -1,
+                    "",
+                    "error",
+                    None,
+                    None,
+                    message,
+                    error_status=503,
+                    error_code="server_unavailable",
+                )  # fmt: skip
             )
         self.pending.clear()
 

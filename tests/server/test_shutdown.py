@@ -142,6 +142,8 @@ def test_killed_worker_fails_every_client_and_the_launcher(start_server, model_d
         if s.error is None:
             assert s.error_events(), s.events[-3:]
             assert s.events[-1] == "[DONE]"
+            # the 503 a request sent now gets (it said "internal_server_error" with no code)
+            assert s.error_events()[0]["code"] == "server_unavailable", s.error_events()
             assert "length" not in finish_reasons(s.events)
     for p in plain:
         if p.error is None:
