@@ -111,7 +111,12 @@ def build_schema(app: FastAPI, protected: bool) -> dict[str, Any]:
 
 def _nullable_optionals(model: dict[str, Any]) -> None:
     """A field sent as null counts as not sent (``schemas.StrictModel``): say so for every optional
-    property, so that a client or fuzzer reading the schema expects null to be accepted."""
+    property, so that a client or fuzzer reading the schema expects null to be accepted; and for
+    fields the body does not have, which are refused unless null (``additionalProperties`` is
+    ``{"type": "null"}`` rather than false: a randomised fuzz run sent ``{"": null}`` and called the
+    200 a schema violation)."""
+    if model.get("additionalProperties") is False:
+        model["additionalProperties"] = {"type": "null"}
     required = set(model.get("required", ()))
     for name, prop in model.get("properties", {}).items():
         if name in required or _allows_null(prop):

@@ -96,3 +96,12 @@ def test_optional_fields_are_documented_as_nullable(server, auth):
     body |= {"stream": None, "n": None, "tools": None, "logprobs": None}
     resp = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=auth)
     assert resp.status_code == 200, resp.text
+    # a field the body does not have: refused, unless null (which is "not set" there too)
+    for name in ("ChatCompletionRequest", "GenerateRequest", "StreamOptions"):
+        assert schema["components"]["schemas"][name]["additionalProperties"] == {"type": "null"}, name
+    unknown = httpx.post(
+        f"{server.url}/v1/chat/completions", json={**body, "": None, "foo": None}, headers=auth
+    )
+    assert unknown.status_code == 200, unknown.text
+    refused = httpx.post(f"{server.url}/v1/chat/completions", json={**body, "foo": 1}, headers=auth)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "foo", refused.text
