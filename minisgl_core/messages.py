@@ -234,10 +234,23 @@ _PARAMS_AT: dict[type[Message], tuple[int, ...]] = {
 }
 
 
+#: msgpack extension type of an integer past 64 bits, as its decimal digits (JSON allows any
+#: integer: a tool's schema with ``"const": -9223372036854775809`` was a 500 here)
+_BIG_INT = 1
+
+
 def _plain(value: Any) -> Any:
     if isinstance(value, SamplingParams):
         return value.to_wire()
+    if isinstance(value, int):  # msgpack asks only for those past 64 bits
+        return msgpack.ExtType(_BIG_INT, str(value).encode())
     raise TypeError(f"cannot encode {type(value).__name__} in a message")
+
+
+def _extension(code: int, data: bytes) -> Any:
+    if code == _BIG_INT:
+        return int(data)
+    return msgpack.ExtType(code, data)
 
 
 def encode(msg: Message) -> bytes:
@@ -247,7 +260,7 @@ def encode(msg: Message) -> bytes:
 
 
 def decode(data: bytes) -> Message:
-    tag, *values = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    tag, *values = msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=_extension)
     cls = _BY_TAG.get(tag)
     if cls is None:
         raise ValueError(f"unknown message tag {tag!r}")

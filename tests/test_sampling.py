@@ -465,6 +465,20 @@ def test_grammar_and_logit_bias_survive_the_wire():
     }
 
 
+def test_integers_of_any_size_survive_the_wire():
+    """JSON integers have no size limit (a tool's schema, chat_template_kwargs); msgpack stops at
+    64 bits, so larger ones travel as an extension and come back equal (a 500 before)."""
+    from minisgl_core.messages import TokenizeRequest, decode, encode
+
+    values = [-(2**63) - 1, 2**64, 10**30, -(10**40), 2**63 - 1, -(2**63), 2**64 - 1, True, 0]
+    args = {"tools": [{"parameters": {"const": values[0], "enum": values}}], "deep": [[{"x": 10**25}]]}
+    received = decode(encode(TokenizeRequest([1], None, [{"role": "user", "content": "hi"}], None,
+                                             SamplingParams(), template_args=args)))  # fmt: skip
+    assert received.template_args == args
+    enum = received.template_args["tools"][0]["parameters"]["enum"]
+    assert [type(v) for v in enum] == [type(v) for v in values]  # True stays a bool
+
+
 def test_triton_draw_does_not_compile_per_seed():
     """The seed of the Gumbel-max kernel changes at every sampling call; Triton must not
     specialise on it, or a seed divisible by 16 (or equal to 1) compiles a new variant mid-run (a

@@ -74,6 +74,24 @@ def test_tools_and_template_kwargs_reach_the_template(tools_client, templated, m
     assert len(reference_ids(templated, ASK, tools=[WEATHER])) > no_tools  # the template does render them
 
 
+def test_integers_past_64_bits_in_a_tool_reach_the_template(tools_client, templated, model_name):
+    """JSON has integers of any size: a tool's schema with ``"const": -9223372036854775809`` was a
+    500 (the message to the tokenizer process could not carry it); it reaches the template exactly,
+    and a grammar library that cannot take it is a 400."""
+    big = {"type": "function", "function": {"name": "pick", "parameters": {
+        "type": "object", "properties": {"n": {"const": -(2**63) - 1}, "m": {"type": "integer", "maximum": 10**30}},
+    }}}  # fmt: skip
+    resp = tools_client.chat.completions.create(model=model_name, messages=ASK, max_tokens=2, tools=[big])
+    assert resp.usage.prompt_tokens == len(reference_ids(templated, ASK, tools=[big]))
+    try:
+        forced = tools_client.chat.completions.create(
+            model=model_name, messages=ASK, max_tokens=4, tools=[big], tool_choice="required"
+        )
+        assert forced.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    except openai.BadRequestError as exc:  # the grammar library's limit, named
+        assert "tool" in str(exc).lower() or "integer" in str(exc).lower(), exc
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_tool_round_trip_messages(tools_client, templated, model_name, stream):
     """tools -> (the assistant's tool call) -> tool message -> final answer, as a client sends it."""
