@@ -445,6 +445,30 @@ def test_a_small_grammar_compiles_while_large_ones_hold_their_threads(model_dir,
     llm.close()
 
 
+def test_a_grammar_that_allows_no_next_token_part_way_fails_its_request_as_invalid(model_dir):
+    """A schema whose required property refers to itself has no finite text, yet its start is
+    fine: after ``{"a":`` (or ``[`` for an array whose items are itself) no token is allowed, the
+    sampler has nothing to choose from, and the grammar rejects what it draws. That was an engine
+    error (a 500 in a server, with the rejected token in the output); it is the grammar's, so the
+    request fails as "invalid" (a 400) saying so, with only the tokens the grammar allowed, and its
+    neighbour is untouched. Found by a random-schema fuzz run on the default model."""
+    llm = LLM(model_dir, device="cpu", dtype="float32", attn="torch", grammar_backend="xgrammar")
+    itself = {"type": "object", "properties": {"a": {"$ref": "#/properties/a"}}, "required": ["a"]}
+    nested = {"type": "array", "items": {"$ref": "#/items"}, "minItems": 1}
+    specs = [GrammarSpec("json_schema", json.dumps(s)) for s in (itself, nested)]
+    outs = llm.generate(
+        [[11, 12], [13, 14], [15, 16]],
+        [constrained(specs[0], max_tokens=20), constrained(specs[1], max_tokens=20),
+         SamplingParams(temperature=0.0, max_tokens=4)],
+    )  # fmt: skip
+    for out, text in zip(outs, ('{"a":', "[")):
+        assert out.finish_reason == "invalid", (out.finish_reason, out.error)
+        assert "the grammar allows no next token after" in out.error
+        assert llm.tokenizer.decode(out.token_ids).replace(" ", "") == text, out.token_ids
+    assert outs[2].finish_reason == "length" and len(outs[2].token_ids) == 4
+    llm.close()
+
+
 @pytest.mark.parametrize("backend", ["xgrammar"])
 def test_a_large_grammar_no_token_can_begin_fails_its_request_as_invalid(model_dir, backend):
     """Admission leaves large grammars' start to the engine (its byte compile can take seconds):

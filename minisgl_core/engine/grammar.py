@@ -59,6 +59,15 @@ KNOWN_GRAMMARS = 4096
 COMPILE_NICE = 10
 
 
+#: a constrained request whose grammar allows no next token part-way: xgrammar compiles
+#: ``{"const": "\U00040000"}`` (json.dumps writes it as a surrogate pair) into lone surrogates no
+#: UTF-8 text has, so after the opening quote nothing could follow
+DEAD_END = (
+    "the grammar allows no next token after {tokens} output token(s): no text this model can write "
+    "continues it (a schema whose strings need characters UTF-8 has no bytes for, for one)"
+)
+
+
 def _lower_priority() -> None:
     """Run this thread (a compile thread) at COMPILE_NICE: on Linux a thread has its own nice value."""
     if sys.platform.startswith("linux"):
@@ -260,9 +269,26 @@ class GrammarRunner:
             return
         for req, token, ok in zip(reqs, tokens, accepted):
             if not ok:
-                self._fail(req, f"the grammar rejected sampled token {token} (not allowed here)")
-            elif req.matcher.is_terminated():
+                if self._dead_end(req.matcher):
+                    # sampling had nothing to choose from: the grammar cannot go on, the request's
+                    # fault (a 400), not the engine's
+                    self._fail(req, DEAD_END.format(tokens=req.grammar_tokens), invalid=True)
+                else:
+                    self._fail(req, f"the grammar rejected sampled token {token} (not allowed here)")
+                continue
+            req.grammar_tokens += 1
+            if req.matcher.is_terminated():
                 req.grammar_terminated = True
+
+    def _dead_end(self, matcher: GrammarMatcher) -> bool:
+        """Whether ``matcher`` allows no token though it is not complete (rare: checked only when a
+        sampled token was rejected)."""
+        try:
+            mask = torch.zeros((1, bitmask_width(self.backend.vocab_size)), dtype=torch.int32)
+            matcher.fill_bitmask(mask, 0)
+            return not bool(mask.any()) and not matcher.is_terminated()
+        except Exception:  # noqa: BLE001 - the caller fails the request either way
+            return False
 
     def fill(self, requests: Sequence[Request]) -> tuple[list[int], torch.Tensor] | None:
         """(rows of ``requests`` that are constrained, their bitmask on the host), or None; filled
@@ -342,13 +368,16 @@ class GrammarRunner:
         self._refuse_unbeginnable(mask, reqs, rows)
 
     def _refuse_unbeginnable(self, mask: torch.Tensor, reqs: list[Request], rows: list[int]) -> None:
-        """A request at its first tokens whose grammar allows no token and is not complete: its
-        grammar accepts no text (xgrammar compiles a JSON schema that only refers to itself so),
-        the request's fault, so it fails as "invalid" (a 400). Admission checks small grammars
-        for this already; a large one's check could take the tokenizer process seconds."""
+        """A request whose matcher has accepted no token yet, whose grammar allows no token and is
+        not complete: its grammar accepts no text (xgrammar compiles a JSON schema that only refers
+        to itself so), the request's fault, so it fails as "invalid" (a 400). Admission checks
+        small grammars for this already; a large one's check could take the tokenizer process
+        seconds. (A grammar that runs out of tokens later is found where it rejects the token
+        drawn from its empty row: :meth:`accept`, ``DEAD_END``; scanning every row each fill would
+        cost more than that rare case.)"""
         words = None
         for req, row in zip(reqs, rows):
-            if req.output_ids or req.grammar_error is not None:
+            if req.grammar_tokens or req.grammar_error is not None:
                 continue
             if words is None:
                 words = mask.numpy()

@@ -46,6 +46,8 @@ class Request:
     #: the matcher's is_terminated() after its last accepted token, kept by the engine's grammar
     #: runner: the scheduler reads this, never the matcher, which a fill thread may be using
     grammar_terminated: bool = False
+    #: tokens the matcher has accepted (ahead of ``output_ids`` by the step in flight, with overlap)
+    grammar_tokens: int = 0
 
     #: tokens whose KV must exist before the next token is sampled: the prompt, and after a
     #: retraction the prompt plus the output so far (recomputed, mostly from the prefix cache)

@@ -482,16 +482,20 @@ class Scheduler:
             req = batch.requests[i]
             if self.running.get(req.rid) is not req:
                 continue
-            token = token_ids[j]
-            req.output_ids.append(token)
-            reason, matched = self.stop_checker.check(req)
+            token, logprob = token_ids[j], logprobs[j]
+            req.output_ids.append(token)  # (with the KV it stands for, released below if it ends)
             if req.grammar_error is not None:
+                # the token was rejected by the grammar, or drawn from a row it allowed nothing
+                # in: it is not output
+                token, logprob = -1, None
                 reason, matched = "invalid" if req.grammar_invalid else "error", None
-            elif req.matcher is not None and req.grammar_terminated:
-                # the grammar is complete, also under ignore_eos; its final stop token stays hidden
-                if reason != "stop":
-                    matched = token if token in self.stop_checker.eos_ids else None
-                reason = "stop"
+            else:
+                reason, matched = self.stop_checker.check(req)
+                if req.matcher is not None and req.grammar_terminated:
+                    # the grammar is complete, also under ignore_eos; its final stop token stays hidden
+                    if reason != "stop":
+                        matched = token if token in self.stop_checker.eos_ids else None
+                    reason = "stop"
             if reason is None and req.prompt_len + len(req.output_ids) >= self.page_table.shape[1]:
                 reason = "length"
             if reason is not None:
@@ -502,7 +506,7 @@ class Scheduler:
             if req.prompt_logprobs is not None and not req.prompt_logprobs_sent:
                 prompt, req.prompt_logprobs_sent = req.prompt_logprobs, True
             outputs.append(
-                StepOutput(req.rid, token, reason is not None, reason, matched, logprobs[j], error, prompt)
+                StepOutput(req.rid, token, reason is not None, reason, matched, logprob, error, prompt)
             )
         return outputs
 
