@@ -59,12 +59,13 @@ KNOWN_GRAMMARS = 4096
 COMPILE_NICE = 10
 
 
-#: a constrained request whose grammar allows no next token part-way: xgrammar compiles
-#: ``{"const": "\U00040000"}`` (json.dumps writes it as a surrogate pair) into lone surrogates no
-#: UTF-8 text has, so after the opening quote nothing could follow
+#: a constrained request whose grammar allows no next token part-way: a required property whose
+#: schema is itself has no finite text (after ``{"a":`` nothing can follow), and on the default
+#: model xgrammar leaves nothing after the opening quote of ``{"const": "\U00040000"}`` (which
+#: json.dumps writes as a surrogate pair)
 DEAD_END = (
     "the grammar allows no next token after {tokens} output token(s): no text this model can write "
-    "continues it (a schema whose strings need characters UTF-8 has no bytes for, for one)"
+    "completes it (a required property whose schema is itself, for one)"
 )
 
 
