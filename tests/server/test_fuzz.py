@@ -104,7 +104,8 @@ def assert_well_formed(response: Any) -> None:
         assert error["param"] is None or isinstance(error["param"], str)
     elif "text/event-stream" in str(response.headers.get("content-type", "")):
         # (schemathesis' responses list each header's values; httpx's give a string)
-        events = [line[len("data: ") :] for line in response.text.splitlines() if line.startswith("data: ")]
+        # (SSE ends lines with \n only: str.splitlines would also split at a U+0085 in the text)
+        events = [line[len("data: ") :] for line in response.text.split("\n") if line.startswith("data: ")]
         assert events and events[-1] == "[DONE]", response.text[-2000:]
         for event in events[:-1]:
             error = json.loads(event).get("error")
@@ -289,7 +290,7 @@ def test_json_schema_fuzz(server, auth, schema, where, stream):
     if resp.status_code >= 400:
         assert set(resp.json()["error"]) == {"message", "type", "param", "code"}, resp.text[:2000]
     elif stream:
-        for line in resp.text.splitlines():
+        for line in resp.text.split("\n"):
             if line.startswith("data: {"):
                 error = json.loads(line[len("data: ") :]).get("error")
                 assert error is None or error["type"] != "internal_server_error", line[:2000]
