@@ -469,6 +469,35 @@ def test_a_grammar_that_allows_no_next_token_part_way_fails_its_request_as_inval
     llm.close()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_required_property_that_is_itself_is_invalid_on_the_real_model(default_model_dir, backend):
+    """On the default model both libraries meet such a schema's dead end after ``{"a":``; and
+    llguidance's matcher errs at the first token of ``{"a": {"$ref": "#"}}`` (which xgrammar
+    nests without end), though its mask still allowed some: the plugin now gives an erring
+    matcher an empty row. Each is a 400-style "invalid", not an engine error with a token the
+    grammar had rejected in the output (both were: found by a fuzz run)."""
+    llm = LLM(default_model_dir, device="cpu", grammar_backend=backend)
+    refs = ["#/properties/a"] + (["#"] if backend == "llguidance" else [])
+    specs = [
+        GrammarSpec(
+            "json_schema",
+            json.dumps({"type": "object", "properties": {"a": {"$ref": ref}}, "required": ["a"]}),
+        )
+        for ref in refs
+    ]
+    outs = llm.generate(
+        ["JSON:"] * len(specs) + ["The capital of France is"],
+        [SamplingParams(grammar=spec, max_tokens=20, temperature=0.0) for spec in specs]
+        + [SamplingParams(temperature=0.0, max_tokens=4)],
+    )
+    for out in outs[:-1]:
+        assert out.finish_reason == "invalid", (out.finish_reason, out.error)
+        assert "the grammar allows no next token" in out.error, out.error
+        assert '{"a":'.startswith(out.text.replace(" ", "")), out.text
+    assert outs[-1].finish_reason == "length" and len(outs[-1].token_ids) == 4
+    llm.close()
+
+
 @pytest.mark.parametrize("backend", ["xgrammar"])
 def test_a_large_grammar_no_token_can_begin_fails_its_request_as_invalid(model_dir, backend):
     """Admission leaves large grammars' start to the engine (its byte compile can take seconds):

@@ -31,6 +31,8 @@ class LLGuidanceMatcher(GrammarMatcher):
         if not words.is_contiguous():
             raise ValueError("bitmask rows must be contiguous")
         self._matcher.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * words.element_size())
+        if self._matcher.is_error():  # nothing may follow: the engine fails the request as invalid
+            words.zero_()
 
     def is_terminated(self) -> bool:
         # llguidance stops when only the end may follow (or after the stop token)
@@ -85,6 +87,12 @@ class LLGuidanceBackend(GrammarBackend):
         pairs = [(m._matcher, row) for m, row in zip(matchers, rows, strict=True)]  # type: ignore[attr-defined]
         batch, words = bitmask.shape
         self._pool().unsafe_compute_mask_ptr(pairs, bitmask.data_ptr(), words * 4, batch)
+        for matcher, row in pairs:
+            # a matcher in its error state allows nothing (llguidance writes some mask for it):
+            # the engine then sees a grammar at a dead end, the request's fault, not a token it
+            # drew from that mask rejected
+            if matcher.is_error():
+                bitmask[row].zero_()
 
     def accept_tokens(self, matchers: Sequence[GrammarMatcher], token_ids: Sequence[int]) -> list[bool]:
         pairs = [(m._matcher, t) for m, t in zip(matchers, token_ids, strict=True)]  # type: ignore[attr-defined]
