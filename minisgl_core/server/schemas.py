@@ -48,6 +48,26 @@ def _utf8(text: str) -> str:
 Text = Annotated[str, AfterValidator(_utf8)]
 
 
+def _utf8_throughout(value: Any) -> Any:
+    """Every string (keys too) of free-form JSON, as :func:`_utf8` checks one: a lone surrogate in
+    a tool's parameter schema was a 500 (the message to the tokenizer process cannot carry it)."""
+    stack = [value]
+    while stack:  # (no recursion: the nesting is the client's)
+        item = stack.pop()
+        if isinstance(item, str):
+            _utf8(item)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return value
+
+
+#: a JSON object of any content (a schema, template variables) whose strings are all valid text
+FreeObject = Annotated[dict[str, Any], AfterValidator(_utf8_throughout)]
+
+
 def _integral_number(value: Any) -> Any:
     # JSON has one kind of number and some clients write every number as 5.0: a float with no
     # fraction is that integer (as vLLM reads it); anything else goes on to the strict check.
@@ -119,7 +139,7 @@ class JsonSchemaFormat(StrictModel):
 
     name: str
     description: str | None = None
-    schema_: dict[str, Any] | Bool | None = Field(default=None, alias="schema")
+    schema_: FreeObject | Bool | None = Field(default=None, alias="schema")
     #: accepted; the output always follows the schema exactly (what strict asks for)
     strict: Bool | None = None
 
@@ -147,7 +167,7 @@ class ResponseFormat(StrictModel):
 class StructuredOutputs(StrictModel):
     """vLLM's ``structured_outputs``: exactly one constraint."""
 
-    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    json_: FreeObject | str | None = Field(default=None, alias="json")
     regex: str | None = None
     choice: list[str] | None = Field(default=None, min_length=1)
     grammar: str | None = None
@@ -332,7 +352,7 @@ class FunctionDefinition(StrictModel):
     name: str = Field(min_length=1)
     description: str | None = None
     #: a JSON schema of the arguments object
-    parameters: dict[str, Any] | None = None
+    parameters: FreeObject | None = None
     strict: Bool | None = None
 
 
@@ -465,7 +485,7 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: Bool = True
     #: extra variables for the chat template, e.g. {"enable_thinking": false} for Qwen3
-    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template_kwargs: FreeObject | None = None
     #: end the prompt with the template's opening of an assistant turn (vLLM's field)
     add_generation_prompt: Bool = True
     #: the reply continues the last message, an assistant one, instead of starting a new turn

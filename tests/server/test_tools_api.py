@@ -92,6 +92,22 @@ def test_integers_past_64_bits_in_a_tool_reach_the_template(tools_client, templa
         assert "tool" in str(exc).lower() or "integer" in str(exc).lower(), exc
 
 
+def test_a_lone_surrogate_in_free_form_json_is_a_400(tools_server, model_name):
+    """Tool schemas and template variables are JSON of any shape, but their strings must be text:
+    a lone surrogate there was a 500 (the message to the tokenizer process cannot carry it)."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"enum": ["ok", "\ud800"]}}}
+    for extra, param in [
+        ({"tools": [tool]}, "tools.0.function.parameters"),
+        ({"chat_template_kwargs": {"x": [{"\udc00": 1}]}}, "chat_template_kwargs"),
+    ]:
+        body = json.dumps({"model": model_name, "messages": ASK, "max_tokens": 1, **extra})  # escapes it
+        resp = httpx.post(f"{tools_server.url}/v1/chat/completions", content=body, timeout=60,
+                          headers={"Content-Type": "application/json"})  # fmt: skip
+        assert resp.status_code == 400, resp.text
+        error = resp.json()["error"]
+        assert error["param"] == param and "surrogate" in error["message"], error
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_tool_round_trip_messages(tools_client, templated, model_name, stream):
     """tools -> (the assistant's tool call) -> tool message -> final answer, as a client sends it."""
