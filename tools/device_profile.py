@@ -8,7 +8,7 @@
     python tools/device_profile.py steps MODEL_DIR --workload shared-prefix --max-running 128 [--disable-cascade] [--cache naive]
     python tools/device_profile.py steps MODEL_DIR --cprofile [--trace OUT.json]   # + host phases, Chrome trace
     python tools/device_profile.py steps MODEL_DIR --workload shared-prefix --max-running 128 --mixed --profile-kind mixed
-    python tools/device_profile.py b1 MODEL_DIR      # batch-1 decode, kernel table
+    python tools/device_profile.py b1 MODEL_DIR [--quantization fp8]   # batch-1 decode, kernel table
 
 ``steps`` drives one Engine over the standard workload, times every step on the host (with
 overlap on, a step's host time is the device time of the step before it once the device is the
@@ -430,7 +430,7 @@ class _HostProfiles:
 def b1(args: argparse.Namespace) -> dict:
     from minisgl_core.sampling import SamplingParams
 
-    llm = _engine(args.model, args.attn)
+    llm = _engine(args.model, args.attn, **({"quantization": args.quantization} if args.quantization else {}))
     prompt = list(range(100, 228))
     greedy = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
     llm.generate([prompt], greedy, use_tqdm=False)
@@ -467,6 +467,7 @@ def main() -> None:
     p.add_argument("--disable-cascade", action="store_true")
     p.add_argument("--cache", default="radix")
     p.add_argument("--json")
+    p.add_argument("--quantization", help="b1: a --quantization method (fp8, ...)")
     p.add_argument("--cprofile", action="store_true", help="steps: cProfile the host phases by step kind")
     p.add_argument("--trace", help="steps: write the profiled window as a Chrome trace here")
     p.add_argument("--mixed", action="store_true", help="steps: mixed prefill + decode steps on")

@@ -6,9 +6,9 @@ import triton
 import triton.language as tl
 
 try:  # programmatic dependent launch (Hopper on): the kernels wait for the kernel before them
-    from triton.language.extra.cuda import gdc_wait
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # an older Triton: PDL stays off (minisgl_core.layers.triton_ops.pdl_enabled)
-    gdc_wait = None
+    gdc_launch_dependents = gdc_wait = None
 
 
 @triton.jit
@@ -49,8 +49,9 @@ def rope_store_kernel(
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch: wait for the GEMM first
 ):
     # program (token, part): part 0 the q heads, 1 the k heads, 2 the v heads
-    if PDL:
+    if PDL:  # wait for the kernel before, then let the one after start launching
         gdc_wait()
+        gdc_launch_dependents()
     token = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
     d = tl.arange(0, BLOCK)
@@ -101,8 +102,9 @@ def rope_store_kernel(
 def silu_mul_kernel(gate_up, row_stride, out, inter, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """``out[row] = silu(gate) * up`` with ``gate_up[row] = [gate | up]``; in float32, rounded once.
     (``PDL``: launched with programmatic dependent launch, it first waits for the kernel before it.)"""
-    if PDL:
+    if PDL:  # wait for the kernel before, then let the one after start launching
         gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter
@@ -135,8 +137,9 @@ def rms_norm_kernel(
     the kernel before it.) ``PARTS`` > 0 (with ``ADD``): ``x`` is a split-K GEMM's float32 partial
     sums ``[PARTS, rows, n]``, added here in slice order and rounded once to the residual's dtype,
     as ``split_sum_kernel`` would have (one kernel fewer)."""
-    if PDL:
+    if PDL:  # wait for the kernel before, then let the one after start launching
         gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n

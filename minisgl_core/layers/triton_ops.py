@@ -71,10 +71,12 @@ def triton_runs_on(device: torch.device) -> bool:
 
 def pdl_enabled(device: torch.device) -> bool:
     """Whether the hand-written Triton kernels are launched with programmatic dependent launch
-    (``MINISGL_PDL=1``; experimental, off by default until measured): each starts launching while
-    the kernel before it finishes and waits for it in its first instruction (``gdc_wait``), which
-    hides part of the gap between kernels in a CUDA graph. Only on CUDA devices of compute
-    capability 9.0 or newer, with a Triton that has ``gdc_wait``."""
+    (``MINISGL_PDL=1``; experimental, off by default: measured, BENCHMARKS.md): each starts
+    launching while the kernel before it runs, waits for it in its first instruction
+    (``gdc_wait``), then lets the kernel after it start launching (``gdc_launch_dependents``; without
+    it a kernel's successor is launched only as its last blocks exit), which hides part of the gap
+    between kernels in a CUDA graph. Only on CUDA devices of compute capability 9.0 or newer, with
+    a Triton that has both instructions."""
     if device.type != "cuda" or environment.get("MINISGL_PDL", "0") != "1":
         return False
     return _pdl_supported(device.index if device.index is not None else torch.cuda.current_device())

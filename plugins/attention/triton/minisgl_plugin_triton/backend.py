@@ -32,7 +32,7 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 
 from minisgl_core.api import AttentionBackend, AttentionConfig, ForwardBatch, SharedPrefix
-from minisgl_core.layers.triton_ops import triton_available, triton_runs_on
+from minisgl_core.layers.triton_ops import pdl_options, triton_available, triton_runs_on
 
 #: most splits of one sequence's KV (a power of two: the merge reads them as one vector)
 MAX_SPLITS = 32
@@ -294,6 +294,7 @@ class TritonDecodeBackend(AttentionBackend):
                 EXACT_PV=exact_pv,
                 num_warps=launch.num_warps,
                 num_stages=launch.num_stages,
+                **pdl_options(q.device),
             )
         kernels.decode_kernel[(config.num_kv_heads, bs, splits)](
             q,
@@ -327,6 +328,7 @@ class TritonDecodeBackend(AttentionBackend):
             EXACT_PV=exact_pv,
             num_warps=launch.num_warps,
             num_stages=launch.num_stages,
+            **pdl_options(q.device),
         )
         if entries > 1:
             kernels.merge_kernel[(bs, config.num_qo_heads)](
@@ -343,6 +345,7 @@ class TritonDecodeBackend(AttentionBackend):
                 ENTRIES_P2=1 << (entries - 1).bit_length(),
                 CASCADE=cascade,
                 num_warps=4,
+                **pdl_options(q.device),
             )
         return out
 

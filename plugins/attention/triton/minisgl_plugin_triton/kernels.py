@@ -26,6 +26,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+try:  # programmatic dependent launch (minisgl_core.layers.triton_ops.pdl_enabled)
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:
+    gdc_launch_dependents = gdc_wait = None
+
 
 @triton.jit
 def _attend(
@@ -102,7 +107,11 @@ def decode_kernel(
     WIDEN_FP8: tl.constexpr,
     DOT_FP32: tl.constexpr,
     EXACT_PV: tl.constexpr,
+    PDL: tl.constexpr = False,  # compiled for programmatic dependent launch
 ):
+    if PDL:  # wait for the kernel before, then let the one after start launching
+        gdc_wait()
+        gdc_launch_dependents()
     # heads vary fastest in the launch order, and sequences come longest first (``order``), so
     # the longest programs start first and the short ones fill in behind them
     kv_head = tl.program_id(0)
@@ -175,11 +184,15 @@ def prefix_kernel(
     WIDEN_FP8: tl.constexpr,
     DOT_FP32: tl.constexpr,
     EXACT_PV: tl.constexpr,
+    PDL: tl.constexpr = False,  # compiled for programmatic dependent launch
 ):
     """One program per (KV head, task, prefix split). A task is up to ``BLOCK_M // GROUP``
     consecutive sequences sharing their first ``length`` positions (``tasks`` rows: first
     sequence, count, length; count 0 = no task): the prefix's KV is read once, through the first
     member's page-table row, for the query heads of all of them."""
+    if PDL:  # wait for the kernel before, then let the one after start launching
+        gdc_wait()
+        gdc_launch_dependents()
     kv_head = tl.program_id(0)
     task = tl.program_id(1)
     split = tl.program_id(2)
@@ -233,10 +246,14 @@ def merge_kernel(
     OWN_ENTRIES: tl.constexpr,
     ENTRIES_P2: tl.constexpr,
     CASCADE: tl.constexpr,
+    PDL: tl.constexpr = False,  # compiled for programmatic dependent launch
 ):
     """Combines each (sequence, head)'s ``ENTRIES`` partials by their log2-sum-exp: the first
     ``OWN_ENTRIES`` are the sequence's own splits, the rest (cascade) its shared prefix's, read
     only where the sequence has one (``skip > 0``)."""
+    if PDL:  # wait for the kernel before, then let the one after start launching
+        gdc_wait()
+        gdc_launch_dependents()
     seq = tl.program_id(0)
     head = tl.program_id(1)
     index = tl.arange(0, ENTRIES_P2)

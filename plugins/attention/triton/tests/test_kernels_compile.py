@@ -89,3 +89,28 @@ def test_merge_kernel_compiles(cascade):
     constants = {"NUM_HEADS": 16, "HEAD_DIM": 128, "ENTRIES": 6 if cascade else 32, "OWN_ENTRIES": 4 if cascade else 32,
                  "ENTRIES_P2": 8 if cascade else 32, "CASCADE": cascade}  # fmt: skip
     assert "ex2.approx" in compile_ptx(merge_kernel, signature, constants)
+
+
+def test_pdl_variants_wait_then_release():
+    """``MINISGL_PDL=1`` (``triton_ops.pdl_options``): the decode and merge kernels (and the prefix
+    kernel, the same lines) wait for the kernel before them (``griddepcontrol.wait``, before
+    reading its output), then release the kernel after them; compiled without it, neither."""
+    from minisgl_plugin_triton.kernels import decode_kernel, merge_kernel
+
+    signature = {"part_ptr": "*fp32", "lse_ptr": "*fp32", "skip_ptr": "*i32", "out_ptr": "*bf16",
+                 "out_stride_token": "i32", "out_stride_head": "i32"}  # fmt: skip
+    constants = {"NUM_HEADS": 16, "HEAD_DIM": 128, "ENTRIES": 32, "OWN_ENTRIES": 32, "ENTRIES_P2": 32,
+                 "CASCADE": False}  # fmt: skip
+    decode = compile_decode(90, "bf16", widen=False, splits=4)
+    assert "griddepcontrol" not in decode
+    assert "griddepcontrol" not in compile_ptx(merge_kernel, signature, constants)
+    merge = compile_ptx(merge_kernel, signature, {**constants, "PDL": True})
+    assert merge.index("griddepcontrol.wait") < merge.index("griddepcontrol.launch_dependents")
+    signature = {**ATTEND, "seq_lens_ptr": "*i32", "order_ptr": "*i32", "skip_ptr": "*i32", "out_ptr": "*bf16",
+                 "part_ptr": "*fp32", "lse_ptr": "*fp32", **STRIDES, "out_stride_token": "i32",
+                 "out_stride_head": "i32"}  # fmt: skip
+    constants = {"NUM_HEADS": 16, "GROUP": 2, "BLOCK_H": 16, "HEAD_DIM": 128, "BLOCK_N": 64, "NUM_SPLITS": 4,
+                 "ENTRIES": 4, "CASCADE": False, "WIDEN_FP8": False, "DOT_FP32": False, "EXACT_PV": False,
+                 "PDL": True}  # fmt: skip
+    decode = compile_ptx(decode_kernel, signature, constants)
+    assert decode.index("griddepcontrol.wait") < decode.index("griddepcontrol.launch_dependents")

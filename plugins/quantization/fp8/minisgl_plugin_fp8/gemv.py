@@ -37,9 +37,9 @@ import triton.language as tl
 from minisgl_core.layers import triton_ops
 
 try:  # programmatic dependent launch (minisgl_core.layers.triton_ops.pdl_enabled)
-    from triton.language.extra.cuda import gdc_wait
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:
-    gdc_wait = None
+    gdc_launch_dependents = gdc_wait = None
 
 #: most tokens the GEMV takes; from 2 on the FP8 tensor-core GEMM (``torch._scaled_mm``) runs
 GEMV_MAX_M = 1
@@ -140,6 +140,7 @@ def fp8_gemv_kernel(
         wk_first = _load_weights(w_first, first_ok, EVICT)
     if PDL:  # (the weights are not the kernel before's output: their first block may load before)
         gdc_wait()
+        gdc_launch_dependents()
     # over the whole row: every split reads it, the scale must not depend on the split
     x_scale, x_inverse = _row_scale(x, K, K_ROW, SCALE_BLOCK)
     # x as one [1, BLOCK_K] row: the weight tile's layout, no shuffle through shared memory
@@ -223,8 +224,9 @@ def quantize_rows_kernel(
     """Row ``program_id`` of ``x`` as ``quantize_rows`` quantizes it, in the GEMV's arithmetic:
     the scale ``max(amax * (1 / 448), 1e-12)``, its IEEE reciprocal, each element times it,
     clamped, rounded to e4m3 (exact in the float8 store), in two passes over the row."""
-    if PDL:
+    if PDL:  # wait for the kernel before, then let the one after start launching
         gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     x = x + row * x_row_stride
     scale, inverse = _row_scale(x, K, K_ROW, BLOCK)
@@ -269,8 +271,9 @@ def sum_splits_kernel(
     partials, out, size, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False
 ):
     """``out = partials.sum(0)`` over ``[SPLIT_K, size]`` float32, in split order, rounded once."""
-    if PDL:
+    if PDL:  # wait for the kernel before, then let the one after start launching
         gdc_wait()
+        gdc_launch_dependents()
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = i < size
     total = tl.zeros((BLOCK,), dtype=tl.float32)

@@ -102,8 +102,10 @@ def test_gemv_compiles_for_sm90(tiles, prefetch, pdl, variant):
         options={"num_warps": config.num_warps, "num_stages": config.num_stages, "launch_pdl": pdl},
     )
     ptx = compiled.asm["ptx"]
-    # launched with programmatic dependent launch (MINISGL_PDL=1) it waits for the kernel before it
+    # launched with programmatic dependent launch (MINISGL_PDL=1) it waits for the kernel before it,
+    # then releases the kernel after it
     assert ("griddepcontrol.wait" in ptx) == pdl
+    assert ("griddepcontrol.launch_dependents" in ptx) == pdl
     assert "cvt.rn.f16x2.e4m3x2" in ptx  # the weight is read as fp8 and widened in registers
     assert "mma" not in ptx  # CUDA cores
     assert ("evict_first" in ptx) == variant.get("EVICT", config.evict)
