@@ -122,6 +122,7 @@ class Runtime:
     def _wait_ready(self) -> dict[str, Any]:
         waiting = set(self.procs)
         info: dict[str, Any] = {}
+        others: dict[str, Any] = {}  # what the other workers report (the tokenizer's vocabulary facts)
         last_note = time.monotonic()
         while waiting:
             msg = recv(self.control, timeout_ms=200)
@@ -136,6 +137,8 @@ class Runtime:
                         self.to_tokenizer,
                         Limits(info["max_context_len"], info["kv_capacity_tokens"], info["vocab_size"]),
                     )
+                else:
+                    others.update(msg.info)
             elif isinstance(msg, ProcessFailed):
                 self.failure = f"the {_name(msg.role, msg.rank)} process failed:\n{msg.error}"
                 raise ChildFailed(self.failure)
@@ -145,7 +148,7 @@ class Runtime:
                 logger.info("still starting: waiting for %s", ", ".join(sorted(waiting)))
                 last_note = time.monotonic()
         self.ready = True
-        return info
+        return {**others, **info}
 
     # ------------------------------------------------------------------ supervision
 

@@ -37,7 +37,7 @@ from minisgl_core.processes.ipc import bind_pull, connect_push, recv, send
 from minisgl_core.request_limits import admit, truncate_prompt
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.tokenizer.detokenize import IncrementalDetokenizer
-from minisgl_core.tokenizer.load import apply_chat_template, load_tokenizer
+from minisgl_core.tokenizer.load import apply_chat_template, load_tokenizer, longest_token_chars
 
 logger = logging.getLogger(__name__)
 
@@ -141,7 +141,8 @@ def tokenizer_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_r
         stop_token_ids=sorted(eos_token_ids(source.hf_config(), source.generation_config())),
     )
     admitter = Admitter(tokenizer, limits, spec.payload.get("sampling_defaults"), grammars)
-    report_ready({})
+    # (the server refuses a prompt longer than context x this before sending it here)
+    report_ready({"max_token_chars": longest_token_chars(tokenizer)})
     while True:
         msg = recv(inbox)
         if isinstance(msg, TokenizeRequest):

@@ -179,6 +179,7 @@ def _start_http(opts: ServeOptions, runtime: Runtime, info: dict[str, Any], name
         info["kv_capacity_tokens"],
         info["vocab_size"],
         opts.runtime.sampling_defaults or {},
+        info.get("max_token_chars"),
     )
     state = ServerState(runtime.endpoints, model, limits=opts.limits, process_problem=runtime.process_problem)
     app = create_app(state, opts.api_key, opts.api, {**info, "tp_size": opts.runtime.config.tp_size})

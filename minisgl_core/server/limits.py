@@ -14,9 +14,12 @@ from typing import Any
 
 from minisgl_core.config import ConfigError
 
-#: no BPE vocabulary of a served model has tokens longer than this many characters on average, so a
-#: prompt over ``context * CHARS_PER_TOKEN`` characters cannot fit and is refused without tokenizing
-CHARS_PER_TOKEN = 16
+#: characters one token may stand for when the tokenizer did not say (``ModelInfo.max_token_chars``,
+#: its longest vocabulary entry): a prompt over ``context x`` that many characters cannot fit and is
+#: refused without tokenizing. Tokenizers pack long runs into one token (SmolLM2-135M's longest
+#: entries are 64-81 characters of spaces, dashes, newlines), so the bound must be the vocabulary's
+#: own: 16, an average, refused prompts that fit
+CHARS_PER_TOKEN = 128
 
 
 def _limit(default: float, flag: str, help_text: str) -> Any:
@@ -61,8 +64,9 @@ class ServerLimits:
             if value < 0:
                 raise ValueError(f"{flag} must not be negative")
 
-    def max_prompt_chars(self, max_context_len: int) -> int:
-        return max_context_len * CHARS_PER_TOKEN
+    @staticmethod
+    def max_prompt_chars(max_context_len: int, max_token_chars: int | None) -> int:
+        return max_context_len * (max_token_chars or CHARS_PER_TOKEN)
 
 
 def _dest(f: Field) -> str:

@@ -32,6 +32,22 @@ from minisgl_core.server.metrics import Metrics
 logger = logging.getLogger(__name__)
 
 
+def text_chars(value: Any) -> int:
+    """Characters in every string (dictionary keys too) of a JSON-like value, without recursion
+    (request bodies may nest deeply)."""
+    total, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return total
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     """What the ready handshake told us about the served model."""
@@ -43,6 +59,9 @@ class ModelInfo:
     vocab_size: int
     #: the model's sampling defaults (--generation-config) for fields a request leaves unset
     sampling_defaults: dict[str, Any] = field(default_factory=dict)
+    #: the most characters one token stands for (the tokenizer's longest vocabulary entry; None:
+    #: unknown, limits.CHARS_PER_TOKEN)
+    max_token_chars: int | None = None
 
 
 @dataclass(frozen=True)
@@ -171,7 +190,7 @@ class RequestGroup:
         state.check_alive()
         if self.expected_sequences is None:
             state.check_room(self.num_choices, n)
-        state.check_prompt_size(text, messages)
+        state.check_prompt_size(text, messages, template_args)
         rids = [next(state.rids) for _ in range(n)]
         first_index = self.num_choices
         self.num_choices += n
@@ -326,13 +345,18 @@ class ServerState:
     def retry_after_s(self) -> int:
         return 1
 
-    def check_prompt_size(self, text: str | None, messages: list[dict[str, Any]] | None) -> None:
+    def check_prompt_size(
+        self,
+        text: str | None,
+        messages: list[dict[str, Any]] | None,
+        template_args: dict[str, Any] | None = None,
+    ) -> None:
         """Refuse a prompt that cannot fit the context by its length in characters, before the
-        tokenizer spends seconds on it (and every other request waits)."""
-        chars = len(text) if text is not None else 0
-        for message in messages or ():
-            chars += sum(len(v) for v in message.values() if isinstance(v, str))
-        bound = self.limits.max_prompt_chars(self.model.max_context_len)
+        tokenizer spends seconds on it (and every other request waits): every string of the
+        messages (content parts, tool calls) and of the chat template's arguments (tools,
+        chat_template_kwargs) counts, as the template may render any of them."""
+        chars = (len(text) if text is not None else 0) + text_chars(messages) + text_chars(template_args)
+        bound = self.limits.max_prompt_chars(self.model.max_context_len, self.model.max_token_chars)
         if chars > bound:
             raise APIError(
                 400,

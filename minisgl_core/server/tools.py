@@ -39,6 +39,8 @@ class ToolPlan:
 
 
 def plan_tools(body: ChatCompletionRequest, tool_parser: type[ToolParser] | None) -> ToolPlan:
+    for i, tool in enumerate(body.tools or ()):
+        _check_parameters(tool.function, i)
     choice = body.tool_choice if body.tool_choice is not None else ("auto" if body.tools else "none")
     if choice not in ("none", "auto") and not body.tools:
         raise APIError(400, "tool_choice needs tools: give the functions the model may call", "tool_choice")
@@ -71,6 +73,21 @@ def plan_tools(body: ChatCompletionRequest, tool_parser: type[ToolParser] | None
         single = True
     grammar = {"kind": "json_schema", "value": json.dumps(schema)}
     return ToolPlan(ForcedToolCallParser, tools, grammar, single)
+
+
+def _check_parameters(function: FunctionDefinition, index: int) -> None:
+    """A function's arguments are a JSON object, so its ``parameters`` schema must describe one
+    (as OpenAI requires): a schema of another type would force arguments no parser takes for a
+    call (a forced call came back as plain content)."""
+    kind = (function.parameters or {}).get("type")
+    if kind is None or kind == "object" or (isinstance(kind, list) and "object" in kind):
+        return
+    raise APIError(
+        400,
+        f"the parameters of function {function.name!r} must be a JSON Schema of type 'object' (a "
+        f"call's arguments are a JSON object), got type {json.dumps(kind)}; put the value in a property",
+        f"tools.{index}.function.parameters",
+    )
 
 
 def _call_schema(function: FunctionDefinition) -> dict[str, Any]:

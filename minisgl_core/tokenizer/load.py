@@ -13,7 +13,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from minisgl_core.checkpoint.formats import load_tokenizer_dir  # noqa: E402 (after the variable)
 
-__all__ = ["apply_chat_template", "load_tokenizer", "load_tokenizer_dir"]
+__all__ = ["apply_chat_template", "load_tokenizer", "load_tokenizer_dir", "longest_token_chars"]
 
 
 def load_tokenizer(
@@ -39,3 +39,18 @@ def apply_chat_template(tokenizer: Any, messages: list[dict[str, Any]], **kwargs
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # transformers 5 returns a BatchEncoding
         ids = ids["input_ids"]
     return list(ids)
+
+
+def longest_token_chars(tokenizer: Any) -> int | None:
+    """The most characters of text one token can stand for: the longest entry of the vocabulary,
+    added tokens included (a byte-level entry spells each byte as one character, and a byte is at
+    most one character of text, so this bounds it from above). A text longer than
+    ``context x this`` cannot fit the context. None when the tokenizer shows no vocabulary."""
+    get_vocab = getattr(tokenizer, "get_vocab", None)
+    if get_vocab is None:
+        return None
+    try:
+        vocab = get_vocab()
+    except Exception:  # noqa: BLE001 (a tokenizer without one: the caller falls back)
+        return None
+    return max(map(len, vocab), default=None)

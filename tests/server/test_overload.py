@@ -70,7 +70,8 @@ def test_body_over_the_limit_is_413(busy_server):
 
 
 def test_huge_prompt_is_refused_before_tokenizing(busy_server, model_name):
-    # 1.5 MB of text: far over 2048 tokens x 16 characters; tokenizing it would take seconds
+    # 1.5 MB of text: far over 2048 tokens x the longest vocabulary entry; tokenizing it would take
+    # seconds
     started = time.monotonic()
     resp = httpx.post(
         f"{busy_server.url}/v1/completions",
@@ -82,9 +83,38 @@ def test_huge_prompt_is_refused_before_tokenizing(busy_server, model_name):
     assert time.monotonic() - started < 1.0
     chat = httpx.post(
         f"{busy_server.url}/v1/chat/completions",
-        json={"messages": [{"role": "user", "content": "é" * 40_000}], "max_tokens": 1},
+        json={"messages": [{"role": "user", "content": "é" * 400_000}], "max_tokens": 1},
     )
     assert assert_openai_error(chat, 400, "context_length_exceeded")["param"] == "messages"
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["content part", "tool description", "tool parameters", "chat_template_kwargs"],
+)
+def test_huge_text_anywhere_the_template_renders_is_refused_before_tokenizing(busy_server, where):
+    """Every string the chat template may render counts toward the prompt's size: a tool's
+    description of 9.6 M characters took seconds to tokenize (every other request waiting) before
+    its 400, as only the messages' own strings were counted."""
+    big = "tool text " * 120_000  # 1.2 M characters, over 2048 tokens x any vocabulary entry here
+    messages = [{"role": "user", "content": "hi"}]
+    body: dict = {"messages": messages, "max_tokens": 1}
+    if where == "content part":
+        body["messages"] = [{"role": "user", "content": [{"type": "text", "text": big}]}]
+    elif where == "tool description":  # (tool_choice none: the template still renders the tools)
+        body["tools"] = [{"type": "function", "function": {"name": "f", "description": big}}]
+        body["tool_choice"] = "none"
+    elif where == "tool parameters":
+        parameters = {"type": "object", "properties": {"a": {"type": "string", "description": big}}}
+        body["tools"] = [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
+        body["tool_choice"] = "none"
+    else:
+        body["chat_template_kwargs"] = {"note": big}
+    started = time.monotonic()
+    resp = httpx.post(f"{busy_server.url}/v1/chat/completions", json=body, timeout=30)
+    error = assert_openai_error(resp, 400, "context_length_exceeded")
+    assert "characters" in error["message"]  # the check before tokenizing, not the tokenizer's count
+    assert time.monotonic() - started < 1.0
 
 
 def test_prompts_times_n_is_bounded(busy_server, model_name):

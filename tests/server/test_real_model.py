@@ -40,6 +40,16 @@ def test_capital_of_france(real_client):
     assert "Paris" in resp.choices[0].message.content
 
 
+def test_a_prompt_of_long_tokens_that_fits_is_served(real_client):
+    """The early size check bounds a prompt by the vocabulary's longest entry: SmolLM2 packs 64
+    dashes into one token, so 57,600 of them are 900 tokens, which fit the 2,048-token context
+    (a bound of 16 characters a token refused them, a 400 for a prompt that fits)."""
+    resp = real_client.completions.create(
+        model="SmolLM2-135M-Instruct", prompt="-" * 57_600, max_tokens=1, temperature=0
+    )
+    assert resp.usage.prompt_tokens == 900
+
+
 def test_greedy_chat_equals_transformers(real_client, real_references):
     from concurrent.futures import ThreadPoolExecutor
 

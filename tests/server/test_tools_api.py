@@ -252,6 +252,37 @@ def test_tool_choice_errors(tools_client, model_name):
         )
 
 
+@pytest.mark.parametrize("kind", ["string", "array", ["string", "null"]])
+@pytest.mark.parametrize("choice", ["auto", "required", "named"])
+def test_parameters_of_a_type_other_than_object_are_a_400(tools_server, model_name, kind, choice):
+    """A call's arguments are a JSON object: with ``parameters`` of type string a forced call came
+    back as plain content with finish_reason "stop" (the grammar forced a string, the parser
+    takes objects only). OpenAI refuses such a schema; so do we, naming the field."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": kind}}}
+    tool_choice = {"type": "function", "function": {"name": "f"}} if choice == "named" else choice
+    resp = httpx.post(
+        f"{tools_server.url}/v1/chat/completions",
+        json={"model": model_name, "messages": ASK, "tools": [WEATHER, tool], "tool_choice": tool_choice,
+              "max_tokens": 4},
+        timeout=60,
+    )  # fmt: skip
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["param"] == "tools.1.function.parameters" and "type 'object'" in error["message"], error
+    for fine in (
+        {"type": ["object", "null"], "properties": {}},
+        {},
+        {"properties": {"a": {"type": "string"}}},
+    ):
+        tool["function"]["parameters"] = fine
+        ok = httpx.post(
+            f"{tools_server.url}/v1/chat/completions",
+            json={"model": model_name, "messages": ASK, "tools": [tool], "tool_choice": "required", "max_tokens": 4},
+            timeout=120,
+        )  # fmt: skip
+        assert ok.status_code == 200, ok.text
+
+
 def test_auto_tools_without_a_parser_is_a_400(client, model_name):
     with pytest.raises(openai.BadRequestError, match="--tool-call-parser"):
         client.chat.completions.create(model=model_name, messages=ASK, tools=[WEATHER])
