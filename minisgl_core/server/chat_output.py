@@ -33,6 +33,12 @@ class ChoiceOutput:
         self.tools = plan.parser(plan.tools) if plan.parser is not None else None
         self.single_call = plan.single_call
         self.made_calls = False
+        self._tool_parser = plan.parser
+        self._tool_list = plan.tools
+        #: streaming: the text given to the tool parser, read again whole at the end (a call cut
+        #: off part-way, by a stop string or a malformed object, keeps what was sent, but only
+        #: whole calls make the finish reason "tool_calls", as in :meth:`message`)
+        self._streamed: list[str] = []
 
     def message(self, text: str) -> dict[str, Any]:
         """The whole assistant message of a finished choice."""
@@ -58,6 +64,7 @@ class ChoiceOutput:
             reasoning, content = "".join(p.reasoning for p in parts), "".join(p.content for p in parts)
         calls: list[ToolCallDelta] = []
         if self.tools is not None:
+            self._streamed.append(content)
             parts = [self.tools.feed(content), *([self.tools.finish()] if final else [])]
             content = "".join(p.content for p in parts)
             calls = [d for p in parts for d in p.tool_calls if not (self.single_call and d.index > 0)]
@@ -67,9 +74,14 @@ class ChoiceOutput:
         if content:
             out["content"] = content
         if calls:
-            self.made_calls = True
             out["tool_calls"] = [tool_call_delta_json(d) for d in calls]
         return out
 
     def finish_reason(self, reason: str | None) -> str | None:
-        return "tool_calls" if reason == "stop" and self.made_calls else reason
+        """``"tool_calls"`` for a choice that stopped after a whole call, streamed or not."""
+        if reason != "stop":
+            return reason
+        if self._streamed and self._tool_parser is not None:  # once, at the end of a stream
+            text, self._streamed = "".join(self._streamed), []
+            self.made_calls = bool(self._tool_parser(self._tool_list).parse(text).tool_calls)
+        return "tool_calls" if self.made_calls else reason

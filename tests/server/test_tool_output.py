@@ -154,6 +154,22 @@ def test_forced_array_is_read_back_whole_and_streamed():
         ], cut
 
 
+@pytest.mark.parametrize("parser, text", [(ForcedToolCallParser, FORCED), (HermesToolParser, QWEN3_ANSWER)])
+def test_an_output_cut_off_part_way_ends_alike_streamed_or_not(parser, text):
+    """An output cut at any point (a stop string, max_tokens): the stream's finish_reason is the
+    whole message's. A call cut inside its arguments is no call when parsed whole, and the stream
+    said "tool_calls" for it (its partial arguments had gone out)."""
+    plan = ToolPlan(parser, [WEATHER, TIME])
+    for cut in range(len(text) + 1):
+        whole = ChoiceOutput(plan, None)
+        whole.message(text[:cut])
+        stream = ChoiceOutput(plan, None)
+        for i in range(0, cut, 5):
+            stream.delta(text[i : min(i + 5, cut)], final=False)
+        stream.delta("", final=True)
+        assert stream.finish_reason("stop") == whole.finish_reason("stop"), (cut, text[:cut])
+
+
 def test_forced_output_that_is_not_calls_stays_content():
     assert ForcedToolCallParser([]).parse("Hello there").content == "Hello there"
 
