@@ -36,7 +36,7 @@ from minisgl_core.processes.child import ChildSpec, ReportReady
 from minisgl_core.processes.ipc import bind_pull, connect_push, recv, send
 from minisgl_core.request_limits import admit, truncate_prompt
 from minisgl_core.sampling import SamplingParams
-from minisgl_core.tokenizer.detokenize import IncrementalDetokenizer
+from minisgl_core.tokenizer.detokenize import IncrementalDetokenizer, raw_token_bytes
 from minisgl_core.tokenizer.load import apply_chat_template, load_tokenizer, longest_token_chars
 
 logger = logging.getLogger(__name__)
@@ -175,12 +175,23 @@ class Detokenizer:
         self.tokenizer = tokenizer
         self.streams: dict[int, IncrementalDetokenizer] = {}
         self._token_text: dict[int, str] = {}
+        self._token_bytes: dict[int, list[int] | None] = {}
 
     def token_text(self, token_id: int) -> str:
         text = self._token_text.get(token_id)
         if text is None:
             text = self._token_text[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
         return text
+
+    def token_bytes(self, token_id: int) -> list[int] | None:
+        """The token's own bytes where its text alone is not whole characters (U+FFFD: a part of
+        a UTF-8 character), else None (the text's UTF-8 is its bytes)."""
+        if "\ufffd" not in self.token_text(token_id):
+            return None
+        if token_id not in self._token_bytes:
+            raw = raw_token_bytes(self.tokenizer, token_id)
+            self._token_bytes[token_id] = None if raw is None else list(raw)
+        return self._token_bytes[token_id]
 
     def convert(self, step: StepOutputs) -> DetokOutputs:
         # The scheduler opens a request's stream in the step that received it, so no later than
@@ -215,13 +226,18 @@ class Detokenizer:
         if wire is None:
             return None
         token_id, logprob, top, rank = wire
-        return [
+        item = [
             self.token_text(token_id),
             logprob,
             [[self.token_text(t), lp, t] for t, lp in top],
             token_id,
             rank,
         ]
+        # [[id, bytes], ...] of the tokens here whose text is not whole characters (rare: no field)
+        raw = [[t, b] for t in (token_id, *(t for t, _ in top)) if (b := self.token_bytes(t)) is not None]
+        if raw:
+            item.append(raw)
+        return item
 
 
 def detokenizer_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_ready: ReportReady) -> None:

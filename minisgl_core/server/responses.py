@@ -43,16 +43,23 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 # ------------------------------------------------------------------ logprobs
 
 
-def _entry(text: str, logprob: float) -> dict[str, Any]:
-    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+def _entry(text: str, logprob: float, raw: list[int] | None = None) -> dict[str, Any]:
+    return {
+        "token": text,
+        "logprob": logprob,
+        "bytes": raw if raw is not None else list(text.encode("utf-8")),
+    }
 
 
 def chat_logprobs(items: list[list[Any]]) -> dict[str, Any]:
-    """Chat format: ``{"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}``."""
+    """Chat format: ``{"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}``; ``bytes``
+    is the token's own where its text is not whole characters (the detokenizer's item[5]: [[id,
+    bytes], ...]), so a client joins a character split across tokens."""
     content = []
-    for text, logprob, top, *_ in items:
-        entry = _entry(text, logprob)
-        entry["top_logprobs"] = [_entry(t, lp) for t, lp, _ in top]
+    for text, logprob, top, *rest in items:
+        raw = dict(rest[2]) if len(rest) > 2 else {}
+        entry = _entry(text, logprob, raw.get(rest[0]) if rest else None)
+        entry["top_logprobs"] = [_entry(t, lp, raw.get(tid)) for t, lp, tid in top]
         content.append(entry)
     return {"content": content, "refusal": None}
 
@@ -109,7 +116,7 @@ def prompt_logprobs(entries: list[list[Any] | None], k: int) -> list[dict[str, A
         if entry is None or entry[1] is None:
             out.append(None)
             continue
-        text, logprob, top, token_id, rank = entry
+        text, logprob, top, token_id, rank, *_ = entry
         ranked = {str(token_id): {"logprob": logprob, "rank": rank, "decoded_token": text}}
         for place, (t, lp, tid) in enumerate(top[:k], start=1):
             ranked.setdefault(str(tid), {"logprob": lp, "rank": place, "decoded_token": t})
@@ -265,12 +272,12 @@ def generate_result(
     }
     if with_logprobs:
         # SGLang's layout: (logprob, token_id, text) per position, and the top-k at each position
-        meta["output_token_logprobs"] = [[lp, tid, text] for text, lp, _, tid, _ in choice.logprobs]
+        meta["output_token_logprobs"] = [[lp, tid, text] for text, lp, _, tid, *_ in choice.logprobs]
         meta["output_top_logprobs"] = [[[lp, tid, t] for t, lp, tid in e[2]] for e in choice.logprobs]
         if logprob_start_len >= 0 and choice.prompt_logprobs is not None:
             # the prompt's tokens from logprob_start_len on: the first prompt token's logprob null
             prompt = [e for e in choice.prompt_logprobs[logprob_start_len:] if e is not None]
-            meta["input_token_logprobs"] = [[lp, tid, text] for text, lp, _, tid, _ in prompt]
+            meta["input_token_logprobs"] = [[lp, tid, text] for text, lp, _, tid, *_ in prompt]
             meta["input_top_logprobs"] = [
                 None if logprob is None else [[lp, tid, t] for t, lp, tid in top]
                 for _, logprob, top, *_ in prompt

@@ -74,7 +74,8 @@ class TokenEvent:
     finish_reason: str | None
     matched_stop: str | int | None
     #: [token_text, logprob, [[top_text, top_logprob, top_id], ...], token_id, rank] or None (rank:
-    #: the token's vocabulary rank)
+    #: the token's vocabulary rank), then [[id, bytes], ...] for those of its tokens whose text is
+    #: not whole characters (only when there are some)
     logprob: list[Any] | None
     error: str | None
     #: with prompt_logprobs, on the first event: one entry per prompt token as ``logprob`` (None

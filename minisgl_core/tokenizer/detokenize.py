@@ -126,3 +126,40 @@ class IncrementalDetokenizer:
                     longest = max(longest, k)
                     break
         return longest
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """Byte-level BPE's (GPT-2's) spelling of bytes as characters, read back: the printable bytes
+    ``!``-``~``, ``¡``-``¬`` and ``®``-``ÿ`` stand for themselves, every other byte, in order, for
+    the characters from U+0100 on."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    table = {chr(b): b for b in printable}
+    others = [b for b in range(256) if chr(b) not in table]
+    table.update({chr(256 + i): b for i, b in enumerate(others)})
+    return table
+
+
+_BYTE_LEVEL = _byte_level_alphabet()
+
+
+def raw_token_bytes(tokenizer: Any, token_id: int) -> bytes | None:
+    """The bytes a token stands for, read from its vocabulary entry: a byte-fallback entry
+    (``<0xF0>``) or a byte-level BPE one (``ðŁĺ``); None for any other kind. For the tokens whose
+    text alone is not whole UTF-8 characters (decoded alone they show U+FFFD): the entries of
+    logprobs carry a token's bytes so that a client can join a character split across tokens."""
+    convert = getattr(tokenizer, "convert_ids_to_tokens", None)
+    piece = convert(token_id) if convert is not None else None
+    if not isinstance(piece, str) or not piece:
+        return None
+    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+        try:
+            return bytes([int(piece[3:5], 16)])
+        except ValueError:
+            return None
+    if all(ch in _BYTE_LEVEL for ch in piece):
+        return bytes(_BYTE_LEVEL[ch] for ch in piece)
+    return None

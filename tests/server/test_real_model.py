@@ -50,6 +50,33 @@ def test_a_prompt_of_long_tokens_that_fits_is_served(real_client):
     assert resp.usage.prompt_tokens == 900
 
 
+def test_logprob_bytes_join_a_character_split_across_tokens(real_client):
+    """OpenAI's ``bytes`` of a logprob entry are the token's own: SmolLM2 spells 😀 in three
+    byte-level tokens, each of whose text alone is U+FFFD; their bytes were those of U+FFFD."""
+    resp = real_client.chat.completions.create(
+        model="SmolLM2-135M-Instruct",
+        messages=[{"role": "user", "content": "Reply with an emoji."}],
+        max_tokens=8,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+        extra_body={"regex": "😀"},
+    )
+    choice = resp.choices[0]
+    assert choice.message.content == "😀"
+    entries = [e for e in choice.logprobs.content if e.token != "<|im_end|>"]
+    assert len(entries) == 3
+    assert bytes(b for e in entries for b in e.bytes).decode("utf-8") == "😀"
+    replacement = list("\ufffd".encode("utf-8"))
+    for e in entries:  # no entry, chosen or top, gives U+FFFD's bytes for a part of a character
+        assert all(t.bytes != replacement for t in [e, *e.top_logprobs]), e
+        assert all(
+            bytes(t.bytes).decode("utf-8", "replace") == t.token
+            for t in e.top_logprobs
+            if t.token != "\ufffd"
+        )
+
+
 def test_greedy_chat_equals_transformers(real_client, real_references):
     from concurrent.futures import ThreadPoolExecutor
 
