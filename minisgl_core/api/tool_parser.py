@@ -256,8 +256,15 @@ class JsonToolCallParser(ToolParser):
             self._ids.append(new_tool_call_id())
             self._sent_arguments.append(0)
             deltas_id, deltas_name = self._ids[-1], scan.name
+        arguments = scan.arguments
+        if scan.status == "partial" and self.call_close:
+            # Hold back what may be the close marker: a call that reaches its marker unfinished is
+            # malformed, and the marker is not arguments (a finished call sends the rest).
+            at = arguments.find(self.call_close)
+            keep = at if at >= 0 else len(arguments) - marker_prefix_length(arguments, self.call_close)
+            arguments = arguments[:keep]
         sent = self._sent_arguments[self._index]
-        new = scan.arguments[sent:]
+        new = arguments[sent:]
         if deltas_id is not None or new:
             self._out_calls.append(ToolCallDelta(self._index, deltas_id, deltas_name, new))
-            self._sent_arguments[self._index] = len(scan.arguments)
+            self._sent_arguments[self._index] = max(sent, len(arguments))

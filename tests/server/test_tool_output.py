@@ -170,6 +170,29 @@ def test_an_output_cut_off_part_way_ends_alike_streamed_or_not(parser, text):
         assert stream.finish_reason("stop") == whole.finish_reason("stop"), (cut, text[:cut])
 
 
+def test_a_close_marker_inside_an_unfinished_call_is_not_streamed_as_arguments():
+    """Hermes: a model that closes its call tag inside the arguments' string. Parsed whole the
+    call is malformed (content); streamed, its arguments went out up to the end, marker included
+    (``Par</tool_call>``). The stream now holds back text that is or may become the marker."""
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par</tool_call>'
+    plan = ToolPlan(HermesToolParser, [WEATHER])
+    whole = ChoiceOutput(plan, None)
+    assert "tool_calls" not in whole.message(text) and whole.finish_reason("stop") == "stop"
+    for cut in range(1, len(text) + 1):
+        stream = ChoiceOutput(plan, None)
+        deltas = [stream.delta(text[:cut], final=False), stream.delta(text[cut:], final=True)]
+        arguments = "".join(c["function"]["arguments"] for d in deltas for c in d.get("tool_calls", []))
+        assert "<" not in arguments and stream.finish_reason("stop") == "stop", (cut, arguments)
+    # the marker's text inside a finished call's string is its arguments, streamed as parsed whole
+    fine = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "a</tool_call>b"}}\n</tool_call>'
+    [call] = ChoiceOutput(plan, None).message(fine)["tool_calls"]
+    for cut in range(1, len(fine) + 1):
+        stream = ChoiceOutput(plan, None)
+        deltas = [stream.delta(fine[:cut], final=False), stream.delta(fine[cut:], final=True)]
+        arguments = "".join(c["function"]["arguments"] for d in deltas for c in d.get("tool_calls", []))
+        assert arguments == call["function"]["arguments"], cut
+
+
 def test_forced_output_that_is_not_calls_stays_content():
     assert ForcedToolCallParser([]).parse("Hello there").content == "Hello there"
 
