@@ -63,11 +63,26 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
+_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def _log_level(value: str) -> str:
+    """A logging level name, any case (argparse applies this to the environment's default too)."""
+    if value.lower() not in _LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(_LOG_LEVELS)}, got {value!r}")
+    return value.lower()
+
+
 def build_parser(plugins: Plugins | None = None) -> argparse.ArgumentParser:
     from minisgl_core.config_args import add_engine_args
 
     parser = _Parser(prog="minisgl", description="minisgl: a small plugin-based LLM serving engine")
-    parser.add_argument("--log-level", default=environment.get("MINISGL_LOG_LEVEL", "info"))
+    parser.add_argument(
+        "--log-level",
+        type=_log_level,
+        default=environment.get("MINISGL_LOG_LEVEL", "info"),
+        help="debug, info, warning, error or critical (env MINISGL_LOG_LEVEL)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("plugins", help="list discovered plugins")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -165,6 +166,11 @@ BAD_FLAGS = [
     ("serve", ["--port", "0", "--host", "nonexistent.invalid"], "--host 'nonexistent.invalid' is not an address"),
     ("serve", ["--port", "0", "--grammar-backend", "nope"], "unknown --grammar-backend 'nope'; installed: llguidance, xgrammar"),
     ("serve", ["--port", "0", "--chat-template", "/no/such.jinja"], "--chat-template: cannot read /no/such.jinja"),
+    # (the tiny model: 4 heads, 2 KV heads; a worker's traceback before)
+    ("serve", ["--port", "0", "--tp", "3"],
+     "--tp 3: the model's 4 attention heads (2 KV heads) do not split evenly over 3 ranks; use --tp 1 or 2 or 4"),
+    # (an empty key served without authentication, silently)
+    ("serve", ["--port", "0", "--api-key", ""], "--api-key is empty"),
     ("shell", ["--speculative-ngram-min", "3", "--speculative-ngram-max", "2"], "--speculative-ngram-min <= --speculative-ngram-max"),
     ("generate", ["hi", "--tp", "2"], "--tp 2: minisgl generate runs one process"),
     ("generate", ["hi", "--attn", "torch,torch,torch"], "--attn takes NAME, PREFILL,DECODE or auto"),
@@ -201,6 +207,30 @@ def test_a_setting_the_engine_refuses_is_one_line_on_the_command_line(model_dir,
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("minisgl: error: ") and says in lines[0], lines
     assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_a_chat_template_that_does_not_compile_is_refused_at_start_up(model_dir, tmp_path):
+    """A Jinja syntax error started the server, then made every chat request a 400."""
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{% for m in messages %}{{ m.content }\n{% endfor")
+    proc = _cli(
+        "serve", "--port", "0", "--model", str(model_dir), "--device", "cpu", "--chat-template", str(bad)
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [f"minisgl: error: --chat-template: {bad}, line 1: unexpected '}}'"]
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_an_unknown_log_level_is_one_line(how):
+    """It was a traceback (logging's ValueError), from the flag or MINISGL_LOG_LEVEL."""
+    args = ["--log-level", "bogus", "plugins"] if how == "flag" else ["plugins"]
+    env = {**os.environ, "MINISGL_LOG_LEVEL": "bogus"} if how == "env" else None
+    proc = subprocess.run([sys.executable, "-m", "minisgl_core", *args], capture_output=True, text=True,
+                          timeout=120, stdin=subprocess.DEVNULL, env=env)  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.splitlines()[-1] == (
+        "minisgl: error: argument --log-level: must be one of debug, info, warning, error, critical, got 'bogus'"
+    )
 
 
 def test_serve_on_a_port_in_use_or_out_of_range_is_one_line_before_anything_loads(model_dir):

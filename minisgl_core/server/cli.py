@@ -168,6 +168,11 @@ def _serve_options(args: argparse.Namespace):
     from minisgl_core.processes.runtime import RuntimeOptions
     from minisgl_core.server.launcher import ServeOptions
 
+    if args.api_key is not None and not args.api_key.strip():
+        raise ConfigError(
+            "--api-key is empty (or MINISGL_API_KEY is set to nothing): give a key, or leave both "
+            "unset for a server without authentication"
+        )
     if args.api_key and environment.get("MINISGL_API_KEY") != args.api_key:
         logger.warning(
             "--api-key is visible to every local user in the process list; prefer env MINISGL_API_KEY"
@@ -178,6 +183,8 @@ def _serve_options(args: argparse.Namespace):
     plugin_options = {d: getattr(args, d) for d in getattr(args, "plugin_dests", [])}
     config = engine_config_from_args(args, plugin_options)
     check_model(config.model, plugins)  # a bad file fails here in one line, before any process starts
+    if config.tp_size > 1:
+        _check_heads_split(config.model, config.tp_size, plugins)
     if config.grammar_backend != EngineConfig.grammar_backend and config.grammar_backend not in plugins.names(
         "grammars"
     ):  # a name given and not installed; the default, missing, leaves a server for free text
@@ -225,12 +232,55 @@ def _serve_options(args: argparse.Namespace):
 
 
 def _read_chat_template(path: str | None) -> str | None:
+    """The template's text, compiled once here: a syntax error is a start-up error, not a 400 on
+    every chat request later."""
     if path is None:
         return None
     try:
-        return Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"--chat-template: cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"--chat-template: {path} is not UTF-8 text ({exc.reason})") from None
+    from jinja2 import TemplateSyntaxError
+
+    try:
+        _compile_chat_template(text)
+    except TemplateSyntaxError as exc:
+        raise ConfigError(f"--chat-template: {path}, line {exc.lineno}: {exc.message}") from None
+    return text
+
+
+def _compile_chat_template(text: str) -> None:
+    """Compile ``text`` as transformers will (its extensions: ``{% generation %}``, loop controls);
+    with an older transformers, a plain Jinja environment with loop controls."""
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError:
+        from jinja2 import Environment
+
+        Environment(extensions=["jinja2.ext.loopcontrols"]).parse(text)
+        return
+    _compile_jinja_template(text)
+
+
+def _check_heads_split(model: str, tp_size: int, plugins: Plugins) -> None:
+    """``--tp N`` needs the attention heads to split evenly over the ranks (and the KV heads to
+    split, or to be a divisor of N, each then shared by N / heads ranks), as the layers shard them:
+    said at start-up in one line, not as a worker's traceback."""
+    from minisgl_core.checkpoint.formats import open_model
+
+    hf = open_model(model, plugins).hf_config()
+    heads = hf.get("num_attention_heads")
+    kv_heads = hf.get("num_key_value_heads", heads)
+    if not isinstance(heads, int) or not isinstance(kv_heads, int) or heads < 1 or kv_heads < 1:
+        return  # (not a decoder config we know: the model plugin decides)
+    fits = [n for n in range(1, heads + 1) if heads % n == 0 and (kv_heads % n == 0 or n % kv_heads == 0)]
+    if tp_size not in fits:
+        raise ConfigError(
+            f"--tp {tp_size}: the model's {heads} attention heads ({kv_heads} KV heads) do not split "
+            f"evenly over {tp_size} ranks; use --tp {' or '.join(map(str, fits))}"
+        )
 
 
 def _api_options(args: argparse.Namespace, plugins: Plugins, chat_template: str | None):
