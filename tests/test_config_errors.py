@@ -172,6 +172,9 @@ BAD_FLAGS = [
     # (an empty key served without authentication, silently)
     ("serve", ["--port", "0", "--api-key", ""], "--api-key is empty"),
     ("shell", ["--speculative-ngram-min", "3", "--speculative-ngram-max", "2"], "--speculative-ngram-min <= --speculative-ngram-max"),
+    # (each turn was an error once the model had loaded)
+    ("shell", ["--max-tokens", "0"], "--max-tokens must be an integer in [1, 2**63-1], got 0"),
+    ("serve", ["--port", "0", "--shell", "--temperature", "-1"], "--temperature must be >= 0, got -1.0"),
     ("generate", ["hi", "--tp", "2"], "--tp 2: minisgl generate runs one process"),
     ("generate", ["hi", "--attn", "torch,torch,torch"], "--attn takes NAME, PREFILL,DECODE or auto"),
     ("generate", ["hi", "--num-kv-tokens", "1"], "--num-kv-tokens must hold two pages at least"),

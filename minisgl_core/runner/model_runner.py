@@ -192,6 +192,11 @@ class ModelRunner:
         spec = self.model.kv_spec
         max_pos = int(self.hf_config.get("max_position_embeddings", 4096))
         self.max_context_len = min(config.max_context_len or max_pos, max_pos)
+        if config.max_context_len and config.max_context_len > max_pos and parallel.tp_rank == 0:
+            logger.warning(
+                "--max-context-len %d is more than the model's max_position_embeddings %d: using %d",
+                config.max_context_len, max_pos, max_pos,
+            )  # fmt: skip
         self.vocab_size = int(self.hf_config["vocab_size"])
         num_pages = self._num_kv_pages(spec.num_layers, spec.num_kv_heads, spec.head_dim) + 1
         self.kv_cache = KVCache(

@@ -314,14 +314,30 @@ def _shell_foreground(args: argparse.Namespace):
     return foreground
 
 
+def _check_shell_args(args: argparse.Namespace) -> None:
+    """The shell's --temperature and --max-tokens, checked before anything loads (as generate's):
+    a bad one made every turn an error after the model had loaded."""
+    from minisgl_core.sampling import SamplingParams
+
+    try:
+        SamplingParams(
+            temperature=1.0 if args.temperature is None else args.temperature, max_tokens=args.max_tokens
+        )
+    except ValueError as exc:  # the message names the field
+        raise ConfigError(str(exc), *(f for f in ("temperature", "max_tokens") if f in str(exc))) from None
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     from minisgl_core.server.launcher import serve
 
+    if args.shell:
+        _check_shell_args(args)
     opts, plugins = _serve_options(args)
     return serve(opts, plugins, _shell_foreground(args) if args.shell else None)
 
 
 def _cmd_shell(args: argparse.Namespace) -> int:
+    _check_shell_args(args)
     if args.url:
         url = args.url.rstrip("/")
         try:
