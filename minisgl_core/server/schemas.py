@@ -137,8 +137,8 @@ class JsonSchemaFormat(StrictModel):
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    name: str
-    description: str | None = None
+    name: Text
+    description: Text | None = None
     schema_: FreeObject | Bool | None = Field(default=None, alias="schema")
     #: accepted; the output always follows the schema exactly (what strict asks for)
     strict: Bool | None = None
@@ -167,12 +167,12 @@ class ResponseFormat(StrictModel):
 class StructuredOutputs(StrictModel):
     """vLLM's ``structured_outputs``: exactly one constraint."""
 
-    json_: FreeObject | str | None = Field(default=None, alias="json")
-    regex: str | None = None
-    choice: list[str] | None = Field(default=None, min_length=1)
-    grammar: str | None = None
+    json_: FreeObject | Text | None = Field(default=None, alias="json")
+    regex: Text | None = None
+    choice: list[Text] | None = Field(default=None, min_length=1)
+    grammar: Text | None = None
     json_object: Bool | None = None
-    structural_tag: str | None = None
+    structural_tag: Text | None = None
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -216,8 +216,8 @@ class GrammarFields(StrictModel):
 
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
-    regex: str | None = None
-    ebnf: str | None = None
+    regex: Text | None = None
+    ebnf: Text | None = None
 
     @model_validator(mode="after")
     def _one_grammar(self) -> GrammarFields:
@@ -261,13 +261,13 @@ class TextPart(StrictModel):
 
 
 class FunctionCall(StrictModel):
-    name: str
+    name: Text
     #: JSON text, as OpenAI sends it
-    arguments: str
+    arguments: Text
 
 
 class AssistantToolCall(StrictModel):
-    id: str
+    id: Text
     type: Literal["function"] = "function"
     function: FunctionCall
 
@@ -349,8 +349,8 @@ class ChatMessage(StrictModel):
 
 
 class FunctionDefinition(StrictModel):
-    name: str = Field(min_length=1)
-    description: str | None = None
+    name: Text = Field(min_length=1)
+    description: Text | None = None
     #: a JSON schema of the arguments object
     parameters: FreeObject | None = None
     strict: Bool | None = None
@@ -362,7 +362,7 @@ class ToolDefinition(StrictModel):
 
 
 class FunctionName(StrictModel):
-    name: str
+    name: Text
 
 
 class NamedToolChoice(StrictModel):
@@ -556,7 +556,7 @@ class CompletionRequest(SamplingFields):
     #: answer with the prompt followed by the completion
     echo: Bool = False
     #: fill-in-the-middle text after the completion: not supported, rejected with a 400
-    suffix: str | None = None
+    suffix: Text | None = None
 
     @model_validator(mode="after")
     def _check_completion(self) -> CompletionRequest:
@@ -603,9 +603,9 @@ class GenerateSampling(StrictModel):
     #: SGLang's: no stop before this many new tokens
     min_new_tokens: Int = 0
     #: SGLang's constraints: a JSON schema (as JSON text), a regex or an EBNF grammar; one at most
-    json_schema: str | None = None
-    regex: str | None = None
-    ebnf: str | None = None
+    json_schema: Text | None = None
+    regex: Text | None = None
+    ebnf: Text | None = None
 
     @model_validator(mode="after")
     def _one_grammar(self) -> GenerateSampling:

@@ -99,6 +99,18 @@ def test_a_lone_surrogate_in_free_form_json_is_a_400(tools_server, model_name):
     for extra, param in [
         ({"tools": [tool]}, "tools.0.function.parameters"),
         ({"chat_template_kwargs": {"x": [{"\udc00": 1}]}}, "chat_template_kwargs"),
+        # (plain string fields of the tool too: the description was a 500)
+        (
+            {
+                "tools": [{"type": "function", "function": {"name": "f", "description": "\ud800"}}],
+                "tool_choice": "none",
+            },
+            "tools.0.function.description",
+        ),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "\ud800", "schema": {}}}},
+            "response_format.json_schema.name",
+        ),
     ]:
         body = json.dumps({"model": model_name, "messages": ASK, "max_tokens": 1, **extra})  # escapes it
         resp = httpx.post(f"{tools_server.url}/v1/chat/completions", content=body, timeout=60,
