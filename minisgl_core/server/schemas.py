@@ -12,6 +12,7 @@ errors naming the field.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -48,19 +49,25 @@ def _utf8(text: str) -> str:
 Text = Annotated[str, AfterValidator(_utf8)]
 
 
-def _utf8_throughout(value: Any) -> Any:
-    """Every string (keys too) of free-form JSON, as :func:`_utf8` checks one: a lone surrogate in
-    a tool's parameter schema was a 500 (the message to the tokenizer process cannot carry it)."""
+def json_strings(value: Any) -> Iterator[str]:
+    """Every string (keys too) of a JSON-like value, without recursion (the nesting is the client's)."""
     stack = [value]
-    while stack:  # (no recursion: the nesting is the client's)
+    while stack:
         item = stack.pop()
         if isinstance(item, str):
-            _utf8(item)
+            yield item
         elif isinstance(item, dict):
             stack.extend(item.keys())
             stack.extend(item.values())
-        elif isinstance(item, list):
+        elif isinstance(item, (list, tuple)):
             stack.extend(item)
+
+
+def _utf8_throughout(value: Any) -> Any:
+    """Every string of free-form JSON, as :func:`_utf8` checks one: a lone surrogate in a tool's
+    parameter schema was a 500 (the message to the tokenizer process cannot carry it)."""
+    for text in json_strings(value):
+        _utf8(text)
     return value
 
 

@@ -28,24 +28,9 @@ from minisgl_core.sampling import SamplingParams
 from minisgl_core.server.errors import APIError
 from minisgl_core.server.limits import ServerLimits
 from minisgl_core.server.metrics import Metrics
+from minisgl_core.server.schemas import json_strings
 
 logger = logging.getLogger(__name__)
-
-
-def text_chars(value: Any) -> int:
-    """Characters in every string (dictionary keys too) of a JSON-like value, without recursion
-    (request bodies may nest deeply)."""
-    total, stack = 0, [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            total += len(item)
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
-    return total
 
 
 @dataclass(frozen=True)
@@ -356,7 +341,7 @@ class ServerState:
         tokenizer spends seconds on it (and every other request waits): every string of the
         messages (content parts, tool calls) and of the chat template's arguments (tools,
         chat_template_kwargs) counts, as the template may render any of them."""
-        chars = (len(text) if text is not None else 0) + text_chars(messages) + text_chars(template_args)
+        chars = sum(map(len, json_strings([text, messages, template_args])))
         bound = self.limits.max_prompt_chars(self.model.max_context_len, self.model.max_token_chars)
         if chars > bound:
             raise APIError(
