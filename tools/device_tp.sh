@@ -20,11 +20,15 @@
 # TP=1 with MINISGL_PDL=0 and =1 alternating.
 # "barrier": the check (no tests), then TP=2, TP=2 with MINISGL_SYMM_MEM_NORM_BARRIER=0 (the fused
 # kernel behind PyTorch's barrier kernel), TP=1, TP=2, TP=2 with it =0.
+# "auto": no tests, no check; TP=2, TP=1, TP=2 with MINISGL_PDL=1, TP=2 (for ATTN=auto, the default's
+# FA3 prefill + Triton decode: the first TP=2 run pays the FA3 JIT in its start-up).
+# ATTN (default fi, as every run above measured) picks the attention backends of every run.
 # Results: $OUT/allreduce.json, $OUT/bench.jsonl, $OUT/logs.tgz.
 set -uo pipefail
 what=${1:-check}
 out=${OUT:-/tmp/out}; logs=/tmp/logs; mkdir -p "$out" $logs
 m=/tmp/m
+attn=${ATTN:-fi}
 python3 -m minisgl_core bench make-model --shape llama-3.1-8b --out $m/llama-3.1-8b --device cuda >/dev/null &
 if [[ $what == pages ]]; then
   python3 -m minisgl_core bench make-model --shape qwen3-0.6b --out $m/qwen3-0.6b --device cuda >/dev/null
@@ -46,8 +50,8 @@ if [[ $what == check || $what == pairs || $what == ab || $what == norm || $what 
   grep -m3 -i "error\|fail\|warn" $logs/allreduce.log
 fi
 wait
-bench() { timeout 200 python3 -m minisgl_core bench offline --model $m/llama-3.1-8b --attn fi --output "$out/bench.jsonl" "$@" | tail -n 1 \
-  | python3 -c 'import json, sys; d = json.loads(sys.stdin.read()); print(d["label"], d["output_tok_per_s"], d["seconds"], d.get("page_size", ""), d.get("decode", ""))'; }
+bench() { timeout 200 python3 -m minisgl_core bench offline --model $m/llama-3.1-8b --attn "$attn" --output "$out/bench.jsonl" "$@" | tail -n 1 \
+  | python3 -c 'import json, sys; d = json.loads(sys.stdin.read()); print(d["label"], d.get("attn", ""), d["output_tok_per_s"], d["seconds"], d.get("init_seconds", ""), d.get("page_size", ""), d.get("decode", ""))'; }
 tp1() { CUDA_VISIBLE_DEVICES=0 bench --label llama-3.1-8b-tp1 "$@" 2>>$logs/tp1.log; }
 tp2() { bench --tp 2 --label "llama-3.1-8b-tp2 symm-mem" 2>>$logs/tp2.log; }
 tp2_before() { MINISGL_SYMM_MEM_WIDE=0 MINISGL_VOCAB_PARALLEL_SAMPLING=0 bench --tp 2 \
@@ -79,6 +83,8 @@ elif [[ $what == pdl ]]; then
   tp2_pdl() { ( export MINISGL_PDL=$1; bench --tp 2 --label "llama-3.1-8b-tp2 MINISGL_PDL=$1" 2>>$logs/tp2.log ); }
   tp1_pdl() { ( export MINISGL_PDL=$1; tp1 --label "llama-3.1-8b-tp1 MINISGL_PDL=$1" ); }
   tp2_pdl 0; tp2_pdl 1; tp1_pdl 0; tp1_pdl 1; tp2_pdl 0; tp2_pdl 1
+elif [[ $what == auto ]]; then
+  tp2; tp1; ( export MINISGL_PDL=1; bench --tp 2 --label "llama-3.1-8b-tp2 MINISGL_PDL=1" 2>>$logs/tp2.log ); tp2
 elif [[ $what == barrier ]]; then
   tp2; tp2_without MINISGL_SYMM_MEM_NORM_BARRIER; tp1; tp2; tp2_without MINISGL_SYMM_MEM_NORM_BARRIER
 elif [[ $what == prof ]]; then
