@@ -8,7 +8,11 @@
 #   gemv:   the GEMV's launch sweep (tools/device_gemv_sweep.py, weights from HBM: $OUT/gemv-sweep.json), then
 #           batch-1 decode (16 requests offline, then --decode-latency) with --quantization fp8,
 #           pick_config's choice and the sweep's (tools/fp8_tuned_run.py) alternating, twice
-# Usage (repo root, .whl carried): source .whl/prelude.sh && bash tools/device_fp8.sh [checks|bench|all|gemv]
+#   head:   the fp8 plugin's CUDA tests (fp8-head's conformance among them), then Llama-3.1-8B
+#           batch-1 decode (--attn fi,triton, 4 requests offline first) with --quantization fp8
+#           and fp8-head alternating after a discarded first process, ROUNDS (2) times:
+#           $OUT/fp8_head_b1.jsonl; then the offline workload (--attn auto) fp8-head, fp8 while time lasts
+# Usage (repo root, .whl carried): source .whl/prelude.sh && bash tools/device_fp8.sh [checks|bench|all|gemv|head]
 # Success: "fp8 check passed: True" and three JSON lines whose output_throughput / ms_per_token
 # go up / down from the bf16 line to the fp8 ones.
 set -uo pipefail
@@ -49,5 +53,27 @@ print(d["label"], d["output_tok_per_s"], "tok/s; batch-1", d.get("decode", {}).g
     timeout 150 python3 tools/fp8_tuned_run.py "$out/gemv-sweep.json" "${args[@]}" --label "fp8 swept round $round" 2>>"$out/fp8_gemv_bench.log" | line
   done
   grep -E "Error|Traceback|configurations" "$out/fp8_gemv_bench.log" | head -5
+fi
+if [[ $what == head ]]; then
+  python3 -m minisgl_core bench make-model --shape llama-3.1-8b --out /tmp/m/llama-3.1-8b --device cuda > /dev/null &
+  timeout 150 python3 -m pytest -q -p no:cacheprovider plugins/quantization/fp8/tests -k "Cuda or gemv" > "$out/fp8_head_pytest.log" 2>&1
+  echo "fp8 plugin tests on CUDA: exit $? ($(tail -n 1 "$out/fp8_head_pytest.log")) ($((SECONDS - start)) s)"
+  wait
+  args=(bench offline --model /tmp/m/llama-3.1-8b --attn fi,triton --num-requests 4 --cuda-graph-max-bs 4
+        --piecewise-cuda-graph-max-tokens 0 --decode-latency)
+  line() { tail -n 1 | python3 -c 'import json, sys; d = json.loads(sys.stdin.read())
+print(d["label"], "init", d["init_seconds"], "s;", d["output_tok_per_s"], "tok/s; batch-1", d.get("decode", {}).get("ms_per_token"), "ms/token")'; }
+  timeout 200 python3 -m minisgl_core "${args[@]}" --quantization fp8 --label "warm-up (discarded)" 2>>"$out/fp8_head.log" | line
+  for round in $(seq "${ROUNDS:-2}"); do
+    for q in fp8 fp8-head; do
+      timeout 150 python3 -m minisgl_core "${args[@]}" --quantization $q --label "b1 $q (round $round)" \
+        --output "$out/fp8_head_b1.jsonl" 2>>"$out/fp8_head.log" | line
+    done
+  done
+  for q in fp8-head fp8; do
+    timeout 150 python3 -m minisgl_core bench offline --model /tmp/m/llama-3.1-8b --attn auto --quantization $q \
+      --label "offline $q" --output "$out/fp8_head_offline.jsonl" 2>>"$out/fp8_head.log" | line
+  done
+  grep -E "Error|Traceback" "$out/fp8_head.log" | head -5
 fi
 echo "device_fp8.sh: $((SECONDS - start)) s"

@@ -8,6 +8,7 @@ counts its tokens up to the divergence, none after); the *logprob distance* is
 chose the same token from the same context.
 
     python -m minisgl_core.testing.quant_accuracy      # the table in BENCHMARKS.md
+    python -m minisgl_core.testing.quant_accuracy --variant fp8 --variant fp8-head
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ VARIANTS: list[tuple[str, str | None, str]] = [
     ("int4", "int4", "auto"),
     ("int4-head", "int4-head", "auto"),
     ("fp8", "fp8", "auto"),
+    ("fp8-head", "fp8-head", "auto"),
     ("fp8 KV", None, "fp8_e4m3"),
     ("fp8 + fp8 KV", "fp8", "fp8_e4m3"),
 ]
@@ -120,11 +122,16 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help="default: the real default model")
+    labels = [label for label, _, _ in VARIANTS]
+    parser.add_argument(
+        "--variant", action="append", choices=labels, help="measure only these (repeatable; default: all)"
+    )
     args = parser.parse_args()
     model_dir = Path(resolve_model(args.model))
+    variants = [v for v in VARIANTS if args.variant is None or v[0] in args.variant]
     print("| variant | greedy agreement | identical prompts | mean |Δlogprob| | max |Δlogprob| |")
     print("|---|---|---|---|---|")
-    for result in measure(model_dir):
+    for result in measure(model_dir, variants):
         print(result.row(), flush=True)
 
 

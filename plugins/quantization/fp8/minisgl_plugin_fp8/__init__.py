@@ -1,4 +1,4 @@
-"""Entry point of the fp8 quantization method (thin: no heavy imports)."""
+"""Entry point of the fp8 quantization methods (thin: no heavy imports)."""
 
 from minisgl_core.api import hookimpl
 
@@ -8,3 +8,4 @@ MINISGL_API = "2.0"
 @hookimpl
 def minisgl_register_quantization_methods(register):
     register("fp8", "minisgl_plugin_fp8.method:Fp8Method")
+    register("fp8-head", "minisgl_plugin_fp8.method:Fp8HeadMethod")

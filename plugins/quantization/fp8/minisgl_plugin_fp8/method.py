@@ -138,3 +138,13 @@ class Fp8Method(QuantizationMethod):
             # tokens up to which native layers run the GEMV (0: never)
             "gemv_max_m": GEMV_MAX_M if GEMV_ENABLED and self.native else 0,
         }
+
+
+class Fp8HeadMethod(Fp8Method):
+    """``--quantization fp8-head``: :class:`Fp8Method` plus the LM head, with the same per-row
+    scales and per-token activations (the head is the largest single read of a batch-1 step:
+    1 GB of Llama-3.1-8B's 16 in bf16; the FP8 bandwidth bound counts it in e4m3). With tied
+    embeddings the head gets its own e4m3 table and the input embedding keeps the run dtype's."""
+
+    name = "fp8-head"
+    quantizes_lm_head = True

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from minisgl_plugin_fp8 import method as fp8_method
-from minisgl_plugin_fp8.method import FP8_MAX, Fp8Method, quantize_rows
+from minisgl_plugin_fp8.method import FP8_MAX, Fp8HeadMethod, Fp8Method, quantize_rows
 
 from minisgl_core.testing.packaging_suite import PluginPackagingSuite
 from minisgl_core.testing.quantization_suite import QuantizationMethodSuite
@@ -28,9 +28,21 @@ class TestFp8Bfloat16Cuda(QuantizationMethodSuite):
     max_relative_error = 0.05
 
 
+class TestFp8HeadFloat32(QuantizationMethodSuite):
+    method_cls = Fp8HeadMethod
+    max_relative_error = 0.05
+
+
+class TestFp8HeadBfloat16Cuda(QuantizationMethodSuite):
+    method_cls = Fp8HeadMethod
+    device = "cuda"
+    dtype = torch.bfloat16
+    max_relative_error = 0.05
+
+
 class TestFp8Packaging(PluginPackagingSuite):
     plugin = "fp8"
-    provides = {"quantization": ["fp8"]}
+    provides = {"quantization": ["fp8", "fp8-head"]}
 
 
 def test_quantize_rows_maps_each_rows_largest_magnitude_to_448():
