@@ -451,10 +451,16 @@ def test_a_grammar_that_allows_no_next_token_part_way_fails_its_request_as_inval
     sampler has nothing to choose from, and the grammar rejects what it draws. That was an engine
     error (a 500 in a server, with the rejected token in the output); it is the grammar's, so the
     request fails as "invalid" (a 400) saying so, with only the tokens the grammar allowed, and its
-    neighbour is untouched. Found by a random-schema fuzz run on the default model."""
+    neighbour is untouched. Found by a random-schema fuzz run on the default model. (Each
+    reference to itself sits in a one-branch anyOf: xgrammar 0.2.9 refuses a bare ``$ref`` chain
+    back to itself at compile; 0.2.8 and 0.2.9 both compile these, with the same dead end.)"""
     llm = LLM(model_dir, device="cpu", dtype="float32", attn="torch", grammar_backend="xgrammar")
-    itself = {"type": "object", "properties": {"a": {"$ref": "#/properties/a"}}, "required": ["a"]}
-    nested = {"type": "array", "items": {"$ref": "#/items"}, "minItems": 1}
+    itself = {
+        "type": "object",
+        "properties": {"a": {"anyOf": [{"$ref": "#/properties/a"}]}},
+        "required": ["a"],
+    }
+    nested = {"type": "array", "items": {"anyOf": [{"$ref": "#/items"}]}, "minItems": 1}
     specs = [GrammarSpec("json_schema", json.dumps(s)) for s in (itself, nested)]
     outs = llm.generate(
         [[11, 12], [13, 14], [15, 16]],
@@ -475,13 +481,19 @@ def test_a_required_property_that_is_itself_is_invalid_on_the_real_model(default
     llguidance's matcher errs at the first token of ``{"a": {"$ref": "#"}}`` (which xgrammar
     nests without end), though its mask still allowed some: the plugin now gives an erring
     matcher an empty row. Each is a 400-style "invalid", not an engine error with a token the
-    grammar had rejected in the output (both were: found by a fuzz run)."""
+    grammar had rejected in the output (both were: found by a fuzz run). For xgrammar the
+    reference sits in a one-branch anyOf: 0.2.9 refuses a bare ``$ref`` chain back to itself at
+    compile; 0.2.8 and 0.2.9 both compile the wrapped one, with the same dead end."""
     llm = LLM(default_model_dir, device="cpu", grammar_backend=backend)
     refs = ["#/properties/a"] + (["#"] if backend == "llguidance" else [])
+
+    def value(ref: str) -> dict:
+        return {"anyOf": [{"$ref": ref}]} if backend == "xgrammar" else {"$ref": ref}
+
     specs = [
         GrammarSpec(
             "json_schema",
-            json.dumps({"type": "object", "properties": {"a": {"$ref": ref}}, "required": ["a"]}),
+            json.dumps({"type": "object", "properties": {"a": value(ref)}, "required": ["a"]}),
         )
         for ref in refs
     ]
@@ -504,7 +516,8 @@ def test_a_large_grammar_no_token_can_begin_fails_its_request_as_invalid(model_d
     a request whose grammar allows no first token finishes "invalid" with the cause, and its
     neighbour is untouched."""
     llm = LLM(model_dir, device="cpu", dtype="float32", attn="torch", grammar_backend=backend)
-    schema = {"$ref": "#", "properties": {f"p{i}": {"type": "string"} for i in range(400)}}
+    # the reference in a one-branch anyOf: xgrammar 0.2.9 refuses a bare {"$ref": "#"} at compile
+    schema = {"anyOf": [{"$ref": "#"}], "properties": {f"p{i}": {"type": "string"} for i in range(400)}}
     spec = GrammarSpec("json_schema", json.dumps(schema))
     outs = llm.generate(
         prompts(2), [constrained(spec, max_tokens=8), SamplingParams(temperature=0.0, max_tokens=8)]
