@@ -20,6 +20,7 @@
 # TP=1 with MINISGL_PDL=0 and =1 alternating.
 # "barrier": the check (no tests), then TP=2, TP=2 with MINISGL_SYMM_MEM_NORM_BARRIER=0 (the fused
 # kernel behind PyTorch's barrier kernel), TP=1, TP=2, TP=2 with it =0.
+# "profile": tools/device_tp_profile.py at TP=2, then TP=1 (windows 100 450 850; $OUT/profile-tp{2,1}.{json,txt}).
 # "auto": no tests, no check; TP=2, TP=1, TP=2 with MINISGL_PDL=1, TP=2 (for ATTN=auto, the default's
 # FA3 prefill + Triton decode: the first TP=2 run pays the FA3 JIT in its start-up).
 # ATTN (default fi, as every run above measured) picks the attention backends of every run.
@@ -83,12 +84,19 @@ elif [[ $what == pdl ]]; then
   tp2_pdl() { ( export MINISGL_PDL=$1; bench --tp 2 --label "llama-3.1-8b-tp2 MINISGL_PDL=$1" 2>>$logs/tp2.log ); }
   tp1_pdl() { ( export MINISGL_PDL=$1; tp1 --label "llama-3.1-8b-tp1 MINISGL_PDL=$1" ); }
   tp2_pdl 0; tp2_pdl 1; tp1_pdl 0; tp1_pdl 1; tp2_pdl 0; tp2_pdl 1
+elif [[ $what == profile ]]; then
+  for tp in 2 1; do  # (the first pays FlashInfer's FA3 JIT on a fresh machine; TP=1 gets what is left of 560 s)
+    limit=$((tp == 2 ? 380 : 560 - SECONDS)); ((limit > 60)) || break
+    timeout $limit python3 tools/device_tp_profile.py $m/llama-3.1-8b --attn "$attn" --tp $tp --windows 100 450 850 \
+      --json "$out/profile-tp$tp.json" > "$out/profile-tp$tp.txt" 2>>$logs/profile.log
+    echo "profile TP=$tp exit $?"; grep -v '^ ' "$out/profile-tp$tp.txt" | cut -c1-400
+  done
 elif [[ $what == auto ]]; then
   tp2; tp1; ( export MINISGL_PDL=1; bench --tp 2 --label "llama-3.1-8b-tp2 MINISGL_PDL=1" 2>>$logs/tp2.log ); tp2
 elif [[ $what == barrier ]]; then
   tp2; tp2_without MINISGL_SYMM_MEM_NORM_BARRIER; tp1; tp2; tp2_without MINISGL_SYMM_MEM_NORM_BARRIER
 elif [[ $what == prof ]]; then
-  timeout 200 python3 tools/device_tp_profile.py $m/llama-3.1-8b --attn fi --tp 2 --windows 100 450 850 \
+  timeout 200 python3 tools/device_tp_profile.py $m/llama-3.1-8b --attn "$attn" --tp 2 --windows 100 450 850 \
     --json "$out/profile-tp2.json" > "$out/profile-tp2.txt" 2>>$logs/profile.log
   echo "profile exit $?"; grep '^{' "$out/profile-tp2.txt" | cut -c1-400
   tp2; tp1

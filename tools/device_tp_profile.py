@@ -27,10 +27,19 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 #: kernel families by name, first match wins
 FAMILIES = (
-    ("all-reduce (symm-mem)", re.compile(r"one_shot|two_shot|symm|multimem", re.I)),
+    (
+        "all-reduce (symm-mem)",
+        re.compile(r"one_shot|two_shot|symm|multimem|sum_add_rms_norm|barrier_kernel", re.I),
+    ),
     ("nccl", re.compile(r"nccl", re.I)),
     ("sampler", re.compile(r"gumbel|argmax|_chunk_max", re.I)),
-    ("attention", re.compile(r"flashinfer|BatchDecode|BatchPrefill|Attention|merge_state|fmha", re.I)),
+    (
+        "attention",
+        re.compile(
+            r"flashinfer|BatchDecode|BatchPrefill|Attention|merge_state|fmha|decode_kernel|merge_kernel|prefix_kernel",
+            re.I,
+        ),
+    ),
     ("gemm", re.compile(r"gemm|nvjet|sm90_xmma|cutlass|cublas|splitK|Kernel2", re.I)),
     ("copy/cat", re.compile(r"copy|cat|Memcpy|Memset|elementwise_kernel_with_index|index", re.I)),
 )
