@@ -4,7 +4,8 @@ chat prompts (``python -m minisgl_core.testing.quant_accuracy`` adds the fp8 KV 
 ``--quantization int4`` / ``int4-head`` against transformers float32 on the same prompts.
 
 Measured (BENCHMARKS.md, "Quantization accuracy"): int8 agrees on 78.9% of greedy tokens (mean
-|Δlogprob| 0.037, 2026-11-25), fp8 on 35.8% (0.086, 2026-11-26). The thresholds sit under those
+|Δlogprob| 0.037, 2026-11-25), fp8 on 35.8% (0.086, 2026-11-26), fp8-head (the LM head in e4m3
+too) on 50.0% (0.115: farther by the mean, the agreement being the noisy measure; 2026-11-28). The thresholds sit under those
 figures with room for another CPU's summation order, so a change that makes a method clearly less
 accurate fails. For fp8 the mean distance is the guard: its greedy agreement moved between 33.7%
 and 42.6% (0.076-0.089 mean) over four emulations of nearly the same arithmetic (the operands
@@ -22,7 +23,7 @@ import pytest
 from minisgl_core.testing.quant_accuracy import VARIANTS, Agreement, measure
 
 #: label -> (least greedy agreement, largest mean |Δlogprob|) allowed
-THRESHOLDS = {"int8": (0.70, 0.05), "fp8": (0.28, 0.11)}
+THRESHOLDS = {"int8": (0.70, 0.05), "fp8": (0.28, 0.11), "fp8-head": (0.28, 0.14)}
 
 
 @pytest.fixture(scope="module")
