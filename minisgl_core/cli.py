@@ -43,7 +43,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if not all(args.prompt):
         raise ConfigError("a prompt is empty: give each prompt some text")
     fields = {k: v for k, v in vars(config).items() if k not in ("model", "tp_size")}
-    llm = LLM(config.model, **fields)
+    llm = LLM(config.model, disable_plugins=args.disable_plugin, **fields)
     try:
         outputs = llm.generate(args.prompt, params)
     except ValueError as exc:  # a prompt the model cannot take (e.g. longer than its context)

@@ -138,20 +138,20 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--speculative-num-draft-tokens",
         type=int,
-        default=_default("speculative_num_draft_tokens"),
-        help="most draft tokens per request per step",
+        default=None,
+        help=f"most draft tokens per request per step (default {_default('speculative_num_draft_tokens')}; needs --speculative-algorithm)",
     )
     g.add_argument(
         "--speculative-ngram-max",
         type=int,
-        default=_default("speculative_ngram_max"),
-        help="longest n-gram the ngram drafter matches",
+        default=None,
+        help=f"longest n-gram the ngram drafter matches (default {_default('speculative_ngram_max')}; needs --speculative-algorithm)",
     )
     g.add_argument(
         "--speculative-ngram-min",
         type=int,
-        default=_default("speculative_ngram_min"),
-        help="shortest n-gram the ngram drafter matches",
+        default=None,
+        help=f"shortest n-gram the ngram drafter matches (default {_default('speculative_ngram_min')}; needs --speculative-algorithm)",
     )
     g.add_argument(
         "--disable-plugin", action="append", default=[], metavar="NAME", help="skip a plugin (repeatable)"
@@ -203,6 +203,9 @@ ENGINE_FIELDS = (
 )
 
 
+#: speculative decoding's tuning flags: only with --speculative-algorithm
+SPECULATIVE_TUNING = ("speculative_num_draft_tokens", "speculative_ngram_max", "speculative_ngram_min")
+
 #: settings whose flag is not ``--`` and the field's name with dashes
 _FLAGS = {"tp_size": "--tp"}
 
@@ -226,6 +229,11 @@ def engine_config_from_args(
     from minisgl_core.checkpoint.path_check import check_model_path
 
     values = {name: getattr(args, name) for name in ENGINE_FIELDS}
+    for name in SPECULATIVE_TUNING:  # None: not given, EngineConfig's default
+        if values[name] is None:
+            del values[name]
+        elif args.speculative_algorithm is None:  # would be ignored: speculative decoding is off
+            raise ConfigError(f"{name} needs speculative_algorithm (ngram)", name, "speculative_algorithm")
     model = resolve_model(args.model)
     check_model_path(model)
     if getattr(args, "step_trace", None):  # else EngineConfig's default: $MINISGL_STEP_TRACE

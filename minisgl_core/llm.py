@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,7 +53,10 @@ class LLM:
     (``generation_config.json``; ``generation_config="none"`` ignores them), and
     :meth:`sampling_params` builds SamplingParams with the same precedence as the HTTP server: a
     field you give > the model's default > SamplingParams' (OpenAI's) default. A SamplingParams
-    you build yourself is taken as it is."""
+    you build yourself is taken as it is.
+
+    ``disable_plugins`` names installed plugins to skip (as ``--disable-plugin``); a name no
+    installed plugin has is an error."""
 
     def __init__(
         self,
@@ -66,6 +69,7 @@ class LLM:
         max_prefill_tokens: int = 8192,
         dtype: str = "auto",
         device: str = "auto",
+        disable_plugins: Iterable[str] = (),
         **engine_options: Any,
     ) -> None:
         resolved = resolve_model(model)
@@ -81,7 +85,9 @@ class LLM:
             device=device,
             **engine_options,
         )
-        plugins = Plugins.load()
+        if isinstance(disable_plugins, str):
+            disable_plugins = [disable_plugins]
+        plugins = Plugins.load(disable=disable_plugins)
         self._context = ProcessContext(role="offline", options=dict(engine_options))
         plugins.call_hook("minisgl_process_start", ctx=self._context)
         self.engine = Engine(self.config, ParallelContext(), plugins)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import logging
 import sys
 import warnings
 from collections.abc import Iterable
@@ -23,6 +24,8 @@ from packaging.version import Version
 
 from minisgl_core import environment
 from minisgl_core.api import API_VERSION, hookspecs
+
+logger = logging.getLogger(__name__)
 
 GROUP = "minisgl.plugins"
 KINDS = (
@@ -174,13 +177,24 @@ class Plugins:
         ``MINISGL_DISABLE_PLUGINS`` (comma-separated)."""
         if allow is None:
             allow = environment.split_list(environment.get("MINISGL_PLUGINS"))
-        disabled = set(disable) | set(
-            environment.split_list(environment.get("MINISGL_DISABLE_PLUGINS")) or []
-        )
+        disable = list(disable)
+        from_env = set(environment.split_list(environment.get("MINISGL_DISABLE_PLUGINS")) or [])
+        disabled = set(disable) | from_env
         allowed = None if allow is None else set(allow)
         self = cls()
         if entry_points is None:
             entry_points = metadata.entry_points(group=GROUP)
+        entry_points = list(entry_points)
+        names = sorted({ep.name for ep in entry_points})
+        unknown = sorted(set(disable) - set(names))
+        if unknown:  # a misspelt name would leave the plugin it meant loaded, silently
+            raise PluginError(
+                f"no plugin named {', '.join(map(repr, unknown))} to disable; installed: {', '.join(names)}"
+            )
+        for name in sorted((from_env | (allowed or set())) - set(names)):
+            logger.warning(
+                "MINISGL_DISABLE_PLUGINS or MINISGL_PLUGINS names %r: no installed plugin has that name", name
+            )
         seen: set[str] = set()
         for ep in sorted(entry_points, key=lambda e: e.name):
             if ep.name in seen:  # the same distribution visible twice on sys.path

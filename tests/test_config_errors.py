@@ -171,7 +171,16 @@ BAD_FLAGS = [
      "--tp 3: the model's 4 attention heads (2 KV heads) do not split evenly over 3 ranks; use --tp 1 or 2 or 4"),
     # (an empty key served without authentication, silently)
     ("serve", ["--port", "0", "--api-key", ""], "--api-key is empty"),
-    ("shell", ["--speculative-ngram-min", "3", "--speculative-ngram-max", "2"], "--speculative-ngram-min <= --speculative-ngram-max"),
+    ("shell", ["--speculative-algorithm", "ngram", "--speculative-ngram-min", "3", "--speculative-ngram-max", "2"],
+     "--speculative-ngram-min <= --speculative-ngram-max"),
+    # (speculative decoding's tuning without the algorithm was ignored silently: decoding ran without it)
+    ("generate", ["hi", "--speculative-num-draft-tokens", "8"], "--speculative-num-draft-tokens needs --speculative-algorithm (ngram)"),
+    ("serve", ["--port", "0", "--speculative-ngram-max", "2"], "--speculative-ngram-max needs --speculative-algorithm (ngram)"),
+    # (a misspelt name left the plugin it meant loaded, silently)
+    ("serve", ["--port", "0", "--disable-plugin", "xgramar"], "no plugin named 'xgramar' to disable; installed: "),
+    ("bench", ["offline", "--num-requests", "1", "--disable-plugin", "nope"], "no plugin named 'nope' to disable"),
+    # (generate and bench offline ignored --disable-plugin: every plugin loaded, torch attention ran)
+    ("generate", ["hi", "--disable-plugin", "torch", "--attn", "torch"], "--attn 'torch' is unavailable: plugin 'torch'"),
     # (each turn was an error once the model had loaded)
     ("shell", ["--max-tokens", "0"], "--max-tokens must be an integer in [1, 2**63-1], got 0"),
     ("serve", ["--port", "0", "--shell", "--temperature", "-1"], "--temperature must be >= 0, got -1.0"),
@@ -450,7 +459,7 @@ def test_every_engine_flag_defaults_to_the_engine_config_default(command):
     import dataclasses
 
     from minisgl_core.bench.cli import add_bench_command
-    from minisgl_core.config_args import ENGINE_FIELDS, add_engine_args
+    from minisgl_core.config_args import ENGINE_FIELDS, SPECULATIVE_TUNING, add_engine_args
     from minisgl_core.server.cli import add_server_commands
 
     parser = argparse.ArgumentParser()
@@ -460,9 +469,11 @@ def test_every_engine_flag_defaults_to_the_engine_config_default(command):
     args = parser.parse_args(command)
     defaults = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
     assert set(ENGINE_FIELDS) <= set(defaults)
-    assert {name: getattr(args, name) for name in ENGINE_FIELDS} == {
-        name: defaults[name] for name in ENGINE_FIELDS
-    }
+    # (speculative decoding's tuning flags are None when not given: EngineConfig's default then, and
+    # given without --speculative-algorithm they are an error)
+    assert all(getattr(args, name) is None for name in SPECULATIVE_TUNING)
+    fields = [name for name in ENGINE_FIELDS if name not in SPECULATIVE_TUNING]
+    assert {name: getattr(args, name) for name in fields} == {name: defaults[name] for name in fields}
     assert args.piecewise_cuda_graph_max_tokens == 8192
     plain = argparse.ArgumentParser()
     add_engine_args(plain)

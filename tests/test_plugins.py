@@ -231,6 +231,23 @@ def test_allow_and_block_lists(site):
     assert blocked["good"]["status"] == "ok"
 
 
+def test_a_name_to_disable_that_no_plugin_has_is_an_error_on_the_command_line(site):
+    """A misspelt --disable-plugin left the plugin it meant loaded, silently: now an error listing
+    the installed names; the environment's lists (which a deployment may share between hosts with
+    different plugins) only warn."""
+    proc = _minisgl(site, "plugins", "--disable-plugin", "brokn")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.splitlines()[-1].startswith(
+        "minisgl: error: no plugin named 'brokn' to disable; installed: "
+    )
+    assert "broken" in proc.stderr.splitlines()[-1]
+    proc = _minisgl(site, "plugins", "--json", MINISGL_DISABLE_PLUGINS="raising,nosuch")
+    assert proc.returncode == 0, proc.stderr
+    listing = {p["name"]: p for p in json.loads(proc.stdout)}
+    assert listing["raising"]["status"] == "disabled" and listing["good"]["status"] == "ok"
+    assert "'nosuch': no installed plugin has that name" in proc.stderr
+
+
 def test_resolve_unknown_name_lists_installed_and_the_fix():
     plugins = Plugins.load()
     with pytest.raises(

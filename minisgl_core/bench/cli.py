@@ -198,14 +198,14 @@ def _offline(args: argparse.Namespace) -> int:
         if args.grammar_schema:
             raise ConfigError("--grammar-schema runs with tp_size 1 only", "tp_size")
 
-        result |= run_offline_tp(config, requests, args.temperature)
+        result |= run_offline_tp(config, requests, args.temperature, disable_plugins=args.disable_plugin)
     else:
         from minisgl_core.bench.offline import decode_latency, run_offline
         from minisgl_core.llm import LLM
 
         fields = {k: v for k, v in vars(config).items() if k not in ("model",)}
         started = time.perf_counter()
-        llm = LLM(config.model, **fields)
+        llm = LLM(config.model, disable_plugins=args.disable_plugin, **fields)
         # start-up (weights, KV pool, JIT, graph capture): a fresh machine's cost, outside the timed run
         result["init_seconds"] = round(time.perf_counter() - started, 1)
         vocab, top = llm.engine.runner.vocab_size, max(max(r.prompt_ids) for r in requests)
@@ -279,7 +279,7 @@ def _cpu(args: argparse.Namespace) -> int:
     config = engine_config_from_args(args)
     fields = {k: v for k, v in vars(config).items() if k != "model"}
     fields |= dict(_engine_arg(text, fields) for text in args.engine_arg)
-    llm = LLM(config.model, **fields)
+    llm = LLM(config.model, disable_plugins=args.disable_plugin, **fields)
     theirs = None if args.no_transformers else TransformersRunner(config.model, set(llm.engine.eos_ids))
     result = run_cpu_bench(
         llm,

@@ -7,6 +7,7 @@ import os
 import queue as queue_module
 import time
 import traceback
+from collections.abc import Iterable
 from typing import Any
 
 from minisgl_core.bench.workloads import BenchRequest
@@ -35,12 +36,13 @@ def drive(
     return tokens
 
 
-def _rank_main(rank: int, world: int, port: int, config, requests, temperature, queue) -> None:
+def _rank_main(rank: int, world: int, port: int, config, requests, temperature, queue, disable=()) -> None:
     import torch
     import torch.distributed as dist
 
     from minisgl_core.api import ParallelContext
     from minisgl_core.engine.engine import Engine
+    from minisgl_core.plugins import Plugins
 
     backend = "nccl" if config.resolve_device().type == "cuda" else "gloo"
     if backend == "nccl":
@@ -50,7 +52,7 @@ def _rank_main(rank: int, world: int, port: int, config, requests, temperature, 
         # NCCL watchdog is left polling a store that rank 0 took down when it exited first.
         store = dist.TCPStore("127.0.0.1", port, is_master=False)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world)
-        engine = Engine(config, ParallelContext(rank, world, dist.group.WORLD))
+        engine = Engine(config, ParallelContext(rank, world, dist.group.WORLD), Plugins.load(disable=disable))
         drive(engine, requests[:4], temperature, first_rid=10**6, max_tokens=8)  # warm-up, as run_offline's
         dist.barrier()
         start = time.perf_counter()
@@ -66,7 +68,9 @@ def _rank_main(rank: int, world: int, port: int, config, requests, temperature, 
             dist.destroy_process_group()
 
 
-def run_offline_tp(config, requests: list[BenchRequest], temperature: float = 0.6) -> dict[str, Any]:
+def run_offline_tp(
+    config, requests: list[BenchRequest], temperature: float = 0.6, disable_plugins: Iterable[str] = ()
+) -> dict[str, Any]:
     import torch.distributed as dist
     import torch.multiprocessing as mp
 
@@ -76,7 +80,10 @@ def run_offline_tp(config, requests: list[BenchRequest], temperature: float = 0.
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     port = store.port
     procs = [
-        ctx.Process(target=_rank_main, args=(r, config.tp_size, port, config, requests, temperature, queue))
+        ctx.Process(
+            target=_rank_main,
+            args=(r, config.tp_size, port, config, requests, temperature, queue, tuple(disable_plugins)),
+        )
         for r in range(config.tp_size)
     ]
     for p in procs:
