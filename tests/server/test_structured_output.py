@@ -108,6 +108,24 @@ def test_bad_schema_is_a_400_before_anything_streams(client, model_name, stream)
     assert "json_schema" in err.value.body["message"]
 
 
+def test_a_schema_keyword_the_backend_would_ignore_is_a_400_naming_it(client, model_name):
+    """``uniqueItems`` was compiled and ignored: a strict schema's answer came back as
+    ``[false,false,false]`` with finish "stop", invalid against the schema. Now a 400 (OpenAI
+    refuses keywords strict mode does not support the same way)."""
+    schema = {
+        "type": "array",
+        "items": {"type": "boolean"},
+        "minItems": 2,
+        "maxItems": 3,
+        "uniqueItems": True,
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "flags", "strict": True, "schema": schema}}
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=model_name, messages=USER, response_format=fmt, max_tokens=20)
+    assert err.value.body["param"] == "response_format"
+    assert "cannot enforce 'uniqueItems' at #" in err.value.body["message"], err.value.body
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_schema_no_token_can_begin_is_a_400_not_a_failed_request(client, model_name, stream):
     # xgrammar compiles a schema that only refers to itself into a grammar allowing no first

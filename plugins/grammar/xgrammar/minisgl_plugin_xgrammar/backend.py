@@ -239,6 +239,13 @@ class XGrammarBackend(GrammarBackend):
         grammar = self._xgr.Grammar
         if spec.kind == "json_schema":
             _check_json(spec.value, "json_schema")
+            unenforced = unenforced_keywords(json.loads(spec.value))
+            if unenforced:
+                raise GrammarError(
+                    "json_schema: the xgrammar backend cannot enforce "
+                    + "; ".join(unenforced)
+                    + " (it would pass output that breaks them): remove them from the schema"
+                )
             # compact output (no free whitespace): a weak model cannot stall in an endless run of spaces
             return grammar.from_json_schema(
                 spec.value, any_whitespace=False, separators=(",", ":"), strict_mode=True
@@ -261,6 +268,79 @@ class XGrammarBackend(GrammarBackend):
 
 
 _JSON_KINDS = frozenset({"json_schema", "json_object"})
+
+#: JSON Schema keywords xgrammar (0.2.8 and 0.2.9) compiles and then ignores: a grammar with one of
+#: them lets through output that breaks it (tested against byte vocabularies; llguidance refuses
+#: the same ones as "Unimplemented keys")
+_IGNORED_KEYWORDS = (
+    "not",
+    "contains",
+    "minContains",
+    "maxContains",
+    "if",
+    "then",
+    "else",
+    "dependentRequired",
+    "dependentSchemas",
+    "dependencies",
+    "unevaluatedProperties",
+)
+#: where a schema holds further schemas: by name, in a list, or as the value itself
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+_SCHEMA_VALUES = (
+    "items",
+    "additionalProperties",
+    "additionalItems",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+    "propertyNames",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contains",
+)
+
+
+def unenforced_keywords(schema: Any, path: str = "#") -> list[str]:
+    """What of ``schema`` xgrammar would not enforce, each as "'keyword' at PATH": the
+    :data:`_IGNORED_KEYWORDS`, ``uniqueItems: true``, ``multipleOf`` on a number that may be
+    fractional (integers are enforced), ``allOf`` of several schemas (not intersected), and
+    ``minProperties`` above the required properties where keys outside ``properties`` are allowed
+    (the grammar lets a key repeat, and a repeated key counts once in the parsed object)."""
+    if not isinstance(schema, dict):
+        return []
+    found = [f"{key!r} at {path}" for key in _IGNORED_KEYWORDS if key in schema]
+    if schema.get("uniqueItems") is True:
+        found.append(f"'uniqueItems' at {path}")
+    types = schema.get("type")
+    if "multipleOf" in schema and not (
+        types == "integer" or (isinstance(types, list) and "number" not in types)
+    ):
+        found.append(f"'multipleOf' on a number at {path} (only on integers)")
+    if isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1:
+        found.append(f"'allOf' of {len(schema['allOf'])} schemas at {path} (one at most)")
+    least = schema.get("minProperties")
+    open_keys = schema.get("additionalProperties", False) is not False or "patternProperties" in schema
+    required = schema.get("required")
+    named = len(set(required)) if isinstance(required, list) else 0
+    if isinstance(least, int) and open_keys and least > max(1, named):
+        found.append(f"'minProperties' with keys outside 'properties' at {path}")
+    for key in _SCHEMA_MAPS:
+        value = schema.get(key)
+        if isinstance(value, dict):
+            for name, sub in value.items():
+                found += unenforced_keywords(sub, f"{path}/{key}/{name}")
+    for key in _SCHEMA_LISTS:
+        value = schema.get(key)
+        if isinstance(value, list):
+            for i, sub in enumerate(value):
+                found += unenforced_keywords(sub, f"{path}/{key}/{i}")
+    for key in _SCHEMA_VALUES:
+        if isinstance(schema.get(key), dict) and key not in _IGNORED_KEYWORDS:
+            found += unenforced_keywords(schema[key], f"{path}/{key}")
+    return found
 
 
 class _Compiled(NamedTuple):

@@ -1,0 +1,110 @@
+"""JSON Schema keywords xgrammar compiles and then ignores are refused (a 400 naming them), not
+passed: a grammar with one of them let through output that breaks it, returned as a finished
+answer (found by an API probe: ``uniqueItems`` gave ``[false,false,false]``, finish "stop").
+
+Each refused case is checked against xgrammar itself, on a vocabulary of the 256 bytes: the
+grammar built without our check accepts text that breaks the keyword. If a new xgrammar starts
+enforcing one, ``test_each_refused_keyword_is_one_xgrammar_ignores`` fails and the keyword can
+leave the list."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import xgrammar as xgr
+from minisgl_plugin_xgrammar.backend import XGrammarBackend, unenforced_keywords
+
+from minisgl_core.api import GrammarError, GrammarSpec
+
+#: (schema, a text that breaks it, what the refusal names)
+REFUSED = [
+    ({"type": "array", "items": {"type": "boolean"}, "uniqueItems": True}, "[true,true]", "'uniqueItems' at #"),
+    ({"type": "integer", "not": {"const": 1}}, "1", "'not' at #"),
+    ({"type": "array", "items": {"type": "integer"}, "contains": {"const": 5}}, "[1]", "'contains' at #"),
+    (
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "if": {"required": ["a"]},
+            "then": {"required": ["b"]},
+        },
+        '{"a":1}',
+        "'if' at #",
+    ),
+    (
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "dependentRequired": {"a": ["b"]},
+        },
+        '{"a":1}',
+        "'dependentRequired' at #",
+    ),
+    ({"type": "number", "multipleOf": 0.5}, "0.3", "'multipleOf' on a number at #"),
+    ({"allOf": [{"type": "integer", "minimum": 5}, {"maximum": 3}]}, "4", "'allOf' of 2 schemas at #"),
+    (
+        {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 2},
+        '{"a":1,"a":1}',
+        "'minProperties' with keys outside 'properties' at #",
+    ),
+    (  # nested: the path says where
+        {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
+         "required": ["tags"]},
+        '{"tags":["a","a"]}',
+        "'uniqueItems' at #/properties/tags",
+    ),
+]  # fmt: skip
+
+#: enforced by xgrammar, so not refused: (schema, a text that breaks it)
+ENFORCED = [
+    ({"type": "integer", "multipleOf": 3}, "4"),
+    ({"allOf": [{"type": "integer", "maximum": 3}]}, "4"),
+    ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "minProperties": 2}, '{"a":1}'),
+    ({"type": "array", "items": {"type": "boolean"}, "uniqueItems": False, "maxItems": 1}, "[true,true]"),
+    ({"type": "object", "properties": {"not": {"type": "integer"}}, "required": ["not"]}, '{"not":"x"}'),
+]  # fmt: skip
+
+
+def _accepts(schema: dict, text: str) -> bool:
+    """Whether xgrammar's own grammar for ``schema`` (built as the backend builds it) takes ``text``."""
+    info = xgr.TokenizerInfo(
+        [bytes([b]) for b in range(256)] + [b"</s>"], vocab_type=xgr.VocabType.RAW, stop_token_ids=[256]
+    )
+    compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+    grammar = xgr.Grammar.from_json_schema(
+        json.dumps(schema), any_whitespace=False, separators=(",", ":"), strict_mode=True
+    )
+    matcher = xgr.GrammarMatcher(compiler.compile_grammar(grammar))
+    return all(matcher.accept_token(b) for b in text.encode()) and (matcher.accept_token(256) or matcher.is_terminated())  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory) -> XGrammarBackend:
+    from transformers import AutoTokenizer
+
+    from minisgl_core.demo.factories import train_tokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(train_tokenizer(tmp_path_factory.mktemp("tok"), vocab_size=400)))
+    return XGrammarBackend(tok, vocab_size=len(tok), stop_token_ids=[2])
+
+
+@pytest.mark.parametrize(("schema", "text", "says"), REFUSED)
+def test_each_refused_keyword_is_one_xgrammar_ignores(schema, text, says):
+    assert _accepts(schema, text), f"xgrammar now enforces {says}: take it off the list"
+
+
+@pytest.mark.parametrize(("schema", "text", "says"), REFUSED)
+@pytest.mark.parametrize("how", ["check", "compile"])
+def test_a_schema_with_a_keyword_xgrammar_ignores_is_refused_naming_it(backend, schema, text, says, how):
+    with pytest.raises(GrammarError) as refused:
+        getattr(backend, how)(GrammarSpec("json_schema", json.dumps(schema)))
+    assert str(refused.value).startswith("json_schema: the xgrammar backend cannot enforce "), refused.value
+    assert says in str(refused.value)
+
+
+@pytest.mark.parametrize(("schema", "text"), ENFORCED)
+def test_keywords_xgrammar_enforces_are_kept(backend, schema, text):
+    assert not _accepts(schema, text)
+    assert unenforced_keywords(schema) == []
+    backend.compile(GrammarSpec("json_schema", json.dumps(schema)))
