@@ -67,6 +67,9 @@ class TokenizeRequest(Message):
     grammar_field: str = "grammar"
     #: the Admission carries the prompt's token ids back (vLLM's return_token_ids)
     return_prompt_ids: bool = False
+    #: the endpoint's own cap for ``max_tokens`` left unset where the model sets none (16 on
+    #: /v1/completions, OpenAI's legacy default); None: what the context leaves
+    default_max_tokens: int | None = None
 
 
 @dataclass

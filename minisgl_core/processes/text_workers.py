@@ -99,7 +99,8 @@ class Admitter:
             raise RequestRejected(f"could not tokenize the prompt: {exc}", prompt_field) from exc
         ids = truncate_prompt(ids, req.params, self.limits)
         try:
-            sampling = admit(ids, req.params, self.limits, self.defaults.get("max_tokens"))
+            default = self.defaults.get("max_tokens") or req.default_max_tokens
+            sampling = admit(ids, req.params, self.limits, default)
         except ValueError as exc:
             # Blame max_tokens only when lowering it would help.
             prompt_fits = len(ids) < min(self.limits.max_context_len, self.limits.kv_capacity_tokens)

@@ -23,6 +23,11 @@ from minisgl_core.server.schemas import ChatCompletionRequest, CompletionRequest
 from minisgl_core.server.state import RequestGroup, ServerState
 from minisgl_core.server.tools import plan_tools
 
+#: /v1/completions' max_tokens when the request and the model's generation config leave it unset:
+#: OpenAI's legacy default (vLLM's too), capped by what the context leaves. Chat has none (OpenAI's
+#: chat default is the rest of the context).
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
 
 def make_router(
     state: ServerState, options: ApiOptions | None = None, tokenizer: ApiTokenizer | None = None
@@ -199,6 +204,7 @@ def make_router(
                     **source,
                     grammar_field=body.grammar_field,
                     return_prompt_ids=body.return_token_ids,
+                    default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS,
                 )
         except BaseException:
             group.close()  # the prompts admitted before the bad one

@@ -166,10 +166,10 @@ CASES = [
         "at most max_tokens",
     ),
     (COMPLETIONS, {"prompt": "hi", "min_tokens": -1}, 400, "min_tokens", ""),
-    # max_tokens unset: what the context leaves (the demo model's 2,048 less the prompt) caps it
+    # max_tokens unset on chat: what the context leaves (the demo model's 2,048 less the prompt) caps it
     (
-        COMPLETIONS,
-        {"prompt": "hi", "max_tokens": None, "min_tokens": 2**63 - 1},
+        CHAT,
+        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": None, "min_tokens": 2**63 - 1},
         400,
         "min_tokens",
         "lower min_tokens",

@@ -139,7 +139,14 @@ def test_completions_batch_of_prompts_and_token_ids(client, llm, model_name):
     assert by_ids.choices[0].text == refs[1].text
 
 
-def test_default_max_tokens_is_the_rest_of_the_context(client, llm, model_name):
+def test_completions_default_to_16_tokens_capped_by_the_context(client, llm, model_name):
+    """OpenAI's legacy default (vLLM's too): 16 tokens when max_tokens is not given (it ran to the
+    end of the context: minutes on a real model for a client that left it out); a prompt near the
+    end of the context gets what is left."""
+    short = client.completions.create(
+        model=model_name, prompt=PROMPT, temperature=0, extra_body={"ignore_eos": True}
+    )
+    assert short.usage.completion_tokens == 16 and short.choices[0].finish_reason == "length"
     prompt = [100 + i % 900 for i in range(2036)]  # 2036 tokens of a 2048-token context
     resp = client.completions.create(model=model_name, prompt=prompt, temperature=0)
     assert resp.usage.completion_tokens == 12 and resp.choices[0].finish_reason == "length"
