@@ -322,6 +322,14 @@ class ServerState:
                 "n",
                 "too_many_sequences",
             )
+        if sequences_so_far + n > limits.max_queued_sequences:  # a 429 would never turn into room
+            raise APIError(
+                400,
+                f"the request asks for {sequences_so_far + n} or more sequences (prompts x n); this "
+                f"server queues at most {limits.max_queued_sequences} (--max-queued-requests)",
+                "n",
+                "too_many_sequences",
+            )
         if len(self.pending) + n > limits.max_queued_sequences:
             raise APIError(
                 429,

@@ -131,6 +131,25 @@ def test_prompts_times_n_is_bounded(busy_server, model_name):
     assert ok.status_code == 200 and len(ok.json()["choices"]) == 4
 
 
+def test_more_sequences_than_the_queue_ever_holds_is_a_400_not_a_429():
+    """n above --max-queued-requests on an idle server was a 429 "retry later", which no retry
+    (the openai client's by default) could ever turn into room."""
+    from minisgl_core.server.errors import APIError
+    from minisgl_core.server.limits import ServerLimits
+    from minisgl_core.server.state import ServerState
+
+    state = ServerState(None, None, limits=ServerLimits(max_sequences_per_request=8, max_queued_sequences=3))
+    with pytest.raises(APIError) as refused:
+        state.check_room(0, 4)
+    assert refused.value.status == 400 and refused.value.param == "n", refused.value
+    assert "queues at most 3 (--max-queued-requests)" in str(refused.value)
+    state.check_room(0, 3)  # fits an idle server
+    state.pending = {i: None for i in range(2)}  # type: ignore[misc]
+    with pytest.raises(APIError) as busy:
+        state.check_room(0, 2)  # fits once the server has room: retry later
+    assert busy.value.status == 429
+
+
 def test_a_request_that_can_never_fit_is_a_400(busy_server, model_name):
     # fits the 2048-token context but not the 1024-token KV pool: no amount of waiting helps
     resp = httpx.post(
