@@ -20,11 +20,12 @@ from minisgl_core.server.tokenize_routes import tokenize_router
 
 
 def require_api_key(api_key: str) -> Callable[[Request], None]:
-    expected = f"Bearer {api_key}".encode()
+    expected = api_key.encode()
 
     def check(request: Request) -> None:
-        given = request.headers.get("authorization", "").encode()
-        if not secrets.compare_digest(given, expected):
+        # "Bearer KEY", the scheme in any case (RFC 9110: auth schemes are case-insensitive)
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if not (scheme.lower() == "bearer") & secrets.compare_digest(given.encode(), expected):
             raise APIError(
                 401, "invalid or missing API key (send 'Authorization: Bearer <key>')", code="invalid_api_key"
             )

@@ -564,6 +564,9 @@ class CompletionRequest(SamplingFields):
     echo: Bool = False
     #: fill-in-the-middle text after the completion: not supported, rejected with a 400
     suffix: Text | None = None
+    #: OpenAI's: generate best_of and return the n most likely; accepted equal to n only (the no-op,
+    #: its default, which clients send as 1)
+    best_of: Int | None = None
 
     @model_validator(mode="after")
     def _check_completion(self) -> CompletionRequest:
@@ -573,6 +576,16 @@ class CompletionRequest(SamplingFields):
                 "put the whole text in prompt instead"
             )
         return self
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of_is_n(cls, best_of: int, info: ValidationInfo) -> int:
+        n = info.data.get("n", 1)
+        if best_of != n:
+            raise ValueError(
+                f"only best_of equal to n ({n}) is supported, got {best_of}: ask for n choices instead"
+            )
+        return best_of
 
     def logprobs_k(self) -> int | None:
         return self.logprobs

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 
 import httpx
+import openai
 import pytest
 
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.tokenizer.load import apply_chat_template
+
+from .conftest import API_KEY
 
 MESSAGES = [
     {"role": "system", "content": "You are terse."},
@@ -429,3 +432,26 @@ def test_api_key_protects_all_but_health(server):
             method, f"{server.url}{path}", json={}, headers={"Authorization": "Bearer nope"}
         )
         assert wrong.status_code == 401, path
+        wrong_scheme = httpx.request(
+            method, f"{server.url}{path}", json={}, headers={"Authorization": f"Basic {API_KEY}"}
+        )
+        assert wrong_scheme.status_code == 401, path
+
+
+def test_the_auth_scheme_is_case_insensitive(server, model_name):
+    """RFC 9110: "bearer KEY" is "Bearer KEY" (a client sending it got a 401)."""
+    for scheme in ("bearer", "BEARER", "Bearer"):
+        resp = httpx.get(f"{server.url}/v1/models", headers={"Authorization": f"{scheme} {API_KEY}"})
+        assert resp.status_code == 200, (scheme, resp.text)
+
+
+def test_best_of_equal_to_n_is_accepted_and_more_is_a_400(client, model_name):
+    """The openai client's ``best_of=1`` (OpenAI's default, a no-op) was refused as an unsupported
+    field; best_of above n (pick the likeliest of several) is not implemented and says so."""
+    resp = client.completions.create(model=model_name, prompt=PROMPT, max_tokens=2, best_of=1)
+    assert len(resp.choices) == 1
+    resp = client.completions.create(model=model_name, prompt=PROMPT, max_tokens=2, best_of=2, n=2)
+    assert len(resp.choices) == 2
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model=model_name, prompt=PROMPT, max_tokens=2, best_of=3)
+    assert refused.value.body["param"] == "best_of" and "best_of equal to n" in refused.value.body["message"]
