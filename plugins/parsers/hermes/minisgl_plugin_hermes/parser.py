@@ -13,3 +13,6 @@ from minisgl_core.api import JsonToolCallParser
 class HermesToolParser(JsonToolCallParser):
     call_open = "<tool_call>"
     call_close = "</tool_call>"
+    # Hermes' format says "arguments"; a model that writes Llama's "parameters" kept its call
+    # with the arguments dropped ("{}", the no-argument call's): both are read
+    arguments_keys = ("arguments", "parameters")

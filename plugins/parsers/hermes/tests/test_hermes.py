@@ -59,6 +59,15 @@ def test_two_calls_keys_in_any_order():
     assert len({c.id for c in result.tool_calls}) == 2
 
 
+def test_arguments_written_as_parameters_are_kept_whole_or_streamed():
+    """A call with Llama's "parameters" key was kept with its arguments dropped ("{}")."""
+    text = '<tool_call>\n{"name": "get_weather", "parameters": {"city": "Paris"}}\n</tool_call>'
+    [call] = HermesToolParser(TOOLS).parse(text).tool_calls
+    assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"}
+    content, calls, _ = stream(text, list(range(1, len(text))))
+    assert content == "" and [json.loads(c.arguments) for c in calls] == [{"city": "Paris"}]
+
+
 def test_plain_text_is_untouched():
     result = HermesToolParser(TOOLS).parse(PLAIN)
     assert result == type(result)(PLAIN, [])
