@@ -87,6 +87,11 @@ class LLM:
         )
         if isinstance(disable_plugins, str):
             disable_plugins = [disable_plugins]
+        if self.config.tp_size != 1:
+            raise ValueError(
+                f"tp_size {self.config.tp_size}: LLM runs one process (tp_size 1); use "
+                "`minisgl serve --tp N` for tensor parallelism"
+            )
         plugins = Plugins.load(disable=disable_plugins)
         self._context = ProcessContext(role="offline", options=dict(engine_options))
         plugins.call_hook("minisgl_process_start", ctx=self._context)
@@ -114,8 +119,13 @@ class LLM:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this LLM is closed; create a new one to generate")
+
     def sampling_params(self, **fields: Any) -> SamplingParams:
         """SamplingParams from ``fields`` (None = unset), the model's defaults filling the rest."""
+        self._check_open()
         return SamplingParams(**merge_sampling(fields, self.engine.sampling_defaults))
 
     def encode(self, prompt: Prompt) -> list[int]:
@@ -132,8 +142,24 @@ class LLM:
         use_tqdm: bool | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in prompt order."""
-        if self._closed:
-            raise RuntimeError("this LLM is closed; create a new one to generate")
+        self._check_open()
+        if not isinstance(prompts, (str, list, tuple)):
+            raise TypeError(
+                "prompts must be a str, a list of token ids, or a list of either, "
+                f"got {type(prompts).__name__}"
+            )
+        if not (
+            sampling_params is None
+            or isinstance(sampling_params, SamplingParams)
+            or (
+                isinstance(sampling_params, (list, tuple))
+                and all(isinstance(p, SamplingParams) for p in sampling_params)
+            )
+        ):
+            raise TypeError(
+                "sampling_params must be a SamplingParams or a list of them (one per prompt), got "
+                f"{type(sampling_params).__name__}: build one with SamplingParams(...) or llm.sampling_params(...)"
+            )
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         prompts = list(prompts)
@@ -151,18 +177,48 @@ class LLM:
         # the engine's limits (all before any runs) and decides max_tokens where it is None
         params = [self.engine.admit(ids, p) for ids, p in zip(encoded, params)]
         outputs: dict[int, RequestOutput] = {}
-        for ids, p in zip(encoded, params):
-            rid = next(self._rids)
-            outputs[rid] = RequestOutput(
-                prompt_token_ids=ids, logprobs=[] if p.logprobs is not None else None
-            )
-            self.engine.add_request(rid, ids, p)
-        by_rid = dict(zip(outputs, params))
+        by_rid: dict[int, SamplingParams] = {}
+        unfinished: set[int] = set()
         bar = self._progress(len(prompts), use_tqdm)
-        pending = len(outputs)
-        while pending:
+        try:
+            for ids, p in zip(encoded, params):
+                rid = next(self._rids)
+                outputs[rid] = RequestOutput(
+                    prompt_token_ids=ids, logprobs=[] if p.logprobs is not None else None
+                )
+                by_rid[rid] = p
+                unfinished.add(rid)
+                self.engine.add_request(rid, ids, p)
+            self._run(outputs, by_rid, unfinished, bar)
+        except BaseException:
+            # Ctrl-C, a grammar that did not compile, any error: this call's requests leave the
+            # engine, so the LLM stays usable (they stayed queued, and the next call failed on
+            # their outputs)
+            for rid in unfinished:
+                self.engine.abort(rid)
+            while self.engine.has_work:
+                self.engine.step()
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        while self.engine.has_work:  # with overlap, one step launched after the last finish
+            self.engine.step()
+        return list(outputs.values())
+
+    def _run(
+        self,
+        outputs: dict[int, RequestOutput],
+        by_rid: dict[int, SamplingParams],
+        unfinished: set[int],
+        bar: Any,
+    ) -> None:
+        """Step the engine until every request of ``outputs`` finished (removed from ``unfinished``)."""
+        while unfinished:
             for out in self.engine.step():
-                result = outputs[out.rid]
+                result = outputs.get(out.rid)
+                if result is None:  # an earlier call's request, aborted: nothing to report
+                    continue
                 if out.prompt_logprobs is not None:
                     result.prompt_logprobs = list(out.prompt_logprobs)
                 if out.token_id >= 0:
@@ -181,14 +237,9 @@ class LLM:
                         by_rid[out.rid].include_stop_str_in_output,
                         by_rid[out.rid].min_tokens,
                     )
-                    pending -= 1
+                    unfinished.discard(out.rid)
                     if bar is not None:
                         bar.update(1)
-        if bar is not None:
-            bar.close()
-        while self.engine.has_work:  # with overlap, one step launched after the last finish
-            self.engine.step()
-        return list(outputs.values())
 
     @staticmethod
     def _progress(total: int, use_tqdm: bool | None):

@@ -174,3 +174,60 @@ def test_close_frees_the_kv_pool_and_model_without_the_garbage_collector(model_d
     with pytest.raises(RuntimeError, match="closed"):
         llm.generate(PROMPTS[:1])
     llm.close()  # twice is fine
+
+
+# ------------------------------------------------------------------------ an interrupted generate
+
+
+def test_an_interrupted_generate_leaves_the_llm_usable(llm, monkeypatch):
+    """Ctrl-C (or any error) in the middle of ``generate`` left its requests in the engine; every
+    later call then failed (KeyError on their outputs). Now they leave with the exception."""
+    expected = [o.token_ids for o in llm.generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=6))]
+    real_step, steps = llm.engine.step, []
+
+    def interrupted_step():
+        steps.append(1)
+        if len(steps) == 3:
+            raise KeyboardInterrupt
+        return real_step()
+
+    monkeypatch.setattr(llm.engine, "step", interrupted_step)
+    long = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate(PROMPTS, long)
+    monkeypatch.setattr(llm.engine, "step", real_step)
+    assert not llm.engine.has_work
+    again = llm.generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=6))
+    assert [o.token_ids for o in again] == expected
+
+
+def test_a_failing_request_takes_the_ones_added_before_it_out(llm):
+    """A grammar that fails to compile on the second prompt: the first, already queued, leaves."""
+    from minisgl_core.api import GrammarSpec
+
+    good = SamplingParams(temperature=0, max_tokens=4)
+    bad = SamplingParams(temperature=0, max_tokens=4, grammar=GrammarSpec("regex", "(("))
+    with pytest.raises(ValueError):
+        llm.generate(PROMPTS[:2], [good, bad])
+    assert not llm.engine.has_work
+    assert len(llm.generate(PROMPTS[:1], good)[0].token_ids) == 4
+
+
+@pytest.mark.parametrize(
+    ("prompts", "params", "says"),
+    [
+        ({"a": 1}, None, "prompts must be a str, a list of token ids, or a list of either, got dict"),
+        ("hi", {"temperature": 0}, "sampling_params must be a SamplingParams or a list of them"),
+        ("hi", "greedy", "sampling_params must be a SamplingParams or a list of them"),
+        ("hi", [None], "sampling_params must be a SamplingParams or a list of them"),
+    ],
+)
+def test_generate_names_what_it_takes(llm, prompts, params, says):
+    with pytest.raises(TypeError, match=says):
+        llm.generate(prompts, params)
+
+
+def test_llm_refuses_tensor_parallelism_it_cannot_run(model_dir):
+    """LLM(tp_size=2) ran one process, silently."""
+    with pytest.raises(ValueError, match="LLM runs one process"):
+        LLM(str(model_dir), device="cpu", attn="torch", tp_size=2)
