@@ -23,6 +23,11 @@ CUDA_PAGE_SIZE = 16
 #: one step's constrained rows (at most ``max_running_requests``) among them, and past the CPUs
 #: of any host we serve from more threads only add switching
 MAX_GRAMMAR_THREADS = 64
+#: the longest n-gram the ngram drafter may match (it keeps an index per size and request) and the
+#: most draft tokens a step may verify per request: far above what pays (2-5 and 4-8), far below
+#: what exhausts memory (10**8 did)
+MAX_SPECULATIVE_NGRAM = 64
+MAX_SPECULATIVE_DRAFT_TOKENS = 64
 
 
 class ConfigError(ValueError):
@@ -163,6 +168,19 @@ class EngineConfig:
                 f"speculative_algorithm must be ngram or unset, got {self.speculative_algorithm!r}",
                 "speculative_algorithm",
             )
+        if self.speculative_ngram_max > MAX_SPECULATIVE_NGRAM:  # each size keeps an index per request
+            raise ConfigError(
+                f"speculative_ngram_max must be at most {MAX_SPECULATIVE_NGRAM}, got {self.speculative_ngram_max}",
+                "speculative_ngram_max",
+            )
+        if self.speculative_num_draft_tokens > MAX_SPECULATIVE_DRAFT_TOKENS:
+            raise ConfigError(
+                f"speculative_num_draft_tokens must be at most {MAX_SPECULATIVE_DRAFT_TOKENS}, "
+                f"got {self.speculative_num_draft_tokens}",
+                "speculative_num_draft_tokens",
+            )
+        if not (-(2**63) <= self.seed < 2**64):  # what torch.manual_seed takes
+            raise ConfigError(f"seed must be an integer in [-2**63, 2**64-1], got {self.seed}", "seed")
         if not 1 <= self.speculative_ngram_min <= self.speculative_ngram_max:
             raise ConfigError(
                 "speculative n-gram sizes must satisfy 1 <= speculative_ngram_min <= speculative_ngram_max, "

@@ -176,6 +176,10 @@ BAD_FLAGS = [
     # (speculative decoding's tuning without the algorithm was ignored silently: decoding ran without it)
     ("generate", ["hi", "--speculative-num-draft-tokens", "8"], "--speculative-num-draft-tokens needs --speculative-algorithm (ngram)"),
     ("serve", ["--port", "0", "--speculative-ngram-max", "2"], "--speculative-ngram-max needs --speculative-algorithm (ngram)"),
+    # (10**8 exhausted the memory building an index per n-gram size; a 70-bit seed was torch's traceback)
+    ("generate", ["hi", "--speculative-algorithm", "ngram", "--speculative-ngram-max", "100000"],
+     "--speculative-ngram-max must be at most 64, got 100000"),
+    ("generate", ["hi", "--seed", str(10**21)], "--seed must be an integer in [-2**63, 2**64-1]"),
     # (a misspelt name left the plugin it meant loaded, silently)
     ("serve", ["--port", "0", "--disable-plugin", "xgramar"], "no plugin named 'xgramar' to disable; installed: "),
     ("bench", ["offline", "--num-requests", "1", "--disable-plugin", "nope"], "no plugin named 'nope' to disable"),

@@ -9,6 +9,7 @@ request past its deadline with a timeout error, and a stalled engine with a 503 
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
@@ -25,6 +26,10 @@ CHARS_PER_TOKEN = 128
 def _limit(default: float, flag: str, help_text: str) -> Any:
     """A limit with its command-line flag: the one place each is defined."""
     return field(default=default, metadata={"flag": flag, "help": help_text})
+
+
+#: limits for which 0 does not mean "none": /health would answer 503 at once, for ever
+POSITIVE = frozenset({"health_timeout_s"})
 
 
 @dataclass(frozen=True)
@@ -61,8 +66,12 @@ class ServerLimits:
             value, flag = getattr(self, f.name), f.metadata["flag"]
             if isinstance(f.default, int) and value < 1:
                 raise ValueError(f"{flag} must be at least 1")
+            if not math.isfinite(value):  # nan passed "< 0" and then failed every request
+                raise ValueError(f"{flag} must be a finite number of seconds, got {value}")
             if value < 0:
                 raise ValueError(f"{flag} must not be negative")
+            if f.name in POSITIVE and value == 0:
+                raise ValueError(f"{flag} must be more than 0 seconds")
 
     @staticmethod
     def max_prompt_chars(max_context_len: int, max_token_chars: int | None) -> int:

@@ -297,6 +297,10 @@ def test_each_limit_flag_sets_its_field():
         (["--max-body-bytes", "0"], "--max-body-bytes must be at least 1"),
         (["--request-timeout", "-1"], "--request-timeout must not be negative"),
         (["--health-timeout", "-0.5"], "--health-timeout must not be negative"),
+        # (nan started the server, then every request timed out; 0 made /health 503 for ever)
+        (["--request-timeout", "nan"], "--request-timeout must be a finite number of seconds, got nan"),
+        (["--shutdown-timeout", "inf"], "--shutdown-timeout must be a finite number of seconds, got inf"),
+        (["--health-timeout", "0"], "--health-timeout must be more than 0 seconds"),
     ],
 )
 def test_a_bad_limit_names_its_flag(argv, message):
