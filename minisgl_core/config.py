@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -188,6 +189,15 @@ class EngineConfig:
                 "speculative_ngram_min",
                 "speculative_ngram_max",
             )
+        if self.step_trace:  # a path the engine cannot append to failed once the model had loaded
+            trace = Path(self.step_trace)
+            if trace.is_dir() or not trace.parent.is_dir():
+                raise ConfigError(
+                    f"step_trace {self.step_trace!r}: "
+                    + ("is a directory" if trace.is_dir() else "its directory does not exist")
+                    + " (a file to append one JSON line per step to; env MINISGL_STEP_TRACE)",
+                    "step_trace",
+                )
         attn = [name.strip() for name in self.attn.split(",")]
         if len(attn) not in (1, 2) or not all(attn):
             raise ConfigError(f"attn takes NAME, PREFILL,DECODE or auto; got {self.attn!r}", "attn")

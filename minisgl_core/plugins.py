@@ -27,6 +27,9 @@ from minisgl_core.api import API_VERSION, hookspecs
 
 logger = logging.getLogger(__name__)
 
+#: names in the environment's plugin lists that no installed plugin has, already warned about
+_WARNED_UNKNOWN: set[str] = set()
+
 GROUP = "minisgl.plugins"
 KINDS = (
     "models",
@@ -191,7 +194,8 @@ class Plugins:
             raise PluginError(
                 f"no plugin named {', '.join(map(repr, unknown))} to disable; installed: {', '.join(names)}"
             )
-        for name in sorted((from_env | (allowed or set())) - set(names)):
+        for name in sorted((from_env | (allowed or set())) - set(names) - _WARNED_UNKNOWN):
+            _WARNED_UNKNOWN.add(name)  # once a process (the command line loads the plugins twice)
             logger.warning(
                 "MINISGL_DISABLE_PLUGINS or MINISGL_PLUGINS names %r: no installed plugin has that name", name
             )

@@ -180,6 +180,11 @@ BAD_FLAGS = [
     ("generate", ["hi", "--speculative-algorithm", "ngram", "--speculative-ngram-max", "100000"],
      "--speculative-ngram-max must be at most 64, got 100000"),
     ("generate", ["hi", "--seed", str(10**21)], "--seed must be an integer in [-2**63, 2**64-1]"),
+    # (tracebacks: the step trace's after the model had loaded, urllib's, the grammar backend loader's)
+    ("generate", ["hi", "--step-trace", "/nonexistent/dir/steps.jsonl"], "--step-trace '/nonexistent/dir/steps.jsonl': its directory does not exist"),
+    ("generate", ["hi", "--step-trace", "/tmp"], "--step-trace '/tmp': is a directory"),
+    ("shell", ["--url", "notaurl"], "--url 'notaurl': give the server's address, e.g. http://127.0.0.1:8000"),
+    ("bench grammar", ["--grammar-backend", "bogus"], "unknown --grammar-backend 'bogus'; installed: llguidance, xgrammar"),
     # (a misspelt name left the plugin it meant loaded, silently)
     ("serve", ["--port", "0", "--disable-plugin", "xgramar"], "no plugin named 'xgramar' to disable; installed: "),
     ("bench", ["offline", "--num-requests", "1", "--disable-plugin", "nope"], "no plugin named 'nope' to disable"),

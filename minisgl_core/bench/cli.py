@@ -256,6 +256,13 @@ def _grammar(args: argparse.Namespace) -> int:
     from minisgl_core.bench.grammar import host_step_bench
 
     check_grammar_threads(args.grammar_threads)
+    from minisgl_core.plugins import Plugins
+
+    installed = Plugins.load().names("grammars")
+    if args.grammar_backend not in installed:  # (a traceback from the backend's loader before)
+        raise ConfigError(
+            f"unknown --grammar-backend {args.grammar_backend!r}; installed: {', '.join(installed)}"
+        )
     result = host_step_bench(
         args.grammar_backend, rows=args.rows, steps=args.steps, warm_steps=args.warm_steps,
         vocab_size=args.vocab_size, fill_threads=args.grammar_threads, schema=args.grammar_schema,

@@ -340,6 +340,8 @@ def _cmd_shell(args: argparse.Namespace) -> int:
     _check_shell_args(args)
     if args.url:
         url = args.url.rstrip("/")
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"--url {args.url!r}: give the server's address, e.g. http://127.0.0.1:8000")
         try:
             model = args.served_model_name or _first_model(url, args.api_key)
         except OSError as exc:  # URLError and HTTPError are OSErrors
