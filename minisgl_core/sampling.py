@@ -77,8 +77,17 @@ class SamplingParams:
     def __post_init__(self) -> None:
         normalise = partial(object.__setattr__, self)
         stop = self.stop
+        # (a dict, a number: its keys taken as the stops, or "not iterable")
+        if not (stop is None or isinstance(stop, (str, list, tuple))):
+            raise ValueError(f"stop must be a string or a list of strings, got {type(stop).__name__}")
         normalise("stop", (stop,) if isinstance(stop, str) else tuple(stop or ()))
+        if not (self.stop_token_ids is None or isinstance(self.stop_token_ids, (list, tuple))):
+            raise ValueError(
+                f"stop_token_ids must be a list of token ids, got {type(self.stop_token_ids).__name__}"
+            )
         normalise("stop_token_ids", tuple(self.stop_token_ids or ()))
+        if not (self.logit_bias is None or isinstance(self.logit_bias, dict)):
+            raise ValueError(f"logit_bias must map token ids to biases, got {type(self.logit_bias).__name__}")
         # JSON and msgpack carry these as plain values: ids may be strings, the grammar a dict
         normalise("logit_bias", {_token_id(k): v for k, v in (self.logit_bias or {}).items()})
         try:
@@ -112,6 +121,9 @@ class SamplingParams:
                 bad(name, "must be a finite number")
             return float(value)
 
+        for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):  # "no" was True; 0 failed after generating
+                bad(name, "must be True or False")
         if finite("temperature") < 0:
             bad("temperature", "must be >= 0")
         if not 0 < finite("top_p") <= 1:

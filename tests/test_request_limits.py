@@ -4,6 +4,7 @@ overlap scheduling, and an offline LLM that frees its memory when closed."""
 from __future__ import annotations
 
 import gc
+import re
 import weakref
 
 import pytest
@@ -231,3 +232,21 @@ def test_llm_refuses_tensor_parallelism_it_cannot_run(model_dir):
     """LLM(tp_size=2) ran one process, silently."""
     with pytest.raises(ValueError, match="LLM runs one process"):
         LLM(str(model_dir), device="cpu", attn="torch", tp_size=2)
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        ({"ignore_eos": "no"}, "ignore_eos must be True or False, got 'no'"),
+        ({"skip_special_tokens": 0}, "skip_special_tokens must be True or False, got 0"),
+        ({"stop": {"a": 1}}, "stop must be a string or a list of strings, got dict"),
+        ({"stop": 5}, "stop must be a string or a list of strings, got int"),
+        ({"stop_token_ids": 5}, "stop_token_ids must be a list of token ids, got int"),
+        ({"logit_bias": [1, 2]}, "logit_bias must map token ids to biases, got list"),
+    ],
+)
+def test_sampling_params_of_the_wrong_type_are_refused_when_built(fields, says):
+    """Each was taken ("no" as True, a dict's keys as stops) or failed later, some after the whole
+    generation had run (skip_special_tokens=0, in the tokenizer)."""
+    with pytest.raises(ValueError, match=f"^{re.escape(says)}$"):
+        SamplingParams(**fields)
