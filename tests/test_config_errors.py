@@ -185,6 +185,9 @@ BAD_FLAGS = [
     ("generate", ["hi", "--step-trace", "/tmp"], "--step-trace '/tmp': is a directory"),
     ("shell", ["--url", "notaurl"], "--url 'notaurl': give the server's address, e.g. http://127.0.0.1:8000"),
     ("bench grammar", ["--grammar-backend", "bogus"], "unknown --grammar-backend 'bogus'; installed: llguidance, xgrammar"),
+    # (serve took the shell's settings without --shell and used them for nothing)
+    ("serve", ["--port", "0", "--temperature", "0.5", "--system", "be brief"],
+     "--temperature, --system: the terminal chat's settings; add --shell (or run `minisgl shell`)"),
     # (a misspelt name left the plugin it meant loaded, silently)
     ("serve", ["--port", "0", "--disable-plugin", "xgramar"], "no plugin named 'xgramar' to disable; installed: "),
     ("bench", ["offline", "--num-requests", "1", "--disable-plugin", "nope"], "no plugin named 'nope' to disable"),

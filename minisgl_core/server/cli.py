@@ -91,6 +91,12 @@ def _add_http_args(p: argparse.ArgumentParser, port: int) -> None:
     )
 
 
+#: the terminal chat's reply length unless --max-tokens says
+SHELL_MAX_TOKENS = 512
+#: (flag, dest) of the shell's own settings, which serve takes with --shell only
+SHELL_FLAGS = (("--temperature", "temperature"), ("--max-tokens", "max_tokens"), ("--system", "system"))
+
+
 def _add_shell_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("shell")
     g.add_argument(
@@ -99,7 +105,9 @@ def _add_shell_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="sampling temperature (default: the model's, else 1.0)",
     )
-    g.add_argument("--max-tokens", type=int, default=512, help="longest reply in tokens")
+    g.add_argument(
+        "--max-tokens", type=int, default=None, help=f"longest reply in tokens (default {SHELL_MAX_TOKENS})"
+    )
     g.add_argument("--system", default=None, help="system prompt")
 
 
@@ -307,7 +315,7 @@ def _shell_foreground(args: argparse.Namespace):
             model,
             is_failed,
             temperature=args.temperature,
-            max_tokens=args.max_tokens,
+            max_tokens=args.max_tokens or SHELL_MAX_TOKENS,
             system=args.system,
         )
 
@@ -321,7 +329,8 @@ def _check_shell_args(args: argparse.Namespace) -> None:
 
     try:
         SamplingParams(
-            temperature=1.0 if args.temperature is None else args.temperature, max_tokens=args.max_tokens
+            temperature=1.0 if args.temperature is None else args.temperature,
+            max_tokens=SHELL_MAX_TOKENS if args.max_tokens is None else args.max_tokens,
         )
     except ValueError as exc:  # the message names the field
         raise ConfigError(str(exc), *(f for f in ("temperature", "max_tokens") if f in str(exc))) from None
@@ -332,6 +341,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     if args.shell:
         _check_shell_args(args)
+    else:  # (they were accepted and used by nothing)
+        given = [flag for flag, value in SHELL_FLAGS if getattr(args, value) is not None]
+        if given:
+            raise ConfigError(
+                f"{', '.join(given)}: the terminal chat's settings; add --shell (or run `minisgl shell`)"
+            )
     opts, plugins = _serve_options(args)
     return serve(opts, plugins, _shell_foreground(args) if args.shell else None)
 
