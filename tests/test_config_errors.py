@@ -507,3 +507,15 @@ def test_a_flag_not_spelled_out_is_refused_not_taken_for_another(argv, capsys):
         build_parser().parse_args(argv)
     flag = next(a for a in argv if a.startswith("--"))
     assert exit_.value.code == 2 and f"unrecognized arguments: {flag}" in capsys.readouterr().err
+
+
+def test_a_file_no_format_reads_is_one_line(tmp_path):
+    """A .gguf of junk: the message was right but came as a traceback (a plain ValueError)."""
+    junk = tmp_path / "x.gguf"
+    junk.write_bytes(b"junk")
+    proc = _cli("generate", "hi", "--model", str(junk), "--device", "cpu")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"minisgl: error: {junk} is not a model this installation can read; supported formats: "
+        "safetensors (a directory with config.json), gguf"
+    ]

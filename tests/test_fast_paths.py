@@ -86,3 +86,14 @@ def test_the_model_runner_applies_its_config(tiny_model_dir):
         assert not llm.engine.sampler.triton
     finally:
         llm.close()
+
+
+def test_a_switch_written_false_turns_its_path_off_and_nonsense_is_logged(caplog):
+    """MINISGL_COMPILE=false left the path on: only "0" counted."""
+    switches = fast_paths.from_env(
+        {"MINISGL_COMPILE": "false", "MINISGL_FUSED_KV": "OFF", "MINISGL_TRITON_SILU": "no",
+         "MINISGL_TRITON_NORM": "1", "MINISGL_TRITON_SAMPLER": "maybe"}
+    )  # fmt: skip
+    assert (switches.compile, switches.fused_kv, switches.triton_silu) == (False, False, False)
+    assert switches.triton_norm and switches.triton_sampler and switches.split_k_norm
+    assert "MINISGL_TRITON_SAMPLER='maybe' is neither 0 nor 1" in caplog.text

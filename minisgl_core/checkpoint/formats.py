@@ -126,7 +126,15 @@ def open_model(path: str | Path, plugins: Plugins | None = None) -> WeightFormat
         raise FileNotFoundError(
             f"no model in {path}: no config.json, and no other format recognises it; supported formats: {formats}{hint}"
         )
-    raise ValueError(f"{path} is not a model this installation can read; supported formats: {formats}{hint}")
+    # a ValueError, as before; the command line's one-line kind
+    raise ModelPathError(
+        f"{path} is not a model this installation can read; supported formats: {formats}{hint}"
+    )
+
+
+class ModelPathError(ValueError):
+    """``--model`` names nothing that can be loaded; the message says what and how to fix it
+    (also :mod:`minisgl_core.checkpoint.path_check`'s, which checks a path before anything loads)."""
 
 
 def load_tokenizer_dir(model_dir: str | Path) -> Any:

@@ -10,16 +10,12 @@ import json
 import os
 from pathlib import Path
 
-from minisgl_core.checkpoint.formats import INDEX_FILE, SINGLE_FILE
+from minisgl_core.checkpoint.formats import INDEX_FILE, SINGLE_FILE, ModelPathError
 
 WANTED = (
     "give a Hugging Face model directory (config.json, model.safetensors or a sharded index, "
     "tokenizer files) or a .gguf file"
 )
-
-
-class ModelPathError(ValueError):
-    """``--model`` names nothing that can be loaded; the message says what and how to fix it."""
 
 
 def _unreadable(path: Path) -> bool:
