@@ -185,6 +185,8 @@ BAD_FLAGS = [
     ("generate", ["hi", "--step-trace", "/tmp"], "--step-trace '/tmp': is a directory"),
     ("shell", ["--url", "notaurl"], "--url 'notaurl': give the server's address, e.g. http://127.0.0.1:8000"),
     ("bench grammar", ["--grammar-backend", "bogus"], "unknown --grammar-backend 'bogus'; installed: llguidance, xgrammar"),
+    # (--shape won silently: a random-weight model of that shape was built and benchmarked)
+    ("bench", ["offline", "--shape", "qwen3-0.6b"], "give --shape or --model, not both"),
     # (serve took the shell's settings without --shell and used them for nothing)
     ("serve", ["--port", "0", "--temperature", "0.5", "--system", "be brief"],
      "--temperature, --system: the terminal chat's settings; add --shell (or run `minisgl shell`)"),

@@ -182,6 +182,8 @@ def _emit(result: dict[str, Any], path: str | None) -> None:
 def _offline(args: argparse.Namespace) -> int:
     from minisgl_core.config_args import engine_config_from_args
 
+    if args.shape and args.model is not None:  # (--shape silently won, building a model)
+        raise ConfigError(f"give --shape or --model, not both (--shape {args.shape}, --model {args.model})")
     if args.shape:
         args.model = str(_make(args.shape, Path(args.model_cache) / args.shape, "cuda" if _cuda() else "cpu"))
     config = engine_config_from_args(args)
