@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 
-def visible_ids(output_ids: list[int], matched_stop: str | int | None) -> list[int]:
-    """Output ids without the stop token id that ended the request (it is not part of the text)."""
-    if isinstance(matched_stop, int) and output_ids and output_ids[-1] == matched_stop:
+def visible_ids(output_ids: list[int], matched_stop: str | int | None, keep: bool = False) -> list[int]:
+    """Output ids without the stop token id that ended the request (it is not part of the text),
+    unless ``keep`` (include_stop_str_in_output: vLLM keeps a stop token's text then too)."""
+    if not keep and isinstance(matched_stop, int) and output_ids and output_ids[-1] == matched_stop:
         return output_ids[:-1]
     return output_ids
 
@@ -41,7 +42,7 @@ def final_text(
     keep_stop: bool = False,
     min_tokens: int = 0,
 ) -> str:
-    visible = visible_ids(output_ids, matched_stop)
+    visible = visible_ids(output_ids, matched_stop, keep_stop)
     text = tokenizer.decode(visible, skip_special_tokens=skip_special_tokens)
     start = 0
     if isinstance(matched_stop, str):
@@ -86,7 +87,7 @@ class IncrementalDetokenizer:
     def add(self, token_ids: list[int], finished: bool = False, matched_stop: str | int | None = None) -> str:
         """Feed new tokens; return text that is safe to emit now."""
         self.ids.extend(token_ids)
-        ids = visible_ids(self.ids, matched_stop) if finished else self.ids
+        ids = visible_ids(self.ids, matched_stop, self.keep_stop) if finished else self.ids
         prefix = self._decode(ids[self.prefix_offset : self.read_offset])
         full = self._decode(ids[self.prefix_offset :])
         if finished or (len(full) > len(prefix) and not full.endswith("\ufffd")):

@@ -226,6 +226,27 @@ def test_stop_string_kept_with_include_stop_str_in_output(client, server, auth, 
     assert greedy(llm, PROMPT, 24, stop=[stop]).text == full[: full.find(stop)]
 
 
+def test_a_stop_token_kept_with_include_stop_str_in_output(client, llm, model_name):
+    """vLLM keeps the text of the stop token id that ended the request with
+    include_stop_str_in_output; it was dropped whatever the flag said. Streamed or not, and offline."""
+    full = greedy(llm, PROMPT, 12)
+    token = full.token_ids[5]
+    at = full.token_ids.index(token)
+    with_stop = llm.tokenizer.decode(full.token_ids[: at + 1])
+    keep = {"include_stop_str_in_output": True, "stop_token_ids": [token]}
+    resp = client.completions.create(
+        model=model_name, prompt=PROMPT, max_tokens=12, temperature=0, extra_body=keep
+    )
+    assert resp.choices[0].text == with_stop and resp.choices[0].finish_reason == "stop"
+    stream = client.completions.create(
+        model=model_name, prompt=PROMPT, max_tokens=12, temperature=0, stream=True, extra_body=keep
+    )
+    assert "".join(c.choices[0].text for c in stream) == with_stop
+    assert greedy(llm, PROMPT, 12, stop_token_ids=[token], include_stop_str_in_output=True).text == with_stop
+    dropped = greedy(llm, PROMPT, 12, stop_token_ids=[token]).text
+    assert dropped == llm.tokenizer.decode(full.token_ids[:at]) and dropped != with_stop
+
+
 def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(client, llm, model_name):
     """vLLM's truncate_prompt_tokens: the prompt's last k tokens only, as the usage says and as
     greedy decoding of exactly those gives; offline too."""
