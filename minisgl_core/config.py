@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,7 @@ class EngineConfig:
     step_trace: str | None = field(default_factory=lambda: environment.get("MINISGL_STEP_TRACE") or None)
 
     def __post_init__(self) -> None:
+        self._check_types()
         if self.page_size is not None and (self.page_size < 1 or self.page_size & (self.page_size - 1)):
             raise ConfigError(f"page_size must be a power of two >= 1, got {self.page_size}", "page_size")
         for name in ("max_prefill_tokens", "max_running_requests", "tp_size", "speculative_num_draft_tokens"):
@@ -203,6 +205,35 @@ class EngineConfig:
             raise ConfigError(f"attn takes NAME, PREFILL,DECODE or auto; got {self.attn!r}", "attn")
         if self.device != "auto" and _device_type(self.device) not in ("cpu", "cuda"):
             raise ConfigError(f"device must be auto, cpu, cuda or cuda:N; got {self.device!r}", "device")
+
+    #: fields by the kind of value they take (None allowed where the field's default is None)
+    _INTS = (
+        "page_size", "max_prefill_tokens", "max_running_requests", "max_context_len", "num_kv_tokens",
+        "tp_size", "seed", "cuda_graph_max_bs", "piecewise_cuda_graph_max_tokens", "grammar_threads",
+        "speculative_num_draft_tokens", "speculative_ngram_max", "speculative_ngram_min",
+    )  # fmt: skip
+    _STRS = ("attn", "cache", "policy", "dtype", "device", "generation_config", "grammar_backend",
+             "kv_cache_dtype")  # fmt: skip
+
+    def _check_types(self) -> None:
+        """A value of the wrong type (``LLM(page_size="16")``, ``attn=None``) failed deep in the
+        engine with a comparison or a torch error; here it names the field."""
+        defaults = {f.name: f.default for f in fields(self)}
+        for name in self._INTS:
+            value = getattr(self, name)
+            if (value is not None or defaults[name] is not None) and (
+                not isinstance(value, int) or isinstance(value, bool)
+            ):
+                raise ConfigError(f"{name} must be an integer, got {value!r}", name)
+        if not isinstance(self.model, (str, os.PathLike)):
+            raise ConfigError(f"model must be a path or a name, got {self.model!r}", "model")
+        for name in self._STRS:
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(f"{name} must be a string, got {getattr(self, name)!r}", name)
+        if isinstance(self.kv_memory_fraction, bool) or not isinstance(self.kv_memory_fraction, (int, float)):
+            raise ConfigError(
+                f"kv_memory_fraction must be a number, got {self.kv_memory_fraction!r}", "kv_memory_fraction"
+            )
 
     def resolve_device(self) -> torch.device:
         if self.device == "auto":

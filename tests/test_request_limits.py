@@ -250,3 +250,18 @@ def test_sampling_params_of_the_wrong_type_are_refused_when_built(fields, says):
     generation had run (skip_special_tokens=0, in the tokenizer)."""
     with pytest.raises(ValueError, match=f"^{re.escape(says)}$"):
         SamplingParams(**fields)
+
+
+@pytest.mark.parametrize(
+    ("option", "says"),
+    [
+        ({"page_size": "16"}, "page_size must be an integer, got '16'"),
+        ({"max_running_requests": 1.5}, "max_running_requests must be an integer, got 1.5"),
+        ({"attn": None}, "attn must be a string, got None"),
+        ({"device": None}, "device must be a string, got None"),
+    ],
+)
+def test_llm_options_of_the_wrong_type_name_the_field(model_dir, option, says):
+    """Each failed deep in the engine (a comparison of str and int, a torch TypeError)."""
+    with pytest.raises(ValueError, match=f"^{re.escape(says)}$"):
+        LLM(str(model_dir), **{"device": "cpu", "attn": "torch", **option})
