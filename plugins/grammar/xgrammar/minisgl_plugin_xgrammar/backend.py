@@ -241,9 +241,11 @@ class XGrammarBackend(GrammarBackend):
             _check_json(spec.value, "json_schema")
             unenforced = unenforced_keywords(json.loads(spec.value))
             if unenforced:
+                more = f"; and {len(unenforced) - 5} more" if len(unenforced) > 5 else ""
                 raise GrammarError(
                     "json_schema: the xgrammar backend cannot enforce "
-                    + "; ".join(unenforced)
+                    + "; ".join(unenforced[:5])
+                    + more
                     + " (it would pass output that breaks them): remove them from the schema"
                 )
             # compact output (no free whitespace): a weak model cannot stall in an endless run of spaces

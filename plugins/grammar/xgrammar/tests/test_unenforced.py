@@ -108,3 +108,13 @@ def test_keywords_xgrammar_enforces_are_kept(backend, schema, text):
     assert not _accepts(schema, text)
     assert unenforced_keywords(schema) == []
     backend.compile(GrammarSpec("json_schema", json.dumps(schema)))
+
+
+def test_a_schema_with_many_such_keywords_names_the_first_five(backend):
+    """A schema nested hundreds deep named every level (a message of hundreds of entries)."""
+    schema: dict = {"type": "string"}
+    for _ in range(7):
+        schema = {"type": "object", "uniqueItems": True, "properties": {"a": schema}, "required": ["a"]}
+    with pytest.raises(GrammarError) as refused:
+        backend.check(GrammarSpec("json_schema", json.dumps(schema)))
+    assert str(refused.value).count("'uniqueItems' at") == 5 and "; and 2 more (" in str(refused.value)
