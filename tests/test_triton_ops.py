@@ -521,7 +521,9 @@ def check_collective() -> None:
                     got = pads[r][p * world : (p + 1) * world].tolist()
                     passed = barrier and p < channels
                     if r == rank:
-                        want = [0] * world if passed else [int(q != rank and p < channels) for q in range(world)]
+                        want = (
+                            [0] * world if passed else [int(q != rank and p < channels) for q in range(world)]
+                        )
                     else:
                         want = [int(bool(passed) and q == rank) for q in range(world)]
                     assert got == want, (programs, barrier, r, p, got, want)

@@ -221,7 +221,12 @@ def rank_main(rank: int, world: int, port: int, out_path: str | None) -> None:
     # µs per sum + add + norm in a graph of 64: the all-reduce then the norm, and fused (at every
     # size, to place NORM_MIN_BYTES)
     if fuse is not None and report["fused_norm"]:
-        for label in ("all_reduce_then_norm", "fused_all_sizes", "fused_in_kernel_barrier", "fused_leader_barrier"):
+        for label in (
+            "all_reduce_then_norm",
+            "fused_all_sizes",
+            "fused_in_kernel_barrier",
+            "fused_leader_barrier",
+        ):
             saved_min = fast.NORM_MIN_BYTES
             fast.NORM_MIN_BYTES = 1 << 40 if label == "all_reduce_then_norm" else 0
             fast.norm_barrier = label in ("fused_in_kernel_barrier", "fused_leader_barrier")
