@@ -23,7 +23,7 @@
 # "profile": tools/device_tp_profile.py at TP=2, then TP=1 (windows 100 450 850; $OUT/profile-tp{2,1}.{json,txt}).
 # "auto": no tests, no check; TP=2, TP=1, TP=2 with MINISGL_PDL=1, TP=2 (for ATTN=auto, the default's
 # FA3 prefill + Triton decode: the first TP=2 run pays the FA3 JIT in its start-up).
-# "leader": the two-GPU engine tests, the check, then TP=2 (its limit 400 s: FA3's JIT on a fresh
+# "leader": the two-GPU engine tests (TESTS=0: none), the check, then TP=2 (its limit 400 s: FA3's JIT on a fresh
 # machine), TP=2 with MINISGL_SYMM_MEM_NORM_LEADER=0 (each program of the fused kernel passes the
 # barrier on its own channel up to 128 rows, PyTorch's barrier kernel above), TP=1, TP=2, TP=2 with it
 # =0 (as long as the call lasts). "leader2" (a warm machine): TP=2 and TP=1 with step traces
@@ -45,7 +45,7 @@ if [[ $what == pdl ]]; then
   MINISGL_PDL=1 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_tensor_parallel.py -k cuda > "$out/pytest-tp.log" 2>&1
   tail -n 3 "$out/pytest-tp.log"
 fi
-if [[ $what == norm || $what == norm2 || $what == quick || $what == prof || $what == leader ]]; then
+if [[ $what == norm || $what == norm2 || $what == quick || $what == prof || ($what == leader && ${TESTS:-1} == 1) ]]; then
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_tensor_parallel.py -k cuda > "$out/pytest-tp.log" 2>&1
   tail -n 3 "$out/pytest-tp.log"
 fi

@@ -52,11 +52,11 @@ def _signal_and_wait(signal_ptrs, rank, channel, WORLD: tl.constexpr):
 
 @triton.jit
 def _wait_for_leader(sync):
-    # spin until the leader (program 0) has raised the go word (acquire: what it saw, its peers'
-    # partial sums among it, is visible here too)
-    go = tl.atomic_add(sync, 0, sem="acquire", scope="gpu")
-    while go == 0:
-        go = tl.atomic_add(sync, 0, sem="acquire", scope="gpu")
+    # spin on plain (volatile) reads of the leader's go word, then one acquire read: what the
+    # leader saw (its peers' partial sums among it) is visible here too
+    while tl.load(sync, volatile=True) == 0:
+        pass
+    tl.atomic_add(sync, 0, sem="acquire", scope="gpu")
 
 
 @triton.jit
@@ -80,27 +80,15 @@ def sum_add_rms_norm_kernel(
 ):
     # rows pid, pid + programs, ...: the all-reduce of sum_peer_buffers_kernel (float32 in rank
     # order, then rounded to the model dtype), then rms_norm_kernel's residual add and norm, bit for
-    # bit. This rank's own partial row and the residual row are read before the barrier (this
-    # rank's kernels before this one wrote them); only the peers' rows wait for it.
-    # BARRIER 1: each program passes the buffers' barrier on its own channel (its program id), which
-    # saves the barrier kernel before this one: every rank's partial sum was written by a kernel that
-    # finished before its program raised the flag. BARRIER 2: program 0 alone passes it (channel 0)
-    # and then raises a go word in this GPU's memory, which the other programs wait for: one
+    # bit. BARRIER 1: each program first passes the buffers' barrier on its own channel (its program
+    # id), which saves the barrier kernel before this one: every rank's partial sum was written by a
+    # kernel that finished before its program raised the flag. BARRIER 2: program 0 alone passes it
+    # (channel 0), then raises a go word in this GPU's memory that the other programs wait for: one
     # round trip over NVLink a rank instead of one a program. The last program to finish lowers it
-    # again (every program has seen it by then), so it is zero at the next launch.
+    # again (every program is past its wait by then), so it is zero at the next launch.
     pid = tl.program_id(0)
     if PDL:
-        gdc_wait()  # (before anything: the GEMM before this kernel wrote this rank's partial sum)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < n
-    dtype = out.dtype.element_ty
-    w = tl.load(weight + cols, mask=mask, other=0.0).to(tl.float32)
-    row = pid.to(tl.int64)
-    mine = tl.load(buffer_ptrs + rank).to(tl.pointer_type(dtype))
-    i = row * n + cols
-    here = mask & (row < rows)
-    own = tl.load(mine + i, mask=here, other=0.0).to(tl.float32)
-    res = tl.load(residual + i, mask=here, other=0.0).to(tl.float32)
+        gdc_wait()  # (before the flag: it says this rank's partial sum is written)
     if BARRIER == 1:
         _signal_and_wait(signal_ptrs, rank, pid, WORLD)
     if BARRIER == 2:
@@ -109,12 +97,18 @@ def sum_add_rms_norm_kernel(
             tl.atomic_xchg(sync, 1, sem="release", scope="gpu")
         else:
             _wait_for_leader(sync)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n
+    dtype = out.dtype.element_ty
+    w = tl.load(weight + cols, mask=mask, other=0.0).to(tl.float32)
+    row = pid.to(tl.int64)
     while row < rows:  # (a while loop: Triton's interpreter takes no range() over a runtime bound)
+        i = row * n + cols
         acc = tl.zeros([BLOCK], dtype=tl.float32)
         for r in tl.static_range(WORLD):
-            base = tl.load(buffer_ptrs + r).to(tl.pointer_type(dtype))
-            peer = tl.load(base + i, mask=mask & (rank != r), other=0.0).to(tl.float32)
-            acc += tl.where(rank == r, own, peer)
+            base = tl.load(buffer_ptrs + r).to(tl.pointer_type(out.dtype.element_ty))
+            acc += tl.load(base + i, mask=mask, other=0.0).to(tl.float32)
+        res = tl.load(residual + i, mask=mask, other=0.0).to(tl.float32)
         v = (acc.to(dtype).to(tl.float32) + res).to(dtype)
         tl.store(total + i, v, mask=mask)
         v32 = v.to(tl.float32)
@@ -122,12 +116,8 @@ def sum_add_rms_norm_kernel(
         y = (v32 * inv_rms).to(dtype).to(tl.float32) * w
         tl.store(out + i, y.to(dtype), mask=mask)
         row += programs
-        i = row * n + cols
-        here = mask & (row < rows)
-        own = tl.load(mine + i, mask=here, other=0.0).to(tl.float32)
-        res = tl.load(residual + i, mask=here, other=0.0).to(tl.float32)
     if BARRIER == 2:
-        done = tl.atomic_add(sync + 1, 1, sem="acq_rel", scope="gpu")
+        done = tl.atomic_add(sync + 1, 1, sem="relaxed", scope="gpu")
         if done == programs - 1:  # the last one: every program is past its wait
             tl.atomic_xchg(sync + 1, 0, sem="relaxed", scope="gpu")
             tl.atomic_xchg(sync, 0, sem="relaxed", scope="gpu")

@@ -12,6 +12,7 @@ from fastapi import Depends, FastAPI, Request
 from minisgl_core.server.api_options import ApiOptions, ApiTokenizer
 from minisgl_core.server.body_limit import BodySizeLimit
 from minisgl_core.server.errors import APIError, install_error_handlers
+from minisgl_core.server.head_requests import HeadAsGet
 from minisgl_core.server.native_routes import health_router, info_router, native_router
 from minisgl_core.server.openapi import build_schema
 from minisgl_core.server.routes import make_router
@@ -65,7 +66,7 @@ def create_app(
         app.add_middleware(
             CORSMiddleware,
             allow_origins=list(options.allowed_origins),
-            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_methods=["GET", "HEAD", "POST", "OPTIONS"],
             allow_headers=["Authorization", "Content-Type"],
         )
     tokenizer = ApiTokenizer(state.model.path, options.chat_template)
@@ -75,6 +76,7 @@ def create_app(
     app.include_router(native_router(state), dependencies=protected)
     app.include_router(info_router(state, info or {}), dependencies=protected)
     app.add_middleware(BodySizeLimit, max_bytes=state.limits.max_body_bytes)
+    app.add_middleware(HeadAsGet)  # outermost: everything inside sees the GET
     app.include_router(tokenize_router(state, tokenizer), dependencies=protected)
     schema = build_schema(app, protected=bool(protected))
     app.openapi = lambda: schema  # type: ignore[method-assign]
