@@ -164,4 +164,7 @@ def install_error_handlers(app: FastAPI, on_error: Callable[[int], None] = lambd
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         on_error(exc.status_code)
-        return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code)
+        # exc.headers: a 405's Allow, which RFC 9110 requires
+        return JSONResponse(
+            error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code, headers=exc.headers
+        )

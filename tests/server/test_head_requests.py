@@ -1,0 +1,49 @@
+"""HEAD on every GET route answers like the GET without a body (load balancers and Kubernetes
+probes send HEAD); routes without a GET still answer 405."""
+
+from __future__ import annotations
+
+import httpx
+from starlette.testclient import TestClient
+
+from minisgl_core.server.app import create_app
+from minisgl_core.server.state import ModelInfo, ServerState
+
+from .conftest import API_KEY
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+def app_client() -> tuple[TestClient, ServerState]:
+    info = ModelInfo(name="m", path="m", max_context_len=2048, kv_capacity_tokens=16384, vocab_size=1024)
+    state = ServerState(endpoints=None, model=info)
+    # no lifespan: the routes below answer from the state alone, without an engine
+    return TestClient(create_app(state, api_key=API_KEY)), state
+
+
+def test_head_answers_like_get_without_a_body():
+    client, state = app_client()
+    for path, headers in [("/health", {}), ("/v1/models", AUTH), ("/v1/models/m", AUTH), ("/metrics", AUTH),
+                          ("/get_model_info", AUTH), ("/openapi.json", AUTH)]:  # fmt: skip
+        get, head = client.get(path, headers=headers), client.head(path, headers=headers)
+        assert (get.status_code, head.status_code) == (200, 200), path
+        assert head.content == b"" and get.content, path
+        assert head.headers["content-type"] == get.headers["content-type"], path
+    # errors keep their status: no key, an unknown model, a route that only takes POST
+    assert client.head("/v1/models").status_code == 401
+    assert client.head("/v1/models/other", headers=AUTH).status_code == 404
+    refused = client.head("/v1/completions", headers=AUTH)
+    assert refused.status_code == 405 and refused.headers["allow"] == "POST" and refused.content == b""
+    # unhealthy: 503 for both health checks, still without a body
+    state.start_draining()
+    for path in ("/health", "/health_generate"):
+        assert client.get(path, headers=AUTH).status_code == 503, path
+        head = client.head(path, headers=AUTH)
+        assert head.status_code == 503 and head.content == b"", path
+
+
+def test_head_on_a_live_server(server):
+    # through uvicorn: the probe's HEAD on a real server, healthy, and one that runs the engine
+    for path, status in [("/health", 200), ("/health_generate", 200), ("/v1/models", 200)]:
+        resp = httpx.head(f"{server.url}{path}", headers=AUTH, timeout=30)
+        assert resp.status_code == status and resp.content == b"", path
