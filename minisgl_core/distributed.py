@@ -207,7 +207,6 @@ class SymmMemAllReduce:
         wide: bool = False,
         norm: bool = False,
         norm_barrier: bool = True,
-        norm_leader: bool = True,
     ) -> None:
         import torch.distributed._symmetric_memory as symm_mem
 
@@ -230,17 +229,12 @@ class SymmMemAllReduce:
                 ptrs = torch.tensor(list(handle.buffer_ptrs), dtype=torch.int64, device=device)
                 signals = torch.tensor(list(handle.signal_pad_ptrs), dtype=torch.int64, device=device)
                 self.norm_halves.append((buf, handle, ptrs, signals))
-        # each half's go word and count of programs done for the leader's barrier (zero between
-        # launches: the kernel's last program lowers them)
-        self.norm_sync = torch.zeros(2, 2, dtype=torch.int32, device=device) if norm else None
         self._turn = 0
         # the ``symm_mem_norm_barrier`` fast path: add_rms_norm's kernel passes the barrier itself
         # (up to NORM_BARRIER_MAX_ROWS), a program per channel of the signal pads (int32 flags,
         # ``world`` per channel), at most two per SM so that every program is resident and a peer's
         # program it waits for runs
         self.norm_barrier = norm_barrier
-        # the ``symm_mem_norm_leader`` fast path: program 0 alone passes it, at every size
-        self.norm_leader = norm_leader
         if norm:
             pad_bytes = getattr(self.norm_halves[0][1], "signal_pad_size", 2048)  # (PyTorch's default)
             channels = pad_bytes // (4 * self.world)
@@ -308,19 +302,13 @@ class SymmMemAllReduce:
             return None
         from minisgl_core.layers._triton_collectives import sum_add_rms_norm_kernel
 
-        turn = self._turn
-        buf, handle, ptrs, signals = self.norm_halves[turn]
+        buf, handle, ptrs, signals = self.norm_halves[self._turn]
         self._turn ^= 1
         shared = buf.view(x.dtype)[: x.numel()]
         if x.data_ptr() != shared.data_ptr():  # else the GEMM wrote it there (norm_input)
             shared.copy_(x.view(-1))
         rows = x.shape[0]
-        if self.norm_barrier and self.norm_leader:
-            barrier = 2
-        elif self.norm_barrier and rows <= self.NORM_BARRIER_MAX_ROWS:
-            barrier = 1
-        else:
-            barrier = 0
+        barrier = self.norm_barrier and rows <= self.NORM_BARRIER_MAX_ROWS
         if barrier:
             programs = min(rows, self.norm_programs)  # the kernel's programs wait for every rank's
         else:
@@ -330,8 +318,7 @@ class SymmMemAllReduce:
         total = torch.empty_like(x)
         block = triton_ops._pow2(n)
         sum_add_rms_norm_kernel[(programs,)](
-            ptrs, signals, self.norm_sync[turn], self.handle.rank, residual, weight, float(eps), out, total,
-            rows, programs, n,
+            ptrs, signals, self.handle.rank, residual, weight, float(eps), out, total, rows, programs, n,
             WORLD=self.world, BLOCK=block, BARRIER=barrier, num_warps=min(16, max(1, block // 256)),
             **triton_ops.pdl_options(x.device),
         )  # fmt: skip
@@ -384,7 +371,6 @@ def enable_fast_all_reduce(parallel: ParallelContext, device: torch.device) -> b
             wide=paths.symm_mem_wide,
             norm=paths.symm_mem_norm,
             norm_barrier=paths.symm_mem_norm_barrier,
-            norm_leader=paths.symm_mem_norm_leader,
         )
     except Exception as exc:  # noqa: BLE001 - an optional fast path: NCCL still works
         logger.warning(

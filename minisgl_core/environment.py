@@ -28,8 +28,6 @@ DOCUMENTED: dict[str, str] = {
     "MINISGL_SYMM_MEM_NORM": "0 turns off its sum fused with the residual add and RMS norm after it (--disable-fast-path symm_mem_norm)",
     "MINISGL_SYMM_MEM_NORM_BARRIER": "0 makes that fused kernel wait behind PyTorch's barrier kernel instead of "
     "passing the barrier itself (--disable-fast-path symm_mem_norm_barrier)",
-    "MINISGL_SYMM_MEM_NORM_LEADER": "0 makes each program of that kernel pass the barrier on its own channel "
-    "(up to 128 rows) instead of one program for all (--disable-fast-path symm_mem_norm_leader)",
     "MINISGL_PDL": "1 launches the hand-written Triton kernels with programmatic dependent launch (Hopper+; "
     "experimental, off by default: -2% at batch 1 (Llama-3.1-8B fp8) but 1% slower offline on Qwen3-0.6B, BENCHMARKS.md)",
     "MINISGL_SPLIT_MIXED": "0 runs a mixed step's decode rows on the prefill attention backend with its "

@@ -51,10 +51,6 @@ class FastPaths:
     #: that fused kernel passes the buffers' barrier itself (a flag per program in the signal pads)
     #: instead of after PyTorch's barrier kernel
     symm_mem_norm_barrier: bool = True
-    #: that barrier passed by one program of the kernel, the others waiting on a word in this GPU's
-    #: memory, at every size; off: each program on its own channel of the signal pads, up to
-    #: ``SymmMemAllReduce.NORM_BARRIER_MAX_ROWS`` rows (PyTorch's barrier kernel above)
-    symm_mem_norm_leader: bool = True
     #: tensor parallelism: each rank samples its own slice of the vocabulary and the ranks trade
     #: one (value, token) pair per row, instead of gathering every rank's logits
     vocab_parallel_sampling: bool = True
@@ -99,7 +95,6 @@ ENV_VARS: dict[str, str] = {
     "symm_mem_wide": "MINISGL_SYMM_MEM_WIDE",
     "symm_mem_norm": "MINISGL_SYMM_MEM_NORM",
     "symm_mem_norm_barrier": "MINISGL_SYMM_MEM_NORM_BARRIER",
-    "symm_mem_norm_leader": "MINISGL_SYMM_MEM_NORM_LEADER",
     "vocab_parallel_sampling": "MINISGL_VOCAB_PARALLEL_SAMPLING",
 }
 

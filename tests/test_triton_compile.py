@@ -132,7 +132,7 @@ def test_all_reduce_sum_kernel_compiles(target, dtype, world):
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")
-@pytest.mark.parametrize("hidden, barrier", [(4096, 2), (4096, 1), (1024, 0)])
+@pytest.mark.parametrize("hidden, barrier", [(4096, True), (1024, False)])
 def test_all_reduce_norm_kernel_compiles(target, hidden, barrier):
     from minisgl_core.layers._triton_collectives import sum_add_rms_norm_kernel
     from minisgl_core.layers.triton_ops import _pow2
@@ -141,7 +141,6 @@ def test_all_reduce_norm_kernel_compiles(target, hidden, barrier):
     signature = {
         "buffer_ptrs": "*i64",
         "signal_ptrs": "*i64",
-        "sync": "*i32",
         "rank": "i32",
         "residual": t,
         "weight": t,
@@ -194,10 +193,10 @@ def test_pdl_variants_wait_for_the_kernel_before():
                              "q_weight": t, "k_weight": t, "eps": "fp32", "q_out": t, "k_pool": t, "v_pool": t,
                              "loc": "*i64"},
          {"NUM_Q": 32, "NUM_KV": 8, "HALF": 64, "BLOCK": 64, "BLOCK_Q": 32, "BLOCK_KV": 8, "NORM": False}),
-        (sum_add_rms_norm_kernel, {"buffer_ptrs": "*i64", "signal_ptrs": "*i64", "sync": "*i32", "rank": "i32", "residual": t,
+        (sum_add_rms_norm_kernel, {"buffer_ptrs": "*i64", "signal_ptrs": "*i64", "rank": "i32", "residual": t,
                                    "weight": t, "eps": "fp32", "out": t, "total": t, "rows": "i32",
                                    "programs": "i32", "n": "i32"},
-         {"WORLD": 2, "BLOCK": 4096, "BARRIER": 2}),
+         {"WORLD": 2, "BLOCK": 4096, "BARRIER": True}),
     ]  # fmt: skip
     for kernel, signature, constants in kernels:
         ptx = _ptx(kernel, signature, {**constants, "PDL": True}, {"launch_pdl": True})

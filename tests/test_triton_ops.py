@@ -495,40 +495,32 @@ def check_collective() -> None:
         expected_out, expected_total = triton_ops.rms_norm(summed.view(rows, n), weight, 1e-6, residual)
         # a program per row, then fewer programs than rows (each takes every programs-th row); with
         # the barrier inside the kernel (symm_mem_norm_barrier) the peers' flags are raised in
-        # advance, as they would be by the peers' programs (the interpreter runs one rank): on
-        # each program's own channel (BARRIER 1), or on channel 0 for the leader alone (BARRIER 2)
-        for programs, barrier in ((rows, 0), (2, 0), (rows, 1), (2, 1), (rows, 2), (2, 2)):
+        # advance, as they would be by the peers' programs (the interpreter runs one rank)
+        for programs, barrier in ((rows, False), (2, False), (rows, True), (2, True)):
             rank = world - 1
-            channels = programs if barrier == 1 else 1
             pads = [torch.zeros(programs * world + 3, dtype=torch.int32) for _ in range(world)]
-            for p in range(channels):
+            for p in range(programs):
                 pads[rank][p * world : (p + 1) * world] = 1  # every peer's flag raised
                 pads[rank][p * world + rank] = 0  # (our own slot is never raised)
             signals = torch.tensor([t.data_ptr() for t in pads], dtype=torch.int64)
-            sync = torch.zeros(2, dtype=torch.int32)
             out, total = torch.full((rows, n), float("nan")), torch.full((rows, n), float("nan"))
             sum_add_rms_norm_kernel[(programs,)](
-                ptrs, signals, sync, rank, residual, weight, 1e-6, out, total, rows, programs, n,
+                ptrs, signals, rank, residual, weight, 1e-6, out, total, rows, programs, n,
                 WORLD=world, BLOCK=triton_ops._pow2(n), BARRIER=barrier,
             )  # fmt: skip
             assert torch.equal(total, expected_total), (total - expected_total).abs().max()
             assert torch.equal(out, expected_out), (out - expected_out).abs().max()
-            # with the barrier the programs took their peers' flags down in our pad and raised ours
-            # in each peer's, on their channels; without it the pads are untouched; the leader's go
-            # word and count are zero again for the next launch
+            # with the barrier every program took its peers' flags down in our pad and raised ours in
+            # each peer's, on its own channel; without it the pads are untouched
             for r in range(world):
                 for p in range(programs):
                     got = pads[r][p * world : (p + 1) * world].tolist()
-                    passed = barrier and p < channels
                     if r == rank:
-                        want = (
-                            [0] * world if passed else [int(q != rank and p < channels) for q in range(world)]
-                        )
+                        want = [0] * world if barrier else [int(q != rank) for q in range(world)]
                     else:
-                        want = [int(bool(passed) and q == rank) for q in range(world)]
+                        want = [int(barrier and q == rank) for q in range(world)]
                     assert got == want, (programs, barrier, r, p, got, want)
                 assert pads[r][programs * world :].tolist() == [0, 0, 0]
-            assert sync.tolist() == [0, 0], sync
         print("ok")
 
 

@@ -151,14 +151,11 @@ def rank_main(rank: int, world: int, port: int, out_path: str | None) -> None:
     def reference(x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return triton_ops.rms_norm(nccl(x), norm.weight, norm.eps, residual)
 
-    # each three times: the kernel's leader passing the barrier for all its programs
-    # (symm_mem_norm_leader), each program passing it on its own channel (symm_mem_norm_barrier
-    # alone, up to NORM_BARRIER_MAX_ROWS), then behind PyTorch's barrier kernel
-    modes = ("leader", "channels", False) if fuse is not None and report["fused_norm"] else (False,)
-    for barrier in modes:
+    # each twice: the kernel passing the barrier itself (symm_mem_norm_barrier), then behind
+    # PyTorch's barrier kernel
+    for barrier in (True, False) if fuse is not None and report["fused_norm"] else (False,):
         if fuse is not None:
-            fast.norm_barrier = bool(barrier)
-            fast.norm_leader = barrier == "leader"
+            fast.norm_barrier = barrier
         for bs in (1, 64, 96, 128, 256, 512, 1024):
             x, residual = data((bs, HIDDEN), 400 + bs), data((bs, HIDDEN), 500 + bs) * 4
             took = fuse is not None and fuse(x.clone(), residual, norm.weight, norm.eps) is not None
@@ -221,16 +218,10 @@ def rank_main(rank: int, world: int, port: int, out_path: str | None) -> None:
     # µs per sum + add + norm in a graph of 64: the all-reduce then the norm, and fused (at every
     # size, to place NORM_MIN_BYTES)
     if fuse is not None and report["fused_norm"]:
-        for label in (
-            "all_reduce_then_norm",
-            "fused_all_sizes",
-            "fused_in_kernel_barrier",
-            "fused_leader_barrier",
-        ):
+        for label in ("all_reduce_then_norm", "fused_all_sizes", "fused_in_kernel_barrier"):
             saved_min = fast.NORM_MIN_BYTES
             fast.NORM_MIN_BYTES = 1 << 40 if label == "all_reduce_then_norm" else 0
-            fast.norm_barrier = label in ("fused_in_kernel_barrier", "fused_leader_barrier")
-            fast.norm_leader = label == "fused_leader_barrier"
+            fast.norm_barrier = label == "fused_in_kernel_barrier"
             saved_max = fast.NORM_BARRIER_MAX_ROWS
             fast.NORM_BARRIER_MAX_ROWS = 1 << 30  # (every size, to place the threshold)
             for bs in (1, 32, 64, 96, 128, 256, 512):

@@ -23,12 +23,8 @@
 # "profile": tools/device_tp_profile.py at TP=2, then TP=1 (windows 100 450 850; $OUT/profile-tp{2,1}.{json,txt}).
 # "auto": no tests, no check; TP=2, TP=1, TP=2 with MINISGL_PDL=1, TP=2 (for ATTN=auto, the default's
 # FA3 prefill + Triton decode: the first TP=2 run pays the FA3 JIT in its start-up).
-# "leader": the two-GPU engine tests (TESTS=0: none), the check, then TP=2 (its limit 400 s: FA3's JIT on a fresh
-# machine), TP=2 with MINISGL_SYMM_MEM_NORM_LEADER=0 (each program of the fused kernel passes the
-# barrier on its own channel up to 128 rows, PyTorch's barrier kernel above), TP=1, TP=2, TP=2 with it
-# =0 (as long as the call lasts). "leader2" (a warm machine): TP=2 and TP=1 with step traces
-# ($OUT/steps-tp{2,1}.jsonl, summarised), then TP=2 =0, TP=2, TP=2 =0.
-# ATTN (default fi, as every run above measured) picks the attention backends of every run.
+# ATTN (default fi, as every run above measured) picks the attention backends of every run; LIMIT
+# (default 200) the seconds each run may take.
 # Results: $OUT/allreduce.json, $OUT/bench.jsonl, $OUT/logs.tgz.
 set -uo pipefail
 what=${1:-check}
@@ -45,14 +41,14 @@ if [[ $what == pdl ]]; then
   MINISGL_PDL=1 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_tensor_parallel.py -k cuda > "$out/pytest-tp.log" 2>&1
   tail -n 3 "$out/pytest-tp.log"
 fi
-if [[ $what == norm || $what == norm2 || $what == quick || $what == prof || ($what == leader && ${TESTS:-1} == 1) ]]; then
+if [[ $what == norm || $what == norm2 || $what == quick || $what == prof ]]; then
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_tensor_parallel.py -k cuda > "$out/pytest-tp.log" 2>&1
   tail -n 3 "$out/pytest-tp.log"
 fi
-if [[ $what == check || $what == pairs || $what == ab || $what == norm || $what == norm2 || $what == prof || $what == barrier || $what == leader ]]; then
+if [[ $what == check || $what == pairs || $what == ab || $what == norm || $what == norm2 || $what == prof || $what == barrier ]]; then
   timeout 240 python3 tools/device_allreduce_check.py --json "$out/allreduce.json" > $logs/allreduce.log 2>&1
   echo "all-reduce check exit $?"; grep -A12 graph_us_per_all_reduce $logs/allreduce.log | head -14
-  grep -A36 graph_us_per_sum_add_norm $logs/allreduce.log | tr -d ' \n'; echo
+  grep -A27 graph_us_per_sum_add_norm $logs/allreduce.log | tr -d ' \n'; echo
   grep -m3 -i "error\|fail\|warn" $logs/allreduce.log
 fi
 wait
@@ -98,15 +94,6 @@ elif [[ $what == profile ]]; then
   done
 elif [[ $what == auto ]]; then
   tp2; tp1; ( export MINISGL_PDL=1; bench --tp 2 --label "llama-3.1-8b-tp2 MINISGL_PDL=1" 2>>$logs/tp2.log ); tp2
-elif [[ $what == leader ]]; then
-  LIMIT=400 tp2; tp2_without MINISGL_SYMM_MEM_NORM_LEADER; tp1; tp2; tp2_without MINISGL_SYMM_MEM_NORM_LEADER
-elif [[ $what == leader2 ]]; then
-  for tp in 2 1; do
-    f="$out/steps-tp$tp.jsonl"
-    if [[ $tp == 1 ]]; then MINISGL_STEP_TRACE=$f tp1; else MINISGL_STEP_TRACE=$f tp2; fi
-    python3 tools/step_trace.py "$f" --bucket 100 2>&1 | head -n 16
-  done
-  tp2_without MINISGL_SYMM_MEM_NORM_LEADER; tp2; tp2_without MINISGL_SYMM_MEM_NORM_LEADER
 elif [[ $what == barrier ]]; then
   tp2; tp2_without MINISGL_SYMM_MEM_NORM_BARRIER; tp1; tp2; tp2_without MINISGL_SYMM_MEM_NORM_BARRIER
 elif [[ $what == prof ]]; then

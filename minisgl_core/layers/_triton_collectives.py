@@ -51,19 +51,9 @@ def _signal_and_wait(signal_ptrs, rank, channel, WORLD: tl.constexpr):
 
 
 @triton.jit
-def _wait_for_leader(sync):
-    # spin on plain (volatile) reads of the leader's go word, then one acquire read: what the
-    # leader saw (its peers' partial sums among it) is visible here too
-    while tl.load(sync, volatile=True) == 0:
-        pass
-    tl.atomic_add(sync, 0, sem="acquire", scope="gpu")
-
-
-@triton.jit
 def sum_add_rms_norm_kernel(
     buffer_ptrs,  # [world] int64: every rank's symmetric buffer, each a [rows, n] partial sum
     signal_ptrs,  # [world] int64: every rank's signal pad (BARRIER only)
-    sync,  # [2] int32, zero between launches: the leader's go word, the count of programs done (BARRIER 2)
     rank,
     residual,  # [rows, n] contiguous
     weight,  # [n]
@@ -75,28 +65,19 @@ def sum_add_rms_norm_kernel(
     n,
     WORLD: tl.constexpr,
     BLOCK: tl.constexpr,
-    BARRIER: tl.constexpr,  # 0: passed before the launch; 1: each program on its own channel; 2: the leader's
+    BARRIER: tl.constexpr,
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch: wait for the GEMM first
 ):
     # rows pid, pid + programs, ...: the all-reduce of sum_peer_buffers_kernel (float32 in rank
     # order, then rounded to the model dtype), then rms_norm_kernel's residual add and norm, bit for
-    # bit. BARRIER 1: each program first passes the buffers' barrier on its own channel (its program
-    # id), which saves the barrier kernel before this one: every rank's partial sum was written by a
-    # kernel that finished before its program raised the flag. BARRIER 2: program 0 alone passes it
-    # (channel 0), then raises a go word in this GPU's memory that the other programs wait for: one
-    # round trip over NVLink a rank instead of one a program. The last program to finish lowers it
-    # again (every program is past its wait by then), so it is zero at the next launch.
+    # bit. With BARRIER each program first passes the buffers' barrier on its own channel (its
+    # program id), which saves the barrier kernel before this one: every rank's partial sum was
+    # written by a kernel that finished before its program raised the flag.
     pid = tl.program_id(0)
     if PDL:
         gdc_wait()  # (before the flag: it says this rank's partial sum is written)
-    if BARRIER == 1:
+    if BARRIER:
         _signal_and_wait(signal_ptrs, rank, pid, WORLD)
-    if BARRIER == 2:
-        if pid == 0:
-            _signal_and_wait(signal_ptrs, rank, 0, WORLD)
-            tl.atomic_xchg(sync, 1, sem="release", scope="gpu")
-        else:
-            _wait_for_leader(sync)
     cols = tl.arange(0, BLOCK)
     mask = cols < n
     dtype = out.dtype.element_ty
@@ -116,8 +97,3 @@ def sum_add_rms_norm_kernel(
         y = (v32 * inv_rms).to(dtype).to(tl.float32) * w
         tl.store(out + i, y.to(dtype), mask=mask)
         row += programs
-    if BARRIER == 2:
-        done = tl.atomic_add(sync + 1, 1, sem="relaxed", scope="gpu")
-        if done == programs - 1:  # the last one: every program is past its wait
-            tl.atomic_xchg(sync + 1, 0, sem="relaxed", scope="gpu")
-            tl.atomic_xchg(sync, 0, sem="relaxed", scope="gpu")
