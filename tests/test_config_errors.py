@@ -17,7 +17,9 @@ from minisgl_core.config import MAX_GRAMMAR_THREADS, ConfigError, EngineConfig
 from minisgl_core.config_args import cli_message
 from minisgl_core.demo.factories import make_model_dir
 from minisgl_core.plugins import PluginError, Plugins
+from minisgl_core.runner.memory_check import MemoryAsk, check_fits
 from minisgl_core.runner.model_runner import pick_attention
+from minisgl_core.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -233,6 +235,74 @@ def test_a_setting_the_engine_refuses_is_one_line_on_the_command_line(model_dir,
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("minisgl: error: ") and says in lines[0], lines
     assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--num-kv-tokens", str(10**15)],
+         "--num-kv-tokens=1000000000000000 (the KV pool) asks for 512000000000000512 bytes (454.7 PiB), more than "),
+        (["--max-running-requests", str(10**12)], " free on cpu: lower --max-running-requests or --max-context-len"),
+    ],
+)  # fmt: skip
+def test_a_kv_pool_past_the_memory_is_one_error_line_on_the_command_line(model_dir, args, says):
+    """Exit code 2 and the flag, the bytes and what is free in the last line, no traceback (a raw
+    allocator error once). Refused once the weights are in: only then is what is free known."""
+    proc = _cli("generate", "hi", *args, "--model", str(model_dir), "--device", "cpu")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stdout == "", proc.stderr
+    last = proc.stderr.splitlines()[-1]  # after the loading bar's lines
+    assert "minisgl: error: " in last and says in last, last
+
+
+def test_a_kv_pool_or_request_tables_past_the_device_name_the_setting_and_the_bytes(model_dir, monkeypatch):
+    """An absurd num_kv_tokens or max_running_requests is refused before allocating (a raw
+    allocator error once); one that fits starts as before."""
+    from minisgl_core.runner import model_runner
+
+    pool_bytes = (10**15 + 1) * 512  # 2 layers x K,V x 2 heads x 16 dims x 4 bytes; one spare page
+    table_bytes = (10**12 + 1) * (2048 * 4 + 16)  # a spare row; int32 per position, two int64
+    absurd = [
+        (dict(num_kv_tokens=10**15), f"num_kv_tokens=1000000000000000 (the KV pool) asks for {pool_bytes} bytes",
+         ("num_kv_tokens",)),
+        (dict(max_running_requests=10**12), f"max_running_requests=1000000000000 (request rows of "
+         f"max_context_len=2048 tokens) asks for {table_bytes} bytes", ("max_running_requests", "max_context_len")),
+    ]  # fmt: skip
+    for options, says, fields in absurd:
+        with pytest.raises(ConfigError) as err:
+            LLM(model_dir, attn="torch", device="cpu", **options)
+        assert str(err.value).startswith(says) and "free on cpu: lower " in str(err.value)
+        assert err.value.fields == fields
+    # where the free memory is not known, the failed allocation is the same error
+    monkeypatch.setattr(model_runner, "free_bytes", lambda device: None)
+    for options, says, fields in absurd:
+        with pytest.raises(ConfigError) as err:
+            LLM(model_dir, attn="torch", device="cpu", **options)
+        message = str(err.value)
+        assert message.startswith(f"{says} (") and ", and allocating it on cpu failed (" in message
+        assert err.value.fields == fields and isinstance(err.value.__cause__, RuntimeError)
+    monkeypatch.undo()
+    llm = LLM(model_dir, attn="torch", device="cpu", num_kv_tokens=2**19, max_running_requests=4096)
+    assert llm.engine.kv_capacity_tokens == 2**19 and llm.engine.runner.page_table.shape == (4097, 2048)
+    assert len(llm.generate(["hi"], SamplingParams(max_tokens=2))[0].token_ids) == 2
+
+
+def test_settings_that_fit_alone_but_not_together_are_named_together():
+    pool = MemoryAsk("num_kv_tokens=10 (the KV pool)", 600, ("num_kv_tokens",))
+    tables = MemoryAsk(
+        "max_running_requests=4 (request rows)", 500, ("max_running_requests", "max_context_len")
+    )
+    check_fits([pool, tables], torch.device("cpu"), 1100)
+    check_fits([pool, tables], torch.device("cpu"), None)  # unknown: left to the allocation
+    with pytest.raises(ConfigError) as err:
+        check_fits([pool, tables], torch.device("cpu"), 1099)
+    assert str(err.value) == (
+        "num_kv_tokens=10 (the KV pool) asks for 600 bytes and max_running_requests=4 (request rows) asks "
+        "for 500 bytes, more than the 1099 bytes (1.1 KiB) free on cpu: lower num_kv_tokens, "
+        "max_running_requests or max_context_len"
+    )
+    assert cli_message(err.value).endswith(
+        "lower --num-kv-tokens, --max-running-requests or --max-context-len"
+    )
 
 
 def test_a_chat_template_that_does_not_compile_is_refused_at_start_up(model_dir, tmp_path):

@@ -89,6 +89,17 @@ def _refused_setting(exc: BaseException) -> bool:
     return isinstance(exc, PluginError) or (config is not None and isinstance(exc, config.ConfigError))
 
 
+def _refusal(exc: BaseException) -> str:
+    """A refused setting as the command line that started the server says it: a ConfigError
+    names its settings by their flags (``--num-kv-tokens``), not their field names."""
+    if isinstance(exc, PluginError):  # before importing config: the text workers do without torch
+        return str(exc)
+    from minisgl_core.config import ConfigError
+    from minisgl_core.config_args import cli_message
+
+    return cli_message(exc) if isinstance(exc, ConfigError) else str(exc)
+
+
 def run_child(spec: ChildSpec, main: ChildMain) -> None:
     """The spawn target of every child: set-up, ``main(spec, plugins, zmq_context, report_ready)``,
     reporting. Sockets the main function opens on the context are closed here, lingering so the
@@ -128,8 +139,9 @@ def run_child(spec: ChildSpec, main: ChildMain) -> None:
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the launcher
         code = 1
         if _refused_setting(exc):  # its message names the fix: no traceback
-            logger.error("%s process failed: %s", spec.name, exc)
-            send(control, ProcessFailed(spec.role, spec.rank, f"{type(exc).__name__}: {exc}"))
+            message = _refusal(exc)
+            logger.error("%s process failed: %s", spec.name, message)
+            send(control, ProcessFailed(spec.role, spec.rank, f"{type(exc).__name__}: {message}"))
         else:
             logger.error("%s process failed: %s: %s", spec.name, type(exc).__name__, exc)
             send(control, ProcessFailed(spec.role, spec.rank, traceback.format_exc()))

@@ -24,6 +24,7 @@ from minisgl_core.layers import ParallelLMHead
 from minisgl_core.plugins import PluginError, Plugins
 from minisgl_core.runner import quantization
 from minisgl_core.runner.layout import set_layout
+from minisgl_core.runner.memory_check import MemoryAsk, check_fits, free_bytes, refusing_failed_allocation
 from minisgl_core.runner.split_mixed import SplitMixedAttention, leading_decode_rows
 
 logger = logging.getLogger(__name__)
@@ -199,23 +200,27 @@ class ModelRunner:
             )  # fmt: skip
         self.vocab_size = int(self.hf_config["vocab_size"])
         num_pages = self._num_kv_pages(spec.num_layers, spec.num_kv_heads, spec.head_dim) + 1
-        self.kv_cache = KVCache(
-            num_layers=spec.num_layers,
-            num_pages=num_pages,
-            page_size=self.page_size,
-            num_kv_heads=spec.num_kv_heads,
-            head_dim=spec.head_dim,
-            dtype=self.kv_dtype,
-            device=self.device,
-        )
         # The last KV page and one spare page-table row are kept out of the scheduler's hands:
         # padded (dummy) requests of CUDA-graph replays write there.
+        self.num_request_rows = config.max_running_requests + 1
+        pool, tables = self._memory_asks(num_pages, spec.num_layers, spec.num_kv_heads, spec.head_dim)
+        check_fits([pool, tables], self.device, free_bytes(self.device))
+        with refusing_failed_allocation(pool, self.device):
+            self.kv_cache = KVCache(
+                num_layers=spec.num_layers,
+                num_pages=num_pages,
+                page_size=self.page_size,
+                num_kv_heads=spec.num_kv_heads,
+                head_dim=spec.head_dim,
+                dtype=self.kv_dtype,
+                device=self.device,
+            )
+        with refusing_failed_allocation(tables, self.device):
+            self.page_table = torch.zeros(
+                (self.num_request_rows, self.max_context_len), dtype=torch.int32, device=self.device
+            )
         self.usable_kv_pages = num_pages - 1
         self.dummy_slot = self.usable_kv_pages * self.page_size
-        self.num_request_rows = config.max_running_requests + 1
-        self.page_table = torch.zeros(
-            (self.num_request_rows, self.max_context_len), dtype=torch.int32, device=self.device
-        )
         attn_config = AttentionConfig(
             num_qo_heads=spec.num_qo_heads,
             num_kv_heads=spec.num_kv_heads,
@@ -432,6 +437,28 @@ class ModelRunner:
                 "num_kv_tokens",
             )
         return pages
+
+    def _memory_asks(
+        self, num_pages: int, num_layers: int, num_kv_heads: int, head_dim: int
+    ) -> tuple[MemoryAsk, MemoryAsk]:
+        """What the KV pool and the request tables will take of the device."""
+        tokens = num_pages * self.page_size
+        per_token = KVCache.bytes_per_token(num_layers, num_kv_heads, head_dim, self.kv_dtype)
+        pool = MemoryAsk(
+            f"num_kv_tokens={self.config.num_kv_tokens or tokens - self.page_size} (the KV pool)",
+            tokens * per_token,
+            ("num_kv_tokens",),
+        )
+        # per row: its page-table row (int32 per position), then the engine's last token and the
+        # scheduler's row index (int64 each)
+        row_bytes = 4 * self.max_context_len + 16
+        tables = MemoryAsk(
+            f"max_running_requests={self.config.max_running_requests} "
+            f"(request rows of max_context_len={self.max_context_len} tokens)",
+            self.num_request_rows * row_bytes,
+            ("max_running_requests", "max_context_len"),
+        )
+        return pool, tables
 
     def _wants_piecewise(self) -> bool:
         from minisgl_core.runner.piecewise import supports_piecewise

@@ -63,6 +63,22 @@ def test_scheduler_crash_mid_serving_exits_nonzero(start_server, model_dir, engi
     server.assert_all_stopped(children)
 
 
+def test_a_kv_pool_past_the_memory_names_the_flag_and_the_bytes(start_server, model_dir, engine_args):
+    """Refused in the scheduler process, said with the command line's flags (not the fields)."""
+    args = [*engine_args, "--max-running-requests", str(10**12)]
+    server = start_server(["--model", str(model_dir), *args], wait=False)
+    assert server.wait_exit(120) != 0
+    log = server.log()
+    assert (
+        "ConfigError: --max-running-requests=1000000000000 (request rows of --max-context-len=2048 tokens) "
+        in log
+    )
+    assert "asks for 8208000000008208 bytes (7.3 PiB), more than the " in log
+    assert "free on cpu: lower --max-running-requests or --max-context-len" in log
+    assert "Traceback" not in log and "minisgl ready" not in log
+    assert server.socket_dirs() == []
+
+
 def test_start_up_failure_exits_nonzero_with_the_error(start_server, model_dir, engine_args):
     args = [a for a in engine_args if a not in ("--attn", "torch")]
     server = start_server(["--model", str(model_dir), *args, "--attn", "nonexistent"], wait=False)
