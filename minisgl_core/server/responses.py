@@ -64,14 +64,28 @@ def chat_logprobs(items: list[list[Any]]) -> dict[str, Any]:
     return {"content": content, "refusal": None}
 
 
+def _bytes_token(raw: list[int]) -> str:
+    """A token that is not whole characters, as OpenAI's completions name it: ``bytes:\\xe2\\x80``."""
+    return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+
 def completion_logprobs(items: list[list[Any]], text_offset: int = 0) -> dict[str, Any]:
-    """Completions format: parallel lists of tokens, their logprobs, top-k dicts and text offsets."""
+    """Completions format: parallel lists of tokens, their logprobs, top-k dicts and text offsets.
+    A token whose text is not whole characters (a part of a UTF-8 character: U+FFFD alone) is
+    named by its bytes, ``bytes:\\xe2\\x80`` as OpenAI's, so such tokens neither read alike nor
+    collide as keys of a top-k dict."""
     tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
-    for text, logprob, top, *_ in items:
-        tokens.append(text)
+    for text, logprob, top, *rest in items:
+        raw = dict(rest[2]) if len(rest) > 2 else {}
+        own = raw.get(rest[0]) if rest else None
+        tokens.append(_bytes_token(own) if own is not None else text)
         token_logprobs.append(logprob)
         # (an echoed prompt's first token has no logprob, and no top ones: null, as OpenAI's)
-        top_logprobs.append({t: lp for t, lp, _ in top} if logprob is not None else None)
+        top_logprobs.append(
+            {(_bytes_token(raw[tid]) if tid in raw else t): lp for t, lp, tid in top}
+            if logprob is not None
+            else None
+        )
         offsets.append(text_offset)
         text_offset += len(text)
     return {
@@ -82,13 +96,20 @@ def completion_logprobs(items: list[list[Any]], text_offset: int = 0) -> dict[st
     }
 
 
-def as_token_ids(entries: list[Any]) -> list[Any]:
+def as_token_ids(entries: list[Any], keep_bytes: bool = True) -> list[Any]:
     """Logprob entries naming each token, and each top token, as ``"token_id:{id}"`` (vLLM's
-    return_tokens_as_token_ids); None entries stay None."""
+    return_tokens_as_token_ids); None entries stay None. Without ``keep_bytes`` the entries lose the
+    bytes of tokens that are not whole characters (completions name such tokens by them, which the
+    ids replace)."""
     return [
         None
         if e is None
-        else [f"token_id:{e[3]}", e[1], [[f"token_id:{tid}", lp, tid] for _, lp, tid in e[2]], *e[3:]]
+        else [
+            f"token_id:{e[3]}",
+            e[1],
+            [[f"token_id:{tid}", lp, tid] for _, lp, tid in e[2]],
+            *(e[3:] if keep_bytes else e[3:5]),
+        ]
         for e in entries
     ]
 

@@ -218,7 +218,7 @@ def make_router(
             return _with_usage(chunk, body.continuous_usage, group, produced, index)
 
         def named(items: list) -> list:
-            return r.as_token_ids(items) if body.return_tokens_as_token_ids else items
+            return r.as_token_ids(items, keep_bytes=False) if body.return_tokens_as_token_ids else items
 
         unannounced = set(range(group.num_choices)) if body.return_token_ids else set()
 

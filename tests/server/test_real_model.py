@@ -77,6 +77,37 @@ def test_logprob_bytes_join_a_character_split_across_tokens(real_client):
         )
 
 
+def test_completion_logprobs_name_a_part_of_a_character_by_its_bytes(real_client):
+    """The completions format has no ``bytes`` field: a token that is a part of a character is
+    named ``bytes:\\xf0\\x9f`` (OpenAI's legacy spelling), so the three tokens of 😀 read apart and
+    top-k alternatives that are parts of characters no longer share the key U+FFFD (one of them
+    was lost from the dict)."""
+    resp = real_client.completions.create(
+        model="SmolLM2-135M-Instruct",
+        prompt="Here is an emoji:",
+        max_tokens=3,
+        temperature=0,
+        logprobs=5,
+        extra_body={"regex": "😀"},
+    )
+    lp = resp.choices[0].logprobs
+    assert resp.choices[0].text == "😀"
+    raw = b"".join(bytes.fromhex(t.removeprefix("bytes:").replace("\\x", "")) for t in lp.tokens)
+    assert raw.decode("utf-8") == "😀" and all(t.startswith("bytes:\\x") for t in lp.tokens), lp.tokens
+    for top in lp.top_logprobs:  # every alternative under its own key: five of them
+        assert len(top) == 5 and "\ufffd" not in top, top
+    # return_tokens_as_token_ids names them by id instead
+    resp = real_client.completions.create(
+        model="SmolLM2-135M-Instruct",
+        prompt="Here is an emoji:",
+        max_tokens=3,
+        temperature=0,
+        logprobs=1,
+        extra_body={"regex": "😀", "return_tokens_as_token_ids": True},
+    )
+    assert all(t.startswith("token_id:") for t in resp.choices[0].logprobs.tokens)
+
+
 def test_greedy_chat_equals_transformers(real_client, real_references):
     from concurrent.futures import ThreadPoolExecutor
 
