@@ -179,6 +179,28 @@ def test_stop_strings_end_generation_and_are_trimmed(llm):
     assert len(out.token_ids) < len(base.token_ids)
 
 
+def test_of_several_stop_strings_the_first_in_the_text_wins(llm):
+    """One token can hold two stop strings: the text ends at the one it reaches first, not at the
+    first of the list (["d", "a"] cut "-and" to "-an"; OpenAI and vLLM give "-")."""
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    base = llm.generate(["hello there"], params)[0]
+    tokens = [llm.tokenizer.decode(base.token_ids[: i + 1]) for i in range(len(base.token_ids))]
+    pick = None
+    for i, upto in enumerate(tokens):
+        before = tokens[i - 1] if i else ""
+        new = [c for c in dict.fromkeys(upto[len(before) :]) if c.strip() and c not in before]
+        if len(new) >= 2 and upto.startswith(before):
+            pick = new[0], new[1]
+            break
+    if pick is None:
+        pytest.skip(f"no token brings two new characters in {base.text!r}")
+    first, second = pick
+    for stop in ([second, first], [first, second]):
+        out = llm.generate(["hello there"], SamplingParams(**{**vars(params), "stop": stop}))[0]
+        assert out.matched_stop == first and out.finish_reason == "stop", (stop, out.matched_stop)
+        assert out.text == base.text[: base.text.index(first)], (stop, out.text)
+
+
 def test_min_tokens_bans_stop_tokens_until_reached(llm):
     """vLLM's min_tokens: before it, neither a stop token id nor eos can be sampled (the tokens are
     greedy decoding with them biased away) and nothing stops the request; from it on they stop it."""

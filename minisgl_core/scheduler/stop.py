@@ -44,7 +44,12 @@ class StopChecker:
         tail = self.decode(window)
         early = req.params.min_tokens - 1 - (len(req.output_ids) - len(window))
         before = len(self.decode(window[:early])) if early > 0 else 0
+        # Of several stop strings the one the text reaches first wins, whatever their order in the
+        # list (one token can hold two: "and" with stop ["d", "a"] ends at "a"); at the same
+        # start the shorter, which ended first. The detokenizer cuts at its first occurrence.
+        found = None
         for stop in req.params.stop:
-            if tail.find(stop, max(0, before - len(stop) + 1)) >= 0:
-                return stop
-        return None
+            at = tail.find(stop, max(0, before - len(stop) + 1))
+            if at >= 0 and (found is None or (at, len(stop)) < found[:2]):
+                found = (at, len(stop), stop)
+        return None if found is None else found[2]
