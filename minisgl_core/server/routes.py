@@ -38,13 +38,7 @@ def make_router(
     tokenizer = tokenizer or ApiTokenizer(model.path, options.chat_template)
 
     def check_model(body: SamplingFields) -> None:
-        if body.model is not None and body.model not in (model.name, model.path):
-            raise APIError(
-                404,
-                f"the model {body.model!r} does not exist; this server serves {model.name!r}",
-                "model",
-                "model_not_found",
-            )
+        model.check_name(body.model)
 
     # ---------------------------------------------------------------- chat
 
@@ -330,13 +324,7 @@ def make_router(
 
     @router.get("/v1/models/{model_id:path}")
     async def model_info(model_id: str) -> dict:
-        if model_id not in (model.name, model.path):
-            raise APIError(
-                404,
-                f"the model {model_id!r} does not exist; this server serves {model.name!r}",
-                "model",
-                "model_not_found",
-            )
+        model.check_name(model_id)
         return model_card()
 
     return router

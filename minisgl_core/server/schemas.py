@@ -502,12 +502,7 @@ class ChatCompletionRequest(SamplingFields):
     @field_validator("chat_template_kwargs")
     @classmethod
     def _free_template_kwargs(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
-        for key in kwargs:
-            if key in _TEMPLATE_FIELDS:
-                raise ValueError(f"{key!r} is not a template variable here: set the request's {key} field")
-            if key in _TEMPLATE_RESERVED:
-                raise ValueError(f"{key!r} is set by the server and cannot be passed to the chat template")
-        return kwargs
+        return template_kwargs(kwargs)
 
     @model_validator(mode="after")
     def _check(self) -> ChatCompletionRequest:
@@ -554,6 +549,18 @@ _TEMPLATE_FIELDS = ("add_generation_prompt", "continue_final_message", "tools")
 #: apply_chat_template's own arguments, which the server sets
 _TEMPLATE_RESERVED = ("conversation", "messages", "tokenize", "return_dict", "return_tensors", "chat_template",
                       "padding", "truncation", "max_length", "tokenizer_kwargs", "return_assistant_tokens_mask")  # fmt: skip
+
+
+def template_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A request's ``chat_template_kwargs``, free template variables only: not the request's own
+    fields (``tools``...), nor ``apply_chat_template``'s arguments, which the server sets (a
+    ``chat_template`` of the client's, ``return_tensors``, ``truncation``...)."""
+    for key in kwargs:
+        if key in _TEMPLATE_FIELDS:
+            raise ValueError(f"{key!r} is not a template variable here: set the request's {key} field")
+        if key in _TEMPLATE_RESERVED:
+            raise ValueError(f"{key!r} is set by the server and cannot be passed to the chat template")
+    return kwargs
 
 
 class CompletionRequest(SamplingFields):

@@ -48,6 +48,17 @@ class ModelInfo:
     #: unknown, limits.CHARS_PER_TOKEN)
     max_token_chars: int | None = None
 
+    def check_name(self, requested: str | None) -> None:
+        """A 404 in OpenAI's shape unless ``requested`` (a body's ``model``, a path's id) names
+        this model, by name or path; None (left out) does."""
+        if requested is not None and requested not in (self.name, self.path):
+            raise APIError(
+                404,
+                f"the model {requested!r} does not exist; this server serves {self.name!r}",
+                "model",
+                "model_not_found",
+            )
+
 
 @dataclass(frozen=True)
 class TokenEvent:

@@ -11,11 +11,19 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from minisgl_core.server.api_options import ApiTokenizer
 from minisgl_core.server.errors import APIError
-from minisgl_core.server.schemas import Bool, ChatMessage, Int, StrictModel, ToolDefinition
+from minisgl_core.server.schemas import (
+    Bool,
+    ChatMessage,
+    FreeObject,
+    Int,
+    StrictModel,
+    ToolDefinition,
+    template_kwargs,
+)
 from minisgl_core.server.state import ServerState
 
 
@@ -27,7 +35,14 @@ class TokenizeBody(StrictModel):
     add_generation_prompt: Bool = True
     continue_final_message: Bool = False
     tools: list[ToolDefinition] | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
+    #: as the chat route's: template variables only (not a template of the client's, not
+    #: return_tensors, truncation...: apply_chat_template's own arguments are the server's)
+    chat_template_kwargs: FreeObject | None = None
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _free_template_kwargs(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        return template_kwargs(kwargs)
 
 
 class DetokenizeBody(StrictModel):
@@ -67,6 +82,11 @@ def tokenize_router(state: ServerState, tokenizer: ApiTokenizer) -> APIRouter:
     async def tokenize(body: TokenizeBody) -> dict[str, Any]:
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "give exactly one of prompt or messages", "prompt")
+        state.model.check_name(body.model)
+        messages = None if body.messages is None else [m.to_template() for m in body.messages]
+        tools = None if body.tools is None else [t.model_dump(exclude_none=True) for t in body.tools]
+        # (a prompt that cannot fit the context is refused before seconds of tokenizing, as there)
+        state.check_prompt_size(body.prompt, messages, {"tools": tools, **(body.chat_template_kwargs or {})})
         try:
             ids = await tokenizer.run(_encode, body)
         except Exception as exc:  # noqa: BLE001 - a template error is the request's problem
@@ -77,6 +97,7 @@ def tokenize_router(state: ServerState, tokenizer: ApiTokenizer) -> APIRouter:
 
     @router.post("/detokenize")
     async def detokenize(body: DetokenizeBody) -> dict[str, Any]:
+        state.model.check_name(body.model)
         vocab = state.model.vocab_size
         if any(not 0 <= t < vocab for t in body.tokens):
             raise APIError(400, f"tokens must be token ids in [0, {vocab})", "tokens")

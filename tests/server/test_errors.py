@@ -230,6 +230,39 @@ CASES = [
     ("/generate", {"text": "hi", "return_logprob": 1}, 400, "return_logprob", "not an integer"),
     ("/detokenize", {"tokens": [True]}, 400, "tokens.0", "integer, not a boolean"),
     ("/tokenize", {"prompt": "hi", "add_special_tokens": "false"}, 400, "add_special_tokens", ""),
+    # /tokenize takes the chat route's template variables only: return_tensors was a 500 (a tensor
+    # it could not serialize), a client's own chat_template ran any Jinja loop, truncation changed
+    # the count
+    (
+        "/tokenize",
+        {"messages": USER, "chat_template_kwargs": {"return_tensors": "pt"}},
+        400,
+        "chat_template_kwargs",
+        "set by the server",
+    ),
+    (
+        "/tokenize",
+        {"messages": USER, "chat_template_kwargs": {"chat_template": "{{ 1 }}"}},
+        400,
+        "chat_template_kwargs",
+        "set by the server",
+    ),
+    (
+        "/tokenize",
+        {"messages": USER, "chat_template_kwargs": {"truncation": True, "max_length": 2}},
+        400,
+        "chat_template_kwargs",
+        "set by the server",
+    ),
+    (
+        "/tokenize",
+        {"messages": USER, "chat_template_kwargs": {"tools": []}},
+        400,
+        "chat_template_kwargs",
+        "set the request's tools field",
+    ),
+    ("/tokenize", {"prompt": "hi", "model": "nope"}, 404, "model", "does not exist"),
+    ("/detokenize", {"tokens": [1], "model": "nope"}, 404, "model", "does not exist"),
 ]
 
 

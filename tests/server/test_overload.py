@@ -117,6 +117,27 @@ def test_huge_text_anywhere_the_template_renders_is_refused_before_tokenizing(bu
     assert time.monotonic() - started < 1.0
 
 
+@pytest.mark.parametrize("field", ["prompt", "messages", "tools"])
+def test_tokenize_refuses_text_past_the_context_before_tokenizing(busy_server, field):
+    """/tokenize counts as the generating routes do, and a text that cannot fit the context is
+    refused before the tokenizer spends seconds on it (a 6 MB prompt took 10.7 s)."""
+    big = "tool text " * 120_000
+    body: dict = {"messages": [{"role": "user", "content": "hi"}]}
+    if field == "prompt":
+        body = {"prompt": big}
+    elif field == "messages":
+        body = {"messages": [{"role": "user", "content": big}]}
+    else:
+        body["tools"] = [{"type": "function", "function": {"name": "f", "description": big}}]
+    started = time.monotonic()
+    resp = httpx.post(f"{busy_server.url}/tokenize", json=body, timeout=30)
+    error = assert_openai_error(resp, 400, "context_length_exceeded")
+    assert "characters" in error["message"] and time.monotonic() - started < 1.0
+    assert error["param"] == ("prompt" if field == "prompt" else "messages")
+    ok = httpx.post(f"{busy_server.url}/tokenize", json={"prompt": "tool text " * 10}, timeout=30)
+    assert ok.status_code == 200 and ok.json()["count"] > 10
+
+
 def test_prompts_times_n_is_bounded(busy_server, model_name):
     resp = httpx.post(
         f"{busy_server.url}/v1/completions",
