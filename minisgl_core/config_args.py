@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from minisgl_core import fast_paths
 from minisgl_core.checkpoint.resolve import resolve_model
 from minisgl_core.config import MAX_GRAMMAR_THREADS, ConfigError, EngineConfig
+
+if TYPE_CHECKING:
+    from minisgl_core.plugins import Plugins
 
 
 def _default(field: str) -> Any:
@@ -249,3 +252,22 @@ def engine_config_from_args(
     )
     config.resolve_device()  # --device cuda without CUDA fails here, before any process starts
     return config
+
+
+def check_heads_split(model: str, tp_size: int, plugins: Plugins) -> None:
+    """``--tp N`` needs the attention heads to split evenly over the ranks (and the KV heads to
+    split, or to be a divisor of N, each then shared by N / heads ranks), as the layers shard them:
+    said at start-up in one line, not as a worker's traceback."""
+    from minisgl_core.checkpoint.formats import open_model
+
+    hf = open_model(model, plugins).hf_config()
+    heads = hf.get("num_attention_heads")
+    kv_heads = hf.get("num_key_value_heads", heads)
+    if not isinstance(heads, int) or not isinstance(kv_heads, int) or heads < 1 or kv_heads < 1:
+        return  # (not a decoder config we know: the model plugin decides)
+    fits = [n for n in range(1, heads + 1) if heads % n == 0 and (kv_heads % n == 0 or n % kv_heads == 0)]
+    if tp_size not in fits:
+        raise ConfigError(
+            f"--tp {tp_size}: the model's {heads} attention heads ({kv_heads} KV heads) do not split "
+            f"evenly over {tp_size} ranks; use --tp {' or '.join(map(str, fits))}"
+        )

@@ -208,6 +208,9 @@ BAD_FLAGS = [
     ("generate", ["hi", ""], "a prompt is empty: give each prompt some text"),
     ("bench", ["offline", "--num-requests", "1", "--max-context-len", "0"], "--max-context-len must be >= 1"),
     ("bench", ["offline", "--tp", "2", "--grammar-schema", "builtin"], "--grammar-schema runs with --tp 1 only"),
+    # (bench offline checked no heads: every rank's traceback)
+    ("bench", ["offline", "--num-requests", "1", "--tp", "3"],
+     "--tp 3: the model's 4 attention heads (2 KV heads) do not split evenly over 3 ranks; use --tp 1 or 2 or 4"),
     ("bench", ["offline", "--num-requests", "1", "--piecewise-cuda-graph-max-tokens", "-1"],
      "--piecewise-cuda-graph-max-tokens must be >= 0"),
     ("generate", ["hi", "--grammar-threads", "0"], "--grammar-threads must be in [1, 64]"),

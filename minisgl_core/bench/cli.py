@@ -196,9 +196,13 @@ def _offline(args: argparse.Namespace) -> int:
                               "kv_cache_dtype": config.kv_cache_dtype}  # fmt: skip
     if config.tp_size > 1:
         from minisgl_core.bench.tp import run_offline_tp
+        from minisgl_core.config_args import check_heads_split
+        from minisgl_core.plugins import Plugins
 
         if args.grammar_schema:
             raise ConfigError("--grammar-schema runs with tp_size 1 only", "tp_size")
+        # (heads that do not split over the ranks: one line, not every rank's traceback)
+        check_heads_split(config.model, config.tp_size, Plugins.load(disable=args.disable_plugin))
 
         result |= run_offline_tp(config, requests, args.temperature, disable_plugins=args.disable_plugin)
     else:

@@ -171,7 +171,7 @@ def _plain_options(args: argparse.Namespace) -> dict[str, Any]:
 def _serve_options(args: argparse.Namespace):
     from minisgl_core.checkpoint.generation_defaults import describe, load_sampling_defaults
     from minisgl_core.checkpoint.resolve import check_model
-    from minisgl_core.config_args import engine_config_from_args
+    from minisgl_core.config_args import check_heads_split, engine_config_from_args
     from minisgl_core.distributed import DistributedSpec, free_loopback_addr
     from minisgl_core.processes.runtime import RuntimeOptions
     from minisgl_core.server.launcher import ServeOptions
@@ -192,7 +192,7 @@ def _serve_options(args: argparse.Namespace):
     config = engine_config_from_args(args, plugin_options)
     check_model(config.model, plugins)  # a bad file fails here in one line, before any process starts
     if config.tp_size > 1:
-        _check_heads_split(config.model, config.tp_size, plugins)
+        check_heads_split(config.model, config.tp_size, plugins)
     if config.grammar_backend != EngineConfig.grammar_backend and config.grammar_backend not in plugins.names(
         "grammars"
     ):  # a name given and not installed; the default, missing, leaves a server for free text
@@ -270,25 +270,6 @@ def _compile_chat_template(text: str) -> None:
         Environment(extensions=["jinja2.ext.loopcontrols"]).parse(text)
         return
     _compile_jinja_template(text)
-
-
-def _check_heads_split(model: str, tp_size: int, plugins: Plugins) -> None:
-    """``--tp N`` needs the attention heads to split evenly over the ranks (and the KV heads to
-    split, or to be a divisor of N, each then shared by N / heads ranks), as the layers shard them:
-    said at start-up in one line, not as a worker's traceback."""
-    from minisgl_core.checkpoint.formats import open_model
-
-    hf = open_model(model, plugins).hf_config()
-    heads = hf.get("num_attention_heads")
-    kv_heads = hf.get("num_key_value_heads", heads)
-    if not isinstance(heads, int) or not isinstance(kv_heads, int) or heads < 1 or kv_heads < 1:
-        return  # (not a decoder config we know: the model plugin decides)
-    fits = [n for n in range(1, heads + 1) if heads % n == 0 and (kv_heads % n == 0 or n % kv_heads == 0)]
-    if tp_size not in fits:
-        raise ConfigError(
-            f"--tp {tp_size}: the model's {heads} attention heads ({kv_heads} KV heads) do not split "
-            f"evenly over {tp_size} ranks; use --tp {' or '.join(map(str, fits))}"
-        )
 
 
 def _api_options(args: argparse.Namespace, plugins: Plugins, chat_template: str | None):
