@@ -85,6 +85,8 @@ class Admission(Message):
     param: str | None = None
     #: the prompt's token ids, when the TokenizeRequest asked for them
     prompt_ids: list[int] | None = None
+    #: the error's code in OpenAI's shape (``context_length_exceeded``), if it has one
+    code: str | None = None
 
 
 @dataclass

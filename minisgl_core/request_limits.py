@@ -23,6 +23,11 @@ def truncate_prompt(prompt_ids: list[int], params: SamplingParams, limits: Limit
     return prompt_ids[-k:] if len(prompt_ids) > k else prompt_ids
 
 
+class ContextLengthExceeded(ValueError):
+    """The prompt and max_tokens do not fit the context length or the KV pool (OpenAI's
+    ``context_length_exceeded``)."""
+
+
 def admit(
     prompt_ids: list[int], params: SamplingParams, limits: Limits, default_max_tokens: int | None = None
 ) -> SamplingParams:
@@ -35,7 +40,7 @@ def admit(
     if params.max_tokens is None:
         room = min(limits.max_context_len, limits.kv_capacity_tokens) - len(prompt_ids)
         if room < 1:
-            raise ValueError(
+            raise ContextLengthExceeded(
                 f"the prompt has {len(prompt_ids)} tokens and leaves no room for output in the context "
                 f"length {limits.max_context_len}; shorten the prompt"
             )
@@ -75,11 +80,11 @@ def check_request_fits(
         raise ValueError(f"logit_bias token ids must be in [0, {vocab_size})")
     total = len(prompt_ids) + params.max_tokens
     if total > max_context_len:
-        raise ValueError(
+        raise ContextLengthExceeded(
             f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) = {total} exceeds "
             f"the context length {max_context_len}; shorten the prompt or lower max_tokens"
         )
     if total > kv_capacity_tokens:
-        raise ValueError(
+        raise ContextLengthExceeded(
             f"prompt + max_tokens = {total} tokens exceeds the KV pool ({kv_capacity_tokens} tokens)"
         )

@@ -34,7 +34,7 @@ from minisgl_core.model_dir import eos_token_ids
 from minisgl_core.plugins import Plugins
 from minisgl_core.processes.child import ChildSpec, ReportReady
 from minisgl_core.processes.ipc import bind_pull, connect_push, recv, send
-from minisgl_core.request_limits import admit, truncate_prompt
+from minisgl_core.request_limits import ContextLengthExceeded, admit, truncate_prompt
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.tokenizer.detokenize import IncrementalDetokenizer, raw_token_bytes
 from minisgl_core.tokenizer.load import apply_chat_template, load_tokenizer, longest_token_chars
@@ -43,9 +43,10 @@ logger = logging.getLogger(__name__)
 
 
 class RequestRejected(ValueError):
-    def __init__(self, message: str, param: str | None) -> None:
+    def __init__(self, message: str, param: str | None, code: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+        self.code = code
 
 
 # ---------------------------------------------------------------------------------- tokenizer
@@ -111,7 +112,10 @@ class Admitter:
                 blame = "logit_bias"
             if str(exc).startswith("min_tokens"):
                 blame = "min_tokens"
-            raise RequestRejected(str(exc), blame) from exc
+            # (the prompt and max_tokens past the context or the KV pool: OpenAI's code for it, as
+            # the API server's check by characters gives)
+            code = "context_length_exceeded" if isinstance(exc, ContextLengthExceeded) else None
+            raise RequestRejected(str(exc), blame, code) from exc
         if sampling.grammar is not None:
             if self.grammars is None:
                 raise RequestRejected("this server does not support constrained decoding", req.grammar_field)
@@ -151,7 +155,7 @@ def tokenizer_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_r
             try:
                 ids, sampling = admitter.admit(msg)
             except RequestRejected as exc:
-                send(to_api, Admission(first, 0, 0, error=str(exc), param=exc.param))
+                send(to_api, Admission(first, 0, 0, error=str(exc), param=exc.param, code=exc.code))
                 continue
             prompt_ids = list(ids) if msg.return_prompt_ids else None
             send(to_api, Admission(first, len(ids), sampling.max_tokens, prompt_ids=prompt_ids))

@@ -214,7 +214,7 @@ class RequestGroup:
             for rid in rids:
                 self.unfinished.pop(rid, None)
                 state.pending.pop(rid, None)
-            raise APIError(400, result.error, result.param)
+            raise APIError(400, result.error, result.param, result.code)
         self.prompt_tokens += result.prompt_len
         self.choice_prompt_tokens += [result.prompt_len] * n
         self.choice_prompt_ids += [result.prompt_ids] * n

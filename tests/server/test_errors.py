@@ -291,6 +291,24 @@ def test_bad_input_is_rejected_and_server_stays_healthy(server, auth, path, body
 
 
 @pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        (CHAT, {"messages": [{"role": "user", "content": LONG}]}, "messages"),  # by its tokens
+        (CHAT, {"messages": USER, "max_tokens": 100000}, "max_tokens"),
+        (COMPLETIONS, {"prompt": [5] * 3000, "max_tokens": 1}, "prompt"),
+    ],
+)
+def test_a_request_past_the_context_says_context_length_exceeded(server, auth, path, body, param):
+    """OpenAI's code for a prompt and max_tokens past the context: the tokenizer's count gave
+    none (null) where the API server's count by characters gave it."""
+    resp = httpx.post(f"{server.url}{path}", json=body, headers=auth)
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["code"] == "context_length_exceeded" and error["param"] == param, error
+    assert "context length" in error["message"], error
+
+
+@pytest.mark.parametrize(
     ("path", "body"),
     [
         (
