@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -206,34 +206,35 @@ class EngineConfig:
         if self.device != "auto" and _device_type(self.device) not in ("cpu", "cuda"):
             raise ConfigError(f"device must be auto, cpu, cuda or cuda:N; got {self.device!r}", "device")
 
-    #: fields by the kind of value they take (None allowed where the field's default is None)
-    _INTS = (
-        "page_size", "max_prefill_tokens", "max_running_requests", "max_context_len", "num_kv_tokens",
-        "tp_size", "seed", "cuda_graph_max_bs", "piecewise_cuda_graph_max_tokens", "grammar_threads",
-        "speculative_num_draft_tokens", "speculative_ngram_max", "speculative_ngram_min",
-    )  # fmt: skip
-    _STRS = ("attn", "cache", "policy", "dtype", "device", "generation_config", "grammar_backend",
-             "kv_cache_dtype")  # fmt: skip
+    #: what each simple annotation takes (bool is not an int here, nor a float)
+    _KINDS: ClassVar[dict[str, tuple[tuple[type, ...], str]]] = {
+        "int": ((int,), "an integer"),
+        "float": ((int, float), "a number"),
+        "str": ((str,), "a string"),
+        "bool": ((bool,), "true or false"),
+    }
 
     def _check_types(self) -> None:
-        """A value of the wrong type (``LLM(page_size="16")``, ``attn=None``) failed deep in the
-        engine with a comparison or a torch error; here it names the field."""
-        defaults = {f.name: f.default for f in fields(self)}
-        for name in self._INTS:
-            value = getattr(self, name)
-            if (value is not None or defaults[name] is not None) and (
-                not isinstance(value, int) or isinstance(value, bool)
-            ):
-                raise ConfigError(f"{name} must be an integer, got {value!r}", name)
+        """A value of the wrong type (``LLM(page_size="16")``, ``attn=None``, ``overlap="no"``)
+        failed deep in the engine with a comparison or a torch error, or passed for what it was not;
+        here it names the field. Each field of a simple annotation (``int``, ``float | None``...) is
+        checked by it, so a field added later is too."""
         if not isinstance(self.model, (str, os.PathLike)):
             raise ConfigError(f"model must be a path or a name, got {self.model!r}", "model")
-        for name in self._STRS:
-            if not isinstance(getattr(self, name), str):
-                raise ConfigError(f"{name} must be a string, got {getattr(self, name)!r}", name)
-        if isinstance(self.kv_memory_fraction, bool) or not isinstance(self.kv_memory_fraction, (int, float)):
-            raise ConfigError(
-                f"kv_memory_fraction must be a number, got {self.kv_memory_fraction!r}", "kv_memory_fraction"
-            )
+        for f in fields(self):
+            kind, _, optional = str(f.type).partition(" | ")
+            if kind not in self._KINDS or optional not in ("", "None"):
+                continue  # (model, plugin options, fast paths: their own checks)
+            value = getattr(self, f.name)
+            if value is None and optional:
+                continue
+            types, says = self._KINDS[kind]
+            if f.name == "step_trace":  # (a file: a path object too)
+                types = (str, os.PathLike)
+            if not isinstance(value, types) or (kind != "bool" and isinstance(value, bool)):
+                raise ConfigError(
+                    f"{f.name} must be {says}{' (or unset)' if optional else ''}, got {value!r}", f.name
+                )
 
     def resolve_device(self) -> torch.device:
         if self.device == "auto":

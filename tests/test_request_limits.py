@@ -255,13 +255,20 @@ def test_sampling_params_of_the_wrong_type_are_refused_when_built(fields, says):
 @pytest.mark.parametrize(
     ("option", "says"),
     [
-        ({"page_size": "16"}, "page_size must be an integer, got '16'"),
+        ({"page_size": "16"}, "page_size must be an integer (or unset), got '16'"),
         ({"max_running_requests": 1.5}, "max_running_requests must be an integer, got 1.5"),
         ({"attn": None}, "attn must be a string, got None"),
         ({"device": None}, "device must be a string, got None"),
+        # (passed for what they were not: "no" is true; a string timeout failed at the first grammar)
+        ({"overlap": "no"}, "overlap must be true or false, got 'no'"),
+        ({"cascade": 0}, "cascade must be true or false, got 0"),
+        ({"grammar_compile_timeout": "5"}, "grammar_compile_timeout must be a number (or unset), got '5'"),
+        ({"quantization": 8}, "quantization must be a string (or unset), got 8"),
+        ({"kv_memory_fraction": True}, "kv_memory_fraction must be a number, got True"),
     ],
 )
 def test_llm_options_of_the_wrong_type_name_the_field(model_dir, option, says):
-    """Each failed deep in the engine (a comparison of str and int, a torch TypeError)."""
+    """Each failed deep in the engine (a comparison of str and int, a torch TypeError) or passed
+    for what it was not; every field of a simple annotation is checked by it."""
     with pytest.raises(ValueError, match=f"^{re.escape(says)}$"):
         LLM(str(model_dir), **{"device": "cpu", "attn": "torch", **option})
