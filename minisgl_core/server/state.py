@@ -189,6 +189,8 @@ class RequestGroup:
         state.check_alive()
         if self.expected_sequences is None:
             state.check_room(self.num_choices, n)
+        if text is not None and params.truncate_prompt_tokens is not None:
+            text = state.truncation_suffix(text, params.truncate_prompt_tokens)
         state.check_prompt_size(text, messages, template_args)
         rids = [next(state.rids) for _ in range(n)]
         first_index = self.num_choices
@@ -351,6 +353,24 @@ class ServerState:
 
     def retry_after_s(self) -> int:
         return 1
+
+    #: tokens tokenized beyond the k kept of a text cut for truncate_prompt_tokens (the cut's
+    #: effect on a byte-level BPE stays within the first pre-token or two)
+    TRUNCATION_MARGIN_TOKENS = 16
+
+    def truncation_suffix(self, text: str, k: int) -> str:
+        """A text prompt too long for the context that keeps only its last ``k`` tokens
+        (``truncate_prompt_tokens``; -1: the context) is tokenized from the last
+        ``(k + margin) x longest token`` characters only: at least k + margin tokens, the last k of
+        which the whole text's tokenization ends with too, short of a tokenizer whose cut reaches
+        further back. It was refused by the check by characters; a text within the bound is
+        tokenized whole, exactly as before."""
+        bound = self.limits.max_prompt_chars(self.model.max_context_len, self.model.max_token_chars)
+        if len(text) <= bound:
+            return text
+        k = self.model.max_context_len if k == -1 else min(k, self.model.max_context_len)
+        per_token = self.limits.max_prompt_chars(1, self.model.max_token_chars)
+        return text[-min(bound, (k + self.TRUNCATION_MARGIN_TOKENS) * per_token) :]
 
     def check_prompt_size(
         self,

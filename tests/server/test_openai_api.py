@@ -269,6 +269,23 @@ def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(client, llm, model
     assert chat.usage.prompt_tokens == 4
 
 
+def test_truncate_prompt_tokens_takes_a_text_longer_than_the_context_can_hold(client, llm, model_name):
+    """A text too long for the context by its characters was a 400 even with truncate_prompt_tokens
+    (which keeps its last k tokens, as vLLM takes it): it is tokenized from its tail, and the
+    prompt is the whole text's last k tokens."""
+    words = [f"w{i % 97}x{i % 13} " for i in range(200_000)]  # ~1.4 M characters, no repeating tail
+    text = "".join(words)
+    ids = llm.encode(text)
+    ref = greedy(llm, ids[-40:], 4)
+    resp = client.completions.create(
+        model=model_name, prompt=text, max_tokens=4, temperature=0, extra_body={"truncate_prompt_tokens": 40}
+    )
+    assert resp.usage.prompt_tokens == 40 and resp.choices[0].text == ref.text
+    # without it, still the 400 before tokenizing
+    with pytest.raises(openai.BadRequestError, match="characters"):
+        client.completions.create(model=model_name, prompt=text, max_tokens=4)
+
+
 def test_min_tokens_through_the_server_matches_offline(client, llm, model_name):
     """vLLM's min_tokens: stop strings in the first tokens do not count; the server's text (whole
     and streamed, through the detokenizer worker) and finish reason equal the offline LLM's."""
