@@ -16,6 +16,7 @@ import openai
 import pytest
 
 from minisgl_core.sampling import SamplingParams
+from minisgl_core.tokenizer.detokenize import raw_token_bytes
 from minisgl_core.tokenizer.load import load_tokenizer
 
 TEMPLATE = Path(__file__).parent / "data" / "tools_template.jinja"
@@ -342,6 +343,14 @@ def test_echo(tools_client, llm, model_name, prompt_as_ids):
     assert "".join(c.choices[0].text for c in chunks) == echoed + ref.text
 
 
+def _completion_token(tokenizer, token_id: int) -> str:
+    """How the completions format names a token: its text, or ``bytes:\\x..`` for a part of a
+    character (its text alone U+FFFD)."""
+    text = tokenizer.decode([token_id])
+    raw = raw_token_bytes(tokenizer, token_id) if "\ufffd" in text else None
+    return text if raw is None else "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+
 @pytest.mark.parametrize("prompt_as_ids", [False, True])
 def test_echo_with_logprobs_scores_the_prompt(tools_client, llm, model_name, prompt_as_ids):
     """echo + logprobs (what lm-evaluation-harness sends for loglikelihoods): the prompt's tokens
@@ -353,14 +362,14 @@ def test_echo_with_logprobs_scores_the_prompt(tools_client, llm, model_name, pro
                   echo=True, logprobs=2)  # fmt: skip
     got = tools_client.completions.create(**kwargs).choices[0].logprobs
     n = len(ids)
-    assert got.tokens == [llm.tokenizer.decode([t]) for t in ids + ref.token_ids]
+    assert got.tokens == [_completion_token(llm.tokenizer, t) for t in ids + ref.token_ids]
     assert got.token_logprobs[0] is None and got.top_logprobs[0] is None
     expected = [lp.logprob for lp in ref.prompt_logprobs[1:]] + [ref.logprobs[0].logprob]
     assert len(got.token_logprobs) == n + 1
     for a, b in zip(got.token_logprobs[1:], expected, strict=True):
         assert abs(a - b) < 1e-4, (a, b)
     for top, lp in zip(got.top_logprobs[1:], [*ref.prompt_logprobs[1:], ref.logprobs[0]], strict=True):
-        assert list(top) == [llm.tokenizer.decode([t]) for t, _ in lp.top]
+        assert list(top) == [_completion_token(llm.tokenizer, t) for t, _ in lp.top]
     assert got.text_offset[0] == 0 and got.text_offset == sorted(got.text_offset)
     chunks = list(tools_client.completions.create(**kwargs, stream=True))
     streamed = [
@@ -386,7 +395,7 @@ def test_echo_with_max_tokens_0_scores_the_prompt_only(tools_client, llm, model_
     choice = resp.choices[0]
     assert choice.text == PROMPT and choice.finish_reason == "length"
     assert resp.usage.completion_tokens == 0 and resp.usage.prompt_tokens == len(ids)
-    assert choice.logprobs.tokens == [llm.tokenizer.decode([t]) for t in ids]
+    assert choice.logprobs.tokens == [_completion_token(llm.tokenizer, t) for t in ids]
     assert choice.logprobs.token_logprobs[0] is None
     for a, b in zip(choice.logprobs.token_logprobs[1:], expected, strict=True):
         assert abs(a - b) < 1e-4, (a, b)
