@@ -4,7 +4,7 @@ A :class:`ToolParser` is made per choice of a chat request that offers tools. Gi
 whole output, :meth:`ToolParser.parse` splits it into content and calls; streaming, it is fed the
 text as it arrives (:meth:`ToolParser.feed`, then :meth:`ToolParser.finish`) and answers content
 deltas and tool-call deltas whose ``arguments`` grow piece by piece. Text that only looks like a
-call (malformed JSON, a missing name) is left as content.
+call (malformed JSON, a missing name, a function the request did not offer) is left as content.
 
 :class:`JsonToolCallParser` implements both for the common family of formats whose calls are
 JSON objects ``{"name": ..., "arguments": {...}}`` with optional markers around them; a plugin
@@ -205,8 +205,18 @@ class JsonToolCallParser(ToolParser):
         self._buffer = self._buffer[len(self._buffer) - keep :]
         return False
 
+    def _offered(self, name: str) -> bool:
+        """Whether the request offered a function of this name (any, when it gave no tools)."""
+        names = {(t.get("function") or {}).get("name") for t in self.tools if isinstance(t, Mapping)}
+        return not self.tools or name in names
+
     def _call(self, final: bool) -> bool:
         scan = scan_tool_call(self._buffer, 0, self.arguments_keys)
+        if scan.name is not None and self._index == len(self._ids) and not self._offered(scan.name):
+            # a call to a function the request did not offer is not a tool call: content, as a
+            # malformed one (OpenAI calls offered functions only; a client would look it up in vain)
+            self._text(self._giveback)
+            return self._give_up()
         if scan.status == "complete":
             self._send(scan)
             self._index += 1

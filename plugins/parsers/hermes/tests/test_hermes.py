@@ -114,6 +114,23 @@ def test_stream_malformed_is_content(text):
     assert stream(text, list(range(1, len(text))))[:2] == (text, [])
 
 
+def test_a_call_to_a_function_not_offered_is_content():
+    """The model named a function the request did not offer: it was answered as a tool call
+    (OpenAI calls offered functions only); it is content, whole and streamed, and a call to an
+    offered function after it is still a call."""
+    bad = '<tool_call>\n{"name": "delete_everything", "arguments": {"now": true}}\n</tool_call>'
+    text = f"{bad}\n{ONE_CALL.split(chr(10), 1)[1]}"
+    result = HermesToolParser(TOOLS).parse(text)
+    assert result.content == bad and [c.name for c in result.tool_calls] == ["get_weather"]
+    for cuts in ([cut] for cut in range(len(text) + 1)):
+        content, calls, _ = stream(text, cuts)
+        assert (content, [c.name for c in calls]) == (bad, ["get_weather"]), cuts
+    content, calls, _ = stream(text, list(range(1, len(text))))
+    assert (content, [c.name for c in calls]) == (bad, ["get_weather"])
+    # without tools (a parser made for no request's offer) any name is taken
+    assert [c.name for c in HermesToolParser().parse(bad).tool_calls] == ["delete_everything"]
+
+
 class TestHermesPackaging(PluginPackagingSuite):
     plugin = "hermes"
     provides = {"tool_parsers": ["hermes"]}
