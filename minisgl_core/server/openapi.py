@@ -59,7 +59,13 @@ ERROR_MEANINGS = {
 #: routes that run the engine: they stream (SSE) on request and answer every engine-side error
 GENERATING = {"/v1/chat/completions", "/v1/completions", "/generate"}
 #: routes that take a ``model`` they may not serve
-NAMING_A_MODEL = {"/v1/chat/completions", "/v1/completions", "/v1/models/{model_id}"}
+NAMING_A_MODEL = {
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/models/{model_id}",
+    "/tokenize",
+    "/detokenize",
+}
 #: routes that answer with the error body on an unhealthy engine (no OpenAI body: {status, error})
 HEALTH = {"/health", "/health_generate"}
 
