@@ -70,6 +70,9 @@ class TokenizeRequest(Message):
     #: the endpoint's own cap for ``max_tokens`` left unset where the model sets none (16 on
     #: /v1/completions, OpenAI's legacy default); None: what the context leaves
     default_max_tokens: int | None = None
+    #: the request cannot call its ``tools`` (tool_choice "none"): a chat template that does not
+    #: render them is fine, they are context only; one that can call them must see them rendered
+    tools_optional: bool = False
 
 
 @dataclass

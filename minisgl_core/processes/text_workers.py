@@ -74,9 +74,9 @@ class Admitter:
         if req.messages is not None:
             args = dict(req.template_args or {})
             ids = apply_chat_template(self.tokenizer, req.messages, **args)
-            if args.pop("tools", None):
+            if args.pop("tools", None) and not req.tools_optional:
                 # A template without a tools section would drop them without a word, and the
-                # model would answer as if it had none.
+                # model would answer as if it had none (fine where it may not call them).
                 if ids == apply_chat_template(self.tokenizer, req.messages, **args):
                     raise RequestRejected(
                         "this model's chat template does not render tools; start the server with "

@@ -70,6 +70,8 @@ def make_router(
             # a forced tool call's grammar comes from tool_choice, so its errors name that field
             grammar_field="tool_choice" if plan.grammar is not None else body.grammar_field,
             return_prompt_ids=body.return_token_ids,
+            # tool_choice "none" (no parser: the output is plain content) needs no tools rendered
+            tools_optional=plan.parser is None,
         )
         rid, created = r.new_id("chatcmpl"), int(time.time())
 

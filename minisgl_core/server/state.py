@@ -180,11 +180,13 @@ class RequestGroup:
         grammar_field: str = "grammar",
         return_prompt_ids: bool = False,
         default_max_tokens: int | None = None,
+        tools_optional: bool = False,
     ) -> Admission:
         """Tokenize one prompt into ``n`` engine requests; raise a 400 APIError if it cannot run
         (a 429 if the server's queue is full, a 503 if it cannot take requests). With
         ``return_prompt_ids`` the admission carries the prompt's token ids; ``default_max_tokens``
-        caps an unset ``max_tokens`` where the model sets no default (see TokenizeRequest)."""
+        caps an unset ``max_tokens`` where the model sets no default; ``tools_optional``: a template
+        may leave the tools out (see TokenizeRequest)."""
         state = self.state
         state.check_alive()
         if self.expected_sequences is None:
@@ -204,6 +206,7 @@ class RequestGroup:
             request = TokenizeRequest(
                 rids, text, messages, input_ids, params, max_tokens_field, template_args, grammar_field,
                 return_prompt_ids=return_prompt_ids, default_max_tokens=default_max_tokens,
+                tools_optional=tools_optional,
             )  # fmt: skip
             send(state.to_tokenizer, request)
             result = await admission

@@ -57,20 +57,31 @@ def plan_tools(body: ChatCompletionRequest, tool_parser: type[ToolParser] | None
                 "tool_choice",
             )
         return ToolPlan(tool_parser, tools, single_call=single)
-    functions = [t.function for t in body.tools]
+    functions = list(enumerate(t.function for t in body.tools))
     if choice == "required":
-        items: dict[str, Any] = {"anyOf": [_call_schema(f) for f in functions]}
-        schema = {"type": "array", "items": items, "minItems": 1, **({"maxItems": 1} if single else {})}
+        calls = [_call_schema(f, i) for i, f in functions]
+        schema = {"type": "array", "items": {"anyOf": calls}, "minItems": 1}
+        if single:
+            schema["maxItems"] = 1
     else:
         name = choice.function.name  # type: ignore[union-attr]
-        named = [f for f in functions if f.name == name]
+        named = [(i, f) for i, f in functions if f.name == name]
         if not named:
-            known = ", ".join(f.name for f in functions)
+            known = ", ".join(f.name for _, f in functions)
             raise APIError(
                 400, f"tool_choice names {name!r}, which is not among the tools ({known})", "tool_choice"
             )
-        schema = {"type": "array", "items": _call_schema(named[0]), "minItems": 1, "maxItems": 1}
+        functions = named[:1]
+        schema = {
+            "type": "array",
+            "items": _call_schema(named[0][1], named[0][0]),
+            "minItems": 1,
+            "maxItems": 1,
+        }
         single = True
+    schema["$defs"] = {
+        _parameters_key(i): _scoped(f.parameters or {"type": "object"}, i) for i, f in functions
+    }
     grammar = {"kind": "json_schema", "value": json.dumps(schema)}
     return ToolPlan(ForcedToolCallParser, tools, grammar, single)
 
@@ -90,13 +101,50 @@ def _check_parameters(function: FunctionDefinition, index: int) -> None:
     )
 
 
-def _call_schema(function: FunctionDefinition) -> dict[str, Any]:
+def _call_schema(function: FunctionDefinition, index: int) -> dict[str, Any]:
     return {
         "type": "object",
         "properties": {
             "name": {"type": "string", "const": function.name},
-            "arguments": function.parameters or {"type": "object"},
+            "arguments": {"$ref": f"#/$defs/{_parameters_key(index)}"},
         },
         "required": ["name", "arguments"],
         "additionalProperties": False,
     }
+
+
+def _parameters_key(index: int) -> str:
+    """Where tool ``index``'s parameters sit in the forced schema's ``$defs`` (no character a JSON
+    pointer escapes; grammar errors name this path, so it says which tool)."""
+    return f"tools.{index}.parameters"
+
+
+#: keywords whose values are data, not schemas: a ``$ref`` in them is a value and stays as it is
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples", "example"})
+#: keywords that map names (a property's, a definition's...) to schemas
+_SCHEMA_MAPS = frozenset(
+    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies"}
+)
+
+
+def _scoped(schema: Any, index: int) -> Any:
+    """A copy of tool ``index``'s parameters whose local ``$ref`` s (``#``, ``#/...``) point into
+    its place in the forced schema's ``$defs``: resolved against the wrapper, ``#/$defs/A`` would
+    look for the wrapper's own ``$defs`` and ``#`` would be the whole array of calls. Another
+    document's reference and an anchor (``#name``) stay as they are. Keywords of no standard are
+    walked as schemas too, since a ``$ref`` may point into them (``#/components/schemas/A``)."""
+    if isinstance(schema, list):
+        return [_scoped(item, index) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    scoped: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "$ref" and isinstance(value, str) and (value == "#" or value.startswith("#/")):
+            scoped[key] = f"#/$defs/{_parameters_key(index)}{value[1:]}"
+        elif key in _DATA_KEYWORDS:
+            scoped[key] = value
+        elif key in _SCHEMA_MAPS and isinstance(value, dict):
+            scoped[key] = {name: _scoped(sub, index) for name, sub in value.items()}
+        else:
+            scoped[key] = _scoped(value, index)
+    return scoped

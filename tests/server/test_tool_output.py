@@ -133,6 +133,99 @@ def test_named_function_forces_exactly_that_call():
     assert plan.single_call
 
 
+def function(name: str, parameters: dict) -> dict:
+    return {"type": "function", "function": {"name": name, "parameters": parameters}}
+
+
+#: pydantic's shape: the parameters' own definitions, referred to from the parameters' root; two
+#: functions use the same definition name for different things
+INT_ITEM = {
+    "type": "object",
+    "properties": {"item": {"$ref": "#/$defs/Item"}},
+    "required": ["item"],
+    "$defs": {"Item": {"type": "integer"}},
+}
+STR_ITEM = {
+    "type": "object",
+    "properties": {"item": {"$ref": "#/$defs/Item"}},
+    "required": ["item"],
+    "$defs": {"Item": {"type": "string"}},
+}
+OLD_DEFINITIONS = {
+    "type": "object",
+    "properties": {"unit": {"$ref": "#/definitions/Unit"}},
+    "required": ["unit"],
+    "definitions": {"Unit": {"enum": ["celsius", "fahrenheit"]}},
+}
+TREE = {
+    "type": "object",
+    "properties": {"value": {"type": "integer"}, "child": {"$ref": "#"}},
+    "required": ["value"],
+    "additionalProperties": False,
+}
+REF_TOOLS = [function("count", INT_ITEM), function("name", STR_ITEM), function("unit", OLD_DEFINITIONS),
+             function("tree", TREE)]  # fmt: skip
+
+
+@pytest.mark.parametrize("named", [None, "count", "name", "unit", "tree"])
+def test_forced_calls_resolve_refs_within_their_own_parameters(named):
+    """A ``$ref`` in a function's parameters means what it means in the parameters alone: it was
+    resolved against the forced array's schema (a 400 for ``#/$defs/...``; ``#`` forced the whole
+    array of calls where the function's arguments belonged)."""
+    choice = {"type": "function", "function": {"name": named}} if named else "required"
+    plan = plan_tools(request(tools=REF_TOOLS, tool_choice=choice), None)
+    schema = json.loads(plan.grammar["value"])
+    jsonschema.Draft202012Validator.check_schema(schema)
+    good = {
+        "count": [{"item": 3}],
+        "name": [{"item": "three"}],
+        "unit": [{"unit": "celsius"}],
+        "tree": [{"value": 1}, {"value": 1, "child": {"value": 2, "child": {"value": 3}}}],
+    }
+    bad = {
+        "count": [{"item": "three"}, {}],
+        "name": [{"item": 3}],
+        "unit": [{"unit": "kelvin"}],
+        "tree": [
+            {"value": 1, "child": [{"name": "tree", "arguments": {"value": 2}}]},
+            {"value": 1, "child": {}},
+        ],
+    }
+    for name in [named] if named else good:
+        for arguments in good[name]:
+            jsonschema.validate([{"name": name, "arguments": arguments}], schema)
+        for arguments in bad[name]:
+            with pytest.raises(jsonschema.ValidationError):
+                jsonschema.validate([{"name": name, "arguments": arguments}], schema)
+    assert [t["function"]["parameters"] for t in plan.tools] == [INT_ITEM, STR_ITEM, OLD_DEFINITIONS, TREE]
+
+
+def test_only_the_ref_keywords_of_schemas_are_scoped():
+    """Values that look like references but are data (a property named ``$ref``, ``const``,
+    ``enum``, ``default``, ``examples``), another document's reference and an anchor stay as they
+    are; a ``$ref`` under a keyword of no standard is a schema's (a reference may point there)."""
+    parameters = {
+        "type": "object",
+        "properties": {
+            "$ref": {"type": "string", "default": "#/x", "examples": [{"$ref": "#"}]},
+            "fixed": {"const": {"$ref": "#/$defs/A"}},
+            "pick": {"enum": [{"$ref": "#"}, "#"]},
+            "remote": {"$ref": "https://example.com/schema.json#/$defs/A"},
+            "anchored": {"$ref": "#node"},
+            "local": {"$ref": "#/components/schemas/A"},
+        },
+        "components": {"schemas": {"A": {"anyOf": [{"$ref": "#/components/schemas/A"}, {"type": "null"}]}}},
+    }
+    plan = plan_tools(request(tools=[function("f", parameters)], tool_choice="required"), None)
+    scoped = json.loads(plan.grammar["value"])["$defs"]["tools.0.parameters"]
+    own = "#/$defs/tools.0.parameters"
+    expected = json.loads(json.dumps(parameters))
+    expected["properties"]["local"]["$ref"] = f"{own}/components/schemas/A"
+    expected["components"]["schemas"]["A"]["anyOf"][0]["$ref"] = f"{own}/components/schemas/A"
+    assert scoped == expected
+    assert plan.tools[0]["function"]["parameters"] == parameters  # the request's own copy is untouched
+
+
 # ---------------------------------------------------------------- forced output read back
 
 FORCED = '[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_time", "arguments": {}}]'

@@ -253,6 +253,63 @@ def test_forced_tool_call_round_trip(grammar_backend, tools_client, model_name, 
     assert final.choices[0].finish_reason in ("stop", "length")
 
 
+#: parameters as pydantic writes them: references into their own ``$defs`` (two functions with the
+#: same definition name for different things), draft-07's ``definitions``, and ``#`` itself
+_ITEM = {"type": "object", "properties": {"item": {"$ref": "#/$defs/Item"}}, "required": ["item"],
+         "additionalProperties": False}  # fmt: skip
+REF_TOOLS = [
+    {"type": "function", "function": {"name": name, "parameters": parameters}}
+    for name, parameters in [
+        ("count", {**_ITEM, "$defs": {"Item": {"type": "integer", "minimum": 0, "maximum": 9}}}),
+        ("label", {**_ITEM, "$defs": {"Item": {"enum": ["red", "green"]}}}),
+        (
+            "convert",
+            {"type": "object", "properties": {"unit": {"$ref": "#/definitions/Unit"}}, "required": ["unit"],
+             "additionalProperties": False, "definitions": {"Unit": {"enum": ["celsius", "kelvin"]}}},
+        ),
+        (
+            "nest",
+            {"type": "object", "properties": {"depth": {"enum": [1, 2]}, "inner": {"$ref": "#"}},
+             "required": ["depth"], "additionalProperties": False},
+        ),
+    ]
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("choice", ["required", "count", "label", "convert", "nest"])
+def test_forced_calls_follow_parameters_with_references(grammar_backend, tools_client, model_name, choice):
+    """``$ref`` s in a function's parameters resolve within them: ``#/$defs/Item`` was a 400
+    ("Cannot find field $defs"), and ``#`` forced the whole array of calls into an argument."""
+    import jsonschema
+
+    tool_choice = choice if choice == "required" else {"type": "function", "function": {"name": choice}}
+    resp = tools_client.chat.completions.create(
+        model=model_name, messages=ASK, tools=REF_TOOLS, tool_choice=tool_choice, max_tokens=96,
+        temperature=1.0, seed=5, n=4, parallel_tool_calls=False,  # (one call: a random model goes on)
+    )  # fmt: skip
+    parameters = {t["function"]["name"]: t["function"]["parameters"] for t in REF_TOOLS}
+    calls = [call.function for c in resp.choices for call in c.message.tool_calls or []]
+    assert [c.finish_reason for c in resp.choices] == ["tool_calls"] * 4 and len(calls) == 4, resp.choices
+    for call in calls:
+        assert choice == "required" or call.name == choice
+        jsonschema.validate(json.loads(call.arguments), parameters[call.name])
+    if choice == "nest":  # (this seed's answers do nest: ``#`` is the function's own parameters)
+        assert any("inner" in json.loads(call.arguments) for call in calls), calls
+
+
+@pytest.mark.parametrize("tool", REF_TOOLS, ids=lambda t: t["function"]["name"])
+def test_the_same_parameters_as_response_format(grammar_backend, tools_client, model_name, tool):
+    import jsonschema
+
+    parameters = tool["function"]["parameters"]
+    resp = tools_client.chat.completions.create(
+        model=model_name, messages=ASK, max_tokens=96, temperature=1.0, seed=3,
+        response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": parameters}},
+    )  # fmt: skip
+    assert resp.choices[0].finish_reason == "stop", resp.choices[0]
+    jsonschema.validate(json.loads(resp.choices[0].message.content), parameters)
+
+
 def test_tool_choice_errors(tools_client, model_name):
     with pytest.raises(openai.BadRequestError, match="needs tools"):
         tools_client.chat.completions.create(model=model_name, messages=ASK, tool_choice="required")
@@ -301,13 +358,31 @@ def test_auto_tools_without_a_parser_is_a_400(client, model_name):
         client.chat.completions.create(model=model_name, messages=ASK, tools=[WEATHER])
 
 
-def test_a_template_that_ignores_tools_is_a_400(client, model_name):
-    """The demo tokenizer's template has no tools section: the request must not silently lose them."""
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_a_template_that_ignores_tools_is_a_400(client, model_name, choice):
+    """The demo tokenizer's template has no tools section: a request that may call them must not
+    silently lose them."""
     with pytest.raises(openai.BadRequestError, match="does not render tools") as err:
-        client.chat.completions.create(
-            model=model_name, messages=ASK, tools=[WEATHER], tool_choice="required"
-        )
+        client.chat.completions.create(model=model_name, messages=ASK, tools=[WEATHER], tool_choice=choice)
     assert err.value.body["param"] == "tools"
+
+
+def test_tool_choice_none_needs_no_template_for_tools(client, tools_client, templated, model_name):
+    """With tool_choice "none" the tools are context only: a template without a tools section
+    answers plain content, as OpenAI and vLLM do (it was a 400); one with it still renders them."""
+    kwargs = dict(model=model_name, messages=ASK, max_tokens=4, temperature=0)
+    plain = client.chat.completions.create(**kwargs)
+    resp = client.chat.completions.create(**kwargs, tools=[WEATHER], tool_choice="none")
+    assert resp.choices[0].message.content == plain.choices[0].message.content
+    assert not resp.choices[0].message.tool_calls and resp.choices[0].finish_reason == "length"
+    assert resp.usage.prompt_tokens == plain.usage.prompt_tokens
+    chunks = list(client.chat.completions.create(**kwargs, tools=[WEATHER], tool_choice="none", stream=True))
+    assert (
+        "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        == plain.choices[0].message.content
+    )
+    rendered = tools_client.chat.completions.create(**kwargs, tools=[WEATHER], tool_choice="none")
+    assert rendered.usage.prompt_tokens == len(reference_ids(templated, ASK, tools=[WEATHER]))
 
 
 # ---------------------------------------------------------------- sampling fields
