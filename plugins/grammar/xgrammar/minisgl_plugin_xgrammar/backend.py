@@ -6,7 +6,7 @@ import importlib.util
 import json
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -239,18 +239,13 @@ class XGrammarBackend(GrammarBackend):
         grammar = self._xgr.Grammar
         if spec.kind == "json_schema":
             _check_json(spec.value, "json_schema")
-            unenforced = unenforced_keywords(json.loads(spec.value))
-            if unenforced:
-                more = f"; and {len(unenforced) - 5} more" if len(unenforced) > 5 else ""
-                raise GrammarError(
-                    "json_schema: the xgrammar backend cannot enforce "
-                    + "; ".join(unenforced[:5])
-                    + more
-                    + " (it would pass output that breaks them): remove them from the schema"
-                )
+            schema = json.loads(spec.value)
+            _refuse_what_xgrammar_gets_wrong(schema)
+            # ensure_ascii=False: xgrammar leaves nothing after an escaped surrogate pair
+            text = json.dumps(schema, ensure_ascii=False) if apply_lengths_to_choices(schema) else spec.value
             # compact output (no free whitespace): a weak model cannot stall in an endless run of spaces
             return grammar.from_json_schema(
-                spec.value, any_whitespace=False, separators=(",", ":"), strict_mode=True
+                text, any_whitespace=False, separators=(",", ":"), strict_mode=True
             )
         if spec.kind == "json_object":
             return grammar.from_ebnf(JSON_OBJECT_EBNF)
@@ -271,6 +266,13 @@ class XGrammarBackend(GrammarBackend):
 
 _JSON_KINDS = frozenset({"json_schema", "json_object"})
 
+#: the deepest a JSON schema may nest schemas in schemas (the root is level 1). xgrammar's
+#: conversion of a schema grows with the cube of its depth (two cores, objects in objects each
+#: with a required property: 0.05 s at 64 levels, 0.37 s at 128, 12.5 s at 450), and runs in the
+#: tokenizer process, where a 450-deep schema held every request's admission for 12 s. llguidance
+#: refuses past about 63 (serde_json's limit of 128 levels of JSON); users rarely go past 20.
+MAX_SCHEMA_DEPTH = 64
+
 #: JSON Schema keywords xgrammar (0.2.8 and 0.2.9) compiles and then ignores: a grammar with one of
 #: them lets through output that breaks it (tested against byte vocabularies; llguidance refuses
 #: the same ones as "Unimplemented keys")
@@ -286,6 +288,26 @@ _IGNORED_KEYWORDS = (
     "dependentSchemas",
     "dependencies",
     "unevaluatedProperties",
+)
+#: string formats xgrammar writes out as a regex, dropping minLength and maxLength beside them (as
+#: beside a pattern); it enforces the limits beside any other format, which it ignores
+_FORMATS_IGNORING_LENGTH = frozenset(
+    {
+        "date",
+        "time",
+        "date-time",
+        "duration",
+        "email",
+        "hostname",
+        "ipv4",
+        "ipv6",
+        "uri",
+        "uri-reference",
+        "uuid",
+        "json-pointer",
+        "relative-json-pointer",
+        "uri-template",
+    }
 )
 #: where a schema holds further schemas: by name, in a list, or as the value itself
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
@@ -305,14 +327,147 @@ _SCHEMA_VALUES = (
 )
 
 
+def _refuse_what_xgrammar_gets_wrong(schema: Any) -> None:
+    """GrammarError for a schema xgrammar would compile into a grammar passing output that breaks
+    it: nested deeper than MAX_SCHEMA_DEPTH (checked first: the other walks recurse), a part
+    accepting no value, a keyword it does not enforce."""
+    deep = too_deep(schema)
+    if deep is not None:
+        raise GrammarError(
+            f"json_schema: nested deeper than {MAX_SCHEMA_DEPTH} levels at {deep} (the xgrammar "
+            "backend takes schemas in schemas up to that depth: its compile time grows with the cube "
+            "of the depth)"
+        )
+    empty = accepting_nothing(schema)
+    if empty:
+        raise GrammarError(
+            "json_schema: part of the schema accepts no value, as the schema false: "
+            + _first_five(empty)
+            + " (the answer could not be valid)"
+        )
+    unenforced = unenforced_keywords(schema)
+    if unenforced:
+        raise GrammarError(
+            "json_schema: the xgrammar backend cannot enforce "
+            + _first_five(unenforced)
+            + " (it would pass output that breaks them): remove them from the schema"
+        )
+
+
+def _first_five(found: list[str]) -> str:
+    more = f"; and {len(found) - 5} more" if len(found) > 5 else ""
+    return "; ".join(found[:5]) + more
+
+
+def _children(schema: dict, path: str) -> list[tuple[Any, str]]:
+    """The schemas directly in ``schema``, each with its path (not those under a keyword xgrammar
+    ignores: such a schema is refused for it)."""
+    found: list[tuple[Any, str]] = []
+    for key in _SCHEMA_MAPS:
+        value = schema.get(key)
+        if isinstance(value, dict):
+            found += [(sub, f"{path}/{key}/{name}") for name, sub in value.items()]
+    for key in _SCHEMA_LISTS:
+        value = schema.get(key)
+        if isinstance(value, list):
+            found += [(sub, f"{path}/{key}/{i}") for i, sub in enumerate(value)]
+    for key in _SCHEMA_VALUES:
+        if isinstance(schema.get(key), dict) and key not in _IGNORED_KEYWORDS:
+            found.append((schema[key], f"{path}/{key}"))
+    return found
+
+
+def _walk(schema: Any, path: str = "#") -> Iterator[tuple[dict, str, int]]:
+    """Every schema object in ``schema`` (true and false are not objects), each with its path and
+    depth (the root is 1), parents before children, in the order they are written."""
+    stack = [(schema, path, 1)]
+    while stack:
+        sub, where, depth = stack.pop()
+        if isinstance(sub, dict):
+            yield sub, where, depth
+            stack += [(child, at, depth + 1) for child, at in reversed(_children(sub, where))]
+
+
+def too_deep(schema: Any, limit: int = MAX_SCHEMA_DEPTH) -> str | None:
+    """The path of the first schema in ``schema`` nested deeper than ``limit`` levels, or None.
+    Without recursion, and it stops there: a schema thousands deep costs what one at the limit does."""
+    return next((path for _, path, depth in _walk(schema) if depth > limit), None)
+
+
+def _length_limits(schema: dict) -> tuple[int, int | None] | None:
+    """(minLength, maxLength or None) where ``schema`` limits a string's length, else None."""
+    least, most = schema.get("minLength", 0), schema.get("maxLength")
+    least = least if isinstance(least, int) and not isinstance(least, bool) else 0
+    most = most if isinstance(most, int) and not isinstance(most, bool) else None
+    return None if least <= 0 and most is None else (least, most)
+
+
+def _fits(value: Any, limits: tuple[int, int | None]) -> bool:
+    """Whether ``value`` keeps to length ``limits`` (characters; they say nothing of a non-string)."""
+    least, most = limits
+    return not isinstance(value, str) or (least <= len(value) and (most is None or len(value) <= most))
+
+
+def _limit_words(schema: dict) -> str:
+    return " and ".join(f"{key!r} {schema[key]}" for key in ("minLength", "maxLength") if key in schema)
+
+
+def accepting_nothing(schema: Any) -> list[str]:
+    """The parts of ``schema`` that accept no value, each as "... at PATH": ``anyOf`` or ``oneOf``
+    of no schemas, an ``enum`` none of whose values keeps to the length limits beside it, a
+    ``const`` that breaks them. xgrammar compiles each into a grammar that a server answered ""
+    for (it refuses ``false`` and an empty ``enum`` itself)."""
+    found: list[str] = []
+    for sub, path, _ in _walk(schema):
+        found += [f"{key!r} of no schemas at {path}" for key in ("anyOf", "oneOf") if sub.get(key) == []]
+        limits = _length_limits(sub)
+        if limits is None:
+            continue
+        if "const" in sub and not _fits(sub["const"], limits):
+            found.append(f"'const' that {_limit_words(sub)} rules out at {path}")
+        values = sub.get("enum")
+        if isinstance(values, list) and values and not any(_fits(v, limits) for v in values):
+            found.append(f"'enum' with no value {_limit_words(sub)} allows at {path}")
+    return found
+
+
+def apply_lengths_to_choices(schema: Any) -> bool:
+    """Drop from each ``enum`` in ``schema`` (in place) the strings that break the length limits
+    beside it, which xgrammar ignores there; whether any was dropped. (A ``const`` that breaks
+    them, or an ``enum`` left empty, is refused first: :func:`accepting_nothing`.)"""
+    changed = False
+    for sub, _, _ in _walk(schema):
+        limits = _length_limits(sub)
+        values = sub.get("enum")
+        if limits is not None and isinstance(values, list):
+            kept = [v for v in values if _fits(v, limits)]
+            if len(kept) < len(values):
+                sub["enum"], changed = kept, True
+    return changed
+
+
+def _may_be_object(schema: dict) -> bool:
+    types = schema.get("type", "object")
+    return types == "object" or (isinstance(types, list) and "object" in types)
+
+
 def unenforced_keywords(schema: Any, path: str = "#") -> list[str]:
     """What of ``schema`` xgrammar would not enforce, each as "'keyword' at PATH": the
     :data:`_IGNORED_KEYWORDS`, ``uniqueItems: true``, ``multipleOf`` on a number that may be
-    fractional (integers are enforced), ``allOf`` of several schemas (not intersected), and
+    fractional (integers are enforced), ``allOf`` of several schemas (not intersected),
     ``minProperties`` above the required properties where keys outside ``properties`` are allowed
-    (the grammar lets a key repeat, and a repeated key counts once in the parsed object)."""
-    if not isinstance(schema, dict):
-        return []
+    (the grammar lets a key repeat, and a repeated key counts once in the parsed object), a
+    ``required`` name outside ``properties`` (never required, whatever other keys may be: with
+    none allowed, strict mode's default, ``{}`` passed), and ``minLength``/``maxLength`` beside
+    a ``pattern`` or a format xgrammar writes as a regex (:data:`_FORMATS_IGNORING_LENGTH`)."""
+    found: list[str] = []
+    for sub, where, _ in _walk(schema, path):
+        found += _unenforced_here(sub, where)
+    return found
+
+
+def _unenforced_here(schema: dict, path: str) -> list[str]:
+    """:func:`unenforced_keywords` of ``schema`` itself, not of the schemas in it."""
     found = [f"{key!r} at {path}" for key in _IGNORED_KEYWORDS if key in schema]
     if schema.get("uniqueItems") is True:
         found.append(f"'uniqueItems' at {path}")
@@ -329,19 +484,22 @@ def unenforced_keywords(schema: Any, path: str = "#") -> list[str]:
     named = len(set(required)) if isinstance(required, list) else 0
     if isinstance(least, int) and open_keys and least > max(1, named):
         found.append(f"'minProperties' with keys outside 'properties' at {path}")
-    for key in _SCHEMA_MAPS:
-        value = schema.get(key)
-        if isinstance(value, dict):
-            for name, sub in value.items():
-                found += unenforced_keywords(sub, f"{path}/{key}/{name}")
-    for key in _SCHEMA_LISTS:
-        value = schema.get(key)
-        if isinstance(value, list):
-            for i, sub in enumerate(value):
-                found += unenforced_keywords(sub, f"{path}/{key}/{i}")
-    for key in _SCHEMA_VALUES:
-        if isinstance(schema.get(key), dict) and key not in _IGNORED_KEYWORDS:
-            found += unenforced_keywords(schema[key], f"{path}/{key}")
+    properties = schema.get("properties")
+    if isinstance(required, list) and _may_be_object(schema):
+        declared = properties if isinstance(properties, dict) else {}
+        outside = [name for name in dict.fromkeys(map(str, required)) if name not in declared]
+        if outside:
+            names = ", ".join(repr(name) for name in outside)
+            found.append(f"'required' {names} (not in 'properties') at {path}")
+    limits = _length_limits(schema)
+    if limits is not None:
+        what = " and ".join(
+            repr(key) for key, limit in zip(("minLength", "maxLength"), limits) if limit not in (0, None)
+        )
+        if "pattern" in schema:
+            found.append(f"{what} beside 'pattern' at {path}")
+        if schema.get("format") in _FORMATS_IGNORING_LENGTH:
+            found.append(f"{what} beside 'format' {schema['format']!r} at {path}")
     return found
 
 

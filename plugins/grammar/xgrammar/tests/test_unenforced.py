@@ -54,6 +54,34 @@ REFUSED = [
         '{"tags":["a","a"]}',
         "'uniqueItems' at #/properties/tags",
     ),
+    # a required name outside 'properties': strict mode allows no other key, yet {} passed, and
+    # with other keys allowed the name is not required either
+    ({"type": "object", "required": ["a"]}, "{}", "'required' 'a' (not in 'properties') at #"),
+    ({"properties": {"b": {"type": "integer"}}, "required": ["a"]}, '{"b":123}', "'required' 'a' (not in"),
+    ({"type": "object", "required": ["a"], "additionalProperties": True}, '{"b":1}', "'required' 'a' (not in"),
+    ({"type": "object", "required": ["a"], "additionalProperties": {"type": "integer"}}, "{}", "'required' 'a' (not"),
+    ({"type": "object", "required": ["a"], "patternProperties": {"^a$": {"type": "integer"}}}, "{}", "'required' 'a'"),
+    ({"required": ["a"]}, "{}", "'required' 'a' (not in 'properties') at #"),
+    (  # "one of these keys": each branch's name is outside its own 'properties'
+        {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+         "anyOf": [{"required": ["a"]}, {"required": ["b"]}]},
+        "{}",
+        "'required' 'a' (not in 'properties') at #/anyOf/0",
+    ),
+    # length limits beside a pattern or a format xgrammar writes out as a regex
+    ({"type": "string", "pattern": "^[a-z]+$", "minLength": 5}, '"json"', "'minLength' beside 'pattern' at #"),
+    ({"type": "string", "pattern": "^[a-z]+$", "maxLength": 2}, '"json"', "'maxLength' beside 'pattern' at #"),
+    ({"type": "string", "format": "date", "minLength": 12}, '"2020-01-01"', "'minLength' beside 'format' 'date' at #"),
+    ({"type": "string", "format": "uuid", "maxLength": 3}, '"123e4567-e89b-12d3-a456-426614174000"', "'maxLength' beside"),
+]  # fmt: skip
+
+#: formats xgrammar writes out as a regex, ignoring minLength and maxLength beside them: (format, a
+#: text of that format)
+FORMATS_IGNORING_LENGTH = [
+    ("date", "2020-01-01"), ("time", "10:00:00Z"), ("date-time", "2020-01-01T10:00:00Z"), ("duration", "P1D"),
+    ("email", "a@b.co"), ("hostname", "ab.com"), ("ipv4", "1.2.3.4"), ("ipv6", "::1"), ("uri", "http://a.b"),
+    ("uri-reference", "/a"), ("uuid", "123e4567-e89b-12d3-a456-426614174000"), ("json-pointer", "/a"),
+    ("relative-json-pointer", "0/a"), ("uri-template", "/a"),
 ]  # fmt: skip
 
 #: enforced by xgrammar, so not refused: (schema, a text that breaks it)
@@ -63,6 +91,11 @@ ENFORCED = [
     ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "minProperties": 2}, '{"a":1}'),
     ({"type": "array", "items": {"type": "boolean"}, "uniqueItems": False, "maxItems": 1}, "[true,true]"),
     ({"type": "object", "properties": {"not": {"type": "integer"}}, "required": ["not"]}, '{"not":"x"}'),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": True}, "{}"),
+    ({"type": "string", "required": ["a"]}, "1"),  # 'required' says nothing of a string
+    ({"type": "string", "minLength": 3}, '"aa"'),
+    ({"type": "string", "pattern": "^[a-z]+$", "minLength": 0}, '"A"'),  # no limit
+    ({"type": "string", "format": "iri", "minLength": 5}, '"a:b"'),  # a format xgrammar leaves alone
 ]  # fmt: skip
 
 
@@ -118,3 +151,13 @@ def test_a_schema_with_many_such_keywords_names_the_first_five(backend):
     with pytest.raises(GrammarError) as refused:
         backend.check(GrammarSpec("json_schema", json.dumps(schema)))
     assert str(refused.value).count("'uniqueItems' at") == 5 and "; and 2 more (" in str(refused.value)
+
+
+@pytest.mark.parametrize(("name", "text"), FORMATS_IGNORING_LENGTH)
+def test_each_format_refused_beside_a_length_is_one_xgrammar_ignores_it_beside(name, text):
+    assert _accepts({"type": "string", "format": name}, json.dumps(text))
+    for limit in ({"minLength": len(text) + 3}, {"maxLength": 1}):
+        assert _accepts({"type": "string", "format": name, **limit}, json.dumps(text)), (
+            f"xgrammar now enforces {limit} beside format {name!r}: take it off the list"
+        )
+        assert unenforced_keywords({"type": "string", "format": name, **limit})

@@ -1,0 +1,70 @@
+"""The JSON schemas xgrammar compiles into a grammar that passes output breaking them (a required
+name outside ``properties``, length limits beside ``pattern``/``format``/``enum``/``const``, an
+empty ``anyOf``, hundreds of levels of nesting; the xgrammar plugin refuses or rewrites them):
+llguidance enforces or refuses each itself, so this plugin needs no check of its own. If a new
+llguidance starts passing one, a test here fails."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from minisgl_plugin_llguidance.backend import LLGuidanceBackend
+
+from minisgl_core.api import GrammarError, GrammarSpec
+
+#: (schema, a text that breaks it): llguidance refuses the schema or rejects the text
+BROKEN = [
+    ({"type": "object", "required": ["a"]}, "{}"),
+    ({"properties": {"b": {"type": "integer"}}, "required": ["a"]}, '{"b":123}'),
+    ({"type": "object", "required": ["a"], "additionalProperties": False}, "{}"),
+    ({"type": "object", "required": ["a"], "additionalProperties": {"type": "integer"}}, '{"b":1}'),
+    ({"type": "string", "pattern": "^[a-z]+$", "minLength": 5}, '"json"'),
+    ({"type": "string", "pattern": "^[a-z]+$", "maxLength": 2}, '"json"'),
+    ({"type": "string", "format": "date", "minLength": 12}, '"2020-01-01"'),
+    ({"type": "string", "enum": ["aa", "bbbb"], "minLength": 3}, '"aa"'),
+    ({"type": "string", "enum": ["aa", "bbbb"], "maxLength": 3}, '"bbbb"'),
+    ({"type": "string", "const": "aa", "minLength": 3}, '"aa"'),
+    ({"anyOf": []}, '""'),
+    ({"oneOf": []}, '""'),
+]
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory) -> LLGuidanceBackend:
+    from transformers import AutoTokenizer
+
+    from minisgl_core.demo.factories import train_tokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(train_tokenizer(tmp_path_factory.mktemp("tok"), vocab_size=400)))
+    return LLGuidanceBackend(tok, vocab_size=len(tok), stop_token_ids=[2])
+
+
+def _takes(backend: LLGuidanceBackend, schema: dict, text: str) -> bool:
+    matcher = backend.matcher(backend.compile(GrammarSpec("json_schema", json.dumps(schema))))._matcher  # type: ignore[attr-defined]
+    return bool(matcher.consume_tokens(backend._tokenizer.tokenize_str(text))) and matcher.is_accepting()
+
+
+@pytest.mark.parametrize(("schema", "text"), BROKEN)
+def test_llguidance_refuses_or_enforces_what_xgrammar_passes(backend, schema, text):
+    try:
+        assert not _takes(backend, schema, text), f"llguidance passes {text} for {schema}"
+    except GrammarError:
+        pass  # refused: "Unsatisfiable schema", a 400
+
+
+def test_llguidance_keeps_what_the_limits_allow(backend):
+    assert _takes(backend, {"type": "object", "required": ["a"]}, '{"a":1}')
+    assert _takes(backend, {"type": "string", "enum": ["aa", "bbbb"], "minLength": 3}, '"bbbb"')
+    assert _takes(backend, {"type": "string", "pattern": "^[a-z]+$", "minLength": 5}, '"jsonjson"')
+
+
+def test_llguidance_refuses_a_deeply_nested_schema_at_once(backend):
+    schema: dict = {"type": "string"}
+    for _ in range(450):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    started = time.perf_counter()
+    with pytest.raises(GrammarError, match="recursion limit"):
+        backend.compile(GrammarSpec("json_schema", json.dumps(schema)))
+    assert time.perf_counter() - started < 1.0

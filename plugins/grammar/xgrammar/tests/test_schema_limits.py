@@ -1,0 +1,159 @@
+"""JSON schemas xgrammar compiles into a grammar that answers wrongly, found by an API probe of
+the server (each answered with finish "stop"): a schema part that accepts no value (``anyOf: []``
+answered ""), length limits beside ``enum``/``const`` (``"aa"`` for ``minLength: 3``), and a schema
+nested hundreds of levels deep (12 s of xgrammar's conversion in the tokenizer process, holding
+every request's admission). Each is checked against xgrammar itself on a vocabulary of the 256
+bytes, so a new xgrammar that handles one makes its test here fail."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import xgrammar as xgr
+from minisgl_plugin_xgrammar.backend import MAX_SCHEMA_DEPTH, XGrammarBackend, too_deep
+
+from minisgl_core.api import GrammarError, GrammarSpec
+
+_BYTES = xgr.TokenizerInfo(
+    [bytes([b]) for b in range(256)] + [b"</s>"], vocab_type=xgr.VocabType.RAW, stop_token_ids=[256]
+)
+
+
+def _takes(grammar: xgr.Grammar, text: str) -> bool:
+    matcher = xgr.GrammarMatcher(
+        xgr.GrammarCompiler(_BYTES, max_threads=1, cache_enabled=False).compile_grammar(grammar)
+    )
+    return all(matcher.accept_token(b) for b in text.encode()) and (matcher.accept_token(256) or matcher.is_terminated())  # fmt: skip
+
+
+def _xgrammar_own(schema: dict) -> xgr.Grammar:
+    """The grammar xgrammar makes of ``schema`` as the backend calls it, without our checks."""
+    return xgr.Grammar.from_json_schema(
+        json.dumps(schema), any_whitespace=False, separators=(",", ":"), strict_mode=True
+    )
+
+
+def _nested(depth: int) -> dict:
+    """Objects in objects: ``depth`` schemas deep, the string innermost included."""
+    schema: dict = {"type": "string"}
+    for _ in range(depth - 1):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    return schema
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory) -> XGrammarBackend:
+    from transformers import AutoTokenizer
+
+    from minisgl_core.demo.factories import train_tokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(train_tokenizer(tmp_path_factory.mktemp("tok"), vocab_size=400)))
+    return XGrammarBackend(tok, vocab_size=len(tok), stop_token_ids=[2])
+
+
+def _refusal(backend: XGrammarBackend, schema: dict, how: str = "check") -> str:
+    with pytest.raises(GrammarError) as refused:
+        getattr(backend, how)(GrammarSpec("json_schema", json.dumps(schema)))
+    return str(refused.value)
+
+
+# ------------------------------------------------------------------ a part that accepts no value
+
+#: (schema, what the refusal names)
+ACCEPTING_NOTHING = [
+    ({"anyOf": []}, "'anyOf' of no schemas at #"),
+    ({"oneOf": []}, "'oneOf' of no schemas at #"),
+    ({"type": "object", "properties": {"a": {"anyOf": []}}}, "'anyOf' of no schemas at #/properties/a"),
+    (
+        {"type": "string", "enum": ["aa", "b"], "minLength": 3},
+        "'enum' with no value 'minLength' 3 allows at #",
+    ),
+    ({"type": "string", "const": "aa", "minLength": 3}, "'const' that 'minLength' 3 rules out at #"),
+    ({"const": "abcd", "maxLength": 3}, "'const' that 'maxLength' 3 rules out at #"),
+]
+
+
+@pytest.mark.parametrize(("schema", "says"), ACCEPTING_NOTHING)
+@pytest.mark.parametrize("how", ["check", "compile"])
+def test_a_schema_part_accepting_no_value_is_refused_as_false_is(backend, schema, says, how):
+    message = _refusal(backend, schema, how)
+    assert message.startswith("json_schema: part of the schema accepts no value"), message
+    assert says in message
+    assert "cannot accept any value" in _refusal(backend, False, how)  # xgrammar's own for false
+
+
+def test_xgrammar_compiles_an_empty_any_of_without_a_word():
+    """The server answered ``{"anyOf": []}`` with "" and finish "stop"; xgrammar itself refuses
+    ``false`` and an empty ``enum``, so our refusal of an empty anyOf can go once it does too."""
+    _xgrammar_own({"anyOf": []})
+    _xgrammar_own({"oneOf": []})
+    with pytest.raises(RuntimeError, match="must not be empty"):
+        _xgrammar_own({"enum": []})
+
+
+# ------------------------------------------------------------------ length limits beside enum and const
+
+#: (schema, a text xgrammar passes though the limit rules it out, a text the limit allows)
+LIMITED_CHOICES = [
+    ({"type": "string", "enum": ["aa", "bbbb"], "minLength": 3}, '"aa"', '"bbbb"'),
+    ({"enum": ["aa", "bbbb", 7], "maxLength": 3}, '"bbbb"', "7"),  # limits say nothing of a number
+    ({"type": "string", "enum": ["aé", "abc"], "maxLength": 2}, '"abc"', '"aé"'),  # characters, not bytes
+    ({"type": "string", "const": "abc", "minLength": 3, "maxLength": 3}, None, '"abc"'),
+    (
+        {"type": "object", "properties": {"k": {"enum": ["x", "yyy"], "minLength": 2}}, "required": ["k"]},
+        '{"k":"x"}',
+        '{"k":"yyy"}',
+    ),
+]
+
+
+@pytest.mark.parametrize(("schema", "broken", "kept"), LIMITED_CHOICES)
+def test_length_limits_beside_enum_are_applied_to_its_values(backend, schema, broken, kept):
+    if broken is not None:
+        assert _takes(_xgrammar_own(schema), broken), "xgrammar now applies lengths to enum values"
+    ours = backend._grammar(GrammarSpec("json_schema", json.dumps(schema)))
+    assert _takes(ours, kept)
+    if broken is not None:
+        assert not _takes(ours, broken)
+    backend.compile(GrammarSpec("json_schema", json.dumps(schema)))
+
+
+# ------------------------------------------------------------------ nesting depth
+
+
+def test_a_schema_nested_deeper_than_the_limit_is_refused_fast_naming_the_limit(backend):
+    """xgrammar's conversion of this schema took 12.5 s at 450 levels (0.05 s at 64): the
+    tokenizer process admitted no request meanwhile. Refused before xgrammar sees it."""
+    for how in ("check", "compile"):
+        started = time.perf_counter()
+        message = _refusal(backend, _nested(450), how)
+        assert time.perf_counter() - started < 1.0
+        assert f"nested deeper than {MAX_SCHEMA_DEPTH} levels" in message, message
+        assert "at #" + "/properties/a" * MAX_SCHEMA_DEPTH in message
+
+
+def test_a_schema_at_the_limit_compiles(backend):
+    schema = _nested(MAX_SCHEMA_DEPTH)
+    assert too_deep(schema) is None
+    assert too_deep(_nested(MAX_SCHEMA_DEPTH + 1)) == "#" + "/properties/a" * MAX_SCHEMA_DEPTH
+    started = time.perf_counter()
+    backend.compile(GrammarSpec("json_schema", json.dumps(schema)))
+    assert time.perf_counter() - started < 5.0
+
+
+def test_depth_counts_every_kind_of_nesting():
+    schema: dict = {"type": "string"}
+    for i in range(MAX_SCHEMA_DEPTH):
+        kind = i % 4
+        if kind == 0:
+            schema = {"type": "array", "items": schema}
+        elif kind == 1:
+            schema = {"anyOf": [{"type": "null"}, schema]}
+        elif kind == 2:
+            schema = {"type": "object", "additionalProperties": schema}
+        else:
+            schema = {"$defs": {"d": schema}, "type": "integer"}
+    assert too_deep(schema) is not None
+    assert too_deep(schema, limit=MAX_SCHEMA_DEPTH + 1) is None
