@@ -77,6 +77,9 @@ def validation_error(exc: RequestValidationError) -> APIError:
     # Unions report one error per member; the path of the first member type is noise.
     loc = [p for p in loc if not _is_union_member_tag(p)]
     param = ".".join(loc) or None
+    cause = (err.get("ctx") or {}).get("error")
+    if param is None and getattr(cause, "field", None):  # a whole-body check that blames a field
+        param = cause.field
     if kind == "extra_forbidden":
         return APIError(
             400, f"unsupported field {param!r}: minisgl does not implement it", param, "unsupported_field"

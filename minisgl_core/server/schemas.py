@@ -116,6 +116,15 @@ def _is_gateway_default(key: str, value: Any) -> bool:
     return key in GATEWAY_DEFAULTS and value is GATEWAY_DEFAULTS[key]
 
 
+class BodyError(ValueError):
+    """A check of the whole body (a model validator) that blames one field: the 400 names it in
+    ``param`` (pydantic places a whole-body check at the body itself, which names none)."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -236,7 +245,7 @@ class GrammarFields(StrictModel):
         if self.response_format is not None and self.response_format.type == "text":
             given.remove("response_format")
         if len(given) > 1:
-            raise ValueError(f"give at most one of {', '.join(given)} (each constrains the output)")
+            raise BodyError(f"give at most one of {', '.join(given)} (each constrains the output)", given[-1])
         return self
 
     def grammar_spec(self) -> GrammarSpec | None:
@@ -508,18 +517,25 @@ class ChatCompletionRequest(SamplingFields):
     def _check(self) -> ChatCompletionRequest:
         if self.continue_final_message:
             if self.add_generation_prompt:
-                raise ValueError(
+                raise BodyError(
                     "continue_final_message needs add_generation_prompt false (the reply continues "
-                    "the last message instead of starting a turn)"
+                    "the last message instead of starting a turn)",
+                    "add_generation_prompt",
                 )
             if self.messages[-1].role != "assistant":
-                raise ValueError("continue_final_message needs the last message to be an assistant one")
+                raise BodyError(
+                    "continue_final_message needs the last message to be an assistant one",
+                    "messages",
+                )
         if self.max_completion_tokens is not None:
             if self.max_tokens is not None and self.max_tokens != self.max_completion_tokens:
-                raise ValueError("give max_completion_tokens or max_tokens, not two different values")
+                raise BodyError(
+                    "give max_completion_tokens or max_tokens, not two different values",
+                    "max_completion_tokens",
+                )
             self.max_tokens = self.max_completion_tokens
         if self.top_logprobs is not None and not self.logprobs:
-            raise ValueError("top_logprobs requires logprobs to be true")
+            raise BodyError("top_logprobs requires logprobs to be true", "top_logprobs")
         return self
 
     def logprobs_k(self) -> int | None:
@@ -578,9 +594,10 @@ class CompletionRequest(SamplingFields):
     @model_validator(mode="after")
     def _check_completion(self) -> CompletionRequest:
         if self.suffix is not None:
-            raise ValueError(
+            raise BodyError(
                 "suffix is not supported: this server does no fill-in-the-middle; "
-                "put the whole text in prompt instead"
+                "put the whole text in prompt instead",
+                "suffix",
             )
         return self
 

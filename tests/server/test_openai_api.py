@@ -73,10 +73,10 @@ def test_continue_final_message_continues_the_assistant_turn(client, server, aut
 @pytest.mark.parametrize(
     ("body", "param", "words"),
     [
-        ({"continue_final_message": True}, None, "add_generation_prompt false"),
+        ({"continue_final_message": True}, "add_generation_prompt", "add_generation_prompt false"),
         (
             {"continue_final_message": True, "add_generation_prompt": False, "messages": MESSAGES},
-            None,
+            "messages",
             "last message to be an assistant",
         ),
         ({"chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs", "request's"),
