@@ -109,6 +109,8 @@ class JsonToolCallParser(ToolParser):
     def __init__(self, tools: Sequence[Mapping[str, Any]] = ()) -> None:
         super().__init__(tools)
         self._mode = "lead" if self.leading_only else "text"
+        #: the offered functions' names (a call naming another is content)
+        self._names = {(t.get("function") or {}).get("name") for t in self.tools if isinstance(t, Mapping)}
         self._buffer = ""
         #: text consumed before the current call's object, given back as content if it is malformed
         self._giveback = ""
@@ -207,8 +209,7 @@ class JsonToolCallParser(ToolParser):
 
     def _offered(self, name: str) -> bool:
         """Whether the request offered a function of this name (any, when it gave no tools)."""
-        names = {(t.get("function") or {}).get("name") for t in self.tools if isinstance(t, Mapping)}
-        return not self.tools or name in names
+        return not self.tools or name in self._names
 
     def _call(self, final: bool) -> bool:
         scan = scan_tool_call(self._buffer, 0, self.arguments_keys)
