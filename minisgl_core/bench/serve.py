@@ -12,13 +12,18 @@ from typing import Any, NamedTuple
 from minisgl_core.bench.workloads import BenchRequest
 
 
-def percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float, digits: int | None = None) -> float | None:
+    """The ``q``-th percentile of ``values`` (linear between ranks; rounded to ``digits`` when
+    given); None for no values (printed as JSON null: NaN is not JSON). Inter-token latencies can
+    be empty although tokens came: a busy server merges a stream's tokens into fewer chunks, down
+    to one per request."""
     if not values:
-        return float("nan")
+        return None
     ordered = sorted(values)
     k = (len(ordered) - 1) * q / 100
     lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+    value = ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+    return value if digits is None else round(value, digits)
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -280,9 +285,12 @@ async def run_load(
         "requests": len(requests), "concurrency": concurrency, "request_rate": request_rate,
         "seconds": round(elapsed, 3), "output_tokens": out_tokens,
         "output_tok_per_s": round(out_tokens / elapsed, 1), "req_per_s": round(len(requests) / elapsed, 3),
-        "ttft_ms_p50": round(percentile(ttft, 50), 2), "ttft_ms_p99": round(percentile(ttft, 99), 2),
-        "tpot_ms_p50": round(percentile(tpot, 50), 3), "tpot_ms_p99": round(percentile(tpot, 99), 3),
-        "itl_ms_p50": round(percentile(itl, 50), 3), "itl_ms_p99": round(percentile(itl, 99), 3),
+        "ttft_ms_p50": percentile(ttft, 50, 2), "ttft_ms_p99": percentile(ttft, 99, 2),
+        "tpot_ms_p50": percentile(tpot, 50, 3), "tpot_ms_p99": percentile(tpot, 99, 3),
+        "itl_ms_p50": percentile(itl, 50, 3), "itl_ms_p99": percentile(itl, 99, 3),
+        # streamed chunks that carried output: more than one per request, or there is no gap
+        # between them to time (itl null)
+        "output_chunks": sum(len(r["stamps"]) for r in results),
         "prefix_hit_rate": _hit_rate(before, after), "server": server, "text_prompts": texts is not None,
         "expected_output_tokens": sum(r.max_tokens for r in requests),
         # what the workload says, and what the server counted (ours; None from mini-sglang): equal,
