@@ -190,7 +190,7 @@ def make_router(
             echoes = [text for text in texts for _ in range(body.n)]
         group = RequestGroup(state)
         group.set_timeout(body.timeout)
-        group.expect(len(prompts) * body.n)
+        group.expect(len(prompts) * body.n, "n" if body.n > 1 else "prompt")
         try:
             for prompt in prompts:
                 source = {"text": prompt} if isinstance(prompt, str) else {"input_ids": prompt}

@@ -156,10 +156,11 @@ class RequestGroup:
         #: sequences the whole request will start, when the route knows them up front
         self.expected_sequences: int | None = None
 
-    def expect(self, sequences: int) -> None:
+    def expect(self, sequences: int, param: str = "n") -> None:
         """Check the whole request's size (prompts x n) against the bounds before any prompt is
-        tokenized, so a request too large is refused at once and never half-admitted."""
-        self.state.check_room(0, sequences)
+        tokenized, so a request too large is refused at once and never half-admitted (``param``:
+        the field a refusal blames)."""
+        self.state.check_room(0, sequences, param)
         self.expected_sequences = sequences
 
     def set_timeout(self, timeout_s: float | None) -> None:
@@ -327,15 +328,16 @@ class ServerState:
             message = "the server is shutting down and takes no new requests"
             raise APIError(503, message, code="server_unavailable")
 
-    def check_room(self, sequences_so_far: int, n: int) -> None:
-        """Refuse a prompt whose ``n`` sequences would pass the per-request or the server's bound."""
+    def check_room(self, sequences_so_far: int, n: int, param: str = "n") -> None:
+        """Refuse a prompt whose ``n`` sequences would pass the per-request or the server's bound
+        (a 400 blaming ``param``: ``n``, or ``prompt`` where the prompts alone are too many)."""
         limits = self.limits
         if sequences_so_far + n > limits.max_sequences_per_request:
             raise APIError(
                 400,
                 f"the request asks for {sequences_so_far + n} or more sequences (prompts x n); "
                 f"this server runs at most {limits.max_sequences_per_request} per request",
-                "n",
+                param,
                 "too_many_sequences",
             )
         if sequences_so_far + n > limits.max_queued_sequences:  # a 429 would never turn into room
@@ -343,7 +345,7 @@ class ServerState:
                 400,
                 f"the request asks for {sequences_so_far + n} or more sequences (prompts x n); this "
                 f"server queues at most {limits.max_queued_sequences} (--max-queued-requests)",
-                "n",
+                param,
                 "too_many_sequences",
             )
         if len(self.pending) + n > limits.max_queued_sequences:

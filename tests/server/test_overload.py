@@ -80,7 +80,7 @@ def test_huge_prompt_is_refused_before_tokenizing(busy_server, model_name):
     )
     error = assert_openai_error(resp, 400, "context_length_exceeded")
     assert error["param"] == "prompt"
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 3.0  # (seconds to tokenize; loose for a busy CI machine)
     chat = httpx.post(
         f"{busy_server.url}/v1/chat/completions",
         json={"messages": [{"role": "user", "content": "é" * 400_000}], "max_tokens": 1},
@@ -114,7 +114,7 @@ def test_huge_text_anywhere_the_template_renders_is_refused_before_tokenizing(bu
     resp = httpx.post(f"{busy_server.url}/v1/chat/completions", json=body, timeout=30)
     error = assert_openai_error(resp, 400, "context_length_exceeded")
     assert "characters" in error["message"]  # the check before tokenizing, not the tokenizer's count
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 3.0  # (seconds to tokenize; loose for a busy CI machine)
 
 
 @pytest.mark.parametrize("field", ["prompt", "messages", "tools"])
@@ -132,7 +132,7 @@ def test_tokenize_refuses_text_past_the_context_before_tokenizing(busy_server, f
     started = time.monotonic()
     resp = httpx.post(f"{busy_server.url}/tokenize", json=body, timeout=30)
     error = assert_openai_error(resp, 400, "context_length_exceeded")
-    assert "characters" in error["message"] and time.monotonic() - started < 1.0
+    assert "characters" in error["message"] and time.monotonic() - started < 3.0
     assert error["param"] == ("prompt" if field == "prompt" else "messages")
     ok = httpx.post(f"{busy_server.url}/tokenize", json={"prompt": "tool text " * 10}, timeout=30)
     assert ok.status_code == 200 and ok.json()["count"] > 10
@@ -145,6 +145,12 @@ def test_prompts_times_n_is_bounded(busy_server, model_name):
     )
     error = assert_openai_error(resp, 400, "too_many_sequences")
     assert error["param"] == "n"
+    # the prompts alone are too many: they are what the error names (n was named, at its default)
+    many = httpx.post(
+        f"{busy_server.url}/v1/completions",
+        json={"model": model_name, "prompt": ["a", "b", "c", "d", "e"], "max_tokens": 1},
+    )
+    assert assert_openai_error(many, 400, "too_many_sequences")["param"] == "prompt"
     ok = httpx.post(
         f"{busy_server.url}/v1/completions",
         json={"model": model_name, "prompt": ["a", "b"], "n": 2, "max_tokens": 1},

@@ -67,4 +67,4 @@ def test_llguidance_refuses_a_deeply_nested_schema_at_once(backend):
     started = time.perf_counter()
     with pytest.raises(GrammarError, match="recursion limit"):
         backend.compile(GrammarSpec("json_schema", json.dumps(schema)))
-    assert time.perf_counter() - started < 1.0
+    assert time.perf_counter() - started < 2.0  # (loose for a busy CI machine)

@@ -129,7 +129,7 @@ def test_a_schema_nested_deeper_than_the_limit_is_refused_fast_naming_the_limit(
     for how in ("check", "compile"):
         started = time.perf_counter()
         message = _refusal(backend, _nested(450), how)
-        assert time.perf_counter() - started < 1.0
+        assert time.perf_counter() - started < 2.0  # (12 s when converted; loose for a busy CI machine)
         assert f"nested deeper than {MAX_SCHEMA_DEPTH} levels" in message, message
         assert "at #" + "/properties/a" * MAX_SCHEMA_DEPTH in message
 
