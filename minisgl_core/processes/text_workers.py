@@ -96,6 +96,13 @@ class Admitter:
             ids = self.prompt_ids(req)
         except RequestRejected:
             raise
+        except RecursionError as exc:  # the template walked a structure hundreds of levels deep
+            field = "tools" if (req.template_args or {}).get("tools") else prompt_field
+            raise RequestRejected(
+                f"could not render the chat template: {field} nested too deeply for it (the template "
+                "recursed past Python's limit); flatten the structure",
+                field,
+            ) from exc
         except Exception as exc:  # noqa: BLE001 - a template or tokenizer error is the request's problem
             raise RequestRejected(f"could not tokenize the prompt: {exc}", prompt_field) from exc
         ids = truncate_prompt(ids, req.params, self.limits)

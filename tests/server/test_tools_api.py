@@ -121,6 +121,22 @@ def test_a_lone_surrogate_in_free_form_json_is_a_400(tools_server, model_name):
         assert error["param"] == param and "surrogate" in error["message"], error
 
 
+def test_tool_parameters_too_deep_for_the_template_name_the_tools(tools_server, model_name):
+    """Parameters nested a few hundred levels deep pass the body's parser but not the template's
+    rendering: that was a 400 blaming the messages with "maximum recursion depth exceeded"."""
+    schema: dict = {"type": "string"}
+    for _ in range(400):
+        schema = {"type": "object", "properties": {"a": schema}}
+    tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
+    body = {"model": model_name, "messages": ASK, "max_tokens": 1, "tools": [tool]}
+    resp = httpx.post(f"{tools_server.url}/v1/chat/completions", json=body, timeout=60)
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["param"] == "tools" and "nested too deeply" in error["message"], error
+    ok = httpx.post(f"{tools_server.url}/v1/chat/completions", json={**body, "tools": [WEATHER]}, timeout=60)
+    assert ok.status_code == 200, ok.text
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_tool_round_trip_messages(tools_client, templated, model_name, stream):
     """tools -> (the assistant's tool call) -> tool message -> final answer, as a client sends it."""
