@@ -264,7 +264,8 @@ def _grammar(args: argparse.Namespace) -> int:
     check_grammar_threads(args.grammar_threads)
     from minisgl_core.plugins import Plugins
 
-    installed = Plugins.load().names("grammars")
+    plugins = Plugins.load()
+    installed = plugins.names("grammars")
     if args.grammar_backend not in installed:  # (a traceback from the backend's loader before)
         raise ConfigError(
             f"unknown --grammar-backend {args.grammar_backend!r}; installed: {', '.join(installed)}"
@@ -272,7 +273,7 @@ def _grammar(args: argparse.Namespace) -> int:
     result = host_step_bench(
         args.grammar_backend, rows=args.rows, steps=args.steps, warm_steps=args.warm_steps,
         vocab_size=args.vocab_size, fill_threads=args.grammar_threads, schema=args.grammar_schema,
-        max_tokens=args.max_tokens, cache=Path(args.model_cache),
+        max_tokens=args.max_tokens, cache=Path(args.model_cache), plugins=plugins,
     )  # fmt: skip
     _emit({**_meta(args), **result}, args.output)
     return 0

@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from minisgl_core.api import GrammarSpec
 from minisgl_core.llm import LLM
+
+if TYPE_CHECKING:
+    from minisgl_core.plugins import Plugins
 
 #: ``--grammar-schema builtin``
 BUILTIN = "builtin"
@@ -85,6 +88,7 @@ def host_step_bench(
     max_tokens: int = 1024,
     cache: Path = Path("/tmp/minisgl-bench-models"),
     seed: int = 0,
+    plugins: Plugins | None = None,
 ) -> dict[str, Any]:
     """Host time of one decode step's grammar work with ``rows`` constrained requests, the engine's
     own code path (:class:`~minisgl_core.engine.grammar.GrammarRunner`), serial (one matcher at a
@@ -98,7 +102,8 @@ def host_step_bench(
     where the backend has one (xgrammar's JSON guard: per row as before, then vectorized), the copy to the
     device (CUDA only); accept alternates between the two paths too (it moves the matchers, so
     both cannot run on one state). Figures: milliseconds per step (median) and
-    microseconds per row (mean)."""
+    microseconds per row (mean). ``plugins``: the loaded :class:`~minisgl_core.plugins.Plugins`
+    (loaded here when not given)."""
     import statistics
 
     import torch
@@ -114,7 +119,7 @@ def host_step_bench(
     tokenizer = AutoTokenizer.from_pretrained(bench_tokenizer(vocab_size, cache))
     stop = [tokenizer.convert_tokens_to_ids("<|im_end|>")]
     lazy = LazyGrammarBackend(
-        Plugins.load(), backend_name, tokenizer, vocab_size=vocab_size, stop_token_ids=stop,
+        plugins or Plugins.load(), backend_name, tokenizer, vocab_size=vocab_size, stop_token_ids=stop,
         fill_threads=fill_threads,
     )  # fmt: skip
     started = time.perf_counter()
