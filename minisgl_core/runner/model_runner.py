@@ -389,8 +389,14 @@ class ModelRunner:
         seen: list[str] = []
 
         def tracked():
+            import threading
+
             from tqdm import tqdm
 
+            # A thread lock for tqdm's bars: its default adds a multiprocessing lock, a semaphore
+            # that a worker process's os._exit leaves behind (the resource tracker warned about a
+            # "leaked semaphore" at every server stop).
+            tqdm.set_lock(threading.RLock())
             progress = tqdm(
                 desc=f"loading {self.source.model_name}",
                 total=self.source.num_weights(),
