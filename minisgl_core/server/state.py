@@ -52,9 +52,11 @@ class ModelInfo:
         """A 404 in OpenAI's shape unless ``requested`` (a body's ``model``, a path's id) names
         this model, by name or path; None (left out) does."""
         if requested is not None and requested not in (self.name, self.path):
+            # (cut short: a megabyte of name was echoed back whole)
+            shown = repr(requested) if len(requested) <= 200 else repr(requested[:200]) + "..."
             raise APIError(
                 404,
-                f"the model {requested!r} does not exist; this server serves {self.name!r}",
+                f"the model {shown} does not exist; this server serves {self.name!r}",
                 "model",
                 "model_not_found",
             )

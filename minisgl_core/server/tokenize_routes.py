@@ -21,6 +21,7 @@ from minisgl_core.server.schemas import (
     FreeObject,
     Int,
     StrictModel,
+    Text,
     ToolDefinition,
     template_kwargs,
 )
@@ -29,7 +30,7 @@ from minisgl_core.server.state import ServerState
 
 class TokenizeBody(StrictModel):
     model: str | None = None
-    prompt: str | None = None
+    prompt: Text | None = None
     add_special_tokens: Bool = False
     messages: list[ChatMessage] | None = None
     add_generation_prompt: Bool = True

@@ -278,7 +278,16 @@ CASES = [
     ),
     ("/tokenize", {"prompt": "hi", "model": "nope"}, 404, "model", "does not exist"),
     ("/detokenize", {"tokens": [1], "model": "nope"}, 404, "model", "does not exist"),
+    # (the tokenizer's own complaint before: "TextEncodeInput must be Union[...]")
+    ("/tokenize", '{"prompt": "a\\ud800"}', 400, "prompt", "lone UTF-16 surrogate"),
 ]
+
+
+def test_a_long_model_name_is_not_echoed_whole(server, auth):
+    """A megabyte of model name came back whole in the 404's message."""
+    resp = httpx.post(f"{server.url}{CHAT}", headers=auth, json={"messages": USER, "model": "m" * 1_000_000})
+    assert resp.status_code == 404 and resp.json()["error"]["param"] == "model", resp.text[:300]
+    assert len(resp.content) < 1000 and "'" + "m" * 200 + "'..." in resp.json()["error"]["message"]
 
 
 @pytest.mark.parametrize(
