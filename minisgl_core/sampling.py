@@ -73,6 +73,11 @@ class SamplingParams:
 
     MAX_TOP_LOGPROBS: ClassVar[int] = 20
     MAX_LOGIT_BIAS: ClassVar[float] = 100.0
+    #: stop strings a request may give, and characters in each: every step the scheduler decodes a
+    #: window as long as the longest and looks for each (1,000 stops of 8,000 characters stalled
+    #: every request of the server for a minute); OpenAI takes 4
+    MAX_STOP_STRINGS: ClassVar[int] = 256
+    MAX_STOP_CHARS: ClassVar[int] = 1024
 
     def __post_init__(self) -> None:
         normalise = partial(object.__setattr__, self)
@@ -155,6 +160,13 @@ class SamplingParams:
             bad("truncate_prompt_tokens", "must be -1 (the context length) or an integer in [1, 2**63-1]")
         if not all(isinstance(s, str) and s for s in self.stop):
             bad("stop", "must be non-empty strings")
+        if len(self.stop) > self.MAX_STOP_STRINGS:
+            raise ValueError(f"stop must hold at most {self.MAX_STOP_STRINGS} strings, got {len(self.stop)}")
+        if any(len(s) > self.MAX_STOP_CHARS for s in self.stop):
+            longest = max(len(s) for s in self.stop)
+            raise ValueError(
+                f"stop strings must be at most {self.MAX_STOP_CHARS} characters, got one of {longest}"
+            )
         for token in self.stop_token_ids:
             integer("stop_token_ids", 0, INT64_MAX, token)
         if not finite("repetition_penalty") > 0:

@@ -75,6 +75,11 @@ class IncrementalDetokenizer:
         self.keep_stop = keep_stop  # the matched stop string stays in the text
         self.min_tokens = min_tokens  # stop strings count from this token on
         self._search_start: dict[str, int] = {}  # stop -> stop_search_start (fixed by then)
+        #: per stop string, how much of it the text ends with (read incrementally: the tail held
+        #: back; rescanning the text for it each step cost the square of a long stop's length)
+        self._tails = [_StopTail(stop) for stop in stop]
+        self._searched = 0  # text searched for whole stop strings (from where each may start)
+        self._stop_at: int | None = None  # where the first whole stop string begins
         self.ids: list[int] = []
         self.prefix_offset = 0
         self.read_offset = 0
@@ -91,9 +96,13 @@ class IncrementalDetokenizer:
         prefix = self._decode(ids[self.prefix_offset : self.read_offset])
         full = self._decode(ids[self.prefix_offset :])
         if finished or (len(full) > len(prefix) and not full.endswith("\ufffd")):
-            self.text += full[len(prefix) :]
+            new = full[len(prefix) :]
+            self.text += new
             self.prefix_offset = self.read_offset
             self.read_offset = len(ids)
+            if not finished:
+                for tail in self._tails:
+                    tail.feed(new)
         if finished:
             start = 0
             if isinstance(matched_stop, str):
@@ -103,7 +112,7 @@ class IncrementalDetokenizer:
             # Hold back a tail that could still grow into a stop string, and text from a whole one
             # on (the request is about to end there), unless min_tokens has not been reached: then
             # it does not count and the text goes out.
-            end = len(self.text) - self._stop_overlap()
+            end = len(self.text) - max((tail.matched for tail in self._tails), default=0)
             if len(self.ids) >= self.min_tokens:
                 for stop in self.stop:
                     start = self._search_start.get(stop)
@@ -111,22 +120,49 @@ class IncrementalDetokenizer:
                         start = self._search_start[stop] = stop_search_start(
                             self._decode, self.ids, stop, self.min_tokens
                         )
-                    at = self.text.find(stop, start)
-                    if at >= 0:
-                        end = min(end, at)
+                    # (only where a new occurrence may lie: the text searched before had none)
+                    at = self.text.find(stop, max(start, self._searched - len(stop) + 1))
+                    if at >= 0 and (self._stop_at is None or at < self._stop_at):
+                        self._stop_at = at
+                self._searched = len(self.text)
+            if self._stop_at is not None:
+                end = min(end, self._stop_at)
         end = max(end, self.sent)
         out = self.text[self.sent : end]
         self.sent = end
         return out
 
-    def _stop_overlap(self) -> int:
-        longest = 0
-        for stop in self.stop:
-            for k in range(min(len(stop) - 1, len(self.text)), 0, -1):
-                if self.text.endswith(stop[:k]):
-                    longest = max(longest, k)
-                    break
-        return longest
+
+class _StopTail:
+    """How long a beginning of ``stop`` the text ends with (the longest proper prefix of ``stop``
+    that is a suffix of the text), kept up to date as text is fed: Knuth-Morris-Pratt's matcher,
+    amortized constant work per character."""
+
+    __slots__ = ("stop", "fallback", "matched")
+
+    def __init__(self, stop: str) -> None:
+        self.stop = stop
+        # fallback[i]: the longest proper prefix of stop[: i + 1] that is also its suffix
+        self.fallback = [0] * len(stop)
+        k = 0
+        for i in range(1, len(stop)):
+            while k and stop[i] != stop[k]:
+                k = self.fallback[k - 1]
+            if stop[i] == stop[k]:
+                k += 1
+            self.fallback[i] = k
+        self.matched = 0
+
+    def feed(self, text: str) -> None:
+        stop, fallback, k = self.stop, self.fallback, self.matched
+        for ch in text:
+            while k and stop[k] != ch:
+                k = fallback[k - 1]
+            if stop[k] == ch:
+                k += 1
+                if k == len(stop):  # a whole one (the caller's search finds it): what may follow
+                    k = fallback[k - 1]
+        self.matched = k
 
 
 def _byte_level_alphabet() -> dict[str, int]:
