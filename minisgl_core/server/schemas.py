@@ -276,10 +276,26 @@ class TextPart(StrictModel):
     text: Text
 
 
+def _arguments(text: str) -> str:
+    """A tool call's arguments as the chat template will get them (see
+    :meth:`AssistantToolCall.to_template`): JSON text that decodes to an object must decode to
+    valid text, nested no deeper than Python's decoder goes (each was a 500 when the template was
+    rendered; any other text is passed on as it is)."""
+    try:
+        decoded = json.loads(text)
+    except RecursionError:
+        raise ValueError("the arguments' JSON is nested too deeply") from None
+    except ValueError:
+        return text
+    if isinstance(decoded, dict):
+        _utf8_throughout(decoded)
+    return text
+
+
 class FunctionCall(StrictModel):
     name: Text
     #: JSON text, as OpenAI sends it
-    arguments: Text
+    arguments: Annotated[Text, AfterValidator(_arguments)]
 
 
 class AssistantToolCall(StrictModel):

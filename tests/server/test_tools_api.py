@@ -121,6 +121,32 @@ def test_a_lone_surrogate_in_free_form_json_is_a_400(tools_server, model_name):
         assert error["param"] == param and "surrogate" in error["message"], error
 
 
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/tokenize"])
+def test_tool_call_arguments_the_template_cannot_take_are_a_400(tools_server, model_name, route):
+    """An assistant message's tool call carries its arguments as JSON text, decoded for the
+    template: an escaped lone surrogate inside, or nesting past the decoder's depth, was a 500 (and
+    the connection closed)."""
+    for arguments, says in [
+        ('{"a": "\\ud800"}', "surrogate"),
+        ("[" * 1000 + "]" * 1000, "nested too deeply"),
+    ]:
+        call = {
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": arguments},
+        }
+        messages = [*ASK, {"role": "assistant", "tool_calls": [call]}]
+        resp = httpx.post(
+            f"{tools_server.url}{route}", json={"model": model_name, "messages": messages}, timeout=60
+        )
+        assert resp.status_code == 400, resp.text
+        error = resp.json()["error"]
+        assert error["param"] == "messages.1.tool_calls.0.function.arguments" and says in error["message"], (
+            error
+        )
+    assert httpx.get(f"{tools_server.url}/health", timeout=10).status_code == 200
+
+
 def test_tool_parameters_too_deep_for_the_template_name_the_tools(tools_server, model_name):
     """Parameters nested a few hundred levels deep pass the body's parser but not the template's
     rendering: that was a 400 blaming the messages with "maximum recursion depth exceeded"."""
