@@ -338,6 +338,9 @@ def _refuse_what_xgrammar_gets_wrong(schema: Any) -> None:
             "backend takes schemas in schemas up to that depth: its compile time grows with the cube "
             "of the depth)"
         )
+    wrong = invalid_values(schema)
+    if wrong:
+        raise GrammarError("json_schema: " + _first_five(wrong))
     empty = accepting_nothing(schema)
     if empty:
         raise GrammarError(
@@ -352,6 +355,37 @@ def _refuse_what_xgrammar_gets_wrong(schema: Any) -> None:
             + _first_five(unenforced)
             + " (it would pass output that breaks them): remove them from the schema"
         )
+
+
+#: keywords whose value JSON Schema makes a non-negative integer: xgrammar took minLength -1 (its
+#: compile then failed inside the engine) and minItems -1 (a grammar allowing only [])
+_COUNT_KEYWORDS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
+#: regex features xgrammar's converter refuses, which beside "pattern" it let through unenforced
+_LOOKAROUND = re.compile(r"\(\?<?[=!]")
+
+
+def invalid_values(schema: Any) -> list[str]:
+    """Keyword values of ``schema`` that JSON Schema does not allow or xgrammar cannot follow, each
+    as "... at PATH": a count that is not a non-negative integer (xgrammar refuses 2.0 itself), a ``$ref`` to
+    anything but this document (``#...``: xgrammar fetches nothing and answered with no constraint
+    at all), and a ``pattern`` with a lookaround (its regex converter has none)."""
+    found: list[str] = []
+    for sub, path, _ in _walk(schema):
+        for key in _COUNT_KEYWORDS:
+            value = sub.get(key, 0)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                found.append(f"{key!r} must be a non-negative integer, got {value!r} at {path}")
+        ref = sub.get("$ref")
+        if ref is not None and not (isinstance(ref, str) and ref.startswith("#")):
+            found.append(
+                f"'$ref' {ref!r} is not in this schema (only '#...' references are followed) at {path}"
+            )
+        pattern = sub.get("pattern")
+        if isinstance(pattern, str) and _LOOKAROUND.search(pattern):
+            found.append(
+                f"'pattern' {pattern!r} has a lookaround, which the xgrammar backend cannot follow, at {path}"
+            )
+    return found
 
 
 def _first_five(found: list[str]) -> str:

@@ -161,3 +161,40 @@ def test_each_format_refused_beside_a_length_is_one_xgrammar_ignores_it_beside(n
             f"xgrammar now enforces {limit} beside format {name!r}: take it off the list"
         )
         assert unenforced_keywords({"type": "string", "format": name, **limit})
+
+
+#: values JSON Schema does not allow, or xgrammar cannot follow: (schema, what xgrammar's own
+#: grammar does with a text (the text, whether it accepts it), what the refusal names)
+INVALID = [
+    # minItems -1: a grammar allowing only [] (an array of one item refused)
+    ({"type": "array", "minItems": -1}, ("[1]", False), "'minItems' must be a non-negative integer, got -1 at #"),
+    ({"type": "string", "maxLength": 2.5}, None, "'maxLength' must be a non-negative integer, got 2.5 at #"),
+    ({"type": "string", "minLength": True}, None, "'minLength' must be a non-negative integer, got True"),
+    # minLength -1 passed the check and failed the compile inside the engine, in C++'s words
+    ({"properties": {"a": {"type": "string", "minLength": -1}}}, None, "got -1 at #/properties/a"),
+    # a reference to another document: no constraint at all
+    ({"$ref": "http://example.com/x.json"}, ("1", True), "'$ref' 'http://example.com/x.json' is not in this"),
+    # a lookahead: dropped (b does not match (?=a)b)
+    ({"type": "string", "pattern": "(?=a)b"}, ('"b"', True), "'pattern' '(?=a)b' has a lookaround"),
+    ({"type": "string", "pattern": "a(?<!b)"}, None, "has a lookaround"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("schema", "xgrammar", "says"), INVALID)
+@pytest.mark.parametrize("how", ["check", "compile"])
+def test_values_json_schema_forbids_or_xgrammar_cannot_follow_are_refused(
+    backend, schema, xgrammar, says, how
+):
+    if xgrammar is not None and how == "check":
+        text, accepted = xgrammar
+        assert _accepts(schema, text) is accepted, "xgrammar's own grammar changed: look at this case again"
+    with pytest.raises(GrammarError) as refused:
+        getattr(backend, how)(GrammarSpec("json_schema", json.dumps(schema)))
+    assert str(refused.value).startswith("json_schema: ") and says in str(refused.value), refused.value
+
+
+def test_whole_counts_and_local_references_are_kept(backend):
+    schema = {"$defs": {"n": {"type": "integer"}}, "type": "array", "items": {"$ref": "#/$defs/n"},
+              "minItems": 2, "maxItems": 3, "uniqueItems": False}  # fmt: skip
+    backend.compile(GrammarSpec("json_schema", json.dumps(schema)))
+    backend.compile(GrammarSpec("json_schema", json.dumps({"type": "string", "pattern": "^(?:ab)+$"})))
