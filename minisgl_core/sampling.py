@@ -78,6 +78,10 @@ class SamplingParams:
     #: every request of the server for a minute); OpenAI takes 4
     MAX_STOP_STRINGS: ClassVar[int] = 256
     MAX_STOP_CHARS: ClassVar[int] = 1024
+    #: the longest grammar text (a schema's JSON, a regex...) a request may give: compiling grows
+    #: faster than the size (a regex of 1 MB took 7 s on two cores, of 2 MB 55 s), and a compile
+    #: cannot be stopped once begun, not even when its client leaves
+    MAX_GRAMMAR_CHARS: ClassVar[int] = 1 << 19
 
     def __post_init__(self) -> None:
         normalise = partial(object.__setattr__, self)
@@ -99,6 +103,11 @@ class SamplingParams:
             normalise("grammar", GrammarSpec.coerce(self.grammar))
         except GrammarError as exc:
             raise ValueError(f"grammar {exc}") from exc
+        if self.grammar is not None and len(self.grammar.value) > self.MAX_GRAMMAR_CHARS:
+            raise ValueError(
+                f"grammar of {len(self.grammar.value):,} characters ({self.grammar.kind}): at most "
+                f"{self.MAX_GRAMMAR_CHARS:,} are taken (a compile grows faster than the grammar)"
+            )
         self._validate()
         if 0 < self.temperature < MIN_TEMPERATURE:
             normalise("temperature", MIN_TEMPERATURE)

@@ -36,7 +36,8 @@ def native_router(state: ServerState) -> APIRouter:
 
     @router.post("/generate")
     async def generate(body: GenerateRequest, request: Request) -> Response:
-        params = sampling_params(body.sampling_fields(), NATIVE_NAMES, state.model)
+        names = {**NATIVE_NAMES, "grammar": body.sampling_params.grammar_field}
+        params = sampling_params(body.sampling_fields(), names, state.model)
         if body.input_ids is not None:
             check_token_ids(body.input_ids, state.model.vocab_size, "input_ids")
         group = RequestGroup(state)

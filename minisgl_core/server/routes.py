@@ -56,9 +56,9 @@ def make_router(
                     "tool_choice",
                 )
             fields["grammar"] = plan.grammar
-        params = sampling_params(
-            fields, {"max_tokens": body.max_tokens_field, "logprobs": "top_logprobs"}, model
-        )
+        grammar_field = "tool_choice" if plan.grammar is not None else body.grammar_field
+        rename = {"max_tokens": body.max_tokens_field, "logprobs": "top_logprobs", "grammar": grammar_field}
+        params = sampling_params(fields, rename, model)
         group = RequestGroup(state)
         group.set_timeout(body.timeout)
         await group.add(
@@ -68,7 +68,7 @@ def make_router(
             max_tokens_field=body.max_tokens_field,
             template_args=body.template_args(),
             # a forced tool call's grammar comes from tool_choice, so its errors name that field
-            grammar_field="tool_choice" if plan.grammar is not None else body.grammar_field,
+            grammar_field=grammar_field,
             return_prompt_ids=body.return_token_ids,
             # tool_choice "none" (no parser: the output is plain content) needs no tools rendered
             tools_optional=plan.parser is None,
@@ -166,7 +166,7 @@ def make_router(
                     "min_tokens",
                 )
             fields["max_tokens"] = 1
-        params = sampling_params(fields, {}, model)
+        params = sampling_params(fields, {"grammar": body.grammar_field}, model)
         # echo with logprobs: the prompt's tokens get theirs too (computed whole: no prefix cache)
         echo_logprobs = body.echo and body.logprobs is not None
         if echo_logprobs:

@@ -283,6 +283,28 @@ CASES = [
     # (1,000 stops of 8,000 characters stalled every request of the server for a minute)
     (COMPLETIONS, {"prompt": "hi", "stop": ["s"] * 257}, 400, "stop", "at most 256 strings"),
     (CHAT, {"messages": USER, "stop": ["ok", "s" * 1025]}, 400, "stop", "at most 1024 characters"),
+    # (a regex of 2 MB took 55 s to compile, on after its client had left)
+    (COMPLETIONS, {"prompt": "hi", "regex": "a" * 600_000}, 400, "regex", "at most 524,288 are taken"),
+    (
+        CHAT,
+        {
+            "messages": USER,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "big", "schema": {"enum": ["v" * 1000] * 600}},
+            },
+        },
+        400,
+        "response_format",
+        "at most 524,288 are taken",
+    ),
+    (
+        "/generate",
+        {"text": "hi", "sampling_params": {"ebnf": 'root ::= "' + "a" * 600_000 + '"'}},
+        400,
+        "sampling_params.ebnf",
+        "at most 524,288 are taken",
+    ),
 ]
 
 
