@@ -182,7 +182,9 @@ def make_router(
         # echo: each choice starts with its prompt's text (choices are n per prompt, in order);
         # decoded before any engine request exists, so nothing is left running if this fails
         echoes = [""] * (len(prompts) * body.n)
-        if body.echo:
+        # echo of a truncated prompt: what was kept, known once admitted (its ids come back)
+        echo_kept = body.echo and params.truncate_prompt_tokens is not None
+        if body.echo and not echo_kept:
             texts = [
                 p if isinstance(p, str) else await tokenizer.run(lambda t, ids=p: t.decode(ids))
                 for p in prompts
@@ -199,9 +201,13 @@ def make_router(
                     body.n,
                     **source,
                     grammar_field=body.grammar_field,
-                    return_prompt_ids=body.return_token_ids,
+                    return_prompt_ids=body.return_token_ids or echo_kept,
                     default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS,
                 )
+            if echo_kept:
+                echoes = [
+                    await tokenizer.run(lambda t, ids=ids: t.decode(ids)) for ids in group.choice_prompt_ids
+                ]
         except BaseException:
             group.close()  # the prompts admitted before the bad one
             raise

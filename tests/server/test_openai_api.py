@@ -286,6 +286,27 @@ def test_truncate_prompt_tokens_takes_a_text_longer_than_the_context_can_hold(cl
         client.completions.create(model=model_name, prompt=text, max_tokens=4)
 
 
+@pytest.mark.parametrize("as_ids", [False, True])
+def test_echo_of_a_truncated_prompt_is_what_was_kept(client, llm, model_name, as_ids):
+    """echo with truncate_prompt_tokens sent the whole prompt back, while the usage and the
+    prompt's logprobs counted the kept tokens only (their offsets pointed into the wrong text)."""
+    ids = llm.encode(PROMPT)
+    kept = llm.tokenizer.decode(ids[-3:])
+    resp = client.completions.create(
+        model=model_name, prompt=ids if as_ids else PROMPT, max_tokens=2, temperature=0, echo=True,
+        logprobs=0, extra_body={"truncate_prompt_tokens": 3},
+    )  # fmt: skip
+    text, logprobs = resp.choices[0].text, resp.choices[0].logprobs
+    assert resp.usage.prompt_tokens == 3 and text.startswith(kept) and not text.startswith(PROMPT)
+    offsets = [len("".join(logprobs.tokens[:i])) for i in range(3)]  # into the text sent back
+    assert "".join(logprobs.tokens[:3]) == kept and logprobs.text_offset[:3] == offsets
+    streamed = client.completions.create(
+        model=model_name, prompt=ids if as_ids else PROMPT, max_tokens=2, temperature=0, echo=True,
+        stream=True, extra_body={"truncate_prompt_tokens": 3},
+    )  # fmt: skip
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == text
+
+
 def test_min_tokens_through_the_server_matches_offline(client, llm, model_name):
     """vLLM's min_tokens: stop strings in the first tokens do not count; the server's text (whole
     and streamed, through the detokenizer worker) and finish reason equal the offline LLM's."""
