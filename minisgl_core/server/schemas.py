@@ -523,11 +523,26 @@ class ChatCompletionRequest(SamplingFields):
     #: the reply continues the last message, an assistant one, instead of starting a new turn
     #: (vLLM's field; needs add_generation_prompt false)
     continue_final_message: Bool = False
+    #: OpenAI's fields for stored completions, tiers and output kinds, taken where they ask for
+    #: what minisgl does anyway (the official SDK sends what its caller sets; vLLM ignores them):
+    #: nothing is stored (store must be false, and metadata, a stored completion's tags, tags
+    #: nothing), there is one tier, and text is the one output
+    store: Bool = False
+    metadata: dict[Text, Text] | None = None
+    service_tier: Literal["auto", "default"] | None = None
+    modalities: list[Literal["text"]] | None = None
 
     @field_validator("chat_template_kwargs")
     @classmethod
     def _free_template_kwargs(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
         return template_kwargs(kwargs)
+
+    @field_validator("store")
+    @classmethod
+    def _nothing_stored(cls, store: bool) -> bool:
+        if store:
+            raise ValueError("minisgl stores no completions; leave store false")
+        return store
 
     @model_validator(mode="after")
     def _check(self) -> ChatCompletionRequest:

@@ -504,6 +504,25 @@ def test_the_auth_scheme_is_case_insensitive(server, model_name):
         assert resp.status_code == 200, (scheme, resp.text)
 
 
+def test_openai_sdk_fields_at_what_minisgl_does_are_accepted(client, model_name):
+    """store, metadata, service_tier and modalities from the official SDK were 400s (vLLM ignores
+    them): taken where they ask for what minisgl does anyway, refused where they ask for more."""
+    kwargs = dict(model=model_name, messages=MESSAGES, max_tokens=2, temperature=0)
+    plain = client.chat.completions.create(**kwargs)
+    resp = client.chat.completions.create(
+        **kwargs, store=False, metadata={"team": "search"}, service_tier="auto", modalities=["text"]
+    )
+    assert resp.choices[0].message.content == plain.choices[0].message.content
+    for extra, param in [
+        ({"store": True}, "store"),
+        ({"modalities": ["text", "audio"]}, "modalities.1"),
+        ({"service_tier": "flex"}, "service_tier"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(**kwargs, **extra)
+        assert refused.value.body["param"] == param, refused.value.body
+
+
 def test_best_of_equal_to_n_is_accepted_and_more_is_a_400(client, model_name):
     """The openai client's ``best_of=1`` (OpenAI's default, a no-op) was refused as an unsupported
     field; best_of above n (pick the likeliest of several) is not implemented and says so."""
