@@ -167,7 +167,12 @@ def install_error_handlers(app: FastAPI, on_error: Callable[[int], None] = lambd
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         on_error(exc.status_code)
-        # exc.headers: a 405's Allow, which RFC 9110 requires
+        # exc.headers: a 405's Allow, which RFC 9110 requires; every GET route answers HEAD too
+        # (HeadAsGet), which the router does not know
+        headers = dict(exc.headers or {})
+        allow = [m.strip() for m in headers.get("Allow", "").split(",") if m.strip()]
+        if "GET" in allow and "HEAD" not in allow:
+            headers["Allow"] = ", ".join([*allow, "HEAD"])
         return JSONResponse(
-            error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code, headers=exc.headers
+            error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code, headers=headers or None
         )

@@ -436,7 +436,7 @@ class SamplingFields(GrammarFields):
     user: Text | None = None
     #: seconds after which the request ends with a timeout error (the server's --request-timeout
     #: still bounds it)
-    timeout: Float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S)
+    timeout: Float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
     #: vLLM's: each prompt token's logprob and vocabulary rank given the tokens before it, with the
     #: k most likely tokens there (``prompt_logprobs`` of the choice, or of a chat response);
     #: not with stream, as vLLM
@@ -714,7 +714,7 @@ class GenerateRequest(StrictModel):
     #: SGLang's: with return_logprob, the prompt's tokens from this position on get their logprobs
     #: too (meta_info input_token_logprobs; the first prompt token's is null); -1: none
     logprob_start_len: Int = Field(default=-1, ge=-1)
-    timeout: Float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S)
+    timeout: Float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _one_prompt(self) -> GenerateRequest:

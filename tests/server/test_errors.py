@@ -280,6 +280,7 @@ CASES = [
     ("/detokenize", {"tokens": [1], "model": "nope"}, 404, "model", "does not exist"),
     # (the tokenizer's own complaint before: "TextEncodeInput must be Union[...]")
     ("/tokenize", '{"prompt": "a\\ud800"}', 400, "prompt", "lone UTF-16 surrogate"),
+    (COMPLETIONS, '{"prompt": "hi", "timeout": NaN}', 400, "timeout", "finite number"),
     # (1,000 stops of 8,000 characters stalled every request of the server for a minute)
     (COMPLETIONS, {"prompt": "hi", "stop": ["s"] * 257}, 400, "stop", "at most 256 strings"),
     (CHAT, {"messages": USER, "stop": ["ok", "s" * 1025]}, 400, "stop", "at most 1024 characters"),

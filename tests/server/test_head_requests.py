@@ -34,6 +34,9 @@ def test_head_answers_like_get_without_a_body():
     assert client.head("/v1/models/other", headers=AUTH).status_code == 404
     refused = client.head("/v1/completions", headers=AUTH)
     assert refused.status_code == 405 and refused.headers["allow"] == "POST" and refused.content == b""
+    # a 405 from a GET route names HEAD among what it allows (it named GET only)
+    put = client.put("/health", headers=AUTH)
+    assert put.status_code == 405 and put.headers["allow"] == "GET, HEAD", put.headers
     # unhealthy: 503 for both health checks, still without a body
     state.start_draining()
     for path in ("/health", "/health_generate"):
