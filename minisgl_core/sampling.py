@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, fields
 from functools import partial
 from typing import Any, ClassVar, NamedTuple
@@ -251,10 +252,13 @@ def _short(value: object) -> str:
 
 
 def _token_id(key: object) -> int:
-    try:
-        return int(key)  # type: ignore[call-overload]
-    except (TypeError, ValueError):
-        raise ValueError(f"logit_bias keys must be token ids, got {key!r}") from None
+    """A logit_bias key: an integer, or its decimal digits as JSON keys carry it. Not whatever
+    ``int()`` takes: "5_0" was token 50, "٥" (an Arabic-Indic digit) 5, 5.7 token 5 and True 1."""
+    if isinstance(key, int) and not isinstance(key, bool):
+        return key
+    if isinstance(key, str) and re.fullmatch(r"-?[0-9]+", key):
+        return int(key)
+    raise ValueError(f"logit_bias keys must be token ids, got {_short(key)}")
 
 
 #: generation_config.json keys that become a request's defaults when the request leaves them unset

@@ -272,3 +272,14 @@ def test_llm_options_of_the_wrong_type_name_the_field(model_dir, option, says):
     for what it was not; every field of a simple annotation is checked by it."""
     with pytest.raises(ValueError, match=f"^{re.escape(says)}$"):
         LLM(str(model_dir), **{"device": "cpu", "attn": "torch", **option})
+
+
+@pytest.mark.parametrize("key", ["5_0", "٥", " 5 ", "+5", 5.7, True, "5.0", ""])
+def test_logit_bias_keys_are_token_ids_not_whatever_int_takes(key):
+    """int() read "5_0" as token 50, an Arabic-Indic "٥" as 5, 5.7 as 5 and True as 1."""
+    with pytest.raises(ValueError, match="^logit_bias keys must be token ids"):
+        SamplingParams(logit_bias={key: 1.0})
+
+
+def test_logit_bias_keys_as_json_carries_them():
+    assert SamplingParams(logit_bias={"50": 1.0, 7: -2.0}).logit_bias == {50: 1.0, 7: -2.0}
