@@ -153,6 +153,12 @@ def install_error_handlers(app: FastAPI, on_error: Callable[[int], None] = lambd
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         err = validation_error(exc)
+        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if err.param is None and kind and kind != "application/json" and not kind.endswith("+json"):
+            # the body was not read as JSON at all: "Input should be a valid dictionary" said nothing
+            err = APIError(
+                400, f"the request body must be JSON sent as Content-Type: application/json, not {kind}"
+            )
         on_error(err.status)
         return JSONResponse(err.body(), status_code=err.status)
 

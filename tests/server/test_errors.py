@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -307,6 +309,21 @@ CASES = [
         "at most 524,288 are taken",
     ),
 ]
+
+
+def test_a_body_sent_as_another_content_type_says_so(server, auth):
+    """A JSON body sent as text/plain was "Input should be a valid dictionary or object"."""
+    body = json.dumps({"prompt": "hi", "max_tokens": 1})
+    resp = httpx.post(
+        f"{server.url}{COMPLETIONS}", content=body, headers={**auth, "Content-Type": "text/plain"}
+    )
+    assert resp.status_code == 400 and "Content-Type: application/json, not text/plain" in resp.text, (
+        resp.text
+    )
+    ok = httpx.post(
+        f"{server.url}{COMPLETIONS}", content=body, headers={**auth, "Content-Type": "application/json"}
+    )
+    assert ok.status_code == 200, ok.text
 
 
 def test_a_long_model_name_is_not_echoed_whole(server, auth):
