@@ -7,6 +7,7 @@ then echoes each turn so the output reads as a transcript. Standard library only
 
 from __future__ import annotations
 
+import http.client
 import json
 import sys
 import urllib.error
@@ -51,6 +52,15 @@ def stream_chat(
         raise ShellError(message) from exc
     except urllib.error.URLError as exc:
         raise ShellError(f"cannot reach the server at {url}: {exc.reason}") from exc
+    except OSError as exc:  # reset or closed before the status line (the server went away)
+        raise ShellError(f"cannot reach the server at {url}: {exc}") from exc
+    try:
+        yield from _pieces(response)
+    except (OSError, http.client.HTTPException) as exc:  # a reset, IncompleteRead: mid-reply
+        raise ShellError(f"the connection to the server was lost mid-reply ({type(exc).__name__})") from exc
+
+
+def _pieces(response: http.client.HTTPResponse) -> Iterator[str]:
     with response:
         for raw in response:
             line = raw.decode("utf-8").strip()
@@ -65,6 +75,8 @@ def stream_chat(
             for choice in chunk["choices"]:
                 if choice["delta"].get("content"):
                     yield choice["delta"]["content"]
+    # (the server went away without ending the stream: the reply would read as complete)
+    raise ShellError("the reply was cut off: the server closed the stream before its end")
 
 
 def run_shell(
@@ -121,7 +133,9 @@ def run_shell(
         except KeyboardInterrupt:
             print(" [stopped]", end="", file=out)
         except ShellError as exc:
-            print(f"\nerror: {exc}", file=out, flush=True)
+            # (a conversation past the context fails at every turn from then on: say the way out)
+            hint = " (/reset clears the history)" if "context" in str(exc) and len(history) > 1 else ""
+            print(f"\nerror: {exc}{hint}", file=out, flush=True)
             history.pop()
             continue
         print(file=out, flush=True)

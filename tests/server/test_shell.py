@@ -77,3 +77,44 @@ def test_shell_attaches_to_a_running_server_and_stops_at_end_of_input(server, ll
     result = run_shell(["--url", server.url, "--api-key", "test-key"], tmp_path, SCRIPT_EOF)
     assert result.returncode == 0, result.stderr
     assert result.stdout == expected_transcript(llm, SCRIPT_EOF)
+
+
+def _one_shot_server(reply: bytes):
+    """A socket that answers each connection with ``reply`` and closes it (b"": closes at once)."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                if reply:
+                    conn.sendall(reply)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener, f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+
+def test_a_server_gone_mid_reply_or_before_it_is_an_error_line_not_a_traceback():
+    """A server killed during a reply cut it off without a word (it read as complete), and the next
+    turn ended the shell with a ConnectionResetError traceback."""
+    import io
+
+    from minisgl_core.server.shell import run_shell as shell
+
+    cut = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n"
+           b'data: {"choices": [{"index": 0, "delta": {"content": "Hel"}}]}\n\n')  # fmt: skip
+    for reply, says in [(cut, "error: the reply was cut off"), (b"", "error: cannot reach the server")]:
+        listener, url = _one_shot_server(reply)
+        out = io.StringIO()
+        try:
+            code = shell(url, None, "m", stdin=io.StringIO("hi\nhi again\n"), stdout=out, max_tokens=4)
+        finally:
+            listener.close()
+        assert code == 0 and out.getvalue().count(says) == 2, out.getvalue()
