@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import math
+import os
 import platform
 import subprocess
 import time
@@ -41,8 +42,12 @@ def add_bench_command(sub) -> None:
         "end before max_tokens); reports the schema's compile time too",
     )
     p.add_argument("--label", default="")
-    p.add_argument("--profile", help="write a cProfile report (host time) of the timed run to this file")
-    p.add_argument("--output", help="append the JSON result to this file (one object per line)")
+    p.add_argument(
+        "--profile", type=_writable, help="write a cProfile report (host time) of the timed run to this file"
+    )
+    p.add_argument(
+        "--output", type=_writable, help="append the JSON result to this file (one object per line)"
+    )
     p.set_defaults(func=_offline)
 
     p = kinds.add_parser("serve", help="online benchmark against a running server")
@@ -78,9 +83,13 @@ def add_bench_command(sub) -> None:
         "needed with --server mini-sglang",
     )  # fmt: skip
     p.add_argument("--label", default="")
-    p.add_argument("--output")
     p.add_argument(
-        "--trace", help="append one JSON line per request (send, first and last chunk times) to this file"
+        "--output", type=_writable, help="append the JSON result to this file (one object per line)"
+    )
+    p.add_argument(
+        "--trace",
+        type=_writable,
+        help="append one JSON line per request (send, first and last chunk times) to this file",
     )
     p.set_defaults(func=_serve)
 
@@ -103,7 +112,9 @@ def add_bench_command(sub) -> None:
     p.add_argument("--max-tokens", type=_positive_int, default=1024, help="the builtin schema's length")
     p.add_argument("--model-cache", default="/tmp/minisgl-bench-models", help="where the tokenizer is built")
     p.add_argument("--label", default="")
-    p.add_argument("--output")
+    p.add_argument(
+        "--output", type=_writable, help="append the JSON result to this file (one object per line)"
+    )
     p.set_defaults(func=_grammar)
 
     p = kinds.add_parser(
@@ -124,7 +135,9 @@ def add_bench_command(sub) -> None:
         "e.g. --engine-arg quantization=int8",
     )
     p.add_argument("--label", default="")
-    p.add_argument("--output", help="append the JSON result to this file (one object per line)")
+    p.add_argument(
+        "--output", type=_writable, help="append the JSON result to this file (one object per line)"
+    )
     p.set_defaults(func=_cpu)
 
     p = kinds.add_parser("make-model", help="write a random-weight model of a real shape")
@@ -152,11 +165,14 @@ def _make(shape: str, out: Path, device: str) -> Path:
 
 
 def _meta(args: argparse.Namespace) -> dict[str, Any]:
-    # MINISGL_COMMIT: for copies of a checkout whose .git is not the one the run came from
+    # MINISGL_COMMIT: for copies of a checkout whose .git is not the one the run came from. The
+    # checkout is the one this code runs from, not the working directory's (which named another
+    # repository's commit, or none).
+    here = Path(__file__).resolve().parent
     commit = (
         environment.get("MINISGL_COMMIT")
         or subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+            ["git", "-C", str(here), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
         ).stdout.strip()
     )
     device = "cpu"
@@ -427,6 +443,20 @@ def _check_workload_size(prompt_tokens: int, flags: str) -> None:
             f"minisgl bench: the workload would hold up to {prompt_tokens:,} prompt tokens, more than "
             f"the {MAX_BENCH_PROMPT_TOKENS:,} a bench builds; lower {flags}"
         )
+
+
+def _writable(text: str) -> str:
+    """A file a bench writes when its run is over, checked before the run (a missing directory
+    failed with a traceback after minutes of measuring, the result lost)."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory, not a file")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write {text}: no directory {folder}")
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"cannot write {text}: permission denied")
+    return text
 
 
 def _positive_ints(text: str) -> list[int]:

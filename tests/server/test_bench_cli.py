@@ -209,3 +209,43 @@ def test_text_prompts_encode_back_to_the_workload_exactly(tmp_path) -> None:
     assert encoded[0][:200] != encoded[1][:200]  # another group
     words = whole_words(tokenizer)
     assert len(words) >= 64 and all(w[0] == " " and w[1:].isalpha() for w in words)
+
+
+def test_files_a_bench_writes_are_checked_before_it_runs(tmp_path) -> None:
+    """--output, --trace and --profile into a missing directory failed with a traceback after the
+    run (minutes of measuring on a GPU), the result lost."""
+    runs = [
+        (["serve", "--url", "http://127.0.0.1:9", "--output", str(tmp_path / "no" / "x.json")], "--output"),
+        (["serve", "--url", "http://127.0.0.1:9", "--trace", str(tmp_path)], "--trace"),
+        (["offline", "--num-requests", "1", "--profile", str(tmp_path / "no" / "p.txt")], "--profile"),
+        (["grammar", "--output", str(tmp_path / "no" / "x.json")], "--output"),
+    ]
+    for args, flag in runs:
+        proc = subprocess.run(
+            [sys.executable, "-m", "minisgl_core", "bench", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert f"argument {flag}: " in proc.stderr and (
+            "no directory" in proc.stderr or "is a directory" in proc.stderr
+        )
+
+
+def test_the_commit_a_bench_records_is_this_checkouts_not_the_working_directorys(tmp_path, monkeypatch):
+    """Run from another directory (another repository, or none) the result named that one's commit, or '?'."""
+    import argparse
+    from pathlib import Path
+
+    from minisgl_core.bench.cli import _meta
+
+    here = Path(__file__).resolve().parent
+    ours = subprocess.run(
+        ["git", "-C", str(here), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    if ours.returncode != 0:
+        pytest.skip("not a git checkout")
+    monkeypatch.delenv("MINISGL_COMMIT", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert _meta(argparse.Namespace(label=""))["commit"] == ours.stdout.strip()
