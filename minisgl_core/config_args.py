@@ -229,7 +229,7 @@ def cli_message(exc: ConfigError) -> str:
 def engine_config_from_args(
     args: argparse.Namespace, plugin_options: dict[str, Any] | None = None
 ) -> EngineConfig:
-    from minisgl_core.checkpoint.path_check import check_model_path
+    from minisgl_core.checkpoint.resolve import check_model
 
     values = {name: getattr(args, name) for name in ENGINE_FIELDS}
     for name in SPECULATIVE_TUNING:  # None: not given, EngineConfig's default
@@ -238,7 +238,9 @@ def engine_config_from_args(
         elif args.speculative_algorithm is None:  # would be ignored: speculative decoding is off
             raise ConfigError(f"{name} needs speculative_algorithm (ngram)", name, "speculative_algorithm")
     model = resolve_model(args.model)
-    check_model_path(model)
+    # the path's common mistakes, then its weight format's metadata: a truncated .gguf was a
+    # traceback from `generate` and the benches (serve checked it, with its plugins, already)
+    check_model(model)
     if getattr(args, "step_trace", None):  # else EngineConfig's default: $MINISGL_STEP_TRACE
         values["step_trace"] = args.step_trace
     config = EngineConfig(

@@ -179,6 +179,12 @@ def test_truncated_file_fails_before_anything_loads(make_tiny_model, tmp_path):
         with pytest.raises(ValueError, match="truncated"):
             LLM(cut, device="cpu", attn="torch")
     assert "truncated" in one_error_line(run_cli("--model", str(cut.parent)))
+    # generate and the benches too (a traceback there: they checked the path only)
+    generate = subprocess.run(
+        [sys.executable, "-m", "minisgl_core", "generate", "--device", "cpu", "--model", str(cut), "hi"],
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert "truncated" in one_error_line(generate)
 
 
 def test_a_directory_must_hold_exactly_one_gguf(make_tiny_model, tmp_path):
