@@ -594,3 +594,14 @@ def test_a_file_no_format_reads_is_one_line(tmp_path):
         f"minisgl: error: {junk} is not a model this installation can read; supported formats: "
         "safetensors (a directory with config.json), gguf"
     ]
+
+
+@pytest.mark.parametrize("addr", ["garbage", "127.0.0.1:99999", ":5000", "host:port"])
+def test_a_bad_dist_init_addr_is_a_usage_error_before_anything_starts(model_dir, addr):
+    """A traceback from scheduler rank 1 (not enough values to unpack, bind()'s OverflowError)
+    once the model was loading."""
+    proc = _cli("serve", "--port", "0", "--tp", "2", "--dist-init-addr", addr, "--model", str(model_dir))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert (
+        f"argument --dist-init-addr: must be HOST:PORT with a port in [1, 65535], got {addr!r}" in proc.stderr
+    )

@@ -87,8 +87,18 @@ def _add_http_args(p: argparse.ArgumentParser, port: int) -> None:
     g.add_argument(
         "--dist-init-addr",
         default=None,
+        type=_host_port,
         help="HOST:PORT where the TP ranks meet (default: a free loopback port; needed with --nnodes > 1)",
     )
+
+
+def _host_port(text: str) -> str:
+    """HOST:PORT ([IPv6]:PORT), checked before any process starts (a bad one was a traceback from a
+    scheduler rank once the model was loading)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host.strip("[]") or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"must be HOST:PORT with a port in [1, 65535], got {text!r}")
+    return text
 
 
 #: the terminal chat's reply length unless --max-tokens says
