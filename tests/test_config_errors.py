@@ -189,6 +189,8 @@ BAD_FLAGS = [
     ("bench grammar", ["--grammar-backend", "bogus"], "unknown --grammar-backend 'bogus'; installed: llguidance, xgrammar"),
     # (--shape won silently: a random-weight model of that shape was built and benchmarked)
     ("bench", ["offline", "--shape", "qwen3-0.6b"], "give --shape or --model, not both"),
+    # (the offline LLM's refusal of a TP size was a traceback)
+    ("bench", ["cpu", "--tp", "2"], "bench cpu runs the offline LLM in one process: --tp 1, not 2"),
     # (serve took the shell's settings without --shell and used them for nothing)
     ("serve", ["--port", "0", "--temperature", "0.5", "--system", "be brief"],
      "--temperature, --system: the terminal chat's settings; add --shell (or run `minisgl shell`)"),

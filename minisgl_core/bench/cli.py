@@ -309,6 +309,8 @@ def _cpu(args: argparse.Namespace) -> int:
     config = engine_config_from_args(args)
     fields = {k: v for k, v in vars(config).items() if k != "model"}
     fields |= dict(_engine_arg(text, fields) for text in args.engine_arg)
+    if fields["tp_size"] != 1:  # (LLM's own refusal was a traceback)
+        raise ConfigError(f"bench cpu runs the offline LLM in one process: --tp 1, not {fields['tp_size']}")
     llm = LLM(config.model, disable_plugins=args.disable_plugin, **fields)
     theirs = None if args.no_transformers else TransformersRunner(config.model, set(llm.engine.eos_ids))
     result = run_cpu_bench(
