@@ -9,6 +9,7 @@ README repeats it for users.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -60,6 +61,29 @@ def forget(name: str) -> None:
     if name not in DOCUMENTED:
         raise KeyError(f"{name} is not a documented minisgl environment variable (minisgl_core.environment)")
     os.environ.pop(name, None)
+
+
+#: spellings of an on/off variable (any case)
+_TRUE = frozenset({"1", "true", "on", "yes"})
+_FALSE = frozenset({"0", "false", "off", "no", ""})
+_warned: set[str] = set()
+
+
+def switch(name: str, default: bool) -> bool:
+    """An on/off variable: ``1`` (true, on, yes) or ``0`` (false, off, no, empty), any case; unset,
+    ``default``; anything else is logged once and leaves ``default`` (MINISGL_PDL=true meant off)."""
+    value = get(name)
+    if value is None:
+        return default
+    spelled = value.strip().lower()
+    if spelled in _TRUE or spelled in _FALSE:
+        return spelled in _TRUE
+    if name not in _warned:
+        _warned.add(name)
+        logging.getLogger(__name__).warning(
+            "%s=%r is neither 0 nor 1: it stays %s", name, value, "on" if default else "off"
+        )
+    return default
 
 
 def split_list(value: str | None) -> list[str] | None:

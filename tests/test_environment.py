@@ -88,3 +88,20 @@ def test_fast_path_variables_are_read_through_the_one_module(monkeypatch):
     monkeypatch.setenv("MINISGL_FUSED_KV", "0")
     assert not fast_paths.from_env().fused_kv and fast_paths.from_env().compile
     assert set(fast_paths.ENV_VARS.values()) <= set(environment.DOCUMENTED)
+
+
+@pytest.mark.parametrize(
+    ("value", "default", "expected"),
+    [("1", False, True), ("true", False, True), ("Yes", False, True), ("on", False, True),
+     ("0", True, False), ("False", True, False), ("no", True, False), ("", True, False),
+     ("maybe", False, False), ("maybe", True, True)],
+)  # fmt: skip
+def test_on_off_variables_take_the_usual_spellings(monkeypatch, caplog, value, default, expected):
+    """MINISGL_PDL=true and MINISGL_SPLIT_MIXED=true silently meant off (only "1" counted)."""
+    monkeypatch.setattr(environment, "_warned", set())
+    for name in ("MINISGL_PDL", "MINISGL_SPLIT_MIXED"):
+        monkeypatch.setenv(name, value)
+        assert environment.switch(name, default) is expected, (name, value)
+    assert ("neither 0 nor 1" in caplog.text) == (value == "maybe")
+    monkeypatch.delenv("MINISGL_PDL")
+    assert environment.switch("MINISGL_PDL", default) is default

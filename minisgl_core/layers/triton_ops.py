@@ -77,7 +77,7 @@ def pdl_enabled(device: torch.device) -> bool:
     it a kernel's successor is launched only as its last blocks exit), which hides part of the gap
     between kernels in a CUDA graph. Only on CUDA devices of compute capability 9.0 or newer, with
     a Triton that has both instructions."""
-    if device.type != "cuda" or environment.get("MINISGL_PDL", "0") != "1":
+    if device.type != "cuda" or not environment.switch("MINISGL_PDL", False):
         return False
     return _pdl_supported(device.index if device.index is not None else torch.cuda.current_device())
 

@@ -261,8 +261,8 @@ class ModelRunner:
         #: default on a GPU, where the prefill kernel's decode rows cost several times a decode
         #: kernel's; MINISGL_SPLIT_MIXED=0 turns it off, =1 on anywhere (the CPU tests)
         self.split_mixed = None
-        split = environment.get("MINISGL_SPLIT_MIXED", "1" if self.device.type == "cuda" else "0")
-        if self.mixed and split == "1":
+        split = environment.switch("MINISGL_SPLIT_MIXED", self.device.type == "cuda")
+        if self.mixed and split:
             if SplitMixedAttention.pairs(self.prefill_attn, self.decode_attn):
                 self.split_mixed = SplitMixedAttention(self.prefill_attn, self.decode_attn)
         self.graphs = None
