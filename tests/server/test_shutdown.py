@@ -125,11 +125,17 @@ def _child(server, name: str) -> int:
 
 
 @pytest.mark.parametrize("victim", ["minisgl-tok", "minisgl-detok", "minisgl-sched0"])
-def test_killed_worker_fails_every_client_and_the_launcher(start_server, model_dir, engine_args, victim):
-    server = start_server(["--model", str(model_dir), *engine_args])
+def test_killed_worker_fails_every_client_and_the_launcher(
+    start_server, long_context_model_dir, engine_args, victim
+):
+    # 8,000 tokens a request: with 2,000 a stream once finished before the kill (CI, two busy
+    # cores: the test process starved for seconds between the first event and the kill)
+    limits = ["--max-context-len", "16384", "--num-kv-tokens", "65536"]
+    server = start_server(["--model", str(long_context_model_dir), *engine_args, *limits])
     children = server.children()
-    streams = [StreamingClient(server.url, LONG) for _ in range(3)]
-    plain = [PlainClient(server.url, LONG) for _ in range(2)]
+    body = {**LONG, "max_tokens": 8000}
+    streams = [StreamingClient(server.url, body) for _ in range(3)]
+    plain = [PlainClient(server.url, body) for _ in range(2)]
     for c in [*streams, *plain]:
         c.start()
     for s in streams:
