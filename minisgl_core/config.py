@@ -200,9 +200,7 @@ class EngineConfig:
                     + " (a file to append one JSON line per step to; env MINISGL_STEP_TRACE)",
                     "step_trace",
                 )
-        attn = [name.strip() for name in self.attn.split(",")]
-        if len(attn) not in (1, 2) or not all(attn):
-            raise ConfigError(f"attn takes NAME, PREFILL,DECODE or auto; got {self.attn!r}", "attn")
+        attention_names(self.attn)
         if self.device != "auto" and _device_type(self.device) not in ("cpu", "cuda"):
             raise ConfigError(f"device must be auto, cpu, cuda or cuda:N; got {self.device!r}", "device")
 
@@ -261,6 +259,17 @@ def _device_type(device: str) -> str | None:
         return torch.device(device).type
     except RuntimeError:  # not a device string at all
         return None
+
+
+def attention_names(attn: str) -> tuple[str, ...]:
+    """The attention backends ``attn`` names: one, or PREFILL,DECODE; none for "auto" (the
+    runner picks by device). A ``ConfigError`` naming the field for any other shape."""
+    if attn == "auto":
+        return ()
+    names = tuple(name.strip() for name in attn.split(","))
+    if len(names) not in (1, 2) or not all(names):
+        raise ConfigError(f"attn takes NAME, PREFILL,DECODE or auto; got {attn!r}", "attn")
+    return names
 
 
 def check_grammar_threads(threads: int | None) -> None:

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import argparse
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from minisgl_core import fast_paths
 from minisgl_core.checkpoint.resolve import resolve_model
-from minisgl_core.config import MAX_GRAMMAR_THREADS, ConfigError, EngineConfig
-
-if TYPE_CHECKING:
-    from minisgl_core.plugins import Plugins
+from minisgl_core.config import MAX_GRAMMAR_THREADS, ConfigError, EngineConfig, attention_names
+from minisgl_core.plugins import Plugins
 
 
 def _default(field: str) -> Any:
@@ -226,12 +224,27 @@ def cli_message(exc: ConfigError) -> str:
     return message
 
 
+def check_plugin_names(values: dict[str, Any], plugins: Plugins) -> None:
+    """The plugins the engine flags select (--attn, --cache, --policy, --quantization) resolved
+    as the engine will resolve them, so that a name not installed is one line before anything
+    starts: the scheduler process refused it after start-up (exit code 1, said twice)."""
+    selected = [("attention", name) for name in attention_names(values["attn"])]
+    selected += [("caches", values["cache"]), ("policies", values["policy"])]
+    if values["quantization"] not in (None, "none"):  # "none": no quantization, as the runner reads it
+        selected.append(("quantization", values["quantization"]))
+    for kind, name in selected:
+        plugins.resolve(kind, name)
+
+
 def engine_config_from_args(
-    args: argparse.Namespace, plugin_options: dict[str, Any] | None = None
+    args: argparse.Namespace, plugin_options: dict[str, Any] | None = None, plugins: Plugins | None = None
 ) -> EngineConfig:
+    """The config the flags ask for, every setting checked; the plugin names first, against
+    ``plugins`` (loaded here, less those of --disable-plugin, when not given)."""
     from minisgl_core.checkpoint.resolve import check_model
 
     values = {name: getattr(args, name) for name in ENGINE_FIELDS}
+    check_plugin_names(values, plugins or Plugins.load(disable=args.disable_plugin))
     for name in SPECULATIVE_TUNING:  # None: not given, EngineConfig's default
         if values[name] is None:
             del values[name]

@@ -221,6 +221,14 @@ BAD_FLAGS = [
     ("bench", ["cpu", "--no-transformers", "--engine-arg", "pagesize=4"], "--engine-arg pagesize: not an LLM option"),
     ("bench grammar", ["--grammar-threads", "0"],
      "--grammar-threads must be in [1, 64] (unset: half the CPUs, 1 to 16), got 0"),
+    # (a plugin not installed: the scheduler process refused it once started, exit code 1, said twice)
+    ("serve", ["--port", "0", "--cache", "nosuch"],
+     "unknown --cache 'nosuch'; installed: naive, radix; install the plugin that provides it"),
+    ("serve", ["--port", "0", "--attn", "torch,nosuch"], "unknown --attn 'nosuch'; installed: fa3, fi, torch, triton;"),
+    ("shell", ["--policy", "nosuch"], "unknown --policy 'nosuch'; installed: lpm, prefill-first;"),
+    ("serve", ["--port", "0", "--quantization", "nosuch"], "unknown --quantization 'nosuch'; installed: fp8, "),
+    ("bench", ["offline", "--num-requests", "1", "--tp", "2", "--cache", "nosuch"], "unknown --cache 'nosuch'"),
+    ("generate", ["hi", "--attn", "nosuch"], "unknown --attn 'nosuch'; installed: fa3, fi, torch, triton;"),
 ]  # fmt: skip
 
 

@@ -199,7 +199,7 @@ def _serve_options(args: argparse.Namespace):
     environment.forget("MINISGL_API_KEY")
     plugins = Plugins.load(disable=args.disable_plugin)
     plugin_options = {d: getattr(args, d) for d in getattr(args, "plugin_dests", [])}
-    config = engine_config_from_args(args, plugin_options)
+    config = engine_config_from_args(args, plugin_options, plugins)
     check_model(config.model, plugins)  # a bad file fails here in one line, before any process starts
     if config.tp_size > 1:
         check_heads_split(config.model, config.tp_size, plugins)
