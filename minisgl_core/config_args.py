@@ -250,6 +250,11 @@ def engine_config_from_args(
             del values[name]
         elif args.speculative_algorithm is None:  # would be ignored: speculative decoding is off
             raise ConfigError(f"{name} needs speculative_algorithm (ngram)", name, "speculative_algorithm")
+    if args.model is not None and not args.model.strip():  # (Path("") is the working directory)
+        raise ConfigError(
+            "--model is empty; give a model directory, a .gguf file, ORG/NAME on a Hugging Face hub or "
+            "'demo', or leave --model out for the default model"
+        )
     model = resolve_model(args.model)
     # the path's common mistakes, then its weight format's metadata: a truncated .gguf was a
     # traceback from `generate` and the benches (serve checked it, with its plugins, already)

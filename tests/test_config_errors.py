@@ -97,6 +97,22 @@ def test_bad_model_is_one_line_on_the_command_line(model_dir, tmp_path, command)
         ), lines
 
 
+@pytest.mark.parametrize("command", [["generate", "hi"], ["serve", "--port", "0"], ["bench", "offline"]])
+def test_an_empty_model_is_refused_not_read_as_the_working_directory(model_dir, tmp_path, command):
+    """``--model ""`` was the working directory: a model there was loaded, anywhere else the
+    error spoke of a model '.' no one had named."""
+    cwd = model_dir if command[0] == "generate" else tmp_path  # (serve would have served it)
+    proc = subprocess.run(
+        [sys.executable, "-m", "minisgl_core", *command, "--model", "", "--device", "cpu"],
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, cwd=cwd,
+    )  # fmt: skip
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert proc.stderr.splitlines() == [
+        "minisgl: error: --model is empty; give a model directory, a .gguf file, ORG/NAME on a Hugging "
+        "Face hub or 'demo', or leave --model out for the default model"
+    ]
+
+
 @pytest.mark.parametrize(
     ("options", "field"),
     [
