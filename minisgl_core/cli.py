@@ -77,12 +77,7 @@ def build_parser(plugins: Plugins | None = None) -> argparse.ArgumentParser:
     from minisgl_core.config_args import add_engine_args
 
     parser = _Parser(prog="minisgl", description="minisgl: a small plugin-based LLM serving engine")
-    parser.add_argument(
-        "--log-level",
-        type=_log_level,
-        default=environment.get("MINISGL_LOG_LEVEL", "info"),
-        help="debug, info, warning, error or critical (env MINISGL_LOG_LEVEL)",
-    )
+    _add_log_level(parser, default=environment.get("MINISGL_LOG_LEVEL", "info"))
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("plugins", help="list discovered plugins")
@@ -109,7 +104,27 @@ def build_parser(plugins: Plugins | None = None) -> argparse.ArgumentParser:
         add_bench_command = None
     if add_bench_command is not None:
         add_bench_command(sub)
+    _log_level_after_subcommands(parser)
     return parser
+
+
+def _add_log_level(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument(
+        "--log-level",
+        type=_log_level,
+        default=default,
+        help="debug, info, warning, error or critical (env MINISGL_LOG_LEVEL)",
+    )
+
+
+def _log_level_after_subcommands(parser: argparse.ArgumentParser) -> None:
+    """``--log-level`` after any subcommand too (``minisgl serve --log-level debug`` was refused):
+    with no default there, so that one given before the subcommand, or the environment's, stands."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in {id(p): p for p in action.choices.values()}.values():  # (aliases: once)
+                _add_log_level(subparser, default=argparse.SUPPRESS)
+                _log_level_after_subcommands(subparser)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -358,6 +358,37 @@ def test_an_unknown_log_level_is_one_line(how):
     )
 
 
+@pytest.mark.parametrize(
+    "command",
+    [["plugins"], ["generate", "hi"], ["serve"], ["shell"], ["bench", "offline"], ["bench", "serve"],
+     ["bench", "grammar"], ["bench", "cpu"], ["bench", "make-model", "--shape", "qwen3-0.6b", "--out", "x"]],
+)  # fmt: skip
+def test_log_level_is_taken_after_the_subcommand_too(command, monkeypatch):
+    """``minisgl serve --log-level debug`` was 'unrecognized arguments': only ``minisgl --log-level
+    debug serve`` was. After the subcommand it wins; without it, the one before (or the
+    environment's) stands."""
+    from minisgl_core.cli import build_parser
+
+    monkeypatch.delenv("MINISGL_LOG_LEVEL", raising=False)
+    parser = build_parser()
+    assert parser.parse_args([*command, "--log-level", "DEBUG"]).log_level == "debug"
+    assert parser.parse_args(["--log-level", "error", *command]).log_level == "error"
+    assert parser.parse_args(["--log-level", "error", *command, "--log-level", "debug"]).log_level == "debug"
+    assert parser.parse_args(command).log_level == "info"
+    monkeypatch.setenv("MINISGL_LOG_LEVEL", "warning")
+    assert build_parser().parse_args(command).log_level == "warning"
+
+
+def test_log_level_after_the_subcommand_sets_the_level(model_dir):
+    proc = _cli("generate", "hi", "--max-tokens", "1", "--log-level", "debug", "--model", str(model_dir),
+                "--device", "cpu")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert " DEBUG " in proc.stderr
+    proc = _cli("serve", "--log-level", "debug", "--page-size", "3", "--model", str(model_dir))
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == ["minisgl: error: --page-size must be a power of two >= 1, got 3"]
+
+
 def test_serve_on_a_port_in_use_or_out_of_range_is_one_line_before_anything_loads(model_dir):
     # both once failed after the model loaded and the workers started: a port out of range in a
     # traceback, a port in use as "could not start (see the log above)" with nothing above
