@@ -145,6 +145,18 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"minisgl: error: {cli_message(exc)}", file=sys.stderr)
         return 2
-    except (PluginError, ModelNotFound, ModelPathError, GenerationConfigError) as exc:
+    except (
+        PluginError,
+        ModelNotFound,
+        ModelPathError,
+        GenerationConfigError,
+        environment.CacheDirError,
+    ) as exc:
         print(f"minisgl: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # fetching the default model or building the demo one
+        problem = environment.cache_dir_error(exc)
+        if problem is None:
+            raise
+        print(f"minisgl: error: {problem}", file=sys.stderr)
         return 2

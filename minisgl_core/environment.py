@@ -93,9 +93,41 @@ def split_list(value: str | None) -> list[str] | None:
     return [part.strip() for part in value.split(",") if part.strip()]
 
 
+class CacheDirError(RuntimeError):
+    """The cache directory cannot be used; the message names the variable and the path."""
+
+
 def cache_dir() -> Path:
-    """Where downloaded and built models are kept: ``$MINISGL_CACHE_DIR``, else ~/.cache/minisgl."""
-    return Path(get("MINISGL_CACHE_DIR") or Path.home() / ".cache" / "minisgl")
+    """Where downloaded and built models are kept: ``$MINISGL_CACHE_DIR``, else ~/.cache/minisgl.
+    One that exists and is no directory is a :class:`CacheDirError` (a traceback from the first
+    ``mkdir`` inside it before)."""
+    path = Path(get("MINISGL_CACHE_DIR") or Path.home() / ".cache" / "minisgl")
+    if path.exists() and not path.is_dir():
+        raise CacheDirError(_cache_dir_message(path, "is not a directory"))
+    return path
+
+
+def cache_dir_error(exc: OSError) -> CacheDirError | None:
+    """``exc`` as a :class:`CacheDirError` when the path it failed on lies in the cache directory
+    (a directory that cannot be created or written to), else None: for the command line to say
+    in one line what a library caller gets as the ``OSError`` itself."""
+    failed = exc.filename if isinstance(exc.filename, str) else None
+    try:
+        root = cache_dir()
+    except CacheDirError as error:
+        return error
+    if failed is None or not Path(os.path.abspath(failed)).is_relative_to(os.path.abspath(root)):
+        return None
+    return CacheDirError(_cache_dir_message(root, f"cannot write to it ({failed}: {exc.strerror or exc})"))
+
+
+def _cache_dir_message(path: Path, problem: str) -> str:
+    where = (
+        f"MINISGL_CACHE_DIR={path}"
+        if get("MINISGL_CACHE_DIR")
+        else f"the cache directory {path} (MINISGL_CACHE_DIR unset)"
+    )
+    return f"{where}: {problem}; point MINISGL_CACHE_DIR at a directory you can write to"
 
 
 def triton_interpreter() -> bool:

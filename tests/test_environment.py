@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -105,3 +108,41 @@ def test_on_off_variables_take_the_usual_spellings(monkeypatch, caplog, value, d
     assert ("neither 0 nor 1" in caplog.text) == (value == "maybe")
     monkeypatch.delenv("MINISGL_PDL")
     assert environment.switch("MINISGL_PDL", default) is default
+
+
+def _minisgl(*args: str, cache_dir: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "MINISGL_CACHE_DIR": cache_dir}
+    return subprocess.run([sys.executable, "-m", "minisgl_core", *args], capture_output=True, text=True,
+                          timeout=120, stdin=subprocess.DEVNULL, env=env)  # fmt: skip
+
+
+@pytest.mark.parametrize("model", [[], ["--model", "demo"]], ids=["default model", "demo model"])
+def test_an_unusable_cache_dir_is_one_line_naming_the_variable_and_the_path(tmp_path, model):
+    """A MINISGL_CACHE_DIR that is a file, or that cannot be created, was a NotADirectoryError or
+    FileNotFoundError traceback from the first mkdir in it (fetching the default model, building
+    the demo one)."""
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("not a directory")
+    for cache, says in [
+        (str(a_file), f"MINISGL_CACHE_DIR={a_file}: is not a directory; "),
+        # (/proc takes no new entries, even from root)
+        (
+            "/proc/minisgl-cache",
+            "MINISGL_CACHE_DIR=/proc/minisgl-cache: cannot write to it (/proc/minisgl-cache: ",
+        ),
+    ]:
+        proc = _minisgl("generate", *model, "hi", "--device", "cpu", cache_dir=cache)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stdout == "", proc.stderr
+        last = proc.stderr.splitlines()[-1]  # (--model demo warns first that its weights are random)
+        assert last.startswith(f"minisgl: error: {says}"), last
+        assert last.endswith("point MINISGL_CACHE_DIR at a directory you can write to"), last
+
+
+def test_a_cache_dir_that_is_a_file_is_refused_by_the_accessor(tmp_path, monkeypatch):
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("")
+    monkeypatch.setenv("MINISGL_CACHE_DIR", str(a_file))
+    with pytest.raises(environment.CacheDirError, match=f"MINISGL_CACHE_DIR={a_file}: is not a directory"):
+        environment.cache_dir()
+    monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path / "new"))  # (made by whoever writes first)
+    assert environment.cache_dir() == tmp_path / "new"
