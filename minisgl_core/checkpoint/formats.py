@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from minisgl_core.api.weights import WeightFormat
+from minisgl_core.checkpoint.safetensors_header import read_header
 from minisgl_core.model_dir import load_generation_config, load_hf_config
 
 if TYPE_CHECKING:  # torch only for annotations: the tokenizer process reads formats without it
@@ -40,8 +41,13 @@ def checkpoint_files(model_dir: str | Path) -> list[Path]:
     model_dir = Path(model_dir)
     index = model_dir / INDEX_FILE
     if index.is_file():
-        weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
-        files = [model_dir / name for name in dict.fromkeys(weight_map.values())]
+        try:
+            weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+            files = [model_dir / name for name in dict.fromkeys(weight_map.values())]
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(
+                f"{INDEX_FILE} is corrupt: no weight_map of tensor names to files ({exc!r})"
+            ) from None
         missing = [path.name for path in files if not path.is_file()]
         if missing:
             raise FileNotFoundError(f"{index} names shard(s) that do not exist: {', '.join(missing)}")
@@ -62,12 +68,16 @@ def iter_checkpoint(
 
 
 def _iter_files(files: list[Path], device: str) -> Iterator[tuple[str, torch.Tensor]]:
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     for path in files:
-        with safe_open(str(path), framework="pt", device=device) as handle:
-            for name in handle.keys():  # safe_open handles are not iterable
-                yield name, handle.get_tensor(name)
+        # the library's own words (``incomplete metadata, file not fully covered``) name no file
+        try:
+            with safe_open(str(path), framework="pt", device=device) as handle:
+                for name in handle.keys():  # safe_open handles are not iterable
+                    yield name, handle.get_tensor(name)
+        except SafetensorError as exc:
+            raise ModelPathError(f"{path} is truncated or corrupt: {exc}") from None
 
 
 class SafetensorsFormat(WeightFormat):
@@ -87,12 +97,12 @@ class SafetensorsFormat(WeightFormat):
         return load_tokenizer_dir(self.path)
 
     def num_weights(self) -> int | None:
-        from safetensors import safe_open
-
         total = 0
         for path in checkpoint_files(self.path):
-            with safe_open(str(path), framework="pt") as handle:
-                total += len(handle.keys())
+            try:
+                total += len(read_header(path))
+            except ValueError as exc:  # it names the file and what is wrong with it
+                raise ModelPathError(f"{self.path}: {exc}") from None
         return total
 
     def weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from minisgl_core.checkpoint.formats import INDEX_FILE, SINGLE_FILE, ModelPathError
+from minisgl_core.checkpoint.integrity import check_model_files
 
 WANTED = (
     "give a Hugging Face model directory (config.json, model.safetensors or a sharded index, "
@@ -23,7 +24,8 @@ def _unreadable(path: Path) -> bool:
 
 
 def check_model_path(model: str | Path) -> None:
-    """Raise ModelPathError (one line) unless ``model`` looks loadable; the loader checks the rest."""
+    """Raise ModelPathError (one line) unless ``model`` looks loadable: for a safetensors
+    directory also its files' headers; the loader checks the rest."""
     path = Path(model)
     if not path.exists():
         raise ModelPathError(f"--model {model}: no such file or directory; {WANTED}")
@@ -54,3 +56,5 @@ def check_model_path(model: str | Path) -> None:
     for weights in (path / SINGLE_FILE, path / INDEX_FILE):
         if weights.is_file() and _unreadable(weights):
             raise ModelPathError(f"--model {model}: cannot read {weights.name} (permission denied)")
+    # the files themselves, from their headers: cut short or corrupt
+    check_model_files(model)

@@ -23,6 +23,7 @@ from typing import Any
 import zmq
 
 from minisgl_core.api import ProcessContext
+from minisgl_core.checkpoint.formats import ModelPathError
 from minisgl_core.messages import ProcessFailed, ProcessReady
 from minisgl_core.plugins import PluginError, Plugins
 from minisgl_core.processes.ipc import LINGER_MS, Endpoints, connect_push, send
@@ -83,16 +84,21 @@ def _name_process(spec: ChildSpec) -> None:
 
 
 def _refused_setting(exc: BaseException) -> bool:
-    """A PluginError or ConfigError: a setting the process refused at start-up. ConfigError is
-    looked up only where its module is loaded (it imports torch, which the text workers do not)."""
+    """A PluginError, ModelPathError or ConfigError: a setting (or a model's files) the process
+    refused at start-up. ConfigError is looked up only where its module is loaded (it imports
+    torch, which the text workers do not)."""
     config = sys.modules.get("minisgl_core.config")
-    return isinstance(exc, PluginError) or (config is not None and isinstance(exc, config.ConfigError))
+    return isinstance(exc, (PluginError, ModelPathError)) or (
+        config is not None and isinstance(exc, config.ConfigError)
+    )
 
 
 def _refusal(exc: BaseException) -> str:
     """A refused setting as the command line that started the server says it: a ConfigError
     names its settings by their flags (``--num-kv-tokens``), not their field names."""
-    if isinstance(exc, PluginError):  # before importing config: the text workers do without torch
+    if isinstance(
+        exc, (PluginError, ModelPathError)
+    ):  # before importing config: the text workers do without torch
         return str(exc)
     from minisgl_core.config import ConfigError
     from minisgl_core.config_args import cli_message

@@ -1,0 +1,106 @@
+"""A damaged model directory (weights cut short) is one error naming the file, from ``LLM()`` and
+the command line, found before any process starts; the loader names the file too."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minisgl_core import LLM
+from minisgl_core.api import ParallelContext
+from minisgl_core.checkpoint.path_check import ModelPathError
+from minisgl_core.config import EngineConfig
+from minisgl_core.demo.factories import make_model_dir
+from minisgl_core.engine.engine import Engine
+from minisgl_core.plugins import Plugins
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return make_model_dir(tmp_path_factory.mktemp("m") / "qwen3", "Qwen3ForCausalLM")
+
+
+@pytest.fixture(scope="module")
+def sharded_dir(tmp_path_factory) -> Path:
+    return make_model_dir(tmp_path_factory.mktemp("m") / "llama", "LlamaForCausalLM", num_shards=2)
+
+
+def _copy(model_dir: Path, tmp_path: Path, name: str) -> Path:
+    out = tmp_path / name
+    shutil.copytree(model_dir, out)
+    return out
+
+
+def _truncate(path: Path) -> None:
+    os.truncate(path, path.stat().st_size // 2)
+
+
+def _broken(model_dir: Path, tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    """One of each kind: name -> (directory, what its error must say)."""
+    truncated = _copy(model_dir, tmp_path, "truncated")
+    _truncate(truncated / "model.safetensors")
+    return {
+        "truncated": (truncated, "model.safetensors is truncated or corrupt: the header needs "),
+    }
+
+
+def test_each_kind_is_one_clear_error_offline(model_dir, tmp_path):
+    for path, says in _broken(model_dir, tmp_path).values():
+        with pytest.raises(ModelPathError) as err:
+            LLM(path, attn="torch", device="cpu")
+        message = str(err.value)
+        assert message.startswith(f"--model {path}: ") and says in message and "\n" not in message, message
+
+
+def test_a_truncated_shard_is_named(sharded_dir, tmp_path):
+    bad = _copy(sharded_dir, tmp_path, "sharded")
+    shard = sorted(bad.glob("model-*.safetensors"))[-1]
+    _truncate(shard)
+    with pytest.raises(ModelPathError, match=f"{shard.name} is truncated or corrupt: .* lie past its end"):
+        LLM(bad, attn="torch", device="cpu")
+
+
+def test_bytes_past_the_last_tensor_are_corrupt_as_safetensors_says(model_dir, tmp_path):
+    bad = _copy(model_dir, tmp_path, "longer")
+    with open(bad / "model.safetensors", "ab") as f:
+        f.write(b"\0" * 10)
+    with pytest.raises(ModelPathError, match="model.safetensors is truncated or corrupt: 10 bytes follow"):
+        LLM(bad, attn="torch", device="cpu")
+
+
+def test_the_loader_names_the_file_or_tensor_when_the_launcher_did_not_check(model_dir, tmp_path):
+    """Engine() alone (a scheduler rank: the launcher checked, then the files changed, or a model
+    the header check does not know): the same kind of error, not the library's words."""
+    broken = _broken(model_dir, tmp_path)
+    plugins = Plugins.load()
+    says = {
+        "truncated": f"{broken['truncated'][0]}: model.safetensors is truncated or corrupt",
+    }
+    for name, (path, _) in broken.items():
+        with pytest.raises(ModelPathError) as err:
+            Engine(EngineConfig(model=str(path), attn="torch", device="cpu"), ParallelContext(), plugins)
+        assert says[name] in str(err.value), str(err.value)
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "minisgl_core", *args],
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, env=env,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("command", ["serve", "generate"])
+def test_each_kind_is_one_line_on_the_command_line(model_dir, tmp_path, command):
+    """Exit code 2 and one line naming the file, as for a path that is no model; nothing started."""
+    args = ["serve", "--port", "0"] if command == "serve" else ["generate", "hi"]
+    for path, says in _broken(model_dir, tmp_path).values():
+        proc = _cli(*args, "--model", str(path), "--device", "cpu")
+        lines = proc.stderr.splitlines()
+        assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+        assert len(lines) == 1 and lines[0].startswith(f"minisgl: error: --model {path}: "), lines
+        assert says in lines[0], lines
