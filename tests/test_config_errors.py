@@ -413,6 +413,9 @@ def test_serve_on_a_port_in_use_or_out_of_range_is_one_line_before_anything_load
         (["offline", "--grammar-schema", "/no/such.json"], "argument --grammar-schema: cannot read /no/such.json"),
         (["offline", "--temperature", "nan"], "argument --temperature: must be a finite number >= 0, got nan"),
         (["grammar", "--grammar-schema", "/no/such.json"], "argument --grammar-schema: cannot read /no/such.json"),
+        # (1 was a traceback from the grammar backend: no token could begin any text)
+        *[(["grammar", "--vocab-size", size], "argument --vocab-size: must be an integer >= 4096 (the tokens of "
+           f"the tokenizer the bench trains), got {size}") for size in ("1", "4095", "0", "-3")],
         (["cpu", "--batch-sizes", "8,a"], "argument --batch-sizes: must be integers >= 1 separated by commas"),
         (["make-model", "--shape", "qwen3-0.6b", "--out", "/proc/no/such"], "cannot write /proc/no/such"),
     ],
@@ -422,6 +425,13 @@ def test_bench_inputs_it_cannot_use_are_one_line_before_anything_loads(args, say
     proc = _cli("bench", *args)
     assert proc.returncode in (1, 2) and "Traceback" not in proc.stderr, proc.stderr
     assert says in proc.stderr.strip().splitlines()[-1], proc.stderr
+
+
+def test_bench_grammar_runs_at_its_smallest_vocabulary(tmp_path):
+    proc = _cli("bench", "grammar", "--vocab-size", "4096", "--rows", "2", "--steps", "4", "--warm-steps", "2",
+                "--max-tokens", "16", "--model-cache", str(tmp_path))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["vocab_size"] == 4096
 
 
 def test_generate_past_the_context_is_an_error_naming_the_flag(model_dir):

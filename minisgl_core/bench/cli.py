@@ -17,7 +17,7 @@ from typing import Any
 from minisgl_core import environment
 from minisgl_core.bench import workloads
 from minisgl_core.bench.serve import SERVERS
-from minisgl_core.bench.shapes import SHAPES
+from minisgl_core.bench.shapes import SHAPES, TRAINED_TOKENS
 from minisgl_core.config import MAX_GRAMMAR_THREADS, ConfigError, check_grammar_threads
 
 
@@ -101,7 +101,12 @@ def add_bench_command(sub) -> None:
     p.add_argument("--rows", type=_positive_int, default=256, help="constrained requests in the batch")
     p.add_argument("--steps", type=_positive_int, default=24, help="timed decode steps")
     p.add_argument("--warm-steps", type=_non_negative_int, default=24, help="steps walked before timing")
-    p.add_argument("--vocab-size", type=_positive_int, default=151936, help="default: Qwen3's")
+    p.add_argument(
+        "--vocab-size",
+        type=_vocab_size,
+        default=151936,
+        help=f"at least {TRAINED_TOKENS}, the tokens of the tokenizer it trains (default: Qwen3's, %(default)s)",
+    )
     p.add_argument(
         "--grammar-threads",
         type=int,
@@ -501,6 +506,17 @@ def _rate_sweep(text: str) -> list[float]:
             f"must be requests/s > 0 separated by commas (e.g. 4,16), got {text!r}"
         )
     return rates
+
+
+def _vocab_size(text: str) -> int:
+    """``bench grammar``'s vocabulary: at least its tokenizer's (1 was a traceback from the grammar
+    backend, which then had no token to begin any text with)."""
+    value = int(text) if text.strip().lstrip("-").isdigit() else None
+    if value is None or value < TRAINED_TOKENS:
+        raise argparse.ArgumentTypeError(
+            f"must be an integer >= {TRAINED_TOKENS} (the tokens of the tokenizer the bench trains), got {text}"
+        )
+    return value
 
 
 def _positive_int(text: str) -> int:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from minisgl_core.api import GrammarSpec
+from minisgl_core.bench.shapes import TRAINED_TOKENS
 from minisgl_core.llm import LLM
 
 if TYPE_CHECKING:
@@ -64,14 +65,15 @@ def prepare(llm: LLM, spec: GrammarSpec) -> dict[str, Any]:
 
 
 def bench_tokenizer(vocab_size: int, cache: Path) -> Path:
-    """The tokenizer ``bench make-model`` gives its random-weight models (4,096 trained tokens,
-    padded with filler words to ``vocab_size``), built once under ``cache``: the GPU run's vocabulary."""
+    """The tokenizer ``bench make-model`` gives its random-weight models (:data:`TRAINED_TOKENS`
+    trained tokens at most, padded with filler words to ``vocab_size``), built once under ``cache``:
+    the GPU run's vocabulary."""
     from minisgl_core.demo.factories import pad_vocab, train_tokenizer
 
     out = cache / f"tokenizer-{vocab_size}"
     if not (out / "tokenizer.json").is_file():
         out.mkdir(parents=True, exist_ok=True)
-        train_tokenizer(out, vocab_size=4096)
+        train_tokenizer(out, vocab_size=TRAINED_TOKENS)
         pad_vocab(out, vocab_size)
     return out
 

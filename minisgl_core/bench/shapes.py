@@ -52,6 +52,11 @@ def parameter_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+#: the most tokens the random-weight models' tokenizer is trained to (fewer when the corpus runs
+#: out of merges), padded with filler words to the shape's vocabulary
+TRAINED_TOKENS = 4096
+
+
 def build_random_model(
     shape: str, out_dir: str | Path, *, device: str = "cpu", dtype: torch.dtype = torch.bfloat16,
     shard_bytes: int = 4 << 30, seed: int = 0,
@@ -66,7 +71,7 @@ def build_random_model(
     if (out / "model.safetensors.index.json").is_file():
         return out
     out.mkdir(parents=True, exist_ok=True)
-    train_tokenizer(out, vocab_size=4096)
+    train_tokenizer(out, vocab_size=TRAINED_TOKENS)
     tokens = json.loads((out / "tokenizer.json").read_text())["model"]["vocab"]
     # Every id the model samples must decode to text, or streaming would send almost no chunks.
     pad_vocab(out, config["vocab_size"])
