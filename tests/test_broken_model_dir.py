@@ -1,5 +1,5 @@
-"""A damaged model directory (weights cut short) is one error naming the file, from ``LLM()`` and
-the command line, found before any process starts; the loader names the file too."""
+"""A damaged model directory (weights cut short, a broken tokenizer) is one error naming the file,
+from ``LLM()`` and the command line, found before any process starts; the loader names it too."""
 
 from __future__ import annotations
 
@@ -44,8 +44,11 @@ def _broken(model_dir: Path, tmp_path: Path) -> dict[str, tuple[Path, str]]:
     """One of each kind: name -> (directory, what its error must say)."""
     truncated = _copy(model_dir, tmp_path, "truncated")
     _truncate(truncated / "model.safetensors")
+    tokenizer = _copy(model_dir, tmp_path, "tokenizer")
+    (tokenizer / "tokenizer.json").write_text("this is not a tokenizer {")
     return {
         "truncated": (truncated, "model.safetensors is truncated or corrupt: the header needs "),
+        "tokenizer": (tokenizer, f"tokenizer files in {tokenizer} could not be loaded: tokenizer.json: "),
     }
 
 
@@ -73,6 +76,13 @@ def test_bytes_past_the_last_tensor_are_corrupt_as_safetensors_says(model_dir, t
         LLM(bad, attn="torch", device="cpu")
 
 
+def test_missing_tokenizer_files_are_named(model_dir, tmp_path):
+    bad = _copy(model_dir, tmp_path, "no-tokenizer")
+    (bad / "tokenizer.json").unlink()
+    with pytest.raises(ModelPathError, match=f"no tokenizer in {bad} \\(expected tokenizer.json"):
+        LLM(bad, attn="torch", device="cpu")
+
+
 def test_the_loader_names_the_file_or_tensor_when_the_launcher_did_not_check(model_dir, tmp_path):
     """Engine() alone (a scheduler rank: the launcher checked, then the files changed, or a model
     the header check does not know): the same kind of error, not the library's words."""
@@ -80,6 +90,7 @@ def test_the_loader_names_the_file_or_tensor_when_the_launcher_did_not_check(mod
     plugins = Plugins.load()
     says = {
         "truncated": f"{broken['truncated'][0]}: model.safetensors is truncated or corrupt",
+        "tokenizer": f"tokenizer files in {broken['tokenizer'][0]} could not be loaded: ",
     }
     for name, (path, _) in broken.items():
         with pytest.raises(ModelPathError) as err:

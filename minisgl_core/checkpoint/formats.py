@@ -147,13 +147,26 @@ class ModelPathError(ValueError):
     (also :mod:`minisgl_core.checkpoint.path_check`'s, which checks a path before anything loads)."""
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
 def load_tokenizer_dir(model_dir: str | Path) -> Any:
-    """The HF tokenizer saved in ``model_dir`` (tokenizer.json / tokenizer_config.json)."""
+    """The HF tokenizer saved in ``model_dir`` (tokenizer.json / tokenizer_config.json); a
+    ModelPathError naming the directory when there is none or it does not load."""
     from transformers import AutoTokenizer
 
     path = Path(model_dir)
-    if not any((path / name).exists() for name in ("tokenizer.json", "tokenizer.model", "vocab.json")):
-        raise FileNotFoundError(
+    if not any((path / name).exists() for name in TOKENIZER_FILES):
+        raise ModelPathError(
             f"no tokenizer in {path} (expected tokenizer.json, tokenizer.model or vocab.json next to config.json)"
         )
-    return AutoTokenizer.from_pretrained(str(path))
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except Exception as exc:  # noqa: BLE001 - the tokenizers library raises bare Exceptions
+        raise ModelPathError(tokenizer_message(path, exc)) from exc
+
+
+def tokenizer_message(model_dir: Path, exc: BaseException) -> str:
+    """What a tokenizer that does not load says, in the launcher's check and in the workers."""
+    detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return f"tokenizer files in {model_dir} could not be loaded: {detail}"

@@ -25,7 +25,7 @@ def _unreadable(path: Path) -> bool:
 
 def check_model_path(model: str | Path) -> None:
     """Raise ModelPathError (one line) unless ``model`` looks loadable: for a safetensors
-    directory also its files' headers; the loader checks the rest."""
+    directory also its files' headers and its tokenizer; the loader checks the rest."""
     path = Path(model)
     if not path.exists():
         raise ModelPathError(f"--model {model}: no such file or directory; {WANTED}")
@@ -56,5 +56,5 @@ def check_model_path(model: str | Path) -> None:
     for weights in (path / SINGLE_FILE, path / INDEX_FILE):
         if weights.is_file() and _unreadable(weights):
             raise ModelPathError(f"--model {model}: cannot read {weights.name} (permission denied)")
-    # the files themselves, from their headers: cut short or corrupt
+    # the files themselves: weights cut short or corrupt (from their headers), a broken tokenizer
     check_model_files(model)
