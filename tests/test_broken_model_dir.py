@@ -1,12 +1,15 @@
-"""A damaged model directory (weights cut short, a broken tokenizer) is one error naming the file,
-from ``LLM()`` and the command line, found before any process starts; the loader names it too."""
+"""A damaged model directory (weights cut short, a broken tokenizer, a config.json that does not
+describe the weights) is one error naming the file, from ``LLM()`` and the command line, found
+before any process starts; what only loading finds reaches the launcher as one line too."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -40,15 +43,28 @@ def _truncate(path: Path) -> None:
     os.truncate(path, path.stat().st_size // 2)
 
 
+def _edit_config(model_dir: Path, **changes: object) -> None:
+    config = json.loads((model_dir / "config.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            del config[key]
+        else:
+            config[key] = value
+    (model_dir / "config.json").write_text(json.dumps(config))
+
+
 def _broken(model_dir: Path, tmp_path: Path) -> dict[str, tuple[Path, str]]:
     """One of each kind: name -> (directory, what its error must say)."""
     truncated = _copy(model_dir, tmp_path, "truncated")
     _truncate(truncated / "model.safetensors")
     tokenizer = _copy(model_dir, tmp_path, "tokenizer")
     (tokenizer / "tokenizer.json").write_text("this is not a tokenizer {")
+    config = _copy(model_dir, tmp_path, "config")
+    _edit_config(config, hidden_size=96)
     return {
         "truncated": (truncated, "model.safetensors is truncated or corrupt: the header needs "),
         "tokenizer": (tokenizer, f"tokenizer files in {tokenizer} could not be loaded: tokenizer.json: "),
+        "config": (config, "has shape [1024, 64], config.json implies [1024, 96] (vocab_size, hidden_size)"),
     }
 
 
@@ -83,6 +99,26 @@ def test_missing_tokenizer_files_are_named(model_dir, tmp_path):
         LLM(bad, attn="torch", device="cpu")
 
 
+@pytest.mark.parametrize(
+    ("changes", "says"),
+    [
+        (dict(vocab_size=2048), "has shape [1024, 64], config.json implies [2048, 64] (vocab_size, hidden_size)"),
+        (dict(intermediate_size=96), "weight model.layers.0.mlp.down_proj.weight in model.safetensors has "
+                                     "shape [64, 128], config.json implies [64, 96]"),
+        (dict(num_key_value_heads=4), "weight model.layers.0.self_attn.k_proj.weight in model.safetensors "
+                                      "has shape [32, 64], config.json implies [64, 64]"),
+        (dict(num_hidden_layers=3), "num_hidden_layers 3, the weights have no model.layers.2.*"),
+        (dict(num_hidden_layers=1), "num_hidden_layers 1, the weights also hold model.layers.1.*"),
+    ],
+)  # fmt: skip
+def test_a_config_that_does_not_describe_the_weights_names_a_tensor(model_dir, tmp_path, changes, says):
+    bad = _copy(model_dir, tmp_path, "config")
+    _edit_config(bad, **changes)
+    with pytest.raises(ModelPathError) as err:
+        LLM(bad, attn="torch", device="cpu")
+    assert says in str(err.value), str(err.value)
+
+
 def test_the_loader_names_the_file_or_tensor_when_the_launcher_did_not_check(model_dir, tmp_path):
     """Engine() alone (a scheduler rank: the launcher checked, then the files changed, or a model
     the header check does not know): the same kind of error, not the library's words."""
@@ -91,6 +127,8 @@ def test_the_loader_names_the_file_or_tensor_when_the_launcher_did_not_check(mod
     says = {
         "truncated": f"{broken['truncated'][0]}: model.safetensors is truncated or corrupt",
         "tokenizer": f"tokenizer files in {broken['tokenizer'][0]} could not be loaded: ",
+        "config": "weight lm_head.weight: checkpoint tensor of shape (1024, 64) does not fit a vocabulary "
+        "of 1024 x 96 (config.json does not describe these weights?)",
     }
     for name, (path, _) in broken.items():
         with pytest.raises(ModelPathError) as err:
@@ -115,3 +153,32 @@ def test_each_kind_is_one_line_on_the_command_line(model_dir, tmp_path, command)
         assert proc.returncode == 2 and proc.stdout == "", proc.stderr
         assert len(lines) == 1 and lines[0].startswith(f"minisgl: error: --model {path}: "), lines
         assert says in lines[0], lines
+
+
+def _processes_with(tag: str) -> list[int]:
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            if pid.isdigit() and tag.encode() in Path(f"/proc/{pid}/environ").read_bytes():
+                found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_scheduler_that_cannot_build_the_model_stops_serve_with_its_one_line(model_dir, tmp_path):
+    """What only the scheduler rank finds (config.json lacks a key the model reads): exit code 1,
+    the rank's message as the launcher's last line, no traceback, no process left behind."""
+    bad = _copy(model_dir, tmp_path, "no-intermediate-size")
+    _edit_config(bad, intermediate_size=None)
+    tag = f"MINISGL_TEST_TAG={uuid.uuid4().hex}"
+    env = {**os.environ, tag.split("=")[0]: tag.split("=")[1]}
+    proc = _cli("serve", "--port", "0", "--model", str(bad), "--device", "cpu", env=env)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    says = (
+        f"ModelPathError: --model {bad}: config.json has no 'intermediate_size', which Qwen3ForCausalLM needs"
+    )
+    assert proc.stderr.splitlines()[-1] == says, proc.stderr
+    assert _processes_with(tag) == []

@@ -1,15 +1,18 @@
 """What a model directory's files promise each other, read without loading a tensor.
 
-A weight file cut short (an interrupted copy or download) shows in the safetensors headers alone;
-the tokenizer files parse in a fraction of a second. The launcher checks both before any process
-starts (:func:`check_model_files`, from path_check), so a damaged model is one line naming the
-file, not a scheduler rank's traceback once the weights load. No torch here.
+A weight file cut short (an interrupted copy or download) and a config.json that does not describe
+the weights (edited, or another model's) show in the safetensors headers alone; the tokenizer
+files parse in a fraction of a second. The launcher checks all three before any process starts
+(:func:`check_model_files`, from path_check), so a damaged model is one line naming the file, not
+a scheduler rank's traceback once the weights load. No torch here.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from typing import Any
 
 from minisgl_core.checkpoint.formats import (
     TOKENIZER_FILES,
@@ -17,7 +20,13 @@ from minisgl_core.checkpoint.formats import (
     checkpoint_files,
     tokenizer_message,
 )
-from minisgl_core.checkpoint.safetensors_header import TensorEntry, read_header
+from minisgl_core.checkpoint.safetensors_header import FLOAT_DTYPES, TensorEntry, read_header
+
+#: Architectures whose checkpoints use Hugging Face's Llama names and shapes (``model.layers.N.
+#: self_attn.q_proj.weight``...), which config.json alone determines. Other architectures may
+#: reuse a name with another meaning (per-layer sizes, packed quantized weights), so their shapes
+#: are left to their model's loader.
+LLAMA_LAYOUT = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"})
 
 
 def read_headers(model_dir: Path) -> dict[str, TensorEntry]:
@@ -26,6 +35,81 @@ def read_headers(model_dir: Path) -> dict[str, TensorEntry]:
     for path in checkpoint_files(model_dir):
         tensors.update(read_header(path))
     return tensors
+
+
+def _config_int(config: dict[str, Any], key: str) -> int | None:
+    value = config.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def expected_shapes(config: dict[str, Any]) -> list[tuple[re.Pattern[str], tuple[int, ...], str]]:
+    """(name pattern, shape, the config.json keys it follows from) of the Llama-layout tensors
+    whose config keys are present."""
+    hidden = _config_int(config, "hidden_size")
+    vocab = _config_int(config, "vocab_size")
+    heads = _config_int(config, "num_attention_heads")
+    kv_heads = _config_int(config, "num_key_value_heads") or heads
+    head_dim = _config_int(config, "head_dim") or (hidden // heads if hidden and heads else None)
+    inter = _config_int(config, "intermediate_size")
+    q_rows = heads * head_dim if heads and head_dim else None
+    kv_rows = kv_heads * head_dim if kv_heads and head_dim else None
+    layer = r"model\.layers\.\d+\."
+    rules = [
+        (r"model\.embed_tokens\.weight", (vocab, hidden), "vocab_size, hidden_size"),
+        (r"lm_head\.weight", (vocab, hidden), "vocab_size, hidden_size"),
+        (r"model\.norm\.weight", (hidden,), "hidden_size"),
+        (layer + r"(input|post_attention)_layernorm\.weight", (hidden,), "hidden_size"),
+        (layer + r"self_attn\.q_proj\.weight", (q_rows, hidden), "num_attention_heads x head_dim, hidden_size"),
+        (layer + r"self_attn\.[kv]_proj\.weight", (kv_rows, hidden), "num_key_value_heads x head_dim, hidden_size"),
+        (layer + r"self_attn\.q_proj\.bias", (q_rows,), "num_attention_heads x head_dim"),
+        (layer + r"self_attn\.[kv]_proj\.bias", (kv_rows,), "num_key_value_heads x head_dim"),
+        (layer + r"self_attn\.o_proj\.weight", (hidden, q_rows), "hidden_size, num_attention_heads x head_dim"),
+        (layer + r"self_attn\.[qk]_norm\.weight", (head_dim,), "head_dim"),
+        (layer + r"mlp\.(gate|up)_proj\.weight", (inter, hidden), "intermediate_size, hidden_size"),
+        (layer + r"mlp\.down_proj\.weight", (hidden, inter), "hidden_size, intermediate_size"),
+    ]  # fmt: skip
+    return [(re.compile(pattern), shape, keys) for pattern, shape, keys in rules if None not in shape]  # type: ignore[misc]
+
+
+def check_shapes(config: dict[str, Any], tensors: dict[str, TensorEntry]) -> None:
+    """A ValueError naming the first tensor whose shape config.json contradicts, or the layers
+    config.json counts that the weights do not have (or the other way round)."""
+    archs = config.get("architectures") or []
+    if not archs or archs[0] not in LLAMA_LAYOUT:
+        return
+    rules = expected_shapes(config)
+    for name, entry in sorted(tensors.items(), key=lambda item: _natural(item[0])):
+        if entry.dtype not in FLOAT_DTYPES:  # packed quantized weights have shapes of their own
+            continue
+        for pattern, shape, keys in rules:
+            if pattern.fullmatch(name):
+                if entry.shape != shape:
+                    raise ValueError(
+                        f"weight {name} in {entry.file} has shape {list(entry.shape)}, config.json "
+                        f"implies {list(shape)} ({keys}): config.json does not describe these weights"
+                    )
+                break
+    layers = _config_int(config, "num_hidden_layers")
+    found = {int(m.group(1)) for name in tensors if (m := re.match(r"model\.layers\.(\d+)\.", name))}
+    if layers is None or not found:
+        return
+    missing = sorted(set(range(layers)) - found)
+    if missing:
+        raise ValueError(
+            f"config.json says num_hidden_layers {layers}, the weights have no model.layers.{missing[0]}.* "
+            f"(they hold {len(found)} layers): config.json does not describe these weights"
+        )
+    extra = sorted(found - set(range(layers)))
+    if extra:
+        raise ValueError(
+            f"config.json says num_hidden_layers {layers}, the weights also hold model.layers.{extra[0]}.* "
+            f"({len(found)} layers in all): config.json does not describe these weights"
+        )
+
+
+def _natural(name: str) -> list[Any]:
+    """Sort key putting model.layers.2 before model.layers.10, so the first bad tensor is reported."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
 def check_tokenizer_files(model_dir: Path) -> None:
@@ -56,10 +140,11 @@ def check_tokenizer_files(model_dir: Path) -> None:
 
 def check_model_files(model: str | Path) -> None:
     """Raise ModelPathError (one line, naming the file) when a safetensors model directory's
-    weights are cut short or corrupt, or its tokenizer does not load."""
+    weights are cut short or corrupt, disagree with config.json, or its tokenizer does not load."""
     path = Path(model)
     try:
-        read_headers(path)
+        config = json.loads((path / "config.json").read_text())
+        check_shapes(config, read_headers(path))
         check_tokenizer_files(path)
     except (OSError, ValueError) as exc:
         raise ModelPathError(f"--model {model}: {exc}") from None

@@ -56,5 +56,5 @@ def check_model_path(model: str | Path) -> None:
     for weights in (path / SINGLE_FILE, path / INDEX_FILE):
         if weights.is_file() and _unreadable(weights):
             raise ModelPathError(f"--model {model}: cannot read {weights.name} (permission denied)")
-    # the files themselves: weights cut short or corrupt (from their headers), a broken tokenizer
+    # the files themselves, from their headers: cut short, corrupt, or not what config.json says
     check_model_files(model)

@@ -18,7 +18,7 @@ from minisgl_core.api import (
     ParallelContext,
     SharedPrefix,
 )
-from minisgl_core.checkpoint.formats import open_model
+from minisgl_core.checkpoint.formats import ModelPathError, open_model
 from minisgl_core.config import CUDA_PAGE_SIZE, ConfigError, EngineConfig
 from minisgl_core.layers import ParallelLMHead
 from minisgl_core.plugins import PluginError, Plugins
@@ -381,14 +381,20 @@ class ModelRunner:
         try:
             with torch.device(self.device):
                 model = model_cls(model_config)
+        except KeyError as exc:  # a model reads config.json's keys by name
+            raise ModelPathError(
+                f"--model {self.config.model}: config.json has no {exc.args[0]!r}, which {arch} needs"
+            ) from exc
         finally:
             torch.set_default_dtype(default_dtype)
         method = quantization.make_quantization(self.config.quantization, plugins, self.device, self.dtype)
         if method is not None:
             quantization.before_loading(model, method)
         seen: list[str] = []
+        streamed = False
 
         def tracked():
+            nonlocal streamed
             import threading
 
             from tqdm import tqdm
@@ -409,8 +415,19 @@ class ModelRunner:
                     seen.append(name)
                     progress.update(1)
                     yield name, tensor
+            streamed = True
 
-        used = model.load_weights(tracked())
+        try:
+            used = model.load_weights(tracked())
+        except (ConfigError, ModelPathError):
+            raise
+        except ValueError as exc:
+            # A loader refuses a tensor that does not fit the model config.json built (the launcher's
+            # header check knows the Llama layout only); say which tensor, not the layer's traceback.
+            where = "" if streamed or not seen else f"weight {seen[-1]}: "
+            raise ModelPathError(
+                f"--model {self.config.model}: {where}{exc} (config.json does not describe these weights?)"
+            ) from exc
         unused = sorted(set(seen) - set(used))
         if unused:
             shown = ", ".join(unused[:8]) + (f" and {len(unused) - 8} more" if len(unused) > 8 else "")
