@@ -151,7 +151,13 @@ def add_server_commands(subparsers: Any, plugins: Plugins | None = None) -> None
     _add_plugin_args(p, plugins)
     p.set_defaults(func=_cmd_serve)
 
-    p = subparsers.add_parser("shell", help="chat with a model in the terminal")
+    p = subparsers.add_parser(
+        "shell",
+        help="chat with a model in the terminal",
+        description="Chat with a model in the terminal (or answer one turn per line of a piped script). "
+        "Exit status: 1 when a turn failed (an error line in place of the reply) or the server "
+        "stopped, else 0.",
+    )
     add_engine_args(p)
     _add_http_args(p, port=0)
     add_limit_args(p)

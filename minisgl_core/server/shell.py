@@ -2,7 +2,9 @@
 
 Commands: ``/reset`` forgets the conversation, ``/exit`` (or Ctrl-D) quits; Ctrl-C stops the reply
 being streamed. It also reads a scripted conversation from a pipe (one user turn per line), and
-then echoes each turn so the output reads as a transcript. Standard library only (urllib).
+then echoes each turn so the output reads as a transcript. The exit status is 1 when a turn failed
+(an error line in place of the reply) or the server stopped, else 0: a script can tell a
+transcript with errors from a clean one. Standard library only (urllib).
 """
 
 from __future__ import annotations
@@ -91,11 +93,14 @@ def run_shell(
     stdin: TextIO | None = None,
     stdout: TextIO | None = None,
 ) -> int:
+    """Chat until /exit or the end of the input; the exit status: 1 when a turn failed or the
+    server stopped (``is_failed``), else 0."""
     stdin = stdin or sys.stdin
     out = stdout or sys.stdout
     interactive = stdin.isatty()
     start = [{"role": "system", "content": system}] if system else []
     history = list(start)
+    turn_failed = False
     if interactive:
         try:
             import readline  # noqa: F401 - line editing and history for input()
@@ -137,7 +142,9 @@ def run_shell(
             hint = " (/reset clears the history)" if "context" in str(exc) and len(history) > 1 else ""
             print(f"\nerror: {exc}{hint}", file=out, flush=True)
             history.pop()
+            turn_failed = True
             continue
         print(file=out, flush=True)
         history.append({"role": "assistant", "content": reply})
-    return 1 if is_failed() else 0
+    # (0 after failed turns told a script its conversation had gone through)
+    return 1 if is_failed() or turn_failed else 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -79,11 +80,13 @@ def test_shell_attaches_to_a_running_server_and_stops_at_end_of_input(server, ll
     assert result.stdout == expected_transcript(llm, SCRIPT_EOF)
 
 
-def _one_shot_server(reply: bytes):
-    """A socket that answers each connection with ``reply`` and closes it (b"": closes at once)."""
+def _one_shot_server(reply: bytes | list[bytes]):
+    """A socket that answers each connection with ``reply`` and closes it (b"": closes at once);
+    a list: the i-th connection gets the i-th (the last one from there on)."""
     import socket
     import threading
 
+    replies = list(reply) if isinstance(reply, list) else [reply]
     listener = socket.create_server(("127.0.0.1", 0))
 
     def serve() -> None:
@@ -94,8 +97,9 @@ def _one_shot_server(reply: bytes):
                 return
             with conn:
                 conn.recv(65536)
-                if reply:
-                    conn.sendall(reply)
+                answer = replies.pop(0) if len(replies) > 1 else replies[0]
+                if answer:
+                    conn.sendall(answer)
 
     threading.Thread(target=serve, daemon=True).start()
     return listener, f"http://127.0.0.1:{listener.getsockname()[1]}"
@@ -120,5 +124,33 @@ def test_a_server_gone_mid_reply_or_before_it_is_an_error_line_not_a_traceback()
             code = shell(url, None, "m", stdin=io.StringIO("hi\nhi again\n"), stdout=out, max_tokens=4)
         finally:
             listener.close()
-        assert code == 0 and len(re.findall(says, out.getvalue())) == 2, out.getvalue()
+        assert code == 1 and len(re.findall(says, out.getvalue())) == 2, out.getvalue()
         assert "Traceback" not in out.getvalue()
+
+
+def test_the_shell_exits_nonzero_after_a_failed_turn():
+    """The exit status was 0 with every turn an error: a script could not tell. A turn that
+    failed makes it 1, even when the turns after it went through; a clean conversation stays 0."""
+    from minisgl_core.server.shell import run_shell as shell
+
+    ok = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n"
+          b'data: {"choices": [{"index": 0, "delta": {"content": "Hi"}}]}\n\ndata: [DONE]\n\n')  # fmt: skip
+    refused = (b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: 38\r\n\r\n"
+               b'{"error": {"message": "bad request!"}}')  # fmt: skip
+    for replies, code in [([ok, ok], 0), ([refused, ok], 1)]:
+        listener, url = _one_shot_server(replies)
+        out = io.StringIO()
+        try:
+            assert shell(url, None, "m", stdin=io.StringIO("hi\nhi again\n"), stdout=out) == code
+        finally:
+            listener.close()
+        assert out.getvalue().count("assistant> Hi\n") == 1 + (code == 0), out.getvalue()
+    # (the command line: a server that refuses every connection, as one gone away)
+    listener, url = _one_shot_server(b"")
+    listener.close()
+    result = subprocess.run(
+        [sys.executable, "-m", "minisgl_core", "shell", "--url", url, "--served-model-name", "m"],
+        input="hi\n/reset\n", capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    assert "error: cannot reach the server" in result.stdout and "(history cleared)" in result.stdout
