@@ -59,7 +59,8 @@ class EngineConfig:
     max_context_len: int | None = None
     #: KV pool size in tokens; None = sized from free memory (GPU) or 65,536 (CPU)
     num_kv_tokens: int | None = None
-    #: share of the free GPU memory (after loading weights) given to the KV pool
+    #: share of the free GPU memory (after loading weights, less 4 GiB for activations and CUDA
+    #: graphs) given to the KV pool; unused on a CPU and with ``num_kv_tokens`` set
     kv_memory_fraction: float = 0.85
     dtype: str = "auto"
     device: str = "auto"

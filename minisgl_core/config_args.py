@@ -51,10 +51,21 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-prefill-tokens", type=int, default=_default("max_prefill_tokens"))
     g.add_argument("--max-running-requests", type=int, default=_default("max_running_requests"))
     g.add_argument("--max-context-len", type=int, default=_default("max_context_len"))
+    # (65536: runner.model_runner.CPU_DEFAULT_KV_TOKENS, below this layer; a test holds them equal)
     g.add_argument(
-        "--num-kv-tokens", type=int, default=_default("num_kv_tokens"), help="KV pool size in tokens"
+        "--num-kv-tokens",
+        type=int,
+        default=_default("num_kv_tokens"),
+        help="KV pool size in tokens (default: 65536 on a CPU; on a GPU, sized by --kv-memory-fraction)",
     )
-    g.add_argument("--kv-memory-fraction", type=float, default=_default("kv_memory_fraction"))
+    g.add_argument(
+        "--kv-memory-fraction",
+        type=float,
+        default=_default("kv_memory_fraction"),
+        help="the share of the GPU memory free once the weights are loaded, less 4 GiB kept for "
+        "activations and CUDA graphs, that the KV pool takes (default: %(default)s); used on a GPU "
+        "without --num-kv-tokens only: on a CPU the pool holds --num-kv-tokens tokens (default 65536)",
+    )
     g.add_argument("--dtype", default=_default("dtype"), choices=["auto", "float32", "float16", "bfloat16"])
     g.add_argument("--device", default=_default("device"), help="auto, cpu or cuda")
     g.add_argument("--tp", type=int, default=_default("tp_size"), dest="tp_size", help="tensor-parallel size")

@@ -604,6 +604,32 @@ def test_the_engine_runs_at_the_page_size_it_resolved(model_dir):
     assert llm.engine.scheduler.kv.cache.page_size == 8
 
 
+def test_kv_memory_fraction_says_what_it_is_a_share_of_and_that_a_cpu_does_not_use_it(model_dir):
+    """Its help said nothing, and on a CPU it changes nothing: the pool holds --num-kv-tokens
+    tokens, by default the runner's CPU default, the number the help gives."""
+    import argparse
+
+    from minisgl_core.config_args import add_engine_args
+    from minisgl_core.runner.model_runner import CPU_DEFAULT_KV_TOKENS
+
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    helps = {action.dest: action.help or "" for action in parser._actions}
+    fraction = helps["kv_memory_fraction"]
+    assert fraction.startswith("the share of the GPU memory free once the weights are loaded, less 4 GiB")
+    assert f"on a CPU the pool holds --num-kv-tokens tokens (default {CPU_DEFAULT_KV_TOKENS})" in fraction
+    assert (
+        f"(default: {CPU_DEFAULT_KV_TOKENS} on a CPU; on a GPU, sized by --kv-memory-fraction)"
+        in (helps["num_kv_tokens"])
+    )
+    llm = LLM(model_dir, attn="torch", device="cpu", kv_memory_fraction=0.01, max_running_requests=4)
+    try:
+        runner = llm.engine.runner
+        assert runner.usable_kv_pages * runner.page_size == CPU_DEFAULT_KV_TOKENS
+    finally:
+        llm.close()
+
+
 @pytest.mark.parametrize("command", [["serve"], ["bench", "offline"]])
 def test_every_engine_flag_defaults_to_the_engine_config_default(command):
     """`minisgl serve` and `bench offline` with no engine flag build what ``EngineConfig(model=...)``
