@@ -80,7 +80,15 @@ def test_a_truncated_shard_is_named(sharded_dir, tmp_path):
     bad = _copy(sharded_dir, tmp_path, "sharded")
     shard = sorted(bad.glob("model-*.safetensors"))[-1]
     _truncate(shard)
-    with pytest.raises(ModelPathError, match=f"{shard.name} is truncated or corrupt: .* lie past its end"):
+    with pytest.raises(ModelPathError, match=f"{shard.name} is truncated or corrupt: .* past its end"):
+        LLM(bad, attn="torch", device="cpu")
+
+
+def test_a_file_one_byte_short_names_its_last_tensor(model_dir, tmp_path):
+    bad = _copy(model_dir, tmp_path, "one-byte-short")
+    weights = bad / "model.safetensors"
+    os.truncate(weights, weights.stat().st_size - 1)
+    with pytest.raises(ModelPathError, match=r"the file has [\d,]+ \(model\.[\w.]+ lies past its end"):
         LLM(bad, attn="torch", device="cpu")
 
 

@@ -75,10 +75,12 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
     ranges.sort()
     past_end = [name for _, end, name in ranges if end > data_bytes]
     if past_end:
-        more = f" and {len(past_end) - 1} more" if len(past_end) > 1 else ""
+        lie = (
+            f"{past_end[0]} and {len(past_end) - 1} more lie" if len(past_end) > 1 else f"{past_end[0]} lies"
+        )
         raise ValueError(
             f"{broken}: the header needs {8 + header_len + ranges[-1][1]:,} bytes, the file has {size:,} "
-            f"({past_end[0]}{more} lie past its end; an interrupted copy or download?)"
+            f"({lie} past its end; an interrupted copy or download?)"
         )
     # the safetensors library refuses gaps, overlaps and trailing bytes: the same words here
     covered = 0
