@@ -237,6 +237,10 @@ BAD_FLAGS = [
     ("bench", ["cpu", "--no-transformers", "--engine-arg", "pagesize=4"], "--engine-arg pagesize: not an LLM option"),
     ("bench grammar", ["--grammar-threads", "0"],
      "--grammar-threads must be in [1, 64] (unset: half the CPUs, 1 to 16), got 0"),
+    # (a KeyError once the run was over: a path had no timed step)
+    *[("bench grammar", ["--steps", steps, "--warm-steps", warm],
+       f"--steps must be at least 2, or 3 with --warm-steps 0 (got {steps} with {warm}): the serial and "
+       "batched paths take turns, and the first step has nothing to accept") for steps, warm in [("1", "5"), ("2", "0")]],
     # (a plugin not installed: the scheduler process refused it once started, exit code 1, said twice)
     ("serve", ["--port", "0", "--cache", "nosuch"],
      "unknown --cache 'nosuch'; installed: naive, radix; install the plugin that provides it"),

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from minisgl_core.api import GrammarSpec
 from minisgl_core.bench.shapes import TRAINED_TOKENS
+from minisgl_core.config import ConfigError
 from minisgl_core.llm import LLM
 
 if TYPE_CHECKING:
@@ -78,6 +79,20 @@ def bench_tokenizer(vocab_size: int, cache: Path) -> Path:
     return out
 
 
+def check_steps(steps: int, warm_steps: int) -> None:
+    """Enough timed steps for each path to have a figure: fill and accept take turns (serial,
+    batched) step by step, and the first step has no token to accept yet (a KeyError at the end of
+    the run before)."""
+    least = 2 if warm_steps > 0 else 3
+    if steps < least:
+        raise ConfigError(
+            f"steps must be at least 2, or 3 with warm_steps 0 (got {steps} with {warm_steps}): the "
+            "serial and batched paths take turns, and the first step has nothing to accept",
+            "steps",
+            "warm_steps",
+        )
+
+
 def host_step_bench(
     backend_name: str = "xgrammar",
     *,
@@ -106,6 +121,7 @@ def host_step_bench(
     both cannot run on one state). Figures: milliseconds per step (median) and
     microseconds per row (mean). ``plugins``: the loaded :class:`~minisgl_core.plugins.Plugins`
     (loaded here when not given)."""
+    check_steps(steps, warm_steps)
     import statistics
 
     import torch
