@@ -172,7 +172,10 @@ class LLM:
         )
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
-        encoded = [truncate_prompt(self.encode(p), q, self.engine.limits) for p, q in zip(prompts, params)]
+        default = self.engine.sampling_defaults.get("max_tokens")
+        encoded = [
+            truncate_prompt(self.encode(p), q, self.engine.limits, default) for p, q in zip(prompts, params)
+        ]
         # SamplingParams checked themselves when built; admission checks each request against
         # the engine's limits (all before any runs) and decides max_tokens where it is None
         params = [self.engine.admit(ids, p) for ids, p in zip(encoded, params)]

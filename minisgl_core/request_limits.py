@@ -12,20 +12,38 @@ from minisgl_core.messages import Limits
 from minisgl_core.sampling import SamplingParams
 
 
-def truncate_prompt(prompt_ids: list[int], params: SamplingParams, limits: Limits) -> list[int]:
-    """The prompt as ``params.truncate_prompt_tokens`` asks: its last k tokens (-1: as many as the
-    context length holds), or all of it."""
+class ContextLengthExceeded(ValueError):
+    """The prompt and max_tokens do not fit the context length or the KV pool (OpenAI's
+    ``context_length_exceeded``)."""
+
+
+def truncate_prompt(
+    prompt_ids: list[int], params: SamplingParams, limits: Limits, default_max_tokens: int | None = None
+) -> list[int]:
+    """The prompt as ``params.truncate_prompt_tokens`` asks: its last k tokens, or all of it.
+
+    -1 keeps as many as fit beside the output: the context (or the KV pool, if smaller) less
+    ``max_tokens``, or less the default an unset ``max_tokens`` takes (``default_max_tokens``). A
+    prompt cut to the whole context left no room for a single output token; with neither
+    ``max_tokens`` nor a default, a prompt that does not fit is a ContextLengthExceeded naming
+    max_tokens (the output would otherwise get whatever the cut happened to leave)."""
     k = params.truncate_prompt_tokens
     if k is None:
         return prompt_ids
     if k == -1:
-        k = limits.max_context_len
+        room = min(limits.max_context_len, limits.kv_capacity_tokens)
+        output = params.max_tokens or default_max_tokens
+        if output is None:
+            if len(prompt_ids) < room:
+                return prompt_ids
+            raise ContextLengthExceeded(
+                f"the prompt has {len(prompt_ids)} tokens; truncate_prompt_tokens -1 keeps what fits beside "
+                f"the output in the context length {limits.max_context_len}, and max_tokens is unset: set "
+                "max_tokens"
+            )
+        # (an output as long as the context leaves no prompt: admission refuses that max_tokens)
+        k = max(room - output, 1)
     return prompt_ids[-k:] if len(prompt_ids) > k else prompt_ids
-
-
-class ContextLengthExceeded(ValueError):
-    """The prompt and max_tokens do not fit the context length or the KV pool (OpenAI's
-    ``context_length_exceeded``)."""
 
 
 def admit(

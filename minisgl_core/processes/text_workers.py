@@ -105,9 +105,12 @@ class Admitter:
             ) from exc
         except Exception as exc:  # noqa: BLE001 - a template or tokenizer error is the request's problem
             raise RequestRejected(f"could not tokenize the prompt: {exc}", prompt_field) from exc
-        ids = truncate_prompt(ids, req.params, self.limits)
+        default = self.defaults.get("max_tokens") or req.default_max_tokens
         try:
-            default = self.defaults.get("max_tokens") or req.default_max_tokens
+            ids = truncate_prompt(ids, req.params, self.limits, default)
+        except ContextLengthExceeded as exc:  # -1 with no max_tokens to leave room for
+            raise RequestRejected(str(exc), req.max_tokens_field, "context_length_exceeded") from exc
+        try:
             sampling = admit(ids, req.params, self.limits, default)
         except ValueError as exc:
             # Blame max_tokens only when lowering it would help.

@@ -286,6 +286,42 @@ def test_truncate_prompt_tokens_takes_a_text_longer_than_the_context_can_hold(cl
         client.completions.create(model=model_name, prompt=text, max_tokens=4)
 
 
+def test_truncate_prompt_tokens_minus_one_leaves_room_for_the_output(client, llm, model_name):
+    """-1 kept the whole context's worth of the prompt, so no output token fit: max_tokens 5 was a
+    400 and an unset one 'leaves no room'. It keeps what fits beside max_tokens (or beside the
+    default an unset one takes: 16 on completions); with neither, a 400 naming max_tokens."""
+    text = "".join(f"w{i % 97}x{i % 13} " for i in range(3000))
+    ids = llm.encode(text)
+    context = 2048  # the test server's --max-context-len
+    assert len(ids) > context
+    minus_one = {"truncate_prompt_tokens": -1}
+    resp = client.completions.create(
+        model=model_name,
+        prompt=text,
+        max_tokens=5,
+        temperature=0,
+        extra_body={**minus_one, "ignore_eos": True},
+    )
+    assert resp.usage.prompt_tokens == context - 5 and resp.usage.completion_tokens == 5
+    assert resp.choices[0].text == greedy(llm, ids[-(context - 5) :], 5, ignore_eos=True).text
+    unset = client.completions.create(model=model_name, prompt=text, temperature=0, extra_body=minus_one)
+    assert unset.usage.prompt_tokens == context - 16
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(
+            model=model_name, messages=[{"role": "user", "content": text}], extra_body=minus_one
+        )
+    assert err.value.body["param"] == "max_tokens" and "set max_tokens" in err.value.body["message"]
+    assert err.value.body["code"] == "context_length_exceeded"
+    chat = client.chat.completions.create(
+        model=model_name, messages=[{"role": "user", "content": text}], max_tokens=3, extra_body=minus_one
+    )
+    assert chat.usage.prompt_tokens == context - 3
+    offline = greedy(llm, text, 5, truncate_prompt_tokens=-1, ignore_eos=True)
+    assert offline.prompt_token_ids == ids[-(context - 5) :] and len(offline.token_ids) == 5
+    short = client.completions.create(model=model_name, prompt=PROMPT, max_tokens=2, extra_body=minus_one)
+    assert short.usage.prompt_tokens == len(llm.encode(PROMPT))  # a prompt that fits is kept whole
+
+
 @pytest.mark.parametrize("as_ids", [False, True])
 def test_echo_of_a_truncated_prompt_is_what_was_kept(client, llm, model_name, as_ids):
     """echo with truncate_prompt_tokens sent the whole prompt back, while the usage and the
