@@ -11,6 +11,36 @@ from __future__ import annotations
 from minisgl_core.messages import Limits
 from minisgl_core.sampling import SamplingParams
 
+#: characters one token may stand for when the tokenizer did not say (its longest vocabulary entry,
+#: ``tokenizer.load.longest_token_chars``): a prompt over ``context x`` that many characters cannot
+#: fit and is refused without tokenizing. Tokenizers pack long runs into one token (SmolLM2-135M's
+#: longest entries are 64-81 characters of spaces, dashes, newlines), so the bound must be the
+#: vocabulary's own: 16, an average, refused prompts that fit
+CHARS_PER_TOKEN = 128
+#: tokens tokenized beyond the k kept of a text cut for truncate_prompt_tokens (the cut's effect
+#: on a byte-level BPE stays within the first pre-token or two)
+TRUNCATION_MARGIN_TOKENS = 16
+
+
+def max_prompt_chars(max_context_len: int, max_token_chars: int | None) -> int:
+    """The most characters a text that fits ``max_context_len`` tokens can have."""
+    return max_context_len * (max_token_chars or CHARS_PER_TOKEN)
+
+
+def truncation_tail(text: str, k: int, max_context_len: int, max_token_chars: int | None) -> str:
+    """What of a text prompt (or a rendered chat) whose last ``k`` tokens are kept
+    (``truncate_prompt_tokens``; -1: the context) needs tokenizing: a text within the bound by
+    characters whole, exactly as without truncation; a longer one (refused by that bound without
+    it) from its last ``(k + margin) x longest token`` characters only: at least k + margin tokens,
+    the last k of which the whole text's tokenization ends with too, short of a tokenizer whose
+    cut reaches further back."""
+    bound = max_prompt_chars(max_context_len, max_token_chars)
+    if len(text) <= bound:
+        return text
+    k = max_context_len if k == -1 else min(k, max_context_len)
+    per_token = max_prompt_chars(1, max_token_chars)
+    return text[-min(bound, (k + TRUNCATION_MARGIN_TOKENS) * per_token) :]
+
 
 class ContextLengthExceeded(ValueError):
     """The prompt and max_tokens do not fit the context length or the KV pool (OpenAI's

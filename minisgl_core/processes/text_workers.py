@@ -14,6 +14,7 @@ characters and possible stop-string prefixes, and adds the text of logprob token
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -34,10 +35,15 @@ from minisgl_core.model_dir import eos_token_ids
 from minisgl_core.plugins import Plugins
 from minisgl_core.processes.child import ChildSpec, ReportReady
 from minisgl_core.processes.ipc import bind_pull, connect_push, recv, send
-from minisgl_core.request_limits import ContextLengthExceeded, admit, truncate_prompt
+from minisgl_core.request_limits import ContextLengthExceeded, admit, truncate_prompt, truncation_tail
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.tokenizer.detokenize import IncrementalDetokenizer, raw_token_bytes
-from minisgl_core.tokenizer.load import apply_chat_template, load_tokenizer, longest_token_chars
+from minisgl_core.tokenizer.load import (
+    apply_chat_template,
+    load_tokenizer,
+    longest_token_chars,
+    render_chat_template,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -69,15 +75,18 @@ class Admitter:
         self.defaults = defaults or {}
         #: checks a request's grammar before admission, so a bad one is a 400 before anything runs
         self.grammars = grammars
+        #: the tokenizer's longest token in characters (truncation_tail's bound), on first use
+        self.max_token_chars: int | None = None
 
     def prompt_ids(self, req: TokenizeRequest) -> list[int]:
         if req.messages is not None:
             args = dict(req.template_args or {})
-            ids = apply_chat_template(self.tokenizer, req.messages, **args)
+            render = self._chat_ids(req)
+            ids = render(req.messages, args)
             if args.pop("tools", None) and not req.tools_optional:
                 # A template without a tools section would drop them without a word, and the
                 # model would answer as if it had none (fine where it may not call them).
-                if ids == apply_chat_template(self.tokenizer, req.messages, **args):
+                if ids == render(req.messages, args):
                     raise RequestRejected(
                         "this model's chat template does not render tools; start the server with "
                         "--chat-template FILE whose template does",
@@ -87,6 +96,25 @@ class Admitter:
         if req.text is not None:
             return list(self.tokenizer.encode(req.text, add_special_tokens=False))
         return list(req.input_ids or [])
+
+    def _chat_ids(self, req: TokenizeRequest) -> Callable[[list[dict[str, Any]], dict[str, Any]], list[int]]:
+        """How a chat becomes token ids: the template's tokens; with ``truncate_prompt_tokens``
+        the rendered text cut to the tail its last k tokens come from when it is longer than the
+        context could hold (the API server let it past its bound by characters: it is cut here,
+        as a text prompt is there), so a long conversation costs the tokenizer no more than a
+        prompt that fits."""
+        k = req.params.truncate_prompt_tokens
+        if k is None:
+            return lambda messages, args: apply_chat_template(self.tokenizer, messages, **args)
+        if self.max_token_chars is None:
+            self.max_token_chars = longest_token_chars(self.tokenizer) or 0
+
+        def ids(messages: list[dict[str, Any]], args: dict[str, Any]) -> list[int]:
+            text = render_chat_template(self.tokenizer, messages, **args)
+            tail = truncation_tail(text, k, self.limits.max_context_len, self.max_token_chars or None)
+            return list(self.tokenizer.encode(tail, add_special_tokens=False))
+
+        return ids
 
     def admit(self, req: TokenizeRequest) -> tuple[list[int], SamplingParams]:
         """The prompt's token ids and the request's parameters admitted (``max_tokens`` decided);

@@ -13,14 +13,8 @@ import math
 from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
+from minisgl_core import request_limits
 from minisgl_core.config import ConfigError
-
-#: characters one token may stand for when the tokenizer did not say (``ModelInfo.max_token_chars``,
-#: its longest vocabulary entry): a prompt over ``context x`` that many characters cannot fit and is
-#: refused without tokenizing. Tokenizers pack long runs into one token (SmolLM2-135M's longest
-#: entries are 64-81 characters of spaces, dashes, newlines), so the bound must be the vocabulary's
-#: own: 16, an average, refused prompts that fit
-CHARS_PER_TOKEN = 128
 
 
 def _limit(default: float, flag: str, help_text: str) -> Any:
@@ -73,9 +67,7 @@ class ServerLimits:
             if f.name in POSITIVE and value == 0:
                 raise ValueError(f"{flag} must be more than 0 seconds")
 
-    @staticmethod
-    def max_prompt_chars(max_context_len: int, max_token_chars: int | None) -> int:
-        return max_context_len * (max_token_chars or CHARS_PER_TOKEN)
+    max_prompt_chars = staticmethod(request_limits.max_prompt_chars)
 
 
 def _dest(f: Field) -> str:

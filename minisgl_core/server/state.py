@@ -24,6 +24,7 @@ import zmq.asyncio
 
 from minisgl_core.messages import AbortRequest, Admission, DetokOutputs, TokenizeRequest, decode
 from minisgl_core.processes.ipc import bind_pull, connect_push, send
+from minisgl_core.request_limits import truncation_tail
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.server.errors import APIError
 from minisgl_core.server.limits import ServerLimits
@@ -45,7 +46,7 @@ class ModelInfo:
     #: the model's sampling defaults (--generation-config) for fields a request leaves unset
     sampling_defaults: dict[str, Any] = field(default_factory=dict)
     #: the most characters one token stands for (the tokenizer's longest vocabulary entry; None:
-    #: unknown, limits.CHARS_PER_TOKEN)
+    #: unknown, request_limits.CHARS_PER_TOKEN)
     max_token_chars: int | None = None
 
     def check_name(self, requested: str | None) -> None:
@@ -194,9 +195,13 @@ class RequestGroup:
         state.check_alive()
         if self.expected_sequences is None:
             state.check_room(self.num_choices, n)
-        if text is not None and params.truncate_prompt_tokens is not None:
-            text = state.truncation_suffix(text, params.truncate_prompt_tokens)
-        state.check_prompt_size(text, messages, template_args)
+        if params.truncate_prompt_tokens is not None and text is not None:
+            text = truncation_tail(
+                text, params.truncate_prompt_tokens, state.model.max_context_len, state.model.max_token_chars
+            )
+        if params.truncate_prompt_tokens is None or messages is None:
+            state.check_prompt_size(text, messages, template_args)
+        # (else the tokenizer worker cuts the rendered chat as above: the body's size bounds it)
         rids = [next(state.rids) for _ in range(n)]
         first_index = self.num_choices
         self.num_choices += n
@@ -360,24 +365,6 @@ class ServerState:
 
     def retry_after_s(self) -> int:
         return 1
-
-    #: tokens tokenized beyond the k kept of a text cut for truncate_prompt_tokens (the cut's
-    #: effect on a byte-level BPE stays within the first pre-token or two)
-    TRUNCATION_MARGIN_TOKENS = 16
-
-    def truncation_suffix(self, text: str, k: int) -> str:
-        """A text prompt too long for the context that keeps only its last ``k`` tokens
-        (``truncate_prompt_tokens``; -1: the context) is tokenized from the last
-        ``(k + margin) x longest token`` characters only: at least k + margin tokens, the last k of
-        which the whole text's tokenization ends with too, short of a tokenizer whose cut reaches
-        further back. It was refused by the check by characters; a text within the bound is
-        tokenized whole, exactly as before."""
-        bound = self.limits.max_prompt_chars(self.model.max_context_len, self.model.max_token_chars)
-        if len(text) <= bound:
-            return text
-        k = self.model.max_context_len if k == -1 else min(k, self.model.max_context_len)
-        per_token = self.limits.max_prompt_chars(1, self.model.max_token_chars)
-        return text[-min(bound, (k + self.TRUNCATION_MARGIN_TOKENS) * per_token) :]
 
     def check_prompt_size(
         self,

@@ -13,7 +13,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from minisgl_core.checkpoint.formats import load_tokenizer_dir  # noqa: E402 (after the variable)
 
-__all__ = ["apply_chat_template", "load_tokenizer", "load_tokenizer_dir", "longest_token_chars"]
+__all__ = [
+    "apply_chat_template",
+    "load_tokenizer",
+    "load_tokenizer_dir",
+    "longest_token_chars",
+    "render_chat_template",
+]
 
 
 def load_tokenizer(
@@ -39,6 +45,15 @@ def apply_chat_template(tokenizer: Any, messages: list[dict[str, Any]], **kwargs
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # transformers 5 returns a BatchEncoding
         ids = ids["input_ids"]
     return list(ids)
+
+
+def render_chat_template(tokenizer: Any, messages: list[dict[str, Any]], **kwargs: Any) -> str:
+    """The text :func:`apply_chat_template` tokenizes (with ``add_special_tokens`` false: the
+    template writes the special tokens itself)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("this model's tokenizer has no chat_template; use the completions API instead")
+    kwargs.setdefault("add_generation_prompt", True)
+    return tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
 
 
 def longest_token_chars(tokenizer: Any) -> int | None:

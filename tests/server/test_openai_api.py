@@ -286,6 +286,32 @@ def test_truncate_prompt_tokens_takes_a_text_longer_than_the_context_can_hold(cl
         client.completions.create(model=model_name, prompt=text, max_tokens=4)
 
 
+def test_truncate_prompt_tokens_takes_a_chat_longer_than_the_context_can_hold(client, llm, model_name):
+    """A chat too long for the context by its characters was a 400 even with truncate_prompt_tokens,
+    while a text prompt was cut: the tokenizer worker cuts the rendered chat the same way, and the
+    prompt is the last k tokens of the whole conversation as the template renders it."""
+    from minisgl_core.tokenizer.load import apply_chat_template
+
+    content = "".join(f"w{i % 89}y{i % 17} " for i in range(200_000))  # ~1.4 M characters
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": content}]
+    ids = apply_chat_template(llm.tokenizer, messages)
+    ref = greedy(llm, ids[-40:], 4)
+    resp = client.chat.completions.create(
+        model=model_name,
+        messages=messages,
+        max_tokens=4,
+        temperature=0,
+        extra_body={"truncate_prompt_tokens": 40},
+    )
+    assert resp.usage.prompt_tokens == 40 and resp.choices[0].message.content == ref.text
+    with pytest.raises(openai.BadRequestError, match="characters"):  # without it, the 400 before tokenizing
+        client.chat.completions.create(model=model_name, messages=messages, max_tokens=4)
+    short = client.chat.completions.create(
+        model=model_name, messages=MESSAGES, max_tokens=1, extra_body={"truncate_prompt_tokens": 10**6}
+    )
+    assert short.usage.prompt_tokens == len(apply_chat_template(llm.tokenizer, MESSAGES))
+
+
 def test_truncate_prompt_tokens_minus_one_leaves_room_for_the_output(client, llm, model_name):
     """-1 kept the whole context's worth of the prompt, so no output token fit: max_tokens 5 was a
     400 and an unset one 'leaves no room'. It keeps what fits beside max_tokens (or beside the
