@@ -255,7 +255,8 @@ def engine_config_from_args(
     from minisgl_core.checkpoint.resolve import check_model
 
     values = {name: getattr(args, name) for name in ENGINE_FIELDS}
-    check_plugin_names(values, plugins or Plugins.load(disable=args.disable_plugin))
+    plugins = plugins or Plugins.load(disable=args.disable_plugin)
+    check_plugin_names(values, plugins)
     for name in SPECULATIVE_TUNING:  # None: not given, EngineConfig's default
         if values[name] is None:
             del values[name]
@@ -267,9 +268,9 @@ def engine_config_from_args(
             "'demo', or leave --model out for the default model"
         )
     model = resolve_model(args.model)
-    # the path's common mistakes, then its weight format's metadata: a truncated .gguf was a
-    # traceback from `generate` and the benches (serve checked it, with its plugins, already)
-    check_model(model)
+    # the path's common mistakes, then its weight format's metadata (with the plugins' formats):
+    # a truncated .gguf was a traceback from `generate` and the benches
+    check_model(model, plugins)
     if getattr(args, "step_trace", None):  # else EngineConfig's default: $MINISGL_STEP_TRACE
         values["step_trace"] = args.step_trace
     config = EngineConfig(

@@ -186,7 +186,6 @@ def _plain_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def _serve_options(args: argparse.Namespace):
     from minisgl_core.checkpoint.generation_defaults import describe, load_sampling_defaults
-    from minisgl_core.checkpoint.resolve import check_model
     from minisgl_core.config_args import check_heads_split, engine_config_from_args
     from minisgl_core.distributed import DistributedSpec, free_loopback_addr
     from minisgl_core.processes.runtime import RuntimeOptions
@@ -205,8 +204,8 @@ def _serve_options(args: argparse.Namespace):
     environment.forget("MINISGL_API_KEY")
     plugins = Plugins.load(disable=args.disable_plugin)
     plugin_options = {d: getattr(args, d) for d in getattr(args, "plugin_dests", [])}
+    # (the model checked too: a bad file fails here in one line, before any process starts)
     config = engine_config_from_args(args, plugin_options, plugins)
-    check_model(config.model, plugins)  # a bad file fails here in one line, before any process starts
     if config.tp_size > 1:
         check_heads_split(config.model, config.tp_size, plugins)
     if config.grammar_backend != EngineConfig.grammar_backend and config.grammar_backend not in plugins.names(
