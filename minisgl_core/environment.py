@@ -64,18 +64,19 @@ def forget(name: str) -> None:
 
 
 #: spellings of an on/off variable (any case)
+#: spellings of an on/off variable (any case); unset or empty is the variable's default
 _TRUE = frozenset({"1", "true", "on", "yes"})
-_FALSE = frozenset({"0", "false", "off", "no", ""})
+_FALSE = frozenset({"0", "false", "off", "no"})
 _warned: set[str] = set()
 
 
-def switch(name: str, default: bool) -> bool:
-    """An on/off variable: ``1`` (true, on, yes) or ``0`` (false, off, no, empty), any case; unset,
-    ``default``; anything else is logged once and leaves ``default`` (MINISGL_PDL=true meant off)."""
-    value = get(name)
-    if value is None:
+def parse_switch(name: str, value: str | None, default: bool) -> bool:
+    """``name=value`` as on/off: ``1`` (true, on, yes) or ``0`` (false, off, no), any case; unset
+    or empty, ``default``; anything else is logged once and leaves ``default`` (MINISGL_PDL=true
+    meant off). The one reading of every switch: :func:`switch` and the fast paths'."""
+    spelled = (value or "").strip().lower()
+    if not spelled:
         return default
-    spelled = value.strip().lower()
     if spelled in _TRUE or spelled in _FALSE:
         return spelled in _TRUE
     if name not in _warned:
@@ -84,6 +85,11 @@ def switch(name: str, default: bool) -> bool:
             "%s=%r is neither 0 nor 1: it stays %s", name, value, "on" if default else "off"
         )
     return default
+
+
+def switch(name: str, default: bool) -> bool:
+    """The on/off variable ``name`` (:func:`parse_switch`)."""
+    return parse_switch(name, get(name), default)
 
 
 def split_list(value: str | None) -> list[str] | None:

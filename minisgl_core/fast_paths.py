@@ -13,13 +13,10 @@ environment on each call, so tests and tools that set a variable at run time sti
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
 from minisgl_core import environment
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -99,27 +96,12 @@ ENV_VARS: dict[str, str] = {
 }
 
 
-#: spellings of a switch (any case): what turns a path off, what leaves it on
-_OFF = frozenset({"0", "false", "off", "no"})
-_ON = frozenset({"1", "true", "on", "yes", ""})
-_warned: set[str] = set()
-
-
-def _switch(var: str, value: str) -> bool:
-    """``var=value`` as on / off: ``0`` (also false, off, no) turns the path off; another value
-    that is not ``1`` (true, on, yes) is logged once and leaves it on."""
-    if value.strip().lower() in _OFF:
-        return False
-    if value.strip().lower() not in _ON and var not in _warned:
-        _warned.add(var)
-        logger.warning("%s=%r is neither 0 nor 1: the fast path stays on", var, value)
-    return True
-
-
 def from_env(environ: Mapping[str, str] | None = None) -> FastPaths:
     """The switches the environment asks for (all on unless a variable is ``0``)."""
     get = environment.get if environ is None else environ.get
-    return FastPaths(**{name: _switch(var, get(var, "1") or "1") for name, var in ENV_VARS.items()})
+    return FastPaths(
+        **{name: environment.parse_switch(var, get(var), True) for name, var in ENV_VARS.items()}
+    )
 
 
 _configured: FastPaths | None = None

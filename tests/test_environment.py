@@ -96,7 +96,7 @@ def test_fast_path_variables_are_read_through_the_one_module(monkeypatch):
 @pytest.mark.parametrize(
     ("value", "default", "expected"),
     [("1", False, True), ("true", False, True), ("Yes", False, True), ("on", False, True),
-     ("0", True, False), ("False", True, False), ("no", True, False), ("", True, False),
+     ("0", True, False), ("False", True, False), ("no", True, False), ("", True, True), ("", False, False),
      ("maybe", False, False), ("maybe", True, True)],
 )  # fmt: skip
 def test_on_off_variables_take_the_usual_spellings(monkeypatch, caplog, value, default, expected):
