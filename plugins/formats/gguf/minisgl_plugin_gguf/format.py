@@ -9,6 +9,7 @@ tokenizer from the file once, and the result is cached so the other processes lo
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -158,15 +159,64 @@ def _dequantize(header: GGUFHeader, tensor: TensorInfo) -> np.ndarray:
     return np.ascontiguousarray(dequantize(blocks, qtype), dtype=np.float32).reshape(shape)
 
 
-def _tokenizer_cache_dir(file: Path) -> Path:
-    """Where the tokenizer built from ``file`` is kept: keyed by the file's identity and transformers' version."""
+#: what each cached tokenizer records of its source, so a later conversion can tell a stale entry
+SOURCE_RECORD = "minisgl-source.json"
+
+
+def _source_key(file: Path) -> dict[str, Any]:
+    """What a converted tokenizer depends on: the file's identity and transformers' version."""
     import transformers
 
     stat = file.stat()
-    key = f"{file.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
+    return {
+        "file": str(file.resolve()),
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        "transformers": transformers.__version__,
+    }
+
+
+def _tokenizer_cache_dir(file: Path) -> Path:
+    """Where the tokenizer built from ``file`` is kept: keyed by :func:`_source_key`."""
+    source = _source_key(file)
+    key = f"{source['file']}|{source['size']}|{source['mtime_ns']}|{source['transformers']}"
     # the core's cache directory ($MINISGL_CACHE_DIR, else ~/.cache/minisgl), where it keeps models too
     cache_dir = Path(os.environ.get("MINISGL_CACHE_DIR") or Path.home() / ".cache" / "minisgl")
     return cache_dir / "gguf-tokenizers" / hashlib.sha256(key.encode()).hexdigest()[:20]
+
+
+def _stale(entry: Path) -> bool:
+    """Whether a cached tokenizer can never be used again: its GGUF file is gone or was rewritten.
+    (One built by another transformers is kept: two environments may share the cache directory,
+    and each would prune the other's.) Entries without a record, from before records, are kept."""
+    try:
+        source = json.loads((entry / SOURCE_RECORD).read_text())
+        file = Path(source["file"])
+        if not file.is_file():
+            return True
+        stat = file.stat()
+        return (stat.st_size, stat.st_mtime_ns) != (source["size"], source["mtime_ns"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def _prune(cache: Path, keep: Path) -> None:
+    """Remove the stale entries of ``cache`` (each under its own lock, so a conversion of it in
+    another process is not cut short) but ``keep``: a model file rewritten or deleted, or the
+    temporary files of tests, left a tokenizer behind each time, never read again."""
+    import fcntl
+
+    for entry in cache.iterdir():
+        if entry == keep or not entry.is_dir() or entry.name.startswith(".") or not _stale(entry):
+            continue
+        lock_path = cache / f"{entry.name}.lock"
+        with open(lock_path, "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # being converted or pruned by another process
+                continue
+            shutil.rmtree(entry, ignore_errors=True)
+            lock_path.unlink(missing_ok=True)
 
 
 def _convert_tokenizer(file: Path, target: Path) -> None:
@@ -191,6 +241,8 @@ def _convert_tokenizer(file: Path, target: Path) -> None:
         staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
         try:
             tokenizer.save_pretrained(str(staging))
+            (staging / SOURCE_RECORD).write_text(json.dumps(_source_key(file)))
             os.replace(staging, target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+    _prune(target.parent, keep=target)

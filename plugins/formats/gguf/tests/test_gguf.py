@@ -212,3 +212,38 @@ def test_offline_engine_serves_a_gguf_with_its_tokenizer_and_template(make_tiny_
         assert ids == apply_chat_template(load_tokenizer_dir(hf_dir), messages)
         params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
         assert from_gguf.generate([ids], params)[0].token_ids == from_dir.generate([ids], params)[0].token_ids
+
+
+def test_the_tokenizer_cache_drops_what_no_file_can_use_again(make_tiny_model, tmp_path, monkeypatch):
+    """Each GGUF file (each version of it) left a converted tokenizer in the cache directory for
+    good: a file deleted or rewritten now takes its entry with it at the next conversion; an entry
+    from before the records, and the live file's, stay."""
+    import os
+    import shutil
+
+    from minisgl_plugin_gguf import format as gguf_format
+
+    monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path / "cache"))
+    hf_dir = make_tiny_model("Qwen3ForCausalLM")
+    first = write_gguf(hf_dir, tmp_path / "first.gguf", "F32")
+    GGUFFormat(first).tokenizer()
+    cache = tmp_path / "cache" / "gguf-tokenizers"
+
+    def entries() -> set[str]:
+        return {p.name for p in cache.iterdir() if p.is_dir() and not p.name.startswith(".")}
+
+    (old_entry,) = entries()
+    assert (cache / old_entry / gguf_format.SOURCE_RECORD).is_file()
+    legacy = cache / "legacy0000"  # an entry written before records: kept
+    shutil.copytree(cache / old_entry, legacy)
+    (legacy / gguf_format.SOURCE_RECORD).unlink()
+    second = shutil.copy(first, tmp_path / "second.gguf")
+    first.unlink()
+    GGUFFormat(Path(second)).tokenizer()
+    (second_entry,) = entries() - {"legacy0000"}
+    assert second_entry != old_entry and entries() == {second_entry, "legacy0000"}
+    assert not (cache / f"{old_entry}.lock").exists()
+    os.utime(second, ns=(1, 1))  # rewritten: a new key, the old entry stale
+    tokenizer = GGUFFormat(Path(second)).tokenizer()
+    assert second_entry not in entries() and len(entries()) == 2
+    assert tokenizer.encode("Hello there") == GGUFFormat(Path(second)).tokenizer().encode("Hello there")
