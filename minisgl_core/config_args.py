@@ -9,7 +9,7 @@ from typing import Any
 from minisgl_core import fast_paths
 from minisgl_core.checkpoint.resolve import resolve_model
 from minisgl_core.config import MAX_GRAMMAR_THREADS, ConfigError, EngineConfig, attention_names
-from minisgl_core.plugins import Plugins
+from minisgl_core.plugins import PluginError, Plugins
 
 
 def _default(field: str) -> Any:
@@ -247,6 +247,21 @@ def check_plugin_names(values: dict[str, Any], plugins: Plugins) -> None:
         plugins.resolve(kind, name)
 
 
+def check_plugins_run_on(values: dict[str, Any], plugins: Plugins, device: Any) -> None:
+    """The selected attention backends and quantization method asked whether they run on
+    ``device`` (their ``availability``), as the scheduler asks once it starts: ``serve --attn fi``
+    on a CPU stopped the server after start-up with the scheduler's error, said twice."""
+    for name in attention_names(values["attn"]):
+        why = plugins.resolve("attention", name).availability(device)
+        if why is not None:
+            raise PluginError(f"--attn {name} cannot run on {device}: {why}")
+    name = values["quantization"]
+    if name not in (None, "none"):
+        why = plugins.resolve("quantization", name).availability(device)
+        if why is not None:
+            raise PluginError(f"--quantization {name} cannot run on {device}: {why}")
+
+
 def engine_config_from_args(
     args: argparse.Namespace, plugin_options: dict[str, Any] | None = None, plugins: Plugins | None = None
 ) -> EngineConfig:
@@ -282,7 +297,9 @@ def engine_config_from_args(
         fast_paths=fast_paths.from_env().without(*getattr(args, "disable_fast_path", [])),
         **values,
     )
-    config.resolve_device()  # --device cuda without CUDA fails here, before any process starts
+    device = config.resolve_device()  # --device cuda without CUDA fails here, before any process starts
+    if device.type == "cpu":  # (on a GPU the check may start CUDA in this process: the scheduler makes it)
+        check_plugins_run_on(values, plugins, device)
     return config
 
 

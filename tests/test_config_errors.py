@@ -178,6 +178,12 @@ BAD_FLAGS = [
         ("bench", ["offline", "--device", "cuda"], "--device cuda was asked for but CUDA is not available here"),
     ]),
     ("serve", ["--port", "0", "--nnodes", "2"], "--nnodes > 1 needs --dist-init-addr"),
+    # an installed backend this machine cannot run (the scheduler refused it after start-up)
+    *([] if torch.cuda.is_available() else [
+        ("serve", ["--port", "0", "--attn", "fi"], "--attn fi cannot run on cpu: the fi attention backend runs on CUDA"),
+        ("serve", ["--port", "0", "--attn", "torch,fi"], "--attn fi cannot run on cpu"),
+        ("shell", ["--attn", "fa3"], "--attn fa3 cannot run on cpu"),
+    ]),
     ("serve", ["--port", "0", "--tp", "2", "--nnodes", "2", "--node-rank", "2", "--dist-init-addr", "127.0.0.1:1"],
      "--node-rank must be in [0, --nnodes=2), got 2"),
     ("serve", ["--port", "0", "--max-body-bytes", "0"], "--max-body-bytes must be at least 1"),

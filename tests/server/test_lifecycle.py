@@ -80,13 +80,14 @@ def test_a_kv_pool_past_the_memory_names_the_flag_and_the_bytes(start_server, mo
 
 
 def test_start_up_failure_exits_nonzero_with_the_error(start_server, model_dir, engine_args):
-    args = [a for a in engine_args if a not in ("--attn", "torch")]
-    # an installed backend this machine cannot run: refused by the scheduler process at start-up
-    # (an unknown name never gets that far: the command line refuses it, test_config_errors)
-    server = start_server(["--model", str(model_dir), *args, "--attn", "fi"], wait=False)
+    # a KV pool larger than the memory free once the weights are in: only the scheduler process
+    # can tell (a bad plugin name, or a backend this machine cannot run, the command line refuses
+    # before anything starts: test_config_errors); the last --num-kv-tokens wins
+    too_big = ["--num-kv-tokens", str(10**11)]
+    server = start_server(["--model", str(model_dir), *engine_args, *too_big], wait=False)
     assert server.wait_exit(120) != 0
     log = server.log()
-    assert "scheduler 0 process failed" in log and "'fi' cannot run on cpu" in log
+    assert "scheduler 0 process failed" in log and "lower --num-kv-tokens" in log
     assert "Traceback" not in log  # a refused setting is its message, which names the fix
     assert "minisgl ready" not in log
     assert server.socket_dirs() == []
