@@ -708,3 +708,15 @@ def test_a_bad_dist_init_addr_is_a_usage_error_before_anything_starts(model_dir,
     assert (
         f"argument --dist-init-addr: must be HOST:PORT with a port in [1, 65535], got {addr!r}" in proc.stderr
     )
+
+
+def test_bench_offline_refuses_a_plugin_name_before_building_its_model(tmp_path):
+    """``bench offline --shape`` built the random-weight model (minutes of a CPU for Qwen3-0.6B)
+    before a mistyped --attn or --cache was refused."""
+    proc = _cli(
+        "bench", "offline", "--shape", "qwen3-0.6b", "--model-cache", str(tmp_path), "--cache", "radixx"
+    )
+    assert proc.returncode == 2 and proc.stderr.splitlines()[-1].startswith(
+        "minisgl: error: unknown --cache 'radixx'"
+    )
+    assert "Traceback" not in proc.stderr and list(tmp_path.iterdir()) == []

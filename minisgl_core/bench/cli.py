@@ -201,13 +201,17 @@ def _emit(result: dict[str, Any], path: str | None) -> None:
 
 
 def _offline(args: argparse.Namespace) -> int:
-    from minisgl_core.config_args import engine_config_from_args
+    from minisgl_core.config_args import ENGINE_FIELDS, check_plugin_names, engine_config_from_args
+    from minisgl_core.plugins import Plugins
 
     if args.shape and args.model is not None:  # (--shape silently won, building a model)
         raise ConfigError(f"give --shape or --model, not both (--shape {args.shape}, --model {args.model})")
+    plugins = Plugins.load(disable=args.disable_plugin)
     if args.shape:
+        # the plugin names first: a typo was found only after the model was built (minutes on a CPU)
+        check_plugin_names({name: getattr(args, name) for name in ENGINE_FIELDS}, plugins)
         args.model = str(_make(args.shape, Path(args.model_cache) / args.shape, "cuda" if _cuda() else "cpu"))
-    config = engine_config_from_args(args)
+    config = engine_config_from_args(args, plugins=plugins)
     _check_workload_size(args.num_requests * workloads.STANDARD_MAX_PROMPT, "--num-requests")
     requests = workloads.standard_offline(args.num_requests, seed=0)
     result: dict[str, Any] = {**_meta(args), "bench": "offline", "shape": args.shape or config.model,
