@@ -190,3 +190,35 @@ def test_a_scheduler_that_cannot_build_the_model_stops_serve_with_its_one_line(m
     )
     assert proc.stderr.splitlines()[-1] == says, proc.stderr
     assert _processes_with(tag) == []
+
+
+QWEN2_TINY = dict(
+    architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_size=64, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, intermediate_size=96, vocab_size=320,
+    tie_word_embeddings=False,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("shape", ["qwen3-0.6b", "llama-3.1-8b", "qwen2-tiny"])
+def test_the_shape_check_takes_what_transformers_builds(shape):
+    """The launcher's header check must never refuse a genuine checkpoint: the names and shapes of
+    transformers' own model for each benchmark shape (and Qwen2's q/k/v biases) pass it, and one
+    config.json value changed is caught."""
+    import torch
+    import transformers
+
+    from minisgl_core.bench.shapes import SHAPES
+    from minisgl_core.checkpoint.integrity import check_shapes
+    from minisgl_core.checkpoint.safetensors_header import TensorEntry
+
+    config = dict(QWEN2_TINY if shape == "qwen2-tiny" else SHAPES[shape])
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config))
+    tensors = {
+        name: TensorEntry("BF16", tuple(t.shape), "model.safetensors")
+        for name, t in model.state_dict().items()
+        if not (config["tie_word_embeddings"] and name == "lm_head.weight")  # not saved when tied
+    }
+    check_shapes(config, tensors)
+    with pytest.raises(ValueError, match="config.json does not describe these weights"):
+        check_shapes({**config, "intermediate_size": config["intermediate_size"] + 16}, tensors)
