@@ -90,7 +90,8 @@ def validation_error(exc: RequestValidationError) -> APIError:
         if kind == "float_type" and got == "an integer":  # only one past a double's range fails
             got = "an integer this large"
         msg += f", not {got}"  # "an integer, not a boolean": what was wrong
-    return APIError(400, f"{param}: {msg}" if param else msg, param)
+    # a check's own code (BodyError's: "unsupported_field" for a value minisgl does not implement)
+    return APIError(400, f"{param}: {msg}" if param else msg, param, getattr(cause, "code", None))
 
 
 def _closest_member(errors: list[Any]) -> Any:

@@ -118,11 +118,36 @@ def _is_gateway_default(key: str, value: Any) -> bool:
 
 class BodyError(ValueError):
     """A check of the whole body (a model validator) that blames one field: the 400 names it in
-    ``param`` (pydantic places a whole-body check at the body itself, which names none)."""
+    ``param`` (pydantic places a whole-body check at the body itself, which names none), and
+    carries ``code`` (``unsupported_field`` for a value minisgl does not implement)."""
 
-    def __init__(self, message: str, field: str) -> None:
+    def __init__(self, message: str, field: str, code: str | None = None) -> None:
         super().__init__(message)
         self.field = field
+        self.code = code
+
+
+def refuse_batch(data: Any, route: str, alternative: str = "") -> Any:
+    """SGLang's native routes also take a batch (``text`` a list, ``input_ids`` a list of lists,
+    ``sampling_params`` a list); these routes run one prompt a request, and say so rather than
+    "text: Input should be a valid string"."""
+    if not isinstance(data, dict):
+        return data
+    # a batch of prompts: a list of strings, of token id lists, of conversations
+    batched = [
+        field
+        for field, item in (("text", str), ("prompt", str), ("input_ids", list), ("messages", list))
+        if isinstance(value := data.get(field), list) and value and isinstance(value[0], item)
+    ]
+    if isinstance(data.get("sampling_params"), list):
+        batched.append("sampling_params")
+    if batched:
+        raise BodyError(
+            f"batched input is not supported on {route}: send one request per prompt{alternative}",
+            batched[0],
+            "unsupported_field",
+        )
+    return data
 
 
 class StrictModel(BaseModel):
@@ -715,6 +740,11 @@ class GenerateRequest(StrictModel):
     #: too (meta_info input_token_logprobs; the first prompt token's is null); -1: none
     logprob_start_len: Int = Field(default=-1, ge=-1)
     timeout: Float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_batched(cls, data: Any) -> Any:
+        return refuse_batch(data, "/generate", ", or use /v1/completions, which takes a list of prompts")
 
     @model_validator(mode="after")
     def _one_prompt(self) -> GenerateRequest:

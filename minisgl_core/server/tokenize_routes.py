@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from minisgl_core.server.api_options import ApiTokenizer
 from minisgl_core.server.errors import APIError
@@ -23,6 +23,7 @@ from minisgl_core.server.schemas import (
     StrictModel,
     Text,
     ToolDefinition,
+    refuse_batch,
     template_kwargs,
 )
 from minisgl_core.server.state import ServerState
@@ -39,6 +40,11 @@ class TokenizeBody(StrictModel):
     #: as the chat route's: template variables only (not a template of the client's, not
     #: return_tensors, truncation...: apply_chat_template's own arguments are the server's)
     chat_template_kwargs: FreeObject | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_batched(cls, data: Any) -> Any:
+        return refuse_batch(data, "/tokenize")
 
     @field_validator("chat_template_kwargs")
     @classmethod

@@ -418,3 +418,26 @@ def test_rejections_are_counted(server, auth, read_metrics):
     before = read_metrics()["minisgl_requests_rejected_total"]
     httpx.post(f"{server.url}{COMPLETIONS}", json={"prompt": LONG}, headers=auth)
     assert read_metrics()["minisgl_requests_rejected_total"] == before + 1
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/generate", {"text": ["Hello", "Bye"], "sampling_params": {"max_new_tokens": 4}}, "text"),
+        ("/generate", {"input_ids": [[5, 6], [7]], "sampling_params": {"max_new_tokens": 4}}, "input_ids"),
+        ("/generate", {"text": "Hello", "sampling_params": [{"max_new_tokens": 4}]}, "sampling_params"),
+        ("/tokenize", {"prompt": ["a", "b"]}, "prompt"),
+        ("/tokenize", {"messages": [USER, USER]}, "messages"),
+    ],
+)
+def test_a_batch_on_a_native_route_says_to_send_one_prompt_a_request(server, auth, path, body, param):
+    """SGLang's batch shape was "text: Input should be a valid string, not an array", which did not
+    say that batches are what this route does not take, nor what to do instead."""
+    resp = httpx.post(f"{server.url}{path}", json=body, headers=auth)
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["param"] == param and error["code"] == "unsupported_field", error
+    assert f"batched input is not supported on {path}" in error["message"], error
+    assert "send one request per prompt" in error["message"], error
+    if path == "/generate":
+        assert "/v1/completions" in error["message"], error
