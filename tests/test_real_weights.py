@@ -68,3 +68,17 @@ def test_capital_of_france(engines):
     ids = apply_chat_template(llm.tokenizer, [{"role": "user", "content": "What is the capital of France?"}])
     [out] = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=16))
     assert "Paris" in out.text
+
+
+def test_stop_strings_of_multi_token_characters(engines):
+    """On the default model an emoji is three tokens and a CJK character two or three: a stop of
+    three emoji (nine tokens) was never found, and "\\ufffd" matched inside the first emoji."""
+    llm = engines("radix", 1)
+    prompt = "Emoji: 🎉🎉🎉🎉"
+    [free] = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=24))
+    assert free.text.startswith("🎉🎉🎉")  # what the stop must find
+    [stopped] = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=24, stop=["🎉🎉🎉"]))
+    assert (stopped.finish_reason, stopped.text) == ("stop", "")
+    assert len(stopped.token_ids) == len(llm.tokenizer.encode("🎉🎉🎉", add_special_tokens=False))
+    [fffd] = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=24, stop=["\ufffd"]))
+    assert (fffd.finish_reason, fffd.text) == ("length", free.text)

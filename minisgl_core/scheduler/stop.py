@@ -32,24 +32,31 @@ class StopChecker:
         return None, None
 
     def _stop_string(self, req: Request) -> str | None:
-        # A stop string that ends in the newest token lies within the last few tokens; every token
-        # decodes to at least one character except partial UTF-8 bytes, so a window of
-        # len(longest stop) + 4 tokens covers it. Earlier text was checked at earlier steps, but
-        # for text before min_tokens, which does not count: while the window still holds some of
-        # the first min_tokens - 1 tokens, only a stop ending after their text does (the
-        # detokenizer trims at the same one: stop_search_start).
+        # A stop string that ends in the newest token lies within the last few tokens: every token
+        # decodes to at least one byte of text, so a window of the longest stop's UTF-8 bytes + 4
+        # tokens covers it (its length in characters did not: a CJK character or an emoji is two
+        # to four tokens of a byte-level vocabulary, and such stops were never found). Earlier
+        # text was checked at earlier steps, but for text before min_tokens, which does not count:
+        # while the window still holds some of the first min_tokens - 1 tokens, only a stop ending
+        # after their text does (the detokenizer trims at the same one: stop_search_start).
         if not req.stop_window:
-            req.stop_window = max(len(s) for s in req.params.stop) + 4
+            req.stop_window = max(len(s.encode("utf-8")) for s in req.params.stop) + 4
         window = req.output_ids[-req.stop_window :]
         tail = self.decode(window)
         early = req.params.min_tokens - 1 - (len(req.output_ids) - len(window))
-        before = len(self.decode(window[:early])) if early > 0 else 0
+        # (a character the first min_tokens - 1 tokens end inside is not their text: it ends later)
+        before = len(self.decode(window[:early]).rstrip("\ufffd")) if early > 0 else 0
+        # A character cut by either end of the window (the window starting inside one, the newest
+        # token ending inside one) decodes to U+FFFD: not the output's text, which a stop of
+        # "\ufffd" matched inside a whole emoji. The end's characters are found once complete.
+        end = len(tail.rstrip("\ufffd"))
+        lead = len(tail) - len(tail.lstrip("\ufffd")) if len(window) < len(req.output_ids) else 0
         # Of several stop strings the one the text reaches first wins, whatever their order in the
         # list (one token can hold two: "and" with stop ["d", "a"] ends at "a"); at the same
         # start the shorter, which ended first. The detokenizer cuts at its first occurrence.
         found = None
         for stop in req.params.stop:
-            at = tail.find(stop, max(0, before - len(stop) + 1))
+            at = tail.find(stop, max(lead, before - len(stop) + 1), end)
             if at >= 0 and (found is None or (at, len(stop)) < found[:2]):
                 found = (at, len(stop), stop)
         return None if found is None else found[2]

@@ -28,10 +28,10 @@ def stop_search_start(decode: Any, output_ids: list[int], stop: str, min_tokens:
     """Where a stop string that ended a request with ``min_tokens`` may start in its text: it
     counts only if it ends in the text of token ``min_tokens`` or later (the scheduler's
     ``StopChecker`` skips earlier ones), so after the text of the first ``min_tokens - 1`` tokens
-    less its length plus one."""
+    less its length plus one (of their whole characters: one they end inside ends later)."""
     if min_tokens <= 1:
         return 0
-    return max(0, len(decode(output_ids[: min_tokens - 1])) - len(stop) + 1)
+    return max(0, len(decode(output_ids[: min_tokens - 1]).rstrip("\ufffd")) - len(stop) + 1)
 
 
 def final_text(
