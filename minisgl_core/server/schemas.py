@@ -566,7 +566,7 @@ class ChatCompletionRequest(SamplingFields):
     @classmethod
     def _nothing_stored(cls, store: bool) -> bool:
         if store:
-            raise ValueError("minisgl stores no completions; leave store false")
+            raise BodyError("minisgl stores no completions; leave store false", "store", "unsupported_field")
         return store
 
     @model_validator(mode="after")
@@ -654,6 +654,7 @@ class CompletionRequest(SamplingFields):
                 "suffix is not supported: this server does no fill-in-the-middle; "
                 "put the whole text in prompt instead",
                 "suffix",
+                "unsupported_field",
             )
         return self
 
@@ -662,8 +663,10 @@ class CompletionRequest(SamplingFields):
     def _best_of_is_n(cls, best_of: int, info: ValidationInfo) -> int:
         n = info.data.get("n", 1)
         if best_of != n:
-            raise ValueError(
-                f"only best_of equal to n ({n}) is supported, got {best_of}: ask for n choices instead"
+            raise BodyError(
+                f"only best_of equal to n ({n}) is supported, got {best_of}: ask for n choices instead",
+                "best_of",
+                "unsupported_field",
             )
         return best_of
 

@@ -595,3 +595,17 @@ def test_best_of_equal_to_n_is_accepted_and_more_is_a_400(client, model_name):
     with pytest.raises(openai.BadRequestError) as refused:
         client.completions.create(model=model_name, prompt=PROMPT, max_tokens=2, best_of=3)
     assert refused.value.body["param"] == "best_of" and "best_of equal to n" in refused.value.body["message"]
+
+
+def test_what_minisgl_does_not_implement_is_code_unsupported_field(client, model_name):
+    """As the README promises for ``best_of``: a value asking for what minisgl does not do (best_of
+    other than n, suffix, store) was a 400 with code null, unlike an unknown field's."""
+    for create, kwargs, param in [
+        (client.completions.create, {"prompt": PROMPT, "best_of": 3}, "best_of"),
+        (client.completions.create, {"prompt": PROMPT, "suffix": "end"}, "suffix"),
+        (client.chat.completions.create, {"messages": MESSAGES, "store": True}, "store"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as refused:
+            create(model=model_name, max_tokens=2, **kwargs)
+        body = refused.value.body
+        assert body["param"] == param and body["code"] == "unsupported_field", body
