@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 
 from minisgl_core.server.api_options import ApiOptions, ApiTokenizer
-from minisgl_core.server.body_limit import BodySizeLimit
+from minisgl_core.server.body_limit import BodyGate
 from minisgl_core.server.errors import APIError, install_error_handlers
 from minisgl_core.server.head_requests import HeadAsGet
 from minisgl_core.server.native_routes import health_router, info_router, native_router
@@ -75,7 +75,7 @@ def create_app(
     app.include_router(make_router(state, options, tokenizer), dependencies=protected)
     app.include_router(native_router(state), dependencies=protected)
     app.include_router(info_router(state, info or {}), dependencies=protected)
-    app.add_middleware(BodySizeLimit, max_bytes=state.limits.max_body_bytes)
+    app.add_middleware(BodyGate, max_bytes=state.limits.max_body_bytes)
     app.add_middleware(HeadAsGet)  # outermost: everything inside sees the GET
     app.include_router(tokenize_router(state, tokenizer), dependencies=protected)
     schema = build_schema(app, protected=bool(protected))

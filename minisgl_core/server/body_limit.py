@@ -1,4 +1,6 @@
-"""Refuse request bodies over ``--max-body-bytes`` with a 413 before they are read into memory."""
+"""Refuse request bodies the API cannot take before they are read into memory: over
+``--max-body-bytes`` (413), or compressed (415: FastAPI read a gzip body as text and answered
+"There was an error parsing the body")."""
 
 from __future__ import annotations
 
@@ -11,9 +13,10 @@ from minisgl_core.server.errors import error_body
 Scope = dict[str, Any]
 
 
-class BodySizeLimit:
-    """ASGI middleware: a declared Content-Length over the bound is refused at once; a body without
-    one (chunked) is read here up to the bound, refused past it, or replayed to the app."""
+class BodyGate:
+    """ASGI middleware: a Content-Encoding other than identity is refused at once, and so is a
+    declared Content-Length over the bound; a body without one (chunked) is read here up to the
+    bound, refused past it, or replayed to the app."""
 
     def __init__(self, app: Any, max_bytes: int) -> None:
         self.app = app
@@ -27,7 +30,12 @@ class BodySizeLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = dict(scope.get("headers") or ()).get(b"content-length")
+        headers = dict(scope.get("headers") or ())
+        encoding = headers.get(b"content-encoding", b"").strip().lower()
+        if encoding not in (b"", b"identity"):
+            await _refuse_encoding(encoding.decode("latin-1"))(scope, receive, send)
+            return
+        declared = headers.get(b"content-length")
         if declared is not None:
             if declared.isdigit() and int(declared) > self.max_bytes:
                 await self._refuse()(scope, receive, send)
@@ -57,3 +65,16 @@ class BodySizeLimit:
             return await receive()  # from here on: the disconnect, whenever it comes
 
         await self.app(scope, replay, send)
+
+
+def _refuse_encoding(encoding: str) -> JSONResponse:
+    message = (
+        f"compressed request bodies are not supported (Content-Encoding: {encoding[:40]}): "
+        "send the body uncompressed, without a Content-Encoding header"
+    )
+    # RFC 9110 15.5.16: a 415 for a content coding says which codings are accepted
+    return JSONResponse(
+        error_body(415, message, None, "unsupported_content_encoding"),
+        status_code=415,
+        headers={"Accept-Encoding": "identity"},
+    )

@@ -19,6 +19,7 @@ ERROR_TYPES = {
     404: "not_found_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     429: "rate_limit_error",
     500: "internal_server_error",
     503: "service_unavailable",
@@ -92,6 +93,13 @@ def validation_error(exc: RequestValidationError) -> APIError:
         msg += f", not {got}"  # "an integer, not a boolean": what was wrong
     # a check's own code (BodyError's: "unsupported_field" for a value minisgl does not implement)
     return APIError(400, f"{param}: {msg}" if param else msg, param, getattr(cause, "code", None))
+
+
+def _not_utf8(exc: UnicodeDecodeError) -> str:
+    return (
+        f"the request body is not valid UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset "
+        f"{exc.start}): send the JSON encoded as UTF-8"
+    )
 
 
 def _closest_member(errors: list[Any]) -> Any:
@@ -174,6 +182,10 @@ def install_error_handlers(app: FastAPI, on_error: Callable[[int], None] = lambd
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         on_error(exc.status_code)
+        if isinstance(exc.__cause__, UnicodeDecodeError):
+            # FastAPI's "There was an error parsing the body": the JSON decoder met bytes that
+            # are not UTF-8 (a compressed body sent without its Content-Encoding reads so too)
+            return JSONResponse(error_body(400, _not_utf8(exc.__cause__)), status_code=400)
         # exc.headers: a 405's Allow, which RFC 9110 requires; every GET route answers HEAD too
         # (HeadAsGet), which the router does not know
         headers = dict(exc.headers or {})

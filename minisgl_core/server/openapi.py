@@ -2,9 +2,9 @@
 
 FastAPI documents a 422 with its own body for every route that validates input; this server
 answers such input with a 400 in OpenAI's error shape (``errors.py``), and has more answers of its
-own (413 before a body is read, 429 when full, 504 past a request's ``timeout``...). The schema
-here replaces FastAPI's 422 with what each route can really answer, all with the one error body,
-so clients and schema-driven fuzzers (schemathesis) can check responses against it.
+own (413 or 415 before a body is read, 429 when full, 504 past a request's ``timeout``...). The
+schema here replaces FastAPI's 422 with what each route can really answer, all with the one error
+body, so clients and schema-driven fuzzers (schemathesis) can check responses against it.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ ERROR_MEANINGS = {
     401: "Missing or wrong API key",
     404: "Unknown model",
     413: "Request body over --max-body-bytes",
+    415: "Compressed request body (a Content-Encoding other than identity)",
     429: "The server's queue is full; retry after the Retry-After header's seconds",
     500: "The engine failed while answering",
     503: "A worker process failed or the engine is shutting down",
@@ -74,7 +75,7 @@ def error_statuses(path: str, method: str, protected: bool) -> list[int]:
     """The error statuses ``method path`` can answer, sorted."""
     statuses: set[int] = set()
     if method == "post":
-        statuses |= {400, 413}
+        statuses |= {400, 413, 415}
     if protected and path != "/health":
         statuses.add(401)
     if path in NAMING_A_MODEL:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import httpx
@@ -324,6 +325,49 @@ def test_a_body_sent_as_another_content_type_says_so(server, auth):
         f"{server.url}{COMPLETIONS}", content=body, headers={**auth, "Content-Type": "application/json"}
     )
     assert ok.status_code == 200, ok.text
+
+
+def test_a_compressed_body_is_a_415_saying_to_send_it_uncompressed(server, auth):
+    """A gzip body with its Content-Encoding was a 400 "There was an error parsing the body"."""
+    body = json.dumps({"prompt": "hi", "max_tokens": 1}).encode()
+    headers = {**auth, "Content-Type": "application/json"}
+    for encoding in ("gzip", "br"):
+        resp = httpx.post(
+            f"{server.url}{COMPLETIONS}",
+            content=gzip.compress(body),
+            headers={**headers, "Content-Encoding": encoding},
+        )
+        assert resp.status_code == 415, resp.text
+        assert resp.headers["accept-encoding"] == "identity"
+        error = resp.json()["error"]
+        assert error["code"] == "unsupported_content_encoding", error
+        assert (
+            f"compressed request bodies are not supported (Content-Encoding: {encoding})" in error["message"]
+        )
+        assert "send the body uncompressed" in error["message"], error
+    plain = httpx.post(
+        f"{server.url}{COMPLETIONS}", content=body, headers={**headers, "Content-Encoding": "identity"}
+    )
+    assert plain.status_code == 200, plain.text
+
+
+@pytest.mark.parametrize(
+    ("body", "offset"),
+    [(b'{"prompt": "hi \xff\xfe", "max_tokens": 1}', 15), (gzip.compress(b'{"prompt": "hi"}'), 1)],
+    ids=["latin-1", "gzip-without-its-header"],
+)
+def test_a_body_not_in_utf8_says_so(server, auth, body, offset):
+    """Bytes that are not UTF-8 were a 400 "There was an error parsing the body"."""
+    resp = httpx.post(
+        f"{server.url}{COMPLETIONS}", content=body, headers={**auth, "Content-Type": "application/json"}
+    )
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["type"] == "invalid_request_error", error
+    assert error["message"].startswith(
+        f"the request body is not valid UTF-8 (byte 0x{body[offset]:02x} at offset {offset})"
+    )
+    assert "send the JSON encoded as UTF-8" in error["message"], error
 
 
 def test_a_long_model_name_is_not_echoed_whole(server, auth):
