@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,11 +100,19 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         self._rids = itertools.count()
         self._closed = False
+        #: one call at a time uses the engine: calls from other threads wait their turn (two
+        #: threads' generate interleaved their steps on one engine: hangs, page-table errors,
+        #: outputs that differed from a call alone)
+        self._lock = threading.RLock()
 
     def close(self) -> None:
         """Run the plugins' ``minisgl_process_stop`` hooks and free the engine (the model, the KV
         pool) now rather than whenever the garbage collector runs; ``with LLM(...) as llm:`` calls
         it for you. The LLM cannot generate afterwards."""
+        with self._lock:  # (a generate in another thread finishes first)
+            self._close()
+
+    def _close(self) -> None:
         if not self._closed:
             self._closed = True
             try:
@@ -141,7 +150,17 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool | None = None,
     ) -> list[RequestOutput]:
-        """Generate for every prompt; outputs come back in prompt order."""
+        """Generate for every prompt; outputs come back in prompt order. Thread-safe: calls from
+        several threads run one after another."""
+        with self._lock:
+            return self._generate(prompts, sampling_params, use_tqdm)
+
+    def _generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+        use_tqdm: bool | None,
+    ) -> list[RequestOutput]:
         self._check_open()
         if not isinstance(prompts, (str, list, tuple)):
             raise TypeError(
