@@ -42,6 +42,17 @@ REFUSED = [
         "'dependentRequired' at #",
     ),
     ({"type": "number", "multipleOf": 0.5}, "0.3", "'multipleOf' on a number at #"),
+    # an integer's multipleOf is dropped beside any bound (found by an API probe: 101 for
+    # multipleOf 5, maximum 1000, finish "stop")
+    ({"type": "integer", "multipleOf": 5, "maximum": 1000}, "101", "'multipleOf' beside 'maximum' at #"),
+    ({"type": "integer", "multipleOf": 5, "minimum": 0}, "7", "'multipleOf' beside 'minimum' at #"),
+    ({"type": "integer", "multipleOf": 5, "exclusiveMinimum": 0}, "7", "'multipleOf' beside 'exclusiveMinimum'"),
+    ({"type": "integer", "multipleOf": 5, "exclusiveMaximum": 100}, "7", "'multipleOf' beside 'exclusiveMaximum'"),
+    (
+        {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 5, "minimum": 1}}, "required": ["n"]},
+        '{"n":13}',
+        "'multipleOf' beside 'minimum' at #/properties/n",
+    ),
     ({"allOf": [{"type": "integer", "minimum": 5}, {"maximum": 3}]}, "4", "'allOf' of 2 schemas at #"),
     (
         {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 2},
