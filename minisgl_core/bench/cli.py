@@ -51,7 +51,7 @@ def add_bench_command(sub) -> None:
     p.set_defaults(func=_offline)
 
     p = kinds.add_parser("serve", help="online benchmark against a running server")
-    p.add_argument("--url", default="http://127.0.0.1:8000")
+    p.add_argument("--url", type=_server_url, default="http://127.0.0.1:8000")
     p.add_argument("--model", default=None, help="model id to request (default: the one the server lists)")
     p.add_argument("--api-key")
     p.add_argument("--workload", choices=["standard", "shared-prefix"], default="standard")
@@ -467,6 +467,21 @@ def _writable(text: str) -> str:
         raise argparse.ArgumentTypeError(f"cannot write {text}: no directory {folder}")
     if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise argparse.ArgumentTypeError(f"cannot write {text}: permission denied")
+    return text
+
+
+def _server_url(text: str) -> str:
+    """The server's base URL, http:// or https:// (``localhost:8000`` without a scheme was "cannot
+    reach the server ... start it first" while the server ran)."""
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"needs a scheme: http://{text}")
+    if scheme.lower() not in ("http", "https"):
+        raise argparse.ArgumentTypeError(
+            f"must be an http:// or https:// URL, not {scheme}://: http://{rest}"
+        )
+    if not rest.split("/", 1)[0]:
+        raise argparse.ArgumentTypeError(f"names no host, got {text!r}: e.g. http://127.0.0.1:8000")
     return text
 
 

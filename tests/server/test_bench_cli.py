@@ -69,6 +69,19 @@ def test_bench_serve_errors_are_one_line(server) -> None:
     assert "needs 4056 tokens (prompt + output)" in too_long.stderr
 
 
+def test_bench_serve_refuses_a_url_without_an_http_scheme_up_front() -> None:
+    """``--url localhost:31200`` said "cannot reach the server ... start it first" while it ran."""
+    for url, said in [
+        ("localhost:31200", "argument --url: needs a scheme: http://localhost:31200"),
+        ("ftp://localhost:31200", "argument --url: must be an http:// or https:// URL, not ftp://: "
+         "http://localhost:31200"),
+    ]:  # fmt: skip
+        proc = bench("--url", url, *SMALL)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr.strip().splitlines()[-1].endswith(said), proc.stderr
+        assert "cannot reach" not in proc.stderr
+
+
 def test_fit_vocab_keeps_lengths_and_shared_prefixes() -> None:
     workload = shared_prefix(groups=2, prompts_per_group=2, prefix_len=16, question_len=4, vocab=10000)
     fitted = fit_vocab(workload, 100)
