@@ -49,8 +49,17 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     except ValueError as exc:  # a prompt the model cannot take (e.g. longer than its context)
         raise ConfigError(str(exc), "max_tokens") from None
     for out in outputs:
-        print(json.dumps({"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason}))
+        _print_json({"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason})
     return 0
+
+
+def _print_json(value: dict[str, Any]) -> None:
+    """One JSON line with its characters as they are ("日本", not "\\u65e5\\u672c"); as escapes where
+    stdout cannot encode them (PYTHONIOENCODING=ascii, a Windows console) rather than a traceback."""
+    try:
+        print(json.dumps(value, ensure_ascii=False))
+    except UnicodeEncodeError:  # raised before anything is written: the line is encoded whole
+        print(json.dumps(value))
 
 
 class _Parser(argparse.ArgumentParser):

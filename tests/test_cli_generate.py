@@ -1,0 +1,48 @@
+"""`minisgl generate` prints one JSON line per prompt, readable by a person and by a program."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minisgl_core.demo.factories import make_model_dir
+
+#: the tiny model's greedy outputs for these prompts hold characters past ASCII
+PROMPTS = ["Hello 🎉", "日本"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_model_dir(tmp_path_factory.mktemp("model") / "tiny-qwen3", "Qwen3ForCausalLM", seed=1)
+
+
+def _generate(model_dir: Path, encoding: str) -> subprocess.CompletedProcess:
+    args = ["--model", str(model_dir), "--device", "cpu", "--attn", "torch", "--max-context-len", "2048"]
+    return subprocess.run(
+        [sys.executable, "-m", "minisgl_core", "generate", *args, "--num-kv-tokens", "4096", *PROMPTS],
+        capture_output=True,
+        timeout=300,
+        env={**os.environ, "PYTHONIOENCODING": encoding},
+    )
+
+
+def test_generate_prints_characters_not_escapes_and_falls_back_where_stdout_cannot(model_dir):
+    """The lines were all escapes ("\\u0521"); with ensure_ascii off, a stdout that cannot encode
+    a character must not turn the run into a UnicodeEncodeError traceback."""
+    utf8 = _generate(model_dir, "utf-8")
+    assert utf8.returncode == 0, utf8.stderr.decode()
+    text = utf8.stdout.decode("utf-8")
+    lines = [json.loads(line) for line in text.splitlines()]
+    assert len(lines) == len(PROMPTS)
+    assert any(not c.isascii() for line in lines for c in line["text"]), lines  # the test's premise
+    assert "\\u" not in text
+    assert text.splitlines() == [json.dumps(line, ensure_ascii=False) for line in lines]
+
+    ascii_ = _generate(model_dir, "ascii")
+    assert ascii_.returncode == 0 and b"Traceback" not in ascii_.stderr, ascii_.stderr.decode()
+    assert [json.loads(line) for line in ascii_.stdout.decode("ascii").splitlines()] == lines
