@@ -10,6 +10,7 @@ import math
 import os
 import platform
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -210,9 +211,19 @@ def _offline(args: argparse.Namespace) -> int:
     if args.shape:
         # the plugin names first: a typo was found only after the model was built (minutes on a CPU)
         check_plugin_names({name: getattr(args, name) for name in ENGINE_FIELDS}, plugins)
+        _warn_if_long_on_cpu(args)
         args.model = str(_make(args.shape, Path(args.model_cache) / args.shape, "cuda" if _cuda() else "cpu"))
     config = engine_config_from_args(args, plugins=plugins)
     _check_workload_size(args.num_requests * workloads.STANDARD_MAX_PROMPT, "--num-requests")
+    if config.tp_size > 1:
+        from minisgl_core.config_args import check_heads_split
+
+        if args.grammar_schema:
+            raise ConfigError("--grammar-schema runs with tp_size 1 only", "tp_size")
+        # (heads that do not split over the ranks: one line, not every rank's traceback)
+        check_heads_split(config.model, config.tp_size, plugins)
+    if not args.shape:  # (after every check of the flags: a refusal stays one line)
+        _warn_if_long_on_cpu(args)
     requests = workloads.standard_offline(args.num_requests, seed=0)
     result: dict[str, Any] = {**_meta(args), "bench": "offline", "shape": args.shape or config.model,
                               "attn": config.attn, "tp": config.tp_size, "cuda_graph_max_bs": config.cuda_graph_max_bs,
@@ -221,13 +232,6 @@ def _offline(args: argparse.Namespace) -> int:
                               "kv_cache_dtype": config.kv_cache_dtype}  # fmt: skip
     if config.tp_size > 1:
         from minisgl_core.bench.tp import run_offline_tp
-        from minisgl_core.config_args import check_heads_split
-        from minisgl_core.plugins import Plugins
-
-        if args.grammar_schema:
-            raise ConfigError("--grammar-schema runs with tp_size 1 only", "tp_size")
-        # (heads that do not split over the ranks: one line, not every rank's traceback)
-        check_heads_split(config.model, config.tp_size, Plugins.load(disable=args.disable_plugin))
 
         result |= run_offline_tp(config, requests, args.temperature, disable_plugins=args.disable_plugin)
     else:
@@ -441,6 +445,23 @@ def _cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+#: requests of the standard workload a CPU runs in a few minutes (the default, 256, takes hours)
+CPU_REQUESTS = 8
+
+
+def _warn_if_long_on_cpu(args: argparse.Namespace) -> None:
+    """bench offline's workload is a GPU's: on a CPU it ran for many minutes without a word."""
+    on_cpu = args.device.startswith("cpu") or (args.device == "auto" and not _cuda())
+    if on_cpu and args.num_requests > CPU_REQUESTS:
+        print(
+            f"minisgl bench offline: warning: a GPU benchmark ({args.num_requests} requests of up to "
+            f"1,024 output tokens) takes long on a CPU: add --num-requests {CPU_REQUESTS} for a short "
+            "run, or measure the CPU with `minisgl bench cpu` (ours against transformers)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 #: the most prompt tokens a bench workload may hold (15x the shared-prefix default's 2.2M): a

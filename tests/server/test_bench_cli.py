@@ -262,3 +262,29 @@ def test_the_commit_a_bench_records_is_this_checkouts_not_the_working_directorys
     monkeypatch.delenv("MINISGL_COMMIT", raising=False)
     monkeypatch.chdir(tmp_path)
     assert _meta(argparse.Namespace(label=""))["commit"] == ours.stdout.strip()
+
+
+def test_bench_offline_on_a_cpu_warns_first_that_it_is_a_gpu_benchmark(model_dir) -> None:
+    """``bench offline --shape qwen3-0.6b`` on a CPU built the model and ran 256 requests for many
+    minutes without a word. (The tiny model's vocabulary then stops the run: the workload's ids
+    are past it.)"""
+
+    def offline(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "minisgl_core", "bench", "offline", "--model", str(model_dir), *args],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+
+    proc = offline("--device", "cpu")
+    first = proc.stderr.splitlines()[0]
+    assert first.startswith("minisgl bench offline: warning: a GPU benchmark (256 requests"), proc.stderr
+    assert "takes long on a CPU: add --num-requests 8" in first and "minisgl bench cpu" in first
+    small = offline("--device", "cpu", "--num-requests", "8")
+    assert "warning" not in small.stderr and "has a vocabulary of" in small.stderr, small.stderr
+    # a refused flag stays one line: the warning comes after every check
+    refused = offline("--device", "cpu", "--tp", "2", "--grammar-schema", "builtin")
+    assert refused.returncode == 2 and refused.stderr.splitlines() == [
+        "minisgl: error: --grammar-schema runs with --tp 1 only"
+    ], refused.stderr
