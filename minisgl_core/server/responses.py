@@ -6,6 +6,7 @@ into the JSON the clients expect (including both OpenAI logprobs formats).
 
 from __future__ import annotations
 
+import codecs
 import json
 import time
 import uuid
@@ -69,12 +70,33 @@ def _bytes_token(raw: list[int]) -> str:
     return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
 
 
+def text_offsets(items: list[list[Any]], start: int = 0) -> list[int]:
+    """Where each token's text begins in the text, from ``start``, and where the last one's ends.
+    A token that is part of a UTF-8 character (its bytes in the entry, its text U+FFFD) begins at
+    that character and moves the offset only once the character is whole: counting each as one
+    character put the offsets of an emoji's three tokens at 0, 1, 2 and every later one past its
+    text."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    offsets, at = [start], start
+    for text, _, _, *rest in items:
+        raw = dict(rest[2]) if len(rest) > 2 else {}
+        own = raw.get(rest[0]) if rest else None
+        if own is not None:
+            at += len(decoder.decode(bytes(own)))
+        else:  # whole characters (bytes left of a character that never completed: U+FFFD each)
+            at += len(decoder.decode(b"", final=True)) + len(text)
+            decoder.reset()
+        offsets.append(at)
+    return offsets
+
+
 def completion_logprobs(items: list[list[Any]], text_offset: int = 0) -> dict[str, Any]:
     """Completions format: parallel lists of tokens, their logprobs, top-k dicts and text offsets.
     A token whose text is not whole characters (a part of a UTF-8 character: U+FFFD alone) is
     named by its bytes, ``bytes:\\xe2\\x80`` as OpenAI's, so such tokens neither read alike nor
     collide as keys of a top-k dict."""
-    tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
+    tokens, token_logprobs, top_logprobs = [], [], []
+    offsets = text_offsets(items, text_offset)[:-1]
     for text, logprob, top, *rest in items:
         raw = dict(rest[2]) if len(rest) > 2 else {}
         own = raw.get(rest[0]) if rest else None
@@ -86,8 +108,6 @@ def completion_logprobs(items: list[list[Any]], text_offset: int = 0) -> dict[st
             if logprob is not None
             else None
         )
-        offsets.append(text_offset)
-        text_offset += len(text)
     return {
         "tokens": tokens,
         "token_logprobs": token_logprobs,

@@ -270,7 +270,7 @@ def make_router(
                     # the prompt's tokens first (their text went out as the echo), offsets from 0
                     items = r.top_cut([e for e in delta.prompt_logprobs if e is not None], body.logprobs)
                     logprobs = r.completion_logprobs(named(items + delta.logprobs), 0)
-                    offsets[delta.index] = sum(len(e[0]) for e in items)
+                    offsets[delta.index] = r.text_offsets(items)[-1]
                 elif delta.logprobs:
                     logprobs = r.completion_logprobs(named(delta.logprobs), offsets[delta.index])
                 offsets[delta.index] += len(delta.text)

@@ -484,6 +484,30 @@ def test_completion_logprobs(client, model_name):
     assert lp.text_offset[0] == 0 and "".join(lp.tokens).startswith(resp.choices[0].text[:1])
 
 
+def test_completion_text_offsets_of_characters_split_across_tokens(client, llm, model_name):
+    """A token that is part of a UTF-8 character counted as one character: the offsets of an emoji's
+    byte tokens ran 0, 1, 2 and every later one pointed past the text. Each token now begins at the
+    character it is part of, as the text of the tokens before it (whole characters) says."""
+    prompt = "🎉日a 한국 ok"
+    ids = llm.encode(prompt)
+    assert len(ids) > len(prompt)  # some characters are several tokens
+    want = [len(llm.tokenizer.decode(ids[:i]).rstrip("\ufffd")) for i in range(len(ids))]
+    for stream in (False, True):
+        resp = client.completions.create(
+            model=model_name, prompt=prompt, max_tokens=1, temperature=0, echo=True, logprobs=0, stream=stream
+        )
+        chunks = list(resp) if stream else [resp]
+        offsets = [
+            o
+            for c in chunks
+            if c.choices and c.choices[0].logprobs
+            for o in c.choices[0].logprobs.text_offset
+        ]
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        assert offsets[: len(ids)] == want, stream
+        assert all(0 <= o <= len(text) for o in offsets) and offsets == sorted(offsets), stream
+
+
 def test_native_generate(server, llm, auth):
     ref = greedy(llm, PROMPT, 6)
     headers = auth
