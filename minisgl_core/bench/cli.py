@@ -551,7 +551,10 @@ def _rate_sweep(text: str) -> list[float]:
 def _vocab_size(text: str) -> int:
     """``bench grammar``'s vocabulary: at least its tokenizer's (1 was a traceback from the grammar
     backend, which then had no token to begin any text with)."""
-    value = int(text) if text.strip().lstrip("-").isdigit() else None
+    try:
+        value = _positive_int(text)
+    except (ValueError, argparse.ArgumentTypeError):
+        value = None
     if value is None or value < TRAINED_TOKENS:
         raise argparse.ArgumentTypeError(
             f"must be an integer >= {TRAINED_TOKENS} (the tokens of the tokenizer the bench trains), got {text}"
