@@ -133,11 +133,14 @@ def refuse_batch(data: Any, route: str, alternative: str = "") -> Any:
     "text: Input should be a valid string"."""
     if not isinstance(data, dict):
         return data
-    # a batch of prompts: a list of strings, of token id lists, of conversations
-    batched = [
+    # a batch of prompts: text or prompt a list of any shape (empty, of strings, of token id
+    # lists; each was "should be a valid string, not an array"), input_ids a list of token id
+    # lists, messages a list of conversations
+    batched = [field for field in ("text", "prompt") if isinstance(data.get(field), list)]
+    batched += [
         field
-        for field, item in (("text", str), ("prompt", str), ("input_ids", list), ("messages", list))
-        if isinstance(value := data.get(field), list) and value and isinstance(value[0], item)
+        for field in ("input_ids", "messages")
+        if isinstance(value := data.get(field), list) and value and isinstance(value[0], list)
     ]
     if isinstance(data.get("sampling_params"), list):
         batched.append("sampling_params")

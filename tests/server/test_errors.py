@@ -472,11 +472,17 @@ def test_rejections_are_counted(server, auth, read_metrics):
         ("/generate", {"text": "Hello", "sampling_params": [{"max_new_tokens": 4}]}, "sampling_params"),
         ("/tokenize", {"prompt": ["a", "b"]}, "prompt"),
         ("/tokenize", {"messages": [USER, USER]}, "messages"),
+        # a list of any shape (empty, of token ids or their lists)
+        ("/generate", {"text": []}, "text"),
+        ("/generate", {"text": [[5, 6]]}, "text"),
+        ("/tokenize", {"prompt": []}, "prompt"),
+        ("/tokenize", {"prompt": [5, 6]}, "prompt"),
     ],
 )
 def test_a_batch_on_a_native_route_says_to_send_one_prompt_a_request(server, auth, path, body, param):
     """SGLang's batch shape was "text: Input should be a valid string, not an array", which did not
-    say that batches are what this route does not take, nor what to do instead."""
+    say that batches are what this route does not take, nor what to do instead; an empty list, or
+    one of token ids, still was."""
     resp = httpx.post(f"{server.url}{path}", json=body, headers=auth)
     assert resp.status_code == 400, resp.text
     error = resp.json()["error"]
