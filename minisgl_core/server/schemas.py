@@ -572,6 +572,33 @@ class ChatCompletionRequest(SamplingFields):
             raise BodyError("minisgl stores no completions; leave store false", "store", "unsupported_field")
         return store
 
+    # before the Literal checks, whose 400 had code null: a value OpenAI has but minisgl does not
+    # serve is refused as an unsupported one (anything else still fails the type check)
+    @field_validator("service_tier", mode="before")
+    @classmethod
+    def _one_tier(cls, tier: Any) -> Any:
+        if isinstance(tier, str) and tier not in ("auto", "default"):
+            raise BodyError(
+                f"{tier!r} is not supported: minisgl serves one tier; send auto or default, or leave it out",
+                "service_tier",
+                "unsupported_field",
+            )
+        return tier
+
+    @field_validator("modalities", mode="before")
+    @classmethod
+    def _text_only(cls, modalities: Any) -> Any:
+        if not isinstance(modalities, list):
+            return modalities
+        other = next((m for m in modalities if isinstance(m, str) and m != "text"), None)
+        if other is not None:
+            raise BodyError(
+                f'{other!r} is not supported: minisgl outputs text only; send ["text"] or leave it out',
+                "modalities",
+                "unsupported_field",
+            )
+        return modalities
+
     @model_validator(mode="after")
     def _check(self) -> ChatCompletionRequest:
         if self.continue_final_message:

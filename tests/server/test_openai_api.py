@@ -599,14 +599,19 @@ def test_openai_sdk_fields_at_what_minisgl_does_are_accepted(client, model_name)
         **kwargs, store=False, metadata={"team": "search"}, service_tier="auto", modalities=["text"]
     )
     assert resp.choices[0].message.content == plain.choices[0].message.content
-    for extra, param in [
-        ({"store": True}, "store"),
-        ({"modalities": ["text", "audio"]}, "modalities.1"),
-        ({"service_tier": "flex"}, "service_tier"),
+    # refused as the other values minisgl does not serve are (the Literal checks came first: code null)
+    for extra, param, says in [
+        ({"store": True}, "store", "stores no completions"),
+        ({"modalities": ["text", "audio"]}, "modalities", "'audio' is not supported"),
+        ({"modalities": ["audio"]}, "modalities", "'audio' is not supported"),
+        ({"service_tier": "flex"}, "service_tier", "'flex' is not supported"),
+        ({"service_tier": "priority"}, "service_tier", "'priority' is not supported"),
     ]:
         with pytest.raises(openai.BadRequestError) as refused:
             client.chat.completions.create(**kwargs, **extra)
-        assert refused.value.body["param"] == param, refused.value.body
+        body = refused.value.body
+        assert body["param"] == param and body["code"] == "unsupported_field", body
+        assert body["message"].startswith(f"{param}: ") and says in body["message"], body
 
 
 def test_best_of_equal_to_n_is_accepted_and_more_is_a_400(client, model_name):
