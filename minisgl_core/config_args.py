@@ -9,7 +9,7 @@ from typing import Any
 from minisgl_core import fast_paths
 from minisgl_core.checkpoint.resolve import resolve_model
 from minisgl_core.config import MAX_GRAMMAR_THREADS, ConfigError, EngineConfig, attention_names
-from minisgl_core.plugins import PluginError, Plugins
+from minisgl_core.plugins import Plugins
 
 
 def _default(field: str) -> Any:
@@ -252,14 +252,9 @@ def check_plugins_run_on(values: dict[str, Any], plugins: Plugins, device: Any) 
     ``device`` (their ``availability``), as the scheduler asks once it starts: ``serve --attn fi``
     on a CPU stopped the server after start-up with the scheduler's error, said twice."""
     for name in attention_names(values["attn"]):
-        why = plugins.resolve("attention", name).availability(device)
-        if why is not None:
-            raise PluginError(f"--attn {name} cannot run on {device}: {why}")
-    name = values["quantization"]
-    if name not in (None, "none"):
-        why = plugins.resolve("quantization", name).availability(device)
-        if why is not None:
-            raise PluginError(f"--quantization {name} cannot run on {device}: {why}")
+        plugins.resolve_on_device("attention", name, device)
+    if values["quantization"] not in (None, "none"):
+        plugins.resolve_on_device("quantization", values["quantization"], device)
 
 
 def engine_config_from_args(

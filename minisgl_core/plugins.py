@@ -17,13 +17,16 @@ import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import pluggy
 from packaging.version import Version
 
 from minisgl_core import environment
 from minisgl_core.api import API_VERSION, hookspecs
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -344,6 +347,16 @@ class Plugins:
         if wrong:
             raise PluginError(wrong)
         return obj
+
+    def resolve_on_device(self, kind: str, name: str, device: torch.device) -> type:
+        """:meth:`resolve`, then the class asked whether it runs on ``device`` (its ``availability``:
+        attention backends, quantization methods); PluginError "--attn fi cannot run on cpu: why"
+        if not. The one refusal for the command line's early check and the model runner's."""
+        cls = self.resolve(kind, name)
+        why = cls.availability(device)
+        if why is not None:
+            raise PluginError(f"{KIND_FLAGS[kind]} {name} cannot run on {device}: {why}")
+        return cls
 
     def check_classes(self) -> None:
         """Import every registered class and mark a plugin ``failed`` if one is not a subclass of

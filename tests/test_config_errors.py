@@ -582,7 +582,7 @@ def test_a_backend_refusing_the_model_is_one_clear_error():
 
 
 def test_gpu_backend_on_cpu_says_why(model_dir):
-    with pytest.raises(PluginError, match="'fi' cannot run on cpu: .*CUDA"):
+    with pytest.raises(PluginError, match="--attn fi cannot run on cpu: .*CUDA"):
         LLM(model_dir, attn="fi", device="cpu")
 
 

@@ -138,6 +138,20 @@ def test_unknown_method_names_the_installed_ones(tiny_model_dir):
         engine_for(tiny_model_dir, quantization="awq")
 
 
+def test_a_method_that_cannot_run_on_the_device_is_one_refusal(toy_plugins, monkeypatch):
+    from minisgl_core.config_args import check_plugins_run_on
+    from minisgl_core.runner.quantization import make_quantization
+
+    cls = toy_plugins.resolve("quantization", "transposed")
+    monkeypatch.setattr(cls, "availability", classmethod(lambda cls, device: "needs a GPU"))
+    says = "^--quantization transposed cannot run on cpu: needs a GPU$"
+    cpu = torch.device("cpu")
+    with pytest.raises(PluginError, match=says):
+        check_plugins_run_on({"attn": "torch", "quantization": "transposed"}, toy_plugins, cpu)
+    with pytest.raises(PluginError, match=says):
+        make_quantization("transposed", toy_plugins, cpu, torch.float32)
+
+
 def test_fp8_kv_cache_stores_float8_and_stays_close(tiny_model_dir):
     engine = engine_for(tiny_model_dir, kv_cache_dtype="fp8_e4m3")
     assert engine.runner.kv_cache.buffer.dtype == torch.float8_e4m3fn

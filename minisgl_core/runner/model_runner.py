@@ -501,11 +501,7 @@ class ModelRunner:
         return True
 
     def _backend_class(self, name: str, plugins: Plugins) -> type[AttentionBackend]:
-        cls = plugins.resolve("attention", name)
-        why = cls.availability(self.device)
-        if why is not None:
-            raise PluginError(f"attention backend {name!r} cannot run on {self.device}: {why}")
-        return cls
+        return plugins.resolve_on_device("attention", name, self.device)
 
     # ------------------------------------------------------------------ running
 

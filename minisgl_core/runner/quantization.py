@@ -13,7 +13,7 @@ from torch import nn
 
 from minisgl_core.api import QuantizationMethod
 from minisgl_core.layers.embedding import ParallelLMHead
-from minisgl_core.plugins import PluginError, Plugins
+from minisgl_core.plugins import Plugins
 
 logger = logging.getLogger(__name__)
 
@@ -24,11 +24,7 @@ def make_quantization(
     """The method registered as ``name`` (None: no quantization); PluginError saying why not."""
     if not name or name == "none":
         return None
-    cls = plugins.resolve("quantization", name)
-    why = cls.availability(device)
-    if why is not None:
-        raise PluginError(f"--quantization {name} cannot run on {device}: {why}")
-    return cls(device=device, dtype=dtype)
+    return plugins.resolve_on_device("quantization", name, device)(device=device, dtype=dtype)
 
 
 def quantizable_layers(model: nn.Module) -> list[nn.Module]:
