@@ -70,33 +70,42 @@ def _bytes_token(raw: list[int]) -> str:
     return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
 
 
-def text_offsets(items: list[list[Any]], start: int = 0) -> list[int]:
-    """Where each token's text begins in the text, from ``start``, and where the last one's ends.
-    A token that is part of a UTF-8 character (its bytes in the entry, its text U+FFFD) begins at
-    that character and moves the offset only once the character is whole: counting each as one
-    character put the offsets of an emoji's three tokens at 0, 1, 2 and every later one past its
-    text."""
-    decoder = codecs.getincrementaldecoder("utf-8")("replace")
-    offsets, at = [start], start
-    for text, _, _, *rest in items:
-        raw = dict(rest[2]) if len(rest) > 2 else {}
-        own = raw.get(rest[0]) if rest else None
-        if own is not None:
-            at += len(decoder.decode(bytes(own)))
-        else:  # whole characters (bytes left of a character that never completed: U+FFFD each)
-            at += len(decoder.decode(b"", final=True)) + len(text)
-            decoder.reset()
-        offsets.append(at)
-    return offsets
+class TextOffsets:
+    """Where each token's text begins in one choice's text, counted on across the chunks of its
+    stream. A token that is part of a UTF-8 character (its bytes in the entry, its text U+FFFD)
+    begins at that character and moves the offset only once the character is whole: counting each
+    as one character put the offsets of an emoji's three tokens at 0, 1, 2 and every later one past
+    its text. The character's bytes so far are kept between chunks: one whose tokens straddle two
+    chunks is still one character (a decoder per chunk read its later bytes as U+FFFD each)."""
+
+    def __init__(self, start: int = 0) -> None:
+        #: where the text of the tokens counted so far ends
+        self.at = start
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def advance(self, items: list[list[Any]]) -> list[int]:
+        """Where each of ``items``, the tokens after those counted so far, begins."""
+        offsets = []
+        for text, _, _, *rest in items:
+            offsets.append(self.at)
+            raw = dict(rest[2]) if len(rest) > 2 else {}
+            own = raw.get(rest[0]) if rest else None
+            if own is not None:
+                self.at += len(self._decoder.decode(bytes(own)))
+            else:  # whole characters (bytes left of a character that never completed: U+FFFD each)
+                self.at += len(self._decoder.decode(b"", final=True)) + len(text)
+                self._decoder.reset()
+        return offsets
 
 
-def completion_logprobs(items: list[list[Any]], text_offset: int = 0) -> dict[str, Any]:
-    """Completions format: parallel lists of tokens, their logprobs, top-k dicts and text offsets.
+def completion_logprobs(items: list[list[Any]], offsets: TextOffsets | None = None) -> dict[str, Any]:
+    """Completions format: parallel lists of tokens, their logprobs, top-k dicts and text offsets
+    (counted on from ``offsets``, a stream's choice's so far; else from 0).
     A token whose text is not whole characters (a part of a UTF-8 character: U+FFFD alone) is
     named by its bytes, ``bytes:\\xe2\\x80`` as OpenAI's, so such tokens neither read alike nor
     collide as keys of a top-k dict."""
     tokens, token_logprobs, top_logprobs = [], [], []
-    offsets = text_offsets(items, text_offset)[:-1]
+    text_offset = (offsets if offsets is not None else TextOffsets()).advance(items)
     for text, logprob, top, *rest in items:
         raw = dict(rest[2]) if len(rest) > 2 else {}
         own = raw.get(rest[0]) if rest else None
@@ -112,7 +121,7 @@ def completion_logprobs(items: list[list[Any]], text_offset: int = 0) -> dict[st
         "tokens": tokens,
         "token_logprobs": token_logprobs,
         "top_logprobs": top_logprobs,
-        "text_offset": offsets,
+        "text_offset": text_offset,
     }
 
 

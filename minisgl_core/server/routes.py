@@ -241,7 +241,8 @@ def make_router(
 
         async def chunks() -> AsyncIterator[str]:
             completion_tokens = 0
-            offsets = [0] * group.num_choices
+            # each choice's offsets count on from chunk to chunk (a character's tokens may straddle two)
+            offsets = [r.TextOffsets() for _ in range(group.num_choices)]
             for i, echo in enumerate(echoes):
                 if echo:
                     chunk = with_ids(r.completion_chunk(rid, model.name, created, i, echo), i, [])
@@ -269,11 +270,9 @@ def make_router(
                 if echo_logprobs and delta.prompt_logprobs is not None:
                     # the prompt's tokens first (their text went out as the echo), offsets from 0
                     items = r.top_cut([e for e in delta.prompt_logprobs if e is not None], body.logprobs)
-                    logprobs = r.completion_logprobs(named(items + delta.logprobs), 0)
-                    offsets[delta.index] = r.text_offsets(items)[-1]
+                    logprobs = r.completion_logprobs(named(items + delta.logprobs), offsets[delta.index])
                 elif delta.logprobs:
                     logprobs = r.completion_logprobs(named(delta.logprobs), offsets[delta.index])
-                offsets[delta.index] += len(delta.text)
                 chunk = r.completion_chunk(
                     rid,
                     model.name,

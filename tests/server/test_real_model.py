@@ -108,6 +108,34 @@ def test_completion_logprobs_name_a_part_of_a_character_by_its_bytes(real_client
     assert all(t.startswith("token_id:") for t in resp.choices[0].logprobs.tokens)
 
 
+@pytest.mark.parametrize("echo", [False, True])
+@pytest.mark.parametrize("stop", [None, "😀 日本 x"])
+def test_streamed_text_offsets_equal_the_whole_response(real_client, echo, stop):
+    """A stream's offsets went by the text its chunks had sent, which lags the tokens: a stop
+    string's possible start is held back (here all of "😀 日本 " until "o" rules it out), and
+    so is a character's first tokens, so a chunk of several tokens counted afresh from there (the
+    later bytes of 😀 as a character each). They now go by the tokens, counted on from chunk to
+    chunk, as the whole response's do."""
+    kwargs = dict(
+        model="SmolLM2-135M-Instruct",
+        prompt="Here is an emoji:",
+        max_tokens=12,
+        temperature=0,
+        logprobs=1,
+        echo=echo,
+        stop=stop,
+        extra_body={"regex": "😀 日本 ok"},
+    )
+    whole = real_client.completions.create(**kwargs)
+    assert whole.choices[0].text.endswith("😀 日本 ok")
+    want = whole.choices[0].logprobs.text_offset
+    assert sum(t.startswith("bytes:") for t in whole.choices[0].logprobs.tokens) >= 3  # parts of 😀
+    chunks = [c for c in real_client.completions.create(**kwargs, stream=True) if c.choices]
+    streamed = [o for c in chunks if c.choices[0].logprobs for o in c.choices[0].logprobs.text_offset]
+    assert streamed == want
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+
+
 def test_greedy_chat_equals_transformers(real_client, real_references):
     from concurrent.futures import ThreadPoolExecutor
 
