@@ -258,15 +258,22 @@ def check_plugins_run_on(values: dict[str, Any], plugins: Plugins, device: Any) 
 
 
 def engine_config_from_args(
-    args: argparse.Namespace, plugin_options: dict[str, Any] | None = None, plugins: Plugins | None = None
+    args: argparse.Namespace,
+    plugin_options: dict[str, Any] | None = None,
+    plugins: Plugins | None = None,
+    *,
+    names_checked: bool = False,
 ) -> EngineConfig:
     """The config the flags ask for, every setting checked; the plugin names first, against
-    ``plugins`` (loaded here, less those of --disable-plugin, when not given)."""
+    ``plugins`` (loaded here, less those of --disable-plugin, when not given), unless the caller
+    has run :func:`check_plugin_names` on these flags and ``plugins`` already (``names_checked``:
+    ``bench offline --shape``, before it builds its model)."""
     from minisgl_core.checkpoint.resolve import check_model
 
     values = {name: getattr(args, name) for name in ENGINE_FIELDS}
     plugins = plugins or Plugins.load(disable=args.disable_plugin)
-    check_plugin_names(values, plugins)
+    if not names_checked:
+        check_plugin_names(values, plugins)
     for name in SPECULATIVE_TUNING:  # None: not given, EngineConfig's default
         if values[name] is None:
             del values[name]

@@ -720,3 +720,35 @@ def test_bench_offline_refuses_a_plugin_name_before_building_its_model(tmp_path)
         "minisgl: error: unknown --cache 'radixx'"
     )
     assert "Traceback" not in proc.stderr and list(tmp_path.iterdir()) == []
+
+
+def test_bench_offline_resolves_the_plugin_names_once(model_dir, monkeypatch):
+    """The early check (before --shape builds its model) is the only one: engine_config_from_args
+    takes the names as checked."""
+    import argparse
+
+    from minisgl_core.bench import cli as bench_cli
+
+    class Stop(Exception):
+        pass
+
+    def stop(*args, **kwargs):
+        raise Stop
+
+    resolved: list[tuple[str, str]] = []
+    resolve = Plugins.resolve
+    monkeypatch.setattr(
+        Plugins,
+        "resolve",
+        lambda self, kind, name: resolved.append((kind, name)) or resolve(self, kind, name),
+    )
+    monkeypatch.setattr(bench_cli, "_make", lambda shape, out, device: model_dir)
+    monkeypatch.setattr(bench_cli, "_check_workload_size", stop)  # (the config is built: stop there)
+    parser = argparse.ArgumentParser()
+    bench_cli.add_bench_command(parser.add_subparsers())
+    args = parser.parse_args(
+        ["bench", "offline", "--shape", "qwen3-0.6b", "--num-requests", "1", "--device", "cpu"]
+    )
+    with pytest.raises(Stop):
+        bench_cli._offline(args)
+    assert resolved.count(("caches", args.cache)) == resolved.count(("policies", args.policy)) == 1

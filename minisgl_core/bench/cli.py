@@ -208,12 +208,13 @@ def _offline(args: argparse.Namespace) -> int:
     if args.shape and args.model is not None:  # (--shape silently won, building a model)
         raise ConfigError(f"give --shape or --model, not both (--shape {args.shape}, --model {args.model})")
     plugins = Plugins.load(disable=args.disable_plugin)
+    # the plugin names first, here: with --shape a typo was found only after the model was built
+    # (minutes on a CPU); engine_config_from_args then takes them as checked
+    check_plugin_names({name: getattr(args, name) for name in ENGINE_FIELDS}, plugins)
     if args.shape:
-        # the plugin names first: a typo was found only after the model was built (minutes on a CPU)
-        check_plugin_names({name: getattr(args, name) for name in ENGINE_FIELDS}, plugins)
         _warn_if_long_on_cpu(args)
         args.model = str(_make(args.shape, Path(args.model_cache) / args.shape, "cuda" if _cuda() else "cpu"))
-    config = engine_config_from_args(args, plugins=plugins)
+    config = engine_config_from_args(args, plugins=plugins, names_checked=True)
     _check_workload_size(args.num_requests * workloads.STANDARD_MAX_PROMPT, "--num-requests")
     if config.tp_size > 1:
         from minisgl_core.config_args import check_heads_split
