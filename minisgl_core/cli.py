@@ -42,8 +42,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         raise ConfigError(str(exc), *(f for f in ("temperature", "max_tokens") if f in str(exc))) from None
     if not all(args.prompt):
         raise ConfigError("a prompt is empty: give each prompt some text")
-    fields = {k: v for k, v in vars(config).items() if k not in ("model", "tp_size")}
-    llm = LLM(config.model, disable_plugins=args.disable_plugin, **fields)
+    llm = LLM.from_config(config, disable_plugins=args.disable_plugin)  # (the model checked above)
     try:
         outputs = llm.generate(args.prompt, params)
     except ValueError as exc:  # a prompt the model cannot take (e.g. longer than its context)

@@ -24,6 +24,9 @@ logger = logging.getLogger(__name__)
 
 Prompt = str | list[int]
 
+#: the settings LLM names as its own arguments (tp_size: only 1), never in ``**engine_options``
+_NAMED = ("model", "tp_size", "attn", "cache", "policy", "page_size", "max_prefill_tokens", "dtype", "device")
+
 
 @dataclass
 class RequestOutput:
@@ -75,7 +78,7 @@ class LLM:
     ) -> None:
         resolved = resolve_model(model)
         check_model_path(resolved)
-        self.config = EngineConfig(
+        config = EngineConfig(
             model=resolved,
             attn=attn,
             cache=cache,
@@ -86,6 +89,20 @@ class LLM:
             device=device,
             **engine_options,
         )
+        self._start(config, disable_plugins, engine_options)
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, *, disable_plugins: Iterable[str] = ()) -> LLM:
+        """An LLM running ``config`` as it is: its model resolved and checked by the caller
+        (``minisgl generate``: ``engine_config_from_args`` checks it, with the command line's
+        messages). The plugins' ``minisgl_process_start`` sees the settings beyond LLM's own
+        arguments as ``ctx.options``, as ``LLM(model, **settings)`` passes them."""
+        llm = cls.__new__(cls)
+        llm._start(config, disable_plugins, {k: v for k, v in vars(config).items() if k not in _NAMED})
+        return llm
+
+    def _start(self, config: EngineConfig, disable_plugins: Iterable[str], options: dict[str, Any]) -> None:
+        self.config = config
         if isinstance(disable_plugins, str):
             disable_plugins = [disable_plugins]
         if self.config.tp_size != 1:
@@ -94,7 +111,7 @@ class LLM:
                 "`minisgl serve --tp N` for tensor parallelism"
             )
         plugins = Plugins.load(disable=disable_plugins)
-        self._context = ProcessContext(role="offline", options=dict(engine_options))
+        self._context = ProcessContext(role="offline", options=dict(options))
         plugins.call_hook("minisgl_process_start", ctx=self._context)
         self.engine = Engine(self.config, ParallelContext(), plugins)
         self.tokenizer = self.engine.tokenizer

@@ -46,3 +46,24 @@ def test_generate_prints_characters_not_escapes_and_falls_back_where_stdout_cann
     ascii_ = _generate(model_dir, "ascii")
     assert ascii_.returncode == 0 and b"Traceback" not in ascii_.stderr, ascii_.stderr.decode()
     assert [json.loads(line) for line in ascii_.stdout.decode("ascii").splitlines()] == lines
+
+
+def test_generate_checks_the_model_once(model_dir, monkeypatch, capsys):
+    """The command line checks the model (with its messages); LLM.from_config does not again
+    (the check reads every weight file's header and parses the tokenizer)."""
+    from minisgl_core import cli, llm
+    from minisgl_core.checkpoint import path_check
+
+    checked: list[str] = []
+    check = path_check.check_model_path
+
+    def counting(model):
+        checked.append(str(model))
+        return check(model)
+
+    monkeypatch.setattr(path_check, "check_model_path", counting)
+    monkeypatch.setattr(llm, "check_model_path", counting)
+    args = ["--model", str(model_dir), "--device", "cpu", "--attn", "torch", "--num-kv-tokens", "512"]
+    assert cli.main(["generate", *args, "--max-tokens", "2", "hi"]) == 0
+    assert checked == [str(model_dir)]
+    assert len(capsys.readouterr().out.splitlines()) == 1
