@@ -66,7 +66,7 @@ def child(page_size: str, prompts: str, device: str) -> None:
 
     cascade.MIN_SAVED_TOKENS, cascade.MIN_SAVED_SHARE = 0, 0.0  # cascade for any saving
     rng = random.Random(0)
-    greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=0)
+    greedy = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=0)
     # short prompts decoding while longer ones (chunked by the budget) arrive
     plan = [(0, 9), (0, 17), (2, 70), (3, 5), (5, 90), (8, 30)]
     arrivals = [(at, [rng.randrange(5, 500) for _ in range(n)], greedy) for at, n in plan]
