@@ -13,10 +13,6 @@ Prints per layer ``pick_config``'s time and the fastest, each with its TB/s (wei
 the time) and its distance from the plugin's float32 emulation (every candidate must be within
 ``device_fp8_check.EMULATION_TOLERANCE``; a wrong one is shown and never ranked), and the sum over
 the four layers: what a decode step's 32 layers would gain.
-
-``--x-scale given``: every candidate takes the activation row's scale as an input (what a norm or
-SiLU kernel that produced the row could compute on the way) instead of each program reading the
-whole row for it; ``pick_config``'s launch is also timed computing it, for the difference.
 """
 
 from __future__ import annotations
@@ -87,17 +83,14 @@ def _inputs(n: int, k: int, copies: int, seed: int = 0):
 def _compile(job: tuple) -> str:
     """Worker: run each configuration once on a small weight of the layer's K (the compile is
     keyed on the constants and the arguments' divisibility, not on N)."""
-    k, configs, given = job
+    k, configs = job
     from minisgl_plugin_fp8.gemv import fp8_gemv
 
     x, weights, scale = _inputs(64, k, 1)
-    extra = {"x_scale": torch.ones(1, device="cuda")} if given else {}
     errors = 0
     for config in configs:
         try:
-            fp8_gemv(x, weights[0], scale, config, **extra)
-            if given and config == configs[0]:  # the first of a layer's first chunk: pick_config's
-                fp8_gemv(x, weights[0], scale, config)
+            fp8_gemv(x, weights[0], scale, config)
         except Exception:  # noqa: BLE001 - reported by the timing pass
             errors += 1
     torch.cuda.synchronize()
@@ -127,7 +120,7 @@ def time_graph(fn, copies: int, reps: int = 20) -> float:
     return start.elapsed_time(end) / reps / copies
 
 
-def sweep_layer(name: str, n: int, k: int, configs: list, given: bool = False) -> dict:
+def sweep_layer(name: str, n: int, k: int, configs: list) -> dict:
     from minisgl_plugin_fp8.gemv import fp8_gemv
     from minisgl_plugin_fp8.method import quantize_rows
 
@@ -136,14 +129,12 @@ def sweep_layer(name: str, n: int, k: int, configs: list, given: bool = False) -
     xq, x_scale = quantize_rows(x)
     emulated = (xq.float() * x_scale) @ (weights[0].float() * scale.view(-1, 1)).t()
     timed = []
-    row_scale = x_scale.view(1).float().contiguous()
 
-    def run(config, given: bool = given) -> dict:
-        extra = {"x_scale": row_scale} if given else {}
+    def run(config) -> dict:
         try:
-            out = fp8_gemv(x, weights[0], scale, config, **extra).float()
+            out = fp8_gemv(x, weights[0], scale, config).float()
             distance = ((out - emulated).norm() / emulated.norm()).item()
-            ms = time_graph(lambda i, c=config: fp8_gemv(x, weights[i], scale, c, **extra), copies)
+            ms = time_graph(lambda i, c=config: fp8_gemv(x, weights[i], scale, c), copies)
         except Exception as exc:  # noqa: BLE001 - a configuration the compiler refuses
             return {"config": config._asdict(), "error": f"{type(exc).__name__}: {exc}"[:200]}
         return {"config": config._asdict(), "ms": round(ms, 5), "tbps": round(n * k / ms / 1e9, 3),
@@ -158,9 +149,7 @@ def sweep_layer(name: str, n: int, k: int, configs: list, given: bool = False) -
         timed.append(run(config))
     good = sorted((t for t in timed if t.get("ok")), key=lambda t: t["ms"])
     picked = timed[0]
-    computed = run(configs[0], given=False) if given else None
     return {"layer": name, "n": n, "k": k, "copies": copies, "picked": picked, "best": good[:6], "timed": good,
-            "picked_computing_the_scale": computed,
             "tried": len(timed), "wrong": [t for t in timed if "ms" in t and not t["ok"]][:3],
             "errors": [t for t in timed if "error" in t][:3]}  # fmt: skip
 
@@ -170,7 +159,6 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--shapes", default="llama-3.1-8b")
     parser.add_argument("--workers", type=int, default=12)
-    parser.add_argument("--x-scale", choices=("computed", "given"), default="computed")
     args = parser.parse_args()
     started = time.perf_counter()
     layers = [layer for shape in args.shapes.split(",") for layer in SHAPES[shape]]
@@ -179,36 +167,25 @@ def main() -> int:
     jobs = []
     for (_, _, k), configs in plans.items():
         for i in range(0, len(configs), 4):
-            jobs.append((k, configs[i : i + 4], args.x_scale == "given"))
+            jobs.append((k, configs[i : i + 4]))
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(args.workers) as pool:
         compiled = pool.map(_compile, jobs)
     compile_s = time.perf_counter() - started
     print(
-        f"compiled {sum(len(c) for _, c, _ in jobs)} configurations in {compile_s:.1f} s: {set(compiled)}",
+        f"compiled {sum(len(c) for _, c in jobs)} configurations in {compile_s:.1f} s: {set(compiled)}",
         flush=True,
     )
-    given = args.x_scale == "given"
-    report = {"device": torch.cuda.get_device_name(), "compile_s": round(compile_s, 1), "layers": [],
-              "x_scale": args.x_scale}  # fmt: skip
+    report = {"device": torch.cuda.get_device_name(), "compile_s": round(compile_s, 1), "layers": []}
     for (name, n, k), configs in plans.items():
-        row = sweep_layer(name, n, k, configs, given)
+        row = sweep_layer(name, n, k, configs)
         report["layers"].append(row)
         best = row["best"][0] if row["best"] else None
         print(f"{name:8s} picked {row['picked'].get('ms')} ms ({row['picked'].get('tbps')} TB/s); best "
               f"{best and best['ms']} ms ({best and best['tbps']} TB/s) {best and best['config']}", flush=True)  # fmt: skip
-        if given:
-            print(
-                f"{name:8s} picked, computing the scale: {row['picked_computing_the_scale'].get('ms')} ms",
-                flush=True,
-            )
     picked = sum(r["picked"].get("ms", 0) for r in report["layers"])
     best = sum(r["best"][0]["ms"] for r in report["layers"] if r["best"])
     report["per_layer_ms"] = {"picked": round(picked, 5), "best": round(best, 5)}
-    if given:
-        computed = sum(r["picked_computing_the_scale"].get("ms", 0) for r in report["layers"])
-        report["per_layer_ms"]["picked_computing_the_scale"] = round(computed, 5)
-        print(f"per layer, picked computing the scale: {computed:.4f} ms")
     report["seconds"] = round(time.perf_counter() - started, 1)
     print(f"per layer: picked {picked:.4f} ms, best {best:.4f} ms ({report['seconds']} s)")
     with open(args.out, "w") as f:

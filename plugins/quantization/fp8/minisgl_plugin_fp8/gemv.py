@@ -129,8 +129,6 @@ def fp8_gemv_kernel(
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch
     ACC_R: tl.constexpr = 1,  # GemvConfig.acc_r
     EVICT: tl.constexpr = False,  # GemvConfig.evict
-    x_scale_in=None,  # [1] float32: the row's scale as quantize_rows computes it (skip its pass)
-    SCALE_GIVEN: tl.constexpr = False,
 ):
     split = tl.program_id(1)
     cols = split * K_PER_SPLIT + tl.arange(0, BLOCK_K)
@@ -143,11 +141,8 @@ def fp8_gemv_kernel(
     if PDL:  # (the weights are not the kernel before's output: their first block may load before)
         gdc_wait()
         gdc_launch_dependents()
-    if SCALE_GIVEN:  # computed by whoever produced x
-        x_scale = tl.load(x_scale_in + tl.zeros((1, 1), dtype=tl.int32))
-        x_inverse = tl.div_rn(tl.full((1, 1), 1.0, tl.float32), x_scale)
-    else:  # over the whole row: every split reads it, the scale must not depend on the split
-        x_scale, x_inverse = _row_scale(x, K, K_ROW, SCALE_BLOCK)
+    # over the whole row: every split reads it, the scale must not depend on the split
+    x_scale, x_inverse = _row_scale(x, K, K_ROW, SCALE_BLOCK)
     # x as one [1, BLOCK_K] row: the weight tile's layout, no shuffle through shared memory
     x_ptrs = x + cols[None, :]
     for tile in tl.static_range(TILES):
@@ -293,18 +288,12 @@ _SCALE_BLOCK_MAX = 16384
 
 
 def fp8_gemv(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    weight_scale: torch.Tensor,
-    config: GemvConfig | None = None,
-    x_scale: torch.Tensor | None = None,
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, config: GemvConfig | None = None
 ) -> torch.Tensor:
     """``(xq * x_scale) @ (weight.float() * weight_scale.view(-1, 1)).T`` in ``x.dtype``, where
     ``xq, x_scale = quantize_rows(x)`` (computed inside the kernel): ``x`` [1, K], ``weight``
     [N, K] float8_e4m3fn contiguous, ``weight_scale`` N float32 (any shape). No host
-    synchronisation: safe in CUDA graph capture. ``config`` overrides :func:`pick_config`.
-    ``x_scale``: ``x``'s scale (one float32, as ``quantize_rows`` gives it) if its producer computed
-    it, so that no program reads the whole row for it."""
+    synchronisation: safe in CUDA graph capture. ``config`` overrides :func:`pick_config`."""
     m, k = x.shape
     n = weight.shape[0]
     assert m == GEMV_MAX_M and weight.shape[1] == k and weight.is_contiguous()
@@ -324,7 +313,7 @@ def fp8_gemv(
         x, weight, weight_scale, target, n, k,
         K_PER_SPLIT=k_per_split, K_ROW=triton.cdiv(k, scale_block) * scale_block, SCALE_BLOCK=scale_block,
         BLOCK_N=config.block_n, BLOCK_K=config.block_k, TILES=config.tiles, PREFETCH=config.prefetch,
-        ACC_R=config.acc_r, EVICT=config.evict, x_scale_in=x_scale, SCALE_GIVEN=x_scale is not None,
+        ACC_R=config.acc_r, EVICT=config.evict,
         num_warps=config.num_warps, num_stages=config.num_stages, **pdl,
     )  # fmt: skip
     if config.split_k > 1:

@@ -173,9 +173,6 @@ def check_kernel() -> None:
             # and the activations really were rounded to e4m3 (3.6% relative), not used as they are
             unrounded = xd.float() @ weight
             assert (out.float() - unrounded).norm() > 0.01 * unrounded.norm()
-            # the scale its producer computed instead of the kernel's pass: the same bits
-            given = fp8_gemv(xd, q, scale.view(1, rows), config, x_scale=x_scale.view(1).float())
-            assert torch.equal(given, out)
         print("ok", rows, cols, config.split_k)
 
 
