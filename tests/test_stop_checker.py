@@ -67,7 +67,7 @@ def test_a_replacement_character_stop_matches_only_a_real_one():
 def test_random_unicode_text_stops_where_the_reference_says():
     rng = random.Random(0)
     alphabet = ["a", "b", "é", "日", "本", "🎉", "한", " "]
-    for _ in range(400):
+    for _ in range(600):
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40)))
         stops = [
             "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 4))) for _ in range(rng.randint(1, 3))
@@ -75,6 +75,9 @@ def test_random_unicode_text_stops_where_the_reference_says():
         if rng.random() < 0.3:  # a stop the text holds
             start = rng.randrange(len(text))
             stops.append(text[start : start + rng.randint(1, 5)])
+        if rng.random() < 0.3:  # a long one (a window past 16 tokens: the last characters looked at first)
+            start = rng.randrange(len(text))
+            stops.append(text[start : start + rng.randint(5, 14)])
         min_tokens = rng.choice([0, 0, 3, 9])
         got, want = run(text, stops, min_tokens), reference(text, stops, min_tokens)
         assert got == want, (text, stops, min_tokens)

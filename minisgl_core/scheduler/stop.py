@@ -6,6 +6,10 @@ from collections.abc import Callable, Iterable
 
 from minisgl_core.scheduler.request import Request
 
+#: tokens decoded first for a long stop's window: they hold every character the newest token
+#: completed (a character is at most four bytes, a token at least one) and the token before it
+_RECENT = 8
+
 
 class StopChecker:
     def __init__(self, eos_ids: Iterable[int], decode: Callable[[list[int]], str] | None) -> None:
@@ -41,6 +45,14 @@ class StopChecker:
         # after their text does (the detokenizer trims at the same one: stop_search_start).
         if not req.stop_window:
             req.stop_window = max(len(s.encode("utf-8")) for s in req.params.stop) + 4
+        if req.stop_window > 2 * _RECENT:
+            # A stop found now ends in the characters the newest token completed (or, for one
+            # ending in a real U+FFFD, the token before), which began within the last four tokens:
+            # if no stop's last character is in the last few tokens' text, none can match, and the
+            # window (up to 4,100 tokens for a long stop of emoji) need not be decoded this step.
+            recent = self.decode(req.output_ids[-_RECENT:])
+            if not any(stop[-1] in recent for stop in req.params.stop):
+                return None
         window = req.output_ids[-req.stop_window :]
         tail = self.decode(window)
         early = req.params.min_tokens - 1 - (len(req.output_ids) - len(window))
