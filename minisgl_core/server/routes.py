@@ -243,8 +243,12 @@ def make_router(
             completion_tokens = 0
             # each choice's offsets count on from chunk to chunk (a character's tokens may straddle two)
             offsets = [r.TextOffsets() for _ in range(group.num_choices)]
+            # echo with logprobs: the prompt's text goes out with its tokens' logprobs, which come
+            # with the choice's first delta (a chunk of its own before them left the next chunk's
+            # logprobs the prompt's tokens and the new ones under the new text alone)
+            pending = list(echoes) if echo_logprobs else [""] * group.num_choices
             for i, echo in enumerate(echoes):
-                if echo:
+                if echo and not echo_logprobs:
                     chunk = with_ids(r.completion_chunk(rid, model.name, created, i, echo), i, [])
                     yield r.sse(usage_so_far(chunk, i))
             async for delta in group.deltas():
@@ -258,6 +262,8 @@ def make_router(
                     drop_generated(delta)
                 completion_tokens += len(delta.token_ids)
                 produced[delta.index] += len(delta.token_ids)
+                if pending[delta.index]:
+                    delta.text, pending[delta.index] = pending[delta.index] + delta.text, ""
                 if (
                     not delta.text
                     and delta.finish_reason is None
@@ -268,7 +274,7 @@ def make_router(
                     continue
                 logprobs = None
                 if echo_logprobs and delta.prompt_logprobs is not None:
-                    # the prompt's tokens first (their text went out as the echo), offsets from 0
+                    # the prompt's tokens first (their text is the echo, at the chunk's start)
                     items = r.top_cut([e for e in delta.prompt_logprobs if e is not None], body.logprobs)
                     logprobs = r.completion_logprobs(named(items + delta.logprobs), offsets[delta.index])
                 elif delta.logprobs:

@@ -136,6 +136,32 @@ def test_streamed_text_offsets_equal_the_whole_response(real_client, echo, stop)
     assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
 
 
+@pytest.mark.parametrize("max_tokens", [0, 4])
+def test_streamed_echo_chunks_carry_their_own_tokens_logprobs(real_client, max_tokens):
+    """With echo and logprobs the echo went out as a chunk without logprobs, and the next chunk
+    carried the prompt's tokens and its new ones under its new text alone (with max_tokens 0, a
+    chunk of no text carried the prompt's). Each chunk's tokens now spell its own text."""
+    kwargs = dict(
+        model="SmolLM2-135M-Instruct",
+        prompt="Hello world",
+        max_tokens=max_tokens,
+        temperature=0,
+        logprobs=1,
+        echo=True,
+    )
+    whole = real_client.completions.create(**kwargs)
+    chunks = [c for c in real_client.completions.create(**kwargs, stream=True) if c.choices]
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+    assert chunks[0].choices[0].text.startswith("Hello world")
+    for chunk in chunks:
+        choice = chunk.choices[0]
+        tokens = choice.logprobs.tokens if choice.logprobs else []
+        assert "".join(tokens) == choice.text, (choice.text, tokens)
+    assert [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens] == (
+        whole.choices[0].logprobs.tokens
+    )
+
+
 def test_greedy_chat_equals_transformers(real_client, real_references):
     from concurrent.futures import ThreadPoolExecutor
 
