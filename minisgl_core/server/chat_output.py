@@ -4,6 +4,7 @@ either from the whole text or delta by delta while streaming."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from minisgl_core.api import ReasoningParser, ToolCall, ToolCallDelta
@@ -49,9 +50,9 @@ class ChoiceOutput:
             message["reasoning_content"], content = split.reasoning, split.content
         if self.tools is not None and content is not None:
             parsed = self.tools.parse(content)
-            content, calls = parsed.content, parsed.tool_calls[: 1 if self.single_call else None]
+            content, calls = parsed.content, self._kept(parsed.tool_calls)
+            self.made_calls = _all_whole(calls)
             if calls:
-                self.made_calls = True
                 message["tool_calls"] = [tool_call_json(c) for c in calls]
         message["content"] = content
         return message
@@ -78,10 +79,26 @@ class ChoiceOutput:
         return out
 
     def finish_reason(self, reason: str | None) -> str | None:
-        """``"tool_calls"`` for a choice that stopped after a whole call, streamed or not."""
+        """``"tool_calls"`` for a choice that stopped after whole calls only, streamed or not."""
         if reason != "stop":
             return reason
         if self._streamed and self._tool_parser is not None:  # once, at the end of a stream
             text, self._streamed = "".join(self._streamed), []
-            self.made_calls = bool(self._tool_parser(self._tool_list).parse(text).tool_calls)
+            self.made_calls = _all_whole(
+                self._kept(self._tool_parser(self._tool_list).parse(text).tool_calls)
+            )
         return "tool_calls" if self.made_calls else reason
+
+    def _kept(self, calls: list[ToolCall]) -> list[ToolCall]:
+        return calls[: 1 if self.single_call else None]
+
+
+def _all_whole(calls: list[ToolCall]) -> bool:
+    """Whether there are calls and each is finished: a forced call cut off by a stop string keeps
+    its partial arguments, and "tool_calls" would tell the client to run it."""
+    if not calls:
+        return False
+    try:
+        return all(isinstance(json.loads(c.arguments), dict) for c in calls)
+    except ValueError:
+        return False

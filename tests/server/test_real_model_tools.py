@@ -114,3 +114,54 @@ def test_forced_tool_call_streamed_equals_the_whole_answer(client):
     assert json.loads(arguments) == json.loads(whole.choices[0].message.tool_calls[0].function.arguments)
     jsonschema.validate(json.loads(arguments), WEATHER_PARAMS)
     assert _round_trip(client, call_id, name, arguments).strip()
+
+
+def _streamed_calls(client, **kwargs) -> tuple[str, list[tuple[str, str]], str]:
+    """A streamed answer's content, its calls (name, arguments) by index and its finish reason."""
+    content, calls, finish = "", {}, None
+    for chunk in client.chat.completions.create(**kwargs, stream=True):
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for part in delta.tool_calls or []:
+            entry = calls.setdefault(part.index, ["", ""])
+            entry[0] += part.function.name or ""
+            entry[1] += part.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    return content, [tuple(calls[i]) for i in sorted(calls)], finish
+
+
+@pytest.mark.parametrize(
+    "tool_choice, max_tokens, expected",
+    [
+        # the call's arguments cut off at '{"city":"Paris","unit'
+        (FORCED, 24, [("get_weather", '{"city":"Paris","unit')]),
+        # parallel calls: a whole one, then the next one cut off in its arguments
+        (
+            "required",
+            48,
+            [("get_weather", '{"city":"Paris","unit":"celsius"}'), ("get_weather", '{"city":"')],
+        ),
+    ],
+    ids=["named", "required"],
+)
+def test_a_forced_call_cut_off_by_max_tokens_is_a_partial_call_streamed_or_not(
+    client, tool_choice, max_tokens, expected
+):
+    """max_tokens cutting the forced array of calls: the whole answer had no tool_calls (named) or
+    only the whole ones, and the array's text in its content ('[{"name":"get_weather",...' /
+    '{"name":"get_weather","arguments":{"city":"'), while the stream sent the call cut off. Both now
+    answer the calls with the arguments so far (as vLLM does for a named function), no content."""
+    kwargs = dict(
+        model=MODEL,
+        messages=ASK,
+        tools=[WEATHER],
+        tool_choice=tool_choice,
+        temperature=0,
+        max_tokens=max_tokens,
+    )
+    choice = client.chat.completions.create(**kwargs).choices[0]
+    calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
+    assert (choice.finish_reason, choice.message.content, calls) == ("length", None, expected)
+    assert _streamed_calls(client, **kwargs) == ("", expected, "length")

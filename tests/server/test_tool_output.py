@@ -250,8 +250,9 @@ def test_forced_array_is_read_back_whole_and_streamed():
 @pytest.mark.parametrize("parser, text", [(ForcedToolCallParser, FORCED), (HermesToolParser, QWEN3_ANSWER)])
 def test_an_output_cut_off_part_way_ends_alike_streamed_or_not(parser, text):
     """An output cut at any point (a stop string, max_tokens): the stream's finish_reason is the
-    whole message's. A call cut inside its arguments is no call when parsed whole, and the stream
-    said "tool_calls" for it (its partial arguments had gone out)."""
+    whole message's. A call cut inside its arguments is no call when parsed whole (hermes) or a
+    partial one (forced), and the stream said "tool_calls" for it (its partial arguments had gone
+    out)."""
     plan = ToolPlan(parser, [WEATHER, TIME])
     for cut in range(len(text) + 1):
         whole = ChoiceOutput(plan, None)
@@ -261,6 +262,33 @@ def test_an_output_cut_off_part_way_ends_alike_streamed_or_not(parser, text):
             stream.delta(text[i : min(i + 5, cut)], final=False)
         stream.delta("", final=True)
         assert stream.finish_reason("stop") == whole.finish_reason("stop"), (cut, text[:cut])
+
+
+def test_a_forced_array_cut_off_part_way_is_calls_so_far_streamed_or_not():
+    """max_tokens or a stop string cutting the forced array: the whole answer put the array's text
+    in content ('[{"name": "get_weather", "arguments": {"ci' with no tool_calls, or a cut-off later
+    call next to the whole first one), while the stream sent the cut-off call. Now both answer no
+    content and each call whose name is complete with its arguments so far, and finish_reason
+    "tool_calls" only when every call is whole (a partial call is not one to run)."""
+    plan = ToolPlan(ForcedToolCallParser, [WEATHER, TIME])
+    # where each call's name string ends and its arguments value starts and ends, read off FORCED
+    spans = []
+    for name, arguments in [("get_weather", '{"city": "Paris"}'), ("get_time", "{}")]:
+        name_end = FORCED.index(f'"{name}"') + len(name) + 2
+        start = FORCED.index(arguments, name_end)
+        spans.append((name, name_end, start, start + len(arguments)))
+    for cut in range(len(FORCED) + 1):
+        text = FORCED[:cut]
+        named = [span for span in spans if cut >= span[1]]
+        expected = [(name, text[start:end]) for name, _, start, end in named]
+        finish = "tool_calls" if named and all(cut >= end for *_, end in named) else "stop"
+        whole = ChoiceOutput(plan, None)
+        completion = as_completion(whole.message(text), whole.finish_reason("stop"))
+        for answer in (completion, streamed(ChoiceOutput(plan, None), text, [cut // 2], [WEATHER, TIME])):
+            choice = answer.choices[0]
+            calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
+            got = (choice.message.content or None, calls, choice.finish_reason)  # (a stream's content is "")
+            assert got == (None, expected, finish), (cut, text)
 
 
 def test_a_close_marker_inside_an_unfinished_call_is_not_streamed_as_arguments():
