@@ -109,5 +109,10 @@ async def _closing(group: RequestGroup, chunks: Callable[[], AsyncIterator[str]]
     try:
         async for chunk in chunks():
             yield chunk
+            # Let the event loop poll the socket between chunks: a step's chunks (one a choice) were
+            # written back to back in one turn of the loop, so after a client left, the server kept
+            # writing to the closed socket (asyncio logged "socket.send() raised exception." for
+            # each write past the fifth: 40-60 lines for a dropped stream of n=64) before it saw it.
+            await asyncio.sleep(0)
     finally:
         group.close()  # also runs when the client disconnects mid-stream (the task is cancelled)

@@ -3,12 +3,14 @@ through the official ``openai`` client equals transformers' on the same GGUF, to
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from minisgl_core.testing.real_model import MAX_TOKENS
 
 # fmt: off
-REAL_ARGS = ["--device", "cpu", "--attn", "torch", "--num-kv-tokens", "8192", "--max-running-requests", "16",
+REAL_ARGS = ["--device", "cpu", "--attn", "torch", "--num-kv-tokens", "8192", "--max-running-requests", "64",
              "--max-context-len", "2048"]
 # fmt: on
 
@@ -160,6 +162,38 @@ def test_streamed_echo_chunks_carry_their_own_tokens_logprobs(real_client, max_t
     assert [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens] == (
         whole.choices[0].logprobs.tokens
     )
+
+
+def test_a_dropped_stream_of_many_choices_leaves_no_write_warnings(real_server):
+    """A stream of n=64 dropped by its client logged 20-60 lines of asyncio's "socket.send() raised
+    exception.": a step's chunks (one a choice) were written back to back in one turn of the event
+    loop, so the server kept writing to the closed socket before it saw that the client had gone."""
+    import httpx
+
+    def metrics() -> dict[str, float]:
+        text = httpx.get(f"{real_server.url}/metrics").text
+        return {
+            line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line[:1] not in "#"
+        }
+
+    abort = 'minisgl_requests_total{finish_reason="abort"}'
+    before = metrics()
+    body = {"prompt": "x", "n": 64, "max_tokens": 32, "stream": True, "ignore_eos": True}
+    for _ in range(3):
+        with httpx.Client(timeout=60) as http:
+            with http.stream("POST", f"{real_server.url}/v1/completions", json=body) as resp:
+                assert resp.status_code == 200
+                for events, _line in enumerate(line for line in resp.iter_lines() if line):
+                    if events == 2:
+                        break
+        deadline = time.monotonic() + 30
+        while metrics()["minisgl_num_requests_running"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    assert metrics()[abort] == before[abort] + 3 * 64  # every choice of the dropped streams aborted
+    assert "socket.send() raised exception" not in real_server.log()
 
 
 def test_greedy_chat_equals_transformers(real_client, real_references):
