@@ -67,3 +67,26 @@ def test_generate_checks_the_model_once(model_dir, monkeypatch, capsys):
     assert cli.main(["generate", *args, "--max-tokens", "2", "hi"]) == 0
     assert checked == [str(model_dir)]
     assert len(capsys.readouterr().out.splitlines()) == 1
+
+
+def test_bench_offline_checks_the_model_once(model_dir, monkeypatch, capsys):
+    """As generate: engine_config_from_args checks the model, LLM.from_config takes it as checked
+    (LLM() checked it a second time)."""
+    from minisgl_core import cli, llm
+    from minisgl_core.checkpoint import path_check
+
+    checked: list[str] = []
+    check = path_check.check_model_path
+
+    def counting(model):
+        checked.append(str(model))
+        return check(model)
+
+    monkeypatch.setattr(path_check, "check_model_path", counting)
+    monkeypatch.setattr(llm, "check_model_path", counting)
+    args = ["--model", str(model_dir), "--device", "cpu", "--attn", "torch", "--num-kv-tokens", "4096"]
+    try:
+        cli.main(["bench", "offline", *args, "--num-requests", "1"])
+    except SystemExit:  # a tiny model's vocabulary may be too small for the workload: started all the same
+        pass
+    assert checked == [str(model_dir)]

@@ -239,9 +239,9 @@ def _offline(args: argparse.Namespace) -> int:
         from minisgl_core.bench.offline import decode_latency, run_offline
         from minisgl_core.llm import LLM
 
-        fields = {k: v for k, v in vars(config).items() if k not in ("model",)}
         started = time.perf_counter()
-        llm = LLM(config.model, disable_plugins=args.disable_plugin, **fields)
+        # (the model checked by engine_config_from_args above: not again)
+        llm = LLM.from_config(config, disable_plugins=args.disable_plugin)
         # start-up (weights, KV pool, JIT, graph capture): a fresh machine's cost, outside the timed run
         result["init_seconds"] = round(time.perf_counter() - started, 1)
         vocab, top = llm.engine.runner.vocab_size, max(max(r.prompt_ids) for r in requests)
