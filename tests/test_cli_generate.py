@@ -48,10 +48,10 @@ def test_generate_prints_characters_not_escapes_and_falls_back_where_stdout_cann
     assert [json.loads(line) for line in ascii_.stdout.decode("ascii").splitlines()] == lines
 
 
-def test_generate_checks_the_model_once(model_dir, monkeypatch, capsys):
-    """The command line checks the model (with its messages); LLM.from_config does not again
-    (the check reads every weight file's header and parses the tokenizer)."""
-    from minisgl_core import cli, llm
+@pytest.fixture
+def model_checks(monkeypatch) -> list[str]:
+    """The model paths checked from now on (the command line's check and LLM()'s), in order."""
+    from minisgl_core import llm
     from minisgl_core.checkpoint import path_check
 
     checked: list[str] = []
@@ -63,30 +63,28 @@ def test_generate_checks_the_model_once(model_dir, monkeypatch, capsys):
 
     monkeypatch.setattr(path_check, "check_model_path", counting)
     monkeypatch.setattr(llm, "check_model_path", counting)
+    return checked
+
+
+def test_generate_checks_the_model_once(model_dir, model_checks, capsys):
+    """The command line checks the model (with its messages); LLM.from_config does not again
+    (the check reads every weight file's header and parses the tokenizer)."""
+    from minisgl_core import cli
+
     args = ["--model", str(model_dir), "--device", "cpu", "--attn", "torch", "--num-kv-tokens", "512"]
     assert cli.main(["generate", *args, "--max-tokens", "2", "hi"]) == 0
-    assert checked == [str(model_dir)]
+    assert model_checks == [str(model_dir)]
     assert len(capsys.readouterr().out.splitlines()) == 1
 
 
-def test_bench_offline_checks_the_model_once(model_dir, monkeypatch, capsys):
+def test_bench_offline_checks_the_model_once(model_dir, model_checks):
     """As generate: engine_config_from_args checks the model, LLM.from_config takes it as checked
     (LLM() checked it a second time)."""
-    from minisgl_core import cli, llm
-    from minisgl_core.checkpoint import path_check
+    from minisgl_core import cli
 
-    checked: list[str] = []
-    check = path_check.check_model_path
-
-    def counting(model):
-        checked.append(str(model))
-        return check(model)
-
-    monkeypatch.setattr(path_check, "check_model_path", counting)
-    monkeypatch.setattr(llm, "check_model_path", counting)
     args = ["--model", str(model_dir), "--device", "cpu", "--attn", "torch", "--num-kv-tokens", "4096"]
     try:
         cli.main(["bench", "offline", *args, "--num-requests", "1"])
     except SystemExit:  # a tiny model's vocabulary may be too small for the workload: started all the same
         pass
-    assert checked == [str(model_dir)]
+    assert model_checks == [str(model_dir)]
