@@ -123,7 +123,7 @@ class SamplingParams:
         them against the vocabulary)."""
 
         def bad(name: str, why: str) -> None:
-            raise ValueError(f"{name} {why}, got {_short(getattr(self, name))}")
+            raise ValueError(f"{name} {why}, got {short_repr(getattr(self, name))}")
 
         def integer(name: str, low: int, high: int, value: object = None) -> None:
             value = getattr(self, name) if value is None else value
@@ -245,10 +245,15 @@ def _bound(value: int) -> str:
     return {INT64_MIN: "-2**63", INT64_MAX: "2**63-1"}.get(value, str(value))
 
 
-def _short(value: object) -> str:
+def short_repr(value: object) -> str:
     """A field's value for an error message, cut short (a stop list may be long)."""
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    return cut(repr(value))
+
+
+def cut(text: str, limit: int = 80) -> str:
+    """``text`` for an error message: at most ``limit`` characters, ``...`` ending a longer one
+    (a client's 100,000-character value was echoed whole)."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _token_id(key: object) -> int:
@@ -258,7 +263,7 @@ def _token_id(key: object) -> int:
         return key
     if isinstance(key, str) and re.fullmatch(r"-?[0-9]+", key):
         return int(key)
-    raise ValueError(f"logit_bias keys must be token ids, got {_short(key)}")
+    raise ValueError(f"logit_bias keys must be token ids, got {short_repr(key)}")
 
 
 #: generation_config.json keys that become a request's defaults when the request leaves them unset

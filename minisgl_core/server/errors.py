@@ -13,6 +13,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from minisgl_core.sampling import cut
+
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -82,6 +84,7 @@ def validation_error(exc: RequestValidationError) -> APIError:
     if param is None and getattr(cause, "field", None):  # a whole-body check that blames a field
         param = cause.field
     if kind == "extra_forbidden":
+        param = cut(param or "")  # a field's name is the client's too: 100,000 characters came back
         return APIError(
             400, f"unsupported field {param!r}: minisgl does not implement it", param, "unsupported_field"
         )
@@ -91,8 +94,12 @@ def validation_error(exc: RequestValidationError) -> APIError:
         if kind == "float_type" and got == "an integer":  # only one past a double's range fails
             got = "an integer this large"
         msg += f", not {got}"  # "an integer, not a boolean": what was wrong
-    # a check's own code (BodyError's: "unsupported_field" for a value minisgl does not implement)
-    return APIError(400, f"{param}: {msg}" if param else msg, param, getattr(cause, "code", None))
+    # a check's own code (BodyError's: "unsupported_field" for a value minisgl does not implement);
+    # else OpenAI's for a value of the wrong type or outside a field's choices (was null)
+    code = getattr(cause, "code", None)
+    if code is None and _is_type_mismatch(err):
+        code = "invalid_value" if kind in ("literal_error", "union_tag_invalid") else "invalid_type"
+    return APIError(400, f"{param}: {msg}" if param else msg, param, code)
 
 
 def _not_utf8(exc: UnicodeDecodeError) -> str:

@@ -28,6 +28,7 @@ from pydantic import (
 from pydantic.types import Strict
 
 from minisgl_core.api.grammar import GrammarSpec
+from minisgl_core.sampling import short_repr
 
 #: roles a chat message may have; "developer" is OpenAI's newer name for "system"
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -365,7 +366,7 @@ class ChatMessage(StrictModel):
                 kind = part.get("type") if isinstance(part, dict) else None
                 if kind is not None and kind != "text":
                     raise ValueError(
-                        f"content parts of type {kind!r} are not supported: the served models take text only"
+                        f"content parts of type {short_repr(kind)} are not supported: the served models take text only"
                     )
         return content
 
@@ -373,7 +374,7 @@ class ChatMessage(StrictModel):
     @classmethod
     def _known_role(cls, role: str) -> str:
         if role not in CHAT_ROLES:
-            raise ValueError(f"unknown role {role!r}; use one of {', '.join(CHAT_ROLES)}")
+            raise ValueError(f"unknown role {short_repr(role)}; use one of {', '.join(CHAT_ROLES)}")
         return role
 
     @model_validator(mode="after")
@@ -579,7 +580,7 @@ class ChatCompletionRequest(SamplingFields):
     def _one_tier(cls, tier: Any) -> Any:
         if isinstance(tier, str) and tier not in ("auto", "default"):
             raise BodyError(
-                f"{tier!r} is not supported: minisgl serves one tier; send auto or default, or leave it out",
+                f"{short_repr(tier)} is not supported: minisgl serves one tier; send auto or default, or leave it out",
                 "service_tier",
                 "unsupported_field",
             )
@@ -593,7 +594,7 @@ class ChatCompletionRequest(SamplingFields):
         other = next((m for m in modalities if isinstance(m, str) and m != "text"), None)
         if other is not None:
             raise BodyError(
-                f'{other!r} is not supported: minisgl outputs text only; send ["text"] or leave it out',
+                f'{short_repr(other)} is not supported: minisgl outputs text only; send ["text"] or leave it out',
                 "modalities",
                 "unsupported_field",
             )
@@ -659,9 +660,13 @@ def template_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     ``chat_template`` of the client's, ``return_tensors``, ``truncation``...)."""
     for key in kwargs:
         if key in _TEMPLATE_FIELDS:
-            raise ValueError(f"{key!r} is not a template variable here: set the request's {key} field")
+            raise ValueError(
+                f"{short_repr(key)} is not a template variable here: set the request's {key} field"
+            )
         if key in _TEMPLATE_RESERVED:
-            raise ValueError(f"{key!r} is set by the server and cannot be passed to the chat template")
+            raise ValueError(
+                f"{short_repr(key)} is set by the server and cannot be passed to the chat template"
+            )
     return kwargs
 
 

@@ -20,6 +20,7 @@ from minisgl_core.api import (
     merge_tool_deltas,
     scan_tool_call,
 )
+from minisgl_core.sampling import cut, short_repr
 from minisgl_core.server.errors import APIError
 from minisgl_core.server.schemas import ChatCompletionRequest, FunctionDefinition
 
@@ -100,9 +101,13 @@ def plan_tools(body: ChatCompletionRequest, tool_parser: type[ToolParser] | None
         name = choice.function.name  # type: ignore[union-attr]
         named = [(i, f) for i, f in functions if f.name == name]
         if not named:
-            known = ", ".join(f.name for _, f in functions)
+            known = ", ".join(short_repr(f.name) for _, f in functions[:8]) + (
+                ", ..." if len(functions) > 8 else ""
+            )
             raise APIError(
-                400, f"tool_choice names {name!r}, which is not among the tools ({known})", "tool_choice"
+                400,
+                f"tool_choice names {short_repr(name)}, which is not among the tools ({known})",
+                "tool_choice",
             )
         functions = named[:1]
         schema = {
@@ -128,8 +133,8 @@ def _check_parameters(function: FunctionDefinition, index: int) -> None:
         return
     raise APIError(
         400,
-        f"the parameters of function {function.name!r} must be a JSON Schema of type 'object' (a "
-        f"call's arguments are a JSON object), got type {json.dumps(kind)}; put the value in a property",
+        f"the parameters of function {short_repr(function.name)} must be a JSON Schema of type 'object' (a "
+        f"call's arguments are a JSON object), got type {cut(json.dumps(kind))}; put the value in a property",
         f"tools.{index}.function.parameters",
     )
 

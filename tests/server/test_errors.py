@@ -491,3 +491,58 @@ def test_a_batch_on_a_native_route_says_to_send_one_prompt_a_request(server, aut
     assert "send one request per prompt" in error["message"], error
     if path == "/generate":
         assert "/v1/completions" in error["message"], error
+
+
+BIG = "x" * 100_000
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+BIG_VALUES = [
+    # (body, the param the 400 names): each echoed the client's whole value in its message
+    ({"messages": USER, "service_tier": BIG}, "service_tier"),
+    ({"messages": USER, "modalities": [BIG]}, "modalities"),
+    ({"messages": [{"role": BIG, "content": "hi"}]}, "messages.0.role"),
+    ({"messages": [{"role": "user", "content": [{"type": BIG, "text": "hi"}]}]}, "messages.0.content"),
+    ({"messages": USER, BIG: 1}, None),
+    (
+        {"messages": USER, "tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": BIG}}},
+        "tool_choice",
+    ),
+    (
+        {
+            "messages": USER,
+            "tools": [{"type": "function", "function": {"name": BIG, "parameters": {"type": BIG}}}],
+        },
+        "tools",
+    ),
+]
+
+
+@pytest.mark.parametrize(("body", "param"), BIG_VALUES, ids=[p or "field-name" for _, p in BIG_VALUES])
+def test_a_long_value_refused_is_not_echoed_whole(server, auth, body, param):
+    """A 100,000-character value refused came back whole in the 400's message (service_tier, a
+    role, a field's name, ...): now cut to a few dozen characters, still naming the field."""
+    resp = httpx.post(f"{server.url}{CHAT}", headers=auth, json=body)
+    assert resp.status_code == 400, resp.text[:300]
+    error = resp.json()["error"]
+    assert len(error["message"]) < 600 and "x" * 60 in error["message"], error["message"][:700]
+    if param is not None:
+        assert error["param"] is not None and error["param"].startswith(param), error
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "code"),
+    [
+        ({"service_tier": 5}, "service_tier", "invalid_value"),  # one of a Literal's values
+        ({"modalities": "text"}, "modalities", "invalid_type"),
+        ({"max_tokens": "many"}, "max_tokens", "invalid_type"),
+        ({"temperature": [1]}, "temperature", "invalid_type"),
+        ({"tool_choice": "sometimes"}, "tool_choice", "invalid_value"),
+        ({"response_format": {"type": "xml"}}, "response_format.type", "invalid_value"),
+    ],
+)
+def test_a_value_of_the_wrong_type_or_choice_has_openais_code(server, auth, extra, param, code):
+    """Pydantic's type and choice checks answered with code null; OpenAI's API says invalid_type /
+    invalid_value, which a client can branch on."""
+    resp = httpx.post(f"{server.url}{CHAT}", headers=auth, json={"messages": USER, **extra})
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["param"] == param and error["code"] == code, error
