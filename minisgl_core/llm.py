@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import itertools
 import logging
+import signal
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,9 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         self._rids = itertools.count()
         self._closed = False
+        #: why the engine cannot be trusted any more (a second Ctrl-C stopped a step half-way, or
+        #: the requests of a failed call could not be taken out); None: usable
+        self._broken: str | None = None
         #: one call at a time uses the engine: calls from other threads wait their turn (two
         #: threads' generate interleaved their steps on one engine: hangs, page-table errors,
         #: outputs that differed from a call alone)
@@ -148,6 +152,8 @@ class LLM:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("this LLM is closed; create a new one to generate")
+        if self._broken is not None:
+            raise RuntimeError(f"this LLM cannot generate any more: {self._broken}; create a new one")
 
     def sampling_params(self, **fields: Any) -> SamplingParams:
         """SamplingParams from ``fields`` (None = unset), the model's defaults filling the rest."""
@@ -219,31 +225,46 @@ class LLM:
         by_rid: dict[int, SamplingParams] = {}
         unfinished: set[int] = set()
         bar = self._progress(len(prompts), use_tqdm)
+        interrupts = _StepBoundaryInterrupts()
         try:
-            for ids, p in zip(encoded, params):
-                rid = next(self._rids)
-                outputs[rid] = RequestOutput(
-                    prompt_token_ids=ids, logprobs=[] if p.logprobs is not None else None
-                )
-                by_rid[rid] = p
-                unfinished.add(rid)
-                self.engine.add_request(rid, ids, p)
-            self._run(outputs, by_rid, unfinished, bar)
+            with interrupts:
+                for ids, p in zip(encoded, params):
+                    rid = next(self._rids)
+                    outputs[rid] = RequestOutput(
+                        prompt_token_ids=ids, logprobs=[] if p.logprobs is not None else None
+                    )
+                    by_rid[rid] = p
+                    unfinished.add(rid)
+                    self.engine.add_request(rid, ids, p)
+                self._run(outputs, by_rid, unfinished, bar, interrupts.check)
+                while self.engine.has_work:  # with overlap, one step launched after the last finish
+                    self.engine.step()
         except BaseException:
             # Ctrl-C, a grammar that did not compile, any error: this call's requests leave the
             # engine, so the LLM stays usable (they stayed queued, and the next call failed on
             # their outputs)
-            for rid in unfinished:
-                self.engine.abort(rid)
-            while self.engine.has_work:
-                self.engine.step()
+            self._take_out(unfinished, interrupts.mid_step)
             raise
         finally:
             if bar is not None:
                 bar.close()
-        while self.engine.has_work:  # with overlap, one step launched after the last finish
-            self.engine.step()
         return list(outputs.values())
+
+    def _take_out(self, unfinished: set[int], mid_step: bool) -> None:
+        """Abort ``unfinished`` and land what is in flight; if that fails (or a second Ctrl-C
+        stopped a step half-way, where the scheduler had counted tokens whose step never landed),
+        the LLM refuses to generate again rather than hang or answer from a broken cache."""
+        if mid_step:
+            self._broken = "a second Ctrl-C stopped a step half-way"
+            return
+        try:
+            for rid in unfinished:
+                self.engine.abort(rid)
+            while self.engine.has_work:
+                self.engine.step()
+        except BaseException as exc:
+            self._broken = f"the last call's requests could not be taken out ({type(exc).__name__}: {exc})"
+            logger.exception("taking out an interrupted generate's requests failed")
 
     def _run(
         self,
@@ -251,9 +272,12 @@ class LLM:
         by_rid: dict[int, SamplingParams],
         unfinished: set[int],
         bar: Any,
+        check_interrupt: Callable[[], None] = lambda: None,
     ) -> None:
-        """Step the engine until every request of ``outputs`` finished (removed from ``unfinished``)."""
+        """Step the engine until every request of ``outputs`` finished (removed from ``unfinished``);
+        ``check_interrupt`` raises a Ctrl-C that came during the last step."""
         while unfinished:
+            check_interrupt()
             for out in self.engine.step():
                 result = outputs.get(out.rid)
                 if result is None:  # an earlier call's request, aborted: nothing to report
@@ -287,3 +311,44 @@ class LLM:
         from tqdm import tqdm
 
         return tqdm(total=total, desc="generate", unit="req")
+
+
+class _StepBoundaryInterrupts:
+    """Ctrl-C during ``generate`` raises KeyboardInterrupt between engine steps, not inside one:
+    a step interrupted after the scheduler planned it (requests counted a token ahead) and before
+    its tokens landed left the cache unable to take the requests back, and the next call spun
+    forever. A second Ctrl-C raises at once (a step that hangs can still be stopped; the LLM then
+    refuses to generate again). Only in the main thread under Python's own SIGINT handler: a
+    handler of the caller's is left alone, and other threads never receive the signal."""
+
+    def __init__(self) -> None:
+        self.pending = False
+        #: a second Ctrl-C raised inside a step
+        self.mid_step = False
+        self._previous: Any = None
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.pending:
+            self.mid_step = True
+            raise KeyboardInterrupt
+        self.pending = True
+
+    def check(self) -> None:
+        if self.pending:
+            self.pending = False
+            raise KeyboardInterrupt
+
+    def __enter__(self) -> _StepBoundaryInterrupts:
+        if (
+            threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        ):
+            self._previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+        if kind is None:
+            self.check()  # a Ctrl-C during the last steps: the caller still asked to stop

@@ -4,7 +4,9 @@ overlap scheduling, and an offline LLM that frees its memory when closed."""
 from __future__ import annotations
 
 import gc
+import os
 import re
+import signal
 import weakref
 
 import pytest
@@ -200,6 +202,54 @@ def test_an_interrupted_generate_leaves_the_llm_usable(llm, monkeypatch):
     assert not llm.engine.has_work
     again = llm.generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=6))
     assert [o.token_ids for o in again] == expected
+
+
+@pytest.mark.parametrize(
+    "where", ["scheduler.schedule", "runner.prepare", "engine._sample", "engine._complete"]
+)
+@pytest.mark.parametrize("call", [2, 5])
+def test_ctrl_c_inside_a_step_leaves_the_llm_usable(llm, monkeypatch, where, call):
+    """Ctrl-C landing inside a step (after the scheduler planned it, before its tokens landed) left
+    requests counted one token ahead of their ids: the aborts then failed in the cache ("insert_prefix
+    needs one slot per token", instead of the KeyboardInterrupt) and the next generate spun forever.
+    A real SIGINT, sent from inside the step: the interrupt now waits for the step to end."""
+    greedy = SamplingParams(temperature=0, max_tokens=6)
+    expected = [o.token_ids for o in llm.generate(PROMPTS, greedy)]
+    owner_name, method = where.split(".")
+    owner = {"scheduler": llm.engine.scheduler, "runner": llm.engine.runner, "engine": llm.engine}[owner_name]
+    real, calls = getattr(owner, method), []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == call:
+            os.kill(os.getpid(), signal.SIGINT)  # delivered at the next bytecode: inside the step
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, method, interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate(PROMPTS * 2, SamplingParams(temperature=0.8, max_tokens=40, ignore_eos=True, seed=1))
+    monkeypatch.setattr(owner, method, real)
+    assert not llm.engine.has_work
+    assert [o.token_ids for o in llm.generate(PROMPTS, greedy)] == expected
+
+
+def test_a_second_ctrl_c_stops_the_step_at_once_and_retires_the_llm(model_dir, monkeypatch):
+    """The way out of a step that does not end: a second Ctrl-C raises inside it. The engine is
+    then not trusted (a half-run step), so the LLM says to create a new one instead of hanging."""
+    with cpu_llm(model_dir) as llm:
+        real = llm.engine.runner.prepare
+
+        def interrupted(*args, **kwargs):
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(llm.engine.runner, "prepare", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=8))
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with pytest.raises(RuntimeError, match="a second Ctrl-C stopped a step half-way; create a new one"):
+            llm.generate(PROMPTS[:1])
 
 
 def test_a_failing_request_takes_the_ones_added_before_it_out(llm):
