@@ -37,6 +37,23 @@ def read_headers(model_dir: Path) -> dict[str, TensorEntry]:
     return tensors
 
 
+def check_config_values(config: dict[str, Any]) -> None:
+    """A ValueError naming the first config.json value no model can be built from. Keys left out
+    (or null) are the model's to default or require."""
+    archs = config.get("architectures")
+    if archs is not None and not (isinstance(archs, list) and all(isinstance(name, str) for name in archs)):
+        # transformers declares list[str] and reads architectures[0]: a string was its first letter
+        raise ValueError(
+            f'config.json: architectures must be a list of names, e.g. ["LlamaForCausalLM"], got {_shown(archs)}'
+        )
+
+
+def _shown(value: Any) -> str:
+    """``value`` as config.json writes it, cut to 80 characters."""
+    text = json.dumps(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _config_int(config: dict[str, Any], key: str) -> int | None:
     value = config.get(key)
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
@@ -140,10 +157,12 @@ def check_tokenizer_files(model_dir: Path) -> None:
 
 def check_model_files(model: str | Path) -> None:
     """Raise ModelPathError (one line, naming the file) when a safetensors model directory's
-    weights are cut short or corrupt, disagree with config.json, or its tokenizer does not load."""
+    config.json holds a value no model is built from, its weights are cut short or corrupt or
+    disagree with config.json, or its tokenizer does not load."""
     path = Path(model)
     try:
         config = json.loads((path / "config.json").read_text())
+        check_config_values(config)
         check_shapes(config, read_headers(path))
         check_tokenizer_files(path)
     except (OSError, ValueError) as exc:

@@ -19,6 +19,7 @@ from minisgl_core.api import (
     SharedPrefix,
 )
 from minisgl_core.checkpoint.formats import ModelPathError, open_model
+from minisgl_core.checkpoint.integrity import check_config_values
 from minisgl_core.config import CUDA_PAGE_SIZE, ConfigError, EngineConfig
 from minisgl_core.layers import ParallelLMHead
 from minisgl_core.plugins import PluginError, Plugins
@@ -370,6 +371,11 @@ class ModelRunner:
         )
 
     def _load_model(self, plugins: Plugins) -> torch.nn.Module:
+        # again here: a weight format other than a safetensors directory (GGUF), or Engine() alone
+        try:
+            check_config_values(self.hf_config)
+        except ValueError as exc:
+            raise ModelPathError(f"--model {self.config.model}: {exc}") from None
         archs = self.hf_config.get("architectures") or []
         if not archs:
             raise ValueError(f"the config of {self.source.path} has no 'architectures' entry")
