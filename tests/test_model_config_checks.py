@@ -68,3 +68,81 @@ def test_architectures_as_a_string_is_one_line_on_the_command_line(model_dir, tm
     assert proc.stderr.splitlines() == [
         f'minisgl: error: --model {bad}: {ARCHITECTURES_SAYS}"Qwen3ForCausalLM"'
     ]
+
+
+SIZES = (
+    "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+    "vocab_size",
+)  # fmt: skip
+NOT_POSITIVE_INTEGERS = ("abc", 0, -5, True, 64.0, [64])
+
+
+@pytest.mark.parametrize("value", NOT_POSITIVE_INTEGERS, ids=json.dumps)
+@pytest.mark.parametrize("field", SIZES)
+def test_a_size_not_a_positive_integer_is_refused_naming_the_field(model_dir, tmp_path, field, value):
+    """Each was a TypeError or RuntimeError from torch while the model was built, an IndexError, a
+    shape mismatch blamed on the weights, or (head_dim 0) a model that loaded."""
+    bad = _with_config(model_dir, tmp_path, **{field: value})
+    with pytest.raises(ModelPathError) as err:
+        LLM(bad, attn="torch", device="cpu")
+    assert (
+        str(err.value)
+        == f"--model {bad}: config.json: {field} must be a positive integer, got {json.dumps(value)}"
+    )
+
+
+@pytest.mark.parametrize("value", ["abc", 0, -1.0, True, float("nan")], ids=json.dumps)
+@pytest.mark.parametrize("field", ["rope_theta", "rms_norm_eps", "rope_parameters.rope_theta"])
+def test_a_rope_theta_or_norm_epsilon_not_a_positive_number_is_refused(model_dir, tmp_path, field, value):
+    """rope_theta -1 or "abc" and rms_norm_eps -1 loaded a model that answered nonsense."""
+    nest, _, key = field.rpartition(".")
+    bad = _with_config(
+        model_dir, tmp_path, **({nest: {"rope_type": "default", key: value}} if nest else {key: value})
+    )
+    with pytest.raises(ModelPathError) as err:
+        LLM(bad, attn="torch", device="cpu")
+    assert (
+        str(err.value)
+        == f"--model {bad}: config.json: {field} must be a positive number, got {json.dumps(value)}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("hidden_size", "abc"), ("num_hidden_layers", 0), ("rms_norm_eps", -1)]
+)
+def test_the_runner_refuses_a_bad_size_when_the_launcher_did_not_check(model_dir, tmp_path, field, value):
+    bad = _with_config(model_dir, tmp_path, **{field: value})
+    with pytest.raises(ModelPathError) as err:
+        Engine(EngineConfig(model=str(bad), attn="torch", device="cpu"), ParallelContext(), Plugins.load())
+    assert f"--model {bad}: config.json: {field} must be a positive " in str(err.value)
+
+
+def test_a_bad_size_is_one_line_on_the_command_line(model_dir, tmp_path):
+    bad = _with_config(model_dir, tmp_path, hidden_size="abc")
+    proc = _cli("serve", "--port", "0", "--model", str(bad), "--device", "cpu")
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert proc.stderr.splitlines() == [
+        f'minisgl: error: --model {bad}: config.json: hidden_size must be a positive integer, got "abc"'
+    ]
+
+
+@pytest.mark.parametrize("shape", ["qwen3-0.6b", "llama-3.1-8b"])
+def test_real_configs_and_left_out_or_null_values_pass(shape):
+    from minisgl_core.bench.shapes import SHAPES
+    from minisgl_core.checkpoint.integrity import check_config_values
+
+    check_config_values(dict(SHAPES[shape]))  # (llama 3.1: a rope_scaling without rope_theta)
+    check_config_values({**SHAPES[shape], "head_dim": None, "num_key_value_heads": None, "rope_theta": None})
+    check_config_values({key: value for key, value in SHAPES[shape].items() if key != "rms_norm_eps"})
+
+
+def test_another_architecture_keeps_its_own_meaning_of_the_llama_names():
+    """A plugin's model may give these names other meanings (per-layer lists): only the sizes the
+    engine itself reads are checked for it."""
+    from minisgl_core.checkpoint.integrity import check_config_values
+
+    check_config_values(
+        {"architectures": ["OpenELMForCausalLM"], "num_attention_heads": [4, 8], "vocab_size": 32}
+    )
+    with pytest.raises(ValueError, match="config.json: vocab_size must be a positive integer, got 0"):
+        check_config_values({"architectures": ["OpenELMForCausalLM"], "vocab_size": 0})

@@ -10,6 +10,7 @@ a scheduler rank's traceback once the weights load. No torch here.
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -37,15 +38,47 @@ def read_headers(model_dir: Path) -> dict[str, TensorEntry]:
     return tensors
 
 
+#: config.json sizes the engine reads for every architecture
+ENGINE_SIZES = ("vocab_size",)
+#: the sizes and constants the Llama layout's decoder (layers/decoder.py) builds from; another
+#: architecture may give these names other meanings (per-layer lists), so its model checks them
+LAYOUT_SIZES = (
+    "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+)  # fmt: skip
+LAYOUT_CONSTANTS = ("rms_norm_eps", "rope_theta")
+
+
 def check_config_values(config: dict[str, Any]) -> None:
-    """A ValueError naming the first config.json value no model can be built from. Keys left out
-    (or null) are the model's to default or require."""
+    """A ValueError naming the first config.json value no model can be built from: architectures
+    not a list of names, a size or count not a positive integer (a string, a bool, a float, zero or
+    less: each was a torch error deep in the model's construction, or a model that built), a rope
+    theta or norm epsilon not a positive number. Keys left out (or null) are the model's to default
+    or require."""
     archs = config.get("architectures")
     if archs is not None and not (isinstance(archs, list) and all(isinstance(name, str) for name in archs)):
         # transformers declares list[str] and reads architectures[0]: a string was its first letter
         raise ValueError(
             f'config.json: architectures must be a list of names, e.g. ["LlamaForCausalLM"], got {_shown(archs)}'
         )
+    layout = bool(archs) and archs[0] in LLAMA_LAYOUT
+    for key in ENGINE_SIZES + (LAYOUT_SIZES if layout else ()):
+        if config.get(key) is not None and _config_int(config, key) is None:
+            raise ValueError(f"config.json: {key} must be a positive integer, got {_shown(config[key])}")
+    if not layout:
+        return
+    constants = {key: config.get(key) for key in LAYOUT_CONSTANTS}
+    for nest in ("rope_parameters", "rope_scaling"):  # (transformers 5 nests rope_theta)
+        if isinstance(config.get(nest), dict):
+            constants[f"{nest}.rope_theta"] = config[nest].get("rope_theta")
+    for key, value in constants.items():
+        if value is not None and not _positive_number(value):
+            raise ValueError(f"config.json: {key} must be a positive number, got {_shown(value)}")
+
+
+def _positive_number(value: Any) -> bool:
+    return (
+        isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    )
 
 
 def _shown(value: Any) -> str:
