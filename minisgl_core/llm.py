@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
 import signal
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -20,6 +21,9 @@ from minisgl_core.plugins import Plugins
 from minisgl_core.request_limits import truncate_prompt
 from minisgl_core.sampling import SamplingParams, TokenLogprob, merge_sampling
 from minisgl_core.tokenizer.detokenize import final_text
+
+#: a lone UTF-16 surrogate: text no tokenizer encodes
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 logger = logging.getLogger(__name__)
 
@@ -162,7 +166,14 @@ class LLM:
 
     def encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
-            return list(self.tokenizer.encode(prompt, add_special_tokens=False))
+            bad = _SURROGATE.search(prompt)
+            if bad is not None:  # (the tokenizer's TypeError named no reason)
+                raise ValueError(
+                    f"the prompt is not valid text: a lone UTF-16 surrogate {bad.group()!r} at index {bad.start()}"
+                )
+            # with the tokenizer's special tokens (a Llama's BOS), as vLLM's LLM and the server's
+            # completions encode a text prompt
+            return list(self.tokenizer.encode(prompt))
         if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
             return list(prompt)
         raise TypeError(f"a prompt must be a str or a list of token ids, got {type(prompt).__name__}")

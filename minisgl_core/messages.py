@@ -73,6 +73,9 @@ class TokenizeRequest(Message):
     #: the request cannot call its ``tools`` (tool_choice "none"): a chat template that does not
     #: render them is fine, they are context only; one that can call them must see them rendered
     tools_optional: bool = False
+    #: a ``text`` prompt is encoded with the tokenizer's special tokens (its BOS, as vLLM's and
+    #: SGLang's completions do); ``messages`` never (the chat template writes them)
+    add_special_tokens: bool = True
 
 
 @dataclass

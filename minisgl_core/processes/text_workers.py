@@ -94,7 +94,7 @@ class Admitter:
                     )
             return ids
         if req.text is not None:
-            return list(self.tokenizer.encode(req.text, add_special_tokens=False))
+            return list(self.tokenizer.encode(req.text, add_special_tokens=req.add_special_tokens))
         return list(req.input_ids or [])
 
     def _chat_ids(self, req: TokenizeRequest) -> Callable[[list[dict[str, Any]], dict[str, Any]], list[int]]:

@@ -203,6 +203,7 @@ def make_router(
                     grammar_field=body.grammar_field,
                     return_prompt_ids=body.return_token_ids or echo_kept,
                     default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS,
+                    add_special_tokens=body.add_special_tokens,
                 )
             if echo_kept:
                 echoes = [

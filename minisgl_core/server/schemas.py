@@ -676,6 +676,9 @@ class CompletionRequest(SamplingFields):
     logprobs: Int | None = None
     #: answer with the prompt followed by the completion
     echo: Bool = False
+    #: a text prompt gets the tokenizer's special tokens (a Llama's BOS), as vLLM's and SGLang's
+    #: completions do by default (vLLM's field: false encodes the text alone)
+    add_special_tokens: Bool = True
     #: fill-in-the-middle text after the completion: not supported, rejected with a 400
     suffix: Text | None = None
     #: OpenAI's: generate best_of and return the n most likely; accepted equal to n only (the no-op,

@@ -185,6 +185,7 @@ class RequestGroup:
         return_prompt_ids: bool = False,
         default_max_tokens: int | None = None,
         tools_optional: bool = False,
+        add_special_tokens: bool = True,
     ) -> Admission:
         """Tokenize one prompt into ``n`` engine requests; raise a 400 APIError if it cannot run
         (a 429 if the server's queue is full, a 503 if it cannot take requests). With
@@ -214,7 +215,7 @@ class RequestGroup:
             request = TokenizeRequest(
                 rids, text, messages, input_ids, params, max_tokens_field, template_args, grammar_field,
                 return_prompt_ids=return_prompt_ids, default_max_tokens=default_max_tokens,
-                tools_optional=tools_optional,
+                tools_optional=tools_optional, add_special_tokens=add_special_tokens,
             )  # fmt: skip
             send(state.to_tokenizer, request)
             result = await admission

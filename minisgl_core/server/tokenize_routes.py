@@ -1,7 +1,8 @@
 """/tokenize, /detokenize (vLLM's and SGLang's shapes) and /version.
 
-/tokenize counts tokens the way the generating routes do: a ``prompt`` is encoded without special
-tokens (as /v1/completions does; ``add_special_tokens`` true adds them), ``messages`` are rendered
+/tokenize counts tokens the way the generating routes do: a ``prompt`` is encoded with the
+tokenizer's special tokens, a Llama's BOS (as /v1/completions does; ``add_special_tokens`` false
+leaves them out, there too), ``messages`` are rendered
 with the chat template (the server's ``--chat-template`` if given), tools and template variables
 included.
 """
@@ -32,7 +33,7 @@ from minisgl_core.server.state import ServerState
 class TokenizeBody(StrictModel):
     model: str | None = None
     prompt: Text | None = None
-    add_special_tokens: Bool = False
+    add_special_tokens: Bool = True
     messages: list[ChatMessage] | None = None
     add_generation_prompt: Bool = True
     continue_final_message: Bool = False
