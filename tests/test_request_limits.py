@@ -333,3 +333,11 @@ def test_logit_bias_keys_are_token_ids_not_whatever_int_takes(key):
 
 def test_logit_bias_keys_as_json_carries_them():
     assert SamplingParams(logit_bias={"50": 1.0, 7: -2.0}).logit_bias == {50: 1.0, 7: -2.0}
+
+
+def test_a_prompt_with_a_lone_surrogate_says_so(llm):
+    """``generate("\\udcff")`` (a non-UTF-8 argument decoded with surrogateescape) raised the
+    tokenizer's TypeError, which named no reason."""
+    with pytest.raises(ValueError, match=r"not valid text: a lone UTF-16 surrogate '\\udcff' at index 3"):
+        llm.generate("abc\udcff")
+    assert len(llm.generate("abc", SamplingParams(max_tokens=2))[0].token_ids) == 2
