@@ -146,3 +146,26 @@ def test_another_architecture_keeps_its_own_meaning_of_the_llama_names():
     )
     with pytest.raises(ValueError, match="config.json: vocab_size must be a positive integer, got 0"):
         check_config_values({"architectures": ["OpenELMForCausalLM"], "vocab_size": 0})
+
+
+@pytest.mark.parametrize("value", [-5, 0, "4096", True, 4096.0], ids=json.dumps)
+def test_max_position_embeddings_not_a_positive_integer_is_refused_at_load(model_dir, tmp_path, value):
+    """-5 was "RuntimeError: zeros: Dimension size must be non-negative" in the model runner; 0 loaded
+    the model, then every prompt "exceeds the context length 0"."""
+    bad = _with_config(model_dir, tmp_path, max_position_embeddings=value)
+    says = f"config.json: max_position_embeddings must be a positive integer, got {json.dumps(value)}"
+    with pytest.raises(ModelPathError) as err:
+        LLM(bad, attn="torch", device="cpu")
+    assert str(err.value) == f"--model {bad}: {says}"
+    with pytest.raises(ModelPathError) as err:  # the runner, where the launcher did not check
+        Engine(EngineConfig(model=str(bad), attn="torch", device="cpu"), ParallelContext(), Plugins.load())
+    assert str(err.value) == f"--model {bad}: {says}"
+
+
+def test_max_position_embeddings_below_one_is_one_line_on_the_command_line(model_dir, tmp_path):
+    bad = _with_config(model_dir, tmp_path, max_position_embeddings=-5)
+    proc = _cli("serve", "--port", "0", "--model", str(bad), "--device", "cpu")
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"minisgl: error: --model {bad}: config.json: max_position_embeddings must be a positive integer, got -5"
+    ]

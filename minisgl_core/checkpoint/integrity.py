@@ -38,8 +38,9 @@ def read_headers(model_dir: Path) -> dict[str, TensorEntry]:
     return tensors
 
 
-#: config.json sizes the engine reads for every architecture
-ENGINE_SIZES = ("vocab_size",)
+#: config.json sizes the engine reads for every architecture (max_position_embeddings sizes the
+#: request table: -5 failed to allocate it, 0 loaded a model that refused every prompt)
+ENGINE_SIZES = ("vocab_size", "max_position_embeddings")
 #: the sizes and constants the Llama layout's decoder (layers/decoder.py) builds from; another
 #: architecture may give these names other meanings (per-layer lists), so its model checks them
 LAYOUT_SIZES = (
