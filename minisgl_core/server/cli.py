@@ -169,6 +169,26 @@ def add_server_commands(subparsers: Any, plugins: Plugins | None = None) -> None
     p.set_defaults(func=_cmd_shell)
 
 
+def _server_url(text: str) -> str:
+    """--url checked before any request (a malformed one was a ValueError traceback, a port past
+    65535 "Connection refused"), without its trailing slash."""
+    import urllib.parse
+
+    try:
+        parts = urllib.parse.urlsplit(text)
+    except ValueError as exc:  # "Invalid IPv6 URL"
+        raise ConfigError(f"--url {text!r} is not a URL: {exc}") from None
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"--url {text!r}: give the server's address, e.g. http://127.0.0.1:8000")
+    try:
+        port = parts.port
+    except ValueError:  # out of range, or not a number
+        port = 0
+    if port == 0:
+        raise ConfigError(f"--url {text!r}: the port must be a number from 1 to 65535")
+    return text.rstrip("/")
+
+
 #: options no plugin is shown: the worker processes get ProcessContext.options too
 SECRET_OPTIONS = frozenset({"api_key"})
 
@@ -350,13 +370,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_shell(args: argparse.Namespace) -> int:
     _check_shell_args(args)
     if args.url:
-        url = args.url.rstrip("/")
-        if not url.startswith(("http://", "https://")):
-            raise ConfigError(f"--url {args.url!r}: give the server's address, e.g. http://127.0.0.1:8000")
-        try:
-            model = args.served_model_name or _first_model(url, args.api_key)
-        except OSError as exc:  # URLError and HTTPError are OSErrors
-            raise SystemExit(f"minisgl shell: cannot reach the server at {url}: {exc}") from None
+        url = _server_url(args.url)
+        model = args.served_model_name or _served_model(url, args.api_key)
         return _shell_foreground(args)(url, args.api_key, model, lambda: False)
     from minisgl_core.server.launcher import serve
 
@@ -387,12 +402,30 @@ def _cmd_shell(args: argparse.Namespace) -> int:
     return serve(opts, plugins, foreground)
 
 
-def _first_model(url: str, api_key: str | None) -> str:
+def _served_model(url: str, api_key: str | None) -> str:
+    """The first model the server at ``url`` lists; a server that cannot be reached, or answers as
+    no minisgl server would, ends the command in one line."""
+    import http.client
     import json
     import urllib.request
 
+    where = f"{url}/v1/models"
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    with urllib.request.urlopen(
-        urllib.request.Request(f"{url.rstrip('/')}/v1/models", headers=headers)
-    ) as resp:
-        return json.loads(resp.read())["data"][0]["id"]
+    try:
+        with urllib.request.urlopen(urllib.request.Request(where, headers=headers), timeout=60) as resp:
+            body = resp.read()
+    except (OSError, http.client.HTTPException) as exc:  # URLError and HTTPError are OSErrors
+        raise SystemExit(f"minisgl shell: cannot reach the server at {url}: {exc}") from None
+    try:
+        models = json.loads(body)["data"]
+    except (ValueError, LookupError, TypeError):  # (not JSON, not UTF-8, no "data" list)
+        raise SystemExit(
+            f"minisgl shell: --url {url}: {where} answered {body[:80].decode(errors='replace')!r}, not "
+            "a list of models; is it a minisgl (OpenAI-compatible) server?"
+        ) from None
+    if not isinstance(models, list) or not models or not isinstance(models[0], dict) or "id" not in models[0]:
+        raise SystemExit(
+            f"minisgl shell: --url {url}: {where} lists no model; is it a minisgl (OpenAI-compatible) "
+            "server? (--served-model-name names the model instead)"
+        )
+    return str(models[0]["id"])

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import io
+import json
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.tokenizer.load import apply_chat_template
@@ -154,3 +159,66 @@ def test_the_shell_exits_nonzero_after_a_failed_turn():
     )  # fmt: skip
     assert result.returncode == 1, result.stderr
     assert "error: cannot reach the server" in result.stdout and "(history cleared)" in result.stdout
+
+
+@contextlib.contextmanager
+def fake_server(models: bytes) -> Iterator[http.server.ThreadingHTTPServer]:
+    """An HTTP server that answers GET /v1/models with ``models`` and every chat with "Hi"; the
+    chat bodies it was sent are kept in ``server.chats``."""
+    ok = b'data: {"choices": [{"index": 0, "delta": {"content": "Hi"}}]}\n\ndata: [DONE]\n\n'
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _answer(self, body: bytes) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self._answer(models)
+
+        def do_POST(self) -> None:  # noqa: N802
+            server.chats.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self._answer(ok)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.chats = []
+    server.url = f"http://127.0.0.1:{server.server_address[1]}"
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def shell_command(*args: str, script: str = "hi\n") -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "minisgl_core", "shell", *args],
+        input=script, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+
+
+def test_a_url_that_is_no_minisgl_server_is_one_line_naming_url():
+    """A /v1/models answer not JSON was a JSONDecodeError traceback, one listing no model an
+    IndexError, a malformed URL a ValueError traceback, a port past 65535 "Connection refused"."""
+    for models, says in [
+        (b"<html>hello</html>", "answered '<html>hello</html>', not a list of models"),
+        (b'{"data": []}', "/v1/models lists no model"),
+    ]:
+        with fake_server(models) as server:
+            result = shell_command("--url", server.url)
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+        assert result.stderr.strip() == result.stderr.strip().splitlines()[0], result.stderr
+        assert result.stderr.startswith(f"minisgl shell: --url {server.url}: ") and says in result.stderr
+        assert server.chats == []
+    for url, says in [
+        ("http://[bad", "--url 'http://[bad' is not a URL: Invalid IPv6 URL"),
+        ("http://127.0.0.1:99999", "--url 'http://127.0.0.1:99999': the port must be a number from 1 to 65535"),
+    ]:  # fmt: skip
+        result = shell_command("--url", url)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert result.stderr == f"minisgl: error: {says}\n"
