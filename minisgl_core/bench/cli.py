@@ -154,6 +154,7 @@ def add_bench_command(sub) -> None:
 
 
 def _make_model(args: argparse.Namespace) -> int:
+    _check_generator_device(args.device)
     try:
         print(_make(args.shape, Path(args.out), args.device))
     except OSError as exc:
@@ -162,6 +163,25 @@ def _make_model(args: argparse.Namespace) -> int:
             "you can write to with --out"
         ) from None
     return 0
+
+
+def _check_generator_device(device: str) -> None:
+    """make-model's --device, where the weights are drawn, checked before anything is written: a
+    device torch does not know was its traceback after the folders and the tokenizer were."""
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:  # not a device string at all
+        parsed = None
+    if parsed is None or parsed.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device must be cpu, cuda or cuda:N; got {device!r}", "device")
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            f"device {device} was asked for but CUDA is not available here; use device cpu", "device"
+        )
+    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        raise ConfigError(f"device {device}: this machine has {torch.cuda.device_count()} GPU(s)", "device")
 
 
 def _make(shape: str, out: Path, device: str) -> Path:

@@ -70,13 +70,13 @@ def build_random_model(
     out = Path(out_dir)
     if (out / "model.safetensors.index.json").is_file():
         return out
+    gen = torch.Generator(device=device).manual_seed(seed)  # (a bad device fails before any write)
     out.mkdir(parents=True, exist_ok=True)
     train_tokenizer(out, vocab_size=TRAINED_TOKENS)
     tokens = json.loads((out / "tokenizer.json").read_text())["model"]["vocab"]
     # Every id the model samples must decode to text, or streaming would send almost no chunks.
     pad_vocab(out, config["vocab_size"])
     config |= dict(eos_token_id=tokens["<|im_end|>"], bos_token_id=None)
-    gen = torch.Generator(device=device).manual_seed(seed)
     std = config["hidden_size"] ** -0.5
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0

@@ -1,0 +1,39 @@
+"""`minisgl bench make-model` checks where it would draw the weights before it writes anything."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from minisgl_core.bench.shapes import build_random_model
+
+
+@pytest.mark.parametrize(
+    ("device", "says"),
+    [
+        ("nope", "--device must be cpu, cuda or cuda:N; got 'nope'"),
+        ("meta", "--device must be cpu, cuda or cuda:N; got 'meta'"),
+        *([] if torch.cuda.is_available() else
+          [("cuda", "--device cuda was asked for but CUDA is not available here; use --device cpu")]),
+    ],
+)  # fmt: skip
+def test_a_device_it_cannot_use_is_one_line_and_nothing_is_written(tmp_path, device, says):
+    """It was torch's traceback, after the missing folders and the tokenizer files were written."""
+    out = tmp_path / "deep" / "model"
+    proc = subprocess.run(
+        [sys.executable, "-m", "minisgl_core", "bench", "make-model", "--shape", "qwen3-0.6b", "--out", str(out),
+         "--device", device],
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert proc.stderr.splitlines() == [f"minisgl: error: {says}"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_build_random_model_on_a_bad_device_writes_nothing(tmp_path):
+    with pytest.raises(RuntimeError):
+        build_random_model("qwen3-0.6b", tmp_path / "deep" / "model", device="nope")
+    assert list(tmp_path.iterdir()) == []
