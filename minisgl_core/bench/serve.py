@@ -58,8 +58,14 @@ def served_model(url: str, api_key: str | None = None) -> ServedModel:
         raise BenchError(f"cannot reach the server at {url}: {exc}; start it first (make serve)") from None
     if resp.status_code != 200:
         raise BenchError(f"{url}/v1/models answered HTTP {resp.status_code}: {resp.text[:200]} (--api-key?)")
-    models = resp.json().get("data") or []
-    if not models:
+    try:
+        models = resp.json()["data"]
+    except (ValueError, LookupError, TypeError):  # (not JSON, or no "data" list: a JSON traceback)
+        raise BenchError(
+            f"{url}/v1/models answered {resp.text[:80]!r}, not a list of models; is it a minisgl "
+            "(OpenAI-compatible) server?"
+        ) from None
+    if not isinstance(models, list) or not models or not isinstance(models[0], dict) or "id" not in models[0]:
         raise BenchError(f"{url}/v1/models lists no model")
     return ServedModel(models[0]["id"], models[0].get("vocab_size"), models[0].get("max_model_len"))
 

@@ -23,6 +23,7 @@ from minisgl_core.bench.serve import (
 from minisgl_core.bench.workloads import BenchRequest, shared_prefix
 
 from .conftest import API_KEY
+from .test_shell import fake_server
 
 SMALL = ["--workload", "shared-prefix", "--groups", "2", "--prompts-per-group", "2", "--prefix-len", "48",
          "--question-len", "8", "--output-len", "4"]  # fmt: skip
@@ -80,6 +81,20 @@ def test_bench_serve_refuses_a_url_without_an_http_scheme_up_front() -> None:
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         assert proc.stderr.strip().splitlines()[-1].endswith(said), proc.stderr
         assert "cannot reach" not in proc.stderr
+
+
+def test_bench_serve_against_no_minisgl_server_is_one_line() -> None:
+    """A /v1/models answer that is not JSON was a JSONDecodeError traceback; a JSON list, not an
+    object, an AttributeError one."""
+    for models in [b"<html>hello</html>", b"[1, 2]"]:
+        with fake_server(models) as server:
+            proc = bench("--url", server.url, *SMALL)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr == (
+            f"minisgl bench serve: {server.url}/v1/models answered {models.decode()!r}, not a list of models; "
+            "is it a minisgl (OpenAI-compatible) server?\n"
+        )
+        assert server.chats == []
 
 
 def test_fit_vocab_keeps_lengths_and_shared_prefixes() -> None:
