@@ -105,6 +105,8 @@ def _host_port(text: str) -> str:
 SHELL_MAX_TOKENS = 512
 #: (flag, dest) of the shell's own settings, which serve takes with --shell only
 SHELL_FLAGS = (("--temperature", "temperature"), ("--max-tokens", "max_tokens"), ("--system", "system"))
+#: the shell's options that --url uses; the others set up the server the shell starts (--url starts none)
+URL_DESTS = frozenset({"help", "url", "api_key", "served_model_name", *(dest for _, dest in SHELL_FLAGS)})
 
 
 def _add_shell_args(p: argparse.ArgumentParser) -> None:
@@ -166,7 +168,16 @@ def add_server_commands(subparsers: Any, plugins: Plugins | None = None) -> None
     )
     _add_shell_args(p)
     _add_plugin_args(p, plugins)
-    p.set_defaults(func=_cmd_shell)
+    p.set_defaults(func=_cmd_shell, server_flags=_server_flags(p))
+
+
+def _server_flags(p: argparse.ArgumentParser) -> tuple[tuple[str, str, Any], ...]:
+    """(flag, dest, default) of each option of ``p`` that sets up the server the shell starts."""
+    return tuple(
+        (action.option_strings[-1], action.dest, action.default)
+        for action in p._actions
+        if action.option_strings and action.dest not in URL_DESTS
+    )
 
 
 def _server_url(text: str) -> str:
@@ -368,11 +379,19 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_shell(args: argparse.Namespace) -> int:
+    if args.url:
+        args.url = _server_url(args.url)
+        # (they were accepted and used by nothing, as serve's shell flags without --shell)
+        given = [flag for flag, dest, default in args.server_flags if getattr(args, dest) != default]
+        if given:
+            raise ConfigError(
+                f"{', '.join(given)} {'has' if len(given) == 1 else 'have'} no effect with --url: the "
+                f"server at {args.url} was started with its own"
+            )
     _check_shell_args(args)
     if args.url:
-        url = _server_url(args.url)
-        model = args.served_model_name or _served_model(url, args.api_key)
-        return _shell_foreground(args)(url, args.api_key, model, lambda: False)
+        model = args.served_model_name or _served_model(args.url, args.api_key)
+        return _shell_foreground(args)(args.url, args.api_key, model, lambda: False)
     from minisgl_core.server.launcher import serve
 
     if args.log_level == "info":  # the shell's own output is the conversation

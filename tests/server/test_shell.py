@@ -222,3 +222,24 @@ def test_a_url_that_is_no_minisgl_server_is_one_line_naming_url():
         result = shell_command("--url", url)
         assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
         assert result.stderr == f"minisgl: error: {says}\n"
+
+
+def test_with_url_the_flags_of_a_server_to_start_are_refused():
+    """``shell --url URL --model X --attn Y --tp 7 --port 5`` accepted those and used none of them;
+    the ones --url uses (--api-key, --served-model-name, the shell's own) still go through."""
+    with fake_server(b'{"data": [{"id": "m"}]}') as server:
+        refused = shell_command(
+            "--url", server.url, "--model", "/nonexistent", "--attn", "nope", "--tp", "7", "--port", "5"
+        )
+        one = shell_command("--url", server.url, "--attn", "nope")
+        used = shell_command("--url", server.url, "--api-key", "k", "--served-model-name", "x", "--temperature", "0",
+                             "--max-tokens", "3", "--system", "be brief", "--log-level", "warning")  # fmt: skip
+    assert refused.returncode == 2 and refused.stderr == (
+        f"minisgl: error: --model, --attn, --tp, --port have no effect with --url: the server at {server.url} "
+        "was started with its own\n"
+    )
+    assert one.returncode == 2 and one.stderr == (
+        f"minisgl: error: --attn has no effect with --url: the server at {server.url} was started with its own\n"
+    )
+    assert used.returncode == 0 and used.stdout == "you> hi\nassistant> Hi\n", used.stderr
+    assert [chat["model"] for chat in server.chats] == ["x"]
