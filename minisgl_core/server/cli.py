@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import socket
 import sys
@@ -118,7 +119,11 @@ def _add_shell_args(p: argparse.ArgumentParser) -> None:
         help="sampling temperature (default: the model's, else 1.0)",
     )
     g.add_argument(
-        "--max-tokens", type=int, default=None, help=f"longest reply in tokens (default {SHELL_MAX_TOKENS})"
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="longest reply in tokens (default: what the context leaves, at most the model's default; "
+        f"at most {SHELL_MAX_TOKENS} on the server `minisgl shell` starts)",
     )
     g.add_argument("--system", default=None, help="system prompt")
 
@@ -342,7 +347,7 @@ def _shell_foreground(args: argparse.Namespace):
             model,
             is_failed,
             temperature=args.temperature,
-            max_tokens=args.max_tokens or SHELL_MAX_TOKENS,
+            max_tokens=args.max_tokens,  # None: what the context leaves (the server's default)
             system=args.system,
         )
 
@@ -363,6 +368,29 @@ def _check_shell_args(args: argparse.Namespace) -> None:
         raise ConfigError(str(exc), *(f for f in ("temperature", "max_tokens") if f in str(exc))) from None
 
 
+def _check_reply_fits(max_tokens: int | None, context_len: int | None, model: str) -> None:
+    """--max-tokens as long as the context leaves no room for a prompt: every turn would be
+    refused, after the model had loaded."""
+    if max_tokens is not None and context_len is not None and max_tokens >= context_len:
+        raise ConfigError(
+            f"max_tokens {max_tokens} leaves no room for a prompt in the context length {context_len} "
+            f"of {model}; lower max_tokens, or leave it unset (a reply then gets what the context leaves)",
+            "max_tokens",
+        )
+
+
+def _context_len(config: EngineConfig, plugins: Plugins) -> int | None:
+    """The context length the server will have, decided as the model runner does (None: the model
+    cannot say yet; the server then reports the problem)."""
+    from minisgl_core.checkpoint.formats import open_model
+
+    try:
+        max_pos = int(open_model(config.model, plugins).hf_config().get("max_position_embeddings", 4096))
+    except (OSError, ValueError):
+        return config.max_context_len
+    return min(config.max_context_len or max_pos, max_pos)
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     from minisgl_core.server.launcher import serve
 
@@ -375,6 +403,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                 f"{', '.join(given)}: the terminal chat's settings; add --shell (or run `minisgl shell`)"
             )
     opts, plugins = _serve_options(args)
+    if args.shell:
+        config = opts.runtime.config
+        _check_reply_fits(args.max_tokens, _context_len(config, plugins), config.model)
     return serve(opts, plugins, _shell_foreground(args) if args.shell else None)
 
 
@@ -390,7 +421,10 @@ def _cmd_shell(args: argparse.Namespace) -> int:
             )
     _check_shell_args(args)
     if args.url:
-        model = args.served_model_name or _served_model(args.url, args.api_key)
+        model, context_len = args.served_model_name, None
+        if model is None:
+            model, context_len = _served_model(args.url, args.api_key)
+        _check_reply_fits(args.max_tokens, context_len, f"the server at {args.url}")
         return _shell_foreground(args)(args.url, args.api_key, model, lambda: False)
     from minisgl_core.server.launcher import serve
 
@@ -399,6 +433,12 @@ def _cmd_shell(args: argparse.Namespace) -> int:
         args.log_level = "warning"
     opts, plugins = _serve_options(args)
     config = opts.runtime.config
+    _check_reply_fits(args.max_tokens, _context_len(config, plugins), config.model)
+    if args.max_tokens is None:  # none is sent: its server gives a reply what the context leaves, at most 512
+        defaults = opts.runtime.sampling_defaults or {}
+        cap = min(defaults.get("max_tokens") or SHELL_MAX_TOKENS, SHELL_MAX_TOKENS)
+        runtime = dataclasses.replace(opts.runtime, sampling_defaults={**defaults, "max_tokens": cap})
+        opts = dataclasses.replace(opts, runtime=runtime)
     # Loading takes a while (seconds to minutes): say so on stderr, so stdout stays the conversation.
     try:
         device = config.resolve_device().type
@@ -421,9 +461,9 @@ def _cmd_shell(args: argparse.Namespace) -> int:
     return serve(opts, plugins, foreground)
 
 
-def _served_model(url: str, api_key: str | None) -> str:
-    """The first model the server at ``url`` lists; a server that cannot be reached, or answers as
-    no minisgl server would, ends the command in one line."""
+def _served_model(url: str, api_key: str | None) -> tuple[str, int | None]:
+    """The first model the server at ``url`` lists, and its context length when it says; a server
+    that cannot be reached, or answers as no minisgl server would, ends the command in one line."""
     import http.client
     import json
     import urllib.request
@@ -447,4 +487,5 @@ def _served_model(url: str, api_key: str | None) -> str:
             f"minisgl shell: --url {url}: {where} lists no model; is it a minisgl (OpenAI-compatible) "
             "server? (--served-model-name names the model instead)"
         )
-    return str(models[0]["id"])
+    context_len = models[0].get("max_model_len")
+    return str(models[0]["id"]), context_len if type(context_len) is int else None

@@ -243,3 +243,48 @@ def test_with_url_the_flags_of_a_server_to_start_are_refused():
     )
     assert used.returncode == 0 and used.stdout == "you> hi\nassistant> Hi\n", used.stderr
     assert [chat["model"] for chat in server.chats] == ["x"]
+
+
+#: the demo model with a context too short for the shell's old fixed 512-token replies
+SHORT_CONTEXT = ["--model", "demo", "--device", "cpu", "--max-context-len", "256", "--temperature", "0"]
+
+
+def test_without_max_tokens_a_reply_gets_what_the_context_leaves(monkeypatch):
+    """The shell asked for 512 tokens at every turn: with a context of 256 every turn failed
+    ("prompt + max_tokens (512) exceeds the context length 256"). Unset, it sends none: its own
+    server caps a reply at 512, or at what the context leaves when that is less."""
+    from minisgl_core.cli import build_parser
+    from minisgl_core.server import launcher
+
+    result = shell_command(*SHORT_CONTEXT)
+    assert result.returncode == 0 and "error" not in result.stdout, result.stdout + result.stderr
+    reply = result.stdout.removeprefix("you> hi\nassistant> ")
+    assert reply != result.stdout and reply.strip(), result.stdout
+    with fake_server(b'{"data": [{"id": "m", "max_model_len": 256}]}') as server:
+        result = shell_command("--url", server.url)
+    assert result.returncode == 0, result.stderr
+    assert [chat["max_tokens"] for chat in server.chats] == [None]
+    # (its own server caps a reply at 512: its model's default max_tokens)
+    started = []
+    monkeypatch.setattr(launcher, "serve", lambda opts, plugins, foreground: started.append(opts) or 0)
+    args = build_parser().parse_args(["shell", *SHORT_CONTEXT, "--log-level", "warning"])
+    assert args.func(args) == 0
+    assert started[0].runtime.sampling_defaults["max_tokens"] == 512
+
+
+def test_max_tokens_past_the_context_is_refused_before_anything_loads():
+    """``--max-tokens 100000`` was accepted, the model loaded, and every turn failed."""
+    result = shell_command(*SHORT_CONTEXT, "--max-tokens", "100000")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "loading" not in result.stderr and result.stdout == ""
+    assert result.stderr.splitlines()[-1].startswith(
+        "minisgl: error: --max-tokens 100000 leaves no room for a prompt in the context length 256 of "
+    )
+    with fake_server(b'{"data": [{"id": "m", "max_model_len": 256}]}') as server:
+        result = shell_command("--url", server.url, "--max-tokens", "256")
+    assert result.returncode == 2 and server.chats == []
+    assert result.stderr == (
+        f"minisgl: error: --max-tokens 256 leaves no room for a prompt in the context length 256 of the "
+        f"server at {server.url}; lower --max-tokens, or leave it unset (a reply then gets what the context "
+        "leaves)\n"
+    )
