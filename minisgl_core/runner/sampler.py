@@ -342,6 +342,24 @@ class SampleResult:
         return out
 
 
+def _mix32(x: int) -> int:
+    """MurmurHash3's 32-bit finaliser: a bijection of [0, 2**32) that keeps 0 at 0."""
+    x ^= x >> 16
+    x = (x * 0x85EBCA6B) & 0xFFFFFFFF
+    x ^= x >> 13
+    x = (x * 0xC2B2AE35) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+def fold_seed(seed: int) -> int:
+    """A 64-bit seed (signed or not, as torch reads it: modulo 2**64) as one of the 32 bits the
+    CPU's mt19937 keeps: the low half XOR a hash of the high half. Seeds in [0, 2**32) are
+    themselves, so their draws are unchanged; the hash spreads the high half so that natural
+    seeds (-1, -2**63, 2**63-1) do not land on small ones, as a plain XOR would (-1 on 0)."""
+    x = seed % 2**64
+    return (x & 0xFFFFFFFF) ^ _mix32(x >> 32)
+
+
 class Sampler:
     def __init__(self, vocab_size: int, device: torch.device) -> None:
         self.vocab_size = vocab_size
@@ -390,8 +408,11 @@ class Sampler:
             apply_token_bitmask(wider, every, bitmask)
 
     def make_generator(self, seed: int) -> torch.Generator:
+        """A request's own generator. On the CPU its seed is first folded to 32 bits
+        (:func:`fold_seed`): the CPU's mt19937 keeps only the low 32 bits, so seeds that differ
+        above them (-1 and 2**32-1) drew the same tokens. CUDA's Philox keeps all 64."""
         gen = torch.Generator(device=self.device)
-        gen.manual_seed(seed)
+        gen.manual_seed(fold_seed(seed) if self.device.type == "cpu" else seed)
         return gen
 
     def sample(
