@@ -187,6 +187,16 @@ def finish_reason(choice: Choice) -> str | None:
     return choice.finish_reason if choice.finish_reason in ("stop", "length") else None
 
 
+def stop_reason(choice: Choice, stop_token_ids: tuple[int, ...]) -> str | int | None:
+    """vLLM's ``stop_reason``: the stop string that ended the choice, or the token id of
+    ``stop_token_ids`` that did; None for an end of sequence (eos, a grammar's end), for
+    ``length``, and while the choice goes on."""
+    matched = choice.matched_stop if choice.finish_reason == "stop" else None
+    if isinstance(matched, int) and matched not in stop_token_ids:
+        return None  # an eos id
+    return matched
+
+
 def chat_completion(
     rid: str,
     model: str,
@@ -195,10 +205,12 @@ def chat_completion(
     with_logprobs: bool,
     new_output: Callable[[], ChoiceOutput] | None = None,
     prompt_logprobs_k: int | None = None,
+    stop_token_ids: tuple[int, ...] = (),
 ) -> dict:
     """``new_output()`` makes each choice's parser (reasoning, tool calls); None: plain content.
     With ``prompt_logprobs_k`` the response carries vLLM's ``prompt_logprobs`` (the choices share
-    the prompt: the first choice's)."""
+    the prompt: the first choice's). ``stop_token_ids``: the request's, for each choice's
+    ``stop_reason``."""
     rendered = []
     for c in choices:
         if new_output is None:
@@ -213,6 +225,7 @@ def chat_completion(
                 "message": message,
                 "logprobs": chat_logprobs(c.logprobs) if with_logprobs else None,
                 "finish_reason": reason,
+                "stop_reason": stop_reason(c, stop_token_ids),
             }
         )
     out = {
@@ -235,6 +248,7 @@ def chat_chunk(rid: str, model: str, created: int, index: int, delta: dict, **ex
         "delta": delta,
         "logprobs": extra.get("logprobs"),
         "finish_reason": extra.get("finish_reason"),
+        "stop_reason": extra.get("stop_reason"),
     }
     return {
         "id": rid,
@@ -252,8 +266,10 @@ def completion(
     prompt_tokens: int,
     with_logprobs: bool,
     prompt_logprobs_k: int | None = None,
+    stop_token_ids: tuple[int, ...] = (),
 ) -> dict:
-    """With ``prompt_logprobs_k`` each choice carries vLLM's ``prompt_logprobs`` of its prompt."""
+    """With ``prompt_logprobs_k`` each choice carries vLLM's ``prompt_logprobs`` of its prompt.
+    ``stop_token_ids``: the request's, for each choice's ``stop_reason``."""
     rendered = []
     for c in choices:
         choice = {
@@ -261,6 +277,7 @@ def completion(
             "text": c.text,
             "logprobs": completion_logprobs(c.logprobs) if with_logprobs else None,
             "finish_reason": finish_reason(c),
+            "stop_reason": stop_reason(c, stop_token_ids),
         }
         if prompt_logprobs_k is not None:
             choice["prompt_logprobs"] = (
@@ -283,6 +300,7 @@ def completion_chunk(rid: str, model: str, created: int, index: int, text: str, 
         "text": text,
         "logprobs": extra.get("logprobs"),
         "finish_reason": extra.get("finish_reason"),
+        "stop_reason": extra.get("stop_reason"),
     }
     return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [choice]}
 

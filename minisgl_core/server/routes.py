@@ -113,6 +113,7 @@ def make_router(
                     message,
                     logprobs=r.chat_logprobs(named(delta.logprobs)) if delta.logprobs else None,
                     finish_reason=output.finish_reason(delta.finish_reason),
+                    stop_reason=r.stop_reason(delta, params.stop_token_ids),
                 )
                 if body.return_token_ids:
                     chunk["choices"][0]["token_ids"] = delta.token_ids
@@ -139,7 +140,14 @@ def make_router(
                 if choice.prompt_logprobs is not None:
                     choice.prompt_logprobs = named(choice.prompt_logprobs)
             out = r.chat_completion(
-                rid, model.name, choices, group.prompt_tokens, body.logprobs, new_output, body.prompt_logprobs
+                rid,
+                model.name,
+                choices,
+                group.prompt_tokens,
+                body.logprobs,
+                new_output,
+                body.prompt_logprobs,
+                params.stop_token_ids,
             )
             return (
                 r.add_token_ids(out, choices, group.choice_prompt_ids, False)
@@ -288,6 +296,7 @@ def make_router(
                     delta.text,
                     logprobs=logprobs,
                     finish_reason=delta.finish_reason,
+                    stop_reason=r.stop_reason(delta, params.stop_token_ids),
                 )
                 yield r.sse(usage_so_far(with_ids(chunk, delta.index, delta.token_ids), delta.index))
             if body.include_usage:
@@ -310,7 +319,13 @@ def make_router(
                 if choice.prompt_logprobs is not None:
                     choice.prompt_logprobs = named(choice.prompt_logprobs)
             out = r.completion(
-                rid, model.name, choices, group.prompt_tokens, with_logprobs, body.prompt_logprobs
+                rid,
+                model.name,
+                choices,
+                group.prompt_tokens,
+                with_logprobs,
+                body.prompt_logprobs,
+                params.stop_token_ids,
             )
             return (
                 r.add_token_ids(out, choices, group.choice_prompt_ids, True) if body.return_token_ids else out
