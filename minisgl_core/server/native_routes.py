@@ -13,6 +13,7 @@ from minisgl_core.sampling import SamplingParams
 from minisgl_core.server import responses as r
 from minisgl_core.server.errors import APIError, sse_error
 from minisgl_core.server.handling import check_token_ids, respond, sampling_params
+from minisgl_core.server.routes import fields_named
 from minisgl_core.server.schemas import GenerateRequest
 from minisgl_core.server.state import RequestGroup, ServerState
 
@@ -26,6 +27,7 @@ NATIVE_NAMES = {
         )
     },
     "max_tokens": "sampling_params.max_new_tokens",
+    "min_tokens": "sampling_params.min_new_tokens",
     "logprobs": "top_logprobs_num",
     "prompt_logprobs": "top_logprobs_num",
 }  # fmt: skip
@@ -37,19 +39,26 @@ def native_router(state: ServerState) -> APIRouter:
     @router.post("/generate")
     async def generate(body: GenerateRequest, request: Request) -> Response:
         names = {**NATIVE_NAMES, "grammar": body.sampling_params.grammar_field}
-        params = sampling_params(body.sampling_fields(), names, state.model)
+        # what SamplingParams' and admission's messages call these fields, as this body does
+        spelled = {
+            "max_tokens": NATIVE_NAMES["max_tokens"],
+            "min_tokens": NATIVE_NAMES["min_tokens"],
+        }
+        with fields_named(spelled):
+            params = sampling_params(body.sampling_fields(), names, state.model)
         if body.input_ids is not None:
             check_token_ids(body.input_ids, state.model.vocab_size, "input_ids")
         group = RequestGroup(state)
         group.set_timeout(body.timeout)
-        await group.add(
-            params,
-            1,
-            text=body.text,
-            input_ids=body.input_ids,
-            max_tokens_field="sampling_params.max_new_tokens",
-            grammar_field=body.sampling_params.grammar_field,
-        )
+        with fields_named(spelled):
+            await group.add(
+                params,
+                1,
+                text=body.text,
+                input_ids=body.input_ids,
+                max_tokens_field=NATIVE_NAMES["max_tokens"],
+                grammar_field=body.sampling_params.grammar_field,
+            )
         rid = r.new_id("gen")
 
         def result(choice: r.Choice) -> dict:

@@ -8,8 +8,10 @@ the whole answer. Leaving a route for any reason closes the group, which aborts 
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -27,6 +29,25 @@ from minisgl_core.server.tools import plan_tools
 #: OpenAI's legacy default (vLLM's too), capped by what the context leaves. Chat has none (OpenAI's
 #: chat default is the rest of the context).
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
+
+@contextmanager
+def fields_named(names: dict[str, str]) -> Iterator[None]:
+    """A 400 raised inside names each field of ``names`` (SamplingParams' name or admission's:
+    ``max_tokens``, ``min_tokens``) as the request spelled it (``max_completion_tokens``,
+    ``sampling_params.max_new_tokens``), in its param and its message:
+    the messages are built where the body's names are unknown (SamplingParams, admission in the
+    tokenizer worker)."""
+    names = {old: new for old, new in names.items() if old != new}
+    try:
+        yield
+    except APIError as exc:
+        if names and exc.status == 400:
+            # whole words only: sampling_params.max_new_tokens or min_tokens_x are other names
+            pattern = re.compile(r"(?<![\w.])(" + "|".join(map(re.escape, names)) + r")(?!\w)")
+            exc.message = pattern.sub(lambda m: names[m.group()], exc.message)
+            exc.param = names.get(exc.param, exc.param)
+        raise
 
 
 def make_router(
@@ -58,21 +79,23 @@ def make_router(
             fields["grammar"] = plan.grammar
         grammar_field = "tool_choice" if plan.grammar is not None else body.grammar_field
         rename = {"max_tokens": body.max_tokens_field, "logprobs": "top_logprobs", "grammar": grammar_field}
-        params = sampling_params(fields, rename, model)
+        with fields_named({"max_tokens": body.max_tokens_field}):
+            params = sampling_params(fields, rename, model)
         group = RequestGroup(state)
         group.set_timeout(body.timeout)
-        await group.add(
-            params,
-            body.n,
-            messages=body.template_messages(),
-            max_tokens_field=body.max_tokens_field,
-            template_args=body.template_args(),
-            # a forced tool call's grammar comes from tool_choice, so its errors name that field
-            grammar_field=grammar_field,
-            return_prompt_ids=body.return_token_ids,
-            # tool_choice "none" (no parser: the output is plain content) needs no tools rendered
-            tools_optional=plan.parser is None,
-        )
+        with fields_named({"max_tokens": body.max_tokens_field}):
+            await group.add(
+                params,
+                body.n,
+                messages=body.template_messages(),
+                max_tokens_field=body.max_tokens_field,
+                template_args=body.template_args(),
+                # a forced tool call's grammar comes from tool_choice, so its errors name that field
+                grammar_field=grammar_field,
+                return_prompt_ids=body.return_token_ids,
+                # tool_choice "none" (no parser: the output is plain content) needs no tools rendered
+                tools_optional=plan.parser is None,
+            )
         rid, created = r.new_id("chatcmpl"), int(time.time())
 
         def new_output() -> ChoiceOutput:

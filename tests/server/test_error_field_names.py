@@ -1,0 +1,67 @@
+"""A 400 names the field as the client's body spells it, in its param and in its message: the
+messages are built with SamplingParams' and admission's names (max_tokens, min_tokens, prompt)."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+
+USER = [{"role": "user", "content": "hi"}]
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+GENERATE = "/generate"
+
+
+def refusal(server, auth, path: str, body: dict) -> dict:
+    resp = httpx.post(f"{server.url}{path}", json=body, headers=auth, timeout=120)
+    assert resp.status_code == 400, resp.text
+    return resp.json()["error"]
+
+
+def words(message: str) -> set[str]:
+    """The field-like words of a message (sampling_params.max_new_tokens whole)."""
+    return set(re.findall(r"[\w.]*\w", message))
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param", "named", "not_named"),
+    [
+        (
+            GENERATE,
+            {"text": "hi", "sampling_params": {"max_new_tokens": 2, "min_new_tokens": 3}},
+            "sampling_params.min_new_tokens",
+            "sampling_params.max_new_tokens (2)",
+            {"max_tokens", "min_tokens"},
+        ),
+        (
+            CHAT,
+            {"messages": USER, "max_completion_tokens": 5, "min_tokens": 6},
+            "min_tokens",
+            "max_completion_tokens (5)",
+            {"max_tokens"},
+        ),
+        (
+            CHAT,
+            {"messages": USER, "max_completion_tokens": 9000},
+            "max_completion_tokens",
+            "max_completion_tokens (9000)",
+            {"max_tokens"},
+        ),
+        (
+            GENERATE,
+            {"text": "hi", "sampling_params": {"max_new_tokens": 9000}},
+            "sampling_params.max_new_tokens",
+            "sampling_params.max_new_tokens (9000)",
+            {"max_tokens"},
+        ),
+        # the OpenAI spelling stays as it was
+        (CHAT, {"messages": USER, "max_tokens": 9000}, "max_tokens", "max_tokens (9000)", set()),
+    ],
+)
+def test_output_length_errors_name_the_field_sent(server, auth, path, body, param, named, not_named):
+    error = refusal(server, auth, path, body)
+    assert error["param"] == param, error
+    assert named in error["message"], error
+    assert not words(error["message"]) & not_named, error
