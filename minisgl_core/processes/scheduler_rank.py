@@ -18,6 +18,7 @@ before the step.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -54,12 +55,46 @@ HEARTBEAT_INTERVAL_MS = 1000
 COMPILE_POLL_MS = 5
 
 
+class StepHeartbeat:
+    """Says rank 0 is alive while one step runs long. The loop reports between steps (outputs,
+    stats, the idle heartbeat), and a step can take minutes (a prefill of thousands of tokens on a
+    CPU: 100 s for 8,000 on two cores), so /health turned 503 in the middle of a busy, healthy
+    server. A thread with a socket of its own (ZeroMQ sockets are not shared between threads) sends
+    the last stats once a second while ``since`` (the step's start) is set; a process stopped or
+    gone still stops reporting, and so does a loop stuck outside a step."""
+
+    def __init__(self, sock: zmq.Socket, loop: SchedulerLoop) -> None:
+        self.sock = sock
+        self.loop = loop
+        #: when the step running now began (set by the loop), None between steps
+        self.since: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="step-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        # four times a second: the gap /health sees is at most half a second more than the idle
+        # heartbeat's, whenever in the step it began
+        interval = HEARTBEAT_INTERVAL_MS / 4000
+        while not self._stop.wait(interval):
+            since, stats = self.since, self.loop.last_stats
+            if since is not None and stats is not None and time.monotonic() - since >= interval:
+                send(self.sock, StepOutputs(stats=stats))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sock.close(linger=0)
+
+
 class SchedulerLoop:
     def __init__(self, engine: Engine, tp: TPGroup) -> None:
         self.engine = engine
         self.tp = tp
         self.last_stats_at = 0.0
         self.last_stats: dict[str, int] | None = None
+        #: rank 0's reports while one step runs long (None: ranks 1..N-1, and tests)
+        self.heartbeat: StepHeartbeat | None = None
         #: the first prompt token of each running request with prompt_logprobs: its wire entry
         #: (no logprob: nothing precedes it) carries the id, for the token's text
         self.first_prompt_ids: dict[int, int] = {}
@@ -141,7 +176,11 @@ class SchedulerLoop:
                 send(to_detokenizer, Shutdown())
                 return
             aborted = "abort" in out.finish_reasons
+            if self.heartbeat is not None:
+                self.heartbeat.since = time.monotonic()
             self.step(out)
+            if self.heartbeat is not None:
+                self.heartbeat.since = None
             now = time.monotonic()
             if aborted or now - self.last_stats_at >= STATS_INTERVAL:
                 out.stats = self._stats(now)
@@ -225,7 +264,11 @@ def scheduler_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_r
     )
     loop = SchedulerLoop(engine, tp)
     if inbox is not None:
-        loop.run_leader(inbox, connect_push(ctx, spec.endpoints.detokenizer))
+        loop.heartbeat = StepHeartbeat(connect_push(ctx, spec.endpoints.detokenizer), loop)
+        try:
+            loop.run_leader(inbox, connect_push(ctx, spec.endpoints.detokenizer))
+        finally:
+            loop.heartbeat.close()
     else:
         loop.run_follower()
     tp.close()

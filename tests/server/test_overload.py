@@ -336,3 +336,47 @@ def test_a_bad_limit_names_its_flag(argv, message):
     # a ConfigError: `minisgl serve` says it in one line, exit code 2 (tests/test_config_errors.py)
     with pytest.raises(ConfigError, match=message):
         _limits(argv)
+
+
+def test_health_stays_ok_through_a_step_longer_than_its_bound(start_server, tmp_path_factory, engine_args):
+    """/health measured the time since the scheduler's last report, and the scheduler reports
+    between steps: a CPU prefill of thousands of tokens in one step (100 s for 8,000 on two cores,
+    the real default model) turned it 503 for as long as the step ran, on a healthy server. A model
+    big enough that one 6,000-token prefill step outlasts a 1 s bound several times over."""
+    from minisgl_core.demo.factories import make_model_dir
+
+    model = make_model_dir(
+        tmp_path_factory.mktemp("slow") / "slow-qwen3", "Qwen3ForCausalLM", hidden_size=512,
+        intermediate_size=2048, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
+        head_dim=64, max_position_embeddings=8192,
+    )  # fmt: skip
+    args = [
+        *engine_args,
+        "--max-context-len",
+        "8192",
+        "--num-kv-tokens",
+        "8192",
+        "--max-prefill-tokens",
+        "8192",
+    ]
+    server = start_server(["--model", str(model), *args, "--health-timeout", "1"])
+    result: dict = {}
+
+    def prefill() -> None:
+        prompt = [(i * 53) % 1000 + 3 for i in range(6000)]
+        started = time.monotonic()
+        result["resp"] = httpx.post(
+            f"{server.url}/v1/completions", json={"prompt": prompt, "max_tokens": 1}, timeout=300
+        )
+        result["seconds"] = time.monotonic() - started
+
+    thread = threading.Thread(target=prefill, daemon=True)
+    thread.start()
+    statuses = []
+    while thread.is_alive():
+        statuses.append(httpx.get(f"{server.url}/health", timeout=10).status_code)
+        time.sleep(0.25)
+    thread.join()
+    assert result["resp"].status_code == 200, result["resp"].text
+    assert result["seconds"] > 3, f"the step took {result['seconds']:.1f} s: too short to tell"
+    assert set(statuses) == {200}, statuses
