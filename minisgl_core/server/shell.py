@@ -1,8 +1,9 @@
 """The interactive chat shell: a client of the server's streaming chat API, keeping the history.
 
 Commands: ``/reset`` forgets the conversation, ``/exit`` (or Ctrl-D) quits; Ctrl-C stops the reply
-being streamed. It also reads a scripted conversation from a pipe (one user turn per line), and
-then echoes each turn so the output reads as a transcript. The exit status is 1 when a turn failed
+being streamed; a message starting with "/" is typed with "//" (one "/" is taken off). It also
+reads a scripted conversation from a pipe (one user turn per line), and then echoes each turn so
+the output reads as a transcript. The exit status is 1 when a turn failed
 (an error line in place of the reply) or the server stopped, else 0: a script can tell a
 transcript with errors from a clean one. Standard library only (urllib).
 """
@@ -17,7 +18,10 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from typing import TextIO
 
-HELP = "minisgl shell: type a message; /reset clears the history, /exit or Ctrl-D quits, Ctrl-C stops a reply"
+HELP = (
+    "minisgl shell: type a message (//... sends one starting with /); /reset clears the history, "
+    "/exit or Ctrl-D quits, Ctrl-C stops a reply"
+)
 
 
 class ShellError(RuntimeError):
@@ -125,10 +129,11 @@ def run_shell(
             history = list(start)
             print("(history cleared)", file=out, flush=True)
             continue
-        if line.startswith("/"):
-            print(f"unknown command {line}; {HELP}", file=out, flush=True)
+        if line.startswith("/") and not line.startswith("//"):
+            command = line.split()[0]
+            print(f"unknown command {command} (type /{line} to send the line); {HELP}", file=out, flush=True)
             continue
-        history.append({"role": "user", "content": line})
+        history.append({"role": "user", "content": line.removeprefix("/") if line.startswith("//") else line})
         reply = ""
         print("assistant> ", end="", file=out, flush=True)
         try:

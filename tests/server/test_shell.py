@@ -288,3 +288,26 @@ def test_max_tokens_past_the_context_is_refused_before_anything_loads():
         f"server at {server.url}; lower --max-tokens, or leave it unset (a reply then gets what the context "
         "leaves)\n"
     )
+
+
+def test_a_line_starting_with_two_slashes_is_sent_with_one():
+    """A message starting with "/" ("/usr/bin is a dir?") could not be sent: every such line was an
+    unknown command. An unknown command now says how, and "//..." sends it with one "/" taken off."""
+    from minisgl_core.server.shell import HELP
+    from minisgl_core.server.shell import run_shell as shell
+
+    out = io.StringIO()
+    with fake_server(b'{"data": [{"id": "m"}]}') as server:
+        code = shell(
+            server.url, None, "m", stdin=io.StringIO("/usr/bin is a dir?\n//usr/bin is a dir?\n"), stdout=out
+        )
+    assert code == 0
+    assert out.getvalue() == (
+        "you> /usr/bin is a dir?\n"
+        f"unknown command /usr/bin (type //usr/bin is a dir? to send the line); {HELP}\n"
+        "you> //usr/bin is a dir?\nassistant> Hi\n"
+    )
+    assert [chat["messages"] for chat in server.chats] == [
+        [{"role": "user", "content": "/usr/bin is a dir?"}]
+    ]
+    assert "//" in HELP
