@@ -100,6 +100,9 @@ def run_shell(
     """Chat until /exit or the end of the input; the exit status: 1 when a turn failed or the
     server stopped (``is_failed``), else 0."""
     stdin = stdin or sys.stdin
+    if stdin is sys.stdin and hasattr(stdin, "reconfigure"):
+        # bytes that are not UTF-8 arrive as lone surrogates, said below, not a UnicodeDecodeError
+        stdin.reconfigure(errors="surrogateescape")
     out = stdout or sys.stdout
     interactive = stdin.isatty()
     start = [{"role": "system", "content": system}] if system else []
@@ -121,8 +124,14 @@ def run_shell(
         line = line.strip()
         if not line:
             continue
+        # (bytes not UTF-8 come as lone surrogates, which the server refused naming a JSON path)
+        shown = line.encode("utf-8", "replace").decode()
         if not interactive:
-            print(f"you> {line}", file=out)
+            print(f"you> {shown}", file=out)
+        if shown != line:
+            print("error: the line is not valid UTF-8 text; not sent", file=out, flush=True)
+            turn_failed = True
+            continue
         if line in ("/exit", "/quit"):
             break
         if line == "/reset":

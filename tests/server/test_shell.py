@@ -311,3 +311,21 @@ def test_a_line_starting_with_two_slashes_is_sent_with_one():
         [{"role": "user", "content": "/usr/bin is a dir?"}]
     ]
     assert "//" in HELP
+
+
+def test_a_line_not_utf8_is_an_error_line_not_sent():
+    """A line of bytes not UTF-8 was sent as lone surrogates, and the server's refusal named a JSON
+    path ("messages.2.content: invalid text: a lone UTF-16 surrogate"); with stdin strict, it was a
+    UnicodeDecodeError traceback. It is now an error line, not sent, and the exit status 1."""
+    for strict in (False, True):
+        env = {**os.environ, **({"PYTHONIOENCODING": "utf-8:strict"} if strict else {})}
+        with fake_server(b'{"data": [{"id": "m"}]}') as server:
+            result = subprocess.run(
+                [sys.executable, "-m", "minisgl_core", "shell", "--url", server.url],
+                input=b"caf\xe9\nhi\n", capture_output=True, env=env, timeout=120,
+            )  # fmt: skip
+        assert result.returncode == 1 and b"Traceback" not in result.stderr, result.stderr
+        assert result.stdout.decode() == (
+            "you> caf?\nerror: the line is not valid UTF-8 text; not sent\nyou> hi\nassistant> Hi\n"
+        )
+        assert [chat["messages"] for chat in server.chats] == [[{"role": "user", "content": "hi"}]]
