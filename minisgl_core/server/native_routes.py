@@ -43,6 +43,7 @@ def native_router(state: ServerState) -> APIRouter:
         spelled = {
             "max_tokens": NATIVE_NAMES["max_tokens"],
             "min_tokens": NATIVE_NAMES["min_tokens"],
+            "prompt": "text" if body.text is not None else "input_ids",
         }
         with fields_named(spelled):
             params = sampling_params(body.sampling_fields(), names, state.model)

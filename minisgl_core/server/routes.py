@@ -34,8 +34,8 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 @contextmanager
 def fields_named(names: dict[str, str]) -> Iterator[None]:
     """A 400 raised inside names each field of ``names`` (SamplingParams' name or admission's:
-    ``max_tokens``, ``min_tokens``) as the request spelled it (``max_completion_tokens``,
-    ``sampling_params.max_new_tokens``), in its param and its message:
+    ``max_tokens``, ``min_tokens``, ``prompt``) as the request spelled it (``max_completion_tokens``,
+    ``sampling_params.max_new_tokens``, ``text``, ``prompt.1``), in its param and its message:
     the messages are built where the body's names are unknown (SamplingParams, admission in the
     tokenizer worker)."""
     names = {old: new for old, new in names.items() if old != new}
@@ -207,6 +207,8 @@ def make_router(
             prompts = body.prompts()
         except ValueError as exc:
             raise APIError(400, str(exc), "prompt") from exc
+        # (a list of strings or of token id lists; a list of ids is one prompt)
+        batch = isinstance(body.prompt, list) and not isinstance(body.prompt[0], int)
         for prompt in prompts:
             if not isinstance(prompt, str):
                 check_token_ids(prompt, model.vocab_size, "prompt")
@@ -225,17 +227,19 @@ def make_router(
         group.set_timeout(body.timeout)
         group.expect(len(prompts) * body.n, "n" if body.n > 1 else "prompt")
         try:
-            for prompt in prompts:
+            for i, prompt in enumerate(prompts):
                 source = {"text": prompt} if isinstance(prompt, str) else {"input_ids": prompt}
-                await group.add(
-                    params,
-                    body.n,
-                    **source,
-                    grammar_field=body.grammar_field,
-                    return_prompt_ids=body.return_token_ids or echo_kept,
-                    default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS,
-                    add_special_tokens=body.add_special_tokens,
-                )
+                # a batch's errors name the prompt they are about
+                with fields_named({"prompt": f"prompt.{i}" if batch else "prompt"}):
+                    await group.add(
+                        params,
+                        body.n,
+                        **source,
+                        grammar_field=body.grammar_field,
+                        return_prompt_ids=body.return_token_ids or echo_kept,
+                        default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS,
+                        add_special_tokens=body.add_special_tokens,
+                    )
             if echo_kept:
                 echoes = [
                     await tokenizer.run(lambda t, ids=ids: t.decode(ids)) for ids in group.choice_prompt_ids

@@ -99,7 +99,7 @@ def tokenize_router(state: ServerState, tokenizer: ApiTokenizer) -> APIRouter:
             ids = await tokenizer.run(_encode, body)
         except Exception as exc:  # noqa: BLE001 - a template error is the request's problem
             raise APIError(
-                400, f"could not tokenize: {exc}", "messages" if body.messages else "prompt"
+                400, f"could not tokenize: {exc}", "messages" if body.messages is not None else "prompt"
             ) from exc
         return {"tokens": ids, "count": len(ids), "max_model_len": state.model.max_context_len}
 

@@ -65,3 +65,22 @@ def test_output_length_errors_name_the_field_sent(server, auth, path, body, para
     assert error["param"] == param, error
     assert named in error["message"], error
     assert not words(error["message"]) & not_named, error
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        (GENERATE, {"text": ""}, "text"),
+        (GENERATE, {"input_ids": []}, "input_ids"),
+        (COMPLETIONS, {"prompt": ["hi", ""]}, "prompt.1"),
+        (COMPLETIONS, {"prompt": [[5, 6], []]}, "prompt.1"),
+    ],
+)
+def test_an_empty_prompt_is_named_as_sent(server, auth, path, body, param):
+    error = refusal(server, auth, path, body)
+    assert (error["param"], error["message"]) == (param, f"{param} is empty"), error
+
+
+def test_tokenize_of_no_messages_blames_messages(server, auth):
+    error = refusal(server, auth, "/tokenize", {"messages": []})
+    assert error["param"] == "messages", error
