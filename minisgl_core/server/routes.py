@@ -182,6 +182,29 @@ def make_router(
 
     # ---------------------------------------------------------------- completions
 
+    @contextmanager
+    def room_to_score(score_only: bool) -> Iterator[None]:
+        """Score-only echo generates one token the client never sees: a prompt that leaves no room
+        for it is refused saying so, not as the client's max_tokens 0 being 1 (the engine cannot
+        run past the context, nor the page table hold a token there)."""
+        try:
+            yield
+        except APIError as exc:
+            if not (score_only and exc.code == "context_length_exceeded" and "max_tokens" in exc.message):
+                raise
+            room = min(model.max_context_len, model.kv_capacity_tokens)
+            limit = (
+                f"the context length {room}"
+                if room == model.max_context_len
+                else f"the KV pool ({room} tokens)"
+            )
+            exc.message = (
+                f"echo with max_tokens 0 still generates one token (then drops it), so the prompt must "
+                f"leave room for it: at most {room - 1} tokens, {limit} less one; shorten the prompt"
+            )
+            exc.param = "prompt"
+            raise
+
     @router.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
         check_model(body)
@@ -230,7 +253,10 @@ def make_router(
             for i, prompt in enumerate(prompts):
                 source = {"text": prompt} if isinstance(prompt, str) else {"input_ids": prompt}
                 # a batch's errors name the prompt they are about
-                with fields_named({"prompt": f"prompt.{i}" if batch else "prompt"}):
+                with (
+                    fields_named({"prompt": f"prompt.{i}" if batch else "prompt"}),
+                    room_to_score(score_only),
+                ):
                     await group.add(
                         params,
                         body.n,

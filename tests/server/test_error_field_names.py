@@ -84,3 +84,19 @@ def test_an_empty_prompt_is_named_as_sent(server, auth, path, body, param):
 def test_tokenize_of_no_messages_blames_messages(server, auth):
     error = refusal(server, auth, "/tokenize", {"messages": []})
     assert error["param"] == "messages", error
+
+
+def test_score_only_echo_of_a_full_context_says_it_needs_one_token(server, auth):
+    """echo with max_tokens 0 generates one token and drops it: a prompt as long as the context
+    (2048 here) is refused saying so, not as max_tokens (1), which the client never sent."""
+    body = {"prompt": [5] * 2048, "echo": True, "max_tokens": 0}
+    error = refusal(server, auth, COMPLETIONS, body)
+    assert (error["param"], error["code"]) == ("prompt", "context_length_exceeded"), error
+    assert "max_tokens 0" in error["message"] and "at most 2047 tokens" in error["message"], error
+    assert "max_tokens (1)" not in error["message"], error
+    # one token shorter is scored
+    resp = httpx.post(
+        f"{server.url}{COMPLETIONS}", json={**body, "prompt": [5] * 2047}, headers=auth, timeout=300
+    )
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["usage"]["completion_tokens"] == 0
