@@ -34,9 +34,10 @@ def stream_chat(
     model: str,
     messages: list[dict[str, str]],
     temperature: float | None,
-    max_tokens: int,
+    max_tokens: int | None,
 ) -> Iterator[str]:
-    """The reply's text pieces as the server streams them; temperature None = the model's default."""
+    """The reply's text pieces as the server streams them; temperature None = the model's default,
+    max_tokens None = what the context leaves (or the model's default)."""
     body = {
         "model": model,
         "messages": messages,
@@ -92,7 +93,7 @@ def run_shell(
     is_failed: Callable[[], bool] = lambda: False,
     *,
     temperature: float | None = None,
-    max_tokens: int = 512,
+    max_tokens: int | None = 512,
     system: str | None = None,
     stdin: TextIO | None = None,
     stdout: TextIO | None = None,
