@@ -395,7 +395,9 @@ def make_router(
             "created": state.created,
             "owned_by": "minisgl",
             "root": model.path,
-            "max_model_len": model.max_context_len,
+            # the longest prompt + output one request can have: the KV pool may hold fewer tokens
+            # than the context (--num-kv-tokens), as SGLang caps it
+            "max_model_len": min(model.max_context_len, model.kv_capacity_tokens),
             # token ids a prompt may use: [0, vocab_size) (bench serve builds prompts from it)
             "vocab_size": model.vocab_size,
         }

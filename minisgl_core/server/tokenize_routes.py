@@ -101,7 +101,11 @@ def tokenize_router(state: ServerState, tokenizer: ApiTokenizer) -> APIRouter:
             raise APIError(
                 400, f"could not tokenize: {exc}", "messages" if body.messages is not None else "prompt"
             ) from exc
-        return {"tokens": ids, "count": len(ids), "max_model_len": state.model.max_context_len}
+        return {
+            "tokens": ids,
+            "count": len(ids),
+            "max_model_len": min(state.model.max_context_len, state.model.kv_capacity_tokens),
+        }
 
     @router.post("/detokenize")
     async def detokenize(body: DetokenizeBody) -> dict[str, Any]:

@@ -380,3 +380,20 @@ def test_health_stays_ok_through_a_step_longer_than_its_bound(start_server, tmp_
     assert result["resp"].status_code == 200, result["resp"].text
     assert result["seconds"] > 3, f"the step took {result['seconds']:.1f} s: too short to tell"
     assert set(statuses) == {200}, statuses
+
+
+def test_max_model_len_is_what_the_kv_pool_holds_when_it_holds_less(busy_server, model_name):
+    """With --num-kv-tokens 1024 under a 2048-token context, /v1/models said max_model_len 2048,
+    and a client sizing its prompt by it got a 400 ("exceeds the KV pool"); as SGLang, the pool's
+    size is the limit reported (/tokenize's too)."""
+    info = httpx.get(f"{busy_server.url}/get_server_info").json()
+    pool = info["kv_capacity_tokens"]
+    assert pool < 2048
+    card = httpx.get(f"{busy_server.url}/v1/models").json()["data"][0]
+    assert card["max_model_len"] == pool
+    assert httpx.post(f"{busy_server.url}/tokenize", json={"prompt": "hi"}).json()["max_model_len"] == pool
+    # a request of exactly that many tokens runs; one more is refused
+    body = {"model": model_name, "prompt": [5] * (pool - 2), "max_tokens": 2, "ignore_eos": True}
+    assert httpx.post(f"{busy_server.url}/v1/completions", json=body, timeout=60).status_code == 200
+    body["max_tokens"] = 3
+    assert httpx.post(f"{busy_server.url}/v1/completions", json=body, timeout=60).status_code == 400
