@@ -99,7 +99,13 @@ class SamplingParams:
         if not (self.logit_bias is None or isinstance(self.logit_bias, dict)):
             raise ValueError(f"logit_bias must map token ids to biases, got {type(self.logit_bias).__name__}")
         # JSON and msgpack carry these as plain values: ids may be strings, the grammar a dict
-        normalise("logit_bias", {_token_id(k): v for k, v in (self.logit_bias or {}).items()})
+        biases: dict[int, Any] = {}
+        for key, value in (self.logit_bias or {}).items():
+            token = _token_id(key)
+            if token in biases:  # "17" and "017": two biases for one token, the last silently won
+                raise ValueError(f"logit_bias names token {token} twice (as {short_repr(key)} too)")
+            biases[token] = value
+        normalise("logit_bias", biases)
         try:
             normalise("grammar", GrammarSpec.coerce(self.grammar))
         except GrammarError as exc:

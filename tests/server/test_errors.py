@@ -40,6 +40,14 @@ CASES = [
     (CHAT, {"messages": USER, "logit_bias": {"5": 101}}, 400, "logit_bias", "[-100, 100]"),
     (CHAT, {"messages": USER, "logit_bias": {"999999": 1}}, 400, "logit_bias", "logit_bias"),
     (CHAT, {"messages": USER, "logit_bias": {"five": 1}}, 400, "logit_bias", "token ids"),
+    # one token under two spellings: the last bias silently won
+    (
+        CHAT,
+        {"messages": USER, "logit_bias": {"17": 100, "017": -100}},
+        400,
+        "logit_bias",
+        "names token 17 twice",
+    ),
     (CHAT, {"messages": USER, "logit_bias": {"99999999999999999999": 1}}, 400, "logit_bias", "token ids"),
     (CHAT, {"messages": USER, "repetition_penalty": 0}, 400, "repetition_penalty", "> 0"),
     (CHAT, {"messages": [{"role": "tool", "content": "18 C"}]}, 400, "messages.0", "tool_call_id"),
