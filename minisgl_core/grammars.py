@@ -17,6 +17,14 @@ from minisgl_core.plugins import PluginError, Plugins
 logger = logging.getLogger(__name__)
 
 
+def check_grammar_backend(plugins: Plugins, name: str, default: str) -> None:
+    """PluginError when ``name`` was chosen (not the ``default``) and no installed plugin has it:
+    refused at start (the server and ``LLM()`` alike); the default, missing, leaves an engine for
+    free text, whose grammar requests say why."""
+    if name != default and name not in plugins.names("grammars"):
+        raise PluginError(plugins.missing_message("grammars", name))
+
+
 def make_grammar_backend(
     plugins: Plugins,
     name: str,

@@ -17,6 +17,7 @@ from minisgl_core.checkpoint.path_check import check_model_path
 from minisgl_core.checkpoint.resolve import resolve_model
 from minisgl_core.config import EngineConfig
 from minisgl_core.engine.engine import Engine
+from minisgl_core.grammars import check_grammar_backend
 from minisgl_core.plugins import Plugins
 from minisgl_core.request_limits import truncate_prompt
 from minisgl_core.sampling import SamplingParams, TokenLogprob, merge_sampling
@@ -116,6 +117,7 @@ class LLM:
                 "`minisgl serve --tp N` for tensor parallelism"
             )
         plugins = Plugins.load(disable=disable_plugins)
+        check_grammar_backend(plugins, config.grammar_backend, EngineConfig.grammar_backend)
         self._context = ProcessContext(role="offline", options=dict(options))
         plugins.call_hook("minisgl_process_start", ctx=self._context)
         self.engine = Engine(self.config, ParallelContext(), plugins)

@@ -191,10 +191,18 @@ def test_bad_grammars_are_rejected_before_anything_runs(model_dir):
     llm.close()
 
 
-def test_unknown_backend_is_a_clear_error_on_constrained_requests_only(model_dir):
-    llm = LLM(model_dir, device="cpu", dtype="float32", attn="torch", grammar_backend="no-such-backend")
+def test_an_unknown_backend_named_is_refused_at_start(model_dir):
+    """As ``serve --grammar-backend nope`` is: LLM() built, then failed every constrained request."""
+    from minisgl_core.plugins import PluginError
+
+    with pytest.raises(PluginError, match="unknown --grammar-backend 'no-such-backend'; installed: "):
+        LLM(model_dir, device="cpu", dtype="float32", attn="torch", grammar_backend="no-such-backend")
+
+
+def test_the_default_backend_missing_is_a_clear_error_on_constrained_requests_only(model_dir):
+    llm = LLM(model_dir, device="cpu", dtype="float32", attn="torch", disable_plugins=["xgrammar"])
     assert llm.generate([[1, 2]], SamplingParams(max_tokens=3), use_tqdm=False)[0].finish_reason == "length"
-    with pytest.raises(GrammarError, match="--grammar-backend 'no-such-backend'"):
+    with pytest.raises(GrammarError, match="--grammar-backend 'xgrammar'"):
         llm.generate(
             [[1, 2]], SamplingParams(max_tokens=3, grammar=GrammarSpec("regex", "a")), use_tqdm=False
         )

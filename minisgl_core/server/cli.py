@@ -13,7 +13,8 @@ from typing import Any
 
 from minisgl_core import environment
 from minisgl_core.config import ConfigError, EngineConfig
-from minisgl_core.plugins import PluginError, Plugins
+from minisgl_core.grammars import check_grammar_backend
+from minisgl_core.plugins import Plugins
 from minisgl_core.server.limits import add_limit_args, limits_from_args
 
 logger = logging.getLogger(__name__)
@@ -244,10 +245,7 @@ def _serve_options(args: argparse.Namespace):
     config = engine_config_from_args(args, plugin_options, plugins)
     if config.tp_size > 1:
         check_heads_split(config.model, config.tp_size, plugins)
-    if config.grammar_backend != EngineConfig.grammar_backend and config.grammar_backend not in plugins.names(
-        "grammars"
-    ):  # a name given and not installed; the default, missing, leaves a server for free text
-        raise PluginError(plugins.missing_message("grammars", config.grammar_backend))
+    check_grammar_backend(plugins, config.grammar_backend, EngineConfig.grammar_backend)
     if args.nnodes > 1 and not args.dist_init_addr:
         raise ConfigError("--nnodes > 1 needs --dist-init-addr HOST:PORT (rank 0's node)")
     try:
