@@ -65,6 +65,7 @@ def _bad_models(tmp_path, model_dir) -> dict[str, tuple[str, str]]:
         "unreadable config": (str(garbage), "config.json is unreadable"),
         "no weights": (str(no_weights), "no weights in the directory"),
         "not a model file": (str(text_file), "is a file, not a model"),
+        "a device": ("/dev/null", "is not a file or a directory"),
     }
 
 
@@ -353,6 +354,20 @@ def test_a_chat_template_that_does_not_compile_is_refused_at_start_up(model_dir,
     )
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines() == [f"minisgl: error: --chat-template: {bad}, line 1: unexpected '}}'"]
+
+
+def test_an_empty_chat_template_is_refused_at_start_up(model_dir, tmp_path):
+    """An empty file started the server, then every chat turn said the tokenizer has no
+    chat_template, naming neither the flag nor the file."""
+    empty = tmp_path / "empty.jinja"
+    empty.write_text("\n")
+    proc = _cli(
+        "serve", "--port", "0", "--model", str(model_dir), "--device", "cpu", "--chat-template", str(empty)
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"minisgl: error: --chat-template: {empty} is empty; give a Jinja chat template file"
+    ]
 
 
 @pytest.mark.parametrize("how", ["flag", "env"])

@@ -36,6 +36,8 @@ def check_model_path(model: str | Path) -> None:
         if _unreadable(path):
             raise ModelPathError(f"--model {model}: cannot read the file (permission denied)")
         return
+    if not path.is_dir():  # /dev/null, a socket, a pipe: "cannot read the directory" was wrong
+        raise ModelPathError(f"--model {model} is not a file or a directory; {WANTED}")
     if _unreadable(path) or not os.access(path, os.X_OK):
         raise ModelPathError(f"--model {model}: cannot read the directory (permission denied)")
     if any(path.glob("*.gguf")):

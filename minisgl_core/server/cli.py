@@ -299,6 +299,8 @@ def _read_chat_template(path: str | None) -> str | None:
         raise ConfigError(f"--chat-template: cannot read {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"--chat-template: {path} is not UTF-8 text ({exc.reason})") from None
+    if not text.strip():  # (taken as "no template": every chat turn then said the tokenizer has none)
+        raise ConfigError(f"--chat-template: {path} is empty; give a Jinja chat template file")
     from jinja2 import TemplateSyntaxError
 
     try:
