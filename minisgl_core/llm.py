@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import numbers
 import re
 import signal
 import threading
@@ -20,7 +21,7 @@ from minisgl_core.engine.engine import Engine
 from minisgl_core.grammars import check_grammar_backend
 from minisgl_core.plugins import Plugins
 from minisgl_core.request_limits import truncate_prompt
-from minisgl_core.sampling import SamplingParams, TokenLogprob, merge_sampling
+from minisgl_core.sampling import SamplingParams, TokenLogprob, merge_sampling, short_repr
 from minisgl_core.tokenizer.detokenize import final_text
 
 #: a lone UTF-16 surrogate: text no tokenizer encodes
@@ -176,8 +177,16 @@ class LLM:
             # with the tokenizer's special tokens (a Llama's BOS), as vLLM's LLM and the server's
             # completions encode a text prompt
             return list(self.tokenizer.encode(prompt))
-        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
-            return list(prompt)
+        if isinstance(prompt, (list, tuple)):
+            # integers of any kind (numpy's too), not booleans: [True, False] ran as ids [1, 0]
+            bad = next(
+                (t for t in prompt if isinstance(t, bool) or not isinstance(t, numbers.Integral)), None
+            )
+            if bad is None:
+                return [int(t) for t in prompt]
+            raise TypeError(
+                f"a prompt's token ids must be integers, got {type(bad).__name__} {short_repr(bad)}"
+            )
         raise TypeError(f"a prompt must be a str or a list of token ids, got {type(prompt).__name__}")
 
     def generate(
@@ -215,7 +224,7 @@ class LLM:
                 "sampling_params must be a SamplingParams or a list of them (one per prompt), got "
                 f"{type(sampling_params).__name__}: build one with SamplingParams(...) or llm.sampling_params(...)"
             )
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], numbers.Integral)):
             prompts = [prompts]  # type: ignore[list-item]
         prompts = list(prompts)
         if sampling_params is None:  # the model's own defaults (generation_config.json), if any

@@ -341,3 +341,19 @@ def test_a_prompt_with_a_lone_surrogate_says_so(llm):
     with pytest.raises(ValueError, match=r"not valid text: a lone UTF-16 surrogate '\\udcff' at index 3"):
         llm.generate("abc\udcff")
     assert len(llm.generate("abc", SamplingParams(max_tokens=2))[0].token_ids) == 2
+
+
+def test_token_ids_are_integers_of_any_kind_but_not_booleans(llm):
+    """[True, False] ran as ids [1, 0]; numpy's integers were "a prompt must be a str or a list of
+    token ids, got list" (or int64)."""
+    import numpy as np
+
+    greedy = SamplingParams(temperature=0, max_tokens=4)
+    expected = llm.generate([PROMPTS[1]], greedy)[0].token_ids
+    for prompt in (np.array(PROMPTS[1]).tolist(), list(np.array(PROMPTS[1], dtype=np.int64))):
+        assert llm.generate(prompt, greedy)[0].token_ids == expected
+        assert llm.generate([prompt], greedy)[0].token_ids == expected
+    with pytest.raises(TypeError, match="a prompt's token ids must be integers, got bool True"):
+        llm.generate([True, False], greedy)
+    with pytest.raises(TypeError, match="a prompt's token ids must be integers, got float 2.0"):
+        llm.generate([[1, 2.0]], greedy)
