@@ -8,10 +8,11 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse
 
 from minisgl_core.server.api_options import ApiOptions, ApiTokenizer
 from minisgl_core.server.body_limit import BodyGate
-from minisgl_core.server.errors import APIError, install_error_handlers
+from minisgl_core.server.errors import APIError, error_body, install_error_handlers
 from minisgl_core.server.head_requests import HeadAsGet
 from minisgl_core.server.native_routes import health_router, info_router, native_router
 from minisgl_core.server.openapi import build_schema
@@ -19,19 +20,52 @@ from minisgl_core.server.routes import make_router
 from minisgl_core.server.state import ServerState
 from minisgl_core.server.tokenize_routes import tokenize_router
 
+_NO_KEY = "invalid or missing API key (send 'Authorization: Bearer <key>')"
+
+
+def _key_matches(authorization: str, expected: bytes) -> bool:
+    # "Bearer KEY", the scheme in any case (RFC 9110: auth schemes are case-insensitive)
+    scheme, _, given = authorization.partition(" ")
+    return (scheme.lower() == "bearer") & secrets.compare_digest(given.encode(), expected)
+
 
 def require_api_key(api_key: str) -> Callable[[Request], None]:
     expected = api_key.encode()
 
     def check(request: Request) -> None:
-        # "Bearer KEY", the scheme in any case (RFC 9110: auth schemes are case-insensitive)
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if not (scheme.lower() == "bearer") & secrets.compare_digest(given.encode(), expected):
-            raise APIError(
-                401, "invalid or missing API key (send 'Authorization: Bearer <key>')", code="invalid_api_key"
-            )
+        if not _key_matches(request.headers.get("authorization", ""), expected):
+            raise APIError(401, _NO_KEY, code="invalid_api_key")
 
     return check
+
+
+class ApiKeyGate:
+    """ASGI middleware: a request without the key gets its 401 before its body is read or checked
+    (as vLLM's): an unauthenticated client got "malformed JSON body", the 415 of a compressed body
+    or the 413 of a large one, that is, the server parsed what anyone sent. ``public`` paths
+    (/health) and CORS preflights (OPTIONS, which browsers send without the key) pass; the routes'
+    own ``require_api_key`` stays (the OpenAPI schema documents it)."""
+
+    def __init__(
+        self, app: Any, api_key: str, public: frozenset[str], on_refused: Callable[[], None]
+    ) -> None:
+        self.app = app
+        self.expected = api_key.encode()
+        self.public = public
+        self.on_refused = on_refused
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] == "OPTIONS" or scope["path"] in self.public:
+            await self.app(scope, receive, send)
+            return
+        authorization = dict(scope.get("headers") or ()).get(b"authorization", b"").decode("latin-1")
+        if _key_matches(authorization, self.expected):
+            await self.app(scope, receive, send)
+            return
+        self.on_refused()
+        await JSONResponse(error_body(401, _NO_KEY, None, "invalid_api_key"), status_code=401)(
+            scope, receive, send
+        )
 
 
 def create_app(
@@ -58,6 +92,19 @@ def create_app(
         state.metrics.rejected += 1
 
     install_error_handlers(app, count_error)
+    tokenizer = ApiTokenizer(state.model.path, options.chat_template)
+    app.include_router(health_router(state))
+    protected = [Depends(require_api_key(api_key))] if api_key else []
+    app.include_router(make_router(state, options, tokenizer), dependencies=protected)
+    app.include_router(native_router(state), dependencies=protected)
+    app.include_router(info_router(state, info or {}), dependencies=protected)
+    # outermost last: HEAD seen as GET, CORS headers on every answer (a 401 or 413 too), the key,
+    # then the body's size and coding
+    app.add_middleware(BodyGate, max_bytes=state.limits.max_body_bytes)
+    if api_key:
+        app.add_middleware(
+            ApiKeyGate, api_key=api_key, public=frozenset({"/health"}), on_refused=lambda: count_error(401)
+        )
     if options.allowed_origins:
         from fastapi.middleware.cors import CORSMiddleware
 
@@ -69,14 +116,7 @@ def create_app(
             allow_methods=["GET", "HEAD", "POST", "OPTIONS"],
             allow_headers=["Authorization", "Content-Type"],
         )
-    tokenizer = ApiTokenizer(state.model.path, options.chat_template)
-    app.include_router(health_router(state))
-    protected = [Depends(require_api_key(api_key))] if api_key else []
-    app.include_router(make_router(state, options, tokenizer), dependencies=protected)
-    app.include_router(native_router(state), dependencies=protected)
-    app.include_router(info_router(state, info or {}), dependencies=protected)
-    app.add_middleware(BodyGate, max_bytes=state.limits.max_body_bytes)
-    app.add_middleware(HeadAsGet)  # outermost: everything inside sees the GET
+    app.add_middleware(HeadAsGet)
     app.include_router(tokenize_router(state, tokenizer), dependencies=protected)
     schema = build_schema(app, protected=bool(protected))
     app.openapi = lambda: schema  # type: ignore[method-assign]
