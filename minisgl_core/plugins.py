@@ -396,6 +396,8 @@ class Plugins:
                 f"({info.distribution} {info.version}) is {info.status}: {info.reason}"
             )
         have = ", ".join(self.names(kind)) or "none"
+        if not name.strip():  # (the hint was "pip install minisgl-plugin-")
+            return f"{KIND_FLAGS[kind]} needs a name; installed: {have}"
         hint = f"install the plugin that provides it (e.g. pip install minisgl-plugin-{_plugin_hint(kind, name)})"
         return f"unknown {KIND_FLAGS[kind]} {name!r}; installed: {have}; {hint}"
 

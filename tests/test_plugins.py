@@ -301,3 +301,12 @@ def test_api_versions_compare_as_versions_not_strings():
     for malformed in ("1", "1.0.0", "1.x", "v1.0"):
         with pytest.raises(ValueError, match="major.minor"):
             api_compatible(malformed, "1.0")
+
+
+def test_an_empty_plugin_name_says_a_name_is_needed():
+    """``--quantization ""`` suggested ``pip install minisgl-plugin-``."""
+    from minisgl_core.plugins import Plugins
+
+    plugins = Plugins.load()
+    message = plugins.missing_message("quantization", "")
+    assert message.startswith("--quantization needs a name; installed: ") and "pip install" not in message

@@ -336,7 +336,14 @@ def test_generation_config_supplies_defaults_for_unset_fields(tmp_path):
 
 @pytest.mark.parametrize(
     ("setting", "expected"),
-    [("auto", {"temperature": 0.3}), ("none", {}), ("vllm", {}), ("DIR", {"top_p": 0.4, "max_tokens": 3})],
+    [
+        ("auto", {"temperature": 0.3}),
+        ("none", {}),
+        ("vllm", {}),
+        ("DIR", {"top_p": 0.4, "max_tokens": 3}),
+        # the file itself (it said "no generation_config.json there")
+        ("FILE", {"top_p": 0.4, "max_tokens": 3}),
+    ],
 )
 def test_generation_config_setting_picks_the_source(tmp_path, setting, expected):
     import json
@@ -349,7 +356,8 @@ def test_generation_config_setting_picks_the_source(tmp_path, setting, expected)
     other = tmp_path / "other"
     other.mkdir()
     (other / "generation_config.json").write_text(json.dumps({"top_p": 0.4, "max_new_tokens": 3}))
-    assert load_sampling_defaults(model, str(other) if setting == "DIR" else setting) == expected
+    given = {"DIR": str(other), "FILE": str(other / "generation_config.json")}.get(setting, setting)
+    assert load_sampling_defaults(model, given) == expected
 
 
 def test_bad_generation_config_is_a_clear_error(tmp_path):

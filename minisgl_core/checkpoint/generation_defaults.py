@@ -50,7 +50,12 @@ def model_generation_config(model: str | Path, plugins: Plugins | None = None) -
 
 
 def _read_folder(folder: Path) -> dict[str, Any]:
-    path = folder / "generation_config.json"
+    # the file itself named is taken too (it said "no generation_config.json there")
+    path = (
+        folder
+        if folder.name == "generation_config.json" and folder.is_file()
+        else folder / "generation_config.json"
+    )
     if not path.is_file():
         raise GenerationConfigError(
             f"--generation-config {folder}: no generation_config.json there; give a folder holding one, "
