@@ -154,6 +154,21 @@ def test_penalties_with_early_stops_match_without_overlap(model_dir, llm, with_s
     assert not llm.engine.has_work
 
 
+@pytest.mark.parametrize(
+    "penalty",
+    [{"repetition_penalty": 1.8}, {"presence_penalty": 1.5}, {"frequency_penalty": 1.5}, {"min_tokens": 12}],
+)
+def test_each_penalty_alone_matches_without_overlap(model_dir, llm, penalty):
+    """repetition_penalty alone did not make the engine land the step in flight before sampling:
+    the newest token was never penalised, so greedy output under overlap (the default) differed
+    from overlap off and from speculative decoding (found by a probe on the default model)."""
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, **penalty)
+    prompts = [*PROMPTS, [5] * 12, [9, 10] * 6]
+    overlapped = [o.token_ids for o in llm.generate(prompts, params)]
+    with cpu_llm(model_dir, overlap=False) as serial:
+        assert [o.token_ids for o in serial.generate(prompts, params)] == overlapped
+
+
 # ------------------------------------------------------------------------ close
 
 

@@ -611,5 +611,12 @@ def _open_step_trace(path: str | None) -> IO[str] | None:
 
 def _needs_host_outputs(params: SamplingParams) -> bool:
     """Whether sampling for this request reads its newest output tokens on the host (penalties,
-    and min_tokens, which bans stop tokens by how many there are)."""
-    return bool(params.presence_penalty or params.frequency_penalty or params.min_tokens)
+    and min_tokens, which bans stop tokens by how many there are). repetition_penalty was left
+    out: under overlap its newest token went unpenalised, and greedy output differed from overlap
+    off and from speculative decoding."""
+    return bool(
+        params.presence_penalty
+        or params.frequency_penalty
+        or params.repetition_penalty != 1.0
+        or params.min_tokens
+    )
