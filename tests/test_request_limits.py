@@ -219,6 +219,17 @@ def test_an_interrupted_generate_leaves_the_llm_usable(llm, monkeypatch):
     assert [o.token_ids for o in again] == expected
 
 
+@pytest.fixture
+def python_sigint():
+    """SIGINT as an interactive Python has it (KeyboardInterrupt), whatever an earlier test in
+    this process or the runner that started pytest (a shell's background job inherits it ignored)
+    left in place."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("python_sigint")
 @pytest.mark.parametrize(
     "where", ["scheduler.schedule", "runner.prepare", "engine._sample", "engine._complete"]
 )
@@ -248,6 +259,7 @@ def test_ctrl_c_inside_a_step_leaves_the_llm_usable(llm, monkeypatch, where, cal
     assert [o.token_ids for o in llm.generate(PROMPTS, greedy)] == expected
 
 
+@pytest.mark.usefixtures("python_sigint")
 def test_a_second_ctrl_c_stops_the_step_at_once_and_retires_the_llm(model_dir, monkeypatch):
     """The way out of a step that does not end: a second Ctrl-C raises inside it. The engine is
     then not trusted (a half-run step), so the LLM says to create a new one instead of hanging."""
