@@ -61,13 +61,23 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
-def test_architectures_as_a_string_is_one_line_on_the_command_line(model_dir, tmp_path):
-    bad = _with_config(model_dir, tmp_path, architectures="Qwen3ForCausalLM")
+@pytest.mark.parametrize(
+    ("changes", "says"),
+    [
+        ({"architectures": "Qwen3ForCausalLM"}, f'{ARCHITECTURES_SAYS}"Qwen3ForCausalLM"'),
+        ({"hidden_size": "abc"}, 'config.json: hidden_size must be a positive integer, got "abc"'),
+        (
+            {"max_position_embeddings": -5},
+            "config.json: max_position_embeddings must be a positive integer, got -5",
+        ),
+    ],
+    ids=["architectures-a-string", "hidden_size-abc", "max_position_embeddings-below-one"],
+)
+def test_a_bad_config_value_is_one_line_on_the_command_line(model_dir, tmp_path, changes, says):
+    bad = _with_config(model_dir, tmp_path, **changes)
     proc = _cli("serve", "--port", "0", "--model", str(bad), "--device", "cpu")
     assert proc.returncode == 2 and proc.stdout == "", proc.stderr
-    assert proc.stderr.splitlines() == [
-        f'minisgl: error: --model {bad}: {ARCHITECTURES_SAYS}"Qwen3ForCausalLM"'
-    ]
+    assert proc.stderr.splitlines() == [f"minisgl: error: --model {bad}: {says}"]
 
 
 SIZES = (
@@ -117,15 +127,6 @@ def test_the_runner_refuses_a_bad_size_when_the_launcher_did_not_check(model_dir
     assert f"--model {bad}: config.json: {field} must be a positive " in str(err.value)
 
 
-def test_a_bad_size_is_one_line_on_the_command_line(model_dir, tmp_path):
-    bad = _with_config(model_dir, tmp_path, hidden_size="abc")
-    proc = _cli("serve", "--port", "0", "--model", str(bad), "--device", "cpu")
-    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
-    assert proc.stderr.splitlines() == [
-        f'minisgl: error: --model {bad}: config.json: hidden_size must be a positive integer, got "abc"'
-    ]
-
-
 @pytest.mark.parametrize("shape", ["qwen3-0.6b", "llama-3.1-8b"])
 def test_real_configs_and_left_out_or_null_values_pass(shape):
     from minisgl_core.bench.shapes import SHAPES
@@ -160,12 +161,3 @@ def test_max_position_embeddings_not_a_positive_integer_is_refused_at_load(model
     with pytest.raises(ModelPathError) as err:  # the runner, where the launcher did not check
         Engine(EngineConfig(model=str(bad), attn="torch", device="cpu"), ParallelContext(), Plugins.load())
     assert str(err.value) == f"--model {bad}: {says}"
-
-
-def test_max_position_embeddings_below_one_is_one_line_on_the_command_line(model_dir, tmp_path):
-    bad = _with_config(model_dir, tmp_path, max_position_embeddings=-5)
-    proc = _cli("serve", "--port", "0", "--model", str(bad), "--device", "cpu")
-    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
-    assert proc.stderr.splitlines() == [
-        f"minisgl: error: --model {bad}: config.json: max_position_embeddings must be a positive integer, got -5"
-    ]

@@ -192,7 +192,7 @@ def make_router(
         except APIError as exc:
             if not (score_only and exc.code == "context_length_exceeded" and "max_tokens" in exc.message):
                 raise
-            room = min(model.max_context_len, model.kv_capacity_tokens)
+            room = model.max_model_len
             limit = (
                 f"the context length {room}"
                 if room == model.max_context_len
@@ -395,9 +395,7 @@ def make_router(
             "created": state.created,
             "owned_by": "minisgl",
             "root": model.path,
-            # the longest prompt + output one request can have: the KV pool may hold fewer tokens
-            # than the context (--num-kv-tokens), as SGLang caps it
-            "max_model_len": min(model.max_context_len, model.kv_capacity_tokens),
+            "max_model_len": model.max_model_len,
             # token ids a prompt may use: [0, vocab_size) (bench serve builds prompts from it)
             "vocab_size": model.vocab_size,
         }

@@ -49,6 +49,12 @@ class ModelInfo:
     #: unknown, request_limits.CHARS_PER_TOKEN)
     max_token_chars: int | None = None
 
+    @property
+    def max_model_len(self) -> int:
+        """The longest prompt + output one request can have: the context, or the KV pool where it
+        holds fewer tokens (--num-kv-tokens), as SGLang caps it."""
+        return min(self.max_context_len, self.kv_capacity_tokens)
+
     def check_name(self, requested: str | None) -> None:
         """A 404 in OpenAI's shape unless ``requested`` (a body's ``model``, a path's id) names
         this model, by name or path; None (left out) does."""

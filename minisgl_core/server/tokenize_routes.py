@@ -104,7 +104,7 @@ def tokenize_router(state: ServerState, tokenizer: ApiTokenizer) -> APIRouter:
         return {
             "tokens": ids,
             "count": len(ids),
-            "max_model_len": min(state.model.max_context_len, state.model.kv_capacity_tokens),
+            "max_model_len": state.model.max_model_len,
         }
 
     @router.post("/detokenize")
