@@ -4,7 +4,8 @@ RequestGroup as a stream of SSE chunks or as one JSON body, aborting whatever th
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from fastapi import Request
@@ -40,6 +41,48 @@ def sampling_params(fields: dict[str, Any], rename: dict[str, str], model: Model
         list(params.stop_token_ids), model.vocab_size, rename.get("stop_token_ids", "stop_token_ids")
     )
     return params
+
+
+# A score-only request (/v1/completions' echo with max_tokens 0, OpenAI's legacy way to score a
+# text; /generate's max_new_tokens 0, SGLang's) returns no new text, only the prompt's logprobs if
+# asked. The engine generates one token at least: it runs with one and the route drops it.
+
+
+def score_only_fields(fields: dict[str, Any], asked: str) -> dict[str, Any]:
+    """The fields a score-only request runs with: one token, generated and then dropped; a
+    ``min_tokens`` is refused (``asked``: how the route's body says score-only, for the message)."""
+    if fields.get("min_tokens"):
+        raise APIError(400, f"min_tokens: {asked} generates nothing; leave min_tokens at 0", "min_tokens")
+    return {**fields, "max_tokens": 1}
+
+
+@contextmanager
+def room_to_score(score_only: bool, model: ModelInfo, asked: str) -> Iterator[None]:
+    """A prompt that leaves no room for a score-only request's one token is refused saying so,
+    not as the client's max_tokens 0 being 1 (the engine cannot run past the context, nor the
+    page table hold a token there)."""
+    try:
+        yield
+    except APIError as exc:
+        if not (score_only and exc.code == "context_length_exceeded" and "max_tokens" in exc.message):
+            raise
+        room = model.max_model_len
+        limit = (
+            f"the context length {room}" if room == model.max_context_len else f"the KV pool ({room} tokens)"
+        )
+        exc.message = (
+            f"{asked} still generates one token (then drops it), so the prompt must leave room for "
+            f"it: at most {room - 1} tokens, {limit} less one; shorten the prompt"
+        )
+        exc.param = "prompt"
+        raise
+
+
+def drop_generated(delta: Choice) -> None:
+    """A score-only request's delta (or whole choice) without the token generated after the prompt."""
+    delta.text, delta.token_ids, delta.logprobs = "", [], []
+    if delta.finish_reason is not None:
+        delta.finish_reason, delta.matched_stop = "length", None
 
 
 def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:

@@ -12,7 +12,14 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.server import responses as r
 from minisgl_core.server.errors import APIError, sse_error
-from minisgl_core.server.handling import check_token_ids, respond, sampling_params
+from minisgl_core.server.handling import (
+    check_token_ids,
+    drop_generated,
+    respond,
+    room_to_score,
+    sampling_params,
+    score_only_fields,
+)
 from minisgl_core.server.routes import fields_named
 from minisgl_core.server.schemas import GenerateRequest
 from minisgl_core.server.state import RequestGroup, ServerState
@@ -45,13 +52,19 @@ def native_router(state: ServerState) -> APIRouter:
             "min_tokens": NATIVE_NAMES["min_tokens"],
             "prompt": "text" if body.text is not None else "input_ids",
         }
+        # max_new_tokens 0 (SGLang's way to score a prompt): no new text, the prompt's logprobs
+        # if asked; one token is generated and dropped (messages say "max_tokens 0", renamed)
+        score_only = body.sampling_params.max_new_tokens == 0
+        fields = body.sampling_fields()
         with fields_named(spelled):
-            params = sampling_params(body.sampling_fields(), names, state.model)
+            if score_only:
+                fields = score_only_fields(fields, "max_tokens 0")
+            params = sampling_params(fields, names, state.model)
         if body.input_ids is not None:
             check_token_ids(body.input_ids, state.model.vocab_size, "input_ids")
         group = RequestGroup(state)
         group.set_timeout(body.timeout)
-        with fields_named(spelled):
+        with fields_named(spelled), room_to_score(score_only, state.model, "max_tokens 0"):
             await group.add(
                 params,
                 1,
@@ -76,12 +89,16 @@ def native_router(state: ServerState) -> APIRouter:
                     yield sse_error(delta.error, delta.error_status, delta.error_param, delta.error_code)
                     yield r.DONE
                     return
+                if score_only:
+                    drop_generated(delta)
                 choice.merge(delta)
                 if delta.text or delta.finish_reason is not None:
                     yield r.sse(result(choice))
             yield r.DONE
 
         def build(choices: list[r.Choice]) -> dict:
+            if score_only:
+                drop_generated(choices[0])
             return result(choices[0])
 
         return await respond(group, request, body.stream, chunks, build)

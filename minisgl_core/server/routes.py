@@ -20,7 +20,14 @@ from minisgl_core.server import responses as r
 from minisgl_core.server.api_options import ApiOptions, ApiTokenizer
 from minisgl_core.server.chat_output import ChoiceOutput
 from minisgl_core.server.errors import APIError, sse_error
-from minisgl_core.server.handling import check_token_ids, respond, sampling_params
+from minisgl_core.server.handling import (
+    check_token_ids,
+    drop_generated,
+    respond,
+    room_to_score,
+    sampling_params,
+    score_only_fields,
+)
 from minisgl_core.server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from minisgl_core.server.state import RequestGroup, ServerState
 from minisgl_core.server.tools import plan_tools
@@ -29,6 +36,8 @@ from minisgl_core.server.tools import plan_tools
 #: OpenAI's legacy default (vLLM's too), capped by what the context leaves. Chat has none (OpenAI's
 #: chat default is the rest of the context).
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+#: how /v1/completions asks for a score-only request (the prompt's logprobs, no new text)
+SCORE_ONLY_ECHO = "echo with max_tokens 0"
 
 
 @contextmanager
@@ -182,29 +191,6 @@ def make_router(
 
     # ---------------------------------------------------------------- completions
 
-    @contextmanager
-    def room_to_score(score_only: bool) -> Iterator[None]:
-        """Score-only echo generates one token the client never sees: a prompt that leaves no room
-        for it is refused saying so, not as the client's max_tokens 0 being 1 (the engine cannot
-        run past the context, nor the page table hold a token there)."""
-        try:
-            yield
-        except APIError as exc:
-            if not (score_only and exc.code == "context_length_exceeded" and "max_tokens" in exc.message):
-                raise
-            room = model.max_model_len
-            limit = (
-                f"the context length {room}"
-                if room == model.max_context_len
-                else f"the KV pool ({room} tokens)"
-            )
-            exc.message = (
-                f"echo with max_tokens 0 still generates one token (then drops it), so the prompt must "
-                f"leave room for it: at most {room - 1} tokens, {limit} less one; shorten the prompt"
-            )
-            exc.param = "prompt"
-            raise
-
     @router.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
         check_model(body)
@@ -213,13 +199,7 @@ def make_router(
         # with its logprobs if asked; one token is generated and dropped
         score_only = body.echo and body.max_tokens == 0
         if score_only:
-            if body.min_tokens:
-                raise APIError(
-                    400,
-                    "min_tokens: echo with max_tokens 0 generates nothing; leave min_tokens at 0",
-                    "min_tokens",
-                )
-            fields["max_tokens"] = 1
+            fields = score_only_fields(fields, SCORE_ONLY_ECHO)
         params = sampling_params(fields, {"grammar": body.grammar_field}, model)
         # echo with logprobs: the prompt's tokens get theirs too (computed whole: no prefix cache)
         echo_logprobs = body.echo and body.logprobs is not None
@@ -255,7 +235,7 @@ def make_router(
                 # a batch's errors name the prompt they are about
                 with (
                     fields_named({"prompt": f"prompt.{i}" if batch else "prompt"}),
-                    room_to_score(score_only),
+                    room_to_score(score_only, model, SCORE_ONLY_ECHO),
                 ):
                     await group.add(
                         params,
@@ -285,12 +265,6 @@ def make_router(
             return r.as_token_ids(items, keep_bytes=False) if body.return_tokens_as_token_ids else items
 
         unannounced = set(range(group.num_choices)) if body.return_token_ids else set()
-
-        def drop_generated(delta: r.Choice) -> None:
-            """Score-only echo: forget the token generated after the prompt."""
-            delta.text, delta.token_ids, delta.logprobs = "", [], []
-            if delta.finish_reason is not None:
-                delta.finish_reason, delta.matched_stop = "length", None
 
         def with_ids(chunk: dict, index: int, token_ids: list[int]) -> dict:
             """return_token_ids: the chunk's token ids, and the prompt's on the choice's first chunk."""

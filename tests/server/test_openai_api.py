@@ -561,6 +561,42 @@ def test_native_generate_input_logprobs(server, llm, auth, start):
     )
 
 
+def test_native_generate_max_new_tokens_0_scores_the_prompt(server, llm, auth):
+    """SGLang's max_new_tokens 0 (it was a 400): no new text, finish reason length, and with
+    return_logprob the prompt's logprobs, as the offline engine's prompt_logprobs; streamed alike.
+    min_new_tokens cannot be kept then: a 400 naming it."""
+    ids = llm.tokenizer.encode(PROMPT)
+    ref = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1))[0]
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 0},
+            "return_logprob": True, "logprob_start_len": 0}  # fmt: skip
+    out = httpx.post(f"{server.url}/generate", json=body, headers=auth).json()
+    meta = out["meta_info"]
+    assert (out["text"], out["output_ids"], meta["completion_tokens"]) == ("", [], 0), out
+    assert meta["finish_reason"] == {"type": "length", "matched": None}
+    assert meta["output_token_logprobs"] == [] and meta["prompt_tokens"] == len(ids)
+    got = [lp for lp, _, _ in meta["input_token_logprobs"]]
+    assert got[0] is None  # (the first prompt token's)
+    assert got[1:] == pytest.approx([lp.logprob for lp in ref.prompt_logprobs[1:]], abs=1e-4)
+    with httpx.stream("POST", f"{server.url}/generate", json={**body, "stream": True}, headers=auth) as resp:
+        events = [line.removeprefix("data: ") for line in resp.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["text"] == "" and len(events) == 2, events
+    plain = httpx.post(f"{server.url}/generate", json={"text": PROMPT, "sampling_params": {"max_new_tokens": 0}},
+                       headers=auth).json()  # fmt: skip
+    assert plain["text"] == "" and plain["meta_info"]["finish_reason"]["type"] == "length"
+    refused = httpx.post(
+        f"{server.url}/generate",
+        json={"text": PROMPT, "sampling_params": {"max_new_tokens": 0, "min_new_tokens": 1}},
+        headers=auth,
+    )
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "sampling_params.min_new_tokens"
+    # the one token needs room: a prompt as long as the context (2048) is refused saying so
+    full = httpx.post(f"{server.url}/generate", json={**body, "input_ids": [5] * 2048}, headers=auth)
+    error = full.json()["error"]
+    assert (full.status_code, error["param"]) == (400, "input_ids"), error
+    assert error["message"].startswith("sampling_params.max_new_tokens 0 still generates one token"), error
+    assert "at most 2047 tokens" in error["message"], error
+
+
 def test_api_key_protects_all_but_health(server):
     assert httpx.get(f"{server.url}/health").status_code == 200
     for method, path in [
