@@ -73,6 +73,17 @@ def native_router(state: ServerState) -> APIRouter:
                 max_tokens_field=NATIVE_NAMES["max_tokens"],
                 grammar_field=body.sampling_params.grammar_field,
             )
+        if body.return_logprob and body.logprob_start_len >= group.prompt_tokens:
+            # (known once the prompt is tokenized; the admitted request is aborted): past the
+            # prompt, input_token_logprobs came back empty, silently
+            group.close()
+            raise APIError(
+                400,
+                f"logprob_start_len {body.logprob_start_len} is past the prompt, which has "
+                f"{group.prompt_tokens} tokens: give a position in [0, {group.prompt_tokens - 1}], "
+                "or -1 for no input logprobs",
+                "logprob_start_len",
+            )
         rid = r.new_id("gen")
 
         def result(choice: r.Choice) -> dict:

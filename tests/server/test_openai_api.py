@@ -597,6 +597,21 @@ def test_native_generate_max_new_tokens_0_scores_the_prompt(server, llm, auth):
     assert "at most 2047 tokens" in error["message"], error
 
 
+@pytest.mark.parametrize("prompt", [{"input_ids": [5, 6, 7]}, {"text": PROMPT}], ids=["input_ids", "text"])
+def test_native_generate_logprob_start_len_past_the_prompt_is_a_400(server, llm, auth, prompt):
+    """It returned an empty input_token_logprobs, silently."""
+    length = len(prompt.get("input_ids") or llm.tokenizer.encode(PROMPT))
+    body = {**prompt, "sampling_params": {"max_new_tokens": 1}, "return_logprob": True,
+            "logprob_start_len": length}  # fmt: skip
+    resp = httpx.post(f"{server.url}/generate", json=body, headers=auth)
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["param"] == "logprob_start_len", error
+    assert f"logprob_start_len {length} " in error["message"] and f"has {length} tokens" in error["message"]
+    last = httpx.post(f"{server.url}/generate", json={**body, "logprob_start_len": length - 1}, headers=auth)
+    assert last.status_code == 200 and len(last.json()["meta_info"]["input_token_logprobs"]) == 1, last.text
+
+
 def test_api_key_protects_all_but_health(server):
     assert httpx.get(f"{server.url}/health").status_code == 200
     for method, path in [
