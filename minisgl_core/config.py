@@ -21,6 +21,9 @@ KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {"auto": None, "fp8_e4m3": torc
 #: shares whole pages only
 CUDA_PAGE_SIZE = 16
 
+#: the KV pool's size on a CPU when num_kv_tokens is unset (a GPU's is sized from free memory)
+CPU_DEFAULT_KV_TOKENS = 65536
+
 #: most threads the grammar backend may fill bitmasks with (``--grammar-threads``): a fill splits
 #: one step's constrained rows (at most ``max_running_requests``) among them, and past the CPUs
 #: of any host we serve from more threads only add switching
@@ -235,6 +238,12 @@ class EngineConfig:
                     f"{f.name} must be {says}{' (or unset)' if optional else ''}, got {value!r}", f.name
                 )
 
+    def context_len(self, hf_config: dict[str, Any]) -> int:
+        """The longest request the engine runs: ``max_context_len`` capped by the model's
+        max_position_embeddings (4096 where its config.json names none)."""
+        max_pos = int(hf_config.get("max_position_embeddings", 4096))
+        return min(self.max_context_len or max_pos, max_pos)
+
     def resolve_device(self) -> torch.device:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -253,6 +262,28 @@ class EngineConfig:
     def resolve_kv_dtype(self, dtype: torch.dtype) -> torch.dtype:
         """The KV pool's dtype for a run in ``dtype``."""
         return KV_CACHE_DTYPES[self.kv_cache_dtype] or dtype
+
+
+def check_page_size(page_size: int, context_len: int, kv_tokens: int | None) -> None:
+    """A KV page holds tokens of one request: one longer than the context is never filled, and the
+    pool needs two pages at least (one is kept for CUDA-graph padding). ``kv_tokens`` None: the
+    pool is not sized yet (a GPU's, from free memory)."""
+    limit = context_len if kv_tokens is None else min(context_len, kv_tokens // 2)
+    if page_size <= limit or limit < 1:  # (a pool without room for two 1-token pages: its own error)
+        return
+    fit = 1 << (limit.bit_length() - 1)  # the largest power of two that fits
+    if page_size > context_len:
+        raise ConfigError(
+            f"page_size {page_size} is larger than the context length {context_len}, so no request "
+            f"ever fills a page; use a page_size of at most {fit}",
+            "page_size",
+        )
+    raise ConfigError(
+        f"page_size {page_size} leaves the KV pool ({kv_tokens} tokens) fewer than the two pages it "
+        f"needs; use a page_size of at most {fit}, or a larger num_kv_tokens",
+        "page_size",
+        "num_kv_tokens",
+    )
 
 
 def _device_type(device: str) -> str | None:

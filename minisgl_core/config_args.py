@@ -8,7 +8,14 @@ from typing import Any
 
 from minisgl_core import fast_paths
 from minisgl_core.checkpoint.resolve import resolve_model
-from minisgl_core.config import MAX_GRAMMAR_THREADS, ConfigError, EngineConfig, attention_names
+from minisgl_core.config import (
+    CPU_DEFAULT_KV_TOKENS,
+    MAX_GRAMMAR_THREADS,
+    ConfigError,
+    EngineConfig,
+    attention_names,
+    check_page_size,
+)
 from minisgl_core.plugins import Plugins
 
 
@@ -51,12 +58,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-prefill-tokens", type=int, default=_default("max_prefill_tokens"))
     g.add_argument("--max-running-requests", type=int, default=_default("max_running_requests"))
     g.add_argument("--max-context-len", type=int, default=_default("max_context_len"))
-    # (65536: runner.model_runner.CPU_DEFAULT_KV_TOKENS, below this layer; a test holds them equal)
     g.add_argument(
         "--num-kv-tokens",
         type=int,
         default=_default("num_kv_tokens"),
-        help="KV pool size in tokens (default: 65536 on a CPU; on a GPU, sized by --kv-memory-fraction)",
+        help=f"KV pool size in tokens (default: {CPU_DEFAULT_KV_TOKENS} on a CPU; on a GPU, sized by "
+        "--kv-memory-fraction)",
     )
     g.add_argument(
         "--kv-memory-fraction",
@@ -64,7 +71,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         default=_default("kv_memory_fraction"),
         help="the share of the GPU memory free once the weights are loaded, less 4 GiB kept for "
         "activations and CUDA graphs, that the KV pool takes (default: %(default)s); used on a GPU "
-        "without --num-kv-tokens only: on a CPU the pool holds --num-kv-tokens tokens (default 65536)",
+        "without --num-kv-tokens only: on a CPU the pool holds --num-kv-tokens tokens "
+        f"(default {CPU_DEFAULT_KV_TOKENS})",
     )
     g.add_argument("--dtype", default=_default("dtype"), choices=["auto", "float32", "float16", "bfloat16"])
     g.add_argument("--device", default=_default("device"), help="auto, cpu or cuda")
@@ -302,6 +310,11 @@ def engine_config_from_args(
     device = config.resolve_device()  # --device cuda without CUDA fails here, before any process starts
     if device.type == "cpu":  # (on a GPU the check may start CUDA in this process: the scheduler makes it)
         check_plugins_run_on(values, plugins, device)
+    if config.page_size is not None:  # (else the runner's default fits; it checks any page again)
+        from minisgl_core.checkpoint.formats import open_model
+
+        pool = config.num_kv_tokens or (CPU_DEFAULT_KV_TOKENS if device.type == "cpu" else None)
+        check_page_size(config.page_size, config.context_len(open_model(model, plugins).hf_config()), pool)
     return config
 
 

@@ -629,6 +629,38 @@ def test_the_engine_runs_at_the_page_size_it_resolved(model_dir):
     assert llm.engine.scheduler.kv.cache.page_size == 8
 
 
+def test_a_page_larger_than_the_context_or_the_kv_pool_is_refused_naming_page_size(model_dir):
+    """--page-size had no upper bound: one past the context loaded and ran (no request ever fills
+    such a page), one past the pool failed in the scheduler after start-up, blaming the pool size."""
+    import argparse
+
+    from minisgl_core.config_args import add_engine_args, engine_config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    args = parser.parse_args(
+        ["--model", str(model_dir), "--device", "cpu", "--attn", "torch", "--page-size", "4096"]
+    )
+    with pytest.raises(ConfigError) as err:  # at start, before any process (the tiny model's context: 2048)
+        engine_config_from_args(args)
+    assert cli_message(err.value) == (
+        "--page-size 4096 is larger than the context length 2048, so no request ever fills a page; use a "
+        "--page-size of at most 2048"
+    )
+    with pytest.raises(ConfigError) as err:  # the offline LLM: the runner's check, naming the keyword
+        LLM(model_dir, attn="torch", device="cpu", page_size=2**20)
+    assert str(err.value).startswith("page_size 1048576 is larger than the context length 2048")
+    from minisgl_core.config import check_page_size
+
+    with pytest.raises(ConfigError) as err:  # a long context on the CPU's default pool (65536 tokens)
+        check_page_size(65536, 131072, 65536)
+    assert cli_message(err.value) == (
+        "--page-size 65536 leaves the KV pool (65536 tokens) fewer than the two pages it needs; use a "
+        "--page-size of at most 32768, or a larger --num-kv-tokens"
+    )
+    check_page_size(2048, 2048, 4096)  # a page as long as the context, two in the pool: fine
+
+
 def test_kv_memory_fraction_says_what_it_is_a_share_of_and_that_a_cpu_does_not_use_it(model_dir):
     """Its help said nothing, and on a CPU it changes nothing: the pool holds --num-kv-tokens
     tokens, by default the runner's CPU default, the number the help gives."""

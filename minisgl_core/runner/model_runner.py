@@ -20,7 +20,13 @@ from minisgl_core.api import (
 )
 from minisgl_core.checkpoint.formats import ModelPathError, open_model
 from minisgl_core.checkpoint.integrity import check_config_values
-from minisgl_core.config import CUDA_PAGE_SIZE, ConfigError, EngineConfig
+from minisgl_core.config import (
+    CPU_DEFAULT_KV_TOKENS,
+    CUDA_PAGE_SIZE,
+    ConfigError,
+    EngineConfig,
+    check_page_size,
+)
 from minisgl_core.layers import ParallelLMHead
 from minisgl_core.plugins import PluginError, Plugins
 from minisgl_core.runner import quantization
@@ -29,8 +35,6 @@ from minisgl_core.runner.memory_check import MemoryAsk, check_fits, free_bytes, 
 from minisgl_core.runner.split_mixed import SplitMixedAttention, leading_decode_rows
 
 logger = logging.getLogger(__name__)
-
-CPU_DEFAULT_KV_TOKENS = 65536
 
 
 #: ``--attn auto`` on CUDA: the first usable backend of each list (a GPU without them: torch)
@@ -193,7 +197,7 @@ class ModelRunner:
             self._vocab_ids = head.num_embeddings
         spec = self.model.kv_spec
         max_pos = int(self.hf_config.get("max_position_embeddings", 4096))
-        self.max_context_len = min(config.max_context_len or max_pos, max_pos)
+        self.max_context_len = config.context_len(self.hf_config)
         if config.max_context_len and config.max_context_len > max_pos and parallel.tp_rank == 0:
             logger.warning(
                 "--max-context-len %d is more than the model's max_position_embeddings %d: using %d",
@@ -458,6 +462,7 @@ class ModelRunner:
                 tokens = int(t.item())
         else:
             tokens = CPU_DEFAULT_KV_TOKENS
+        check_page_size(page, self.max_context_len, tokens)
         pages = tokens // page
         if pages < 2:
             raise ConfigError(
