@@ -25,14 +25,14 @@ from minisgl_core.testing.triton_interpreter import run_under_interpreter
 pytest.importorskip("triton")
 
 
-def run_child(page_size: int, prompts: str, split: str) -> dict:
-    env = {"MINISGL_SPLIT_MIXED": split}
+def run_child(page_size: int, prompts: str) -> dict:
+    """The split off ("0") and on ("1"), one after the other in one child process."""
     if not torch.cuda.is_available():
-        out = run_under_interpreter(__file__, str(page_size), prompts, "cpu", env=env)
+        out = run_under_interpreter(__file__, str(page_size), prompts, "cpu")
     else:
         proc = subprocess.run(
             [sys.executable, __file__, str(page_size), prompts, "cuda"],
-            env={**os.environ, **env}, capture_output=True, text=True, timeout=600,
+            capture_output=True, text=True, timeout=600,
         )  # fmt: skip
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         out = proc.stdout
@@ -41,7 +41,8 @@ def run_child(page_size: int, prompts: str, split: str) -> dict:
 
 @pytest.mark.parametrize(("page_size", "prompts"), [(1, "plain"), (4, "shared")])
 def test_split_mixed_steps_give_the_unsplit_tokens(page_size, prompts):
-    off, on = (run_child(page_size, prompts, split) for split in ("0", "1"))
+    runs = run_child(page_size, prompts)
+    off, on = runs["0"], runs["1"]
     assert off["split_steps"] == 0 and on["split_steps"] >= 3, (off["split_steps"], on["split_steps"])
     if prompts == "shared":  # the decode rows of some mixed steps ran cascade
         assert on["cascade_split_steps"] >= 1, on["cascade_split_steps"]
@@ -57,6 +58,14 @@ def test_split_mixed_steps_give_the_unsplit_tokens(page_size, prompts):
 
 
 def child(page_size: str, prompts: str, device: str) -> None:
+    runs = {}
+    for split in ("0", "1"):  # read when the model runner is built
+        os.environ["MINISGL_SPLIT_MIXED"] = split
+        runs[split] = one_run(page_size, prompts, device)
+    print(json.dumps(runs))
+
+
+def one_run(page_size: str, prompts: str, device: str) -> dict:
     from minisgl_core.demo.factories import make_model_dir
     from minisgl_core.llm import LLM
     from minisgl_core.runner.split_mixed import SplitMixedAttention
@@ -106,16 +115,12 @@ def child(page_size: str, prompts: str, device: str) -> None:
             SplitMixedAttention.prepare_metadata = counting
         run = run_staggered(llm, arrivals)
         llm.close()
-    print(
-        json.dumps(
-            {
-                **steps,
-                "mixed_steps": run.kinds.count("mixed"),
-                "tokens": [run.tokens[i] for i in range(len(arrivals))],
-                "logprobs": [run.logprobs[i] for i in range(len(arrivals))],
-            }
-        )
-    )
+    return {
+        **steps,
+        "mixed_steps": run.kinds.count("mixed"),
+        "tokens": [run.tokens[i] for i in range(len(arrivals))],
+        "logprobs": [run.logprobs[i] for i in range(len(arrivals))],
+    }
 
 
 if __name__ == "__main__":
