@@ -1,14 +1,52 @@
 """One chat choice's text turned into OpenAI's message: reasoning split off first (with
 ``--reasoning-parser``), then tool calls read from the rest (when the request offers tools),
-either from the whole text or delta by delta while streaming."""
+either from the whole text or delta by delta while streaming.
+
+The parsers are plugins: an exception raised by one (building it, or reading text) is a 500 naming
+the parser's class and its distribution, its traceback logged once; mid-stream the route's
+stream sends it as an error event (server/handling.py)."""
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import json
-from typing import Any
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 from minisgl_core.api import ReasoningParser, ToolCall, ToolCallDelta
+from minisgl_core.server.errors import APIError
 from minisgl_core.server.tools import ToolPlan
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@functools.cache
+def _distribution_of(module: str) -> str | None:
+    names = importlib.metadata.packages_distributions().get(module.split(".")[0])
+    return names[0] if names else None
+
+
+@contextmanager
+def _parser_call(kind: str, cls: type) -> Iterator[None]:
+    """Turn an exception raised inside a parser plugin into a 500 that names it."""
+    try:
+        yield
+    except APIError:
+        raise
+    except Exception as exc:
+        dist = _distribution_of(cls.__module__)
+        where = f"{cls.__module__}.{cls.__qualname__}" + (f" from {dist}" if dist else "")
+        logger.exception("the %s parser %s failed", kind, where)
+        raise APIError(500, f"the {kind} parser {where} failed: {type(exc).__name__}: {exc}"[:500]) from exc
+
+
+def _call(kind: str, cls: type, fn: Callable[..., T], *args: Any) -> T:
+    with _parser_call(kind, cls):
+        return fn(*args)
 
 
 def tool_call_json(call: ToolCall) -> dict[str, Any]:
@@ -30,8 +68,9 @@ class ChoiceOutput:
     """Use one instance per choice, either for :meth:`message` or for a stream of :meth:`delta`."""
 
     def __init__(self, plan: ToolPlan, reasoning_parser: type[ReasoningParser] | None) -> None:
-        self.reasoning = reasoning_parser() if reasoning_parser is not None else None
-        self.tools = plan.parser(plan.tools) if plan.parser is not None else None
+        self._reasoning_cls = reasoning_parser
+        self.reasoning = _call("reasoning", reasoning_parser, reasoning_parser) if reasoning_parser else None
+        self.tools = _call("tool call", plan.parser, plan.parser, plan.tools) if plan.parser else None
         self.single_call = plan.single_call
         self.made_calls = False
         self._tool_parser = plan.parser
@@ -46,10 +85,10 @@ class ChoiceOutput:
         content: str | None = text
         message: dict[str, Any] = {"role": "assistant"}
         if self.reasoning is not None:
-            split = self.reasoning.parse(text)
+            split = self._reasoning(self.reasoning.parse, text)
             message["reasoning_content"], content = split.reasoning, split.content
         if self.tools is not None and content is not None:
-            parsed = self.tools.parse(content)
+            parsed = self._tool(self.tools.parse, content)
             content, calls = parsed.content, self._kept(parsed.tool_calls)
             self.made_calls = _all_whole(calls)
             if calls:
@@ -61,12 +100,18 @@ class ChoiceOutput:
         """The stream delta for the next piece of text (``final``: the choice ended with it)."""
         reasoning, content = "", text
         if self.reasoning is not None:
-            parts = [self.reasoning.feed(text), *([self.reasoning.finish()] if final else [])]
+            parts = [
+                self._reasoning(self.reasoning.feed, text),
+                *([self._reasoning(self.reasoning.finish)] if final else []),
+            ]
             reasoning, content = "".join(p.reasoning for p in parts), "".join(p.content for p in parts)
         calls: list[ToolCallDelta] = []
         if self.tools is not None:
             self._streamed.append(content)
-            parts = [self.tools.feed(content), *([self.tools.finish()] if final else [])]
+            parts = [
+                self._tool(self.tools.feed, content),
+                *([self._tool(self.tools.finish)] if final else []),
+            ]
             content = "".join(p.content for p in parts)
             calls = [d for p in parts for d in p.tool_calls if not (self.single_call and d.index > 0)]
         out: dict[str, Any] = {}
@@ -84,10 +129,18 @@ class ChoiceOutput:
             return reason
         if self._streamed and self._tool_parser is not None:  # once, at the end of a stream
             text, self._streamed = "".join(self._streamed), []
-            self.made_calls = _all_whole(
-                self._kept(self._tool_parser(self._tool_list).parse(text).tool_calls)
-            )
+            with _parser_call("tool call", self._tool_parser):
+                parsed = self._tool_parser(self._tool_list).parse(text)
+            self.made_calls = _all_whole(self._kept(parsed.tool_calls))
         return "tool_calls" if self.made_calls else reason
+
+    def _reasoning(self, fn: Callable[..., T], *args: Any) -> T:
+        assert self._reasoning_cls is not None
+        return _call("reasoning", self._reasoning_cls, fn, *args)
+
+    def _tool(self, fn: Callable[..., T], *args: Any) -> T:
+        assert self._tool_parser is not None
+        return _call("tool call", self._tool_parser, fn, *args)
 
     def _kept(self, calls: list[ToolCall]) -> list[ToolCall]:
         return calls[: 1 if self.single_call else None]

@@ -4,6 +4,7 @@ RequestGroup as a stream of SSE chunks or as one JSON body, aborting whatever th
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -12,9 +13,11 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from minisgl_core.sampling import SamplingParams, merge_sampling
-from minisgl_core.server.errors import APIError
-from minisgl_core.server.responses import Choice
+from minisgl_core.server.errors import APIError, sse_error
+from minisgl_core.server.responses import DONE, Choice
 from minisgl_core.server.state import ModelInfo, RequestGroup
+
+logger = logging.getLogger(__name__)
 
 #: status for a request whose client left before the answer (nginx's convention; nobody reads it)
 CLIENT_CLOSED = 499
@@ -157,5 +160,14 @@ async def _closing(group: RequestGroup, chunks: Callable[[], AsyncIterator[str]]
             # writing to the closed socket (asyncio logged "socket.send() raised exception." for
             # each write past the fifth: 40-60 lines for a dropped stream of n=64) before it saw it.
             await asyncio.sleep(0)
+    # An error raised while streaming (a parser plugin's, or a bug): the status line went out with
+    # the first chunk, so it is an event, then [DONE]; dropping the connection told the client nothing.
+    except APIError as exc:
+        yield sse_error(exc.message, exc.status, exc.param, exc.code)
+        yield DONE
+    except Exception as exc:
+        logger.exception("a stream failed")
+        yield sse_error(f"internal error: {type(exc).__name__}: {exc}"[:500])
+        yield DONE
     finally:
         group.close()  # also runs when the client disconnects mid-stream (the task is cancelled)

@@ -90,6 +90,7 @@ def make_router(
         rename = {"max_tokens": body.max_tokens_field, "logprobs": "top_logprobs", "grammar": grammar_field}
         with fields_named({"max_tokens": body.max_tokens_field}):
             params = sampling_params(fields, rename, model)
+        ChoiceOutput(plan, options.reasoning_parser)  # a parser plugin failing to build costs no generation
         group = RequestGroup(state)
         group.set_timeout(body.timeout)
         with fields_named({"max_tokens": body.max_tokens_field}):

@@ -1,0 +1,103 @@
+"""A reasoning or tool-call parser is a plugin, and a plugin can raise. Found by a probe writing
+one: an exception in ``parse`` was a 500 "internal error: RuntimeError: ..." naming no parser; one
+in ``feed`` dropped the stream after its role chunk (no error event, no [DONE]); one in the
+constructor came only after the whole generation, and a stream got a 200 with an empty body.
+Now each is a 500 naming the parser's class, mid-stream an error event and [DONE], and a parser
+that cannot be built is refused before anything is generated. The engine is faked (the route's
+group yields one finished choice): what is under test is the route's handling of the parser."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from starlette.testclient import TestClient
+
+from minisgl_core.api import TagReasoningParser
+from minisgl_core.server.api_options import ApiOptions
+from minisgl_core.server.app import create_app
+from minisgl_core.server.state import Delta, ModelInfo, RequestGroup, ServerState
+
+
+class Exploding(TagReasoningParser):
+    where = ""
+
+    def __init__(self) -> None:
+        if self.where == "init":
+            raise RuntimeError("cannot build")
+        super().__init__()
+
+    def parse(self, text):
+        if self.where == "parse":
+            raise RuntimeError("parse exploded")
+        return super().parse(text)
+
+    def feed(self, text):
+        if self.where == "feed":
+            raise RuntimeError("feed exploded")
+        return super().feed(text)
+
+
+@pytest.fixture
+def client(monkeypatch):
+    added = []
+
+    async def add(self, params, n=1, **kwargs):
+        added.append(n)
+        self.num_choices += n
+        self.choice_prompt_tokens += [3] * n
+        self.choice_prompt_ids += [None] * n
+        self.prompt_tokens += 3
+
+    async def deltas(self):
+        yield Delta(0, text="<think>hm</think>An answer.", token_ids=[5, 6, 7], finish_reason="stop")
+
+    monkeypatch.setattr(RequestGroup, "add", add)
+    monkeypatch.setattr(RequestGroup, "deltas", deltas)
+    info = ModelInfo(name="m", path="m", max_context_len=2048, kv_capacity_tokens=16384, vocab_size=1024)
+    state = ServerState(endpoints=None, model=info)
+    app = create_app(state, options=ApiOptions(reasoning_parser=Exploding))
+    # no lifespan (no engine behind it): the group's add and deltas above stand for it
+    return TestClient(app, raise_server_exceptions=False), added
+
+
+BODY = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+
+
+def test_a_working_parser_splits_the_fake_answer(client, monkeypatch):
+    c, _ = client
+    monkeypatch.setattr(Exploding, "where", "")
+    message = c.post("/v1/chat/completions", json=BODY).json()["choices"][0]["message"]
+    assert (message["reasoning_content"], message["content"]) == ("hm", "An answer.")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_parser_that_cannot_be_built_is_refused_before_generating(client, monkeypatch, stream):
+    c, added = client
+    monkeypatch.setattr(Exploding, "where", "init")
+    resp = c.post("/v1/chat/completions", json={**BODY, "stream": stream})
+    assert resp.status_code == 500, resp.text
+    message = resp.json()["error"]["message"]
+    assert "reasoning parser" in message and "Exploding" in message and "cannot build" in message
+    assert added == []  # nothing was sent to the engine
+
+
+def test_parse_raising_is_a_500_naming_the_parser(client, monkeypatch):
+    c, _ = client
+    monkeypatch.setattr(Exploding, "where", "parse")
+    resp = c.post("/v1/chat/completions", json=BODY)
+    assert resp.status_code == 500
+    error = resp.json()["error"]
+    assert error["type"] == "internal_server_error"
+    assert "Exploding" in error["message"] and "parse exploded" in error["message"], error
+
+
+def test_feed_raising_mid_stream_is_an_error_event_then_done(client, monkeypatch):
+    c, _ = client
+    monkeypatch.setattr(Exploding, "where", "feed")
+    with c.stream("POST", "/v1/chat/completions", json={**BODY, "stream": True}) as resp:
+        assert resp.status_code == 200
+        events = [line[len("data: ") :] for line in resp.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]", events
+    error = json.loads(events[-2])["error"]
+    assert "Exploding" in error["message"] and "feed exploded" in error["message"], error
