@@ -42,7 +42,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         raise ConfigError(str(exc), *(f for f in ("temperature", "max_tokens") if f in str(exc))) from None
     if not all(args.prompt):
         raise ConfigError("a prompt is empty: give each prompt some text")
-    llm = LLM.from_config(config, disable_plugins=args.disable_plugin)  # (the model checked above)
+    # (the model checked above; the engine's errors name the flags, as the checks did)
+    llm = LLM.from_config(config, disable_plugins=args.disable_plugin, spelling="flag")
     try:
         outputs = llm.generate(args.prompt, params)
     except ValueError as exc:  # a prompt the model cannot take (e.g. longer than its context)

@@ -17,6 +17,7 @@ from minisgl_core.config import (
     check_page_size,
 )
 from minisgl_core.plugins import Plugins
+from minisgl_core.setting_names import flag
 
 
 def _default(field: str) -> Any:
@@ -226,14 +227,6 @@ ENGINE_FIELDS = (
 #: speculative decoding's tuning flags: only with --speculative-algorithm
 SPECULATIVE_TUNING = ("speculative_num_draft_tokens", "speculative_ngram_max", "speculative_ngram_min")
 
-#: settings whose flag is not ``--`` and the field's name with dashes
-_FLAGS = {"tp_size": "--tp"}
-
-
-def flag(field: str) -> str:
-    """The command-line flag that sets an :class:`EngineConfig` field."""
-    return _FLAGS.get(field, "--" + field.replace("_", "-"))
-
 
 def cli_message(exc: ConfigError) -> str:
     """The error as the command line says it: each setting named by its flag."""
@@ -287,11 +280,6 @@ def engine_config_from_args(
             del values[name]
         elif args.speculative_algorithm is None:  # would be ignored: speculative decoding is off
             raise ConfigError(f"{name} needs speculative_algorithm (ngram)", name, "speculative_algorithm")
-    if args.model is not None and not args.model.strip():  # (Path("") is the working directory)
-        raise ConfigError(
-            "--model is empty; give a model directory, a .gguf file, ORG/NAME on a Hugging Face hub or "
-            "'demo', or leave --model out for the default model"
-        )
     model = resolve_model(args.model)
     # the path's common mistakes, then its weight format's metadata (with the plugins' formats):
     # a truncated .gguf was a traceback from `generate` and the benches

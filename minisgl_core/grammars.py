@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from minisgl_core.api.grammar import GrammarBackend, GrammarError, GrammarSpec
-from minisgl_core.plugins import PluginError, Plugins
+from minisgl_core.plugins import PluginError, Plugins, selection
 
 logger = logging.getLogger(__name__)
 
@@ -40,15 +40,15 @@ def make_grammar_backend(
         cls = plugins.resolve("grammars", name)
     except PluginError as exc:
         raise GrammarError(f"constrained decoding is unavailable: {exc}") from None
+    selected = selection("grammars", name, plugins.spelling, quote=False)
     why = cls.availability()
     if why is not None:
-        raise GrammarError(f"constrained decoding is unavailable: --grammar-backend {name}: {why}")
+        raise GrammarError(f"constrained decoding is unavailable: {selected}: {why}")
     try:
         backend = cls(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
     except Exception as exc:  # noqa: BLE001 - e.g. a tokenizer the library cannot read
         raise GrammarError(
-            f"constrained decoding is unavailable: --grammar-backend {name} failed to start: "
-            f"{type(exc).__name__}: {exc}"
+            f"constrained decoding is unavailable: {selected} failed to start: {type(exc).__name__}: {exc}"
         ) from exc
     if fill_threads is not None:
         backend.fill_threads = fill_threads

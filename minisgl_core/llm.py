@@ -22,6 +22,7 @@ from minisgl_core.grammars import check_grammar_backend
 from minisgl_core.plugins import Plugins
 from minisgl_core.request_limits import truncate_prompt
 from minisgl_core.sampling import SamplingParams, TokenLogprob, merge_sampling, short_repr
+from minisgl_core.setting_names import Spelling
 from minisgl_core.tokenizer.detokenize import final_text
 
 #: a lone UTF-16 surrogate: text no tokenizer encodes
@@ -83,8 +84,9 @@ class LLM:
         disable_plugins: Iterable[str] = (),
         **engine_options: Any,
     ) -> None:
-        resolved = resolve_model(model)
-        check_model_path(resolved)
+        # (errors name the keyword arguments, model= and attn=, not the command line's flags)
+        resolved = resolve_model(model, "keyword")
+        check_model_path(resolved, "keyword")
         config = EngineConfig(
             model=resolved,
             attn=attn,
@@ -96,19 +98,29 @@ class LLM:
             device=device,
             **engine_options,
         )
-        self._start(config, disable_plugins, engine_options)
+        self._start(config, disable_plugins, engine_options, "keyword")
 
     @classmethod
-    def from_config(cls, config: EngineConfig, *, disable_plugins: Iterable[str] = ()) -> LLM:
+    def from_config(
+        cls, config: EngineConfig, *, disable_plugins: Iterable[str] = (), spelling: Spelling = "keyword"
+    ) -> LLM:
         """An LLM running ``config`` as it is: its model resolved and checked by the caller
         (``minisgl generate``: ``engine_config_from_args`` checks it, with the command line's
-        messages). The plugins' ``minisgl_process_start`` sees the settings beyond LLM's own
-        arguments as ``ctx.options``, as ``LLM(model, **settings)`` passes them."""
+        messages, and passes ``spelling="flag"`` so that the engine's errors name flags too). The
+        plugins' ``minisgl_process_start`` sees the settings beyond LLM's own arguments as
+        ``ctx.options``, as ``LLM(model, **settings)`` passes them."""
         llm = cls.__new__(cls)
-        llm._start(config, disable_plugins, {k: v for k, v in vars(config).items() if k not in _NAMED})
+        options = {k: v for k, v in vars(config).items() if k not in _NAMED}
+        llm._start(config, disable_plugins, options, spelling)
         return llm
 
-    def _start(self, config: EngineConfig, disable_plugins: Iterable[str], options: dict[str, Any]) -> None:
+    def _start(
+        self,
+        config: EngineConfig,
+        disable_plugins: Iterable[str],
+        options: dict[str, Any],
+        spelling: Spelling,
+    ) -> None:
         self.config = config
         if isinstance(disable_plugins, str):
             disable_plugins = [disable_plugins]
@@ -117,7 +129,7 @@ class LLM:
                 f"tp_size {self.config.tp_size}: LLM runs one process (tp_size 1); use "
                 "`minisgl serve --tp N` for tensor parallelism"
             )
-        plugins = Plugins.load(disable=disable_plugins)
+        plugins = Plugins.load(disable=disable_plugins, spelling=spelling)
         check_grammar_backend(plugins, config.grammar_backend, EngineConfig.grammar_backend)
         self._context = ProcessContext(role="offline", options=dict(options))
         plugins.call_hook("minisgl_process_start", ctx=self._context)

@@ -24,6 +24,7 @@ from packaging.version import Version
 
 from minisgl_core import environment
 from minisgl_core.api import API_VERSION, hookspecs
+from minisgl_core.setting_names import Spelling, given, named
 
 if TYPE_CHECKING:
     import torch
@@ -56,18 +57,30 @@ KIND_HOOKS = {
     "grammars": "minisgl_register_grammar_backends",
     "quantization": "minisgl_register_quantization_methods",
 }
-# What users type for each kind, used in error messages.
-KIND_FLAGS = {
-    "models": "model architecture",
-    "attention": "--attn",
-    "caches": "--cache",
-    "policies": "--policy",
-    "formats": "weight format",
-    "tool_parsers": "--tool-call-parser",
-    "reasoning_parsers": "--reasoning-parser",
-    "grammars": "--grammar-backend",
-    "quantization": "--quantization",
+# What users select each kind with, as messages name it: an engine setting (its flag or its
+# keyword, see setting_names), or a noun for what config.json or the model's files select.
+KIND_SETTINGS = {
+    "attention": "attn",
+    "caches": "cache",
+    "policies": "policy",
+    "tool_parsers": "tool_call_parser",
+    "reasoning_parsers": "reasoning_parser",
+    "grammars": "grammar_backend",
+    "quantization": "quantization",
 }
+KIND_NOUNS = {"models": "model architecture", "formats": "weight format"}
+
+
+def selection(kind: str, name: str | None = None, spelling: Spelling = "flag", *, quote: bool = True) -> str:
+    """What the user selected, as a message says it: ``--attn 'fi'`` (``attn='fi'`` as a Python
+    keyword), ``model architecture 'X'``; ``name`` None: the setting alone (``--attn``)."""
+    if kind in KIND_NOUNS:
+        noun = KIND_NOUNS[kind]
+        return noun if name is None else f"{noun} {name!r}" if quote else f"{noun} {name}"
+    field = KIND_SETTINGS[kind]
+    return named(field, spelling) if name is None else given(field, name, spelling, quote=quote)
+
+
 # The class in minisgl_core.api every registration of a kind must subclass (looked up only when a
 # target is imported: discovery stays free of torch).
 KIND_BASES = {
@@ -167,6 +180,9 @@ class Plugins:
         self.registry: dict[str, dict[str, Registration]] = {k: {} for k in KINDS}
         # name -> every registration of it, for errors about collisions
         self.collisions: dict[tuple[str, str], list[Registration]] = {}
+        #: how this process's user names the settings that select plugins, in errors: the command
+        #: line's flags, or the Python API's keywords (``LLM``)
+        self.spelling: Spelling = "flag"
 
     # ---------------------------------------------------------------- loading
 
@@ -176,8 +192,10 @@ class Plugins:
         allow: Iterable[str] | None = None,
         disable: Iterable[str] = (),
         entry_points: Iterable[metadata.EntryPoint] | None = None,
+        spelling: Spelling = "flag",
     ) -> Plugins:
-        """Discover and load plugins. ``allow`` None = all; ``disable`` names are skipped.
+        """Discover and load plugins. ``allow`` None = all; ``disable`` names are skipped;
+        ``spelling``: how errors name the settings that select plugins (``--attn`` or ``attn=``).
 
         Defaults come from ``MINISGL_PLUGINS`` (allow-list; empty string = none) and
         ``MINISGL_DISABLE_PLUGINS`` (comma-separated)."""
@@ -188,6 +206,7 @@ class Plugins:
         disabled = set(disable) | from_env
         allowed = None if allow is None else set(allow)
         self = cls()
+        self.spelling = spelling
         if entry_points is None:
             entry_points = metadata.entry_points(group=GROUP)
         entry_points = list(entry_points)
@@ -327,7 +346,7 @@ class Plugins:
         if clash:
             who = " and ".join(f"{r.plugin.distribution} (plugin {r.plugin.name!r})" for r in clash)
             raise PluginError(
-                f"{KIND_FLAGS[kind]} {name!r} is provided by both {who}; uninstall one or disable it "
+                f"{selection(kind, name, self.spelling)} is provided by both {who}; uninstall one or disable it "
                 f"with MINISGL_DISABLE_PLUGINS=<plugin>"
             )
         reg = self.registry[kind].get(name)
@@ -340,7 +359,7 @@ class Plugins:
                 obj = getattr(obj, part)
         except Exception as exc:  # noqa: BLE001
             raise PluginError(
-                f"{KIND_FLAGS[kind]} {name!r} from {reg.plugin.distribution} {reg.plugin.version} "
+                f"{selection(kind, name, self.spelling)} from {reg.plugin.distribution} {reg.plugin.version} "
                 f"(plugin {reg.plugin.name!r}) failed to import {reg.target}: {type(exc).__name__}: {exc}"
             ) from exc
         wrong = wrong_base_message(reg, obj)
@@ -355,7 +374,9 @@ class Plugins:
         cls = self.resolve(kind, name)
         why = cls.availability(device)
         if why is not None:
-            raise PluginError(f"{KIND_FLAGS[kind]} {name} cannot run on {device}: {why}")
+            raise PluginError(
+                f"{selection(kind, name, self.spelling, quote=False)} cannot run on {device}: {why}"
+            )
         return cls
 
     def check_classes(self) -> None:
@@ -392,14 +413,14 @@ class Plugins:
         if broken:
             info = broken[0]
             return (
-                f"{KIND_FLAGS[kind]} {name!r} is unavailable: plugin {info.name!r} "
+                f"{selection(kind, name, self.spelling)} is unavailable: plugin {info.name!r} "
                 f"({info.distribution} {info.version}) is {info.status}: {info.reason}"
             )
         have = ", ".join(self.names(kind)) or "none"
         if not name.strip():  # (the hint was "pip install minisgl-plugin-")
-            return f"{KIND_FLAGS[kind]} needs a name; installed: {have}"
+            return f"{selection(kind, None, self.spelling)} needs a name; installed: {have}"
         hint = f"install the plugin that provides it (e.g. pip install minisgl-plugin-{_plugin_hint(kind, name)})"
-        return f"unknown {KIND_FLAGS[kind]} {name!r}; installed: {have}; {hint}"
+        return f"unknown {selection(kind, name, self.spelling)}; installed: {have}; {hint}"
 
     # ---------------------------------------------------------------- reporting
 
@@ -507,7 +528,7 @@ def wrong_base_message(reg: Registration, obj: Any) -> str | None:
     what = obj.__name__ if isinstance(obj, type) else f"{type(obj).__name__} object"
     return (
         f"plugin {reg.plugin.name!r} ({reg.plugin.distribution} {reg.plugin.version}) registered "
-        f"{reg.target} ({what}) as {KIND_FLAGS[reg.kind]} {reg.name!r} through {KIND_HOOKS[reg.kind]}, "
+        f"{reg.target} ({what}) as {selection(reg.kind, reg.name)} through {KIND_HOOKS[reg.kind]}, "
         f"but it is not a subclass of minisgl_core.api.{base_name}: register it through the hook of "
         f"its kind, or make it subclass {base_name}"
     )

@@ -73,7 +73,9 @@ def test_each_kind_is_one_clear_error_offline(model_dir, tmp_path):
         with pytest.raises(ModelPathError) as err:
             LLM(path, attn="torch", device="cpu")
         message = str(err.value)
-        assert message.startswith(f"--model {path}: ") and says in message and "\n" not in message, message
+        assert message.startswith(f"model={str(path)!r}: ") and says in message and "\n" not in message, (
+            message
+        )
 
 
 def test_a_truncated_shard_is_named(sharded_dir, tmp_path):

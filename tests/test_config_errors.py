@@ -74,7 +74,7 @@ def test_bad_model_raises_one_clear_error_offline(model_dir, tmp_path):
         with pytest.raises(ModelPathError) as err:
             LLM(path, attn="torch", device="cpu")
         assert says in str(err.value) and "\n" not in str(err.value)
-        assert str(err.value).startswith(f"--model {path}")
+        assert str(err.value).startswith(f"model={path!r}")
 
 
 @pytest.mark.parametrize("command", ["serve", "shell", "generate", "bench"])
@@ -109,8 +109,8 @@ def test_an_empty_model_is_refused_not_read_as_the_working_directory(model_dir, 
     )  # fmt: skip
     assert proc.returncode == 2 and proc.stdout == "", proc.stderr
     assert proc.stderr.splitlines() == [
-        "minisgl: error: --model is empty; give a model directory, a .gguf file, ORG/NAME on a Hugging "
-        "Face hub or 'demo', or leave --model out for the default model"
+        "minisgl: error: the model path (--model) is empty; give a model directory, a .gguf file, ORG/NAME "
+        "on a Hugging Face hub or 'demo', or leave --model out for the default model"
     ]
 
 
@@ -597,8 +597,27 @@ def test_a_backend_refusing_the_model_is_one_clear_error():
 
 
 def test_gpu_backend_on_cpu_says_why(model_dir):
-    with pytest.raises(PluginError, match="--attn fi cannot run on cpu: .*CUDA"):
+    with pytest.raises(PluginError, match="attn='fi' cannot run on cpu: .*CUDA"):
         LLM(model_dir, attn="fi", device="cpu")
+
+
+def test_the_python_api_names_its_keyword_arguments_not_the_flags(model_dir, tmp_path):
+    """LLM(...)'s errors said --model, --attn: flags a Python caller never typed (the command line
+    keeps them); LLM("") spoke of a model '.' no one had named."""
+    with pytest.raises(ModelPathError) as err:
+        LLM("")
+    assert str(err.value).startswith("the model path (model=) is empty; give a model directory, ")
+    assert str(err.value).endswith("or leave model= out for the default model")
+    nowhere = str(tmp_path / "nowhere")
+    with pytest.raises(ModelPathError) as err:
+        LLM(nowhere, attn="torch", device="cpu")
+    assert str(err.value).startswith(f"model={nowhere!r}: no such file or directory")
+    with pytest.raises(PluginError) as err:
+        LLM(model_dir, attn="nope", device="cpu")
+    assert str(err.value).startswith("unknown attn='nope'; installed: ")
+    with pytest.raises(PluginError) as err:  # the command line's loader: its flags
+        Plugins.load().resolve("attention", "nope")
+    assert str(err.value).startswith("unknown --attn 'nope'; installed: ")
 
 
 def test_page_size_defaults_by_device_and_backend_capabilities():

@@ -44,7 +44,7 @@ def test_architectures_not_a_list_of_names_is_refused_naming_the_field(model_dir
     bad = _with_config(model_dir, tmp_path, architectures=value)
     with pytest.raises(ModelPathError) as err:
         LLM(bad, attn="torch", device="cpu")
-    assert str(err.value) == f"--model {bad}: {ARCHITECTURES_SAYS}{json.dumps(value)}"
+    assert str(err.value) == f"model={str(bad)!r}: {ARCHITECTURES_SAYS}{json.dumps(value)}"
 
 
 def test_the_runner_refuses_architectures_not_a_list_when_the_launcher_did_not_check(model_dir, tmp_path):
@@ -97,7 +97,7 @@ def test_a_size_not_a_positive_integer_is_refused_naming_the_field(model_dir, tm
         LLM(bad, attn="torch", device="cpu")
     assert (
         str(err.value)
-        == f"--model {bad}: config.json: {field} must be a positive integer, got {json.dumps(value)}"
+        == f"model={str(bad)!r}: config.json: {field} must be a positive integer, got {json.dumps(value)}"
     )
 
 
@@ -113,7 +113,7 @@ def test_a_rope_theta_or_norm_epsilon_not_a_positive_number_is_refused(model_dir
         LLM(bad, attn="torch", device="cpu")
     assert (
         str(err.value)
-        == f"--model {bad}: config.json: {field} must be a positive number, got {json.dumps(value)}"
+        == f"model={str(bad)!r}: config.json: {field} must be a positive number, got {json.dumps(value)}"
     )
 
 
@@ -157,7 +157,7 @@ def test_max_position_embeddings_not_a_positive_integer_is_refused_at_load(model
     says = f"config.json: max_position_embeddings must be a positive integer, got {json.dumps(value)}"
     with pytest.raises(ModelPathError) as err:
         LLM(bad, attn="torch", device="cpu")
-    assert str(err.value) == f"--model {bad}: {says}"
+    assert str(err.value) == f"model={str(bad)!r}: {says}"
     with pytest.raises(ModelPathError) as err:  # the runner, where the launcher did not check
         Engine(EngineConfig(model=str(bad), attn="torch", device="cpu"), ParallelContext(), Plugins.load())
     assert str(err.value) == f"--model {bad}: {says}"

@@ -22,6 +22,7 @@ from minisgl_core.checkpoint.formats import (
     tokenizer_message,
 )
 from minisgl_core.checkpoint.safetensors_header import FLOAT_DTYPES, TensorEntry, read_header
+from minisgl_core.setting_names import Spelling, given
 
 #: Architectures whose checkpoints use Hugging Face's Llama names and shapes (``model.layers.N.
 #: self_attn.q_proj.weight``...), which config.json alone determines. Other architectures may
@@ -189,7 +190,7 @@ def check_tokenizer_files(model_dir: Path) -> None:
         raise ValueError(tokenizer_message(model_dir, exc)) from None
 
 
-def check_model_files(model: str | Path) -> None:
+def check_model_files(model: str | Path, spelling: Spelling = "flag") -> None:
     """Raise ModelPathError (one line, naming the file) when a safetensors model directory's
     config.json holds a value no model is built from, its weights are cut short or corrupt or
     disagree with config.json, or its tokenizer does not load."""
@@ -200,4 +201,4 @@ def check_model_files(model: str | Path) -> None:
         check_shapes(config, read_headers(path))
         check_tokenizer_files(path)
     except (OSError, ValueError) as exc:
-        raise ModelPathError(f"--model {model}: {exc}") from None
+        raise ModelPathError(f"{given('model', model, spelling)}: {exc}") from None

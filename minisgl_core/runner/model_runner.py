@@ -33,6 +33,7 @@ from minisgl_core.runner import quantization
 from minisgl_core.runner.layout import set_layout
 from minisgl_core.runner.memory_check import MemoryAsk, check_fits, free_bytes, refusing_failed_allocation
 from minisgl_core.runner.split_mixed import SplitMixedAttention, leading_decode_rows
+from minisgl_core.setting_names import Spelling, given
 
 logger = logging.getLogger(__name__)
 
@@ -101,20 +102,27 @@ def usable_backends(
 
 
 def resolve_page_size(
-    page_size: int | None, device: torch.device, backends: dict[str, type[AttentionBackend]]
+    page_size: int | None,
+    device: torch.device,
+    backends: dict[str, type[AttentionBackend]],
+    spelling: Spelling = "flag",
 ) -> int:
-    """``page_size`` checked against the attention backends, or the default when None."""
+    """``page_size`` checked against the attention backends, or the default when None (``spelling``:
+    how the refusal names the setting, ``--page-size`` or ``page_size=``)."""
     single = sorted(name for name, cls in backends.items() if "page_size>1" not in cls.capabilities)
     if page_size is None:
         return CUDA_PAGE_SIZE if device.type == "cuda" and not single else 1
     if page_size > 1 and single:
         raise PluginError(
-            f'attention backend {single[0]!r} supports only --page-size 1 (it does not declare "page_size>1")'
+            f"attention backend {single[0]!r} supports only {given('page_size', 1, spelling)} (it does not "
+            'declare "page_size>1")'
         )
     return page_size
 
 
-def check_roles(prefill: str, decode: str, backends: dict[str, type[AttentionBackend]]) -> None:
+def check_roles(
+    prefill: str, decode: str, backends: dict[str, type[AttentionBackend]], spelling: Spelling = "flag"
+) -> None:
     """The prefill backend declares "prefill" and the decode backend "decode" (a backend may
     implement one of the two: ``--attn fi,triton``)."""
     for role, name in (("prefill", prefill), ("decode", decode)):
@@ -123,7 +131,7 @@ def check_roles(prefill: str, decode: str, backends: dict[str, type[AttentionBac
             example = f"fi,{name}" if role == "prefill" else f"{name},fi"
             raise PluginError(
                 f"attention backend {name!r} does not run {role} steps (it does not declare {role!r}); "
-                f"use it for {other} only, e.g. --attn {example}"
+                f"use it for {other} only, e.g. {given('attn', example, spelling)}"
             )
 
 
@@ -137,7 +145,11 @@ def build_backend(name: str, cls: type[AttentionBackend], config: AttentionConfi
 
 
 def check_kv_dtype(
-    name: str, kv_dtype: torch.dtype, dtype: torch.dtype, backends: dict[str, type[AttentionBackend]]
+    name: str,
+    kv_dtype: torch.dtype,
+    dtype: torch.dtype,
+    backends: dict[str, type[AttentionBackend]],
+    spelling: Spelling = "flag",
 ) -> None:
     """A KV pool in another dtype than the run's needs backends that declare reading it."""
     if kv_dtype == dtype:
@@ -146,8 +158,10 @@ def check_kv_dtype(
         refusing = sorted(n for n, cls in backends.items() if "kv_fp8" not in cls.capabilities)
         if refusing:
             raise PluginError(
-                f"attention backend {refusing[0]!r} does not support --kv-cache-dtype {name} (it does not "
-                f'declare "kv_fp8"); use --attn fi or --attn torch, or --kv-cache-dtype auto'
+                f"attention backend {refusing[0]!r} does not support {given('kv_cache_dtype', name, spelling)} "
+                '(it does not declare "kv_fp8"); '
+                f"use {given('attn', 'fi', spelling)} or "
+                f"{given('attn', 'torch', spelling)}, or {given('kv_cache_dtype', 'auto', spelling)}"
             )
 
 
@@ -172,9 +186,11 @@ class ModelRunner:
         needs = frozenset({"kv_fp8"}) if self.kv_dtype == torch.float8_e4m3fn else frozenset()
         prefill_name, decode_name = pick_attention(config.attn, self.device, plugins, needs)
         attn_classes = {name: self._backend_class(name, plugins) for name in (prefill_name, decode_name)}
-        check_roles(prefill_name, decode_name, attn_classes)
-        check_kv_dtype(config.kv_cache_dtype, self.kv_dtype, self.dtype, attn_classes)
-        self.page_size = resolve_page_size(config.page_size, self.device, attn_classes)
+        #: how errors name the settings (``--model`` or ``model=``): as the caller's user gives them
+        self.spelling = plugins.spelling
+        check_roles(prefill_name, decode_name, attn_classes, self.spelling)
+        check_kv_dtype(config.kv_cache_dtype, self.kv_dtype, self.dtype, attn_classes, self.spelling)
+        self.page_size = resolve_page_size(config.page_size, self.device, attn_classes, self.spelling)
         #: the model on disk, through its weight format (safetensors, or a plugin's: GGUF...)
         self.source = open_model(config.model, plugins)
         self.hf_config = self.source.hf_config()
@@ -374,12 +390,17 @@ class ModelRunner:
             shared_prefixes=shared,
         )
 
+    @property
+    def _model_given(self) -> str:
+        """The model setting as the user gave it, for errors: ``--model DIR`` or ``model='DIR'``."""
+        return given("model", self.config.model, self.spelling)
+
     def _load_model(self, plugins: Plugins) -> torch.nn.Module:
         # again here: a weight format other than a safetensors directory (GGUF), or Engine() alone
         try:
             check_config_values(self.hf_config)
         except ValueError as exc:
-            raise ModelPathError(f"--model {self.config.model}: {exc}") from None
+            raise ModelPathError(f"{self._model_given}: {exc}") from None
         archs = self.hf_config.get("architectures") or []
         if not archs:
             raise ValueError(f"the config of {self.source.path} has no 'architectures' entry")
@@ -393,7 +414,7 @@ class ModelRunner:
                 model = model_cls(model_config)
         except KeyError as exc:  # a model reads config.json's keys by name
             raise ModelPathError(
-                f"--model {self.config.model}: config.json has no {exc.args[0]!r}, which {arch} needs"
+                f"{self._model_given}: config.json has no {exc.args[0]!r}, which {arch} needs"
             ) from exc
         finally:
             torch.set_default_dtype(default_dtype)
@@ -436,7 +457,7 @@ class ModelRunner:
             # header check knows the Llama layout only); say which tensor, not the layer's traceback.
             where = "" if streamed or not seen else f"weight {seen[-1]}: "
             raise ModelPathError(
-                f"--model {self.config.model}: {where}{exc} (config.json does not describe these weights?)"
+                f"{self._model_given}: {where}{exc} (config.json does not describe these weights?)"
             ) from exc
         unused = sorted(set(seen) - set(used))
         if unused:

@@ -1,0 +1,36 @@
+"""How a message names an engine setting: as the command line's flag (``--attn``, ``--tp``) or as
+the Python API's keyword (``attn=``, ``tp_size=``).
+
+One message serves ``minisgl serve --attn nope`` and ``LLM(attn="nope")``: the code that builds it
+takes its caller's :data:`Spelling`, the command line's unless told otherwise. (A ConfigError is
+built with the field names and spelt as flags by the command line, ``config_args.cli_message``.)
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+#: "flag" for the command line (serve, generate, bench...), "keyword" for the Python API (``LLM``)
+Spelling = Literal["flag", "keyword"]
+
+#: settings whose flag is not ``--`` and the field's name with dashes
+_FLAGS = {"tp_size": "--tp"}
+
+
+def flag(field: str) -> str:
+    """The command-line flag that sets an :class:`~minisgl_core.config.EngineConfig` field."""
+    return _FLAGS.get(field, "--" + field.replace("_", "-"))
+
+
+def named(field: str, spelling: Spelling = "flag") -> str:
+    """The setting alone: ``--page-size`` or ``page_size=``."""
+    return flag(field) if spelling == "flag" else f"{field}="
+
+
+def given(field: str, value: object, spelling: Spelling = "flag", *, quote: bool = False) -> str:
+    """The setting with the text the user gave it: ``--model DIR`` (``--attn 'nope'`` with
+    ``quote``) or ``model='DIR'``."""
+    text = str(value)
+    if spelling == "keyword":
+        return f"{field}={text!r}"
+    return f"{flag(field)} {text!r}" if quote else f"{flag(field)} {text}"
