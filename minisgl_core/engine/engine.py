@@ -33,6 +33,7 @@ from minisgl_core.api import ParallelContext
 from minisgl_core.checkpoint.generation_defaults import load_sampling_defaults
 from minisgl_core.config import EngineConfig
 from minisgl_core.engine.grammar import GrammarRunner, PendingMask
+from minisgl_core.engine.plugin_failures import selected_plugin
 from minisgl_core.engine.speculative import VerifyRunner
 from minisgl_core.grammars import LazyGrammarBackend
 from minisgl_core.messages import Limits
@@ -116,6 +117,7 @@ class Engine:
             make_generator=self.sampler.make_generator,
             cascade=self.runner.cascade,
             mixed=self.runner.mixed,
+            policy_label=selected_plugin(self.plugins, "policies", config.policy),
         )
         self.scheduler.cascade_mixed = self.runner.split_mixed is not None
         # On the CPU the forward is synchronous, so overlap gains nothing there, but it runs the

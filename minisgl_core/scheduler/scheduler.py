@@ -11,6 +11,7 @@ import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from numbers import Integral, Real
 
 import torch
 
@@ -69,6 +70,11 @@ class ScheduledBatch:
 #: row of float32 logprobs over the whole vocabulary (512 x 128k: 256 MB)
 PROMPT_LOGPROBS_ROWS = 512
 
+#: rounds in a row the policy's plans may run nothing while requests wait or run before the core
+#: plans the step itself; with overlap one such round is legitimate (the step in flight samples
+#: the last token of every running request, and lands when nothing is planned)
+STALL_ROUNDS = 3
+
 #: a request about to be admitted whose prompt shares this many tokens past its cached prefix
 #: with a prompt the step already prefills waits one round and reads them from the cache then
 SHARED_IN_STEP_MIN = 32
@@ -92,8 +98,11 @@ class Scheduler:
         make_generator: Callable[[int], torch.Generator],
         cascade: bool = False,
         mixed: bool = False,
+        policy_label: str | None = None,
     ) -> None:
         self.policy = policy
+        #: how warnings name the policy: its selection, plugin and distribution (the engine's)
+        self.policy_label = policy_label or f"scheduling policy {type(policy).__name__}"
         self.kv = KVManager(PageAllocator(num_pages, page_size), cache, page_size)
         self.rows = RequestSlots(num_request_rows)
         self.max_prefill_tokens = max_prefill_tokens
@@ -120,7 +129,10 @@ class Scheduler:
         self.waiting: dict[int, Request] = {}
         self.running: dict[int, Request] = {}
         self._arrivals = 0
-        self._warned_plan = False
+        #: the kinds of policy mistakes already logged (each is logged once)
+        self._warned: set[str] = set()
+        #: rounds in a row whose policy plan ran nothing while there was work (see STALL_ROUNDS)
+        self._stalled_rounds = 0
 
     # ------------------------------------------------------------------ queue
 
@@ -169,10 +181,36 @@ class Scheduler:
         )
 
     def schedule(self) -> ScheduledBatch | None:
+        """The next step's batch: the policy's plan, checked. A plan the core cannot use (not a
+        plan at all) or that runs nothing while requests wait or run for :data:`STALL_ROUNDS`
+        rounds in a row is replaced by the core's own (FIFO prefill, else decode everything),
+        logged once: a policy mistake never stalls accepted requests."""
         if not self.has_work:
             return None
         self.kv.new_round()
         plan = self.policy.schedule(self.state())
+        malformed = _malformed(plan)
+        if malformed is not None:
+            self._complain("type", f"{malformed}; the core plans such steps itself (arrival order)")
+        usable = malformed is None
+        batch = self._carry_out(plan) if usable else None
+        if batch is not None:
+            self._stalled_rounds = 0
+            return batch
+        self._stalled_rounds += 1
+        if usable and self._stalled_rounds < STALL_ROUNDS:
+            return None
+        queues = f"{len(self.waiting)} requests waited and {len(self.running)} ran"
+        batch = self._carry_out(self._core_plan())
+        if batch is not None and usable:
+            self._complain(
+                "stall",
+                f"planned nothing that runs for {self._stalled_rounds} rounds in a row while {queues} "
+                f"(its last plan: {_short(plan)}); the core plans such steps itself (arrival order)",
+            )
+        return batch
+
+    def _carry_out(self, plan: PrefillPlan | DecodePlan | None) -> ScheduledBatch | None:
         if isinstance(plan, PrefillPlan):
             batch = self._build_mixed(plan) if self._mixing() else self._build_prefill(plan)
             if batch is not None:
@@ -181,6 +219,19 @@ class Scheduler:
         if isinstance(plan, DecodePlan) and self.running:
             return self._build_decode(plan)
         return None
+
+    def _core_plan(self) -> PrefillPlan:
+        """The plan the core runs in place of an unusable one: prefill the waiting requests in
+        arrival order within the token budget (admission still checks KV and rows); with none
+        that fits, the caller decodes every running request."""
+        tokens = self._prefill_budget()
+        chunks: list[tuple[int, int]] = []
+        for req in sorted(self.waiting.values(), key=lambda r: r.arrival):
+            if tokens <= 0:
+                break
+            chunks.append((req.rid, min(req.fill_len - req.num_computed, tokens)))
+            tokens -= chunks[-1][1]
+        return PrefillPlan(chunks)
 
     def _mixing(self) -> bool:
         """Whether a prefill step now carries the running decodes: there are some, and they leave
@@ -314,7 +365,10 @@ class Scheduler:
         for rid, n in plan.chunks:
             req = self.waiting.get(rid)
             if req is None or req in reqs or budget <= 0:
-                self._complain(f"prefill plan names {rid!r} which is not waiting, twice, or over budget")
+                self._complain(
+                    "prefill",
+                    f"prefill plan names {rid!r} which is not waiting, twice, or over budget; the core ignores that chunk",
+                )
                 continue
             scored = req.scores_prompt
             if scored and rows_left <= 0:
@@ -348,8 +402,13 @@ class Scheduler:
     def _build_decode(self, plan: DecodePlan) -> ScheduledBatch | None:
         reqs = [self.running[rid] for rid in dict.fromkeys(plan.rids) if rid in self.running]
         if len(reqs) != len(plan.rids):
-            self._complain("decode plan names requests that are not running")
-        if not reqs:
+            self._complain(
+                "decode",
+                "decode plan names requests that are not running, or one twice; the core ignores them",
+            )
+        if not reqs:  # (an empty decode plan, or none of its requests running)
+            if not plan.rids:
+                self._complain("empty", "decode plan names no request while requests run; decoding them all")
             reqs = list(self.running.values())
         reqs = self._decodable(reqs)
         if not reqs:
@@ -461,12 +520,11 @@ class Scheduler:
             needed = self.kv.needing_a_page(reqs)
             logger.info("KV pool full: retracted request %d (%d tokens so far)", victim.rid, victim.fill_len)
 
-    def _complain(self, what: str) -> None:
-        if not self._warned_plan:
-            logger.warning(
-                "scheduling policy %s: %s; ignoring that part of the plan", type(self.policy).__name__, what
-            )
-            self._warned_plan = True
+    def _complain(self, kind: str, what: str) -> None:
+        """Log a mistake of the policy once per ``kind``: it may repeat it every step."""
+        if kind not in self._warned:
+            self._warned.add(kind)
+            logger.warning("%s: %s", self.policy_label, what)
 
     # ------------------------------------------------------------------ results
 
@@ -544,3 +602,33 @@ def _logits_rows(
         indices.append(base + n - 1)
         base += n
     return indices, last_rows, prompt
+
+
+def _malformed(plan: object) -> str | None:
+    """What makes ``plan`` no plan the core can read (None: it is one). The type, and the entries'
+    types (a chunk is a request id and a token count), not whether they fit: the core checks that."""
+    if plan is None:
+        return None
+    if isinstance(plan, PrefillPlan):
+        ok = isinstance(plan.chunks, (list, tuple)) and all(
+            isinstance(c, (list, tuple))
+            and len(c) == 2
+            and isinstance(c[0], Integral)
+            and isinstance(c[1], Real)
+            for c in plan.chunks
+        )
+        return (
+            None
+            if ok
+            else f"returned PrefillPlan chunks that are not (request id, tokens) pairs: {_short(plan)}"
+        )
+    if isinstance(plan, DecodePlan):
+        ok = isinstance(plan.rids, (list, tuple)) and all(isinstance(r, Integral) for r in plan.rids)
+        return None if ok else f"returned DecodePlan rids that are not request ids: {_short(plan)}"
+    return f"returned {_short(plan)}, a {type(plan).__name__}: not a PrefillPlan, DecodePlan or None"
+
+
+def _short(plan: object) -> str:
+    """A plan as a warning shows it: its type and its first few entries."""
+    text = repr(plan)
+    return text if len(text) <= 80 else text[:77] + "..."
