@@ -12,6 +12,7 @@ import hashlib
 import importlib
 import json
 import logging
+import re
 import sys
 import warnings
 from collections.abc import Iterable
@@ -97,6 +98,36 @@ KIND_BASES = {
 
 Status = Literal["ok", "failed", "incompatible", "disabled"]
 
+#: The distributions built from this repository's ``plugins/`` (a test keeps the list in step).
+#: When a third-party plugin registers a name one of them has, or takes one's plugin name, the
+#: first-party one is used and the other is flagged: installing an unrelated package never changes
+#: or breaks what ``--attn torch`` or the default policy mean (docs/plugins.md, "Name collisions").
+FIRST_PARTY = frozenset(
+    {
+        "minisgl-plugin-fa3",
+        "minisgl-plugin-fi",
+        "minisgl-plugin-torch",
+        "minisgl-plugin-triton",
+        "minisgl-plugin-naive",
+        "minisgl-plugin-radix",
+        "minisgl-plugin-gguf",
+        "minisgl-plugin-llguidance",
+        "minisgl-plugin-xgrammar",
+        "minisgl-plugin-llama",
+        "minisgl-plugin-qwen3",
+        "minisgl-plugin-hermes",
+        "minisgl-plugin-llama3-json",
+        "minisgl-plugin-qwen3-reasoning",
+        "minisgl-plugin-lpm",
+        "minisgl-plugin-prefill-first",
+        "minisgl-plugin-fp8",
+        "minisgl-plugin-int4",
+        "minisgl-plugin-int8",
+    }
+)
+#: (kind, name) collisions already warned about, once a process (the command line loads twice)
+_WARNED_COLLISIONS: set[tuple[str, str]] = set()
+
 
 class PluginError(RuntimeError):
     """A selected implementation cannot be used; the message says which plugin and what to do."""
@@ -112,6 +143,10 @@ class PluginInfo:
     reason: str | None = None
     module: Any = None
     provides: dict[str, list[str]] = field(default_factory=lambda: {k: [] for k in KINDS})
+
+    @property
+    def first_party(self) -> bool:
+        return _canonical(self.distribution) in FIRST_PARTY
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -221,17 +256,27 @@ class Plugins:
             logger.warning(
                 "MINISGL_DISABLE_PLUGINS or MINISGL_PLUGINS names %r: no installed plugin has that name", name
             )
-        seen: set[str] = set()
-        for ep in sorted(entry_points, key=lambda e: e.name):
-            if ep.name in seen:  # the same distribution visible twice on sys.path
-                continue
-            seen.add(ep.name)
+        owners: dict[str, PluginInfo] = {}  # plugin name -> the distribution that has it
+        for ep in sorted(entry_points, key=_entry_point_order):
             dist = ep.dist
             info = PluginInfo(
                 name=ep.name,
                 distribution=dist.metadata["Name"] if dist else "?",
                 version=dist.version if dist else "?",
             )
+            owner = owners.setdefault(ep.name, info)
+            if owner is not info:
+                if _canonical(owner.distribution) == _canonical(info.distribution):
+                    continue  # the same distribution visible twice on sys.path
+                # a second distribution with this plugin name: listed, never loaded
+                self.infos.append(info)
+                info.status = "failed"
+                info.reason = (
+                    f"plugin name {ep.name!r} is already taken by {owner.distribution} {owner.version}"
+                    f"{' (first-party)' if owner.first_party else ''}, which is loaded instead; "
+                    f"rename this distribution's entry point in the {GROUP!r} group"
+                )
+                continue
             self.infos.append(info)
             if ep.name in disabled:
                 info.status, info.reason = "disabled", "named in MINISGL_DISABLE_PLUGINS or --disable-plugin"
@@ -315,6 +360,8 @@ class Plugins:
         existing = table.get(reg.name)
         if existing is not None and existing.plugin is not reg.plugin:
             self.collisions.setdefault((reg.kind, reg.name), [existing]).append(reg)
+            if reg.plugin.first_party and not existing.plugin.first_party:
+                table[reg.name] = reg  # the first-party one is used (see FIRST_PARTY)
         elif existing is None:
             table[reg.name] = reg
         if reg.name not in reg.plugin.provides[reg.kind]:
@@ -333,6 +380,55 @@ class Plugins:
 
     # ---------------------------------------------------------------- lookup
 
+    def _first_party_wins(self, kind: str, name: str) -> bool:
+        """Whether a name that several distributions register resolves anyway: to the one
+        first-party registration, the others being third-party (see FIRST_PARTY)."""
+        return sum(r.plugin.first_party for r in self.collisions.get((kind, name), [])) == 1
+
+    def collision_note(self, kind: str, name: str, info: PluginInfo) -> str | None:
+        """What ``minisgl plugins`` says about a name ``info`` registers that another distribution
+        registers too (None if no other does)."""
+        clash = self.collisions.get((kind, name), [])
+        others = [r.plugin for r in clash if r.plugin is not info]
+        if not others:
+            return None
+        who = " and ".join(f"{o.distribution} (plugin {o.name!r})" for o in others)
+        hook = KIND_HOOKS[kind]
+        if not self._first_party_wins(kind, name):
+            return (
+                f"{name!r} ({hook}) is registered by {who} too: selecting it is an error until "
+                f"one of them is uninstalled or disabled"
+            )
+        if info.first_party:
+            return f"{name!r} ({hook}) is registered by {who} too, ignored: this plugin's is used"
+        winner = self.registry[kind][name].plugin
+        return (
+            f"{name!r} ({hook}) is registered by {winner.distribution} (first-party) too, which is "
+            f"used: this plugin's {name!r} is ignored while plugin {winner.name!r} is enabled; "
+            f"register it under another name"
+        )
+
+    def _warn_collision(self, kind: str, name: str) -> None:
+        if (kind, name) in _WARNED_COLLISIONS:
+            return
+        _WARNED_COLLISIONS.add((kind, name))
+        winner = self.registry[kind][name].plugin
+        others = " and ".join(
+            f"{r.plugin.distribution} (plugin {r.plugin.name!r})"
+            for r in self.collisions[(kind, name)]
+            if r.plugin is not winner
+        )
+        logger.warning(
+            "%r (%s) is registered by %s and by %s: using the first-party %s; to use the other, "
+            "disable plugin %r (MINISGL_DISABLE_PLUGINS or --disable-plugin)",
+            name,
+            KIND_HOOKS[kind],
+            winner.distribution,
+            others,
+            winner.distribution,
+            winner.name,
+        )
+
     def names(self, kind: str) -> list[str]:
         return sorted(self.registry[kind])
 
@@ -343,7 +439,9 @@ class Plugins:
     def resolve(self, kind: str, name: str) -> type:
         """Import and return the class registered as ``name``, or raise PluginError saying why not."""
         clash = self.collisions.get((kind, name))
-        if clash:
+        if clash and self._first_party_wins(kind, name):
+            self._warn_collision(kind, name)
+        elif clash:
             who = " and ".join(f"{r.plugin.distribution} (plugin {r.plugin.name!r})" for r in clash)
             raise PluginError(
                 f"{selection(kind, name, self.spelling)} is provided by both {who}; uninstall one or disable it "
@@ -472,7 +570,9 @@ class Plugins:
         device = torch.device("cuda" if cuda else "cpu")
         out: dict[str, str] = {}
         for info in self.infos:
-            backends = info.provides["attention"]
+            # only the backends this plugin's registration is used for (not one a first-party
+            # plugin's registration of the same name overrides)
+            backends = [n for n in info.provides["attention"] if self.registry["attention"][n].plugin is info]
             if (
                 info.status != "ok"
                 or not backends
@@ -481,10 +581,11 @@ class Plugins:
                 continue
             reasons = []
             for name in backends:
-                try:
-                    why = self.resolve("attention", name).availability(device)
-                except PluginError as exc:
-                    why = str(exc)
+                try:  # (not resolve: the listing says what a collision is, once)
+                    backend = _import_target(self.registry["attention"][name].target)
+                    why = backend.availability(device)
+                except Exception:  # noqa: BLE001 - not this machine's doing: resolve says it
+                    break
                 if why is None:
                     break
                 reasons.append(why)
@@ -495,13 +596,25 @@ class Plugins:
 
     def listing(self) -> list[dict[str, Any]]:
         """What ``minisgl plugins --json`` prints: each plugin, with status ``unavailable`` (and why)
-        where it loaded but cannot run on this machine."""
+        where it loaded but cannot run on this machine, and ``conflict`` where a name it registers
+        cannot be used because another distribution registers it too (a first-party plugin's
+        registration is used, and the first-party plugin keeps its status, with a note)."""
         unavailable = self.unavailable_here()
         rows = []
         for info in self.infos:
             row = info.to_json()
-            if info.name in unavailable:
+            notes = [
+                note
+                for kind in KINDS
+                for name in info.provides[kind]
+                if (note := self.collision_note(kind, name, info)) is not None
+            ]
+            if info.status == "ok" and info.name in unavailable:
                 row["status"], row["reason"] = "unavailable", unavailable[info.name]
+            if notes:
+                if info.status == "ok" and not info.first_party:
+                    row["status"] = "conflict"
+                row["reason"] = "; ".join([*([row["reason"]] if row["reason"] else []), *notes])
             rows.append(row)
         return rows
 
@@ -532,6 +645,26 @@ def wrong_base_message(reg: Registration, obj: Any) -> str | None:
         f"but it is not a subclass of minisgl_core.api.{base_name}: register it through the hook of "
         f"its kind, or make it subclass {base_name}"
     )
+
+
+def _import_target(target: str) -> Any:
+    """The object a ``"module:attr"`` registration names (imports its module)."""
+    module_name, _, attr = target.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _entry_point_order(ep: metadata.EntryPoint) -> tuple[str, bool, str]:
+    """By plugin name; of two distributions with one plugin name, a first-party one first, then
+    by distribution name (the same order in every process)."""
+    distribution = ep.dist.metadata["Name"] if ep.dist else "?"
+    return (ep.name, _canonical(distribution) not in FIRST_PARTY, _canonical(distribution))
+
+
+def _canonical(distribution: str) -> str:
+    return re.sub(r"[-_.]+", "-", distribution).lower()
 
 
 def _plugin_hint(kind: str, name: str) -> str:

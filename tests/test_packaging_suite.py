@@ -30,6 +30,8 @@ MODULES = {
     "    register(f'flaky-{next(_count)}', 'minisgl_test_broken.impl:Policy')\n",
     "cli": API + REGISTER.format(name="cli") + "@hookimpl\ndef minisgl_add_cli_options(parser):\n"
     "    parser.add_argument('--max-wait', type=int)\n",
+    # registers the name of a first-party policy, so the core would use that one instead
+    "collide": API + REGISTER.format(name="prefill-first"),
     # imports PyYAML, which the distribution does not declare
     "impl": "import yaml  # noqa: F401\nfrom minisgl_core.api import SchedulingPolicy\n"
     "class Policy(SchedulingPolicy):\n    def schedule(self, state):\n        return None\n"
@@ -45,6 +47,12 @@ MUTANTS = [
     ("flaky", "test_registration_is_idempotent", "twice registered different things"),
     ("cli", "test_cli_options_are_namespaced", "must start with --cli-"),
     ("heavy", "test_imports_are_declared_dependencies", "imports 'yaml'"),
+    (
+        "collide",
+        "test_names_are_its_own",
+        "'prefill-first' .* is registered by minisgl-plugin-prefill-first too",
+    ),
+    ("heavy", "test_names_are_its_own", None),  # the control
     ("heavy", "test_registration_is_idempotent", None),  # the control: this one is fine
 ]
 

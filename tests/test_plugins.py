@@ -157,7 +157,12 @@ def _listing(site: Path, *args: str, **env: str) -> dict[str, dict]:
 def test_installed_plugins_are_discovered_and_broken_ones_isolated(site):
     plugins = _listing(site)
     good = plugins["good"]
-    assert good["status"] == "ok"
+    # loaded, and flagged: "dup" is minisgl-test-other's too, so selecting it is an error
+    assert good["status"] == "conflict"
+    assert (
+        "'dup' (minisgl_register_policies) is registered by minisgl-test-other (plugin 'other') too"
+        in (good["reason"])
+    )
     assert good["distribution"] == "minisgl-test-plugins" and good["version"] == "0.3.1"
     assert good["provides"]["policies"] == ["test-fifo", "dup"]
     assert plugins["broken"]["status"] == "failed"
@@ -202,7 +207,7 @@ def test_class_registered_under_the_wrong_kind_is_a_failed_plugin(site):
     assert wrong["status"] == "failed"
     _assert_names_wrong_kind(wrong["reason"])
     assert wrong["provides"]["attention"] == []
-    assert listing["good"]["status"] == "ok"  # the same Fifo class is fine as a policy
+    assert listing["good"]["status"] == "conflict"  # (dup) the same Fifo class is fine as a policy
     table = _minisgl(site, "plugins")
     assert table.returncode == 0 and "minisgl_register_attention_backends" in table.stdout
 
@@ -228,7 +233,7 @@ def test_allow_and_block_lists(site):
     assert "MINISGL_PLUGINS allow-list" in only_good["torch"]["reason"]
     for name in ("broken", "raising"):
         assert "MINISGL_DISABLE_PLUGINS or --disable-plugin" in blocked[name]["reason"]
-    assert blocked["good"]["status"] == "ok"
+    assert blocked["good"]["status"] == "conflict"  # loaded ("dup" is minisgl-test-other's too)
 
 
 def test_a_name_to_disable_that_no_plugin_has_is_an_error_on_the_command_line(site):
@@ -244,7 +249,7 @@ def test_a_name_to_disable_that_no_plugin_has_is_an_error_on_the_command_line(si
     proc = _minisgl(site, "plugins", "--json", MINISGL_DISABLE_PLUGINS="raising,nosuch")
     assert proc.returncode == 0, proc.stderr
     listing = {p["name"]: p for p in json.loads(proc.stdout)}
-    assert listing["raising"]["status"] == "disabled" and listing["good"]["status"] == "ok"
+    assert listing["raising"]["status"] == "disabled" and listing["good"]["status"] == "conflict"
     assert "'nosuch': no installed plugin has that name" in proc.stderr
 
 
@@ -310,3 +315,119 @@ def test_an_empty_plugin_name_says_a_name_is_needed():
     plugins = Plugins.load()
     message = plugins.missing_message("quantization", "")
     assert message.startswith("--quantization needs a name; installed: ") and "pip install" not in message
+
+
+# --- distributions written in place, as pip --target leaves them (no pip: each test stays fast) ---
+
+
+def _fake_site(root: Path, dists: dict[str, tuple[dict[str, str], dict[str, str]]]) -> Path:
+    """``{distribution: ({module path: source}, {entry-point name: value})}`` as a site directory:
+    each distribution's modules and its ``.dist-info`` (METADATA, entry_points.txt)."""
+    site = root / "site"
+    for dist, (modules, entry_points) in dists.items():
+        for path, code in modules.items():
+            file = site / path
+            file.parent.mkdir(parents=True, exist_ok=True)
+            file.write_text(textwrap.dedent(code))
+        info = site / f"{dist.replace('-', '_')}-0.1.0.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1.0\n")
+        eps = "".join(f"{name} = {value}\n" for name, value in entry_points.items())
+        (info / "entry_points.txt").write_text(f"[minisgl.plugins]\n{eps}")
+    return site
+
+
+def _thin(package: str, hooks: str, api: str = '"2.0"') -> dict[str, str]:
+    """A thin module ``package/__init__.py`` with ``hooks``, and ``package/impl.py`` holding a policy."""
+    return {
+        f"{package}/__init__.py": f"from minisgl_core.api import hookimpl\nMINISGL_API = {api}\n"
+        + textwrap.dedent(hooks),
+        f"{package}/impl.py": IMPL,
+    }
+
+
+@pytest.fixture
+def load_fake(tmp_path, monkeypatch):
+    """Plugins.load() with the given fake distributions installed next to the first-party ones."""
+
+    def load(dists, **kwargs) -> Plugins:
+        monkeypatch.syspath_prepend(str(_fake_site(tmp_path, dists)))
+        return Plugins.load(**kwargs)
+
+    monkeypatch.delenv("MINISGL_PLUGINS", raising=False)
+    monkeypatch.delenv("MINISGL_DISABLE_PLUGINS", raising=False)
+    return load
+
+
+def test_a_third_party_plugin_cannot_take_a_first_party_plugin_name(load_fake):
+    """A distribution whose entry point was named ``naive`` replaced the first-party naive plugin,
+    silently (the second entry point of a name was dropped as "the same distribution twice")."""
+    plugins = load_fake({"minisgl-test-shadow": (_thin("t3_shadow", SHADOW_HOOKS), {"naive": "t3_shadow"})})
+    rows = [i for i in plugins.infos if i.name == "naive"]
+    assert [(i.distribution, i.status) for i in rows] == [
+        ("minisgl-plugin-naive", "ok"),
+        ("minisgl-test-shadow", "failed"),
+    ]
+    assert "plugin name 'naive' is already taken by minisgl-plugin-naive" in rows[1].reason
+    assert plugins.names("caches") == ["naive", "radix"] and "shadow-pol" not in plugins.names("policies")
+    assert plugins.resolve("caches", "naive").__module__.startswith("minisgl_plugin_naive")
+
+
+SHADOW_HOOKS = """
+@hookimpl
+def minisgl_register_policies(register):
+    register("shadow-pol", "t3_shadow.impl:Fifo")
+"""
+
+
+COLLIDE_HOOKS = """
+@hookimpl
+def minisgl_register_policies(register):
+    register("prefill-first", "t6_collide.impl:Fifo")
+
+@hookimpl
+def minisgl_register_attention_backends(register):
+    register("torch", "t6_collide.impl:Fifo")
+"""
+
+
+def test_a_name_a_first_party_plugin_registers_resolves_to_it_with_a_warning(load_fake, caplog):
+    """A third-party plugin registering ``prefill-first`` made every start fail (the default policy
+    was a collision error) and listed first-party torch as "unavailable: no CUDA device (... is
+    provided by both ...)". The first-party registration is now used, with a warning, and the
+    listing flags the third-party plugin."""
+    plugins = load_fake(
+        {"minisgl-test-collide": (_thin("t6_collide", COLLIDE_HOOKS), {"collide": "t6_collide"})}
+    )
+    with caplog.at_level("WARNING", logger="minisgl_core.plugins"):
+        policy = plugins.resolve("policies", "prefill-first")
+    assert policy.__module__.startswith("minisgl_plugin_prefill_first")
+    assert (
+        "minisgl-test-collide (plugin 'collide')" in caplog.text
+        and "disable plugin 'prefill-first'" in caplog.text
+    )
+    assert plugins.resolve("attention", "torch").__module__.startswith("minisgl_plugin_torch")
+    rows = {row["name"]: row for row in plugins.listing()}
+    assert rows["collide"]["status"] == "conflict"
+    assert (
+        "registered by minisgl-plugin-prefill-first (first-party) too, which is used"
+        in rows["collide"]["reason"]
+    )
+    assert rows["torch"]["status"] == "ok" and "no CUDA" not in (rows["torch"]["reason"] or "")
+    assert "minisgl-test-collide (plugin 'collide') too, ignored" in rows["torch"]["reason"]
+    # without the first-party plugin the name is the third-party one's, without a note
+    alone = Plugins.load(disable=["prefill-first"])
+    assert alone.resolve("policies", "prefill-first").__module__ == "t6_collide.impl"
+
+
+def test_first_party_distributions_are_the_repository_plugins():
+    from minisgl_core.plugins import FIRST_PARTY
+
+    root = Path(__file__).resolve().parents[1] / "plugins"
+    names = {
+        line.split("=", 1)[1].strip().strip('"')
+        for path in root.glob("*/*/pyproject.toml")
+        for line in path.read_text().splitlines()
+        if line.startswith("name = ")
+    }
+    assert names == FIRST_PARTY

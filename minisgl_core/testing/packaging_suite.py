@@ -11,7 +11,8 @@ in its metadata, a dependency on minisgl-core and on every other distribution it
 an entry module that imports nothing but the standard library and ``minisgl_core.api`` (checked
 in a fresh interpreter: no kernel library, no CUDA initialisation), a compatible ``MINISGL_API``,
 only known hooks, registration that is idempotent and names ``"module:attr"`` targets that import
-and subclass the right ABC, and the core's loader marking it ``ok``. Optional hooks (CLI options,
+and subclass the right ABC, the core's loader marking it ``ok``, and its plugin name and the names
+it registers not taken by another installed distribution. Optional hooks (CLI options,
 process start/stop) are checked when the plugin implements them and skipped otherwise.
 """
 
@@ -46,7 +47,7 @@ from minisgl_core.api import (
     WeightFormat,
     hookspecs,
 )
-from minisgl_core.plugins import GROUP, KIND_HOOKS, Plugins, api_compatible
+from minisgl_core.plugins import GROUP, KIND_HOOKS, PluginInfo, Plugins, api_compatible
 
 KIND_BASES: dict[str, type] = {
     "models": Model,
@@ -283,6 +284,30 @@ class PluginPackagingSuite:
         assert {k: sorted(v) for k, v in info.provides.items() if v} == {
             k: v for k, v in expected.items() if v
         }
+
+    def test_names_are_its_own(self) -> None:
+        """No other installed distribution has this plugin's name or registers a name it registers:
+        the core would load or use the other one (a first-party plugin's), or refuse the name when
+        selected (two third-party ones)."""
+        mine = canonical(self.dist().metadata["Name"])
+        plugins = Plugins.load()
+        taken = [i for i in plugins.infos if i.name == self.plugin and canonical(i.distribution) != mine]
+        assert not taken, (
+            f"plugin name {self.plugin!r} is also the entry point of {taken[0].distribution}: "
+            "pick a name no other plugin has"
+        )
+
+        def this(info: PluginInfo) -> bool:
+            return info.name == self.plugin and canonical(info.distribution) == mine
+
+        shared = [
+            f"{name!r} ({KIND_HOOKS[kind]}) is registered by "
+            + " and ".join(r.plugin.distribution for r in regs if not this(r.plugin))
+            + " too"
+            for (kind, name), regs in sorted(plugins.collisions.items())
+            if any(this(r.plugin) for r in regs)
+        ]
+        assert not shared, f"{'; '.join(shared)}: register under names no other plugin uses"
 
     def test_imports_are_declared_dependencies(self) -> None:
         own = self.module().__name__.partition(".")[0]
