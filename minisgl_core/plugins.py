@@ -8,8 +8,10 @@ becomes fatal when the user selects something it provides (see :meth:`Plugins.re
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib
+import inspect
 import json
 import logging
 import re
@@ -127,6 +129,8 @@ FIRST_PARTY = frozenset(
 )
 #: (kind, name) collisions already warned about, once a process (the command line loads twice)
 _WARNED_COLLISIONS: set[tuple[str, str]] = set()
+#: legacy plugins already warned about, once a process
+_WARNED_LEGACY: set[tuple[str, str, str]] = set()
 
 
 class PluginError(RuntimeError):
@@ -143,6 +147,9 @@ class PluginInfo:
     reason: str | None = None
     module: Any = None
     provides: dict[str, list[str]] = field(default_factory=lambda: {k: [] for k in KINDS})
+    #: kind -> names the plugin registered before it failed, or would register were its API
+    #: compatible: never selectable, only for the errors of a user who selects one
+    unusable: dict[str, list[str]] = field(default_factory=lambda: {k: [] for k in KINDS})
 
     @property
     def first_party(self) -> bool:
@@ -292,28 +299,51 @@ class Plugins:
             module = ep.load()
         except Exception as exc:  # noqa: BLE001 - any import failure is the plugin's
             info.status, info.reason = "failed", f"import failed: {type(exc).__name__}: {exc}"
+            if ep.attr:  # (the AttributeError of a missing attribute does not say the value is wrong)
+                info.reason += (
+                    f"; the entry point's value must be the thin module itself, "
+                    f"{ep.name} = {ep.module!r}, not {ep.value!r}"
+                )
             return
         info.module = module
-        info.api = getattr(module, "MINISGL_API", None)
-        if not isinstance(info.api, str):
-            info.status, info.reason = "incompatible", 'declares no MINISGL_API (e.g. MINISGL_API = "1.0")'
+        api = getattr(module, "MINISGL_API", None)
+        if not isinstance(api, str):
+            info.status = "incompatible"
+            example = f'MINISGL_API = "{API_VERSION}"'
+            if api is None:
+                info.reason = f"declares no MINISGL_API (e.g. {example})"
+            else:  # MINISGL_API = 2.0: a float, so 2.10 would read as 2.1
+                info.reason = (
+                    f"MINISGL_API is {api!r} ({type(api).__name__}); declare it as a string: {example}"
+                )
+            self._note_unusable(info, module)
             return
+        info.api = api
         try:
             compatible = api_compatible(info.api)
         except ValueError:
             info.status, info.reason = "incompatible", f"MINISGL_API {info.api!r} is not 'major.minor'"
+            self._note_unusable(info, module)
             return
         if not compatible:
             fix = api_upgrade_hint(info.api, info.distribution)
             info.status = "incompatible"
             info.reason = f"needs minisgl API {info.api}, core provides {API_VERSION}: {fix}"
+            self._note_unusable(info, module)
             return
         if api_legacy(info.api):
             self._warn_legacy(info)
+        wrong_hooks = _hook_mistakes(module)
+        if wrong_hooks:
+            info.status, info.reason = "failed", f"invalid hooks: {wrong_hooks}"
+            self._note_unusable(info, module)
+            return
         try:
             self.pm.register(module, name=info.name)
         except Exception as exc:  # noqa: BLE001 - e.g. a hookimpl with wrong argument names
-            info.status, info.reason = "failed", f"invalid hooks: {exc}"
+            # (pluggy's message is three lines; the listing shows one)
+            info.status, info.reason = "failed", f"invalid hooks: {' '.join(str(exc).split())}"
+            self._note_unusable(info, module)
             return
         for kind, hook_name in KIND_HOOKS.items():
             registered: list[Registration] = []
@@ -331,10 +361,27 @@ class Plugins:
             except Exception as exc:  # noqa: BLE001
                 info.status = "failed"
                 info.reason = f"hook {hook_name} raised {type(exc).__name__}: {exc}"
+                for reg in registered:  # named in the error of a user who selects one
+                    info.unusable[kind].append(reg.name)
                 self._forget(info)
                 return
             for reg in registered:
                 self._add(reg)
+
+    @staticmethod
+    def _note_unusable(info: PluginInfo, module: Any) -> None:
+        """What a plugin that will not load registers, asked of its hook functions directly (they
+        only call ``register``), so that selecting one of its names says why it is unavailable."""
+        for kind, hook_name in KIND_HOOKS.items():
+            hook = getattr(module, hook_name, None)
+            if not callable(hook):
+                continue
+            names: list[str] = []
+            try:
+                hook(register=lambda name, *_args, _out=names: _out.append(name))
+            except Exception:  # noqa: BLE001 - best effort, for messages only
+                pass
+            info.unusable[kind] = [n for n in names if isinstance(n, str)]
 
     @staticmethod
     def _warn_legacy(info: PluginInfo) -> None:
@@ -347,12 +394,20 @@ class Plugins:
             f"layer, which API {LEGACY_UNTIL} removes; port it to {API_VERSION} "
             f'(docs/plugins.md, "Migrating from 1.x") and declare MINISGL_API = "{API_VERSION}"'
         )
+        key = (info.name, info.distribution, info.version)
+        if key in _WARNED_LEGACY:  # once a process (the command line loads the plugins twice)
+            return
+        _WARNED_LEGACY.add(key)
         if not sys.warnoptions:  # the user chose no filters: show each deprecation once per place
             warnings.filterwarnings("default", category=MinisglDeprecationWarning)
-        warnings.warn(
+        # attributed to the plugin's MINISGL_API line, not to this loader
+        filename, lineno = _api_line(info.module)
+        warnings.warn_explicit(
             f"plugin {info.name!r} ({info.distribution} {info.version}) is {info.reason}",
             MinisglDeprecationWarning,
-            stacklevel=2,
+            filename,
+            lineno,
+            module=getattr(info.module, "__name__", info.name),
         )
 
     def _add(self, reg: Registration) -> None:
@@ -478,36 +533,47 @@ class Plugins:
         return cls
 
     def check_classes(self) -> None:
-        """Import every registered class and mark a plugin ``failed`` if one is not a subclass of
-        its kind's base class (e.g. a policy registered as an attention backend).
+        """Import every registered class and mark a plugin ``failed`` if one does not import (a
+        missing module or class) or is not a subclass of its kind's base class (e.g. a policy
+        registered as an attention backend).
 
         Imports the plugins' implementation modules (torch, kernels), so only ``minisgl plugins``
-        calls it; every process checks what it selects in :meth:`resolve`. A target that cannot be
-        imported here (say a GPU library missing on this machine) is left to :meth:`resolve`, which
-        names the cause when it is selected."""
+        calls it; every process checks what it selects in :meth:`resolve`. Kernel libraries are
+        imported lazily (docs/plugins.md, Publishing), so a class module imports on any machine
+        and a failure here is the plugin's bug."""
         for info in self.infos:
             if info.status != "ok":
                 continue
+            problems = []
+            if not any(info.provides.values()) and not _implements_a_hook(info.module):
+                # (not refused at load: a plugin may be a deliberate no-op in some environment)
+                problems.append(
+                    "implements no minisgl hook: define functions named after the hooks in "
+                    "minisgl_core.api.hookspecs, decorated with @hookimpl (docs/plugins.md, Hooks)"
+                )
             for kind in KINDS:
                 for reg in [r for r in self.registry[kind].values() if r.plugin is info]:
-                    module_name, _, attr = reg.target.partition(":")
                     try:
-                        obj: Any = importlib.import_module(module_name)
-                        for part in attr.split("."):
-                            obj = getattr(obj, part)
-                    except Exception:  # noqa: BLE001 - reported at selection, see above
+                        obj = _import_target(reg.target)
+                    except Exception as exc:  # noqa: BLE001 - the plugin's
+                        problems.append(
+                            f"{reg.name!r} ({KIND_HOOKS[kind]}) names {reg.target}, which does not "
+                            f"import: {type(exc).__name__}: {exc}"
+                        )
                         continue
                     wrong = wrong_base_message(reg, obj)
                     if wrong:
-                        info.status, info.reason = "failed", wrong
-                        self._forget(info)
-                        break
-                if info.status != "ok":
-                    break
+                        problems.append(wrong)
+            if problems:
+                info.status, info.reason = "failed", "; ".join(problems)
+                for kind in KINDS:
+                    info.unusable[kind] = list(info.provides[kind])
+                self._forget(info)
 
     def missing_message(self, kind: str, name: str) -> str:
         """Why ``name`` cannot be selected: the broken plugin that would provide it, or what to install."""
-        broken = [i for i in self.infos if i.status != "ok" and _likely_provides(i, kind, name)]
+        broken = [i for i in self.infos if i.status != "ok" and name in i.unusable[kind]]
+        broken = broken or [i for i in self.infos if i.status != "ok" and _likely_provides(i, kind, name)]
         if broken:
             info = broken[0]
             return (
@@ -518,6 +584,18 @@ class Plugins:
         if not name.strip():  # (the hint was "pip install minisgl-plugin-")
             return f"{selection(kind, None, self.spelling)} needs a name; installed: {have}"
         hint = f"install the plugin that provides it (e.g. pip install minisgl-plugin-{_plugin_hint(kind, name)})"
+        # plugins that registered nothing (disabled, or failed before registering) may have it
+        unknown = [i for i in self.infos if i.status != "ok" and not any(i.unusable.values())]
+        failed = [
+            f"{i.name!r} ({i.distribution} {i.version}, {i.status}: {i.reason})"
+            for i in unknown
+            if i.status != "disabled"
+        ]
+        disabled = [i.name for i in unknown if i.status == "disabled"]
+        if failed:
+            hint += f"; or it may be provided by a plugin that failed to load: {', '.join(failed)}"
+        if disabled:
+            hint += f"; or by a disabled plugin: {', '.join(disabled)}"
         return f"unknown {selection(kind, name, self.spelling)}; installed: {have}; {hint}"
 
     # ---------------------------------------------------------------- reporting
@@ -563,7 +641,8 @@ class Plugins:
     def unavailable_here(self) -> dict[str, str]:
         """Loaded plugins that cannot run on this machine (plugin name -> why): those whose every
         attention backend's ``availability()`` refuses the machine's device (CUDA when it has one,
-        else the CPU). Cheap: imports the backend classes, which start no kernels."""
+        else the CPU). Cheap: imports the backend classes, which start no kernels. A backend that
+        does not import is no question of this machine: :meth:`check_classes` reports it."""
         import torch
 
         cuda = torch.cuda.is_available()
@@ -584,7 +663,7 @@ class Plugins:
                 try:  # (not resolve: the listing says what a collision is, once)
                     backend = _import_target(self.registry["attention"][name].target)
                     why = backend.availability(device)
-                except Exception:  # noqa: BLE001 - not this machine's doing: resolve says it
+                except Exception:  # noqa: BLE001 - check_classes says what is wrong
                     break
                 if why is None:
                     break
@@ -656,6 +735,57 @@ def _import_target(target: str) -> Any:
     return obj
 
 
+def _hook_mistakes(module: Any) -> str | None:
+    """Functions of a plugin module the core would silently never call: a ``@hookimpl`` whose name
+    is no hook (misspelt), or a hook's name without ``@hookimpl``; None if there is none."""
+    marker = f"{hookspecs.PROJECT}_impl"
+    known = {name for name in dir(hookspecs) if name.startswith("minisgl_")}
+    mistakes = []
+    for name in sorted(dir(module)):
+        obj = getattr(module, name, None)
+        if not callable(obj) or isinstance(obj, type):
+            continue
+        marked = hasattr(obj, marker)
+        if marked and name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            mistakes.append(f"{name} is not a minisgl hook{hint}")
+        elif not marked and name in known:
+            mistakes.append(f"{name} lacks @hookimpl, so the core would never call it")
+        elif marked:
+            passed = list(inspect.signature(getattr(hookspecs, name)).parameters)
+            try:
+                params = inspect.signature(obj).parameters.values()
+            except (TypeError, ValueError):
+                continue
+            extra = [p.name for p in params if p.default is p.empty and p.name not in passed
+                     and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]  # fmt: skip
+            if extra:
+                mistakes.append(
+                    f"{name} takes {', '.join(extra)}, which the hook does not pass "
+                    f"(it passes {', '.join(passed)}, by keyword; take any of them)"
+                )
+    return "; ".join(mistakes) or None
+
+
+def _implements_a_hook(module: Any) -> bool:
+    marker = f"{hookspecs.PROJECT}_impl"
+    return any(hasattr(getattr(module, name, None), marker) for name in dir(module))
+
+
+def _api_line(module: Any) -> tuple[str, int]:
+    """The file of a plugin's thin module and the line declaring ``MINISGL_API`` (else 1)."""
+    filename = getattr(module, "__file__", None) or "<plugin>"
+    try:
+        with open(filename, encoding="utf-8") as source:
+            for number, line in enumerate(source, 1):
+                if line.startswith("MINISGL_API"):
+                    return filename, number
+    except OSError:
+        pass
+    return filename, 1
+
+
 def _entry_point_order(ep: metadata.EntryPoint) -> tuple[str, bool, str]:
     """By plugin name; of two distributions with one plugin name, a first-party one first, then
     by distribution name (the same order in every process)."""
@@ -678,5 +808,5 @@ def _plugin_hint(kind: str, name: str) -> str:
 
 
 def _likely_provides(info: PluginInfo, kind: str, name: str) -> bool:
-    """A failed plugin registered nothing, so guess by its name (``fi`` provides ``--attn fi``)."""
-    return info.name == _plugin_hint(kind, name) or name in info.provides[kind]
+    """A plugin that did not load, named like the selection (``fi`` for ``--attn fi``)."""
+    return info.name == _plugin_hint(kind, name)

@@ -380,6 +380,46 @@ def minisgl_register_policies(register):
 """
 
 
+def test_selecting_a_name_of_a_plugin_that_did_not_load_names_it_and_the_cause(load_fake):
+    """Only a plugin named like the selection was named (``--attn fi``): for any other name the
+    error said "unknown ... pip install", although the plugin was installed and its cause known."""
+    raising = """
+    @hookimpl
+    def minisgl_register_policies(register):
+        register("t5-raised", "t5_raising.impl:Fifo")
+        raise RuntimeError("registration exploded")
+    """
+    newer = """
+    @hookimpl
+    def minisgl_register_policies(register):
+        register("t5-newer", "t5_newer.impl:Fifo")
+    """
+    plugins = load_fake(
+        {
+            "minisgl-test-raising": (_thin("t5_raising", raising), {"t5raising": "t5_raising"}),
+            "minisgl-test-newer": (_thin("t5_newer", newer, api='"9.0"'), {"t5newer": "t5_newer"}),
+            "minisgl-test-noimport": (
+                {"t5_noimport/__init__.py": "import t5_no_such_kernel_library\n"},
+                {"t5noimport": "t5_noimport"},
+            ),
+        },
+        disable=["lpm"],
+    )
+    with pytest.raises(PluginError) as raised:
+        plugins.resolve("policies", "t5-raised")
+    assert "plugin 't5raising' (minisgl-test-raising 0.1.0) is failed" in str(raised.value)
+    assert "registration exploded" in str(raised.value) and "pip install" not in str(raised.value)
+    with pytest.raises(PluginError) as raised:
+        plugins.resolve("policies", "t5-newer")
+    assert "plugin 't5newer' (minisgl-test-newer 0.1.0) is incompatible" in str(raised.value)
+    assert "upgrade minisgl-core" in str(raised.value)
+    # what a disabled plugin, or one that failed to import, registers is unknown: both are named
+    message = plugins.missing_message("policies", "t5-other")
+    assert "plugin that failed to load: 't5noimport' (minisgl-test-noimport 0.1.0" in message
+    assert "t5_no_such_kernel_library" in message and "disabled plugin: lpm" in message
+    assert "t5newer" not in message and "t5raising" not in message  # their names are known
+
+
 COLLIDE_HOOKS = """
 @hookimpl
 def minisgl_register_policies(register):
@@ -431,3 +471,121 @@ def test_first_party_distributions_are_the_repository_plugins():
         if line.startswith("name = ")
     }
     assert names == FIRST_PARTY
+
+
+def test_api_declared_as_a_number_says_to_quote_it(load_fake):
+    """MINISGL_API = 2.0 was reported as "declares no MINISGL_API (e.g. MINISGL_API = "1.0")"."""
+    hooks = """
+    @hookimpl
+    def minisgl_register_policies(register):
+        register("t7-pol", "t7_float.impl:Fifo")
+    """
+    plugins = load_fake(
+        {
+            "minisgl-test-float": (_thin("t7_float", hooks, api="2.0"), {"t7float": "t7_float"}),
+            "minisgl-test-none": ({"t7_none/__init__.py": ""}, {"t7none": "t7_none"}),
+        }
+    )
+    infos = {i.name: i for i in plugins.infos}
+    assert infos["t7float"].status == "incompatible" and infos["t7float"].api is None
+    assert (
+        infos["t7float"].reason == 'MINISGL_API is 2.0 (float); declare it as a string: MINISGL_API = "2.0"'
+    )
+    assert infos["t7none"].reason == 'declares no MINISGL_API (e.g. MINISGL_API = "2.0")'
+
+
+def test_legacy_warning_once_a_process_pointing_at_the_plugin(load_fake):
+    """The 1.x deprecation was shown twice per command (the command line loads plugins twice) and
+    pointed at minisgl_core/plugins.py."""
+    import warnings
+
+    hooks = """
+    @hookimpl
+    def minisgl_register_policies(register):
+        register("t8-pol", "t8_legacy.impl:Fifo")
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load_fake(
+            {"minisgl-test-legacy": (_thin("t8_legacy", hooks, api='"1.4"'), {"t8legacy": "t8_legacy"})}
+        )
+        Plugins.load()
+    mine = [w for w in caught if "'t8legacy'" in str(w.message)]
+    assert len(mine) == 1, [str(w.message) for w in mine]
+    assert mine[0].filename.endswith("t8_legacy/__init__.py") and mine[0].lineno == 2
+
+
+def test_hook_mistakes_fail_the_plugin_saying_what_is_wrong(load_fake):
+    """A misspelt hook, a hook without @hookimpl or with an argument the hook never passes: the
+    first two were listed "ok" (providing nothing), the last as pluggy's three-line message."""
+    typo = """
+    @hookimpl
+    def minisgl_register_policys(register):
+        register("t9-pol", "t9_typo.impl:Fifo")
+
+    def minisgl_register_caches(register):
+        register("t9-cache", "t9_typo.impl:Fifo")
+    """
+    extra = """
+    @hookimpl
+    def minisgl_register_policies(register):
+        register("t9-extra", "t9_extra.impl:Fifo")
+
+    @hookimpl
+    def minisgl_process_start(ctx, extra_arg):
+        pass
+    """
+    plugins = load_fake(
+        {
+            "minisgl-test-typo": (_thin("t9_typo", typo), {"t9typo": "t9_typo"}),
+            "minisgl-test-extra": (_thin("t9_extra", extra), {"t9extra": "t9_extra"}),
+            "minisgl-test-nohooks": (_thin("t9_nohooks", ""), {"t9nohooks": "t9_nohooks"}),
+        }
+    )
+    infos = {i.name: i for i in plugins.infos}
+    assert infos["t9typo"].status == "failed"
+    assert "minisgl_register_policys is not a minisgl hook (did you mean minisgl_register_policies?)" in (
+        infos["t9typo"].reason
+    )
+    assert "minisgl_register_caches lacks @hookimpl" in infos["t9typo"].reason
+    assert infos["t9extra"].status == "failed" and "\n" not in infos["t9extra"].reason
+    assert "minisgl_process_start takes extra_arg, which the hook does not pass" in infos["t9extra"].reason
+    assert infos["t9nohooks"].status == "ok"  # loads (the fingerprint is the same everywhere) ...
+    plugins.check_classes()  # ... and `minisgl plugins` says what is wrong
+    assert infos["t9nohooks"].status == "failed" and "implements no minisgl hook" in infos["t9nohooks"].reason
+    with pytest.raises(PluginError, match="'t9extra'.*is failed"):
+        plugins.resolve("policies", "t9-extra")
+
+
+def test_the_listing_says_when_a_registered_class_does_not_import(load_fake):
+    """check_classes skipped targets that did not import, so ``minisgl plugins`` said ok."""
+    hooks = """
+    @hookimpl
+    def minisgl_register_policies(register):
+        register("t10-pol", "t10_missing.impl:NoSuchPolicy")
+        register("t10-fine", "t10_missing.impl:Fifo")
+    """
+    plugins = load_fake(
+        {"minisgl-test-missing": (_thin("t10_missing", hooks), {"t10missing": "t10_missing"})}
+    )
+    plugins.check_classes()
+    info = next(i for i in plugins.infos if i.name == "t10missing")
+    assert info.status == "failed"
+    assert (
+        "'t10-pol' (minisgl_register_policies) names t10_missing.impl:NoSuchPolicy, which does not import"
+        in (info.reason)
+    )
+    assert "AttributeError" in info.reason
+    assert "failed" in plugins.format_table().split("t10missing", 1)[1].splitlines()[0]
+    with pytest.raises(PluginError, match="'t10missing'.*is failed"):
+        plugins.resolve("policies", "t10-fine")
+    assert next(i for i in plugins.infos if i.name == "torch").status == "ok"  # first-party classes import
+
+
+def test_an_entry_point_naming_an_attribute_says_to_name_the_module(load_fake):
+    plugins = load_fake(
+        {"minisgl-test-epattr": (_thin("t12_epattr", ""), {"t12epattr": "t12_epattr:Missing"})}
+    )
+    info = next(i for i in plugins.infos if i.name == "t12epattr")
+    assert info.status == "failed"
+    assert "the entry point's value must be the thin module itself, t12epattr = 't12_epattr'" in info.reason
