@@ -131,7 +131,9 @@ class LLM:
             )
         plugins = Plugins.load(disable=disable_plugins, spelling=spelling)
         check_grammar_backend(plugins, config.grammar_backend, EngineConfig.grammar_backend)
-        self._context = ProcessContext(role="offline", options=dict(options))
+        # plugins' own options at the top level, as under serve (ctx.options["example_max_wait"])
+        options = {k: v for k, v in options.items() if k != "plugin_options"} | dict(config.plugin_options)
+        self._context = ProcessContext(role="offline", options=options)
         plugins.call_hook("minisgl_process_start", ctx=self._context)
         self.engine = Engine(self.config, ParallelContext(), plugins)
         self.tokenizer = self.engine.tokenizer

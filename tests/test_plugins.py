@@ -589,3 +589,30 @@ def test_an_entry_point_naming_an_attribute_says_to_name_the_module(load_fake):
     info = next(i for i in plugins.infos if i.name == "t12epattr")
     assert info.status == "failed"
     assert "the entry point's value must be the thin module itself, t12epattr = 't12_epattr'" in info.reason
+
+
+def test_offline_process_start_sees_plugin_options_at_the_top_level(load_fake):
+    """Under serve ``ctx.options["example_max_wait"]``; offline the same option sat in
+    ``ctx.options["plugin_options"]``, so a plugin reading it as documented got a KeyError."""
+    from minisgl_core.llm import LLM
+
+    hooks = """
+    SEEN = []
+
+    @hookimpl
+    def minisgl_register_policies(register):
+        register("t11-pol", "t11_options.impl:Fifo")
+
+    @hookimpl
+    def minisgl_process_start(ctx):
+        SEEN.append(dict(ctx.options))
+        raise RuntimeError("seen: stop before the model loads")
+    """
+    load_fake({"minisgl-test-options": (_thin("t11_options", hooks), {"t11options": "t11_options"})})
+    with pytest.raises(PluginError, match="seen: stop"):
+        LLM("demo", plugin_options={"t11options_max_wait": 3}, max_running_requests=4)
+    import t11_options
+
+    [options] = t11_options.SEEN
+    assert options["t11options_max_wait"] == 3 and "plugin_options" not in options
+    assert options["max_running_requests"] == 4
