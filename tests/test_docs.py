@@ -138,3 +138,24 @@ def test_signature_line_renders_keyword_only_and_defaults() -> None:
     assert (
         signature_line("__init__", CacheManager.__init__) == "def __init__(self, *, page_size: int) -> None"
     )
+
+
+def test_plugin_page_says_what_the_code_does() -> None:
+    """Facts the page once got wrong: the template's API version in "Try it" (said 1.1), the
+    kinds ``names(kind)`` takes (four of nine), a row per registration hook in "How the core uses
+    a plugin" (formats and grammars were missing), the layers' module outside the migration
+    section (``minisgl_core.api.layers``, moved in 2.0), and where ``Register`` lives."""
+    from minisgl_core.plugins import KIND_HOOKS, KINDS
+
+    text = doc_text()
+    template = (ROOT / "templates" / "plugin" / "minisgl_plugin_example" / "__init__.py").read_text()
+    api_version = re.search(r'^MINISGL_API = "([\d.]+)"', template, re.M).group(1)
+    try_it = next(line for line in text.splitlines() if line.startswith("minisgl plugins "))
+    assert f" {api_version}  ok " in try_it, try_it
+    names_sentence = squash(text[text.index("whose `names(kind)`") :][:400])
+    assert all(f'`"{kind}"`' in names_sentence for kind in KINDS), names_sentence
+    table = text[text.index("## How the core uses a plugin") : text.index("1. **Discovery.**")]
+    assert all(f"| `{hook}` |" in table for hook in KIND_HOOKS.values())
+    before_migration = text[: text.index("## Migrating from 1.x")]
+    assert "minisgl_core.api.layers" not in before_migration
+    assert "`minisgl_core.api.hookspecs.Register`" in text
