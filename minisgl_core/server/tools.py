@@ -73,8 +73,18 @@ class ToolPlan:
 
 
 def plan_tools(body: ChatCompletionRequest, tool_parser: type[ToolParser] | None) -> ToolPlan:
+    first_of: dict[str, int] = {}
     for i, tool in enumerate(body.tools or ()):
         _check_parameters(tool.function, i)
+        # a call names its function: with two of one name, which parameters would it follow?
+        j = first_of.setdefault(tool.function.name, i)
+        if j != i:
+            raise APIError(
+                400,
+                f"tools.{i} and tools.{j} are both named {short_repr(tool.function.name)}: "
+                "function names must be unique",
+                f"tools.{i}.function.name",
+            )
     choice = body.tool_choice if body.tool_choice is not None else ("auto" if body.tools else "none")
     if choice not in ("none", "auto") and not body.tools:
         raise APIError(400, "tool_choice needs tools: give the functions the model may call", "tool_choice")

@@ -89,6 +89,18 @@ def test_tool_choice_without_tools_is_a_400():
     assert plan_tools(request(tool_choice="auto"), None) == ToolPlan()
 
 
+@pytest.mark.parametrize("choice", ["none", "auto", "required", "named"])
+def test_two_functions_of_one_name_are_a_400(choice):
+    """Anthropic and Gemini refuse them; they were taken, and a call naming the function could
+    follow either's parameters (a forced named call took the first silently)."""
+    other = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    tool_choice = {"type": "function", "function": {"name": "get_weather"}} if choice == "named" else choice
+    with pytest.raises(APIError) as err:
+        plan_tools(request(tools=[WEATHER, other], tool_choice=tool_choice), HermesToolParser)
+    assert err.value.status == 400 and err.value.param == "tools.1.function.name"
+    assert "tools.1 and tools.0 are both named 'get_weather'" in err.value.message
+
+
 def test_auto_needs_a_parser_and_named_function_must_exist():
     with pytest.raises(APIError, match="--tool-call-parser"):
         plan_tools(request(tools=[WEATHER]), None)
