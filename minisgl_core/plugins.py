@@ -98,37 +98,9 @@ KIND_BASES = {
     "quantization": "QuantizationMethod",
 }
 
-Status = Literal["ok", "failed", "incompatible", "disabled"]
+#: ``conflict``: two distributions have the plugin's name (entry-point name), so neither is loaded
+Status = Literal["ok", "failed", "incompatible", "disabled", "conflict"]
 
-#: The distributions built from this repository's ``plugins/`` (a test keeps the list in step).
-#: When a third-party plugin registers a name one of them has, or takes one's plugin name, the
-#: first-party one is used and the other is flagged: installing an unrelated package never changes
-#: or breaks what ``--attn torch`` or the default policy mean (docs/plugins.md, "Name collisions").
-FIRST_PARTY = frozenset(
-    {
-        "minisgl-plugin-fa3",
-        "minisgl-plugin-fi",
-        "minisgl-plugin-torch",
-        "minisgl-plugin-triton",
-        "minisgl-plugin-naive",
-        "minisgl-plugin-radix",
-        "minisgl-plugin-gguf",
-        "minisgl-plugin-llguidance",
-        "minisgl-plugin-xgrammar",
-        "minisgl-plugin-llama",
-        "minisgl-plugin-qwen3",
-        "minisgl-plugin-hermes",
-        "minisgl-plugin-llama3-json",
-        "minisgl-plugin-qwen3-reasoning",
-        "minisgl-plugin-lpm",
-        "minisgl-plugin-prefill-first",
-        "minisgl-plugin-fp8",
-        "minisgl-plugin-int4",
-        "minisgl-plugin-int8",
-    }
-)
-#: (kind, name) collisions already warned about, once a process (the command line loads twice)
-_WARNED_COLLISIONS: set[tuple[str, str]] = set()
 #: legacy plugins already warned about, once a process
 _WARNED_LEGACY: set[tuple[str, str, str]] = set()
 
@@ -150,10 +122,6 @@ class PluginInfo:
     #: kind -> names the plugin registered before it failed, or would register were its API
     #: compatible: never selectable, only for the errors of a user who selects one
     unusable: dict[str, list[str]] = field(default_factory=lambda: {k: [] for k in KINDS})
-
-    @property
-    def first_party(self) -> bool:
-        return _canonical(self.distribution) in FIRST_PARTY
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -263,32 +231,36 @@ class Plugins:
             logger.warning(
                 "MINISGL_DISABLE_PLUGINS or MINISGL_PLUGINS names %r: no installed plugin has that name", name
             )
-        owners: dict[str, PluginInfo] = {}  # plugin name -> the distribution that has it
-        for ep in sorted(entry_points, key=_entry_point_order):
-            dist = ep.dist
-            info = PluginInfo(
-                name=ep.name,
-                distribution=dist.metadata["Name"] if dist else "?",
-                version=dist.version if dist else "?",
-            )
-            owner = owners.setdefault(ep.name, info)
-            if owner is not info:
-                if _canonical(owner.distribution) == _canonical(info.distribution):
-                    continue  # the same distribution visible twice on sys.path
-                # a second distribution with this plugin name: listed, never loaded
-                self.infos.append(info)
-                info.status = "failed"
-                info.reason = (
-                    f"plugin name {ep.name!r} is already taken by {owner.distribution} {owner.version}"
-                    f"{' (first-party)' if owner.first_party else ''}, which is loaded instead; "
-                    f"rename this distribution's entry point in the {GROUP!r} group"
+        # plugin name -> its entry point in each distribution that has one (the same distribution
+        # visible twice on sys.path counts once)
+        by_name: dict[str, dict[str, metadata.EntryPoint]] = {}
+        for ep in sorted(entry_points, key=lambda e: (e.name, _canonical(_distribution_name(e)))):
+            by_name.setdefault(ep.name, {}).setdefault(_canonical(_distribution_name(ep)), ep)
+        for name, eps in by_name.items():
+            infos = [
+                PluginInfo(
+                    name=name,
+                    distribution=_distribution_name(ep),
+                    version=ep.dist.version if ep.dist else "?",
                 )
+                for ep in eps.values()
+            ]
+            self.infos.extend(infos)
+            if len(infos) > 1:  # which one MINISGL_DISABLE_PLUGINS=name means is unknowable: neither loads
+                who = _each([f"{i.distribution} {i.version}" for i in infos])
+                neither = "neither" if len(infos) == 2 else "none"
+                for info in infos:
+                    info.status = "conflict"
+                    info.reason = (
+                        f"plugin name {name!r} is the entry point of {who}, so {neither} is loaded: "
+                        f"uninstall one, or rename one's entry point in the {GROUP!r} group"
+                    )
                 continue
-            self.infos.append(info)
-            if ep.name in disabled:
+            info, ep = infos[0], next(iter(eps.values()))
+            if name in disabled:
                 info.status, info.reason = "disabled", "named in MINISGL_DISABLE_PLUGINS or --disable-plugin"
                 continue
-            if allowed is not None and ep.name not in allowed:
+            if allowed is not None and name not in allowed:
                 info.status, info.reason = "disabled", "not in the MINISGL_PLUGINS allow-list"
                 continue
             self._load_one(info, ep)
@@ -415,8 +387,6 @@ class Plugins:
         existing = table.get(reg.name)
         if existing is not None and existing.plugin is not reg.plugin:
             self.collisions.setdefault((reg.kind, reg.name), [existing]).append(reg)
-            if reg.plugin.first_party and not existing.plugin.first_party:
-                table[reg.name] = reg  # the first-party one is used (see FIRST_PARTY)
         elif existing is None:
             table[reg.name] = reg
         if reg.name not in reg.plugin.provides[reg.kind]:
@@ -427,6 +397,12 @@ class Plugins:
         for kind in KINDS:
             for name in [n for n, r in self.registry[kind].items() if r.plugin is info]:
                 del self.registry[kind][name]
+            for name in info.provides[kind]:  # a name it shared: the other's alone now
+                rest = [r for r in self.collisions.pop((kind, name), []) if r.plugin is not info]
+                if len(rest) > 1:
+                    self.collisions[(kind, name)] = rest
+                if rest:
+                    self.registry[kind][name] = rest[0]
             info.provides[kind] = []
         try:
             self.pm.unregister(name=info.name)
@@ -435,53 +411,16 @@ class Plugins:
 
     # ---------------------------------------------------------------- lookup
 
-    def _first_party_wins(self, kind: str, name: str) -> bool:
-        """Whether a name that several distributions register resolves anyway: to the one
-        first-party registration, the others being third-party (see FIRST_PARTY)."""
-        return sum(r.plugin.first_party for r in self.collisions.get((kind, name), [])) == 1
-
     def collision_note(self, kind: str, name: str, info: PluginInfo) -> str | None:
         """What ``minisgl plugins`` says about a name ``info`` registers that another distribution
         registers too (None if no other does)."""
-        clash = self.collisions.get((kind, name), [])
-        others = [r.plugin for r in clash if r.plugin is not info]
+        others = [r.plugin for r in self.collisions.get((kind, name), []) if r.plugin is not info]
         if not others:
             return None
         who = " and ".join(f"{o.distribution} (plugin {o.name!r})" for o in others)
-        hook = KIND_HOOKS[kind]
-        if not self._first_party_wins(kind, name):
-            return (
-                f"{name!r} ({hook}) is registered by {who} too: selecting it is an error until "
-                f"one of them is uninstalled or disabled"
-            )
-        if info.first_party:
-            return f"{name!r} ({hook}) is registered by {who} too, ignored: this plugin's is used"
-        winner = self.registry[kind][name].plugin
         return (
-            f"{name!r} ({hook}) is registered by {winner.distribution} (first-party) too, which is "
-            f"used: this plugin's {name!r} is ignored while plugin {winner.name!r} is enabled; "
-            f"register it under another name"
-        )
-
-    def _warn_collision(self, kind: str, name: str) -> None:
-        if (kind, name) in _WARNED_COLLISIONS:
-            return
-        _WARNED_COLLISIONS.add((kind, name))
-        winner = self.registry[kind][name].plugin
-        others = " and ".join(
-            f"{r.plugin.distribution} (plugin {r.plugin.name!r})"
-            for r in self.collisions[(kind, name)]
-            if r.plugin is not winner
-        )
-        logger.warning(
-            "%r (%s) is registered by %s and by %s: using the first-party %s; to use the other, "
-            "disable plugin %r (MINISGL_DISABLE_PLUGINS or --disable-plugin)",
-            name,
-            KIND_HOOKS[kind],
-            winner.distribution,
-            others,
-            winner.distribution,
-            winner.name,
+            f"{name!r} ({KIND_HOOKS[kind]}) is registered by {who} too: selecting it is an error until "
+            f"one of them is uninstalled or disabled (MINISGL_DISABLE_PLUGINS or --disable-plugin)"
         )
 
     def names(self, kind: str) -> list[str]:
@@ -494,13 +433,12 @@ class Plugins:
     def resolve(self, kind: str, name: str) -> type:
         """Import and return the class registered as ``name``, or raise PluginError saying why not."""
         clash = self.collisions.get((kind, name))
-        if clash and self._first_party_wins(kind, name):
-            self._warn_collision(kind, name)
-        elif clash:
-            who = " and ".join(f"{r.plugin.distribution} (plugin {r.plugin.name!r})" for r in clash)
+        if clash:  # the core does not pick one: which is meant is the user's to say
+            who = _each([f"{r.plugin.distribution} (plugin {r.plugin.name!r})" for r in clash])
+            plugins = " or ".join(dict.fromkeys(repr(r.plugin.name) for r in clash))
             raise PluginError(
-                f"{selection(kind, name, self.spelling)} is provided by both {who}; uninstall one or disable it "
-                f"with MINISGL_DISABLE_PLUGINS=<plugin>"
+                f"{selection(kind, name, self.spelling)} is provided by {who}; uninstall one, or "
+                f"disable one by its plugin name ({plugins}) with MINISGL_DISABLE_PLUGINS or --disable-plugin"
             )
         reg = self.registry[kind].get(name)
         if reg is None:
@@ -576,24 +514,29 @@ class Plugins:
         broken = broken or [i for i in self.infos if i.status != "ok" and _likely_provides(i, kind, name)]
         if broken:
             info = broken[0]
+            status = "in conflict" if info.status == "conflict" else info.status
             return (
                 f"{selection(kind, name, self.spelling)} is unavailable: plugin {info.name!r} "
-                f"({info.distribution} {info.version}) is {info.status}: {info.reason}"
+                f"({info.distribution} {info.version}) is {status}: {info.reason}"
             )
         have = ", ".join(self.names(kind)) or "none"
         if not name.strip():  # (the hint was "pip install minisgl-plugin-")
             return f"{selection(kind, None, self.spelling)} needs a name; installed: {have}"
         hint = f"install the plugin that provides it (e.g. pip install minisgl-plugin-{_plugin_hint(kind, name)})"
-        # plugins that registered nothing (disabled, or failed before registering) may have it
+        # plugins that registered nothing (disabled, in conflict, or failed before registering) may have it
         unknown = [i for i in self.infos if i.status != "ok" and not any(i.unusable.values())]
         failed = [
             f"{i.name!r} ({i.distribution} {i.version}, {i.status}: {i.reason})"
             for i in unknown
-            if i.status != "disabled"
+            if i.status not in ("disabled", "conflict")
         ]
+        # (one reason names every distribution of the plugin name)
+        conflicts = {i.name: i.reason for i in unknown if i.status == "conflict"}
         disabled = [i.name for i in unknown if i.status == "disabled"]
         if failed:
             hint += f"; or it may be provided by a plugin that failed to load: {', '.join(failed)}"
+        if conflicts:
+            hint += f"; or by a plugin not loaded for a name conflict: {'; '.join(conflicts.values())}"
         if disabled:
             hint += f"; or by a disabled plugin: {', '.join(disabled)}"
         return f"unknown {selection(kind, name, self.spelling)}; installed: {have}; {hint}"
@@ -649,9 +592,9 @@ class Plugins:
         device = torch.device("cuda" if cuda else "cpu")
         out: dict[str, str] = {}
         for info in self.infos:
-            # only the backends this plugin's registration is used for (not one a first-party
-            # plugin's registration of the same name overrides)
-            backends = [n for n in info.provides["attention"] if self.registry["attention"][n].plugin is info]
+            # not a name another distribution registers too: no question of this machine, and
+            # the listing says what is wrong with it
+            backends = [n for n in info.provides["attention"] if ("attention", n) not in self.collisions]
             if (
                 info.status != "ok"
                 or not backends
@@ -660,7 +603,7 @@ class Plugins:
                 continue
             reasons = []
             for name in backends:
-                try:  # (not resolve: the listing says what a collision is, once)
+                try:
                     backend = _import_target(self.registry["attention"][name].target)
                     why = backend.availability(device)
                 except Exception:  # noqa: BLE001 - check_classes says what is wrong
@@ -676,8 +619,8 @@ class Plugins:
     def listing(self) -> list[dict[str, Any]]:
         """What ``minisgl plugins --json`` prints: each plugin, with status ``unavailable`` (and why)
         where it loaded but cannot run on this machine, and ``conflict`` where a name it registers
-        cannot be used because another distribution registers it too (a first-party plugin's
-        registration is used, and the first-party plugin keeps its status, with a note)."""
+        cannot be selected because another distribution registers it too (every plugin involved,
+        with a note naming the others)."""
         unavailable = self.unavailable_here()
         rows = []
         for info in self.infos:
@@ -691,7 +634,7 @@ class Plugins:
             if info.status == "ok" and info.name in unavailable:
                 row["status"], row["reason"] = "unavailable", unavailable[info.name]
             if notes:
-                if info.status == "ok" and not info.first_party:
+                if row["status"] in ("ok", "unavailable"):
                     row["status"] = "conflict"
                 row["reason"] = "; ".join([*([row["reason"]] if row["reason"] else []), *notes])
             rows.append(row)
@@ -786,11 +729,15 @@ def _api_line(module: Any) -> tuple[str, int]:
     return filename, 1
 
 
-def _entry_point_order(ep: metadata.EntryPoint) -> tuple[str, bool, str]:
-    """By plugin name; of two distributions with one plugin name, a first-party one first, then
-    by distribution name (the same order in every process)."""
-    distribution = ep.dist.metadata["Name"] if ep.dist else "?"
-    return (ep.name, _canonical(distribution) not in FIRST_PARTY, _canonical(distribution))
+def _distribution_name(ep: metadata.EntryPoint) -> str:
+    return ep.dist.metadata["Name"] if ep.dist else "?"
+
+
+def _each(items: list[str]) -> str:
+    """``both a and b``; ``each of a, b and c``."""
+    if len(items) == 2:
+        return f"both {items[0]} and {items[1]}"
+    return f"each of {', '.join(items[:-1])} and {items[-1]}"
 
 
 def _canonical(distribution: str) -> str:

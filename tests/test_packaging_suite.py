@@ -30,7 +30,7 @@ MODULES = {
     "    register(f'flaky-{next(_count)}', 'minisgl_test_broken.impl:Policy')\n",
     "cli": API + REGISTER.format(name="cli") + "@hookimpl\ndef minisgl_add_cli_options(parser):\n"
     "    parser.add_argument('--max-wait', type=int)\n",
-    # registers the name of a first-party policy, so the core would use that one instead
+    # registers the name of the prefill-first plugin's policy: selecting it would be an error
     "collide": API + REGISTER.format(name="prefill-first"),
     # imports PyYAML, which the distribution does not declare
     "impl": "import yaml  # noqa: F401\nfrom minisgl_core.api import SchedulingPolicy\n"

@@ -359,18 +359,26 @@ def load_fake(tmp_path, monkeypatch):
     return load
 
 
-def test_a_third_party_plugin_cannot_take_a_first_party_plugin_name(load_fake):
-    """A distribution whose entry point was named ``naive`` replaced the first-party naive plugin,
-    silently (the second entry point of a name was dropped as "the same distribution twice")."""
-    plugins = load_fake({"minisgl-test-shadow": (_thin("t3_shadow", SHADOW_HOOKS), {"naive": "t3_shadow"})})
-    rows = [i for i in plugins.infos if i.name == "naive"]
-    assert [(i.distribution, i.status) for i in rows] == [
-        ("minisgl-plugin-naive", "ok"),
-        ("minisgl-test-shadow", "failed"),
-    ]
-    assert "plugin name 'naive' is already taken by minisgl-plugin-naive" in rows[1].reason
-    assert plugins.names("caches") == ["naive", "radix"] and "shadow-pol" not in plugins.names("policies")
-    assert plugins.resolve("caches", "naive").__module__.startswith("minisgl_plugin_naive")
+def test_two_distributions_with_one_plugin_name_are_both_in_conflict_and_neither_loaded(load_fake):
+    """A distribution whose entry point was named ``lpm`` replaced the repository's lpm plugin,
+    silently (the second entry point of a name was dropped as "the same distribution twice").
+    Neither is loaded now: MINISGL_DISABLE_PLUGINS=lpm could not say which it means."""
+    plugins = load_fake({"minisgl-test-shadow": (_thin("t3_shadow", SHADOW_HOOKS), {"lpm": "t3_shadow"})})
+    rows = {row["distribution"]: row for row in plugins.listing() if row["name"] == "lpm"}
+    assert sorted(rows) == ["minisgl-plugin-lpm", "minisgl-test-shadow"]
+    for row in rows.values():
+        assert row["status"] == "conflict", row
+        assert "plugin name 'lpm' is the entry point of both minisgl-plugin-lpm" in row["reason"]
+        assert "minisgl-test-shadow 0.1.0" in row["reason"] and "uninstall one" in row["reason"]
+    assert "lpm" not in plugins.names("policies") and "shadow-pol" not in plugins.names("policies")
+    # selecting what either would provide says why, naming both distributions
+    for name in ("lpm", "shadow-pol"):
+        with pytest.raises(PluginError) as raised:
+            plugins.resolve("policies", name)
+        message = str(raised.value)
+        assert "plugin name 'lpm' is the entry point of both minisgl-plugin-lpm" in message, message
+        assert "minisgl-test-shadow" in message
+    assert "plugin 'lpm' (minisgl-plugin-lpm" in plugins.missing_message("policies", "lpm")
 
 
 SHADOW_HOOKS = """
@@ -378,6 +386,30 @@ SHADOW_HOOKS = """
 def minisgl_register_policies(register):
     register("shadow-pol", "t3_shadow.impl:Fifo")
 """
+
+
+def test_the_same_distribution_seen_twice_is_loaded_once_quietly(tmp_path, monkeypatch, caplog):
+    """One distribution on two sys.path entries (spelt with ``_`` in one) is no name clash."""
+    from importlib import metadata
+
+    from minisgl_core.plugins import GROUP
+
+    dist = (_thin("t8_twice", SHADOW_HOOKS.replace("t3_shadow", "t8_twice")), {"twice": "t8_twice"})
+    first = _fake_site(tmp_path / "a", {"minisgl-test-twice": dist})
+    second = _fake_site(tmp_path / "b", {"minisgl_test_twice": dist})
+    monkeypatch.syspath_prepend(str(first))
+    eps = [
+        ep
+        for d in metadata.distributions(path=[str(first), str(second)])
+        for ep in d.entry_points
+        if ep.group == GROUP
+    ]
+    assert len(eps) == 2
+    with caplog.at_level("WARNING", logger="minisgl_core.plugins"):
+        plugins = Plugins.load(allow=None, entry_points=eps)
+    assert [(i.name, i.status) for i in plugins.infos] == [("twice", "ok")]
+    assert plugins.resolve("policies", "shadow-pol").__module__ == "t8_twice.impl"
+    assert not caplog.records
 
 
 def test_selecting_a_name_of_a_plugin_that_did_not_load_names_it_and_the_cause(load_fake):
@@ -431,46 +463,66 @@ def minisgl_register_attention_backends(register):
 """
 
 
-def test_a_name_a_first_party_plugin_registers_resolves_to_it_with_a_warning(load_fake, caplog):
-    """A third-party plugin registering ``prefill-first`` made every start fail (the default policy
-    was a collision error) and listed first-party torch as "unavailable: no CUDA device (... is
-    provided by both ...)". The first-party registration is now used, with a warning, and the
-    listing flags the third-party plugin."""
+def test_a_name_two_distributions_register_is_an_error_naming_both(load_fake):
+    """The core picks neither (a repository plugin's name is no exception), explicitly selected or
+    as the default alike; disabling one plugin makes the name the other's."""
+    from minisgl_core.config import EngineConfig
+
     plugins = load_fake(
         {"minisgl-test-collide": (_thin("t6_collide", COLLIDE_HOOKS), {"collide": "t6_collide"})}
     )
-    with caplog.at_level("WARNING", logger="minisgl_core.plugins"):
-        policy = plugins.resolve("policies", "prefill-first")
-    assert policy.__module__.startswith("minisgl_plugin_prefill_first")
-    assert (
-        "minisgl-test-collide (plugin 'collide')" in caplog.text
-        and "disable plugin 'prefill-first'" in caplog.text
-    )
-    assert plugins.resolve("attention", "torch").__module__.startswith("minisgl_plugin_torch")
-    rows = {row["name"]: row for row in plugins.listing()}
-    assert rows["collide"]["status"] == "conflict"
-    assert (
-        "registered by minisgl-plugin-prefill-first (first-party) too, which is used"
-        in rows["collide"]["reason"]
-    )
-    assert rows["torch"]["status"] == "ok" and "no CUDA" not in (rows["torch"]["reason"] or "")
-    assert "minisgl-test-collide (plugin 'collide') too, ignored" in rows["torch"]["reason"]
-    # without the first-party plugin the name is the third-party one's, without a note
+    for kind, name in (("policies", EngineConfig.policy), ("attention", "torch")):
+        with pytest.raises(PluginError) as raised:
+            plugins.resolve(kind, name)
+        message = str(raised.value)
+        assert f"plugin {name!r}" in message and "minisgl-test-collide (plugin 'collide')" in message
+        assert "uninstall one" in message and "MINISGL_DISABLE_PLUGINS" in message
     alone = Plugins.load(disable=["prefill-first"])
     assert alone.resolve("policies", "prefill-first").__module__ == "t6_collide.impl"
+    assert (
+        Plugins.load(disable=["collide"])
+        .resolve("policies", "prefill-first")
+        .__module__.startswith("minisgl_plugin_prefill_first")
+    )
 
 
-def test_first_party_distributions_are_the_repository_plugins():
-    from minisgl_core.plugins import FIRST_PARTY
+def test_a_shared_name_of_a_plugin_that_failed_is_the_others(load_fake):
+    """A plugin that fails after registering a name another plugin has is not used, so the name is
+    no collision (it stayed one when the failing plugin loaded after the other: named after it)."""
+    hooks = """
+    @hookimpl
+    def minisgl_register_attention_backends(register):
+        register("torch", "t9_failing.impl:Fifo")
 
-    root = Path(__file__).resolve().parents[1] / "plugins"
-    names = {
-        line.split("=", 1)[1].strip().strip('"')
-        for path in root.glob("*/*/pyproject.toml")
-        for line in path.read_text().splitlines()
-        if line.startswith("name = ")
-    }
-    assert names == FIRST_PARTY
+    @hookimpl
+    def minisgl_register_policies(register):
+        raise RuntimeError("registration exploded")
+    """
+    plugins = load_fake({"minisgl-test-failing": (_thin("t9_failing", hooks), {"zfailing": "t9_failing"})})
+    assert next(i for i in plugins.infos if i.name == "zfailing").status == "failed"
+    assert plugins.resolve("attention", "torch").__module__.startswith("minisgl_plugin_torch")
+    assert {row["name"]: row for row in plugins.listing()}["torch"]["status"] == "ok"
+
+
+def test_every_plugin_registering_a_shared_name_is_listed_in_conflict(load_fake):
+    """``minisgl plugins`` listed both ``ok`` and the repository's torch as "unavailable: no CUDA
+    device (... is provided by both ...)" when another distribution registered ``torch`` too."""
+    plugins = load_fake(
+        {"minisgl-test-collide": (_thin("t6_collide", COLLIDE_HOOKS), {"collide": "t6_collide"})}
+    )
+    rows = {row["name"]: row for row in plugins.listing()}
+    for plugin, other in (
+        ("collide", "minisgl-plugin-prefill-first (plugin 'prefill-first')"),
+        ("collide", "minisgl-plugin-torch (plugin 'torch')"),
+        ("prefill-first", "minisgl-test-collide (plugin 'collide')"),
+        ("torch", "minisgl-test-collide (plugin 'collide')"),
+    ):
+        assert rows[plugin]["status"] == "conflict", rows[plugin]
+        assert f"is registered by {other} too" in rows[plugin]["reason"], rows[plugin]
+        assert "--disable-plugin" in rows[plugin]["reason"]
+    assert "no CUDA" not in rows["torch"]["reason"]
+    with pytest.raises(PluginError, match="--disable-plugin"):
+        plugins.resolve("attention", "torch")
 
 
 def test_api_declared_as_a_number_says_to_quote_it(load_fake):

@@ -287,8 +287,8 @@ class PluginPackagingSuite:
 
     def test_names_are_its_own(self) -> None:
         """No other installed distribution has this plugin's name or registers a name it registers:
-        the core would load or use the other one (a first-party plugin's), or refuse the name when
-        selected (two third-party ones)."""
+        the core would load neither plugin of a shared plugin name, and refuse a shared registered
+        name when selected (docs/plugins.md, "Name collisions")."""
         mine = canonical(self.dist().metadata["Name"])
         plugins = Plugins.load()
         taken = [i for i in plugins.infos if i.name == self.plugin and canonical(i.distribution) != mine]
