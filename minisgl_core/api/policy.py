@@ -80,7 +80,8 @@ class SchedulingPolicy(ABC):
         decode runs out of KV the core retracts running requests (newest first): they return to
         ``waiting`` with their output so far as part of the prompt.
 
-        A return value that is no plan, or plans that run nothing for 3 rounds in a row while
-        requests wait or run, are logged once naming the plugin, and the core plans such steps
-        itself (arrival order): a policy mistake never stalls accepted requests.
+        A return value that is no plan, an exception, or plans that run nothing for 3 rounds in
+        a row while requests wait or run, are logged once naming the plugin, and the core plans
+        such steps itself (arrival order): a policy mistake never stalls or fails accepted
+        requests.
         """

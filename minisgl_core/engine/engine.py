@@ -33,7 +33,7 @@ from minisgl_core.api import ParallelContext
 from minisgl_core.checkpoint.generation_defaults import load_sampling_defaults
 from minisgl_core.config import EngineConfig
 from minisgl_core.engine.grammar import GrammarRunner, PendingMask
-from minisgl_core.engine.plugin_failures import selected_plugin
+from minisgl_core.engine.plugin_failures import PluginBlame, PluginFailure, selected_plugin
 from minisgl_core.engine.speculative import VerifyRunner
 from minisgl_core.grammars import LazyGrammarBackend
 from minisgl_core.messages import Limits
@@ -120,6 +120,19 @@ class Engine:
             policy_label=selected_plugin(self.plugins, "policies", config.policy),
         )
         self.scheduler.cascade_mixed = self.runner.split_mixed is not None
+        #: names the selected plugin an exception of a step came from (see step)
+        self.blame = PluginBlame(
+            self.plugins,
+            [
+                ("models", (self.runner.hf_config.get("architectures") or ["?"])[0]),
+                *(("attention", name) for name in self.runner.attn_names),
+                ("caches", config.cache),
+                ("policies", config.policy),
+                *((("quantization", config.quantization),) if config.quantization else ()),
+            ],
+        )
+        #: the plugin failure that stopped this engine (None: none)
+        self.failure: PluginFailure | None = None
         # On the CPU the forward is synchronous, so overlap gains nothing there, but it runs the
         # same lagged bookkeeping, which keeps that logic under test in CI.
         self.overlap = config.overlap
@@ -216,6 +229,7 @@ class Engine:
         ended; no GrammarError here then. Otherwise (the offline path) it compiles now."""
         if params.max_tokens is None:
             raise ValueError("admit the request first: its max_tokens is not decided")
+        self._check_not_failed()
         req = Request(rid=rid, prompt_ids=list(prompt_ids), params=params, arrival=0)
         if compile_aside and self.grammars.needs_compile(req):
             self.grammars.start_compile(req)
@@ -260,6 +274,7 @@ class Engine:
         return ended
 
     def abort(self, rid: int) -> StepOutput | None:
+        self._check_not_failed()  # (releasing a half-stepped request's KV would corrupt the cache)
         if self.grammars.drop_compile(rid):
             return StepOutput(rid, -1, True, "abort")
         return self.scheduler.abort(rid)
@@ -296,13 +311,30 @@ class Engine:
         tokens are read back, so the host plans step N+1 while the device runs step N; outputs
         then lag one step behind the launch. A batch whose sampling reads the newest output
         tokens on the host (penalties) waits for the previous step first.
+
+        An exception from a selected plugin's code (the model, an attention backend, the cache)
+        is raised as a :class:`PluginFailure` naming it, chained to the plugin's own, and the
+        engine steps no more: the step was planned (its prompts offered to the prefix cache, its
+        requests advanced) but never computed. (A policy's exception costs only its plan.)
         """
-        if self.trace is None:
-            return self._step()
-        started = time.monotonic()
-        outputs = self._step()
-        self._trace_step(started, time.monotonic())
-        return outputs
+        self._check_not_failed()
+        try:
+            if self.trace is None:
+                return self._step()
+            started = time.monotonic()
+            outputs = self._step()
+            self._trace_step(started, time.monotonic())
+            return outputs
+        except Exception as exc:
+            failure = self.blame.failure(exc)
+            if failure is None:
+                raise
+            self.failure = failure
+            raise failure from exc
+
+    def _check_not_failed(self) -> None:
+        if self.failure is not None:
+            raise PluginFailure(f"the engine stopped after a step failed: {self.failure}") from self.failure
 
     def _trace_step(self, started: float, now: float) -> None:
         assert self.trace is not None

@@ -3,6 +3,8 @@ the plugin and its distribution, as start-up errors name them."""
 
 from __future__ import annotations
 
+import traceback
+
 from minisgl_core.plugins import Plugins
 
 #: what each kind of selection is called in a message
@@ -11,6 +13,7 @@ KIND_WORDS = {
     "attention": "attention backend",
     "caches": "cache",
     "policies": "scheduling policy",
+    "quantization": "quantization method",
 }
 
 
@@ -25,3 +28,40 @@ def selected_plugin(plugins: Plugins, kind: str, name: str) -> str:
     if info.distribution == "?":  # an entry point without a distribution (made in a test)
         return f"{what} (plugin {info.name!r})"
     return f"{what} (plugin {info.name!r}, {info.distribution} {info.version})"
+
+
+class PluginFailure(RuntimeError):
+    """A selected plugin raised during an engine step. The message names the selection, the
+    plugin, its distribution and the function that raised; ``__cause__`` is the plugin's own
+    exception. The engine does not step again after one (see :meth:`Engine.step`)."""
+
+
+class PluginBlame:
+    """Finds which selected plugin an exception of an engine step came from: the innermost frame
+    of its traceback in the package of a selected implementation (a model calls its attention
+    backend: the backend is innermost)."""
+
+    def __init__(self, plugins: Plugins, selected: list[tuple[str, str]]) -> None:
+        #: top-level package -> what of it the engine runs ("attention backend 'x' (plugin ...)")
+        self.packages: dict[str, list[str]] = {}
+        for kind, name in dict.fromkeys(selected):
+            reg = plugins.registry[kind].get(name)
+            package = reg.target.partition(":")[0].split(".")[0] if reg is not None else "minisgl_core"
+            if package != "minisgl_core":  # (a class of the core's own would take every frame)
+                self.packages.setdefault(package, []).append(selected_plugin(plugins, kind, name))
+
+    def failure(self, exc: BaseException) -> PluginFailure | None:
+        """``exc`` as a :class:`PluginFailure` naming its plugin; None when no selected plugin's
+        code is in its traceback (the core's own error: raised as it is)."""
+        culprit = None
+        for frame, _ in traceback.walk_tb(exc.__traceback__):
+            package = frame.f_globals.get("__name__", "").split(".")[0]
+            if package in self.packages:
+                culprit = (package, frame.f_code)
+        if culprit is None:
+            return None
+        package, code = culprit
+        where = getattr(code, "co_qualname", code.co_name)
+        return PluginFailure(
+            f"{' and '.join(self.packages[package])} failed in {where}: {type(exc).__name__}: {exc}"
+        )

@@ -182,16 +182,27 @@ class Scheduler:
 
     def schedule(self) -> ScheduledBatch | None:
         """The next step's batch: the policy's plan, checked. A plan the core cannot use (not a
-        plan at all) or that runs nothing while requests wait or run for :data:`STALL_ROUNDS`
-        rounds in a row is replaced by the core's own (FIFO prefill, else decode everything),
-        logged once: a policy mistake never stalls accepted requests."""
+        plan at all, or an exception: the policy runs before anything changes) or that runs
+        nothing while requests wait or run for :data:`STALL_ROUNDS` rounds in a row is replaced
+        by the core's own (FIFO prefill, else decode everything), logged once: a policy mistake
+        never stalls or fails accepted requests."""
         if not self.has_work:
             return None
         self.kv.new_round()
-        plan = self.policy.schedule(self.state())
-        malformed = _malformed(plan)
-        if malformed is not None:
-            self._complain("type", f"{malformed}; the core plans such steps itself (arrival order)")
+        state = self.state()
+        try:
+            plan = self.policy.schedule(state)
+        except Exception as exc:  # noqa: BLE001 - nothing changed yet: the core plans this step
+            self._complain(
+                "raised",
+                f"raised {type(exc).__name__}: {exc}; the core plans such steps itself (arrival order)",
+                exc,
+            )
+            plan, malformed = None, "raised"
+        else:
+            malformed = _malformed(plan)
+            if malformed is not None:
+                self._complain("type", f"{malformed}; the core plans such steps itself (arrival order)")
         usable = malformed is None
         batch = self._carry_out(plan) if usable else None
         if batch is not None:
@@ -520,11 +531,14 @@ class Scheduler:
             needed = self.kv.needing_a_page(reqs)
             logger.info("KV pool full: retracted request %d (%d tokens so far)", victim.rid, victim.fill_len)
 
-    def _complain(self, kind: str, what: str) -> None:
-        """Log a mistake of the policy once per ``kind``: it may repeat it every step."""
+    def _complain(self, kind: str, what: str, exc: BaseException | None = None) -> None:
+        """Log a mistake of the policy once per ``kind`` (with the traceback of the exception
+        it raised, if any): it may repeat it every step."""
         if kind not in self._warned:
             self._warned.add(kind)
-            logger.warning("%s: %s", self.policy_label, what)
+            logger.warning("%s: %s", self.policy_label, what, exc_info=exc)
+        else:
+            logger.debug("%s: %s", self.policy_label, what)
 
     # ------------------------------------------------------------------ results
 

@@ -102,10 +102,16 @@ class CheckedPolicy(SchedulingPolicy):
         self.inner = inner
         self.calls = 0
         self.violations: list[str] = []
+        #: what the policy raised (the core plans that step itself; the simulation raises it)
+        self.error: Exception | None = None
 
     def schedule(self, state: SchedulerState) -> PrefillPlan | DecodePlan | None:
         self.calls += 1
-        plan = self.inner.schedule(state)
+        try:
+            plan = self.inner.schedule(state)
+        except Exception as exc:
+            self.error = exc
+            raise
         for problem in plan_problems(state, plan):
             self.violations.append(f"call {self.calls}: {problem}")
         return plan
@@ -178,6 +184,8 @@ class Simulation:
         """One scheduling round; False when the scheduler had nothing to run."""
         self.round += 1
         batch = self.scheduler.schedule()
+        if self.checked.error is not None:  # a served engine survives it; the kit fails the policy
+            raise self.checked.error
         if batch is None:
             return False
         self.mixed_steps += batch.decodes > 0

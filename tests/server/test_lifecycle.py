@@ -8,19 +8,22 @@ from pathlib import Path
 import httpx
 
 PLUGIN = """
-from minisgl_core.api import SchedulingPolicy, hookimpl
+from minisgl_core.api import hookimpl
+from minisgl_plugin_torch.backend import TorchAttentionBackend
 
 MINISGL_API = "2.0"
 
 
-class CrashPolicy(SchedulingPolicy):
-    def schedule(self, state):
-        raise RuntimeError("the crash policy exploded on purpose")
+class CrashBackend(TorchAttentionBackend):
+    def prepare_metadata(self, batch):
+        if not batch.is_prefill:  # past start-up's warm-up (a prefill): at the first decode step
+            raise RuntimeError("the crash backend exploded on purpose")
+        super().prepare_metadata(batch)
 
 
 @hookimpl
-def minisgl_register_policies(register):
-    register("crash", "minisgl_crash_policy:CrashPolicy")
+def minisgl_register_attention_backends(register):
+    register("crash", "minisgl_crash_attn:CrashBackend")
 """
 
 
@@ -46,20 +49,24 @@ def install_fake_plugin(root: Path, name: str, source: str) -> dict[str, str]:
 
 
 def test_scheduler_crash_mid_serving_exits_nonzero(start_server, model_dir, engine_args, tmp_path):
-    env = install_fake_plugin(tmp_path, "crash_policy", PLUGIN)
-    server = start_server(["--model", str(model_dir), "--policy", "crash", *engine_args], env=env)
-    assert "crash_policy 0.1.0" in server.log()  # the banner lists it: every process loaded it
+    env = install_fake_plugin(tmp_path, "crash_attn", PLUGIN)
+    server = start_server(["--model", str(model_dir), *engine_args, "--attn", "crash"], env=env)
+    assert "crash_attn 0.1.0" in server.log()  # the banner lists it: every process loaded it
     children = server.children()
+    named = "attention backend 'crash' (plugin 'crash_attn', minisgl-crash_attn 0.1.0) failed in "
+    cause = "RuntimeError: the crash backend exploded on purpose"
     try:
         resp = httpx.post(f"{server.url}/v1/completions", json={"prompt": "hi", "max_tokens": 4}, timeout=30)
         assert resp.status_code in (500, 503)
-        assert "scheduler 0" in resp.json()["error"]["message"]
+        message = resp.json()["error"]["message"]  # the cause and the plugin, not just the process
+        assert message.startswith("the scheduler 0 process failed: PluginFailure: " + named), message
+        assert message.endswith(cause), message
     except httpx.TransportError:
         pass  # the server may already be going down
     assert server.wait_exit(30) != 0
     log = server.log()
     assert "the scheduler 0 process failed" in log
-    assert "RuntimeError: the crash policy exploded on purpose" in log  # the child's traceback
+    assert cause in log and named in log  # the child's traceback
     server.assert_all_stopped(children)
 
 

@@ -1,0 +1,116 @@
+"""A plugin that raises at request time is named, with its exception, wherever the failure shows:
+a scheduling policy's exception costs nothing (the core plans that step itself, no state had
+changed), an attention backend's stops the engine (the step's state is half done) with a
+PluginFailure naming the backend, its plugin and its distribution, chained to the original."""
+
+from __future__ import annotations
+
+import logging
+import traceback
+
+import pytest
+
+from minisgl_core import SamplingParams
+from minisgl_core.demo.factories import make_model_dir
+from minisgl_core.testing import cpu_llm
+
+PLUGIN = """
+from minisgl_core.api import SchedulingPolicy, hookimpl
+from minisgl_plugin_torch.backend import TorchAttentionBackend
+
+MINISGL_API = "2.0"
+
+
+class RaisingPolicy(SchedulingPolicy):
+    def schedule(self, state):
+        raise RuntimeError("the policy exploded on purpose")
+
+
+class RaisingBackend(TorchAttentionBackend):
+    def forward(self, q, k, v, layer_id, batch):
+        if not batch.is_prefill:  # past start-up's warm-up (a prefill) and the prompts
+            raise RuntimeError("the backend exploded on purpose")
+        return super().forward(q, k, v, layer_id, batch)
+
+
+@hookimpl
+def minisgl_register_policies(register):
+    register("raising", "minisgl_raising:RaisingPolicy")
+
+
+@hookimpl
+def minisgl_register_attention_backends(register):
+    register("raising", "minisgl_raising:RaisingBackend")
+"""
+
+NAMED = "(plugin 'raising', minisgl-raising 0.1.0)"
+PARAMS = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_model_dir(tmp_path_factory.mktemp("m") / "q", "Qwen3ForCausalLM", max_position_embeddings=256)
+
+
+@pytest.fixture
+def plugin_installed(tmp_path, monkeypatch):
+    (tmp_path / "minisgl_raising.py").write_text(PLUGIN)
+    info = tmp_path / "minisgl_raising-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: minisgl-raising\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text("[minisgl.plugins]\nraising = minisgl_raising\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+def test_a_policy_that_raises_costs_no_request(model_dir, plugin_installed, caplog):
+    with caplog.at_level(logging.WARNING, logger="minisgl_core.scheduler.scheduler"):
+        with cpu_llm(model_dir, policy="raising") as llm:
+            outs = llm.generate([[5, 6, 7, 8], [9, 10, 11]], PARAMS)
+    assert [len(o.token_ids) for o in outs] == [4, 4]
+    records = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(records) == 1, [r.getMessage() for r in records]  # once, not once a step
+    message = records[0].getMessage()
+    assert message.startswith(
+        f"scheduling policy 'raising' {NAMED}: raised RuntimeError: the policy exploded"
+    )
+    assert records[0].exc_info is not None  # with its traceback
+
+
+def test_a_backend_that_raises_is_named_and_stops_the_engine(model_dir, plugin_installed):
+    llm = cpu_llm(model_dir, attn="raising")
+    with pytest.raises(RuntimeError) as caught:
+        llm.generate([[5, 6, 7, 8]], PARAMS)
+    assert type(caught.value).__name__ == "PluginFailure"  # a RuntimeError
+    assert str(caught.value) == (
+        f"attention backend 'raising' {NAMED} failed in RaisingBackend.forward: "
+        "RuntimeError: the backend exploded on purpose"
+    )
+    assert isinstance(caught.value.__cause__, RuntimeError)  # the plugin's own, with its traceback
+    # the failed step's prompts were offered to the prefix cache without their KV: no more steps
+    with pytest.raises(RuntimeError, match="the backend exploded on purpose"):
+        llm.generate([[5, 6, 7, 8]], PARAMS)
+
+
+def test_a_failed_process_is_summed_up_with_its_cause():
+    from minisgl_core.engine.plugin_failures import PluginFailure
+    from minisgl_core.server.launcher import failure_summary
+
+    try:
+        try:
+            raise RuntimeError("the backend exploded\non purpose")
+        except RuntimeError as exc:
+            raise PluginFailure("attention backend 'x' (plugin 'x', x 1.0) failed in X.forward: ...") from exc
+    except PluginFailure:
+        message = f"the scheduler 0 process failed:\n{traceback.format_exc()}"
+    assert failure_summary(message) == (
+        "the scheduler 0 process failed: PluginFailure: attention backend 'x' (plugin 'x', x 1.0) "
+        "failed in X.forward: ..."
+    )
+    refused = "the scheduler 0 process failed:\nConfigError: --num-kv-tokens=9 is too small"
+    assert (
+        failure_summary(refused)
+        == "the scheduler 0 process failed: ConfigError: --num-kv-tokens=9 is too small"
+    )
+    assert failure_summary("the scheduler 0 process exited unexpectedly with code -9") == (
+        "the scheduler 0 process exited unexpectedly with code -9"
+    )
