@@ -293,6 +293,9 @@ class LLM:
         if mid_step:
             self._broken = "a second Ctrl-C stopped a step half-way"
             return
+        if self.engine.failure is not None:  # a plugin raised in a step: the engine takes nothing back
+            self._broken = f"the engine stopped after a step failed ({self.engine.failure})"
+            return
         try:
             for rid in unfinished:
                 self.engine.abort(rid)

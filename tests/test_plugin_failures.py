@@ -76,10 +76,12 @@ def test_a_policy_that_raises_costs_no_request(model_dir, plugin_installed, capl
     assert records[0].exc_info is not None  # with its traceback
 
 
-def test_a_backend_that_raises_is_named_and_stops_the_engine(model_dir, plugin_installed):
+def test_a_backend_that_raises_is_named_and_stops_the_engine(model_dir, plugin_installed, caplog):
     llm = cpu_llm(model_dir, attn="raising")
-    with pytest.raises(RuntimeError) as caught:
+    with pytest.raises(RuntimeError) as caught, caplog.at_level(logging.ERROR, logger="minisgl_core.llm"):
         llm.generate([[5, 6, 7, 8]], PARAMS)
+    # the stopped engine is not asked to take the requests back (that logged a second traceback)
+    assert not [r for r in caplog.records if r.name == "minisgl_core.llm"], caplog.text
     assert type(caught.value).__name__ == "PluginFailure"  # a RuntimeError
     assert str(caught.value) == (
         f"attention backend 'raising' {NAMED} failed in RaisingBackend.forward: "
