@@ -147,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     from minisgl_core.checkpoint.generation_defaults import GenerationConfigError
     from minisgl_core.checkpoint.path_check import ModelPathError
     from minisgl_core.config_args import cli_message
+    from minisgl_core.engine.plugin_failures import PluginFailure
 
     # a setting or an input the user can fix: one line and exit code 2, as argparse's own errors
     try:
@@ -163,6 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     ) as exc:
         print(f"minisgl: error: {exc}", file=sys.stderr)
         return 2
+    except PluginFailure as exc:
+        # a plugin raised in a step: its bug, named in one line; its traceback for its author
+        logging.getLogger(__name__).debug("the plugin's exception", exc_info=exc)
+        print(f"minisgl: error: {exc} (its traceback: --log-level debug)", file=sys.stderr)
+        return 1
     except OSError as exc:  # fetching the default model or building the demo one
         problem = environment.cache_dir_error(exc)
         if problem is None:

@@ -116,3 +116,18 @@ def test_a_failed_process_is_summed_up_with_its_cause():
     assert failure_summary("the scheduler 0 process exited unexpectedly with code -9") == (
         "the scheduler 0 process exited unexpectedly with code -9"
     )
+
+
+def test_minisgl_generate_says_it_in_one_line(model_dir, plugin_installed, capsys):
+    """The command line prints the PluginFailure as one error line (it was a raw traceback), exit
+    code 1: not a usage error; the plugin's traceback at --log-level debug."""
+    from minisgl_core.cli import main
+
+    argv = f"generate --model {model_dir} --device cpu --attn raising --max-tokens 3 --num-kv-tokens 512"
+    assert main([*argv.split(), "hello"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (
+        f"minisgl: error: attention backend 'raising' {NAMED} failed in RaisingBackend.forward: "
+        "RuntimeError: the backend exploded on purpose (its traceback: --log-level debug)"
+    ), err
+    assert not any(line.startswith("Traceback") for line in err), err
