@@ -392,12 +392,15 @@ class Plugins:
         if reg.name not in reg.plugin.provides[reg.kind]:
             reg.plugin.provides[reg.kind].append(reg.name)
 
-    def _forget(self, info: PluginInfo) -> None:
-        """Drop everything a plugin registered before it failed, so a half-registered plugin is not used."""
+    def _forget(self, info: PluginInfo, keep_collisions: bool = False) -> None:
+        """Drop everything a plugin registered before it failed, so a half-registered plugin is not
+        used (``keep_collisions``: the names it shares stay in conflict)."""
         for kind in KINDS:
             for name in [n for n, r in self.registry[kind].items() if r.plugin is info]:
                 del self.registry[kind][name]
-            for name in info.provides[kind]:  # a name it shared: the other's alone now
+            for name in (
+                [] if keep_collisions else info.provides[kind]
+            ):  # a name it shared: the other's alone now
                 rest = [r for r in self.collisions.pop((kind, name), []) if r.plugin is not info]
                 if len(rest) > 1:
                     self.collisions[(kind, name)] = rest
@@ -506,7 +509,9 @@ class Plugins:
                 info.status, info.reason = "failed", "; ".join(problems)
                 for kind in KINDS:
                     info.unusable[kind] = list(info.provides[kind])
-                self._forget(info)
+                # a start imports only what it selects, so there the names this plugin shares
+                # still collide: the listing keeps saying so
+                self._forget(info, keep_collisions=True)
 
     def missing_message(self, kind: str, name: str) -> str:
         """Why ``name`` cannot be selected: the broken plugin that would provide it, or what to install."""

@@ -525,6 +525,26 @@ def test_every_plugin_registering_a_shared_name_is_listed_in_conflict(load_fake)
         plugins.resolve("attention", "torch")
 
 
+def test_the_listing_keeps_a_collision_of_a_plugin_whose_classes_do_not_import(load_fake):
+    """``minisgl plugins`` (which imports every class) marked such a plugin failed and forgot its
+    names, so the repository plugin it collides with showed ``ok``, while every start, which
+    imports only what it selects, failed on the collision (found by a probe)."""
+    hooks = """
+    @hookimpl
+    def minisgl_register_policies(register):
+        register("prefill-first", "t8_gone.impl:NoSuchPolicy")
+    """
+    plugins = load_fake({"minisgl-test-gone": (_thin("t8_gone", hooks), {"gone": "t8_gone"})})
+    plugins.check_classes()
+    rows = {row["name"]: row for row in plugins.listing()}
+    assert rows["gone"]["status"] == "failed" and "does not import" in rows["gone"]["reason"]
+    assert rows["prefill-first"]["status"] == "conflict", rows["prefill-first"]
+    assert "minisgl-test-gone (plugin 'gone')" in rows["prefill-first"]["reason"]
+    # as a start (no class check) finds it
+    with pytest.raises(PluginError, match="minisgl-test-gone"):
+        Plugins.load().resolve("policies", "prefill-first")
+
+
 def test_api_declared_as_a_number_says_to_quote_it(load_fake):
     """MINISGL_API = 2.0 was reported as "declares no MINISGL_API (e.g. MINISGL_API = "1.0")"."""
     hooks = """
