@@ -519,10 +519,12 @@ class Plugins:
         broken = broken or [i for i in self.infos if i.status != "ok" and _likely_provides(i, kind, name)]
         if broken:
             info = broken[0]
-            status = "in conflict" if info.status == "conflict" else info.status
+            state = {"conflict": "is in conflict", "failed": "failed to load"}.get(
+                info.status, f"is {info.status}"
+            )
             return (
                 f"{selection(kind, name, self.spelling)} is unavailable: plugin {info.name!r} "
-                f"({info.distribution} {info.version}) is {status}: {info.reason}"
+                f"({info.distribution} {info.version}) {state}: {info.reason}"
             )
         have = ", ".join(self.names(kind)) or "none"
         if not name.strip():  # (the hint was "pip install minisgl-plugin-")

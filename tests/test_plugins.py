@@ -439,7 +439,7 @@ def test_selecting_a_name_of_a_plugin_that_did_not_load_names_it_and_the_cause(l
     )
     with pytest.raises(PluginError) as raised:
         plugins.resolve("policies", "t5-raised")
-    assert "plugin 't5raising' (minisgl-test-raising 0.1.0) is failed" in str(raised.value)
+    assert "plugin 't5raising' (minisgl-test-raising 0.1.0) failed to load" in str(raised.value)
     assert "registration exploded" in str(raised.value) and "pip install" not in str(raised.value)
     with pytest.raises(PluginError) as raised:
         plugins.resolve("policies", "t5-newer")
@@ -625,7 +625,7 @@ def test_hook_mistakes_fail_the_plugin_saying_what_is_wrong(load_fake):
     assert infos["t9nohooks"].status == "ok"  # loads (the fingerprint is the same everywhere) ...
     plugins.check_classes()  # ... and `minisgl plugins` says what is wrong
     assert infos["t9nohooks"].status == "failed" and "implements no minisgl hook" in infos["t9nohooks"].reason
-    with pytest.raises(PluginError, match="'t9extra'.*is failed"):
+    with pytest.raises(PluginError, match="'t9extra'.*failed to load"):
         plugins.resolve("policies", "t9-extra")
 
 
@@ -649,7 +649,7 @@ def test_the_listing_says_when_a_registered_class_does_not_import(load_fake):
     )
     assert "AttributeError" in info.reason
     assert "failed" in plugins.format_table().split("t10missing", 1)[1].splitlines()[0]
-    with pytest.raises(PluginError, match="'t10missing'.*is failed"):
+    with pytest.raises(PluginError, match="'t10missing'.*failed to load"):
         plugins.resolve("policies", "t10-fine")
     assert next(i for i in plugins.infos if i.name == "torch").status == "ok"  # first-party classes import
 
