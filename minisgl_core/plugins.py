@@ -193,6 +193,8 @@ class Plugins:
         #: how this process's user names the settings that select plugins, in errors: the command
         #: line's flags, or the Python API's keywords (``LLM``)
         self.spelling: Spelling = "flag"
+        #: whether loading a 1.x plugin shows its deprecation warning (see :meth:`load`)
+        self.deprecation_warnings = True
 
     # ---------------------------------------------------------------- loading
 
@@ -203,9 +205,12 @@ class Plugins:
         disable: Iterable[str] = (),
         entry_points: Iterable[metadata.EntryPoint] | None = None,
         spelling: Spelling = "flag",
+        deprecation_warnings: bool = True,
     ) -> Plugins:
         """Discover and load plugins. ``allow`` None = all; ``disable`` names are skipped;
-        ``spelling``: how errors name the settings that select plugins (``--attn`` or ``attn=``).
+        ``spelling``: how errors name the settings that select plugins (``--attn`` or ``attn=``);
+        ``deprecation_warnings`` False: a 1.x plugin's warning is not shown (the server's processes
+        after the launcher, which showed it).
 
         Defaults come from ``MINISGL_PLUGINS`` (allow-list; empty string = none) and
         ``MINISGL_DISABLE_PLUGINS`` (comma-separated)."""
@@ -217,6 +222,7 @@ class Plugins:
         allowed = None if allow is None else set(allow)
         self = cls()
         self.spelling = spelling
+        self.deprecation_warnings = deprecation_warnings
         if entry_points is None:
             entry_points = metadata.entry_points(group=GROUP)
         entry_points = list(entry_points)
@@ -304,7 +310,7 @@ class Plugins:
             self._note_unusable(info, module)
             return
         if api_legacy(info.api):
-            self._warn_legacy(info)
+            self._warn_legacy(info, self.deprecation_warnings)
         wrong_hooks = _hook_mistakes(module)
         if wrong_hooks:
             info.status, info.reason = "failed", f"invalid hooks: {wrong_hooks}"
@@ -356,7 +362,7 @@ class Plugins:
             info.unusable[kind] = [n for n in names if isinstance(n, str)]
 
     @staticmethod
-    def _warn_legacy(info: PluginInfo) -> None:
+    def _warn_legacy(info: PluginInfo, show: bool = True) -> None:
         """A plugin written for the previous major loads (status ``ok``), with the note as its
         reason and a :class:`~minisgl_core.api.MinisglDeprecationWarning`, shown by default."""
         from minisgl_core.api.deprecation import MinisglDeprecationWarning
@@ -367,7 +373,7 @@ class Plugins:
             f'(docs/plugins.md, "Migrating from 1.x") and declare MINISGL_API = "{API_VERSION}"'
         )
         key = (info.name, info.distribution, info.version)
-        if key in _WARNED_LEGACY:  # once a process (the command line loads the plugins twice)
+        if not show or key in _WARNED_LEGACY:  # once a process (the command line loads the plugins twice)
             return
         _WARNED_LEGACY.add(key)
         if not sys.warnoptions:  # the user chose no filters: show each deprecation once per place

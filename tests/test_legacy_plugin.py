@@ -139,6 +139,20 @@ def test_deprecation_is_shown_by_default(site: Path) -> None:
     assert "MinisglDeprecationWarning: plugin 'legacy'" in proc.stderr
 
 
+def test_the_servers_processes_do_not_repeat_the_launchers_warning(site: Path) -> None:
+    """Under ``serve`` the warning showed four times, once a process (launcher, tokenizer,
+    detokenizer, scheduler); the processes the launcher starts load the plugins quietly."""
+    code = """
+        from minisgl_core.processes.child import load_plugins
+        plugins = load_plugins(())
+        print([i.status for i in plugins.infos if i.name == "legacy"])
+    """
+    proc = run_python(site, code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "['ok']"
+    assert "MinisglDeprecationWarning" not in proc.stderr, proc.stderr
+
+
 def test_a_plugin_for_the_next_major_is_refused() -> None:
     from minisgl_core.plugins import api_compatible, api_legacy, api_upgrade_hint
 

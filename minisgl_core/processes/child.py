@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,6 +106,12 @@ def _refusal(exc: BaseException) -> str:
     return cli_message(exc) if isinstance(exc, ConfigError) else str(exc)
 
 
+def load_plugins(disable: Iterable[str]) -> Plugins:
+    """The plugins, as the launcher loaded them: the deprecation warnings it showed once (a 1.x
+    plugin's) are not shown again by each of the server's processes."""
+    return Plugins.load(disable=disable, deprecation_warnings=False)
+
+
 def run_child(spec: ChildSpec, main: ChildMain) -> None:
     """The spawn target of every child: set-up, ``main(spec, plugins, zmq_context, report_ready)``,
     reporting. Sockets the main function opens on the context are closed here, lingering so the
@@ -136,7 +142,7 @@ def run_child(spec: ChildSpec, main: ChildMain) -> None:
     plugins: Plugins | None = None
     code = 0
     try:
-        plugins = Plugins.load(disable=spec.disable_plugins)
+        plugins = load_plugins(spec.disable_plugins)
         plugins.check_fingerprint(spec.fingerprint, where=f"the {spec.name} process")
         plugins.call_hook("minisgl_process_start", ctx=process_ctx)
         main(spec, plugins, ctx, report_ready)
