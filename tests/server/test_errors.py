@@ -124,7 +124,7 @@ CASES = [
     (COMPLETIONS, {"prompt": "hi", "logprobs": 21}, 400, "logprobs", ""),
     (
         "/generate",
-        {"text": "hi", "sampling_params": {"max_new_tokens": 0}},
+        {"text": "hi", "sampling_params": {"max_new_tokens": -1}},  # (0 scores the prompt)
         400,
         "sampling_params.max_new_tokens",
         "",
