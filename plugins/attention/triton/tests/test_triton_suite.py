@@ -39,7 +39,8 @@ class TestTritonDecode(AttentionBackendSuite):
     backend_cls = TritonDecodeBackend
     device = DEVICE
     dtype = torch.bfloat16
-    gqa_ratios = (1, 2, 4, 8)
+    # GQA groups 1 to 8 on a GPU; under the interpreter (CI's minutes) 1, 2 and 8
+    gqa_ratios = (1, 2, 4, 8) if DEVICE == "cuda" else (1, 2, 8)
     max_seq_len = 150  # more than two of the kernel's 64-position blocks
 
 
