@@ -21,3 +21,21 @@ def real_references(default_model_dir: Path):
     from minisgl_core.testing.real_model import transformers_references
 
     return transformers_references(default_model_dir)
+
+
+@pytest.fixture
+def install_plugin_module(tmp_path, monkeypatch):
+    """``install(module, distribution, source)``: a one-module plugin ``module`` (its entry point
+    named like it), as a distribution on sys.path for this test only."""
+
+    def install(module: str, distribution: str, source: str) -> None:
+        (tmp_path / f"{module}.py").write_text(source)
+        info = tmp_path / f"{module}-0.1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: 0.1.0\n")
+        (info / "entry_points.txt").write_text(
+            f"[minisgl.plugins]\n{module.removeprefix('minisgl_')} = {module}\n"
+        )
+        monkeypatch.syspath_prepend(str(tmp_path))
+
+    return install

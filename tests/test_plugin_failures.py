@@ -53,13 +53,8 @@ def model_dir(tmp_path_factory):
 
 
 @pytest.fixture
-def plugin_installed(tmp_path, monkeypatch):
-    (tmp_path / "minisgl_raising.py").write_text(PLUGIN)
-    info = tmp_path / "minisgl_raising-0.1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: minisgl-raising\nVersion: 0.1.0\n")
-    (info / "entry_points.txt").write_text("[minisgl.plugins]\nraising = minisgl_raising\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
+def plugin_installed(install_plugin_module):
+    install_plugin_module("minisgl_raising", "minisgl-raising", PLUGIN)
 
 
 def test_a_policy_that_raises_costs_no_request(model_dir, plugin_installed, caplog):

@@ -54,13 +54,8 @@ def model_dir(tmp_path_factory):
 
 
 @pytest.fixture
-def plugin_installed(tmp_path, monkeypatch):
-    (tmp_path / "minisgl_stall_policy.py").write_text(PLUGIN)
-    info = tmp_path / "minisgl_stall_policy-0.1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: minisgl-stall-policy\nVersion: 0.1.0\n")
-    (info / "entry_points.txt").write_text("[minisgl.plugins]\nstall_policy = minisgl_stall_policy\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
+def plugin_installed(install_plugin_module):
+    install_plugin_module("minisgl_stall_policy", "minisgl-stall-policy", PLUGIN)
 
 
 @pytest.mark.parametrize("mode", MODES)
