@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from minisgl_core.sampling import SamplingParams
+from minisgl_core.sampling import SamplingParams, short_repr
 from minisgl_core.server import responses as r
 from minisgl_core.server.errors import APIError, sse_error
 from minisgl_core.server.handling import (
@@ -79,7 +79,7 @@ def native_router(state: ServerState) -> APIRouter:
             group.close()
             raise APIError(
                 400,
-                f"logprob_start_len {body.logprob_start_len} is past the prompt, which has "
+                f"logprob_start_len {short_repr(body.logprob_start_len)} is past the prompt, which has "
                 f"{group.prompt_tokens} tokens: give a position in [0, {group.prompt_tokens - 1}], "
                 "or -1 for no input logprobs",
                 "logprob_start_len",
