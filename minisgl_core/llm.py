@@ -20,7 +20,7 @@ from minisgl_core.config import EngineConfig
 from minisgl_core.engine.engine import Engine
 from minisgl_core.grammars import check_grammar_backend
 from minisgl_core.plugins import Plugins
-from minisgl_core.request_limits import truncate_prompt
+from minisgl_core.request_limits import all_plain_ints, truncate_prompt
 from minisgl_core.sampling import SamplingParams, TokenLogprob, merge_sampling, short_repr
 from minisgl_core.setting_names import Spelling
 from minisgl_core.tokenizer.detokenize import final_text
@@ -192,6 +192,8 @@ class LLM:
             # completions encode a text prompt
             return list(self.tokenizer.encode(prompt))
         if isinstance(prompt, (list, tuple)):
+            if all_plain_ints(prompt):  # the common case, without a Python loop
+                return list(prompt)
             # integers of any kind (numpy's too), not booleans: [True, False] ran as ids [1, 0]
             bad = next(
                 (t for t in prompt if isinstance(t, bool) or not isinstance(t, numbers.Integral)), None

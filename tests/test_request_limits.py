@@ -384,3 +384,28 @@ def test_token_ids_are_integers_of_any_kind_but_not_booleans(llm):
         llm.generate([True, False], greedy)
     with pytest.raises(TypeError, match="a prompt's token ids must be integers, got float 2.0"):
         llm.generate([[1, 2.0]], greedy)
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [[5, 1024], [-1, 5], [5] * 500 + [2**70], [5, True, 1024], [5, 2**63]],
+    ids=["vocab-last", "negative-first", "huge-last", "bool-among", "int64-max"],
+)
+def test_a_prompt_id_outside_the_vocabulary_is_refused_wherever_it_is(llm, ids):
+    """The range check runs over min and max when every id is a plain int (the offline workload's
+    143k ids took 25 ms in a Python loop); any id outside [0, vocab) still fails, first, last or
+    among a bool, and the prompt passed in stays as it was."""
+    from minisgl_core.request_limits import check_request_fits
+
+    vocab = llm.engine.limits.vocab_size
+    assert vocab == 1024
+    params = SamplingParams(max_tokens=1)
+    with pytest.raises(ValueError, match=r"prompt token ids must be integers in \[0, 1024\)"):
+        check_request_fits(ids, params, vocab_size=vocab, max_context_len=10**6, kv_capacity_tokens=10**6)
+    check_request_fits([0, True, 1023], params, vocab_size=vocab, max_context_len=99, kv_capacity_tokens=99)
+    if True not in ids:
+        before = list(ids)
+        with pytest.raises(ValueError, match=r"must be integers in \[0, 1024\)"):
+            llm.generate(ids, params)
+        assert ids == before
+    assert llm.generate([1023, 0], SamplingParams(temperature=0, max_tokens=1))[0].token_ids
