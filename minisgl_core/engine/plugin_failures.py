@@ -14,6 +14,8 @@ KIND_WORDS = {
     "caches": "cache",
     "policies": "scheduling policy",
     "quantization": "quantization method",
+    "tool_parsers": "tool call parser",
+    "reasoning_parsers": "reasoning parser",
 }
 
 

@@ -21,6 +21,9 @@ class ApiOptions:
     allowed_origins: tuple[str, ...] = ()
     #: ``--chat-template`` text, so /tokenize renders messages as the tokenizer worker does
     chat_template: str | None = None
+    #: each parser class above -> how errors name it: ``reasoning parser 'qwen3' (plugin
+    #: 'qwen3-reasoning', minisgl-plugin-qwen3-reasoning 0.1.0)``, as the command line selected it
+    parser_labels: dict[type, str] = field(default_factory=dict)
 
 
 @dataclass

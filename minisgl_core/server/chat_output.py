@@ -3,8 +3,9 @@
 either from the whole text or delta by delta while streaming.
 
 The parsers are plugins: an exception raised by one (building it, or reading text) is a 500 naming
-the parser's class and its distribution, its traceback logged once; mid-stream the route's
-stream sends it as an error event (server/handling.py)."""
+the selection (``--reasoning-parser qwen3``), its plugin and distribution, and the parser's class,
+its traceback logged once; mid-stream the route's stream sends it as an error event
+(server/handling.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import functools
 import importlib.metadata
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -31,22 +32,23 @@ def _distribution_of(module: str) -> str | None:
 
 
 @contextmanager
-def _parser_call(kind: str, cls: type) -> Iterator[None]:
-    """Turn an exception raised inside a parser plugin into a 500 that names it."""
+def _parser_call(kind: str, cls: type, label: str | None) -> Iterator[None]:
+    """Turn an exception raised inside a parser plugin into a 500 that names it: ``label`` is
+    the selection as the command line made it (:attr:`ApiOptions.parser_labels`), None for a
+    parser the server picked itself (a forced tool call's), named by its class alone."""
     try:
         yield
     except APIError:
         raise
     except Exception as exc:
-        dist = _distribution_of(cls.__module__)
-        where = f"{cls.__module__}.{cls.__qualname__}" + (f" from {dist}" if dist else "")
-        logger.exception("the %s parser %s failed", kind, where)
-        raise APIError(500, f"the {kind} parser {where} failed: {type(exc).__name__}: {exc}"[:500]) from exc
-
-
-def _call(kind: str, cls: type, fn: Callable[..., T], *args: Any) -> T:
-    with _parser_call(kind, cls):
-        return fn(*args)
+        qualified = f"{cls.__module__}.{cls.__qualname__}"
+        if label is not None:
+            where = f"{label}, class {qualified},"
+        else:
+            dist = _distribution_of(cls.__module__)
+            where = f"{kind} parser {qualified}" + (f" from {dist}" if dist else "")
+        logger.exception("the %s failed", where.rstrip(","))
+        raise APIError(500, f"the {where} failed: {type(exc).__name__}: {exc}"[:500]) from exc
 
 
 def tool_call_json(call: ToolCall) -> dict[str, Any]:
@@ -67,10 +69,19 @@ def tool_call_delta_json(delta: ToolCallDelta) -> dict[str, Any]:
 class ChoiceOutput:
     """Use one instance per choice, either for :meth:`message` or for a stream of :meth:`delta`."""
 
-    def __init__(self, plan: ToolPlan, reasoning_parser: type[ReasoningParser] | None) -> None:
+    def __init__(
+        self,
+        plan: ToolPlan,
+        reasoning_parser: type[ReasoningParser] | None,
+        labels: Mapping[type, str] | None = None,
+    ) -> None:
+        """``labels``: how errors name each parser class (:attr:`ApiOptions.parser_labels`)."""
+        self._labels = labels or {}
         self._reasoning_cls = reasoning_parser
-        self.reasoning = _call("reasoning", reasoning_parser, reasoning_parser) if reasoning_parser else None
-        self.tools = _call("tool call", plan.parser, plan.parser, plan.tools) if plan.parser else None
+        self.reasoning = (
+            self._call("reasoning", reasoning_parser, reasoning_parser) if reasoning_parser else None
+        )
+        self.tools = self._call("tool call", plan.parser, plan.parser, plan.tools) if plan.parser else None
         self.single_call = plan.single_call
         self.made_calls = False
         self._tool_parser = plan.parser
@@ -129,18 +140,22 @@ class ChoiceOutput:
             return reason
         if self._streamed and self._tool_parser is not None:  # once, at the end of a stream
             text, self._streamed = "".join(self._streamed), []
-            with _parser_call("tool call", self._tool_parser):
+            with _parser_call("tool call", self._tool_parser, self._labels.get(self._tool_parser)):
                 parsed = self._tool_parser(self._tool_list).parse(text)
             self.made_calls = _all_whole(self._kept(parsed.tool_calls))
         return "tool_calls" if self.made_calls else reason
 
+    def _call(self, kind: str, cls: type, fn: Callable[..., T], *args: Any) -> T:
+        with _parser_call(kind, cls, self._labels.get(cls)):
+            return fn(*args)
+
     def _reasoning(self, fn: Callable[..., T], *args: Any) -> T:
         assert self._reasoning_cls is not None
-        return _call("reasoning", self._reasoning_cls, fn, *args)
+        return self._call("reasoning", self._reasoning_cls, fn, *args)
 
     def _tool(self, fn: Callable[..., T], *args: Any) -> T:
         assert self._tool_parser is not None
-        return _call("tool call", self._tool_parser, fn, *args)
+        return self._call("tool call", self._tool_parser, fn, *args)
 
     def _kept(self, calls: list[ToolCall]) -> list[ToolCall]:
         return calls[: 1 if self.single_call else None]

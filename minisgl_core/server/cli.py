@@ -332,8 +332,18 @@ def _api_options(args: argparse.Namespace, plugins: Plugins, chat_template: str 
     reasoning_parser = (
         plugins.resolve("reasoning_parsers", args.reasoning_parser) if args.reasoning_parser else None
     )
+    from minisgl_core.engine.plugin_failures import selected_plugin
+
+    labels = {
+        cls: selected_plugin(plugins, kind, name)
+        for cls, kind, name in (
+            (tool_parser, "tool_parsers", args.tool_call_parser),
+            (reasoning_parser, "reasoning_parsers", args.reasoning_parser),
+        )
+        if cls is not None
+    }
     origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
-    return ApiOptions(tool_parser, reasoning_parser, origins, chat_template)
+    return ApiOptions(tool_parser, reasoning_parser, origins, chat_template, labels)
 
 
 def _shell_foreground(args: argparse.Namespace):

@@ -90,7 +90,9 @@ def make_router(
         rename = {"max_tokens": body.max_tokens_field, "logprobs": "top_logprobs", "grammar": grammar_field}
         with fields_named({"max_tokens": body.max_tokens_field}):
             params = sampling_params(fields, rename, model)
-        ChoiceOutput(plan, options.reasoning_parser)  # a parser plugin failing to build costs no generation
+        ChoiceOutput(
+            plan, options.reasoning_parser, options.parser_labels
+        )  # a parser plugin failing to build costs no generation
         group = RequestGroup(state)
         group.set_timeout(body.timeout)
         with fields_named({"max_tokens": body.max_tokens_field}):
@@ -109,7 +111,7 @@ def make_router(
         rid, created = r.new_id("chatcmpl"), int(time.time())
 
         def new_output() -> ChoiceOutput:
-            return ChoiceOutput(plan, options.reasoning_parser)
+            return ChoiceOutput(plan, options.reasoning_parser, options.parser_labels)
 
         produced = [0] * group.num_choices  # each choice's completion tokens so far
 

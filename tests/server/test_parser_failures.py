@@ -38,8 +38,7 @@ class Exploding(TagReasoningParser):
         return super().feed(text)
 
 
-@pytest.fixture
-def client(monkeypatch):
+def make_client(monkeypatch, options):
     added = []
 
     async def add(self, params, n=1, **kwargs):
@@ -56,9 +55,14 @@ def client(monkeypatch):
     monkeypatch.setattr(RequestGroup, "deltas", deltas)
     info = ModelInfo(name="m", path="m", max_context_len=2048, kv_capacity_tokens=16384, vocab_size=1024)
     state = ServerState(endpoints=None, model=info)
-    app = create_app(state, options=ApiOptions(reasoning_parser=Exploding))
+    app = create_app(state, options=options)
     # no lifespan (no engine behind it): the group's add and deltas above stand for it
     return TestClient(app, raise_server_exceptions=False), added
+
+
+@pytest.fixture
+def client(monkeypatch):
+    return make_client(monkeypatch, ApiOptions(reasoning_parser=Exploding))
 
 
 BODY = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
@@ -101,3 +105,33 @@ def test_feed_raising_mid_stream_is_an_error_event_then_done(client, monkeypatch
     assert events[-1] == "[DONE]", events
     error = json.loads(events[-2])["error"]
     assert "Exploding" in error["message"] and "feed exploded" in error["message"], error
+
+
+@pytest.mark.parametrize("kind", ["reasoning", "tool call"])
+def test_the_500_names_the_selection_the_command_line_made(monkeypatch, kind):
+    """The 500 named the class and its distribution, not what the user selected: an operator reading
+    it had to map ``minisgl_plugin_qwen3_reasoning.parser.Qwen3ReasoningParser`` back to
+    ``--reasoning-parser qwen3``. Now it names the selection and plugin as engine errors do."""
+    import argparse
+
+    from minisgl_core.plugins import Plugins
+    from minisgl_core.server.cli import _api_options
+
+    args = argparse.Namespace(tool_call_parser="hermes", reasoning_parser="qwen3", allowed_origins="")
+    options = _api_options(args, Plugins.load(), None)
+    cls = options.reasoning_parser if kind == "reasoning" else options.tool_parser
+    label = options.parser_labels[cls]
+    flag_name = "qwen3" if kind == "reasoning" else "hermes"
+    assert label.startswith(f"{kind} parser '{flag_name}' (plugin "), label
+
+    def explode(self, *args):
+        raise RuntimeError("parse exploded")
+
+    monkeypatch.setattr(cls, "parse", explode)
+    c, _ = make_client(monkeypatch, options)
+    body = {**BODY, "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}
+    resp = c.post("/v1/chat/completions", json=body)
+    assert resp.status_code == 500, resp.text
+    message = resp.json()["error"]["message"]
+    assert message.startswith(f"the {label}, class {cls.__module__}.{cls.__qualname__}, failed: "), message
+    assert message.endswith("RuntimeError: parse exploded"), message
