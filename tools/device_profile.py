@@ -55,14 +55,24 @@ def _table(prof, rows: int = 28) -> str:
     return prof.key_averages().table(row_limit=rows)
 
 
-def _device_us(prof) -> float:
-    total = 0.0
+def _device_events(prof):
+    """(name, calls, device µs) of each kernel and copy the profile saw. Host-side events are left
+    out: an operator's (``aten::copy_``) "self device time" is that of the kernels it launched,
+    which are rows of their own, so summing both counted an eager copy twice (0.5 ms of a
+    Qwen3-0.6B prefill step's 18.1 in the forty-third session's table)."""
+    cpu = torch.autograd.DeviceType.CPU
     for e in prof.key_averages():
+        if getattr(e, "device_type", None) == cpu:
+            continue
         t = getattr(e, "self_device_time_total", None)
         if t is None:
             t = getattr(e, "self_cuda_time_total", 0.0)
-        total += t
-    return total
+        if t > 0:
+            yield e.key, e.count, t
+
+
+def _device_us(prof) -> float:
+    return sum(t for _, _, t in _device_events(prof))
 
 
 def _graph_us(fn, reps: int = 20) -> float:
@@ -334,12 +344,9 @@ class _KindProfiles:
             _sync()
         if len(seen) == before or seen[before][0] != self.kind:
             return
-        for e in prof.key_averages():
-            t = getattr(e, "self_device_time_total", None)
-            t = getattr(e, "self_cuda_time_total", 0.0) if t is None else t
-            if t > 0:
-                self.kernels[e.key][0] += e.count
-                self.kernels[e.key][1] += t
+        for key, count, t in _device_events(prof):
+            self.kernels[key][0] += count
+            self.kernels[key][1] += t
         self.kept.append((seen[before][1], _device_us(prof)))
 
     def report(self) -> dict:
