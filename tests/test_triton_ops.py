@@ -102,7 +102,7 @@ def test_decoder_with_fused_store_generates_the_same(tmp_path):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("q_heads, kv_heads, norm", [(16, 8, True), (32, 8, False)])
-@pytest.mark.parametrize("tokens", [1, 7, 300, 1027])  # 1027: four tokens a program, the last block partial
+@pytest.mark.parametrize("tokens", [1, 7, 300])
 def test_bf16_on_cuda_is_as_close_to_float32_as_the_compiled_path(q_heads, kv_heads, norm, tokens):
     """On the GPU in bf16 (Qwen3's and Llama's head layouts): the kernel's q, k and v are about as
     close to a float32 computation as the two-kernel path it replaces (``qkv_norm_rope`` compiled, then
@@ -272,16 +272,9 @@ def check_kernel() -> None:
             flat = expected_pool[1].view(2, slots, kv_heads, head_dim)
             flat[0, loc] = ref[:, q_heads : q_heads + kv_heads]
             flat[1, loc] = ref[:, q_heads + kv_heads :]
-            start_pool = cache.buffer.clone()
-            # one token a program, and blocks of 2 and 4 whose last is partial (9 tokens)
-            for per in (None, 2, 4):
-                cache.buffer.copy_(start_pool)
-                q = rope_store_kv(qkv, positions, inv_freq, q_w, k_w, q_heads, kv_heads, 1e-6, cache, 1, loc,
-                                  tokens_per_program=per)  # fmt: skip
-                torch.testing.assert_close(q, ref[:, :q_heads], atol=1e-5, rtol=1e-5)
-                torch.testing.assert_close(
-                    cache.buffer, expected_pool, atol=1e-5, rtol=1e-5
-                )  # only loc changed
+            q = rope_store_kv(qkv, positions, inv_freq, q_w, k_w, q_heads, kv_heads, 1e-6, cache, 1, loc)
+            torch.testing.assert_close(q, ref[:, :q_heads], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(cache.buffer, expected_pool, atol=1e-5, rtol=1e-5)  # only loc changed
             print("ok", norm, head_dim)
 
 

@@ -39,7 +39,6 @@ def rope_store_kernel(
     k_pool,  # [slots, num_kv, head_dim] contiguous
     v_pool,
     loc,  # [tokens] int: slot of each token
-    n_tokens,
     NUM_Q: tl.constexpr,
     NUM_KV: tl.constexpr,
     HALF: tl.constexpr,
@@ -47,30 +46,14 @@ def rope_store_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_KV: tl.constexpr,
     NORM: tl.constexpr,
-    TOKENS: tl.constexpr = 1,  # tokens a program: a prefill's thousands of tokens put more bytes in flight
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch: wait for the GEMM first
 ):
-    # program (block of TOKENS tokens, part): part 0 the q heads, 1 the k heads, 2 the v heads
+    # program (token, part): part 0 the q heads, 1 the k heads, 2 the v heads
     if PDL:  # wait for the kernel before, then let the one after start launching
         gdc_wait()
         gdc_launch_dependents()
+    token = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
-    for i in tl.static_range(TOKENS):
-        token = tl.program_id(0).to(tl.int64) * TOKENS + i
-        if token < n_tokens:
-            _rope_store_token(qkv, qkv_token_stride, positions, inv_freq, q_weight, k_weight, eps, q_out,
-                              k_pool, v_pool, loc, token, part, NUM_Q, NUM_KV, HALF, BLOCK, BLOCK_Q,
-                              BLOCK_KV, NORM)  # fmt: skip
-
-
-@triton.jit
-def _rope_store_token(
-    qkv, qkv_token_stride, positions, inv_freq, q_weight, k_weight, eps, q_out, k_pool, v_pool, loc,
-    token, part,
-    NUM_Q: tl.constexpr, NUM_KV: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, NORM: tl.constexpr,
-):  # fmt: skip
-    """One token's part of :func:`rope_store_kernel`."""
     d = tl.arange(0, BLOCK)
     mask = d < HALF
     row = qkv + token * qkv_token_stride
@@ -85,7 +68,7 @@ def _rope_store_token(
         tl.store(v_dst, tl.load(v_src, mask=mv).to(v_dst.dtype.element_ty), mask=mv)
         tl.store(v_dst + HALF, tl.load(v_src + HALF, mask=mv).to(v_dst.dtype.element_ty), mask=mv)
     else:
-        # the angles once per token; cos and sin rounded to the model dtype like the reference
+        # the angles once per program; cos and sin rounded to the model dtype like the reference
         angle = tl.load(positions + token).to(tl.float32) * tl.load(inv_freq + d, mask=mask, other=0.0)
         dtype = qkv.dtype.element_ty
         cos = tl.cos(angle).to(dtype).to(tl.float32)[None, :]

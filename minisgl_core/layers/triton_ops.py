@@ -362,13 +362,6 @@ def _pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
-def rope_store_tokens_per_program(tokens: int) -> int:
-    """Tokens one program of :func:`rope_store_kv` handles: one a program for decode-sized
-    batches (a program per token and part fills the GPU), four from 1,024 tokens on (a Qwen3-0.6B
-    prefill step's 8,192 tokens ran 24,576 programs of 2-4 KB each at 1.6 TB/s)."""
-    return 1 if tokens < 1024 else 4
-
-
 def rope_store_kv(
     qkv: torch.Tensor,
     positions: torch.Tensor,
@@ -381,12 +374,10 @@ def rope_store_kv(
     cache: KVCache,
     layer_id: int,
     loc: torch.Tensor,
-    tokens_per_program: int | None = None,
 ) -> torch.Tensor:
     """Norm + rotary on the q and k heads of ``qkv`` (``[tokens, q_heads + 2 * kv_heads, head_dim]``),
     k and v written to ``cache`` layer ``layer_id`` at slots ``loc``; returns q ``[tokens, q_heads,
-    head_dim]``. The first eight parameters are :func:`~minisgl_core.layers.fused.qkv_norm_rope`'s.
-    ``tokens_per_program``: None picks :func:`rope_store_tokens_per_program`'s."""
+    head_dim]``. The first eight parameters are :func:`~minisgl_core.layers.fused.qkv_norm_rope`'s."""
     tokens, heads, head_dim = qkv.shape
     if heads != num_q_heads + 2 * num_kv_heads or qkv.stride()[1:] != (head_dim, 1) or head_dim % 2:
         raise ValueError(f"rope_store_kv: qkv of shape {tuple(qkv.shape)} and strides {qkv.stride()}")
@@ -397,8 +388,7 @@ def rope_store_kv(
         return q
     norm = q_weight is not None and k_weight is not None
     half = head_dim // 2
-    per = tokens_per_program or rope_store_tokens_per_program(tokens)
-    _kernels().rope_store_kernel[(-(-tokens // per), 3)](
+    _kernels().rope_store_kernel[(tokens, 3)](
         qkv,
         qkv.stride(0),
         positions,
@@ -410,7 +400,6 @@ def rope_store_kv(
         cache.k_cache(layer_id),
         cache.v_cache(layer_id),
         loc,
-        tokens,
         NUM_Q=num_q_heads,
         NUM_KV=num_kv_heads,
         HALF=half,
@@ -418,7 +407,6 @@ def rope_store_kv(
         BLOCK_Q=_pow2(num_q_heads),
         BLOCK_KV=_pow2(num_kv_heads),
         NORM=norm,
-        TOKENS=per,
         num_warps=4,
         **pdl_options(qkv.device),
     )
