@@ -107,15 +107,34 @@ def test_fit_vocab_keeps_lengths_and_shared_prefixes() -> None:
     check_context([BenchRequest([1] * 10, 6)], ServedModel("m", 100, 16))  # fits exactly
 
 
-def test_bench_serve_sizes_below_one_are_a_usage_error() -> None:
+def bench_here(capsys, *args: str, command: str = "serve") -> tuple[int, str]:
+    """``minisgl bench COMMAND ARGS`` in this process (a refusal before any work: what a
+    subprocess would show, without its ~2 s of imports): exit code and stderr."""
+    from minisgl_core.cli import main
+
+    capsys.readouterr()
+    try:
+        code = main(["bench", command, *args])
+    except SystemExit as exc:
+        code = exc.code
+    err = capsys.readouterr().err
+    if isinstance(code, str):  # SystemExit("message"): the interpreter prints it, exit status 1
+        return 1, err + code + "\n"
+    return code, err
+
+
+def test_bench_serve_sizes_below_one_are_a_usage_error(capsys) -> None:
     # --groups 0 once divided by zero after the run, in the ideal hit rate
     for flag in ("--groups", "--prompts-per-group", "--prefix-len", "--output-len", "--num-requests"):
-        proc = bench("--url", "http://127.0.0.1:9", flag, "0")
-        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-        assert f"argument {flag}: must be an integer >= 1, got 0" in proc.stderr
+        code, err = bench_here(capsys, "--url", "http://127.0.0.1:9", flag, "0")
+        assert code == 2 and f"argument {flag}: must be an integer >= 1, got 0" in err, err
+    # the command itself, once: the exit code and a stderr without a traceback
+    proc = bench("--url", "http://127.0.0.1:9", "--groups", "0")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "argument --groups: must be an integer >= 1, got 0" in proc.stderr
 
 
-def test_bench_serve_refuses_a_workload_too_large_to_build_and_bad_sweeps() -> None:
+def test_bench_serve_refuses_a_workload_too_large_to_build_and_bad_sweeps(capsys) -> None:
     # each of these once ran for minutes building prompts (4-5 GB in 30 s) or died in a traceback
     too_large = {
         ("--num-requests", "1000000000"): "lower --num-requests",
@@ -123,14 +142,15 @@ def test_bench_serve_refuses_a_workload_too_large_to_build_and_bad_sweeps() -> N
         ("--workload", "shared-prefix", "--prefix-len", "10000000000"): "lower --groups, --prompts-per-group",
     }
     for args, fix in too_large.items():
-        proc = bench("--url", "http://127.0.0.1:9", *args)
-        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
-        assert "prompt tokens, more than the 33,554,432 a bench builds; " + fix in proc.stderr, proc.stderr
+        code, err = bench_here(capsys, "--url", "http://127.0.0.1:9", *args)
+        assert code == 1 and "prompt tokens, more than the 33,554,432 a bench builds; " + fix in err, err
     for flag, value in (("--concurrency", "abc"), ("--concurrency", "4,0"), ("--request-rate", "-1"),
                         ("--request-rate", "nan"), ("--request-rate", "2,x")):  # fmt: skip
-        proc = bench("--url", "http://127.0.0.1:9", flag, value)
-        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-        assert f"argument {flag}: must be" in proc.stderr and repr(value) in proc.stderr, proc.stderr
+        code, err = bench_here(capsys, "--url", "http://127.0.0.1:9", flag, value)
+        assert code == 2 and f"argument {flag}: must be" in err and repr(value) in err, err
+    proc = bench("--url", "http://127.0.0.1:9", "--num-requests", "1000000000")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "more than the 33,554,432 a bench builds; lower --num-requests" in proc.stderr, proc.stderr
 
 
 def test_latency_percentiles_interpolate_as_numpy_does() -> None:
@@ -239,7 +259,7 @@ def test_text_prompts_encode_back_to_the_workload_exactly(tmp_path) -> None:
     assert len(words) >= 64 and all(w[0] == " " and w[1:].isalpha() for w in words)
 
 
-def test_files_a_bench_writes_are_checked_before_it_runs(tmp_path) -> None:
+def test_files_a_bench_writes_are_checked_before_it_runs(tmp_path, capsys) -> None:
     """--output, --trace and --profile into a missing directory failed with a traceback after the
     run (minutes of measuring on a GPU), the result lost."""
     runs = [
@@ -248,17 +268,19 @@ def test_files_a_bench_writes_are_checked_before_it_runs(tmp_path) -> None:
         (["offline", "--num-requests", "1", "--profile", str(tmp_path / "no" / "p.txt")], "--profile"),
         (["grammar", "--output", str(tmp_path / "no" / "x.json")], "--output"),
     ]
-    for args, flag in runs:
-        proc = subprocess.run(
-            [sys.executable, "-m", "minisgl_core", "bench", *args],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-        assert f"argument {flag}: " in proc.stderr and (
-            "no directory" in proc.stderr or "is a directory" in proc.stderr
-        )
+    for (command, *args), flag in runs:
+        code, err = bench_here(capsys, *args, command=command)
+        assert code == 2 and f"argument {flag}: " in err, err
+        assert "no directory" in err or "is a directory" in err, err
+    # the command itself, once: the exit code and a stderr without a traceback
+    proc = subprocess.run(
+        [sys.executable, "-m", "minisgl_core", "bench", *runs[2][0]],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "argument --profile: " in proc.stderr and "no directory" in proc.stderr, proc.stderr
 
 
 def test_the_commit_a_bench_records_is_this_checkouts_not_the_working_directorys(tmp_path, monkeypatch):
