@@ -45,6 +45,12 @@ def test_rope_store_kernel_compiles(target, heads, half, norm, dtype):
                  "BLOCK_Q": triton.next_power_of_2(q_heads), "BLOCK_KV": triton.next_power_of_2(kv_heads),
                  "NORM": norm}  # fmt: skip
     compiles(rope_store_kernel, signature, constants, target)
+    from minisgl_core.layers._triton_kernels import rope_store_tiles_kernel  # the experimental tiled one
+
+    for tokens in (2, 8):
+        compiles(
+            rope_store_tiles_kernel, {**signature, "n_tokens": "i32"}, {**constants, "TOKENS": tokens}, target
+        )
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")

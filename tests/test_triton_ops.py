@@ -272,9 +272,16 @@ def check_kernel() -> None:
             flat = expected_pool[1].view(2, slots, kv_heads, head_dim)
             flat[0, loc] = ref[:, q_heads : q_heads + kv_heads]
             flat[1, loc] = ref[:, q_heads + kv_heads :]
-            q = rope_store_kv(qkv, positions, inv_freq, q_w, k_w, q_heads, kv_heads, 1e-6, cache, 1, loc)
-            torch.testing.assert_close(q, ref[:, :q_heads], atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(cache.buffer, expected_pool, atol=1e-5, rtol=1e-5)  # only loc changed
+            start_pool = cache.buffer.clone()
+            # one token a program, and the tiled kernel's blocks of 2 and 4 (9 tokens: the last partial)
+            for tiles in (None, (2, 4), (4, 2)):
+                cache.buffer.copy_(start_pool)
+                q = rope_store_kv(qkv, positions, inv_freq, q_w, k_w, q_heads, kv_heads, 1e-6, cache, 1, loc,
+                                  tiles=tiles)  # fmt: skip
+                torch.testing.assert_close(q, ref[:, :q_heads], atol=1e-5, rtol=1e-5)
+                torch.testing.assert_close(
+                    cache.buffer, expected_pool, atol=1e-5, rtol=1e-5
+                )  # only loc changed
             print("ok", norm, head_dim)
 
 

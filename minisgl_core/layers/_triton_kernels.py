@@ -99,6 +99,71 @@ def rope_store_kernel(
 
 
 @triton.jit
+def _norm_rope_tiles(x1, x2, weight, cos, sin, eps, d, mask, HALF: tl.constexpr, NORM: tl.constexpr):
+    """:func:`_norm_rope` over ``[tokens, heads, half]`` tiles (``cos``, ``sin``: ``[tokens, 1, half]``)."""
+    dtype = x1.dtype
+    x1 = x1.to(tl.float32)
+    x2 = x2.to(tl.float32)
+    if NORM:
+        w1 = tl.load(weight + d, mask=mask).to(tl.float32)
+        w2 = tl.load(weight + HALF + d, mask=mask).to(tl.float32)
+        r = tl.rsqrt((tl.sum(x1 * x1, 2) + tl.sum(x2 * x2, 2)) / (2 * HALF) + eps)[:, :, None]
+        x1 = ((x1 * r).to(dtype).to(tl.float32) * w1).to(dtype).to(tl.float32)
+        x2 = ((x2 * r).to(dtype).to(tl.float32) * w2).to(dtype).to(tl.float32)
+    return x1 * cos - x2 * sin, x2 * cos + x1 * sin
+
+
+@triton.jit
+def rope_store_tiles_kernel(
+    qkv, qkv_token_stride, positions, inv_freq, q_weight, k_weight, eps, q_out, k_pool, v_pool, loc, n_tokens,
+    NUM_Q: tl.constexpr, NUM_KV: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, NORM: tl.constexpr, TOKENS: tl.constexpr,
+):  # fmt: skip
+    """:func:`rope_store_kernel` for ``TOKENS`` tokens a program as one ``[tokens, heads, half]``
+    tile (masked, no loop: every load of the block in flight at once). Arguments as there, plus
+    ``n_tokens``."""
+    part = tl.program_id(1)
+    t = tl.program_id(0).to(tl.int64) * TOKENS + tl.arange(0, TOKENS)[:, None, None]
+    d = tl.arange(0, BLOCK)[None, None, :]
+    mask = d < HALF
+    live = t < n_tokens
+    row = qkv + t * qkv_token_stride
+    if part == 2:
+        hv = tl.arange(0, BLOCK_KV)[None, :, None]
+        mv = live & (hv < NUM_KV) & mask
+        v_src = row + (NUM_Q + NUM_KV + hv) * (2 * HALF) + d
+        slot = tl.load(loc + t, mask=live, other=0).to(tl.int64)
+        v_dst = v_pool + slot * (NUM_KV * 2 * HALF) + hv * (2 * HALF) + d
+        tl.store(v_dst, tl.load(v_src, mask=mv).to(v_dst.dtype.element_ty), mask=mv)
+        tl.store(v_dst + HALF, tl.load(v_src + HALF, mask=mv).to(v_dst.dtype.element_ty), mask=mv)
+    else:
+        position = tl.load(positions + t, mask=live, other=0).to(tl.float32)
+        angle = position * tl.load(inv_freq + d, mask=mask, other=0.0)
+        dtype = qkv.dtype.element_ty
+        cos = tl.cos(angle).to(dtype).to(tl.float32)
+        sin = tl.sin(angle).to(dtype).to(tl.float32)
+        if part == 0:
+            hq = tl.arange(0, BLOCK_Q)[None, :, None]
+            mq = live & (hq < NUM_Q) & mask
+            q_src = row + hq * (2 * HALF) + d
+            q1, q2 = _norm_rope_tiles(tl.load(q_src, mask=mq, other=0.0), tl.load(q_src + HALF, mask=mq, other=0.0),
+                                      q_weight, cos, sin, eps, d, mask, HALF, NORM)  # fmt: skip
+            q_dst = q_out + (t * NUM_Q + hq) * (2 * HALF) + d
+            tl.store(q_dst, q1.to(q_dst.dtype.element_ty), mask=mq)
+            tl.store(q_dst + HALF, q2.to(q_dst.dtype.element_ty), mask=mq)
+        else:
+            hk = tl.arange(0, BLOCK_KV)[None, :, None]
+            mk = live & (hk < NUM_KV) & mask
+            k_src = row + (NUM_Q + hk) * (2 * HALF) + d
+            k1, k2 = _norm_rope_tiles(tl.load(k_src, mask=mk, other=0.0), tl.load(k_src + HALF, mask=mk, other=0.0),
+                                      k_weight, cos, sin, eps, d, mask, HALF, NORM)  # fmt: skip
+            slot = tl.load(loc + t, mask=live, other=0).to(tl.int64)
+            k_dst = k_pool + slot * (NUM_KV * 2 * HALF) + hk * (2 * HALF) + d
+            tl.store(k_dst, k1.to(k_dst.dtype.element_ty), mask=mk)
+            tl.store(k_dst + HALF, k2.to(k_dst.dtype.element_ty), mask=mk)
+
+
+@triton.jit
 def silu_mul_kernel(gate_up, row_stride, out, inter, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """``out[row] = silu(gate) * up`` with ``gate_up[row] = [gate | up]``; in float32, rounded once.
     (``PDL``: launched with programmatic dependent launch, it first waits for the kernel before it.)"""

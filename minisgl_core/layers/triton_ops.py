@@ -374,10 +374,14 @@ def rope_store_kv(
     cache: KVCache,
     layer_id: int,
     loc: torch.Tensor,
+    tiles: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """Norm + rotary on the q and k heads of ``qkv`` (``[tokens, q_heads + 2 * kv_heads, head_dim]``),
     k and v written to ``cache`` layer ``layer_id`` at slots ``loc``; returns q ``[tokens, q_heads,
-    head_dim]``. The first eight parameters are :func:`~minisgl_core.layers.fused.qkv_norm_rope`'s."""
+    head_dim]``. The first eight parameters are :func:`~minisgl_core.layers.fused.qkv_norm_rope`'s.
+    ``tiles=(tokens, warps)``: the experimental tiled kernel (``rope_store_tiles_kernel``, several
+    tokens a program as one tile; measured by ``tools/device_rope_store.py``), else one token a
+    program."""
     tokens, heads, head_dim = qkv.shape
     if heads != num_q_heads + 2 * num_kv_heads or qkv.stride()[1:] != (head_dim, 1) or head_dim % 2:
         raise ValueError(f"rope_store_kv: qkv of shape {tuple(qkv.shape)} and strides {qkv.stride()}")
@@ -388,6 +392,15 @@ def rope_store_kv(
         return q
     norm = q_weight is not None and k_weight is not None
     half = head_dim // 2
+    if tiles is not None:
+        per, warps = tiles
+        _kernels().rope_store_tiles_kernel[(-(-tokens // per), 3)](
+            qkv, qkv.stride(0), positions, inv_freq, q_weight if norm else inv_freq,
+            k_weight if norm else inv_freq, float(eps), q, cache.k_cache(layer_id), cache.v_cache(layer_id),
+            loc, tokens, NUM_Q=num_q_heads, NUM_KV=num_kv_heads, HALF=half, BLOCK=_pow2(half),
+            BLOCK_Q=_pow2(num_q_heads), BLOCK_KV=_pow2(num_kv_heads), NORM=norm, TOKENS=per, num_warps=warps,
+        )  # fmt: skip
+        return q
     _kernels().rope_store_kernel[(tokens, 3)](
         qkv,
         qkv.stride(0),
