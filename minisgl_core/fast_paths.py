@@ -26,6 +26,8 @@ class FastPaths:
     compile: bool = True
     #: one Triton kernel for q/k norm, rotary and the K/V store (backends with "prestored_kv")
     fused_kv: bool = True
+    #: that kernel as masked tiles of 2-4 tokens a program (off: one token a program)
+    rope_store_tiles: bool = True
     #: the Triton SiLU·mul kernel
     triton_silu: bool = True
     #: the Triton RMS norm (and residual add + RMS norm) kernels, in place of the compiled ones
@@ -65,6 +67,7 @@ class FastPaths:
             name
             in (
                 "fused_kv",
+                "rope_store_tiles",
                 "triton_silu",
                 "triton_norm",
                 "triton_sampler",
@@ -83,6 +86,7 @@ NAMES: tuple[str, ...] = tuple(f.name for f in fields(FastPaths))
 ENV_VARS: dict[str, str] = {
     "compile": "MINISGL_COMPILE",
     "fused_kv": "MINISGL_FUSED_KV",
+    "rope_store_tiles": "MINISGL_ROPE_STORE_TILES",
     "triton_silu": "MINISGL_TRITON_SILU",
     "triton_norm": "MINISGL_TRITON_NORM",
     "triton_sampler": "MINISGL_TRITON_SAMPLER",

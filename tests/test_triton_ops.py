@@ -274,7 +274,7 @@ def check_kernel() -> None:
             flat[1, loc] = ref[:, q_heads + kv_heads :]
             start_pool = cache.buffer.clone()
             # one token a program, and the tiled kernel's blocks of 2 and 4 (9 tokens: the last partial)
-            for tiles in (None, (2, 4), (4, 2)):
+            for tiles in (False, True, (2, 4), (4, 2)):
                 cache.buffer.copy_(start_pool)
                 q = rope_store_kv(qkv, positions, inv_freq, q_w, k_w, q_heads, kv_heads, 1e-6, cache, 1, loc,
                                   tiles=tiles)  # fmt: skip

@@ -362,6 +362,14 @@ def _pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
+def rope_store_tiles(tokens: int) -> tuple[int, int]:
+    """(tokens a program, warps) of :func:`rope_store_kv`'s tiled kernel. On an H200 (forty-third
+    session, ``tools/device_rope_store.py``) two tokens with 4 warps were fastest up to 256
+    tokens (Qwen3-0.6B's heads at 256: 3.88 against 4.56 µs one token a program), four from
+    1,024 on (8,192 tokens: 41.3 against 82.1 µs; Llama-3.1-8B's 62.1 against 84.1)."""
+    return (2, 4) if tokens < 512 else (4, 4)
+
+
 def rope_store_kv(
     qkv: torch.Tensor,
     positions: torch.Tensor,
@@ -374,14 +382,14 @@ def rope_store_kv(
     cache: KVCache,
     layer_id: int,
     loc: torch.Tensor,
-    tiles: tuple[int, int] | None = None,
+    tiles: tuple[int, int] | bool = True,
 ) -> torch.Tensor:
     """Norm + rotary on the q and k heads of ``qkv`` (``[tokens, q_heads + 2 * kv_heads, head_dim]``),
     k and v written to ``cache`` layer ``layer_id`` at slots ``loc``; returns q ``[tokens, q_heads,
     head_dim]``. The first eight parameters are :func:`~minisgl_core.layers.fused.qkv_norm_rope`'s.
-    ``tiles=(tokens, warps)``: the experimental tiled kernel (``rope_store_tiles_kernel``, several
-    tokens a program as one tile; measured by ``tools/device_rope_store.py``), else one token a
-    program."""
+    ``tiles``: True picks :func:`rope_store_tiles` (the tiled kernel, several tokens a program as
+    one masked tile), ``(tokens, warps)`` sets them, False runs the former kernel (one token a
+    program; ``tools/device_rope_store.py`` times them)."""
     tokens, heads, head_dim = qkv.shape
     if heads != num_q_heads + 2 * num_kv_heads or qkv.stride()[1:] != (head_dim, 1) or head_dim % 2:
         raise ValueError(f"rope_store_kv: qkv of shape {tuple(qkv.shape)} and strides {qkv.stride()}")
@@ -392,7 +400,9 @@ def rope_store_kv(
         return q
     norm = q_weight is not None and k_weight is not None
     half = head_dim // 2
-    if tiles is not None:
+    if tiles is True:
+        tiles = rope_store_tiles(tokens) if fast_paths.current().enabled("rope_store_tiles") else False
+    if tiles:
         per, warps = tiles
         _kernels().rope_store_tiles_kernel[(-(-tokens // per), 3)](
             qkv, qkv.stride(0), positions, inv_freq, q_weight if norm else inv_freq,
