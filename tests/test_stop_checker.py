@@ -10,7 +10,7 @@ from minisgl_core.scheduler.request import Request
 from minisgl_core.scheduler.stop import StopChecker
 
 
-def byte_decode(ids: list[int]) -> str:
+def byte_decode(ids: list[int], skip_special_tokens: bool = True) -> str:
     """Token id i is the byte i (a character of k UTF-8 bytes is k tokens)."""
     return bytes(ids).decode("utf-8", errors="replace")
 
@@ -81,3 +81,36 @@ def test_random_unicode_text_stops_where_the_reference_says():
         min_tokens = rng.choice([0, 0, 3, 9])
         got, want = run(text, stops, min_tokens), reference(text, stops, min_tokens)
         assert got == want, (text, stops, min_tokens)
+
+
+def test_a_stop_string_matches_the_text_the_client_gets_special_tokens_skipped_or_not(default_model_dir):
+    """A stop string holding a special token's text ("4.<|im_end|>") matched in the scheduler,
+    which decoded special tokens, while the detokenizer skipped them and found nothing to cut: the
+    client got "The answer is 4." with finish_reason "stop" and stop_reason "4.<|im_end|>". Now the
+    scheduler matches on the text the client gets, as vLLM does: with special tokens skipped such a
+    stop never matches; with them kept it matches and the text is cut before it."""
+    from minisgl_core.tokenizer.detokenize import final_text
+    from minisgl_core.tokenizer.load import load_tokenizer
+
+    tokenizer = load_tokenizer(str(default_model_dir))
+    ids = tokenizer.encode("The answer is 4.<|im_end|>\nMore", add_special_tokens=False)
+    assert tokenizer.convert_tokens_to_ids("<|im_end|>") in ids
+    checker = StopChecker((), lambda window, skip: tokenizer.decode(window, skip_special_tokens=skip))
+    for skip in (True, False):
+        params = SamplingParams(
+            max_tokens=64, stop=["4.<|im_end|>"], ignore_eos=True, skip_special_tokens=skip
+        )
+        req = Request(rid=0, prompt_ids=[1], params=params, arrival=0)
+        matched = None
+        for token in ids:
+            req.output_ids.append(token)
+            reason, matched = checker.check(req)
+            if reason == "stop":
+                break
+        if skip:
+            assert matched is None and len(req.output_ids) == len(ids)
+        else:
+            assert matched == "4.<|im_end|>"
+            assert (
+                final_text(tokenizer, req.output_ids, matched, skip_special_tokens=False) == "The answer is "
+            )

@@ -12,9 +12,12 @@ _RECENT = 8
 
 
 class StopChecker:
-    def __init__(self, eos_ids: Iterable[int], decode: Callable[[list[int]], str] | None) -> None:
+    def __init__(self, eos_ids: Iterable[int], decode: Callable[[list[int], bool], str] | None) -> None:
         self.eos_ids = frozenset(eos_ids)
-        #: token ids -> text; needed only for stop strings
+        #: (token ids, skip_special_tokens) -> text; needed only for stop strings, which match the
+        #: text the client gets: with special tokens skipped (the default) a stop string holding
+        #: one (``"4.<|im_end|>"``) never matches, as in vLLM (the scheduler decoded them, matched
+        #: such a stop, and the detokenizer, which skips them, found nothing to cut)
         self.decode = decode
 
     def check(self, req: Request) -> tuple[str | None, str | int | None]:
@@ -43,6 +46,12 @@ class StopChecker:
         # text was checked at earlier steps, but for text before min_tokens, which does not count:
         # while the window still holds some of the first min_tokens - 1 tokens, only a stop ending
         # after their text does (the detokenizer trims at the same one: stop_search_start).
+        assert self.decode is not None
+        skip = req.params.skip_special_tokens
+
+        def decode(ids: list[int]) -> str:
+            return self.decode(ids, skip)  # type: ignore[misc]
+
         if not req.stop_window:
             req.stop_window = max(len(s.encode("utf-8")) for s in req.params.stop) + 4
         if req.stop_window > 2 * _RECENT:
@@ -50,14 +59,14 @@ class StopChecker:
             # ending in a real U+FFFD, the token before), which began within the last four tokens:
             # if no stop's last character is in the last few tokens' text, none can match, and the
             # window (up to 4,100 tokens for a long stop of emoji) need not be decoded this step.
-            recent = self.decode(req.output_ids[-_RECENT:])
+            recent = decode(req.output_ids[-_RECENT:])
             if not any(stop[-1] in recent for stop in req.params.stop):
                 return None
         window = req.output_ids[-req.stop_window :]
-        tail = self.decode(window)
+        tail = decode(window)
         early = req.params.min_tokens - 1 - (len(req.output_ids) - len(window))
         # (a character the first min_tokens - 1 tokens end inside is not their text: it ends later)
-        before = len(self.decode(window[:early]).rstrip("\ufffd")) if early > 0 else 0
+        before = len(decode(window[:early]).rstrip("\ufffd")) if early > 0 else 0
         # A character cut by either end of the window (the window starting inside one, the newest
         # token ending inside one) decodes to U+FFFD: not the output's text, which a stop of
         # "\ufffd" matched inside a whole emoji. The end's characters are found once complete.
