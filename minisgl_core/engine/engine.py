@@ -113,7 +113,9 @@ class Engine:
             last_tokens=self.last_tokens,
             prefill_attn=self.runner.prefill_attn,
             decode_attn=self.runner.decode_attn,
-            stop_checker=StopChecker(self.eos_ids, lambda ids, skip: tokenizer.decode(ids, skip_special_tokens=skip)),
+            stop_checker=StopChecker(
+                self.eos_ids, lambda ids, skip: tokenizer.decode(ids, skip_special_tokens=skip)
+            ),
             make_generator=self.sampler.make_generator,
             cascade=self.runner.cascade,
             mixed=self.runner.mixed,
