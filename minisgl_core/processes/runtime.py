@@ -178,6 +178,17 @@ class Runtime:
                 return self.failure
         return None
 
+    def failure_of(self, msg: ProcessFailed) -> str:
+        """A child's failure report, led by a child that had already exited abnormally: a rank whose
+        peer died reports only a broken connection (under TP=2, killing scheduler 1 was reported as
+        "the scheduler 0 process failed: RuntimeError: [gloo] Connection closed by peer")."""
+        reporter = _name(msg.role, msg.rank)
+        report = f"the {reporter} process failed:\n{msg.error}"
+        for name, proc in self.procs.items():
+            if name != reporter and proc.exitcode not in (None, 0):
+                return f"the {name} process exited unexpectedly with code {proc.exitcode}; then {report}"
+        return report
+
     def supervise(self, on_failure: Callable[[str], None]) -> None:
         """Watch the children from a thread; call ``on_failure(message)`` once if one fails."""
 
@@ -186,7 +197,7 @@ class Runtime:
                 msg = recv(self.control, timeout_ms=200)
                 failure = None
                 if isinstance(msg, ProcessFailed):
-                    failure = self.failure = f"the {_name(msg.role, msg.rank)} process failed:\n{msg.error}"
+                    failure = self.failure = self.failure_of(msg)
                 elif msg is None and not self._stopping.is_set():
                     failure = self._dead_child()
                 if failure is not None:
