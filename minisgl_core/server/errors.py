@@ -146,7 +146,7 @@ def _json_kind(value: Any) -> str:
 def _is_union_member_tag(part: str) -> bool:
     # e.g. "str", "list[int]", "function-after[_utf8(), str]", "TextPart"; exact names, so that
     # fields such as "stream" or "stream_options" are kept
-    return part in ("str", "int", "float", "bool", "TextPart") or part.startswith(
+    return part in ("str", "int", "float", "bool", "TextPart", "RefusalPart") or part.startswith(
         ("list[", "dict[", "function-", "literal[", "NamedToolChoice")
     )
 

@@ -4,6 +4,7 @@ RequestGroup as a stream of SSE chunks or as one JSON body, aborting whatever th
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
@@ -12,7 +13,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from minisgl_core.sampling import SamplingParams, merge_sampling
+from minisgl_core.sampling import SamplingParams, cut, merge_sampling, short_repr
 from minisgl_core.server.errors import APIError, sse_error
 from minisgl_core.server.responses import DONE, Choice
 from minisgl_core.server.state import ModelInfo, RequestGroup
@@ -37,13 +38,22 @@ def sampling_params(fields: dict[str, Any], rename: dict[str, str], model: Model
         params = SamplingParams(**{**merge_sampling(fields, defaults), "max_tokens": fields["max_tokens"]})
     except ValueError as exc:
         name = str(exc).split(" ", 1)[0]
-        raise APIError(
-            400, str(exc).replace(name, rename.get(name, name), 1), rename.get(name, name)
-        ) from exc
+        message = _as_sent(str(exc), fields.get(name))
+        raise APIError(400, message.replace(name, rename.get(name, name), 1), rename.get(name, name)) from exc
     check_token_ids(
         list(params.stop_token_ids), model.vocab_size, rename.get("stop_token_ids", "stop_token_ids")
     )
     return params
+
+
+def _as_sent(message: str, value: Any) -> str:
+    """``message`` showing a list field's value as the client sent it (JSON), not as the Python
+    tuple SamplingParams keeps: ``stop must be non-empty strings, got ('',)`` read as Python."""
+    if isinstance(value, list):
+        kept = f", got {short_repr(tuple(value))}"
+        if message.endswith(kept):
+            return message[: -len(kept)] + f", got {cut(json.dumps(value, ensure_ascii=False))}"
+    return message
 
 
 # A score-only request (/v1/completions' echo with max_tokens 0, OpenAI's legacy way to score a

@@ -103,20 +103,26 @@ def completion_logprobs(items: list[list[Any]], offsets: TextOffsets | None = No
     (counted on from ``offsets``, a stream's choice's so far; else from 0).
     A token whose text is not whole characters (a part of a UTF-8 character: U+FFFD alone) is
     named by its bytes, ``bytes:\\xe2\\x80`` as OpenAI's, so such tokens neither read alike nor
-    collide as keys of a top-k dict."""
+    collide as keys of a top-k dict.
+    Each top-k dict also holds the token itself (up to k+1 entries, after the k, which keeps them
+    in order of logprob), as OpenAI's legacy API and vLLM give it: with ``logprobs: 0`` it is the
+    token alone (the dicts were the k most likely only, ``{}`` for 0)."""
     tokens, token_logprobs, top_logprobs = [], [], []
     text_offset = (offsets if offsets is not None else TextOffsets()).advance(items)
     for text, logprob, top, *rest in items:
         raw = dict(rest[2]) if len(rest) > 2 else {}
         own = raw.get(rest[0]) if rest else None
-        tokens.append(_bytes_token(own) if own is not None else text)
+        token = _bytes_token(own) if own is not None else text
+        tokens.append(token)
         token_logprobs.append(logprob)
-        # (an echoed prompt's first token has no logprob, and no top ones: null, as OpenAI's)
-        top_logprobs.append(
-            {(_bytes_token(raw[tid]) if tid in raw else t): lp for t, lp, tid in top}
-            if logprob is not None
-            else None
-        )
+        if logprob is None:  # an echoed prompt's first token has none, and no top ones: null, as OpenAI's
+            top_logprobs.append(None)
+            continue
+        ranked = {(_bytes_token(raw[tid]) if tid in raw else t): lp for t, lp, tid in top}
+        # (by id: a token's text in context may differ from its text alone, the top ones')
+        if not rest or all(tid != rest[0] for _, _, tid in top):
+            ranked.setdefault(token, logprob)
+        top_logprobs.append(ranked)
     return {
         "tokens": tokens,
         "token_logprobs": token_logprobs,

@@ -20,7 +20,9 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -166,15 +168,26 @@ class StrictModel(BaseModel):
 
 
 class StreamOptions(StrictModel):
-    include_usage: Bool = False
-    #: vLLM's: every chunk carries the usage so far (its choice's completion tokens)
+    #: None = unset: off, unless continuous_usage_stats asks for usage
+    include_usage: Bool | None = None
+    #: vLLM's: every chunk carries the usage so far (its choice's completion tokens); it implies
+    #: include_usage (``{"continuous_usage_stats": true}`` alone was a 400, vLLM takes it)
     continuous_usage_stats: Bool = False
 
     @model_validator(mode="after")
     def _continuous_needs_usage(self) -> StreamOptions:
-        if self.continuous_usage_stats and not self.include_usage:
-            raise ValueError("continuous_usage_stats needs include_usage true")
+        # vLLM sends no usage on the chunks then, silently; a contradiction is refused instead
+        if self.continuous_usage_stats and self.include_usage is False:
+            raise ValueError(
+                "continuous_usage_stats needs include_usage true (or left out): usage on every chunk "
+                "includes the final usage chunk"
+            )
         return self
+
+    @property
+    def usage(self) -> bool:
+        """Whether the stream ends with a usage chunk."""
+        return bool(self.include_usage) or self.continuous_usage_stats
 
 
 class JsonSchemaFormat(StrictModel):
@@ -305,6 +318,30 @@ class TextPart(StrictModel):
     text: Text
 
 
+class RefusalPart(StrictModel):
+    """What an assistant declined to do, in OpenAI's schema of assistant messages: text to the model."""
+
+    type: Literal["refusal"]
+    refusal: Text
+
+    @property
+    def text(self) -> str:
+        return self.refusal
+
+
+def _part_kind(part: Any) -> str:
+    # by the part's type, so that a bad part's error is its own kind's; a part without a type is
+    # taken for a text part, which says the type is missing
+    return "RefusalPart" if isinstance(part, dict) and part.get("type") == "refusal" else "TextPart"
+
+
+#: a message's content part (the union's tags are the class names: errors leave them out of the path)
+ContentPart = Annotated[
+    Annotated[TextPart, Tag("TextPart")] | Annotated[RefusalPart, Tag("RefusalPart")],
+    Discriminator(_part_kind),
+]
+
+
 def _arguments(text: str) -> str:
     """A tool call's arguments as the chat template will get them (see
     :meth:`AssistantToolCall.to_template`): JSON text that decodes to an object must decode to
@@ -351,20 +388,26 @@ class AssistantToolCall(StrictModel):
 class ChatMessage(StrictModel):
     role: Text
     #: may be null only on an assistant message that makes tool calls
-    content: Text | list[TextPart] | None = None
+    content: Text | list[ContentPart] | None = None
     name: Text | None = None
     tool_calls: list[AssistantToolCall] | None = None
     tool_call_id: Text | None = None
 
     @field_validator("content", mode="before")
     @classmethod
-    def _text_parts_only(cls, content: Any) -> Any:
+    def _text_parts_only(cls, content: Any, info: ValidationInfo) -> Any:
         # a part of another type (image_url, input_audio, file) would otherwise fail as "text:
         # Field required", which does not say what is wrong
         if isinstance(content, list):
+            role = info.data.get("role")  # (absent when it was refused: that error says why)
             for part in content:
                 kind = part.get("type") if isinstance(part, dict) else None
-                if kind is not None and kind != "text":
+                if kind == "refusal" and role not in (None, "assistant"):
+                    raise ValueError(
+                        f"content parts of type 'refusal' belong to assistant messages, not to a "
+                        f"{short_repr(role)} message"
+                    )
+                if kind is not None and kind not in ("text", "refusal"):
                     raise ValueError(
                         f"content parts of type {short_repr(kind)} are not supported: the served models take text only"
                     )
@@ -380,8 +423,10 @@ class ChatMessage(StrictModel):
     @model_validator(mode="after")
     def _fits_role(self) -> ChatMessage:
         if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            article = "an" if self.role == "assistant" else "a"
             raise ValueError(
-                f"a {self.role} message needs content (only an assistant message with tool_calls may omit it)"
+                f"{article} {self.role} message needs content (only an assistant message with tool_calls "
+                "may omit it)"
             )
         if self.tool_calls is not None and self.role != "assistant":
             raise ValueError("only assistant messages may have tool_calls")
@@ -395,7 +440,8 @@ class ChatMessage(StrictModel):
         elif isinstance(self.content, str):
             content = self.content
         else:
-            content = "".join(p.text for p in self.content)
+            # one part a line, as vLLM joins them ("".join ran "Hi", "there" into "Hithere")
+            content = "\n".join(p.text for p in self.content)
         out: dict[str, Any] = {
             "role": "system" if self.role == "developer" else self.role,
             "content": content,
@@ -525,7 +571,7 @@ class SamplingFields(GrammarFields):
 
     @property
     def include_usage(self) -> bool:
-        return self.stream_options is not None and self.stream_options.include_usage
+        return self.stream_options is not None and self.stream_options.usage
 
     @property
     def continuous_usage(self) -> bool:

@@ -177,12 +177,17 @@ CASES = [
     ),
     (CHAT, r'{"messages": [{"role": "user", "content": "hi"}], "user": "\udfff"}', 400, "user", "surrogate"),
     (COMPLETIONS, {"prompt": "hi", "truncate_prompt_tokens": 0}, 400, "truncate_prompt_tokens", "-1"),
+    # continuous_usage_stats alone implies include_usage (vLLM's default); turned off it contradicts
     (
         COMPLETIONS,
-        {"prompt": "hi", "stream": True, "stream_options": {"continuous_usage_stats": True}},
+        {
+            "prompt": "hi",
+            "stream": True,
+            "stream_options": {"include_usage": False, "continuous_usage_stats": True},
+        },
         400,
         "stream_options",
-        "include_usage",
+        "include_usage true (or left out)",
     ),
     (
         COMPLETIONS,
@@ -294,6 +299,26 @@ CASES = [
     (COMPLETIONS, '{"prompt": "hi", "timeout": NaN}', 400, "timeout", "finite number"),
     # (1,000 stops of 8,000 characters stalled every request of the server for a minute)
     (COMPLETIONS, {"prompt": "hi", "stop": ["s"] * 257}, 400, "stop", "at most 256 strings"),
+    # a list is shown as the client sent it (JSON), not as the Python tuple kept of it: ('',)
+    (COMPLETIONS, {"prompt": "hi", "stop": ["x", ""]}, 400, "stop", 'non-empty strings, got ["x", ""]'),
+    (CHAT, {"messages": USER, "stop": ""}, 400, "stop", 'got [""]'),
+    (CHAT, {"messages": USER, "stop": ["é" * 30, ""] * 3}, 400, "stop", '"", ...'),  # cut short
+    (COMPLETIONS, {"prompt": "hi", "stop_token_ids": [3, -1]}, 400, "stop_token_ids", "got [3, -1]"),
+    (
+        CHAT,
+        {"messages": [*USER, {"role": "assistant"}]},
+        400,
+        "messages.1",
+        "an assistant message needs content",
+    ),
+    # a refusal part is an assistant's (OpenAI's schema); in another message it says where it belongs
+    (
+        CHAT,
+        {"messages": [{"role": "user", "content": [{"type": "refusal", "refusal": "no"}]}]},
+        400,
+        "messages.0.content",
+        "'refusal' belong to assistant messages",
+    ),
     (CHAT, {"messages": USER, "stop": ["ok", "s" * 1025]}, 400, "stop", "at most 1024 characters"),
     # (a regex of 2 MB took 55 s to compile, on after its client had left)
     (COMPLETIONS, {"prompt": "hi", "regex": "a" * 600_000}, 400, "regex", "at most 524,288 are taken"),

@@ -484,6 +484,99 @@ def test_completion_logprobs(client, model_name):
     assert lp.text_offset[0] == 0 and "".join(lp.tokens).startswith(resp.choices[0].text[:1])
 
 
+def _with_sampled(lp) -> list[tuple[dict, str, float]]:
+    """Each position's top dict with its token and that token's logprob (the first echoed one has none)."""
+    return [
+        (top, t, v) for top, t, v in zip(lp.top_logprobs, lp.tokens, lp.token_logprobs, strict=True) if top
+    ]
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_completion_top_logprobs_hold_the_sampled_token(client, model_name, k):
+    """OpenAI's legacy completions (and vLLM) give each position's top dict the sampled token too,
+    so it holds up to k+1 tokens: it held the k most likely only, {} for logprobs 0, and a token
+    sampled outside them was missing from its own position's dict. Streamed, and echoed alike."""
+    kwargs = dict(model=model_name, prompt="Random words:", max_tokens=6, temperature=1.5, seed=3, logprobs=k)
+    lp = client.completions.create(**kwargs).choices[0].logprobs
+    entries = _with_sampled(lp)
+    assert len(entries) == 6
+    for top, token, logprob in entries:
+        assert top[token] == pytest.approx(logprob, abs=1e-6) and len(top) <= k + 1, (top, token)
+        if k == 0:
+            assert top == {token: logprob}
+    # (at this temperature a token outside the most likely one is sampled: the dict holds both)
+    assert k == 0 or any(len(top) == 2 for top, _, _ in entries)
+    chunks = [c.choices[0].logprobs for c in client.completions.create(**kwargs, stream=True) if c.choices]
+    streamed = [e for c in chunks if c for e in _with_sampled(c)]
+    assert [(t, top) for top, t, _ in streamed] == [(t, top) for top, t, _ in entries]
+    # echo: the prompt's tokens' dicts hold each prompt token (the first has none: null)
+    echoed = client.completions.create(**{**kwargs, "max_tokens": 1}, echo=True).choices[0].logprobs
+    assert echoed.top_logprobs[0] is None and len(_with_sampled(echoed)) == len(echoed.tokens) - 1
+    for top, token, logprob in _with_sampled(echoed):
+        assert top[token] == pytest.approx(logprob, abs=1e-6) and len(top) <= k + 1
+    # named by id, the token is under its own name too
+    named = client.completions.create(**kwargs, extra_body={"return_tokens_as_token_ids": True})
+    assert all(top[token] == logprob for top, token, logprob in _with_sampled(named.choices[0].logprobs))
+
+
+def test_chat_top_logprobs_are_the_most_likely_only(client, model_name):
+    """OpenAI's chat format differs: top_logprobs are the k most likely tokens, the sampled one
+    only if it is among them."""
+    content = client.chat.completions.create(
+        model=model_name, messages=MESSAGES, max_tokens=6, temperature=1.5, seed=3, logprobs=True, top_logprobs=1
+    ).choices[0].logprobs.content  # fmt: skip
+    assert all(len(e.top_logprobs) == 1 for e in content)
+    assert any(e.top_logprobs[0].token != e.token for e in content)
+
+
+def test_continuous_usage_stats_alone_implies_include_usage(client, model_name):
+    """vLLM's include_usage defaults to true in stream_options: continuous_usage_stats alone was a
+    400 ("needs include_usage true"); it now streams the usage on every chunk and at the end."""
+    for create, args in [
+        (client.chat.completions.create, {"messages": MESSAGES}),
+        (client.completions.create, {"prompt": PROMPT}),
+    ]:
+        chunks = list(
+            create(model=model_name, **args, max_tokens=3, stream=True, stream_options={"continuous_usage_stats": True},
+                   extra_body={"ignore_eos": True})
+        )  # fmt: skip
+        *choice_chunks, last = chunks
+        assert not last.choices and last.usage.completion_tokens == 3
+        assert choice_chunks and all(c.usage is not None for c in choice_chunks)
+        assert choice_chunks[-1].usage.completion_tokens == 3
+
+
+def test_text_parts_are_joined_by_newlines_and_an_assistants_refusal_is_its_text(
+    client, server, auth, model_name
+):
+    """Content parts were joined with nothing between ("Hi", "there" read "Hithere"); vLLM joins
+    them with "\n". An assistant message's refusal part (OpenAI's schema) was a 400; its text is
+    now the message's text. /tokenize and the chat route render them alike."""
+
+    def tokens(messages):
+        resp = httpx.post(f"{server.url}/tokenize", json={"messages": messages}, headers=auth)
+        assert resp.status_code == 200, resp.text
+        return resp.json()["tokens"]
+
+    def prompt_tokens(messages):
+        return client.chat.completions.create(
+            model=model_name, messages=messages, max_tokens=1
+        ).usage.prompt_tokens
+
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}]}]
+    joined = [{"role": "user", "content": "Hi\nthere"}]
+    assert tokens(parts) == tokens(joined) != tokens([{"role": "user", "content": "Hithere"}])
+    assert prompt_tokens(parts) == len(tokens(joined))
+    refused = [
+        *joined,
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "I cannot."}]},
+        {"role": "user", "content": "Why?"},
+    ]
+    as_text = [*joined, {"role": "assistant", "content": "I cannot."}, {"role": "user", "content": "Why?"}]
+    assert tokens(refused) == tokens(as_text)
+    assert prompt_tokens(refused) == len(tokens(as_text))
+
+
 def test_completion_text_offsets_of_characters_split_across_tokens(client, llm, model_name):
     """A token that is part of a UTF-8 character counted as one character: the offsets of an emoji's
     byte tokens ran 0, 1, 2 and every later one pointed past the text. Each token now begins at the

@@ -96,8 +96,9 @@ def test_completion_logprobs_name_a_part_of_a_character_by_its_bytes(real_client
     assert resp.choices[0].text == "😀"
     raw = b"".join(bytes.fromhex(t.removeprefix("bytes:").replace("\\x", "")) for t in lp.tokens)
     assert raw.decode("utf-8") == "😀" and all(t.startswith("bytes:\\x") for t in lp.tokens), lp.tokens
-    for top in lp.top_logprobs:  # every alternative under its own key: five of them
-        assert len(top) == 5 and "\ufffd" not in top, top
+    # every alternative under its own key: five of them, and the chosen token's (if another)
+    for top, token in zip(lp.top_logprobs, lp.tokens, strict=True):
+        assert token in top and len(top) in (5, 6) and "\ufffd" not in top, top
     # return_tokens_as_token_ids names them by id instead
     resp = real_client.completions.create(
         model="SmolLM2-135M-Instruct",
