@@ -68,6 +68,27 @@ class ApiKeyGate:
         )
 
 
+class CountOpenRequests:
+    """ASGI middleware: the HTTP requests between their headers and the end of their answer
+    (``ServerState.open_requests``). A shutdown's drain waits for them too: a request whose body
+    was still arriving when SIGTERM came on an idle server was reset when the process exited,
+    with no answer; its body read, it now gets the draining server's 503."""
+
+    def __init__(self, app: Any, state: ServerState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        self.state.open_requests += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.state.open_requests -= 1
+
+
 def create_app(
     state: ServerState,
     api_key: str | None = None,
@@ -117,6 +138,7 @@ def create_app(
             allow_headers=["Authorization", "Content-Type"],
         )
     app.add_middleware(HeadAsGet)
+    app.add_middleware(CountOpenRequests, state=state)
     app.include_router(tokenize_router(state, tokenizer), dependencies=protected)
     schema = build_schema(app, protected=bool(protected))
     app.openapi = lambda: schema  # type: ignore[method-assign]

@@ -135,12 +135,16 @@ def _serve_head(
 
 def _drain(state: Any, runtime: Runtime, timeout_s: float) -> None:
     """Let in-flight requests finish for up to ``timeout_s`` while new ones get 503; then end the
-    rest with an error (an error event and [DONE] on a stream), so no client sees a cut connection."""
+    rest with an error (an error event and [DONE] on a stream), so no client sees a cut connection.
+    HTTP requests still open count too (a body still arriving gets its 503 once read)."""
     state.loop.call_soon_threadsafe(state.start_draining)
     deadline = time.monotonic() + timeout_s
-    if state.pending:
-        logger.info("draining %d in-flight requests for up to %gs", len(state.pending), timeout_s)
-    while state.pending and time.monotonic() < deadline and runtime.failure is None:
+    if state.pending or state.open_requests:
+        logger.info(
+            "draining %d in-flight requests (%d HTTP requests open) for up to %gs",
+            len(state.pending), state.open_requests, timeout_s,
+        )  # fmt: skip
+    while (state.pending or state.open_requests) and time.monotonic() < deadline and runtime.failure is None:
         time.sleep(0.05)
     if state.pending:
         logger.warning("ending %d unfinished requests with an error", len(state.pending))

@@ -306,6 +306,8 @@ class ServerState:
         self.last_report_at = time.monotonic()
         #: set by SIGTERM: new requests get 503 while the in-flight ones finish
         self.draining = False
+        #: HTTP requests from their headers to the end of their answer (app.CountOpenRequests)
+        self.open_requests = 0
         self.rids = itertools.count()
         self.pending: dict[int, RequestGroup] = {}
         self.admissions: dict[int, asyncio.Future[Admission]] = {}

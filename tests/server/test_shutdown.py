@@ -117,6 +117,40 @@ def test_sigterm_drains_then_ends_streams_with_an_error(start_server, long_conte
     assert "resource_tracker" not in server.log(), server.log()[-2000:]
 
 
+def test_sigterm_on_an_idle_server_answers_a_request_whose_body_is_still_arriving(
+    start_server, long_context_model_dir, engine_args
+):
+    """With nothing generating, the drain ended at once and the process exited about 3 s later:
+    a client still sending its body got its connection reset with no answer (found by a probe;
+    with a request generating, the same client got its 503). Open HTTP requests count now."""
+    import socket
+    from urllib.parse import urlsplit
+
+    server = start_server(["--model", str(long_context_model_dir), *engine_args, "--shutdown-timeout", "8"])
+    body = json.dumps({"prompt": "hi", "max_tokens": 1}).encode()
+    where = urlsplit(server.url)
+    sock = socket.create_connection((where.hostname, where.port), timeout=30)
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {where.netloc}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    sock.sendall(head.encode() + body[:5])
+    time.sleep(0.5)  # the headers are in: the request is open
+    server.proc.send_signal(signal.SIGTERM)
+    time.sleep(1.5)
+    sock.sendall(body[5:])
+    answer = b""
+    try:
+        while chunk := sock.recv(65536):
+            answer += chunk
+    except ConnectionResetError:
+        pass
+    sock.close()
+    assert answer.startswith(b"HTTP/1.1 503"), answer[:300]
+    assert b"shutting down" in answer, answer
+    assert server.wait_exit(30) == 0
+
+
 def _child(server, name: str) -> int:
     for pid in server.children():
         if Path(f"/proc/{pid}/comm").read_text().strip() == name:
