@@ -8,9 +8,12 @@ sample ``x ~ p`` at the position as usual, accept ``d`` when ``x == d``, else em
 renormalised remainder. So each position goes through the ordinary sampler, with everything it
 supports: temperature, top-k/top-p/min-p, penalties (each position sees the output as if the
 drafts before it were accepted, as it would be without speculation), logit bias, logprobs,
-seeds (a seeded request's text repeats from run to run, but differs from its text without
-speculation: every position of a verify step draws from the request's generator, drafts rejected
-or not, so later tokens meet other draws). Under greedy sampling this accepts a draft exactly when it is the argmax, so the output is
+seeds (a seeded request's text repeats from run to run while the KV pool has room, but differs
+from its text without speculation: every position of a verify step draws from the request's
+generator, drafts rejected or not, so later tokens meet other draws; and for the same reason a
+step that gives a request no drafts, because the pool could not hold them, or its retraction and
+prefill again, change its later draws: under memory pressure a seeded request's text can differ
+from run to run, as the lifecycle probe saw with a 700-token pool). Under greedy sampling this accepts a draft exactly when it is the argmax, so the output is
 the one decoding without drafts gives (up to the float differences of an extend-shaped forward).
 
 Constrained requests (grammars) get no drafts: their bitmask depends on the tokens before it.
