@@ -1,4 +1,5 @@
-"""The offline Python API: ``LLM(model).generate(prompts, SamplingParams(...))``."""
+"""The offline Python API: ``LLM(model).generate(prompts, SamplingParams(...))`` and
+``LLM(model).chat(messages)``."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numbers
 import re
 import signal
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,9 @@ from minisgl_core.plugins import Plugins
 from minisgl_core.request_limits import all_plain_ints, truncate_prompt
 from minisgl_core.sampling import SamplingParams, TokenLogprob, merge_sampling, short_repr
 from minisgl_core.setting_names import Spelling
+from minisgl_core.tokenizer.chat_input import conversations, template_args
 from minisgl_core.tokenizer.detokenize import final_text
+from minisgl_core.tokenizer.load import apply_chat_template
 
 #: a lone UTF-16 surrogate: text no tokenizer encodes
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -31,13 +34,39 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 logger = logging.getLogger(__name__)
 
 Prompt = str | list[int]
+#: one conversation: ``{"role": ..., "content": ...}`` messages
+Conversation = Sequence[Mapping[str, Any]]
 
 #: the settings LLM names as its own arguments (tp_size: only 1), never in ``**engine_options``
 _NAMED = ("model", "tp_size", "attn", "cache", "policy", "page_size", "max_prefill_tokens", "dtype", "device")
 
 
 @dataclass
+class CompletionOutput:
+    """One completion of a prompt (vLLM's shape): ``RequestOutput.outputs`` holds
+    ``SamplingParams.n`` of them, in choice order."""
+
+    #: the choice's place among the prompt's n (with a seed, it ran with choice_seed(seed, index))
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    #: the sum of the sampled tokens' logprobs when SamplingParams.logprobs is set, else None
+    cumulative_logprob: float | None = None
+    #: one entry per output token when SamplingParams.logprobs is set
+    logprobs: list[TokenLogprob] | None = None
+    #: "stop" | "length", or "error" | "invalid" (see ``error``)
+    finish_reason: str | None = None
+    #: the stop string or token id that ended generation, if any (RequestOutput.matched_stop)
+    stop_reason: str | int | None = None
+    #: why the completion failed, as RequestOutput.error
+    error: str | None = None
+
+
+@dataclass
 class RequestOutput:
+    """What one prompt gave. The flat fields (``text``, ``token_ids``...) are the first
+    completion's, ``outputs[0]``; ``outputs`` holds all ``SamplingParams.n`` of them."""
+
     prompt_token_ids: list[int]
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
@@ -52,6 +81,48 @@ class RequestOutput:
     error: str | None = None
     #: with SamplingParams.prompt_logprobs: one entry per prompt token, None for the first
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    #: every completion of the prompt (vLLM's ``outputs``); built from the flat fields when not given
+    outputs: list[CompletionOutput] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.outputs:
+            self.outputs = [
+                CompletionOutput(
+                    0,
+                    self.text,
+                    self.token_ids,
+                    _cumulative(self.logprobs),
+                    self.logprobs,
+                    self.finish_reason,
+                    self.matched_stop,
+                    self.error,
+                )
+            ]
+
+    @classmethod
+    def of_choices(
+        cls,
+        prompt_token_ids: list[int],
+        choices: list[CompletionOutput],
+        prompt_logprobs: list[TokenLogprob | None] | None = None,
+    ) -> RequestOutput:
+        """The output of a prompt whose completions are ``choices``, the flat fields the first's."""
+        first = choices[0]
+        return cls(
+            prompt_token_ids,
+            first.token_ids,
+            first.text,
+            first.finish_reason,
+            first.stop_reason,
+            first.logprobs,
+            first.error,
+            prompt_logprobs,
+            choices,
+        )
+
+
+def _cumulative(logprobs: list[TokenLogprob] | None) -> float | None:
+    return None if logprobs is None else sum(entry.logprob for entry in logprobs)
 
 
 class LLM:
@@ -211,10 +282,88 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool | None = None,
     ) -> list[RequestOutput]:
-        """Generate for every prompt; outputs come back in prompt order. Thread-safe: calls from
-        several threads run one after another."""
+        """Generate for every prompt; outputs come back in prompt order, each with
+        ``SamplingParams.n`` completions (``outputs``; the flat fields are the first's). Thread-safe:
+        calls from several threads run one after another."""
         with self._lock:
             return self._generate(prompts, sampling_params, use_tqdm)
+
+    def chat(
+        self,
+        messages: Conversation | Sequence[Conversation],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool | None = None,
+        *,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate the reply to each conversation (vLLM's ``LLM.chat``). ``messages`` is one
+        conversation, a list of ``{"role": ..., "content": ...}`` dicts, or a list of them; each
+        is rendered into token ids with the model's chat template (``chat_template``: the Jinja
+        text of another, as the server's ``--chat-template``), which then run as :meth:`generate`
+        runs a prompt of ids: one RequestOutput per conversation, in order.
+
+        As the server's chat route renders a request: ``tools`` and ``chat_template_kwargs`` are
+        template variables (a template that leaves the tools out is an error);
+        ``continue_final_message`` (with ``add_generation_prompt=False``) continues the last
+        message, an assistant one, instead of starting a reply; a "developer" message is a
+        "system" one; content may be text parts (``[{"type": "text", "text": ...}]``). A bad
+        conversation, a model without a chat template or a template that fails raises ValueError
+        or TypeError saying where, before anything runs."""
+        with self._lock:
+            self._check_open()
+            chats = conversations(messages)
+            args = template_args(
+                chat_template, add_generation_prompt, continue_final_message, chat_template_kwargs, tools
+            )
+            if "chat_template" not in args and not getattr(self.tokenizer, "chat_template", None):
+                raise ValueError(
+                    "this model's tokenizer has no chat template: pass chat_template= (the Jinja text "
+                    "of one), or give generate() the prompt itself"
+                )
+            where = (lambda i: f"messages[{i}]: ") if len(chats) > 1 else (lambda i: "")
+            prompts = [self._chat_ids(c, args, where(i)) for i, c in enumerate(chats)]
+            return self._generate(prompts, sampling_params, use_tqdm)
+
+    def _chat_ids(self, conversation: list[dict[str, Any]], args: dict[str, Any], where: str) -> list[int]:
+        """``conversation`` rendered as the server's tokenizer renders a chat request's messages."""
+        if args.get("continue_final_message") and conversation[-1]["role"] != "assistant":
+            raise ValueError(
+                f"{where}continue_final_message needs the last message to be an assistant one, "
+                f"got {short_repr(conversation[-1]['role'])}"
+            )
+        ids = self._render(conversation, args, where)
+        if "tools" in args:  # a template without a tools section dropped them without a word
+            try:
+                unchanged = ids == self._render(
+                    conversation, {k: v for k, v in args.items() if k != "tools"}, where
+                )
+            except ValueError:  # (it needs them)
+                unchanged = False
+            if unchanged:
+                raise ValueError(
+                    "this model's chat template does not render tools; pass chat_template= with a "
+                    "template that does"
+                )
+        return ids
+
+    def _render(self, conversation: list[dict[str, Any]], args: dict[str, Any], where: str) -> list[int]:
+        from jinja2 import TemplateSyntaxError
+
+        template = "chat_template" if "chat_template" in args else "the model's chat template"
+        try:
+            return apply_chat_template(self.tokenizer, conversation, **args)
+        except TemplateSyntaxError as exc:
+            raise ValueError(f"{template} does not compile: line {exc.lineno}: {exc.message}") from None
+        except RecursionError:
+            raise ValueError(
+                f"{where}could not render {template}: the conversation is nested too deeply for it"
+            ) from None
+        except Exception as exc:  # noqa: BLE001 - the template's error (raise_exception...) is the input's
+            raise ValueError(f"{where}could not render {template}: {type(exc).__name__}: {exc}") from exc
 
     def _generate(
         self,
@@ -259,22 +408,26 @@ class LLM:
         # SamplingParams checked themselves when built; admission checks each request against
         # the engine's limits (all before any runs) and decides max_tokens where it is None
         params = [self.engine.admit(ids, p) for ids, p in zip(encoded, params)]
-        outputs: dict[int, RequestOutput] = {}
+        # each prompt runs as n engine requests, choice i with the parameters the server gives it
+        # (for_choice: n 1, a seed of its own), so a seeded request's choices are the server's
+        rids = [[next(self._rids) for _ in range(p.n)] for p in params]
+        choices: dict[int, CompletionOutput] = {}
         by_rid: dict[int, SamplingParams] = {}
+        prompt_logprobs: dict[int, list[TokenLogprob | None]] = {}
         unfinished: set[int] = set()
-        bar = self._progress(len(prompts), use_tqdm)
+        bar = self._progress(sum(p.n for p in params), use_tqdm)  # (it counts completions)
         interrupts = _StepBoundaryInterrupts()
         try:
             with interrupts:
-                for ids, p in zip(encoded, params):
-                    rid = next(self._rids)
-                    outputs[rid] = RequestOutput(
-                        prompt_token_ids=ids, logprobs=[] if p.logprobs is not None else None
-                    )
-                    by_rid[rid] = p
-                    unfinished.add(rid)
-                    self.engine.add_request(rid, ids, p)
-                self._run(outputs, by_rid, unfinished, bar, interrupts.check)
+                for ids, p, group in zip(encoded, params, rids):
+                    for index, rid in enumerate(group):
+                        choices[rid] = CompletionOutput(
+                            index, logprobs=[] if p.logprobs is not None else None
+                        )
+                        by_rid[rid] = p.for_choice(index)
+                        unfinished.add(rid)
+                        self.engine.add_request(rid, ids, by_rid[rid])
+                self._run(choices, prompt_logprobs, by_rid, unfinished, bar, interrupts.check)
                 while self.engine.has_work:  # with overlap, one step launched after the last finish
                     self.engine.step()
         except BaseException:
@@ -286,7 +439,10 @@ class LLM:
         finally:
             if bar is not None:
                 bar.close()
-        return list(outputs.values())
+        return [
+            RequestOutput.of_choices(ids, [choices[rid] for rid in group], prompt_logprobs.get(group[0]))
+            for ids, group in zip(encoded, rids)
+        ]
 
     def _take_out(self, unfinished: set[int], mid_step: bool) -> None:
         """Abort ``unfinished`` and land what is in flight; if that fails (or a second Ctrl-C
@@ -309,30 +465,32 @@ class LLM:
 
     def _run(
         self,
-        outputs: dict[int, RequestOutput],
+        choices: dict[int, CompletionOutput],
+        prompt_logprobs: dict[int, list[TokenLogprob | None]],
         by_rid: dict[int, SamplingParams],
         unfinished: set[int],
         bar: Any,
         check_interrupt: Callable[[], None] = lambda: None,
     ) -> None:
-        """Step the engine until every request of ``outputs`` finished (removed from ``unfinished``);
+        """Step the engine until every request of ``choices`` finished (removed from ``unfinished``);
         ``check_interrupt`` raises a Ctrl-C that came during the last step."""
         while unfinished:
             check_interrupt()
             for out in self.engine.step():
-                result = outputs.get(out.rid)
+                result = choices.get(out.rid)
                 if result is None:  # an earlier call's request, aborted: nothing to report
                     continue
                 if out.prompt_logprobs is not None:
-                    result.prompt_logprobs = list(out.prompt_logprobs)
+                    prompt_logprobs[out.rid] = list(out.prompt_logprobs)
                 if out.token_id >= 0:
                     result.token_ids.append(out.token_id)
                     if out.logprob is not None and result.logprobs is not None:
                         result.logprobs.append(out.logprob)
                 if out.finished:
                     result.finish_reason = out.finish_reason
-                    result.matched_stop = out.matched_stop
+                    result.stop_reason = out.matched_stop
                     result.error = out.error
+                    result.cumulative_logprob = _cumulative(result.logprobs)
                     result.text = final_text(
                         self.tokenizer,
                         result.token_ids,

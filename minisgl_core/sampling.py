@@ -71,8 +71,14 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     #: what the output must match (constrained decoding), None = free
     grammar: GrammarSpec | None = None
+    #: completions per prompt (vLLM's n), in [1, MAX_N]: the offline ``LLM`` runs each prompt as n
+    #: engine requests (:meth:`for_choice`), the server takes n from its request body; an engine
+    #: runs one completion a request and refuses any other n
+    n: int = 1
 
     MAX_TOP_LOGPROBS: ClassVar[int] = 20
+    #: the most completions one prompt may ask for (the server's bound on a request's n: the same 64)
+    MAX_N: ClassVar[int] = 64
     MAX_LOGIT_BIAS: ClassVar[float] = 100.0
     #: stop strings a request may give, and characters in each: every step the scheduler decodes a
     #: window as long as the longest and looks for each (1,000 stops of 8,000 characters stalled
@@ -125,7 +131,7 @@ class SamplingParams:
 
         Integer ranges: ``max_tokens`` in [1, 2**63-1] or None, ``top_k`` in [-1, 2**63-1] (above
         the vocabulary size it keeps every token), ``seed`` in [-2**63, 2**63-1] (OpenAI's int64),
-        ``logprobs`` and ``prompt_logprobs`` in [0, 20], ``stop_token_ids`` and ``logit_bias``'s token ids in [0, 2**63-1] (admission also checks
+        ``logprobs`` and ``prompt_logprobs`` in [0, 20], ``n`` in [1, 64], ``stop_token_ids`` and ``logit_bias``'s token ids in [0, 2**63-1] (admission also checks
         them against the vocabulary)."""
 
         def bad(name: str, why: str) -> None:
@@ -165,6 +171,7 @@ class SamplingParams:
         if self.prompt_logprobs is not None:
             integer("prompt_logprobs", 0, self.MAX_TOP_LOGPROBS)
         integer("min_tokens", 0, INT64_MAX)
+        integer("n", 1, self.MAX_N)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             bad("min_tokens", f"must be at most max_tokens ({self.max_tokens})")
         if self.min_tokens and self.grammar is not None:
@@ -209,11 +216,17 @@ class SamplingParams:
         return self._derived(max_tokens=max_tokens)
 
     def for_choice(self, index: int) -> SamplingParams:
-        """The parameters of choice ``index`` of a request with ``n > 1``: with a seed, a distinct
-        but reproducible one per choice (:func:`choice_seed`); otherwise this very object."""
-        if index == 0 or self.seed is None:
-            return self
-        return self._derived(seed=choice_seed(self.seed, index))
+        """The parameters of the engine request that runs choice ``index`` of a request with
+        ``n > 1``: ``n`` 1 (an engine runs one completion a request) and, with a seed, a distinct
+        but reproducible one per choice (:func:`choice_seed`); this very object when nothing
+        changes. The server and the offline ``LLM`` expand n alike, so that a seeded request
+        gives the same choices through both."""
+        changes: dict[str, Any] = {}
+        if self.n != 1:
+            changes["n"] = 1
+        if index != 0 and self.seed is not None:
+            changes["seed"] = choice_seed(self.seed, index)
+        return self._derived(**changes) if changes else self
 
     # ---------------------------------------------------------------- the wire (msgpack)
 

@@ -231,6 +231,11 @@ class Engine:
         ended; no GrammarError here then. Otherwise (the offline path) it compiles now."""
         if params.max_tokens is None:
             raise ValueError("admit the request first: its max_tokens is not decided")
+        if params.n != 1:  # (its other choices would be dropped without a word)
+            raise ValueError(
+                f"n={params.n}: an engine runs one completion a request; add one request per choice "
+                "(SamplingParams.for_choice), as LLM.generate does"
+            )
         self._check_not_failed()
         req = Request(rid=rid, prompt_ids=list(prompt_ids), params=params, arrival=0)
         if compile_aside and self.grammars.needs_compile(req):

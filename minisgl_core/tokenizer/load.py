@@ -36,9 +36,10 @@ def load_tokenizer(
 
 
 def apply_chat_template(tokenizer: Any, messages: list[dict[str, Any]], **kwargs: Any) -> list[int]:
-    """Token ids of ``messages`` rendered with the tokenizer's chat template, ready for the reply
-    (``add_generation_prompt`` true unless ``kwargs`` says otherwise)."""
-    if not getattr(tokenizer, "chat_template", None):
+    """Token ids of ``messages`` rendered with the tokenizer's chat template (or ``chat_template``
+    of ``kwargs``, Jinja text), ready for the reply (``add_generation_prompt`` true unless
+    ``kwargs`` says otherwise)."""
+    if not (kwargs.get("chat_template") or getattr(tokenizer, "chat_template", None)):
         raise ValueError("this model's tokenizer has no chat_template; use the completions API instead")
     kwargs.setdefault("add_generation_prompt", True)
     ids = tokenizer.apply_chat_template(messages, tokenize=True, **kwargs)

@@ -1,0 +1,174 @@
+"""The offline ``LLM.chat``'s input checked and made ready for the chat template: each message as
+the server's chat route hands it to the template (content parts a line each, "developer" as "system",
+a tool call's JSON arguments decoded) and ``apply_chat_template``'s keyword arguments. Errors are
+ValueError or TypeError saying where (``messages[1][0]``) and what is wrong, before the template
+runs. The server's request schemas (pydantic, in ``server/``, which the offline API may not
+import) check a little more: known roles only, a tool message's ``tool_call_id``; here any role
+reaches the template, as in vLLM's ``LLM.chat``, and the template decides."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from minisgl_core.sampling import short_repr
+
+#: a lone UTF-16 surrogate: text no tokenizer encodes
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+#: chat()'s own arguments, which chat_template_kwargs may not set
+_CHAT_ARGUMENTS = ("add_generation_prompt", "continue_final_message", "tools", "chat_template")
+#: transformers' apply_chat_template's own arguments, which chat() sets
+_TEMPLATE_RESERVED = ("conversation", "messages", "tokenize", "return_dict", "return_tensors", "padding",
+                      "truncation", "max_length", "tokenizer_kwargs", "return_assistant_tokens_mask")  # fmt: skip
+
+
+def conversations(messages: object) -> list[list[dict[str, Any]]]:
+    """``messages`` (one conversation or a list of them) as a list of conversations, each
+    message checked and made as the server hands it to the template."""
+    if not isinstance(messages, (list, tuple)):
+        raise TypeError(
+            "messages must be a list of message dicts (one conversation) or a list of such lists, "
+            f"got {type(messages).__name__}"
+        )
+    if not messages:
+        raise ValueError("messages is empty: give at least one message")
+    if isinstance(messages[0], (list, tuple)):
+        return [_conversation(c, f"messages[{i}]") for i, c in enumerate(messages)]
+    return [_conversation(messages, "messages")]
+
+
+def _conversation(conversation: object, where: str) -> list[dict[str, Any]]:
+    if not isinstance(conversation, (list, tuple)):
+        raise TypeError(f"{where} must be a list of message dicts, got {type(conversation).__name__}")
+    if not conversation:
+        raise ValueError(f"{where} is empty: a conversation needs at least one message")
+    return [_message(message, f"{where}[{j}]") for j, message in enumerate(conversation)]
+
+
+def _message(message: object, where: str) -> dict[str, Any]:
+    if not isinstance(message, Mapping):
+        raise TypeError(
+            f'{where} must be a dict with "role" and "content", got {type(message).__name__} {short_repr(message)}'
+        )
+    role = message.get("role")
+    if role is None:
+        raise ValueError(f'{where} has no "role" (system, user, assistant or tool)')
+    if not isinstance(role, str) or not role:
+        raise TypeError(f"{where}: role must be a non-empty string, got {short_repr(role)}")
+    content = message.get("content")
+    if content is None:
+        if not (role == "assistant" and message.get("tool_calls")):
+            raise ValueError(
+                f'{where} ({role}) has no "content" (only an assistant message with tool_calls may leave it out)'
+            )
+        content = ""
+    elif isinstance(content, (list, tuple)):
+        # one part a line, as vLLM (and the server) join them
+        content = "\n".join(_text_part(part, role, f"{where}.content[{k}]") for k, part in enumerate(content))
+    elif not isinstance(content, str):
+        raise TypeError(
+            f"{where}: content must be a string or a list of text parts, got {type(content).__name__}"
+        )
+    bad = _SURROGATE.search(content)
+    if bad is not None:  # (the tokenizer's TypeError named no reason)
+        raise ValueError(
+            f"{where}: content is not valid text: a lone UTF-16 surrogate at index {bad.start()}"
+        )
+    out = {**message, "role": "system" if role == "developer" else role, "content": content}
+    if out.get("tool_calls"):
+        out["tool_calls"] = [_tool_call(call) for call in out["tool_calls"]]
+    return out
+
+
+def _text_part(part: object, role: str, where: str) -> str:
+    """A content part's text: a text part's, or an assistant's refusal part's (OpenAI's schema)."""
+    kind = part.get("type") if isinstance(part, Mapping) else None
+    if kind == "refusal" and role == "assistant":
+        key = "refusal"
+    elif kind is None or kind == "text":
+        key = "text"
+    else:
+        raise ValueError(
+            f"{where}: content parts of type {short_repr(kind)} are not supported here: the models "
+            "take text (and an assistant message's refusal) only"
+        )
+    text = part.get(key) if isinstance(part, Mapping) else None
+    if not isinstance(text, str):
+        raise TypeError(
+            f'{where} must be a text part {{"type": "text", "text": "..."}}, got {short_repr(part)}'
+        )
+    return text
+
+
+def _tool_call(call: Any) -> Any:
+    """A tool call as templates expect it: arguments given as JSON text of an object decoded (as
+    the server hands them: Llama's template applies tojson to them again)."""
+    function = call.get("function") if isinstance(call, Mapping) else None
+    arguments = function.get("arguments") if isinstance(function, Mapping) else None
+    if not isinstance(arguments, str):
+        return call
+    try:
+        decoded = json.loads(arguments)
+    except (ValueError, RecursionError):
+        return call
+    return {**call, "function": {**function, "arguments": decoded}} if isinstance(decoded, dict) else call
+
+
+def template_args(
+    chat_template: object,
+    add_generation_prompt: object,
+    continue_final_message: object,
+    chat_template_kwargs: object,
+    tools: object,
+) -> dict[str, Any]:
+    """apply_chat_template's keyword arguments for chat()'s, each checked."""
+    for name, value in (
+        ("add_generation_prompt", add_generation_prompt),
+        ("continue_final_message", continue_final_message),
+    ):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {short_repr(value)}")
+    if continue_final_message and add_generation_prompt:
+        raise ValueError(
+            "continue_final_message needs add_generation_prompt=False (the reply continues the last "
+            "message instead of starting a turn)"
+        )
+    args: dict[str, Any] = {}
+    if chat_template_kwargs is not None:
+        if not isinstance(chat_template_kwargs, Mapping):
+            raise TypeError(
+                f"chat_template_kwargs must be a dict of template variables, got {type(chat_template_kwargs).__name__}"
+            )
+        for key in chat_template_kwargs:
+            if key in _CHAT_ARGUMENTS:
+                raise ValueError(
+                    f"chat_template_kwargs: {short_repr(key)} is chat()'s own argument: pass {key}= instead"
+                )
+            if key in _TEMPLATE_RESERVED or not isinstance(key, str):
+                raise ValueError(
+                    f"chat_template_kwargs: {short_repr(key)} is not a template variable chat() can pass"
+                )
+        args.update(chat_template_kwargs)
+    if tools is not None:
+        if not isinstance(tools, (list, tuple)) or not all(isinstance(t, Mapping) for t in tools):
+            raise TypeError('tools must be a list of tool dicts ({"type": "function", "function": {...}})')
+        if tools:
+            args["tools"] = [dict(t) for t in tools]
+    if chat_template is not None:
+        if not isinstance(chat_template, str):
+            raise TypeError(
+                f"chat_template must be the Jinja text of a template, got {type(chat_template).__name__}"
+            )
+        if "{{" not in chat_template and "{%" not in chat_template:  # a file's name, say
+            raise ValueError(
+                f"chat_template must be the Jinja text of a template, got {short_repr(chat_template)} "
+                "(no {{ }} or {% %} in it); read a template file with Path(...).read_text()"
+            )
+        args["chat_template"] = chat_template
+    args["add_generation_prompt"] = add_generation_prompt
+    if continue_final_message:
+        args["continue_final_message"] = True
+    return args
