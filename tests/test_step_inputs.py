@@ -58,7 +58,10 @@ def test_no_triton_kernel_compiles_after_start_up(tmp_path):
     """Batches of every size from 1 to 40, sampled and greedy, after the engine's start-up: no
     Triton kernel may compile (or load from Triton's disk cache) then, since each compile stalls
     the run for 0.6 s or more. A scale row that started 4 × batch-size bytes into its buffer did:
-    the offline benchmark fell from 26.1k to 19.8k tok/s (BENCHMARKS.md, 2026-11-27)."""
+    the offline benchmark fell from 26.1k to 19.8k tok/s (BENCHMARKS.md, 2026-11-27). Then prefills
+    of 512 tokens and more, where the tiled rope/KV-store kernel takes its second tile shape (the
+    warm-up's long prefill compiles it), and whose token count is an int argument that Triton
+    would specialize (1, a multiple of 16, other) had the kernel not opted out."""
     from triton import knobs
 
     from minisgl_core.llm import LLM
@@ -78,6 +81,10 @@ def test_no_triton_kernel_compiles_after_start_up(tmp_path):
             temperature = 0.0 if n % 4 == 0 else 0.7
             params = SamplingParams(temperature=temperature, max_tokens=3, ignore_eos=True)
             llm.generate(prompts, params, use_tqdm=False)
+        sampled = SamplingParams(temperature=0.7, max_tokens=3, ignore_eos=True)
+        for lengths in ([600], [300, 300, 300], [700, 5, 9]):  # from 512 tokens on: rope's wide tiles
+            prompts = [[3 + (i * 11 + j) % 500 for j in range(length)] for i, length in enumerate(lengths)]
+            llm.generate(prompts, sampled, use_tqdm=False)
     finally:
         knobs.runtime.jit_cache_hook = previous
     assert compiled == [], sorted(set(compiled))

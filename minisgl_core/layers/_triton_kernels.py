@@ -113,7 +113,7 @@ def _norm_rope_tiles(x1, x2, weight, cos, sin, eps, d, mask, HALF: tl.constexpr,
     return x1 * cos - x2 * sin, x2 * cos + x1 * sin
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_tokens"])  # one compile for every token count, not three
 def rope_store_tiles_kernel(
     qkv, qkv_token_stride, positions, inv_freq, q_weight, k_weight, eps, q_out, k_pool, v_pool, loc, n_tokens,
     NUM_Q: tl.constexpr, NUM_KV: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr,

@@ -362,12 +362,17 @@ def _pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
+#: from this many tokens on :func:`rope_store_tiles` picks its second configuration (a second
+#: compile of the kernel, which the model runner's warm-up does with a prefill of this length)
+ROPE_STORE_WIDE_FROM = 512
+
+
 def rope_store_tiles(tokens: int) -> tuple[int, int]:
     """(tokens a program, warps) of :func:`rope_store_kv`'s tiled kernel. On an H200 (forty-third
     session, ``tools/device_rope_store.py``) two tokens with 4 warps were fastest up to 256
     tokens (Qwen3-0.6B's heads at 256: 3.88 against 4.56 µs one token a program), four from
     1,024 on (8,192 tokens: 41.3 against 82.1 µs; Llama-3.1-8B's 62.1 against 84.1)."""
-    return (2, 4) if tokens < 512 else (4, 4)
+    return (2, 4) if tokens < ROPE_STORE_WIDE_FROM else (4, 4)
 
 
 def rope_store_kv(

@@ -28,6 +28,7 @@ from minisgl_core.config import (
     check_page_size,
 )
 from minisgl_core.layers import ParallelLMHead
+from minisgl_core.layers.triton_ops import ROPE_STORE_WIDE_FROM
 from minisgl_core.plugins import PluginError, Plugins
 from minisgl_core.runner import quantization
 from minisgl_core.runner.layout import set_layout
@@ -334,6 +335,12 @@ class ModelRunner:
         batch = self._spare_batch(1, 1, self.prefill_attn, is_prefill=True)
         self.prepare(batch)()
         if device.type == "cuda":
+            # and one of the length from which the rope/KV-store kernel takes its second tile shape
+            # (a compile of ~0.6 s that would otherwise stall the first long prefill)
+            wide = ROPE_STORE_WIDE_FROM
+            if wide <= min(self.config.max_prefill_tokens, self.max_context_len):
+                long = self._spare_batch(1, wide, self.prefill_attn, is_prefill=True, new_tokens=wide)
+                self.prepare(long)()
             torch.cuda.synchronize(device)
         seconds = time.perf_counter() - started
         if seconds > 1:
@@ -365,27 +372,29 @@ class ModelRunner:
 
     def _spare_batch(
         self, rows: int, seq_len: int, attn: AttentionBackend, *, is_prefill: bool,
-        shared: list[SharedPrefix] | None = None,
+        shared: list[SharedPrefix] | None = None, new_tokens: int = 1,
     ) -> ForwardBatch:  # fmt: skip
         """A warm-up batch of ``rows`` sequences on the spare page-table row (every entry the
-        reserved KV slot that padded graph replays write to), each adding one token at position
-        ``seq_len - 1``."""
+        reserved KV slot that padded graph replays write to), each adding ``new_tokens`` tokens,
+        the last at position ``seq_len - 1``."""
         device = self.device
         spare = self.num_request_rows - 1
         self.page_table[spare, :seq_len] = self.dummy_slot
+        tokens = rows * new_tokens
+        positions = torch.arange(seq_len - new_tokens, seq_len, dtype=torch.int64, device=device)
         return ForwardBatch(
             is_prefill=is_prefill,
             # token 1: id 0 is a zero (padding) embedding in some checkpoints, this is any token
-            input_ids=torch.full((rows,), min(1, self.vocab_size - 1), dtype=torch.int64, device=device),
-            positions=torch.full((rows,), seq_len - 1, dtype=torch.int64, device=device),
-            out_cache_loc=torch.full((rows,), self.dummy_slot, dtype=torch.int64, device=device),
+            input_ids=torch.full((tokens,), min(1, self.vocab_size - 1), dtype=torch.int64, device=device),
+            positions=positions.repeat(rows),
+            out_cache_loc=torch.full((tokens,), self.dummy_slot, dtype=torch.int64, device=device),
             req_slots=torch.full((rows,), spare, dtype=torch.int32, device=device),
             seq_lens=torch.full((rows,), seq_len, dtype=torch.int32, device=device),
-            extend_lens=torch.ones(rows, dtype=torch.int32, device=device),
+            extend_lens=torch.full((rows,), new_tokens, dtype=torch.int32, device=device),
             seq_lens_cpu=[seq_len] * rows,
-            extend_lens_cpu=[1] * rows,
+            extend_lens_cpu=[new_tokens] * rows,
             page_table=self.page_table,
-            logits_indices=torch.arange(rows, device=device),
+            logits_indices=torch.arange(new_tokens - 1, tokens, new_tokens, device=device),
             attn=attn,
             shared_prefixes=shared,
         )
