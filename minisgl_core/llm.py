@@ -21,7 +21,7 @@ from minisgl_core.config import EngineConfig
 from minisgl_core.engine.engine import Engine
 from minisgl_core.grammars import check_grammar_backend
 from minisgl_core.plugins import Plugins
-from minisgl_core.request_limits import all_plain_ints, truncate_prompt
+from minisgl_core.request_limits import truncate_prompt
 from minisgl_core.sampling import SamplingParams, TokenLogprob, merge_sampling, short_repr
 from minisgl_core.setting_names import Spelling
 from minisgl_core.tokenizer.chat_input import conversations, template_args
@@ -263,7 +263,8 @@ class LLM:
             # completions encode a text prompt
             return list(self.tokenizer.encode(prompt))
         if isinstance(prompt, (list, tuple)):
-            if all_plain_ints(prompt):  # the common case, without a Python loop
+            # the one check of an offline prompt's id types: admission takes them for integers
+            if _all_plain_ints(prompt):  # the common case, without a Python loop
                 return list(prompt)
             # integers of any kind (numpy's too), not booleans: [True, False] ran as ids [1, 0]
             bad = next(
@@ -510,6 +511,13 @@ class LLM:
         from tqdm import tqdm
 
         return tqdm(total=total, desc="generate", unit="req")
+
+
+def _all_plain_ints(ids: list[int] | tuple[int, ...]) -> bool:
+    """Every element is exactly ``int`` (not a bool, a numpy integer or another subclass): one
+    C-level pass over the types, where an ``isinstance`` loop costs ~0.4 µs an id (60 ms for the
+    standard offline workload's 143k prompt ids on the dev CPU)."""
+    return set(map(type, ids)) <= {int}
 
 
 class _StepBoundaryInterrupts:

@@ -47,13 +47,6 @@ class ContextLengthExceeded(ValueError):
     ``context_length_exceeded``)."""
 
 
-def all_plain_ints(ids: list[int] | tuple[int, ...]) -> bool:
-    """Every element is exactly ``int`` (not a bool, a numpy integer or another subclass): one
-    C-level pass over the types, where an ``isinstance`` loop costs ~0.4 µs an id (60 ms for the
-    standard offline workload's 143k prompt ids on the dev CPU)."""
-    return set(map(type, ids)) <= {int}
-
-
 def truncate_prompt(
     prompt_ids: list[int], params: SamplingParams, limits: Limits, default_max_tokens: int | None = None
 ) -> list[int]:
@@ -123,14 +116,15 @@ def check_request_fits(
     max_context_len: int,
     kv_capacity_tokens: int,
 ) -> None:
-    """Raise ValueError when a request (``max_tokens`` decided) can never run with these limits."""
+    """Raise ValueError when a request (``max_tokens`` decided) can never run with these limits.
+
+    ``prompt_ids`` are integers: their types are the caller's to check, once (``LLM.encode`` for an
+    offline prompt; the server's request schema or its tokenizer for a served one)."""
     assert params.max_tokens is not None, "admit() decides max_tokens first"
     if not prompt_ids:
         raise ValueError("prompt is empty")
-    in_range = (
-        all_plain_ints(prompt_ids) and min(prompt_ids) >= 0 and max(prompt_ids) < vocab_size
-    )  # the common case, in C; the loop below for anything else (bools, int subclasses)
-    if not in_range and any(not isinstance(t, int) or t < 0 or t >= vocab_size for t in prompt_ids):
+    # min and max run in C (a Python loop took 25 ms over the standard offline workload's 143k ids)
+    if min(prompt_ids) < 0 or max(prompt_ids) >= vocab_size:
         raise ValueError(f"prompt token ids must be integers in [0, {vocab_size})")
     if any(t >= vocab_size for t in params.stop_token_ids):
         raise ValueError(f"stop_token_ids must be integers in [0, {vocab_size}), the model's vocabulary")

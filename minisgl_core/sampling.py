@@ -77,7 +77,8 @@ class SamplingParams:
     n: int = 1
 
     MAX_TOP_LOGPROBS: ClassVar[int] = 20
-    #: the most completions one prompt may ask for (the server's bound on a request's n: the same 64)
+    #: the most completions one prompt may ask for: the offline LLM's bound and the server's (its
+    #: request schema bounds n with this one)
     MAX_N: ClassVar[int] = 64
     MAX_LOGIT_BIAS: ClassVar[float] = 100.0
     #: stop strings a request may give, and characters in each: every step the scheduler decodes a

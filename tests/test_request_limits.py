@@ -392,9 +392,10 @@ def test_token_ids_are_integers_of_any_kind_but_not_booleans(llm):
     ids=["vocab-last", "negative-first", "huge-last", "bool-among", "int64-max"],
 )
 def test_a_prompt_id_outside_the_vocabulary_is_refused_wherever_it_is(llm, ids):
-    """The range check runs over min and max when every id is a plain int (the offline workload's
-    143k ids took 25 ms in a Python loop); any id outside [0, vocab) still fails, first, last or
-    among a bool, and the prompt passed in stays as it was."""
+    """The range check runs over min and max (the offline workload's 143k ids took 25 ms in a
+    Python loop; the ids' types are the caller's, LLM.encode's, checked once: the test above); any
+    id outside [0, vocab) still fails, first, last or among a bool, and the prompt passed in stays
+    as it was."""
     from minisgl_core.request_limits import check_request_fits
 
     vocab = llm.engine.limits.vocab_size

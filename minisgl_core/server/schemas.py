@@ -30,11 +30,11 @@ from pydantic import (
 from pydantic.types import Strict
 
 from minisgl_core.api.grammar import GrammarSpec
-from minisgl_core.sampling import short_repr
+from minisgl_core.sampling import SamplingParams, short_repr
+from minisgl_core.tokenizer.chat_input import template_message
 
 #: roles a chat message may have; "developer" is OpenAI's newer name for "system"
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
-MAX_N = 64
 #: a request's own timeout field may ask for at most a day
 MAX_TIMEOUT_S = 86400.0
 
@@ -331,8 +331,9 @@ class RefusalPart(StrictModel):
 
 def _part_kind(part: Any) -> str:
     # by the part's type, so that a bad part's error is its own kind's; a part without a type is
-    # taken for a text part, which says the type is missing
-    return "RefusalPart" if isinstance(part, dict) and part.get("type") == "refusal" else "TextPart"
+    # taken for a text part, which says the type is missing. (Serializing asks of a part built.)
+    kind = part.get("type") if isinstance(part, dict) else getattr(part, "type", None)
+    return "RefusalPart" if kind == "refusal" else "TextPart"
 
 
 #: a message's content part (the union's tags are the class names: errors leave them out of the path)
@@ -344,7 +345,7 @@ ContentPart = Annotated[
 
 def _arguments(text: str) -> str:
     """A tool call's arguments as the chat template will get them (see
-    :meth:`AssistantToolCall.to_template`): JSON text that decodes to an object must decode to
+    ``tokenizer.chat_input.template_message``): JSON text that decodes to an object must decode to
     valid text, nested no deeper than Python's decoder goes (each was a 500 when the template was
     rendered; any other text is passed on as it is)."""
     try:
@@ -368,21 +369,6 @@ class AssistantToolCall(StrictModel):
     id: Text
     type: Literal["function"] = "function"
     function: FunctionCall
-
-    def to_template(self) -> dict[str, Any]:
-        # Chat templates expect the arguments as a mapping (Llama's applies tojson to them again;
-        # Qwen's writes a string as is), so a JSON object is handed over decoded.
-        try:
-            arguments: Any = json.loads(self.function.arguments)
-        except ValueError:
-            arguments = self.function.arguments
-        if not isinstance(arguments, dict):
-            arguments = self.function.arguments
-        return {
-            "id": self.id,
-            "type": "function",
-            "function": {"name": self.function.name, "arguments": arguments},
-        }
 
 
 class ChatMessage(StrictModel):
@@ -435,24 +421,12 @@ class ChatMessage(StrictModel):
         return self
 
     def to_template(self) -> dict[str, Any]:
-        if self.content is None:
-            content = ""
-        elif isinstance(self.content, str):
-            content = self.content
-        else:
-            # one part a line, as vLLM joins them ("".join ran "Hi", "there" into "Hithere")
-            content = "\n".join(p.text for p in self.content)
-        out: dict[str, Any] = {
-            "role": "system" if self.role == "developer" else self.role,
-            "content": content,
-        }
-        if self.name is not None:
-            out["name"] = self.name
-        if self.tool_calls:
-            out["tool_calls"] = [call.to_template() for call in self.tool_calls]
-        if self.tool_call_id is not None:
-            out["tool_call_id"] = self.tool_call_id
-        return out
+        """The message as the chat template gets it: what the offline ``LLM.chat`` hands it too
+        (``template_message``), of the fields set here. Unset ones are left out, and so are empty
+        tool_calls (``'tool_calls' in message`` picks Llama 3.1's tool-call branch)."""
+        return template_message(
+            self.model_dump(exclude_none=True, exclude=None if self.tool_calls else {"tool_calls"})
+        )
 
 
 class FunctionDefinition(StrictModel):
@@ -492,7 +466,8 @@ class SamplingFields(GrammarFields):
     stop_token_ids: list[Int] | None = None
     presence_penalty: Float = 0.0
     frequency_penalty: Float = 0.0
-    n: Int = Field(default=1, ge=1, le=MAX_N)
+    #: (the bound is SamplingParams', which the offline LLM checks: one number for both)
+    n: Int = Field(default=1, ge=1, le=SamplingParams.MAX_N)
     ignore_eos: Bool = False
     skip_special_tokens: Bool = True
     #: vLLM's: the stop string that ended the request stays at the end of the text

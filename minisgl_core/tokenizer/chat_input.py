@@ -1,10 +1,12 @@
-"""The offline ``LLM.chat``'s input checked and made ready for the chat template: each message as
-the server's chat route hands it to the template (content parts a line each, "developer" as "system",
-a tool call's JSON arguments decoded) and ``apply_chat_template``'s keyword arguments. Errors are
-ValueError or TypeError saying where (``messages[1][0]``) and what is wrong, before the template
-runs. The server's request schemas (pydantic, in ``server/``, which the offline API may not
-import) check a little more: known roles only, a tool message's ``tool_call_id``; here any role
-reaches the template, as in vLLM's ``LLM.chat``, and the template decides."""
+"""Chat messages made ready for the chat template: :func:`template_message` is what the template
+gets of one message, for the offline ``LLM.chat`` and for the server's chat route alike
+(``server.schemas.ChatMessage.to_template`` hands it the message its schema checked): content
+parts a line each, "developer" as "system", a tool call's JSON arguments decoded. Here also
+``LLM.chat``'s own checks of its input (ValueError or TypeError saying where, ``messages[1][0]``,
+and what is wrong, before the template runs) and ``apply_chat_template``'s keyword arguments.
+The server's request schema checks a little more before it calls :func:`template_message`: known
+roles only, a tool message's ``tool_call_id``, no unknown fields; offline any role reaches the
+template, as in vLLM's ``LLM.chat``, and the template decides."""
 
 from __future__ import annotations
 
@@ -45,10 +47,15 @@ def _conversation(conversation: object, where: str) -> list[dict[str, Any]]:
         raise TypeError(f"{where} must be a list of message dicts, got {type(conversation).__name__}")
     if not conversation:
         raise ValueError(f"{where} is empty: a conversation needs at least one message")
-    return [_message(message, f"{where}[{j}]") for j, message in enumerate(conversation)]
+    return [template_message(message, f"{where}[{j}]") for j, message in enumerate(conversation)]
 
 
-def _message(message: object, where: str) -> dict[str, Any]:
+def template_message(message: object, where: str = "message") -> dict[str, Any]:
+    """One chat message as the chat template gets it: role (a "developer" one is "system") and
+    content first, text whatever form it came in (None, allowed on an assistant message with tool
+    calls: ""; content parts: their text, a line each, an assistant's refusal part's too), then
+    the message's other keys as they are, but for tool calls' arguments given as JSON text of an
+    object, decoded. ValueError or TypeError naming ``where`` when it is not a message."""
     if not isinstance(message, Mapping):
         raise TypeError(
             f'{where} must be a dict with "role" and "content", got {type(message).__name__} {short_repr(message)}'
@@ -66,7 +73,7 @@ def _message(message: object, where: str) -> dict[str, Any]:
             )
         content = ""
     elif isinstance(content, (list, tuple)):
-        # one part a line, as vLLM (and the server) join them
+        # one part a line, as vLLM joins them ("".join ran "Hi", "there" into "Hithere")
         content = "\n".join(_text_part(part, role, f"{where}.content[{k}]") for k, part in enumerate(content))
     elif not isinstance(content, str):
         raise TypeError(
@@ -77,7 +84,9 @@ def _message(message: object, where: str) -> dict[str, Any]:
         raise ValueError(
             f"{where}: content is not valid text: a lone UTF-16 surrogate at index {bad.start()}"
         )
-    out = {**message, "role": "system" if role == "developer" else role, "content": content}
+    # role and content first, as the server's schema lists its fields
+    out = {"role": "system" if role == "developer" else role, "content": content}
+    out.update((key, value) for key, value in message.items() if key not in out)
     if out.get("tool_calls"):
         out["tool_calls"] = [_tool_call(call) for call in out["tool_calls"]]
     return out
@@ -104,8 +113,8 @@ def _text_part(part: object, role: str, where: str) -> str:
 
 
 def _tool_call(call: Any) -> Any:
-    """A tool call as templates expect it: arguments given as JSON text of an object decoded (as
-    the server hands them: Llama's template applies tojson to them again)."""
+    """A tool call as templates expect it: arguments given as JSON text of an object decoded
+    (Llama's template applies tojson to them again; Qwen's writes a string as it is)."""
     function = call.get("function") if isinstance(call, Mapping) else None
     arguments = function.get("arguments") if isinstance(function, Mapping) else None
     if not isinstance(arguments, str):

@@ -1,0 +1,75 @@
+"""The server and the offline ``LLM`` agree on what a chat template gets: one function
+(``tokenizer.chat_input.template_message``) makes a message ready for the template on both paths,
+and one number (``SamplingParams.MAX_N``) bounds n on both. No server, no model."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from minisgl_core.sampling import SamplingParams
+from minisgl_core.server.schemas import ChatCompletionRequest, ChatMessage
+from minisgl_core.tokenizer.chat_input import conversations, template_message
+
+CALL = {
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+}
+
+MESSAGES = [
+    {"role": "user", "content": "hi"},
+    {"role": "developer", "content": [{"type": "text", "text": "Be"}, {"type": "text", "text": "brief."}]},
+    {
+        "role": "assistant",
+        "content": [{"type": "refusal", "refusal": "No."}, {"type": "text", "text": "Sorry."}],
+    },
+    {"role": "assistant", "content": None, "tool_calls": [CALL]},
+    {"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": "[1, 2]"}}]},
+    {
+        "role": "assistant",
+        "content": "x",
+        "tool_calls": [{**CALL, "function": {"name": "f", "arguments": "{no"}}],
+    },
+    {"role": "tool", "content": "18 C, sunny", "tool_call_id": "call_1", "name": "get_weather"},
+    {"role": "user", "content": [], "name": "bob"},
+    {"content": "first", "role": "system"},
+]
+
+
+@pytest.mark.parametrize("message", MESSAGES)
+def test_the_server_hands_the_template_what_the_offline_chat_does(message):
+    served = ChatMessage.model_validate(message).to_template()
+    assert served == template_message(message) == conversations([message])[0][0]
+    assert list(served)[:2] == list(template_message(message))[:2] == ["role", "content"]
+
+
+def test_what_the_template_gets_of_a_message():
+    assert template_message(MESSAGES[1]) == {"role": "system", "content": "Be\nbrief."}
+    assert template_message(MESSAGES[2]) == {"role": "assistant", "content": "No.\nSorry."}
+    # JSON arguments of an object decoded (Llama's template applies tojson to them again)
+    assert template_message(MESSAGES[3]) == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{**CALL, "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}],
+    }
+    assert template_message(MESSAGES[4])["tool_calls"][0]["function"]["arguments"] == "[1, 2]"
+
+
+def test_the_server_leaves_out_what_its_request_left_unset():
+    # a null field is not set, and an empty tool_calls is none (Llama 3.1's template takes any
+    # message with the key for a tool call)
+    message = {"role": "assistant", "content": "x", "name": None, "tool_calls": []}
+    assert ChatMessage.model_validate(message).to_template() == {"role": "assistant", "content": "x"}
+
+
+def test_n_has_one_bound_on_the_server_and_offline():
+    messages = [{"role": "user", "content": "hi"}]
+    ChatCompletionRequest(messages=messages, n=SamplingParams.MAX_N)
+    SamplingParams(n=SamplingParams.MAX_N)
+    with pytest.raises(
+        ValidationError, match=rf"n\n  Input should be less than or equal to {SamplingParams.MAX_N}"
+    ):
+        ChatCompletionRequest(messages=messages, n=SamplingParams.MAX_N + 1)
+    with pytest.raises(ValueError, match=rf"n must be an integer in \[1, {SamplingParams.MAX_N}\]"):
+        SamplingParams(n=SamplingParams.MAX_N + 1)
