@@ -6,7 +6,13 @@ and the split must really have run; with prompts sharing system prompts, the dec
 mixed step are grouped for cascade (this backend's prefix kernel) as a decode step's are. In a
 child process: on the CPU under Triton's interpreter; on a GPU in float32 with the compiled
 kernels, where the fused rope + KV store, piecewise CUDA graphs and ``attend`` (pre-stored KV)
-run too (``tools/device_suites.sh triton``)."""
+run too (``tools/device_suites.sh triton``).
+
+Under the interpreter (minutes of CI) the model's RMS norm and SiLU kernels, which no mixed step
+splits and ``tests/test_triton_ops.py`` checks, run eagerly; the shared-prompt case keeps the fused
+rope + KV store, so its decode rows go through ``attend`` (pre-stored KV), and the plain case turns
+it off, so its decode rows go through ``forward`` (each backend stores its rows' KV): each path
+of the split once."""
 
 from __future__ import annotations
 
@@ -25,10 +31,21 @@ from minisgl_core.testing.triton_interpreter import run_under_interpreter
 pytest.importorskip("triton")
 
 
+#: the kernels the interpreter leaves to PyTorch: none a mixed step splits (see the docstring)
+INTERPRETER_ENV = {"MINISGL_TRITON_NORM": "0", "MINISGL_TRITON_SILU": "0"}
+
+
+def split_path(prompts: str) -> str:
+    """How a split mixed step attends: ``attend`` after the fused rope + KV store, ``forward``
+    (each backend storing its rows' KV) where the interpreter's plain case turns the store off."""
+    return "forward" if prompts == "plain" and not torch.cuda.is_available() else "attend"
+
+
 def run_child(page_size: int, prompts: str) -> dict:
     """The split off ("0") and on ("1"), one after the other in one child process."""
     if not torch.cuda.is_available():
-        out = run_under_interpreter(__file__, str(page_size), prompts, "cpu")
+        env = {**INTERPRETER_ENV, "MINISGL_FUSED_KV": "0" if split_path(prompts) == "forward" else "1"}
+        out = run_under_interpreter(__file__, str(page_size), prompts, "cpu", env=env)
     else:
         proc = subprocess.run(
             [sys.executable, __file__, str(page_size), prompts, "cuda"],
@@ -46,6 +63,7 @@ def test_split_mixed_steps_give_the_unsplit_tokens(page_size, prompts):
     assert off["split_steps"] == 0 and on["split_steps"] >= 3, (off["split_steps"], on["split_steps"])
     if prompts == "shared":  # the decode rows of some mixed steps ran cascade
         assert on["cascade_split_steps"] >= 1, on["cascade_split_steps"]
+    assert on["paths"] == [split_path(prompts)], on["paths"]
     assert on["mixed_steps"] == off["mixed_steps"] >= 3
     assert on["tokens"] == off["tokens"]
     assert len({t for ids in off["tokens"] for t in ids}) > 20  # a degenerate model would prove nothing
@@ -104,6 +122,7 @@ def one_run(page_size: str, prompts: str, device: str) -> dict:
             llm = LLM(str(model), device="cuda", dtype="float32", **options)
         split = llm.engine.runner.split_mixed
         steps = {"split_steps": 0, "cascade_split_steps": 0}
+        paths: set[str] = set()  # which of the split's forward / attend the model called
         if split is not None:
             prepare = SplitMixedAttention.prepare_metadata
 
@@ -113,14 +132,27 @@ def one_run(page_size: str, prompts: str, device: str) -> dict:
                 return prepare(self, batch)
 
             SplitMixedAttention.prepare_metadata = counting
+            for name in ("forward", "attend"):
+                setattr(SplitMixedAttention, name, noting(name, getattr(SplitMixedAttention, name), paths))
         run = run_staggered(llm, arrivals)
         llm.close()
     return {
         **steps,
+        "paths": sorted(paths),
         "mixed_steps": run.kinds.count("mixed"),
         "tokens": [run.tokens[i] for i in range(len(arrivals))],
         "logprobs": [run.logprobs[i] for i in range(len(arrivals))],
     }
+
+
+def noting(name: str, method, paths: set[str]):
+    """``method``, adding ``name`` to ``paths`` when called."""
+
+    def call(self, *args, **kwargs):
+        paths.add(name)
+        return method(self, *args, **kwargs)
+
+    return call
 
 
 if __name__ == "__main__":
