@@ -39,18 +39,14 @@ def test_rope_store_kernel_compiles(target, heads, half, norm, dtype):
 
     t = f"*{dtype}"
     signature = {"qkv": t, "qkv_token_stride": "i64", "positions": "*i64", "inv_freq": "*fp32", "q_weight": t,
-                 "k_weight": t, "eps": "fp32", "q_out": t, "k_pool": t, "v_pool": t, "loc": "*i64"}  # fmt: skip
+                 "k_weight": t, "eps": "fp32", "q_out": t, "k_pool": t, "v_pool": t, "loc": "*i64",
+                 "n_tokens": "i32"}  # fmt: skip
     q_heads, kv_heads = heads
     constants = {"NUM_Q": q_heads, "NUM_KV": kv_heads, "HALF": half, "BLOCK": triton.next_power_of_2(half),
                  "BLOCK_Q": triton.next_power_of_2(q_heads), "BLOCK_KV": triton.next_power_of_2(kv_heads),
                  "NORM": norm}  # fmt: skip
-    compiles(rope_store_kernel, signature, constants, target)
-    from minisgl_core.layers._triton_kernels import rope_store_tiles_kernel  # the experimental tiled one
-
-    for tokens in (2, 8):
-        compiles(
-            rope_store_tiles_kernel, {**signature, "n_tokens": "i32"}, {**constants, "TOKENS": tokens}, target
-        )
+    for tokens in (1, 2, 4):  # one token a program (the fast path off), and the rule's tiles
+        compiles(rope_store_kernel, signature, {**constants, "TOKENS": tokens}, target)
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")
@@ -197,8 +193,9 @@ def test_pdl_variants_wait_for_the_kernel_before():
                            "eps": "fp32", "out": t, "total": t, "n": "i32"}, {"BLOCK": 4096, "ADD": True}),
         (rope_store_kernel, {"qkv": t, "qkv_token_stride": "i64", "positions": "*i64", "inv_freq": "*fp32",
                              "q_weight": t, "k_weight": t, "eps": "fp32", "q_out": t, "k_pool": t, "v_pool": t,
-                             "loc": "*i64"},
-         {"NUM_Q": 32, "NUM_KV": 8, "HALF": 64, "BLOCK": 64, "BLOCK_Q": 32, "BLOCK_KV": 8, "NORM": False}),
+                             "loc": "*i64", "n_tokens": "i32"},
+         {"NUM_Q": 32, "NUM_KV": 8, "HALF": 64, "BLOCK": 64, "BLOCK_Q": 32, "BLOCK_KV": 8, "NORM": False,
+          "TOKENS": 2}),
         (sum_add_rms_norm_kernel, {"buffer_ptrs": "*i64", "signal_ptrs": "*i64", "rank": "i32", "residual": t,
                                    "weight": t, "eps": "fp32", "out": t, "total": t, "rows": "i32",
                                    "programs": "i32", "n": "i32"},

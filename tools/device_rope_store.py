@@ -1,12 +1,14 @@
-"""rope_store_kv (norm + rotary on q and k, k and v into the KV pool): one token a program against
-the experimental tiled kernel (several tokens a program as one masked tile).
+"""rope_store_kv (norm + rotary on q and k, k and v into the KV pool) at each tile shape: one
+token a program (the ``rope_store_tiles`` fast path off) against several tokens a program as one
+masked tile, with 4 or 8 warps. (Before the forty-fourth session one token a program was a kernel
+of its own; the figures of BENCHMARKS.md's forty-third session compare that kernel.)
 
     cd tools && python3 device_rope_store.py [--json OUT.json]
 
 For Qwen3-0.6B's heads (16 q, 8 kv, q/k norm) and Llama-3.1-8B's (32 q, 8 kv, no norm) at decode
 and prefill token counts: µs per call replayed from a CUDA graph of 20 calls over a fresh qkv each
 (the input comes from HBM, as after the GEMM in a step), the bytes moved per µs, and each tiled
-variant's largest difference from the one-token kernel's q and pool (bf16: 0 or one rounding).
+variant's largest difference from one token a program's q and pool (bf16: 0 or one rounding).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import json
 import torch
 from device_attention_check import cuda_time_us
 
-#: (tokens a program, warps) of the tiled kernel; False = the former one-token kernel
+#: (tokens a program, warps); False = one token a program, 4 warps
 VARIANTS = [False, (2, 4), (4, 4), (4, 8), (8, 8), (16, 8)]
 
 

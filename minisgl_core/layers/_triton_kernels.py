@@ -13,94 +13,8 @@ except ImportError:  # an older Triton: PDL stays off (minisgl_core.layers.trito
 
 @triton.jit
 def _norm_rope(x1, x2, weight, cos, sin, eps, d, mask, HALF: tl.constexpr, NORM: tl.constexpr):
-    """Rows of ``[heads, half]`` halves: per-row RMS norm (times ``weight``), then rotary."""
-    dtype = x1.dtype
-    x1 = x1.to(tl.float32)
-    x2 = x2.to(tl.float32)
-    if NORM:
-        w1 = tl.load(weight + d, mask=mask).to(tl.float32)[None, :]
-        w2 = tl.load(weight + HALF + d, mask=mask).to(tl.float32)[None, :]
-        r = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + eps)[:, None]
-        x1 = ((x1 * r).to(dtype).to(tl.float32) * w1).to(dtype).to(tl.float32)
-        x2 = ((x2 * r).to(dtype).to(tl.float32) * w2).to(dtype).to(tl.float32)
-    return x1 * cos - x2 * sin, x2 * cos + x1 * sin
-
-
-@triton.jit
-def rope_store_kernel(
-    qkv,  # [tokens, num_q + 2 * num_kv, head_dim], head and element strides head_dim and 1
-    qkv_token_stride,
-    positions,  # [tokens] int
-    inv_freq,  # [head_dim / 2] float32
-    q_weight,  # [head_dim] or a dummy when not NORM
-    k_weight,
-    eps,
-    q_out,  # [tokens, num_q, head_dim] contiguous
-    k_pool,  # [slots, num_kv, head_dim] contiguous
-    v_pool,
-    loc,  # [tokens] int: slot of each token
-    NUM_Q: tl.constexpr,
-    NUM_KV: tl.constexpr,
-    HALF: tl.constexpr,
-    BLOCK: tl.constexpr,
-    BLOCK_Q: tl.constexpr,
-    BLOCK_KV: tl.constexpr,
-    NORM: tl.constexpr,
-    PDL: tl.constexpr = False,  # launched with programmatic dependent launch: wait for the GEMM first
-):
-    # program (token, part): part 0 the q heads, 1 the k heads, 2 the v heads
-    if PDL:  # wait for the kernel before, then let the one after start launching
-        gdc_wait()
-        gdc_launch_dependents()
-    token = tl.program_id(0).to(tl.int64)
-    part = tl.program_id(1)
-    d = tl.arange(0, BLOCK)
-    mask = d < HALF
-    row = qkv + token * qkv_token_stride
-    # (Triton types a name assigned in both branches of an ``if`` as one: each branch has its own.)
-    if part == 2:  # v: copied to its slot as it is
-        hv = tl.arange(0, BLOCK_KV)[:, None]
-        mv = (hv < NUM_KV) & mask[None, :]
-        v_src = row + (NUM_Q + NUM_KV + hv) * (2 * HALF) + d[None, :]
-        v_dst = (
-            v_pool + tl.load(loc + token).to(tl.int64) * (NUM_KV * 2 * HALF) + hv * (2 * HALF) + d[None, :]
-        )
-        tl.store(v_dst, tl.load(v_src, mask=mv).to(v_dst.dtype.element_ty), mask=mv)
-        tl.store(v_dst + HALF, tl.load(v_src + HALF, mask=mv).to(v_dst.dtype.element_ty), mask=mv)
-    else:
-        # the angles once per program; cos and sin rounded to the model dtype like the reference
-        angle = tl.load(positions + token).to(tl.float32) * tl.load(inv_freq + d, mask=mask, other=0.0)
-        dtype = qkv.dtype.element_ty
-        cos = tl.cos(angle).to(dtype).to(tl.float32)[None, :]
-        sin = tl.sin(angle).to(dtype).to(tl.float32)[None, :]
-        if part == 0:
-            hq = tl.arange(0, BLOCK_Q)[:, None]
-            mq = (hq < NUM_Q) & mask[None, :]
-            q_src = row + hq * (2 * HALF) + d[None, :]
-            q1, q2 = _norm_rope(tl.load(q_src, mask=mq, other=0.0), tl.load(q_src + HALF, mask=mq, other=0.0),
-                                q_weight, cos, sin, eps, d, mask, HALF, NORM)  # fmt: skip
-            q_dst = q_out + (token * NUM_Q + hq) * (2 * HALF) + d[None, :]
-            tl.store(q_dst, q1.to(q_dst.dtype.element_ty), mask=mq)
-            tl.store(q_dst + HALF, q2.to(q_dst.dtype.element_ty), mask=mq)
-        else:
-            hk = tl.arange(0, BLOCK_KV)[:, None]
-            mk = (hk < NUM_KV) & mask[None, :]
-            k_src = row + (NUM_Q + hk) * (2 * HALF) + d[None, :]
-            k1, k2 = _norm_rope(tl.load(k_src, mask=mk, other=0.0), tl.load(k_src + HALF, mask=mk, other=0.0),
-                                k_weight, cos, sin, eps, d, mask, HALF, NORM)  # fmt: skip
-            k_dst = (
-                k_pool
-                + tl.load(loc + token).to(tl.int64) * (NUM_KV * 2 * HALF)
-                + hk * (2 * HALF)
-                + d[None, :]
-            )
-            tl.store(k_dst, k1.to(k_dst.dtype.element_ty), mask=mk)
-            tl.store(k_dst + HALF, k2.to(k_dst.dtype.element_ty), mask=mk)
-
-
-@triton.jit
-def _norm_rope_tiles(x1, x2, weight, cos, sin, eps, d, mask, HALF: tl.constexpr, NORM: tl.constexpr):
-    """:func:`_norm_rope` over ``[tokens, heads, half]`` tiles (``cos``, ``sin``: ``[tokens, 1, half]``)."""
+    """``[tokens, heads, half]`` halves of the heads: RMS norm over each head (times ``weight``),
+    then rotary with ``cos``, ``sin`` (``[tokens, 1, half]``)."""
     dtype = x1.dtype
     x1 = x1.to(tl.float32)
     x2 = x2.to(tl.float32)
@@ -114,14 +28,36 @@ def _norm_rope_tiles(x1, x2, weight, cos, sin, eps, d, mask, HALF: tl.constexpr,
 
 
 @triton.jit(do_not_specialize=["n_tokens"])  # one compile for every token count, not three
-def rope_store_tiles_kernel(
-    qkv, qkv_token_stride, positions, inv_freq, q_weight, k_weight, eps, q_out, k_pool, v_pool, loc, n_tokens,
-    NUM_Q: tl.constexpr, NUM_KV: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, NORM: tl.constexpr, TOKENS: tl.constexpr,
-):  # fmt: skip
-    """:func:`rope_store_kernel` for ``TOKENS`` tokens a program as one ``[tokens, heads, half]``
-    tile (masked, no loop: every load of the block in flight at once). Arguments as there, plus
-    ``n_tokens``."""
+def rope_store_kernel(
+    qkv,  # [tokens, q_heads + 2 * kv_heads, 2 * HALF], the heads dense, any token stride
+    qkv_token_stride,
+    positions,  # [tokens] int
+    inv_freq,  # [HALF] float32
+    q_weight,  # [2 * HALF] q-norm weight (any tensor when not NORM)
+    k_weight,
+    eps,
+    q_out,  # [tokens, q_heads, 2 * HALF] contiguous
+    k_pool,  # [slots, kv_heads, 2 * HALF] this layer's K
+    v_pool,
+    loc,  # [tokens] int: slot of each token
+    n_tokens,
+    NUM_Q: tl.constexpr,
+    NUM_KV: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_KV: tl.constexpr,
+    NORM: tl.constexpr,
+    TOKENS: tl.constexpr,
+    PDL: tl.constexpr = False,  # launched with programmatic dependent launch: wait for the GEMM first
+):
+    """Per-head RMS norm (``NORM``) and rotary on q and k, q to ``q_out``, k and v to their slots.
+    Program ``(block, part)``: ``TOKENS`` tokens as one masked ``[tokens, heads, half]`` tile (no
+    loop: every load of the block in flight at once); part 0 the q heads, 1 the k heads, 2 the v
+    heads (copied as they are)."""
+    if PDL:  # wait for the kernel before, then let the one after start launching
+        gdc_wait()
+        gdc_launch_dependents()
     part = tl.program_id(1)
     t = tl.program_id(0).to(tl.int64) * TOKENS + tl.arange(0, TOKENS)[:, None, None]
     d = tl.arange(0, BLOCK)[None, None, :]
@@ -146,8 +82,8 @@ def rope_store_tiles_kernel(
             hq = tl.arange(0, BLOCK_Q)[None, :, None]
             mq = live & (hq < NUM_Q) & mask
             q_src = row + hq * (2 * HALF) + d
-            q1, q2 = _norm_rope_tiles(tl.load(q_src, mask=mq, other=0.0), tl.load(q_src + HALF, mask=mq, other=0.0),
-                                      q_weight, cos, sin, eps, d, mask, HALF, NORM)  # fmt: skip
+            q1, q2 = _norm_rope(tl.load(q_src, mask=mq, other=0.0), tl.load(q_src + HALF, mask=mq, other=0.0),
+                                q_weight, cos, sin, eps, d, mask, HALF, NORM)  # fmt: skip
             q_dst = q_out + (t * NUM_Q + hq) * (2 * HALF) + d
             tl.store(q_dst, q1.to(q_dst.dtype.element_ty), mask=mq)
             tl.store(q_dst + HALF, q2.to(q_dst.dtype.element_ty), mask=mq)
@@ -155,8 +91,8 @@ def rope_store_tiles_kernel(
             hk = tl.arange(0, BLOCK_KV)[None, :, None]
             mk = live & (hk < NUM_KV) & mask
             k_src = row + (NUM_Q + hk) * (2 * HALF) + d
-            k1, k2 = _norm_rope_tiles(tl.load(k_src, mask=mk, other=0.0), tl.load(k_src + HALF, mask=mk, other=0.0),
-                                      k_weight, cos, sin, eps, d, mask, HALF, NORM)  # fmt: skip
+            k1, k2 = _norm_rope(tl.load(k_src, mask=mk, other=0.0), tl.load(k_src + HALF, mask=mk, other=0.0),
+                                k_weight, cos, sin, eps, d, mask, HALF, NORM)  # fmt: skip
             slot = tl.load(loc + t, mask=live, other=0).to(tl.int64)
             k_dst = k_pool + slot * (NUM_KV * 2 * HALF) + hk * (2 * HALF) + d
             tl.store(k_dst, k1.to(k_dst.dtype.element_ty), mask=mk)

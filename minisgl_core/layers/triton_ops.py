@@ -392,9 +392,9 @@ def rope_store_kv(
     """Norm + rotary on the q and k heads of ``qkv`` (``[tokens, q_heads + 2 * kv_heads, head_dim]``),
     k and v written to ``cache`` layer ``layer_id`` at slots ``loc``; returns q ``[tokens, q_heads,
     head_dim]``. The first eight parameters are :func:`~minisgl_core.layers.fused.qkv_norm_rope`'s.
-    ``tiles``: True picks :func:`rope_store_tiles` (the tiled kernel, several tokens a program as
-    one masked tile), ``(tokens, warps)`` sets them, False runs the former kernel (one token a
-    program; ``tools/device_rope_store.py`` times them)."""
+    ``tiles``: True picks :func:`rope_store_tiles` (tokens a program as one masked tile, warps),
+    ``(tokens, warps)`` sets them, False is one token a program (the ``rope_store_tiles`` fast
+    path off; ``tools/device_rope_store.py`` times them)."""
     tokens, heads, head_dim = qkv.shape
     if heads != num_q_heads + 2 * num_kv_heads or qkv.stride()[1:] != (head_dim, 1) or head_dim % 2:
         raise ValueError(f"rope_store_kv: qkv of shape {tuple(qkv.shape)} and strides {qkv.stride()}")
@@ -407,35 +407,12 @@ def rope_store_kv(
     half = head_dim // 2
     if tiles is True:
         tiles = rope_store_tiles(tokens) if fast_paths.current().enabled("rope_store_tiles") else False
-    if tiles:
-        per, warps = tiles
-        _kernels().rope_store_tiles_kernel[(-(-tokens // per), 3)](
-            qkv, qkv.stride(0), positions, inv_freq, q_weight if norm else inv_freq,
-            k_weight if norm else inv_freq, float(eps), q, cache.k_cache(layer_id), cache.v_cache(layer_id),
-            loc, tokens, NUM_Q=num_q_heads, NUM_KV=num_kv_heads, HALF=half, BLOCK=_pow2(half),
-            BLOCK_Q=_pow2(num_q_heads), BLOCK_KV=_pow2(num_kv_heads), NORM=norm, TOKENS=per, num_warps=warps,
-        )  # fmt: skip
-        return q
-    _kernels().rope_store_kernel[(tokens, 3)](
-        qkv,
-        qkv.stride(0),
-        positions,
-        inv_freq,
-        q_weight if norm else inv_freq,
-        k_weight if norm else inv_freq,
-        float(eps),
-        q,
-        cache.k_cache(layer_id),
-        cache.v_cache(layer_id),
-        loc,
-        NUM_Q=num_q_heads,
-        NUM_KV=num_kv_heads,
-        HALF=half,
-        BLOCK=_pow2(half),
-        BLOCK_Q=_pow2(num_q_heads),
-        BLOCK_KV=_pow2(num_kv_heads),
-        NORM=norm,
-        num_warps=4,
+    per, warps = tiles or (1, 4)
+    _kernels().rope_store_kernel[(-(-tokens // per), 3)](
+        qkv, qkv.stride(0), positions, inv_freq, q_weight if norm else inv_freq,
+        k_weight if norm else inv_freq, float(eps), q, cache.k_cache(layer_id), cache.v_cache(layer_id),
+        loc, tokens, NUM_Q=num_q_heads, NUM_KV=num_kv_heads, HALF=half, BLOCK=_pow2(half),
+        BLOCK_Q=_pow2(num_q_heads), BLOCK_KV=_pow2(num_kv_heads), NORM=norm, TOKENS=per, num_warps=warps,
         **pdl_options(qkv.device),
-    )
+    )  # fmt: skip
     return q
