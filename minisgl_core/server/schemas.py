@@ -422,11 +422,9 @@ class ChatMessage(StrictModel):
 
     def to_template(self) -> dict[str, Any]:
         """The message as the chat template gets it: what the offline ``LLM.chat`` hands it too
-        (``template_message``), of the fields set here. Unset ones are left out, and so are empty
-        tool_calls (``'tool_calls' in message`` picks Llama 3.1's tool-call branch)."""
-        return template_message(
-            self.model_dump(exclude_none=True, exclude=None if self.tool_calls else {"tool_calls"})
-        )
+        (``template_message``, which leaves out an empty tool_calls: ``'tool_calls' in message``
+        picks Llama 3.1's tool-call branch), of the fields set here."""
+        return template_message(self.model_dump(exclude_none=True))
 
 
 class FunctionDefinition(StrictModel):

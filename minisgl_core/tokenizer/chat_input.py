@@ -54,8 +54,9 @@ def template_message(message: object, where: str = "message") -> dict[str, Any]:
     """One chat message as the chat template gets it: role (a "developer" one is "system") and
     content first, text whatever form it came in (None, allowed on an assistant message with tool
     calls: ""; content parts: their text, a line each, an assistant's refusal part's too), then
-    the message's other keys as they are, but for tool calls' arguments given as JSON text of an
-    object, decoded. ValueError or TypeError naming ``where`` when it is not a message."""
+    the message's other keys as they are, but for null ones and an empty tool_calls, left out, and
+    tool calls' arguments given as JSON text of an object, decoded. ValueError or TypeError naming
+    ``where`` when it is not a message."""
     if not isinstance(message, Mapping):
         raise TypeError(
             f'{where} must be a dict with "role" and "content", got {type(message).__name__} {short_repr(message)}'
@@ -84,11 +85,15 @@ def template_message(message: object, where: str = "message") -> dict[str, Any]:
         raise ValueError(
             f"{where}: content is not valid text: a lone UTF-16 surrogate at index {bad.start()}"
         )
-    # role and content first, as the server's schema lists its fields
+    # role and content first, as the server's schema lists its fields; a null key or an empty
+    # tool_calls left out, as the server leaves out what its request did not set (Llama 3.1's
+    # template takes the tool-call branch whenever the key is there, and fails on [] or None)
     out = {"role": "system" if role == "developer" else role, "content": content}
-    out.update((key, value) for key, value in message.items() if key not in out)
+    out.update((key, value) for key, value in message.items() if key not in out and value is not None)
     if out.get("tool_calls"):
         out["tool_calls"] = [_tool_call(call) for call in out["tool_calls"]]
+    else:
+        out.pop("tool_calls", None)
     return out
 
 

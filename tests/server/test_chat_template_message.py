@@ -9,7 +9,8 @@ from pydantic import ValidationError
 
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.server.schemas import ChatCompletionRequest, ChatMessage
-from minisgl_core.tokenizer.chat_input import conversations, template_message
+from minisgl_core.tokenizer.chat_input import conversations, template_args, template_message
+from minisgl_core.tokenizer.load import load_tokenizer, render_chat_template
 
 CALL = {
     "id": "call_1",
@@ -61,6 +62,35 @@ def test_the_server_leaves_out_what_its_request_left_unset():
     # message with the key for a tool call)
     message = {"role": "assistant", "content": "x", "name": None, "tool_calls": []}
     assert ChatMessage.model_validate(message).to_template() == {"role": "assistant", "content": "x"}
+
+
+#: Llama 3.1's chat template's way with an assistant message, cut down: the tool-call branch is
+#: taken when the key is there, and wants one call
+LLAMA31_STYLE = """{%- for message in messages %}<|{{ message.role }}|>
+{%- if 'tool_calls' in message %}
+{%- if not message.tool_calls|length == 1 %}{{ raise_exception("This model only supports single tool-calls at once!") }}{% endif %}
+{{- message.tool_calls[0].function | tojson }}
+{%- else %}{{ message.content }}{% endif %}<|end|>
+{% endfor %}"""
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_model_dir):
+    return load_tokenizer(default_model_dir)
+
+
+@pytest.mark.parametrize(
+    "extra", [{"tool_calls": []}, {"tool_calls": None}, {"name": None}, {"name": None, "tool_calls": ()}]
+)
+def test_offline_chat_leaves_out_empty_tool_calls_and_null_keys_as_the_server(tokenizer, extra):
+    plain = {"role": "assistant", "content": "hi"}
+    message = {**plain, **extra}
+    # LLM.chat's way to the template: its messages, then its arguments (the model is not needed)
+    args = template_args(LLAMA31_STYLE, True, False, None, None)
+    [conversation] = conversations([message])
+    rendered = render_chat_template(tokenizer, conversation, **args)
+    assert rendered == render_chat_template(tokenizer, [plain], **args) == "<|assistant|>hi<|end|>\n"
+    assert template_message(message) == ChatMessage.model_validate(message).to_template() == plain
 
 
 def test_n_has_one_bound_on_the_server_and_offline():
