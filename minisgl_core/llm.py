@@ -24,7 +24,7 @@ from minisgl_core.plugins import Plugins
 from minisgl_core.request_limits import truncate_prompt
 from minisgl_core.sampling import SamplingParams, TokenLogprob, merge_sampling, short_repr
 from minisgl_core.setting_names import Spelling
-from minisgl_core.tokenizer.chat_input import conversations, template_args
+from minisgl_core.tokenizer.chat_input import check_continued_message, checked_template_args, conversations
 from minisgl_core.tokenizer.detokenize import final_text
 from minisgl_core.tokenizer.load import apply_chat_template
 
@@ -317,7 +317,7 @@ class LLM:
         with self._lock:
             self._check_open()
             chats = conversations(messages)
-            args = template_args(
+            args = checked_template_args(
                 chat_template, add_generation_prompt, continue_final_message, chat_template_kwargs, tools
             )
             if "chat_template" not in args and not getattr(self.tokenizer, "chat_template", None):
@@ -331,11 +331,8 @@ class LLM:
 
     def _chat_ids(self, conversation: list[dict[str, Any]], args: dict[str, Any], where: str) -> list[int]:
         """``conversation`` rendered as the server's tokenizer renders a chat request's messages."""
-        if args.get("continue_final_message") and conversation[-1]["role"] != "assistant":
-            raise ValueError(
-                f"{where}continue_final_message needs the last message to be an assistant one, "
-                f"got {short_repr(conversation[-1]['role'])}"
-            )
+        if args.get("continue_final_message"):
+            check_continued_message(conversation[-1]["role"], where)
         ids = self._render(conversation, args, where)
         if "tools" in args:  # a template without a tools section dropped them without a word
             try:

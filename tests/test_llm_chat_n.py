@@ -135,7 +135,7 @@ BAD_ARGUMENTS = [
     ({"chat_template": "{% for m in messages %}"}, "chat_template does not compile: line 1"),
     ({"chat_template": "templates/chatml.jinja"}, "chat_template must be the Jinja text of a template"),
     ({"tools": [WEATHER]}, "this model's chat template does not render tools"),
-    ({"continue_final_message": True}, "continue_final_message needs add_generation_prompt=False"),
+    ({"continue_final_message": True}, "continue_final_message needs add_generation_prompt turned off"),
     (
         {"continue_final_message": True, "add_generation_prompt": False},
         "continue_final_message needs the last message to be an assistant one, got 'user'",

@@ -31,7 +31,7 @@ from pydantic.types import Strict
 
 from minisgl_core.api.grammar import GrammarSpec
 from minisgl_core.sampling import SamplingParams, short_repr
-from minisgl_core.tokenizer.chat_input import template_message
+from minisgl_core.tokenizer.chat_input import check_continued_message, template_args, template_message
 
 #: roles a chat message may have; "developer" is OpenAI's newer name for "system"
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -621,18 +621,7 @@ class ChatCompletionRequest(SamplingFields):
 
     @model_validator(mode="after")
     def _check(self) -> ChatCompletionRequest:
-        if self.continue_final_message:
-            if self.add_generation_prompt:
-                raise BodyError(
-                    "continue_final_message needs add_generation_prompt false (the reply continues "
-                    "the last message instead of starting a turn)",
-                    "add_generation_prompt",
-                )
-            if self.messages[-1].role != "assistant":
-                raise BodyError(
-                    "continue_final_message needs the last message to be an assistant one",
-                    "messages",
-                )
+        chat_template_args(self)
         if self.max_completion_tokens is not None:
             if self.max_tokens is not None and self.max_tokens != self.max_completion_tokens:
                 raise BodyError(
@@ -655,15 +644,31 @@ class ChatCompletionRequest(SamplingFields):
         return [m.to_template() for m in self.messages]
 
     def template_args(self) -> dict[str, Any]:
-        """Keyword arguments for the chat template: the tools and chat_template_kwargs."""
-        args = dict(self.chat_template_kwargs or {})
-        if self.tools:
-            args["tools"] = [t.model_dump(exclude_none=True) for t in self.tools]
-        if not self.add_generation_prompt:
-            args["add_generation_prompt"] = False
-        if self.continue_final_message:
-            args["continue_final_message"] = True
-        return args
+        """Keyword arguments for the chat template: the tools, chat_template_kwargs and the two
+        settings (checked when the request was)."""
+        return chat_template_args(self)
+
+
+def chat_template_args(body: Any) -> dict[str, Any]:
+    """The chat template's keyword arguments of a chat request or a /tokenize body with messages
+    (its ``messages``, ``tools``, ``chat_template_kwargs``, ``add_generation_prompt`` and
+    ``continue_final_message``), as ``LLM.chat`` builds them (``chat_input.template_args``, same
+    texts): a BodyError naming the field to change when the settings cannot go together."""
+    try:
+        args = template_args(
+            body.add_generation_prompt,
+            body.continue_final_message,
+            variables=body.chat_template_kwargs,
+            tools=[t.model_dump(exclude_none=True) for t in body.tools or ()],
+        )
+    except ValueError as exc:
+        raise BodyError(str(exc), "add_generation_prompt") from None
+    if body.continue_final_message and body.messages:
+        try:
+            check_continued_message(body.messages[-1].role)
+        except ValueError as exc:
+            raise BodyError(str(exc), "messages") from None
+    return args
 
 
 #: chat template arguments that are request fields of their own

@@ -24,6 +24,7 @@ from minisgl_core.server.schemas import (
     StrictModel,
     Text,
     ToolDefinition,
+    chat_template_args,
     refuse_batch,
     template_kwargs,
 )
@@ -52,32 +53,28 @@ class TokenizeBody(StrictModel):
     def _free_template_kwargs(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
         return template_kwargs(kwargs)
 
+    @model_validator(mode="after")
+    def _template_settings(self) -> TokenizeBody:
+        if self.messages is not None:  # (as the chat route checks them)
+            chat_template_args(self)
+        return self
+
 
 class DetokenizeBody(StrictModel):
     model: str | None = None
     tokens: list[Int] = Field(min_length=0)
 
 
-def _encode(tokenizer: Any, body: TokenizeBody) -> list[int]:
-    if body.messages is None:
+def _encode(
+    tokenizer: Any, body: TokenizeBody, messages: list[dict[str, Any]] | None, args: dict[str, Any] | None
+) -> list[int]:
+    """The body's prompt or its ``messages`` (made ready for the template) rendered with ``args``."""
+    if messages is None:
         return list(tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens))
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("this model's tokenizer has no chat_template; start the server with --chat-template")
-    args = dict(body.chat_template_kwargs or {})
-    if body.tools:
-        args["tools"] = [t.model_dump(exclude_none=True) for t in body.tools]
-    if body.continue_final_message:
-        if body.add_generation_prompt or body.messages[-1].role != "assistant":
-            raise ValueError(
-                "continue_final_message needs add_generation_prompt false and an assistant message last"
-            )
-        args["continue_final_message"] = True
-    ids = tokenizer.apply_chat_template(
-        [m.to_template() for m in body.messages],
-        tokenize=True,
-        add_generation_prompt=body.add_generation_prompt,
-        **args,
-    )
+    args = {"add_generation_prompt": True, **(args or {})}
+    ids = tokenizer.apply_chat_template(messages, tokenize=True, **args)
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):
         ids = ids["input_ids"]
     return list(ids)
@@ -92,11 +89,11 @@ def tokenize_router(state: ServerState, tokenizer: ApiTokenizer) -> APIRouter:
             raise APIError(400, "give exactly one of prompt or messages", "prompt")
         state.model.check_name(body.model)
         messages = None if body.messages is None else [m.to_template() for m in body.messages]
-        tools = None if body.tools is None else [t.model_dump(exclude_none=True) for t in body.tools]
+        args = None if body.messages is None else chat_template_args(body)
         # (a prompt that cannot fit the context is refused before seconds of tokenizing, as there)
-        state.check_prompt_size(body.prompt, messages, {"tools": tools, **(body.chat_template_kwargs or {})})
+        state.check_prompt_size(body.prompt, messages, args)
         try:
-            ids = await tokenizer.run(_encode, body)
+            ids = await tokenizer.run(_encode, body, messages, args)
         except Exception as exc:  # noqa: BLE001 - a template error is the request's problem
             raise APIError(
                 400, f"could not tokenize: {exc}", "messages" if body.messages is not None else "prompt"

@@ -3,7 +3,9 @@ gets of one message, for the offline ``LLM.chat`` and for the server's chat rout
 (``server.schemas.ChatMessage.to_template`` hands it the message its schema checked): content
 parts a line each, "developer" as "system", a tool call's JSON arguments decoded. Here also
 ``LLM.chat``'s own checks of its input (ValueError or TypeError saying where, ``messages[1][0]``,
-and what is wrong, before the template runs) and ``apply_chat_template``'s keyword arguments.
+and what is wrong, before the template runs), and :func:`template_args`, ``apply_chat_template``'s
+keyword arguments for the server's chat route and /tokenize and for ``LLM.chat`` alike, whose one
+check (with :func:`check_continued_message`'s) has one text on every path.
 The server's request schema checks a little more before it calls :func:`template_message`: known
 roles only, a tool message's ``tool_call_id``, no unknown fields; offline any role reaches the
 template, as in vLLM's ``LLM.chat``, and the template decides."""
@@ -132,25 +134,60 @@ def _tool_call(call: Any) -> Any:
 
 
 def template_args(
+    add_generation_prompt: bool,
+    continue_final_message: bool,
+    *,
+    variables: Mapping[str, Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
+    chat_template: str | None = None,
+) -> dict[str, Any]:
+    """apply_chat_template's keyword arguments, the same for the server's chat route, its
+    /tokenize and ``LLM.chat``, whose settings are spelled alike: the template ``variables``
+    (``chat_template_kwargs``), the ``tools`` (none when empty), the template's text, and the two
+    settings, add_generation_prompt given only when false (the renderers' default is true).
+    ValueError when continue_final_message is asked with add_generation_prompt; the last message
+    is :func:`check_continued_message`'s."""
+    if continue_final_message and add_generation_prompt:
+        raise ValueError(
+            "continue_final_message needs add_generation_prompt turned off (the reply continues "
+            "the last message instead of starting a turn)"
+        )
+    args = dict(variables or {})
+    if tools:
+        args["tools"] = tools
+    if chat_template is not None:
+        args["chat_template"] = chat_template
+    if not add_generation_prompt:
+        args["add_generation_prompt"] = False
+    if continue_final_message:
+        args["continue_final_message"] = True
+    return args
+
+
+def check_continued_message(role: str, where: str = "") -> None:
+    """ValueError (its text after ``where``) unless ``role``, the last message's, is one
+    continue_final_message continues."""
+    if role != "assistant":
+        raise ValueError(
+            f"{where}continue_final_message needs the last message to be an assistant one, got {short_repr(role)}"
+        )
+
+
+def checked_template_args(
     chat_template: object,
     add_generation_prompt: object,
     continue_final_message: object,
     chat_template_kwargs: object,
     tools: object,
 ) -> dict[str, Any]:
-    """apply_chat_template's keyword arguments for chat()'s, each checked."""
+    """:func:`template_args` of ``LLM.chat``'s keyword arguments, each checked first (the
+    server's schema checks its request's)."""
     for name, value in (
         ("add_generation_prompt", add_generation_prompt),
         ("continue_final_message", continue_final_message),
     ):
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be True or False, got {short_repr(value)}")
-    if continue_final_message and add_generation_prompt:
-        raise ValueError(
-            "continue_final_message needs add_generation_prompt=False (the reply continues the last "
-            "message instead of starting a turn)"
-        )
-    args: dict[str, Any] = {}
     if chat_template_kwargs is not None:
         if not isinstance(chat_template_kwargs, Mapping):
             raise TypeError(
@@ -165,12 +202,10 @@ def template_args(
                 raise ValueError(
                     f"chat_template_kwargs: {short_repr(key)} is not a template variable chat() can pass"
                 )
-        args.update(chat_template_kwargs)
     if tools is not None:
         if not isinstance(tools, (list, tuple)) or not all(isinstance(t, Mapping) for t in tools):
             raise TypeError('tools must be a list of tool dicts ({"type": "function", "function": {...}})')
-        if tools:
-            args["tools"] = [dict(t) for t in tools]
+        tools = [dict(t) for t in tools]
     if chat_template is not None:
         if not isinstance(chat_template, str):
             raise TypeError(
@@ -181,8 +216,10 @@ def template_args(
                 f"chat_template must be the Jinja text of a template, got {short_repr(chat_template)} "
                 "(no {{ }} or {% %} in it); read a template file with Path(...).read_text()"
             )
-        args["chat_template"] = chat_template
-    args["add_generation_prompt"] = add_generation_prompt
-    if continue_final_message:
-        args["continue_final_message"] = True
-    return args
+    return template_args(
+        add_generation_prompt,
+        continue_final_message,
+        variables=chat_template_kwargs,
+        tools=tools,
+        chat_template=chat_template,
+    )

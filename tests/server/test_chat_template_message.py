@@ -1,6 +1,7 @@
 """The server and the offline ``LLM`` agree on what a chat template gets: one function
 (``tokenizer.chat_input.template_message``) makes a message ready for the template on both paths,
-and one number (``SamplingParams.MAX_N``) bounds n on both. No server, no model."""
+one (``template_args``) builds the template's arguments and checks its settings with one text, and
+one number (``SamplingParams.MAX_N``) bounds n on both. No server, no model."""
 
 from __future__ import annotations
 
@@ -8,8 +9,14 @@ import pytest
 from pydantic import ValidationError
 
 from minisgl_core.sampling import SamplingParams
-from minisgl_core.server.schemas import ChatCompletionRequest, ChatMessage
-from minisgl_core.tokenizer.chat_input import conversations, template_args, template_message
+from minisgl_core.server.schemas import BodyError, ChatCompletionRequest, ChatMessage
+from minisgl_core.server.tokenize_routes import TokenizeBody
+from minisgl_core.tokenizer.chat_input import (
+    check_continued_message,
+    checked_template_args,
+    conversations,
+    template_message,
+)
 from minisgl_core.tokenizer.load import load_tokenizer, render_chat_template
 
 CALL = {
@@ -86,11 +93,43 @@ def test_offline_chat_leaves_out_empty_tool_calls_and_null_keys_as_the_server(to
     plain = {"role": "assistant", "content": "hi"}
     message = {**plain, **extra}
     # LLM.chat's way to the template: its messages, then its arguments (the model is not needed)
-    args = template_args(LLAMA31_STYLE, True, False, None, None)
+    args = checked_template_args(LLAMA31_STYLE, True, False, None, None)
     [conversation] = conversations([message])
     rendered = render_chat_template(tokenizer, conversation, **args)
     assert rendered == render_chat_template(tokenizer, [plain], **args) == "<|assistant|>hi<|end|>\n"
     assert template_message(message) == ChatMessage.model_validate(message).to_template() == plain
+
+
+@pytest.mark.parametrize(
+    ("settings", "field"),
+    [
+        ({"add_generation_prompt": True, "continue_final_message": True}, "add_generation_prompt"),
+        ({"add_generation_prompt": False, "continue_final_message": True}, "messages"),
+    ],
+)
+def test_the_template_settings_are_refused_with_one_text_everywhere(settings, field):
+    messages = [{"role": "user", "content": "hi"}]
+    with pytest.raises(ValueError) as offline:  # LLM.chat's checks, in its order
+        checked_template_args(None, settings["add_generation_prompt"], True, None, None)
+        check_continued_message(messages[-1]["role"])
+    for schema in (ChatCompletionRequest, TokenizeBody):  # the chat route's and /tokenize's
+        with pytest.raises(ValidationError) as served:
+            schema.model_validate({"messages": messages, **settings})
+        [error] = served.value.errors()
+        cause = error["ctx"]["error"]
+        assert isinstance(cause, BodyError) and cause.field == field
+        assert str(cause) == str(offline.value)
+
+
+def test_the_template_arguments_are_built_alike():
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    messages = [{"role": "assistant", "content": "The sea is"}]
+    settings = {"add_generation_prompt": False, "continue_final_message": True}
+    variables = {"enable_thinking": False}
+    offline = checked_template_args(None, False, True, variables, [tool])
+    assert offline == {**variables, "tools": [tool], **settings}
+    request = {"messages": messages, "tools": [tool], "chat_template_kwargs": variables, **settings}
+    assert ChatCompletionRequest.model_validate(request).template_args() == offline
 
 
 def test_n_has_one_bound_on_the_server_and_offline():

@@ -117,7 +117,7 @@ CASES = [
         {"messages": USER, "continue_final_message": True},
         400,
         "add_generation_prompt",
-        "needs add_generation_prompt false",
+        "needs add_generation_prompt turned off",
     ),
     (COMPLETIONS, {"prompt": [5, 99999]}, 400, "prompt", "token ids"),
     (COMPLETIONS, {"prompt": LONG}, 400, "prompt", "context length"),

@@ -70,23 +70,30 @@ def test_continue_final_message_continues_the_assistant_turn(client, server, aut
     assert plain.usage.prompt_tokens > len(closed)
 
 
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/tokenize"])
 @pytest.mark.parametrize(
     ("body", "param", "words"),
     [
-        ({"continue_final_message": True}, "add_generation_prompt", "add_generation_prompt false"),
+        (
+            {"continue_final_message": True},
+            "add_generation_prompt",
+            "continue_final_message needs add_generation_prompt turned off",
+        ),
         (
             {"continue_final_message": True, "add_generation_prompt": False, "messages": MESSAGES},
             "messages",
-            "last message to be an assistant",
+            "continue_final_message needs the last message to be an assistant one, got 'user'",
         ),
         ({"chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs", "request's"),
         ({"chat_template_kwargs": {"tokenize": False}}, "chat_template_kwargs", "set by the server"),
     ],
 )
-def test_chat_template_controls_are_checked(server, auth, model_name, body, param, words):
+def test_chat_template_controls_are_checked(server, auth, model_name, route, body, param, words):
+    # the chat route and /tokenize check them alike (/tokenize said "could not tokenize", blaming
+    # messages for add_generation_prompt)
     messages = [*MESSAGES, {"role": "assistant", "content": "The sea is"}]
     resp = httpx.post(
-        f"{server.url}/v1/chat/completions",
+        f"{server.url}{route}",
         json={"model": model_name, "messages": messages, **body},
         headers=auth,
     )
