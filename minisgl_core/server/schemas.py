@@ -31,7 +31,12 @@ from pydantic.types import Strict
 
 from minisgl_core.api.grammar import GrammarSpec
 from minisgl_core.sampling import SamplingParams, short_repr
-from minisgl_core.tokenizer.chat_input import check_continued_message, template_args, template_message
+from minisgl_core.tokenizer.chat_input import (
+    TEMPLATE_RESERVED,
+    check_continued_message,
+    template_args,
+    template_message,
+)
 
 #: roles a chat message may have; "developer" is OpenAI's newer name for "system"
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -673,9 +678,8 @@ def chat_template_args(body: Any) -> dict[str, Any]:
 
 #: chat template arguments that are request fields of their own
 _TEMPLATE_FIELDS = ("add_generation_prompt", "continue_final_message", "tools")
-#: apply_chat_template's own arguments, which the server sets
-_TEMPLATE_RESERVED = ("conversation", "messages", "tokenize", "return_dict", "return_tensors", "chat_template",
-                      "padding", "truncation", "max_length", "tokenizer_kwargs", "return_assistant_tokens_mask")  # fmt: skip
+#: apply_chat_template's own arguments, which the server sets (a client's template among them)
+_TEMPLATE_RESERVED = (*TEMPLATE_RESERVED, "chat_template")
 
 
 def template_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:

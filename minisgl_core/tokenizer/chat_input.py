@@ -24,8 +24,9 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 #: chat()'s own arguments, which chat_template_kwargs may not set
 _CHAT_ARGUMENTS = ("add_generation_prompt", "continue_final_message", "tools", "chat_template")
-#: transformers' apply_chat_template's own arguments, which chat() sets
-_TEMPLATE_RESERVED = ("conversation", "messages", "tokenize", "return_dict", "return_tensors", "padding",
+#: transformers' apply_chat_template's own arguments (but ``chat_template``), which the callers set:
+#: no template variable of a request or of chat() may name one
+TEMPLATE_RESERVED = ("conversation", "messages", "tokenize", "return_dict", "return_tensors", "padding",
                       "truncation", "max_length", "tokenizer_kwargs", "return_assistant_tokens_mask")  # fmt: skip
 
 
@@ -198,7 +199,7 @@ def checked_template_args(
                 raise ValueError(
                     f"chat_template_kwargs: {short_repr(key)} is chat()'s own argument: pass {key}= instead"
                 )
-            if key in _TEMPLATE_RESERVED or not isinstance(key, str):
+            if key in TEMPLATE_RESERVED or not isinstance(key, str):
                 raise ValueError(
                     f"chat_template_kwargs: {short_repr(key)} is not a template variable chat() can pass"
                 )
