@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import traceback
+from collections.abc import Callable
 
 
 def run_under_interpreter(script: str, *args: str, env: dict[str, str] | None = None) -> str:
@@ -18,3 +20,61 @@ def run_under_interpreter(script: str, *args: str, env: dict[str, str] | None = 
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
+
+
+#: the lines that start a check's part of :func:`run_checks`' output, and its traceback
+_SECTION, _FAILED = "== check ", "== raised"
+
+
+class CheckOutputs:
+    """What each check of :func:`run_checks_under_interpreter` printed."""
+
+    def __init__(self, outputs: dict[str, str], failures: dict[str, str]) -> None:
+        self.outputs, self.failures = outputs, failures
+
+    def __getitem__(self, name: str) -> str:
+        """Check ``name``'s output; an AssertionError carrying its traceback if it raised."""
+        if name in self.failures:
+            raise AssertionError(f"check {name} raised:\n{self.outputs[name]}\n{self.failures[name]}")
+        return self.outputs[name]
+
+
+def run_checks_under_interpreter(
+    script: str, names: list[str], *args: str, env: dict[str, str] | None = None
+) -> CheckOutputs:
+    """Several of ``script``'s checks in one child under the interpreter (one start-up, torch and
+    Triton imported once, not once a check): ``python script checks NAME,NAME,... *args``, whose
+    ``__main__`` calls :func:`run_checks`. A check that raises does not stop the ones after it.
+    Only for checks that leave nothing behind that the next could see (no patched module, no
+    changed environment, no configured process)."""
+    out = run_under_interpreter(script, "checks", ",".join(names), *args, env=env)
+    outputs: dict[str, list[str]] = {}
+    failures: dict[str, list[str]] = {}
+    current: list[str] = []
+    for line in out.splitlines():
+        if line.startswith(_SECTION):
+            name = line[len(_SECTION) :]
+            current = outputs[name] = []
+        elif line == _FAILED and outputs:
+            current = failures[name] = []
+        else:
+            current.append(line)
+    missing = [name for name in names if name not in outputs]
+    assert not missing, f"checks {missing} did not run:\n{out[-3000:]}"
+    return CheckOutputs(
+        {name: "\n".join(lines) for name, lines in outputs.items()},
+        {name: "\n".join(lines) for name, lines in failures.items()},
+    )
+
+
+def run_checks(checks: dict[str, Callable[[], object]], names: str) -> None:
+    """The child's side of :func:`run_checks_under_interpreter`: the checks named (comma-separated),
+    in order, each after its header line, a failing one's traceback after another."""
+    for name in names.split(","):
+        print(_SECTION + name, flush=True)
+        try:
+            checks[name]()
+        except Exception:
+            print(_FAILED, flush=True)
+            traceback.print_exc(file=sys.stdout)
+        sys.stdout.flush()
