@@ -13,42 +13,58 @@ from pathlib import Path
 import pytest
 import torch
 
-from minisgl_core.testing.triton_interpreter import run_under_interpreter
+from minisgl_core.testing.triton_interpreter import (
+    CheckOutputs,
+    run_checks,
+    run_checks_under_interpreter,
+    run_under_interpreter,
+)
 
 pytest.importorskip("triton")
 
+CHILD_ENV = {"MINISGL_FUSED_KV": "1"}
+#: the checks of single kernels, which patch nothing, change no environment variable and start
+#: no engine: one child runs them all (a child's start-up, torch and Triton imported, cost about
+#: 3 s of CI each); the model checks below, which do all three, keep a child each
+KERNEL_CHECKS = ["kernel", "silu", "layout", "norm", "gemm", "split_k", "collective"]
+
 
 def run_child(*args: str) -> str:
-    return run_under_interpreter(__file__, *args, env={"MINISGL_FUSED_KV": "1"})
+    return run_under_interpreter(__file__, *args, env=CHILD_ENV)
 
 
-def test_kernel_matches_norm_rope_and_store():
-    out = run_child("kernel")
+@pytest.fixture(scope="module")
+def kernel_checks() -> CheckOutputs:
+    return run_checks_under_interpreter(__file__, KERNEL_CHECKS, env=CHILD_ENV)
+
+
+def test_kernel_matches_norm_rope_and_store(kernel_checks):
+    out = kernel_checks["kernel"]
     assert out.count("ok") == 8, out
 
 
-def test_silu_mul_matches_eager():
-    out = run_child("silu")
+def test_silu_mul_matches_eager(kernel_checks):
+    out = kernel_checks["silu"]
     assert out.count("ok") == 3, out
 
 
-def test_layout_kernel_matches_paged_layout():
-    out = run_child("layout")
+def test_layout_kernel_matches_paged_layout(kernel_checks):
+    out = kernel_checks["layout"]
     assert out.count("ok") == 6, out
 
 
-def test_rms_norm_matches_eager():
-    out = run_child("norm")
+def test_rms_norm_matches_eager(kernel_checks):
+    out = kernel_checks["norm"]
     assert out.count("ok") == 8, out
 
 
-def test_small_gemm_matches_a_float32_product():
-    out = run_child("gemm")
+def test_small_gemm_matches_a_float32_product(kernel_checks):
+    out = kernel_checks["gemm"]
     assert out.split() == ["ok"] * 7, out
 
 
-def test_split_k_partials_added_in_the_norm_are_bitwise_the_separate_sum():
-    out = run_child("split_k")
+def test_split_k_partials_added_in_the_norm_are_bitwise_the_separate_sum(kernel_checks):
+    out = kernel_checks["split_k"]
     assert out.split() == ["ok"] * 5, out
 
 
@@ -90,8 +106,8 @@ def test_every_small_gemm_tile_is_compiled_while_the_decode_graphs_are_captured(
         assert used <= captured, (n, k, used - captured)
 
 
-def test_all_reduce_kernels_add_every_buffer_in_rank_order():
-    out = run_child("collective")
+def test_all_reduce_kernels_add_every_buffer_in_rank_order(kernel_checks):
+    out = kernel_checks["collective"]
     assert out.split() == ["ok"] * 5, out
 
 
@@ -576,20 +592,12 @@ def check_layout() -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "layout":
-        check_layout()
-    elif sys.argv[1] == "kernel":
-        check_kernel()
-    elif sys.argv[1] == "silu":
-        check_silu()
-    elif sys.argv[1] == "norm":
-        check_norm()
-    elif sys.argv[1] == "gemm":
-        check_gemm()
-    elif sys.argv[1] == "collective":
-        check_collective()
-    elif sys.argv[1] == "split_k":
-        check_split_k()
+    if sys.argv[1] == "checks":  # e.g. ``checks norm,gemm``
+        kernel_check_functions = {
+            "kernel": check_kernel, "silu": check_silu, "layout": check_layout, "norm": check_norm,
+            "gemm": check_gemm, "split_k": check_split_k, "collective": check_collective,
+        }  # fmt: skip
+        run_checks(kernel_check_functions, sys.argv[2])
     elif sys.argv[1] == "split_k_model":
         check_split_k_model(sys.argv[2])
     else:
