@@ -14,27 +14,42 @@ import pytest
 import torch
 from minisgl_plugin_fp8 import method as fp8_method
 
-from minisgl_core.testing.triton_interpreter import run_under_interpreter
+from minisgl_core.testing.triton_interpreter import (
+    CheckOutputs,
+    run_checks,
+    run_checks_under_interpreter,
+    run_under_interpreter,
+)
 
 pytest.importorskip("triton")
+
+#: the kernel checks, which patch nothing the others use: one child runs them all (a child's
+#: start-up, torch and Triton imported, costs about 3 s of CI); "apply" patches torch._scaled_mm
+#: and the plugin's quantizer, so it keeps a child of its own
+KERNEL_CHECKS = ["kernel", "round", "quantize"]
 
 
 def run_child(*args: str) -> str:
     return run_under_interpreter(__file__, *args)
 
 
-def test_gemv_equals_the_float32_product():
-    out = run_child("kernel")
+@pytest.fixture(scope="module")
+def kernel_checks() -> CheckOutputs:
+    return run_checks_under_interpreter(__file__, KERNEL_CHECKS)
+
+
+def test_gemv_equals_the_float32_product(kernel_checks):
+    out = kernel_checks["kernel"]
     assert out.count("ok") == len(SHAPES), out
 
 
-def test_in_kernel_rounding_to_e4m3_is_torchs():
-    out = run_child("round")
+def test_in_kernel_rounding_to_e4m3_is_torchs(kernel_checks):
+    out = kernel_checks["round"]
     assert out.split() == ["ok"], out
 
 
-def test_the_row_quantizer_kernel_gives_quantize_rows_bits():
-    out = run_child("quantize")
+def test_the_row_quantizer_kernel_gives_quantize_rows_bits(kernel_checks):
+    out = kernel_checks["quantize"]
     assert out.split() == ["ok"] * len(QUANTIZE_SHAPES), out
 
 
@@ -266,6 +281,7 @@ def check_apply() -> None:
 
 
 if __name__ == "__main__":
-    {"kernel": check_kernel, "apply": check_apply, "round": check_round, "quantize": check_quantize}[
-        sys.argv[1]
-    ]()
+    if sys.argv[1] == "checks":  # e.g. ``checks kernel,round``
+        run_checks({"kernel": check_kernel, "round": check_round, "quantize": check_quantize}, sys.argv[2])
+    else:
+        check_apply()
