@@ -73,7 +73,13 @@ def gguf_file(model_dir: str | Path) -> Path:
 
 
 def transformers_references(model_dir: str | Path) -> list[Reference]:
-    """Greedy outputs of ``transformers`` (float32, CPU, eager attention) for :data:`PROMPTS`."""
+    """Greedy outputs of ``transformers`` (float32, CPU, eager attention) for :data:`PROMPTS`.
+
+    Prompts of similar length (the longest at most three times the shortest) go through one
+    ``generate`` call, left-padded with an attention mask: 28 steps of a batch instead of 28 of
+    each prompt (one at a time the 9 prompts took 15.6 s, most of it per-step overhead); the long
+    prompt runs alone rather than pad the others to its length. Each row's tokens end at its first
+    end-of-turn (the rows that end early are padded after it)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = gguf_file(model_dir)
@@ -82,21 +88,43 @@ def transformers_references(model_dir: str | Path) -> list[Reference]:
         path.parent, gguf_file=path.name, dtype=torch.float32, attn_implementation="eager"
     ).eval()
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    references = []
-    for label, messages in PROMPTS:
+    prompts = []
+    for _, messages in PROMPTS:
         ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
         if not isinstance(ids, list):  # transformers 5 returns a BatchEncoding
             ids = list(ids["input_ids"])
+        prompts.append(list(ids))
+    outputs: dict[int, list[int]] = {}
+    for group in _similar_lengths([len(ids) for ids in prompts]):
+        width = max(len(prompts[i]) for i in group)
+        padded = [[eos] * (width - len(prompts[i])) + prompts[i] for i in group]
+        mask = [[0] * (width - len(prompts[i])) + [1] * len(prompts[i]) for i in group]
         with torch.inference_mode():
             out = model.generate(
-                torch.tensor([ids]),
-                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                torch.tensor(padded),
+                attention_mask=torch.tensor(mask),
                 do_sample=False,
                 max_new_tokens=MAX_TOKENS,
                 eos_token_id=eos,
                 pad_token_id=eos,
             )
-        output = out[0, len(ids) :].tolist()
+        for i, row in zip(group, out[:, width:].tolist(), strict=True):
+            outputs[i] = row[: row.index(eos) + 1] if eos in row else row
+    references = []
+    for i, (label, messages) in enumerate(PROMPTS):
+        output = outputs[i]
         text = tokenizer.decode([t for t in output if t != eos], skip_special_tokens=True)
-        references.append(Reference(label, messages, list(ids), output, text))
+        references.append(Reference(label, messages, prompts[i], output, text))
     return references
+
+
+def _similar_lengths(lengths: list[int]) -> list[list[int]]:
+    """Indices of ``lengths`` in groups, by increasing length, whose longest is at most three
+    times their shortest."""
+    groups: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
+        if groups and lengths[i] <= 3 * lengths[groups[-1][0]]:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
