@@ -501,7 +501,127 @@ def unenforced_keywords(schema: Any, path: str = "#") -> list[str]:
     found: list[str] = []
     for sub, where, _ in _walk(schema, path):
         found += _unenforced_here(sub, where)
+        found += _overlapping_one_of(sub, where, schema)
     return found
+
+
+def _overlapping_one_of(schema: dict, path: str, root: Any) -> list[str]:
+    """``oneOf`` whose branches are not provably disjoint: xgrammar compiles it as ``anyOf``, so a
+    value valid under two branches passed (found by an API probe: ``{"a":1}`` for a ``oneOf`` of two
+    objects, one declaring ``a``, the other ``b``). Provably disjoint, as llguidance also takes
+    them: branches of different types, of different ``const``/``enum`` values, or objects with a
+    required property whose ``const``/``enum`` values differ (a discriminated union)."""
+    branches = schema.get("oneOf")
+    if not isinstance(branches, list) or len(branches) < 2:
+        return []
+    resolved = [_resolve(branch, root) for branch in branches]
+    for i, a in enumerate(resolved):
+        for j in range(i + 1, len(resolved)):
+            if not _disjoint(a, resolved[j], root):
+                return [
+                    f"'oneOf' at {path} whose schemas {path}/oneOf/{i} and {path}/oneOf/{j} may both "
+                    "hold for one value (it is compiled as 'anyOf'; give the branches different "
+                    "types, or a required property with a different 'const' in each)"
+                ]
+    return []
+
+
+def _resolve(schema: Any, root: Any) -> Any:
+    """``schema`` with a local ``$ref`` ("#/$defs/Name", a JSON pointer) followed, a few hops at
+    most; None where it does not resolve (then nothing about it is provable)."""
+    for _ in range(8):
+        ref = schema.get("$ref") if isinstance(schema, dict) else None
+        if ref is None:
+            return schema
+        if not isinstance(ref, str) or not ref.startswith("#"):
+            return None
+        target = root
+        for part in ref[1:].split("/")[1:]:
+            part = part.replace("~1", "/").replace("~0", "~")
+            if isinstance(target, dict) and part in target:
+                target = target[part]
+            elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
+                target = target[int(part)]
+            else:
+                return None
+        schema = target
+    return None
+
+
+def _value_key(value: Any) -> str:
+    """A JSON value as a comparable text (1 and 1.0 alike, True apart from 1)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = float(value)
+    return json.dumps(value, sort_keys=True)
+
+
+def _values(schema: Any) -> set[str] | None:
+    """The values ``schema`` allows when it lists them (``const``, ``enum``), else None."""
+    if not isinstance(schema, dict):
+        return None
+    if "const" in schema:
+        return {_value_key(schema["const"])}
+    if isinstance(schema.get("enum"), list):
+        return {_value_key(v) for v in schema["enum"]}
+    return None
+
+
+def _types(schema: Any) -> set[str] | None:
+    """The JSON types ``schema`` allows (integer counted as number), or None where it does not say."""
+    if not isinstance(schema, dict):
+        return None
+    values = _values(schema)
+    if values is not None:
+        return {_type_of(v) for v in values}
+    declared = schema.get("type")
+    if isinstance(declared, str):
+        declared = [declared]
+    if not isinstance(declared, list) or not all(isinstance(t, str) for t in declared):
+        return None
+    return {"number" if t == "integer" else t for t in declared}
+
+
+def _type_of(key: str) -> str:
+    """The JSON type of a :func:`_value_key` text (integer counted as number)."""
+    value = json.loads(key)
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}[type(value)]
+
+
+def _tags(schema: Any, root: Any) -> dict[str, set[str]]:
+    """An object schema's required properties that list their values: name -> values."""
+    properties = schema.get("properties") if isinstance(schema, dict) else None
+    required = schema.get("required") if isinstance(schema, dict) else None
+    if not isinstance(properties, dict) or not isinstance(required, list):
+        return {}
+    tags = {}
+    for name in required:
+        values = _values(_resolve(properties.get(name), root)) if isinstance(name, str) else None
+        if values is not None:
+            tags[name] = values
+    return tags
+
+
+def _disjoint(a: Any, b: Any, root: Any) -> bool:
+    """Whether no value can be valid under both schemas, as far as their types and listed values
+    tell (False where they do not)."""
+    if a is False or b is False:
+        return True
+    types_a, types_b = _types(a), _types(b)
+    if types_a is not None and types_b is not None and not types_a & types_b:
+        return True
+    values_a, values_b = _values(a), _values(b)
+    if values_a is not None and values_b is not None and not values_a & values_b:
+        return True
+    if types_a == {"object"} == types_b:
+        tags_a, tags_b = _tags(a, root), _tags(b, root)
+        return any(not tags_a[name] & tags_b[name] for name in tags_a.keys() & tags_b.keys())
+    return False
 
 
 def _unenforced_here(schema: dict, path: str) -> list[str]:

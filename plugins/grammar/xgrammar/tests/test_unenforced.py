@@ -79,6 +79,23 @@ REFUSED = [
         "{}",
         "'required' 'a' (not in 'properties') at #/anyOf/0",
     ),
+    # oneOf compiled as anyOf: a value valid under both branches passed (found by an API probe:
+    # {"a":1} for two objects, one declaring a, the other b, finish "stop")
+    (
+        {"oneOf": [{"type": "object", "properties": {"a": {"type": "integer"}}},
+                   {"type": "object", "properties": {"b": {"type": "integer"}}}]},
+        '{"a":1}',
+        "'oneOf' at # whose schemas #/oneOf/0 and #/oneOf/1 may both hold for one value",
+    ),
+    ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "1", "'oneOf' at # whose schemas"),
+    ({"oneOf": [{"const": 1}, {"enum": [2, 1.0]}]}, "1", "'oneOf' at # whose schemas"),
+    (  # nested, and a discriminator property that is not required
+        {"type": "object", "properties": {"p": {"oneOf": [
+            {"type": "object", "properties": {"k": {"const": "x"}}},
+            {"type": "object", "properties": {"k": {"const": "y"}}}]}}, "required": ["p"]},
+        '{"p":{}}',
+        "'oneOf' at #/properties/p whose schemas #/properties/p/oneOf/0 and #/properties/p/oneOf/1",
+    ),
     # length limits beside a pattern or a format xgrammar writes out as a regex
     ({"type": "string", "pattern": "^[a-z]+$", "minLength": 5}, '"json"', "'minLength' beside 'pattern' at #"),
     ({"type": "string", "pattern": "^[a-z]+$", "maxLength": 2}, '"json"', "'maxLength' beside 'pattern' at #"),
@@ -95,6 +112,20 @@ FORMATS_IGNORING_LENGTH = [
     ("relative-json-pointer", "0/a"), ("uri-template", "/a"),
 ]  # fmt: skip
 
+#: a discriminated union as pydantic writes it (``Field(discriminator="pet_type")``)
+DISCRIMINATED = {
+    "$defs": {
+        "Cat": {"type": "object", "properties": {"pet_type": {"const": "cat", "type": "string"},
+                                                 "meows": {"type": "integer"}}, "required": ["pet_type", "meows"]},
+        "Dog": {"type": "object", "properties": {"pet_type": {"enum": ["dog"], "type": "string"}},
+                "required": ["pet_type"]},
+    },
+    "type": "object",
+    "properties": {"pet": {"oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],
+                           "discriminator": {"propertyName": "pet_type"}}},
+    "required": ["pet"],
+}  # fmt: skip
+
 #: enforced by xgrammar, so not refused: (schema, a text that breaks it)
 ENFORCED = [
     ({"type": "integer", "multipleOf": 3}, "4"),
@@ -107,6 +138,11 @@ ENFORCED = [
     ({"type": "string", "minLength": 3}, '"aa"'),
     ({"type": "string", "pattern": "^[a-z]+$", "minLength": 0}, '"A"'),  # no limit
     ({"type": "string", "format": "iri", "minLength": 5}, '"a:b"'),  # a format xgrammar leaves alone
+    # oneOf of branches no value can satisfy two of: of different types, of different values, a
+    # discriminated union as pydantic writes it ($refs to objects whose required tag differs)
+    ({"oneOf": [{"type": "string"}, {"type": "integer"}]}, "1.5"),
+    ({"oneOf": [{"const": 1}, {"const": True}, {"enum": ["1", None]}]}, "2"),
+    (DISCRIMINATED, '{"pet":{"pet_type":"bird"}}'),
 ]  # fmt: skip
 
 
