@@ -31,10 +31,11 @@ VARIANTS: list[tuple[str, str | None, str]] = [
 
 @dataclass(frozen=True)
 class Run:
-    """One greedy run: per prompt, the output tokens and their logprobs."""
+    """One greedy run: per prompt, the output tokens, their logprobs and the output text."""
 
     tokens: list[list[int]]
     logprobs: list[list[float]]
+    texts: list[str]
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ def greedy_run(model_dir: Path, quantization: str | None = None, kv_cache_dtype:
     return Run(
         tokens=[out.token_ids for out in outputs],
         logprobs=[[lp.logprob for lp in out.logprobs or []] for out in outputs],
+        texts=[out.text for out in outputs],
     )
 
 
@@ -112,8 +114,9 @@ def compare(label: str, reference: Run, run: Run) -> Agreement:
     )
 
 
-def measure(model_dir: Path, variants=VARIANTS) -> list[Agreement]:
-    reference = greedy_run(model_dir)
+def measure(model_dir: Path, variants=VARIANTS, reference: Run | None = None) -> list[Agreement]:
+    """Each variant against ``reference``, the unquantized :func:`greedy_run` (run here when None)."""
+    reference = greedy_run(model_dir) if reference is None else reference
     return [compare(label, reference, greedy_run(model_dir, q, kv)) for label, q, kv in variants]
 
 
