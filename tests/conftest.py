@@ -23,6 +23,16 @@ def real_references(default_model_dir: Path):
     return transformers_references(default_model_dir)
 
 
+@pytest.fixture(scope="session")
+def default_model_greedy_run(default_model_dir: Path):
+    """The engine's own greedy run of the real-model prompts (unquantized, radix cache, page size
+    1, logprobs): the quantization tests' reference, and one of the runs compared with
+    transformers (tests/test_real_weights.py), computed once per session."""
+    from minisgl_core.testing.quant_accuracy import greedy_run
+
+    return greedy_run(default_model_dir)
+
+
 @pytest.fixture
 def install_plugin_module(tmp_path, monkeypatch):
     """``install(module, distribution, source)``: a one-module plugin ``module`` (its entry point
