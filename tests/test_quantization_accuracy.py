@@ -27,9 +27,9 @@ THRESHOLDS = {"int8": (0.70, 0.05), "fp8": (0.28, 0.11), "fp8-head": (0.28, 0.14
 
 
 @pytest.fixture(scope="module")
-def results(default_model_dir) -> dict[str, Agreement]:
+def results(default_model_dir, default_model_greedy_run) -> dict[str, Agreement]:
     variants = [v for v in VARIANTS if v[0] in THRESHOLDS]
-    return {r.label: r for r in measure(default_model_dir, variants)}
+    return {r.label: r for r in measure(default_model_dir, variants, reference=default_model_greedy_run)}
 
 
 @pytest.mark.parametrize("label", sorted(THRESHOLDS))
