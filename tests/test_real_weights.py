@@ -47,18 +47,25 @@ def test_the_default_model_is_smollm2_from_its_gguf(default_model_dir):
 
 
 # each cache plugin and each page size once (the four pairs took 53 s of CI; the tiny models'
-# tests run every pair)
+# tests run every pair). Radix at page size 1 (the defaults on the CPU) is the session's greedy run
+# of these prompts (default_model_greedy_run, with logprobs: the quantization tests' reference)
+# rather than a second run of the same engine; naive at 16 runs here, without logprobs.
 @pytest.mark.parametrize(("cache", "page_size"), [("radix", 1), ("naive", 16)])
-def test_greedy_output_equals_transformers(engines, real_references, cache, page_size):
+def test_greedy_output_equals_transformers(
+    engines, real_references, default_model_greedy_run, cache, page_size
+):
     llm = engines(cache, page_size)
     prompts = [ref.prompt_ids for ref in real_references]
     # our template rendering must agree with transformers' before the outputs can
     assert [apply_chat_template(llm.tokenizer, messages) for _, messages in PROMPTS] == prompts
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
-    outputs = llm.generate(prompts, params)
-    for ref, out in zip(real_references, outputs, strict=True):
-        assert out.token_ids == ref.output_ids, f"{ref.label}: {out.text!r} != transformers {ref.text!r}"
-        assert out.text == ref.text, ref.label
+    if (cache, page_size) == ("radix", 1):
+        tokens, texts = default_model_greedy_run.tokens, default_model_greedy_run.texts
+    else:
+        outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS))
+        tokens, texts = [out.token_ids for out in outputs], [out.text for out in outputs]
+    for ref, token_ids, text in zip(real_references, tokens, texts, strict=True):
+        assert token_ids == ref.output_ids, f"{ref.label}: {text!r} != transformers {ref.text!r}"
+        assert text == ref.text, ref.label
     # and the prompt set covers what it claims: one ends early on eos, the long one is long
     by_label = {ref.label: ref for ref in real_references}
     assert len(by_label["early-eos"].output_ids) < MAX_TOKENS
