@@ -33,6 +33,8 @@ MAX_GRAMMAR_THREADS = 64
 #: what exhausts memory (10**8 did)
 MAX_SPECULATIVE_NGRAM = 64
 MAX_SPECULATIVE_DRAFT_TOKENS = 64
+#: speculative decoding's tuning settings: only with ``speculative_algorithm`` (else ignored, so refused)
+SPECULATIVE_TUNING = ("speculative_num_draft_tokens", "speculative_ngram_max", "speculative_ngram_min")
 
 
 class ConfigError(ValueError):

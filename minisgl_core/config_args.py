@@ -11,6 +11,7 @@ from minisgl_core.checkpoint.resolve import resolve_model
 from minisgl_core.config import (
     CPU_DEFAULT_KV_TOKENS,
     MAX_GRAMMAR_THREADS,
+    SPECULATIVE_TUNING,
     ConfigError,
     EngineConfig,
     attention_names,
@@ -222,10 +223,6 @@ ENGINE_FIELDS = (
     "speculative_ngram_max",
     "speculative_ngram_min",
 )
-
-
-#: speculative decoding's tuning flags: only with --speculative-algorithm
-SPECULATIVE_TUNING = ("speculative_num_draft_tokens", "speculative_ngram_max", "speculative_ngram_min")
 
 
 def cli_message(exc: ConfigError) -> str:

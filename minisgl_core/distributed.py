@@ -43,7 +43,9 @@ class DistributedSpec:
     init_addr: str = ""
 
     def __post_init__(self) -> None:
-        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
+        if self.nnodes < 1:
+            raise ValueError(f"--nnodes must be >= 1, got {self.nnodes}")
+        if not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"--node-rank must be in [0, --nnodes={self.nnodes}), got {self.node_rank}")
         if self.tp_size % self.nnodes:
             raise ValueError(f"--tp {self.tp_size} must be a multiple of --nnodes {self.nnodes}")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import numbers
@@ -17,7 +18,7 @@ from typing import Any
 from minisgl_core.api import ParallelContext, ProcessContext
 from minisgl_core.checkpoint.path_check import check_model_path
 from minisgl_core.checkpoint.resolve import resolve_model
-from minisgl_core.config import EngineConfig
+from minisgl_core.config import SPECULATIVE_TUNING, ConfigError, EngineConfig
 from minisgl_core.engine.engine import Engine
 from minisgl_core.grammars import check_grammar_backend
 from minisgl_core.plugins import Plugins
@@ -125,6 +126,47 @@ def _cumulative(logprobs: list[TokenLogprob] | None) -> float | None:
     return None if logprobs is None else sum(entry.logprob for entry in logprobs)
 
 
+#: the command line's spellings that are no EngineConfig field: what LLM() takes instead
+_CLI_ONLY_OPTIONS = {
+    "disable_fast_path": "fast_paths=minisgl_core.fast_paths.FastPaths().without('NAME', ...)",
+    "disable_overlap": "overlap=False",
+    "disable_cascade": "cascade=False",
+    "enable_mixed_batch": "mixed_batch=True",
+    "disable_mixed_batch": "mixed_batch=False",
+    "disable_plugin": "disable_plugins=[...]",
+}
+
+
+def _check_option_names(options: Mapping[str, Any]) -> None:
+    """``LLM(**options)``: each an :class:`EngineConfig` setting (a TypeError naming ``LLM`` and the
+    nearest setting, not EngineConfig's own), and speculative decoding's tuning, other than its
+    defaults, only with an algorithm (a ValueError: it would be ignored; the command line refuses
+    it too)."""
+    import difflib
+
+    settings = [f.name for f in dataclasses.fields(EngineConfig) if f.name != "model"]
+    for name in options:
+        if name in settings:
+            continue
+        hint = _CLI_ONLY_OPTIONS.get(name)
+        if hint is None:
+            near = difflib.get_close_matches(name, settings, n=1)
+            hint = f"{near[0]}=" if near else None
+        also = f"; did you mean {hint}?" if hint else ""
+        raise TypeError(
+            f"LLM() got an unexpected keyword argument {name!r}{also} (its settings: EngineConfig's fields)"
+        )
+    if options.get("speculative_algorithm") is None:
+        defaults = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
+        for name in SPECULATIVE_TUNING:  # (a default passed along, as `bench cpu` does, changes nothing)
+            if name in options and options[name] != defaults[name]:
+                raise ConfigError(
+                    f"{name} needs speculative_algorithm='ngram' (without it speculative decoding is off)",
+                    name,
+                    "speculative_algorithm",
+                )
+
+
 class LLM:
     """Runs one engine in this process (tensor parallel size 1).
 
@@ -156,6 +198,7 @@ class LLM:
         **engine_options: Any,
     ) -> None:
         # (errors name the keyword arguments, model= and attn=, not the command line's flags)
+        _check_option_names(engine_options)
         resolved = resolve_model(model, "keyword")
         check_model_path(resolved, "keyword")
         config = EngineConfig(

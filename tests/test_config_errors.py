@@ -620,6 +620,33 @@ def test_the_python_api_names_its_keyword_arguments_not_the_flags(model_dir, tmp
     assert str(err.value).startswith("unknown --attn 'nope'; installed: ")
 
 
+def test_llm_refuses_what_it_would_ignore_and_names_its_keywords(model_dir, tmp_path):
+    """Found by a probe: LLM(speculative_num_draft_tokens=3) ran without speculation (the command
+    line refuses it), generation_config= named its flag, and an unknown keyword was EngineConfig's
+    TypeError with no hint."""
+    from minisgl_core.config import ConfigError
+
+    for name in ("speculative_num_draft_tokens", "speculative_ngram_max", "speculative_ngram_min"):
+        with pytest.raises(ConfigError, match=rf"^{name} needs speculative_algorithm='ngram'"):
+            LLM(model_dir, device="cpu", **{name: 2})
+    with pytest.raises(ValueError) as err:
+        LLM(model_dir, device="cpu", generation_config=str(tmp_path))
+    assert str(err.value).startswith(f"generation_config={str(tmp_path)!r}: no generation_config.json there")
+    with pytest.raises(TypeError, match=r"'max_running_request'; did you mean max_running_requests=\?"):
+        LLM(model_dir, device="cpu", max_running_request=4)
+    with pytest.raises(
+        TypeError, match=r"'disable_fast_path'; did you mean fast_paths=.*FastPaths\(\)\.without"
+    ):
+        LLM(model_dir, device="cpu", disable_fast_path=["compile"])
+
+
+def test_nnodes_below_one_is_named():
+    from minisgl_core.distributed import DistributedSpec
+
+    with pytest.raises(ValueError, match=r"^--nnodes must be >= 1, got 0$"):
+        DistributedSpec(nnodes=0)
+
+
 def test_page_size_defaults_by_device_and_backend_capabilities():
     from minisgl_core.api import AttentionBackend
     from minisgl_core.runner.model_runner import resolve_page_size

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from minisgl_core.checkpoint.formats import load_generation_config, open_model
 from minisgl_core.sampling import UNSUPPORTED_GENERATION_KEYS, SamplingParams, sampling_defaults
+from minisgl_core.setting_names import Spelling, given
 
 if TYPE_CHECKING:
     from minisgl_core.plugins import Plugins
@@ -31,6 +32,11 @@ class GenerationConfigError(ValueError):
     """The generation config cannot be used; the message names the file and the fix."""
 
 
+def _spelling(plugins: Plugins | None) -> Spelling:
+    """How errors name the setting: ``--generation-config`` or, offline, ``generation_config=``."""
+    return plugins.spelling if plugins is not None else "flag"
+
+
 def model_generation_config(model: str | Path, plugins: Plugins | None = None) -> dict[str, Any]:
     """The model's own generation config: a directory's ``generation_config.json``, or what its
     weight format reads (a GGUF's metadata). The one place that knows where a model keeps it."""
@@ -41,7 +47,7 @@ def model_generation_config(model: str | Path, plugins: Plugins | None = None) -
         except (OSError, ValueError) as exc:
             raise GenerationConfigError(
                 f"{path / 'generation_config.json'} is unreadable ({exc}); fix it, or start with "
-                "--generation-config none to ignore it"
+                f"{given('generation_config', 'none', _spelling(plugins))} to ignore it"
             ) from exc
     try:
         return open_model(path, plugins).generation_config()
@@ -49,7 +55,7 @@ def model_generation_config(model: str | Path, plugins: Plugins | None = None) -
         return {}  # not a model this installation reads: the model checks say so in one line
 
 
-def _read_folder(folder: Path) -> dict[str, Any]:
+def _read_folder(folder: Path, spelling: Spelling) -> dict[str, Any]:
     # the file itself named is taken too (it said "no generation_config.json there")
     path = (
         folder
@@ -58,7 +64,7 @@ def _read_folder(folder: Path) -> dict[str, Any]:
     )
     if not path.is_file():
         raise GenerationConfigError(
-            f"--generation-config {folder}: no generation_config.json there; give a folder holding one, "
+            f"{given('generation_config', folder, spelling)}: no generation_config.json there; give a folder holding one, "
             f"or one of {AUTO}, {', '.join(ENGINE_ONLY)}"
         )
     try:
@@ -76,7 +82,10 @@ def load_sampling_defaults(
     """The SamplingParams fields a request inherits when it leaves them unset, checked for range."""
     if setting in ENGINE_ONLY:
         return {}
-    source = model_generation_config(model, plugins) if setting == AUTO else _read_folder(Path(setting))
+    spelling = _spelling(plugins)
+    source = (
+        model_generation_config(model, plugins) if setting == AUTO else _read_folder(Path(setting), spelling)
+    )
     ignored = {
         k: source[k] for k in UNSUPPORTED_GENERATION_KEYS if source.get(k) not in (None, 1, 1.0, 0, 0.0)
     }
@@ -91,7 +100,7 @@ def load_sampling_defaults(
     except (TypeError, ValueError) as exc:
         raise GenerationConfigError(
             f"the model's generation config has an invalid default: {exc}; fix it, or start with "
-            "--generation-config none"
+            f"{given('generation_config', 'none', spelling)}"
         ) from exc
     return defaults
 
