@@ -6,7 +6,7 @@ import argparse
 import json
 import logging
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from minisgl_core import environment
 from minisgl_core.checkpoint.resolve import ModelNotFound
@@ -70,6 +70,11 @@ class _Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        """argparse's error line alone, as every other refusal of the command line is one line
+        (argparse printed the usage block first: 14-38 lines above the one that says what is wrong)."""
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 _LOG_LEVELS = ("debug", "info", "warning", "error", "critical")

@@ -780,6 +780,26 @@ def test_a_flag_not_spelled_out_is_refused_not_taken_for_another(argv, capsys):
     assert exit_.value.code == 2 and f"unrecognized arguments: {flag}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["serve", "--port", "99999"], "minisgl serve: error: argument --port: must be a TCP port"),
+        (["generate", "--seed", "abc", "hi"], "minisgl generate: error: argument --seed: invalid int value: 'abc'"),
+        (["bench", "offline", "--num-requests", "0"], "minisgl bench offline: error: argument --num-requests: "),
+        (["serve", "--bogus"], "minisgl: error: unrecognized arguments: --bogus"),
+    ],
+)  # fmt: skip
+def test_a_value_argparse_refuses_is_one_line_without_the_usage_block(argv, says, capsys):
+    """Found by a probe: argparse's refusals printed the usage block (14-38 lines) above the line
+    saying what is wrong, where every other refusal of the command line is that line alone."""
+    from minisgl_core.cli import build_parser
+
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1 and err.startswith(says), err
+
+
 def test_a_file_no_format_reads_is_one_line(tmp_path):
     """A .gguf of junk: the message was right but came as a traceback (a plain ValueError)."""
     junk = tmp_path / "x.gguf"
