@@ -129,13 +129,14 @@ def create_app(
     if options.allowed_origins:
         from fastapi.middleware.cors import CORSMiddleware
 
-        # Browsers send the key in Authorization, so that header must be allowed; credentials
-        # (cookies) are not used by this API.
+        # An allowed origin may send any header (vLLM's rule): the OpenAI SDKs add their own
+        # (x-stainless-*, OpenAI-Organization), and a preflight naming one was refused while only
+        # Authorization and Content-Type were allowed. Credentials (cookies) are not used by this API.
         app.add_middleware(
             CORSMiddleware,
             allow_origins=list(options.allowed_origins),
             allow_methods=["GET", "HEAD", "POST", "OPTIONS"],
-            allow_headers=["Authorization", "Content-Type"],
+            allow_headers=["*"],
         )
     app.add_middleware(HeadAsGet)
     app.add_middleware(CountOpenRequests, state=state)

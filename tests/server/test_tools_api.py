@@ -737,13 +737,18 @@ def test_version_and_model_by_id(tools_server, tools_client, model_name):
 
 
 def test_cors_only_for_allowed_origins(tools_server, server, auth):
+    # the headers the official OpenAI JS SDK sends from a browser (a probe found its preflight
+    # refused, "Disallowed CORS headers", while only authorization and content-type were allowed)
+    sdk_headers = "authorization,content-type,x-stainless-os,x-stainless-lang,openai-organization"
     preflight = {
         "Origin": ORIGIN,
         "Access-Control-Request-Method": "POST",
-        "Access-Control-Request-Headers": "authorization",
+        "Access-Control-Request-Headers": sdk_headers,
     }
     resp = httpx.options(f"{tools_server.url}/v1/chat/completions", headers=preflight)
-    assert resp.status_code == 200 and resp.headers["access-control-allow-origin"] == ORIGIN
+    assert resp.status_code == 200 and resp.headers["access-control-allow-origin"] == ORIGIN, resp.text
+    allowed = {h.strip().lower() for h in resp.headers["access-control-allow-headers"].split(",")}
+    assert set(sdk_headers.split(",")) <= allowed, allowed
     other = httpx.options(
         f"{tools_server.url}/v1/chat/completions", headers={**preflight, "Origin": "https://evil.example"}
     )
