@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 from minisgl_core.messages import ProcessFailed
@@ -35,3 +36,34 @@ def test_a_rank_that_died_first_leads_the_report_of_the_rank_that_lost_it():
     # the reporter's own exit code is not a cause of its report
     runtime.procs["scheduler 1"].exitcode, runtime.procs["scheduler 0"].exitcode = None, 1
     assert runtime.failure_of(report) == f"the scheduler 0 process failed:\n{error}"
+
+
+class _DiesAt:
+    """A child whose exit code appears at ``when`` (time.monotonic)."""
+
+    def __init__(self, when: float, code: int) -> None:
+        self.when, self.code = when, code
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.code if time.monotonic() >= self.when else None
+
+
+def test_a_rank_reaped_just_after_its_peer_reported_still_leads_the_report():
+    """Its sockets close before it is reaped: rank 0's report of the broken connection can come
+    while rank 1 has no exit code yet (a probe got "the scheduler 0 process failed: RuntimeError:
+    ... gloo ... Connection reset by peer" with scheduler 1 killed)."""
+    runtime = object.__new__(Runtime)
+    runtime.procs = {
+        "scheduler 0": SimpleNamespace(exitcode=None),
+        "scheduler 1": _DiesAt(time.monotonic() + 0.1, -9),
+    }
+    report = ProcessFailed(role="scheduler", rank=0, error="RuntimeError: [gloo] Connection reset by peer")
+    assert runtime.failure_of(report).startswith(
+        "the scheduler 1 process exited unexpectedly with code -9; then "
+    )
+    # alone, it goes out after the grace period
+    runtime.procs["scheduler 1"] = SimpleNamespace(exitcode=None)
+    started = time.monotonic()
+    assert runtime.failure_of(report).startswith("the scheduler 0 process failed:")
+    assert time.monotonic() - started < 2

@@ -37,6 +37,10 @@ class ChildFailed(RuntimeError):
     """A worker process failed; the message carries its traceback or exit status."""
 
 
+#: how long a child's failure report waits for another child's exit code before it goes out alone
+FAILURE_GRACE_S = 0.5
+
+
 @dataclass(frozen=True)
 class RuntimeOptions:
     config: EngineConfig
@@ -184,10 +188,17 @@ class Runtime:
         "the scheduler 0 process failed: RuntimeError: [gloo] Connection closed by peer")."""
         reporter = _name(msg.role, msg.rank)
         report = f"the {reporter} process failed:\n{msg.error}"
-        for name, proc in self.procs.items():
-            if name != reporter and proc.exitcode not in (None, 0):
-                return f"the {name} process exited unexpectedly with code {proc.exitcode}; then {report}"
-        return report
+        # The peer's sockets close before it is reaped, so the report of the broken connection
+        # can arrive while the killed rank has no exit code yet (a probe saw rank 0's gloo error
+        # alone): give the others a moment to show theirs.
+        deadline = time.monotonic() + FAILURE_GRACE_S
+        while True:
+            for name, proc in self.procs.items():
+                if name != reporter and proc.exitcode not in (None, 0):
+                    return f"the {name} process exited unexpectedly with code {proc.exitcode}; then {report}"
+            if time.monotonic() >= deadline:
+                return report
+            time.sleep(0.02)
 
     def supervise(self, on_failure: Callable[[str], None]) -> None:
         """Watch the children from a thread; call ``on_failure(message)`` once if one fails."""
