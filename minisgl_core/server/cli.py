@@ -476,6 +476,7 @@ def _served_model(url: str, api_key: str | None) -> tuple[str, int | None]:
     that cannot be reached, or answers as no minisgl server would, ends the command in one line."""
     import http.client
     import json
+    import urllib.error
     import urllib.request
 
     where = f"{url}/v1/models"
@@ -483,7 +484,15 @@ def _served_model(url: str, api_key: str | None) -> tuple[str, int | None]:
     try:
         with urllib.request.urlopen(urllib.request.Request(where, headers=headers), timeout=60) as resp:
             body = resp.read()
-    except (OSError, http.client.HTTPException) as exc:  # URLError and HTTPError are OSErrors
+    except urllib.error.HTTPError as exc:  # reached: it refused (a missing or wrong key: 401)
+        fix = (
+            ": give its key with --api-key (or MINISGL_API_KEY)" if exc.code == 401 and not api_key
+            else ": check --api-key" if exc.code == 401 else ""
+        )  # fmt: skip
+        raise SystemExit(
+            f"minisgl shell: the server at {url} answered {where} with HTTP {exc.code}{fix}"
+        ) from None
+    except (OSError, http.client.HTTPException) as exc:  # URLError is an OSError
         raise SystemExit(f"minisgl shell: cannot reach the server at {url}: {exc}") from None
     try:
         models = json.loads(body)["data"]

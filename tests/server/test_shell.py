@@ -224,6 +224,22 @@ def test_a_url_that_is_no_minisgl_server_is_one_line_naming_url():
         assert result.stderr == f"minisgl: error: {says}\n"
 
 
+def test_a_server_refusing_the_key_is_named_as_such_not_unreachable(server):
+    """A missing or wrong key was "cannot reach the server at URL: HTTP Error 401" (found by a
+    probe): the server was reached, and the fix is the key."""
+    env = {k: v for k, v in os.environ.items() if k != "MINISGL_API_KEY"}
+    for key, says in [
+        ([], ": give its key with --api-key (or MINISGL_API_KEY)"),
+        (["--api-key", "wrong"], ": check --api-key"),
+    ]:
+        result = subprocess.run([sys.executable, "-m", "minisgl_core", "shell", "--url", server.url, *key],
+                                input="hi\n", capture_output=True, text=True, timeout=180, env=env)  # fmt: skip
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+        assert result.stderr == (
+            f"minisgl shell: the server at {server.url} answered {server.url}/v1/models with HTTP 401{says}\n"
+        ), result.stderr
+
+
 def test_with_url_the_flags_of_a_server_to_start_are_refused():
     """``shell --url URL --model X --attn Y --tp 7 --port 5`` accepted those and used none of them;
     the ones --url uses (--api-key, --served-model-name, the shell's own) still go through."""
