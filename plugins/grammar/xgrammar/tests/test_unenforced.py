@@ -10,6 +10,7 @@ leave the list."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import xgrammar as xgr
@@ -245,3 +246,21 @@ def test_whole_counts_and_local_references_are_kept(backend):
               "minItems": 2, "maxItems": 3, "uniqueItems": False}  # fmt: skip
     backend.compile(GrammarSpec("json_schema", json.dumps(schema)))
     backend.compile(GrammarSpec("json_schema", json.dumps({"type": "string", "pattern": "^(?:ab)+$"})))
+
+
+def test_the_one_of_check_takes_any_integer_and_stays_linear_in_values():
+    """Nasty values: an integer past 1e308 overflowed the value comparison (a float of it), and the
+    pairwise check of 2,000 const branches took 24 s (it runs in the tokenizer worker)."""
+    assert unenforced_keywords({"oneOf": [{"const": 10**400}, {"const": 1}]}) == []
+    assert unenforced_keywords({"oneOf": [{"const": 10**400}, {"enum": [10**400]}]})
+    many = [{"const": i} for i in range(30000)]
+    started = time.monotonic()
+    assert unenforced_keywords({"oneOf": many}) == []
+    said = unenforced_keywords({"oneOf": [*many, {"const": 7.0}]})
+    assert time.monotonic() - started < 10
+    assert said and "#/oneOf/7 and #/oneOf/30000 may both hold" in said[0]
+    tagged = [{"type": "object", "properties": {"k": {"const": i}}, "required": ["k"]} for i in range(200)]
+    assert unenforced_keywords({"oneOf": tagged[:128]}) == []
+    said = unenforced_keywords({"oneOf": tagged})
+    assert said == ["'oneOf' of 200 schemas at # (more than 128 are not checked for overlap, and it is compiled "
+                    "as 'anyOf'; if no value can match two of them, write 'anyOf')"]  # fmt: skip
