@@ -23,6 +23,8 @@
 # "profile": tools/device_tp_profile.py at TP=2, then TP=1 (windows 100 450 850; $OUT/profile-tp{2,1}.{json,txt}).
 # "auto": no tests, no check; TP=2, TP=1, TP=2 with MINISGL_PDL=1, TP=2 (for ATTN=auto, the default's
 # FA3 prefill + Triton decode: the first TP=2 run pays the FA3 JIT in its start-up).
+# "ratio": no tests, no check; TP=2, TP=1, TP=2 (each run stops at LIMIT; the first TP=2 pays the
+# start-up JIT on a fresh machine).
 # ATTN (default fi, as every run above measured) picks the attention backends of every run; LIMIT
 # (default 200) the seconds each run may take.
 # Results: $OUT/allreduce.json, $OUT/bench.jsonl, $OUT/logs.tgz.
@@ -78,6 +80,8 @@ elif [[ $what == ab ]]; then
 elif [[ $what == norm ]]; then
   tp2; tp2_without MINISGL_SYMM_MEM_NORM; tp2; tp1
 elif [[ $what == norm2 ]]; then
+  tp2; tp1; tp2
+elif [[ $what == ratio ]]; then
   tp2; tp1; tp2
 elif [[ $what == quick ]]; then
   tp2; tp1
