@@ -7,7 +7,6 @@ import dataclasses
 import itertools
 import logging
 import numbers
-import re
 import signal
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -25,12 +24,15 @@ from minisgl_core.plugins import Plugins
 from minisgl_core.request_limits import truncate_prompt
 from minisgl_core.sampling import SamplingParams, TokenLogprob, merge_sampling, short_repr
 from minisgl_core.setting_names import Spelling
-from minisgl_core.tokenizer.chat_input import check_continued_message, checked_template_args, conversations
+from minisgl_core.tokenizer.chat_input import (
+    LONE_SURROGATE,
+    check_continued_message,
+    check_tools_rendered,
+    checked_template_args,
+    conversations,
+)
 from minisgl_core.tokenizer.detokenize import final_text
 from minisgl_core.tokenizer.load import apply_chat_template
-
-#: a lone UTF-16 surrogate: text no tokenizer encodes
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 logger = logging.getLogger(__name__)
 
@@ -297,7 +299,7 @@ class LLM:
 
     def encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
-            bad = _SURROGATE.search(prompt)
+            bad = LONE_SURROGATE.search(prompt)
             if bad is not None:  # (the tokenizer's TypeError named no reason)
                 raise ValueError(
                     f"the prompt is not valid text: a lone UTF-16 surrogate {bad.group()!r} at index {bad.start()}"
@@ -377,18 +379,14 @@ class LLM:
         if args.get("continue_final_message"):
             check_continued_message(conversation[-1]["role"], where)
         ids = self._render(conversation, args, where)
-        if "tools" in args:  # a template without a tools section dropped them without a word
+
+        def without_tools(tool_free_args: dict[str, Any]) -> list[int] | None:
             try:
-                unchanged = ids == self._render(
-                    conversation, {k: v for k, v in args.items() if k != "tools"}, where
-                )
+                return self._render(conversation, tool_free_args, where)
             except ValueError:  # (it needs them)
-                unchanged = False
-            if unchanged:
-                raise ValueError(
-                    "this model's chat template does not render tools; pass chat_template= with a "
-                    "template that does"
-                )
+                return None
+
+        check_tools_rendered(ids, args, without_tools, "pass chat_template= with a template that does")
         return ids
 
     def _render(self, conversation: list[dict[str, Any]], args: dict[str, Any], where: str) -> list[int]:

@@ -37,6 +37,7 @@ from minisgl_core.processes.child import ChildSpec, ReportReady
 from minisgl_core.processes.ipc import bind_pull, connect_push, recv, send
 from minisgl_core.request_limits import ContextLengthExceeded, admit, truncate_prompt, truncation_tail
 from minisgl_core.sampling import SamplingParams
+from minisgl_core.tokenizer.chat_input import ToolsNotRendered, check_tools_rendered
 from minisgl_core.tokenizer.detokenize import IncrementalDetokenizer, raw_token_bytes
 from minisgl_core.tokenizer.load import (
     apply_chat_template,
@@ -80,18 +81,19 @@ class Admitter:
 
     def prompt_ids(self, req: TokenizeRequest) -> list[int]:
         if req.messages is not None:
-            args = dict(req.template_args or {})
+            args = req.template_args or {}
             render = self._chat_ids(req)
             ids = render(req.messages, args)
-            if args.pop("tools", None) and not req.tools_optional:
-                # A template without a tools section would drop them without a word, and the
-                # model would answer as if it had none (fine where it may not call them).
-                if ids == render(req.messages, args):
-                    raise RequestRejected(
-                        "this model's chat template does not render tools; start the server with "
-                        "--chat-template FILE whose template does",
-                        "tools",
+            if not req.tools_optional:  # (tools the model may not call are context only)
+                try:
+                    check_tools_rendered(
+                        ids,
+                        args,
+                        lambda tool_free_args: render(req.messages, tool_free_args),
+                        "start the server with --chat-template FILE whose template does",
                     )
+                except ToolsNotRendered as exc:
+                    raise RequestRejected(str(exc), "tools") from None
             return ids
         if req.text is not None:
             return list(self.tokenizer.encode(req.text, add_special_tokens=req.add_special_tokens))

@@ -5,7 +5,8 @@ parts a line each, "developer" as "system", a tool call's JSON arguments decoded
 ``LLM.chat``'s own checks of its input (ValueError or TypeError saying where, ``messages[1][0]``,
 and what is wrong, before the template runs), and :func:`template_args`, ``apply_chat_template``'s
 keyword arguments for the server's chat route and /tokenize and for ``LLM.chat`` alike, whose one
-check (with :func:`check_continued_message`'s) has one text on every path.
+check (with :func:`check_continued_message`'s) has one text on every path, and
+:func:`check_tools_rendered`, with which both refuse tools that the chat template would drop.
 The server's request schema checks a little more before it calls :func:`template_message`: known
 roles only, a tool message's ``tool_call_id``, no unknown fields; offline any role reaches the
 template, as in vLLM's ``LLM.chat``, and the template decides."""
@@ -14,13 +15,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from minisgl_core.sampling import short_repr
 
 #: a lone UTF-16 surrogate: text no tokenizer encodes
-_SURROGATE = re.compile("[\ud800-\udfff]")
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 #: chat()'s own arguments, which chat_template_kwargs may not set
 _CHAT_ARGUMENTS = ("add_generation_prompt", "continue_final_message", "tools", "chat_template")
@@ -83,7 +84,7 @@ def template_message(message: object, where: str = "message") -> dict[str, Any]:
         raise TypeError(
             f"{where}: content must be a string or a list of text parts, got {type(content).__name__}"
         )
-    bad = _SURROGATE.search(content)
+    bad = LONE_SURROGATE.search(content)
     if bad is not None:  # (the tokenizer's TypeError named no reason)
         raise ValueError(
             f"{where}: content is not valid text: a lone UTF-16 surrogate at index {bad.start()}"
@@ -172,6 +173,27 @@ def check_continued_message(role: str, where: str = "") -> None:
         raise ValueError(
             f"{where}continue_final_message needs the last message to be an assistant one, got {short_repr(role)}"
         )
+
+
+class ToolsNotRendered(ValueError):
+    """The chat template renders the same tokens with the tools as without them."""
+
+
+def check_tools_rendered(
+    ids: list[int],
+    args: Mapping[str, Any],
+    render: Callable[[dict[str, Any]], list[int] | None],
+    fix: str,
+) -> None:
+    """:class:`ToolsNotRendered` (its text ending in ``fix``, what the caller's user does about
+    it) when ``args`` has tools and ``ids``, the template's tokens with ``args``, are what
+    ``render`` gives with ``args`` but the tools: a template without a tools section drops them
+    without a word, and the model answers as if it had none. ``render`` returns None where it
+    cannot render without them (such a template uses them)."""
+    if not args.get("tools"):
+        return
+    if ids == render({k: v for k, v in args.items() if k != "tools"}):
+        raise ToolsNotRendered(f"this model's chat template does not render tools; {fix}")
 
 
 def checked_template_args(
