@@ -218,6 +218,9 @@ class ProcessFailed(Message):
     rank: int
     #: the child's traceback, shown by the launcher
     error: str
+    #: what HTTP clients may be told: the exception's class, with the words it carries for them
+    #: (a PluginFailure's ``summary``), never its text (a gloo error holds C++ build paths)
+    summary: str = ""
 
 
 _BY_TAG: dict[int, type[Message]] = {

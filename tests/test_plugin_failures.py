@@ -6,7 +6,6 @@ PluginFailure naming the backend, its plugin and its distribution, chained to th
 from __future__ import annotations
 
 import logging
-import traceback
 
 import pytest
 
@@ -83,34 +82,33 @@ def test_a_backend_that_raises_is_named_and_stops_the_engine(model_dir, plugin_i
         "RuntimeError: the backend exploded on purpose"
     )
     assert isinstance(caught.value.__cause__, RuntimeError)  # the plugin's own, with its traceback
+    # what a server's clients are told: the plugin and where, not the plugin's exception text
+    assert caught.value.summary == (
+        f"attention backend 'raising' {NAMED} failed in RaisingBackend.forward with RuntimeError"
+    )
     # the failed step's prompts were offered to the prefix cache without their KV: no more steps
     with pytest.raises(RuntimeError, match="the backend exploded on purpose"):
         llm.generate([[5, 6, 7, 8]], PARAMS)
 
 
-def test_a_failed_process_is_summed_up_with_its_cause():
+def test_a_failed_process_is_summed_up_for_clients_without_the_exception_text():
+    """The scheduler's report carries what clients may see: the exception's class, and a
+    PluginFailure's naming of the plugin; the text (the plugin's own exception, gloo's C++
+    paths) stays in the traceback, for the log."""
     from minisgl_core.engine.plugin_failures import PluginFailure
-    from minisgl_core.server.launcher import failure_summary
+    from minisgl_core.processes.child import _summary
 
-    try:
-        try:
-            raise RuntimeError("the backend exploded\non purpose")
-        except RuntimeError as exc:
-            raise PluginFailure("attention backend 'x' (plugin 'x', x 1.0) failed in X.forward: ...") from exc
-    except PluginFailure:
-        message = f"the scheduler 0 process failed:\n{traceback.format_exc()}"
-    assert failure_summary(message) == (
-        "the scheduler 0 process failed: PluginFailure: attention backend 'x' (plugin 'x', x 1.0) "
-        "failed in X.forward: ..."
+    failure = PluginFailure(
+        "attention backend 'x' (plugin 'x', x 1.0) failed in X.forward: RuntimeError: /src/x.cu:12 boom",
+        "attention backend 'x' (plugin 'x', x 1.0) failed in X.forward with RuntimeError",
     )
-    refused = "the scheduler 0 process failed:\nConfigError: --num-kv-tokens=9 is too small"
-    assert (
-        failure_summary(refused)
-        == "the scheduler 0 process failed: ConfigError: --num-kv-tokens=9 is too small"
+    assert _summary(failure) == (
+        "PluginFailure: attention backend 'x' (plugin 'x', x 1.0) failed in X.forward with RuntimeError"
     )
-    assert failure_summary("the scheduler 0 process exited unexpectedly with code -9") == (
-        "the scheduler 0 process exited unexpectedly with code -9"
+    assert _summary(RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534] ...")) == (
+        "RuntimeError"
     )
+    assert _summary(PluginFailure("no summary given")) == "PluginFailure"
 
 
 def test_minisgl_generate_says_it_in_one_line(model_dir, plugin_installed, capsys):

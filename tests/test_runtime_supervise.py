@@ -1,41 +1,59 @@
-"""Which child a failure names when several fail at once."""
+"""Which child a failure names when several fail at once, and what clients are told of it."""
 
 from __future__ import annotations
 
+import threading
 import time
 from types import SimpleNamespace
 
+import zmq
+
 from minisgl_core.messages import ProcessFailed
+from minisgl_core.processes.ipc import bind_pull, connect_push, send
 from minisgl_core.processes.runtime import Runtime
-from minisgl_core.server.launcher import failure_summary
+
+#: what gloo raises in rank 0 when rank 1 dies (from a probe): the build's C++ source path
+GLOO_ERROR = (
+    'Traceback (most recent call last):\n  File "scheduler_rank.py", line 120, in scheduler_main\n'
+    "RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by "
+    "peer [127.0.0.1]:41234"
+)
+
+
+def _runtime(procs: dict, tp_size: int = 2) -> Runtime:
+    """A Runtime with only what failure reports read: its children's exit codes and the TP size."""
+    runtime = object.__new__(Runtime)
+    runtime.procs = procs
+    runtime.opts = SimpleNamespace(dist=SimpleNamespace(tp_size=tp_size, node_rank=0))
+    return runtime
 
 
 def test_a_rank_that_died_first_leads_the_report_of_the_rank_that_lost_it():
     """Under --tp 2, SIGKILL of scheduler 1 reached clients and the log as "the scheduler 0
     process failed: RuntimeError: [gloo] ... Connection closed by peer": rank 0's report of the
     broken connection came first and "scheduler 1" appeared nowhere (found by a probe)."""
-    runtime = object.__new__(Runtime)  # (only its children's exit codes are read)
-    runtime.procs = {
-        "tokenizer": SimpleNamespace(exitcode=None),
-        "scheduler 0": SimpleNamespace(exitcode=None),
-        "scheduler 1": SimpleNamespace(exitcode=-9),
-    }
+    runtime = _runtime(
+        {
+            "tokenizer": SimpleNamespace(exitcode=None),
+            "scheduler 0": SimpleNamespace(exitcode=None),
+            "scheduler 1": SimpleNamespace(exitcode=-9),
+        }
+    )
     error = 'Traceback (most recent call last):\n  File "x.py", line 1\nRuntimeError: [gloo] Connection closed by peer'
     report = ProcessFailed(role="scheduler", rank=0, error=error)
-    message = runtime.failure_of(report)
+    message = runtime.failure_of(report).detail
     assert message.startswith(
         "the scheduler 1 process exited unexpectedly with code -9; then the scheduler 0 process failed:\n"
     ), message
-    assert failure_summary(message) == (
-        "the scheduler 1 process exited unexpectedly with code -9; then the scheduler 0 process failed: "
-        "RuntimeError: [gloo] Connection closed by peer"
+    assert runtime.failure_of(report).summary == (
+        "the engine failed: tensor-parallel rank 1 exited with signal 9 (SIGKILL); see the server log"
     )
     # no other child exited (or one exited cleanly): the report as it was
     runtime.procs["scheduler 1"].exitcode = 0
-    assert runtime.failure_of(report) == f"the scheduler 0 process failed:\n{error}"
+    assert runtime.failure_of(report).detail == f"the scheduler 0 process failed:\n{error}"
     # the reporter's own exit code is not a cause of its report
     runtime.procs["scheduler 1"].exitcode, runtime.procs["scheduler 0"].exitcode = None, 1
-    assert runtime.failure_of(report) == f"the scheduler 0 process failed:\n{error}"
+    assert runtime.failure_of(report).detail == f"the scheduler 0 process failed:\n{error}"
 
 
 class _DiesAt:
@@ -53,17 +71,81 @@ def test_a_rank_reaped_just_after_its_peer_reported_still_leads_the_report():
     """Its sockets close before it is reaped: rank 0's report of the broken connection can come
     while rank 1 has no exit code yet (a probe got "the scheduler 0 process failed: RuntimeError:
     ... gloo ... Connection reset by peer" with scheduler 1 killed)."""
-    runtime = object.__new__(Runtime)
-    runtime.procs = {
-        "scheduler 0": SimpleNamespace(exitcode=None),
-        "scheduler 1": _DiesAt(time.monotonic() + 0.1, -9),
-    }
+    runtime = _runtime(
+        {
+            "scheduler 0": SimpleNamespace(exitcode=None),
+            "scheduler 1": _DiesAt(time.monotonic() + 0.1, -9),
+        }
+    )
     report = ProcessFailed(role="scheduler", rank=0, error="RuntimeError: [gloo] Connection reset by peer")
-    assert runtime.failure_of(report).startswith(
+    assert runtime.failure_of(report).detail.startswith(
         "the scheduler 1 process exited unexpectedly with code -9; then "
     )
     # alone, it goes out after the grace period
     runtime.procs["scheduler 1"] = SimpleNamespace(exitcode=None)
     started = time.monotonic()
-    assert runtime.failure_of(report).startswith("the scheduler 0 process failed:")
+    assert runtime.failure_of(report).detail.startswith("the scheduler 0 process failed:")
     assert time.monotonic() - started < 2
+
+
+def test_clients_are_told_which_process_failed_and_how_never_the_exception_text():
+    """Clients got the reporter's exception text, e.g. gloo's error with the C++ source path of
+    the build ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534] ...", found by a
+    probe): the message says which process failed and how, and points at the log, which keeps
+    the traceback."""
+    runtime = _runtime(
+        {"scheduler 0": SimpleNamespace(exitcode=None), "scheduler 1": SimpleNamespace(exitcode=None)}
+    )
+    report = ProcessFailed("scheduler", 0, GLOO_ERROR, "RuntimeError")
+    failure = runtime.failure_of(report)
+    assert (
+        failure.summary == "the engine failed: tensor-parallel rank 0 raised RuntimeError; see the server log"
+    )
+    assert failure.detail == f"the scheduler 0 process failed:\n{GLOO_ERROR}"
+    # one rank, and the other workers: named as processes
+    alone = _runtime({"scheduler 0": SimpleNamespace(exitcode=None)}, tp_size=1)
+    assert alone.failure_of(report).summary == (
+        "the engine failed: the scheduler process raised RuntimeError; see the server log"
+    )
+    tokenizer = ProcessFailed("tokenizer", 0, "Traceback ...\nKeyError: 'secret prompt'", "KeyError")
+    assert alone.failure_of(tokenizer).summary == (
+        "the engine failed: the tokenizer process raised KeyError; see the server log"
+    )
+    # a report from an older child without a summary still names the process
+    assert alone.failure_of(ProcessFailed("detokenizer", 0, "boom")).summary == (
+        "the engine failed: the detokenizer process raised an error; see the server log"
+    )
+    # exits: a signal by number and name, an exit code as such
+    assert alone._exited("detokenizer", -11).summary == (
+        "the engine failed: the detokenizer process exited with signal 11 (SIGSEGV); see the server log"
+    )
+    assert runtime._exited("scheduler 1", 3).summary == (
+        "the engine failed: tensor-parallel rank 1 exited with code 3; see the server log"
+    )
+
+
+def test_the_supervisor_hands_clients_the_summary_and_keeps_the_traceback_for_the_log():
+    """What ``supervise`` passes on is what the server answers its clients (``ServerState.fail``)."""
+    runtime = _runtime(
+        {"scheduler 0": SimpleNamespace(exitcode=None), "scheduler 1": SimpleNamespace(exitcode=-9)}
+    )
+    ctx = zmq.Context()
+    address = f"inproc://control-{id(runtime)}"
+    runtime.control = bind_pull(ctx, address)
+    runtime.failure, runtime._supervisor, runtime._stopping = None, None, threading.Event()
+    told: list[str] = []
+    try:
+        runtime.supervise(told.append)
+        push = connect_push(ctx, address)
+        send(push, ProcessFailed("scheduler", 0, GLOO_ERROR, "RuntimeError"))
+        runtime._supervisor.join(10)
+        push.close(linger=0)
+    finally:
+        runtime._stopping.set()
+        runtime.control.close(linger=0)
+        ctx.term()
+    assert told == [
+        "the engine failed: tensor-parallel rank 1 exited with signal 9 (SIGKILL); see the server log"
+    ]
+    assert "pair.cc" not in told[0]
+    assert runtime.failure is not None and GLOO_ERROR in runtime.failure  # the log's

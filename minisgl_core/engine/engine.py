@@ -341,7 +341,8 @@ class Engine:
 
     def _check_not_failed(self) -> None:
         if self.failure is not None:
-            raise PluginFailure(f"the engine stopped after a step failed: {self.failure}") from self.failure
+            message = f"the engine stopped after a step failed: {self.failure}"
+            raise PluginFailure(message, self.failure.summary) from self.failure
 
     def _trace_step(self, started: float, now: float) -> None:
         assert self.trace is not None

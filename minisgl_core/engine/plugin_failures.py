@@ -35,7 +35,14 @@ def selected_plugin(plugins: Plugins, kind: str, name: str) -> str:
 class PluginFailure(RuntimeError):
     """A selected plugin raised during an engine step. The message names the selection, the
     plugin, its distribution and the function that raised; ``__cause__`` is the plugin's own
-    exception. The engine does not step again after one (see :meth:`Engine.step`)."""
+    exception. The engine does not step again after one (see :meth:`Engine.step`).
+
+    ``summary`` is the message without the plugin's own exception text (``... failed in
+    X.forward with RuntimeError``): what a server tells its clients, whose log keeps the rest."""
+
+    def __init__(self, message: str, summary: str | None = None) -> None:
+        super().__init__(message)
+        self.summary = summary
 
 
 class PluginBlame:
@@ -64,6 +71,7 @@ class PluginBlame:
             return None
         package, code = culprit
         where = getattr(code, "co_qualname", code.co_name)
+        what_failed = f"{' and '.join(self.packages[package])} failed in {where}"
         return PluginFailure(
-            f"{' and '.join(self.packages[package])} failed in {where}: {type(exc).__name__}: {exc}"
+            f"{what_failed}: {type(exc).__name__}: {exc}", f"{what_failed} with {type(exc).__name__}"
         )

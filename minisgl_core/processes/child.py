@@ -106,6 +106,14 @@ def _refusal(exc: BaseException) -> str:
     return cli_message(exc) if isinstance(exc, ConfigError) else str(exc)
 
 
+def _summary(exc: BaseException) -> str:
+    """``exc`` as HTTP clients may see it: its class, and the words it carries for them where it
+    has some (``PluginFailure.summary`` names the plugin), never its text: that can hold a C++
+    library's build paths (gloo's errors do), a file path or a prompt."""
+    words = getattr(exc, "summary", None)
+    return f"{type(exc).__name__}: {words}" if isinstance(words, str) and words else type(exc).__name__
+
+
 def load_plugins(disable: Iterable[str]) -> Plugins:
     """The plugins, as the launcher loaded them: the deprecation warnings it showed once (a 1.x
     plugin's) are not shown again by each of the server's processes."""
@@ -153,10 +161,11 @@ def run_child(spec: ChildSpec, main: ChildMain) -> None:
         if _refused_setting(exc):  # its message names the fix: no traceback
             message = _refusal(exc)
             logger.error("%s process failed: %s", spec.name, message)
-            send(control, ProcessFailed(spec.role, spec.rank, f"{type(exc).__name__}: {message}"))
+            error = f"{type(exc).__name__}: {message}"
+            send(control, ProcessFailed(spec.role, spec.rank, error, _summary(exc)))
         else:
             logger.error("%s process failed: %s: %s", spec.name, type(exc).__name__, exc)
-            send(control, ProcessFailed(spec.role, spec.rank, traceback.format_exc()))
+            send(control, ProcessFailed(spec.role, spec.rank, traceback.format_exc(), _summary(exc)))
     finally:
         if plugins is not None and code == 0:
             try:

@@ -12,11 +12,12 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import zmq
 
@@ -39,6 +40,15 @@ class ChildFailed(RuntimeError):
 
 #: how long a child's failure report waits for another child's exit code before it goes out alone
 FAILURE_GRACE_S = 0.5
+
+
+class Failure(NamedTuple):
+    """A child's failure, said twice: ``detail`` for the server log (the child's traceback, the
+    exception's text), ``summary`` in one line for HTTP clients, without the exception's text:
+    "the engine failed: tensor-parallel rank 1 exited with signal 9 (SIGKILL); see the server log"."""
+
+    detail: str
+    summary: str
 
 
 @dataclass(frozen=True)
@@ -64,6 +74,7 @@ class Runtime:
         self.control = bind_pull(self.ctx, self.endpoints.control)
         self.to_tokenizer: zmq.Socket | None = None
         self.procs: dict[str, mp.process.BaseProcess] = {}
+        #: the first failure in full, for the log (clients get ``Failure.summary``)
         self.failure: str | None = None
         self.ready = False
         self._supervisor: threading.Thread | None = None
@@ -147,7 +158,7 @@ class Runtime:
                 self.failure = f"the {_name(msg.role, msg.rank)} process failed:\n{msg.error}"
                 raise ChildFailed(self.failure)
             elif msg is None and (dead := self._dead_child()) is not None:
-                raise ChildFailed(dead)
+                raise ChildFailed(dead.detail)
             if time.monotonic() - last_note > 60:
                 logger.info("still starting: waiting for %s", ", ".join(sorted(waiting)))
                 last_note = time.monotonic()
@@ -169,23 +180,25 @@ class Runtime:
                 return f"the {name} process is stopped"
         return None
 
-    def _dead_child(self) -> str | None:
+    def _dead_child(self) -> Failure | None:
         for name, proc in self.procs.items():
             # On the other nodes, scheduler ranks exit with 0 when rank 0 shuts the group down.
             if proc.exitcode is not None and (proc.exitcode != 0 or self.is_head):
                 # Prefer the child's own report if it managed to send one.
                 msg = recv(self.control, timeout_ms=100)
                 if isinstance(msg, ProcessFailed):
-                    self.failure = f"the {_name(msg.role, msg.rank)} process failed:\n{msg.error}"
+                    failure = self.failure_of(msg)
                 else:
-                    self.failure = f"the {name} process exited unexpectedly with code {proc.exitcode}"
-                return self.failure
+                    failure = self._exited(name, proc.exitcode)
+                self.failure = failure.detail
+                return failure
         return None
 
-    def failure_of(self, msg: ProcessFailed) -> str:
+    def failure_of(self, msg: ProcessFailed) -> Failure:
         """A child's failure report, led by a child that had already exited abnormally: a rank whose
         peer died reports only a broken connection (under TP=2, killing scheduler 1 was reported as
-        "the scheduler 0 process failed: RuntimeError: [gloo] Connection closed by peer")."""
+        "the scheduler 0 process failed: RuntimeError: [gloo] Connection closed by peer"). Clients
+        are told only the lead (its exit) or the reporter's exception class, never its text."""
         reporter = _name(msg.role, msg.rank)
         report = f"the {reporter} process failed:\n{msg.error}"
         # The peer's sockets close before it is reaped, so the report of the broken connection
@@ -195,24 +208,48 @@ class Runtime:
         while True:
             for name, proc in self.procs.items():
                 if name != reporter and proc.exitcode not in (None, 0):
-                    return f"the {name} process exited unexpectedly with code {proc.exitcode}; then {report}"
+                    lead = self._exited(name, proc.exitcode)
+                    return Failure(f"{lead.detail}; then {report}", lead.summary)
             if time.monotonic() >= deadline:
-                return report
+                raised = f"{self._who(reporter)} raised {msg.summary or 'an error'}"
+                return Failure(report, _for_clients(raised))
             time.sleep(0.02)
 
+    def _exited(self, name: str, exitcode: int) -> Failure:
+        if exitcode >= 0:
+            how = f"code {exitcode}"
+        else:
+            try:
+                how = f"signal {-exitcode} ({signal.Signals(-exitcode).name})"
+            except ValueError:
+                how = f"signal {-exitcode}"
+        return Failure(
+            f"the {name} process exited unexpectedly with code {exitcode}",
+            _for_clients(f"{self._who(name)} exited with {how}"),
+        )
+
+    def _who(self, name: str) -> str:
+        """A child as clients know the server: ``tensor-parallel rank 1``, ``the tokenizer process``."""
+        role, _, rank = name.partition(" ")
+        if role == "scheduler" and self.opts.dist.tp_size > 1:
+            return f"tensor-parallel rank {rank}"
+        return f"the {role} process"
+
     def supervise(self, on_failure: Callable[[str], None]) -> None:
-        """Watch the children from a thread; call ``on_failure(message)`` once if one fails."""
+        """Watch the children from a thread; call ``on_failure(summary)`` once if one fails, with
+        the one line for clients (``self.failure`` keeps the whole report for the log)."""
 
         def watch() -> None:
             while not self._stopping.is_set():
                 msg = recv(self.control, timeout_ms=200)
                 failure = None
                 if isinstance(msg, ProcessFailed):
-                    failure = self.failure = self.failure_of(msg)
+                    failure = self.failure_of(msg)
+                    self.failure = failure.detail
                 elif msg is None and not self._stopping.is_set():
                     failure = self._dead_child()
                 if failure is not None:
-                    on_failure(failure)
+                    on_failure(failure.summary)
                     return
 
         self._supervisor = threading.Thread(target=watch, name="minisgl-supervisor", daemon=True)
@@ -254,6 +291,10 @@ def _process_state(pid: int) -> str | None:
             return f.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return None
+
+
+def _for_clients(what: str) -> str:
+    return f"the engine failed: {what}; see the server log"
 
 
 def _name(role: str, rank: int) -> str:

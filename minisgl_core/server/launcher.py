@@ -207,8 +207,8 @@ def _start_http(opts: ServeOptions, runtime: Runtime, info: dict[str, Any], name
             )
         time.sleep(0.05)
 
-    def on_failure(message: str) -> None:
-        state.loop.call_soon_threadsafe(state.fail, failure_summary(message))
+    def on_failure(summary: str) -> None:
+        state.loop.call_soon_threadsafe(state.fail, summary)
         server.should_exit = True
         if interrupt_main:
             _thread.interrupt_main()
@@ -217,18 +217,3 @@ def _start_http(opts: ServeOptions, runtime: Runtime, info: dict[str, Any], name
     port = server.servers[0].sockets[0].getsockname()[1]
     host = f"[{opts.host}]" if ":" in opts.host else opts.host
     return server, thread, f"http://{host}:{port}", state
-
-
-def failure_summary(message: str) -> str:
-    """A child's failure in one line, for clients: its first line (which process) and the
-    exception the traceback ends with (its class without the module path), ``the scheduler 0
-    process failed: PluginFailure: attention backend 'x' (plugin ...) failed in X.forward:
-    RuntimeError: ...``; the log keeps the whole traceback."""
-    head, *rest = message.rstrip().splitlines() or [message]
-    # a traceback's frames are indented; the exception is what follows the last of them
-    frames = [i for i, line in enumerate(rest) if line[:1].isspace()]
-    cause = " ".join(line.strip() for line in rest[frames[-1] + 1 if frames else 0 :] if line.strip())
-    kind, sep, text = cause.partition(": ")
-    if sep and kind.replace(".", "").replace("_", "").isalnum():  # "package.module.Error: text"
-        cause = f"{kind.rsplit('.', 1)[-1]}: {text}"
-    return f"{head} {cause}" if cause else head

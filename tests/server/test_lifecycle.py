@@ -58,9 +58,14 @@ def test_scheduler_crash_mid_serving_exits_nonzero(start_server, model_dir, engi
     try:
         resp = httpx.post(f"{server.url}/v1/completions", json={"prompt": "hi", "max_tokens": 4}, timeout=30)
         assert resp.status_code in (500, 503)
-        message = resp.json()["error"]["message"]  # the cause and the plugin, not just the process
-        assert message.startswith("the scheduler 0 process failed: PluginFailure: " + named), message
-        assert message.endswith(cause), message
+        # the plugin and the exception's class, not just the process; the exception's text stays
+        # in the log (the client got it, and gloo's C++ build paths with a peer's death)
+        message = resp.json()["error"]["message"]
+        assert message.startswith(
+            "the engine failed: the scheduler process raised PluginFailure: " + named
+        ), message
+        assert message.endswith(".prepare_metadata with RuntimeError; see the server log"), message
+        assert "exploded" not in message, message
     except httpx.TransportError:
         pass  # the server may already be going down
     assert server.wait_exit(30) != 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -153,3 +154,51 @@ def test_two_nodes(start_server, model_dir, engine_args, client, model_name):
     assert node0.wait_exit(30) == 0
     assert node1.wait_exit(30) == 0  # its rank left with the group; the node stops by itself
     assert node1.socket_dirs() == []
+
+
+def _child_named(server, comm: str) -> int:
+    for pid in server.children():
+        if Path(f"/proc/{pid}/comm").read_text().strip() == comm:
+            return pid
+    raise AssertionError(f"no child process {comm}")
+
+
+def test_a_killed_rank_is_named_to_clients_and_its_peers_gloo_error_stays_in_the_log(
+    start_server, model_dir, engine_args
+):
+    """SIGKILL of rank 1 reached clients as rank 0's gloo error, with the C++ source path of the
+    build ("RuntimeError: [/pytorch/third_party/gloo/.../pair.cc:534] Connection closed by peer",
+    found by a probe); they get which rank died and how, the log the rest."""
+    server = start_server(["--model", str(model_dir), "--tp", "2", *engine_args])
+    children = server.children()
+    body = {
+        "prompt": "A long story",
+        "max_tokens": 1800,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    events = []
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as resp:
+        for line in resp.iter_lines():
+            if line.startswith("data: "):
+                if not events:
+                    os.kill(_child_named(server, "minisgl-sched1"), signal.SIGKILL)
+                events.append(line.removeprefix("data: "))
+    assert events[-1] == "[DONE]", events[-3:]
+    error = json.loads(events[-2])["error"]
+    assert error["code"] == "server_unavailable", error
+    assert error["message"] == (
+        "the engine failed: tensor-parallel rank 1 exited with signal 9 (SIGKILL); see the server log"
+    )
+    # a new request gets the same words, unless the listener is already closed
+    try:
+        resp = httpx.post(f"{server.url}/v1/completions", json={"prompt": "hi", "max_tokens": 1}, timeout=10)
+        assert resp.status_code == 503 and resp.json()["error"]["message"] == (
+            "the server cannot take requests: " + error["message"]
+        )
+    except httpx.TransportError:
+        pass
+    assert server.wait_exit(30) != 0
+    assert "the scheduler 1 process exited unexpectedly with code -9" in server.log()
+    server.assert_all_stopped(children)
