@@ -127,17 +127,9 @@ def create_app(
             ApiKeyGate, api_key=api_key, public=frozenset({"/health"}), on_refused=lambda: count_error(401)
         )
     if options.allowed_origins:
-        from fastapi.middleware.cors import CORSMiddleware
+        from minisgl_core.server.cors import OpenAICors
 
-        # An allowed origin may send any header (vLLM's rule): the OpenAI SDKs add their own
-        # (x-stainless-*, OpenAI-Organization), and a preflight naming one was refused while only
-        # Authorization and Content-Type were allowed. Credentials (cookies) are not used by this API.
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=list(options.allowed_origins),
-            allow_methods=["GET", "HEAD", "POST", "OPTIONS"],
-            allow_headers=["*"],
-        )
+        app.add_middleware(OpenAICors, allowed_origins=options.allowed_origins)
     app.add_middleware(HeadAsGet)
     app.add_middleware(CountOpenRequests, state=state)
     app.include_router(tokenize_router(state, tokenizer), dependencies=protected)
