@@ -94,7 +94,8 @@ class JsonToolCallParser(ToolParser):
 
     Whitespace next to a call is not content. Streaming, a call's id and name go out once its
     arguments begin, then its arguments as they grow; a call that turns out malformed after that
-    cannot be taken back (it keeps what was sent), one malformed before that is sent as content.
+    cannot be taken back (it keeps what was sent, and the rest of it, through ``call_close``, is
+    not content either), one malformed before that is sent as content.
     """
 
     call_open: str = ""
@@ -160,7 +161,13 @@ class JsonToolCallParser(ToolParser):
         self._held_whitespace = text[len(kept) :]
 
     def _run(self, final: bool) -> None:
-        step = {"lead": self._lead, "text": self._plain, "call": self._call, "after": self._after}
+        step = {
+            "lead": self._lead,
+            "text": self._plain,
+            "call": self._call,
+            "after": self._after,
+            "broken": self._broken,
+        }
         while step[self._mode](final):
             pass
 
@@ -229,10 +236,25 @@ class JsonToolCallParser(ToolParser):
             return False
         if self._index < len(self._ids):  # already sent: it ends as it is
             self._index += 1
+            if self.call_close:
+                self._mode = "broken"
+                return True
             self._buffer = ""
             return self._give_up()
         self._text(self._giveback)
         return self._give_up()
+
+    def _broken(self, final: bool) -> bool:
+        """The rest of a call that turned malformed after it was sent, through its close marker:
+        the client holds the call, so none of its text is content (not part of it either, which
+        would reach the client as fragments of the call and its marker)."""
+        at = self._buffer.find(self.call_close)
+        if at >= 0:
+            self._buffer, self._mode = self._buffer[at + len(self.call_close) :], "text"
+            return True
+        keep = 0 if final else marker_prefix_length(self._buffer, self.call_close)
+        self._buffer = self._buffer[len(self._buffer) - keep :]
+        return False
 
     def _after(self, final: bool) -> bool:
         """After a call: its close marker, then the next call or the rest as content."""
