@@ -584,6 +584,10 @@ class ChatCompletionRequest(SamplingFields):
     metadata: dict[Text, Text] | None = None
     service_tier: Literal["auto", "default"] | None = None
     modalities: list[Literal["text"]] | None = None
+    #: OpenAI's successors of ``user``, taken as it is: an end user's id for abuse monitoring, and
+    #: a key to group requests for its prompt cache (the radix cache finds shared prefixes itself)
+    safety_identifier: Text | None = None
+    prompt_cache_key: Text | None = None
 
     @field_validator("chat_template_kwargs")
     @classmethod

@@ -743,11 +743,18 @@ def test_the_auth_scheme_is_case_insensitive(server, model_name):
 
 def test_openai_sdk_fields_at_what_minisgl_does_are_accepted(client, model_name):
     """store, metadata, service_tier and modalities from the official SDK were 400s (vLLM ignores
-    them): taken where they ask for what minisgl does anyway, refused where they ask for more."""
+    them): taken where they ask for what minisgl does anyway, refused where they ask for more.
+    So were safety_identifier and prompt_cache_key (a probe), OpenAI's successors of ``user``."""
     kwargs = dict(model=model_name, messages=MESSAGES, max_tokens=2, temperature=0)
     plain = client.chat.completions.create(**kwargs)
     resp = client.chat.completions.create(
-        **kwargs, store=False, metadata={"team": "search"}, service_tier="auto", modalities=["text"]
+        **kwargs,
+        store=False,
+        metadata={"team": "search"},
+        service_tier="auto",
+        modalities=["text"],
+        safety_identifier="user-7f3a",
+        prompt_cache_key="search-v1",
     )
     assert resp.choices[0].message.content == plain.choices[0].message.content
     # refused as the other values minisgl does not serve are (the Literal checks came first: code null)
