@@ -614,6 +614,21 @@ class ChatCompletionRequest(SamplingFields):
             )
         return tier
 
+    # before the union's checks, whose 400 for {"type": "custom"} was "tool_choice.function: Field
+    # required": OpenAI's other kinds of tool choice are refused by name
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _function_choices_only(cls, choice: Any) -> Any:
+        kind = choice.get("type") if isinstance(choice, dict) else None
+        if isinstance(kind, str) and kind != "function":
+            raise BodyError(
+                f"type {short_repr(kind)} is not supported: minisgl calls functions; send "
+                '{"type": "function", "function": {"name": ...}}, or "none", "auto" or "required"',
+                "tool_choice",
+                "unsupported_field",
+            )
+        return choice
+
     @field_validator("modalities", mode="before")
     @classmethod
     def _text_only(cls, modalities: Any) -> Any:

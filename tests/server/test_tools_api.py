@@ -362,6 +362,18 @@ def test_tool_choice_errors(tools_client, model_name):
             tools=[WEATHER],
             tool_choice={"type": "function", "function": {"name": "launch_rocket"}},
         )
+    # OpenAI's other kinds of choice were "tool_choice.function: Field required" (a probe)
+    for choice in (
+        {"type": "custom", "custom": {"name": "f"}},
+        {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": []}},
+    ):
+        with pytest.raises(openai.BadRequestError) as refused:
+            tools_client.chat.completions.create(
+                model=model_name, messages=ASK, tools=[WEATHER], tool_choice=choice
+            )
+        body = refused.value.body
+        assert body["param"] == "tool_choice" and body["code"] == "unsupported_field", body
+        assert f"type '{choice['type']}' is not supported" in body["message"], body
 
 
 @pytest.mark.parametrize("kind", ["string", "array", ["string", "null"]])
