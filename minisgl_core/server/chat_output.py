@@ -2,7 +2,8 @@
 ``--reasoning-parser``), then tool calls read from the rest (when the request offers tools),
 either from the whole text or delta by delta while streaming.
 
-The parsers are plugins: an exception raised by one (building it, or reading text) is a 500 naming
+The parsers are plugins: an exception raised by one (building it, or reading text), or a result not
+of the API's class, is a 500 naming
 the selection (``--reasoning-parser qwen3``), its plugin and distribution, and the parser's class,
 its traceback logged once; mid-stream the route's stream sends it as an error event
 (server/handling.py)."""
@@ -17,12 +18,32 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from minisgl_core.api import ReasoningParser, ToolCall, ToolCallDelta
+from minisgl_core.api import (
+    ReasoningDelta,
+    ReasoningParser,
+    ReasoningResult,
+    ToolCall,
+    ToolCallDelta,
+    ToolParseResult,
+    ToolStreamDelta,
+)
 from minisgl_core.server.errors import APIError
 from minisgl_core.server.tools import ToolPlan
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+
+#: what each parser method returns (the API's classes): anything else is the plugin's error, named
+#: as its exceptions are (a str from parse was "internal error: AttributeError: 'str' object has
+#: no attribute 'reasoning'", naming no parser)
+_RETURNS: dict[tuple[str, str], type] = {
+    ("reasoning", "parse"): ReasoningResult,
+    ("reasoning", "feed"): ReasoningDelta,
+    ("reasoning", "finish"): ReasoningDelta,
+    ("tool call", "parse"): ToolParseResult,
+    ("tool call", "feed"): ToolStreamDelta,
+    ("tool call", "finish"): ToolStreamDelta,
+}
 
 
 @functools.cache
@@ -140,14 +161,18 @@ class ChoiceOutput:
             return reason
         if self._streamed and self._tool_parser is not None:  # once, at the end of a stream
             text, self._streamed = "".join(self._streamed), []
-            with _parser_call("tool call", self._tool_parser, self._labels.get(self._tool_parser)):
-                parsed = self._tool_parser(self._tool_list).parse(text)
+            parsed = self._tool(self._tool(self._tool_parser, self._tool_list).parse, text)
             self.made_calls = _all_whole(self._kept(parsed.tool_calls))
         return "tool_calls" if self.made_calls else reason
 
     def _call(self, kind: str, cls: type, fn: Callable[..., T], *args: Any) -> T:
         with _parser_call(kind, cls, self._labels.get(cls)):
-            return fn(*args)
+            out = fn(*args)
+            name = getattr(fn, "__name__", "")
+            expected = _RETURNS.get((kind, name))
+            if expected is not None and not isinstance(out, expected):
+                raise TypeError(f"{name}() returned {type(out).__name__}, not {expected.__name__}")
+            return out
 
     def _reasoning(self, fn: Callable[..., T], *args: Any) -> T:
         assert self._reasoning_cls is not None

@@ -30,12 +30,21 @@ class Exploding(TagReasoningParser):
     def parse(self, text):
         if self.where == "parse":
             raise RuntimeError("parse exploded")
+        if self.where == "parse-returns-str":
+            return "not a ReasoningResult"
         return super().parse(text)
 
     def feed(self, text):
         if self.where == "feed":
             raise RuntimeError("feed exploded")
+        if self.where == "feed-returns-str":
+            return "not a delta"
         return super().feed(text)
+
+    def finish(self):
+        if self.where == "finish-returns-none":
+            return None
+        return super().finish()
 
 
 def make_client(monkeypatch, options):
@@ -105,6 +114,33 @@ def test_feed_raising_mid_stream_is_an_error_event_then_done(client, monkeypatch
     assert events[-1] == "[DONE]", events
     error = json.loads(events[-2])["error"]
     assert "Exploding" in error["message"] and "feed exploded" in error["message"], error
+
+
+@pytest.mark.parametrize(
+    ("where", "stream", "says"),
+    [
+        ("parse-returns-str", False, "parse() returned str, not ReasoningResult"),
+        ("feed-returns-str", True, "feed() returned str, not ReasoningDelta"),
+        ("finish-returns-none", True, "finish() returned NoneType, not ReasoningDelta"),
+    ],
+)
+def test_a_parser_returning_the_wrong_type_is_named_as_a_raising_one_is(
+    client, monkeypatch, where, stream, says
+):
+    """A parser returning a str (found by a probe writing one) was a 500 "internal error:
+    AttributeError: 'str' object has no attribute 'reasoning'", naming no parser."""
+    c, _ = client
+    monkeypatch.setattr(Exploding, "where", where)
+    if not stream:
+        resp = c.post("/v1/chat/completions", json=BODY)
+        assert resp.status_code == 500, resp.text
+        error = resp.json()["error"]
+    else:
+        with c.stream("POST", "/v1/chat/completions", json={**BODY, "stream": True}) as resp:
+            events = [line[len("data: ") :] for line in resp.iter_lines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]", events
+        error = json.loads(events[-2])["error"]
+    assert "Exploding" in error["message"] and f"TypeError: {says}" in error["message"], error
 
 
 @pytest.mark.parametrize("kind", ["reasoning", "tool call"])
