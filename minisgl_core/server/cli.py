@@ -64,13 +64,13 @@ def _add_http_args(p: argparse.ArgumentParser, port: int) -> None:
         "--tool-call-parser",
         default=None,
         metavar="NAME",
-        help="read tool calls from chat answers with this parser (tool_choice 'auto'), e.g. hermes, llama3_json",
+        help="read tool calls from chat answers with this parser (tool_choice 'auto')",
     )
     g.add_argument(
         "--reasoning-parser",
         default=None,
         metavar="NAME",
-        help="split reasoning_content from chat answers with this parser, e.g. qwen3",
+        help="split reasoning_content from chat answers with this parser",
     )
     g.add_argument(
         "--chat-template",
