@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from dataclasses import dataclass, field, fields
 from functools import partial
@@ -138,15 +139,23 @@ class SamplingParams:
         def bad(name: str, why: str) -> None:
             raise ValueError(f"{name} {why}, got {short_repr(getattr(self, name))}")
 
-        def integer(name: str, low: int, high: int, value: object = None) -> None:
-            value = getattr(self, name) if value is None else value
-            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        def integer(name: str, low: int, high: int, value: object = None) -> int:
+            """The field ``name`` (or one of its items, ``value``) as an int; a numpy integer's
+            field becomes a Python int (msgpack and torch take those)."""
+            field_value = value is None
+            value = getattr(self, name) if field_value else value
+            if not _is_integer(value) or not low <= value <= high:  # type: ignore[operator]
                 bad(name, f"must be an integer in [{_bound(low)}, {_bound(high)}]")
+            if field_value and type(value) is not int:
+                object.__setattr__(self, name, int(value))  # type: ignore[arg-type]
+            return int(value)  # type: ignore[arg-type]
 
         def finite(name: str) -> float:
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            if not _is_number(value) or not math.isfinite(value):
                 bad(name, "must be a finite number")
+            if type(value) not in (int, float):  # (np.float32(0.5): a Python float)
+                object.__setattr__(self, name, float(value))
             return float(value)
 
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
@@ -178,10 +187,10 @@ class SamplingParams:
         if self.min_tokens and self.grammar is not None:
             bad("min_tokens", "cannot be combined with a grammar (it may allow only a stop token)")
         k = self.truncate_prompt_tokens
-        if k is not None and (
-            not isinstance(k, int) or isinstance(k, bool) or not (k == -1 or 1 <= k <= INT64_MAX)
-        ):
-            bad("truncate_prompt_tokens", "must be -1 (the context length) or an integer in [1, 2**63-1]")
+        if k is not None:
+            if not _is_integer(k) or not (k == -1 or 1 <= k <= INT64_MAX):
+                bad("truncate_prompt_tokens", "must be -1 (the context length) or an integer in [1, 2**63-1]")
+            object.__setattr__(self, "truncate_prompt_tokens", int(k))
         if not all(isinstance(s, str) and s for s in self.stop):
             bad("stop", "must be non-empty strings")
         if len(self.stop) > self.MAX_STOP_STRINGS:
@@ -191,16 +200,18 @@ class SamplingParams:
             raise ValueError(
                 f"stop strings must be at most {self.MAX_STOP_CHARS} characters, got one of {longest}"
             )
-        for token in self.stop_token_ids:
-            integer("stop_token_ids", 0, INT64_MAX, token)
+        stop_ids = tuple(integer("stop_token_ids", 0, INT64_MAX, token) for token in self.stop_token_ids)
+        object.__setattr__(self, "stop_token_ids", stop_ids)
         if not finite("repetition_penalty") > 0:
             bad("repetition_penalty", "must be > 0 (1 disables it)")
         limit = self.MAX_LOGIT_BIAS
         for token, bias in self.logit_bias.items():
             if not 0 <= token <= INT64_MAX:  # (a larger id cannot cross to the workers)
                 bad("logit_bias", "must map token ids (integers in [0, 2**63-1]) to biases")
-            if not isinstance(bias, (int, float)) or isinstance(bias, bool) or not -limit <= bias <= limit:
+            if not _is_number(bias) or not -limit <= bias <= limit:
                 bad("logit_bias", f"values must be numbers in [-{limit:g}, {limit:g}]")
+            if type(bias) not in (int, float):
+                self.logit_bias[token] = float(bias)
 
     # ---------------------------------------------------------------- derived copies (no re-check)
 
@@ -276,11 +287,22 @@ def cut(text: str, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _is_integer(value: object) -> bool:
+    """An integer of any kind (numpy's too, as vLLM takes them), not a bool (True is no count)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    """A real number of any kind (numpy's float32 too), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def _token_id(key: object) -> int:
-    """A logit_bias key: an integer, or its decimal digits as JSON keys carry it. Not whatever
-    ``int()`` takes: "5_0" was token 50, "٥" (an Arabic-Indic digit) 5, 5.7 token 5 and True 1."""
-    if isinstance(key, int) and not isinstance(key, bool):
-        return key
+    """A logit_bias key: an integer (numpy's too), or its decimal digits as JSON keys carry it. Not
+    whatever ``int()`` takes: "5_0" was token 50, "٥" (an Arabic-Indic digit) 5, 5.7 token 5 and
+    True 1."""
+    if _is_integer(key):
+        return int(key)  # type: ignore[call-overload]
     if isinstance(key, str) and re.fullmatch(r"-?[0-9]+", key):
         return int(key)
     raise ValueError(f"logit_bias keys must be token ids, got {short_repr(key)}")

@@ -8,7 +8,9 @@ import os
 import re
 import signal
 import weakref
+from fractions import Fraction
 
+import msgpack
 import pytest
 import torch
 
@@ -349,6 +351,39 @@ def test_llm_options_of_the_wrong_type_name_the_field(model_dir, option, says):
     for what it was not; every field of a simple annotation is checked by it."""
     with pytest.raises(ValueError, match=f"^{re.escape(says)}$"):
         LLM(str(model_dir), **{"device": "cpu", "attn": "torch", **option})
+
+
+def test_sampling_params_take_numbers_of_any_kind_as_python_ones_but_not_booleans():
+    """np.float32(0.5) was "temperature must be a finite number, got np.float32(0.5)", np.int64(3)
+    "seed must be an integer in [...]" (vLLM takes them; LLM.encode took numpy ids already). They
+    become Python ints and floats, which msgpack and torch take; a bool stays refused."""
+    import numpy as np
+
+    params = SamplingParams(
+        temperature=np.float32(0.5), top_p=np.float16(0.5), seed=np.int64(3), top_k=np.int32(5),
+        max_tokens=np.uint16(7), n=np.int8(2), stop_token_ids=[np.int64(2)], truncate_prompt_tokens=np.int16(4),
+        logit_bias={np.int64(3): np.float32(1.5)}, repetition_penalty=Fraction(3, 2),
+    )  # fmt: skip
+    assert params == SamplingParams(
+        temperature=0.5, top_p=0.5, seed=3, top_k=5, max_tokens=7, n=2, stop_token_ids=[2],
+        truncate_prompt_tokens=4, logit_bias={3: 1.5}, repetition_penalty=1.5,
+    )  # fmt: skip
+    for name in ("temperature", "top_p", "repetition_penalty", "seed", "top_k", "max_tokens", "n"):
+        assert type(getattr(params, name)) in (int, float), name
+    assert [type(v) for v in (*params.stop_token_ids, *params.logit_bias, *params.logit_bias.values())] == [
+        int, int, float,
+    ]  # fmt: skip
+    msgpack.packb(params.to_wire())  # (a numpy value does not cross to the workers)
+    for fields, says in [
+        ({"seed": True}, "seed must be an integer in [-2**63, 2**63-1], got True"),
+        ({"seed": np.bool_(True)}, "seed must be an integer in [-2**63, 2**63-1], got np.True_"),
+        ({"temperature": False}, "temperature must be a finite number, got False"),
+        ({"top_k": np.float32(2)}, "top_k must be an integer in [-1, 2**63-1], got np.float32(2.0)"),
+        ({"temperature": np.float64("nan")}, "temperature must be a finite number, got np.float64(nan)"),
+        ({"logit_bias": {1: np.bool_(True)}}, "logit_bias values must be numbers in [-100, 100], got {1: np.True_}"),
+    ]:  # fmt: skip
+        with pytest.raises(ValueError, match=f"^{re.escape(says)}$"):
+            SamplingParams(**fields)
 
 
 @pytest.mark.parametrize("key", ["5_0", "٥", " 5 ", "+5", 5.7, True, "5.0", ""])
