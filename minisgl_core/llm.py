@@ -7,6 +7,7 @@ import dataclasses
 import itertools
 import logging
 import numbers
+import os
 import signal
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -139,6 +140,21 @@ _CLI_ONLY_OPTIONS = {
 }
 
 
+#: vLLM's ``LLM(...)`` keywords that difflib cannot match to minisgl's setting of the same meaning
+_VLLM_OPTIONS = {
+    "tensor_parallel_size": "tp_size= (LLM runs tp_size 1; `minisgl serve --tp N` runs more)",
+    "max_num_seqs": "max_running_requests=",
+    "max_num_batched_tokens": "max_prefill_tokens=",
+    "enforce_eager": "cuda_graph_max_bs=0 (no CUDA graphs)",
+    "enable_prefix_caching": "cache='radix' (the prefix cache, the default) or cache='naive' (none)",
+}
+#: vLLM's keywords with no minisgl setting, and why none is needed
+_NOT_NEEDED_OPTIONS = {
+    "trust_remote_code": "minisgl runs no model code from a hub (its architectures are built in or "
+    "plugins), so there is nothing to trust: leave it out",
+}
+
+
 def _check_option_names(options: Mapping[str, Any]) -> None:
     """``LLM(**options)``: each an :class:`EngineConfig` setting (a TypeError naming ``LLM`` and the
     nearest setting, not EngineConfig's own), and speculative decoding's tuning, other than its
@@ -150,7 +166,9 @@ def _check_option_names(options: Mapping[str, Any]) -> None:
     for name in options:
         if name in settings:
             continue
-        hint = _CLI_ONLY_OPTIONS.get(name)
+        if name in _NOT_NEEDED_OPTIONS:
+            raise TypeError(f"LLM() got an unexpected keyword argument {name!r}: {_NOT_NEEDED_OPTIONS[name]}")
+        hint = _CLI_ONLY_OPTIONS.get(name) or _VLLM_OPTIONS.get(name)
         if hint is None:
             near = difflib.get_close_matches(name, settings, n=1)
             hint = f"{near[0]}=" if near else None
@@ -201,6 +219,11 @@ class LLM:
     ) -> None:
         # (errors name the keyword arguments, model= and attn=, not the command line's flags)
         _check_option_names(engine_options)
+        if not (model is None or isinstance(model, (str, os.PathLike))):  # (123 was "no such file")
+            raise TypeError(
+                "model must be a path (str or os.PathLike): a model directory, a .gguf file, ORG/NAME "
+                f"or 'demo', or None for the default model, got {type(model).__name__}"
+            )
         resolved = resolve_model(model, "keyword")
         check_model_path(resolved, "keyword")
         config = EngineConfig(
@@ -291,6 +314,10 @@ class LLM:
             raise RuntimeError("this LLM is closed; create a new one to generate")
         if self._broken is not None:
             raise RuntimeError(f"this LLM cannot generate any more: {self._broken}; create a new one")
+
+    def get_tokenizer(self) -> Any:
+        """The model's tokenizer, ``llm.tokenizer`` (vLLM's ``LLM.get_tokenizer``)."""
+        return self.tokenizer
 
     def sampling_params(self, **fields: Any) -> SamplingParams:
         """SamplingParams from ``fields`` (None = unset), the model's defaults filling the rest."""

@@ -640,6 +640,35 @@ def test_llm_refuses_what_it_would_ignore_and_names_its_keywords(model_dir, tmp_
         LLM(model_dir, device="cpu", disable_fast_path=["compile"])
 
 
+def test_vllms_keywords_point_at_minisgls_and_a_model_that_is_no_path_is_a_type_error(model_dir):
+    """Found by a tester: LLM(tensor_parallel_size=2) and LLM(trust_remote_code=True) had no hint
+    (gpu_memory_utilization and max_model_len had one), and LLM(model=123) was "model='123': no
+    such file or directory"."""
+    for name, hint in [
+        ("tensor_parallel_size", "tp_size="),
+        ("max_num_seqs", "max_running_requests="),
+        ("max_num_batched_tokens", "max_prefill_tokens="),
+        ("enforce_eager", "cuda_graph_max_bs=0"),
+        ("enable_prefix_caching", "cache='radix'"),
+        ("gpu_memory_utilization", "kv_memory_fraction="),
+        ("max_model_len", "max_context_len="),
+    ]:
+        with pytest.raises(
+            TypeError, match=rf"^LLM\(\) got an unexpected keyword argument '{name}'; did you mean "
+        ) as err:
+            LLM(model_dir, device="cpu", **{name: 1})
+        assert f"did you mean {hint}" in str(err.value)
+    with pytest.raises(
+        TypeError, match=r"'trust_remote_code': minisgl runs no model code from a hub .*leave it out$"
+    ):
+        LLM(model_dir, device="cpu", trust_remote_code=True)
+    for model in (123, ["m"]):
+        with pytest.raises(
+            TypeError, match=rf"^model must be a path \(str or os.PathLike\).*, got {type(model).__name__}$"
+        ):
+            LLM(model, device="cpu")
+
+
 def test_nnodes_below_one_is_named():
     from minisgl_core.distributed import DistributedSpec
 

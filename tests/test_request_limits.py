@@ -307,6 +307,11 @@ def test_generate_names_what_it_takes(llm, prompts, params, says):
         llm.generate(prompts, params)
 
 
+def test_get_tokenizer_is_the_llms_tokenizer(llm):
+    """vLLM's common call: it was an AttributeError."""
+    assert llm.get_tokenizer() is llm.tokenizer
+
+
 def test_llm_refuses_tensor_parallelism_it_cannot_run(model_dir):
     """LLM(tp_size=2) ran one process, silently."""
     with pytest.raises(ValueError, match="LLM runs one process"):
