@@ -191,6 +191,31 @@ def test_bad_grammars_are_rejected_before_anything_runs(model_dir):
     llm.close()
 
 
+def test_a_json_schema_may_be_a_dict_and_a_wrong_grammar_says_what_to_pass(model_dir):
+    """Found by a tester: GrammarSpec("json_schema", {...}) was "must be given as a string, got
+    dict" (vLLM takes the dict), and grammar="{}" was the garbled "grammar a grammar is {'kind':
+    ..., 'value': ...}, got '{}'". The dict becomes its JSON text: the same spec, hashable, one
+    compile-cache entry, the same output."""
+    schema = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}}
+    as_dict, as_text = GrammarSpec("json_schema", schema), GrammarSpec("json_schema", json.dumps(schema))
+    assert as_dict == as_text and hash(as_dict) == hash(as_text) and as_dict.value == json.dumps(schema)
+    assert GrammarSpec("json_schema", True).value == "true"
+    with pytest.raises(GrammarError, match=r"^the json_schema grammar is not JSON: "):
+        GrammarSpec("json_schema", {"maximum": float("nan")})
+    with pytest.raises(GrammarError, match=r"^the regex grammar must be given as a string, got dict$"):
+        GrammarSpec("regex", {"a": 1})
+    says = (
+        "grammar must be a GrammarSpec(kind, value) (from minisgl_core.api; a JSON schema is "
+        "GrammarSpec('json_schema', schema)) or {'kind': ..., 'value': ...}, got '{}'"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(says)}$"):
+        SamplingParams(grammar="{}")
+    with LLM(model_dir, device="cpu", dtype="float32", attn="torch") as llm:
+        greedy = [SamplingParams(temperature=0, max_tokens=8, grammar=g) for g in (as_dict, as_text)]
+        outs = llm.generate([[1, 2, 3]] * 2, greedy, use_tqdm=False)
+        assert outs[0].token_ids == outs[1].token_ids
+
+
 def test_an_unknown_backend_named_is_refused_at_start(model_dir):
     """As ``serve --grammar-backend nope`` is: LLM() built, then failed every constrained request."""
     from minisgl_core.plugins import PluginError

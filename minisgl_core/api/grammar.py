@@ -38,7 +38,9 @@ GRAMMAR_KINDS: tuple[str, ...] = get_args(GrammarKind)
 class GrammarSpec:
     """What a request's output must match. value: the JSON schema as JSON text (json_schema),
     "" (json_object), the regex, a JSON list of strings (choice), the EBNF text (ebnf), or the
-    structural-tag JSON (structural_tag: free text with tagged regions constrained by schemas)."""
+    structural-tag JSON (structural_tag: free text with tagged regions constrained by schemas).
+    A json_schema may also be given as the schema itself (a dict, as vLLM takes it): the spec keeps
+    its JSON text, so that it stays hashable (the compile cache's key)."""
 
     kind: GrammarKind
     value: str
@@ -46,9 +48,17 @@ class GrammarSpec:
     def __post_init__(self) -> None:
         if self.kind not in GRAMMAR_KINDS:
             raise GrammarError(f"unknown grammar kind {self.kind!r}; use one of {', '.join(GRAMMAR_KINDS)}")
+        if self.kind == "json_schema" and isinstance(self.value, (dict, list, bool)):
+            try:  # (the keys' order kept: it is the order the output writes the properties in)
+                text = json.dumps(self.value, allow_nan=False)
+            except (TypeError, ValueError) as exc:
+                raise GrammarError(f"the json_schema grammar is not JSON: {exc}") from None
+            object.__setattr__(self, "value", text)
         if not isinstance(self.value, str):
             raise GrammarError(
-                f"the {self.kind} grammar must be given as a string, got {type(self.value).__name__}"
+                f"the {self.kind} grammar must be given as a string"
+                + (" (or the schema as a dict)" if self.kind == "json_schema" else "")
+                + f", got {type(self.value).__name__}"
             )
 
     @classmethod
@@ -58,7 +68,10 @@ class GrammarSpec:
             return value
         if isinstance(value, dict) and set(value) == {"kind", "value"}:
             return cls(value["kind"], value["value"])
-        raise GrammarError(f"a grammar is {{'kind': ..., 'value': ...}}, got {value!r}")
+        raise GrammarError(
+            "must be a GrammarSpec(kind, value) (from minisgl_core.api; a JSON schema is "
+            f"GrammarSpec('json_schema', schema)) or {{'kind': ..., 'value': ...}}, got {_short(value)}"
+        )
 
     def choices(self) -> list[str]:
         """The alternatives of a ``choice`` spec, checked (a non-empty JSON list of strings)."""
@@ -69,6 +82,11 @@ class GrammarSpec:
         if not isinstance(options, list) or not options or not all(isinstance(o, str) for o in options):
             raise GrammarError("choice must be a non-empty list of strings")
         return options
+
+
+def _short(value: object, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class GrammarError(ValueError):
