@@ -195,6 +195,8 @@ class Plugins:
         self.spelling: Spelling = "flag"
         #: whether loading a 1.x plugin shows its deprecation warning (see :meth:`load`)
         self.deprecation_warnings = True
+        #: plugins whose classes were imported and checked (see :meth:`resolve`), by plugin name
+        self._classes_checked: set[str] = set()
 
     # ---------------------------------------------------------------- loading
 
@@ -465,6 +467,12 @@ class Plugins:
         wrong = wrong_base_message(reg, obj)
         if wrong:
             raise PluginError(wrong)
+        # a plugin with one class that does not import is failed, as `minisgl plugins` lists it:
+        # none of its names is used (the plugin's classes only, so this stays cheap)
+        if reg.plugin.name not in self._classes_checked:
+            self._check_plugin_classes(reg.plugin)
+            if reg.plugin.status != "ok":
+                raise PluginError(self.missing_message(kind, name))
         return obj
 
     def resolve_on_device(self, kind: str, name: str, device: torch.device) -> type:
@@ -485,42 +493,54 @@ class Plugins:
         registered as an attention backend).
 
         Imports the plugins' implementation modules (torch, kernels), so only ``minisgl plugins``
-        calls it; every process checks what it selects in :meth:`resolve`. Kernel libraries are
-        imported lazily (docs/plugins.md, Publishing), so a class module imports on any machine
-        and a failure here is the plugin's bug."""
-        for info in self.infos:
-            if info.status != "ok":
-                continue
-            problems = []
-            if not any(info.provides.values()) and not _implements_a_hook(info.module):
-                # (not refused at load: a plugin may be a deliberate no-op in some environment)
-                problems.append(
-                    "implements no minisgl hook: define functions named after the hooks in "
-                    "minisgl_core.api.hookspecs, decorated with @hookimpl (docs/plugins.md, Hooks)"
-                )
+        calls it; every process checks the plugins of what it selects in :meth:`resolve`. Kernel
+        libraries are imported lazily (docs/plugins.md, Publishing), so a class module imports on
+        any machine and a failure here is the plugin's bug."""
+        for info in list(self.infos):
+            self._check_plugin_classes(info, listing=True)
+
+    def _check_plugin_classes(self, info: PluginInfo, listing: bool = False) -> None:
+        """Import each class ``info`` registered; one that does not import or has the wrong base
+        fails the whole plugin (its names are unusable, so a start that selects any of them and
+        the listing agree). ``listing``: also fail a plugin that implements no hook at all."""
+        if info.status != "ok":
+            return
+        self._classes_checked.add(info.name)
+        problems = []
+        if listing and not any(info.provides.values()) and not _implements_a_hook(info.module):
+            # (not refused at load: a plugin may be a deliberate no-op in some environment)
+            problems.append(
+                "implements no minisgl hook: define functions named after the hooks in "
+                "minisgl_core.api.hookspecs, decorated with @hookimpl (docs/plugins.md, Hooks)"
+            )
+        for kind in KINDS:
+            for reg in [r for r in self.registry[kind].values() if r.plugin is info]:
+                try:
+                    obj = _import_target(reg.target)
+                except Exception as exc:  # noqa: BLE001 - the plugin's
+                    problems.append(
+                        f"{reg.name!r} ({KIND_HOOKS[kind]}) names {reg.target}, which does not "
+                        f"import: {type(exc).__name__}: {exc}"
+                    )
+                    continue
+                wrong = wrong_base_message(reg, obj)
+                if wrong:
+                    problems.append(wrong)
+        if problems:
+            info.status, info.reason = "failed", "; ".join(problems)
             for kind in KINDS:
-                for reg in [r for r in self.registry[kind].values() if r.plugin is info]:
-                    try:
-                        obj = _import_target(reg.target)
-                    except Exception as exc:  # noqa: BLE001 - the plugin's
-                        problems.append(
-                            f"{reg.name!r} ({KIND_HOOKS[kind]}) names {reg.target}, which does not "
-                            f"import: {type(exc).__name__}: {exc}"
-                        )
-                        continue
-                    wrong = wrong_base_message(reg, obj)
-                    if wrong:
-                        problems.append(wrong)
-            if problems:
-                info.status, info.reason = "failed", "; ".join(problems)
-                for kind in KINDS:
-                    info.unusable[kind] = list(info.provides[kind])
-                # a start imports only what it selects, so there the names this plugin shares
-                # still collide: the listing keeps saying so
-                self._forget(info, keep_collisions=True)
+                info.unusable[kind] = list(info.provides[kind])
+            # a start imports only the plugins of what it selects, so there the names this plugin
+            # shares still collide: the listing keeps saying so
+            self._forget(info, keep_collisions=True)
 
     def missing_message(self, kind: str, name: str) -> str:
-        """Why ``name`` cannot be selected: the broken plugin that would provide it, or what to install."""
+        """Why ``name`` cannot be selected: the broken plugin that would provide it, or what to install.
+        Checks the classes of the plugins of ``kind`` first (as :meth:`resolve` checks a selected
+        plugin's), so that the installed names it lists are those a start can use."""
+        for info in [i for i in self.infos if i.provides[kind]]:
+            if info.name not in self._classes_checked:
+                self._check_plugin_classes(info)
         broken = [i for i in self.infos if i.status != "ok" and name in i.unusable[kind]]
         broken = broken or [i for i in self.infos if i.status != "ok" and _likely_provides(i, kind, name)]
         if broken:

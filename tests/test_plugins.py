@@ -459,7 +459,8 @@ def minisgl_register_policies(register):
 
 @hookimpl
 def minisgl_register_attention_backends(register):
-    register("torch", "t6_collide.impl:Fifo")
+    # (a class of the right kind: a start checks every class of a plugin it selects from)
+    register("torch", "minisgl_plugin_torch.backend:TorchAttentionBackend")
 """
 
 
@@ -652,6 +653,33 @@ def test_the_listing_says_when_a_registered_class_does_not_import(load_fake):
     with pytest.raises(PluginError, match="'t10missing'.*failed to load"):
         plugins.resolve("policies", "t10-fine")
     assert next(i for i in plugins.infos if i.name == "torch").status == "ok"  # first-party classes import
+
+
+def test_a_plugin_with_one_class_that_does_not_import_provides_none_of_its_names(load_fake):
+    """``minisgl plugins`` listed such a plugin ``failed``, providing nothing, yet a start used its
+    other names and the unknown-name error listed them all as installed (found by a probe)."""
+    hooks = """
+    @hookimpl
+    def minisgl_register_policies(register):
+        register("t13-fine", "t13_partial.impl:Fifo")
+        register("t13-typo", "t13_partial.impl:Fifoo")
+    """
+    dists = {"minisgl-test-partial": (_thin("t13_partial", hooks), {"t13partial": "t13_partial"})}
+    cause = "'t13-typo' (minisgl_register_policies) names t13_partial.impl:Fifoo, which does not import"
+    plugins = load_fake(dists)
+    with pytest.raises(PluginError) as raised:  # a start selecting the name that imports
+        plugins.resolve("policies", "t13-fine")
+    message = str(raised.value)
+    assert message.startswith(
+        "--policy 't13-fine' is unavailable: plugin 't13partial' (minisgl-test-partial 0.1.0) failed to load: "
+    ), message
+    assert cause in message and "AttributeError" in message
+    row = {row["name"]: row for row in plugins.listing()}["t13partial"]
+    assert row["status"] == "failed" and cause in row["reason"] and not any(row["provides"].values())
+    # the unknown-name error of a fresh start lists none of its names as installed
+    message = Plugins.load().missing_message("policies", "t13-other")
+    assert "installed: lpm, prefill-first;" in message, message
+    assert "t13-fine" not in message and "t13-typo" not in message, message
 
 
 def test_an_entry_point_naming_an_attribute_says_to_name_the_module(load_fake):
