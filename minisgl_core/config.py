@@ -295,6 +295,13 @@ def _device_type(device: str) -> str | None:
         return None
 
 
+#: ``attn="auto"`` on CUDA: the first usable backend of each list, by role; a CPU, or a GPU without
+#: them: :data:`AUTO_FALLBACK`
+AUTO_PREFILL = ("fa3", "fi")
+AUTO_DECODE = ("triton", "fi")
+AUTO_FALLBACK = "torch"
+
+
 def attention_names(attn: str) -> tuple[str, ...]:
     """The attention backends ``attn`` names: one, or PREFILL,DECODE; none for "auto" (the
     runner picks by device). A ``ConfigError`` naming the field for any other shape."""

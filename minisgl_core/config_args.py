@@ -9,6 +9,9 @@ from typing import Any
 from minisgl_core import fast_paths
 from minisgl_core.checkpoint.resolve import resolve_model
 from minisgl_core.config import (
+    AUTO_DECODE,
+    AUTO_FALLBACK,
+    AUTO_PREFILL,
     CPU_DEFAULT_KV_TOKENS,
     MAX_GRAMMAR_THREADS,
     SPECULATIVE_TUNING,
@@ -234,15 +237,35 @@ def cli_message(exc: ConfigError) -> str:
 
 
 def check_plugin_names(values: dict[str, Any], plugins: Plugins) -> None:
-    """The plugins the engine flags select (--attn, --cache, --policy, --quantization) resolved
-    as the engine will resolve them, so that a name not installed is one line before anything
-    starts: the scheduler process refused it after start-up (exit code 1, said twice)."""
-    selected = [("attention", name) for name in attention_names(values["attn"])]
+    """The plugins the engine flags select (--attn, --cache, --policy, --quantization), given or
+    by default, resolved as the engine will resolve them, so that a name not installed (or in
+    conflict) is one line before anything starts: the scheduler process refused it after
+    start-up (exit code 1, said twice), and ``--attn auto``'s torch only once the model had loaded."""
+    attention = attention_names(values["attn"]) or auto_attention_names(values["device"], plugins)
+    selected = [("attention", name) for name in attention]
     selected += [("caches", values["cache"]), ("policies", values["policy"])]
     if values["quantization"] not in (None, "none"):  # "none": no quantization, as the runner reads it
         selected.append(("quantization", values["quantization"]))
     for kind, name in selected:
         plugins.resolve(kind, name)
+
+
+def auto_attention_names(device: str, plugins: Plugins) -> tuple[str, ...]:
+    """The backends ``--attn auto`` (the default) has the runner resolve for ``--device``, as far
+    as is known without starting CUDA: torch on a CPU; on a GPU each installed backend of
+    AUTO_PREFILL and AUTO_DECODE (the runner imports every one to ask it whether it runs there),
+    and torch for a role none of whose backends is installed (whether an installed one runs on
+    this GPU is the runner's to find out)."""
+    import torch
+
+    cuda = torch.cuda.is_available() if device == "auto" else device.split(":")[0] == "cuda"
+    if not cuda:
+        return (AUTO_FALLBACK,)
+    names: list[str] = []
+    for candidates in (AUTO_PREFILL, AUTO_DECODE):
+        installed = [name for name in candidates if name in plugins.registry["attention"]]
+        names += installed or [AUTO_FALLBACK]
+    return tuple(dict.fromkeys(names))
 
 
 def check_plugins_run_on(values: dict[str, Any], plugins: Plugins, device: Any) -> None:

@@ -278,6 +278,48 @@ def test_a_setting_the_engine_refuses_is_one_line_on_the_command_line(model_dir,
 
 
 @pytest.mark.parametrize(
+    ("plugin", "says"),
+    [
+        ("torch", "--attn 'torch' is unavailable: plugin 'torch' (minisgl-plugin-torch 0.1.0) is in conflict: "),
+        ("radix", "--cache 'radix' is unavailable: plugin 'radix' (minisgl-plugin-radix 0.1.0) is in conflict: "),
+    ],
+)  # fmt: skip
+def test_a_default_plugin_in_conflict_is_one_line_before_anything_starts(model_dir, tmp_path, plugin, says):
+    """A second distribution with an entry point named ``torch`` (so neither loads): ``serve``
+    without --attn started and loaded the model, then the scheduler refused --attn auto's torch,
+    while a misspelt --policy was one line from the launcher (found by a probe)."""
+    site = tmp_path / "site"
+    (site / "t14_shadow").mkdir(parents=True)
+    (site / "t14_shadow" / "__init__.py").write_text('MINISGL_API = "2.0"\n')
+    info = site / "minisgl_test_shadow-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: minisgl-test-shadow\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text(f"[minisgl.plugins]\n{plugin} = t14_shadow\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "minisgl_core", "serve", "--port", "0", "--model", str(model_dir), "--device", "cpu"],
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])},
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"minisgl: error: {says}"), lines
+    assert "minisgl-test-shadow 0.1.0, so neither is loaded" in lines[0], lines
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_attn_auto_resolves_in_the_launcher_what_the_runner_will():
+    """On a GPU the runner imports each installed backend of both auto lists (and torch for a
+    role with none installed): the launcher resolves the same ones, without starting CUDA."""
+    from minisgl_core.config_args import auto_attention_names
+
+    plugins = Plugins.load()
+    assert auto_attention_names("cpu", plugins) == ("torch",)
+    assert auto_attention_names("cuda:1", plugins) == ("fa3", "fi", "triton")
+    assert auto_attention_names("cuda", Plugins.load(disable=["fa3", "fi"])) == ("torch", "triton")
+    assert auto_attention_names("cuda", Plugins.load(disable=["fa3", "fi", "triton"])) == ("torch",)
+
+
+@pytest.mark.parametrize(
     ("args", "says"),
     [
         (["--num-kv-tokens", str(10**15)],

@@ -21,6 +21,9 @@ from minisgl_core.api import (
 from minisgl_core.checkpoint.formats import ModelPathError, open_model
 from minisgl_core.checkpoint.integrity import check_config_values
 from minisgl_core.config import (
+    AUTO_DECODE,
+    AUTO_FALLBACK,
+    AUTO_PREFILL,
     CPU_DEFAULT_KV_TOKENS,
     CUDA_PAGE_SIZE,
     ConfigError,
@@ -39,11 +42,6 @@ from minisgl_core.setting_names import Spelling, given
 logger = logging.getLogger(__name__)
 
 
-#: ``--attn auto`` on CUDA: the first usable backend of each list (a GPU without them: torch)
-AUTO_PREFILL = ("fa3", "fi")
-AUTO_DECODE = ("triton", "fi")
-
-
 def pick_attention(
     spec: str, device: torch.device, plugins: Plugins, needs: frozenset[str] = frozenset()
 ) -> tuple[str, str]:
@@ -56,7 +54,7 @@ def pick_attention(
             raise ValueError(f"--attn takes NAME or PREFILL,DECODE; got {spec!r}")
         return names[0], names[-1]
     if device.type != "cuda":
-        return "torch", "torch"
+        return AUTO_FALLBACK, AUTO_FALLBACK
     picked = []
     for role, names in (("prefill", AUTO_PREFILL), ("decode", AUTO_DECODE)):
         usable = usable_backends(names, device, plugins, needs)
@@ -65,7 +63,7 @@ def pick_attention(
             logger.warning(
                 "--attn auto found no GPU %s backend usable here (%s); %s runs on torch", role, why, role
             )
-        picked.append((usable or ["torch"])[0])
+        picked.append((usable or [AUTO_FALLBACK])[0])
     return picked[0], picked[1]
 
 
