@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -10,7 +11,7 @@ import numbers
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -399,7 +400,7 @@ class LLM:
                 )
             where = (lambda i: f"messages[{i}]: ") if len(chats) > 1 else (lambda i: "")
             prompts = [self._chat_ids(c, args, where(i)) for i, c in enumerate(chats)]
-            return self._generate(prompts, sampling_params, use_tqdm)
+            return self._generate(prompts, sampling_params, use_tqdm, "messages")
 
     def _chat_ids(self, conversation: list[dict[str, Any]], args: dict[str, Any], where: str) -> list[int]:
         """``conversation`` rendered as the server's tokenizer renders a chat request's messages."""
@@ -436,7 +437,9 @@ class LLM:
         prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None,
         use_tqdm: bool | None,
+        what: str = "prompts",
     ) -> list[RequestOutput]:
+        """``what``: the caller's name for the prompts, in a prompt's errors (chat's "messages")."""
         self._check_open()
         if not isinstance(prompts, (str, list, tuple)):
             raise TypeError(
@@ -468,12 +471,19 @@ class LLM:
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
         default = self.engine.sampling_defaults.get("max_tokens")
-        encoded = [
-            truncate_prompt(self.encode(p), q, self.engine.limits, default) for p, q in zip(prompts, params)
-        ]
+        # a prompt's error names it among several, as chat's names its conversation
+        where = (lambda i: f"{what}[{i}]: ") if len(prompts) > 1 else (lambda i: "")
+        encoded = []
+        for i, (prompt, p) in enumerate(zip(prompts, params)):
+            with _named_errors(where(i)):
+                encoded.append(truncate_prompt(self.encode(prompt), p, self.engine.limits, default))
         # SamplingParams checked themselves when built; admission checks each request against
         # the engine's limits (all before any runs) and decides max_tokens where it is None
-        params = [self.engine.admit(ids, p) for ids, p in zip(encoded, params)]
+        admitted = []
+        for i, (ids, p) in enumerate(zip(encoded, params)):
+            with _named_errors(where(i)):
+                admitted.append(self.engine.admit(ids, p))
+        params = admitted
         # each prompt runs as n engine requests, choice i with the parameters the server gives it
         # (for_choice: n 1, a seed of its own), so a seeded request's choices are the server's
         rids = [[next(self._rids) for _ in range(p.n)] for p in params]
@@ -485,14 +495,15 @@ class LLM:
         interrupts = _StepBoundaryInterrupts()
         try:
             with interrupts:
-                for ids, p, group in zip(encoded, params, rids):
+                for i, (ids, p, group) in enumerate(zip(encoded, params, rids)):
                     for index, rid in enumerate(group):
                         choices[rid] = CompletionOutput(
                             index, logprobs=[] if p.logprobs is not None else None
                         )
                         by_rid[rid] = p.for_choice(index)
                         unfinished.add(rid)
-                        self.engine.add_request(rid, ids, by_rid[rid])
+                        with _named_errors(where(i)):  # (its grammar did not compile)
+                            self.engine.add_request(rid, ids, by_rid[rid])
                 self._run(choices, prompt_logprobs, by_rid, unfinished, bar, interrupts.check)
                 while self.engine.has_work:  # with overlap, one step launched after the last finish
                     self.engine.step()
@@ -576,6 +587,18 @@ class LLM:
         from tqdm import tqdm
 
         return tqdm(total=total, desc="generate", unit="req")
+
+
+@contextlib.contextmanager
+def _named_errors(where: str) -> Iterator[None]:
+    """A ValueError or TypeError raised inside starts with ``where`` ("prompts[1]: "): the same
+    exception, so its class (ContextLengthExceeded, GrammarError...) and traceback stay."""
+    try:
+        yield
+    except (ValueError, TypeError) as exc:
+        if where and len(exc.args) == 1 and isinstance(exc.args[0], str):
+            exc.args = (where + exc.args[0],)
+        raise
 
 
 def _all_plain_ints(ids: list[int] | tuple[int, ...]) -> bool:

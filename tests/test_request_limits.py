@@ -307,6 +307,35 @@ def test_generate_names_what_it_takes(llm, prompts, params, says):
         llm.generate(prompts, params)
 
 
+def test_a_bad_prompt_among_several_is_named_as_chat_names_its_messages(llm):
+    """Found by a tester: generate(["Hello", [10**9]]) said "prompt token ids must be integers in
+    [0, 1024)" without saying which prompt; so did an empty prompt, a stop token id or logit_bias
+    outside the vocabulary, a prompt too long, a grammar that does not compile. The exception's
+    class stays; one prompt alone is not named (chat names messages[i] alike)."""
+    from minisgl_core.api import GrammarError, GrammarSpec
+    from minisgl_core.request_limits import ContextLengthExceeded
+
+    short = SamplingParams(max_tokens=2)
+    for prompts, params, kind, says in [
+        (["Hello", [10**9]], short, ValueError, "prompts[1]: prompt token ids must be integers in [0, 1024)"),
+        ([[5, 6], []], short, ValueError, "prompts[1]: "),
+        ([[5], [1.5]], short, TypeError, "prompts[1]: a prompt's token ids must be integers, got float 1.5"),
+        ([[5], [6]], [short, SamplingParams(stop_token_ids=[5000])], ValueError, "prompts[1]: stop_token_ids"),
+        ([[5], [6]], [SamplingParams(logit_bias={5000: 1}), short], ValueError, "prompts[0]: logit_bias"),
+        ([[5], [6] * 300], short, ContextLengthExceeded, "prompts[1]: "),
+        ([[5], [6]], [short, SamplingParams(grammar=GrammarSpec("regex", "(("))], GrammarError, "prompts[1]: "),
+    ]:  # fmt: skip
+        with pytest.raises(kind) as err:
+            llm.generate(prompts, params)
+        assert type(err.value) is kind or kind is ValueError, err.value
+        assert str(err.value).startswith(says), err.value
+        assert not llm.engine.has_work
+    with pytest.raises(ContextLengthExceeded) as err:  # (one prompt: nothing to tell apart)
+        llm.generate([6] * 300, short)
+    assert not str(err.value).startswith("prompts")
+    assert len(llm.generate([[5], [6]], short)) == 2
+
+
 def test_get_tokenizer_is_the_llms_tokenizer(llm):
     """vLLM's common call: it was an AttributeError."""
     assert llm.get_tokenizer() is llm.tokenizer
