@@ -80,7 +80,7 @@ def add_bench_command(sub) -> None:
     )  # fmt: skip
     p.add_argument(
         "--tokenizer", metavar="DIR",
-        help="send the prompts as text decoded by this tokenizer (the served model's folder); "
+        help="send the prompts as text decoded by this tokenizer (the served model's folder or .gguf file); "
         "needed with --server mini-sglang",
     )  # fmt: skip
     p.add_argument("--label", default="")
@@ -436,19 +436,22 @@ def _serve(args: argparse.Namespace) -> int:
     sweep += [(c, None) for c in args.concurrency or []]
     sweep += [(None, r) for r in args.request_rate or []]
     for concurrency, rate in sweep or [(None, None)]:
-        result = asyncio.run(
-            run_load(
-                args.url,
-                model,
-                requests,
-                concurrency=concurrency,
-                request_rate=rate,
-                api_key=args.api_key,
-                trace=args.trace,
-                server=args.server,
-                texts=texts,
-            )  # fmt: skip
-        )
+        try:
+            result = asyncio.run(
+                run_load(
+                    args.url,
+                    model,
+                    requests,
+                    concurrency=concurrency,
+                    request_rate=rate,
+                    api_key=args.api_key,
+                    trace=args.trace,
+                    server=args.server,
+                    texts=texts,
+                )  # fmt: skip
+            )
+        except BenchError as exc:  # a request the server refused (e.g. a --model it does not serve)
+            raise SystemExit(f"minisgl bench serve: {exc}") from None
         extra = {}
         if args.workload == "shared-prefix":
             extra["ideal_hit_rate"] = round(
@@ -514,7 +517,7 @@ def _writable(text: str) -> str:
 
 def _server_url(text: str) -> str:
     """The server's base URL, http:// or https:// (``localhost:8000`` without a scheme was "cannot
-    reach the server ... start it first" while the server ran)."""
+    reach the server ... start it first" while the server ran), as :func:`base_url` spells it."""
     scheme, sep, rest = text.partition("://")
     if not sep:
         raise argparse.ArgumentTypeError(f"needs a scheme: http://{text}")
@@ -524,7 +527,9 @@ def _server_url(text: str) -> str:
         )
     if not rest.split("/", 1)[0]:
         raise argparse.ArgumentTypeError(f"names no host, got {text!r}: e.g. http://127.0.0.1:8000")
-    return text
+    from minisgl_core.server.cli import base_url
+
+    return base_url(text)
 
 
 def _positive_ints(text: str) -> list[int]:

@@ -57,7 +57,10 @@ def served_model(url: str, api_key: str | None = None) -> ServedModel:
     except httpx.HTTPError as exc:
         raise BenchError(f"cannot reach the server at {url}: {exc}; start it first (make serve)") from None
     if resp.status_code != 200:
-        raise BenchError(f"{url}/v1/models answered HTTP {resp.status_code}: {resp.text[:200]} (--api-key?)")
+        hint = " (--api-key?)" if resp.status_code in (401, 403) else ""
+        raise BenchError(
+            f"{url}/v1/models answered HTTP {resp.status_code}: {error_message(resp.content)}{hint}"
+        )
     try:
         models = resp.json()["data"]
     except (ValueError, LookupError, TypeError):  # (not JSON, or no "data" list: a JSON traceback)
@@ -68,6 +71,17 @@ def served_model(url: str, api_key: str | None = None) -> ServedModel:
     if not isinstance(models, list) or not models or not isinstance(models[0], dict) or "id" not in models[0]:
         raise BenchError(f"{url}/v1/models lists no model")
     return ServedModel(models[0]["id"], models[0].get("vocab_size"), models[0].get("max_model_len"))
+
+
+def error_message(body: bytes) -> str:
+    """What an error answer says: the message of OpenAI's ``{"error": {"message": ...}}`` (ours,
+    and every OpenAI-compatible server's), else the start of the body as text, on one line."""
+    try:
+        message = json.loads(body)["error"]["message"]
+    except (ValueError, LookupError, TypeError):
+        message = None
+    text = message if isinstance(message, str) else body[:200].decode(errors="replace")
+    return " ".join(text.split()) or "(an empty body)"
 
 
 def check_context(requests: list[BenchRequest], served: ServedModel) -> None:
@@ -87,15 +101,7 @@ def prompt_texts(requests: list[BenchRequest], tokenizer_dir: str) -> list[str]:
     tokenizer's whole words (a space and letters, each encoding to itself; equal ids to equal
     words, so shared prefixes stay shared), and the texts are checked. Decoding the ids themselves
     does not round-trip: a bench model's padded vocabulary re-encoded 2.6x longer."""
-    from transformers import AutoTokenizer
-
-    if not Path(tokenizer_dir).is_dir():
-        raise BenchError(f"--tokenizer {tokenizer_dir!r} is not a folder: give the served model's folder")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    except (OSError, ValueError) as exc:
-        reason = " ".join(str(exc).split())  # one line
-        raise BenchError(f"cannot load a tokenizer from {tokenizer_dir!r}: {reason}") from None
+    tokenizer = served_tokenizer(tokenizer_dir)
     words = whole_words(tokenizer)
     if len(words) < MIN_WORDS:
         raise BenchError(
@@ -112,6 +118,28 @@ def prompt_texts(requests: list[BenchRequest], tokenizer_dir: str) -> list[str]:
                 f"{len(ids)} tokens: send token ids (leave out --tokenizer)"
             )
     return texts
+
+
+def served_tokenizer(model: str) -> Any:
+    """The tokenizer in ``model`` as the engine loads it: a folder of tokenizer files (a Hugging
+    Face model's, or a bench model's without weights), else through the model's weight format, so
+    a GGUF file or the folder holding one (the default model's) works too (AutoTokenizer alone
+    wanted tokenizer files there and named sentencepiece)."""
+    from minisgl_core.checkpoint.formats import TOKENIZER_FILES
+    from minisgl_core.tokenizer.load import load_tokenizer, load_tokenizer_dir
+
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise BenchError(
+            f"--tokenizer {model!r}: no such file or folder: give the served model's folder (or its .gguf file)"
+        )
+    try:
+        if path.is_dir() and any((path / name).exists() for name in TOKENIZER_FILES):
+            return load_tokenizer_dir(path)
+        return load_tokenizer(path)
+    except (OSError, ValueError) as exc:  # ModelPathError is a ValueError
+        reason = " ".join(str(exc).split())  # one line
+        raise BenchError(f"cannot load a tokenizer from {model!r}: {reason}") from None
 
 
 #: fewest whole-word tokens to build text prompts from (ids share words modulo this many)
@@ -197,8 +225,11 @@ async def _one(
     stamps: list[float] = []
     tokens = 0
     async with client.stream("POST", f"{url}{path}", json=body, headers=headers) as resp:
-        if resp.status_code != 200:
-            raise RuntimeError(f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}")
+        if resp.status_code != 200:  # (a raw RuntimeError was a 30-line traceback)
+            hint = "; check --api-key" if resp.status_code in (401, 403) else ""
+            raise BenchError(
+                f"the server answered HTTP {resp.status_code}: {error_message(await resp.aread())}{hint}"
+            )
         async for line in resp.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
@@ -266,7 +297,13 @@ async def run_load(
             tasks.append(asyncio.create_task(gated(req, None if texts is None else texts[i])))
             if request_rate:
                 await asyncio.sleep(rng.expovariate(request_rate))
-        results = await asyncio.gather(*tasks)
+        try:
+            results = await asyncio.gather(*tasks)
+        except BaseException:  # one failed: the others stop with it, before their clients close
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
         elapsed = time.monotonic() - start
         after = await _settled_metrics(checkout(), url, headers, before)
     finally:

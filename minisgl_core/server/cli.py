@@ -188,7 +188,7 @@ def _server_flags(p: argparse.ArgumentParser) -> tuple[tuple[str, str, Any], ...
 
 def _server_url(text: str) -> str:
     """--url checked before any request (a malformed one was a ValueError traceback, a port past
-    65535 "Connection refused"), without its trailing slash."""
+    65535 "Connection refused"), as :func:`base_url` spells it."""
     import urllib.parse
 
     try:
@@ -203,7 +203,15 @@ def _server_url(text: str) -> str:
         port = 0
     if port == 0:
         raise ConfigError(f"--url {text!r}: the port must be a number from 1 to 65535")
-    return text.rstrip("/")
+    return base_url(text)
+
+
+def base_url(url: str) -> str:
+    """``url`` without a trailing slash or ``/v1``: the server's address, where the commands add
+    ``/v1/...`` themselves (an OpenAI client's base URL ends in /v1: ``--url .../v1`` asked for
+    ``/v1/v1/models``, a 404). ``shell --url`` and ``bench serve --url`` both read it so."""
+    url = url.rstrip("/")
+    return url.removesuffix("/v1")
 
 
 #: options no plugin is shown: the worker processes get ProcessContext.options too

@@ -70,6 +70,35 @@ def test_bench_serve_errors_are_one_line(server) -> None:
     assert "needs 4056 tokens (prompt + output)" in too_long.stderr
 
 
+def test_bench_serve_names_the_servers_refusal_of_a_request_in_one_line(server, model_name: str) -> None:
+    """A request the server answered with an error (a --model it does not serve: 404) was a
+    30-line traceback ending in the raw bytes of the body; now the status and OpenAI's message."""
+    proc = bench("--url", server.url, "--api-key", API_KEY, *SMALL, "--model", "nosuchmodel")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr == (
+        "minisgl bench serve: the server answered HTTP 404: the model 'nosuchmodel' does not exist; "
+        f"this server serves {model_name!r}\n"
+    )
+
+
+def test_bench_serve_takes_an_openai_base_url_and_hints_the_key_only_when_refused(server) -> None:
+    """``--url .../v1`` (an OpenAI client's base URL) asked for /v1/v1/models, and its 404 was
+    hinted "(--api-key?)"."""
+    for url in (f"{server.url}/v1", f"{server.url}/v1/"):
+        proc = bench("--url", url, "--api-key", API_KEY, *SMALL)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout.strip().splitlines()[-1])["output_tokens"] == 4 * 4
+    not_found = bench("--url", f"{server.url}/elsewhere", "--api-key", API_KEY, *SMALL)
+    assert not_found.returncode == 1 and "Traceback" not in not_found.stderr, not_found.stderr
+    assert not_found.stderr.startswith(
+        f"minisgl bench serve: {server.url}/elsewhere/v1/models answered HTTP 404"
+    )
+    assert "--api-key" not in not_found.stderr
+    no_key = bench("--url", server.url, *SMALL)
+    assert no_key.stderr.startswith(f"minisgl bench serve: {server.url}/v1/models answered HTTP 401: ")
+    assert no_key.stderr.endswith(" (--api-key?)\n") and "b'" not in no_key.stderr, no_key.stderr
+
+
 def test_bench_serve_refuses_a_url_without_an_http_scheme_up_front() -> None:
     """``--url localhost:31200`` said "cannot reach the server ... start it first" while it ran."""
     for url, said in [
@@ -223,8 +252,23 @@ def test_short_requests_counts_the_requests_that_returned_fewer_tokens() -> None
     assert short_requests([{"output_tokens": n} for n in (3, 4, 5)], requests) == 0
 
 
+def test_the_tokenizer_of_a_gguf_model_loads_from_its_folder_or_file(default_model_dir) -> None:
+    """--tokenizer with the default model's folder (a .gguf file, no tokenizer files), as the
+    README says, was "cannot load a tokenizer ... sentencepiece or tiktoken"; the engine's own
+    loading reads it, from the folder or the file."""
+    from minisgl_core.testing.real_model import gguf_file
+
+    workload = shared_prefix(groups=2, prompts_per_group=2, prefix_len=16, question_len=4, vocab=49_152)
+    for path in (default_model_dir, gguf_file(default_model_dir)):
+        texts = prompt_texts(workload, str(path))  # (it checks the texts encode back to 20 tokens)
+        assert len(texts) == 4 and texts[0] != texts[1] and texts[0].startswith(" ")
+
+
 def test_bench_serve_names_a_tokenizer_it_cannot_load(server, tmp_path) -> None:
-    for folder, says in ((tmp_path / "none", "is not a folder"), (tmp_path, "cannot load a tokenizer from")):
+    for folder, says in (
+        (tmp_path / "none", "no such file or folder"),
+        (tmp_path, "cannot load a tokenizer from"),
+    ):
         proc = bench("--url", server.url, "--api-key", API_KEY, *SMALL, "--tokenizer", str(folder))
         assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
         lines = proc.stderr.strip().splitlines()

@@ -85,6 +85,14 @@ def test_shell_attaches_to_a_running_server_and_stops_at_end_of_input(server, ll
     assert result.stdout == expected_transcript(llm, SCRIPT_EOF)
 
 
+def test_shell_takes_an_openai_base_url_ending_in_v1(server, llm, tmp_path):
+    """``--url .../v1`` (how OpenAI clients spell a base URL) asked for /v1/v1/models: a 404."""
+    for url in (f"{server.url}/v1", f"{server.url}/v1/"):
+        result = run_shell(["--url", url, "--api-key", "test-key"], tmp_path, SCRIPT_EOF)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == expected_transcript(llm, SCRIPT_EOF)
+
+
 def _one_shot_server(reply: bytes | list[bytes]):
     """A socket that answers each connection with ``reply`` and closes it (b"": closes at once);
     a list: the i-th connection gets the i-th (the last one from there on)."""
