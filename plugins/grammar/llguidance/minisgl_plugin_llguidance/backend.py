@@ -116,9 +116,16 @@ class LLGuidanceBackend(GrammarBackend):
         build = self._llg.LLMatcher
         if spec.kind == "json_schema":
             try:
-                json.loads(spec.value)
+                schema = json.loads(spec.value)
             except json.JSONDecodeError as exc:
                 raise GrammarError(f"json_schema is not valid JSON: {exc}") from exc
+            repeatable = repeatable_key_counts(schema)
+            if repeatable:
+                raise GrammarError(
+                    f"json_schema: 'minProperties' with keys outside 'properties' at {repeatable[0]} is "
+                    "not enforced by llguidance (such a key may repeat, and a repeated key counts once "
+                    "in the parsed object); list the keys in 'properties', or require as many"
+                )
             return build.grammar_from_json_schema(spec.value, defaults=_JSON_OPTIONS)
         if spec.kind == "json_object":
             return build.grammar_from_json_schema('{"type": "object"}', defaults=_JSON_OPTIONS)
@@ -129,3 +136,33 @@ class LLGuidanceBackend(GrammarBackend):
         if spec.kind == "ebnf":
             return self._llg.grammar_from("ebnf", spec.value)  # GBNF (xgrammar's dialect) or Lark
         raise GrammarError(f"llguidance backend: unsupported grammar kind {spec.kind!r}")
+
+
+#: keywords whose values are data, not schemas
+_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
+
+
+def repeatable_key_counts(schema: Any) -> list[str]:
+    """The paths of the object schemas in ``schema`` whose ``minProperties`` a repeated key can
+    meet: more than one property (and more than the distinct ``required`` names) where keys
+    outside ``properties`` are allowed (``patternProperties``, or ``additionalProperties`` not
+    false). llguidance refuses most such schemas itself ("min/maxProperties only supported when
+    all keys listed"), but passed ``{"k":0,"k":1}`` for ``patternProperties`` and for an object
+    without ``properties`` (found by a probe), which parses as one property."""
+    found = []
+    stack: list[tuple[Any, str]] = [(schema, "#")]  # (a walk without recursion: nesting is unbounded)
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, list):
+            stack += [(item, f"{path}/{i}") for i, item in enumerate(node)]
+            continue
+        if not isinstance(node, dict):
+            continue
+        least = node.get("minProperties")
+        open_keys = "patternProperties" in node or node.get("additionalProperties", True) is not False
+        required = node.get("required")
+        named = len({name for name in required if isinstance(name, str)}) if isinstance(required, list) else 0
+        if isinstance(least, int) and not isinstance(least, bool) and open_keys and least > max(1, named):
+            found.append(path)
+        stack += [(value, f"{path}/{key}") for key, value in node.items() if key not in _DATA_KEYWORDS]
+    return sorted(found)

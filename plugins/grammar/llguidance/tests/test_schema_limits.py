@@ -1,7 +1,8 @@
 """The JSON schemas xgrammar compiles into a grammar that passes output breaking them (a required
 name outside ``properties``, length limits beside ``pattern``/``format``/``enum``/``const``, an
 empty ``anyOf``, hundreds of levels of nesting; the xgrammar plugin refuses or rewrites them):
-llguidance enforces or refuses each itself, so this plugin needs no check of its own. If a new
+llguidance enforces or refuses each itself. One the plugin refuses itself: ``minProperties`` that
+a repeated key outside ``properties`` can meet (:func:`repeatable_key_counts`). If a new
 llguidance starts passing one, a test here fails."""
 
 from __future__ import annotations
@@ -28,6 +29,12 @@ BROKEN = [
     ({"type": "string", "const": "aa", "minLength": 3}, '"aa"'),
     ({"anyOf": []}, '""'),
     ({"oneOf": []}, '""'),
+    # keys outside "properties" may repeat, and {"k":0,"k":1} parses as one property (a probe;
+    # the plugin refuses these two, llguidance refuses the others of the kind itself)
+    ({"type": "object", "patternProperties": {"^k$": {"type": "integer"}}, "additionalProperties": False,
+      "minProperties": 2}, '{"k":0,"k":1}'),
+    ({"type": "object", "minProperties": 2}, '{"x":1,"x":2}'),
+    ({"type": "object", "properties": {"a": {"type": "object", "minProperties": 3}}}, '{"a":{"x":1,"x":2,"x":3}}'),
     # a oneOf whose branches overlap: xgrammar compiles it as anyOf (the plugin refuses it)
     ({"oneOf": [{"type": "object", "properties": {"a": {"type": "integer"}}},
                 {"type": "object", "properties": {"b": {"type": "integer"}}}]}, '{"a":1}'),
@@ -70,6 +77,13 @@ def test_llguidance_keeps_what_the_limits_allow(backend):
     }
     other = {"type": "object", "properties": {"k": {"const": "y"}}, "required": ["k"]}
     assert _takes(backend, {"oneOf": [tagged, other]}, '{"k":"x","n":1}')
+    # minProperties no repeated key can meet: one property, or no more than the required names;
+    # and a schema-like value in an enum is data
+    assert _takes(backend, {"type": "object", "minProperties": 1}, '{"x":1}')
+    pinned = {"type": "object", "required": ["a", "b"], "minProperties": 2}
+    assert _takes(backend, pinned, '{"a":1,"b":2}')
+    data = {"enum": [{"type": "object", "minProperties": 5}]}
+    assert _takes(backend, data, '{"type":"object","minProperties":5}')
 
 
 def test_llguidance_refuses_a_deeply_nested_schema_at_once(backend):

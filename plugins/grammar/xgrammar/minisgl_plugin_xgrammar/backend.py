@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import re
 from collections.abc import Callable, Iterator, Sequence
@@ -670,8 +671,12 @@ def _unenforced_here(schema: dict, path: str) -> list[str]:
         # xgrammar 0.2.8 logs "range + multipleOf combination not yet supported; ignoring
         # multipleOf" and lets 101 through {"multipleOf": 5, "maximum": 1000}
         ranges = [key for key in _RANGE_KEYWORDS if key in schema]
+        step = schema["multipleOf"]
         if ranges:
             found.append(f"'multipleOf' beside {ranges[0]!r} at {path} (only alone)")
+        elif isinstance(step, float) and math.isfinite(step) and not step.is_integer():
+            # and lets any integer through {"type": "integer", "multipleOf": 2.5} (a probe)
+            found.append(f"'multipleOf' {step!r} at {path} (only a whole number)")
     if isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1:
         found.append(f"'allOf' of {len(schema['allOf'])} schemas at {path} (one at most)")
     least = schema.get("minProperties")

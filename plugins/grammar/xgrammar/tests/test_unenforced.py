@@ -49,6 +49,8 @@ REFUSED = [
     ({"type": "integer", "multipleOf": 5, "minimum": 0}, "7", "'multipleOf' beside 'minimum' at #"),
     ({"type": "integer", "multipleOf": 5, "exclusiveMinimum": 0}, "7", "'multipleOf' beside 'exclusiveMinimum'"),
     ({"type": "integer", "multipleOf": 5, "exclusiveMaximum": 100}, "7", "'multipleOf' beside 'exclusiveMaximum'"),
+    # and a fractional one is not enforced at all (a probe: {"price":1} for multipleOf 2.5, "stop")
+    ({"type": "integer", "multipleOf": 2.5}, "1", "'multipleOf' 2.5 at # (only a whole number)"),
     (
         {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 5, "minimum": 1}}, "required": ["n"]},
         '{"n":13}',
@@ -130,6 +132,7 @@ DISCRIMINATED = {
 #: enforced by xgrammar, so not refused: (schema, a text that breaks it)
 ENFORCED = [
     ({"type": "integer", "multipleOf": 3}, "4"),
+    ({"type": "integer", "multipleOf": 3.0}, "4"),
     ({"allOf": [{"type": "integer", "maximum": 3}]}, "4"),
     ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "minProperties": 2}, '{"a":1}'),
     ({"type": "array", "items": {"type": "boolean"}, "uniqueItems": False, "maxItems": 1}, "[true,true]"),
