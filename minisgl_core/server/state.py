@@ -168,7 +168,9 @@ class RequestGroup:
     def expect(self, sequences: int, param: str = "n") -> None:
         """Check the whole request's size (prompts x n) against the bounds before any prompt is
         tokenized, so a request too large is refused at once and never half-admitted (``param``:
-        the field a refusal blames)."""
+        the field a refusal blames). A server that cannot take requests says so first: a draining
+        one answered a full queue's 429 "retry later" here (a probe)."""
+        self.state.check_alive()
         self.state.check_room(0, sequences, param)
         self.expected_sequences = sequences
 
@@ -224,8 +226,12 @@ class RequestGroup:
                 tools_optional=tools_optional, add_special_tokens=add_special_tokens,
             )  # fmt: skip
             send(state.to_tokenizer, request)
-            result = await admission
-        except BaseException:  # cancelled, the server failed meanwhile, or the request did not encode
+            try:  # the deadline holds while the tokenizer worker is busy (or stopped) too
+                result = await asyncio.wait_for(admission, self._time_left())
+            except asyncio.TimeoutError:
+                self.timed_out = True
+                raise APIError(504, self._timeout_message(), "timeout", "request_timeout") from None
+        except BaseException:  # cancelled, timed out, the server failed, or the request did not encode
             self.close()
             raise
         finally:
@@ -253,8 +259,7 @@ class RequestGroup:
                 # Past the deadline: free the engine now and end every open choice with the reason.
                 self.timed_out = True
                 self.close()
-                timeout_s = (self.deadline or self.arrival) - self.arrival
-                message = f"the request did not finish within its timeout of {timeout_s:g}s"
+                message = self._timeout_message()
                 for index in sorted(open_indices):
                     yield Delta(
                         index, finish_reason="error", error=message, error_status=504,
@@ -275,6 +280,10 @@ class RequestGroup:
                     open_indices.discard(ev.index)
             for delta in merged:
                 yield delta
+
+    def _timeout_message(self) -> str:
+        timeout_s = (self.deadline or self.arrival) - self.arrival
+        return f"the request did not finish within its timeout of {timeout_s:g}s"
 
     def _time_left(self) -> float | None:
         return None if self.deadline is None else max(self.deadline - time.monotonic(), 0.0)

@@ -177,6 +177,22 @@ def test_more_sequences_than_the_queue_ever_holds_is_a_400_not_a_429():
     assert busy.value.status == 429
 
 
+def test_a_draining_server_says_so_before_its_queue_is_full():
+    """While shutting down, /v1/completions (which checks the whole request's size first) answered
+    a full queue's 429 "retry later" where chat answered 503 (found by a probe): a load balancer
+    kept retrying a server going away."""
+    from minisgl_core.server.errors import APIError
+    from minisgl_core.server.limits import ServerLimits
+    from minisgl_core.server.state import RequestGroup, ServerState
+
+    state = ServerState(None, None, limits=ServerLimits(max_sequences_per_request=8, max_queued_sequences=3))
+    state.pending = {i: None for i in range(3)}  # type: ignore[misc]
+    state.start_draining()
+    with pytest.raises(APIError) as refused:
+        RequestGroup(state).expect(1)
+    assert refused.value.status == 503 and "shutting down" in str(refused.value), refused.value
+
+
 def test_a_request_that_can_never_fit_is_a_400(busy_server, model_name):
     # fits the 2048-token context but not the 1024-token KV pool: no amount of waiting helps
     resp = httpx.post(
@@ -238,6 +254,30 @@ def test_request_deadline_ends_the_request(busy_server, model_name):
     )
     bad = httpx.post(f"{busy_server.url}/v1/completions", json={**body, "timeout": -1})
     assert assert_openai_error(bad, 400)["param"] == "timeout"
+
+
+def test_the_deadline_holds_while_the_tokenizer_worker_is_stopped(busy_server, model_name):
+    """A request waiting for the tokenizer worker had no deadline: with the worker stopped, requests
+    of a 5 s --request-timeout got their 504 only once it ran again (found by a probe), holding
+    their queue slots meanwhile."""
+    body = {"model": model_name, "prompt": "Once", "max_tokens": 4, "timeout": 0.5}
+    tokenizer = process_by_name(busy_server, "minisgl-tok")
+    os.kill(tokenizer, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        resp = httpx.post(f"{busy_server.url}/v1/completions", json=body, timeout=30)
+        waited = time.monotonic() - started
+        # (a stream is admitted before its response begins: the same 504)
+        streamed = httpx.post(f"{busy_server.url}/v1/completions", json={**body, "stream": True}, timeout=30)
+        waited_streaming = time.monotonic() - started - waited
+    finally:
+        os.kill(tokenizer, signal.SIGCONT)
+    for answer, seconds in ((resp, waited), (streamed, waited_streaming)):
+        error = assert_openai_error(answer, 504, "request_timeout")
+        assert "0.5s" in error["message"] and error["param"] == "timeout" and seconds < 5, (seconds, error)
+    # the worker runs again: the timed-out requests are dropped, the next one is served
+    ok = httpx.post(f"{busy_server.url}/v1/completions", json={**body, "timeout": 30}, timeout=60)
+    assert ok.status_code == 200, ok.text
 
 
 def test_router_info_endpoints(busy_server, model_name):
