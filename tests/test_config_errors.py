@@ -711,6 +711,35 @@ def test_vllms_keywords_point_at_minisgls_and_a_model_that_is_no_path_is_a_type_
             LLM(model, device="cpu")
 
 
+def test_a_max_context_len_past_the_model_is_capped_naming_what_the_user_set(model_dir, caplog):
+    """The cap's warning said --max-context-len to LLM(max_context_len=...) callers too: it names
+    the keyword for the Python API and the flag for the command line (``generate``: from_config
+    with spelling="flag")."""
+    import logging
+
+    from minisgl_core.checkpoint.resolve import resolve_model
+
+    max_pos = json.loads((model_dir / "config.json").read_text())["max_position_embeddings"]
+    asked = max_pos * 4
+    says = f"is more than the model's max_position_embeddings {max_pos}: using {max_pos}"
+    with caplog.at_level(logging.WARNING, logger="minisgl_core.runner.model_runner"):
+        with LLM(model_dir, attn="torch", device="cpu", num_kv_tokens=256, max_context_len=asked) as llm:
+            assert llm.engine.max_context_len == max_pos
+    assert f"max_context_len={asked} {says}" in caplog.text, caplog.text
+    assert "--max-context-len" not in caplog.text, caplog.text
+    caplog.clear()
+    config = EngineConfig(
+        model=resolve_model(str(model_dir)),
+        attn="torch",
+        device="cpu",
+        num_kv_tokens=256,
+        max_context_len=asked,
+    )
+    with caplog.at_level(logging.WARNING, logger="minisgl_core.runner.model_runner"):
+        LLM.from_config(config, spelling="flag").close()
+    assert f"--max-context-len {asked} {says}" in caplog.text, caplog.text
+
+
 def test_nnodes_below_one_is_named():
     from minisgl_core.distributed import DistributedSpec
 

@@ -37,7 +37,7 @@ from minisgl_core.runner import quantization
 from minisgl_core.runner.layout import set_layout
 from minisgl_core.runner.memory_check import MemoryAsk, check_fits, free_bytes, refusing_failed_allocation
 from minisgl_core.runner.split_mixed import SplitMixedAttention, leading_decode_rows
-from minisgl_core.setting_names import Spelling, given
+from minisgl_core.setting_names import Spelling, given, named
 
 logger = logging.getLogger(__name__)
 
@@ -214,8 +214,9 @@ class ModelRunner:
         max_pos = int(self.hf_config.get("max_position_embeddings", 4096))
         self.max_context_len = config.context_len(self.hf_config)
         if config.max_context_len and config.max_context_len > max_pos and parallel.tp_rank == 0:
-            logger.warning(
-                "--max-context-len %d is more than the model's max_position_embeddings %d: using %d",
+            logger.warning(  # named as the user set it: ``--max-context-len N`` or ``max_context_len=N``
+                "%s%s%d is more than the model's max_position_embeddings %d: using %d",
+                named("max_context_len", self.spelling), " " if self.spelling == "flag" else "",
                 config.max_context_len, max_pos, max_pos,
             )  # fmt: skip
         self.vocab_size = int(self.hf_config["vocab_size"])
