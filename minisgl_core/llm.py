@@ -354,11 +354,16 @@ class LLM:
         self,
         prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-        use_tqdm: bool | None = None,
+        use_tqdm: bool | Callable[..., Any] | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in prompt order, each with
         ``SamplingParams.n`` completions (``outputs``; the flat fields are the first's). Thread-safe:
-        calls from several threads run one after another."""
+        calls from several threads run one after another.
+
+        ``use_tqdm``: True or False for a progress bar or none, None (the default) for one from 16
+        completions on, or a callable that makes the bar (vLLM's: ``functools.partial(tqdm, ...)``),
+        called with ``total``, ``desc`` and ``unit``."""
+        _check_use_tqdm(use_tqdm)
         with self._lock:
             return self._generate(prompts, sampling_params, use_tqdm)
 
@@ -366,7 +371,7 @@ class LLM:
         self,
         messages: Conversation | Sequence[Conversation],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-        use_tqdm: bool | None = None,
+        use_tqdm: bool | Callable[..., Any] | None = None,
         *,
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
@@ -386,7 +391,8 @@ class LLM:
         message, an assistant one, instead of starting a reply; a "developer" message is a
         "system" one; content may be text parts (``[{"type": "text", "text": ...}]``). A bad
         conversation, a model without a chat template or a template that fails raises ValueError
-        or TypeError saying where, before anything runs."""
+        or TypeError saying where, before anything runs. ``use_tqdm``: as :meth:`generate`'s."""
+        _check_use_tqdm(use_tqdm)
         with self._lock:
             self._check_open()
             chats = conversations(messages)
@@ -436,7 +442,7 @@ class LLM:
         self,
         prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None,
-        use_tqdm: bool | None,
+        use_tqdm: bool | Callable[..., Any] | None,
         what: str = "prompts",
     ) -> list[RequestOutput]:
         """``what``: the caller's name for the prompts, in a prompt's errors (chat's "messages")."""
@@ -581,12 +587,26 @@ class LLM:
                         bar.update(1)
 
     @staticmethod
-    def _progress(total: int, use_tqdm: bool | None):
+    def _progress(total: int, use_tqdm: bool | Callable[..., Any] | None):
         if use_tqdm is False or (use_tqdm is None and total < 16):
             return None
+        if callable(use_tqdm):
+            return use_tqdm(total=total, desc="generate", unit="req")
         from tqdm import tqdm
 
         return tqdm(total=total, desc="generate", unit="req")
+
+
+def _check_use_tqdm(use_tqdm: object) -> None:
+    """``use_tqdm`` as vLLM takes it (a bool or a callable making the bar) or None (our default):
+    "yes", 0 or 1 passed for what they looked like, as the other flags of the API refuse them
+    (chat's add_generation_prompt, SamplingParams' ignore_eos)."""
+    if use_tqdm is None or isinstance(use_tqdm, bool) or callable(use_tqdm):
+        return
+    raise TypeError(
+        "use_tqdm must be True, False, None (a bar from 16 completions on) or a callable that makes "
+        f"the progress bar (e.g. functools.partial(tqdm, ...)), got {short_repr(use_tqdm)}"
+    )
 
 
 @contextlib.contextmanager

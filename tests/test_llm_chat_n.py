@@ -252,3 +252,38 @@ def test_n_never_reaches_an_engine(llm):
 def test_a_request_output_built_by_hand_has_its_outputs():
     out = RequestOutput([1], token_ids=[5], text="x", finish_reason="stop", matched_stop=2)
     assert out.outputs == [CompletionOutput(0, "x", [5], None, None, "stop", 2, None)]
+
+
+# ------------------------------------------------------------------------------ use_tqdm
+
+
+@pytest.mark.parametrize("use_tqdm", ["yes", 1, 0, "False"])
+def test_use_tqdm_takes_a_bool_none_or_a_callable_and_refuses_the_rest(llm, use_tqdm):
+    """use_tqdm="yes" (or 0, "False") showed a bar as a true value, or none as a false one;
+    it is refused as the API's other flags are (chat's add_generation_prompt...)."""
+    says = r"^use_tqdm must be True, False, None \(a bar from 16 completions on\) or a callable"
+    with pytest.raises(TypeError, match=says) as err:
+        llm.generate("hi", GREEDY, use_tqdm=use_tqdm)
+    assert str(err.value).endswith(f"got {use_tqdm!r}")
+    with pytest.raises(TypeError, match=says):
+        llm.chat(HI, GREEDY, use_tqdm=use_tqdm)
+
+
+def test_use_tqdm_may_be_a_callable_that_makes_the_bar_as_vllms(llm):
+    made = []
+
+    class Bar:
+        def __init__(self, **kwargs):
+            made.append(kwargs)
+            self.n = 0
+
+        def update(self, n):
+            self.n += n
+
+        def close(self):
+            pass
+
+    outputs = llm.generate(["hi", "hello"], GREEDY, use_tqdm=Bar)
+    assert [o.finish_reason for o in outputs] == ["length", "length"]
+    assert made == [{"total": 2, "desc": "generate", "unit": "req"}]
+    assert llm.generate("hi", GREEDY, use_tqdm=False)[0].token_ids == outputs[0].token_ids
