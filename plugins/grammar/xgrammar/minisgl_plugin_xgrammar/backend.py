@@ -242,8 +242,9 @@ class XGrammarBackend(GrammarBackend):
             _check_json(spec.value, "json_schema")
             schema = json.loads(spec.value)
             _refuse_what_xgrammar_gets_wrong(schema)
+            rewritten = apply_lengths_to_choices(schema) | whole_integer_bounds(schema)
             # ensure_ascii=False: xgrammar leaves nothing after an escaped surrogate pair
-            text = json.dumps(schema, ensure_ascii=False) if apply_lengths_to_choices(schema) else spec.value
+            text = json.dumps(schema, ensure_ascii=False) if rewritten else spec.value
             # compact output (no free whitespace): a weak model cannot stall in an endless run of spaces
             return grammar.from_json_schema(
                 text, any_whitespace=False, separators=(",", ":"), strict_mode=True
@@ -369,7 +370,8 @@ def invalid_values(schema: Any) -> list[str]:
     """Keyword values of ``schema`` that JSON Schema does not allow or xgrammar cannot follow, each
     as "... at PATH": a count that is not a non-negative integer (xgrammar refuses 2.0 itself), a ``$ref`` to
     anything but this document (``#...``: xgrammar fetches nothing and answered with no constraint
-    at all), and a ``pattern`` with a lookaround (its regex converter has none)."""
+    at all), a ``pattern`` with a lookaround (its regex converter has none), and an integer's bound
+    past 64-bit integers (xgrammar refused it in its own words, or with no words for 1e400)."""
     found: list[str] = []
     for sub, path, _ in _walk(schema):
         for key in _COUNT_KEYWORDS:
@@ -386,7 +388,69 @@ def invalid_values(schema: Any) -> list[str]:
             found.append(
                 f"'pattern' {pattern!r} has a lookaround, which the xgrammar backend cannot follow, at {path}"
             )
+        if _integer_only(sub):
+            found += [
+                f"{key!r} {_shown(sub[key])} is beyond the 64-bit integers (-2**63 to 2**63-1) the xgrammar "
+                f"backend takes as an integer's bounds, at {path}"
+                for key in _RANGE_KEYWORDS
+                if _is_number(sub.get(key)) and not _INT64_MIN <= sub[key] <= _INT64_MAX
+            ]
     return found
+
+
+#: the integers xgrammar takes as an integer's bounds (past them: "Integer exceeds maximum limit")
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _integer_only(schema: dict) -> bool:
+    """Whether ``schema`` allows integers and no other numbers (its bounds then bound integers)."""
+    types = schema.get("type")
+    return types == "integer" or (isinstance(types, list) and "integer" in types and "number" not in types)
+
+
+def _shown(value: float) -> str:
+    """A number for a message: an integer of hundreds of digits shortened, infinity explained."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{value!r} (or a number past a 64-bit float, such as 1e400)"
+    text = repr(value)
+    return text if len(text) <= 24 else f"{text[:12]}... ({len(text.lstrip('-'))} digits)"
+
+
+#: how each bound of an integer rounds to the whole bound that allows the same integers
+_WHOLE_BOUNDS = (
+    ("minimum", math.ceil),
+    ("maximum", math.floor),
+    ("exclusiveMinimum", math.floor),
+    ("exclusiveMaximum", math.ceil),
+)
+
+
+def whole_integer_bounds(schema: Any) -> bool:
+    """Rewrite (in place) what xgrammar refuses of a number's bounds into what it takes, with the
+    same meaning; whether anything changed. A fractional bound of an integer ("Integer constraint
+    must be a whole number", valid JSON Schema that llguidance takes) becomes the whole one allowing
+    the same integers (minimum 2.5 -> 3, maximum 2.5 -> 2, exclusiveMinimum 2.5 -> 2,
+    exclusiveMaximum 2.5 -> 3), and draft 4's boolean ``exclusiveMinimum``/``exclusiveMaximum``
+    ("Value must be a number") the number of draft 6 on: ``minimum: 2, exclusiveMinimum: true`` ->
+    ``exclusiveMinimum: 2``. Bounds past 64-bit integers are refused first (:func:`invalid_values`)."""
+    changed = False
+    for sub, _, _ in _walk(schema):
+        for exclusive, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+            if isinstance(sub.get(exclusive), bool):
+                if sub.pop(exclusive) and _is_number(sub.get(bound)):
+                    sub[exclusive] = sub.pop(bound)
+                changed = True
+        if not _integer_only(sub):
+            continue
+        for key, whole in _WHOLE_BOUNDS:
+            value = sub.get(key)
+            if isinstance(value, float) and math.isfinite(value) and not value.is_integer():
+                sub[key], changed = whole(value), True
+    return changed
 
 
 def _first_five(found: list[str]) -> str:
