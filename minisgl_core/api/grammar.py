@@ -208,7 +208,8 @@ class GrammarBackend(ABC):
         except GrammarError:
             raise
         except Exception as exc:  # noqa: BLE001 - a library's parse error is the spec's fault
-            raise GrammarError(f"invalid {spec.kind} grammar: {exc}") from exc
+            said = str(exc).strip() or f"{type(exc).__name__} with no message"
+            raise GrammarError(f"invalid {spec.kind} grammar: {said}") from exc
         with self._cache_lock:
             self.compiles += 1
             self._cache[spec] = compiled

@@ -94,3 +94,18 @@ def test_llguidance_refuses_a_deeply_nested_schema_at_once(backend):
     with pytest.raises(GrammarError, match="recursion limit"):
         backend.compile(GrammarSpec("json_schema", json.dumps(schema)))
     assert time.perf_counter() - started < 2.0  # (loose for a busy CI machine)
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        json.dumps({"type": "integer", "multipleOf": 10**400}),
+        json.dumps({"type": "integer", "minimum": 10**400}),
+        '{"type": "integer", "minimum": 1e400}',
+    ],
+)
+def test_a_number_past_a_64_bit_float_is_refused_with_words(backend, schema):
+    """xgrammar raised RuntimeError('') for these (a 400 reading "invalid json_schema grammar: ");
+    llguidance says where its JSON reader gave up."""
+    with pytest.raises(GrammarError, match=r"^invalid json_schema grammar: number out of range at line 1"):
+        backend.compile(GrammarSpec("json_schema", schema))

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import re
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -195,7 +196,7 @@ class XGrammarBackend(GrammarBackend):
         except GrammarError:
             raise
         except Exception as exc:  # noqa: BLE001 - xgrammar's parse errors name the problem
-            raise GrammarError(f"invalid {spec.kind} grammar: {exc}") from exc
+            raise GrammarError(f"invalid {spec.kind} grammar: {library_message(exc)}") from exc
         if not begins:
             raise GrammarError(
                 f"the {spec.kind} grammar accepts no text: no token can begin it (a schema that only "
@@ -372,7 +373,7 @@ def invalid_values(schema: Any) -> list[str]:
     anything but this document (``#...``: xgrammar fetches nothing and answered with no constraint
     at all), a ``pattern`` with a lookaround (its regex converter has none), and an integer's bound
     past 64-bit integers (xgrammar refused it in its own words, or with no words for 1e400)."""
-    found: list[str] = []
+    found = _unreadable_numbers(schema)
     for sub, path, _ in _walk(schema):
         for key in _COUNT_KEYWORDS:
             value = sub.get(key, 0)
@@ -393,8 +394,38 @@ def invalid_values(schema: Any) -> list[str]:
                 f"{key!r} {_shown(sub[key])} is beyond the 64-bit integers (-2**63 to 2**63-1) the xgrammar "
                 f"backend takes as an integer's bounds, at {path}"
                 for key in _RANGE_KEYWORDS
-                if _is_number(sub.get(key)) and not _INT64_MIN <= sub[key] <= _INT64_MAX
+                if _readable(sub.get(key)) and not _INT64_MIN <= sub[key] <= _INT64_MAX
             ]
+    return found
+
+
+def _readable(value: Any) -> bool:
+    """Whether ``value`` is a number a 64-bit float holds (xgrammar reads every JSON number as one)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return _is_number(value) and abs(value) <= _FLOAT_MAX
+
+
+_FLOAT_MAX = int(sys.float_info.max)
+
+
+def _unreadable_numbers(schema: Any) -> list[str]:
+    """Each number in ``schema`` (a keyword's value or data: ``const``, ``enum``) past what a 64-bit
+    float holds, as "'KEY' VALUE is beyond ... at PATH": xgrammar failed on 10**400 or 1e400 (which
+    Python reads as infinity) with an empty message, answered "invalid json_schema grammar: "."""
+    found = []
+    stack: list[tuple[Any, str, str]] = [(schema, "#", "")]  # (value, path, its keyword); no recursion
+    while stack:
+        value, path, key = stack.pop()
+        if isinstance(value, dict):
+            stack += [(v, f"{path}/{k}", str(k)) for k, v in reversed(value.items())]
+        elif isinstance(value, list):
+            stack += [(v, f"{path}/{i}", key) for i, v in reversed(list(enumerate(value)))]
+        elif _is_number(value) and not _readable(value):
+            found.append(
+                f"{key!r} {_shown(value)} is beyond the numbers a 64-bit float holds (xgrammar reads "
+                f"every number as one), at {path}"
+            )
     return found
 
 
@@ -550,6 +581,9 @@ def _may_be_object(schema: dict) -> bool:
     return types == "object" or (isinstance(types, list) and "object" in types)
 
 
+#: the largest ``multipleOf`` of an integer xgrammar enforces (it ignores a larger one)
+MAX_INTEGER_MULTIPLE_OF = 1024
+
 #: bounds of a number, beside which xgrammar drops an integer's ``multipleOf``
 _RANGE_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 
@@ -557,7 +591,8 @@ _RANGE_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 def unenforced_keywords(schema: Any, path: str = "#") -> list[str]:
     """What of ``schema`` xgrammar would not enforce, each as "'keyword' at PATH": the
     :data:`_IGNORED_KEYWORDS`, ``uniqueItems: true``, ``multipleOf`` on a number that may be
-    fractional (integers are enforced, but not beside a ``minimum`` or other bound), ``allOf`` of several schemas (not intersected),
+    fractional (integers are enforced, but not beside a ``minimum`` or other bound, nor past
+    :data:`MAX_INTEGER_MULTIPLE_OF`), ``allOf`` of several schemas (not intersected),
     ``minProperties`` above the required properties where keys outside ``properties`` are allowed
     (the grammar lets a key repeat, and a repeated key counts once in the parsed object), a
     ``required`` name outside ``properties`` (never required, whatever other keys may be: with
@@ -741,6 +776,10 @@ def _unenforced_here(schema: dict, path: str) -> list[str]:
         elif isinstance(step, float) and math.isfinite(step) and not step.is_integer():
             # and lets any integer through {"type": "integer", "multipleOf": 2.5} (a probe)
             found.append(f"'multipleOf' {step!r} at {path} (only a whole number)")
+        elif _is_number(step) and step > MAX_INTEGER_MULTIPLE_OF:
+            # xgrammar 0.2.8 logs "multipleOf for type:integer must be > 0 and <= 1024; ignoring
+            # multipleOf" and lets 1 through {"type": "integer", "multipleOf": 2000}
+            found.append(f"'multipleOf' {_shown(step)} at {path} (only up to {MAX_INTEGER_MULTIPLE_OF})")
     if isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1:
         found.append(f"'allOf' of {len(schema['allOf'])} schemas at {path} (one at most)")
     least = schema.get("minProperties")
@@ -803,8 +842,9 @@ _LIBRARY_NOISE = re.compile(r"^\[\d\d:\d\d:\d\d\] \S+:\d+: |Check failed: \(.*?\
 
 
 def library_message(exc: Exception) -> str:
-    """xgrammar's error message without its time stamp, source location and assertion text."""
-    return _LIBRARY_NOISE.sub("", str(exc)).strip()
+    """xgrammar's error message without its time stamp, source location and assertion text; where
+    that leaves nothing (10**400 in a schema raised RuntimeError('')), what was raised."""
+    return _LIBRARY_NOISE.sub("", str(exc)).strip() or f"xgrammar raised {type(exc).__name__} with no message"
 
 
 def _check_json(text: str, what: str) -> None:

@@ -51,6 +51,9 @@ REFUSED = [
     ({"type": "integer", "multipleOf": 5, "exclusiveMaximum": 100}, "7", "'multipleOf' beside 'exclusiveMaximum'"),
     # and a fractional one is not enforced at all (a probe: {"price":1} for multipleOf 2.5, "stop")
     ({"type": "integer", "multipleOf": 2.5}, "1", "'multipleOf' 2.5 at # (only a whole number)"),
+    # and one past 1024 is ignored ("must be > 0 and <= 1024; ignoring multipleOf", in a log only)
+    ({"type": "integer", "multipleOf": 2000}, "1", "'multipleOf' 2000 at # (only up to 1024)"),
+    ({"type": "integer", "multipleOf": 2**64}, "1", "'multipleOf' 18446744073709551616 at # (only up to 1024)"),
     (
         {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 5, "minimum": 1}}, "required": ["n"]},
         '{"n":13}',
@@ -133,6 +136,7 @@ DISCRIMINATED = {
 ENFORCED = [
     ({"type": "integer", "multipleOf": 3}, "4"),
     ({"type": "integer", "multipleOf": 3.0}, "4"),
+    ({"type": "integer", "multipleOf": 1024}, "1"),
     ({"allOf": [{"type": "integer", "maximum": 3}]}, "4"),
     ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "minProperties": 2}, '{"a":1}'),
     ({"type": "array", "items": {"type": "boolean"}, "uniqueItems": False, "maxItems": 1}, "[true,true]"),
@@ -228,6 +232,14 @@ INVALID = [
     # a lookahead: dropped (b does not match (?=a)b)
     ({"type": "string", "pattern": "(?=a)b"}, ('"b"', True), "'pattern' '(?=a)b' has a lookaround"),
     ({"type": "string", "pattern": "a(?<!b)"}, None, "has a lookaround"),
+    # numbers past a 64-bit float: xgrammar raised RuntimeError('') ("invalid json_schema grammar: ")
+    ({"type": "integer", "multipleOf": 10**400}, None,
+     "'multipleOf' 100000000000... (401 digits) is beyond the numbers a 64-bit float holds (xgrammar reads"),
+    ({"type": "number", "minimum": -(10**400)}, None, "'minimum' -10000000000... (401 digits) is beyond the"),
+    ({"properties": {"a": {"const": 10**309}}}, None, "'const' 100000000000... (310 digits) is beyond"),
+    ({"enum": [1, 10**400]}, None, "'enum' 100000000000... (401 digits) is beyond the numbers a 64-bit float"),
+    ({"type": "string", "maxLength": 10**400}, None, "at #/maxLength"),
+    ({"type": "number", "maximum": float("inf")}, None, "'maximum' inf (or a number past a 64-bit float, such"),
 ]  # fmt: skip
 
 
@@ -267,3 +279,17 @@ def test_the_one_of_check_takes_any_integer_and_stays_linear_in_values():
     said = unenforced_keywords({"oneOf": tagged})
     assert said == ["'oneOf' of 200 schemas at # (more than 128 are not checked for overlap, and it is compiled "
                     "as 'anyOf'; if no value can match two of them, write 'anyOf')"]  # fmt: skip
+
+
+def test_an_error_xgrammar_raises_without_words_says_what_was_raised(backend, monkeypatch):
+    """xgrammar raised RuntimeError('') for 10**400 in a schema: the 400 read "invalid json_schema
+    grammar: " and nothing more. Such inputs are refused by name now; any other still says what."""
+
+    def silent(*args, **kwargs):
+        raise RuntimeError("")
+
+    monkeypatch.setattr(xgr.Grammar, "from_regex", silent)
+    for how in ("check", "compile"):
+        with pytest.raises(GrammarError) as refused:
+            getattr(backend, how)(GrammarSpec("regex", "a+b"))
+        assert str(refused.value) == "invalid regex grammar: xgrammar raised RuntimeError with no message"
