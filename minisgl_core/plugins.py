@@ -555,7 +555,12 @@ class Plugins:
         have = ", ".join(self.names(kind)) or "none"
         if not name.strip():  # (the hint was "pip install minisgl-plugin-")
             return f"{selection(kind, None, self.spelling)} needs a name; installed: {have}"
-        hint = f"install the plugin that provides it (e.g. pip install minisgl-plugin-{_plugin_hint(kind, name)})"
+        near = _near_name(kind, name, self.names(kind))
+        hint = (
+            f"did you mean {selection(kind, near, self.spelling)}?"  # (a plugin to install: a typo's guess)
+            if near
+            else f"install the plugin that provides it (e.g. pip install minisgl-plugin-{_plugin_hint(kind, name)})"
+        )
         # plugins that registered nothing (disabled, in conflict, or failed before registering) may have it
         unknown = [i for i in self.infos if i.status != "ok" and not any(i.unusable.values())]
         failed = [
@@ -785,6 +790,35 @@ def _plugin_hint(kind: str, name: str) -> str:
     if kind == "reasoning_parsers":
         return f"{name.replace('_', '-')}-reasoning"
     return name
+
+
+#: other engines' names for installed backends (SGLang's --attention-backend, vLLM's), which a
+#: user coming from them types: ``--attn flashinfer`` means fi
+_NAMES_ELSEWHERE = {
+    "attention": {
+        "flashinfer": "fi",
+        "flash_attn": "fa3",
+        "flash-attn": "fa3",
+        "flashattention": "fa3",
+        "torch_native": "torch",
+        "torch_sdpa": "torch",
+        "sdpa": "torch",
+    }
+}
+
+
+def _near_name(kind: str, name: str, installed: list[str]) -> str | None:
+    """The installed name ``name`` likely means (a typo: ``radx``, ``flashinfr``; another
+    engine's name: ``flashinfer``), or None. Not for model architectures, which come from the
+    model's config.json, where a near name is another model (MambaForCausalLM, LlamaForCausalLM)."""
+    if kind == "models":
+        return None
+    known = {n: n for n in installed} | {
+        other: ours for other, ours in _NAMES_ELSEWHERE.get(kind, {}).items() if ours in installed
+    }
+    # 0.7: one slip in a name of four letters or more (radx, trtion), not fp4 for fp8
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.7)
+    return known[close[0]] if close else None
 
 
 def _likely_provides(info: PluginInfo, kind: str, name: str) -> bool:

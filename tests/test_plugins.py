@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minisgl_core.plugins import PluginError, Plugins, api_compatible, api_upgrade_hint
+from minisgl_core.plugins import PluginError, Plugins, api_compatible, api_upgrade_hint, selection
 
 # name -> module source; each becomes an entry point of one of two test distributions
 GOOD = """
@@ -261,6 +261,45 @@ def test_resolve_unknown_name_lists_installed_and_the_fix():
         plugins.resolve("attention", "nope")
     with pytest.raises(PluginError, match="minisgl-plugin-mamba"):
         plugins.resolve("models", "MambaForCausalLM")
+
+
+@pytest.mark.parametrize(
+    ("kind", "typed", "meant"),
+    [
+        ("attention", "flashinfr", "fi"),  # (SGLang's name, misspelt)
+        ("attention", "flashinfer", "fi"),
+        ("attention", "trtion", "triton"),
+        ("caches", "radx", "radix"),
+        ("policies", "prefill_first", "prefill-first"),
+        ("grammars", "xgrammer", "xgrammar"),
+    ],
+)
+def test_a_name_near_an_installed_one_is_suggested_not_a_plugin_to_install(kind, typed, meant):
+    """``--attn flashinfr`` said "pip install minisgl-plugin-flashinfr": a guess at a package for
+    what was a typo. The installed name it is near is suggested instead, as the user spells it."""
+    for spelling in ("flag", "keyword"):
+        with pytest.raises(PluginError) as err:
+            Plugins.load(spelling=spelling).resolve(kind, typed)
+        message = str(err.value)
+        setting = selection(kind, meant, spelling)
+        assert message.endswith(f"; did you mean {setting}?"), message
+        assert "pip install" not in message, message
+
+
+def test_a_name_near_none_installed_still_says_what_to_install(tmp_path):
+    """No close name: the plugin to install, as before (fp4 is no typo of fp8, nor Mamba of Llama)."""
+    plugins = Plugins.load()
+    for kind, name in [("quantization", "fp4"), ("attention", "nope"), ("models", "MambaForCausalLM")]:
+        message = plugins.missing_message(kind, name)
+        assert "pip install minisgl-plugin-" in message and "did you mean" not in message, message
+    from minisgl_core import LLM
+    from minisgl_core.demo.factories import make_model_dir
+
+    model_dir = make_model_dir(tmp_path / "m", "LlamaForCausalLM")
+    with pytest.raises(
+        PluginError, match=r"^unknown attn='trtion'; installed: .*; did you mean attn='triton'\?$"
+    ):
+        LLM(model_dir, attn="trtion", device="cpu")
 
 
 def test_fingerprint_is_stable_and_sensitive():
