@@ -130,7 +130,7 @@ class LLGuidanceBackend(GrammarBackend):
         if spec.kind == "json_object":
             return build.grammar_from_json_schema('{"type": "object"}', defaults=_JSON_OPTIONS)
         if spec.kind == "regex":
-            return build.grammar_from_regex(spec.value)
+            return build.grammar_from_regex(ascii_classes(spec.value))
         if spec.kind == "choice":
             return build.grammar_from_lark("start: " + " | ".join(json.dumps(o) for o in spec.choices()))
         if spec.kind == "ebnf":
@@ -166,3 +166,56 @@ def repeatable_key_counts(schema: Any) -> list[str]:
             found.append(path)
         stack += [(value, f"{path}/{key}") for key, value in node.items() if key not in _DATA_KEYWORDS]
     return sorted(found)
+
+
+#: what ``\d``, ``\w`` and their negations match in ECMA-262 (JSON Schema's regexes) and in
+#: xgrammar: ASCII only. llguidance's regex grammars (Rust's syntax) match any Unicode digit or
+#: letter ("\u0663", Arabic-Indic three, passed ``\d``), its JSON-schema patterns ASCII only.
+#: Each as (its set, negated).
+_ASCII_CLASSES = {
+    "d": ("0-9", False),
+    "D": ("0-9", True),
+    "w": ("0-9A-Za-z_", False),
+    "W": ("0-9A-Za-z_", True),
+}
+
+
+def ascii_classes(regex: str) -> str:
+    """``regex`` with ``\\d``, ``\\D``, ``\\w``, ``\\W`` spelled as the ASCII sets they are in
+    ECMA-262 and xgrammar, in and out of classes (``[\\d.]`` -> ``[0-9.]``, ``[^\\D]`` ->
+    ``[^[^0-9]]``); an escaped backslash stays one (``\\\\d`` is a backslash and a d)."""
+    out: list[str] = []
+    depth = 0  # classes open at this point (Rust nests them)
+    i = 0
+    while i < len(regex):
+        char = regex[i]
+        if char == "\\" and i + 1 < len(regex):
+            escaped = regex[i + 1]
+            spelled = _ASCII_CLASSES.get(escaped)
+            if spelled is None:
+                out.append(char + escaped)
+            else:
+                members, negated = spelled
+                # in a class, the set's members (negated: a nested class, Rust's syntax for it)
+                out.append(members if depth and not negated else f"[{'^' if negated else ''}{members}]")
+                if depth and out[-2] == "-":  # a "-" beside the escape is one (ECMA), not a range
+                    out[-2] = "\\-"
+                if depth and regex.startswith("-", i + 2) and not regex.startswith("-]", i + 2):
+                    out.append("\\-")
+                    i += 1
+            i += 2
+            continue
+        out.append(char)
+        i += 1
+        if char == "[":
+            depth += 1
+            # a "]" first in a class (after any "^") is a literal one
+            if regex.startswith("^", i):
+                out.append("^")
+                i += 1
+            if regex.startswith("]", i):
+                out.append("]")
+                i += 1
+        elif char == "]" and depth:
+            depth -= 1
+    return "".join(out)
