@@ -11,6 +11,10 @@ A decode step asks every constrained request at once: :meth:`GrammarBackend.acce
 :meth:`GrammarBackend.fill_bitmasks`. Their defaults go matcher by matcher; a backend whose
 library has a batched, multi-threaded call overrides them (``fill_threads`` says how many threads).
 
+Backends that check JSON schemas before their library compiles them share the rules stated once
+here: :func:`repeatable_key_count` (``minProperties`` a repeated key could meet). Import them from
+``minisgl_core.api.grammar``.
+
 .. versionadded:: 1.6
 .. versionadded:: 2.0 ``GrammarBackend.fill_bitmasks``, ``accept_tokens``, ``fill_threads``,
    ``default_fill_threads``
@@ -122,6 +126,31 @@ def default_fill_threads() -> int:
     except (AttributeError, OSError):  # not on Linux
         cpus = os.cpu_count() or 2
     return max(1, min(16, cpus // 2))
+
+
+def repeatable_key_count(schema: Any, *, additional_properties_default: bool) -> bool:
+    """Whether a repeated key could meet the ``minProperties`` of the object schema ``schema`` (a
+    dict; anything else: False): it asks for more than one property and more than its distinct
+    ``required`` names, and keys outside ``properties`` are allowed (``patternProperties``, or
+    ``additionalProperties`` other than false; ``additional_properties_default`` says whether a
+    schema without it allows them: True in JSON Schema, False in xgrammar's strict mode).
+
+    Grammars let such a key repeat, and count it each time: ``{"k":0,"k":1}`` meets
+    ``minProperties: 2`` there and parses as one property. A backend refuses these schemas (or
+    enforces them itself) rather than pass that output.
+
+    .. versionadded:: 2.0
+    """
+    if not isinstance(schema, dict):
+        return False
+    least = schema.get("minProperties")
+    if not isinstance(least, int) or isinstance(least, bool):
+        return False
+    additional = schema.get("additionalProperties", additional_properties_default)
+    open_keys = "patternProperties" in schema or additional is not False
+    required = schema.get("required")
+    named = len({name for name in required if isinstance(name, str)}) if isinstance(required, list) else 0
+    return open_keys and least > max(1, named)
 
 
 def choice_regex(options: Sequence[str]) -> str:

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from minisgl_core.api import GrammarBackend, GrammarError, GrammarMatcher, GrammarSpec
+from minisgl_core.api.grammar import repeatable_key_count
 
 #: compact JSON (no free whitespace): a weak model cannot stall in an endless run of spaces
 _JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
@@ -144,9 +145,8 @@ _DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
 
 def repeatable_key_counts(schema: Any) -> list[str]:
     """The paths of the object schemas in ``schema`` whose ``minProperties`` a repeated key can
-    meet: more than one property (and more than the distinct ``required`` names) where keys
-    outside ``properties`` are allowed (``patternProperties``, or ``additionalProperties`` not
-    false). llguidance refuses most such schemas itself ("min/maxProperties only supported when
+    meet (:func:`minisgl_core.api.grammar.repeatable_key_count`, keys outside ``properties``
+    allowed unless ``additionalProperties`` is false, as in JSON Schema). llguidance refuses most such schemas itself ("min/maxProperties only supported when
     all keys listed"), but passed ``{"k":0,"k":1}`` for ``patternProperties`` and for an object
     without ``properties`` (found by a probe), which parses as one property."""
     found = []
@@ -158,11 +158,7 @@ def repeatable_key_counts(schema: Any) -> list[str]:
             continue
         if not isinstance(node, dict):
             continue
-        least = node.get("minProperties")
-        open_keys = "patternProperties" in node or node.get("additionalProperties", True) is not False
-        required = node.get("required")
-        named = len({name for name in required if isinstance(name, str)}) if isinstance(required, list) else 0
-        if isinstance(least, int) and not isinstance(least, bool) and open_keys and least > max(1, named):
+        if repeatable_key_count(node, additional_properties_default=True):
             found.append(path)
         stack += [(value, f"{path}/{key}") for key, value in node.items() if key not in _DATA_KEYWORDS]
     return sorted(found)

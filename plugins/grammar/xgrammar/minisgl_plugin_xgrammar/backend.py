@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from minisgl_core.api import GrammarBackend, GrammarError, GrammarMatcher, GrammarSpec, bitmask_width
+from minisgl_core.api.grammar import repeatable_key_count
 
 #: the largest grammar text (characters) admission compiles against the 256 bytes to see that some
 #: text can begin it: 8,192 characters of JSON schema are about 300 properties, 0.05 s
@@ -782,12 +783,10 @@ def _unenforced_here(schema: dict, path: str) -> list[str]:
             found.append(f"'multipleOf' {_shown(step)} at {path} (only up to {MAX_INTEGER_MULTIPLE_OF})")
     if isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1:
         found.append(f"'allOf' of {len(schema['allOf'])} schemas at {path} (one at most)")
-    least = schema.get("minProperties")
-    open_keys = schema.get("additionalProperties", False) is not False or "patternProperties" in schema
-    required = schema.get("required")
-    named = len(set(required)) if isinstance(required, list) else 0
-    if isinstance(least, int) and open_keys and least > max(1, named):
+    # (strict mode: no keys outside 'properties' unless 'additionalProperties' says so)
+    if repeatable_key_count(schema, additional_properties_default=False):
         found.append(f"'minProperties' with keys outside 'properties' at {path}")
+    required = schema.get("required")
     properties = schema.get("properties")
     if isinstance(required, list) and _may_be_object(schema):
         declared = properties if isinstance(properties, dict) else {}
