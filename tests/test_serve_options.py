@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from minisgl_core.checkpoint import resolve
 
 
@@ -24,3 +28,28 @@ def test_serve_checks_the_model_once_before_starting(default_model_dir, monkeypa
     opts, _ = _serve_options(args)
     assert opts.runtime.config.model == str(default_model_dir)
     assert checked == [(str(default_model_dir), True)]  # once, with the plugins' weight formats
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from minisgl_core.demo.factories import make_model_dir
+
+    return make_model_dir(tmp_path_factory.mktemp("m") / "tiny-llama", "LlamaForCausalLM")
+
+
+@pytest.mark.parametrize(
+    ("command", "name"), [("serve", ""), ("serve", "  "), ("shell", ""), ("shell", "\t")]
+)
+def test_an_empty_served_model_name_is_refused_naming_the_flag(model_dir, capsys, command, name):
+    """An empty --served-model-name was taken as unset (the model directory's name was served);
+    a blank one served a model id no client sends. Refused as the command line is read, before the
+    model loads (the flag takes one name; ``shell --url`` sends it as the model)."""
+    from minisgl_core.cli import build_parser
+
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args([command, "--model", str(model_dir), "--served-model-name", name])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"minisgl {command}: error: argument --served-model-name: got {name!r}: give the model id "
+        "clients send as 'model', or leave the flag out to serve the model directory's name"
+    ]

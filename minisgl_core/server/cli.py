@@ -58,7 +58,10 @@ def _add_http_args(p: argparse.ArgumentParser, port: int) -> None:
         help="require 'Authorization: Bearer KEY' on every endpoint but /health (env MINISGL_API_KEY)",
     )
     g.add_argument(
-        "--served-model-name", default=None, help="model id in the API (default: the model directory name)"
+        "--served-model-name",
+        default=None,
+        type=_served_name,
+        help="model id in the API (default: the model directory name)",
     )
     g.add_argument(
         "--tool-call-parser",
@@ -92,6 +95,17 @@ def _add_http_args(p: argparse.ArgumentParser, port: int) -> None:
         type=_host_port,
         help="HOST:PORT where the TP ranks meet (default: a free loopback port; needed with --nnodes > 1)",
     )
+
+
+def _served_name(text: str) -> str:
+    """A model id clients can send: an empty one was taken as unset (the model directory's name
+    was served) and a blank one served a model no client would name."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            f"got {text!r}: give the model id clients send as 'model', or leave the flag out to "
+            "serve the model directory's name"
+        )
+    return text
 
 
 def _host_port(text: str) -> str:
