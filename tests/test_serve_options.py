@@ -53,3 +53,26 @@ def test_an_empty_served_model_name_is_refused_naming_the_flag(model_dir, capsys
         f"minisgl {command}: error: argument --served-model-name: got {name!r}: give the model id "
         "clients send as 'model', or leave the flag out to serve the model directory's name"
     ]
+
+
+@pytest.mark.parametrize("text", ["You are a helpful assistant.\n", "chat_template.jinja", "{# a comment #}"])
+def test_a_chat_template_file_without_jinja_is_refused_at_start_up(model_dir, tmp_path, text):
+    """A file with no Jinja in it was served: every conversation rendered as that same text (the
+    offline LLM(chat_template=...) refuses such text; serve now refuses it with the same check),
+    before any process starts."""
+    from minisgl_core.cli import build_parser
+    from minisgl_core.config import ConfigError
+    from minisgl_core.config_args import cli_message
+    from minisgl_core.server.cli import _serve_options
+
+    plain = tmp_path / "template.txt"
+    plain.write_text(text)
+    args = build_parser().parse_args(
+        ["serve", "--model", str(model_dir), "--port", "0", "--device", "cpu", "--chat-template", str(plain)]
+    )
+    with pytest.raises(ConfigError) as refused:
+        _serve_options(args)
+    assert cli_message(refused.value) == (
+        f"--chat-template: {plain} has no Jinja in it (no {{{{ }}}} or {{% %}}); give a Jinja chat "
+        "template file"
+    )

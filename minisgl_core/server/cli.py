@@ -323,6 +323,13 @@ def _read_chat_template(path: str | None) -> str | None:
         raise ConfigError(f"--chat-template: {path} is not UTF-8 text ({exc.reason})") from None
     if not text.strip():  # (taken as "no template": every chat turn then said the tokenizer has none)
         raise ConfigError(f"--chat-template: {path} is empty; give a Jinja chat template file")
+    from minisgl_core.tokenizer.chat_input import has_jinja
+
+    if not has_jinja(text):  # (served, it rendered every conversation as that same text)
+        raise ConfigError(
+            f"--chat-template: {path} has no Jinja in it (no {{{{ }}}} or {{% %}}); give a Jinja chat "
+            "template file"
+        )
     from jinja2 import TemplateSyntaxError
 
     try:

@@ -196,6 +196,12 @@ def check_tools_rendered(
         raise ToolsNotRendered(f"this model's chat template does not render tools; {fix}")
 
 
+def has_jinja(text: str) -> bool:
+    """Whether ``text`` has a Jinja tag ({{ }} or {% %}), as a chat template has: a file's name or
+    plain text has none (``LLM.chat(chat_template=...)`` and ``serve --chat-template`` refuse it)."""
+    return "{{" in text or "{%" in text
+
+
 def checked_template_args(
     chat_template: object,
     add_generation_prompt: object,
@@ -234,7 +240,7 @@ def checked_template_args(
             raise TypeError(
                 f"chat_template must be the Jinja text of a template, got {type(chat_template).__name__}"
             )
-        if "{{" not in chat_template and "{%" not in chat_template:  # a file's name, say
+        if not has_jinja(chat_template):  # a file's name, say
             raise ValueError(
                 f"chat_template must be the Jinja text of a template, got {short_repr(chat_template)} "
                 "(no {{ }} or {% %} in it); read a template file with Path(...).read_text()"
