@@ -81,8 +81,10 @@ def validation_error(exc: RequestValidationError) -> APIError:
     loc = [p for p in loc if not _is_union_member_tag(p)]
     param = ".".join(loc) or None
     cause = (err.get("ctx") or {}).get("error")
-    if param is None and getattr(cause, "field", None):  # a whole-body check that blames a field
-        param = cause.field
+    blamed = getattr(cause, "field", None)
+    # a whole-body check that blames a field, or a field's check that blames a part of it
+    if blamed and (param is None or blamed.startswith(f"{param}.")):
+        param = blamed
     if kind == "extra_forbidden":
         param = cut(param or "")  # a field's name is the client's too: 100,000 characters came back
         return APIError(
@@ -90,7 +92,7 @@ def validation_error(exc: RequestValidationError) -> APIError:
         )
     msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
     if kind in ("int_type", "float_type", "bool_type", "string_type") and "input" in err:
-        got = _json_kind(err["input"])
+        got = json_kind(err["input"])
         if kind == "float_type" and got == "an integer":  # only one past a double's range fails
             got = "an integer this large"
         msg += f", not {got}"  # "an integer, not a boolean": what was wrong
@@ -127,7 +129,7 @@ def _member(err: Any) -> tuple[str, ...]:
     return loc
 
 
-def _json_kind(value: Any) -> str:
+def json_kind(value: Any) -> str:
     if isinstance(value, bool):
         return "a boolean"
     if isinstance(value, int):

@@ -31,6 +31,7 @@ from pydantic.types import Strict
 
 from minisgl_core.api.grammar import GrammarSpec
 from minisgl_core.sampling import SamplingParams, short_repr
+from minisgl_core.server.errors import json_kind
 from minisgl_core.tokenizer.chat_input import (
     TEMPLATE_RESERVED,
     check_continued_message,
@@ -449,6 +450,10 @@ class FunctionName(StrictModel):
     name: Text
 
 
+#: the tool_choice values a 400 names
+TOOL_CHOICES = '{"type": "function", "function": {"name": ...}}, or "none", "auto" or "required"'
+
+
 class NamedToolChoice(StrictModel):
     type: Literal["function"]
     function: FunctionName
@@ -615,15 +620,23 @@ class ChatCompletionRequest(SamplingFields):
         return tier
 
     # before the union's checks, whose 400 for {"type": "custom"} was "tool_choice.function: Field
-    # required": OpenAI's other kinds of tool choice are refused by name
+    # required": OpenAI's other kinds of tool choice are refused by name; a type that is no string
+    # was "Input should be 'function'" (123, a list) or "Field required" (null, though given)
     @field_validator("tool_choice", mode="before")
     @classmethod
     def _function_choices_only(cls, choice: Any) -> Any:
-        kind = choice.get("type") if isinstance(choice, dict) else None
-        if isinstance(kind, str) and kind != "function":
+        if not isinstance(choice, dict) or "type" not in choice:
+            return choice
+        kind = choice["type"]
+        if not isinstance(kind, str):
             raise BodyError(
-                f"type {short_repr(kind)} is not supported: minisgl calls functions; send "
-                '{"type": "function", "function": {"name": ...}}, or "none", "auto" or "required"',
+                f'must be the string "function", not {json_kind(kind)}; send {TOOL_CHOICES}',
+                "tool_choice.type",
+                "invalid_type",
+            )
+        if kind != "function":
+            raise BodyError(
+                f"type {short_repr(kind)} is not supported: minisgl calls functions; send {TOOL_CHOICES}",
                 "tool_choice",
                 "unsupported_field",
             )

@@ -376,6 +376,26 @@ def test_tool_choice_errors(tools_client, model_name):
         assert f"type '{choice['type']}' is not supported" in body["message"], body
 
 
+@pytest.mark.parametrize("kind", [123, None, ["function"], True, {"name": "f"}])
+def test_a_tool_choice_type_that_is_no_string_is_named(client, model_name, kind):
+    """A type that is no string was "tool_choice.type: Input should be 'function'" (123, a list),
+    or "Field required" for null though it was given (found by a probe): now what it must be, and
+    the choices taken."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(
+            model=model_name,
+            messages=ASK,
+            tools=[WEATHER],
+            tool_choice={"type": kind, "function": {"name": "get_weather"}},
+        )
+    body = refused.value.body
+    assert body["param"] == "tool_choice.type" and body["code"] == "invalid_type", body
+    assert body["message"].startswith('tool_choice.type: must be the string "function", not '), body
+    assert body["message"].endswith(
+        '; send {"type": "function", "function": {"name": ...}}, or "none", "auto" or "required"'
+    ), body
+
+
 @pytest.mark.parametrize("kind", ["string", "array", ["string", "null"]])
 @pytest.mark.parametrize("choice", ["auto", "required", "named"])
 def test_parameters_of_a_type_other_than_object_are_a_400(tools_server, model_name, kind, choice):
