@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar
@@ -300,6 +301,23 @@ def _device_type(device: str) -> str | None:
 AUTO_PREFILL = ("fa3", "fi")
 AUTO_DECODE = ("triton", "fi")
 AUTO_FALLBACK = "torch"
+
+
+def auto_attention(cuda: bool, usable: Callable[[str], bool]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``attn="auto"``'s backends by role, (prefill, decode), each in order of preference: on
+    CUDA those of :data:`AUTO_PREFILL` and :data:`AUTO_DECODE` that ``usable`` accepts, or
+    :data:`AUTO_FALLBACK` alone for a role it accepts none of; on a CPU the fallback for both.
+
+    The one choice for the two that make it, so they cannot drift: the model runner takes the
+    first of each (the next decode ones where the first refuses the model), its ``usable`` asking
+    each backend whether it runs on its device with the capabilities it needs; the launcher checks
+    every name, its ``usable`` knowing only what is installed (it starts no CUDA)."""
+    if not cuda:
+        return (AUTO_FALLBACK,), (AUTO_FALLBACK,)
+    prefill, decode = (
+        tuple(filter(usable, names)) or (AUTO_FALLBACK,) for names in (AUTO_PREFILL, AUTO_DECODE)
+    )
+    return prefill, decode
 
 
 def attention_names(attn: str) -> tuple[str, ...]:

@@ -9,15 +9,13 @@ from typing import Any
 from minisgl_core import fast_paths
 from minisgl_core.checkpoint.resolve import resolve_model
 from minisgl_core.config import (
-    AUTO_DECODE,
-    AUTO_FALLBACK,
-    AUTO_PREFILL,
     CPU_DEFAULT_KV_TOKENS,
     MAX_GRAMMAR_THREADS,
     SPECULATIVE_TUNING,
     ConfigError,
     EngineConfig,
     attention_names,
+    auto_attention,
     check_page_size,
 )
 from minisgl_core.plugins import Plugins
@@ -252,20 +250,15 @@ def check_plugin_names(values: dict[str, Any], plugins: Plugins) -> None:
 
 def auto_attention_names(device: str, plugins: Plugins) -> tuple[str, ...]:
     """The backends ``--attn auto`` (the default) has the runner resolve for ``--device``, as far
-    as is known without starting CUDA: torch on a CPU; on a GPU each installed backend of
-    AUTO_PREFILL and AUTO_DECODE (the runner imports every one to ask it whether it runs there),
-    and torch for a role none of whose backends is installed (whether an installed one runs on
-    this GPU is the runner's to find out)."""
+    as is known without starting CUDA: :func:`~minisgl_core.config.auto_attention` with every
+    installed backend taken as usable (the runner imports each to ask it whether it runs there),
+    so torch on a CPU, and on a GPU each installed backend of either role (torch for a role none
+    of whose backends is installed)."""
     import torch
 
     cuda = torch.cuda.is_available() if device == "auto" else device.split(":")[0] == "cuda"
-    if not cuda:
-        return (AUTO_FALLBACK,)
-    names: list[str] = []
-    for candidates in (AUTO_PREFILL, AUTO_DECODE):
-        installed = [name for name in candidates if name in plugins.registry["attention"]]
-        names += installed or [AUTO_FALLBACK]
-    return tuple(dict.fromkeys(names))
+    prefill, decode = auto_attention(cuda, lambda name: name in plugins.registry["attention"])
+    return tuple(dict.fromkeys(prefill + decode))
 
 
 def check_plugins_run_on(values: dict[str, Any], plugins: Plugins, device: Any) -> None:

@@ -319,6 +319,56 @@ def test_attn_auto_resolves_in_the_launcher_what_the_runner_will():
     assert auto_attention_names("cuda", Plugins.load(disable=["fa3", "fi", "triton"])) == ("torch",)
 
 
+def test_attn_auto_the_launcher_checks_what_the_runner_can_pick():
+    """The launcher's names for ``--attn auto`` (installed = usable: it starts no CUDA) and the
+    runner's pick (it asks each backend) come from one choice, config.auto_attention: for every
+    set of installed backends and of those usable on the GPU, the runner picks and falls back to
+    names the launcher checked, or to torch where none installed is usable; where every installed
+    one is usable, the runner picks the first the launcher lists of each role."""
+    import itertools
+
+    from minisgl_core.config import AUTO_DECODE, AUTO_PREFILL
+    from minisgl_core.config_args import auto_attention_names
+    from minisgl_core.runner.model_runner import decode_fallbacks
+
+    class Backend:
+        def __init__(self, usable: bool) -> None:
+            self.usable, self.capabilities = usable, frozenset({"prefill", "decode"})
+
+        def availability(self, device):
+            return None if self.usable else "not here"
+
+    class FakePlugins:
+        def __init__(self, backends: dict[str, bool]) -> None:
+            self.registry = {"attention": {name: Backend(ok) for name, ok in backends.items()}}
+
+        def resolve(self, kind: str, name: str):
+            return self.registry[kind][name]
+
+    gpu = torch.device("cuda")
+    gpu_backends = sorted(set(AUTO_PREFILL + AUTO_DECODE))
+    for installed in itertools.chain.from_iterable(
+        itertools.combinations(gpu_backends, k) for k in range(len(gpu_backends) + 1)
+    ):
+        for usable in itertools.product((True, False), repeat=len(installed)):
+            plugins = FakePlugins({"torch": True} | dict(zip(installed, usable)))
+            launcher = auto_attention_names("cuda", plugins)  # type: ignore[arg-type]
+            assert auto_attention_names("cpu", plugins) == ("torch",)  # type: ignore[arg-type]
+            prefill, decode = pick_attention("auto", gpu, plugins)  # type: ignore[arg-type]
+            fallbacks = decode_fallbacks("auto", decode, gpu, plugins)  # type: ignore[arg-type]
+            assert pick_attention("auto", torch.device("cpu"), plugins) == ("torch", "torch")  # type: ignore[arg-type]
+            case = (installed, usable, launcher, prefill, decode)
+            for name in (prefill, decode, *fallbacks):
+                assert name in launcher or name == "torch", case
+            if all(usable):
+                # (the launcher lists each role's installed names in the role's order, else torch)
+                first = [
+                    next((n for n in role if n in launcher), "torch") for role in (AUTO_PREFILL, AUTO_DECODE)
+                ]
+                assert [prefill, decode] == first, case
+                assert set(launcher) == {prefill, decode, *fallbacks}, case
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [

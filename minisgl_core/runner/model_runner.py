@@ -28,6 +28,7 @@ from minisgl_core.config import (
     CUDA_PAGE_SIZE,
     ConfigError,
     EngineConfig,
+    auto_attention,
     check_page_size,
 )
 from minisgl_core.layers import ParallelLMHead
@@ -45,32 +46,29 @@ logger = logging.getLogger(__name__)
 def pick_attention(
     spec: str, device: torch.device, plugins: Plugins, needs: frozenset[str] = frozenset()
 ) -> tuple[str, str]:
-    """Parse ``--attn``: "name", "prefill,decode" or "auto" (torch on CPU; on a GPU the first
-    usable of :data:`AUTO_PREFILL` and of :data:`AUTO_DECODE` declaring the capabilities in
-    ``needs``, e.g. "kv_fp8" for a float8 pool: fa3 prefill + triton decode on Hopper)."""
+    """Parse ``--attn``: "name", "prefill,decode" or "auto" (:func:`auto_attention`: torch on CPU;
+    on a GPU the first usable of :data:`AUTO_PREFILL` and of :data:`AUTO_DECODE` declaring the
+    capabilities in ``needs``, e.g. "kv_fp8" for a float8 pool: fa3 prefill + triton decode on Hopper)."""
     if spec != "auto":
         names = [s.strip() for s in spec.split(",")]
         if len(names) not in (1, 2) or not all(names):
             raise ValueError(f"--attn takes NAME or PREFILL,DECODE; got {spec!r}")
         return names[0], names[-1]
-    if device.type != "cuda":
-        return AUTO_FALLBACK, AUTO_FALLBACK
-    picked = []
-    for role, names in (("prefill", AUTO_PREFILL), ("decode", AUTO_DECODE)):
-        usable = usable_backends(names, device, plugins, needs)
-        if not usable:  # slow, and easy to miss in a result: say why each one was passed over
+    cuda = device.type == "cuda"
+    picked = auto_attention(cuda, lambda name: is_usable(name, device, plugins, needs))
+    for role, names, candidates in zip(("prefill", "decode"), (AUTO_PREFILL, AUTO_DECODE), picked):
+        if cuda and candidates == (AUTO_FALLBACK,):  # slow, and easy to miss in a result: say why
             why = "; ".join(f"{n}: {unusable_reason(n, device, plugins, needs)}" for n in names)
             logger.warning(
                 "--attn auto found no GPU %s backend usable here (%s); %s runs on torch", role, why, role
             )
-        picked.append((usable or [AUTO_FALLBACK])[0])
-    return picked[0], picked[1]
+    return picked[0][0], picked[1][0]
 
 
 def unusable_reason(
     name: str, device: torch.device, plugins: Plugins, needs: frozenset[str] = frozenset()
 ) -> str:
-    """Why attention backend ``name`` is not among :func:`usable_backends` (one phrase)."""
+    """Why attention backend ``name`` is not :func:`is_usable` (one phrase)."""
     if name not in plugins.registry["attention"]:
         return f"not installed (pip install minisgl-plugin-{name})"
     cls = plugins.resolve("attention", name)
@@ -86,18 +84,18 @@ def decode_fallbacks(
 ) -> list[str]:
     """Under ``--attn auto``, the usable decode backends after ``decode`` in :data:`AUTO_DECODE`:
     what to try when ``decode`` refuses the model. Empty for an explicit ``--attn``."""
-    usable = usable_backends(AUTO_DECODE, device, plugins, needs) if spec == "auto" else []
-    return usable[usable.index(decode) + 1 :] if decode in usable else []
+    if spec != "auto":
+        return []
+    _, usable = auto_attention(device.type == "cuda", lambda name: is_usable(name, device, plugins, needs))
+    return list(usable[usable.index(decode) + 1 :]) if decode in usable else []
 
 
-def usable_backends(
-    names: tuple[str, ...], device: torch.device, plugins: Plugins, needs: frozenset[str] = frozenset()
-) -> list[str]:
-    """Those of ``names`` that are installed, available on ``device`` and declare ``needs``, in order."""
-    installed = {n: plugins.resolve("attention", n) for n in names if n in plugins.registry["attention"]}
-    return [
-        n for n, cls in installed.items() if cls.availability(device) is None and needs <= cls.capabilities
-    ]
+def is_usable(name: str, device: torch.device, plugins: Plugins, needs: frozenset[str] = frozenset()) -> bool:
+    """Attention backend ``name`` is installed, available on ``device`` and declares ``needs``."""
+    if name not in plugins.registry["attention"]:
+        return False
+    cls = plugins.resolve("attention", name)
+    return cls.availability(device) is None and needs <= cls.capabilities
 
 
 def resolve_page_size(
