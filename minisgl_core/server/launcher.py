@@ -2,8 +2,8 @@
 
 The main thread owns the processes and the signals; uvicorn runs in a second thread (so the main
 thread is free for the interactive shell of ``serve --shell`` / ``minisgl shell``). SIGINT and
-SIGTERM stop everything with exit code 0; a failed child stops everything with exit code 1 and
-its error in the log.
+SIGTERM stop everything with exit code 0, after letting in-flight requests finish (a second one
+ends that wait at once); a failed child stops everything with exit code 1 and its error in the log.
 """
 
 from __future__ import annotations
@@ -123,9 +123,9 @@ def _serve_head(
             thread.join(0.5)
         return 0
     except (KeyboardInterrupt, StopRequested):
-        _ignore_signals()
         if runtime.failure is None:
             _drain(state, runtime, opts.limits.shutdown_timeout_s)
+        _ignore_signals()
         raise
     finally:
         _ignore_signals()
@@ -137,16 +137,32 @@ def _drain(state: Any, runtime: Runtime, timeout_s: float) -> None:
     """Let in-flight requests finish for up to ``timeout_s`` while new ones get 503; then end the
     rest with an error (an error event and [DONE] on a stream), so no client sees a cut connection.
     HTTP requests still open count too (a body still arriving gets its 503 once read)."""
+    # A second Ctrl-C or SIGTERM ends the wait (as uvicorn's and vLLM's): whoever sends it wants
+    # the server gone now, not after the rest of the timeout.
+    second: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: second.append(signum))
+    signal.signal(signal.SIGTERM, lambda signum, frame: second.append(signum))
     state.loop.call_soon_threadsafe(state.start_draining)
     deadline = time.monotonic() + timeout_s
     if state.pending or state.open_requests:
         logger.info(
-            "draining %d in-flight requests (%d HTTP requests open) for up to %gs",
+            "draining %d in-flight requests (%d HTTP requests open) for up to %gs (SIGTERM or Ctrl-C again stops now)",
             len(state.pending), state.open_requests, timeout_s,
         )  # fmt: skip
-    while (state.pending or state.open_requests) and time.monotonic() < deadline and runtime.failure is None:
+    while (
+        (state.pending or state.open_requests)
+        and time.monotonic() < deadline
+        and runtime.failure is None
+        and not second
+    ):
         time.sleep(0.05)
-    if state.pending:
+    _ignore_signals()
+    if second:
+        logger.warning(
+            "%s again: aborting %d in-flight requests and stopping now",
+            signal.Signals(second[0]).name, len(state.pending),
+        )  # fmt: skip
+    elif state.pending:
         logger.warning("ending %d unfinished requests with an error", len(state.pending))
     state.loop.call_soon_threadsafe(state.fail, "the server is shutting down")
 

@@ -46,7 +46,8 @@ class ServerLimits:
     shutdown_timeout_s: float = _limit(
         10.0,
         "--shutdown-timeout",
-        "seconds SIGTERM lets in-flight requests finish before ending them with an error",
+        "seconds SIGTERM lets in-flight requests finish before ending them with an error "
+        "(a second SIGTERM or Ctrl-C ends them at once)",
     )
     #: measured from scheduler rank 0's latest report
     health_timeout_s: float = _limit(

@@ -117,6 +117,34 @@ def test_sigterm_drains_then_ends_streams_with_an_error(start_server, long_conte
     assert "resource_tracker" not in server.log(), server.log()[-2000:]
 
 
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_second_signal_during_the_drain_stops_at_once(
+    start_server, long_context_model_dir, engine_args, stop
+):
+    """A second SIGTERM (or Ctrl-C) while the server drained was ignored: the whole
+    --shutdown-timeout ran (60 s here). Now it ends the wait: the stream still gets its error
+    event and [DONE], the launcher and every worker process are gone within seconds."""
+    limits = ["--max-context-len", "32768", "--num-kv-tokens", "32768", "--shutdown-timeout", "60"]
+    server = start_server(["--model", str(long_context_model_dir), *engine_args, *limits])
+    children = server.children()
+    long = StreamingClient(server.url, VERY_LONG)
+    long.start()
+    assert long.first_event.wait(30)
+    server.proc.send_signal(stop)
+    server.wait_for_log("draining 1 in-flight requests")  # (the drain, and its handlers, are on)
+    time.sleep(1)
+    assert server.proc.poll() is None and long.is_alive(), "the drain ended by itself"
+    server.proc.send_signal(stop)
+    assert server.wait_exit(20) == 0  # (the drain had 58 s left)
+    assert f"{stop.name} again: aborting 1 in-flight requests and stopping now" in server.log()
+    server.assert_all_stopped(children)
+    long.join(10)
+    assert not long.is_alive()
+    # ended, not cut: an error event, then [DONE]
+    assert long.error is None and long.events[-1] == "[DONE]", long.events[-3:]
+    assert "shutting down" in long.error_events()[0]["message"]
+
+
 def test_sigterm_on_an_idle_server_answers_a_request_whose_body_is_still_arriving(
     start_server, long_context_model_dir, engine_args
 ):
