@@ -181,6 +181,20 @@ def check_model(path: str, plugins: Plugins | None = None) -> None:
 
 
 def served_model_name(path: str | os.PathLike[str]) -> str:
-    """The name the server reports for the model at ``path``: a directory's name, a file's stem."""
+    """The name the server reports for the model at ``path``: a directory's name, a file's stem;
+    a Hugging Face hub snapshot (what ``ORG/NAME`` resolves to) its ``ORG/NAME``, as vLLM and
+    SGLang serve it (its directory's name is the commit hash, a name no client sends)."""
     resolved = Path(path)
-    return resolved.stem if resolved.is_file() else resolved.name
+    return resolved.stem if resolved.is_file() else hub_repo_id(resolved) or resolved.name
+
+
+def hub_repo_id(path: Path) -> str | None:
+    """``ORG/NAME`` when ``path`` is a snapshot in a Hugging Face hub cache
+    (``.../models--ORG--NAME/snapshots/REVISION``), else None. The hub forbids ``--`` in repo
+    ids, so the folder's name splits one way only."""
+    if path.parent.name != "snapshots" or not path.name:
+        return None
+    parts = path.parent.parent.name.split("--")
+    if len(parts) != 3 or parts[0] != "models" or not all(parts[1:]):
+        return None
+    return f"{parts[1]}/{parts[2]}"
