@@ -131,7 +131,7 @@ def open_model(path: str | Path, plugins: Plugins | None = None) -> WeightFormat
         if format_cls.detect(path):
             return format_cls(path)
     formats = ", ".join(["safetensors (a directory with config.json)", *plugins.names("formats")])
-    hint = "" if "gguf" in plugins.names("formats") else " (.gguf files need minisgl-plugin-gguf)"
+    hint = "" if "gguf" in plugins.names("formats") else f" ({_gguf_hint(plugins)})"
     if path.is_dir():  # most often a Hugging Face directory missing its config.json
         raise FileNotFoundError(
             f"no model in {path}: no config.json, and no other format recognises it; supported formats: {formats}{hint}"
@@ -139,6 +139,18 @@ def open_model(path: str | Path, plugins: Plugins | None = None) -> WeightFormat
     # a ValueError, as before; the command line's one-line kind
     raise ModelPathError(
         f"{path} is not a model this installation can read; supported formats: {formats}{hint}"
+    )
+
+
+def _gguf_hint(plugins: Plugins) -> str:
+    """What .gguf files need: the gguf plugin, named as it is here when it is installed but not
+    loaded (disabled, failed, in conflict: "need minisgl-plugin-gguf" read as not installed)."""
+    info = next((i for i in plugins.infos if i.name == "gguf" and i.status != "ok"), None)
+    if info is None:
+        return ".gguf files need minisgl-plugin-gguf"
+    state = {"conflict": "is in conflict", "failed": "failed to load"}.get(info.status, f"is {info.status}")
+    return (
+        f".gguf files need plugin 'gguf' ({info.distribution} {info.version}), which {state}: {info.reason}"
     )
 
 
