@@ -73,8 +73,61 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         """argparse's error line alone, as every other refusal of the command line is one line
-        (argparse printed the usage block first: 14-38 lines above the one that says what is wrong)."""
+        (argparse printed the usage block first: 14-38 lines above the one that says what is wrong);
+        an SGLang or vLLM flag among the unrecognized arguments gets minisgl's flag for it."""
+        prefix = "unrecognized arguments: "
+        if message.startswith(prefix):
+            message += "".join(f"; {hint}" for hint in foreign_flag_hints(message[len(prefix) :].split()))
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+#: SGLang's and vLLM's server flags with a minisgl equivalent: flag -> (whose, minisgl's). vLLM's
+#: flags that are also its ``LLM(...)`` keywords come from the offline LLM's table (llm.py).
+_FOREIGN_FLAGS = {
+    "--chunked-prefill-size": ("SGLang", "--max-prefill-tokens"),
+    "--context-length": ("SGLang", "--max-context-len"),
+    "--max-model-len": ("vLLM", "--max-context-len"),
+    "--max-total-tokens": ("SGLang", "--num-kv-tokens"),
+    "--mem-fraction-static": ("SGLang", "--kv-memory-fraction (a share of the GPU memory left once the weights are loaded)"),
+    "--gpu-memory-utilization": ("vLLM", "--kv-memory-fraction (a share of the GPU memory left once the weights are loaded)"),
+    "--attention-backend": ("SGLang", "--attn"),
+    "--tp-size": ("SGLang", "--tp"),
+    "-tp": ("vLLM", "--tp"),
+    "--model-path": ("SGLang", "--model"),
+    "--random-seed": ("SGLang", "--seed"),
+    "--schedule-policy": ("SGLang", "--policy"),
+    "--disable-radix-cache": ("SGLang", "--cache naive"),
+    "--disable-cuda-graph": ("SGLang", "--cuda-graph-max-bs 0"),
+    "--block-size": ("vLLM", "--page-size"),
+    "--uvicorn-log-level": ("vLLM", "--log-level"),
+    "--enable-auto-tool-choice": ("vLLM", "--tool-call-parser NAME alone (it turns on tool_choice 'auto')"),
+}  # fmt: skip
+
+
+def foreign_flag_hints(arguments: list[str]) -> list[str]:
+    """For each SGLang or vLLM flag among ``arguments`` (``--flag`` or ``--flag=VALUE``, dashes or
+    underscores) that minisgl spells otherwise, a line naming minisgl's: "--chunked-prefill-size is
+    SGLang's; minisgl's is --max-prefill-tokens"."""
+    from minisgl_core.llm import _NOT_NEEDED_OPTIONS as NOT_NEEDED_OPTIONS
+    from minisgl_core.llm import _VLLM_OPTIONS as VLLM_OPTIONS
+    from minisgl_core.setting_names import flag
+
+    known = dict(_FOREIGN_FLAGS)
+    for keyword, instead in VLLM_OPTIONS.items():  # "max_running_requests=", "cuda_graph_max_bs=0 (...)"
+        field, _, value = instead.split(" ", 1)[0].partition("=")
+        known["--" + keyword.replace("_", "-")] = ("vLLM", f"{flag(field)} {value.strip(chr(39))}".rstrip())
+    hints = []
+    for argument in arguments:
+        name = argument.split("=", 1)[0]
+        if name.startswith("--"):
+            name = name.replace("_", "-")
+        keyword = name.lstrip("-").replace("-", "_")
+        if name in known:
+            whose, instead = known[name]
+            hints.append(f"{name} is {whose}'s; minisgl's is {instead}")
+        elif keyword in NOT_NEEDED_OPTIONS:
+            hints.append(f"{name} is vLLM's and SGLang's: {NOT_NEEDED_OPTIONS[keyword]}")
+    return list(dict.fromkeys(hints))
 
 
 _LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
