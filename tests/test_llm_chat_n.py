@@ -110,7 +110,9 @@ BAD_MESSAGES = [
     ([{"content": "hi"}], ValueError, r'messages\[0\] has no "role"'),
     ([{"role": None, "content": "hi"}], ValueError, r'messages\[0\] has no "role"'),
     ([{"role": 3, "content": "hi"}], TypeError, r"messages\[0\]: role must be a non-empty string"),
-    ([{"role": "user"}], ValueError, r'messages\[0\] \(user\) has no "content"'),
+    ([{"role": "user"}], ValueError, r"messages\[0\]\.content: a user message needs content"),
+    ([{"role": "bogus", "content": "hi"}], ValueError, r"messages\[0\]\.role: unknown role 'bogus'"),
+    ([{"role": "tool", "content": "x"}], ValueError, r"messages\[0\]\.tool_call_id: a tool message needs"),
     (["hi"], TypeError, r"messages\[0\] must be a dict with \"role\" and \"content\", got str 'hi'"),
     ([[USER], "hi"], TypeError, r"messages\[1\] must be a list of message dicts, got str"),
     (

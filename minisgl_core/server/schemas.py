@@ -35,12 +35,13 @@ from minisgl_core.server.errors import json_kind
 from minisgl_core.tokenizer.chat_input import (
     TEMPLATE_RESERVED,
     check_continued_message,
+    message_error,
+    part_type_error,
+    role_error,
     template_args,
     template_message,
 )
 
-#: roles a chat message may have; "developer" is OpenAI's newer name for "system"
-CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 #: a request's own timeout field may ask for at most a day
 MAX_TIMEOUT_S = 86400.0
 
@@ -394,36 +395,25 @@ class ChatMessage(StrictModel):
             role = info.data.get("role")  # (absent when it was refused: that error says why)
             for part in content:
                 kind = part.get("type") if isinstance(part, dict) else None
-                if kind == "refusal" and role not in (None, "assistant"):
-                    raise ValueError(
-                        f"content parts of type 'refusal' belong to assistant messages, not to a "
-                        f"{short_repr(role)} message"
-                    )
-                if kind is not None and kind not in ("text", "refusal"):
-                    raise ValueError(
-                        f"content parts of type {short_repr(kind)} are not supported: the served models take text only"
-                    )
+                error = part_type_error(kind, role)
+                if error is not None:
+                    raise ValueError(error)
         return content
 
     @field_validator("role")
     @classmethod
     def _known_role(cls, role: str) -> str:
-        if role not in CHAT_ROLES:
-            raise ValueError(f"unknown role {short_repr(role)}; use one of {', '.join(CHAT_ROLES)}")
+        error = role_error(role)
+        if error is not None:
+            raise ValueError(error)
         return role
 
     @model_validator(mode="after")
     def _fits_role(self) -> ChatMessage:
-        if self.content is None and not (self.role == "assistant" and self.tool_calls):
-            article = "an" if self.role == "assistant" else "a"
-            raise ValueError(
-                f"{article} {self.role} message needs content (only an assistant message with tool_calls "
-                "may omit it)"
-            )
-        if self.tool_calls is not None and self.role != "assistant":
-            raise ValueError("only assistant messages may have tool_calls")
-        if self.role == "tool" and not self.tool_call_id:
-            raise ValueError("a tool message needs the tool_call_id of the call it answers")
+        # (the rules LLM.chat applies too, in tokenizer.chat_input)
+        error = message_error(self.role, self.content is not None, self.tool_calls, self.tool_call_id)
+        if error is not None:
+            raise ValueError(error[1])
         return self
 
     def to_template(self) -> dict[str, Any]:

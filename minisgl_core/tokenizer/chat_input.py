@@ -7,9 +7,12 @@ and what is wrong, before the template runs), and :func:`template_args`, ``apply
 keyword arguments for the server's chat route and /tokenize and for ``LLM.chat`` alike, whose one
 check (with :func:`check_continued_message`'s) has one text on every path, and
 :func:`check_tools_rendered`, with which both refuse tools that the chat template would drop.
-The server's request schema checks a little more before it calls :func:`template_message`: known
-roles only, a tool message's ``tool_call_id``, no unknown fields; offline any role reaches the
-template, as in vLLM's ``LLM.chat``, and the template decides."""
+The rules on a message's role and fields (:data:`CHAT_ROLES`, :func:`role_error`,
+:func:`part_type_error`, :func:`message_error`) are here, once: the server's request schema
+applies them (a 400) and so does :func:`template_message` offline (a ValueError or TypeError naming
+``messages[i].field``), so that ``LLM.chat`` refuses what the chat route refuses. The one thing
+the schema checks that the offline path does not: unknown keys of a message, which reach the
+template as they are (vLLM's ``LLM.chat`` passes them on too)."""
 
 from __future__ import annotations
 
@@ -23,12 +26,49 @@ from minisgl_core.sampling import short_repr
 #: a lone UTF-16 surrogate: text no tokenizer encodes
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
+#: roles a chat message may have; "developer" is OpenAI's newer name for "system"
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+
 #: chat()'s own arguments, which chat_template_kwargs may not set
 _CHAT_ARGUMENTS = ("add_generation_prompt", "continue_final_message", "tools", "chat_template")
 #: transformers' apply_chat_template's own arguments (but ``chat_template``), which the callers set:
 #: no template variable of a request or of chat() may name one
 TEMPLATE_RESERVED = ("conversation", "messages", "tokenize", "return_dict", "return_tensors", "padding",
                       "truncation", "max_length", "tokenizer_kwargs", "return_assistant_tokens_mask")  # fmt: skip
+
+
+def role_error(role: str) -> str | None:
+    """Why ``role`` is no chat message's role, or None."""
+    if role not in CHAT_ROLES:
+        return f"unknown role {short_repr(role)}; use one of {', '.join(CHAT_ROLES)}"
+    return None
+
+
+def part_type_error(kind: object, role: object) -> str | None:
+    """Why a content part of type ``kind`` (None: not given) may not be in a ``role`` message
+    (None: unknown), or None."""
+    if kind == "refusal" and role not in (None, "assistant"):
+        return f"content parts of type 'refusal' belong to assistant messages, not to a {short_repr(role)} message"
+    if kind is not None and kind not in ("text", "refusal"):
+        return f"content parts of type {short_repr(kind)} are not supported: the served models take text only"
+    return None
+
+
+def message_error(
+    role: str, has_content: bool, tool_calls: object, tool_call_id: object
+) -> tuple[str, str] | None:
+    """The field in error and why, when a ``role`` message's fields do not fit its role, or None.
+    ``tool_calls`` and ``tool_call_id``: the message's, None when not set."""
+    if not has_content and not (role == "assistant" and tool_calls):
+        article = "an" if role == "assistant" else "a"
+        return "content", (
+            f"{article} {role} message needs content (only an assistant message with tool_calls may omit it)"
+        )
+    if tool_calls is not None and role != "assistant":
+        return "tool_calls", "only assistant messages may have tool_calls"
+    if role == "tool" and not tool_call_id:
+        return "tool_call_id", "a tool message needs the tool_call_id of the call it answers"
+    return None
 
 
 def conversations(messages: object) -> list[list[dict[str, Any]]]:
@@ -60,7 +100,8 @@ def template_message(message: object, where: str = "message") -> dict[str, Any]:
     calls: ""; content parts: their text, a line each, an assistant's refusal part's too), then
     the message's other keys as they are, but for null ones and an empty tool_calls, left out, and
     tool calls' arguments given as JSON text of an object, decoded. ValueError or TypeError naming
-    ``where`` when it is not a message."""
+    ``where`` and the field when it is not a message the server's chat route takes (its roles,
+    content parts and tool calls, a tool message's tool_call_id)."""
     if not isinstance(message, Mapping):
         raise TypeError(
             f'{where} must be a dict with "role" and "content", got {type(message).__name__} {short_repr(message)}'
@@ -70,12 +111,21 @@ def template_message(message: object, where: str = "message") -> dict[str, Any]:
         raise ValueError(f'{where} has no "role" (system, user, assistant or tool)')
     if not isinstance(role, str) or not role:
         raise TypeError(f"{where}: role must be a non-empty string, got {short_repr(role)}")
+    error = role_error(role)
+    if error is not None:
+        raise ValueError(f"{where}.role: {error}")
+    for key in ("name", "tool_call_id"):
+        value = message.get(key)
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"{where}.{key} must be a string, got {type(value).__name__} {short_repr(value)}")
+    tool_calls = message.get("tool_calls")
+    if tool_calls is not None:
+        _check_tool_calls(tool_calls, f"{where}.tool_calls")
     content = message.get("content")
+    error_at = message_error(role, content is not None, tool_calls, message.get("tool_call_id"))
+    if error_at is not None:
+        raise ValueError(f"{where}.{error_at[0]}: {error_at[1]}")
     if content is None:
-        if not (role == "assistant" and message.get("tool_calls")):
-            raise ValueError(
-                f'{where} ({role}) has no "content" (only an assistant message with tool_calls may leave it out)'
-            )
         content = ""
     elif isinstance(content, (list, tuple)):
         # one part a line, as vLLM joins them ("".join ran "Hi", "there" into "Hithere")
@@ -102,23 +152,60 @@ def template_message(message: object, where: str = "message") -> dict[str, Any]:
 
 
 def _text_part(part: object, role: str, where: str) -> str:
-    """A content part's text: a text part's, or an assistant's refusal part's (OpenAI's schema)."""
-    kind = part.get("type") if isinstance(part, Mapping) else None
-    if kind == "refusal" and role == "assistant":
-        key = "refusal"
-    elif kind is None or kind == "text":
-        key = "text"
-    else:
-        raise ValueError(
-            f"{where}: content parts of type {short_repr(kind)} are not supported here: the models "
-            "take text (and an assistant message's refusal) only"
-        )
-    text = part.get(key) if isinstance(part, Mapping) else None
-    if not isinstance(text, str):
+    """A content part's text: a text part's, or an assistant's refusal part's (OpenAI's schema,
+    as the server's checks it: a type, and no other key)."""
+    if not isinstance(part, Mapping):
         raise TypeError(
             f'{where} must be a text part {{"type": "text", "text": "..."}}, got {short_repr(part)}'
         )
+    kind = part.get("type")
+    error = part_type_error(kind, role)
+    if error is not None:
+        raise ValueError(f"{where}: {error}")
+    if kind is None:
+        raise ValueError(f'{where}.type is missing: a text part is {{"type": "text", "text": "..."}}')
+    key = "refusal" if kind == "refusal" else "text"
+    text = part.get(key)
+    if not isinstance(text, str):
+        raise TypeError(f"{where}.{key} must be a string, got {short_repr(part)}")
+    _no_other_keys(part, ("type", key), where)
     return text
+
+
+def _no_other_keys(value: Mapping[Any, Any], known: tuple[str, ...], where: str) -> None:
+    other = [key for key in value if key not in known and value[key] is not None]
+    if other:
+        raise ValueError(f"{where}: unknown field {short_repr(other[0])}; use {', '.join(known)}")
+
+
+def _check_tool_calls(tool_calls: object, where: str) -> None:
+    """An assistant message's tool calls, the server's schema of them: a list of
+    ``{"id": str, "type": "function", "function": {"name": str, "arguments": str}}``."""
+    if not isinstance(tool_calls, (list, tuple)):
+        raise TypeError(f"{where} must be a list of tool calls, got {type(tool_calls).__name__}")
+    for k, call in enumerate(tool_calls):
+        at = f"{where}[{k}]"
+        if not isinstance(call, Mapping):
+            raise TypeError(
+                f'{at} must be a tool call {{"id": ..., "type": "function", "function": {{"name": ..., '
+                f'"arguments": ...}}}}, got {short_repr(call)}'
+            )
+        _no_other_keys(call, ("id", "type", "function"), at)
+        if call.get("type") not in (None, "function"):
+            raise ValueError(f"{at}.type: must be 'function', got {short_repr(call.get('type'))}")
+        if not isinstance(call.get("id"), str):
+            raise TypeError(f"{at}.id must be a string, got {short_repr(call.get('id'))}")
+        function = call.get("function")
+        if not isinstance(function, Mapping):
+            raise TypeError(
+                f'{at}.function must be {{"name": ..., "arguments": ...}}, got {short_repr(function)}'
+            )
+        _no_other_keys(function, ("name", "arguments"), f"{at}.function")
+        for key in ("name", "arguments"):
+            if not isinstance(function.get(key), str):
+                raise TypeError(
+                    f"{at}.function.{key} must be a string (arguments: JSON text), got {short_repr(function.get(key))}"
+                )
 
 
 def _tool_call(call: Any) -> Any:

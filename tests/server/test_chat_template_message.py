@@ -142,3 +142,62 @@ def test_n_has_one_bound_on_the_server_and_offline():
         ChatCompletionRequest(messages=messages, n=SamplingParams.MAX_N + 1)
     with pytest.raises(ValueError, match=rf"n must be an integer in \[1, {SamplingParams.MAX_N}\]"):
         SamplingParams(n=SamplingParams.MAX_N + 1)
+
+
+#: messages the chat route refuses (a 400), each with the field LLM.chat's error names: the offline
+#: path refuses them too, with the server's reason where the rule is shared (they reached the
+#: template offline: a "bogus" turn, a tool answer to no call)
+REFUSED = [
+    ({"role": "bogus", "content": "hi"}, "role", "unknown role 'bogus'; use one of system, developer"),
+    ({"role": "tool", "content": "x"}, "tool_call_id", "a tool message needs the tool_call_id"),
+    ({"role": "tool", "content": "x", "tool_call_id": 7}, "tool_call_id", "must be a string"),
+    ({"role": "user", "content": "hi", "name": 5}, "name", "must be a string"),
+    (
+        {"role": "user", "content": "hi", "tool_calls": [CALL]},
+        "tool_calls",
+        "only assistant messages may have",
+    ),
+    ({"role": "user"}, "content", "a user message needs content"),
+    ({"role": "assistant", "tool_calls": []}, "content", "an assistant message needs content"),
+    (
+        {"role": "user", "content": [{"type": "refusal", "refusal": "no"}]},
+        "content[0]",
+        "content parts of type 'refusal' belong to assistant messages",
+    ),
+    (
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]},
+        "content[0]",
+        "content parts of type 'image_url' are not supported",
+    ),
+    ({"role": "user", "content": [{"text": "hi"}]}, "content[0].type", "missing"),
+    (
+        {"role": "user", "content": [{"type": "text", "text": "hi", "x": 1}]},
+        "content[0]",
+        "unknown field 'x'",
+    ),
+    ({"role": "assistant", "tool_calls": "f()"}, "tool_calls", "must be a list of tool calls"),
+    ({"role": "assistant", "tool_calls": [{**CALL, "id": None}]}, "tool_calls[0].id", "must be a string"),
+    ({"role": "assistant", "tool_calls": [{**CALL, "type": "tool"}]}, "tool_calls[0].type", "'function'"),
+    ({"role": "assistant", "tool_calls": [{**CALL, "extra": 1}]}, "tool_calls[0]", "unknown field 'extra'"),
+    (
+        {"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": {"a": 1}}}]},
+        "tool_calls[0].function.arguments",
+        "must be a string",
+    ),
+]
+
+
+@pytest.mark.parametrize(("message", "field", "reason"), REFUSED)
+def test_offline_chat_refuses_what_the_chat_route_refuses(message, field, reason):
+    with pytest.raises(ValidationError) as served:
+        ChatMessage.model_validate(message)
+    with pytest.raises((ValueError, TypeError)) as offline:
+        conversations([message])
+    assert str(offline.value).startswith(f"messages[0].{field}"), str(offline.value)
+    assert reason in str(offline.value)
+    # the rules both apply say the same on both paths
+    shared = [
+        e["msg"].removeprefix("Value error, ") for e in served.value.errors() if e["type"] == "value_error"
+    ]
+    if shared:
+        assert shared == [str(offline.value).split(": ", 1)[1]]
