@@ -54,7 +54,11 @@ def add_bench_command(sub) -> None:
     p = kinds.add_parser("serve", help="online benchmark against a running server")
     p.add_argument("--url", type=_server_url, default="http://127.0.0.1:8000")
     p.add_argument("--model", default=None, help="model id to request (default: the one the server lists)")
-    p.add_argument("--api-key")
+    p.add_argument(
+        "--api-key",
+        default=environment.get("MINISGL_API_KEY") or None,
+        help="the server's API key (env MINISGL_API_KEY, as serve and shell take it)",
+    )
     p.add_argument("--workload", choices=["standard", "shared-prefix"], default="standard")
     p.add_argument("--num-requests", type=_positive_int, default=256)
     p.add_argument(

@@ -4,6 +4,7 @@ served tokenizer accepts (ids folded into its vocabulary), clear one-line errors
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -29,12 +30,17 @@ SMALL = ["--workload", "shared-prefix", "--groups", "2", "--prompts-per-group", 
          "--question-len", "8", "--output-len", "4"]  # fmt: skip
 
 
-def bench(*args: str) -> subprocess.CompletedProcess:
+def bench(*args: str, api_key_env: str | None = None) -> subprocess.CompletedProcess:
+    """``api_key_env``: MINISGL_API_KEY's value in bench's environment (None: unset)."""
+    env = {k: v for k, v in os.environ.items() if k != "MINISGL_API_KEY"}
+    if api_key_env is not None:
+        env["MINISGL_API_KEY"] = api_key_env
     return subprocess.run(
         [sys.executable, "-m", "minisgl_core", "bench", "serve", *args],
         capture_output=True,
         text=True,
         timeout=180,
+        env=env,
     )
 
 
@@ -97,6 +103,16 @@ def test_bench_serve_takes_an_openai_base_url_and_hints_the_key_only_when_refuse
     no_key = bench("--url", server.url, *SMALL)
     assert no_key.stderr.startswith(f"minisgl bench serve: {server.url}/v1/models answered HTTP 401: ")
     assert no_key.stderr.endswith(" (--api-key?)\n") and "b'" not in no_key.stderr, no_key.stderr
+
+
+def test_bench_serve_takes_the_api_key_from_the_environment_as_shell_does(server) -> None:
+    """MINISGL_API_KEY (README: the key in the environment, not on the command line) was ignored:
+    HTTP 401 and exit code 1, while `minisgl shell --url` took it. --api-key still wins."""
+    proc = bench("--url", server.url, *SMALL, api_key_env=API_KEY)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["output_tokens"] == 4 * 4
+    wrong = bench("--url", server.url, "--api-key", "wrong", *SMALL, api_key_env=API_KEY)
+    assert wrong.returncode == 1 and "HTTP 401" in wrong.stderr, wrong.stderr
 
 
 def test_bench_serve_refuses_a_url_without_an_http_scheme_up_front() -> None:
