@@ -61,7 +61,7 @@ def _add_http_args(p: argparse.ArgumentParser, port: int) -> None:
         "--served-model-name",
         default=None,
         type=_served_name,
-        help="model id in the API (default: the model directory name)",
+        help="model id in the API (default: the model directory's name, ORG/NAME for a hub id, a .gguf file's stem)",
     )
     g.add_argument(
         "--tool-call-parser",
