@@ -53,3 +53,26 @@ def test_no_text_has_fewer_tokens_than_its_length_over_the_longest_entry(smollm)
     for _ in range(50):
         text = "".join(rng.choice(runs) for _ in range(rng.randrange(1, 6)))
         assert len(smollm(text)["input_ids"]) * longest >= len(text)
+
+
+def test_an_output_cut_inside_a_character_ends_without_a_replacement_character(smollm):
+    """max_tokens reached after the first bytes of a multi-byte character: the stream never sent
+    them (incomplete UTF-8 is held back) and the final text drops them too, as vLLM's; whole
+    characters, and a U+FFFD the model wrote itself, stay."""
+    from minisgl_core.tokenizer.detokenize import IncrementalDetokenizer, ends_inside_character, final_text
+
+    text = "東京は日本語 😀"
+    ids = smollm(text)["input_ids"]
+    cuts = [n for n in range(1, len(ids) + 1) if smollm.decode(ids[:n]).endswith("\ufffd")]
+    assert cuts  # the tokenizer splits some of these characters across tokens
+    for n in range(1, len(ids) + 1):
+        head = ids[:n]
+        whole = b"".join(raw_token_bytes(smollm, i) for i in head).decode("utf-8", errors="ignore")
+        assert ends_inside_character(smollm, head) == (n in cuts)
+        assert final_text(smollm, head, None) == whole
+        detok = IncrementalDetokenizer(smollm, [])
+        streamed = "".join(detok.add([i]) for i in head[:-1]) + detok.add(head[-1:], finished=True)
+        assert streamed == whole
+    written = smollm("a\ufffd")["input_ids"]  # the character U+FFFD itself, in whole
+    assert smollm.decode(written).endswith("\ufffd") and not ends_inside_character(smollm, written)
+    assert final_text(smollm, written, None) == "a\ufffd"

@@ -43,7 +43,9 @@ def final_text(
     min_tokens: int = 0,
 ) -> str:
     visible = visible_ids(output_ids, matched_stop, keep_stop)
-    text = tokenizer.decode(visible, skip_special_tokens=skip_special_tokens)
+    text = without_cut_character(
+        tokenizer, visible, tokenizer.decode(visible, skip_special_tokens=skip_special_tokens)
+    )
     start = 0
     if isinstance(matched_stop, str):
 
@@ -52,6 +54,38 @@ def final_text(
 
         start = stop_search_start(decode, visible, matched_stop, min_tokens)
     return trim_stop(text, matched_stop, keep_stop, start)
+
+
+def without_cut_character(tokenizer: Any, ids: list[int], text: str) -> str:
+    """``text`` (the decoded ``ids``, or its end) less the U+FFFD that stands for a character the
+    output stopped inside (max_tokens reached after the first bytes of a multi-byte character):
+    the text a stream sent holds those bytes back, so the end of a request drops them, as vLLM's
+    detokenizer does. A U+FFFD the model wrote stays."""
+    if text.endswith("\ufffd") and ends_inside_character(tokenizer, ids):
+        return text[:-1]
+    return text
+
+
+def ends_inside_character(tokenizer: Any, ids: list[int]) -> bool:
+    """Whether the bytes of ``ids`` end with an incomplete UTF-8 sequence: a lead byte whose
+    continuation bytes never came (read from the last tokens' vocabulary entries,
+    :func:`raw_token_bytes`; a token of another kind ends whole characters)."""
+    tail = b""
+    for token_id in reversed(ids[-4:]):
+        raw = raw_token_bytes(tokenizer, token_id)
+        if raw is None:
+            break
+        tail = raw + tail
+        if len(tail) >= 4:
+            break
+    for back in range(1, min(4, len(tail)) + 1):
+        byte = tail[-back]
+        if 0x80 <= byte < 0xC0:  # a continuation byte: the lead is further back
+            continue
+        if 0xC0 <= byte < 0xF8:  # a lead byte: 2, 3 or 4 bytes in all
+            return (2 if byte < 0xE0 else 3 if byte < 0xF0 else 4) > back
+        return False  # ASCII
+    return False
 
 
 class IncrementalDetokenizer:
@@ -97,6 +131,8 @@ class IncrementalDetokenizer:
         full = self._decode(ids[self.prefix_offset :])
         if finished or (len(full) > len(prefix) and not full.endswith("\ufffd")):
             new = full[len(prefix) :]
+            if finished:
+                new = without_cut_character(self.tokenizer, ids, new)
             self.text += new
             self.prefix_offset = self.read_offset
             self.read_offset = len(ids)
