@@ -22,8 +22,15 @@ KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {"auto": None, "fp8_e4m3": torc
 #: shares whole pages only
 CUDA_PAGE_SIZE = 16
 
-#: the KV pool's size on a CPU when num_kv_tokens is unset (a GPU's is sized from free memory)
+#: the KV pool's largest size on a CPU when num_kv_tokens is unset (a GPU's is sized from free
+#: memory): the runner sizes it to what the run can use (max_running_requests x max_context_len)
+#: within :data:`CPU_KV_MEMORY_SHARE` of the free memory, see ``ModelRunner._cpu_kv_tokens``
 CPU_DEFAULT_KV_TOKENS = 65536
+#: the share of a CPU's free memory (once the weights are in) the default KV pool may take: a
+#: fixed 65,536 tokens asked 14 GiB for Qwen3-0.6B in float32, past what many machines have free
+CPU_KV_MEMORY_SHARE = 0.5
+#: ... or up to this share, where that holds one request of max_context_len and the other does not
+CPU_KV_MEMORY_MOST = 0.8
 
 #: most threads the grammar backend may fill bitmasks with (``--grammar-threads``): a fill splits
 #: one step's constrained rows (at most ``max_running_requests``) among them, and past the CPUs
@@ -63,7 +70,8 @@ class EngineConfig:
     max_running_requests: int = 256
     #: None = the model's max_position_embeddings
     max_context_len: int | None = None
-    #: KV pool size in tokens; None = sized from free memory (GPU) or 65,536 (CPU)
+    #: KV pool size in tokens; None = sized from free memory (GPU), or on a CPU to what the run
+    #: can use, at most 65,536 and half the free memory (see CPU_DEFAULT_KV_TOKENS)
     num_kv_tokens: int | None = None
     #: share of the free GPU memory (after loading weights, less 4 GiB for activations and CUDA
     #: graphs) given to the KV pool; unused on a CPU and with ``num_kv_tokens`` set

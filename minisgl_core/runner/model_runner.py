@@ -25,6 +25,8 @@ from minisgl_core.config import (
     AUTO_FALLBACK,
     AUTO_PREFILL,
     CPU_DEFAULT_KV_TOKENS,
+    CPU_KV_MEMORY_MOST,
+    CPU_KV_MEMORY_SHARE,
     CUDA_PAGE_SIZE,
     ConfigError,
     EngineConfig,
@@ -488,7 +490,9 @@ class ModelRunner:
                 torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN, group=self.parallel.group)
                 tokens = int(t.item())
         else:
-            tokens = CPU_DEFAULT_KV_TOKENS
+            tokens = self._cpu_kv_tokens(
+                KVCache.bytes_per_token(num_layers, num_kv_heads, head_dim, self.kv_dtype)
+            )
         check_page_size(page, self.max_context_len, tokens)
         pages = tokens // page
         if pages < 2:
@@ -498,6 +502,37 @@ class ModelRunner:
                 "num_kv_tokens",
             )
         return pages
+
+    def _cpu_kv_tokens(self, per_token: int) -> int:
+        """The KV pool's size on a CPU without num_kv_tokens: what the run can use (every request
+        row at max_context_len, at most CPU_DEFAULT_KV_TOKENS) within CPU_KV_MEMORY_SHARE of the
+        free memory, or CPU_KV_MEMORY_MOST where that holds one request of max_context_len and the
+        share does not. The host's ranks share its memory, so each takes its part."""
+        context = self.max_context_len
+        wanted = min(CPU_DEFAULT_KV_TOKENS, self.config.max_running_requests * context)
+        free = free_bytes(self.device)
+        if free is None:  # (not known: the allocation says if it fails)
+            return wanted
+        ranks = self.parallel.tp_size
+        share = int(free * CPU_KV_MEMORY_SHARE) // ranks // per_token
+        most = int(free * CPU_KV_MEMORY_MOST) // ranks // per_token
+        tokens = min(wanted, max(share, context if context <= most else 0))
+        if ranks > 1:  # every rank must see the same capacity
+            t = torch.tensor([tokens], device=self.device)
+            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN, group=self.parallel.group)
+            tokens = int(t.item())
+        if self.parallel.tp_rank == 0 and tokens < wanted:
+            logger.info(
+                "KV pool: %d tokens, what %.1f GiB free memory leaves it (%s sets another size)",
+                tokens, free / (1 << 30), named("num_kv_tokens", self.spelling),
+            )  # fmt: skip
+            if tokens < context:
+                logger.warning(
+                    "the KV pool holds %d tokens, fewer than max_context_len %d: a longer request is "
+                    "refused; free some memory, or set %s",
+                    tokens, context, named("num_kv_tokens", self.spelling),
+                )  # fmt: skip
+        return tokens
 
     def _memory_asks(
         self, num_pages: int, num_layers: int, num_kv_heads: int, head_dim: int
