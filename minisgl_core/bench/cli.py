@@ -289,13 +289,13 @@ def _offline(args: argparse.Namespace) -> int:
             import pstats
 
             profiler = cProfile.Profile()
-            result |= profiler.runcall(run_offline, llm, requests, args.temperature, grammar)
+            result |= profiler.runcall(run_offline, llm, requests, args.temperature, grammar, PROGRESS_EVERY)
             with open(args.profile, "w") as f:
                 stats = pstats.Stats(profiler, stream=f)
                 stats.sort_stats("tottime").print_stats(40)
                 stats.sort_stats("cumulative").print_stats(60)  # one-off costs (compiles) show here
         else:
-            result |= run_offline(llm, requests, args.temperature, grammar)
+            result |= run_offline(llm, requests, args.temperature, grammar, PROGRESS_EVERY)
         if args.decode_latency:
             result["decode"] = decode_latency(llm)
         verify = llm.engine.verify
@@ -491,6 +491,9 @@ def _warn_if_long_on_cpu(args: argparse.Namespace) -> None:
             flush=True,
         )
 
+
+#: seconds between bench offline's progress lines on stderr (a CPU run said nothing for minutes)
+PROGRESS_EVERY = 30.0
 
 #: the most prompt tokens a bench workload may hold (15x the shared-prefix default's 2.2M): a
 #: larger one took minutes and gigabytes to build before anything was sent

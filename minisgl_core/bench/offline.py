@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import sys
+import threading
 import time
-from typing import Any
+from typing import Any, TextIO
 
 from minisgl_core.api import GrammarSpec
 from minisgl_core.bench.workloads import BenchRequest
@@ -11,10 +14,48 @@ from minisgl_core.llm import LLM
 from minisgl_core.sampling import SamplingParams
 
 
+class ProgressLines:
+    """A progress report for ``LLM.generate``'s ``use_tqdm``: a line on ``stream`` (stderr) every
+    ``every`` seconds with the requests done so far. A bar redraws only when a request finishes,
+    and on a CPU none may for minutes: the run then said nothing at all after start-up."""
+
+    def __init__(self, total: int, every: float, stream: TextIO | None = None, **_bar_options: Any) -> None:
+        self.total, self.done = total, 0
+        self._stream = stream if stream is not None else sys.stderr
+        self._start = time.perf_counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._report, args=(every,), name="bench-progress", daemon=True
+        )
+        self._thread.start()
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _report(self, every: float) -> None:
+        while not self._stop.wait(every):
+            seconds = time.perf_counter() - self._start
+            print(
+                f"minisgl bench offline: {self.done}/{self.total} requests done, {seconds:.0f} s",
+                file=self._stream,
+                flush=True,
+            )
+
+
 def run_offline(
-    llm: LLM, requests: list[BenchRequest], temperature: float = 0.6, grammar: GrammarSpec | None = None
+    llm: LLM,
+    requests: list[BenchRequest],
+    temperature: float = 0.6,
+    grammar: GrammarSpec | None = None,
+    progress_every: float | None = None,
 ) -> dict[str, Any]:
-    """``grammar``: constrain every request by it (compile it before, see bench.grammar.prepare)."""
+    """``grammar``: constrain every request by it (compile it before, see bench.grammar.prepare).
+    ``progress_every``: print a line to stderr this often (seconds) during the timed run (the
+    JSON result stays alone on stdout); None: nothing."""
     params = [
         SamplingParams(temperature=temperature, max_tokens=r.max_tokens, ignore_eos=True, grammar=grammar)
         for r in requests
@@ -25,8 +66,17 @@ def run_offline(
     llm.generate([r.prompt_ids for r in warm], [SamplingParams(max_tokens=8, ignore_eos=True, grammar=grammar)] * len(warm),
                  use_tqdm=False)  # fmt: skip
     warmup = time.perf_counter() - warm_start
+    progress: Any = False
+    if progress_every is not None:
+        print(
+            f"minisgl bench offline: timing {len(requests)} requests "
+            f"({sum(r.max_tokens for r in requests)} output tokens); a line every {progress_every:g} s",
+            file=sys.stderr,
+            flush=True,
+        )
+        progress = functools.partial(ProgressLines, every=progress_every)
     start = time.perf_counter()
-    outs = llm.generate([r.prompt_ids for r in requests], params, use_tqdm=False)
+    outs = llm.generate([r.prompt_ids for r in requests], params, use_tqdm=progress)
     elapsed = time.perf_counter() - start
     output_tokens = sum(len(o.token_ids) for o in outs)
     expected = sum(r.max_tokens for r in requests)
