@@ -523,8 +523,8 @@ class ModelRunner:
             tokens = int(t.item())
         if self.parallel.tp_rank == 0 and tokens < wanted:
             logger.info(
-                "KV pool: %d tokens, what %.1f GiB free memory leaves it (%s sets another size)",
-                tokens, free / (1 << 30), named("num_kv_tokens", self.spelling),
+                "KV pool: %d tokens (%.1f GiB), sized to the %.1f GiB of memory free (%s sets another size)",
+                tokens, tokens * per_token / (1 << 30), free / (1 << 30), named("num_kv_tokens", self.spelling),
             )  # fmt: skip
             if tokens < context:
                 logger.warning(
