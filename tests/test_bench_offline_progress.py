@@ -29,11 +29,14 @@ def test_the_timed_run_prints_progress_lines_on_stderr(llm, capsys):
     out, err = capsys.readouterr()
     assert out == ""
     lines = err.splitlines()
-    assert lines[0] == "minisgl bench offline: timing 6 requests (288 output tokens); a line every 0.001 s"
-    progress = [
-        line for line in lines[1:] if re.fullmatch(r"minisgl bench offline: \d/6 requests done, \d+ s", line)
+    assert lines[:2] == [
+        "minisgl bench offline: warming up (4 requests of 8 tokens)",
+        "minisgl bench offline: timing 6 requests (288 output tokens); a line every 0.001 s",
     ]
-    assert progress and len(progress) == len(lines) - 1, err
+    progress = [
+        line for line in lines[2:] if re.fullmatch(r"minisgl bench offline: \d/6 requests done, \d+ s", line)
+    ]
+    assert progress and len(progress) == len(lines) - 2, err
 
 
 def test_no_progress_lines_unless_asked(llm, capsys):

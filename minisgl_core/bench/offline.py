@@ -63,6 +63,12 @@ def run_offline(
     # warm-up outside the timed region (JIT kernels, allocator, graphs already captured at load)
     warm_start = time.perf_counter()
     warm = requests[:4]
+    if progress_every is not None:  # (minutes on a busy CPU)
+        print(
+            f"minisgl bench offline: warming up ({len(warm)} requests of 8 tokens)",
+            file=sys.stderr,
+            flush=True,
+        )
     llm.generate([r.prompt_ids for r in warm], [SamplingParams(max_tokens=8, ignore_eos=True, grammar=grammar)] * len(warm),
                  use_tqdm=False)  # fmt: skip
     warmup = time.perf_counter() - warm_start
