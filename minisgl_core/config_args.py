@@ -87,7 +87,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--num-kv-tokens",
         type=int,
         default=_default("num_kv_tokens"),
-        help=f"KV pool size in tokens (default: {CPU_DEFAULT_KV_TOKENS} on a CPU; on a GPU, sized by "
+        help="KV pool size in tokens (default: on a CPU, what --max-running-requests x --max-context-len "
+        f"can use, at most {CPU_DEFAULT_KV_TOKENS} and half the free memory; on a GPU, sized by "
         "--kv-memory-fraction)",
     )
     g.add_argument(
@@ -97,7 +98,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="the share of the GPU memory free once the weights are loaded, less 4 GiB kept for "
         "activations and CUDA graphs, that the KV pool takes (default: %(default)s); used on a GPU "
         "without --num-kv-tokens only: on a CPU the pool holds --num-kv-tokens tokens "
-        f"(default {CPU_DEFAULT_KV_TOKENS})",
+        "(default: sized to the run and the free memory)",
     )
     g.add_argument(
         "--dtype",

@@ -40,7 +40,7 @@ DOCUMENTED: dict[str, str] = {
     "(--disable-fast-path vocab_parallel_sampling)",
     "MINISGL_STEP_TRACE": "FILE: the default of --step-trace (EngineConfig.step_trace), one JSON line per step",
     "MINISGL_LOG_LEVEL": "the default of --log-level",
-    "MINISGL_API_KEY": "the default of serve's --api-key (preferred: a flag shows in the process list)",
+    "MINISGL_API_KEY": "the default of --api-key for serve, shell --url and bench serve (preferred: a flag shows in the process list)",
     "MINISGL_PLUGINS": "comma-separated allow-list of plugins ('' = none); no flag: plugins are "
     "discovered before any flag is parsed, since they add flags",
     "MINISGL_DISABLE_PLUGINS": "comma-separated plugins to skip, added to --disable-plugin",
