@@ -870,10 +870,13 @@ def test_kv_memory_fraction_says_what_it_is_a_share_of_and_that_a_cpu_does_not_u
     helps = {action.dest: action.help or "" for action in parser._actions}
     fraction = helps["kv_memory_fraction"]
     assert fraction.startswith("the share of the GPU memory free once the weights are loaded, less 4 GiB")
-    assert f"on a CPU the pool holds --num-kv-tokens tokens (default {CPU_DEFAULT_KV_TOKENS})" in fraction
     assert (
-        f"(default: {CPU_DEFAULT_KV_TOKENS} on a CPU; on a GPU, sized by --kv-memory-fraction)"
-        in (helps["num_kv_tokens"])
+        "on a CPU the pool holds --num-kv-tokens tokens (default: sized to the run and the free memory)"
+        in fraction
+    )
+    assert (
+        f"--max-context-len can use, at most {CPU_DEFAULT_KV_TOKENS} and half the free memory; on a GPU, "
+        "sized by --kv-memory-fraction)" in helps["num_kv_tokens"]
     )
     llm = LLM(model_dir, attn="torch", device="cpu", kv_memory_fraction=0.01, max_running_requests=4)
     try:

@@ -64,6 +64,10 @@ def serve(opts: ServeOptions, plugins: Plugins, foreground: Foreground | None = 
     process_ctx = ProcessContext(role="api", tp_size=config.tp_size, options=dict(opts.runtime.options or {}))
     plugins.call_hook("minisgl_process_start", ctx=process_ctx)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    # Ctrl-C / SIGINT stops the server even where it started ignored (a job in the background of a
+    # non-interactive shell inherits SIGINT ignored, and Python then never raises KeyboardInterrupt;
+    # uvicorn's and vLLM's servers stop on it all the same)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     runtime = Runtime(opts.runtime)
     code = 0
     try:

@@ -34,6 +34,24 @@ def long_context_model_dir(tmp_path_factory):
     )  # fmt: skip
 
 
+@pytest.fixture
+def start_server(start_server):
+    """The session's ``start_server``, each server this test started killed when it ends: a test
+    that failed before its SIGTERM left a server decoding a 30,000-token stream at 100% of a core
+    until the session's end (a CI run's other tests then ran at half speed)."""
+    started = []
+
+    def start(*args, **kwargs):
+        server = start_server(*args, **kwargs)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        if server.proc.poll() is None:
+            server.kill_all()
+
+
 class StreamingClient(threading.Thread):
     """Reads one SSE stream to its end in the background: the events, or the transport error."""
 
@@ -125,7 +143,14 @@ def test_a_second_signal_during_the_drain_stops_at_once(
     --shutdown-timeout ran (60 s here). Now it ends the wait: the stream still gets its error
     event and [DONE], the launcher and every worker process are gone within seconds."""
     limits = ["--max-context-len", "32768", "--num-kv-tokens", "32768", "--shutdown-timeout", "60"]
-    server = start_server(["--model", str(long_context_model_dir), *engine_args, *limits])
+    # started with SIGINT ignored, as a job in the background of a non-interactive shell is (a CI
+    # run's): the server ignored Ctrl-C then, the first one too
+    ignored = signal.signal(signal.SIGINT, signal.SIG_IGN) if stop == signal.SIGINT else None
+    try:
+        server = start_server(["--model", str(long_context_model_dir), *engine_args, *limits])
+    finally:
+        if ignored is not None:
+            signal.signal(signal.SIGINT, ignored)
     children = server.children()
     long = StreamingClient(server.url, VERY_LONG)
     long.start()
