@@ -82,7 +82,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 #: SGLang's and vLLM's server flags with a minisgl equivalent: flag -> (whose, minisgl's). vLLM's
-#: flags that are also its ``LLM(...)`` keywords come from the offline LLM's table (llm.py).
+#: flags that are also its ``LLM(...)`` keywords come from ``setting_names.VLLM_KEYWORDS``.
 _FOREIGN_FLAGS = {
     "--chunked-prefill-size": ("SGLang", "--max-prefill-tokens"),
     "--context-length": ("SGLang", "--max-context-len"),
@@ -108,12 +108,10 @@ def foreign_flag_hints(arguments: list[str]) -> list[str]:
     """For each SGLang or vLLM flag among ``arguments`` (``--flag`` or ``--flag=VALUE``, dashes or
     underscores) that minisgl spells otherwise, a line naming minisgl's: "--chunked-prefill-size is
     SGLang's; minisgl's is --max-prefill-tokens"."""
-    from minisgl_core.llm import _NOT_NEEDED_OPTIONS as NOT_NEEDED_OPTIONS
-    from minisgl_core.llm import _VLLM_OPTIONS as VLLM_OPTIONS
-    from minisgl_core.setting_names import flag
+    from minisgl_core.setting_names import NOT_NEEDED_KEYWORDS, VLLM_KEYWORDS, flag
 
     known = dict(_FOREIGN_FLAGS)
-    for keyword, instead in VLLM_OPTIONS.items():  # "max_running_requests=", "cuda_graph_max_bs=0 (...)"
+    for keyword, instead in VLLM_KEYWORDS.items():  # "max_running_requests=", "cuda_graph_max_bs=0 (...)"
         field, _, value = instead.split(" ", 1)[0].partition("=")
         known["--" + keyword.replace("_", "-")] = ("vLLM", f"{flag(field)} {value.strip(chr(39))}".rstrip())
     hints = []
@@ -125,8 +123,8 @@ def foreign_flag_hints(arguments: list[str]) -> list[str]:
         if name in known:
             whose, instead = known[name]
             hints.append(f"{name} is {whose}'s; minisgl's is {instead}")
-        elif keyword in NOT_NEEDED_OPTIONS:
-            hints.append(f"{name} is vLLM's and SGLang's: {NOT_NEEDED_OPTIONS[keyword]}")
+        elif keyword in NOT_NEEDED_KEYWORDS:
+            hints.append(f"{name} is vLLM's and SGLang's: {NOT_NEEDED_KEYWORDS[keyword]}")
     return list(dict.fromkeys(hints))
 
 

@@ -25,7 +25,7 @@ from minisgl_core.grammars import check_grammar_backend
 from minisgl_core.plugins import Plugins
 from minisgl_core.request_limits import truncate_prompt
 from minisgl_core.sampling import SamplingParams, TokenLogprob, merge_sampling, short_repr
-from minisgl_core.setting_names import Spelling
+from minisgl_core.setting_names import NOT_NEEDED_KEYWORDS, VLLM_KEYWORDS, Spelling
 from minisgl_core.tokenizer.chat_input import (
     LONE_SURROGATE,
     check_continued_message,
@@ -141,19 +141,9 @@ _CLI_ONLY_OPTIONS = {
 }
 
 
-#: vLLM's ``LLM(...)`` keywords that difflib cannot match to minisgl's setting of the same meaning
-_VLLM_OPTIONS = {
-    "tensor_parallel_size": "tp_size= (LLM runs tp_size 1; `minisgl serve --tp N` runs more)",
-    "max_num_seqs": "max_running_requests=",
-    "max_num_batched_tokens": "max_prefill_tokens=",
-    "enforce_eager": "cuda_graph_max_bs=0 (no CUDA graphs)",
-    "enable_prefix_caching": "cache='radix' (the prefix cache, the default) or cache='naive' (none)",
-}
-#: vLLM's keywords with no minisgl setting, and why none is needed
-_NOT_NEEDED_OPTIONS = {
-    "trust_remote_code": "minisgl runs no model code from a hub (its architectures are built in or "
-    "plugins), so there is nothing to trust: leave it out",
-}
+#: vLLM's keywords spelt the minisgl way (the command line's foreign-flag hints read them too)
+_VLLM_OPTIONS = VLLM_KEYWORDS
+_NOT_NEEDED_OPTIONS = NOT_NEEDED_KEYWORDS
 
 
 def _check_option_names(options: Mapping[str, Any]) -> None:

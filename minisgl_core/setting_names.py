@@ -34,3 +34,19 @@ def given(field: str, value: object, spelling: Spelling = "flag", *, quote: bool
     if spelling == "keyword":
         return f"{field}={text!r}"
     return f"{flag(field)} {text!r}" if quote else f"{flag(field)} {text}"
+
+
+#: vLLM's ``LLM(...)`` keywords that difflib cannot match to minisgl's setting of the same meaning
+#: (``LLM()``'s hints, and the command line's for the same flags)
+VLLM_KEYWORDS = {
+    "tensor_parallel_size": "tp_size= (LLM runs tp_size 1; `minisgl serve --tp N` runs more)",
+    "max_num_seqs": "max_running_requests=",
+    "max_num_batched_tokens": "max_prefill_tokens=",
+    "enforce_eager": "cuda_graph_max_bs=0 (no CUDA graphs)",
+    "enable_prefix_caching": "cache='radix' (the prefix cache, the default) or cache='naive' (none)",
+}
+#: vLLM's keywords with no minisgl setting, and why none is needed
+NOT_NEEDED_KEYWORDS = {
+    "trust_remote_code": "minisgl runs no model code from a hub (its architectures are built in or "
+    "plugins), so there is nothing to trust: leave it out",
+}
