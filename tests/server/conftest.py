@@ -30,23 +30,9 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_model_dir(tmp_path_factory.mktemp("model") / "tiny-qwen3", "Qwen3ForCausalLM", seed=1)
 
 
-@pytest.fixture(scope="session")
-def start_server(tmp_path_factory: pytest.TempPathFactory):
-    """start_server(args, env=None) -> a ready LiveServer (stopped and cleaned up at session end)."""
-    servers: list[LiveServer] = []
-
-    def start(
-        args: list[str], env: dict[str, str] | None = None, wait: bool = True, command: str = "serve"
-    ) -> LiveServer:
-        server = LiveServer(tmp_path_factory.mktemp("server"), args, env, command)
-        servers.append(server)
-        if wait:
-            server.wait_ready()
-        return server
-
-    yield start
-    # SIGTERM to every server still up first, then the waits: they drain and exit side by side
-    # (one after the other, those left at the end of CI's session took 13 s: its last teardown)
+def stop_all(servers: list[LiveServer]) -> None:
+    """SIGTERM to every server still up first, then the waits: they drain and exit side by side
+    (one after the other, those left at the end of CI's session took 13 s: its last teardown)."""
     for server in servers:
         if server.proc.poll() is None:
             server.proc.send_signal(signal.SIGTERM)
@@ -60,8 +46,50 @@ def start_server(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="session")
+def launched_servers():
+    """The servers ``start_server`` started: (per module, kept for the session); all stopped at the
+    session's end. (Its own fixture: a module may override ``start_server`` with a narrower scope.)"""
+    servers: tuple[list[LiveServer], list[LiveServer]] = ([], [])
+    yield servers
+    stop_all(servers[0] + servers[1])
+
+
+@pytest.fixture(scope="session")
+def start_server(tmp_path_factory: pytest.TempPathFactory, launched_servers):
+    """start_server(args, env=None) -> a ready LiveServer, stopped when the test module that started
+    it ends (``keep=True``: at the session's end, for the session's shared server)."""
+
+    def start(
+        args: list[str],
+        env: dict[str, str] | None = None,
+        wait: bool = True,
+        command: str = "serve",
+        keep: bool = False,
+    ) -> LiveServer:
+        server = LiveServer(tmp_path_factory.mktemp("server"), args, env, command)
+        launched_servers[1 if keep else 0].append(server)
+        if wait:
+            server.wait_ready()
+        return server
+
+    return start
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_the_modules_servers(launched_servers):
+    """Each module's own servers stop when it ends: left up to the session's end, CI's servers (four
+    processes each, 1.4 GB for the real model's) held 12 GB of a 24 GB machine by a third of the
+    run, and the page cache they squeezed out made every later process start read torch from disk."""
+    servers = launched_servers[0]
+    before = len(servers)
+    yield
+    stop_all(servers[before:])
+    del servers[before:]
+
+
+@pytest.fixture(scope="session")
 def server(start_server, model_dir: Path) -> LiveServer:
-    return start_server(["--model", str(model_dir), "--api-key", API_KEY, *ENGINE_ARGS])
+    return start_server(["--model", str(model_dir), "--api-key", API_KEY, *ENGINE_ARGS], keep=True)
 
 
 @pytest.fixture(scope="session")
