@@ -476,7 +476,22 @@ def whole_integer_bounds(schema: Any) -> bool:
                 if sub.pop(exclusive) and _is_number(sub.get(bound)):
                     sub[exclusive] = sub.pop(bound)
                 changed = True
+        types = sub.get("type")
+        if isinstance(types, list) and "integer" in types and "number" in types:
+            # every integer is a number: the list means what it says without "integer", whose
+            # branch xgrammar would hold to integer rules (a fractional bound refused)
+            sub["type"] = [t for t in types if t != "integer"]
+            changed = True
         if not _integer_only(sub):
+            continue
+        span = _integer_span(sub)
+        if isinstance(types, list) and len(types) > 1 and span is not None and span[0] > span[1]:
+            # ["integer", "null"] whose bounds no integer meets: null alone (the bounds bind numbers
+            # only, and none is left); a lone "integer" was refused (accepting_nothing)
+            sub["type"] = [t for t in types if t != "integer"]
+            for key in _RANGE_KEYWORDS:
+                sub.pop(key, None)
+            changed = True
             continue
         for key, whole in _WHOLE_BOUNDS:
             value = sub.get(key)
@@ -547,7 +562,9 @@ def accepting_nothing(schema: Any) -> list[str]:
     """The parts of ``schema`` that accept no value, each as "... at PATH": ``anyOf`` or ``oneOf``
     of no schemas, an ``enum`` none of whose values keeps to the length limits beside it, a
     ``const`` that breaks them. xgrammar compiles each into a grammar that a server answered ""
-    for (it refuses ``false`` and an empty ``enum`` itself)."""
+    for (it refuses ``false`` and an empty ``enum`` itself). And an integer whose bounds leave no
+    integer (``minimum`` 2.5, ``maximum`` 2.7): rounded to whole bounds for xgrammar, that read
+    "minimum greater than maximum", of bounds the user never wrote."""
     found: list[str] = []
     for sub, path, _ in _walk(schema):
         found += [f"{key!r} of no schemas at {path}" for key in ("anyOf", "oneOf") if sub.get(key) == []]
@@ -559,7 +576,34 @@ def accepting_nothing(schema: Any) -> list[str]:
         values = sub.get("enum")
         if isinstance(values, list) and values and not any(_fits(v, limits) for v in values):
             found.append(f"'enum' with no value {_limit_words(sub)} allows at {path}")
+    for sub, path, _ in _walk(schema):
+        span = _integer_span(sub) if sub.get("type") in ("integer", ["integer"]) else None
+        if span is not None and span[0] > span[1]:
+            bounds = ", ".join(
+                f"{key} {_shown(sub[key])}" for key in _RANGE_KEYWORDS if _is_number(sub.get(key))
+            )
+            found.append(f"integer bounds that no integer meets ({bounds}) at {path}")
     return found
+
+
+def _integer_span(schema: dict) -> tuple[float, float] | None:
+    """The least and the greatest integer the bounds of ``schema`` allow (either may be infinite),
+    draft 4's boolean ``exclusiveMinimum``/``exclusiveMaximum`` read as such; None if a bound is
+    not a finite number (refused or ignored elsewhere)."""
+    low, high = -math.inf, math.inf
+    for bound, exclusive, sign in (("minimum", "exclusiveMinimum", 1), ("maximum", "exclusiveMaximum", -1)):
+        for key, strict in ((bound, schema.get(exclusive) is True), (exclusive, True)):
+            value = schema.get(key)
+            if not _is_number(value):
+                continue
+            if not _readable(value):
+                return None
+            # the integer nearest the bound on its allowed side: ceil/floor, one step in if strict
+            edge = math.ceil(value) if sign > 0 else math.floor(value)
+            if strict and edge == value:
+                edge += sign
+            low, high = (max(low, edge), high) if sign > 0 else (low, min(high, edge))
+    return low, high
 
 
 def apply_lengths_to_choices(schema: Any) -> bool:

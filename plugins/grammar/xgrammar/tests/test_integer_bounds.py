@@ -99,3 +99,62 @@ def test_a_bound_past_64_bit_integers_is_refused_by_name(backend, schema, says, 
 
 def test_the_64_bit_limits_themselves_are_taken(backend):
     assert _takes(backend, {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}, "0")
+
+
+#: integer bounds that leave no integer, and how the refusal shows them
+NO_INTEGER = [
+    ({"type": "integer", "minimum": 2.5, "maximum": 2.7}, "(minimum 2.5, maximum 2.7)"),
+    ({"type": "integer", "minimum": 5, "maximum": 1}, "(minimum 5, maximum 1)"),
+    (
+        {"type": "integer", "exclusiveMinimum": 2, "exclusiveMaximum": 3},
+        "(exclusiveMinimum 2, exclusiveMaximum 3)",
+    ),
+    ({"type": "integer", "minimum": 3, "exclusiveMaximum": 3.0}, "(minimum 3, exclusiveMaximum 3.0)"),
+    (
+        {"type": "integer", "minimum": 2, "exclusiveMinimum": True, "maximum": 3, "exclusiveMaximum": True},
+        "(minimum 2, maximum 3)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("schema", "shown"), NO_INTEGER)
+@pytest.mark.parametrize("how", ["check", "compile"])
+def test_bounds_no_integer_meets_are_refused_in_the_users_terms(backend, schema, shown, how):
+    """minimum 2.5 with maximum 2.7: rewritten to 3 and 2, xgrammar refused it as "minimum greater
+    than maximum", bounds the user never wrote. Now the refusal quotes the schema's own bounds (and
+    ``jsonschema`` agrees that no integer is valid)."""
+    draft4 = any(isinstance(value, bool) for value in schema.values())
+    validator = jsonschema.Draft4Validator if draft4 else jsonschema.Draft202012Validator
+    assert not any(validator(schema).is_valid(n) for n in range(-10, 11))
+    nested = {"type": "object", "properties": {"n": schema}}
+    with pytest.raises(GrammarError) as refused:
+        getattr(backend, how)(GrammarSpec("json_schema", json.dumps(nested)))
+    message = str(refused.value)
+    assert message.startswith("json_schema: part of the schema accepts no value"), message
+    assert f"integer bounds that no integer meets {shown} at #/properties/n" in message, message
+
+
+def test_a_type_list_of_integer_and_number_takes_a_fractional_bound_as_a_number(backend):
+    """["integer", "number"] means any number; xgrammar held its integer branch to integer rules and
+    refused a fractional bound ("whole number"). The list is read as "number"."""
+    schema = {"type": ["integer", "number"], "minimum": 2.5, "maximum": 4.5}
+    for text, valid in [
+        ("3", True),
+        ("2.5", True),
+        ("4.25", True),
+        ("2", False),
+        ("5", False),
+        ("4.75", False),
+    ]:
+        assert jsonschema.Draft202012Validator(schema).is_valid(json.loads(text)) is valid
+        assert _takes(backend, schema, text) is valid, text
+
+
+@pytest.mark.parametrize("bounds", [{"minimum": 2.5, "maximum": 2.7}, {"exclusiveMinimum": 1, "maximum": 1}])
+def test_integer_or_null_whose_bounds_no_integer_meets_takes_null(backend, bounds):
+    """The bounds bind the integers only: the schema still takes null (and nothing else)."""
+    schema = {"type": ["integer", "null"], **bounds}
+    for text in ["null", "1", "2", "3"]:
+        valid = jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
+        assert valid is (text == "null")
+        assert _takes(backend, schema, text) is valid, text
