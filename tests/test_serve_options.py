@@ -76,3 +76,36 @@ def test_a_chat_template_file_without_jinja_is_refused_at_start_up(model_dir, tm
         f"--chat-template: {plain} has no Jinja in it (no {{{{ }}}} or {{% %}}); give a Jinja chat "
         "template file"
     )
+
+
+@pytest.mark.parametrize(
+    ("given", "name", "aliases"),
+    [
+        ([], None, ()),
+        (["--served-model-name", "a"], "a", ()),
+        (["--served-model-name", "a", "b", "a", "c"], "a", ("b", "c")),
+    ],
+)
+def test_served_model_name_takes_several_names_the_first_one_answers(model_dir, given, name, aliases):
+    """vLLM's --served-model-name takes several names (a request may send any); ours took one, and
+    `--served-model-name a b` was "unrecognized arguments: b"."""
+    from minisgl_core.cli import build_parser
+    from minisgl_core.server.cli import _serve_options
+
+    opts, _ = _serve_options(build_parser().parse_args(["serve", "--model", str(model_dir), *given]))
+    assert (opts.served_model_name, opts.served_model_aliases) == (name, aliases)
+
+
+def test_the_demo_model_answers_to_demo_too(monkeypatch, tmp_path):
+    """`--model demo` is served as its directory's name, demo-qwen3: a request naming "demo" (the
+    name the user gave) was a 404."""
+    from minisgl_core.cli import build_parser
+    from minisgl_core.server.cli import _serve_options
+
+    monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path))
+    opts, _ = _serve_options(build_parser().parse_args(["serve", "--model", "demo"]))
+    assert (opts.served_model_name, opts.served_model_aliases) == (None, ("demo",))
+    opts, _ = _serve_options(
+        build_parser().parse_args(["serve", "--model", "demo", "--served-model-name", "x"])
+    )
+    assert (opts.served_model_name, opts.served_model_aliases) == ("x", ())

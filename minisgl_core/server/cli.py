@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from minisgl_core import environment
+from minisgl_core.checkpoint.resolve import DEMO
 from minisgl_core.config import ConfigError, EngineConfig
 from minisgl_core.grammars import check_grammar_backend
 from minisgl_core.plugins import Plugins
@@ -60,8 +61,11 @@ def _add_http_args(p: argparse.ArgumentParser, port: int) -> None:
     g.add_argument(
         "--served-model-name",
         default=None,
+        nargs="+",
+        metavar="NAME",
         type=_served_name,
-        help="model id in the API (default: the model directory's name, ORG/NAME for a hub id, a .gguf file's stem)",
+        help="model id in the API (default: the model directory's name, ORG/NAME for a hub id, a .gguf "
+        "file's stem); more names are aliases a request may send, the first is the id answers carry",
     )
     g.add_argument(
         "--tool-call-parser",
@@ -297,12 +301,20 @@ def _serve_options(args: argparse.Namespace):
         options=_plain_options(args),
         sampling_defaults=sampling_defaults,
     )
+    names = args.served_model_name or []
+    # `--model demo` is served as demo-qwen3 (its directory); a request naming "demo" finds it too
+    aliases = tuple(
+        name
+        for name in dict.fromkeys(names or ([DEMO] if args.model == DEMO else []))
+        if name not in names[:1]
+    )
     opts = ServeOptions(
         runtime=runtime,
         host=args.host,
         port=args.port,
         api_key=args.api_key,
-        served_model_name=args.served_model_name,
+        served_model_name=names[0] if names else None,
+        served_model_aliases=aliases,
         log_level=args.log_level,
         limits=limits,
         api=api,
@@ -460,7 +472,7 @@ def _cmd_shell(args: argparse.Namespace) -> int:
             )
     _check_shell_args(args)
     if args.url:
-        model, context_len = args.served_model_name, None
+        model, context_len = (args.served_model_name or [None])[0], None
         if model is None:
             model, context_len = _served_model(args.url, args.api_key)
         _check_reply_fits(args.max_tokens, context_len, f"the server at {args.url}")

@@ -38,6 +38,8 @@ class ServeOptions:
     port: int = 8000
     api_key: str | None = None
     served_model_name: str | None = None
+    #: more names a request may send for the model (answers carry ``served_model_name``)
+    served_model_aliases: tuple[str, ...] = ()
     log_level: str = "info"
     limits: ServerLimits = ServerLimits()
     #: parsers, CORS and the chat template of the HTTP layer
@@ -166,8 +168,13 @@ def _drain(state: Any, runtime: Runtime, timeout_s: float) -> None:
             "%s again: aborting %d in-flight requests and stopping now",
             signal.Signals(second[0]).name, len(state.pending),
         )  # fmt: skip
-    elif state.pending:
-        logger.warning("ending %d unfinished requests with an error", len(state.pending))
+    elif state.pending or state.open_requests:
+        why = (
+            "a worker failed"
+            if runtime.failure is not None
+            else f"the drain ran out of its {timeout_s:g}s (--shutdown-timeout)"
+        )
+        logger.warning("%s: ending %d unfinished requests with an error", why, len(state.pending))
     state.loop.call_soon_threadsafe(state.fail, "the server is shutting down")
 
 
@@ -204,6 +211,7 @@ def _start_http(opts: ServeOptions, runtime: Runtime, info: dict[str, Any], name
         info["vocab_size"],
         opts.runtime.sampling_defaults or {},
         info.get("max_token_chars"),
+        tuple(alias for alias in opts.served_model_aliases if alias != name),
     )
     state = ServerState(runtime.endpoints, model, limits=opts.limits, process_problem=runtime.process_problem)
     app = create_app(state, opts.api_key, opts.api, {**info, "tp_size": opts.runtime.config.tp_size})

@@ -365,9 +365,9 @@ def make_router(
 
     # ---------------------------------------------------------------- info
 
-    def model_card() -> dict:
+    def model_card(name: str) -> dict:
         return {
-            "id": model.name,
+            "id": name,
             "object": "model",
             "created": state.created,
             "owned_by": "minisgl",
@@ -379,12 +379,13 @@ def make_router(
 
     @router.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [model_card()]}
+        # one card per name a request may send, as vLLM lists its served names
+        return {"object": "list", "data": [model_card(name) for name in (model.name, *model.aliases)]}
 
     @router.get("/v1/models/{model_id:path}")
     async def model_info(model_id: str) -> dict:
         model.check_name(model_id)
-        return model_card()
+        return model_card(model_id if model_id in model.aliases else model.name)
 
     return router
 

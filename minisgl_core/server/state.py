@@ -48,6 +48,9 @@ class ModelInfo:
     #: the most characters one token stands for (the tokenizer's longest vocabulary entry; None:
     #: unknown, request_limits.CHARS_PER_TOKEN)
     max_token_chars: int | None = None
+    #: more ids a request may send for this model (--served-model-name's later names); answers
+    #: carry ``name``
+    aliases: tuple[str, ...] = ()
 
     @property
     def max_model_len(self) -> int:
@@ -57,13 +60,14 @@ class ModelInfo:
 
     def check_name(self, requested: str | None) -> None:
         """A 404 in OpenAI's shape unless ``requested`` (a body's ``model``, a path's id) names
-        this model, by name or path; None (left out) does."""
-        if requested is not None and requested not in (self.name, self.path):
+        this model, by name, alias or path; None (left out) does."""
+        if requested is not None and requested not in (self.name, self.path, *self.aliases):
             # (cut short: a megabyte of name was echoed back whole)
             shown = repr(requested) if len(requested) <= 200 else repr(requested[:200]) + "..."
             raise APIError(
                 404,
-                f"the model {shown} does not exist; this server serves {self.name!r}",
+                f"the model {shown} does not exist; this server serves {self.name!r}"
+                + (f" (also named {', '.join(map(repr, self.aliases))})" if self.aliases else ""),
                 "model",
                 "model_not_found",
             )

@@ -129,6 +129,11 @@ def test_sigterm_drains_then_ends_streams_with_an_error(start_server, long_conte
     assert long.error is None and long.events[-1] == "[DONE]", long.events[-3:]
     assert "shutting down" in long.error_events()[0]["message"]
     assert server.wait_exit(30) == 0
+    # the log says why a request was cut: the drain's time, and the option that sets it
+    assert (
+        "the drain ran out of its" in server.log()
+        and "(--shutdown-timeout): ending 1 unfinished" in server.log()
+    )
     server.assert_all_stopped(children)
     # nothing left behind: the weights' progress bar made a multiprocessing lock in the scheduler,
     # which the resource tracker reported at every stop ("leaked semaphore objects")
