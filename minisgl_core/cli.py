@@ -108,12 +108,11 @@ def foreign_flag_hints(arguments: list[str]) -> list[str]:
     """For each SGLang or vLLM flag among ``arguments`` (``--flag`` or ``--flag=VALUE``, dashes or
     underscores) that minisgl spells otherwise, a line naming minisgl's: "--chunked-prefill-size is
     SGLang's; minisgl's is --max-prefill-tokens"."""
-    from minisgl_core.setting_names import NOT_NEEDED_KEYWORDS, VLLM_KEYWORDS, flag
+    from minisgl_core.setting_names import NOT_NEEDED_KEYWORDS, VLLM_KEYWORDS
 
     known = dict(_FOREIGN_FLAGS)
-    for keyword, instead in VLLM_KEYWORDS.items():  # "max_running_requests=", "cuda_graph_max_bs=0 (...)"
-        field, _, value = instead.split(" ", 1)[0].partition("=")
-        known["--" + keyword.replace("_", "-")] = ("vLLM", f"{flag(field)} {value.strip(chr(39))}".rstrip())
+    for keyword, setting in VLLM_KEYWORDS.items():
+        known["--" + keyword.replace("_", "-")] = ("vLLM", setting.hint("flag"))
     hints = []
     for argument in arguments:
         name = argument.split("=", 1)[0]

@@ -159,7 +159,9 @@ def _check_option_names(options: Mapping[str, Any]) -> None:
             continue
         if name in _NOT_NEEDED_OPTIONS:
             raise TypeError(f"LLM() got an unexpected keyword argument {name!r}: {_NOT_NEEDED_OPTIONS[name]}")
-        hint = _CLI_ONLY_OPTIONS.get(name) or _VLLM_OPTIONS.get(name)
+        hint = _CLI_ONLY_OPTIONS.get(name) or (
+            _VLLM_OPTIONS[name].hint("keyword") if name in _VLLM_OPTIONS else None
+        )
         if hint is None:
             near = difflib.get_close_matches(name, settings, n=1)
             hint = f"{near[0]}=" if near else None

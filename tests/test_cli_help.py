@@ -8,8 +8,8 @@ import pytest
 
 from minisgl_core.cli import build_parser
 
-#: (``bench``'s options are its own module's, and not all documented yet)
-SUBCOMMANDS = ("plugins", "generate", "serve", "shell")
+SUBCOMMANDS = ("plugins", "generate", "serve", "shell", "bench")
+BENCH_KINDS = ("offline", "serve", "grammar", "cpu", "make-model")
 
 
 def options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
@@ -22,10 +22,12 @@ def options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
 def parsers() -> dict[str, argparse.ArgumentParser]:
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return {"minisgl": parser, **{name: sub.choices[name] for name in SUBCOMMANDS}}
+    commands = {"minisgl": parser, **{name: sub.choices[name] for name in SUBCOMMANDS}}
+    kinds = next(a for a in commands["bench"]._actions if isinstance(a, argparse._SubParsersAction))
+    return {**commands, **{f"bench {kind}": kinds.choices[kind] for kind in BENCH_KINDS}}
 
 
-@pytest.mark.parametrize("command", ["minisgl", *SUBCOMMANDS])
+@pytest.mark.parametrize("command", ["minisgl", *SUBCOMMANDS, *(f"bench {kind}" for kind in BENCH_KINDS)])
 def test_every_option_has_help(parsers, command):
     missing = [a.option_strings or [a.dest] for a in options(parsers[command]) if not a.help]
     assert missing == [], f"minisgl {command}: no help text for {missing}"

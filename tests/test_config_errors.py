@@ -814,6 +814,9 @@ def test_page_size_defaults_by_device_and_backend_capabilities():
     assert resolve_page_size(4, cpu, {"a": Paged}) == 4
     with pytest.raises(PluginError, match="'b' supports only --page-size 1"):
         resolve_page_size(16, cuda, {"a": Paged, "b": SingleToken})
+    # the Python API's spelling keeps the number a number (it said page_size='1')
+    with pytest.raises(PluginError, match=r"'b' supports only page_size=1 \(it does not"):
+        resolve_page_size(16, cuda, {"a": Paged, "b": SingleToken}, "keyword")
 
 
 def test_the_engine_runs_at_the_page_size_it_resolved(model_dir):

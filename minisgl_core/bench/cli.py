@@ -31,9 +31,17 @@ def add_bench_command(sub) -> None:
     p = kinds.add_parser("offline", help="offline throughput on the standard workload")
     add_engine_args(p)
     p.add_argument("--shape", choices=sorted(SHAPES), help="build a random-weight model of this real shape")
-    p.add_argument("--model-cache", default="/tmp/minisgl-bench-models")
-    p.add_argument("--num-requests", type=_positive_int, default=256)
-    p.add_argument("--temperature", type=_temperature, default=0.6)
+    p.add_argument(
+        "--model-cache", default="/tmp/minisgl-bench-models",
+        help="where --shape's models are built, once each (default: %(default)s)",
+    )  # fmt: skip
+    p.add_argument(
+        "--num-requests", type=_positive_int, default=256,
+        help="requests of the standard workload (default: %(default)s, its standard size)",
+    )  # fmt: skip
+    p.add_argument(
+        "--temperature", type=_temperature, default=0.6, help="sampling temperature (default: %(default)s)"
+    )
     p.add_argument("--decode-latency", action="store_true", help="also measure batch-1 decode ms/token")
     p.add_argument(
         "--grammar-schema",
@@ -42,7 +50,7 @@ def add_bench_command(sub) -> None:
         help="constrain every request by this JSON schema (builtin: an array of objects too long to "
         "end before max_tokens); reports the schema's compile time too",
     )
-    p.add_argument("--label", default="")
+    p.add_argument("--label", default="", help="a free text kept in the JSON result (to tell runs apart)")
     p.add_argument(
         "--profile", type=_writable, help="write a cProfile report (host time) of the timed run to this file"
     )
@@ -52,15 +60,24 @@ def add_bench_command(sub) -> None:
     p.set_defaults(func=_offline)
 
     p = kinds.add_parser("serve", help="online benchmark against a running server")
-    p.add_argument("--url", type=_server_url, default="http://127.0.0.1:8000")
+    p.add_argument(
+        "--url", type=_server_url, default="http://127.0.0.1:8000", help="the server (default: %(default)s)"
+    )
     p.add_argument("--model", default=None, help="model id to request (default: the one the server lists)")
     p.add_argument(
         "--api-key",
         default=environment.get("MINISGL_API_KEY") or None,
         help="the server's API key (env MINISGL_API_KEY, as serve and shell take it)",
     )
-    p.add_argument("--workload", choices=["standard", "shared-prefix"], default="standard")
-    p.add_argument("--num-requests", type=_positive_int, default=256)
+    p.add_argument(
+        "--workload", choices=["standard", "shared-prefix"], default="standard",
+        help="standard: random prompts of 100-1,024 tokens, 100-1,024 output tokens; shared-prefix: "
+        "--groups of --prompts-per-group prompts sharing a --prefix-len prefix (default: %(default)s)",
+    )  # fmt: skip
+    p.add_argument(
+        "--num-requests", type=_positive_int, default=256,
+        help="requests of the standard workload (default: %(default)s)",
+    )  # fmt: skip
     p.add_argument(
         "--concurrency", type=_positive_ints, default=None, help="comma-separated sweep, e.g. 1,16,64"
     )
@@ -68,11 +85,25 @@ def add_bench_command(sub) -> None:
         "--request-rate", type=_rate_sweep, default=None,
         help="comma-separated requests/s sweep (Poisson arrivals)",
     )  # fmt: skip
-    p.add_argument("--groups", type=_positive_int, default=64)
-    p.add_argument("--prompts-per-group", type=_positive_int, default=16)
-    p.add_argument("--prefix-len", type=_positive_int, default=2048)
-    p.add_argument("--question-len", type=_non_negative_int, default=128)
-    p.add_argument("--output-len", type=_positive_int, default=256)
+    p.add_argument(
+        "--groups", type=_positive_int, default=64, help="shared-prefix: prefixes (default: %(default)s)"
+    )
+    p.add_argument(
+        "--prompts-per-group", type=_positive_int, default=16,
+        help="shared-prefix: prompts per prefix (default: %(default)s)",
+    )  # fmt: skip
+    p.add_argument(
+        "--prefix-len", type=_positive_int, default=2048,
+        help="shared-prefix: tokens of each shared prefix (default: %(default)s)",
+    )  # fmt: skip
+    p.add_argument(
+        "--question-len", type=_non_negative_int, default=128,
+        help="shared-prefix: tokens after the prefix, each prompt's own (default: %(default)s)",
+    )  # fmt: skip
+    p.add_argument(
+        "--output-len", type=_positive_int, default=256,
+        help="shared-prefix: output tokens per request (default: %(default)s)",
+    )  # fmt: skip
     p.add_argument(
         "--seed", type=_non_negative_int, default=0,
         help="the workload's random seed: another seed, other prompts (and prefixes nothing cached yet)",
@@ -87,7 +118,7 @@ def add_bench_command(sub) -> None:
         help="send the prompts as text decoded by this tokenizer (the served model's folder or .gguf file); "
         "needed with --server mini-sglang",
     )  # fmt: skip
-    p.add_argument("--label", default="")
+    p.add_argument("--label", default="", help="a free text kept in the JSON result (to tell runs apart)")
     p.add_argument(
         "--output", type=_writable, help="append the JSON result to this file (one object per line)"
     )
@@ -102,7 +133,9 @@ def add_bench_command(sub) -> None:
         "grammar",
         help="host time per decode step of constrained decoding (fill, accept, guard, copy), serial vs batched",
     )
-    p.add_argument("--grammar-backend", default="xgrammar")
+    p.add_argument(
+        "--grammar-backend", default="xgrammar", help="the grammar plugin to time (default: %(default)s)"
+    )
     p.add_argument("--rows", type=_positive_int, default=256, help="constrained requests in the batch")
     p.add_argument("--steps", type=_positive_int, default=24, help="timed decode steps")
     p.add_argument("--warm-steps", type=_non_negative_int, default=24, help="steps walked before timing")
@@ -118,10 +151,14 @@ def add_bench_command(sub) -> None:
         default=None,
         help=f"1 to {MAX_GRAMMAR_THREADS} (default: half the CPUs, 1 to 16)",
     )
-    p.add_argument("--grammar-schema", type=_schema_source, default="builtin", metavar="FILE|builtin")
+    p.add_argument(
+        "--grammar-schema", type=_schema_source, default="builtin", metavar="FILE|builtin",
+        help="the JSON schema every row follows (builtin: an array of objects, --max-tokens long; "
+        "default: %(default)s)",
+    )  # fmt: skip
     p.add_argument("--max-tokens", type=_positive_int, default=1024, help="the builtin schema's length")
     p.add_argument("--model-cache", default="/tmp/minisgl-bench-models", help="where the tokenizer is built")
-    p.add_argument("--label", default="")
+    p.add_argument("--label", default="", help="a free text kept in the JSON result (to tell runs apart)")
     p.add_argument(
         "--output", type=_writable, help="append the JSON result to this file (one object per line)"
     )
@@ -144,16 +181,22 @@ def add_bench_command(sub) -> None:
         help="an extra LLM(...) option (repeatable; VALUE read as a Python literal when it is one), "
         "e.g. --engine-arg quantization=int8",
     )
-    p.add_argument("--label", default="")
+    p.add_argument("--label", default="", help="a free text kept in the JSON result (to tell runs apart)")
     p.add_argument(
         "--output", type=_writable, help="append the JSON result to this file (one object per line)"
     )
     p.set_defaults(func=_cpu)
 
     p = kinds.add_parser("make-model", help="write a random-weight model of a real shape")
-    p.add_argument("--shape", choices=sorted(SHAPES), required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--device", default="cpu")
+    p.add_argument(
+        "--shape", choices=sorted(SHAPES), required=True, help="the real model whose shape to build"
+    )
+    p.add_argument("--out", required=True, help="the model directory to write")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="where the random weights are drawn (cuda: faster; default: %(default)s)",
+    )
     p.set_defaults(func=_make_model)
 
 

@@ -215,9 +215,8 @@ class ModelRunner:
         self.max_context_len = config.context_len(self.hf_config)
         if config.max_context_len and config.max_context_len > max_pos and parallel.tp_rank == 0:
             logger.warning(  # named as the user set it: ``--max-context-len N`` or ``max_context_len=N``
-                "%s%s%d is more than the model's max_position_embeddings %d: using %d",
-                named("max_context_len", self.spelling), " " if self.spelling == "flag" else "",
-                config.max_context_len, max_pos, max_pos,
+                "%s is more than the model's max_position_embeddings %d: using %d",
+                given("max_context_len", config.max_context_len, self.spelling), max_pos, max_pos,
             )  # fmt: skip
         self.vocab_size = int(self.hf_config["vocab_size"])
         num_pages = self._num_kv_pages(spec.num_layers, spec.num_kv_heads, spec.head_dim) + 1
@@ -267,7 +266,9 @@ class ModelRunner:
             rest = decode_fallbacks(config.attn, decode_name, self.device, plugins, needs)
             if not rest:
                 raise
-            logger.info("--attn auto: %s; decoding with %r instead", exc, rest[0])
+            logger.info(
+                "%s: %s; decoding with %r instead", given("attn", "auto", self.spelling), exc, rest[0]
+            )
             decode_name = rest[0]
             self.decode_attn = build_backend(
                 decode_name, self._backend_class(decode_name, plugins), attn_config
