@@ -146,6 +146,29 @@ _VLLM_OPTIONS = VLLM_KEYWORDS
 _NOT_NEEDED_OPTIONS = NOT_NEEDED_KEYWORDS
 
 
+def _plugins_options() -> dict[str, Any]:
+    """The installed plugins' options (for a hint only: a failure to load says nothing here)."""
+    try:
+        return Plugins.load(deprecation_warnings=False).option_defaults()
+    except Exception:  # noqa: BLE001 - the real start reports it
+        return {}
+
+
+def _check_plugin_option_names(given: Mapping[str, Any], defaults: Mapping[str, Any]) -> None:
+    """``plugin_options``: each name an installed plugin's option (a misspelt one was taken, and
+    the plugin read its default), as the command line refuses a flag no plugin added."""
+    import difflib
+
+    for name in given:
+        if name not in defaults:
+            near = difflib.get_close_matches(str(name), list(defaults), n=1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            raise ValueError(
+                f"plugin_options has {name!r}, which no installed plugin's options has; {hint}"
+                f"(the plugins' options: {', '.join(map(repr, defaults)) or 'none'})"
+            )
+
+
 def _check_option_names(options: Mapping[str, Any]) -> None:
     """``LLM(**options)``: each an :class:`EngineConfig` setting (a TypeError naming ``LLM`` and the
     nearest setting, not EngineConfig's own), and speculative decoding's tuning, other than its
@@ -162,6 +185,11 @@ def _check_option_names(options: Mapping[str, Any]) -> None:
         hint = _CLI_ONLY_OPTIONS.get(name) or (
             _VLLM_OPTIONS[name].hint("keyword") if name in _VLLM_OPTIONS else None
         )
+        if hint is None and name in _plugins_options():  # (a plugin's option, as the command line takes it)
+            raise TypeError(
+                f"LLM() got an unexpected keyword argument {name!r}: it is a plugin's option; pass it as "
+                f"plugin_options={{{name!r}: {options[name]!r}}}"
+            )
         if hint is None:
             near = difflib.get_close_matches(name, settings, n=1)
             hint = f"{near[0]}=" if near else None
@@ -263,8 +291,15 @@ class LLM:
             )
         plugins = Plugins.load(disable=disable_plugins, spelling=spelling)
         check_grammar_backend(plugins, config.grammar_backend, EngineConfig.grammar_backend)
-        # plugins' own options at the top level, as under serve (ctx.options["example_max_wait"])
-        options = {k: v for k, v in options.items() if k != "plugin_options"} | dict(config.plugin_options)
+        # plugins' own options at the top level, as under serve (ctx.options["example_max_wait"]),
+        # each at its default unless given
+        defaults = plugins.option_defaults()
+        _check_plugin_option_names(config.plugin_options, defaults)
+        options = (
+            defaults
+            | {k: v for k, v in options.items() if k != "plugin_options"}
+            | dict(config.plugin_options)
+        )
         self._context = ProcessContext(role="offline", options=options)
         plugins.call_hook("minisgl_process_start", ctx=self._context)
         self.engine = Engine(self.config, ParallelContext(), plugins)
@@ -289,10 +324,11 @@ class LLM:
     def _close(self) -> None:
         if not self._closed:
             self._closed = True
-            try:
-                self.engine.plugins.call_hook("minisgl_process_stop", ctx=self._context)
-            except Exception:  # noqa: BLE001 - stop hooks log, never raise
-                logger.exception("a plugin's minisgl_process_stop hook failed")
+            # stop hooks log, never raise, and one that raises does not skip the others
+            for failure in self.engine.plugins.call_hook(
+                "minisgl_process_stop", keep_going=True, ctx=self._context
+            ):
+                logger.warning("%s", failure)
             self.engine.close()
             del self.engine
 

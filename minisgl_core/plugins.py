@@ -290,7 +290,13 @@ class Plugins:
         if not isinstance(api, str):
             info.status = "incompatible"
             example = f'MINISGL_API = "{API_VERSION}"'
-            if api is None:
+            if api is None and ep.attr:  # (the module may declare it: the value names something in it)
+                info.status = "failed"
+                info.reason = (
+                    f"the entry point's value must be the thin module itself, {ep.name} = {ep.module!r}, "
+                    f"not {ep.value!r} (which names {type(module).__name__} {ep.attr!r} in it)"
+                )
+            elif api is None:
                 info.reason = f"declares no MINISGL_API (e.g. {example})"
             else:  # MINISGL_API = 2.0: a float, so 2.10 would read as 2.1
                 info.reason = (
@@ -317,6 +323,16 @@ class Plugins:
         if wrong_hooks:
             info.status, info.reason = "failed", f"invalid hooks: {wrong_hooks}"
             self._note_unusable(info, module)
+            return
+        twin = next(
+            (i for i in self.infos if i is not info and i.module is module and i.status == "ok"), None
+        )
+        if twin is not None:  # (pluggy's refusal lists every registered plugin: thousands of characters)
+            info.status = "failed"
+            info.reason = (
+                f"its entry point names module {module.__name__!r}, as plugin {twin.name!r}'s does "
+                f"({twin.distribution}): a module is one plugin; keep one of the two entry points"
+            )
             return
         try:
             self.pm.register(module, name=info.name)
@@ -603,8 +619,12 @@ class Plugins:
             f"{i.name} {i.version}" + ("" if i.status == "ok" else f" ({i.status})") for i in self.infos
         )
 
-    def call_hook(self, hook_name: str, **kwargs: Any) -> None:
-        """Call a non-registration hook on every loaded plugin, naming the plugin if one raises."""
+    def call_hook(self, hook_name: str, *, keep_going: bool = False, **kwargs: Any) -> list[PluginError]:
+        """Call a non-registration hook on every loaded plugin, naming the plugin if one raises:
+        raised at once, or with ``keep_going`` collected and returned while every other plugin's
+        hook still runs (stop hooks, command-line options: one broken plugin took the later
+        plugins' options and stop hooks with it)."""
+        failures: list[PluginError] = []
         for info in self.infos:
             if info.status != "ok":
                 continue
@@ -614,10 +634,31 @@ class Plugins:
             try:
                 caller(**kwargs)
             except Exception as exc:
-                raise PluginError(
+                error = PluginError(
                     f"plugin {info.name!r} ({info.distribution} {info.version}) hook {hook_name} "
                     f"raised {type(exc).__name__}: {exc}"
-                ) from exc
+                )
+                if not keep_going:
+                    raise error from exc
+                failures.append(error)
+        return failures
+
+    def option_defaults(self) -> dict[str, Any]:
+        """The plugins' own options (``minisgl_add_cli_options``) by argparse ``dest``, each at its
+        default as the command line would parse it: what ``ctx.options`` holds under ``serve``
+        when none is given, so that the offline ``LLM`` hands plugins the same keys (a plugin
+        reading ``ctx.options["example_max_wait"]`` got a KeyError offline)."""
+        import argparse
+
+        parser = argparse.ArgumentParser(add_help=False)
+        self.call_hook("minisgl_add_cli_options", keep_going=True, parser=parser)
+        defaults = {}
+        for action in parser._actions:
+            value = action.default
+            if isinstance(value, str) and action.type is not None:  # (as argparse parses it)
+                value = action.type(value)
+            defaults[action.dest] = value
+        return defaults
 
     def unavailable_here(self) -> dict[str, str]:
         """Loaded plugins that cannot run on this machine (plugin name -> why): those whose every
@@ -697,7 +738,16 @@ def wrong_base_message(reg: Registration, obj: Any) -> str | None:
 
     base_name = KIND_BASES[reg.kind]
     if isinstance(obj, type) and issubclass(obj, getattr(api, base_name)):
-        return None
+        missing = sorted(getattr(obj, "__abstractmethods__", ()))
+        if not missing:
+            return None
+        # (listed as ok, it failed only when selected: a traceback, or a 500 on every tools request)
+        return (
+            f"plugin {reg.plugin.name!r} ({reg.plugin.distribution} {reg.plugin.version}) registered "
+            f"{reg.target} as {selection(reg.kind, reg.name)}, but it does not implement "
+            f"{base_name}'s abstract method{'s' if len(missing) > 1 else ''} {', '.join(missing)}: "
+            f"define {'them' if len(missing) > 1 else 'it'} in {obj.__name__} (docs/plugins.md, {base_name})"
+        )
     what = obj.__name__ if isinstance(obj, type) else f"{type(obj).__name__} object"
     return (
         f"plugin {reg.plugin.name!r} ({reg.plugin.distribution} {reg.plugin.version}) registered "

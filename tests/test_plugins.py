@@ -743,6 +743,11 @@ def test_offline_process_start_sees_plugin_options_at_the_top_level(load_fake):
         register("t11-pol", "t11_options.impl:Fifo")
 
     @hookimpl
+    def minisgl_add_cli_options(parser):
+        parser.add_argument("--t11options-max-wait", type=int, default=32, help="rounds")
+        parser.add_argument("--t11options-tag", default="none", help="a tag")
+
+    @hookimpl
     def minisgl_process_start(ctx):
         SEEN.append(dict(ctx.options))
         raise RuntimeError("seen: stop before the model loads")
@@ -755,3 +760,139 @@ def test_offline_process_start_sees_plugin_options_at_the_top_level(load_fake):
     [options] = t11_options.SEEN
     assert options["t11options_max_wait"] == 3 and "plugin_options" not in options
     assert options["max_running_requests"] == 4
+    # the options not given are there at their defaults, as under serve
+    assert options["t11options_tag"] == "none"
+    # a misspelt option was taken silently (the plugin read its default)
+    with pytest.raises(ValueError, match=r"plugin_options has 't11options_maxwait', which no installed plugin's "
+                       r"options has; did you mean 't11options_max_wait'\?"):  # fmt: skip
+        LLM("demo", plugin_options={"t11options_maxwait": 3})
+    # and a plugin's option given as LLM's own keyword says where it goes
+    with pytest.raises(TypeError, match=r"'t11options_max_wait': it is a plugin's option; pass it as "
+                       r"plugin_options=\{'t11options_max_wait': 9\}"):  # fmt: skip
+        LLM("demo", t11options_max_wait=9)
+    assert len(t11_options.SEEN) == 1  # (both refused before any process hook)
+
+
+# ---------------------------------------------------------------- a plugin author's mistakes
+# (found by a probe writing plugins from docs/plugins.md: each case named the wrong thing, or one
+# broken plugin took the others down with it)
+
+BROKEN_OPTIONS = """
+@hookimpl
+def minisgl_add_cli_options(parser):
+    raise RuntimeError("cli boom")
+
+@hookimpl
+def minisgl_process_stop(ctx):
+    raise RuntimeError("stop boom")
+"""
+
+GOOD_OPTIONS = """
+STOPPED = []
+
+@hookimpl
+def minisgl_add_cli_options(parser):
+    parser.add_argument("--t21good-max-wait", type=int, default="32", help="rounds")
+
+@hookimpl
+def minisgl_process_stop(ctx):
+    STOPPED.append(ctx.role)
+"""
+
+
+def test_a_plugin_whose_hooks_raise_leaves_the_others_options_and_stop_hooks(load_fake, caplog):
+    """A plugin whose ``minisgl_add_cli_options`` raised dropped the options of every plugin after
+    it ("unrecognized arguments: --callfmt-max-wait 5"), and one whose ``minisgl_process_stop``
+    raised skipped every later plugin's stop hook (the docs say they are logged, never raised)."""
+    import argparse
+    import logging
+
+    from minisgl_core.processes.child import ProcessContext
+    from minisgl_core.server.cli import _add_plugin_args
+
+    plugins = load_fake(
+        {  # ("aaa" sorts first: its hooks run before the good plugin's)
+            "minisgl-test-broken": (_thin("t20_broken", BROKEN_OPTIONS), {"aaa-t20broken": "t20_broken"}),
+            "minisgl-test-good": (_thin("t21_good", GOOD_OPTIONS), {"t21good": "t21_good"}),
+        }
+    )
+    parser = argparse.ArgumentParser()
+    with caplog.at_level(logging.WARNING, logger="minisgl_core.server.cli"):
+        _add_plugin_args(parser, plugins)
+    assert parser.parse_args(["--t21good-max-wait", "5"]).t21good_max_wait == 5
+    assert (
+        "hook minisgl_add_cli_options raised RuntimeError: cli boom; its options are not available"
+        in caplog.text
+    )
+    failures = plugins.call_hook("minisgl_process_stop", keep_going=True, ctx=ProcessContext(role="offline"))
+    import t21_good
+
+    assert t21_good.STOPPED == ["offline"]
+    assert [str(f) for f in failures] == [
+        "plugin 'aaa-t20broken' (minisgl-test-broken 0.1.0) hook minisgl_process_stop raised RuntimeError: stop boom"
+    ]
+    with pytest.raises(PluginError, match="stop boom"):  # (start hooks still stop at the first)
+        plugins.call_hook("minisgl_process_stop", ctx=ProcessContext(role="offline"))
+    # offline, the plugins' options reach ctx.options at their defaults, parsed as the command line
+    # parses them (the docs' ctx.options["example_max_wait"] was a KeyError offline)
+    assert plugins.option_defaults() == {"t21good_max_wait": 32}
+
+
+ABSTRACT_HOOKS = """
+@hookimpl
+def minisgl_register_policies(register):
+    register("t22-abstract", "t22_abstract.impl:Half")
+"""
+ABSTRACT_IMPL = """
+from minisgl_core.api import SchedulingPolicy
+
+class Half(SchedulingPolicy):
+    def schedulee(self, state):  # (misspelt)
+        return None
+"""
+
+
+def test_a_class_missing_an_abstract_method_fails_its_plugin_in_one_line(load_fake):
+    """Listed as ok, it failed only when selected: a traceback naming no plugin (a tool parser:
+    a 500 on every chat request with tools)."""
+    modules = {**_thin("t22_abstract", ABSTRACT_HOOKS), "t22_abstract/impl.py": ABSTRACT_IMPL}
+    plugins = load_fake({"minisgl-test-abstract": (modules, {"t22abstract": "t22_abstract"})})
+    says = (
+        "registered t22_abstract.impl:Half as --policy 't22-abstract', but it does not implement "
+        "SchedulingPolicy's abstract method schedule: define it in Half (docs/plugins.md, SchedulingPolicy)"
+    )
+    with pytest.raises(PluginError) as raised:
+        plugins.resolve("policies", "t22-abstract")
+    assert str(raised.value) == f"plugin 't22abstract' (minisgl-test-abstract 0.1.0) {says}"
+    plugins.check_classes()
+    row = {row["name"]: row for row in plugins.listing()}["t22abstract"]
+    assert row["status"] == "failed" and says in row["reason"]
+
+
+def test_entry_point_mistakes_are_named_in_one_line(load_fake):
+    """``name = "module:attr"`` with an attribute that exists said "declares no MINISGL_API" (the
+    module declares it); two entry points naming one module failed with pluggy's 5,000-character
+    list of every registered plugin."""
+    hooks = '@hookimpl\ndef minisgl_register_policies(register):\n    register("t23-pol", "t23_twice.impl:Fifo")\n'
+    thin = _thin("t23_twice", hooks)
+    thin["t23_twice/__init__.py"] += "\nhooks = object()\n"
+    plugins = load_fake(
+        {
+            "minisgl-test-twice": (
+                thin,
+                {"t23a": "t23_twice", "t23b": "t23_twice", "t23c": "t23_twice:hooks"},
+            ),
+        }
+    )
+    rows = {row["name"]: row for row in plugins.listing()}
+    assert rows["t23a"]["status"] == "ok"
+    assert rows["t23b"]["status"] == "failed"
+    assert rows["t23b"]["reason"] == (
+        "its entry point names module 't23_twice', as plugin 't23a''s does (minisgl-test-twice): a "
+        "module is one plugin; keep one of the two entry points"
+    )
+    assert rows["t23c"]["status"] == "failed"
+    assert rows["t23c"]["reason"] == (
+        "the entry point's value must be the thin module itself, t23c = 't23_twice', not "
+        "'t23_twice:hooks' (which names object 'hooks' in it)"
+    )

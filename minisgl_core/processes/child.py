@@ -168,10 +168,9 @@ def run_child(spec: ChildSpec, main: ChildMain) -> None:
             send(control, ProcessFailed(spec.role, spec.rank, traceback.format_exc(), _summary(exc)))
     finally:
         if plugins is not None and code == 0:
-            try:
-                plugins.call_hook("minisgl_process_stop", ctx=process_ctx)
-            except Exception as exc:  # noqa: BLE001 - stop hooks are logged, never fatal
-                logger.warning("%s", exc)
+            # stop hooks are logged, never fatal, and one that raises does not skip the others
+            for failure in plugins.call_hook("minisgl_process_stop", keep_going=True, ctx=process_ctx):
+                logger.warning("%s", failure)
         ctx.destroy(linger=LINGER_MS)
     # Everything is closed: skip the interpreter's teardown, which takes seconds with torch loaded.
     logging.shutdown()

@@ -152,11 +152,15 @@ def _add_plugin_args(p: argparse.ArgumentParser, plugins: Plugins | None) -> Non
     if plugins is None:
         return
     before = {a.dest for a in p._actions}
-    try:
-        plugins.call_hook("minisgl_add_cli_options", parser=p)
-    except Exception as exc:  # noqa: BLE001 - a broken plugin must not break the CLI
-        logger.warning("%s", exc)
+    # a broken plugin must not break the CLI, nor take the other plugins' options with it
+    for failure in plugins.call_hook("minisgl_add_cli_options", keep_going=True, parser=p):
+        if str(failure) not in _WARNED_OPTION_HOOKS:  # (once: the parser is built per subcommand)
+            _WARNED_OPTION_HOOKS.add(str(failure))
+            logger.warning("%s; its options are not available", failure)
     p.set_defaults(plugin_dests=sorted({a.dest for a in p._actions} - before))
+
+
+_WARNED_OPTION_HOOKS: set[str] = set()
 
 
 def add_server_commands(subparsers: Any, plugins: Plugins | None = None) -> None:

@@ -96,10 +96,9 @@ def serve(opts: ServeOptions, plugins: Plugins, foreground: Foreground | None = 
     finally:
         _ignore_signals()
         runtime.stop()
-        try:
-            plugins.call_hook("minisgl_process_stop", ctx=process_ctx)
-        except Exception as exc:  # noqa: BLE001 - stop hooks are logged, never fatal
-            logger.warning("%s", exc)
+        # stop hooks are logged, never fatal, and one that raises does not skip the others
+        for failure in plugins.call_hook("minisgl_process_stop", keep_going=True, ctx=process_ctx):
+            logger.warning("%s", failure)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, previous)
     if runtime.failure is not None:
