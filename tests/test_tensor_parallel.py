@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import socket
 
 import pytest
@@ -105,7 +106,7 @@ def test_offline_tp_runner_reports_a_failing_rank_instead_of_hanging(tmp_path):
     assert time.monotonic() - start < 120
 
 
-def test_offline_tp_runner_counts_every_token_and_reports_the_page_size(tmp_path):
+def test_offline_tp_runner_counts_every_token_and_reports_the_page_size(tmp_path, capfd):
     from minisgl_core.bench.tp import run_offline_tp
     from minisgl_core.bench.workloads import BenchRequest
     from minisgl_core.config import EngineConfig
@@ -117,9 +118,18 @@ def test_offline_tp_runner_counts_every_token_and_reports_the_page_size(tmp_path
     requests = [
         BenchRequest(prompt_ids=list(range(5, 5 + n)), max_tokens=m) for n, m in ((9, 3), (30, 12), (17, 1))
     ]
-    result = run_offline_tp(config, requests)
+    result = run_offline_tp(config, requests, progress_every=0.001)
     assert result["output_tokens"] == 3 + 12 + 1 and result["requests"] == 3
     assert result["page_size"] == 4 and result["seconds"] > 0
+    # rank 0 says how far the timed run is, as the one-process run does (it said nothing with --tp 2)
+    out, err = capfd.readouterr()
+    lines = [line for line in err.splitlines() if line.startswith("minisgl bench offline: ")]
+    assert lines[0] == "minisgl bench offline: timing 3 requests (16 output tokens); a line every 0.001 s", (
+        err
+    )
+    assert len(lines) > 1 and all(
+        re.fullmatch(r"minisgl bench offline: [0-3]/3 requests done, \d+ s", x) for x in lines[1:]
+    )
 
 
 def test_all_reduce_takes_an_installed_fast_path_and_falls_back_when_it_declines(monkeypatch):

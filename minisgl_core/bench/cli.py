@@ -301,7 +301,13 @@ def _offline(args: argparse.Namespace) -> int:
     if config.tp_size > 1:
         from minisgl_core.bench.tp import run_offline_tp
 
-        result |= run_offline_tp(config, requests, args.temperature, disable_plugins=args.disable_plugin)
+        result |= run_offline_tp(
+            config,
+            requests,
+            args.temperature,
+            disable_plugins=args.disable_plugin,
+            progress_every=PROGRESS_EVERY,
+        )
     else:
         from minisgl_core.bench.offline import decode_latency, run_offline
         from minisgl_core.llm import LLM

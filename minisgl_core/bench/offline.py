@@ -46,6 +46,15 @@ class ProgressLines:
             )
 
 
+def announce_timed_run(requests: list[BenchRequest], progress_every: float) -> None:
+    print(
+        f"minisgl bench offline: timing {len(requests)} requests "
+        f"({sum(r.max_tokens for r in requests)} output tokens); a line every {progress_every:g} s",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def run_offline(
     llm: LLM,
     requests: list[BenchRequest],
@@ -74,12 +83,7 @@ def run_offline(
     warmup = time.perf_counter() - warm_start
     progress: Any = False
     if progress_every is not None:
-        print(
-            f"minisgl bench offline: timing {len(requests)} requests "
-            f"({sum(r.max_tokens for r in requests)} output tokens); a line every {progress_every:g} s",
-            file=sys.stderr,
-            flush=True,
-        )
+        announce_timed_run(requests, progress_every)
         progress = functools.partial(ProgressLines, every=progress_every)
     start = time.perf_counter()
     outs = llm.generate([r.prompt_ids for r in requests], params, use_tqdm=progress)

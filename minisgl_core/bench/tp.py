@@ -19,9 +19,11 @@ def drive(
     temperature: float,
     first_rid: int = 0,
     max_tokens: int | None = None,
+    progress: Any = None,
 ) -> int:
     """Submit everything, step until done; returns the number of output tokens. ``max_tokens``
-    overrides the requests' own (a short warm-up)."""
+    overrides the requests' own (a short warm-up); ``progress.update(n)`` hears of each finished
+    request."""
     from minisgl_core.sampling import SamplingParams
 
     for i, r in enumerate(requests):
@@ -32,11 +34,16 @@ def drive(
         engine.add_request(first_rid + i, r.prompt_ids, engine.admit(r.prompt_ids, params))
     tokens = 0
     while engine.has_work:
-        tokens += sum(1 for out in engine.step() if out.token_id >= 0)
+        outs = engine.step()
+        tokens += sum(1 for out in outs if out.token_id >= 0)
+        if progress is not None:
+            progress.update(sum(1 for out in outs if out.finished))
     return tokens
 
 
-def _rank_main(rank: int, world: int, port: int, config, requests, temperature, queue, disable=()) -> None:
+def _rank_main(
+    rank: int, world: int, port: int, config, requests, temperature, queue, disable=(), progress_every=None
+) -> None:
     import torch
     import torch.distributed as dist
 
@@ -55,8 +62,18 @@ def _rank_main(rank: int, world: int, port: int, config, requests, temperature, 
         engine = Engine(config, ParallelContext(rank, world, dist.group.WORLD), Plugins.load(disable=disable))
         drive(engine, requests[:4], temperature, first_rid=10**6, max_tokens=8)  # warm-up, as run_offline's
         dist.barrier()
+        progress = None
+        if rank == 0 and progress_every is not None:  # (rank 0 speaks for all: they step together)
+            from minisgl_core.bench.offline import ProgressLines, announce_timed_run
+
+            announce_timed_run(requests, progress_every)
+            progress = ProgressLines(len(requests), progress_every)
         start = time.perf_counter()
-        tokens = drive(engine, requests, temperature)
+        try:
+            tokens = drive(engine, requests, temperature, progress=progress)
+        finally:
+            if progress is not None:
+                progress.close()
         elapsed = time.perf_counter() - start
         if rank == 0:
             queue.put(("ok", tokens, elapsed, engine.config.page_size))
@@ -69,8 +86,14 @@ def _rank_main(rank: int, world: int, port: int, config, requests, temperature, 
 
 
 def run_offline_tp(
-    config, requests: list[BenchRequest], temperature: float = 0.6, disable_plugins: Iterable[str] = ()
+    config,
+    requests: list[BenchRequest],
+    temperature: float = 0.6,
+    disable_plugins: Iterable[str] = (),
+    progress_every: float | None = None,
 ) -> dict[str, Any]:
+    """``progress_every``: rank 0 prints a line to stderr this often (seconds) during the timed run,
+    as ``run_offline`` does; None: nothing."""
     import torch.distributed as dist
     import torch.multiprocessing as mp
 
@@ -82,7 +105,17 @@ def run_offline_tp(
     procs = [
         ctx.Process(
             target=_rank_main,
-            args=(r, config.tp_size, port, config, requests, temperature, queue, tuple(disable_plugins)),
+            args=(
+                r,
+                config.tp_size,
+                port,
+                config,
+                requests,
+                temperature,
+                queue,
+                tuple(disable_plugins),
+                progress_every,
+            ),  # fmt: skip
         )
         for r in range(config.tp_size)
     ]
