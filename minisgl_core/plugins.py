@@ -655,8 +655,11 @@ class Plugins:
         defaults = {}
         for action in parser._actions:
             value = action.default
-            if isinstance(value, str) and action.type is not None:  # (as argparse parses it)
-                value = action.type(value)
+            if isinstance(value, str) and callable(action.type):  # (as argparse parses it)
+                try:
+                    value = action.type(value)
+                except Exception:  # noqa: BLE001 - a default its own type refuses stays as written
+                    pass
             defaults[action.dest] = value
         return defaults
 
