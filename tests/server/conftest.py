@@ -77,14 +77,21 @@ def start_server(tmp_path_factory: pytest.TempPathFactory, launched_servers):
 
 @pytest.fixture(scope="module", autouse=True)
 def _stop_the_modules_servers(launched_servers):
-    """Each module's own servers stop when it ends: left up to the session's end, CI's servers (four
-    processes each, 1.4 GB for the real model's) held 12 GB of a 24 GB machine by a third of the
-    run, and the page cache they squeezed out made every later process start read torch from disk."""
+    """Each module's own servers get SIGTERM when it ends: left up to the session's end, CI's
+    servers (four processes each, 1.4 GB for the real model's) held 12 GB of a 24 GB machine by a
+    third of the run, and the page cache they squeezed out made every later process start read
+    torch from disk. Not waited for here (an idle server takes seconds to exit, which the next
+    module's tests overlap); those that exited are cleaned up at the next module's end, the rest at
+    the session's."""
     servers = launched_servers[0]
     before = len(servers)
     yield
-    stop_all(servers[before:])
-    del servers[before:]
+    for server in servers[before:]:
+        if server.proc.poll() is None:
+            server.proc.send_signal(signal.SIGTERM)
+    for server in [s for s in servers if s.proc.poll() is not None]:
+        server.kill_all()  # (its children, if any outlived it)
+        servers.remove(server)
 
 
 @pytest.fixture(scope="session")
