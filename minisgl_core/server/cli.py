@@ -306,18 +306,16 @@ def _serve_options(args: argparse.Namespace):
         sampling_defaults=sampling_defaults,
     )
     names = args.served_model_name or []
-    # `--model demo` is served as demo-qwen3 (its directory); a request naming "demo" finds it too
-    aliases = tuple(
-        name
-        for name in dict.fromkeys(names or ([DEMO] if args.model == DEMO else []))
-        if name not in names[:1]
-    )
+    if names:  # the first answers; the rest (repeats dropped) are aliases a request may send
+        name, aliases = names[0], tuple(dict.fromkeys(n for n in names[1:] if n != names[0]))
+    else:  # `--model demo` is served as demo-qwen3 (its directory); a request naming "demo" finds it too
+        name, aliases = None, (DEMO,) if args.model == DEMO else ()
     opts = ServeOptions(
         runtime=runtime,
         host=args.host,
         port=args.port,
         api_key=args.api_key,
-        served_model_name=names[0] if names else None,
+        served_model_name=name,
         served_model_aliases=aliases,
         log_level=args.log_level,
         limits=limits,
