@@ -9,6 +9,9 @@ GPU_PLUGINS := plugins/attention/fi plugins/attention/fa3
 CPU_PLUGINS := $(filter-out $(GPU_PLUGINS),$(patsubst %/pyproject.toml,%,$(wildcard plugins/*/*/pyproject.toml)))
 ARGS ?=
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test` (one per core of a CI machine); whole test files go to a
+# worker, so a module's own server and fixtures stay with it. TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
 
 .PHONY: install serve test lint
 install: $(VENV)/.installed
@@ -35,7 +38,7 @@ serve: install
 	$(BIN)/minisgl serve $(ARGS)
 
 test: install
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # Paths and rules live in pyproject.toml ([tool.ruff], [tool.importlinter]). CI runs this.
 lint: install

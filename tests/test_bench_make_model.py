@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from minisgl_core.bench.shapes import build_random_model
+from minisgl_core.testing.cli_runner import run_cli
 
 
 @pytest.mark.parametrize(
@@ -23,11 +21,7 @@ from minisgl_core.bench.shapes import build_random_model
 def test_a_device_it_cannot_use_is_one_line_and_nothing_is_written(tmp_path, device, says):
     """It was torch's traceback, after the missing folders and the tokenizer files were written."""
     out = tmp_path / "deep" / "model"
-    proc = subprocess.run(
-        [sys.executable, "-m", "minisgl_core", "bench", "make-model", "--shape", "qwen3-0.6b", "--out", str(out),
-         "--device", device],
-        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    proc = run_cli(["bench", "make-model", "--shape", "qwen3-0.6b", "--out", str(out), "--device", device])
     assert proc.returncode == 2 and proc.stdout == "", proc.stderr
     assert proc.stderr.splitlines() == [f"minisgl: error: {says}"]
     assert list(tmp_path.iterdir()) == []

@@ -21,6 +21,7 @@ from minisgl_core.config import EngineConfig
 from minisgl_core.demo.factories import make_model_dir
 from minisgl_core.engine.engine import Engine
 from minisgl_core.plugins import Plugins
+from minisgl_core.testing.cli_runner import run_cli
 
 
 @pytest.fixture(scope="module")
@@ -147,10 +148,7 @@ def test_the_loader_names_the_file_or_tensor_when_the_launcher_did_not_check(mod
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "minisgl_core", *args],
-        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, env=env,
-    )  # fmt: skip
+    return run_cli(args, env=env)
 
 
 @pytest.mark.parametrize("command", ["serve", "generate"])

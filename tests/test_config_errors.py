@@ -6,7 +6,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -20,6 +19,7 @@ from minisgl_core.plugins import PluginError, Plugins
 from minisgl_core.runner.memory_check import MemoryAsk, check_fits
 from minisgl_core.runner.model_runner import pick_attention
 from minisgl_core.sampling import SamplingParams
+from minisgl_core.testing.cli_runner import run_cli
 
 
 @pytest.fixture(scope="module")
@@ -87,10 +87,7 @@ def test_bad_model_is_one_line_on_the_command_line(model_dir, tmp_path, command)
     for name, (path, says) in bad.items():
         if command != "serve" and name != "missing":
             continue
-        proc = subprocess.run(
-            [sys.executable, "-m", "minisgl_core", *args, "--model", path, "--device", "cpu"],
-            capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+        proc = run_cli([*args, "--model", path, "--device", "cpu"])
         assert proc.returncode == 2, proc.stderr
         lines = proc.stderr.splitlines()
         assert (
@@ -103,10 +100,7 @@ def test_an_empty_model_is_refused_not_read_as_the_working_directory(model_dir, 
     """``--model ""`` was the working directory: a model there was loaded, anywhere else the
     error spoke of a model '.' no one had named."""
     cwd = model_dir if command[0] == "generate" else tmp_path  # (serve would have served it)
-    proc = subprocess.run(
-        [sys.executable, "-m", "minisgl_core", *command, "--model", "", "--device", "cpu"],
-        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, cwd=cwd,
-    )  # fmt: skip
+    proc = run_cli([*command, "--model", "", "--device", "cpu"], cwd=cwd)
     assert proc.returncode == 2 and proc.stdout == "", proc.stderr
     assert proc.stderr.splitlines() == [
         "minisgl: error: the model path (--model) is empty; give a model directory, a .gguf file, ORG/NAME "
@@ -164,10 +158,7 @@ def test_grammar_threads_are_bounded():
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "minisgl_core", *args],
-        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    return run_cli(args)
 
 
 #: (command, its arguments and the bad flags, what the one line says); every command that builds
@@ -295,11 +286,10 @@ def test_a_default_plugin_in_conflict_is_one_line_before_anything_starts(model_d
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: minisgl-test-shadow\nVersion: 0.1.0\n")
     (info / "entry_points.txt").write_text(f"[minisgl.plugins]\n{plugin} = t14_shadow\n")
-    proc = subprocess.run(
-        [sys.executable, "-m", "minisgl_core", "serve", "--port", "0", "--model", str(model_dir), "--device", "cpu"],
-        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+    proc = run_cli(
+        ["serve", "--port", "0", "--model", str(model_dir), "--device", "cpu"],
         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])},
-    )  # fmt: skip
+    )
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"minisgl: error: {says}"), lines
@@ -467,8 +457,7 @@ def test_an_unknown_log_level_is_one_line(how):
     """It was a traceback (logging's ValueError), from the flag or MINISGL_LOG_LEVEL."""
     args = ["--log-level", "bogus", "plugins"] if how == "flag" else ["plugins"]
     env = {**os.environ, "MINISGL_LOG_LEVEL": "bogus"} if how == "env" else None
-    proc = subprocess.run([sys.executable, "-m", "minisgl_core", *args], capture_output=True, text=True,
-                          timeout=120, stdin=subprocess.DEVNULL, env=env)  # fmt: skip
+    proc = run_cli(args, env=env)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.splitlines()[-1] == (
         "minisgl: error: argument --log-level: must be one of debug, info, warning, error, critical, got 'bogus'"

@@ -7,7 +7,6 @@ import argparse
 import ast
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ import minisgl_core
 from minisgl_core import environment
 from minisgl_core.config import EngineConfig
 from minisgl_core.config_args import add_engine_args
+from minisgl_core.testing.cli_runner import run_cli
 
 PACKAGE = Path(minisgl_core.__file__).parent
 README = PACKAGE.parent / "README.md"
@@ -32,6 +32,7 @@ ALLOWED = {
     "testing/packaging_suite.py": "passes os.environ on to a subprocess",
     "testing/live_server.py": "passes os.environ on to the server it starts",
     "testing/triton_interpreter.py": "passes os.environ on to a kernel test's child process",
+    "testing/cli_runner.py": "gives a forked CLI process the environment a test passes it",
 }
 
 
@@ -112,8 +113,7 @@ def test_on_off_variables_take_the_usual_spellings(monkeypatch, caplog, value, d
 
 def _minisgl(*args: str, cache_dir: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "MINISGL_CACHE_DIR": cache_dir}
-    return subprocess.run([sys.executable, "-m", "minisgl_core", *args], capture_output=True, text=True,
-                          timeout=120, stdin=subprocess.DEVNULL, env=env)  # fmt: skip
+    return run_cli(args, env=env)
 
 
 @pytest.mark.parametrize("model", [[], ["--model", "demo"]], ids=["default model", "demo model"])

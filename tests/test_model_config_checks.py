@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from minisgl_core.config import EngineConfig
 from minisgl_core.demo.factories import make_model_dir
 from minisgl_core.engine.engine import Engine
 from minisgl_core.plugins import Plugins
+from minisgl_core.testing.cli_runner import run_cli
 
 
 @pytest.fixture(scope="module")
@@ -55,10 +55,7 @@ def test_the_runner_refuses_architectures_not_a_list_when_the_launcher_did_not_c
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "minisgl_core", *args],
-        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    return run_cli(args)
 
 
 @pytest.mark.parametrize(

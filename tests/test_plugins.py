@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from minisgl_core.plugins import PluginError, Plugins, api_compatible, api_upgrade_hint, selection
+from minisgl_core.testing.cli_runner import run_cli
 
 # name -> module source; each becomes an entry point of one of two test distributions
 GOOD = """
@@ -139,13 +140,7 @@ def _minisgl(site: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
         "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
         **env,
     }
-    return subprocess.run(
-        [sys.executable, "-m", "minisgl_core", *args],
-        capture_output=True,
-        text=True,
-        env=full_env,
-        timeout=120,
-    )
+    return run_cli(args, env=full_env)
 
 
 def _listing(site: Path, *args: str, **env: str) -> dict[str, dict]:
@@ -320,15 +315,13 @@ def test_api_version_negotiation(required, ok):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the listing on a machine without CUDA")
 def test_listing_says_which_backends_cannot_run_without_cuda():
     """fi and fa3 load fine but cannot run here: the listing says so instead of "ok", text and json."""
-    run = [sys.executable, "-m", "minisgl_core", "plugins"]
-    listed = {p["name"]: p for p in json.loads(subprocess.run([*run, "--json"], capture_output=True, text=True,
-                                                                 check=True).stdout)}  # fmt: skip
+    listed = {p["name"]: p for p in json.loads(run_cli(["plugins", "--json"]).stdout)}
     for name in ("fi", "fa3"):
         assert listed[name]["status"] == "unavailable", listed[name]
         assert listed[name]["reason"].startswith("no CUDA device (the"), listed[name]
     assert listed["torch"]["status"] == "ok" and listed["torch"]["reason"] is None
     assert listed["radix"]["status"] == "ok"
-    table = subprocess.run(run, capture_output=True, text=True, check=True).stdout.splitlines()
+    table = run_cli(["plugins"]).stdout.splitlines()
     fi_row = next(i for i, line in enumerate(table) if line.startswith("fi "))
     assert table[fi_row].split()[4] == "unavailable"
     assert table[fi_row + 1].split(":", 1)[0].strip() == "unavailable"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-import sys
 import textwrap
 import zipfile
 from importlib import metadata
@@ -183,15 +182,9 @@ def test_an_unreachable_index_fails_in_one_line_naming_the_fix(tmp_path, monkeyp
 
 
 def test_the_cli_reports_a_bad_model_in_one_line(tmp_path):
-    import subprocess
+    from minisgl_core.testing.cli_runner import run_cli
 
-    result = subprocess.run(
-        [sys.executable, "-m", "minisgl_core", "serve", "--model", str(tmp_path / "nope"), "--device", "cpu"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
+    result = run_cli(["serve", "--model", str(tmp_path / "nope"), "--device", "cpu"])
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("minisgl: error: --model")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
@@ -22,6 +21,7 @@ from minisgl_core.bench.serve import (
     whole_words,
 )
 from minisgl_core.bench.workloads import BenchRequest, shared_prefix
+from minisgl_core.testing.cli_runner import run_cli
 
 from .conftest import API_KEY
 from .test_shell import fake_server
@@ -35,13 +35,7 @@ def bench(*args: str, api_key_env: str | None = None) -> subprocess.CompletedPro
     env = {k: v for k, v in os.environ.items() if k != "MINISGL_API_KEY"}
     if api_key_env is not None:
         env["MINISGL_API_KEY"] = api_key_env
-    return subprocess.run(
-        [sys.executable, "-m", "minisgl_core", "bench", "serve", *args],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env=env,
-    )
+    return run_cli(["bench", "serve", *args], timeout=180, env=env)
 
 
 def test_bench_serve_finds_the_model_and_fits_the_vocabulary(server, model_name: str) -> None:
@@ -333,12 +327,7 @@ def test_files_a_bench_writes_are_checked_before_it_runs(tmp_path, capsys) -> No
         assert code == 2 and f"argument {flag}: " in err, err
         assert "no directory" in err or "is a directory" in err, err
     # the command itself, once: the exit code and a stderr without a traceback
-    proc = subprocess.run(
-        [sys.executable, "-m", "minisgl_core", "bench", *runs[2][0]],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_cli(["bench", *runs[2][0]])
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "argument --profile: " in proc.stderr and "no directory" in proc.stderr, proc.stderr
 
@@ -367,12 +356,7 @@ def test_bench_offline_on_a_cpu_warns_first_that_it_is_a_gpu_benchmark(model_dir
     are past it.)"""
 
     def offline(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "minisgl_core", "bench", "offline", "--model", str(model_dir), *args],
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
+        return run_cli(["bench", "offline", "--model", str(model_dir), *args], timeout=180)
 
     proc = offline("--device", "cpu")
     first = proc.stderr.splitlines()[0]

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from minisgl_core.testing.cli_runner import run_cli
 
 from .conftest import API_KEY, ENGINE_ARGS
 
@@ -108,11 +108,8 @@ def test_without_model_defaults_an_unset_temperature_samples(client, model_name:
 
 
 def test_bad_generation_config_fails_in_one_line(model_dir: Path, tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "minisgl_core", "serve", "--model", str(model_dir), "--port", "0",
-         "--generation-config", str(tmp_path / "nowhere"), *ENGINE_ARGS],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    proc = run_cli(["serve", "--model", str(model_dir), "--port", "0", "--generation-config",
+                    str(tmp_path / "nowhere"), *ENGINE_ARGS])  # fmt: skip
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if "error" in line]

@@ -62,14 +62,10 @@ def test_a_grammar_compiling_for_long_holds_up_nobody_and_times_out_as_a_400(lim
 
 
 def test_the_timeout_flag_refuses_what_is_not_seconds(tmp_path):
-    import subprocess
-    import sys
+    from minisgl_core.testing.cli_runner import run_cli
 
     for bad in ("-1", "nan", "inf", "soon"):
-        proc = subprocess.run(
-            [sys.executable, "-m", "minisgl_core", "serve", "--grammar-compile-timeout", bad, "--model", str(tmp_path)],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+        proc = run_cli(["serve", "--grammar-compile-timeout", bad, "--model", str(tmp_path)], timeout=60)
         assert proc.returncode == 2 and "--grammar-compile-timeout" in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
 

@@ -8,11 +8,11 @@ import io
 import json
 import os
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 
 from minisgl_core.sampling import SamplingParams
+from minisgl_core.testing.cli_runner import run_cli
 from minisgl_core.tokenizer.load import apply_chat_template
 
 SCRIPT = "hello there\nand what about the sea?\n/reset\nhello there\n/exit\nnever read\n"
@@ -46,24 +46,8 @@ def expected_transcript(llm, script: str = SCRIPT) -> str:
 
 def run_shell(args: list[str], tmp_path, script: str = SCRIPT) -> subprocess.CompletedProcess:
     env = {**os.environ, "TMPDIR": str(tmp_path)}
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "minisgl_core",
-            "shell",
-            "--temperature",
-            "0",
-            "--max-tokens",
-            str(MAX_TOKENS),
-            *args,
-        ],
-        input=script,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=180,
-    )
+    return run_cli(["shell", "--temperature", "0", "--max-tokens", str(MAX_TOKENS), *args], input=script, env=env,
+                   timeout=180)  # fmt: skip
 
 
 def test_shell_starts_its_own_server(model_dir, engine_args, llm, tmp_path):
@@ -161,10 +145,7 @@ def test_the_shell_exits_nonzero_after_a_failed_turn():
     # (the command line: a server that refuses every connection, as one gone away)
     listener, url = _one_shot_server(b"")
     listener.close()
-    result = subprocess.run(
-        [sys.executable, "-m", "minisgl_core", "shell", "--url", url, "--served-model-name", "m"],
-        input="hi\n/reset\n", capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    result = run_cli(["shell", "--url", url, "--served-model-name", "m"], input="hi\n/reset\n")
     assert result.returncode == 1, result.stderr
     assert "error: cannot reach the server" in result.stdout and "(history cleared)" in result.stdout
 
@@ -204,10 +185,7 @@ def fake_server(models: bytes) -> Iterator[http.server.ThreadingHTTPServer]:
 
 
 def shell_command(*args: str, script: str = "hi\n") -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "minisgl_core", "shell", *args],
-        input=script, capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
+    return run_cli(["shell", *args], input=script, timeout=180)
 
 
 def test_a_url_that_is_no_minisgl_server_is_one_line_naming_url():
@@ -240,8 +218,7 @@ def test_a_server_refusing_the_key_is_named_as_such_not_unreachable(server):
         ([], ": give its key with --api-key (or MINISGL_API_KEY)"),
         (["--api-key", "wrong"], ": check --api-key"),
     ]:
-        result = subprocess.run([sys.executable, "-m", "minisgl_core", "shell", "--url", server.url, *key],
-                                input="hi\n", capture_output=True, text=True, timeout=180, env=env)  # fmt: skip
+        result = run_cli(["shell", "--url", server.url, *key], input="hi\n", timeout=180, env=env)
         assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
         assert result.stderr == (
             f"minisgl shell: the server at {server.url} answered {server.url}/v1/models with HTTP 401{says}\n"
@@ -344,10 +321,7 @@ def test_a_line_not_utf8_is_an_error_line_not_sent():
     for strict in (False, True):
         env = {**os.environ, **({"PYTHONIOENCODING": "utf-8:strict"} if strict else {})}
         with fake_server(b'{"data": [{"id": "m"}]}') as server:
-            result = subprocess.run(
-                [sys.executable, "-m", "minisgl_core", "shell", "--url", server.url],
-                input=b"caf\xe9\nhi\n", capture_output=True, env=env, timeout=120,
-            )  # fmt: skip
+            result = run_cli(["shell", "--url", server.url], input=b"caf\xe9\nhi\n", env=env, text=False)
         assert result.returncode == 1 and b"Traceback" not in result.stderr, result.stderr
         assert result.stdout.decode() == (
             "you> caf?\nerror: the line is not valid UTF-8 text; not sent\nyou> hi\nassistant> Hi\n"

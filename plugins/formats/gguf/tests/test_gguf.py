@@ -8,7 +8,6 @@ Our model loaded through :class:`GGUFFormat` must give transformers' logits for 
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,7 @@ import torch
 from minisgl_plugin_gguf.format import SUPPORTED_TYPES, GGUFFormat
 from minisgl_plugin_gguf.writer import write_gguf
 
+from minisgl_core.testing.cli_runner import run_cli
 from minisgl_core.testing.harness import greedy_generate, make_attention
 from minisgl_core.testing.reference import TransformersReference, assert_logits_close, random_prompt
 
@@ -126,14 +126,8 @@ def test_every_supported_type_is_tested():
     assert tested == set(SUPPORTED_TYPES)
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "minisgl_core", "serve", "--device", "cpu", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
+def serve_cli(*args: str) -> subprocess.CompletedProcess:
+    return run_cli(["serve", "--device", "cpu", *args])
 
 
 def one_error_line(result: subprocess.CompletedProcess) -> str:
@@ -147,7 +141,7 @@ def test_unsupported_architecture_fails_in_one_line(make_tiny_model, tmp_path):
     file = write_gguf(make_tiny_model("LlamaForCausalLM"), tmp_path / "falcon.gguf", arch="falcon")
     with pytest.raises(ValueError, match="architecture 'falcon' is not supported; supported: llama"):
         GGUFFormat(file)
-    line = one_error_line(run_cli("--model", str(file)))
+    line = one_error_line(serve_cli("--model", str(file)))
     assert "'falcon' is not supported" in line and "qwen3" in line
 
 
@@ -164,7 +158,7 @@ def test_unsupported_tensor_type_fails_in_one_line(make_tiny_model, tmp_path):
     file = write_gguf(make_tiny_model("LlamaForCausalLM"), tmp_path / "q5_0.gguf", encode=q5_0)
     with pytest.raises(ValueError, match=r"blk\.0\.ffn_up\.weight has GGUF type Q5_0.*supported: F32, F16"):
         GGUFFormat(file)
-    assert "Q5_0, which is not supported" in one_error_line(run_cli("--model", str(file)))
+    assert "Q5_0, which is not supported" in one_error_line(serve_cli("--model", str(file)))
 
 
 def test_truncated_file_fails_before_anything_loads(make_tiny_model, tmp_path):
@@ -178,12 +172,9 @@ def test_truncated_file_fails_before_anything_loads(make_tiny_model, tmp_path):
         cut.write_bytes(data[:size])
         with pytest.raises(ValueError, match="truncated"):
             LLM(cut, device="cpu", attn="torch")
-    assert "truncated" in one_error_line(run_cli("--model", str(cut.parent)))
+    assert "truncated" in one_error_line(serve_cli("--model", str(cut.parent)))
     # generate and the benches too (a traceback there: they checked the path only)
-    generate = subprocess.run(
-        [sys.executable, "-m", "minisgl_core", "generate", "--device", "cpu", "--model", str(cut), "hi"],
-        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    generate = run_cli(["generate", "--device", "cpu", "--model", str(cut), "hi"])
     assert "truncated" in one_error_line(generate)
 
 
