@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
+import pickle
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
+
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="session")
@@ -15,22 +22,42 @@ def default_model_dir() -> Path:
     return Path(resolve_model(None))
 
 
+def once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str, compute: Callable[[], T]) -> T:
+    """``compute()`` once per test run: under pytest-xdist the first worker to ask computes it and
+    leaves it (pickled) in the run's temporary root, which every worker shares; the others wait for
+    it and read it (each worker has its own session, so a session fixture alone would compute it
+    once per worker)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return compute()
+    root = tmp_path_factory.getbasetemp().parent
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        path = root / f"{name}.pickle"
+        if path.exists():
+            return pickle.loads(path.read_bytes())
+        value = compute()
+        path.write_bytes(pickle.dumps(value))
+        return value
+
+
 @pytest.fixture(scope="session")
-def real_references(default_model_dir: Path):
-    """transformers' greedy outputs for the real-model prompts, computed once per session."""
+def real_references(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """transformers' greedy outputs for the real-model prompts, computed once per run."""
     from minisgl_core.testing.real_model import transformers_references
 
-    return transformers_references(default_model_dir)
+    return once_per_run(
+        tmp_path_factory, "real_references", lambda: transformers_references(default_model_dir)
+    )
 
 
 @pytest.fixture(scope="session")
-def default_model_greedy_run(default_model_dir: Path):
+def default_model_greedy_run(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """The engine's own greedy run of the real-model prompts (unquantized, radix cache, page size
     1, logprobs): the quantization tests' reference, and one of the runs compared with
-    transformers (tests/test_real_weights.py), computed once per session."""
+    transformers (tests/test_real_weights.py), computed once per run."""
     from minisgl_core.testing.quant_accuracy import greedy_run
 
-    return greedy_run(default_model_dir)
+    return once_per_run(tmp_path_factory, "default_model_greedy_run", lambda: greedy_run(default_model_dir))
 
 
 @pytest.fixture
