@@ -19,8 +19,6 @@ DOCUMENTED: dict[str, str] = {
     "MINISGL_FUSED_KV": "0 turns off the fused q/k norm + rotary + KV store kernel (--disable-fast-path fused_kv)",
     "MINISGL_ROPE_STORE_TILES": "0 runs that kernel one token a program instead of in tiles of 2-4 tokens "
     "(--disable-fast-path rope_store_tiles)",
-    "MINISGL_ROPE_IN_ATTENTION": "0 runs that kernel on its own before the Triton decode attention instead of "
-    "inside it (--disable-fast-path rope_in_attention)",
     "MINISGL_TRITON_SILU": "0 turns off the Triton SiLU·mul kernel (--disable-fast-path triton_silu)",
     "MINISGL_TRITON_NORM": "0 turns off the Triton RMS norm kernels (--disable-fast-path triton_norm)",
     "MINISGL_TRITON_SAMPLER": "0 turns off the one-kernel Gumbel-max draw (--disable-fast-path triton_sampler)",

@@ -28,9 +28,6 @@ class FastPaths:
     fused_kv: bool = True
     #: that kernel as masked tiles of 2-4 tokens a program (off: one token a program)
     rope_store_tiles: bool = True
-    #: that kernel's work done by a decode backend declaring "rope_kv" inside its attention kernel
-    #: (the Triton decode plugin): one launch a layer fewer
-    rope_in_attention: bool = True
     #: the Triton SiLU·mul kernel
     triton_silu: bool = True
     #: the Triton RMS norm (and residual add + RMS norm) kernels, in place of the compiled ones
@@ -71,7 +68,6 @@ class FastPaths:
             in (
                 "fused_kv",
                 "rope_store_tiles",
-                "rope_in_attention",
                 "triton_silu",
                 "triton_norm",
                 "triton_sampler",
@@ -91,7 +87,6 @@ ENV_VARS: dict[str, str] = {
     "compile": "MINISGL_COMPILE",
     "fused_kv": "MINISGL_FUSED_KV",
     "rope_store_tiles": "MINISGL_ROPE_STORE_TILES",
-    "rope_in_attention": "MINISGL_ROPE_IN_ATTENTION",
     "triton_silu": "MINISGL_TRITON_SILU",
     "triton_norm": "MINISGL_TRITON_NORM",
     "triton_sampler": "MINISGL_TRITON_SAMPLER",

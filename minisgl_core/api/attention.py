@@ -166,10 +166,7 @@ class AttentionBackend(ABC):
     #: "mixed": prefill batches (``is_prefill``) may hold decode rows, sequences with one new
     #: token after a long KV, among the prompt chunks; the core then runs chunked prefill and the
     #: running decodes in one step (``--disable-mixed-batch`` off). A backend's prefill path
-    #: normally handles them already (an extend of length 1). Not promised by the API (it may change without
-    #: a version): "rope_kv", the backend implements ``attend_rope(qkv, layer_id, batch, rope)``
-    #: for decode steps, doing the core decoder's per-head norm, rotary and K/V store itself
-    #: (``minisgl_core.layers.attention.AttentionLayer.attend_rope``; the Triton decode plugin)
+    #: normally handles them already (an extend of length 1)
     capabilities: ClassVar[frozenset[str]] = frozenset({"prefill", "decode", "page_size>1"})
 
     def __init__(self, config: AttentionConfig) -> None:

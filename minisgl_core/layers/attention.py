@@ -4,27 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from minisgl_core.api.batch import ForwardBatch
-
-
-class RopeInputs(NamedTuple):
-    """What a backend declaring ``"rope_kv"`` needs to do the decoder's per-head norm, rotary and
-    K/V store itself (:meth:`AttentionLayer.attend_rope`): rotary of the halves of each head at
-    angles ``positions x inv_freq`` (float32, rounded to the run dtype as cos and sin), after an RMS
-    norm of each q / k head (times its weight, ``eps``) where both weights are given. The
-    arithmetic is ``minisgl_core.layers.triton_ops.rope_store_kv``'s; a backend may call that."""
-
-    positions: torch.Tensor
-    inv_freq: torch.Tensor
-    q_norm_weight: torch.Tensor | None
-    k_norm_weight: torch.Tensor | None
-    eps: float
-
 
 #: (layer, method name, tensor arguments, batch) -> the layer's output; see :func:`split_at_attention`
 Splitter = Callable[["AttentionLayer", str, tuple[torch.Tensor, ...], ForwardBatch], torch.Tensor]
@@ -70,22 +54,6 @@ class AttentionLayer(nn.Module):
             self.layer_id,
             batch,
         )
-        return out.reshape(num_tokens, self.num_heads * self.head_dim)
-
-    @staticmethod
-    def can_attend_rope(batch: ForwardBatch) -> bool:
-        """Whether :meth:`attend_rope` may serve ``batch``: its backend declares ``"rope_kv"`` and no
-        splitter (:func:`split_at_attention`) stands in for it."""
-        return _splitter is None and "rope_kv" in batch.attn.capabilities
-
-    def attend_rope(self, qkv: torch.Tensor, batch: ForwardBatch, rope: RopeInputs) -> torch.Tensor:
-        """Norm + rotary of the q and k heads of ``qkv`` (``[tokens, q heads + 2 KV heads,
-        head_dim]``, heads dense), the new K/V stored at ``batch.out_cache_loc``, and attention of
-        the rotated q, all by the backend (``"rope_kv"``: an agreement between this decoder and a
-        backend, such as the Triton decode plugin's one-kernel step; not part of the stable API,
-        it may change without an API version). Check :meth:`can_attend_rope` first."""
-        num_tokens = qkv.shape[0]
-        out = batch.attn.attend_rope(qkv, self.layer_id, batch, rope)
         return out.reshape(num_tokens, self.num_heads * self.head_dim)
 
     def attend(self, q: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:

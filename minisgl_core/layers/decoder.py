@@ -14,13 +14,13 @@ from torch import nn
 from minisgl_core.api.batch import ForwardBatch
 from minisgl_core.api.model import KVSpec, Model, ModelConfig
 from minisgl_core.api.parallel import ParallelContext
-from minisgl_core.layers.attention import AttentionLayer, RopeInputs
+from minisgl_core.layers.attention import AttentionLayer
 from minisgl_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from minisgl_core.layers.fused import qkv_norm_rope, silu_and_mul
 from minisgl_core.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from minisgl_core.layers.norm import RMSNorm
 from minisgl_core.layers.rotary import get_rope
-from minisgl_core.layers.triton_ops import fused_kv_enabled, rope_in_attention_enabled, rope_store_kv
+from minisgl_core.layers.triton_ops import fused_kv_enabled, rope_store_kv
 
 #: a forward's rotary cos and sin, ``[num_tokens, 1, head_dim]`` each (see ``DecoderModel.forward``)
 Angles = tuple[torch.Tensor, torch.Tensor]
@@ -80,16 +80,6 @@ class DecoderAttention(nn.Module):
         eps = self.q_norm.eps if self.q_norm is not None else 0.0
         inv_freq = self.rotary_emb.inv_freq
         cache = batch.attn.config.kv_cache
-        if (
-            self.attn.can_attend_rope(batch)
-            and fused_kv_enabled(qkv.device)
-            and rope_in_attention_enabled(qkv.device)
-            and cache.dtype == qkv.dtype
-        ):
-            # the backend does the fused kernel's work below itself (the Triton decode: in its
-            # attention kernel, one launch a layer fewer)
-            rope = RopeInputs(batch.positions, inv_freq, q_weight, k_weight, eps)
-            return self.o_proj(self.attn.attend_rope(qkv, batch, rope), reduce, split_k=not reduce)
         if (
             "prestored_kv" in batch.attn.capabilities
             and fused_kv_enabled(qkv.device)

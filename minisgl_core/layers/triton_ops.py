@@ -52,13 +52,6 @@ def fused_kv_enabled(device: torch.device) -> bool:
     return triton_enabled(device, "MINISGL_FUSED_KV")
 
 
-def rope_in_attention_enabled(device: torch.device) -> bool:
-    """Whether the decoder hands :func:`rope_store_kv`'s work to a backend declaring ``"rope_kv"``
-    (``MINISGL_ROPE_IN_ATTENTION=0`` turns it off; the same device rules as :func:`fused_kv_enabled`,
-    which it also needs)."""
-    return triton_enabled(device, "MINISGL_ROPE_IN_ATTENTION")
-
-
 def triton_enabled(device: torch.device, flag: str) -> bool:
     """A hand-written Triton kernel runs on ``device`` unless its fast-path switch (named by its
     environment variable ``flag``, see :mod:`minisgl_core.fast_paths`) or ``compile`` is off: on

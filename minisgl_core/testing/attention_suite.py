@@ -44,17 +44,7 @@ from minisgl_core.testing.paged import (
 )
 
 KNOWN_CAPABILITIES = frozenset(
-    {
-        "prefill",
-        "decode",
-        "cuda_graph",
-        "page_size>1",
-        "cascade",
-        "prestored_kv",
-        "kv_fp8",
-        "mixed",
-        "rope_kv",
-    }
+    {"prefill", "decode", "cuda_graph", "page_size>1", "cascade", "prestored_kv", "kv_fp8", "mixed"}
 )
 #: (atol, rtol) when the suite does not set them
 DEFAULT_TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float16: (4e-3, 4e-3), torch.bfloat16: (2e-2, 2e-2)}
@@ -433,56 +423,6 @@ class AttentionBackendSuite:
         problem = self.make_problem(self.representative_shape(), capacities, generator)
         for batch in self.prompt_then_decode_steps(problem, generator, prompts, decode_steps):
             self.run_step(problem, generator, batch, prestore=True)
-
-    def test_rope_kv(self, generator: torch.Generator) -> None:
-        """With "rope_kv" (the core decoder's agreement with a backend, not part of the stable API:
-        ``minisgl_core.layers.attention.AttentionLayer.attend_rope``): ``attend_rope(qkv, layer_id,
-        batch, rope)`` of a decode step gives what ``attend`` gives after the core's fused kernel
-        (``rope_store_kv``: per-head norm and rotary of ``qkv``'s q and k heads, k and v stored), and
-        leaves the pool as that kernel does; with the norms and without. The decoder calls
-        ``attend_rope`` only where that kernel runs (Triton on the device), so the test needs it."""
-        self.require("decode", "prestored_kv", "rope_kv")
-        from minisgl_core.layers.attention import RopeInputs
-        from minisgl_core.layers.triton_ops import rope_store_kv, triton_runs_on
-
-        if not triton_runs_on(torch.device(self.device)):
-            pytest.skip("the core's fused rope + KV store kernel (the reference) needs Triton on the device")
-
-        prompts = [self.max_seq_len - 2, 5, 1]
-        shape = self.representative_shape()
-        config_heads = (shape.num_kv_heads * shape.gqa_ratio, shape.num_kv_heads)
-        atol, rtol = self.tolerances()
-        for norm in (True, False):
-            problem = self.make_problem(shape, [p + 1 for p in prompts], generator)
-            cache, backend = problem.config.kv_cache, problem.backend
-            batch = self.batch(
-                problem, generator, [p + 1 for p in prompts], [1] * len(prompts), is_prefill=False
-            )
-            store_prefixes(cache, LAYER, batch, problem.keys[LAYER], problem.values[LAYER])
-            backend.prepare_metadata(batch)
-            qkv = self.random_tensor(
-                generator, batch.num_tokens, sum(config_heads) + shape.num_kv_heads, shape.head_dim
-            )
-            half = shape.head_dim // 2
-            inv_freq = (1.0 / 10000 ** (torch.arange(half, dtype=torch.float32) / half)).to(self.device)
-            weights = [self.random_tensor(generator, shape.head_dim) if norm else None for _ in range(2)]
-            rope = RopeInputs(batch.positions, inv_freq, weights[0], weights[1], 1e-6)
-            before = cache.buffer.clone()
-            q = rope_store_kv(
-                qkv, rope.positions, inv_freq, weights[0], weights[1], *config_heads, rope.eps, cache, LAYER,
-                batch.out_cache_loc,
-            )  # fmt: skip
-            expected = backend.attend(q, LAYER, batch).cpu().double()
-            expected_pool = cache.buffer.clone()
-            cache.buffer.copy_(before)
-            output = backend.attend_rope(qkv, LAYER, batch, rope)
-            assert output.shape == q.shape and output.dtype == q.dtype
-            torch.testing.assert_close(output.cpu().double(), expected, atol=atol, rtol=rtol)
-            # one rounding of the rotated values apart at most; the rest of the pool untouched
-            torch.testing.assert_close(cache.buffer, expected_pool, atol=atol, rtol=rtol)
-            changed = (cache.buffer != before).view(cache.num_layers, 2, cache.num_slots, -1).any(-1)
-            assert changed.nonzero()[:, 2].unique().tolist() == sorted(set(batch.out_cache_loc.tolist()))
-            assert changed[LAYER].all(0)[batch.out_cache_loc].all() and not changed[1 - LAYER].any()
 
     def prompt_then_decode_steps(
         self, problem: Problem, generator: torch.Generator, prompts: list[int], decode_steps: int

@@ -32,8 +32,7 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 
 from minisgl_core.api import AttentionBackend, AttentionConfig, ForwardBatch, SharedPrefix
-from minisgl_core.layers.attention import RopeInputs
-from minisgl_core.layers.triton_ops import pdl_options, rope_store_kv, triton_available, triton_runs_on
+from minisgl_core.layers.triton_ops import pdl_options, triton_available, triton_runs_on
 
 #: most splits of one sequence's KV (a power of two: the merge reads them as one vector)
 MAX_SPLITS = 32
@@ -127,9 +126,7 @@ def splits_for(batch_size: int, num_kv_heads: int, num_sms: int, programs_per_sm
 class TritonDecodeBackend(AttentionBackend):
     """Decode attention over the paged pool (bf16, fp16 or float8 e4m3), CUDA-graph capable."""
 
-    capabilities = frozenset(
-        {"decode", "page_size>1", "cuda_graph", "cascade", "prestored_kv", "kv_fp8", "rope_kv"}
-    )
+    capabilities = frozenset({"decode", "page_size>1", "cuda_graph", "cascade", "prestored_kv", "kv_fp8"})
     name: ClassVar[str] = "triton"
     #: programs per SM the split rule aims for
     programs_per_sm: ClassVar[int] = 4
@@ -252,42 +249,6 @@ class TritonDecodeBackend(AttentionBackend):
         return self.attend(q, layer_id, batch)
 
     def attend(self, q: torch.Tensor, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
-        return self._decode(q, layer_id, batch, None)
-
-    def attend_rope(
-        self, qkv: torch.Tensor, layer_id: int, batch: ForwardBatch, rope: RopeInputs
-    ) -> torch.Tensor:
-        """The core decoder's ``rope_store_kv`` and :meth:`attend` in one launch ("rope_kv", see
-        ``minisgl_core.layers.decoder``): each program first does the fused kernel's work for its
-        sequence and KV head (the group's queries, and the new K and V from the program that reads
-        the last position), then attends as :meth:`attend` does. A cascade step (whose prefix
-        kernel reads the queries too) or a pool of another dtype than ``qkv`` runs the two apart."""
-        config, cache = self.config, self.config.kv_cache
-        metadata: TritonDecodeMetadata = batch.attn_metadata
-        heads, kv_heads = config.num_qo_heads, config.num_kv_heads
-        if metadata.skip is not None or cache.dtype != qkv.dtype:
-            q = rope_store_kv(
-                qkv, rope.positions, rope.inv_freq, rope.q_norm_weight, rope.k_norm_weight, heads, kv_heads,
-                rope.eps, cache, layer_id, batch.out_cache_loc,
-            )  # fmt: skip
-            return self.attend(q, layer_id, batch)
-        if qkv.shape[1:] != (heads + 2 * kv_heads, config.head_dim) or qkv.stride()[1:] != (
-            config.head_dim,
-            1,
-        ):
-            raise ValueError(f"attend_rope: qkv of shape {tuple(qkv.shape)} and strides {qkv.stride()}")
-        q = torch.empty(qkv.shape[0], heads, config.head_dim, dtype=qkv.dtype, device=qkv.device)
-        return self._decode(q, layer_id, batch, (qkv, rope))
-
-    def _decode(
-        self,
-        q: torch.Tensor,
-        layer_id: int,
-        batch: ForwardBatch,
-        rope: tuple[torch.Tensor, RopeInputs] | None,
-    ) -> torch.Tensor:
-        """The decode step's kernels over ``q``; with ``rope`` (qkv, its rotary inputs) the decode
-        kernel first writes ``q`` and the new K and V itself (:meth:`attend_rope`)."""
         metadata: TritonDecodeMetadata = batch.attn_metadata
         config, cache = self.config, self.config.kv_cache
         kernels = self._load_kernels()
@@ -295,15 +256,6 @@ class TritonDecodeBackend(AttentionBackend):
         if q.stride(2) != 1:
             q = q.contiguous()
         out = torch.empty(bs, config.num_qo_heads, config.head_dim, dtype=q.dtype, device=q.device)
-        if rope is None:  # the ROPE arguments are unused: any tensors, any numbers
-            qkv, positions, inv_freq, q_norm, k_norm, eps, loc = q, q, q, q, q, 0.0, q
-            norm = False
-        else:
-            qkv, inputs = rope
-            positions, inv_freq, eps, loc = inputs.positions, inputs.inv_freq, inputs.eps, batch.out_cache_loc
-            norm = inputs.q_norm_weight is not None and inputs.k_norm_weight is not None
-            q_norm = inputs.q_norm_weight if norm else inv_freq
-            k_norm = inputs.k_norm_weight if norm else inv_freq
         splits, prefix_splits = metadata.num_splits, metadata.prefix_splits
         entries = splits + prefix_splits
         cascade = metadata.skip is not None
@@ -363,14 +315,6 @@ class TritonDecodeBackend(AttentionBackend):
             page_table.stride(0),
             out.stride(0),
             out.stride(1),
-            qkv,
-            qkv.stride(0) if rope is not None else 0,
-            positions,
-            inv_freq,
-            q_norm,
-            k_norm,
-            float(eps),
-            loc,
             NUM_HEADS=config.num_qo_heads,
             GROUP=self.group,
             BLOCK_H=self.block_h,
@@ -382,8 +326,6 @@ class TritonDecodeBackend(AttentionBackend):
             WIDEN_FP8=widen_fp8,
             DOT_FP32=dot_fp32,
             EXACT_PV=exact_pv,
-            ROPE=rope is not None,
-            NORM=norm,
             num_warps=launch.num_warps,
             num_stages=launch.num_stages,
             **pdl_options(q.device),

@@ -26,8 +26,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from minisgl_core.layers._triton_kernels import _norm_rope
-
 try:  # programmatic dependent launch (minisgl_core.layers.triton_ops.pdl_enabled)
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:
@@ -71,49 +69,6 @@ def _attend(
 
 
 @triton.jit
-def _rope_store_own(
-    q_ptr, k_ptr, v_ptr, seq, kv_head, head, head_ok, owns_new,
-    qkv_ptr, qkv_stride_token, positions_ptr, inv_freq_ptr, q_norm_ptr, k_norm_ptr, norm_eps, loc_ptr,
-    q_stride_token, q_stride_head, kv_stride_slot,
-    NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NORM: tl.constexpr,
-):  # fmt: skip
-    """The core's rope + KV store kernel's work for one program (``rope_store_kernel``, the same
-    arithmetic through its ``_norm_rope``): the per-head norm and rotary of the group's query heads,
-    written to ``q_ptr`` (every split of the sequence writes the same values), and, by the program
-    whose positions end with the new token (``owns_new``), the KV head's new K (norm, rotary) and V
-    written to its slot. ``[1, heads, half]`` tiles, as that kernel's ``[tokens, heads, half]``."""
-    HALF: tl.constexpr = HEAD_DIM // 2
-    d = tl.arange(0, HALF)[None, None, :]
-    full = d < HALF
-    src = qkv_ptr + seq.to(tl.int64) * qkv_stride_token
-    position = tl.load(positions_ptr + seq).to(tl.float32)
-    angle = position * tl.load(inv_freq_ptr + d)
-    dtype = qkv_ptr.dtype.element_ty
-    cos = tl.cos(angle).to(dtype).to(tl.float32)
-    sin = tl.sin(angle).to(dtype).to(tl.float32)
-    hq = head[None, :, None]
-    mq = head_ok[None, :, None] & full
-    q_src = src + hq * HEAD_DIM + d
-    q1, q2 = _norm_rope(tl.load(q_src, mask=mq, other=0.0), tl.load(q_src + HALF, mask=mq, other=0.0),
-                        q_norm_ptr, cos, sin, norm_eps, d, full, HALF, NORM)  # fmt: skip
-    q_dst = q_ptr + seq.to(tl.int64) * q_stride_token + hq * q_stride_head + d
-    tl.store(q_dst, q1.to(q_ptr.dtype.element_ty), mask=mq)
-    tl.store(q_dst + HALF, q2.to(q_ptr.dtype.element_ty), mask=mq)
-    if owns_new:
-        k_src = src + (NUM_HEADS + kv_head) * HEAD_DIM + d
-        k1, k2 = _norm_rope(tl.load(k_src), tl.load(k_src + HALF), k_norm_ptr, cos, sin, norm_eps, d, full,
-                            HALF, NORM)  # fmt: skip
-        slot = tl.load(loc_ptr + seq).to(tl.int64)
-        k_dst = k_ptr + slot * kv_stride_slot + kv_head * HEAD_DIM + d
-        tl.store(k_dst, k1.to(k_ptr.dtype.element_ty))
-        tl.store(k_dst + HALF, k2.to(k_ptr.dtype.element_ty))
-        v_src = src + (NUM_HEADS + NUM_HEADS // GROUP + kv_head) * HEAD_DIM + d
-        v_dst = v_ptr + slot * kv_stride_slot + kv_head * HEAD_DIM + d
-        tl.store(v_dst, tl.load(v_src).to(v_ptr.dtype.element_ty))
-        tl.store(v_dst + HALF, tl.load(v_src + HALF).to(v_ptr.dtype.element_ty))
-
-
-@triton.jit
 def _write_partial(part_ptr, lse_ptr, entry, o, m, l_sum, nonempty, row_ok, dims, HEAD_DIM: tl.constexpr):
     """A normalised partial output and its log2-sum-exp (-inf where no position was read)."""
     tl.store(part_ptr + entry[:, None] * HEAD_DIM + dims[None, :], o, mask=row_ok[:, None])
@@ -141,14 +96,6 @@ def decode_kernel(
     page_table_stride,
     out_stride_token,
     out_stride_head,
-    qkv_ptr,  # ROPE: the step's projected heads [bs, q heads + 2 KV heads, HEAD_DIM], any token stride
-    qkv_stride_token,
-    positions_ptr,  # ROPE: [bs] int, the new token's position
-    inv_freq_ptr,  # ROPE: [HEAD_DIM // 2] float32
-    q_norm_ptr,  # ROPE and NORM: the per-head RMS norms' weights [HEAD_DIM]
-    k_norm_ptr,
-    norm_eps,
-    loc_ptr,  # ROPE: [bs] int, the new token's KV slot
     NUM_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -160,8 +107,6 @@ def decode_kernel(
     WIDEN_FP8: tl.constexpr,
     DOT_FP32: tl.constexpr,
     EXACT_PV: tl.constexpr,
-    ROPE: tl.constexpr = False,  # the fused rope + KV store's work first (see _rope_store_own)
-    NORM: tl.constexpr = False,
     PDL: tl.constexpr = False,  # compiled for programmatic dependent launch
 ):
     if PDL:  # wait for the kernel before, then let the one after start launching
@@ -186,13 +131,6 @@ def decode_kernel(
     head = kv_head * GROUP + rows
     head_ok = rows < GROUP
     dims = tl.arange(0, HEAD_DIM)
-    if ROPE:
-        _rope_store_own(
-            q_ptr, k_ptr, v_ptr, seq, kv_head, head, head_ok, (start < seq_len) & (end == seq_len),
-            qkv_ptr, qkv_stride_token, positions_ptr, inv_freq_ptr, q_norm_ptr, k_norm_ptr, norm_eps, loc_ptr,
-            q_stride_token, q_stride_head, kv_stride_slot, NUM_HEADS, GROUP, HEAD_DIM, NORM,
-        )  # fmt: skip
-        tl.debug_barrier()  # the block's own stores (q, the new K and V) before its loads of them
     q_offsets = seq.to(tl.int64) * q_stride_token + head[:, None] * q_stride_head + dims[None, :]
     q = tl.load(q_ptr + q_offsets, mask=head_ok[:, None], other=0.0)
     if WIDEN_FP8:

@@ -18,9 +18,6 @@ ATTEND = {
 }
 STRIDES = {"scale_log2": "fp32", "q_stride_token": "i32", "q_stride_head": "i32", "kv_stride_slot": "i32",
            "page_table_stride": "i32"}  # fmt: skip
-#: the decode kernel's inputs of the rope + KV store work (``ROPE``)
-ROPE_ARGS = {"qkv_ptr": "*bf16", "qkv_stride_token": "i32", "positions_ptr": "*i64", "inv_freq_ptr": "*fp32",
-             "q_norm_ptr": "*bf16", "k_norm_ptr": "*bf16", "norm_eps": "fp32", "loc_ptr": "*i64"}  # fmt: skip
 
 
 def compile_ptx(kernel, signature: dict, constants: dict, arch: int = 90, num_warps: int = 4) -> str:
@@ -38,35 +35,17 @@ def compile_ptx(kernel, signature: dict, constants: dict, arch: int = 90, num_wa
 
 
 def compile_decode(
-    arch: int,
-    kv: str,
-    widen: bool,
-    splits: int,
-    cascade: bool = False,
-    exact: bool = False,
-    rope: bool = False,
+    arch: int, kv: str, widen: bool, splits: int, cascade: bool = False, exact: bool = False
 ) -> str:
     from minisgl_plugin_triton.kernels import decode_kernel
 
     signature = {**ATTEND, "k_ptr": f"*{kv}", "v_ptr": f"*{kv}", "seq_lens_ptr": "*i32", "order_ptr": "*i32",
                  "skip_ptr": "*i32", "out_ptr": "*bf16", "part_ptr": "*fp32", "lse_ptr": "*fp32", **STRIDES,
-                 "out_stride_token": "i32", "out_stride_head": "i32", **ROPE_ARGS}  # fmt: skip
+                 "out_stride_token": "i32", "out_stride_head": "i32"}  # fmt: skip
     constants = {"NUM_HEADS": 16, "GROUP": 2, "BLOCK_H": 16, "HEAD_DIM": 128, "BLOCK_N": 64,
                  "NUM_SPLITS": splits, "ENTRIES": splits + (2 if cascade else 0), "CASCADE": cascade,
-                 "WIDEN_FP8": widen, "DOT_FP32": False, "EXACT_PV": exact, "ROPE": rope, "NORM": rope}  # fmt: skip
+                 "WIDEN_FP8": widen, "DOT_FP32": False, "EXACT_PV": exact}  # fmt: skip
     return compile_ptx(decode_kernel, signature, constants, arch)
-
-
-@pytest.mark.parametrize("splits", [1, 8])
-def test_the_rope_variant_compiles_without_spills(splits):
-    """``ROPE`` (the core's rope + KV store work first, ``attend_rope``): still tensor-core
-    products and a barrier between the block's stores and its loads. (Its local stores are
-    libdevice's sin/cos argument reduction for huge angles, as in the core's own kernel, not
-    spills: the loop over the KV has none.)"""
-    ptx = compile_decode(90, "bf16", widen=False, splits=splits, rope=True)
-    assert "mma.sync" in ptx and "bar.sync" in ptx
-    loop = ptx[ptx.index("mma.sync") :]
-    assert "st.local" not in loop
 
 
 def test_fp8_pool_is_widened_to_fp16_and_multiplied_on_tensor_cores():
@@ -129,7 +108,7 @@ def test_pdl_variants_wait_then_release():
     assert merge.index("griddepcontrol.wait") < merge.index("griddepcontrol.launch_dependents")
     signature = {**ATTEND, "seq_lens_ptr": "*i32", "order_ptr": "*i32", "skip_ptr": "*i32", "out_ptr": "*bf16",
                  "part_ptr": "*fp32", "lse_ptr": "*fp32", **STRIDES, "out_stride_token": "i32",
-                 "out_stride_head": "i32", **ROPE_ARGS}  # fmt: skip
+                 "out_stride_head": "i32"}  # fmt: skip
     constants = {"NUM_HEADS": 16, "GROUP": 2, "BLOCK_H": 16, "HEAD_DIM": 128, "BLOCK_N": 64, "NUM_SPLITS": 4,
                  "ENTRIES": 4, "CASCADE": False, "WIDEN_FP8": False, "DOT_FP32": False, "EXACT_PV": False,
                  "PDL": True}  # fmt: skip
