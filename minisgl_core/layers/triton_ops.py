@@ -95,6 +95,23 @@ def pdl_options(device: torch.device) -> dict:
     return {"PDL": True, "launch_pdl": True} if pdl_enabled(device) else {}
 
 
+def pdl_attention_enabled(device: torch.device) -> bool:
+    """Whether the decode attention kernel of the Triton backend is launched with programmatic
+    dependent launch on its own (``MINISGL_PDL_ATTENTION=1``; experimental, off by default), so its
+    programs load their first block of older KV while :func:`rope_store_kv`'s kernel, launched to
+    release it early, still runs. The same devices as :func:`pdl_enabled`."""
+    if device.type != "cuda" or not environment.switch("MINISGL_PDL_ATTENTION", False):
+        return False
+    return _pdl_supported(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def _release_options(device: torch.device) -> dict:
+    """The launch of :func:`rope_store_kv`'s kernel under :func:`pdl_attention_enabled`: with PDL,
+    so it lets the attention kernel after it start launching (the wait is for the GEMM before it,
+    which never releases early: no change there)."""
+    return {"PDL": True, "launch_pdl": True} if pdl_attention_enabled(device) else {}
+
+
 def norm_enabled(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether :func:`rms_norm` serves this norm (``MINISGL_TRITON_NORM=0`` turns it off; the same
     device rules as :func:`fused_kv_enabled`): rows of at most :data:`_NORM_MAX` elements with unit
@@ -413,6 +430,6 @@ def rope_store_kv(
         k_weight if norm else inv_freq, float(eps), q, cache.k_cache(layer_id), cache.v_cache(layer_id),
         loc, tokens, NUM_Q=num_q_heads, NUM_KV=num_kv_heads, HALF=half, BLOCK=_pow2(half),
         BLOCK_Q=_pow2(num_q_heads), BLOCK_KV=_pow2(num_kv_heads), NORM=norm, TOKENS=per, num_warps=warps,
-        **pdl_options(qkv.device),
+        **(pdl_options(qkv.device) or _release_options(qkv.device)),
     )  # fmt: skip
     return q

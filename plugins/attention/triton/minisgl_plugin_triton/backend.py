@@ -32,7 +32,12 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 
 from minisgl_core.api import AttentionBackend, AttentionConfig, ForwardBatch, SharedPrefix
-from minisgl_core.layers.triton_ops import pdl_options, triton_available, triton_runs_on
+from minisgl_core.layers.triton_ops import (
+    pdl_attention_enabled,
+    pdl_options,
+    triton_available,
+    triton_runs_on,
+)
 
 #: most splits of one sequence's KV (a power of two: the merge reads them as one vector)
 MAX_SPLITS = 32
@@ -142,6 +147,10 @@ class TritonDecodeBackend(AttentionBackend):
     #: off: P rounded once, normalised by the rounded sum. Both pass tools/device_e2e.py; the
     #: second product cost 10% of the kernel's time at batch 256 (BENCHMARKS.md)
     exact_pv: ClassVar[bool] = False
+    #: the decode kernel's first block of older KV loaded before its wait for the kernel before it
+    #: (``EARLY``): always (the tests, on the interpreter too), or only where its launch overlaps
+    #: that kernel (``MINISGL_PDL_ATTENTION=1``, off by default); never in a cascade step
+    early_kv: ClassVar[bool] = False
 
     @classmethod
     def availability(cls, device: torch.device) -> str | None:
@@ -296,6 +305,10 @@ class TritonDecodeBackend(AttentionBackend):
                 num_stages=launch.num_stages,
                 **pdl_options(q.device),
             )
+        decode_pdl = pdl_options(q.device)
+        early = not cascade and (self.early_kv or pdl_attention_enabled(q.device))
+        if early and pdl_attention_enabled(q.device):
+            decode_pdl = {"PDL": True, "launch_pdl": True}
         kernels.decode_kernel[(config.num_kv_heads, bs, splits)](
             q,
             cache.k_cache(layer_id),
@@ -326,9 +339,10 @@ class TritonDecodeBackend(AttentionBackend):
             WIDEN_FP8=widen_fp8,
             DOT_FP32=dot_fp32,
             EXACT_PV=exact_pv,
+            EARLY=early,
             num_warps=launch.num_warps,
             num_stages=launch.num_stages,
-            **pdl_options(q.device),
+            **decode_pdl,
         )
         if entries > 1:
             kernels.merge_kernel[(bs, config.num_qo_heads)](

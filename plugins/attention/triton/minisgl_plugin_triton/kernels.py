@@ -69,6 +69,35 @@ def _attend(
 
 
 @triton.jit
+def _attend_block(q, m, l_sum, acc, k, v, valid, scale_log2, EXACT_PV: tl.constexpr):
+    """One step of :func:`_attend`'s loop (the same arithmetic) over a block already loaded: keys
+    ``k`` and values ``v`` in the pool's dtype, positions where ``valid`` (at least one). (The loop
+    keeps its own copy so that its loads stay where the kernel was tuned with them.)"""
+    k = k.to(q.dtype)
+    if q.dtype == tl.float32:  # float32 products in float32 (a GPU's default is TF32: 10 bits)
+        scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2
+    else:
+        scores = tl.dot(q, tl.trans(k)) * scale_log2
+    scores = tl.where(valid[None, :], scores, float("-inf"))
+    m_new = tl.maximum(m, tl.max(scores, 1))
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(scores - m_new[:, None])
+    v = v.to(q.dtype)
+    p_hi = p.to(q.dtype)
+    if q.dtype == tl.float32:
+        pv = tl.dot(p_hi, v, input_precision="ieee")
+    else:
+        pv = tl.dot(p_hi, v)
+    if EXACT_PV:  # the rounding error of P as a second product: P·V as exact as float32
+        pv += tl.dot((p - p_hi.to(tl.float32)).to(q.dtype), v)
+    else:  # normalise by the rounded weights the product used: a true weighted mean of V
+        p = p_hi.to(tl.float32)
+    l_sum = l_sum * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + pv
+    return m_new, l_sum, acc
+
+
+@triton.jit
 def _write_partial(part_ptr, lse_ptr, entry, o, m, l_sum, nonempty, row_ok, dims, HEAD_DIM: tl.constexpr):
     """A normalised partial output and its log2-sum-exp (-inf where no position was read)."""
     tl.store(part_ptr + entry[:, None] * HEAD_DIM + dims[None, :], o, mask=row_ok[:, None])
@@ -108,8 +137,9 @@ def decode_kernel(
     DOT_FP32: tl.constexpr,
     EXACT_PV: tl.constexpr,
     PDL: tl.constexpr = False,  # compiled for programmatic dependent launch
+    EARLY: tl.constexpr = False,  # the first block's older KV loaded before the wait (see below)
 ):
-    if PDL:  # wait for the kernel before, then let the one after start launching
+    if PDL and not EARLY:  # wait for the kernel before, then let the one after start launching
         gdc_wait()
         gdc_launch_dependents()
     # heads vary fastest in the launch order, and sequences come longest first (``order``), so
@@ -131,6 +161,26 @@ def decode_kernel(
     head = kv_head * GROUP + rows
     head_ok = rows < GROUP
     dims = tl.arange(0, HEAD_DIM)
+    table_row = page_table_ptr + row * page_table_stride
+    columns = kv_head * HEAD_DIM + dims
+    if EARLY:
+        # The first block's KV is read before the wait (launched with PDL, this program starts
+        # while the kernel before it, the one writing q and the new token's K and V, still runs),
+        # all but the new token's row, read after it. The step's metadata and the page table
+        # were written before that kernel started.
+        pos0 = start + tl.arange(0, BLOCK_N)
+        in0 = pos0 < end
+        old0 = pos0 < tl.minimum(end, seq_len - 1)
+        slot0 = tl.load(table_row + pos0, mask=in0, other=0).to(tl.int64)
+        kv0 = slot0[:, None] * kv_stride_slot + columns[None, :]
+        k0 = tl.load(k_ptr + kv0, mask=old0[:, None], other=0.0)
+        v0 = tl.load(v_ptr + kv0, mask=old0[:, None], other=0.0)
+        if PDL:
+            gdc_wait()
+            gdc_launch_dependents()
+        new0 = (in0 & ~old0)[:, None]
+        k0 = tl.where(new0, tl.load(k_ptr + kv0, mask=new0, other=0.0), k0)
+        v0 = tl.where(new0, tl.load(v_ptr + kv0, mask=new0, other=0.0), v0)
     q_offsets = seq.to(tl.int64) * q_stride_token + head[:, None] * q_stride_head + dims[None, :]
     q = tl.load(q_ptr + q_offsets, mask=head_ok[:, None], other=0.0)
     if WIDEN_FP8:
@@ -141,12 +191,18 @@ def decode_kernel(
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_sum = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
-    table_row = page_table_ptr + row * page_table_stride
-    columns = kv_head * HEAD_DIM + dims
-    m, l_sum, acc = _attend(
-        q, m, l_sum, acc, table_row, start, end, k_ptr, v_ptr, kv_stride_slot, columns, scale_log2,
-        BLOCK_N, EXACT_PV,
-    )  # fmt: skip
+    if EARLY:
+        if start < end:
+            m, l_sum, acc = _attend_block(q, m, l_sum, acc, k0, v0, in0, scale_log2, EXACT_PV)
+        m, l_sum, acc = _attend(
+            q, m, l_sum, acc, table_row, start + BLOCK_N, end, k_ptr, v_ptr, kv_stride_slot, columns,
+            scale_log2, BLOCK_N, EXACT_PV,
+        )  # fmt: skip
+    else:
+        m, l_sum, acc = _attend(
+            q, m, l_sum, acc, table_row, start, end, k_ptr, v_ptr, kv_stride_slot, columns, scale_log2,
+            BLOCK_N, EXACT_PV,
+        )  # fmt: skip
 
     nonempty = l_sum > 0
     o = acc / tl.where(nonempty, l_sum, 1.0)[:, None]

@@ -114,3 +114,23 @@ def test_pdl_variants_wait_then_release():
                  "PDL": True}  # fmt: skip
     decode = compile_ptx(decode_kernel, signature, constants)
     assert decode.index("griddepcontrol.wait") < decode.index("griddepcontrol.launch_dependents")
+
+
+def test_early_variant_loads_kv_before_its_wait():
+    """``EARLY`` with PDL (``MINISGL_PDL_ATTENTION=1``): the first block's older KV is loaded
+    before ``griddepcontrol.wait`` (the point of launching early); without ``EARLY`` the PDL
+    variant waits before its first global load."""
+    from minisgl_plugin_triton.kernels import decode_kernel
+
+    signature = {**ATTEND, "seq_lens_ptr": "*i32", "order_ptr": "*i32", "skip_ptr": "*i32", "out_ptr": "*bf16",
+                 "part_ptr": "*fp32", "lse_ptr": "*fp32", **STRIDES, "out_stride_token": "i32",
+                 "out_stride_head": "i32"}  # fmt: skip
+    constants = {"NUM_HEADS": 16, "GROUP": 2, "BLOCK_H": 16, "HEAD_DIM": 128, "BLOCK_N": 64, "NUM_SPLITS": 1,
+                 "ENTRIES": 1, "CASCADE": False, "WIDEN_FP8": False, "DOT_FP32": False, "EXACT_PV": False,
+                 "PDL": True}  # fmt: skip
+    early = compile_ptx(decode_kernel, signature, {**constants, "EARLY": True})
+    wait = early.index("griddepcontrol.wait")
+    assert early.count("ld.global", 0, wait) >= 4  # the order, the length, the row, the slots, K and V
+    assert "mma.sync" in early and early.index("griddepcontrol.launch_dependents") > wait
+    plain = compile_ptx(decode_kernel, signature, constants)
+    assert "ld.global" not in plain[: plain.index("griddepcontrol.wait")]

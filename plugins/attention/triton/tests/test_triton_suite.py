@@ -68,6 +68,20 @@ class TestTritonDecodeSplitting(TestTritonDecode):
         return [Shape(self.num_kv_heads, 1, 128, 1), Shape(self.num_kv_heads, 8, 128, 16)]
 
 
+class EarlyKV(AlwaysSplitting):
+    """Loads each program's first block of older KV before the point where, launched with PDL
+    (``MINISGL_PDL_ATTENTION=1``), it waits for the kernel before it, and the new token's row
+    after it (``early_kv``; on the interpreter there is no wait, the order of the loads is what is
+    checked). Splitting, so the new token falls in a program's first block (short sequences and
+    last splits) and beyond it, and some programs read nothing."""
+
+    early_kv = True
+
+
+class TestTritonDecodeEarly(TestTritonDecodeSplitting):
+    backend_cls = EarlyKV
+
+
 def test_the_split_rule():
     from minisgl_plugin_triton.backend import MAX_SPLITS, splits_for
 
