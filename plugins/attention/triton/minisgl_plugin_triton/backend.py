@@ -147,10 +147,11 @@ class TritonDecodeBackend(AttentionBackend):
     #: off: P rounded once, normalised by the rounded sum. Both pass tools/device_e2e.py; the
     #: second product cost 10% of the kernel's time at batch 256 (BENCHMARKS.md)
     exact_pv: ClassVar[bool] = False
-    #: the decode kernel's first block of older KV loaded before its wait for the kernel before it
-    #: (``EARLY``): always (the tests, on the interpreter too), or only where its launch overlaps
-    #: that kernel (``MINISGL_PDL_ATTENTION=1``, off by default); never in a cascade step
+    #: the decode kernel's first ``early_blocks`` blocks of K and V prefetched into L2 before it
+    #: waits for the kernel before it (``EARLY``, CUDA only): always (a test), or where its launch
+    #: overlaps that kernel (``MINISGL_PDL_ATTENTION=1``, off by default); never in a cascade step
     early_kv: ClassVar[bool] = False
+    early_blocks: ClassVar[int] = 1
 
     @classmethod
     def availability(cls, device: torch.device) -> str | None:
@@ -306,7 +307,7 @@ class TritonDecodeBackend(AttentionBackend):
                 **pdl_options(q.device),
             )
         decode_pdl = pdl_options(q.device)
-        early = not cascade and (self.early_kv or pdl_attention_enabled(q.device))
+        early = not cascade and not self.interpreted and (self.early_kv or pdl_attention_enabled(q.device))
         if early and pdl_attention_enabled(q.device):
             decode_pdl = {"PDL": True, "launch_pdl": True}
         kernels.decode_kernel[(config.num_kv_heads, bs, splits)](
@@ -340,6 +341,8 @@ class TritonDecodeBackend(AttentionBackend):
             DOT_FP32=dot_fp32,
             EXACT_PV=exact_pv,
             EARLY=early,
+            EARLY_BLOCKS=self.early_blocks,
+            ELEMENT_BYTES=cache.buffer.element_size(),
             num_warps=launch.num_warps,
             num_stages=launch.num_stages,
             **decode_pdl,

@@ -69,32 +69,12 @@ def _attend(
 
 
 @triton.jit
-def _attend_block(q, m, l_sum, acc, k, v, valid, scale_log2, EXACT_PV: tl.constexpr):
-    """One step of :func:`_attend`'s loop (the same arithmetic) over a block already loaded: keys
-    ``k`` and values ``v`` in the pool's dtype, positions where ``valid`` (at least one). (The loop
-    keeps its own copy so that its loads stay where the kernel was tuned with them.)"""
-    k = k.to(q.dtype)
-    if q.dtype == tl.float32:  # float32 products in float32 (a GPU's default is TF32: 10 bits)
-        scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2
-    else:
-        scores = tl.dot(q, tl.trans(k)) * scale_log2
-    scores = tl.where(valid[None, :], scores, float("-inf"))
-    m_new = tl.maximum(m, tl.max(scores, 1))
-    alpha = tl.exp2(m - m_new)
-    p = tl.exp2(scores - m_new[:, None])
-    v = v.to(q.dtype)
-    p_hi = p.to(q.dtype)
-    if q.dtype == tl.float32:
-        pv = tl.dot(p_hi, v, input_precision="ieee")
-    else:
-        pv = tl.dot(p_hi, v)
-    if EXACT_PV:  # the rounding error of P as a second product: P·V as exact as float32
-        pv += tl.dot((p - p_hi.to(tl.float32)).to(q.dtype), v)
-    else:  # normalise by the rounded weights the product used: a true weighted mean of V
-        p = p_hi.to(tl.float32)
-    l_sum = l_sum * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + pv
-    return m_new, l_sum, acc
+def _prefetch_l2(ptrs):
+    """``prefetch.global.L2`` of each address (its 128-byte line into L2; nothing read into
+    registers, no value changed). Compiled for CUDA only (inline PTX)."""
+    tl.inline_asm_elementwise(
+        "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
+    )
 
 
 @triton.jit
@@ -137,7 +117,9 @@ def decode_kernel(
     DOT_FP32: tl.constexpr,
     EXACT_PV: tl.constexpr,
     PDL: tl.constexpr = False,  # compiled for programmatic dependent launch
-    EARLY: tl.constexpr = False,  # the first block's older KV loaded before the wait (see below)
+    EARLY: tl.constexpr = False,  # the first blocks' K and V prefetched into L2 before the wait (see below)
+    EARLY_BLOCKS: tl.constexpr = 1,
+    ELEMENT_BYTES: tl.constexpr = 2,  # the pool's element size (EARLY: its 128-byte lines)
 ):
     if PDL and not EARLY:  # wait for the kernel before, then let the one after start launching
         gdc_wait()
@@ -164,23 +146,20 @@ def decode_kernel(
     table_row = page_table_ptr + row * page_table_stride
     columns = kv_head * HEAD_DIM + dims
     if EARLY:
-        # The first block's KV is read before the wait (launched with PDL, this program starts
-        # while the kernel before it, the one writing q and the new token's K and V, still runs),
-        # all but the new token's row, read after it. The step's metadata and the page table
-        # were written before that kernel started.
-        pos0 = start + tl.arange(0, BLOCK_N)
-        in0 = pos0 < end
-        old0 = pos0 < tl.minimum(end, seq_len - 1)
-        slot0 = tl.load(table_row + pos0, mask=in0, other=0).to(tl.int64)
-        kv0 = slot0[:, None] * kv_stride_slot + columns[None, :]
-        k0 = tl.load(k_ptr + kv0, mask=old0[:, None], other=0.0)
-        v0 = tl.load(v_ptr + kv0, mask=old0[:, None], other=0.0)
+        # Launched with PDL, this program starts while the kernel before it (the one writing q
+        # and the new token's K and V) still runs: bring its first EARLY_BLOCKS blocks of K and V
+        # into L2 meanwhile (one prefetch a 128-byte line, nothing held in registers; L2 is where
+        # that kernel's writes land, so no stale value can be read), then wait. The step's
+        # metadata and the page table were written before that kernel started.
+        pos0 = start + tl.arange(0, EARLY_BLOCKS * BLOCK_N)
+        slot0 = tl.load(table_row + pos0, mask=pos0 < end, other=0).to(tl.int64)
+        lines = kv_head * HEAD_DIM + tl.arange(0, (HEAD_DIM * ELEMENT_BYTES) // 128) * (128 // ELEMENT_BYTES)
+        offsets = tl.where((pos0 < end)[:, None], slot0[:, None] * kv_stride_slot + lines[None, :], 0)
+        _prefetch_l2(k_ptr + offsets)
+        _prefetch_l2(v_ptr + offsets)
         if PDL:
             gdc_wait()
             gdc_launch_dependents()
-        new0 = (in0 & ~old0)[:, None]
-        k0 = tl.where(new0, tl.load(k_ptr + kv0, mask=new0, other=0.0), k0)
-        v0 = tl.where(new0, tl.load(v_ptr + kv0, mask=new0, other=0.0), v0)
     q_offsets = seq.to(tl.int64) * q_stride_token + head[:, None] * q_stride_head + dims[None, :]
     q = tl.load(q_ptr + q_offsets, mask=head_ok[:, None], other=0.0)
     if WIDEN_FP8:
@@ -191,18 +170,10 @@ def decode_kernel(
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_sum = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
-    if EARLY:
-        if start < end:
-            m, l_sum, acc = _attend_block(q, m, l_sum, acc, k0, v0, in0, scale_log2, EXACT_PV)
-        m, l_sum, acc = _attend(
-            q, m, l_sum, acc, table_row, start + BLOCK_N, end, k_ptr, v_ptr, kv_stride_slot, columns,
-            scale_log2, BLOCK_N, EXACT_PV,
-        )  # fmt: skip
-    else:
-        m, l_sum, acc = _attend(
-            q, m, l_sum, acc, table_row, start, end, k_ptr, v_ptr, kv_stride_slot, columns, scale_log2,
-            BLOCK_N, EXACT_PV,
-        )  # fmt: skip
+    m, l_sum, acc = _attend(
+        q, m, l_sum, acc, table_row, start, end, k_ptr, v_ptr, kv_stride_slot, columns, scale_log2,
+        BLOCK_N, EXACT_PV,
+    )  # fmt: skip
 
     nonempty = l_sum > 0
     o = acc / tl.where(nonempty, l_sum, 1.0)[:, None]

@@ -116,10 +116,11 @@ def test_pdl_variants_wait_then_release():
     assert decode.index("griddepcontrol.wait") < decode.index("griddepcontrol.launch_dependents")
 
 
-def test_early_variant_loads_kv_before_its_wait():
-    """``EARLY`` with PDL (``MINISGL_PDL_ATTENTION=1``): the first block's older KV is loaded
-    before ``griddepcontrol.wait`` (the point of launching early); without ``EARLY`` the PDL
-    variant waits before its first global load."""
+def test_early_variant_prefetches_kv_before_its_wait():
+    """``EARLY`` with PDL (``MINISGL_PDL_ATTENTION=1``): the first blocks of K and V are prefetched
+    into L2 before ``griddepcontrol.wait`` (the point of launching early), one prefetch per
+    128-byte line, nothing loaded into registers from the pool; without ``EARLY`` the PDL variant
+    waits before its first global access."""
     from minisgl_plugin_triton.kernels import decode_kernel
 
     signature = {**ATTEND, "seq_lens_ptr": "*i32", "order_ptr": "*i32", "skip_ptr": "*i32", "out_ptr": "*bf16",
@@ -128,9 +129,14 @@ def test_early_variant_loads_kv_before_its_wait():
     constants = {"NUM_HEADS": 16, "GROUP": 2, "BLOCK_H": 16, "HEAD_DIM": 128, "BLOCK_N": 64, "NUM_SPLITS": 1,
                  "ENTRIES": 1, "CASCADE": False, "WIDEN_FP8": False, "DOT_FP32": False, "EXACT_PV": False,
                  "PDL": True}  # fmt: skip
-    early = compile_ptx(decode_kernel, signature, {**constants, "EARLY": True})
+    early = compile_ptx(
+        decode_kernel, signature, {**constants, "EARLY": True, "EARLY_BLOCKS": 1, "ELEMENT_BYTES": 2}
+    )
     wait = early.index("griddepcontrol.wait")
-    assert early.count("ld.global", 0, wait) >= 4  # the order, the length, the row, the slots, K and V
+    # 64 positions x 2 lines of 128 bytes, for K and for V, over 128 threads
+    assert early.count("prefetch.global.L2", 0, wait) == 2 * 64 * 2 // 128
+    assert "prefetch.global.L2" not in early[wait:]
     assert "mma.sync" in early and early.index("griddepcontrol.launch_dependents") > wait
+    assert "st.local" not in early
     plain = compile_ptx(decode_kernel, signature, constants)
-    assert "ld.global" not in plain[: plain.index("griddepcontrol.wait")]
+    assert "ld.global" not in plain[: plain.index("griddepcontrol.wait")] and "prefetch" not in plain

@@ -69,15 +69,15 @@ class TestTritonDecodeSplitting(TestTritonDecode):
 
 
 class EarlyKV(AlwaysSplitting):
-    """Loads each program's first block of older KV before the point where, launched with PDL
-    (``MINISGL_PDL_ATTENTION=1``), it waits for the kernel before it, and the new token's row
-    after it (``early_kv``; on the interpreter there is no wait, the order of the loads is what is
-    checked). Splitting, so the new token falls in a program's first block (short sequences and
-    last splits) and beyond it, and some programs read nothing."""
+    """Prefetches each program's first two blocks of K and V into L2 before the point where,
+    launched with PDL (``MINISGL_PDL_ATTENTION=1``), it waits for the kernel before it
+    (``early_kv``, compiled for CUDA only). Splitting, so some programs read nothing."""
 
     early_kv = True
+    early_blocks = 2
 
 
+@pytest.mark.skipif(DEVICE != "cuda", reason="the prefetch is inline PTX: CUDA only")
 class TestTritonDecodeEarly(TestTritonDecodeSplitting):
     backend_cls = EarlyKV
 
