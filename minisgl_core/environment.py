@@ -19,6 +19,8 @@ DOCUMENTED: dict[str, str] = {
     "MINISGL_FUSED_KV": "0 turns off the fused q/k norm + rotary + KV store kernel (--disable-fast-path fused_kv)",
     "MINISGL_ROPE_STORE_TILES": "0 runs that kernel one token a program instead of in tiles of 2-4 tokens "
     "(--disable-fast-path rope_store_tiles)",
+    "MINISGL_PDL_ATTENTION": "0 launches the Triton decode attention kernel plainly instead of with programmatic "
+    "dependent launch, its first KV blocks prefetched while the kernel before it runs (--disable-fast-path pdl_attention)",
     "MINISGL_TRITON_SILU": "0 turns off the Triton SiLU·mul kernel (--disable-fast-path triton_silu)",
     "MINISGL_TRITON_NORM": "0 turns off the Triton RMS norm kernels (--disable-fast-path triton_norm)",
     "MINISGL_TRITON_SAMPLER": "0 turns off the one-kernel Gumbel-max draw (--disable-fast-path triton_sampler)",
@@ -33,8 +35,6 @@ DOCUMENTED: dict[str, str] = {
     "passing the barrier itself (--disable-fast-path symm_mem_norm_barrier)",
     "MINISGL_PDL": "1 launches the hand-written Triton kernels with programmatic dependent launch (Hopper+; "
     "experimental, off by default: -2% at batch 1 (Llama-3.1-8B fp8) but 1% slower offline on Qwen3-0.6B, BENCHMARKS.md)",
-    "MINISGL_PDL_ATTENTION": "1 launches only the Triton decode attention kernel with programmatic dependent "
-    "launch, its first KV block loaded while the rope + KV store kernel before it runs (Hopper+; experimental, off by default)",
     "MINISGL_SPLIT_MIXED": "0 runs a mixed step's decode rows on the prefill attention backend with its "
     "prompt rows; by default (1 on a GPU, 0 elsewhere) they run on the decode backend: on an H200 "
     "1.10x the throughput of unsplit mixed steps on Llama-3.1-8B, ITL p99 20 vs 121 ms",

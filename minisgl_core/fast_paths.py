@@ -28,6 +28,9 @@ class FastPaths:
     fused_kv: bool = True
     #: that kernel as masked tiles of 2-4 tokens a program (off: one token a program)
     rope_store_tiles: bool = True
+    #: Hopper+: the Triton decode attention kernel launched with programmatic dependent launch
+    #: after that kernel, its first KV blocks prefetched into L2 while that kernel runs
+    pdl_attention: bool = True
     #: the Triton SiLU·mul kernel
     triton_silu: bool = True
     #: the Triton RMS norm (and residual add + RMS norm) kernels, in place of the compiled ones
@@ -68,6 +71,7 @@ class FastPaths:
             in (
                 "fused_kv",
                 "rope_store_tiles",
+                "pdl_attention",
                 "triton_silu",
                 "triton_norm",
                 "triton_sampler",
@@ -87,6 +91,7 @@ ENV_VARS: dict[str, str] = {
     "compile": "MINISGL_COMPILE",
     "fused_kv": "MINISGL_FUSED_KV",
     "rope_store_tiles": "MINISGL_ROPE_STORE_TILES",
+    "pdl_attention": "MINISGL_PDL_ATTENTION",
     "triton_silu": "MINISGL_TRITON_SILU",
     "triton_norm": "MINISGL_TRITON_NORM",
     "triton_sampler": "MINISGL_TRITON_SAMPLER",

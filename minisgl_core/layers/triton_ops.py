@@ -96,19 +96,21 @@ def pdl_options(device: torch.device) -> dict:
 
 
 def pdl_attention_enabled(device: torch.device) -> bool:
-    """Whether the decode attention kernel of the Triton backend is launched with programmatic
-    dependent launch on its own (``MINISGL_PDL_ATTENTION=1``; experimental, off by default), so its
-    programs load their first block of older KV while :func:`rope_store_kv`'s kernel, launched to
-    release it early, still runs. The same devices as :func:`pdl_enabled`."""
-    if device.type != "cuda" or not environment.switch("MINISGL_PDL_ATTENTION", False):
+    """Whether the Triton backend's decode attention kernel is launched with programmatic
+    dependent launch on its own (fast path ``pdl_attention``; ``MINISGL_PDL_ATTENTION=0`` turns it
+    off), so its programs prefetch their first KV blocks into L2 while :func:`rope_store_kv`'s
+    kernel, launched to release it early, still runs: on an H200 batch-1 decode of Qwen3-0.6B
+    1.7-2.0% faster a token, offline throughput unchanged (BENCHMARKS.md). The devices of
+    :func:`pdl_enabled` (compute capability 9.0+, a Triton with both instructions)."""
+    if device.type != "cuda" or not fast_paths.current().enabled("pdl_attention"):
         return False
     return _pdl_supported(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def _release_options(device: torch.device) -> dict:
     """The launch of :func:`rope_store_kv`'s kernel under :func:`pdl_attention_enabled`: with PDL,
-    so it lets the attention kernel after it start launching (the wait is for the GEMM before it,
-    which never releases early: no change there)."""
+    so it lets the attention kernel after it start launching (its own wait, first thing, keeps it
+    behind the GEMM before it as a plain launch does)."""
     return {"PDL": True, "launch_pdl": True} if pdl_attention_enabled(device) else {}
 
 

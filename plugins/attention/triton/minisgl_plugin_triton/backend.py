@@ -149,7 +149,7 @@ class TritonDecodeBackend(AttentionBackend):
     exact_pv: ClassVar[bool] = False
     #: the decode kernel's first ``early_blocks`` blocks of K and V prefetched into L2 before it
     #: waits for the kernel before it (``EARLY``, CUDA only): always (a test), or where its launch
-    #: overlaps that kernel (``MINISGL_PDL_ATTENTION=1``, off by default); never in a cascade step
+    #: overlaps that kernel (fast path ``pdl_attention``, sm90+); never in a cascade step
     early_kv: ClassVar[bool] = False
     early_blocks: ClassVar[int] = 1
 
