@@ -342,7 +342,7 @@ class TritonDecodeBackend(AttentionBackend):
             EXACT_PV=exact_pv,
             EARLY=early,
             EARLY_BLOCKS=self.early_blocks,
-            ELEMENT_BYTES=cache.buffer.element_size(),
+            EARLY_LINE=min(config.head_dim, 128 // cache.buffer.element_size()),
             num_warps=launch.num_warps,
             num_stages=launch.num_stages,
             **decode_pdl,

@@ -119,7 +119,7 @@ def decode_kernel(
     PDL: tl.constexpr = False,  # compiled for programmatic dependent launch
     EARLY: tl.constexpr = False,  # the first blocks' K and V prefetched into L2 before the wait (see below)
     EARLY_BLOCKS: tl.constexpr = 1,
-    ELEMENT_BYTES: tl.constexpr = 2,  # the pool's element size (EARLY: its 128-byte lines)
+    EARLY_LINE: tl.constexpr = 64,  # elements a prefetch covers: a 128-byte line, at most a head's row
 ):
     if PDL and not EARLY:  # wait for the kernel before, then let the one after start launching
         gdc_wait()
@@ -148,12 +148,12 @@ def decode_kernel(
     if EARLY:
         # Launched with PDL, this program starts while the kernel before it (the one writing q
         # and the new token's K and V) still runs: bring its first EARLY_BLOCKS blocks of K and V
-        # into L2 meanwhile (one prefetch a 128-byte line, nothing held in registers; L2 is where
+        # into L2 meanwhile (one prefetch a 128-byte line or a shorter head row, nothing held in registers; L2 is where
         # that kernel's writes land, so no stale value can be read), then wait. The step's
         # metadata and the page table were written before that kernel started.
         pos0 = start + tl.arange(0, EARLY_BLOCKS * BLOCK_N)
         slot0 = tl.load(table_row + pos0, mask=pos0 < end, other=0).to(tl.int64)
-        lines = kv_head * HEAD_DIM + tl.arange(0, (HEAD_DIM * ELEMENT_BYTES) // 128) * (128 // ELEMENT_BYTES)
+        lines = kv_head * HEAD_DIM + tl.arange(0, HEAD_DIM // EARLY_LINE) * EARLY_LINE
         offsets = tl.where((pos0 < end)[:, None], slot0[:, None] * kv_stride_slot + lines[None, :], 0)
         _prefetch_l2(k_ptr + offsets)
         _prefetch_l2(v_ptr + offsets)

@@ -117,7 +117,7 @@ def test_pdl_variants_wait_then_release():
 
 
 def test_early_variant_prefetches_kv_before_its_wait():
-    """``EARLY`` with PDL (``MINISGL_PDL_ATTENTION=1``): the first blocks of K and V are prefetched
+    """``EARLY`` with PDL (fast path ``pdl_attention``): the first blocks of K and V are prefetched
     into L2 before ``griddepcontrol.wait`` (the point of launching early), one prefetch per
     128-byte line, nothing loaded into registers from the pool; without ``EARLY`` the PDL variant
     waits before its first global access."""
@@ -130,7 +130,7 @@ def test_early_variant_prefetches_kv_before_its_wait():
                  "ENTRIES": 1, "CASCADE": False, "WIDEN_FP8": False, "DOT_FP32": False, "EXACT_PV": False,
                  "PDL": True}  # fmt: skip
     early = compile_ptx(
-        decode_kernel, signature, {**constants, "EARLY": True, "EARLY_BLOCKS": 1, "ELEMENT_BYTES": 2}
+        decode_kernel, signature, {**constants, "EARLY": True, "EARLY_BLOCKS": 1, "EARLY_LINE": 64}
     )
     wait = early.index("griddepcontrol.wait")
     # 64 positions x 2 lines of 128 bytes, for K and for V, over 128 threads
@@ -140,3 +140,19 @@ def test_early_variant_prefetches_kv_before_its_wait():
     assert "st.local" not in early
     plain = compile_ptx(decode_kernel, signature, constants)
     assert "ld.global" not in plain[: plain.index("griddepcontrol.wait")] and "prefetch" not in plain
+
+
+@pytest.mark.parametrize("head_dim, line", [(32, 32), (64, 64), (256, 64)])
+def test_early_variant_compiles_for_any_head_row(head_dim, line):
+    """A head's row shorter than a 128-byte line (head_dim 32 or 64 in bf16) is one prefetch a
+    row (the backend's ``EARLY_LINE``); a longer one, one a line."""
+    from minisgl_plugin_triton.kernels import decode_kernel
+
+    signature = {**ATTEND, "seq_lens_ptr": "*i32", "order_ptr": "*i32", "skip_ptr": "*i32", "out_ptr": "*bf16",
+                 "part_ptr": "*fp32", "lse_ptr": "*fp32", **STRIDES, "out_stride_token": "i32",
+                 "out_stride_head": "i32"}  # fmt: skip
+    constants = {"NUM_HEADS": 8, "GROUP": 4, "BLOCK_H": 16, "HEAD_DIM": head_dim, "BLOCK_N": 64, "NUM_SPLITS": 2,
+                 "ENTRIES": 2, "CASCADE": False, "WIDEN_FP8": False, "DOT_FP32": False, "EXACT_PV": False,
+                 "PDL": True, "EARLY": True, "EARLY_BLOCKS": 1, "EARLY_LINE": line}  # fmt: skip
+    ptx = compile_ptx(decode_kernel, signature, constants)
+    assert "prefetch.global.L2" in ptx[: ptx.index("griddepcontrol.wait")]
