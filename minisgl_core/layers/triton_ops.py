@@ -100,7 +100,7 @@ def pdl_attention_enabled(device: torch.device) -> bool:
     dependent launch on its own (fast path ``pdl_attention``; ``MINISGL_PDL_ATTENTION=0`` turns it
     off), so its programs prefetch their first KV blocks into L2 while :func:`rope_store_kv`'s
     kernel, launched to release it early, still runs: on an H200 batch-1 decode of Qwen3-0.6B
-    1.7-2.0% faster a token, offline throughput unchanged (BENCHMARKS.md). The devices of
+    1.7-2.3% faster a token, offline throughput unchanged (BENCHMARKS.md). The devices of
     :func:`pdl_enabled` (compute capability 9.0+, a Triton with both instructions)."""
     if device.type != "cuda" or not fast_paths.current().enabled("pdl_attention"):
         return False

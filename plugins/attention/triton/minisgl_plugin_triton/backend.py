@@ -10,7 +10,10 @@ Decode only: pair it with a prefill backend that reads the same pool (``--attn f
 No planning on the host: the kernel reads each sequence's slots from the core's page table
 through ``batch.req_slots`` and its length from ``batch.seq_lens``, so a step costs two launches
 (the split-KV merge only when the batch is too small to fill the GPU) and a CUDA-graph replay
-copies two small vectors into the buffers the graph reads.
+copies two small vectors into the buffers the graph reads. On Hopper (fast path
+``pdl_attention``) the decode kernel is launched with programmatic dependent launch: its programs
+prefetch their first KV block into L2 while the core's rope + KV store kernel before it still
+runs, then wait for it.
 
 How many splits each sequence's KV is cut into depends on the batch size alone (graphs are
 captured per batch size): enough (sequence, KV head, split) programs for ``programs_per_sm``

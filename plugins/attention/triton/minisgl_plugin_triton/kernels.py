@@ -148,9 +148,10 @@ def decode_kernel(
     if EARLY:
         # Launched with PDL, this program starts while the kernel before it (the one writing q
         # and the new token's K and V) still runs: bring its first EARLY_BLOCKS blocks of K and V
-        # into L2 meanwhile (one prefetch a 128-byte line or a shorter head row, nothing held in registers; L2 is where
-        # that kernel's writes land, so no stale value can be read), then wait. The step's
-        # metadata and the page table were written before that kernel started.
+        # into L2 meanwhile (one prefetch a 128-byte line, or a shorter head row; nothing held in
+        # registers, which a first version did at the cost of its occupancy; L2 is where that
+        # kernel's writes land, so no stale value can be read), then wait. The step's metadata
+        # and the page table were written before that kernel started.
         pos0 = start + tl.arange(0, EARLY_BLOCKS * BLOCK_N)
         slot0 = tl.load(table_row + pos0, mask=pos0 < end, other=0).to(tl.int64)
         lines = kv_head * HEAD_DIM + tl.arange(0, HEAD_DIM // EARLY_LINE) * EARLY_LINE

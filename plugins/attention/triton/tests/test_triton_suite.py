@@ -70,8 +70,9 @@ class TestTritonDecodeSplitting(TestTritonDecode):
 
 class EarlyKV(AlwaysSplitting):
     """Prefetches each program's first two blocks of K and V into L2 before the point where,
-    launched with PDL (``MINISGL_PDL_ATTENTION=1``), it waits for the kernel before it
-    (``early_kv``, compiled for CUDA only). Splitting, so some programs read nothing."""
+    launched with PDL (fast path ``pdl_attention``, on by default on Hopper, where the other
+    classes prefetch one block), it waits for the kernel before it (``early_kv``, compiled for CUDA
+    only; on other GPUs without the wait). Splitting, so some programs read nothing."""
 
     early_kv = True
     early_blocks = 2
