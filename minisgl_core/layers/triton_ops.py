@@ -95,6 +95,18 @@ def pdl_options(device: torch.device) -> dict:
     return {"PDL": True, "launch_pdl": True} if pdl_enabled(device) else {}
 
 
+def pdl_l2_blocks() -> int:
+    """``MINISGL_PDL_L2_BLOCKS`` (0 to 8, default 0; experimental, not yet measured): under
+    ``MINISGL_PDL=1``, how many weight blocks after the first each program of the fp8 one-token GEMV
+    prefetches into L2 before it waits for the kernel before it (a small kernel, which leaves the
+    HBM mostly idle meanwhile)."""
+    value = environment.get("MINISGL_PDL_L2_BLOCKS") or "0"
+    blocks = int(value) if value.strip().isdigit() else -1
+    if not 0 <= blocks <= 8:
+        raise ValueError(f"MINISGL_PDL_L2_BLOCKS={value!r}: a number of weight blocks, 0 to 8")
+    return blocks
+
+
 def pdl_attention_enabled(device: torch.device) -> bool:
     """Whether the Triton backend's decode attention kernel is launched with programmatic
     dependent launch on its own (fast path ``pdl_attention``; ``MINISGL_PDL_ATTENTION=0`` turns it

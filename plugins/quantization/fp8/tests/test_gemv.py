@@ -109,7 +109,7 @@ def test_gemv_compiles_for_sm90(tiles, prefetch, pdl, variant):
     constants = {"K_PER_SPLIT": 4096 // config.split_k, "K_ROW": 4096, "SCALE_BLOCK": 4096,
                  "BLOCK_N": config.block_n, "BLOCK_K": config.block_k,
                  "TILES": tiles or config.tiles, "PREFETCH": prefetch, "PDL": pdl,
-                 "ACC_R": config.acc_r, "EVICT": config.evict, **variant}  # fmt: skip
+                 "ACC_R": config.acc_r, "EVICT": config.evict, "L2_BLOCKS": 0, **variant}  # fmt: skip
     signature.update(dict.fromkeys(constants, "constexpr"))
     compiled = triton_compile(
         ASTSource(fp8_gemv_kernel, signature, constexprs=constants),
@@ -285,3 +285,46 @@ if __name__ == "__main__":
         run_checks({"kernel": check_kernel, "round": check_round, "quantize": check_quantize}, sys.argv[2])
     else:
         check_apply()
+
+
+@pytest.mark.parametrize("blocks", [0, 2])
+def test_gemv_l2_prefetch_goes_before_the_wait(blocks):
+    """``MINISGL_PDL_L2_BLOCKS=N`` under ``MINISGL_PDL=1`` (``L2_BLOCKS``): each program
+    prefetches N more weight blocks into L2, one ``prefetch.global.L2`` a 128-byte line of each of
+    its rows, all before ``griddepcontrol.wait``; 0 compiles none."""
+    from minisgl_plugin_fp8.gemv import fp8_gemv_kernel, pick_config
+    from triton import compile as triton_compile
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    config = pick_config(4096, 4096)
+    signature = {"x": "*bf16", "w": "*fp8e4nv", "w_scale": "*fp32", "out": "*bf16", "N": "i32", "K": "i32"}
+    constants = {"K_PER_SPLIT": 4096 // config.split_k, "K_ROW": 4096, "SCALE_BLOCK": 4096,
+                 "BLOCK_N": config.block_n, "BLOCK_K": config.block_k, "TILES": 1, "PREFETCH": True, "PDL": True,
+                 "ACC_R": config.acc_r, "EVICT": config.evict, "L2_BLOCKS": blocks}  # fmt: skip
+    signature.update(dict.fromkeys(constants, "constexpr"))
+    compiled = triton_compile(
+        ASTSource(fp8_gemv_kernel, signature, constexprs=constants),
+        target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": config.num_warps, "num_stages": config.num_stages, "launch_pdl": True},
+    )
+    ptx = compiled.asm["ptx"]
+    wait = ptx.index("griddepcontrol.wait")
+    prefetches = ptx.count("prefetch.global.L2")
+    assert ptx.count("prefetch.global.L2", 0, wait) == prefetches
+    # rows x lines a block, spread over the program's threads
+    per_thread = config.block_n * (config.block_k // 128) // (32 * config.num_warps)
+    assert prefetches == blocks * max(1, per_thread)
+
+
+def test_gemv_l2_prefetch_setting_is_checked(monkeypatch):
+    from minisgl_core.layers.triton_ops import pdl_l2_blocks
+
+    monkeypatch.delenv("MINISGL_PDL_L2_BLOCKS", raising=False)
+    assert pdl_l2_blocks() == 0
+    monkeypatch.setenv("MINISGL_PDL_L2_BLOCKS", "3")
+    assert pdl_l2_blocks() == 3
+    for bad in ("two", "-1", "9"):
+        monkeypatch.setenv("MINISGL_PDL_L2_BLOCKS", bad)
+        with pytest.raises(ValueError, match="MINISGL_PDL_L2_BLOCKS"):
+            pdl_l2_blocks()
