@@ -18,6 +18,10 @@ ATTEND = {
 }
 STRIDES = {"scale_log2": "fp32", "q_stride_token": "i32", "q_stride_head": "i32", "kv_stride_slot": "i32",
            "page_table_stride": "i32"}  # fmt: skip
+#: the decode kernel's non-constant arguments over a bf16 pool
+DECODE = {**ATTEND, "seq_lens_ptr": "*i32", "order_ptr": "*i32", "skip_ptr": "*i32", "out_ptr": "*bf16",
+          "part_ptr": "*fp32", "lse_ptr": "*fp32", **STRIDES, "out_stride_token": "i32",
+          "out_stride_head": "i32"}  # fmt: skip
 
 
 def compile_ptx(kernel, signature: dict, constants: dict, arch: int = 90, num_warps: int = 4) -> str:
@@ -39,9 +43,7 @@ def compile_decode(
 ) -> str:
     from minisgl_plugin_triton.kernels import decode_kernel
 
-    signature = {**ATTEND, "k_ptr": f"*{kv}", "v_ptr": f"*{kv}", "seq_lens_ptr": "*i32", "order_ptr": "*i32",
-                 "skip_ptr": "*i32", "out_ptr": "*bf16", "part_ptr": "*fp32", "lse_ptr": "*fp32", **STRIDES,
-                 "out_stride_token": "i32", "out_stride_head": "i32"}  # fmt: skip
+    signature = {**DECODE, "k_ptr": f"*{kv}", "v_ptr": f"*{kv}"}
     constants = {"NUM_HEADS": 16, "GROUP": 2, "BLOCK_H": 16, "HEAD_DIM": 128, "BLOCK_N": 64,
                  "NUM_SPLITS": splits, "ENTRIES": splits + (2 if cascade else 0), "CASCADE": cascade,
                  "WIDEN_FP8": widen, "DOT_FP32": False, "EXACT_PV": exact}  # fmt: skip
@@ -106,13 +108,10 @@ def test_pdl_variants_wait_then_release():
     assert "griddepcontrol" not in compile_ptx(merge_kernel, signature, constants)
     merge = compile_ptx(merge_kernel, signature, {**constants, "PDL": True})
     assert merge.index("griddepcontrol.wait") < merge.index("griddepcontrol.launch_dependents")
-    signature = {**ATTEND, "seq_lens_ptr": "*i32", "order_ptr": "*i32", "skip_ptr": "*i32", "out_ptr": "*bf16",
-                 "part_ptr": "*fp32", "lse_ptr": "*fp32", **STRIDES, "out_stride_token": "i32",
-                 "out_stride_head": "i32"}  # fmt: skip
     constants = {"NUM_HEADS": 16, "GROUP": 2, "BLOCK_H": 16, "HEAD_DIM": 128, "BLOCK_N": 64, "NUM_SPLITS": 4,
                  "ENTRIES": 4, "CASCADE": False, "WIDEN_FP8": False, "DOT_FP32": False, "EXACT_PV": False,
                  "PDL": True}  # fmt: skip
-    decode = compile_ptx(decode_kernel, signature, constants)
+    decode = compile_ptx(decode_kernel, DECODE, constants)
     assert decode.index("griddepcontrol.wait") < decode.index("griddepcontrol.launch_dependents")
 
 
@@ -123,14 +122,11 @@ def test_early_variant_prefetches_kv_before_its_wait():
     waits before its first global access."""
     from minisgl_plugin_triton.kernels import decode_kernel
 
-    signature = {**ATTEND, "seq_lens_ptr": "*i32", "order_ptr": "*i32", "skip_ptr": "*i32", "out_ptr": "*bf16",
-                 "part_ptr": "*fp32", "lse_ptr": "*fp32", **STRIDES, "out_stride_token": "i32",
-                 "out_stride_head": "i32"}  # fmt: skip
     constants = {"NUM_HEADS": 16, "GROUP": 2, "BLOCK_H": 16, "HEAD_DIM": 128, "BLOCK_N": 64, "NUM_SPLITS": 1,
                  "ENTRIES": 1, "CASCADE": False, "WIDEN_FP8": False, "DOT_FP32": False, "EXACT_PV": False,
                  "PDL": True}  # fmt: skip
     early = compile_ptx(
-        decode_kernel, signature, {**constants, "EARLY": True, "EARLY_BLOCKS": 1, "EARLY_LINE": 64}
+        decode_kernel, DECODE, {**constants, "EARLY": True, "EARLY_BLOCKS": 1, "EARLY_LINE": 64}
     )
     wait = early.index("griddepcontrol.wait")
     # 64 positions x 2 lines of 128 bytes, for K and for V, over 128 threads
@@ -138,7 +134,7 @@ def test_early_variant_prefetches_kv_before_its_wait():
     assert "prefetch.global.L2" not in early[wait:]
     assert "mma.sync" in early and early.index("griddepcontrol.launch_dependents") > wait
     assert "st.local" not in early
-    plain = compile_ptx(decode_kernel, signature, constants)
+    plain = compile_ptx(decode_kernel, DECODE, constants)
     assert "ld.global" not in plain[: plain.index("griddepcontrol.wait")] and "prefetch" not in plain
 
 
@@ -148,11 +144,8 @@ def test_early_variant_compiles_for_any_head_row(head_dim, line):
     row (the backend's ``EARLY_LINE``); a longer one, one a line."""
     from minisgl_plugin_triton.kernels import decode_kernel
 
-    signature = {**ATTEND, "seq_lens_ptr": "*i32", "order_ptr": "*i32", "skip_ptr": "*i32", "out_ptr": "*bf16",
-                 "part_ptr": "*fp32", "lse_ptr": "*fp32", **STRIDES, "out_stride_token": "i32",
-                 "out_stride_head": "i32"}  # fmt: skip
     constants = {"NUM_HEADS": 8, "GROUP": 4, "BLOCK_H": 16, "HEAD_DIM": head_dim, "BLOCK_N": 64, "NUM_SPLITS": 2,
                  "ENTRIES": 2, "CASCADE": False, "WIDEN_FP8": False, "DOT_FP32": False, "EXACT_PV": False,
                  "PDL": True, "EARLY": True, "EARLY_BLOCKS": 1, "EARLY_LINE": line}  # fmt: skip
-    ptx = compile_ptx(decode_kernel, signature, constants)
+    ptx = compile_ptx(decode_kernel, DECODE, constants)
     assert "prefetch.global.L2" in ptx[: ptx.index("griddepcontrol.wait")]

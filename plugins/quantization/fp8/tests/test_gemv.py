@@ -90,6 +90,32 @@ def test_split_k_only_when_the_rows_alone_leave_the_gpu_idle():
     assert pick_config(8192, 8192).block_k == 1024 and pick_config(16384, 2048).block_n == 16
 
 
+def compile_gemv(config, constants: dict) -> str:
+    """The PTX of the GEMV for sm_90 at ``config`` over a 4,096 x 4,096 weight, ``constants``
+    overriding the config's own (``PDL`` also sets the launch option)."""
+    from minisgl_plugin_fp8.gemv import fp8_gemv_kernel
+    from triton import compile as triton_compile
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    constants = {"K_PER_SPLIT": 4096 // config.split_k, "K_ROW": 4096, "SCALE_BLOCK": 4096,
+                 "BLOCK_N": config.block_n, "BLOCK_K": config.block_k, "TILES": config.tiles,
+                 "PREFETCH": config.prefetch, "PDL": False, "ACC_R": config.acc_r, "EVICT": config.evict,
+                 "L2_BLOCKS": 0, **constants}  # fmt: skip
+    signature = {"x": "*bf16", "w": "*fp8e4nv", "w_scale": "*fp32", "out": "*bf16", "N": "i32", "K": "i32"}
+    signature.update(dict.fromkeys(constants, "constexpr"))
+    compiled = triton_compile(
+        ASTSource(fp8_gemv_kernel, signature, constexprs=constants),
+        target=GPUTarget("cuda", 90, 32),
+        options={
+            "num_warps": config.num_warps,
+            "num_stages": config.num_stages,
+            "launch_pdl": constants["PDL"],
+        },
+    )
+    return compiled.asm["ptx"]
+
+
 @pytest.mark.parametrize(
     "tiles, prefetch, pdl, variant",
     [
@@ -99,24 +125,10 @@ def test_split_k_only_when_the_rows_alone_leave_the_gpu_idle():
     ],
 )
 def test_gemv_compiles_for_sm90(tiles, prefetch, pdl, variant):
-    from minisgl_plugin_fp8.gemv import fp8_gemv_kernel, pick_config
-    from triton import compile as triton_compile
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from minisgl_plugin_fp8.gemv import pick_config
 
     config = pick_config(4096, 4096)
-    signature = {"x": "*bf16", "w": "*fp8e4nv", "w_scale": "*fp32", "out": "*bf16", "N": "i32", "K": "i32"}
-    constants = {"K_PER_SPLIT": 4096 // config.split_k, "K_ROW": 4096, "SCALE_BLOCK": 4096,
-                 "BLOCK_N": config.block_n, "BLOCK_K": config.block_k,
-                 "TILES": tiles or config.tiles, "PREFETCH": prefetch, "PDL": pdl,
-                 "ACC_R": config.acc_r, "EVICT": config.evict, "L2_BLOCKS": 0, **variant}  # fmt: skip
-    signature.update(dict.fromkeys(constants, "constexpr"))
-    compiled = triton_compile(
-        ASTSource(fp8_gemv_kernel, signature, constexprs=constants),
-        target=GPUTarget("cuda", 90, 32),
-        options={"num_warps": config.num_warps, "num_stages": config.num_stages, "launch_pdl": pdl},
-    )
-    ptx = compiled.asm["ptx"]
+    ptx = compile_gemv(config, {"TILES": tiles or config.tiles, "PREFETCH": prefetch, "PDL": pdl, **variant})
     # launched with programmatic dependent launch (MINISGL_PDL=1) it waits for the kernel before it,
     # then releases the kernel after it
     assert ("griddepcontrol.wait" in ptx) == pdl
@@ -292,23 +304,10 @@ def test_gemv_l2_prefetch_goes_before_the_wait(blocks):
     """``MINISGL_PDL_L2_BLOCKS=N`` under ``MINISGL_PDL=1`` (``L2_BLOCKS``): each program
     prefetches N more weight blocks into L2, one ``prefetch.global.L2`` a 128-byte line of each of
     its rows, all before ``griddepcontrol.wait``; 0 compiles none."""
-    from minisgl_plugin_fp8.gemv import fp8_gemv_kernel, pick_config
-    from triton import compile as triton_compile
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from minisgl_plugin_fp8.gemv import pick_config
 
     config = pick_config(4096, 4096)
-    signature = {"x": "*bf16", "w": "*fp8e4nv", "w_scale": "*fp32", "out": "*bf16", "N": "i32", "K": "i32"}
-    constants = {"K_PER_SPLIT": 4096 // config.split_k, "K_ROW": 4096, "SCALE_BLOCK": 4096,
-                 "BLOCK_N": config.block_n, "BLOCK_K": config.block_k, "TILES": 1, "PREFETCH": True, "PDL": True,
-                 "ACC_R": config.acc_r, "EVICT": config.evict, "L2_BLOCKS": blocks}  # fmt: skip
-    signature.update(dict.fromkeys(constants, "constexpr"))
-    compiled = triton_compile(
-        ASTSource(fp8_gemv_kernel, signature, constexprs=constants),
-        target=GPUTarget("cuda", 90, 32),
-        options={"num_warps": config.num_warps, "num_stages": config.num_stages, "launch_pdl": True},
-    )
-    ptx = compiled.asm["ptx"]
+    ptx = compile_gemv(config, {"TILES": 1, "PREFETCH": True, "PDL": True, "L2_BLOCKS": blocks})
     wait = ptx.index("griddepcontrol.wait")
     prefetches = ptx.count("prefetch.global.L2")
     assert ptx.count("prefetch.global.L2", 0, wait) == prefetches
