@@ -309,10 +309,9 @@ class TritonDecodeBackend(AttentionBackend):
                 num_stages=launch.num_stages,
                 **pdl_options(q.device),
             )
-        decode_pdl = pdl_options(q.device)
-        early = not cascade and not self.interpreted and (self.early_kv or pdl_attention_enabled(q.device))
-        if early and pdl_attention_enabled(q.device):
-            decode_pdl = {"PDL": True, "launch_pdl": True}
+        early_launch = not cascade and pdl_attention_enabled(q.device)
+        early = early_launch or (self.early_kv and not cascade and not self.interpreted)
+        decode_pdl = {"PDL": True, "launch_pdl": True} if early_launch else pdl_options(q.device)
         kernels.decode_kernel[(config.num_kv_heads, bs, splits)](
             q,
             cache.k_cache(layer_id),
