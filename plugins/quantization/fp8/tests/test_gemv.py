@@ -316,14 +316,25 @@ def test_gemv_l2_prefetch_goes_before_the_wait(blocks):
     assert prefetches == blocks * max(1, per_thread)
 
 
-def test_gemv_l2_prefetch_setting_is_checked(monkeypatch):
-    from minisgl_core.layers.triton_ops import pdl_l2_blocks
+def test_gemv_l2_prefetch_setting_is_checked(monkeypatch, caplog):
+    """A number from 0 to 8; anything else is logged once and leaves 0, as a switch's odd value."""
+    from minisgl_core.layers import triton_ops
 
+    monkeypatch.setattr(triton_ops, "_l2_warned", [])
     monkeypatch.delenv("MINISGL_PDL_L2_BLOCKS", raising=False)
-    assert pdl_l2_blocks() == 0
+    assert triton_ops.pdl_l2_blocks() == 0
     monkeypatch.setenv("MINISGL_PDL_L2_BLOCKS", "3")
-    assert pdl_l2_blocks() == 3
-    for bad in ("two", "-1", "9"):
+    assert triton_ops.pdl_l2_blocks() == 3
+    for bad in (
+        "two",
+        "-1",
+        "9",
+        "1e9",
+        "²",
+        "99999999999999999999",
+        "\udcff",
+    ):  # the last: an undecodable byte, as os.environ keeps it
         monkeypatch.setenv("MINISGL_PDL_L2_BLOCKS", bad)
-        with pytest.raises(ValueError, match="MINISGL_PDL_L2_BLOCKS"):
-            pdl_l2_blocks()
+        assert triton_ops.pdl_l2_blocks() == 0
+    warnings = [r for r in caplog.records if "MINISGL_PDL_L2_BLOCKS" in r.getMessage()]
+    assert len(warnings) == 1 and "'two'" in warnings[0].getMessage()
