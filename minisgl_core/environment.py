@@ -35,9 +35,6 @@ DOCUMENTED: dict[str, str] = {
     "passing the barrier itself (--disable-fast-path symm_mem_norm_barrier)",
     "MINISGL_PDL": "1 launches the hand-written Triton kernels with programmatic dependent launch (Hopper+; "
     "experimental, off by default: -2% at batch 1 (Llama-3.1-8B fp8) but 1% slower offline on Qwen3-0.6B, BENCHMARKS.md)",
-    "MINISGL_PDL_L2_BLOCKS": "N (0-8, default 0; experimental, not yet measured): under MINISGL_PDL=1 each "
-    "program of the fp8 one-token GEMV prefetches N more weight blocks into L2 before waiting for the kernel before it "
-    "(another value is logged and leaves 0)",
     "MINISGL_SPLIT_MIXED": "0 runs a mixed step's decode rows on the prefill attention backend with its "
     "prompt rows; by default (1 on a GPU, 0 elsewhere) they run on the decode backend: on an H200 "
     "1.10x the throughput of unsplit mixed steps on Llama-3.1-8B, ITL p99 20 vs 121 ms",

@@ -14,9 +14,7 @@
 #           $OUT/fp8_head_b1.jsonl; then the offline workload (--attn auto) fp8-head, fp8 while time lasts
 #   pdlhead: Llama-3.1-8B batch-1 decode as in `head` with --quantization fp8-head only, MINISGL_PDL=0
 #           and =1 alternating after a discarded first process, ROUNDS (2) times: $OUT/fp8_pdl_b1.jsonl
-#   pdll2:  as pdlhead, with MINISGL_PDL=1 and MINISGL_PDL_L2_BLOCKS in $L2 (default "0 2 4")
-#           alternating: $OUT/fp8_pdl_l2_b1.jsonl
-# Usage (repo root, .whl carried): source .whl/prelude.sh && bash tools/device_fp8.sh [checks|bench|all|gemv|head|pdlhead|pdll2]
+# Usage (repo root, .whl carried): source .whl/prelude.sh && bash tools/device_fp8.sh [checks|bench|all|gemv|head|pdlhead]
 # Success: "fp8 check passed: True" and three JSON lines whose output_throughput / ms_per_token
 # go up / down from the bf16 line to the fp8 ones.
 set -uo pipefail
@@ -80,7 +78,7 @@ print(d["label"], "init", d["init_seconds"], "s;", d["output_tok_per_s"], "tok/s
   done
   grep -E "Error|Traceback" "$out/fp8_head.log" | head -5
 fi
-if [[ $what == pdlhead || $what == pdll2 ]]; then
+if [[ $what == pdlhead ]]; then
   python3 -m minisgl_core bench make-model --shape llama-3.1-8b --out /tmp/m/llama-3.1-8b --device cuda > /dev/null
   echo "model made ($((SECONDS - start)) s)"
   args=(bench offline --model /tmp/m/llama-3.1-8b --attn fi,triton --num-requests 4 --cuda-graph-max-bs 4
@@ -89,18 +87,10 @@ if [[ $what == pdlhead || $what == pdll2 ]]; then
 print(d["label"], "init", d["init_seconds"], "s;", d["output_tok_per_s"], "tok/s; batch-1", d.get("decode", {}).get("ms_per_token"), "ms/token")'; }
   timeout 200 python3 -m minisgl_core "${args[@]}" --label "warm-up (discarded)" 2>>"$out/fp8_pdl.log" | line
   for round in $(seq "${ROUNDS:-2}"); do
-    if [[ $what == pdlhead ]]; then
-      for pdl in 0 1; do
-        MINISGL_PDL=$pdl timeout 150 python3 -m minisgl_core "${args[@]}" --label "b1 fp8-head MINISGL_PDL=$pdl (round $round)" \
-          --output "$out/fp8_pdl_b1.jsonl" 2>>"$out/fp8_pdl.log" | line
-      done
-    else
-      for blocks in ${L2:-0 2 4}; do
-        MINISGL_PDL=1 MINISGL_PDL_L2_BLOCKS=$blocks timeout 150 python3 -m minisgl_core "${args[@]}" \
-          --label "b1 fp8-head MINISGL_PDL=1 MINISGL_PDL_L2_BLOCKS=$blocks (round $round)" \
-          --output "$out/fp8_pdl_l2_b1.jsonl" 2>>"$out/fp8_pdl.log" | line
-      done
-    fi
+    for pdl in 0 1; do
+      MINISGL_PDL=$pdl timeout 150 python3 -m minisgl_core "${args[@]}" --label "b1 fp8-head MINISGL_PDL=$pdl (round $round)" \
+        --output "$out/fp8_pdl_b1.jsonl" 2>>"$out/fp8_pdl.log" | line
+    done
   done
   grep -E "Error|Traceback" "$out/fp8_pdl.log" | head -5
 fi

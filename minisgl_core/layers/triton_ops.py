@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import logging
 from typing import TYPE_CHECKING
 
 import torch
@@ -94,25 +93,6 @@ def pdl_options(device: torch.device) -> dict:
     """The launch arguments of a kernel with a ``PDL`` parameter: ``{"PDL": True, "launch_pdl":
     True}`` when :func:`pdl_enabled`, else none (the kernels' default: no wait, a plain launch)."""
     return {"PDL": True, "launch_pdl": True} if pdl_enabled(device) else {}
-
-
-def pdl_l2_blocks() -> int:
-    """``MINISGL_PDL_L2_BLOCKS`` (0 to 8, default 0; experimental, not yet measured): under
-    ``MINISGL_PDL=1``, how many weight blocks after the first each program of the fp8 one-token GEMV
-    prefetches into L2 before it waits for the kernel before it (a small kernel, which leaves the
-    HBM mostly idle meanwhile). Another value is logged once and leaves 0, as a switch's does."""
-    value = (environment.get("MINISGL_PDL_L2_BLOCKS") or "0").strip()
-    if value.isdecimal() and int(value) <= 8:
-        return int(value)
-    if not _l2_warned:  # as a switch's odd value: logged once, the default kept (no error mid-launch)
-        _l2_warned.append(value)
-        logging.getLogger(__name__).warning(
-            "MINISGL_PDL_L2_BLOCKS=%r is not a number from 0 to 8: it stays 0", value
-        )
-    return 0
-
-
-_l2_warned: list[str] = []
 
 
 def pdl_attention_enabled(device: torch.device) -> bool:

@@ -35,7 +35,6 @@ import triton
 import triton.language as tl
 
 from minisgl_core.layers import triton_ops
-from minisgl_core.layers._triton_kernels import prefetch_l2
 
 try:  # programmatic dependent launch (minisgl_core.layers.triton_ops.pdl_enabled)
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -130,7 +129,6 @@ def fp8_gemv_kernel(
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch
     ACC_R: tl.constexpr = 1,  # GemvConfig.acc_r
     EVICT: tl.constexpr = False,  # GemvConfig.evict
-    L2_BLOCKS: tl.constexpr = 0,  # with PDL: weight blocks after the first prefetched into L2 before the wait
 ):
     split = tl.program_id(1)
     cols = split * K_PER_SPLIT + tl.arange(0, BLOCK_K)
@@ -141,11 +139,6 @@ def fp8_gemv_kernel(
     if PREFETCH:  # the first weight block in flight while the scale's pass runs
         wk_first = _load_weights(w_first, first_ok, EVICT)
     if PDL:  # (the weights are not the kernel before's output: their first block may load before)
-        for block in tl.static_range(1, 1 + L2_BLOCKS):  # and the next ones into L2 (nothing held)
-            # one address a 128-byte line (128 e4m3 weights) of each of the tile's rows
-            lines = split * K_PER_SPLIT + block * BLOCK_K + tl.arange(0, BLOCK_K // 128) * 128
-            ok = (first_rows[:, None] < N) & (lines[None, :] < tl.minimum(K, (split + 1) * K_PER_SPLIT))
-            prefetch_l2(tl.where(ok, w + first_rows[:, None].to(tl.int64) * K + lines[None, :], w))
         gdc_wait()
         gdc_launch_dependents()
     # over the whole row: every split reads it, the scale must not depend on the split
@@ -313,7 +306,6 @@ def fp8_gemv(
     scale_block = min(triton.next_power_of_2(k), _SCALE_BLOCK_MAX)
     out = torch.empty(n, device=x.device, dtype=x.dtype)
     pdl = triton_ops.pdl_options(x.device)
-    l2_blocks = triton_ops.pdl_l2_blocks() if pdl else 0
     target = (
         out if config.split_k == 1 else torch.empty(config.split_k, n, device=x.device, dtype=torch.float32)
     )
@@ -321,7 +313,7 @@ def fp8_gemv(
         x, weight, weight_scale, target, n, k,
         K_PER_SPLIT=k_per_split, K_ROW=triton.cdiv(k, scale_block) * scale_block, SCALE_BLOCK=scale_block,
         BLOCK_N=config.block_n, BLOCK_K=config.block_k, TILES=config.tiles, PREFETCH=config.prefetch,
-        ACC_R=config.acc_r, EVICT=config.evict, L2_BLOCKS=l2_blocks,
+        ACC_R=config.acc_r, EVICT=config.evict,
         num_warps=config.num_warps, num_stages=config.num_stages, **pdl,
     )  # fmt: skip
     if config.split_k > 1:

@@ -101,7 +101,7 @@ def compile_gemv(config, constants: dict) -> str:
     constants = {"K_PER_SPLIT": 4096 // config.split_k, "K_ROW": 4096, "SCALE_BLOCK": 4096,
                  "BLOCK_N": config.block_n, "BLOCK_K": config.block_k, "TILES": config.tiles,
                  "PREFETCH": config.prefetch, "PDL": False, "ACC_R": config.acc_r, "EVICT": config.evict,
-                 "L2_BLOCKS": 0, **constants}  # fmt: skip
+                 **constants}  # fmt: skip
     signature = {"x": "*bf16", "w": "*fp8e4nv", "w_scale": "*fp32", "out": "*bf16", "N": "i32", "K": "i32"}
     signature.update(dict.fromkeys(constants, "constexpr"))
     compiled = triton_compile(
@@ -297,44 +297,3 @@ if __name__ == "__main__":
         run_checks({"kernel": check_kernel, "round": check_round, "quantize": check_quantize}, sys.argv[2])
     else:
         check_apply()
-
-
-@pytest.mark.parametrize("blocks", [0, 2])
-def test_gemv_l2_prefetch_goes_before_the_wait(blocks):
-    """``MINISGL_PDL_L2_BLOCKS=N`` under ``MINISGL_PDL=1`` (``L2_BLOCKS``): each program
-    prefetches N more weight blocks into L2, one ``prefetch.global.L2`` a 128-byte line of each of
-    its rows, all before ``griddepcontrol.wait``; 0 compiles none."""
-    from minisgl_plugin_fp8.gemv import pick_config
-
-    config = pick_config(4096, 4096)
-    ptx = compile_gemv(config, {"TILES": 1, "PREFETCH": True, "PDL": True, "L2_BLOCKS": blocks})
-    wait = ptx.index("griddepcontrol.wait")
-    prefetches = ptx.count("prefetch.global.L2")
-    assert ptx.count("prefetch.global.L2", 0, wait) == prefetches
-    # rows x lines a block, spread over the program's threads
-    per_thread = config.block_n * (config.block_k // 128) // (32 * config.num_warps)
-    assert prefetches == blocks * max(1, per_thread)
-
-
-def test_gemv_l2_prefetch_setting_is_checked(monkeypatch, caplog):
-    """A number from 0 to 8; anything else is logged once and leaves 0, as a switch's odd value."""
-    from minisgl_core.layers import triton_ops
-
-    monkeypatch.setattr(triton_ops, "_l2_warned", [])
-    monkeypatch.delenv("MINISGL_PDL_L2_BLOCKS", raising=False)
-    assert triton_ops.pdl_l2_blocks() == 0
-    monkeypatch.setenv("MINISGL_PDL_L2_BLOCKS", "3")
-    assert triton_ops.pdl_l2_blocks() == 3
-    for bad in (
-        "two",
-        "-1",
-        "9",
-        "1e9",
-        "²",
-        "99999999999999999999",
-        "\udcff",
-    ):  # the last: an undecodable byte, as os.environ keeps it
-        monkeypatch.setenv("MINISGL_PDL_L2_BLOCKS", bad)
-        assert triton_ops.pdl_l2_blocks() == 0
-    warnings = [r for r in caplog.records if "MINISGL_PDL_L2_BLOCKS" in r.getMessage()]
-    assert len(warnings) == 1 and "'two'" in warnings[0].getMessage()
