@@ -7,6 +7,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+
+import pytest
 
 from minisgl_core.testing import cli_runner
 from minisgl_core.testing.cli_runner import run_cli
@@ -62,3 +65,34 @@ def test_what_the_interpreter_reads_at_start_goes_to_a_real_one(monkeypatch):
     path = os.pathsep.join(["/nowhere", os.environ.get("PYTHONPATH", "")])
     assert run_cli(["--help"], env={**os.environ, "PYTHONPATH": path}).returncode == 0
     assert calls == []
+
+
+def test_a_timeout_kills_the_processes_the_child_started(tmp_path):
+    """A CLI run that started a process of its own (which inherits its stdout and stderr) and then
+    hangs: the timeout kills both, so the call raises at once instead of draining the pipes until
+    that process ends."""
+    pid_file = tmp_path / "grandchild.pid"
+    (tmp_path / "minisgl_test_hang.py").write_text(
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(90)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(90)\n"
+    )
+    info = tmp_path / "minisgl_test_hang-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: minisgl-test-hang\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text("[minisgl.plugins]\ntest_hang = minisgl_test_hang\n")
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p is not None)
+    start = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_cli(["plugins"], env={**os.environ, "PYTHONPATH": path}, timeout=5)
+    assert time.monotonic() - start < 30
+    grandchild = int(pid_file.read_text())
+    for _ in range(100):  # (killed at once; reaped by init, which may take a moment)
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"process {grandchild}, started by the timed-out run, is still alive")

@@ -8,7 +8,9 @@ test process (a pytest-xdist worker has its own) imports them once; each call fo
 child — set up as ``python -m`` would be — runs ``minisgl_core.__main__`` and ends as the
 interpreter does (``SystemExit``'s code, a traceback and 1, the joins of threads, ``atexit``;
 only the modules' teardown is skipped). The call returns what ``subprocess.run`` would, and
-waits, as it does, until every process holding the child's stdout or stderr has let go.
+waits, as it does, until every process holding the child's stdout or stderr has let go. The
+child leads a process group of its own, and a ``timeout`` kills that group: the processes it
+started go with it (``subprocess.run`` kills only its child and then waits for the pipes).
 
 What only a new interpreter can honour falls back to ``subprocess.run``: an environment whose
 import-time variables (``PYTHON*``, ``TRITON_*``, locale, thread counts...) differ from the
@@ -107,9 +109,11 @@ class _Helper:
 
 
 def _kill(pid: int, timed_out: threading.Event) -> None:
+    """The timed-out child's whole process group: a child of its own still holding the pipes
+    would keep the helper draining them until it ended."""
     timed_out.set()
     try:
-        os.kill(pid, 9)
+        os.killpg(pid, 9)
     except ProcessLookupError:
         pass
 
@@ -181,6 +185,7 @@ def _serve() -> dict:
         pipes = {name: os.pipe() for name in ("stdout", "stderr")}
         pid = os.fork()
         if pid == 0:
+            os.setpgid(0, 0)  # a process group of its own: a timeout kills its children with it
             os.close(replies)
             for fd, name in ((1, "stdout"), (2, "stderr")):
                 read_end, write_end = pipes[name]
@@ -188,6 +193,10 @@ def _serve() -> dict:
                 os.close(read_end)
                 os.close(write_end)
             return request
+        try:  # (as the child does: the group exists before its pid is known, whichever runs first)
+            os.setpgid(pid, pid)
+        except (PermissionError, ProcessLookupError):  # it has exec'd or exited already
+            pass
         os.write(replies, json.dumps({"pid": pid}).encode() + b"\n")
         for _read_end, write_end in pipes.values():
             os.close(write_end)
