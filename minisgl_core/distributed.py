@@ -63,6 +63,20 @@ def free_loopback_addr() -> str:
         return f"127.0.0.1:{s.getsockname()[1]}"
 
 
+class PeerLost(RuntimeError):
+    """A broadcast on the control group failed: a peer rank's process (or its node) is gone, its
+    connection closed. ``summary`` names the rank for HTTP clients; the text adds gloo's words
+    (with its build paths) for the log."""
+
+    def __init__(self, rank: int, size: int, cause: BaseException) -> None:
+        if rank != 0:
+            who = "rank 0"
+        else:
+            who = "rank 1" if size == 2 else f"one of ranks 1-{size - 1}"
+        self.summary = f"lost tensor-parallel {who}"
+        super().__init__(f"{self.summary}: {cause}")
+
+
 class TPGroup:
     """This rank's view of the TP group: the ParallelContext handed to the engine, plus the
     byte broadcasts the scheduler uses to keep every rank on rank 0's inputs."""
@@ -83,7 +97,7 @@ class TPGroup:
     def broadcast_int(self, value: int = 0) -> int:
         """Rank 0's ``value`` on every rank (host to host, on the gloo control group)."""
         t = torch.tensor([value], dtype=torch.int64)
-        dist.broadcast(t, src=0, group=self.control_group)
+        self._broadcast(t)
         return int(t.item())
 
     def broadcast_bytes(self, data: bytes, length: int) -> bytes:
@@ -92,16 +106,23 @@ class TPGroup:
             t = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         else:
             t = torch.empty(length, dtype=torch.uint8)
-        dist.broadcast(t, src=0, group=self.control_group)
+        self._broadcast(t)
         return data if self.rank == 0 else t.numpy().tobytes()
 
     def park(self) -> None:
         """Ranks > 0: sleep until rank 0 calls :meth:`wake` (control group: no spin, no timeout)."""
-        dist.broadcast(torch.zeros(1), src=0, group=self.control_group)
+        self._broadcast(torch.zeros(1))
 
     def wake(self) -> None:
         """Rank 0: release the ranks parked in :meth:`park`."""
-        dist.broadcast(torch.ones(1), src=0, group=self.control_group)
+        self._broadcast(torch.ones(1))
+
+    def _broadcast(self, t: torch.Tensor) -> None:
+        """Rank 0's ``t`` on every rank, on the control group; a peer gone raises :class:`PeerLost`."""
+        try:
+            dist.broadcast(t, src=0, group=self.control_group)
+        except RuntimeError as exc:  # gloo's error for a closed connection (DistBackendError among them)
+            raise PeerLost(self.rank, self.size, exc) from exc
 
     def barrier(self) -> None:
         if self.size > 1:

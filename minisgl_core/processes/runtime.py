@@ -235,19 +235,26 @@ class Runtime:
             return f"tensor-parallel rank {rank}"
         return f"the {role} process"
 
+    def check_children(self, timeout_ms: int = 200) -> Failure | None:
+        """Wait up to ``timeout_ms`` for a child's failure report, else look for a child that
+        exited abnormally; the failure (also kept in ``self.failure``) or None. One thread at a
+        time: :meth:`supervise`'s, or the caller's where nothing supervises."""
+        msg = recv(self.control, timeout_ms=timeout_ms)
+        if isinstance(msg, ProcessFailed):
+            failure = self.failure_of(msg)
+            self.failure = failure.detail
+            return failure
+        if msg is None and not self._stopping.is_set():
+            return self._dead_child()
+        return None
+
     def supervise(self, on_failure: Callable[[str], None]) -> None:
         """Watch the children from a thread; call ``on_failure(summary)`` once if one fails, with
         the one line for clients (``self.failure`` keeps the whole report for the log)."""
 
         def watch() -> None:
             while not self._stopping.is_set():
-                msg = recv(self.control, timeout_ms=200)
-                failure = None
-                if isinstance(msg, ProcessFailed):
-                    failure = self.failure_of(msg)
-                    self.failure = failure.detail
-                elif msg is None and not self._stopping.is_set():
-                    failure = self._dead_child()
+                failure = self.check_children()
                 if failure is not None:
                     on_failure(failure.summary)
                     return

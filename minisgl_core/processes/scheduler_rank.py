@@ -8,7 +8,10 @@ stay in lock-step; the engine makes every rank sample the same tokens. Only rank
 outputs (and now and then ``Engine.stats()``) to the detokenizer.
 
 When there is nothing to do, rank 0 blocks on its socket and first tells the other ranks to
-park (see :meth:`TPGroup.park`): nobody spins while the server is idle.
+park (see :meth:`TPGroup.park`): nobody spins while the server is idle. Once a second meanwhile
+it wakes them and parks them again: a rank whose process or node is gone then fails that
+broadcast (:class:`~minisgl_core.distributed.PeerLost`), and the server stops and says which rank it lost, instead of
+answering /health until the next request finds out.
 
 ``--step-trace FILE`` (or ``MINISGL_STEP_TRACE=FILE`` in the server's environment) makes rank 0's
 engine write one JSON line per step (see :mod:`minisgl_core.engine.engine`); ``new`` is then the requests that arrived just
@@ -189,7 +192,8 @@ class SchedulerLoop:
 
     def _wait_for_work(self, inbox: zmq.Socket, to_detokenizer: zmq.Socket) -> list[Message]:
         """Block until a message arrives or, while requests wait for their grammar, a compile
-        ends or overruns (no busy wait); say it is alive once a second meanwhile."""
+        ends or overruns (no busy wait); once a second meanwhile, check the parked peers and say
+        it is alive."""
         beat = time.monotonic()
         while True:
             waiting = self.engine.compiling > 0
@@ -200,6 +204,9 @@ class SchedulerLoop:
                 return settled
             now = time.monotonic()
             if now - beat >= HEARTBEAT_INTERVAL_MS / 1000:
+                if self.tp.size > 1:  # the peers still there? (PeerLost if not)
+                    self.tp.wake()
+                    self.tp.broadcast_int(IDLE)
                 send(to_detokenizer, StepOutputs(stats=self._stats(now)))
                 beat = now
 

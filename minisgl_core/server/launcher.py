@@ -83,10 +83,13 @@ def serve(opts: ServeOptions, plugins: Plugins, foreground: Foreground | None = 
                 opts.runtime.dist.node_rank,
                 list(opts.runtime.dist.local_ranks),
             )
-            runtime.supervise(lambda message: None)
             # Its ranks exit with the group when node 0 stops; a failed rank is reported below.
-            while runtime.failure is None and not runtime.all_exited():
-                time.sleep(0.2)
+            # (Looked at here, not from a thread: a rank that died between a look at the reports
+            # and one at the exit codes made this node exit with 0 and say nothing.)
+            while runtime.check_children() is None and not runtime.all_exited():
+                pass
+            if runtime.failure is None:
+                runtime.check_children(timeout_ms=0)  # a rank that exited between the two looks
     except (KeyboardInterrupt, StopRequested):
         logger.info("stopping")
     except ChildFailed as exc:

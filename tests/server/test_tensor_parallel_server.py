@@ -202,3 +202,24 @@ def test_a_killed_rank_is_named_to_clients_and_its_peers_gloo_error_stays_in_the
     assert server.wait_exit(30) != 0
     assert "the scheduler 1 process exited unexpectedly with code -9" in server.log()
     server.assert_all_stopped(children)
+
+
+def test_an_idle_node_0_notices_a_dead_node_1(start_server, model_dir, engine_args):
+    """Node 1's scheduler killed while nobody sends requests: node 0 finds out within seconds (an
+    idle rank 0 checks its peers once a second), stops and says which rank it lost, rather than
+    answering /health with 200 until the next request fails."""
+    from minisgl_core.distributed import free_loopback_addr
+
+    addr = free_loopback_addr()
+    common = ["--model", str(model_dir), "--tp", "2", "--nnodes", "2", "--dist-init-addr", addr, *engine_args]
+    node1 = start_server([*common, "--node-rank", "1"], wait=False)
+    node0 = start_server([*common, "--node-rank", "0"])
+    node1.wait_for_log("node 1 ready: scheduler ranks [1]")
+    assert httpx.get(f"{node0.url}/health", timeout=10).status_code == 200
+    os.kill(_child_named(node1, "minisgl-sched1"), signal.SIGKILL)
+    assert node0.wait_exit(30) != 0
+    assert "lost tensor-parallel rank 1" in node0.log(), node0.log()[-3000:]
+    # and node 1 itself says its rank died (it exited with 0, silently, when the rank's exit came
+    # between its launcher's look at the failure reports and its look at the exit codes)
+    assert node1.wait_exit(30) != 0
+    assert "the scheduler 1 process exited unexpectedly with code -9" in node1.log(), node1.log()[-3000:]
