@@ -89,10 +89,16 @@ def _pdl_supported(index: int) -> bool:
     return _kernels().gdc_wait is not None
 
 
+def pdl_launch() -> dict:
+    """The launch arguments of a kernel with a ``PDL`` parameter launched with programmatic
+    dependent launch: its wait compiled in, and the launch attribute set."""
+    return {"PDL": True, "launch_pdl": True}
+
+
 def pdl_options(device: torch.device) -> dict:
-    """The launch arguments of a kernel with a ``PDL`` parameter: ``{"PDL": True, "launch_pdl":
-    True}`` when :func:`pdl_enabled`, else none (the kernels' default: no wait, a plain launch)."""
-    return {"PDL": True, "launch_pdl": True} if pdl_enabled(device) else {}
+    """:func:`pdl_launch` when :func:`pdl_enabled`, else none (the kernels' default: no wait, a
+    plain launch)."""
+    return pdl_launch() if pdl_enabled(device) else {}
 
 
 def pdl_attention_enabled(device: torch.device) -> bool:
@@ -111,7 +117,7 @@ def _release_options(device: torch.device) -> dict:
     """The launch of :func:`rope_store_kv`'s kernel under :func:`pdl_attention_enabled`: with PDL,
     so it lets the attention kernel after it start launching (its own wait, first thing, keeps it
     behind the GEMM before it as a plain launch does)."""
-    return {"PDL": True, "launch_pdl": True} if pdl_attention_enabled(device) else {}
+    return pdl_launch() if pdl_attention_enabled(device) else {}
 
 
 def norm_enabled(x: torch.Tensor, weight: torch.Tensor) -> bool:

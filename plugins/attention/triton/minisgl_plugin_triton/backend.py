@@ -37,6 +37,7 @@ import torch
 from minisgl_core.api import AttentionBackend, AttentionConfig, ForwardBatch, SharedPrefix
 from minisgl_core.layers.triton_ops import (
     pdl_attention_enabled,
+    pdl_launch,
     pdl_options,
     triton_available,
     triton_runs_on,
@@ -311,7 +312,7 @@ class TritonDecodeBackend(AttentionBackend):
             )
         early_launch = not cascade and pdl_attention_enabled(q.device)
         early = early_launch or (self.early_kv and not cascade and not self.interpreted)
-        decode_pdl = {"PDL": True, "launch_pdl": True} if early_launch else pdl_options(q.device)
+        decode_pdl = pdl_launch() if early_launch else pdl_options(q.device)
         kernels.decode_kernel[(config.num_kv_heads, bs, splits)](
             q,
             cache.k_cache(layer_id),
