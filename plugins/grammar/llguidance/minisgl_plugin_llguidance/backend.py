@@ -127,11 +127,13 @@ class LLGuidanceBackend(GrammarBackend):
                     "not enforced by llguidance (such a key may repeat, and a repeated key counts once "
                     "in the parsed object); list the keys in 'properties', or require as many"
                 )
-            return build.grammar_from_json_schema(spec.value, defaults=_JSON_OPTIONS)
+            return build.grammar_from_json_schema(
+                ecma_space_in_patterns(schema, spec.value), defaults=_JSON_OPTIONS
+            )
         if spec.kind == "json_object":
             return build.grammar_from_json_schema('{"type": "object"}', defaults=_JSON_OPTIONS)
         if spec.kind == "regex":
-            return build.grammar_from_regex(ascii_classes(spec.value))
+            return build.grammar_from_regex(ecma_classes(spec.value))
         if spec.kind == "choice":
             return build.grammar_from_lark("start: " + " | ".join(json.dumps(o) for o in spec.choices()))
         if spec.kind == "ebnf":
@@ -167,19 +169,26 @@ def repeatable_key_counts(schema: Any) -> list[str]:
 #: what ``\d``, ``\w`` and their negations match in ECMA-262 (JSON Schema's regexes) and in
 #: xgrammar: ASCII only. llguidance's regex grammars (Rust's syntax) match any Unicode digit or
 #: letter ("\u0663", Arabic-Indic three, passed ``\d``), its JSON-schema patterns ASCII only.
-#: Each as (its set, negated).
-_ASCII_CLASSES = {
+#: ``\s``: ECMA-262's WhiteSpace and LineTerminator (xgrammar's too); llguidance's, in regex
+#: grammars and JSON-schema patterns alike, is Unicode's White_Space, with U+0085 (NEL) and
+#: without U+FEFF, so "a\u0085b" passed the pattern ``^a\s+b$``, which ECMA-262 refuses.
+#: Each as (its set, negated), written so both ECMA-262 and Rust read it alike.
+_ECMA_SPACE = r"\t\n\v\f\r \u00A0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000\uFEFF"
+_ECMA_CLASSES = {
     "d": ("0-9", False),
     "D": ("0-9", True),
     "w": ("0-9A-Za-z_", False),
     "W": ("0-9A-Za-z_", True),
+    "s": (_ECMA_SPACE, False),
+    "S": (_ECMA_SPACE, True),
 }
 
 
-def ascii_classes(regex: str) -> str:
-    """``regex`` with ``\\d``, ``\\D``, ``\\w``, ``\\W`` spelled as the ASCII sets they are in
-    ECMA-262 and xgrammar, in and out of classes (``[\\d.]`` -> ``[0-9.]``, ``[^\\D]`` ->
-    ``[^[^0-9]]``); an escaped backslash stays one (``\\\\d`` is a backslash and a d)."""
+def ecma_classes(regex: str, escapes: str = "dDwWsS") -> str:
+    """``regex`` with the class escapes named in ``escapes`` (``\\d``, ``\\D``, ``\\w``, ``\\W``,
+    ``\\s``, ``\\S``) spelled as the sets they are in ECMA-262 and xgrammar, in and out of
+    classes (``[\\d.]`` -> ``[0-9.]``, ``[^\\D]`` -> ``[^[^0-9]]``); an escaped backslash stays
+    one (``\\\\d`` is a backslash and a d)."""
     out: list[str] = []
     depth = 0  # classes open at this point (Rust nests them)
     i = 0
@@ -187,7 +196,7 @@ def ascii_classes(regex: str) -> str:
         char = regex[i]
         if char == "\\" and i + 1 < len(regex):
             escaped = regex[i + 1]
-            spelled = _ASCII_CLASSES.get(escaped)
+            spelled = _ECMA_CLASSES.get(escaped) if escaped in escapes else None
             if spelled is None:
                 out.append(char + escaped)
             else:
@@ -215,3 +224,31 @@ def ascii_classes(regex: str) -> str:
         elif char == "]" and depth:
             depth -= 1
     return "".join(out)
+
+
+def ecma_space_in_patterns(schema: Any, text: str) -> str:
+    """The JSON schema ``text`` (parsed: ``schema``) with ``\\s`` and ``\\S`` spelled as
+    ECMA-262's sets in every ``pattern`` and ``patternProperties`` name (llguidance reads the
+    rest of a pattern as ECMA-262 does); ``text`` itself when no pattern has one."""
+    changed = False
+
+    def spelled(pattern: str) -> str:
+        nonlocal changed
+        out = ecma_classes(pattern, "sS")
+        changed = changed or out != pattern
+        return out
+
+    stack: list[Any] = [schema]  # (a walk without recursion: nesting is unbounded)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack += node
+            continue
+        if not isinstance(node, dict):
+            continue
+        if isinstance(node.get("pattern"), str):
+            node["pattern"] = spelled(node["pattern"])
+        if isinstance(node.get("patternProperties"), dict):
+            node["patternProperties"] = {spelled(k): v for k, v in node["patternProperties"].items()}
+        stack += [value for key, value in node.items() if key not in _DATA_KEYWORDS]
+    return json.dumps(schema) if changed else text

@@ -1,7 +1,9 @@
 r"""``\d`` and ``\w`` match ASCII only, as in ECMA-262 (JSON Schema's regexes) and in xgrammar:
 llguidance's regex grammars (Rust's syntax) took any Unicode digit or letter ("\u0663", Arabic-Indic
-three, passed ``\d``). The plugin spells them as ASCII sets (:func:`ascii_classes`); each regex
-here is checked against Python's ``re`` with ``re.ASCII`` on every text."""
+three, passed ``\d``). The plugin spells them as ASCII sets (:func:`ecma_classes`); each regex
+here is checked against Python's ``re`` with ``re.ASCII`` on every text. ``\s`` is ECMA-262's
+WhiteSpace and LineTerminator, in regex grammars and in JSON-schema patterns: llguidance's own
+(Unicode's White_Space) took U+0085 and refused U+FEFF."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import json
 import re
 
 import pytest
-from minisgl_plugin_llguidance.backend import LLGuidanceBackend, ascii_classes
+from minisgl_plugin_llguidance.backend import LLGuidanceBackend, ecma_classes, ecma_space_in_patterns
 
 from minisgl_core.api import GrammarSpec
 
@@ -73,12 +75,12 @@ def test_digit_and_word_classes_match_ascii_only(backend, regex):
 
 
 def test_the_rewrite_keeps_to_the_regex_as_written():
-    assert ascii_classes(r"[\d.]") == "[0-9.]"
-    assert ascii_classes(r"\D[^\w]") == "[^0-9][^0-9A-Za-z_]"
-    assert ascii_classes(r"\\d\\\d") == r"\\d\\[0-9]"
-    assert ascii_classes(r"[]\d][^]\d]") == "[]0-9][^]0-9]"  # a ] first in a class is literal
-    assert ascii_classes(r"[\w-z][.-\d]") == r"[0-9A-Za-z_\-z][.\-0-9]"  # not a range of _ to z
-    assert ascii_classes(r"[[:alpha:]\d]\d\p{Nd}x\[\d") == r"[[:alpha:]0-9][0-9]\p{Nd}x\[[0-9]"
+    assert ecma_classes(r"[\d.]") == "[0-9.]"
+    assert ecma_classes(r"\D[^\w]") == "[^0-9][^0-9A-Za-z_]"
+    assert ecma_classes(r"\\d\\\d") == r"\\d\\[0-9]"
+    assert ecma_classes(r"[]\d][^]\d]") == "[]0-9][^]0-9]"  # a ] first in a class is literal
+    assert ecma_classes(r"[\w-z][.-\d]") == r"[0-9A-Za-z_\-z][.\-0-9]"  # not a range of _ to z
+    assert ecma_classes(r"[[:alpha:]\d]\d\p{Nd}x\[\d") == r"[[:alpha:]0-9][0-9]\p{Nd}x\[[0-9]"
 
 
 def test_json_schema_patterns_were_ascii_already(backend):
@@ -86,3 +88,45 @@ def test_json_schema_patterns_were_ascii_already(backend):
     spec = GrammarSpec("json_schema", json.dumps({"type": "string", "pattern": r"^[\d]\w$"}))
     assert _takes(backend, spec, '"1a"')
     assert not _takes(backend, spec, '"\u0663a"') and not _takes(backend, spec, '"1\u00e9"')
+
+
+#: ECMA-262 (section "White Space" and "Line Terminators"): TAB, VT, FF, ZWNBSP, SP, NBSP, the
+#: other Space_Separator (Zs) characters, and LF, CR, LS, PS
+ECMA_SPACE = {0x09, 0x0B, 0x0C, 0xFEFF, 0x20, 0xA0, 0x1680, *range(0x2000, 0x200B), 0x202F, 0x205F, 0x3000}
+ECMA_SPACE |= {0x0A, 0x0D, 0x2028, 0x2029}
+#: every character some library calls a space, and a few that look like one
+CANDIDATES = sorted(
+    {c for c in range(0x3001) if chr(c).isspace()} | ECMA_SPACE | {0x180E, 0x200B, 0x2060, 0xFEFF, 0x85, 0x1C}
+)
+
+
+def test_space_classes_are_ecma_262s_in_regexes(backend):
+    plain, negated = GrammarSpec("regex", r"a\sb"), GrammarSpec("regex", r"a[^\S]b")
+    other = GrammarSpec("regex", r"a\Sb")
+    for c in CANDIDATES:
+        text = f"a{chr(c)}b"
+        expected = c in ECMA_SPACE
+        assert _takes(backend, plain, text) is expected, f"U+{c:04X}"
+        assert _takes(backend, negated, text) is expected, f"U+{c:04X}"
+        assert _takes(backend, other, text) is not expected, f"U+{c:04X}"
+    assert _takes(backend, GrammarSpec("regex", r"[\s-]+"), " - ")  # a "-" beside it is one
+
+
+def test_space_classes_are_ecma_262s_in_json_schema_patterns(backend):
+    schema = {
+        "type": "object",
+        "properties": {"s": {"type": "string", "pattern": r"^a\s+b$"}},
+        "patternProperties": {r"^k\S$": {"type": "integer"}},
+        "additionalProperties": False,
+    }
+    spec = GrammarSpec("json_schema", json.dumps(schema))
+    for c in CANDIDATES:
+        if c < 0x20:  # (a control character is no JSON string's raw content)
+            continue
+        text = json.dumps({"s": f"a{chr(c)}b"}, ensure_ascii=False, separators=(",", ":"))
+        assert _takes(backend, spec, text) is (c in ECMA_SPACE), f"U+{c:04X}"
+    assert _takes(backend, spec, '{"k1":2}') and _takes(backend, spec, '{"k\u0085":2}')
+    assert not _takes(backend, spec, '{"k\ufeff":2}')
+    # untouched where no pattern has one
+    plain = json.dumps({"type": "string", "pattern": r"^\d$"})
+    assert ecma_space_in_patterns(json.loads(plain), plain) is plain
