@@ -109,6 +109,15 @@ class TPGroup:
         self._broadcast(t)
         return data if self.rank == 0 else t.numpy().tobytes()
 
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` (picklable), by rank, on every rank (the control group)."""
+        out: list[Any] = [None] * self.size
+        try:
+            dist.all_gather_object(out, obj, group=self.control_group)
+        except RuntimeError as exc:
+            raise PeerLost(self.rank, self.size, exc) from exc
+        return out
+
     def park(self) -> None:
         """Ranks > 0: sleep until rank 0 calls :meth:`wake` (control group: no spin, no timeout)."""
         self._broadcast(torch.zeros(1))

@@ -20,6 +20,9 @@ before the step.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import logging
 import threading
 import time
@@ -29,6 +32,8 @@ import msgpack
 import zmq
 
 from minisgl_core.api import GrammarError
+from minisgl_core.checkpoint.formats import open_model
+from minisgl_core.config import ConfigError, EngineConfig
 from minisgl_core.distributed import TPGroup, init_tp_group
 from minisgl_core.engine.engine import Engine
 from minisgl_core.messages import (
@@ -45,6 +50,7 @@ from minisgl_core.plugins import Plugins
 from minisgl_core.processes.child import ChildSpec, ReportReady
 from minisgl_core.processes.ipc import bind_pull, connect_push, drain, recv, send
 from minisgl_core.sampling import StepOutput, TokenLogprob
+from minisgl_core.setting_names import flag
 
 logger = logging.getLogger(__name__)
 
@@ -253,9 +259,46 @@ def _wire(lp: TokenLogprob) -> list[Any]:
     return [lp.token_id, lp.logprob, [list(t) for t in lp.top], lp.rank]
 
 
+def rank_settings(config: EngineConfig, plugins: Plugins) -> dict[str, str]:
+    """What every TP rank must share, by the flag that sets it: the engine's settings (the
+    ``--model`` path aside: nodes may mount it elsewhere; its config instead), and the plugins."""
+    settings = {
+        flag(f.name): repr(getattr(config, f.name))
+        for f in dataclasses.fields(config)
+        # (the trace is rank 0's alone; the KV memory share may differ: the ranks take the least pool)
+        if f.name not in ("model", "step_trace", "kv_memory_fraction", "fast_paths")
+    }
+    off = [f.name for f in dataclasses.fields(config.fast_paths) if not getattr(config.fast_paths, f.name)]
+    settings["--disable-fast-path"] = ", ".join(off) or "none"
+    hf_config = open_model(config.model, plugins).hf_config()
+    digest = hashlib.sha256(json.dumps(hf_config, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    settings["--model"] = f"a model whose config.json hashes to {digest}"
+    settings["the plugins"] = f"fingerprint {plugins.fingerprint()}"
+    return settings
+
+
+def check_ranks_agree(tp: TPGroup, settings: dict[str, str]) -> None:
+    """ConfigError naming each setting the ranks disagree on (nodes started with other flags,
+    another model, other plugins or MINISGL_* switches), with every rank's value: ranks that
+    differ would leave lock-step (a hang) or compute apart (wrong tokens)."""
+    every = tp.gather(settings)
+    differ = [name for name in every[0] if any(s.get(name) != every[0][name] for s in every[1:])]
+    if differ:
+        lines = "; ".join(
+            f"{name}: " + ", ".join(f"{s.get(name, 'unset')} on rank {rank}" for rank, s in enumerate(every))
+            for name in differ
+        )
+        raise ConfigError(
+            f"the tensor-parallel ranks were started with different settings ({lines}); start every "
+            "node with the same flags, model, plugins and MINISGL_* environment"
+        )
+
+
 def scheduler_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_ready: ReportReady) -> None:
     config = spec.payload["config"]
     tp = init_tp_group(spec.rank, spec.payload["dist"], config.resolve_device())
+    if tp.size > 1:
+        check_ranks_agree(tp, rank_settings(config, plugins))
     # Rank 0 binds its inbox before loading the model, so early requests simply queue.
     inbox = bind_pull(ctx, spec.endpoints.scheduler) if spec.rank == 0 else None
     engine = Engine(config, tp.parallel, plugins)

@@ -223,3 +223,28 @@ def test_an_idle_node_0_notices_a_dead_node_1(start_server, model_dir, engine_ar
     # between its launcher's look at the failure reports and its look at the exit codes)
     assert node1.wait_exit(30) != 0
     assert "the scheduler 1 process exited unexpectedly with code -9" in node1.log(), node1.log()[-3000:]
+
+
+def test_nodes_started_with_different_settings_refuse_to_serve(start_server, model_dir, engine_args):
+    """Node 1 started with another --max-running-requests and a fast path off: the ranks would
+    schedule apart (a hang, or tokens computed from different batches). Both nodes stop at once,
+    naming each setting and every rank's value."""
+    from minisgl_core.distributed import free_loopback_addr
+
+    addr = free_loopback_addr()
+    common = ["--model", str(model_dir), "--tp", "2", "--nnodes", "2", "--dist-init-addr", addr]
+    # (a flag given twice: the last one counts)
+    node1 = start_server(
+        [*common, *engine_args, "--node-rank", "1", "--max-running-requests", "8",
+         "--disable-fast-path", "triton_norm"], wait=False,
+    )  # fmt: skip
+    node0 = start_server(
+        [*common, *engine_args, "--node-rank", "0", "--max-running-requests", "16"], wait=False
+    )
+    assert node0.wait_exit(120) != 0
+    assert node1.wait_exit(30) != 0
+    for log in (node0.log(), node1.log()):
+        assert "the tensor-parallel ranks were started with different settings" in log, log[-3000:]
+        assert "--max-running-requests: 16 on rank 0, 8 on rank 1" in log, log[-3000:]
+        assert "--disable-fast-path: none on rank 0, triton_norm on rank 1" in log, log[-3000:]
+        assert "Traceback" not in log, log[-3000:]
