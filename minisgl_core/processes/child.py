@@ -93,6 +93,13 @@ def _refused_setting(exc: BaseException) -> bool:
     )
 
 
+def _lost_peer(exc: BaseException) -> bool:
+    """A TP rank whose peer is gone (``distributed.PeerLost``): the message says it all, the
+    traceback (a gloo broadcast's) adds nothing. Looked up only where torch is loaded."""
+    distributed = sys.modules.get("minisgl_core.distributed")
+    return distributed is not None and isinstance(exc, distributed.PeerLost)
+
+
 def _refusal(exc: BaseException) -> str:
     """A refused setting as the command line that started the server says it: a ConfigError
     names its settings by their flags (``--num-kv-tokens``), not their field names."""
@@ -163,6 +170,9 @@ def run_child(spec: ChildSpec, main: ChildMain) -> None:
             logger.error("%s process failed: %s", spec.name, message)
             error = f"{type(exc).__name__}: {message}"
             send(control, ProcessFailed(spec.role, spec.rank, error, _summary(exc)))
+        elif _lost_peer(exc):
+            logger.error("%s process failed: %s", spec.name, exc)
+            send(control, ProcessFailed(spec.role, spec.rank, f"{type(exc).__name__}: {exc}", _summary(exc)))
         else:
             logger.error("%s process failed: %s: %s", spec.name, type(exc).__name__, exc)
             send(control, ProcessFailed(spec.role, spec.rank, traceback.format_exc(), _summary(exc)))
