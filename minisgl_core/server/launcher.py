@@ -19,6 +19,7 @@ from typing import Any
 
 from minisgl_core.api import ProcessContext
 from minisgl_core.checkpoint.resolve import served_model_name
+from minisgl_core.distributed import RENDEZVOUS_TIMEOUT
 from minisgl_core.plugins import Plugins
 from minisgl_core.processes.runtime import ChildFailed, Runtime, RuntimeOptions
 from minisgl_core.server.api_options import ApiOptions
@@ -74,6 +75,14 @@ def serve(opts: ServeOptions, plugins: Plugins, foreground: Foreground | None = 
     code = 0
     try:
         started = time.monotonic()
+        dist = opts.runtime.dist
+        if dist.nnodes > 1:  # (the rendezvous can wait minutes: say for what)
+            logger.info(
+                "node %d of %d (scheduler ranks %s): waiting up to %d minutes for every node to join at "
+                "--dist-init-addr %s",
+                dist.node_rank, dist.nnodes, list(dist.local_ranks), RENDEZVOUS_TIMEOUT.total_seconds() // 60,
+                dist.init_addr,
+            )  # fmt: skip
         info = runtime.start()
         if runtime.is_head:
             code = _serve_head(opts, plugins, runtime, info, started, foreground)

@@ -146,6 +146,11 @@ def test_two_nodes(start_server, model_dir, engine_args, client, model_name):
     node1 = start_server([*common, "--node-rank", "1"], wait=False)
     node0 = start_server([*common, "--node-rank", "0"])
     node1.wait_for_log("node 1 ready: scheduler ranks [1]")
+    for node, rank in ((node0, 0), (node1, 1)):  # what a node says while it waits for the others
+        assert (
+            f"node {rank} of 2 (scheduler ranks [{rank}]): waiting up to 10 minutes for every node"
+            in node.log()
+        )
     c0 = openai.OpenAI(base_url=f"{node0.url}/v1", api_key="unused", max_retries=0, timeout=120)
     one = client.completions.create(model=model_name, prompt=PROMPTS, max_tokens=6, temperature=0)
     two = c0.completions.create(model=model_name, prompt=PROMPTS, max_tokens=6, temperature=0)
