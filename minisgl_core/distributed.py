@@ -15,6 +15,7 @@ import datetime
 import logging
 import os
 import socket
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,10 +158,49 @@ def init_tp_group(tp_rank: int, spec: DistributedSpec, device: torch.device) -> 
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
     store = _rendezvous_store(tp_rank, spec)
+    _check_group_shape(store, tp_rank, spec)
     dist.init_process_group(backend, store=store, world_size=spec.tp_size, rank=tp_rank)
     control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
     parallel = ParallelContext(tp_rank=tp_rank, tp_size=spec.tp_size, group=dist.group.WORLD)
     return TPGroup(parallel, control, device)
+
+
+#: how often rank 0 looks whether every rank has joined, or one refused, at the rendezvous
+_JOIN_POLL_S = 0.2
+
+
+def _check_group_shape(store: dist.Store, tp_rank: int, spec: DistributedSpec) -> None:
+    """Before the group forms, every rank checks it was started with rank 0's ``--tp`` and
+    ``--nnodes``, and that no other process took its rank (two nodes with one ``--node-rank``):
+    torch's own rendezvous waits out its ten minutes on either. A rank that differs says why in
+    the store, and rank 0, waiting for every rank's word, stops with the same ConfigError."""
+    from minisgl_core.config import ConfigError
+
+    shape = f"--tp {spec.tp_size} --nnodes {spec.nnodes}"
+    if tp_rank == 0:
+        store.set("minisgl/shape", shape)
+        joined = [f"minisgl/joined/{rank}" for rank in range(1, spec.tp_size)]
+        deadline = time.monotonic() + RENDEZVOUS_TIMEOUT.total_seconds()
+        while not store.check(joined):
+            if store.check(["minisgl/refused"]):
+                raise ConfigError(store.get("minisgl/refused").decode())
+            if time.monotonic() > deadline:
+                return  # (torch's rendezvous then says which ranks never came)
+            time.sleep(_JOIN_POLL_S)
+        return
+    theirs = store.get("minisgl/shape").decode()  # (waits for rank 0, as the rendezvous would)
+    problem = None
+    if theirs != shape:
+        problem = f"node {spec.node_rank} was started with {shape}, node 0 with {theirs}"
+    elif store.add(f"minisgl/taken/{tp_rank}", 1) > 1:
+        problem = (
+            f"two nodes were started with --node-rank {spec.node_rank} (tensor-parallel rank {tp_rank} twice)"
+        )
+    if problem is not None:
+        message = f"{problem}: start every node with the same --tp and --nnodes and its own --node-rank"
+        store.set("minisgl/refused", message)
+        raise ConfigError(message)
+    store.set(f"minisgl/joined/{tp_rank}", "1")
 
 
 def _rendezvous_store(tp_rank: int, spec: DistributedSpec) -> dist.TCPStore:

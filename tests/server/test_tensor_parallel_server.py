@@ -255,3 +255,19 @@ def test_nodes_started_with_different_settings_refuse_to_serve(start_server, mod
         assert "--max-running-requests: 16 on rank 0, 8 on rank 1" in log, log[-3000:]
         assert "--disable-fast-path: none on rank 0, triton_norm on rank 1" in log, log[-3000:]
         assert "Traceback" not in log, log[-3000:]
+
+
+def test_nodes_started_with_another_tp_size_stop_at_the_rendezvous(start_server, model_dir, engine_args):
+    """Node 1 started with --tp 4, node 0 with --tp 2: torch's rendezvous waited its ten minutes on
+    both; each now stops at once, saying what differs."""
+    from minisgl_core.distributed import free_loopback_addr
+
+    addr = free_loopback_addr()
+    common = ["--model", str(model_dir), "--nnodes", "2", "--dist-init-addr", addr, *engine_args]
+    node1 = start_server([*common, "--tp", "4", "--node-rank", "1"], wait=False)
+    node0 = start_server([*common, "--tp", "2", "--node-rank", "0"], wait=False)
+    assert node0.wait_exit(60) != 0
+    assert node1.wait_exit(30) != 0
+    message = "node 1 was started with --tp 4 --nnodes 2, node 0 with --tp 2 --nnodes 2"
+    for log in (node0.log(), node1.log()):
+        assert message in log and "Traceback" not in log, log[-3000:]
