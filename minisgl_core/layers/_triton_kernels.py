@@ -12,16 +12,6 @@ except ImportError:  # an older Triton: PDL stays off (minisgl_core.layers.trito
 
 
 @triton.jit
-def prefetch_l2(ptrs):
-    """``prefetch.global.L2`` of each address: its 128-byte line brought into L2, nothing read into
-    registers, no value changed (a kernel launched with PDL may issue it before its wait, for data
-    the kernel before it does not write). Inline PTX: compiled for CUDA only."""
-    tl.inline_asm_elementwise(
-        "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
-    )
-
-
-@triton.jit
 def _norm_rope(x1, x2, weight, cos, sin, eps, d, mask, HALF: tl.constexpr, NORM: tl.constexpr):
     """``[tokens, heads, half]`` halves of the heads: RMS norm over each head (times ``weight``),
     then rotary with ``cos``, ``sin`` (``[tokens, 1, half]``)."""

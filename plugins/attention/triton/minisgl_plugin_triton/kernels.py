@@ -26,8 +26,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from minisgl_core.layers._triton_kernels import prefetch_l2
-
 try:  # programmatic dependent launch (minisgl_core.layers.triton_ops.pdl_enabled)
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:
@@ -68,6 +66,16 @@ def _attend(
         acc = acc * alpha[:, None] + pv
         m = m_new
     return m, l_sum, acc
+
+
+@triton.jit
+def _prefetch_l2(ptrs):
+    """``prefetch.global.L2`` of each address: its 128-byte line brought into L2, nothing read into
+    registers, no value changed (before a PDL wait, for data the kernel before does not write).
+    Inline PTX: compiled for CUDA only."""
+    tl.inline_asm_elementwise(
+        "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
+    )
 
 
 @triton.jit
@@ -149,8 +157,8 @@ def decode_kernel(
         slot0 = tl.load(table_row + pos0, mask=pos0 < end, other=0).to(tl.int64)
         lines = kv_head * HEAD_DIM + tl.arange(0, HEAD_DIM // EARLY_LINE) * EARLY_LINE
         offsets = tl.where((pos0 < end)[:, None], slot0[:, None] * kv_stride_slot + lines[None, :], 0)
-        prefetch_l2(k_ptr + offsets)
-        prefetch_l2(v_ptr + offsets)
+        _prefetch_l2(k_ptr + offsets)
+        _prefetch_l2(v_ptr + offsets)
         if PDL:
             gdc_wait()
             gdc_launch_dependents()
