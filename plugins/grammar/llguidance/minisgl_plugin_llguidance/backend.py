@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -151,19 +151,24 @@ def repeatable_key_counts(schema: Any) -> list[str]:
     allowed unless ``additionalProperties`` is false, as in JSON Schema). llguidance refuses most such schemas itself ("min/maxProperties only supported when
     all keys listed"), but passed ``{"k":0,"k":1}`` for ``patternProperties`` and for an object
     without ``properties`` (found by a probe), which parses as one property."""
-    found = []
-    stack: list[tuple[Any, str]] = [(schema, "#")]  # (a walk without recursion: nesting is unbounded)
+    return sorted(
+        path
+        for node, path in _schema_objects(schema)
+        if repeatable_key_count(node, additional_properties_default=True)
+    )
+
+
+def _schema_objects(schema: Any) -> Iterator[tuple[dict, str]]:
+    """Every object in ``schema`` outside data keywords, with its JSON pointer; a walk without
+    recursion (nesting is unbounded). A node changed when it is yielded is walked as changed."""
+    stack: list[tuple[Any, str]] = [(schema, "#")]
     while stack:
         node, path = stack.pop()
         if isinstance(node, list):
             stack += [(item, f"{path}/{i}") for i, item in enumerate(node)]
-            continue
-        if not isinstance(node, dict):
-            continue
-        if repeatable_key_count(node, additional_properties_default=True):
-            found.append(path)
-        stack += [(value, f"{path}/{key}") for key, value in node.items() if key not in _DATA_KEYWORDS]
-    return sorted(found)
+        elif isinstance(node, dict):
+            yield node, path
+            stack += [(value, f"{path}/{key}") for key, value in node.items() if key not in _DATA_KEYWORDS]
 
 
 #: what ``\d``, ``\w`` and their negations match in ECMA-262 (JSON Schema's regexes) and in
@@ -238,17 +243,9 @@ def ecma_space_in_patterns(schema: Any, text: str) -> str:
         changed = changed or out != pattern
         return out
 
-    stack: list[Any] = [schema]  # (a walk without recursion: nesting is unbounded)
-    while stack:
-        node = stack.pop()
-        if isinstance(node, list):
-            stack += node
-            continue
-        if not isinstance(node, dict):
-            continue
+    for node, _ in _schema_objects(schema):
         if isinstance(node.get("pattern"), str):
             node["pattern"] = spelled(node["pattern"])
         if isinstance(node.get("patternProperties"), dict):
             node["patternProperties"] = {spelled(k): v for k, v in node["patternProperties"].items()}
-        stack += [value for key, value in node.items() if key not in _DATA_KEYWORDS]
     return json.dumps(schema) if changed else text
