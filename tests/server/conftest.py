@@ -7,6 +7,7 @@ test can check that its socket directory is gone after it stops.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
@@ -21,8 +22,9 @@ API_KEY = "test-key"
 #: small limits keep start-up and every request cheap (2048 is the tiny model's own context)
 # fmt: off
 ENGINE_ARGS = ["--max-context-len", "2048", "--num-kv-tokens", "16384", "--max-running-requests", "16",
-               "--device", "cpu", "--attn", "torch"]
+               "--device", os.environ.get("MINISGL_TEST_DEVICE", "cpu"), "--attn", "torch"]
 # fmt: on
+# (MINISGL_TEST_DEVICE=cuda: the GPU machine runs the TP server tests on NCCL, tools/device_tp_tests.sh)
 
 
 @pytest.fixture(scope="session")
