@@ -31,6 +31,8 @@ logger = logging.getLogger(__name__)
 IDLE_TIMEOUT = datetime.timedelta(days=365)
 #: how long the ranks may take to meet at start-up
 RENDEZVOUS_TIMEOUT = datetime.timedelta(minutes=10)
+#: how long rank 0, stopping, waits for the other ranks to leave the group (:meth:`TPGroup.close`)
+LEAVE_WAIT_S = 10
 
 
 @dataclass(frozen=True)
@@ -82,10 +84,18 @@ class TPGroup:
     """This rank's view of the TP group: the ParallelContext handed to the engine, plus the
     byte broadcasts the scheduler uses to keep every rank on rank 0's inputs."""
 
-    def __init__(self, parallel: ParallelContext, control_group: object | None, device: torch.device) -> None:
+    def __init__(
+        self,
+        parallel: ParallelContext,
+        control_group: object | None,
+        device: torch.device,
+        store: dist.Store | None = None,
+    ) -> None:
         self.parallel = parallel
         self.control_group = control_group
         self.device = device
+        #: the rendezvous store (rank 0 hosts it): :meth:`close` orders the ranks' leaving on it
+        self.store = store
 
     @property
     def rank(self) -> int:
@@ -139,8 +149,25 @@ class TPGroup:
             dist.barrier(group=self.control_group)
 
     def close(self) -> None:
-        if self.size > 1 and dist.is_initialized():
-            dist.destroy_process_group()
+        """Leave the group (a clean stop: every rank calls this). Rank 0 hosts the rendezvous
+        store, so it leaves last: it waits (``LEAVE_WAIT_S`` at most) for every other rank's word
+        that its process group is gone. An NCCL rank still tearing down when the store's host
+        exited waited for ever (probe on two H200s: node 1's rank in ``destroy_process_group``
+        a minute after node 0 stopped)."""
+        if self.size == 1 or not dist.is_initialized():
+            return
+        dist.destroy_process_group()
+        if self.store is None:
+            return
+        if self.rank != 0:
+            self.store.set(f"minisgl/left/{self.rank}", "1")
+            return
+        others = [f"minisgl/left/{rank}" for rank in range(1, self.size)]
+        try:
+            self.store.wait(others, datetime.timedelta(seconds=LEAVE_WAIT_S))
+        except RuntimeError:  # (the store's timeout: DistStoreError)
+            gone = [rank for rank in range(1, self.size) if not self.store.check([f"minisgl/left/{rank}"])]
+            logger.warning("tensor-parallel ranks %s did not leave the group within %d s", gone, LEAVE_WAIT_S)
 
 
 def init_tp_group(tp_rank: int, spec: DistributedSpec, device: torch.device) -> TPGroup:
@@ -162,7 +189,7 @@ def init_tp_group(tp_rank: int, spec: DistributedSpec, device: torch.device) -> 
     dist.init_process_group(backend, store=store, world_size=spec.tp_size, rank=tp_rank)
     control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
     parallel = ParallelContext(tp_rank=tp_rank, tp_size=spec.tp_size, group=dist.group.WORLD)
-    return TPGroup(parallel, control, device)
+    return TPGroup(parallel, control, device, store)
 
 
 #: how often rank 0 looks whether every rank has joined, or one refused, at the rendezvous

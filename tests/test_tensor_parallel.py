@@ -190,6 +190,30 @@ def _gather_rank(rank: int, addr: str, results) -> None:
         dist.destroy_process_group()
 
 
+def _leave(rank: int, world: int, port: int, queue) -> None:
+    import time
+
+    import torch
+
+    from minisgl_core.distributed import DistributedSpec, init_tp_group
+
+    spec = DistributedSpec(tp_size=world, init_addr=f"127.0.0.1:{port}")
+    tp = init_tp_group(rank, spec, torch.device("cpu"))
+    tp.barrier()
+    if rank:
+        time.sleep(1.5)  # a rank slow to stop
+    started = time.monotonic()
+    tp.close()
+    queue.put((rank, (started, time.monotonic())))
+
+
+def test_rank_0_hosting_the_store_leaves_the_group_last():
+    """Rank 0 hosts the rendezvous store: on a clean stop it leaves only after every other rank
+    has (an NCCL rank still tearing down when the store's host exited waited for ever)."""
+    times = _spawn_ranks(_leave, 2)
+    assert times[0][1] >= times[1][1] > times[0][0] + 1.0, times
+
+
 def test_all_gather_concatenates_in_rank_order_along_the_dimension():
     import torch.multiprocessing as mp
 

@@ -25,9 +25,15 @@ def tp2(start_server, model_dir, engine_args):
 
 def test_tp2_equals_tp1(tp2, client, model_name, llm):
     c2 = openai.OpenAI(base_url=f"{tp2.url}/v1", api_key="unused", max_retries=0, timeout=120)
-    one = client.completions.create(model=model_name, prompt=PROMPTS, max_tokens=10, temperature=0)
-    two = c2.completions.create(model=model_name, prompt=PROMPTS, max_tokens=10, temperature=0)
-    assert [c.text for c in two.choices] == [c.text for c in one.choices]
+    one = client.completions.create(
+        model=model_name, prompt=PROMPTS, max_tokens=10, temperature=0, logprobs=2
+    )
+    two = c2.completions.create(model=model_name, prompt=PROMPTS, max_tokens=10, temperature=0, logprobs=2)
+    if os.environ.get("MINISGL_TEST_DEVICE", "cpu") == "cpu":
+        assert [c.text for c in two.choices] == [c.text for c in one.choices]
+    else:
+        for a, b in zip(one.choices, two.choices, strict=True):
+            _agree_up_to_a_near_tie(a.logprobs, b.logprobs)
     assert two.usage == one.usage
     messages = [{"role": "user", "content": "Where is the sea?"}]
     chat1 = client.chat.completions.create(model=model_name, messages=messages, max_tokens=8, temperature=0)
@@ -36,6 +42,18 @@ def test_tp2_equals_tp1(tp2, client, model_name, llm):
     )
     assert "".join(c.choices[0].delta.content or "" for c in chat2) == chat1.choices[0].message.content
     assert len(apply_chat_template(llm.tokenizer, messages)) == chat1.usage.prompt_tokens
+
+
+def _agree_up_to_a_near_tie(one, two) -> None:
+    """On CUDA the ranks' split GEMMs round apart from one GPU's (bf16 logits, steps of 1/64 near
+    -4): the tiny random model's greedy tokens may part where one server saw two tokens (nearly)
+    tied, never elsewhere (probe on two H200s: a tie at -4.3405 at the seventh token)."""
+    for i, (a, b) in enumerate(zip(one.tokens, two.tokens, strict=True)):
+        assert one.token_logprobs[i] == pytest.approx(two.token_logprobs[i], abs=0.05)
+        if a != b:
+            top = one.top_logprobs[i]
+            assert b in top and top[a] - top[b] <= 0.05, (i, a, b, top, two.top_logprobs[i])
+            return
 
 
 def test_tp2_abort_keeps_ranks_in_step(tp2, model_name):
