@@ -15,6 +15,7 @@ import datetime
 import logging
 import os
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -31,8 +32,8 @@ logger = logging.getLogger(__name__)
 IDLE_TIMEOUT = datetime.timedelta(days=365)
 #: how long the ranks may take to meet at start-up
 RENDEZVOUS_TIMEOUT = datetime.timedelta(minutes=10)
-#: how long rank 0, stopping, waits for the other ranks to leave the group (:meth:`TPGroup.close`)
-LEAVE_WAIT_S = 10
+#: how long a stopping rank gives its process group's teardown (:meth:`TPGroup.close`)
+LEAVE_WAIT_S = 5
 
 
 @dataclass(frozen=True)
@@ -84,18 +85,10 @@ class TPGroup:
     """This rank's view of the TP group: the ParallelContext handed to the engine, plus the
     byte broadcasts the scheduler uses to keep every rank on rank 0's inputs."""
 
-    def __init__(
-        self,
-        parallel: ParallelContext,
-        control_group: object | None,
-        device: torch.device,
-        store: dist.Store | None = None,
-    ) -> None:
+    def __init__(self, parallel: ParallelContext, control_group: object | None, device: torch.device) -> None:
         self.parallel = parallel
         self.control_group = control_group
         self.device = device
-        #: the rendezvous store (rank 0 hosts it): :meth:`close` orders the ranks' leaving on it
-        self.store = store
 
     @property
     def rank(self) -> int:
@@ -149,25 +142,22 @@ class TPGroup:
             dist.barrier(group=self.control_group)
 
     def close(self) -> None:
-        """Leave the group (a clean stop: every rank calls this). Rank 0 hosts the rendezvous
-        store, so it leaves last: it waits (``LEAVE_WAIT_S`` at most) for every other rank's word
-        that its process group is gone. An NCCL rank still tearing down when the store's host
-        exited waited for ever (probe on two H200s: node 1's rank in ``destroy_process_group``
-        a minute after node 0 stopped)."""
+        """Leave the group on a clean stop, giving NCCL's teardown ``LEAVE_WAIT_S`` at most: on
+        two H200s, a rank whose peer's node stopped first sat in ``destroy_process_group`` for
+        ever (py-spy), with or without the rendezvous store still up. The rank has nothing left
+        to do by then, and its process skips the interpreter's teardown, so a teardown still
+        stuck past the bound is left behind with a warning."""
         if self.size == 1 or not dist.is_initialized():
             return
-        dist.destroy_process_group()
-        if self.store is None:
-            return
-        if self.rank != 0:
-            self.store.set(f"minisgl/left/{self.rank}", "1")
-            return
-        others = [f"minisgl/left/{rank}" for rank in range(1, self.size)]
-        try:
-            self.store.wait(others, datetime.timedelta(seconds=LEAVE_WAIT_S))
-        except RuntimeError:  # (the store's timeout: DistStoreError)
-            gone = [rank for rank in range(1, self.size) if not self.store.check([f"minisgl/left/{rank}"])]
-            logger.warning("tensor-parallel ranks %s did not leave the group within %d s", gone, LEAVE_WAIT_S)
+        leaving = threading.Thread(target=dist.destroy_process_group, name="minisgl-leave-group", daemon=True)
+        leaving.start()
+        leaving.join(LEAVE_WAIT_S)
+        if leaving.is_alive():
+            logger.warning(
+                "tensor-parallel rank %d: leaving the process group took over %d s; stopping without it",
+                self.rank,
+                LEAVE_WAIT_S,
+            )
 
 
 def init_tp_group(tp_rank: int, spec: DistributedSpec, device: torch.device) -> TPGroup:
@@ -189,7 +179,7 @@ def init_tp_group(tp_rank: int, spec: DistributedSpec, device: torch.device) -> 
     dist.init_process_group(backend, store=store, world_size=spec.tp_size, rank=tp_rank)
     control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
     parallel = ParallelContext(tp_rank=tp_rank, tp_size=spec.tp_size, group=dist.group.WORLD)
-    return TPGroup(parallel, control, device, store)
+    return TPGroup(parallel, control, device)
 
 
 #: how often rank 0 looks whether every rank has joined, or one refused, at the rendezvous
