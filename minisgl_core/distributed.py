@@ -17,6 +17,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,9 @@ IDLE_TIMEOUT = datetime.timedelta(days=365)
 RENDEZVOUS_TIMEOUT = datetime.timedelta(minutes=10)
 #: how long a stopping rank gives its process group's teardown (:meth:`TPGroup.close`)
 LEAVE_WAIT_S = 5
+#: how often each serving rank says it is alive in the rendezvous store and looks at the others
+PEER_BEAT_S = 1.0
+MIN_PEER_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -45,8 +49,15 @@ class DistributedSpec:
     node_rank: int = 0
     #: "host:port" of rank 0's TCP rendezvous
     init_addr: str = ""
+    #: seconds a serving rank may go without a word in the store before its peers give it up
+    #: (:class:`PeerWatch`)
+    peer_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
+        if not self.peer_timeout_s >= MIN_PEER_TIMEOUT_S:  # (also refuses nan)
+            raise ValueError(
+                f"--tp-peer-timeout must be at least {MIN_PEER_TIMEOUT_S:g} seconds, got {self.peer_timeout_s}"
+            )
         if self.nnodes < 1:
             raise ValueError(f"--nnodes must be >= 1, got {self.nnodes}")
         if not 0 <= self.node_rank < self.nnodes:
@@ -220,18 +231,22 @@ def _check_group_shape(store: dist.Store, tp_rank: int, spec: DistributedSpec) -
     store.set(f"minisgl/joined/{tp_rank}", "1")
 
 
+def _store_addr(spec: DistributedSpec) -> tuple[str, int]:
+    host, port = spec.init_addr.rsplit(":", 1)
+    return host.strip("[]"), int(port)
+
+
 def _rendezvous_store(tp_rank: int, spec: DistributedSpec) -> dist.TCPStore:
     """The TCP store where the ranks meet. Rank 0 binds its listening socket itself, to the host
     of ``--dist-init-addr`` only: the store's own server would listen on every interface."""
-    host, port = spec.init_addr.rsplit(":", 1)
-    host = host.strip("[]")
+    host, port = _store_addr(spec)
     if tp_rank != 0:
-        return dist.TCPStore(host, int(port), spec.tp_size, is_master=False, timeout=RENDEZVOUS_TIMEOUT)
+        return dist.TCPStore(host, port, spec.tp_size, is_master=False, timeout=RENDEZVOUS_TIMEOUT)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     listener = socket.socket(family, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        listener.bind((host, int(port)))
+        listener.bind((host, port))
     except OSError as exc:
         listener.close()
         raise RuntimeError(
@@ -241,13 +256,69 @@ def _rendezvous_store(tp_rank: int, spec: DistributedSpec) -> dist.TCPStore:
     listener.listen(spec.tp_size * 4)
     return dist.TCPStore(
         host,
-        int(port),
+        port,
         spec.tp_size,
         is_master=True,
         timeout=RENDEZVOUS_TIMEOUT,
         # The store owns the socket from here on.
         master_listen_fd=listener.detach(),
     )
+
+
+class PeerWatch:
+    """A serving rank's word in the rendezvous store once a second, and its look at the others':
+    a peer silent for ``spec.peer_timeout_s`` (its process stopped, its node gone or cut off) is
+    given up, and ``on_lost`` called from this thread with the words for clients ("lost
+    tensor-parallel rank 1"). Without it a collective waits on a dead peer's node (NCCL until its
+    watchdog's ten minutes; gloo, a frozen peer, for ever) while the step heartbeat keeps /health
+    at 200. Rank 0 hosts the store: the others give rank 0 up once the store has not answered for
+    as long. A client of its own (this thread's) talks to the store."""
+
+    def __init__(self, spec: DistributedSpec, rank: int, on_lost: Callable[[str], None]) -> None:
+        self.spec = spec
+        self.rank = rank
+        self.on_lost = on_lost
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="minisgl-peer-watch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        host, port = _store_addr(self.spec)
+        timeout = self.spec.peer_timeout_s
+        store = None
+        peers = [rank for rank in range(self.spec.tp_size) if rank != self.rank]
+        now = time.monotonic()
+        heard = {rank: (-1, now) for rank in peers}  # rank -> (its count, when it last moved)
+        answered = now  # when the store last answered
+        while not self._stop.wait(PEER_BEAT_S):
+            now = time.monotonic()
+            try:
+                if store is None:
+                    store = dist.TCPStore(
+                        host, port, is_master=False, timeout=datetime.timedelta(seconds=timeout)
+                    )
+                store.add(f"minisgl/beat/{self.rank}", 1)
+                for rank in peers:
+                    count = store.add(f"minisgl/beat/{rank}", 0)
+                    if count != heard[rank][0]:
+                        heard[rank] = (count, now)
+                answered = now
+            except RuntimeError:  # (DistStoreError) rank 0's process, host of the store, is gone
+                if time.monotonic() - answered >= timeout and not self._stop.is_set():
+                    self.on_lost(
+                        f"lost tensor-parallel rank 0 (its store has not answered for {timeout:g} s)"
+                    )
+                    return
+                continue
+            silent = [rank for rank in peers if now - heard[rank][1] >= timeout]
+            if silent and not self._stop.is_set():
+                who = f"rank {silent[0]}" if len(silent) == 1 else f"ranks {', '.join(map(str, silent))}"
+                self.on_lost(f"lost tensor-parallel {who} (silent for {timeout:g} s)")
+                return
+
+    def stop(self) -> None:
+        """No more looks (a clean stop: the peers leave at their own pace)."""
+        self._stop.set()
 
 
 class SymmMemAllReduce:

@@ -178,6 +178,8 @@ BAD_FLAGS = [
     ]),
     ("serve", ["--port", "0", "--tp", "2", "--nnodes", "2", "--node-rank", "2", "--dist-init-addr", "127.0.0.1:1"],
      "--node-rank must be in [0, --nnodes=2), got 2"),
+    ("serve", ["--port", "0", "--tp", "2", "--tp-peer-timeout", "0.5"], "--tp-peer-timeout must be at least 2 seconds, got 0.5"),
+    ("serve", ["--port", "0", "--tp", "2", "--tp-peer-timeout", "nan"], "--tp-peer-timeout must be at least 2 seconds, got nan"),
     ("serve", ["--port", "0", "--max-body-bytes", "0"], "--max-body-bytes must be at least 1"),
     ("serve", ["--port", "0", "--host", "nonexistent.invalid"], "--host 'nonexistent.invalid' is not an address"),
     ("serve", ["--port", "0", "--grammar-backend", "nope"], "unknown --grammar-backend 'nope'; installed: llguidance, xgrammar"),

@@ -24,8 +24,10 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -34,13 +36,14 @@ import zmq
 from minisgl_core.api import GrammarError
 from minisgl_core.checkpoint.formats import open_model
 from minisgl_core.config import ConfigError, EngineConfig
-from minisgl_core.distributed import TPGroup, init_tp_group
+from minisgl_core.distributed import PeerWatch, TPGroup, init_tp_group
 from minisgl_core.engine.engine import Engine
 from minisgl_core.messages import (
     AbortRequest,
     CompilesSettled,
     EngineRequest,
     Message,
+    ProcessFailed,
     Shutdown,
     StepOutputs,
     decode,
@@ -60,6 +63,8 @@ IDLE = -1
 STATS_INTERVAL = 0.25
 #: seconds between two heartbeats while idle: the API server's /health reads their age
 HEARTBEAT_INTERVAL_MS = 1000
+#: how long a rank giving a peer up waits for its failure report to leave
+GIVE_UP_LINGER_MS = 1000
 #: how often an idle rank 0 looks whether a grammar compile has ended, while requests wait for one
 COMPILE_POLL_MS = 5
 
@@ -313,6 +318,7 @@ def scheduler_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_r
         }
     )
     loop = SchedulerLoop(engine, tp)
+    watch = PeerWatch(spec.payload["dist"], spec.rank, _give_up_on_peer(spec)) if tp.size > 1 else None
     if inbox is not None:
         loop.heartbeat = StepHeartbeat(connect_push(ctx, spec.endpoints.detokenizer), loop)
         try:
@@ -321,4 +327,25 @@ def scheduler_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_r
             loop.heartbeat.close()
     else:
         loop.run_follower()
+    if watch is not None:
+        watch.stop()
     tp.close()
+
+
+def _give_up_on_peer(spec: ChildSpec) -> Callable[[str], None]:
+    """What a rank does when its :class:`PeerWatch` gives a peer up: its main thread may wait in a
+    collective for ever, so from the watch's thread it reports the failure to its launcher, as a
+    ``PeerLost`` raised in the loop would be, and exits."""
+
+    def give_up(summary: str) -> None:
+        logger.error("%s; stopping", summary)
+        own = zmq.Context()  # (destroying it waits until the report has left; the shared one's
+        # other sockets belong to a thread that may never return)
+        send(connect_push(own, spec.endpoints.control), ProcessFailed(
+            spec.role, spec.rank, f"PeerLost: {summary}", f"PeerLost: {summary}"
+        ))  # fmt: skip
+        own.destroy(linger=GIVE_UP_LINGER_MS)
+        logging.shutdown()
+        os._exit(1)
+
+    return give_up

@@ -99,6 +99,14 @@ def _add_http_args(p: argparse.ArgumentParser, port: int) -> None:
         type=_host_port,
         help="HOST:PORT where the TP ranks meet (default: a free loopback port; needed with --nnodes > 1)",
     )
+    g.add_argument(
+        "--tp-peer-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="a tensor-parallel rank silent this long (its process stopped, its node gone) stops the "
+        "server instead of leaving the others waiting on it (default 30)",
+    )
 
 
 def _served_name(text: str) -> str:
@@ -284,6 +292,7 @@ def _serve_options(args: argparse.Namespace):
             nnodes=args.nnodes,
             node_rank=args.node_rank,
             init_addr=args.dist_init_addr or (free_loopback_addr() if config.tp_size > 1 else ""),
+            peer_timeout_s=args.tp_peer_timeout,
         )
     except ValueError as exc:  # the message names the flags
         raise ConfigError(str(exc)) from None

@@ -250,6 +250,49 @@ def test_an_idle_node_0_notices_a_dead_node_1(start_server, model_dir, engine_ar
     assert "the scheduler 1 process exited unexpectedly with code -9" in node1.log(), node1.log()[-3000:]
 
 
+def test_a_frozen_node_1_mid_step_stops_node_0_within_the_peer_timeout(start_server, model_dir, engine_args):
+    """Node 1's scheduler stopped (SIGSTOP: a frozen process or a node cut off) while a request
+    streams: rank 0 waits in the step's collective with no error to see (gloo waits for ever; on
+    GPUs NCCL waited its watchdog's ten minutes, /health 200 all along). Rank 0's peer watch gives
+    rank 1 up after --tp-peer-timeout, and the client's stream ends with an error naming it."""
+    from minisgl_core.distributed import free_loopback_addr
+
+    addr = free_loopback_addr()
+    common = ["--model", str(model_dir), "--tp", "2", "--nnodes", "2", "--dist-init-addr", addr,
+              "--tp-peer-timeout", "3", *engine_args]  # fmt: skip
+    node1 = start_server([*common, "--node-rank", "1"], wait=False)
+    node0 = start_server([*common, "--node-rank", "0"])
+    node1.wait_for_log("node 1 ready: scheduler ranks [1]")
+    rank1 = _child_named(node1, "minisgl-sched1")
+    body = {
+        "prompt": "A long story",
+        "max_tokens": 1800,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    events = []
+    try:
+        with httpx.stream("POST", f"{node0.url}/v1/completions", json=body, timeout=60) as resp:
+            for line in resp.iter_lines():
+                if line.startswith("data: "):
+                    if not events:
+                        os.kill(rank1, signal.SIGSTOP)
+                        stopped_at = time.monotonic()
+                    events.append(line.removeprefix("data: "))
+        assert events[-1] == "[DONE]", events[-3:]
+        error = json.loads(events[-2])["error"]
+        assert error["code"] == "server_unavailable", error
+        assert "lost tensor-parallel rank 1" in error["message"], error
+        assert time.monotonic() - stopped_at < 20
+        assert node0.wait_exit(30) != 0
+        assert "lost tensor-parallel rank 1 (silent for 3 s)" in node0.log(), node0.log()[-3000:]
+    finally:
+        os.kill(rank1, signal.SIGCONT)
+    # node 1, its rank going again, finds rank 0 gone and stops too
+    assert node1.wait_exit(60) != 0
+
+
 def test_nodes_started_with_different_settings_refuse_to_serve(start_server, model_dir, engine_args):
     """Node 1 started with another --max-running-requests and a fast path off: the ranks would
     schedule apart (a hang, or tokens computed from different batches). Both nodes stop at once,
