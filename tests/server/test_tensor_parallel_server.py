@@ -186,6 +186,28 @@ def _child_named(server, comm: str) -> int:
     raise AssertionError(f"no child process {comm}")
 
 
+def _stream_signalling(url: str, pid: int, sig: signal.Signals) -> tuple[list[str], float]:
+    """A long streamed completion, ``sig`` sent to ``pid`` once its first event came: the stream's
+    events (``data:`` payloads) and when the signal went."""
+    body = {
+        "prompt": "A long story",
+        "max_tokens": 1800,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    events: list[str] = []
+    sent = 0.0
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as resp:
+        for line in resp.iter_lines():
+            if line.startswith("data: "):
+                if not events:
+                    os.kill(pid, sig)
+                    sent = time.monotonic()
+                events.append(line.removeprefix("data: "))
+    return events, sent
+
+
 def test_a_killed_rank_is_named_to_clients_and_its_peers_gloo_error_stays_in_the_log(
     start_server, model_dir, engine_args
 ):
@@ -194,20 +216,7 @@ def test_a_killed_rank_is_named_to_clients_and_its_peers_gloo_error_stays_in_the
     found by a probe); they get which rank died and how, the log the rest."""
     server = start_server(["--model", str(model_dir), "--tp", "2", *engine_args])
     children = server.children()
-    body = {
-        "prompt": "A long story",
-        "max_tokens": 1800,
-        "temperature": 0,
-        "stream": True,
-        "ignore_eos": True,
-    }
-    events = []
-    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as resp:
-        for line in resp.iter_lines():
-            if line.startswith("data: "):
-                if not events:
-                    os.kill(_child_named(server, "minisgl-sched1"), signal.SIGKILL)
-                events.append(line.removeprefix("data: "))
+    events, _ = _stream_signalling(server.url, _child_named(server, "minisgl-sched1"), signal.SIGKILL)
     assert events[-1] == "[DONE]", events[-3:]
     error = json.loads(events[-2])["error"]
     assert error["code"] == "server_unavailable", error
@@ -264,22 +273,8 @@ def test_a_frozen_node_1_mid_step_stops_node_0_within_the_peer_timeout(start_ser
     node0 = start_server([*common, "--node-rank", "0"])
     node1.wait_for_log("node 1 ready: scheduler ranks [1]")
     rank1 = _child_named(node1, "minisgl-sched1")
-    body = {
-        "prompt": "A long story",
-        "max_tokens": 1800,
-        "temperature": 0,
-        "stream": True,
-        "ignore_eos": True,
-    }
-    events = []
     try:
-        with httpx.stream("POST", f"{node0.url}/v1/completions", json=body, timeout=60) as resp:
-            for line in resp.iter_lines():
-                if line.startswith("data: "):
-                    if not events:
-                        os.kill(rank1, signal.SIGSTOP)
-                        stopped_at = time.monotonic()
-                    events.append(line.removeprefix("data: "))
+        events, stopped_at = _stream_signalling(node0.url, rank1, signal.SIGSTOP)
         assert events[-1] == "[DONE]", events[-3:]
         error = json.loads(events[-2])["error"]
         assert error["code"] == "server_unavailable", error
