@@ -268,53 +268,61 @@ def _rendezvous_store(tp_rank: int, spec: DistributedSpec) -> dist.TCPStore:
 class PeerWatch:
     """A serving rank's word in the rendezvous store once a second, and its look at the others':
     a peer silent for ``spec.peer_timeout_s`` (its process stopped, its node gone or cut off) is
-    given up, and ``on_lost`` called from this thread with the words for clients ("lost
-    tensor-parallel rank 1"). Without it a collective waits on a dead peer's node (NCCL until its
-    watchdog's ten minutes; gloo, a frozen peer, for ever) while the step heartbeat keeps /health
-    at 200. Rank 0 hosts the store: the others give rank 0 up once the store has not answered for
-    as long. A client of its own (this thread's) talks to the store."""
+    given up, and ``on_lost`` called with the words for clients ("lost tensor-parallel rank 1").
+    Without it a collective waits on a dead peer's node (NCCL until its watchdog's ten minutes;
+    gloo, a frozen peer, for ever) while the step heartbeat keeps /health at 200. Rank 0 hosts
+    the store: the others give rank 0 up once the store has not answered for as long.
+
+    Two threads: one talks to the store (a client of its own; a call to a frozen store's host
+    blocks for good), one judges from what the first last heard, and never blocks."""
 
     def __init__(self, spec: DistributedSpec, rank: int, on_lost: Callable[[str], None]) -> None:
         self.spec = spec
         self.rank = rank
         self.on_lost = on_lost
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="minisgl-peer-watch", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        host, port = _store_addr(self.spec)
-        timeout = self.spec.peer_timeout_s
-        store = None
-        peers = [rank for rank in range(self.spec.tp_size) if rank != self.rank]
+        self.peers = [peer for peer in range(spec.tp_size) if peer != rank]
         now = time.monotonic()
-        heard = {rank: (-1, now) for rank in peers}  # rank -> (its count, when it last moved)
-        answered = now  # when the store last answered
+        #: peer -> (its count, when that count last moved); when the store last answered
+        self.heard = {peer: (-1, now) for peer in self.peers}
+        self.answered = now
+        self._stop = threading.Event()
+        for target, name in ((self._beat, "minisgl-peer-beat"), (self._judge, "minisgl-peer-judge")):
+            threading.Thread(target=target, name=name, daemon=True).start()
+
+    def _beat(self) -> None:
+        host, port = _store_addr(self.spec)
+        store = None
         while not self._stop.wait(PEER_BEAT_S):
-            now = time.monotonic()
             try:
                 if store is None:
-                    store = dist.TCPStore(
-                        host, port, is_master=False, timeout=datetime.timedelta(seconds=timeout)
-                    )
+                    timeout = datetime.timedelta(seconds=self.spec.peer_timeout_s)
+                    store = dist.TCPStore(host, port, is_master=False, timeout=timeout)
                 store.add(f"minisgl/beat/{self.rank}", 1)
-                for rank in peers:
-                    count = store.add(f"minisgl/beat/{rank}", 0)
-                    if count != heard[rank][0]:
-                        heard[rank] = (count, now)
-                answered = now
-            except RuntimeError:  # (DistStoreError) rank 0's process, host of the store, is gone
-                if time.monotonic() - answered >= timeout and not self._stop.is_set():
-                    self.on_lost(
-                        f"lost tensor-parallel rank 0 (its store has not answered for {timeout:g} s)"
-                    )
-                    return
+                counts = {peer: store.add(f"minisgl/beat/{peer}", 0) for peer in self.peers}
+            except RuntimeError:  # (DistStoreError) rank 0's process, the store's host, is gone
                 continue
-            silent = [rank for rank in peers if now - heard[rank][1] >= timeout]
-            if silent and not self._stop.is_set():
+            now = time.monotonic()
+            self.heard = {
+                peer: (count, now) if count != self.heard[peer][0] else self.heard[peer]
+                for peer, count in counts.items()
+            }
+            self.answered = now
+
+    def _judge(self) -> None:
+        timeout = self.spec.peer_timeout_s
+        while not self._stop.wait(PEER_BEAT_S):
+            now = time.monotonic()
+            if self.rank != 0 and now - self.answered >= timeout:
+                lost = f"lost tensor-parallel rank 0 (its store has not answered for {timeout:g} s)"
+            else:
+                silent = [peer for peer, (_, moved) in self.heard.items() if now - moved >= timeout]
+                if not silent:
+                    continue
                 who = f"rank {silent[0]}" if len(silent) == 1 else f"ranks {', '.join(map(str, silent))}"
-                self.on_lost(f"lost tensor-parallel {who} (silent for {timeout:g} s)")
-                return
+                lost = f"lost tensor-parallel {who} (silent for {timeout:g} s)"
+            if not self._stop.is_set():
+                self.on_lost(lost)
+            return
 
     def stop(self) -> None:
         """No more looks (a clean stop: the peers leave at their own pace)."""

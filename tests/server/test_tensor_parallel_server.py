@@ -288,6 +288,29 @@ def test_a_frozen_node_1_mid_step_stops_node_0_within_the_peer_timeout(start_ser
     assert node1.wait_exit(60) != 0
 
 
+def test_a_frozen_node_0_stops_node_1_within_the_peer_timeout(start_server, model_dir, engine_args):
+    """Node 0's scheduler stopped while idle: it hosts the rendezvous store, so node 1's rank finds
+    the store silent and gives rank 0 up (it waited parked for ever before)."""
+    from minisgl_core.distributed import free_loopback_addr
+
+    addr = free_loopback_addr()
+    common = ["--model", str(model_dir), "--tp", "2", "--nnodes", "2", "--dist-init-addr", addr,
+              "--tp-peer-timeout", "3", *engine_args]  # fmt: skip
+    node1 = start_server([*common, "--node-rank", "1"], wait=False)
+    node0 = start_server([*common, "--node-rank", "0"])
+    node1.wait_for_log("node 1 ready: scheduler ranks [1]")
+    rank0 = _child_named(node0, "minisgl-sched0")
+    os.kill(rank0, signal.SIGSTOP)
+    try:
+        assert node1.wait_exit(30) != 0
+        log = node1.log()
+        assert "lost tensor-parallel rank 0 (its store has not answered for 3 s)" in log, log[-3000:]
+        assert "Traceback" not in log, log[-3000:]
+    finally:
+        os.kill(rank0, signal.SIGCONT)
+    assert node0.wait_exit(30) != 0  # and node 0, going again, finds rank 1 gone
+
+
 def test_nodes_started_with_different_settings_refuse_to_serve(start_server, model_dir, engine_args):
     """Node 1 started with another --max-running-requests and a fast path off: the ranks would
     schedule apart (a hang, or tokens computed from different batches). Both nodes stop at once,
