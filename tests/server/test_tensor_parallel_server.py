@@ -146,10 +146,11 @@ def test_sigterm_stops_every_process(tp2):
     assert "Traceback" not in tp2.log() and "resource_tracker" not in tp2.log(), tp2.log()[-2000:]
 
 
-def test_two_nodes(start_server, model_dir, engine_args, client, model_name):
-    """--nnodes 2 on one machine: node 1 runs scheduler rank 1 only, node 0 everything else."""
+def _two_serving_nodes(start_server, model_dir, engine_args, *extra: str):
+    """Node 0 and node 1 of one TP=2 group on this machine, both ready."""
     from minisgl_core.distributed import free_loopback_addr
 
+    addr = free_loopback_addr()
     common = [
         "--model",
         str(model_dir),
@@ -158,12 +159,19 @@ def test_two_nodes(start_server, model_dir, engine_args, client, model_name):
         "--nnodes",
         "2",
         "--dist-init-addr",
-        free_loopback_addr(),
+        addr,
+        *extra,
         *engine_args,
     ]
     node1 = start_server([*common, "--node-rank", "1"], wait=False)
     node0 = start_server([*common, "--node-rank", "0"])
     node1.wait_for_log("node 1 ready: scheduler ranks [1]")
+    return node0, node1
+
+
+def test_two_nodes(start_server, model_dir, engine_args, client, model_name):
+    """--nnodes 2 on one machine: node 1 runs scheduler rank 1 only, node 0 everything else."""
+    node0, node1 = _two_serving_nodes(start_server, model_dir, engine_args)
     for node, rank in ((node0, 0), (node1, 1)):  # what a node says while it waits for the others
         assert (
             f"node {rank} of 2 (scheduler ranks [{rank}]): waiting up to 10 minutes for every node"
@@ -240,13 +248,7 @@ def test_an_idle_node_0_notices_a_dead_node_1(start_server, model_dir, engine_ar
     """Node 1's scheduler killed while nobody sends requests: node 0 finds out within seconds (an
     idle rank 0 checks its peers once a second), stops and says which rank it lost, rather than
     answering /health with 200 until the next request fails."""
-    from minisgl_core.distributed import free_loopback_addr
-
-    addr = free_loopback_addr()
-    common = ["--model", str(model_dir), "--tp", "2", "--nnodes", "2", "--dist-init-addr", addr, *engine_args]
-    node1 = start_server([*common, "--node-rank", "1"], wait=False)
-    node0 = start_server([*common, "--node-rank", "0"])
-    node1.wait_for_log("node 1 ready: scheduler ranks [1]")
+    node0, node1 = _two_serving_nodes(start_server, model_dir, engine_args)
     assert httpx.get(f"{node0.url}/health", timeout=10).status_code == 200
     os.kill(_child_named(node1, "minisgl-sched1"), signal.SIGKILL)
     assert node0.wait_exit(30) != 0
@@ -264,14 +266,7 @@ def test_a_frozen_node_1_mid_step_stops_node_0_within_the_peer_timeout(start_ser
     streams: rank 0 waits in the step's collective with no error to see (gloo waits for ever; on
     GPUs NCCL waited its watchdog's ten minutes, /health 200 all along). Rank 0's peer watch gives
     rank 1 up after --tp-peer-timeout, and the client's stream ends with an error naming it."""
-    from minisgl_core.distributed import free_loopback_addr
-
-    addr = free_loopback_addr()
-    common = ["--model", str(model_dir), "--tp", "2", "--nnodes", "2", "--dist-init-addr", addr,
-              "--tp-peer-timeout", "3", *engine_args]  # fmt: skip
-    node1 = start_server([*common, "--node-rank", "1"], wait=False)
-    node0 = start_server([*common, "--node-rank", "0"])
-    node1.wait_for_log("node 1 ready: scheduler ranks [1]")
+    node0, node1 = _two_serving_nodes(start_server, model_dir, engine_args, "--tp-peer-timeout", "3")
     rank1 = _child_named(node1, "minisgl-sched1")
     try:
         events, stopped_at = _stream_signalling(node0.url, rank1, signal.SIGSTOP)
@@ -291,14 +286,7 @@ def test_a_frozen_node_1_mid_step_stops_node_0_within_the_peer_timeout(start_ser
 def test_a_frozen_node_0_stops_node_1_within_the_peer_timeout(start_server, model_dir, engine_args):
     """Node 0's scheduler stopped while idle: it hosts the rendezvous store, so node 1's rank finds
     the store silent and gives rank 0 up (it waited parked for ever before)."""
-    from minisgl_core.distributed import free_loopback_addr
-
-    addr = free_loopback_addr()
-    common = ["--model", str(model_dir), "--tp", "2", "--nnodes", "2", "--dist-init-addr", addr,
-              "--tp-peer-timeout", "3", *engine_args]  # fmt: skip
-    node1 = start_server([*common, "--node-rank", "1"], wait=False)
-    node0 = start_server([*common, "--node-rank", "0"])
-    node1.wait_for_log("node 1 ready: scheduler ranks [1]")
+    node0, node1 = _two_serving_nodes(start_server, model_dir, engine_args, "--tp-peer-timeout", "3")
     rank0 = _child_named(node0, "minisgl-sched0")
     os.kill(rank0, signal.SIGSTOP)
     try:
