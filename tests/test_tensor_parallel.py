@@ -214,29 +214,6 @@ def test_a_stuck_group_teardown_does_not_keep_a_stopping_rank(monkeypatch, caplo
     stuck.set()
 
 
-def test_an_infinite_peer_timeout_watches_on_and_gives_nobody_up():
-    """--tp-peer-timeout inf (never give a peer up): the watch's store client took the timeout as
-    its own, and a timedelta of inf seconds overflows: its thread died with a traceback."""
-    import datetime
-    import threading
-    import time
-
-    import torch.distributed as dist
-
-    from minisgl_core.distributed import DistributedSpec, PeerWatch
-
-    port = _free_port()
-    store = dist.TCPStore("127.0.0.1", port, 1, is_master=True, timeout=datetime.timedelta(seconds=10))
-    lost = threading.Event()
-    spec = DistributedSpec(tp_size=2, init_addr=f"127.0.0.1:{port}", peer_timeout_s=float("inf"))
-    watch = PeerWatch(spec, 1, lambda _: lost.set())
-    started = watch.answered
-    time.sleep(2.5)
-    watch.stop()
-    assert watch.answered > started and int(store.get("minisgl/beat/1")) >= 1
-    assert not lost.is_set()
-
-
 def test_all_gather_concatenates_in_rank_order_along_the_dimension():
     import torch.multiprocessing as mp
 
