@@ -294,9 +294,11 @@ class PeerWatch:
         store = None
         while not self._stop.wait(PEER_BEAT_S):
             try:
-                if store is None:
-                    timeout = datetime.timedelta(seconds=self.spec.peer_timeout_s)
-                    store = dist.TCPStore(host, port, is_master=False, timeout=timeout)
+                if store is None:  # (its calls' own bound: a timedelta overflows past ~1e14 s)
+                    bound = min(self.spec.peer_timeout_s, RENDEZVOUS_TIMEOUT.total_seconds())
+                    store = dist.TCPStore(
+                        host, port, is_master=False, timeout=datetime.timedelta(seconds=bound)
+                    )
                 store.add(f"minisgl/beat/{self.rank}", 1)
                 counts = {peer: store.add(f"minisgl/beat/{peer}", 0) for peer in self.peers}
             except RuntimeError:  # (DistStoreError) rank 0's process, the store's host, is gone

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import socket
 
 import pytest
 import torch.multiprocessing as mp
@@ -14,10 +13,25 @@ from minisgl_core.demo.factories import make_model_dir
 PROMPTS = [[11, 12, 13, 14, 15], list(range(20, 70)), [7] * 9]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _host_store(world: int):
+    """The rendezvous store, hosted here on a port the kernel picked (no window between choosing a
+    free port and binding it, in which another connection could take it: EADDRINUSE once in CI)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=300)
+    return dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False, timeout=timeout)
+
+
+def _join(backend: str, rank: int, world: int, port: int) -> None:
+    """Join the process group whose store the test process hosts on ``port``."""
+    import datetime
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=datetime.timedelta(seconds=300))
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world)
 
 
 def _rank(rank: int, world: int, port: int, model_dir: str, queue) -> None:
@@ -29,7 +43,7 @@ def _rank(rank: int, world: int, port: int, model_dir: str, queue) -> None:
     from minisgl_core.sampling import SamplingParams
     from minisgl_core.testing import drain
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    _join("gloo", rank, world, port)
     try:
         parallel = ParallelContext(rank, world, dist.group.WORLD)
         config = EngineConfig(model=model_dir, attn="torch", device="cpu", dtype="float32", tp_size=world)
@@ -54,8 +68,8 @@ def _spawn_ranks(target, world: int, *args) -> dict:
     they put on the queue, as a dict, once every one exited cleanly."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=target, args=(r, world, port, *args, queue)) for r in range(world)]
+    store = _host_store(world)  # (kept until the ranks are done)
+    procs = [ctx.Process(target=target, args=(r, world, store.port, *args, queue)) for r in range(world)]
     for p in procs:
         p.start()
     results = dict(queue.get(timeout=300) for _ in procs)
@@ -175,13 +189,13 @@ def test_all_reduce_takes_an_installed_fast_path_and_falls_back_when_it_declines
         dist.destroy_process_group()
 
 
-def _gather_rank(rank: int, addr: str, results) -> None:
+def _gather_rank(rank: int, port: int, results) -> None:
     import torch
     import torch.distributed as dist
 
     from minisgl_core.api import ParallelContext
 
-    dist.init_process_group("gloo", init_method=f"tcp://{addr}", rank=rank, world_size=2)
+    _join("gloo", rank, 2, port)
     try:
         parallel = ParallelContext(rank, 2, dist.group.WORLD)
         x = torch.arange(6.0).view(2, 3) + 10 * rank  # this rank's shard
@@ -214,15 +228,32 @@ def test_a_stuck_group_teardown_does_not_keep_a_stopping_rank(monkeypatch, caplo
     stuck.set()
 
 
+def test_an_infinite_peer_timeout_watches_on_and_gives_nobody_up():
+    """--tp-peer-timeout inf (never give a peer up): the watch's store client took the timeout as
+    its own, and a timedelta of inf seconds overflows: its thread died with a traceback."""
+    import threading
+    import time
+
+    from minisgl_core.distributed import DistributedSpec, PeerWatch
+
+    store = _host_store(1)
+    lost = threading.Event()
+    spec = DistributedSpec(tp_size=2, init_addr=f"127.0.0.1:{store.port}", peer_timeout_s=float("inf"))
+    watch = PeerWatch(spec, 1, lambda _: lost.set())
+    started = watch.answered
+    time.sleep(2.5)
+    watch.stop()
+    assert watch.answered > started and int(store.get("minisgl/beat/1")) >= 1
+    assert not lost.is_set()
+
+
 def test_all_gather_concatenates_in_rank_order_along_the_dimension():
     import torch.multiprocessing as mp
 
-    from minisgl_core.distributed import free_loopback_addr
-
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    addr = free_loopback_addr()
-    procs = [ctx.Process(target=_gather_rank, args=(r, addr, results)) for r in range(2)]
+    store = _host_store(2)
+    procs = [ctx.Process(target=_gather_rank, args=(r, store.port, results)) for r in range(2)]
     for p in procs:
         p.start()
     got = dict((r, (last, first)) for r, last, first in (results.get(timeout=120) for _ in procs))
@@ -241,7 +272,7 @@ def _sharded_sampling_rank(rank: int, world: int, port: int, results) -> None:
     from minisgl_core.runner.sampler import Sampler, SampleRequest
     from minisgl_core.sampling import SamplingParams
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    _join("gloo", rank, world, port)
     try:
         parallel = ParallelContext(rank, world, dist.group.WORLD)
         torch.manual_seed(0)  # the ranks' torch RNGs agree, as the engine's --seed makes them
@@ -302,7 +333,7 @@ def _mixed_sampling_rank(rank: int, world: int, port: int, model_dir: str, queue
     from minisgl_core.sampling import SamplingParams
     from minisgl_core.testing import drain
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    _join("gloo", rank, world, port)
     try:
         config = EngineConfig(model=model_dir, attn="torch", device="cpu", dtype="float32", tp_size=world)
         engine = Engine(config, ParallelContext(rank, world, dist.group.WORLD))
@@ -354,7 +385,7 @@ def _rank_cuda(rank: int, world: int, port: int, model_dir: str, env: dict, kwar
     from minisgl_core.testing import drain
 
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    _join("nccl", rank, world, port)
     try:
         parallel = ParallelContext(rank, world, dist.group.WORLD)
         engine = Engine(EngineConfig(model=model_dir, device="cuda", tp_size=world, **kwargs), parallel)

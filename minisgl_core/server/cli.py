@@ -105,7 +105,7 @@ def _add_http_args(p: argparse.ArgumentParser, port: int) -> None:
         default=30.0,
         metavar="SECONDS",
         help="a tensor-parallel rank silent this long (its process stopped, its node gone) stops the "
-        "server instead of leaving the others waiting on it (default 30)",
+        "server instead of leaving the others waiting on it (default 30; inf: never)",
     )
 
 
