@@ -47,7 +47,8 @@ class DistributedSpec:
     tp_size: int = 1
     nnodes: int = 1
     node_rank: int = 0
-    #: "host:port" of rank 0's TCP rendezvous
+    #: "host:port" of rank 0's TCP rendezvous; "" on one node: the runtime holds a loopback port
+    #: from start-up (:func:`loopback_listener`)
     init_addr: str = ""
     #: seconds a serving rank may go without a word in the store before its peers give it up
     #: (:class:`PeerWatch`)
@@ -71,11 +72,14 @@ class DistributedSpec:
         return range(self.node_rank * per_node, (self.node_rank + 1) * per_node)
 
 
-def free_loopback_addr() -> str:
-    """A loopback "host:port" that was free a moment ago (the rendezvous for one-node TP)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
+def loopback_listener(tp_size: int) -> socket.socket:
+    """A socket listening on a loopback port the kernel picked, for one-node TP's rendezvous: rank
+    0's store takes it over (a port found free here and bound there could be taken in between,
+    by any connection's own end)."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(tp_size * 4)
+    return listener
 
 
 class PeerLost(RuntimeError):
@@ -171,8 +175,11 @@ class TPGroup:
             )
 
 
-def init_tp_group(tp_rank: int, spec: DistributedSpec, device: torch.device) -> TPGroup:
-    """Join the TP group as ``tp_rank`` (a no-op group when tp_size is 1)."""
+def init_tp_group(
+    tp_rank: int, spec: DistributedSpec, device: torch.device, listener: socket.socket | None = None
+) -> TPGroup:
+    """Join the TP group as ``tp_rank`` (a no-op group when tp_size is 1). Rank 0 hosts the
+    rendezvous on ``listener`` where given (:func:`loopback_listener`), else binds ``spec.init_addr``."""
     if spec.tp_size == 1:
         return TPGroup(ParallelContext(), None, device)
     if device.type == "cuda":
@@ -185,7 +192,7 @@ def init_tp_group(tp_rank: int, spec: DistributedSpec, device: torch.device) -> 
         # on the host's outward address). A user's own setting wins.
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
-    store = _rendezvous_store(tp_rank, spec)
+    store = _rendezvous_store(tp_rank, spec, listener)
     _check_group_shape(store, tp_rank, spec)
     dist.init_process_group(backend, store=store, world_size=spec.tp_size, rank=tp_rank)
     control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
@@ -236,24 +243,26 @@ def _store_addr(spec: DistributedSpec) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def _rendezvous_store(tp_rank: int, spec: DistributedSpec) -> dist.TCPStore:
-    """The TCP store where the ranks meet. Rank 0 binds its listening socket itself, to the host
-    of ``--dist-init-addr`` only: the store's own server would listen on every interface."""
+def _rendezvous_store(tp_rank: int, spec: DistributedSpec, listener: socket.socket | None) -> dist.TCPStore:
+    """The TCP store where the ranks meet. Rank 0 binds its listening socket itself (unless given
+    one), to the host of ``--dist-init-addr`` only: the store's own server would listen on every
+    interface."""
     host, port = _store_addr(spec)
     if tp_rank != 0:
         return dist.TCPStore(host, port, spec.tp_size, is_master=False, timeout=RENDEZVOUS_TIMEOUT)
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    listener = socket.socket(family, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        listener.bind((host, port))
-    except OSError as exc:
-        listener.close()
-        raise RuntimeError(
-            f"cannot listen on --dist-init-addr {spec.init_addr} for the TP rendezvous ({exc}); "
-            "give an address of this machine with a free port"
-        ) from exc
-    listener.listen(spec.tp_size * 4)
+    if listener is None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            listener.bind((host, port))
+        except OSError as exc:
+            listener.close()
+            raise RuntimeError(
+                f"cannot listen on --dist-init-addr {spec.init_addr} for the TP rendezvous ({exc}); "
+                "give an address of this machine with a free port"
+            ) from exc
+        listener.listen(spec.tp_size * 4)
     return dist.TCPStore(
         host,
         port,

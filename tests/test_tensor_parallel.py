@@ -155,10 +155,11 @@ def test_all_reduce_takes_an_installed_fast_path_and_falls_back_when_it_declines
     from minisgl_core import fast_paths
     from minisgl_core.api import ParallelContext
     from minisgl_core.api.parallel import _fast_all_reduce
-    from minisgl_core.distributed import enable_fast_all_reduce, free_loopback_addr
+    from minisgl_core.distributed import enable_fast_all_reduce
     from minisgl_core.fast_paths import FastPaths
 
-    dist.init_process_group("gloo", init_method=f"tcp://{free_loopback_addr()}", rank=0, world_size=1)
+    store = _host_store(1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
         # a world of one rank standing in for two: gloo's sum leaves the tensor as it is
         parallel = ParallelContext(0, 2, dist.group.WORLD)
@@ -463,3 +464,24 @@ def test_tp2_on_cuda_piecewise_prefill_graphs_change_nothing(tmp_path):
         assert result[0][0] == result[1][0]
         runs.append(result[0][0])
     assert runs[0] == runs[1]
+
+
+def test_rank_0_hosts_the_rendezvous_on_the_socket_it_was_handed():
+    """One-node TP: the runtime holds a loopback port from start-up (loopback_listener) and rank 0's
+    store takes that socket over; a port picked free and bound seconds later by rank 0 could be taken
+    in between (EADDRINUSE)."""
+    import threading
+
+    from minisgl_core.distributed import DistributedSpec, _rendezvous_store, loopback_listener
+
+    listener = loopback_listener(2)
+    port = listener.getsockname()[1]
+    spec = DistributedSpec(tp_size=2, init_addr=f"127.0.0.1:{port}")
+    stores = {}
+    joining = threading.Thread(target=lambda: stores.update(peer=_rendezvous_store(1, spec, None)))
+    joining.start()
+    host = _rendezvous_store(0, spec, listener)  # (waits for the peer's client)
+    joining.join(30)
+    host.set("said", "by rank 0")
+    assert stores["peer"].get("said") == b"by rank 0"
+    assert host.port == port

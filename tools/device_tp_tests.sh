@@ -9,12 +9,12 @@
 # 2. tests/test_tensor_parallel.py -k cuda (the fused all-reduce + norm bitwise the unfused path,
 #    piecewise prefill graphs under TP).
 # Logs: $OUT/tp-server.log, $OUT/tp-cuda.log; SERVER_TIMEOUT (default 330) and CUDA_TIMEOUT
-# (default 200) bound each.
+# (default 300) bound each.
 set -uo pipefail
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 MINISGL_TEST_DEVICE=cuda timeout "${SERVER_TIMEOUT:-330}" python3 -m pytest -q -p no:cacheprovider -p no:randomly -rfE \
   tests/server/test_tensor_parallel_server.py > "$out/tp-server.log" 2>&1
 echo "server tests exit $?"; tail -n 15 "$out/tp-server.log"
-timeout "${CUDA_TIMEOUT:-200}" python3 -m pytest -q -p no:cacheprovider -p no:randomly -rfE \
+timeout "${CUDA_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider -p no:randomly -rfE \
   tests/test_tensor_parallel.py -k cuda > "$out/tp-cuda.log" 2>&1
 echo "cuda tests exit $?"; tail -n 5 "$out/tp-cuda.log"

@@ -16,13 +16,13 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import zmq
 
 from minisgl_core.config import EngineConfig
-from minisgl_core.distributed import DistributedSpec
+from minisgl_core.distributed import DistributedSpec, loopback_listener
 from minisgl_core.messages import Limits, ProcessFailed, ProcessReady, Shutdown
 from minisgl_core.processes.child import ChildSpec, run_child
 from minisgl_core.processes.ipc import Endpoints, bind_pull, connect_push, recv, send
@@ -125,13 +125,24 @@ class Runtime:
                 ("detokenizer", self._spec("detokenizer", model=model), detokenizer_main),
             ]
             self.to_tokenizer = connect_push(self.ctx, self.endpoints.tokenizer)
-        for rank in self.opts.dist.local_ranks:
-            spec = self._spec("scheduler", rank, config=self.opts.config, dist=self.opts.dist)
+        dist, listener = self.opts.dist, None
+        if dist.tp_size > 1 and not dist.init_addr:  # one node: rank 0's store takes this socket over
+            listener = loopback_listener(dist.tp_size)
+            dist = replace(dist, init_addr=f"127.0.0.1:{listener.getsockname()[1]}")
+        for rank in dist.local_ranks:
+            extra = {"listener": listener} if rank == 0 and listener is not None else {}
+            spec = self._spec("scheduler", rank, config=self.opts.config, dist=dist, **extra)
             children.append((spec.name, spec, scheduler_main))
-        for name, spec, main in children:
-            proc = spawn.Process(target=run_child, args=(spec, main), name=f"minisgl-{name}", daemon=False)
-            proc.start()
-            self.procs[name] = proc
+        try:
+            for name, spec, main in children:
+                proc = spawn.Process(
+                    target=run_child, args=(spec, main), name=f"minisgl-{name}", daemon=False
+                )
+                proc.start()  # (rank 0 gets its own copy of the listener)
+                self.procs[name] = proc
+        finally:
+            if listener is not None:
+                listener.close()
         return self._wait_ready()
 
     def _wait_ready(self) -> dict[str, Any]:

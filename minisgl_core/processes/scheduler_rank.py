@@ -301,7 +301,7 @@ def check_ranks_agree(tp: TPGroup, settings: dict[str, str]) -> None:
 
 def scheduler_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_ready: ReportReady) -> None:
     config = spec.payload["config"]
-    tp = init_tp_group(spec.rank, spec.payload["dist"], config.resolve_device())
+    tp = init_tp_group(spec.rank, spec.payload["dist"], config.resolve_device(), spec.payload.get("listener"))
     if tp.size > 1:
         check_ranks_agree(tp, rank_settings(config, plugins))
     # Rank 0 binds its inbox before loading the model, so early requests simply queue.

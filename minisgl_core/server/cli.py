@@ -262,7 +262,7 @@ def _plain_options(args: argparse.Namespace) -> dict[str, Any]:
 def _serve_options(args: argparse.Namespace):
     from minisgl_core.checkpoint.generation_defaults import describe, load_sampling_defaults
     from minisgl_core.config_args import check_heads_split, engine_config_from_args
-    from minisgl_core.distributed import DistributedSpec, free_loopback_addr
+    from minisgl_core.distributed import DistributedSpec
     from minisgl_core.processes.runtime import RuntimeOptions
     from minisgl_core.server.launcher import ServeOptions
 
@@ -291,7 +291,7 @@ def _serve_options(args: argparse.Namespace):
             tp_size=config.tp_size,
             nnodes=args.nnodes,
             node_rank=args.node_rank,
-            init_addr=args.dist_init_addr or (free_loopback_addr() if config.tp_size > 1 else ""),
+            init_addr=args.dist_init_addr or "",  # "": one node, a loopback port picked at start-up
             peer_timeout_s=args.tp_peer_timeout,
         )
     except ValueError as exc:  # the message names the flags

@@ -146,11 +146,26 @@ def test_sigterm_stops_every_process(tp2):
     assert "Traceback" not in tp2.log() and "resource_tracker" not in tp2.log(), tp2.log()[-2000:]
 
 
+def _rendezvous_addr() -> str:
+    """--dist-init-addr for two "nodes" on this machine: a loopback port free now, below the kernel's
+    range for connections' own ends, so that none can take it before node 0 binds it."""
+    import random
+    import socket
+
+    first_ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for port in random.sample(range(10000, first_ephemeral), 100):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return f"127.0.0.1:{port}"
+    raise RuntimeError("no free loopback port below the ephemeral range")
+
+
 def _two_serving_nodes(start_server, model_dir, engine_args, *extra: str):
     """Node 0 and node 1 of one TP=2 group on this machine, both ready."""
-    from minisgl_core.distributed import free_loopback_addr
-
-    addr = free_loopback_addr()
+    addr = _rendezvous_addr()
     common = [
         "--model",
         str(model_dir),
@@ -303,9 +318,7 @@ def test_nodes_started_with_different_settings_refuse_to_serve(start_server, mod
     """Node 1 started with another --max-running-requests and a fast path off: the ranks would
     schedule apart (a hang, or tokens computed from different batches). Both nodes stop at once,
     naming each setting and every rank's value."""
-    from minisgl_core.distributed import free_loopback_addr
-
-    addr = free_loopback_addr()
+    addr = _rendezvous_addr()
     common = ["--model", str(model_dir), "--tp", "2", "--nnodes", "2", "--dist-init-addr", addr]
     # (a flag given twice: the last one counts)
     node1 = start_server(
@@ -327,9 +340,7 @@ def test_nodes_started_with_different_settings_refuse_to_serve(start_server, mod
 def test_nodes_started_with_another_tp_size_stop_at_the_rendezvous(start_server, model_dir, engine_args):
     """Node 1 started with --tp 4, node 0 with --tp 2: torch's rendezvous waited its ten minutes on
     both; each now stops at once, saying what differs."""
-    from minisgl_core.distributed import free_loopback_addr
-
-    addr = free_loopback_addr()
+    addr = _rendezvous_addr()
     common = ["--model", str(model_dir), "--nnodes", "2", "--dist-init-addr", addr, *engine_args]
     node1 = start_server([*common, "--tp", "4", "--node-rank", "1"], wait=False)
     node0 = start_server([*common, "--tp", "2", "--node-rank", "0"], wait=False)
