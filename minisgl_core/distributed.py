@@ -310,7 +310,8 @@ class PeerWatch:
                     )
                 store.add(f"minisgl/beat/{self.rank}", 1)
                 counts = {peer: store.add(f"minisgl/beat/{peer}", 0) for peer in self.peers}
-            except RuntimeError:  # (DistStoreError) rank 0's process, the store's host, is gone
+            except RuntimeError:  # (DistStoreError) rank 0's process, the store's host, is gone,
+                store = None  # or this connection broke: the next beat connects again
                 continue
             now = time.monotonic()
             self.heard = {

@@ -485,3 +485,43 @@ def test_rank_0_hosts_the_rendezvous_on_the_socket_it_was_handed():
     host.set("said", "by rank 0")
     assert stores["peer"].get("said") == b"by rank 0"
     assert host.port == port
+
+
+def test_the_peer_watch_connects_again_after_its_store_connection_broke(monkeypatch):
+    """A connection to the store that broke (a network blip between nodes) while rank 0 lives on:
+    the watch kept calling through the broken client and gave rank 0 up after the peer timeout."""
+    import threading
+    import time
+
+    import torch.distributed as dist
+
+    from minisgl_core import distributed
+    from minisgl_core.distributed import DistributedSpec, PeerWatch
+
+    store = _host_store(1)
+    real_store = dist.TCPStore
+    clients = []
+
+    class BreaksFirst:
+        """The first client's calls fail as a broken connection's do; later ones are real."""
+
+        def __init__(self, *args, **kwargs):
+            clients.append(self)
+            self.real = real_store(*args, **kwargs) if len(clients) > 1 else None
+
+        def add(self, key, amount):
+            if self.real is None:
+                raise RuntimeError("Broken pipe")
+            return self.real.add(key, amount)
+
+    monkeypatch.setattr(distributed.dist, "TCPStore", BreaksFirst)
+    monkeypatch.setattr(distributed, "PEER_BEAT_S", 0.1)
+    lost = threading.Event()
+    spec = DistributedSpec(tp_size=2, init_addr=f"127.0.0.1:{store.port}", peer_timeout_s=2.0)
+    watch = PeerWatch(spec, 1, lambda _: lost.set())
+    started = watch.answered
+    time.sleep(1.0)
+    watch.stop()
+    assert len(clients) >= 2 and watch.answered > started
+    assert int(store.get("minisgl/beat/1")) >= 1
+    assert not lost.is_set()
