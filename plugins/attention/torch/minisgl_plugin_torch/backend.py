@@ -4,7 +4,9 @@ Once per step, :meth:`TorchAttentionBackend.prepare_metadata` turns the page tab
 ``[bs, max_len]`` grid of KV slots and a ``[bs, max_extend, max_len]`` causal mask; every layer
 then gathers its K/V through that grid and runs one masked ``scaled_dot_product_attention`` over
 the whole batch, in float32 (on a CPU, a decode batch runs the same arithmetic as two batched
-matmuls around a softmax: see :meth:`TorchAttentionBackend._decode`). Padding costs memory proportional to ``bs * max_len`` per layer,
+matmuls around a softmax: see :meth:`TorchAttentionBackend._decode`; and a batch whose grid is
+mostly padding, one long prompt beside short ones or decode rows, runs sequence by sequence:
+:meth:`TorchAttentionBackend._each`). Padding costs memory proportional to ``bs * max_len`` per layer,
 which is fine on CPU and in tests but is why GPU serving uses the kernel backends.
 
 Cascade (decode batches with ``shared_prefixes``): each group's queries attend once to the shared
@@ -54,6 +56,12 @@ def _gather(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     flat = pool.view(-1, pool.shape[-2], pool.shape[-1])
     rows = flat.index_select(0, slots.reshape(-1)).view(b, n, pool.shape[-2], pool.shape[-1])
     return rows.float().transpose(1, 2)
+
+
+def _mostly_padding(extend_lens: list[int], seq_lens: list[int]) -> bool:
+    """Whether most of a batch's padded ``[bs, max_extend, max_len]`` attention grid is padding."""
+    real = sum(e * s for e, s in zip(extend_lens, seq_lens))
+    return 2 * real < len(extend_lens) * max(extend_lens) * max(seq_lens)
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -147,6 +155,8 @@ class TorchAttentionBackend(AttentionBackend):
         whole = decode and bs == 1 and keys.shape[2] == batch.seq_lens_cpu[0]
         if decode and not q.is_cuda:
             return self._decode(queries[:, 0], keys, values, None if whole else meta.mask).to(q.dtype)
+        if not q.is_cuda and _mostly_padding(batch.extend_lens_cpu, batch.seq_lens_cpu):
+            return self._each(queries, keys, values, meta, batch).to(q.dtype)
         out = F.scaled_dot_product_attention(
             queries.transpose(1, 2),
             keys,
@@ -179,6 +189,43 @@ class TorchAttentionBackend(AttentionBackend):
             scores.masked_fill_(~mask, float("-inf"))  # [bs, 1, 1, n] broadcast over heads
         out = torch.matmul(torch.softmax(scores, dim=-1), values)  # [bs, kv, g, head_dim]
         return out.view(bs, num_heads, head_dim)
+
+    def _each(
+        self,
+        queries: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        meta: TorchAttentionMetadata,
+        batch: ForwardBatch,
+    ) -> torch.Tensor:
+        """A batch of unequal sequences (one long prompt beside short ones, or beside decode rows
+        in a mixed step) without the padded grid's wasted rows: each run of one-token rows through
+        :meth:`_decode`, each other sequence alone. The mask still says which keys each query sees
+        (the keys' padding is kept: it is the queries' that cost). ``queries`` as padded in
+        :meth:`attend`; returns the new tokens' outputs, token-major."""
+        out: list[torch.Tensor] = []
+        extend_lens = batch.extend_lens_cpu
+        b = 0
+        while b < len(extend_lens):
+            end = b + 1
+            if extend_lens[b] == 1:  # a run of decode rows
+                while end < len(extend_lens) and extend_lens[end] == 1:
+                    end += 1
+                rows = slice(b, end)
+                out.append(self._decode(queries[rows, 0], keys[rows], values[rows], meta.mask[rows, :, :1]))
+            else:
+                q = queries[b:end, : extend_lens[b]].transpose(1, 2)  # [1, qo_heads, extend, head_dim]
+                o = F.scaled_dot_product_attention(
+                    q,
+                    keys[b:end],
+                    values[b:end],
+                    attn_mask=meta.mask[b:end, :, : extend_lens[b]],
+                    scale=self.config.scale,
+                    enable_gqa=q.shape[1] != keys.shape[1],
+                )
+                out.append(o[0].transpose(0, 1))  # [extend, qo_heads, head_dim]
+            b = end
+        return torch.cat(out)
 
     def _cascade(
         self,

@@ -52,6 +52,20 @@ class TestTorchBackend(AttentionBackendSuite):
         self.atol = self.rtol = 1e-2
         self.run_step(problem, generator, batch)
 
+    def test_unequal_sequences_run_one_by_one(self, generator: torch.Generator, monkeypatch) -> None:
+        """A long prompt beside short ones and decode rows (a mixed step): most of the padded grid
+        is padding, so each prompt runs alone and each run of decode rows together (checked
+        against the suite's reference)."""
+        from minisgl_plugin_torch import backend
+
+        seq_lens, extend_lens = [9, 60, 1 + 30, 14, 22, 5], [1, 60, 30, 1, 1, 3]
+        assert backend._mostly_padding(extend_lens, seq_lens)
+        assert not backend._mostly_padding([4, 4], [9, 9])
+        each, calls = TorchAttentionBackend._each, []
+        monkeypatch.setattr(TorchAttentionBackend, "_each", lambda s, *a: calls.append(1) or each(s, *a))
+        self.single_step(Shape(2, 8, 64, 4), generator, seq_lens, extend_lens)
+        assert calls
+
     def test_ignores_positions_past_page_table_row(self, generator: torch.Generator) -> None:
         """Garbage (even out-of-range slot ids) past each sequence's length is never gathered."""
         seq_lens = [6, 3]
