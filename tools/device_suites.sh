@@ -4,6 +4,7 @@
 #   triton   plugins/attention/triton
 #   fi       plugins/attention/fi
 #   fa3      plugins/attention/fa3
+#   torch    plugins/attention/torch (its CUDA cases, and the graph protocol's test-only variant)
 #   kernels  the core's Triton kernels (tests/test_triton_ops.py, test_triton_compile.py)
 #   engine   the core's engine tests with CUDA cases (engine, piecewise graphs, sampler, sync, step inputs)
 #
@@ -24,13 +25,14 @@ declare -A paths=(
   [triton]="plugins/attention/triton"
   [fi]="plugins/attention/fi"
   [fa3]="plugins/attention/fa3"
+  [torch]="plugins/attention/torch"
   [kernels]="tests/test_triton_ops.py tests/test_triton_compile.py"
   [engine]="tests/test_engine.py tests/test_piecewise.py tests/test_sampling.py tests/test_schedule_sync.py tests/test_step_inputs.py"
 )
 suites=("$@")
-[ ${#suites[@]} -gt 0 ] || suites=(triton fi fa3 kernels engine)
+[ ${#suites[@]} -gt 0 ] || suites=(triton fi fa3 torch kernels engine)
 for suite in "${suites[@]}"; do
-  [ -n "${paths[$suite]:-}" ] || { echo "device_suites: unknown suite $suite (triton fi fa3 kernels engine)" >&2; exit 2; }
+  [ -n "${paths[$suite]:-}" ] || { echo "device_suites: unknown suite $suite (triton fi fa3 torch kernels engine)" >&2; exit 2; }
 done
 for suite in "${suites[@]}"; do
   # shellcheck disable=SC2086

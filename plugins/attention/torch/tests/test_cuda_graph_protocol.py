@@ -15,9 +15,10 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 class GraphCapableTorchBackend(TorchAttentionBackend):
-    """Decode metadata padded to max_context_len in fixed buffers, so captured shapes never change."""
+    """Decode metadata padded to max_context_len in fixed buffers, so captured shapes never change.
+    Plain decode only: its buffers hold no cascade groups, so it does not claim "cascade"."""
 
-    capabilities = TorchAttentionBackend.capabilities | {"cuda_graph"}
+    capabilities = (TorchAttentionBackend.capabilities | {"cuda_graph"}) - {"cascade"}
 
     def init_graph_capture(self, max_batch_size: int) -> None:
         config = self.config
