@@ -144,6 +144,8 @@ class TorchAttentionBackend(AttentionBackend):
         # sequence i's only query. The index_put/index pair it replaces cost a parallel region
         # each per layer on the CPU (see _gather).
         decode = meta.max_extend == 1 and q.shape[0] == bs
+        if not decode and not q.is_cuda and _mostly_padding(batch.extend_lens_cpu, batch.seq_lens_cpu):
+            return self._each(q.float(), keys, values, meta, batch).to(q.dtype)
         if decode:
             queries = q.float()[:, None]
         else:
@@ -155,8 +157,6 @@ class TorchAttentionBackend(AttentionBackend):
         whole = decode and bs == 1 and keys.shape[2] == batch.seq_lens_cpu[0]
         if decode and not q.is_cuda:
             return self._decode(queries[:, 0], keys, values, None if whole else meta.mask).to(q.dtype)
-        if not q.is_cuda and _mostly_padding(batch.extend_lens_cpu, batch.seq_lens_cpu):
-            return self._each(queries, keys, values, meta, batch).to(q.dtype)
         out = F.scaled_dot_product_attention(
             queries.transpose(1, 2),
             keys,
@@ -192,7 +192,7 @@ class TorchAttentionBackend(AttentionBackend):
 
     def _each(
         self,
-        queries: torch.Tensor,
+        q: torch.Tensor,
         keys: torch.Tensor,
         values: torch.Tensor,
         meta: TorchAttentionMetadata,
@@ -201,29 +201,33 @@ class TorchAttentionBackend(AttentionBackend):
         """A batch of unequal sequences (one long prompt beside short ones, or beside decode rows
         in a mixed step) without the padded grid's wasted rows: each run of one-token rows through
         :meth:`_decode`, each other sequence alone. The mask still says which keys each query sees
-        (the keys' padding is kept: it is the queries' that cost). ``queries`` as padded in
-        :meth:`attend`; returns the new tokens' outputs, token-major."""
+        (the keys' padding is kept: it is the queries' that cost). ``q``: float32, token-major
+        (sequence by sequence), as is the output."""
         out: list[torch.Tensor] = []
         extend_lens = batch.extend_lens_cpu
-        b = 0
+        b = token = 0
         while b < len(extend_lens):
             end = b + 1
             if extend_lens[b] == 1:  # a run of decode rows
                 while end < len(extend_lens) and extend_lens[end] == 1:
                     end += 1
                 rows = slice(b, end)
-                out.append(self._decode(queries[rows, 0], keys[rows], values[rows], meta.mask[rows, :, :1]))
+                out.append(
+                    self._decode(q[token : token + end - b], keys[rows], values[rows], meta.mask[rows, :, :1])
+                )
+                token += end - b
             else:
-                q = queries[b:end, : extend_lens[b]].transpose(1, 2)  # [1, qo_heads, extend, head_dim]
+                extend = extend_lens[b]
                 o = F.scaled_dot_product_attention(
-                    q,
+                    q[token : token + extend].transpose(0, 1)[None],  # [1, qo_heads, extend, head_dim]
                     keys[b:end],
                     values[b:end],
-                    attn_mask=meta.mask[b:end, :, : extend_lens[b]],
+                    attn_mask=meta.mask[b:end, :, :extend],
                     scale=self.config.scale,
                     enable_gqa=q.shape[1] != keys.shape[1],
                 )
                 out.append(o[0].transpose(0, 1))  # [extend, qo_heads, head_dim]
+                token += extend
             b = end
         return torch.cat(out)
 
