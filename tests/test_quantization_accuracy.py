@@ -5,15 +5,16 @@ chat prompts (``python -m minisgl_core.testing.quant_accuracy`` adds the fp8 KV 
 
 Measured (BENCHMARKS.md, "Quantization accuracy"): int8 agrees on 78.9% of greedy tokens (mean
 |Δlogprob| 0.037, 2026-11-25), fp8 on 35.8% (0.086, 2026-11-26), fp8-head (the LM head in e4m3
-too) on 50.0% (0.115: farther by the mean, the agreement being the noisy measure; 2026-11-28). The thresholds sit under those
-figures with room for another CPU's summation order, so a change that makes a method clearly less
-accurate fails. For fp8 the mean distance is the guard: its greedy agreement moved between 33.7%
-and 42.6% (0.076-0.089 mean) over four emulations of nearly the same arithmetic (the operands
-rounded to bf16 or not, the activations rounded or not at one token, the scale divided or
-multiplied by 1/448), since one early fork on a
-near-tie costs the rest of an answer; its floor is set under that spread. fp8 runs its CPU
-emulation, which rounds as the GPU kernels do (weights and activations per token, products in
-float32).
+too) on 50.0% (0.115, 2026-11-28). That mean covers only each prompt's tokens before its first
+fork, so it moves with where the fork falls: fp8-head's went from 0.097 to 0.156 when the
+unquantized run's decode attention summed in another order (2026-11-30), the method unchanged.
+The guard is therefore the *teacher-forced* mean (both models fed the unquantized run's whole
+output, every token scored): int8 0.036, fp8 0.121 / 0.129, fp8-head 0.170 / 0.179 (2026-11-30,
+before / after that change). The thresholds sit above those with room for another CPU's summation
+order, and the greedy agreement keeps a floor under its spread (fp8 33-43% over emulations of
+nearly the same arithmetic, fp8-head 38-50%): one early fork on a near-tie costs the rest of an
+answer. fp8 runs its CPU emulation, which rounds as the GPU kernels do (weights and activations
+per token, products in float32).
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ import pytest
 
 from minisgl_core.testing.quant_accuracy import VARIANTS, Agreement, measure
 
-#: label -> (least greedy agreement, largest mean |Δlogprob|) allowed
-THRESHOLDS = {"int8": (0.70, 0.05), "fp8": (0.28, 0.11), "fp8-head": (0.28, 0.14)}
+#: label -> (least greedy agreement, largest teacher-forced mean |Δlogprob|) allowed
+THRESHOLDS = {"int8": (0.70, 0.05), "fp8": (0.28, 0.16), "fp8-head": (0.28, 0.22)}
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,7 @@ def test_quantized_greedy_output_stays_close_to_unquantized(results, label):
     result = results[label]
     least_agreement, largest_mean = THRESHOLDS[label]
     assert result.agreement >= least_agreement, result.row()
-    assert result.mean_logprob_distance <= largest_mean, result.row()
+    assert result.forced_logprob_distance <= largest_mean, result.row()
     # and it really is another computation: some logprob moved
     assert result.max_logprob_distance > 0, result.row()
 

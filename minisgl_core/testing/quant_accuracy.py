@@ -5,7 +5,11 @@ and without quantization, same engine, CPU: *agreement* is the share of the unqu
 output tokens that the quantized run reproduces before it first picks another token (a prompt
 counts its tokens up to the divergence, none after); the *logprob distance* is
 ``|logprob_quantized - logprob_unquantized|`` of the chosen token at every position where both
-chose the same token from the same context.
+chose the same token from the same context. That mean is taken over each prompt's agreed prefix,
+so it moves with where a run first forks (a change in the unquantized run's arithmetic moves it
+too); the *teacher-forced distance* does not: both models are fed the prompt and the unquantized
+run's whole output, and ``|Δlogprob|`` of every output token is averaged (``prompt_logprobs``, one
+prefill each).
 
     python -m minisgl_core.testing.quant_accuracy      # the table in BENCHMARKS.md
     python -m minisgl_core.testing.quant_accuracy --variant fp8 --variant fp8-head
@@ -36,6 +40,9 @@ class Run:
     tokens: list[list[int]]
     logprobs: list[list[float]]
     texts: list[str]
+    #: per prompt, the logprob of each forced output token (this run's own, or the tokens passed as
+    #: ``forced``), the prompt and the tokens before it given as a prompt
+    forced_logprobs: list[list[float]]
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,8 @@ class Agreement:
     prompts: int
     mean_logprob_distance: float
     max_logprob_distance: float
+    #: mean |Δlogprob| of the unquantized run's output tokens, both models teacher-forced
+    forced_logprob_distance: float
 
     @property
     def agreement(self) -> float:
@@ -59,11 +68,18 @@ class Agreement:
         return (
             f"| {self.label} | {self.agreement:.1%} ({self.agreed_tokens}/{self.reference_tokens}) | "
             f"{self.identical_prompts}/{self.prompts} | {self.mean_logprob_distance:.4f} | "
-            f"{self.max_logprob_distance:.4f} |"
+            f"{self.max_logprob_distance:.4f} | {self.forced_logprob_distance:.4f} |"
         )
 
 
-def greedy_run(model_dir: Path, quantization: str | None = None, kv_cache_dtype: str = "auto") -> Run:
+def greedy_run(
+    model_dir: Path,
+    quantization: str | None = None,
+    kv_cache_dtype: str = "auto",
+    forced: list[list[int]] | None = None,
+) -> Run:
+    """Greedy outputs of the real-model prompts, then each prompt's output tokens teacher-forced:
+    this run's own, or ``forced`` (one list per prompt)."""
     from minisgl_core.llm import LLM
     from minisgl_core.sampling import SamplingParams
     from minisgl_core.testing.real_model import MAX_TOKENS, PROMPTS
@@ -80,12 +96,21 @@ def greedy_run(model_dir: Path, quantization: str | None = None, kv_cache_dtype:
     try:
         prompts = [apply_chat_template(llm.tokenizer, messages) for _, messages in PROMPTS]
         outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=0))
+        forced = [out.token_ids for out in outputs] if forced is None else forced
+        scored = llm.generate(
+            [prompt + tokens for prompt, tokens in zip(prompts, forced, strict=True)],
+            SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0),
+        )
     finally:
         llm.close()
     return Run(
         tokens=[out.token_ids for out in outputs],
         logprobs=[[lp.logprob for lp in out.logprobs or []] for out in outputs],
         texts=[out.text for out in outputs],
+        forced_logprobs=[
+            [entry.logprob for entry in out.prompt_logprobs[len(out.prompt_logprobs) - len(tokens) :]]
+            for out, tokens in zip(scored, forced, strict=True)
+        ],
     )
 
 
@@ -103,6 +128,11 @@ def compare(label: str, reference: Run, run: Run) -> Agreement:
         agreed += same
         identical += ref_tokens == tokens
         distances += [abs(x - y) for x, y in zip(ref_lps[:same], lps[:same])]
+    forced = [
+        abs(x - y)
+        for ref_lps, lps in zip(reference.forced_logprobs, run.forced_logprobs, strict=True)
+        for x, y in zip(ref_lps, lps, strict=True)
+    ]
     return Agreement(
         label=label,
         reference_tokens=sum(len(t) for t in reference.tokens),
@@ -111,13 +141,16 @@ def compare(label: str, reference: Run, run: Run) -> Agreement:
         prompts=len(reference.tokens),
         mean_logprob_distance=sum(distances) / max(len(distances), 1),
         max_logprob_distance=max(distances, default=0.0),
+        forced_logprob_distance=sum(forced) / max(len(forced), 1),
     )
 
 
 def measure(model_dir: Path, variants=VARIANTS, reference: Run | None = None) -> list[Agreement]:
     """Each variant against ``reference``, the unquantized :func:`greedy_run` (run here when None)."""
     reference = greedy_run(model_dir) if reference is None else reference
-    return [compare(label, reference, greedy_run(model_dir, q, kv)) for label, q, kv in variants]
+    return [
+        compare(label, reference, greedy_run(model_dir, q, kv, reference.tokens)) for label, q, kv in variants
+    ]
 
 
 def main() -> None:
@@ -132,8 +165,11 @@ def main() -> None:
     args = parser.parse_args()
     model_dir = Path(resolve_model(args.model))
     variants = [v for v in VARIANTS if args.variant is None or v[0] in args.variant]
-    print("| variant | greedy agreement | identical prompts | mean |Δlogprob| | max |Δlogprob| |")
-    print("|---|---|---|---|---|")
+    print(
+        "| variant | greedy agreement | identical prompts | mean |Δlogprob| | max |Δlogprob| "
+        "| teacher-forced mean |Δlogprob| |"
+    )
+    print("|---|---|---|---|---|---|")
     for result in measure(model_dir, variants):
         print(result.row(), flush=True)
 
