@@ -68,6 +68,28 @@ class TestTorchBackend(AttentionBackendSuite):
         self.single_step(Shape(2, 8, 64, 4), generator, seq_lens, extend_lens)
         assert calls
 
+    def test_decode_rows_of_unlike_lengths_run_in_groups(
+        self, generator: torch.Generator, monkeypatch
+    ) -> None:
+        """A decode batch of one long sequence beside short ones: rows attend in groups of like
+        widths (each padded to at most twice its own), checked against the suite's reference."""
+        from minisgl_plugin_torch import backend
+
+        if torch.device(self.device).type != "cpu":
+            pytest.skip("the CPU's path (on a GPU the padded grid is one kernel)")
+        seq_lens = [7, 300, 12, 150, 9, 80]
+        assert backend._width_groups(seq_lens) == [([1, 3], 300), ([5], 80), ([2, 4, 0], 12)]
+        assert backend._width_groups([5, 9, 6]) == [([0, 1, 2], 9)]  # alike: one group, in order
+        widths = []
+        decode = TorchAttentionBackend._decode
+        monkeypatch.setattr(
+            TorchAttentionBackend,
+            "_decode",
+            lambda s, q, k, *a: widths.append(k.shape[2]) or decode(s, q, k, *a),
+        )
+        self.single_step(Shape(2, 8, 64, 4), generator, seq_lens, [1] * len(seq_lens), is_prefill=False)
+        assert widths == [300, 80, 12]
+
     def test_ignores_positions_past_page_table_row(self, generator: torch.Generator) -> None:
         """Garbage (even out-of-range slot ids) past each sequence's length is never gathered."""
         seq_lens = [6, 3]
