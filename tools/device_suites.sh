@@ -15,6 +15,9 @@
 # wall in all; `kernels engine` alone (2026-11-27, twenty-seventh session, a warm machine): 138 s and
 # 240 s, 295 s of wall. Each suite's log is $OUT/<suite>.log, its exit status $OUT/<suite>.status; the
 # summary lines are printed at the end. Exit status: the number of suites that did not pass.
+# All six at once (the default) on a fresh machine's one GPU do not finish in 470 s (2026-11-30:
+# fa3, torch and engine cut off); within one call's 600 s run them three at a time, e.g.
+# `triton fi kernels`, then `engine torch fa3` (442 s on the warm machine).
 # PYTHON (default python3) runs pytest; SUITE_TIMEOUT (default 450) bounds each suite.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
