@@ -11,13 +11,14 @@ undo the overlap of host and device.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +83,22 @@ def loopback_listener(tp_size: int) -> socket.socket:
     return listener
 
 
+def parent_store(world: int) -> dist.TCPStore:
+    """A rendezvous store hosted by a process that spawns ``world`` ranks and outlives them (the
+    offline TP benchmark, the TP tests), on a loopback port the kernel picked; the ranks join it
+    with :func:`join_parent_store`. Hosted by the parent, no rank's NCCL watchdog is left polling a
+    store that rank 0 took down when it exited first."""
+    return dist.TCPStore(
+        "127.0.0.1", 0, world, is_master=True, wait_for_workers=False, timeout=RENDEZVOUS_TIMEOUT
+    )
+
+
+def join_parent_store(backend: str, rank: int, world: int, port: int) -> None:
+    """Rank ``rank``: join the default process group through the :func:`parent_store` on ``port``."""
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=RENDEZVOUS_TIMEOUT)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world)
+
+
 class PeerLost(RuntimeError):
     """A broadcast on the control group failed: a peer rank's process (or its node) is gone, its
     connection closed. ``summary`` names the rank for HTTP clients; the text adds gloo's words
@@ -131,10 +148,8 @@ class TPGroup:
     def gather(self, obj: Any) -> list[Any]:
         """Every rank's ``obj`` (picklable), by rank, on every rank (the control group)."""
         out: list[Any] = [None] * self.size
-        try:
+        with self._peers():
             dist.all_gather_object(out, obj, group=self.control_group)
-        except RuntimeError as exc:
-            raise PeerLost(self.rank, self.size, exc) from exc
         return out
 
     def park(self) -> None:
@@ -147,9 +162,16 @@ class TPGroup:
 
     def _broadcast(self, t: torch.Tensor) -> None:
         """Rank 0's ``t`` on every rank, on the control group; a peer gone raises :class:`PeerLost`."""
-        try:
+        with self._peers():
             dist.broadcast(t, src=0, group=self.control_group)
-        except RuntimeError as exc:  # gloo's error for a closed connection (DistBackendError among them)
+
+    @contextlib.contextmanager
+    def _peers(self) -> Iterator[None]:
+        """A collective on the control group: gloo's error for a closed connection (a
+        RuntimeError; DistBackendError among them) becomes :class:`PeerLost`."""
+        try:
+            yield
+        except RuntimeError as exc:
             raise PeerLost(self.rank, self.size, exc) from exc
 
     def barrier(self) -> None:

@@ -9,29 +9,9 @@ import pytest
 import torch.multiprocessing as mp
 
 from minisgl_core.demo.factories import make_model_dir
+from minisgl_core.distributed import join_parent_store, parent_store
 
 PROMPTS = [[11, 12, 13, 14, 15], list(range(20, 70)), [7] * 9]
-
-
-def _host_store(world: int):
-    """The rendezvous store, hosted here on a port the kernel picked (no window between choosing a
-    free port and binding it, in which another connection could take it: EADDRINUSE once in CI)."""
-    import datetime
-
-    import torch.distributed as dist
-
-    timeout = datetime.timedelta(seconds=300)
-    return dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False, timeout=timeout)
-
-
-def _join(backend: str, rank: int, world: int, port: int) -> None:
-    """Join the process group whose store the test process hosts on ``port``."""
-    import datetime
-
-    import torch.distributed as dist
-
-    store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=datetime.timedelta(seconds=300))
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world)
 
 
 def _rank(rank: int, world: int, port: int, model_dir: str, queue) -> None:
@@ -43,7 +23,7 @@ def _rank(rank: int, world: int, port: int, model_dir: str, queue) -> None:
     from minisgl_core.sampling import SamplingParams
     from minisgl_core.testing import drain
 
-    _join("gloo", rank, world, port)
+    join_parent_store("gloo", rank, world, port)
     try:
         parallel = ParallelContext(rank, world, dist.group.WORLD)
         config = EngineConfig(model=model_dir, attn="torch", device="cpu", dtype="float32", tp_size=world)
@@ -68,7 +48,7 @@ def _spawn_ranks(target, world: int, *args) -> dict:
     they put on the queue, as a dict, once every one exited cleanly."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    store = _host_store(world)  # (kept until the ranks are done)
+    store = parent_store(world)  # (kept until the ranks are done)
     procs = [ctx.Process(target=target, args=(r, world, store.port, *args, queue)) for r in range(world)]
     for p in procs:
         p.start()
@@ -158,7 +138,7 @@ def test_all_reduce_takes_an_installed_fast_path_and_falls_back_when_it_declines
     from minisgl_core.distributed import enable_fast_all_reduce
     from minisgl_core.fast_paths import FastPaths
 
-    store = _host_store(1)
+    store = parent_store(1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
         # a world of one rank standing in for two: gloo's sum leaves the tensor as it is
@@ -196,7 +176,7 @@ def _gather_rank(rank: int, port: int, results) -> None:
 
     from minisgl_core.api import ParallelContext
 
-    _join("gloo", rank, 2, port)
+    join_parent_store("gloo", rank, 2, port)
     try:
         parallel = ParallelContext(rank, 2, dist.group.WORLD)
         x = torch.arange(6.0).view(2, 3) + 10 * rank  # this rank's shard
@@ -237,7 +217,7 @@ def test_an_infinite_peer_timeout_watches_on_and_gives_nobody_up():
 
     from minisgl_core.distributed import DistributedSpec, PeerWatch
 
-    store = _host_store(1)
+    store = parent_store(1)
     lost = threading.Event()
     spec = DistributedSpec(tp_size=2, init_addr=f"127.0.0.1:{store.port}", peer_timeout_s=float("inf"))
     watch = PeerWatch(spec, 1, lambda _: lost.set())
@@ -253,7 +233,7 @@ def test_all_gather_concatenates_in_rank_order_along_the_dimension():
 
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    store = _host_store(2)
+    store = parent_store(2)
     procs = [ctx.Process(target=_gather_rank, args=(r, store.port, results)) for r in range(2)]
     for p in procs:
         p.start()
@@ -273,7 +253,7 @@ def _sharded_sampling_rank(rank: int, world: int, port: int, results) -> None:
     from minisgl_core.runner.sampler import Sampler, SampleRequest
     from minisgl_core.sampling import SamplingParams
 
-    _join("gloo", rank, world, port)
+    join_parent_store("gloo", rank, world, port)
     try:
         parallel = ParallelContext(rank, world, dist.group.WORLD)
         torch.manual_seed(0)  # the ranks' torch RNGs agree, as the engine's --seed makes them
@@ -334,7 +314,7 @@ def _mixed_sampling_rank(rank: int, world: int, port: int, model_dir: str, queue
     from minisgl_core.sampling import SamplingParams
     from minisgl_core.testing import drain
 
-    _join("gloo", rank, world, port)
+    join_parent_store("gloo", rank, world, port)
     try:
         config = EngineConfig(model=model_dir, attn="torch", device="cpu", dtype="float32", tp_size=world)
         engine = Engine(config, ParallelContext(rank, world, dist.group.WORLD))
@@ -386,7 +366,7 @@ def _rank_cuda(rank: int, world: int, port: int, model_dir: str, env: dict, kwar
     from minisgl_core.testing import drain
 
     torch.cuda.set_device(rank)
-    _join("nccl", rank, world, port)
+    join_parent_store("nccl", rank, world, port)
     try:
         parallel = ParallelContext(rank, world, dist.group.WORLD)
         engine = Engine(EngineConfig(model=model_dir, device="cuda", tp_size=world, **kwargs), parallel)
@@ -498,7 +478,7 @@ def test_the_peer_watch_connects_again_after_its_store_connection_broke(monkeypa
     from minisgl_core import distributed
     from minisgl_core.distributed import DistributedSpec, PeerWatch
 
-    store = _host_store(1)
+    store = parent_store(1)
     real_store = dist.TCPStore
     clients = []
 

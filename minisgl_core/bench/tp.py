@@ -48,6 +48,7 @@ def _rank_main(
     import torch.distributed as dist
 
     from minisgl_core.api import ParallelContext
+    from minisgl_core.distributed import join_parent_store
     from minisgl_core.engine.engine import Engine
     from minisgl_core.plugins import Plugins
 
@@ -55,10 +56,7 @@ def _rank_main(
     if backend == "nccl":
         torch.cuda.set_device(rank)
     try:
-        # The store is the parent's (see run_offline_tp): it outlives every rank, so no rank's
-        # NCCL watchdog is left polling a store that rank 0 took down when it exited first.
-        store = dist.TCPStore("127.0.0.1", port, is_master=False)
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world)
+        join_parent_store(backend, rank, world, port)  # the store is run_offline_tp's
         engine = Engine(config, ParallelContext(rank, world, dist.group.WORLD), Plugins.load(disable=disable))
         drive(engine, requests[:4], temperature, first_rid=10**6, max_tokens=8)  # warm-up, as run_offline's
         dist.barrier()
@@ -94,13 +92,14 @@ def run_offline_tp(
 ) -> dict[str, Any]:
     """``progress_every``: rank 0 prints a line to stderr this often (seconds) during the timed run,
     as ``run_offline`` does; None: nothing."""
-    import torch.distributed as dist
     import torch.multiprocessing as mp
+
+    from minisgl_core.distributed import parent_store
 
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    store = parent_store(config.tp_size)  # (kept until the ranks are done)
     port = store.port
     procs = [
         ctx.Process(
