@@ -44,6 +44,12 @@ class TorchAttentionMetadata(NamedTuple):
     #: ``kv_slots``/``mask`` then cover only the positions after a grouped sequence's prefix
     groups: list[SharedPrefix] | None = None
     group_slots: list[torch.Tensor] | None = None
+    #: off CUDA, a decode batch without groups: its rows in groups of like widths, each as (row
+    #: indices, or None for all rows in order; the group's width), for :meth:`_decode_by_width`
+    width_groups: list[tuple[torch.Tensor | None, int]] | None = None
+    #: off CUDA, a batch with longer prompts whose grid is mostly padding: run sequence by
+    #: sequence (:meth:`_each`)
+    each: bool = False
 
 
 def _gather(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
@@ -133,12 +139,25 @@ class TorchAttentionBackend(AttentionBackend):
         )
         seq_start = torch.cumsum(extend_lens, 0) - extend_lens
         token_offset = torch.arange(num_tokens, device=device) - seq_start[token_seq]
+        # Off CUDA, how the layers will split the batch, decided once for the step: a decode row
+        # sees exactly its sequence's keys, so its width is its length.
+        width_groups, each = None, False
+        if device.type != "cuda":
+            if max_extend == 1 and key_starts is None:
+                grouped = _width_groups(batch.seq_lens_cpu)
+                width_groups = [
+                    (None if len(grouped) == 1 else torch.tensor(rows), width) for rows, width in grouped
+                ]
+            elif max_extend > 1:
+                each = _mostly_padding(batch.extend_lens_cpu, batch.seq_lens_cpu)
         return TorchAttentionMetadata(
             kv_slots=kv_slots,
             mask=mask[:, None],
             token_seq=token_seq,
             token_offset=token_offset,
             max_extend=max_extend,
+            width_groups=width_groups,
+            each=each,
         )
 
     def forward(
@@ -155,12 +174,12 @@ class TorchAttentionBackend(AttentionBackend):
         # sequence i's only query. The index_put/index pair it replaces cost a parallel region
         # each per layer on the CPU (see _gather).
         decode = meta.max_extend == 1 and q.shape[0] == bs
-        if decode and not q.is_cuda and meta.groups is None:
+        if meta.width_groups is not None and not q.is_cuda:
             return self._decode_by_width(q.float(), layer_id, meta, batch).to(q.dtype)
 
         keys = _gather(cache.k_cache(layer_id), meta.kv_slots)
         values = _gather(cache.v_cache(layer_id), meta.kv_slots)
-        if not decode and not q.is_cuda and _mostly_padding(batch.extend_lens_cpu, batch.seq_lens_cpu):
+        if meta.each and not q.is_cuda:
             return self._each(q.float(), keys, values, meta, batch).to(q.dtype)
         if decode:
             queries = q.float()[:, None]
@@ -188,23 +207,22 @@ class TorchAttentionBackend(AttentionBackend):
         self, q: torch.Tensor, layer_id: int, meta: TorchAttentionMetadata, batch: ForwardBatch
     ) -> torch.Tensor:
         """A decode batch on the CPU (``q``: float32 [bs, qo_heads, head_dim]), its rows gathered
-        and attended in groups of like widths (a row's width: up to its last visible key), so
-        that one long sequence does not pad every short one's keys to its length (a 4,000-token
-        row beside 30 of 100 tokens: 30 times the keys read). Rows of like lengths are one group,
-        in the grid's order."""
+        and attended in the groups of like widths the step's metadata chose (a row's width: its
+        length, where its visible keys end), so that one long sequence does not pad every short
+        one's keys to its length (a 4,000-token row beside 30 of 100 tokens: 30 times the keys
+        read). Rows of like lengths are one group, in the grid's order."""
         k_pool, v_pool = self.config.kv_cache.k_cache(layer_id), self.config.kv_cache.v_cache(layer_id)
-        visible = meta.mask[:, 0, 0]  # [bs, grid width]
-        width = visible.shape[1]
-        if batch.batch_size == 1 and width == batch.seq_lens_cpu[0]:  # all of its own keys: no mask
-            return self._decode(q, _gather(k_pool, meta.kv_slots), _gather(v_pool, meta.kv_slots), None)
-        ends = (visible * torch.arange(1, width + 1)).amax(-1).tolist()
-        groups = _width_groups(ends)
+        groups = meta.width_groups
+        assert groups is not None
         if len(groups) == 1:
-            slots, mask = meta.kv_slots[:, : groups[0][1]], meta.mask[..., : groups[0][1]]
+            n = groups[0][1]
+            slots = meta.kv_slots[:, :n]
+            # one sequence over exactly its own keys sees them all: no mask to apply
+            mask = None if batch.batch_size == 1 else meta.mask[..., :n]
             return self._decode(q, _gather(k_pool, slots), _gather(v_pool, slots), mask)
         out = torch.empty_like(q)
-        for rows, n in groups:
-            index = torch.tensor(rows)
+        for index, n in groups:
+            assert index is not None
             slots = meta.kv_slots.index_select(0, index)[:, :n]
             mask = meta.mask.index_select(0, index)[..., :n]
             part = self._decode(
