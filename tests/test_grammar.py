@@ -550,8 +550,9 @@ def test_a_large_grammar_no_token_can_begin_fails_its_request_as_invalid(model_d
     a request whose grammar allows no first token finishes "invalid" with the cause, and its
     neighbour is untouched."""
     llm = LLM(model_dir, device="cpu", dtype="float32", attn="torch", grammar_backend=backend)
-    # the reference in a one-branch anyOf: xgrammar 0.2.9 refuses a bare {"$ref": "#"} at compile
-    schema = {"anyOf": [{"$ref": "#"}], "properties": {f"p{i}": {"type": "string"} for i in range(400)}}
+    # the reference in a one-branch anyOf: xgrammar 0.2.9 refuses a bare {"$ref": "#"} at compile;
+    # made large by definitions nothing uses (keywords beside the anyOf would be refused first)
+    schema = {"anyOf": [{"$ref": "#"}], "$defs": {f"p{i}": {"type": "string"} for i in range(400)}}
     spec = GrammarSpec("json_schema", json.dumps(schema))
     outs = llm.generate(
         prompts(2), [constrained(spec, max_tokens=8), SamplingParams(temperature=0.0, max_tokens=8)]

@@ -244,7 +244,7 @@ class XGrammarBackend(GrammarBackend):
             _check_json(spec.value, "json_schema")
             schema = json.loads(spec.value)
             _refuse_what_xgrammar_gets_wrong(schema)
-            rewritten = apply_lengths_to_choices(schema) | whole_integer_bounds(schema)
+            rewritten = apply_siblings_to_choices(schema) | whole_integer_bounds(schema)
             # ensure_ascii=False: xgrammar leaves nothing after an escaped surrogate pair
             text = json.dumps(schema, ensure_ascii=False) if rewritten else spec.value
             # compact output (no free whitespace): a weak model cannot stall in an endless run of spaces
@@ -313,6 +313,27 @@ _FORMATS_IGNORING_LENGTH = frozenset(
         "uri-template",
     }
 )
+#: keywords xgrammar compiles alone: a schema holding one of them has every other keyword in it
+#: dropped (a random-schema probe, 2026-11-30: 0 and 1 passed ``{"anyOf": [{"type": "integer",
+#: "minimum": 0, "maximum": 3}], "minimum": 2}``, strings ``{"$ref": ..., "type": "integer"}``);
+#: ``enum`` and ``const`` are too, and have their values filtered instead
+#: (:func:`apply_siblings_to_choices`)
+_TAKEN_ALONE = ("$ref", "anyOf", "oneOf", "allOf")
+#: the JSON Schema keywords that assert something of a value (annotations, containers such as
+#: ``$defs`` and other dialects' keys, ``discriminator`` or ``nullable``, assert nothing)
+_ASSERTIONS = frozenset(
+    {
+        "type", "enum", "const", "multipleOf", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum",
+        "maxLength", "minLength", "pattern", "format", "maxItems", "minItems", "uniqueItems", "maxContains",
+        "minContains", "contains", "items", "prefixItems", "additionalItems", "unevaluatedItems",
+        "maxProperties", "minProperties", "required", "properties", "patternProperties",
+        "additionalProperties", "unevaluatedProperties", "propertyNames", "dependentRequired",
+        "dependentSchemas", "dependencies", "if", "then", "else", "not", "allOf", "anyOf", "oneOf", "$ref",
+        "$dynamicRef", "$recursiveRef",
+    }
+)  # fmt: skip
+#: drafts in which ``$ref`` overrides the keywords beside it, as xgrammar reads every schema
+_REF_ALONE_DRAFTS = ("draft-03", "draft-04", "draft-06", "draft-07")
 #: where a schema holds further schemas: by name, in a list, or as the value itself
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
@@ -569,13 +590,21 @@ def accepting_nothing(schema: Any) -> list[str]:
     for sub, path, _ in _walk(schema):
         found += [f"{key!r} of no schemas at {path}" for key in ("anyOf", "oneOf") if sub.get(key) == []]
         limits = _length_limits(sub)
-        if limits is None:
-            continue
-        if "const" in sub and not _fits(sub["const"], limits):
-            found.append(f"'const' that {_limit_words(sub)} rules out at {path}")
         values = sub.get("enum")
-        if isinstance(values, list) and values and not any(_fits(v, limits) for v in values):
+        if limits is not None and "const" in sub and not _fits(sub["const"], limits):
+            found.append(f"'const' that {_limit_words(sub)} rules out at {path}")
+        elif (
+            limits is not None
+            and isinstance(values, list)
+            and values
+            and not any(_fits(v, limits) for v in values)
+        ):
             found.append(f"'enum' with no value {_limit_words(sub)} allows at {path}")
+        elif (allowed := _choice_filter(sub, schema)) is not None:
+            if "const" in sub and not allowed(sub["const"]):
+                found.append(f"'const' that the keywords beside it rule out at {path}")
+            elif isinstance(values, list) and values and not any(map(allowed, values)):
+                found.append(f"'enum' with no value the keywords beside it allow at {path}")
     for sub, path, _ in _walk(schema):
         span = _integer_span(sub) if sub.get("type") in ("integer", ["integer"]) else None
         if span is not None and span[0] > span[1]:
@@ -606,19 +635,52 @@ def _integer_span(schema: dict) -> tuple[float, float] | None:
     return low, high
 
 
-def apply_lengths_to_choices(schema: Any) -> bool:
-    """Drop from each ``enum`` in ``schema`` (in place) the strings that break the length limits
-    beside it, which xgrammar ignores there; whether any was dropped. (A ``const`` that breaks
-    them, or an ``enum`` left empty, is refused first: :func:`accepting_nothing`.)"""
+def apply_siblings_to_choices(schema: Any) -> bool:
+    """Drop from each ``enum`` in ``schema`` (in place) the values that the keywords beside it rule
+    out (length limits, ``type``, bounds, ``pattern``...), which xgrammar ignores there: it
+    compiles an ``enum`` alone (a probe: 5 for ``{"enum": [1, 2, 5], "maximum": 2}``, 1 for
+    ``{"enum": [1, "a"], "type": "string"}``); whether any was dropped. (A ``const`` they rule
+    out, or an ``enum`` left empty, is refused first: :func:`accepting_nothing`.)"""
     changed = False
     for sub, _, _ in _walk(schema):
         limits = _length_limits(sub)
         values = sub.get("enum")
-        if limits is not None and isinstance(values, list):
-            kept = [v for v in values if _fits(v, limits)]
-            if len(kept) < len(values):
-                sub["enum"], changed = kept, True
+        if not isinstance(values, list):
+            continue
+        allowed = _choice_filter(sub, schema)
+        kept = [v for v in values if (limits is None or _fits(v, limits)) and (allowed is None or allowed(v))]
+        if len(kept) < len(values):
+            sub["enum"], changed = kept, True
     return changed
+
+
+def _choice_filter(schema: dict, root: Any) -> Callable[[Any], bool] | None:
+    """For a schema listing its values (``enum``, ``const``) beside keywords that assert more:
+    whether a value keeps to those keywords, read by ``jsonschema`` in the root's draft with its
+    ``$ref``s (a value it cannot judge is kept); None where nothing asserts beside the values, or
+    without ``jsonschema``."""
+    if "enum" not in schema and "const" not in schema:
+        return None
+    beside = {key: value for key, value in schema.items() if key not in ("enum", "const")}
+    if not any(key in _ASSERTIONS for key in beside):
+        return None
+    try:
+        import jsonschema
+    except ImportError:
+        return None
+    try:
+        validator_cls = jsonschema.validators.validator_for(root, default=jsonschema.Draft202012Validator)
+        validator = validator_cls(root).evolve(schema=beside)
+    except Exception:  # an unreadable schema: refused elsewhere, or not judged here
+        return None
+
+    def allowed(value: Any) -> bool:
+        try:
+            return validator.is_valid(value)
+        except Exception:
+            return True
+
+    return allowed
 
 
 def _may_be_object(schema: dict) -> bool:
@@ -647,7 +709,77 @@ def unenforced_keywords(schema: Any, path: str = "#") -> list[str]:
     for sub, where, _ in _walk(schema, path):
         found += _unenforced_here(sub, where)
         found += _overlapping_one_of(sub, where, schema)
+        found += _dropped_beside(sub, where, schema)
     return found
+
+
+def _dropped_beside(schema: dict, path: str, root: Any) -> list[str]:
+    """The keywords beside one xgrammar compiles alone (:data:`_TAKEN_ALONE`), as one entry: it
+    drops them, so a value they rule out passed. Not reported: ``type`` where every schema the
+    keyword leads to allows only those types anyway, and under draft 7 and before, what is beside
+    ``$ref`` (those drafts ignore it too)."""
+    taken = [key for key in _TAKEN_ALONE if key in schema]
+    draft = root.get("$schema") if isinstance(root, dict) else None
+    if taken[:1] == ["$ref"] and isinstance(draft, str) and any(d in draft for d in _REF_ALONE_DRAFTS):
+        taken = taken[1:]
+    if not taken:
+        return []
+    beside = [key for key in schema if key in _ASSERTIONS and key != taken[0]]
+    if "type" in beside and _types_implied(schema, taken[0], root):
+        beside.remove("type")
+    if not beside:
+        return []
+    names = ", ".join(repr(key) for key in beside)
+    return [
+        f"{names} beside {taken[0]!r} at {path} (it compiles {taken[0]!r} alone; move {names} into "
+        f"the {'schema it refers to' if taken[0] == '$ref' else 'schemas in it'})"
+    ]
+
+
+def _types_implied(schema: dict, key: str, root: Any) -> bool:
+    """Whether every schema ``schema[key]`` leads to allows only types its ``type`` allows."""
+    declared = schema.get("type")
+    allowed = (
+        {declared} if isinstance(declared, str) else set(declared) if isinstance(declared, list) else None
+    )
+    if allowed is None:
+        return False
+    branches = [{"$ref": schema["$ref"]}] if key == "$ref" else schema[key]
+    if not isinstance(branches, list) or not branches:
+        return False
+    for branch in branches:
+        types = _exact_types(_resolve(branch, root))
+        if types is None or not all(t in allowed or (t == "integer" and "number" in allowed) for t in types):
+            return False
+    return True
+
+
+def _exact_types(schema: Any) -> set[str] | None:
+    """The JSON types (integer apart from number) ``schema`` allows, where its ``type``,
+    ``const`` or ``enum`` says; None where they do not."""
+    if not isinstance(schema, dict):
+        return None
+    values = [schema["const"]] if "const" in schema else schema.get("enum")
+    if isinstance(values, list):
+        return {_json_type(v) for v in values}
+    declared = schema.get("type")
+    if isinstance(declared, str):
+        return {declared}
+    if isinstance(declared, list) and all(isinstance(t, str) for t in declared):
+        return set(declared)
+    return None
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}.get(type(value), "unknown")
 
 
 #: the most ``oneOf`` branches checked pair by pair for overlap (the check is quadratic; a probe

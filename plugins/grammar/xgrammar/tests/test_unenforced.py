@@ -14,7 +14,7 @@ import time
 
 import pytest
 import xgrammar as xgr
-from minisgl_plugin_xgrammar.backend import XGrammarBackend, unenforced_keywords
+from minisgl_plugin_xgrammar.backend import XGrammarBackend, apply_siblings_to_choices, unenforced_keywords
 
 from minisgl_core.api import GrammarError, GrammarSpec
 
@@ -107,6 +107,17 @@ REFUSED = [
     ({"type": "string", "pattern": "^[a-z]+$", "maxLength": 2}, '"json"', "'maxLength' beside 'pattern' at #"),
     ({"type": "string", "format": "date", "minLength": 12}, '"2020-01-01"', "'minLength' beside 'format' 'date' at #"),
     ({"type": "string", "format": "uuid", "maxLength": 3}, '"123e4567-e89b-12d3-a456-426614174000"', "'maxLength' beside"),
+    # what is beside $ref, anyOf, oneOf or allOf is dropped: xgrammar compiles those alone (found
+    # by a random-schema probe of the backend against jsonschema, 2026-11-30)
+    ({"anyOf": [{"type": "integer", "minimum": 0, "maximum": 3}], "minimum": 2}, "1", "'minimum' beside 'anyOf' at #"),
+    ({"oneOf": [{"type": "integer"}, {"type": "null"}], "maximum": 1}, "2", "'maximum' beside 'oneOf' at #"),
+    ({"allOf": [{"type": "integer"}], "maximum": 1}, "2", "'maximum' beside 'allOf' at #"),
+    ({"$defs": {"d": {"type": "integer"}}, "$ref": "#/$defs/d", "minimum": 2}, "1", "'minimum' beside '$ref' at #"),
+    ({"type": "integer", "anyOf": [{"minimum": 2}]}, '"x"', "'type' beside 'anyOf' at # (it compiles 'anyOf' alone"),
+    ({"type": "object", "anyOf": [{"required": []}], "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+     "{}", "'type', 'properties', 'required' beside 'anyOf' at #"),
+    ({"type": "object", "properties": {"p": {"anyOf": [{"type": "string"}, {"type": "null"}], "maxLength": 2}},
+      "required": ["p"]}, '{"p":"abc"}', "'maxLength' beside 'anyOf' at #/properties/p"),
 ]  # fmt: skip
 
 #: formats xgrammar writes out as a regex, ignoring minLength and maxLength beside them: (format, a
@@ -151,6 +162,13 @@ ENFORCED = [
     ({"oneOf": [{"type": "string"}, {"type": "integer"}]}, "1.5"),
     ({"oneOf": [{"const": 1}, {"const": True}, {"enum": ["1", None]}]}, "2"),
     (DISCRIMINATED, '{"pet":{"pet_type":"bird"}}'),
+    # beside anyOf or $ref: a 'type' every branch keeps to anyway, annotations (pydantic's Optional
+    # field), and, under draft 7, what that draft ignores beside $ref too
+    ({"anyOf": [{"type": "integer"}, {"type": "null"}], "type": ["integer", "null"], "title": "N", "default": None},
+     '"x"'),
+    ({"$defs": {"d": {"type": "integer"}}, "$ref": "#/$defs/d", "description": "an integer"}, '"x"'),
+    ({"$schema": "http://json-schema.org/draft-07/schema#", "definitions": {"d": {"type": "integer"}},
+      "$ref": "#/definitions/d", "maximum": 1}, '"x"'),
 ]  # fmt: skip
 
 
@@ -216,6 +234,40 @@ def test_each_format_refused_beside_a_length_is_one_xgrammar_ignores_it_beside(n
             f"xgrammar now enforces {limit} beside format {name!r}: take it off the list"
         )
         assert unenforced_keywords({"type": "string", "format": name, **limit})
+
+
+#: an enum beside keywords that rule some of its values out, which xgrammar compiles alone:
+#: (schema, a value it passes that breaks them, the enum it is given instead)
+FILTERED = [
+    ({"enum": [1, 2, 5], "maximum": 2}, "5", [1, 2]),
+    ({"enum": [1, "a", None], "type": "string"}, "1", ["a"]),
+    ({"enum": [1.5, 2, 3], "type": "integer"}, "1.5", [2, 3]),
+    ({"type": "string", "enum": ["ab", "abc"], "pattern": "^a.$"}, '"abc"', ["ab"]),
+    ({"type": "array", "enum": [[1], [1, 2]], "maxItems": 1}, "[1,2]", [[1]]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("schema", "breaking", "kept"), FILTERED)
+def test_enum_values_the_keywords_beside_them_rule_out_are_dropped(backend, schema, breaking, kept):
+    assert _accepts(schema, breaking), "xgrammar now applies what is beside an enum: drop the filter"
+    rewritten = json.loads(json.dumps(schema))
+    assert apply_siblings_to_choices(rewritten) and rewritten["enum"] == kept
+    backend.compile(GrammarSpec("json_schema", json.dumps(schema)))
+    untouched = {**schema, "enum": kept}
+    assert not apply_siblings_to_choices(untouched) and untouched["enum"] == kept
+
+
+@pytest.mark.parametrize(
+    ("schema", "says"),
+    [
+        ({"const": 3, "type": "integer", "maximum": 2}, "'const' that the keywords beside it rule out at #"),
+        ({"properties": {"a": {"enum": [5, 6], "maximum": 2}}}, "'enum' with no value the keywords beside it allow at #/properties/a"),
+    ],
+)  # fmt: skip
+def test_a_const_or_enum_the_keywords_beside_it_rule_out_is_refused(backend, schema, says):
+    with pytest.raises(GrammarError) as refused:
+        backend.check(GrammarSpec("json_schema", json.dumps(schema)))
+    assert "accepts no value" in str(refused.value) and says in str(refused.value), refused.value
 
 
 #: values JSON Schema does not allow, or xgrammar cannot follow: (schema, what xgrammar's own
