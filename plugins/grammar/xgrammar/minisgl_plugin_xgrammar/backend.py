@@ -42,73 +42,77 @@ exponent ::= [eE] [+\-]? [0-9]+
 """
 
 
-class JsonGuard:
-    """What xgrammar 0.2 lets through in JSON strings that no JSON parser accepts: raw control
-    characters (in strings with maxLength) and UTF-8-encoded surrogates (0xED then 0xA0-0xBF,
-    which decode to U+FFFD). Compact JSON never needs either, so JSON matchers also forbid every
-    token holding a control byte or such a pair, and after a token that ends in a lone 0xED,
-    every token starting with 0xA0-0xBF. Bitmask rows, ANDed into what xgrammar fills."""
+class ByteGuard:
+    """Tokens xgrammar 0.2 lets through that no text holds, forbidden in every matcher: byte pairs
+    that are not UTF-8 (:data:`_NOT_UTF8`: its regex classes, ``.`` and ``[^...]``, took the
+    overlong forms 0xE0 0x80-0x9F and 0xF0 0x80-0x8F, which decode to three or four U+FFFD and
+    broke the pattern; surrogates, 0xED 0xA0-0xBF, in JSON strings) and, for JSON matchers
+    (``control``), raw control characters (in strings with maxLength; compact JSON never needs
+    one). Each token holding one is forbidden, and after a token that ends in one of those lead
+    bytes, every token whose first byte may not follow it. Bitmask rows, ANDed into what xgrammar
+    fills."""
 
-    def __init__(self, decoded_vocab: Sequence[bytes], vocab_size: int) -> None:
+    def __init__(self, decoded_vocab: Sequence[bytes], vocab_size: int, *, control: bool) -> None:
         self.decoded_vocab = decoded_vocab
-        self.always = _bitmask_row(vocab_size, decoded_vocab, _json_unsafe)
-        self.after_lone_ed = _bitmask_row(vocab_size, decoded_vocab, lambda raw: raw[:1] in _SURROGATE_TAILS)
-        #: the ids of the tokens that end in a lone 0xED (few: a set lookup per accepted token)
-        self.lone_ed_ids = frozenset(i for i, raw in enumerate(decoded_vocab) if raw.endswith(b"\xed"))
+        self.always = _bitmask_row(vocab_size, decoded_vocab, _json_unsafe if control else _not_utf8)
+        #: lead byte -> the row forbidding the tokens that may not follow it
+        self.after_lead = {
+            lead: _bitmask_row(
+                vocab_size, decoded_vocab, lambda raw, bad=bad: raw[:1] != b"" and raw[0] in bad
+            )
+            for lead, bad in _BAD_SECOND_BYTES.items()
+        }
+        #: the ids of the tokens that end in such a lead byte, with it (few: one lookup per token)
+        self.lead_ids = {
+            i: raw[-1] for i, raw in enumerate(decoded_vocab) if raw[-1:] and raw[-1] in _BAD_SECOND_BYTES
+        }
 
-    def ends_in_lone_ed(self, token_id: int) -> bool:
-        return token_id in self.lone_ed_ids
-
-    def apply(self, bitmask: torch.Tensor, rows: Sequence[int], after_lone_ed: Sequence[int]) -> None:
+    def apply(
+        self, bitmask: torch.Tensor, rows: Sequence[int], after_lead: Sequence[tuple[int, int]]
+    ) -> None:
         """AND the guard into ``bitmask[rows]`` (one vectorized AND for all of them, in place;
-        a contiguous run of rows is ANDed as one block) and ``after_lone_ed`` into those rows."""
+        a contiguous run of rows is ANDed as one block) and, for each ``(row, lead byte)`` of
+        ``after_lead``, what may follow that byte."""
         if not rows:
             return
         words = bitmask.numpy()  # a view: the AND runs in numpy, in place, without torch's dispatch
         first, count = rows[0], len(rows)
+        always = self.always.numpy()
         if rows[-1] - first + 1 == count and all(b - a == 1 for a, b in zip(rows, rows[1:])):
             block = words[first : first + count]
-            np.bitwise_and(block, self._always_np, out=block)
+            np.bitwise_and(block, always, out=block)
         else:
             index = np.asarray(rows, dtype=np.int64)
-            words[index] &= self._always_np
-        for row in after_lone_ed:
-            np.bitwise_and(words[row], self._after_lone_ed_np, out=words[row])
-
-    @property
-    def _always_np(self) -> np.ndarray:
-        return self.always.numpy()
-
-    @property
-    def _after_lone_ed_np(self) -> np.ndarray:
-        return self.after_lone_ed.numpy()
+            words[index] &= always
+        for row, lead in after_lead:
+            np.bitwise_and(words[row], self.after_lead[lead].numpy(), out=words[row])
 
 
 class XGrammarMatcher(GrammarMatcher):
-    def __init__(self, matcher: Any, json_guard: JsonGuard | None = None) -> None:
+    def __init__(self, matcher: Any, guard: ByteGuard) -> None:
         self._matcher = matcher
-        self._guard = json_guard
-        self._after_lone_ed = False
+        self._guard = guard
+        #: the lead byte the last accepted token ended in, where it limits the next byte
+        self._after_lead: int | None = None
 
     def accept_token(self, token_id: int) -> bool:
         accepted = bool(self._matcher.accept_token(token_id))
-        if accepted and self._guard is not None:
-            self._after_lone_ed = self._guard.ends_in_lone_ed(token_id)
+        if accepted:
+            self._after_lead = self._guard.lead_ids.get(token_id)
         return accepted
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         self._matcher.fill_next_token_bitmask(bitmask, row)
-        if self._guard is not None:
-            bitmask[row] &= self._guard.always
-            if self._after_lone_ed:
-                bitmask[row] &= self._guard.after_lone_ed
+        bitmask[row] &= self._guard.always
+        if self._after_lead is not None:
+            bitmask[row] &= self._guard.after_lead[self._after_lead]
 
     def is_terminated(self) -> bool:
         return bool(self._matcher.is_terminated())
 
     def reset(self) -> None:
         self._matcher.reset()
-        self._after_lone_ed = False
+        self._after_lead = None
 
 
 class XGrammarBackend(GrammarBackend):
@@ -134,7 +138,8 @@ class XGrammarBackend(GrammarBackend):
         self._byte_compiler: Any = None
         #: specs that parsed (check), so admission parses each distinct grammar once
         self._checked: set[GrammarSpec] = set()
-        self._json_guard = JsonGuard(info.decoded_vocab, vocab_size)
+        self._json_guard = ByteGuard(info.decoded_vocab, vocab_size, control=True)
+        self._text_guard = ByteGuard(info.decoded_vocab, vocab_size, control=False)
         #: xgrammar's thread pool for batched fills, started on the first (``fill_threads`` threads)
         self._batch: Any = None
         self._batch_threads = 0
@@ -160,10 +165,12 @@ class XGrammarBackend(GrammarBackend):
     def apply_guards(
         self, matchers: Sequence[GrammarMatcher], bitmask: torch.Tensor, rows: Sequence[int]
     ) -> None:
-        """AND the JSON guard into the rows of the JSON matchers (after xgrammar filled them)."""
-        guarded = [row for m, row in zip(matchers, rows) if m._guard is not None]  # type: ignore[attr-defined]
-        lone = [row for m, row in zip(matchers, rows) if m._after_lone_ed]  # type: ignore[attr-defined]
-        self._json_guard.apply(bitmask, guarded, lone)
+        """AND each matcher's guard into its row (after xgrammar filled them): the JSON guard into
+        the JSON matchers' rows, the text guard into the others'."""
+        for guard in (self._json_guard, self._text_guard):
+            pairs = [(m, row) for m, row in zip(matchers, rows) if m._guard is guard]  # type: ignore[attr-defined]
+            after = [(row, m._after_lead) for m, row in pairs if m._after_lead is not None]  # type: ignore[attr-defined]
+            guard.apply(bitmask, [row for _, row in pairs], after)
 
     def accept_tokens(self, matchers: Sequence[GrammarMatcher], token_ids: Sequence[int]) -> list[bool]:
         """One call into xgrammar for every matcher (no Python per token), then the guards' state."""
@@ -171,10 +178,9 @@ class XGrammarBackend(GrammarBackend):
             return super().accept_tokens(matchers, token_ids)
         inner = [m._matcher for m in matchers]  # type: ignore[attr-defined]
         accepted = self._xgr.BatchGrammarMatcher.batch_accept_token(inner, list(token_ids))
-        lone_ed = self._json_guard.lone_ed_ids
         for matcher, token, ok in zip(matchers, token_ids, accepted):
-            if ok and matcher._guard is not None:  # type: ignore[attr-defined]
-                matcher._after_lone_ed = token in lone_ed  # type: ignore[attr-defined]
+            if ok:
+                matcher._after_lead = matcher._guard.lead_ids.get(token)  # type: ignore[attr-defined]
         return [bool(ok) for ok in accepted]
 
     def check(self, spec: GrammarSpec) -> None:
@@ -229,7 +235,7 @@ class XGrammarBackend(GrammarBackend):
         return _Compiled(self._compiler.compile_grammar(self._grammar(spec)), spec.kind in _JSON_KINDS)
 
     def matcher(self, compiled: Any) -> GrammarMatcher:
-        guard = self._json_guard if compiled.json else None
+        guard = self._json_guard if compiled.json else self._text_guard
         return XGrammarMatcher(self._xgr.GrammarMatcher(compiled.grammar), guard)
 
     def _grammar(self, spec: GrammarSpec) -> Any:
@@ -984,16 +990,31 @@ def _unenforced_here(schema: dict, path: str) -> list[str]:
 
 class _Compiled(NamedTuple):
     grammar: Any
-    #: JSON output: the matcher is guarded by JsonGuard
+    #: JSON output: the matcher takes the JSON guard (a ByteGuard that also forbids control bytes)
     json: bool
 
 
-_SURROGATE_TAILS = frozenset(bytes([b]) for b in range(0xA0, 0xC0))
-_SURROGATE_PAIR = re.compile(rb"\xed[\xa0-\xbf]")
+#: lead byte -> the second bytes UTF-8 does not allow after it: overlong forms (0xE0, 0xF0), a
+#: surrogate (0xED), past U+10FFFF (0xF4)
+_BAD_SECOND_BYTES = {
+    0xE0: frozenset(range(0x80, 0xA0)),
+    0xED: frozenset(range(0xA0, 0xC0)),
+    0xF0: frozenset(range(0x80, 0x90)),
+    0xF4: frozenset(range(0x90, 0xC0)),
+}
+#: bytes or byte pairs no UTF-8 text holds: those of _BAD_SECOND_BYTES, and the bytes that never
+#: appear (0xC0, 0xC1: overlong two-byte forms; 0xF5-0xFF)
+_NOT_UTF8 = re.compile(
+    rb"[\xc0\xc1\xf5-\xff]|\xe0[\x80-\x9f]|\xed[\xa0-\xbf]|\xf0[\x80-\x8f]|\xf4[\x90-\xbf]"
+)
+
+
+def _not_utf8(raw: bytes) -> bool:
+    return _NOT_UTF8.search(raw) is not None
 
 
 def _json_unsafe(raw: bytes) -> bool:
-    return any(b < 0x20 for b in raw) or _SURROGATE_PAIR.search(raw) is not None
+    return any(b < 0x20 for b in raw) or _not_utf8(raw)
 
 
 def _bitmask_row(

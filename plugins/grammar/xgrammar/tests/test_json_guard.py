@@ -1,5 +1,8 @@
-"""xgrammar 0.2 lets raw control characters and UTF-8-encoded surrogates into JSON strings; the
-plugin's JSON matchers forbid them (checked on single-byte tokens of a byte-level tokenizer)."""
+"""xgrammar 0.2 lets raw control characters and UTF-8-encoded surrogates into JSON strings, and
+overlong UTF-8 forms into what its regex classes match (``.``, ``[^...]``: 0xE0 0x80-0x9F, 0xF0
+0x80-0x8F, three or four U+FFFD once decoded); the plugin's matchers forbid what is not UTF-8, its
+JSON matchers the control characters too (checked on single-byte tokens of a byte-level
+tokenizer)."""
 
 from __future__ import annotations
 
@@ -46,5 +49,29 @@ def test_json_strings_take_no_control_bytes_or_surrogates(backend, byte, schema)
     assert not after_ed[byte[0xA0]] and not after_ed[byte[0xBF]], "a surrogate must not be"
 
 
-def test_other_grammars_are_not_guarded(backend, byte):
+def test_other_grammars_take_control_bytes(backend, byte):
     assert allowed_after(backend, GrammarSpec("regex", "a[\\x00-\\x1f]"), [byte[ord("a")]])[byte[0x05]]
+
+
+#: (grammar, the tokens before the character the class matches)
+ANY_CHARACTER = [
+    (GrammarSpec("json_schema", '{"type": "string", "pattern": "^.$"}'), '"'),
+    (GrammarSpec("json_schema", '{"type": "string", "pattern": "^[^a]$"}'), '"'),
+    (GrammarSpec("regex", "[^\\x00-\\x7f]"), ""),
+    (GrammarSpec("ebnf", "root ::= [^a]"), ""),
+]
+
+
+@pytest.mark.parametrize(("spec", "before"), ANY_CHARACTER, ids=["dot", "negated", "regex", "ebnf"])
+def test_classes_of_any_character_take_no_overlong_or_other_non_utf8_form(backend, byte, spec, before):
+    """A random-schema probe found 1% of walks through ``"pattern": "^.$"`` ending in an overlong
+    three- or four-byte form (3-4 U+FFFD decoded, so the pattern broken)."""
+    prefix = [byte[ord(c)] for c in before]
+    first = allowed_after(backend, spec, prefix)
+    assert first[byte[0xC3]] and first[byte[0xE0]] and first[byte[0xF0]]
+    assert not any(first[byte[b]] for b in (0xC0, 0xC1, 0xF5, 0xFF) if b in byte)
+    after = {lead: allowed_after(backend, spec, [*prefix, byte[lead]]) for lead in (0xE0, 0xF0, 0xED, 0xF4)}
+    assert not after[0xE0][byte[0x80]] and not after[0xE0][byte[0x9F]] and after[0xE0][byte[0xA0]]
+    assert not after[0xF0][byte[0x8F]] and after[0xF0][byte[0x90]] and after[0xF0][byte[0xBF]]
+    assert after[0xED][byte[0x9F]] and not after[0xED][byte[0xA0]]
+    assert after[0xF4][byte[0x8F]] and not after[0xF4][byte[0x90]]
