@@ -10,7 +10,8 @@ vocabulary is padded past the tokenizer's, as real models' often are, and checks
 :class:`~minisgl_core.api.GrammarBackend` and :class:`~minisgl_core.api.GrammarMatcher`: valid
 text is accepted token by token, each token allowed by the bitmask filled just before it, and the
 stop token ends it; tokens outside the bitmask are rejected; random walks through the bitmask end
-in text that matches (JSON validated with ``jsonschema``); padded ids are never allowed; bad
+in text that matches (JSON validated with ``jsonschema``), random schemas' walks too
+(:func:`random_schema`); padded ids are never allowed; bad
 grammars raise GrammarError; compiling is cached; ``reset`` starts over. Tests of grammar kinds
 the backend does not list in ``capabilities`` are skipped, not failed.
 """
@@ -62,6 +63,129 @@ NESTED_SCHEMA: dict[str, Any] = {
 }
 
 
+#: values for enum/const: strings with quotes, backslashes and non-ASCII, numbers, containers
+_CHOICES: list[Any] = ["a", "b c", 'say "q"', "\\n", "é", 0, -3, 1, 2.5, 5, True, False, None, [1], {"k": 1}]
+#: patterns in plain ranges only: Python's ``re`` (jsonschema's) reads ``\w``, ``\s``, ``\d`` and
+#: ``\W`` with Unicode rules where JSON Schema says ECMA-262, so a backend right by ECMA would fail
+_PATTERNS = [
+    "^[a-c]{1,3}$",
+    "^[0-9]{2}-[0-9]$",
+    "^(x|yy)$",
+    "^[A-Z][a-z]?$",
+    "^.{0,3}$",
+    "^[^a-z]{1,2}$",
+    "^é?[ab]$",
+]
+#: formats Python's jsonschema checks without extras, that xgrammar and llguidance both write out
+#: exactly (not ``date``: xgrammar takes day 31 in every month, 2026-11-30)
+_FORMATS = ["email", "ipv4", "ipv6", "uuid"]
+
+
+def random_schema(rng: random.Random) -> dict[str, Any]:
+    """A random JSON schema, small and bounded (every string and array has a length limit, so that
+    random walks end), mixing the keyword families backends got wrong: keywords beside ``anyOf``,
+    ``oneOf``, ``allOf``, ``$ref``, ``enum`` and ``const`` (xgrammar dropped them), bounds of
+    either kind, patterns with classes of any character (overlong UTF-8), ``prefixItems``,
+    ``additionalProperties`` as a schema, type lists. A backend may refuse any of it; what it
+    accepts must hold."""
+    defs: dict[str, Any] = {}
+    schema = _random_subschema(rng, 0, defs)
+    if defs:
+        schema = {**schema, "$defs": defs}
+    return schema
+
+
+def _random_subschema(rng: random.Random, depth: int, defs: dict[str, Any]) -> dict[str, Any]:
+    kinds = ["string", "integer", "number", "boolean", "null", "enum", "const", "typelist"]
+    if depth < 2:
+        kinds += ["array", "object", "anyOf", "oneOf", "allOf", "ref", "beside"]
+    kind = rng.choice(kinds)
+    if kind == "string":
+        r = rng.random()
+        if r < 0.25:
+            return {"type": "string", "pattern": rng.choice(_PATTERNS)}
+        if r < 0.35:
+            return {"type": "string", "format": rng.choice(_FORMATS)}
+        bounded: dict[str, Any] = {"type": "string", "maxLength": rng.randint(0, 4)}
+        if rng.random() < 0.3:
+            bounded["minLength"] = rng.randint(0, bounded["maxLength"])
+        return bounded
+    if kind in ("integer", "number"):
+        numeric: dict[str, Any] = {"type": kind}
+        for key, values in (
+            ("minimum", [-20, -1.5, 0, 0.5, 3]),
+            ("maximum", [4, 7.5, 300]),
+            ("exclusiveMinimum", [-5, 0, 1.5]),
+            ("exclusiveMaximum", [5, 100.25, 10**6]),
+        ):
+            if rng.random() < 0.35:
+                numeric[key] = rng.choice(values)
+        if kind == "integer" and rng.random() < 0.1 and not any(k in numeric for k in ("minimum", "maximum")):
+            numeric["multipleOf"] = rng.choice([2, 3, 5])
+        return numeric
+    if kind in ("boolean", "null"):
+        return {"type": kind}
+    if kind == "enum":
+        return {"enum": rng.sample(_CHOICES, rng.randint(1, 4))}
+    if kind == "const":
+        return {"const": rng.choice(_CHOICES)}
+    if kind == "typelist":
+        return {
+            "type": rng.sample(["string", "integer", "null", "boolean", "number"], rng.randint(1, 3)),
+            "maxLength": 3,
+        }
+    if kind == "array":
+        array: dict[str, Any] = {
+            "type": "array",
+            "items": _random_subschema(rng, depth + 1, defs),
+            "maxItems": rng.randint(0, 3),
+        }
+        if rng.random() < 0.4:
+            array["minItems"] = rng.randint(0, array["maxItems"])
+        if rng.random() < 0.25:
+            array["prefixItems"] = [_random_subschema(rng, depth + 1, defs) for _ in range(rng.randint(1, 2))]
+        return array
+    if kind == "object":
+        names = ["a", "b c", 'q"', "é", "$x", "p"]
+        properties = {
+            f"{rng.choice(names)}{i}": _random_subschema(rng, depth + 1, defs)
+            for i in range(rng.randint(0, 3))
+        }
+        obj: dict[str, Any] = {"type": "object", "properties": properties}
+        required = [name for name in properties if rng.random() < 0.6]
+        if required:
+            obj["required"] = required
+        r = rng.random()
+        if r < 0.6:
+            obj["additionalProperties"] = False
+        elif r < 0.7:
+            obj["additionalProperties"] = {"type": "integer", "minimum": 0, "maximum": 9}
+            obj["maxProperties"] = len(properties) + 1
+        return obj
+    if kind in ("anyOf", "oneOf", "allOf"):
+        return {kind: [_random_subschema(rng, depth + 1, defs) for _ in range(rng.randint(1, 3))]}
+    if kind == "ref":
+        name = f"d{len(defs)}"
+        defs[name] = {}  # (taken before the schema is made, so nested references get other names)
+        defs[name] = _random_subschema(rng, depth + 1, defs)
+        ref: dict[str, Any] = {"$ref": f"#/$defs/{name}"}
+        if rng.random() < 0.3:
+            ref["description"] = "an annotation, which asserts nothing"
+        return ref
+    # kind == "beside": a keyword a backend must not drop, beside one it compiles on its own
+    inner = _random_subschema(rng, depth + 1, defs)
+    return rng.choice(
+        [
+            {"anyOf": [inner, {"type": "integer", "minimum": 0, "maximum": 9}], "minimum": 3},
+            {"anyOf": [inner, {"type": "null"}], "type": rng.choice(["string", "integer", "null"])},
+            {"allOf": [inner], "maxLength": 1},
+            {"enum": rng.sample(_CHOICES, 4), "type": rng.choice(["string", "integer", "number"])},
+            {"enum": [1, 2, 5, 7.5], "maximum": rng.choice([2, 5])},
+            {"const": rng.choice(_CHOICES), "type": "string"},
+        ]
+    )
+
+
 def walk(
     matcher: GrammarMatcher, vocab_size: int, stop_id: int, rng: random.Random, max_steps: int
 ) -> list[int]:
@@ -88,6 +212,8 @@ class GrammarBackendSuite:
     backend_cls: ClassVar[type[GrammarBackend] | str | None] = None
     #: random walks per grammar
     walks: ClassVar[int] = 20
+    #: random schemas (:func:`random_schema`) walked twice each
+    random_schemas: ClassVar[int] = 60
 
     # ------------------------------------------------------------------ fixtures
 
@@ -194,6 +320,37 @@ class GrammarBackendSuite:
         for _ in range(self.walks):
             tokens = walk(backend.matcher(compiled), vocab_size, stop_id, rng, max_steps=400)
             jsonschema.validate(json.loads(self.decoded(tokenizer, tokens, stop_id)), NESTED_SCHEMA)
+
+    def test_random_schemas_walk_to_values_that_validate(
+        self, backend: GrammarBackend, tokenizer: Any, vocab_size: int, stop_id: int
+    ) -> None:
+        """Whatever random schema the backend takes (:func:`random_schema`; it may refuse any),
+        random walks through its bitmask end in JSON that ``jsonschema`` finds valid: a keyword
+        compiled but not enforced fails here (a probe of this kind found xgrammar dropping what is
+        beside ``anyOf`` and letting overlong UTF-8 through ``.``, 2026-11-30)."""
+        jsonschema = pytest.importorskip("jsonschema")
+        self.need(backend, "json_schema")
+        rng = random.Random(20261130)
+        walked = 0
+        for _ in range(self.random_schemas):
+            schema = random_schema(rng)
+            try:
+                compiled = backend.compile(GrammarSpec("json_schema", json.dumps(schema)))
+            except GrammarError:
+                continue
+            validator = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker())
+            for _ in range(2):
+                try:
+                    tokens = walk(backend.matcher(compiled), vocab_size, stop_id, rng, max_steps=300)
+                except AssertionError as exc:
+                    if "did not end" in str(exc):  # a long string or array: no verdict
+                        continue
+                    raise
+                text = self.decoded(tokenizer, tokens, stop_id)
+                errors = [e.message for e in validator.iter_errors(json.loads(text))]
+                assert not errors, f"{json.dumps(schema)} gave {text!r}: {errors[0]}"
+                walked += 1
+        assert walked >= self.random_schemas // 2, f"only {walked} walks ended in schemas the backend took"
 
     def test_json_object_walks_give_objects(
         self, backend: GrammarBackend, tokenizer: Any, vocab_size: int, stop_id: int
