@@ -8,6 +8,7 @@ import math
 import os
 import re
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -338,6 +339,8 @@ _ASSERTIONS = frozenset(
         "$dynamicRef", "$recursiveRef",
     }
 )  # fmt: skip
+#: seconds the patterns beside one ``enum``/``const`` may take to check its values
+PATTERN_CHECK_S = 0.5
 #: drafts in which ``$ref`` overrides the keywords beside it, as xgrammar reads every schema
 _REF_ALONE_DRAFTS = ("draft-03", "draft-04", "draft-06", "draft-07")
 #: where a schema holds further schemas: by name, in a list, or as the value itself
@@ -672,10 +675,36 @@ def _choice_filter(schema: dict, root: Any) -> Callable[[Any], bool] | None:
         return None
     try:
         import jsonschema
+        import regex
     except ImportError:
         return None
+    # Patterns run on the third-party regex engine under one deadline: Python's re backtracks
+    # without end (an enum value of 26 a's and a "!" beside "^(a+)+$" took 3.5 s, each further a
+    # twice that), and this runs in the tokenizer worker.
+    deadline = time.monotonic() + PATTERN_CHECK_S
+
+    def search(pattern: str, text: str) -> bool:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        return regex.search(pattern, text, timeout=left) is not None
+
+    def pattern(validator: Any, wanted: str, instance: Any, schema: Any) -> Iterator[Any]:
+        if validator.is_type(instance, "string") and not search(wanted, instance):
+            yield jsonschema.ValidationError(f"{instance!r} does not match {wanted!r}")
+
+    def pattern_properties(validator: Any, patterns: dict, instance: Any, schema: Any) -> Iterator[Any]:
+        if validator.is_type(instance, "object"):
+            for wanted, sub in patterns.items():
+                for key, value in instance.items():
+                    if search(wanted, key):
+                        yield from validator.descend(value, sub, path=key, schema_path=wanted)
+
     try:
-        validator_cls = jsonschema.validators.validator_for(root, default=jsonschema.Draft202012Validator)
+        validator_cls = jsonschema.validators.extend(
+            jsonschema.validators.validator_for(root, default=jsonschema.Draft202012Validator),
+            {"pattern": pattern, "patternProperties": pattern_properties},
+        )
         validator = validator_cls(root).evolve(schema=beside)
     except Exception:  # an unreadable schema: refused elsewhere, or not judged here
         return None
@@ -683,6 +712,11 @@ def _choice_filter(schema: dict, root: Any) -> Callable[[Any], bool] | None:
     def allowed(value: Any) -> bool:
         try:
             return validator.is_valid(value)
+        except TimeoutError:
+            raise GrammarError(
+                f"json_schema: the patterns beside an 'enum' or 'const' took over {PATTERN_CHECK_S:g} s "
+                "to check against its values (the xgrammar backend applies them to the values itself)"
+            ) from None
         except Exception:
             return True
 
