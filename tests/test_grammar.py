@@ -4,6 +4,7 @@ A random model follows no grammar on its own, so every valid output here is the 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -560,3 +561,39 @@ def test_a_large_grammar_no_token_can_begin_fails_its_request_as_invalid(model_d
     assert outs[0].finish_reason == "invalid" and "no token can begin it" in outs[0].error
     assert outs[1].finish_reason == "length" and len(outs[1].token_ids) == 8
     llm.close()
+
+
+def test_format_regexes_take_exactly_the_valid_dates_times_and_addresses():
+    """FORMAT_REGEXES against Python's own readers: every day number 0-32 of every month number
+    0-13 of years around each leap rule, the hours, minutes and seconds at and past their ends, and
+    each IPv4 octet written with and without leading zeros."""
+    import datetime
+    import ipaddress
+
+    from minisgl_core.api.grammar import FORMAT_REGEXES
+
+    def python_takes(read, text: str) -> bool:
+        try:
+            read(text)
+        except ValueError:
+            return False
+        return True
+
+    date = re.compile(FORMAT_REGEXES["date"])
+    for year in (0, 1, 4, 99, 100, 400, 1900, 2000, 2023, 2024, 9996, 9999):
+        for month in range(14):
+            for day in range(33):
+                text = f"{year:04d}-{month:02d}-{day:02d}"
+                assert bool(date.match(text)) == python_takes(datetime.date.fromisoformat, text), text
+    time = re.compile(FORMAT_REGEXES["time"])
+    for hour, minute, second in itertools.product((0, 23, 24), (0, 59, 60), (0, 59, 60)):
+        text = f"{hour:02d}:{minute:02d}:{second:02d}"
+        for zone in ("Z", "+05:30", "-23:59"):
+            assert bool(time.match(text + zone)) == python_takes(datetime.time.fromisoformat, text), text
+        assert not time.match(text) and not time.match(text + "+24:00")
+    assert re.match(FORMAT_REGEXES["date-time"], "2024-02-29T23:59:59.125-01:00")
+    assert not re.match(FORMAT_REGEXES["date-time"], "2023-02-29T23:59:59Z")
+    ipv4 = re.compile(FORMAT_REGEXES["ipv4"])
+    for octet in range(300):
+        for text in {f"1.{octet}.3.4", f"1.{octet:03d}.3.4"}:
+            assert bool(ipv4.match(text)) == python_takes(ipaddress.IPv4Address, text), text

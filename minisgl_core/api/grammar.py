@@ -12,8 +12,9 @@ A decode step asks every constrained request at once: :meth:`GrammarBackend.acce
 library has a batched, multi-threaded call overrides them (``fill_threads`` says how many threads).
 
 Backends that check JSON schemas before their library compiles them share the rules stated once
-here: :func:`repeatable_key_count` (``minProperties`` a repeated key could meet). Import them from
-``minisgl_core.api.grammar``.
+here: :func:`repeatable_key_count` (``minProperties`` a repeated key could meet) and
+:data:`FORMAT_REGEXES` (exact regexes for the string formats libraries write too loosely). Import
+them from ``minisgl_core.api.grammar``.
 
 .. versionadded:: 1.6
 .. versionadded:: 2.0 ``GrammarBackend.fill_bitmasks``, ``accept_tokens``, ``fill_threads``,
@@ -151,6 +152,39 @@ def repeatable_key_count(schema: Any, *, additional_properties_default: bool) ->
     required = schema.get("required")
     named = len({name for name in required if isinstance(name, str)}) if isinstance(required, list) else 0
     return open_keys and least > max(1, named)
+
+
+def _format_regexes() -> dict[str, str]:
+    year = "([0-9]{3}[1-9]|[0-9]{2}[1-9]0|[0-9][1-9]00|[1-9]000)"  # 0001-9999 (no year 0 in Python)
+    leap_year = "([0-9]{2}(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)"
+    month_day = (
+        "((0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])"  # any month: days 1-28
+        "|(0[13-9]|1[0-2])-(29|30)"  # any month but February: 29, 30
+        "|(0[13578]|1[02])-31)"  # the months of 31 days
+    )
+    date = f"({year}-{month_day}|{leap_year}-02-29)"
+    hour_minute = "([01][0-9]|2[0-3]):[0-5][0-9]"
+    time = f"{hour_minute}:[0-5][0-9](\\.[0-9]+)?(Z|[+-]{hour_minute})"
+    octet = "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+    return {
+        "date": f"^{date}$",
+        "time": f"^{time}$",
+        "date-time": f"^{date}T{time}$",
+        "ipv4": f"^({octet}\\.){{3}}{octet}$",
+    }
+
+
+#: JSON Schema string format -> an anchored regex (ECMA-262, in the syntax xgrammar's and
+#: llguidance's JSON-schema patterns read alike) matching only valid strings of it, for the formats
+#: the libraries write too loosely: xgrammar 0.2.9 took day 31 in every month and an IPv4 octet with
+#: a leading zero ("072.69.35.57", which Python's ``ipaddress`` refuses), llguidance 1.9 and
+#: xgrammar took February 29 of 2023, and both second 60 at any minute. RFC 3339's ``full-date``,
+#: ``full-time`` and ``date-time`` (Gregorian leap years, years 0001-9999, upper-case T and Z, no
+#: leap second: a valid subset for every validator) and RFC 2673's dotted quad. A backend writes a
+#: ``format`` named here as its regex (as a ``pattern``).
+#:
+#: .. versionadded:: 2.0 (after 2.0 was first tagged, with no minor bump: no released core lacks it)
+FORMAT_REGEXES: dict[str, str] = _format_regexes()
 
 
 def choice_regex(options: Sequence[str]) -> str:

@@ -76,9 +76,52 @@ _PATTERNS = [
     "^[^a-z]{1,2}$",
     "^é?[ab]$",
 ]
-#: formats Python's jsonschema checks without extras, that xgrammar and llguidance both write out
-#: exactly (not ``date``: xgrammar takes day 31 in every month, 2026-11-30)
-_FORMATS = ["email", "ipv4", "ipv6", "uuid"]
+#: formats Python's jsonschema checks without extras
+_FORMATS = ["date", "email", "ipv4", "ipv6", "uuid"]
+
+#: string format -> (valid strings, strings a generator must not write): leap years, the days of
+#: each month, the leap second (valid by RFC 3339 only at 23:59:60 UTC; Python's ``datetime``
+#: refuses it), leading zeros of an IPv4 octet (octal to some readers; Python refuses them)
+FORMAT_CASES: dict[str, tuple[list[str], list[str]]] = {
+    "date": (
+        ["2024-02-29", "2000-02-29", "2023-12-31", "2023-04-30", "0001-01-01", "1900-02-28"],
+        ["2023-02-29", "1900-02-29", "2023-04-31", "2023-11-31", "2024-02-30", "0000-01-01", "2023-13-01"],
+    ),
+    "time": (
+        ["23:59:59Z", "00:00:00.125+05:30", "12:30:00-08:00"],
+        ["23:59:60Z", "24:00:00Z", "12:60:00Z", "12:00:00+24:00"],
+    ),
+    "date-time": (
+        ["2024-02-29T23:59:59.5+01:00", "2023-01-31T00:00:00Z"],
+        ["2023-02-29T00:00:00Z", "2023-06-31T00:00:00Z", "2023-01-01T10:00:60Z"],
+    ),
+    "ipv4": (["0.0.0.0", "255.255.255.255", "10.0.20.9"], ["1.02.3.4", "072.69.35.57", "256.1.1.1", "1.2.3"]),
+}
+
+
+def valid_format(name: str, text: str) -> bool:
+    """Whether ``text`` is a valid ``format`` ``name`` by Python's own readers (``datetime``,
+    ``ipaddress``), with the parts RFC 3339 requires (an offset on a time, ``T`` and ``Z`` read in
+    upper case only)."""
+    import datetime
+    import ipaddress
+
+    try:
+        if name == "date":
+            return len(text) == 10 and bool(datetime.date.fromisoformat(text))
+        if name in ("time", "date-time"):
+            shaped = re.fullmatch(r"([0-9-]{10}T)?[0-9:]{8}(\.[0-9]+)?(Z|[+-][0-9:]{5})", text)
+            moment = datetime.datetime.fromisoformat(text if name == "date-time" else "2000-01-01T" + text)
+            return (
+                shaped is not None
+                and bool(shaped.group(1)) == (name == "date-time")
+                and moment.tzinfo is not None
+            )
+        if name == "ipv4":
+            return bool(ipaddress.IPv4Address(text))
+    except ValueError:
+        return False
+    raise ValueError(f"no reader for format {name!r}")
 
 
 def random_schema(rng: random.Random) -> dict[str, Any]:
@@ -291,6 +334,21 @@ class GrammarBackendSuite:
         assert matcher.accept_token(stop_id)
         assert matcher.is_terminated()
 
+    def takes(
+        self, matcher: GrammarMatcher, tokenizer: Any, text: str, stop_id: int, vocab_size: int
+    ) -> bool:
+        """Whether ``text`` is a complete output: each token in the bitmask filled before it and
+        accepted, then the stop token allowed (or the grammar ended)."""
+        mask = allocate_token_bitmask(1, vocab_size)
+        for token in [*tokenizer.encode(text, add_special_tokens=False), stop_id]:
+            if matcher.is_terminated():
+                return token == stop_id
+            mask.fill_(0)
+            matcher.fill_bitmask(mask, 0)
+            if not allowed_tokens(mask[0], vocab_size)[token] or not matcher.accept_token(token):
+                return False
+        return True
+
     def decoded(self, tokenizer: Any, tokens: list[int], stop_id: int) -> str:
         return tokenizer.decode([t for t in tokens if t != stop_id], skip_special_tokens=False)
 
@@ -351,6 +409,82 @@ class GrammarBackendSuite:
                 assert not errors, f"{json.dumps(schema)} gave {text!r}: {errors[0]}"
                 walked += 1
         assert walked >= self.random_schemas // 2, f"only {walked} walks ended in schemas the backend took"
+
+    @pytest.mark.parametrize(
+        ("kind", "value", "begun"),
+        [
+            ("regex", ".+", ""),
+            ("regex", "a[^b]+", "a"),
+            ("ebnf", 'root ::= "x" [^\\n]+', "x"),
+            ("regex", "(b|.)+", ""),
+        ],
+    )
+    def test_special_tokens_are_not_text(
+        self,
+        backend: GrammarBackend,
+        tokenizer: Any,
+        vocab_size: int,
+        stop_id: int,
+        kind: str,
+        value: str,
+        begun: str,
+    ) -> None:
+        """A special token is not the characters it is spelled with: where the grammar needs one
+        more character, no special token is allowed (the stop token included; xgrammar read
+        ``<|im_end|>`` as ten characters that ``.+`` matches, so an answer to ``.+`` could end
+        empty, 2026-12-01); once it may end, the stop token is, and no other special one."""
+        m = self.matcher(backend, kind, value)
+        if begun:
+            self.feed(m, tokenizer, begun, vocab_size)
+        special = sorted(
+            {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+            | set(tokenizer.all_special_ids)
+        )
+        assert stop_id in special and len(special) > 1
+        mask = allocate_token_bitmask(1, vocab_size)
+        m.fill_bitmask(mask, 0)
+        allowed = allowed_tokens(mask[0], vocab_size)
+        assert [i for i in special if allowed[i]] == [], "special tokens allowed before the grammar can end"
+        self.feed(m, tokenizer, "c", vocab_size)
+        mask.fill_(0)
+        m.fill_bitmask(mask, 0)
+        allowed = allowed_tokens(mask[0], vocab_size)
+        assert [i for i in special if allowed[i]] == [stop_id]
+
+    @pytest.mark.parametrize("name", sorted(FORMAT_CASES))
+    def test_string_formats_take_valid_strings_only(
+        self, backend: GrammarBackend, tokenizer: Any, vocab_size: int, stop_id: int, name: str
+    ) -> None:
+        """``{"type": "string", "format": name}`` takes each valid string of :data:`FORMAT_CASES`
+        and none of the invalid ones, and random walks through it end in valid strings (Python's
+        ``datetime`` and ``ipaddress`` judge): xgrammar wrote ``date`` as any day up to 31 of any
+        month, ``ipv4`` with leading zeros; both libraries took February 29 of 2023 and second 60
+        (a probe, 2026-12-01). A backend may refuse the format instead."""
+        self.need(backend, "json_schema")
+        try:
+            compiled = backend.compile(
+                GrammarSpec("json_schema", json.dumps({"type": "string", "format": name}))
+            )
+        except GrammarError:
+            pytest.skip(f"{type(backend).__name__} refuses format {name!r}")
+        valid, invalid = FORMAT_CASES[name]
+        assert all(valid_format(name, text) for text in valid) and not any(
+            valid_format(name, t) for t in invalid
+        )
+        taken = {
+            t: self.takes(backend.matcher(compiled), tokenizer, json.dumps(t), stop_id, vocab_size)
+            for t in valid + invalid
+        }
+        assert [t for t in valid if not taken[t]] == [], "valid strings refused"
+        assert [t for t in invalid if taken[t]] == [], "invalid strings taken"
+        rng = random.Random(20261201)
+        for _ in range(3 * self.walks):
+            text = json.loads(
+                self.decoded(
+                    tokenizer, walk(backend.matcher(compiled), vocab_size, stop_id, rng, 80), stop_id
+                )
+            )
+            assert valid_format(name, text), f"a walk through format {name!r} gave {text!r}"
 
     def test_json_object_walks_give_objects(
         self, backend: GrammarBackend, tokenizer: Any, vocab_size: int, stop_id: int

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from minisgl_core.api import GrammarBackend, GrammarError, GrammarMatcher, GrammarSpec
-from minisgl_core.api.grammar import repeatable_key_count
+from minisgl_core.api.grammar import FORMAT_REGEXES, repeatable_key_count
 
 #: compact JSON (no free whitespace): a weak model cannot stall in an endless run of spaces
 _JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
@@ -127,8 +127,9 @@ class LLGuidanceBackend(GrammarBackend):
                     "not enforced by llguidance (such a key may repeat, and a repeated key counts once "
                     "in the parsed object); list the keys in 'properties', or require as many"
                 )
+            text = json.dumps(schema) if exact_formats(schema) else spec.value
             return build.grammar_from_json_schema(
-                ecma_space_in_patterns(schema, spec.value), defaults=_JSON_OPTIONS
+                ecma_space_in_patterns(schema, text), defaults=_JSON_OPTIONS
             )
         if spec.kind == "json_object":
             return build.grammar_from_json_schema('{"type": "object"}', defaults=_JSON_OPTIONS)
@@ -169,6 +170,25 @@ def _schema_objects(schema: Any) -> Iterator[tuple[dict, str]]:
         elif isinstance(node, dict):
             yield node, path
             stack += [(value, f"{path}/{key}") for key, value in node.items() if key not in _DATA_KEYWORDS]
+
+
+def exact_formats(schema: Any) -> bool:
+    """Write each ``format`` in ``schema`` that llguidance's own regex lets invalid strings through
+    (:data:`~minisgl_core.api.grammar.FORMAT_REGEXES`: February 29 of 2023, second 60) as that
+    format's exact pattern instead, in place; whether any was. Beside a ``pattern`` of its own the
+    format's goes into ``allOf`` (llguidance intersects the patterns there)."""
+    changed = False
+    for node, _ in _schema_objects(schema):
+        regex = FORMAT_REGEXES.get(node["format"]) if isinstance(node.get("format"), str) else None
+        if regex is None or not isinstance(node.get("allOf", []), list):
+            continue
+        del node["format"]
+        if "pattern" in node:
+            node["allOf"] = [*node.get("allOf", []), {"pattern": regex}]
+        else:
+            node["pattern"] = regex
+        changed = True
+    return changed
 
 
 #: what ``\d``, ``\w`` and their negations match in ECMA-262 (JSON Schema's regexes) and in

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from minisgl_core.api import GrammarBackend, GrammarError, GrammarMatcher, GrammarSpec, bitmask_width
-from minisgl_core.api.grammar import repeatable_key_count
+from minisgl_core.api.grammar import FORMAT_REGEXES, repeatable_key_count
 
 #: the largest grammar text (characters) admission compiles against the 256 bytes to see that some
 #: text can begin it: 8,192 characters of JSON schema are about 300 properties, 0.05 s
@@ -116,6 +116,32 @@ class XGrammarMatcher(GrammarMatcher):
         self._after_lead = None
 
 
+def special_token_ids(tokenizer: Any) -> set[int]:
+    """The ids of ``tokenizer``'s special tokens: those decoding with ``skip_special_tokens``
+    drops (its added tokens marked special, and ``all_special_ids``)."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    return {int(i) for i, token in added.items() if getattr(token, "special", False)} | set(
+        getattr(tokenizer, "all_special_ids", ())
+    )
+
+
+def _special_tokens_apart(xgrammar: Any, info: Any, tokenizer: Any, vocab_size: int) -> Any:
+    """``info`` with the tokenizer's special tokens as xgrammar's special tokens (no text), not
+    as the text they are spelled with: xgrammar (0.2.9) read ``<|im_end|>`` as 10 characters, which
+    ``.+`` and ``[^\\n]+`` match, so the stop token was allowed where the grammar could not end
+    (an empty answer to the regex ``.+``, "x" to the EBNF ``"x" [^\\n]+``), and another special
+    token passed as text that the detokenizer then drops. The stop tokens stay stop tokens."""
+    special = {i for i in special_token_ids(tokenizer) if 0 <= i < vocab_size}
+    decoded = info.decoded_vocab
+    if not any(decoded[i] for i in special):
+        return info
+    encoded: list[str] = [""] * vocab_size
+    for token, i in tokenizer.get_vocab().items():
+        if i < vocab_size and i not in special:
+            encoded[i] = token
+    return xgrammar.TokenizerInfo.from_vocab_and_metadata(encoded, info.dump_metadata())
+
+
 class XGrammarBackend(GrammarBackend):
     capabilities = frozenset({"json_schema", "json_object", "regex", "choice", "ebnf", "structural_tag"})
 
@@ -133,6 +159,7 @@ class XGrammarBackend(GrammarBackend):
         info = xgrammar.TokenizerInfo.from_huggingface(
             tokenizer, vocab_size=vocab_size, stop_token_ids=list(self.stop_token_ids) or None
         )
+        info = _special_tokens_apart(xgrammar, info, tokenizer, vocab_size)
         # our own cache (GrammarBackend.compile) keeps compiled grammars; no second one inside
         self._compiler = xgrammar.GrammarCompiler(info, max_threads=_COMPILE_THREADS, cache_enabled=False)
         #: grammars compiled against the 256 bytes, to see whether any text can begin one (check)
@@ -251,7 +278,12 @@ class XGrammarBackend(GrammarBackend):
             _check_json(spec.value, "json_schema")
             schema = json.loads(spec.value)
             _refuse_what_xgrammar_gets_wrong(schema)
-            rewritten = apply_siblings_to_choices(schema) | whole_integer_bounds(schema)
+            rewritten = (
+                apply_siblings_to_choices(schema)
+                | whole_integer_bounds(schema)
+                | exact_formats(schema)
+                | exact_patterns(schema)
+            )
             # ensure_ascii=False: xgrammar leaves nothing after an escaped surrogate pair
             text = json.dumps(schema, ensure_ascii=False) if rewritten else spec.value
             # compact output (no free whitespace): a weak model cannot stall in an endless run of spaces
@@ -489,6 +521,56 @@ _WHOLE_BOUNDS = (
     ("exclusiveMinimum", math.floor),
     ("exclusiveMaximum", math.ceil),
 )
+
+
+def xgrammar_pattern(pattern: str) -> str:
+    """``pattern`` with each ``?`` (or lazy ``??``) after a group written ``{0,1}``: xgrammar's
+    converter of JSON-schema patterns (not its regex grammars) makes the group's first part
+    optional too when the group holds a quantifier: ``^a(x5+)?$`` took "a5", ``(\\.[0-9]+)?``
+    a fraction without its dot (a differential probe against Python's ``re``, 2026-12-01: 14 of
+    400 random patterns; none left with this rewrite). Escapes and classes are kept as written."""
+    out: list[str] = []
+    in_class = False
+    i = 0
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "\\":
+            out.append(pattern[i : i + 2])
+            i += 2
+            continue
+        out.append(char)
+        i += 1
+        if in_class:
+            in_class = char != "]"
+        elif char == "[":
+            in_class = True
+            if pattern.startswith("^", i):  # a "]" first in a class is a literal one
+                out.append("^")
+                i += 1
+            if pattern.startswith("]", i):
+                out.append("]")
+                i += 1
+        elif char == ")" and pattern.startswith("?", i):
+            out.append("{0,1}")
+            i += 2 if pattern.startswith("??", i) else 1
+    return "".join(out)
+
+
+def exact_patterns(schema: Any) -> bool:
+    """Every ``pattern`` and ``patternProperties`` name in ``schema`` as :func:`xgrammar_pattern`
+    writes it, in place; whether any changed."""
+    changed = False
+    for sub, _, _ in _walk(schema):
+        if isinstance(sub.get("pattern"), str):
+            written = xgrammar_pattern(sub["pattern"])
+            changed |= written != sub["pattern"]
+            sub["pattern"] = written
+        names = sub.get("patternProperties")
+        if isinstance(names, dict):
+            written_names = {xgrammar_pattern(name): value for name, value in names.items()}
+            if list(written_names) != list(names):
+                sub["patternProperties"], changed = written_names, True
+    return changed
 
 
 def whole_integer_bounds(schema: Any) -> bool:
@@ -743,8 +825,9 @@ def unenforced_keywords(schema: Any, path: str = "#") -> list[str]:
     ``minProperties`` above the required properties where keys outside ``properties`` are allowed
     (the grammar lets a key repeat, and a repeated key counts once in the parsed object), a
     ``required`` name outside ``properties`` (never required, whatever other keys may be: with
-    none allowed, strict mode's default, ``{}`` passed), and ``minLength``/``maxLength`` beside
-    a ``pattern`` or a format xgrammar writes as a regex (:data:`_FORMATS_IGNORING_LENGTH`)."""
+    none allowed, strict mode's default, ``{}`` passed), ``minLength``/``maxLength`` beside
+    a ``pattern`` or a format xgrammar writes as a regex (:data:`_FORMATS_IGNORING_LENGTH`), and
+    a ``pattern`` beside such a format."""
     found: list[str] = []
     for sub, where, _ in _walk(schema, path):
         found += _unenforced_here(sub, where)
@@ -1019,7 +1102,25 @@ def _unenforced_here(schema: dict, path: str) -> list[str]:
             found.append(f"{what} beside 'pattern' at {path}")
         if schema.get("format") in _FORMATS_IGNORING_LENGTH:
             found.append(f"{what} beside 'format' {schema['format']!r} at {path}")
+    if "pattern" in schema and schema.get("format") in _FORMATS_IGNORING_LENGTH:
+        # the format's regex wins: "2024-01-01" passed {"format": "date", "pattern": "^1"}
+        found.append(f"'pattern' beside 'format' {schema['format']!r} at {path} (it writes the format alone)")
     return found
+
+
+def exact_formats(schema: Any) -> bool:
+    """Write each ``format`` in ``schema`` that xgrammar's own regex lets invalid strings through
+    (:data:`~minisgl_core.api.grammar.FORMAT_REGEXES`: day 31 of November, February 29 of 2023,
+    second 60, an IPv4 octet "069") as that format's exact ``pattern`` instead, in place; whether
+    any was. (A ``pattern`` already beside the format is refused first: xgrammar keeps one of the
+    two, so the rewrite never meets one.)"""
+    changed = False
+    for sub, _, _ in _walk(schema):
+        regex = FORMAT_REGEXES.get(sub["format"]) if isinstance(sub.get("format"), str) else None
+        if regex is not None and "pattern" not in sub:
+            del sub["format"]
+            sub["pattern"], changed = regex, True
+    return changed
 
 
 class _Compiled(NamedTuple):

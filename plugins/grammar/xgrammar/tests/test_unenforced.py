@@ -227,6 +227,18 @@ def test_a_schema_with_many_such_keywords_names_the_first_five(backend):
 
 
 @pytest.mark.parametrize(("name", "text"), FORMATS_IGNORING_LENGTH)
+def test_each_format_refused_beside_a_pattern_is_one_xgrammar_drops_the_pattern_beside(name, text, backend):
+    """xgrammar writes the format alone: its strings pass a pattern none of them matches."""
+    schema = {"type": "string", "format": name, "pattern": "^Q$"}
+    assert _accepts(schema, json.dumps(text)), f"xgrammar now keeps a pattern beside format {name!r}"
+    assert unenforced_keywords(schema) == [
+        f"'pattern' beside 'format' {name!r} at # (it writes the format alone)"
+    ]
+    with pytest.raises(GrammarError, match="'pattern' beside 'format'"):
+        backend.compile(GrammarSpec("json_schema", json.dumps(schema)))
+
+
+@pytest.mark.parametrize(("name", "text"), FORMATS_IGNORING_LENGTH)
 def test_each_format_refused_beside_a_length_is_one_xgrammar_ignores_it_beside(name, text):
     assert _accepts({"type": "string", "format": name}, json.dumps(text))
     for limit in ({"minLength": len(text) + 3}, {"maxLength": 1}):

@@ -1,0 +1,148 @@
+"""What the backend rewrites before xgrammar compiles it, each beside a witness that xgrammar
+itself still needs it (if a new xgrammar gets one right, its witness test fails: drop the rewrite):
+
+- special tokens: xgrammar reads ``<|im_end|>`` as ten characters, which ``.+`` matches, so the
+  stop token was allowed where the grammar could not end (an empty answer to ``.+``);
+- patterns: a group's ``?`` made the group's first part optional too where the group holds a
+  quantifier (``^a(x5+)?$`` took "a5"); the backend writes ``{0,1}`` instead;
+- formats: ``date``, ``time``, ``date-time`` and ``ipv4`` are written as exact patterns
+  (``FORMAT_REGEXES``): xgrammar's took November 31, second 60 and "1.02.3.4"."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import re
+
+import pytest
+import xgrammar as xgr
+from minisgl_plugin_xgrammar.backend import XGrammarBackend, exact_patterns, xgrammar_pattern
+
+from minisgl_core.api import GrammarSpec, allocate_token_bitmask, allowed_tokens
+from minisgl_core.api.grammar import FORMAT_REGEXES
+from minisgl_core.testing.grammar_suite import FORMAT_CASES
+
+_BYTES = xgr.TokenizerInfo(
+    [bytes([b]) for b in range(256)] + [b"</s>"], vocab_type=xgr.VocabType.RAW, stop_token_ids=[256]
+)
+_COMPILER = xgr.GrammarCompiler(_BYTES, max_threads=1, cache_enabled=False)
+
+
+def _schema_grammar(schema: dict) -> object:
+    grammar = xgr.Grammar.from_json_schema(
+        json.dumps(schema), any_whitespace=False, separators=(",", ":"), strict_mode=True
+    )
+    return _COMPILER.compile_grammar(grammar)
+
+
+def _takes(compiled: object, text: str) -> bool:
+    matcher = xgr.GrammarMatcher(compiled)
+    return all(matcher.accept_token(b) for b in text.encode()) and matcher.accept_token(256)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    from minisgl_core.demo.factories import train_tokenizer
+
+    return AutoTokenizer.from_pretrained(str(train_tokenizer(tmp_path_factory.mktemp("tok"), vocab_size=400)))
+
+
+def test_xgrammar_reads_a_special_token_as_its_spelling(tokenizer):
+    stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=len(tokenizer), stop_token_ids=[stop])
+    assert info.decoded_vocab[stop] == b"<|im_end|>"
+    matcher = xgr.GrammarMatcher(xgr.GrammarCompiler(info).compile_grammar(xgr.Grammar.from_regex(".+")))
+    assert matcher.accept_token(stop) and matcher.is_terminated(), (
+        "xgrammar no longer ends .+ empty: drop the fix"
+    )
+    backend = XGrammarBackend(tokenizer, vocab_size=len(tokenizer), stop_token_ids=[stop])
+    ours = backend.matcher(backend.compile(GrammarSpec("regex", ".+")))
+    mask = allocate_token_bitmask(1, len(tokenizer))
+    ours.fill_bitmask(mask, 0)
+    assert not allowed_tokens(mask[0], len(tokenizer))[stop]
+
+
+def test_xgrammar_drops_what_begins_an_optional_group_with_a_quantifier():
+    assert _takes(_schema_grammar({"type": "string", "pattern": "^a(x5+)?$"}), '"a5"'), (
+        "xgrammar now reads (x5+)? right: drop xgrammar_pattern"
+    )
+    assert not _takes(_schema_grammar({"type": "string", "pattern": "^a(x5+){0,1}$"}), '"a5"')
+
+
+@pytest.mark.parametrize(
+    ("pattern", "written"),
+    [
+        ("^a(x5+)?$", "^a(x5+){0,1}$"),
+        ("(a)??b", "(a){0,1}b"),
+        ("((a)?b+)?", "((a){0,1}b+){0,1}"),
+        ("(?:a+)?", "(?:a+){0,1}"),
+        ("\\(a+\\)?", "\\(a+\\)?"),  # escaped parentheses are characters
+        ("[)?]+", "[)?]+"),  # so are they in a class
+        ("[]?)](a)?", "[]?)](a){0,1}"),  # a "]" first in a class is one too
+        ("[^]?)](a)?", "[^]?)](a){0,1}"),
+        ("(a)+?(b)*?", "(a)+?(b)*?"),  # lazy repetitions are no optional groups
+    ],
+)
+def test_optional_groups_are_written_as_zero_or_one(pattern, written):
+    assert xgrammar_pattern(pattern) == written
+    assert re.fullmatch(pattern, "ab") is None or re.fullmatch(written, "ab") is not None
+
+
+def _random_pattern(rng: random.Random, depth: int = 0) -> str:
+    def atom() -> str:
+        r = rng.random()
+        if r < 0.45 or depth > 1:
+            return rng.choice(["a", "x", "5", "\\.", "[ax]", "[^a]", ".", "[5.]"])
+        inner = _random_pattern(rng, depth + 1)
+        if r < 0.75:
+            return f"({inner})"
+        if r < 0.85:
+            return f"(?:{inner})"
+        return f"({inner}|{_random_pattern(rng, depth + 1)})"
+
+    quantifiers = ["", "", "", "?", "*", "+", "{2}", "{0,1}", "{1,2}", "{0,}", "??", "+?"]
+    return "".join(atom() + rng.choice(quantifiers) for _ in range(rng.randint(1, 2)))
+
+
+def test_rewritten_patterns_match_what_python_matches():
+    """60 random patterns (groups, alternations, classes, every quantifier), rewritten as the
+    backend writes them, take exactly the strings of up to 4 characters over "ax5." that Python's
+    ``re`` takes (14 of 400 such patterns did not, unwritten)."""
+    rng = random.Random(20261201)
+    strings = ["".join(c) for n in range(5) for c in itertools.product("ax5.", repeat=n)]
+    wrong = []
+    for _ in range(60):
+        pattern = _random_pattern(rng)
+        schema = {"type": "string", "pattern": f"^{pattern}$"}
+        exact_patterns(schema)
+        compiled = _schema_grammar(schema)
+        missed = [
+            s for s in strings if _takes(compiled, json.dumps(s)) != bool(re.fullmatch(pattern, s, re.S))
+        ]
+        if missed:
+            wrong.append(f"{pattern!r} on {missed[:3]}")
+    assert wrong == []
+
+
+def test_pattern_property_names_are_rewritten_too():
+    schema = {
+        "type": "object",
+        "patternProperties": {"^a(x5+)?$": {"type": "integer"}},
+        "additionalProperties": False,
+    }
+    assert _takes(_schema_grammar(schema), '{"a5":1}'), "xgrammar now reads (x5+)? right in names too"
+    assert exact_patterns(schema)
+    assert not _takes(_schema_grammar(schema), '{"a5":1}') and _takes(_schema_grammar(schema), '{"ax5":1}')
+
+
+@pytest.mark.parametrize("name", sorted(FORMAT_REGEXES))
+def test_each_format_written_as_a_pattern_is_one_xgrammar_writes_loosely(name):
+    valid, invalid = FORMAT_CASES[name]
+    compiled = _schema_grammar({"type": "string", "format": name})
+    assert any(_takes(compiled, json.dumps(text)) for text in invalid), (
+        f"xgrammar's format {name!r} now refuses every invalid case: it may leave FORMAT_REGEXES' use"
+    )
+    assert all(_takes(compiled, json.dumps(text)) for text in valid)
