@@ -129,8 +129,9 @@ def random_schema(rng: random.Random) -> dict[str, Any]:
     random walks end), mixing the keyword families backends got wrong: keywords beside ``anyOf``,
     ``oneOf``, ``allOf``, ``$ref``, ``enum`` and ``const`` (xgrammar dropped them), bounds of
     either kind, patterns with classes of any character (overlong UTF-8), ``prefixItems``,
-    ``additionalProperties`` as a schema, type lists. A backend may refuse any of it; what it
-    accepts must hold."""
+    ``additionalProperties`` as a schema, ``patternProperties`` (whose patterns may match names in
+    ``properties``), ``propertyNames``, ``items: false``, type lists. A backend may refuse any of
+    it; what it accepts must hold."""
     defs: dict[str, Any] = {}
     schema = _random_subschema(rng, 0, defs)
     if defs:
@@ -187,6 +188,8 @@ def _random_subschema(rng: random.Random, depth: int, defs: dict[str, Any]) -> d
             array["minItems"] = rng.randint(0, array["maxItems"])
         if rng.random() < 0.25:
             array["prefixItems"] = [_random_subschema(rng, depth + 1, defs) for _ in range(rng.randint(1, 2))]
+            if rng.random() < 0.4:
+                array["items"] = False
         return array
     if kind == "object":
         names = ["a", "b c", 'q"', "é", "$x", "p"]
@@ -204,6 +207,13 @@ def _random_subschema(rng: random.Random, depth: int, defs: dict[str, Any]) -> d
         elif r < 0.7:
             obj["additionalProperties"] = {"type": "integer", "minimum": 0, "maximum": 9}
             obj["maxProperties"] = len(properties) + 1
+        r = rng.random()
+        if r < 0.25:  # names of properties may match the patterns: both schemas apply
+            obj["patternProperties"] = {
+                rng.choice(["^a[0-9]?$", "^p[0-9]$", "^[xy]$"]): _random_subschema(rng, depth + 1, defs)
+            }
+        elif r < 0.35:
+            obj["propertyNames"] = rng.choice([{"maxLength": 2}, {"pattern": "^[a-p][0-9]$"}])
         return obj
     if kind in ("anyOf", "oneOf", "allOf"):
         return {kind: [_random_subschema(rng, depth + 1, defs) for _ in range(rng.randint(1, 3))]}

@@ -283,6 +283,7 @@ class XGrammarBackend(GrammarBackend):
                 | whole_integer_bounds(schema)
                 | exact_formats(schema)
                 | exact_patterns(schema)
+                | moot_property_names(schema)
             )
             # ensure_ascii=False: xgrammar leaves nothing after an escaped surrogate pair
             text = json.dumps(schema, ensure_ascii=False) if rewritten else spec.value
@@ -833,7 +834,44 @@ def unenforced_keywords(schema: Any, path: str = "#") -> list[str]:
         found += _unenforced_here(sub, where)
         found += _overlapping_one_of(sub, where, schema)
         found += _dropped_beside(sub, where, schema)
+        found += _names_ruled_out(sub, where, schema)
     return found
+
+
+def _names_ruled_out(schema: dict, path: str, root: Any) -> list[str]:
+    """A name in ``properties`` that the ``propertyNames`` beside it rules out, as one entry:
+    xgrammar writes those names unchecked (``{"ab": 1}`` passed ``{"properties": {"ab": ...},
+    "propertyNames": {"maxLength": 1}}``). Judged by ``jsonschema``; not judged without it."""
+    names, rule = schema.get("properties"), schema.get("propertyNames")
+    if not isinstance(names, dict) or not names or rule is None:
+        return []
+    # a filter of values, given objects holding one name each: what propertyNames asks of a name
+    allowed = _choice_filter({"const": None, "propertyNames": rule}, root)
+    ruled_out = [name for name in names if allowed is not None and not allowed({name: None})]
+    if not ruled_out:
+        return []
+    return [
+        f"'propertyNames' ruling out {ruled_out[0]!r} of 'properties' at {path} (it writes the names in "
+        "'properties' unchecked; rename the property or loosen 'propertyNames')"
+    ]
+
+
+def moot_property_names(schema: Any) -> bool:
+    """Drop ``propertyNames`` (in place) where ``additionalProperties`` is false and no
+    ``patternProperties`` is beside it: the names are then those of ``properties``, each checked
+    against it first (:func:`_names_ruled_out`), and xgrammar read such a ``propertyNames`` as
+    the keys allowed, with any value (``{"j0": 538}`` passed ``{"additionalProperties": false,
+    "propertyNames": {"pattern": "^[a-p][0-9]$"}}``, which takes ``{}`` only); whether any was."""
+    changed = False
+    for sub, _, _ in _walk(schema):
+        if (
+            "propertyNames" in sub
+            and sub.get("additionalProperties") is False
+            and "patternProperties" not in sub
+        ):
+            del sub["propertyNames"]
+            changed = True
+    return changed
 
 
 def _dropped_beside(schema: dict, path: str, root: Any) -> list[str]:
@@ -1102,9 +1140,45 @@ def _unenforced_here(schema: dict, path: str) -> list[str]:
             found.append(f"{what} beside 'pattern' at {path}")
         if schema.get("format") in _FORMATS_IGNORING_LENGTH:
             found.append(f"{what} beside 'format' {schema['format']!r} at {path}")
+    for pattern, name in _names_patterns_match(schema):
+        # xgrammar gives a name in 'properties' its schema there alone: {"xa": "s"} passed
+        # {"properties": {"xa": {"type": "string"}}, "patternProperties": {"^x": {"type": "integer"}}}
+        found.append(
+            f"'patternProperties' {pattern!r} matching {name!r} of 'properties' at {path} (it applies "
+            f"only 'properties' to {name!r}; put what {pattern!r} asks into the schema of {name!r})"
+        )
     if "pattern" in schema and schema.get("format") in _FORMATS_IGNORING_LENGTH:
         # the format's regex wins: "2024-01-01" passed {"format": "date", "pattern": "^1"}
         found.append(f"'pattern' beside 'format' {schema['format']!r} at {path} (it writes the format alone)")
+    return found
+
+
+def _names_patterns_match(schema: dict) -> list[tuple[str, str]]:
+    """(pattern, name) for each ``patternProperties`` pattern of ``schema`` that matches a name in
+    its ``properties`` (JSON Schema applies both schemas to that property's value), matched by
+    the ``regex`` engine under :data:`PATTERN_CHECK_S`; past the deadline, or without ``regex``, a
+    pattern is taken to match (the schema is refused rather than risk it)."""
+    names, patterns = schema.get("properties"), schema.get("patternProperties")
+    if not isinstance(names, dict) or not isinstance(patterns, dict) or not names or not patterns:
+        return []
+    try:
+        import regex
+    except ImportError:
+        regex = None
+    deadline = time.monotonic() + PATTERN_CHECK_S
+    found = []
+    for pattern in patterns:
+        for name in names:
+            left = deadline - time.monotonic()
+            try:
+                hit = regex is None or left <= 0 or regex.search(pattern, name, timeout=left) is not None
+            except TimeoutError:
+                hit = True
+            except Exception:  # a pattern Python cannot read: refused elsewhere, or not judged here
+                hit = False
+            if hit:
+                found.append((pattern, name))
+                break
     return found
 
 

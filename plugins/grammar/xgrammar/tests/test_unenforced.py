@@ -14,12 +14,29 @@ import time
 
 import pytest
 import xgrammar as xgr
-from minisgl_plugin_xgrammar.backend import XGrammarBackend, apply_siblings_to_choices, unenforced_keywords
+from minisgl_plugin_xgrammar.backend import (
+    XGrammarBackend,
+    apply_siblings_to_choices,
+    moot_property_names,
+    unenforced_keywords,
+)
 
 from minisgl_core.api import GrammarError, GrammarSpec
 
 #: (schema, a text that breaks it, what the refusal names)
 REFUSED = [
+    # a name in 'properties' that 'propertyNames' rules out is written unchecked
+    (
+        {"type": "object", "properties": {"ab": {"type": "integer"}}, "propertyNames": {"maxLength": 1}},
+        '{"ab":1}',
+        "'propertyNames' ruling out 'ab' of 'properties' at #",
+    ),
+    # a name in 'properties' that a 'patternProperties' pattern matches gets only its own schema
+    (
+        {"type": "object", "properties": {"xa": {"type": "string"}}, "patternProperties": {"^x": {"type": "integer"}}},
+        '{"xa":"s"}',
+        "'patternProperties' '^x' matching 'xa' of 'properties' at #",
+    ),
     ({"type": "array", "items": {"type": "boolean"}, "uniqueItems": True}, "[true,true]", "'uniqueItems' at #"),
     ({"type": "integer", "not": {"const": 1}}, "1", "'not' at #"),
     ({"type": "array", "items": {"type": "integer"}, "contains": {"const": 5}}, "[1]", "'contains' at #"),
@@ -145,6 +162,8 @@ DISCRIMINATED = {
 
 #: enforced by xgrammar, so not refused: (schema, a text that breaks it)
 ENFORCED = [
+    # a pattern property beside properties it does not match (JSON Schema searches: "x" is not in "ya")
+    ({"type": "object", "properties": {"ya": {"type": "string"}}, "patternProperties": {"^x": {"type": "integer"}}}, '{"xb":"s"}'),
     ({"type": "integer", "multipleOf": 3}, "4"),
     ({"type": "integer", "multipleOf": 3.0}, "4"),
     ({"type": "integer", "multipleOf": 1024}, "1"),
@@ -377,3 +396,19 @@ def test_patterns_beside_an_enum_are_checked_without_runaway_backtracking(backen
     monkeypatch.setattr(module, "PATTERN_CHECK_S", 0.0)  # a check past its deadline: refused, not kept
     with pytest.raises(GrammarError, match="took over 0 s to check against its values"):
         backend.check(GrammarSpec("json_schema", json.dumps({"enum": ["x", "yy"], "pattern": "^x$"})))
+
+
+def test_property_names_beside_no_other_properties_are_dropped(backend):
+    """xgrammar read ``propertyNames`` beside ``additionalProperties: false`` as the keys allowed,
+    with any value; that schema takes ``{}`` only (and names in ``properties`` are checked
+    against it first), so the backend drops it."""
+    schema = {"type": "object", "additionalProperties": False, "propertyNames": {"pattern": "^[a-p][0-9]$"}}
+    assert _accepts(schema, '{"j0":538}'), "xgrammar now keeps additionalProperties false here"
+    kept = {"type": "object", "patternProperties": {"^x$": {"type": "integer"}}, "additionalProperties": False,
+            "propertyNames": {"maxLength": 1}}  # fmt: skip
+    assert moot_property_names(schema) and not moot_property_names(kept) and "propertyNames" in kept
+    assert not _accepts(schema, '{"j0":538}') and _accepts(schema, "{}")
+    compiled = backend.compile(
+        GrammarSpec("json_schema", json.dumps({**schema, "propertyNames": {"maxLength": 2}}))
+    )
+    assert compiled is not None
