@@ -909,38 +909,11 @@ def _types_implied(schema: dict, key: str, root: Any) -> bool:
     if not isinstance(branches, list) or not branches:
         return False
     for branch in branches:
-        types = _exact_types(_resolve(branch, root))
+        target = _resolve(branch, root)
+        types = _types(target, _values(target), integers=True)
         if types is None or not all(t in allowed or (t == "integer" and "number" in allowed) for t in types):
             return False
     return True
-
-
-def _exact_types(schema: Any) -> set[str] | None:
-    """The JSON types (integer apart from number) ``schema`` allows, where its ``type``,
-    ``const`` or ``enum`` says; None where they do not."""
-    if not isinstance(schema, dict):
-        return None
-    values = [schema["const"]] if "const" in schema else schema.get("enum")
-    if isinstance(values, list):
-        return {_json_type(v) for v in values}
-    declared = schema.get("type")
-    if isinstance(declared, str):
-        return {declared}
-    if isinstance(declared, list) and all(isinstance(t, str) for t in declared):
-        return set(declared)
-    return None
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    return {str: "string", list: "array", dict: "object"}.get(type(value), "unknown")
 
 
 #: the most ``oneOf`` branches checked pair by pair for overlap (the check is quadratic; a probe
@@ -1043,26 +1016,29 @@ def _values(schema: Any) -> frozenset[str] | None:
     return None
 
 
-def _types(schema: Any, values: frozenset[str] | None) -> frozenset[str] | None:
-    """The JSON types ``schema`` allows (integer counted as number), or None where it does not say;
-    ``values``: its listed values (:func:`_values`)."""
+def _types(schema: Any, values: frozenset[str] | None, *, integers: bool = False) -> frozenset[str] | None:
+    """The JSON types ``schema`` allows, or None where it does not say; ``values``: its listed
+    values (:func:`_values`); integer counted as number unless ``integers``."""
     if values is not None:
-        return frozenset(_type_of(v) for v in values)
+        return frozenset(_type_of(v, integers) for v in values)
     declared = schema.get("type") if isinstance(schema, dict) else None
     if isinstance(declared, str):
         declared = [declared]
     if not isinstance(declared, list) or not all(isinstance(t, str) for t in declared):
         return None
-    return frozenset("number" if t == "integer" else t for t in declared)
+    return frozenset("number" if t == "integer" and not integers else t for t in declared)
 
 
-def _type_of(key: str) -> str:
-    """The JSON type of a :func:`_value_key` text (integer counted as number)."""
+def _type_of(key: str, integers: bool = False) -> str:
+    """The JSON type of a :func:`_value_key` text (integer counted as number unless ``integers``;
+    a whole float's key is an integer's)."""
     first = key[0]
     if first == "n":
         return "null"
     if first in "tf":
         return "boolean"
+    if integers and key.lstrip("-").isdigit():
+        return "integer"
     return {'"': "string", "[": "array", "{": "object"}.get(first, "number")  # digits, -, Infinity, NaN
 
 
@@ -1214,7 +1190,16 @@ _BAD_SECOND_BYTES = {
 #: bytes or byte pairs no UTF-8 text holds: those of _BAD_SECOND_BYTES, and the bytes that never
 #: appear (0xC0, 0xC1: overlong two-byte forms; 0xF5-0xFF)
 _NOT_UTF8 = re.compile(
-    rb"[\xc0\xc1\xf5-\xff]|\xe0[\x80-\x9f]|\xed[\xa0-\xbf]|\xf0[\x80-\x8f]|\xf4[\x90-\xbf]"
+    rb"[\xc0\xc1\xf5-\xff]|"
+    + b"|".join(
+        re.escape(bytes([lead]))
+        + b"["
+        + re.escape(bytes([min(seconds)]))
+        + b"-"
+        + re.escape(bytes([max(seconds)]))
+        + b"]"
+        for lead, seconds in _BAD_SECOND_BYTES.items()
+    )
 )
 
 
