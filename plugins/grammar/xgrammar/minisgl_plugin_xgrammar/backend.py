@@ -278,13 +278,7 @@ class XGrammarBackend(GrammarBackend):
             _check_json(spec.value, "json_schema")
             schema = json.loads(spec.value)
             _refuse_what_xgrammar_gets_wrong(schema)
-            rewritten = (
-                apply_siblings_to_choices(schema)
-                | whole_integer_bounds(schema)
-                | exact_formats(schema)
-                | exact_patterns(schema)
-                | moot_property_names(schema)
-            )
+            rewritten = _rewrite_for_xgrammar(schema)
             # ensure_ascii=False: xgrammar leaves nothing after an escaped surrogate pair
             text = json.dumps(schema, ensure_ascii=False) if rewritten else spec.value
             # compact output (no free whitespace): a weak model cannot stall in an endless run of spaces
@@ -304,11 +298,70 @@ class XGrammarBackend(GrammarBackend):
             return grammar.from_ebnf(spec.value)
         if spec.kind == "structural_tag":
             _check_json(spec.value, "structural_tag")
-            return grammar.from_structural_tag(spec.value)
+            return grammar.from_structural_tag(
+                json.dumps(structural_tag(json.loads(spec.value)), ensure_ascii=False)
+            )
         raise GrammarError(f"xgrammar backend: unsupported grammar kind {spec.kind!r}")
 
 
 _JSON_KINDS = frozenset({"json_schema", "json_object"})
+
+
+def _rewrite_for_xgrammar(schema: Any) -> bool:
+    """The rewrites a checked schema gets before xgrammar compiles it, in place; whether any
+    changed it."""
+    return (
+        apply_siblings_to_choices(schema)
+        | whole_integer_bounds(schema)
+        | exact_formats(schema)
+        | exact_patterns(schema)
+        | moot_property_names(schema)
+    )
+
+
+def structural_tag(tag: Any) -> Any:
+    """The structural tag xgrammar compiles for ``tag`` (parsed JSON): vLLM's older form
+    (``{"structures": [{"begin", "schema", "end"}], "triggers": [...]}``, which xgrammar 0.2 refuses
+    for want of a "format") written as triggered tags, and each JSON schema in it checked and
+    rewritten as a ``json_schema`` grammar's is (xgrammar compiled them as given: ``[1,1]`` passed
+    ``uniqueItems``, "2023-11-31" a ``date``). A schema it refuses is a GrammarError naming where
+    in the tag it is."""
+    legacy = isinstance(tag, dict) and "format" not in tag and isinstance(tag.get("structures"), list)
+    if legacy:
+        tags = [
+            {"type": "tag", "begin": item.get("begin"), "end": item.get("end"),
+             "content": {"type": "json_schema", "json_schema": item.get("schema", True)}}
+            if isinstance(item, dict) else item
+            for item in tag["structures"]
+        ]  # fmt: skip
+        tag = {
+            "type": "structural_tag",
+            "format": {"type": "triggered_tags", "triggers": tag.get("triggers"), "tags": tags},
+        }
+    stack: list[tuple[Any, str]] = [(tag, "")]
+    while stack:
+        node, where = stack.pop()
+        if isinstance(node, list):
+            stack += [(item, f"{where}/{i}") for i, item in enumerate(node)]
+        elif isinstance(node, dict):
+            if isinstance(node.get("json_schema"), dict):  # a schema: checked here, not walked as a tag
+                try:
+                    _refuse_what_xgrammar_gets_wrong(node["json_schema"])
+                except GrammarError as exc:
+                    named = f"{where}/json_schema"
+                    if legacy:  # where the user wrote it
+                        named = re.sub(
+                            r"^/format/tags/(\d+)/content/json_schema$", r"/structures/\1/schema", named
+                        )
+                    raise GrammarError(
+                        f"structural_tag: the schema at {named}: " + str(exc).removeprefix("json_schema: ")
+                    ) from None
+                _rewrite_for_xgrammar(node["json_schema"])
+                stack += [(value, f"{where}/{key}") for key, value in node.items() if key != "json_schema"]
+            else:
+                stack += [(value, f"{where}/{key}") for key, value in node.items()]
+    return tag
+
 
 #: the deepest a JSON schema may nest schemas in schemas (the root is level 1). xgrammar's
 #: conversion of a schema grows with the cube of its depth (two cores, objects in objects each

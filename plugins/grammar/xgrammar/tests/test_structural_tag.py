@@ -1,0 +1,83 @@
+"""Structural tags: free text with tagged regions held to JSON schemas (xgrammar's format, and
+vLLM's older ``structures``/``triggers`` form). The schemas in a tag are checked and rewritten as
+a ``json_schema`` grammar's are: xgrammar compiled them as given, so ``[1,1]`` passed
+``uniqueItems`` and "2023-11-31" a ``date``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import xgrammar as xgr
+from minisgl_plugin_xgrammar.backend import XGrammarBackend
+
+from minisgl_core.api import GrammarError, GrammarSpec
+
+STOP = "<|im_end|>"
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory) -> XGrammarBackend:
+    from transformers import AutoTokenizer
+
+    from minisgl_core.demo.factories import train_tokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(train_tokenizer(tmp_path_factory.mktemp("tok"), vocab_size=400)))
+    return XGrammarBackend(tok, vocab_size=len(tok), stop_token_ids=[tok.convert_tokens_to_ids(STOP)])
+
+
+def _tag(schema: dict) -> dict:
+    tag = {"begin": "<f>", "content": {"type": "json_schema", "json_schema": schema}, "end": "</f>"}
+    return {
+        "type": "structural_tag",
+        "format": {"type": "triggered_tags", "triggers": ["<f>"], "tags": [tag]},
+    }
+
+
+def _takes(backend: XGrammarBackend, tag: dict, text: str) -> bool:
+    matcher = backend.matcher(backend.compile(GrammarSpec("structural_tag", json.dumps(tag))))
+    stop = backend.stop_token_ids[0]
+    tokens = backend.tokenizer.encode(text, add_special_tokens=False)
+    return all(matcher.accept_token(t) for t in tokens) and (
+        matcher.accept_token(stop) or matcher.is_terminated()
+    )
+
+
+def test_text_and_tagged_json(backend):
+    tag = _tag({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})
+    assert _takes(backend, tag, 'I will call it. <f>{"n":3}</f> done')
+    assert not _takes(backend, tag, 'I will call it. <f>{"n":"x"}</f>')
+
+
+def test_vllms_older_form_is_read_as_triggered_tags(backend):
+    older = {"structures": [{"begin": "<f>", "schema": {"type": "array", "items": {"type": "integer"}}, "end": "</f>"}],
+             "triggers": ["<f>"]}  # fmt: skip
+    with pytest.raises(RuntimeError, match="format"):  # xgrammar's own reading of it
+        xgr.Grammar.from_structural_tag(json.dumps(older))
+    assert _takes(backend, older, "a <f>[1,2]</f> b")
+    assert not _takes(backend, older, 'a <f>[1,"x"]</f>')
+
+
+def test_a_keyword_xgrammar_would_not_enforce_in_a_tag_is_refused_naming_where(backend):
+    unique = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    raw = xgr.GrammarCompiler(
+        xgr.TokenizerInfo([bytes([b]) for b in range(256)] + [b""], stop_token_ids=[256])
+    )
+    matcher = xgr.GrammarMatcher(
+        raw.compile_grammar(xgr.Grammar.from_structural_tag(json.dumps(_tag(unique))))
+    )
+    assert all(matcher.accept_token(b) for b in b"<f>[1,1]</f>"), "xgrammar now enforces uniqueItems in tags"
+    with pytest.raises(
+        GrammarError, match=r"the schema at /format/tags/0/content/json_schema: .*'uniqueItems' at #"
+    ):
+        backend.check(GrammarSpec("structural_tag", json.dumps(_tag(unique))))
+    older = {"structures": [{"begin": "<f>", "schema": unique, "end": "</f>"}], "triggers": ["<f>"]}
+    with pytest.raises(GrammarError, match=r"the schema at /structures/0/schema: "):
+        backend.check(GrammarSpec("structural_tag", json.dumps(older)))
+
+
+def test_formats_and_patterns_in_a_tag_are_written_as_for_a_schema(backend):
+    assert not _takes(backend, _tag({"type": "string", "format": "date"}), '<f>"2023-11-31"</f>')
+    assert _takes(backend, _tag({"type": "string", "format": "date"}), '<f>"2024-02-29"</f>')
+    pattern = _tag({"type": "string", "pattern": "^a(x5+)?$"})
+    assert not _takes(backend, pattern, '<f>"a5"</f>') and _takes(backend, pattern, '<f>"ax5"</f>')
