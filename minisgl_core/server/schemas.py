@@ -210,8 +210,12 @@ class JsonSchemaFormat(StrictModel):
 
 
 class ResponseFormat(StrictModel):
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
+    #: type "structural_tag": vLLM's and SGLang's ``structures`` + ``triggers``, or xgrammar's ``format``
+    structures: list[FreeObject] | None = None
+    triggers: list[Text] | None = None
+    format: FreeObject | None = None
 
     @model_validator(mode="after")
     def _schema_iff_json_schema(self) -> ResponseFormat:
@@ -219,11 +223,31 @@ class ResponseFormat(StrictModel):
             raise ValueError(
                 'response_format.json_schema is required with (and only with) type "json_schema"'
             )
+        older = self.structures is not None or self.triggers is not None
+        if self.type != "structural_tag" and (older or self.format is not None):
+            raise ValueError(
+                'response_format.structures, triggers and format go with type "structural_tag" only'
+            )
+        if self.type == "structural_tag" and (self.format is not None) == older:
+            raise ValueError(
+                'response_format of type "structural_tag" takes "structures" and "triggers", or "format"'
+            )
+        if self.type == "structural_tag" and older and (self.structures is None or self.triggers is None):
+            raise ValueError(
+                'response_format of type "structural_tag" takes both "structures" and "triggers"'
+            )
         return self
 
     def spec(self) -> GrammarSpec | None:
         if self.type == "text":
             return None
+        if self.type == "structural_tag":
+            tag = (
+                {"type": "structural_tag", "format": self.format}
+                if self.format is not None
+                else {"structures": self.structures, "triggers": self.triggers}
+            )
+            return GrammarSpec("structural_tag", json.dumps(tag))
         if self.type == "json_object" or self.json_schema is None or self.json_schema.schema_ is None:
             return GrammarSpec("json_object", "")
         return GrammarSpec("json_schema", json.dumps(self.json_schema.schema_))
