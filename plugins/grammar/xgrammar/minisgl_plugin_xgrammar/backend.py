@@ -272,6 +272,18 @@ class XGrammarBackend(GrammarBackend):
         except RuntimeError as exc:  # xgrammar's parse errors: what is wrong, behind C++ noise
             raise GrammarError(f"invalid {spec.kind} grammar: {library_message(exc)}") from exc
 
+    def _compact_json(self, schema: Any) -> str:
+        """The EBNF of ``schema`` (checked and rewritten) as a ``json_schema`` grammar compiles it:
+        compact, strict, and with no raw control character in a string of limited length (the JSON
+        guard forbids them elsewhere; a tag's free text may hold them, so here the grammar does:
+        xgrammar wrote such a string's characters as :data:`_LIMITED_STRING_CHARACTERS`, and a raw
+        NUL came out inside a tag's JSON)."""
+        text = json.dumps(schema, ensure_ascii=False)
+        grammar = self._xgr.Grammar.from_json_schema(
+            text, any_whitespace=False, separators=(",", ":"), strict_mode=True
+        )
+        return str(grammar).replace(_LIMITED_STRING_CHARACTERS, _STRING_CHARACTERS)
+
     def _parse(self, spec: GrammarSpec) -> Any:
         grammar = self._xgr.Grammar
         if spec.kind == "json_schema":
@@ -298,13 +310,18 @@ class XGrammarBackend(GrammarBackend):
             return grammar.from_ebnf(spec.value)
         if spec.kind == "structural_tag":
             _check_json(spec.value, "structural_tag")
-            return grammar.from_structural_tag(
-                json.dumps(structural_tag(json.loads(spec.value)), ensure_ascii=False)
-            )
+            tag = structural_tag(json.loads(spec.value), compact=self._compact_json)
+            return grammar.from_structural_tag(json.dumps(tag, ensure_ascii=False))
         raise GrammarError(f"xgrammar backend: unsupported grammar kind {spec.kind!r}")
 
 
 _JSON_KINDS = frozenset({"json_schema", "json_object"})
+
+
+#: the class xgrammar (0.2.9) prints a length-limited JSON string's characters with (raw control
+#: characters allowed), and the one the backend writes for it in a tag (its other strings' class)
+_LIMITED_STRING_CHARACTERS = r"[^\"\\\r\n]"
+_STRING_CHARACTERS = r"[^\0-\x1f\"\\\r\n]"
 
 
 def _rewrite_for_xgrammar(schema: Any) -> bool:
@@ -319,13 +336,15 @@ def _rewrite_for_xgrammar(schema: Any) -> bool:
     )
 
 
-def structural_tag(tag: Any) -> Any:
+def structural_tag(tag: Any, compact: Callable[[Any], str] | None = None) -> Any:
     """The structural tag xgrammar compiles for ``tag`` (parsed JSON): vLLM's older form
     (``{"structures": [{"begin", "schema", "end"}], "triggers": [...]}``, which xgrammar 0.2 refuses
     for want of a "format") written as triggered tags, and each JSON schema in it checked and
     rewritten as a ``json_schema`` grammar's is (xgrammar compiled them as given: ``[1,1]`` passed
     ``uniqueItems``, "2023-11-31" a ``date``). A schema it refuses is a GrammarError naming where
-    in the tag it is."""
+    in the tag it is. With ``compact`` (schema -> EBNF), JSON contents in plain JSON style become
+    that grammar: xgrammar writes a tag's JSON with free whitespace, in which a random model ran
+    to its token limit ("<f>{" and spaces), where a ``json_schema`` grammar has none."""
     legacy = isinstance(tag, dict) and "format" not in tag and isinstance(tag.get("structures"), list)
     if legacy:
         tags = [
@@ -357,7 +376,15 @@ def structural_tag(tag: Any) -> Any:
                         f"structural_tag: the schema at {named}: " + str(exc).removeprefix("json_schema: ")
                     ) from None
                 _rewrite_for_xgrammar(node["json_schema"])
-                stack += [(value, f"{where}/{key}") for key, value in node.items() if key != "json_schema"]
+                plain = node.get("type") == "json_schema" and node.get("style", "json") == "json"
+                if compact is not None and plain and not node.get("any_order"):
+                    grammar = compact(node["json_schema"])
+                    node.clear()
+                    node.update({"type": "grammar", "grammar": grammar})
+                else:
+                    stack += [
+                        (value, f"{where}/{key}") for key, value in node.items() if key != "json_schema"
+                    ]
             else:
                 stack += [(value, f"{where}/{key}") for key, value in node.items()]
     return tag

@@ -81,3 +81,40 @@ def test_formats_and_patterns_in_a_tag_are_written_as_for_a_schema(backend):
     assert _takes(backend, _tag({"type": "string", "format": "date"}), '<f>"2024-02-29"</f>')
     pattern = _tag({"type": "string", "pattern": "^a(x5+)?$"})
     assert not _takes(backend, pattern, '<f>"a5"</f>') and _takes(backend, pattern, '<f>"ax5"</f>')
+
+
+def test_json_in_a_tag_is_compact_and_walks_end_valid(backend):
+    """A tag's JSON is written as a ``json_schema`` grammar's, compact: xgrammar's own allows free
+    whitespace, in which a random model ran to its token limit ("<f>{" then spaces)."""
+    import random
+
+    import jsonschema
+
+    from minisgl_core.api import allocate_token_bitmask
+    from minisgl_core.testing.grammar_suite import NESTED_SCHEMA, walk
+
+    tag = _tag({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})
+    assert _takes(backend, tag, '<f>{"n":3}</f>')
+    assert not _takes(backend, tag, '<f>{ "n":3}</f>') and not _takes(backend, tag, '<f>{"n": 3}</f>')
+    whole = {"type": "structural_tag", "format": _tag(NESTED_SCHEMA)["format"]["tags"][0]}
+    compiled = backend.compile(GrammarSpec("structural_tag", json.dumps(whole)))
+    stop = backend.stop_token_ids[0]
+    rng = random.Random(7)
+    assert allocate_token_bitmask(1, backend.vocab_size).shape[0] == 1
+    for _ in range(10):
+        tokens = walk(backend.matcher(compiled), backend.vocab_size, stop, rng, max_steps=400)
+        text = backend.tokenizer.decode([t for t in tokens if t != stop])
+        assert text.startswith("<f>") and text.endswith("</f>"), text
+        jsonschema.validate(json.loads(text[3:-4]), NESTED_SCHEMA)
+
+
+def test_no_raw_control_character_in_a_length_limited_string_of_a_tag(backend):
+    from minisgl_plugin_xgrammar.backend import _LIMITED_STRING_CHARACTERS
+
+    limited = {"type": "string", "maxLength": 3}
+    printed = str(xgr.Grammar.from_json_schema(json.dumps(limited), any_whitespace=False, strict_mode=True))
+    assert _LIMITED_STRING_CHARACTERS in printed, "xgrammar writes length-limited strings otherwise now"
+    assert _takes(backend, _tag(limited), '<f>"ab"</f>')
+    assert not _takes(backend, _tag(limited), '<f>"a\x00"</f>') and not _takes(
+        backend, _tag(limited), '<f>"\x1f"</f>'
+    )
