@@ -826,6 +826,27 @@ def apply_siblings_to_choices(schema: Any) -> bool:
     return changed
 
 
+def _pattern_search() -> Callable[[str, str], bool] | None:
+    """``search(pattern, text)``: whether ``pattern`` is found in ``text``, on the third-party
+    ``regex`` engine, all the calls of one searcher under one :data:`PATTERN_CHECK_S` deadline
+    (TimeoutError past it); None without ``regex``. Python's ``re`` backtracks without end (an enum
+    value of 26 a's and a "!" beside "^(a+)+$" took 3.5 s, each further a twice that), and this
+    runs in the tokenizer worker."""
+    try:
+        import regex
+    except ImportError:
+        return None
+    deadline = time.monotonic() + PATTERN_CHECK_S
+
+    def search(pattern: str, text: str) -> bool:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        return regex.search(pattern, text, timeout=left) is not None
+
+    return search
+
+
 def _choice_filter(schema: dict, root: Any) -> Callable[[Any], bool] | None:
     """For a schema listing its values (``enum``, ``const``) beside keywords that assert more:
     whether a value keeps to those keywords, read by ``jsonschema`` in the root's draft with its
@@ -838,19 +859,11 @@ def _choice_filter(schema: dict, root: Any) -> Callable[[Any], bool] | None:
         return None
     try:
         import jsonschema
-        import regex
     except ImportError:
         return None
-    # Patterns run on the third-party regex engine under one deadline: Python's re backtracks
-    # without end (an enum value of 26 a's and a "!" beside "^(a+)+$" took 3.5 s, each further a
-    # twice that), and this runs in the tokenizer worker.
-    deadline = time.monotonic() + PATTERN_CHECK_S
-
-    def search(pattern: str, text: str) -> bool:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError
-        return regex.search(pattern, text, timeout=left) is not None
+    search = _pattern_search()
+    if search is None:
+        return None
 
     def pattern(validator: Any, wanted: str, instance: Any, schema: Any) -> Iterator[Any]:
         if validator.is_type(instance, "string") and not search(wanted, instance):
@@ -1217,17 +1230,12 @@ def _names_patterns_match(schema: dict) -> list[tuple[str, str]]:
     names, patterns = schema.get("properties"), schema.get("patternProperties")
     if not isinstance(names, dict) or not isinstance(patterns, dict) or not names or not patterns:
         return []
-    try:
-        import regex
-    except ImportError:
-        regex = None
-    deadline = time.monotonic() + PATTERN_CHECK_S
+    search = _pattern_search()
     found = []
     for pattern in patterns:
         for name in names:
-            left = deadline - time.monotonic()
             try:
-                hit = regex is None or left <= 0 or regex.search(pattern, name, timeout=left) is not None
+                hit = search is None or search(pattern, name)
             except TimeoutError:
                 hit = True
             except Exception:  # a pattern Python cannot read: refused elsewhere, or not judged here
