@@ -76,6 +76,10 @@ class TokenizeRequest(Message):
     #: a ``text`` prompt is encoded with the tokenizer's special tokens (its BOS, as vLLM's and
     #: SGLang's completions do); ``messages`` never (the chat template writes them)
     add_special_tokens: bool = True
+    #: the reasoning parser's start and end tags, with a grammar: the grammar then applies after
+    #: the reasoning (``SamplingParams.reasoning_tag_ids``, set by the tokenizer worker where both
+    #: tags are single tokens and the prompt does not close the reasoning itself)
+    reasoning_tags: list[str] | None = None
 
 
 @dataclass

@@ -130,6 +130,8 @@ def check_request_fits(
         raise ValueError(f"stop_token_ids must be integers in [0, {vocab_size}), the model's vocabulary")
     if any(t >= vocab_size for t in params.logit_bias):
         raise ValueError(f"logit_bias token ids must be in [0, {vocab_size})")
+    if params.reasoning_tag_ids is not None and max(params.reasoning_tag_ids) >= vocab_size:
+        raise ValueError(f"reasoning_tag_ids must be token ids in [0, {vocab_size})")
     total = len(prompt_ids) + params.max_tokens
     if total > max_context_len:
         raise ContextLengthExceeded(

@@ -72,6 +72,13 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     #: what the output must match (constrained decoding), None = free
     grammar: GrammarSpec | None = None
+    #: with a grammar: the token ids of the model's reasoning tags (start, end), as vLLM and SGLang
+    #: constrain a reasoning model. The output may then open with the start tag instead of the
+    #: grammar's text; the reasoning after it is free, and the grammar applies from the token after
+    #: the end tag. None: the grammar applies from the first token. The server sets it from
+    #: ``--reasoning-parser`` when both tags are single tokens and the prompt leaves the reasoning
+    #: open (Qwen3's ``enable_thinking`` false closes it in the prompt)
+    reasoning_tag_ids: tuple[int, int] | None = None
     #: completions per prompt (vLLM's n), in [1, MAX_N]: the offline ``LLM`` runs each prompt as n
     #: engine requests (:meth:`for_choice`), the server takes n from its request body; an engine
     #: runs one completion a request and refuses any other n
@@ -186,6 +193,16 @@ class SamplingParams:
             bad("min_tokens", f"must be at most max_tokens ({self.max_tokens})")
         if self.min_tokens and self.grammar is not None:
             bad("min_tokens", "cannot be combined with a grammar (it may allow only a stop token)")
+        tags = self.reasoning_tag_ids
+        if tags is not None:
+            if not isinstance(tags, (list, tuple)) or len(tags) != 2:
+                bad("reasoning_tag_ids", "must be two token ids (the reasoning's start and end tags)")
+            pair = tuple(integer("reasoning_tag_ids", 0, INT64_MAX, token) for token in tags)
+            if pair[0] == pair[1]:
+                bad("reasoning_tag_ids", "must be two different token ids")
+            if self.grammar is None:
+                bad("reasoning_tag_ids", "only applies with a grammar (it says where the grammar starts)")
+            object.__setattr__(self, "reasoning_tag_ids", pair)
         k = self.truncate_prompt_tokens
         if k is not None:
             if not _is_integer(k) or not (k == -1 or 1 <= k <= INT64_MAX):
@@ -256,6 +273,8 @@ class SamplingParams:
         by_name = dict(zip(_FIELD_NAMES, values, strict=True))
         by_name["stop"] = tuple(by_name["stop"])
         by_name["stop_token_ids"] = tuple(by_name["stop_token_ids"])
+        if by_name["reasoning_tag_ids"] is not None:
+            by_name["reasoning_tag_ids"] = tuple(by_name["reasoning_tag_ids"])
         grammar = by_name["grammar"]
         if grammar is not None:
             by_name["grammar"] = GrammarSpec(*grammar)

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,12 +47,19 @@ _DEMO_OVERRIDES: dict[str, Any] = dict(
 )
 
 
-def train_tokenizer(out_dir: str | Path, vocab_size: int = 1024, corpus: list[str] | None = None) -> Path:
+def train_tokenizer(
+    out_dir: str | Path,
+    vocab_size: int = 1024,
+    corpus: list[str] | None = None,
+    added_tokens: Sequence[str] = (),
+) -> Path:
     """Train a byte-level BPE tokenizer (about 0.1 s) and save it as Hugging Face files.
 
     ``tokenizer.json`` + ``tokenizer_config.json`` (ChatML ``chat_template``, eos ``<|im_end|>``,
     pad ``<|endoftext|>``), loadable by ``transformers.AutoTokenizer.from_pretrained``. The
-    vocabulary holds at most ``vocab_size`` tokens (fewer if the corpus runs out of merges)."""
+    vocabulary holds at most ``vocab_size`` tokens (fewer if the corpus runs out of merges).
+    ``added_tokens``: whole tokens that are text, not special (a reasoning model's ``<think>``),
+    with the ids after the special tokens'."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from minisgl_core.demo.corpus import builtin_corpus
@@ -63,24 +71,29 @@ def train_tokenizer(out_dir: str | Path, vocab_size: int = 1024, corpus: list[st
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS),
+        special_tokens=[*SPECIAL_TOKENS, *added_tokens],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tokenizer.train_from_iterator(corpus if corpus is not None else builtin_corpus(), trainer)
     tokenizer.save(str(out / "tokenizer.json"))
+    if added_tokens:  # (the trainer made them special: they would vanish from decoded text)
+        saved = json.loads((out / "tokenizer.json").read_text())
+        for entry in saved["added_tokens"]:
+            entry["special"] = entry["content"] in SPECIAL_TOKENS
+        (out / "tokenizer.json").write_text(json.dumps(saved, ensure_ascii=False))
     # Written by hand (not save_pretrained) so the chat template lives in tokenizer_config.json and
     # the files load with transformers 4 and 5 alike.
     added = {
         str(tokenizer.token_to_id(token)): {
             "content": token,
-            "special": True,
+            "special": token in SPECIAL_TOKENS,
             "lstrip": False,
             "rstrip": False,
             "normalized": False,
             "single_word": False,
         }
-        for token in SPECIAL_TOKENS
+        for token in (*SPECIAL_TOKENS, *added_tokens)
     }
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -141,6 +154,7 @@ def make_model_dir(
     num_shards: int = 1,
     dtype: str = "float32",
     tokenizer_vocab_size: int = 1024,
+    added_tokens: Sequence[str] = (),
     **config_overrides: Any,
 ) -> Path:
     """Write a complete random model directory: config, safetensors weights (an index and at least
@@ -159,7 +173,7 @@ def make_model_dir(
     if arch not in config_classes:
         raise ValueError(f"unknown arch {arch!r}; choose from {sorted(config_classes)}")
     out = Path(out_dir)
-    train_tokenizer(out, vocab_size=tokenizer_vocab_size)
+    train_tokenizer(out, vocab_size=tokenizer_vocab_size, added_tokens=added_tokens)
     tokens = json.loads((out / "tokenizer.json").read_text())["model"]["vocab"]
     endoftext, im_end = tokens["<|endoftext|>"], tokens["<|im_end|>"]
     settings = {**_TINY_DEFAULTS, "vocab_size": len(tokens), **config_overrides}

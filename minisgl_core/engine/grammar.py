@@ -8,6 +8,11 @@ host fills them while the device computes the logits; with overlap, on this runn
 the engine's main thread lands the step before. Each step is one batched backend call for the
 tokens accepted and one for the rows filled (``GrammarBackend.accept_tokens`` / ``fill_bitmasks``).
 
+A request with ``SamplingParams.reasoning_tag_ids`` is constrained after its reasoning
+(``Request.reasoning``): its first row allows the reasoning's start tag beside the grammar's first
+tokens, its rows are all allowed from that tag through the end tag, and only the tokens after that
+reach its matcher.
+
 A server's engine compiles a grammar it has not compiled before off its thread
 (:meth:`GrammarRunner.start_compile`): xgrammar took 47 s on two cores for a JSON schema of 5,000
 optional properties, and the scheduler must not stop for it. The request waits beside the
@@ -30,7 +35,7 @@ import torch
 
 from minisgl_core.api import GrammarBackend, GrammarError, GrammarMatcher, GrammarSpec, bitmask_width
 from minisgl_core.grammars import LazyGrammarBackend
-from minisgl_core.scheduler.request import Request
+from minisgl_core.scheduler.request import OPENING, REASONING, Request
 
 logger = logging.getLogger(__name__)
 
@@ -252,6 +257,8 @@ class GrammarRunner:
                 continue
             if req.grammar_terminated:  # a token planned before the finish was seen: dropped later
                 continue
+            if req.reasoning is not None and self._in_reasoning(req, token):
+                continue
             reqs.append(req)
             matchers.append(matcher)
             tokens.append(token)
@@ -280,6 +287,18 @@ class GrammarRunner:
             req.grammar_tokens += 1
             if req.matcher.is_terminated():
                 req.grammar_terminated = True
+
+    @staticmethod
+    def _in_reasoning(req: Request, token: int) -> bool:
+        """Whether ``token`` is the reasoning's, before the grammar applies (``Request.reasoning``,
+        moved on here): the start tag opening the output, and everything through the end tag."""
+        start, end = req.params.reasoning_tag_ids  # type: ignore[misc]
+        if req.reasoning == OPENING:
+            req.reasoning = REASONING if token == start else None
+            return token == start
+        if token == end:
+            req.reasoning = None
+        return True
 
     def _dead_end(self, matcher: GrammarMatcher) -> bool:
         """Whether ``matcher`` allows no token though it is not complete (rare: checked only when a
@@ -320,12 +339,16 @@ class GrammarRunner:
             (len(rows), bitmask_width(self.backend.vocab_size)), dtype=torch.int32, pin_memory=pinned
         )
         live: list[int] = []
+        #: (row, the reasoning's start tag) of requests whose output may open with it
+        opening: list[tuple[int, int]] = []
         for j, i in enumerate(rows):
             req = requests[i]
-            if req.grammar_error is None and not req.grammar_terminated:
-                live.append(j)
-            else:
-                mask[j] = -1
+            if req.grammar_error is not None or req.grammar_terminated or req.reasoning == REASONING:
+                mask[j] = -1  # (the reasoning is free)
+                continue
+            live.append(j)
+            if req.reasoning == OPENING:
+                opening.append((j, req.params.reasoning_tag_ids[0]))  # type: ignore[index]
         pending = PendingMask(rows, mask, self.device)
         if live:
             reqs = [requests[rows[j]] for j in live]
@@ -333,17 +356,24 @@ class GrammarRunner:
                 if self._thread is None:
                     self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="minisgl-grammar")
                     self._switch_interval = _shorten_switch_interval()
-                pending.future = self._thread.submit(self._fill_rows, mask, reqs, live, pending)
+                pending.future = self._thread.submit(self._fill_rows, mask, reqs, live, pending, opening)
             else:
-                self._fill_rows(mask, reqs, live, pending)
+                self._fill_rows(mask, reqs, live, pending, opening)
         return pending
 
     def _fill_rows(
-        self, mask: torch.Tensor, reqs: list[Request], rows: list[int], pending: PendingMask
+        self,
+        mask: torch.Tensor,
+        reqs: list[Request],
+        rows: list[int],
+        pending: PendingMask,
+        opening: list[tuple[int, int]],
     ) -> None:
         started = time.perf_counter()
         try:
             self._fill_rows_now(mask, reqs, rows)
+            for row, token in opening:  # the grammar's first tokens, or the reasoning's start tag
+                _allow(mask, row, token)
         finally:
             pending.fill_seconds = time.perf_counter() - started
 
@@ -396,6 +426,13 @@ class GrammarRunner:
         req.grammar_error = why
         req.grammar_invalid = invalid
         logger.error("request %d: %s", req.rid, why)
+
+
+def _allow(mask: torch.Tensor, row: int, token: int) -> None:
+    """Set ``token``'s bit in ``mask``'s ``row`` (int32 words, token i at bit i % 32 of word i // 32)."""
+    word, bit = divmod(token, 32)
+    value = int(mask[row, word]) | (1 << bit)
+    mask[row, word] = value - (1 << 32) if value >= 1 << 31 else value
 
 
 def _shorten_switch_interval() -> float | None:

@@ -13,6 +13,7 @@ characters and possible stop-string prefixes, and adds the text of logprob token
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -78,6 +79,8 @@ class Admitter:
         self.grammars = grammars
         #: the tokenizer's longest token in characters (truncation_tail's bound), on first use
         self.max_token_chars: int | None = None
+        #: reasoning tags -> their token ids (None: not single tokens), on first use
+        self._tag_ids: dict[tuple[str, str], tuple[int, int] | None] = {}
 
     def prompt_ids(self, req: TokenizeRequest) -> list[int]:
         if req.messages is not None:
@@ -163,7 +166,43 @@ class Admitter:
                 self.grammars.check(sampling.grammar)
             except ValueError as exc:  # GrammarError: the message says what is wrong
                 raise RequestRejected(f"{req.grammar_field}: {exc}", req.grammar_field) from exc
+            if req.reasoning_tags is not None:
+                tag_ids = self.reasoning_tag_ids(*req.reasoning_tags)
+                if tag_ids is not None and not reasoning_closed(self.tokenizer, ids, tag_ids[1]):
+                    sampling = dataclasses.replace(sampling, reasoning_tag_ids=tag_ids)
         return ids, sampling
+
+    def reasoning_tag_ids(self, start: str, end: str) -> tuple[int, int] | None:
+        """The token ids of a reasoning parser's tags, or None where either is not one token of
+        this tokenizer (the grammar then applies from the output's first token)."""
+        key = (start, end)
+        if key not in self._tag_ids:
+            ids = [self.tokenizer.encode(tag, add_special_tokens=False) for tag in key]
+            single = all(len(i) == 1 for i in ids) and ids[0] != ids[1]
+            self._tag_ids[key] = (ids[0][0], ids[1][0]) if single else None
+            if not single:
+                logger.warning(
+                    "reasoning tags %r and %r are not single tokens of this tokenizer: a grammar "
+                    "applies from the first output token, with no reasoning before it",
+                    start,
+                    end,
+                )
+        return self._tag_ids[key]
+
+
+#: prompt tokens after the last reasoning end tag that :func:`reasoning_closed` looks at
+CLOSED_REASONING_TAIL = 16
+
+
+def reasoning_closed(tokenizer: Any, ids: list[int], end_id: int) -> bool:
+    """Whether the prompt itself ends the reasoning: an end tag followed by nothing but whitespace
+    (Qwen3's template with ``enable_thinking`` false writes an empty ``<think>\n\n</think>\n\n``);
+    the answer then opens with its content, where the grammar applies at once."""
+    tail = ids[-CLOSED_REASONING_TAIL:]
+    if end_id not in tail:
+        return False
+    after = tail[len(tail) - tail[::-1].index(end_id) :]
+    return not tokenizer.decode(after, skip_special_tokens=False).strip()
 
 
 def tokenizer_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_ready: ReportReady) -> None:

@@ -10,6 +10,11 @@ import torch
 from minisgl_core.api import RequestView
 from minisgl_core.sampling import SamplingParams
 
+#: Request.reasoning: no output token yet, and the reasoning's start tag may open the output
+OPENING = "opening"
+#: Request.reasoning: inside the reasoning (from its start tag through its end tag)
+REASONING = "reasoning"
+
 
 @dataclass(eq=False)
 class Request:
@@ -48,6 +53,11 @@ class Request:
     grammar_terminated: bool = False
     #: tokens the matcher has accepted (ahead of ``output_ids`` by the step in flight, with overlap)
     grammar_tokens: int = 0
+    #: with ``params.reasoning_tag_ids``, where the output is in the engine's grammar runner's
+    #: eyes (ahead of ``output_ids`` as grammar_tokens is): OPENING until the first token (the
+    #: reasoning's start tag or the grammar's first token), REASONING from the start tag through
+    #: the end tag (free; the matcher is not asked), then None: the grammar applies
+    reasoning: str | None = None
 
     #: tokens whose KV must exist before the next token is sampled: the prompt, and after a
     #: retraction the prompt plus the output so far (recomputed, mostly from the prefix cache)
@@ -61,6 +71,8 @@ class Request:
     def __post_init__(self) -> None:
         if not self.fill_ids:
             self.fill_ids = self.prompt_ids
+        if self.params.reasoning_tag_ids is not None and self.params.grammar is not None:
+            self.reasoning = OPENING
         if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:
             self.prompt_logprobs = [None]
 

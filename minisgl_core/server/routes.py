@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from minisgl_core.api import TagReasoningParser
+from minisgl_core.sampling import SamplingParams
 from minisgl_core.server import responses as r
 from minisgl_core.server.api_options import ApiOptions, ApiTokenizer
 from minisgl_core.server.chat_output import ChoiceOutput
@@ -57,6 +59,15 @@ def fields_named(names: dict[str, str]) -> Iterator[None]:
             exc.message = pattern.sub(lambda m: names[m.group()], exc.message)
             exc.param = names.get(exc.param, exc.param)
         raise
+
+
+def reasoning_tags(options: ApiOptions, params: SamplingParams) -> list[str] | None:
+    """The reasoning parser's tags when the output is constrained: as in vLLM and SGLang, the
+    grammar then applies after the reasoning (the tokenizer worker decides whether it can)."""
+    parser = options.reasoning_parser
+    if params.grammar is None or parser is None or not issubclass(parser, TagReasoningParser):
+        return None
+    return [parser.start_tag, parser.end_tag]
 
 
 def make_router(
@@ -107,6 +118,7 @@ def make_router(
                 return_prompt_ids=body.return_token_ids,
                 # tool_choice "none" (no parser: the output is plain content) needs no tools rendered
                 tools_optional=plan.parser is None,
+                reasoning_tags=reasoning_tags(options, params),
             )
         rid, created = r.new_id("chatcmpl"), int(time.time())
 

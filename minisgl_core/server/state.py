@@ -198,12 +198,14 @@ class RequestGroup:
         default_max_tokens: int | None = None,
         tools_optional: bool = False,
         add_special_tokens: bool = True,
+        reasoning_tags: list[str] | None = None,
     ) -> Admission:
         """Tokenize one prompt into ``n`` engine requests; raise a 400 APIError if it cannot run
         (a 429 if the server's queue is full, a 503 if it cannot take requests). With
         ``return_prompt_ids`` the admission carries the prompt's token ids; ``default_max_tokens``
         caps an unset ``max_tokens`` where the model sets no default; ``tools_optional``: a template
-        may leave the tools out (see TokenizeRequest)."""
+        may leave the tools out, ``reasoning_tags``: a grammar applies after the reasoning (see
+        TokenizeRequest)."""
         state = self.state
         state.check_alive()
         if self.expected_sequences is None:
@@ -228,6 +230,7 @@ class RequestGroup:
                 rids, text, messages, input_ids, params, max_tokens_field, template_args, grammar_field,
                 return_prompt_ids=return_prompt_ids, default_max_tokens=default_max_tokens,
                 tools_optional=tools_optional, add_special_tokens=add_special_tokens,
+                reasoning_tags=reasoning_tags,
             )  # fmt: skip
             send(state.to_tokenizer, request)
             try:  # the deadline holds while the tokenizer worker is busy (or stopped) too
