@@ -496,6 +496,40 @@ class GrammarBackendSuite:
             )
             assert valid_format(name, text), f"a walk through format {name!r} gave {text!r}"
 
+    @pytest.mark.parametrize(
+        ("pattern", "value"),
+        [
+            ('^"$', '"'),
+            ("^a\\\\b$", "a\\b"),
+            ("^x\\ty$", "x\ty"),
+            ("^[\\x00-\\x02]z$", "\x01z"),
+            ("^(\\u0022|\\n){2}$", '"\n'),
+            ('^[\\\\"]+$', '\\"'),
+        ],
+    )
+    def test_patterns_naming_characters_json_escapes(
+        self, backend: GrammarBackend, tokenizer: Any, vocab_size: int, stop_id: int, pattern: str, value: str
+    ) -> None:
+        """A string ``pattern`` that names a character JSON text must escape (a quote, a backslash,
+        a control character) gives valid JSON whose string matches it: xgrammar wrote ``^"$`` as
+        three quotes, ``^a\\\\b$`` as ``"a\\b"`` (a backspace) and ``\\t`` as a raw tab, finished
+        as "stop" (a probe, 2026-12-01). A backend may refuse the pattern, or write fewer of the
+        strings it matches, but never text that is not JSON or a string it does not match."""
+        self.need(backend, "json_schema")
+        assert re.fullmatch(pattern[1:-1], value)
+        schema = {"type": "string", "pattern": pattern}
+        try:
+            compiled = backend.compile(GrammarSpec("json_schema", json.dumps(schema)))
+        except GrammarError:
+            pytest.skip(f"{type(backend).__name__} refuses the pattern {pattern!r}")
+        assert self.takes(backend.matcher(compiled), tokenizer, json.dumps(value), stop_id, vocab_size)
+        rng = random.Random(20261201)
+        for _ in range(self.walks):
+            text = self.decoded(
+                tokenizer, walk(backend.matcher(compiled), vocab_size, stop_id, rng, 40), stop_id
+            )
+            assert re.fullmatch(pattern[1:-1], json.loads(text)), f"{pattern!r} gave {text!r}"
+
     def test_json_object_walks_give_objects(
         self, backend: GrammarBackend, tokenizer: Any, vocab_size: int, stop_id: int
     ) -> None:

@@ -605,36 +605,237 @@ _WHOLE_BOUNDS = (
 
 
 def xgrammar_pattern(pattern: str) -> str:
-    """``pattern`` with each ``?`` (or lazy ``??``) after a group written ``{0,1}``: xgrammar's
-    converter of JSON-schema patterns (not its regex grammars) makes the group's first part
-    optional too when the group holds a quantifier: ``^a(x5+)?$`` took "a5", ``(\\.[0-9]+)?``
-    a fraction without its dot (a differential probe against Python's ``re``, 2026-12-01: 14 of
-    400 random patterns; none left with this rewrite). Escapes and classes are kept as written."""
+    """``pattern`` as xgrammar must be given it to match the JSON text of the strings ``pattern``
+    matches. Two things xgrammar's converter of JSON-schema patterns (not its regex grammars) gets
+    wrong are written around:
+
+    - a group's ``?`` (or lazy ``??``) made the group's first part optional too when the group
+      holds a quantifier: ``^a(x5+)?$`` took "a5", ``(\\.[0-9]+)?`` a fraction without its dot (a
+      differential probe against Python's ``re``, 2026-12-01: 14 of 400 random patterns; none left
+      with ``{0,1}`` written instead);
+    - characters a JSON string must escape (``"``, a backslash, control characters). xgrammar
+      matches the pattern against the string's JSON text: it keeps what the pattern allows
+      without those characters, and where that is nothing (the pattern requires one), the pattern
+      as written, raw: ``^"$`` gave three quotes (not JSON), a backslash one lone backslash, ``\\t``
+      a raw tab, ``[\\x00-\\x1f]`` raw control characters. Each such character the pattern names is
+      written as its JSON escape (``(?:\\\\")``, ``(?:\\\\n)``, ``(?:\\\\u001f)``), a class that names
+      them becomes the rest of the class or'ed with their escapes, and ``.``, negated classes,
+      ``\\s``, ``\\D``, ``\\W`` and ``\\S`` leave them out, so that the pattern holds JSON text either
+      way. (Beside characters that need none, xgrammar drops the escapes: ``[a"]`` writes "a"
+      only, as before; valid, not complete.)
+
+    :class:`GrammarError` for a pattern naming ``\\D``, ``\\W`` or ``\\S`` inside a class beside an
+    escaped character (they cannot be limited there)."""
     out: list[str] = []
-    in_class = False
+    escaped = risky = False
     i = 0
     while i < len(pattern):
         char = pattern[i]
-        if char == "\\":
-            out.append(pattern[i : i + 2])
-            i += 2
+        if char == "[":
+            end = _class_end(pattern, i)
+            if end is None:  # unterminated: xgrammar refuses it in its own words
+                out.append(pattern[i:])
+                break
+            text, has_escape, has_negated = _json_class(pattern[i:end])
+            out.append(text)
+            escaped, risky = escaped or has_escape, risky or has_negated
+            i = end
             continue
-        out.append(char)
+        if char == "\\":
+            text, code = _read_escape(pattern, i, in_class=False)
+            i += len(text)
+            if code is not None and _must_escape(code):
+                out.append(_json_escape(code))
+                escaped = True
+            else:
+                out.append(_JSON_CLASS_ESCAPES.get(text, text))
+            continue
         i += 1
-        if in_class:
-            in_class = char != "]"
-        elif char == "[":
-            in_class = True
-            if pattern.startswith("^", i):  # a "]" first in a class is a literal one
-                out.append("^")
-                i += 1
-            if pattern.startswith("]", i):
-                out.append("]")
-                i += 1
-        elif char == ")" and pattern.startswith("?", i):
+        if char == ".":
+            out.append(_JSON_DOT)
+        elif _must_escape(ord(char)):
+            out.append(_json_escape(ord(char)))
+            escaped = True
+        else:
+            out.append(char)
+        if char == ")" and pattern.startswith("?", i):
             out.append("{0,1}")
             i += 2 if pattern.startswith("??", i) else 1
+    if escaped and risky:
+        raise GrammarError(
+            f"json_schema: the xgrammar backend cannot enforce the pattern {pattern!r}: a class "
+            "naming \\D, \\W or \\S beside a character JSON must escape (a quote, a backslash, a "
+            "control character); spell the class out, or use --grammar-backend llguidance"
+        )
     return "".join(out)
+
+
+#: the characters a JSON string must escape, as class members
+_ESCAPED_MEMBERS = '\\x00-\\x1f"\\\\'
+#: ECMA-262's white space and line terminators other than control characters, as class members
+_WIDE_SPACE = "\\u0020\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000\\ufeff"
+#: ``.`` (no line terminator) less what JSON must escape
+_JSON_DOT = f"[^{_ESCAPED_MEMBERS}\\u2028\\u2029]"
+#: class escapes as JSON text allows them: white space without its control characters, the
+#: negated classes less what JSON must escape
+_JSON_CLASS_ESCAPES = {
+    "\\s": f"[{_WIDE_SPACE}]",
+    "\\D": f"[^0-9{_ESCAPED_MEMBERS}]",
+    "\\W": f"[^a-zA-Z0-9_{_ESCAPED_MEMBERS}]",
+    "\\S": f"[^{_WIDE_SPACE}{_ESCAPED_MEMBERS}]",
+}
+#: JSON's short escapes of the characters a JSON string must escape (the rest are \\u00XX)
+_SHORT_ESCAPES = {0x22: '"', 0x5C: "\\\\", 0x08: "b", 0x09: "t", 0x0A: "n", 0x0C: "f", 0x0D: "r"}
+#: a single-character escape of a regex and the character it stands for (ECMA-262)
+_CHARACTER_ESCAPES = {"n": 0x0A, "r": 0x0D, "t": 0x09, "f": 0x0C, "v": 0x0B}
+#: class members written escaped, wherever they end up in a rewritten class
+_CLASS_SYNTAX = {"]": "\\]", "^": "\\^", "-": "\\-", "[": "\\["}
+
+
+def _must_escape(code: int) -> bool:
+    """Whether JSON text must escape character ``code`` inside a string."""
+    return code < 0x20 or code in (0x22, 0x5C)
+
+
+def _json_escape(code: int, group: bool = True) -> str:
+    """A regex matching the JSON escape of character ``code`` (one of :func:`_must_escape`'s)."""
+    short = _SHORT_ESCAPES.get(code)
+    body = "\\\\" + (short if short is not None else f"u{code:04x}")
+    return f"(?:{body})" if group else body
+
+
+def _read_escape(pattern: str, i: int, *, in_class: bool) -> tuple[str, int | None]:
+    """The escape at ``pattern[i]`` (a backslash): its text, and the one character it stands for
+    (None for a class such as ``\\d``, an assertion, a back-reference)."""
+    rest = pattern[i + 1 : i + 2]
+    hex_digits = "0123456789abcdefABCDEF"
+
+    def hex_run(start: int, length: int) -> str | None:
+        run = pattern[start : start + length]
+        return run if len(run) == length and all(c in hex_digits for c in run) else None
+
+    if not rest:
+        return "\\", None
+    if rest == "x" and (digits := hex_run(i + 2, 2)):
+        return pattern[i : i + 4], int(digits, 16)
+    if rest == "u":
+        if pattern.startswith("{", i + 2):
+            close = pattern.find("}", i + 3)
+            body = pattern[i + 3 : close] if close > 0 else ""
+            if body and all(c in hex_digits for c in body) and int(body, 16) <= 0x10FFFF:
+                return pattern[i : close + 1], int(body, 16)
+        elif digits := hex_run(i + 2, 4):
+            return pattern[i : i + 6], int(digits, 16)
+    if rest == "c" and pattern[i + 2 : i + 3].isascii() and pattern[i + 2 : i + 3].isalpha():
+        return pattern[i : i + 3], ord(pattern[i + 2]) % 32
+    if rest == "0" and not pattern[i + 2 : i + 3].isdigit():
+        return pattern[i : i + 2], 0
+    if rest in _CHARACTER_ESCAPES:
+        return pattern[i : i + 2], _CHARACTER_ESCAPES[rest]
+    if rest == "b":  # a backspace in a class, a word boundary outside one
+        return pattern[i : i + 2], 0x08 if in_class else None
+    if rest in "dDwWsSB":
+        return pattern[i : i + 2], None
+    if rest.isdigit():  # a back-reference
+        end = i + 1
+        while pattern[end : end + 1].isdigit():
+            end += 1
+        return pattern[i:end], None
+    if rest in "pP" and pattern.startswith("{", i + 2):  # a Unicode property
+        close = pattern.find("}", i + 3)
+        return (pattern[i : close + 1], None) if close > 0 else (pattern[i : i + 2], None)
+    return pattern[i : i + 2], ord(rest)  # an identity escape: \", \\, \/, \. ...
+
+
+def _class_end(pattern: str, start: int) -> int | None:
+    """The index after the ``]`` closing the class that opens at ``pattern[start]``, or None."""
+    i = start + 1
+    if pattern.startswith("^", i):
+        i += 1
+    if pattern.startswith("]", i):  # a "]" first in a class is a literal one
+        i += 1
+    while i < len(pattern):
+        if pattern[i] == "\\":
+            i += len(_read_escape(pattern, i, in_class=True)[0])
+        elif pattern[i] == "]":
+            return i + 1
+        else:
+            i += 1
+    return None
+
+
+def _json_class(text: str) -> tuple[str, bool, bool]:
+    """A class (``text``, from ``[`` to ``]``) as JSON text allows it: (the regex, whether it
+    writes an escape, whether it names \\D, \\W or \\S, which cannot be limited there). A negated
+    class leaves out what JSON must escape; a positive one is or'ed with the escapes of those it
+    names."""
+    negated = text.startswith("[^")
+    atoms: list[tuple[str, int | None]] = []
+    i = 2 if negated else 1
+    if text.startswith("]", i):
+        atoms.append(("]", 0x5D))
+        i += 1
+    while i < len(text) - 1:
+        atom = _read_escape(text, i, in_class=True) if text[i] == "\\" else (text[i], ord(text[i]))
+        atoms.append(atom)
+        i += len(atom[0])
+    if negated:  # (as written; a "]" opening it escaped, as it no longer opens it)
+        body = text[2:-1]
+        body = "\\]" + body[1:] if body.startswith("]") else body
+        return f"[^{body}{_ESCAPED_MEMBERS}]", False, False
+    kept: list[str] = []
+    escaped: list[int] = []
+    negated_escape = False
+    j = 0
+    while j < len(atoms):
+        low_text, low = atoms[j]
+        if (
+            j + 2 < len(atoms)
+            and atoms[j + 1] == ("-", 0x2D)
+            and low is not None
+            and atoms[j + 2][1] is not None
+        ):
+            high_text, high = atoms[j + 2]
+            assert high is not None
+            kept += _range_without_escapes(low_text, low, high_text, high, escaped)
+            j += 3
+            continue
+        j += 1
+        if low is None:  # a class escape
+            negated_escape |= low_text in ("\\D", "\\W", "\\S")
+            kept.append(_WIDE_SPACE if low_text == "\\s" else low_text)
+        elif _must_escape(low):
+            escaped.append(low)
+        else:
+            kept.append(_CLASS_SYNTAX.get(low_text, low_text))
+    if not escaped:  # (as written unless \\s was limited)
+        return (f"[{''.join(kept)}]" if ("\\s", None) in atoms else text), False, negated_escape
+    alternatives = ([f"[{''.join(kept)}]"] if kept else []) + [
+        _json_escape(code, group=False) for code in sorted(set(escaped))
+    ]
+    return "(?:" + "|".join(alternatives) + ")", True, negated_escape
+
+
+def _range_without_escapes(
+    low_text: str, low: int, high_text: str, high: int, escaped: list[int]
+) -> list[str]:
+    """The class items for the range ``low``-``high`` less the characters JSON must escape (which
+    are added to ``escaped``); the range as written when it holds none."""
+    if low > high:  # xgrammar refuses it in its own words
+        return [f"{low_text}-{high_text}"]
+    inside = [code for code in (*range(0x20), 0x22, 0x5C) if low <= code <= high]
+    if not inside:
+        return [f"{low_text}-{high_text}"]
+    escaped += inside
+    items: list[str] = []
+    start = low
+    for code in [*inside, high + 1]:
+        if start <= code - 1:
+            first = low_text if start == low else f"\\x{start:02x}"
+            last = high_text if code - 1 == high else f"\\x{code - 1:02x}"
+            items.append(first if start == code - 1 else f"{first}-{last}")
+        start = code + 1
+    return items
 
 
 def exact_patterns(schema: Any) -> bool:
