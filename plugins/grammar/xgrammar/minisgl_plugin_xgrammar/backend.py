@@ -1048,11 +1048,23 @@ def _pattern_search() -> Callable[[str, str], bool] | None:
     return search
 
 
-def _choice_filter(schema: dict, root: Any) -> Callable[[Any], bool] | None:
+#: the GrammarErrors of a check by pattern that took longer than PATTERN_CHECK_S
+_VALUES_TOO_LONG = (
+    "json_schema: the patterns beside an 'enum' or 'const' took over {seconds:g} s to check against "
+    "its values (the xgrammar backend applies them to the values itself)"
+)
+_NAMES_TOO_LONG = (
+    "json_schema: 'propertyNames' took over {seconds:g} s to check against the names in 'properties' "
+    "(the xgrammar backend checks them itself)"
+)
+
+
+def _choice_filter(schema: dict, root: Any, too_long: str | None = None) -> Callable[[Any], bool] | None:
     """For a schema listing its values (``enum``, ``const``) beside keywords that assert more:
     whether a value keeps to those keywords, read by ``jsonschema`` in the root's draft with its
     ``$ref``s (a value it cannot judge is kept); None where nothing asserts beside the values, or
-    without ``jsonschema``."""
+    without ``jsonschema``. ``too_long``: the GrammarError's message when the check takes over
+    :data:`PATTERN_CHECK_S` (``{seconds}`` in it), if not :data:`_VALUES_TOO_LONG`."""
     if "enum" not in schema and "const" not in schema:
         return None
     beside = {key: value for key, value in schema.items() if key not in ("enum", "const")}
@@ -1090,10 +1102,7 @@ def _choice_filter(schema: dict, root: Any) -> Callable[[Any], bool] | None:
         try:
             return validator.is_valid(value)
         except TimeoutError:
-            raise GrammarError(
-                f"json_schema: the patterns beside an 'enum' or 'const' took over {PATTERN_CHECK_S:g} s "
-                "to check against its values (the xgrammar backend applies them to the values itself)"
-            ) from None
+            raise GrammarError((too_long or _VALUES_TOO_LONG).format(seconds=PATTERN_CHECK_S)) from None
         except Exception:
             return True
 
@@ -1140,7 +1149,7 @@ def _names_ruled_out(schema: dict, path: str, root: Any) -> list[str]:
     if not isinstance(names, dict) or not names or rule is None:
         return []
     # a filter of values, given objects holding one name each: what propertyNames asks of a name
-    allowed = _choice_filter({"const": None, "propertyNames": rule}, root)
+    allowed = _choice_filter({"const": None, "propertyNames": rule}, root, _NAMES_TOO_LONG)
     ruled_out = [name for name in names if allowed is not None and not allowed({name: None})]
     if not ruled_out:
         return []

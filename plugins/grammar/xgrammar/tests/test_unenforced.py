@@ -396,6 +396,9 @@ def test_patterns_beside_an_enum_are_checked_without_runaway_backtracking(backen
     monkeypatch.setattr(module, "PATTERN_CHECK_S", 0.0)  # a check past its deadline: refused, not kept
     with pytest.raises(GrammarError, match="took over 0 s to check against its values"):
         backend.check(GrammarSpec("json_schema", json.dumps({"enum": ["x", "yy"], "pattern": "^x$"})))
+    named = {"type": "object", "properties": {"ab": {}}, "propertyNames": {"pattern": "^a"}}  # (a check, too)
+    with pytest.raises(GrammarError, match="'propertyNames' took over 0 s to check against the names"):
+        backend.check(GrammarSpec("json_schema", json.dumps(named)))
 
 
 def test_property_names_beside_no_other_properties_are_dropped(backend):
