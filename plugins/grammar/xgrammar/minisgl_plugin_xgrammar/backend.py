@@ -132,8 +132,7 @@ def _special_tokens_apart(xgrammar: Any, info: Any, tokenizer: Any, vocab_size: 
     (an empty answer to the regex ``.+``, "x" to the EBNF ``"x" [^\\n]+``), and another special
     token passed as text that the detokenizer then drops. The stop tokens stay stop tokens."""
     special = {i for i in special_token_ids(tokenizer) if 0 <= i < vocab_size}
-    decoded = info.decoded_vocab
-    if not any(decoded[i] for i in special):
+    if special <= set(info.special_token_ids):  # (xgrammar's own: no text; decoded_vocab copies it all)
         return info
     encoded: list[str] = [""] * vocab_size
     for token, i in tokenizer.get_vocab().items():
@@ -166,8 +165,9 @@ class XGrammarBackend(GrammarBackend):
         self._byte_compiler: Any = None
         #: specs that parsed (check), so admission parses each distinct grammar once
         self._checked: set[GrammarSpec] = set()
-        self._json_guard = ByteGuard(info.decoded_vocab, vocab_size, control=True)
-        self._text_guard = ByteGuard(info.decoded_vocab, vocab_size, control=False)
+        decoded = info.decoded_vocab  # (a copy of the whole vocabulary each time it is read)
+        self._json_guard = ByteGuard(decoded, vocab_size, control=True)
+        self._text_guard = ByteGuard(decoded, vocab_size, control=False)
         #: xgrammar's thread pool for batched fills, started on the first (``fill_threads`` threads)
         self._batch: Any = None
         self._batch_threads = 0
