@@ -41,7 +41,6 @@ from minisgl_core.sampling import SamplingParams
 from minisgl_core.tokenizer.chat_input import ToolsNotRendered, check_tools_rendered
 from minisgl_core.tokenizer.detokenize import IncrementalDetokenizer, raw_token_bytes
 from minisgl_core.tokenizer.load import (
-    apply_chat_template,
     load_tokenizer,
     longest_token_chars,
     render_chat_template,
@@ -99,8 +98,30 @@ class Admitter:
                     raise RequestRejected(str(exc), "tools") from None
             return ids
         if req.text is not None:
+            if req.params.truncate_prompt_tokens is None:
+                self._refuse_far_past_context(req.text, "prompt")
             return list(self.tokenizer.encode(req.text, add_special_tokens=req.add_special_tokens))
         return list(req.input_ids or [])
+
+    def _refuse_far_past_context(self, text: str, field: str) -> None:
+        """Refuse a text whose first :data:`HEAD_CHARS_PER_TOKEN` x context characters alone are
+        twice the context in tokens, before tokenizing the rest: the API server's bound by
+        characters lets through ``context x the longest token`` (655,360 characters for the
+        default model, 16 M for a 128k context with 128-character tokens), which took this worker
+        0.5 s (seconds, for the longer) while every other request waited, only to be refused.
+        Twice, not once: a cut through a word may tokenize its piece apart from the whole."""
+        limit = self.limits.max_context_len
+        head = HEAD_CHARS_PER_TOKEN * limit
+        if len(text) <= head:
+            return
+        tokens = len(self.tokenizer.encode(text[:head], add_special_tokens=False))
+        if tokens >= 2 * limit:
+            raise RequestRejected(
+                f"the prompt has more tokens than the context length of {limit}: its first {head} "
+                f"characters alone are {tokens} tokens (of {len(text)} characters); shorten it",
+                field,
+                "context_length_exceeded",
+            )
 
     def _chat_ids(self, req: TokenizeRequest) -> Callable[[list[dict[str, Any]], dict[str, Any]], list[int]]:
         """How a chat becomes token ids: the template's tokens; with ``truncate_prompt_tokens``
@@ -110,7 +131,13 @@ class Admitter:
         prompt that fits."""
         k = req.params.truncate_prompt_tokens
         if k is None:
-            return lambda messages, args: apply_chat_template(self.tokenizer, messages, **args)
+
+            def whole(messages: list[dict[str, Any]], args: dict[str, Any]) -> list[int]:
+                text = render_chat_template(self.tokenizer, messages, **args)
+                self._refuse_far_past_context(text, "messages")
+                return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+            return whole
         if self.max_token_chars is None:
             self.max_token_chars = longest_token_chars(self.tokenizer) or 0
 
@@ -190,6 +217,10 @@ class Admitter:
         return self._tag_ids[key]
 
 
+#: characters per context token of a text's head that the tokenizer worker looks at before
+#: tokenizing a long text whole (Admitter._refuse_far_past_context): text runs 1-6 characters a
+#: token, so a head of this many holds twice the context in tokens whenever the text is far past it
+HEAD_CHARS_PER_TOKEN = 12
 #: prompt tokens after the last reasoning end tag that :func:`reasoning_closed` looks at
 CLOSED_REASONING_TAIL = 16
 

@@ -51,7 +51,7 @@ def apply_chat_template(tokenizer: Any, messages: list[dict[str, Any]], **kwargs
 def render_chat_template(tokenizer: Any, messages: list[dict[str, Any]], **kwargs: Any) -> str:
     """The text :func:`apply_chat_template` tokenizes (with ``add_special_tokens`` false: the
     template writes the special tokens itself)."""
-    if not getattr(tokenizer, "chat_template", None):
+    if not (kwargs.get("chat_template") or getattr(tokenizer, "chat_template", None)):
         raise ValueError("this model's tokenizer has no chat_template; use the completions API instead")
     kwargs.setdefault("add_generation_prompt", True)
     return tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)

@@ -8,6 +8,7 @@ import msgpack
 import pytest
 
 from minisgl_core import messages as m
+from minisgl_core.processes import text_workers
 from minisgl_core.processes.text_workers import Admitter, Detokenizer, RequestRejected
 from minisgl_core.sampling import SamplingParams, choice_seed
 from minisgl_core.tokenizer.detokenize import final_text
@@ -149,6 +150,44 @@ def test_admitter_fills_max_tokens_and_names_the_bad_field(tokenizer):
     with pytest.raises(RequestRejected) as bad:
         admit({"max_tokens": 4, "stop_token_ids": [1024]})
     assert bad.value.param == "stop_token_ids"
+
+
+def test_a_text_far_past_the_context_is_refused_from_its_head(tokenizer, monkeypatch):
+    """The tokenizer worker tokenizes a long prompt's head first and refuses it when the head
+    alone is twice the context: the rest is never tokenized (a 655,360-character prompt took it
+    0.5 s, with every other request waiting). Chats too, and a text whose head is short of that
+    is tokenized whole and judged exactly as before."""
+    admitter = Admitter(tokenizer, m.Limits(max_context_len=64, kv_capacity_tokens=4096, vocab_size=1024))
+    encoded: list[int] = []
+    encode = tokenizer.encode
+    monkeypatch.setattr(
+        tokenizer, "encode", lambda text, **kw: encoded.append(len(text)) or encode(text, **kw)
+    )
+    head = text_workers.HEAD_CHARS_PER_TOKEN * 64
+
+    def admit(text=None, messages=None):
+        params = SamplingParams(max_tokens=4)
+        return admitter.admit(m.TokenizeRequest([0], text, messages, None, params))
+
+    for text, messages, field in [
+        ("word " * 100_000, None, "prompt"),
+        (None, [{"role": "user", "content": "word " * 100_000}], "messages"),
+    ]:
+        encoded.clear()
+        with pytest.raises(RequestRejected) as refused:
+            admit(text, messages)
+        assert refused.value.param == field and refused.value.code == "context_length_exceeded"
+        assert f"its first {head} characters alone" in str(refused.value)
+        assert encoded == [head], encoded  # the head only
+    # a head short of twice the context (here: a head of 2 characters a token): tokenized whole,
+    # refused by its count as before
+    monkeypatch.setattr(text_workers, "HEAD_CHARS_PER_TOKEN", 2)
+    encoded.clear()
+    with pytest.raises(RequestRejected) as refused:
+        admit("word " * 1_000)
+    assert "characters alone" not in str(refused.value) and encoded[-1] == 5_000, encoded
+    ids, _ = admit("word " * 20)  # a prompt that fits: as ever
+    assert len(ids) == len(encode("word " * 20))
 
 
 def test_sampling_params_are_validated_once_on_their_way_to_the_scheduler(tokenizer, monkeypatch):
