@@ -279,6 +279,58 @@ def test_constrained_requests_share_verify_batches(spec_llm, plain, prompts):
             json.loads(o.text)
 
 
+class _Oracle(Drafter):
+    """Proposes each request's reference continuation (so every draft is right), and records what
+    it proposed while a request reasoned before its grammar."""
+
+    def __init__(self, references: dict[tuple[int, ...], list[int]]) -> None:
+        self.references = references
+        self.while_reasoning: list[list[int]] = []
+
+    def propose(self, requests, max_drafts):
+        out = []
+        for req, k in zip(requests, max_drafts):
+            done = len(req.output_ids)
+            draft = self.references[tuple(req.prompt_ids)][done : done + k] if k > 0 else []
+            if draft and req.reasoning is not None:
+                self.while_reasoning.append(draft)
+            out.append(draft)
+        return out
+
+
+def test_drafts_run_while_a_request_reasons_before_its_grammar(tmp_path_factory, prompts):
+    """A request constrained after its reasoning (reasoning_tag_ids) takes drafts while it
+    reasons, cut short of the end tag (the row after it would need the grammar's mask), and the
+    output is the one without speculation: through the n-gram drafter, and through a drafter
+    proposing the right continuation, end tag and answer included."""
+    model = make_model_dir(
+        tmp_path_factory.mktemp("t") / "thinker", "LlamaForCausalLM", max_position_embeddings=512,
+        added_tokens=("<think>", "</think>"),
+    )  # fmt: skip
+    plain = cpu_llm(model, cache="naive")
+    start, end = plain.tokenizer.convert_tokens_to_ids(["<think>", "</think>"])
+    word = GrammarSpec("regex", "[a-z]{3,6}")
+    params = SamplingParams(
+        temperature=0.0, max_tokens=40, grammar=word, logit_bias={start: 5.0, end: 4.0},
+        reasoning_tag_ids=(start, end),
+    )  # fmt: skip
+    want = [o.token_ids for o in plain.generate(prompts, params)]
+    plain.close()
+    # (the biases make some reason a few tokens, then answer; others reason to max_tokens)
+    assert any(ids[0] == start and end in ids[2:] for ids in want), want
+    oracle = _Oracle({tuple(p): ids for p, ids in zip(prompts, want)})
+    for drafter in ("ngram", oracle):
+        spec = cpu_llm(model, cache="naive", **SPEC)
+        if drafter is oracle:
+            spec.engine.verify.speculator.drafter = oracle
+        got = [o.token_ids for o in spec.generate(prompts, params)]
+        stats = spec.engine.stats()
+        spec.close()
+        assert got == want, drafter
+        assert stats["spec_accepted_tokens"] > 0, (drafter, stats)
+    assert oracle.while_reasoning and any(end in d for d in oracle.while_reasoning)
+
+
 def test_abort_mid_run_frees_everything(spec_llm, prompts):
     engine = spec_llm.engine
     for rid, prompt in enumerate(prompts, start=10_000):

@@ -62,7 +62,10 @@ class VerifyRunner:
         logits = self.runner.forward(batch.forward)  # one row per position
         rows = self.speculator.sample_rows(batch)
         row_requests = [req for req, _ in rows]
-        # only draft-less requests are constrained, so each matcher masks its request's one row
+        # A constrained request with drafts is reasoning before its grammar (Speculator.build):
+        # each of its rows allows every token, and the matcher sees the tokens it accepts after
+        # process(); any other constrained request has no drafts, so its matcher masks its one row.
+        drafted = {req.rid: len(req.output_ids) for req, d in zip(batch.requests, batch.drafts) if d}
         pending = self.grammars.bitmask(row_requests)
         grammar_mask = None if pending is None else pending.result()
         result = self.sampler.sample(
@@ -85,7 +88,9 @@ class VerifyRunner:
             torch.distributed.broadcast(token_ids, src=0, group=self.parallel.group)
         tokens = token_ids.tolist()
         logprobs = result.logprobs(tokens)
-        constrained = [i for i, r in enumerate(row_requests) if r.matcher is not None]
+        constrained = [
+            i for i, r in enumerate(row_requests) if r.matcher is not None and r.rid not in drafted
+        ]
         if constrained:
             self.grammars.accept(
                 [row_requests[i] for i in constrained],
@@ -93,6 +98,10 @@ class VerifyRunner:
                 self.scheduler.running,
             )
         outputs = self.speculator.process(self.scheduler, batch, tokens, logprobs)
+        for req in batch.requests:
+            if req.matcher is not None and req.rid in drafted:  # the tokens it accepted, in order
+                taken = req.output_ids[drafted[req.rid] :]
+                self.grammars.accept([req] * len(taken), taken, self.scheduler.running)
         # the next plain decode step reads each request's newest token on the device
         live = [r for r in batch.requests if self.scheduler.running.get(r.rid) is r]
         if live:

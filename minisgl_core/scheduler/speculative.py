@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from minisgl_core.runner.sampler import to_device
 from minisgl_core.sampling import StepOutput, TokenLogprob
 from minisgl_core.scheduler.kv import ceil_div
-from minisgl_core.scheduler.request import Request
+from minisgl_core.scheduler.request import REASONING, Request
 from minisgl_core.scheduler.scheduler import ScheduledBatch, Scheduler
 
 ALGORITHMS = ("ngram",)
@@ -168,8 +168,9 @@ class Speculator:
         limit = scheduler.page_table.shape[1]
         budgets = [
             0
-            # a constrained request's bitmask depends on the tokens before it: no drafts
-            if r.matcher is not None
+            # a constrained request's bitmask depends on the tokens before it: no drafts, but
+            # while it reasons before its grammar (every token allowed)
+            if r.matcher is not None and r.reasoning != REASONING
             # the step yields up to 1 + drafts tokens, all within max_tokens and the context
             else min(self.num_draft_tokens, r.remaining_output - 1, limit - 1 - r.num_computed)
             for r in reqs
@@ -177,6 +178,14 @@ class Speculator:
         if not any(b > 0 for b in budgets):
             return None
         drafts = self.drafter.propose(reqs, budgets)
+        for i, req in enumerate(reqs):
+            if req.matcher is not None and drafts[i]:
+                # A reasoning request's drafts stop short of its end tag: the row after the tag
+                # would need the grammar's mask after it, which no matcher has yet. (The tag may
+                # still be sampled, as the last token the step gives the request.)
+                end = req.params.reasoning_tag_ids[1]  # type: ignore[index]
+                if end in drafts[i]:
+                    drafts[i] = list(drafts[i][: list(drafts[i]).index(end)])
         if not any(drafts):
             return None
         kv = scheduler.kv
