@@ -76,9 +76,10 @@ class TokenizeRequest(Message):
     #: a ``text`` prompt is encoded with the tokenizer's special tokens (its BOS, as vLLM's and
     #: SGLang's completions do); ``messages`` never (the chat template writes them)
     add_special_tokens: bool = True
-    #: the reasoning parser's start and end tags, with a grammar: the grammar then applies after
-    #: the reasoning (``SamplingParams.reasoning_tag_ids``, set by the tokenizer worker where both
-    #: tags are single tokens and the prompt does not close the reasoning itself)
+    #: the reasoning parser's start and end tags: whether the prompt opened the reasoning comes back
+    #: (``Admission.reasoning_opened``), and with a grammar, the grammar applies after the
+    #: reasoning (``SamplingParams.reasoning_tag_ids``, set by the tokenizer worker where both tags
+    #: are single tokens and the prompt does not close the reasoning itself)
     reasoning_tags: list[str] | None = None
 
 
@@ -97,6 +98,8 @@ class Admission(Message):
     prompt_ids: list[int] | None = None
     #: the error's code in OpenAI's shape (``context_length_exceeded``), if it has one
     code: str | None = None
+    #: the prompt opened the reasoning (TokenizeRequest.reasoning_tags): the output begins inside it
+    reasoning_opened: bool = False
 
 
 @dataclass

@@ -79,6 +79,10 @@ class SamplingParams:
     #: ``--reasoning-parser`` when both tags are single tokens and the prompt leaves the reasoning
     #: open (Qwen3's ``enable_thinking`` false closes it in the prompt)
     reasoning_tag_ids: tuple[int, int] | None = None
+    #: with ``reasoning_tag_ids``: the prompt opened the reasoning itself (it ends with the start
+    #: tag, as Qwen3's thinking-only templates and DeepSeek-R1's do), so the output begins inside
+    #: it and the grammar applies after its end tag
+    reasoning_opened: bool = False
     #: completions per prompt (vLLM's n), in [1, MAX_N]: the offline ``LLM`` runs each prompt as n
     #: engine requests (:meth:`for_choice`), the server takes n from its request body; an engine
     #: runs one completion a request and refuses any other n
@@ -165,7 +169,7 @@ class SamplingParams:
                 object.__setattr__(self, name, float(value))
             return float(value)
 
-        for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
+        for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output", "reasoning_opened"):
             if not isinstance(getattr(self, name), bool):  # "no" was True; 0 failed after generating
                 bad(name, "must be True or False")
         if finite("temperature") < 0:
@@ -203,6 +207,8 @@ class SamplingParams:
             if self.grammar is None:
                 bad("reasoning_tag_ids", "only applies with a grammar (it says where the grammar starts)")
             object.__setattr__(self, "reasoning_tag_ids", pair)
+        elif self.reasoning_opened:
+            bad("reasoning_opened", "needs reasoning_tag_ids (the tags of the reasoning the prompt opened)")
         k = self.truncate_prompt_tokens
         if k is not None:
             if not _is_integer(k) or not (k == -1 or 1 <= k <= INT64_MAX):

@@ -192,6 +192,40 @@ def test_the_tokenizer_worker_sets_the_tags_only_where_they_are_single_tokens(to
     assert admitted(ask, {"enable_thinking": True}) == tags
     # the template closes the reasoning in the prompt: the grammar applies from the first token
     assert admitted(ask, {"enable_thinking": False}) is None
+    # the template opens it (the prompt ends "<think>\n"): the output begins inside the reasoning
+    opened = TokenizeRequest([1], None, ask, None, SamplingParams(max_tokens=8, grammar=WORD),
+                             template_args={"open_thinking": True}, reasoning_tags=["<think>", "</think>"])  # fmt: skip
+    ids, sampling = admitter.admit(opened)
+    assert sampling.reasoning_tag_ids == tags and sampling.reasoning_opened
+    assert admitter.reasoning_opened(opened, ids)
+    plain = TokenizeRequest(
+        [1], None, ask, None, SamplingParams(max_tokens=8), reasoning_tags=["<think>", "</think>"]
+    )
+    ids, sampling = admitter.admit(plain)
+    assert sampling.reasoning_tag_ids is None and not admitter.reasoning_opened(plain, ids)
+
+
+def test_a_prompt_that_opened_the_reasoning_starts_the_output_inside_it(llm, tags):
+    """``reasoning_opened`` (a prompt ending with the start tag, as Qwen3's thinking-only templates
+    and DeepSeek-R1's write): every token is free from the first, the grammar after the end tag."""
+    start, end = tags
+    runner = llm.engine.grammars
+    params = SamplingParams(
+        temperature=0, max_tokens=32, grammar=WORD, reasoning_tag_ids=tags, reasoning_opened=True
+    )
+    req = Request(7, PROMPT, params, 0)
+    runner.attach(req)
+    assert req.reasoning == REASONING
+    rows, mask = runner.fill([req])
+    assert bool(allowed_tokens(mask[0], runner.backend.vocab_size).all())
+    # end to end: the end tag first (a bias), then the grammar's answer
+    biased = SamplingParams(
+        temperature=0, max_tokens=16, grammar=WORD, logit_bias={end: 100.0}, reasoning_tag_ids=tags,
+        reasoning_opened=True,
+    )  # fmt: skip
+    out = llm.generate([PROMPT], biased, use_tqdm=False)[0]
+    assert out.token_ids[0] == end and out.finish_reason == "stop", out.token_ids
+    assert re.fullmatch("[a-z]{3,6}", llm.tokenizer.decode(out.token_ids[1:], skip_special_tokens=True))
 
 
 def test_reasoning_tag_ids_are_checked():
@@ -203,6 +237,10 @@ def test_reasoning_tag_ids_are_checked():
         SamplingParams(grammar=WORD, reasoning_tag_ids=(3,))
     with pytest.raises(ValueError, match="reasoning_tag_ids must be an integer"):
         SamplingParams(grammar=WORD, reasoning_tag_ids=(3, -1))
+    with pytest.raises(ValueError, match="reasoning_opened needs reasoning_tag_ids"):
+        SamplingParams(grammar=WORD, reasoning_opened=True)
+    with pytest.raises(ValueError, match="reasoning_opened must be True or False"):
+        SamplingParams(grammar=WORD, reasoning_tag_ids=(3, 4), reasoning_opened=1)
     params = SamplingParams(grammar=WORD, reasoning_tag_ids=[3, 4])
     assert params.reasoning_tag_ids == (3, 4)
     wired = SamplingParams.from_wire([list(v) if isinstance(v, tuple) else v for v in params.to_wire()])

@@ -196,8 +196,18 @@ class Admitter:
             if req.reasoning_tags is not None:
                 tag_ids = self.reasoning_tag_ids(*req.reasoning_tags)
                 if tag_ids is not None and not reasoning_closed(self.tokenizer, ids, tag_ids[1]):
-                    sampling = dataclasses.replace(sampling, reasoning_tag_ids=tag_ids)
+                    opened = self.reasoning_opened(req, ids)
+                    sampling = dataclasses.replace(
+                        sampling, reasoning_tag_ids=tag_ids, reasoning_opened=opened
+                    )
         return ids, sampling
+
+    def reasoning_opened(self, req: TokenizeRequest, ids: list[int]) -> bool:
+        """Whether the admitted prompt ``ids`` opened the reasoning of ``req.reasoning_tags``: it
+        ends with the start tag and whitespace (Qwen3's thinking-only templates, DeepSeek-R1's),
+        so the output begins inside the reasoning."""
+        tag_ids = None if req.reasoning_tags is None else self.reasoning_tag_ids(*req.reasoning_tags)
+        return tag_ids is not None and reasoning_closed(self.tokenizer, ids, tag_ids[0])
 
     def reasoning_tag_ids(self, start: str, end: str) -> tuple[int, int] | None:
         """The token ids of a reasoning parser's tags, or None where either is not one token of
@@ -228,7 +238,8 @@ CLOSED_REASONING_TAIL = 16
 def reasoning_closed(tokenizer: Any, ids: list[int], end_id: int) -> bool:
     """Whether the prompt itself ends the reasoning: an end tag followed by nothing but whitespace
     (Qwen3's template with ``enable_thinking`` false writes an empty ``<think>\n\n</think>\n\n``);
-    the answer then opens with its content, where the grammar applies at once."""
+    the answer then opens with its content, where the grammar applies at once. (Given the start
+    tag's id: whether the prompt opened the reasoning.)"""
     tail = ids[-CLOSED_REASONING_TAIL:]
     if end_id not in tail:
         return False
@@ -268,7 +279,13 @@ def tokenizer_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_r
                 send(to_api, Admission(first, 0, 0, error=str(exc), param=exc.param, code=exc.code))
                 continue
             prompt_ids = list(ids) if msg.return_prompt_ids else None
-            send(to_api, Admission(first, len(ids), sampling.max_tokens, prompt_ids=prompt_ids))
+            opened = admitter.reasoning_opened(msg, ids)
+            send(
+                to_api,
+                Admission(
+                    first, len(ids), sampling.max_tokens, prompt_ids=prompt_ids, reasoning_opened=opened
+                ),
+            )
             for i, rid in enumerate(msg.rids):
                 # n > 1 with a seed: distinct but reproducible choices
                 send(to_scheduler, EngineRequest(rid, ids, sampling.for_choice(i)))

@@ -55,8 +55,9 @@ class Request:
     grammar_tokens: int = 0
     #: with ``params.reasoning_tag_ids``, where the output is in the engine's grammar runner's
     #: eyes (ahead of ``output_ids`` as grammar_tokens is): OPENING until the first token (the
-    #: reasoning's start tag or the grammar's first token), REASONING from the start tag through
-    #: the end tag (free; the matcher is not asked), then None: the grammar applies
+    #: reasoning's start tag or the grammar's first token), REASONING from the start tag (from
+    #: the first token where the prompt opened the reasoning) through the end tag (free; the
+    #: matcher is not asked), then None: the grammar applies
     reasoning: str | None = None
 
     #: tokens whose KV must exist before the next token is sampled: the prompt, and after a
@@ -72,7 +73,7 @@ class Request:
         if not self.fill_ids:
             self.fill_ids = self.prompt_ids
         if self.params.reasoning_tag_ids is not None and self.params.grammar is not None:
-            self.reasoning = OPENING
+            self.reasoning = REASONING if self.params.reasoning_opened else OPENING
         if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:
             self.prompt_logprobs = [None]
 

@@ -22,6 +22,7 @@ from minisgl_core.api import (
     ReasoningDelta,
     ReasoningParser,
     ReasoningResult,
+    TagReasoningParser,
     ToolCall,
     ToolCallDelta,
     ToolParseResult,
@@ -95,13 +96,18 @@ class ChoiceOutput:
         plan: ToolPlan,
         reasoning_parser: type[ReasoningParser] | None,
         labels: Mapping[type, str] | None = None,
+        reasoning_opened: bool = False,
     ) -> None:
-        """``labels``: how errors name each parser class (:attr:`ApiOptions.parser_labels`)."""
+        """``labels``: how errors name each parser class (:attr:`ApiOptions.parser_labels`);
+        ``reasoning_opened``: the prompt ended with a TagReasoningParser's start tag, so the output
+        is read as if it began with it (it begins inside the reasoning)."""
         self._labels = labels or {}
         self._reasoning_cls = reasoning_parser
         self.reasoning = (
             self._call("reasoning", reasoning_parser, reasoning_parser) if reasoning_parser else None
         )
+        if reasoning_opened and isinstance(self.reasoning, TagReasoningParser):
+            self._reasoning(self.reasoning.feed, self.reasoning.start_tag)  # (nothing to send yet)
         self.tools = self._call("tool call", plan.parser, plan.parser, plan.tools) if plan.parser else None
         self.single_call = plan.single_call
         self.made_calls = False

@@ -17,7 +17,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from minisgl_core.api import TagReasoningParser
-from minisgl_core.sampling import SamplingParams
 from minisgl_core.server import responses as r
 from minisgl_core.server.api_options import ApiOptions, ApiTokenizer
 from minisgl_core.server.chat_output import ChoiceOutput
@@ -61,11 +60,12 @@ def fields_named(names: dict[str, str]) -> Iterator[None]:
         raise
 
 
-def reasoning_tags(options: ApiOptions, params: SamplingParams) -> list[str] | None:
-    """The reasoning parser's tags when the output is constrained: as in vLLM and SGLang, the
-    grammar then applies after the reasoning (the tokenizer worker decides whether it can)."""
+def reasoning_tags(options: ApiOptions) -> list[str] | None:
+    """The reasoning parser's tags, for the tokenizer worker: it says whether the prompt opened
+    the reasoning (the parser then reads the output as inside it), and a grammar applies after the
+    reasoning, as in vLLM and SGLang (where the worker finds both tags single tokens)."""
     parser = options.reasoning_parser
-    if params.grammar is None or parser is None or not issubclass(parser, TagReasoningParser):
+    if parser is None or not issubclass(parser, TagReasoningParser):
         return None
     return [parser.start_tag, parser.end_tag]
 
@@ -107,7 +107,7 @@ def make_router(
         group = RequestGroup(state)
         group.set_timeout(body.timeout)
         with fields_named({"max_tokens": body.max_tokens_field}):
-            await group.add(
+            admission = await group.add(
                 params,
                 body.n,
                 messages=body.template_messages(),
@@ -118,12 +118,14 @@ def make_router(
                 return_prompt_ids=body.return_token_ids,
                 # tool_choice "none" (no parser: the output is plain content) needs no tools rendered
                 tools_optional=plan.parser is None,
-                reasoning_tags=reasoning_tags(options, params),
+                reasoning_tags=reasoning_tags(options),
             )
         rid, created = r.new_id("chatcmpl"), int(time.time())
 
         def new_output() -> ChoiceOutput:
-            return ChoiceOutput(plan, options.reasoning_parser, options.parser_labels)
+            return ChoiceOutput(
+                plan, options.reasoning_parser, options.parser_labels, admission.reasoning_opened
+            )
 
         produced = [0] * group.num_choices  # each choice's completion tokens so far
 

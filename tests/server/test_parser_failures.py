@@ -14,6 +14,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from minisgl_core.api import TagReasoningParser
+from minisgl_core.messages import Admission
 from minisgl_core.server.api_options import ApiOptions
 from minisgl_core.server.app import create_app
 from minisgl_core.server.state import Delta, ModelInfo, RequestGroup, ServerState
@@ -56,6 +57,7 @@ def make_client(monkeypatch, options):
         self.choice_prompt_tokens += [3] * n
         self.choice_prompt_ids += [None] * n
         self.prompt_tokens += 3
+        return Admission(0, 3, 5)
 
     async def deltas(self):
         yield Delta(0, text="<think>hm</think>An answer.", token_ids=[5, 6, 7], finish_reason="stop")

@@ -116,3 +116,36 @@ def choice_of(resp):
     choice = resp.choices[0]
     choice.token_ids = (choice.model_extra or {}).get("token_ids") or getattr(choice, "token_ids", None)
     return choice
+
+
+OPENED = {"chat_template_kwargs": {"open_thinking": True}}  # the prompt ends "<think>\n"
+
+
+def test_a_prompt_that_opened_the_reasoning_gets_its_answer_split(client, tags):
+    """A template that ends the prompt with ``<think>`` (Qwen3's thinking-only models, DeepSeek-R1):
+    the output begins inside the reasoning, so ``reasoning_content`` is its text up to
+    ``</think>`` and ``content`` what follows (it was all content), streamed or not; with a
+    response_format the grammar applies after ``</think>``."""
+    model = client.models.list().data[0].id
+    free = client.chat.completions.create(
+        model=model,
+        messages=ASK,
+        max_tokens=8,
+        temperature=0,
+        extra_body={**OPENED, "return_token_ids": True},
+    )
+    choice = choice_of(free)
+    assert tags["</think>"] not in choice.token_ids  # (the random model does not close it in 8 tokens)
+    assert choice.message.content is None and choice.message.reasoning_content
+    streamed = client.chat.completions.create(
+        model=model, messages=ASK, max_tokens=8, temperature=0, stream=True, extra_body=OPENED
+    )
+    deltas = [c.choices[0].delta for c in streamed if c.choices]
+    assert (
+        "".join(getattr(d, "reasoning_content", None) or "" for d in deltas)
+        == choice.message.reasoning_content
+    )
+    assert not "".join(d.content or "" for d in deltas)
+    constrained = choice_of(ask(client, tags, response_format=RESPONSE_FORMAT, extra_body=OPENED))
+    assert constrained.token_ids[0] == tags["</think>"], constrained.token_ids
+    jsonschema.validate(json.loads(constrained.message.content), SCHEMA)
