@@ -91,6 +91,8 @@ def test_the_reasoning_is_free_and_the_matcher_starts_after_its_end_tag(llm, tag
 
     first = fresh_grammar_row()
     assert not first[start] and not first[end]
+    thinking = torch.ones(vocab, dtype=torch.bool)
+    thinking[list(runner.backend.stop_token_ids)] = False
     req = Request(1, PROMPT, params, 0)
     runner.attach(req)
     live = {req.rid: req}
@@ -102,7 +104,7 @@ def test_the_reasoning_is_free_and_the_matcher_starts_after_its_end_tag(llm, tag
     for token in thought:
         runner.accept([req], [token], live)
         assert req.reasoning == REASONING
-        assert bool(row(req).all()), "the reasoning is free"
+        assert torch.equal(row(req), thinking), "the reasoning is free, but cannot end the output"
     runner.accept([req], [end], live)
     assert req.reasoning is None and req.grammar_tokens == 0
     assert torch.equal(row(req), first), "the grammar starts afresh after the end tag"
@@ -217,7 +219,9 @@ def test_a_prompt_that_opened_the_reasoning_starts_the_output_inside_it(llm, tag
     runner.attach(req)
     assert req.reasoning == REASONING
     rows, mask = runner.fill([req])
-    assert bool(allowed_tokens(mask[0], runner.backend.vocab_size).all())
+    allowed = allowed_tokens(mask[0], runner.backend.vocab_size)
+    stops = list(runner.backend.stop_token_ids)
+    assert stops and not allowed[stops].any() and int(allowed.sum()) == runner.backend.vocab_size - len(stops)
     # end to end: the end tag first (a bias), then the grammar's answer
     biased = SamplingParams(
         temperature=0, max_tokens=16, grammar=WORD, logit_bias={end: 100.0}, reasoning_tag_ids=tags,
@@ -226,6 +230,26 @@ def test_a_prompt_that_opened_the_reasoning_starts_the_output_inside_it(llm, tag
     out = llm.generate([PROMPT], biased, use_tqdm=False)[0]
     assert out.token_ids[0] == end and out.finish_reason == "stop", out.token_ids
     assert re.fullmatch("[a-z]{3,6}", llm.tokenizer.decode(out.token_ids[1:], skip_special_tokens=True))
+
+
+def test_the_reasoning_cannot_end_the_output(llm, tags):
+    """While it reasons, a constrained request cannot draw an end-of-text token: the answer comes
+    after the end tag (drawn while thinking, it finished a json_schema request "stop" with no
+    content). With ignore_eos it is an ordinary token and stays allowed."""
+    _, end = tags
+    eos = llm.engine.grammars.backend.stop_token_ids[0]
+    params = SamplingParams(
+        temperature=0, max_tokens=16, grammar=WORD, logit_bias={eos: 100.0, end: 50.0},
+        reasoning_tag_ids=tags, reasoning_opened=True,
+    )  # fmt: skip
+    out = llm.generate([PROMPT], params, use_tqdm=False)[0]
+    assert out.token_ids[0] == end and out.finish_reason == "stop", out.token_ids
+    assert re.fullmatch("[a-z]{3,6}", llm.tokenizer.decode(out.token_ids[1:], skip_special_tokens=True))
+    unstoppable = SamplingParams(
+        temperature=0, max_tokens=4, grammar=WORD, logit_bias={eos: 100.0, end: 50.0}, ignore_eos=True,
+        reasoning_tag_ids=tags, reasoning_opened=True,
+    )  # fmt: skip
+    assert llm.generate([PROMPT], unstoppable, use_tqdm=False)[0].token_ids[0] == eos
 
 
 def test_reasoning_tag_ids_are_checked():

@@ -10,8 +10,8 @@ tokens accepted and one for the rows filled (``GrammarBackend.accept_tokens`` / 
 
 A request with ``SamplingParams.reasoning_tag_ids`` is constrained after its reasoning
 (``Request.reasoning``): its first row allows the reasoning's start tag beside the grammar's first
-tokens, its rows are all allowed from that tag through the end tag, and only the tokens after that
-reach its matcher.
+tokens, its rows allow every token but the end-of-text ones from that tag through the end tag, and
+only the tokens after that reach its matcher.
 
 A server's engine compiles a grammar it has not compiled before off its thread
 (:meth:`GrammarRunner.start_compile`): xgrammar took 47 s on two cores for a JSON schema of 5,000
@@ -344,7 +344,13 @@ class GrammarRunner:
         for j, i in enumerate(rows):
             req = requests[i]
             if req.grammar_error is not None or req.grammar_terminated or req.reasoning == REASONING:
-                mask[j] = -1  # (the reasoning is free)
+                mask[j] = -1
+                if req.reasoning == REASONING and not req.params.ignore_eos:
+                    # the reasoning is free, but cannot end the output: the answer the grammar
+                    # asks for comes after its end tag (an end-of-text drawn while thinking
+                    # finished a json_schema request "stop" with no content)
+                    for token in self.backend.stop_token_ids:
+                        _forbid(mask, j, token)
                 continue
             live.append(j)
             if req.reasoning == OPENING:
@@ -433,6 +439,13 @@ def _allow(mask: torch.Tensor, row: int, token: int) -> None:
     word, bit = divmod(token, 32)
     value = int(mask[row, word]) | (1 << bit)
     mask[row, word] = value - (1 << 32) if value >= 1 << 31 else value
+
+
+def _forbid(mask: torch.Tensor, row: int, token: int) -> None:
+    """Clear ``token``'s bit in ``mask``'s ``row`` (see :func:`_allow`)."""
+    if 0 <= token < mask.shape[1] * 32:
+        word, bit = divmod(token, 32)
+        mask[row, word] = int(mask[row, word]) & ~(1 << bit)
 
 
 def _shorten_switch_interval() -> float | None:
