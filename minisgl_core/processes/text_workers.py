@@ -220,7 +220,8 @@ class Admitter:
             if not single:
                 logger.warning(
                     "reasoning tags %r and %r are not single tokens of this tokenizer: a grammar "
-                    "applies from the first output token, with no reasoning before it",
+                    "applies from the first output token, with no reasoning before it, and a prompt "
+                    "that opens the reasoning is not recognised",
                     start,
                     end,
                 )
