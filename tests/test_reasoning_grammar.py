@@ -17,7 +17,7 @@ from minisgl_core import LLM, SamplingParams
 from minisgl_core.api import GrammarSpec, allocate_token_bitmask, allowed_tokens
 from minisgl_core.demo.factories import make_model_dir
 from minisgl_core.messages import Limits, TokenizeRequest
-from minisgl_core.processes.text_workers import Admitter, reasoning_closed
+from minisgl_core.processes.text_workers import Admitter, ends_with_tag
 from minisgl_core.scheduler.request import OPENING, REASONING, Request
 from minisgl_core.tokenizer.load import load_tokenizer
 
@@ -159,12 +159,12 @@ def tokenizer(model_dir):
 def test_a_prompt_that_closes_the_reasoning_itself_leaves_no_gate(tokenizer, tags):
     _, end = tags
     encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
-    assert reasoning_closed(tokenizer, encode("<|im_start|>assistant\n<think>\n\n</think>\n\n"), end)
-    assert reasoning_closed(tokenizer, encode("x</think>"), end)
-    assert not reasoning_closed(tokenizer, encode("<|im_start|>assistant\n"), end)
+    assert ends_with_tag(tokenizer, encode("<|im_start|>assistant\n<think>\n\n</think>\n\n"), end)
+    assert ends_with_tag(tokenizer, encode("x</think>"), end)
+    assert not ends_with_tag(tokenizer, encode("<|im_start|>assistant\n"), end)
     # an earlier turn's reasoning, closed long before the answer the prompt asks for
     earlier = "<think>a</think>b<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
-    assert not reasoning_closed(tokenizer, encode(earlier), end)
+    assert not ends_with_tag(tokenizer, encode(earlier), end)
 
 
 def test_the_tokenizer_worker_sets_the_tags_only_where_they_are_single_tokens(tokenizer, tags):

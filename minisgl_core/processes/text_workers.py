@@ -195,7 +195,7 @@ class Admitter:
                 raise RequestRejected(f"{req.grammar_field}: {exc}", req.grammar_field) from exc
             if req.reasoning_tags is not None:
                 tag_ids = self.reasoning_tag_ids(*req.reasoning_tags)
-                if tag_ids is not None and not reasoning_closed(self.tokenizer, ids, tag_ids[1]):
+                if tag_ids is not None and not ends_with_tag(self.tokenizer, ids, tag_ids[1]):
                     opened = self.reasoning_opened(req, ids)
                     sampling = dataclasses.replace(
                         sampling, reasoning_tag_ids=tag_ids, reasoning_opened=opened
@@ -207,7 +207,7 @@ class Admitter:
         ends with the start tag and whitespace (Qwen3's thinking-only templates, DeepSeek-R1's),
         so the output begins inside the reasoning."""
         tag_ids = None if req.reasoning_tags is None else self.reasoning_tag_ids(*req.reasoning_tags)
-        return tag_ids is not None and reasoning_closed(self.tokenizer, ids, tag_ids[0])
+        return tag_ids is not None and ends_with_tag(self.tokenizer, ids, tag_ids[0])
 
     def reasoning_tag_ids(self, start: str, end: str) -> tuple[int, int] | None:
         """The token ids of a reasoning parser's tags, or None where either is not one token of
@@ -232,19 +232,20 @@ class Admitter:
 #: tokenizing a long text whole (Admitter._refuse_far_past_context): text runs 1-6 characters a
 #: token, so a head of this many holds twice the context in tokens whenever the text is far past it
 HEAD_CHARS_PER_TOKEN = 12
-#: prompt tokens after the last reasoning end tag that :func:`reasoning_closed` looks at
-CLOSED_REASONING_TAIL = 16
+#: prompt tokens at its end that :func:`ends_with_tag` looks at
+TAG_TAIL = 16
 
 
-def reasoning_closed(tokenizer: Any, ids: list[int], end_id: int) -> bool:
-    """Whether the prompt itself ends the reasoning: an end tag followed by nothing but whitespace
-    (Qwen3's template with ``enable_thinking`` false writes an empty ``<think>\n\n</think>\n\n``);
-    the answer then opens with its content, where the grammar applies at once. (Given the start
-    tag's id: whether the prompt opened the reasoning.)"""
-    tail = ids[-CLOSED_REASONING_TAIL:]
-    if end_id not in tail:
+def ends_with_tag(tokenizer: Any, ids: list[int], tag_id: int) -> bool:
+    """Whether the prompt ``ids`` ends with the token ``tag_id`` and nothing after it but
+    whitespace: with the reasoning's end tag, the prompt closed the reasoning itself (Qwen3's
+    template with ``enable_thinking`` false writes an empty ``<think>\\n\\n</think>\\n\\n``), so
+    the answer opens with its content and the grammar applies at once; with its start tag, the
+    prompt opened it, so the output begins inside the reasoning."""
+    tail = ids[-TAG_TAIL:]
+    if tag_id not in tail:
         return False
-    after = tail[len(tail) - tail[::-1].index(end_id) :]
+    after = tail[len(tail) - tail[::-1].index(tag_id) :]
     return not tokenizer.decode(after, skip_special_tokens=False).strip()
 
 
