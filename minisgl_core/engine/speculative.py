@@ -63,8 +63,9 @@ class VerifyRunner:
         rows = self.speculator.sample_rows(batch)
         row_requests = [req for req, _ in rows]
         # A constrained request with drafts is reasoning before its grammar (Speculator.build):
-        # each of its rows allows every token, and the matcher sees the tokens it accepts after
-        # process(); any other constrained request has no drafts, so its matcher masks its one row.
+        # each of its rows allows every token but end-of-text, and the matcher sees the tokens it
+        # accepts after process(); any other constrained request has no drafts, so its matcher
+        # masks its one row.
         drafted = {req.rid: len(req.output_ids) for req, d in zip(batch.requests, batch.drafts) if d}
         pending = self.grammars.bitmask(row_requests)
         grammar_mask = None if pending is None else pending.result()

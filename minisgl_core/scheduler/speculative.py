@@ -185,7 +185,7 @@ class Speculator:
                 # still be sampled, as the last token the step gives the request.)
                 end = req.params.reasoning_tag_ids[1]  # type: ignore[index]
                 if end in drafts[i]:
-                    drafts[i] = list(drafts[i][: list(drafts[i]).index(end)])
+                    drafts[i] = drafts[i][: drafts[i].index(end)]
         if not any(drafts):
             return None
         kv = scheduler.kv
