@@ -49,6 +49,28 @@ def test_rope_store_kernel_compiles(target, heads, half, norm, dtype):
         compiles(rope_store_kernel, signature, {**constants, "TOKENS": tokens}, target)
 
 
+def test_rope_store_kernel_into_a_float8_pool():
+    """``--kv-cache-dtype fp8_e4m3`` (sm89+): k and v rounded to the model's dtype, clamped, then
+    converted with saturation (``cvt.rn.satfinite``): what ``KVCache.store`` writes. The CUDA
+    test in test_triton_ops.py compares the bytes."""
+    import re
+
+    from minisgl_core.layers._triton_kernels import rope_store_kernel
+
+    signature = {"qkv": "*bf16", "qkv_token_stride": "i64", "positions": "*i64", "inv_freq": "*fp32",
+                 "q_weight": "*bf16", "k_weight": "*bf16", "eps": "fp32", "q_out": "*bf16", "k_pool": "*fp8e4nv",
+                 "v_pool": "*fp8e4nv", "loc": "*i64", "n_tokens": "i32"}  # fmt: skip
+    constants = {"NUM_Q": 16, "NUM_KV": 8, "HALF": 64, "BLOCK": 64, "BLOCK_Q": 16, "BLOCK_KV": 8, "NORM": True,
+                 "TOKENS": 2}  # fmt: skip
+    signature = {**signature, **dict.fromkeys(constants, "constexpr")}
+    compiled = triton_compile(
+        ASTSource(rope_store_kernel, signature, constexprs=constants), target=GPUTarget("cuda", 90, 32)
+    )
+    ptx = compiled.asm["ptx"]
+    assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
+    assert re.search(r"(min|max)\.[a-z.]*f32", ptx)  # the clamp at ±448
+
+
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize(

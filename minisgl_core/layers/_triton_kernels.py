@@ -27,6 +27,17 @@ def _norm_rope(x1, x2, weight, cos, sin, eps, d, mask, HALF: tl.constexpr, NORM:
     return x1 * cos - x2 * sin, x2 * cos + x1 * sin
 
 
+@triton.jit
+def _pool_value(x, pool, dtype):
+    """``x`` as the KV pool ``pool`` stores it: rounded to the model's ``dtype`` first (what the
+    unfused path stores), then, for a float8 e4m3 pool, saturated at ±448 and rounded again
+    (``KVCache.store``'s cast: scale 1, no NaN)."""
+    x = x.to(dtype)
+    if pool.dtype.element_ty == tl.float8e4nv:
+        x = tl.clamp(x.to(tl.float32), -448.0, 448.0)
+    return x.to(pool.dtype.element_ty)
+
+
 @triton.jit(do_not_specialize=["n_tokens"])  # one compile for every token count, not three
 def rope_store_kernel(
     qkv,  # [tokens, q_heads + 2 * kv_heads, 2 * HALF], the heads dense, any token stride
@@ -37,7 +48,7 @@ def rope_store_kernel(
     k_weight,
     eps,
     q_out,  # [tokens, q_heads, 2 * HALF] contiguous
-    k_pool,  # [slots, kv_heads, 2 * HALF] this layer's K
+    k_pool,  # [slots, kv_heads, 2 * HALF] this layer's K (the model's dtype or float8 e4m3)
     v_pool,
     loc,  # [tokens] int: slot of each token
     n_tokens,
@@ -64,18 +75,18 @@ def rope_store_kernel(
     mask = d < HALF
     live = t < n_tokens
     row = qkv + t * qkv_token_stride
+    dtype = qkv.dtype.element_ty
     if part == 2:
         hv = tl.arange(0, BLOCK_KV)[None, :, None]
         mv = live & (hv < NUM_KV) & mask
         v_src = row + (NUM_Q + NUM_KV + hv) * (2 * HALF) + d
         slot = tl.load(loc + t, mask=live, other=0).to(tl.int64)
         v_dst = v_pool + slot * (NUM_KV * 2 * HALF) + hv * (2 * HALF) + d
-        tl.store(v_dst, tl.load(v_src, mask=mv).to(v_dst.dtype.element_ty), mask=mv)
-        tl.store(v_dst + HALF, tl.load(v_src + HALF, mask=mv).to(v_dst.dtype.element_ty), mask=mv)
+        tl.store(v_dst, _pool_value(tl.load(v_src, mask=mv), v_pool, dtype), mask=mv)
+        tl.store(v_dst + HALF, _pool_value(tl.load(v_src + HALF, mask=mv), v_pool, dtype), mask=mv)
     else:
         position = tl.load(positions + t, mask=live, other=0).to(tl.float32)
         angle = position * tl.load(inv_freq + d, mask=mask, other=0.0)
-        dtype = qkv.dtype.element_ty
         cos = tl.cos(angle).to(dtype).to(tl.float32)
         sin = tl.sin(angle).to(dtype).to(tl.float32)
         if part == 0:
@@ -95,8 +106,8 @@ def rope_store_kernel(
                                 k_weight, cos, sin, eps, d, mask, HALF, NORM)  # fmt: skip
             slot = tl.load(loc + t, mask=live, other=0).to(tl.int64)
             k_dst = k_pool + slot * (NUM_KV * 2 * HALF) + hk * (2 * HALF) + d
-            tl.store(k_dst, k1.to(k_dst.dtype.element_ty), mask=mk)
-            tl.store(k_dst + HALF, k2.to(k_dst.dtype.element_ty), mask=mk)
+            tl.store(k_dst, _pool_value(k1, k_pool, dtype), mask=mk)
+            tl.store(k_dst + HALF, _pool_value(k2, k_pool, dtype), mask=mk)
 
 
 @triton.jit

@@ -83,10 +83,11 @@ class DecoderAttention(nn.Module):
         if (
             "prestored_kv" in batch.attn.capabilities
             and fused_kv_enabled(qkv.device)
-            and cache.dtype == qkv.dtype
+            and (cache.dtype == qkv.dtype or (cache.dtype == torch.float8_e4m3fn and qkv.is_cuda))
         ):
-            # norm + rotary, k and v written to the KV pool, in one kernel; the backend is told
-            # the pool already holds them (API 1.5)
+            # norm + rotary, k and v written to the KV pool (a float8 one saturated, as
+            # KVCache.store writes it; on CUDA only: Triton's CPU interpreter rounds to float8
+            # wrongly), in one kernel; the backend is told the pool already holds them (API 1.5)
             q = rope_store_kv(
                 qkv, batch.positions, inv_freq, q_weight, k_weight, num_heads, num_kv_heads, eps,
                 cache, self.attn.layer_id, batch.out_cache_loc,
