@@ -93,10 +93,6 @@ class Problem:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--sweep", action="store_true")
-    p.add_argument(
-        "--variants", action="store_true", help="the kernel's code variants (asm_widen, k_rows) by launch"
-    )
-    p.add_argument("--variants-only", action="store_true", help="--variants, then stop")
     p.add_argument("--json")
     args = p.parse_args()
     dev = torch.device("cuda")
@@ -120,45 +116,6 @@ def main() -> None:
                 row = {"kv": str(kv_dtype)[6:], "shape": list(shape), "launch": list(launch), "us": us}
                 result["sweep"].append(row)
                 print(json.dumps(row), flush=True)
-
-    if args.variants or args.variants_only:
-        from minisgl_plugin_triton.backend import Launch
-
-        fp8_launches = [
-            (64, 4, 2),
-            (128, 4, 3),
-            (128, 4, 2),
-            (64, 4, 3),
-            (128, 8, 3),
-            (256, 8, 3),
-            (128, 4, 1),
-        ]
-        plans = [(torch.float8_e4m3fn, fp8_launches, [(False, False), (True, False), (False, True), (True, True)]),
-                 (torch.bfloat16, [(64, 4, 2), (128, 4, 3), (64, 4, 3)], [(False, False), (False, True)])]  # fmt: skip
-        for kv_dtype, launches, codes in plans:
-            size = torch.empty((), dtype=kv_dtype).element_size()
-            for shape in (SHAPES[1], SHAPES[3], SHAPES[0]):
-                problem = Problem(*shape, kv_dtype, dev)
-                ref_us, ref = problem.replay_us(fi)
-                for (asm, k_rows), launch in itertools.product(codes, launches):
-                    attrs = {"launches": {size: Launch(*launch)}, "asm_widen": asm, "k_rows": k_rows}
-                    variant = type("Variant", (triton_cls,), attrs)
-                    row = {"kv": str(kv_dtype)[6:], "shape": list(shape), "asm_widen": asm, "k_rows": k_rows,
-                           "launch": list(launch), "fi_us": round(ref_us, 2)}  # fmt: skip
-                    try:
-                        us, out = problem.replay_us(variant)
-                        row["us"] = round(us, 2)
-                        row["tbps"] = round(problem.kv_bytes / (us * 1e-6) / 1e12, 2)
-                        row["max_abs_diff_fi"] = float((out - ref).abs().max())
-                    except Exception as e:  # a configuration that does not fit (registers, shared memory)
-                        row["error"] = f"{type(e).__name__}: {e}"[:160]
-                    result["sweep"].append(row)
-                    print(json.dumps(row), flush=True)
-        if args.variants_only:
-            if args.json:
-                with open(args.json, "w") as f:
-                    json.dump(result, f, indent=1)
-            return
 
     for shape, kv_dtype in itertools.product(SHAPES, (torch.bfloat16, torch.float8_e4m3fn)):
         qo, kv, bs, ctx = shape

@@ -156,11 +156,6 @@ class TritonDecodeBackend(AttentionBackend):
     #: overlaps that kernel (fast path ``pdl_attention``, sm90+); never in a cascade step
     early_kv: ClassVar[bool] = False
     early_blocks: ClassVar[int] = 1
-    #: a float8 pool's blocks widened to float16 where they are loaded (``kernels._widen``), not
-    #: after Triton's byte-wise change of their layout in shared memory (CUDA only)
-    asm_widen: ClassVar[bool] = False
-    #: the decode kernel's scores as ``K · qᵀ`` (``kernels._attend_k_rows``), not ``q · Kᵀ``
-    k_rows: ClassVar[bool] = False
 
     @classmethod
     def availability(cls, device: torch.device) -> str | None:
@@ -351,8 +346,6 @@ class TritonDecodeBackend(AttentionBackend):
             EARLY=early,
             EARLY_BLOCKS=self.early_blocks,
             EARLY_LINE=min(config.head_dim, 128 // cache.buffer.element_size()),
-            K_ROWS=self.k_rows,
-            ASM_WIDEN=self.asm_widen and widen_fp8 and not self.interpreted,
             num_warps=launch.num_warps,
             num_stages=launch.num_stages,
             **decode_pdl,

@@ -33,40 +33,17 @@ except ImportError:
 
 
 @triton.jit
-def _widen(x, dtype, ASM_WIDEN: tl.constexpr):
-    """``x`` as ``dtype`` (the query's: float16 over a float8 pool). ``ASM_WIDEN``: a float8 e4m3
-    block is widened where it was loaded, by inline ``cvt`` (four values a pair of them), before
-    it goes to the tensor cores. Triton 3.6 otherwise moves the widening after the change to the
-    products' register layout and makes that change on the float8 block, through shared memory
-    one byte at a time (128 ``ld.shared.b8`` a thread a 128-position block on sm_90); not
-    "pure", so its layout passes keep it where it is. CUDA only (the interpreter has no PTX)."""
-    if ASM_WIDEN and x.dtype == tl.float8e4nv:
-        return tl.inline_asm_elementwise(
-            "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
-            "=r,=r,r", [x.to(tl.uint8, bitcast=True)], dtype=tl.float16, is_pure=False, pack=4,
-        )  # fmt: skip
-    return x.to(dtype)
-
-
-@triton.jit
 def _attend(
     q, m, l_sum, acc, table_row, start, end, k_ptr, v_ptr, kv_stride_slot, columns, scale_log2,
-    BLOCK_N: tl.constexpr, EXACT_PV: tl.constexpr, K_ROWS: tl.constexpr = False, ASM_WIDEN: tl.constexpr = False,
+    BLOCK_N: tl.constexpr, EXACT_PV: tl.constexpr,
 ):  # fmt: skip
-    """Online softmax of ``q``'s rows over positions ``start .. end - 1`` of one page-table row.
-    ``K_ROWS``: the scores as ``K · qᵀ`` (K the product's row operand, read from shared memory
-    as stored), not ``q · Kᵀ``; see :func:`_attend_k_rows`."""
-    if K_ROWS:
-        return _attend_k_rows(
-            q, m, l_sum, acc, table_row, start, end, k_ptr, v_ptr, kv_stride_slot, columns, scale_log2,
-            BLOCK_N, EXACT_PV, ASM_WIDEN,
-        )  # fmt: skip
+    """Online softmax of ``q``'s rows over positions ``start .. end - 1`` of one page-table row."""
     for block in range(start, end, BLOCK_N):
         pos = block + tl.arange(0, BLOCK_N)
         valid = pos < end
         slot = tl.load(table_row + pos, mask=valid, other=0).to(tl.int64)
         kv_offsets = slot[:, None] * kv_stride_slot + columns[None, :]
-        k = _widen(tl.load(k_ptr + kv_offsets, mask=valid[:, None], other=0.0), q.dtype, ASM_WIDEN)
+        k = tl.load(k_ptr + kv_offsets, mask=valid[:, None], other=0.0).to(q.dtype)
         if q.dtype == tl.float32:  # float32 products in float32 (a GPU's default is TF32: 10 bits)
             scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2
         else:
@@ -75,7 +52,7 @@ def _attend(
         m_new = tl.maximum(m, tl.max(scores, 1))
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(scores - m_new[:, None])
-        v = _widen(tl.load(v_ptr + kv_offsets, mask=valid[:, None], other=0.0), q.dtype, ASM_WIDEN)
+        v = tl.load(v_ptr + kv_offsets, mask=valid[:, None], other=0.0).to(q.dtype)
         p_hi = p.to(q.dtype)
         if q.dtype == tl.float32:
             pv = tl.dot(p_hi, v, input_precision="ieee")
@@ -86,48 +63,6 @@ def _attend(
         else:  # normalise by the rounded weights the product used: a true weighted mean of V
             p = p_hi.to(tl.float32)
         l_sum = l_sum * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + pv
-        m = m_new
-    return m, l_sum, acc
-
-
-@triton.jit
-def _attend_k_rows(
-    q, m, l_sum, acc, table_row, start, end, k_ptr, v_ptr, kv_stride_slot, columns, scale_log2,
-    BLOCK_N: tl.constexpr, EXACT_PV: tl.constexpr, ASM_WIDEN: tl.constexpr,
-):  # fmt: skip
-    """:func:`_attend` with the scores transposed: ``[BLOCK_N, rows] = K · qᵀ``. As ``q · Kᵀ``,
-    K is the product's column operand read transposed from shared memory, which a float8 block
-    can only be one byte at a time (Triton 3.6 on sm_90: 128 byte loads a thread a block, where
-    bf16 has ``ldmatrix.trans``); as the row operand it is read as stored. The probabilities are
-    transposed back for P·V (a ``[BLOCK_N, rows]`` half-precision tile through shared memory,
-    as the untransposed form also stages them)."""
-    qt = tl.trans(q)
-    for block in range(start, end, BLOCK_N):
-        pos = block + tl.arange(0, BLOCK_N)
-        valid = pos < end
-        slot = tl.load(table_row + pos, mask=valid, other=0).to(tl.int64)
-        kv_offsets = slot[:, None] * kv_stride_slot + columns[None, :]
-        k = _widen(tl.load(k_ptr + kv_offsets, mask=valid[:, None], other=0.0), q.dtype, ASM_WIDEN)
-        if q.dtype == tl.float32:
-            scores = tl.dot(k, qt, input_precision="ieee") * scale_log2
-        else:
-            scores = tl.dot(k, qt) * scale_log2
-        scores = tl.where(valid[:, None], scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, 0))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(scores - m_new[None, :])
-        v = _widen(tl.load(v_ptr + kv_offsets, mask=valid[:, None], other=0.0), q.dtype, ASM_WIDEN)
-        p_hi = p.to(q.dtype)
-        if q.dtype == tl.float32:
-            pv = tl.dot(tl.trans(p_hi), v, input_precision="ieee")
-        else:
-            pv = tl.dot(tl.trans(p_hi), v)
-        if EXACT_PV:
-            pv += tl.dot(tl.trans((p - p_hi.to(tl.float32)).to(q.dtype)), v)
-        else:
-            p = p_hi.to(tl.float32)
-        l_sum = l_sum * alpha + tl.sum(p, 0)
         acc = acc * alpha[:, None] + pv
         m = m_new
     return m, l_sum, acc
@@ -186,8 +121,6 @@ def decode_kernel(
     EARLY: tl.constexpr = False,  # the first blocks' K and V prefetched into L2 before the wait (see below)
     EARLY_BLOCKS: tl.constexpr = 1,
     EARLY_LINE: tl.constexpr = 64,  # elements a prefetch covers: a 128-byte line, at most a head's row
-    K_ROWS: tl.constexpr = False,  # the scores as K · qᵀ (_attend_k_rows)
-    ASM_WIDEN: tl.constexpr = False,  # a float8 block widened where it is loaded (_widen)
 ):
     if PDL and not EARLY:  # wait for the kernel before, then let the one after start launching
         gdc_wait()
@@ -241,7 +174,7 @@ def decode_kernel(
     acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
     m, l_sum, acc = _attend(
         q, m, l_sum, acc, table_row, start, end, k_ptr, v_ptr, kv_stride_slot, columns, scale_log2,
-        BLOCK_N, EXACT_PV, K_ROWS, ASM_WIDEN,
+        BLOCK_N, EXACT_PV,
     )  # fmt: skip
 
     nonempty = l_sum > 0

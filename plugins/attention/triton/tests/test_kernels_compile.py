@@ -24,28 +24,16 @@ DECODE = {**ATTEND, "seq_lens_ptr": "*i32", "order_ptr": "*i32", "skip_ptr": "*i
           "out_stride_head": "i32"}  # fmt: skip
 
 
-def compile_ptx(
-    kernel,
-    signature: dict,
-    constants: dict,
-    arch: int = 90,
-    num_warps: int = 4,
-    num_stages: int = 2,
-    aligned: tuple[str, ...] = (),
-) -> str:
-    """The kernel's PTX; ``aligned``: arguments a launch from torch specialises as divisible by 16
-    (its pointers, strides such as ``kv_stride_slot``), without which no load is vectorised."""
+def compile_ptx(kernel, signature: dict, constants: dict, arch: int = 90, num_warps: int = 4) -> str:
     from triton import compile as triton_compile
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     signature = {**signature, **dict.fromkeys(constants, "constexpr")}
-    names = list(signature)
-    attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in aligned}
     compiled = triton_compile(
-        ASTSource(kernel, signature, constexprs=constants, attrs=attrs),
+        ASTSource(kernel, signature, constexprs=constants),
         target=GPUTarget("cuda", arch, 32),
-        options={"num_warps": num_warps, "num_stages": num_stages},
+        options={"num_warps": num_warps, "num_stages": 2},
     )
     return compiled.asm["ptx"]
 
@@ -66,35 +54,6 @@ def test_fp8_pool_is_widened_to_fp16_and_multiplied_on_tensor_cores():
     ptx = compile_decode(90, "fp8e4nv", widen=True, splits=1)
     assert "cvt.rn.f16x2.e4m3x2" in ptx
     assert "mma.sync" in ptx and ".f16.f16" in ptx
-
-
-@pytest.mark.parametrize("block_n, stages", [(64, 2), (128, 3)])
-@pytest.mark.parametrize("k_rows", [False, True])
-def test_asm_widen_keeps_float8_blocks_off_byte_wise_shared_loads(block_n, stages, k_rows):
-    """Over a float8 pool, as a launch from torch compiles it (pointers and strides divisible by
-    16): Triton widens K and V after moving them into the products' layout, through shared memory
-    a byte at a time (``ld.shared.b8``); ``ASM_WIDEN`` widens them where they are loaded, after
-    which every shared-memory access is at least 4 bytes and the float16 blocks go to the tensor
-    cores by ``ldmatrix``, in both forms of the scores."""
-    from minisgl_plugin_triton.kernels import decode_kernel
-
-    signature = {**DECODE, "k_ptr": "*fp8e4nv", "v_ptr": "*fp8e4nv"}
-    aligned = tuple(n for n in signature if signature[n].startswith("*")) + (
-        "q_stride_token", "q_stride_head", "kv_stride_slot", "page_table_stride", "out_stride_token", "out_stride_head",
-    )  # fmt: skip
-    constants = {"NUM_HEADS": 16, "GROUP": 2, "BLOCK_H": 16, "HEAD_DIM": 128, "BLOCK_N": block_n, "NUM_SPLITS": 1,
-                 "ENTRIES": 1, "CASCADE": False, "WIDEN_FP8": True, "DOT_FP32": False, "EXACT_PV": False,
-                 "K_ROWS": k_rows}  # fmt: skip
-    plain, widened = (
-        compile_ptx(
-            decode_kernel, signature, {**constants, "ASM_WIDEN": asm}, num_stages=stages, aligned=aligned
-        )
-        for asm in (False, True)
-    )
-    assert "ld.shared.b8" in plain
-    assert "ld.shared.b8" not in widened and "ld.shared.b16" not in widened and "st.shared.b8" not in widened
-    assert widened.count("cvt.rn.f16x2.e4m3x2") >= 2 * block_n * 128 // (2 * 128)  # K and V, per thread
-    assert "ldmatrix" in widened and "st.local" not in widened
 
 
 @pytest.mark.parametrize("arch", [90, 80])
