@@ -1,6 +1,6 @@
 """Bounds of the offline standard workload on one GPU, taken step by step (CPU only, no GPU).
 
-    python tools/roofline.py [--bandwidth 4.8e12] [--flops 989e12] [--json]
+    python tools/roofline.py [--bandwidth 4.8e12] [--flops 989e12] [--kv-bytes 1] [--json]
 
 The workload (``minisgl_core.bench.workloads.standard_offline``: 256 requests, all admitted at
 once) is walked the way the engine runs it: one prefill of every prompt, then decode steps in
@@ -14,7 +14,8 @@ tokens of KV. Two bounds per model shape (``minisgl_core.bench.shapes``):
   and its ``2 * batch * N * K`` FLOPs at ``--flops``: at a batch of 256 Llama-3.1-8B's GEMMs
   need more time for their arithmetic than for their bytes.
 
-Printed for the nominal H200 figures (4.8 TB/s, 989 TFLOP/s dense bf16) and for the rates
+``--kv-bytes 1``: the bounds of a float8 KV pool (``--kv-cache-dtype fp8_e4m3``), whose decode
+steps read half the KV bytes (weights stay bf16). Printed for the nominal H200 figures (4.8 TB/s, 989 TFLOP/s dense bf16) and for the rates
 measured on it (the decode kernel's ≈ 4.25 TB/s, an 8192² bf16 matmul's ≈ 789 TFLOP/s).
 """
 
@@ -41,11 +42,13 @@ def matrices(config: dict) -> tuple[list[tuple[int, int]], tuple[int, int]]:
     return [(q + 2 * kv, h), (h, q), (2 * inter, h), (h, inter)], (vocab, h)
 
 
-def bounds(shape: str, bandwidth: float, flops: float) -> dict:
+def bounds(shape: str, bandwidth: float, flops: float, kv_element_bytes: int = BYTES) -> dict:
     config = SHAPES[shape]
     layers = config["num_hidden_layers"]
     d = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    kv_bytes = 2 * config["num_key_value_heads"] * d * BYTES * layers  # K and V, every layer, a token
+    kv_bytes = (
+        2 * config["num_key_value_heads"] * d * kv_element_bytes * layers
+    )  # K and V, every layer, a token
     q_dim = config["num_attention_heads"] * d
     layer, head = matrices(config)
     requests = standard_offline()
@@ -92,12 +95,13 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--bandwidth", type=float, action="append", help="bytes/s (default: 4.8e12 and 4.25e12)")
     p.add_argument("--flops", type=float, action="append", help="FLOP/s (default: 989e12 and 789e12)")
+    p.add_argument("--kv-bytes", type=int, default=BYTES, help="bytes a KV element (default 2: bf16; 1: fp8)")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     args = p.parse_args()
     rates = list(zip(args.bandwidth or [4.8e12, 4.25e12], args.flops or [989e12, 789e12], strict=False))
     for shape in sorted(SHAPES):
         for bandwidth, flops in rates:
-            row = bounds(shape, bandwidth, flops)
+            row = bounds(shape, bandwidth, flops, args.kv_bytes)
             if args.json:
                 print(json.dumps(row))
                 continue
