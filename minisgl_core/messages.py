@@ -100,6 +100,9 @@ class Admission(Message):
     code: str | None = None
     #: the prompt opened the reasoning (TokenizeRequest.reasoning_tags): the output begins inside it
     reasoning_opened: bool = False
+    #: the request's grammar applies after the reasoning (``SamplingParams.reasoning_tag_ids`` set):
+    #: the text after the end tag is the grammar's, whitespace included
+    reasoning_gated: bool = False
 
 
 @dataclass

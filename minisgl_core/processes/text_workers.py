@@ -285,7 +285,12 @@ def tokenizer_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_r
             send(
                 to_api,
                 Admission(
-                    first, len(ids), sampling.max_tokens, prompt_ids=prompt_ids, reasoning_opened=opened
+                    first,
+                    len(ids),
+                    sampling.max_tokens,
+                    prompt_ids=prompt_ids,
+                    reasoning_opened=opened,
+                    reasoning_gated=sampling.reasoning_tag_ids is not None,
                 ),
             )
             for i, rid in enumerate(msg.rids):

@@ -97,17 +97,27 @@ class ChoiceOutput:
         reasoning_parser: type[ReasoningParser] | None,
         labels: Mapping[type, str] | None = None,
         reasoning_opened: bool = False,
+        grammar_after_reasoning: bool = False,
     ) -> None:
         """``labels``: how errors name each parser class (:attr:`ApiOptions.parser_labels`);
         ``reasoning_opened``: the prompt ended with a TagReasoningParser's start tag, so the output
-        is read as if it began with it (it begins inside the reasoning)."""
+        is read as if it began with it (it begins inside the reasoning);
+        ``grammar_after_reasoning``: a grammar constrained the text after the reasoning's end tag
+        (``Admission.reasoning_gated``), so that text is the answer as generated, whitespace
+        included: a TagReasoningParser drops the whitespace after the end tag (a model's
+        "</think>\n\n"), which there is the grammar's (a regex or choice opening with a space)."""
         self._labels = labels or {}
         self._reasoning_cls = reasoning_parser
         self.reasoning = (
             self._call("reasoning", reasoning_parser, reasoning_parser) if reasoning_parser else None
         )
+        self._opened = reasoning_opened
         if reasoning_opened and isinstance(self.reasoning, TagReasoningParser):
             self._reasoning(self.reasoning.feed, self.reasoning.start_tag)  # (nothing to send yet)
+        self._exact_answer = grammar_after_reasoning and isinstance(self.reasoning, TagReasoningParser)
+        #: streaming with an exact answer: the output so far, and how much of the answer was sent
+        self._raw = ""
+        self._answer_sent = 0
         self.tools = self._call("tool call", plan.parser, plan.parser, plan.tools) if plan.parser else None
         self.single_call = plan.single_call
         self.made_calls = False
@@ -125,6 +135,9 @@ class ChoiceOutput:
         if self.reasoning is not None:
             split = self._reasoning(self.reasoning.parse, text)
             message["reasoning_content"], content = split.reasoning, split.content
+            answer = self._answer(text)
+            if answer is not None:
+                content = answer or None
         if self.tools is not None and content is not None:
             parsed = self._tool(self.tools.parse, content)
             content, calls = parsed.content, self._kept(parsed.tool_calls)
@@ -143,6 +156,11 @@ class ChoiceOutput:
                 *([self._reasoning(self.reasoning.finish)] if final else []),
             ]
             reasoning, content = "".join(p.reasoning for p in parts), "".join(p.content for p in parts)
+            if self._exact_answer:
+                self._raw += text
+                answer = self._answer(self._raw)
+                if answer is not None:
+                    content, self._answer_sent = answer[self._answer_sent :], len(answer)
         calls: list[ToolCallDelta] = []
         if self.tools is not None:
             self._streamed.append(content)
@@ -170,6 +188,19 @@ class ChoiceOutput:
             parsed = self._tool(self._tool(self._tool_parser, self._tool_list).parse, text)
             self.made_calls = _all_whole(self._kept(parsed.tool_calls))
         return "tool_calls" if self.made_calls else reason
+
+    def _answer(self, text: str) -> str | None:
+        """With an exact answer (``grammar_after_reasoning``): the output after the reasoning's end
+        tag, as generated; None while there is none (no end tag yet, or an output that did not
+        open with the reasoning, which the parser gives whole as content)."""
+        if not self._exact_answer:
+            return None
+        assert isinstance(self.reasoning, TagReasoningParser)
+        start, end = self.reasoning.start_tag, self.reasoning.end_tag
+        if not (self._opened or text.lstrip().startswith(start)):
+            return None
+        where = text.find(end)
+        return None if where < 0 else text[where + len(end) :]
 
     def _call(self, kind: str, cls: type, fn: Callable[..., T], *args: Any) -> T:
         with _parser_call(kind, cls, self._labels.get(cls)):

@@ -124,7 +124,11 @@ def make_router(
 
         def new_output() -> ChoiceOutput:
             return ChoiceOutput(
-                plan, options.reasoning_parser, options.parser_labels, admission.reasoning_opened
+                plan,
+                options.reasoning_parser,
+                options.parser_labels,
+                admission.reasoning_opened,
+                admission.reasoning_gated,
             )
 
         produced = [0] * group.num_choices  # each choice's completion tokens so far

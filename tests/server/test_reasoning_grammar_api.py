@@ -112,6 +112,19 @@ def test_a_forced_tool_call_applies_after_the_reasoning(client, tags):
     jsonschema.validate(json.loads(call.function.arguments), SCHEMA)
 
 
+def test_an_answer_opening_with_whitespace_keeps_it(client, tags):
+    """A choice of " yes" / " no" after the reasoning: the parser drops the whitespace after
+    ``</think>`` (a model's "</think>\n\n"), which here is the grammar's, so ``content`` was "yes",
+    none of the choices; the answer is kept as generated, streamed or not."""
+    choices = [" yes", " no"]
+    resp = ask(client, tags, extra_body={"structured_outputs": {"choice": choices}})
+    choice = choice_of(resp)
+    assert choice.token_ids[:2] == [tags["<think>"], tags["</think>"]], choice.token_ids
+    assert choice.message.content in choices, choice.message
+    chunks = list(ask(client, tags, extra_body={"structured_outputs": {"choice": choices}}, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) in choices
+
+
 def choice_of(resp):
     choice = resp.choices[0]
     choice.token_ids = (choice.model_extra or {}).get("token_ids") or getattr(choice, "token_ids", None)

@@ -381,6 +381,37 @@ def test_stream_reasoning_deltas():
         ChatCompletionChunk.model_validate(r.chat_chunk("c", "m", 0, 0, delta))
 
 
+@pytest.mark.parametrize(
+    "text, opened, content",
+    [
+        ("<think>So: a number.</think> 42", False, " 42"),  # a regex answer opening with a space
+        ("\n<think>x</think>\n\n yes", False, "\n\n yes"),  # the grammar's whitespace, all of it
+        ("So: a number.</think> 42", True, " 42"),  # the prompt opened the reasoning
+        (" 42", False, " 42"),  # no reasoning: all content, as without a grammar
+        ("<think>still thinking", False, None),  # cut off inside the reasoning
+        ("<think>x</think>", False, None),  # nothing after it
+    ],
+)
+def test_an_answer_constrained_after_the_reasoning_keeps_its_whitespace(text, opened, content):
+    """With a grammar after the reasoning (``Admission.reasoning_gated``) the text after
+    ``</think>`` is the grammar's: the parser's dropping of the whitespace after the tag (a model's
+    "</think>\n\n") would change the answer (a choice of " yes" / " no" came back as "yes"), so it
+    is kept, whole and streamed at every split; without a grammar the whitespace goes, as before."""
+    whole = ChoiceOutput(ToolPlan(), Qwen3ReasoningParser, None, opened, True).message(text)
+    assert whole["content"] == content
+    for cut in range(len(text) + 1):
+        completion = streamed(
+            ChoiceOutput(ToolPlan(), Qwen3ReasoningParser, None, opened, True), text, [cut], []
+        )
+        assert (completion.choices[0].message.content or None) == content, cut  # (the first chunk sends "")
+        assert getattr(completion.choices[0].message, "reasoning_content", None) == whole.get(
+            "reasoning_content"
+        )
+    plain = ChoiceOutput(ToolPlan(), Qwen3ReasoningParser, None, opened).message(text)
+    assert plain["content"] == (content.lstrip() or None if content and "</think>" in text else content)
+    assert plain.get("reasoning_content") == whole.get("reasoning_content")
+
+
 def test_tool_messages_reach_the_template():
     body = ChatCompletionRequest(
         messages=[
