@@ -69,6 +69,30 @@ def test_rope_store_kernel_into_a_float8_pool():
     ptx = compiled.asm["ptx"]
     assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
     assert re.search(r"(min|max)\.[a-z.]*f32", ptx)  # the clamp at ±448
+    # not for sm_80 (Triton has no e4m3 there): the decoder keeps KVCache.store on such GPUs
+    with pytest.raises(Exception, match="fp8e4nv"):
+        triton_compile(
+            ASTSource(rope_store_kernel, signature, constexprs=constants), target=GPUTarget("cuda", 80, 32)
+        )
+
+
+def test_float8_stores_only_on_sm89_and_newer(monkeypatch):
+    import torch
+
+    from minisgl_core.layers import triton_ops
+
+    assert not triton_ops.float8_stores(torch.device("cpu"))
+    for capability, fused in (
+        ((8, 0), False),
+        ((8, 6), False),
+        ((8, 9), True),
+        ((9, 0), True),
+        ((10, 0), True),
+    ):
+        triton_ops._float8_supported.cache_clear()
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index, c=capability: c)
+        assert triton_ops.float8_stores(torch.device("cuda", 0)) is fused, capability
+    triton_ops._float8_supported.cache_clear()
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")

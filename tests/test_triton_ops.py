@@ -158,7 +158,9 @@ def test_bf16_on_cuda_is_as_close_to_float32_as_the_compiled_path(q_heads, kv_he
     assert not pools[1].buffer[0].view(2, slots, -1)[:, untouched].any()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9), reason="needs an sm89+ GPU"
+)
 @pytest.mark.parametrize("tokens", [1, 300])
 def test_fp8_pool_on_cuda_stores_what_the_unfused_path_stores(tokens):
     """Over a float8 e4m3 pool (``--kv-cache-dtype fp8_e4m3``) the kernel stores what
@@ -168,7 +170,7 @@ def test_fp8_pool_on_cuda_stores_what_the_unfused_path_stores(tokens):
     and rotary may round k's bf16 value a step apart (the bf16 test above), which e4m3 then rounds
     a whole step apart (6%) where it crosses a boundary. v large enough that some values saturate.
     (CUDA only: Triton 3.6's interpreter rounds float32 to e4m3 wrongly, -31.2 to -16, so the
-    decoder fuses float8 stores on CUDA only.)"""
+    decoder fuses float8 stores on sm89+ GPUs only, ``triton_ops.float8_stores``.)"""
     from minisgl_core.api import KVCache
     from minisgl_core.layers.fused import qkv_norm_rope
     from minisgl_core.layers.triton_ops import rope_store_kv

@@ -20,7 +20,7 @@ from minisgl_core.layers.fused import qkv_norm_rope, silu_and_mul
 from minisgl_core.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from minisgl_core.layers.norm import RMSNorm
 from minisgl_core.layers.rotary import get_rope
-from minisgl_core.layers.triton_ops import fused_kv_enabled, rope_store_kv
+from minisgl_core.layers.triton_ops import float8_stores, fused_kv_enabled, rope_store_kv
 
 #: a forward's rotary cos and sin, ``[num_tokens, 1, head_dim]`` each (see ``DecoderModel.forward``)
 Angles = tuple[torch.Tensor, torch.Tensor]
@@ -83,11 +83,13 @@ class DecoderAttention(nn.Module):
         if (
             "prestored_kv" in batch.attn.capabilities
             and fused_kv_enabled(qkv.device)
-            and (cache.dtype == qkv.dtype or (cache.dtype == torch.float8_e4m3fn and qkv.is_cuda))
+            and (
+                cache.dtype == qkv.dtype or (cache.dtype == torch.float8_e4m3fn and float8_stores(qkv.device))
+            )
         ):
             # norm + rotary, k and v written to the KV pool (a float8 one saturated, as
-            # KVCache.store writes it; on CUDA only: Triton's CPU interpreter rounds to float8
-            # wrongly), in one kernel; the backend is told the pool already holds them (API 1.5)
+            # KVCache.store writes it; sm89+ GPUs only), in one kernel; the backend is told the
+            # pool already holds them (API 1.5)
             q = rope_store_kv(
                 qkv, batch.positions, inv_freq, q_weight, k_weight, num_heads, num_kv_heads, eps,
                 cache, self.attn.layer_id, batch.out_cache_loc,

@@ -89,6 +89,20 @@ def _pdl_supported(index: int) -> bool:
     return _kernels().gdc_wait is not None
 
 
+def float8_stores(device: torch.device) -> bool:
+    """Whether :func:`rope_store_kv` writes a float8 e4m3 pool on ``device``: CUDA GPUs of compute
+    capability 8.9 or newer (Triton has no e4m3 before: the kernel does not compile for sm_80). Not
+    under Triton's CPU interpreter either, which rounds float32 to e4m3 wrongly (-31.2 to -16)."""
+    if device.type != "cuda":
+        return False
+    return _float8_supported(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _float8_supported(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) >= (8, 9)
+
+
 def pdl_launch() -> dict:
     """The launch arguments of a kernel with a ``PDL`` parameter launched with programmatic
     dependent launch: its wait compiled in, and the launch attribute set."""
