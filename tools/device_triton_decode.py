@@ -7,9 +7,11 @@ FlashInfer's on the same pool (max |difference|). A context of 0 stands for the 
 workload's spread: lengths drawn uniformly from 100 to 2,048. In bf16 the Triton kernel is also
 timed with ``exact_pv`` on (P·V float32-accurate: a second product), that product's cost.
 
-    python3 tools/device_triton_decode.py [--sweep] [--json OUT.json]
+    python3 tools/device_triton_decode.py [--sweep] [--occupancy] [--json OUT.json]
 
-``--sweep`` first tries launch configurations of the Triton kernel (positions per loop step,
+``--occupancy`` first times launches with a register cap (``Launch.maxnreg``): over a float8 pool
+the kernel takes 194 registers a thread uncapped (two programs an SM), capped at 128 or 96 it
+compiles without spills and an SM holds four or five. ``--sweep`` first tries launch configurations of the Triton kernel (positions per loop step,
 warps, pipeline stages) on the full-batch Qwen3 shapes, per pool dtype, and reports each.
 """
 
@@ -93,6 +95,11 @@ class Problem:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--sweep", action="store_true")
+    p.add_argument(
+        "--occupancy",
+        action="store_true",
+        help="first time launches with a register cap (Launch.maxnreg: more programs an SM), per pool dtype",
+    )
     p.add_argument("--json")
     args = p.parse_args()
     dev = torch.device("cuda")
@@ -116,6 +123,38 @@ def main() -> None:
                 row = {"kv": str(kv_dtype)[6:], "shape": list(shape), "launch": list(launch), "us": us}
                 result["sweep"].append(row)
                 print(json.dumps(row), flush=True)
+
+    if args.occupancy:
+        from minisgl_plugin_triton.backend import Launch
+
+        # (launch, shapes): the default launch of each pool dtype first, then register caps that
+        # compile without spills (ptxas for sm_90: float8 at 128 positions 194 registers uncapped)
+        plans = {
+            torch.float8_e4m3fn: [(128, 4, 3, None), (128, 4, 3, 160), (128, 4, 3, 128), (64, 4, 3, None),
+                                  (64, 4, 3, 128), (64, 4, 3, 96), (64, 4, 2, 96), (32, 4, 3, 96)],
+            torch.bfloat16: [(64, 4, 2, None), (64, 4, 2, 80), (64, 4, 3, 96), (128, 4, 3, 128)],
+        }  # fmt: skip
+        for kv_dtype, launches in plans.items():
+            size = torch.empty((), dtype=kv_dtype).element_size()
+            for shape in (SHAPES[1], SHAPES[3], SHAPES[0], SHAPES[4]):
+                problem = Problem(*shape, kv_dtype, dev)
+                ref_us, ref = problem.replay_us(fi)
+                for launch in launches:
+                    variant = type("Variant", (triton_cls,), {"launches": {size: Launch(*launch)}})
+                    row = {
+                        "kv": str(kv_dtype)[6:],
+                        "shape": list(shape),
+                        "launch": list(launch),
+                        "fi_us": round(ref_us, 2),
+                    }
+                    try:
+                        us, out = problem.replay_us(variant)
+                        row |= {"us": round(us, 2), "tbps": round(problem.kv_bytes / (us * 1e-6) / 1e12, 2),
+                                "max_abs_diff_fi": float((out - ref).abs().max())}  # fmt: skip
+                    except Exception as e:  # a configuration that does not fit
+                        row["error"] = f"{type(e).__name__}: {e}"[:160]
+                    result["sweep"].append(row)
+                    print(json.dumps(row), flush=True)
 
     for shape, kv_dtype in itertools.product(SHAPES, (torch.bfloat16, torch.float8_e4m3fn)):
         qo, kv, bs, ctx = shape
