@@ -10,8 +10,9 @@ timed with ``exact_pv`` on (P·V float32-accurate: a second product), that produ
     python3 tools/device_triton_decode.py [--sweep] [--occupancy] [--json OUT.json]
 
 ``--occupancy`` first times launches with a register cap (``Launch.maxnreg``): over a float8 pool
-the kernel takes 194 registers a thread uncapped (two programs an SM), capped at 128 or 96 it
-compiles without spills and an SM holds four or five. ``--sweep`` first tries launch configurations of the Triton kernel (positions per loop step,
+the kernel takes 194 registers a thread uncapped at 128 positions (two programs an SM); 168 at
+128, 128 at 64 and 96 at 32 positions spill nothing (three, four, five programs), two tighter
+caps that spill are timed too. ``--sweep`` first tries launch configurations of the Triton kernel (positions per loop step,
 warps, pipeline stages) on the full-batch Qwen3 shapes, per pool dtype, and reports each.
 """
 
@@ -127,11 +128,12 @@ def main() -> None:
     if args.occupancy:
         from minisgl_plugin_triton.backend import Launch
 
-        # (launch, shapes): the default launch of each pool dtype first, then register caps that
-        # compile without spills (ptxas for sm_90: float8 at 128 positions 194 registers uncapped)
+        # the default launch of each pool dtype first, then register caps (ptxas for sm_90: float8
+        # at 128 positions 194 registers uncapped; 168 / 128 / 96 at 128 / 64 / 32 positions spill
+        # nothing, 128 at 128 and 96 at 64 spill 112 and 56 bytes a thread)
         plans = {
-            torch.float8_e4m3fn: [(128, 4, 3, None), (128, 4, 3, 160), (128, 4, 3, 128), (64, 4, 3, None),
-                                  (64, 4, 3, 128), (64, 4, 3, 96), (64, 4, 2, 96), (32, 4, 3, 96)],
+            torch.float8_e4m3fn: [(128, 4, 3, None), (128, 4, 3, 168), (64, 4, 3, None), (64, 4, 3, 128),
+                                  (32, 4, 3, None), (32, 4, 3, 96), (128, 4, 3, 128), (64, 4, 3, 96)],
             torch.bfloat16: [(64, 4, 2, None), (64, 4, 2, 80), (64, 4, 3, 96), (128, 4, 3, 128)],
         }  # fmt: skip
         for kv_dtype, launches in plans.items():

@@ -72,7 +72,8 @@ class Launch(NamedTuple):
     a cap on registers a thread (``maxnreg``, CUDA; None: ptxas's choice). The cap decides how
     many programs an SM holds: over a float8 pool the kernel takes 194 registers a thread at 128
     positions (ptxas for sm_90, ``cuobjdump -res-usage``), two programs an SM, where bf16 takes 96
-    (five); capped at 128 or 96 it compiles without spills (``LOCAL:0``)."""
+    (five); it fits 168 at 128 positions, 128 at 64 and 96 at 32 with nothing spilled (three, four,
+    five programs); tighter caps spill to the stack (128 at 128 positions: 112 bytes a thread)."""
 
     block_n: int
     num_warps: int

@@ -149,3 +149,57 @@ def test_early_variant_compiles_for_any_head_row(head_dim, line):
                  "PDL": True, "EARLY": True, "EARLY_BLOCKS": 1, "EARLY_LINE": line}  # fmt: skip
     ptx = compile_ptx(decode_kernel, DECODE, constants)
     assert "prefetch.global.L2" in ptx[: ptx.index("griddepcontrol.wait")]
+
+
+def _resource_usage(cubin: bytes) -> dict[str, int]:
+    """Registers, stack and local bytes a thread of a kernel, from ``cuobjdump -res-usage``
+    (Triton's own): ptxas puts spilled registers in the stack frame."""
+    import re
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    import triton.backends.nvidia as nvidia
+
+    tool = Path(nvidia.__file__).parent / "bin" / "cuobjdump"
+    if not tool.exists():
+        pytest.skip("Triton's cuobjdump is not installed")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run(
+            [str(tool), "-res-usage", f.name], capture_output=True, text=True, check=True
+        ).stdout
+    return {k: int(v) for k, v in re.findall(r"(REG|LOCAL|STACK):(\d+)", out)}
+
+
+@pytest.mark.parametrize("block_n, stages, cap", [(128, 3, 168), (64, 3, 128), (32, 3, 96)])
+def test_a_register_cap_holds_without_spills_over_a_float8_pool(block_n, stages, cap):
+    """``Launch.maxnreg``: the float8 kernel (194 registers a thread uncapped at 128 positions on
+    sm_90, two programs an SM) compiles under these caps with nothing spilled (no stack frame),
+    so an SM holds three, four or five programs (``tools/device_triton_decode.py --occupancy``
+    times them; a cap of 128 at 128 positions spills 112 bytes a thread)."""
+    from minisgl_plugin_triton.backend import Launch
+    from minisgl_plugin_triton.kernels import decode_kernel
+    from triton import compile as triton_compile
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature = {**DECODE, "k_ptr": "*fp8e4nv", "v_ptr": "*fp8e4nv"}
+    constants = {"NUM_HEADS": 16, "GROUP": 2, "BLOCK_H": 16, "HEAD_DIM": 128, "BLOCK_N": block_n, "NUM_SPLITS": 1,
+                 "ENTRIES": 1, "CASCADE": False, "WIDEN_FP8": True, "DOT_FP32": False, "EXACT_PV": False}  # fmt: skip
+    signature = {**signature, **dict.fromkeys(constants, "constexpr")}
+    names = list(signature)
+    aligned = [n for n in names if signature[n].startswith("*")] + ["kv_stride_slot", "q_stride_token"]
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    options = Launch(block_n, 4, stages, cap).options(interpreted=False)
+    assert options["maxnreg"] == cap and "maxnreg" not in Launch(block_n, 4, stages, cap).options(
+        interpreted=True
+    )
+    compiled = triton_compile(
+        ASTSource(decode_kernel, signature, constexprs=constants, attrs=attrs),
+        target=GPUTarget("cuda", 90, 32),
+        options=options,
+    )
+    usage = _resource_usage(compiled.asm["cubin"])
+    assert usage["REG"] <= cap and usage["STACK"] == 0 and usage["LOCAL"] == 0, usage
