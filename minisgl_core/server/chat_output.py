@@ -111,13 +111,14 @@ class ChoiceOutput:
         self.reasoning = (
             self._call("reasoning", reasoning_parser, reasoning_parser) if reasoning_parser else None
         )
-        self._opened = reasoning_opened
         if reasoning_opened and isinstance(self.reasoning, TagReasoningParser):
             self._reasoning(self.reasoning.feed, self.reasoning.start_tag)  # (nothing to send yet)
         self._exact_answer = grammar_after_reasoning and isinstance(self.reasoning, TagReasoningParser)
-        #: streaming with an exact answer: the output so far, and how much of the answer was sent
-        self._raw = ""
-        self._answer_sent = 0
+        #: with an exact answer (see :meth:`_answer_part`): whether the output opened the reasoning
+        #: (None: not known yet), whether the answer has begun, and the text held until then
+        self._opened: bool | None = True if reasoning_opened else None
+        self._answer_begun = False
+        self._held = ""
         self.tools = self._call("tool call", plan.parser, plan.parser, plan.tools) if plan.parser else None
         self.single_call = plan.single_call
         self.made_calls = False
@@ -135,7 +136,7 @@ class ChoiceOutput:
         if self.reasoning is not None:
             split = self._reasoning(self.reasoning.parse, text)
             message["reasoning_content"], content = split.reasoning, split.content
-            answer = self._answer(text)
+            answer = self._answer_part(text)
             if answer is not None:
                 content = answer or None
         if self.tools is not None and content is not None:
@@ -156,11 +157,9 @@ class ChoiceOutput:
                 *([self._reasoning(self.reasoning.finish)] if final else []),
             ]
             reasoning, content = "".join(p.reasoning for p in parts), "".join(p.content for p in parts)
-            if self._exact_answer:
-                self._raw += text
-                answer = self._answer(self._raw)
-                if answer is not None:
-                    content, self._answer_sent = answer[self._answer_sent :], len(answer)
+            answer = self._answer_part(text)
+            if answer is not None:
+                content = answer
         calls: list[ToolCallDelta] = []
         if self.tools is not None:
             self._streamed.append(content)
@@ -189,18 +188,35 @@ class ChoiceOutput:
             self.made_calls = _all_whole(self._kept(parsed.tool_calls))
         return "tool_calls" if self.made_calls else reason
 
-    def _answer(self, text: str) -> str | None:
-        """With an exact answer (``grammar_after_reasoning``): the output after the reasoning's end
-        tag, as generated; None while there is none (no end tag yet, or an output that did not
-        open with the reasoning, which the parser gives whole as content)."""
+    def _answer_part(self, text: str) -> str | None:
+        """With an exact answer (``grammar_after_reasoning``): the part of ``text``, the next piece
+        of output (the whole of it for :meth:`message`), that belongs to the answer after the
+        reasoning's end tag, as generated; None before the answer begins, and for an output that
+        did not open with the reasoning (the parser gives that whole as content). Only the text
+        the tags may still span is held between pieces."""
         if not self._exact_answer:
             return None
+        if self._answer_begun:
+            return text
         assert isinstance(self.reasoning, TagReasoningParser)
         start, end = self.reasoning.start_tag, self.reasoning.end_tag
-        if not (self._opened or text.lstrip().startswith(start)):
+        window = self._held + text
+        if self._opened is None:  # everything so far is held until the output's opening is known
+            head = window.lstrip()
+            if head.startswith(start):
+                self._opened = True
+            elif start.startswith(head):
+                self._held = window
+                return None
+            else:
+                self._exact_answer = False
+                return None
+        where = window.find(end)
+        if where < 0:
+            self._held = window[-(len(end) - 1) :] if len(end) > 1 else ""  # a tag's start, maybe
             return None
-        where = text.find(end)
-        return None if where < 0 else text[where + len(end) :]
+        self._answer_begun, self._held = True, ""
+        return window[where + len(end) :]
 
     def _call(self, kind: str, cls: type, fn: Callable[..., T], *args: Any) -> T:
         with _parser_call(kind, cls, self._labels.get(cls)):

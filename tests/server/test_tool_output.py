@@ -387,6 +387,7 @@ def test_stream_reasoning_deltas():
         ("<think>So: a number.</think> 42", False, " 42"),  # a regex answer opening with a space
         ("\n<think>x</think>\n\n yes", False, "\n\n yes"),  # the grammar's whitespace, all of it
         ("So: a number.</think> 42", True, " 42"),  # the prompt opened the reasoning
+        ("x</think>\t7", True, "\t7"),  # a short reasoning: the tag split within its first pieces
         (" 42", False, " 42"),  # no reasoning: all content, as without a grammar
         ("<think>still thinking", False, None),  # cut off inside the reasoning
         ("<think>x</think>", False, None),  # nothing after it
