@@ -7,12 +7,14 @@ FlashInfer's on the same pool (max |difference|). A context of 0 stands for the 
 workload's spread: lengths drawn uniformly from 100 to 2,048. In bf16 the Triton kernel is also
 timed with ``exact_pv`` on (P·V float32-accurate: a second product), that product's cost.
 
-    python3 tools/device_triton_decode.py [--sweep] [--occupancy] [--json OUT.json]
+    python3 tools/device_triton_decode.py [--sweep] [--occupancy] [--prefetch] [--json OUT.json]
 
 ``--occupancy`` first times launches with a register cap (``Launch.maxnreg``): over a float8 pool
 the kernel takes 194 registers a thread uncapped at 128 positions (two programs an SM); 168 at
 128, 128 at 64 and 96 at 32 positions spill nothing (three, four, five programs), two tighter
-caps that spill are timed too. ``--sweep`` first tries launch configurations of the Triton kernel (positions per loop step,
+caps that spill are timed too. ``--prefetch`` first times the decode loop prefetching the K and V
+of the block 1-3 blocks ahead into L2 (``prefetch_ahead``) against none, at each dtype's launch.
+``--sweep`` first tries launch configurations of the Triton kernel (positions per loop step,
 warps, pipeline stages) on the full-batch Qwen3 shapes, per pool dtype, and reports each.
 """
 
@@ -92,6 +94,19 @@ class Problem:
         torch.cuda.synchronize()
         return start.elapsed_time(end) * 1e3 / (10 * reps), out.float()
 
+    def timed_row(self, backend_cls, ref_us: float, ref: torch.Tensor, row: dict) -> dict:
+        """``row`` with ``backend_cls``'s time, TB/s and distance from FlashInfer's output (``ref``,
+        timed ``ref_us``), printed; an error in its place where the launch does not fit."""
+        row = {**row, "fi_us": round(ref_us, 2)}
+        try:
+            us, out = self.replay_us(backend_cls)
+            row |= {"us": round(us, 2), "tbps": round(self.kv_bytes / (us * 1e-6) / 1e12, 2),
+                    "max_abs_diff_fi": float((out - ref).abs().max())}  # fmt: skip
+        except Exception as e:  # a configuration that does not fit (registers, shared memory)
+            row["error"] = f"{type(e).__name__}: {e}"[:160]
+        print(json.dumps(row), flush=True)
+        return row
+
 
 def main() -> None:
     p = argparse.ArgumentParser()
@@ -100,6 +115,11 @@ def main() -> None:
         "--occupancy",
         action="store_true",
         help="first time launches with a register cap (Launch.maxnreg: more programs an SM), per pool dtype",
+    )
+    p.add_argument(
+        "--prefetch",
+        action="store_true",
+        help="first time the decode loop's L2 prefetch distance (prefetch_ahead 0-3 blocks), per pool dtype",
     )
     p.add_argument("--json")
     args = p.parse_args()
@@ -143,20 +163,20 @@ def main() -> None:
                 ref_us, ref = problem.replay_us(fi)
                 for launch in launches:
                     variant = type("Variant", (triton_cls,), {"launches": {size: Launch(*launch)}})
-                    row = {
-                        "kv": str(kv_dtype)[6:],
-                        "shape": list(shape),
-                        "launch": list(launch),
-                        "fi_us": round(ref_us, 2),
-                    }
-                    try:
-                        us, out = problem.replay_us(variant)
-                        row |= {"us": round(us, 2), "tbps": round(problem.kv_bytes / (us * 1e-6) / 1e12, 2),
-                                "max_abs_diff_fi": float((out - ref).abs().max())}  # fmt: skip
-                    except Exception as e:  # a configuration that does not fit
-                        row["error"] = f"{type(e).__name__}: {e}"[:160]
-                    result["sweep"].append(row)
-                    print(json.dumps(row), flush=True)
+                    row = {"kv": str(kv_dtype)[6:], "shape": list(shape), "launch": list(launch)}
+                    result["sweep"].append(problem.timed_row(variant, ref_us, ref, row))
+
+    if args.prefetch:
+        # the shipped launch of each pool dtype, its loop prefetching 0-3 blocks ahead into L2
+        for kv_dtype in (torch.float8_e4m3fn, torch.bfloat16):
+            size = torch.empty((), dtype=kv_dtype).element_size()
+            for shape in (SHAPES[1], SHAPES[3], SHAPES[0], SHAPES[4], SHAPES[6]):
+                problem = Problem(*shape, kv_dtype, dev)
+                ref_us, ref = problem.replay_us(fi)
+                for ahead in (0, 1, 2, 3):
+                    variant = type("Ahead", (triton_cls,), {"prefetch_ahead": {size: ahead}})
+                    row = {"kv": str(kv_dtype)[6:], "shape": list(shape), "ahead": ahead}
+                    result["sweep"].append(problem.timed_row(variant, ref_us, ref, row))
 
     for shape, kv_dtype in itertools.product(SHAPES, (torch.bfloat16, torch.float8_e4m3fn)):
         qo, kv, bs, ctx = shape
