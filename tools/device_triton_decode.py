@@ -7,15 +7,14 @@ FlashInfer's on the same pool (max |difference|). A context of 0 stands for the 
 workload's spread: lengths drawn uniformly from 100 to 2,048. In bf16 the Triton kernel is also
 timed with ``exact_pv`` on (P·V float32-accurate: a second product), that product's cost.
 
-    python3 tools/device_triton_decode.py [--sweep] [--occupancy] [--prefetch] [--json OUT.json]
+    python3 tools/device_triton_decode.py [--sweep] [--occupancy] [--json OUT.json]
 
 ``--occupancy`` first times launches with a register cap (``Launch.maxnreg``): over a float8 pool
 the kernel takes 194 registers a thread uncapped at 128 positions (two programs an SM); 168 at
 128, 128 at 64 and 96 at 32 positions spill nothing (three, four, five programs), two tighter
-caps that spill are timed too. ``--prefetch`` first times the decode loop prefetching the K and V
-of the block 1-3 blocks ahead into L2 (``prefetch_ahead``) against none, at each dtype's launch.
-``--sweep`` first tries launch configurations of the Triton kernel (positions per loop step,
-warps, pipeline stages) on the full-batch Qwen3 shapes, per pool dtype, and reports each.
+caps that spill are timed too. ``--sweep`` first tries launch configurations of the Triton
+kernel (positions per loop step, warps, pipeline stages) on the full-batch Qwen3 shapes, per pool
+dtype, and reports each.
 """
 
 from __future__ import annotations
@@ -116,11 +115,6 @@ def main() -> None:
         action="store_true",
         help="first time launches with a register cap (Launch.maxnreg: more programs an SM), per pool dtype",
     )
-    p.add_argument(
-        "--prefetch",
-        action="store_true",
-        help="first time the decode loop's L2 prefetch distance (prefetch_ahead 0-3 blocks), per pool dtype",
-    )
     p.add_argument("--json")
     args = p.parse_args()
     dev = torch.device("cuda")
@@ -164,18 +158,6 @@ def main() -> None:
                 for launch in launches:
                     variant = type("Variant", (triton_cls,), {"launches": {size: Launch(*launch)}})
                     row = {"kv": str(kv_dtype)[6:], "shape": list(shape), "launch": list(launch)}
-                    result["sweep"].append(problem.timed_row(variant, ref_us, ref, row))
-
-    if args.prefetch:
-        # the shipped launch of each pool dtype, its loop prefetching 0-3 blocks ahead into L2
-        for kv_dtype in (torch.float8_e4m3fn, torch.bfloat16):
-            size = torch.empty((), dtype=kv_dtype).element_size()
-            for shape in (SHAPES[1], SHAPES[3], SHAPES[0], SHAPES[4], SHAPES[6]):
-                problem = Problem(*shape, kv_dtype, dev)
-                ref_us, ref = problem.replay_us(fi)
-                for ahead in (0, 1, 2, 3):
-                    variant = type("Ahead", (triton_cls,), {"prefetch_ahead": {size: ahead}})
-                    row = {"kv": str(kv_dtype)[6:], "shape": list(shape), "ahead": ahead}
                     result["sweep"].append(problem.timed_row(variant, ref_us, ref, row))
 
     for shape, kv_dtype in itertools.product(SHAPES, (torch.bfloat16, torch.float8_e4m3fn)):

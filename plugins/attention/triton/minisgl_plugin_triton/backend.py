@@ -174,9 +174,6 @@ class TritonDecodeBackend(AttentionBackend):
     #: overlaps that kernel (fast path ``pdl_attention``, sm90+); never in a cascade step
     early_kv: ClassVar[bool] = False
     early_blocks: ClassVar[int] = 1
-    #: the decode loop's L2 prefetch distance in blocks by the pool's element size (``AHEAD``,
-    #: CUDA only; 0: none): each step prefetches the K and V lines that many blocks on
-    prefetch_ahead: ClassVar[dict[int, int]] = {1: 0, 2: 0, 4: 0}
 
     @classmethod
     def availability(cls, device: torch.device) -> str | None:
@@ -366,7 +363,6 @@ class TritonDecodeBackend(AttentionBackend):
             EARLY=early,
             EARLY_BLOCKS=self.early_blocks,
             EARLY_LINE=min(config.head_dim, 128 // cache.buffer.element_size()),
-            AHEAD=0 if self.interpreted else self.prefetch_ahead[cache.buffer.element_size()],
             **launch.options(self.interpreted),
             **decode_pdl,
         )

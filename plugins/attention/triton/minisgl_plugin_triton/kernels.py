@@ -35,27 +35,15 @@ except ImportError:
 @triton.jit
 def _attend(
     q, m, l_sum, acc, table_row, start, end, k_ptr, v_ptr, kv_stride_slot, columns, scale_log2,
-    BLOCK_N: tl.constexpr, EXACT_PV: tl.constexpr, line_base=0, AHEAD: tl.constexpr = 0,
-    LINE: tl.constexpr = 64, HEAD_DIM: tl.constexpr = 128,
+    BLOCK_N: tl.constexpr, EXACT_PV: tl.constexpr,
 ):  # fmt: skip
-    """Online softmax of ``q``'s rows over positions ``start .. end - 1`` of one page-table row.
-    ``AHEAD`` > 0 (CUDA only): each step also prefetches into L2 the K and V of the block
-    ``AHEAD`` blocks on, one ``prefetch.global.L2`` a line of ``LINE`` elements from column
-    ``line_base``, so more bytes are in flight than the registers of the programs an SM hold."""
+    """Online softmax of ``q``'s rows over positions ``start .. end - 1`` of one page-table row."""
     for block in range(start, end, BLOCK_N):
         pos = block + tl.arange(0, BLOCK_N)
         valid = pos < end
         slot = tl.load(table_row + pos, mask=valid, other=0).to(tl.int64)
         kv_offsets = slot[:, None] * kv_stride_slot + columns[None, :]
         k = tl.load(k_ptr + kv_offsets, mask=valid[:, None], other=0.0).to(q.dtype)
-        if AHEAD:  # (None where a compile names no AHEAD)
-            lines = line_base + tl.arange(0, HEAD_DIM // LINE) * LINE
-            pos_ahead = pos + AHEAD * BLOCK_N
-            ahead_ok = pos_ahead < end
-            slot_ahead = tl.load(table_row + pos_ahead, mask=ahead_ok, other=0).to(tl.int64)
-            ahead = tl.where(ahead_ok[:, None], slot_ahead[:, None] * kv_stride_slot + lines[None, :], 0)
-            _prefetch_l2(k_ptr + ahead)
-            _prefetch_l2(v_ptr + ahead)
         if q.dtype == tl.float32:  # float32 products in float32 (a GPU's default is TF32: 10 bits)
             scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2
         else:
@@ -133,7 +121,6 @@ def decode_kernel(
     EARLY: tl.constexpr = False,  # the first blocks' K and V prefetched into L2 before the wait (see below)
     EARLY_BLOCKS: tl.constexpr = 1,
     EARLY_LINE: tl.constexpr = 64,  # elements a prefetch covers: a 128-byte line, at most a head's row
-    AHEAD: tl.constexpr = 0,  # the loop's L2 prefetch distance in blocks (``_attend``; 0: none)
 ):
     if PDL and not EARLY:  # wait for the kernel before, then let the one after start launching
         gdc_wait()
@@ -187,7 +174,7 @@ def decode_kernel(
     acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
     m, l_sum, acc = _attend(
         q, m, l_sum, acc, table_row, start, end, k_ptr, v_ptr, kv_stride_slot, columns, scale_log2,
-        BLOCK_N, EXACT_PV, kv_head * HEAD_DIM, AHEAD, EARLY_LINE, HEAD_DIM,
+        BLOCK_N, EXACT_PV,
     )  # fmt: skip
 
     nonempty = l_sum > 0

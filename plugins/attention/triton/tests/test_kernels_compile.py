@@ -151,21 +151,6 @@ def test_early_variant_compiles_for_any_head_row(head_dim, line):
     assert "prefetch.global.L2" in ptx[: ptx.index("griddepcontrol.wait")]
 
 
-def test_the_decode_loop_prefetches_blocks_ahead_into_l2():
-    """``AHEAD``: inside the loop (after its first K load) one ``prefetch.global.L2`` per line of
-    the block ``AHEAD`` blocks on, for K and for V; none without it (EARLY off)."""
-    from minisgl_plugin_triton.kernels import decode_kernel
-
-    constants = {"NUM_HEADS": 16, "GROUP": 2, "BLOCK_H": 16, "HEAD_DIM": 128, "BLOCK_N": 128, "NUM_SPLITS": 1,
-                 "ENTRIES": 1, "CASCADE": False, "WIDEN_FP8": True, "DOT_FP32": False, "EXACT_PV": False,
-                 "EARLY_LINE": 128}  # fmt: skip
-    signature = {**DECODE, "k_ptr": "*fp8e4nv", "v_ptr": "*fp8e4nv"}
-    assert "prefetch.global.L2" not in compile_ptx(decode_kernel, signature, {**constants, "AHEAD": 0})
-    ptx = compile_ptx(decode_kernel, signature, {**constants, "AHEAD": 2})
-    # 128 positions x 1 line, 4 warps: one line of K and one of V a thread a step
-    assert ptx.count("prefetch.global.L2") == 2, ptx.count("prefetch.global.L2")
-
-
 def _resource_usage(cubin: bytes) -> dict[str, int]:
     """Registers, stack and local bytes a thread of a kernel, from ``cuobjdump -res-usage``
     (Triton's own): ptxas puts spilled registers in the stack frame."""

@@ -83,18 +83,6 @@ class TestTritonDecodeEarly(TestTritonDecodeSplitting):
     backend_cls = EarlyKV
 
 
-class PrefetchAhead(AlwaysSplitting):
-    """The decode loop prefetches into L2 the K and V two blocks on (``prefetch_ahead``, CUDA
-    only), at every pool dtype; splitting, so a split's prefetch runs past its end (masked)."""
-
-    prefetch_ahead = {1: 2, 2: 2, 4: 2}
-
-
-@pytest.mark.skipif(DEVICE != "cuda", reason="the prefetch is inline PTX: CUDA only")
-class TestTritonDecodePrefetchAhead(TestTritonDecodeSplitting):
-    backend_cls = PrefetchAhead
-
-
 def test_the_split_rule():
     from minisgl_plugin_triton.backend import MAX_SPLITS, splits_for
 
