@@ -300,7 +300,7 @@ class XGrammarBackend(GrammarBackend):
         if spec.kind == "json_object":
             return grammar.from_ebnf(JSON_OBJECT_EBNF)
         if spec.kind == "regex":
-            return grammar.from_regex(spec.value)
+            return grammar.from_regex(paired_surrogates(spec.value))
         if spec.kind == "choice":
             options = spec.choices()
             return grammar.from_ebnf(
@@ -745,6 +745,111 @@ def _read_escape(pattern: str, i: int, *, in_class: bool) -> tuple[str, int | No
         close = pattern.find("}", i + 3)
         return (pattern[i : close + 1], None) if close > 0 else (pattern[i : i + 2], None)
     return pattern[i : i + 2], ord(rest)  # an identity escape: \", \\, \/, \. ...
+
+
+def paired_surrogates(pattern: str) -> str:
+    """``pattern`` (a regex grammar) as xgrammar must be given it when it names UTF-16 surrogates,
+    which no UTF-8 text holds (the guard lets no surrogate's bytes out; where the grammar wanted
+    one, it allowed no next token and the request failed mid-answer):
+
+    - an escaped pair (``\\ud83d\\ude00``, how ECMA-262 and JSON write a character above U+FFFF)
+      is written as the one character it stands for (``\\u{1f600}``): xgrammar read each half as
+      a code point of its own;
+    - a class leaves out the surrogates it names (``[a\\ud800]`` is ``[a]``, a range across
+      U+D800-U+DFFF is cut around them): a model's token of a surrogate's first byte (0xED, which
+      also begins U+D000-U+D7FF) let the grammar go on only with the surrogate.
+
+    :class:`GrammarError` for a lone surrogate outside a class, or a class naming nothing else."""
+    out: list[str] = []
+    i = 0
+    while i < len(pattern):
+        if pattern[i] == "[":
+            end = _class_end(pattern, i) or len(pattern)
+            out.append(_class_without_surrogates(pattern, i, end))
+            i = end
+            continue
+        if pattern[i] != "\\":
+            out.append(pattern[i])
+            i += 1
+            continue
+        text, code = _pair_escape(pattern, i, in_class=False)
+        if code is not None and 0xD800 <= code < 0xE000:
+            raise GrammarError(
+                f"regex: {text} (character {i}) is a lone UTF-16 surrogate, which no text holds; "
+                "write a character above U+FFFF as a surrogate pair (\\ud83d\\ude00) or \\u{1f600}"
+            )
+        out.append(f"\\u{{{code:x}}}" if code is not None and code > 0xFFFF else text)
+        i += len(text)
+    return "".join(out)
+
+
+def _pair_escape(pattern: str, i: int, *, in_class: bool) -> tuple[str, int | None]:
+    """The escape at ``pattern[i]`` as :func:`_read_escape` reads it, an escaped surrogate pair as
+    one character."""
+    text, code = _read_escape(pattern, i, in_class=in_class)
+    after = i + len(text)
+    if code is not None and 0xD800 <= code < 0xDC00 and pattern.startswith("\\", after):
+        low_text, low = _read_escape(pattern, after, in_class=in_class)
+        if low is not None and 0xDC00 <= low < 0xE000:
+            return text + low_text, 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00)
+    return text, code
+
+
+def _class_without_surrogates(pattern: str, start: int, end: int) -> str:
+    """The class ``pattern[start:end]`` without the surrogates it names (a negated one as is:
+    what it leaves out is not the question), pairs written as their characters."""
+    negated = pattern.startswith("^", start + 1)
+    j = start + 1 + negated
+    members: list[tuple[str, int | None, int | None]] = []  # (text, first, last)
+    body_end = end - 1 if pattern[end - 1 : end] == "]" and end - 1 > j else end
+    while j < body_end:
+        text, first = (
+            _pair_escape(pattern, j, in_class=True) if pattern[j] == "\\" else (pattern[j], ord(pattern[j]))
+        )
+        j += len(text)
+        last = first
+        if pattern[j : j + 1] == "-" and j + 1 < body_end and first is not None:
+            k = j + 1
+            high_text, high = (
+                _pair_escape(pattern, k, in_class=True)
+                if pattern[k] == "\\"
+                else (pattern[k], ord(pattern[k]))
+            )
+            if high is not None:
+                text, last, j = pattern[j - len(text) : k + len(high_text)], high, k + len(high_text)
+        members.append((text, first, last))
+    touched = any(a is not None and b is not None and a <= 0xDFFF and b >= 0xD800 for _, a, b in members)
+    paired = any(a is not None and b is not None and max(a, b) > 0xFFFF for _, a, b in members)
+    opening, closing = pattern[start : start + 1 + negated], pattern[body_end:end]
+    if negated or not touched:
+        return _written_class(opening, members, closing) if paired else pattern[start:end]
+    kept = []
+    for text, a, b in members:
+        if a is None or b is None:
+            kept.append((text, a, b))
+            continue
+        for lo, hi in ((a, min(b, 0xD7FF)), (max(a, 0xE000), b)):
+            if lo <= hi:
+                kept.append(("", lo, hi))
+    if not kept:
+        raise GrammarError(
+            f"regex: the class {pattern[start:end]} (character {start}) names only lone UTF-16 "
+            "surrogates, which no text holds"
+        )
+    return _written_class(opening, kept, closing)
+
+
+def _written_class(opening: str, members: list[tuple[str, int | None, int | None]], closing: str) -> str:
+    """A class from its members: a class escape as written, characters and ranges as ``\\u{...}``."""
+
+    def char(code: int) -> str:
+        return f"\\u{{{code:x}}}"
+
+    parts = [
+        text if a is None or b is None else char(a) if a == b else f"{char(a)}-{char(b)}"
+        for text, a, b in members
+    ]
+    return opening + "".join(parts) + closing
 
 
 def _class_end(pattern: str, start: int) -> int | None:

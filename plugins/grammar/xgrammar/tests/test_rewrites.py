@@ -247,3 +247,62 @@ def _is_json(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _regex_takes(pattern: str, text: str) -> bool:
+    """Whether ``pattern``'s grammar takes ``text``'s UTF-8 (a surrogate's own bytes too) and ends."""
+    matcher = xgr.GrammarMatcher(_COMPILER.compile_grammar(xgr.Grammar.from_regex(pattern)))
+    return all(
+        matcher.accept_token(b) for b in text.encode("utf-8", "surrogatepass")
+    ) and matcher.accept_token(256)
+
+
+def test_xgrammar_reads_an_escaped_surrogate_pair_as_two_code_points():
+    """The witness: ``\\ud83d\\ude00`` (how ECMA-262 and JSON write U+1F600) takes the two
+    surrogates' own (invalid) UTF-8, not the emoji's, so no text matched it."""
+    assert not _regex_takes("\\ud83d\\ude00", "😀"), "xgrammar now pairs the escapes: drop paired_surrogates"
+    matcher = xgr.GrammarMatcher(_COMPILER.compile_grammar(xgr.Grammar.from_regex("\\ud83d\\ude00")))
+    assert all(matcher.accept_token(b) for b in "\ud83d\ude00".encode("utf-8", "surrogatepass"))
+
+
+@pytest.mark.parametrize(
+    "pattern, written, matches, refused",
+    [
+        ("\\ud83d\\ude00", "\\u{1f600}", ["😀"], "\ud83d\ude00"),
+        ("a\\uD83D\\uDE00+b", "a\\u{1f600}+b", ["a😀b", "a😀😀b"], "ab"),
+        ("[\\ud83d\\ude00-\\ud83d\\ude4f]{2}", "[\\u{1f600}-\\u{1f64f}]{2}", ["😀🙏", "😃😄"], "😀a"),
+        ("[^\\ud800-\\udfff]", "[^\\ud800-\\udfff]", ["a", "😀"], "ab"),  # negated: as is
+        ("[a\\ud800]{3}", "[\\u{61}]{3}", ["aaa"], "\ud800aa"),  # a surrogate member left out
+        (
+            "[\\u0000-\\uffff]{2}",
+            "[\\u{0}-\\u{d7ff}\\u{e000}-\\u{ffff}]{2}",
+            ["\x00é", "\ud7ff\ue000"],
+            "a\udfff",
+        ),
+        ("[\\d\\ud800-\\udbff]", "[\\d]", ["5"], "\udbff"),
+        ("\\\\ud800", "\\\\ud800", ["\\ud800"], "\ud800"),  # an escaped backslash, then text
+        ("\\u{1F600}|x", "\\u{1f600}|x", ["😀", "x"], "y"),
+    ],
+)
+def test_escaped_surrogate_pairs_are_written_as_their_character(pattern, written, matches, refused):
+    """Pairs become their characters and a class loses its surrogates; each rewritten pattern
+    takes the texts given and not ``refused`` (its surrogates' bytes, where it names some)."""
+    from minisgl_plugin_xgrammar.backend import paired_surrogates
+
+    assert paired_surrogates(pattern) == written
+    for text in matches:
+        assert _regex_takes(written, text), (written, text)
+    assert not _regex_takes(written, refused)
+
+
+@pytest.mark.parametrize(
+    "pattern", [" \\ud800", "a|\\udc00", "\\ude00\\ud83d", "x\\u{d800}?", "[\\ud800-\\udfff]+", "a[\\udc00]?"]
+)
+def test_a_lone_surrogate_is_refused_at_admission(tokenizer, pattern):
+    """No text holds one: admitted, the request failed mid-answer with a 400 (the grammar allowed
+    no next token once it was due); now ``check`` refuses it, as a class naming nothing else."""
+    stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    backend = XGrammarBackend(tokenizer, vocab_size=len(tokenizer), stop_token_ids=[stop])
+    with pytest.raises(GrammarError, match="lone UTF-16 surrogate"):
+        backend.check(GrammarSpec("regex", pattern))
+    backend.check(GrammarSpec("regex", "\\ud83d\\ude00"))  # a pair is a character
