@@ -16,9 +16,11 @@ of the float32 product of the same bf16 weights (bf16 itself is ~0.3%), and the 
 5% too; and at every token count the kernel (GEMV or ``_scaled_mm``, which round the activations
 the same way) equals the plugin's float32 emulation of the same quantized operands up to
 its bf16 output's rounding (``EMULATION_TOLERANCE``). e2e, judged: each fp8 configuration runs
-(eager and in CUDA graphs, with the same greedy tokens both ways), and fi and fi,triton with an
-fp8 KV pool agree with the torch backend on the same fp8 pool (they dequantize the same bytes, which
-the fused K/V store writes for them and ``KVCache.store`` for torch) within 0.05.
+(eager and in CUDA graphs, with the same greedy tokens both ways); fi and fi,triton with an fp8
+KV pool written by ``KVCache.store`` (the fused store off, ``MINISGL_FUSED_KV=0``) agree with the
+torch backend on its pool, the same bytes, within 0.05 (first-token logprob); with the fused
+store (the default on sm89+: its own bf16 k, which may round a step apart and so land an e4m3 step
+apart) within 0.1, and their distance from the unfused run is reported.
 
 Reported, not judged: the distance of every configuration from the float32 reference (first-token
 logprob, transformers' token gaps, greedy agreement), and of the fp8 kernels from the emulation run
@@ -219,6 +221,15 @@ def _emulated_run(model_dir: str, prompts):
         method.scaled_mm_supported = saved
 
 
+#: the run's environment with the fused rope + KV store off (``KVCache.store`` writes the pool)
+UNFUSED = {"MINISGL_FUSED_KV": "0"}
+
+
+def _first_logprob_diff(outs, others) -> float:
+    """The largest distance between two runs' first-token logprobs, prompt by prompt."""
+    return max(abs(a.logprobs[0].logprob - b.logprobs[0].logprob) for a, b in zip(outs, others))
+
+
 def e2e_check(wanted: list[str] | None = None) -> dict:
     from device_e2e import SHAPE, common_prefix, hf_gaps, hf_model, run
 
@@ -239,6 +250,9 @@ def e2e_check(wanted: list[str] | None = None) -> dict:
             "fi_fp8_no_graph": dict(attn="fi", quantization="fp8", cuda_graph_max_bs=0),
             "fi_kv_fp8": dict(attn="fi", kv_cache_dtype="fp8_e4m3"),
             "fi_triton_kv_fp8": dict(attn="fi,triton", kv_cache_dtype="fp8_e4m3"),
+            # the pool written by KVCache.store, as the torch backend writes it: the same bytes
+            "fi_kv_fp8_unfused": dict(attn="fi", kv_cache_dtype="fp8_e4m3", env=UNFUSED),
+            "fi_triton_kv_fp8_unfused": dict(attn="fi,triton", kv_cache_dtype="fp8_e4m3", env=UNFUSED),
             "torch_kv_fp8": dict(attn="torch", kv_cache_dtype="fp8_e4m3", cuda_graph_max_bs=0, overlap=False),
             "fi_fp8_kv_fp8": dict(attn="fi", quantization="fp8", kv_cache_dtype="fp8_e4m3"),
             "fa3,fi_fp8": dict(attn="fa3,fi", quantization="fp8"),
@@ -256,22 +270,26 @@ def e2e_check(wanted: list[str] | None = None) -> dict:
                 continue
             outputs[name] = outs
             ids = [o.token_ids for o in outs]
-            lp_diff = max(abs(o.logprobs[0].logprob - r.logprobs[0].logprob) for o, r in zip(outs, ref))
+            lp_diff = _first_logprob_diff(outs, ref)
             gaps = sorted(hf_gaps(hf, prompts, ids))
             match = sum(common_prefix(a, b) for a, b in zip(ids, ref_ids)) / sum(len(r) for r in ref_ids)
             results[name] = {"first_logprob_max_diff": round(lp_diff, 4), "token_gap_max": round(gaps[-1], 4),
                              "token_gap_p99": round(gaps[len(gaps) * 99 // 100], 4),
                              "mean_match_fraction": round(match, 3), "seconds": round(seconds, 2)}  # fmt: skip
-        # the fused store (rope_store_kv) writes the pool of fi and fi,triton, KVCache.store the
-        # torch backend's: the same bytes up to the bf16 rounding of k, so the same logprobs
+        # KVCache.store writes the torch backend's pool and, unfused, fi's and fi,triton's: the
+        # same bytes, so the same logprobs up to the kernels' sums (judged < 0.05). The fused
+        # store (rope_store_kv, the default on sm89+) writes their pool from its own bf16 k, which
+        # may round a step apart from the unfused path's and so land an e4m3 step apart (judged
+        # < 0.1; 0.047 on Qwen3, 0.032 on Llama on an H200, 2026-12-01)
         for fast in ("fi", "fi_triton"):
-            if f"{fast}_kv_fp8" in outputs and "torch_kv_fp8" in outputs:
-                same_pool = max(
-                    abs(a.logprobs[0].logprob - b.logprobs[0].logprob)
-                    for a, b in zip(outputs[f"{fast}_kv_fp8"], outputs["torch_kv_fp8"])
-                )
-                results[f"{fast}_vs_torch_on_fp8_kv_first_logprob_max_diff"] = round(same_pool, 4)
-                ok &= same_pool < 0.05
+            for variant, limit in ((f"{fast}_kv_fp8_unfused", 0.05), (f"{fast}_kv_fp8", 0.1)):
+                if variant in outputs and "torch_kv_fp8" in outputs:
+                    diff = _first_logprob_diff(outputs[variant], outputs["torch_kv_fp8"])
+                    results[f"{variant}_vs_torch_first_logprob_max_diff"] = round(diff, 4)
+                    ok &= diff < limit
+            if f"{fast}_kv_fp8" in outputs and f"{fast}_kv_fp8_unfused" in outputs:
+                diff = _first_logprob_diff(outputs[f"{fast}_kv_fp8"], outputs[f"{fast}_kv_fp8_unfused"])
+                results[f"{fast}_kv_fp8_fused_vs_unfused_first_logprob_max_diff"] = round(diff, 4)
         if "fi_fp8" in outputs and "fi_fp8_no_graph" in outputs:
             same = [o.token_ids for o in outputs["fi_fp8"]] == [
                 o.token_ids for o in outputs["fi_fp8_no_graph"]
@@ -287,10 +305,7 @@ def e2e_check(wanted: list[str] | None = None) -> dict:
                 ok = False
             else:
                 if "fi_fp8" in outputs:
-                    kernel_vs_emulation = max(
-                        abs(a.logprobs[0].logprob - b.logprobs[0].logprob)
-                        for a, b in zip(outputs["fi_fp8"], emulated)
-                    )
+                    kernel_vs_emulation = _first_logprob_diff(outputs["fi_fp8"], emulated)
                     # reported: see the module's docstring (judged per layer in gemm_check)
                     results["fi_fp8_vs_emulation_first_logprob_max_diff"] = round(kernel_vs_emulation, 4)
         out[arch] = results
