@@ -282,7 +282,7 @@ class XGrammarBackend(GrammarBackend):
         grammar = self._xgr.Grammar.from_json_schema(
             text, any_whitespace=False, separators=(",", ":"), strict_mode=True
         )
-        return str(grammar).replace(_LIMITED_STRING_CHARACTERS, _STRING_CHARACTERS)
+        return _plain_pattern_rules(str(grammar)).replace(_LIMITED_STRING_CHARACTERS, _STRING_CHARACTERS)
 
     def _parse(self, spec: GrammarSpec) -> Any:
         grammar = self._xgr.Grammar
@@ -294,9 +294,12 @@ class XGrammarBackend(GrammarBackend):
             # ensure_ascii=False: xgrammar leaves nothing after an escaped surrogate pair
             text = json.dumps(schema, ensure_ascii=False) if rewritten else spec.value
             # compact output (no free whitespace): a weak model cannot stall in an endless run of spaces
-            return grammar.from_json_schema(
+            compiled = grammar.from_json_schema(
                 text, any_whitespace=False, separators=(",", ":"), strict_mode=True
             )
+            ebnf = str(compiled)
+            plain = _plain_pattern_rules(ebnf)
+            return compiled if plain == ebnf else grammar.from_ebnf(plain)
         if spec.kind == "json_object":
             return grammar.from_ebnf(JSON_OBJECT_EBNF)
         if spec.kind == "regex":
@@ -316,6 +319,19 @@ class XGrammarBackend(GrammarBackend):
 
 
 _JSON_KINDS = frozenset({"json_schema", "json_object"})
+
+
+#: a ``pattern``'s rule as xgrammar (0.2.9) prints it: ``Regex("...", json_string=true)``
+_JSON_STRING_REGEX = re.compile(r'(Regex\("(?:[^"\\]|\\.)*"), json_string=true\)')
+
+
+def _plain_pattern_rules(ebnf: str) -> str:
+    """``ebnf`` (a JSON schema's grammar) with each string pattern's rule a plain regex over the
+    string's JSON text. xgrammar marks those rules ``json_string`` and then lets no branch through
+    that names a JSON escape: ``[a"]`` (written ``(?:[a]|\\")`` by :func:`xgrammar_pattern`) took
+    "a" and never a quote, ``^(?:b|\\\\)+$`` "b" and never a backslash. The patterns are written
+    for the JSON text already (no raw quote, backslash or control character can match)."""
+    return _JSON_STRING_REGEX.sub(r"\1)", ebnf)
 
 
 #: the class xgrammar (0.2.9) prints a length-limited JSON string's characters with (raw control
@@ -621,8 +637,9 @@ def xgrammar_pattern(pattern: str) -> str:
       written as its JSON escape (``(?:\\\\")``, ``(?:\\\\n)``, ``(?:\\\\u001f)``), a class that names
       them becomes the rest of the class or'ed with their escapes, and ``.``, negated classes,
       ``\\s``, ``\\D``, ``\\W`` and ``\\S`` leave them out, so that the pattern holds JSON text either
-      way. (Beside characters that need none, xgrammar drops the escapes: ``[a"]`` writes "a"
-      only, as before; valid, not complete.)
+      way; its rule is then compiled as a plain regex (:func:`_plain_pattern_rules`: xgrammar's
+      own JSON-string regex dropped the escapes beside characters that need none, ``[a"]`` wrote
+      "a" only).
 
     :class:`GrammarError` for a pattern naming ``\\D``, ``\\W`` or ``\\S`` inside a class beside an
     escaped character (they cannot be limited there)."""

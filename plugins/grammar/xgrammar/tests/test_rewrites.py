@@ -17,7 +17,12 @@ import re
 
 import pytest
 import xgrammar as xgr
-from minisgl_plugin_xgrammar.backend import XGrammarBackend, exact_patterns, xgrammar_pattern
+from minisgl_plugin_xgrammar.backend import (
+    XGrammarBackend,
+    _plain_pattern_rules,
+    exact_patterns,
+    xgrammar_pattern,
+)
 
 from minisgl_core.api import GrammarError, GrammarSpec, allocate_token_bitmask, allowed_tokens
 from minisgl_core.api.grammar import FORMAT_REGEXES
@@ -203,19 +208,18 @@ def test_walks_through_patterns_naming_escaped_characters_give_json_that_matches
     pattern. Unwritten, 52 of 614 such walks were not (a probe, 2026-12-01)."""
     rng = random.Random(20261201)
     mask = xgr.allocate_token_bitmask(1, 257)
-    wrong, walked = [], 0
+    wrong, walked, escaped = [], 0, 0
     for _ in range(60):
         pattern = _random_json_pattern(rng)
         schema = {"type": "string", "pattern": f"^{pattern}$"}
         exact_patterns(schema)
-        compiled = _COMPILER.compile_grammar(
-            xgr.Grammar.from_json_schema(
-                json.dumps(schema, ensure_ascii=False),
-                any_whitespace=False,
-                separators=(",", ":"),
-                strict_mode=True,
-            )
+        grammar = xgr.Grammar.from_json_schema(
+            json.dumps(schema, ensure_ascii=False),
+            any_whitespace=False,
+            separators=(",", ":"),
+            strict_mode=True,
         )
+        compiled = _COMPILER.compile_grammar(xgr.Grammar.from_ebnf(_plain_pattern_rules(str(grammar))))
         for _ in range(6):
             matcher, out = xgr.GrammarMatcher(compiled), b""
             for _ in range(60):
@@ -238,7 +242,9 @@ def test_walks_through_patterns_naming_escaped_characters_give_json_that_matches
             value = json.loads(text) if _is_json(text) else None
             if not isinstance(value, str) or not re.fullmatch(pattern, value, re.ASCII):
                 wrong.append(f"{pattern!r} gave {text!r}")
-    assert walked > 200 and wrong == []
+            escaped += "\\" in text
+    # the walks took JSON escapes too
+    assert walked > 200 and wrong == [] and escaped > 20, (walked, escaped, wrong[:5])
 
 
 def _is_json(text: str) -> bool:
@@ -306,3 +312,48 @@ def test_a_lone_surrogate_is_refused_at_admission(tokenizer, pattern):
     with pytest.raises(GrammarError, match="lone UTF-16 surrogate"):
         backend.check(GrammarSpec("regex", pattern))
     backend.check(GrammarSpec("regex", "\\ud83d\\ude00"))  # a pair is a character
+
+
+def test_xgrammar_drops_the_escape_branches_of_a_json_string_pattern():
+    """The witness: xgrammar compiles a string ``pattern`` into a ``json_string`` regex rule that
+    never takes a branch naming a JSON escape, even written as :func:`xgrammar_pattern` writes it."""
+    written = xgrammar_pattern('^[a"]+$')
+    assert written == '^(?:[a]|\\\\")+$'
+    assert _takes(_schema_grammar({"type": "string", "pattern": written}), '"a"')
+    assert not _takes(_schema_grammar({"type": "string", "pattern": written}), '"a\\"a"'), (
+        "xgrammar now takes escapes in a pattern's JSON string: drop _plain_pattern_rules"
+    )
+
+
+@pytest.mark.parametrize(
+    "schema, takes, refuses",
+    [
+        ({"type": "string", "pattern": '^[a"]+$'}, ['"a"', '"\\""', '"a\\"a"'], ['"b"', '"a\\\\"']),
+        ({"type": "string", "pattern": "^(?:b|\\\\)+$"}, ['"b"', '"\\\\"', '"b\\\\b"'], ['"\\""', '"a"']),
+        ({"type": "string", "pattern": "^x[\\t y]$"}, ['"x\\t"', '"xy"', '"x "'], ['"x\t"', '"xz"']),
+        (
+            {
+                "type": "object",
+                "properties": {"q": {"type": "string", "pattern": '^"[a-z]+"$'}},
+                "required": ["q"],
+            },
+            ['{"q":"\\"ab\\""}'],
+            ['{"q":"ab"}', '{"q":""ab""}'],
+        ),
+        ({"type": "string", "pattern": "^[ab]{2}$"}, ['"ab"', '"ba"'], ['"a"', '"abc"']),
+    ],
+)
+def test_a_pattern_naming_json_escapes_takes_them(tokenizer, schema, takes, refuses):
+    """Through the backend (the pattern written for JSON text, its rule a plain regex): a pattern
+    that allows a quote, a backslash or a tab beside plain characters takes their JSON escapes,
+    and what it takes Python's ``re`` matches once decoded."""
+    stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    backend = XGrammarBackend(tokenizer, vocab_size=len(tokenizer), stop_token_ids=[stop])
+    compiled = _COMPILER.compile_grammar(backend._parse(GrammarSpec("json_schema", json.dumps(schema))))
+    pattern = schema.get("pattern") or schema["properties"]["q"]["pattern"]
+    for text in takes:
+        assert _takes(compiled, text), text
+        value = json.loads(text)
+        assert re.search(pattern, value if isinstance(value, str) else value["q"]), text
+    for text in refuses:
+        assert not _takes(compiled, text), text
