@@ -105,9 +105,20 @@ def validation_error(exc: RequestValidationError) -> APIError:
 
 
 def _not_utf8(exc: UnicodeDecodeError) -> str:
+    """The body's first byte that is not UTF-8. The JSON decoder reads a body starting with a
+    UTF-16/32 byte-order mark, or with NUL bytes, in that encoding, so ``exc`` may be its error
+    there (``\\xff\\xfe{`` was "byte 0x7b at offset 2"): the offset is found again in UTF-8."""
+    body = exc.object
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as utf8:
+        return (
+            f"the request body is not valid UTF-8 (byte 0x{body[utf8.start]:02x} at offset "
+            f"{utf8.start}): send the JSON encoded as UTF-8"
+        )
     return (
-        f"the request body is not valid UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset "
-        f"{exc.start}): send the JSON encoded as UTF-8"
+        f"the request body is not valid JSON: its NUL bytes read as {exc.encoding}, which it is not "
+        "either: send the JSON encoded as UTF-8"
     )
 
 

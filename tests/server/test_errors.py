@@ -386,11 +386,17 @@ def test_a_compressed_body_is_a_415_saying_to_send_it_uncompressed(server, auth)
 
 @pytest.mark.parametrize(
     ("body", "offset"),
-    [(b'{"prompt": "hi \xff\xfe", "max_tokens": 1}', 15), (gzip.compress(b'{"prompt": "hi"}'), 1)],
-    ids=["latin-1", "gzip-without-its-header"],
+    [
+        (b'{"prompt": "hi \xff\xfe", "max_tokens": 1}', 15),
+        (gzip.compress(b'{"prompt": "hi"}'), 1),
+        (b"\xff\xfe{", 0),
+    ],
+    ids=["latin-1", "gzip-without-its-header", "utf-16-byte-order-mark"],
 )
 def test_a_body_not_in_utf8_says_so(server, auth, body, offset):
-    """Bytes that are not UTF-8 were a 400 "There was an error parsing the body"."""
+    """Bytes that are not UTF-8 were a 400 "There was an error parsing the body". A UTF-16
+    byte-order mark made the JSON decoder read UTF-16, whose error (an odd byte count) named byte
+    0x7b at offset 2."""
     resp = httpx.post(
         f"{server.url}{COMPLETIONS}", content=body, headers={**auth, "Content-Type": "application/json"}
     )
@@ -401,6 +407,18 @@ def test_a_body_not_in_utf8_says_so(server, auth, body, offset):
         f"the request body is not valid UTF-8 (byte 0x{body[offset]:02x} at offset {offset})"
     )
     assert "send the JSON encoded as UTF-8" in error["message"], error
+
+
+def test_a_body_of_nul_bytes_says_it_is_not_json(server, auth):
+    """NUL bytes are UTF-8, but make the JSON decoder read UTF-16 (or 32): no UTF-8 offset to name."""
+    body = '{"prompt": "hi"}'.encode("utf-16-le")[:-1]
+    resp = httpx.post(
+        f"{server.url}{COMPLETIONS}", content=body, headers={**auth, "Content-Type": "application/json"}
+    )
+    assert resp.status_code == 400, resp.text
+    message = resp.json()["error"]["message"]
+    assert message.startswith("the request body is not valid JSON: its NUL bytes read as utf-16"), message
+    assert "send the JSON encoded as UTF-8" in message
 
 
 def test_a_long_model_name_is_not_echoed_whole(server, auth):
