@@ -182,6 +182,13 @@ def install_error_handlers(app: FastAPI, on_error: Callable[[int], None] = lambd
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         err = validation_error(exc)
+        if any(e.get("type") == "json_invalid" for e in exc.errors()[:1]):
+            # a body that is not UTF-8 yet decoded (a UTF-16 byte-order mark: the decoder's
+            # guess) is not "malformed JSON" but the wrong encoding (the body is cached: no read)
+            try:
+                (await request.body()).decode("utf-8")
+            except UnicodeDecodeError as bad:
+                err = APIError(400, _not_utf8(bad))
         kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if err.param is None and kind and kind != "application/json" and not kind.endswith("+json"):
             # the body was not read as JSON at all: "Input should be a valid dictionary" said nothing

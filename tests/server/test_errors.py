@@ -390,8 +390,9 @@ def test_a_compressed_body_is_a_415_saying_to_send_it_uncompressed(server, auth)
         (b'{"prompt": "hi \xff\xfe", "max_tokens": 1}', 15),
         (gzip.compress(b'{"prompt": "hi"}'), 1),
         (b"\xff\xfe{", 0),
+        (b'\xff\xfe{"prompt": "hi"}', 0),  # decoded as UTF-16, into text that is not JSON
     ],
-    ids=["latin-1", "gzip-without-its-header", "utf-16-byte-order-mark"],
+    ids=["latin-1", "gzip-without-its-header", "utf-16-byte-order-mark", "utf-16-byte-order-mark-even"],
 )
 def test_a_body_not_in_utf8_says_so(server, auth, body, offset):
     """Bytes that are not UTF-8 were a 400 "There was an error parsing the body". A UTF-16
