@@ -415,3 +415,32 @@ def test_property_names_beside_no_other_properties_are_dropped(backend):
     matcher = backend.matcher(backend.compile(spec))
     tokens = backend.tokenizer.encode('{"j0":1}', add_special_tokens=False)
     assert not all(matcher.accept_token(t) for t in tokens)
+
+
+def test_the_values_of_many_enums_are_judged_with_one_validator(monkeypatch):
+    """Each ``enum`` beside an assertion was judged by a validator built for it (``jsonschema``'s
+    ``extend``, 0.44 ms a call: a schema of 300 such enums spent 305 ms admitting, in the tokenizer
+    worker); a walk builds one now, and the verdicts are each enum's own."""
+    import jsonschema
+    from minisgl_plugin_xgrammar.backend import accepting_nothing, apply_siblings_to_choices
+
+    built = []
+    extend = jsonschema.validators.extend
+    monkeypatch.setattr(jsonschema.validators, "extend", lambda *a, **k: built.append(1) or extend(*a, **k))
+    schema = {
+        "type": "object",
+        "properties": {
+            **{f"s{i}": {"enum": ["a", "bb", 3], "type": "string", "maxLength": 1} for i in range(40)},
+            **{f"n{i}": {"enum": [1, 5, "x"], "maximum": 2} for i in range(40)},
+            "p": {"enum": ["ab", "cd"], "pattern": "^c"},
+            "none": {"enum": ["zz"], "pattern": "^a"},
+        },
+    }
+    assert accepting_nothing(schema) == [
+        "'enum' with no value the keywords beside it allow at #/properties/none"
+    ]
+    assert len(built) == 1
+    del schema["properties"]["none"]
+    assert apply_siblings_to_choices(schema) and len(built) == 2
+    props = schema["properties"]
+    assert props["s3"]["enum"] == ["a"] and props["n7"]["enum"] == [1, "x"] and props["p"]["enum"] == ["cd"]
