@@ -118,3 +118,13 @@ def test_no_raw_control_character_in_a_length_limited_string_of_a_tag(backend):
     assert not _takes(backend, _tag(limited), '<f>"a\x00"</f>') and not _takes(
         backend, _tag(limited), '<f>"\x1f"</f>'
     )
+
+
+def test_a_tagged_pattern_takes_the_json_escapes_it_allows(backend):
+    """A tag's schema is compiled as a ``json_schema`` grammar's: a ``pattern`` allowing a quote
+    beside plain characters takes its escape (xgrammar's JSON-string rule never did)."""
+    tag = _tag(
+        {"type": "object", "properties": {"q": {"type": "string", "pattern": '^[a"]+$'}}, "required": ["q"]}
+    )
+    assert _takes(backend, tag, 'say <f>{"q":"a\\"a"}</f> done')
+    assert not _takes(backend, tag, 'say <f>{"q":"ab"}</f>')
