@@ -641,8 +641,12 @@ def xgrammar_pattern(pattern: str) -> str:
       own JSON-string regex dropped the escapes beside characters that need none, ``[a"]`` wrote
       "a" only).
 
+    UTF-16 surrogates are handled first, as in a regex grammar (:func:`paired_surrogates`: an
+    escaped pair is its character; ``^\\ud83d\\ude00$`` failed mid-answer).
+
     :class:`GrammarError` for a pattern naming ``\\D``, ``\\W`` or ``\\S`` inside a class beside an
-    escaped character (they cannot be limited there)."""
+    escaped character (they cannot be limited there), or a lone surrogate."""
+    pattern = paired_surrogates(pattern, what="json_schema pattern")
     out: list[str] = []
     escaped = risky = False
     i = 0
@@ -764,7 +768,7 @@ def _read_escape(pattern: str, i: int, *, in_class: bool) -> tuple[str, int | No
     return pattern[i : i + 2], ord(rest)  # an identity escape: \", \\, \/, \. ...
 
 
-def paired_surrogates(pattern: str) -> str:
+def paired_surrogates(pattern: str, what: str = "regex") -> str:
     """``pattern`` (a regex grammar) as xgrammar must be given it when it names UTF-16 surrogates,
     which no UTF-8 text holds (the guard lets no surrogate's bytes out; where the grammar wanted
     one, it allowed no next token and the request failed mid-answer):
@@ -776,13 +780,14 @@ def paired_surrogates(pattern: str) -> str:
       U+D800-U+DFFF is cut around them): a model's token of a surrogate's first byte (0xED, which
       also begins U+D000-U+D7FF) let the grammar go on only with the surrogate.
 
-    :class:`GrammarError` for a lone surrogate outside a class, or a class naming nothing else."""
+    :class:`GrammarError` for a lone surrogate outside a class, or a class naming nothing else
+    (``what`` names the pattern in its message)."""
     out: list[str] = []
     i = 0
     while i < len(pattern):
         if pattern[i] == "[":
             end = _class_end(pattern, i) or len(pattern)
-            out.append(_class_without_surrogates(pattern, i, end))
+            out.append(_class_without_surrogates(pattern, i, end, what))
             i = end
             continue
         if pattern[i] != "\\":
@@ -792,7 +797,7 @@ def paired_surrogates(pattern: str) -> str:
         text, code = _pair_escape(pattern, i, in_class=False)
         if code is not None and 0xD800 <= code < 0xE000:
             raise GrammarError(
-                f"regex: {text} (character {i}) is a lone UTF-16 surrogate, which no text holds; "
+                f"{what}: {text} (character {i}) is a lone UTF-16 surrogate, which no text holds; "
                 "write a character above U+FFFF as a surrogate pair (\\ud83d\\ude00) or \\u{1f600}"
             )
         out.append(f"\\u{{{code:x}}}" if code is not None and code > 0xFFFF else text)
@@ -812,7 +817,7 @@ def _pair_escape(pattern: str, i: int, *, in_class: bool) -> tuple[str, int | No
     return text, code
 
 
-def _class_without_surrogates(pattern: str, start: int, end: int) -> str:
+def _class_without_surrogates(pattern: str, start: int, end: int, what: str) -> str:
     """The class ``pattern[start:end]`` without the surrogates it names (a negated one as is:
     what it leaves out is not the question), pairs written as their characters."""
     negated = pattern.startswith("^", start + 1)
@@ -850,7 +855,7 @@ def _class_without_surrogates(pattern: str, start: int, end: int) -> str:
                 kept.append(("", lo, hi))
     if not kept:
         raise GrammarError(
-            f"regex: the class {pattern[start:end]} (character {start}) names only lone UTF-16 "
+            f"{what}: the class {pattern[start:end]} (character {start}) names only lone UTF-16 "
             "surrogates, which no text holds"
         )
     return _written_class(opening, kept, closing)

@@ -357,3 +357,39 @@ def test_a_pattern_naming_json_escapes_takes_them(tokenizer, schema, takes, refu
         assert re.search(pattern, value if isinstance(value, str) else value["q"]), text
     for text in refuses:
         assert not _takes(compiled, text), text
+
+
+@pytest.mark.parametrize(
+    "pattern, takes, refuses",
+    [
+        ("^\\ud83d\\ude00$", ['"😀"'], ['"a"']),
+        ('^[\\ud83d\\ude00-\\ud83d\\ude4f"]+$', ['"😀\\"🙏"', '"🙂"'], ['"a"']),
+        ("^[a\\ud800]+$", ['"aa"'], ['"\\ud800"']),
+    ],
+)
+def test_a_schema_pattern_naming_surrogates_is_written_as_a_regex_grammar_is(
+    tokenizer, pattern, takes, refuses
+):
+    """A JSON schema's ``pattern`` (ECMA-262, where ``\\ud83d\\ude00`` is U+1F600) gets the regex
+    grammar's surrogate handling: ``^\\ud83d\\ude00$`` was admitted and failed mid-answer."""
+    stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    backend = XGrammarBackend(tokenizer, vocab_size=len(tokenizer), stop_token_ids=[stop])
+    schema = {"type": "string", "pattern": pattern}
+    compiled = _COMPILER.compile_grammar(backend._parse(GrammarSpec("json_schema", json.dumps(schema))))
+    for text in takes:
+        assert _takes(compiled, text), text
+    for text in refuses:
+        matcher = xgr.GrammarMatcher(compiled)
+        assert not (
+            all(matcher.accept_token(b) for b in text.encode("utf-8", "surrogatepass"))
+            and matcher.accept_token(256)
+        ), text
+
+
+@pytest.mark.parametrize("pattern", ["^a\\ud800$", "^[\\udc00-\\udfff]$"])
+def test_a_schema_pattern_naming_a_lone_surrogate_is_refused(tokenizer, pattern):
+    stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    backend = XGrammarBackend(tokenizer, vocab_size=len(tokenizer), stop_token_ids=[stop])
+    schema = {"type": "object", "properties": {"q": {"type": "string", "pattern": pattern}}}
+    with pytest.raises(GrammarError, match="json_schema pattern: .*lone UTF-16 surrogate"):
+        backend.check(GrammarSpec("json_schema", json.dumps(schema)))
