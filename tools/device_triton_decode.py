@@ -7,14 +7,16 @@ FlashInfer's on the same pool (max |difference|). A context of 0 stands for the 
 workload's spread: lengths drawn uniformly from 100 to 2,048. In bf16 the Triton kernel is also
 timed with ``exact_pv`` on (P·V float32-accurate: a second product), that product's cost.
 
-    python3 tools/device_triton_decode.py [--sweep] [--occupancy] [--json OUT.json]
+    python3 tools/device_triton_decode.py [--sweep] [--occupancy] [--tail] [--json OUT.json]
 
 ``--occupancy`` first times launches with a register cap (``Launch.maxnreg``): over a float8 pool
 the kernel takes 194 registers a thread uncapped at 128 positions (two programs an SM); 168 at
 128, 128 at 64 and 96 at 32 positions spill nothing (three, four, five programs), two tighter
 caps that spill are timed too. ``--sweep`` first tries launch configurations of the Triton
 kernel (positions per loop step, warps, pipeline stages) on the full-batch Qwen3 shapes, per pool
-dtype, and reports each.
+dtype, and reports each. ``--tail`` first times launches and split rules (``programs_per_sm``) at
+the batches of an offline run's second half (8-192 sequences of 700-2,048 positions: the longest
+requests are the last to finish), where a batch of 66 or fewer Qwen3 sequences splits its KV.
 """
 
 from __future__ import annotations
@@ -46,12 +48,30 @@ SHAPES = [
 ]
 
 
-class Problem:
-    """One pool filled with random values and one random layout of ``bs`` sequences."""
+#: ``--tail``: (query heads, KV heads, batches) at contexts TAIL_CONTEXTS
+TAIL_SHAPES = [(16, 8, (8, 16, 32, 64, 96, 128, 192)), (32, 8, (32, 64, 128))]
+TAIL_CONTEXTS = (700, 2048)
+#: ``--tail``: launches per pool dtype (the default first) and split rules
+TAIL_LAUNCHES = {
+    torch.float8_e4m3fn: [(128, 4, 3, 168), (64, 4, 3, 128), (64, 4, 3, None), (32, 4, 3, 96)],
+    torch.bfloat16: [(64, 4, 2, None), (32, 4, 2, None), (64, 4, 3, None), (128, 4, 2, None)],
+}
+TAIL_PROGRAMS_PER_SM = (4, 8)
 
-    def __init__(self, qo: int, kv: int, bs: int, ctx: int, kv_dtype: torch.dtype, dev: torch.device) -> None:
+
+class Problem:
+    """One pool filled with random values and one random layout of ``bs`` sequences, each ``ctx``
+    positions long (0: drawn from 100..2,048; a pair: drawn from that range)."""
+
+    def __init__(self, qo: int, kv: int, bs: int, ctx: int | tuple[int, int], kv_dtype: torch.dtype,
+                 dev: torch.device) -> None:  # fmt: skip
         gen = torch.Generator().manual_seed(0)
-        self.lens = [ctx] * bs if ctx else torch.randint(100, 2049, (bs,), generator=gen).tolist()
+        lo, hi = ctx if isinstance(ctx, tuple) else (100, 2048)
+        self.lens = (
+            [ctx] * bs
+            if isinstance(ctx, int) and ctx
+            else torch.randint(lo, hi + 1, (bs,), generator=gen).tolist()
+        )
         longest = max(self.lens)
         pages = sum(math.ceil(n / PAGE) for n in self.lens) + 4
         cache = KVCache(num_layers=1, num_pages=pages, page_size=PAGE, num_kv_heads=kv, head_dim=HEAD_DIM,
@@ -115,6 +135,11 @@ def main() -> None:
         action="store_true",
         help="first time launches with a register cap (Launch.maxnreg: more programs an SM), per pool dtype",
     )
+    p.add_argument(
+        "--tail",
+        action="store_true",
+        help="first time launches and split rules at an offline run's late batches (8-192 long sequences)",
+    )
     p.add_argument("--json")
     args = p.parse_args()
     dev = torch.device("cuda")
@@ -158,6 +183,23 @@ def main() -> None:
                 for launch in launches:
                     variant = type("Variant", (triton_cls,), {"launches": {size: Launch(*launch)}})
                     row = {"kv": str(kv_dtype)[6:], "shape": list(shape), "launch": list(launch)}
+                    result["sweep"].append(problem.timed_row(variant, ref_us, ref, row))
+
+    if args.tail:
+        from minisgl_plugin_triton.backend import Launch, splits_for
+
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        for (qo, kv, batches), (kv_dtype, launches) in itertools.product(TAIL_SHAPES, TAIL_LAUNCHES.items()):
+            size = torch.empty((), dtype=kv_dtype).element_size()
+            for bs in batches:
+                problem = Problem(qo, kv, bs, TAIL_CONTEXTS, kv_dtype, dev)
+                ref_us, ref = problem.replay_us(fi)
+                for launch, per_sm in itertools.product(launches, TAIL_PROGRAMS_PER_SM):
+                    attrs = {"launches": {size: Launch(*launch)}, "programs_per_sm": per_sm}
+                    variant = type("Variant", (triton_cls,), attrs)
+                    row = {"kv": str(kv_dtype)[6:], "shape": [qo, kv, bs, list(TAIL_CONTEXTS)],
+                           "launch": list(launch), "programs_per_sm": per_sm,
+                           "splits": splits_for(bs, kv, sms, per_sm)}  # fmt: skip
                     result["sweep"].append(problem.timed_row(variant, ref_us, ref, row))
 
     for shape, kv_dtype in itertools.product(SHAPES, (torch.bfloat16, torch.float8_e4m3fn)):
