@@ -14,7 +14,8 @@ library has a batched, multi-threaded call overrides them (``fill_threads`` says
 Backends that check JSON schemas before their library compiles them share the rules stated once
 here: :func:`repeatable_key_count` (``minProperties`` a repeated key could meet) and
 :data:`FORMAT_REGEXES` (exact regexes for the string formats libraries write too loosely). Import
-them from ``minisgl_core.api.grammar``.
+them from ``minisgl_core.api.grammar``. Patterns naming UTF-16 surrogates are rewritten by
+:func:`minisgl_core.api.ecma_regex.paired_surrogates` (with the ECMA-262 escape reader it uses).
 
 .. versionadded:: 1.6
 .. versionadded:: 2.0 ``GrammarBackend.fill_bitmasks``, ``accept_tokens``, ``fill_threads``,

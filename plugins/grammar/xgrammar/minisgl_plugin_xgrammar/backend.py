@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from minisgl_core.api import GrammarBackend, GrammarError, GrammarMatcher, GrammarSpec, bitmask_width
+from minisgl_core.api.ecma_regex import class_end, paired_surrogates, read_escape
 from minisgl_core.api.grammar import FORMAT_REGEXES, repeatable_key_count
 
 #: the largest grammar text (characters) admission compiles against the 256 bytes to see that some
@@ -653,7 +654,7 @@ def xgrammar_pattern(pattern: str) -> str:
     while i < len(pattern):
         char = pattern[i]
         if char == "[":
-            end = _class_end(pattern, i)
+            end = class_end(pattern, i)
             if end is None:  # unterminated: xgrammar refuses it in its own words
                 out.append(pattern[i:])
                 break
@@ -663,7 +664,7 @@ def xgrammar_pattern(pattern: str) -> str:
             i = end
             continue
         if char == "\\":
-            text, code = _read_escape(pattern, i, in_class=False)
+            text, code = read_escape(pattern, i, in_class=False)
             i += len(text)
             if code is not None and _must_escape(code):
                 out.append(_json_escape(code))
@@ -707,8 +708,6 @@ _JSON_CLASS_ESCAPES = {
 }
 #: JSON's short escapes of the characters a JSON string must escape (the rest are \\u00XX)
 _SHORT_ESCAPES = {0x22: '"', 0x5C: "\\\\", 0x08: "b", 0x09: "t", 0x0A: "n", 0x0C: "f", 0x0D: "r"}
-#: a single-character escape of a regex and the character it stands for (ECMA-262)
-_CHARACTER_ESCAPES = {"n": 0x0A, "r": 0x0D, "t": 0x09, "f": 0x0C, "v": 0x0B}
 #: class members written escaped, wherever they end up in a rewritten class
 _CLASS_SYNTAX = {"]": "\\]", "^": "\\^", "-": "\\-", "[": "\\["}
 
@@ -725,172 +724,6 @@ def _json_escape(code: int, group: bool = True) -> str:
     return f"(?:{body})" if group else body
 
 
-def _read_escape(pattern: str, i: int, *, in_class: bool) -> tuple[str, int | None]:
-    """The escape at ``pattern[i]`` (a backslash): its text, and the one character it stands for
-    (None for a class such as ``\\d``, an assertion, a back-reference)."""
-    rest = pattern[i + 1 : i + 2]
-    hex_digits = "0123456789abcdefABCDEF"
-
-    def hex_run(start: int, length: int) -> str | None:
-        run = pattern[start : start + length]
-        return run if len(run) == length and all(c in hex_digits for c in run) else None
-
-    if not rest:
-        return "\\", None
-    if rest == "x" and (digits := hex_run(i + 2, 2)):
-        return pattern[i : i + 4], int(digits, 16)
-    if rest == "u":
-        if pattern.startswith("{", i + 2):
-            close = pattern.find("}", i + 3)
-            body = pattern[i + 3 : close] if close > 0 else ""
-            if body and all(c in hex_digits for c in body) and int(body, 16) <= 0x10FFFF:
-                return pattern[i : close + 1], int(body, 16)
-        elif digits := hex_run(i + 2, 4):
-            return pattern[i : i + 6], int(digits, 16)
-    if rest == "c" and pattern[i + 2 : i + 3].isascii() and pattern[i + 2 : i + 3].isalpha():
-        return pattern[i : i + 3], ord(pattern[i + 2]) % 32
-    if rest == "0" and not pattern[i + 2 : i + 3].isdigit():
-        return pattern[i : i + 2], 0
-    if rest in _CHARACTER_ESCAPES:
-        return pattern[i : i + 2], _CHARACTER_ESCAPES[rest]
-    if rest == "b":  # a backspace in a class, a word boundary outside one
-        return pattern[i : i + 2], 0x08 if in_class else None
-    if rest in "dDwWsSB":
-        return pattern[i : i + 2], None
-    if rest.isdigit():  # a back-reference
-        end = i + 1
-        while pattern[end : end + 1].isdigit():
-            end += 1
-        return pattern[i:end], None
-    if rest in "pP" and pattern.startswith("{", i + 2):  # a Unicode property
-        close = pattern.find("}", i + 3)
-        return (pattern[i : close + 1], None) if close > 0 else (pattern[i : i + 2], None)
-    return pattern[i : i + 2], ord(rest)  # an identity escape: \", \\, \/, \. ...
-
-
-def paired_surrogates(pattern: str, what: str = "regex") -> str:
-    """``pattern`` (a regex grammar) as xgrammar must be given it when it names UTF-16 surrogates,
-    which no UTF-8 text holds (the guard lets no surrogate's bytes out; where the grammar wanted
-    one, it allowed no next token and the request failed mid-answer):
-
-    - an escaped pair (``\\ud83d\\ude00``, how ECMA-262 and JSON write a character above U+FFFF)
-      is written as the one character it stands for (``\\u{1f600}``): xgrammar read each half as
-      a code point of its own;
-    - a class leaves out the surrogates it names (``[a\\ud800]`` is ``[a]``, a range across
-      U+D800-U+DFFF is cut around them): a model's token of a surrogate's first byte (0xED, which
-      also begins U+D000-U+D7FF) let the grammar go on only with the surrogate.
-
-    :class:`GrammarError` for a lone surrogate outside a class, or a class naming nothing else
-    (``what`` names the pattern in its message)."""
-    out: list[str] = []
-    i = 0
-    while i < len(pattern):
-        if pattern[i] == "[":
-            end = _class_end(pattern, i) or len(pattern)
-            out.append(_class_without_surrogates(pattern, i, end, what))
-            i = end
-            continue
-        if pattern[i] != "\\":
-            out.append(pattern[i])
-            i += 1
-            continue
-        text, code = _pair_escape(pattern, i, in_class=False)
-        if code is not None and 0xD800 <= code < 0xE000:
-            raise GrammarError(
-                f"{what}: {text} (character {i}) is a lone UTF-16 surrogate, which no text holds; "
-                "write a character above U+FFFF as a surrogate pair (\\ud83d\\ude00) or \\u{1f600}"
-            )
-        out.append(f"\\u{{{code:x}}}" if code is not None and code > 0xFFFF else text)
-        i += len(text)
-    return "".join(out)
-
-
-def _pair_escape(pattern: str, i: int, *, in_class: bool) -> tuple[str, int | None]:
-    """The escape at ``pattern[i]`` as :func:`_read_escape` reads it, an escaped surrogate pair as
-    one character."""
-    text, code = _read_escape(pattern, i, in_class=in_class)
-    after = i + len(text)
-    if code is not None and 0xD800 <= code < 0xDC00 and pattern.startswith("\\", after):
-        low_text, low = _read_escape(pattern, after, in_class=in_class)
-        if low is not None and 0xDC00 <= low < 0xE000:
-            return text + low_text, 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00)
-    return text, code
-
-
-def _class_without_surrogates(pattern: str, start: int, end: int, what: str) -> str:
-    """The class ``pattern[start:end]`` without the surrogates it names (a negated one as is:
-    what it leaves out is not the question), pairs written as their characters."""
-    negated = pattern.startswith("^", start + 1)
-    j = start + 1 + negated
-    members: list[tuple[str, int | None, int | None]] = []  # (text, first, last)
-    body_end = end - 1 if pattern[end - 1 : end] == "]" and end - 1 > j else end
-    while j < body_end:
-        text, first = (
-            _pair_escape(pattern, j, in_class=True) if pattern[j] == "\\" else (pattern[j], ord(pattern[j]))
-        )
-        j += len(text)
-        last = first
-        if pattern[j : j + 1] == "-" and j + 1 < body_end and first is not None:
-            k = j + 1
-            high_text, high = (
-                _pair_escape(pattern, k, in_class=True)
-                if pattern[k] == "\\"
-                else (pattern[k], ord(pattern[k]))
-            )
-            if high is not None:
-                text, last, j = pattern[j - len(text) : k + len(high_text)], high, k + len(high_text)
-        members.append((text, first, last))
-    touched = any(a is not None and b is not None and a <= 0xDFFF and b >= 0xD800 for _, a, b in members)
-    paired = any(a is not None and b is not None and max(a, b) > 0xFFFF for _, a, b in members)
-    opening, closing = pattern[start : start + 1 + negated], pattern[body_end:end]
-    if negated or not touched:
-        return _written_class(opening, members, closing) if paired else pattern[start:end]
-    kept = []
-    for text, a, b in members:
-        if a is None or b is None:
-            kept.append((text, a, b))
-            continue
-        for lo, hi in ((a, min(b, 0xD7FF)), (max(a, 0xE000), b)):
-            if lo <= hi:
-                kept.append(("", lo, hi))
-    if not kept:
-        raise GrammarError(
-            f"{what}: the class {pattern[start:end]} (character {start}) names only lone UTF-16 "
-            "surrogates, which no text holds"
-        )
-    return _written_class(opening, kept, closing)
-
-
-def _written_class(opening: str, members: list[tuple[str, int | None, int | None]], closing: str) -> str:
-    """A class from its members: a class escape as written, characters and ranges as ``\\u{...}``."""
-
-    def char(code: int) -> str:
-        return f"\\u{{{code:x}}}"
-
-    parts = [
-        text if a is None or b is None else char(a) if a == b else f"{char(a)}-{char(b)}"
-        for text, a, b in members
-    ]
-    return opening + "".join(parts) + closing
-
-
-def _class_end(pattern: str, start: int) -> int | None:
-    """The index after the ``]`` closing the class that opens at ``pattern[start]``, or None."""
-    i = start + 1
-    if pattern.startswith("^", i):
-        i += 1
-    if pattern.startswith("]", i):  # a "]" first in a class is a literal one
-        i += 1
-    while i < len(pattern):
-        if pattern[i] == "\\":
-            i += len(_read_escape(pattern, i, in_class=True)[0])
-        elif pattern[i] == "]":
-            return i + 1
-        else:
-            i += 1
-    return None
-
-
 def _json_class(text: str) -> tuple[str, bool, bool]:
     """A class (``text``, from ``[`` to ``]``) as JSON text allows it: (the regex, whether it
     writes an escape, whether it names \\D, \\W or \\S, which cannot be limited there). A negated
@@ -903,7 +736,7 @@ def _json_class(text: str) -> tuple[str, bool, bool]:
         atoms.append(("]", 0x5D))
         i += 1
     while i < len(text) - 1:
-        atom = _read_escape(text, i, in_class=True) if text[i] == "\\" else (text[i], ord(text[i]))
+        atom = read_escape(text, i, in_class=True) if text[i] == "\\" else (text[i], ord(text[i]))
         atoms.append(atom)
         i += len(atom[0])
     if negated:  # (as written; a "]" opening it escaped, as it no longer opens it)

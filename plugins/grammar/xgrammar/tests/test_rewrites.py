@@ -293,7 +293,7 @@ def test_xgrammar_reads_an_escaped_surrogate_pair_as_two_code_points():
 def test_escaped_surrogate_pairs_are_written_as_their_character(pattern, written, matches, refused):
     """Pairs become their characters and a class loses its surrogates; each rewritten pattern
     takes the texts given and not ``refused`` (its surrogates' bytes, where it names some)."""
-    from minisgl_plugin_xgrammar.backend import paired_surrogates
+    from minisgl_core.api.ecma_regex import paired_surrogates
 
     assert paired_surrogates(pattern) == written
     for text in matches:
