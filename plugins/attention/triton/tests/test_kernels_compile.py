@@ -24,18 +24,27 @@ DECODE = {**ATTEND, "seq_lens_ptr": "*i32", "order_ptr": "*i32", "skip_ptr": "*i
           "out_stride_head": "i32"}  # fmt: skip
 
 
-def compile_ptx(kernel, signature: dict, constants: dict, arch: int = 90, num_warps: int = 4) -> str:
+def compile_kernel(kernel, signature: dict, constants: dict, arch: int = 90, options: dict | None = None,
+                   aligned: tuple[str, ...] = ()):  # fmt: skip
+    """``kernel`` compiled for sm_``arch`` (Triton's compiled kernel: ``.asm["ptx"]``, ``["cubin"]``);
+    ``aligned`` names the arguments a real launch passes 16-divisible (Triton's ``tt.divisibility``
+    hint, which changes the loads it emits: ``cp.async`` pipelines among them)."""
     from triton import compile as triton_compile
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     signature = {**signature, **dict.fromkeys(constants, "constexpr")}
-    compiled = triton_compile(
-        ASTSource(kernel, signature, constexprs=constants),
+    names = list(signature)
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    return triton_compile(
+        ASTSource(kernel, signature, constexprs=constants, attrs=attrs),
         target=GPUTarget("cuda", arch, 32),
-        options={"num_warps": num_warps, "num_stages": 2},
+        options=options or {"num_warps": 4, "num_stages": 2},
     )
-    return compiled.asm["ptx"]
+
+
+def compile_ptx(kernel, signature: dict, constants: dict, arch: int = 90) -> str:
+    return compile_kernel(kernel, signature, constants, arch).asm["ptx"]
 
 
 def compile_decode(
@@ -177,23 +186,14 @@ def _float8_decode_usage(launch, group: int = 2, splits: int = 1) -> dict[str, i
     """Registers and stack of the float8 decode kernel under ``launch`` (sm_90, the launch's
     divisibility hints)."""
     from minisgl_plugin_triton.kernels import decode_kernel
-    from triton import compile as triton_compile
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     signature = {**DECODE, "k_ptr": "*fp8e4nv", "v_ptr": "*fp8e4nv"}
     constants = {"NUM_HEADS": 8 * group, "GROUP": group, "BLOCK_H": 16, "HEAD_DIM": 128, "BLOCK_N": launch.block_n,
                  "NUM_SPLITS": splits, "ENTRIES": splits, "CASCADE": False, "WIDEN_FP8": True, "DOT_FP32": False,
                  "EXACT_PV": False}  # fmt: skip
-    signature = {**signature, **dict.fromkeys(constants, "constexpr")}
-    names = list(signature)
-    aligned = [n for n in names if signature[n].startswith("*")] + ["kv_stride_slot", "q_stride_token"]
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    compiled = triton_compile(
-        ASTSource(decode_kernel, signature, constexprs=constants, attrs=attrs),
-        target=GPUTarget("cuda", 90, 32),
-        options=launch.options(interpreted=False),
-    )
+    aligned = (*(n for n in signature if signature[n].startswith("*")), "kv_stride_slot", "q_stride_token")
+    compiled = compile_kernel(decode_kernel, signature, constants, options=launch.options(interpreted=False),
+                              aligned=aligned)  # fmt: skip
     return _resource_usage(compiled.asm["cubin"])
 
 
