@@ -13,16 +13,6 @@ from minisgl_core.api import GrammarSpec
 from minisgl_core.api.grammar import FORMAT_REGEXES
 
 
-@pytest.fixture(scope="module")
-def backend(tmp_path_factory) -> LLGuidanceBackend:
-    from transformers import AutoTokenizer
-
-    from minisgl_core.demo.factories import train_tokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(train_tokenizer(tmp_path_factory.mktemp("tok"), vocab_size=400)))
-    return LLGuidanceBackend(tok, vocab_size=len(tok), stop_token_ids=[2])
-
-
 def _takes(backend: LLGuidanceBackend, grammar: str, text: str) -> bool:
     matcher = backend.matcher(grammar)._matcher  # type: ignore[attr-defined]
     return bool(matcher.consume_tokens(backend._tokenizer.tokenize_str(text))) and matcher.is_accepting()

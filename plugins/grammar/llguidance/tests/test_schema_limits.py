@@ -41,16 +41,6 @@ BROKEN = [
 ]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def backend(tmp_path_factory) -> LLGuidanceBackend:
-    from transformers import AutoTokenizer
-
-    from minisgl_core.demo.factories import train_tokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(train_tokenizer(tmp_path_factory.mktemp("tok"), vocab_size=400)))
-    return LLGuidanceBackend(tok, vocab_size=len(tok), stop_token_ids=[2])
-
-
 def _takes(backend: LLGuidanceBackend, schema: dict, text: str) -> bool:
     matcher = backend.matcher(backend.compile(GrammarSpec("json_schema", json.dumps(schema))))._matcher  # type: ignore[attr-defined]
     return bool(matcher.consume_tokens(backend._tokenizer.tokenize_str(text))) and matcher.is_accepting()

@@ -17,16 +17,6 @@ from minisgl_plugin_xgrammar.backend import XGrammarBackend
 from minisgl_core.api import GrammarError, GrammarSpec
 
 
-@pytest.fixture(scope="module")
-def backend(tmp_path_factory) -> XGrammarBackend:
-    from transformers import AutoTokenizer
-
-    from minisgl_core.demo.factories import train_tokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(train_tokenizer(tmp_path_factory.mktemp("tok"), vocab_size=400)))
-    return XGrammarBackend(tok, vocab_size=len(tok), stop_token_ids=[2])
-
-
 def _takes(backend: XGrammarBackend, schema: object, text: str) -> bool:
     """Whether the backend's grammar for ``schema`` takes ``text`` (fed as single-byte tokens)."""
     byte = {raw[0]: i for i, raw in enumerate(backend._json_guard.decoded_vocab) if len(raw) == 1}

@@ -8,19 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from minisgl_plugin_xgrammar.backend import XGrammarBackend
 
 from minisgl_core.api import GrammarSpec, allocate_token_bitmask, allowed_tokens
-
-
-@pytest.fixture(scope="module")
-def backend(tmp_path_factory) -> XGrammarBackend:
-    from transformers import AutoTokenizer
-
-    from minisgl_core.demo.factories import train_tokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(train_tokenizer(tmp_path_factory.mktemp("tok"), vocab_size=400)))
-    return XGrammarBackend(tok, vocab_size=len(tok), stop_token_ids=[2])
 
 
 @pytest.fixture(scope="module")

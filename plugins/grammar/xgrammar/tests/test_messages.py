@@ -6,19 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from minisgl_plugin_xgrammar.backend import XGrammarBackend
 
 from minisgl_core.api import GrammarError, GrammarSpec
-
-
-@pytest.fixture(scope="module")
-def backend(tmp_path_factory) -> XGrammarBackend:
-    from transformers import AutoTokenizer
-
-    from minisgl_core.demo.factories import train_tokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(train_tokenizer(tmp_path_factory.mktemp("tok"), vocab_size=400)))
-    return XGrammarBackend(tok, vocab_size=len(tok), stop_token_ids=[2])
 
 
 @pytest.mark.parametrize(

@@ -43,16 +43,6 @@ def _nested(depth: int) -> dict:
     return schema
 
 
-@pytest.fixture(scope="module")
-def backend(tmp_path_factory) -> XGrammarBackend:
-    from transformers import AutoTokenizer
-
-    from minisgl_core.demo.factories import train_tokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(train_tokenizer(tmp_path_factory.mktemp("tok"), vocab_size=400)))
-    return XGrammarBackend(tok, vocab_size=len(tok), stop_token_ids=[2])
-
-
 def _refusal(backend: XGrammarBackend, schema: dict, how: str = "check") -> str:
     with pytest.raises(GrammarError) as refused:
         getattr(backend, how)(GrammarSpec("json_schema", json.dumps(schema)))

@@ -15,7 +15,6 @@ import time
 import pytest
 import xgrammar as xgr
 from minisgl_plugin_xgrammar.backend import (
-    XGrammarBackend,
     apply_siblings_to_choices,
     moot_property_names,
     unenforced_keywords,
@@ -202,16 +201,6 @@ def _accepts(schema: dict, text: str) -> bool:
     )
     matcher = xgr.GrammarMatcher(compiler.compile_grammar(grammar))
     return all(matcher.accept_token(b) for b in text.encode()) and (matcher.accept_token(256) or matcher.is_terminated())  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def backend(tmp_path_factory) -> XGrammarBackend:
-    from transformers import AutoTokenizer
-
-    from minisgl_core.demo.factories import train_tokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(train_tokenizer(tmp_path_factory.mktemp("tok"), vocab_size=400)))
-    return XGrammarBackend(tok, vocab_size=len(tok), stop_token_ids=[2])
 
 
 @pytest.mark.parametrize(("schema", "text", "says"), REFUSED)
