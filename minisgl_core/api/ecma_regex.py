@@ -72,9 +72,11 @@ def paired_surrogates(pattern: str, what: str = "regex") -> str:
     - a class leaves out the surrogates it names (``[a\\ud800]`` is ``[a]``, a range across
       U+D800-U+DFFF is cut around them): in xgrammar a model's token of a surrogate's first byte
       (0xED, which also begins U+D000-U+D7FF) let the grammar go on only with the surrogate;
-      llguidance refused such a class.
+      llguidance refused such a class. A negated class loses them too (the same text matches
+      it), and one naming only surrogates (``[^\\ud800-\\udfff]``) matches any character.
 
     :class:`GrammarError` for a lone surrogate outside a class, or a class naming nothing else
+    (not negated)
     (``what`` names the pattern in its message)."""
     out: list[str] = []
     i = 0
@@ -112,8 +114,9 @@ def _pair_escape(pattern: str, i: int, *, in_class: bool) -> tuple[str, int | No
 
 
 def _class_without_surrogates(pattern: str, start: int, end: int, what: str) -> str:
-    """The class ``pattern[start:end]`` without the surrogates it names (a negated one as is:
-    what it leaves out is not the question), pairs written as their characters."""
+    """The class ``pattern[start:end]`` without the surrogates it names, pairs written as their
+    characters. A negated class matches the same text without them (llguidance refused the
+    escapes, xgrammar took them); one that named nothing else matches any character."""
     negated = pattern.startswith("^", start + 1)
     j = start + 1 + negated
     members: list[tuple[str, int | None, int | None]] = []  # (text, first, last)
@@ -137,7 +140,7 @@ def _class_without_surrogates(pattern: str, start: int, end: int, what: str) -> 
     touched = any(a is not None and b is not None and a <= 0xDFFF and b >= 0xD800 for _, a, b in members)
     paired = any(a is not None and b is not None and max(a, b) > 0xFFFF for _, a, b in members)
     opening, closing = pattern[start : start + 1 + negated], pattern[body_end:end]
-    if negated or not touched:
+    if not touched:
         return _written_class(opening, members, closing) if paired else pattern[start:end]
     kept = []
     for text, a, b in members:
@@ -147,6 +150,8 @@ def _class_without_surrogates(pattern: str, start: int, end: int, what: str) -> 
         for lo, hi in ((a, min(b, 0xD7FF)), (max(a, 0xE000), b)):
             if lo <= hi:
                 kept.append(("", lo, hi))
+    if not kept and negated:  # [^\ud800-\udfff]: every character
+        return _written_class("[", [("", 0, 0xD7FF), ("", 0xE000, 0x10FFFF)], closing)
     if not kept:
         raise GrammarError(
             f"{what}: the class {pattern[start:end]} (character {start}) names only lone UTF-16 "

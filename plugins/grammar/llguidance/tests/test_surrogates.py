@@ -39,6 +39,8 @@ def test_llguidance_refuses_an_escaped_surrogate_pair_itself(backend):
         ("[\\u0000-\\uffff]{2}", ["\x01é", "\ud7ff\ue000"], "😀"),
         ("[\\d\\ud800-\\udbff]", ["5"], "a"),
         ("\\\\ud800", ["\\ud800"], "x"),  # an escaped backslash, then text
+        ("[^\\ud800-\\udfff]", ["a", "😀", "\n"], "ab"),  # negated, only surrogates: any character
+        ("[^a\\ud800]{2}", ["bc", "😀\ue000"], "ab"),
     ],
 )
 def test_regex_grammars_read_surrogate_pairs_as_their_characters(backend, regex, takes, not_taken):

@@ -277,7 +277,9 @@ def test_xgrammar_reads_an_escaped_surrogate_pair_as_two_code_points():
         ("\\ud83d\\ude00", "\\u{1f600}", ["😀"], "\ud83d\ude00"),
         ("a\\uD83D\\uDE00+b", "a\\u{1f600}+b", ["a😀b", "a😀😀b"], "ab"),
         ("[\\ud83d\\ude00-\\ud83d\\ude4f]{2}", "[\\u{1f600}-\\u{1f64f}]{2}", ["😀🙏", "😃😄"], "😀a"),
-        ("[^\\ud800-\\udfff]", "[^\\ud800-\\udfff]", ["a", "😀"], "ab"),  # negated: as is
+        # negated: the same text without the surrogates; naming only them, any character
+        ("[^\\ud800-\\udfff]", "[\\u{0}-\\u{d7ff}\\u{e000}-\\u{10ffff}]", ["a", "😀", "\n"], "ab"),
+        ("[^a\\ud800]{2}", "[^\\u{61}]{2}", ["bc", "😀\ue000"], "ab"),
         ("[a\\ud800]{3}", "[\\u{61}]{3}", ["aaa"], "\ud800aa"),  # a surrogate member left out
         (
             "[\\u0000-\\uffff]{2}",
