@@ -283,7 +283,9 @@ class XGrammarBackend(GrammarBackend):
         grammar = self._xgr.Grammar.from_json_schema(
             text, any_whitespace=False, separators=(",", ":"), strict_mode=True
         )
-        return _plain_pattern_rules(str(grammar)).replace(_LIMITED_STRING_CHARACTERS, _STRING_CHARACTERS)
+        return unambiguous_hex(
+            _plain_pattern_rules(str(grammar)).replace(_LIMITED_STRING_CHARACTERS, _STRING_CHARACTERS)
+        )
 
     def _parse(self, spec: GrammarSpec) -> Any:
         grammar = self._xgr.Grammar
@@ -300,11 +302,11 @@ class XGrammarBackend(GrammarBackend):
             )
             ebnf = str(compiled)
             plain = _plain_pattern_rules(ebnf)
-            return compiled if plain == ebnf else grammar.from_ebnf(plain)
+            return compiled if plain == ebnf else grammar.from_ebnf(unambiguous_hex(plain))
         if spec.kind == "json_object":
             return grammar.from_ebnf(JSON_OBJECT_EBNF)
         if spec.kind == "regex":
-            return grammar.from_regex(paired_surrogates(spec.value))
+            return grammar.from_regex(xgrammar_hex_escapes(paired_surrogates(spec.value)))
         if spec.kind == "choice":
             options = spec.choices()
             return grammar.from_ebnf(
@@ -324,6 +326,61 @@ _JSON_KINDS = frozenset({"json_schema", "json_object"})
 
 #: a ``pattern``'s rule as xgrammar (0.2.9) prints it: ``Regex("...", json_string=true)``
 _JSON_STRING_REGEX = re.compile(r'(Regex\("(?:[^"\\]|\\.)*"), json_string=true\)')
+
+
+#: a two-digit hex escape as xgrammar (0.2.9) prints a character U+0080-U+00FF (and control
+#: characters in classes), not after an escaped backslash
+_PRINTED_HEX = re.compile(r"(?<!\\)((?:\\\\)*)\\x([0-9a-fA-F]{2})")
+
+
+def unambiguous_hex(ebnf: str) -> str:
+    """``ebnf`` as xgrammar printed it, each ``\\xNN`` written ``\\u00NN``, so that it parses back
+    to the same characters: xgrammar's EBNF parser reads every hex digit after ``\\x``, and its
+    printer writes "é0" as ``"\\xe90"``, which came back as U+0E90 ("ຐ"). Every grammar the
+    backend prints and parses again goes through it (a schema with a ``pattern``, and every
+    structural tag's JSON): their strings and names with such a character before a hex digit
+    were generated wrong (a cross-backend probe, 2026-12-01)."""
+    return _PRINTED_HEX.sub(r"\1\\u00\2", ebnf)
+
+
+def xgrammar_hex_escapes(pattern: str) -> str:
+    """``pattern`` (an ECMA-262 regex) with its escapes written so that xgrammar's regex converter
+    reads them as ECMA-262 does. It reads every hex digit after ``\\x`` (``\\x410``, "A0",
+    matched U+0410), and in a class it writes an escaped member it prints as ``\\xNN`` (U+0001-U+001F,
+    U+007F-U+00FF but a tab and line breaks) into the class's text and parses that again, with
+    the member after it:
+    ``[\\u00e9a]`` was U+0E9A, ``[^\\u0000-\\u001f0]`` refused "a". So ``\\xHH`` becomes ``\\u00HH``, and
+    such a member in a class its raw character (no syntax in a class)."""
+    out: list[str] = []
+    depth = i = class_stop = 0
+    while i < len(pattern):
+        char = pattern[i]
+        if char != "\\":
+            if char == "[" and not depth:
+                depth, end = 1, class_end(pattern, i)
+                out.append(pattern[i : i + 2 if pattern.startswith("^", i + 1) else i + 1])
+                i += len(out[-1])
+                class_stop = end if end is not None else len(pattern)
+                continue
+            if depth and i == class_stop - 1 and char == "]":
+                depth = 0
+            out.append(char)
+            i += 1
+            continue
+        text, code = read_escape(pattern, i, in_class=bool(depth))
+        i += len(text)
+        if (
+            depth
+            and code is not None
+            and (0x01 <= code < 0x20 or 0x7F <= code < 0x100)
+            and code not in (9, 10, 13)
+        ):
+            out.append(chr(code))
+        elif text[1:2] == "x" and len(text) == 4 and code is not None:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(text)
+    return "".join(out)
 
 
 def _plain_pattern_rules(ebnf: str) -> str:
@@ -361,7 +418,8 @@ def structural_tag(tag: Any, compact: Callable[[Any], str] | None = None) -> Any
     ``uniqueItems``, "2023-11-31" a ``date``). A schema it refuses is a GrammarError naming where
     in the tag it is. With ``compact`` (schema -> EBNF), JSON contents in plain JSON style become
     that grammar: xgrammar writes a tag's JSON with free whitespace, in which a random model ran
-    to its token limit ("<f>{" and spaces), where a ``json_schema`` grammar has none."""
+    to its token limit ("<f>{" and spaces), where a ``json_schema`` grammar has none. A ``regex``
+    content is written as a regex grammar is (:func:`paired_surrogates`, :func:`xgrammar_hex_escapes`)."""
     legacy = isinstance(tag, dict) and "format" not in tag and isinstance(tag.get("structures"), list)
     if legacy:
         tags = [
@@ -403,6 +461,11 @@ def structural_tag(tag: Any, compact: Callable[[Any], str] | None = None) -> Any
                         (value, f"{where}/{key}") for key, value in node.items() if key != "json_schema"
                     ]
             else:
+                if node.get("type") == "regex" and isinstance(
+                    node.get("pattern"), str
+                ):  # as a regex grammar's
+                    what = f"structural_tag: the regex at {where}/pattern"
+                    node["pattern"] = xgrammar_hex_escapes(paired_surrogates(node["pattern"], what=what))
                 stack += [(value, f"{where}/{key}") for key, value in node.items()]
     return tag
 
@@ -643,7 +706,8 @@ def xgrammar_pattern(pattern: str) -> str:
       "a" only).
 
     UTF-16 surrogates are handled first, as in a regex grammar (:func:`paired_surrogates`: an
-    escaped pair is its character; ``^\\ud83d\\ude00$`` failed mid-answer).
+    escaped pair is its character; ``^\\ud83d\\ude00$`` failed mid-answer), and ``\\xHH`` escapes
+    are written ``\\u00HH`` last (:func:`xgrammar_hex_escapes`: xgrammar read ``\\x410`` as U+0410).
 
     :class:`GrammarError` for a pattern naming ``\\D``, ``\\W`` or ``\\S`` inside a class beside an
     escaped character (they cannot be limited there), or a lone surrogate."""
@@ -689,7 +753,7 @@ def xgrammar_pattern(pattern: str) -> str:
             "naming \\D, \\W or \\S beside a character JSON must escape (a quote, a backslash, a "
             "control character); spell the class out, or use --grammar-backend llguidance"
         )
-    return "".join(out)
+    return xgrammar_hex_escapes("".join(out))
 
 
 #: the characters a JSON string must escape, as class members

@@ -87,7 +87,7 @@ def test_xgrammar_drops_what_begins_an_optional_group_with_a_quantifier():
         ("\\(a+\\)?", "\\(a+\\)?"),  # escaped parentheses are characters
         ("[)?]+", "[)?]+"),  # so are they in a class
         ("[]?)](a)?", "[]?)](a){0,1}"),  # a "]" first in a class is one too
-        ("[^]?)](a)?", '[^\\]?)\\x00-\\x1f"\\\\](a){0,1}'),  # (less what JSON escapes)
+        ("[^]?)](a)?", '[^\\]?)\\u0000-\x1f"\\\\](a){0,1}'),  # (less what JSON escapes)
         ("(a)+?(b)*?", "(a)+?(b)*?"),  # lazy repetitions are no optional groups
     ],
 )
@@ -168,9 +168,9 @@ def test_xgrammar_writes_a_character_a_pattern_requires_raw():
         ("^\\x22\\u0022\\cJ\\0$", '^(?:\\\\")(?:\\\\")(?:\\\\n)(?:\\\\u0000)$'),
         ("^[\\b]$", "^(?:\\\\b)$"),  # a backspace in a class (a word boundary outside one)
         ('^[a"]$', '^(?:[a]|\\\\")$'),
-        ("^[!-#]$", '^(?:[!\\x23]|\\\\")$'),  # a range split around the quote
-        ("^[^a]$", '^[^a\\x00-\\x1f"\\\\]$'),
-        ("^.\\D$", '^[^\\x00-\\x1f"\\\\\\u2028\\u2029][^0-9\\x00-\\x1f"\\\\]$'),
+        ("^[!-#]$", '^(?:[!\\u0023]|\\\\")$'),  # a range split around the quote
+        ("^[^a]$", '^[^a\\u0000-\x1f"\\\\]$'),
+        ("^.\\D$", '^[^\\u0000-\x1f"\\\\\\u2028\\u2029][^0-9\\u0000-\x1f"\\\\]$'),
         ("^[a-z]\\d\\w$", "^[a-z]\\d\\w$"),  # nothing to escape: as written
     ],
 )
