@@ -275,17 +275,14 @@ class XGrammarBackend(GrammarBackend):
 
     def _compact_json(self, schema: Any) -> str:
         """The EBNF of ``schema`` (checked and rewritten) as a ``json_schema`` grammar compiles it:
-        compact, strict, and with no raw control character in a string of limited length (the JSON
-        guard forbids them elsewhere; a tag's free text may hold them, so here the grammar does:
-        xgrammar wrote such a string's characters as :data:`_LIMITED_STRING_CHARACTERS`, and a raw
-        NUL came out inside a tag's JSON)."""
+        compact, strict, and a string of limited length written as :func:`escapes_in_limited_strings`
+        writes it (no raw control character: the JSON guard forbids them elsewhere, but a tag's free
+        text may hold them, and a raw NUL came out inside a tag's JSON)."""
         text = json.dumps(schema, ensure_ascii=False)
         grammar = self._xgr.Grammar.from_json_schema(
             text, any_whitespace=False, separators=(",", ":"), strict_mode=True
         )
-        return unambiguous_hex(
-            _plain_pattern_rules(str(grammar)).replace(_LIMITED_STRING_CHARACTERS, _STRING_CHARACTERS)
-        )
+        return unambiguous_hex(escapes_in_limited_strings(_plain_pattern_rules(str(grammar))))
 
     def _parse(self, spec: GrammarSpec) -> Any:
         grammar = self._xgr.Grammar
@@ -301,7 +298,7 @@ class XGrammarBackend(GrammarBackend):
                 text, any_whitespace=False, separators=(",", ":"), strict_mode=True
             )
             ebnf = str(compiled)
-            plain = _plain_pattern_rules(ebnf)
+            plain = escapes_in_limited_strings(_plain_pattern_rules(ebnf))
             return compiled if plain == ebnf else grammar.from_ebnf(unambiguous_hex(plain))
         if spec.kind == "json_object":
             return grammar.from_ebnf(JSON_OBJECT_EBNF)
@@ -392,10 +389,27 @@ def _plain_pattern_rules(ebnf: str) -> str:
     return _JSON_STRING_REGEX.sub(r"\1)", ebnf)
 
 
-#: the class xgrammar (0.2.9) prints a length-limited JSON string's characters with (raw control
-#: characters allowed), and the one the backend writes for it in a tag (its other strings' class)
+#: the class xgrammar (0.2.9) prints a length-limited JSON string's characters with: no escape
+#: (a quote, a backslash, a line break could not be written at all), raw control characters allowed
 _LIMITED_STRING_CHARACTERS = r"[^\"\\\r\n]"
-_STRING_CHARACTERS = r"[^\0-\x1f\"\\\r\n]"
+#: that rule's body as printed, and the one the backend writes instead: one character of the string,
+#: a plain one (no control character) or one JSON escape, so that ``maxLength`` counts the string's
+#: characters either way (an escaped surrogate pair counts two: never more than allowed)
+_LIMITED_CHARACTER_RULE = re.compile(
+    r"(_characters ::= )\(\(" + re.escape(_LIMITED_STRING_CHARACTERS) + r"\)\)$", re.M
+)
+_CHARACTER_OR_ESCAPE = (
+    r'(([^\"\\\0-\x1f]) | ("\\" ([\"\\/bfnrt] | ("u" [A-Fa-f0-9] [A-Fa-f0-9] [A-Fa-f0-9] [A-Fa-f0-9]))))'
+)
+
+
+def escapes_in_limited_strings(ebnf: str) -> str:
+    """``ebnf`` (a JSON schema's grammar as xgrammar printed it) with each length-limited string's
+    character rule (``minLength``/``maxLength``) taking JSON escapes and no raw control character:
+    xgrammar's took no escape, so a model could not write a quote, a backslash or a line break in
+    such a string (found by a cross-backend probe, 2026-12-01: llguidance's walks wrote ``"\\ta"``
+    where xgrammar's grammar refused it), and took raw control characters, which JSON forbids."""
+    return _LIMITED_CHARACTER_RULE.sub(lambda m: m.group(1) + _CHARACTER_OR_ESCAPE, ebnf)
 
 
 def _rewrite_for_xgrammar(schema: Any) -> bool:

@@ -1,0 +1,74 @@
+"""Strings with ``minLength``/``maxLength``: xgrammar (0.2.9) writes their characters as one class
+with no JSON escape, so a model could not write a quote, a backslash or a line break in such a
+string (a cross-backend probe found llguidance's valid ``"\\ta"`` refused), and allows raw control
+characters, which JSON forbids. The backend writes each character as a plain one or one escape
+(:func:`~minisgl_plugin_xgrammar.backend.escapes_in_limited_strings`): the length still counts the
+string's characters."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import jsonschema
+import pytest
+import xgrammar as xgr
+from minisgl_plugin_xgrammar.backend import _LIMITED_STRING_CHARACTERS, XGrammarBackend
+from xgrammar.testing import _is_grammar_accept_string
+
+from minisgl_core.api import GrammarSpec
+from minisgl_core.testing.grammar_suite import walk
+
+
+def _takes(backend: XGrammarBackend, schema: dict, text: str) -> bool:
+    matcher = backend.matcher(backend.compile(GrammarSpec("json_schema", json.dumps(schema))))
+    stop = backend.stop_token_ids[0]
+    tokens = backend.tokenizer.encode(text, add_special_tokens=False)
+    return all(matcher.accept_token(t) for t in tokens) and (
+        matcher.accept_token(stop) or matcher.is_terminated()
+    )
+
+
+def test_xgrammar_takes_no_escape_in_a_limited_string():
+    """The witness: xgrammar's own grammar refuses a quote's escape there."""
+    grammar = xgr.Grammar.from_json_schema(json.dumps({"type": "string", "maxLength": 4}), strict_mode=True)
+    assert _LIMITED_STRING_CHARACTERS in str(grammar)
+    assert not _is_grammar_accept_string(grammar, '"a\\"b"'), "xgrammar takes escapes now: drop the rewrite"
+
+
+@pytest.mark.parametrize(
+    ("text", "taken"),
+    [
+        ('"ab"', True),
+        ('"a\\"b"', True),
+        ('"\\n\\t\\\\x"', True),  # four characters, three of them escaped
+        ('"\\u00e9abc"', True),
+        ('"\\u00e9abcd"', False),  # five
+        ('"abcde"', False),
+        ('"a\tb"', False),  # a raw tab: not JSON
+        ('"\\x"', False),  # no such escape
+    ],
+)
+def test_a_limited_string_takes_escapes_and_counts_characters(backend, text, taken):
+    assert _takes(backend, {"type": "string", "maxLength": 4}, text) is taken
+    if taken:
+        assert len(json.loads(text)) <= 4
+
+
+def test_min_length_counts_an_escape_as_one_character(backend):
+    schema = {"type": "object", "properties": {"d": {"type": "string", "minLength": 2, "maxLength": 3}},
+              "required": ["d"], "additionalProperties": False}  # fmt: skip
+    assert _takes(backend, schema, '{"d":"\\"x"}')
+    assert not _takes(backend, schema, '{"d":"\\""}')
+
+
+def test_walks_through_limited_strings_validate(backend):
+    """Random walks end in JSON ``jsonschema`` finds valid (lengths counted in characters)."""
+    schema = {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 3}, "minItems": 1,
+              "maxItems": 3}  # fmt: skip
+    compiled = backend.compile(GrammarSpec("json_schema", json.dumps(schema)))
+    rng = random.Random(0)
+    stop = backend.stop_token_ids[0]
+    for _ in range(40):
+        tokens = walk(backend.matcher(compiled), len(backend.tokenizer), stop, rng, max_steps=200)
+        jsonschema.validate(json.loads(backend.tokenizer.decode([t for t in tokens if t != stop])), schema)
