@@ -19,20 +19,11 @@ import re
 import jsonschema
 import pytest
 import xgrammar as xgr
-from minisgl_plugin_xgrammar.backend import XGrammarBackend, unambiguous_hex, xgrammar_hex_escapes
+from minisgl_plugin_xgrammar.backend import unambiguous_hex, xgrammar_hex_escapes
 from xgrammar.testing import _is_grammar_accept_string
 
 from minisgl_core.api import GrammarSpec
 from minisgl_core.testing.grammar_suite import walk
-
-
-def _takes(backend: XGrammarBackend, spec: GrammarSpec, text: str) -> bool:
-    matcher = backend.matcher(backend.compile(spec))
-    tokens = backend.tokenizer.encode(text, add_special_tokens=False)
-    stop = backend.stop_token_ids[0]
-    return all(matcher.accept_token(t) for t in tokens) and (
-        matcher.accept_token(stop) or matcher.is_terminated()
-    )
 
 
 def test_xgrammar_reads_every_hex_digit_after_x():
@@ -103,8 +94,8 @@ def test_round_tripped_grammars_keep_their_strings(backend, schema):
         assert not list(validator.iter_errors(json.loads(text))), text
 
 
-def test_a_round_tripped_string_is_taken_as_written(backend):
-    assert _takes(backend, GrammarSpec("json_schema", json.dumps(ROUND_TRIPPED[0])), '{"s":"ab","k":"é0"}')
+def test_a_round_tripped_string_is_taken_as_written(backend, takes):
+    assert takes("json_schema", json.dumps(ROUND_TRIPPED[0]), '{"s":"ab","k":"é0"}')
 
 
 @pytest.mark.parametrize(
@@ -120,8 +111,8 @@ def test_a_round_tripped_string_is_taken_as_written(backend):
          "content": {"type": "json_schema", "json_schema": {"const": "é0"}}, "end": "</f>"}}), '<f>"é0"</f>'),
     ],
 )  # fmt: skip
-def test_hex_escapes_mean_two_digits(backend, kind, value, text):
-    assert _takes(backend, GrammarSpec(kind, value), text)
+def test_hex_escapes_mean_two_digits(backend, kind, value, text, takes):
+    assert takes(kind, value, text)
 
 
 #: atoms of random regexes: escapes of every form, Latin-1 characters in and out of classes
@@ -141,7 +132,7 @@ def _random_regex(rng: random.Random, depth: int = 0) -> str:
     return "".join(parts)
 
 
-def test_random_regexes_take_what_python_takes(backend):
+def test_random_regexes_take_what_python_takes(backend, takes):
     """40 random regex grammars take exactly the strings of up to three characters over
     "a0éA\\tຐ" that Python's ``re`` (ASCII classes, as ECMA-262) takes; with the escapes as
     xgrammar read them, 17 of 80 such patterns did not (a probe, 2026-12-01)."""
@@ -150,9 +141,8 @@ def test_random_regexes_take_what_python_takes(backend):
     wrong = []
     for _ in range(40):
         pattern = _random_regex(rng)
-        compiled_spec = GrammarSpec("regex", pattern)
         reference = re.compile(pattern, re.ASCII)
-        missed = [s for s in strings if _takes(backend, compiled_spec, s) != bool(reference.fullmatch(s))]
+        missed = [s for s in strings if takes("regex", pattern, s) != bool(reference.fullmatch(s))]
         if missed:
             wrong.append(f"{pattern!r} on {missed[:3]}")
     assert wrong == []

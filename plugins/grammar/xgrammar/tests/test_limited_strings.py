@@ -13,20 +13,11 @@ import random
 import jsonschema
 import pytest
 import xgrammar as xgr
-from minisgl_plugin_xgrammar.backend import _LIMITED_STRING_CHARACTERS, XGrammarBackend
+from minisgl_plugin_xgrammar.backend import _LIMITED_STRING_CHARACTERS
 from xgrammar.testing import _is_grammar_accept_string
 
 from minisgl_core.api import GrammarSpec
 from minisgl_core.testing.grammar_suite import walk
-
-
-def _takes(backend: XGrammarBackend, schema: dict, text: str) -> bool:
-    matcher = backend.matcher(backend.compile(GrammarSpec("json_schema", json.dumps(schema))))
-    stop = backend.stop_token_ids[0]
-    tokens = backend.tokenizer.encode(text, add_special_tokens=False)
-    return all(matcher.accept_token(t) for t in tokens) and (
-        matcher.accept_token(stop) or matcher.is_terminated()
-    )
 
 
 def test_xgrammar_takes_no_escape_in_a_limited_string():
@@ -49,17 +40,17 @@ def test_xgrammar_takes_no_escape_in_a_limited_string():
         ('"\\x"', False),  # no such escape
     ],
 )
-def test_a_limited_string_takes_escapes_and_counts_characters(backend, text, taken):
-    assert _takes(backend, {"type": "string", "maxLength": 4}, text) is taken
+def test_a_limited_string_takes_escapes_and_counts_characters(backend, text, taken, takes):
+    assert takes("json_schema", {"type": "string", "maxLength": 4}, text) is taken
     if taken:
         assert len(json.loads(text)) <= 4
 
 
-def test_min_length_counts_an_escape_as_one_character(backend):
+def test_min_length_counts_an_escape_as_one_character(backend, takes):
     schema = {"type": "object", "properties": {"d": {"type": "string", "minLength": 2, "maxLength": 3}},
               "required": ["d"], "additionalProperties": False}  # fmt: skip
-    assert _takes(backend, schema, '{"d":"\\"x"}')
-    assert not _takes(backend, schema, '{"d":"\\""}')
+    assert takes("json_schema", schema, '{"d":"\\"x"}')
+    assert not takes("json_schema", schema, '{"d":"\\""}')
 
 
 def test_walks_through_limited_strings_validate(backend):

@@ -34,28 +34,19 @@ def _tag(schema: dict) -> dict:
     }
 
 
-def _takes(backend: XGrammarBackend, tag: dict, text: str) -> bool:
-    matcher = backend.matcher(backend.compile(GrammarSpec("structural_tag", json.dumps(tag))))
-    stop = backend.stop_token_ids[0]
-    tokens = backend.tokenizer.encode(text, add_special_tokens=False)
-    return all(matcher.accept_token(t) for t in tokens) and (
-        matcher.accept_token(stop) or matcher.is_terminated()
-    )
-
-
-def test_text_and_tagged_json(backend):
+def test_text_and_tagged_json(backend, takes):
     tag = _tag({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})
-    assert _takes(backend, tag, 'I will call it. <f>{"n":3}</f> done')
-    assert not _takes(backend, tag, 'I will call it. <f>{"n":"x"}</f>')
+    assert takes("structural_tag", tag, 'I will call it. <f>{"n":3}</f> done')
+    assert not takes("structural_tag", tag, 'I will call it. <f>{"n":"x"}</f>')
 
 
-def test_vllms_older_form_is_read_as_triggered_tags(backend):
+def test_vllms_older_form_is_read_as_triggered_tags(backend, takes):
     older = {"structures": [{"begin": "<f>", "schema": {"type": "array", "items": {"type": "integer"}}, "end": "</f>"}],
              "triggers": ["<f>"]}  # fmt: skip
     with pytest.raises(RuntimeError, match="format"):  # xgrammar's own reading of it
         xgr.Grammar.from_structural_tag(json.dumps(older))
-    assert _takes(backend, older, "a <f>[1,2]</f> b")
-    assert not _takes(backend, older, 'a <f>[1,"x"]</f>')
+    assert takes("structural_tag", older, "a <f>[1,2]</f> b")
+    assert not takes("structural_tag", older, 'a <f>[1,"x"]</f>')
 
 
 def test_a_keyword_xgrammar_would_not_enforce_in_a_tag_is_refused_naming_where(backend):
@@ -76,14 +67,16 @@ def test_a_keyword_xgrammar_would_not_enforce_in_a_tag_is_refused_naming_where(b
         backend.check(GrammarSpec("structural_tag", json.dumps(older)))
 
 
-def test_formats_and_patterns_in_a_tag_are_written_as_for_a_schema(backend):
-    assert not _takes(backend, _tag({"type": "string", "format": "date"}), '<f>"2023-11-31"</f>')
-    assert _takes(backend, _tag({"type": "string", "format": "date"}), '<f>"2024-02-29"</f>')
+def test_formats_and_patterns_in_a_tag_are_written_as_for_a_schema(backend, takes):
+    assert not takes("structural_tag", _tag({"type": "string", "format": "date"}), '<f>"2023-11-31"</f>')
+    assert takes("structural_tag", _tag({"type": "string", "format": "date"}), '<f>"2024-02-29"</f>')
     pattern = _tag({"type": "string", "pattern": "^a(x5+)?$"})
-    assert not _takes(backend, pattern, '<f>"a5"</f>') and _takes(backend, pattern, '<f>"ax5"</f>')
+    assert not takes("structural_tag", pattern, '<f>"a5"</f>') and takes(
+        "structural_tag", pattern, '<f>"ax5"</f>'
+    )
 
 
-def test_json_in_a_tag_is_compact_and_walks_end_valid(backend):
+def test_json_in_a_tag_is_compact_and_walks_end_valid(backend, takes):
     """A tag's JSON is written as a ``json_schema`` grammar's, compact: xgrammar's own allows free
     whitespace, in which a random model ran to its token limit ("<f>{" then spaces)."""
     import random
@@ -94,8 +87,10 @@ def test_json_in_a_tag_is_compact_and_walks_end_valid(backend):
     from minisgl_core.testing.grammar_suite import NESTED_SCHEMA, walk
 
     tag = _tag({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})
-    assert _takes(backend, tag, '<f>{"n":3}</f>')
-    assert not _takes(backend, tag, '<f>{ "n":3}</f>') and not _takes(backend, tag, '<f>{"n": 3}</f>')
+    assert takes("structural_tag", tag, '<f>{"n":3}</f>')
+    assert not takes("structural_tag", tag, '<f>{ "n":3}</f>') and not takes(
+        "structural_tag", tag, '<f>{"n": 3}</f>'
+    )
     whole = {"type": "structural_tag", "format": _tag(NESTED_SCHEMA)["format"]["tags"][0]}
     compiled = backend.compile(GrammarSpec("structural_tag", json.dumps(whole)))
     stop = backend.stop_token_ids[0]
@@ -108,23 +103,23 @@ def test_json_in_a_tag_is_compact_and_walks_end_valid(backend):
         jsonschema.validate(json.loads(text[3:-4]), NESTED_SCHEMA)
 
 
-def test_no_raw_control_character_in_a_length_limited_string_of_a_tag(backend):
+def test_no_raw_control_character_in_a_length_limited_string_of_a_tag(backend, takes):
     from minisgl_plugin_xgrammar.backend import _LIMITED_STRING_CHARACTERS
 
     limited = {"type": "string", "maxLength": 3}
     printed = str(xgr.Grammar.from_json_schema(json.dumps(limited), any_whitespace=False, strict_mode=True))
     assert _LIMITED_STRING_CHARACTERS in printed, "xgrammar writes length-limited strings otherwise now"
-    assert _takes(backend, _tag(limited), '<f>"ab"</f>')
-    assert not _takes(backend, _tag(limited), '<f>"a\x00"</f>') and not _takes(
-        backend, _tag(limited), '<f>"\x1f"</f>'
+    assert takes("structural_tag", _tag(limited), '<f>"ab"</f>')
+    assert not takes("structural_tag", _tag(limited), '<f>"a\x00"</f>') and not takes(
+        "structural_tag", _tag(limited), '<f>"\x1f"</f>'
     )
 
 
-def test_a_tagged_pattern_takes_the_json_escapes_it_allows(backend):
+def test_a_tagged_pattern_takes_the_json_escapes_it_allows(backend, takes):
     """A tag's schema is compiled as a ``json_schema`` grammar's: a ``pattern`` allowing a quote
     beside plain characters takes its escape (xgrammar's JSON-string rule never did)."""
     tag = _tag(
         {"type": "object", "properties": {"q": {"type": "string", "pattern": '^[a"]+$'}}, "required": ["q"]}
     )
-    assert _takes(backend, tag, 'say <f>{"q":"a\\"a"}</f> done')
-    assert not _takes(backend, tag, 'say <f>{"q":"ab"}</f>')
+    assert takes("structural_tag", tag, 'say <f>{"q":"a\\"a"}</f> done')
+    assert not takes("structural_tag", tag, 'say <f>{"q":"ab"}</f>')
