@@ -282,7 +282,7 @@ class XGrammarBackend(GrammarBackend):
         grammar = self._xgr.Grammar.from_json_schema(
             text, any_whitespace=False, separators=(",", ":"), strict_mode=True
         )
-        return unambiguous_hex(escapes_in_limited_strings(_plain_pattern_rules(str(grammar))))
+        return unambiguous_hex(_rewrite_printed(str(grammar)))
 
     def _parse(self, spec: GrammarSpec) -> Any:
         grammar = self._xgr.Grammar
@@ -298,7 +298,7 @@ class XGrammarBackend(GrammarBackend):
                 text, any_whitespace=False, separators=(",", ":"), strict_mode=True
             )
             ebnf = str(compiled)
-            plain = escapes_in_limited_strings(_plain_pattern_rules(ebnf))
+            plain = _rewrite_printed(ebnf)
             return compiled if plain == ebnf else grammar.from_ebnf(unambiguous_hex(plain))
         if spec.kind == "json_object":
             return grammar.from_ebnf(JSON_OBJECT_EBNF)
@@ -349,25 +349,19 @@ def xgrammar_hex_escapes(pattern: str) -> str:
     ``[\\u00e9a]`` was U+0E9A, ``[^\\u0000-\\u001f0]`` refused "a". So ``\\xHH`` becomes ``\\u00HH``, and
     such a member in a class its raw character (no syntax in a class)."""
     out: list[str] = []
-    depth = i = class_stop = 0
+    i = class_stop = 0  # the index after the class ``i`` is in (0: none yet)
     while i < len(pattern):
-        char = pattern[i]
-        if char != "\\":
-            if char == "[" and not depth:
-                depth, end = 1, class_end(pattern, i)
-                out.append(pattern[i : i + 2 if pattern.startswith("^", i + 1) else i + 1])
-                i += len(out[-1])
-                class_stop = end if end is not None else len(pattern)
-                continue
-            if depth and i == class_stop - 1 and char == "]":
-                depth = 0
-            out.append(char)
+        if pattern[i] == "[" and i >= class_stop:
+            class_stop = class_end(pattern, i) or len(pattern)
+        if pattern[i] != "\\":
+            out.append(pattern[i])
             i += 1
             continue
-        text, code = read_escape(pattern, i, in_class=bool(depth))
+        in_class = i < class_stop
+        text, code = read_escape(pattern, i, in_class=in_class)
         i += len(text)
         if (
-            depth
+            in_class
             and code is not None
             and (0x01 <= code < 0x20 or 0x7F <= code < 0x100)
             and code not in (9, 10, 13)
@@ -378,6 +372,13 @@ def xgrammar_hex_escapes(pattern: str) -> str:
         else:
             out.append(text)
     return "".join(out)
+
+
+def _rewrite_printed(ebnf: str) -> str:
+    """A JSON schema's grammar as xgrammar printed it, with the rules it gets wrong rewritten
+    (:func:`_plain_pattern_rules`, :func:`escapes_in_limited_strings`); parse it again only after
+    :func:`unambiguous_hex`."""
+    return escapes_in_limited_strings(_plain_pattern_rules(ebnf))
 
 
 def _plain_pattern_rules(ebnf: str) -> str:
@@ -475,9 +476,7 @@ def structural_tag(tag: Any, compact: Callable[[Any], str] | None = None) -> Any
                         (value, f"{where}/{key}") for key, value in node.items() if key != "json_schema"
                     ]
             else:
-                if node.get("type") == "regex" and isinstance(
-                    node.get("pattern"), str
-                ):  # as a regex grammar's
+                if node.get("type") == "regex" and isinstance(node.get("pattern"), str):
                     what = f"structural_tag: the regex at {where}/pattern"
                     node["pattern"] = xgrammar_hex_escapes(paired_surrogates(node["pattern"], what=what))
                 stack += [(value, f"{where}/{key}") for key, value in node.items()]
