@@ -399,6 +399,11 @@ _LIMITED_STRING_CHARACTERS = r"[^\"\\\r\n]"
 _LIMITED_CHARACTER_RULE = re.compile(
     r"(_characters ::= )\(\(" + re.escape(_LIMITED_STRING_CHARACTERS) + r"\)\)$", re.M
 )
+#: a string of at most one character has no such rule: xgrammar writes the class in place, as
+#: ``("" | ([^"\\\r\n]))`` (``maxLength: 1``) or ``"\"" [^"\\\r\n] "\""`` (exactly one)
+_ONE_CHARACTER = re.compile(
+    r"(\(\"\" \| \(|\"\\\"\" )" + re.escape(_LIMITED_STRING_CHARACTERS) + r"(?=\)\)| \"\\\"\")"
+)
 _CHARACTER_OR_ESCAPE = (
     r'(([^\"\\\0-\x1f]) | ("\\" ([\"\\/bfnrt] | ("u" [A-Fa-f0-9] [A-Fa-f0-9] [A-Fa-f0-9] [A-Fa-f0-9]))))'
 )
@@ -409,8 +414,10 @@ def escapes_in_limited_strings(ebnf: str) -> str:
     character rule (``minLength``/``maxLength``) taking JSON escapes and no raw control character:
     xgrammar's took no escape, so a model could not write a quote, a backslash or a line break in
     such a string (found by a cross-backend probe, 2026-12-01: llguidance's walks wrote ``"\\ta"``
-    where xgrammar's grammar refused it), and took raw control characters, which JSON forbids."""
-    return _LIMITED_CHARACTER_RULE.sub(lambda m: m.group(1) + _CHARACTER_OR_ESCAPE, ebnf)
+    where xgrammar's grammar refused it), and took raw control characters, which JSON forbids. A
+    string of at most one character has its class in place of the rule (:data:`_ONE_CHARACTER`)."""
+    ebnf = _LIMITED_CHARACTER_RULE.sub(lambda m: m.group(1) + _CHARACTER_OR_ESCAPE, ebnf)
+    return _ONE_CHARACTER.sub(lambda m: m.group(1) + _CHARACTER_OR_ESCAPE, ebnf)
 
 
 def _rewrite_for_xgrammar(schema: Any) -> bool:

@@ -63,3 +63,29 @@ def test_walks_through_limited_strings_validate(backend):
     for _ in range(40):
         tokens = walk(backend.matcher(compiled), len(backend.tokenizer), stop, rng, max_steps=200)
         jsonschema.validate(json.loads(backend.tokenizer.decode([t for t in tokens if t != stop])), schema)
+
+
+def _tagged(schema: dict) -> dict:
+    return {"type": "structural_tag", "format": {"type": "tag", "begin": "<f>", "end": "</f>",
+            "content": {"type": "json_schema", "json_schema": schema}}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "string", "maxLength": 1},
+        {"type": "string", "minLength": 1, "maxLength": 1},
+        {"type": "object", "properties": {"d": {"type": "string", "maxLength": 1}}, "required": ["d"]},
+    ],
+)
+def test_a_one_character_string_takes_one_escape_and_no_control_character(backend, schema, takes):
+    """A string of at most one character has no character rule: xgrammar writes the class in place
+    (the witness below), which took a raw control character and no escape, in a tag's JSON too (a
+    cross-backend probe found llguidance's valid ``"\\u001a"`` refused, 2026-12-01)."""
+    printed = str(xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, strict_mode=True))
+    assert _LIMITED_STRING_CHARACTERS in printed and "_characters ::=" not in printed
+    wrap = (lambda s: '{"d":' + s + "}") if schema["type"] == "object" else (lambda s: s)
+    for text, taken in [('"a"', True), ('"\\n"', True), ('"\\""', True), ('"\\u001a"', True),
+                        ('"\\u00e9"', True), ('"ab"', False), ('"\\na"', False), ('"\x01"', False)]:  # fmt: skip
+        assert takes("json_schema", schema, wrap(text)) is taken, text
+        assert takes("structural_tag", _tagged(schema), "<f>" + wrap(text) + "</f>") is taken, text
