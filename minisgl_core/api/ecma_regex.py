@@ -6,6 +6,8 @@ grammar backends, whose libraries read some of their escapes otherwise.
 - :func:`paired_surrogates`: a pattern naming UTF-16 surrogates rewritten as text can match it
   (an escaped pair as its character, classes without surrogates), or a :class:`GrammarError`
   naming a lone one. Both first-party backends (xgrammar, llguidance) apply it.
+- :func:`ecma_dot`: ``.`` written as the class it is in ECMA-262 (no line terminator), for
+  libraries whose ``.`` takes some (xgrammar's all four, llguidance's all but a line feed).
 
 Free of torch, as the rest of the grammar API. Import from ``minisgl_core.api.ecma_regex``.
 """
@@ -98,6 +100,32 @@ def paired_surrogates(pattern: str, what: str = "regex") -> str:
             )
         out.append(f"\\u{{{code:x}}}" if code is not None and code > 0xFFFF else text)
         i += len(text)
+    return "".join(out)
+
+
+#: what ``.`` matches in ECMA-262 (no ``s`` flag): any character but a line terminator
+ECMA_DOT = "[^\\n\\r\\u2028\\u2029]"
+
+
+def ecma_dot(pattern: str) -> str:
+    """``pattern`` with each ``.`` outside a class written :data:`ECMA_DOT`: xgrammar's ``.`` took
+    a line feed, a carriage return, U+2028 and U+2029, llguidance's all but the line feed (a
+    differential probe against ECMA-262's reading, 2026-12-01); an escaped dot stays one."""
+    out: list[str] = []
+    i = 0
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "[":
+            end = class_end(pattern, i) or len(pattern)
+            out.append(pattern[i:end])
+            i = end
+        elif char == "\\":
+            text = read_escape(pattern, i, in_class=False)[0]
+            out.append(text)
+            i += len(text)
+        else:
+            out.append(ECMA_DOT if char == "." else char)
+            i += 1
     return "".join(out)
 
 

@@ -11,7 +11,7 @@ vocabulary is padded past the tokenizer's, as real models' often are, and checks
 text is accepted token by token, each token allowed by the bitmask filled just before it, and the
 stop token ends it; tokens outside the bitmask are rejected; random walks through the bitmask end
 in text that matches (JSON validated with ``jsonschema``), random schemas' walks too
-(:func:`random_schema`); padded ids are never allowed; bad
+(:func:`random_schema`), random regexes as ECMA-262 reads them (:func:`random_regex`); padded ids are never allowed; bad
 grammars raise GrammarError; compiling is cached; ``reset`` starts over. Tests of grammar kinds
 the backend does not list in ``capabilities`` are skipped, not failed.
 """
@@ -239,6 +239,76 @@ def _random_subschema(rng: random.Random, depth: int, defs: dict[str, Any]) -> d
     )
 
 
+#: atoms of :func:`random_regex`: literals of one to three UTF-8 bytes, escapes of every form,
+#: classes with ranges, escapes, negation and class escapes, ``.`` (thrice: the atom backends
+#: read otherwise most)
+_REGEX_ATOMS = [
+    "a", "é", "0", "A", " ", "ຐ", "-", "\\x41", "\\u00e9", "\\u0ec0", "\\.", "\\t", "\\n", "\\\\", "\\-",
+    "[a0]", "[^a]", "[a-c0]", "[\\d\\u00e9]", "[\\x30-\\x39]", "[^\\u00e9\\n]", "[\\w-]", "[^\\d\\s]", "[.]",
+    "[\\]a]", "[a^]", "[-a]", "[\\s\\-]", "\\d", "\\w", "\\W", "\\D", "\\s", "\\S", ".", ".", ".",
+]  # fmt: skip
+#: the characters :meth:`GrammarBackendSuite.test_random_regexes_match_as_ecma_262_reads_them`
+#: builds its strings from: what the atoms name, line terminators, a white space ``re`` reads
+#: otherwise (U+3000), a ``]``
+_REGEX_ALPHABET = "aA0é \tຐ\n\r\u2028\u3000-]"
+_REGEX_QUANTIFIERS = ["", "", "", "?", "*", "+", "{2}", "{0,2}", "{1,}", "*?", "+?", "??", "{1,2}?"]
+#: ECMA-262's white space and line terminators (what ``\s`` matches), as class members for ``re``
+_ECMA_SPACE = "\t\n\x0b\x0c\r \xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+
+
+def random_regex(rng: random.Random, depth: int = 0) -> str:
+    """A random ECMA-262 regex of one to three quantified atoms (:data:`_REGEX_ATOMS`, groups of
+    alternatives, lazy quantifiers too), for :func:`ecma_reference` to read."""
+    parts = []
+    for _ in range(rng.randint(1, 3)):
+        if rng.random() < 0.2 and depth < 2:
+            alternatives = "|".join(random_regex(rng, depth + 1) for _ in range(rng.randint(1, 3)))
+            atom = rng.choice(["(", "(?:"]) + alternatives + ")"
+        else:
+            atom = rng.choice(_REGEX_ATOMS)
+        parts.append(atom + rng.choice(_REGEX_QUANTIFIERS))
+    return "".join(parts)
+
+
+def ecma_reference(pattern: str) -> re.Pattern[str]:
+    """``pattern`` (of :func:`random_regex`'s atoms) compiled by Python's ``re`` so that it matches
+    what ECMA-262 matches: ``.`` no line terminator (``re``'s takes all but a line feed), ``\\s``
+    and ``\\S`` ECMA-262's white space (``re``'s is ASCII or Unicode's, neither the same),
+    ``\\d`` and ``\\w`` ASCII."""
+    out: list[str] = []
+    in_class = False
+    i = 0
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "\\":
+            escape = pattern[i : i + 2]
+            if escape == "\\s":
+                out.append(_ECMA_SPACE if in_class else f"[{_ECMA_SPACE}]")
+            elif escape == "\\S":
+                assert not in_class, "no \\S inside a class"
+                out.append(f"[^{_ECMA_SPACE}]")
+            else:
+                out.append(escape)
+            i += 2
+            continue
+        if char == "[" and not in_class:
+            in_class = True
+            out.append(char)
+            i += 1
+            if pattern.startswith("^", i):
+                out.append("^")
+                i += 1
+            if pattern.startswith("]", i):  # a "]" first in a class (after any "^") is a literal one
+                out.append("\\]")
+                i += 1
+            continue
+        if char == "]" and in_class:
+            in_class = False
+        out.append("[^\\n\\r\\u2028\\u2029]" if char == "." and not in_class else char)
+        i += 1
+    return re.compile("".join(out), re.ASCII)
+
+
 def walk(
     matcher: GrammarMatcher, vocab_size: int, stop_id: int, rng: random.Random, max_steps: int
 ) -> list[int]:
@@ -267,6 +337,8 @@ class GrammarBackendSuite:
     walks: ClassVar[int] = 20
     #: random schemas (:func:`random_schema`) walked twice each
     random_schemas: ClassVar[int] = 60
+    #: random regexes (:func:`random_regex`) checked string by string and walked
+    random_regexes: ClassVar[int] = 40
 
     # ------------------------------------------------------------------ fixtures
 
@@ -419,6 +491,48 @@ class GrammarBackendSuite:
                 assert not errors, f"{json.dumps(schema)} gave {text!r}: {errors[0]}"
                 walked += 1
         assert walked >= self.random_schemas // 2, f"only {walked} walks ended in schemas the backend took"
+
+    def test_random_regexes_match_as_ecma_262_reads_them(
+        self, backend: GrammarBackend, tokenizer: Any, vocab_size: int, stop_id: int
+    ) -> None:
+        """Whatever random regex the backend takes (:func:`random_regex`), it takes exactly the
+        strings of up to two characters over letters, digits, white space, line terminators and
+        characters of two and three UTF-8 bytes that ECMA-262 matches (:func:`ecma_reference`),
+        and random walks end in text it matches: xgrammar's ``.`` took line breaks, llguidance's a
+        carriage return and U+2028 (a probe of this kind, 2026-12-01)."""
+        self.need(backend, "regex")
+        strings = [""] + [a + b for a in _REGEX_ALPHABET for b in ["", *_REGEX_ALPHABET]]
+        rng = random.Random(20261201)
+        wrong: list[str] = []
+        compiled_count = 0
+        for _ in range(self.random_regexes):
+            pattern = random_regex(rng)
+            reference = ecma_reference(pattern)
+            try:
+                compiled = backend.compile(GrammarSpec("regex", pattern))
+            except GrammarError:
+                continue
+            compiled_count += 1
+            missed = [
+                s
+                for s in strings
+                if self.takes(backend.matcher(compiled), tokenizer, s, stop_id, vocab_size)
+                != bool(reference.fullmatch(s))
+            ]
+            if missed:
+                wrong.append(f"{pattern!r} on {missed[:3]} ({len(missed)} strings)")
+            for _ in range(3):
+                try:
+                    tokens = walk(backend.matcher(compiled), vocab_size, stop_id, rng, max_steps=60)
+                except AssertionError as exc:
+                    if "did not end" in str(exc):  # a long run: no verdict
+                        continue
+                    raise
+                text = self.decoded(tokenizer, tokens, stop_id)
+                if not reference.fullmatch(text):
+                    wrong.append(f"{pattern!r} walked to {text!r}")
+        assert not wrong, "\n".join(wrong[:10])
+        assert compiled_count >= self.random_regexes // 2, f"only {compiled_count} random regexes compiled"
 
     @pytest.mark.parametrize(
         ("kind", "value", "begun"),

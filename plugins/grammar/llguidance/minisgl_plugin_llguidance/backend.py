@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from minisgl_core.api import GrammarBackend, GrammarError, GrammarMatcher, GrammarSpec
-from minisgl_core.api.ecma_regex import paired_surrogates
+from minisgl_core.api.ecma_regex import ecma_dot, paired_surrogates
 from minisgl_core.api.grammar import FORMAT_REGEXES, repeatable_key_count
 
 #: compact JSON (no free whitespace): a weak model cannot stall in an endless run of spaces
@@ -135,7 +135,7 @@ class LLGuidanceBackend(GrammarBackend):
         if spec.kind == "json_object":
             return build.grammar_from_json_schema('{"type": "object"}', defaults=_JSON_OPTIONS)
         if spec.kind == "regex":
-            return build.grammar_from_regex(ecma_classes(paired_surrogates(spec.value)))
+            return build.grammar_from_regex(ecma_classes(ecma_dot(paired_surrogates(spec.value))))
         if spec.kind == "choice":
             return build.grammar_from_lark("start: " + " | ".join(json.dumps(o) for o in spec.choices()))
         if spec.kind == "ebnf":
@@ -254,15 +254,16 @@ def ecma_classes(regex: str, escapes: str = "dDwWsS") -> str:
 
 def ecma_space_in_patterns(schema: Any, text: str) -> str:
     """The JSON schema ``text`` (parsed: ``schema``) with ``\\s`` and ``\\S`` spelled as
-    ECMA-262's sets in every ``pattern`` and ``patternProperties`` name (llguidance reads the
-    rest of a pattern as ECMA-262 does), escaped UTF-16 surrogate pairs as their characters
+    ECMA-262's sets in every ``pattern`` and ``patternProperties`` name, ``.`` as ECMA-262's
+    (:func:`~minisgl_core.api.ecma_regex.ecma_dot`: llguidance's took a carriage return, U+2028
+    and U+2029; it reads the rest of a pattern as ECMA-262 does), escaped UTF-16 surrogate pairs as their characters
     (:func:`~minisgl_core.api.ecma_regex.paired_surrogates`: llguidance refused ``\\ud83d\\ude00``,
     which ECMA-262 reads as one character); ``text`` itself when no pattern changes."""
     changed = False
 
     def spelled(pattern: str) -> str:
         nonlocal changed
-        out = ecma_classes(paired_surrogates(pattern, what="json_schema pattern"), "sS")
+        out = ecma_classes(ecma_dot(paired_surrogates(pattern, what="json_schema pattern")), "sS")
         changed = changed or out != pattern
         return out
 

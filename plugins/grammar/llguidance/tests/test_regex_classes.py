@@ -120,3 +120,23 @@ def test_space_classes_are_ecma_262s_in_json_schema_patterns(backend):
     # untouched where no pattern has one
     plain = json.dumps({"type": "string", "pattern": r"^\d$"})
     assert ecma_space_in_patterns(json.loads(plain), plain) is plain
+
+
+#: what ``.`` does not match in ECMA-262: the line terminators
+LINE_TERMINATORS = {0x0A, 0x0D, 0x2028, 0x2029}
+
+
+def test_dot_is_ecma_262s_in_regexes_and_json_schema_patterns(backend):
+    """llguidance's ``.`` (Rust's) took a carriage return, U+2028 and U+2029 (``ecma_dot``)."""
+    regex = GrammarSpec("regex", r"a.b")
+    schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": "^a.b$"}}, "required": ["s"]}
+    pattern = GrammarSpec("json_schema", json.dumps(schema))
+    for c in [*CANDIDATES, 0x0A, 0x0D, 0x2028, 0x2029, 0x0085, 0x0009]:
+        expected = c not in LINE_TERMINATORS
+        assert _takes(backend, regex, f"a{chr(c)}b") is expected, f"U+{c:04X}"
+        if c >= 0x20:  # (a control character is no JSON string's raw content)
+            text = json.dumps({"s": f"a{chr(c)}b"}, ensure_ascii=False, separators=(",", ":"))
+            assert _takes(backend, pattern, text) is expected, f"U+{c:04X}"
+    assert _takes(backend, pattern, '{"s":"a\\tb"}') and not _takes(backend, pattern, '{"s":"a\\rb"}')
+    assert _takes(backend, GrammarSpec("regex", r"a[.]\."), "a..")  # a dot in a class or escaped
+    assert not _takes(backend, GrammarSpec("regex", r"a[.]\."), "a.x")

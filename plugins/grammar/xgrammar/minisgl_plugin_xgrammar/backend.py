@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from minisgl_core.api import GrammarBackend, GrammarError, GrammarMatcher, GrammarSpec, bitmask_width
-from minisgl_core.api.ecma_regex import class_end, paired_surrogates, read_escape
+from minisgl_core.api.ecma_regex import class_end, ecma_dot, paired_surrogates, read_escape
 from minisgl_core.api.grammar import FORMAT_REGEXES, repeatable_key_count
 
 #: the largest grammar text (characters) admission compiles against the 256 bytes to see that some
@@ -303,7 +303,7 @@ class XGrammarBackend(GrammarBackend):
         if spec.kind == "json_object":
             return grammar.from_ebnf(JSON_OBJECT_EBNF)
         if spec.kind == "regex":
-            return grammar.from_regex(xgrammar_hex_escapes(paired_surrogates(spec.value)))
+            return grammar.from_regex(xgrammar_regex(spec.value))
         if spec.kind == "choice":
             options = spec.choices()
             return grammar.from_ebnf(
@@ -441,7 +441,7 @@ def structural_tag(tag: Any, compact: Callable[[Any], str] | None = None) -> Any
     in the tag it is. With ``compact`` (schema -> EBNF), JSON contents in plain JSON style become
     that grammar: xgrammar writes a tag's JSON with free whitespace, in which a random model ran
     to its token limit ("<f>{" and spaces), where a ``json_schema`` grammar has none. A ``regex``
-    content is written as a regex grammar is (:func:`paired_surrogates`, :func:`xgrammar_hex_escapes`)."""
+    content is written as a regex grammar is (:func:`xgrammar_regex`)."""
     legacy = isinstance(tag, dict) and "format" not in tag and isinstance(tag.get("structures"), list)
     if legacy:
         tags = [
@@ -485,7 +485,7 @@ def structural_tag(tag: Any, compact: Callable[[Any], str] | None = None) -> Any
             else:
                 if node.get("type") == "regex" and isinstance(node.get("pattern"), str):
                     what = f"structural_tag: the regex at {where}/pattern"
-                    node["pattern"] = xgrammar_hex_escapes(paired_surrogates(node["pattern"], what=what))
+                    node["pattern"] = xgrammar_regex(node["pattern"], what=what)
                 stack += [(value, f"{where}/{key}") for key, value in node.items()]
     return tag
 
@@ -702,6 +702,14 @@ _WHOLE_BOUNDS = (
     ("exclusiveMinimum", math.floor),
     ("exclusiveMaximum", math.ceil),
 )
+
+
+def xgrammar_regex(pattern: str, what: str = "regex") -> str:
+    """A regex grammar (or a structural tag's regex) as xgrammar must be given it to read it as
+    ECMA-262 does: UTF-16 surrogates as :func:`paired_surrogates` writes them, ``.`` as
+    :func:`~minisgl_core.api.ecma_regex.ecma_dot` does (xgrammar's took line breaks: ``.+`` wrote
+    several lines), ``\\xHH`` as :func:`xgrammar_hex_escapes` does."""
+    return xgrammar_hex_escapes(ecma_dot(paired_surrogates(pattern, what=what)))
 
 
 def xgrammar_pattern(pattern: str) -> str:

@@ -123,3 +123,16 @@ def test_a_tagged_pattern_takes_the_json_escapes_it_allows(backend, takes):
     )
     assert takes("structural_tag", tag, 'say <f>{"q":"a\\"a"}</f> done')
     assert not takes("structural_tag", tag, 'say <f>{"q":"ab"}</f>')
+
+
+@pytest.mark.parametrize("kind", ["regex", "structural_tag"])
+def test_dot_takes_no_line_terminator(backend, kind, takes):
+    """ECMA-262's ``.`` matches no line terminator; xgrammar's took all four (a probe against
+    ECMA-262's reading of random regexes, 2026-12-01), in a regex grammar and a tag's regex."""
+    regex = "a.+b"
+    value = regex if kind == "regex" else {"type": "structural_tag", "format": {"type": "tag", "begin": "<f>",
+                                           "content": {"type": "regex", "pattern": regex}, "end": "</f>"}}  # fmt: skip
+    wrap = (lambda s: s) if kind == "regex" else (lambda s: f"<f>{s}</f>")
+    for middle, taken in [("x", True), ("\t", True), ("\x85", True), ("é ຐ", True), ("\n", False),
+                          ("x\r", False), ("\u2028", False), ("\u2029x", False)]:  # fmt: skip
+        assert takes(kind, value, wrap(f"a{middle}b")) is taken, repr(middle)
