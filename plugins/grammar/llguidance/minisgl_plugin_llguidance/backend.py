@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from minisgl_core.api import GrammarBackend, GrammarError, GrammarMatcher, GrammarSpec
-from minisgl_core.api.ecma_regex import ecma_dot, paired_surrogates
+from minisgl_core.api.ecma_regex import ecma_dot, paired_surrogates, read_escape
 from minisgl_core.api.grammar import FORMAT_REGEXES, repeatable_key_count
 
 #: compact JSON (no free whitespace): a weak model cannot stall in an endless run of spaces
@@ -214,7 +214,8 @@ def ecma_classes(regex: str, escapes: str = "dDwWsS") -> str:
     """``regex`` with the class escapes named in ``escapes`` (``\\d``, ``\\D``, ``\\w``, ``\\W``,
     ``\\s``, ``\\S``) spelled as the sets they are in ECMA-262 and xgrammar, in and out of
     classes (``[\\d.]`` -> ``[0-9.]``, ``[^\\D]`` -> ``[^[^0-9]]``); an escaped backslash stays
-    one (``\\\\d`` is a backslash and a d)."""
+    one (``\\\\d`` is a backslash and a d). ECMA-262's escapes Rust's syntax lacks (``\\cJ``,
+    ``\\0``, a backspace ``[\\b]``; llguidance refused them) are written ``\\x{...}``."""
     out: list[str] = []
     depth = 0  # classes open at this point (Rust nests them)
     i = 0
@@ -223,6 +224,11 @@ def ecma_classes(regex: str, escapes: str = "dDwWsS") -> str:
         if char == "\\" and i + 1 < len(regex):
             escaped = regex[i + 1]
             spelled = _ECMA_CLASSES.get(escaped) if escaped in escapes else None
+            text, code = read_escape(regex, i, in_class=depth > 0)
+            if code is not None and escaped in "c0b" and text != "\\c":  # \cJ, \0, [\b]: not Rust's
+                out.append(f"\\x{{{code:x}}}")
+                i += len(text)
+                continue
             if spelled is None:
                 out.append(char + escaped)
             else:

@@ -129,7 +129,11 @@ LINE_TERMINATORS = {0x0A, 0x0D, 0x2028, 0x2029}
 def test_dot_is_ecma_262s_in_regexes_and_json_schema_patterns(backend):
     """llguidance's ``.`` (Rust's) took a carriage return, U+2028 and U+2029 (``ecma_dot``)."""
     regex = GrammarSpec("regex", r"a.b")
-    schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": "^a.b$"}}, "required": ["s"]}
+    schema = {
+        "type": "object",
+        "properties": {"s": {"type": "string", "pattern": "^a.b$"}},
+        "required": ["s"],
+    }
     pattern = GrammarSpec("json_schema", json.dumps(schema))
     for c in [*CANDIDATES, 0x0A, 0x0D, 0x2028, 0x2029, 0x0085, 0x0009]:
         expected = c not in LINE_TERMINATORS
@@ -140,3 +144,21 @@ def test_dot_is_ecma_262s_in_regexes_and_json_schema_patterns(backend):
     assert _takes(backend, pattern, '{"s":"a\\tb"}') and not _takes(backend, pattern, '{"s":"a\\rb"}')
     assert _takes(backend, GrammarSpec("regex", r"a[.]\."), "a..")  # a dot in a class or escaped
     assert not _takes(backend, GrammarSpec("regex", r"a[.]\."), "a.x")
+
+
+@pytest.mark.parametrize(
+    ("regex", "taken", "refused"),
+    [
+        (r"a\cJb", "a\nb", "acJb"),
+        (r"a\0b", "a\x00b", "a0b"),
+        (r"a[\b]b", "a\x08b", "abb"),
+        (r"[\cI-\cK]", "\x0b", "c"),
+    ],
+)
+def test_ecma_262_escapes_rust_lacks(backend, regex, taken, refused):
+    """``\\cJ``, ``\\0`` and a backspace in a class (``[\\b]``) are ECMA-262's (xgrammar takes
+    them); llguidance refused the regex."""
+    assert _takes(backend, GrammarSpec("regex", regex), taken)
+    assert not _takes(backend, GrammarSpec("regex", regex), refused)
+    schema = {"type": "string", "pattern": f"^{regex}$"}
+    assert _takes(backend, GrammarSpec("json_schema", json.dumps(schema)), json.dumps(taken))
