@@ -11,9 +11,10 @@ vocabulary is padded past the tokenizer's, as real models' often are, and checks
 text is accepted token by token, each token allowed by the bitmask filled just before it, and the
 stop token ends it; tokens outside the bitmask are rejected; random walks through the bitmask end
 in text that matches (JSON validated with ``jsonschema``), random schemas' walks too
-(:func:`random_schema`), random regexes as ECMA-262 reads them (:func:`random_regex`); padded ids are never allowed; bad
-grammars raise GrammarError; compiling is cached; ``reset`` starts over. Tests of grammar kinds
-the backend does not list in ``capabilities`` are skipped, not failed.
+(:func:`random_schema`), random regexes string by string as ECMA-262 reads them
+(:func:`random_regex`); padded ids are never allowed; bad grammars raise GrammarError; compiling
+is cached; ``reset`` starts over. Tests of grammar kinds the backend does not list in
+``capabilities`` are skipped, not failed.
 """
 
 from __future__ import annotations
