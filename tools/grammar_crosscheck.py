@@ -2,10 +2,12 @@
 
 For each schema of :func:`minisgl_core.testing.grammar_suite.random_schema` that both xgrammar and
 llguidance compile, random walks through each backend's bitmask must end in JSON that
-``jsonschema`` finds valid ("invalid walk": a backend let wrong output through), and each valid
-text must be taken by the other backend ("refuses": it could not have written it; often a
-documented limit, such as xgrammar's cap on a number's digits). Schemas only one backend compiles
-are counted. This probe found xgrammar's hex-escape and length-limited-string bugs (2026-12-01).
+``jsonschema`` finds valid, patterns read as ECMA-262 reads them (``ecma_validator``; "invalid
+walk": a backend let wrong output through), and each valid text must be taken by the other backend
+("refuses": it could not have written it; often a documented limit, such as xgrammar's cap on a
+number's digits). Schemas only one backend compiles are counted. This probe found xgrammar's
+hex-escape and length-limited-string bugs and its one-character strings without escapes
+(2026-12-01).
 
     python3 tools/grammar_crosscheck.py [--seed N] [--schemas N] [--walks N] [--tokenizer DIR]
 
@@ -19,13 +21,12 @@ import json
 import random
 import tempfile
 
-import jsonschema
 from minisgl_plugin_llguidance.backend import LLGuidanceBackend
 from minisgl_plugin_xgrammar.backend import XGrammarBackend
 from transformers import AutoTokenizer
 
 from minisgl_core.api import GrammarError, GrammarSpec
-from minisgl_core.testing.grammar_suite import random_schema, walk
+from minisgl_core.testing.grammar_suite import ecma_validator, random_schema, walk
 
 
 def main() -> int:
@@ -74,7 +75,7 @@ def main() -> int:
         ] += 1
         if len(compiled) != 2:
             continue
-        validator = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker())
+        validator = ecma_validator(schema)
         for source, other in (("xgrammar", "llguidance"), ("llguidance", "xgrammar")):
             for _ in range(args.walks):
                 try:

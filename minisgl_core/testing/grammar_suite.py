@@ -66,8 +66,9 @@ NESTED_SCHEMA: dict[str, Any] = {
 
 #: values for enum/const: strings with quotes, backslashes and non-ASCII, numbers, containers
 _CHOICES: list[Any] = ["a", "b c", 'say "q"', "\\n", "é", 0, -3, 1, 2.5, 5, True, False, None, [1], {"k": 1}]
-#: patterns in plain ranges only: Python's ``re`` (jsonschema's) reads ``\w``, ``\s``, ``\d`` and
-#: ``\W`` with Unicode rules where JSON Schema says ECMA-262, so a backend right by ECMA would fail
+#: patterns, read as ECMA-262 reads them (:func:`ecma_validator`: Python's ``re``, jsonschema's,
+#: reads ``.``, ``\s``, ``\d`` and ``\w`` otherwise): ranges, negated classes, class escapes in and
+#: out of classes, which a backend must write as JSON text (a quote, a backslash, a tab escaped)
 _PATTERNS = [
     "^[a-c]{1,3}$",
     "^[0-9]{2}-[0-9]$",
@@ -76,6 +77,10 @@ _PATTERNS = [
     "^.{0,3}$",
     "^[^a-z]{1,2}$",
     "^é?[ab]$",
+    "^[a\\S]{1,3}$",
+    '^[\\D"]{1,2}$',
+    "^\\S\\s?\\W?$",
+    "^[\\s\\d]{1,2}$",
 ]
 #: formats Python's jsonschema checks without extras
 _FORMATS = ["date", "email", "ipv4", "ipv6", "uuid"]
@@ -255,6 +260,25 @@ _REGEX_ALPHABET = "aA0é \tຐ\n\r\u2028\u3000-]"
 _REGEX_QUANTIFIERS = ["", "", "", "?", "*", "+", "{2}", "{0,2}", "{1,}", "*?", "+?", "??", "{1,2}?"]
 #: ECMA-262's white space and line terminators (what ``\s`` matches), as class members for ``re``
 _ECMA_SPACE = "\t\n\x0b\x0c\r \xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+#: the rest (what ``\\S`` matches), as class members, so that it can stand beside others in a class
+_ECMA_NON_SPACE = (
+    "\x00-\x08\x0e-\x1f\x21-\x9f\xa1-\u167f\u1681-\u1fff\u200b-\u2027\u202a-\u202e\u2030-\u205e"
+    "\u2060-\u2fff\u3001-\ufefe\uff00-\U0010ffff"
+)
+
+
+def ecma_validator(schema: Any) -> Any:
+    """A ``jsonschema`` validator of ``schema`` (Draft 2020-12, formats checked) whose ``pattern``
+    is read as ECMA-262 reads it (:func:`ecma_reference`), as JSON Schema says: Python's ``re``
+    takes a carriage return for ``.``, Unicode digits for ``\\d``, and another white space."""
+    import jsonschema
+
+    def pattern(validator: Any, regex: str, instance: Any, _schema: Any) -> Any:
+        if validator.is_type(instance, "string") and not ecma_reference(regex).search(instance):
+            yield jsonschema.ValidationError(f"{instance!r} does not match {regex!r} (ECMA-262)")
+
+    cls = jsonschema.validators.extend(jsonschema.Draft202012Validator, {"pattern": pattern})
+    return cls(schema, format_checker=jsonschema.FormatChecker())
 
 
 def random_regex(rng: random.Random, depth: int = 0) -> str:
@@ -286,8 +310,7 @@ def ecma_reference(pattern: str) -> re.Pattern[str]:
             if escape == "\\s":
                 out.append(_ECMA_SPACE if in_class else f"[{_ECMA_SPACE}]")
             elif escape == "\\S":
-                assert not in_class, "no \\S inside a class"
-                out.append(f"[^{_ECMA_SPACE}]")
+                out.append(_ECMA_NON_SPACE if in_class else f"[^{_ECMA_SPACE}]")
             else:
                 out.append(escape)
             i += 2
@@ -466,10 +489,11 @@ class GrammarBackendSuite:
         self, backend: GrammarBackend, tokenizer: Any, vocab_size: int, stop_id: int
     ) -> None:
         """Whatever random schema the backend takes (:func:`random_schema`; it may refuse any),
-        random walks through its bitmask end in JSON that ``jsonschema`` finds valid: a keyword
-        compiled but not enforced fails here (a probe of this kind found xgrammar dropping what is
-        beside ``anyOf`` and letting overlong UTF-8 through ``.``, 2026-11-30)."""
-        jsonschema = pytest.importorskip("jsonschema")
+        random walks through its bitmask end in JSON that ``jsonschema`` finds valid (patterns read
+        as ECMA-262 reads them, :func:`ecma_validator`): a keyword compiled but not enforced fails
+        here (a probe of this kind found xgrammar dropping what is beside ``anyOf`` and letting
+        overlong UTF-8 through ``.``, 2026-11-30; a raw quote through ``[a\\S]``, 2026-12-01)."""
+        pytest.importorskip("jsonschema")
         self.need(backend, "json_schema")
         rng = random.Random(20261130)
         walked = 0
@@ -479,7 +503,7 @@ class GrammarBackendSuite:
                 compiled = backend.compile(GrammarSpec("json_schema", json.dumps(schema)))
             except GrammarError:
                 continue
-            validator = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker())
+            validator = ecma_validator(schema)
             for _ in range(2):
                 try:
                     tokens = walk(backend.matcher(compiled), vocab_size, stop_id, rng, max_steps=300)

@@ -725,23 +725,23 @@ def xgrammar_pattern(pattern: str) -> str:
       matches the pattern against the string's JSON text: it keeps what the pattern allows
       without those characters, and where that is nothing (the pattern requires one), the pattern
       as written, raw: ``^"$`` gave three quotes (not JSON), a backslash one lone backslash, ``\\t``
-      a raw tab, ``[\\x00-\\x1f]`` raw control characters. Each such character the pattern names is
-      written as its JSON escape (``(?:\\\\")``, ``(?:\\\\n)``, ``(?:\\\\u001f)``), a class that names
-      them becomes the rest of the class or'ed with their escapes, and ``.``, negated classes,
-      ``\\s``, ``\\D``, ``\\W`` and ``\\S`` leave them out, so that the pattern holds JSON text either
-      way; its rule is then compiled as a plain regex (:func:`_plain_pattern_rules`: xgrammar's
-      own JSON-string regex dropped the escapes beside characters that need none, ``[a"]`` wrote
-      "a" only).
+      a raw tab, ``[\\x00-\\x1f]`` raw control characters. Each such character the pattern matches
+      is written as its JSON escape (``(?:\\\\")``, ``(?:\\\\n)``, ``(?:\\\\u001f)``): a class, ``.``
+      or a class escape becomes the characters it matches that need no escape (``\\D``, ``\\W`` and
+      ``\\S`` inside a class spelled as ranges: written as they were, they let a raw quote or
+      backslash into the JSON text, 2026-12-01) or'ed with the escapes of those that do (``.`` a
+      quote, a backslash, a tab; ``\\s`` a tab, a line break), so that the pattern holds JSON text
+      and matches the same strings; its rule is then compiled as a plain regex
+      (:func:`_plain_pattern_rules`: xgrammar's own JSON-string regex dropped the escapes beside
+      characters that need none, ``[a"]`` wrote "a" only).
 
     UTF-16 surrogates are handled first, as in a regex grammar (:func:`paired_surrogates`: an
     escaped pair is its character; ``^\\ud83d\\ude00$`` failed mid-answer), and ``\\xHH`` escapes
     are written ``\\u00HH`` last (:func:`xgrammar_hex_escapes`: xgrammar read ``\\x410`` as U+0410).
 
-    :class:`GrammarError` for a pattern naming ``\\D``, ``\\W`` or ``\\S`` inside a class beside an
-    escaped character (they cannot be limited there), or a lone surrogate."""
+    :class:`GrammarError` for a lone surrogate."""
     pattern = paired_surrogates(pattern, what="json_schema pattern")
     out: list[str] = []
-    escaped = risky = False
     i = 0
     while i < len(pattern):
         char = pattern[i]
@@ -750,9 +750,7 @@ def xgrammar_pattern(pattern: str) -> str:
             if end is None:  # unterminated: xgrammar refuses it in its own words
                 out.append(pattern[i:])
                 break
-            text, has_escape, has_negated = _json_class(pattern[i:end])
-            out.append(text)
-            escaped, risky = escaped or has_escape, risky or has_negated
+            out.append(_json_class(pattern[i:end]))
             i = end
             continue
         if char == "\\":
@@ -760,7 +758,6 @@ def xgrammar_pattern(pattern: str) -> str:
             i += len(text)
             if code is not None and _must_escape(code):
                 out.append(_json_escape(code))
-                escaped = True
             else:
                 out.append(_JSON_CLASS_ESCAPES.get(text, text))
             continue
@@ -769,35 +766,81 @@ def xgrammar_pattern(pattern: str) -> str:
             out.append(_JSON_DOT)
         elif _must_escape(ord(char)):
             out.append(_json_escape(ord(char)))
-            escaped = True
         else:
             out.append(char)
         if char == ")" and pattern.startswith("?", i):
             out.append("{0,1}")
             i += 2 if pattern.startswith("??", i) else 1
-    if escaped and risky:
-        raise GrammarError(
-            f"json_schema: the xgrammar backend cannot enforce the pattern {pattern!r}: a class "
-            "naming \\D, \\W or \\S beside a character JSON must escape (a quote, a backslash, a "
-            "control character); spell the class out, or use --grammar-backend llguidance"
-        )
     return xgrammar_hex_escapes("".join(out))
 
 
-#: the characters a JSON string must escape, as class members
+#: the characters a JSON string must escape
+_MUST_ESCAPE = frozenset([*range(0x20), 0x22, 0x5C])
+#: ... as class members
 _ESCAPED_MEMBERS = '\\x00-\\x1f"\\\\'
 #: ECMA-262's white space and line terminators other than control characters, as class members
 _WIDE_SPACE = "\\u0020\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000\\ufeff"
-#: ``.`` (no line terminator) less what JSON must escape
-_JSON_DOT = f"[^{_ESCAPED_MEMBERS}\\u2028\\u2029]"
-#: class escapes as JSON text allows them: white space without its control characters, the
-#: negated classes less what JSON must escape
-_JSON_CLASS_ESCAPES = {
-    "\\s": f"[{_WIDE_SPACE}]",
-    "\\D": f"[^0-9{_ESCAPED_MEMBERS}]",
-    "\\W": f"[^a-zA-Z0-9_{_ESCAPED_MEMBERS}]",
-    "\\S": f"[^{_WIDE_SPACE}{_ESCAPED_MEMBERS}]",
+#: the same as code point ranges
+_WIDE_SPACE_RANGES = [(0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A), (0x2028, 0x2029),
+                      (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000), (0xFEFF, 0xFEFF)]  # fmt: skip
+#: the control characters ECMA-262 counts as white space (tab, line feed, VT, form feed, CR)
+_SPACE_CONTROLS = frozenset(range(0x09, 0x0E))
+#: what each class escape matches among the characters JSON must escape
+_ESCAPES_MATCHED = {
+    "\\d": frozenset(),
+    "\\w": frozenset(),
+    "\\s": _SPACE_CONTROLS,
+    "\\D": _MUST_ESCAPE,
+    "\\W": _MUST_ESCAPE,
+    "\\S": _MUST_ESCAPE - _SPACE_CONTROLS,
 }
+#: what each class escape matches among the rest, as ranges (the complements spelled out, so that
+#: they can stand inside a class beside other members)
+_RANGES_MATCHED = {
+    "\\D": [(0x30, 0x39)],
+    "\\W": [(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)],
+    "\\S": _WIDE_SPACE_RANGES,
+}
+
+
+def _escapes(codes: frozenset[int] | set[int]) -> list[str]:
+    """Regexes of the JSON escapes of ``codes`` (characters JSON must escape): a short escape each
+    where JSON has one, the ``\\u00XX`` escapes of the rest grouped by their third digit."""
+    found = [_json_escape(code, group=False) for code in sorted(codes) if code in _SHORT_ESCAPES]
+    for high in (0, 1):
+        digits = "".join(
+            f"{code & 15:x}" for code in sorted(codes) if code >> 4 == high and code not in _SHORT_ESCAPES
+        )
+        if digits:
+            found.append(f"\\\\u00{high}" + (digits if len(digits) == 1 else f"[{digits}]"))
+    return found
+
+
+def _either(raw: str, codes: frozenset[int] | set[int]) -> str:
+    """``raw`` (a regex of characters that need no escape) or'ed with the escapes of ``codes``."""
+    if not codes:
+        return raw
+    return "(?:" + "|".join(([raw] if raw else []) + _escapes(codes)) + ")"
+
+
+def _complement(ranges: list[tuple[int, int]]) -> str:
+    """Class members for every character outside ``ranges`` that JSON writes raw (no character it
+    must escape, no UTF-16 surrogate, which no text holds)."""
+    cut = sorted([*ranges, (0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C), (0xD800, 0xDFFF)])
+    members, start = [], 0
+    for low, high in cut:
+        if start < low:
+            members.append(_member(start) if start == low - 1 else f"{_member(start)}-{_member(low - 1)}")
+        start = max(start, high + 1)
+    if start <= 0x10FFFF:
+        members.append(f"{_member(start)}-{_member(0x10FFFF)}")
+    return "".join(members)
+
+
+def _member(code: int) -> str:
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\u{{{code:x}}}"
+
+
 #: JSON's short escapes of the characters a JSON string must escape (the rest are \\u00XX)
 _SHORT_ESCAPES = {0x22: '"', 0x5C: "\\\\", 0x08: "b", 0x09: "t", 0x0A: "n", 0x0C: "f", 0x0D: "r"}
 #: class members written escaped, wherever they end up in a rewritten class
@@ -816,11 +859,22 @@ def _json_escape(code: int, group: bool = True) -> str:
     return f"(?:{body})" if group else body
 
 
-def _json_class(text: str) -> tuple[str, bool, bool]:
-    """A class (``text``, from ``[`` to ``]``) as JSON text allows it: (the regex, whether it
-    writes an escape, whether it names \\D, \\W or \\S, which cannot be limited there). A negated
-    class leaves out what JSON must escape; a positive one is or'ed with the escapes of those it
-    names."""
+#: ``.`` (no line terminator): what needs no escape, or the escape of a quote, a backslash, a tab...
+_JSON_DOT = _either(f"[^{_ESCAPED_MEMBERS}\\u2028\\u2029]", _MUST_ESCAPE - {0x0A, 0x0D})
+#: class escapes as JSON text writes what they match
+_JSON_CLASS_ESCAPES = {
+    "\\s": _either(f"[{_WIDE_SPACE}]", _SPACE_CONTROLS),
+    "\\D": _either(f"[^0-9{_ESCAPED_MEMBERS}]", _MUST_ESCAPE),
+    "\\W": _either(f"[^a-zA-Z0-9_{_ESCAPED_MEMBERS}]", _MUST_ESCAPE),
+    "\\S": _either(f"[^{_WIDE_SPACE}{_ESCAPED_MEMBERS}]", _MUST_ESCAPE - _SPACE_CONTROLS),
+}
+
+
+def _json_class(text: str) -> str:
+    """A class (``text``, from ``[`` to ``]``) as JSON text writes what it matches: the characters
+    that need no escape (a negated class as written, less those that do; a positive one less them,
+    ``\\s`` as ECMA-262's wider spaces, ``\\D``, ``\\W`` and ``\\S`` spelled as ranges), or'ed with
+    the escapes of those that do."""
     negated = text.startswith("[^")
     atoms: list[tuple[str, int | None]] = []
     i = 2 if negated else 1
@@ -831,13 +885,8 @@ def _json_class(text: str) -> tuple[str, bool, bool]:
         atom = read_escape(text, i, in_class=True) if text[i] == "\\" else (text[i], ord(text[i]))
         atoms.append(atom)
         i += len(atom[0])
-    if negated:  # (as written; a "]" opening it escaped, as it no longer opens it)
-        body = text[2:-1]
-        body = "\\]" + body[1:] if body.startswith("]") else body
-        return f"[^{body}{_ESCAPED_MEMBERS}]", False, False
     kept: list[str] = []
-    escaped: list[int] = []
-    negated_escape = False
+    escaped: set[int] = set()
     j = 0
     while j < len(atoms):
         low_text, low = atoms[j]
@@ -853,23 +902,30 @@ def _json_class(text: str) -> tuple[str, bool, bool]:
             j += 3
             continue
         j += 1
-        if low is None:  # a class escape
-            negated_escape |= low_text in ("\\D", "\\W", "\\S")
-            kept.append(_WIDE_SPACE if low_text == "\\s" else low_text)
+        if low is None:  # a class escape (or one xgrammar refuses in its own words)
+            escaped |= _ESCAPES_MATCHED.get(low_text, frozenset())
+            kept.append(
+                _WIDE_SPACE
+                if low_text == "\\s"
+                else _complement(_RANGES_MATCHED[low_text])
+                if low_text in _RANGES_MATCHED
+                else low_text
+            )
         elif _must_escape(low):
-            escaped.append(low)
+            escaped.add(low)
         else:
             kept.append(_CLASS_SYNTAX.get(low_text, low_text))
-    if not escaped:  # (as written unless \\s was limited)
-        return (f"[{''.join(kept)}]" if ("\\s", None) in atoms else text), False, negated_escape
-    alternatives = ([f"[{''.join(kept)}]"] if kept else []) + [
-        _json_escape(code, group=False) for code in sorted(set(escaped))
-    ]
-    return "(?:" + "|".join(alternatives) + ")", True, negated_escape
+    if negated:  # (as written; a "]" opening it escaped, as it no longer opens it)
+        body = text[2:-1]
+        body = "\\]" + body[1:] if body.startswith("]") else body
+        return _either(f"[^{body}{_ESCAPED_MEMBERS}]", _MUST_ESCAPE - escaped)
+    if not escaped and not any(t in ("\\s", "\\D", "\\W", "\\S") for t, code in atoms if code is None):
+        return text  # (as written: it names nothing JSON escapes)
+    return _either(f"[{''.join(kept)}]" if kept else "", escaped)
 
 
 def _range_without_escapes(
-    low_text: str, low: int, high_text: str, high: int, escaped: list[int]
+    low_text: str, low: int, high_text: str, high: int, escaped: set[int]
 ) -> list[str]:
     """The class items for the range ``low``-``high`` less the characters JSON must escape (which
     are added to ``escaped``); the range as written when it holds none."""
@@ -878,7 +934,7 @@ def _range_without_escapes(
     inside = [code for code in (*range(0x20), 0x22, 0x5C) if low <= code <= high]
     if not inside:
         return [f"{low_text}-{high_text}"]
-    escaped += inside
+    escaped.update(inside)
     items: list[str] = []
     start = low
     for code in [*inside, high + 1]:
