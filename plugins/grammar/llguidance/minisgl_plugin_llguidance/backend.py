@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from minisgl_core.api import GrammarBackend, GrammarError, GrammarMatcher, GrammarSpec
-from minisgl_core.api.ecma_regex import ecma_dot, paired_surrogates, read_escape
+from minisgl_core.api.ecma_regex import class_end, ecma_dot, paired_surrogates, read_escape
 from minisgl_core.api.grammar import FORMAT_REGEXES, repeatable_key_count
 
 #: compact JSON (no free whitespace): a weak model cannot stall in an endless run of spaces
@@ -258,18 +258,106 @@ def ecma_classes(regex: str, escapes: str = "dDwWsS") -> str:
     return "".join(out)
 
 
+#: the characters a JSON string must escape (U+0000-U+001F, a quote, a backslash)
+_MUST_ESCAPE = frozenset([*range(0x20), 0x22, 0x5C])
+#: the control characters but the line feed: a class matching them all is quoted as one set
+_CONTROLS_BUT_LF = frozenset(range(0x20)) - {0x0A}
+#: what each class escape matches among them (ECMA-262: ``\\s`` takes the tab to the CR)
+_CLASS_ESCAPE_MEMBERS = {
+    "d": frozenset(),
+    "w": frozenset(),
+    "s": frozenset(range(0x09, 0x0E)),
+    "D": _MUST_ESCAPE,
+    "W": _MUST_ESCAPE,
+    "S": _MUST_ESCAPE - frozenset(range(0x09, 0x0E)),
+}
+
+
+def quotable_classes(pattern: str) -> str:
+    """``pattern`` (ECMA-262) with U+0000 left out of each class that matches every control
+    character (but the line feed, maybe) and not both a quote and a backslash, as
+    ``[[...]--[\\x00]]``: llguidance writes a JSON-schema pattern for the
+    string's JSON text (derivre's ``json_quote``), and a class matching every control character (or
+    all but the line feed) took the escapes ``\\"`` and ``\\\\`` whatever it named: ``^[^"]*$`` took
+    a quote, ``^[\\x00-\\x1f]$`` a quote and a backslash (a probe against ECMA-262's reading,
+    2026-12-01). Without U+0000 a class's control characters are escaped one by one; what is lost
+    is a NUL in such a class (written ``\\u0000``), which the pattern allowed."""
+    out: list[str] = []
+    i = 0
+    while i < len(pattern):
+        if pattern[i] == "\\":
+            text = read_escape(pattern, i, in_class=False)[0]
+            out.append(text)
+            i += len(text)
+            continue
+        if pattern[i] != "[":
+            out.append(pattern[i])
+            i += 1
+            continue
+        end = class_end(pattern, i)
+        if end is None:  # unterminated: llguidance refuses it in its own words
+            out.append(pattern[i:])
+            break
+        members = _escaped_members(pattern[i:end])
+        risky = members is not None and _CONTROLS_BUT_LF <= members and not {0x22, 0x5C} <= members
+        out.append(f"[{pattern[i:end]}--[\\x00]]" if risky else pattern[i:end])
+        i = end
+    return "".join(out)
+
+
+def _escaped_members(text: str) -> frozenset[int] | None:
+    """Which characters JSON must escape the class ``text`` (``[`` to ``]``) matches; None when it
+    names something this reading does not know (a Unicode property)."""
+    negated = text.startswith("[^")
+    i = 2 if negated else 1
+    atoms: list[tuple[str, int | None]] = []
+    if text.startswith("]", i):
+        atoms.append(("]", 0x5D))
+        i += 1
+    while i < len(text) - 1:
+        atom = read_escape(text, i, in_class=True) if text[i] == "\\" else (text[i], ord(text[i]))
+        atoms.append(atom)
+        i += len(atom[0])
+    found: set[int] = set()
+    j = 0
+    while j < len(atoms):
+        atom_text, low = atoms[j]
+        high = low
+        if (
+            j + 2 < len(atoms)
+            and atoms[j + 1] == ("-", 0x2D)
+            and low is not None
+            and atoms[j + 2][1] is not None
+        ):
+            high = atoms[j + 2][1]
+            j += 2
+        j += 1
+        if low is None:
+            escaped = _CLASS_ESCAPE_MEMBERS.get(atom_text[1:2])
+            if escaped is None:
+                return None
+            found |= escaped
+        else:
+            assert high is not None
+            found |= {code for code in _MUST_ESCAPE if low <= code <= high}
+    return _MUST_ESCAPE - found if negated else frozenset(found)
+
+
 def ecma_space_in_patterns(schema: Any, text: str) -> str:
     """The JSON schema ``text`` (parsed: ``schema``) with ``\\s`` and ``\\S`` spelled as
     ECMA-262's sets in every ``pattern`` and ``patternProperties`` name, ``.`` as ECMA-262's
     (:func:`~minisgl_core.api.ecma_regex.ecma_dot`: llguidance's took a carriage return, U+2028
-    and U+2029; it reads the rest of a pattern as ECMA-262 does), escaped UTF-16 surrogate pairs as their characters
+    and U+2029; it reads the rest of a pattern as ECMA-262 does), a class that would take escapes
+    it does not name without U+0000 (:func:`quotable_classes`), escaped UTF-16 surrogate pairs as their characters
     (:func:`~minisgl_core.api.ecma_regex.paired_surrogates`: llguidance refused ``\\ud83d\\ude00``,
     which ECMA-262 reads as one character); ``text`` itself when no pattern changes."""
     changed = False
 
     def spelled(pattern: str) -> str:
         nonlocal changed
-        out = ecma_classes(ecma_dot(paired_surrogates(pattern, what="json_schema pattern")), "sS")
+        out = ecma_classes(
+            quotable_classes(ecma_dot(paired_surrogates(pattern, what="json_schema pattern"))), "sS"
+        )
         changed = changed or out != pattern
         return out
 
