@@ -252,7 +252,10 @@ _REGEX_ATOMS = [
     "a", "é", "0", "A", " ", "ຐ", "-", "\\x41", "\\u00e9", "\\u0ec0", "\\.", "\\t", "\\n", "\\\\", "\\-",
     "[a0]", "[^a]", "[a-c0]", "[\\d\\u00e9]", "[\\x30-\\x39]", "[^\\u00e9\\n]", "[\\w-]", "[^\\d\\s]", "[.]",
     "[\\]a]", "[a^]", "[-a]", "[\\s\\-]", "\\d", "\\w", "\\W", "\\D", "\\s", "\\S", ".", ".", ".",
+    '"', '[^"]', '[a"\\\\]', "\\x01", "[\\x00-\\x1f]", "[a\\S]", "[\\W\\d]", "[^\\s\\d]",
 ]  # fmt: skip
+#: the characters the string-pattern check builds its strings from: what JSON must escape too
+_PATTERN_ALPHABET = 'a0é \t\n"\\\x01'
 #: the characters :meth:`GrammarBackendSuite.test_random_regexes_match_as_ecma_262_reads_them`
 #: builds its strings from: what the atoms name, line terminators, a white space ``re`` reads
 #: otherwise (U+3000), a ``]``
@@ -363,6 +366,8 @@ class GrammarBackendSuite:
     random_schemas: ClassVar[int] = 60
     #: random regexes (:func:`random_regex`) checked string by string and walked
     random_regexes: ClassVar[int] = 40
+    #: random regexes checked as a string's ``pattern``, string by string
+    random_patterns: ClassVar[int] = 25
 
     # ------------------------------------------------------------------ fixtures
 
@@ -558,6 +563,46 @@ class GrammarBackendSuite:
                     wrong.append(f"{pattern!r} walked to {text!r}")
         assert not wrong, "\n".join(wrong[:10])
         assert compiled_count >= self.random_regexes // 2, f"only {compiled_count} random regexes compiled"
+
+    def test_random_patterns_take_the_json_strings_ecma_262_matches(
+        self, backend: GrammarBackend, tokenizer: Any, vocab_size: int, stop_id: int
+    ) -> None:
+        """A string schema with a random ``pattern`` (:func:`random_regex`) takes the JSON text of
+        exactly the values of up to two characters (quotes, backslashes, control characters among
+        them, written as ``json.dumps`` writes them) that the pattern matches as ECMA-262 reads it:
+        xgrammar let a raw quote through ``[a\\S]``, llguidance an escaped one through ``[^"]``
+        (a probe of this kind, 2026-12-01)."""
+        self.need(backend, "json_schema")
+        values = [""] + [a + b for a in _PATTERN_ALPHABET for b in ["", *_PATTERN_ALPHABET]]
+        rng = random.Random(20261202)
+        wrong: list[str] = []
+        compiled_count = 0
+        for _ in range(self.random_patterns):
+            pattern = f"^(?:{random_regex(rng)})$"
+            reference = ecma_reference(pattern)
+            try:
+                compiled = backend.compile(
+                    GrammarSpec("json_schema", json.dumps({"type": "string", "pattern": pattern}))
+                )
+            except GrammarError:
+                continue
+            compiled_count += 1
+            missed = [
+                v
+                for v in values
+                if self.takes(
+                    backend.matcher(compiled),
+                    tokenizer,
+                    json.dumps(v, ensure_ascii=False),
+                    stop_id,
+                    vocab_size,
+                )
+                != bool(reference.fullmatch(v))
+            ]
+            if missed:
+                wrong.append(f"{pattern!r} on {missed[:3]} ({len(missed)} values)")
+        assert not wrong, "\n".join(wrong[:10])
+        assert compiled_count >= self.random_patterns // 2, f"only {compiled_count} random patterns compiled"
 
     @pytest.mark.parametrize(
         ("kind", "value", "begun"),
