@@ -2,7 +2,7 @@
 grammar backends, whose libraries read some of their escapes otherwise.
 
 - :func:`read_escape`: the escape at a backslash, and the character it stands for;
-- :func:`class_end`: where a class (``[...]``) ends;
+- :func:`class_end`: where a class (``[...]``) ends; :func:`class_atoms`: its members;
 - :func:`paired_surrogates`: a pattern naming UTF-16 surrogates rewritten as text can match it
   (an escaped pair as its character, classes without surrogates), or a :class:`GrammarError`
   naming a lone one. Both first-party backends (xgrammar, llguidance) apply it.
@@ -199,6 +199,23 @@ def _written_class(opening: str, members: list[tuple[str, int | None, int | None
         for text, a, b in members
     ]
     return opening + "".join(parts) + closing
+
+
+def class_atoms(text: str) -> tuple[bool, list[tuple[str, int | None]]]:
+    """The class ``text`` (from ``[`` to its ``]``, :func:`class_end`) read atom by atom: whether it
+    is negated, and each member as :func:`read_escape` reads it, (its text, its character or None
+    for a class escape), a ``-`` between two atoms being a range. A ``]`` first is a literal one."""
+    negated = text.startswith("[^")
+    i = 2 if negated else 1
+    atoms: list[tuple[str, int | None]] = []
+    if text.startswith("]", i):
+        atoms.append(("]", 0x5D))
+        i += 1
+    while i < len(text) - 1:
+        atom = read_escape(text, i, in_class=True) if text[i] == "\\" else (text[i], ord(text[i]))
+        atoms.append(atom)
+        i += len(atom[0])
+    return negated, atoms
 
 
 def class_end(pattern: str, start: int) -> int | None:

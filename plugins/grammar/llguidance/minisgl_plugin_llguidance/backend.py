@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from minisgl_core.api import GrammarBackend, GrammarError, GrammarMatcher, GrammarSpec
-from minisgl_core.api.ecma_regex import class_end, ecma_dot, paired_surrogates, read_escape
+from minisgl_core.api.ecma_regex import class_atoms, class_end, ecma_dot, paired_surrogates, read_escape
 from minisgl_core.api.grammar import FORMAT_REGEXES, repeatable_key_count
 
 #: compact JSON (no free whitespace): a weak model cannot stall in an endless run of spaces
@@ -308,16 +308,7 @@ def quotable_classes(pattern: str) -> str:
 def _escaped_members(text: str) -> frozenset[int] | None:
     """Which characters JSON must escape the class ``text`` (``[`` to ``]``) matches; None when it
     names something this reading does not know (a Unicode property)."""
-    negated = text.startswith("[^")
-    i = 2 if negated else 1
-    atoms: list[tuple[str, int | None]] = []
-    if text.startswith("]", i):
-        atoms.append(("]", 0x5D))
-        i += 1
-    while i < len(text) - 1:
-        atom = read_escape(text, i, in_class=True) if text[i] == "\\" else (text[i], ord(text[i]))
-        atoms.append(atom)
-        i += len(atom[0])
+    negated, atoms = class_atoms(text)
     found: set[int] = set()
     j = 0
     while j < len(atoms):

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from minisgl_core.api import GrammarBackend, GrammarError, GrammarMatcher, GrammarSpec, bitmask_width
-from minisgl_core.api.ecma_regex import class_end, ecma_dot, paired_surrogates, read_escape
+from minisgl_core.api.ecma_regex import class_atoms, class_end, ecma_dot, paired_surrogates, read_escape
 from minisgl_core.api.grammar import FORMAT_REGEXES, repeatable_key_count
 
 #: the largest grammar text (characters) admission compiles against the 256 bytes to see that some
@@ -877,16 +877,7 @@ def _json_class(text: str) -> str:
     ``\\s`` as ECMA-262's wider spaces, ``\\D``, ``\\W`` and ``\\S`` spelled as ranges: written as
     they were, a raw quote or backslash matched them), a positive class or'ed with the escapes of
     the characters it names that JSON must escape (``[a"]``: a quote as ``\\"``)."""
-    negated = text.startswith("[^")
-    atoms: list[tuple[str, int | None]] = []
-    i = 2 if negated else 1
-    if text.startswith("]", i):
-        atoms.append(("]", 0x5D))
-        i += 1
-    while i < len(text) - 1:
-        atom = read_escape(text, i, in_class=True) if text[i] == "\\" else (text[i], ord(text[i]))
-        atoms.append(atom)
-        i += len(atom[0])
+    negated, atoms = class_atoms(text)
     kept: list[str] = []
     escaped: set[int] = set()
     j = 0
