@@ -275,13 +275,12 @@ _CLASS_ESCAPE_MEMBERS = {
 
 def quotable_classes(pattern: str) -> str:
     """``pattern`` (ECMA-262) with U+0000 left out of each class that matches every control
-    character (but the line feed, maybe) and not both a quote and a backslash, as
-    ``[[...]--[\\x00]]``: llguidance writes a JSON-schema pattern for the
-    string's JSON text (derivre's ``json_quote``), and a class matching every control character (or
-    all but the line feed) took the escapes ``\\"`` and ``\\\\`` whatever it named: ``^[^"]*$`` took
-    a quote, ``^[\\x00-\\x1f]$`` a quote and a backslash (a probe against ECMA-262's reading,
-    2026-12-01). Without U+0000 a class's control characters are escaped one by one; what is lost
-    is a NUL in such a class (written ``\\u0000``), which the pattern allowed."""
+    character (or all but the line feed) and not both a quote and a backslash, written
+    ``[[...]--[\\x00]]``. llguidance matches a JSON-schema pattern against the string's JSON text
+    (derivre's ``json_quote``), and there such a class took the escapes ``\\"`` and ``\\\\``
+    whatever it named: ``^[^"]*$`` took a quote, ``^[\\x00-\\x1f]$`` a quote and a backslash (a
+    probe against ECMA-262's reading, 2026-12-01). Without U+0000 its control characters are
+    escaped one by one; what is lost is a NUL (``\\u0000``), which the pattern allowed."""
     out: list[str] = []
     i = 0
     while i < len(pattern):
@@ -339,9 +338,10 @@ def ecma_space_in_patterns(schema: Any, text: str) -> str:
     ECMA-262's sets in every ``pattern`` and ``patternProperties`` name, ``.`` as ECMA-262's
     (:func:`~minisgl_core.api.ecma_regex.ecma_dot`: llguidance's took a carriage return, U+2028
     and U+2029; it reads the rest of a pattern as ECMA-262 does), a class that would take escapes
-    it does not name without U+0000 (:func:`quotable_classes`), escaped UTF-16 surrogate pairs as their characters
-    (:func:`~minisgl_core.api.ecma_regex.paired_surrogates`: llguidance refused ``\\ud83d\\ude00``,
-    which ECMA-262 reads as one character); ``text`` itself when no pattern changes."""
+    it does not name without U+0000 (:func:`quotable_classes`), escaped UTF-16 surrogate pairs as
+    their characters (:func:`~minisgl_core.api.ecma_regex.paired_surrogates`: llguidance refused
+    ``\\ud83d\\ude00``, which ECMA-262 reads as one character); ``text`` itself when no pattern
+    changes."""
     changed = False
 
     def spelled(pattern: str) -> str:
