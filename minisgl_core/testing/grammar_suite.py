@@ -463,6 +463,30 @@ class GrammarBackendSuite:
     def decoded(self, tokenizer: Any, tokens: list[int], stop_id: int) -> str:
         return tokenizer.decode([t for t in tokens if t != stop_id], skip_special_tokens=False)
 
+    def ended_walks(
+        self,
+        backend: GrammarBackend,
+        compiled: Any,
+        tokenizer: Any,
+        vocab_size: int,
+        stop_id: int,
+        rng: random.Random,
+        walks: int,
+        max_steps: int,
+    ) -> list[str]:
+        """The texts of ``walks`` random walks through ``compiled`` (:func:`walk`), less those that
+        did not end within ``max_steps`` tokens (a long string or run: no verdict)."""
+        texts = []
+        for _ in range(walks):
+            try:
+                tokens = walk(backend.matcher(compiled), vocab_size, stop_id, rng, max_steps=max_steps)
+            except AssertionError as exc:
+                if "did not end" in str(exc):
+                    continue
+                raise
+            texts.append(self.decoded(tokenizer, tokens, stop_id))
+        return texts
+
     # ------------------------------------------------------------------ the contract
 
     def test_declares_known_capabilities(self, backend_class: type[GrammarBackend]) -> None:
@@ -509,14 +533,7 @@ class GrammarBackendSuite:
             except GrammarError:
                 continue
             validator = ecma_validator(schema)
-            for _ in range(2):
-                try:
-                    tokens = walk(backend.matcher(compiled), vocab_size, stop_id, rng, max_steps=300)
-                except AssertionError as exc:
-                    if "did not end" in str(exc):  # a long string or array: no verdict
-                        continue
-                    raise
-                text = self.decoded(tokenizer, tokens, stop_id)
+            for text in self.ended_walks(backend, compiled, tokenizer, vocab_size, stop_id, rng, 2, 300):
                 errors = [e.message for e in validator.iter_errors(json.loads(text))]
                 assert not errors, f"{json.dumps(schema)} gave {text!r}: {errors[0]}"
                 walked += 1
@@ -551,14 +568,7 @@ class GrammarBackendSuite:
             ]
             if missed:
                 wrong.append(f"{pattern!r} on {missed[:3]} ({len(missed)} strings)")
-            for _ in range(3):
-                try:
-                    tokens = walk(backend.matcher(compiled), vocab_size, stop_id, rng, max_steps=60)
-                except AssertionError as exc:
-                    if "did not end" in str(exc):  # a long run: no verdict
-                        continue
-                    raise
-                text = self.decoded(tokenizer, tokens, stop_id)
+            for text in self.ended_walks(backend, compiled, tokenizer, vocab_size, stop_id, rng, 3, 60):
                 if not reference.fullmatch(text):
                     wrong.append(f"{pattern!r} walked to {text!r}")
         assert not wrong, "\n".join(wrong[:10])
@@ -597,14 +607,8 @@ class GrammarBackendSuite:
                 plain = all(c >= " " and c not in '"\\' for c in value)
                 if (taken and not matches) or (matches and plain and not taken):
                     wrong.append(f"{pattern!r} {'took' if taken else 'refused'} {text}")
-            for _ in range(4):  # walks: a raw quote or backslash mid-string is no canonical text
-                try:
-                    tokens = walk(backend.matcher(compiled), vocab_size, stop_id, rng, max_steps=60)
-                except AssertionError as exc:
-                    if "did not end" in str(exc):
-                        continue
-                    raise
-                text = self.decoded(tokenizer, tokens, stop_id)
+            # walks: a raw quote or backslash mid-string is no canonical text
+            for text in self.ended_walks(backend, compiled, tokenizer, vocab_size, stop_id, rng, 4, 60):
                 try:
                     value = json.loads(text)
                 except ValueError:

@@ -275,7 +275,7 @@ class XGrammarBackend(GrammarBackend):
 
     def _compact_json(self, schema: Any) -> str:
         """The EBNF of ``schema`` (checked and rewritten) as a ``json_schema`` grammar compiles it:
-        compact, strict, and a string of limited length written as :func:`escapes_in_limited_strings`
+        compact, strict, and a string of limited length written as :func:`strict_limited_strings`
         writes it (no raw control character: the JSON guard forbids them elsewhere, but a tag's free
         text may hold them, and a raw NUL came out inside a tag's JSON)."""
         text = json.dumps(schema, ensure_ascii=False)
@@ -376,9 +376,9 @@ def xgrammar_hex_escapes(pattern: str) -> str:
 
 def _rewrite_printed(ebnf: str) -> str:
     """A JSON schema's grammar as xgrammar printed it, with the rules it gets wrong rewritten
-    (:func:`_plain_pattern_rules`, :func:`escapes_in_limited_strings`); parse it again only after
+    (:func:`_plain_pattern_rules`, :func:`strict_limited_strings`); parse it again only after
     :func:`unambiguous_hex`."""
-    return escapes_in_limited_strings(_plain_pattern_rules(ebnf))
+    return strict_limited_strings(_plain_pattern_rules(ebnf))
 
 
 def _plain_pattern_rules(ebnf: str) -> str:
@@ -393,9 +393,7 @@ def _plain_pattern_rules(ebnf: str) -> str:
 #: the class xgrammar (0.2.9) prints a length-limited JSON string's characters with: no escape
 #: (a quote, a backslash, a line break could not be written at all), raw control characters allowed
 _LIMITED_STRING_CHARACTERS = r"[^\"\\\r\n]"
-#: that rule's body as printed, and the one the backend writes instead: one character of the string,
-#: a plain one (no control character) or one JSON escape, so that ``maxLength`` counts the string's
-#: characters either way (an escaped surrogate pair counts two: never more than allowed)
+#: that class as the body of a limited string's character rule, as printed
 _LIMITED_CHARACTER_RULE = re.compile(
     r"(_characters ::= )\(\(" + re.escape(_LIMITED_STRING_CHARACTERS) + r"\)\)$", re.M
 )
@@ -404,6 +402,8 @@ _LIMITED_CHARACTER_RULE = re.compile(
 _ONE_CHARACTER = re.compile(
     r"(\(\"\" \| \(|\"\\\"\" )" + re.escape(_LIMITED_STRING_CHARACTERS) + r"(?=\)\)| \"\\\"\")"
 )
+#: one character of a one-character string: a plain one (no control character) or one JSON escape
+#: (an escaped surrogate pair would count two: never more than allowed)
 _CHARACTER_OR_ESCAPE = (
     r'(([^\"\\\0-\x1f]) | ("\\" ([\"\\/bfnrt] | ("u" [A-Fa-f0-9] [A-Fa-f0-9] [A-Fa-f0-9] [A-Fa-f0-9]))))'
 )
@@ -414,7 +414,7 @@ _CHARACTER_OR_ESCAPE = (
 _PLAIN_CHARACTER = r"(([^\"\\\0-\x1f]))"
 
 
-def escapes_in_limited_strings(ebnf: str) -> str:
+def strict_limited_strings(ebnf: str) -> str:
     """``ebnf`` (a JSON schema's grammar as xgrammar printed it) with no raw control character in a
     length-limited string (``minLength``/``maxLength``): xgrammar's class took them, which JSON
     forbids (a raw NUL came out inside a tag's JSON). Its repeated character rule stays a class
@@ -731,15 +731,16 @@ def xgrammar_pattern(pattern: str) -> str:
       matches the pattern against the string's JSON text: it keeps what the pattern allows
       without those characters, and where that is nothing (the pattern requires one), the pattern
       as written, raw: ``^"$`` gave three quotes (not JSON), a backslash one lone backslash, ``\\t``
-      a raw tab, ``[\\x00-\\x1f]`` raw control characters. Each such character the pattern matches
-      is written as its JSON escape (``(?:\\\\")``, ``(?:\\\\n)``, ``(?:\\\\u001f)``): a class, ``.``
-      or a class escape becomes the characters it matches that need no escape (``\\D``, ``\\W`` and
-      ``\\S`` inside a class spelled as ranges: written as they were, they let a raw quote or
-      backslash into the JSON text, 2026-12-01) or'ed with the escapes of those that do (``.`` a
-      quote, a backslash, a tab; ``\\s`` a tab, a line break), so that the pattern holds JSON text
-      and matches the same strings; its rule is then compiled as a plain regex
-      (:func:`_plain_pattern_rules`: xgrammar's own JSON-string regex dropped the escapes beside
-      characters that need none, ``[a"]`` wrote "a" only).
+      a raw tab, ``[\\x00-\\x1f]`` raw control characters. Each such character the pattern names
+      is written as its JSON escape (``(?:\\\\")``, ``(?:\\\\n)``, ``(?:\\\\u001f)``), a positive class
+      that names them becomes the rest of the class or'ed with their escapes, and ``.``, negated
+      classes and class escapes leave them out (``\\D``, ``\\W`` and ``\\S`` inside a class spelled as
+      ranges: written as they were, they let a raw quote or backslash into the JSON text,
+      2026-12-01), so that the pattern holds JSON text either way. Those stay classes: or'ed with
+      escapes under a bounded repetition (``.{1,80}``) xgrammar's masks took 16 ms a token. The
+      rule is then compiled as a plain regex (:func:`_plain_pattern_rules`: xgrammar's own
+      JSON-string regex dropped the escapes beside characters that need none, ``[a"]`` wrote "a"
+      only).
 
     UTF-16 surrogates are handled first, as in a regex grammar (:func:`paired_surrogates`: an
     escaped pair is its character; ``^\\ud83d\\ude00$`` failed mid-answer), and ``\\xHH`` escapes
@@ -780,17 +781,13 @@ def xgrammar_pattern(pattern: str) -> str:
     return xgrammar_hex_escapes("".join(out))
 
 
-#: the characters a JSON string must escape
-_MUST_ESCAPE = frozenset([*range(0x20), 0x22, 0x5C])
-#: ... as class members
+#: the characters a JSON string must escape, as class members
 _ESCAPED_MEMBERS = '\\x00-\\x1f"\\\\'
 #: ECMA-262's white space and line terminators other than control characters, as class members
 _WIDE_SPACE = "\\u0020\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000\\ufeff"
 #: the same as code point ranges
 _WIDE_SPACE_RANGES = [(0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A), (0x2028, 0x2029),
                       (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000), (0xFEFF, 0xFEFF)]  # fmt: skip
-#: the control characters ECMA-262 counts as white space (tab, line feed, VT, form feed, CR)
-_SPACE_CONTROLS = frozenset(range(0x09, 0x0E))
 #: what each class escape matches among the rest, as ranges (the complements spelled out, so that
 #: they can stand inside a class beside other members)
 _RANGES_MATCHED = {

@@ -1,6 +1,6 @@
 """Strings with ``minLength``/``maxLength``: xgrammar (0.2.9) writes their characters as one class
 with no JSON escape, which allows raw control characters, which JSON forbids. The backend writes
-the class without them (:func:`~minisgl_plugin_xgrammar.backend.escapes_in_limited_strings`); a
+the class without them (:func:`~minisgl_plugin_xgrammar.backend.strict_limited_strings`); a
 string of at most one character takes one JSON escape too. Longer ones take no escape (no quote,
 backslash or line break in such a string, a cross-backend probe found llguidance's valid
 ``"\\ta"`` refused): a repeated character-or-escape rule, written for that from 3b3bdd5, made
