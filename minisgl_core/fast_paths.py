@@ -1,4 +1,4 @@
-"""The switches of the GPU fast paths, in one frozen object, and the one place that reads their
+"""The switches of the fast paths (all but one on the GPU), in one frozen object, and the one place that reads their
 environment variables.
 
 Every path is on by default; turning one off is an ablation (BENCHMARKS.md measures each). The
@@ -56,6 +56,9 @@ class FastPaths:
     #: tensor parallelism: each rank samples its own slice of the vocabulary and the ranks trade
     #: one (value, token) pair per row, instead of gathering every rank's logits
     vocab_parallel_sampling: bool = True
+    #: CPU: float32 linear layers of 1-3 rows (the lm_head up to 32) as one batched product over
+    #: slabs of the weight's rows, which reads it at the memory's speed where ``F.linear`` does not
+    cpu_slab_gemm: bool = True
 
     def without(self, *names: str) -> FastPaths:
         """These switches turned off (names as in :data:`NAMES`)."""
@@ -102,6 +105,7 @@ ENV_VARS: dict[str, str] = {
     "symm_mem_norm": "MINISGL_SYMM_MEM_NORM",
     "symm_mem_norm_barrier": "MINISGL_SYMM_MEM_NORM_BARRIER",
     "vocab_parallel_sampling": "MINISGL_VOCAB_PARALLEL_SAMPLING",
+    "cpu_slab_gemm": "MINISGL_CPU_SLAB_GEMM",
 }
 
 

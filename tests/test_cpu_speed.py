@@ -6,10 +6,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from minisgl_core import fast_paths
 from minisgl_core.api.parallel import ParallelContext
 from minisgl_core.bench import cpu as bench_cpu
-from minisgl_core.layers import fused
-from minisgl_core.layers.embedding import ParallelLMHead
+from minisgl_core.layers import fused, linear
+from minisgl_core.layers.embedding import CPU_SLAB_HEAD_ROWS, ParallelLMHead
+from minisgl_core.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 
 
 def test_lm_head_for_several_rows_equals_f_linear():
@@ -22,6 +24,83 @@ def test_lm_head_for_several_rows_equals_f_linear():
         assert logits.shape == (rows, 1000) and logits.is_contiguous()
         torch.testing.assert_close(logits, F.linear(hidden, head.weight), rtol=1e-5, atol=1e-5)
         assert torch.equal(logits.argmax(-1), F.linear(hidden, head.weight).argmax(-1))
+
+
+def _float64_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return (x.double() @ weight.double().T).float()
+
+
+def test_slab_product_is_as_close_to_float64_as_f_linear_and_serves_only_a_few_float32_rows(monkeypatch):
+    """The CPU's slab product (fast path ``cpu_slab_gemm``) computes ``x @ W.T``: as close to a
+    float64 product as ``F.linear`` is, for any slab count; and it is taken only where it was
+    measured to pay (1-3 float32 rows on a CPU, weights whose rows split evenly)."""
+    torch.manual_seed(0)
+    weight = torch.randn(960, 576)
+    for rows in (1, 2, 3):
+        x = torch.randn(rows, 576)
+        want = _float64_product(x, weight)
+        f_linear_error = (F.linear(x, weight) - want).abs().max()
+        for slabs in (2, 3, 4, 8):
+            got = linear.slab_matmul(x, weight, slabs)
+            assert got.shape == (rows, 960) and got.is_contiguous()
+            assert (got - want).abs().max() <= 2 * f_linear_error + 1e-6
+        # the slab count splits outputs, never a sum: every count gives the same numbers
+        assert torch.equal(linear.slab_matmul(x, weight, 2), linear.slab_matmul(x, weight, 8))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 8)
+    assert linear.cpu_slabs(torch.randn(1, 576), weight) == 8
+    assert linear.cpu_slabs(torch.randn(3, 576), torch.randn(9, 576)) == 3  # 9 rows: 3 slabs of 3
+    assert linear.cpu_slabs(torch.randn(1, 576), torch.randn(7, 576)) == 7
+    assert linear.cpu_slabs(torch.randn(1, 576), torch.randn(11, 576)) == 0  # prime: F.linear
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert linear.cpu_slabs(torch.randn(2, 576), weight) == 2  # one thread: still two slabs
+    assert linear.cpu_slabs(torch.randn(4, 576), weight) == 0  # four rows: F.linear
+    assert linear.cpu_slabs(torch.randn(1, 576).double(), weight.double()) == 0
+    assert linear.cpu_slabs(torch.randn(1, 576).bfloat16(), weight.bfloat16()) == 0
+    assert linear.cpu_slabs(torch.randn(1, 576), weight.t().contiguous().t()) == 0  # not contiguous
+    monkeypatch.setattr(fast_paths, "_configured", fast_paths.FastPaths().without("cpu_slab_gemm"))
+    assert linear.cpu_slabs(torch.randn(1, 576), weight) == 0
+
+
+def test_linear_layers_and_the_head_route_a_few_rows_through_slabs(monkeypatch):
+    """The layers use the slab product for the rows it serves and F.linear otherwise, with the
+    bias added and the head's 32-row limit; a mutation that drops a slab fails the comparison."""
+    torch.manual_seed(0)
+    calls = []
+    real = linear.slab_matmul
+
+    def counting(x, weight, slabs):
+        calls.append((x.shape[0], weight.shape[0]))
+        return real(x, weight, slabs)
+
+    monkeypatch.setattr(linear, "slab_matmul", counting)
+    monkeypatch.setattr("minisgl_core.layers.embedding.slab_matmul", counting)
+    up = MergedColumnParallelLinear(
+        64, [96, 96], parallel=ParallelContext(), bias=True, dtype=torch.float32, device="cpu"
+    )
+    down = RowParallelLinear(96, 64, parallel=ParallelContext(), dtype=torch.float32, device="cpu")
+    head = ParallelLMHead(1000, 64, parallel=ParallelContext(), dtype=torch.float32, device="cpu")
+    for p in (up.weight, up.bias, down.weight, head.weight):
+        p.data.normal_()
+    for rows in (1, 3, 4, CPU_SLAB_HEAD_ROWS, CPU_SLAB_HEAD_ROWS + 1):
+        calls.clear()
+        x = torch.randn(rows, 64)
+        torch.testing.assert_close(up(x), F.linear(x, up.weight, up.bias), rtol=1e-5, atol=1e-5)
+        h = torch.randn(rows, 96)
+        torch.testing.assert_close(down(h), F.linear(h, down.weight), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(head(x), F.linear(x, head.weight), rtol=1e-5, atol=1e-5)
+        slabbed = rows <= linear.CPU_SLAB_ROWS
+        expected = [(rows, 192), (rows, 64)] if slabbed else []
+        expected += [(rows, 1000)] if rows <= CPU_SLAB_HEAD_ROWS else []
+        assert calls == expected, rows
+
+    def dropping(x, weight, slabs):  # a broken slab product: the last slab's outputs zeroed
+        out = real(x, weight, slabs)
+        out[:, -weight.shape[0] // slabs :] = 0
+        return out
+
+    monkeypatch.setattr(linear, "slab_matmul", dropping)
+    x = torch.randn(1, 64)
+    assert not torch.allclose(up(x), F.linear(x, up.weight, up.bias))
 
 
 def _reference_angles(positions, inv_freq):

@@ -8,9 +8,49 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minisgl_core import fast_paths
 from minisgl_core.api.parallel import ParallelContext, _fast_all_reduce
 from minisgl_core.layers import triton_ops
 from minisgl_core.layers.weights import WeightLoader, copy_rows, copy_shard, load_full, new_param
+
+#: most rows of a linear layer's product a CPU runs as slabs (:func:`cpu_slabs`): from four rows on
+#: ``F.linear`` was as fast or faster (2 cores, SmolLM2-135M's and Qwen3-0.6B's shapes; BENCHMARKS.md)
+CPU_SLAB_ROWS = 3
+
+
+def cpu_slabs(x: torch.Tensor, weight: torch.Tensor, max_rows: int = CPU_SLAB_ROWS) -> int:
+    """How many slabs :func:`slab_matmul` cuts ``weight`` into for ``x @ weight.T`` on a CPU, or 0
+    where ``F.linear`` serves it (fast path ``cpu_slab_gemm``): float32 ``x`` of 1 to ``max_rows``
+    rows and a contiguous float32 weight, in the largest number of slabs dividing its output rows
+    from 2 up to the intra-op threads.
+
+    For a few rows ``F.linear`` reads a float32 weight at a third of a CPU's bandwidth (10-12 GB/s
+    against 34 on the 2-core dev machine, one thread or two), where a batched product over slabs of
+    the weight's rows reads it at nearly all of it; half precision goes through other kernels,
+    which are not slow there."""
+    if not (
+        x.device.type == "cpu"
+        and x.dim() == 2
+        and 1 <= x.shape[0] <= max_rows
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and weight.dim() == 2
+        and x.shape[1] == weight.shape[1]
+        and weight.is_contiguous()
+        and fast_paths.current().enabled("cpu_slab_gemm")
+    ):
+        return 0
+    n = weight.shape[0]
+    return next((s for s in range(max(2, torch.get_num_threads()), 1, -1) if n % s == 0), 0)
+
+
+def slab_matmul(x: torch.Tensor, weight: torch.Tensor, slabs: int) -> torch.Tensor:
+    """``x @ weight.T`` as one batched product over ``slabs`` equal slabs of ``weight``'s rows: each
+    output is still one dot product over all of K, so the slab count changes no sum."""
+    n, k = weight.shape
+    rows = x.shape[0]
+    out = torch.bmm(weight.view(slabs, n // slabs, k), x.t().expand(slabs, k, rows))
+    return out.view(n, rows).t().contiguous()
 
 
 class _Linear(nn.Module):
@@ -36,10 +76,13 @@ class _Linear(nn.Module):
             return self.quant_method.apply(self, x)
         if triton_ops.small_gemm_enabled(x, self.weight):
             return triton_ops.small_gemm(x, self.weight)
+        slabs = cpu_slabs(x, self.weight)
+        if slabs:
+            return slab_matmul(x, self.weight, slabs)
         return F.linear(x, self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.quant_method is None and self.bias is not None:
+        if self.quant_method is None and self.bias is not None and not cpu_slabs(x, self.weight):
             return F.linear(x, self.weight, self.bias)
         out = self._matmul(x)
         return out if self.bias is None else out + self.bias
