@@ -1,0 +1,79 @@
+"""The float32 products of a CPU decode step: ``F.linear`` against the slab product the linear
+layers use for a few rows (``minisgl_core.layers.linear.slab_matmul``, fast path
+``cpu_slab_gemm``) and ``weight @ x.T``, µs per call and the weight's GB/s, median of five
+passes. Each pass cycles through copies of the weight (about 96 MB in all), so every call reads it
+from memory, as a decode step does.
+
+    .venv/bin/python tools/cpu_gemm.py [--shapes smollm2-135m,qwen3-0.6b] [--rows 1,2,3,4,8] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from minisgl_core.layers.linear import slab_matmul
+
+SHAPES = {  # (N, K) of y = x @ W.T, W [N, K]
+    "smollm2-135m": {
+        "qkv": (960, 576),
+        "o": (576, 576),
+        "gate_up": (3072, 576),
+        "down": (576, 1536),
+        "lm_head": (49152, 576),
+    },
+    "qwen3-0.6b": {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072)},
+}
+
+
+def products(slabs: int) -> dict:
+    return {
+        "F.linear": lambda x, w: F.linear(x, w),
+        f"slabs({slabs})": lambda x, w: slab_matmul(x, w, slabs),
+        "w @ x.T": lambda x, w: (w @ x.t()).t().contiguous(),
+    }
+
+
+def time_us(fn, x: torch.Tensor, weights: list[torch.Tensor], calls: int) -> float:
+    fn(x, weights[0])
+    start = time.perf_counter()
+    for i in range(calls):
+        fn(x, weights[i % len(weights)])
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="smollm2-135m")
+    parser.add_argument("--rows", default="1,2,3,4,8")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--slabs", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    print(f"{args.threads} threads; µs per call (weight GB/s)")
+    for shape in args.shapes.split(","):
+        for layer, (n, k) in SHAPES[shape].items():
+            copies = max(1, int(96e6 // (n * k * 4)))
+            weights = [torch.randn(n, k) for _ in range(copies)]
+            calls = max(3, min(40, int(4e8 // (n * k * 4))))
+            for rows in (int(r) for r in args.rows.split(",")):
+                x = torch.randn(rows, k)
+                fns = products(args.slabs)
+                times: dict[str, list[float]] = {name: [] for name in fns}
+                for _ in range(5):  # passes, the products alternating
+                    for name, fn in fns.items():
+                        times[name].append(time_us(fn, x, weights, calls))
+                cells = []
+                for name, ts in times.items():
+                    us = statistics.median(ts)
+                    cells.append(f"{name} {us:8.0f} ({n * k * 4 / us / 1e3:4.1f})")
+                print(f"{shape} {layer:8s} rows {rows:3d}  " + "  ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
