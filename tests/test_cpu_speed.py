@@ -33,10 +33,10 @@ def _float64_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 def test_slab_product_is_as_close_to_float64_as_f_linear_and_serves_only_a_few_float32_rows(monkeypatch):
     """The CPU's slab product (fast path ``cpu_slab_gemm``) computes ``x @ W.T``: as close to a
     float64 product as ``F.linear`` is, for any slab count; and it is taken only where it was
-    measured to pay (1-3 float32 rows on a CPU, weights whose rows split evenly)."""
+    measured to pay (1-4 float32 rows on a CPU, weights whose rows split evenly)."""
     torch.manual_seed(0)
     weight = torch.randn(960, 576)
-    for rows in (1, 2, 3):
+    for rows in (1, 2, 3, 4):
         x = torch.randn(rows, 576)
         want = _float64_product(x, weight)
         f_linear_error = (F.linear(x, weight) - want).abs().max()
@@ -53,7 +53,8 @@ def test_slab_product_is_as_close_to_float64_as_f_linear_and_serves_only_a_few_f
     assert linear.cpu_slabs(torch.randn(1, 576), torch.randn(11, 576)) == 0  # prime: F.linear
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     assert linear.cpu_slabs(torch.randn(2, 576), weight) == 2  # one thread: still two slabs
-    assert linear.cpu_slabs(torch.randn(4, 576), weight) == 0  # four rows: F.linear
+    assert linear.cpu_slabs(torch.randn(4, 576), weight) == 2
+    assert linear.cpu_slabs(torch.randn(5, 576), weight) == 0  # five rows: F.linear
     assert linear.cpu_slabs(torch.randn(1, 576).double(), weight.double()) == 0
     assert linear.cpu_slabs(torch.randn(1, 576).bfloat16(), weight.bfloat16()) == 0
     assert linear.cpu_slabs(torch.randn(1, 576), weight.t().contiguous().t()) == 0  # not contiguous
@@ -81,7 +82,7 @@ def test_linear_layers_and_the_head_route_a_few_rows_through_slabs(monkeypatch):
     head = ParallelLMHead(1000, 64, parallel=ParallelContext(), dtype=torch.float32, device="cpu")
     for p in (up.weight, up.bias, down.weight, head.weight):
         p.data.normal_()
-    for rows in (1, 3, 4, CPU_SLAB_HEAD_ROWS, CPU_SLAB_HEAD_ROWS + 1):
+    for rows in (1, 3, 4, 5, CPU_SLAB_HEAD_ROWS, CPU_SLAB_HEAD_ROWS + 1):
         calls.clear()
         x = torch.randn(rows, 64)
         torch.testing.assert_close(up(x), F.linear(x, up.weight, up.bias), rtol=1e-5, atol=1e-5)

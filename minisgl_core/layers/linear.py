@@ -13,9 +13,10 @@ from minisgl_core.api.parallel import ParallelContext, _fast_all_reduce
 from minisgl_core.layers import triton_ops
 from minisgl_core.layers.weights import WeightLoader, copy_rows, copy_shard, load_full, new_param
 
-#: most rows of a linear layer's product a CPU runs as slabs (:func:`cpu_slabs`): from four rows on
-#: ``F.linear`` was as fast or faster (2 cores, SmolLM2-135M's and Qwen3-0.6B's shapes; BENCHMARKS.md)
-CPU_SLAB_ROWS = 3
+#: most rows of a linear layer's product a CPU runs as slabs (:func:`cpu_slabs`): at four rows the
+#: slabs were 1.1-2.6x faster on 2 threads, from five on about even or slower than ``F.linear``
+#: (SmolLM2-135M's and Qwen3-0.6B's shapes, ``tools/cpu_gemm.py``; BENCHMARKS.md)
+CPU_SLAB_ROWS = 4
 
 
 def cpu_slabs(x: torch.Tensor, weight: torch.Tensor, max_rows: int = CPU_SLAB_ROWS) -> int:
