@@ -4,7 +4,10 @@ layers use for a few rows (``minisgl_core.layers.linear.slab_matmul``, fast path
 passes. Each pass cycles through copies of the weight (about 96 MB in all), so every call reads it
 from memory, as a decode step does.
 
-    .venv/bin/python tools/cpu_gemm.py [--shapes smollm2-135m,qwen3-0.6b] [--rows 1,2,3,4,8] [--threads 2]
+    .venv/bin/python tools/cpu_gemm.py [--shapes smollm2-135m,qwen3-0.6b] [--rows 1,2,3,4,8] [--threads 2] [--slabs N]
+
+``--slabs`` 0 (the default) takes the engine's count: the threads, at least 2, a divisor of the
+weight's rows.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from minisgl_core.layers.linear import slab_matmul
+from minisgl_core.layers.linear import cpu_slabs, slab_matmul
 
 SHAPES = {  # (N, K) of y = x @ W.T, W [N, K]
     "smollm2-135m": {
@@ -38,6 +41,11 @@ def products(slabs: int) -> dict:
     }
 
 
+def engine_slabs(n: int, k: int) -> int:
+    """The slab count the engine's rule picks for an ``[n, k]`` weight at the set threads."""
+    return cpu_slabs(torch.zeros(1, k), torch.zeros(n, k), max_rows=1) or 2
+
+
 def time_us(fn, x: torch.Tensor, weights: list[torch.Tensor], calls: int) -> float:
     fn(x, weights[0])
     start = time.perf_counter()
@@ -51,7 +59,7 @@ def main() -> None:
     parser.add_argument("--shapes", default="smollm2-135m")
     parser.add_argument("--rows", default="1,2,3,4,8")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--slabs", type=int, default=2)
+    parser.add_argument("--slabs", type=int, default=0, help="slab count (0: the engine's rule)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -63,7 +71,7 @@ def main() -> None:
             calls = max(3, min(40, int(4e8 // (n * k * 4))))
             for rows in (int(r) for r in args.rows.split(",")):
                 x = torch.randn(rows, k)
-                fns = products(args.slabs)
+                fns = products(args.slabs or engine_slabs(n, k))
                 times: dict[str, list[float]] = {name: [] for name in fns}
                 for _ in range(5):  # passes, the products alternating
                     for name, fn in fns.items():
