@@ -40,7 +40,7 @@ DOCUMENTED: dict[str, str] = {
     "1.10x the throughput of unsplit mixed steps on Llama-3.1-8B, ITL p99 20 vs 121 ms",
     "MINISGL_VOCAB_PARALLEL_SAMPLING": "0 gathers every rank's logits before sampling under TP "
     "(--disable-fast-path vocab_parallel_sampling)",
-    "MINISGL_CPU_SLAB_GEMM": "0 runs float32 linear layers of a few rows on a CPU through F.linear instead of "
+    "MINISGL_CPU_SLAB_GEMM": "0 runs float32 linear layers of a few rows on an AMD CPU through F.linear instead of "
     "one batched product over slabs of the weight (--disable-fast-path cpu_slab_gemm)",
     "MINISGL_STEP_TRACE": "FILE: the default of --step-trace (EngineConfig.step_trace), one JSON line per step",
     "MINISGL_LOG_LEVEL": "the default of --log-level",

@@ -56,8 +56,9 @@ class FastPaths:
     #: tensor parallelism: each rank samples its own slice of the vocabulary and the ranks trade
     #: one (value, token) pair per row, instead of gathering every rank's logits
     vocab_parallel_sampling: bool = True
-    #: CPU: float32 linear layers of 1-4 rows (the lm_head up to 32) as one batched product over
-    #: slabs of the weight's rows, which reads it at the memory's speed where ``F.linear`` does not
+    #: CPU (AMD under MKL, where it was measured to pay): float32 linear layers of 1-4 rows (the
+    #: lm_head up to 32) as one batched product over slabs of the weight's rows, which reads it at
+    #: the memory's speed where ``F.linear`` does not
     cpu_slab_gemm: bool = True
 
     def without(self, *names: str) -> FastPaths:

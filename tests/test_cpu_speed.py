@@ -35,6 +35,7 @@ def test_slab_product_is_as_close_to_float64_as_f_linear_and_serves_only_a_few_f
     float64 product as ``F.linear`` is, for any slab count; and it is taken only where it was
     measured to pay (1-4 float32 rows on a CPU, weights whose rows split evenly)."""
     torch.manual_seed(0)
+    monkeypatch.setattr(linear, "slab_products_pay", lambda: True)
     weight = torch.randn(960, 576)
     for rows in (1, 2, 3, 4):
         x = torch.randn(rows, 576)
@@ -60,6 +61,27 @@ def test_slab_product_is_as_close_to_float64_as_f_linear_and_serves_only_a_few_f
     assert linear.cpu_slabs(torch.randn(1, 576), weight.t().contiguous().t()) == 0  # not contiguous
     monkeypatch.setattr(fast_paths, "_configured", fast_paths.FastPaths().without("cpu_slab_gemm"))
     assert linear.cpu_slabs(torch.randn(1, 576), weight) == 0
+    monkeypatch.setattr(fast_paths, "_configured", fast_paths.FastPaths())
+    monkeypatch.setattr(linear, "slab_products_pay", lambda: False)  # a CPU where F.linear is faster
+    assert linear.cpu_slabs(torch.randn(1, 576), weight) == 0
+
+
+def test_slab_products_are_taken_on_amd_processors_under_mkl_only(tmp_path, monkeypatch):
+    """The vendor read from cpuinfo decides (measured: the slabs pay on an AMD EPYC, lose on an
+    Intel Xeon), and only with MKL as torch's BLAS; no cpuinfo: no slabs."""
+    amd, intel = tmp_path / "amd", tmp_path / "intel"
+    amd.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\n")
+    intel.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\n")
+    assert linear.cpu_vendor(str(amd)) == "AuthenticAMD"
+    assert linear.cpu_vendor(str(intel)) == "GenuineIntel"
+    assert linear.cpu_vendor(str(tmp_path / "missing")) is None
+    real_vendor = linear.cpu_vendor
+    for vendor_file, mkl, expected in ((amd, True, True), (intel, True, False), (amd, False, False)):
+        linear.slab_products_pay.cache_clear()
+        monkeypatch.setattr(linear, "cpu_vendor", lambda path=str(vendor_file): real_vendor(path))
+        monkeypatch.setattr(torch.backends.mkl, "is_available", lambda mkl=mkl: mkl)
+        assert linear.slab_products_pay() is expected
+    linear.slab_products_pay.cache_clear()
 
 
 def test_linear_layers_and_the_head_route_a_few_rows_through_slabs(monkeypatch):
@@ -73,6 +95,7 @@ def test_linear_layers_and_the_head_route_a_few_rows_through_slabs(monkeypatch):
         calls.append((x.shape[0], weight.shape[0]))
         return real(x, weight, slabs)
 
+    monkeypatch.setattr(linear, "slab_products_pay", lambda: True)
     monkeypatch.setattr(linear, "slab_matmul", counting)
     monkeypatch.setattr("minisgl_core.layers.embedding.slab_matmul", counting)
     up = MergedColumnParallelLinear(

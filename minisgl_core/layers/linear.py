@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -19,16 +20,41 @@ from minisgl_core.layers.weights import WeightLoader, copy_rows, copy_shard, loa
 CPU_SLAB_ROWS = 4
 
 
+def cpu_vendor(cpuinfo: str = "/proc/cpuinfo") -> str | None:
+    """The CPU's ``vendor_id`` (``AuthenticAMD``, ``GenuineIntel``...) from Linux's ``cpuinfo``, or
+    None where there is none (another OS, another architecture)."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "vendor_id":
+                    return value.strip()
+    except OSError:
+        return None
+    return None
+
+
+@functools.cache
+def slab_products_pay() -> bool:
+    """Whether this CPU is one the slab product was measured faster on: an AMD processor with
+    torch's BLAS being MKL, which runs products of a few float32 rows slowly there (the 2-core EPYC
+    dev machine: slabs 1.5-2.9x ``F.linear`` at 1-4 rows). On an Intel Xeon (16 cores, MKL 2024.2,
+    1 to 16 threads) ``F.linear`` was 1.7-2.8x faster than the slabs at one row, so elsewhere it
+    stays (BENCHMARKS.md, "CPU")."""
+    return torch.backends.mkl.is_available() and cpu_vendor() == "AuthenticAMD"
+
+
 def cpu_slabs(x: torch.Tensor, weight: torch.Tensor, max_rows: int = CPU_SLAB_ROWS) -> int:
     """How many slabs :func:`slab_matmul` cuts ``weight`` into for ``x @ weight.T`` on a CPU, or 0
     where ``F.linear`` serves it (fast path ``cpu_slab_gemm``): float32 ``x`` of 1 to ``max_rows``
     rows and a contiguous float32 weight, in the largest number of slabs dividing its output rows
     from 2 up to the intra-op threads.
 
-    For a few rows ``F.linear`` reads a float32 weight at a third of a CPU's bandwidth (10-12 GB/s
-    against 34 on the 2-core dev machine, one thread or two), where a batched product over slabs of
-    the weight's rows reads it at nearly all of it; half precision goes through other kernels,
-    which are not slow there."""
+    Only on the CPUs where it was measured to pay (:func:`slab_products_pay`): there ``F.linear``
+    of a few rows read a float32 weight at a third of the machine's bandwidth (10-12 GB/s against
+    34 on the 2-core AMD dev machine, one thread or two), where a batched product over slabs of the
+    weight's rows reads it at nearly all of it; half precision goes through other kernels, which
+    are not slow there."""
     if not (
         x.device.type == "cpu"
         and x.dim() == 2
@@ -39,6 +65,7 @@ def cpu_slabs(x: torch.Tensor, weight: torch.Tensor, max_rows: int = CPU_SLAB_RO
         and x.shape[1] == weight.shape[1]
         and weight.is_contiguous()
         and fast_paths.current().enabled("cpu_slab_gemm")
+        and slab_products_pay()
     ):
         return 0
     n = weight.shape[0]
