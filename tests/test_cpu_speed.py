@@ -96,6 +96,7 @@ def test_linear_layers_and_the_head_route_a_few_rows_through_slabs(monkeypatch):
         return real(x, weight, slabs)
 
     monkeypatch.setattr(linear, "slab_products_pay", lambda: True)
+    monkeypatch.setattr("minisgl_core.layers.embedding.slab_products_pay", lambda: True)
     monkeypatch.setattr(linear, "slab_matmul", counting)
     monkeypatch.setattr("minisgl_core.layers.embedding.slab_matmul", counting)
     up = MergedColumnParallelLinear(
@@ -125,6 +126,14 @@ def test_linear_layers_and_the_head_route_a_few_rows_through_slabs(monkeypatch):
     monkeypatch.setattr(linear, "slab_matmul", dropping)
     x = torch.randn(1, 64)
     assert not torch.allclose(up(x), F.linear(x, up.weight, up.bias))
+
+    # a CPU where the slabs do not pay: F.linear itself, the head's few rows included
+    monkeypatch.setattr(linear, "slab_products_pay", lambda: False)
+    monkeypatch.setattr("minisgl_core.layers.embedding.slab_products_pay", lambda: False)
+    for rows in (1, 3, 8):
+        x = torch.randn(rows, 64)
+        assert torch.equal(up(x), F.linear(x, up.weight, up.bias))
+        assert torch.equal(head(x), F.linear(x, head.weight))
 
 
 def _reference_angles(positions, inv_freq):

@@ -11,7 +11,7 @@ from torch import nn
 
 from minisgl_core.api.parallel import ParallelContext
 from minisgl_core.layers import triton_ops
-from minisgl_core.layers.linear import cpu_slabs, slab_matmul
+from minisgl_core.layers.linear import cpu_slabs, slab_matmul, slab_products_pay
 from minisgl_core.layers.weights import new_param
 
 #: most rows the output head multiplies in slabs on a CPU (:func:`~minisgl_core.layers.linear.cpu_slabs`):
@@ -82,12 +82,19 @@ class ParallelLMHead(VocabParallelEmbedding):
             logits = triton_ops.small_gemm(hidden, self.weight)
         elif slabs := cpu_slabs(hidden, self.weight, max_rows=CPU_SLAB_HEAD_ROWS):
             logits = slab_matmul(hidden, self.weight, slabs)
-        elif hidden.is_cuda or hidden.shape[0] == 1 or hidden.shape[0] > CPU_SLAB_HEAD_ROWS:
+        elif (
+            hidden.is_cuda
+            or hidden.shape[0] == 1
+            or hidden.shape[0] > CPU_SLAB_HEAD_ROWS
+            or not slab_products_pay()
+        ):
             logits = F.linear(hidden, self.weight)
         else:
-            # On a CPU, ``weight @ hidden.T`` (each vocabulary row read once, dotted with every
-            # row of hidden) runs 1.5-3x faster than F.linear for a few rows (measured on 2
-            # AVX2 cores, 49,152 x 576, 8 rows: 32 ms against 50-99 ms); the same dot products.
+            # On an AMD CPU under MKL, ``weight @ hidden.T`` (each vocabulary row read once, dotted
+            # with every row of hidden) runs 1.5-3x faster than F.linear for a few rows (2 AVX2
+            # cores, 49,152 x 576, 8 rows: 32 ms against 50-99 ms; on an Intel Xeon up to 2.9x slower
+            # at 2-4 rows); the same dot products. Where the slabs above do not serve it (another dtype,
+            # the fast path off).
             logits = (self.weight @ hidden.T).T.contiguous()
         if not self.gather_output:
             return logits
