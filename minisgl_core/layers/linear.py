@@ -38,7 +38,7 @@ def cpu_vendor(cpuinfo: str = "/proc/cpuinfo") -> str | None:
 def slab_products_pay() -> bool:
     """Whether this CPU is one the slab product was measured faster on: an AMD processor with
     torch's BLAS being MKL, which runs products of a few float32 rows slowly there (the 2-core EPYC
-    dev machine: slabs 1.5-2.9x ``F.linear`` at 1-4 rows). On an Intel Xeon (16 cores, MKL 2024.2,
+    dev machine: slabs 1.1-2.9x ``F.linear`` at 1-4 rows). On an Intel Xeon (16 cores, MKL 2024.2,
     1 to 16 threads) ``F.linear`` was 1.7-2.8x faster than the slabs at one row, so elsewhere it
     stays (BENCHMARKS.md, "CPU")."""
     return torch.backends.mkl.is_available() and cpu_vendor() == "AuthenticAMD"
