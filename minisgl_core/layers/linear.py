@@ -110,8 +110,11 @@ class _Linear(nn.Module):
         return F.linear(x, self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.quant_method is None and self.bias is not None and not cpu_slabs(x, self.weight):
-            return F.linear(x, self.weight, self.bias)
+        if self.quant_method is None and self.bias is not None:
+            slabs = cpu_slabs(x, self.weight)  # asked once: _matmul would ask again
+            if not slabs:
+                return F.linear(x, self.weight, self.bias)
+            return slab_matmul(x, self.weight, slabs) + self.bias
         out = self._matmul(x)
         return out if self.bias is None else out + self.bias
 
