@@ -1,0 +1,160 @@
+"""Decode attention over every layer of a step, on the KV layout an offline run leaves (issue 19).
+
+The one-layer micro-benchmark (``tools/device_triton_decode.py``) replays one layer's attention on
+a pool of exactly the pages it reads, its pages in random order. A real decode step reads 28
+layers' KV from a pool of ~100 GB, in the order the page allocator handed the pages out: each
+prompt's pages as one run (``PageAllocator.alloc`` gives a run's ids in descending order), then one
+page a request every 16 tokens, interleaved with the other running requests' pages. The fifty-ninth
+session's profile put the attention of a real step at 80 requests at ≈ 3.75 TB/s, where the
+micro-benchmark reads ≈ 4.2 at batch 96. This tool times the backend's decode attention (the
+default ``triton`` decode, through the attention API in CUDA-graph replay) on the standard offline
+workload's lengths at chosen decode steps, with the pages laid out:
+
+- ``engine``: as the allocator lays them out (prompts in admission order, then decode pages);
+- ``engine_asc``: the same, each allocation's run ascending instead;
+- ``contiguous``: every sequence's pages one ascending run, sequences packed;
+- ``random``: the engine layout's pages shuffled among its sequences (the micro-benchmark's kind);
+
+each over all layers (``attend`` for layer 0..L-1 in one graph) and over layer 0 only, L times
+(the micro-benchmark's cache and TLB state). Qwen3-0.6B's attention shape by default.
+
+    python3 tools/device_decode_layout.py [--steps 100,400,700,950] [--pool-gb 100] [--json OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+
+import torch
+
+from minisgl_core.api import AttentionConfig, KVCache
+from minisgl_core.bench.workloads import standard_offline
+from minisgl_core.plugins import Plugins
+from minisgl_core.scheduler.allocator import PageAllocator
+from minisgl_core.testing.paged import PageTableLayout, make_forward_batch
+
+PAGE = 16
+HEAD_DIM = 128
+
+
+def engine_pages(reqs: list[tuple[int, int]], step: int, num_pages: int, ascending: bool) -> list[list[int]]:
+    """Each request's pages after ``step`` decode steps, allocated as the scheduler does with a pool
+    that never runs short (finished requests' pages stay in the prefix cache): prompts in order,
+    one run each, then a page for every running request whose next position starts one, the
+    step's new pages taken in one go."""
+    allocator = PageAllocator(num_pages, PAGE)
+
+    def take(n: int) -> list[int]:
+        run = allocator.alloc(n)
+        return sorted(run) if ascending else run
+
+    pages = [take(math.ceil(p / PAGE)) for p, _ in reqs]
+    for t in range(step + 1):
+        # decode step t writes position p + t of every request still running
+        needing = [i for i, (p, o) in enumerate(reqs) if o > t and (p + t) % PAGE == 0]
+        for i, page in zip(needing, take(len(needing)), strict=True):
+            pages[i].append(page)
+    return pages
+
+
+def layout_of(pages: list[list[int]], lens: list[int], max_len: int, dev: torch.device) -> PageTableLayout:
+    table = torch.zeros(len(pages) + 2, max_len, dtype=torch.int32)
+    for row, (own, n) in enumerate(zip(pages, lens, strict=True)):
+        slots = (torch.tensor(own)[:, None] * PAGE + torch.arange(PAGE)).flatten()[:n]
+        table[row, :n] = slots.to(torch.int32)
+    return PageTableLayout(table.to(dev), torch.arange(len(pages), dtype=torch.int32, device=dev))
+
+
+def time_us(backend_cls, config: AttentionConfig, layout, lens, layers: list[int], reps: int = 10) -> float:
+    """µs per layer of ``attend`` over ``layers`` in one CUDA graph, replayed ``reps`` times."""
+    backend = backend_cls(config)
+    bs = len(lens)
+    batch = make_forward_batch(
+        layout, lens, [1] * bs, attn=backend, generator=torch.Generator(), is_prefill=False, captured=True
+    )
+    backend.init_graph_capture(bs)
+    backend.prepare_capture(batch)
+    q = torch.randn(bs, config.num_qo_heads, HEAD_DIM, device=config.device, dtype=torch.bfloat16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        backend.attend(q, 0, batch)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for layer in layers:
+            backend.attend(q, layer, batch)
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / (reps * len(layers))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", default="100,400,700,950")
+    p.add_argument("--layers", type=int, default=28)
+    p.add_argument("--qo-heads", type=int, default=16)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--pool-gb", type=float, default=100.0)
+    p.add_argument("--backend", default="triton")
+    p.add_argument("--json")
+    args = p.parse_args()
+    dev = torch.device("cuda")
+    backend_cls = Plugins.load().resolve("attention", args.backend)
+    page_bytes = 2 * PAGE * args.kv_heads * HEAD_DIM * 2  # K and V of one page of one layer, bf16
+    num_pages = int(args.pool_gb * 1e9) // (args.layers * page_bytes)
+    cache = KVCache(num_layers=args.layers, num_pages=num_pages, page_size=PAGE, num_kv_heads=args.kv_heads,
+                    head_dim=HEAD_DIM, dtype=torch.bfloat16, device=dev)  # fmt: skip
+    cache.buffer.normal_()
+    reqs = [(len(r.prompt_ids), r.max_tokens) for r in standard_offline()]
+    result: dict = {"device": torch.cuda.get_device_name(0), "num_pages": num_pages, "rows": []}
+    print(json.dumps({k: v for k, v in result.items() if k != "rows"}), flush=True)
+    for step in (int(s) for s in args.steps.split(",")):
+        running = [i for i, (_, o) in enumerate(reqs) if o > step]
+        lens = [reqs[i][0] + step + 1 for i in running]
+        max_len = math.ceil(max(lens) / PAGE) * PAGE + PAGE
+        config = AttentionConfig(num_qo_heads=args.qo_heads, num_kv_heads=args.kv_heads, head_dim=HEAD_DIM,
+                                 scale=HEAD_DIM**-0.5, page_size=PAGE, dtype=torch.bfloat16, device=dev,
+                                 max_requests=len(running) + 2, max_context_len=max_len, kv_cache=cache)  # fmt: skip
+        kv_bytes = sum(lens) * page_bytes // PAGE
+        layouts = {}
+        for name, ascending in (("engine", False), ("engine_asc", True)):
+            every = engine_pages(reqs, step, num_pages, ascending)
+            layouts[name] = [every[i][: math.ceil(n / PAGE)] for i, n in zip(running, lens, strict=True)]
+        counts = [len(own) for own in layouts["engine"]]
+        packed, at = [], 0
+        for c in counts:
+            packed.append(list(range(at, at + c)))
+            at += c
+        layouts["contiguous"] = packed
+        shuffled = [page for own in layouts["engine"] for page in own]
+        random.Random(0).shuffle(shuffled)
+        layouts["random"], at = [], 0
+        for c in counts:
+            layouts["random"].append(shuffled[at : at + c])
+            at += c
+        for name, pages in layouts.items():
+            layout = layout_of(pages, lens, max_len, dev)
+            row = {"step": step, "batch": len(lens), "mean_len": round(sum(lens) / len(lens)), "layout": name}
+            for label, layers in (("all_layers", list(range(args.layers))), ("layer0", [0] * args.layers)):
+                us = time_us(backend_cls, config, layout, lens, layers)
+                row[f"{label}_us"] = round(us, 2)
+                row[f"{label}_tbps"] = round(kv_bytes / (us * 1e-6) / 1e12, 3)
+            result["rows"].append(row)
+            print(json.dumps(row), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
