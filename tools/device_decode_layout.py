@@ -18,12 +18,18 @@ workload's lengths at chosen decode steps, with the pages laid out:
 each over all layers (``attend`` for layer 0..L-1 in one graph) and over layer 0 only, L times
 (the micro-benchmark's cache and TLB state). Qwen3-0.6B's attention shape by default.
 
-    python3 tools/device_decode_layout.py [--steps 100,400,700,950] [--pool-gb 100] [--json OUT.json]
+``--sweep`` then times, on the engine layout over all layers, the decode kernel's split count (1-16
+pieces a sequence), the order its pieces launch in (``splits_inner``: a sequence's pieces side by
+side, longest first, against every sequence's first piece, then every second) and positions a
+loop step (64, 128), beside the backend as it is.
+
+    python3 tools/device_decode_layout.py [--steps 100,400,700,950] [--pool-gb 100] [--sweep] [--json OUT.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import random
@@ -98,6 +104,35 @@ def time_us(backend_cls, config: AttentionConfig, layout, lens, layers: list[int
     return start.elapsed_time(end) * 1e3 / (reps * len(layers))
 
 
+def sweep(backend_cls, config, layout, lens, args, result: dict, step: int, kv_bytes: int) -> None:
+    """The split count, the pieces' launch order and the loop step, over all layers."""
+    from minisgl_plugin_triton.backend import Launch
+
+    layers = list(range(args.layers))
+    base = backend_cls(config)
+    row = {"step": step, "batch": len(lens), "variant": "default", "splits": base.splits(len(lens)),
+           "us": round(time_us(backend_cls, config, layout, lens, layers), 2)}  # fmt: skip
+    result.setdefault("sweep", []).append(row)
+    print(json.dumps(row), flush=True)
+    for splits, inner, block_n in itertools.product((1, 2, 4, 8, 16), (False, True), (64, 128)):
+        if splits == 1 and inner:
+            continue
+        attrs = {
+            "splits": lambda self, bs, s=splits: s,
+            "splits_inner": inner,
+            "launches": {**backend_cls.launches, 2: Launch(block_n, 4, 2)},
+        }
+        variant = type("Variant", (backend_cls,), attrs)
+        row = {"step": step, "batch": len(lens), "splits": splits, "inner": inner, "block_n": block_n}
+        try:
+            us = time_us(variant, config, layout, lens, layers)
+            row |= {"us": round(us, 2), "tbps": round(kv_bytes / (us * 1e-6) / 1e12, 3)}
+        except Exception as e:  # a launch that does not fit
+            row["error"] = f"{type(e).__name__}: {e}"[:160]
+        result["sweep"].append(row)
+        print(json.dumps(row), flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", default="100,400,700,950")
@@ -106,6 +141,7 @@ def main() -> None:
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--pool-gb", type=float, default=100.0)
     p.add_argument("--backend", default="triton")
+    p.add_argument("--sweep", action="store_true", help="then time split counts, their order and loop steps")
     p.add_argument("--json")
     args = p.parse_args()
     dev = torch.device("cuda")
@@ -151,6 +187,9 @@ def main() -> None:
                 row[f"{label}_tbps"] = round(kv_bytes / (us * 1e-6) / 1e12, 3)
             result["rows"].append(row)
             print(json.dumps(row), flush=True)
+        if args.sweep:
+            sweep(backend_cls, config, layout_of(layouts["engine"], lens, max_len, dev), lens, args, result, step,
+                  kv_bytes)  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

@@ -174,6 +174,9 @@ class TritonDecodeBackend(AttentionBackend):
     #: overlaps that kernel (fast path ``pdl_attention``, sm90+); never in a cascade step
     early_kv: ClassVar[bool] = False
     early_blocks: ClassVar[int] = 1
+    #: launch a sequence's splits side by side (grid KV heads x splits x sequences): the pieces then
+    #: start longest first; off: every sequence's first split, then every second one
+    splits_inner: ClassVar[bool] = False
 
     @classmethod
     def availability(cls, device: torch.device) -> str | None:
@@ -330,7 +333,8 @@ class TritonDecodeBackend(AttentionBackend):
         early_launch = not cascade and pdl_attention_enabled(q.device)
         early = early_launch or (self.early_kv and not cascade and not self.interpreted)
         decode_pdl = pdl_launch() if early_launch else pdl_options(q.device)
-        kernels.decode_kernel[(config.num_kv_heads, bs, splits)](
+        grid = (config.num_kv_heads, splits, bs) if self.splits_inner else (config.num_kv_heads, bs, splits)
+        kernels.decode_kernel[grid](
             q,
             cache.k_cache(layer_id),
             cache.v_cache(layer_id),
@@ -363,6 +367,7 @@ class TritonDecodeBackend(AttentionBackend):
             EARLY=early,
             EARLY_BLOCKS=self.early_blocks,
             EARLY_LINE=min(config.head_dim, 128 // cache.buffer.element_size()),
+            SPLITS_INNER=self.splits_inner,
             **launch.options(self.interpreted),
             **decode_pdl,
         )
