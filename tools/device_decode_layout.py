@@ -19,9 +19,8 @@ each over all layers (``attend`` for layer 0..L-1 in one graph) and over layer 0
 (the micro-benchmark's cache and TLB state). Qwen3-0.6B's attention shape by default.
 
 ``--sweep`` then times, on the engine layout over all layers, the decode kernel's split count (1-16
-pieces a sequence), the order its pieces launch in (``splits_inner``: a sequence's pieces side by
-side, longest first, against every sequence's first piece, then every second) and positions a
-loop step (64, 128), beside the backend as it is.
+pieces a sequence) and positions a loop step (64, 128) over a bf16 pool, beside the backend as it
+is. (Its version at `39d65d9` also timed the order the pieces launch in.)
 
     python3 tools/device_decode_layout.py [--steps 100,400,700,950] [--pool-gb 100] [--sweep] [--json OUT.json]
 """
@@ -105,7 +104,7 @@ def time_us(backend_cls, config: AttentionConfig, layout, lens, layers: list[int
 
 
 def sweep(backend_cls, config, layout, lens, args, result: dict, step: int, kv_bytes: int) -> None:
-    """The split count, the pieces' launch order and the loop step, over all layers."""
+    """The split count and the loop step, over all layers."""
     from minisgl_plugin_triton.backend import Launch
 
     layers = list(range(args.layers))
@@ -114,16 +113,15 @@ def sweep(backend_cls, config, layout, lens, args, result: dict, step: int, kv_b
            "us": round(time_us(backend_cls, config, layout, lens, layers), 2)}  # fmt: skip
     result.setdefault("sweep", []).append(row)
     print(json.dumps(row), flush=True)
-    for splits, inner, block_n in itertools.product((1, 2, 4, 8, 16), (False, True), (64, 128)):
-        if splits == 1 and inner:
-            continue
+    for splits, block_n in itertools.product((1, 2, 4, 8, 16), (64, 128)):
+        launch = Launch(block_n, 4, 2)
         attrs = {
             "splits": lambda self, bs, s=splits: s,
-            "splits_inner": inner,
-            "launches": {**backend_cls.launches, 2: Launch(block_n, 4, 2)},
+            "launches": {**backend_cls.launches, 2: launch},
+            "wide_launches": {2: launch},
         }
         variant = type("Variant", (backend_cls,), attrs)
-        row = {"step": step, "batch": len(lens), "splits": splits, "inner": inner, "block_n": block_n}
+        row = {"step": step, "batch": len(lens), "splits": splits, "block_n": block_n}
         try:
             us = time_us(variant, config, layout, lens, layers)
             row |= {"us": round(us, 2), "tbps": round(kv_bytes / (us * 1e-6) / 1e12, 3)}
@@ -141,7 +139,7 @@ def main() -> None:
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--pool-gb", type=float, default=100.0)
     p.add_argument("--backend", default="triton")
-    p.add_argument("--sweep", action="store_true", help="then time split counts, their order and loop steps")
+    p.add_argument("--sweep", action="store_true", help="then time split counts and loop steps")
     p.add_argument("--json")
     args = p.parse_args()
     dev = torch.device("cuda")

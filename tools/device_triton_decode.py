@@ -195,7 +195,11 @@ def main() -> None:
                 problem = Problem(qo, kv, bs, TAIL_CONTEXTS, kv_dtype, dev)
                 ref_us, ref = problem.replay_us(fi)
                 for launch, per_sm in itertools.product(launches, TAIL_PROGRAMS_PER_SM):
-                    attrs = {"launches": {size: Launch(*launch)}, "programs_per_sm": per_sm}
+                    attrs = {
+                        "launches": {size: Launch(*launch)},
+                        "programs_per_sm": per_sm,
+                        "wide_launches": {},
+                    }
                     variant = type("Variant", (triton_cls,), attrs)
                     row = {"kv": str(kv_dtype)[6:], "shape": [qo, kv, bs, list(TAIL_CONTEXTS)],
                            "launch": list(launch), "programs_per_sm": per_sm,

@@ -73,12 +73,14 @@ class Launch(NamedTuple):
     many programs an SM holds: over a float8 pool the kernel takes 194 registers a thread at 128
     positions (ptxas for sm_90, ``cuobjdump -res-usage``), two programs an SM, where bf16 takes 96
     (five); it fits 168 at 128 positions, 128 at 64 and 96 at 32 with nothing spilled (three, four,
-    five programs); tighter caps spill to the stack (128 at 128 positions: 112 bytes a thread)."""
+    five programs); tighter caps spill to the stack (128 at 128 positions: 112 bytes a thread).
+    ``programs_per_sm``: what the split rule (:func:`splits_for`) aims for with this launch."""
 
     block_n: int
     num_warps: int
     num_stages: int
     maxnreg: int | None = None
+    programs_per_sm: int = 4
 
     def options(self, interpreted: bool) -> dict:
         """The launch's keyword arguments (Triton's interpreter takes no register cap)."""
@@ -150,16 +152,23 @@ class TritonDecodeBackend(AttentionBackend):
 
     capabilities = frozenset({"decode", "page_size>1", "cuda_graph", "cascade", "prestored_kv", "kv_fp8"})
     name: ClassVar[str] = "triton"
-    #: programs per SM the split rule aims for
-    programs_per_sm: ClassVar[int] = 4
+    #: programs per SM the split rule aims for (None: the launch's ``programs_per_sm``)
+    programs_per_sm: ClassVar[int | None] = None
     #: the kernel's launch by the pool's element size; swept on an H200 (BENCHMARKS.md): a float8
     #: pool wants more bytes in flight per program than a bf16 one, and its 168-register cap lets an
-    #: SM hold three programs instead of two (211 -> 176 us a layer at batch 256, nothing spilled)
+    #: SM hold three programs instead of two (211 -> 176 us a layer at batch 256, nothing spilled).
+    #: A bf16 pool splits from five programs an SM down: at 77 sequences of an offline run's
+    #: lengths (616 programs unsplit) two splits read a layer 10% faster, at 111 (888) the same
     launches: ClassVar[dict[int, Launch]] = {
         1: Launch(128, 4, 3, maxnreg=168),
-        2: Launch(64, 4, 2),
+        2: Launch(64, 4, 2, programs_per_sm=5),
         4: Launch(32, 4, 2),
     }
+    #: the launch by element size where a batch has fewer sequence x KV-head pairs than
+    #: ``wide_below`` an SM: 128 positions a loop step, more bytes in flight for the fewer programs
+    #: (bf16, an offline run's lengths: 4% faster a layer at 23 and 48 sequences, slower at 77)
+    wide_launches: ClassVar[dict[int, Launch]] = {2: Launch(128, 4, 2, programs_per_sm=5)}
+    wide_below: ClassVar[int] = 3
     #: the prefix kernel's (cascade) query rows per program (members x GQA group, padded to the
     #: decode kernel's ``BLOCK_H`` at least); it launches as the decode kernel does. 64 rows
     #: (Hopper's warp-group products, 8 warps) ran the shared-prefix workload at half FlashInfer's
@@ -174,9 +183,6 @@ class TritonDecodeBackend(AttentionBackend):
     #: overlaps that kernel (fast path ``pdl_attention``, sm90+); never in a cascade step
     early_kv: ClassVar[bool] = False
     early_blocks: ClassVar[int] = 1
-    #: launch a sequence's splits side by side (grid KV heads x splits x sequences): the pieces then
-    #: start longest first; off: every sequence's first split, then every second one
-    splits_inner: ClassVar[bool] = False
 
     @classmethod
     def availability(cls, device: torch.device) -> str | None:
@@ -222,6 +228,9 @@ class TritonDecodeBackend(AttentionBackend):
             self.num_sms = torch.cuda.get_device_properties(config.device).multi_processor_count
         else:
             self.num_sms = INTERPRETER_SMS
+        element_size = config.kv_cache.buffer.element_size()
+        self.launch = self.launches[element_size]
+        self.wide_launch = self.wide_launches.get(element_size)
         # One buffer of partial outputs for the largest batch x splits any batch size asks for.
         most = max(
             bs * (self.splits(bs) + self.prefix_splits(bs)) for bs in range(1, config.max_requests + 1)
@@ -230,21 +239,31 @@ class TritonDecodeBackend(AttentionBackend):
             most * config.num_qo_heads * head_dim, dtype=torch.float32, device=config.device
         )
         self.partial_lse = torch.empty(most * config.num_qo_heads, dtype=torch.float32, device=config.device)
-        self.launch = self.launches[config.kv_cache.buffer.element_size()]
         self._graph_req_slots: torch.Tensor | None = None
         self._graph_seq_lens: torch.Tensor | None = None
         self._graph_plan: torch.Tensor | None = None
         self._kernels: Any = None
 
+    def _per_sm(self) -> int:
+        return self.programs_per_sm or self.launch.programs_per_sm
+
     def splits(self, batch_size: int) -> int:
-        return splits_for(batch_size, self.config.num_kv_heads, self.num_sms, self.programs_per_sm)
+        return splits_for(batch_size, self.config.num_kv_heads, self.num_sms, self._per_sm())
 
     def prefix_splits(self, batch_size: int) -> int:
         """Splits of each shared prefix (cascade), from the batch size alone, sized for groups of
         four or more: about ``batch_size / 4`` tasks."""
-        return splits_for(
-            max(1, batch_size // 4), self.config.num_kv_heads, self.num_sms, self.programs_per_sm
-        )
+        return splits_for(max(1, batch_size // 4), self.config.num_kv_heads, self.num_sms, self._per_sm())
+
+    def decode_launch(self, batch_size: int) -> Launch:
+        """The decode kernel's launch at ``batch_size``: the wide one below ``wide_below`` sequence x
+        KV-head pairs an SM, where the pool's element size has one."""
+        if (
+            self.wide_launch is not None
+            and batch_size * self.config.num_kv_heads < self.wide_below * self.num_sms
+        ):
+            return self.wide_launch
+        return self.launch
 
     def _plan(self, seq_lens: list[int], groups: list[SharedPrefix] | None) -> list[list[int]]:
         """The step's table: the order alone, or a cascade plan (``groups`` not None)."""
@@ -333,8 +352,8 @@ class TritonDecodeBackend(AttentionBackend):
         early_launch = not cascade and pdl_attention_enabled(q.device)
         early = early_launch or (self.early_kv and not cascade and not self.interpreted)
         decode_pdl = pdl_launch() if early_launch else pdl_options(q.device)
-        grid = (config.num_kv_heads, splits, bs) if self.splits_inner else (config.num_kv_heads, bs, splits)
-        kernels.decode_kernel[grid](
+        launch = self.decode_launch(bs)
+        kernels.decode_kernel[(config.num_kv_heads, bs, splits)](
             q,
             cache.k_cache(layer_id),
             cache.v_cache(layer_id),
@@ -367,7 +386,6 @@ class TritonDecodeBackend(AttentionBackend):
             EARLY=early,
             EARLY_BLOCKS=self.early_blocks,
             EARLY_LINE=min(config.head_dim, 128 // cache.buffer.element_size()),
-            SPLITS_INNER=self.splits_inner,
             **launch.options(self.interpreted),
             **decode_pdl,
         )

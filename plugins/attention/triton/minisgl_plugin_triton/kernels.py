@@ -121,21 +121,15 @@ def decode_kernel(
     EARLY: tl.constexpr = False,  # the first blocks' K and V prefetched into L2 before the wait (see below)
     EARLY_BLOCKS: tl.constexpr = 1,
     EARLY_LINE: tl.constexpr = 64,  # elements a prefetch covers: a 128-byte line, at most a head's row
-    SPLITS_INNER: tl.constexpr = False,  # grid (KV heads, splits, sequences) instead of (.., sequences, splits)
 ):
     if PDL and not EARLY:  # wait for the kernel before, then let the one after start launching
         gdc_wait()
         gdc_launch_dependents()
     # heads vary fastest in the launch order, and sequences come longest first (``order``), so
     # the longest programs start first and the short ones fill in behind them
-    # (with SPLITS_INNER a sequence's splits launch together, so the longest pieces go first)
     kv_head = tl.program_id(0)
-    if SPLITS_INNER:
-        seq = tl.load(order_ptr + tl.program_id(2))
-        split = tl.program_id(1)
-    else:
-        seq = tl.load(order_ptr + tl.program_id(1))
-        split = tl.program_id(2)
+    seq = tl.load(order_ptr + tl.program_id(1))
+    split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
     row = tl.load(req_slots_ptr + seq).to(tl.int64)
     first = 0

@@ -182,14 +182,15 @@ def _resource_usage(cubin: bytes) -> dict[str, int]:
     return {k: int(v) for k, v in re.findall(r"(REG|LOCAL|STACK):(\d+)", out)}
 
 
-def _float8_decode_usage(launch, group: int = 2, splits: int = 1) -> dict[str, int]:
-    """Registers and stack of the float8 decode kernel under ``launch`` (sm_90, the launch's
-    divisibility hints)."""
+def _float8_decode_usage(launch, group: int = 2, splits: int = 1, kv: str = "fp8e4nv") -> dict[str, int]:
+    """Registers and stack of the float8 (or ``kv``) decode kernel under ``launch`` (sm_90, the
+    launch's divisibility hints)."""
     from minisgl_plugin_triton.kernels import decode_kernel
 
-    signature = {**DECODE, "k_ptr": "*fp8e4nv", "v_ptr": "*fp8e4nv"}
+    widen = kv == "fp8e4nv"
+    signature = {**DECODE, "k_ptr": f"*{kv}", "v_ptr": f"*{kv}"}
     constants = {"NUM_HEADS": 8 * group, "GROUP": group, "BLOCK_H": 16, "HEAD_DIM": 128, "BLOCK_N": launch.block_n,
-                 "NUM_SPLITS": splits, "ENTRIES": splits, "CASCADE": False, "WIDEN_FP8": True, "DOT_FP32": False,
+                 "NUM_SPLITS": splits, "ENTRIES": splits, "CASCADE": False, "WIDEN_FP8": widen, "DOT_FP32": False,
                  "EXACT_PV": False}  # fmt: skip
     aligned = (*(n for n in signature if signature[n].startswith("*")), "kv_stride_slot", "q_stride_token")
     compiled = compile_kernel(decode_kernel, signature, constants, options=launch.options(interpreted=False),
@@ -224,3 +225,16 @@ def test_the_float8_launch_fits_three_programs_an_sm(group):
     usage = _float8_decode_usage(launch, group=group)
     assert usage["REG"] * 32 * launch.num_warps * 3 <= 65536, usage
     assert usage["STACK"] == 0 and usage["LOCAL"] == 0, usage
+
+
+@pytest.mark.parametrize("splits", [1, 4])
+def test_the_wide_bf16_launch_spills_nothing(splits):
+    """The bf16 launch of small batches (``wide_launches``: 128 positions a loop step) keeps every
+    value in registers, unsplit and split, and an SM still holds two programs or more."""
+    from minisgl_plugin_triton.backend import TritonDecodeBackend
+
+    launch = TritonDecodeBackend.wide_launches[2]
+    assert launch.block_n == 128
+    usage = _float8_decode_usage(launch, splits=splits, kv="bf16")
+    assert usage["STACK"] == 0 and usage["LOCAL"] == 0, usage
+    assert usage["REG"] * 32 * launch.num_warps * 2 <= 65536, usage

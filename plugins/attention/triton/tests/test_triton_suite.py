@@ -97,6 +97,37 @@ def test_the_split_rule():
         assert s & (s - 1) == 0 and 1 <= s <= MAX_SPLITS
 
 
+def test_a_bf16_pool_splits_below_five_programs_an_sm():
+    """The rule each pool's launch gives on an H200 (132 SMs) at Qwen3's 8 KV heads: a bf16 pool
+    splits from 82 sequences down (656 programs; two splits read a layer 10% faster than one at
+    77 sequences of an offline run's lengths, the same at 111), a float8 pool from 65 down."""
+    from minisgl_plugin_triton.backend import splits_for
+
+    bf16, fp8 = TritonDecodeBackend.launches[2], TritonDecodeBackend.launches[1]
+    assert [splits_for(bs, 8, 132, bf16.programs_per_sm) for bs in (83, 82, 77, 66)] == [1, 2, 2, 2]
+    assert [splits_for(bs, 8, 132, fp8.programs_per_sm) for bs in (83, 77, 66, 65)] == [1, 1, 1, 2]
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_the_wide_launch_takes_small_batches_of_a_bf16_pool(kv_dtype):
+    from minisgl_core.api import AttentionConfig, KVCache
+
+    kv_heads = 2
+    cache = KVCache(num_layers=1, num_pages=4, page_size=16, num_kv_heads=kv_heads, head_dim=64,
+                    dtype=kv_dtype, device="cpu")  # fmt: skip
+    config = AttentionConfig(num_qo_heads=4, num_kv_heads=kv_heads, head_dim=64, scale=0.125, page_size=16,
+                             dtype=torch.bfloat16, device=torch.device("cpu"), max_requests=64,
+                             max_context_len=64, kv_cache=cache)  # fmt: skip
+    backend = TritonDecodeBackend(config)
+    # fewer than wide_below (3) sequence x KV-head pairs on each of the interpreter's 4 "SMs"
+    assert backend.num_sms * TritonDecodeBackend.wide_below == 12
+    picked = [backend.decode_launch(bs).block_n for bs in (1, 5, 6, 64)]
+    if kv_dtype == torch.bfloat16:
+        assert picked == [128, 128, 64, 64]
+    else:  # a float8 pool has one launch
+        assert picked == [TritonDecodeBackend.launches[1].block_n] * 4
+
+
 def test_cascade_plan():
     from minisgl_plugin_triton.backend import cascade_plan
 
