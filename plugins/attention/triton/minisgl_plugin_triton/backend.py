@@ -165,10 +165,13 @@ class TritonDecodeBackend(AttentionBackend):
         4: Launch(32, 4, 2),
     }
     #: the launch by element size where a batch has fewer sequence x KV-head pairs than
-    #: ``wide_below`` an SM: 128 positions a loop step, more bytes in flight for the fewer programs
-    #: (bf16, an offline run's lengths: 4% faster a layer at 23 and 48 sequences, slower at 77)
+    #: ``wide_below`` an SM and splits its KV ``wide_splits_most`` ways at most: 128 positions a
+    #: loop step, more bytes in flight for the fewer programs (bf16, an offline run's lengths: 3-4%
+    #: faster a layer at 23 and 48 sequences, slower at 77; at 8 or fewer, 16-32 splits of a few
+    #: dozen positions each, a step 7-20% slower end to end)
     wide_launches: ClassVar[dict[int, Launch]] = {2: Launch(128, 4, 2, programs_per_sm=5)}
     wide_below: ClassVar[int] = 3
+    wide_splits_most: ClassVar[int] = 4
     #: the prefix kernel's (cascade) query rows per program (members x GQA group, padded to the
     #: decode kernel's ``BLOCK_H`` at least); it launches as the decode kernel does. 64 rows
     #: (Hopper's warp-group products, 8 warps) ran the shared-prefix workload at half FlashInfer's
@@ -257,10 +260,13 @@ class TritonDecodeBackend(AttentionBackend):
 
     def decode_launch(self, batch_size: int) -> Launch:
         """The decode kernel's launch at ``batch_size``: the wide one below ``wide_below`` sequence x
-        KV-head pairs an SM, where the pool's element size has one."""
+        KV-head pairs an SM at ``wide_splits_most`` splits or fewer, where the pool's element size
+        has one."""
+        pairs = batch_size * self.config.num_kv_heads
         if (
             self.wide_launch is not None
-            and batch_size * self.config.num_kv_heads < self.wide_below * self.num_sms
+            and pairs < self.wide_below * self.num_sms
+            and self.splits(batch_size) <= self.wide_splits_most
         ):
             return self.wide_launch
         return self.launch

@@ -120,12 +120,14 @@ def test_the_wide_launch_takes_small_batches_of_a_bf16_pool(kv_dtype):
                              max_context_len=64, kv_cache=cache)  # fmt: skip
     backend = TritonDecodeBackend(config)
     # fewer than wide_below (3) sequence x KV-head pairs on each of the interpreter's 4 "SMs"
+    # (batches up to 5), split 4 ways at most (from 3 up: 1 and 2 split 16 and 8 ways)
     assert backend.num_sms * TritonDecodeBackend.wide_below == 12
-    picked = [backend.decode_launch(bs).block_n for bs in (1, 5, 6, 64)]
+    picked = [backend.decode_launch(bs).block_n for bs in (1, 2, 3, 5, 6, 64)]
     if kv_dtype == torch.bfloat16:
-        assert picked == [128, 128, 64, 64]
+        assert [backend.splits(bs) for bs in (1, 2, 3, 5, 6)] == [16, 8, 4, 2, 2]
+        assert picked == [64, 64, 128, 128, 64, 64]
     else:  # a float8 pool has one launch
-        assert picked == [TritonDecodeBackend.launches[1].block_n] * 4
+        assert picked == [TritonDecodeBackend.launches[1].block_n] * 6
 
 
 def test_cascade_plan():
