@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -539,6 +540,29 @@ class GrammarBackendSuite:
                 walked += 1
         assert walked >= self.random_schemas // 2, f"only {walked} walks ended in schemas the backend took"
 
+    @staticmethod
+    def compiled_randoms(
+        backend: GrammarBackend,
+        rng: random.Random,
+        count: int,
+        spec: Callable[[str], GrammarSpec],
+        wrap: str = "{}",
+    ) -> Iterator[tuple[str, re.Pattern[str], Any]]:
+        """``count`` random regexes (:func:`random_regex`, each put in ``wrap``) as ``(pattern, its
+        ECMA-262 reading, the backend's grammar of spec(pattern))``, those the backend refuses
+        skipped; at least half of them must compile."""
+        compiled_count = 0
+        for _ in range(count):
+            pattern = wrap.format(random_regex(rng))
+            reference = ecma_reference(pattern)
+            try:
+                compiled = backend.compile(spec(pattern))
+            except GrammarError:
+                continue
+            compiled_count += 1
+            yield pattern, reference, compiled
+        assert compiled_count >= count // 2, f"only {compiled_count} of {count} random regexes compiled"
+
     def test_random_regexes_match_as_ecma_262_reads_them(
         self, backend: GrammarBackend, tokenizer: Any, vocab_size: int, stop_id: int
     ) -> None:
@@ -551,15 +575,8 @@ class GrammarBackendSuite:
         strings = [""] + [a + b for a in _REGEX_ALPHABET for b in ["", *_REGEX_ALPHABET]]
         rng = random.Random(20261201)
         wrong: list[str] = []
-        compiled_count = 0
-        for _ in range(self.random_regexes):
-            pattern = random_regex(rng)
-            reference = ecma_reference(pattern)
-            try:
-                compiled = backend.compile(GrammarSpec("regex", pattern))
-            except GrammarError:
-                continue
-            compiled_count += 1
+        randoms = self.compiled_randoms(backend, rng, self.random_regexes, lambda p: GrammarSpec("regex", p))
+        for pattern, reference, compiled in randoms:
             missed = [
                 s
                 for s in strings
@@ -572,7 +589,6 @@ class GrammarBackendSuite:
                 if not reference.fullmatch(text):
                     wrong.append(f"{pattern!r} walked to {text!r}")
         assert not wrong, "\n".join(wrong[:10])
-        assert compiled_count >= self.random_regexes // 2, f"only {compiled_count} random regexes compiled"
 
     def test_random_patterns_take_the_json_strings_ecma_262_matches(
         self, backend: GrammarBackend, tokenizer: Any, vocab_size: int, stop_id: int
@@ -589,17 +605,12 @@ class GrammarBackendSuite:
         values = [""] + [a + b for a in _PATTERN_ALPHABET for b in ["", *_PATTERN_ALPHABET]]
         rng = random.Random(20261202)
         wrong: list[str] = []
-        compiled_count = 0
-        for _ in range(self.random_patterns):
-            pattern = f"^(?:{random_regex(rng)})$"
-            reference = ecma_reference(pattern)
-            try:
-                compiled = backend.compile(
-                    GrammarSpec("json_schema", json.dumps({"type": "string", "pattern": pattern}))
-                )
-            except GrammarError:
-                continue
-            compiled_count += 1
+
+        def schema(pattern: str) -> GrammarSpec:
+            return GrammarSpec("json_schema", json.dumps({"type": "string", "pattern": pattern}))
+
+        randoms = self.compiled_randoms(backend, rng, self.random_patterns, schema, wrap="^(?:{})$")
+        for pattern, reference, compiled in randoms:
             for value in values:
                 text = json.dumps(value, ensure_ascii=False)
                 taken = self.takes(backend.matcher(compiled), tokenizer, text, stop_id, vocab_size)
@@ -616,7 +627,6 @@ class GrammarBackendSuite:
                 if not isinstance(value, str) or not reference.fullmatch(value):
                     wrong.append(f"{pattern!r} walked to {text!r}")
         assert not wrong, "\n".join(wrong[:10])
-        assert compiled_count >= self.random_patterns // 2, f"only {compiled_count} random patterns compiled"
 
     @pytest.mark.parametrize(
         ("kind", "value", "begun"),
