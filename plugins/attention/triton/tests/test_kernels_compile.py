@@ -182,7 +182,7 @@ def _resource_usage(cubin: bytes) -> dict[str, int]:
     return {k: int(v) for k, v in re.findall(r"(REG|LOCAL|STACK):(\d+)", out)}
 
 
-def _float8_decode_usage(launch, group: int = 2, splits: int = 1, kv: str = "fp8e4nv") -> dict[str, int]:
+def _decode_usage(launch, group: int = 2, splits: int = 1, kv: str = "fp8e4nv") -> dict[str, int]:
     """Registers and stack of the float8 (or ``kv``) decode kernel under ``launch`` (sm_90, the
     launch's divisibility hints)."""
     from minisgl_plugin_triton.kernels import decode_kernel
@@ -209,7 +209,7 @@ def test_a_register_cap_holds_without_spills_over_a_float8_pool(block_n, stages,
     launch = Launch(block_n, 4, stages, cap)
     assert launch.options(interpreted=False)["maxnreg"] == cap
     assert "maxnreg" not in launch.options(interpreted=True)
-    usage = _float8_decode_usage(launch)
+    usage = _decode_usage(launch)
     assert usage["REG"] <= cap and usage["STACK"] == 0 and usage["LOCAL"] == 0, usage
 
 
@@ -222,7 +222,7 @@ def test_the_float8_launch_fits_three_programs_an_sm(group):
     from minisgl_plugin_triton.backend import TritonDecodeBackend
 
     launch = TritonDecodeBackend.launches[1]
-    usage = _float8_decode_usage(launch, group=group)
+    usage = _decode_usage(launch, group=group)
     assert usage["REG"] * 32 * launch.num_warps * 3 <= 65536, usage
     assert usage["STACK"] == 0 and usage["LOCAL"] == 0, usage
 
@@ -235,6 +235,6 @@ def test_the_wide_bf16_launch_spills_nothing(splits):
 
     launch = TritonDecodeBackend.wide_launches[2]
     assert launch.block_n == 128
-    usage = _float8_decode_usage(launch, splits=splits, kv="bf16")
+    usage = _decode_usage(launch, splits=splits, kv="bf16")
     assert usage["STACK"] == 0 and usage["LOCAL"] == 0, usage
     assert usage["REG"] * 32 * launch.num_warps * 2 <= 65536, usage
