@@ -21,13 +21,17 @@ that work:
   sum not included).
 
 Every variant that computes the product is checked against the plugin's float32 emulation.
+``--bytes-tiles`` then times the loads alone (``bytes``) over other tiles and warps, and a plain
+stream over the weight's bytes (``stream``: each program a run of contiguous 16-byte loads, one
+run a loop step): what each way of reading the same bytes allows.
 
-    python3 tools/device_gemv_parts.py [--shapes llama-3.1-8b,qwen3-0.6b] [--json OUT.json]
+    python3 tools/device_gemv_parts.py [--shapes llama-3.1-8b,qwen3-0.6b] [--bytes-tiles] [--json OUT.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -117,6 +121,67 @@ def tc_kernel(
     tl.store(out + split.to(tl.int64) * N + rows, result, mask=row_ok)
 
 
+@triton.jit
+def stream_kernel(src, sums, words, BLOCK: tl.constexpr, STEPS: tl.constexpr):
+    base = tl.program_id(0).to(tl.int64) * BLOCK * STEPS
+    fold = tl.zeros([BLOCK], dtype=tl.int32)
+    for i in range(STEPS):
+        offs = base + i * BLOCK + tl.arange(0, BLOCK)
+        fold ^= tl.load(src + offs, mask=offs < words, other=0, eviction_policy="evict_first")
+    tl.store(sums + tl.program_id(0), tl.xor_sum(fold, axis=0))
+
+
+BYTES_TILES = [
+    (1, 4096),
+    (2, 4096),
+    (4, 4096),
+    (2, 8192),
+    (4, 2048),
+    (8, 2048),
+    (8, 1024),
+    (16, 512),
+    (16, 1024),
+]
+
+
+def load_floors(name: str, n: int, k: int) -> list[dict]:
+    """The loads alone over ``BYTES_TILES`` x warps, and the plain stream over the same bytes."""
+    copies = max(2, COPY_BYTES // (n * k))
+    _, weights, scale = _inputs(n, k, copies)
+    rows = []
+    part = torch.empty(n, device="cuda", dtype=torch.float32)
+    for (block_n, block_k), warps in itertools.product(BYTES_TILES, (4, 8)):
+        if block_k > triton.next_power_of_2(k):
+            continue
+
+        def run(i, block_n=block_n, block_k=block_k, warps=warps):
+            parts_kernel[(triton.cdiv(n, block_n), 1)](
+                part, scale, weights[i], scale, part, n, k, K_PER_SPLIT=triton.cdiv(k, block_k) * block_k,
+                BLOCK_N=block_n, BLOCK_K=block_k, ACC_R=1, MODE=2, num_warps=warps, num_stages=2,
+            )  # fmt: skip
+            return part
+
+        ms = time_graph(run, copies)
+        rows.append({"layer": name, "kind": "bytes", "block_n": block_n, "block_k": block_k, "warps": warps,
+                     "ms": round(ms, 5), "tbps": round(n * k / ms / 1e9, 3)})  # fmt: skip
+        print(json.dumps(rows[-1]), flush=True)
+    words = n * k // 4
+    for block, steps, warps in itertools.product((1024, 2048), (1, 2, 4, 8), (4, 8)):
+        grid = triton.cdiv(words, block * steps)
+        sums = torch.empty(grid, device="cuda", dtype=torch.int32)
+
+        def run_stream(i, block=block, steps=steps, warps=warps, grid=grid, sums=sums):
+            stream_kernel[(grid,)](weights[i].view(torch.int32), sums, words, BLOCK=block, STEPS=steps,
+                                   num_warps=warps)  # fmt: skip
+            return sums
+
+        ms = time_graph(run_stream, copies)
+        rows.append({"layer": name, "kind": "stream", "block_bytes": 4 * block, "steps": steps, "warps": warps,
+                     "programs": grid, "ms": round(ms, 5), "tbps": round(n * k / ms / 1e9, 3)})  # fmt: skip
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def _split_for(n: int, k: int, block_n: int, block_k: int, sm: int) -> int:
     split = 1
     while split < 8 and triton.cdiv(n, block_n) * split < 2 * sm and k >= 2 * split * 2 * block_k:
@@ -188,15 +253,27 @@ def layer(name: str, n: int, k: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--shapes", default="llama-3.1-8b,qwen3-0.6b")
+    parser.add_argument("--bytes-tiles", action="store_true")
+    parser.add_argument("--skip-parts", action="store_true", help="only the --bytes-tiles floors")
     parser.add_argument("--json")
     args = parser.parse_args()
-    report = {"device": torch.cuda.get_device_name(), "layers": []}
-    for shape in args.shapes.split(","):
+    report = {"device": torch.cuda.get_device_name(), "layers": [], "floors": []}
+    if args.bytes_tiles:
+        for shape in args.shapes.split(","):
+            for name, n, k in SHAPES[shape]:
+                floors = load_floors(name, n, k)
+                report["floors"] += floors
+                best = {kind: min((r for r in floors if r["kind"] == kind), key=lambda r: r["ms"]) for kind in
+                        ("bytes", "stream")}  # fmt: skip
+                print(f"{shape} {name}: fastest {json.dumps(best)}", flush=True)
+    if args.skip_parts:
+        args.shapes = ""
+    for shape in filter(None, args.shapes.split(",")):
         for name, n, k in SHAPES[shape]:
             row = layer(name, n, k)
             row["shape"] = shape
             report["layers"].append(row)
-    for shape in args.shapes.split(","):
+    for shape in filter(None, args.shapes.split(",")):
         rows = [r for r in report["layers"] if r["shape"] == shape]
         keys = [key for key in rows[0] if isinstance(rows[0][key], dict) and key != "config"]
         sums = {key: round(sum(r[key].get("ms", float("nan")) for r in rows) * 1e3, 2) for key in keys}

@@ -40,16 +40,19 @@ COPY_BYTES = 512 << 20
 EMULATION_TOLERANCE = 0.004
 
 
-def candidates(n: int, k: int) -> list:
+def candidates(n: int, k: int, wide: bool = False) -> list:
     """``pick_config``'s choice first, then tiles x warps x ``acc_r`` x tiles per program, loaded
     without eviction hints (``evict`` is tried on the fastest three afterwards). (A ``pipe`` knob,
     the next step's weight block loaded before this step's multiplies, was 1.4-1.8x slower on
-    every shape on 2026-11-28 and is gone.)"""
+    every shape on 2026-11-28 and is gone.) ``wide`` adds tiles of one to four whole rows (or
+    8,192-16,384 columns of them) a loop step."""
     from minisgl_plugin_fp8.gemv import pick_config
 
     base = pick_config(n, k, torch.cuda.get_device_properties(0).multi_processor_count)
     out = [base]
     blocks = [(8, 1024), (16, 512), (16, 1024), (8, 2048), (4, 2048), (32, 256), (8, 512), (4, 1024)]
+    if wide:  # a few whole rows a loop step: each step's block one contiguous run of memory
+        blocks += [(1, 4096), (2, 4096), (4, 4096), (2, 2048), (1, 8192), (2, 8192), (1, 16384)]
     splits = sorted({1, 2, 4, base.split_k}) if n * k <= SPLIT_SWEEP_MAX else [base.split_k]
     grid = itertools.product(blocks, (4, 8), (1, 8, 16), (1, 2), splits)
     for (block_n, block_k), warps, acc_r, tiles, split_k in grid:
@@ -159,10 +162,11 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--shapes", default="llama-3.1-8b")
     parser.add_argument("--workers", type=int, default=12)
+    parser.add_argument("--wide", action="store_true", help="also tiles of a few whole rows a loop step")
     args = parser.parse_args()
     started = time.perf_counter()
     layers = [layer for shape in args.shapes.split(",") for layer in SHAPES[shape]]
-    plans = {(name, n, k): candidates(n, k) for name, n, k in layers}
+    plans = {(name, n, k): candidates(n, k, args.wide) for name, n, k in layers}
     # compile in parallel: one job per (K, chunk of configurations)
     jobs = []
     for (_, _, k), configs in plans.items():
