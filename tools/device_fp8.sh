@@ -5,9 +5,10 @@
 #           Llama-3.1-8B's layer shapes; fp8 weights / fp8 KV end to end against float32)
 #   bench:  Llama-3.1-8B shape (random weights) offline and batch-1 decode, bf16 vs
 #           --quantization fp8 vs fp8 + --kv-cache-dtype fp8_e4m3 (bound: ~1.6 ms/token on H200)
-#   gemv:   the GEMV's launch sweep (tools/device_gemv_sweep.py, weights from HBM: $OUT/gemv-sweep.json), then
-#           batch-1 decode (16 requests offline, then --decode-latency) with --quantization fp8,
-#           pick_config's choice and the sweep's (tools/fp8_tuned_run.py) alternating, twice
+#   gemv:   the GEMV's launch sweep (tools/device_gemv_sweep.py $SWEEP_ARGS, weights from HBM:
+#           $OUT/gemv-sweep.json), then batch-1 decode (4 requests offline, then --decode-latency)
+#           with --quantization fp8: pick_config's choice, the same with the row rounded in
+#           arithmetic (hw_round off) and the sweep's (tools/fp8_tuned_run.py) alternating, ROUNDS (2) times
 #   head:   the fp8 plugin's CUDA tests (fp8-head's conformance among them), then Llama-3.1-8B
 #           batch-1 decode (--attn fi,triton, 4 requests offline first) with --quantization fp8
 #           and fp8-head alternating after a discarded first process, ROUNDS (2) times:
@@ -42,16 +43,21 @@ fi
 if [[ $what == gemv ]]; then
   # (the model made on the CPU: the sweep's timings have the GPU to themselves)
   python3 -m minisgl_core bench make-model --shape llama-3.1-8b --out /tmp/m/llama-3.1-8b --device cpu > /dev/null &
-  timeout 240 python3 tools/device_gemv_sweep.py --out "$out/gemv-sweep.json" > "$out/gemv-sweep.log" 2>&1
+  timeout 240 python3 tools/device_gemv_sweep.py ${SWEEP_ARGS:-} --out "$out/gemv-sweep.json" > "$out/gemv-sweep.log" 2>&1
   echo "sweep exit $? ($((SECONDS - start)) s)"; grep -E "^(compiled|qkv|o |gate_up|down|per layer)" "$out/gemv-sweep.log" | cut -c1-260
+  # pick_config's launch with the row rounded in arithmetic (hw_round off), as a report fp8_tuned_run reads
+  python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))
+rows = [{"n": l["n"], "k": l["k"], "best": [{"config": {**l["picked"]["config"], "hw_round": False}}]} for l in r["layers"]]
+json.dump({"layers": rows}, open(sys.argv[2], "w"))' "$out/gemv-sweep.json" "$out/arith.json"
   wait
   echo "model made ($((SECONDS - start)) s)"
-  args=(bench offline --model /tmp/m/llama-3.1-8b --attn "${ATTN:-fi,triton}" --num-requests 16 --decode-latency
-        --quantization fp8 --output "$out/fp8_gemv_bench.jsonl")
+  args=(bench offline --model /tmp/m/llama-3.1-8b --attn "${ATTN:-fi,triton}" --num-requests 4 --cuda-graph-max-bs 4
+        --piecewise-cuda-graph-max-tokens 0 --decode-latency --quantization fp8 --output "$out/fp8_gemv_bench.jsonl")
   line() { tail -n 1 | python3 -c 'import json, sys; d = json.loads(sys.stdin.read())
 print(d["label"], d["output_tok_per_s"], "tok/s; batch-1", d.get("decode", {}).get("ms_per_token"), "ms/token")'; }
-  for round in 1 2; do  # (the first run JIT-compiles the attention kernels)
+  for round in $(seq "${ROUNDS:-2}"); do  # (the first run JIT-compiles the attention kernels)
     timeout $((round == 1 ? 250 : 150)) python3 -m minisgl_core "${args[@]}" --label "fp8 pick_config round $round" 2>>"$out/fp8_gemv_bench.log" | line
+    timeout 150 python3 tools/fp8_tuned_run.py "$out/arith.json" "${args[@]}" --label "fp8 pick_config arithmetic rounding round $round" 2>>"$out/fp8_gemv_bench.log" | line
     timeout 150 python3 tools/fp8_tuned_run.py "$out/gemv-sweep.json" "${args[@]}" --label "fp8 swept round $round" 2>>"$out/fp8_gemv_bench.log" | line
   done
   grep -E "Error|Traceback|configurations" "$out/fp8_gemv_bench.log" | head -5

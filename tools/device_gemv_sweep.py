@@ -49,7 +49,7 @@ def candidates(n: int, k: int, wide: bool = False) -> list:
     from minisgl_plugin_fp8.gemv import pick_config
 
     base = pick_config(n, k, torch.cuda.get_device_properties(0).multi_processor_count)
-    out = [base]
+    out = [base, base._replace(hw_round=False)]  # and the row rounded in arithmetic, as before
     blocks = [(8, 1024), (16, 512), (16, 1024), (8, 2048), (4, 2048), (32, 256), (8, 512), (4, 1024)]
     if wide:  # a few whole rows a loop step: each step's block one contiguous run of memory
         blocks += [(1, 4096), (2, 4096), (4, 4096), (2, 2048), (1, 8192), (2, 8192), (1, 16384)]

@@ -58,6 +58,9 @@ class GemvConfig(NamedTuple):
     prefetch: bool = False  # the first weight block loaded before the scale's pass
     acc_r: int = 1  # products summed in each thread over this many neighbouring columns a step
     evict: bool = False  # weight loads marked evict-first (each byte is read once a step)
+    #: the token's row rounded to e4m3 by the GPU's conversion instruction rather than in
+    #: arithmetic (``_round_e4m3``, which Triton's interpreter needs): the same values
+    hw_round: bool = True
 
 
 #: programs wanted per SM before the K loop is split (several per SM keep enough loads in flight)
@@ -129,6 +132,7 @@ def fp8_gemv_kernel(
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch
     ACC_R: tl.constexpr = 1,  # GemvConfig.acc_r
     EVICT: tl.constexpr = False,  # GemvConfig.evict
+    HW_ROUND: tl.constexpr = False,  # GemvConfig.hw_round, compiled (never under the interpreter)
 ):
     split = tl.program_id(1)
     cols = split * K_PER_SPLIT + tl.arange(0, BLOCK_K)
@@ -153,12 +157,12 @@ def fp8_gemv_kernel(
         acc = tl.zeros((BLOCK_N, BLOCK_K // ACC_R), dtype=tl.float32)
         if PREFETCH and tile == 0:
             xk = tl.load(x_ptrs, mask=cols[None, :] < K, other=0.0)
-            acc = _accumulate(acc, wk_first, xk, x_inverse, ACC_R)
+            acc = _accumulate(acc, wk_first, xk, x_inverse, ACC_R, HW_ROUND)
         for step in range(BLOCK_K if PREFETCH and tile == 0 else 0, K_PER_SPLIT, BLOCK_K):
             col_ok = cols[None, :] + step < K
             xk = tl.load(x_ptrs + step, mask=col_ok, other=0.0)
             wk = _load_weights(w_ptrs + step, row_ok[:, None] & col_ok, EVICT)
-            acc = _accumulate(acc, wk, xk, x_inverse, ACC_R)
+            acc = _accumulate(acc, wk, xk, x_inverse, ACC_R, HW_ROUND)
         result = tl.sum(acc, axis=1) * scale * tl.reshape(x_scale, (1,))
         tl.store(out + rows, result.to(out.dtype.element_ty), mask=row_ok)
 
@@ -171,11 +175,17 @@ def _load_weights(ptrs, mask, EVICT: tl.constexpr):
 
 
 @triton.jit
-def _accumulate(acc, wk, xk, x_inverse, ACC_R: tl.constexpr):
+def _accumulate(acc, wk, xk, x_inverse, ACC_R: tl.constexpr, HW_ROUND: tl.constexpr):
     """``acc`` plus the products of a weight block and its columns of ``x`` rounded to e4m3; with
     ``ACC_R`` > 1 each thread first sums ``ACC_R`` neighbouring columns (``acc`` is that much
-    narrower: fewer registers a program)."""
-    xq = _round_e4m3(tl.clamp(xk.to(tl.float32) * x_inverse, -FP8_MAX, FP8_MAX))
+    narrower: fewer registers a program). ``HW_ROUND``: the rounding as one conversion to e4m3
+    and back (round to nearest even; the values are clamped to e4m3's range first) instead of
+    ``_round_e4m3``'s ten or so instructions an element, done again by every program."""
+    xs = tl.clamp(xk.to(tl.float32) * x_inverse, -FP8_MAX, FP8_MAX)
+    if HW_ROUND:
+        xq = xs.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.float32)
+    else:
+        xq = _round_e4m3(xs)
     products = wk.to(tl.float32) * xq
     if ACC_R == 1:
         return acc + products
@@ -313,7 +323,7 @@ def fp8_gemv(
         x, weight, weight_scale, target, n, k,
         K_PER_SPLIT=k_per_split, K_ROW=triton.cdiv(k, scale_block) * scale_block, SCALE_BLOCK=scale_block,
         BLOCK_N=config.block_n, BLOCK_K=config.block_k, TILES=config.tiles, PREFETCH=config.prefetch,
-        ACC_R=config.acc_r, EVICT=config.evict,
+        ACC_R=config.acc_r, EVICT=config.evict, HW_ROUND=config.hw_round and x.is_cuda,
         num_warps=config.num_warps, num_stages=config.num_stages, **pdl,
     )  # fmt: skip
     if config.split_k > 1:

@@ -122,6 +122,7 @@ def compile_gemv(config, constants: dict) -> str:
         (None, False, False, {}),
         (4, True, True, {}),
         (None, True, False, {"ACC_R": 4, "EVICT": False}),
+        (None, True, False, {"HW_ROUND": True}),
     ],
 )
 def test_gemv_compiles_for_sm90(tiles, prefetch, pdl, variant):
@@ -136,6 +137,37 @@ def test_gemv_compiles_for_sm90(tiles, prefetch, pdl, variant):
     assert "cvt.rn.f16x2.e4m3x2" in ptx  # the weight is read as fp8 and widened in registers
     assert "mma" not in ptx  # CUDA cores
     assert ("evict_first" in ptx) == variant.get("EVICT", config.evict)
+    # the token's row rounded by the conversion instruction (round to nearest even), or in arithmetic
+    assert ("cvt.rn.satfinite.e4m3x2.f32" in ptx) == variant.get("HW_ROUND", False)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled kernel needs a CUDA device")
+def test_the_conversion_rounds_the_row_as_the_arithmetic_does():
+    """On the GPU, ``hw_round`` (the row rounded to e4m3 by the conversion instruction) gives the
+    bits of the arithmetic rounding (``_round_e4m3``, what the interpreter runs): the same kernel
+    otherwise, so the same sums in the same order. The row holds ties between e4m3 neighbours at
+    several binades and subnormals (its largest entry 448 makes the scale exactly 1), then random
+    rows of Llama-3.1-8B's four widths."""
+    from minisgl_plugin_fp8.gemv import fp8_gemv, pick_config
+    from minisgl_plugin_fp8.method import quantize_rows
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    ties = torch.tensor([448.0, 100.0, -3.125, 0.65625, 11.5, -0.0068359375, 0.0029296875, 232.0])
+    for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)):
+        q, scale = quantize_rows(torch.randn(n, k, generator=gen, device="cuda", dtype=torch.bfloat16) * 0.02)
+        rows = [torch.randn(1, k, generator=gen, device="cuda").to(torch.bfloat16) * 3]
+        crafted = torch.randn(1, k, generator=gen, device="cuda") * 0.01
+        crafted[0, : len(ties) * 64] = ties.repeat(64)
+        rows.append(crafted.to(torch.bfloat16))
+        config = pick_config(n, k)
+        for x in rows:
+            hardware = fp8_gemv(x, q, scale, config._replace(hw_round=True))
+            arithmetic = fp8_gemv(x, q, scale, config._replace(hw_round=False))
+            assert torch.equal(hardware, arithmetic), (
+                n,
+                k,
+                (hardware.float() - arithmetic.float()).abs().max(),
+            )
 
 
 def test_row_quantizer_compiles_for_sm90():
