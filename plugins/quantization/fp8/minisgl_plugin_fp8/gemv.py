@@ -89,7 +89,9 @@ def pick_config(n: int, k: int, sm_count: int = 132) -> GemvConfig:
     the row count: 16 rows x 512 columns for many rows (gate_up's 28,672), 8 x 2,048 for few rows
     of a long K (o_proj, down_proj), else 8 x 1,024 (qkv); rows shorter than 2,048 columns take
     8 x 512 (the fastest for Qwen3-0.6B's qkv and gate_up in the same kind of sweep, whose four
-    shapes took 13.3 µs a layer with this rule, 17.5 with the previous one). Then ``split_k``, a power of two up to ``MAX_SPLIT_K``, grows until there are
+    shapes took 13.3 µs a layer with this rule, 17.5 with the previous one). ``acc_r`` 16 but
+    for the shortest rows (8): with the row rounded by the conversion instruction (``hw_round``)
+    the 8 x 2,048 tiles took 16 too (o_proj and down_proj 24.2 -> 23.9 µs, 2026-12-01). Then ``split_k``, a power of two up to ``MAX_SPLIT_K``, grows until there are
     ``PROGRAMS_PER_SM`` programs of 8 rows per SM (o_proj's 4,096 rows stay unsplit, as
     measured), as long as each split keeps at least two loop steps."""
     if k < 2048:
@@ -97,7 +99,7 @@ def pick_config(n: int, k: int, sm_count: int = 132) -> GemvConfig:
     elif n >= MANY_ROWS:
         block_n, block_k, acc_r = 16, 512, 16
     elif n <= FEW_ROWS and k >= 4096:
-        block_n, block_k, acc_r = 8, 2048, 8
+        block_n, block_k, acc_r = 8, 2048, 16
     else:
         block_n, block_k, acc_r = 8, 1024, 16
     num_warps, num_stages = 4, 2

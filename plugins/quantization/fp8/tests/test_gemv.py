@@ -71,16 +71,17 @@ def test_split_k_only_when_the_rows_alone_leave_the_gpu_idle():
 
     # Llama-3.1-8B's shapes on 132 SMs, as swept on an H200 (weights from HBM): rows alone fill the
     # GPU (no split); 16 x 512 tiles for gate_up's many rows, 8 x 2,048 for o_proj's and
-    # down_proj's few rows of a long K, 8 x 1,024 for qkv; the first block prefetched, evict-first
-    for n, k, tile, acc_r in ((6144, 4096, (8, 1024), 16), (4096, 4096, (8, 2048), 8),
-                              (28672, 4096, (16, 512), 16), (4096, 14336, (8, 2048), 8)):  # fmt: skip
+    # down_proj's few rows of a long K, 8 x 1,024 for qkv; the first block prefetched, evict-first,
+    # 16 columns summed in each thread, the row rounded by the conversion instruction
+    for n, k, tile, acc_r in ((6144, 4096, (8, 1024), 16), (4096, 4096, (8, 2048), 16),
+                              (28672, 4096, (16, 512), 16), (4096, 14336, (8, 2048), 16)):  # fmt: skip
         config = pick_config(n, k)
         assert (config.block_n, config.block_k, config.split_k, config.acc_r) == (*tile, 1, acc_r), (
             n,
             k,
             config,
         )
-        assert config.prefetch and config.evict and config.tiles == 1
+        assert config.prefetch and config.evict and config.tiles == 1 and config.hw_round
     small = pick_config(512, 16384)  # 64 tiles of 8 rows: 8 splits wanted, 4 at most
     assert small.split_k == MAX_SPLIT_K and 64 * small.split_k < PROGRAMS_PER_SM * 132
     assert pick_config(2048, 8192).split_k == 2  # 256 tiles: 2 splits reach 2 programs per SM
