@@ -23,9 +23,12 @@ that work:
 Every variant that computes the product is checked against the plugin's float32 emulation.
 ``--bytes-tiles`` then times the loads alone (``bytes``) over other tiles and warps, and a plain
 stream over the weight's bytes (``stream``: each program a run of contiguous 16-byte loads, one
-run a loop step): what each way of reading the same bytes allows.
+run a loop step): what each way of reading the same bytes allows. ``--xq-tiles`` times ``xq_in``
+over the same tiles (warps, in-thread sums): the product once the row's work is off the weight
+stream, what a norm or SiLU kernel writing the rounded row would allow.
 
-    python3 tools/device_gemv_parts.py [--shapes llama-3.1-8b,qwen3-0.6b] [--bytes-tiles] [--json OUT.json]
+    python3 tools/device_gemv_parts.py [--shapes llama-3.1-8b,qwen3-0.6b] [--bytes-tiles] [--xq-tiles]
+        [--skip-parts] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -182,6 +185,39 @@ def load_floors(name: str, n: int, k: int) -> list[dict]:
     return rows
 
 
+def rounded_row_tiles(name: str, n: int, k: int) -> list[dict]:
+    """``xq_in`` (the row handed in rounded, with its scale: no scale pass, no rounding in the
+    kernel) over ``BYTES_TILES`` x warps x in-thread sums: how close to the loads' floor the
+    product comes once the row's work is off the weight stream. Checked against the emulation."""
+    from minisgl_plugin_fp8.method import quantize_rows
+
+    copies = max(2, COPY_BYTES // (n * k))
+    x, weights, scale = _inputs(n, k, copies)
+    xq2, xs2 = quantize_rows(x)
+    xq, xs = xq2.view(-1).contiguous(), xs2.view(-1).float().contiguous()
+    emulated = ((xq.float() * xs) @ (weights[0].float() * scale.view(-1, 1)).t()).view(-1)
+    part = torch.empty(1, n, device="cuda", dtype=torch.float32)
+    rows = []
+    for (block_n, block_k), warps, acc_r in itertools.product(BYTES_TILES, (4, 8), (1, 8)):
+        if block_k > triton.next_power_of_2(k):
+            continue
+
+        def run(i, block_n=block_n, block_k=block_k, warps=warps, acc_r=acc_r):
+            parts_kernel[(triton.cdiv(n, block_n), 1)](
+                xq, xs, weights[i], scale, part, n, k, K_PER_SPLIT=triton.cdiv(k, block_k) * block_k,
+                BLOCK_N=block_n, BLOCK_K=block_k, ACC_R=acc_r, MODE=0, num_warps=warps, num_stages=2,
+            )  # fmt: skip
+            return part
+
+        distance = ((run(0).view(-1) - emulated).norm() / emulated.norm()).item()
+        ms = time_graph(run, copies)
+        rows.append({"layer": name, "kind": "xq_in", "block_n": block_n, "block_k": block_k, "warps": warps,
+                     "acc_r": acc_r, "ms": round(ms, 5), "tbps": round(n * k / ms / 1e9, 3),
+                     "ok": distance < EMULATION_TOLERANCE})  # fmt: skip
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def _split_for(n: int, k: int, block_n: int, block_k: int, sm: int) -> int:
     split = 1
     while split < 8 and triton.cdiv(n, block_n) * split < 2 * sm and k >= 2 * split * 2 * block_k:
@@ -254,7 +290,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--shapes", default="llama-3.1-8b,qwen3-0.6b")
     parser.add_argument("--bytes-tiles", action="store_true")
-    parser.add_argument("--skip-parts", action="store_true", help="only the --bytes-tiles floors")
+    parser.add_argument("--xq-tiles", action="store_true", help="the row handed in rounded, over tiles")
+    parser.add_argument("--skip-parts", action="store_true", help="only the --bytes-tiles / --xq-tiles rows")
     parser.add_argument("--json")
     args = parser.parse_args()
     report = {"device": torch.cuda.get_device_name(), "layers": [], "floors": []}
@@ -266,6 +303,16 @@ def main() -> None:
                 best = {kind: min((r for r in floors if r["kind"] == kind), key=lambda r: r["ms"]) for kind in
                         ("bytes", "stream")}  # fmt: skip
                 print(f"{shape} {name}: fastest {json.dumps(best)}", flush=True)
+    if args.xq_tiles:
+        for shape in args.shapes.split(","):
+            rows = [row for name, n, k in SHAPES[shape] for row in rounded_row_tiles(name, n, k)]
+            report["floors"] += rows
+            best = {}
+            for row in rows:
+                if row["ok"] and (row["layer"] not in best or row["ms"] < best[row["layer"]]["ms"]):
+                    best[row["layer"]] = row
+            print(f"{shape} row handed in rounded, fastest: {json.dumps(best)}", flush=True)
+            print(f"{shape}: µs a layer {round(sum(r['ms'] for r in best.values()) * 1e3, 2)}", flush=True)
     if args.skip_parts:
         args.shapes = ""
     for shape in filter(None, args.shapes.split(",")):
