@@ -31,3 +31,27 @@ def test_build_random_model_on_a_bad_device_writes_nothing(tmp_path):
     with pytest.raises(RuntimeError):
         build_random_model("qwen3-0.6b", tmp_path / "deep" / "model", device="nope")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("shape", ["qwen3-0.6b", "llama-3.1-8b"])
+def test_linear_shapes_are_the_checkpoints_products_fused(shape):
+    """The tools' GEMM shapes (``linear_shapes``) are the checkpoint's q/k/v and gate/up weights
+    stacked as the engine fuses them, o_proj, down_proj, and the LM head (the embedding when tied)."""
+    from minisgl_core.bench.shapes import SHAPES, linear_shapes, parameter_shapes
+
+    config = SHAPES[shape]
+    weights = parameter_shapes(config)
+    layer = {
+        name.split(".", 3)[3]: dims for name, dims in weights.items() if name.startswith("model.layers.0.")
+    }
+    q, k, v = (layer[f"self_attn.{p}_proj.weight"] for p in "qkv")
+    gate, up = layer["mlp.gate_proj.weight"], layer["mlp.up_proj.weight"]
+    head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])
+    assert linear_shapes(config) == {
+        "qkv": (q[0] + k[0] + v[0], q[1]),
+        "o": layer["self_attn.o_proj.weight"],
+        "gate_up": (gate[0] + up[0], gate[1]),
+        "down": layer["mlp.down_proj.weight"],
+        "lm_head": head,
+    }
+    assert config.get("tie_word_embeddings", False) == ("lm_head.weight" not in weights)

@@ -19,17 +19,18 @@ import time
 import torch
 import torch.nn.functional as F
 
+from minisgl_core.bench.shapes import SHAPES as BENCH_SHAPES
+from minisgl_core.bench.shapes import linear_shapes
 from minisgl_core.layers.linear import cpu_slabs, slab_matmul
 
+#: the default model's decoder (SmolLM2-135M-Instruct's config.json), beside the benchmark shapes
+SMOLLM2_135M = {"hidden_size": 576, "intermediate_size": 1536, "vocab_size": 49152, "num_attention_heads": 9,
+                "num_key_value_heads": 3, "head_dim": 64}  # fmt: skip
 SHAPES = {  # (N, K) of y = x @ W.T, W [N, K]
-    "smollm2-135m": {
-        "qkv": (960, 576),
-        "o": (576, 576),
-        "gate_up": (3072, 576),
-        "down": (576, 1536),
-        "lm_head": (49152, 576),
+    "smollm2-135m": linear_shapes(SMOLLM2_135M),
+    "qwen3-0.6b": {
+        name: nk for name, nk in linear_shapes(BENCH_SHAPES["qwen3-0.6b"]).items() if name != "lm_head"
     },
-    "qwen3-0.6b": {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072)},
 }
 
 

@@ -22,22 +22,10 @@ import json
 import torch
 import triton
 
-LAYERS = {  # (N, K) of y = x @ W.T, W [N, K]
-    "qwen3-0.6b": {
-        "qkv": (4096, 1024),
-        "o": (1024, 2048),
-        "gate_up": (6144, 1024),
-        "down": (1024, 3072),
-        "lm_head": (151936, 1024),
-    },
-    "llama-3.1-8b": {
-        "qkv": (6144, 4096),
-        "o": (4096, 4096),
-        "gate_up": (28672, 4096),
-        "down": (4096, 14336),
-        "lm_head": (128256, 4096),
-    },
-}
+from minisgl_core.bench.shapes import SHAPES, linear_shapes
+
+#: (N, K) of y = x @ W.T, W [N, K], for each product of a layer and the LM head
+LAYERS = {shape: linear_shapes(SHAPES[shape]) for shape in ("qwen3-0.6b", "llama-3.1-8b")}
 ROWS = (1, 8, 32, 64, 128, 256)
 
 

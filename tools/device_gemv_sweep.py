@@ -27,11 +27,16 @@ import time
 
 import torch
 
+from minisgl_core.bench.shapes import SHAPES as SHAPES_BY_NAME
+from minisgl_core.bench.shapes import linear_shapes
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-SHAPES = {  # (name, N, K) of y = x @ W.T
-    "llama-3.1-8b": [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)],
-    "qwen3-0.6b": [("qkv", 4096, 1024), ("o", 1024, 2048), ("gate_up", 6144, 1024), ("down", 1024, 3072)],
+SHAPES = {  # (name, N, K) of y = x @ W.T: a layer's four products (the LM head is not swept)
+    shape: [
+        (name, n, k) for name, (n, k) in linear_shapes(SHAPES_BY_NAME[shape]).items() if name != "lm_head"
+    ]
+    for shape in ("llama-3.1-8b", "qwen3-0.6b")
 }
 #: weights up to this many elements are also swept over split K (1, 2, 4)
 SPLIT_SWEEP_MAX = 8 << 20

@@ -28,18 +28,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from minisgl_core.bench.shapes import SHAPES  # noqa: E402
+from minisgl_core.bench.shapes import SHAPES, linear_shapes  # noqa: E402
 from minisgl_core.bench.workloads import standard_offline  # noqa: E402
 
 BYTES = 2  # bf16 weights and KV
-
-
-def matrices(config: dict) -> tuple[list[tuple[int, int]], tuple[int, int]]:
-    """(N, K) of one layer's GEMMs (q/k/v fused, gate/up fused) and of the lm_head."""
-    h, inter, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
-    d = config.get("head_dim") or h // config["num_attention_heads"]
-    q, kv = config["num_attention_heads"] * d, config["num_key_value_heads"] * d
-    return [(q + 2 * kv, h), (h, q), (2 * inter, h), (h, inter)], (vocab, h)
 
 
 def bounds(shape: str, bandwidth: float, flops: float, kv_element_bytes: int = BYTES) -> dict:
@@ -50,7 +42,7 @@ def bounds(shape: str, bandwidth: float, flops: float, kv_element_bytes: int = B
         2 * config["num_key_value_heads"] * d * kv_element_bytes * layers
     )  # K and V, every layer, a token
     q_dim = config["num_attention_heads"] * d
-    layer, head = matrices(config)
+    *layer, head = linear_shapes(config).values()  # the four products of a layer, then the lm_head
     requests = standard_offline()
     prompts = [len(r.prompt_ids) for r in requests]
     outputs = [r.max_tokens for r in requests]

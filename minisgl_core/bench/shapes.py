@@ -52,6 +52,22 @@ def parameter_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def linear_shapes(config: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """``(N, K)`` of each product of a Llama/Qwen3 decoder layer as the engine runs it (``y = x @
+    W.T``, ``W`` ``[N, K]``; q/k/v fused, gate/up fused) and of the LM head: the shapes the GEMM
+    and GEMV tools time."""
+    h, inter, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    d = config.get("head_dim") or h // config["num_attention_heads"]
+    q, kv = config["num_attention_heads"] * d, config["num_key_value_heads"] * d
+    return {
+        "qkv": (q + 2 * kv, h),
+        "o": (h, q),
+        "gate_up": (2 * inter, h),
+        "down": (h, inter),
+        "lm_head": (vocab, h),
+    }
+
+
 #: the most tokens the random-weight models' tokenizer is trained to (fewer when the corpus runs
 #: out of merges), padded with filler words to the shape's vocabulary
 TRAINED_TOKENS = 4096
