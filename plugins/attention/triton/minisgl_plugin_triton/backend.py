@@ -258,15 +258,15 @@ class TritonDecodeBackend(AttentionBackend):
         four or more: about ``batch_size / 4`` tasks."""
         return splits_for(max(1, batch_size // 4), self.config.num_kv_heads, self.num_sms, self._per_sm())
 
-    def decode_launch(self, batch_size: int) -> Launch:
-        """The decode kernel's launch at ``batch_size``: the wide one below ``wide_below`` sequence x
-        KV-head pairs an SM at ``wide_splits_most`` splits or fewer, where the pool's element size
-        has one."""
+    def decode_launch(self, batch_size: int, splits: int) -> Launch:
+        """The decode kernel's launch for ``batch_size`` sequences split ``splits`` ways (the step's
+        own, from its metadata): the wide one below ``wide_below`` sequence x KV-head pairs an SM
+        at ``wide_splits_most`` splits or fewer, where the pool's element size has one."""
         pairs = batch_size * self.config.num_kv_heads
         if (
             self.wide_launch is not None
             and pairs < self.wide_below * self.num_sms
-            and self.splits(batch_size) <= self.wide_splits_most
+            and splits <= self.wide_splits_most
         ):
             return self.wide_launch
         return self.launch
@@ -358,7 +358,7 @@ class TritonDecodeBackend(AttentionBackend):
         early_launch = not cascade and pdl_attention_enabled(q.device)
         early = early_launch or (self.early_kv and not cascade and not self.interpreted)
         decode_pdl = pdl_launch() if early_launch else pdl_options(q.device)
-        launch = self.decode_launch(bs)
+        launch = self.decode_launch(bs, splits)
         kernels.decode_kernel[(config.num_kv_heads, bs, splits)](
             q,
             cache.k_cache(layer_id),

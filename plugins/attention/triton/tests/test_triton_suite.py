@@ -122,7 +122,7 @@ def test_the_wide_launch_takes_small_batches_of_a_bf16_pool(kv_dtype):
     # fewer than wide_below (3) sequence x KV-head pairs on each of the interpreter's 4 "SMs"
     # (batches up to 5), split 4 ways at most (from 3 up: 1 and 2 split 16 and 8 ways)
     assert backend.num_sms * TritonDecodeBackend.wide_below == 12
-    picked = [backend.decode_launch(bs).block_n for bs in (1, 2, 3, 5, 6, 64)]
+    picked = [backend.decode_launch(bs, backend.splits(bs)).block_n for bs in (1, 2, 3, 5, 6, 64)]
     if kv_dtype == torch.bfloat16:
         assert [backend.splits(bs) for bs in (1, 2, 3, 5, 6)] == [16, 8, 4, 2, 2]
         assert picked == [64, 64, 128, 128, 64, 64]
