@@ -8,7 +8,7 @@
     python tools/device_profile.py steps MODEL_DIR --workload shared-prefix --max-running 128 [--disable-cascade] [--cache naive]
     python tools/device_profile.py steps MODEL_DIR --cprofile [--trace OUT.json]   # + host phases, Chrome trace
     python tools/device_profile.py steps MODEL_DIR --workload shared-prefix --max-running 128 --mixed --profile-kind mixed
-    python tools/device_profile.py b1 MODEL_DIR [--quantization fp8]   # batch-1 decode, kernel table
+    python tools/device_profile.py b1 MODEL_DIR [--quantization fp8] [--trace OUT.json]   # batch-1 decode, kernel table
 
 ``steps`` drives one Engine over the standard workload, times every step on the host (with
 overlap on, a step's host time is the device time of the step before it once the device is the
@@ -454,9 +454,12 @@ def b1(args: argparse.Namespace) -> dict:
         "steps": steps,
         "wall_ms": round(wall * 1e3, 2),
         "device_busy_ms": round(_device_us(prof) / 1e3, 2),
+        "kernels": sorted(([k, n, round(t, 1)] for k, n, t in _device_events(prof)), key=lambda r: -r[2]),
     }
-    print(json.dumps(summary))
+    print(json.dumps({k: v for k, v in summary.items() if k != "kernels"}))
     print(_table(prof, 40))
+    if args.trace:
+        prof.export_chrome_trace(args.trace)
     llm.close()
     return summary
 
@@ -476,7 +479,7 @@ def main() -> None:
     p.add_argument("--json")
     p.add_argument("--quantization", help="b1: a --quantization method (fp8, ...)")
     p.add_argument("--cprofile", action="store_true", help="steps: cProfile the host phases by step kind")
-    p.add_argument("--trace", help="steps: write the profiled window as a Chrome trace here")
+    p.add_argument("--trace", help="steps, b1: write the profiled window as a Chrome trace here")
     p.add_argument("--mixed", action="store_true", help="steps: mixed prefill + decode steps on")
     p.add_argument(
         "--profile-kind",
