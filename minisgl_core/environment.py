@@ -35,10 +35,6 @@ DOCUMENTED: dict[str, str] = {
     "passing the barrier itself (--disable-fast-path symm_mem_norm_barrier)",
     "MINISGL_PDL": "1 launches the hand-written Triton kernels with programmatic dependent launch (Hopper+; "
     "experimental, off by default: -2% at batch 1 (Llama-3.1-8B fp8) but 1% slower offline on Qwen3-0.6B, BENCHMARKS.md)",
-    "MINISGL_L2_PREFETCH_MB": "MB of the o projection's (then gate/up's) weight a decode step of up to 8 tokens "
-    "prefetches into L2 on a second stream after each layer's qkv projection (Hopper+; experimental, default 0: off)",
-    "MINISGL_L2_PREFETCH_KIND": "bulk (default: cp.async.bulk.prefetch.L2) or line (prefetch.global.L2 a 128-byte line) "
-    "for MINISGL_L2_PREFETCH_MB (experimental)",
     "MINISGL_SPLIT_MIXED": "0 runs a mixed step's decode rows on the prefill attention backend with its "
     "prompt rows; by default (1 on a GPU, 0 elsewhere) they run on the decode backend: on an H200 "
     "1.10x the throughput of unsplit mixed steps on Llama-3.1-8B, ITL p99 20 vs 121 ms",

@@ -229,26 +229,3 @@ def split_sum_kernel(partials, out, size, SPLIT: tl.constexpr, BLOCK: tl.constex
     for s in tl.static_range(SPLIT):
         acc += tl.load(partials + s * size + offs, mask=offs < size, other=0.0)
     tl.store(out + offs, acc.to(out.dtype.element_ty), mask=offs < size)
-
-
-@triton.jit
-def l2_prefetch_kernel(base, nbytes, CHUNK: tl.constexpr, LANES: tl.constexpr, BULK: tl.constexpr):
-    """Bytes ``[0, nbytes)`` from ``base`` (16-byte aligned, ``nbytes`` a multiple of 16) brought
-    into L2, nothing read into registers, no value changed: program ``i`` covers ``LANES * CHUNK``
-    bytes from ``i * LANES * CHUNK``. ``BULK``: one ``cp.async.bulk.prefetch.L2`` of ``CHUNK`` bytes
-    a lane (sm90+); else one ``prefetch.global.L2`` a lane of one 128-byte line (``CHUNK`` 128).
-    Inline PTX: compiled for CUDA only (:func:`minisgl_core.layers.prefetch` never runs it elsewhere)."""
-    start = (tl.program_id(0).to(tl.int64) * LANES + tl.arange(0, LANES)) * CHUNK
-    size = tl.minimum(nbytes - start, CHUNK)
-    live = size > 0
-    ptrs = base + tl.where(live, start, 0)
-    if BULK:
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-            "=r,l,r", [ptrs, tl.where(live, size, 0).to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
-        )  # fmt: skip
-    else:
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-            "=r,l,r", [ptrs, live.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
-        )  # fmt: skip

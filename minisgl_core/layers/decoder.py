@@ -14,7 +14,6 @@ from torch import nn
 from minisgl_core.api.batch import ForwardBatch
 from minisgl_core.api.model import KVSpec, Model, ModelConfig
 from minisgl_core.api.parallel import ParallelContext
-from minisgl_core.layers import prefetch
 from minisgl_core.layers.attention import AttentionLayer
 from minisgl_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from minisgl_core.layers.fused import qkv_norm_rope, silu_and_mul
@@ -61,9 +60,6 @@ class DecoderAttention(nn.Module):
         self.k_norm = RMSNorm(head_dim, eps, dtype=dtype, device=device) if qk_norm else None
         self.rotary_emb = get_rope(hf, head_dim).to(device)
         self.attn = AttentionLayer(layer_id, num_heads, num_kv_heads, head_dim)
-        #: the linear layers whose weights an L2 prefetch brings in after the qkv projection, in
-        #: the order they run (the layer sets the MLP's; a plain tuple: not submodules)
-        self.prefetch_next: tuple[nn.Module, ...] = (self.o_proj,)
 
     def forward(
         self,
@@ -79,9 +75,6 @@ class DecoderAttention(nn.Module):
         num_tokens, head_dim = hidden.shape[0], self.attn.head_dim
         num_heads, num_kv_heads = self.attn.num_heads, self.attn.num_kv_heads
         qkv = self.qkv_proj(hidden).view(num_tokens, num_heads + 2 * num_kv_heads, head_dim)
-        prefetcher = prefetch.for_step(hidden, batch.is_prefill)
-        if prefetcher is not None and self.prefetch_next:  # (see minisgl_core.layers.prefetch)
-            prefetcher.issue([m.weight for m in self.prefetch_next], prefetch.budget_bytes())
         q_weight = None if self.q_norm is None else self.q_norm.weight
         k_weight = None if self.k_norm is None else self.k_norm.weight
         eps = self.q_norm.eps if self.q_norm is not None else 0.0
@@ -149,7 +142,6 @@ class DecoderLayer(nn.Module):
             hf, layer_id, qk_norm=qk_norm, parallel=parallel, dtype=dtype, device=device
         )
         self.mlp = DecoderMLP(hf, parallel=parallel, dtype=dtype, device=device)
-        self.self_attn.prefetch_next = (self.self_attn.o_proj, self.mlp.gate_up_proj)
         self.input_layernorm = RMSNorm(hf["hidden_size"], eps, dtype=dtype, device=device)
         self.post_attention_layernorm = RMSNorm(hf["hidden_size"], eps, dtype=dtype, device=device)
         # o_proj's and down_proj's sums are left to the norm after them (RMSNorm's partial_of):
@@ -224,7 +216,6 @@ class DecoderModel(nn.Module):
                 hidden, residual, batch, angles, hidden_is_partial=partial, reduce_output=reduce
             )
             partial = not reduce
-        prefetch.join(hidden)
         return hidden, residual
 
 
