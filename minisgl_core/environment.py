@@ -33,8 +33,9 @@ DOCUMENTED: dict[str, str] = {
     "MINISGL_SYMM_MEM_NORM": "0 turns off its sum fused with the residual add and RMS norm after it (--disable-fast-path symm_mem_norm)",
     "MINISGL_SYMM_MEM_NORM_BARRIER": "0 makes that fused kernel wait behind PyTorch's barrier kernel instead of "
     "passing the barrier itself (--disable-fast-path symm_mem_norm_barrier)",
-    "MINISGL_PDL": "1 launches the hand-written Triton kernels with programmatic dependent launch (Hopper+; "
-    "experimental, off by default: -2% at batch 1 (Llama-3.1-8B fp8) but 1% slower offline on Qwen3-0.6B, BENCHMARKS.md)",
+    "MINISGL_PDL": "1 launches the hand-written Triton kernels with programmatic dependent launch everywhere "
+    "(Hopper+), 0 nowhere; unset, only in the decode CUDA graphs of up to 8 sequences on one GPU, where it "
+    "shortens a step (everywhere it cost Qwen3-0.6B 1% offline; BENCHMARKS.md)",
     "MINISGL_SPLIT_MIXED": "0 runs a mixed step's decode rows on the prefill attention backend with its "
     "prompt rows; by default (1 on a GPU, 0 elsewhere) they run on the decode backend: on an H200 "
     "1.10x the throughput of unsplit mixed steps on Llama-3.1-8B, ITL p99 20 vs 121 ms",

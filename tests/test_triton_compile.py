@@ -263,3 +263,32 @@ def test_pdl_is_off_unless_asked_and_on_cuda(monkeypatch):
     assert triton_ops.pdl_options(__import__("torch").device("cpu")) == {}
     monkeypatch.setenv("MINISGL_PDL", "1")
     assert triton_ops.pdl_options(__import__("torch").device("cpu")) == {}  # only CUDA launches with it
+
+
+def test_pdl_follows_the_scope_where_the_variable_is_unset(monkeypatch):
+    """``MINISGL_PDL`` unset: the kernels take programmatic dependent launch inside
+    ``pdl_scope(True)`` only (the CUDA graph runner's small decode graphs); ``1`` or ``0`` decides
+    everywhere, scope or not."""
+    import torch
+
+    from minisgl_core.layers import triton_ops
+
+    monkeypatch.setattr(triton_ops, "_pdl_supported", lambda index: True)  # (no GPU here)
+    gpu = torch.device("cuda", 0)
+    monkeypatch.delenv("MINISGL_PDL", raising=False)
+    assert triton_ops.pdl_options(gpu) == {}
+    with triton_ops.pdl_scope(True):
+        assert triton_ops.pdl_options(gpu) == {"PDL": True, "launch_pdl": True}
+        with triton_ops.pdl_scope(False):
+            assert not triton_ops.pdl_enabled(gpu)
+        assert triton_ops.pdl_enabled(gpu)
+    assert not triton_ops.pdl_enabled(gpu)
+    monkeypatch.setenv("MINISGL_PDL", "0")
+    with triton_ops.pdl_scope(True):
+        assert not triton_ops.pdl_enabled(gpu)
+    monkeypatch.setenv("MINISGL_PDL", "1")
+    assert triton_ops.pdl_enabled(gpu)
+    with triton_ops.pdl_scope(False):
+        assert triton_ops.pdl_enabled(gpu)
+    with triton_ops.pdl_scope(True):
+        assert not triton_ops.pdl_enabled(torch.device("cpu"))

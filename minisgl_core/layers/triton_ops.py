@@ -25,8 +25,11 @@ the kernels under ``TRITON_INTERPRET=1`` and compile them for sm_90 and sm_80.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import importlib.util
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -69,15 +72,32 @@ def triton_runs_on(device: torch.device) -> bool:
     return triton_available()
 
 
+#: whether the kernels launched now are captured into a graph that wants PDL (:func:`pdl_scope`)
+_scoped_pdl: contextvars.ContextVar[bool] = contextvars.ContextVar("minisgl_scoped_pdl", default=False)
+
+
+@contextlib.contextmanager
+def pdl_scope(enabled: bool) -> Iterator[None]:
+    """Within it, :func:`pdl_enabled` is ``enabled`` where ``MINISGL_PDL`` is unset: the CUDA
+    graph runner captures its small decode graphs under ``pdl_scope(True)``."""
+    token = _scoped_pdl.set(enabled)
+    try:
+        yield
+    finally:
+        _scoped_pdl.reset(token)
+
+
 def pdl_enabled(device: torch.device) -> bool:
-    """Whether the hand-written Triton kernels are launched with programmatic dependent launch
-    (``MINISGL_PDL=1``; experimental, off by default: measured, BENCHMARKS.md): each starts
-    launching while the kernel before it runs, waits for it in its first instruction
+    """Whether the hand-written Triton kernels are launched with programmatic dependent launch:
+    each starts launching while the kernel before it runs, waits for it in its first instruction
     (``gdc_wait``), then lets the kernel after it start launching (``gdc_launch_dependents``; without
     it a kernel's successor is launched only as its last blocks exit), which hides part of the gap
-    between kernels in a CUDA graph. Only on CUDA devices of compute capability 9.0 or newer, with
-    a Triton that has both instructions."""
-    if device.type != "cuda" or not environment.switch("MINISGL_PDL", False):
+    between kernels in a CUDA graph. ``MINISGL_PDL=1`` everywhere, ``0`` nowhere; unset, inside
+    :func:`pdl_scope` (the decode graphs of a few sequences, where it pays: BENCHMARKS.md). Only
+    on CUDA devices of compute capability 9.0 or newer, with a Triton that has both instructions."""
+    if device.type != "cuda":
+        return False
+    if not environment.parse_switch("MINISGL_PDL", environment.get("MINISGL_PDL"), _scoped_pdl.get()):
         return False
     return _pdl_supported(device.index if device.index is not None else torch.cuda.current_device())
 

@@ -299,6 +299,7 @@ class ModelRunner:
                     self.dummy_slot,
                     config.cuda_graph_max_bs,
                     cascade=self.cascade,
+                    single_gpu=self.parallel.tp_size == 1,
                     sequences_per_request=(
                         1 + config.speculative_num_draft_tokens if config.speculative_algorithm else 1
                     ),
