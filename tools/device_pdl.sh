@@ -10,6 +10,11 @@
 # b1:    Llama-3.1-8B --quantization fp8 batch-1 decode (--attn fi,triton, graphs up to batch 4, 4
 #        requests offline first), MINISGL_PDL=0 / 1 alternating after a discarded first
 #        process, ROUNDS times: $OUT/pdl-b1.jsonl.
+# graphs: the default (MINISGL_PDL unset: PDL in the decode graphs of up to 8 sequences only)
+#        against MINISGL_PDL=0, batch-1 decode (--attn fi,triton, 4 requests offline first, graphs
+#        up to batch 8) on each of SHAPES (default "qwen3-0.6b llama-3.1-8b"; Llama in bf16 and
+#        --quantization fp8-head), alternating after a discarded first process, ROUNDS (2) times:
+#        $OUT/pdl-graphs.jsonl. About 8 minutes on a warm H200 with both shapes and two rounds.
 set -uo pipefail
 what=${1:-all}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -41,4 +46,28 @@ print(d["label"], "init", d["init_seconds"], "s; batch-1", d["decode"]["ms_per_t
     done
   done
   grep -E "Error|Traceback" "$out/pdl-b1.log" | head -5
+fi
+if [[ $what == graphs ]]; then
+  line() { tail -n 1 | python3 -c 'import json, sys; d = json.loads(sys.stdin.read())
+print(d["label"], "init", d["init_seconds"], "s; batch-1", d["decode"]["ms_per_token"], "ms/token")'; }
+  for shape in ${SHAPES:-qwen3-0.6b llama-3.1-8b}; do
+    model=/tmp/m/$shape
+    [[ -f $model/config.json ]] || python3 -m minisgl_core bench make-model --shape "$shape" --out "$model" --device cuda >/dev/null
+    quants=("")
+    [[ $shape == llama* ]] && quants+=("--quantization fp8-head")
+    for quant in "${quants[@]}"; do
+      # shellcheck disable=SC2206  # (the quantization flag splits into its two words)
+      args=(bench offline --model "$model" --attn fi,triton $quant --num-requests 4 --cuda-graph-max-bs 8
+            --piecewise-cuda-graph-max-tokens 0 --decode-latency)
+      env -u MINISGL_PDL timeout 200 python3 -m minisgl_core "${args[@]}" --label "$shape $quant warm-up (discarded)" \
+        2>>"$out/pdl-graphs.log" | line
+      for round in $(seq "${ROUNDS:-2}"); do
+        env -u MINISGL_PDL timeout 150 python3 -m minisgl_core "${args[@]}" --label "$shape $quant default (round $round)" \
+          --output "$out/pdl-graphs.jsonl" 2>>"$out/pdl-graphs.log" | line
+        MINISGL_PDL=0 timeout 150 python3 -m minisgl_core "${args[@]}" --label "$shape $quant MINISGL_PDL=0 (round $round)" \
+          --output "$out/pdl-graphs.jsonl" 2>>"$out/pdl-graphs.log" | line
+      done
+    done
+  done
+  grep -E "Error|Traceback" "$out/pdl-graphs.log" | head -5
 fi
