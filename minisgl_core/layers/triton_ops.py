@@ -97,7 +97,7 @@ def pdl_enabled(device: torch.device) -> bool:
     on CUDA devices of compute capability 9.0 or newer, with a Triton that has both instructions."""
     if device.type != "cuda":
         return False
-    if not environment.parse_switch("MINISGL_PDL", environment.get("MINISGL_PDL"), _scoped_pdl.get()):
+    if not environment.switch("MINISGL_PDL", _scoped_pdl.get()):
         return False
     return _pdl_supported(device.index if device.index is not None else torch.cuda.current_device())
 
