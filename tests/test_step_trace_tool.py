@@ -42,3 +42,17 @@ def test_a_decode_step_waiting_for_the_prefill_before_it_is_no_stall(capsys):
     assert steps[first - 1]["kind"] == "prefill" and steps[first]["ms"]["sync"] > 40, steps[first]
     tool.stalls(steps)
     assert capsys.readouterr().out.startswith("decode steps over 5x their bucket's median: 0, 0.00 s")
+
+
+def test_a_plain_trace_named_gz_reads_as_the_gzipped_one(tmp_path):
+    """The engine appends plain JSON lines whatever the file is called: ``--step-trace steps.jsonl.gz``
+    gives a plain file, which the tool must read (it took the name's word and failed) the same as
+    the gzipped copy benchmarks/results keeps."""
+    import gzip
+
+    tool = load_tool()
+    kept = RESULTS / "peer-b42732f" / "steps-qwen3-0.6b-r1.jsonl.gz"
+    plain = tmp_path / "steps.jsonl.gz"
+    plain.write_bytes(gzip.decompress(kept.read_bytes()))
+    assert tool.load(str(plain)) == tool.load(str(kept))
+    assert len(tool.load(str(plain))) > 100

@@ -22,9 +22,12 @@ from collections import defaultdict
 
 
 def load(path: str) -> list[dict]:
-    """The step records of a trace, gzipped (``.gz``, as benchmarks/results keeps them) or not;
-    the engine's idle records (no ``kind``) included."""
-    with gzip.open(path, "rt") if path.endswith(".gz") else open(path) as f:
+    """The step records of a trace, gzipped (as benchmarks/results keeps them) or not, whatever
+    the file's name says (the engine writes plain lines, even to a ``.gz`` name); the engine's idle
+    records (no ``kind``) included."""
+    with open(path, "rb") as f:
+        zipped = f.read(2) == b"\x1f\x8b"
+    with gzip.open(path, "rt") if zipped else open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
 
 
