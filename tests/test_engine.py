@@ -354,6 +354,28 @@ def test_aligned_rows_are_the_rows_each_on_whole_64_byte_lines(length, dtype):
     assert not got[:, length:].any()
 
 
+@pytest.mark.parametrize("lengths", [(0, 0, 0), (1, 3, 1), (7, 2, 9), (9, 17, 33), (8191, 5, 8191)])
+def test_rows_to_device_gives_each_block_as_aligned_rows_gives_it(lengths):
+    """Blocks of int64, int32 and float32 rows through one copy: each comes back with the values,
+    dtype and shape ``aligned_rows`` gives it alone, and every row of every block starts on a
+    64-byte line of the one buffer (as Triton's pointer arguments need)."""
+    from minisgl_core.runner.sampler import aligned_rows, rows_to_device
+
+    a, b, c = lengths
+    blocks = [
+        ([list(range(a)), [-(2**40) - i for i in range(a)]], torch.int64),
+        ([[i * 3 for i in range(b)]] * 3, torch.int32),
+        ([[0.5 * i for i in range(c)]], torch.float32),
+    ]
+    got = rows_to_device(blocks, torch.device("cpu"))
+    base = got[0].data_ptr()
+    for tensor, (rows, dtype) in zip(got, blocks, strict=True):
+        alone = aligned_rows(rows, dtype)
+        assert tensor.dtype == dtype and torch.equal(tensor, alone)
+        for row in tensor:
+            assert (row.data_ptr() - base) % 64 == 0
+
+
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_start_up_runs_one_prefill_into_the_reserved_slot_only(model_dir, page_size):
     """Start-up runs one prefill through the model and its attention (so kernels built on first

@@ -227,6 +227,21 @@ def aligned_rows(rows: list[list], dtype: torch.dtype) -> torch.Tensor:
     return host.view(len(rows), width)
 
 
+def rows_to_device(blocks: list[tuple[list[list], torch.dtype]], device: torch.device) -> list[torch.Tensor]:
+    """Each ``(rows, dtype)`` block as :func:`aligned_rows` on ``device``, all through one
+    host-to-device copy: the blocks' bytes back to back in one host buffer, viewed as their own
+    dtypes and shapes again on the device. Every block is a whole number of 64-byte lines, so each
+    of its rows stays as aligned as it would be on its own."""
+    hosts = [aligned_rows(rows, dtype) for rows, dtype in blocks]
+    device_bytes = copy_to_device(torch.cat([h.reshape(-1).view(torch.uint8) for h in hosts]), device)
+    out, start = [], 0
+    for h in hosts:
+        size = h.numel() * h.element_size()
+        out.append(device_bytes[start : start + size].view(h.dtype).view(h.shape))
+        start += size
+    return out
+
+
 def to_device(
     values: list | torch.Tensor, device: torch.device, dtype: torch.dtype | None = None
 ) -> torch.Tensor:

@@ -25,7 +25,7 @@ from minisgl_core.api import (
     SchedulerState,
     SchedulingPolicy,
 )
-from minisgl_core.runner.sampler import aligned_rows, copy_to_device, to_device
+from minisgl_core.runner.sampler import rows_to_device, to_device
 from minisgl_core.sampling import StepOutput, TokenLogprob
 from minisgl_core.scheduler.allocator import PageAllocator, RequestSlots
 from minisgl_core.scheduler.cascade import group_shared_prefixes
@@ -270,15 +270,8 @@ class Scheduler:
         sampled = [i for i, r in enumerate(reqs) if seq_lens[i] == r.fill_len]
         flat_slots = slots[0] if len(slots) == 1 else list(itertools.chain.from_iterable(slots))
         rows = _logits_rows(reqs, chunks, seq_lens)
-        batch = self._forward_batch(
-            True,
-            reqs,
-            chunks,
-            seq_lens,
-            to_device(input_ids, self.device, torch.int64),
-            positions,
-            flat_slots,
-            rows[0],
+        batch, _ = self._forward_batch(
+            True, reqs, chunks, seq_lens, input_ids, positions, flat_slots, rows[0]
         )
         self._advance_prefill(reqs, seq_lens)
         return ScheduledBatch(batch, reqs, chunks, sampled, logit_rows=rows[1], prompt_rows=rows[2])
@@ -316,16 +309,15 @@ class Scheduler:
             positions.extend(range(r.num_computed, r.num_computed + n))
             prompt_ids += r.fill_ids[r.num_computed : r.num_computed + n]
         seq_lens = [r.num_computed + n for r, n in zip(reqs, lens)]
-        # a decode row's input is its last sampled token, read on the device as in a decode step
-        rows = to_device([r.row for r in decodes], self.device)
-        input_ids = torch.cat([self.last_tokens[rows], to_device(prompt_ids, self.device, torch.int64)])
         flat_slots = dec_slots + list(itertools.chain.from_iterable(slots))
         sampled = list(range(len(decodes)))
         sampled += [len(decodes) + i for i, r in enumerate(pre) if r.num_computed + chunks[i] == r.fill_len]
         logit_rows = _logits_rows(reqs, lens, seq_lens)
-        batch = self._forward_batch(
-            True, reqs, lens, seq_lens, input_ids, positions, flat_slots, logit_rows[0]
+        # a decode row's input is its last sampled token, read on the device as in a decode step
+        batch, token_rows = self._forward_batch(
+            True, reqs, lens, seq_lens, prompt_ids, positions, flat_slots, logit_rows[0], decodes=len(decodes)
         )
+        rows = token_rows[: len(decodes)]
         batch.shared_prefixes = shared  # the decode rows' groups (rows 0 .. len(decodes) - 1)
         for req in decodes:
             req.num_computed += 1
@@ -440,10 +432,10 @@ class Scheduler:
         self.kv.decayed()
         positions = [r.num_computed for r in reqs]
         seq_lens = [r.num_computed + 1 for r in reqs]
-        # The last sampled token is read on the device, by the batch's req_slots (input_ids None):
-        # no host round trip for the inputs, and no copy of the rows of their own.
-        batch = self._forward_batch(False, reqs, [1] * len(reqs), seq_lens, None, positions, slots)
-        rows = batch.req_slots
+        # The last sampled token is read on the device, by each request's row: no host round trip
+        # for the inputs, and no copy of the rows of their own.
+        n = len(reqs)
+        batch, rows = self._forward_batch(False, reqs, [1] * n, seq_lens, [], positions, slots, decodes=n)
         batch.shared_prefixes = shared
         for req in reqs:
             req.num_computed += 1
@@ -468,11 +460,23 @@ class Scheduler:
         reqs: list[Request],
         chunks: list[int],
         seq_lens: list[int],
-        input_ids: torch.Tensor | None,
+        token_ids: list[int],
         positions: list[int],
         flat_slots: list[int],
         logits_indices: list[int] | None = None,
-    ) -> ForwardBatch:
+        *,
+        decodes: int = 0,
+    ) -> tuple[ForwardBatch, torch.Tensor]:
+        """The step's ForwardBatch, and its tokens' request rows on the device (int64, one a token).
+        The first ``decodes`` tokens are decode rows' (one a request): their input is the request's
+        last sampled token, read from ``last_tokens`` on the device; ``token_ids`` are the others'.
+
+        Every small host array of the step goes to the device in one copy (each row padded to
+        whole 64-byte lines: kernels receive the rows as tensors, and Triton compiles a separate
+        variant for a pointer that is not 16-byte aligned, which cost a 0.6-1 s compile in the
+        middle of a run at the first odd-sized prefill). The page table's new entries are written
+        from an int32 copy of the slots and every index is int64, so no dtype conversion runs on
+        the device (each was a kernel of its own before a step's graph)."""
         device = self.device
         rows = [r.row for r in reqs]
         token_rows = rows
@@ -480,26 +484,40 @@ class Scheduler:
             token_rows = []
             for r, n in zip(rows, chunks):
                 token_rows += [r] * n
-        # One host-to-device copy for all the small per-step arrays, each row padded to whole
-        # 64-byte lines: kernels receive the rows as tensors, and Triton compiles a separate variant
-        # for a pointer that is not 16-byte aligned (row 1 of an odd-length int64 pack is not), which
-        # cost a 0.6-1 s compile in the middle of a run at the first odd-sized prefill.
         n = len(flat_slots)
-        packed = copy_to_device(aligned_rows([flat_slots, positions, token_rows], torch.int64), device)
-        out_cache_loc, pos, token_rows_dev = packed[0, :n], packed[1, :n], packed[2, :n]
-        self.page_table[token_rows_dev, pos] = out_cache_loc.to(torch.int32)
-        lens = copy_to_device(aligned_rows([rows, seq_lens, chunks], torch.int32), device)[:, : len(reqs)]
+        if len(token_ids) != n - decodes:
+            raise ValueError(f"{len(token_ids)} token ids for {n - decodes} tokens")
+        wide = [flat_slots, positions, token_rows]
+        if decodes < n:  # a row of input ids, the decode rows' filled in on the device below
+            wide.append([0] * decodes + token_ids if decodes else token_ids)
+        blocks: list[tuple[list[list], torch.dtype]] = [
+            (wide, torch.int64),
+            ([rows, seq_lens, chunks], torch.int32),
+            ([flat_slots], torch.int32),
+        ]
         if logits_indices is not None:  # more rows than each request's last (prompt logprobs)
-            ends = copy_to_device(torch.tensor(logits_indices), device)
+            blocks.append(([logits_indices], torch.int64))
         elif is_prefill:
-            ends = copy_to_device(torch.tensor(chunks).cumsum(0) - 1, device)
+            blocks.append(([[end - 1 for end in itertools.accumulate(chunks)]], torch.int64))
+        packed, lens, slots32, *last = rows_to_device(blocks, device)
+        out_cache_loc, pos, token_rows_dev = packed[0, :n], packed[1, :n], packed[2, :n]
+        self.page_table[token_rows_dev, pos] = slots32[0, :n]
+        lens = lens[:, : len(reqs)]
+        if last:
+            ends = last[0][0, : len(logits_indices) if logits_indices is not None else len(reqs)]
         else:  # one row per sequence: 0 .. n-1, a slice of a tensor on the device already
             if len(reqs) > self._row_indices.numel():  # a verify step: 1 + drafts per request
                 self._row_indices = torch.arange(2 * len(reqs), device=device)
             ends = self._row_indices[: len(reqs)]
-        return ForwardBatch(
+        if decodes == n:
+            input_ids = self.last_tokens[token_rows_dev]
+        else:
+            input_ids = packed[3, :n]
+            if decodes:
+                torch.index_select(self.last_tokens, 0, token_rows_dev[:decodes], out=input_ids[:decodes])
+        batch = ForwardBatch(
             is_prefill=is_prefill,
-            input_ids=input_ids if input_ids is not None else self.last_tokens[lens[0]],
+            input_ids=input_ids,
             positions=pos,
             out_cache_loc=out_cache_loc,
             req_slots=lens[0],
@@ -511,6 +529,7 @@ class Scheduler:
             logits_indices=ends,
             attn=self.prefill_attn if is_prefill else self.decode_attn,
         )
+        return batch, token_rows_dev
 
     def _retract_until_decode_fits(self, reqs: list[Request]) -> None:
         """Retract the newest requests (removed from ``reqs``) until every other one can grow by a token.

@@ -23,7 +23,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from minisgl_core.runner.sampler import to_device
 from minisgl_core.sampling import StepOutput, TokenLogprob
 from minisgl_core.scheduler.kv import ceil_div
 from minisgl_core.scheduler.request import REASONING, Request
@@ -215,14 +214,8 @@ class Speculator:
         positions = [p for base, n in zip(bases, chunks) for p in range(base, base + n)]
         sequences = [r for r, n in zip(reqs, chunks) for _ in range(n)]
         input_ids = [t for r, d in zip(reqs, drafts) for t in (r.output_ids[-1], *d)]
-        batch = scheduler._forward_batch(
-            False,
-            sequences,
-            [1] * len(positions),
-            [p + 1 for p in positions],
-            to_device(input_ids, scheduler.device),
-            positions,
-            slots,
+        batch, _ = scheduler._forward_batch(
+            False, sequences, [1] * len(positions), [p + 1 for p in positions], input_ids, positions, slots
         )
         for req, base, n in zip(reqs, bases, chunks):
             req.num_computed = base + n  # until process(): what the pages were allocated for
