@@ -8,7 +8,8 @@
 #   git archive COMMIT | tar -x -C .dev/before      # on the dev machine; carry .dev/before
 #   source .whl/prelude.sh && ROUNDS=3 BEFORE=.dev/before bash tools/device_core_ab.sh
 #
-# Environment: SHAPE (default qwen3-0.6b), ATTN (default auto), ROUNDS (default 3), OUT, TRACE
+# Environment: SHAPE (default qwen3-0.6b), ATTN (default auto), ROUNDS (default 3), EXTRA (more
+# `bench offline` flags for every run, e.g. "--decode-latency" or "--quantization fp8-head"), OUT, TRACE
 # (default 1: the last round's runs write step traces, $OUT/steps-{before,after}.jsonl). A
 # discarded warm-up run first (a fresh machine's first run measures slow; it also JIT-builds
 # FlashInfer/FA3), then after/before alternating. Results: $OUT/core-ab.jsonl.
@@ -24,7 +25,7 @@ shape=${SHAPE:-qwen3-0.6b}; attn=${ATTN:-auto}; rounds=${ROUNDS:-3}
 run() {  # which label [trace]
   local tree=$root; [ "$1" = before ] && tree=$before
   (cd /tmp && env PYTHONPATH="$tree${PYTHONPATH:+:$PYTHONPATH}" ${3:+MINISGL_STEP_TRACE=$3} timeout 200 python3 -m minisgl_core bench offline \
-    --model "/tmp/m/$shape" --attn "$attn" --label "$2" --output "$out/core-ab.jsonl" 2>>"$out/core-ab.log" | tail -n 1 | cut -c1-200)
+    --model "/tmp/m/$shape" --attn "$attn" ${EXTRA:-} --label "$2" --output "$out/core-ab.jsonl" 2>>"$out/core-ab.log" | tail -n 1 | cut -c1-200)
 }
 for tree in "$before" "$root"; do  # which core each run imports
   (cd /tmp && PYTHONPATH="$tree${PYTHONPATH:+:$PYTHONPATH}" python3 -c "import minisgl_core; print('core from', minisgl_core.__file__)")
