@@ -28,9 +28,10 @@ logger = logging.getLogger(__name__)
 
 #: decode graphs of at most this many sequences are captured with programmatic dependent launch
 #: (``triton_ops.pdl_scope``; ``MINISGL_PDL`` set decides for every graph instead): at one sequence
-#: a step is a chain of short kernels whose launch gaps it hides (on an H200 everywhere it took
-#: 2.1% off a Llama-3.1-8B fp8-head token at batch 1, 0.9% off a bf16 one), while offline, where
-#: the large batches dominate, it cost Qwen3-0.6B 1% (BENCHMARKS.md)
+#: a step is a chain of short kernels whose launch gaps it hides (on an H200 this default took 3.9%
+#: off a Llama-3.1-8B fp8-head token at batch 1 and 1.6% off a bf16 one against MINISGL_PDL=0,
+#: Qwen3-0.6B within its spread), while offline, where the large batches dominate, PDL everywhere
+#: cost Qwen3-0.6B 1% (BENCHMARKS.md)
 PDL_MAX_BS = 8
 
 
