@@ -495,17 +495,20 @@ class Scheduler:
             ([rows, seq_lens, chunks], torch.int32),
             ([flat_slots], torch.int32),
         ]
-        if logits_indices is not None:  # more rows than each request's last (prompt logprobs)
-            blocks.append(([logits_indices], torch.int64))
-        elif is_prefill:
-            blocks.append(([[end - 1 for end in itertools.accumulate(chunks)]], torch.int64))
+        # the logits rows: more than each request's last given (prompt logprobs), else a prefill's
+        # chunk ends; None: one row per sequence
+        ends_host = logits_indices
+        if ends_host is None and is_prefill:
+            ends_host = [end - 1 for end in itertools.accumulate(chunks)]
+        if ends_host is not None:
+            blocks.append(([ends_host], torch.int64))
         packed, lens, slots32, *last = rows_to_device(blocks, device)
         out_cache_loc, pos, token_rows_dev = packed[0, :n], packed[1, :n], packed[2, :n]
         self.page_table[token_rows_dev, pos] = slots32[0, :n]
         lens = lens[:, : len(reqs)]
-        if last:
-            ends = last[0][0, : len(logits_indices) if logits_indices is not None else len(reqs)]
-        else:  # one row per sequence: 0 .. n-1, a slice of a tensor on the device already
+        if ends_host is not None:
+            ends = last[0][0, : len(ends_host)]
+        else:  # 0 .. n-1, a slice of a tensor on the device already
             if len(reqs) > self._row_indices.numel():  # a verify step: 1 + drafts per request
                 self._row_indices = torch.arange(2 * len(reqs), device=device)
             ends = self._row_indices[: len(reqs)]
