@@ -11,7 +11,8 @@ engine uses too) and times, in ms of host time, each way of sending ``bytes`` to
 * ``chunks 64K``: the same bytes in 64 KiB pageable copies into one device buffer;
 * ``fresh cat`` / ``fresh array``: one pageable copy of a host tensor made anew each time (by
   ``torch.cat``, as the engine's one-copy pack; from an ``array.array``, as ``int_tensor``), where
-  the ways above reuse one host tensor;
+  the ways above reuse one host tensor; ``fresh cat kept``: as ``fresh cat`` but each host tensor
+  is freed three copies later (if only the freed ones wait, freeing the memory is what waits);
 * ``pin_memory``: ``host.pin_memory()`` then the copy (PyTorch's caching host allocator);
 * ``pinned buffer``: a pinned buffer allocated once, filled on the host, then copied (no event
   guards its reuse: a timing, not a way to ship data).
@@ -57,6 +58,14 @@ def _ways(nbytes: int, device: torch.device):
     def fresh_cat():  # a new host tensor each time, as the engine's pack (torch.cat of its blocks)
         return torch.cat([host[:half], host[half:]]).to(device, non_blocking=True)
 
+    kept: list[torch.Tensor] = []
+
+    def fresh_cat_kept():  # as fresh cat, but each host tensor outlives its copy by three calls
+        made = torch.cat([host[:half], host[half:]])
+        kept.append(made)
+        del kept[:-4]
+        return made.to(device, non_blocking=True)
+
     def fresh_array():  # a new host tensor each time, from an array.array (as int_tensor builds them)
         return torch.frombuffer(array.array("B", bytes(nbytes)), dtype=torch.uint8).to(
             device, non_blocking=True
@@ -74,6 +83,7 @@ def _ways(nbytes: int, device: torch.device):
         "pageable x2": pageable_x2,
         "chunks 64K": chunks,
         "fresh cat": fresh_cat,
+        "fresh cat kept": fresh_cat_kept,
         "fresh array": fresh_array,
         "pin_memory": pin_memory,
         "pinned buffer": pinned_buffer,
