@@ -56,3 +56,21 @@ def test_a_plain_trace_named_gz_reads_as_the_gzipped_one(tmp_path):
     plain.write_bytes(gzip.decompress(kept.read_bytes()))
     assert tool.load(str(plain)) == tool.load(str(kept))
     assert len(tool.load(str(plain))) > 100
+
+
+def test_long_prefills_phases_show_the_one_copy_planning_wait(capsys):
+    """The H200 traces of 2026-12-02 (one round each, the same call): with the one-copy step inputs
+    (``ab4246f``) an offline run's 8,192-token prefill steps spend 8-11 ms planning (waiting for the
+    device there) where the core before (``78efcdc``) spent 3.6-4.8 and waited in ``sync``; the
+    tool's long-prefill row shows it, apart from the short prefills of the batch-1 measurement."""
+    tool = load_tool()
+    kept = ROOT / "benchmarks" / "results" / "2026-12-02" / "core-ab-ab4246f-vs-78efcdc"
+    means = {}
+    for which in ("before", "after"):
+        steps = [s for s in tool.load(str(kept / f"steps-{which}.jsonl.gz")) if "kind" in s]
+        means[which] = tool.phases_by_kind(steps)
+    out = capsys.readouterr().out
+    assert "prefill >=4096" in out and "prefill <4096" in out, out
+    before, after = means["before"]["prefill >=4096"], means["after"]["prefill >=4096"]
+    assert before["schedule"] < 5 < 7 < after["schedule"], (before, after)
+    assert before["sync"] > 8 > 5 > after["sync"], (before, after)

@@ -90,24 +90,41 @@ def summarise(steps: list[dict], bucket: float) -> dict:
     return {"t0": t0, "t1": t1}
 
 
-def phases_by_kind(busy: list[dict]) -> None:
+#: prefill and mixed steps of at least this many tokens are shown apart from the smaller ones
+LONG_PREFILL_TOKENS = 4096
+
+
+def step_key(step: dict) -> str:
+    """The row a step's phases are averaged in: decode steps by 64 requests, prefill and mixed
+    steps long (≥ ``LONG_PREFILL_TOKENS``, an offline run's full chunks) or short."""
+    if step["kind"] == "decode":
+        return f"decode bs>{(step['reqs'] - 1) // 64 * 64}"
+    if step["kind"] in ("prefill", "mixed"):
+        long = step["tokens"] >= LONG_PREFILL_TOKENS
+        return f"{step['kind']} {'>=' if long else '<'}{LONG_PREFILL_TOKENS}"
+    return step["kind"]
+
+
+def phases_by_kind(busy: list[dict]) -> dict[str, dict[str, float]]:
     """Mean host ms per phase (the trace's ``ms``: schedule, forward launch, sample launch, sync
-    wait for the device, grammar accept / fill / wait for the fill, process) per step kind."""
+    wait for the device, grammar accept / fill / wait for the fill, process) per step kind
+    (:func:`step_key`), printed and returned."""
     sums: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     counts: dict[str, int] = defaultdict(int)
     for s in busy:
         if "ms" not in s:
             continue
-        key = s["kind"] if s["kind"] != "decode" else f"decode bs>{(s['reqs'] - 1) // 64 * 64}"
+        key = step_key(s)
         counts[key] += 1
         for phase, ms in s["ms"].items():
             sums[key][phase] += ms
     if counts:
         print("host ms per step by phase (mean):")
-    for key in sorted(counts):
-        n = counts[key]
-        text = "  ".join(f"{k} {v / n:.2f}" for k, v in sorted(sums[key].items(), key=lambda kv: -kv[1]))
-        print(f"  {key:14s} {n:6d} steps: {text}")
+    means = {key: {k: v / counts[key] for k, v in sums[key].items()} for key in sorted(counts)}
+    for key, phases in means.items():
+        text = "  ".join(f"{k} {v:.2f}" for k, v in sorted(phases.items(), key=lambda kv: -kv[1]))
+        print(f"  {key:14s} {counts[key]:6d} steps: {text}")
+    return means
 
 
 def stalls(busy: list[dict], factor: float = 5.0, top: int = 5) -> None:
