@@ -36,6 +36,17 @@ import time
 import torch
 
 CHUNK = 64 * 1024
+#: the ways :func:`_ways` times, by name
+WAYS = (
+    "pageable",
+    "pageable x2",
+    "chunks 64K",
+    "fresh cat",
+    "fresh cat kept",
+    "fresh array",
+    "pin_memory",
+    "pinned buffer",
+)
 
 
 def _ways(nbytes: int, device: torch.device):
@@ -78,16 +89,8 @@ def _ways(nbytes: int, device: torch.device):
         pinned.copy_(host)
         return dest.copy_(pinned, non_blocking=True)
 
-    return {
-        "pageable": pageable,
-        "pageable x2": pageable_x2,
-        "chunks 64K": chunks,
-        "fresh cat": fresh_cat,
-        "fresh cat kept": fresh_cat_kept,
-        "fresh array": fresh_array,
-        "pin_memory": pin_memory,
-        "pinned buffer": pinned_buffer,
-    }
+    ways = (pageable, pageable_x2, chunks, fresh_cat, fresh_cat_kept, fresh_array, pin_memory, pinned_buffer)
+    return dict(zip(WAYS, ways, strict=True))
 
 
 def _cycles(ms: float) -> int:
@@ -110,6 +113,9 @@ def main() -> None:
     p.add_argument("--json")
     args = p.parse_args()
     chosen = args.ways.split(",") if args.ways else None
+    unknown = sorted(set(chosen or ()) - set(WAYS))
+    if unknown:
+        p.error(f"--ways: no way named {', '.join(unknown)}; the ways: {', '.join(WAYS)}")
     device = torch.device("cuda")
     sleep, step = _cycles(args.sleep_ms), _cycles(args.step_ms)
     rows = []

@@ -100,8 +100,8 @@ def step_key(step: dict) -> str:
     if step["kind"] == "decode":
         return f"decode bs>{(step['reqs'] - 1) // 64 * 64}"
     if step["kind"] in ("prefill", "mixed"):
-        long = step["tokens"] >= LONG_PREFILL_TOKENS
-        return f"{step['kind']} {'>=' if long else '<'}{LONG_PREFILL_TOKENS}"
+        side = ">=" if step["tokens"] >= LONG_PREFILL_TOKENS else "<"
+        return f"{step['kind']} {side}{LONG_PREFILL_TOKENS}"
     return step["kind"]
 
 
