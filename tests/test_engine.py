@@ -376,6 +376,27 @@ def test_rows_to_device_gives_each_block_as_aligned_rows_gives_it(lengths):
             assert (row.data_ptr() - base) % 64 == 0
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_rows_to_device_packs_queued_behind_work_keep_their_own_values():
+    """On CUDA every pack goes through one reused host buffer: packs of different sizes sent one
+    after another while a sleeping kernel holds the stream (so none of their copies has run when
+    the next pack overwrites the buffer) each arrive with their own values."""
+    from minisgl_core.runner.sampler import aligned_rows, rows_to_device
+
+    device = torch.device("cuda")
+    sizes = [8192, 100, 40_000, 8192, 3]
+    packs = [
+        [([list(range(k * 7, k * 7 + n))] * 2, torch.int64), ([[k] * n], torch.int32)]
+        for k, n in enumerate(sizes)
+    ]
+    torch.cuda._sleep(50_000_000)
+    got = [rows_to_device(blocks, device) for blocks in packs]
+    torch.cuda.synchronize()
+    for blocks, tensors in zip(packs, got, strict=True):
+        for tensor, (rows, dtype) in zip(tensors, blocks, strict=True):
+            assert torch.equal(tensor.cpu(), aligned_rows(rows, dtype))
+
+
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_start_up_runs_one_prefill_into_the_reserved_slot_only(model_dir, page_size):
     """Start-up runs one prefill through the model and its attention (so kernels built on first
