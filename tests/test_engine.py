@@ -378,9 +378,9 @@ def test_rows_to_device_gives_each_block_as_aligned_rows_gives_it(lengths):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_rows_to_device_packs_queued_behind_work_keep_their_own_values():
-    """On CUDA every pack goes through one reused host buffer: packs of different sizes sent one
-    after another while a sleeping kernel holds the stream (so none of their copies has run when
-    the next pack overwrites the buffer) each arrive with their own values."""
+    """Packs of different sizes sent one after another while a sleeping kernel holds the stream
+    (so none of their copies has run when its host tensor is freed and the next pack is built)
+    each arrive with their own values: a pageable copy is staged before it returns."""
     from minisgl_core.runner.sampler import aligned_rows, rows_to_device
 
     device = torch.device("cuda")

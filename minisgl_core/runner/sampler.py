@@ -13,7 +13,6 @@ shares its batch.
 from __future__ import annotations
 
 import array
-import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -228,38 +227,13 @@ def aligned_rows(rows: list[list], dtype: torch.dtype) -> torch.Tensor:
     return host.view(len(rows), width)
 
 
-class _PackBuffer(threading.local):
-    """The host bytes of :func:`rows_to_device`'s packs, one grow-only buffer a thread, reused by
-    every pack: a pageable copy is staged by the driver before ``.to(..., non_blocking=True)``
-    returns, so the next pack may overwrite it. A host tensor allocated anew for each pack made the
-    copy of an 8,192-token prefill step's ≈ 300 KiB wait, now and then, for the work queued ahead
-    of it on the device (4-12 ms on an H200, ``tools/device_h2d_queue.py``'s ``fresh cat`` against
-    ``pageable``), which a reused one never did; the planning of prefill steps waited with it."""
-
-    host = torch.empty(0, dtype=torch.uint8)
-
-    def take(self, size: int) -> torch.Tensor:
-        if self.host.numel() < size:
-            self.host = torch.empty(max(size, 2 * self.host.numel()), dtype=torch.uint8)
-        return self.host[:size]
-
-
-_PACK = _PackBuffer()
-
-
 def rows_to_device(blocks: list[tuple[list[list], torch.dtype]], device: torch.device) -> list[torch.Tensor]:
     """Each ``(rows, dtype)`` block as :func:`aligned_rows` on ``device``, all through one
     host-to-device copy: the blocks' bytes back to back in one host buffer, viewed as their own
     dtypes and shapes again on the device. Every block is a whole number of 64-byte lines, so each
-    of its rows stays as aligned as it would be on its own. On CUDA the host buffer is reused
-    (:class:`_PackBuffer`); on the CPU the "copy" is the host tensor itself, a fresh one a pack."""
+    of its rows stays as aligned as it would be on its own."""
     hosts = [aligned_rows(rows, dtype) for rows, dtype in blocks]
-    parts = [h.reshape(-1).view(torch.uint8) for h in hosts]
-    if device.type == "cuda":
-        host = torch.cat(parts, out=_PACK.take(sum(p.numel() for p in parts)))
-    else:
-        host = torch.cat(parts)
-    device_bytes = copy_to_device(host, device)
+    device_bytes = copy_to_device(torch.cat([h.reshape(-1).view(torch.uint8) for h in hosts]), device)
     out, start = [], 0
     for h in hosts:
         size = h.numel() * h.element_size()
