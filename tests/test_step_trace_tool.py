@@ -74,3 +74,15 @@ def test_long_prefills_phases_show_the_one_copy_planning_wait(capsys):
     before, after = means["before"]["prefill >=4096"], means["after"]["prefill >=4096"]
     assert before["schedule"] < 5 < 7 < after["schedule"], (before, after)
     assert before["sync"] > 8 > 5 > after["sync"], (before, after)
+
+
+def test_schedule_parts_print_inside_schedule_in_planning_order():
+    """A step's ``schedule.<part>`` phases print in brackets after ``schedule``, in the order
+    planning runs them (an unknown part last), the other phases by host time, most first."""
+    tool = load_tool()
+    phases = {"sync": 4.0, "schedule": 3.0, "schedule.copy": 0.5, "schedule.plan": 0.25, "schedule.new": 0.1}
+    phases |= {"forward": 5.0, "schedule.pack": 1.0}
+    assert tool.phase_text(phases) == (
+        "forward 5.00  sync 4.00  schedule 3.00 (plan 0.25, pack 1.00, copy 0.50, new 0.10)"
+    )
+    assert tool.phase_text({"sample": 0.26, "schedule": 1.0}, digits=1) == "schedule 1.0  sample 0.3"

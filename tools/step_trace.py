@@ -122,9 +122,25 @@ def phases_by_kind(busy: list[dict]) -> dict[str, dict[str, float]]:
         print("host ms per step by phase (mean):")
     means = {key: {k: v / counts[key] for k, v in sums[key].items()} for key in sorted(counts)}
     for key, phases in means.items():
-        text = "  ".join(f"{k} {v:.2f}" for k, v in sorted(phases.items(), key=lambda kv: -kv[1]))
-        print(f"  {key:14s} {counts[key]:6d} steps: {text}")
+        print(f"  {key:14s} {counts[key]:6d} steps: {phase_text(phases)}")
     return means
+
+
+def phase_text(phases: dict[str, float], digits: int = 2) -> str:
+    """Phases by host time, most first; the parts of ``schedule`` (``schedule.<part>``, traces
+    since the sixty-sixth session) in brackets after it, in the order planning runs them."""
+    parts = {k.removeprefix("schedule."): v for k, v in phases.items() if k.startswith("schedule.")}
+    order = ("plan", "admit", "lists", "pack", "copy", "index", "cache")
+    inner = ", ".join(
+        f"{k} {parts[k]:.{digits}f}"
+        for k in sorted(parts, key=lambda k: order.index(k) if k in order else len(order))
+    )
+    text = []
+    for k, v in sorted(
+        ((k, v) for k, v in phases.items() if not k.startswith("schedule.")), key=lambda kv: -kv[1]
+    ):
+        text.append(f"{k} {v:.{digits}f}" + (f" ({inner})" if k == "schedule" and inner else ""))
+    return "  ".join(text)
 
 
 def stalls(busy: list[dict], factor: float = 5.0, top: int = 5) -> None:
@@ -143,7 +159,7 @@ def stalls(busy: list[dict], factor: float = 5.0, top: int = 5) -> None:
     print(f"decode steps over {factor:g}x their bucket's median: {len(slow)}, "
           f"{sum(s['dt'] for s in slow):.2f} s")  # fmt: skip
     for s in sorted(slow, key=lambda s: -s["dt"])[:top]:
-        phases = "  ".join(f"{k} {v:.1f}" for k, v in sorted(s.get("ms", {}).items(), key=lambda kv: -kv[1]))
+        phases = phase_text(s.get("ms", {}), digits=1)
         print(
             f"  {s['dt'] * 1e3:8.1f} ms at {s['reqs']} requests (median {medians[(s['reqs'] - 1) // 64] * 1e3:.2f}): {phases}"
         )
