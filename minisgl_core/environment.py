@@ -43,6 +43,8 @@ DOCUMENTED: dict[str, str] = {
     "(--disable-fast-path vocab_parallel_sampling)",
     "MINISGL_CPU_SLAB_GEMM": "0 runs float32 linear layers of a few rows on an AMD CPU through F.linear instead of "
     "one batched product over slabs of the weight (--disable-fast-path cpu_slab_gemm)",
+    "MINISGL_CPU_ONEDNN_GEMM": "0 runs float32 linear layers of more rows on an AMD CPU through F.linear (MKL) instead "
+    "of oneDNN's linear (--disable-fast-path cpu_onednn_gemm)",
     "MINISGL_STEP_TRACE": "FILE: the default of --step-trace (EngineConfig.step_trace), one JSON line per step",
     "MINISGL_LOG_LEVEL": "the default of --log-level",
     "MINISGL_API_KEY": "the default of --api-key for serve, shell --url and bench serve (preferred: a flag shows in the process list)",

@@ -1,4 +1,4 @@
-"""The switches of the fast paths (all but one on the GPU), in one frozen object, and the one place that reads their
+"""The switches of the fast paths (all but two on the GPU), in one frozen object, and the one place that reads their
 environment variables.
 
 Every path is on by default; turning one off is an ablation (BENCHMARKS.md measures each). The
@@ -60,6 +60,9 @@ class FastPaths:
     #: lm_head up to 32) as one batched product over slabs of the weight's rows, which reads it at
     #: the memory's speed where ``F.linear`` does not
     cpu_slab_gemm: bool = True
+    #: CPU (the same processors): float32 linear layers of more rows (the lm_head from 5) through
+    #: oneDNN's linear instead of MKL's ``F.linear``, which is slow there at every row count
+    cpu_onednn_gemm: bool = True
 
     def without(self, *names: str) -> FastPaths:
         """These switches turned off (names as in :data:`NAMES`)."""
@@ -107,6 +110,7 @@ ENV_VARS: dict[str, str] = {
     "symm_mem_norm_barrier": "MINISGL_SYMM_MEM_NORM_BARRIER",
     "vocab_parallel_sampling": "MINISGL_VOCAB_PARALLEL_SAMPLING",
     "cpu_slab_gemm": "MINISGL_CPU_SLAB_GEMM",
+    "cpu_onednn_gemm": "MINISGL_CPU_ONEDNN_GEMM",
 }
 
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from minisgl_core import fast_paths
 from minisgl_core.api.parallel import ParallelContext
 from minisgl_core.bench import cpu as bench_cpu
-from minisgl_core.layers import fused, linear
+from minisgl_core.layers import embedding, fused, linear
 from minisgl_core.layers.embedding import CPU_SLAB_HEAD_ROWS, ParallelLMHead
 from minisgl_core.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 
@@ -84,21 +84,59 @@ def test_slab_products_are_taken_on_amd_processors_under_mkl_only(tmp_path, monk
     linear.slab_products_pay.cache_clear()
 
 
-def test_linear_layers_and_the_head_route_a_few_rows_through_slabs(monkeypatch):
-    """The layers use the slab product for the rows it serves and F.linear otherwise, with the
-    bias added and the head's 32-row limit; a mutation that drops a slab fails the comparison."""
+def test_onednn_linear_is_as_close_to_float64_as_f_linear_and_serves_float32_cpu_products(monkeypatch):
+    """oneDNN's linear (fast path ``cpu_onednn_gemm``) computes ``x @ W.T + b`` as close to a
+    float64 product as ``F.linear`` is, from decode-sized to prefill-sized row counts; and it is
+    taken only for float32 products on a CPU where MKL is slow, with the switch on."""
+    torch.manual_seed(0)
+    monkeypatch.setattr(linear, "slab_products_pay", lambda: True)
+    weight, bias = torch.randn(960, 576), torch.randn(960)
+    for rows in (1, 5, 8, 33, 300):
+        x = torch.randn(rows, 576)
+        want = _float64_product(x, weight) + bias
+        f_linear_error = (F.linear(x, weight, bias) - want).abs().max()
+        assert linear.cpu_onednn(x, weight)
+        got = linear.onednn_linear(x, weight, bias)
+        assert got.shape == (rows, 960) and got.is_contiguous()
+        assert (got - want).abs().max() <= 4 * f_linear_error + 1e-5, rows
+    x = torch.randn(8, 576)
+    assert not linear.cpu_onednn(torch.randn(0, 576), weight)
+    assert not linear.cpu_onednn(x.double(), weight.double())
+    assert not linear.cpu_onednn(x.bfloat16(), weight.bfloat16())
+    assert not linear.cpu_onednn(x, weight.t().contiguous().t())  # not contiguous
+    assert not linear.cpu_onednn(x[None], weight)  # only 2-D inputs
+    monkeypatch.setattr(fast_paths, "_configured", fast_paths.FastPaths().without("cpu_onednn_gemm"))
+    assert not linear.cpu_onednn(x, weight)
+    monkeypatch.setattr(fast_paths, "_configured", fast_paths.FastPaths())
+    monkeypatch.setattr(linear, "slab_products_pay", lambda: False)  # a CPU where F.linear is fast
+    assert not linear.cpu_onednn(x, weight)
+
+
+def test_linear_layers_and_the_head_route_rows_through_slabs_then_onednn(monkeypatch):
+    """The layers use the slab product for 1-4 rows and oneDNN's linear from 5 (the head too),
+    with the bias added; with oneDNN off the head keeps its slabs up to 32 rows and the layers
+    take F.linear; on a CPU where MKL is fast, F.linear throughout. A mutation that drops a slab
+    or an output column fails the comparison."""
     torch.manual_seed(0)
     calls = []
-    real = linear.slab_matmul
+    real_slabs, real_onednn = linear.slab_matmul, linear.onednn_linear
 
-    def counting(x, weight, slabs):
-        calls.append((x.shape[0], weight.shape[0]))
-        return real(x, weight, slabs)
+    def counting_slabs(x, weight, slabs):
+        calls.append(("slabs", x.shape[0], weight.shape[0]))
+        return real_slabs(x, weight, slabs)
 
-    monkeypatch.setattr(linear, "slab_products_pay", lambda: True)
-    monkeypatch.setattr("minisgl_core.layers.embedding.slab_products_pay", lambda: True)
-    monkeypatch.setattr(linear, "slab_matmul", counting)
-    monkeypatch.setattr("minisgl_core.layers.embedding.slab_matmul", counting)
+    def counting_onednn(x, weight, bias=None):
+        calls.append(("onednn", x.shape[0], weight.shape[0]))
+        return real_onednn(x, weight, bias)
+
+    def pays(value):
+        monkeypatch.setattr(linear, "slab_products_pay", lambda: value)
+        monkeypatch.setattr("minisgl_core.layers.embedding.slab_products_pay", lambda: value)
+
+    pays(True)
+    for module in (linear, embedding):
+        monkeypatch.setattr(module, "slab_matmul", counting_slabs)
+        monkeypatch.setattr(module, "onednn_linear", counting_onednn)
     up = MergedColumnParallelLinear(
         64, [96, 96], parallel=ParallelContext(), bias=True, dtype=torch.float32, device="cpu"
     )
@@ -106,34 +144,52 @@ def test_linear_layers_and_the_head_route_a_few_rows_through_slabs(monkeypatch):
     head = ParallelLMHead(1000, 64, parallel=ParallelContext(), dtype=torch.float32, device="cpu")
     for p in (up.weight, up.bias, down.weight, head.weight):
         p.data.normal_()
-    for rows in (1, 3, 4, 5, CPU_SLAB_HEAD_ROWS, CPU_SLAB_HEAD_ROWS + 1):
+
+    def run(rows):
         calls.clear()
         x = torch.randn(rows, 64)
         torch.testing.assert_close(up(x), F.linear(x, up.weight, up.bias), rtol=1e-5, atol=1e-5)
         h = torch.randn(rows, 96)
         torch.testing.assert_close(down(h), F.linear(h, down.weight), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(head(x), F.linear(x, head.weight), rtol=1e-5, atol=1e-5)
+        return [c[0] for c in calls], [c[1:] for c in calls]
+
+    for rows in (1, 3, 4, 5, CPU_SLAB_HEAD_ROWS, CPU_SLAB_HEAD_ROWS + 1, 200):
+        kind = "slabs" if rows <= linear.CPU_SLAB_ROWS else "onednn"
+        assert run(rows) == ([kind] * 3, [(rows, 192), (rows, 64), (rows, 1000)]), rows
+    monkeypatch.setattr(fast_paths, "_configured", fast_paths.FastPaths().without("cpu_onednn_gemm"))
+    for rows in (4, 5, CPU_SLAB_HEAD_ROWS, CPU_SLAB_HEAD_ROWS + 1):
         slabbed = rows <= linear.CPU_SLAB_ROWS
         expected = [(rows, 192), (rows, 64)] if slabbed else []
         expected += [(rows, 1000)] if rows <= CPU_SLAB_HEAD_ROWS else []
-        assert calls == expected, rows
+        assert run(rows) == (["slabs"] * len(expected), expected), rows
+    monkeypatch.setattr(fast_paths, "_configured", fast_paths.FastPaths())
 
     def dropping(x, weight, slabs):  # a broken slab product: the last slab's outputs zeroed
-        out = real(x, weight, slabs)
+        out = real_slabs(x, weight, slabs)
         out[:, -weight.shape[0] // slabs :] = 0
         return out
 
-    monkeypatch.setattr(linear, "slab_matmul", dropping)
-    x = torch.randn(1, 64)
-    assert not torch.allclose(up(x), F.linear(x, up.weight, up.bias))
+    def dropping_onednn(x, weight, bias=None):  # a broken oneDNN product: its last column zeroed
+        out = real_onednn(x, weight, bias)
+        out[:, -1] = 0
+        return out
 
-    # a CPU where the slabs do not pay: F.linear itself, the head's few rows included
-    monkeypatch.setattr(linear, "slab_products_pay", lambda: False)
-    monkeypatch.setattr("minisgl_core.layers.embedding.slab_products_pay", lambda: False)
-    for rows in (1, 3, 8):
+    monkeypatch.setattr(linear, "slab_matmul", dropping)
+    monkeypatch.setattr(linear, "onednn_linear", dropping_onednn)
+    for rows in (1, 8):
+        x = torch.randn(rows, 64)
+        assert not torch.allclose(up(x), F.linear(x, up.weight, up.bias)), rows
+
+    # a CPU where MKL is fast: F.linear itself, the head's rows included
+    pays(False)
+    monkeypatch.setattr(linear, "slab_matmul", counting_slabs)
+    monkeypatch.setattr(linear, "onednn_linear", counting_onednn)
+    for rows in (1, 3, 8, 64):
         x = torch.randn(rows, 64)
         assert torch.equal(up(x), F.linear(x, up.weight, up.bias))
         assert torch.equal(head(x), F.linear(x, head.weight))
+    assert calls == []
 
 
 def _reference_angles(positions, inv_freq):

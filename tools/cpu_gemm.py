@@ -1,6 +1,7 @@
 """The float32 products of a CPU decode step: ``F.linear`` against the slab product the linear
 layers use for a few rows (``minisgl_core.layers.linear.slab_matmul``, fast path
-``cpu_slab_gemm``) and ``weight @ x.T``, µs per call and the weight's GB/s, median of five
+``cpu_slab_gemm``), ``weight @ x.T`` and oneDNN's linear (``torch.ops.mkldnn._linear_pointwise``
+on the plain weight), µs per call and the weight's GB/s, median of five
 passes. Each pass cycles through copies of the weight (about 96 MB in all), so every call reads it
 from memory, as a decode step does.
 
@@ -39,6 +40,7 @@ def products(slabs: int) -> dict:
         "F.linear": lambda x, w: F.linear(x, w),
         f"slabs({slabs})": lambda x, w: slab_matmul(x, w, slabs),
         "w @ x.T": lambda x, w: (w @ x.t()).t().contiguous(),
+        "oneDNN": lambda x, w: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], ""),
     }
 
 

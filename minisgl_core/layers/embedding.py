@@ -11,11 +11,20 @@ from torch import nn
 
 from minisgl_core.api.parallel import ParallelContext
 from minisgl_core.layers import triton_ops
-from minisgl_core.layers.linear import cpu_slabs, slab_matmul, slab_products_pay
+from minisgl_core.layers.linear import (
+    CPU_SLAB_ROWS,
+    cpu_onednn,
+    cpu_slabs,
+    onednn_linear,
+    slab_matmul,
+    slab_products_pay,
+)
 from minisgl_core.layers.weights import new_param
 
 #: most rows the output head multiplies in slabs on a CPU (:func:`~minisgl_core.layers.linear.cpu_slabs`):
-#: 1.1-5.8x F.linear up to 32 rows of a 49,152 x 576 float32 head, slower from 64 (2 cores)
+#: 1.1-5.8x F.linear up to 32 rows of a 49,152 x 576 float32 head, slower from 64 (2 cores); where
+#: oneDNN's linear serves it (:func:`~minisgl_core.layers.linear.cpu_onednn`) that takes 5 rows
+#: and up (1.2-1.7x the slabs from 5 to 64 rows of that head), the slabs keep 1-4
 CPU_SLAB_HEAD_ROWS = 32
 
 
@@ -80,8 +89,14 @@ class ParallelLMHead(VocabParallelEmbedding):
             logits = self.quant_method.apply(self, hidden)
         elif triton_ops.small_gemm_enabled(hidden, self.weight):
             logits = triton_ops.small_gemm(hidden, self.weight)
-        elif slabs := cpu_slabs(hidden, self.weight, max_rows=CPU_SLAB_HEAD_ROWS):
+        elif slabs := cpu_slabs(
+            hidden,
+            self.weight,
+            max_rows=CPU_SLAB_ROWS if cpu_onednn(hidden, self.weight) else CPU_SLAB_HEAD_ROWS,
+        ):
             logits = slab_matmul(hidden, self.weight, slabs)
+        elif cpu_onednn(hidden, self.weight):
+            logits = onednn_linear(hidden, self.weight)
         elif (
             hidden.is_cuda
             or hidden.shape[0] == 1

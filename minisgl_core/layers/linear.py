@@ -72,6 +72,41 @@ def cpu_slabs(x: torch.Tensor, weight: torch.Tensor, max_rows: int = CPU_SLAB_RO
     return next((s for s in range(max(2, torch.get_num_threads()), 1, -1) if n % s == 0), 0)
 
 
+@functools.cache
+def _onednn_linear_op() -> Any:
+    """oneDNN's linear (``torch.ops.mkldnn._linear_pointwise``), or None in a build without it."""
+    if not torch.backends.mkldnn.is_available():
+        return None
+    return getattr(torch.ops.mkldnn, "_linear_pointwise", None)
+
+
+def cpu_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``x @ weight.T`` runs as oneDNN's linear (:func:`onednn_linear`, fast path
+    ``cpu_onednn_gemm``): float32 ``x`` of one row or more on a CPU, a contiguous float32 weight,
+    on the CPUs where MKL's ``F.linear`` is slow (:func:`slab_products_pay`). On the 2-core AMD
+    dev machine oneDNN's kernels read the weight 1.2-2x faster than ``F.linear`` from 5 to 64 rows
+    (SmolLM2-135M's and Qwen3-0.6B's layers, ``tools/cpu_gemm.py``) and run 1.1-1.5x faster at
+    256-2,048 rows (prefill); the slabs stay faster at 1-4 rows (BENCHMARKS.md, "CPU")."""
+    return (
+        x.device.type == "cpu"
+        and x.dim() == 2
+        and x.shape[0] >= 1
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and weight.dim() == 2
+        and x.shape[1] == weight.shape[1]
+        and weight.is_contiguous()
+        and fast_paths.current().enabled("cpu_onednn_gemm")
+        and slab_products_pay()
+        and _onednn_linear_op() is not None
+    )
+
+
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` through oneDNN's own kernels (see :func:`cpu_onednn`)."""
+    return _onednn_linear_op()(x, weight, bias, "none", [], "")
+
+
 def slab_matmul(x: torch.Tensor, weight: torch.Tensor, slabs: int) -> torch.Tensor:
     """``x @ weight.T`` as one batched product over ``slabs`` equal slabs of ``weight``'s rows: each
     output is still one dot product over all of K, so the slab count changes no sum."""
@@ -107,14 +142,18 @@ class _Linear(nn.Module):
         slabs = cpu_slabs(x, self.weight)
         if slabs:
             return slab_matmul(x, self.weight, slabs)
+        if cpu_onednn(x, self.weight):
+            return onednn_linear(x, self.weight)
         return F.linear(x, self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.quant_method is None and self.bias is not None:
             slabs = cpu_slabs(x, self.weight)  # asked once: _matmul would ask again
-            if not slabs:
-                return F.linear(x, self.weight, self.bias)
-            return slab_matmul(x, self.weight, slabs) + self.bias
+            if slabs:
+                return slab_matmul(x, self.weight, slabs) + self.bias
+            if cpu_onednn(x, self.weight):
+                return onednn_linear(x, self.weight, self.bias)
+            return F.linear(x, self.weight, self.bias)
         out = self._matmul(x)
         return out if self.bias is None else out + self.bias
 
