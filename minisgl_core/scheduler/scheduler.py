@@ -134,9 +134,9 @@ class Scheduler:
         self._warned: set[str] = set()
         #: rounds in a row whose policy plan ran nothing while there was work (see STALL_ROUNDS)
         self._stalled_rounds = 0
-        #: set by the engine while it writes a step trace: ``timer(phase, started)`` adds the host
-        #: time since ``started`` to the step's ``phase``; :meth:`schedule` then reports its parts
-        self.timer: Callable[[str, float], None] | None = None
+        #: set by the engine while it writes a step trace: ``timer(phase, started, seconds)`` adds
+        #: ``seconds`` of host time to the step's ``phase``; :meth:`schedule` then reports its parts
+        self.timer: Callable[[str, float, float], None] | None = None
         self._laps: _Laps | None = None
 
     # ------------------------------------------------------------------ queue
@@ -707,7 +707,7 @@ class _Laps:
     page table's new entries, the views and input ids on the device) and, for prefill chunks,
     ``cache`` (whole prompts offered to the prefix cache)."""
 
-    def __init__(self, timer: Callable[..., None]) -> None:
+    def __init__(self, timer: Callable[[str, float, float], None]) -> None:
         self.timer = timer
         self.last = time.perf_counter()
 
