@@ -85,17 +85,16 @@ class ParallelLMHead(VocabParallelEmbedding):
         return max(0, min(self.rows_per_rank, self.num_embeddings - self.vocab_start))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        onednn = cpu_onednn(hidden, self.weight)  # from 5 rows; the slabs keep 1-4 where it serves
         if self.quant_method is not None:
             logits = self.quant_method.apply(self, hidden)
         elif triton_ops.small_gemm_enabled(hidden, self.weight):
             logits = triton_ops.small_gemm(hidden, self.weight)
         elif slabs := cpu_slabs(
-            hidden,
-            self.weight,
-            max_rows=CPU_SLAB_ROWS if cpu_onednn(hidden, self.weight) else CPU_SLAB_HEAD_ROWS,
+            hidden, self.weight, max_rows=CPU_SLAB_ROWS if onednn else CPU_SLAB_HEAD_ROWS
         ):
             logits = slab_matmul(hidden, self.weight, slabs)
-        elif cpu_onednn(hidden, self.weight):
+        elif onednn:
             logits = onednn_linear(hidden, self.weight)
         elif (
             hidden.is_cuda

@@ -44,9 +44,26 @@ def slab_products_pay() -> bool:
     return torch.backends.mkl.is_available() and cpu_vendor() == "AuthenticAMD"
 
 
+def _slow_mkl_float32_product(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``x @ weight.T`` is a float32 product on a CPU where MKL's ``F.linear`` is slow
+    (:func:`slab_products_pay`): a 2-D ``x`` of one row or more, a contiguous 2-D weight. What
+    both CPU paths here (:func:`cpu_slabs`, :func:`cpu_onednn`) serve."""
+    return (
+        x.device.type == "cpu"
+        and x.dim() == 2
+        and x.shape[0] >= 1
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and weight.dim() == 2
+        and x.shape[1] == weight.shape[1]
+        and weight.is_contiguous()
+        and slab_products_pay()
+    )
+
+
 def cpu_slabs(x: torch.Tensor, weight: torch.Tensor, max_rows: int = CPU_SLAB_ROWS) -> int:
     """How many slabs :func:`slab_matmul` cuts ``weight`` into for ``x @ weight.T`` on a CPU, or 0
-    where ``F.linear`` serves it (fast path ``cpu_slab_gemm``): float32 ``x`` of 1 to ``max_rows``
+    where another product serves it (fast path ``cpu_slab_gemm``): float32 ``x`` of 1 to ``max_rows``
     rows and a contiguous float32 weight, in the largest number of slabs dividing its output rows
     from 2 up to the intra-op threads.
 
@@ -56,16 +73,9 @@ def cpu_slabs(x: torch.Tensor, weight: torch.Tensor, max_rows: int = CPU_SLAB_RO
     weight's rows reads it at nearly all of it; half precision goes through other kernels, which
     are not slow there."""
     if not (
-        x.device.type == "cpu"
-        and x.dim() == 2
-        and 1 <= x.shape[0] <= max_rows
-        and x.dtype == torch.float32
-        and weight.dtype == torch.float32
-        and weight.dim() == 2
-        and x.shape[1] == weight.shape[1]
-        and weight.is_contiguous()
+        _slow_mkl_float32_product(x, weight)
+        and x.shape[0] <= max_rows
         and fast_paths.current().enabled("cpu_slab_gemm")
-        and slab_products_pay()
     ):
         return 0
     n = weight.shape[0]
@@ -88,16 +98,8 @@ def cpu_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
     (SmolLM2-135M's and Qwen3-0.6B's layers, ``tools/cpu_gemm.py``) and run 1.1-1.5x faster at
     256-2,048 rows (prefill); the slabs stay faster at 1-4 rows (BENCHMARKS.md, "CPU")."""
     return (
-        x.device.type == "cpu"
-        and x.dim() == 2
-        and x.shape[0] >= 1
-        and x.dtype == torch.float32
-        and weight.dtype == torch.float32
-        and weight.dim() == 2
-        and x.shape[1] == weight.shape[1]
-        and weight.is_contiguous()
+        _slow_mkl_float32_product(x, weight)
         and fast_paths.current().enabled("cpu_onednn_gemm")
-        and slab_products_pay()
         and _onednn_linear_op() is not None
     )
 
