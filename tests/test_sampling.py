@@ -418,14 +418,29 @@ noise = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0], device=device)
 spans = [gumbel_max_chunked(mixed, torch.ones(5, device=device), noise, 9, span) for span in (1, 2, 4)]
 assert all(torch.equal(spans[0][0], v) and torch.equal(spans[0][1], i) for v, i in spans[1:])
 assert spans[0][1][1:].tolist() == mixed[1:].float().argmax(-1).tolist() == [0, 0, 0, 7]
-print("ok", freq.tolist(), expected.tolist())
+# a chunk is picked by its whole mass, not its best id: one id of logit log(20) in chunk 0 against
+# twenty ids of logit 0 in chunk 2 is an even race (a pick by the chunks' maxima: 0.95 for chunk 0);
+# the winning key is distributed as the one-level race's largest, Gumbel(logsumexp): mean + 0.5772
+spread = torch.full((vocab,), -40.0, device=device)
+spread[5] = torch.tensor(20.0).log()
+spread[2 * _CHUNK : 2 * _CHUNK + 20] = 0.0
+ones = torch.ones(rows, device=device)
+won = [gumbel_max_chunked(spread.expand(rows, vocab), ones, ones, seed) for seed in seeds]
+ids, keys = torch.cat([i for _, i in won]), torch.cat([v for v, _ in won])
+assert ((ids == 5) | ((ids >= 2 * _CHUNK) & (ids < 2 * _CHUNK + 20))).all()
+share = (ids == 5).float().mean().item()
+assert abs(share - 0.5) < tolerance, share
+mean_key = keys.mean().item() - torch.logsumexp(spread, 0).item()
+assert abs(mean_key - 0.5772) < 3 * tolerance, mean_key
+print("ok", freq.tolist(), expected.tolist(), share, mean_key)
 """
 
 
 @pytest.mark.parametrize("device", ["interpreter", "cuda"])
 def test_triton_gumbel_draw_matches_softmax(device):
-    """The sampler's Triton Gumbel-max kernel over bf16 logits: draws follow softmax(logits *
-    scale) across chunk boundaries, two seeds draw differently, noise_scale 0 is the argmax. On
+    """The sampler's Triton Gumbel-max kernels over bf16 logits: draws follow softmax(logits *
+    scale) across chunk boundaries, a chunk is picked by its whole mass, the winning key is the
+    race's largest, two seeds draw differently, noise_scale 0 is the argmax. On
     the CPU under Triton's interpreter in a child process (slow: 400 draws, loose bound); on the
     GPU with 40,000 draws (standard error below 0.0025)."""
     import os
@@ -515,10 +530,11 @@ def test_triton_draw_does_not_compile_per_seed():
     0.6–1 s stall seen in the offline benchmark's step trace on the GPU). The other scalar
     arguments are fixed by the model (row stride, vocabulary, chunk count)."""
     pytest.importorskip("triton")
-    from minisgl_core.runner._sampler_triton import gumbel_span_max_kernel
+    from minisgl_core.runner._sampler_triton import chunk_race_kernel, chunk_stats_kernel
 
-    unspecialised = {p.name for p in gumbel_span_max_kernel.params if p.do_not_specialize}
+    unspecialised = {p.name for p in chunk_race_kernel.params if p.do_not_specialize}
     assert unspecialised == {"seed"}
+    assert "seed" not in {p.name for p in chunk_stats_kernel.params}
 
 
 def test_the_race_scales_rows_start_aligned_at_every_batch_size():

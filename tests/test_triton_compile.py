@@ -120,15 +120,27 @@ def test_small_gemm_kernels_compile(target, dtype, rows, n, k):
 
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
-def test_gumbel_kernel_compiles(target, dtype):
-    from minisgl_core.runner._sampler_triton import gumbel_span_max_kernel
+def test_gumbel_kernels_compile(target, dtype):
+    from triton import next_power_of_2
+
+    from minisgl_core.runner._sampler_triton import chunk_race_kernel, chunk_stats_kernel
     from minisgl_core.runner.sampler import _CHUNK, _TINY, SAMPLER_SPANS
 
-    signature = {"logits": f"*{dtype}", "row_stride": "i64", "scale": "*fp32", "noise_scale": "*fp32", "seed": "i32",
-                 "vocab": "i32", "best_value": "*fp32", "best_index": "*i64", "chunks": "i32", "spans": "i32"}  # fmt: skip
+    signature = {"logits": f"*{dtype}", "row_stride": "i64", "scale": "*fp32", "chunk_max": "*fp32",
+                 "chunk_sum": "*fp32", "vocab": "i32", "chunks": "i32"}  # fmt: skip
     for span in SAMPLER_SPANS:
-        constants = {"TINY": _TINY, "CHUNK": _CHUNK, "SPAN": span, "FAST_LOG": True}
-        compiles(gumbel_span_max_kernel, signature, constants, target)
+        compiles(chunk_stats_kernel, signature, {"CHUNK": _CHUNK, "SPAN": span}, target)
+    signature = {"logits": f"*{dtype}", "row_stride": "i64", "scale": "*fp32", "noise_scale": "*fp32", "seed": "i32",
+                 "vocab": "i32", "chunk_max": "*fp32", "chunk_sum": "*fp32", "chunks": "i32", "best_value": "*fp32",
+                 "best_index": "*i64"}  # fmt: skip
+    for vocab in (151936, 128256 // 2):  # a model's and a TP rank's slice
+        constants = {
+            "TINY": _TINY,
+            "CHUNK": _CHUNK,
+            "CHUNKS_P2": next_power_of_2(-(-vocab // _CHUNK)),
+            "FAST_LOG": True,
+        }
+        compiles(chunk_race_kernel, signature, constants, target)
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")

@@ -1,7 +1,8 @@
-"""The sampler's Gumbel-max kernel on the GPU at 1-16 chunks of the vocabulary per program
-(``span``), µs per call replayed from a CUDA graph, and whether every span draws the same tokens
-and maxima as span 1 (the noise of an id does not depend on the span). The kernel it replaced (one
-reduction per chunk) was measured beside it at commit 1c0b3df (BENCHMARKS.md).
+"""The sampler's Gumbel-max draw on the GPU at 1-16 chunks of the vocabulary per program of its
+first kernel (``span``), µs per call replayed from a CUDA graph, and whether every span draws the
+same tokens and keys as span 1 (a chunk's sums do not depend on the span). Run it with an earlier
+tree's core first on PYTHONPATH to time that tree's draw on the same machine (the one-kernel
+draw of a0a7178 and before: ``PYTHONPATH=.dev/before_a0:$PYTHONPATH``).
 
     python3 tools/device_sampler.py [--vocab 151936] [--json OUT.json]
 """

@@ -2,10 +2,11 @@
 
 Sampling uses the exponential race, ``argmax(p / q)`` with ``q ~ Exp(1)``, which draws from ``p``
 without normalising it. Without truncation (top-k/top-p/min-p) it is taken in log space,
-``argmax(logits / T - log q)`` (the Gumbel-max trick): no softmax, and on CUDA the noise, the
-scaling and the argmax are one Triton kernel over (row, chunk of the vocabulary) programs, in
-whatever dtype the model returned the logits, its noise from Philox with a fresh seed per call
-(``MINISGL_TRITON_SAMPLER=0``: one compiled pass per row, noise from torch's generator). A
+``argmax(logits / T - log q)`` (the Gumbel-max trick): no softmax, and on CUDA two Triton
+kernels in whatever dtype the model returned the logits: one sums each chunk of the vocabulary,
+one a row picks a chunk by its mass and an id inside it, the noise from Philox with a fresh seed
+per call (``_sampler_triton``; ``MINISGL_TRITON_SAMPLER=0``: one compiled pass per row, noise
+from torch's generator). A
 seeded request draws its noise from its own generator, so it gets the same tokens whatever else
 shares its batch.
 """
@@ -72,34 +73,42 @@ def gumbel_argmax_compiled(
 def gumbel_argmax_chunked(
     logits: torch.Tensor, scale: torch.Tensor, noise_scale: torch.Tensor, seed: int
 ) -> torch.Tensor:
-    """:func:`gumbel_argmax_compiled` as one Triton kernel over (row, span of chunks) programs,
-    the noise from Philox keyed by ``seed`` (four uniforms per counter, one counter per four ids
-    of a chunk), then the spans' maxima reduced by torch."""
+    """:func:`gumbel_argmax_compiled` in two Triton kernels (:func:`gumbel_max_chunked`), the noise
+    from Philox keyed by ``seed``."""
     return gumbel_max_chunked(logits, scale, noise_scale, seed)[1]
 
 
 def gumbel_max_chunked(
     logits: torch.Tensor, scale: torch.Tensor, noise_scale: torch.Tensor, seed: int, span: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row the maximum of ``logits * scale + noise_scale * gumbel`` (float32) and its first
-    index, as :func:`gumbel_argmax_chunked` draws it. ``span``: chunks per program (default
-    :func:`sampler_span`); the draw does not depend on it."""
-    from minisgl_core.runner._sampler_triton import gumbel_span_max_kernel
+    """Per row the winning key of the Gumbel-max race over ``logits * scale`` (float32) and its
+    id, drawn in two levels (``_sampler_triton``): each chunk of :data:`_CHUNK` ids summarised
+    (its maximum and sum of exponentials, one program per ``span`` chunks of a row), then one
+    program a row races the chunks and, inside the one it picks, the ids. ``span`` (default
+    :func:`sampler_span`) does not change the draw."""
+    from triton import next_power_of_2
+
+    from minisgl_core.runner._sampler_triton import chunk_race_kernel, chunk_stats_kernel
 
     rows, vocab = logits.shape
     chunks = -(-vocab // _CHUNK)
     span = sampler_span(rows, chunks) if span is None else span
-    parts = -(-chunks // span)
-    values = torch.empty((rows, parts), dtype=torch.float32, device=logits.device)
-    indices = torch.empty((rows, parts), dtype=torch.int64, device=logits.device)
     if logits.stride(1) != 1:
         logits = logits.contiguous()
-    gumbel_span_max_kernel[(rows, parts)](
-        logits, logits.stride(0), scale, noise_scale, seed, vocab, values, indices, chunks, parts,
-        TINY=_TINY, CHUNK=_CHUNK, SPAN=span, FAST_LOG=not environment.triton_interpreter(), num_warps=8,
+    # two allocations, not views of one: Triton compiles a variant per alignment of a pointer
+    chunk_max = torch.empty((rows, chunks), dtype=torch.float32, device=logits.device)
+    chunk_sum = torch.empty((rows, chunks), dtype=torch.float32, device=logits.device)
+    chunk_stats_kernel[(rows, -(-chunks // span))](
+        logits, logits.stride(0), scale, chunk_max, chunk_sum, vocab, chunks, CHUNK=_CHUNK, SPAN=span, num_warps=8
     )  # fmt: skip
-    best = values.argmax(dim=1, keepdim=True)
-    return values.gather(1, best).squeeze(1), indices.gather(1, best).squeeze(1)
+    values = torch.empty(rows, dtype=torch.float32, device=logits.device)
+    indices = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    chunk_race_kernel[(rows,)](
+        logits, logits.stride(0), scale, noise_scale, seed, vocab, chunk_max, chunk_sum, chunks, values, indices,
+        TINY=_TINY, CHUNK=_CHUNK, CHUNKS_P2=next_power_of_2(chunks), FAST_LOG=not environment.triton_interpreter(),
+        num_warps=4,
+    )  # fmt: skip
+    return values, indices
 
 
 #: the spans :func:`sampler_span` picks from (each a compiled variant, all warmed up). On an H200
