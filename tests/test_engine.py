@@ -224,7 +224,7 @@ def test_step_trace_of_an_offline_run(model_dir, prompts, reference, tmp_path, m
     assert all(s["dt"] >= 0 for s in steps)
     assert [s["t"] for s in steps] == sorted(s["t"] for s in steps)
     # planning a step, in parts: each step kind's own, adding up to no more than the whole
-    parts = {"plan", "admit", "lists", "pack", "copy", "index"}
+    parts = {"plan", "admit", "lists", "rows", "pack", "copy", "index"}
     for s in prefill + decode:
         got = {k.removeprefix("schedule."): v for k, v in s["ms"].items() if k.startswith("schedule.")}
         assert set(got) == (parts | {"cache"} if s["kind"] != "decode" else parts), s

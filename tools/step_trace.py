@@ -130,7 +130,7 @@ def phase_text(phases: dict[str, float], digits: int = 2) -> str:
     """Phases by host time, most first; the parts of ``schedule`` (``schedule.<part>``, traces
     since the sixty-sixth session) in brackets after it, in the order planning runs them."""
     parts = {k.removeprefix("schedule."): v for k, v in phases.items() if k.startswith("schedule.")}
-    order = ("plan", "admit", "lists", "pack", "copy", "index", "cache")
+    order = ("plan", "admit", "lists", "rows", "pack", "copy", "index", "cache")
     inner = ", ".join(
         f"{k} {parts[k]:.{digits}f}"
         for k in sorted(parts, key=lambda k: order.index(k) if k in order else len(order))

@@ -233,26 +233,32 @@ def copy_to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     return host.to(device, non_blocking=True)
 
 
+def _aligned(rows: list[list], dtype: torch.dtype) -> tuple[array.array | torch.Tensor, tuple[int, int]]:
+    """:func:`aligned_rows`'s bytes before they become a tensor (an ``array.array`` for the
+    integer dtypes, else a host tensor) and their shape."""
+    per_line = 64 // torch.empty((), dtype=dtype).element_size()
+    width = -(-len(rows[0]) // per_line) * per_line
+    pad = [0] * (width - len(rows[0]))
+    code = _ARRAY_CODES.get(dtype)
+    if code is not None:
+        return _int_array(code, (part for row in rows for part in (row, pad))), (len(rows), width)
+    flat: list = []
+    for row in rows:
+        flat += row
+        flat += pad
+    return torch.tensor(flat, dtype=dtype), (len(rows), width)
+
+
 def aligned_rows(rows: list[list], dtype: torch.dtype) -> torch.Tensor:
     """``rows`` (of one length) as one host tensor ``[len(rows), width]`` whose rows each start on a
     64-byte line (zero padding), for one host-to-device copy of several rows: a row that kernels
     read must stay aligned as its pointer argument, whatever the batch size (Triton specialises a
     pointer on 16-byte alignment and compiles a variant per case)."""
-    per_line = 64 // torch.empty((), dtype=dtype).element_size()
-    width = -(-len(rows[0]) // per_line) * per_line
-    pad = [0] * (width - len(rows[0]))
-    if width == 0:
-        return torch.empty(len(rows), 0, dtype=dtype)
-    code = _ARRAY_CODES.get(dtype)
-    if code is not None:
-        host = torch.frombuffer(_int_array(code, (part for row in rows for part in (row, pad))), dtype=dtype)
-    else:
-        flat: list = []
-        for row in rows:
-            flat += row
-            flat += pad
-        host = torch.tensor(flat, dtype=dtype)
-    return host.view(len(rows), width)
+    data, shape = _aligned(rows, dtype)
+    if shape[1] == 0:
+        return torch.empty(shape, dtype=dtype)
+    host = torch.frombuffer(data, dtype=dtype) if isinstance(data, array.array) else data
+    return host.view(shape)
 
 
 def rows_to_device(
@@ -263,19 +269,27 @@ def rows_to_device(
     """Each ``(rows, dtype)`` block as :func:`aligned_rows` on ``device``, all through one
     host-to-device copy: the blocks' bytes back to back in one host buffer, viewed as their own
     dtypes and shapes again on the device. Every block is a whole number of 64-byte lines, so each
-    of its rows stays as aligned as it would be on its own. ``lap`` (the step trace's) is called
-    with ``"pack"`` once the host bytes are built and ``"copy"`` once the copy is queued."""
-    hosts = [aligned_rows(rows, dtype) for rows, dtype in blocks]
-    host = torch.cat([h.reshape(-1).view(torch.uint8) for h in hosts])
+    of its rows stays as aligned as it would be on its own. The bytes are joined in one
+    ``array.array`` (a memcpy a block on the calling thread), not by ``torch.cat``, whose CPU kernel
+    hands a step's few hundred KiB to torch's thread pool. ``lap`` (the step trace's) is called with
+    ``"rows"`` once each block's bytes are built, ``"pack"`` once they are joined and ``"copy"``
+    once the copy is queued."""
+    parts = [(_aligned(rows, dtype), dtype) for rows, dtype in blocks]
+    if lap is not None:
+        lap("rows")
+    packed = array.array("b")
+    for (data, _), _ in parts:
+        packed.frombytes(memoryview(data if isinstance(data, array.array) else data.numpy()).cast("B"))
+    host = torch.frombuffer(packed, dtype=torch.uint8) if packed else torch.empty(0, dtype=torch.uint8)
     if lap is not None:
         lap("pack")
     device_bytes = copy_to_device(host, device)
     if lap is not None:
         lap("copy")
     out, start = [], 0
-    for h in hosts:
-        size = h.numel() * h.element_size()
-        out.append(device_bytes[start : start + size].view(h.dtype).view(h.shape))
+    for (_, shape), dtype in parts:
+        size = shape[0] * shape[1] * dtype.itemsize
+        out.append(device_bytes[start : start + size].view(dtype).view(shape))
         start += size
     return out
 

@@ -703,7 +703,8 @@ class _Laps:
     """The parts of one :meth:`Scheduler.schedule` call as phases of the step trace, each named
     ``schedule.<part>`` (they add up to at most the step's ``schedule``): ``plan`` (the queues'
     state and the policy), ``admit`` (admission, KV pages and slots), ``lists`` (the step's host
-    lists), ``pack`` (their host bytes), ``copy`` (the one host-to-device copy), ``index`` (the
+    lists), ``rows`` (each block's aligned host bytes), ``pack`` (those joined in one buffer),
+    ``copy`` (the one host-to-device copy), ``index`` (the
     page table's new entries, the views and input ids on the device) and, for prefill chunks,
     ``cache`` (whole prompts offered to the prefix cache)."""
 
