@@ -31,20 +31,29 @@ def _float64_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def test_slab_product_is_as_close_to_float64_as_f_linear_and_serves_only_a_few_float32_rows(monkeypatch):
-    """The CPU's slab product (fast path ``cpu_slab_gemm``) computes ``x @ W.T``: as close to a
-    float64 product as ``F.linear`` is, for any slab count; and it is taken only where it was
-    measured to pay (1-4 float32 rows on a CPU, weights whose rows split evenly)."""
+    """The CPU's slab product (fast path ``cpu_slab_gemm``) computes ``x @ W.T``: within float32's
+    worst-case rounding of a 576-term dot product of every output (whatever the order of the sum),
+    on average as close to a float64 product as ``F.linear`` is, for any slab count; and it is
+    taken only where it was measured to pay (1-4 float32 rows on a CPU, weights whose rows split
+    evenly). (The largest error alone compared with ``F.linear``'s flaked: over 30 seeds and 1-2
+    threads it reached 5.4 times ``F.linear``'s, while the mean error stayed within 2.5 times.)"""
     torch.manual_seed(0)
     monkeypatch.setattr(linear, "slab_products_pay", lambda: True)
     weight = torch.randn(960, 576)
+    unit = 2.0**-24  # float32's unit roundoff
     for rows in (1, 2, 3, 4):
         x = torch.randn(rows, 576)
         want = _float64_product(x, weight)
-        f_linear_error = (F.linear(x, weight) - want).abs().max()
+        # |error| <= K u / (1 - K u) * sum |x_k w_k| (K terms; plus the result's own rounding)
+        bound = (576 * unit / (1 - 576 * unit)) * (
+            x.abs().double() @ weight.abs().double().T
+        ) + unit * want.abs()
+        f_linear_mean_error = (F.linear(x, weight) - want).abs().mean()
         for slabs in (2, 3, 4, 8):
             got = linear.slab_matmul(x, weight, slabs)
             assert got.shape == (rows, 960) and got.is_contiguous()
-            assert (got - want).abs().max() <= 2 * f_linear_error + 1e-6
+            assert ((got - want).abs().double() <= bound).all()
+            assert (got - want).abs().mean() <= 4 * f_linear_mean_error
         # the slab count splits outputs, never a sum: every count gives the same numbers
         assert torch.equal(linear.slab_matmul(x, weight, 2), linear.slab_matmul(x, weight, 8))
     monkeypatch.setattr(torch, "get_num_threads", lambda: 8)
