@@ -94,20 +94,29 @@ def test_slab_products_are_taken_on_amd_processors_under_mkl_only(tmp_path, monk
 
 
 def test_onednn_linear_is_as_close_to_float64_as_f_linear_and_serves_float32_cpu_products(monkeypatch):
-    """oneDNN's linear (fast path ``cpu_onednn_gemm``) computes ``x @ W.T + b`` as close to a
-    float64 product as ``F.linear`` is, from decode-sized to prefill-sized row counts; and it is
-    taken only for float32 products on a CPU where MKL is slow, with the switch on."""
+    """oneDNN's linear (fast path ``cpu_onednn_gemm``) computes ``x @ W.T + b`` within float32's
+    worst-case rounding of every output and on average as close to a float64 product as
+    ``F.linear`` is, from decode-sized to prefill-sized row counts; and it is taken only for float32
+    products on a CPU where MKL is slow, with the switch on. (Its largest error alone compared
+    with ``F.linear``'s flaked: over 20 seeds and 1-2 threads it reached 6.5 times it, the mean
+    error 3.0 times.)"""
     torch.manual_seed(0)
     monkeypatch.setattr(linear, "slab_products_pay", lambda: True)
     weight, bias = torch.randn(960, 576), torch.randn(960)
+    unit = 2.0**-24
     for rows in (1, 5, 8, 33, 300):
         x = torch.randn(rows, 576)
-        want = _float64_product(x, weight) + bias
-        f_linear_error = (F.linear(x, weight, bias) - want).abs().max()
+        exact = x.double() @ weight.double().T + bias.double()
+        want = exact.float()
+        # K + 1 terms (the bias too), then the result's own rounding
+        terms = x.abs().double() @ weight.abs().double().T + bias.abs().double()
+        bound = (577 * unit / (1 - 577 * unit)) * terms + unit * exact.abs()
+        f_linear_mean_error = (F.linear(x, weight, bias) - want).abs().mean()
         assert linear.cpu_onednn(x, weight)
         got = linear.onednn_linear(x, weight, bias)
         assert got.shape == (rows, 960) and got.is_contiguous()
-        assert (got - want).abs().max() <= 4 * f_linear_error + 1e-5, rows
+        assert ((got.double() - exact).abs() <= bound).all(), rows
+        assert (got - want).abs().mean() <= 5 * f_linear_mean_error, rows
     x = torch.randn(8, 576)
     assert not linear.cpu_onednn(torch.randn(0, 576), weight)
     assert not linear.cpu_onednn(x.double(), weight.double())
