@@ -1129,17 +1129,24 @@ def apply_siblings_to_choices(schema: Any) -> bool:
 def _pattern_search() -> Callable[[str, str], bool] | None:
     """``search(pattern, text)``: whether ``pattern`` is found in ``text``, on the third-party
     ``regex`` engine, all the calls of one searcher under one :data:`PATTERN_CHECK_S` deadline
-    (TimeoutError past it); None without ``regex``. Python's ``re`` backtracks without end (an enum
-    value of 26 a's and a "!" beside "^(a+)+$" took 3.5 s, each further a twice that), and this
-    runs in the tokenizer worker."""
+    counted from its first call (TimeoutError past it); None without ``regex``. Python's ``re``
+    backtracks without end (an enum value of 26 a's and a "!" beside "^(a+)+$" took 3.5 s, each
+    further a twice that), and this runs in the tokenizer worker. (The deadline once ran from the
+    searcher's making, before the caller built its ``jsonschema`` validator: a fresh worker's
+    first import of ``jsonschema`` on a busy machine used it up, and '^a.$' against "ab" was
+    refused as too slow to check.)"""
     try:
         import regex
     except ImportError:
         return None
-    deadline = time.monotonic() + PATTERN_CHECK_S
+    deadline: float | None = None
 
     def search(pattern: str, text: str) -> bool:
-        left = deadline - time.monotonic()
+        nonlocal deadline
+        now = time.monotonic()
+        if deadline is None:
+            deadline = now + PATTERN_CHECK_S
+        left = deadline - now
         if left <= 0:
             raise TimeoutError
         return regex.search(pattern, text, timeout=left) is not None

@@ -390,6 +390,25 @@ def test_patterns_beside_an_enum_are_checked_without_runaway_backtracking(backen
         backend.check(GrammarSpec("json_schema", json.dumps(named)))
 
 
+def test_the_pattern_deadline_counts_the_searches_not_the_validator_built_before_them(backend, monkeypatch):
+    """The enum filter's deadline covers its pattern searches only: a validator slow to build (a
+    fresh tokenizer worker importing ``jsonschema`` on a busy machine; CI once took the whole
+    0.5 s there) leaves '^a.$' against "ab" judged, not refused as too slow to check."""
+    import jsonschema
+    import minisgl_plugin_xgrammar.backend as module
+
+    extend = jsonschema.validators.extend
+
+    def slow_extend(*args, **kwargs):
+        time.sleep(module.PATTERN_CHECK_S + 0.1)
+        return extend(*args, **kwargs)
+
+    monkeypatch.setattr(jsonschema.validators, "extend", slow_extend)
+    schema = {"type": "string", "enum": ["ab", "abc"], "pattern": "^a.$"}
+    assert apply_siblings_to_choices(schema) and schema["enum"] == ["ab"]
+    backend.check(GrammarSpec("json_schema", json.dumps({"enum": ["x", "yy"], "pattern": "^x$"})))
+
+
 def test_property_names_beside_no_other_properties_are_dropped(backend):
     """xgrammar read ``propertyNames`` beside ``additionalProperties: false`` as the keys allowed,
     with any value; that schema takes ``{}`` only (and names in ``properties`` are checked
