@@ -461,6 +461,43 @@ def test_triton_gumbel_draw_matches_softmax(device):
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
 
 
+def test_two_level_torch_draw_matches_softmax_across_chunks():
+    """The Gumbel-max race in two levels in torch ops (:func:`gumbel_max_two_level`, the CPU's
+    draw): ids follow softmax(logits * scale) across chunk boundaries, a chunk is picked by its
+    whole mass (one id of logit log 20 against twenty of 0 in another chunk: even), the winning key
+    is distributed as the one-level race's largest (mean logsumexp + 0.5772), a generator makes it
+    repeatable, and noise_scale 0 is torch's argmax (ties to the first id; nothing allowed: 0)."""
+    from minisgl_core.runner.sampler import _CHUNK, gumbel_max_two_level
+
+    vocab, rows = 2 * _CHUNK + 37, 3000
+    logits = torch.full((vocab,), -40.0)
+    hot = torch.tensor([3, _CHUNK - 1, _CHUNK, 2 * _CHUNK + 36])
+    logits[hot] = torch.tensor([0.5, 1.0, 0.0, 1.5])
+    scale, ones = torch.full((rows,), 1 / 0.7), torch.ones(rows)
+    generator = torch.Generator().manual_seed(0)
+    _, ids = gumbel_max_two_level(logits.expand(rows, vocab), scale, ones, generator)
+    assert (ids[:, None] == hot).any(1).all()
+    freq = (ids[:, None] == hot).float().mean(0)
+    assert (freq - torch.softmax(logits[hot] / 0.7, 0)).abs().max() < 0.04, freq
+    again = gumbel_max_two_level(logits.expand(rows, vocab), scale, ones, torch.Generator().manual_seed(0))[1]
+    assert torch.equal(ids, again)
+    spread = torch.full((vocab,), -40.0)
+    spread[5] = torch.tensor(20.0).log()
+    spread[2 * _CHUNK : 2 * _CHUNK + 20] = 0.0
+    keys, ids = gumbel_max_two_level(spread.expand(rows, vocab), ones, ones, generator)
+    assert ((ids == 5) | ((ids >= 2 * _CHUNK) & (ids < 2 * _CHUNK + 20))).all()
+    assert abs((ids == 5).float().mean().item() - 0.5) < 0.04
+    assert abs(keys.mean().item() - torch.logsumexp(spread, 0).item() - 0.5772) < 0.1
+    mixed = torch.randn(4, vocab)
+    mixed[0] = 0.0  # ties
+    mixed[1, : _CHUNK + 5] = mixed[1, _CHUNK + 5 :].max()  # ties across a chunk boundary
+    mixed[2] = float("-inf")  # nothing allowed
+    mixed[3, 7] = mixed[3, 2 * _CHUNK + 36] = 30.0
+    keys, ids = gumbel_max_two_level(mixed, torch.ones(4), torch.zeros(4))
+    assert ids.tolist() == mixed.argmax(-1).tolist() == [0, 0, 0, 7]
+    assert torch.equal(keys[[0, 1, 3]], mixed[[0, 1, 3]].max(-1).values)
+
+
 def test_repetition_penalty_matches_transformers():
     from transformers import RepetitionPenaltyLogitsProcessor
 

@@ -6,7 +6,8 @@ without normalising it. Without truncation (top-k/top-p/min-p) it is taken in lo
 kernels in whatever dtype the model returned the logits: one sums each chunk of the vocabulary,
 one a row picks a chunk by its mass and an id inside it, the noise from Philox with a fresh seed
 per call (``_sampler_triton``; ``MINISGL_TRITON_SAMPLER=0``: one compiled pass per row, noise
-from torch's generator). A
+from torch's generator). Off CUDA the same two-level race runs in torch ops
+(:func:`gumbel_max_two_level`). A
 seeded request draws its noise from its own generator, so it gets the same tokens whatever else
 shares its batch.
 """
@@ -128,14 +129,41 @@ def sampler_span(rows: int, chunks: int, programs: int = 1024) -> int:
     return best
 
 
-def gumbel_max_torch(
-    logits: torch.Tensor, scale: torch.Tensor, noise_scale: torch.Tensor, generator: torch.Generator
+def _gumbel_noise(
+    shape: tuple[int, int], device: torch.device, generator: torch.Generator | None
+) -> torch.Tensor:
+    """Gumbel noise ``-log(-log(u))``, ``u ~ U[_TINY, 1)``, from ``generator`` (torch's default if None)."""
+    u = torch.rand(shape, device=device, generator=generator).clamp_(min=_TINY)
+    return u.log_().neg_().log_().neg_()
+
+
+def gumbel_max_two_level(
+    logits: torch.Tensor,
+    scale: torch.Tensor,
+    noise_scale: torch.Tensor,
+    generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`gumbel_max_chunked` in torch ops, the noise from ``generator`` (CPU; the fast path off)."""
-    u = torch.rand(logits.shape, device=logits.device, generator=generator).clamp(min=_TINY)
-    y = logits.float() * scale[:, None] + noise_scale[:, None] * -torch.log(-torch.log(u))
-    values, indices = y.max(dim=-1)
-    return values, indices
+    """:func:`gumbel_max_chunked`'s two-level race in torch ops (the draw off the Triton path but
+    for CUDA's own sampling): per row the winning key of ``logits * scale`` (float32) and its id.
+    Each chunk of :data:`_CHUNK` ids is summed (its maximum and its sum of exponentials: one
+    exponential an id), the chunks are raced by their mass, then the ids of the chunk picked, so
+    noise is drawn for the chunks and one chunk a row instead of every id. Noise from
+    ``generator`` (torch's default if None)."""
+    rows, vocab = logits.shape
+    chunks = -(-vocab // _CHUNK)
+    y = logits.float() * scale[:, None]
+    if chunks * _CHUNK != vocab:
+        y = F.pad(y, (0, chunks * _CHUNK - vocab), value=float("-inf"))
+    y = y.view(rows, chunks, _CHUNK)
+    top = y.amax(dim=-1)
+    nothing = top == float("-inf")  # a chunk with no id allowed: its sum is 0, its key -inf
+    total = (y - top.masked_fill(nothing, 0.0)[..., None]).exp_().sum(dim=-1)
+    noise = noise_scale[:, None]
+    key = top + noise * (total.log() + _gumbel_noise((rows, chunks), logits.device, generator))
+    win, chunk = key.masked_fill(nothing, float("-inf")).max(dim=-1)  # the first chunk holding it
+    inside = y[torch.arange(rows, device=y.device), chunk]
+    index = (inside + noise * _gumbel_noise((rows, _CHUNK), logits.device, generator)).argmax(dim=-1)
+    return win, chunk * _CHUNK + index
 
 
 #: sample_sharded's seeds (and CPU generators) are offset by this times the TP rank
@@ -543,7 +571,7 @@ class Sampler:
             if self._shard_generator is None:
                 self._shard_generator = torch.Generator(device=device)
                 self._shard_generator.manual_seed(self._seed + rank_offset)
-            values, indices = gumbel_max_torch(local, scale, noise_scale, self._shard_generator)
+            values, indices = gumbel_max_two_level(local, scale, noise_scale, self._shard_generator)
         pairs = torch.zeros((parallel.tp_size, local.shape[0], 2), dtype=torch.float32, device=device)
         pairs[parallel.tp_rank, :, 0] = values
         pairs[parallel.tp_rank, :, 1] = (indices + start).float()
@@ -588,7 +616,9 @@ class Sampler:
         self, logits: torch.Tensor, scale: torch.Tensor, noise_scale: torch.Tensor
     ) -> torch.Tensor:
         if not self.triton:
-            return gumbel_argmax_compiled(logits, scale, noise_scale)
+            if logits.is_cuda:  # (the Triton draw turned off: one compiled pass per row)
+                return gumbel_argmax_compiled(logits, scale, noise_scale)
+            return gumbel_max_two_level(logits, scale, noise_scale)[1]
         return gumbel_argmax_chunked(logits, scale, noise_scale, self._next_seed())
 
     def _next_seed(self) -> int:
