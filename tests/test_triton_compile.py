@@ -227,17 +227,6 @@ def test_kv_indices_kernel_compiles(target, page):
     compiles(kv_indices_kernel, signature, {"PAGE": page, "BLOCK": _BLOCK}, target)
 
 
-@pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")
-def test_graph_inputs_kernel_compiles(target):
-    from minisgl_core.runner._graph_inputs_triton import graph_inputs_kernel
-    from minisgl_core.runner.cuda_graph import _FILL_BLOCK
-
-    signature = {"positions_src": "*i64", "out_cache_loc_src": "*i64", "req_slots_src": "*i32",
-                 "seq_lens_src": "*i32", "positions": "*i64", "out_cache_loc": "*i64", "req_slots": "*i32",
-                 "seq_lens": "*i32", "bs": "i32", "padded": "i32", "dummy_slot": "i32", "spare_row": "i32"}  # fmt: skip
-    compiles(graph_inputs_kernel, signature, {"BLOCK": _FILL_BLOCK}, target)
-
-
 def _ptx(kernel, signature: dict[str, str], constants: dict[str, object], options: dict) -> str:
     signature = {**signature, **dict.fromkeys(constants, "constexpr")}
     compiled = triton_compile(

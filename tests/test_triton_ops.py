@@ -1,9 +1,8 @@
-"""The hand-written Triton kernels of ``minisgl_core.layers.triton_ops`` (norm + rotary + KV store; SiLU·mul), the
-wide all-reduce's sum (``minisgl_core.layers._triton_collectives``) and the runner's (paged layout, a
-decode graph's inputs), run on the CPU under Triton's interpreter in a child process
-(``TRITON_INTERPRET`` must be set before Triton is imported). In float32, where the interpreter's
-arithmetic is exact enough to compare with the eager reference at 1e-5; bf16 rounding is checked
-on the GPU (``tools/device_e2e.py``)."""
+"""The hand-written Triton kernels of ``minisgl_core.layers.triton_ops`` (norm + rotary + KV store; SiLU·mul) and the
+wide all-reduce's sum (``minisgl_core.layers._triton_collectives``), run on the CPU under
+Triton's interpreter in a child process (``TRITON_INTERPRET`` must be set before Triton is
+imported). In float32, where the interpreter's arithmetic is exact enough to compare with the
+eager reference at 1e-5; bf16 rounding is checked on the GPU (``tools/device_e2e.py``)."""
 
 from __future__ import annotations
 
@@ -27,7 +26,7 @@ CHILD_ENV = {"MINISGL_FUSED_KV": "1"}
 #: the checks of single kernels, which patch nothing, change no environment variable and start
 #: no engine: one child runs them all (a child's start-up, torch and Triton imported, cost about
 #: 3 s of CI each); the model checks below, which do all three, keep a child each
-KERNEL_CHECKS = ["kernel", "silu", "layout", "graph_inputs", "norm", "gemm", "split_k", "collective"]
+KERNEL_CHECKS = ["kernel", "silu", "layout", "norm", "gemm", "split_k", "collective"]
 
 
 def run_child(*args: str) -> str:
@@ -52,53 +51,6 @@ def test_silu_mul_matches_eager(kernel_checks):
 def test_layout_kernel_matches_paged_layout(kernel_checks):
     out = kernel_checks["layout"]
     assert out.count("ok") == 6, out
-
-
-def test_graph_inputs_kernel_fills_what_the_torch_ops_fill(kernel_checks):
-    out = kernel_checks["graph_inputs"]
-    assert out.split() == ["ok"] * 9, out
-
-
-def test_graph_inputs_kernel_takes_its_sizes_unspecialized():
-    """The batch and padded sizes change every replay, and Triton compiles a variant for an int
-    argument equal to 1 or divisible by 16: none of its int arguments may be specialized, or a
-    batch size would compile in the middle of a run (the CUDA test below launches it)."""
-    from minisgl_core.runner._graph_inputs_triton import graph_inputs_kernel
-
-    unspecialized = [p.name for p in graph_inputs_kernel.params if p.do_not_specialize]
-    assert unspecialized == ["bs", "padded", "dummy_slot", "spare_row"]
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_graph_inputs_kernel_compiles_once_for_every_size():
-    """On the GPU: after one launch (the graph runner's at start-up), sizes of 1, of multiples of
-    16, and others, padded or not, over one or more programs, compile no other variant."""
-    from triton import knobs
-
-    from minisgl_core.runner.cuda_graph import fill_graph_inputs
-    from minisgl_core.runner.sampler import rows_to_device
-
-    dev = torch.device("cuda")
-    buffers = [torch.zeros(640, dtype=dtype, device=dev) for dtype in (torch.int64,) * 2 + (torch.int32,) * 2]
-    fill_graph_inputs(buffers, buffers, 1, 600, 4096, 31, triton=True)
-    compiled: list[str] = []
-
-    def hook(*, fn, **_) -> bool:
-        compiled.append(fn.name)
-        return False
-
-    previous, knobs.runtime.jit_cache_hook = knobs.runtime.jit_cache_hook, hook
-    try:
-        for bs, padded in ((1, 1), (16, 16), (5, 8), (1, 2), (32, 48), (300, 320), (17, 600)):
-            wide, narrow = rows_to_device(
-                [([list(range(bs))] * 3, torch.int64), ([[7] * bs] * 3, torch.int32)], dev
-            )
-            sources = (wide[1, :bs], wide[0, :bs], narrow[0, :bs], narrow[1, :bs])
-            fill_graph_inputs(sources, buffers, bs, padded, 4096 + bs, 16 * bs, triton=True)
-            assert buffers[3][:padded].tolist() == [7] * bs + [1] * (padded - bs)
-    finally:
-        knobs.runtime.jit_cache_hook = previous
-    assert compiled == [], compiled
 
 
 def test_rms_norm_matches_eager(kernel_checks):
@@ -650,44 +602,6 @@ def check_collective() -> None:
         print("ok")
 
 
-def check_graph_inputs() -> None:
-    """``cuda_graph.fill_graph_inputs``: its Triton kernel fills a decode graph's buffers as the
-    torch ops (the fallback) do, from the rows of one packed copy as the scheduler sends a batch
-    (``rows_to_device``: each source a view at an offset into one byte buffer): the batch's entries,
-    dummy requests up to the padded size (position 0, the dummy slot, the spare row, length 1),
-    nothing from there on. Sizes of one, not a power of two, and past one program's block."""
-    from minisgl_core.runner.cuda_graph import _FILL_BLOCK, fill_graph_inputs
-    from minisgl_core.runner.sampler import rows_to_device
-
-    dummy_slot, spare_row, size, sentinel = 4096, 31, 700, -7
-    names = ("positions", "out_cache_loc", "req_slots", "seq_lens")
-    dtypes = (torch.int64, torch.int64, torch.int32, torch.int32)
-    gen = torch.Generator().manual_seed(11)
-    cases = [(8, 8), (5, 8), (1, 1), (1, 4), (13, 16), (_FILL_BLOCK, _FILL_BLOCK), (300, 320), (3, 600),
-             (650, size)]  # fmt: skip
-    for bs, padded in cases:
-        slots, positions, rows, lens = (
-            torch.randint(2, 5000, (bs,), generator=gen).tolist() for _ in range(4)
-        )
-        wide, narrow = rows_to_device(
-            [([slots, positions, rows], torch.int64), ([rows, lens, [1] * bs], torch.int32)],
-            torch.device("cpu"),
-        )
-        sources = (wide[1, :bs], wide[0, :bs], narrow[0, :bs], narrow[1, :bs])
-        assert len({t.untyped_storage().data_ptr() for t in sources}) == 1
-        assert [t.storage_offset() > 0 for t in sources] == [True, False, True, True]
-        fast, eager = ([torch.full((size,), sentinel, dtype=dtype) for dtype in dtypes] for _ in range(2))
-        fill_graph_inputs(sources, fast, bs, padded, dummy_slot, spare_row, triton=True)
-        fill_graph_inputs(sources, eager, bs, padded, dummy_slot, spare_row, triton=False)
-        given, pads = (positions, slots, rows, lens), (0, dummy_slot, spare_row, 1)
-        for name, buffer, values, pad in zip(names, fast, given, pads, strict=True):
-            expected = values + [pad] * (padded - bs) + [sentinel] * (size - padded)
-            assert buffer.tolist() == expected, (name, bs, padded)
-        for name, a, b in zip(names, fast, eager, strict=True):
-            assert a.dtype == b.dtype and torch.equal(a, b), (name, bs, padded)
-        print("ok")
-
-
 def check_layout() -> None:
     """``runner.layout.build_layout`` (host offsets, the page ids by the Triton kernel) equals the
     API's ``paged_layout`` on batches of scattered pages: prefill, decode, one sequence; a
@@ -735,9 +649,8 @@ def check_layout() -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "checks":  # e.g. ``checks norm,gemm``
         kernel_check_functions = {
-            "kernel": check_kernel, "silu": check_silu, "layout": check_layout,
-            "graph_inputs": check_graph_inputs, "norm": check_norm, "gemm": check_gemm,
-            "split_k": check_split_k, "collective": check_collective,
+            "kernel": check_kernel, "silu": check_silu, "layout": check_layout, "norm": check_norm,
+            "gemm": check_gemm, "split_k": check_split_k, "collective": check_collective,
         }  # fmt: skip
         run_checks(kernel_check_functions, sys.argv[2])
     elif sys.argv[1] == "split_k_model":

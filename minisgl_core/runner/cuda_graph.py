@@ -3,9 +3,7 @@
 Decode steps are many small kernels, so launching them costs more than running them at small
 batch sizes. Each captured graph reads fixed input buffers; a real batch is copied into them,
 padded up to the nearest captured size with dummy requests that point at a reserved spare
-page-table row and a reserved KV page, and the graph replays. Where Triton runs, one kernel fills
-the buffers (:func:`fill_graph_inputs`) instead of up to eight torch ops, each a kernel launch of its
-own paid on the host before every replay.
+page-table row and a reserved KV page, and the graph replays.
 
 With cascade attention (the decode backend declares "cascade") every size is captured twice: a
 plain graph, and a cascade graph captured on ``shared_prefixes=[]`` that replays the batches
@@ -17,12 +15,12 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 
 from minisgl_core.api import AttentionBackend, ForwardBatch, Model, SharedPrefix
-from minisgl_core.layers.triton_ops import pdl_scope, triton_enabled
+from minisgl_core.layers.triton_ops import pdl_scope
 from minisgl_core.runner.layout import FastLayoutBatch, fast_layout_enabled, set_layout
 
 logger = logging.getLogger(__name__)
@@ -36,48 +34,12 @@ logger = logging.getLogger(__name__)
 #: cost Qwen3-0.6B 1% (BENCHMARKS.md)
 PDL_MAX_BS = 8
 
-#: entries of the graph's input buffers per program of ``graph_inputs_kernel``
-_FILL_BLOCK = 256
-
 
 def capture_sizes(max_bs: int) -> list[int]:
     sizes = [s for s in (1, 2, 4, 8) if s <= max_bs] + list(range(16, max_bs + 1, 16))
     if sizes[-1] != max_bs:
         sizes.append(max_bs)
     return sizes
-
-
-def fill_graph_inputs(
-    sources: Sequence[torch.Tensor],
-    buffers: Sequence[torch.Tensor],
-    bs: int,
-    padded: int,
-    dummy_slot: int,
-    spare_row: int,
-    *,
-    triton: bool,
-) -> None:
-    """Copy a batch's ``sources`` (positions, out_cache_loc, req_slots, seq_lens: ``bs`` entries
-    each) into a graph's ``buffers`` of the same four, and make entries ``bs`` to ``padded`` dummy
-    requests: one token at position 0 of the spare row, written to the dummy slot. One Triton
-    kernel with ``triton``, else up to eight torch ops."""
-    if triton:
-        from minisgl_core.runner._graph_inputs_triton import graph_inputs_kernel
-
-        # the kernel indexes every tensor by entry (the batch's are rows of the scheduler's pack)
-        assert all(t.stride(0) == 1 for t in sources), [t.stride() for t in sources]
-        graph_inputs_kernel[(-(-padded // _FILL_BLOCK),)](
-            *sources, *buffers, bs, padded, dummy_slot, spare_row, BLOCK=_FILL_BLOCK
-        )
-        return
-    for buffer, source in zip(buffers, sources, strict=True):
-        buffer[:bs].copy_(source)
-    if padded > bs:
-        positions, out_cache_loc, req_slots, seq_lens = buffers
-        positions[bs:padded].zero_()
-        out_cache_loc[bs:padded].fill_(dummy_slot)
-        req_slots[bs:padded].fill_(spare_row)
-        seq_lens[bs:padded].fill_(1)
 
 
 class GraphRunner:
@@ -119,11 +81,7 @@ class GraphRunner:
         self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
         self.extend_lens = torch.ones(n, dtype=torch.int32, device=device)
         self.logits_indices = torch.arange(n, device=device)
-        #: the buffers a replay's batch is copied into, but the token ids (copied in by its run)
-        self._inputs = (self.positions, self.out_cache_loc, self.req_slots, self.seq_lens)
         self._fast_layout = fast_layout_enabled(device)
-        #: the graph's inputs filled by one Triton kernel (:func:`fill_graph_inputs`)
-        self._fast_inputs = triton_enabled(device, "MINISGL_COMPILE")
         #: by (batch size, cascade)
         self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[int, bool], torch.Tensor] = {}
@@ -156,9 +114,6 @@ class GraphRunner:
     def _capture(self) -> None:
         start = time.perf_counter()
         self.attn.init_graph_capture(self.max_bs)
-        if self._fast_inputs:
-            # the kernel's one compile, here at start-up: the buffers stand in for a batch of one
-            self._fill_inputs(self._inputs, 1, self.max_bs)
         pool = None
         torch.cuda.synchronize()
         # A garbage collection during capture could free CUDA objects of an earlier engine in
@@ -193,11 +148,6 @@ class GraphRunner:
                 pool = graph.pool()
                 self.graphs[bs, cascade] = graph
 
-    def _fill_inputs(self, sources: Sequence[torch.Tensor], bs: int, padded: int) -> None:
-        fill_graph_inputs(
-            sources, self._inputs, bs, padded, self.dummy_slot, self.spare_row, triton=self._fast_inputs
-        )
-
     def can_run(self, batch: ForwardBatch) -> bool:
         return batch.batch_size <= self.max_bs and (batch.shared_prefixes is None or self.cascade)
 
@@ -209,8 +159,15 @@ class GraphRunner:
         copies the token ids in, replays the graph and returns the logits."""
         bs = batch.batch_size
         padded = next(s for s in self.sizes if s >= bs)
-        sources = (batch.positions, batch.out_cache_loc, batch.req_slots, batch.seq_lens)
-        self._fill_inputs(sources, bs, padded)
+        self.positions[:bs].copy_(batch.positions)
+        self.out_cache_loc[:bs].copy_(batch.out_cache_loc)
+        self.req_slots[:bs].copy_(batch.req_slots)
+        self.seq_lens[:bs].copy_(batch.seq_lens)
+        if padded > bs:  # dummy requests: one token at position 0 of the spare row
+            self.positions[bs:padded].zero_()
+            self.out_cache_loc[bs:padded].fill_(self.dummy_slot)
+            self.req_slots[bs:padded].fill_(self.spare_row)
+            self.seq_lens[bs:padded].fill_(1)
         shared = batch.shared_prefixes
         replay_batch = self._batch(padded, batch.seq_lens_cpu + [1] * (padded - bs), shared)
         self.attn.prepare_replay(replay_batch)
