@@ -52,17 +52,26 @@ class TorchAttentionMetadata(NamedTuple):
     each: bool = False
 
 
-def _gather(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+def _gather_rows(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """K or V of one layer (``pool``: ``[num_pages, page_size, kv_heads, head_dim]``) at ``slots``
-    (``[b, n]`` KV slots) as float32 ``[b, kv_heads, n, head_dim]``.
+    (``[b, n]`` KV slots) as float32 ``[b, n, kv_heads, head_dim]``, as the pool holds a slot.
 
     ``index_select`` rather than ``pool[slots]``: the advanced-indexing kernel opens a parallel
     region even for a few rows, which on a CPU whose cores are busy with other work waits for a
     descheduled thread (milliseconds per layer on 2 shared cores, against microseconds here)."""
     b, n = slots.shape
     flat = pool.view(-1, pool.shape[-2], pool.shape[-1])
-    rows = flat.index_select(0, slots.reshape(-1)).view(b, n, pool.shape[-2], pool.shape[-1])
-    return rows.float().transpose(1, 2)
+    return flat.index_select(0, slots.reshape(-1)).view(b, n, pool.shape[-2], pool.shape[-1]).float()
+
+
+def _gather(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """:func:`_gather_rows` as ``[b, kv_heads, n, head_dim]`` (a view)."""
+    return _gather_rows(pool, slots).transpose(1, 2)
+
+
+#: from this many gathered elements of K (batch x keys x KV heads x head dim) a CPU decode
+#: attends one KV head at a time (:meth:`TorchAttentionBackend._decode`)
+_HEAD_BY_HEAD_ELEMENTS = 1 << 17
 
 
 def _mostly_padding(extend_lens: list[int], seq_lens: list[int]) -> bool:
@@ -219,14 +228,14 @@ class TorchAttentionBackend(AttentionBackend):
             slots = meta.kv_slots[:, :n]
             # one sequence over exactly its own keys sees them all: no mask to apply
             mask = None if batch.batch_size == 1 else meta.mask[..., :n]
-            return self._decode(q, _gather(k_pool, slots), _gather(v_pool, slots), mask)
+            return self._decode(q, _gather_rows(k_pool, slots), _gather_rows(v_pool, slots), mask)
         out = torch.empty_like(q)
         for index, n in groups:
             assert index is not None
             slots = meta.kv_slots.index_select(0, index)[:, :n]
             mask = meta.mask.index_select(0, index)[..., :n]
             part = self._decode(
-                q.index_select(0, index), _gather(k_pool, slots), _gather(v_pool, slots), mask
+                q.index_select(0, index), _gather_rows(k_pool, slots), _gather_rows(v_pool, slots), mask
             )
             out.index_copy_(0, index, part)
         return out
@@ -235,21 +244,40 @@ class TorchAttentionBackend(AttentionBackend):
         self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None
     ) -> torch.Tensor:
         """One query per sequence (``q``: float32 [bs, qo_heads, head_dim]) over its keys
-        (``keys``/``values``: [bs, kv_heads, n, head_dim]; ``mask`` [bs, 1, 1, n] or None), as
-        two batched matmuls around a softmax, GQA by viewing each KV head's queries as rows.
+        (``keys``/``values``: [bs, n, kv_heads, head_dim], as gathered; ``mask`` [bs, 1, 1, n] or
+        None), as two batched matmuls around a softmax, GQA by viewing each KV head's queries as
+        rows.
 
         On a CPU this beats ``scaled_dot_product_attention``, whose flash kernel opens a parallel
         region per call for a few microseconds of work: on cores shared with other programs that
         region waits for a descheduled thread, milliseconds per layer (measured 13 ms per call on
-        2 busy cores, against tens of microseconds for these ops)."""
-        bs, num_heads, head_dim = q.shape
-        kv_heads = keys.shape[1]
+        2 busy cores, against tens of microseconds for these ops).
+
+        A product over the (sequence, KV head) pairs at once needs each pair's keys contiguous: a
+        transposing copy of the gathered K and V, which took more than the products (64
+        sequences of 200 keys, 3 KV heads of 64: 3.2 ms a layer; 32 of 600, 8 heads of 128: 102
+        ms). One KV head at a time, its keys are a strided matrix BLAS reads in place (1.7 and
+        12 ms); below :data:`_HEAD_BY_HEAD_ELEMENTS` gathered elements, or one sequence, whose
+        pairs need no copy, the loop's calls cost more than the copy saves."""
+        bs, n, kv_heads, head_dim = keys.shape
+        num_heads = q.shape[1]
         rows = q.view(bs, kv_heads, num_heads // kv_heads, head_dim)  # head h reads KV head h // group
-        scores = torch.matmul(rows, keys.transpose(-1, -2)).mul_(self.config.scale)  # [bs, kv, g, n]
-        if mask is not None:
-            scores.masked_fill_(~mask, float("-inf"))  # [bs, 1, 1, n] broadcast over heads
-        out = torch.matmul(torch.softmax(scores, dim=-1), values)  # [bs, kv, g, head_dim]
-        return out.view(bs, num_heads, head_dim)
+        if bs == 1 or keys.numel() < _HEAD_BY_HEAD_ELEMENTS:
+            scores = torch.matmul(rows, keys.transpose(1, 2).transpose(-1, -2)).mul_(self.config.scale)
+            if mask is not None:
+                scores.masked_fill_(~mask, float("-inf"))  # [bs, 1, 1, n] broadcast over heads
+            out = torch.matmul(torch.softmax(scores, dim=-1), values.transpose(1, 2))  # [bs, kv, g, head_dim]
+            return out.view(bs, num_heads, head_dim)
+        hidden = None if mask is None else ~mask[:, 0]  # [bs, 1, n]
+        outs = []
+        for h in range(kv_heads):
+            scores = torch.bmm(rows[:, h], keys[:, :, h].transpose(1, 2)).mul_(
+                self.config.scale
+            )  # [bs, g, n]
+            if hidden is not None:
+                scores.masked_fill_(hidden, float("-inf"))
+            outs.append(torch.bmm(torch.softmax(scores, dim=-1), values[:, :, h]))  # [bs, g, head_dim]
+        return torch.stack(outs, dim=1).view(bs, num_heads, head_dim)
 
     def _each(
         self,
@@ -274,7 +302,12 @@ class TorchAttentionBackend(AttentionBackend):
                     end += 1
                 rows = slice(b, end)
                 out.append(
-                    self._decode(q[token : token + end - b], keys[rows], values[rows], meta.mask[rows, :, :1])
+                    self._decode(
+                        q[token : token + end - b],
+                        keys[rows].transpose(1, 2),
+                        values[rows].transpose(1, 2),
+                        meta.mask[rows, :, :1],
+                    )
                 )
                 token += end - b
             else:

@@ -85,10 +85,32 @@ class TestTorchBackend(AttentionBackendSuite):
         monkeypatch.setattr(
             TorchAttentionBackend,
             "_decode",
-            lambda s, q, k, *a: widths.append(k.shape[2]) or decode(s, q, k, *a),
+            lambda s, q, k, *a: widths.append(k.shape[1]) or decode(s, q, k, *a),
         )
         self.single_step(Shape(2, 8, 64, 4), generator, seq_lens, [1] * len(seq_lens), is_prefill=False)
         assert widths == [300, 80, 12]
+
+    @pytest.mark.parametrize("threshold", [0, 1 << 40], ids=["head-by-head", "all-heads"])
+    def test_decode_attends_head_by_head_or_all_at_once(
+        self, generator: torch.Generator, monkeypatch, threshold: int
+    ) -> None:
+        """A CPU decode step attends one KV head at a time from ``_HEAD_BY_HEAD_ELEMENTS``
+        gathered elements on, else all heads in one product: both against the suite's reference,
+        GQA groups of 1 and 4, with a step of one sequence (always all heads) beside."""
+        from minisgl_plugin_torch import backend
+
+        if torch.device(self.device).type != "cpu":
+            pytest.skip("the CPU's path")
+        monkeypatch.setattr(backend, "_HEAD_BY_HEAD_ELEMENTS", threshold)
+        loops = []
+        bmm = torch.bmm
+        monkeypatch.setattr(backend.torch, "bmm", lambda *a, **k: loops.append(1) or bmm(*a, **k))
+        for shape in (Shape(2, 2, 64, 4), Shape(4, 1, 32, 16)):
+            for seq_lens in ([37, 5, 19, 64], [23]):
+                loops.clear()
+                self.single_step(shape, generator, seq_lens, [1] * len(seq_lens), is_prefill=False)
+                # a group of one sequence attends all heads at once whatever the threshold
+                assert bool(loops) == (threshold == 0 and len(seq_lens) > 1), (shape, seq_lens, len(loops))
 
     def test_ignores_positions_past_page_table_row(self, generator: torch.Generator) -> None:
         """Garbage (even out-of-range slot ids) past each sequence's length is never gathered."""
