@@ -32,7 +32,10 @@ def kernel(reps: int) -> None:
     gen = torch.Generator().manual_seed(0)
     fake = types.SimpleNamespace(config=types.SimpleNamespace(scale=0.125))
     for bs, n, kv, group, dim in KERNEL_CASES:
-        pool_k, pool_v = torch.randn(20000, kv, dim, generator=gen), torch.randn(20000, kv, dim, generator=gen)
+        pool_k, pool_v = (
+            torch.randn(20000, kv, dim, generator=gen),
+            torch.randn(20000, kv, dim, generator=gen),
+        )
         slots = torch.randint(0, 20000, (bs, n), generator=gen)
         keys = backend._gather_rows(pool_k[:, None], slots)
         values = backend._gather_rows(pool_v[:, None], slots)
@@ -50,7 +53,11 @@ def kernel(reps: int) -> None:
                 times.append(time.perf_counter() - started)
             line.append(f"{name} {sorted(times)[reps // 2] * 1e3:.3f} ms")
         diff = (outs["all heads"] - outs["head by head"]).abs().max().item()
-        print(f"{bs} x {n} keys, {kv} KV heads x {group}, dim {dim}: " + ", ".join(line) + f" (max diff {diff:.1e})")
+        print(
+            f"{bs} x {n} keys, {kv} KV heads x {group}, dim {dim}: "
+            + ", ".join(line)
+            + f" (max diff {diff:.1e})"
+        )
 
 
 def engine(batch: int, prompt_tokens: int) -> None:
@@ -68,7 +75,10 @@ def engine(batch: int, prompt_tokens: int) -> None:
 
         generate(4)  # the prompts into the prefix cache: the runs below prefill nothing new
         steps = [(generate(40) - generate(8)) / 32 * 1e3 for _ in range(3)]
-        print(f"batch {batch}, {prompt_tokens}-token prompts: decode ms a step " + " ".join(f"{s:.1f}" for s in steps))
+        print(
+            f"batch {batch}, {prompt_tokens}-token prompts: decode ms a step "
+            + " ".join(f"{s:.1f}" for s in steps)
+        )
 
 
 def main() -> None:
