@@ -1,9 +1,11 @@
 """The torch backend's CPU decode attention one KV head at a time against all heads in one
 product (``TorchAttentionBackend._decode``, switched by its module's ``_HEAD_BY_HEAD_ELEMENTS``),
-and the default model's decode step end to end. Run the engine mode with an earlier tree first on
+a cascade step's ``_attend`` (own suffixes, a shared prefix) against an earlier tree's (``DIR``:
+a ``git archive`` of it), and the default model's decode step end to end. Run the engine mode with an earlier tree first on
 ``PYTHONPATH`` (its torch plugin too) for that tree's figure.
 
     python tools/cpu_decode_attention.py --kernel                   # ms a layer, both ways
+    python tools/cpu_decode_attention.py --cascade --before DIR     # _attend against DIR's
     python tools/cpu_decode_attention.py --engine 32,400 [--engine 16,100 ...]   # ms a decode step
 """
 
@@ -60,6 +62,54 @@ def kernel(reps: int) -> None:
         )
 
 
+#: (what, sequences, query heads, KV heads, queries a sequence, keys, masked): a cascade decode
+#: step's two calls of ``_attend``, at SmolLM2-135M's heads and Qwen3-0.6B's
+CASCADE_CASES = [
+    ("own suffixes", 32, 9, 3, 1, 60, True),
+    ("own suffixes", 64, 9, 3, 1, 200, True),
+    ("a prefix shared by 16", 1, 9, 3, 16, 1000, False),
+    ("a prefix shared by 8 (Qwen3-0.6B heads)", 1, 16, 8, 8, 2000, False),
+]
+
+
+def cascade(before: str, reps: int) -> None:
+    import importlib.util
+    import pathlib
+
+    import torch
+    from minisgl_plugin_torch import backend
+
+    path = pathlib.Path(before) / "plugins/attention/torch/minisgl_plugin_torch/backend.py"
+    spec = importlib.util.spec_from_file_location("before_backend", path)
+    assert spec is not None and spec.loader is not None
+    earlier = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(earlier)
+    gen = torch.Generator().manual_seed(0)
+    fake = types.SimpleNamespace(config=types.SimpleNamespace(scale=0.125))
+    for what, bs, heads, kv, t, n, masked in CASCADE_CASES:
+        pool = torch.randn(50000, 1, kv, 64, generator=gen)
+        slots = torch.randint(0, 50000, (bs, n), generator=gen)
+        k, v = backend._gather(pool, slots), backend._gather(pool.flip(0), slots)
+        q = torch.randn(t, bs, heads, 64, generator=gen).permute(1, 2, 0, 3)  # a view, as the engine's
+        mask = (torch.rand(bs, 1, 1, n, generator=gen) > 0.1) if masked else None
+        line, outs = [], {}
+        for name, module in (("before", earlier), ("now", backend)):
+            for _ in range(3):
+                outs[name] = module.TorchAttentionBackend._attend(fake, q, k, v, mask)
+            times = []
+            for _ in range(reps):
+                started = time.perf_counter()
+                module.TorchAttentionBackend._attend(fake, q, k, v, mask)
+                times.append(time.perf_counter() - started)
+            line.append(f"{name} {sorted(times)[reps // 2] * 1e3:.3f} ms")
+        diff = (outs["before"][0] - outs["now"][0]).abs().max().item()
+        print(
+            f"{what}, {bs} x {t} queries, {heads} heads / {kv} KV, {n} keys: "
+            + ", ".join(line)
+            + f" (max diff {diff:.1e})"
+        )
+
+
 def engine(batch: int, prompt_tokens: int) -> None:
     from minisgl_core import LLM
     from minisgl_core.sampling import SamplingParams
@@ -84,11 +134,17 @@ def engine(batch: int, prompt_tokens: int) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--kernel", action="store_true", help="time _decode alone, both ways")
+    p.add_argument("--cascade", action="store_true", help="time _attend against --before's")
+    p.add_argument("--before", default=None, help="an earlier tree (git archive) for --cascade")
     p.add_argument("--reps", type=int, default=21)
     p.add_argument("--engine", action="append", default=[], metavar="BATCH,PROMPT_TOKENS")
     args = p.parse_args()
     if args.kernel:
         kernel(args.reps)
+    if args.cascade:
+        if args.before is None:
+            p.error("--cascade needs --before DIR (an earlier tree, e.g. git archive REV | tar -x -C DIR)")
+        cascade(args.before, args.reps)
     for spec in args.engine:
         batch, prompt_tokens = (int(x) for x in spec.split(","))
         engine(batch, prompt_tokens)

@@ -360,11 +360,23 @@ class TorchAttentionBackend(AttentionBackend):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Attention with its log-sum-exp: ``q`` [b, qo_heads, t, d], ``k``/``v`` [b, kv_heads, s, d],
         ``mask`` broadcastable to [b, qo_heads, t, s] or None. Returns the output [b, qo_heads, t, d]
-        and the base-2 log-sum-exp of the scaled scores [b, qo_heads, t]."""
-        group = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        scores = q @ k.transpose(-1, -2) * self.config.scale
-        if mask is not None:
+        and the base-2 log-sum-exp of the scaled scores [b, qo_heads, t].
+
+        A KV head's queries are rows of one product with its keys (``[b, kv_heads, group * t, d]``),
+        not its keys repeated for each query head: ``repeat_interleave`` copied K and V ``group``
+        times. A mask that varies over heads or queries takes the repeated form."""
+        b, heads, t, d = q.shape
+        kv_heads = k.shape[1]
+        group = heads // kv_heads
+        if mask is not None and (mask.shape[-3] != 1 or mask.shape[-2] != 1):
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+            scores = q @ k.transpose(-1, -2) * self.config.scale
+            scores = scores.masked_fill(~mask, float("-inf"))
+            lse = torch.logsumexp(scores, dim=-1)
+            return torch.exp(scores - lse[..., None]) @ v, lse * LOG2_E
+        scores = q.reshape(b, kv_heads, group * t, d) @ k.transpose(-1, -2) * self.config.scale
+        if mask is not None:  # [b, 1, 1, s]: the same keys hidden from every head and query
             scores = scores.masked_fill(~mask, float("-inf"))
         lse = torch.logsumexp(scores, dim=-1)
-        return torch.exp(scores - lse[..., None]) @ v, lse * LOG2_E
+        out = torch.exp(scores - lse[..., None]) @ v
+        return out.view(b, heads, t, d), (lse * LOG2_E).view(b, heads, t)
