@@ -116,7 +116,29 @@ class TorchAttentionBackend(AttentionBackend):
             key_starts[group.start : group.end] = [group.length] * (group.end - group.start)
         rows = batch.req_slots.long()
         group_slots = [batch.page_table[rows[g.start], : g.length].long() for g in groups]
-        return self._grid(batch, max_len, key_starts)._replace(groups=groups, group_slots=group_slots)
+        return self._suffix_grid(batch, key_starts)._replace(groups=groups, group_slots=group_slots)
+
+    def _suffix_grid(self, batch: ForwardBatch, key_starts: list[int]) -> TorchAttentionMetadata:
+        """A cascade decode step's own keys: sequence b's positions ``key_starts[b]`` to its length,
+        padded to the longest such suffix (its shared prefix is attended per group, from
+        ``group_slots``). A grid over whole sequences with the prefixes masked out gathered and
+        multiplied every prefix key once more for nothing: on a CPU, 35 sequences sharing 760
+        tokens decoded slower with cascade than without (1.14 against 0.63 s a step)."""
+        device = batch.page_table.device
+        bs = batch.batch_size
+        width = max(n - start for n, start in zip(batch.seq_lens_cpu, key_starts))
+        starts = torch.tensor(key_starts, device=device)
+        positions = starts[:, None] + torch.arange(width, device=device)[None, :]
+        valid = positions < batch.seq_lens.to(device=device, dtype=torch.int64)[:, None]
+        table = batch.page_table[batch.req_slots.long()]
+        slots = table.gather(1, positions.clamp(max=table.shape[1] - 1)).long()
+        return TorchAttentionMetadata(
+            kv_slots=torch.where(valid, slots, slots[:, :1]),  # padding reads a valid key, masked
+            mask=valid[:, None, None, :],
+            token_seq=torch.arange(bs, device=device),
+            token_offset=torch.zeros(bs, dtype=torch.int64, device=device),
+            max_extend=1,
+        )
 
     def _grid(
         self, batch: ForwardBatch, max_len: int | None, key_starts: list[int] | None
