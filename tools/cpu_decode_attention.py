@@ -12,6 +12,7 @@ a ``git archive`` of it), and the default model's decode step end to end. Run th
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 import types
 
@@ -25,6 +26,18 @@ KERNEL_CASES = [
     (4, 600, 3, 3, 64),
     (32, 600, 8, 2, 128),
 ]
+
+
+def _timed(call, reps: int):
+    """``call()``'s result (after three warm-up calls) and its median time over ``reps`` calls, ms."""
+    for _ in range(3):
+        out = call()
+    times = []
+    for _ in range(reps):
+        started = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - started)
+    return out, sorted(times)[reps // 2] * 1e3
 
 
 def kernel(reps: int) -> None:
@@ -46,14 +59,10 @@ def kernel(reps: int) -> None:
         line, outs = [], {}
         for name, threshold in (("all heads", 1 << 62), ("head by head", 0)):
             backend._HEAD_BY_HEAD_ELEMENTS = threshold
-            for _ in range(3):
-                outs[name] = backend.TorchAttentionBackend._decode(fake, q, keys, values, mask)
-            times = []
-            for _ in range(reps):
-                started = time.perf_counter()
-                backend.TorchAttentionBackend._decode(fake, q, keys, values, mask)
-                times.append(time.perf_counter() - started)
-            line.append(f"{name} {sorted(times)[reps // 2] * 1e3:.3f} ms")
+            outs[name], ms = _timed(
+                functools.partial(backend.TorchAttentionBackend._decode, fake, q, keys, values, mask), reps
+            )
+            line.append(f"{name} {ms:.3f} ms")
         diff = (outs["all heads"] - outs["head by head"]).abs().max().item()
         print(
             f"{bs} x {n} keys, {kv} KV heads x {group}, dim {dim}: "
@@ -94,14 +103,10 @@ def cascade(before: str, reps: int) -> None:
         mask = (torch.rand(bs, 1, 1, n, generator=gen) > 0.1) if masked else None
         line, outs = [], {}
         for name, module in (("before", earlier), ("now", backend)):
-            for _ in range(3):
-                outs[name] = module.TorchAttentionBackend._attend(fake, q, k, v, mask)
-            times = []
-            for _ in range(reps):
-                started = time.perf_counter()
-                module.TorchAttentionBackend._attend(fake, q, k, v, mask)
-                times.append(time.perf_counter() - started)
-            line.append(f"{name} {sorted(times)[reps // 2] * 1e3:.3f} ms")
+            outs[name], ms = _timed(
+                functools.partial(module.TorchAttentionBackend._attend, fake, q, k, v, mask), reps
+            )
+            line.append(f"{name} {ms:.3f} ms")
         diff = (outs["before"][0] - outs["now"][0]).abs().max().item()
         print(
             f"{what}, {bs} x {t} queries, {heads} heads / {kv} KV, {n} keys: "
