@@ -108,7 +108,7 @@ class TorchAttentionBackend(AttentionBackend):
         """The metadata of ``batch``, its KV padded to ``max_len`` (default: the longest sequence)."""
         groups = batch.shared_prefixes
         if not groups:
-            return self._grid(batch, max_len, None)
+            return self._grid(batch, max_len)
         if max(batch.extend_lens_cpu) > 1:
             raise ValueError("shared_prefixes is for decode batches (one new token per sequence)")
         key_starts = [0] * batch.batch_size
@@ -140,9 +140,7 @@ class TorchAttentionBackend(AttentionBackend):
             max_extend=1,
         )
 
-    def _grid(
-        self, batch: ForwardBatch, max_len: int | None, key_starts: list[int] | None
-    ) -> TorchAttentionMetadata:
+    def _grid(self, batch: ForwardBatch, max_len: int | None) -> TorchAttentionMetadata:
         device = batch.page_table.device
         bs = batch.batch_size
         # Python-side lengths give the padded shapes without a device sync.
@@ -155,8 +153,6 @@ class TorchAttentionBackend(AttentionBackend):
 
         key_pos = torch.arange(max_len, device=device)
         key_valid = key_pos[None, :] < seq_lens[:, None]
-        if key_starts is not None:
-            key_valid &= key_pos[None, :] >= torch.tensor(key_starts, device=device)[:, None]
         rows = batch.page_table[batch.req_slots.long(), :max_len].long()
         kv_slots = torch.where(key_valid, rows, rows[:, :1])
 
@@ -174,7 +170,7 @@ class TorchAttentionBackend(AttentionBackend):
         # sees exactly its sequence's keys, so its width is its length.
         width_groups, each = None, False
         if device.type != "cuda":
-            if max_extend == 1 and key_starts is None:
+            if max_extend == 1:
                 grouped = _width_groups(batch.seq_lens_cpu)
                 width_groups = [
                     (None if len(grouped) == 1 else torch.tensor(rows), width) for rows, width in grouped
@@ -381,21 +377,15 @@ class TorchAttentionBackend(AttentionBackend):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Attention with its log-sum-exp: ``q`` [b, qo_heads, t, d], ``k``/``v`` [b, kv_heads, s, d],
-        ``mask`` broadcastable to [b, qo_heads, t, s] or None. Returns the output [b, qo_heads, t, d]
+        ``mask`` [b, 1, 1, s] (the keys each sequence sees) or None. Returns the output [b, qo_heads, t, d]
         and the base-2 log-sum-exp of the scaled scores [b, qo_heads, t].
 
         A KV head's queries are rows of one product with its keys (``[b, kv_heads, group * t, d]``),
         not its keys repeated for each query head: ``repeat_interleave`` copied K and V ``group``
-        times. A mask that varies over heads or queries takes the repeated form."""
+        times."""
         b, heads, t, d = q.shape
         kv_heads = k.shape[1]
         group = heads // kv_heads
-        if mask is not None and (mask.shape[-3] != 1 or mask.shape[-2] != 1):
-            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-            scores = q @ k.transpose(-1, -2) * self.config.scale
-            scores = scores.masked_fill(~mask, float("-inf"))
-            lse = torch.logsumexp(scores, dim=-1)
-            return torch.exp(scores - lse[..., None]) @ v, lse * LOG2_E
         scores = q.reshape(b, kv_heads, group * t, d) @ k.transpose(-1, -2) * self.config.scale
         if mask is not None:  # [b, 1, 1, s]: the same keys hidden from every head and query
             scores = scores.masked_fill(~mask, float("-inf"))
