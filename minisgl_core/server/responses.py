@@ -98,9 +98,12 @@ class TextOffsets:
         return offsets
 
 
-def completion_logprobs(items: list[list[Any]], offsets: TextOffsets | None = None) -> dict[str, Any]:
+def completion_logprobs(
+    items: list[list[Any]], offsets: TextOffsets | None = None, as_ids: bool = False
+) -> dict[str, Any]:
     """Completions format: parallel lists of tokens, their logprobs, top-k dicts and text offsets
-    (counted on from ``offsets``, a stream's choice's so far; else from 0).
+    (counted on from ``offsets``, a stream's choice's so far; else from 0). ``as_ids``: tokens
+    named ``token_id:{id}`` (:func:`as_token_ids`); the offsets still count each token's own text.
     A token whose text is not whole characters (a part of a UTF-8 character: U+FFFD alone) is
     named by its bytes, ``bytes:\\xe2\\x80`` as OpenAI's, so such tokens neither read alike nor
     collide as keys of a top-k dict.
@@ -109,6 +112,8 @@ def completion_logprobs(items: list[list[Any]], offsets: TextOffsets | None = No
     token alone (the dicts were the k most likely only, ``{}`` for 0)."""
     tokens, token_logprobs, top_logprobs = [], [], []
     text_offset = (offsets if offsets is not None else TextOffsets()).advance(items)
+    if as_ids:
+        items = as_token_ids(items, keep_bytes=False)
     for text, logprob, top, *rest in items:
         raw = dict(rest[2]) if len(rest) > 2 else {}
         own = raw.get(rest[0]) if rest else None
@@ -273,15 +278,17 @@ def completion(
     with_logprobs: bool,
     prompt_logprobs_k: int | None = None,
     stop_token_ids: tuple[int, ...] = (),
+    as_ids: bool = False,
 ) -> dict:
     """With ``prompt_logprobs_k`` each choice carries vLLM's ``prompt_logprobs`` of its prompt.
-    ``stop_token_ids``: the request's, for each choice's ``stop_reason``."""
+    ``stop_token_ids``: the request's, for each choice's ``stop_reason``. ``as_ids``: logprobs name
+    tokens by id (:func:`completion_logprobs`)."""
     rendered = []
     for c in choices:
         choice = {
             "index": c.index,
             "text": c.text,
-            "logprobs": completion_logprobs(c.logprobs) if with_logprobs else None,
+            "logprobs": completion_logprobs(c.logprobs, as_ids=as_ids) if with_logprobs else None,
             "finish_reason": finish_reason(c),
             "stop_reason": stop_reason(c, stop_token_ids),
         }

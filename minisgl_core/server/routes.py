@@ -282,8 +282,7 @@ def make_router(
         def usage_so_far(chunk: dict, index: int) -> dict:
             return _with_usage(chunk, body.continuous_usage, group, produced, index)
 
-        def named(items: list) -> list:
-            return r.as_token_ids(items, keep_bytes=False) if body.return_tokens_as_token_ids else items
+        as_ids = body.return_tokens_as_token_ids
 
         unannounced = set(range(group.num_choices)) if body.return_token_ids else set()
 
@@ -333,9 +332,9 @@ def make_router(
                 if echo_logprobs and delta.prompt_logprobs is not None:
                     # the prompt's tokens first (their text is the echo, at the chunk's start)
                     items = r.top_cut([e for e in delta.prompt_logprobs if e is not None], body.logprobs)
-                    logprobs = r.completion_logprobs(named(items + delta.logprobs), offsets[delta.index])
+                    logprobs = r.completion_logprobs(items + delta.logprobs, offsets[delta.index], as_ids)
                 elif delta.logprobs:
-                    logprobs = r.completion_logprobs(named(delta.logprobs), offsets[delta.index])
+                    logprobs = r.completion_logprobs(delta.logprobs, offsets[delta.index], as_ids)
                 chunk = r.completion_chunk(
                     rid,
                     model.name,
@@ -363,9 +362,8 @@ def make_router(
                 if echo_logprobs and choice.prompt_logprobs is not None:
                     prompt = [e for e in choice.prompt_logprobs if e is not None]
                     choice.logprobs = r.top_cut(prompt, body.logprobs) + choice.logprobs
-                choice.logprobs = named(choice.logprobs)
-                if choice.prompt_logprobs is not None:
-                    choice.prompt_logprobs = named(choice.prompt_logprobs)
+                if as_ids and choice.prompt_logprobs is not None:
+                    choice.prompt_logprobs = r.as_token_ids(choice.prompt_logprobs, keep_bytes=False)
             out = r.completion(
                 rid,
                 model.name,
@@ -374,6 +372,7 @@ def make_router(
                 with_logprobs,
                 body.prompt_logprobs,
                 params.stop_token_ids,
+                as_ids,
             )
             return (
                 r.add_token_ids(out, choices, group.choice_prompt_ids, True) if body.return_token_ids else out

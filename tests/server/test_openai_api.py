@@ -526,6 +526,34 @@ def test_completion_top_logprobs_hold_the_sampled_token(client, model_name, k):
     assert all(top[token] == logprob for top, token, logprob in _with_sampled(named.choices[0].logprobs))
 
 
+def test_tokens_named_by_id_keep_their_text_offsets(client, model_name):
+    """return_tokens_as_token_ids renames the tokens, not the text: each ``text_offset`` is still
+    where the token's own text starts (the offsets counted the ``token_id:N`` names instead, past
+    the text's end), echoed and streamed alike."""
+    kwargs = dict(model=model_name, prompt=PROMPT, max_tokens=5, temperature=0, logprobs=0, echo=True)
+    named_ids = {"return_tokens_as_token_ids": True}
+    plain = client.completions.create(**kwargs).choices[0]
+    named = client.completions.create(**kwargs, extra_body=named_ids).choices[0]
+    assert named.text == plain.text
+    assert all(t.startswith("token_id:") for t in named.logprobs.tokens)
+    assert named.logprobs.text_offset == plain.logprobs.text_offset
+    # the offsets themselves: each token's text at its place in the text (a token that is part
+    # of a character, named by its bytes, has none of its own, and the U+FFFD of a character it
+    # leaves incomplete starts the next token's span)
+    ends = plain.logprobs.text_offset[1:] + [len(plain.text)]
+    spans = [plain.text[a:b] for a, b in zip(plain.logprobs.text_offset, ends)]
+    partial = [t.startswith("bytes:") for t in plain.logprobs.tokens]
+    whole = [i for i in range(len(spans)) if not partial[i] and not (i and partial[i - 1])]
+    assert len(whole) >= 6 and [spans[i] for i in whole] == [plain.logprobs.tokens[i] for i in whole]
+    streamed = [
+        offset
+        for chunk in client.completions.create(**kwargs, extra_body=named_ids, stream=True)
+        if chunk.choices and chunk.choices[0].logprobs
+        for offset in chunk.choices[0].logprobs.text_offset
+    ]
+    assert streamed == plain.logprobs.text_offset
+
+
 def test_chat_top_logprobs_are_the_most_likely_only(client, model_name):
     """OpenAI's chat format differs: top_logprobs are the k most likely tokens, the sampled one
     only if it is among them."""
