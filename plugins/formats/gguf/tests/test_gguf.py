@@ -113,6 +113,33 @@ def test_k_quant_model_matches_transformers(make_tiny_model, tmp_path, qtype):
     check_against_transformers(file)
 
 
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])
+def test_block_formats_dequantize_bitwise_as_gguf_does(qtype):
+    """The 32-weight block formats, all blocks at once, against ``gguf.quants.dequantize`` (a
+    group of rows at a time): random bytes, and infinite, NaN, subnormal and negative-zero
+    float16 scales (and Q4_1's minimums) planted; equal bit for bit."""
+    import gguf
+    from minisgl_plugin_gguf.format import _BLOCK_FORMATS, _dequantize_blocks
+
+    assert qtype in _BLOCK_FORMATS
+    quant = gguf.GGMLQuantizationType[qtype]
+    block, type_size = gguf.GGML_QUANT_SIZES[quant]
+    raw = np.random.default_rng(3).integers(0, 256, size=(96, 64 * type_size), dtype=np.uint8)
+    blocks = raw.reshape(-1, type_size)
+    special = np.array(
+        [0x7C00, 0x7E00, 0x0001, 0x8000, 0xFBFF], dtype=np.uint16
+    )  # inf, NaN, subnormal, -0, -max
+    blocks[: len(special), :2] = special.view(np.uint8).reshape(-1, 2)  # the scales d
+    if qtype == "Q4_1":
+        blocks[len(special) : 2 * len(special), 2:4] = special.view(np.uint8).reshape(-1, 2)  # the minimums m
+    with np.errstate(invalid="ignore"):
+        want = np.asarray(gguf.quants.dequantize(raw, quant), dtype=np.float32)
+        ours = _dequantize_blocks(qtype, raw.reshape(-1, type_size)).reshape(want.shape)
+    assert ours.dtype == np.float32 and want.shape == (96, 64 * block)
+    assert np.isnan(want).any() and np.isinf(want).any()
+    assert np.array_equal(ours.view(np.uint32), want.view(np.uint32))
+
+
 def test_tied_embeddings_when_the_file_has_no_output_tensor(make_tiny_model, tmp_path):
     file = write_gguf(make_tiny_model("LlamaForCausalLM", tie_word_embeddings=True), tmp_path / "tied.gguf")
     source = GGUFFormat(file)
