@@ -51,10 +51,6 @@ class ServeOptions:
 Foreground = Callable[[str, "str | None", str, Callable[[], bool]], int]
 
 
-def _on_sigterm(signum: int, frame: Any) -> None:
-    raise StopRequested()
-
-
 def _ignore_signals() -> None:
     """A second Ctrl-C or SIGTERM must not interrupt the clean-up."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -66,12 +62,21 @@ def serve(opts: ServeOptions, plugins: Plugins, foreground: Foreground | None = 
     config = opts.runtime.config
     process_ctx = ProcessContext(role="api", tp_size=config.tp_size, options=dict(opts.runtime.options or {}))
     plugins.call_hook("minisgl_process_start", ctx=process_ctx)
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    runtime = Runtime(opts.runtime)
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        runtime.note_signal()
+        raise StopRequested()
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        runtime.note_signal()
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
     # Ctrl-C / SIGINT stops the server even where it started ignored (a job in the background of a
     # non-interactive shell inherits SIGINT ignored, and Python then never raises KeyboardInterrupt;
     # uvicorn's and vLLM's servers stop on it all the same)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    runtime = Runtime(opts.runtime)
+    signal.signal(signal.SIGINT, on_sigint)
     code = 0
     try:
         started = time.monotonic()
@@ -247,7 +252,10 @@ def _start_http(opts: ServeOptions, runtime: Runtime, info: dict[str, Any], name
         time.sleep(0.05)
 
     def on_failure(summary: str) -> None:
-        state.loop.call_soon_threadsafe(state.fail, summary)
+        try:
+            state.loop.call_soon_threadsafe(state.fail, summary)
+        except RuntimeError:  # the loop has closed: the server is stopping already
+            pass
         server.should_exit = True
         if interrupt_main:
             _thread.interrupt_main()
