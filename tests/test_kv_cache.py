@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -64,13 +66,11 @@ def test_qkv_norm_rope_is_qk_norm_rope_with_v_beside_k():
 
 def _resident_bytes() -> int:
     """This process's resident memory (Linux: /proc/self/statm, in pages)."""
-    import os
-
     with open("/proc/self/statm") as statm:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/statm"), reason="needs Linux's /proc")
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs Linux's /proc")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn])
 def test_a_cpu_pool_is_zeros_that_take_memory_as_they_are_written(dtype):
     """A CPU pool of 64-256 MB: all zeros, of its shape and dtype, yet resident only where
