@@ -6,8 +6,8 @@ character before a hex digit wrong ("ຐ" for "é0", with "é0" refused), found 
 probe (random schemas, each backend's valid walks fed to the other). Its regex parser does the same
 with a pattern's own ``\x410`` (ECMA-262: "A0"), and in a class it wrote ``[\u00e9a]`` as
 ``[\xe9a]`` and read U+0E9A. The backend writes ``\u00NN``, and such a class member raw, instead
-(:func:`~minisgl_plugin_xgrammar.backend.unambiguous_hex`,
-:func:`~minisgl_plugin_xgrammar.backend.xgrammar_hex_escapes`)."""
+(:func:`~minisgl_plugin_xgrammar.patterns.unambiguous_hex`,
+:func:`~minisgl_plugin_xgrammar.patterns.xgrammar_hex_escapes`)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import re
 import jsonschema
 import pytest
 import xgrammar as xgr
-from minisgl_plugin_xgrammar.backend import unambiguous_hex, xgrammar_hex_escapes
+from minisgl_plugin_xgrammar.patterns import unambiguous_hex, xgrammar_hex_escapes
 from xgrammar.testing import _is_grammar_accept_string
 
 from minisgl_core.api import GrammarSpec

@@ -1,6 +1,6 @@
 """Strings with ``minLength``/``maxLength``: xgrammar (0.2.9) writes their characters as one class
 with no JSON escape, which allows raw control characters, which JSON forbids. The backend writes
-the class without them (:func:`~minisgl_plugin_xgrammar.backend.strict_limited_strings`); a
+the class without them (:func:`~minisgl_plugin_xgrammar.patterns.strict_limited_strings`); a
 string of at most one character takes one JSON escape too. Longer ones take no escape (no quote,
 backslash or line break in such a string, a cross-backend probe found llguidance's valid
 ``"\\ta"`` refused): a repeated character-or-escape rule, written for that from 3b3bdd5, made
@@ -14,7 +14,7 @@ import random
 import jsonschema
 import pytest
 import xgrammar as xgr
-from minisgl_plugin_xgrammar.backend import _LIMITED_STRING_CHARACTERS
+from minisgl_plugin_xgrammar.patterns import _LIMITED_STRING_CHARACTERS
 from xgrammar.testing import _is_grammar_accept_string
 
 from minisgl_core.api import GrammarSpec

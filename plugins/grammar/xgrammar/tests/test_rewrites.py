@@ -17,12 +17,9 @@ import re
 
 import pytest
 import xgrammar as xgr
-from minisgl_plugin_xgrammar.backend import (
-    XGrammarBackend,
-    _plain_pattern_rules,
-    exact_patterns,
-    xgrammar_pattern,
-)
+from minisgl_plugin_xgrammar.backend import XGrammarBackend
+from minisgl_plugin_xgrammar.patterns import _plain_pattern_rules, xgrammar_pattern
+from minisgl_plugin_xgrammar.schema_rewrites import exact_patterns
 
 from minisgl_core.api import GrammarError, GrammarSpec, allocate_token_bitmask, allowed_tokens
 from minisgl_core.api.grammar import FORMAT_REGEXES

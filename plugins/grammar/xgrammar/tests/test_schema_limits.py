@@ -12,7 +12,8 @@ import time
 
 import pytest
 import xgrammar as xgr
-from minisgl_plugin_xgrammar.backend import MAX_SCHEMA_DEPTH, XGrammarBackend, too_deep
+from minisgl_plugin_xgrammar.backend import XGrammarBackend
+from minisgl_plugin_xgrammar.schema_walk import MAX_SCHEMA_DEPTH, too_deep
 
 from minisgl_core.api import GrammarError, GrammarSpec
 

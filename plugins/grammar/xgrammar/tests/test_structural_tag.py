@@ -104,7 +104,7 @@ def test_json_in_a_tag_is_compact_and_walks_end_valid(backend, takes):
 
 
 def test_no_raw_control_character_in_a_length_limited_string_of_a_tag(backend, takes):
-    from minisgl_plugin_xgrammar.backend import _LIMITED_STRING_CHARACTERS
+    from minisgl_plugin_xgrammar.patterns import _LIMITED_STRING_CHARACTERS
 
     limited = {"type": "string", "maxLength": 3}
     printed = str(xgr.Grammar.from_json_schema(json.dumps(limited), any_whitespace=False, strict_mode=True))

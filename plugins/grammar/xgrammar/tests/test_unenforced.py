@@ -14,11 +14,8 @@ import time
 
 import pytest
 import xgrammar as xgr
-from minisgl_plugin_xgrammar.backend import (
-    apply_siblings_to_choices,
-    moot_property_names,
-    unenforced_keywords,
-)
+from minisgl_plugin_xgrammar.schema_checks import unenforced_keywords
+from minisgl_plugin_xgrammar.schema_rewrites import apply_siblings_to_choices, moot_property_names
 
 from minisgl_core.api import GrammarError, GrammarSpec
 
@@ -370,7 +367,7 @@ def test_an_error_xgrammar_raises_without_words_says_what_was_raised(backend, mo
 def test_patterns_beside_an_enum_are_checked_without_runaway_backtracking(backend, monkeypatch):
     """The enum filter runs in the tokenizer worker: Python's re took 3.5 s on 26 a's and a "!"
     against ^(a+)+$ (twice that for each further a). The regex engine, under a deadline, is used."""
-    import minisgl_plugin_xgrammar.backend as module
+    import minisgl_plugin_xgrammar.schema_walk as module
 
     schema = {"type": "string", "enum": ["a" * 40 + "!", "aa", "b"], "pattern": "^(a+)+$"}
     started = time.monotonic()
@@ -395,7 +392,7 @@ def test_the_pattern_deadline_counts_the_searches_not_the_validator_built_before
     fresh tokenizer worker importing ``jsonschema`` on a busy machine; CI once took the whole
     0.5 s there) leaves '^a.$' against "ab" judged, not refused as too slow to check."""
     import jsonschema
-    import minisgl_plugin_xgrammar.backend as module
+    import minisgl_plugin_xgrammar.schema_walk as module
 
     extend = jsonschema.validators.extend
 
@@ -430,7 +427,8 @@ def test_the_values_of_many_enums_are_judged_with_one_validator(monkeypatch):
     ``extend``, 0.44 ms a call: a schema of 300 such enums spent 305 ms admitting, in the tokenizer
     worker); a walk builds one now, and the verdicts are each enum's own."""
     import jsonschema
-    from minisgl_plugin_xgrammar.backend import accepting_nothing, apply_siblings_to_choices
+    from minisgl_plugin_xgrammar.schema_checks import accepting_nothing
+    from minisgl_plugin_xgrammar.schema_rewrites import apply_siblings_to_choices
 
     built = []
     extend = jsonschema.validators.extend

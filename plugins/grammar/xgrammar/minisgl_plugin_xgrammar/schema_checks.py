@@ -1,0 +1,442 @@
+"""The JSON schemas the xgrammar backend refuses, each with a GrammarError naming where and why:
+those xgrammar would compile into a grammar passing output that breaks them (a keyword it does
+not enforce, a part accepting no value, an overlapping ``oneOf``) or nests too deep to compile
+in time (:func:`refuse_what_xgrammar_gets_wrong`)."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, NamedTuple
+
+from minisgl_core.api import GrammarError
+from minisgl_core.api.grammar import repeatable_key_count
+from minisgl_plugin_xgrammar.schema_walk import (
+    _ASSERTIONS,
+    _IGNORED_KEYWORDS,
+    _INT64_MAX,
+    _INT64_MIN,
+    _NAMES_TOO_LONG,
+    _RANGE_KEYWORDS,
+    MAX_SCHEMA_DEPTH,
+    _choice_filter,
+    _ChoiceFilters,
+    _first_five,
+    _fits,
+    _integer_only,
+    _integer_span,
+    _is_number,
+    _length_limits,
+    _limit_words,
+    _may_be_object,
+    _pattern_search,
+    _readable,
+    _resolve,
+    _shown,
+    _tags,
+    _types,
+    _values,
+    _walk,
+    too_deep,
+)
+
+#: string formats xgrammar writes out as a regex, dropping minLength and maxLength beside them (as
+#: beside a pattern); it enforces the limits beside any other format, which it ignores
+_FORMATS_IGNORING_LENGTH = frozenset(
+    {
+        "date",
+        "time",
+        "date-time",
+        "duration",
+        "email",
+        "hostname",
+        "ipv4",
+        "ipv6",
+        "uri",
+        "uri-reference",
+        "uuid",
+        "json-pointer",
+        "relative-json-pointer",
+        "uri-template",
+    }
+)
+
+
+#: keywords xgrammar compiles alone: a schema holding one of them has every other keyword in it
+#: dropped (a random-schema probe, 2026-11-30: 0 and 1 passed ``{"anyOf": [{"type": "integer",
+#: "minimum": 0, "maximum": 3}], "minimum": 2}``, strings ``{"$ref": ..., "type": "integer"}``);
+#: ``enum`` and ``const`` are too, and have their values filtered instead
+#: (:func:`apply_siblings_to_choices`)
+_TAKEN_ALONE = ("$ref", "anyOf", "oneOf", "allOf")
+
+
+#: drafts in which ``$ref`` overrides the keywords beside it, as xgrammar reads every schema
+_REF_ALONE_DRAFTS = ("draft-03", "draft-04", "draft-06", "draft-07")
+
+
+def refuse_what_xgrammar_gets_wrong(schema: Any) -> None:
+    """GrammarError for a schema xgrammar would compile into a grammar passing output that breaks
+    it: nested deeper than MAX_SCHEMA_DEPTH (checked first: the other walks recurse), a part
+    accepting no value, a keyword it does not enforce."""
+    deep = too_deep(schema)
+    if deep is not None:
+        raise GrammarError(
+            f"json_schema: nested deeper than {MAX_SCHEMA_DEPTH} levels at {deep} (the xgrammar "
+            "backend takes schemas in schemas up to that depth: its compile time grows with the cube "
+            "of the depth)"
+        )
+    wrong = invalid_values(schema)
+    if wrong:
+        raise GrammarError("json_schema: " + _first_five(wrong))
+    empty = accepting_nothing(schema)
+    if empty:
+        raise GrammarError(
+            "json_schema: part of the schema accepts no value, as the schema false: "
+            + _first_five(empty)
+            + " (the answer could not be valid)"
+        )
+    unenforced = unenforced_keywords(schema)
+    if unenforced:
+        raise GrammarError(
+            "json_schema: the xgrammar backend cannot enforce "
+            + _first_five(unenforced)
+            + " (it would pass output that breaks them): remove them from the schema"
+        )
+
+
+#: keywords whose value JSON Schema makes a non-negative integer: xgrammar took minLength -1 (its
+#: compile then failed inside the engine) and minItems -1 (a grammar allowing only [])
+_COUNT_KEYWORDS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
+
+
+#: regex features xgrammar's converter refuses, which beside "pattern" it let through unenforced
+_LOOKAROUND = re.compile(r"\(\?<?[=!]")
+
+
+def invalid_values(schema: Any) -> list[str]:
+    """Keyword values of ``schema`` that JSON Schema does not allow or xgrammar cannot follow, each
+    as "... at PATH": a count that is not a non-negative integer (xgrammar refuses 2.0 itself), a ``$ref`` to
+    anything but this document (``#...``: xgrammar fetches nothing and answered with no constraint
+    at all), a ``pattern`` with a lookaround (its regex converter has none), and an integer's bound
+    past 64-bit integers (xgrammar refused it in its own words, or with no words for 1e400)."""
+    found = _unreadable_numbers(schema)
+    for sub, path, _ in _walk(schema):
+        for key in _COUNT_KEYWORDS:
+            value = sub.get(key, 0)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                found.append(f"{key!r} must be a non-negative integer, got {value!r} at {path}")
+        ref = sub.get("$ref")
+        if ref is not None and not (isinstance(ref, str) and ref.startswith("#")):
+            found.append(
+                f"'$ref' {ref!r} is not in this schema (only '#...' references are followed) at {path}"
+            )
+        pattern = sub.get("pattern")
+        if isinstance(pattern, str) and _LOOKAROUND.search(pattern):
+            found.append(
+                f"'pattern' {pattern!r} has a lookaround, which the xgrammar backend cannot follow, at {path}"
+            )
+        if _integer_only(sub):
+            found += [
+                f"{key!r} {_shown(sub[key])} is beyond the 64-bit integers (-2**63 to 2**63-1) the xgrammar "
+                f"backend takes as an integer's bounds, at {path}"
+                for key in _RANGE_KEYWORDS
+                if _readable(sub.get(key)) and not _INT64_MIN <= sub[key] <= _INT64_MAX
+            ]
+    return found
+
+
+def _unreadable_numbers(schema: Any) -> list[str]:
+    """Each number in ``schema`` (a keyword's value or data: ``const``, ``enum``) past what a 64-bit
+    float holds, as "'KEY' VALUE is beyond ... at PATH": xgrammar failed on 10**400 or 1e400 (which
+    Python reads as infinity) with an empty message, answered "invalid json_schema grammar: "."""
+    found = []
+    stack: list[tuple[Any, str, str]] = [(schema, "#", "")]  # (value, path, its keyword); no recursion
+    while stack:
+        value, path, key = stack.pop()
+        if isinstance(value, dict):
+            stack += [(v, f"{path}/{k}", str(k)) for k, v in reversed(value.items())]
+        elif isinstance(value, list):
+            stack += [(v, f"{path}/{i}", key) for i, v in reversed(list(enumerate(value)))]
+        elif _is_number(value) and not _readable(value):
+            found.append(
+                f"{key!r} {_shown(value)} is beyond the numbers a 64-bit float holds (xgrammar reads "
+                f"every number as one), at {path}"
+            )
+    return found
+
+
+def accepting_nothing(schema: Any) -> list[str]:
+    """The parts of ``schema`` that accept no value, each as "... at PATH": ``anyOf`` or ``oneOf``
+    of no schemas, an ``enum`` none of whose values keeps to the length limits beside it, a
+    ``const`` that breaks them. xgrammar compiles each into a grammar that a server answered ""
+    for (it refuses ``false`` and an empty ``enum`` itself). And an integer whose bounds leave no
+    integer (``minimum`` 2.5, ``maximum`` 2.7): rounded to whole bounds for xgrammar, that read
+    "minimum greater than maximum", of bounds the user never wrote."""
+    found: list[str] = []
+    choices = _ChoiceFilters(schema)
+    for sub, path, _ in _walk(schema):
+        found += [f"{key!r} of no schemas at {path}" for key in ("anyOf", "oneOf") if sub.get(key) == []]
+        limits = _length_limits(sub)
+        values = sub.get("enum")
+        if limits is not None and "const" in sub and not _fits(sub["const"], limits):
+            found.append(f"'const' that {_limit_words(sub)} rules out at {path}")
+        elif (
+            limits is not None
+            and isinstance(values, list)
+            and values
+            and not any(_fits(v, limits) for v in values)
+        ):
+            found.append(f"'enum' with no value {_limit_words(sub)} allows at {path}")
+        elif (allowed := choices(sub)) is not None:
+            if "const" in sub and not allowed(sub["const"]):
+                found.append(f"'const' that the keywords beside it rule out at {path}")
+            elif isinstance(values, list) and values and not any(map(allowed, values)):
+                found.append(f"'enum' with no value the keywords beside it allow at {path}")
+    for sub, path, _ in _walk(schema):
+        span = _integer_span(sub) if sub.get("type") in ("integer", ["integer"]) else None
+        if span is not None and span[0] > span[1]:
+            bounds = ", ".join(
+                f"{key} {_shown(sub[key])}" for key in _RANGE_KEYWORDS if _is_number(sub.get(key))
+            )
+            found.append(f"integer bounds that no integer meets ({bounds}) at {path}")
+    return found
+
+
+#: the largest ``multipleOf`` of an integer xgrammar enforces (it ignores a larger one)
+MAX_INTEGER_MULTIPLE_OF = 1024
+
+
+def unenforced_keywords(schema: Any, path: str = "#") -> list[str]:
+    """What of ``schema`` xgrammar would not enforce, each as "'keyword' at PATH": the
+    :data:`_IGNORED_KEYWORDS`, ``uniqueItems: true``, ``multipleOf`` on a number that may be
+    fractional (integers are enforced, but not beside a ``minimum`` or other bound, nor past
+    :data:`MAX_INTEGER_MULTIPLE_OF`), ``allOf`` of several schemas (not intersected),
+    ``minProperties`` above the required properties where keys outside ``properties`` are allowed
+    (the grammar lets a key repeat, and a repeated key counts once in the parsed object), a
+    ``required`` name outside ``properties`` (never required, whatever other keys may be: with
+    none allowed, strict mode's default, ``{}`` passed), ``minLength``/``maxLength`` beside
+    a ``pattern`` or a format xgrammar writes as a regex (:data:`_FORMATS_IGNORING_LENGTH`), and
+    a ``pattern`` beside such a format."""
+    found: list[str] = []
+    for sub, where, _ in _walk(schema, path):
+        found += _unenforced_here(sub, where)
+        found += _overlapping_one_of(sub, where, schema)
+        found += _dropped_beside(sub, where, schema)
+        found += _names_ruled_out(sub, where, schema)
+    return found
+
+
+def _names_ruled_out(schema: dict, path: str, root: Any) -> list[str]:
+    """A name in ``properties`` that the ``propertyNames`` beside it rules out, as one entry:
+    xgrammar writes those names unchecked (``{"ab": 1}`` passed ``{"properties": {"ab": ...},
+    "propertyNames": {"maxLength": 1}}``). Judged by ``jsonschema``; not judged without it."""
+    names, rule = schema.get("properties"), schema.get("propertyNames")
+    if not isinstance(names, dict) or not names or rule is None:
+        return []
+    # a filter of values, given objects holding one name each: what propertyNames asks of a name
+    allowed = _choice_filter({"const": None, "propertyNames": rule}, root, _NAMES_TOO_LONG)
+    ruled_out = [name for name in names if allowed is not None and not allowed({name: None})]
+    if not ruled_out:
+        return []
+    return [
+        f"'propertyNames' ruling out {ruled_out[0]!r} of 'properties' at {path} (it writes the names in "
+        "'properties' unchecked; rename the property or loosen 'propertyNames')"
+    ]
+
+
+def _dropped_beside(schema: dict, path: str, root: Any) -> list[str]:
+    """The keywords beside one xgrammar compiles alone (:data:`_TAKEN_ALONE`), as one entry: it
+    drops them, so a value they rule out passed. Not reported: ``type`` where every schema the
+    keyword leads to allows only those types anyway, and under draft 7 and before, what is beside
+    ``$ref`` (those drafts ignore it too)."""
+    taken = [key for key in _TAKEN_ALONE if key in schema]
+    draft = root.get("$schema") if isinstance(root, dict) else None
+    if taken[:1] == ["$ref"] and isinstance(draft, str) and any(d in draft for d in _REF_ALONE_DRAFTS):
+        taken = taken[1:]
+    if not taken:
+        return []
+    beside = [key for key in schema if key in _ASSERTIONS and key != taken[0]]
+    if "type" in beside and _types_implied(schema, taken[0], root):
+        beside.remove("type")
+    if not beside:
+        return []
+    names = ", ".join(repr(key) for key in beside)
+    return [
+        f"{names} beside {taken[0]!r} at {path} (it compiles {taken[0]!r} alone; move {names} into "
+        f"the {'schema it refers to' if taken[0] == '$ref' else 'schemas in it'})"
+    ]
+
+
+def _types_implied(schema: dict, key: str, root: Any) -> bool:
+    """Whether every schema ``schema[key]`` leads to allows only types its ``type`` allows."""
+    declared = schema.get("type")
+    allowed = (
+        {declared} if isinstance(declared, str) else set(declared) if isinstance(declared, list) else None
+    )
+    if allowed is None:
+        return False
+    branches = [{"$ref": schema["$ref"]}] if key == "$ref" else schema[key]
+    if not isinstance(branches, list) or not branches:
+        return False
+    for branch in branches:
+        target = _resolve(branch, root)
+        types = _types(target, _values(target), integers=True)
+        if types is None or not all(t in allowed or (t == "integer" and "number" in allowed) for t in types):
+            return False
+    return True
+
+
+#: the most ``oneOf`` branches checked pair by pair for overlap (the check is quadratic; a probe
+#: of 2,000 ``const`` branches took 24 s in the tokenizer worker before it was bounded)
+MAX_ONE_OF_PAIRS_CHECKED = 128
+
+
+class _Branch(NamedTuple):
+    """What :func:`_disjoint` reads of one ``oneOf`` branch, worked out once."""
+
+    never: bool  # the schema false
+    types: frozenset[str] | None
+    values: frozenset[str] | None
+    tags: dict[str, frozenset[str]]
+
+
+def _branch(schema: Any, root: Any) -> _Branch:
+    schema = _resolve(schema, root)
+    values = _values(schema)
+    return _Branch(schema is False, _types(schema, values), values, _tags(schema, root))
+
+
+def _overlapping_one_of(schema: dict, path: str, root: Any) -> list[str]:
+    """``oneOf`` whose branches are not provably disjoint: xgrammar compiles it as ``anyOf``, so a
+    value valid under two branches passed (found by an API probe: ``{"a":1}`` for a ``oneOf`` of two
+    objects, one declaring ``a``, the other ``b``). Provably disjoint, as llguidance also takes
+    them: branches of different types, of different ``const``/``enum`` values, or objects with a
+    required property whose ``const``/``enum`` values differ (a discriminated union)."""
+    branches = schema.get("oneOf")
+    if not isinstance(branches, list) or len(branches) < 2:
+        return []
+    facts = [_branch(branch, root) for branch in branches]
+    if all(f.values is not None for f in facts):  # values only: one pass, however many branches
+        seen: dict[str, int] = {}
+        for j, f in enumerate(facts):
+            for value in f.values or ():
+                i = seen.setdefault(value, j)
+                if i != j:
+                    return [_overlap(path, i, j)]
+        return []
+    if len(facts) > MAX_ONE_OF_PAIRS_CHECKED:
+        return [
+            f"'oneOf' of {len(facts)} schemas at {path} (more than {MAX_ONE_OF_PAIRS_CHECKED} are not "
+            "checked for overlap, and it is compiled as 'anyOf'; if no value can match two of them, "
+            "write 'anyOf')"
+        ]
+    for i, a in enumerate(facts):
+        for j in range(i + 1, len(facts)):
+            if not _disjoint(a, facts[j]):
+                return [_overlap(path, i, j)]
+    return []
+
+
+def _overlap(path: str, i: int, j: int) -> str:
+    return (
+        f"'oneOf' at {path} whose schemas {path}/oneOf/{i} and {path}/oneOf/{j} may both hold for "
+        "one value (it is compiled as 'anyOf'; give the branches different types, or a required "
+        "property with a different 'const' in each)"
+    )
+
+
+def _disjoint(a: _Branch, b: _Branch) -> bool:
+    """Whether no value can be valid under both branches, as far as their types and listed values
+    tell (False where they do not)."""
+    if a.never or b.never:
+        return True
+    if a.types is not None and b.types is not None and not a.types & b.types:
+        return True
+    if a.values is not None and b.values is not None and not a.values & b.values:
+        return True
+    if a.types == frozenset({"object"}) == b.types:
+        return any(not a.tags[name] & b.tags[name] for name in a.tags.keys() & b.tags.keys())
+    return False
+
+
+def _unenforced_here(schema: dict, path: str) -> list[str]:
+    """:func:`unenforced_keywords` of ``schema`` itself, not of the schemas in it."""
+    found = [f"{key!r} at {path}" for key in _IGNORED_KEYWORDS if key in schema]
+    if schema.get("uniqueItems") is True:
+        found.append(f"'uniqueItems' at {path}")
+    types = schema.get("type")
+    if "multipleOf" in schema and not (
+        types == "integer" or (isinstance(types, list) and "number" not in types)
+    ):
+        found.append(f"'multipleOf' on a number at {path} (only on integers)")
+    elif "multipleOf" in schema:
+        # xgrammar 0.2.8 logs "range + multipleOf combination not yet supported; ignoring
+        # multipleOf" and lets 101 through {"multipleOf": 5, "maximum": 1000}
+        ranges = [key for key in _RANGE_KEYWORDS if key in schema]
+        step = schema["multipleOf"]
+        if ranges:
+            found.append(f"'multipleOf' beside {ranges[0]!r} at {path} (only alone)")
+        elif isinstance(step, float) and math.isfinite(step) and not step.is_integer():
+            # and lets any integer through {"type": "integer", "multipleOf": 2.5} (a probe)
+            found.append(f"'multipleOf' {step!r} at {path} (only a whole number)")
+        elif _is_number(step) and step > MAX_INTEGER_MULTIPLE_OF:
+            # xgrammar 0.2.8 logs "multipleOf for type:integer must be > 0 and <= 1024; ignoring
+            # multipleOf" and lets 1 through {"type": "integer", "multipleOf": 2000}
+            found.append(f"'multipleOf' {_shown(step)} at {path} (only up to {MAX_INTEGER_MULTIPLE_OF})")
+    if isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1:
+        found.append(f"'allOf' of {len(schema['allOf'])} schemas at {path} (one at most)")
+    # (strict mode: no keys outside 'properties' unless 'additionalProperties' says so)
+    if repeatable_key_count(schema, additional_properties_default=False):
+        found.append(f"'minProperties' with keys outside 'properties' at {path}")
+    required = schema.get("required")
+    properties = schema.get("properties")
+    if isinstance(required, list) and _may_be_object(schema):
+        declared = properties if isinstance(properties, dict) else {}
+        outside = [name for name in dict.fromkeys(map(str, required)) if name not in declared]
+        if outside:
+            names = ", ".join(repr(name) for name in outside)
+            found.append(f"'required' {names} (not in 'properties') at {path}")
+    limits = _length_limits(schema)
+    if limits is not None:
+        what = " and ".join(
+            repr(key) for key, limit in zip(("minLength", "maxLength"), limits) if limit not in (0, None)
+        )
+        if "pattern" in schema:
+            found.append(f"{what} beside 'pattern' at {path}")
+        if schema.get("format") in _FORMATS_IGNORING_LENGTH:
+            found.append(f"{what} beside 'format' {schema['format']!r} at {path}")
+    for pattern, name in _names_patterns_match(schema):
+        # xgrammar gives a name in 'properties' its schema there alone: {"xa": "s"} passed
+        # {"properties": {"xa": {"type": "string"}}, "patternProperties": {"^x": {"type": "integer"}}}
+        found.append(
+            f"'patternProperties' {pattern!r} matching {name!r} of 'properties' at {path} (it applies "
+            f"only 'properties' to {name!r}; put what {pattern!r} asks into the schema of {name!r})"
+        )
+    if "pattern" in schema and schema.get("format") in _FORMATS_IGNORING_LENGTH:
+        # the format's regex wins: "2024-01-01" passed {"format": "date", "pattern": "^1"}
+        found.append(f"'pattern' beside 'format' {schema['format']!r} at {path} (it writes the format alone)")
+    return found
+
+
+def _names_patterns_match(schema: dict) -> list[tuple[str, str]]:
+    """(pattern, name) for each ``patternProperties`` pattern of ``schema`` that matches a name in
+    its ``properties`` (JSON Schema applies both schemas to that property's value), matched by
+    the ``regex`` engine under :data:`PATTERN_CHECK_S`; past the deadline, or without ``regex``, a
+    pattern is taken to match (the schema is refused rather than risk it)."""
+    names, patterns = schema.get("properties"), schema.get("patternProperties")
+    if not isinstance(names, dict) or not isinstance(patterns, dict) or not names or not patterns:
+        return []
+    search = _pattern_search()
+    found = []
+    for pattern in patterns:
+        for name in names:
+            try:
+                hit = search is None or search(pattern, name)
+            except TimeoutError:
+                hit = True
+            except Exception:  # a pattern Python cannot read: refused elsewhere, or not judged here
+                hit = False
+            if hit:
+                found.append((pattern, name))
+                break
+    return found

@@ -1,0 +1,402 @@
+"""Walking and reading a JSON schema for the checks and rewrites: every schema object with its path
+and depth (:func:`_walk`), listed values, types and bounds, and whether a value keeps to the
+keywords beside an ``enum`` (:class:`_ChoiceFilters`, by ``jsonschema`` under a deadline)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from minisgl_core.api import GrammarError
+
+#: the deepest a JSON schema may nest schemas in schemas (the root is level 1). xgrammar's
+#: conversion of a schema grows with the cube of its depth (two cores, objects in objects each
+#: with a required property: 0.05 s at 64 levels, 0.37 s at 128, 12.5 s at 450), and runs in the
+#: tokenizer process, where a 450-deep schema held every request's admission for 12 s. llguidance
+#: refuses past about 63 (serde_json's limit of 128 levels of JSON); users rarely go past 20.
+MAX_SCHEMA_DEPTH = 64
+
+
+#: JSON Schema keywords xgrammar (0.2.8 and 0.2.9) compiles and then ignores: a grammar with one of
+#: them lets through output that breaks it (tested against byte vocabularies; llguidance refuses
+#: the same ones as "Unimplemented keys")
+_IGNORED_KEYWORDS = (
+    "not",
+    "contains",
+    "minContains",
+    "maxContains",
+    "if",
+    "then",
+    "else",
+    "dependentRequired",
+    "dependentSchemas",
+    "dependencies",
+    "unevaluatedProperties",
+)
+
+
+#: the JSON Schema keywords that assert something of a value (annotations, containers such as
+#: ``$defs`` and other dialects' keys, ``discriminator`` or ``nullable``, assert nothing)
+_ASSERTIONS = frozenset(
+    {
+        "type", "enum", "const", "multipleOf", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum",
+        "maxLength", "minLength", "pattern", "format", "maxItems", "minItems", "uniqueItems", "maxContains",
+        "minContains", "contains", "items", "prefixItems", "additionalItems", "unevaluatedItems",
+        "maxProperties", "minProperties", "required", "properties", "patternProperties",
+        "additionalProperties", "unevaluatedProperties", "propertyNames", "dependentRequired",
+        "dependentSchemas", "dependencies", "if", "then", "else", "not", "allOf", "anyOf", "oneOf", "$ref",
+        "$dynamicRef", "$recursiveRef",
+    }
+)  # fmt: skip
+
+
+#: seconds the patterns beside one ``enum``/``const`` may take to check its values
+PATTERN_CHECK_S = 0.5
+
+
+#: where a schema holds further schemas: by name, in a list, or as the value itself
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+
+
+_SCHEMA_VALUES = (
+    "items",
+    "additionalProperties",
+    "additionalItems",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+    "propertyNames",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contains",
+)
+
+
+def _readable(value: Any) -> bool:
+    """Whether ``value`` is a number a 64-bit float holds (xgrammar reads every JSON number as one)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return _is_number(value) and abs(value) <= _FLOAT_MAX
+
+
+_FLOAT_MAX = int(sys.float_info.max)
+
+
+#: the integers xgrammar takes as an integer's bounds (past them: "Integer exceeds maximum limit")
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _integer_only(schema: dict) -> bool:
+    """Whether ``schema`` allows integers and no other numbers (its bounds then bound integers)."""
+    types = schema.get("type")
+    return types == "integer" or (isinstance(types, list) and "integer" in types and "number" not in types)
+
+
+def _shown(value: float) -> str:
+    """A number for a message: an integer of hundreds of digits shortened, infinity explained."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{value!r} (or a number past a 64-bit float, such as 1e400)"
+    text = repr(value)
+    return text if len(text) <= 24 else f"{text[:12]}... ({len(text.lstrip('-'))} digits)"
+
+
+def _first_five(found: list[str]) -> str:
+    more = f"; and {len(found) - 5} more" if len(found) > 5 else ""
+    return "; ".join(found[:5]) + more
+
+
+def _children(schema: dict, path: str) -> list[tuple[Any, str]]:
+    """The schemas directly in ``schema``, each with its path (not those under a keyword xgrammar
+    ignores: such a schema is refused for it)."""
+    found: list[tuple[Any, str]] = []
+    for key in _SCHEMA_MAPS:
+        value = schema.get(key)
+        if isinstance(value, dict):
+            found += [(sub, f"{path}/{key}/{name}") for name, sub in value.items()]
+    for key in _SCHEMA_LISTS:
+        value = schema.get(key)
+        if isinstance(value, list):
+            found += [(sub, f"{path}/{key}/{i}") for i, sub in enumerate(value)]
+    for key in _SCHEMA_VALUES:
+        if isinstance(schema.get(key), dict) and key not in _IGNORED_KEYWORDS:
+            found.append((schema[key], f"{path}/{key}"))
+    return found
+
+
+def _walk(schema: Any, path: str = "#") -> Iterator[tuple[dict, str, int]]:
+    """Every schema object in ``schema`` (true and false are not objects), each with its path and
+    depth (the root is 1), parents before children, in the order they are written."""
+    stack = [(schema, path, 1)]
+    while stack:
+        sub, where, depth = stack.pop()
+        if isinstance(sub, dict):
+            yield sub, where, depth
+            stack += [(child, at, depth + 1) for child, at in reversed(_children(sub, where))]
+
+
+def too_deep(schema: Any, limit: int = MAX_SCHEMA_DEPTH) -> str | None:
+    """The path of the first schema in ``schema`` nested deeper than ``limit`` levels, or None.
+    Without recursion, and it stops there: a schema thousands deep costs what one at the limit does."""
+    return next((path for _, path, depth in _walk(schema) if depth > limit), None)
+
+
+def _length_limits(schema: dict) -> tuple[int, int | None] | None:
+    """(minLength, maxLength or None) where ``schema`` limits a string's length, else None."""
+    least, most = schema.get("minLength", 0), schema.get("maxLength")
+    least = least if isinstance(least, int) and not isinstance(least, bool) else 0
+    most = most if isinstance(most, int) and not isinstance(most, bool) else None
+    return None if least <= 0 and most is None else (least, most)
+
+
+def _fits(value: Any, limits: tuple[int, int | None]) -> bool:
+    """Whether ``value`` keeps to length ``limits`` (characters; they say nothing of a non-string)."""
+    least, most = limits
+    return not isinstance(value, str) or (least <= len(value) and (most is None or len(value) <= most))
+
+
+def _limit_words(schema: dict) -> str:
+    return " and ".join(f"{key!r} {schema[key]}" for key in ("minLength", "maxLength") if key in schema)
+
+
+def _integer_span(schema: dict) -> tuple[float, float] | None:
+    """The least and the greatest integer the bounds of ``schema`` allow (either may be infinite),
+    draft 4's boolean ``exclusiveMinimum``/``exclusiveMaximum`` read as such; None if a bound is
+    not a finite number (refused or ignored elsewhere)."""
+    low, high = -math.inf, math.inf
+    for bound, exclusive, sign in (("minimum", "exclusiveMinimum", 1), ("maximum", "exclusiveMaximum", -1)):
+        for key, strict in ((bound, schema.get(exclusive) is True), (exclusive, True)):
+            value = schema.get(key)
+            if not _is_number(value):
+                continue
+            if not _readable(value):
+                return None
+            # the integer nearest the bound on its allowed side: ceil/floor, one step in if strict
+            edge = math.ceil(value) if sign > 0 else math.floor(value)
+            if strict and edge == value:
+                edge += sign
+            low, high = (max(low, edge), high) if sign > 0 else (low, min(high, edge))
+    return low, high
+
+
+def _pattern_search() -> Callable[[str, str], bool] | None:
+    """``search(pattern, text)``: whether ``pattern`` is found in ``text``, on the third-party
+    ``regex`` engine, all the calls of one searcher under one :data:`PATTERN_CHECK_S` deadline
+    counted from its first call (TimeoutError past it); None without ``regex``. Python's ``re``
+    backtracks without end (an enum value of 26 a's and a "!" beside "^(a+)+$" took 3.5 s, each
+    further a twice that), and this runs in the tokenizer worker. (The deadline once ran from the
+    searcher's making, before the caller built its ``jsonschema`` validator: a fresh worker's
+    first import of ``jsonschema`` on a busy machine used it up, and '^a.$' against "ab" was
+    refused as too slow to check.)"""
+    try:
+        import regex
+    except ImportError:
+        return None
+    deadline: float | None = None
+
+    def search(pattern: str, text: str) -> bool:
+        nonlocal deadline
+        now = time.monotonic()
+        if deadline is None:
+            deadline = now + PATTERN_CHECK_S
+        left = deadline - now
+        if left <= 0:
+            raise TimeoutError
+        return regex.search(pattern, text, timeout=left) is not None
+
+    return search
+
+
+#: the GrammarErrors of a check by pattern that took longer than PATTERN_CHECK_S
+_VALUES_TOO_LONG = (
+    "json_schema: the patterns beside an 'enum' or 'const' took over {seconds:g} s to check against "
+    "its values (the xgrammar backend applies them to the values itself)"
+)
+
+
+_NAMES_TOO_LONG = (
+    "json_schema: 'propertyNames' took over {seconds:g} s to check against the names in 'properties' "
+    "(the xgrammar backend checks them itself)"
+)
+
+
+def _choice_filter(schema: dict, root: Any, too_long: str | None = None) -> Callable[[Any], bool] | None:
+    """For a schema listing its values (``enum``, ``const``) beside keywords that assert more:
+    whether a value keeps to those keywords, read by ``jsonschema`` in the root's draft with its
+    ``$ref``s (a value it cannot judge is kept); None where nothing asserts beside the values, or
+    without ``jsonschema``. ``too_long``: the GrammarError's message when the check takes over
+    :data:`PATTERN_CHECK_S` (``{seconds}`` in it), if not :data:`_VALUES_TOO_LONG`. For many
+    schemas of one root, :class:`_ChoiceFilters`."""
+    return _ChoiceFilters(root, too_long)(schema)
+
+
+class _ChoiceFilters:
+    """:func:`_choice_filter` for the schemas of one root, one after another (one walk, one
+    thread): the root's validator is built once (``jsonschema``'s ``extend`` took 0.44 ms a call,
+    once per enum in each of two walks: 300 enums beside a ``type`` took 305 ms to admit), each
+    filter keeping its own pattern deadline."""
+
+    def __init__(self, root: Any, too_long: str | None = None) -> None:
+        self.root, self.too_long = root, too_long
+        self._validator: Any = None
+        self._built = False
+        #: the pattern search of the filter being asked (the validator's keywords read it)
+        self._search: Callable[[str, str], bool] | None = None
+
+    def _root_validator(self) -> Any:
+        if self._built:
+            return self._validator
+        self._built = True
+        try:
+            import jsonschema
+        except ImportError:
+            return None
+
+        def pattern(validator: Any, wanted: str, instance: Any, schema: Any) -> Iterator[Any]:
+            if validator.is_type(instance, "string") and not self._search(wanted, instance):
+                yield jsonschema.ValidationError(f"{instance!r} does not match {wanted!r}")
+
+        def pattern_properties(validator: Any, patterns: dict, instance: Any, schema: Any) -> Iterator[Any]:
+            if validator.is_type(instance, "object"):
+                for wanted, sub in patterns.items():
+                    for key, value in instance.items():
+                        if self._search(wanted, key):
+                            yield from validator.descend(value, sub, path=key, schema_path=wanted)
+
+        try:
+            validator_cls = jsonschema.validators.extend(
+                jsonschema.validators.validator_for(self.root, default=jsonschema.Draft202012Validator),
+                {"pattern": pattern, "patternProperties": pattern_properties},
+            )
+            self._validator = validator_cls(self.root)
+        except Exception:  # an unreadable schema: refused elsewhere, or not judged here
+            self._validator = None
+        return self._validator
+
+    def __call__(self, schema: dict) -> Callable[[Any], bool] | None:
+        if "enum" not in schema and "const" not in schema:
+            return None
+        beside = {key: value for key, value in schema.items() if key not in ("enum", "const")}
+        if not any(key in _ASSERTIONS for key in beside):
+            return None
+        search = _pattern_search()
+        root_validator = self._root_validator() if search is not None else None
+        if root_validator is None:
+            return None
+        try:
+            validator = root_validator.evolve(schema=beside)
+        except Exception:  # an unreadable schema: refused elsewhere, or not judged here
+            return None
+        too_long = self.too_long
+
+        def allowed(value: Any) -> bool:
+            self._search = search
+            try:
+                return validator.is_valid(value)
+            except TimeoutError:
+                raise GrammarError((too_long or _VALUES_TOO_LONG).format(seconds=PATTERN_CHECK_S)) from None
+            except Exception:
+                return True
+
+        return allowed
+
+
+def _may_be_object(schema: dict) -> bool:
+    types = schema.get("type", "object")
+    return types == "object" or (isinstance(types, list) and "object" in types)
+
+
+#: bounds of a number, beside which xgrammar drops an integer's ``multipleOf``
+_RANGE_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
+def _resolve(schema: Any, root: Any) -> Any:
+    """``schema`` with a local ``$ref`` ("#/$defs/Name", a JSON pointer) followed, a few hops at
+    most; None where it does not resolve (then nothing about it is provable)."""
+    for _ in range(8):
+        ref = schema.get("$ref") if isinstance(schema, dict) else None
+        if ref is None:
+            return schema
+        if not isinstance(ref, str) or not ref.startswith("#"):
+            return None
+        target = root
+        for part in ref[1:].split("/")[1:]:
+            part = part.replace("~1", "/").replace("~0", "~")
+            if isinstance(target, dict) and part in target:
+                target = target[part]
+            elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
+                target = target[int(part)]
+            else:
+                return None
+        schema = target
+    return None
+
+
+def _value_key(value: Any) -> str:
+    """A JSON value as a comparable text: 1 and 1.0 alike, True apart from 1, integers of any size
+    exact (a float of them overflowed past 1e308)."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return json.dumps(value, sort_keys=True)
+
+
+def _values(schema: Any) -> frozenset[str] | None:
+    """The values ``schema`` allows when it lists them (``const``, ``enum``), else None."""
+    if not isinstance(schema, dict):
+        return None
+    if "const" in schema:
+        return frozenset({_value_key(schema["const"])})
+    if isinstance(schema.get("enum"), list):
+        return frozenset(_value_key(v) for v in schema["enum"])
+    return None
+
+
+def _types(schema: Any, values: frozenset[str] | None, *, integers: bool = False) -> frozenset[str] | None:
+    """The JSON types ``schema`` allows, or None where it does not say; ``values``: its listed
+    values (:func:`_values`); integer counted as number unless ``integers``."""
+    if values is not None:
+        return frozenset(_type_of(v, integers) for v in values)
+    declared = schema.get("type") if isinstance(schema, dict) else None
+    if isinstance(declared, str):
+        declared = [declared]
+    if not isinstance(declared, list) or not all(isinstance(t, str) for t in declared):
+        return None
+    return frozenset("number" if t == "integer" and not integers else t for t in declared)
+
+
+def _type_of(key: str, integers: bool = False) -> str:
+    """The JSON type of a :func:`_value_key` text (integer counted as number unless ``integers``;
+    a whole float's key is an integer's)."""
+    first = key[0]
+    if first == "n":
+        return "null"
+    if first in "tf":
+        return "boolean"
+    if integers and key.lstrip("-").isdigit():
+        return "integer"
+    return {'"': "string", "[": "array", "{": "object"}.get(first, "number")  # digits, -, Infinity, NaN
+
+
+def _tags(schema: Any, root: Any) -> dict[str, frozenset[str]]:
+    """An object schema's required properties that list their values: name -> values."""
+    properties = schema.get("properties") if isinstance(schema, dict) else None
+    required = schema.get("required") if isinstance(schema, dict) else None
+    if not isinstance(properties, dict) or not isinstance(required, list):
+        return {}
+    tags = {}
+    for name in required:
+        values = _values(_resolve(properties.get(name), root)) if isinstance(name, str) else None
+        if values is not None:
+            tags[name] = values
+    return tags
