@@ -781,6 +781,33 @@ def test_a_max_context_len_past_the_model_is_capped_naming_what_the_user_set(mod
     assert f"--max-context-len {asked} {says}" in caplog.text, caplog.text
 
 
+def test_cuda_graph_settings_on_a_cpu_are_named_as_unused(model_dir, caplog):
+    """On a CPU the CUDA-graph sizes cannot act: a value of the user's own is accepted (one command
+    line serves either machine) but warned about, spelt as given; the defaults and 0 (off) are not."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="minisgl_core.runner.model_runner"):
+        with LLM(model_dir, attn="torch", device="cpu", num_kv_tokens=256, cuda_graph_max_bs=64):
+            pass
+    assert "cuda_graph_max_bs=64 has no effect on cpu: CUDA graphs run on CUDA GPUs only" in caplog.text
+    assert "piecewise" not in caplog.text, caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="minisgl_core.runner.model_runner"):
+        with LLM(model_dir, attn="torch", device="cpu", num_kv_tokens=256, cuda_graph_max_bs=0):
+            pass
+    assert "no effect" not in caplog.text, caplog.text
+    config = EngineConfig(
+        model=str(model_dir),
+        attn="torch",
+        device="cpu",
+        num_kv_tokens=256,
+        piecewise_cuda_graph_max_tokens=512,
+    )
+    with caplog.at_level(logging.WARNING, logger="minisgl_core.runner.model_runner"):
+        LLM.from_config(config, spelling="flag").close()
+    assert "--piecewise-cuda-graph-max-tokens 512 has no effect on cpu" in caplog.text, caplog.text
+
+
 def test_nnodes_below_one_is_named():
     from minisgl_core.distributed import DistributedSpec
 

@@ -164,6 +164,20 @@ def check_kv_dtype(
             )
 
 
+def _note_graph_settings_unused(config: EngineConfig, device: torch.device, spelling: Spelling) -> None:
+    """A warning for each CUDA-graph setting given a value of its own on a device without CUDA
+    graphs (the CPU): accepted there (one command line serves either machine), never silently."""
+    defaults = EngineConfig.__dataclass_fields__
+    for name in ("cuda_graph_max_bs", "piecewise_cuda_graph_max_tokens"):
+        value = getattr(config, name)
+        if value not in (0, defaults[name].default):
+            logger.warning(
+                "%s has no effect on %s: CUDA graphs run on CUDA GPUs only",
+                given(name, value, spelling),
+                device,
+            )
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig, parallel: ParallelContext, plugins: Plugins) -> None:
         self.config = config
@@ -306,6 +320,8 @@ class ModelRunner:
                 )
             else:
                 logger.info("attention backend %s does not support CUDA graphs; running eagerly", decode_name)
+        elif self.device.type != "cuda" and self.parallel.tp_rank == 0:
+            _note_graph_settings_unused(config, self.device, self.spelling)
         self.prefill_graphs = None
         if self._wants_piecewise():
             from minisgl_core.runner.piecewise import PiecewiseGraphs
