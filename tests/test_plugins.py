@@ -793,6 +793,55 @@ def minisgl_process_stop(ctx):
 """
 
 
+HALF_OPTIONS = """
+@hookimpl
+def minisgl_add_cli_options(parser):
+    parser.add_argument("--t22half-x", type=int, default=1)
+    raise RuntimeError("half boom")
+"""
+
+CLASHING_OPTIONS = """
+@hookimpl
+def minisgl_add_cli_options(parser):
+    parser.add_argument("--t23clash-y", type=int, default=1)
+    parser.add_argument("--port", type=int, default=1)
+"""
+
+
+def test_options_of_a_hook_that_raised_or_clashed_are_left_out_whole(load_fake, caplog):
+    """A hook that raised after adding an option left that option in ``--help``, parsed, and in
+    ``LLM(plugin_options=...)``'s defaults, where the docs say its options are left out; a hook
+    whose option clashes with the core's (``--port``) took the whole command line down. Each
+    plugin's options now join the parser only when its hook returns and nothing clashes."""
+    import argparse
+    import logging
+
+    from minisgl_core.server.cli import _add_plugin_args
+
+    plugins = load_fake(
+        {
+            "minisgl-test-half": (_thin("t22_half", HALF_OPTIONS), {"t22half": "t22_half"}),
+            "minisgl-test-clash": (_thin("t23_clash", CLASHING_OPTIONS), {"t23clash": "t23_clash"}),
+            "minisgl-test-good": (_thin("t21_good", GOOD_OPTIONS), {"t21good": "t21_good"}),
+        }
+    )
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, default=8000)
+    with caplog.at_level(logging.WARNING, logger="minisgl_core.server.cli"):
+        _add_plugin_args(parser, plugins)
+    args = parser.parse_args(["--t21good-max-wait", "5", "--port", "9"])
+    assert args.t21good_max_wait == 5 and args.port == 9
+    for refused in (["--t22half-x", "3"], ["--t23clash-y", "3"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(refused)
+    assert "--t22half-x" not in parser.format_help() and "--t23clash-y" not in parser.format_help()
+    assert "hook minisgl_add_cli_options raised RuntimeError: half boom" in caplog.text, caplog.text
+    assert "plugin 't23clash'" in caplog.text and "--port" in caplog.text, caplog.text
+    defaults = plugins.option_defaults()
+    assert defaults["t21good_max_wait"] == 32
+    assert "t22half_x" not in defaults  # (offline no core option is there to clash with)
+
+
 def test_a_plugin_whose_hooks_raise_leaves_the_others_options_and_stop_hooks(load_fake, caplog):
     """A plugin whose ``minisgl_add_cli_options`` raised dropped the options of every plugin after
     it ("unrecognized arguments: --callfmt-max-wait 5"), and one whose ``minisgl_process_stop``
@@ -860,6 +909,35 @@ def test_a_class_missing_an_abstract_method_fails_its_plugin_in_one_line(load_fa
     plugins.check_classes()
     row = {row["name"]: row for row in plugins.listing()}["t22abstract"]
     assert row["status"] == "failed" and says in row["reason"]
+
+
+HALF_MODEL_HOOKS = """
+@hookimpl
+def minisgl_register_models(register):
+    register("T24HalfForCausalLM", "t24_halfmodel.impl:HalfModel")
+"""
+HALF_MODEL_IMPL = """
+from minisgl_core.api import Model
+
+class HalfModel(Model):
+    def kv_spec(self):
+        return None
+"""
+
+
+def test_a_model_missing_its_abstract_methods_fails_its_plugin(load_fake):
+    """``Model`` is an ``nn.Module``, not an ABC, so a model class without ``forward`` and
+    ``load_weights`` was listed ok and, selected, failed deep in the runner with a TypeError
+    naming no plugin (a probe writing plugins from the docs)."""
+    modules = {**_thin("t24_halfmodel", HALF_MODEL_HOOKS), "t24_halfmodel/impl.py": HALF_MODEL_IMPL}
+    plugins = load_fake({"minisgl-test-halfmodel": (modules, {"t24halfmodel": "t24_halfmodel"})})
+    with pytest.raises(
+        PluginError,
+        match=r"does not implement Model's abstract methods forward, load_weights: define them in HalfModel",
+    ):
+        plugins.resolve("models", "T24HalfForCausalLM")
+    plugins.check_classes()
+    assert {row["name"]: row for row in plugins.listing()}["t24halfmodel"]["status"] == "failed"
 
 
 def test_entry_point_mistakes_are_named_in_one_line(load_fake):

@@ -161,7 +161,7 @@ def _add_plugin_args(p: argparse.ArgumentParser, plugins: Plugins | None) -> Non
         return
     before = {a.dest for a in p._actions}
     # a broken plugin must not break the CLI, nor take the other plugins' options with it
-    for failure in plugins.call_hook("minisgl_add_cli_options", keep_going=True, parser=p):
+    for failure in plugins.add_cli_options(p):
         if str(failure) not in _WARNED_OPTION_HOOKS:  # (once: the parser is built per subcommand)
             _WARNED_OPTION_HOOKS.add(str(failure))
             logger.warning("%s; its options are not available", failure)
