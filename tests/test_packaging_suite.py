@@ -33,7 +33,7 @@ MODULES = {
     # registers the name of the prefill-first plugin's policy: selecting it would be an error
     "collide": API + REGISTER.format(name="prefill-first"),
     # imports PyYAML, which the distribution does not declare
-    "impl": "import yaml  # noqa: F401\nfrom minisgl_core.api import SchedulingPolicy\n"
+    "impl": "import yaml  # noqa: F401\nimport jinja2  # noqa: F401\nfrom minisgl_core.api import SchedulingPolicy\n"
     "class Policy(SchedulingPolicy):\n    def schedule(self, state):\n        return None\n"
     "class NotAPolicy:\n    pass\n",
 }
@@ -46,7 +46,12 @@ MUTANTS = [
     ("futureapi", "test_declares_compatible_api", "not compatible"),
     ("flaky", "test_registration_is_idempotent", "twice registered different things"),
     ("cli", "test_cli_options_are_namespaced", "must start with --cli-"),
-    ("heavy", "test_imports_are_declared_dependencies", "imports 'yaml'"),
+    # every undeclared import named at once, not the first of each run
+    (
+        "heavy",
+        "test_imports_are_declared_dependencies",
+        "imports 'jinja2' .*imports 'yaml'|imports 'yaml' .*imports 'jinja2'",
+    ),
     (
         "collide",
         "test_names_are_its_own",
@@ -105,3 +110,19 @@ def test_suite_catches(
     else:
         with pytest.raises(AssertionError, match=message):
             test()
+
+
+def test_a_wrong_provides_says_what_was_registered(site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``provides = {"policy": [...]}`` (the kind is "policies") failed with a bare AssertionError:
+    the suites are installed modules, which pytest does not rewrite unless told to."""
+    monkeypatch.syspath_prepend(str(site))
+
+    class Suite(PluginPackagingSuite):
+        distribution = "minisgl-test-broken"
+        plugin = "heavy"
+        provides = {"policy": ["heavy"]}
+
+    with pytest.raises(
+        AssertionError, match=r"registered \{'policies': \['heavy'\]\}, where provides = \{'policy'"
+    ):
+        Suite().test_registration_is_idempotent()

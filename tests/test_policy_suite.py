@@ -156,3 +156,21 @@ def test_policies_run_unchanged_in_mixed_steps(factory) -> None:
     assert sims[True].outputs == sims[False].outputs
     # with the decodes riding along, the run takes fewer rounds
     assert sims[True].round < sims[False].round
+
+
+def test_policy_class_set_instead_of_policy_cls_is_named() -> None:
+    """``policy_class = Mine`` replaced the suite's method of that name, and every test failed with
+    "issubclass() arg 1 must be a class" (a probe writing a policy from the docs)."""
+    with pytest.raises(
+        TypeError, match=r"sets policy_class, the suite's own method: set policy_cls = PrefillFirstPolicy"
+    ):
+
+        class Misspelt(SchedulingPolicySuite):
+            policy_class = PrefillFirstPolicy
+
+    class Overrides(SchedulingPolicySuite):  # an override of the method itself is fine
+        @classmethod
+        def policy_class(cls):
+            return PrefillFirstPolicy
+
+    assert Overrides.policy_class() is PrefillFirstPolicy

@@ -2,6 +2,20 @@
 locally, hand-built batches over a paged KV pool, and offline engines run step by step
 (:mod:`minisgl_core.testing.engine_run`)."""
 
+import sys
+
+try:  # a failed check in the suites shows its values, as in the plugin author's own test modules
+    import pytest
+
+    _SUITES = ("attention", "cache", "format", "grammar", "model", "packaging", "policy", "quantization")
+    # (installed modules are not rewritten unless registered before their import; the package itself
+    # is being imported now, so only the modules not imported yet are named)
+    pytest.register_assert_rewrite(
+        *(name for name in (f"{__name__}.{s}_suite" for s in _SUITES) if name not in sys.modules)
+    )
+except ImportError:  # the kit's helpers without pytest
+    pass
+
 from minisgl_core.demo.factories import (
     CHAT_TEMPLATE,
     SPECIAL_TOKENS,

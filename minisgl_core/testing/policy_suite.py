@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import importlib
 import random
-from typing import ClassVar
+from types import FunctionType
+from typing import Any, ClassVar
 
 import pytest
 
@@ -66,6 +67,17 @@ class SchedulingPolicySuite:
     cache_names: ClassVar[tuple[str, ...]] = ("radix", "naive")
     #: one random-arrival run per seed
     seeds: ClassVar[tuple[int, ...]] = (0, 1, 2)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # ``policy_class = Mine`` (for policy_cls) replaced the suite's method of that name, and
+        # every test failed with "issubclass() arg 1 must be a class"
+        own = cls.__dict__.get("policy_class")
+        if own is not None and not isinstance(own, (classmethod, staticmethod, FunctionType)):
+            raise TypeError(
+                f"{cls.__name__} sets policy_class, the suite's own method: set policy_cls = "
+                f"{getattr(own, '__name__', repr(own))} (the policy under test) instead"
+            )
 
     # --- hooks a subclass may override ---
 
