@@ -597,22 +597,35 @@ class Plugins:
 
     # ---------------------------------------------------------------- reporting
 
-    def fingerprint(self) -> str:
-        """Stable digest of what is loaded, compared across processes at start-up."""
-        rows = [
-            (i.name, i.distribution, i.version, i.status, {k: sorted(v) for k, v in i.provides.items()})
+    def state(self) -> list[list[Any]]:
+        """What is loaded, one row a plugin: name, distribution, version, status and the names it
+        registered by kind (plain values: the launcher hands its own to every process it starts)."""
+        return [
+            [i.name, i.distribution, i.version, i.status, {k: sorted(v) for k, v in i.provides.items()}]
             for i in self.infos
         ]
-        return hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()[:16]
 
-    def check_fingerprint(self, expected: str, where: str) -> None:
+    def fingerprint(self) -> str:
+        """Stable digest of :meth:`state`, compared across processes at start-up."""
+        return hashlib.sha256(json.dumps(self.state(), sort_keys=True).encode()).hexdigest()[:16]
+
+    def check_fingerprint(
+        self, expected: str, where: str, launcher_state: list[list[Any]] | None = None
+    ) -> None:
+        """PluginError unless this process loaded what the launcher did (``expected``: its
+        fingerprint); with the launcher's :meth:`state`, the message says what differs (the
+        fingerprints and a plugin list that could be the same told nothing)."""
         mine = self.fingerprint()
-        if mine != expected:
-            raise PluginError(
-                f"{where} sees a different set of plugins than the launcher (fingerprint {mine} != "
-                f"{expected}); install the same plugins in every environment and use the same "
-                f"MINISGL_PLUGINS / MINISGL_DISABLE_PLUGINS settings. Here: {self.summary()}"
-            )
+        if mine == expected:
+            return
+        differences = state_differences(launcher_state, self.state()) if launcher_state is not None else []
+        what = "; ".join(differences) if differences else f"here: {self.summary()}"
+        raise PluginError(
+            f"{where} sees a different set of plugins than the launcher (fingerprint {mine} != "
+            f"{expected}): {what}. Install the same plugins in every environment, use the same "
+            "MINISGL_PLUGINS / MINISGL_DISABLE_PLUGINS settings, and register the same names in "
+            "every process"
+        )
 
     def summary(self) -> str:
         return ", ".join(
@@ -769,6 +782,29 @@ class Plugins:
             if row["reason"]:
                 lines.append(f"{'':<16} {row['status']}: {row['reason']}")
         return "\n".join(lines)
+
+
+def state_differences(launcher: list[list[Any]], here: list[list[Any]]) -> list[str]:
+    """What differs between two :meth:`Plugins.state` rows, plugin by plugin, in words."""
+    theirs, mine = {row[0]: row for row in launcher}, {row[0]: row for row in here}
+    found = []
+    for name in sorted(theirs.keys() | mine.keys()):
+        a, b = theirs.get(name), mine.get(name)
+        if b is None:
+            found.append(f"plugin {name!r} ({a[1]} {a[2]}) is loaded in the launcher, not here")
+        elif a is None:
+            found.append(f"plugin {name!r} ({b[1]} {b[2]}) is loaded here, not in the launcher")
+        else:
+            for i, label in ((1, "distribution"), (2, "version"), (3, "status")):
+                if a[i] != b[i]:
+                    found.append(f"plugin {name!r} has {label} {a[i]} in the launcher, {b[i]} here")
+            for kind in sorted(a[4].keys() | b[4].keys()):
+                if a[4].get(kind, []) != b[4].get(kind, []):
+                    found.append(
+                        f"plugin {name!r} registered {kind} {a[4].get(kind, [])} in the launcher, "
+                        f"{b[4].get(kind, [])} here"
+                    )
+    return found
 
 
 def wrong_base_message(reg: Registration, obj: Any) -> str | None:

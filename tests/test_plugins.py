@@ -304,6 +304,21 @@ def test_fingerprint_is_stable_and_sensitive():
     assert c.fingerprint() != a.fingerprint()
     with pytest.raises(PluginError, match="different set of plugins"):
         c.check_fingerprint(a.fingerprint(), "scheduler rank 1")
+    # with the launcher's state the message says what differs, not two digests and a list
+    with pytest.raises(
+        PluginError,
+        match=r"the naive process .*: plugin 'naive' has status ok in the launcher, disabled here; plugin 'naive' registered caches \['naive'\] in the launcher, \[\] here\. Install",
+    ):
+        c.check_fingerprint(a.fingerprint(), "the naive process", a.state())
+    launcher = a.state()
+    for row in launcher:
+        if row[0] == "radix":
+            row[4]["caches"] = [*row[4]["caches"], "radix-launcher-only"]
+    with pytest.raises(
+        PluginError,
+        match=r"plugin 'radix' registered caches \['radix', 'radix-launcher-only'\] in the launcher, \['radix'\] here",
+    ):
+        a.check_fingerprint("0" * 16, "scheduler rank 1", launcher)
 
 
 @pytest.mark.parametrize(("required", "ok"), [("1.0", True), ("1.9", False), ("0.9", False), ("2.0", False)])

@@ -52,6 +52,8 @@ class ChildSpec:
     options: dict[str, Any] = field(default_factory=dict)
     #: role-specific settings (the EngineConfig, the DistributedSpec, the model directory)
     payload: dict[str, Any] = field(default_factory=dict)
+    #: the launcher's Plugins.state(), which a mismatch of fingerprints is explained from
+    plugin_state: list[Any] | None = None
 
     @property
     def name(self) -> str:
@@ -158,7 +160,7 @@ def run_child(spec: ChildSpec, main: ChildMain) -> None:
     code = 0
     try:
         plugins = load_plugins(spec.disable_plugins)
-        plugins.check_fingerprint(spec.fingerprint, where=f"the {spec.name} process")
+        plugins.check_fingerprint(spec.fingerprint, f"the {spec.name} process", spec.plugin_state)
         plugins.call_hook("minisgl_process_start", ctx=process_ctx)
         main(spec, plugins, ctx, report_ready)
     except SystemExit as exc:

@@ -66,6 +66,8 @@ class RuntimeOptions:
     sampling_defaults: dict[str, Any] | None = None
     #: Jinja text replacing the tokenizer's chat template (``--chat-template``)
     chat_template: str | None = None
+    #: the launcher's Plugins.state(), for the children's check of what they load
+    plugin_state: list[Any] | None = None
 
 
 class Runtime:
@@ -104,6 +106,7 @@ class Runtime:
             tp_size=o.dist.tp_size,
             options=dict(o.options or {}),
             payload=payload,
+            plugin_state=o.plugin_state,
         )
 
     def start(self) -> dict[str, Any]:

@@ -309,6 +309,7 @@ def _serve_options(args: argparse.Namespace):
         config=config,
         dist=dist,
         fingerprint=plugins.fingerprint(),
+        plugin_state=plugins.state(),
         disable_plugins=tuple(args.disable_plugin),
         log_level=args.log_level,
         options=_plain_options(args),
