@@ -32,6 +32,11 @@ class RaisingBackend(TorchAttentionBackend):
         return super().forward(q, k, v, layer_id, batch)
 
 
+class RaisingAtStart(TorchAttentionBackend):
+    def forward(self, q, k, v, layer_id, batch):
+        raise RuntimeError("the backend exploded at start-up")
+
+
 @hookimpl
 def minisgl_register_policies(register):
     register("raising", "minisgl_raising:RaisingPolicy")
@@ -40,6 +45,7 @@ def minisgl_register_policies(register):
 @hookimpl
 def minisgl_register_attention_backends(register):
     register("raising", "minisgl_raising:RaisingBackend")
+    register("raising-start", "minisgl_raising:RaisingAtStart")
 """
 
 NAMED = "(plugin 'raising', minisgl-raising 0.1.0)"
@@ -89,6 +95,19 @@ def test_a_backend_that_raises_is_named_and_stops_the_engine(model_dir, plugin_i
     # the failed step's prompts were offered to the prefix cache without their KV: no more steps
     with pytest.raises(RuntimeError, match="the backend exploded on purpose"):
         llm.generate([[5, 6, 7, 8]], PARAMS)
+
+
+def test_a_backend_that_raises_at_start_up_is_named(model_dir, plugin_installed):
+    """Start-up runs the first forwards (the warm-up prefill; on a GPU the graph captures): a
+    backend raising there was a bare RuntimeError from the runner, naming no plugin (offline, and
+    "scheduler 0 process failed" under serve), where the same error in a step names it."""
+    with pytest.raises(RuntimeError) as caught:
+        cpu_llm(model_dir, attn="raising-start")
+    assert type(caught.value).__name__ == "PluginFailure"
+    assert str(caught.value) == (
+        f"attention backend 'raising-start' {NAMED} failed in RaisingAtStart.forward: "
+        "RuntimeError: the backend exploded at start-up"
+    )
 
 
 def test_a_failed_process_is_summed_up_for_clients_without_the_exception_text():

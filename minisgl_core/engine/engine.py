@@ -76,7 +76,15 @@ class Engine:
         policy_cls = self.plugins.resolve("policies", config.policy)
         #: what requests inherit for the sampling fields they leave unset (--generation-config)
         self.sampling_defaults = load_sampling_defaults(config.model, config.generation_config, self.plugins)
-        self.runner = ModelRunner(config, self.parallel, self.plugins)
+        try:
+            self.runner = ModelRunner(config, self.parallel, self.plugins)
+        except Exception as exc:
+            # the model's and the backends' first forwards run here (warm-up, graph capture): a
+            # plugin raising in them is named as at a step, not a bare traceback from the runner
+            failure = PluginBlame(self.plugins, _selected_at_start(config, self.plugins)).failure(exc)
+            if failure is None:
+                raise
+            raise failure from exc
         # from here on the page size is the one the runner resolved (None picks by device)
         self.config = config = dataclasses.replace(config, page_size=self.runner.page_size)
         self.generation_config = self.runner.source.generation_config()
@@ -646,6 +654,27 @@ def _freeze_startup_objects() -> None:
     logger.debug(
         "gc: %d objects frozen in %.0f ms", gc.get_freeze_count(), (time.perf_counter() - started) * 1e3
     )
+
+
+def _selected_at_start(config: EngineConfig, plugins: Plugins) -> list[tuple[str, str]]:
+    """The selections a failed start may blame, before the runner has resolved them: the model's
+    architecture (every registered one where the model does not open), the attention backends
+    named (every registered one under ``auto``), the cache, policy and quantization method."""
+    from minisgl_core.checkpoint.formats import open_model
+    from minisgl_core.config import attention_names
+
+    try:
+        models = list(open_model(config.model, plugins).hf_config().get("architectures") or [])
+    except Exception:  # noqa: BLE001 - the start's own error says what is wrong with the model
+        models = plugins.names("models")
+    attention = attention_names(config.attn) or tuple(plugins.names("attention"))
+    return [
+        *(("models", name) for name in models),
+        *(("attention", name) for name in attention),
+        ("caches", config.cache),
+        ("policies", config.policy),
+        *((("quantization", config.quantization),) if config.quantization else ()),
+    ]
 
 
 def _open_step_trace(path: str | None) -> IO[str] | None:
