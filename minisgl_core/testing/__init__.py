@@ -7,7 +7,17 @@ import sys
 try:  # a failed check in the suites shows its values, as in the plugin author's own test modules
     import pytest
 
-    _SUITES = ("attention", "cache", "format", "grammar", "model", "packaging", "policy", "quantization")
+    _SUITES = (
+        "attention",
+        "cache",
+        "format",
+        "grammar",
+        "model",
+        "packaging",
+        "parser",
+        "policy",
+        "quantization",
+    )
     # (installed modules are not rewritten unless registered before their import; the package itself
     # is being imported now, so only the modules not imported yet are named)
     pytest.register_assert_rewrite(

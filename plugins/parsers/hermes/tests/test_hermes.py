@@ -10,6 +10,7 @@ from minisgl_plugin_hermes.parser import HermesToolParser
 
 from minisgl_core.api import ToolCall, merge_tool_deltas
 from minisgl_core.testing.packaging_suite import PluginPackagingSuite
+from minisgl_core.testing.parser_suite import ToolParserSuite
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 ONE_CALL = (
@@ -168,3 +169,19 @@ def test_a_call_to_a_function_not_offered_is_content():
 class TestHermesPackaging(PluginPackagingSuite):
     plugin = "hermes"
     provides = {"tool_parsers": ["hermes"]}
+
+
+class TestHermesConformance(ToolParserSuite):
+    """The conformance kit's tool-parser suite, as a third party's parser would run it."""
+
+    parser_cls = "hermes"
+    tools = TOOLS
+    samples = [
+        (ONE_CALL, "Let me check the weather.", [("get_weather", {"city": "Paris", "unit": "celsius"})]),
+        (
+            TWO_CALLS,
+            None,
+            [("get_weather", {"city": "Paris"}), ("get_weather", {"city": 'Rome, "Italy" {}'})],
+        ),
+        (MALFORMED_EARLY[2], MALFORMED_EARLY[2], []),
+    ]

@@ -9,6 +9,7 @@ from minisgl_plugin_llama3_json.parser import Llama3JsonToolParser
 
 from minisgl_core.api import merge_tool_deltas
 from minisgl_core.testing.packaging_suite import PluginPackagingSuite
+from minisgl_core.testing.parser_suite import ToolParserSuite
 
 ONE = '{"name": "get_weather", "parameters": {"city": "Paris", "days": [1, 2]}}'
 WITH_TAG = '<|python_tag|>{"name": "search", "arguments": {"q": "a;b"}}'
@@ -67,3 +68,19 @@ def test_stream_split_anywhere_matches_parse(text):
 class TestLlama3JsonPackaging(PluginPackagingSuite):
     plugin = "llama3-json"
     provides = {"tool_parsers": ["llama3_json"]}
+
+
+class TestLlama3JsonConformance(ToolParserSuite):
+    """The conformance kit's tool-parser suite, as a third party's parser would run it."""
+
+    parser_cls = "llama3_json"
+    tools = [
+        {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
+        for name in ("get_weather", "get_time", "search")
+    ]
+    samples = [
+        (ONE, None, [("get_weather", {"city": "Paris", "days": [1, 2]})]),
+        (WITH_TAG, None, [("search", {"q": "a;b"})]),
+        (TWO, None, [("get_weather", {"city": "Paris"}), ("get_time", {})]),
+        (PLAIN, PLAIN, []),
+    ]

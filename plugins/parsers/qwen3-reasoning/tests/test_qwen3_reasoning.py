@@ -7,6 +7,7 @@ from minisgl_plugin_qwen3_reasoning.parser import Qwen3ReasoningParser
 
 from minisgl_core.api import ReasoningResult
 from minisgl_core.testing.packaging_suite import PluginPackagingSuite
+from minisgl_core.testing.parser_suite import ReasoningParserSuite
 
 THINKING = "<think>\nThe user greets me; <b>answer</b> kindly.\n</think>\n\nHello! How can I help?"
 NOT_THINKING = "Hello! <think> is only a word here."
@@ -49,3 +50,14 @@ def test_stream_split_anywhere_matches_parse(text):
 class TestQwen3ReasoningPackaging(PluginPackagingSuite):
     plugin = "qwen3-reasoning"
     provides = {"reasoning_parsers": ["qwen3"]}
+
+
+class TestQwen3ReasoningConformance(ReasoningParserSuite):
+    """The conformance kit's reasoning-parser suite, as a third party's parser would run it."""
+
+    parser_cls = "qwen3"
+    samples = [
+        (THINKING, "\nThe user greets me; <b>answer</b> kindly.\n", "Hello! How can I help?"),
+        (UNFINISHED, "\nLet me count: 1, 2, 3", None),
+        (NOT_THINKING, None, NOT_THINKING),
+    ]
