@@ -145,6 +145,8 @@ class ChoiceOutput:
             self.made_calls = _all_whole(calls)
             if calls:
                 message["tool_calls"] = [tool_call_json(c) for c in calls]
+        if content is None and "tool_calls" not in message and not message.get("reasoning_content"):
+            content = ""  # an empty answer, as without parsers (theirs says "no part" with None)
         message["content"] = content
         return message
 

@@ -61,6 +61,12 @@ class ForcedToolCallParser(JsonToolCallParser):
         return super()._call(final)
 
 
+#: a function given no ``parameters`` takes none (OpenAI: "omitting parameters defines a function
+#: with an empty parameter list"): the arguments ``{}``, where ``{"type": "object"}`` let
+#: llguidance write any object and xgrammar ``{}``
+NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
 @dataclass(frozen=True)
 class ToolPlan:
     #: reads tool calls out of each choice's text; None = the text is plain content
@@ -127,9 +133,7 @@ def plan_tools(body: ChatCompletionRequest, tool_parser: type[ToolParser] | None
             "maxItems": 1,
         }
         single = True
-    schema["$defs"] = {
-        _parameters_key(i): _scoped(f.parameters or {"type": "object"}, i) for i, f in functions
-    }
+    schema["$defs"] = {_parameters_key(i): _scoped(f.parameters or NO_PARAMETERS, i) for i, f in functions}
     grammar = {"kind": "json_schema", "value": json.dumps(schema)}
     return ToolPlan(ForcedToolCallParser, tools, grammar, single)
 

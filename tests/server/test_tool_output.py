@@ -145,6 +145,18 @@ def test_named_function_forces_exactly_that_call():
     assert plan.single_call
 
 
+def test_a_function_without_parameters_is_called_with_no_arguments():
+    """OpenAI: omitting ``parameters`` defines a function with an empty parameter list. The forced
+    call's schema said any object, which llguidance filled with made-up arguments (xgrammar's
+    strict mode wrote ``{}``): both backends now get a schema whose only value is ``{}``."""
+    no_args = {"type": "function", "function": {"name": "ping"}}
+    for choice in ("required", {"type": "function", "function": {"name": "ping"}}):
+        schema = json.loads(plan_tools(request(tools=[no_args], tool_choice=choice), None).grammar["value"])
+        jsonschema.validate([{"name": "ping", "arguments": {}}], schema)
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate([{"name": "ping", "arguments": {"time": "14:59"}}], schema)
+
+
 def function(name: str, parameters: dict) -> dict:
     return {"type": "function", "function": {"name": name, "parameters": parameters}}
 
@@ -465,3 +477,20 @@ def test_tool_messages_reach_the_template():
 def test_bad_tool_messages_are_rejected(message):
     with pytest.raises(ValueError):
         ChatCompletionRequest(messages=[message])
+
+
+def test_an_empty_answer_is_empty_content_with_parsers_too():
+    """Without parsers an empty output (a regex grammar of "", ``choice: [""]``) was ``content: ""``;
+    through the reasoning or tool parser it was ``null`` (their "no part"). Both give "" now, and
+    null stays for a message of tool calls or of reasoning alone."""
+    auto = plan_tools(request(tools=[WEATHER]), HermesToolParser)
+    for plan, reasoning in (
+        (ToolPlan(), None),
+        (ToolPlan(), Qwen3ReasoningParser),
+        (auto, None),
+        (auto, Qwen3ReasoningParser),
+    ):
+        assert ChoiceOutput(plan, reasoning).message("")["content"] == "", (plan, reasoning)
+    assert ChoiceOutput(ToolPlan(), Qwen3ReasoningParser).message("<think>hm")["content"] is None
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    assert ChoiceOutput(auto, None).message(call)["content"] is None

@@ -130,6 +130,13 @@ def invalid_values(schema: Any) -> list[str]:
             found.append(
                 f"'$ref' {ref!r} is not in this schema (only '#...' references are followed) at {path}"
             )
+        elif isinstance(ref, str) and ref not in ("", "#") and not ref.startswith("#/"):
+            # a plain-name fragment names an "$anchor": xgrammar resolves JSON pointers only, and
+            # compiled {"$ref": "#foo"} with no constraint at all (a string answered an integer's)
+            found.append(
+                f"'$ref' {ref!r} names an anchor, which the xgrammar backend cannot follow (write the "
+                f"JSON pointer to the schema, such as '#/$defs/Name') at {path}"
+            )
         pattern = sub.get("pattern")
         if isinstance(pattern, str) and _LOOKAROUND.search(pattern):
             found.append(
@@ -176,6 +183,8 @@ def accepting_nothing(schema: Any) -> list[str]:
     choices = _ChoiceFilters(schema)
     for sub, path, _ in _walk(schema):
         found += [f"{key!r} of no schemas at {path}" for key in ("anyOf", "oneOf") if sub.get(key) == []]
+        if sub.get("type") == []:  # (xgrammar compiled it with no constraint at all)
+            found.append(f"'type' of no types at {path}")
         limits = _length_limits(sub)
         values = sub.get("enum")
         if limits is not None and "const" in sub and not _fits(sub["const"], limits):

@@ -63,6 +63,9 @@ ACCEPTING_NOTHING = [
     ),
     ({"type": "string", "const": "aa", "minLength": 3}, "'const' that 'minLength' 3 rules out at #"),
     ({"const": "abcd", "maxLength": 3}, "'const' that 'maxLength' 3 rules out at #"),
+    # xgrammar compiled it with no constraint: a string came back (a structured-output probe)
+    ({"type": []}, "'type' of no types at #"),
+    ({"type": "object", "properties": {"a": {"type": []}}}, "'type' of no types at #/properties/a"),
 ]
 
 
@@ -148,3 +151,19 @@ def test_depth_counts_every_kind_of_nesting():
             schema = {"$defs": {"d": schema}, "type": "integer"}
     assert too_deep(schema) is not None
     assert too_deep(schema, limit=MAX_SCHEMA_DEPTH + 1) is None
+
+
+@pytest.mark.parametrize("how", ["check", "compile"])
+def test_a_ref_to_an_anchor_is_refused_naming_the_pointer_to_write(backend, how):
+    """xgrammar resolves JSON pointers only: ``{"$ref": "#foo"}`` to an ``$anchor`` compiled with
+    no constraint at all (a string answered a schema of integers 0-2; a structured-output probe)."""
+    schema = {
+        "$defs": {"s": {"$anchor": "foo", "type": "integer", "minimum": 0, "maximum": 2}},
+        "$ref": "#foo",
+    }
+    assert _takes(_xgrammar_own(schema), '"text"'), "xgrammar now follows anchors"
+    message = _refusal(backend, schema, how)
+    assert "'$ref' '#foo' names an anchor" in message and "'#/$defs/Name'" in message, message
+    pointer = {**schema, "$ref": "#/$defs/s"}
+    backend.check(GrammarSpec("json_schema", json.dumps(pointer)))
+    assert _takes(backend._grammar(GrammarSpec("json_schema", json.dumps(pointer))), "1")
