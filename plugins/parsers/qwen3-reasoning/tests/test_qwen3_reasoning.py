@@ -15,13 +15,8 @@ UNFINISHED = "<think>\nLet me count: 1, 2, 3"
 
 
 def stream(text: str, cuts: list[int]) -> tuple[str, str]:
-    parser = Qwen3ReasoningParser()
-    reasoning, content, start = "", "", 0
-    for end in [*cuts, len(text)]:
-        out = parser.feed(text[start:end])
-        reasoning, content, start = reasoning + out.reasoning, content + out.content, end
-    last = parser.finish()
-    return reasoning + last.reasoning, content + last.content
+    """(reasoning, content) of ``text`` fed in pieces ending at ``cuts``: the conformance suite's."""
+    return TestQwen3ReasoningConformance().stream(text, cuts)
 
 
 def test_thinking_is_split_off():
