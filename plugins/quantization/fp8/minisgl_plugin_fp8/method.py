@@ -9,10 +9,11 @@ quantizer ran slower than bf16 at one token. Both paths round the same way, so a
 do not depend on the batch it rides in beyond float32 summation order.
 
 Elsewhere (CPU, older GPUs, a float32 or float16 run, shapes the kernel refuses) the layer emulates
-the same arithmetic: the same quantized weights and per-token activations, dequantized and
-multiplied in float32 and rounded once to the run dtype, so the numerics measured on CPU are the
-GPU's up to accumulation order. The emulation keeps a float32 dequantized copy of each weight: it
-is for testing, not for memory.
+the same arithmetic: the same quantized weights and per-token activations, their e4m3 values
+multiplied and summed exactly (float64), both scales applied after, rounded once to the run
+dtype, so the numerics measured on CPU are the GPU's up to its float32 accumulation order. The emulation keeps a float64 copy of each weight's e4m3 values
+(summed exactly, so a token's result does not depend on its batch): it is for testing, not for
+memory.
 """
 
 from __future__ import annotations
@@ -105,10 +106,15 @@ class Fp8Method(QuantizationMethod):
         if layer.fp8_native:
             self.native_layers += 1
         else:
-            # float32, as the kernels' operands are exact and their sums float32: rounding the
-            # operands to bf16 here made the emulation another computation (e4m3 rounding of the
-            # next layer's activations turns 0.4% differences into whole e4m3 steps)
-            layer.fp8_dequantized = q.float() * scale
+            # the e4m3 values in float64, the scales applied after the sum (as the kernels do):
+            # a product of two e4m3 values has at most 8 significant bits and every one is a
+            # multiple of 2**-18 below 2**18, so float64 sums them exactly in any order (for rows
+            # of up to 2**17 columns) and a token's result does not depend on the batch. A float32
+            # product (MKL's blocking follows the row count) moved results by a few ulps between
+            # batch sizes, and e4m3 rounding of the next layer's activations turned those into whole
+            # e4m3 steps: greedy output with speculative decoding parted from it without (a probe
+            # on the default model) and a request alone parted from it in a batch
+            layer.fp8_values = q.double()
             self.emulated_layers += 1
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -127,7 +133,8 @@ class Fp8Method(QuantizationMethod):
             )
         else:
             xq, x_scale = quantize_rows(x2)
-            out = ((xq.float() * x_scale) @ layer.fp8_dequantized.t()).to(x.dtype)
+            exact = xq.double() @ layer.fp8_values.t()
+            out = (exact * x_scale.double() * layer.weight_scale.double()).to(x.dtype)
         return out.view(*shape[:-1], out.shape[-1])
 
     def describe(self) -> dict[str, Any]:
