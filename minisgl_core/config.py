@@ -170,6 +170,15 @@ class EngineConfig:
                 f"got {self.piecewise_cuda_graph_max_tokens}",
                 "piecewise_cuda_graph_max_tokens",
             )
+        if self.quantization is not None and not (
+            isinstance(self.quantization, str) and self.quantization.strip()
+        ):
+            # ("" ran unquantized without a word, as if the name had been read)
+            raise ConfigError(
+                f"quantization must name a method (such as int8 or fp8), or be unset for weights in the "
+                f"run dtype; got {self.quantization!r}",
+                "quantization",
+            )
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {self.dtype!r}", "dtype")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:

@@ -945,6 +945,9 @@ def _near_name(kind: str, name: str, installed: list[str]) -> str | None:
     known = {n: n for n in installed} | {
         other: ours for other, ours in _NAMES_ELSEWHERE.get(kind, {}).items() if ours in installed
     }
+    folded = {n.casefold(): ours for n, ours in known.items()}
+    if name.casefold() in folded:  # INT8, Radix: the name in another case
+        return folded[name.casefold()]
     # 0.7: one slip in a name of four letters or more (radx, trtion), not fp4 for fp8
     close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.7)
     return known[close[0]] if close else None

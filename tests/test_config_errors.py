@@ -124,6 +124,8 @@ def test_an_empty_model_is_refused_not_read_as_the_working_directory(model_dir, 
         (dict(device="tpu"), "device"),
         (dict(device="meta"), "device"),
         (dict(tp_size=0), "tp_size"),
+        (dict(quantization=""), "quantization"),  # (ran unquantized without a word)
+        (dict(quantization="  "), "quantization"),
     ],
 )
 def test_bad_engine_settings_name_the_field(options, field):

@@ -267,6 +267,8 @@ def test_resolve_unknown_name_lists_installed_and_the_fix():
         ("caches", "radx", "radix"),
         ("policies", "prefill_first", "prefill-first"),
         ("grammars", "xgrammer", "xgrammar"),
+        ("quantization", "INT8", "int8"),  # (another case: said "pip install minisgl-plugin-INT8")
+        ("caches", "Radix", "radix"),
     ],
 )
 def test_a_name_near_an_installed_one_is_suggested_not_a_plugin_to_install(kind, typed, meant):
