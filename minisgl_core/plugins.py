@@ -647,10 +647,7 @@ class Plugins:
             try:
                 caller(**kwargs)
             except Exception as exc:
-                error = PluginError(
-                    f"plugin {info.name!r} ({info.distribution} {info.version}) hook {hook_name} "
-                    f"raised {type(exc).__name__}: {exc}"
-                )
+                error = _hook_failure(info, hook_name, exc)
                 if not keep_going:
                     raise error from exc
                 failures.append(error)
@@ -684,12 +681,7 @@ class Plugins:
                     )
                 parser._add_container_actions(own)  # argparse's own merge, as for ``parents=``: groups kept
             except Exception as exc:
-                failures.append(
-                    PluginError(
-                        f"plugin {info.name!r} ({info.distribution} {info.version}) hook "
-                        f"minisgl_add_cli_options raised {type(exc).__name__}: {exc}"
-                    )
-                )
+                failures.append(_hook_failure(info, "minisgl_add_cli_options", exc))
         return failures
 
     def option_defaults(self) -> dict[str, Any]:
@@ -782,6 +774,14 @@ class Plugins:
             if row["reason"]:
                 lines.append(f"{'':<16} {row['status']}: {row['reason']}")
         return "\n".join(lines)
+
+
+def _hook_failure(info: PluginInfo, hook_name: str, exc: Exception) -> PluginError:
+    """A plugin's hook that raised, as the error naming the plugin, its distribution and the hook."""
+    return PluginError(
+        f"plugin {info.name!r} ({info.distribution} {info.version}) hook {hook_name} "
+        f"raised {type(exc).__name__}: {exc}"
+    )
 
 
 def state_differences(launcher: list[list[Any]], here: list[list[Any]]) -> list[str]:

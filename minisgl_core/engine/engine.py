@@ -24,6 +24,7 @@ import gc
 import json
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import IO, Any, NamedTuple
 
@@ -133,13 +134,9 @@ class Engine:
         #: names the selected plugin an exception of a step came from (see step)
         self.blame = PluginBlame(
             self.plugins,
-            [
-                ("models", (self.runner.hf_config.get("architectures") or ["?"])[0]),
-                *(("attention", name) for name in self.runner.attn_names),
-                ("caches", config.cache),
-                ("policies", config.policy),
-                *((("quantization", config.quantization),) if config.quantization else ()),
-            ],
+            _selections(
+                config, [(self.runner.hf_config.get("architectures") or ["?"])[0]], self.runner.attn_names
+            ),
         )
         #: the plugin failure that stopped this engine (None: none)
         self.failure: PluginFailure | None = None
@@ -668,6 +665,14 @@ def _selected_at_start(config: EngineConfig, plugins: Plugins) -> list[tuple[str
     except Exception:  # noqa: BLE001 - the start's own error says what is wrong with the model
         models = plugins.names("models")
     attention = attention_names(config.attn) or tuple(plugins.names("attention"))
+    return _selections(config, models, attention)
+
+
+def _selections(
+    config: EngineConfig, models: Iterable[str], attention: Iterable[str]
+) -> list[tuple[str, str]]:
+    """What the engine runs of each plugin kind, for :class:`PluginBlame`: the given models and
+    attention backends, and the config's cache, policy and quantization method."""
     return [
         *(("models", name) for name in models),
         *(("attention", name) for name in attention),
