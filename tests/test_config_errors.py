@@ -978,14 +978,14 @@ def test_a_value_argparse_refuses_is_one_line_without_the_usage_block(argv, says
 
 
 def test_a_file_no_format_reads_is_one_line(tmp_path):
-    """A .gguf of junk: the message was right but came as a traceback (a plain ValueError)."""
+    """A .gguf of junk: the message was right but came as a traceback (a plain ValueError); now
+    the launcher's first look at the file names what is wrong with it."""
     junk = tmp_path / "x.gguf"
     junk.write_bytes(b"junk")
     proc = _cli("generate", "hi", "--model", str(junk), "--device", "cpu")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.splitlines() == [
-        f"minisgl: error: {junk} is not a model this installation can read; supported formats: "
-        "safetensors (a directory with config.json), gguf"
+        f"minisgl: error: --model {junk} is not a GGUF file (it does not start with the GGUF magic)"
     ]
 
 

@@ -20,6 +20,11 @@ WANTED = (
 )
 
 
+#: the first bytes of a GGUF file, and of the text file Git LFS leaves in a clone without the data
+GGUF_MAGIC = b"GGUF"
+LFS_POINTER = b"version https://git-lfs"
+
+
 def _unreadable(path: Path) -> bool:
     return not os.access(path, os.R_OK)
 
@@ -33,12 +38,22 @@ def check_model_path(model: str | Path, spelling: Spelling = "flag") -> None:
     if not path.exists():
         raise ModelPathError(f"{given_as}: no such file or directory; {WANTED}")
     if path.is_file():
-        # A single weight file is a format plugin's business (GGUF); anything else is a mistake.
-        if path.suffix != ".gguf":
-            raise ModelPathError(f"{given_as} is a file, not a model; {WANTED}")
+        # A single weight file is a format plugin's business (GGUF, known by its first bytes
+        # whatever its name: Ollama's blobs have none); anything else is a mistake.
         if _unreadable(path):
             raise ModelPathError(f"{given_as}: cannot read the file (permission denied)")
-        return
+        with open(path, "rb") as handle:
+            start = handle.read(len(LFS_POINTER))
+        if start == LFS_POINTER:
+            raise ModelPathError(
+                f"{given_as} is a Git LFS pointer, not the model's data: fetch the file itself "
+                "(`git lfs pull` in its repository)"
+            )
+        if start[:4] == GGUF_MAGIC:
+            return
+        if path.suffix.lower() == ".gguf":
+            raise ModelPathError(f"{given_as} is not a GGUF file (it does not start with the GGUF magic)")
+        raise ModelPathError(f"{given_as} is a file, not a model; {WANTED}")
     if not path.is_dir():  # /dev/null, a socket, a pipe: "cannot read the directory" was wrong
         raise ModelPathError(f"{given_as} is not a file or a directory; {WANTED}")
     if _unreadable(path) or not os.access(path, os.X_OK):

@@ -53,8 +53,12 @@ def get_rope(hf_config: dict[str, Any], head_dim: int) -> RotaryEmbedding:
     )
     if params["rope_type"] == "llama3":
         inv_freq = _llama3_inv_freq(inv_freq, params)
+    elif params["rope_type"] == "linear":  # position interpolation: every position divided by factor
+        inv_freq = inv_freq / params["factor"]
     elif params["rope_type"] != "default":
-        raise NotImplementedError(f"rope type {params['rope_type']!r} is not supported (default, llama3 are)")
+        raise NotImplementedError(
+            f"rope type {params['rope_type']!r} is not supported (default, linear, llama3 are)"
+        )
     return RotaryEmbedding(inv_freq)
 
 

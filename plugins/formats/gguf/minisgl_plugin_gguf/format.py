@@ -24,10 +24,12 @@ from minisgl_core.api import WeightFormat
 from minisgl_plugin_gguf.header import GGUFHeader, TensorInfo, Truncated, read_header
 from minisgl_plugin_gguf.metadata import (
     UnsupportedGGUF,
+    check_tokenizer_metadata,
     generation_config_from_metadata,
     hf_config_from_metadata,
 )
-from minisgl_plugin_gguf.names import IGNORED, hf_name, unpermute_qk
+from minisgl_plugin_gguf.names import IGNORED, ROPE_FREQS, hf_name, unpermute_qk
+from minisgl_plugin_gguf.rope_factors import llama3_scaling_from_factors
 
 MAGIC = b"GGUF"
 #: tensor types dequantized at load (by name of ``gguf.GGMLQuantizationType``)
@@ -58,6 +60,17 @@ class GGUFFormat(WeightFormat):
             self.fields, tied="output.weight" not in names, path=str(self.file)
         )
         _check_tensor_types(self.header, self.file)
+        check_tokenizer_metadata(self.fields, str(self.file))
+        # what the file states in tensors rather than metadata: biases, llama3 rope scaling
+        if any(_BIAS.get(_part(name)) == "attention_bias" for name in names):
+            self._config["attention_bias"] = True
+        if any(_BIAS.get(_part(name)) == "mlp_bias" for name in names):
+            self._config["mlp_bias"] = True
+        factors = next((t for t in self.header.tensors if t.name == ROPE_FREQS), None)
+        scaling = None if factors is None else _rope_scaling(self.header, factors, self._config, self.file)
+        if scaling is not None:
+            self._config["rope_scaling"] = scaling
+        _check_head_rows(self.header, self._config, self.file)
 
     @classmethod
     def detect(cls, path: Path) -> bool:
@@ -98,14 +111,84 @@ class GGUFFormat(WeightFormat):
                 continue
             weight = torch.from_numpy(_dequantize(self.header, tensor))
             name = hf_name(tensor.name) or tensor.name  # unknown names reach the core, which reports them
-            if permuted and name.endswith("self_attn.q_proj.weight"):
+            # llama.cpp's converter permutes the biases of q and k with their rows
+            if permuted and name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
                 weight = unpermute_qk(weight, config["num_attention_heads"])
-            elif permuted and name.endswith("self_attn.k_proj.weight"):
+            elif permuted and name.endswith(("self_attn.k_proj.weight", "self_attn.k_proj.bias")):
                 weight = unpermute_qk(weight, config["num_key_value_heads"])
             yield name, weight.to(dtype)
 
     def describe(self) -> str:
         return f"{self.file} (GGUF, {self.fields.get('general.architecture')})"
+
+
+#: the config.json flag a block's bias tensor needs (our models build them from the flags)
+_BIAS = {
+    **{f"{part}.bias": "attention_bias" for part in ("attn_q", "attn_k", "attn_v", "attn_output")},
+    **{f"{part}.bias": "mlp_bias" for part in ("ffn_gate", "ffn_up", "ffn_down")},
+}
+
+
+def _part(name: str) -> str:
+    """``attn_q.bias`` of ``blk.3.attn_q.bias``."""
+    return name.split(".", 2)[-1] if name.startswith("blk.") else name
+
+
+def _rope_scaling(
+    header: GGUFHeader, tensor: TensorInfo, config: dict[str, Any], file: Path
+) -> dict[str, Any] | None:
+    """config.json's llama3 ``rope_scaling`` for the file's ``rope_freqs.weight`` (None when every
+    divisor is 1): llama.cpp's converter stores Llama 3.1's scaling as one divisor per rotary
+    frequency, not as metadata."""
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    factors = _dequantize(header, tensor).reshape(-1).astype(np.float64)
+    if factors.size != head_dim // 2:
+        raise UnsupportedGGUF(
+            f"{file}: {ROPE_FREQS} has {factors.size} values, the rotary dimension {head_dim} needs {head_dim // 2}"
+        )
+    if np.all(factors == 1.0):
+        return None
+    if config.get("rope_scaling") is not None:
+        raise UnsupportedGGUF(
+            f"{file}: both {ROPE_FREQS} and rope scaling metadata; which applies is unclear"
+        )
+    scaling = llama3_scaling_from_factors(factors, float(config.get("rope_theta", 10000.0)), head_dim)
+    if scaling is None:
+        raise UnsupportedGGUF(
+            f"{file}: {ROPE_FREQS} holds per-frequency rotary factors that are not Llama 3's rope "
+            "scaling; other rotary factors are not supported"
+        )
+    return scaling
+
+
+def _check_head_rows(header: GGUFHeader, config: dict[str, Any], file: Path) -> None:
+    """q/k/v rows against the head counts the metadata states, named in its keys (the llama
+    architecture's un-permuting of q and k otherwise failed with a reshape error)."""
+    arch = config["model_type"]
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    head_key = (
+        f"{arch}.attention.key_length" if "head_dim" in config else f"{arch}.embedding_length / head_count"
+    )
+    wanted = {
+        "attn_q": (heads * head_dim, f"{arch}.attention.head_count ({heads}) x {head_key} ({head_dim})"),
+        "attn_k": (
+            kv_heads * head_dim,
+            f"{arch}.attention.head_count_kv ({kv_heads}) x {head_key} ({head_dim})",
+        ),
+        "attn_v": (
+            kv_heads * head_dim,
+            f"{arch}.attention.head_count_kv ({kv_heads}) x {head_key} ({head_dim})",
+        ),
+    }
+    for tensor in header.tensors:
+        part = _part(tensor.name).split(".")[0]
+        if part in wanted and tensor.dims and tensor.dims[-1] != wanted[part][0]:
+            rows, keys = wanted[part]
+            raise UnsupportedGGUF(
+                f"{file}: tensor {tensor.name} has {tensor.dims[-1]} rows, the metadata's {keys} "
+                f"makes {rows}: the metadata does not describe these weights"
+            )
 
 
 def _quant_sizes() -> dict[int, tuple[int, int]]:

@@ -103,6 +103,8 @@ def read_header(path: Path, quant_sizes: dict[int, tuple[int, int]]) -> GGUFHead
     raw = np.memmap(path, dtype=np.uint8, mode="r")  # pages are read only as they are touched
     data = memoryview(raw)
     if bytes(data[:4]) != MAGIC:
+        if bytes(data[:23]) == b"version https://git-lfs":
+            raise ValueError("a Git LFS pointer, not the file's data (fetch it: `git lfs pull`)")
         raise ValueError("not a GGUF file (no GGUF magic)")
     cursor = _Cursor(data)
     cursor.pos = 4
@@ -120,7 +122,10 @@ def read_header(path: Path, quant_sizes: dict[int, tuple[int, int]]) -> GGUFHead
         n_dims = cursor.take("<I")
         dims = tuple(cursor.take("<Q") for _ in range(n_dims))
         infos.append((name, dims, cursor.take("<I"), cursor.take("<Q")))
-    alignment = int(fields.get("general.alignment", DEFAULT_ALIGNMENT))
+    alignment = fields.get("general.alignment", DEFAULT_ALIGNMENT)
+    if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment <= 0 or alignment % 8:
+        # the format asks for a multiple of 8; zero divided by zero here
+        raise ValueError(f"general.alignment is {alignment!r}, not a positive multiple of 8")
     start = -(-cursor.pos // alignment) * alignment
     tensors = []
     for name, dims, type_id, offset in infos:

@@ -29,11 +29,16 @@ class UnsupportedGGUF(ValueError):
 
 
 def hf_config_from_metadata(fields: dict[str, Any], tied: bool, path: str) -> dict[str, Any]:
-    """The config.json our model plugins read, from the file's ``fields`` (key → value)."""
+    """The config.json our model plugins read, from the file's ``fields`` (key → value).
+
+    Settings the file declares that our models do not implement (a rope scaling type, a partial
+    rotary dimension) are passed on as config.json would state them, so the core refuses them as
+    it refuses them in a directory, rather than left out (a model computing other numbers)."""
     arch = fields.get("general.architecture")
     if arch not in ARCHITECTURES:
         supported = ", ".join(f"{k} ({v})" for k, v in ARCHITECTURES.items())
         raise UnsupportedGGUF(f"{path}: GGUF architecture {arch!r} is not supported; supported: {supported}")
+    _refuse_unsupported_layouts(fields, arch, path)
     config: dict[str, Any] = {"architectures": [ARCHITECTURES[arch]], "model_type": arch}
     for key, hf_key in _ARCH_KEYS.items():
         value = fields.get(f"{arch}.{key}")
@@ -54,8 +59,72 @@ def hf_config_from_metadata(fields: dict[str, Any], tied: bool, path: str) -> di
         value = fields.get(f"tokenizer.ggml.{key}")
         if value is not None:
             config[key] = int(value)
+    scaling = rope_scaling_from_metadata(fields, arch)
+    if scaling is not None:
+        config["rope_scaling"] = scaling
+    rotary_dims = fields.get(f"{arch}.rope.dimension_count")
+    head_dim = config.get("head_dim")
+    if isinstance(head_dim, int) and isinstance(rotary_dims, int) and 0 < rotary_dims != head_dim:
+        config["partial_rotary_factor"] = rotary_dims / head_dim
     config["torch_dtype"] = "float32"
     return config
+
+
+def _refuse_unsupported_layouts(fields: dict[str, Any], arch: str, path: str) -> None:
+    """Files of a supported architecture that hold what our models cannot: one part of a split
+    GGUF (the rest of the tensors are in other files), a mixture of experts."""
+    parts = fields.get("split.count")
+    if isinstance(parts, int) and parts > 1:
+        number = fields.get("split.no", 0)
+        raise UnsupportedGGUF(
+            f"{path} is part {number + 1 if isinstance(number, int) else '?'} of a GGUF split into {parts} "
+            "files, which is not supported; merge the parts into one file first "
+            "(llama.cpp's `llama-gguf-split --merge FIRST_PART OUT.gguf`)"
+        )
+    experts = fields.get(f"{arch}.expert_count")
+    if isinstance(experts, int) and experts > 0:
+        raise UnsupportedGGUF(
+            f"{path}: a mixture-of-experts model ({arch}.expert_count = {experts}), which is not supported"
+        )
+
+
+def rope_scaling_from_metadata(fields: dict[str, Any], arch: str) -> dict[str, Any] | None:
+    """config.json's ``rope_scaling`` for the file's ``{arch}.rope.scaling.*`` keys (llama.cpp's
+    converter writes them for linear and YaRN scaling), None when the file has none."""
+    kind = fields.get(f"{arch}.rope.scaling.type")
+    if kind is None or kind == "none":
+        return None
+    scaling: dict[str, Any] = {"rope_type": str(kind)}
+    factor = fields.get(f"{arch}.rope.scaling.factor")
+    if factor is not None:
+        scaling["factor"] = factor
+    original = fields.get(f"{arch}.rope.scaling.original_context_length")
+    if original is not None:
+        scaling["original_max_position_embeddings"] = original
+    return scaling
+
+
+#: (the token list, the tokenizer model) transformers builds a GGUF file's tokenizer from
+_TOKENIZER_KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.model")
+
+
+def check_tokenizer_metadata(fields: dict[str, Any], path: str) -> None:
+    """An UnsupportedGGUF naming the key when the file's tokenizer cannot be built: no token list
+    or tokenizer model, or a special token id outside the list (transformers fails on them only
+    once the tokenizer is built, in a worker process, with a traceback)."""
+    missing = [key for key in _TOKENIZER_KEYS if not fields.get(key)]
+    if missing:
+        raise UnsupportedGGUF(
+            f"{path}: the file has no tokenizer ({' and '.join(missing)} missing); minisgl reads the "
+            "tokenizer from the GGUF file's metadata"
+        )
+    size = len(fields["tokenizer.ggml.tokens"])
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id", "unknown_token_id", "seperator_token_id"):
+        value = fields.get(f"tokenizer.ggml.{key}")
+        if value is not None and not (isinstance(value, int) and 0 <= value < size):
+            raise UnsupportedGGUF(
+                f"{path}: tokenizer.ggml.{key} is {value!r}, not an id of the file's {size} tokens"
+            )
 
 
 def generation_config_from_metadata(fields: dict[str, Any]) -> dict[str, Any]:

@@ -28,8 +28,11 @@ _BLOCK = {
 
 _BLOCK_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
-#: tensors llama.cpp stores that our models compute themselves (rotary tables)
-IGNORED = frozenset({"rope_freqs.weight"})
+#: Llama 3's rope scaling as llama.cpp's converter stores it: one divisor per rotary frequency
+#: (read into config.json's ``rope_scaling`` when the file is opened; our models compute the table)
+ROPE_FREQS = "rope_freqs.weight"
+#: tensors that are not weights of our models
+IGNORED = frozenset({ROPE_FREQS})
 
 
 def hf_name(gguf_name: str) -> str | None:

@@ -17,6 +17,8 @@ import numpy as np
 import torch
 
 from minisgl_plugin_gguf.metadata import ARCHITECTURES
+from minisgl_plugin_gguf.names import ROPE_FREQS
+from minisgl_plugin_gguf.rope_factors import llama3_divisors
 
 #: tensor types ``gguf.quants.quantize`` can produce (the K-quants it can only read)
 WRITABLE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
@@ -84,15 +86,19 @@ def write_gguf(
     writer = gguf.GGUFWriter(str(out), arch)
     _write_config(writer, config)
     _write_tokenizer(writer, hf_dir)
+    factors = _llama3_rope_factors(config)
+    if factors is not None:  # as llama.cpp's converter stores Llama 3.1's scaling
+        custom = encode(ROPE_FREQS, factors) if encode is not None else None
+        writer.add_tensor(ROPE_FREQS, factors if custom is None else custom[0])
     permuted = arch == "llama"
     for name, tensor in _iter_safetensors(hf_dir):
         if name == "lm_head.weight" and config.get("tie_word_embeddings"):
             continue
         values = tensor.to(torch.float32).numpy()
         target = gguf_name(name)
-        if permuted and name.endswith("q_proj.weight"):
+        if permuted and name.endswith(("q_proj.weight", "q_proj.bias")):  # biases with their rows
             values = permute_qk(values, config["num_attention_heads"])
-        elif permuted and name.endswith("k_proj.weight"):
+        elif permuted and name.endswith(("k_proj.weight", "k_proj.bias")):
             values = permute_qk(values, config["num_key_value_heads"])
         custom = encode(target, values) if encode is not None else None
         if custom is not None:
@@ -118,11 +124,47 @@ def _write_config(writer: Any, config: dict[str, Any]) -> None:
     writer.add_head_count(config["num_attention_heads"])
     writer.add_head_count_kv(config["num_key_value_heads"])
     writer.add_layer_norm_rms_eps(config.get("rms_norm_eps", 1e-6))
-    writer.add_rope_freq_base(config.get("rope_theta", 10000.0))
+    writer.add_rope_freq_base(_rope(config)["rope_theta"])
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     writer.add_vocab_size(config["vocab_size"])
     writer.add_file_type(0)
+    scaling = _rope(config)
+    kind = scaling["rope_type"]
+    if kind not in ("default", "llama3"):  # llama3 is a tensor (rope_freqs), the others metadata
+        import gguf
+
+        writer.add_rope_scaling_type(gguf.RopeScalingType(kind))
+        writer.add_rope_scaling_factor(scaling["factor"])
+        if "original_max_position_embeddings" in scaling:
+            writer.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
+
+
+def _rope(config: dict[str, Any]) -> dict[str, Any]:
+    """The rope settings of either config.json layout (transformers 5 nests them, with the theta,
+    in ``rope_parameters``), with ``rope_type`` and ``rope_theta`` always present."""
+    scaling = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    scaling["rope_type"] = scaling.get("rope_type", scaling.get("type", "default"))
+    scaling.setdefault("rope_theta", config.get("rope_theta", 10000.0))
+    return scaling
+
+
+def _llama3_rope_factors(config: dict[str, Any]) -> np.ndarray | None:
+    """The ``rope_freqs.weight`` llama.cpp's converter writes for a llama3 ``rope_scaling``."""
+    scaling = _rope(config)
+    if scaling["rope_type"] != "llama3":
+        return None
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    theta = scaling["rope_theta"]
+    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    divisors = llama3_divisors(
+        inv_freq,
+        scaling["factor"],
+        scaling["low_freq_factor"],
+        scaling["high_freq_factor"],
+        scaling["original_max_position_embeddings"],
+    )
+    return divisors.astype(np.float32)
 
 
 def _write_tokenizer(writer: Any, hf_dir: Path) -> None:

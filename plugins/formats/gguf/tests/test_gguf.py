@@ -7,6 +7,7 @@ Our model loaded through :class:`GGUFFormat` must give transformers' logits for 
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -265,3 +266,136 @@ def test_the_tokenizer_cache_drops_what_no_file_can_use_again(make_tiny_model, t
     tokenizer = GGUFFormat(Path(second)).tokenizer()
     assert second_entry not in entries() and len(entries()) == 2
     assert tokenizer.encode("Hello there") == GGUFFormat(Path(second)).tokenizer().encode("Hello there")
+
+
+LLAMA3_SCALING = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
+
+
+def check_against_directory(hf_dir: Path, file: Path, steps: int = 3) -> None:
+    """Our model read from ``file`` against transformers' model of the directory it was written
+    from (transformers' GGUF loader knows neither rope_freqs nor biases, so it is no reference here)."""
+    from minisgl_plugin_torch.backend import TorchAttentionBackend
+
+    model, config = load_ours(file)
+    prompt = random_prompt(40, config["vocab_size"], seed=7)  # long enough to reach scaled wavelengths
+    _, logits = greedy_generate(model, make_attention(TorchAttentionBackend, model.kv_spec), prompt, steps)
+    _, expected = TransformersReference(hf_dir).greedy(prompt, steps)
+    for step, (actual, want) in enumerate(zip(logits, expected, strict=True)):
+        assert_logits_close(actual, want, 1e-4, what=f"{file.name} logits at step {step}")
+
+
+@pytest.mark.parametrize(
+    "scaling", [LLAMA3_SCALING, {"rope_type": "linear", "factor": 4.0}], ids=["llama3", "linear"]
+)
+def test_rope_scaling_is_read_from_the_file(make_tiny_model, tmp_path, scaling):
+    # llama.cpp stores Llama 3.1's scaling as a rope_freqs.weight tensor, linear scaling as
+    # metadata; both were dropped (the model computed unscaled rotary angles)
+    hf_dir = make_tiny_model("LlamaForCausalLM", rope_theta=500000.0, rope_scaling=scaling)
+    file = write_gguf(hf_dir, tmp_path / "scaled.gguf")
+    config = GGUFFormat(file).hf_config()
+    assert config["rope_scaling"]["rope_type"] == scaling["rope_type"]
+    check_against_directory(hf_dir, file)
+
+
+def test_rope_freqs_of_another_scaling_are_refused(make_tiny_model, tmp_path):
+    import gguf
+
+    def odd_factors(name: str, values: np.ndarray):
+        if name == "rope_freqs.weight":
+            return np.linspace(1.0, 3.0, values.size, dtype=np.float32), gguf.GGMLQuantizationType.F32
+        return None
+
+    hf_dir = make_tiny_model("LlamaForCausalLM", rope_scaling=LLAMA3_SCALING)
+    file = write_gguf(hf_dir, tmp_path / "odd.gguf", encode=odd_factors)
+    with pytest.raises(ValueError, match="not Llama 3's rope scaling"):
+        GGUFFormat(file)
+
+
+@pytest.mark.parametrize(
+    "arch, flags",
+    [
+        ("LlamaForCausalLM", {"attention_bias": True, "mlp_bias": True}),
+        ("Qwen3ForCausalLM", {"attention_bias": True}),
+    ],
+)
+def test_bias_tensors_are_loaded(make_tiny_model, tmp_path, arch, flags):
+    # the config built from the metadata had no bias flags: biases were left out with a warning
+    hf_dir = make_tiny_model(arch, tie_word_embeddings=False, **flags)
+    file = write_gguf(hf_dir, tmp_path / "bias.gguf")
+    config = GGUFFormat(file).hf_config()
+    assert {key: config.get(key) for key in flags} == flags
+    check_against_directory(hf_dir, file)
+
+
+def test_a_gguf_file_is_known_by_its_magic_not_its_name(make_tiny_model, tmp_path):
+    from minisgl_core.checkpoint.path_check import check_model_path
+
+    file = write_gguf(make_tiny_model("LlamaForCausalLM"), tmp_path / "model.gguf")
+    blob = tmp_path / "sha256-0123abcd"  # how Ollama keeps its GGUF files
+    blob.write_bytes(file.read_bytes())
+    check_model_path(blob)
+    assert GGUFFormat(blob).hf_config()["architectures"] == ["LlamaForCausalLM"]
+    pointer = tmp_path / "pointer.gguf"
+    pointer.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:00\nsize 12\n")
+    with pytest.raises(ValueError, match="Git LFS pointer"):
+        check_model_path(pointer)
+    text = tmp_path / "notes.gguf"
+    text.write_text("not a model")
+    with pytest.raises(ValueError, match="not a GGUF file"):
+        check_model_path(text)
+
+
+def _with_fields(hf_dir: Path, out: Path, **fields) -> Path:
+    """``hf_dir`` written as GGUF with metadata ``fields`` replaced (None: left out)."""
+    import gguf
+
+    file = write_gguf(hf_dir, out.with_suffix(".orig.gguf"))
+    reader = gguf.GGUFReader(file)
+    arch = reader.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(str(out), arch)
+    for field in reader.fields.values():
+        if field.name in fields or field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        writer.add_key_value(field.name, field.contents(), field.types[0], field.types[-1])
+    for key, value in fields.items():
+        if value is not None:
+            writer.add_key_value(key, value, gguf.GGUFValueType.get_type(value))
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"tokenizer.ggml.tokens": None, "tokenizer.ggml.model": None}, "the file has no tokenizer"),
+        ({"tokenizer.ggml.eos_token_id": 99999}, "tokenizer.ggml.eos_token_id is 99999, not an id"),
+        ({"llama.attention.head_count_kv": 3}, r"blk\.0\.attn_k\.weight has \d+ rows.*head_count_kv \(3\)"),
+        ({"split.count": 2, "split.no": 0}, "part 1 of a GGUF split into 2 files"),
+        ({"llama.expert_count": 4}, "mixture-of-experts model"),
+    ],
+    ids=["no-tokenizer", "eos-out-of-range", "kv-heads", "split", "experts"],
+)
+def test_files_our_models_cannot_serve_fail_in_one_line(make_tiny_model, tmp_path, fields, message):
+    # each was a traceback from transformers, a reshape or a worker, or loaded and ran wrong
+    file = _with_fields(make_tiny_model("LlamaForCausalLM"), tmp_path / "bad.gguf", **fields)
+    generate = run_cli(["generate", "--device", "cpu", "--model", str(file), "hi"])
+    assert re.search(message, one_error_line(generate))
+
+
+def test_an_alignment_of_zero_is_named(make_tiny_model, tmp_path):
+    file = _with_fields(
+        make_tiny_model("LlamaForCausalLM"), tmp_path / "align.gguf", **{"general.alignment": 0}
+    )
+    with pytest.raises(ValueError, match="general.alignment is 0, not a positive multiple of 8"):
+        GGUFFormat(file)

@@ -16,7 +16,7 @@ BASE: dict[str, Any] = dict(hidden_size=4096, num_attention_heads=32, head_dim=1
 
 
 def transformers_inv_freq(rope_type: str, theta: float) -> torch.Tensor:
-    extra = LLAMA3 if rope_type == "llama3" else {}
+    extra = LLAMA3 if rope_type == "llama3" else {"factor": 4.0} if rope_type == "linear" else {}
     config = LlamaConfig(**BASE, rope_parameters={"rope_type": rope_type, "rope_theta": theta, **extra})
     if rope_type == "default":
         return 1.0 / (theta ** (torch.arange(0, 128, 2, dtype=torch.int64).float() / 128))
@@ -37,6 +37,8 @@ def transformers_inv_freq(rope_type: str, theta: float) -> torch.Tensor:
             500000.0,
         ),
         ({**BASE, "rope_theta": 500000.0, "rope_scaling": {"type": "llama3", **LLAMA3}}, "llama3", 500000.0),
+        ({**BASE, "rope_theta": 1e6, "rope_scaling": {"rope_type": "linear", "factor": 4.0}}, "linear", 1e6),
+        ({**BASE, "rope_parameters": {"rope_type": "linear", "rope_theta": 1e6, "factor": 4.0}}, "linear", 1e6),
         ({**BASE, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}, "default", 1e6),
         ({**BASE, "rope_theta": 1e6, "rope_scaling": None}, "default", 1e6),
         ({**BASE}, "default", 10000.0),
