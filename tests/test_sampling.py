@@ -46,22 +46,33 @@ def _draw(logits: torch.Tensor, params: SamplingParams, n: int) -> torch.Tensor:
 def _expected(
     logits: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float
 ) -> torch.Tensor:
-    probs = torch.softmax(logits / temperature, -1)
-    order = probs.argsort(descending=True)
-    keep = torch.zeros_like(probs, dtype=torch.bool)
-    mass = 0.0
-    for rank, i in enumerate(order.tolist()):
-        if (top_k > 0 and rank >= top_k) or mass > top_p or probs[i] < min_p * probs[order[0]]:
-            continue
-        keep[i] = True
-        mass += float(probs[i])
-    probs = probs * keep
-    return probs / probs.sum()
+    """vLLM's truncation, step by step as it does it: min-p against the best token, top-k, then
+    top-p over the renormalised rest, counted from the smallest token up (a token goes while the
+    mass up to and including it is at most 1 - top_p; the largest always stays)."""
+    logits = logits / temperature
+    probs = torch.softmax(logits, -1)
+    logits = logits.masked_fill(probs < min_p * probs.max(), float("-inf"))
+    if top_k > 0:
+        logits = logits.masked_fill(logits < logits.topk(top_k).values[-1], float("-inf"))
+    ascending, order = logits.sort()
+    cumulative = torch.softmax(ascending, -1).cumsum(-1)
+    gone = cumulative <= 1 - top_p
+    gone[-1] = False
+    logits[order[gone]] = float("-inf")
+    return torch.softmax(logits, -1)
 
 
 @pytest.mark.parametrize(
     ("temperature", "top_k", "top_p", "min_p"),
-    [(1.0, -1, 1.0, 0.0), (0.5, -1, 1.0, 0.0), (1.0, 3, 1.0, 0.0), (1.0, -1, 0.7, 0.0), (1.3, 5, 0.9, 0.1)],
+    [
+        (1.0, -1, 1.0, 0.0),
+        (0.5, -1, 1.0, 0.0),
+        (1.0, 3, 1.0, 0.0),
+        (1.0, -1, 0.7, 0.0),
+        (1.3, 5, 0.9, 0.1),
+        (1.0, 6, 0.8, 0.0),
+        (1.0, -1, 0.8, 0.15),
+    ],
 )
 def test_sampled_frequencies_match_the_truncated_distribution(temperature, top_k, top_p, min_p):
     torch.manual_seed(0)
@@ -72,6 +83,26 @@ def test_sampled_frequencies_match_the_truncated_distribution(temperature, top_k
     expected = _expected(logits, temperature, top_k, top_p, min_p)
     assert torch.all(freq[expected == 0] == 0)
     assert torch.allclose(freq, expected, atol=0.012)
+
+
+def test_top_p_is_a_share_of_what_top_k_and_min_p_leave():
+    # the top-4 tokens hold 0.57 of the whole distribution: top-p counted over all of it kept
+    # all four (a probe sampled tokens vLLM and transformers never would); over the
+    # renormalised four (0.35, 0.26, 0.21, 0.18) 0.8 keeps three
+    logits = torch.tensor([0.2, 0.15, 0.12, 0.1] + [0.05] * 8).log()
+    expected = _expected(logits, 1.0, 4, 0.8, 0.0)
+    assert torch.nonzero(expected).flatten().tolist() == [0, 1, 2]
+    tokens = _draw(logits, SamplingParams(temperature=1.0, top_k=4, top_p=0.8), 4000)
+    assert set(tokens.tolist()) == {0, 1, 2}
+
+
+def test_logit_bias_comes_before_the_repetition_penalty():
+    # vLLM's order: the biased logit is what the penalty divides; the other order added the bias
+    # after it (here token 0: (2 + 2) / 2 = 2 under token 1's 2.5, against 2 / 2 + 2 = 3 above it)
+    logits = torch.tensor([[2.0, 2.5]])
+    params = SamplingParams(temperature=0.0, repetition_penalty=2.0, logit_bias={0: 2.0})
+    sampler = Sampler(2, torch.device("cpu"))
+    assert sampler.sample(logits, [SampleRequest(params, [], prompt_ids=[0])]).token_ids.item() == 1
 
 
 def test_greedy_limits():

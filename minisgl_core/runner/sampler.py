@@ -525,9 +525,10 @@ class Sampler:
         the model, before the mask."""
         params = [r.params for r in requests]
         raw = logits
+        # vLLM's order: the bias is part of the logits the penalties then scale
+        logits = apply_logit_bias(logits, requests)
         logits = apply_repetition_penalty(logits, requests)
         logits = self._apply_penalties(logits, requests)
-        logits = apply_logit_bias(logits, requests)
         logits = apply_bans(logits, requests)
         if grammar_mask is not None:
             rows, bitmask = grammar_mask
@@ -641,7 +642,9 @@ class Sampler:
 
     @staticmethod
     def _truncate(probs: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
-        """Zero out tokens outside top-k, outside the top-p nucleus, or below min-p × the best."""
+        """Zero out tokens below min-p × the best, outside top-k, then outside the top-p nucleus
+        of what those leave (vLLM's and transformers' top-p: a share of the renormalised top-k,
+        not of the whole distribution)."""
         device = probs.device
         vocab = probs.shape[-1]
         top_k = to_device([min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params], device)
@@ -649,12 +652,14 @@ class Sampler:
         min_p = to_device([p.min_p for p in params], device)
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         rank = torch.arange(vocab, device=device)[None, :]
-        # mass strictly before each token: a token is kept while that is below top_p (the first always is)
-        before = sorted_probs.cumsum(dim=-1) - sorted_probs
-        drop = (rank >= top_k[:, None]) | (before > top_p[:, None] * sorted_probs.sum(-1, keepdim=True))
-        drop |= sorted_probs < min_p[:, None] * sorted_probs[:, :1]
-        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-        return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+        drop = (rank >= top_k[:, None]) | (sorted_probs < min_p[:, None] * sorted_probs[:, :1])
+        kept = sorted_probs.masked_fill(drop, 0.0)  # a prefix of the sorted tokens
+        # mass strictly before each token: a token is kept while that is under top_p of the kept
+        # mass (the first always is; a token reached exactly at top_p is dropped, as vLLM does)
+        before = kept.cumsum(dim=-1) - kept
+        nucleus = (top_p[:, None] < 1.0) & (before >= top_p[:, None] * kept.sum(-1, keepdim=True))
+        kept = kept.masked_fill(nucleus, 0.0)
+        return torch.zeros_like(probs).scatter_(-1, order, kept)
 
     @staticmethod
     def _with_logprobs(
