@@ -292,6 +292,11 @@ class DecoderForCausalLM(Model):
                 if part in name:
                     target, shard_id = name.replace(part, fused), fused_shard
                     break
+            if name == "lm_head.weight" and self.tie_word_embeddings:
+                # config.json ties the head to the embeddings: a checkpoint's own lm_head.weight
+                # would overwrite the shared matrix or not depending on file order. Skipped, as
+                # vLLM does; the core reports it among the unused tensors.
+                continue
             param = params.get(target)
             if param is None:
                 continue  # not ours (e.g. rotary inv_freq); the core reports unused names
