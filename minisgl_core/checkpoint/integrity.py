@@ -21,7 +21,7 @@ from minisgl_core.checkpoint.formats import (
     checkpoint_files,
     tokenizer_message,
 )
-from minisgl_core.checkpoint.safetensors_header import FLOAT_DTYPES, TensorEntry, read_header
+from minisgl_core.checkpoint.safetensors_header import FLOAT_DTYPES, INTEGER_DTYPES, TensorEntry, read_header
 from minisgl_core.setting_names import Spelling, given
 
 #: Architectures whose checkpoints use Hugging Face's Llama names and shapes (``model.layers.N.
@@ -97,6 +97,11 @@ def _config_int(config: dict[str, Any], key: str) -> int | None:
 def expected_shapes(config: dict[str, Any]) -> list[tuple[re.Pattern[str], tuple[int, ...], str]]:
     """(name pattern, shape, the config.json keys it follows from) of the Llama-layout tensors
     whose config keys are present."""
+    return [(pattern, shape, keys) for pattern, shape, keys in _layout_rules(config) if None not in shape]  # type: ignore[misc]
+
+
+def _layout_rules(config: dict[str, Any]) -> list[tuple[re.Pattern[str], tuple[int | None, ...], str]]:
+    """Every Llama-layout tensor's (name pattern, shape, keys); a size config.json lacks is None."""
     hidden = _config_int(config, "hidden_size")
     vocab = _config_int(config, "vocab_size")
     heads = _config_int(config, "num_attention_heads")
@@ -120,17 +125,26 @@ def expected_shapes(config: dict[str, Any]) -> list[tuple[re.Pattern[str], tuple
         (layer + r"mlp\.(gate|up)_proj\.weight", (inter, hidden), "intermediate_size, hidden_size"),
         (layer + r"mlp\.down_proj\.weight", (hidden, inter), "hidden_size, intermediate_size"),
     ]  # fmt: skip
-    return [(re.compile(pattern), shape, keys) for pattern, shape, keys in rules if None not in shape]  # type: ignore[misc]
+    return [(re.compile(pattern), shape, keys) for pattern, shape, keys in rules]
 
 
 def check_shapes(config: dict[str, Any], tensors: dict[str, TensorEntry]) -> None:
-    """A ValueError naming the first tensor whose shape config.json contradicts, or the layers
-    config.json counts that the weights do not have (or the other way round)."""
+    """A ValueError naming the first tensor whose shape config.json contradicts, or whose dtype is
+    an integer or bool one where the model holds floats, or the layers config.json counts that the
+    weights do not have (or the other way round)."""
     archs = config.get("architectures") or []
     if not archs or archs[0] not in LLAMA_LAYOUT:
         return
     rules = expected_shapes(config)
+    layout_names = [pattern for pattern, _, _ in _layout_rules(config)]
     for name, entry in sorted(tensors.items(), key=lambda item: _natural(item[0])):
+        if entry.dtype in INTEGER_DTYPES and any(pattern.fullmatch(name) for pattern in layout_names):
+            # the model holds these as floats: the loader cast the integers without a word (the
+            # quantization methods quantize float checkpoints at load, whatever the run dtype)
+            raise ValueError(
+                f"weight {name} in {entry.file} has dtype {entry.dtype}; the model holds it as floating "
+                "point (F32, F16, BF16...): integer and bool weights are not cast"
+            )
         if entry.dtype not in FLOAT_DTYPES:  # packed quantized weights have shapes of their own
             continue
         for pattern, shape, keys in rules:

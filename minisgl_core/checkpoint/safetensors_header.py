@@ -21,6 +21,7 @@ DTYPE_BYTES = {
     "I64": 8, "U64": 8, "F64": 8,
 }  # fmt: skip
 FLOAT_DTYPES = {"F8_E5M2", "F8_E4M3", "F16", "BF16", "F32", "F64"}
+INTEGER_DTYPES = {"BOOL", "U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64"}
 #: the safetensors library refuses larger headers, so a larger length is garbage, not a header
 MAX_HEADER_BYTES = 100 << 20
 

@@ -300,6 +300,12 @@ class DecoderForCausalLM(Model):
             param = params.get(target)
             if param is None:
                 continue  # not ours (e.g. rotary inv_freq); the core reports unused names
+            if param.is_floating_point() and not tensor.is_floating_point():
+                # (copy_ would cast the integers to floats without a word: another model)
+                raise ValueError(
+                    f"dtype {str(tensor.dtype).removeprefix('torch.')} for a floating-point "
+                    "parameter: integer and bool tensors are not cast to floats"
+                )
             # copy_ in the loaders moves only this rank's slice to the parameter's device and dtype
             param.weight_loader(param, tensor, shard_id)  # type: ignore[attr-defined]
             used.add(name)
