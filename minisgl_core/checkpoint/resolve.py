@@ -169,15 +169,22 @@ def _hub_snapshot(repo_id: str, spelling: Spelling) -> str:
 
 def check_model(path: str, plugins: Plugins | None = None) -> None:
     """Open the model at ``path`` through its weight format (metadata only), so an unreadable
-    model fails with :class:`ModelNotFound` before any process is started."""
+    model fails with :class:`ModelNotFound`, and one whose config.json asks what its model class
+    cannot build with a :class:`ModelPathError`, before any process is started."""
+    from minisgl_core.checkpoint.buildable import check_model_builds
     from minisgl_core.checkpoint.formats import open_model
     from minisgl_core.checkpoint.path_check import check_model_path
+    from minisgl_core.plugins import Plugins
 
     check_model_path(path)  # the common mistakes, each named in one line
+    plugins = plugins or Plugins.load()
     try:
-        open_model(path, plugins)
+        hf_config = open_model(path, plugins).hf_config()
     except (OSError, ValueError) as exc:
         raise ModelNotFound(str(exc)) from exc
+    # what the model class cannot build (rope_scaling yarn, hidden_act gelu): one line here, not a
+    # worker's NotImplementedError once the model is built (for GGUF models too)
+    check_model_builds(hf_config, plugins, given("model", path))
 
 
 def served_model_name(path: str | os.PathLike[str]) -> str:

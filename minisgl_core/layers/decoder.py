@@ -5,6 +5,7 @@ of copying the model; bias and tied embeddings come from the config."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -109,8 +110,9 @@ class DecoderMLP(nn.Module):
         self, hf: dict[str, Any], *, parallel: ParallelContext, dtype: torch.dtype | None, device: Any
     ) -> None:
         super().__init__()
-        if hf.get("hidden_act", "silu") != "silu":
-            raise NotImplementedError(f"hidden_act {hf['hidden_act']!r} is not supported (silu is)")
+        unsupported = _unsupported_activation(hf)
+        if unsupported is not None:
+            raise NotImplementedError(unsupported)
         hidden, inter, bias = hf["hidden_size"], hf["intermediate_size"], bool(hf.get("mlp_bias", False))
         self.gate_up_proj = MergedColumnParallelLinear(
             hidden, [inter, inter], parallel=parallel, bias=bias, dtype=dtype, device=device
@@ -237,12 +239,26 @@ class DecoderForCausalLM(Model):
     #: per-head RMS norm on q and k before rope (Qwen3)
     qk_norm: bool = False
 
+    @classmethod
+    def unsupported_setting(cls, hf: dict[str, Any]) -> str | None:
+        """The first config.json setting this decoder cannot build, as one line naming the setting
+        and its value ("hidden_act 'gelu' is not supported (silu is)"); None when it can build the
+        rest. The constructor raises NotImplementedError with it; the launcher asks it first, so
+        the user reads that line before any process starts. A subclass that builds more (another
+        rope, say) overrides this with its own rules."""
+        for check in (_unsupported_activation, _unsupported_sliding_window, _unsupported_rope):
+            unsupported = check(hf)
+            if unsupported is not None:
+                return unsupported
+        return None
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
         hf, parallel = config.hf_config, config.parallel
         dtype, device = config.dtype, config.device
-        if hf.get("use_sliding_window"):
-            raise NotImplementedError("sliding-window attention (use_sliding_window) is not supported")
+        unsupported = type(self).unsupported_setting(hf)
+        if unsupported is not None:
+            raise NotImplementedError(unsupported)
         self.model = DecoderModel(hf, qk_norm=self.qk_norm, parallel=parallel, dtype=dtype, device=device)
         self.lm_head = ParallelLMHead(
             hf["vocab_size"], hf["hidden_size"], parallel=parallel, dtype=dtype, device=device
@@ -318,6 +334,45 @@ class DecoderForCausalLM(Model):
                     f"model parameter {name!r} was never loaded{parts}: the checkpoint has no tensor for it"
                 )
         return used
+
+
+def _unsupported_activation(hf: dict[str, Any]) -> str | None:
+    act = hf.get("hidden_act", "silu")
+    return None if act == "silu" else f"hidden_act {act!r} is not supported (silu is)"
+
+
+def _unsupported_sliding_window(hf: dict[str, Any]) -> str | None:
+    if not hf.get("use_sliding_window"):
+        return None
+    window = json.dumps(hf.get("sliding_window"))
+    return (
+        f"use_sliding_window {json.dumps(hf['use_sliding_window'])} (sliding_window {window}) is not "
+        "supported: sliding-window attention is not implemented"
+    )
+
+
+def _unsupported_rope(hf: dict[str, Any]) -> str | None:
+    """rotary.py's refusals (its rope types and rules), with the config.json key they come from;
+    a top-level partial_rotary_factor (Phi, GLM configs), which rotary.py does not read, too."""
+    for where, params in (
+        ("", hf),
+        *((f"{key}.", hf[key]) for key in _ROPE_KEYS if isinstance(hf.get(key), dict)),
+    ):
+        factor = params.get("partial_rotary_factor")
+        if factor is not None and factor != 1.0:
+            return f"{where}partial_rotary_factor {factor!r} is not supported (whole heads are rotated)"
+    try:
+        get_rope(hf, _head_dim(hf))
+    except NotImplementedError as exc:
+        key = next((key for key in _ROPE_KEYS if hf.get(key)), "rope_scaling")
+        return f"{key}: {exc}"
+    except (KeyError, TypeError, ValueError, ArithmeticError):
+        return None  # malformed rather than unsupported: the constructor says what is missing
+    return None
+
+
+#: where config.json keeps the rope settings (transformers 5, older)
+_ROPE_KEYS = ("rope_parameters", "rope_scaling")
 
 
 def _bias_in(hf: dict[str, Any]) -> bool:

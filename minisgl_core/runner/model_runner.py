@@ -18,6 +18,7 @@ from minisgl_core.api import (
     ParallelContext,
     SharedPrefix,
 )
+from minisgl_core.checkpoint.buildable import unbuildable_message
 from minisgl_core.checkpoint.formats import ModelPathError, open_model
 from minisgl_core.checkpoint.integrity import check_config_values
 from minisgl_core.config import (
@@ -442,6 +443,8 @@ class ModelRunner:
             raise ModelPathError(
                 f"{self._model_given}: config.json has no {exc.args[0]!r}, which {arch} needs"
             ) from exc
+        except NotImplementedError as exc:  # a setting the model cannot build (rope_scaling yarn...)
+            raise ModelPathError(unbuildable_message(self._model_given, arch, str(exc))) from exc
         finally:
             torch.set_default_dtype(default_dtype)
         method = quantization.make_quantization(self.config.quantization, plugins, self.device, self.dtype)

@@ -1,0 +1,48 @@
+"""Whether the model class config.json selects can build what config.json asks, asked before any
+process starts.
+
+The shared decoder (:class:`~minisgl_core.layers.decoder.DecoderForCausalLM`) states what it cannot
+build (``unsupported_setting``: a rope type, an activation, sliding windows); those limits are the
+decoder's, not every model's (a third-party model may build yarn), so the launcher asks the class the
+architecture resolves to through the loaded plugins. Without this, ``rope_scaling`` yarn was a
+NotImplementedError traceback from a worker once the model was being built.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from minisgl_core.checkpoint.formats import ModelPathError
+
+if TYPE_CHECKING:
+    from minisgl_core.plugins import Plugins
+
+
+def unbuildable_message(model_given: str, arch: str, reason: str) -> str:
+    """The one line for a model whose config.json asks for what ``arch`` cannot build (the
+    launcher's, and the worker's for a model that refuses in its constructor)."""
+    return f"{model_given}: {arch} cannot be built from this config.json: {reason}"
+
+
+def check_model_builds(hf_config: dict[str, Any], plugins: Plugins, model_given: str) -> None:
+    """ModelPathError (one line) when ``hf_config``'s architecture resolves to a shared-decoder
+    model that cannot build one of its settings. An architecture no plugin provides, or whose
+    plugin fails to import, is left to the model runner, which names the plugin."""
+    from minisgl_core.plugins import PluginError
+
+    archs = hf_config.get("architectures")
+    if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
+        return
+    arch = archs[0]
+    if arch not in plugins.registry["models"]:
+        return
+    try:
+        model_cls = plugins.resolve("models", arch)
+    except PluginError:
+        return
+    from minisgl_core.layers.decoder import DecoderForCausalLM
+
+    if isinstance(model_cls, type) and issubclass(model_cls, DecoderForCausalLM):
+        reason = model_cls.unsupported_setting(hf_config)
+        if reason is not None:
+            raise ModelPathError(unbuildable_message(model_given, arch, reason))
