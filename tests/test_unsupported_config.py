@@ -28,7 +28,7 @@ from minisgl_core.testing.cli_runner import run_cli
 
 YARN = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0, "original_max_position_embeddings": 512}
 
-#: (config.json changes, what the error says after "cannot be built from this config.json: ")
+#: (config.json changes, what the error says after "cannot be built from this model's config: ")
 UNSUPPORTED = {
     "rope-yarn": (
         {"rope_parameters": YARN},
@@ -72,7 +72,7 @@ def test_generate_says_it_in_one_line(model_dir, tmp_path, changes, says):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith(
-        f"minisgl: error: --model {bad}: LlamaForCausalLM cannot be built from this config.json: {says}"
+        f"minisgl: error: --model {bad}: LlamaForCausalLM cannot be built from this model's config: {says}"
     ), lines[0]
 
 
@@ -84,7 +84,7 @@ def test_llm_raises_a_model_path_error_before_loading_weights(model_dir, tmp_pat
         LLM(bad, attn="torch", device="cpu")
     assert time.monotonic() - start < 30
     assert str(err.value).startswith(
-        f"model={str(bad)!r}: LlamaForCausalLM cannot be built from this config.json: {says}"
+        f"model={str(bad)!r}: LlamaForCausalLM cannot be built from this model's config: {says}"
     )
 
 
@@ -114,7 +114,7 @@ def test_the_runner_says_it_when_the_launcher_did_not_check(model_dir, tmp_path)
     with pytest.raises(ModelPathError) as err:
         Engine(EngineConfig(model=str(bad), attn="torch", device="cpu"), ParallelContext(), Plugins.load())
     assert str(err.value).startswith(
-        f"--model {bad}: LlamaForCausalLM cannot be built from this config.json: "
+        f"--model {bad}: LlamaForCausalLM cannot be built from this model's config: "
     )
 
 
@@ -154,7 +154,7 @@ def test_a_plugin_model_keeps_its_own_rules_and_its_refusal_is_one_line(
     with pytest.raises(ModelPathError) as err:
         LLM(model, attn="torch", device="cpu")
     assert str(err.value) == (
-        f"model={str(model)!r}: YarnLlamaForCausalLM cannot be built from this config.json: "
+        f"model={str(model)!r}: YarnLlamaForCausalLM cannot be built from this model's config: "
         "yarn needs minisgl-yarn 2, this is 1"
     )
 
@@ -174,6 +174,6 @@ def test_a_gguf_model_is_asked_through_its_format_s_config(model_dir, tmp_path, 
     with pytest.raises(ModelPathError) as err:
         check_model(str(file), Plugins.load())
     assert str(err.value).startswith(
-        f"--model {file}: LlamaForCausalLM cannot be built from this config.json: "
+        f"--model {file}: LlamaForCausalLM cannot be built from this model's config: "
         "rope_scaling: rope type 'yarn' is not supported"
     )

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 def unbuildable_message(model_given: str, arch: str, reason: str) -> str:
     """The one line for a model whose config.json asks for what ``arch`` cannot build (the
     launcher's, and the worker's for a model that refuses in its constructor)."""
-    return f"{model_given}: {arch} cannot be built from this config.json: {reason}"
+    return f"{model_given}: {arch} cannot be built from this model's config: {reason}"
 
 
 def check_model_builds(hf_config: dict[str, Any], plugins: Plugins, model_given: str) -> None:

@@ -383,8 +383,9 @@ def _with_fields(hf_dir: Path, out: Path, **fields) -> Path:
         ({"llama.attention.head_count_kv": 3}, r"blk\.0\.attn_k\.weight has \d+ rows.*head_count_kv \(3\)"),
         ({"split.count": 2, "split.no": 0}, "part 1 of a GGUF split into 2 files"),
         ({"llama.expert_count": 4}, "mixture-of-experts model"),
+        ({"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0}, "'yarn' is not supported"),
     ],
-    ids=["no-tokenizer", "eos-out-of-range", "kv-heads", "split", "experts"],
+    ids=["no-tokenizer", "eos-out-of-range", "kv-heads", "split", "experts", "yarn"],
 )
 def test_files_our_models_cannot_serve_fail_in_one_line(make_tiny_model, tmp_path, fields, message):
     # each was a traceback from transformers, a reshape or a worker, or loaded and ran wrong

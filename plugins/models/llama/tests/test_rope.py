@@ -38,7 +38,11 @@ def transformers_inv_freq(rope_type: str, theta: float) -> torch.Tensor:
         ),
         ({**BASE, "rope_theta": 500000.0, "rope_scaling": {"type": "llama3", **LLAMA3}}, "llama3", 500000.0),
         ({**BASE, "rope_theta": 1e6, "rope_scaling": {"rope_type": "linear", "factor": 4.0}}, "linear", 1e6),
-        ({**BASE, "rope_parameters": {"rope_type": "linear", "rope_theta": 1e6, "factor": 4.0}}, "linear", 1e6),
+        (
+            {**BASE, "rope_parameters": {"rope_type": "linear", "rope_theta": 1e6, "factor": 4.0}},
+            "linear",
+            1e6,
+        ),
         ({**BASE, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}, "default", 1e6),
         ({**BASE, "rope_theta": 1e6, "rope_scaling": None}, "default", 1e6),
         ({**BASE}, "default", 10000.0),
