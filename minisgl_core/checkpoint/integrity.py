@@ -50,7 +50,7 @@ LAYOUT_SIZES = (
 LAYOUT_CONSTANTS = ("rms_norm_eps", "rope_theta")
 
 
-def check_config_values(config: dict[str, Any]) -> None:
+def check_config_values(config: dict[str, Any], source: str = "config.json") -> None:
     """A ValueError naming the first config.json value no model can be built from: architectures
     not a list of names, a size or count not a positive integer (a string, a bool, a float, zero or
     less: each was a torch error deep in the model's construction, or a model that built), a rope
@@ -60,12 +60,12 @@ def check_config_values(config: dict[str, Any]) -> None:
     if archs is not None and not (isinstance(archs, list) and all(isinstance(name, str) for name in archs)):
         # transformers declares list[str] and reads architectures[0]: a string was its first letter
         raise ValueError(
-            f'config.json: architectures must be a list of names, e.g. ["LlamaForCausalLM"], got {_shown(archs)}'
+            f'{source}: architectures must be a list of names, e.g. ["LlamaForCausalLM"], got {_shown(archs)}'
         )
     layout = bool(archs) and archs[0] in LLAMA_LAYOUT
     for key in ENGINE_SIZES + (LAYOUT_SIZES if layout else ()):
         if config.get(key) is not None and _config_int(config, key) is None:
-            raise ValueError(f"config.json: {key} must be a positive integer, got {_shown(config[key])}")
+            raise ValueError(f"{source}: {key} must be a positive integer, got {_shown(config[key])}")
     if not layout:
         return
     constants = {key: config.get(key) for key in LAYOUT_CONSTANTS}
@@ -74,7 +74,7 @@ def check_config_values(config: dict[str, Any]) -> None:
             constants[f"{nest}.rope_theta"] = config[nest].get("rope_theta")
     for key, value in constants.items():
         if value is not None and not _positive_number(value):
-            raise ValueError(f"config.json: {key} must be a positive number, got {_shown(value)}")
+            raise ValueError(f"{source}: {key} must be a positive number, got {_shown(value)}")
 
 
 def _positive_number(value: Any) -> bool:

@@ -19,7 +19,7 @@ from minisgl_core.api import (
     SharedPrefix,
 )
 from minisgl_core.checkpoint.buildable import unbuildable_message
-from minisgl_core.checkpoint.formats import ModelPathError, open_model
+from minisgl_core.checkpoint.formats import ModelPathError, SafetensorsFormat, open_model
 from minisgl_core.checkpoint.integrity import check_config_values
 from minisgl_core.config import (
     AUTO_DECODE,
@@ -422,10 +422,16 @@ class ModelRunner:
         """The model setting as the user gave it, for errors: ``--model DIR`` or ``model='DIR'``."""
         return given("model", self.config.model, self.spelling)
 
+    @property
+    def _config_source(self) -> str:
+        """Where the model's config comes from, for errors: config.json, or another format's
+        metadata (a GGUF file has no config.json)."""
+        return "config.json" if isinstance(self.source, SafetensorsFormat) else "the file's metadata"
+
     def _load_model(self, plugins: Plugins) -> torch.nn.Module:
         # again here: a weight format other than a safetensors directory (GGUF), or Engine() alone
         try:
-            check_config_values(self.hf_config)
+            check_config_values(self.hf_config, self._config_source)
         except ValueError as exc:
             raise ModelPathError(f"{self._model_given}: {exc}") from None
         archs = self.hf_config.get("architectures") or []
@@ -441,7 +447,7 @@ class ModelRunner:
                 model = model_cls(model_config)
         except KeyError as exc:  # a model reads config.json's keys by name
             raise ModelPathError(
-                f"{self._model_given}: config.json has no {exc.args[0]!r}, which {arch} needs"
+                f"{self._model_given}: {self._config_source} has no {exc.args[0]!r}, which {arch} needs"
             ) from exc
         except NotImplementedError as exc:  # a setting the model cannot build (rope_scaling yarn...)
             raise ModelPathError(unbuildable_message(self._model_given, arch, str(exc))) from exc
@@ -486,7 +492,7 @@ class ModelRunner:
             # header check knows the Llama layout only); say which tensor, not the layer's traceback.
             where = "" if streamed or not seen else f"weight {seen[-1]}: "
             raise ModelPathError(
-                f"{self._model_given}: {where}{exc} (config.json does not describe these weights?)"
+                f"{self._model_given}: {where}{exc} ({self._config_source} does not describe these weights?)"
             ) from exc
         unused = sorted(set(seen) - set(used))
         if unused:

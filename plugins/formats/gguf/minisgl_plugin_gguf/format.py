@@ -140,7 +140,10 @@ def _rope_scaling(
     """config.json's llama3 ``rope_scaling`` for the file's ``rope_freqs.weight`` (None when every
     divisor is 1): llama.cpp's converter stores Llama 3.1's scaling as one divisor per rotary
     frequency, not as metadata."""
-    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    heads, head_dim = config["num_attention_heads"], config.get("head_dim")
+    if not isinstance(heads, int) or heads <= 0 or (head_dim is not None and not isinstance(head_dim, int)):
+        return None  # the core's check of the config's values names the bad one
+    head_dim = head_dim or config["hidden_size"] // heads
     factors = _dequantize(header, tensor).reshape(-1).astype(np.float64)
     if factors.size != head_dim // 2:
         raise UnsupportedGGUF(
@@ -166,6 +169,9 @@ def _check_head_rows(header: GGUFHeader, config: dict[str, Any], file: Path) -> 
     architecture's un-permuting of q and k otherwise failed with a reshape error)."""
     arch = config["model_type"]
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    sizes = (heads, kv_heads, config["hidden_size"], config.get("head_dim", 1))
+    if not all(isinstance(size, int) and not isinstance(size, bool) and size > 0 for size in sizes):
+        return  # the core's check of the config's values names the bad one
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
     head_key = (
         f"{arch}.attention.key_length" if "head_dim" in config else f"{arch}.embedding_length / head_count"
