@@ -619,3 +619,40 @@ def test_the_race_scales_rows_start_aligned_at_every_batch_size():
         assert scale.data_ptr() % 64 == 0 and noise_scale.data_ptr() % 64 == 0
         assert scale.tolist() == [2.0 if i % 3 else 1.0 for i in range(n)]
         assert noise_scale.tolist() == [1.0 if i % 3 else 0.0 for i in range(n)]
+
+
+@pytest.mark.parametrize("constrained_rows", [[0, 1], [1]], ids=["every-row", "one-row"])
+def test_logprobs_of_a_constrained_row_are_shares_of_what_its_grammar_allows(constrained_rows):
+    # vLLM's: the grammar's mask is applied to the logits the logprobs come from (they were the
+    # unmasked model's: a json_object answer's "{" at -13 with "The", "L", "La" as its top
+    # alternatives); a forbidden token is reported at -9999.0, JSON having no -inf
+    from minisgl_core.api import allocate_token_bitmask
+    from minisgl_core.runner.sampler import FORBIDDEN_LOGPROB
+
+    torch.manual_seed(3)
+    vocab = 40
+    logits = torch.randn(2, vocab)
+    allowed = [5, 17, 33]
+    bitmask = allocate_token_bitmask(len(constrained_rows), vocab)
+    bitmask.zero_()
+    for token in allowed:
+        bitmask[:, token // 32] |= 1 << (token % 32)
+    params = SamplingParams(temperature=0.0, logprobs=5)
+    sampler = Sampler(vocab, torch.device("cpu"))
+    result = sampler.sample(
+        logits.clone(),
+        [SampleRequest(params, []), SampleRequest(params, [])],
+        (torch.tensor(constrained_rows), bitmask),
+    )
+    tokens = result.token_ids.tolist()
+    for row, logprob in enumerate(result.logprobs(tokens)):
+        if row in constrained_rows:
+            shares = torch.log_softmax(logits[row, allowed], -1)
+            assert tokens[row] == allowed[int(shares.argmax())]
+            assert logprob.logprob == pytest.approx(float(shares.max()), abs=1e-5)
+            assert [token for token, _ in logprob.top[:3]] == [
+                allowed[i] for i in shares.argsort(descending=True)
+            ]
+            assert [value for _, value in logprob.top[3:]] == [FORBIDDEN_LOGPROB, FORBIDDEN_LOGPROB]
+        else:  # a free row beside a constrained one keeps the model's logprobs
+            assert logprob.logprob == pytest.approx(float(torch.log_softmax(logits[row], -1).max()), abs=1e-5)

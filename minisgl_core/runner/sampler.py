@@ -344,6 +344,10 @@ def vocab_ranks(logprobs: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
     return (logprobs >= chosen).sum(dim=-1)
 
 
+#: the logprob reported for a token the request's grammar forbids (vLLM's value)
+FORBIDDEN_LOGPROB = -9999.0
+
+
 @dataclass
 class SampleRequest:
     """What the sampler needs of one request."""
@@ -522,19 +526,21 @@ class Sampler:
         ``grammar_mask``: (rows, bitmask) of the constrained requests, on the device; tokens
         their grammar forbids get -inf. It is applied here, after the forward (and its CUDA-graph
         replay), so graphs stay the same for constrained and free batches. Logprobs are those of
-        the model, before the mask."""
+        the model's logits with the mask applied, before penalties, bias and temperature (as
+        vLLM's): a constrained request's logprobs are shares of what its grammar allows, the
+        forbidden tokens' -9999.0."""
         params = [r.params for r in requests]
+        if grammar_mask is not None:
+            rows, bitmask = grammar_mask
+            if rows.numel() != logits.shape[0]:  # masked in place: not in the model's output buffer
+                logits = logits.float() if logits.dtype != torch.float32 else logits.clone()
+            logits = apply_token_bitmask(logits, rows, bitmask)
         raw = logits
         # vLLM's order: the bias is part of the logits the penalties then scale
         logits = apply_logit_bias(logits, requests)
         logits = apply_repetition_penalty(logits, requests)
         logits = self._apply_penalties(logits, requests)
         logits = apply_bans(logits, requests)
-        if grammar_mask is not None:
-            rows, bitmask = grammar_mask
-            if rows.numel() != logits.shape[0] and logits is raw:  # masked in place: not the model's
-                logits = logits.float() if logits.dtype != torch.float32 else logits.clone()
-            logits = apply_token_bitmask(logits, rows, bitmask)
         if all(p.greedy for p in params):
             token_ids = greedy_argmax(logits)
         elif any(p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 for p in params):
@@ -669,7 +675,8 @@ class Sampler:
         if not wanted:
             return SampleResult(token_ids, [], None, None, None, [])
         rows = to_device(wanted, raw_logits.device)
-        logprobs = torch.log_softmax(raw_logits[rows].float(), dim=-1)
+        # a token a grammar forbids: -inf, reported as vLLM reports it (JSON has no -inf)
+        logprobs = torch.log_softmax(raw_logits[rows].float(), dim=-1).clamp(min=FORBIDDEN_LOGPROB)
         chosen = logprobs.gather(1, token_ids[rows][:, None]).squeeze(1)
         ranks = vocab_ranks(logprobs, chosen[:, None])
         ks = [params[i].logprobs or 0 for i in wanted]
