@@ -95,7 +95,9 @@ class JsonToolCallParser(ToolParser):
     Whitespace next to a call is not content. Streaming, a call's id and name go out once its
     arguments begin, then its arguments as they grow; a call that turns out malformed after that
     cannot be taken back (it keeps what was sent, and the rest of it, through ``call_close``, is
-    not content either), one malformed before that is sent as content.
+    not content either), one malformed before that is sent as content. A call that the end of the
+    output cuts off (max_tokens, a stop string) is a call with its arguments so far once its name
+    is complete, content before that, whole and streamed alike.
     """
 
     call_open: str = ""
@@ -126,8 +128,8 @@ class JsonToolCallParser(ToolParser):
     # ------------------------------------------------------------------ the public face
 
     def parse(self, text: str) -> ToolParseResult:
-        # The streaming machine in one go, except that a call cut off by the end of the text is
-        # content (a stream would already have sent its beginning).
+        # The streaming machine in one go: a call is sent once it is whole (or the text ends inside
+        # it), never in part, so one that turns malformed later is content.
         self._streaming = False
         first, last = self.feed(text), self.finish()
         content = first.content + last.content
@@ -234,6 +236,10 @@ class JsonToolCallParser(ToolParser):
             if self._streaming:
                 self._send(scan)
             return False
+        if scan.status == "partial" and scan.name is not None:
+            # the output ends inside a call whose name is complete (max_tokens, a stop string): a
+            # call with its arguments so far, whole as streamed (the header too, if none went out)
+            self._send(scan, header=True)
         if self._index < len(self._ids):  # already sent: it ends as it is
             self._index += 1
             if self.call_close:
@@ -280,9 +286,10 @@ class JsonToolCallParser(ToolParser):
         self._buffer = rest
         return self._give_up()
 
-    def _send(self, scan: ScannedCall) -> None:
-        """Send what is new of the current call: its header once arguments begin, then arguments."""
-        if scan.name is None or (scan.status == "partial" and not scan.arguments):
+    def _send(self, scan: ScannedCall, header: bool = False) -> None:
+        """Send what is new of the current call: its header once arguments begin (or now, with
+        ``header``), then arguments."""
+        if scan.name is None or (scan.status == "partial" and not scan.arguments and not header):
             return
         deltas_id = deltas_name = None
         if self._index == len(self._ids):

@@ -10,14 +10,12 @@ schema; :class:`ForcedToolCallParser` reads that array back, whatever the model'
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from minisgl_core.api import (
     JsonToolCallParser,
     ToolParser,
-    ToolParseResult,
-    merge_tool_deltas,
     scan_tool_call,
 )
 from minisgl_core.sampling import cut, short_repr
@@ -30,9 +28,8 @@ class ForcedToolCallParser(JsonToolCallParser):
 
     The grammar makes the output this array, so none of it is content, even when max_tokens or a
     stop string cuts it off: a call cut off part-way is a call with its arguments so far once its
-    name is complete (as vLLM answers a named function), and is dropped before that. Parsed whole
-    as streamed, so both answers have one shape: the whole answer's content was the wrapper's text
-    (``[{"name":"get_time","arguments":{"tz":"Eu``), while the stream sent the call.
+    name is complete (as vLLM answers a named function, and as every JsonToolCallParser does), and
+    is dropped before that (where a parser of the model's own format gives it back as content).
     """
 
     leading_only = True
@@ -40,23 +37,16 @@ class ForcedToolCallParser(JsonToolCallParser):
     list_close = "]"
     separator = ","
 
-    def parse(self, text: str) -> ToolParseResult:
-        first, last = self.feed(text), self.finish()
-        content = first.content + last.content
-        return ToolParseResult(content or None, merge_tool_deltas(first.tool_calls + last.tool_calls))
-
     def _lead(self, final: bool) -> bool:
         if final and self._buffer.strip() == self.list_open:  # cut off before the first call
             self._buffer = ""
         return super()._lead(final)
 
     def _call(self, final: bool) -> bool:
-        if final:  # the output ends inside a call
+        if final:
             scan = scan_tool_call(self._buffer, 0, self.arguments_keys)
-            if scan.status == "partial" and (scan.name is None or self._offered(scan.name)):
-                if scan.name is not None:  # as it stands, header too when its arguments had not begun
-                    self._send(replace(scan, status="complete"))
-                self._index, self._buffer = len(self._ids), ""
+            if scan.status == "partial" and scan.name is None:  # ended before its name is complete
+                self._buffer = ""
                 return self._give_up()
         return super()._call(final)
 

@@ -11,14 +11,15 @@ and a few outputs of your format with what they should give::
         ]
 
 Every sample is parsed whole and streamed split at every character boundary (one cut at each, and
-one character at a time): the stream's content and its merged tool-call deltas must equal
-:meth:`parse`'s, calls' arguments must be JSON objects, ids distinct and in OpenAI's shape, and
+one character at a time), and so is every beginning of it (an output that max_tokens or a stop
+string cut off): the stream's content and its merged tool-call deltas must equal :meth:`parse`'s, calls' arguments must be JSON objects, ids distinct and in OpenAI's shape, and
 text with nothing of the format in it must stay content. :class:`ReasoningParserSuite` does the
 same for reasoning parsers, with ``(output, reasoning or None, content or None)`` samples.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -78,8 +79,13 @@ class ToolParserSuite:
             raise TypeError(f"{cls.__name__} must set parser_cls")
         return resolve("tool_parsers", cls.parser_cls)
 
+    @functools.cached_property
+    def _resolved(self) -> type[ToolParser]:
+        """The class, looked up once per test (a registered name loads the plugins: 30 ms)."""
+        return self.parser_class()
+
     def make_parser(self) -> ToolParser:
-        return self.parser_class()(self.tools)
+        return self._resolved(self.tools)
 
     def stream(self, text: str, cuts: list[int]) -> tuple[str, list[ToolCall], list[ToolCallDelta]]:
         """``text`` fed in pieces ending at ``cuts``, then ``finish``: (content, merged calls, deltas)."""
@@ -136,6 +142,23 @@ class ToolParserSuite:
                     f"{text!r} streamed in pieces ending at {cuts}: {got}, parse: {expected}"
                 )
 
+    def test_an_output_cut_off_anywhere_parses_as_it_streams(self) -> None:
+        """max_tokens or a stop string may end the output at any point, inside a call too: the
+        whole answer and the stream must agree (a call whose name is complete is a call with its
+        arguments so far; the hermes parser's whole answer made it content, its stream a call)."""
+        self._with_samples()
+        for sample, _, _ in self.samples:
+            for end in range(len(sample) + 1):
+                text = sample[:end]
+                whole = self.make_parser().parse(text)
+                expected = (whole.content or "", [(c.name, c.arguments) for c in whole.tool_calls])
+                for cuts in ([], [end // 2], list(range(1, end))):
+                    content, calls, _ = self.stream(text, cuts)
+                    got = (content, [(c.name, c.arguments) for c in calls])
+                    assert got == expected, (
+                        f"{text!r} (cut off) streamed in pieces ending at {cuts}: {got}, parse: {expected}"
+                    )
+
     def test_a_streamed_call_names_itself_once_before_its_arguments(self) -> None:
         self._with_samples()
         for text, _, _ in self.samples:
@@ -179,8 +202,12 @@ class ReasoningParserSuite:
             raise TypeError(f"{cls.__name__} must set parser_cls")
         return resolve("reasoning_parsers", cls.parser_cls)
 
+    @functools.cached_property
+    def _resolved(self) -> type[ReasoningParser]:
+        return self.parser_class()
+
     def make_parser(self) -> ReasoningParser:
-        return self.parser_class()()
+        return self._resolved()
 
     def stream(self, text: str, cuts: list[int]) -> tuple[str, str]:
         parser = self.make_parser()

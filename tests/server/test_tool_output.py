@@ -21,6 +21,7 @@ from minisgl_core.server.chat_output import ChoiceOutput
 from minisgl_core.server.errors import APIError
 from minisgl_core.server.schemas import ChatCompletionRequest
 from minisgl_core.server.tools import ForcedToolCallParser, ToolPlan, plan_tools
+from minisgl_core.testing.parser_suite import ToolParserSuite
 
 WEATHER = {
     "type": "function",
@@ -274,9 +275,8 @@ def test_forced_array_is_read_back_whole_and_streamed():
 @pytest.mark.parametrize("parser, text", [(ForcedToolCallParser, FORCED), (HermesToolParser, QWEN3_ANSWER)])
 def test_an_output_cut_off_part_way_ends_alike_streamed_or_not(parser, text):
     """An output cut at any point (a stop string, max_tokens): the stream's finish_reason is the
-    whole message's. A call cut inside its arguments is no call when parsed whole (hermes) or a
-    partial one (forced), and the stream said "tool_calls" for it (its partial arguments had gone
-    out)."""
+    whole message's. A call cut inside its arguments is a partial one, not one to run, and the
+    stream said "tool_calls" for it (its partial arguments had gone out)."""
     plan = ToolPlan(parser, [WEATHER, TIME])
     for cut in range(len(text) + 1):
         whole = ChoiceOutput(plan, None)
@@ -315,19 +315,58 @@ def test_a_forced_array_cut_off_part_way_is_calls_so_far_streamed_or_not():
             assert got == (None, expected, finish), (cut, text)
 
 
+def test_a_hermes_call_cut_off_part_way_is_the_call_so_far_streamed_or_not():
+    """max_tokens or a stop string cutting a hermes call (the tester's ``{"a": "hello `` cut): the
+    whole answer put the raw text in content with no tool_calls, while the stream sent the call.
+    Now both answer the text before it as content and the call with its arguments so far once its
+    name is complete (the raw text before that), finish_reason "tool_calls" only for a whole call."""
+    text = 'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    name_end = text.index('"get_weather"') + len('"get_weather"')
+    start = text.index('{"city"')
+    end = start + len('{"city": "Paris"}')
+    plan = ToolPlan(HermesToolParser, [WEATHER])
+    for cut in range(len(text) + 1):
+        head = text[:cut]
+        if cut < name_end:
+            expected = (head or None, [], "stop")
+        else:
+            finish = "tool_calls" if cut >= end else "stop"
+            expected = ("Checking.", [("get_weather", head[start:end])], finish)
+        whole = ChoiceOutput(plan, None)
+        completion = as_completion(whole.message(head), whole.finish_reason("stop"))
+        for answer in (completion, streamed(ChoiceOutput(plan, None), head, [cut // 2], [WEATHER])):
+            choice = answer.choices[0]
+            calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
+            got = (choice.message.content or None, calls, choice.finish_reason)  # (a stream's content is "")
+            assert got == expected, (cut, head)
+
+
+class TestForcedToolCallConformance(ToolParserSuite):
+    """The forced array's parser passes the suite the plugins' parsers pass."""
+
+    parser_cls = ForcedToolCallParser
+    tools = [WEATHER, TIME]
+    samples = [
+        (FORCED, None, [("get_weather", {"city": "Paris"}), ("get_time", {})]),
+        ('[{"name": "get_time", "arguments": {}}]', None, [("get_time", {})]),
+    ]
+
+
 def test_a_close_marker_inside_an_unfinished_call_is_not_streamed_as_arguments():
-    """Hermes: a model that closes its call tag inside the arguments' string. Parsed whole the
-    call is malformed (content); streamed, its arguments went out up to the end, marker included
-    (``Par</tool_call>``). The stream now holds back text that is or may become the marker."""
+    """Hermes: a model that closes its call tag inside the arguments' string. Streamed, its
+    arguments went out up to the end, marker included (``Par</tool_call>``). The stream now holds
+    back text that is or may become the marker; the output ends inside the call, so parsed whole
+    it is the same call with its arguments so far (it was content), and neither says "tool_calls"."""
     text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par</tool_call>'
     plan = ToolPlan(HermesToolParser, [WEATHER])
     whole = ChoiceOutput(plan, None)
-    assert "tool_calls" not in whole.message(text) and whole.finish_reason("stop") == "stop"
+    [call] = whole.message(text)["tool_calls"]
+    assert call["function"]["arguments"] == '{"city": "Par' and whole.finish_reason("stop") == "stop"
     for cut in range(1, len(text) + 1):
         stream = ChoiceOutput(plan, None)
         deltas = [stream.delta(text[:cut], final=False), stream.delta(text[cut:], final=True)]
         arguments = "".join(c["function"]["arguments"] for d in deltas for c in d.get("tool_calls", []))
-        assert "<" not in arguments and stream.finish_reason("stop") == "stop", (cut, arguments)
+        assert arguments == '{"city": "Par' and stream.finish_reason("stop") == "stop", (cut, arguments)
     # the marker's text inside a finished call's string is its arguments, streamed as parsed whole
     fine = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "a</tool_call>b"}}\n</tool_call>'
     [call] = ChoiceOutput(plan, None).message(fine)["tool_calls"]

@@ -295,6 +295,48 @@ def test_forced_tool_call_round_trip(grammar_backend, tools_client, model_name, 
     assert final.choices[0].finish_reason in ("stop", "length")
 
 
+def _regex(text: str) -> str:
+    """A regex matching exactly ``text`` (a tool call's JSON: braces are the regex's own)."""
+    return text.replace("{", "\\{").replace("}", "\\}")
+
+
+@pytest.mark.parametrize("cut", [{"stop": "Par"}, {"max_tokens": 30}])
+def test_a_hermes_call_cut_off_is_the_call_so_far_streamed_or_not(
+    grammar_backend, tools_client, model_name, cut
+):
+    """A regex makes the model write a hermes call; a stop string or max_tokens cuts it. The
+    whole answer was the raw text as content with no tool_calls, the stream the call with its
+    arguments so far: now both are the call (the README's promise), finish_reason stop/length."""
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    kwargs = dict(
+        model=model_name, messages=ASK, tools=[WEATHER], temperature=1.0, seed=5, max_tokens=64,
+        extra_body={"structured_outputs": {"regex": _regex(call)}},
+    )  # fmt: skip
+    kwargs.update(cut)
+    choice = tools_client.chat.completions.create(**kwargs).choices[0]
+    whole = (
+        choice.message.content or "",
+        [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []],
+        choice.finish_reason,
+    )
+    content, parts, finish = "", {}, None
+    for chunk in tools_client.chat.completions.create(**kwargs, stream=True):
+        for delta in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            entry = parts.setdefault(delta.index, ["", ""])
+            entry[0] += delta.function.name or ""
+            entry[1] += delta.function.arguments or ""
+        if chunk.choices:
+            content += chunk.choices[0].delta.content or ""
+            finish = chunk.choices[0].finish_reason or finish
+    streamed = (content, [tuple(parts[i]) for i in sorted(parts)], finish)
+    assert whole == streamed, (whole, streamed)
+    if "stop" in cut:
+        assert whole == ("", [("get_weather", '{"city": "')], "stop")
+    else:  # max_tokens cuts it wherever the tokens end: a call once its name is complete
+        assert whole[2] == "length" and whole[1] and whole[1][0][0] == "get_weather", whole
+        assert '{"city": "Paris"}'.startswith(whole[1][0][1]), whole
+
+
 #: parameters as pydantic writes them: references into their own ``$defs`` (two functions with the
 #: same definition name for different things), draft-07's ``definitions``, and ``#`` itself
 _ITEM = {"type": "object", "properties": {"item": {"$ref": "#/$defs/Item"}}, "required": ["item"],

@@ -82,9 +82,23 @@ def test_malformed_call_is_content(text):
     assert result.content == text and result.tool_calls == []
 
 
-def test_call_cut_off_is_content():
-    text = ONE_CALL[: ONE_CALL.index("celsius")]
-    assert HermesToolParser(TOOLS).parse(text).content == text
+def test_a_call_cut_off_is_a_call_with_its_arguments_so_far_once_named():
+    """max_tokens or a stop string ending the output inside a call: parsed whole it was content
+    (the raw text) while the stream sent the call; the README promises the call, streamed or not."""
+    cut_in_arguments = ONE_CALL[: ONE_CALL.index("celsius")]
+    cut_after_name = ONE_CALL[: ONE_CALL.index(', "arguments"')]
+    cut_in_name = ONE_CALL[: ONE_CALL.index('weather"')]
+    for text, expected in [
+        (cut_in_arguments, [("get_weather", '{"city": "Paris", "unit": "')]),
+        (cut_after_name, [("get_weather", "")]),
+        (cut_in_name, []),
+    ]:
+        content = "Let me check the weather." if expected else text
+        whole = HermesToolParser(TOOLS).parse(text)
+        assert (whole.content, [(c.name, c.arguments) for c in whole.tool_calls]) == (content, expected)
+        for cuts in ([], [len(text) // 2], list(range(1, len(text)))):
+            streamed, calls, _ = stream(text, cuts)
+            assert (streamed, [(c.name, c.arguments) for c in calls]) == (content, expected), cuts
 
 
 def test_missing_close_tag_at_the_end_is_still_a_call():
