@@ -37,6 +37,7 @@ from minisgl_core.tokenizer.chat_input import (
     check_continued_message,
     message_error,
     part_type_error,
+    reasoning_error,
     role_error,
     template_args,
     template_message,
@@ -409,6 +410,9 @@ class ChatMessage(StrictModel):
     name: Text | None = None
     tool_calls: list[AssistantToolCall] | None = None
     tool_call_id: Text | None = None
+    #: an assistant's reasoning sent back: as the server answers it, and as vLLM reads it
+    reasoning_content: Text | None = None
+    reasoning: Text | None = None
 
     @field_validator("content", mode="before")
     @classmethod
@@ -431,6 +435,18 @@ class ChatMessage(StrictModel):
         if error is not None:
             raise ValueError(error)
         return role
+
+    @field_validator("reasoning_content", "reasoning")
+    @classmethod
+    def _assistant_reasoning(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # a field validator, so that the 400 names the field (messages.0.reasoning_content)
+        other = info.data.get("reasoning_content") if info.field_name == "reasoning" else None
+        reasoning = value if info.field_name == "reasoning" else None
+        content = value if info.field_name == "reasoning_content" else other
+        error = reasoning_error(info.data.get("role"), reasoning, content)
+        if error is not None:
+            raise ValueError(error[1])
+        return value
 
     @model_validator(mode="after")
     def _fits_role(self) -> ChatMessage:

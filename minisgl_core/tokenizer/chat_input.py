@@ -8,7 +8,7 @@ keyword arguments for the server's chat route and /tokenize and for ``LLM.chat``
 check (with :func:`check_continued_message`'s) has one text on every path, and
 :func:`check_tools_rendered`, with which both refuse tools that the chat template would drop.
 The rules on a message's role and fields (:data:`CHAT_ROLES`, :func:`role_error`,
-:func:`part_type_error`, :func:`message_error`) are here, once: the server's request schema
+:func:`part_type_error`, :func:`message_error`, :func:`reasoning_error`) are here, once: the server's request schema
 applies them (a 400) and so does :func:`template_message` offline (a ValueError or TypeError naming
 ``messages[i].field``), so that ``LLM.chat`` refuses what the chat route refuses. The one thing
 the schema checks that the offline path does not: unknown keys of a message, which reach the
@@ -71,6 +71,19 @@ def message_error(
     return None
 
 
+def reasoning_error(role: str | None, reasoning: object, reasoning_content: object) -> tuple[str, str] | None:
+    """The field in error and why, when a ``role`` message (None: unknown) carries reasoning that
+    does not fit, or None. An assistant message may carry its reasoning back, as the server answers
+    it (``reasoning_content``) or as vLLM reads it (``reasoning``; None when not set): the template
+    gets it under both names, so the two may not differ."""
+    for key, value in (("reasoning_content", reasoning_content), ("reasoning", reasoning)):
+        if value is not None and role is not None and role != "assistant":
+            return key, f"only assistant messages may have {key} (the model's reasoning)"
+    if reasoning is not None and reasoning_content is not None and reasoning != reasoning_content:
+        return "reasoning", "differs from reasoning_content: both name the one reasoning, give it once"
+    return None
+
+
 def conversations(messages: object) -> list[list[dict[str, Any]]]:
     """``messages`` (one conversation or a list of them) as a list of conversations, each
     message checked and made as the server hands it to the template."""
@@ -99,7 +112,8 @@ def template_message(message: object, where: str = "message") -> dict[str, Any]:
     content first, text whatever form it came in (None, allowed on an assistant message with tool
     calls: ""; content parts: their text, a line each, an assistant's refusal part's too), then
     the message's other keys as they are, but for null ones and an empty tool_calls, left out, and
-    tool calls' arguments given as JSON text of an object, decoded. ValueError or TypeError naming
+    tool calls' arguments given as JSON text of an object, decoded; an assistant's reasoning under
+    both its names (``reasoning_content`` and ``reasoning``). ValueError or TypeError naming
     ``where`` and the field when it is not a message the server's chat route takes (its roles,
     content parts and tool calls, a tool message's tool_call_id)."""
     if not isinstance(message, Mapping):
@@ -114,7 +128,7 @@ def template_message(message: object, where: str = "message") -> dict[str, Any]:
     error = role_error(role)
     if error is not None:
         raise ValueError(f"{where}.role: {error}")
-    for key in ("name", "tool_call_id"):
+    for key in ("name", "tool_call_id", "reasoning_content", "reasoning"):
         value = message.get(key)
         if value is not None and not isinstance(value, str):
             raise TypeError(f"{where}.{key} must be a string, got {type(value).__name__} {short_repr(value)}")
@@ -123,6 +137,8 @@ def template_message(message: object, where: str = "message") -> dict[str, Any]:
         _check_tool_calls(tool_calls, f"{where}.tool_calls")
     content = message.get("content")
     error_at = message_error(role, content is not None, tool_calls, message.get("tool_call_id"))
+    if error_at is None:
+        error_at = reasoning_error(role, message.get("reasoning"), message.get("reasoning_content"))
     if error_at is not None:
         raise ValueError(f"{where}.{error_at[0]}: {error_at[1]}")
     if content is None:
@@ -148,6 +164,10 @@ def template_message(message: object, where: str = "message") -> dict[str, Any]:
         out["tool_calls"] = [_tool_call(call) for call in out["tool_calls"]]
     else:
         out.pop("tool_calls", None)
+    # under both names, as vLLM does: Qwen3's template reads reasoning_content, others reasoning
+    reasoning = out.get("reasoning_content", out.get("reasoning"))
+    if reasoning is not None:
+        out["reasoning_content"] = out["reasoning"] = reasoning
     return out
 
 

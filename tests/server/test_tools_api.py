@@ -337,6 +337,44 @@ def test_a_hermes_call_cut_off_is_the_call_so_far_streamed_or_not(
         assert '{"city": "Paris"}'.startswith(whole[1][0][1]), whole
 
 
+def test_the_servers_own_message_with_reasoning_goes_back(
+    grammar_backend, tools_client, templated, model_name
+):
+    """The usual multi-turn pattern, ``messages.append(resp.choices[0].message)``: with
+    ``--reasoning-parser`` the message has reasoning_content, which was a 400 ("unsupported field
+    'messages.1.reasoning_content'"), as vLLM's ``reasoning`` was. An assistant message may carry
+    either; the template gets it under both names; any other role is still refused, naming it."""
+    first = tools_client.chat.completions.create(
+        model=model_name, messages=ASK, max_tokens=40, temperature=1.0, seed=1,
+        extra_body={"structured_outputs": {"regex": "<think>ab</think>xyz"}},
+    )  # fmt: skip
+    message = first.choices[0].message
+    assert (message.content, message.reasoning_content) == ("xyz", "ab")
+    again = {"role": "user", "content": "Again?"}
+    expected = reference_ids(
+        templated,
+        [*ASK, {"role": "assistant", "content": "xyz", "reasoning_content": "ab", "reasoning": "ab"}, again],
+    )
+    assert "<think>ab|ab</think>xyz" in templated.decode(expected)
+    for sent in (
+        message,  # as the openai client sends its own object
+        message.model_dump(exclude_none=True),
+        {"role": "assistant", "content": "xyz", "reasoning": "ab"},  # vLLM's key
+        {"role": "assistant", "content": "xyz", "reasoning": "ab", "reasoning_content": "ab"},
+    ):
+        resp = tools_client.chat.completions.create(
+            model=model_name, messages=[*ASK, sent, again], max_tokens=2
+        )
+        assert resp.usage.prompt_tokens == len(expected), sent
+    for key in ("reasoning_content", "reasoning"):
+        with pytest.raises(openai.BadRequestError) as refused:
+            tools_client.chat.completions.create(
+                model=model_name, messages=[{**ASK[0], key: "ab"}], max_tokens=2
+            )
+        assert refused.value.body["param"] == f"messages.0.{key}", refused.value.body
+        assert "only assistant messages" in refused.value.body["message"], refused.value.body
+
+
 #: parameters as pydantic writes them: references into their own ``$defs`` (two functions with the
 #: same definition name for different things), draft-07's ``definitions``, and ``#`` itself
 _ITEM = {"type": "object", "properties": {"item": {"$ref": "#/$defs/Item"}}, "required": ["item"],
