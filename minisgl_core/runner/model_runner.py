@@ -498,6 +498,11 @@ class ModelRunner:
         if unused:
             shown = ", ".join(unused[:8]) + (f" and {len(unused) - 8} more" if len(unused) > 8 else "")
             logger.warning("%s did not use %d checkpoint tensors: %s", arch, len(unused), shown)
+        bad = _non_finite_weight(model)
+        if bad is not None:
+            raise ModelPathError(
+                f"{self._model_given}: weight {bad} holds NaN or infinite values: the checkpoint is corrupt"
+            )
         if method is not None:
             quantization.after_loading(model, method)
         return model.eval()
@@ -640,3 +645,19 @@ class ModelRunner:
             return self.model(batch)
 
         return run
+
+
+#: the weight dtypes checked for NaN and infinities after loading (quantized ones hold codes)
+_CHECKED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+@torch.inference_mode()
+def _non_finite_weight(model: torch.nn.Module) -> str | None:
+    """The name of the first parameter holding a NaN or an infinity, or None. A corrupt
+    checkpoint loaded silently and every request then ended at once with empty text (NaN logits
+    sample token 0). One pass over the weights; one device sync, not one per tensor."""
+    named = [(name, p) for name, p in model.named_parameters() if p.dtype in _CHECKED_DTYPES]
+    if not named:
+        return None
+    flags = torch.stack([torch.isfinite(p).all() for _, p in named]).tolist()
+    return next((name for (name, _), finite in zip(named, flags) if not finite), None)
