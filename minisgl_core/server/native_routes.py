@@ -24,13 +24,17 @@ from minisgl_core.server.routes import fields_named
 from minisgl_core.server.schemas import GenerateRequest
 from minisgl_core.server.state import RequestGroup, ServerState
 
+#: /generate's max_new_tokens when the request and the model's generation config leave it unset:
+#: SGLang's default (the rest of the context held a client's CPU for minutes)
+GENERATE_DEFAULT_MAX_TOKENS = 128
+
 #: SamplingParams field -> the native body's name for it, as errors name it
 NATIVE_NAMES = {
     **{
         name: f"sampling_params.{name}"
         for name in (
             "temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids", "seed",
-            "presence_penalty", "frequency_penalty",
+            "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
         )
     },
     "max_tokens": "sampling_params.max_new_tokens",
@@ -72,6 +76,7 @@ def native_router(state: ServerState) -> APIRouter:
                 input_ids=body.input_ids,
                 max_tokens_field=NATIVE_NAMES["max_tokens"],
                 grammar_field=body.sampling_params.grammar_field,
+                default_max_tokens=GENERATE_DEFAULT_MAX_TOKENS,
             )
         if body.return_logprob and body.logprob_start_len >= group.prompt_tokens:
             # (known once the prompt is tokenized; the admitted request is aborted): past the
@@ -88,7 +93,13 @@ def native_router(state: ServerState) -> APIRouter:
 
         def result(choice: r.Choice) -> dict:
             return r.generate_result(
-                rid, choice, group.prompt_tokens, group.arrival, body.return_logprob, body.logprob_start_len
+                rid,
+                choice,
+                group.prompt_tokens,
+                group.arrival,
+                body.return_logprob,
+                body.logprob_start_len,
+                body.return_text_in_logprobs,
             )
 
         async def chunks() -> AsyncIterator[str]:
@@ -186,14 +197,17 @@ def info_router(state: ServerState, info: dict[str, Any]) -> APIRouter:
 
     def load() -> list[dict[str, int]]:
         """SGLang's load report (one entry per data-parallel rank; we have one), which load-aware
-        routing policies poll; counts from rank 0's latest stats."""
+        routing policies poll; counts from rank 0's latest stats. ``num_tokens`` is the KV held by
+        live requests, as SGLang counts it: the prefix cache it can reclaim is not load (a replica
+        with a warm cache read as busy)."""
         engine = state.metrics.engine
+        held = engine.get("kv_used_tokens", 0) - engine.get("cache_evictable_tokens", 0)
         return [
             {
                 "dp_rank": 0,
                 "num_reqs": engine.get("running", 0) + engine.get("waiting", 0),
                 "num_waiting_reqs": engine.get("waiting", 0),
-                "num_tokens": engine.get("kv_used_tokens", 0),
+                "num_tokens": max(0, held),
             }
         ]
 

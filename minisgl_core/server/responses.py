@@ -341,7 +341,14 @@ def generate_result(
     arrival: float,
     with_logprobs: bool,
     logprob_start_len: int = -1,
+    with_text: bool = False,
 ) -> dict:
+    """SGLang's /generate answer; ``with_text`` (its return_text_in_logprobs): each logprob
+    entry's third item is its token's text, else null."""
+
+    def shown(text: str) -> str | None:
+        return text if with_text else None
+
     meta: dict[str, Any] = {
         "id": rid,
         "prompt_tokens": prompt_tokens,
@@ -353,14 +360,14 @@ def generate_result(
     }
     if with_logprobs:
         # SGLang's layout: (logprob, token_id, text) per position, and the top-k at each position
-        meta["output_token_logprobs"] = [[lp, tid, text] for text, lp, _, tid, *_ in choice.logprobs]
-        meta["output_top_logprobs"] = [[[lp, tid, t] for t, lp, tid in e[2]] for e in choice.logprobs]
+        meta["output_token_logprobs"] = [[lp, tid, shown(text)] for text, lp, _, tid, *_ in choice.logprobs]
+        meta["output_top_logprobs"] = [[[lp, tid, shown(t)] for t, lp, tid in e[2]] for e in choice.logprobs]
         if logprob_start_len >= 0 and choice.prompt_logprobs is not None:
             # the prompt's tokens from logprob_start_len on: the first prompt token's logprob null
             prompt = [e for e in choice.prompt_logprobs[logprob_start_len:] if e is not None]
-            meta["input_token_logprobs"] = [[lp, tid, text] for text, lp, _, tid, *_ in prompt]
+            meta["input_token_logprobs"] = [[lp, tid, shown(text)] for text, lp, _, tid, *_ in prompt]
             meta["input_top_logprobs"] = [
-                None if logprob is None else [[lp, tid, t] for t, lp, tid in top]
+                None if logprob is None else [[lp, tid, shown(t)] for t, lp, tid in top]
                 for _, logprob, top, *_ in prompt
             ]
     return {"text": choice.text, "output_ids": choice.token_ids, "meta_info": meta}

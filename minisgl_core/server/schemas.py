@@ -828,6 +828,10 @@ class GenerateSampling(StrictModel):
     seed: Int | None = None
     presence_penalty: Float = 0.0
     frequency_penalty: Float = 0.0
+    #: None = unset: the model's default (--generation-config), else 1 (none)
+    repetition_penalty: Float | None = None
+    #: token id (as a string, JSON's keys) -> a bias added to its logit, as OpenAI's logit_bias
+    logit_bias: dict[str, Float] | None = None
     skip_special_tokens: Bool = True
     #: SGLang's: the stop string that ended the request stays at the end of the text
     no_stop_trim: Bool = False
@@ -870,6 +874,8 @@ class GenerateRequest(StrictModel):
     #: SGLang's: with return_logprob, the prompt's tokens from this position on get their logprobs
     #: too (meta_info input_token_logprobs; the first prompt token's is null); -1: none
     logprob_start_len: Int = Field(default=-1, ge=-1)
+    #: SGLang's: each logprob entry's third item is its token's text, else null
+    return_text_in_logprobs: Bool = False
     timeout: Float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
 
     @model_validator(mode="before")
@@ -897,6 +903,8 @@ class GenerateRequest(StrictModel):
             "seed": s.seed,
             "presence_penalty": s.presence_penalty,
             "frequency_penalty": s.frequency_penalty,
+            "repetition_penalty": s.repetition_penalty,
+            "logit_bias": dict(s.logit_bias or {}),
             "logprobs": self.top_logprobs_num if self.return_logprob else None,
             "prompt_logprobs": self.top_logprobs_num
             if self.return_logprob and self.logprob_start_len >= 0

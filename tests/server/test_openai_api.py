@@ -666,7 +666,8 @@ def test_native_generate_input_logprobs(server, llm, auth, start):
     ids = llm.tokenizer.encode(PROMPT)
     ref = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=2, logprobs=2, prompt_logprobs=2))[0]
     body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 2, "temperature": 0},
-            "return_logprob": True, "top_logprobs_num": 2, "logprob_start_len": start}  # fmt: skip
+            "return_logprob": True, "top_logprobs_num": 2, "logprob_start_len": start,
+            "return_text_in_logprobs": True}  # fmt: skip
     meta = httpx.post(f"{server.url}/generate", json=body, headers=auth).json()["meta_info"]
     got = meta["input_token_logprobs"]
     assert [tid for _, tid, _ in got] == ids[start:]
@@ -681,12 +682,41 @@ def test_native_generate_input_logprobs(server, llm, auth, start):
     assert [[t for _, t, _ in top] for top in tops if top is not None] == [
         [t for t, _ in lp.top] for lp in ref.prompt_logprobs[max(start, 1) :]
     ]
+    # without return_text_in_logprobs (SGLang's default) each entry's text is null, as SGLang's
+    # (it came back either way, and true was refused)
+    bare = httpx.post(f"{server.url}/generate", json={**body, "return_text_in_logprobs": False}, headers=auth)
+    bare_meta = bare.json()["meta_info"]
+    assert [lp for lp, _, _ in bare_meta["input_token_logprobs"]] == [lp for lp, _, _ in got]
+    entries = bare_meta["input_token_logprobs"] + bare_meta["output_token_logprobs"]
+    entries += [e for top in bare_meta["output_top_logprobs"] for e in top]
+    assert {text for _, _, text in entries} == {None}
     # without logprob_start_len (SGLang's default -1) there is none
     plain = {**body, "logprob_start_len": -1}
     assert (
         "input_token_logprobs"
         not in httpx.post(f"{server.url}/generate", json=plain, headers=auth).json()["meta_info"]
     )
+
+
+def test_native_generate_takes_repetition_penalty_and_logit_bias(server, llm, auth):
+    """SGLang's /generate sampling_params has repetition_penalty (and minisgl's OpenAI routes take
+    logit_bias): both were a 400 'minisgl does not implement it' there; now as on completions."""
+    ids = llm.tokenizer.encode(PROMPT)
+    plain = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))[0]
+    banned = plain.token_ids[0]
+    params = SamplingParams(
+        temperature=0.0, max_tokens=6, ignore_eos=True, repetition_penalty=1.3, logit_bias={banned: -100}
+    )
+    ref = llm.generate([ids], params)[0]
+    assert ref.token_ids != plain.token_ids and banned not in ref.token_ids
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True,
+            "repetition_penalty": 1.3, "logit_bias": {str(banned): -100}}}  # fmt: skip
+    out = httpx.post(f"{server.url}/generate", json=body, headers=auth)
+    assert out.status_code == 200, out.text
+    assert out.json()["output_ids"] == ref.token_ids
+    bad = {"input_ids": ids, "sampling_params": {"repetition_penalty": -1.0}}
+    err = httpx.post(f"{server.url}/generate", json=bad, headers=auth)
+    assert err.status_code == 400 and err.json()["error"]["param"] == "sampling_params.repetition_penalty"
 
 
 def test_native_generate_max_new_tokens_0_scores_the_prompt(server, llm, auth):
@@ -824,3 +854,35 @@ def test_what_minisgl_does_not_implement_is_code_unsupported_field(client, model
             create(model=model_name, max_tokens=2, **kwargs)
         body = refused.value.body
         assert body["param"] == param and body["code"] == "unsupported_field", body
+
+
+def test_get_load_counts_what_requests_hold_not_the_prefix_cache(server, auth):
+    """SGLang's /get_load num_tokens leaves out the cache it can reclaim; ours reported every used
+    KV token, so an idle server with a warm prefix cache read as loaded (to the gateway's
+    load-aware routing)."""
+    import re
+    import time
+
+    body = {"prompt": "a prompt the prefix cache keeps " * 8, "max_tokens": 2, "temperature": 0}
+    assert httpx.post(f"{server.url}/v1/completions", json=body, headers=auth).status_code == 200
+    deadline = time.monotonic() + 10
+    while True:  # the engine's stats come every quarter second or so
+        load = httpx.get(f"{server.url}/get_load", headers=auth).json()[0]
+        text = httpx.get(f"{server.url}/metrics", headers=auth).text
+        used = int(float(re.search(r"^minisgl_kv_used_tokens (\S+)$", text, re.M).group(1)))
+        held = int(float(re.search(r"^minisgl_kv_request_tokens (\S+)$", text, re.M).group(1)))
+        if (load["num_reqs"] == 0 and used > 0) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert load["num_reqs"] == 0 and used > 0, (load, used)
+    assert load["num_tokens"] == held == 0
+
+
+def test_native_generate_without_max_new_tokens_stops_at_sglangs_default(server, llm, auth):
+    """SGLang's /generate default is 128 new tokens (ours ran to the end of the context: minutes
+    of a CPU for a request that left the field out)."""
+    ids = llm.tokenizer.encode(PROMPT)
+    body = {"input_ids": ids, "sampling_params": {"temperature": 0, "ignore_eos": True}}
+    out = httpx.post(f"{server.url}/generate", json=body, headers=auth, timeout=300).json()
+    assert out["meta_info"]["completion_tokens"] == 128
+    assert out["meta_info"]["finish_reason"]["type"] == "length"
