@@ -114,6 +114,25 @@ def test_a_rope_theta_or_norm_epsilon_not_a_positive_number_is_refused(model_dir
     )
 
 
+@pytest.mark.parametrize("value", ["x", 0.0, -2.0], ids=json.dumps)
+@pytest.mark.parametrize("nest", ["rope_scaling", "rope_parameters"])
+def test_a_rope_scaling_factor_not_a_positive_number_is_refused(model_dir, tmp_path, nest, value):
+    """A linear scaling's factor 0 divided the rotary frequencies into infinities (a model that
+    answered nonsense), "x" was a TypeError traceback from a worker."""
+    bad = _with_config(
+        model_dir, tmp_path, **{nest: {"rope_type": "linear", "rope_theta": 1e4, "factor": value}}
+    )
+    if nest == "rope_scaling":
+        config = json.loads((bad / "config.json").read_text())
+        config.pop("rope_parameters", None)  # (read first when present)
+        (bad / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelPathError) as err:
+        LLM(bad, attn="torch", device="cpu")
+    assert str(err.value) == (
+        f"model={str(bad)!r}: config.json: {nest}.factor must be a positive number, got {json.dumps(value)}"
+    )
+
+
 @pytest.mark.parametrize(
     ("field", "value"), [("hidden_size", "abc"), ("num_hidden_layers", 0), ("rms_norm_eps", -1)]
 )

@@ -71,10 +71,16 @@ def check_config_values(config: dict[str, Any], source: str = "config.json") -> 
     constants = {key: config.get(key) for key in LAYOUT_CONSTANTS}
     for nest in ("rope_parameters", "rope_scaling"):  # (transformers 5 nests rope_theta)
         if isinstance(config.get(nest), dict):
-            constants[f"{nest}.rope_theta"] = config[nest].get("rope_theta")
+            # the scaling's numbers too: a factor of 0 divided the rotary frequencies into infinities
+            for key in ("rope_theta", *ROPE_SCALING_NUMBERS):
+                constants[f"{nest}.{key}"] = config[nest].get(key)
     for key, value in constants.items():
         if value is not None and not _positive_number(value):
             raise ValueError(f"{source}: {key} must be a positive number, got {_shown(value)}")
+
+
+#: the numbers of a rope scaling (linear's factor, llama3's four) that must be positive
+ROPE_SCALING_NUMBERS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
 def _positive_number(value: Any) -> bool:

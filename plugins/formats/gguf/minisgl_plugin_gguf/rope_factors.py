@@ -33,6 +33,8 @@ def llama3_divisors(inv_freq: np.ndarray, factor: float, low: float, high: float
 def llama3_scaling_from_factors(factors: np.ndarray, theta: float, head_dim: int) -> dict[str, Any] | None:
     """config.json's ``rope_scaling`` (llama3) whose divisors are ``factors``; None when no
     parameters in the searched range give them (the file then holds some other scaling)."""
+    if not np.all(np.isfinite(factors) & (factors > 0)):
+        return None  # a divisor of 0 (or NaN) is no scaling at all
     inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
     factor = float(factors.max())
     for context, low, high in itertools.product(_CONTEXTS, _LOW, _HIGH):

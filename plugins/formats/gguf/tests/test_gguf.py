@@ -315,6 +315,11 @@ def test_rope_freqs_of_another_scaling_are_refused(make_tiny_model, tmp_path):
     file = write_gguf(hf_dir, tmp_path / "odd.gguf", encode=odd_factors)
     with pytest.raises(ValueError, match="not Llama 3's rope scaling"):
         GGUFFormat(file)
+    zeros = write_gguf(hf_dir, tmp_path / "zeros.gguf", encode=lambda name, values: (
+        (np.zeros_like(values), gguf.GGMLQuantizationType.F32) if name == "rope_freqs.weight" else None
+    ))  # fmt: skip
+    with pytest.raises(ValueError, match="not Llama 3's rope scaling"):  # a fit with factor 0 once
+        GGUFFormat(zeros)
 
 
 @pytest.mark.parametrize(
@@ -384,8 +389,12 @@ def _with_fields(hf_dir: Path, out: Path, **fields) -> Path:
         ({"split.count": 2, "split.no": 0}, "part 1 of a GGUF split into 2 files"),
         ({"llama.expert_count": 4}, "mixture-of-experts model"),
         ({"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0}, "'yarn' is not supported"),
+        (
+            {"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 0.0},
+            "rope_scaling.factor must be a positive number, got 0.0",
+        ),
     ],
-    ids=["no-tokenizer", "eos-out-of-range", "kv-heads", "split", "experts", "yarn"],
+    ids=["no-tokenizer", "eos-out-of-range", "kv-heads", "split", "experts", "yarn", "factor-0"],
 )
 def test_files_our_models_cannot_serve_fail_in_one_line(make_tiny_model, tmp_path, fields, message):
     # each was a traceback from transformers, a reshape or a worker, or loaded and ran wrong
