@@ -79,9 +79,9 @@ def native_router(state: ServerState) -> APIRouter:
                 default_max_tokens=GENERATE_DEFAULT_MAX_TOKENS,
             )
         if body.return_logprob and body.logprob_start_len >= group.prompt_tokens:
-            # (known once the prompt is tokenized; the admitted request is aborted): past the
+            # (known once the prompt is tokenized; the admitted request is withdrawn): past the
             # prompt, input_token_logprobs came back empty, silently
-            group.close()
+            group.withdraw()
             raise APIError(
                 400,
                 f"logprob_start_len {short_repr(body.logprob_start_len)} is past the prompt, which has "

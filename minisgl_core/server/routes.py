@@ -271,8 +271,11 @@ def make_router(
                 echoes = [
                     await tokenizer.run(lambda t, ids=ids: t.decode(ids)) for ids in group.choice_prompt_ids
                 ]
-        except BaseException:
-            group.close()  # the prompts admitted before the bad one
+        except APIError:
+            group.withdraw()  # the prompts admitted before the bad one
+            raise
+        except BaseException:  # the client went away (or the server is failing) meanwhile
+            group.close()
             raise
         rid, created = r.new_id("cmpl"), int(time.time())
         with_logprobs = body.logprobs is not None

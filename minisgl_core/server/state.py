@@ -238,7 +238,10 @@ class RequestGroup:
             except asyncio.TimeoutError:
                 self.timed_out = True
                 raise APIError(504, self._timeout_message(), "timeout", "request_timeout") from None
-        except BaseException:  # cancelled, timed out, the server failed, or the request did not encode
+        except APIError:  # timed out, or the server cannot take it: refused, not served
+            self.withdraw()
+            raise
+        except BaseException:  # cancelled (the client went away), or the request did not encode
             self.close()
             raise
         finally:
@@ -297,9 +300,20 @@ class RequestGroup:
 
     def close(self) -> None:
         """Abort the engine requests that have not finished (the client is gone or gave up)."""
+        self._abort_unfinished(counted=True)
+
+    def withdraw(self) -> None:
+        """The request is refused after some of its prompts were admitted (a later prompt is bad,
+        or a field is checked against the prompt's length): abort them in the engine without
+        counting them in /metrics as served, neither as aborts nor by their prompt tokens (the
+        refusal counts the request once, as rejected)."""
+        self._abort_unfinished(counted=False)
+        self.state.metrics.prompt_tokens -= self.prompt_tokens
+
+    def _abort_unfinished(self, counted: bool) -> None:
         for rid in list(self.unfinished):
             if self.state.pending.pop(rid, None) is not None:
-                self.state.abort(rid)
+                self.state.abort(rid, counted)
         self.unfinished.clear()
 
 
@@ -426,8 +440,11 @@ class ServerState:
             return f"the scheduler has not reported for {silent:.1f}s (bound {bound:g}s)"
         return None
 
-    def abort(self, rid: int) -> None:
-        self.metrics.finished["abort"] += 1
+    def abort(self, rid: int, counted: bool = True) -> None:
+        """Stop engine request ``rid``; ``counted``: a finish by abort in /metrics (the client went
+        away), not a request refused after admission."""
+        if counted:
+            self.metrics.finished["abort"] += 1
         self.last_token_at.pop(rid, None)
         if not self.to_tokenizer.closed:  # streams cancelled at shutdown close their groups late
             send(self.to_tokenizer, AbortRequest(rid))

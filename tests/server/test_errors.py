@@ -517,6 +517,32 @@ def test_rejections_are_counted(server, auth, read_metrics):
 
 
 @pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        # refused once its prompt is tokenized (its length decides), after admission
+        ("/generate", {"text": "hi", "return_logprob": True, "logprob_start_len": 1000}),
+        # the first prompt of the batch was admitted before the second was found too long
+        (COMPLETIONS, {"prompt": ["hi", LONG], "max_tokens": 2}),
+    ],
+)
+def test_a_request_refused_after_admission_is_counted_as_rejected_only(
+    server, auth, read_metrics, path, body
+):
+    """Its admitted prompts are withdrawn: /metrics counted them as client aborts and their prompt
+    tokens as accepted, so one refusal showed as a rejection, an abort and served tokens."""
+    before = read_metrics()
+    resp = httpx.post(f"{server.url}{path}", json=body, headers=auth)
+    assert resp.status_code == 400, resp.text
+    after = read_metrics()
+    for name, grew in [
+        ("minisgl_requests_rejected_total", 1),
+        ('minisgl_requests_total{finish_reason="abort"}', 0),
+        ("minisgl_prompt_tokens_total", 0),
+    ]:
+        assert after[name] - before[name] == grew, name
+
+
+@pytest.mark.parametrize(
     ("path", "body", "param"),
     [
         ("/generate", {"text": ["Hello", "Bye"], "sampling_params": {"max_new_tokens": 4}}, "text"),
