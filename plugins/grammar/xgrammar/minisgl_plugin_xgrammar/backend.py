@@ -225,7 +225,9 @@ class XGrammarBackend(GrammarBackend):
         try:
             return self._parse(spec)
         except RuntimeError as exc:  # xgrammar's parse errors: what is wrong, behind C++ noise
-            raise GrammarError(f"invalid {spec.kind} grammar: {library_message(exc)}") from exc
+            raise GrammarError(
+                f"invalid {spec.kind} grammar: {library_message(exc)}{_lark_hint(spec)}"
+            ) from exc
 
     def _compact_json(self, schema: Any) -> str:
         """The EBNF of ``schema`` (checked and rewritten) as a ``json_schema`` grammar compiles it:
@@ -273,6 +275,19 @@ class XGrammarBackend(GrammarBackend):
 
 
 _JSON_KINDS = frozenset({"json_schema", "json_object"})
+#: a Lark rule's head at a line's start (``start: ...``, ``?value: ...``), which GBNF writes ``::=``
+_LARK_RULE = re.compile(r"^\s*[?!]?[A-Za-z_]\w*(\.\d+)?\s*:(?!:)", re.MULTILINE)
+
+
+def _lark_hint(spec: GrammarSpec) -> str:
+    """What to write instead, for an ebnf grammar in Lark's syntax (vLLM takes Lark and converts
+    it; its users send ``start: ...`` and got only xgrammar's "Unexpected character: ':'")."""
+    if spec.kind != "ebnf" or "::=" in spec.value or not _LARK_RULE.search(spec.value):
+        return ""
+    return (
+        " (it reads as Lark, \"start: ...\"; the grammar is GBNF, as llama.cpp's and xgrammar's: rules "
+        "written name ::= ..., starting from the rule named root)"
+    )
 
 
 def structural_tag(tag: Any, compact: Callable[[Any], str] | None = None) -> Any:

@@ -38,3 +38,15 @@ def test_a_bad_grammar_is_named_without_the_librarys_noise(backend, kind, value,
     message = str(refused.value)
     assert message.startswith(says), message
     assert ".cc:" not in message and "Check failed" not in message and not message.endswith("\n")
+
+
+@pytest.mark.parametrize("grammar", ['start: "x" "y"', '?start: value\nvalue: "a" | "b"\n'])
+def test_a_lark_grammar_is_named_as_such(backend, grammar):
+    """vLLM takes Lark for its ebnf grammars; here a Lark grammar's refusal says what to write."""
+    with pytest.raises(
+        GrammarError, match=r"it reads as Lark.*name ::= \.\.\., starting from the rule named root"
+    ):
+        backend.check(GrammarSpec("ebnf", grammar))
+    with pytest.raises(GrammarError) as refused:  # GBNF's own mistakes are not called Lark
+        backend.check(GrammarSpec("ebnf", 'root ::= "x" rest'))
+    assert "Lark" not in str(refused.value)
