@@ -87,6 +87,12 @@ class SamplingParams:
     #: engine requests (:meth:`for_choice`), the server takes n from its request body; an engine
     #: runs one completion a request and refuses any other n
     n: int = 1
+    #: the sampled tokens' logprobs (``logprobs``) are SGLang's: of the logits the draw uses (the
+    #: grammar's mask, bias, penalties, bans) divided by the temperature (1 when greedy), before
+    #: top-k, top-p and min-p, as SGLang's ``/generate`` reports them. False: the model's own
+    #: distribution, only the grammar's mask applied (vLLM's default, ``raw_logprobs``). The
+    #: prompt's logprobs are the model's either way, as in SGLang
+    scaled_logprobs: bool = False
 
     MAX_TOP_LOGPROBS: ClassVar[int] = 20
     #: the most completions one prompt may ask for: the offline LLM's bound and the server's (its
@@ -169,7 +175,9 @@ class SamplingParams:
                 object.__setattr__(self, name, float(value))
             return float(value)
 
-        for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output", "reasoning_opened"):
+        for name in (
+            "ignore_eos", "skip_special_tokens", "include_stop_str_in_output", "reasoning_opened", "scaled_logprobs",
+        ):  # fmt: skip
             if not isinstance(getattr(self, name), bool):  # "no" was True; 0 failed after generating
                 bad(name, "must be True or False")
         if finite("temperature") < 0:

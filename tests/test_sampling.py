@@ -140,6 +140,33 @@ def test_logprobs_are_log_softmax_of_the_raw_logits():
     assert [t for t, _ in lp[0].top] == top.indices.tolist()
 
 
+def test_scaled_logprobs_are_those_of_the_drawn_distribution_row_by_row():
+    """scaled_logprobs (SGLang's /generate): log_softmax of the logits after the penalties, divided
+    by the temperature (1 when greedy); rows without it in the same batch keep the raw ones."""
+    logits = torch.randn(4, 30, dtype=torch.float64).float()
+    sampler = Sampler(30, torch.device("cpu"))
+    scaled = SamplingParams(temperature=0.5, logprobs=2, seed=1, scaled_logprobs=True)
+    greedy = SamplingParams(temperature=0.0, logprobs=2, frequency_penalty=1.5, scaled_logprobs=True)
+    raw = SamplingParams(temperature=0.5, logprobs=2, seed=1)
+    requests = [SampleRequest(raw, []), SampleRequest(scaled, []), SampleRequest(SamplingParams(), []),
+                SampleRequest(greedy, [4, 4])]  # fmt: skip
+    result = sampler.sample(logits, requests)
+    token_ids = result.token_ids.tolist()
+    lp = result.logprobs(token_ids)
+    penalised = logits[3].clone()
+    penalised[4] -= 2 * 1.5
+    refs = [torch.log_softmax(logits[0], -1), torch.log_softmax(logits[1] / 0.5, -1), None,
+            torch.log_softmax(penalised, -1)]  # fmt: skip
+    assert lp[2] is None
+    for row in (0, 1, 3):
+        ref = refs[row]
+        assert lp[row].logprob == pytest.approx(float(ref[token_ids[row]]), abs=1e-5), row
+        assert [t for t, _ in lp[row].top] == ref.topk(2).indices.tolist(), row
+        assert [v for _, v in lp[row].top] == pytest.approx(ref.topk(2).values.tolist(), abs=1e-5)
+    with pytest.raises(ValueError, match="scaled_logprobs must be True or False"):
+        SamplingParams(scaled_logprobs=1)
+
+
 def test_sampled_tokens_carry_their_vocabulary_rank():
     """1 + the tokens more likely than the one drawn (random logits: no ties), as vLLM counts;
     hot sampling over many rows draws tokens of many ranks."""

@@ -547,7 +547,7 @@ class Sampler:
             token_ids = self._sample_truncated(logits, requests)
         else:
             token_ids = self._sample_race(logits, requests)
-        return self._with_logprobs(raw, token_ids, params)
+        return self._with_logprobs(raw, logits, token_ids, params)
 
     def sample_sharded(
         self, logits: torch.Tensor, requests: Sequence[SampleRequest], shard: tuple[int, int], parallel
@@ -669,14 +669,28 @@ class Sampler:
 
     @staticmethod
     def _with_logprobs(
-        raw_logits: torch.Tensor, token_ids: torch.Tensor, params: Sequence[SamplingParams]
+        raw_logits: torch.Tensor,
+        drawn_logits: torch.Tensor,
+        token_ids: torch.Tensor,
+        params: Sequence[SamplingParams],
     ) -> SampleResult:
+        """``raw_logits``: the model's, the grammar's mask applied; ``drawn_logits``: those the draw
+        used (bias, penalties and bans applied too), for the rows whose ``scaled_logprobs`` asks for
+        SGLang's logprobs (divided by the temperature here)."""
         wanted = [i for i, p in enumerate(params) if p.logprobs is not None]
         if not wanted:
             return SampleResult(token_ids, [], None, None, None, [])
-        rows = to_device(wanted, raw_logits.device)
+        device = raw_logits.device
+        rows = to_device(wanted, device)
+        chosen_logits = raw_logits[rows].float()
+        scaled = [j for j, i in enumerate(wanted) if params[i].scaled_logprobs]
+        if scaled:
+            temperatures = [params[wanted[j]].temperature or 1.0 for j in scaled]
+            scale = torch.tensor(temperatures, dtype=torch.float32, device=device)[:, None]
+            sources = to_device([wanted[j] for j in scaled], device)
+            chosen_logits[to_device(scaled, device)] = drawn_logits[sources].float() / scale
         # a token a grammar forbids: -inf, reported as vLLM reports it (JSON has no -inf)
-        logprobs = torch.log_softmax(raw_logits[rows].float(), dim=-1).clamp(min=FORBIDDEN_LOGPROB)
+        logprobs = torch.log_softmax(chosen_logits, dim=-1).clamp(min=FORBIDDEN_LOGPROB)
         chosen = logprobs.gather(1, token_ids[rows][:, None]).squeeze(1)
         ranks = vocab_ranks(logprobs, chosen[:, None])
         ks = [params[i].logprobs or 0 for i in wanted]

@@ -906,6 +906,8 @@ class GenerateRequest(StrictModel):
             "repetition_penalty": s.repetition_penalty,
             "logit_bias": dict(s.logit_bias or {}),
             "logprobs": self.top_logprobs_num if self.return_logprob else None,
+            # SGLang's output_token_logprobs: after the temperature (its sampler's)
+            "scaled_logprobs": True,
             "prompt_logprobs": self.top_logprobs_num
             if self.return_logprob and self.logprob_start_len >= 0
             else None,

@@ -886,3 +886,48 @@ def test_native_generate_without_max_new_tokens_stops_at_sglangs_default(server,
     out = httpx.post(f"{server.url}/generate", json=body, headers=auth, timeout=300).json()
     assert out["meta_info"]["completion_tokens"] == 128
     assert out["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def test_native_generate_logprobs_follow_the_temperature(server, model_dir, llm, auth):
+    """SGLang's /generate reports the sampled distribution's logprobs: log_softmax((logits + bias)
+    / temperature), before top-k/top-p (they were the model's own at any temperature, as vLLM's,
+    which the OpenAI routes keep). The reference is transformers' logits for the prompt."""
+    import torch
+    import transformers
+
+    ids = llm.tokenizer.encode(PROMPT)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, -1].double()
+    biased = int(logits.argsort()[-5])  # the fifth most likely token, lifted by a bias
+    for temperature, bias in [(0.5, {}), (2.0, {}), (0, {}), (0.7, {biased: 3.0})]:
+        shifted = logits.clone()
+        for token, value in bias.items():
+            shifted[token] += value
+        want = torch.log_softmax(shifted / (temperature or 1.0), dim=-1)
+        sampling = {"max_new_tokens": 1, "temperature": temperature, "top_p": 0.9, "seed": 5,
+                    "logit_bias": {str(k): v for k, v in bias.items()}}  # fmt: skip
+        body = {"input_ids": ids, "sampling_params": sampling, "return_logprob": True, "top_logprobs_num": 3}
+        meta = httpx.post(f"{server.url}/generate", json=body, headers=auth).json()["meta_info"]
+        [(lp, token, _)] = meta["output_token_logprobs"]
+        assert lp == pytest.approx(float(want[token]), abs=1e-3), (temperature, bias)
+        top = [(t, v) for v, t, _ in meta["output_top_logprobs"][0]]
+        values, order = want.topk(3)
+        assert [t for t, _ in top] == order.tolist(), (temperature, bias)
+        assert [v for _, v in top] == pytest.approx(values.tolist(), abs=1e-3)
+    # the OpenAI routes keep vLLM's: the model's own distribution whatever the temperature
+    raw = torch.log_softmax(logits, dim=-1)
+    out = httpx.post(
+        f"{server.url}/v1/completions",
+        json={
+            "prompt": ids,
+            "max_tokens": 1,
+            "temperature": 0.5,
+            "seed": 5,
+            "logprobs": 1,
+            "return_token_ids": True,
+        },
+        headers=auth,
+    ).json()["choices"][0]
+    [token] = out["token_ids"]
+    assert out["logprobs"]["token_logprobs"][0] == pytest.approx(float(raw[token]), abs=1e-3)
