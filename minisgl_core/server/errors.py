@@ -213,6 +213,9 @@ def install_error_handlers(app: FastAPI, on_error: Callable[[int], None] = lambd
             # FastAPI's "There was an error parsing the body": the JSON decoder met bytes that
             # are not UTF-8 (a compressed body sent without its Content-Encoding reads so too)
             return JSONResponse(error_body(400, _not_utf8(exc.__cause__)), status_code=400)
+        if isinstance(exc.__cause__, RecursionError):  # the same message for a body nested too deep
+            message = "malformed JSON body: nested deeper than the JSON decoder goes (about 1,000 levels)"
+            return JSONResponse(error_body(400, message), status_code=400)
         # exc.headers: a 405's Allow, which RFC 9110 requires; every GET route answers HEAD too
         # (HeadAsGet), which the router does not know
         headers = dict(exc.headers or {})

@@ -510,6 +510,17 @@ def test_null_fields_mean_not_set(server, auth):
     assert resp.status_code == 200, resp.text
 
 
+def test_a_body_nested_too_deep_is_named(server, auth):
+    """JSON nested 100,000 deep (the decoder's RecursionError) was FastAPI's bare "There was an
+    error parsing the body"; now it says what is wrong, as any other malformed body."""
+    body = b'{"prompt": "hi", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    resp = httpx.post(
+        f"{server.url}{COMPLETIONS}", content=body, headers={**auth, "content-type": "application/json"}
+    )
+    assert resp.status_code == 400
+    assert resp.json()["error"]["message"].startswith("malformed JSON body: nested deeper"), resp.text
+
+
 def test_rejections_are_counted(server, auth, read_metrics):
     before = read_metrics()["minisgl_requests_rejected_total"]
     httpx.post(f"{server.url}{COMPLETIONS}", json={"prompt": LONG}, headers=auth)
