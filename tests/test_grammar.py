@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import re
 import sys
@@ -597,3 +598,21 @@ def test_format_regexes_take_exactly_the_valid_dates_times_and_addresses():
     for octet in range(300):
         for text in {f"1.{octet}.3.4", f"1.{octet:03d}.3.4"}:
             assert bool(ipv4.match(text)) == python_takes(ipaddress.IPv4Address, text), text
+
+
+def test_llguidance_at_its_parser_limit_says_so(default_model_dir, caplog):
+    """An object of 600 optional properties passes llguidance's 2,000 items a row once the brace
+    is open: the request failed "invalid" with a message blaming the schema alone; the message now
+    names the backend's limits too and the log gives llguidance's reason. xgrammar takes it."""
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(600)}}
+    spec = GrammarSpec("json_schema", json.dumps(schema))
+    for backend in BACKENDS:
+        llm = LLM(default_model_dir, device="cpu", grammar_backend=backend)
+        with caplog.at_level(logging.WARNING):
+            [out] = llm.generate(["JSON:"], SamplingParams(grammar=spec, max_tokens=8, temperature=0.0))
+        llm.close()
+        if backend == "xgrammar":
+            assert out.finish_reason in ("stop", "length") and out.text.startswith("{"), out.error
+            continue
+        assert out.finish_reason == "invalid" and "stopped at one of its limits" in out.error, out.error
+        assert "Current row has" in caplog.text and "max is 2000" in caplog.text, caplog.text

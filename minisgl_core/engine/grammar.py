@@ -67,10 +67,12 @@ COMPILE_NICE = 10
 #: a constrained request whose grammar allows no next token part-way: a required property whose
 #: schema is itself has no finite text (after ``{"a":`` nothing can follow), and on the default
 #: model xgrammar leaves nothing after the opening quote of ``{"const": "\U00040000"}`` (which
-#: json.dumps writes as a surrogate pair)
+#: json.dumps writes as a surrogate pair); llguidance's parser also stops so at its limits
 DEAD_END = (
     "the grammar allows no next token after {tokens} output token(s): no text this model can write "
-    "completes it (a required property whose schema is itself, for one)"
+    "completes it (a required property whose schema is itself, for one), or the grammar backend "
+    "stopped at one of its limits (llguidance: an object of several hundred properties; the "
+    "server's log names it)"
 )
 
 

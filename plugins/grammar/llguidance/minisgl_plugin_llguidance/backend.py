@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -12,6 +13,8 @@ import torch
 from minisgl_core.api import GrammarBackend, GrammarError, GrammarMatcher, GrammarSpec
 from minisgl_core.api.ecma_regex import class_atoms, class_end, ecma_dot, paired_surrogates, read_escape
 from minisgl_core.api.grammar import FORMAT_REGEXES, repeatable_key_count
+
+logger = logging.getLogger(__name__)
 
 #: compact JSON (no free whitespace): a weak model cannot stall in an endless run of spaces
 _JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
@@ -42,6 +45,17 @@ class LLGuidanceMatcher(GrammarMatcher):
 
     def reset(self) -> None:
         self._matcher.reset()
+
+
+def _log_limit(error: str) -> None:
+    """Say in the log when llguidance stopped a grammar at one of its parser's limits (an object of
+    several hundred optional properties passes its 2,000 items a row after the opening brace): the
+    engine fails the request as a grammar with no next token, which alone reads as the schema's
+    fault."""
+    lines = error.splitlines()
+    if any(line.startswith("Stop: ParserTooComplex") for line in lines):
+        reason = next((line for line in lines if "Error" in line), lines[0] if lines else error)
+        logger.warning("llguidance stopped a grammar at its parser's limits: %s", reason)
 
 
 class LLGuidanceBackend(GrammarBackend):
@@ -98,7 +112,11 @@ class LLGuidanceBackend(GrammarBackend):
 
     def accept_tokens(self, matchers: Sequence[GrammarMatcher], token_ids: Sequence[int]) -> list[bool]:
         pairs = [(m._matcher, t) for m, t in zip(matchers, token_ids, strict=True)]  # type: ignore[attr-defined]
-        return [bool(ok) for ok in self._pool().consume_token_par(pairs)]
+        accepted = [bool(ok) for ok in self._pool().consume_token_par(pairs)]
+        for (matcher, _), ok in zip(pairs, accepted, strict=True):
+            if not ok and matcher.is_error():
+                _log_limit(matcher.get_error())
+        return accepted
 
     def compile_uncached(self, spec: GrammarSpec) -> str:
         """The llguidance grammar text of ``spec``, validated against the tokenizer."""
