@@ -76,6 +76,24 @@ DEAD_END = (
 )
 
 
+def give_back_freed_memory() -> None:
+    """Return the C heap's free memory to the system (glibc's ``malloc_trim``; elsewhere nothing).
+
+    A grammar compile allocates far more than it keeps, on threads whose malloc arenas glibc does
+    not shrink by itself: xgrammar compiling a JSON schema of 3,000 optional properties on the
+    default model raised the process's resident memory from 0.4 to 1.9 GB and kept it there, for a
+    compiled grammar of 17 MB (a scheduler that had compiled a few such schemas held 3.5-5.7 GB
+    for good); trimmed after the compile, it fell back to 0.43 GB. Takes milliseconds."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).malloc_trim(0)
+    except (AttributeError, OSError):  # pragma: no cover - not glibc (musl has no malloc_trim)
+        pass
+
+
 def _lower_priority() -> None:
     """Run this thread (a compile thread) at COMPILE_NICE: on Linux a thread has its own nice value."""
     if sys.platform.startswith("linux"):
@@ -126,7 +144,11 @@ class GrammarRunner:
         spec = req.params.grammar
         if spec is None:
             return
-        self._give_matcher(req, self.backend.get().compile(spec))
+        backend = self.backend.get()
+        before = backend.compiles
+        self._give_matcher(req, backend.compile(spec))
+        if backend.compiles != before:  # compiled now, not from the cache
+            give_back_freed_memory()
         self._remember(spec)
 
     def _remember(self, spec: GrammarSpec) -> None:
@@ -181,7 +203,10 @@ class GrammarRunner:
         return pool
 
     def _compile(self, spec: GrammarSpec) -> Any:
-        return self.backend.get().compile(spec)
+        try:
+            return self.backend.get().compile(spec)
+        finally:
+            give_back_freed_memory()
 
     @property
     def compiling(self) -> int:

@@ -90,7 +90,7 @@ def test_a_large_grammar_no_text_can_begin_is_a_400_from_the_engine(limited, mod
         )  # fmt: skip
     assert "no token can begin it" in refused.value.body["message"]
     # a large schema with a reference admitted without the byte compile: nobody waits on it
-    heavy_ref = {**HEAVY, "$defs": {"n": {"type": "integer"}}}
+    heavy_ref = {**HEAVY, "$defs": {"n": {"type": "integer"}}, "required": ["n"]}
     heavy_ref["properties"] = {**HEAVY["properties"], "n": {"$ref": "#/$defs/n"}}
     with ThreadPoolExecutor(1) as pool:
         heavy = pool.submit(
@@ -103,3 +103,23 @@ def test_a_large_grammar_no_text_can_begin_is_a_400_from_the_engine(limited, mod
         assert time.monotonic() - t0 < 5 and plain.usage.completion_tokens == 8
         with pytest.raises(openai.BadRequestError):  # its compile overran the server's 2 s
             heavy.result()
+
+
+def test_a_schema_too_costly_to_compile_is_a_400_at_once(limited, model_name):
+    """An object of 5,000 optional properties: xgrammar's compile would take minutes and gigabytes
+    of the scheduler's memory, which it kept using past the timeout's 400 (a compile cannot be
+    stopped); it is refused at admission, naming the fix, and the server serves on."""
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(5000)}}
+    client = openai.OpenAI(base_url=f"{limited.url}/v1", api_key="unused", max_retries=0, timeout=60)
+    started = time.monotonic()
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(
+            model=model_name, messages=USER, max_tokens=20,
+            response_format={"type": "json_schema", "json_schema": {"name": "form", "schema": schema}},
+        )  # fmt: skip
+    assert time.monotonic() - started < 10
+    body = refused.value.body
+    assert "5,000 in the object at #" in body["message"] and "'required'" in body["message"], body
+    assert body["type"] == "invalid_request_error" and body["param"] == "response_format", body
+    plain = client.completions.create(model=model_name, prompt="hello", max_tokens=4, temperature=0)
+    assert plain.usage.completion_tokens == 4

@@ -1,7 +1,7 @@
 """The JSON schemas the xgrammar backend refuses, each with a GrammarError naming where and why:
 those xgrammar would compile into a grammar passing output that breaks them (a keyword it does
-not enforce, a part accepting no value, an overlapping ``oneOf``) or nests too deep to compile
-in time (:func:`refuse_what_xgrammar_gets_wrong`)."""
+not enforce, a part accepting no value, an overlapping ``oneOf``) or nests too deep or holds too many optional
+properties to compile in time (:func:`refuse_what_xgrammar_gets_wrong`)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from minisgl_plugin_xgrammar.schema_walk import (
     _INT64_MIN,
     _NAMES_TOO_LONG,
     _RANGE_KEYWORDS,
+    MAX_OPTIONAL_WEIGHT,
     MAX_SCHEMA_DEPTH,
     _choice_filter,
     _ChoiceFilters,
@@ -37,6 +38,7 @@ from minisgl_plugin_xgrammar.schema_walk import (
     _types,
     _values,
     _walk,
+    optional_properties,
     too_deep,
 )
 
@@ -77,7 +79,8 @@ _REF_ALONE_DRAFTS = ("draft-03", "draft-04", "draft-06", "draft-07")
 def refuse_what_xgrammar_gets_wrong(schema: Any) -> None:
     """GrammarError for a schema xgrammar would compile into a grammar passing output that breaks
     it: nested deeper than MAX_SCHEMA_DEPTH (checked first: the other walks recurse), a part
-    accepting no value, a keyword it does not enforce."""
+    accepting no value, a keyword it does not enforce; or one too costly to compile (more optional
+    properties than MAX_OPTIONAL_WEIGHT)."""
     deep = too_deep(schema)
     if deep is not None:
         raise GrammarError(
@@ -85,6 +88,7 @@ def refuse_what_xgrammar_gets_wrong(schema: Any) -> None:
             "backend takes schemas in schemas up to that depth: its compile time grows with the cube "
             "of the depth)"
         )
+    _refuse_too_many_optional(schema)
     wrong = invalid_values(schema)
     if wrong:
         raise GrammarError("json_schema: " + _first_five(wrong))
@@ -102,6 +106,24 @@ def refuse_what_xgrammar_gets_wrong(schema: Any) -> None:
             + _first_five(unenforced)
             + " (it would pass output that breaks them): remove them from the schema"
         )
+
+
+def _refuse_too_many_optional(schema: Any) -> None:
+    """GrammarError for a schema whose optional properties would cost xgrammar's compile more than
+    MAX_OPTIONAL_WEIGHT (minutes and gigabytes, which a compile past its timeout goes on using)."""
+    objects = optional_properties(schema)
+    weight = sum(count * count for _, count in objects)
+    if weight <= MAX_OPTIONAL_WEIGHT:
+        return
+    path, most = max(objects, key=lambda found: found[1])
+    others = f" and {len(objects) - 1:,} more object(s)" if len(objects) > 1 else ""
+    raise GrammarError(
+        f"json_schema: too many optional properties for the xgrammar backend: {most:,} in the object "
+        f"at {path}{others}. Its compile time and memory grow with the square of an object's optional "
+        f"properties (an object of 4,000 took a minute and 1.8 GB on two cores); it takes at most as "
+        f"many as one object of {math.isqrt(MAX_OPTIONAL_WEIGHT):,} (the squares of the objects' "
+        "counts summed). List more properties in 'required', or split the schema"
+    )
 
 
 #: keywords whose value JSON Schema makes a non-negative integer: xgrammar took minLength -1 (its
