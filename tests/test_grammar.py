@@ -670,3 +670,54 @@ def test_a_compile_aside_gives_back_the_memory_it_used(default_model_dir):
     assert proc.returncode == 0, proc.stderr[-3000:]
     grown = int(proc.stdout.split()[-1])
     assert grown < 60, f"resident memory grew {grown} MB over one compile"
+
+
+def _sized_regex(i: int, chars: int) -> GrammarSpec:
+    """A regex grammar of exactly ``chars`` characters, its text its own for each ``i``."""
+    head = f"(x{i}|"
+    return GrammarSpec("regex", head + "a" * (chars - len(head) - 1) + ")")
+
+
+def test_compiled_grammars_kept_are_bounded_by_their_text(model_dir, monkeypatch):
+    """A compiled grammar holds memory in step with its text (xgrammar: 120-200 bytes a character,
+    60-93 MB for one of 500,000), and the caches kept 256 (the backend's) and 4,096 (the
+    runner's) whatever their size: some 24 GB from 256 requests of large grammars. Both now keep
+    at most so many characters of text, the least recently used dropped first, the newest kept
+    whatever its size; a grammar the runner has dropped compiles aside again (every rank drops the
+    same ones), and its request runs as before."""
+    from minisgl_core.api import grammar as api_grammar
+
+    monkeypatch.setattr(api_grammar, "_CACHE_CHARS", 1000)
+    monkeypatch.setattr(engine_grammar, "KNOWN_GRAMMAR_CHARS", 1000)
+    llm = LLM(model_dir, device="cpu", dtype="float32", attn="torch")
+    engine, runner = llm.engine, llm.engine.grammars
+    backend = runner.backend.get()
+    specs = [_sized_regex(i, 400) for i in range(3)]
+
+    def run(rid: int, spec: GrammarSpec) -> tuple[list, bool]:
+        """(its outputs, whether it compiled aside)"""
+        params = engine.admit([11, 12], constrained(spec, max_tokens=4))
+        engine.add_request(rid, [11, 12], params, compile_aside=True)
+        aside = engine.compiling == 1
+        deadline = time.monotonic() + 60
+        while engine.compiling and time.monotonic() < deadline:
+            assert engine.admit_compiled(*engine.compiles_settled()) == []
+            time.sleep(0.01)
+        return _step_until_idle(engine)[rid], aside
+
+    for rid, spec in enumerate(specs):
+        out, aside = run(rid, spec)
+        assert aside and out[-1].finish_reason in ("stop", "length")
+    assert not run(5, specs[2])[1]  # known: queued at once
+    assert list(runner._known) == specs[1:] and runner._known_chars == 800
+    assert list(backend._cache) == specs[1:] and backend._cache_chars == 800
+    # the first was dropped: it compiles aside again, then runs; the newest is kept alone when large
+    compiles = backend.compiles
+    out, aside = run(10, specs[0])
+    assert aside and out[-1].finish_reason in ("stop", "length") and backend.compiles == compiles + 1
+    assert list(runner._known) == [specs[2], specs[0]]  # (specs[2] used since specs[1])
+    large = _sized_regex(9, 1500)
+    run(11, large)
+    assert list(runner._known) == [large] and list(backend._cache) == [large]
+    assert runner._known_chars == backend._cache_chars == 1500
+    llm.close()

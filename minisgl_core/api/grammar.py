@@ -215,6 +215,15 @@ class GrammarMatcher(ABC):
         """Back to the start of the grammar, as freshly made."""
 
 
+#: characters of grammar text whose compiled grammars a backend's cache keeps at most (beside
+#: ``GrammarBackend.cache_size``), the oldest dropped first; the newest is always kept. What a
+#: compiled grammar holds grows with its text: xgrammar keeps 120-200 bytes a character (an enum,
+#: a regex alternation or an EBNF choice of 500,000 characters: 60-93 MB), so 256 of them at the
+#: largest grammar a request may send (``SamplingParams.MAX_GRAMMAR_CHARS``) held some 24 GB; this
+#: bound keeps the cache under 1 GB.
+_CACHE_CHARS = 1 << 22
+
+
 class GrammarBackend(ABC):
     """Compiles grammars for one tokenizer and makes matchers; registered by plugins with
     ``minisgl_register_grammar_backends`` and selected with ``--grammar-backend NAME``.
@@ -227,7 +236,8 @@ class GrammarBackend(ABC):
 
     #: the grammar kinds this backend compiles; others raise GrammarError naming the backend
     capabilities: ClassVar[frozenset[str]] = frozenset()
-    #: compiled grammars kept (least recently used dropped first)
+    #: compiled grammars kept (least recently used dropped first; at most 4,194,304 characters of
+    #: grammar text in all, whatever this says)
     cache_size: ClassVar[int] = 256
 
     def __init__(self, tokenizer: Any, *, vocab_size: int, stop_token_ids: Sequence[int]) -> None:
@@ -235,6 +245,8 @@ class GrammarBackend(ABC):
         self.vocab_size = vocab_size
         self.stop_token_ids = tuple(stop_token_ids)
         self._cache: OrderedDict[GrammarSpec, Any] = OrderedDict()
+        #: characters of the cached grammars' texts (bounded by _CACHE_CHARS)
+        self._cache_chars = 0
         #: the engine compiles on other threads while its own reads the cache
         self._cache_lock = threading.Lock()
         #: compiles done (cache misses), for tests and the benchmarks
@@ -276,9 +288,15 @@ class GrammarBackend(ABC):
             raise GrammarError(f"invalid {spec.kind} grammar: {said}") from exc
         with self._cache_lock:
             self.compiles += 1
+            if spec not in self._cache:  # (two threads may have compiled it)
+                self._cache_chars += len(spec.value)
             self._cache[spec] = compiled
-            if len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
+            self._cache.move_to_end(spec)
+            while len(self._cache) > 1 and (
+                len(self._cache) > self.cache_size or self._cache_chars > _CACHE_CHARS
+            ):
+                dropped, _ = self._cache.popitem(last=False)
+                self._cache_chars -= len(dropped.value)
         return compiled
 
     def check(self, spec: GrammarSpec) -> None:
@@ -297,7 +315,8 @@ class GrammarBackend(ABC):
         matcher.fill_bitmask(mask, 0)
         if not matcher.is_terminated() and not bool(allowed_tokens(mask[0], self.vocab_size).any()):
             with self._cache_lock:
-                self._cache.pop(spec, None)
+                if self._cache.pop(spec, None) is not None:
+                    self._cache_chars -= len(spec.value)
             raise GrammarError(
                 f"the {spec.kind} grammar accepts no text: no token can begin it (a schema that only "
                 "refers to itself, for one)"

@@ -27,6 +27,7 @@ import os
 import sys
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NamedTuple
@@ -56,8 +57,12 @@ COMPILE_THREADS = 4
 #: otherwise hold every compile thread and make each new schema behind them wait or time out
 LARGE_GRAMMAR_CHARS = 16384
 LARGE_COMPILE_THREADS = 2
-#: grammars remembered as compiled (GrammarRunner._known) before the record starts afresh
+#: compiled grammars the runner keeps (GrammarRunner._known), the least recently used dropped
+#: first: at most this many, of at most KNOWN_GRAMMAR_CHARS characters of grammar text in all
+#: (xgrammar's compiled grammars hold 120-200 bytes a character: under 1 GB). Every rank of a
+#: server keeps and drops the same ones, as it decides by the texts alone, where all are in step.
 KNOWN_GRAMMARS = 4096
+KNOWN_GRAMMAR_CHARS = 1 << 22
 #: the compile threads' nice value, which the threads a library starts from them inherit (xgrammar
 #: starts its own per compile): where they compete with the engine's thread for a core, the engine
 #: goes first. At nice 0, two compiles of 8 threads each on 2 cores held 20 free requests for 15 s
@@ -134,27 +139,40 @@ class GrammarRunner:
         #: the compile of each grammar still running or queued: one per grammar, however many
         #: requests wait for it
         self._compiles: dict[GrammarSpec, Future[Any]] = {}
-        #: grammars some request got a matcher for (attach, finish_compile), so compiled. Changed
-        #: only there, where every rank of a server is in step, so every rank decides alike
-        #: which requests compile aside (the backend's cache fills whenever a compile thread ends)
-        self._known: set[GrammarSpec] = set()
+        #: grammars some request got a matcher for (attach, finish_compile), so compiled, with
+        #: their compiled form, least recently used first. Changed only there, where every rank
+        #: of a server is in step, so every rank decides alike which requests compile aside (the
+        #: backend's cache fills whenever a compile thread ends, and may drop one still here)
+        self._known: OrderedDict[GrammarSpec, Any] = OrderedDict()
+        #: characters of their texts (bounded by KNOWN_GRAMMAR_CHARS)
+        self._known_chars = 0
 
     def attach(self, req: Request) -> None:
         """Give a constrained request its matcher; GrammarError (a ValueError) for a bad grammar."""
         spec = req.params.grammar
         if spec is None:
             return
-        backend = self.backend.get()
-        before = backend.compiles
-        self._give_matcher(req, backend.compile(spec))
-        if backend.compiles != before:  # compiled now, not from the cache
-            give_back_freed_memory()
-        self._remember(spec)
+        compiled = self._known.get(spec)
+        if compiled is None:
+            backend = self.backend.get()
+            before = backend.compiles
+            compiled = backend.compile(spec)
+            if backend.compiles != before:  # compiled now, not from the cache
+                give_back_freed_memory()
+        self._give_matcher(req, compiled)
+        self._remember(spec, compiled)
 
-    def _remember(self, spec: GrammarSpec) -> None:
-        if len(self._known) >= KNOWN_GRAMMARS:
-            self._known.clear()
-        self._known.add(spec)
+    def _remember(self, spec: GrammarSpec, compiled: Any) -> None:
+        if spec in self._known:
+            self._known.move_to_end(spec)
+            return
+        self._known[spec] = compiled
+        self._known_chars += len(spec.value)
+        while len(self._known) > 1 and (
+            len(self._known) > KNOWN_GRAMMARS or self._known_chars > KNOWN_GRAMMAR_CHARS
+        ):
+            dropped, _ = self._known.popitem(last=False)
+            self._known_chars -= len(dropped.value)
 
     def _give_matcher(self, req: Request, compiled: Any) -> None:
         try:
@@ -172,7 +190,8 @@ class GrammarRunner:
         """Whether ``req``'s grammar is one no request has been given a matcher for yet: it
         compiles aside (or first builds the backend, which reads the whole vocabulary). The same
         answer on every rank (not the backend's cache, which fills when a compile thread ends);
-        a grammar the backend's cache has dropped since is compiled again in :meth:`attach`."""
+        one this runner has dropped since (KNOWN_GRAMMARS, KNOWN_GRAMMAR_CHARS) compiles aside
+        again, or comes from the backend's cache at once."""
         spec = req.params.grammar
         return spec is not None and spec not in self._known
 
@@ -241,7 +260,7 @@ class GrammarRunner:
         except Exception as exc:  # noqa: BLE001 - the request fails, not the scheduler
             raise GrammarError(f"the grammar did not compile: {type(exc).__name__}: {exc}") from exc
         self._give_matcher(waiting.req, compiled)
-        self._remember(waiting.req.params.grammar)  # type: ignore[arg-type]
+        self._remember(waiting.req.params.grammar, compiled)  # type: ignore[arg-type]
         return waiting.req
 
     def drop_compile(self, rid: int) -> bool:
