@@ -157,7 +157,7 @@ def info_router(state: ServerState, info: dict[str, Any]) -> APIRouter:
         """Healthy only if one greedy token comes out of the engine within the health bound."""
         problem = state.health()
         if problem is None:
-            group = RequestGroup(state)
+            group = RequestGroup(state, probe=True)
             group.set_timeout(state.limits.health_timeout_s)
             try:
                 await group.add(_PROBE, 1, input_ids=[0])

@@ -152,8 +152,11 @@ class Delta:
 
 
 class RequestGroup:
-    def __init__(self, state: ServerState) -> None:
+    def __init__(self, state: ServerState, *, probe: bool = False) -> None:
         self.state = state
+        #: a health probe's (/health_generate): left out of /metrics, whose request counts,
+        #: tokens and latencies are the clients' (a router polls it every few seconds)
+        self.probe = probe
         self.queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
         self.unfinished: dict[int, int] = {}  # rid -> choice index
         self.prompt_tokens = 0
@@ -254,7 +257,8 @@ class RequestGroup:
         self.prompt_tokens += result.prompt_len
         self.choice_prompt_tokens += [result.prompt_len] * n
         self.choice_prompt_ids += [result.prompt_ids] * n
-        state.metrics.prompt_tokens += result.prompt_len
+        if not self.probe:
+            state.metrics.prompt_tokens += result.prompt_len
         return result
 
     async def deltas(self) -> AsyncIterator[Delta]:
@@ -308,12 +312,13 @@ class RequestGroup:
         counting them in /metrics as served, neither as aborts nor by their prompt tokens (the
         refusal counts the request once, as rejected)."""
         self._abort_unfinished(counted=False)
-        self.state.metrics.prompt_tokens -= self.prompt_tokens
+        if not self.probe:
+            self.state.metrics.prompt_tokens -= self.prompt_tokens
 
     def _abort_unfinished(self, counted: bool) -> None:
         for rid in list(self.unfinished):
             if self.state.pending.pop(rid, None) is not None:
-                self.state.abort(rid, counted)
+                self.state.abort(rid, counted and not self.probe)
         self.unfinished.clear()
 
 
@@ -501,7 +506,8 @@ class ServerState:
             status = 500
             if reason == "invalid":  # the engine found the request at fault: an error, a 400
                 reason, status = "error", 400
-            if token >= 0:
+            counted = not group.probe
+            if token >= 0 and counted:
                 m.generation_tokens += 1
                 last = self.last_token_at.get(rid)
                 if last is None:
@@ -514,8 +520,9 @@ class ServerState:
                 del self.pending[rid]
                 group.unfinished.pop(rid, None)
                 self.last_token_at.pop(rid, None)
-                m.finished[reason] += 1
-                m.e2e.observe(now - group.arrival)
+                if counted:
+                    m.finished[reason] += 1
+                    m.e2e.observe(now - group.arrival)
             group.queue.put_nowait(
                 TokenEvent(
                     index,

@@ -50,3 +50,33 @@ def test_head_on_a_live_server(server):
     for path, status in [("/health", 200), ("/health_generate", 200), ("/v1/models", 200)]:
         resp = httpx.head(f"{server.url}{path}", headers=AUTH, timeout=30)
         assert resp.status_code == status and resp.content == b"", path
+
+
+def test_health_generate_probes_are_left_out_of_metrics(server, read_metrics, model_name):
+    """/health_generate runs one token through the engine; a router polls it every few seconds, and
+    each probe counted as a client's request in /metrics (its prompt and generated token, its
+    finish "length", its latencies). Left out now."""
+    counted = (
+        "requests",
+        "minisgl_prompt_tokens_total",
+        "minisgl_generation_tokens_total",
+        "minisgl_time_to_first_token_seconds_count",
+        "minisgl_e2e_request_latency_seconds_count",
+    )
+
+    def read() -> dict[str, float]:
+        m = read_metrics()
+        m["requests"] = sum(v for k, v in m.items() if k.startswith("minisgl_requests_total{"))
+        return {k: m[k] for k in counted}
+
+    before = read()
+    for _ in range(3):
+        assert httpx.get(f"{server.url}/health_generate", headers=AUTH, timeout=30).json() == {"status": "ok"}
+    after = read()
+    assert after == before
+    # a client's request of the same size still counts, once each
+    body = {"model": model_name, "prompt": [0], "max_tokens": 1, "temperature": 0}
+    resp = httpx.post(f"{server.url}/v1/completions", json=body, headers=AUTH, timeout=30)
+    assert resp.status_code == 200, resp.text
+    client = read()
+    assert {k: client[k] - after[k] for k in counted} == dict.fromkeys(counted, 1.0)
