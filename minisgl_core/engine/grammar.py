@@ -65,8 +65,13 @@ KNOWN_GRAMMARS = 4096
 KNOWN_GRAMMAR_CHARS = 1 << 22
 #: the compile threads' nice value, which the threads a library starts from them inherit (xgrammar
 #: starts its own per compile): where they compete with the engine's thread for a core, the engine
-#: goes first. At nice 0, two compiles of 8 threads each on 2 cores held 20 free requests for 15 s
-COMPILE_NICE = 10
+#: goes first. At nice 0, two compiles of 8 threads each on 2 cores held 20 free requests for 15 s.
+#: At nice 10, six compiles (each 8 threads) slowed a free request of 48 tokens from 2.0 s to
+#: 7.9-21.7 s on 2 cores; at 19, the lowest, to 3.8-4.0 s. A compile beside a busy engine takes
+#: the longer (1,000 properties beside 8 decoding requests: 16.3 s against 3.8 s; the engine's
+#: step 98 ms against 182 ms meanwhile): the request that brings the grammar waits, not the others
+#: (tools/cpu_compile_load.py; BENCHMARKS.md "CPU")
+COMPILE_NICE = 19
 
 
 #: a constrained request whose grammar allows no next token part-way: a required property whose
