@@ -15,6 +15,7 @@ from typing import Any
 
 from minisgl_core.api import (
     JsonToolCallParser,
+    ScannedCall,
     ToolParser,
     scan_tool_call,
 )
@@ -28,8 +29,11 @@ class ForcedToolCallParser(JsonToolCallParser):
 
     The grammar makes the output this array, so none of it is content, even when max_tokens or a
     stop string cuts it off: a call cut off part-way is a call with its arguments so far once its
-    name is complete (as vLLM answers a named function, and as every JsonToolCallParser does), and
-    is dropped before that (where a parser of the model's own format gives it back as content).
+    name is complete (as every JsonToolCallParser does). Cut off before that, the first call is
+    still certain when one function is offered (a named ``tool_choice``): it is that function's
+    call with arguments ``""`` so far, as vLLM answers a named function cut short; any other call
+    cut off before its name is dropped (where a parser of the model's own format gives it back as
+    content).
     """
 
     leading_only = True
@@ -38,8 +42,9 @@ class ForcedToolCallParser(JsonToolCallParser):
     separator = ","
 
     def _lead(self, final: bool) -> bool:
-        if final and self._buffer.strip() == self.list_open:  # cut off before the first call
+        if final and self._buffer.strip() in ("", self.list_open):  # cut off before the first call
             self._buffer = ""
+            return self._cut_before_a_name()
         return super()._lead(final)
 
     def _call(self, final: bool) -> bool:
@@ -47,8 +52,15 @@ class ForcedToolCallParser(JsonToolCallParser):
             scan = scan_tool_call(self._buffer, 0, self.arguments_keys)
             if scan.status == "partial" and scan.name is None:  # ended before its name is complete
                 self._buffer = ""
-                return self._give_up()
+                return self._cut_before_a_name()
         return super()._call(final)
+
+    def _cut_before_a_name(self) -> bool:
+        if not self._ids and len(self._names) == 1:  # the one function a named tool_choice calls
+            (name,) = self._names
+            self._send(ScannedCall("partial", name), header=True)
+            self._index += 1
+        return self._give_up()
 
 
 #: a function given no ``parameters`` takes none (OpenAI: "omitting parameters defines a function
@@ -116,6 +128,7 @@ def plan_tools(body: ChatCompletionRequest, tool_parser: type[ToolParser] | None
                 "tool_choice",
             )
         functions = named[:1]
+        tools = [tools[named[0][0]]]  # the answer's parser reads calls of this function only
         schema = {
             "type": "array",
             "items": _call_schema(named[0][1], named[0][0]),

@@ -222,7 +222,8 @@ def test_forced_calls_resolve_refs_within_their_own_parameters(named):
         for arguments in bad[name]:
             with pytest.raises(jsonschema.ValidationError):
                 jsonschema.validate([{"name": name, "arguments": arguments}], schema)
-    assert [t["function"]["parameters"] for t in plan.tools] == [INT_ITEM, STR_ITEM, OLD_DEFINITIONS, TREE]
+    kept = [t["function"] for t in REF_TOOLS if named in (None, t["function"]["name"])]  # a named one alone
+    assert [t["function"] for t in plan.tools] == kept  # as sent: the template sees them unscoped
 
 
 def test_only_the_ref_keywords_of_schemas_are_scoped():
@@ -313,6 +314,30 @@ def test_a_forced_array_cut_off_part_way_is_calls_so_far_streamed_or_not():
             calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
             got = (choice.message.content or None, calls, choice.finish_reason)  # (a stream's content is "")
             assert got == (None, expected, finish), (cut, text)
+
+
+@pytest.mark.parametrize("choice", [{"type": "function", "function": {"name": "get_weather"}}, "required"])
+def test_a_call_to_the_one_function_cut_before_its_name_is_still_that_call(choice):
+    """A named tool_choice (or "required" with one function) cut by max_tokens or a stop string
+    before the call's name was complete ('[{"na'): the answer had no call at all, so a client
+    that forced a call got none. The call is certain: it is that function's, arguments "" so far
+    (vLLM's named-function answer), finish_reason not "tool_calls", whole and streamed alike; with
+    two functions to choose from such a cut is still no call."""
+    tools = [WEATHER, TIME] if choice != "required" else [WEATHER]
+    plan = plan_tools(request(tools=tools, tool_choice=choice), None)
+    text = '[{"name": "get_weather", "arguments": {"city": "Paris"}}]'
+    name_end = text.index('"get_weather"') + len('"get_weather"')
+    for cut in range(name_end):
+        whole = ChoiceOutput(plan, None)
+        completion = as_completion(whole.message(text[:cut]), whole.finish_reason("stop"))
+        for answer in (completion, streamed(ChoiceOutput(plan, None), text[:cut], [cut // 2], tools)):
+            choice_out = answer.choices[0]
+            calls = [(c.function.name, c.function.arguments) for c in choice_out.message.tool_calls or []]
+            got = (choice_out.message.content or None, calls, choice_out.finish_reason)
+            assert got == (None, [("get_weather", "")], "stop"), (cut, text[:cut])  # a stop string's cut
+    two = ToolPlan(ForcedToolCallParser, [WEATHER, TIME])
+    whole = ChoiceOutput(two, None)
+    assert as_completion(whole.message(text[:9]), "length").choices[0].message.tool_calls is None
 
 
 def test_a_hermes_call_cut_off_part_way_is_the_call_so_far_streamed_or_not():

@@ -295,6 +295,33 @@ def test_forced_tool_call_round_trip(grammar_backend, tools_client, model_name, 
     assert final.choices[0].finish_reason in ("stop", "length")
 
 
+@pytest.mark.parametrize("max_tokens", [1, 3])
+def test_a_named_call_cut_before_its_name_is_still_the_call(
+    grammar_backend, tools_client, model_name, max_tokens
+):
+    """A named tool_choice whose answer max_tokens cuts before the call's name is complete (the
+    forced array begins '[{"name": "'): the answer had no call, so a client that named the function
+    got none. It is that function's call with the arguments so far ("" here), finish_reason
+    "length", whole and streamed alike (vLLM answers a named function cut short this way)."""
+    kwargs = dict(
+        model=model_name, messages=ASK, tools=[WEATHER, BOUNDED], max_tokens=max_tokens, temperature=0,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )  # fmt: skip
+    choice = tools_client.chat.completions.create(**kwargs).choices[0]
+    whole = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
+    parts: dict[int, list[str]] = {}
+    finish = None
+    for chunk in tools_client.chat.completions.create(**kwargs, stream=True):
+        for delta in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            entry = parts.setdefault(delta.index, ["", ""])
+            entry[0] += delta.function.name or ""
+            entry[1] += delta.function.arguments or ""
+        if chunk.choices:
+            finish = chunk.choices[0].finish_reason or finish
+    assert (whole, choice.finish_reason) == ([("get_weather", "")], "length"), (whole, choice)
+    assert ([tuple(parts[i]) for i in sorted(parts)], finish) == (whole, "length")
+
+
 def _regex(text: str) -> str:
     """A regex matching exactly ``text`` (a tool call's JSON: braces are the regex's own)."""
     return text.replace("{", "\\{").replace("}", "\\}")
