@@ -1,7 +1,7 @@
 """The shared Llama-family decoder (pre-norm blocks, GQA with rope, SwiGLU MLP).
 
-Model plugins subclass :class:`DecoderForCausalLM` and set flags (``qk_norm`` for Qwen3) instead
-of copying the model; bias and tied embeddings come from the config."""
+Model plugins subclass :class:`DecoderForCausalLM` and set flags (``qk_norm`` for Qwen3,
+``qkv_bias`` for Qwen2) instead of copying the model; bias and tied embeddings come from the config."""
 
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ class DecoderAttention(nn.Module):
         parallel: ParallelContext,
         dtype: torch.dtype | None,
         device: Any,
+        qkv_bias: bool = False,
     ) -> None:
         super().__init__()
         hidden, heads = hf["hidden_size"], hf["num_attention_heads"]
@@ -48,7 +49,7 @@ class DecoderAttention(nn.Module):
             heads,
             hf.get("num_key_value_heads") or heads,
             parallel=parallel,
-            bias=bias,
+            bias=bias or qkv_bias,
             dtype=dtype,
             device=device,
         )
@@ -137,11 +138,12 @@ class DecoderLayer(nn.Module):
         parallel: ParallelContext,
         dtype: torch.dtype | None,
         device: Any,
+        qkv_bias: bool = False,
     ) -> None:
         super().__init__()
         eps = hf.get("rms_norm_eps", 1e-6)
         self.self_attn = DecoderAttention(
-            hf, layer_id, qk_norm=qk_norm, parallel=parallel, dtype=dtype, device=device
+            hf, layer_id, qk_norm=qk_norm, parallel=parallel, dtype=dtype, device=device, qkv_bias=qkv_bias
         )
         self.mlp = DecoderMLP(hf, parallel=parallel, dtype=dtype, device=device)
         self.input_layernorm = RMSNorm(hf["hidden_size"], eps, dtype=dtype, device=device)
@@ -189,13 +191,16 @@ class DecoderModel(nn.Module):
         parallel: ParallelContext,
         dtype: torch.dtype | None,
         device: Any,
+        qkv_bias: bool = False,
     ) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(
             hf["vocab_size"], hf["hidden_size"], parallel=parallel, dtype=dtype, device=device
         )
         self.layers = nn.ModuleList(
-            DecoderLayer(hf, i, qk_norm=qk_norm, parallel=parallel, dtype=dtype, device=device)
+            DecoderLayer(
+                hf, i, qk_norm=qk_norm, parallel=parallel, dtype=dtype, device=device, qkv_bias=qkv_bias
+            )
             for i in range(hf["num_hidden_layers"])
         )
         self.norm = RMSNorm(hf["hidden_size"], hf.get("rms_norm_eps", 1e-6), dtype=dtype, device=device)
@@ -238,6 +243,9 @@ class DecoderForCausalLM(Model):
 
     #: per-head RMS norm on q and k before rope (Qwen3)
     qk_norm: bool = False
+    #: a bias on the q, k and v projections whatever config.json says (Qwen2, whose config has no
+    #: such key); config.json's ``attention_bias`` gives one to all four projections, o_proj too
+    qkv_bias: bool = False
 
     @classmethod
     def unsupported_setting(cls, hf: dict[str, Any]) -> str | None:
@@ -259,7 +267,9 @@ class DecoderForCausalLM(Model):
         unsupported = type(self).unsupported_setting(hf)
         if unsupported is not None:
             raise NotImplementedError(unsupported)
-        self.model = DecoderModel(hf, qk_norm=self.qk_norm, parallel=parallel, dtype=dtype, device=device)
+        self.model = DecoderModel(
+            hf, qk_norm=self.qk_norm, qkv_bias=self.qkv_bias, parallel=parallel, dtype=dtype, device=device
+        )
         self.lm_head = ParallelLMHead(
             hf["vocab_size"], hf["hidden_size"], parallel=parallel, dtype=dtype, device=device
         )

@@ -62,7 +62,8 @@ class GGUFFormat(WeightFormat):
         _check_tensor_types(self.header, self.file)
         check_tokenizer_metadata(self.fields, str(self.file))
         # what the file states in tensors rather than metadata: biases, llama3 rope scaling
-        if any(_BIAS.get(_part(name)) == "attention_bias" for name in names):
+        built = _BUILT_BIASES.get(self._config["model_type"], frozenset())
+        if any(_BIAS.get(_part(name)) == "attention_bias" and _part(name) not in built for name in names):
             self._config["attention_bias"] = True
         if any(_BIAS.get(_part(name)) == "mlp_bias" for name in names):
             self._config["mlp_bias"] = True
@@ -127,6 +128,11 @@ _BIAS = {
     **{f"{part}.bias": "attention_bias" for part in ("attn_q", "attn_k", "attn_v", "attn_output")},
     **{f"{part}.bias": "mlp_bias" for part in ("ffn_gate", "ffn_up", "ffn_down")},
 }
+
+
+#: biases an architecture's model has whatever its config says (Qwen2's q, k and v): they need no flag,
+#: and attention_bias would give o_proj one too
+_BUILT_BIASES = {"qwen2": frozenset({"attn_q.bias", "attn_k.bias", "attn_v.bias"})}
 
 
 def _part(name: str) -> str:

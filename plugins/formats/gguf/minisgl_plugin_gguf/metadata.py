@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 #: GGUF ``general.architecture`` → the Hugging Face architecture our model plugins register
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
 #: ``{arch}.<key>`` → config.json key
 _ARCH_KEYS = {
