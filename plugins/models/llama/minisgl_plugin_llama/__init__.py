@@ -1,4 +1,4 @@
-"""Registers LlamaForCausalLM; the model class is imported only when a model of that architecture loads."""
+"""Registers LlamaForCausalLM and MistralForCausalLM; the model class is imported only when a model of that architecture loads."""
 
 from minisgl_core.api import hookimpl
 
@@ -8,3 +8,4 @@ MINISGL_API = "2.0"
 @hookimpl
 def minisgl_register_models(register) -> None:
     register("LlamaForCausalLM", "minisgl_plugin_llama.model:LlamaForCausalLM")
+    register("MistralForCausalLM", "minisgl_plugin_llama.model:MistralForCausalLM")

@@ -1,4 +1,4 @@
-"""The thin plugin module registers LlamaForCausalLM lazily and points at a real Model subclass."""
+"""The thin plugin module registers LlamaForCausalLM and MistralForCausalLM lazily and points at a real Model subclass."""
 
 from __future__ import annotations
 
@@ -15,8 +15,12 @@ def test_registers_the_architecture() -> None:
     minisgl_plugin_llama.minisgl_register_models(
         register=lambda name, target: registered.append((name, target))
     )
-    assert registered == [("LlamaForCausalLM", "minisgl_plugin_llama.model:LlamaForCausalLM")]
-    module, _, attribute = registered[0][1].partition(":")
-    cls = getattr(importlib.import_module(module), attribute)
-    assert issubclass(cls, DecoderForCausalLM) and issubclass(cls, Model)
+    assert registered == [
+        ("LlamaForCausalLM", "minisgl_plugin_llama.model:LlamaForCausalLM"),
+        ("MistralForCausalLM", "minisgl_plugin_llama.model:MistralForCausalLM"),
+    ]
+    for _, target in registered:
+        module, _, attribute = target.partition(":")
+        cls = getattr(importlib.import_module(module), attribute)
+        assert issubclass(cls, DecoderForCausalLM) and issubclass(cls, Model)
     assert minisgl_plugin_llama.MINISGL_API == "2.0"
