@@ -18,7 +18,7 @@ the mean fraction of the 32 tokens before the first divergence from the referenc
 0fbd70a criterion 3 required it to be at least the torch backend's in bf16 minus 0.1; with 32
 prompts its standard error is about 0.05, so it judged noise as much as kernels).
 
-    python3 tools/device_e2e.py --out $OUT/e2e.json
+    python3 tools/device_e2e.py --out $OUT/e2e.json [--archs Qwen2ForCausalLM,MistralForCausalLM]
 """
 
 from __future__ import annotations
@@ -192,13 +192,16 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--configs", help="comma-separated subset of the configurations")
+    parser.add_argument(
+        "--archs", default="Qwen3ForCausalLM,LlamaForCausalLM", help="comma-separated architectures to build"
+    )
     args = parser.parse_args()
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 1000) for _ in range(rng.randrange(8, 700))] for _ in range(32)]
     report: dict = {"criterion": __doc__.split("Criterion")[1].split("python3")[0].strip(), "models": {}}
     report["sampler"] = sampler_check()
     ok = report["sampler"]["ok"]
-    for arch in ("Qwen3ForCausalLM", "LlamaForCausalLM"):
+    for arch in args.archs.split(","):
         model_dir = str(make_model_dir(tempfile.mkdtemp() + "/m", arch, tokenizer_vocab_size=4096, **SHAPE))
         hf = hf_model(model_dir)
         hf_first = hf_first_tokens(hf, prompts)
