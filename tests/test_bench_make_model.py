@@ -33,7 +33,7 @@ def test_build_random_model_on_a_bad_device_writes_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("shape", ["qwen3-0.6b", "llama-3.1-8b"])
+@pytest.mark.parametrize("shape", ["qwen3-0.6b", "llama-3.1-8b", "qwen2.5-7b"])
 def test_linear_shapes_are_the_checkpoints_products_fused(shape):
     """The tools' GEMM shapes (``linear_shapes``) are the checkpoint's q/k/v and gate/up weights
     stacked as the engine fuses them, o_proj, down_proj, and the LM head (the embedding when tied)."""
@@ -55,3 +55,22 @@ def test_linear_shapes_are_the_checkpoints_products_fused(shape):
         "lm_head": head,
     }
     assert config.get("tie_word_embeddings", False) == ("lm_head.weight" not in weights)
+
+
+@pytest.mark.parametrize("shape", ["qwen3-0.6b", "llama-3.1-8b", "qwen2.5-7b"])
+def test_parameter_shapes_are_what_transformers_builds(shape):
+    """make-model writes ``parameter_shapes``: the names and shapes transformers' own model of the
+    config has (Qwen2's q/k/v biases and Qwen3's q/k norms included), the LM head left out when tied."""
+    import transformers
+
+    from minisgl_core.bench.shapes import SHAPES, parameter_shapes
+
+    config = SHAPES[shape]
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config))
+    expected = {
+        name: tuple(t.shape)
+        for name, t in model.state_dict().items()
+        if not (config["tie_word_embeddings"] and name == "lm_head.weight")
+    }
+    assert parameter_shapes(config) == expected

@@ -199,7 +199,7 @@ QWEN2_TINY = dict(
 )  # fmt: skip
 
 
-@pytest.mark.parametrize("shape", ["qwen3-0.6b", "llama-3.1-8b", "qwen2-tiny"])
+@pytest.mark.parametrize("shape", ["qwen3-0.6b", "llama-3.1-8b", "qwen2.5-7b", "qwen2-tiny"])
 def test_the_shape_check_takes_what_transformers_builds(shape):
     """The launcher's header check must never refuse a genuine checkpoint: the names and shapes of
     transformers' own model for each benchmark shape (and Qwen2's q/k/v biases) pass it, and one

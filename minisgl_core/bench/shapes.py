@@ -27,11 +27,17 @@ SHAPES: dict[str, dict[str, Any]] = {
         rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                           original_max_position_embeddings=8192),
     ),
+    "qwen2.5-7b": dict(
+        architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_size=3584, num_hidden_layers=28,
+        num_attention_heads=28, num_key_value_heads=4, intermediate_size=18944, vocab_size=152064,
+        tie_word_embeddings=False, rope_theta=1000000.0, rms_norm_eps=1e-6, max_position_embeddings=32768,
+        hidden_act="silu", use_sliding_window=False, sliding_window=131072, max_window_layers=28,
+    ),
 }  # fmt: skip
 
 
 def parameter_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
-    """HF checkpoint names and shapes of a Llama/Qwen3 decoder."""
+    """HF checkpoint names and shapes of a Llama/Qwen2/Qwen3 decoder."""
     h, inter, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
     d = config.get("head_dim") or h // config["num_attention_heads"]
     q, kv = config["num_attention_heads"] * d, config["num_key_value_heads"] * d
@@ -47,6 +53,9 @@ def parameter_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
         }  # fmt: skip
         if config["model_type"] == "qwen3":
             shapes |= {p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)}
+        if config["model_type"] == "qwen2":
+            shapes |= {p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
+                       p + "self_attn.v_proj.bias": (kv,)}  # fmt: skip
     if not config.get("tie_word_embeddings"):
         shapes["lm_head.weight"] = (vocab, h)
     return shapes
@@ -97,7 +106,9 @@ def build_random_model(
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
     for name, dims in parameter_shapes(config).items():
-        if len(dims) == 1:
+        if name.endswith(".bias"):
+            t = 0.02 * torch.randn(dims, generator=gen, device=device)
+        elif len(dims) == 1:  # norms
             t = 1.0 + 0.05 * torch.randn(dims, generator=gen, device=device)
         else:
             t = torch.randn(dims, generator=gen, device=device) * std
