@@ -44,7 +44,7 @@ def test_stream_split_anywhere_matches_parse(text):
 
 class TestQwen3ReasoningPackaging(PluginPackagingSuite):
     plugin = "qwen3-reasoning"
-    provides = {"reasoning_parsers": ["qwen3"]}
+    provides = {"reasoning_parsers": ["qwen3", "deepseek_r1"]}
 
 
 class TestQwen3ReasoningConformance(ReasoningParserSuite):
