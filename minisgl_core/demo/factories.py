@@ -160,8 +160,8 @@ def make_model_dir(
     """Write a complete random model directory: config, safetensors weights (an index and at least
     ``num_shards`` files when ``num_shards > 1``), tokenizer and generation config.
 
-    ``arch`` is ``"Qwen3ForCausalLM"``, ``"Qwen2ForCausalLM"``, ``"LlamaForCausalLM"`` or
-    ``"MistralForCausalLM"``; tiny defaults (hidden 64,
+    ``arch`` is ``"Qwen3ForCausalLM"``, ``"Qwen2ForCausalLM"``, ``"LlamaForCausalLM"``,
+    ``"MistralForCausalLM"`` or ``"Phi3ForCausalLM"``; tiny defaults (hidden 64,
     2 layers, 4 heads, 2 KV heads, head_dim 16) are overridden by ``config_overrides``, and
     ``vocab_size`` defaults to the tokenizer's. Weights come from transformers' own initialisation
     with ``seed`` and std ``hidden_size ** -0.5`` (logits of order one); norm weights and biases are then randomised too, so no parameter is trivially
@@ -172,6 +172,7 @@ def make_model_dir(
         GenerationConfig,
         LlamaConfig,
         MistralConfig,
+        Phi3Config,
         Qwen2Config,
         Qwen3Config,
     )
@@ -182,6 +183,7 @@ def make_model_dir(
         "Qwen2ForCausalLM": Qwen2Config,
         "LlamaForCausalLM": LlamaConfig,
         "MistralForCausalLM": MistralConfig,
+        "Phi3ForCausalLM": Phi3Config,
     }
     if arch not in config_classes:
         raise ValueError(f"unknown arch {arch!r}; choose from {sorted(config_classes)}")

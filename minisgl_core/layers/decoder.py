@@ -246,6 +246,10 @@ class DecoderForCausalLM(Model):
     #: a bias on the q, k and v projections whatever config.json says (Qwen2, whose config has no
     #: such key); config.json's ``attention_bias`` gives one to all four projections, o_proj too
     qkv_bias: bool = False
+    #: config.json's ``sliding_window`` applies whenever it is set (Mistral, Phi-3), not only under
+    #: ``use_sliding_window`` (Qwen2): one shorter than the context is refused (a window at least
+    #: as long as the context is full attention, which this decoder computes)
+    window_when_set: bool = False
 
     @classmethod
     def unsupported_setting(cls, hf: dict[str, Any]) -> str | None:
@@ -254,11 +258,11 @@ class DecoderForCausalLM(Model):
         rest. The constructor raises NotImplementedError with it; the launcher asks it first, so
         the user reads that line before any process starts. A subclass that builds more (another
         rope, say) overrides this with its own rules."""
-        for check in (_unsupported_activation, _unsupported_sliding_window, _unsupported_rope):
+        for check in (_unsupported_activation, _unsupported_rope):
             unsupported = check(hf)
             if unsupported is not None:
                 return unsupported
-        return None
+        return _unsupported_sliding_window(hf, cls.window_when_set)
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
@@ -351,14 +355,20 @@ def _unsupported_activation(hf: dict[str, Any]) -> str | None:
     return None if act == "silu" else f"hidden_act {act!r} is not supported (silu is)"
 
 
-def _unsupported_sliding_window(hf: dict[str, Any]) -> str | None:
-    if not hf.get("use_sliding_window"):
-        return None
-    window = json.dumps(hf.get("sliding_window"))
-    return (
-        f"use_sliding_window {json.dumps(hf['use_sliding_window'])} (sliding_window {window}) is not "
-        "supported: sliding-window attention is not implemented"
-    )
+def _unsupported_sliding_window(hf: dict[str, Any], when_set: bool) -> str | None:
+    if hf.get("use_sliding_window"):
+        window = json.dumps(hf.get("sliding_window"))
+        return (
+            f"use_sliding_window {json.dumps(hf['use_sliding_window'])} (sliding_window {window}) is not "
+            "supported: sliding-window attention is not implemented"
+        )
+    window, context = hf.get("sliding_window"), hf.get("max_position_embeddings", 4096)
+    if when_set and isinstance(window, int) and isinstance(context, int) and window < context:
+        return (
+            f"sliding_window {json.dumps(window)} (shorter than max_position_embeddings {context}) is not "
+            "supported: sliding-window attention is not implemented"
+        )
+    return None
 
 
 def _unsupported_rope(hf: dict[str, Any]) -> str | None:
