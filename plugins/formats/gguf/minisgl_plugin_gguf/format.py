@@ -28,7 +28,7 @@ from minisgl_plugin_gguf.metadata import (
     generation_config_from_metadata,
     hf_config_from_metadata,
 )
-from minisgl_plugin_gguf.names import IGNORED, ROPE_FREQS, hf_name, unpermute_qk
+from minisgl_plugin_gguf.names import IGNORED, LONGROPE_FACTORS, ROPE_FREQS, hf_name, unpermute_qk
 from minisgl_plugin_gguf.rope_factors import llama3_scaling_from_factors
 
 MAGIC = b"GGUF"
@@ -71,6 +71,10 @@ class GGUFFormat(WeightFormat):
         scaling = None if factors is None else _rope_scaling(self.header, factors, self._config, self.file)
         if scaling is not None:
             self._config["rope_scaling"] = scaling
+        if any(name in LONGROPE_FACTORS for name in names):  # (the 128k Phi-3 models)
+            # stated as config.json states it, so the core refuses it in its own words: computed
+            # without those factors, every position would rotate by other angles
+            self._config["rope_scaling"] = {"rope_type": "longrope"}
         _check_head_rows(self.header, self._config, self.file)
 
     @classmethod
@@ -111,7 +115,7 @@ class GGUFFormat(WeightFormat):
             if tensor.name in IGNORED:
                 continue
             weight = torch.from_numpy(_dequantize(self.header, tensor))
-            name = hf_name(tensor.name) or tensor.name  # unknown names reach the core, which reports them
+            name = hf_name(tensor.name, config["model_type"]) or tensor.name  # the core reports unknown ones
             # llama.cpp's converter permutes the biases of q and k with their rows
             if permuted and name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
                 weight = unpermute_qk(weight, config["num_attention_heads"])
@@ -191,6 +195,10 @@ def _check_head_rows(header: GGUFHeader, config: dict[str, Any], file: Path) -> 
         "attn_v": (
             kv_heads * head_dim,
             f"{arch}.attention.head_count_kv ({kv_heads}) x {head_key} ({head_dim})",
+        ),
+        "attn_qkv": (
+            (heads + 2 * kv_heads) * head_dim,
+            f"({arch}.attention.head_count ({heads}) + 2 x head_count_kv ({kv_heads})) x {head_key} ({head_dim})",
         ),
     }
     for tensor in header.tensors:

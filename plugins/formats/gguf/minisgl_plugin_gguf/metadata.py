@@ -5,7 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 #: GGUF ``general.architecture`` → the Hugging Face architecture our model plugins register
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+}
 
 #: ``{arch}.<key>`` → config.json key
 _ARCH_KEYS = {
@@ -18,6 +23,8 @@ _ARCH_KEYS = {
     "attention.layer_norm_rms_epsilon": "rms_norm_eps",
     "attention.key_length": "head_dim",
     "rope.freq_base": "rope_theta",
+    # Phi-3's window, which its model applies whenever set (refused when shorter than the context)
+    "attention.sliding_window": "sliding_window",
 }
 
 #: ``general.sampling.*`` (written by recent llama.cpp converters) → generation_config.json key

@@ -24,7 +24,11 @@ _BLOCK = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "attn_qkv": "self_attn.qkv_proj",  # phi3's fused q, k and v
 }
+#: block parts an architecture names otherwise: phi3's ffn_up is gate and up fused (as its
+#: checkpoint's gate_up_proj, gate first)
+_ARCH_BLOCK = {"phi3": {"ffn_up": "mlp.gate_up_proj"}}
 
 _BLOCK_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
@@ -33,17 +37,21 @@ _BLOCK_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 ROPE_FREQS = "rope_freqs.weight"
 #: tensors that are not weights of our models
 IGNORED = frozenset({ROPE_FREQS})
+#: Phi-3's longrope scaling as llama.cpp stores it (no model of ours computes it: refused)
+LONGROPE_FACTORS = frozenset({"rope_factors_long.weight", "rope_factors_short.weight"})
 
 
-def hf_name(gguf_name: str) -> str | None:
-    """The Hugging Face name of a GGUF tensor, or None for a tensor we do not know."""
+def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
+    """The Hugging Face name of a GGUF tensor of a file of ``arch`` (``general.architecture``),
+    or None for a tensor we do not know."""
     if gguf_name in _GLOBAL:
         return _GLOBAL[gguf_name]
     match = _BLOCK_NAME.fullmatch(gguf_name)
-    if match is None or match.group(2) not in _BLOCK:
+    parts = {**_BLOCK, **_ARCH_BLOCK.get(arch, {})}
+    if match is None or match.group(2) not in parts:
         return None
     layer, part, kind = match.groups()
-    return f"model.layers.{layer}.{_BLOCK[part]}.{kind}"
+    return f"model.layers.{layer}.{parts[part]}.{kind}"
 
 
 def unpermute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:

@@ -40,6 +40,8 @@ _BLOCK_TO_GGUF = {
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
+    "self_attn.qkv_proj": "attn_qkv",  # phi3's fused tensors
+    "mlp.gate_up_proj": "ffn_up",
 }
 
 #: (gguf name, float32 array) -> raw array to store, or None to store it quantized by qtype
@@ -128,6 +130,8 @@ def _write_config(writer: Any, config: dict[str, Any]) -> None:
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     writer.add_vocab_size(config["vocab_size"])
+    if config.get("sliding_window") is not None:
+        writer.add_sliding_window(config["sliding_window"])
     writer.add_file_type(0)
     scaling = _rope(config)
     kind = scaling["rope_type"]

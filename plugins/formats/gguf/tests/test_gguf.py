@@ -90,7 +90,9 @@ def check_against_transformers(file: Path, steps: int = 3) -> None:
         assert_logits_close(actual, want, 1e-4, what=f"{file.name} logits at step {step}")
 
 
-@pytest.mark.parametrize("arch", ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"])
+@pytest.mark.parametrize(
+    "arch", ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM"]
+)
 @pytest.mark.parametrize("qtype", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"])
 def test_quantized_model_matches_transformers(make_tiny_model, tmp_path, arch, qtype):
     # transformers' GGUF config for qwen3 ignores qwen3.attention.key_length and keeps Qwen3's
@@ -358,8 +360,11 @@ def test_a_gguf_file_is_known_by_its_magic_not_its_name(make_tiny_model, tmp_pat
         check_model_path(text)
 
 
-def _with_fields(hf_dir: Path, out: Path, **fields) -> Path:
-    """``hf_dir`` written as GGUF with metadata ``fields`` replaced (None: left out)."""
+def _with_fields(
+    hf_dir: Path, out: Path, extra_tensors: dict[str, np.ndarray] | None = None, **fields
+) -> Path:
+    """``hf_dir`` written as GGUF with metadata ``fields`` replaced (None: left out), and
+    ``extra_tensors`` added."""
     import gguf
 
     file = write_gguf(hf_dir, out.with_suffix(".orig.gguf"))
@@ -375,6 +380,8 @@ def _with_fields(hf_dir: Path, out: Path, **fields) -> Path:
             writer.add_key_value(key, value, gguf.GGUFValueType.get_type(value))
     for tensor in reader.tensors:
         writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
+    for name, values in (extra_tensors or {}).items():
+        writer.add_tensor(name, values)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -411,3 +418,28 @@ def test_an_alignment_of_zero_is_named(make_tiny_model, tmp_path):
     )
     with pytest.raises(ValueError, match="general.alignment is 0, not a positive multiple of 8"):
         GGUFFormat(file)
+
+
+def test_phi3_windows_and_longrope_are_refused_in_one_line(make_tiny_model, tmp_path):
+    """Phi-3-mini-4k's window (llama.cpp writes phi3.attention.sliding_window) and the 128k models'
+    longrope factors (rope_factors_long/short tensors): full attention over the context, or rotary
+    angles without the factors, would be other numbers. A window of the whole context loads."""
+
+    hf_dir = make_tiny_model("Phi3ForCausalLM", sliding_window=64)
+    generate = run_cli(
+        ["generate", "--device", "cpu", "--model", str(write_gguf(hf_dir, tmp_path / "w.gguf")), "hi"]
+    )
+    assert "sliding_window 64 (shorter than max_position_embeddings 2048) is not supported" in one_error_line(
+        generate
+    )
+    whole = write_gguf(make_tiny_model("Phi3ForCausalLM", sliding_window=2048), tmp_path / "whole.gguf")
+    assert GGUFFormat(whole).hf_config()["sliding_window"] == 2048
+    check_against_transformers(whole, steps=2)
+
+    factors = {
+        name: np.ones(8, dtype=np.float32)
+        for name in ("rope_factors_long.weight", "rope_factors_short.weight")
+    }
+    _with_fields(make_tiny_model("Phi3ForCausalLM"), tmp_path / "with-factors.gguf", extra_tensors=factors)
+    generate = run_cli(["generate", "--device", "cpu", "--model", str(tmp_path / "with-factors.gguf"), "hi"])
+    assert "rope type 'longrope' is not supported" in one_error_line(generate)
