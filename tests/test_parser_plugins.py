@@ -60,12 +60,14 @@ def test_installed_parsers_resolve_and_unknown_names_say_what_to_install():
     assert issubclass(plugins.resolve("tool_parsers", "hermes"), ToolParser)
     assert issubclass(plugins.resolve("tool_parsers", "llama3_json"), ToolParser)
     assert issubclass(plugins.resolve("reasoning_parsers", "qwen3"), ReasoningParser)
+    # vLLM's name for the same tags
+    assert plugins.resolve("reasoning_parsers", "deepseek_r1") is plugins.resolve("reasoning_parsers", "qwen3")
     with pytest.raises(
         PluginError, match=r"unknown --tool-call-parser 'mistral'; installed: hermes, llama3_json"
     ):
         plugins.resolve("tool_parsers", "mistral")
-    with pytest.raises(PluginError, match="minisgl-plugin-deepseek-r1-reasoning"):
-        plugins.resolve("reasoning_parsers", "deepseek_r1")
+    with pytest.raises(PluginError, match="minisgl-plugin-granite-reasoning"):
+        plugins.resolve("reasoning_parsers", "granite")
 
 
 @pytest.mark.parametrize(
