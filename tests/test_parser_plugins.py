@@ -61,7 +61,9 @@ def test_installed_parsers_resolve_and_unknown_names_say_what_to_install():
     assert issubclass(plugins.resolve("tool_parsers", "llama3_json"), ToolParser)
     assert issubclass(plugins.resolve("reasoning_parsers", "qwen3"), ReasoningParser)
     # vLLM's name for the same tags
-    assert plugins.resolve("reasoning_parsers", "deepseek_r1") is plugins.resolve("reasoning_parsers", "qwen3")
+    assert plugins.resolve("reasoning_parsers", "deepseek_r1") is plugins.resolve(
+        "reasoning_parsers", "qwen3"
+    )
     with pytest.raises(
         PluginError, match=r"unknown --tool-call-parser 'mistral'; installed: hermes, llama3_json"
     ):
