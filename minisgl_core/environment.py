@@ -28,6 +28,8 @@ DOCUMENTED: dict[str, str] = {
     "(--disable-fast-path triton_small_gemm)",
     "MINISGL_SPLIT_K_NORM": "0 gives that GEMM's split-K partial sums a kernel of their own instead of adding "
     "them in the RMS norm after it (--disable-fast-path split_k_norm)",
+    "MINISGL_TRITON_MOE": "0 runs mixture-of-experts blocks as a loop over the experts instead of the Triton "
+    "grouped GEMMs (eager only: it cannot be captured into CUDA graphs; --disable-fast-path triton_moe)",
     "MINISGL_SYMM_MEM": "0 turns off the symmetric-memory all-reduce (--disable-fast-path symm_mem)",
     "MINISGL_SYMM_MEM_WIDE": "0 turns off its wide path for sums from 768 KiB (--disable-fast-path symm_mem_wide)",
     "MINISGL_SYMM_MEM_NORM": "0 turns off its sum fused with the residual add and RMS norm after it (--disable-fast-path symm_mem_norm)",

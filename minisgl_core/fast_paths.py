@@ -43,6 +43,10 @@ class FastPaths:
     #: on one GPU, that GEMM's split-K partial sums (o_proj, down_proj) added by the RMS norm after
     #: it, with the residual add, instead of by a kernel of their own
     split_k_norm: bool = True
+    #: mixture-of-experts blocks (Qwen3-MoE): the experts as two Triton grouped GEMMs over tokens
+    #: sorted by expert (off: a loop over the experts, which reads their token counts on the host
+    #: and so cannot be captured into a CUDA graph)
+    triton_moe: bool = True
     #: one-shot symmetric-memory all-reduce for decode-sized sums under tensor parallelism
     symm_mem: bool = True
     #: its wide path for sums from 768 KiB: copy, barrier, a Triton sum over every peer's buffer
@@ -84,6 +88,7 @@ class FastPaths:
                 "triton_sampler",
                 "triton_small_gemm",
                 "split_k_norm",
+                "triton_moe",
             )
             and not self.compile
         ):
@@ -104,6 +109,7 @@ ENV_VARS: dict[str, str] = {
     "triton_sampler": "MINISGL_TRITON_SAMPLER",
     "triton_small_gemm": "MINISGL_TRITON_SMALL_GEMM",
     "split_k_norm": "MINISGL_SPLIT_K_NORM",
+    "triton_moe": "MINISGL_TRITON_MOE",
     "symm_mem": "MINISGL_SYMM_MEM",
     "symm_mem_wide": "MINISGL_SYMM_MEM_WIDE",
     "symm_mem_norm": "MINISGL_SYMM_MEM_NORM",

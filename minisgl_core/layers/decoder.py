@@ -6,7 +6,7 @@ Model plugins subclass :class:`DecoderForCausalLM` and set flags (``qk_norm`` fo
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -25,6 +25,10 @@ from minisgl_core.layers.triton_ops import float8_stores, fused_kv_enabled, rope
 
 #: a forward's rotary cos and sin, ``[num_tokens, 1, head_dim]`` each (see ``DecoderModel.forward``)
 Angles = tuple[torch.Tensor, torch.Tensor]
+
+#: layer index -> that layer's MLP (a module whose ``forward(x, reduce)`` is :class:`DecoderMLP`'s),
+#: for models whose MLP is another kind in some layers (a mixture of experts)
+MLPFactory = Callable[[int], nn.Module]
 
 
 class DecoderAttention(nn.Module):
@@ -139,13 +143,15 @@ class DecoderLayer(nn.Module):
         dtype: torch.dtype | None,
         device: Any,
         qkv_bias: bool = False,
+        mlp: nn.Module | None = None,
     ) -> None:
         super().__init__()
         eps = hf.get("rms_norm_eps", 1e-6)
         self.self_attn = DecoderAttention(
             hf, layer_id, qk_norm=qk_norm, parallel=parallel, dtype=dtype, device=device, qkv_bias=qkv_bias
         )
-        self.mlp = DecoderMLP(hf, parallel=parallel, dtype=dtype, device=device)
+        # ``mlp``: another MLP (see MLPFactory); by default the dense SwiGLU one
+        self.mlp = mlp if mlp is not None else DecoderMLP(hf, parallel=parallel, dtype=dtype, device=device)
         self.input_layernorm = RMSNorm(hf["hidden_size"], eps, dtype=dtype, device=device)
         self.post_attention_layernorm = RMSNorm(hf["hidden_size"], eps, dtype=dtype, device=device)
         # o_proj's and down_proj's sums are left to the norm after them (RMSNorm's partial_of):
@@ -192,6 +198,7 @@ class DecoderModel(nn.Module):
         dtype: torch.dtype | None,
         device: Any,
         qkv_bias: bool = False,
+        mlp_factory: MLPFactory | None = None,
     ) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(
@@ -199,8 +206,15 @@ class DecoderModel(nn.Module):
         )
         self.layers = nn.ModuleList(
             DecoderLayer(
-                hf, i, qk_norm=qk_norm, parallel=parallel, dtype=dtype, device=device, qkv_bias=qkv_bias
-            )
+                hf,
+                i,
+                qk_norm=qk_norm,
+                parallel=parallel,
+                dtype=dtype,
+                device=device,
+                qkv_bias=qkv_bias,
+                mlp=mlp_factory(i) if mlp_factory is not None else None,
+            )  # fmt: skip
             for i in range(hf["num_hidden_layers"])
         )
         self.norm = RMSNorm(hf["hidden_size"], hf.get("rms_norm_eps", 1e-6), dtype=dtype, device=device)
@@ -272,8 +286,9 @@ class DecoderForCausalLM(Model):
         if unsupported is not None:
             raise NotImplementedError(unsupported)
         self.model = DecoderModel(
-            hf, qk_norm=self.qk_norm, qkv_bias=self.qkv_bias, parallel=parallel, dtype=dtype, device=device
-        )
+            hf, qk_norm=self.qk_norm, qkv_bias=self.qkv_bias, parallel=parallel, dtype=dtype, device=device,
+            mlp_factory=self.mlp_factory(config),
+        )  # fmt: skip
         self.lm_head = ParallelLMHead(
             hf["vocab_size"], hf["hidden_size"], parallel=parallel, dtype=dtype, device=device
         )
@@ -292,6 +307,21 @@ class DecoderForCausalLM(Model):
     @property
     def kv_spec(self) -> KVSpec:
         return self._kv_spec
+
+    def mlp_factory(self, config: ModelConfig) -> MLPFactory | None:
+        """Each layer's MLP, for a subclass whose MLP differs (a mixture of experts); None: the
+        dense SwiGLU MLP in every layer."""
+        return None
+
+    def checkpoint_target(self, name: str) -> tuple[str, Any]:
+        """(parameter name, shard id) a checkpoint tensor loads into; the name comes back unchanged
+        for a tensor that is not ours (the core reports it among the unused). Here q/k/v go to the
+        fused ``qkv_proj`` and gate/up to ``gate_up_proj``; a subclass with other tensors maps
+        those first."""
+        for part, (fused, fused_shard) in _FUSED.items():
+            if part in name:
+                return name.replace(part, fused), fused_shard
+        return name, None
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         return self.logits_from(self.hidden_states(batch), batch)
@@ -317,11 +347,7 @@ class DecoderForCausalLM(Model):
         used: set[str] = set()
         loaded: set[tuple[int, Any]] = set()
         for name, tensor in weights:
-            target, shard_id = name, None
-            for part, (fused, fused_shard) in _FUSED.items():
-                if part in name:
-                    target, shard_id = name.replace(part, fused), fused_shard
-                    break
+            target, shard_id = self.checkpoint_target(name)
             if name == "lm_head.weight" and self.tie_word_embeddings:
                 # config.json ties the head to the embeddings: a checkpoint's own lm_head.weight
                 # would overwrite the shared matrix or not depending on file order. Skipped, as
@@ -336,10 +362,11 @@ class DecoderForCausalLM(Model):
                     f"dtype {str(tensor.dtype).removeprefix('torch.')} for a floating-point "
                     "parameter: integer and bool tensors are not cast to floats"
                 )
-            # copy_ in the loaders moves only this rank's slice to the parameter's device and dtype
-            param.weight_loader(param, tensor, shard_id)  # type: ignore[attr-defined]
+            # copy_ in the loaders moves only this rank's slice to the parameter's device and dtype;
+            # a loader that filled several shards from one tensor returns their ids
+            filled = param.weight_loader(param, tensor, shard_id)  # type: ignore[attr-defined]
             used.add(name)
-            loaded.add((id(param), shard_id))
+            loaded.update((id(param), sid) for sid in (filled if filled is not None else [shard_id]))
         for name, param in params.items():
             missing = [sid for sid in getattr(param, "shard_ids", (None,)) if (id(param), sid) not in loaded]
             if missing:

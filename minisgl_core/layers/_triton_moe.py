@@ -1,0 +1,92 @@
+"""The grouped GEMM of :mod:`minisgl_core.layers.moe` (imports Triton; imported on first use).
+
+One program computes a ``block x BLOCK_N`` tile of the output for one block of (token, choice)
+pairs that all chose the same expert (:func:`~minisgl_core.layers.moe.align_blocks` groups and
+pads them): it gathers the block's input rows, multiplies them by that expert's weight matrix and
+scatters the tile back to the pairs' rows. Blocks past the last expert's run and padding rows do
+nothing, so the grid depends only on the number of pairs and a CUDA graph can capture it."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def grouped_gemm_kernel(
+    a, a_stride, w, w_stride_e, w_stride_n, c, c_stride, sorted_pairs, block_expert, scale,
+    pairs, n, k, num_experts,
+    ROW_DIV: tl.constexpr, HAS_SCALE: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """``c[p] = (a[p // ROW_DIV] @ w[e].T) * scale[p]`` for the pairs ``p`` of block
+    ``program_id(0)``, whose expert is ``e``; columns ``program_id(1) * BLOCK_N`` on."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    expert = tl.load(block_expert + pid_m)
+    if expert < num_experts:
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        pair = tl.load(sorted_pairs + offs_m)
+        valid = pair < pairs
+        row = pair // ROW_DIV
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < n
+        offs_k = tl.arange(0, BLOCK_K)
+        a_ptrs = a + row[:, None].to(tl.int64) * a_stride + offs_k[None, :]
+        w_ptrs = (
+            w + expert.to(tl.int64) * w_stride_e + offs_n[None, :].to(tl.int64) * w_stride_n + offs_k[:, None]
+        )
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, k, BLOCK_K):
+            k_ok = offs_k < k - k0
+            x = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
+            y = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+            if IEEE:
+                acc += tl.dot(x, y, input_precision="ieee")
+            else:
+                acc += tl.dot(x, y)
+            a_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
+        if HAS_SCALE:
+            acc = acc * tl.load(scale + pair, mask=valid, other=0.0).to(tl.float32)[:, None]
+        c_ptrs = c + pair[:, None].to(tl.int64) * c_stride + offs_n[None, :]
+        tl.store(c_ptrs, acc.to(c.dtype.element_ty), mask=valid[:, None] & n_ok[None, :])
+
+
+def launch_config(block: int, n: int, k: int) -> tuple[int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, num_warps, num_stages) for blocks of ``block`` rows and an
+    ``n x k`` expert matrix: wider tiles and more warps for the full blocks of prefill steps."""
+    block_n = min(128 if block >= 64 else 64, max(16, triton.next_power_of_2(n)))
+    block_k = min(64, max(16, triton.next_power_of_2(k)))
+    return block_n, block_k, 8 if block >= 64 else 4, 3
+
+
+def grouped_gemm(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    sorted_pairs: torch.Tensor,
+    block_expert: torch.Tensor,
+    pairs: int,
+    block: int,
+    *,
+    row_div: int,
+    scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``[pairs, w.shape[1]]``: row ``p`` is ``a[p // row_div] @ w[e].T`` (times ``scale[p]``) for
+    the expert ``e`` that pair ``p`` chose (see the module)."""
+    if a.stride(-1) != 1:
+        a = a.contiguous()
+    num_experts, n, k = w.shape
+    if a.shape[1] != k or w.stride(2) != 1:
+        raise ValueError(f"grouped GEMM of {tuple(a.shape)} by experts {tuple(w.shape)}: inner sizes differ")
+    out = torch.empty(pairs, n, dtype=a.dtype, device=a.device)
+    block_n, block_k, warps, stages = launch_config(block, n, k)
+    grid = (block_expert.numel(), triton.cdiv(n, block_n))
+    grouped_gemm_kernel[grid](
+        a, a.stride(0), w, w.stride(0), w.stride(1), out, out.stride(0), sorted_pairs, block_expert,
+        scale if scale is not None else out, pairs, n, k, num_experts,
+        ROW_DIV=row_div, HAS_SCALE=scale is not None, IEEE=a.dtype == torch.float32,
+        BLOCK_M=block, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    return out

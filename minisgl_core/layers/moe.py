@@ -1,0 +1,253 @@
+"""A sparse mixture-of-experts MLP: a router picks ``top_k`` of ``num_experts`` SwiGLU experts per
+token and the block returns their outputs weighted by the router's probabilities (Qwen3-MoE,
+Qwen2-MoE without the shared expert, Mixtral).
+
+Tensor parallelism splits every expert's intermediate size across the ranks, as the dense MLP
+does (gate/up by output rows, down by input columns); the router is replicated. Each rank then
+returns its partial sum, which the norm after the block all-reduces (``reduce=False``) as it does
+for the dense MLP.
+
+The experts' weights are two 3-D parameters: ``w13`` ``[experts, 2 * inter, hidden]`` (gate rows,
+then up rows) and ``w2`` ``[experts, hidden, inter]``, loaded from a checkpoint's per-expert tensors
+(``experts.<e>.gate_proj.weight`` ...) or transformers 5's fused ones (``experts.gate_up_proj``,
+``experts.down_proj``). On CUDA the experts run as two grouped GEMMs in Triton
+(:mod:`minisgl_core.layers._triton_moe`): tokens sorted by expert into blocks, one weight matrix
+a block, no host synchronisation, so the block captures into CUDA graphs. Elsewhere a loop over
+the experts that have tokens computes the same (:func:`experts_reference`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minisgl_core.api.parallel import ParallelContext
+from minisgl_core.layers import triton_ops
+from minisgl_core.layers.fused import silu_and_mul
+from minisgl_core.layers.weights import copy_shard, load_full, new_param
+
+
+def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights, expert ids), ``[tokens, top_k]`` each, of router ``logits``: softmax over the
+    experts in float32, the ``top_k`` largest, divided by their sum when ``renormalize``
+    (``norm_topk_prob``), rounded to the logits' dtype (transformers' Qwen3-MoE router)."""
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(logits.dtype), ids
+
+
+def experts_reference(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+) -> torch.Tensor:
+    """``sum_j weights[t, j] * expert_{ids[t, j]}(x[t])`` with ``expert_e(x) = w2[e] @ (silu(g) * u)``,
+    ``[g; u] = w13[e] @ x``: one pair of products per expert that has tokens. It reads the
+    experts' token counts on the host (a synchronisation): the CPU's path and the GPU kernels'
+    reference."""
+    if x.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            "the mixture-of-experts loop reads the experts' token counts on the host and cannot be "
+            "captured into a CUDA graph: leave MINISGL_TRITON_MOE on, or turn the graphs off "
+            "(--cuda-graph-max-bs 0 --piecewise-cuda-graph-max-tokens 0)"
+        )
+    tokens, top_k = ids.shape
+    flat = ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=w13.shape[0]).tolist()
+    out = torch.zeros_like(x)
+    start = 0
+    for expert, count in enumerate(counts):
+        if count == 0:
+            continue
+        pairs = order[start : start + count]
+        start += count
+        rows = pairs // top_k
+        gate_up = F.linear(x.index_select(0, rows), w13[expert])
+        gate, up = gate_up.chunk(2, dim=-1)
+        y = F.linear(F.silu(gate) * up, w2[expert])
+        y = y * weights.reshape(-1).index_select(0, pairs).unsqueeze(1)
+        out.index_add_(0, rows, y.to(out.dtype))
+    return out
+
+
+def moe_enabled(x: torch.Tensor) -> bool:
+    """Whether the experts run as the Triton grouped GEMMs (:func:`experts_grouped`): on CUDA, or
+    under Triton's interpreter (the tests), unless ``MINISGL_TRITON_MOE=0``."""
+    return triton_ops.triton_enabled(x.device, "MINISGL_TRITON_MOE")
+
+
+def block_rows(pairs: int, num_experts: int) -> int:
+    """Rows of a grouped GEMM block: about the pairs an expert gets, 16 to 64 (a decode step's
+    few pairs an expert waste less of a block's rows; a prefill step's many fill bigger blocks)."""
+    per_expert = pairs / max(1, num_experts)
+    return 16 if per_expert <= 16 else 32 if per_expert <= 48 else 64
+
+
+def align_blocks(ids: torch.Tensor, num_experts: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The grouped GEMMs' schedule of (token, choice) pairs, built on the device with shapes known
+    from ``ids.shape`` alone (no synchronisation, so CUDA graphs can capture it):
+
+    - ``sorted_pairs`` ``[blocks * block]``: pair indices (``token * top_k + choice``) grouped by
+      expert, each expert's run padded to a multiple of ``block`` with ``pairs`` (no pair);
+    - ``block_expert`` ``[blocks]``: each block's expert, ``num_experts`` for the blocks past the
+      last expert's run (enough blocks are allocated for the worst case).
+    """
+    flat = ids.reshape(-1)
+    pairs = flat.numel()
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=ids.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block - 1) // block * block
+    padded_end = torch.cumsum(padded, 0)
+    starts = padded_end - padded
+    first = torch.cumsum(counts, 0) - counts  # each expert's first index in the sorted pairs
+    order = torch.argsort(flat, stable=True)
+    expert_of = flat.index_select(0, order)
+    dest = (
+        starts.index_select(0, expert_of)
+        + torch.arange(pairs, device=ids.device)
+        - first.index_select(0, expert_of)
+    )
+    blocks = -(-(pairs + min(num_experts, pairs) * (block - 1)) // block)
+    sorted_pairs = torch.full((blocks * block,), pairs, dtype=torch.int64, device=ids.device)
+    sorted_pairs.scatter_(0, dest, order)
+    block_starts = torch.arange(blocks, device=ids.device) * block
+    block_expert = torch.searchsorted(padded_end, block_starts, right=True)
+    return sorted_pairs, block_expert
+
+
+def experts_grouped(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+) -> torch.Tensor:
+    """What :func:`experts_reference` computes, as two grouped GEMMs (Triton): gate/up for every
+    (token, choice) pair, SiLU·mul, down scaled by the pair's weight, then each token's ``top_k``
+    rows summed."""
+    from minisgl_core.layers import _triton_moe
+
+    tokens, top_k = ids.shape
+    num_experts = w13.shape[0]
+    pairs = tokens * top_k
+    block = block_rows(pairs, num_experts)
+    sorted_pairs, block_expert = align_blocks(ids, num_experts, block)
+    gate_up = _triton_moe.grouped_gemm(x, w13, sorted_pairs, block_expert, pairs, block, row_div=top_k)
+    act = silu_and_mul(gate_up)
+    out = _triton_moe.grouped_gemm(
+        act, w2, sorted_pairs, block_expert, pairs, block, row_div=1, scale=weights.reshape(-1)
+    )
+    return out.view(tokens, top_k, -1).sum(dim=1)
+
+
+class Router(nn.Module):
+    """The router's ``[experts, hidden]`` weight (checkpoint name ``mlp.gate.weight``), replicated."""
+
+    def __init__(self, hidden: int, num_experts: int, *, dtype: torch.dtype | None, device: Any) -> None:
+        super().__init__()
+        self.weight = new_param((num_experts, hidden), dtype, device, load_full)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+
+class Experts(nn.Module):
+    """Every expert's weights, this rank's share of their intermediate size (see the module)."""
+
+    def __init__(
+        self,
+        hidden: int,
+        inter: int,
+        num_experts: int,
+        *,
+        parallel: ParallelContext,
+        dtype: torch.dtype | None,
+        device: Any,
+    ) -> None:
+        super().__init__()
+        self.parallel = parallel
+        self.num_experts, self.full_inter = num_experts, inter
+        self.inter = parallel.shard(inter, "moe_intermediate_size")
+        # shard ids: (expert, 0) gate rows, (expert, 1) up rows; "gate_up" all experts at once
+        self.w13 = new_param(
+            (num_experts, 2 * self.inter, hidden), dtype, device, self._load_w13,
+            shard_ids=tuple((e, j) for e in range(num_experts) for j in (0, 1)),
+        )  # fmt: skip
+        self.w2 = new_param(
+            (num_experts, hidden, self.inter),
+            dtype,
+            device,
+            self._load_w2,
+            shard_ids=tuple(range(num_experts)),
+        )
+
+    def _rows(self, loaded: torch.Tensor, dim: int) -> torch.Tensor:
+        """This rank's slice of a full tensor's intermediate dimension ``dim``."""
+        if loaded.shape[dim] != self.full_inter:
+            raise ValueError(
+                f"checkpoint tensor of shape {tuple(loaded.shape)} does not fit: expected "
+                f"{self.full_inter} (moe_intermediate_size) along dimension {dim}"
+            )
+        return loaded.narrow(dim, self.parallel.tp_rank * self.inter, self.inter)
+
+    def _load_w13(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Any) -> list[Any] | None:
+        """Shard id ``(expert, 0)`` gate rows, ``(expert, 1)`` up rows; ``"fused"``: transformers 5's
+        ``gate_up_proj`` ``[experts, 2 * inter, hidden]``, every expert's (returns the ids filled)."""
+        if shard_id == "fused":
+            self._check_fused(loaded, "gate_up_proj", 1, 2 * self.full_inter)
+            for expert in range(self.num_experts):
+                for part in (0, 1):
+                    half = loaded[expert].narrow(0, part * self.full_inter, self.full_inter)
+                    self._load_w13(param, half, (expert, part))
+            return list(param.shard_ids)  # type: ignore[attr-defined]
+        expert, part = shard_id
+        dest = param.data[expert].narrow(0, part * self.inter, self.inter)
+        copy_shard(dest, self._rows(loaded, 0))  # type: ignore[arg-type]
+        return None
+
+    def _load_w2(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Any) -> list[Any] | None:
+        """Shard id ``expert``; ``"fused"``: transformers 5's ``down_proj`` ``[experts, hidden, inter]``."""
+        if shard_id == "fused":
+            self._check_fused(loaded, "down_proj", 2, self.full_inter)
+            for expert in range(self.num_experts):
+                self._load_w2(param, loaded[expert], expert)
+            return list(param.shard_ids)  # type: ignore[attr-defined]
+        copy_shard(param.data[shard_id], self._rows(loaded, 1))  # type: ignore[arg-type]
+        return None
+
+    def _check_fused(self, loaded: torch.Tensor, name: str, dim: int, size: int) -> None:
+        if loaded.dim() != 3 or loaded.shape[0] != self.num_experts or loaded.shape[dim] != size:
+            raise ValueError(
+                f"checkpoint tensor experts.{name} of shape {tuple(loaded.shape)} does not fit: expected "
+                f"{self.num_experts} experts along dimension 0 and {size} along dimension {dim}"
+            )
+
+
+class SparseMoE(nn.Module):
+    """Router + experts (see the module): ``forward(x, reduce)`` as :class:`DecoderMLP`'s."""
+
+    def __init__(
+        self,
+        hidden: int,
+        inter: int,
+        num_experts: int,
+        top_k: int,
+        *,
+        renormalize: bool,
+        parallel: ParallelContext,
+        dtype: torch.dtype | None,
+        device: Any,
+    ) -> None:
+        super().__init__()
+        if not 1 <= top_k <= num_experts:
+            raise ValueError(f"num_experts_per_tok {top_k} must be between 1 and num_experts {num_experts}")
+        self.top_k, self.renormalize, self.parallel = top_k, renormalize, parallel
+        self.gate = Router(hidden, num_experts, dtype=dtype, device=device)
+        self.experts = Experts(hidden, inter, num_experts, parallel=parallel, dtype=dtype, device=device)
+
+    def forward(self, x: torch.Tensor, reduce: bool = True) -> torch.Tensor:
+        """``reduce=False``: this rank's partial sum, for the norm after the block to all-reduce."""
+        weights, ids = route(self.gate(x), self.top_k, self.renormalize)
+        w13, w2 = self.experts.w13, self.experts.w2
+        run = experts_grouped if moe_enabled(x) else experts_reference
+        out = run(x, w13, w2, weights, ids)
+        return self.parallel.all_reduce(out) if reduce else out

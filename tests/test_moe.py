@@ -1,0 +1,219 @@
+"""The mixture-of-experts block (``minisgl_core.layers.moe``): the grouped GEMMs' schedule on the
+device, the Triton experts against the loop over experts (on the CPU under Triton's interpreter,
+in a child process; bf16 and CUDA graphs on a GPU), and the block under tensor parallelism. The
+model around it is checked against transformers in ``plugins/models/qwen3-moe``."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minisgl_core.layers.moe import align_blocks, block_rows, experts_reference, route
+
+
+def random_ids(
+    tokens: int, top_k: int, experts: int, gen: torch.Generator, skew: bool = False
+) -> torch.Tensor:
+    """Distinct experts per token; ``skew``: most tokens pick from the first few experts."""
+    scores = torch.rand(tokens, experts, generator=gen)
+    if skew:
+        scores[:, : max(top_k, 2)] += 1.0
+    return scores.topk(top_k, dim=1).indices
+
+
+@pytest.mark.parametrize("tokens, top_k, experts, block", [(1, 1, 4, 16), (3, 2, 8, 16), (37, 8, 16, 16),
+                                                           (200, 4, 8, 64), (50, 3, 64, 32), (9, 2, 3, 64)])  # fmt: skip
+@pytest.mark.parametrize("skew", [False, True])
+def test_align_blocks_covers_every_pair_once_with_its_expert(tokens, top_k, experts, block, skew):
+    gen = torch.Generator().manual_seed(tokens * 31 + experts)
+    ids = random_ids(tokens, top_k, experts, gen, skew)
+    pairs = tokens * top_k
+    sorted_pairs, block_expert = align_blocks(ids, experts, block)
+    assert sorted_pairs.numel() == block_expert.numel() * block
+    real = sorted_pairs[sorted_pairs < pairs]
+    assert sorted(real.tolist()) == list(range(pairs)), "every pair exactly once"
+    assert set(sorted_pairs[sorted_pairs >= pairs].tolist()) <= {pairs}, "padding is the no-pair index"
+    flat = ids.reshape(-1)
+    for b, expert in enumerate(block_expert.tolist()):
+        rows = sorted_pairs[b * block : (b + 1) * block]
+        rows = rows[rows < pairs]
+        if expert == experts:
+            assert rows.numel() == 0, "a block past the last run holds no pair"
+        else:
+            assert rows.numel() > 0 and bool((flat[rows] == expert).all()), (b, expert)
+    # each expert's run starts a block: a block's pairs are in the sorted order (stable)
+    counts = torch.bincount(flat, minlength=experts)
+    used_blocks = int(((counts + block - 1) // block).sum())
+    assert bool((block_expert[:used_blocks] < experts).all()) and bool(
+        (block_expert[used_blocks:] == experts).all()
+    )
+
+
+def test_block_rows_grow_with_the_pairs_an_expert_gets():
+    assert block_rows(8, 128) == 16 and block_rows(2048, 128) == 16  # a decode step of 256 tokens
+    assert block_rows(4096, 128) == 32 and block_rows(65536, 128) == 64  # prefill
+
+
+def test_route_matches_transformers_router():
+    from transformers import Qwen3MoeConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
+
+    gen = torch.Generator().manual_seed(0)
+    for renormalize in (False, True):
+        config = Qwen3MoeConfig(
+            hidden_size=32, num_experts=8, num_experts_per_tok=3, norm_topk_prob=renormalize
+        )
+        router = Qwen3MoeTopKRouter(config)
+        with torch.no_grad():
+            router.weight.copy_(torch.randn(8, 32, generator=gen))
+        x = torch.randn(5, 32, generator=gen)
+        _, want_weights, want_ids = router(x)
+        weights, ids = route(F.linear(x, router.weight), 3, renormalize)
+        assert torch.equal(ids, want_ids)
+        torch.testing.assert_close(weights, want_weights)
+
+
+def test_reference_matches_a_dense_sum_over_experts():
+    """The loop's sum equals computing every expert for every token and weighting by the router."""
+    gen = torch.Generator().manual_seed(1)
+    tokens, hidden, inter, experts, top_k = 7, 24, 10, 5, 2
+    x = torch.randn(tokens, hidden, generator=gen, dtype=torch.float64)
+    w13 = torch.randn(experts, 2 * inter, hidden, generator=gen, dtype=torch.float64)
+    w2 = torch.randn(experts, hidden, inter, generator=gen, dtype=torch.float64)
+    weights, ids = route(torch.randn(tokens, experts, generator=gen, dtype=torch.float64), top_k, True)
+    out = experts_reference(x, w13, w2, weights, ids)
+    dense = torch.zeros_like(x)
+    for t in range(tokens):
+        for j in range(top_k):
+            e = int(ids[t, j])
+            g, u = (w13[e] @ x[t]).chunk(2)
+            dense[t] += weights[t, j] * (w2[e] @ (F.silu(g) * u))
+    torch.testing.assert_close(out, dense)
+
+
+def test_interpreted_grouped_experts_match_the_loop():
+    pytest.importorskip("triton")
+    from minisgl_core.testing.triton_interpreter import run_under_interpreter
+
+    out = run_under_interpreter(__file__, "grouped")
+    assert out.count("ok") == 7, out
+
+
+def check_grouped() -> None:
+    """Child under TRITON_INTERPRET=1: float32 (the interpreter's bf16 is unreliable) for every
+    block size, uneven pairs, experts with no token, widths not a multiple of the tiles; then the
+    SparseMoE block routing through it (moe_enabled) against the loop."""
+    from minisgl_core.api.parallel import ParallelContext
+    from minisgl_core.layers.moe import SparseMoE, experts_grouped, moe_enabled
+
+    gen = torch.Generator().manual_seed(2)
+    cases = [(1, 1, 4, 48, 40), (3, 2, 8, 64, 32), (40, 8, 16, 96, 24), (300, 4, 8, 80, 72), (700, 2, 4, 32, 16),
+             (33, 3, 64, 40, 20)]  # fmt: skip
+    for tokens, top_k, experts, hidden, inter in cases:
+        x = torch.randn(tokens, hidden, generator=gen)
+        w13 = torch.randn(experts, 2 * inter, hidden, generator=gen) * hidden**-0.5
+        w2 = torch.randn(experts, hidden, inter, generator=gen) * inter**-0.5
+        weights, ids = route(torch.randn(tokens, experts, generator=gen), top_k, True)
+        got = experts_grouped(x, w13, w2, weights, ids)
+        want = experts_reference(x, w13, w2, weights, ids)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+        print("ok", tokens, top_k, experts, block_rows(tokens * top_k, experts))
+    block = SparseMoE(
+        48, 24, 6, 2, renormalize=False, parallel=ParallelContext(), dtype=torch.float32, device="cpu"
+    )
+    for param in block.parameters():
+        param.data.copy_(torch.randn(param.shape, generator=gen) * 0.2)
+    x = torch.randn(11, 48, generator=gen)
+    assert moe_enabled(x)
+    weights, ids = route(block.gate(x), 2, False)
+    torch.testing.assert_close(
+        block(x), experts_reference(x, block.experts.w13, block.experts.w2, weights, ids)
+    )
+    print("ok block")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_grouped_experts_on_the_gpu_in_bf16_and_inside_a_cuda_graph():
+    from minisgl_core.layers.moe import experts_grouped
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    hidden, inter, experts = 2048, 768, 128  # Qwen3-30B-A3B's expert shape
+    w13 = (
+        torch.randn(experts, 2 * inter, hidden, generator=gen, device="cuda", dtype=torch.bfloat16)
+        * hidden**-0.5
+    )
+    w2 = torch.randn(experts, hidden, inter, generator=gen, device="cuda", dtype=torch.bfloat16) * inter**-0.5
+    for tokens in (1, 7, 64, 256, 2048):
+        x = torch.randn(tokens, hidden, generator=gen, device="cuda", dtype=torch.bfloat16)
+        logits = torch.randn(tokens, experts, generator=gen, device="cuda", dtype=torch.bfloat16)
+        weights, ids = route(logits, 8, True)
+        want = experts_reference(x.float(), w13.float(), w2.float(), weights.float(), ids)
+        got = experts_grouped(x, w13, w2, weights, ids)
+        torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
+        # captured: the same numbers from a replay on new inputs
+        graph = torch.cuda.CUDAGraph()
+        static_x, static_w, static_ids = x.clone(), weights.clone(), ids.clone()
+        experts_grouped(static_x, w13, w2, static_w, static_ids)  # warm
+        with torch.cuda.graph(graph):
+            static_out = experts_grouped(static_x, w13, w2, static_w, static_ids)
+        x2 = torch.randn(tokens, hidden, generator=gen, device="cuda", dtype=torch.bfloat16)
+        w_2, ids2 = route(
+            torch.randn(tokens, experts, generator=gen, device="cuda", dtype=torch.bfloat16), 8, True
+        )
+        static_x.copy_(x2), static_w.copy_(w_2), static_ids.copy_(ids2)
+        graph.replay()
+        torch.testing.assert_close(static_out, experts_grouped(x2, w13, w2, w_2, ids2), atol=0, rtol=0)
+
+
+def test_tensor_parallel_block_sums_to_the_whole(tmp_path):
+    """Two gloo ranks, each holding half of every expert's intermediate size: their all-reduced
+    outputs equal one rank's whole block."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_tp_worker, args=(2, str(tmp_path / "rendezvous")), nprocs=2, join=True)
+
+
+def _tp_worker(rank: int, world: int, rendezvous: str) -> None:
+    import torch.distributed as dist
+
+    from minisgl_core.api.parallel import ParallelContext
+    from minisgl_core.layers.moe import SparseMoE
+
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
+    try:
+        gen = torch.Generator().manual_seed(4)
+        hidden, inter, experts = 32, 20, 6
+        router = torch.randn(experts, hidden, generator=gen)
+        gate = [torch.randn(inter, hidden, generator=gen) for _ in range(experts)]
+        up = [torch.randn(inter, hidden, generator=gen) for _ in range(experts)]
+        down = [torch.randn(hidden, inter, generator=gen) for _ in range(experts)]
+        x = torch.randn(9, hidden, generator=gen)
+
+        def build(parallel: ParallelContext) -> SparseMoE:
+            block = SparseMoE(hidden, inter, experts, 3, renormalize=True, parallel=parallel, dtype=torch.float32,
+                              device="cpu")  # fmt: skip
+            block.gate.weight.weight_loader(block.gate.weight, router, None)
+            w13, w2 = block.experts.w13, block.experts.w2
+            for e in range(experts):
+                w13.weight_loader(w13, gate[e], (e, 0))
+                w13.weight_loader(w13, up[e], (e, 1))
+                w2.weight_loader(w2, down[e], e)
+            return block
+
+        whole = build(ParallelContext())(x)
+        sharded = build(ParallelContext(tp_rank=rank, tp_size=world, group=dist.group.WORLD))
+        assert sharded.experts.w13.shape == (experts, inter, hidden)  # half of 2 * inter
+        torch.testing.assert_close(sharded(x), whole, atol=1e-4, rtol=1e-4)
+        partial = sharded(x, reduce=False)
+        dist.all_reduce(partial)
+        torch.testing.assert_close(partial, whole, atol=1e-4, rtol=1e-4)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "grouped":
+        check_grouped()
