@@ -57,7 +57,21 @@ def test_linear_shapes_are_the_checkpoints_products_fused(shape):
     assert config.get("tie_word_embeddings", False) == ("lm_head.weight" not in weights)
 
 
-@pytest.mark.parametrize("shape", ["qwen3-0.6b", "llama-3.1-8b", "qwen2.5-7b"])
+def test_linear_shapes_of_a_mixture_of_experts_are_one_experts_and_the_router():
+    from minisgl_core.bench.shapes import SHAPES, linear_shapes, parameter_shapes
+
+    config = SHAPES["qwen3-30b-a3b"]
+    weights = parameter_shapes(config)
+    p = "model.layers.0.mlp."
+    gate, up = weights[p + "experts.0.gate_proj.weight"], weights[p + "experts.127.up_proj.weight"]
+    products = linear_shapes(config)
+    assert products["gate_up"] == (gate[0] + up[0], gate[1])
+    assert products["down"] == weights[p + "experts.5.down_proj.weight"]
+    assert products["router"] == weights[p + "gate.weight"] == (128, 2048)
+    assert p + "gate_proj.weight" not in weights  # no dense MLP in a sparse layer
+
+
+@pytest.mark.parametrize("shape", ["qwen3-0.6b", "llama-3.1-8b", "qwen2.5-7b", "qwen3-30b-a3b"])
 def test_parameter_shapes_are_what_transformers_builds(shape):
     """make-model writes ``parameter_shapes``: the names and shapes transformers' own model of the
     config has (Qwen2's q/k/v biases and Qwen3's q/k norms included), the LM head left out when tied."""
@@ -73,4 +87,14 @@ def test_parameter_shapes_are_what_transformers_builds(shape):
         for name, t in model.state_dict().items()
         if not (config["tie_word_embeddings"] and name == "lm_head.weight")
     }
+    # transformers 5 holds a layer's experts as two 3-D tensors; a released checkpoint (what
+    # make-model writes) has each expert's gate/up/down, which is what it saves too
+    for name in [n for n in expected if n.endswith(".mlp.experts.gate_up_proj")]:
+        experts, rows, hidden = expected.pop(name)
+        prefix = name.removesuffix("gate_up_proj")
+        inter = expected.pop(prefix + "down_proj")[2]
+        assert rows == 2 * inter
+        for e in range(experts):
+            expected |= {f"{prefix}{e}.gate_proj.weight": (inter, hidden), f"{prefix}{e}.up_proj.weight": (inter, hidden),
+                         f"{prefix}{e}.down_proj.weight": (hidden, inter)}  # fmt: skip
     assert parameter_shapes(config) == expected

@@ -26,3 +26,19 @@ def test_the_walk_reproduces_the_bounds_we_measure_against(shape, bound):
     assert abs(row["bandwidth_bound_tok_s"] - bound) / bound < 0.005, row
     assert row["roofline_tok_s"] <= row["bandwidth_bound_tok_s"]
     assert row["decode_steps"] == 1023  # the longest request: 1,024 tokens, the first from prefill
+
+
+def test_a_mixture_of_experts_step_reads_the_experts_its_batch_chose():
+    """Qwen3-30B-A3B: at a batch of 256 a decode step reads nearly every expert (a bound below
+    Llama-3.1-8B's though fewer parameters are active a token); with only one request it would
+    read 8 of 128 a layer, so the bound rises steeply as the batch shrinks."""
+    tool = load_tool()
+    row = tool.bounds("qwen3-30b-a3b", 4.8e12, 989e12)
+    assert (
+        row["roofline_tok_s"]
+        <= row["bandwidth_bound_tok_s"]
+        < tool.bounds("llama-3.1-8b", 4.8e12, 989e12)["bandwidth_bound_tok_s"]
+    )
+    # 1,023 decode steps that read every expert (58.0 GB) and the rest (2.4 GB) would take 12.9 s;
+    # the run's tail, of few requests, reads fewer experts
+    assert 11.0 < row["seconds"]["decode_gemm_bytes"] < 12.8

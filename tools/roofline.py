@@ -14,6 +14,11 @@ tokens of KV. Two bounds per model shape (``minisgl_core.bench.shapes``):
   and its ``2 * batch * N * K`` FLOPs at ``--flops``: at a batch of 256 Llama-3.1-8B's GEMMs
   need more time for their arithmetic than for their bytes.
 
+A mixture-of-experts shape (Qwen3-30B-A3B) reads, a decode step, the experts its batch's tokens
+chose: with routing spread evenly over ``E`` experts (random weights route so), ``E * (1 - (1 -
+top_k / E) ** batch)`` of them in each sparse layer, every one at a batch of 256; each token
+multiplies by its ``top_k`` experts' matrices (prefill too).
+
 ``--kv-bytes 1``: the bounds of a float8 KV pool (``--kv-cache-dtype fp8_e4m3``), whose decode
 steps read half the KV bytes (weights stay bf16). Printed for the nominal H200 figures (4.8 TB/s, 989 TFLOP/s dense bf16) and for the rates
 measured on it (the decode kernel's ≈ 4.25 TB/s, an 8192² bf16 matmul's ≈ 789 TFLOP/s).
@@ -28,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from minisgl_core.bench.shapes import SHAPES, linear_shapes  # noqa: E402
+from minisgl_core.bench.shapes import SHAPES, linear_shapes, sparse_layer  # noqa: E402
 from minisgl_core.bench.workloads import standard_offline  # noqa: E402
 
 BYTES = 2  # bf16 weights and KV
@@ -42,14 +47,28 @@ def bounds(shape: str, bandwidth: float, flops: float, kv_element_bytes: int = B
         2 * config["num_key_value_heads"] * d * kv_element_bytes * layers
     )  # K and V, every layer, a token
     q_dim = config["num_attention_heads"] * d
-    *layer, head = linear_shapes(config).values()  # the four products of a layer, then the lm_head
+    products = linear_shapes(config)
+    head = products.pop("lm_head")
+    sparse = sum(sparse_layer(config, i) for i in range(layers))
+    experts, top_k = config.get("num_experts", 0), config.get("num_experts_per_tok", 0)
+    # every layer's dense products; an expert's (gate/up, down) in the sparse layers, a dense
+    # MLP's in the others
+    expert = [products.pop("gate_up"), products.pop("down")] if sparse else []
+    layer = list(products.values())
+    dense_mlp = []  # a mixture-of-experts shape's dense layers' MLP (mlp_only_layers)
+    if sparse and sparse < layers:
+        inter = config["intermediate_size"]
+        dense_mlp = [(2 * inter, config["hidden_size"]), (config["hidden_size"], inter)]
     requests = standard_offline()
     prompts = [len(r.prompt_ids) for r in requests]
     outputs = [r.max_tokens for r in requests]
-    # prefill: every prompt token through every matrix; causal attention QK^T and PV; each
-    # request's last row through the lm_head (its first output token)
-    layer_params = sum(n * k for n, k in layer)
-    prefill_flops = 2 * layer_params * layers * sum(prompts) + 2 * head[0] * head[1] * len(prompts)
+    # prefill: every prompt token through every matrix (its top_k experts' in a sparse layer);
+    # causal attention QK^T and PV; each request's last row through the lm_head (its first token)
+    layer_params = sum(n * k for n, k in layer) * layers
+    if sparse:
+        layer_params += top_k * sum(n * k for n, k in expert) * sparse
+        layer_params += sum(n * k for n, k in dense_mlp) * (layers - sparse)
+    prefill_flops = 2 * layer_params * sum(prompts) + 2 * head[0] * head[1] * len(prompts)
     prefill_flops += sum(2 * 2 * layers * q_dim * p * (p + 1) / 2 for p in prompts)
     prefill_s = prefill_flops / flops
     gemm_bw = gemm_roof = attn = 0.0
@@ -59,10 +78,19 @@ def bounds(shape: str, bandwidth: float, flops: float, kv_element_bytes: int = B
         batch = len(running)
         kv = sum(prompts[i] + t for i in running) * kv_bytes
         attn += kv / bandwidth
-        for n, k in [*layer * layers, head]:
+        mats = [*layer * layers, head]
+        if sparse:
+            mats += dense_mlp * (layers - sparse)
+        for n, k in mats:
             read = n * k * BYTES / bandwidth
             gemm_bw += read
             gemm_roof += max(read, 2 * batch * n * k / flops)
+        if sparse:
+            touched = experts * (1 - (1 - top_k / experts) ** batch)
+            for n, k in expert:
+                read = touched * n * k * BYTES / bandwidth * sparse
+                gemm_bw += read
+                gemm_roof += max(read, 2 * batch * top_k * n * k / flops * sparse)
     out_tokens = sum(outputs)
     bw_s = prefill_s + gemm_bw + attn
     roof_s = prefill_s + gemm_roof + attn

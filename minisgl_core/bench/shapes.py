@@ -33,11 +33,33 @@ SHAPES: dict[str, dict[str, Any]] = {
         tie_word_embeddings=False, rope_theta=1000000.0, rms_norm_eps=1e-6, max_position_embeddings=32768,
         hidden_act="silu", use_sliding_window=False, sliding_window=131072, max_window_layers=28,
     ),
+    # 128 experts of 768, 8 a token, in every layer: 30.5B parameters, 3.3B active a token
+    "qwen3-30b-a3b": dict(
+        architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", hidden_size=2048, num_hidden_layers=48,
+        num_attention_heads=32, num_key_value_heads=4, head_dim=128, intermediate_size=6144,
+        moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
+        decoder_sparse_step=1, mlp_only_layers=[], vocab_size=151936, tie_word_embeddings=False,
+        rope_theta=1000000.0, rms_norm_eps=1e-6, max_position_embeddings=40960, hidden_act="silu",
+        attention_bias=False,
+    ),
 }  # fmt: skip
 
 
+def sparse_layer(config: dict[str, Any], layer: int) -> bool:
+    """Whether ``layer`` of a mixture-of-experts shape has the experts (transformers' Qwen3-MoE
+    rule, as the qwen3-moe plugin builds it): experts configured, not in ``mlp_only_layers``,
+    ``(layer + 1)`` a multiple of ``decoder_sparse_step``."""
+    step = config.get("decoder_sparse_step", 1) or 1
+    return (
+        config.get("num_experts", 0) > 0
+        and layer not in (config.get("mlp_only_layers") or [])
+        and (layer + 1) % step == 0
+    )
+
+
 def parameter_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
-    """HF checkpoint names and shapes of a Llama/Qwen2/Qwen3 decoder."""
+    """HF checkpoint names and shapes of a Llama/Qwen2/Qwen3/Qwen3-MoE decoder (the experts as a
+    released checkpoint has them: one gate/up/down tensor each)."""
     h, inter, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
     d = config.get("head_dim") or h // config["num_attention_heads"]
     q, kv = config["num_attention_heads"] * d, config["num_key_value_heads"] * d
@@ -47,11 +69,19 @@ def parameter_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
         shapes |= {
             p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
             p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
-            p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
-            p + "mlp.down_proj.weight": (h, inter),
             p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
         }  # fmt: skip
-        if config["model_type"] == "qwen3":
+        if sparse_layer(config, i):
+            moe = config["moe_intermediate_size"]
+            shapes[p + "mlp.gate.weight"] = (config["num_experts"], h)
+            for e in range(config["num_experts"]):
+                x = f"{p}mlp.experts.{e}."
+                shapes |= {x + "gate_proj.weight": (moe, h), x + "up_proj.weight": (moe, h),
+                           x + "down_proj.weight": (h, moe)}  # fmt: skip
+        else:
+            shapes |= {p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
+                       p + "mlp.down_proj.weight": (h, inter)}  # fmt: skip
+        if config["model_type"] in ("qwen3", "qwen3_moe"):
             shapes |= {p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)}
         if config["model_type"] == "qwen2":
             shapes |= {p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
@@ -64,8 +94,10 @@ def parameter_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
 def linear_shapes(config: dict[str, Any]) -> dict[str, tuple[int, int]]:
     """``(N, K)`` of each product of a Llama/Qwen3 decoder layer as the engine runs it (``y = x @
     W.T``, ``W`` ``[N, K]``; q/k/v fused, gate/up fused) and of the LM head: the shapes the GEMM
-    and GEMV tools time."""
-    h, inter, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    and GEMV tools time. A mixture-of-experts shape: one expert's gate/up and down (its token's
+    ``num_experts_per_tok`` experts each run them) and the router instead of the dense MLP."""
+    h, vocab = config["hidden_size"], config["vocab_size"]
+    inter = config["moe_intermediate_size"] if config.get("num_experts") else config["intermediate_size"]
     d = config.get("head_dim") or h // config["num_attention_heads"]
     q, kv = config["num_attention_heads"] * d, config["num_key_value_heads"] * d
     return {
@@ -73,6 +105,7 @@ def linear_shapes(config: dict[str, Any]) -> dict[str, tuple[int, int]]:
         "o": (h, q),
         "gate_up": (2 * inter, h),
         "down": (h, inter),
+        **({"router": (config["num_experts"], h)} if config.get("num_experts") else {}),
         "lm_head": (vocab, h),
     }
 
