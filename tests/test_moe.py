@@ -53,8 +53,9 @@ def test_align_blocks_covers_every_pair_once_with_its_expert(tokens, top_k, expe
 
 
 def test_block_rows_grow_with_the_pairs_an_expert_gets():
-    assert block_rows(8, 128) == 16 and block_rows(2048, 128) == 16  # a decode step of 256 tokens
-    assert block_rows(4096, 128) == 32 and block_rows(65536, 128) == 64  # prefill
+    assert block_rows(8, 128) == 16 and block_rows(1024, 128) == 16  # decode steps of 1 and 128 tokens
+    assert block_rows(2048, 128) == 32 and block_rows(16384, 128) == 64  # 256 tokens; a 2,048-token prefill
+    assert block_rows(65536, 128) == 128  # an 8,192-token prefill step
 
 
 def test_route_matches_transformers_router():

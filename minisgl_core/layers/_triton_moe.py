@@ -21,45 +21,56 @@ def grouped_gemm_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """``c[p] = (a[p // ROW_DIV] @ w[e].T) * scale[p]`` for the pairs ``p`` of block
-    ``program_id(0)``, whose expert is ``e``; columns ``program_id(1) * BLOCK_N`` on."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    ``program_id(1)``, whose expert is ``e``; columns ``program_id(0) * BLOCK_N`` on."""
+    pid_n = tl.program_id(0)  # a block's column tiles run side by side: its rows stay in L2
+    pid_m = tl.program_id(1)
     expert = tl.load(block_expert + pid_m)
-    if expert < num_experts:
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        pair = tl.load(sorted_pairs + offs_m)
-        valid = pair < pairs
-        row = pair // ROW_DIV
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < n
-        offs_k = tl.arange(0, BLOCK_K)
-        a_ptrs = a + row[:, None].to(tl.int64) * a_stride + offs_k[None, :]
-        w_ptrs = (
-            w + expert.to(tl.int64) * w_stride_e + offs_n[None, :].to(tl.int64) * w_stride_n + offs_k[:, None]
-        )
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, k, BLOCK_K):
-            k_ok = offs_k < k - k0
-            x = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
-            y = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-            if IEEE:
-                acc += tl.dot(x, y, input_precision="ieee")
-            else:
-                acc += tl.dot(x, y)
-            a_ptrs += BLOCK_K
-            w_ptrs += BLOCK_K
-        if HAS_SCALE:
-            acc = acc * tl.load(scale + pair, mask=valid, other=0.0).to(tl.float32)[:, None]
-        c_ptrs = c + pair[:, None].to(tl.int64) * c_stride + offs_n[None, :]
-        tl.store(c_ptrs, acc.to(c.dtype.element_ty), mask=valid[:, None] & n_ok[None, :])
+    if expert >= num_experts:
+        return
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_pairs + offs_m)
+    valid = pair < pairs
+    row = pair // ROW_DIV
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < n
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a + row[:, None].to(tl.int64) * a_stride + offs_k[None, :]
+    w_ptrs = (
+        w + expert.to(tl.int64) * w_stride_e + offs_n[None, :].to(tl.int64) * w_stride_n + offs_k[:, None]
+    )
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, k, BLOCK_K):
+        k_ok = offs_k < k - k0
+        x = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
+        y = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        if IEEE:
+            acc += tl.dot(x, y, input_precision="ieee")
+        else:
+            acc += tl.dot(x, y)
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    if HAS_SCALE:
+        acc = acc * tl.load(scale + pair, mask=valid, other=0.0).to(tl.float32)[:, None]
+    c_ptrs = c + pair[:, None].to(tl.int64) * c_stride + offs_n[None, :]
+    tl.store(c_ptrs, acc.to(c.dtype.element_ty), mask=valid[:, None] & n_ok[None, :])
 
 
-def launch_config(block: int, n: int, k: int) -> tuple[int, int, int, int]:
-    """(BLOCK_N, BLOCK_K, num_warps, num_stages) for blocks of ``block`` rows and an
-    ``n x k`` expert matrix: wider tiles and more warps for the full blocks of prefill steps."""
-    block_n = min(128 if block >= 64 else 64, max(16, triton.next_power_of_2(n)))
-    block_k = min(64, max(16, triton.next_power_of_2(k)))
-    return block_n, block_k, 8 if block >= 64 else 4, 3
+def launch_config(block: int, n: int, k: int, pairs: int = 1 << 30) -> tuple[int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, num_warps, num_stages) for blocks of ``block`` rows and an ``n x k``
+    expert matrix, from a sweep on one H200 at Qwen3-30B-A3B's shape (``tools/device_moe.py``,
+    BENCHMARKS.md): the fastest launch for each block size there, and for a step of at most 64
+    pairs (8 tokens of top-8) shallower tiles, which reach more experts at once."""
+    if block <= 16:
+        block_n, block_k, warps, stages = (64, 64, 4, 4) if pairs <= 64 else (64, 128, 4, 3)
+    elif block <= 32:
+        block_n, block_k, warps, stages = 128, 128, 4, 3
+    elif block <= 64:
+        block_n, block_k, warps, stages = 128, 64, 4, 3
+    else:
+        block_n, block_k, warps, stages = 128, 64, 8, 3
+    block_n = min(block_n, max(16, triton.next_power_of_2(n)))
+    block_k = min(block_k, max(16, triton.next_power_of_2(k)))
+    return block_n, block_k, warps, stages
 
 
 def grouped_gemm(
@@ -72,17 +83,19 @@ def grouped_gemm(
     *,
     row_div: int,
     scale: torch.Tensor | None = None,
+    config: tuple[int, int, int, int] | None = None,
 ) -> torch.Tensor:
     """``[pairs, w.shape[1]]``: row ``p`` is ``a[p // row_div] @ w[e].T`` (times ``scale[p]``) for
-    the expert ``e`` that pair ``p`` chose (see the module)."""
+    the expert ``e`` that pair ``p`` chose (see the module). ``config``: (BLOCK_N, BLOCK_K, warps,
+    stages) instead of :func:`launch_config`'s (``tools/device_moe.py`` sweeps them)."""
     if a.stride(-1) != 1:
         a = a.contiguous()
     num_experts, n, k = w.shape
     if a.shape[1] != k or w.stride(2) != 1:
         raise ValueError(f"grouped GEMM of {tuple(a.shape)} by experts {tuple(w.shape)}: inner sizes differ")
     out = torch.empty(pairs, n, dtype=a.dtype, device=a.device)
-    block_n, block_k, warps, stages = launch_config(block, n, k)
-    grid = (block_expert.numel(), triton.cdiv(n, block_n))
+    block_n, block_k, warps, stages = config or launch_config(block, n, k, pairs)
+    grid = (triton.cdiv(n, block_n), block_expert.numel())
     grouped_gemm_kernel[grid](
         a, a.stride(0), w, w.stride(0), w.stride(1), out, out.stride(0), sorted_pairs, block_expert,
         scale if scale is not None else out, pairs, n, k, num_experts,

@@ -80,10 +80,11 @@ def moe_enabled(x: torch.Tensor) -> bool:
 
 
 def block_rows(pairs: int, num_experts: int) -> int:
-    """Rows of a grouped GEMM block: about the pairs an expert gets, 16 to 64 (a decode step's
-    few pairs an expert waste less of a block's rows; a prefill step's many fill bigger blocks)."""
+    """Rows of a grouped GEMM block, 16 to 128, from the pairs an expert gets on average: a decode
+    step's few pairs an expert waste less of small blocks, a prefill step's many fill big ones
+    (the fastest block size at each step size in a sweep on one H200, ``tools/device_moe.py``)."""
     per_expert = pairs / max(1, num_experts)
-    return 16 if per_expert <= 16 else 32 if per_expert <= 48 else 64
+    return 16 if per_expert <= 8 else 32 if per_expert <= 48 else 64 if per_expert <= 256 else 128
 
 
 def align_blocks(ids: torch.Tensor, num_experts: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,22 +120,33 @@ def align_blocks(ids: torch.Tensor, num_experts: int, block: int) -> tuple[torch
 
 
 def experts_grouped(
-    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    *,
+    block: int | None = None,
+    configs: tuple[tuple[int, int, int, int], tuple[int, int, int, int]] | None = None,
 ) -> torch.Tensor:
     """What :func:`experts_reference` computes, as two grouped GEMMs (Triton): gate/up for every
     (token, choice) pair, SiLU·mul, down scaled by the pair's weight, then each token's ``top_k``
-    rows summed."""
+    rows summed. ``block`` and ``configs`` (the two GEMMs' launch) replace :func:`block_rows` and
+    the kernel's own choice (``tools/device_moe.py`` sweeps them)."""
     from minisgl_core.layers import _triton_moe
 
     tokens, top_k = ids.shape
     num_experts = w13.shape[0]
     pairs = tokens * top_k
-    block = block_rows(pairs, num_experts)
+    block = block or block_rows(pairs, num_experts)
+    first, second = configs or (None, None)
     sorted_pairs, block_expert = align_blocks(ids, num_experts, block)
-    gate_up = _triton_moe.grouped_gemm(x, w13, sorted_pairs, block_expert, pairs, block, row_div=top_k)
+    gate_up = _triton_moe.grouped_gemm(
+        x, w13, sorted_pairs, block_expert, pairs, block, row_div=top_k, config=first
+    )
     act = silu_and_mul(gate_up)
     out = _triton_moe.grouped_gemm(
-        act, w2, sorted_pairs, block_expert, pairs, block, row_div=1, scale=weights.reshape(-1)
+        act, w2, sorted_pairs, block_expert, pairs, block, row_div=1, scale=weights.reshape(-1), config=second
     )
     return out.view(tokens, top_k, -1).sum(dim=1)
 

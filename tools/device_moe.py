@@ -1,0 +1,108 @@
+"""The mixture-of-experts grouped GEMMs timed on the GPU over launch choices (block rows, tile
+width and depth, warps, stages), at Qwen3-30B-A3B's expert shape, for the token counts of decode
+steps and a prefill step; routing uniform at random, as random weights route.
+
+    python3 tools/device_moe.py [--tokens 1,8,64,256,8192] [--out moe.jsonl] [--profile]
+
+Each row: tokens, the launch, microseconds a layer's experts take (median of CUDA-graph replays),
+and the bytes of the experts the step's tokens chose over that time (TB/s)."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import json
+import statistics
+
+import torch
+
+from minisgl_core.layers.moe import block_rows, experts_grouped, route
+
+HIDDEN, INTER, EXPERTS, TOP_K = 2048, 768, 128, 8
+
+
+def time_graph(fn, reps: int = 20) -> float:
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(5):
+            fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / 5)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tokens", default="1,8,64,256,8192")
+    parser.add_argument("--out")
+    parser.add_argument(
+        "--profile", action="store_true", help="only the default launch, its kernels profiled"
+    )
+    args = parser.parse_args()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    w13 = torch.randn(EXPERTS, 2 * INTER, HIDDEN, generator=gen, device="cuda", dtype=torch.bfloat16) * 0.02
+    w2 = torch.randn(EXPERTS, HIDDEN, INTER, generator=gen, device="cuda", dtype=torch.bfloat16) * 0.02
+    rows = []
+    for tokens in map(int, args.tokens.split(",")):
+        x = torch.randn(tokens, HIDDEN, generator=gen, device="cuda", dtype=torch.bfloat16)
+        logits = torch.randn(tokens, EXPERTS, generator=gen, device="cuda", dtype=torch.bfloat16)
+        weights, ids = route(logits, TOP_K, True)
+        touched = int(torch.unique(ids).numel())
+        bytes_read = touched * 3 * INTER * HIDDEN * 2
+        want = experts_grouped(x, w13, w2, weights, ids)
+        if args.profile:
+            from torch.profiler import ProfilerActivity, profile
+
+            run = functools.partial(experts_grouped, x, w13, w2, weights, ids)
+            run()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(5):
+                    run()
+                torch.cuda.synchronize()
+            print(f"== tokens {tokens}, per call (5 calls):")
+            print(
+                prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=60)
+            )
+            continue
+        default = block_rows(tokens * TOP_K, EXPERTS)
+        choices = [(None, None)]
+        for block, bn, bk, warps, stages in itertools.product(
+            (16, 32, 64, 128), (64, 128), (64, 128), (4, 8), (3, 4)
+        ):
+            if block == 128 and tokens < 1024:
+                continue
+            choices.append((block, ((bn, bk, warps, stages), (bn, bk, warps, stages))))
+        for block, configs in choices:
+            try:
+                run = functools.partial(
+                    experts_grouped, x, w13, w2, weights, ids, block=block, configs=configs
+                )
+                got = run()
+                assert torch.allclose(got.float(), want.float(), atol=3e-2, rtol=3e-2)
+                us = time_graph(run)
+            except Exception as exc:  # noqa: BLE001 - out of shared memory and the like
+                rows.append({"tokens": tokens, "block": block, "configs": configs, "error": str(exc)[:200]})
+                continue
+            row = {"tokens": tokens, "block": block or default, "configs": configs or "default",
+                   "us": round(us, 1), "experts_touched": touched, "TBps": round(bytes_read / us / 1e6, 2)}  # fmt: skip
+            rows.append(row)
+        best = min((r for r in rows if r["tokens"] == tokens and "us" in r), key=lambda r: r["us"])
+        base = next(r for r in rows if r["tokens"] == tokens and r.get("configs") == "default")
+        print(json.dumps({"tokens": tokens, "default": base, "best": best}), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+
+
+if __name__ == "__main__":
+    main()
