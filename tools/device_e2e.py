@@ -11,7 +11,11 @@ largest distance (until 54c7dc8 it was 0.05 on every prompt: one prompt of 32 at
 with the Triton RMS norm, which rounds twice as transformers does where the compiled norm rounds
 once — 0.0262 — while transformers' own bf16 forward is 0.0424 away), and (3) pick, at each of
 its 32 greedy steps, a token within 0.1 nats of the best one by transformers in float32 given the same context (its own earlier tokens,
-scored teacher-forced): a fork is allowed only where the two nearly tie, as in (1). CUDA graphs
+scored teacher-forced), or within twice the largest such distance of transformers' own bf16 greedy
+tokens where that is larger: a fork is allowed only where the two nearly tie, as in (1). (Until
+the seventy-fifth session the limit was 0.1 alone. On a mixture of experts a bf16 router can pick
+another expert where two nearly tie, and transformers' own bf16 greedy tokens were up to 0.152 nats
+off the float32 best on the Qwen3-MoE model below, 0.061 on the dense Qwen3 one, measured on the CPU.) CUDA graphs
 on/off and overlap on/off run the same kernels, so those pairs must be identical token for
 token. transformers (fp32) must give the reference's first token too. Also reported, not judged:
 the mean fraction of the 32 tokens before the first divergence from the reference (until
@@ -176,6 +180,22 @@ def hf_first_tokens(model, prompts) -> list[int]:
     return firsts
 
 
+def hf_greedy(model, prompts, tokens: int = 32) -> list[list[int]]:
+    """transformers' own greedy continuation of each prompt (``tokens`` tokens, no stop)."""
+    device = next(model.parameters()).device
+    outs = []
+    with torch.no_grad():
+        for p in prompts:
+            ids = model.generate(
+                torch.tensor([p], device=device),
+                max_new_tokens=tokens,
+                min_new_tokens=tokens,
+                do_sample=False,
+            )
+            outs.append(ids[0, len(p) :].tolist())
+    return outs
+
+
 def hf_gaps(model, prompts, outputs: list[list[int]]) -> list[float]:
     """For every generated token: how many nats below the best token transformers (fp32) puts it,
     given the prompt and the tokens generated before it (one teacher-forced pass per prompt)."""
@@ -217,12 +237,15 @@ def main() -> int:
         ok &= rows["transformers_first_token_agrees"]
         hf_bf16 = hf_model(model_dir, torch.bfloat16)
         bf16_first = hf_first_logprobs(hf_bf16, prompts)
+        hf_bf16_gap = max(hf_gaps(hf, prompts, hf_greedy(hf_bf16, prompts)))
         del hf_bf16
         hf_bf16_diffs = [abs(a - r.logprobs[0].logprob) for a, r in zip(bf16_first, ref)]
         hf_bf16_mean = sum(hf_bf16_diffs) / len(hf_bf16_diffs)
         rows["transformers_bf16_first_logprob_max_diff"] = round(max(hf_bf16_diffs), 4)
         rows["transformers_bf16_first_logprob_mean_diff"] = round(hf_bf16_mean, 5)
         lp_limit = max(0.05, 2 * max(hf_bf16_diffs))
+        rows["transformers_bf16_token_gap_max"] = round(hf_bf16_gap, 4)
+        gap_limit = rows["token_gap_limit"] = round(max(0.1, 2 * hf_bf16_gap), 4)
         configs = {
             "torch_bf16": dict(attn="torch", cuda_graph_max_bs=0, overlap=False),
             "torch_bf16_graph_overlap": dict(attn="torch"),
@@ -265,7 +288,7 @@ def main() -> int:
                              "mean_match_fraction": round(prefix, 3), "identical": ids == ref_ids,
                              "seconds": round(seconds, 2), "_ids": ids}  # fmt: skip
             results[name]["ok"] = (
-                first_ok and lp_diff <= lp_limit and lp_mean <= 1.5 * hf_bf16_mean and gaps[-1] <= 0.1
+                first_ok and lp_diff <= lp_limit and lp_mean <= 1.5 * hf_bf16_mean and gaps[-1] <= gap_limit
             )
             ok &= results[name]["ok"]
         rows["reference_token_gap_max"] = round(max(hf_gaps(hf, prompts, ref_ids)), 4)
