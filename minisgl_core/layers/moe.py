@@ -203,7 +203,15 @@ class Experts(nn.Module):
 
     def _load_w13(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Any) -> list[Any] | None:
         """Shard id ``(expert, 0)`` gate rows, ``(expert, 1)`` up rows; ``"fused"``: transformers 5's
-        ``gate_up_proj`` ``[experts, 2 * inter, hidden]``, every expert's (returns the ids filled)."""
+        ``gate_up_proj`` ``[experts, 2 * inter, hidden]``, every expert's; ``("stacked", part)``: the
+        gate (0) or up (1) rows of every expert, ``[experts, inter, hidden]`` (a GGUF file's
+        ``ffn_gate_exps``). The last two return the shard ids they filled."""
+        if isinstance(shard_id, tuple) and shard_id[0] == "stacked":
+            part = shard_id[1]
+            self._check_fused(loaded, ("gate_proj", "up_proj")[part], 1, self.full_inter)
+            for expert in range(self.num_experts):
+                self._load_w13(param, loaded[expert], (expert, part))
+            return [(expert, part) for expert in range(self.num_experts)]
         if shard_id == "fused":
             self._check_fused(loaded, "gate_up_proj", 1, 2 * self.full_inter)
             for expert in range(self.num_experts):

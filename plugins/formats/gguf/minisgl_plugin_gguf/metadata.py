@@ -10,7 +10,11 @@ ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM",
 }
+
+#: the architectures whose files hold a mixture of experts (``{arch}.expert_count``)
+MOE_ARCHITECTURES = frozenset({"qwen3moe"})
 
 #: ``{arch}.<key>`` → config.json key
 _ARCH_KEYS = {
@@ -25,6 +29,10 @@ _ARCH_KEYS = {
     "rope.freq_base": "rope_theta",
     # Phi-3's window, which its model applies whenever set (refused when shorter than the context)
     "attention.sliding_window": "sliding_window",
+    # a mixture of experts (qwen3moe)
+    "expert_count": "num_experts",
+    "expert_used_count": "num_experts_per_tok",
+    "expert_feed_forward_length": "moe_intermediate_size",
 }
 
 #: ``general.sampling.*`` (written by recent llama.cpp converters) → generation_config.json key
@@ -73,13 +81,18 @@ def hf_config_from_metadata(fields: dict[str, Any], tied: bool, path: str) -> di
     head_dim = config.get("head_dim")
     if isinstance(head_dim, int) and isinstance(rotary_dims, int) and 0 < rotary_dims != head_dim:
         config["partial_rotary_factor"] = rotary_dims / head_dim
+    if arch in MOE_ARCHITECTURES:
+        # llama.cpp's qwen3moe graph always renormalises the chosen experts' weights (the
+        # released Qwen3-MoE configs' norm_topk_prob); the file has no key for it
+        config["norm_topk_prob"] = True
     config["torch_dtype"] = "float32"
     return config
 
 
 def _refuse_unsupported_layouts(fields: dict[str, Any], arch: str, path: str) -> None:
     """Files of a supported architecture that hold what our models cannot: one part of a split
-    GGUF (the rest of the tensors are in other files), a mixture of experts."""
+    GGUF (the rest of the tensors are in other files), a mixture of experts in an architecture
+    whose model has none (llama.cpp writes Mixtral as ``llama`` with experts)."""
     parts = fields.get("split.count")
     if isinstance(parts, int) and parts > 1:
         number = fields.get("split.no", 0)
@@ -89,7 +102,7 @@ def _refuse_unsupported_layouts(fields: dict[str, Any], arch: str, path: str) ->
             "(llama.cpp's `llama-gguf-split --merge FIRST_PART OUT.gguf`)"
         )
     experts = fields.get(f"{arch}.expert_count")
-    if isinstance(experts, int) and experts > 0:
+    if isinstance(experts, int) and experts > 0 and arch not in MOE_ARCHITECTURES:
         raise UnsupportedGGUF(
             f"{path}: a mixture-of-experts model ({arch}.expert_count = {experts}), which is not supported"
         )

@@ -25,6 +25,12 @@ _BLOCK = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
     "attn_qkv": "self_attn.qkv_proj",  # phi3's fused q, k and v
+    # a mixture of experts (qwen3moe): the router, and each expert matrix stacked over the experts
+    # ([experts, rows, columns]), which the model's loader splits
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
 }
 #: block parts an architecture names otherwise: phi3's ffn_up is gate and up fused (as its
 #: checkpoint's gate_up_proj, gate first)

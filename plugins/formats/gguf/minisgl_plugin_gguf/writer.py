@@ -9,7 +9,8 @@ the same paths a downloaded GGUF does.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,15 @@ _BLOCK_TO_GGUF = {
     "mlp.down_proj": "ffn_down",
     "self_attn.qkv_proj": "attn_qkv",  # phi3's fused tensors
     "mlp.gate_up_proj": "ffn_up",
+    # a mixture of experts (qwen3moe): the router, each matrix stacked over the experts
+    "mlp.gate": "ffn_gate_inp",
+    "mlp.experts.gate_proj": "ffn_gate_exps",
+    "mlp.experts.up_proj": "ffn_up_exps",
+    "mlp.experts.down_proj": "ffn_down_exps",
 }
+
+#: a checkpoint's per-expert tensor, which llama.cpp's converter stacks over the experts
+_EXPERT = re.compile(r"(?P<prefix>model\.layers\.\d+\.mlp\.experts)\.(?P<expert>\d+)\.(?P<proj>\w+)\.weight")
 
 #: (gguf name, float32 array) -> raw array to store, or None to store it quantized by qtype
 EncodeHook = Callable[[str, np.ndarray], "tuple[np.ndarray, Any] | None"]
@@ -93,7 +102,7 @@ def write_gguf(
         custom = encode(ROPE_FREQS, factors) if encode is not None else None
         writer.add_tensor(ROPE_FREQS, factors if custom is None else custom[0])
     permuted = arch == "llama"
-    for name, tensor in _iter_safetensors(hf_dir):
+    for name, tensor in _stack_experts(_iter_safetensors(hf_dir)):
         if name == "lm_head.weight" and config.get("tie_word_embeddings"):
             continue
         values = tensor.to(torch.float32).numpy()
@@ -106,7 +115,7 @@ def write_gguf(
         if custom is not None:
             raw, raw_type = custom
             writer.add_tensor(target, raw, raw_dtype=raw_type)  # raw: the byte shape
-        elif values.ndim == 2 and quant != gguf.GGMLQuantizationType.F32:
+        elif values.ndim in (2, 3) and quant != gguf.GGMLQuantizationType.F32:
             writer.add_tensor(target, gguf.quants.quantize(values, quant), raw_dtype=quant)
         else:
             writer.add_tensor(target, values)
@@ -132,6 +141,11 @@ def _write_config(writer: Any, config: dict[str, Any]) -> None:
     writer.add_vocab_size(config["vocab_size"])
     if config.get("sliding_window") is not None:
         writer.add_sliding_window(config["sliding_window"])
+    experts = config.get("num_experts") or config.get("num_local_experts")  # transformers 5 writes the latter
+    if experts:
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(config["num_experts_per_tok"])
+        writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
     writer.add_file_type(0)
     scaling = _rope(config)
     kind = scaling["rope_type"]
@@ -205,6 +219,21 @@ def _write_tokenizer(writer: Any, hf_dir: Path) -> None:
     writer.add_add_bos_token(False)
     if tokenizer_config.get("chat_template"):
         writer.add_chat_template(tokenizer_config["chat_template"])
+
+
+def _stack_experts(items: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors with each layer's per-expert ``experts.<e>.<proj>.weight`` stacked over the
+    experts into ``experts.<proj>.weight`` (``[experts, rows, columns]``), as llama.cpp's converter
+    stores them; the rest as they come."""
+    stacks: dict[str, dict[int, torch.Tensor]] = {}
+    for name, tensor in items:
+        match = _EXPERT.fullmatch(name)
+        if match is None:
+            yield name, tensor
+            continue
+        stacks.setdefault(f"{match['prefix']}.{match['proj']}.weight", {})[int(match["expert"])] = tensor
+    for name, by_expert in stacks.items():
+        yield name, torch.stack([by_expert[e] for e in range(len(by_expert))])
 
 
 def _iter_safetensors(hf_dir: Path):

@@ -1,6 +1,6 @@
 """GGUF files of every supported tensor type against transformers' own GGUF loading, and bad files.
 
-Tiny random llama / qwen2 / qwen3 models are written with ``gguf.GGUFWriter``; the tensor types
+Tiny random llama / qwen2 / qwen3 / phi3 / qwen3moe models are written with ``gguf.GGUFWriter``; the tensor types
 ``gguf.quants`` cannot quantize (the K-quants) are filled with random blocks of valid scales.
 Our model loaded through :class:`GGUFFormat` must give transformers' logits for the same file.
 """
@@ -101,6 +101,42 @@ def test_quantized_model_matches_transformers(make_tiny_model, tmp_path, arch, q
     hf_dir = make_tiny_model(arch, tie_word_embeddings=False, **overrides)
     file = write_gguf(hf_dir, tmp_path / f"{qtype}.gguf", qtype)
     check_against_transformers(file)
+
+
+@pytest.mark.parametrize("qtype", ["F32", "Q8_0", "Q4_1"])
+def test_mixture_of_experts_matches_transformers(make_tiny_model, tmp_path, qtype):
+    """qwen3moe: the router (``ffn_gate_inp``) and each expert matrix stacked over the experts
+    (``ffn_{gate,up,down}_exps``, 3-D, quantized along their rows), split by the model's loader.
+    transformers' GGUF config does not read ``qwen3moe.expert_feed_forward_length`` (it keeps
+    Qwen3-30B-A3B's 768), nor key_length (head_dim 128): the reference needs both."""
+    hf_dir = make_tiny_model("Qwen3MoeForCausalLM", head_dim=128, moe_intermediate_size=768)
+    file = write_gguf(hf_dir, tmp_path / f"moe-{qtype}.gguf", qtype)
+    config = GGUFFormat(file).hf_config()
+    assert (config["num_experts"], config["num_experts_per_tok"], config["moe_intermediate_size"]) == (
+        8,
+        2,
+        768,
+    )
+    assert config["norm_topk_prob"] is True  # llama.cpp's qwen3moe always renormalises
+    check_against_transformers(file)
+
+
+def test_mixture_of_experts_reads_its_expert_size_from_the_file(make_tiny_model, tmp_path):
+    """Experts of another size than 768 (Qwen3-235B-A22B's are 1,536): read from the file, so the
+    model from the GGUF computes what transformers computes from the directory it was written from."""
+    from minisgl_plugin_torch.backend import TorchAttentionBackend
+
+    from minisgl_core.testing.reference import TransformersReference
+
+    hf_dir = make_tiny_model("Qwen3MoeForCausalLM", moe_intermediate_size=48)
+    file = write_gguf(hf_dir, tmp_path / "moe48.gguf", "F32")
+    model, config = load_ours(file)
+    assert config["moe_intermediate_size"] == 48
+    prompt = random_prompt(12, config["vocab_size"], seed=6)
+    _, logits = greedy_generate(model, make_attention(TorchAttentionBackend, model.kv_spec), prompt, 3)
+    _, expected = TransformersReference(hf_dir).greedy(prompt, 3)
+    for step, (actual, want) in enumerate(zip(logits, expected, strict=True)):
+        assert_logits_close(actual, want, 1e-4, what=f"logits at step {step}")
 
 
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
@@ -396,7 +432,7 @@ def _with_fields(
         ({"tokenizer.ggml.eos_token_id": 99999}, "tokenizer.ggml.eos_token_id is 99999, not an id"),
         ({"llama.attention.head_count_kv": 3}, r"blk\.0\.attn_k\.weight has \d+ rows.*head_count_kv \(3\)"),
         ({"split.count": 2, "split.no": 0}, "part 1 of a GGUF split into 2 files"),
-        ({"llama.expert_count": 4}, "mixture-of-experts model"),
+        ({"llama.expert_count": 4}, r"mixture-of-experts model \(llama\.expert_count = 4\)"),
         ({"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0}, "'yarn' is not supported"),
         (
             {"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 0.0},
