@@ -68,8 +68,10 @@ def _run(world: int, model_dir: str) -> dict[int, tuple[list[list[int]], list | 
     [
         ("Qwen3ForCausalLM", {}),  # 4 q heads / 2 kv heads: 1 kv head per rank
         ("LlamaForCausalLM", {"num_key_value_heads": 1, "tie_word_embeddings": False, "vocab_size": 1027}),
+        # each expert's intermediate size halved per rank, the router replicated, layer 1 dense
+        ("Qwen3MoeForCausalLM", {"mlp_only_layers": [1]}),
     ],
-    ids=["qwen3-gqa", "llama-replicated-kv-odd-vocab"],
+    ids=["qwen3-gqa", "llama-replicated-kv-odd-vocab", "qwen3-moe"],
 )
 def test_tp2_equals_tp1(tmp_path, arch, overrides):
     model_dir = str(make_model_dir(tmp_path / "m", arch, **overrides))
