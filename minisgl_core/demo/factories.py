@@ -35,6 +35,7 @@ _TINY_DEFAULTS: dict[str, Any] = dict(
 )
 
 #: what a tiny mixture-of-experts model (Qwen3MoeForCausalLM) adds: 8 experts of 32, 2 a token
+#: (MixtralForCausalLM: the same, its experts sized by intermediate_size)
 _TINY_MOE_DEFAULTS: dict[str, Any] = dict(
     num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True
 )
@@ -166,7 +167,8 @@ def make_model_dir(
     ``num_shards`` files when ``num_shards > 1``), tokenizer and generation config.
 
     ``arch`` is ``"Qwen3ForCausalLM"``, ``"Qwen2ForCausalLM"``, ``"LlamaForCausalLM"``,
-    ``"MistralForCausalLM"``, ``"Phi3ForCausalLM"`` or ``"Qwen3MoeForCausalLM"``; tiny defaults (hidden 64,
+    ``"MistralForCausalLM"``, ``"Phi3ForCausalLM"``, ``"Qwen3MoeForCausalLM"`` or
+    ``"MixtralForCausalLM"``; tiny defaults (hidden 64,
     2 layers, 4 heads, 2 KV heads, head_dim 16) are overridden by ``config_overrides``, and
     ``vocab_size`` defaults to the tokenizer's. Weights come from transformers' own initialisation
     with ``seed`` and std ``hidden_size ** -0.5`` (logits of order one); norm weights and biases are then randomised too, so no parameter is trivially
@@ -177,6 +179,7 @@ def make_model_dir(
         GenerationConfig,
         LlamaConfig,
         MistralConfig,
+        MixtralConfig,
         Phi3Config,
         Qwen2Config,
         Qwen3Config,
@@ -191,6 +194,7 @@ def make_model_dir(
         "MistralForCausalLM": MistralConfig,
         "Phi3ForCausalLM": Phi3Config,
         "Qwen3MoeForCausalLM": Qwen3MoeConfig,
+        "MixtralForCausalLM": MixtralConfig,
     }
     if arch not in config_classes:
         raise ValueError(f"unknown arch {arch!r}; choose from {sorted(config_classes)}")
@@ -198,7 +202,10 @@ def make_model_dir(
     train_tokenizer(out, vocab_size=tokenizer_vocab_size, added_tokens=added_tokens)
     tokens = json.loads((out / "tokenizer.json").read_text())["model"]["vocab"]
     endoftext, im_end = tokens["<|endoftext|>"], tokens["<|im_end|>"]
-    moe = _TINY_MOE_DEFAULTS if arch == "Qwen3MoeForCausalLM" else {}
+    moe = {
+        "Qwen3MoeForCausalLM": _TINY_MOE_DEFAULTS,
+        "MixtralForCausalLM": dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32),
+    }.get(arch, {})
     settings = {**_TINY_DEFAULTS, **moe, "vocab_size": len(tokens), **config_overrides}
     # transformers' default std (0.02) leaves the residual stream dominated by the token's own
     # embedding, so a tied model just repeats its input; unit-gain projections make every layer count.

@@ -29,15 +29,18 @@ from minisgl_core.layers.fused import silu_and_mul
 from minisgl_core.layers.weights import copy_shard, load_full, new_param
 
 
-def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def route(
+    logits: torch.Tensor, top_k: int, renormalize: bool, float32_weights: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights, expert ids), ``[tokens, top_k]`` each, of router ``logits``: softmax over the
     experts in float32, the ``top_k`` largest, divided by their sum when ``renormalize``
-    (``norm_topk_prob``), rounded to the logits' dtype (transformers' Qwen3-MoE router)."""
+    (``norm_topk_prob``), rounded to the logits' dtype (transformers' Qwen3-MoE router) unless
+    ``float32_weights`` (its Mixtral router keeps them in float32)."""
     probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
     weights, ids = torch.topk(probs, top_k, dim=-1)
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights.to(logits.dtype), ids
+    return (weights if float32_weights else weights.to(logits.dtype)), ids
 
 
 def experts_reference(
@@ -256,8 +259,10 @@ class SparseMoE(nn.Module):
         parallel: ParallelContext,
         dtype: torch.dtype | None,
         device: Any,
+        float32_weights: bool = False,
     ) -> None:
         super().__init__()
+        self.float32_weights = float32_weights  # the router's weights not rounded (see route)
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"num_experts_per_tok {top_k} must be between 1 and num_experts {num_experts}")
         self.top_k, self.renormalize, self.parallel = top_k, renormalize, parallel
@@ -266,7 +271,7 @@ class SparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor, reduce: bool = True) -> torch.Tensor:
         """``reduce=False``: this rank's partial sum, for the norm after the block to all-reduce."""
-        weights, ids = route(self.gate(x), self.top_k, self.renormalize)
+        weights, ids = route(self.gate(x), self.top_k, self.renormalize, self.float32_weights)
         w13, w2 = self.experts.w13, self.experts.w2
         run = experts_grouped if moe_enabled(x) else experts_reference
         out = run(x, w13, w2, weights, ids)
