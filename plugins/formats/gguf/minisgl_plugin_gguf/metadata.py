@@ -15,6 +15,9 @@ ARCHITECTURES = {
 
 #: the architectures whose files hold a mixture of experts (``{arch}.expert_count``)
 MOE_ARCHITECTURES = frozenset({"qwen3moe"})
+#: architectures llama.cpp writes with experts under another's name: Mixtral is ``llama`` with
+#: ``llama.expert_count`` (its experts sized by ``feed_forward_length``)
+EXPERTS_OF = {"llama": "MixtralForCausalLM"}
 
 #: ``{arch}.<key>`` → config.json key
 _ARCH_KEYS = {
@@ -59,6 +62,9 @@ def hf_config_from_metadata(fields: dict[str, Any], tied: bool, path: str) -> di
         value = fields.get(f"{arch}.{key}")
         if value is not None:
             config[hf_key] = value
+    if arch in EXPERTS_OF and config.get("num_experts", 0) > 0:
+        config["architectures"] = [EXPERTS_OF[arch]]
+        config["num_local_experts"] = config.pop("num_experts")
     missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads") if k not in config]
     if missing:
         raise UnsupportedGGUF(f"{path}: GGUF metadata lacks {arch}.* keys for {', '.join(missing)}")
@@ -92,7 +98,7 @@ def hf_config_from_metadata(fields: dict[str, Any], tied: bool, path: str) -> di
 def _refuse_unsupported_layouts(fields: dict[str, Any], arch: str, path: str) -> None:
     """Files of a supported architecture that hold what our models cannot: one part of a split
     GGUF (the rest of the tensors are in other files), a mixture of experts in an architecture
-    whose model has none (llama.cpp writes Mixtral as ``llama`` with experts)."""
+    whose model has none (``llama`` files with experts are Mixtral, :data:`EXPERTS_OF`)."""
     parts = fields.get("split.count")
     if isinstance(parts, int) and parts > 1:
         number = fields.get("split.no", 0)
@@ -102,7 +108,7 @@ def _refuse_unsupported_layouts(fields: dict[str, Any], arch: str, path: str) ->
             "(llama.cpp's `llama-gguf-split --merge FIRST_PART OUT.gguf`)"
         )
     experts = fields.get(f"{arch}.expert_count")
-    if isinstance(experts, int) and experts > 0 and arch not in MOE_ARCHITECTURES:
+    if isinstance(experts, int) and experts > 0 and arch not in MOE_ARCHITECTURES | EXPERTS_OF.keys():
         raise UnsupportedGGUF(
             f"{path}: a mixture-of-experts model ({arch}.expert_count = {experts}), which is not supported"
         )

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from minisgl_plugin_gguf.metadata import ARCHITECTURES
+from minisgl_plugin_gguf.metadata import ARCHITECTURES, EXPERTS_OF
 from minisgl_plugin_gguf.names import ROPE_FREQS
 from minisgl_plugin_gguf.rope_factors import llama3_divisors
 
@@ -52,6 +52,9 @@ _BLOCK_TO_GGUF = {
 
 #: a checkpoint's per-expert tensor, which llama.cpp's converter stacks over the experts
 _EXPERT = re.compile(r"(?P<prefix>model\.layers\.\d+\.mlp\.experts)\.(?P<expert>\d+)\.(?P<proj>\w+)\.weight")
+#: Mixtral's names for the same (``block_sparse_moe``; w1 gate, w3 up, w2 down)
+_MIXTRAL = {"block_sparse_moe.": "mlp.", ".w1.weight": ".gate_proj.weight", ".w3.weight": ".up_proj.weight",
+            ".w2.weight": ".down_proj.weight"}  # fmt: skip
 
 #: (gguf name, float32 array) -> raw array to store, or None to store it quantized by qtype
 EncodeHook = Callable[[str, np.ndarray], "tuple[np.ndarray, Any] | None"]
@@ -91,7 +94,7 @@ def write_gguf(
 
     hf_dir, out = Path(hf_dir), Path(out)
     config = json.loads((hf_dir / "config.json").read_text())
-    by_class = {v: k for k, v in ARCHITECTURES.items()}
+    by_class = {**{v: k for k, v in ARCHITECTURES.items()}, **{v: k for k, v in EXPERTS_OF.items()}}
     arch = arch or by_class[config["architectures"][0]]
     quant = gguf.GGMLQuantizationType[qtype]
     writer = gguf.GGUFWriter(str(out), arch)
@@ -145,7 +148,8 @@ def _write_config(writer: Any, config: dict[str, Any]) -> None:
     if experts:
         writer.add_expert_count(experts)
         writer.add_expert_used_count(config["num_experts_per_tok"])
-        writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+        if "moe_intermediate_size" in config:  # Mixtral's experts: feed_forward_length
+            writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
     writer.add_file_type(0)
     scaling = _rope(config)
     kind = scaling["rope_type"]
@@ -227,6 +231,9 @@ def _stack_experts(items: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[
     stores them; the rest as they come."""
     stacks: dict[str, dict[int, torch.Tensor]] = {}
     for name, tensor in items:
+        if ".block_sparse_moe." in name:
+            for old, new in _MIXTRAL.items():
+                name = name.replace(old, new)
         match = _EXPERT.fullmatch(name)
         if match is None:
             yield name, tensor

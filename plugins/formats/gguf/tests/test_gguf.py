@@ -121,6 +121,42 @@ def test_mixture_of_experts_matches_transformers(make_tiny_model, tmp_path, qtyp
     check_against_transformers(file)
 
 
+def test_mixtral_is_a_llama_file_with_experts(make_tiny_model, tmp_path):
+    """llama.cpp writes Mixtral as ``llama`` with ``llama.expert_count`` (experts sized by
+    ``feed_forward_length``, q/k rows permuted as Llama's). transformers cannot read such a file,
+    so the F32 file is checked against transformers' model of the directory it was written from,
+    and every weight of a Q8_0 one against the F32 one's within Q8_0's rounding (a block's largest
+    magnitude / 127: a tensor in the wrong place or order is far off)."""
+    from minisgl_plugin_torch.backend import TorchAttentionBackend
+
+    from minisgl_core.testing.reference import TransformersReference
+
+    hf_dir = make_tiny_model("MixtralForCausalLM", num_local_experts=4, num_experts_per_tok=2)
+    f32 = write_gguf(hf_dir, tmp_path / "mixtral.gguf", "F32")
+    model, config = load_ours(f32)
+    assert config["architectures"] == ["MixtralForCausalLM"] and config["model_type"] == "llama"
+    assert (config["num_local_experts"], config["num_experts_per_tok"], config["intermediate_size"]) == (
+        4,
+        2,
+        32,
+    )
+    prompt = random_prompt(12, config["vocab_size"], seed=8)
+    attention = make_attention(TorchAttentionBackend, model.kv_spec)
+    tokens, logits = greedy_generate(model, attention, prompt, 3)
+    _, expected = TransformersReference(hf_dir).greedy(prompt, 3)
+    for step, (actual, want) in enumerate(zip(logits, expected, strict=True)):
+        assert_logits_close(actual, want, 1e-4, what=f"F32 logits at step {step}")
+    q8, _ = load_ours(write_gguf(hf_dir, tmp_path / "mixtral-q8.gguf", "Q8_0"))
+    exact = dict(model.named_parameters())
+    for name, param in q8.named_parameters():
+        want = exact[name]
+        if param.dim() < 2:  # norms stay float32
+            assert torch.equal(param, want), name
+            continue
+        assert (param - want).abs().max() <= want.abs().max() / 127 + 1e-6, name
+        assert not torch.equal(param, want), name  # it was quantized
+
+
 def test_mixture_of_experts_reads_its_expert_size_from_the_file(make_tiny_model, tmp_path):
     """Experts of another size than 768 (Qwen3-235B-A22B's are 1,536): read from the file, so the
     model from the GGUF computes what transformers computes from the directory it was written from."""
@@ -432,7 +468,11 @@ def _with_fields(
         ({"tokenizer.ggml.eos_token_id": 99999}, "tokenizer.ggml.eos_token_id is 99999, not an id"),
         ({"llama.attention.head_count_kv": 3}, r"blk\.0\.attn_k\.weight has \d+ rows.*head_count_kv \(3\)"),
         ({"split.count": 2, "split.no": 0}, "part 1 of a GGUF split into 2 files"),
-        ({"llama.expert_count": 4}, r"mixture-of-experts model \(llama\.expert_count = 4\)"),
+        # a llama file with experts is Mixtral: this one's metadata claims experts its tensors lack
+        (
+            {"llama.expert_count": 4},
+            r"model parameter 'model\.layers\.0\.mlp\.gate\.weight' was never loaded",
+        ),
         ({"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0}, "'yarn' is not supported"),
         (
             {"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 0.0},
@@ -446,6 +486,17 @@ def test_files_our_models_cannot_serve_fail_in_one_line(make_tiny_model, tmp_pat
     file = _with_fields(make_tiny_model("LlamaForCausalLM"), tmp_path / "bad.gguf", **fields)
     generate = run_cli(["generate", "--device", "cpu", "--model", str(file), "hi"])
     assert re.search(message, one_error_line(generate))
+
+
+def test_experts_in_an_architecture_without_them_are_refused(make_tiny_model, tmp_path):
+    file = _with_fields(
+        make_tiny_model("Qwen3ForCausalLM"), tmp_path / "bad.gguf", **{"qwen3.expert_count": 4}
+    )
+    generate = run_cli(["generate", "--device", "cpu", "--model", str(file), "hi"])
+    assert re.search(
+        r"a mixture-of-experts model \(qwen3\.expert_count = 4\), which is not supported",
+        one_error_line(generate),
+    )
 
 
 def test_an_alignment_of_zero_is_named(make_tiny_model, tmp_path):

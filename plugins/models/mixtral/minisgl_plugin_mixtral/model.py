@@ -15,6 +15,9 @@ from minisgl_core.layers import DecoderForCausalLM, MLPFactory, SparseMoE
 #: (w1 gate, w3 up, w2 down)
 _EXPERT = re.compile(r"^(?P<prefix>.*)\.block_sparse_moe\.experts\.(?P<expert>\d+)\.w(?P<w>[123])\.weight$")
 _ROUTER = re.compile(r"^(?P<prefix>.*)\.block_sparse_moe\.gate\.weight$")
+#: each matrix stacked over the experts, ``[experts, rows, cols]`` (a GGUF file's
+#: ``ffn_{gate,up,down}_exps``, as the gguf plugin names them)
+_STACKED = re.compile(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<proj>gate|up|down)_proj\.weight$")
 
 
 class MixtralForCausalLM(DecoderForCausalLM):
@@ -59,4 +62,10 @@ class MixtralForCausalLM(DecoderForCausalLM):
         match = _ROUTER.match(name)
         if match is not None:
             return f"{match['prefix']}.mlp.gate.weight", None
+        match = _STACKED.match(name)
+        if match is not None:
+            prefix, proj = match["prefix"], match["proj"]
+            if proj == "down":
+                return f"{prefix}.w2", "fused"
+            return f"{prefix}.w13", ("stacked", 0 if proj == "gate" else 1)
         return super().checkpoint_target(name)
