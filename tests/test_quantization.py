@@ -102,6 +102,22 @@ def test_built_in_methods_quantize_every_linear_layer(tiny_model_dir, name):
     assert len(greedy(engine, [5, 6, 7, 8])) == 6
 
 
+def test_a_mixture_of_experts_keeps_its_experts_and_says_so(make_tiny_model, caplog):
+    """--quantization hands a method the linear layers; a MoE block's experts and router are not
+    among them, which the log says (a user expecting the experts quantized would otherwise not know)."""
+    engine = engine_for(make_tiny_model("Qwen3MoeForCausalLM"), quantization="int8")
+    layers = linear_layers(engine)
+    # 2 layers x (qkv, o): both layers' MLPs are mixtures of experts
+    assert len(layers) == 4 and all(layer.weight.dtype == torch.int8 for layer in layers)
+    block = engine.runner.model.model.layers[0].mlp
+    assert block.experts.w13.dtype == block.gate.weight.dtype == torch.float32
+    assert (
+        "2 mixture-of-experts blocks keep their experts and router in float32: --quantization int8"
+        in caplog.text
+    )
+    assert len(greedy(engine, [5, 6, 7, 8])) == 6
+
+
 @pytest.mark.parametrize("name", ["int4-head", "fp8-head"])
 def test_a_method_that_quantizes_the_lm_head_unties_it_from_the_embedding(make_tiny_model, name):
     """int4-head and fp8-head set quantizes_lm_head: the runner hands them the (tied) head after

@@ -13,6 +13,7 @@ from torch import nn
 
 from minisgl_core.api import QuantizationMethod
 from minisgl_core.layers.embedding import ParallelLMHead
+from minisgl_core.layers.moe import SparseMoE
 from minisgl_core.plugins import Plugins
 
 logger = logging.getLogger(__name__)
@@ -56,3 +57,10 @@ def after_loading(model: nn.Module, method: QuantizationMethod) -> None:
     if method.device.type == "cuda":
         torch.cuda.empty_cache()  # the run-dtype weights are gone: the KV pool may take their room
     logger.info("quantized %d linear layers: %s", len(layers), method.describe())
+    moe = [m for m in model.modules() if isinstance(m, SparseMoE)]
+    if moe:
+        logger.warning(
+            "%d mixture-of-experts blocks keep their experts and router in %s: --quantization %s "
+            "quantizes the linear layers only (attention, dense MLPs)",
+            len(moe), str(method.dtype).removeprefix("torch."), method.name or type(method).__name__,
+        )  # fmt: skip
