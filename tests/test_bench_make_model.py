@@ -71,7 +71,9 @@ def test_linear_shapes_of_a_mixture_of_experts_are_one_experts_and_the_router():
     assert p + "gate_proj.weight" not in weights  # no dense MLP in a sparse layer
 
 
-@pytest.mark.parametrize("shape", ["qwen3-0.6b", "llama-3.1-8b", "qwen2.5-7b", "qwen3-30b-a3b"])
+@pytest.mark.parametrize(
+    "shape", ["qwen3-0.6b", "llama-3.1-8b", "qwen2.5-7b", "qwen3-30b-a3b", "mixtral-8x7b"]
+)
 def test_parameter_shapes_are_what_transformers_builds(shape):
     """make-model writes ``parameter_shapes``: the names and shapes transformers' own model of the
     config has (Qwen2's q/k/v biases and Qwen3's q/k norms included), the LM head left out when tied."""
@@ -97,4 +99,16 @@ def test_parameter_shapes_are_what_transformers_builds(shape):
         for e in range(experts):
             expected |= {f"{prefix}{e}.gate_proj.weight": (inter, hidden), f"{prefix}{e}.up_proj.weight": (inter, hidden),
                          f"{prefix}{e}.down_proj.weight": (hidden, inter)}  # fmt: skip
+    if config["model_type"] == "mixtral":  # its checkpoints' names (what transformers saves too)
+        renames = {
+            ".mlp.": ".block_sparse_moe.",
+            ".gate_proj.": ".w1.",
+            ".up_proj.": ".w3.",
+            ".down_proj.": ".w2.",
+        }
+        for name in [n for n in expected if ".mlp." in n]:
+            new = name
+            for old, replacement in renames.items():
+                new = new.replace(old, replacement)
+            expected[new] = expected.pop(name)
     assert parameter_shapes(config) == expected

@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from minisgl_core.bench.shapes import SHAPES, linear_shapes, sparse_layer  # noqa: E402
+from minisgl_core.bench.shapes import SHAPES, experts_of, linear_shapes, sparse_layer  # noqa: E402
 from minisgl_core.bench.workloads import standard_offline  # noqa: E402
 
 BYTES = 2  # bf16 weights and KV
@@ -50,7 +50,7 @@ def bounds(shape: str, bandwidth: float, flops: float, kv_element_bytes: int = B
     products = linear_shapes(config)
     head = products.pop("lm_head")
     sparse = sum(sparse_layer(config, i) for i in range(layers))
-    experts, top_k = config.get("num_experts", 0), config.get("num_experts_per_tok", 0)
+    experts, top_k, _ = experts_of(config)
     # every layer's dense products; an expert's (gate/up, down) in the sparse layers, a dense
     # MLP's in the others
     expert = [products.pop("gate_up"), products.pop("down")] if sparse else []

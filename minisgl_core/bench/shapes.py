@@ -42,16 +42,35 @@ SHAPES: dict[str, dict[str, Any]] = {
         rope_theta=1000000.0, rms_norm_eps=1e-6, max_position_embeddings=40960, hidden_act="silu",
         attention_bias=False,
     ),
+    # 8 experts of 14,336, 2 a token, in every layer: 46.7B parameters, 12.9B active a token
+    "mixtral-8x7b": dict(
+        architectures=["MixtralForCausalLM"], model_type="mixtral", hidden_size=4096, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, intermediate_size=14336,
+        num_local_experts=8, num_experts_per_tok=2, vocab_size=32000, tie_word_embeddings=False,
+        rope_theta=1000000.0, rms_norm_eps=1e-5, max_position_embeddings=32768, hidden_act="silu",
+        sliding_window=None,
+    ),
 }  # fmt: skip
+
+
+def experts_of(config: dict[str, Any]) -> tuple[int, int, int]:
+    """(experts a sparse layer has, experts a token uses, an expert's intermediate size) of a
+    mixture-of-experts shape ((0, 0, 0) for a dense one): Qwen3-MoE's ``num_experts`` and
+    ``moe_intermediate_size``, Mixtral's ``num_local_experts`` and ``intermediate_size``."""
+    if config.get("num_experts"):
+        return config["num_experts"], config["num_experts_per_tok"], config["moe_intermediate_size"]
+    if config.get("num_local_experts"):
+        return config["num_local_experts"], config["num_experts_per_tok"], config["intermediate_size"]
+    return 0, 0, 0
 
 
 def sparse_layer(config: dict[str, Any], layer: int) -> bool:
     """Whether ``layer`` of a mixture-of-experts shape has the experts (transformers' Qwen3-MoE
-    rule, as the qwen3-moe plugin builds it): experts configured, not in ``mlp_only_layers``,
-    ``(layer + 1)`` a multiple of ``decoder_sparse_step``."""
+    rule, as the qwen3-moe plugin builds it; Mixtral's are in every layer): experts configured,
+    not in ``mlp_only_layers``, ``(layer + 1)`` a multiple of ``decoder_sparse_step``."""
     step = config.get("decoder_sparse_step", 1) or 1
     return (
-        config.get("num_experts", 0) > 0
+        experts_of(config)[0] > 0
         and layer not in (config.get("mlp_only_layers") or [])
         and (layer + 1) % step == 0
     )
@@ -71,10 +90,16 @@ def parameter_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
             p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
             p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
         }  # fmt: skip
-        if sparse_layer(config, i):
-            moe = config["moe_intermediate_size"]
-            shapes[p + "mlp.gate.weight"] = (config["num_experts"], h)
-            for e in range(config["num_experts"]):
+        if sparse_layer(config, i) and config["model_type"] == "mixtral":
+            experts, _, moe = experts_of(config)
+            shapes[p + "block_sparse_moe.gate.weight"] = (experts, h)
+            for e in range(experts):
+                x = f"{p}block_sparse_moe.experts.{e}."
+                shapes |= {x + "w1.weight": (moe, h), x + "w3.weight": (moe, h), x + "w2.weight": (h, moe)}
+        elif sparse_layer(config, i):
+            experts, _, moe = experts_of(config)
+            shapes[p + "mlp.gate.weight"] = (experts, h)
+            for e in range(experts):
                 x = f"{p}mlp.experts.{e}."
                 shapes |= {x + "gate_proj.weight": (moe, h), x + "up_proj.weight": (moe, h),
                            x + "down_proj.weight": (h, moe)}  # fmt: skip
@@ -97,7 +122,8 @@ def linear_shapes(config: dict[str, Any]) -> dict[str, tuple[int, int]]:
     and GEMV tools time. A mixture-of-experts shape: one expert's gate/up and down (its token's
     ``num_experts_per_tok`` experts each run them) and the router instead of the dense MLP."""
     h, vocab = config["hidden_size"], config["vocab_size"]
-    inter = config["moe_intermediate_size"] if config.get("num_experts") else config["intermediate_size"]
+    experts, _, moe_inter = experts_of(config)
+    inter = moe_inter if experts else config["intermediate_size"]
     d = config.get("head_dim") or h // config["num_attention_heads"]
     q, kv = config["num_attention_heads"] * d, config["num_key_value_heads"] * d
     return {
@@ -105,7 +131,7 @@ def linear_shapes(config: dict[str, Any]) -> dict[str, tuple[int, int]]:
         "o": (h, q),
         "gate_up": (2 * inter, h),
         "down": (h, inter),
-        **({"router": (config["num_experts"], h)} if config.get("num_experts") else {}),
+        **({"router": (experts, h)} if experts else {}),
         "lm_head": (vocab, h),
     }
 
