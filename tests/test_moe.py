@@ -134,6 +134,8 @@ def check_grouped() -> None:
         block(x), experts_reference(x, block.experts.w13, block.experts.w2, weights, ids)
     )
     print("ok block")
+    empty = torch.zeros(0, 48)
+    assert block(empty).shape == (0, 48)  # a forward of no tokens launches nothing
     # float16 weights and activations (the interpreter's bfloat16 is unreliable) with the router's
     # weights in float32 (Mixtral's router) or float16 (Qwen3-MoE's), against the float32 loop
     x = torch.randn(21, 64, generator=gen)

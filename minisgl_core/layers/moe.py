@@ -139,6 +139,8 @@ def experts_grouped(
     from minisgl_core.layers import _triton_moe
 
     tokens, top_k = ids.shape
+    if tokens == 0:  # nothing to launch (a grid of no blocks)
+        return x.new_zeros(0, w2.shape[1])
     num_experts = w13.shape[0]
     pairs = tokens * top_k
     block = block or block_rows(pairs, num_experts)
