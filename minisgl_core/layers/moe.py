@@ -17,6 +17,7 @@ the experts that have tokens computes the same (:func:`experts_reference`)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -27,6 +28,26 @@ from minisgl_core.api.parallel import ParallelContext
 from minisgl_core.layers import triton_ops
 from minisgl_core.layers.fused import silu_and_mul
 from minisgl_core.layers.weights import copy_shard, load_full, new_param
+
+#: every expert's matrix stacked, ``<layer>.mlp.experts.{gate,up,down}_proj.weight``
+#: (``[experts, rows, columns]``: a GGUF file's ``ffn_{gate,up,down}_exps``, as the gguf plugin names them)
+_STACKED_EXPERTS = re.compile(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<proj>gate|up|down)_proj\.weight$")
+
+
+def expert_target(prefix: str, proj: str, expert: int | None = None) -> tuple[str, Any]:
+    """(parameter name, shard id) a checkpoint's expert matrix loads into, for a model's
+    ``checkpoint_target``: ``proj`` ("gate", "up" or "down") of expert ``expert``, or of every
+    expert stacked (None), in the block whose :class:`Experts` module is named ``prefix``."""
+    if proj == "down":
+        return f"{prefix}.w2", "fused" if expert is None else expert
+    part = 0 if proj == "gate" else 1
+    return f"{prefix}.w13", ("stacked", part) if expert is None else (expert, part)
+
+
+def stacked_expert_target(name: str) -> tuple[str, Any] | None:
+    """:func:`expert_target` of a stacked tensor's name (see ``_STACKED_EXPERTS``), else None."""
+    match = _STACKED_EXPERTS.match(name)
+    return None if match is None else expert_target(match["prefix"], match["proj"])
 
 
 def route(

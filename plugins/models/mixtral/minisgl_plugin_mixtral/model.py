@@ -10,14 +10,14 @@ from typing import Any
 
 from minisgl_core.api import ModelConfig
 from minisgl_core.layers import DecoderForCausalLM, MLPFactory, SparseMoE
+from minisgl_core.layers.moe import expert_target, stacked_expert_target
 
 #: a checkpoint's expert tensors: ``<layer>.block_sparse_moe.experts.<e>.w{1,2,3}.weight``
 #: (w1 gate, w3 up, w2 down)
 _EXPERT = re.compile(r"^(?P<prefix>.*)\.block_sparse_moe\.experts\.(?P<expert>\d+)\.w(?P<w>[123])\.weight$")
+#: the checkpoint's w1, w3, w2: each expert's gate, up and down projections
+_PROJ = {"1": "gate", "3": "up", "2": "down"}
 _ROUTER = re.compile(r"^(?P<prefix>.*)\.block_sparse_moe\.gate\.weight$")
-#: each matrix stacked over the experts, ``[experts, rows, cols]`` (a GGUF file's
-#: ``ffn_{gate,up,down}_exps``, as the gguf plugin names them)
-_STACKED = re.compile(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<proj>gate|up|down)_proj\.weight$")
 
 
 class MixtralForCausalLM(DecoderForCausalLM):
@@ -55,17 +55,11 @@ class MixtralForCausalLM(DecoderForCausalLM):
     def checkpoint_target(self, name: str) -> tuple[str, Any]:
         match = _EXPERT.match(name)
         if match is not None:
-            prefix, expert, w = match["prefix"], int(match["expert"]), match["w"]
-            if w == "2":
-                return f"{prefix}.mlp.experts.w2", expert
-            return f"{prefix}.mlp.experts.w13", (expert, 0 if w == "1" else 1)
+            return expert_target(f"{match['prefix']}.mlp.experts", _PROJ[match["w"]], int(match["expert"]))
         match = _ROUTER.match(name)
         if match is not None:
             return f"{match['prefix']}.mlp.gate.weight", None
-        match = _STACKED.match(name)
-        if match is not None:
-            prefix, proj = match["prefix"], match["proj"]
-            if proj == "down":
-                return f"{prefix}.w2", "fused"
-            return f"{prefix}.w13", ("stacked", 0 if proj == "gate" else 1)
+        stacked = stacked_expert_target(name)  # a GGUF file's
+        if stacked is not None:
+            return stacked
         return super().checkpoint_target(name)

@@ -9,14 +9,12 @@ from typing import Any
 
 from minisgl_core.api import ModelConfig
 from minisgl_core.layers import DecoderForCausalLM, MLPFactory, SparseMoE
+from minisgl_core.layers.moe import expert_target, stacked_expert_target
 
 #: a checkpoint's per-expert tensors: ``<layer>.mlp.experts.<e>.{gate,up,down}_proj.weight``
 _EXPERT = re.compile(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<expert>\d+)\.(?P<proj>gate|up|down)_proj\.weight$")
 #: transformers 5's fused ones: ``<layer>.mlp.experts.gate_up_proj`` and ``.down_proj``
 _FUSED_EXPERTS = re.compile(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<proj>gate_up|down)_proj$")
-#: each matrix stacked over the experts (a GGUF file's ``ffn_{gate,up,down}_exps``, as the gguf
-#: plugin names them): ``<layer>.mlp.experts.{gate,up,down}_proj.weight``, ``[experts, rows, cols]``
-_STACKED_EXPERTS = re.compile(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<proj>gate|up|down)_proj\.weight$")
 
 
 def num_experts(hf: dict[str, Any]) -> int:
@@ -64,16 +62,10 @@ class Qwen3MoeForCausalLM(DecoderForCausalLM):
     def checkpoint_target(self, name: str) -> tuple[str, Any]:
         match = _EXPERT.match(name)
         if match is not None:
-            prefix, expert = match["prefix"], int(match["expert"])
-            if match["proj"] == "down":
-                return f"{prefix}.w2", expert
-            return f"{prefix}.w13", (expert, 0 if match["proj"] == "gate" else 1)
-        match = _STACKED_EXPERTS.match(name)
-        if match is not None:
-            prefix, proj = match["prefix"], match["proj"]
-            if proj == "down":
-                return f"{prefix}.w2", "fused"
-            return f"{prefix}.w13", ("stacked", 0 if proj == "gate" else 1)
+            return expert_target(match["prefix"], match["proj"], int(match["expert"]))
+        stacked = stacked_expert_target(name)  # a GGUF file's
+        if stacked is not None:
+            return stacked
         match = _FUSED_EXPERTS.match(name)
         if match is not None:
             return f"{match['prefix']}.{'w13' if match['proj'] == 'gate_up' else 'w2'}", "fused"
