@@ -24,15 +24,34 @@ def random_ids(
     return scores.topk(top_k, dim=1).indices
 
 
-@pytest.mark.parametrize("tokens, top_k, experts, block", [(1, 1, 4, 16), (3, 2, 8, 16), (37, 8, 16, 16),
-                                                           (200, 4, 8, 64), (50, 3, 64, 32), (9, 2, 3, 64)])  # fmt: skip
+#: (tokens, top_k, experts, block rows) of the schedule's checks
+ALIGN_CASES = [(1, 1, 4, 16), (3, 2, 8, 16), (37, 8, 16, 16), (200, 4, 8, 64), (50, 3, 64, 32), (9, 2, 3, 64),
+               (300, 8, 128, 32), (600, 2, 8, 128)]  # fmt: skip
+
+
+@pytest.mark.parametrize("tokens, top_k, experts, block", ALIGN_CASES)
 @pytest.mark.parametrize("skew", [False, True])
 def test_align_blocks_covers_every_pair_once_with_its_expert(tokens, top_k, experts, block, skew):
     gen = torch.Generator().manual_seed(tokens * 31 + experts)
     ids = random_ids(tokens, top_k, experts, gen, skew)
-    pairs = tokens * top_k
     sorted_pairs, block_expert = align_blocks(ids, experts, block)
+    check_alignment(ids, experts, block, sorted_pairs, block_expert)
+    # torch's path sorts stably: each run holds its pairs in order
+    flat = ids.reshape(-1)
+    real = sorted_pairs[sorted_pairs < flat.numel()]
+    assert torch.equal(real, torch.argsort(flat, stable=True))
+
+
+def check_alignment(
+    ids: torch.Tensor, experts: int, block: int, sorted_pairs: torch.Tensor, block_expert: torch.Tensor
+) -> None:
+    """The grouped GEMMs' schedule is right for ``ids``: every pair once, in a block of its
+    expert's; padding the no-pair index; the runs' blocks first, then blocks of no expert."""
+    ids, sorted_pairs, block_expert = ids.cpu(), sorted_pairs.cpu(), block_expert.cpu()
+    pairs = ids.numel()
     assert sorted_pairs.numel() == block_expert.numel() * block
+    blocks_needed = -(-(pairs + min(experts, pairs) * (block - 1)) // block)
+    assert block_expert.numel() == blocks_needed, "the worst case's blocks, from the shape alone"
     real = sorted_pairs[sorted_pairs < pairs]
     assert sorted(real.tolist()) == list(range(pairs)), "every pair exactly once"
     assert set(sorted_pairs[sorted_pairs >= pairs].tolist()) <= {pairs}, "padding is the no-pair index"
@@ -44,12 +63,53 @@ def test_align_blocks_covers_every_pair_once_with_its_expert(tokens, top_k, expe
             assert rows.numel() == 0, "a block past the last run holds no pair"
         else:
             assert rows.numel() > 0 and bool((flat[rows] == expert).all()), (b, expert)
-    # each expert's run starts a block: a block's pairs are in the sorted order (stable)
+    # each expert's run takes whole blocks, as few as hold its pairs, in the experts' order
     counts = torch.bincount(flat, minlength=experts)
-    used_blocks = int(((counts + block - 1) // block).sum())
-    assert bool((block_expert[:used_blocks] < experts).all()) and bool(
-        (block_expert[used_blocks:] == experts).all()
-    )
+    per_block = (counts + block - 1) // block
+    assert torch.equal(torch.bincount(block_expert, minlength=experts + 1)[:experts], per_block)
+    assert bool((block_expert[1:] >= block_expert[:-1]).all())
+
+
+def test_interpreted_align_kernels_build_a_valid_schedule():
+    """The Triton path's three kernels (atomic counts, the runs' starts, the scatter) under the
+    interpreter, through align_blocks, on the same cases."""
+    pytest.importorskip("triton")
+    from minisgl_core.testing.triton_interpreter import run_under_interpreter
+
+    out = run_under_interpreter(__file__, "align")
+    assert out.count("ok") == 2 * len(ALIGN_CASES), out
+
+
+def check_align_kernels() -> None:
+    """Child under TRITON_INTERPRET=1 (and on the GPU): the kernels' schedule for every case."""
+    from minisgl_core.layers.moe import moe_enabled
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    for tokens, top_k, experts, block in ALIGN_CASES:
+        for skew in (False, True):
+            gen = torch.Generator().manual_seed(tokens * 31 + experts)
+            ids = random_ids(tokens, top_k, experts, gen, skew).to(device)
+            assert moe_enabled(ids)
+            sorted_pairs, block_expert = align_blocks(ids, experts, block)
+            check_alignment(ids, experts, block, sorted_pairs, block_expert)
+            print("ok", tokens, top_k, experts, block, skew)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_align_kernels_on_the_gpu():
+    check_align_kernels()
+    # a decode step's size at Qwen3-30B-A3B's shape, captured and replayed on new routing
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    ids = torch.rand(256, 128, generator=gen, device="cuda").topk(8, dim=1).indices
+    static = ids.clone()
+    align_blocks(static, 128, 32)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        sorted_pairs, block_expert = align_blocks(static, 128, 32)
+    ids2 = torch.rand(256, 128, generator=gen, device="cuda").topk(8, dim=1).indices
+    static.copy_(ids2)
+    graph.replay()
+    check_alignment(ids2, 128, 32, sorted_pairs, block_expert)
 
 
 def test_block_rows_grow_with_the_pairs_an_expert_gets():
@@ -232,3 +292,5 @@ def _tp_worker(rank: int, world: int, rendezvous: str) -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "grouped":
         check_grouped()
+    elif sys.argv[1] == "align":
+        check_align_kernels()

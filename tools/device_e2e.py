@@ -22,7 +22,7 @@ the mean fraction of the 32 tokens before the first divergence from the referenc
 0fbd70a criterion 3 required it to be at least the torch backend's in bf16 minus 0.1; with 32
 prompts its standard error is about 0.05, so it judged noise as much as kernels).
 
-    python3 tools/device_e2e.py --out $OUT/e2e.json [--archs Qwen2ForCausalLM,MistralForCausalLM,Qwen3MoeForCausalLM]
+    python3 tools/device_e2e.py --out $OUT/e2e.json [--archs Qwen2ForCausalLM,MistralForCausalLM,Qwen3MoeForCausalLM,MixtralForCausalLM]
 """
 
 from __future__ import annotations
@@ -43,8 +43,12 @@ from minisgl_core.demo.factories import make_model_dir
 
 SHAPE = dict(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, head_dim=128,
              intermediate_size=1024, max_position_embeddings=4096)  # fmt: skip
-#: what an architecture adds to SHAPE: a mixture of experts of 16 experts of 256, 4 a token
-ARCH_SHAPE = {"Qwen3MoeForCausalLM": dict(num_experts=16, num_experts_per_tok=4, moe_intermediate_size=256)}
+#: what an architecture adds to SHAPE: Qwen3-MoE 16 experts of 256, 4 a token; Mixtral 8 experts of
+#: SHAPE's intermediate size, 2 a token (its real model's ratio)
+ARCH_SHAPE = {
+    "Qwen3MoeForCausalLM": dict(num_experts=16, num_experts_per_tok=4, moe_intermediate_size=256),
+    "MixtralForCausalLM": dict(num_local_experts=8, num_experts_per_tok=2),
+}
 
 
 def run(model_dir: str, prompts, env: dict | None = None, triton: dict | None = None, **options):

@@ -55,6 +55,72 @@ def grouped_gemm_kernel(
     tl.store(c_ptrs, acc.to(c.dtype.element_ty), mask=valid[:, None] & n_ok[None, :])
 
 
+@triton.jit
+def count_pairs_kernel(ids, counts, slot, sorted_pairs, pairs, slots, BLOCK: tl.constexpr):
+    """``slot[p]``: pair ``p``'s place in its expert's run (the expert's count before it, by an
+    atomic add: the order inside a run is whichever the atomics took, which changes no output row);
+    ``sorted_pairs`` filled with the no-pair index ``pairs``, which the scatter then overwrites."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < pairs
+    expert = tl.load(ids + offs, mask=ok, other=0)
+    tl.store(slot + offs, tl.atomic_add(counts + expert, 1, mask=ok, sem="relaxed"), mask=ok)
+    tl.store(sorted_pairs + offs, pairs, mask=offs < slots)
+
+
+@triton.jit
+def run_starts_kernel(
+    counts, starts, block_expert, num_experts, blocks,
+    ROWS: tl.constexpr, EXPERTS: tl.constexpr, BLOCKS: tl.constexpr,
+):  # fmt: skip
+    """One program: each expert's run padded to a multiple of ``ROWS`` pairs, its first place
+    (``starts``), and each block's expert (``num_experts`` past the last run)."""
+    experts = tl.arange(0, EXPERTS)
+    real = experts < num_experts
+    padded = (tl.load(counts + experts, mask=real, other=0) + ROWS - 1) // ROWS * ROWS
+    ends = tl.cumsum(padded, axis=0)
+    tl.store(starts + experts, ends - padded, mask=real)
+    for b0 in range(0, blocks, BLOCKS):
+        b = b0 + tl.arange(0, BLOCKS)
+        done = (ends[None, :] <= (b * ROWS)[:, None]) & real[None, :]  # runs ending by the block's start
+        tl.store(block_expert + b, tl.sum(done.to(tl.int32), axis=1), mask=b < blocks)
+
+
+@triton.jit
+def scatter_pairs_kernel(ids, starts, slot, sorted_pairs, pairs, BLOCK: tl.constexpr):
+    """``sorted_pairs[starts[e] + slot[p]] = p`` for every pair ``p`` of expert ``e``."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < pairs
+    expert = tl.load(ids + offs, mask=ok, other=0)
+    dest = tl.load(starts + expert, mask=ok, other=0) + tl.load(slot + offs, mask=ok, other=0)
+    tl.store(sorted_pairs + dest, offs.to(tl.int64), mask=ok)
+
+
+def align(ids: torch.Tensor, num_experts: int, block: int, blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`~minisgl_core.layers.moe.align_blocks`'s schedule in three small kernels (and a
+    zeroed count): the pairs counted, the runs' starts, the pairs scattered."""
+    flat = ids.reshape(-1)
+    if not flat.is_contiguous():
+        flat = flat.contiguous()
+    pairs, slots, device = flat.numel(), blocks * block, ids.device
+    counts = torch.zeros(num_experts, dtype=torch.int32, device=device)
+    slot = torch.empty(pairs, dtype=torch.int32, device=device)
+    starts = torch.empty(num_experts, dtype=torch.int32, device=device)
+    sorted_pairs = torch.empty(slots, dtype=torch.int64, device=device)
+    block_expert = torch.empty(blocks, dtype=torch.int64, device=device)
+    per_program = 1024
+    count_pairs_kernel[(triton.cdiv(max(pairs, slots), per_program),)](
+        flat, counts, slot, sorted_pairs, pairs, slots, BLOCK=per_program
+    )
+    run_starts_kernel[(1,)](
+        counts, starts, block_expert, num_experts, blocks,
+        ROWS=block, EXPERTS=max(16, triton.next_power_of_2(num_experts)), BLOCKS=32,
+    )  # fmt: skip
+    scatter_pairs_kernel[(triton.cdiv(pairs, per_program),)](
+        flat, starts, slot, sorted_pairs, pairs, BLOCK=per_program
+    )
+    return sorted_pairs, block_expert
+
+
 def launch_config(block: int, n: int, k: int, pairs: int = 1 << 30) -> tuple[int, int, int, int]:
     """(BLOCK_N, BLOCK_K, num_warps, num_stages) for blocks of ``block`` rows and an ``n x k``
     expert matrix, from a sweep on one H200 at Qwen3-30B-A3B's shape (``tools/device_moe.py``,

@@ -119,9 +119,18 @@ def align_blocks(ids: torch.Tensor, num_experts: int, block: int) -> tuple[torch
       expert, each expert's run padded to a multiple of ``block`` with ``pairs`` (no pair);
     - ``block_expert`` ``[blocks]``: each block's expert, ``num_experts`` for the blocks past the
       last expert's run (enough blocks are allocated for the worst case).
+
+    Where the experts run in Triton (:func:`moe_enabled`), three small kernels build it
+    (``_triton_moe.align``: a run's pairs then in the order its atomic counter took them, which
+    changes no output row); elsewhere torch ops in a stable order.
     """
     flat = ids.reshape(-1)
     pairs = flat.numel()
+    blocks = -(-(pairs + min(num_experts, pairs) * (block - 1)) // block)
+    if moe_enabled(ids):
+        from minisgl_core.layers import _triton_moe
+
+        return _triton_moe.align(ids, num_experts, block, blocks)
     counts = torch.zeros(num_experts, dtype=torch.int64, device=ids.device)
     counts.scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block - 1) // block * block
@@ -135,7 +144,6 @@ def align_blocks(ids: torch.Tensor, num_experts: int, block: int) -> tuple[torch
         + torch.arange(pairs, device=ids.device)
         - first.index_select(0, expert_of)
     )
-    blocks = -(-(pairs + min(num_experts, pairs) * (block - 1)) // block)
     sorted_pairs = torch.full((blocks * block,), pairs, dtype=torch.int64, device=ids.device)
     sorted_pairs.scatter_(0, dest, order)
     block_starts = torch.arange(blocks, device=ids.device) * block
