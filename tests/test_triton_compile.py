@@ -324,3 +324,21 @@ def test_moe_grouped_gemm_compiles(target, block, dtype, scale):
         constants = {"ROW_DIV": 1 if scale else 8, "HAS_SCALE": scale is not None, "IEEE": dtype == "fp32", "BLOCK_M": block,
                      "BLOCK_N": block_n, "BLOCK_K": block_k}  # fmt: skip
         compiles(grouped_gemm_kernel, signature, constants, target)
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")
+@pytest.mark.parametrize("experts, rows", [(128, 16), (128, 128), (8, 64)])
+def test_moe_align_kernels_compile(target, experts, rows):
+    """The three kernels of the experts' schedule (``_triton_moe.align``): Qwen3-30B-A3B's 128
+    experts and Mixtral's 8, at a decode step's and a prefill step's block rows."""
+    import triton
+
+    from minisgl_core.layers._triton_moe import count_pairs_kernel, run_starts_kernel, scatter_pairs_kernel
+
+    compiles(count_pairs_kernel, {"ids": "*i64", "counts": "*i32", "slot": "*i32", "sorted_pairs": "*i64",
+                                  "pairs": "i32", "slots": "i32"}, {"BLOCK": 1024}, target)  # fmt: skip
+    compiles(run_starts_kernel, {"counts": "*i32", "starts": "*i32", "block_expert": "*i64", "num_experts": "i32",
+                                 "blocks": "i32"},
+             {"ROWS": rows, "EXPERTS": max(16, triton.next_power_of_2(experts)), "BLOCKS": 32}, target)  # fmt: skip
+    compiles(scatter_pairs_kernel, {"ids": "*i64", "starts": "*i32", "slot": "*i32", "sorted_pairs": "*i64",
+                                    "pairs": "i32"}, {"BLOCK": 1024}, target)  # fmt: skip
