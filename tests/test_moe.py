@@ -243,21 +243,27 @@ def test_grouped_experts_on_the_gpu_in_bf16_and_inside_a_cuda_graph():
         torch.testing.assert_close(static_out, experts_grouped(x2, w13, w2, w_2, ids2), atol=0, rtol=0)
 
 
-def test_tensor_parallel_block_sums_to_the_whole(tmp_path):
+def test_tensor_parallel_block_sums_to_the_whole():
     """Two gloo ranks, each holding half of every expert's intermediate size: their all-reduced
-    outputs equal one rank's whole block."""
+    outputs equal one rank's whole block. (The rendezvous store lives in this process, as in the
+    engine's TP launch: a file store torn down by the rank that left first aborted its peer now
+    and then.)"""
     import torch.multiprocessing as mp
 
-    mp.spawn(_tp_worker, args=(2, str(tmp_path / "rendezvous")), nprocs=2, join=True)
+    from minisgl_core.distributed import parent_store
+
+    store = parent_store(2)  # kept until both ranks are done
+    mp.spawn(_tp_worker, args=(2, store.port), nprocs=2, join=True)
 
 
-def _tp_worker(rank: int, world: int, rendezvous: str) -> None:
+def _tp_worker(rank: int, world: int, port: int) -> None:
     import torch.distributed as dist
 
     from minisgl_core.api.parallel import ParallelContext
+    from minisgl_core.distributed import join_parent_store
     from minisgl_core.layers.moe import SparseMoE
 
-    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
+    join_parent_store("gloo", rank, world, port)
     try:
         gen = torch.Generator().manual_seed(4)
         hidden, inter, experts = 32, 20, 6
