@@ -165,10 +165,14 @@ def test_interpreted_grouped_experts_match_the_loop():
 
 def check_grouped() -> None:
     """Child under TRITON_INTERPRET=1: float32 (the interpreter's bf16 is unreliable) for every
-    block size, uneven pairs, experts with no token, widths not a multiple of the tiles; then the
-    SparseMoE block routing through it (moe_enabled) against the loop."""
+    block size, uneven pairs, experts with no token, widths not a multiple of the tiles, SiLU·mul
+    fused into the gate/up GEMM and after it; then the SparseMoE block routing through it
+    (moe_enabled) against the loop."""
     from minisgl_core.api.parallel import ParallelContext
+    from minisgl_core.layers import moe
     from minisgl_core.layers.moe import SparseMoE, experts_grouped, moe_enabled
+
+    assert moe.FUSED_GATE_UP  # the default; the loops below also run it off
 
     gen = torch.Generator().manual_seed(2)
     cases = [(1, 1, 4, 48, 40), (3, 2, 8, 64, 32), (40, 8, 16, 96, 24), (300, 4, 8, 80, 72), (700, 2, 4, 32, 16),
@@ -178,9 +182,12 @@ def check_grouped() -> None:
         w13 = torch.randn(experts, 2 * inter, hidden, generator=gen) * hidden**-0.5
         w2 = torch.randn(experts, hidden, inter, generator=gen) * inter**-0.5
         weights, ids = route(torch.randn(tokens, experts, generator=gen), top_k, True)
-        got = experts_grouped(x, w13, w2, weights, ids)
         want = experts_reference(x, w13, w2, weights, ids)
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+        for fused in (True, False):
+            moe.FUSED_GATE_UP = fused
+            got = experts_grouped(x, w13, w2, weights, ids)
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+        moe.FUSED_GATE_UP = True
         print("ok", tokens, top_k, experts, block_rows(tokens * top_k, experts))
     block = SparseMoE(
         48, 24, 6, 2, renormalize=False, parallel=ParallelContext(), dtype=torch.float32, device="cpu"
@@ -207,11 +214,20 @@ def check_grouped() -> None:
         want = experts_reference(x, w13.half().float(), w2.half().float(), weights.float(), ids)
         assert got.dtype == torch.float16
         torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
+        # the fused gate/up rounds each half to float16 before SiLU·mul, as the kernel after the
+        # unfused GEMM reads them: the same bits (the interpreter sums both GEMMs' tiles alike)
+        moe.FUSED_GATE_UP = False
+        try:
+            unfused = experts_grouped(x.half(), w13.half(), w2.half(), weights, ids)
+        finally:
+            moe.FUSED_GATE_UP = True
+        assert torch.equal(got, unfused)
         print("ok half", float32_weights)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_grouped_experts_on_the_gpu_in_bf16_and_inside_a_cuda_graph():
+    from minisgl_core.layers import moe
     from minisgl_core.layers.moe import experts_grouped
 
     gen = torch.Generator(device="cuda").manual_seed(3)
@@ -228,6 +244,14 @@ def test_grouped_experts_on_the_gpu_in_bf16_and_inside_a_cuda_graph():
         want = experts_reference(x.float(), w13.float(), w2.float(), weights.float(), ids)
         got = experts_grouped(x, w13, w2, weights, ids)
         torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
+        # SiLU·mul fused into the gate/up GEMM (the default) or after it: a bf16 ulp apart at most
+        # where the two launches' float32 sums differ in order
+        moe.FUSED_GATE_UP = False
+        try:
+            unfused = experts_grouped(x, w13, w2, weights, ids)
+        finally:
+            moe.FUSED_GATE_UP = True
+        torch.testing.assert_close(got, unfused, atol=1e-2, rtol=1e-2)
         # captured: the same numbers from a replay on new inputs
         graph = torch.cuda.CUDAGraph()
         static_x, static_w, static_ids = x.clone(), weights.clone(), ids.clone()

@@ -2,10 +2,12 @@
 width and depth, warps, stages), at Qwen3-30B-A3B's expert shape, for the token counts of decode
 steps and a prefill step; routing uniform at random, as random weights route.
 
-    python3 tools/device_moe.py [--tokens 1,8,64,256,8192] [--out moe.jsonl] [--profile]
+    python3 tools/device_moe.py [--tokens 1,8,64,256,8192] [--out moe.jsonl] [--profile | --gemms]
 
 Each row: tokens, the launch, microseconds a layer's experts take (median of CUDA-graph replays),
-and the bytes of the experts the step's tokens chose over that time (TB/s)."""
+and the bytes of the experts the step's tokens chose over that time (TB/s). ``--gemms``: each
+grouped GEMM alone over its own launches (gate/up with SiLU·mul after it or fused into it, down),
+at the block size the engine picks."""
 
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ import statistics
 
 import torch
 
-from minisgl_core.layers.moe import block_rows, experts_grouped, route
+from minisgl_core.layers import _triton_moe
+from minisgl_core.layers.fused import silu_and_mul
+from minisgl_core.layers.moe import align_blocks, block_rows, experts_grouped, route
 
 HIDDEN, INTER, EXPERTS, TOP_K = 2048, 768, 128, 8
 
@@ -40,6 +44,43 @@ def time_graph(fn, reps: int = 20) -> float:
     return statistics.median(times)
 
 
+def sweep_gemms(tokens, x, w13, w2, weights, ids, touched) -> list[dict]:
+    """Each GEMM of a layer's experts timed alone over a grid of launches (see the module)."""
+    pairs = ids.numel()
+    block = block_rows(pairs, EXPERTS)
+    sorted_pairs, block_expert = align_blocks(ids, EXPERTS, block)
+    gemm = functools.partial(_triton_moe.grouped_gemm, sorted_pairs=sorted_pairs, block_expert=block_expert,
+                             pairs=pairs, block=block)  # fmt: skip
+    act = silu_and_mul(gemm(x, w13, row_div=TOP_K))
+    scale = weights.reshape(-1)
+    variants = {
+        "gate_up+silu": (lambda c: silu_and_mul(gemm(x, w13, row_div=TOP_K, config=c)), w13, (64, 128)),
+        "gate_up fused": (lambda c: gemm(x, w13, row_div=TOP_K, gated=True, config=c), w13, (32, 64, 128)),
+        "down": (lambda c: gemm(act, w2, row_div=1, scale=scale, config=c), w2, (64, 128, 256)),
+    }
+    want = {"gate_up+silu": act, "gate_up fused": act, "down": gemm(act, w2, row_div=1, scale=scale)}
+    rows = []
+    for name, (fn, w, widths) in variants.items():
+        mbytes = touched * w.shape[1] * w.shape[2] * 2
+        for config in [None, *itertools.product(widths, (64, 128, 256), (4,), (3, 4, 5))]:
+            try:
+                got = fn(config)
+                assert torch.allclose(got.float(), want[name].float(), atol=3e-2, rtol=3e-2)
+                us = time_graph(functools.partial(fn, config))
+            except Exception as exc:  # noqa: BLE001 - out of shared memory and the like
+                rows.append({"tokens": tokens, "gemm": name, "config": config, "error": str(exc)[:120]})
+                continue
+            rows.append({"tokens": tokens, "gemm": name, "block": block, "config": config or "default",
+                         "us": round(us, 1), "TBps": round(mbytes / us / 1e6, 2)})  # fmt: skip
+            print(json.dumps(rows[-1]), flush=True)
+        ok = [r for r in rows if r["gemm"] == name and r["tokens"] == tokens and "us" in r]
+        if ok:
+            best = min(ok, key=lambda r: r["us"])
+            base = next((r for r in ok if r["config"] == "default"), None)
+            print(json.dumps({"tokens": tokens, "gemm": name, "default": base, "best": best}), flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", default="1,8,64,256,8192")
@@ -47,6 +88,7 @@ def main() -> None:
     parser.add_argument(
         "--profile", action="store_true", help="only the default launch, its kernels profiled"
     )
+    parser.add_argument("--gemms", action="store_true", help="each GEMM alone over its own launches")
     args = parser.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     w13 = torch.randn(EXPERTS, 2 * INTER, HIDDEN, generator=gen, device="cuda", dtype=torch.bfloat16) * 0.02
@@ -58,6 +100,9 @@ def main() -> None:
         weights, ids = route(logits, TOP_K, True)
         touched = int(torch.unique(ids).numel())
         bytes_read = touched * 3 * INTER * HIDDEN * 2
+        if args.gemms:
+            rows += sweep_gemms(tokens, x, w13, w2, weights, ids, touched)
+            continue
         want = experts_grouped(x, w13, w2, weights, ids)
         if args.profile:
             from torch.profiler import ProfilerActivity, profile

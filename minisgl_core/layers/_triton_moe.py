@@ -17,11 +17,16 @@ import triton.language as tl
 def grouped_gemm_kernel(
     a, a_stride, w, w_stride_e, w_stride_n, c, c_stride, sorted_pairs, block_expert, scale,
     pairs, n, k, num_experts,
-    ROW_DIV: tl.constexpr, HAS_SCALE: tl.constexpr, IEEE: tl.constexpr,
+    ROW_DIV: tl.constexpr, HAS_SCALE: tl.constexpr, IEEE: tl.constexpr, GATED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """``c[p] = (a[p // ROW_DIV] @ w[e].T) * scale[p]`` for the pairs ``p`` of block
-    ``program_id(1)``, whose expert is ``e``; columns ``program_id(0) * BLOCK_N`` on."""
+    ``program_id(1)``, whose expert is ``e``; columns ``program_id(0) * BLOCK_N`` on.
+
+    ``GATED``: ``w[e]`` is ``[gate | up]`` (``2 * n`` rows) and ``c[p] = silu(g) * u`` with ``g``
+    and ``u`` the products with the two halves, each first rounded to ``c``'s dtype (what
+    ``silu_mul_kernel`` computes from the unfused GEMM's output): one program takes a column tile
+    of both halves, so the ``[pairs, 2 * n]`` product is never written."""
     pid_n = tl.program_id(0)  # a block's column tiles run side by side: its rows stay in L2
     pid_m = tl.program_id(1)
     expert = tl.load(block_expert + pid_m)
@@ -39,6 +44,8 @@ def grouped_gemm_kernel(
         w + expert.to(tl.int64) * w_stride_e + offs_n[None, :].to(tl.int64) * w_stride_n + offs_k[:, None]
     )
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # GATED only
+    up_ptrs = w_ptrs + n.to(tl.int64) * w_stride_n
     for k0 in range(0, k, BLOCK_K):
         k_ok = offs_k < k - k0
         x = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
@@ -47,8 +54,18 @@ def grouped_gemm_kernel(
             acc += tl.dot(x, y, input_precision="ieee")
         else:
             acc += tl.dot(x, y)
+        if GATED:
+            y_up = tl.load(up_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+            if IEEE:
+                acc_up += tl.dot(x, y_up, input_precision="ieee")
+            else:
+                acc_up += tl.dot(x, y_up)
+            up_ptrs += BLOCK_K
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
+    if GATED:
+        gate = acc.to(c.dtype.element_ty).to(tl.float32)
+        acc = gate * tl.sigmoid(gate) * acc_up.to(c.dtype.element_ty).to(tl.float32)
     if HAS_SCALE:
         acc = acc * tl.load(scale + pair, mask=valid, other=0.0).to(tl.float32)[:, None]
     c_ptrs = c + pair[:, None].to(tl.int64) * c_stride + offs_n[None, :]
@@ -121,11 +138,14 @@ def align(ids: torch.Tensor, num_experts: int, block: int, blocks: int) -> tuple
     return sorted_pairs, block_expert
 
 
-def launch_config(block: int, n: int, k: int, pairs: int = 1 << 30) -> tuple[int, int, int, int]:
+def launch_config(
+    block: int, n: int, k: int, pairs: int = 1 << 30, gated: bool = False
+) -> tuple[int, int, int, int]:
     """(BLOCK_N, BLOCK_K, num_warps, num_stages) for blocks of ``block`` rows and an ``n x k``
-    expert matrix, from a sweep on one H200 at Qwen3-30B-A3B's shape (``tools/device_moe.py``,
-    BENCHMARKS.md): the fastest launch for each block size there, and for a step of at most 64
-    pairs (8 tokens of top-8) shallower tiles, which reach more experts at once."""
+    expert matrix (``gated``: ``n`` columns of each half), from a sweep on one H200 at
+    Qwen3-30B-A3B's shape (``tools/device_moe.py``, BENCHMARKS.md): the fastest launch for each
+    block size there, and for a step of at most 64 pairs (8 tokens of top-8) shallower tiles,
+    which reach more experts at once."""
     if block <= 16:
         block_n, block_k, warps, stages = (64, 64, 4, 4) if pairs <= 64 else (64, 128, 4, 3)
     elif block <= 32:
@@ -149,23 +169,27 @@ def grouped_gemm(
     *,
     row_div: int,
     scale: torch.Tensor | None = None,
+    gated: bool = False,
     config: tuple[int, int, int, int] | None = None,
 ) -> torch.Tensor:
     """``[pairs, w.shape[1]]``: row ``p`` is ``a[p // row_div] @ w[e].T`` (times ``scale[p]``) for
-    the expert ``e`` that pair ``p`` chose (see the module). ``config``: (BLOCK_N, BLOCK_K, warps,
+    the expert ``e`` that pair ``p`` chose (see the module). ``gated``: ``[pairs, w.shape[1] // 2]``,
+    SiLU(gate half) · up half (the kernel's ``GATED``). ``config``: (BLOCK_N, BLOCK_K, warps,
     stages) instead of :func:`launch_config`'s (``tools/device_moe.py`` sweeps them)."""
     if a.stride(-1) != 1:
         a = a.contiguous()
     num_experts, n, k = w.shape
-    if a.shape[1] != k or w.stride(2) != 1:
-        raise ValueError(f"grouped GEMM of {tuple(a.shape)} by experts {tuple(w.shape)}: inner sizes differ")
+    if a.shape[1] != k or w.stride(2) != 1 or (gated and n % 2):
+        raise ValueError(f"grouped GEMM of {tuple(a.shape)} by experts {tuple(w.shape)}: sizes do not fit")
+    if gated:
+        n //= 2
     out = torch.empty(pairs, n, dtype=a.dtype, device=a.device)
-    block_n, block_k, warps, stages = config or launch_config(block, n, k, pairs)
+    block_n, block_k, warps, stages = config or launch_config(block, n, k, pairs, gated)
     grid = (triton.cdiv(n, block_n), block_expert.numel())
     grouped_gemm_kernel[grid](
         a, a.stride(0), w, w.stride(0), w.stride(1), out, out.stride(0), sorted_pairs, block_expert,
         scale if scale is not None else out, pairs, n, k, num_experts,
-        ROW_DIV=row_div, HAS_SCALE=scale is not None, IEEE=a.dtype == torch.float32,
+        ROW_DIV=row_div, HAS_SCALE=scale is not None, IEEE=a.dtype == torch.float32, GATED=gated,
         BLOCK_M=block, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out

@@ -151,6 +151,11 @@ def align_blocks(ids: torch.Tensor, num_experts: int, block: int) -> tuple[torch
     return sorted_pairs, block_expert
 
 
+#: SiLU·mul inside the gate/up grouped GEMM (its ``gated`` launch) rather than a kernel after it
+#: (module switch for A/B timing, ``tools/device_moe.py``)
+FUSED_GATE_UP = True
+
+
 def experts_grouped(
     x: torch.Tensor,
     w13: torch.Tensor,
@@ -163,7 +168,7 @@ def experts_grouped(
 ) -> torch.Tensor:
     """What :func:`experts_reference` computes, as two grouped GEMMs (Triton): gate/up for every
     (token, choice) pair, SiLU·mul, down scaled by the pair's weight, then each token's ``top_k``
-    rows summed. ``block`` and ``configs`` (the two GEMMs' launch) replace :func:`block_rows` and
+    rows summed (:data:`FUSED_GATE_UP`: SiLU·mul in the gate/up GEMM). ``block`` and ``configs`` (the two GEMMs' launch) replace :func:`block_rows` and
     the kernel's own choice (``tools/device_moe.py`` sweeps them)."""
     from minisgl_core.layers import _triton_moe
 
@@ -175,10 +180,15 @@ def experts_grouped(
     block = block or block_rows(pairs, num_experts)
     first, second = configs or (None, None)
     sorted_pairs, block_expert = align_blocks(ids, num_experts, block)
-    gate_up = _triton_moe.grouped_gemm(
-        x, w13, sorted_pairs, block_expert, pairs, block, row_div=top_k, config=first
-    )
-    act = silu_and_mul(gate_up)
+    if FUSED_GATE_UP:
+        act = _triton_moe.grouped_gemm(
+            x, w13, sorted_pairs, block_expert, pairs, block, row_div=top_k, gated=True, config=first
+        )
+    else:
+        gate_up = _triton_moe.grouped_gemm(
+            x, w13, sorted_pairs, block_expert, pairs, block, row_div=top_k, config=first
+        )
+        act = silu_and_mul(gate_up)
     out = _triton_moe.grouped_gemm(
         act, w2, sorted_pairs, block_expert, pairs, block, row_div=1, scale=weights.reshape(-1), config=second
     )
