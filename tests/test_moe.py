@@ -5,6 +5,7 @@ model around it is checked against transformers in ``plugins/models/qwen3-moe``.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import pytest
@@ -155,6 +156,110 @@ def test_reference_matches_a_dense_sum_over_experts():
     torch.testing.assert_close(out, dense)
 
 
+#: the dtypes experts may be quantized to (minisgl_core.layers.moe.QUANTIZED_EXPERT_DTYPES)
+QUANTIZED = [torch.int8, torch.float8_e4m3fn]
+
+
+def quantize_experts_rows(w: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, float32 scales ``[experts, rows]``) of ``w`` ``[experts, rows, cols]``: each row's
+    largest magnitude maps to the dtype's largest value (what the int8 and fp8 methods do)."""
+    top = 127.0 if dtype == torch.int8 else torch.finfo(dtype).max
+    scale = (w.float().abs().amax(dim=-1) / top).clamp(min=1e-12)
+    v = w.float() / scale[..., None]
+    return (v.round() if dtype == torch.int8 else v).clamp(-top, top).to(dtype), scale
+
+
+@pytest.mark.parametrize("dtype", QUANTIZED, ids=["int8", "fp8"])
+def test_quantized_experts_compute_with_the_values_they_stand_for(dtype):
+    """The loop over quantized experts equals the loop over their dequantized weights, and stays
+    near the unquantized one (int8 within 2%, e4m3 within 10% of the output's scale)."""
+    gen = torch.Generator().manual_seed(5)
+    tokens, hidden, inter, experts, top_k = 13, 32, 24, 6, 2
+    x = torch.randn(tokens, hidden, generator=gen)
+    w13 = torch.randn(experts, 2 * inter, hidden, generator=gen) * hidden**-0.5
+    w2 = torch.randn(experts, hidden, inter, generator=gen) * inter**-0.5
+    weights, ids = route(torch.randn(tokens, experts, generator=gen), top_k, True)
+    (q13, s13), (q2, s2) = quantize_experts_rows(w13, dtype), quantize_experts_rows(w2, dtype)
+    got = experts_reference(x, q13, q2, weights, ids, (s13, s2))
+    dequantized = experts_reference(x, q13.float() * s13[..., None], q2.float() * s2[..., None], weights, ids)
+    torch.testing.assert_close(got, dequantized, atol=1e-5, rtol=1e-4)
+    exact = experts_reference(x, w13, w2, weights, ids)
+    error = (got - exact).abs().max() / exact.abs().max()
+    assert 0 < error < (0.02 if dtype == torch.int8 else 0.1), error
+
+
+def test_experts_take_quantized_weights_and_refuse_what_does_not_fit():
+    from minisgl_core.api.parallel import ParallelContext
+    from minisgl_core.layers.moe import SparseMoE
+
+    gen = torch.Generator().manual_seed(6)
+    block = SparseMoE(
+        32, 16, 4, 2, renormalize=True, parallel=ParallelContext(), dtype=torch.float32, device="cpu"
+    )
+    for param in block.parameters():
+        param.data.copy_(torch.randn(param.shape, generator=gen) * 0.2)
+    experts = block.experts
+    w13, w2 = experts.w13.data.clone(), experts.w2.data.clone()
+    q13, q2 = quantize_experts_rows(w13, torch.int8), quantize_experts_rows(w2, torch.int8)
+    with pytest.raises(ValueError, match=r"my-method quantized the experts' w13 \(4, 32, 32\) into bfloat16"):
+        experts.quantize([(w13.bfloat16(), q13[1]), q2], "my-method")
+    with pytest.raises(ValueError, match=r"float32 scales \(4, 32\)"):
+        experts.quantize([(q13[0], q13[1][:, :5]), q2], "my-method")
+    with pytest.raises(ValueError, match=r"w2 \(4, 32, 16\)"):
+        experts.quantize([q13, (q2[0].transpose(1, 2), q2[1])], "my-method")
+    assert experts.scales is None and experts.w13.dtype == torch.float32  # nothing replaced
+    experts.quantize([q13, q2], "my-method")
+    assert experts.w13.dtype == experts.w2.dtype == torch.int8 and experts.scales is not None
+    x = torch.randn(5, 32, generator=gen)
+    weights, ids = route(block.gate(x), 2, True)
+    want = experts_reference(
+        x, q13[0].float() * q13[1][..., None], q2[0].float() * q2[1][..., None], weights, ids
+    )
+    torch.testing.assert_close(block(x), want, atol=1e-5, rtol=1e-4)
+
+
+def test_interpreted_quantized_grouped_experts_match_the_loop():
+    pytest.importorskip("triton")
+    from minisgl_core.testing.triton_interpreter import run_under_interpreter
+
+    out = run_under_interpreter(__file__, "quantized")
+    assert out.count("ok") == 6, out
+
+
+def check_quantized() -> None:
+    """Child under TRITON_INTERPRET=1: int8 and e4m3 experts through the grouped GEMMs (SiLU·mul
+    fused or not) against the loop over the same values, in float32 and float16."""
+    from minisgl_core.layers import moe
+    from minisgl_core.layers.moe import experts_grouped
+
+    gen = torch.Generator().manual_seed(7)
+    tokens, hidden, inter, experts, top_k = 37, 48, 40, 8, 2
+    x = torch.randn(tokens, hidden, generator=gen)
+    w13 = torch.randn(experts, 2 * inter, hidden, generator=gen) * hidden**-0.5
+    w2 = torch.randn(experts, hidden, inter, generator=gen) * inter**-0.5
+    weights, ids = route(torch.randn(tokens, experts, generator=gen), top_k, True)
+    default = moe.FUSED_GATE_UP
+    for dtype in QUANTIZED:
+        (q13, s13), (q2, s2) = quantize_experts_rows(w13, dtype), quantize_experts_rows(w2, dtype)
+        want = experts_reference(x, q13, q2, weights, ids, (s13, s2))
+        want_half = experts_reference(x.half(), q13, q2, weights.half(), ids, (s13, s2))
+        for fused in (True, False):
+            moe.FUSED_GATE_UP = fused
+            got = experts_grouped(x, q13, q2, weights, ids, (s13, s2))
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+            half = experts_grouped(x.half(), q13, q2, weights.half(), ids, (s13, s2))
+            assert half.dtype == torch.float16
+            torch.testing.assert_close(half, want_half, atol=2e-2, rtol=2e-2)
+            print("ok", dtype, fused)
+        moe.FUSED_GATE_UP = default
+        # values without their scales (or scales for run-dtype weights) are refused
+        for args in ((q13, q2, None), (w13, w2, (s13, s2))):
+            with contextlib.suppress(ValueError):
+                experts_grouped(x, args[0], args[1], weights, ids, args[2])
+                raise AssertionError("accepted")
+        print("ok refused", dtype)
+
+
 def test_interpreted_grouped_experts_match_the_loop():
     pytest.importorskip("triton")
     from minisgl_core.testing.triton_interpreter import run_under_interpreter
@@ -172,7 +277,7 @@ def check_grouped() -> None:
     from minisgl_core.layers import moe
     from minisgl_core.layers.moe import SparseMoE, experts_grouped, moe_enabled
 
-    assert moe.FUSED_GATE_UP  # the default; the loops below also run it off
+    default = moe.FUSED_GATE_UP
 
     gen = torch.Generator().manual_seed(2)
     cases = [(1, 1, 4, 48, 40), (3, 2, 8, 64, 32), (40, 8, 16, 96, 24), (300, 4, 8, 80, 72), (700, 2, 4, 32, 16),
@@ -187,7 +292,7 @@ def check_grouped() -> None:
             moe.FUSED_GATE_UP = fused
             got = experts_grouped(x, w13, w2, weights, ids)
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
-        moe.FUSED_GATE_UP = True
+        moe.FUSED_GATE_UP = default
         print("ok", tokens, top_k, experts, block_rows(tokens * top_k, experts))
     block = SparseMoE(
         48, 24, 6, 2, renormalize=False, parallel=ParallelContext(), dtype=torch.float32, device="cpu"
@@ -210,18 +315,17 @@ def check_grouped() -> None:
     w2 = torch.randn(6, 64, 24, generator=gen) * 0.2
     for float32_weights in (True, False):
         weights, ids = route(torch.randn(21, 6, generator=gen).half(), 2, True, float32_weights)
-        got = experts_grouped(x.half(), w13.half(), w2.half(), weights, ids)
         want = experts_reference(x, w13.half().float(), w2.half().float(), weights.float(), ids)
-        assert got.dtype == torch.float16
-        torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
+        got = {}
+        for fused in (True, False):
+            moe.FUSED_GATE_UP = fused
+            got[fused] = experts_grouped(x.half(), w13.half(), w2.half(), weights, ids)
+            assert got[fused].dtype == torch.float16
+            torch.testing.assert_close(got[fused].float(), want, atol=2e-2, rtol=2e-2)
+        moe.FUSED_GATE_UP = default
         # the fused gate/up rounds each half to float16 before SiLU·mul, as the kernel after the
         # unfused GEMM reads them: the same bits (the interpreter sums both GEMMs' tiles alike)
-        moe.FUSED_GATE_UP = False
-        try:
-            unfused = experts_grouped(x.half(), w13.half(), w2.half(), weights, ids)
-        finally:
-            moe.FUSED_GATE_UP = True
-        assert torch.equal(got, unfused)
+        assert torch.equal(got[True], got[False])
         print("ok half", float32_weights)
 
 
@@ -244,14 +348,14 @@ def test_grouped_experts_on_the_gpu_in_bf16_and_inside_a_cuda_graph():
         want = experts_reference(x.float(), w13.float(), w2.float(), weights.float(), ids)
         got = experts_grouped(x, w13, w2, weights, ids)
         torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
-        # SiLU·mul fused into the gate/up GEMM (the default) or after it: a bf16 ulp apart at most
-        # where the two launches' float32 sums differ in order
-        moe.FUSED_GATE_UP = False
+        # SiLU·mul fused into the gate/up GEMM or after it (the default): a bf16 ulp apart at
+        # most where the two launches' float32 sums differ in order
+        moe.FUSED_GATE_UP = True
         try:
-            unfused = experts_grouped(x, w13, w2, weights, ids)
+            fused = experts_grouped(x, w13, w2, weights, ids)
         finally:
-            moe.FUSED_GATE_UP = True
-        torch.testing.assert_close(got, unfused, atol=1e-2, rtol=1e-2)
+            moe.FUSED_GATE_UP = False
+        torch.testing.assert_close(fused, got, atol=1e-2, rtol=1e-2)
         # captured: the same numbers from a replay on new inputs
         graph = torch.cuda.CUDAGraph()
         static_x, static_w, static_ids = x.clone(), weights.clone(), ids.clone()
@@ -265,6 +369,34 @@ def test_grouped_experts_on_the_gpu_in_bf16_and_inside_a_cuda_graph():
         static_x.copy_(x2), static_w.copy_(w_2), static_ids.copy_(ids2)
         graph.replay()
         torch.testing.assert_close(static_out, experts_grouped(x2, w13, w2, w_2, ids2), atol=0, rtol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("dtype", QUANTIZED, ids=["int8", "fp8"])
+def test_quantized_grouped_experts_on_the_gpu(dtype):
+    """bf16 activations by int8 / e4m3 experts of Qwen3-30B-A3B's shape against the loop over the
+    same values, SiLU·mul fused and not, at a decode step's and a prefill step's tokens."""
+    from minisgl_core.layers import moe
+    from minisgl_core.layers.moe import experts_grouped
+
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    hidden, inter, experts = 2048, 768, 128
+    w13 = torch.randn(experts, 2 * inter, hidden, generator=gen, device="cuda") * hidden**-0.5
+    w2 = torch.randn(experts, hidden, inter, generator=gen, device="cuda") * inter**-0.5
+    (q13, s13), (q2, s2) = quantize_experts_rows(w13, dtype), quantize_experts_rows(w2, dtype)
+    del w13, w2
+    for tokens in (1, 64, 2048):
+        x = torch.randn(tokens, hidden, generator=gen, device="cuda", dtype=torch.bfloat16)
+        weights, ids = route(torch.randn(tokens, experts, generator=gen, device="cuda"), 8, True)
+        weights = weights.bfloat16()
+        want = experts_reference(x, q13, q2, weights, ids, (s13, s2))
+        for fused in (False, True):
+            moe.FUSED_GATE_UP = fused
+            try:
+                got = experts_grouped(x, q13, q2, weights, ids, (s13, s2))
+            finally:
+                moe.FUSED_GATE_UP = False
+            torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
 
 
 def test_tensor_parallel_block_sums_to_the_whole():
@@ -322,5 +454,7 @@ def _tp_worker(rank: int, world: int, port: int) -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "grouped":
         check_grouped()
+    elif sys.argv[1] == "quantized":
+        check_quantized()
     elif sys.argv[1] == "align":
         check_align_kernels()

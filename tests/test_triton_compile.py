@@ -16,10 +16,23 @@ from triton.compiler import ASTSource  # noqa: E402
 TARGETS = [GPUTarget("cuda", 90, 32), GPUTarget("cuda", 80, 32)]
 
 
-def compiles(kernel, signature: dict[str, str], constants: dict[str, object], target: GPUTarget) -> None:
+#: shared memory a block of one program may use (bytes): sm_90's 227 KiB, sm_80's 163 KiB
+SHARED_LIMIT = {90: 232448, 80: 166912}
+
+
+def compiles(
+    kernel, signature: dict[str, str], constants: dict[str, object], target: GPUTarget, **options
+) -> None:
+    """``kernel`` compiles to a cubin for ``target`` (``options``: num_warps, num_stages as
+    launched) and its shared memory fits the target's (a launch past it fails only on the GPU)."""
     signature = {**signature, **dict.fromkeys(constants, "constexpr")}
-    compiled = triton_compile(ASTSource(kernel, signature, constexprs=constants), target=target)
+    compiled = triton_compile(
+        ASTSource(kernel, signature, constexprs=constants), target=target, options=options
+    )
     assert compiled.asm["cubin"], "no cubin"
+    assert compiled.metadata.shared <= SHARED_LIMIT[target.arch], (
+        f"{compiled.metadata.shared} bytes of shared memory"
+    )
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")
@@ -322,10 +335,12 @@ def test_moe_grouped_gemm_compiles(target, block, dtype, scale):
     # (output columns, inner size, gated): gate/up fused (columns of each half) or not, then down
     uses = [(2048, 768, False)] if scale else [(768, 2048, True), (1536, 2048, False)]
     for n, k, gated in uses:
-        block_n, block_k, _, _ = launch_config(block, n, k, pairs=8 if block == 16 else 4096, gated=gated)
+        block_n, block_k, warps, stages = launch_config(
+            block, n, k, pairs=8 if block == 16 else 4096, gated=gated
+        )
         constants = {"ROW_DIV": 1 if scale else 8, "HAS_SCALE": scale is not None, "IEEE": dtype == "fp32",
                      "GATED": gated, "BLOCK_M": block, "BLOCK_N": block_n, "BLOCK_K": block_k}  # fmt: skip
-        compiles(grouped_gemm_kernel, signature, constants, target)
+        compiles(grouped_gemm_kernel, signature, constants, target, num_warps=warps, num_stages=stages)
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")

@@ -16,8 +16,9 @@ import triton.language as tl
 @triton.jit
 def grouped_gemm_kernel(
     a, a_stride, w, w_stride_e, w_stride_n, c, c_stride, sorted_pairs, block_expert, scale,
-    pairs, n, k, num_experts,
-    ROW_DIV: tl.constexpr, HAS_SCALE: tl.constexpr, IEEE: tl.constexpr, GATED: tl.constexpr,
+    w_scale, w_scale_stride, pairs, n, k, num_experts,
+    ROW_DIV: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_W_SCALE: tl.constexpr, IEEE: tl.constexpr,
+    GATED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """``c[p] = (a[p // ROW_DIV] @ w[e].T) * scale[p]`` for the pairs ``p`` of block
@@ -26,7 +27,11 @@ def grouped_gemm_kernel(
     ``GATED``: ``w[e]`` is ``[gate | up]`` (``2 * n`` rows) and ``c[p] = silu(g) * u`` with ``g``
     and ``u`` the products with the two halves, each first rounded to ``c``'s dtype (what
     ``silu_mul_kernel`` computes from the unfused GEMM's output): one program takes a column tile
-    of both halves, so the ``[pairs, 2 * n]`` product is never written."""
+    of both halves, so the ``[pairs, 2 * n]`` product is never written.
+
+    ``HAS_W_SCALE``: ``w`` holds quantized values (float8 e4m3 or int8), each converted exactly to
+    ``a``'s dtype before the product, and output column ``j`` of expert ``e`` is multiplied by
+    ``w_scale[e, j]`` (float32) after the sum, before anything else."""
     pid_n = tl.program_id(0)  # a block's column tiles run side by side: its rows stay in L2
     pid_m = tl.program_id(1)
     expert = tl.load(block_expert + pid_m)
@@ -50,12 +55,16 @@ def grouped_gemm_kernel(
         k_ok = offs_k < k - k0
         x = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
         y = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        if HAS_W_SCALE:
+            y = y.to(x.dtype)
         if IEEE:
             acc += tl.dot(x, y, input_precision="ieee")
         else:
             acc += tl.dot(x, y)
         if GATED:
             y_up = tl.load(up_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+            if HAS_W_SCALE:
+                y_up = y_up.to(x.dtype)
             if IEEE:
                 acc_up += tl.dot(x, y_up, input_precision="ieee")
             else:
@@ -63,6 +72,11 @@ def grouped_gemm_kernel(
             up_ptrs += BLOCK_K
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
+    if HAS_W_SCALE:
+        scale_row = w_scale + expert.to(tl.int64) * w_scale_stride
+        acc = acc * tl.load(scale_row + offs_n, mask=n_ok, other=0.0)[None, :]
+        if GATED:
+            acc_up = acc_up * tl.load(scale_row + n + offs_n, mask=n_ok, other=0.0)[None, :]
     if GATED:
         gate = acc.to(c.dtype.element_ty).to(tl.float32)
         acc = gate * tl.sigmoid(gate) * acc_up.to(c.dtype.element_ty).to(tl.float32)
@@ -154,6 +168,8 @@ def launch_config(
         block_n, block_k, warps, stages = 128, 64, 4, 3
     else:
         block_n, block_k, warps, stages = 128, 64, 8, 3
+    if gated and block_n > 64:  # two tiles of weights a stage: as many bytes as one unfused tile
+        block_n //= 2
     block_n = min(block_n, max(16, triton.next_power_of_2(n)))
     block_k = min(block_k, max(16, triton.next_power_of_2(k)))
     return block_n, block_k, warps, stages
@@ -170,17 +186,23 @@ def grouped_gemm(
     row_div: int,
     scale: torch.Tensor | None = None,
     gated: bool = False,
+    w_scale: torch.Tensor | None = None,
     config: tuple[int, int, int, int] | None = None,
 ) -> torch.Tensor:
     """``[pairs, w.shape[1]]``: row ``p`` is ``a[p // row_div] @ w[e].T`` (times ``scale[p]``) for
     the expert ``e`` that pair ``p`` chose (see the module). ``gated``: ``[pairs, w.shape[1] // 2]``,
-    SiLU(gate half) · up half (the kernel's ``GATED``). ``config``: (BLOCK_N, BLOCK_K, warps,
+    SiLU(gate half) · up half (the kernel's ``GATED``). ``w_scale``: ``w`` is quantized (float8 e4m3
+    or int8), ``w[e] * w_scale[e][:, None]`` the matrix it stands for (``HAS_W_SCALE``). ``config``: (BLOCK_N, BLOCK_K, warps,
     stages) instead of :func:`launch_config`'s (``tools/device_moe.py`` sweeps them)."""
     if a.stride(-1) != 1:
         a = a.contiguous()
     num_experts, n, k = w.shape
     if a.shape[1] != k or w.stride(2) != 1 or (gated and n % 2):
         raise ValueError(f"grouped GEMM of {tuple(a.shape)} by experts {tuple(w.shape)}: sizes do not fit")
+    if (w_scale is None) != (w.dtype == a.dtype) or (
+        w_scale is not None and (w_scale.shape != w.shape[:2] or w_scale.stride(1) != 1)
+    ):
+        raise ValueError(f"grouped GEMM of {a.dtype} rows by {w.dtype} experts: scales missing or misshapen")
     if gated:
         n //= 2
     out = torch.empty(pairs, n, dtype=a.dtype, device=a.device)
@@ -188,8 +210,10 @@ def grouped_gemm(
     grid = (triton.cdiv(n, block_n), block_expert.numel())
     grouped_gemm_kernel[grid](
         a, a.stride(0), w, w.stride(0), w.stride(1), out, out.stride(0), sorted_pairs, block_expert,
-        scale if scale is not None else out, pairs, n, k, num_experts,
-        ROW_DIV=row_div, HAS_SCALE=scale is not None, IEEE=a.dtype == torch.float32, GATED=gated,
+        scale if scale is not None else out, w_scale if w_scale is not None else out,
+        w_scale.stride(0) if w_scale is not None else 0, pairs, n, k, num_experts,
+        ROW_DIV=row_div, HAS_SCALE=scale is not None, HAS_W_SCALE=w_scale is not None,
+        IEEE=a.dtype == torch.float32, GATED=gated,
         BLOCK_M=block, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out

@@ -64,13 +64,32 @@ def route(
     return (weights if float32_weights else weights.to(logits.dtype)), ids
 
 
+#: the dtypes quantized expert weights may have (:class:`Experts`): each value is exact in every
+#: run dtype, so the products multiply the run-dtype activations by the values themselves
+QUANTIZED_EXPERT_DTYPES = (torch.float8_e4m3fn, torch.int8)
+
+
+def _expert_product(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """``x @ w.T`` for one expert's matrix; quantized (``scale`` given): the values' products
+    summed in float32, each column times its scale, rounded once to ``x``'s dtype (the grouped
+    GEMM's arithmetic)."""
+    if scale is None:
+        return F.linear(x, w)
+    return (F.linear(x.float(), w.float()) * scale).to(x.dtype)
+
+
 def experts_reference(
-    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """``sum_j weights[t, j] * expert_{ids[t, j]}(x[t])`` with ``expert_e(x) = w2[e] @ (silu(g) * u)``,
-    ``[g; u] = w13[e] @ x``: one pair of products per expert that has tokens. It reads the
-    experts' token counts on the host (a synchronisation): the CPU's path and the GPU kernels'
-    reference."""
+    ``[g; u] = w13[e] @ x``: one pair of products per expert that has tokens. ``scales``: the
+    weights are quantized (:class:`Experts`), ``(w13 scales, w2 scales)``. It reads the experts'
+    token counts on the host (a synchronisation): the CPU's path and the GPU kernels' reference."""
     if x.is_cuda and torch.cuda.is_current_stream_capturing():
         raise RuntimeError(
             "the mixture-of-experts loop reads the experts' token counts on the host and cannot be "
@@ -89,9 +108,10 @@ def experts_reference(
         pairs = order[start : start + count]
         start += count
         rows = pairs // top_k
-        gate_up = F.linear(x.index_select(0, rows), w13[expert])
+        s13, s2 = (None, None) if scales is None else (scales[0][expert], scales[1][expert])
+        gate_up = _expert_product(x.index_select(0, rows), w13[expert], s13)
         gate, up = gate_up.chunk(2, dim=-1)
-        y = F.linear(F.silu(gate) * up, w2[expert])
+        y = _expert_product(F.silu(gate) * up, w2[expert], s2)
         y = y * weights.reshape(-1).index_select(0, pairs).unsqueeze(1)
         out.index_add_(0, rows, y.to(out.dtype))
     return out
@@ -151,9 +171,10 @@ def align_blocks(ids: torch.Tensor, num_experts: int, block: int) -> tuple[torch
     return sorted_pairs, block_expert
 
 
-#: SiLU·mul inside the gate/up grouped GEMM (its ``gated`` launch) rather than a kernel after it
-#: (module switch for A/B timing, ``tools/device_moe.py``)
-FUSED_GATE_UP = True
+#: SiLU·mul inside the gate/up grouped GEMM (its ``gated`` launch) rather than a kernel after it.
+#: Off until timed on a GPU (``python3 tools/device_moe.py --gemms`` times both); correct under
+#: Triton's interpreter (``tests/test_moe.py``)
+FUSED_GATE_UP = False
 
 
 def experts_grouped(
@@ -162,14 +183,17 @@ def experts_grouped(
     w2: torch.Tensor,
     weights: torch.Tensor,
     ids: torch.Tensor,
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     *,
     block: int | None = None,
     configs: tuple[tuple[int, int, int, int], tuple[int, int, int, int]] | None = None,
 ) -> torch.Tensor:
     """What :func:`experts_reference` computes, as two grouped GEMMs (Triton): gate/up for every
     (token, choice) pair, SiLU·mul, down scaled by the pair's weight, then each token's ``top_k``
-    rows summed (:data:`FUSED_GATE_UP`: SiLU·mul in the gate/up GEMM). ``block`` and ``configs`` (the two GEMMs' launch) replace :func:`block_rows` and
-    the kernel's own choice (``tools/device_moe.py`` sweeps them)."""
+    rows summed (:data:`FUSED_GATE_UP`: SiLU·mul in the gate/up GEMM; ``scales`` as there).
+    ``block`` and ``configs``
+    (the two GEMMs' launch) replace :func:`block_rows` and the kernel's own choice
+    (``tools/device_moe.py`` sweeps them)."""
     from minisgl_core.layers import _triton_moe
 
     tokens, top_k = ids.shape
@@ -179,20 +203,29 @@ def experts_grouped(
     pairs = tokens * top_k
     block = block or block_rows(pairs, num_experts)
     first, second = configs or (None, None)
+    s13, s2 = (None, None) if scales is None else scales
     sorted_pairs, block_expert = align_blocks(ids, num_experts, block)
     if FUSED_GATE_UP:
         act = _triton_moe.grouped_gemm(
-            x, w13, sorted_pairs, block_expert, pairs, block, row_div=top_k, gated=True, config=first
-        )
+            x, w13, sorted_pairs, block_expert, pairs, block, row_div=top_k, gated=True, w_scale=s13,
+            config=first,
+        )  # fmt: skip
     else:
         gate_up = _triton_moe.grouped_gemm(
-            x, w13, sorted_pairs, block_expert, pairs, block, row_div=top_k, config=first
+            x, w13, sorted_pairs, block_expert, pairs, block, row_div=top_k, w_scale=s13, config=first
         )
         act = silu_and_mul(gate_up)
     out = _triton_moe.grouped_gemm(
-        act, w2, sorted_pairs, block_expert, pairs, block, row_div=1, scale=weights.reshape(-1), config=second
-    )
+        act, w2, sorted_pairs, block_expert, pairs, block, row_div=1, scale=weights.reshape(-1), w_scale=s2,
+        config=second,
+    )  # fmt: skip
     return out.view(tokens, top_k, -1).sum(dim=1)
+
+
+def _describe(t: Any) -> str:
+    if not isinstance(t, torch.Tensor):
+        return type(t).__name__
+    return f"{str(t.dtype).removeprefix('torch.')} {tuple(t.shape)} on {t.device}"
 
 
 class Router(nn.Module):
@@ -207,7 +240,12 @@ class Router(nn.Module):
 
 
 class Experts(nn.Module):
-    """Every expert's weights, this rank's share of their intermediate size (see the module)."""
+    """Every expert's weights, this rank's share of their intermediate size (see the module).
+
+    Quantized at load (:meth:`quantize`, ``--quantization`` with a method that quantizes experts):
+    ``w13`` and ``w2`` hold values of a :data:`QUANTIZED_EXPERT_DTYPES` dtype and ``w13_scale``
+    ``[experts, 2 * inter]`` / ``w2_scale`` ``[experts, hidden]`` (float32) one scale per expert
+    and output row; activations stay in the run dtype."""
 
     def __init__(
         self,
@@ -235,6 +273,41 @@ class Experts(nn.Module):
             self._load_w2,
             shard_ids=tuple(range(num_experts)),
         )
+        self.w13_scale: torch.Tensor | None = None
+        self.w2_scale: torch.Tensor | None = None
+
+    @property
+    def scales(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(w13_scale, w2_scale)`` when the weights are quantized, else None."""
+        if self.w13_scale is None or self.w2_scale is None:
+            return None
+        return self.w13_scale, self.w2_scale
+
+    def quantize(self, quantized: list[tuple[torch.Tensor, torch.Tensor]], source: str) -> None:
+        """Replace ``w13`` and ``w2`` with ``quantized`` = ``[(values, scales)]`` for each, in that
+        order (see the class); ValueError naming ``source`` (the method) when one does not fit."""
+        for name, (values, scales) in zip(("w13", "w2"), quantized, strict=True):
+            weight = getattr(self, name)
+            rows = tuple(weight.shape[:2])
+            if (
+                not isinstance(values, torch.Tensor)
+                or not isinstance(scales, torch.Tensor)
+                or values.dtype not in QUANTIZED_EXPERT_DTYPES
+                or values.shape != weight.shape
+                or values.device != weight.device
+                or scales.dtype != torch.float32
+                or tuple(scales.shape) != rows
+                or scales.device != weight.device
+            ):
+                raise ValueError(
+                    f"{source} quantized the experts' {name} {tuple(weight.shape)} into "
+                    f"{_describe(values)} with scales {_describe(scales)}: expected values of the "
+                    f"same shape in one of {[str(d).removeprefix('torch.') for d in QUANTIZED_EXPERT_DTYPES]} "
+                    f"and float32 scales {rows}, on {weight.device}"
+                )
+        for name, (values, scales) in zip(("w13", "w2"), quantized, strict=True):
+            setattr(self, name, nn.Parameter(values.contiguous(), requires_grad=False))
+            setattr(self, f"{name}_scale", scales.contiguous())
 
     def _rows(self, loaded: torch.Tensor, dim: int) -> torch.Tensor:
         """This rank's slice of a full tensor's intermediate dimension ``dim``."""
@@ -313,7 +386,7 @@ class SparseMoE(nn.Module):
     def forward(self, x: torch.Tensor, reduce: bool = True) -> torch.Tensor:
         """``reduce=False``: this rank's partial sum, for the norm after the block to all-reduce."""
         weights, ids = route(self.gate(x), self.top_k, self.renormalize, self.float32_weights)
-        w13, w2 = self.experts.w13, self.experts.w2
+        experts = self.experts
         run = experts_grouped if moe_enabled(x) else experts_reference
-        out = run(x, w13, w2, weights, ids)
+        out = run(x, experts.w13, experts.w2, weights, ids, experts.scales)
         return self.parallel.all_reduce(out) if reduce else out
