@@ -175,8 +175,14 @@ def api_legacy(required: str, provided: str = API_VERSION) -> bool:
 
 def api_upgrade_hint(required: str, distribution: str, provided: str = API_VERSION) -> str:
     """What to upgrade when a plugin needing ``required`` cannot run on ``provided``."""
-    if _api_version(required) > _api_version(provided):
+    need, have = _api_version(required), _api_version(provided)
+    if need > have:
         return "upgrade minisgl-core"
+    if need.major < have.major:
+        return (
+            f"upgrade {distribution} to a release for API {provided} "
+            f'(porting a plugin: docs/plugins.md, "Migrating from {need.major}.x")'
+        )
     return f"upgrade {distribution} to a release for API {provided}"
 
 

@@ -3,6 +3,7 @@ its replacement and removal version, for exactly one minor version."""
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 import pytest
@@ -70,37 +71,54 @@ def test_aliases_must_go_one_minor_version_later() -> None:
 
 
 def test_moved_module_forwards_names_and_submodules_warning_once_per_importer() -> None:
-    """``minisgl_core.api.layers`` (1.x) serves ``minisgl_core.layers`` (2.0), names and submodules."""
+    """A module kept by ``moved_module`` serves the new module's names and submodules (as
+    ``minisgl_core.api.layers`` served ``minisgl_core.layers`` through API 2.0; here a module made
+    for the test, since 2.1 removed that one)."""
+    import types
+
     import minisgl_core.layers
     import minisgl_core.layers.rotary
     from minisgl_core.api import MinisglDeprecationWarning
+    from minisgl_core.api.deprecation import moved_module
 
-    with pytest.warns(MinisglDeprecationWarning) as caught:
-        from minisgl_core.api.layers import RMSNorm
-    assert RMSNorm is minisgl_core.layers.RMSNorm
-    (message,) = [str(w.message) for w in caught]
-    # "<importing module> (<its distribution, when it has one>) imports ..."
-    assert message.startswith(f"{__name__} ")
-    assert "imports RMSNorm from minisgl_core.api.layers, which moved in minisgl API 2.0" in message
-    assert message.endswith("use `from minisgl_core.layers import RMSNorm` instead")
-    assert caught[0].filename == __file__  # points at the importing line
+    old = types.ModuleType("minisgl_test_moved_layers")
+    old.__getattr__ = moved_module(old.__dict__, "minisgl_core.layers", since="2.1", submodules=("rotary",))
+    sys.modules[old.__name__] = old
+    try:
+        with pytest.warns(MinisglDeprecationWarning) as caught:
+            from minisgl_test_moved_layers import RMSNorm
+        assert RMSNorm is minisgl_core.layers.RMSNorm
+        (message,) = [str(w.message) for w in caught]
+        # "<importing module> (<its distribution, when it has one>) imports ..."
+        assert message.startswith(f"{__name__} ")
+        assert "imports RMSNorm from minisgl_test_moved_layers, which moved in minisgl API 2.1" in message
+        assert message.endswith("use `from minisgl_core.layers import RMSNorm` instead")
+        assert caught[0].filename == __file__  # points at the importing line
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", MinisglDeprecationWarning)
-        from minisgl_core.api.layers import RMSNorm as again  # this module was told already
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", MinisglDeprecationWarning)
+            from minisgl_test_moved_layers import RMSNorm as again  # this module was told already
 
-    assert again is RMSNorm
+        assert again is RMSNorm
 
-    with pytest.warns(
-        MinisglDeprecationWarning, match=r"use `from minisgl_core\.layers\.rotary import get_rope`"
-    ):
-        from minisgl_core.api.layers.rotary import get_rope
-    assert get_rope is minisgl_core.layers.rotary.get_rope
+        with pytest.warns(
+            MinisglDeprecationWarning, match=r"use `from minisgl_core\.layers\.rotary import get_rope`"
+        ):
+            from minisgl_test_moved_layers.rotary import get_rope
+        assert get_rope is minisgl_core.layers.rotary.get_rope
 
-    with pytest.raises(ImportError, match="no_such_name"):
-        from minisgl_core.api.layers import no_such_name  # noqa: F401
+        with pytest.raises(ImportError, match="no_such_name"):
+            from minisgl_test_moved_layers import no_such_name  # noqa: F401
+        with pytest.raises(ModuleNotFoundError):
+            import minisgl_test_moved_layers.no_such_module  # noqa: F401
+    finally:
+        sys.modules.pop(old.__name__, None)
+        sys.modules.pop(f"{old.__name__}.rotary", None)
+
+
+def test_the_1x_home_of_the_layers_is_gone_in_2_1() -> None:
     with pytest.raises(ModuleNotFoundError):
-        import minisgl_core.api.layers.no_such_module  # noqa: F401
+        import minisgl_core.api.layers  # noqa: F401
 
 
 def test_moved_module_refuses_to_outlive_its_cycle() -> None:

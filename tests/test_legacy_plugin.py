@@ -1,10 +1,11 @@
-"""A plugin written against API 1.x still loads and serves on API 2.0, for one deprecation cycle.
+"""A plugin written against API 1.x loaded on API 2.0 only, for one deprecation cycle: API 2.1
+refuses it, saying what to do, and serves on without it.
 
 ``tests/fixtures/legacy_plugin`` is such a plugin, unchanged: it declares ``MINISGL_API = "1.4"``,
-builds its model from ``minisgl_core.api.layers`` and builds the page layout in its own attention
-backend. Installed with pip, it must load (status ok, with a note), generate the same greedy
-tokens as the first-party Qwen3 plugin and torch backend on the same weights, and warn naming
-itself, its distribution and the import to use instead. A 3.x plugin is refused."""
+builds its model from ``minisgl_core.api.layers`` (removed in 2.1) and builds the page layout in
+its own attention backend. Installed with pip, it is listed as incompatible, pointing its author
+at "Migrating from 1.x", and nothing of it is imported. (The warning a plugin of the previous
+major gets while it still loads is checked in ``tests/test_plugins.py``.) A 3.x plugin is refused."""
 
 from __future__ import annotations
 
@@ -42,124 +43,60 @@ def run_python(site: Path, code: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_listed_as_ok_with_a_deprecation_note(site: Path) -> None:
-    proc = run_python(site, "from minisgl_core.cli import main; main(['plugins', '--json'])")
+def test_listed_as_incompatible_saying_how_to_port(site: Path) -> None:
+    code = """
+        import json, sys
+        from minisgl_core.cli import main
+        main(['plugins', '--json'])
+        print(json.dumps(sorted(m for m in sys.modules if m.startswith('minisgl_plugin_legacy.'))), file=sys.stderr)
+    """
+    proc = run_python(site, code)
     assert proc.returncode == 0, proc.stderr
-    legacy = {p["name"]: p for p in json.loads(proc.stdout)}["legacy"]
-    assert legacy["status"] == "ok" and legacy["api"] == "1.4"
+    plugins = {p["name"]: p for p in json.loads(proc.stdout)}
+    legacy = plugins["legacy"]
+    assert legacy["status"] == "incompatible" and legacy["api"] == "1.4"
     assert legacy["distribution"] == DIST
-    assert "1.x compatibility layer" in legacy["reason"] and "Migrating from 1.x" in legacy["reason"]
-    assert legacy["provides"]["models"] == ["LegacyQwen3ForCausalLM"]
-    assert legacy["provides"]["attention"] == ["legacy-sdpa"]
-
-
-SERVE = """
-    import json, warnings
-    from pathlib import Path
-    from minisgl_core.llm import LLM
-    from minisgl_core.sampling import SamplingParams
-    from minisgl_core.testing import make_model_dir
-
-    warnings.simplefilter("always")
-    root = Path({root!r})
-    qwen3 = make_model_dir(root / "qwen3", "Qwen3ForCausalLM", max_position_embeddings=256)
-    legacy = root / "legacy"
-    legacy.mkdir()
-    for item in qwen3.iterdir():  # the same weights under the legacy plugin's architecture name
-        (legacy / item.name).symlink_to(item)
-    (legacy / "config.json").unlink()
-    config = json.loads((qwen3 / "config.json").read_text())
-    config["architectures"] = ["LegacyQwen3ForCausalLM"]
-    (legacy / "config.json").write_text(json.dumps(config))
-
-    prompts = [[5, 17, 300, 42, 9], [7] * 13, list(range(40, 75))]
-    greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
-    outputs = {{}}
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for name, path, attn in [("legacy", legacy, "legacy-sdpa"), ("reference", qwen3, "torch")]:
-            with LLM(path, device="cpu", dtype="float32", attn=attn, page_size=4) as llm:
-                outputs[name] = [o.token_ids for o in llm.generate(prompts, greedy)]
-    print(json.dumps({{
-        "outputs": outputs,
-        "warnings": [[w.category.__name__, str(w.message), w.filename] for w in caught],
-    }}))
-"""
-
-
-def test_serves_the_same_tokens_with_a_warning_naming_plugin_and_replacement(site: Path, tmp_path) -> None:
-    proc = run_python(site, SERVE.format(root=str(tmp_path)))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    legacy, reference = result["outputs"]["legacy"], result["outputs"]["reference"]
-    assert len(legacy) == 3 and all(len(tokens) == 8 for tokens in legacy)
-    assert legacy == reference
-    deprecations = [
-        (msg, filename) for cat, msg, filename in result["warnings"] if cat == "MinisglDeprecationWarning"
-    ]
-    messages = [msg for msg, _ in deprecations]
-    model_warnings = [m for m in messages if "imports DecoderForCausalLM" in m]
-    assert model_warnings == [
-        f"minisgl_plugin_legacy.model ({DIST}) imports DecoderForCausalLM from minisgl_core.api.layers, "
-        "which moved in minisgl API 2.0 and is removed in 2.1; use "
-        "`from minisgl_core.layers import DecoderForCausalLM` instead"
-    ]  # once, though two engines were built
-    fused = [m for m in messages if "merge_attention_states" in m]
-    assert len(fused) == 1 and fused[0].startswith(f"minisgl_plugin_legacy.attention ({DIST}) imports")
-    assert "use `from minisgl_core.layers.fused import merge_attention_states`" in fused[0]
-    # each points at the plugin's own import line
-    for msg, filename in deprecations:
-        if "imports" in msg:
-            assert "minisgl_plugin_legacy" in filename, (msg, filename)
-
-
-def test_plugin_loading_warns_naming_the_distribution(site: Path) -> None:
-    code = """
-        import warnings
-        from minisgl_core.plugins import Plugins
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            Plugins.load(allow=["legacy"])
-        for w in caught:
-            print(w.category.__name__, "|", w.message)
-    """
-    proc = run_python(site, code)
-    assert proc.returncode == 0, proc.stderr
-    assert (
-        f"MinisglDeprecationWarning | plugin 'legacy' ({DIST} 1.4.0) is written for minisgl API 1.4: "
-        "runs through the 1.x compatibility layer, which API 2.1 removes" in proc.stdout
+    assert legacy["reason"] == (
+        f"needs minisgl API 1.4, core provides 2.1: upgrade {DIST} to a release for API 2.1 "
+        '(porting a plugin: docs/plugins.md, "Migrating from 1.x")'
     )
+    assert legacy["provides"] == {} or not any(legacy["provides"].values())
+    assert plugins["qwen3"]["status"] == "ok"  # the others load as before
+    assert proc.stderr.strip().splitlines()[-1] == "[]"  # not one of its modules imported
 
 
-def test_deprecation_is_shown_by_default(site: Path) -> None:
-    """No -W flags: a user sees the warning (DeprecationWarnings are hidden by default in Python)."""
-    code = "from minisgl_core.plugins import Plugins; Plugins.load(allow=['legacy'])"
-    proc = run_python(site, code)
-    assert proc.returncode == 0, proc.stderr
-    assert "MinisglDeprecationWarning: plugin 'legacy'" in proc.stderr
-
-
-def test_the_servers_processes_do_not_repeat_the_launchers_warning(site: Path) -> None:
-    """Under ``serve`` the warning showed four times, once a process (launcher, tokenizer,
-    detokenizer, scheduler); the processes the launcher starts load the plugins quietly."""
-    code = """
-        from minisgl_core.processes.child import load_plugins
-        plugins = load_plugins(())
-        print([i.status for i in plugins.infos if i.name == "legacy"])
+def test_the_default_model_serves_with_it_installed(site: Path, tmp_path) -> None:
+    code = f"""
+        from pathlib import Path
+        from minisgl_core.llm import LLM
+        from minisgl_core.sampling import SamplingParams
+        from minisgl_core.testing import make_model_dir
+        model = make_model_dir(Path({str(tmp_path)!r}) / "qwen3", "Qwen3ForCausalLM", max_position_embeddings=256)
+        with LLM(model, device="cpu", dtype="float32", attn="torch", page_size=4) as llm:
+            out = llm.generate([[5, 17, 300]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+        print(len(out[0].token_ids))
     """
     proc = run_python(site, code)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "['ok']"
-    assert "MinisglDeprecationWarning" not in proc.stderr, proc.stderr
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "4"
+    assert "MinisglDeprecationWarning" not in proc.stderr
 
 
-def test_a_plugin_for_the_next_major_is_refused() -> None:
+def test_api_versions_are_compatible_within_a_major_and_for_the_previous_one_a_minor() -> None:
     from minisgl_core.plugins import api_compatible, api_legacy, api_upgrade_hint
 
+    # the rule as it stood at 2.0: the previous major (1.x) loads through its compatibility layer
     assert api_compatible("1.4", "2.0") and api_legacy("1.4", "2.0")
     assert api_compatible("1.0", "2.0") and api_compatible("1.6", "2.0")
     assert api_compatible("2.0", "2.0") and not api_legacy("2.0", "2.0")
-    assert not api_compatible("3.0", "2.0") and api_upgrade_hint("3.0", "x", "2.0") == "upgrade minisgl-core"
     assert not api_compatible("2.1", "2.0")
-    assert not api_compatible("1.4", "2.1")  # one cycle only
     assert not api_compatible("0.9", "2.0")
+    # and at 2.1: one cycle only
+    assert not api_compatible("1.4", "2.1") and not api_legacy("1.4", "2.1")
+    assert api_compatible("2.0", "2.1") and api_compatible("2.1", "2.1")
+    assert not api_compatible("2.2", "2.1") and api_upgrade_hint("2.2", "x", "2.1") == "upgrade minisgl-core"
+    assert not api_compatible("3.0", "2.1") and api_upgrade_hint("3.0", "x", "2.1") == "upgrade minisgl-core"
+    assert api_upgrade_hint("1.4", "x", "2.1").startswith("upgrade x to a release for API 2.1 (porting")
+    assert api_upgrade_hint("2.0", "x", "3.0") == (
+        'upgrade x to a release for API 3.0 (porting a plugin: docs/plugins.md, "Migrating from 2.x")'
+    )

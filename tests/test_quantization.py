@@ -4,6 +4,8 @@ the built-in plugins through the engine, the flags, and the errors for what cann
 from __future__ import annotations
 
 import argparse
+import logging
+import re
 import textwrap
 from importlib import metadata
 from pathlib import Path
@@ -102,20 +104,87 @@ def test_built_in_methods_quantize_every_linear_layer(tiny_model_dir, name):
     assert len(greedy(engine, [5, 6, 7, 8])) == 6
 
 
-def test_a_mixture_of_experts_keeps_its_experts_and_says_so(make_tiny_model, caplog):
-    """--quantization hands a method the linear layers; a MoE block's experts and router are not
-    among them, which the log says (a user expecting the experts quantized would otherwise not know)."""
-    engine = engine_for(make_tiny_model("Qwen3MoeForCausalLM"), quantization="int8")
+@pytest.mark.parametrize("name", ["int8", "fp8"])
+def test_int8_and_fp8_quantize_a_mixture_of_experts_experts(make_tiny_model, caplog, name):
+    """A MoE block's experts are handed to the method (quantize_experts, API 2.1): int8 / e4m3
+    values with a float32 scale an expert row; the routers stay in the run dtype."""
+    caplog.set_level(logging.INFO, logger="minisgl_core.runner.quantization")
+    engine = engine_for(make_tiny_model("Qwen3MoeForCausalLM"), quantization=name)
+    expected = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}[name]
     layers = linear_layers(engine)
     # 2 layers x (qkv, o): both layers' MLPs are mixtures of experts
-    assert len(layers) == 4 and all(layer.weight.dtype == torch.int8 for layer in layers)
+    assert len(layers) == 4 and all(layer.weight.dtype == expected for layer in layers)
+    for layer in engine.runner.model.model.layers:
+        experts = layer.mlp.experts
+        assert experts.w13.dtype == experts.w2.dtype == expected
+        assert experts.w13_scale.shape == experts.w13.shape[:2] and experts.w13_scale.dtype == torch.float32
+        assert experts.w2_scale.shape == experts.w2.shape[:2]
+        assert layer.mlp.gate.weight.dtype == torch.float32
+    assert "quantized 4 linear layers and 2 mixture-of-experts blocks' experts" in caplog.text
+    assert "keep their experts" not in caplog.text
+    assert len(greedy(engine, [5, 6, 7, 8])) == 6
+
+
+def test_a_method_without_quantize_experts_keeps_them_and_says_so(make_tiny_model, caplog):
+    """int4 quantizes the linear layers only: the experts stay in the run dtype, which the log
+    says (a user expecting the experts quantized would otherwise not know)."""
+    engine = engine_for(make_tiny_model("Qwen3MoeForCausalLM"), quantization="int4")
     block = engine.runner.model.model.layers[0].mlp
-    assert block.experts.w13.dtype == block.gate.weight.dtype == torch.float32
+    assert block.experts.w13.dtype == torch.float32 and block.experts.scales is None
     assert (
-        "2 mixture-of-experts blocks keep their experts and router in float32: --quantization int8"
-        in caplog.text
+        "2 mixture-of-experts blocks keep their experts in float32: --quantization int4 does not "
+        "quantize experts" in caplog.text
     )
     assert len(greedy(engine, [5, 6, 7, 8])) == 6
+
+
+def test_int8_experts_give_what_transformers_gives_with_the_rounded_weights(make_tiny_model, tmp_path):
+    """Qwen3-MoE with --quantization int8 (linear layers and experts) against transformers on the
+    same checkpoint with every weight the method rounds replaced by its rounded value (int8 times
+    its row's scale): the prompt's logprobs agree to float32 precision and greedy decoding gives
+    the same tokens."""
+    import shutil
+
+    from minisgl_plugin_int8.method import quantize_weight
+    from safetensors.torch import load_file, save_file
+
+    from minisgl_core.testing.reference import TransformersReference
+
+    model = make_tiny_model("Qwen3MoeForCausalLM")
+    rounded = shutil.copytree(model, tmp_path / "rounded")
+    changed = 0
+    for path in rounded.glob("*.safetensors"):
+        tensors = load_file(path)
+        for name, t in tensors.items():
+            # attention projections and the experts (per-expert or fused); not embeddings, norms,
+            # routers (mlp.gate.weight) or the head
+            if re.search(
+                r"(self_attn\.[qkvo]_proj|experts\.(\d+\.)?(gate_proj|up_proj|down_proj|gate_up_proj))", name
+            ):
+                rows = t.reshape(-1, t.shape[-1])
+                q, scale = quantize_weight(rows)
+                tensors[name] = (q.float() * scale[:, None]).reshape(t.shape).to(t.dtype)
+                changed += 1
+        save_file(tensors, path)
+    assert changed >= 2 * (4 + 2)  # 2 layers: q, k, v, o and the experts (fused or per expert)
+    prompt = [5, 17, 300, 42, 9, 77, 120, 3, 64, 250]
+    engine = engine_for(model, quantization="int8", dtype="float32")
+    engine.add_request(
+        0, prompt, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, prompt_logprobs=1)
+    )
+    tokens, prompt_logprobs = [], None
+    for out in drain(engine):
+        if out.token_id >= 0:
+            tokens.append(out.token_id)
+        if out.prompt_logprobs is not None:
+            prompt_logprobs = [lp.logprob for lp in out.prompt_logprobs[1:]]
+    reference = TransformersReference(rounded)
+    with torch.inference_mode():
+        logits = reference.model(input_ids=torch.tensor([prompt])).logits[0].float()
+    want = torch.log_softmax(logits, dim=-1)[:-1].gather(1, torch.tensor(prompt[1:])[:, None])[:, 0]
+    torch.testing.assert_close(torch.tensor(prompt_logprobs), want, atol=2e-4, rtol=0)
+    assert tokens == reference.greedy(prompt, 5)[0]
+    assert engine.runner.model.model.layers[0].mlp.experts.w13.dtype == torch.int8
 
 
 @pytest.mark.parametrize("name", ["int4-head", "fp8-head"])

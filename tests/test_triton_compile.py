@@ -321,16 +321,24 @@ def test_pdl_follows_the_scope_where_the_variable_is_unset(monkeypatch):
 
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")
 @pytest.mark.parametrize("block", [16, 32, 64, 128])
-@pytest.mark.parametrize("dtype, scale", [("bf16", None), ("bf16", "bf16"), ("bf16", "fp32"), ("fp32", None)])
-def test_moe_grouped_gemm_compiles(target, block, dtype, scale):
+@pytest.mark.parametrize(
+    "dtype, scale, weights",
+    [("bf16", None, None), ("bf16", "bf16", None), ("bf16", "fp32", None), ("fp32", None, None),
+     ("bf16", None, "fp8e4nv"), ("bf16", "bf16", "fp8e4nv"), ("bf16", None, "i8"), ("bf16", "bf16", "i8")],
+)  # fmt: skip
+def test_moe_grouped_gemm_compiles(target, block, dtype, scale, weights):
     """The mixture-of-experts grouped GEMM at each block size its launch picks, its uses (gate/up
     without a scale, SiLU·mul fused in or not; down scaled by the router's weight: in the model's
-    dtype for Qwen3-MoE, float32 for Mixtral) and Qwen3-30B-A3B's shapes."""
+    dtype for Qwen3-MoE, float32 for Mixtral), Qwen3-30B-A3B's shapes, and experts quantized to
+    e4m3 or int8 (``weights``: converted in the kernel, a float32 scale a row)."""
     from minisgl_core.layers._triton_moe import grouped_gemm_kernel, launch_config
 
+    if weights == "fp8e4nv" and target.arch < 89:
+        pytest.skip("e4m3 needs sm_89 or newer (Experts.quantize refuses it on older GPUs)")
     t = f"*{dtype}"
-    signature = {"a": t, "a_stride": "i64", "w": t, "w_stride_e": "i64", "w_stride_n": "i64", "c": t,
-                 "c_stride": "i64", "sorted_pairs": "*i64", "block_expert": "*i64", "scale": f"*{scale or dtype}", "pairs": "i32",
+    signature = {"a": t, "a_stride": "i64", "w": f"*{weights or dtype}", "w_stride_e": "i64", "w_stride_n": "i64",
+                 "c": t, "c_stride": "i64", "sorted_pairs": "*i64", "block_expert": "*i64",
+                 "scale": f"*{scale or dtype}", "w_scale": "*fp32", "w_scale_stride": "i64", "pairs": "i32",
                  "n": "i32", "k": "i32", "num_experts": "i32"}  # fmt: skip
     # (output columns, inner size, gated): gate/up fused (columns of each half) or not, then down
     uses = [(2048, 768, False)] if scale else [(768, 2048, True), (1536, 2048, False)]
@@ -338,8 +346,9 @@ def test_moe_grouped_gemm_compiles(target, block, dtype, scale):
         block_n, block_k, warps, stages = launch_config(
             block, n, k, pairs=8 if block == 16 else 4096, gated=gated
         )
-        constants = {"ROW_DIV": 1 if scale else 8, "HAS_SCALE": scale is not None, "IEEE": dtype == "fp32",
-                     "GATED": gated, "BLOCK_M": block, "BLOCK_N": block_n, "BLOCK_K": block_k}  # fmt: skip
+        constants = {"ROW_DIV": 1 if scale else 8, "HAS_SCALE": scale is not None, "HAS_W_SCALE": weights is not None,
+                     "IEEE": dtype == "fp32", "GATED": gated, "BLOCK_M": block, "BLOCK_N": block_n,
+                     "BLOCK_K": block_k}  # fmt: skip
         compiles(grouped_gemm_kernel, signature, constants, target, num_warps=warps, num_stages=stages)
 
 

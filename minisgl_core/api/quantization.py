@@ -14,6 +14,11 @@ embeddings stay in the run dtype, and so does the LM head unless the method sets
    or repack a loaded checkpoint for the kernel.
 4. Every forward calls :meth:`QuantizationMethod.apply` instead of ``F.linear``; the layer adds
    its bias (after the all-reduce for a row-parallel layer).
+
+Mixture-of-experts layers keep every expert's matrices stacked (``[experts, rows, columns]``) and
+multiply them in the core's grouped GEMMs, so a method does not multiply them itself: after
+loading, :meth:`QuantizationMethod.quantize_experts` may hand back each stack as weight-only
+quantized values with a scale a row, which those GEMMs read (API 2.1).
 """
 
 from __future__ import annotations
@@ -69,6 +74,21 @@ class QuantizationMethod(ABC):
         """``x @ W.T`` for ``x`` of shape ``[..., in_features]`` in the run dtype; the result has
         shape ``[..., out_features]`` and the run dtype. No bias: the layer adds it. Must be
         capturable in a CUDA graph on GPU (no host syncs, no allocation that depends on data)."""
+
+    def quantize_experts(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A mixture-of-experts layer's stacked expert matrices as weight-only quantized values,
+        or None (the default) to keep them in the run dtype. Called once per stack after loading
+        (gate/up ``[experts, 2 * intermediate, hidden]`` and down ``[experts, hidden,
+        intermediate]``, this rank's share, run dtype).
+
+        Return ``(values, scales)`` on ``weight``'s device with ``weight[e, r] ≈ values[e, r] *
+        scales[e, r]``: ``values`` of ``weight``'s shape in ``torch.int8`` or
+        ``torch.float8_e4m3fn`` (CUDA compute capability 8.9 or newer), ``scales`` float32
+        ``[experts, rows]``. The core's grouped GEMMs convert each value exactly to the run dtype,
+        sum the products with the activations (not quantized) in float32, and scale each output
+        row after the sum. Anything else is refused at load with an error naming the method.
+        *Since API 2.1.*"""
+        return None
 
     def describe(self) -> dict[str, Any]:
         """What ``minisgl`` logs at load (override to add details such as the kernel chosen)."""

@@ -222,6 +222,13 @@ def experts_grouped(
     return out.view(tokens, top_k, -1).sum(dim=1)
 
 
+def _dtype_runs_on(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether the grouped GEMM converts ``dtype`` on ``device``: Triton has e4m3 from sm_89."""
+    if dtype != torch.float8_e4m3fn or device.type != "cuda":
+        return True
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
 def _describe(t: Any) -> str:
     if not isinstance(t, torch.Tensor):
         return type(t).__name__
@@ -298,12 +305,14 @@ class Experts(nn.Module):
                 or scales.dtype != torch.float32
                 or tuple(scales.shape) != rows
                 or scales.device != weight.device
+                or not _dtype_runs_on(values.dtype, weight.device)
             ):
                 raise ValueError(
                     f"{source} quantized the experts' {name} {tuple(weight.shape)} into "
                     f"{_describe(values)} with scales {_describe(scales)}: expected values of the "
                     f"same shape in one of {[str(d).removeprefix('torch.') for d in QUANTIZED_EXPERT_DTYPES]} "
-                    f"and float32 scales {rows}, on {weight.device}"
+                    f"and float32 scales {rows}, on {weight.device} (float8 needs a GPU of compute "
+                    f"capability 8.9 or newer)"
                 )
         for name, (values, scales) in zip(("w13", "w2"), quantized, strict=True):
             setattr(self, name, nn.Parameter(values.contiguous(), requires_grad=False))

@@ -13,7 +13,7 @@ from torch import nn
 
 from minisgl_core.api import QuantizationMethod
 from minisgl_core.layers.embedding import ParallelLMHead
-from minisgl_core.layers.moe import SparseMoE
+from minisgl_core.layers.moe import Experts
 from minisgl_core.plugins import Plugins
 
 logger = logging.getLogger(__name__)
@@ -54,13 +54,24 @@ def after_loading(model: nn.Module, method: QuantizationMethod) -> None:
             method.process_weights_after_loading(head)
             head.quant_method = method
             layers.append(head)
+    name = method.name or type(method).__name__
+    stacks = [m for m in model.modules() if isinstance(m, Experts)]
+    kept = 0
+    for experts in stacks:
+        quantized = [method.quantize_experts(w.data) for w in (experts.w13, experts.w2)]
+        if any(q is None for q in quantized):
+            kept += 1
+            continue
+        experts.quantize(quantized, f"--quantization {name}")  # type: ignore[arg-type]
     if method.device.type == "cuda":
         torch.cuda.empty_cache()  # the run-dtype weights are gone: the KV pool may take their room
-    logger.info("quantized %d linear layers: %s", len(layers), method.describe())
-    moe = [m for m in model.modules() if isinstance(m, SparseMoE)]
-    if moe:
+    logger.info(
+        "quantized %d linear layers and %d mixture-of-experts blocks' experts: %s",
+        len(layers), len(stacks) - kept, method.describe(),
+    )  # fmt: skip
+    if kept:
         logger.warning(
-            "%d mixture-of-experts blocks keep their experts and router in %s: --quantization %s "
-            "quantizes the linear layers only (attention, dense MLPs)",
-            len(moe), str(method.dtype).removeprefix("torch."), method.name or type(method).__name__,
+            "%d mixture-of-experts blocks keep their experts in %s: --quantization %s does not "
+            "quantize experts (on this device, or at all); it quantizes the linear layers",
+            kept, str(method.dtype).removeprefix("torch."), name,
         )  # fmt: skip

@@ -10,8 +10,10 @@ Each linear layer of :mod:`minisgl_core.layers` (fused q/k/v, merged gate/up, ro
 with and without bias) goes through the core's steps (``create_weights``, the checkpoint load
 through the parameters' ``weight_loader``, ``process_weights_after_loading``) and its output is
 compared with ``F.linear`` of the unquantized weights on random inputs: the relative error
-(Frobenius norm) must stay under ``max_relative_error``. Set ``device``/``dtype`` to run the same
-checks on a GPU (the suite skips when the device is missing or the method declines it).
+(Frobenius norm) must stay under ``max_relative_error``. A method that quantizes mixture-of-experts
+experts (``quantize_experts``, API 2.1) has them checked the same way, through the core's
+:class:`~minisgl_core.layers.moe.Experts` (on a GPU its grouped GEMMs). Set ``device``/``dtype`` to
+run the same checks on a GPU (the suite skips when the device is missing or the method declines it).
 """
 
 from __future__ import annotations
@@ -127,6 +129,33 @@ class QuantizationMethodSuite:
         layer, weight, _ = self._loaded(method, "row", False)
         stored = layer.weight.numel() * layer.weight.element_size()
         assert stored < weight.numel() * weight.element_size(), f"weight kept as {layer.weight.dtype}"
+
+    def test_quantized_experts_fit_the_core_and_stay_close(self, method) -> None:
+        """``quantize_experts``: None (the experts stay in the run dtype), or values and scales the
+        core's ``Experts`` accepts, in fewer bytes, whose block output stays within
+        ``max_relative_error`` of the unquantized experts'."""
+        from minisgl_core.layers.moe import SparseMoE, experts_reference, route
+
+        generator = torch.Generator().manual_seed(zlib.crc32(b"experts"))
+        block = SparseMoE(HIDDEN, 64, 4, 2, renormalize=True, parallel=ParallelContext(), dtype=self.dtype,
+                          device=self.device)  # fmt: skip
+        for param in block.parameters():
+            w = torch.randn(param.shape, generator=generator) * 0.05
+            w[..., torch.randint(0, param.shape[-1], (2,), generator=generator)] *= 8  # outlier columns
+            param.data.copy_(w.to(self.dtype))
+        w13, w2 = block.experts.w13.data.clone(), block.experts.w2.data.clone()
+        quantized = [method.quantize_experts(w.clone()) for w in (w13, w2)]
+        if any(q is None for q in quantized):
+            pytest.skip(f"{type(method).__name__} keeps experts in the run dtype on {self.device}")
+        block.experts.quantize(quantized, type(method).__name__)  # ValueError when they do not fit
+        assert block.experts.w13.element_size() < w13.element_size()
+        x = torch.randn(33, HIDDEN, generator=generator).to(self.dtype).to(self.device)
+        with torch.inference_mode():
+            out = block(x)
+            weights, ids = route(block.gate(x), 2, True)
+        expected = experts_reference(x.double(), w13.double(), w2.double(), weights.double(), ids)
+        error = (out.double() - expected).norm() / expected.norm()
+        assert error < self.max_relative_error, f"experts: relative error {error:.4f}"
 
     def test_describe_names_the_method(self, method) -> None:
         info = method.describe()

@@ -8,6 +8,11 @@ does), as one stream over the e4m3 weights. cuBLASLt's FP8 GEMM plus the separat
 quantizer ran slower than bf16 at one token. Both paths round the same way, so a token's logits
 do not depend on the batch it rides in beyond float32 summation order.
 
+Mixture-of-experts layers' experts (:meth:`Fp8Method.quantize_experts`) get the same e4m3 values
+with one scale per row, weight-only: the core's grouped GEMMs multiply the run-dtype activations
+by them (no activation quantization: the experts' tokens are gathered inside those kernels). On
+GPUs older than Ada (no e4m3 in Triton) the experts stay in the run dtype.
+
 Elsewhere (CPU, older GPUs, a float32 or float16 run, shapes the kernel refuses) the layer emulates
 the same arithmetic: the same quantized weights and per-token activations, their e4m3 values
 multiplied and summed exactly (float64), both scales applied after, rounded once to the run
@@ -93,6 +98,7 @@ class Fp8Method(QuantizationMethod):
         self.native = scaled_mm_supported(self.device) and dtype == torch.bfloat16
         self.native_layers = 0
         self.emulated_layers = 0
+        self.expert_stacks = 0
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         weight = layer.weight.data
@@ -137,11 +143,25 @@ class Fp8Method(QuantizationMethod):
             out = (exact * x_scale.double() * layer.weight_scale.double()).to(x.dtype)
         return out.view(*shape[:-1], out.shape[-1])
 
+    def quantize_experts(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Each expert's rows as :func:`quantize_rows` rounds a linear layer's, one expert at a time
+        (a float32 copy of one expert's matrix at most); None on a GPU without e4m3 (before Ada)."""
+        if weight.is_cuda and not scaled_mm_supported(weight.device):
+            return None
+        values = torch.empty(weight.shape, dtype=FP8, device=weight.device)
+        scales = torch.empty(weight.shape[:2], dtype=torch.float32, device=weight.device)
+        for expert in range(weight.shape[0]):
+            q, scale = quantize_rows(weight[expert])
+            values[expert], scales[expert] = q, scale.view(-1)
+        self.expert_stacks += 1
+        return values, scales
+
     def describe(self) -> dict[str, Any]:
         return {
             "quantization": "fp8",
             "scaled_mm_layers": self.native_layers,
             "emulated_layers": self.emulated_layers,
+            "expert_stacks": self.expert_stacks,
             # tokens up to which native layers run the GEMV (0: never)
             "gemv_max_m": GEMV_MAX_M if GEMV_ENABLED and self.native else 0,
         }

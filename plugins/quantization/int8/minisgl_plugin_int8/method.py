@@ -9,6 +9,10 @@ Without AVX-512 that kernel takes a scalar path: on the 2-core AVX2 dev machine 
 3.3 ms for a 1536x576 product at one token against 0.08 ms for float32 (44 ms vs 0.4 at 8 tokens,
 one thread), so there, and on GPUs, the weight is dequantized for each product instead: correct,
 a quarter of the memory at rest, but not faster than the run dtype.
+
+Mixture-of-experts layers' experts (:meth:`Int8Method.quantize_experts`) are rounded the same way,
+one scale per row; the core's grouped GEMMs convert them in the kernel (on the GPU: half of bf16's
+bytes read) and its CPU loop multiplies them in float32.
 """
 
 from __future__ import annotations
@@ -64,6 +68,15 @@ class Int8Method(QuantizationMethod):
         else:
             out = F.linear(x2, layer.weight.to(x.dtype)) * layer.weight_scale
         return out.view(*shape[:-1], out.shape[-1])
+
+    def quantize_experts(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each expert's rows as :func:`quantize_weight` rounds a linear layer's, one expert at a
+        time (a float32 copy of one expert's matrix at most)."""
+        values = torch.empty(weight.shape, dtype=torch.int8, device=weight.device)
+        scales = torch.empty(weight.shape[:2], dtype=torch.float32, device=weight.device)
+        for expert in range(weight.shape[0]):
+            values[expert], scales[expert] = quantize_weight(weight[expert])
+        return values, scales
 
     def describe(self) -> dict[str, Any]:
         return {"quantization": "int8", "kernel": "_weight_int8pack_mm" if self.packed else "dequantize"}
