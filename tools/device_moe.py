@@ -3,11 +3,13 @@ width and depth, warps, stages), at Qwen3-30B-A3B's expert shape, for the token 
 steps and a prefill step; routing uniform at random, as random weights route.
 
     python3 tools/device_moe.py [--tokens 1,8,64,256,8192] [--out moe.jsonl] [--profile | --gemms]
+                                [--experts bf16|int8|fp8]
 
 Each row: tokens, the launch, microseconds a layer's experts take (median of CUDA-graph replays),
 and the bytes of the experts the step's tokens chose over that time (TB/s). ``--gemms``: each
 grouped GEMM alone over its own launches (gate/up with SiLU·mul after it or fused into it, down),
-at the block size the engine picks."""
+at the block size the engine picks. ``--experts int8|fp8``: the experts quantized as
+``--quantization int8`` / ``fp8`` quantizes them (weight-only, a scale a row)."""
 
 from __future__ import annotations
 
@@ -44,24 +46,39 @@ def time_graph(fn, reps: int = 20) -> float:
     return statistics.median(times)
 
 
-def sweep_gemms(tokens, x, w13, w2, weights, ids, touched) -> list[dict]:
+def quantized(w: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``w`` as the ``kind`` method's quantize_experts keeps it: (values, scales), or (w, None)."""
+    if kind == "bf16":
+        return w, None
+    if kind == "fp8":
+        from minisgl_plugin_fp8.method import Fp8Method as Method
+    else:
+        from minisgl_plugin_int8.method import Int8Method as Method
+    return Method(device=w.device, dtype=torch.bfloat16).quantize_experts(w)
+
+
+def sweep_gemms(tokens, x, w13, w2, weights, ids, touched, s13=None, s2=None) -> list[dict]:
     """Each GEMM of a layer's experts timed alone over a grid of launches (see the module)."""
     pairs = ids.numel()
     block = block_rows(pairs, EXPERTS)
     sorted_pairs, block_expert = align_blocks(ids, EXPERTS, block)
     gemm = functools.partial(_triton_moe.grouped_gemm, sorted_pairs=sorted_pairs, block_expert=block_expert,
                              pairs=pairs, block=block)  # fmt: skip
-    act = silu_and_mul(gemm(x, w13, row_div=TOP_K))
+    act = silu_and_mul(gemm(x, w13, row_div=TOP_K, w_scale=s13))
     scale = weights.reshape(-1)
     variants = {
-        "gate_up+silu": (lambda c: silu_and_mul(gemm(x, w13, row_div=TOP_K, config=c)), w13, (64, 128)),
-        "gate_up fused": (lambda c: gemm(x, w13, row_div=TOP_K, gated=True, config=c), w13, (32, 64, 128)),
-        "down": (lambda c: gemm(act, w2, row_div=1, scale=scale, config=c), w2, (64, 128, 256)),
+        "gate_up+silu": (lambda c: silu_and_mul(gemm(x, w13, row_div=TOP_K, w_scale=s13, config=c)), w13, (64, 128)),
+        "gate_up fused": (lambda c: gemm(x, w13, row_div=TOP_K, gated=True, w_scale=s13, config=c), w13, (32, 64, 128)),
+        "down": (lambda c: gemm(act, w2, row_div=1, scale=scale, w_scale=s2, config=c), w2, (64, 128, 256)),
+    }  # fmt: skip
+    want = {
+        "gate_up+silu": act,
+        "gate_up fused": act,
+        "down": gemm(act, w2, row_div=1, scale=scale, w_scale=s2),
     }
-    want = {"gate_up+silu": act, "gate_up fused": act, "down": gemm(act, w2, row_div=1, scale=scale)}
     rows = []
     for name, (fn, w, widths) in variants.items():
-        mbytes = touched * w.shape[1] * w.shape[2] * 2
+        mbytes = touched * w.shape[1] * w.shape[2] * w.element_size()
         for config in [None, *itertools.product(widths, (64, 128, 256), (4,), (3, 4, 5))]:
             try:
                 got = fn(config)
@@ -89,25 +106,28 @@ def main() -> None:
         "--profile", action="store_true", help="only the default launch, its kernels profiled"
     )
     parser.add_argument("--gemms", action="store_true", help="each GEMM alone over its own launches")
+    parser.add_argument("--experts", choices=("bf16", "int8", "fp8"), default="bf16")
     args = parser.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     w13 = torch.randn(EXPERTS, 2 * INTER, HIDDEN, generator=gen, device="cuda", dtype=torch.bfloat16) * 0.02
     w2 = torch.randn(EXPERTS, HIDDEN, INTER, generator=gen, device="cuda", dtype=torch.bfloat16) * 0.02
+    (w13, s13), (w2, s2) = quantized(w13, args.experts), quantized(w2, args.experts)
+    scales = None if s13 is None else (s13, s2)
     rows = []
     for tokens in map(int, args.tokens.split(",")):
         x = torch.randn(tokens, HIDDEN, generator=gen, device="cuda", dtype=torch.bfloat16)
         logits = torch.randn(tokens, EXPERTS, generator=gen, device="cuda", dtype=torch.bfloat16)
         weights, ids = route(logits, TOP_K, True)
         touched = int(torch.unique(ids).numel())
-        bytes_read = touched * 3 * INTER * HIDDEN * 2
+        bytes_read = touched * 3 * INTER * HIDDEN * w13.element_size()
         if args.gemms:
-            rows += sweep_gemms(tokens, x, w13, w2, weights, ids, touched)
+            rows += sweep_gemms(tokens, x, w13, w2, weights, ids, touched, s13, s2)
             continue
-        want = experts_grouped(x, w13, w2, weights, ids)
+        want = experts_grouped(x, w13, w2, weights, ids, scales)
         if args.profile:
             from torch.profiler import ProfilerActivity, profile
 
-            run = functools.partial(experts_grouped, x, w13, w2, weights, ids)
+            run = functools.partial(experts_grouped, x, w13, w2, weights, ids, scales)
             run()
             torch.cuda.synchronize()
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -130,7 +150,7 @@ def main() -> None:
         for block, configs in choices:
             try:
                 run = functools.partial(
-                    experts_grouped, x, w13, w2, weights, ids, block=block, configs=configs
+                    experts_grouped, x, w13, w2, weights, ids, scales, block=block, configs=configs
                 )
                 got = run()
                 assert torch.allclose(got.float(), want.float(), atol=3e-2, rtol=3e-2)
