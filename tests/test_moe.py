@@ -207,6 +207,8 @@ def test_experts_take_quantized_weights_and_refuse_what_does_not_fit():
         experts.quantize([(q13[0], q13[1][:, :5]), q2], "my-method")
     with pytest.raises(ValueError, match=r"w2 \(4, 32, 16\)"):
         experts.quantize([q13, (q2[0].transpose(1, 2), q2[1])], "my-method")
+    with pytest.raises(ValueError, match=r"into int8 \(4, 32, 32\) on cpu with scales NoneType"):
+        experts.quantize([q13[0], q2], "my-method")  # values alone, no scales
     assert experts.scales is None and experts.w13.dtype == torch.float32  # nothing replaced
     experts.quantize([q13, q2], "my-method")
     assert experts.w13.dtype == experts.w2.dtype == torch.int8 and experts.scales is not None

@@ -191,9 +191,10 @@ def grouped_gemm(
 ) -> torch.Tensor:
     """``[pairs, w.shape[1]]``: row ``p`` is ``a[p // row_div] @ w[e].T`` (times ``scale[p]``) for
     the expert ``e`` that pair ``p`` chose (see the module). ``gated``: ``[pairs, w.shape[1] // 2]``,
-    SiLU(gate half) · up half (the kernel's ``GATED``). ``w_scale``: ``w`` is quantized (float8 e4m3
-    or int8), ``w[e] * w_scale[e][:, None]`` the matrix it stands for (``HAS_W_SCALE``). ``config``: (BLOCK_N, BLOCK_K, warps,
-    stages) instead of :func:`launch_config`'s (``tools/device_moe.py`` sweeps them)."""
+    SiLU(gate half) · up half (the kernel's ``GATED``). ``w_scale``: ``w`` is quantized (float8
+    e4m3 or int8), ``w[e] * w_scale[e][:, None]`` the matrix it stands for (``HAS_W_SCALE``).
+    ``config``: (BLOCK_N, BLOCK_K, warps, stages) instead of :func:`launch_config`'s
+    (``tools/device_moe.py`` sweeps them)."""
     if a.stride(-1) != 1:
         a = a.contiguous()
     num_experts, n, k = w.shape

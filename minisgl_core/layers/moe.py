@@ -191,9 +191,8 @@ def experts_grouped(
     """What :func:`experts_reference` computes, as two grouped GEMMs (Triton): gate/up for every
     (token, choice) pair, SiLU·mul, down scaled by the pair's weight, then each token's ``top_k``
     rows summed (:data:`FUSED_GATE_UP`: SiLU·mul in the gate/up GEMM; ``scales`` as there).
-    ``block`` and ``configs``
-    (the two GEMMs' launch) replace :func:`block_rows` and the kernel's own choice
-    (``tools/device_moe.py`` sweeps them)."""
+    ``block`` and ``configs`` (the two GEMMs' launch) replace :func:`block_rows` and the kernel's
+    own choice (``tools/device_moe.py`` sweeps them)."""
     from minisgl_core.layers import _triton_moe
 
     tokens, top_k = ids.shape
@@ -290,10 +289,11 @@ class Experts(nn.Module):
             return None
         return self.w13_scale, self.w2_scale
 
-    def quantize(self, quantized: list[tuple[torch.Tensor, torch.Tensor]], source: str) -> None:
+    def quantize(self, quantized: list[Any], source: str) -> None:
         """Replace ``w13`` and ``w2`` with ``quantized`` = ``[(values, scales)]`` for each, in that
         order (see the class); ValueError naming ``source`` (the method) when one does not fit."""
-        for name, (values, scales) in zip(("w13", "w2"), quantized, strict=True):
+        for name, pair in zip(("w13", "w2"), quantized, strict=True):
+            values, scales = pair if isinstance(pair, tuple) and len(pair) == 2 else (pair, None)
             weight = getattr(self, name)
             rows = tuple(weight.shape[:2])
             if (
