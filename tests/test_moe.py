@@ -169,16 +169,21 @@ def quantize_experts_rows(w: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Te
     return (v.round() if dtype == torch.int8 else v).clamp(-top, top).to(dtype), scale
 
 
-@pytest.mark.parametrize("dtype", QUANTIZED, ids=["int8", "fp8"])
-def test_quantized_experts_compute_with_the_values_they_stand_for(dtype):
-    """The loop over quantized experts equals the loop over their dequantized weights, and stays
-    near the unquantized one (int8 within 2%, e4m3 within 10% of the output's scale)."""
-    gen = torch.Generator().manual_seed(5)
-    tokens, hidden, inter, experts, top_k = 13, 32, 24, 6, 2
+def random_experts(seed: int, *, tokens: int, hidden: int, inter: int, experts: int, top_k: int):
+    """(x, w13, w2, weights, ids): float32 inputs, experts of unit-scale outputs, random routing."""
+    gen = torch.Generator().manual_seed(seed)
     x = torch.randn(tokens, hidden, generator=gen)
     w13 = torch.randn(experts, 2 * inter, hidden, generator=gen) * hidden**-0.5
     w2 = torch.randn(experts, hidden, inter, generator=gen) * inter**-0.5
     weights, ids = route(torch.randn(tokens, experts, generator=gen), top_k, True)
+    return x, w13, w2, weights, ids
+
+
+@pytest.mark.parametrize("dtype", QUANTIZED, ids=["int8", "fp8"])
+def test_quantized_experts_compute_with_the_values_they_stand_for(dtype):
+    """The loop over quantized experts equals the loop over their dequantized weights, and stays
+    near the unquantized one (int8 within 2%, e4m3 within 10% of the output's scale)."""
+    x, w13, w2, weights, ids = random_experts(5, tokens=13, hidden=32, inter=24, experts=6, top_k=2)
     (q13, s13), (q2, s2) = quantize_experts_rows(w13, dtype), quantize_experts_rows(w2, dtype)
     got = experts_reference(x, q13, q2, weights, ids, (s13, s2))
     dequantized = experts_reference(x, q13.float() * s13[..., None], q2.float() * s2[..., None], weights, ids)
@@ -234,12 +239,7 @@ def check_quantized() -> None:
     from minisgl_core.layers import moe
     from minisgl_core.layers.moe import experts_grouped
 
-    gen = torch.Generator().manual_seed(7)
-    tokens, hidden, inter, experts, top_k = 37, 48, 40, 8, 2
-    x = torch.randn(tokens, hidden, generator=gen)
-    w13 = torch.randn(experts, 2 * inter, hidden, generator=gen) * hidden**-0.5
-    w2 = torch.randn(experts, hidden, inter, generator=gen) * inter**-0.5
-    weights, ids = route(torch.randn(tokens, experts, generator=gen), top_k, True)
+    x, w13, w2, weights, ids = random_experts(7, tokens=37, hidden=48, inter=40, experts=8, top_k=2)
     default = moe.FUSED_GATE_UP
     for dtype in QUANTIZED:
         (q13, s13), (q2, s2) = quantize_experts_rows(w13, dtype), quantize_experts_rows(w2, dtype)

@@ -14,6 +14,20 @@ import triton.language as tl
 
 
 @triton.jit
+def _tile_product(acc, x, w_ptrs, mask, CONVERT: tl.constexpr, IEEE: tl.constexpr):
+    """``acc + x @ w`` for the weight tile at ``w_ptrs`` (``CONVERT``: quantized values, each
+    converted exactly to ``x``'s dtype first)."""
+    y = tl.load(w_ptrs, mask=mask, other=0.0)
+    if CONVERT:
+        y = y.to(x.dtype)
+    if IEEE:
+        acc += tl.dot(x, y, input_precision="ieee")
+    else:
+        acc += tl.dot(x, y)
+    return acc
+
+
+@triton.jit
 def grouped_gemm_kernel(
     a, a_stride, w, w_stride_e, w_stride_n, c, c_stride, sorted_pairs, block_expert, scale,
     w_scale, w_scale_stride, pairs, n, k, num_experts,
@@ -54,21 +68,10 @@ def grouped_gemm_kernel(
     for k0 in range(0, k, BLOCK_K):
         k_ok = offs_k < k - k0
         x = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
-        y = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-        if HAS_W_SCALE:
-            y = y.to(x.dtype)
-        if IEEE:
-            acc += tl.dot(x, y, input_precision="ieee")
-        else:
-            acc += tl.dot(x, y)
+        w_ok = k_ok[:, None] & n_ok[None, :]
+        acc = _tile_product(acc, x, w_ptrs, w_ok, HAS_W_SCALE, IEEE)
         if GATED:
-            y_up = tl.load(up_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-            if HAS_W_SCALE:
-                y_up = y_up.to(x.dtype)
-            if IEEE:
-                acc_up += tl.dot(x, y_up, input_precision="ieee")
-            else:
-                acc_up += tl.dot(x, y_up)
+            acc_up = _tile_product(acc_up, x, up_ptrs, w_ok, HAS_W_SCALE, IEEE)
             up_ptrs += BLOCK_K
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
