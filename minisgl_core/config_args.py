@@ -340,7 +340,7 @@ def engine_config_from_args(
     model = resolve_model(args.model)
     # the path's common mistakes, then its weight format's metadata (with the plugins' formats):
     # a truncated .gguf was a traceback from `generate` and the benches
-    check_model(model, plugins)
+    check_model(model, plugins, values["max_context_len"])
     if getattr(args, "step_trace", None):  # else EngineConfig's default: $MINISGL_STEP_TRACE
         values["step_trace"] = args.step_trace
     config = EngineConfig(

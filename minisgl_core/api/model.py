@@ -20,6 +20,9 @@ class ModelConfig:
     dtype: torch.dtype
     device: torch.device
     parallel: ParallelContext
+    #: the longest sequence the engine runs (``--max-context-len`` capped by the config's
+    #: ``max_position_embeddings``); None: ``max_position_embeddings`` (API 2.1)
+    max_context_len: int | None = None
 
 
 @dataclass(frozen=True)

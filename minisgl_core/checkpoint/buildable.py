@@ -24,9 +24,12 @@ def unbuildable_message(model_given: str, arch: str, reason: str) -> str:
     return f"{model_given}: {arch} cannot be built from this model's config: {reason}"
 
 
-def check_model_builds(hf_config: dict[str, Any], plugins: Plugins, model_given: str) -> None:
+def check_model_builds(
+    hf_config: dict[str, Any], plugins: Plugins, model_given: str, context_len: int | None = None
+) -> None:
     """ModelPathError (one line) when ``hf_config``'s architecture resolves to a shared-decoder
-    model that cannot build one of its settings. An architecture no plugin provides, or whose
+    model that cannot build one of its settings for a context of ``context_len`` tokens (None: the
+    config's ``max_position_embeddings``). An architecture no plugin provides, or whose
     plugin fails to import, is left to the model runner, which names the plugin."""
     from minisgl_core.plugins import PluginError
 
@@ -40,9 +43,9 @@ def check_model_builds(hf_config: dict[str, Any], plugins: Plugins, model_given:
         model_cls = plugins.resolve("models", arch)
     except PluginError:
         return
-    from minisgl_core.layers.decoder import DecoderForCausalLM
+    from minisgl_core.layers.decoder import DecoderForCausalLM, unsupported_for
 
     if isinstance(model_cls, type) and issubclass(model_cls, DecoderForCausalLM):
-        reason = model_cls.unsupported_setting(hf_config)
+        reason = unsupported_for(model_cls, hf_config, context_len)
         if reason is not None:
             raise ModelPathError(unbuildable_message(model_given, arch, reason))

@@ -167,10 +167,11 @@ def _hub_snapshot(repo_id: str, spelling: Spelling) -> str:
         ) from exc
 
 
-def check_model(path: str, plugins: Plugins | None = None) -> None:
+def check_model(path: str, plugins: Plugins | None = None, max_context_len: int | None = None) -> None:
     """Open the model at ``path`` through its weight format (metadata only), so an unreadable
     model fails with :class:`ModelNotFound`, and one whose config.json asks what its model class
-    cannot build with a :class:`ModelPathError`, before any process is started."""
+    cannot build (for contexts of ``max_context_len`` tokens, None: the model's longest) with a
+    :class:`ModelPathError`, before any process is started."""
     from minisgl_core.checkpoint.buildable import check_model_builds
     from minisgl_core.checkpoint.formats import open_model
     from minisgl_core.checkpoint.path_check import check_model_path
@@ -184,7 +185,7 @@ def check_model(path: str, plugins: Plugins | None = None) -> None:
         raise ModelNotFound(str(exc)) from exc
     # what the model class cannot build (rope_scaling yarn, hidden_act gelu): one line here, not a
     # worker's NotImplementedError once the model is built (for GGUF models too)
-    check_model_builds(hf_config, plugins, given("model", path))
+    check_model_builds(hf_config, plugins, given("model", path), max_context_len)
 
 
 def served_model_name(path: str | os.PathLike[str]) -> str:

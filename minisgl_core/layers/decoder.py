@@ -5,6 +5,7 @@ Model plugins subclass :class:`DecoderForCausalLM` and set flags (``qk_norm`` fo
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -261,28 +262,30 @@ class DecoderForCausalLM(Model):
     #: such key); config.json's ``attention_bias`` gives one to all four projections, o_proj too
     qkv_bias: bool = False
     #: config.json's ``sliding_window`` applies whenever it is set (Mistral, Phi-3), not only under
-    #: ``use_sliding_window`` (Qwen2): one shorter than the context is refused (a window at least
-    #: as long as the context is full attention, which this decoder computes)
+    #: ``use_sliding_window`` (Qwen2): one shorter than the context the engine runs is refused (a
+    #: window at least as long as the context is full attention, which this decoder computes)
     window_when_set: bool = False
 
     @classmethod
-    def unsupported_setting(cls, hf: dict[str, Any]) -> str | None:
+    def unsupported_setting(cls, hf: dict[str, Any], context_len: int | None = None) -> str | None:
         """The first config.json setting this decoder cannot build, as one line naming the setting
         and its value ("hidden_act 'gelu' is not supported (silu is)"); None when it can build the
-        rest. The constructor raises NotImplementedError with it; the launcher asks it first, so
-        the user reads that line before any process starts. A subclass that builds more (another
-        rope, say) overrides this with its own rules."""
+        rest. ``context_len``: the longest sequence the engine will run (None: the config's
+        ``max_position_embeddings``), which decides whether a sliding window ever applies. The
+        constructor raises NotImplementedError with it; the launcher asks it first, so the user
+        reads that line before any process starts. A subclass that builds more (another rope,
+        say) overrides this with its own rules."""
         for check in (_unsupported_activation, _unsupported_rope):
             unsupported = check(hf)
             if unsupported is not None:
                 return unsupported
-        return _unsupported_sliding_window(hf, cls.window_when_set)
+        return _unsupported_sliding_window(hf, cls.window_when_set, context_len)
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
         hf, parallel = config.hf_config, config.parallel
         dtype, device = config.dtype, config.device
-        unsupported = type(self).unsupported_setting(hf)
+        unsupported = unsupported_for(type(self), hf, config.max_context_len)
         if unsupported is not None:
             raise NotImplementedError(unsupported)
         self.model = DecoderModel(
@@ -377,25 +380,44 @@ class DecoderForCausalLM(Model):
         return used
 
 
+def unsupported_for(
+    model_cls: type[DecoderForCausalLM], hf: dict[str, Any], context_len: int | None
+) -> str | None:
+    """``model_cls.unsupported_setting(hf, context_len)``; a subclass whose override predates
+    ``context_len`` (a plugin's) is asked without it, so judged for the config's longest context."""
+    try:
+        takes_context = "context_len" in inspect.signature(model_cls.unsupported_setting).parameters
+    except (TypeError, ValueError):
+        takes_context = False
+    if takes_context:
+        return model_cls.unsupported_setting(hf, context_len)
+    return model_cls.unsupported_setting(hf)
+
+
 def _unsupported_activation(hf: dict[str, Any]) -> str | None:
     act = hf.get("hidden_act", "silu")
     return None if act == "silu" else f"hidden_act {act!r} is not supported (silu is)"
 
 
-def _unsupported_sliding_window(hf: dict[str, Any], when_set: bool) -> str | None:
+def _unsupported_sliding_window(hf: dict[str, Any], when_set: bool, context_len: int | None) -> str | None:
     if hf.get("use_sliding_window"):
         window = json.dumps(hf.get("sliding_window"))
         return (
             f"use_sliding_window {json.dumps(hf['use_sliding_window'])} (sliding_window {window}) is not "
             "supported: sliding-window attention is not implemented"
         )
-    window, context = hf.get("sliding_window"), hf.get("max_position_embeddings", 4096)
-    if when_set and isinstance(window, int) and isinstance(context, int) and window < context:
-        return (
-            f"sliding_window {json.dumps(window)} (shorter than max_position_embeddings {context}) is not "
-            "supported: sliding-window attention is not implemented"
-        )
-    return None
+    window, max_pos = hf.get("sliding_window"), hf.get("max_position_embeddings", 4096)
+    if not (when_set and isinstance(window, int) and isinstance(max_pos, int)):
+        return None
+    context = max_pos if context_len is None else min(context_len, max_pos)
+    if window >= context:  # no sequence the engine runs is longer than the window: full attention
+        return None
+    longer = f"max_position_embeddings {max_pos}" if context == max_pos else f"the context, {context} tokens"
+    return (
+        f"sliding_window {json.dumps(window)} (shorter than {longer}) is not supported: sliding-window "
+        f"attention is not implemented; a context of at most {window} tokens never reaches the window "
+        f"(--max-context-len {window}, or max_context_len={window} in LLM())"
+    )
 
 
 def _unsupported_rope(hf: dict[str, Any]) -> str | None:

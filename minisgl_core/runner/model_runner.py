@@ -439,7 +439,9 @@ class ModelRunner:
             raise ValueError(f"the config of {self.source.path} has no 'architectures' entry")
         arch = archs[0]
         model_cls = plugins.resolve("models", arch)
-        model_config = ModelConfig(self.hf_config, self.dtype, self.device, self.parallel)
+        model_config = ModelConfig(
+            self.hf_config, self.dtype, self.device, self.parallel, self.config.context_len(self.hf_config)
+        )
         default_dtype = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
         try:

@@ -26,13 +26,13 @@ class MixtralForCausalLM(DecoderForCausalLM):
     window_when_set = True
 
     @classmethod
-    def unsupported_setting(cls, hf: dict[str, Any]) -> str | None:
+    def unsupported_setting(cls, hf: dict[str, Any], context_len: int | None = None) -> str | None:
         top_k, experts = hf.get("num_experts_per_tok", 2), hf.get("num_local_experts", 8)
         if not (isinstance(experts, int) and experts > 0):
             return f"num_local_experts {experts!r} is not supported (a positive number of experts is)"
         if not (isinstance(top_k, int) and 1 <= top_k <= experts):
             return f"num_experts_per_tok {top_k!r} is not supported (1 to num_local_experts {experts} is)"
-        return super().unsupported_setting(hf)
+        return super().unsupported_setting(hf, context_len)
 
     def mlp_factory(self, config: ModelConfig) -> MLPFactory:
         hf = config.hf_config

@@ -33,6 +33,8 @@ def test_settings_it_cannot_build_are_refused_in_one_line() -> None:
     )
     assert MixtralForCausalLM.unsupported_setting({**hf, "sliding_window": 4096}) == (
         "sliding_window 4096 (shorter than max_position_embeddings 32768) is not supported: "
-        "sliding-window attention is not implemented"
+        "sliding-window attention is not implemented; a context of at most 4096 tokens never reaches "
+        "the window (--max-context-len 4096, or max_context_len=4096 in LLM())"
     )
+    assert MixtralForCausalLM.unsupported_setting({**hf, "sliding_window": 4096}, context_len=4096) is None
     assert MixtralForCausalLM.unsupported_setting({**hf, "sliding_window": None}) is None

@@ -34,11 +34,11 @@ class Qwen3MoeForCausalLM(DecoderForCausalLM):
     qk_norm = True
 
     @classmethod
-    def unsupported_setting(cls, hf: dict[str, Any]) -> str | None:
+    def unsupported_setting(cls, hf: dict[str, Any], context_len: int | None = None) -> str | None:
         top_k, experts = hf.get("num_experts_per_tok", 8), num_experts(hf)
         if experts > 0 and not (isinstance(top_k, int) and 1 <= top_k <= experts):
             return f"num_experts_per_tok {top_k!r} is not supported (1 to num_experts {experts} is)"
-        return super().unsupported_setting(hf)
+        return super().unsupported_setting(hf, context_len)
 
     def mlp_factory(self, config: ModelConfig) -> MLPFactory:
         hf = config.hf_config
