@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from minisgl_core import LLM
+from minisgl_core import LLM, SamplingParams
 from minisgl_core.api import ParallelContext
 from minisgl_core.checkpoint.path_check import ModelPathError
 from minisgl_core.checkpoint.resolve import check_model
@@ -74,6 +74,20 @@ def test_generate_says_it_in_one_line(model_dir, tmp_path, changes, says):
     assert lines[0].startswith(
         f"minisgl: error: --model {bad}: LlamaForCausalLM cannot be built from this model's config: {says}"
     ), lines[0]
+
+
+def test_use_sliding_window_is_served_where_no_sequence_reaches_the_window(model_dir, tmp_path):
+    """Qwen2's switch, with a window of 16: refused for the model's 2,048-token context, naming the
+    fix; accepted with the context capped at the window (``--max-context-len 16``)."""
+    windowed = _with_config(model_dir, tmp_path / "windowed", use_sliding_window=True, sliding_window=16)
+    with pytest.raises(
+        ModelPathError, match=r"never reaches the window \(--max-context-len 16, or max_context_len=16"
+    ):
+        check_model(str(windowed))
+    check_model(str(windowed), max_context_len=16)
+    with LLM(windowed, device="cpu", dtype="float32", attn="torch", max_context_len=16) as llm:
+        (out,) = llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    assert len(out.token_ids) == 4
 
 
 @pytest.mark.parametrize(("changes", "says"), UNSUPPORTED.values(), ids=UNSUPPORTED.keys())

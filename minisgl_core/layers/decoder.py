@@ -400,23 +400,31 @@ def _unsupported_activation(hf: dict[str, Any]) -> str | None:
 
 
 def _unsupported_sliding_window(hf: dict[str, Any], when_set: bool, context_len: int | None) -> str | None:
-    if hf.get("use_sliding_window"):
-        window = json.dumps(hf.get("sliding_window"))
-        return (
-            f"use_sliding_window {json.dumps(hf['use_sliding_window'])} (sliding_window {window}) is not "
-            "supported: sliding-window attention is not implemented"
-        )
+    """A sliding window (``use_sliding_window``, or ``sliding_window`` alone with ``when_set``)
+    shorter than the longest sequence the engine runs (``context_len`` capped by the config's
+    ``max_position_embeddings``): refused, naming the context that avoids it."""
     window, max_pos = hf.get("sliding_window"), hf.get("max_position_embeddings", 4096)
-    if not (when_set and isinstance(window, int) and isinstance(max_pos, int)):
+    context = max_pos if context_len is None or not isinstance(max_pos, int) else min(context_len, max_pos)
+    fix = (
+        f"; a context of at most {window} tokens never reaches the window (--max-context-len {window}, "
+        f"or max_context_len={window} in LLM())"
+    )
+    if hf.get("use_sliding_window"):
+        if isinstance(window, int) and isinstance(context, int) and window >= context:
+            return None
+        return (
+            f"use_sliding_window {json.dumps(hf['use_sliding_window'])} (sliding_window {json.dumps(window)}) "
+            f"is not supported: sliding-window attention is not implemented"
+            + (fix if isinstance(window, int) and window > 0 else "")
+        )
+    if not (when_set and isinstance(window, int) and isinstance(context, int)):
         return None
-    context = max_pos if context_len is None else min(context_len, max_pos)
     if window >= context:  # no sequence the engine runs is longer than the window: full attention
         return None
     longer = f"max_position_embeddings {max_pos}" if context == max_pos else f"the context, {context} tokens"
     return (
         f"sliding_window {json.dumps(window)} (shorter than {longer}) is not supported: sliding-window "
-        f"attention is not implemented; a context of at most {window} tokens never reaches the window "
-        f"(--max-context-len {window}, or max_context_len={window} in LLM())"
+        f"attention is not implemented{fix}"
     )
 
 
