@@ -405,17 +405,19 @@ def _unsupported_sliding_window(hf: dict[str, Any], when_set: bool, context_len:
     ``max_position_embeddings``): refused, naming the context that avoids it."""
     window, max_pos = hf.get("sliding_window"), hf.get("max_position_embeddings", 4096)
     context = max_pos if context_len is None or not isinstance(max_pos, int) else min(context_len, max_pos)
+    sized = isinstance(window, int) and not isinstance(window, bool) and window > 0
     fix = (
         f"; a context of at most {window} tokens never reaches the window (--max-context-len {window}, "
         f"or max_context_len={window} in LLM())"
+        if sized
+        else ""
     )
     if hf.get("use_sliding_window"):
-        if isinstance(window, int) and isinstance(context, int) and window >= context:
+        if sized and isinstance(context, int) and window >= context:
             return None
         return (
             f"use_sliding_window {json.dumps(hf['use_sliding_window'])} (sliding_window {json.dumps(window)}) "
-            f"is not supported: sliding-window attention is not implemented"
-            + (fix if isinstance(window, int) and window > 0 else "")
+            f"is not supported: sliding-window attention is not implemented{fix}"
         )
     if not (when_set and isinstance(window, int) and isinstance(context, int)):
         return None
