@@ -19,9 +19,9 @@ def test_serve_checks_the_model_once_before_starting(default_model_dir, monkeypa
     checked: list[tuple[str, bool]] = []
     real = resolve.check_model
 
-    def counting(path, plugins=None):
+    def counting(path, plugins=None, max_context_len=None):
         checked.append((str(path), plugins is not None))
-        return real(path, plugins)
+        return real(path, plugins, max_context_len)
 
     monkeypatch.setattr(resolve, "check_model", counting)
     args = build_parser().parse_args(["serve", "--model", str(default_model_dir), "--port", "0"])
