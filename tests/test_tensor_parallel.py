@@ -14,7 +14,7 @@ from minisgl_core.distributed import join_parent_store, parent_store
 PROMPTS = [[11, 12, 13, 14, 15], list(range(20, 70)), [7] * 9]
 
 
-def _rank(rank: int, world: int, port: int, model_dir: str, queue) -> None:
+def _rank(rank: int, world: int, port: int, model_dir: str, queue, quantization: str | None = None) -> None:
     import torch.distributed as dist
 
     from minisgl_core.api import ParallelContext
@@ -26,7 +26,8 @@ def _rank(rank: int, world: int, port: int, model_dir: str, queue) -> None:
     join_parent_store("gloo", rank, world, port)
     try:
         parallel = ParallelContext(rank, world, dist.group.WORLD)
-        config = EngineConfig(model=model_dir, attn="torch", device="cpu", dtype="float32", tp_size=world)
+        config = EngineConfig(model=model_dir, attn="torch", device="cpu", dtype="float32", tp_size=world,
+                              quantization=quantization)  # fmt: skip
         engine = Engine(config, parallel)
         params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
         for rid, prompt in enumerate(PROMPTS):
@@ -63,6 +64,10 @@ def _run(world: int, model_dir: str) -> dict[int, tuple[list[list[int]], list | 
     return _spawn_ranks(_rank, world, model_dir)
 
 
+def _rank_int8(rank: int, world: int, port: int, model_dir: str, queue) -> None:
+    _rank(rank, world, port, model_dir, queue, quantization="int8")
+
+
 @pytest.mark.parametrize(
     ("arch", "overrides"),
     [
@@ -84,6 +89,20 @@ def test_tp2_equals_tp1(tmp_path, arch, overrides):
     for rank in (0, 1):
         for (a, top_a), (b, top_b) in zip(two[rank][1], one_prompt, strict=True):
             assert abs(a - b) < 1e-4 and top_a == top_b, (rank, a, b, top_a, top_b)
+
+
+def test_tp2_with_int8_experts_stays_with_tp1(tmp_path):
+    """Qwen3-MoE with --quantization int8 (attention and experts): each rank rounds its own share
+    (the down projection's rows over its half of the intermediate size, so with its own scales),
+    so TP=2 is not TP=1 bit for bit, but its prompt logprobs stay within a few hundredths."""
+    model_dir = str(make_model_dir(tmp_path / "m", "Qwen3MoeForCausalLM", mlp_only_layers=[1]))
+    one = _spawn_ranks(_rank_int8, 1, model_dir)[0]
+    two = _spawn_ranks(_rank_int8, 2, model_dir)
+    assert two[0] == two[1]  # the ranks agree on every token and logprob
+    assert len(one[1]) == len(two[0][1]) == len(PROMPTS[0]) - 1
+    for (a, _), (b, _) in zip(two[0][1], one[1], strict=True):
+        assert abs(a - b) < 0.05, (a, b)
+    assert any(abs(a - b) > 0 for (a, _), (b, _) in zip(two[0][1], one[1], strict=True))  # rounded apart
 
 
 def test_offline_tp_runner_reports_a_failing_rank_instead_of_hanging(tmp_path):
