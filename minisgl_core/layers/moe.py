@@ -18,6 +18,7 @@ the experts that have tokens computes the same (:func:`experts_reference`)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -67,6 +68,23 @@ def route(
 #: the dtypes quantized expert weights may have (:class:`Experts`): each value is exact in every
 #: run dtype, so the products multiply the run-dtype activations by the values themselves
 QUANTIZED_EXPERT_DTYPES = (torch.float8_e4m3fn, torch.int8)
+
+
+def quantize_stack(
+    weight: torch.Tensor,
+    quantize_rows: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A stack of expert matrices ``[experts, rows, cols]`` quantized one expert at a time (a
+    float32 copy of one expert's matrix at most) by ``quantize_rows`` (a matrix to its ``dtype``
+    values and a scale per row): ``(values, float32 scales [experts, rows])``, what a
+    ``QuantizationMethod.quantize_experts`` returns."""
+    values = torch.empty(weight.shape, dtype=dtype, device=weight.device)
+    scales = torch.empty(weight.shape[:2], dtype=torch.float32, device=weight.device)
+    for expert in range(weight.shape[0]):
+        q, scale = quantize_rows(weight[expert])
+        values[expert], scales[expert] = q, scale.reshape(-1)
+    return values, scales
 
 
 def _expert_product(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from minisgl_core.api import QuantizationMethod
+from minisgl_core.layers.moe import quantize_stack
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448
@@ -144,17 +145,12 @@ class Fp8Method(QuantizationMethod):
         return out.view(*shape[:-1], out.shape[-1])
 
     def quantize_experts(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Each expert's rows as :func:`quantize_rows` rounds a linear layer's, one expert at a time
-        (a float32 copy of one expert's matrix at most); None on a GPU without e4m3 (before Ada)."""
+        """Each expert's rows as :func:`quantize_rows` rounds a linear layer's; None on a GPU without
+        e4m3 (before Ada)."""
         if weight.is_cuda and not scaled_mm_supported(weight.device):
             return None
-        values = torch.empty(weight.shape, dtype=FP8, device=weight.device)
-        scales = torch.empty(weight.shape[:2], dtype=torch.float32, device=weight.device)
-        for expert in range(weight.shape[0]):
-            q, scale = quantize_rows(weight[expert])
-            values[expert], scales[expert] = q, scale.view(-1)
         self.expert_stacks += 1
-        return values, scales
+        return quantize_stack(weight, quantize_rows, FP8)
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minisgl_core.api import QuantizationMethod
+from minisgl_core.layers.moe import quantize_stack
 
 INT8_MAX = 127
 MIN_SCALE = 1e-12
@@ -70,13 +71,8 @@ class Int8Method(QuantizationMethod):
         return out.view(*shape[:-1], out.shape[-1])
 
     def quantize_experts(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each expert's rows as :func:`quantize_weight` rounds a linear layer's, one expert at a
-        time (a float32 copy of one expert's matrix at most)."""
-        values = torch.empty(weight.shape, dtype=torch.int8, device=weight.device)
-        scales = torch.empty(weight.shape[:2], dtype=torch.float32, device=weight.device)
-        for expert in range(weight.shape[0]):
-            values[expert], scales[expert] = quantize_weight(weight[expert])
-        return values, scales
+        """Each expert's rows as :func:`quantize_weight` rounds a linear layer's."""
+        return quantize_stack(weight, quantize_weight, torch.int8)
 
     def describe(self) -> dict[str, Any]:
         return {"quantization": "int8", "kernel": "_weight_int8pack_mm" if self.packed else "dequantize"}
