@@ -5,6 +5,8 @@ in the two branches of an ``if`` ran there and failed to compile on the GPU)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 pytest.importorskip("triton")
@@ -20,9 +22,7 @@ TARGETS = [GPUTarget("cuda", 90, 32), GPUTarget("cuda", 80, 32)]
 SHARED_LIMIT = {90: 232448, 80: 166912}
 
 
-def compiles(
-    kernel, signature: dict[str, str], constants: dict[str, object], target: GPUTarget, **options
-) -> None:
+def compiles(kernel, signature: dict[str, str], constants: dict[str, object], target: GPUTarget, **options):
     """``kernel`` compiles to a cubin for ``target`` (``options``: num_warps, num_stages as
     launched) and its shared memory fits the target's (a launch past it fails only on the GPU)."""
     signature = {**signature, **dict.fromkeys(constants, "constexpr")}
@@ -33,6 +33,7 @@ def compiles(
     assert compiled.metadata.shared <= SHARED_LIMIT[target.arch], (
         f"{compiled.metadata.shared} bytes of shared memory"
     )
+    return compiled
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")
@@ -330,7 +331,9 @@ def test_moe_grouped_gemm_compiles(target, block, dtype, scale, weights):
     """The mixture-of-experts grouped GEMM at each block size its launch picks, its uses (gate/up
     without a scale, SiLU·mul fused in or not; down scaled by the router's weight: in the model's
     dtype for Qwen3-MoE, float32 for Mixtral), Qwen3-30B-A3B's shapes, and experts quantized to
-    e4m3 or int8 (``weights``: converted in the kernel, a float32 scale a row)."""
+    e4m3 or int8 (``weights``: a float32 scale a row; int8 converted in the kernel, e4m3 multiplied
+    by e4m3 activation rows: on sm_90 from 64-row blocks an e4m3 wgmma, below that Triton's
+    ``mma.sync`` of both tiles converted to float16, exactly)."""
     from minisgl_core.layers._triton_moe import grouped_gemm_kernel, launch_config
 
     if weights == "fp8e4nv" and target.arch < 89:
@@ -347,9 +350,15 @@ def test_moe_grouped_gemm_compiles(target, block, dtype, scale, weights):
             block, n, k, pairs=8 if block == 16 else 4096, gated=gated
         )
         constants = {"ROW_DIV": 1 if scale else 8, "HAS_SCALE": scale is not None, "HAS_W_SCALE": weights is not None,
-                     "IEEE": dtype == "fp32", "GATED": gated, "BLOCK_M": block, "BLOCK_N": block_n,
+                     "IEEE": dtype == "fp32", "GATED": gated, "QUANTIZE_A": weights == "fp8e4nv",
+                     "FP8_DOT": weights == "fp8e4nv", "BLOCK_M": block, "BLOCK_N": block_n,
                      "BLOCK_K": block_k}  # fmt: skip
-        compiles(grouped_gemm_kernel, signature, constants, target, num_warps=warps, num_stages=stages)
+        compiled = compiles(
+            grouped_gemm_kernel, signature, constants, target, num_warps=warps, num_stages=stages
+        )
+        mma = set(re.findall(r"mma\.[.\w]*?\.f32\.(\w+)\.", compiled.asm["ptx"]))
+        if weights == "fp8e4nv" and target.arch == 90:
+            assert mma == ({"e4m3"} if block >= 64 else {"f16"}), mma
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")

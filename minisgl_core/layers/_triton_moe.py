@@ -12,19 +12,39 @@ import torch
 import triton
 import triton.language as tl
 
+from minisgl_core.layers.triton_e4m3 import FP8_MAX, INV_FP8_MAX, MIN_SCALE, round_e4m3
+
 
 @triton.jit
-def _tile_product(acc, x, w_ptrs, mask, CONVERT: tl.constexpr, IEEE: tl.constexpr):
+def _tile_product(acc, x, w_ptrs, mask, CONVERT: tl.constexpr, IEEE: tl.constexpr, FP8_DOT: tl.constexpr):
     """``acc + x @ w`` for the weight tile at ``w_ptrs`` (``CONVERT``: quantized values, each
-    converted exactly to ``x``'s dtype first)."""
+    converted exactly to ``x``'s dtype first; ``FP8_DOT``: both e4m3, the FP8 tensor cores' product,
+    promoted to float32 once a tile: Hopper's accumulator alone keeps fewer bits)."""
     y = tl.load(w_ptrs, mask=mask, other=0.0)
-    if CONVERT:
-        y = y.to(x.dtype)
-    if IEEE:
-        acc += tl.dot(x, y, input_precision="ieee")
+    if FP8_DOT:
+        acc += tl.dot(x, y, max_num_imprecise_acc=x.shape[1])
     else:
-        acc += tl.dot(x, y)
+        if CONVERT:
+            y = y.to(x.dtype)
+        if IEEE:
+            acc += tl.dot(x, y, input_precision="ieee")
+        else:
+            acc += tl.dot(x, y)
     return acc
+
+
+@triton.jit
+def _row_scales(a_ptrs, valid, k, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Each row's e4m3 scale (``max(amax * (1 / 448), 1e-12)``, as
+    :func:`minisgl_core.layers.e4m3.quantize_rows` computes it) and its IEEE reciprocal, ``[BLOCK_M]``."""
+    offs_k = tl.arange(0, BLOCK_K)
+    amax = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for k0 in range(0, k, BLOCK_K):
+        x = tl.load(a_ptrs, mask=valid[:, None] & (offs_k < k - k0)[None, :], other=0.0)
+        amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), axis=1))
+        a_ptrs += BLOCK_K
+    scale = tl.maximum(amax * INV_FP8_MAX, MIN_SCALE)
+    return scale, tl.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale)
 
 
 @triton.jit
@@ -32,7 +52,7 @@ def grouped_gemm_kernel(
     a, a_stride, w, w_stride_e, w_stride_n, c, c_stride, sorted_pairs, block_expert, scale,
     w_scale, w_scale_stride, pairs, n, k, num_experts,
     ROW_DIV: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_W_SCALE: tl.constexpr, IEEE: tl.constexpr,
-    GATED: tl.constexpr,
+    GATED: tl.constexpr, QUANTIZE_A: tl.constexpr, FP8_DOT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """``c[p] = (a[p // ROW_DIV] @ w[e].T) * scale[p]`` for the pairs ``p`` of block
@@ -45,7 +65,13 @@ def grouped_gemm_kernel(
 
     ``HAS_W_SCALE``: ``w`` holds quantized values (float8 e4m3 or int8), each converted exactly to
     ``a``'s dtype before the product, and output column ``j`` of expert ``e`` is multiplied by
-    ``w_scale[e, j]`` (float32) after the sum, before anything else."""
+    ``w_scale[e, j]`` (float32) after the sum, before anything else.
+
+    ``QUANTIZE_A`` (e4m3 weights): each row of ``a`` quantized to e4m3 first with its own scale
+    (a first pass over the row for its largest magnitude), the row's products times that scale
+    after ``w_scale``'s. ``FP8_DOT``: the e4m3 tiles multiplied by the FP8 tensor cores (on the
+    GPU); else the rounded values stay float32 and the weights are converted (the interpreter):
+    the same exact products either way."""
     pid_n = tl.program_id(0)  # a block's column tiles run side by side: its rows stay in L2
     pid_m = tl.program_id(1)
     expert = tl.load(block_expert + pid_m)
@@ -65,13 +91,21 @@ def grouped_gemm_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # GATED only
     up_ptrs = w_ptrs + n.to(tl.int64) * w_stride_n
+    if QUANTIZE_A:
+        a_scale, a_inverse = _row_scales(a_ptrs, valid, k, BLOCK_M, BLOCK_K)
     for k0 in range(0, k, BLOCK_K):
         k_ok = offs_k < k - k0
         x = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
+        if QUANTIZE_A:
+            x = tl.clamp(x.to(tl.float32) * a_inverse[:, None], -FP8_MAX, FP8_MAX)
+            if FP8_DOT:
+                x = x.to(tl.float8e4nv)  # the conversion rounds to nearest even, as round_e4m3
+            else:
+                x = round_e4m3(x)
         w_ok = k_ok[:, None] & n_ok[None, :]
-        acc = _tile_product(acc, x, w_ptrs, w_ok, HAS_W_SCALE, IEEE)
+        acc = _tile_product(acc, x, w_ptrs, w_ok, HAS_W_SCALE, IEEE, FP8_DOT)
         if GATED:
-            acc_up = _tile_product(acc_up, x, up_ptrs, w_ok, HAS_W_SCALE, IEEE)
+            acc_up = _tile_product(acc_up, x, up_ptrs, w_ok, HAS_W_SCALE, IEEE, FP8_DOT)
             up_ptrs += BLOCK_K
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
@@ -80,6 +114,10 @@ def grouped_gemm_kernel(
         acc = acc * tl.load(scale_row + offs_n, mask=n_ok, other=0.0)[None, :]
         if GATED:
             acc_up = acc_up * tl.load(scale_row + n + offs_n, mask=n_ok, other=0.0)[None, :]
+    if QUANTIZE_A:
+        acc = acc * a_scale[:, None]
+        if GATED:
+            acc_up = acc_up * a_scale[:, None]
     if GATED:
         gate = acc.to(c.dtype.element_ty).to(tl.float32)
         acc = gate * tl.sigmoid(gate) * acc_up.to(c.dtype.element_ty).to(tl.float32)
@@ -209,6 +247,8 @@ def grouped_gemm(
         raise ValueError(f"grouped GEMM of {a.dtype} rows by {w.dtype} experts: scales missing or misshapen")
     if gated:
         n //= 2
+    quantize_a = w.dtype == torch.float8_e4m3fn
+    fp8_dot = quantize_a and a.is_cuda
     out = torch.empty(pairs, n, dtype=a.dtype, device=a.device)
     block_n, block_k, warps, stages = config or launch_config(block, n, k, pairs, gated)
     grid = (triton.cdiv(n, block_n), block_expert.numel())
@@ -217,7 +257,8 @@ def grouped_gemm(
         scale if scale is not None else out, w_scale if w_scale is not None else out,
         w_scale.stride(0) if w_scale is not None else 0, pairs, n, k, num_experts,
         ROW_DIV=row_div, HAS_SCALE=scale is not None, HAS_W_SCALE=w_scale is not None,
-        IEEE=a.dtype == torch.float32, GATED=gated,
+        IEEE=a.dtype == torch.float32 or (quantize_a and not fp8_dot), GATED=gated, QUANTIZE_A=quantize_a,
+        FP8_DOT=fp8_dot,
         BLOCK_M=block, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minisgl_core.api.parallel import ParallelContext
-from minisgl_core.layers import triton_ops
+from minisgl_core.layers import e4m3, triton_ops
 from minisgl_core.layers.fused import silu_and_mul
 from minisgl_core.layers.weights import copy_shard, load_full, new_param
 
@@ -90,9 +90,13 @@ def quantize_stack(
 def _expert_product(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
     """``x @ w.T`` for one expert's matrix; quantized (``scale`` given): the values' products
     summed in float32, each column times its scale, rounded once to ``x``'s dtype (the grouped
-    GEMM's arithmetic)."""
+    GEMM's arithmetic). e4m3 weights multiply e4m3 rows (W8A8): each row of ``x`` quantized with
+    its own scale (:func:`~minisgl_core.layers.e4m3.quantize_rows`), applied after the column's."""
     if scale is None:
         return F.linear(x, w)
+    if w.dtype == e4m3.FP8:
+        xq, x_scale = e4m3.quantize_rows(x)
+        return (F.linear(xq.float(), w.float()) * scale * x_scale).to(x.dtype)
     return (F.linear(x.float(), w.float()) * scale).to(x.dtype)
 
 

@@ -12,7 +12,8 @@ through the parameters' ``weight_loader``, ``process_weights_after_loading``) an
 compared with ``F.linear`` of the unquantized weights on random inputs: the relative error
 (Frobenius norm) must stay under ``max_relative_error``. A method that quantizes mixture-of-experts
 experts (``quantize_experts``, API 2.1) has them checked the same way, through the core's
-:class:`~minisgl_core.layers.moe.Experts` (on a GPU its grouped GEMMs). Set ``device``/``dtype`` to
+:class:`~minisgl_core.layers.moe.Experts` (on a GPU its grouped GEMMs), within twice the bound (two
+products in a row). Set ``device``/``dtype`` to
 run the same checks on a GPU (the suite skips when the device is missing or the method declines it).
 """
 
@@ -132,8 +133,9 @@ class QuantizationMethodSuite:
 
     def test_quantized_experts_fit_the_core_and_stay_close(self, method) -> None:
         """``quantize_experts``: None (the experts stay in the run dtype), or values and scales the
-        core's ``Experts`` accepts, in fewer bytes, whose block output stays within
-        ``max_relative_error`` of the unquantized experts'."""
+        core's ``Experts`` accepts, in fewer bytes, whose block output stays within twice
+        ``max_relative_error`` of the unquantized experts' (two quantized products in a row, the
+        second's input the first's rounded output: e4m3 experts multiply e4m3 activations)."""
         from minisgl_core.layers.moe import SparseMoE, experts_reference, route
 
         generator = torch.Generator().manual_seed(zlib.crc32(b"experts"))
@@ -155,7 +157,7 @@ class QuantizationMethodSuite:
             weights, ids = route(block.gate(x), 2, True)
         expected = experts_reference(x.double(), w13.double(), w2.double(), weights.double(), ids)
         error = (out.double() - expected).norm() / expected.norm()
-        assert error < self.max_relative_error, f"experts: relative error {error:.4f}"
+        assert error < 2 * self.max_relative_error, f"experts: relative error {error:.4f}"
 
     def test_describe_names_the_method(self, method) -> None:
         info = method.describe()

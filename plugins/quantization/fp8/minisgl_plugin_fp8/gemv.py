@@ -35,6 +35,8 @@ import triton
 import triton.language as tl
 
 from minisgl_core.layers import triton_ops
+from minisgl_core.layers.triton_e4m3 import FP8_MAX, INV_FP8_MAX, MIN_SCALE
+from minisgl_core.layers.triton_e4m3 import round_e4m3 as _round_e4m3
 
 try:  # programmatic dependent launch (minisgl_core.layers.triton_ops.pdl_enabled)
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -43,9 +45,6 @@ except ImportError:
 
 #: most tokens the GEMV takes; from 2 on the FP8 tensor-core GEMM (``torch._scaled_mm``) runs
 GEMV_MAX_M = 1
-FP8_MAX: tl.constexpr = tl.constexpr(448.0)
-INV_FP8_MAX: tl.constexpr = tl.constexpr(1.0 / 448.0)  # method.INV_FP8_MAX, rounded to float32 alike
-MIN_SCALE: tl.constexpr = tl.constexpr(1e-12)
 
 
 class GemvConfig(NamedTuple):
@@ -199,7 +198,7 @@ def _accumulate(acc, wk, xk, x_inverse, ACC_R: tl.constexpr, HW_ROUND: tl.conste
 @triton.jit
 def _row_scale(x, K, K_ROW: tl.constexpr, BLOCK: tl.constexpr):
     """The e4m3 scale of the row at ``x`` as ``quantize_rows`` computes it, ``max(amax * (1 / 448),
-    1e-12)`` (a multiplication: see method.INV_FP8_MAX), and its IEEE reciprocal, both ``[1, 1]``:
+    1e-12)`` (a multiplication: see minisgl_core.layers.e4m3.INV_FP8_MAX), and its IEEE reciprocal, both ``[1, 1]``:
     the one place the two kernels below take them from."""
     amax = tl.zeros((1, BLOCK), dtype=tl.float32)
     for start in range(0, K_ROW, BLOCK):
@@ -207,19 +206,6 @@ def _row_scale(x, K, K_ROW: tl.constexpr, BLOCK: tl.constexpr):
         amax = tl.maximum(amax, tl.abs(tl.load(x + cols, mask=cols < K, other=0.0).to(tl.float32)))
     scale = tl.maximum(tl.max(amax, axis=1, keep_dims=True) * INV_FP8_MAX, MIN_SCALE)
     return scale, tl.div_rn(tl.full((1, 1), 1.0, tl.float32), scale)
-
-
-@triton.jit
-def _round_e4m3(q):
-    """float32 ``q`` (``|q| <= 448``) to the nearest e4m3 value, ties to even, in arithmetic: the
-    step of ``q``'s binade (2**(e - 3); 2**-9 for e4m3's subnormals) from the exponent bits, then
-    ``q / step`` rounded by the 1.5 * 2**23 trick. The same value as a hardware conversion, and
-    also right under Triton's interpreter, whose conversion (3.6) drops the carry into the
-    exponent when a value rounds up to a power of two (31.6 gave 16, not 32)."""
-    exponent = tl.maximum((q.to(tl.int32, bitcast=True) >> 23) & 0xFF, 127 - 6)
-    step = ((exponent - 3) << 23).to(tl.float32, bitcast=True)
-    inverse = ((257 - exponent) << 23).to(tl.float32, bitcast=True)  # 1 / step, exactly
-    return ((q * inverse + 12582912.0) - 12582912.0) * step
 
 
 @triton.jit
