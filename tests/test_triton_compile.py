@@ -339,10 +339,11 @@ def test_moe_grouped_gemm_compiles(target, block, dtype, scale, weights):
     if weights == "fp8e4nv" and target.arch < 89:
         pytest.skip("e4m3 needs sm_89 or newer (Experts.quantize refuses it on older GPUs)")
     t = f"*{dtype}"
-    signature = {"a": t, "a_stride": "i64", "w": f"*{weights or dtype}", "w_stride_e": "i64", "w_stride_n": "i64",
-                 "c": t, "c_stride": "i64", "sorted_pairs": "*i64", "block_expert": "*i64",
-                 "scale": f"*{scale or dtype}", "w_scale": "*fp32", "w_scale_stride": "i64", "pairs": "i32",
-                 "n": "i32", "k": "i32", "num_experts": "i32"}  # fmt: skip
+    w8a8 = weights == "fp8e4nv"  # the rows e4m3 as well, a float32 scale each
+    signature = {"a": "*fp8e4nv" if w8a8 else t, "a_stride": "i64", "w": f"*{weights or dtype}", "w_stride_e": "i64",
+                 "w_stride_n": "i64", "c": t, "c_stride": "i64", "sorted_pairs": "*i64", "block_expert": "*i64",
+                 "scale": f"*{scale or dtype}", "w_scale": "*fp32", "w_scale_stride": "i64", "a_scale": "*fp32",
+                 "pairs": "i32", "n": "i32", "k": "i32", "num_experts": "i32"}  # fmt: skip
     # (output columns, inner size, gated): gate/up fused (columns of each half) or not, then down
     uses = [(2048, 768, False)] if scale else [(768, 2048, True), (1536, 2048, False)]
     for n, k, gated in uses:
@@ -350,8 +351,8 @@ def test_moe_grouped_gemm_compiles(target, block, dtype, scale, weights):
             block, n, k, pairs=8 if block == 16 else 4096, gated=gated
         )
         constants = {"ROW_DIV": 1 if scale else 8, "HAS_SCALE": scale is not None, "HAS_W_SCALE": weights is not None,
-                     "IEEE": dtype == "fp32", "GATED": gated, "QUANTIZE_A": weights == "fp8e4nv",
-                     "FP8_DOT": weights == "fp8e4nv", "BLOCK_M": block, "BLOCK_N": block_n,
+                     "IEEE": dtype == "fp32", "GATED": gated, "HAS_A_SCALE": w8a8,
+                     "FP8_DOT": w8a8, "BLOCK_M": block, "BLOCK_N": block_n,
                      "BLOCK_K": block_k}  # fmt: skip
         compiled = compiles(
             grouped_gemm_kernel, signature, constants, target, num_warps=warps, num_stages=stages

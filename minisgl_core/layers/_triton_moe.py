@@ -12,8 +12,6 @@ import torch
 import triton
 import triton.language as tl
 
-from minisgl_core.layers.triton_e4m3 import FP8_MAX, INV_FP8_MAX, MIN_SCALE, round_e4m3
-
 
 @triton.jit
 def _tile_product(acc, x, w_ptrs, mask, CONVERT: tl.constexpr, IEEE: tl.constexpr, FP8_DOT: tl.constexpr):
@@ -34,25 +32,11 @@ def _tile_product(acc, x, w_ptrs, mask, CONVERT: tl.constexpr, IEEE: tl.constexp
 
 
 @triton.jit
-def _row_scales(a_ptrs, valid, k, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Each row's e4m3 scale (``max(amax * (1 / 448), 1e-12)``, as
-    :func:`minisgl_core.layers.e4m3.quantize_rows` computes it) and its IEEE reciprocal, ``[BLOCK_M]``."""
-    offs_k = tl.arange(0, BLOCK_K)
-    amax = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for k0 in range(0, k, BLOCK_K):
-        x = tl.load(a_ptrs, mask=valid[:, None] & (offs_k < k - k0)[None, :], other=0.0)
-        amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), axis=1))
-        a_ptrs += BLOCK_K
-    scale = tl.maximum(amax * INV_FP8_MAX, MIN_SCALE)
-    return scale, tl.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale)
-
-
-@triton.jit
 def grouped_gemm_kernel(
     a, a_stride, w, w_stride_e, w_stride_n, c, c_stride, sorted_pairs, block_expert, scale,
-    w_scale, w_scale_stride, pairs, n, k, num_experts,
+    w_scale, w_scale_stride, a_scale, pairs, n, k, num_experts,
     ROW_DIV: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_W_SCALE: tl.constexpr, IEEE: tl.constexpr,
-    GATED: tl.constexpr, QUANTIZE_A: tl.constexpr, FP8_DOT: tl.constexpr,
+    GATED: tl.constexpr, HAS_A_SCALE: tl.constexpr, FP8_DOT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """``c[p] = (a[p // ROW_DIV] @ w[e].T) * scale[p]`` for the pairs ``p`` of block
@@ -67,10 +51,9 @@ def grouped_gemm_kernel(
     ``a``'s dtype before the product, and output column ``j`` of expert ``e`` is multiplied by
     ``w_scale[e, j]`` (float32) after the sum, before anything else.
 
-    ``QUANTIZE_A`` (e4m3 weights): each row of ``a`` quantized to e4m3 first with its own scale
-    (a first pass over the row for its largest magnitude), the row's products times that scale
-    after ``w_scale``'s. ``FP8_DOT``: the e4m3 tiles multiplied by the FP8 tensor cores (on the
-    GPU); else the rounded values stay float32 and the weights are converted (the interpreter):
+    ``HAS_A_SCALE`` (e4m3 weights): ``a`` holds e4m3 rows too, row ``r`` standing for
+    ``a[r] * a_scale[r]``, applied after ``w_scale``. ``FP8_DOT``: the e4m3 tiles multiplied as
+    they are (the GPU's FP8 tensor cores); else both converted to float32 first (the interpreter):
     the same exact products either way."""
     pid_n = tl.program_id(0)  # a block's column tiles run side by side: its rows stay in L2
     pid_m = tl.program_id(1)
@@ -91,17 +74,11 @@ def grouped_gemm_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # GATED only
     up_ptrs = w_ptrs + n.to(tl.int64) * w_stride_n
-    if QUANTIZE_A:
-        a_scale, a_inverse = _row_scales(a_ptrs, valid, k, BLOCK_M, BLOCK_K)
     for k0 in range(0, k, BLOCK_K):
         k_ok = offs_k < k - k0
         x = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
-        if QUANTIZE_A:
-            x = tl.clamp(x.to(tl.float32) * a_inverse[:, None], -FP8_MAX, FP8_MAX)
-            if FP8_DOT:
-                x = x.to(tl.float8e4nv)  # the conversion rounds to nearest even, as round_e4m3
-            else:
-                x = round_e4m3(x)
+        if HAS_A_SCALE and not FP8_DOT:
+            x = x.to(tl.float32)
         w_ok = k_ok[:, None] & n_ok[None, :]
         acc = _tile_product(acc, x, w_ptrs, w_ok, HAS_W_SCALE, IEEE, FP8_DOT)
         if GATED:
@@ -114,10 +91,11 @@ def grouped_gemm_kernel(
         acc = acc * tl.load(scale_row + offs_n, mask=n_ok, other=0.0)[None, :]
         if GATED:
             acc_up = acc_up * tl.load(scale_row + n + offs_n, mask=n_ok, other=0.0)[None, :]
-    if QUANTIZE_A:
-        acc = acc * a_scale[:, None]
+    if HAS_A_SCALE:
+        row_scale = tl.load(a_scale + row, mask=valid, other=0.0)[:, None]
+        acc = acc * row_scale
         if GATED:
-            acc_up = acc_up * a_scale[:, None]
+            acc_up = acc_up * row_scale
     if GATED:
         gate = acc.to(c.dtype.element_ty).to(tl.float32)
         acc = gate * tl.sigmoid(gate) * acc_up.to(c.dtype.element_ty).to(tl.float32)
@@ -228,12 +206,17 @@ def grouped_gemm(
     scale: torch.Tensor | None = None,
     gated: bool = False,
     w_scale: torch.Tensor | None = None,
+    a_scale: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
     config: tuple[int, int, int, int] | None = None,
 ) -> torch.Tensor:
     """``[pairs, w.shape[1]]``: row ``p`` is ``a[p // row_div] @ w[e].T`` (times ``scale[p]``) for
     the expert ``e`` that pair ``p`` chose (see the module). ``gated``: ``[pairs, w.shape[1] // 2]``,
     SiLU(gate half) · up half (the kernel's ``GATED``). ``w_scale``: ``w`` is quantized (float8
-    e4m3 or int8), ``w[e] * w_scale[e][:, None]`` the matrix it stands for (``HAS_W_SCALE``).
+    e4m3 or int8), ``w[e] * w_scale[e][:, None]`` the matrix it stands for (``HAS_W_SCALE``);
+    with e4m3 weights ``a`` is e4m3 as well, ``a[r] * a_scale[r]`` the row it stands for (float32
+    ``[rows]`` or ``[rows, 1]``, :func:`~minisgl_core.layers.triton_e4m3.quantize_rows_triton`'s), and
+    the output in ``out_dtype``.
     ``config``: (BLOCK_N, BLOCK_K, warps, stages) instead of :func:`launch_config`'s
     (``tools/device_moe.py`` sweeps them)."""
     if a.stride(-1) != 1:
@@ -241,23 +224,27 @@ def grouped_gemm(
     num_experts, n, k = w.shape
     if a.shape[1] != k or w.stride(2) != 1 or (gated and n % 2):
         raise ValueError(f"grouped GEMM of {tuple(a.shape)} by experts {tuple(w.shape)}: sizes do not fit")
-    if (w_scale is None) != (w.dtype == a.dtype) or (
-        w_scale is not None and (w_scale.shape != w.shape[:2] or w_scale.stride(1) != 1)
+    w8a8 = w.dtype == torch.float8_e4m3fn
+    if (
+        (w_scale is None) == (w.dtype != a.dtype or w8a8)
+        or (w_scale is not None and (w_scale.shape != w.shape[:2] or w_scale.stride(1) != 1))
+        or (a_scale is not None) != (w8a8 and a.dtype == w.dtype)
+        or (a_scale is not None and (a_scale.numel() != a.shape[0] or not a_scale.is_contiguous()))
     ):
         raise ValueError(f"grouped GEMM of {a.dtype} rows by {w.dtype} experts: scales missing or misshapen")
     if gated:
         n //= 2
-    quantize_a = w.dtype == torch.float8_e4m3fn
-    fp8_dot = quantize_a and a.is_cuda
-    out = torch.empty(pairs, n, dtype=a.dtype, device=a.device)
+    fp8_dot = a_scale is not None and a.is_cuda
+    out = torch.empty(pairs, n, dtype=out_dtype or a.dtype, device=a.device)
     block_n, block_k, warps, stages = config or launch_config(block, n, k, pairs, gated)
     grid = (triton.cdiv(n, block_n), block_expert.numel())
     grouped_gemm_kernel[grid](
         a, a.stride(0), w, w.stride(0), w.stride(1), out, out.stride(0), sorted_pairs, block_expert,
         scale if scale is not None else out, w_scale if w_scale is not None else out,
-        w_scale.stride(0) if w_scale is not None else 0, pairs, n, k, num_experts,
+        w_scale.stride(0) if w_scale is not None else 0, a_scale if a_scale is not None else out, pairs, n, k,
+        num_experts,
         ROW_DIV=row_div, HAS_SCALE=scale is not None, HAS_W_SCALE=w_scale is not None,
-        IEEE=a.dtype == torch.float32 or (quantize_a and not fp8_dot), GATED=gated, QUANTIZE_A=quantize_a,
+        IEEE=a.dtype == torch.float32 or (a_scale is not None and not fp8_dot), GATED=gated, HAS_A_SCALE=a_scale is not None,
         FP8_DOT=fp8_dot,
         BLOCK_M=block, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
     )  # fmt: skip

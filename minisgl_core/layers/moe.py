@@ -90,11 +90,12 @@ def quantize_stack(
 def _expert_product(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
     """``x @ w.T`` for one expert's matrix; quantized (``scale`` given): the values' products
     summed in float32, each column times its scale, rounded once to ``x``'s dtype (the grouped
-    GEMM's arithmetic). e4m3 weights multiply e4m3 rows (W8A8): each row of ``x`` quantized with
-    its own scale (:func:`~minisgl_core.layers.e4m3.quantize_rows`), applied after the column's."""
+    GEMM's arithmetic). e4m3 weights multiply e4m3 rows (:data:`W8A8_EXPERTS`): each row of ``x``
+    quantized with its own scale (:func:`~minisgl_core.layers.e4m3.quantize_rows`), applied after
+    the column's."""
     if scale is None:
         return F.linear(x, w)
-    if w.dtype == e4m3.FP8:
+    if w.dtype == e4m3.FP8 and W8A8_EXPERTS:
         xq, x_scale = e4m3.quantize_rows(x)
         return (F.linear(xq.float(), w.float()) * scale * x_scale).to(x.dtype)
     return (F.linear(x.float(), w.float()) * scale).to(x.dtype)
@@ -197,6 +198,10 @@ def align_blocks(ids: torch.Tensor, num_experts: int, block: int) -> tuple[torch
 #: Off until timed on a GPU (``python3 tools/device_moe.py --gemms`` times both); correct under
 #: Triton's interpreter (``tests/test_moe.py``)
 FUSED_GATE_UP = False
+#: e4m3 experts multiply e4m3 activations (W8A8: each GEMM's input rows quantized first, one
+#: scale a row, then the FP8 tensor cores) rather than converting the weights to the run dtype in
+#: the kernel (weight-only). The loop (:func:`experts_reference`) follows it.
+W8A8_EXPERTS = True
 
 
 def experts_grouped(
@@ -226,21 +231,37 @@ def experts_grouped(
     first, second = configs or (None, None)
     s13, s2 = (None, None) if scales is None else scales
     sorted_pairs, block_expert = align_blocks(ids, num_experts, block)
+    w8a8 = w13.dtype == e4m3.FP8 and W8A8_EXPERTS
+    a, a_scale = _gemm_input(x, w8a8)
     if FUSED_GATE_UP:
         act = _triton_moe.grouped_gemm(
-            x, w13, sorted_pairs, block_expert, pairs, block, row_div=top_k, gated=True, w_scale=s13,
-            config=first,
+            a, w13, sorted_pairs, block_expert, pairs, block, row_div=top_k, gated=True, w_scale=s13,
+            a_scale=a_scale, out_dtype=x.dtype, config=first,
         )  # fmt: skip
     else:
         gate_up = _triton_moe.grouped_gemm(
-            x, w13, sorted_pairs, block_expert, pairs, block, row_div=top_k, w_scale=s13, config=first
-        )
+            a, w13, sorted_pairs, block_expert, pairs, block, row_div=top_k, w_scale=s13, a_scale=a_scale,
+            out_dtype=x.dtype, config=first,
+        )  # fmt: skip
         act = silu_and_mul(gate_up)
+    a, a_scale = _gemm_input(act, w8a8)
     out = _triton_moe.grouped_gemm(
-        act, w2, sorted_pairs, block_expert, pairs, block, row_div=1, scale=weights.reshape(-1), w_scale=s2,
-        config=second,
+        a, w2, sorted_pairs, block_expert, pairs, block, row_div=1, scale=weights.reshape(-1), w_scale=s2,
+        a_scale=a_scale, out_dtype=x.dtype, config=second,
     )  # fmt: skip
     return out.view(tokens, top_k, -1).sum(dim=1)
+
+
+def _gemm_input(x: torch.Tensor, w8a8: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A grouped GEMM's input rows: as they are, or (``w8a8``) e4m3 with a scale each, the same
+    bits as :func:`~minisgl_core.layers.e4m3.quantize_rows` (one Triton kernel on CUDA)."""
+    if not w8a8:
+        return x, None
+    if x.is_cuda:
+        from minisgl_core.layers.triton_e4m3 import quantize_rows_triton
+
+        return quantize_rows_triton(x)
+    return e4m3.quantize_rows(x)
 
 
 def _dtype_runs_on(dtype: torch.dtype, device: torch.device) -> bool:

@@ -35,8 +35,9 @@ import triton
 import triton.language as tl
 
 from minisgl_core.layers import triton_ops
-from minisgl_core.layers.triton_e4m3 import FP8_MAX, INV_FP8_MAX, MIN_SCALE
+from minisgl_core.layers.triton_e4m3 import FP8_MAX, quantize_rows_kernel, quantize_rows_triton  # noqa: F401
 from minisgl_core.layers.triton_e4m3 import round_e4m3 as _round_e4m3
+from minisgl_core.layers.triton_e4m3 import row_scale as _row_scale
 
 try:  # programmatic dependent launch (minisgl_core.layers.triton_ops.pdl_enabled)
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -193,75 +194,6 @@ def _accumulate(acc, wk, xk, x_inverse, ACC_R: tl.constexpr, HW_ROUND: tl.conste
     rows: tl.constexpr = products.shape[0]
     cols: tl.constexpr = products.shape[1]
     return acc + tl.sum(tl.reshape(products, (rows, cols // ACC_R, ACC_R)), axis=2)
-
-
-@triton.jit
-def _row_scale(x, K, K_ROW: tl.constexpr, BLOCK: tl.constexpr):
-    """The e4m3 scale of the row at ``x`` as ``quantize_rows`` computes it, ``max(amax * (1 / 448),
-    1e-12)`` (a multiplication: see minisgl_core.layers.e4m3.INV_FP8_MAX), and its IEEE reciprocal, both ``[1, 1]``:
-    the one place the two kernels below take them from."""
-    amax = tl.zeros((1, BLOCK), dtype=tl.float32)
-    for start in range(0, K_ROW, BLOCK):
-        cols = start + tl.arange(0, BLOCK)[None, :]
-        amax = tl.maximum(amax, tl.abs(tl.load(x + cols, mask=cols < K, other=0.0).to(tl.float32)))
-    scale = tl.maximum(tl.max(amax, axis=1, keep_dims=True) * INV_FP8_MAX, MIN_SCALE)
-    return scale, tl.div_rn(tl.full((1, 1), 1.0, tl.float32), scale)
-
-
-@triton.jit
-def quantize_rows_kernel(
-    x,
-    x_row_stride,
-    q,
-    scales,
-    K,
-    K_ROW: tl.constexpr,  # K rounded up to a multiple of BLOCK (a constant: the interpreter wants one)
-    BLOCK: tl.constexpr,
-    PDL: tl.constexpr = False,  # launched with programmatic dependent launch
-):
-    """Row ``program_id`` of ``x`` as ``quantize_rows`` quantizes it, in the GEMV's arithmetic:
-    the scale ``max(amax * (1 / 448), 1e-12)``, its IEEE reciprocal, each element times it,
-    clamped, rounded to e4m3 (exact in the float8 store), in two passes over the row."""
-    if PDL:  # wait for the kernel before, then let the one after start launching
-        gdc_wait()
-        gdc_launch_dependents()
-    row = tl.program_id(0).to(tl.int64)
-    x = x + row * x_row_stride
-    scale, inverse = _row_scale(x, K, K_ROW, BLOCK)
-    for start in range(0, K_ROW, BLOCK):
-        cols = start + tl.arange(0, BLOCK)[None, :]
-        xk = tl.load(x + cols, mask=cols < K, other=0.0).to(tl.float32)
-        qk = _round_e4m3(tl.clamp(xk * inverse, -FP8_MAX, FP8_MAX))
-        tl.store(q + row * K + cols, qk.to(q.dtype.element_ty), mask=cols < K)
-    tl.store(scales + row + tl.zeros((1, 1), dtype=tl.int64), scale)
-
-
-_QUANTIZE_BLOCK = 4096
-
-
-def quantize_rows_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``quantize_rows(x)`` for ``x`` [M, K] (last stride 1) as one kernel: (float8_e4m3fn [M, K],
-    float32 scales [M, 1]), the same bits."""
-    m, k = x.shape
-    if x.stride(1) != 1:
-        x = x.contiguous()
-    q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
-    scales = torch.empty((m, 1), dtype=torch.float32, device=x.device)
-    if m:
-        block = min(triton.next_power_of_2(k), _QUANTIZE_BLOCK)
-        k_row = triton.cdiv(k, block) * block
-        quantize_rows_kernel[(m,)](
-            x,
-            x.stride(0),
-            q,
-            scales,
-            k,
-            K_ROW=k_row,
-            BLOCK=block,
-            num_warps=4,
-            **triton_ops.pdl_options(x.device),
-        )
-    return q, scales
 
 
 @triton.jit
