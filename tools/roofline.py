@@ -1,6 +1,6 @@
 """Bounds of the offline standard workload on one GPU, taken step by step (CPU only, no GPU).
 
-    python tools/roofline.py [--bandwidth 4.8e12] [--flops 989e12] [--kv-bytes 1] [--json]
+    python tools/roofline.py [--bandwidth 4.8e12] [--flops 989e12] [--kv-bytes 1] [--weight-bytes 1] [--json]
 
 The workload (``minisgl_core.bench.workloads.standard_offline``: 256 requests, all admitted at
 once) is walked the way the engine runs it: one prefill of every prompt, then decode steps in
@@ -20,7 +20,9 @@ top_k / E) ** batch)`` of them in each sparse layer, every one at a batch of 256
 multiplies by its ``top_k`` experts' matrices (prefill too).
 
 ``--kv-bytes 1``: the bounds of a float8 KV pool (``--kv-cache-dtype fp8_e4m3``), whose decode
-steps read half the KV bytes (weights stay bf16). Printed for the nominal H200 figures (4.8 TB/s, 989 TFLOP/s dense bf16) and for the rates
+steps read half the KV bytes (weights stay bf16). ``--weight-bytes 1``: the decode steps of
+``--quantization fp8`` (every linear layer's and expert's weights in e4m3, the lm_head in bf16;
+the scales and prefill's FLOPs not counted apart). Printed for the nominal H200 figures (4.8 TB/s, 989 TFLOP/s dense bf16) and for the rates
 measured on it (the decode kernel's ≈ 4.25 TB/s, an 8192² bf16 matmul's ≈ 789 TFLOP/s).
 """
 
@@ -39,7 +41,9 @@ from minisgl_core.bench.workloads import standard_offline  # noqa: E402
 BYTES = 2  # bf16 weights and KV
 
 
-def bounds(shape: str, bandwidth: float, flops: float, kv_element_bytes: int = BYTES) -> dict:
+def bounds(
+    shape: str, bandwidth: float, flops: float, kv_element_bytes: int = BYTES, weight_bytes: int = BYTES
+) -> dict:
     config = SHAPES[shape]
     layers = config["num_hidden_layers"]
     d = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
@@ -78,17 +82,17 @@ def bounds(shape: str, bandwidth: float, flops: float, kv_element_bytes: int = B
         batch = len(running)
         kv = sum(prompts[i] + t for i in running) * kv_bytes
         attn += kv / bandwidth
-        mats = [*layer * layers, head]
+        mats = [*layer * layers]
         if sparse:
             mats += dense_mlp * (layers - sparse)
-        for n, k in mats:
-            read = n * k * BYTES / bandwidth
+        for n, k in [*mats, head]:
+            read = n * k * (BYTES if (n, k) == head else weight_bytes) / bandwidth
             gemm_bw += read
             gemm_roof += max(read, 2 * batch * n * k / flops)
         if sparse:
             touched = experts * (1 - (1 - top_k / experts) ** batch)
             for n, k in expert:
-                read = touched * n * k * BYTES / bandwidth * sparse
+                read = touched * n * k * weight_bytes / bandwidth * sparse
                 gemm_bw += read
                 gemm_roof += max(read, 2 * batch * top_k * n * k / flops * sparse)
     out_tokens = sum(outputs)
@@ -116,12 +120,15 @@ def main() -> None:
     p.add_argument("--bandwidth", type=float, action="append", help="bytes/s (default: 4.8e12 and 4.25e12)")
     p.add_argument("--flops", type=float, action="append", help="FLOP/s (default: 989e12 and 789e12)")
     p.add_argument("--kv-bytes", type=int, default=BYTES, help="bytes a KV element (default 2: bf16; 1: fp8)")
+    p.add_argument(
+        "--weight-bytes", type=int, default=BYTES, help="bytes a weight element (1: fp8; lm_head bf16)"
+    )
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     args = p.parse_args()
     rates = list(zip(args.bandwidth or [4.8e12, 4.25e12], args.flops or [989e12, 789e12], strict=False))
     for shape in sorted(SHAPES):
         for bandwidth, flops in rates:
-            row = bounds(shape, bandwidth, flops, args.kv_bytes)
+            row = bounds(shape, bandwidth, flops, args.kv_bytes, args.weight_bytes)
             if args.json:
                 print(json.dumps(row))
                 continue

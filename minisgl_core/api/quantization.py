@@ -17,8 +17,8 @@ embeddings stay in the run dtype, and so does the LM head unless the method sets
 
 Mixture-of-experts layers keep every expert's matrices stacked (``[experts, rows, columns]``) and
 multiply them in the core's grouped GEMMs, so a method does not multiply them itself: after
-loading, :meth:`QuantizationMethod.quantize_experts` may hand back each stack as weight-only
-quantized values with a scale a row, which those GEMMs read (API 2.1).
+loading, :meth:`QuantizationMethod.quantize_experts` may hand back each stack as quantized values
+with a scale a row, which those GEMMs read (API 2.1).
 """
 
 from __future__ import annotations
@@ -76,17 +76,19 @@ class QuantizationMethod(ABC):
         capturable in a CUDA graph on GPU (no host syncs, no allocation that depends on data)."""
 
     def quantize_experts(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """A mixture-of-experts layer's stacked expert matrices as weight-only quantized values,
-        or None (the default) to keep them in the run dtype. Called once per stack after loading
+        """A mixture-of-experts layer's stacked expert matrices as quantized values, or None (the default) to keep them in the run dtype. Called once per stack after loading
         (gate/up ``[experts, 2 * intermediate, hidden]`` and down ``[experts, hidden,
         intermediate]``, this rank's share, run dtype).
 
         Return ``(values, scales)`` on ``weight``'s device with ``weight[e, r] ≈ values[e, r] *
         scales[e, r]``: ``values`` of ``weight``'s shape in ``torch.int8`` or
         ``torch.float8_e4m3fn`` (CUDA compute capability 8.9 or newer), ``scales`` float32
-        ``[experts, rows]``. The core's grouped GEMMs convert each value exactly to the run dtype,
-        sum the products with the activations (not quantized) in float32, and scale each output
-        row after the sum. Anything else is refused at load with an error naming the method.
+        ``[experts, rows]``. int8 values are weight-only: the core's grouped GEMMs convert each
+        exactly to the run dtype and sum its products with the activations in float32. e4m3
+        values multiply e4m3 activations (W8A8): the core rounds each GEMM's input rows to e4m3
+        with a scale a row (the fp8 method's per-token rounding) and multiplies on the FP8 tensor
+        cores. Either way each output row is scaled after the sum. Anything else is refused at
+        load with an error naming the method.
         *Since API 2.1.*"""
         return None
 

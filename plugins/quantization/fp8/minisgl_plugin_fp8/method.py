@@ -9,9 +9,10 @@ quantizer ran slower than bf16 at one token. Both paths round the same way, so a
 do not depend on the batch it rides in beyond float32 summation order.
 
 Mixture-of-experts layers' experts (:meth:`Fp8Method.quantize_experts`) get the same e4m3 values
-with one scale per row, weight-only: the core's grouped GEMMs multiply the run-dtype activations
-by them (no activation quantization: the experts' tokens are gathered inside those kernels). On
-GPUs older than Ada (no e4m3 in Triton) the experts stay in the run dtype.
+with one scale per row; the core's grouped GEMMs multiply them by e4m3 activations rounded as
+:func:`quantize_rows` rounds them (W8A8, the FP8 tensor cores). On GPUs older than Ada (no e4m3 in
+Triton) the experts stay in the run dtype. The rounding (``quantize_rows``, its Triton kernel)
+lives in the core (``minisgl_core.layers.e4m3`` / ``triton_e4m3``), shared with those GEMMs.
 
 Elsewhere (CPU, older GPUs, a float32 or float16 run, shapes the kernel refuses) the layer emulates
 the same arithmetic: the same quantized weights and per-token activations, their e4m3 values
