@@ -9,7 +9,9 @@ Each row: tokens, the launch, microseconds a layer's experts take (median of CUD
 and the bytes of the experts the step's tokens chose over that time (TB/s). ``--gemms``: each
 grouped GEMM alone over its own launches (gate/up with SiLU·mul after it or fused into it, down),
 at the block size the engine picks. ``--experts int8|fp8``: the experts quantized as
-``--quantization int8`` / ``fp8`` quantizes them (weight-only, a scale a row)."""
+``--quantization int8`` / ``fp8`` quantizes them (a scale a row; int8 weight-only, e4m3 W8A8: each
+GEMM's input rows rounded to e4m3 first, that kernel timed with its GEMM; ``--weight-only``: e4m3
+converted in the kernel instead, ``moe.W8A8_EXPERTS = False``)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import statistics
 
 import torch
 
-from minisgl_core.layers import _triton_moe
+from minisgl_core.layers import _triton_moe, moe
 from minisgl_core.layers.fused import silu_and_mul
 from minisgl_core.layers.moe import align_blocks, block_rows, experts_grouped, route
 
@@ -62,8 +64,14 @@ def sweep_gemms(tokens, x, w13, w2, weights, ids, touched, s13=None, s2=None) ->
     pairs = ids.numel()
     block = block_rows(pairs, EXPERTS)
     sorted_pairs, block_expert = align_blocks(ids, EXPERTS, block)
-    gemm = functools.partial(_triton_moe.grouped_gemm, sorted_pairs=sorted_pairs, block_expert=block_expert,
-                             pairs=pairs, block=block)  # fmt: skip
+    w8a8 = w13.dtype == torch.float8_e4m3fn and moe.W8A8_EXPERTS
+    launch = functools.partial(_triton_moe.grouped_gemm, sorted_pairs=sorted_pairs, block_expert=block_expert,
+                               pairs=pairs, block=block, out_dtype=x.dtype)  # fmt: skip
+
+    def gemm(a, w, **kw):  # W8A8: the input's rounding (moe._gemm_input) is part of the GEMM timed
+        a, a_scale = moe._gemm_input(a, w8a8)
+        return launch(a, w, a_scale=a_scale, **kw)
+
     act = silu_and_mul(gemm(x, w13, row_div=TOP_K, w_scale=s13))
     scale = weights.reshape(-1)
     variants = {
@@ -107,7 +115,9 @@ def main() -> None:
     )
     parser.add_argument("--gemms", action="store_true", help="each GEMM alone over its own launches")
     parser.add_argument("--experts", choices=("bf16", "int8", "fp8"), default="bf16")
+    parser.add_argument("--weight-only", action="store_true", help="fp8: e4m3 weights times bf16 rows")
     args = parser.parse_args()
+    moe.W8A8_EXPERTS = not args.weight_only
     gen = torch.Generator(device="cuda").manual_seed(0)
     w13 = torch.randn(EXPERTS, 2 * INTER, HIDDEN, generator=gen, device="cuda", dtype=torch.bfloat16) * 0.02
     w2 = torch.randn(EXPERTS, HIDDEN, INTER, generator=gen, device="cuda", dtype=torch.bfloat16) * 0.02
