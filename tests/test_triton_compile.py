@@ -18,8 +18,8 @@ from triton.compiler import ASTSource  # noqa: E402
 TARGETS = [GPUTarget("cuda", 90, 32), GPUTarget("cuda", 80, 32)]
 
 
-#: shared memory a block of one program may use (bytes): sm_90's 227 KiB, sm_80's 163 KiB
-SHARED_LIMIT = {90: 232448, 80: 166912}
+#: shared memory a block of one program may use (bytes): sm_90's 227 KiB, sm_89's 99, sm_80's 163
+SHARED_LIMIT = {90: 232448, 89: 101376, 80: 166912}
 
 
 def compiles(kernel, signature: dict[str, str], constants: dict[str, object], target: GPUTarget, **options):
@@ -360,6 +360,34 @@ def test_moe_grouped_gemm_compiles(target, block, dtype, scale, weights):
         mma = set(re.findall(r"mma\.[.\w]*?\.f32\.(\w+)\.", compiled.asm["ptx"]))
         if weights == "fp8e4nv" and target.arch == 90:
             assert mma == ({"e4m3"} if block >= 64 else {"f16"}), mma
+
+
+@pytest.mark.parametrize("block", [16, 32, 64, 128])
+def test_w8a8_grouped_gemm_compiles_for_ada(block):
+    """e4m3 experts on Ada (sm_89, the oldest GPU ``Experts.quantize`` accepts e4m3 on): every use
+    of the W8A8 launch compiles to Ada's e4m3 ``mma.sync`` and fits its 99 KiB of shared memory."""
+    from minisgl_core.layers._triton_moe import grouped_gemm_kernel, launch_config
+
+    target = GPUTarget("cuda", 89, 32)
+    signature = {"a": "*fp8e4nv", "a_stride": "i64", "w": "*fp8e4nv", "w_stride_e": "i64", "w_stride_n": "i64",
+                 "c": "*bf16", "c_stride": "i64", "sorted_pairs": "*i64", "block_expert": "*i64", "scale": "*bf16",
+                 "w_scale": "*fp32", "w_scale_stride": "i64", "a_scale": "*fp32", "pairs": "i32", "n": "i32",
+                 "k": "i32", "num_experts": "i32"}  # fmt: skip
+    for n, k, gated, scaled in [
+        (768, 2048, True, False),
+        (1536, 2048, False, False),
+        (2048, 768, False, True),
+    ]:
+        block_n, block_k, warps, stages = launch_config(
+            block, n, k, pairs=8 if block == 16 else 4096, gated=gated
+        )
+        constants = {"ROW_DIV": 1 if scaled else 8, "HAS_SCALE": scaled, "HAS_W_SCALE": True, "IEEE": False,
+                     "GATED": gated, "HAS_A_SCALE": True, "FP8_DOT": True, "BLOCK_M": block, "BLOCK_N": block_n,
+                     "BLOCK_K": block_k}  # fmt: skip
+        compiled = compiles(
+            grouped_gemm_kernel, signature, constants, target, num_warps=warps, num_stages=stages
+        )
+        assert set(re.findall(r"mma\.[.\w]*?\.f32\.(\w+)\.", compiled.asm["ptx"])) == {"e4m3"}
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")
