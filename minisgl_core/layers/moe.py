@@ -294,7 +294,8 @@ class Experts(nn.Module):
     Quantized at load (:meth:`quantize`, ``--quantization`` with a method that quantizes experts):
     ``w13`` and ``w2`` hold values of a :data:`QUANTIZED_EXPERT_DTYPES` dtype and ``w13_scale``
     ``[experts, 2 * inter]`` / ``w2_scale`` ``[experts, hidden]`` (float32) one scale per expert
-    and output row; activations stay in the run dtype."""
+    and output row. int8 experts multiply the run-dtype activations (weight-only); e4m3 experts
+    multiply each GEMM's input rounded to e4m3 a row at a time (:data:`W8A8_EXPERTS`)."""
 
     def __init__(
         self,
