@@ -42,3 +42,16 @@ def test_a_mixture_of_experts_step_reads_the_experts_its_batch_chose():
     # 1,023 decode steps that read every expert (58.0 GB) and the rest (2.4 GB) would take 12.9 s;
     # the run's tail, of few requests, reads fewer experts
     assert 11.0 < row["seconds"]["decode_gemm_bytes"] < 12.8
+
+
+def test_e4m3_weights_halve_every_decode_read_but_the_lm_head():
+    """``--weight-bytes 1`` (``--quantization fp8``): the decode GEMMs' bytes are half of bf16's
+    less half of the lm_head's (which stays bf16); prefill and attention are unchanged."""
+    tool = load_tool()
+    for shape in ("llama-3.1-8b", "qwen3-30b-a3b"):
+        bf16 = tool.bounds(shape, 4.8e12, 989e12)["seconds"]
+        fp8 = tool.bounds(shape, 4.8e12, 989e12, weight_bytes=1)["seconds"]
+        config = tool.SHAPES[shape]
+        head_s = 1023 * config["vocab_size"] * config["hidden_size"] * 2 / 4.8e12  # every decode step
+        assert fp8["decode_gemm_bytes"] == pytest.approx(bf16["decode_gemm_bytes"] / 2 + head_s / 2, rel=1e-3)
+        assert (fp8["prefill"], fp8["decode_attention"]) == (bf16["prefill"], bf16["decode_attention"])
