@@ -37,8 +37,9 @@ def round_e4m3(q):
 @triton.jit
 def row_scale(x, K, K_ROW: tl.constexpr, BLOCK: tl.constexpr):
     """The e4m3 scale of the row at ``x`` as ``quantize_rows`` computes it, ``max(amax * (1 / 448),
-    1e-12)`` (a multiplication: see minisgl_core.layers.e4m3.INV_FP8_MAX), and its IEEE reciprocal, both ``[1, 1]``:
-    the one place the two kernels below take them from."""
+    1e-12)`` (a multiplication: see minisgl_core.layers.e4m3.INV_FP8_MAX), and its IEEE
+    reciprocal, both ``[1, 1]``: the one place :func:`quantize_rows_kernel` and the fp8 plugin's
+    one-token GEMV take them from."""
     amax = tl.zeros((1, BLOCK), dtype=tl.float32)
     for start in range(0, K_ROW, BLOCK):
         cols = start + tl.arange(0, BLOCK)[None, :]
@@ -58,7 +59,7 @@ def quantize_rows_kernel(
     BLOCK: tl.constexpr,
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch
 ):
-    """Row ``program_id`` of ``x`` as ``quantize_rows`` quantizes it, in the GEMV's arithmetic:
+    """Row ``program_id`` of ``x`` as ``quantize_rows`` quantizes it, in the fp8 GEMV's arithmetic:
     the scale ``max(amax * (1 / 448), 1e-12)``, its IEEE reciprocal, each element times it,
     clamped, rounded to e4m3 (exact in the float8 store), in two passes over the row."""
     if PDL:  # wait for the kernel before, then let the one after start launching
