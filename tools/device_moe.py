@@ -3,7 +3,7 @@ width and depth, warps, stages), at Qwen3-30B-A3B's expert shape, for the token 
 steps and a prefill step; routing uniform at random, as random weights route.
 
     python3 tools/device_moe.py [--tokens 1,8,64,256,8192] [--out moe.jsonl] [--profile | --gemms]
-                                [--experts bf16|int8|fp8]
+                                [--experts bf16|int8|fp8] [--blocks 16,32,64,128]
 
 Each row: tokens, the launch, microseconds a layer's experts take (median of CUDA-graph replays),
 and the bytes of the experts the step's tokens chose over that time (TB/s). ``--gemms``: each
@@ -116,6 +116,7 @@ def main() -> None:
     parser.add_argument("--gemms", action="store_true", help="each GEMM alone over its own launches")
     parser.add_argument("--experts", choices=("bf16", "int8", "fp8"), default="bf16")
     parser.add_argument("--weight-only", action="store_true", help="fp8: e4m3 weights times bf16 rows")
+    parser.add_argument("--blocks", default="16,32,64,128", help="block rows the launch sweep tries")
     args = parser.parse_args()
     moe.W8A8_EXPERTS = not args.weight_only
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -152,7 +153,7 @@ def main() -> None:
         default = block_rows(tokens * TOP_K, EXPERTS)
         choices = [(None, None)]
         for block, bn, bk, warps, stages in itertools.product(
-            (16, 32, 64, 128), (64, 128), (64, 128), (4, 8), (3, 4)
+            map(int, args.blocks.split(",")), (64, 128), (64, 128), (4, 8), (3, 4)
         ):
             if block == 128 and tokens < 1024:
                 continue
@@ -171,6 +172,7 @@ def main() -> None:
             row = {"tokens": tokens, "block": block or default, "configs": configs or "default",
                    "us": round(us, 1), "experts_touched": touched, "TBps": round(bytes_read / us / 1e6, 2)}  # fmt: skip
             rows.append(row)
+            print(json.dumps(row), flush=True)
         best = min((r for r in rows if r["tokens"] == tokens and "us" in r), key=lambda r: r["us"])
         base = next(r for r in rows if r["tokens"] == tokens and r.get("configs") == "default")
         print(json.dumps({"tokens": tokens, "default": base, "best": best}), flush=True)
