@@ -256,14 +256,14 @@ def test_interpreted_quantized_grouped_experts_match_the_loop():
     from minisgl_core.testing.triton_interpreter import run_under_interpreter
 
     out = run_under_interpreter(__file__, "quantized")
-    assert out.count("ok") == 7, out
+    assert out.count("ok") == 8, out
 
 
 def check_quantized() -> None:
     """Child under TRITON_INTERPRET=1: int8 and e4m3 experts through the grouped GEMMs (SiLU·mul
-    fused or not; e4m3 as W8A8 and weight-only) against the loop over the same values, in float32
-    and float16."""
-    from minisgl_core.layers import moe
+    fused or not; e4m3 as W8A8, its products also taken transposed, and weight-only) against the
+    loop over the same values, in float32 and float16."""
+    from minisgl_core.layers import _triton_moe, moe
     from minisgl_core.layers.moe import experts_grouped
 
     x, w13, w2, weights, ids = random_experts(7, tokens=37, hidden=48, inter=40, experts=8, top_k=2)
@@ -281,6 +281,17 @@ def check_quantized() -> None:
             torch.testing.assert_close(half, want_half, atol=2e-2, rtol=2e-2)
             print("ok", dtype, fused)
         moe.FUSED_GATE_UP = default
+        if dtype == torch.float8_e4m3fn:  # every block's product transposed (SWAP_AB), fused or not
+            below = _triton_moe.SWAP_AB_BELOW
+            _triton_moe.SWAP_AB_BELOW = 1 << 30
+            try:
+                for fused in (True, False):
+                    moe.FUSED_GATE_UP = fused
+                    got = experts_grouped(x, q13, q2, weights, ids, (s13, s2))
+                    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+            finally:
+                _triton_moe.SWAP_AB_BELOW, moe.FUSED_GATE_UP = below, default
+            print("ok transposed")
         if dtype == torch.float8_e4m3fn:  # weight-only: run-dtype rows, the weights converted
             moe.W8A8_EXPERTS = False
             try:
@@ -413,9 +424,10 @@ def test_grouped_experts_on_the_gpu_in_bf16_and_inside_a_cuda_graph():
 @pytest.mark.parametrize("dtype", QUANTIZED, ids=["int8", "fp8"])
 def test_quantized_grouped_experts_on_the_gpu(dtype):
     """bf16 activations by int8 / e4m3 experts of Qwen3-30B-A3B's shape against the loop over the
-    same values, SiLU·mul fused and not (e4m3: W8A8, and weight-only unfused), at a decode step's
-    and a prefill step's tokens (64-row blocks and up: the e4m3 wgmma)."""
-    from minisgl_core.layers import moe
+    same values, SiLU·mul fused and not (e4m3: W8A8, its small blocks' products also taken
+    transposed, and weight-only unfused), at a decode step's and a prefill step's tokens (64-row
+    blocks and up: the e4m3 wgmma)."""
+    from minisgl_core.layers import _triton_moe, moe
     from minisgl_core.layers.moe import experts_grouped
 
     gen = torch.Generator(device="cuda").manual_seed(8)
@@ -428,15 +440,17 @@ def test_quantized_grouped_experts_on_the_gpu(dtype):
         x = torch.randn(tokens, hidden, generator=gen, device="cuda", dtype=torch.bfloat16)
         weights, ids = route(torch.randn(tokens, experts, generator=gen, device="cuda"), 8, True)
         weights = weights.bfloat16()
-        for w8a8, fused in ((True, False), (True, True), (False, False)):
-            if dtype == torch.int8 and not w8a8:
+        for w8a8, fused, below in ((True, False, 0), (True, True, 0), (True, False, 64), (True, True, 64),
+                                   (False, False, 0)):  # fmt: skip
+            if dtype == torch.int8 and (not w8a8 or below):
                 continue
             moe.FUSED_GATE_UP, moe.W8A8_EXPERTS = fused, w8a8
+            default, _triton_moe.SWAP_AB_BELOW = _triton_moe.SWAP_AB_BELOW, below
             try:
                 want = experts_reference(x, q13, q2, weights, ids, (s13, s2)).float()
                 got = experts_grouped(x, q13, q2, weights, ids, (s13, s2)).float()
             finally:
-                moe.FUSED_GATE_UP, moe.W8A8_EXPERTS = False, True
+                moe.FUSED_GATE_UP, moe.W8A8_EXPERTS, _triton_moe.SWAP_AB_BELOW = False, True, default
             if dtype == torch.float8_e4m3fn and w8a8:
                 # an activation the two sides sum in another order can round to the next e4m3 value
                 # (one in 131,072 outputs moved by 0.021 at 2,048 tokens): bounded, and rare. The

@@ -348,11 +348,11 @@ def test_moe_grouped_gemm_compiles(target, block, dtype, scale, weights):
     uses = [(2048, 768, False)] if scale else [(768, 2048, True), (1536, 2048, False)]
     for n, k, gated in uses:
         block_n, block_k, warps, stages = launch_config(
-            block, n, k, pairs=8 if block == 16 else 4096, gated=gated
+            block, n, k, pairs=8 if block == 16 else 4096, gated=gated, w8a8=w8a8
         )
         constants = {"ROW_DIV": 1 if scale else 8, "HAS_SCALE": scale is not None, "HAS_W_SCALE": weights is not None,
                      "IEEE": dtype == "fp32", "GATED": gated, "HAS_A_SCALE": w8a8,
-                     "FP8_DOT": w8a8, "BLOCK_M": block, "BLOCK_N": block_n,
+                     "FP8_DOT": w8a8, "SWAP_AB": False, "BLOCK_M": block, "BLOCK_N": block_n,
                      "BLOCK_K": block_k}  # fmt: skip
         compiled = compiles(
             grouped_gemm_kernel, signature, constants, target, num_warps=warps, num_stages=stages
@@ -360,6 +360,14 @@ def test_moe_grouped_gemm_compiles(target, block, dtype, scale, weights):
         mma = set(re.findall(r"mma\.[.\w]*?\.f32\.(\w+)\.", compiled.asm["ptx"]))
         if weights == "fp8e4nv" and target.arch == 90:
             assert mma == ({"e4m3"} if block >= 64 else {"f16"}), mma
+        if w8a8 and block < 64:  # the product transposed: the weights' columns fill wgmma's M side
+            compiled = compiles(
+                grouped_gemm_kernel, signature, {**constants, "SWAP_AB": True}, target, num_warps=warps,
+                num_stages=stages,
+            )  # fmt: skip
+            ptx = compiled.asm["ptx"]
+            if target.arch == 90:
+                assert set(re.findall(r"wgmma\.[.\w]*?\.f32\.(\w+)\.", ptx)) == {"e4m3"}
 
 
 @pytest.mark.parametrize("block", [16, 32, 64, 128])
@@ -379,15 +387,17 @@ def test_w8a8_grouped_gemm_compiles_for_ada(block):
         (2048, 768, False, True),
     ]:
         block_n, block_k, warps, stages = launch_config(
-            block, n, k, pairs=8 if block == 16 else 4096, gated=gated
+            block, n, k, pairs=8 if block == 16 else 4096, gated=gated, w8a8=True
         )
         constants = {"ROW_DIV": 1 if scaled else 8, "HAS_SCALE": scaled, "HAS_W_SCALE": True, "IEEE": False,
                      "GATED": gated, "HAS_A_SCALE": True, "FP8_DOT": True, "BLOCK_M": block, "BLOCK_N": block_n,
                      "BLOCK_K": block_k}  # fmt: skip
-        compiled = compiles(
-            grouped_gemm_kernel, signature, constants, target, num_warps=warps, num_stages=stages
-        )
-        assert set(re.findall(r"mma\.[.\w]*?\.f32\.(\w+)\.", compiled.asm["ptx"])) == {"e4m3"}
+        for swap in (False, True) if block < 64 else (False,):
+            compiled = compiles(
+                grouped_gemm_kernel, signature, {**constants, "SWAP_AB": swap}, target, num_warps=warps,
+                num_stages=stages,
+            )  # fmt: skip
+            assert set(re.findall(r"mma\.[.\w]*?\.f32\.(\w+)\.", compiled.asm["ptx"])) == {"e4m3"}
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")

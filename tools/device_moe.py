@@ -3,7 +3,7 @@ width and depth, warps, stages), at Qwen3-30B-A3B's expert shape, for the token 
 steps and a prefill step; routing uniform at random, as random weights route.
 
     python3 tools/device_moe.py [--tokens 1,8,64,256,8192] [--out moe.jsonl] [--profile | --gemms]
-                                [--experts bf16|int8|fp8] [--blocks 16,32,64,128]
+                                [--experts bf16|int8|fp8] [--blocks 16,32,64,128] [--swap-below 64]
 
 Each row: tokens, the launch, microseconds a layer's experts take (median of CUDA-graph replays),
 and the bytes of the experts the step's tokens chose over that time (TB/s). ``--gemms``: each
@@ -11,7 +11,8 @@ grouped GEMM alone over its own launches (gate/up with SiLU·mul after it or fus
 at the block size the engine picks. ``--experts int8|fp8``: the experts quantized as
 ``--quantization int8`` / ``fp8`` quantizes them (a scale a row; int8 weight-only, e4m3 W8A8: each
 GEMM's input rows rounded to e4m3 first, that kernel timed with its GEMM; ``--weight-only``: e4m3
-converted in the kernel instead, ``moe.W8A8_EXPERTS = False``)."""
+converted in the kernel instead, ``moe.W8A8_EXPERTS = False``; ``--swap-below``: W8A8 blocks of
+fewer rows multiplied transposed, ``_triton_moe.SWAP_AB_BELOW``)."""
 
 from __future__ import annotations
 
@@ -116,9 +117,14 @@ def main() -> None:
     parser.add_argument("--gemms", action="store_true", help="each GEMM alone over its own launches")
     parser.add_argument("--experts", choices=("bf16", "int8", "fp8"), default="bf16")
     parser.add_argument("--weight-only", action="store_true", help="fp8: e4m3 weights times bf16 rows")
+    parser.add_argument(
+        "--swap-below", type=int, help="W8A8 blocks of fewer rows take the product transposed (SWAP_AB)"
+    )
     parser.add_argument("--blocks", default="16,32,64,128", help="block rows the launch sweep tries")
     args = parser.parse_args()
     moe.W8A8_EXPERTS = not args.weight_only
+    if args.swap_below is not None:
+        _triton_moe.SWAP_AB_BELOW = args.swap_below
     gen = torch.Generator(device="cuda").manual_seed(0)
     w13 = torch.randn(EXPERTS, 2 * INTER, HIDDEN, generator=gen, device="cuda", dtype=torch.bfloat16) * 0.02
     w2 = torch.randn(EXPERTS, HIDDEN, INTER, generator=gen, device="cuda", dtype=torch.bfloat16) * 0.02

@@ -14,20 +14,40 @@ import triton.language as tl
 
 
 @triton.jit
-def _tile_product(acc, x, w_ptrs, mask, CONVERT: tl.constexpr, IEEE: tl.constexpr, FP8_DOT: tl.constexpr):
-    """``acc + x @ w`` for the weight tile at ``w_ptrs`` (``CONVERT``: quantized values, each
-    converted exactly to ``x``'s dtype first; ``FP8_DOT``: both e4m3, the FP8 tensor cores' product,
-    promoted to float32 once a tile: Hopper's accumulator alone keeps fewer bits)."""
-    y = tl.load(w_ptrs, mask=mask, other=0.0)
+def _dot(acc, a, b, IEEE: tl.constexpr, FP8_DOT: tl.constexpr):
+    """``acc + a @ b``: e4m3 tiles (``FP8_DOT``) promoted to float32 once a tile (Hopper's
+    accumulator alone keeps fewer bits); ``IEEE``: float32 tiles multiplied exactly."""
     if FP8_DOT:
-        acc += tl.dot(x, y, max_num_imprecise_acc=x.shape[1])
+        acc += tl.dot(a, b, max_num_imprecise_acc=a.shape[1])
+    elif IEEE:
+        acc += tl.dot(a, b, input_precision="ieee")
     else:
-        if CONVERT:
-            y = y.to(x.dtype)
-        if IEEE:
-            acc += tl.dot(x, y, input_precision="ieee")
-        else:
-            acc += tl.dot(x, y)
+        acc += tl.dot(a, b)
+    return acc
+
+
+@triton.jit
+def _tile_product(
+    acc,
+    x,
+    w_ptrs,
+    mask,
+    CONVERT: tl.constexpr,
+    IEEE: tl.constexpr,
+    FP8_DOT: tl.constexpr,
+    SWAP_AB: tl.constexpr,
+):
+    """``acc + x @ w`` for the weight tile at ``w_ptrs`` (``CONVERT``: quantized values, each
+    converted exactly to ``x``'s dtype first, unless ``FP8_DOT``: both e4m3, the FP8 tensor cores'
+    product). ``SWAP_AB``: the tile is ``[columns, depth]`` and ``acc`` the transposed sum,
+    ``acc + w @ x.T``: the weights' columns are the product's rows."""
+    y = tl.load(w_ptrs, mask=mask, other=0.0)
+    if CONVERT and not FP8_DOT:
+        y = y.to(x.dtype)
+    if SWAP_AB:
+        acc = _dot(acc, y, tl.trans(x), IEEE, FP8_DOT)
+    else:
+        acc = _dot(acc, x, y, IEEE, FP8_DOT)
     return acc
 
 
@@ -36,7 +56,7 @@ def grouped_gemm_kernel(
     a, a_stride, w, w_stride_e, w_stride_n, c, c_stride, sorted_pairs, block_expert, scale,
     w_scale, w_scale_stride, a_scale, pairs, n, k, num_experts,
     ROW_DIV: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_W_SCALE: tl.constexpr, IEEE: tl.constexpr,
-    GATED: tl.constexpr, HAS_A_SCALE: tl.constexpr, FP8_DOT: tl.constexpr,
+    GATED: tl.constexpr, HAS_A_SCALE: tl.constexpr, FP8_DOT: tl.constexpr, SWAP_AB: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """``c[p] = (a[p // ROW_DIV] @ w[e].T) * scale[p]`` for the pairs ``p`` of block
@@ -54,7 +74,10 @@ def grouped_gemm_kernel(
     ``HAS_A_SCALE`` (e4m3 weights): ``a`` holds e4m3 rows too, row ``r`` standing for
     ``a[r] * a_scale[r]``, applied after ``w_scale``. ``FP8_DOT``: the e4m3 tiles multiplied as
     they are (the GPU's FP8 tensor cores); else both converted to float32 first (the interpreter):
-    the same exact products either way."""
+    the same exact products either way. ``SWAP_AB``: the product taken transposed,
+    ``w[e] @ a[rows].T``, then the sums transposed back: with e4m3 tiles a block of fewer than 64
+    rows still reaches Hopper's e4m3 wgmma, whose ``M`` side (64 rows) is then the block's weight
+    columns (:data:`SWAP_AB_BELOW`)."""
     pid_n = tl.program_id(0)  # a block's column tiles run side by side: its rows stay in L2
     pid_m = tl.program_id(1)
     expert = tl.load(block_expert + pid_m)
@@ -68,24 +91,35 @@ def grouped_gemm_kernel(
     n_ok = offs_n < n
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a + row[:, None].to(tl.int64) * a_stride + offs_k[None, :]
-    w_ptrs = (
-        w + expert.to(tl.int64) * w_stride_e + offs_n[None, :].to(tl.int64) * w_stride_n + offs_k[:, None]
-    )
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # GATED only
+    w_ptrs = w + expert.to(tl.int64) * w_stride_e
+    if SWAP_AB:  # [BLOCK_N, BLOCK_K] tiles, the sums transposed
+        w_ptrs += offs_n[:, None].to(tl.int64) * w_stride_n + offs_k[None, :]
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # GATED only
+    else:  # [BLOCK_K, BLOCK_N] tiles
+        w_ptrs += offs_n[None, :].to(tl.int64) * w_stride_n + offs_k[:, None]
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # GATED only
     up_ptrs = w_ptrs + n.to(tl.int64) * w_stride_n
     for k0 in range(0, k, BLOCK_K):
         k_ok = offs_k < k - k0
         x = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
         if HAS_A_SCALE and not FP8_DOT:
             x = x.to(tl.float32)
-        w_ok = k_ok[:, None] & n_ok[None, :]
-        acc = _tile_product(acc, x, w_ptrs, w_ok, HAS_W_SCALE, IEEE, FP8_DOT)
+        if SWAP_AB:
+            w_ok = n_ok[:, None] & k_ok[None, :]
+        else:
+            w_ok = k_ok[:, None] & n_ok[None, :]
+        acc = _tile_product(acc, x, w_ptrs, w_ok, HAS_W_SCALE, IEEE, FP8_DOT, SWAP_AB)
         if GATED:
-            acc_up = _tile_product(acc_up, x, up_ptrs, w_ok, HAS_W_SCALE, IEEE, FP8_DOT)
+            acc_up = _tile_product(acc_up, x, up_ptrs, w_ok, HAS_W_SCALE, IEEE, FP8_DOT, SWAP_AB)
             up_ptrs += BLOCK_K
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
+    if SWAP_AB:
+        acc = tl.trans(acc)
+        if GATED:
+            acc_up = tl.trans(acc_up)
     if HAS_W_SCALE:
         scale_row = w_scale + expert.to(tl.int64) * w_scale_stride
         acc = acc * tl.load(scale_row + offs_n, mask=n_ok, other=0.0)[None, :]
@@ -171,15 +205,24 @@ def align(ids: torch.Tensor, num_experts: int, block: int, blocks: int) -> tuple
     return sorted_pairs, block_expert
 
 
+#: W8A8 blocks of fewer rows than this take their product transposed (the kernel's ``SWAP_AB``):
+#: 0 (none) until a GPU sweep shows it faster (``tools/device_moe.py --swap-below``)
+SWAP_AB_BELOW = 0
+
+
 def launch_config(
-    block: int, n: int, k: int, pairs: int = 1 << 30, gated: bool = False
+    block: int, n: int, k: int, pairs: int = 1 << 30, gated: bool = False, w8a8: bool = False
 ) -> tuple[int, int, int, int]:
     """(BLOCK_N, BLOCK_K, num_warps, num_stages) for blocks of ``block`` rows and an ``n x k``
     expert matrix (``gated``: ``n`` columns of each half), from a sweep on one H200 at
     Qwen3-30B-A3B's shape (``tools/device_moe.py``, BENCHMARKS.md): the fastest launch for each
     block size there, and for a step of at most 64 pairs (8 tokens of top-8) shallower tiles,
-    which reach more experts at once."""
-    if block <= 16:
+    which reach more experts at once. ``w8a8`` (e4m3 by e4m3): from 64-row blocks (the e4m3
+    wgmma, prefill) 128-deep tiles and 8 warps, 28% faster than the bf16 launch at 8,192 tokens;
+    smaller blocks as bf16 (a W8A8 sweep at 64 and 256 tokens found none faster)."""
+    if w8a8 and block >= 64:
+        block_n, block_k, warps, stages = (128, 128, 8, 4) if block <= 64 else (64, 128, 8, 4)
+    elif block <= 16:
         block_n, block_k, warps, stages = (64, 64, 4, 4) if pairs <= 64 else (64, 128, 4, 3)
     elif block <= 32:
         block_n, block_k, warps, stages = 128, 128, 4, 3
@@ -209,6 +252,7 @@ def grouped_gemm(
     a_scale: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     config: tuple[int, int, int, int] | None = None,
+    swap_ab: bool | None = None,
 ) -> torch.Tensor:
     """``[pairs, w.shape[1]]``: row ``p`` is ``a[p // row_div] @ w[e].T`` (times ``scale[p]``) for
     the expert ``e`` that pair ``p`` chose (see the module). ``gated``: ``[pairs, w.shape[1] // 2]``,
@@ -218,7 +262,8 @@ def grouped_gemm(
     ``[rows]`` or ``[rows, 1]``, :func:`~minisgl_core.layers.triton_e4m3.quantize_rows_triton`'s), and
     the output in ``out_dtype``.
     ``config``: (BLOCK_N, BLOCK_K, warps, stages) instead of :func:`launch_config`'s
-    (``tools/device_moe.py`` sweeps them)."""
+    (``tools/device_moe.py`` sweeps them). ``swap_ab``: the kernel's ``SWAP_AB`` (default: W8A8
+    blocks of fewer than :data:`SWAP_AB_BELOW` rows)."""
     if a.stride(-1) != 1:
         a = a.contiguous()
     num_experts, n, k = w.shape
@@ -235,8 +280,10 @@ def grouped_gemm(
     if gated:
         n //= 2
     fp8_dot = a_scale is not None and a.is_cuda
+    if swap_ab is None:
+        swap_ab = a_scale is not None and block < SWAP_AB_BELOW
     out = torch.empty(pairs, n, dtype=out_dtype or a.dtype, device=a.device)
-    block_n, block_k, warps, stages = config or launch_config(block, n, k, pairs, gated)
+    block_n, block_k, warps, stages = config or launch_config(block, n, k, pairs, gated, a_scale is not None)
     grid = (triton.cdiv(n, block_n), block_expert.numel())
     grouped_gemm_kernel[grid](
         a, a.stride(0), w, w.stride(0), w.stride(1), out, out.stride(0), sorted_pairs, block_expert,
@@ -245,7 +292,7 @@ def grouped_gemm(
         num_experts,
         ROW_DIV=row_div, HAS_SCALE=scale is not None, HAS_W_SCALE=w_scale is not None,
         IEEE=a.dtype == torch.float32 or (a_scale is not None and not fp8_dot), GATED=gated, HAS_A_SCALE=a_scale is not None,
-        FP8_DOT=fp8_dot,
+        FP8_DOT=fp8_dot, SWAP_AB=swap_ab,
         BLOCK_M=block, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out
