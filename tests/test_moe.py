@@ -261,7 +261,7 @@ def test_interpreted_quantized_grouped_experts_match_the_loop():
 
 def check_quantized() -> None:
     """Child under TRITON_INTERPRET=1: int8 and e4m3 experts through the grouped GEMMs (SiLU·mul
-    fused or not; e4m3 as W8A8, its products also taken transposed, and weight-only) against the
+    fused or not; e4m3 as W8A8, its products taken transposed and not, and weight-only) against the
     loop over the same values, in float32 and float16."""
     from minisgl_core.layers import _triton_moe, moe
     from minisgl_core.layers.moe import experts_grouped
@@ -281,9 +281,9 @@ def check_quantized() -> None:
             torch.testing.assert_close(half, want_half, atol=2e-2, rtol=2e-2)
             print("ok", dtype, fused)
         moe.FUSED_GATE_UP = default
-        if dtype == torch.float8_e4m3fn:  # every block's product transposed (SWAP_AB), fused or not
+        if dtype == torch.float8_e4m3fn:  # the other SWAP_AB than the default's, fused or not
             below = _triton_moe.SWAP_AB_BELOW
-            _triton_moe.SWAP_AB_BELOW = 1 << 30
+            _triton_moe.SWAP_AB_BELOW = 0 if below else 1 << 30
             try:
                 for fused in (True, False):
                     moe.FUSED_GATE_UP = fused
@@ -291,7 +291,7 @@ def check_quantized() -> None:
                     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
             finally:
                 _triton_moe.SWAP_AB_BELOW, moe.FUSED_GATE_UP = below, default
-            print("ok transposed")
+            print("ok transposed or not")
         if dtype == torch.float8_e4m3fn:  # weight-only: run-dtype rows, the weights converted
             moe.W8A8_EXPERTS = False
             try:

@@ -206,8 +206,10 @@ def align(ids: torch.Tensor, num_experts: int, block: int, blocks: int) -> tuple
 
 
 #: W8A8 blocks of fewer rows than this take their product transposed (the kernel's ``SWAP_AB``):
-#: 0 (none) until a GPU sweep shows it faster (``tools/device_moe.py --swap-below``)
-SWAP_AB_BELOW = 0
+#: Hopper's e4m3 wgmma instead of ``mma.sync`` of tiles converted to float16. A layer's experts
+#: 1.3-4.6% faster at 1 to 256 tokens on one H200 (the default launch's row of
+#: ``tools/device_moe.py --experts fp8 --swap-below 0`` against ``64``; BENCHMARKS.md)
+SWAP_AB_BELOW = 64
 
 
 def launch_config(
