@@ -399,11 +399,13 @@ def test_grouped_experts_on_the_gpu_in_bf16_and_inside_a_cuda_graph():
         torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
         # SiLU·mul fused into the gate/up GEMM or after it (the default): a bf16 ulp apart at
         # most where the two launches' float32 sums differ in order
-        moe.FUSED_GATE_UP = True
+        default, moe.FUSED_GATE_UP = moe.FUSED_GATE_UP, True
         try:
             fused = experts_grouped(x, w13, w2, weights, ids)
-        finally:
             moe.FUSED_GATE_UP = False
+            got = experts_grouped(x, w13, w2, weights, ids)
+        finally:
+            moe.FUSED_GATE_UP = default
         torch.testing.assert_close(fused, got, atol=1e-2, rtol=1e-2)
         # captured: the same numbers from a replay on new inputs
         graph = torch.cuda.CUDAGraph()
@@ -444,13 +446,13 @@ def test_quantized_grouped_experts_on_the_gpu(dtype):
                                    (False, False, 0)):  # fmt: skip
             if dtype == torch.int8 and (not w8a8 or below):
                 continue
-            moe.FUSED_GATE_UP, moe.W8A8_EXPERTS = fused, w8a8
-            default, _triton_moe.SWAP_AB_BELOW = _triton_moe.SWAP_AB_BELOW, below
+            defaults = moe.FUSED_GATE_UP, moe.W8A8_EXPERTS, _triton_moe.SWAP_AB_BELOW
+            moe.FUSED_GATE_UP, moe.W8A8_EXPERTS, _triton_moe.SWAP_AB_BELOW = fused, w8a8, below
             try:
                 want = experts_reference(x, q13, q2, weights, ids, (s13, s2)).float()
                 got = experts_grouped(x, q13, q2, weights, ids, (s13, s2)).float()
             finally:
-                moe.FUSED_GATE_UP, moe.W8A8_EXPERTS, _triton_moe.SWAP_AB_BELOW = False, True, default
+                moe.FUSED_GATE_UP, moe.W8A8_EXPERTS, _triton_moe.SWAP_AB_BELOW = defaults
             if dtype == torch.float8_e4m3fn and w8a8:
                 # an activation the two sides sum in another order can round to the next e4m3 value
                 # (one in 131,072 outputs moved by 0.021 at 2,048 tokens): bounded, and rare. The
