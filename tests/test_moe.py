@@ -138,6 +138,76 @@ def test_route_matches_transformers_router():
         torch.testing.assert_close(weights, want_weights)
 
 
+#: (tokens, experts, top_k, renormalize, float32 weights, logits dtype) of the router kernel's checks
+ROUTE_CASES = [(1, 8, 2, False, True, torch.float32), (7, 128, 8, True, False, torch.bfloat16),
+               (300, 128, 8, True, False, torch.bfloat16), (33, 60, 6, True, False, torch.float16),
+               (5, 3, 3, False, False, torch.float32), (64, 8, 1, True, True, torch.bfloat16)]  # fmt: skip
+
+
+def check_route_kernel(device: str = "cpu") -> None:
+    """Child under TRITON_INTERPRET=1 (and on the GPU): ``_triton_moe.route`` against ``route`` on
+    every case. Logits rounded to 16 bits tie now and then, and which of two equal experts torch's
+    top-k takes is not specified: the kernel must choose experts with the same probabilities, in
+    the same order, distinct, with the same weights; where no two logits of a row are equal, the
+    same ids."""
+    from minisgl_core.layers import _triton_moe
+
+    gen = torch.Generator().manual_seed(11)
+    for tokens, experts, top_k, renormalize, f32, dtype in ROUTE_CASES:
+        logits = (torch.randn(tokens, experts, generator=gen) * 3).to(dtype).to(device)
+        want_w, want_ids = route(logits, top_k, renormalize, f32)
+        got_w, got_ids = _triton_moe.route(logits, top_k, renormalize, f32)
+        assert got_w.dtype == want_w.dtype and got_ids.dtype == torch.int64
+        torch.testing.assert_close(
+            got_w, want_w, atol=1e-6, rtol=2e-6 if got_w.dtype == torch.float32 else 1e-2
+        )
+        probs = torch.softmax(logits.float(), dim=-1)
+        torch.testing.assert_close(probs.gather(1, got_ids), probs.gather(1, want_ids), atol=0, rtol=0)
+        assert all(len(set(r)) == top_k for r in got_ids.tolist())
+        no_ties = torch.tensor([len(set(r)) == experts for r in logits.float().tolist()], device=device)
+        assert torch.equal(got_ids[no_ties], want_ids[no_ties])
+        print("ok", tokens, experts, top_k, int(no_ties.sum()))
+    # a strided view of the logits (a column slice) and no tokens at all
+    wide = torch.randn(9, 20, generator=gen).to(device)
+    torch.testing.assert_close(_triton_moe.route(wide[:, :16], 4, True), route(wide[:, :16], 4, True))
+    empty_w, empty_ids = _triton_moe.route(wide[:0, :16], 4, True)
+    assert empty_w.shape == (0, 4) and empty_ids.shape == (0, 4)
+    print("ok strided, empty")
+    # a block's forward with the kernel as its router (moe.TRITON_ROUTE) against the torch router
+    from minisgl_core.api.parallel import ParallelContext
+    from minisgl_core.layers import moe
+    from minisgl_core.layers.moe import SparseMoE
+
+    block = SparseMoE(48, 24, 6, 2, renormalize=True, parallel=ParallelContext(), dtype=torch.float32,
+                      device=device)  # fmt: skip
+    for param in block.parameters():
+        param.data.copy_(torch.randn(param.shape, generator=gen).to(device) * 0.2)
+    x = torch.randn(13, 48, generator=gen).to(device)
+    default = moe.TRITON_ROUTE
+    try:
+        moe.TRITON_ROUTE = False
+        want = block(x)
+        moe.TRITON_ROUTE = True
+        got = block(x)
+    finally:
+        moe.TRITON_ROUTE = default
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    print("ok block")
+
+
+def test_interpreted_route_kernel_matches_route():
+    pytest.importorskip("triton")
+    from minisgl_core.testing.triton_interpreter import run_under_interpreter
+
+    out = run_under_interpreter(__file__, "route")
+    assert out.count("ok") == len(ROUTE_CASES) + 2, out
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_route_kernel_on_the_gpu():
+    check_route_kernel("cuda")
+
+
 def test_reference_matches_a_dense_sum_over_experts():
     """The loop's sum equals computing every expert for every token and weighting by the router."""
     gen = torch.Generator().manual_seed(1)
@@ -528,3 +598,5 @@ if __name__ == "__main__":
         check_quantized()
     elif sys.argv[1] == "align":
         check_align_kernels()
+    elif sys.argv[1] == "route":
+        check_route_kernel()

@@ -416,3 +416,37 @@ def test_moe_align_kernels_compile(target, experts, rows):
              {"ROWS": rows, "EXPERTS": max(16, triton.next_power_of_2(experts)), "BLOCKS": 32}, target)  # fmt: skip
     compiles(scatter_pairs_kernel, {"ids": "*i64", "starts": "*i32", "slot": "*i32", "sorted_pairs": "*i64",
                                     "pairs": "i32"}, {"BLOCK": 1024}, target)  # fmt: skip
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")
+@pytest.mark.parametrize(
+    "experts, top_k, logits, weights",
+    [(128, 8, "bf16", "bf16"), (8, 2, "bf16", "fp32"), (60, 6, "fp16", "fp16"), (512, 10, "bf16", "bf16")],
+)
+def test_moe_route_kernel_compiles(target, experts, top_k, logits, weights):
+    """The router in one kernel (``_triton_moe.route``): Qwen3-30B-A3B's 128 experts and top 8,
+    Mixtral's 8 and top 2 with float32 weights, a count that is no power of two, and 512 experts
+    (four warps), as ``route`` launches it."""
+    import triton
+
+    from minisgl_core.layers._triton_moe import route_kernel
+
+    block = max(16, triton.next_power_of_2(experts))
+    compiles(
+        route_kernel,
+        {
+            "logits": f"*{logits}",
+            "logits_stride": "i64",
+            "weights": f"*{weights}",
+            "ids": "*i64",
+            "num_experts": "i32",
+        },
+        {
+            "TOP_K": top_k,
+            "K_POW2": max(2, triton.next_power_of_2(top_k)),
+            "EXPERTS": block,
+            "RENORMALIZE": True,
+        },
+        target,
+        num_warps=1 if block <= 256 else 4,
+    )

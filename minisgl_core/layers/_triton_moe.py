@@ -140,6 +140,56 @@ def grouped_gemm_kernel(
 
 
 @triton.jit
+def route_kernel(
+    logits, logits_stride, weights, ids, num_experts,
+    TOP_K: tl.constexpr, K_POW2: tl.constexpr, EXPERTS: tl.constexpr, RENORMALIZE: tl.constexpr,
+):  # fmt: skip
+    """One token a program: :func:`~minisgl_core.layers.moe.route` in one kernel. The softmax over
+    the experts in float32, then the ``TOP_K`` largest one at a time, largest first (the lowest
+    expert index among equal values), divided by their sum when ``RENORMALIZE``; weights stored in
+    ``weights``' dtype, expert ids as int64."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, EXPERTS)
+    real = offs < num_experts
+    x = tl.load(logits + row * logits_stride + offs, mask=real, other=float("-inf")).to(tl.float32)
+    e = tl.exp(x - tl.max(x, axis=0))
+    probs = tl.where(real, e / tl.sum(e, axis=0), -1.0)  # past the last expert: never chosen
+    slots = tl.arange(0, K_POW2)
+    chosen_w = tl.zeros((K_POW2,), dtype=tl.float32)
+    chosen_id = tl.zeros((K_POW2,), dtype=tl.int64)
+    for j in tl.static_range(TOP_K):
+        best, at = tl.max(probs, axis=0, return_indices=True, return_indices_tie_break_left=True)
+        chosen_w = tl.where(slots == j, best, chosen_w)
+        chosen_id = tl.where(slots == j, at.to(tl.int64), chosen_id)
+        probs = tl.where(offs == at, -1.0, probs)
+    if RENORMALIZE:
+        chosen_w = chosen_w / tl.sum(chosen_w, axis=0)
+    out = row * TOP_K + slots
+    tl.store(weights + out, chosen_w.to(weights.dtype.element_ty), mask=slots < TOP_K)
+    tl.store(ids + out, chosen_id, mask=slots < TOP_K)
+
+
+def route(
+    logits: torch.Tensor, top_k: int, renormalize: bool, float32_weights: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What :func:`minisgl_core.layers.moe.route` returns, from one kernel (five torch ops there)."""
+    tokens, num_experts = logits.shape
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    dtype = torch.float32 if float32_weights else logits.dtype
+    weights = torch.empty(tokens, top_k, dtype=dtype, device=logits.device)
+    ids = torch.empty(tokens, top_k, dtype=torch.int64, device=logits.device)
+    if tokens:
+        experts = max(16, triton.next_power_of_2(num_experts))
+        route_kernel[(tokens,)](
+            logits, logits.stride(0), weights, ids, num_experts,
+            TOP_K=top_k, K_POW2=max(2, triton.next_power_of_2(top_k)), EXPERTS=experts,
+            RENORMALIZE=renormalize, num_warps=1 if experts <= 256 else 4,
+        )  # fmt: skip
+    return weights, ids
+
+
+@triton.jit
 def count_pairs_kernel(ids, counts, slot, sorted_pairs, pairs, slots, BLOCK: tl.constexpr):
     """``slot[p]``: pair ``p``'s place in its expert's run (the expert's count before it, by an
     atomic add: the order inside a run is whichever the atomics took, which changes no output row);

@@ -200,6 +200,11 @@ def align_blocks(ids: torch.Tensor, num_experts: int, block: int) -> tuple[torch
 #: (``python3 tools/device_moe.py --gemms``); with ``--quantization fp8`` offline 7,792 tok/s fused
 #: (a fresh machine's first run) against 7,714 unfused (the next process)
 FUSED_GATE_UP = True
+#: The router's softmax, top-k, renormalization and rounding as one Triton kernel
+#: (``_triton_moe.route``) where the experts run in Triton, rather than five torch kernels. Off
+#: until timed on a GPU; the same ids and weights as :func:`route` under Triton's interpreter
+#: (``tests/test_moe.py``)
+TRITON_ROUTE = False
 #: e4m3 experts multiply e4m3 activations (W8A8: each GEMM's input rows quantized first, one
 #: scale a row, then the FP8 tensor cores) rather than converting the weights to the run dtype in
 #: the kernel (weight-only). The loop (:func:`experts_reference`) follows it.
@@ -440,8 +445,15 @@ class SparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor, reduce: bool = True) -> torch.Tensor:
         """``reduce=False``: this rank's partial sum, for the norm after the block to all-reduce."""
-        weights, ids = route(self.gate(x), self.top_k, self.renormalize, self.float32_weights)
+        triton = moe_enabled(x)
+        if triton and TRITON_ROUTE:
+            from minisgl_core.layers import _triton_moe
+
+            router = _triton_moe.route
+        else:
+            router = route
+        weights, ids = router(self.gate(x), self.top_k, self.renormalize, self.float32_weights)
         experts = self.experts
-        run = experts_grouped if moe_enabled(x) else experts_reference
+        run = experts_grouped if triton else experts_reference
         out = run(x, experts.w13, experts.w2, weights, ids, experts.scales)
         return self.parallel.all_reduce(out) if reduce else out
