@@ -78,39 +78,56 @@ def test_interpreted_align_kernels_build_a_valid_schedule():
     from minisgl_core.testing.triton_interpreter import run_under_interpreter
 
     out = run_under_interpreter(__file__, "align")
-    assert out.count("ok") == 2 * len(ALIGN_CASES), out
+    assert out.count("ok") == 4 * len(ALIGN_CASES), out
 
 
 def check_align_kernels() -> None:
-    """Child under TRITON_INTERPRET=1 (and on the GPU): the kernels' schedule for every case."""
+    """Child under TRITON_INTERPRET=1 (and on the GPU): the kernels' schedule for every case, from
+    the three kernels and from one program (``_triton_moe.ONE_PROGRAM_PAIRS``)."""
+    from minisgl_core.layers import _triton_moe
     from minisgl_core.layers.moe import moe_enabled
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    for tokens, top_k, experts, block in ALIGN_CASES:
-        for skew in (False, True):
-            gen = torch.Generator().manual_seed(tokens * 31 + experts)
-            ids = random_ids(tokens, top_k, experts, gen, skew).to(device)
-            assert moe_enabled(ids)
-            sorted_pairs, block_expert = align_blocks(ids, experts, block)
-            check_alignment(ids, experts, block, sorted_pairs, block_expert)
-            print("ok", tokens, top_k, experts, block, skew)
+    default = _triton_moe.ONE_PROGRAM_PAIRS
+    for one_program in (0, 4096):
+        _triton_moe.ONE_PROGRAM_PAIRS = one_program
+        try:
+            for tokens, top_k, experts, block in ALIGN_CASES:
+                for skew in (False, True):
+                    gen = torch.Generator().manual_seed(tokens * 31 + experts)
+                    ids = random_ids(tokens, top_k, experts, gen, skew).to(device)
+                    assert moe_enabled(ids)
+                    sorted_pairs, block_expert = align_blocks(ids, experts, block)
+                    check_alignment(ids, experts, block, sorted_pairs, block_expert)
+                    print("ok", tokens, top_k, experts, block, skew, one_program)
+        finally:
+            _triton_moe.ONE_PROGRAM_PAIRS = default
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_align_kernels_on_the_gpu():
+    from minisgl_core.layers import _triton_moe
+
     check_align_kernels()
-    # a decode step's size at Qwen3-30B-A3B's shape, captured and replayed on new routing
+    # a decode step's size at Qwen3-30B-A3B's shape, captured and replayed on new routing, by the
+    # three kernels and by one program
     gen = torch.Generator(device="cuda").manual_seed(5)
-    ids = torch.rand(256, 128, generator=gen, device="cuda").topk(8, dim=1).indices
-    static = ids.clone()
-    align_blocks(static, 128, 32)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        sorted_pairs, block_expert = align_blocks(static, 128, 32)
-    ids2 = torch.rand(256, 128, generator=gen, device="cuda").topk(8, dim=1).indices
-    static.copy_(ids2)
-    graph.replay()
-    check_alignment(ids2, 128, 32, sorted_pairs, block_expert)
+    default = _triton_moe.ONE_PROGRAM_PAIRS
+    for one_program in (0, 4096):
+        _triton_moe.ONE_PROGRAM_PAIRS = one_program
+        try:
+            ids = torch.rand(256, 128, generator=gen, device="cuda").topk(8, dim=1).indices
+            static = ids.clone()
+            align_blocks(static, 128, 32)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                sorted_pairs, block_expert = align_blocks(static, 128, 32)
+            ids2 = torch.rand(256, 128, generator=gen, device="cuda").topk(8, dim=1).indices
+            static.copy_(ids2)
+            graph.replay()
+            check_alignment(ids2, 128, 32, sorted_pairs, block_expert)
+        finally:
+            _triton_moe.ONE_PROGRAM_PAIRS = default
 
 
 def test_block_rows_grow_with_the_pairs_an_expert_gets():

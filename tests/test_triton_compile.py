@@ -450,3 +450,22 @@ def test_moe_route_kernel_compiles(target, experts, top_k, logits, weights):
         target,
         num_warps=1 if block <= 256 else 4,
     )
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")
+@pytest.mark.parametrize("experts, pairs, rows", [(128, 2048, 32), (128, 8, 16), (8, 4096, 64)])
+def test_moe_align_one_program_kernel_compiles(target, experts, pairs, rows):
+    """The schedule in one program (``_triton_moe.ONE_PROGRAM_PAIRS``): a 256-token and a 1-token
+    decode step of Qwen3-30B-A3B, and Mixtral's 8 experts at the most pairs it takes, as ``align``
+    launches it."""
+    import triton
+
+    from minisgl_core.layers._triton_moe import align_one_program_kernel
+
+    slots = -(-(pairs + min(experts, pairs) * (rows - 1)) // rows) * rows
+    signature = {"ids": "*i64", "counts": "*i32", "starts": "*i32", "sorted_pairs": "*i64", "block_expert": "*i64",
+                 "pairs": "i32", "slots": "i32", "num_experts": "i32", "blocks": "i32"}  # fmt: skip
+    constants = {"ROWS": rows, "EXPERTS": max(16, triton.next_power_of_2(experts)),
+                 "PAIRS": max(16, triton.next_power_of_2(pairs)), "SLOTS": max(16, triton.next_power_of_2(slots)),
+                 "BLOCKS": 32}  # fmt: skip
+    compiles(align_one_program_kernel, signature, constants, target, num_warps=4)

@@ -229,18 +229,66 @@ def scatter_pairs_kernel(ids, starts, slot, sorted_pairs, pairs, BLOCK: tl.const
     tl.store(sorted_pairs + dest, offs.to(tl.int64), mask=ok)
 
 
+@triton.jit
+def align_one_program_kernel(
+    ids, counts, starts, sorted_pairs, block_expert, pairs, slots, num_experts, blocks,
+    ROWS: tl.constexpr, EXPERTS: tl.constexpr, PAIRS: tl.constexpr, SLOTS: tl.constexpr, BLOCKS: tl.constexpr,
+):  # fmt: skip
+    """:func:`align`'s three kernels (and the zeroed count) as one program, for a step of at most
+    ``PAIRS`` pairs: the counts zeroed, each pair's place in its expert's run taken by an atomic add,
+    the runs' starts and each block's expert, then the pairs scattered. Barriers order the steps
+    (one program: every step sees the one before); the counts and starts are read back past L1."""
+    experts = tl.arange(0, EXPERTS)
+    real = experts < num_experts
+    tl.store(counts + experts, tl.zeros((EXPERTS,), dtype=tl.int32), mask=real)
+    fill = tl.arange(0, SLOTS)
+    tl.store(sorted_pairs + fill, tl.full((SLOTS,), 0, tl.int64) + pairs, mask=fill < slots)
+    tl.debug_barrier()
+    offs = tl.arange(0, PAIRS)
+    ok = offs < pairs
+    expert = tl.load(ids + offs, mask=ok, other=0)
+    slot = tl.atomic_add(counts + expert, 1, mask=ok, sem="relaxed")
+    tl.debug_barrier()
+    padded = (tl.load(counts + experts, mask=real, other=0, cache_modifier=".cg") + ROWS - 1) // ROWS * ROWS
+    ends = tl.cumsum(padded, axis=0)
+    tl.store(starts + experts, ends - padded, mask=real)
+    for b0 in range(0, blocks, BLOCKS):
+        b = b0 + tl.arange(0, BLOCKS)
+        done = (ends[None, :] <= (b * ROWS)[:, None]) & real[None, :]  # runs ending by the block's start
+        tl.store(block_expert + b, tl.sum(done.to(tl.int32), axis=1), mask=b < blocks)
+    tl.debug_barrier()
+    dest = tl.load(starts + expert, mask=ok, other=0, cache_modifier=".cg") + slot
+    tl.store(sorted_pairs + dest, offs.to(tl.int64), mask=ok)
+
+
+#: steps of at most this many (token, choice) pairs build their schedule with one program
+#: (``align_one_program_kernel``) rather than three kernels and a zeroed count: 0 (never) until
+#: timed on a GPU; at most 4,096 pairs and 16,384 slots whatever it says (a program's registers)
+ONE_PROGRAM_PAIRS = 0
+
+
 def align(ids: torch.Tensor, num_experts: int, block: int, blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`~minisgl_core.layers.moe.align_blocks`'s schedule in three small kernels (and a
-    zeroed count): the pairs counted, the runs' starts, the pairs scattered."""
+    zeroed count): the pairs counted, the runs' starts, the pairs scattered; or, for a step of at
+    most :data:`ONE_PROGRAM_PAIRS` pairs, in one program (``align_one_program_kernel``)."""
     flat = ids.reshape(-1)
     if not flat.is_contiguous():
         flat = flat.contiguous()
     pairs, slots, device = flat.numel(), blocks * block, ids.device
-    counts = torch.zeros(num_experts, dtype=torch.int32, device=device)
-    slot = torch.empty(pairs, dtype=torch.int32, device=device)
+    one_program = pairs <= min(ONE_PROGRAM_PAIRS, 4096) and slots <= 16384
+    counts = (torch.empty if one_program else torch.zeros)(num_experts, dtype=torch.int32, device=device)
     starts = torch.empty(num_experts, dtype=torch.int32, device=device)
     sorted_pairs = torch.empty(slots, dtype=torch.int64, device=device)
     block_expert = torch.empty(blocks, dtype=torch.int64, device=device)
+    if one_program:  # (the kernel zeroes the counts)
+        align_one_program_kernel[(1,)](
+            flat, counts, starts, sorted_pairs, block_expert, pairs, slots, num_experts, blocks,
+            ROWS=block, EXPERTS=max(16, triton.next_power_of_2(num_experts)),
+            PAIRS=max(16, triton.next_power_of_2(pairs)), SLOTS=max(16, triton.next_power_of_2(slots)),
+            BLOCKS=32, num_warps=4,
+        )  # fmt: skip
+        return sorted_pairs, block_expert
+    slot = torch.empty(pairs, dtype=torch.int32, device=device)
     per_program = 1024
     count_pairs_kernel[(triton.cdiv(max(pairs, slots), per_program),)](
         flat, counts, slot, sorted_pairs, pairs, slots, BLOCK=per_program
