@@ -2,13 +2,15 @@
 width and depth, warps, stages), at Qwen3-30B-A3B's expert shape, for the token counts of decode
 steps and a prefill step; routing uniform at random, as random weights route.
 
-    python3 tools/device_moe.py [--tokens 1,8,64,256,8192] [--out moe.jsonl] [--profile | --gemms]
+    python3 tools/device_moe.py [--tokens 1,8,64,256,8192] [--out moe.jsonl]
+                                [--profile | --gemms | --small-kernels]
                                 [--experts bf16|int8|fp8] [--blocks 16,32,64,128] [--swap-below 64]
 
 Each row: tokens, the launch, microseconds a layer's experts take (median of CUDA-graph replays),
 and the bytes of the experts the step's tokens chose over that time (TB/s). ``--gemms``: each
 grouped GEMM alone over its own launches (gate/up with SiLU·mul after it or fused into it, down),
-at the block size the engine picks. ``--experts int8|fp8``: the experts quantized as
+at the block size the engine picks. ``--small-kernels``: the router and the schedule, each both
+ways (``moe.TRITON_ROUTE``, ``_triton_moe.ONE_PROGRAM_PAIRS``). ``--experts int8|fp8``: the experts quantized as
 ``--quantization int8`` / ``fp8`` quantizes them (a scale a row; int8 weight-only, e4m3 W8A8: each
 GEMM's input rows rounded to e4m3 first, that kernel timed with its GEMM; ``--weight-only``: e4m3
 converted in the kernel instead, ``moe.W8A8_EXPERTS = False``; ``--swap-below``: W8A8 blocks of
@@ -107,6 +109,39 @@ def sweep_gemms(tokens, x, w13, w2, weights, ids, touched, s13=None, s2=None) ->
     return rows
 
 
+def time_small_kernels(tokens: int, gen: torch.Generator) -> list[dict]:
+    """The router (five torch kernels, or ``_triton_moe.route``) and the schedule (three kernels
+    and a zeroed count, or one program: ``_triton_moe.ONE_PROGRAM_PAIRS``), each timed both ways
+    at ``tokens``, each way checked against the other first."""
+    logits = torch.randn(tokens, EXPERTS, generator=gen, device=gen.device, dtype=torch.bfloat16)
+    want_w, want_ids = route(logits, TOP_K, True)
+    got_w, got_ids = _triton_moe.route(logits, TOP_K, True)
+    probs = torch.softmax(logits.float(), dim=-1)  # (equal logits: either expert may come first)
+    assert torch.allclose(got_w.float(), want_w.float(), atol=1e-2)
+    assert torch.equal(probs.gather(1, got_ids), probs.gather(1, want_ids))
+    rows = [
+        {"tokens": tokens, "op": "route", "way": "torch", "us": time_graph(lambda: route(logits, TOP_K, True))},
+        {"tokens": tokens, "op": "route", "way": "triton", "us": time_graph(lambda: _triton_moe.route(logits, TOP_K, True))},
+    ]  # fmt: skip
+    block = block_rows(tokens * TOP_K, EXPERTS)
+    default = _triton_moe.ONE_PROGRAM_PAIRS
+    try:
+        outs = {}
+        for way, limit in (("three kernels", 0), ("one program", 4096)):
+            _triton_moe.ONE_PROGRAM_PAIRS = limit
+            outs[way] = align_blocks(want_ids, EXPERTS, block)
+            us = time_graph(lambda: align_blocks(want_ids, EXPERTS, block))
+            rows.append({"tokens": tokens, "op": "align", "way": way, "block": block, "us": us})
+    finally:
+        _triton_moe.ONE_PROGRAM_PAIRS = default
+    (sp3, be3), (sp1, be1) = outs["three kernels"], outs["one program"]
+    assert torch.equal(be3, be1) and torch.equal(sp3.sort().values, sp1.sort().values)
+    for row in rows:
+        row["us"] = round(row["us"], 2)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", default="1,8,64,256,8192")
@@ -115,6 +150,9 @@ def main() -> None:
         "--profile", action="store_true", help="only the default launch, its kernels profiled"
     )
     parser.add_argument("--gemms", action="store_true", help="each GEMM alone over its own launches")
+    parser.add_argument(
+        "--small-kernels", action="store_true", help="the router and the schedule, each both ways"
+    )
     parser.add_argument("--experts", choices=("bf16", "int8", "fp8"), default="bf16")
     parser.add_argument("--weight-only", action="store_true", help="fp8: e4m3 weights times bf16 rows")
     parser.add_argument(
@@ -139,6 +177,9 @@ def main() -> None:
         bytes_read = touched * 3 * INTER * HIDDEN * w13.element_size()
         if args.gemms:
             rows += sweep_gemms(tokens, x, w13, w2, weights, ids, touched, s13, s2)
+            continue
+        if args.small_kernels:
+            rows += time_small_kernels(tokens, gen)
             continue
         want = experts_grouped(x, w13, w2, weights, ids, scales)
         if args.profile:
