@@ -462,10 +462,8 @@ def test_moe_align_one_program_kernel_compiles(target, experts, pairs, rows):
 
     from minisgl_core.layers._triton_moe import align_one_program_kernel
 
-    slots = -(-(pairs + min(experts, pairs) * (rows - 1)) // rows) * rows
     signature = {"ids": "*i64", "counts": "*i32", "starts": "*i32", "sorted_pairs": "*i64", "block_expert": "*i64",
                  "pairs": "i32", "slots": "i32", "num_experts": "i32", "blocks": "i32"}  # fmt: skip
     constants = {"ROWS": rows, "EXPERTS": max(16, triton.next_power_of_2(experts)),
-                 "PAIRS": max(16, triton.next_power_of_2(pairs)), "SLOTS": max(16, triton.next_power_of_2(slots)),
-                 "BLOCKS": 32}  # fmt: skip
+                 "PAIRS": max(16, triton.next_power_of_2(pairs)), "FILL": 1024, "BLOCKS": 32}  # fmt: skip
     compiles(align_one_program_kernel, signature, constants, target, num_warps=4)

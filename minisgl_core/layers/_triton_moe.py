@@ -232,7 +232,7 @@ def scatter_pairs_kernel(ids, starts, slot, sorted_pairs, pairs, BLOCK: tl.const
 @triton.jit
 def align_one_program_kernel(
     ids, counts, starts, sorted_pairs, block_expert, pairs, slots, num_experts, blocks,
-    ROWS: tl.constexpr, EXPERTS: tl.constexpr, PAIRS: tl.constexpr, SLOTS: tl.constexpr, BLOCKS: tl.constexpr,
+    ROWS: tl.constexpr, EXPERTS: tl.constexpr, PAIRS: tl.constexpr, FILL: tl.constexpr, BLOCKS: tl.constexpr,
 ):  # fmt: skip
     """:func:`align`'s three kernels (and the zeroed count) as one program, for a step of at most
     ``PAIRS`` pairs: the counts zeroed, each pair's place in its expert's run taken by an atomic add,
@@ -241,8 +241,9 @@ def align_one_program_kernel(
     experts = tl.arange(0, EXPERTS)
     real = experts < num_experts
     tl.store(counts + experts, tl.zeros((EXPERTS,), dtype=tl.int32), mask=real)
-    fill = tl.arange(0, SLOTS)
-    tl.store(sorted_pairs + fill, tl.full((SLOTS,), 0, tl.int64) + pairs, mask=fill < slots)
+    for f0 in range(0, slots, FILL):  # every slot "no pair" until the scatter
+        fill = f0 + tl.arange(0, FILL)
+        tl.store(sorted_pairs + fill, tl.full((FILL,), 0, tl.int64) + pairs, mask=fill < slots)
     tl.debug_barrier()
     offs = tl.arange(0, PAIRS)
     ok = offs < pairs
@@ -263,7 +264,7 @@ def align_one_program_kernel(
 
 #: steps of at most this many (token, choice) pairs build their schedule with one program
 #: (``align_one_program_kernel``) rather than three kernels and a zeroed count: 0 (never) until
-#: timed on a GPU; at most 4,096 pairs and 16,384 slots whatever it says (a program's registers)
+#: timed on a GPU; at most 4,096 whatever it says (a program's registers)
 ONE_PROGRAM_PAIRS = 0
 
 
@@ -275,7 +276,7 @@ def align(ids: torch.Tensor, num_experts: int, block: int, blocks: int) -> tuple
     if not flat.is_contiguous():
         flat = flat.contiguous()
     pairs, slots, device = flat.numel(), blocks * block, ids.device
-    one_program = pairs <= min(ONE_PROGRAM_PAIRS, 4096) and slots <= 16384
+    one_program = pairs <= min(ONE_PROGRAM_PAIRS, 4096)
     counts = (torch.empty if one_program else torch.zeros)(num_experts, dtype=torch.int32, device=device)
     starts = torch.empty(num_experts, dtype=torch.int32, device=device)
     sorted_pairs = torch.empty(slots, dtype=torch.int64, device=device)
@@ -284,8 +285,7 @@ def align(ids: torch.Tensor, num_experts: int, block: int, blocks: int) -> tuple
         align_one_program_kernel[(1,)](
             flat, counts, starts, sorted_pairs, block_expert, pairs, slots, num_experts, blocks,
             ROWS=block, EXPERTS=max(16, triton.next_power_of_2(num_experts)),
-            PAIRS=max(16, triton.next_power_of_2(pairs)), SLOTS=max(16, triton.next_power_of_2(slots)),
-            BLOCKS=32, num_warps=4,
+            PAIRS=max(16, triton.next_power_of_2(pairs)), FILL=1024, BLOCKS=32, num_warps=4,
         )  # fmt: skip
         return sorted_pairs, block_expert
     slot = torch.empty(pairs, dtype=torch.int32, device=device)

@@ -445,8 +445,8 @@ class SparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor, reduce: bool = True) -> torch.Tensor:
         """``reduce=False``: this rank's partial sum, for the norm after the block to all-reduce."""
-        triton = moe_enabled(x)
-        if triton and TRITON_ROUTE:
+        in_triton = moe_enabled(x)
+        if in_triton and TRITON_ROUTE:
             from minisgl_core.layers import _triton_moe
 
             router = _triton_moe.route
@@ -454,6 +454,6 @@ class SparseMoE(nn.Module):
             router = route
         weights, ids = router(self.gate(x), self.top_k, self.renormalize, self.float32_weights)
         experts = self.experts
-        run = experts_grouped if triton else experts_reference
+        run = experts_grouped if in_triton else experts_reference
         out = run(x, experts.w13, experts.w2, weights, ids, experts.scales)
         return self.parallel.all_reduce(out) if reduce else out
