@@ -5,6 +5,7 @@ steps and a prefill step; routing uniform at random, as random weights route.
     python3 tools/device_moe.py [--tokens 1,8,64,256,8192] [--out moe.jsonl]
                                 [--profile | --gemms | --small-kernels]
                                 [--experts bf16|int8|fp8] [--blocks 16,32,64,128] [--swap-below 64]
+                                [--widths 64,128] [--depths 64,128] [--warps 4,8] [--stages 3,4]
 
 Each row: tokens, the launch, microseconds a layer's experts take (median of CUDA-graph replays),
 and the bytes of the experts the step's tokens chose over that time (TB/s). ``--gemms``: each
@@ -159,6 +160,10 @@ def main() -> None:
         "--swap-below", type=int, help="W8A8 blocks of fewer rows take the product transposed (SWAP_AB)"
     )
     parser.add_argument("--blocks", default="16,32,64,128", help="block rows the launch sweep tries")
+    parser.add_argument("--widths", default="64,128", help="tile widths (BLOCK_N) the launch sweep tries")
+    parser.add_argument("--depths", default="64,128", help="tile depths (BLOCK_K) the launch sweep tries")
+    parser.add_argument("--warps", default="4,8", help="warps the launch sweep tries")
+    parser.add_argument("--stages", default="3,4", help="pipeline stages the launch sweep tries")
     args = parser.parse_args()
     moe.W8A8_EXPERTS = not args.weight_only
     if args.swap_below is not None:
@@ -200,7 +205,10 @@ def main() -> None:
         default = block_rows(tokens * TOP_K, EXPERTS)
         choices = [(None, None)]
         for block, bn, bk, warps, stages in itertools.product(
-            map(int, args.blocks.split(",")), (64, 128), (64, 128), (4, 8), (3, 4)
+            *(
+                tuple(map(int, v.split(",")))
+                for v in (args.blocks, args.widths, args.depths, args.warps, args.stages)
+            )
         ):
             if block == 128 and tokens < 1024:
                 continue
