@@ -225,6 +225,60 @@ def test_route_kernel_on_the_gpu():
     check_route_kernel("cuda")
 
 
+def check_sum_in_norm(device: str = "cpu") -> None:
+    """Child under TRITON_INTERPRET=1: with ``moe.SUM_IN_NORM`` a block's ``reduce=False`` output
+    is its tokens' expert rows (``SplitKPartials`` over ``[tokens, top_k, hidden]``), whose total
+    is the summed block's output and which ``RMSNorm`` adds with the residual in one kernel,
+    bitwise what summing first and then the add + norm give (float16 under the interpreter, whose
+    bfloat16 is unreliable; bfloat16 on the GPU). With the switch off, a plain tensor."""
+    from minisgl_core.api.parallel import ParallelContext
+    from minisgl_core.layers import moe, triton_ops
+    from minisgl_core.layers.moe import SparseMoE
+    from minisgl_core.layers.norm import RMSNorm
+
+    gen = torch.Generator().manual_seed(12)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float16
+    for tokens, experts, top_k in ((1, 4, 2), (9, 8, 3), (37, 16, 8)):
+        block = SparseMoE(64, 24, experts, top_k, renormalize=True, parallel=ParallelContext(),
+                          dtype=dtype, device=device)  # fmt: skip
+        for param in block.parameters():
+            param.data.copy_(torch.randn(param.shape, generator=gen).to(device) * 0.2)
+        norm = RMSNorm(64, 1e-6, dtype=dtype, device=device)
+        norm.weight.data.copy_(torch.rand(64, generator=gen).to(device) + 0.5)
+        x = torch.randn(tokens, 64, generator=gen).to(device, dtype)
+        residual = torch.randn(tokens, 64, generator=gen).to(device, dtype)
+        default = moe.SUM_IN_NORM
+        try:
+            moe.SUM_IN_NORM = False
+            summed = block(x, reduce=False)
+            moe.SUM_IN_NORM = True
+            rows = block(x, reduce=False)
+            whole = block(x)  # reduce=True: summed whatever the switch
+        finally:
+            moe.SUM_IN_NORM = default
+        assert isinstance(summed, torch.Tensor) and isinstance(whole, torch.Tensor)
+        assert isinstance(rows, triton_ops.SplitKPartials) and rows.parts.shape == (top_k, tokens, 64)
+        tol = 2e-2 if dtype == torch.bfloat16 else 2e-3
+        torch.testing.assert_close(rows.total(), summed, atol=tol, rtol=tol)
+        normed, total = norm(rows, residual)
+        want_normed, want_total = norm(rows.total(), residual)
+        assert torch.equal(total, want_total) and torch.equal(normed, want_normed)
+        print("ok", tokens, experts, top_k)
+
+
+def test_interpreted_sum_in_norm_matches_the_summed_block():
+    pytest.importorskip("triton")
+    from minisgl_core.testing.triton_interpreter import run_under_interpreter
+
+    out = run_under_interpreter(__file__, "sum_in_norm")
+    assert out.count("ok") == 3, out
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_sum_in_norm_on_the_gpu():
+    check_sum_in_norm("cuda")
+
+
 def test_reference_matches_a_dense_sum_over_experts():
     """The loop's sum equals computing every expert for every token and weighting by the router."""
     gen = torch.Generator().manual_seed(1)
@@ -617,3 +671,5 @@ if __name__ == "__main__":
         check_align_kernels()
     elif sys.argv[1] == "route":
         check_route_kernel()
+    elif sys.argv[1] == "sum_in_norm":
+        check_sum_in_norm()

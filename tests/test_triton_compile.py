@@ -182,15 +182,19 @@ def test_rms_norm_kernel_compiles(target, dtype, hidden, add):
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")
-@pytest.mark.parametrize("dtype, parts", [("bf16", 4), ("fp16", 2)])
-def test_rms_norm_kernel_over_split_k_partials_compiles(target, dtype, parts):
-    """The variant that adds a split-K GEMM's float32 partials (``triton_ops.rms_norm(parts=)``)."""
+@pytest.mark.parametrize(
+    "dtype, parts, part_major", [("bf16", 4, True), ("fp16", 2, True), ("bf16", 8, False)]
+)
+def test_rms_norm_kernel_over_split_k_partials_compiles(target, dtype, parts, part_major):
+    """The variant that adds a split-K GEMM's float32 partials (``add_partials_rms_norm``), and
+    a mixture of experts' top-8 rows of a token in the model's dtype (``PART_MAJOR=False``)."""
     from minisgl_core.layers._triton_kernels import rms_norm_kernel
 
     t = f"*{dtype}"
-    signature = {"x": "*fp32", "x_stride": "i64", "residual": t, "residual_stride": "i64", "weight": t,
-                 "eps": "fp32", "out": t, "total": t, "n": "i32"}  # fmt: skip
-    compiles(rms_norm_kernel, signature, {"BLOCK": 1024, "ADD": True, "PARTS": parts}, target)
+    signature = {"x": "*fp32" if part_major else t, "x_stride": "i64", "residual": t, "residual_stride": "i64",
+                 "weight": t, "eps": "fp32", "out": t, "total": t, "n": "i32"}  # fmt: skip
+    constants = {"BLOCK": 2048, "ADD": True, "PARTS": parts, "PART_MAJOR": part_major}
+    compiles(rms_norm_kernel, signature, constants, target)
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")

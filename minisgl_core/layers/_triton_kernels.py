@@ -142,13 +142,16 @@ def rms_norm_kernel(
     ADD: tl.constexpr,
     PDL: tl.constexpr = False,
     PARTS: tl.constexpr = 0,
+    PART_MAJOR: tl.constexpr = True,
 ):
     """One row per program, Hugging Face's arithmetic: the residual sum rounded to the model dtype,
     the mean of squares and ``rsqrt`` in float32, the normalized row rounded, then times the weight
     and rounded again. (``PDL``: launched with programmatic dependent launch, it first waits for
     the kernel before it.) ``PARTS`` > 0 (with ``ADD``): ``x`` is a split-K GEMM's float32 partial
     sums ``[PARTS, rows, n]``, added here in slice order and rounded once to the residual's dtype,
-    as ``split_sum_kernel`` would have (one kernel fewer)."""
+    as ``split_sum_kernel`` would have (one kernel fewer); not ``PART_MAJOR``: ``x`` is ``[rows,
+    PARTS, n]`` (``x_stride`` its row stride; a mixture of experts' rows of each token's choices,
+    in any float dtype), added the same way."""
     if PDL:  # wait for the kernel before, then let the one after start launching
         gdc_wait()
         gdc_launch_dependents()
@@ -156,7 +159,10 @@ def rms_norm_kernel(
     cols = tl.arange(0, BLOCK)
     mask = cols < n
     if PARTS:  # (None where a compile test leaves it unset)
-        part_stride = tl.num_programs(0).to(tl.int64) * x_stride  # one program per row
+        if PART_MAJOR:
+            part_stride = tl.num_programs(0).to(tl.int64) * x_stride  # one program per row
+        else:
+            part_stride = n  # the parts of a row side by side
         acc = tl.zeros([BLOCK], dtype=tl.float32)
         for s in tl.static_range(PARTS):
             acc += tl.load(x + s * part_stride + row * x_stride + cols, mask=mask, other=0.0)

@@ -205,6 +205,12 @@ FUSED_GATE_UP = True
 #: until timed on a GPU; the same ids and weights as :func:`route` under Triton's interpreter
 #: (``tests/test_moe.py``)
 TRITON_ROUTE = False
+#: On one GPU, a block whose sum the norm after it takes (``reduce=False``) leaves each token's
+#: ``top_k`` expert rows to that norm (``triton_ops.SplitKPartials``: ``RMSNorm`` adds them with
+#: the residual in one kernel) instead of summing them with a kernel of its own. Off until timed
+#: on a GPU; the same values as the summed block's up to the order of float32 additions
+#: (``tests/test_moe.py``)
+SUM_IN_NORM = False
 #: e4m3 experts multiply e4m3 activations (W8A8: each GEMM's input rows quantized first, one
 #: scale a row, then the FP8 tensor cores) rather than converting the weights to the run dtype in
 #: the kernel (weight-only). The loop (:func:`experts_reference`) follows it.
@@ -221,17 +227,19 @@ def experts_grouped(
     *,
     block: int | None = None,
     configs: tuple[tuple[int, int, int, int], tuple[int, int, int, int]] | None = None,
+    sum_rows: bool = True,
 ) -> torch.Tensor:
     """What :func:`experts_reference` computes, as two grouped GEMMs (Triton): gate/up for every
     (token, choice) pair, SiLU·mul, down scaled by the pair's weight, then each token's ``top_k``
     rows summed (:data:`FUSED_GATE_UP`: SiLU·mul in the gate/up GEMM; ``scales`` as there).
     ``block`` and ``configs`` (the two GEMMs' launch) replace :func:`block_rows` and the kernel's
-    own choice (``tools/device_moe.py`` sweeps them)."""
+    own choice (``tools/device_moe.py`` sweeps them). ``sum_rows=False``: each token's ``top_k``
+    rows not summed, ``[tokens, top_k, hidden]``."""
     from minisgl_core.layers import _triton_moe
 
     tokens, top_k = ids.shape
     if tokens == 0:  # nothing to launch (a grid of no blocks)
-        return x.new_zeros(0, w2.shape[1])
+        return x.new_zeros(0, w2.shape[1]) if sum_rows else x.new_zeros(0, top_k, w2.shape[1])
     num_experts = w13.shape[0]
     pairs = tokens * top_k
     block = block or block_rows(pairs, num_experts)
@@ -256,7 +264,8 @@ def experts_grouped(
         a, w2, sorted_pairs, block_expert, pairs, block, row_div=1, scale=weights.reshape(-1), w_scale=s2,
         a_scale=a_scale, out_dtype=x.dtype, config=second,
     )  # fmt: skip
-    return out.view(tokens, top_k, -1).sum(dim=1)
+    out = out.view(tokens, top_k, -1)
+    return out.sum(dim=1) if sum_rows else out
 
 
 def _gemm_input(x: torch.Tensor, w8a8: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -444,7 +453,8 @@ class SparseMoE(nn.Module):
         self.experts = Experts(hidden, inter, num_experts, parallel=parallel, dtype=dtype, device=device)
 
     def forward(self, x: torch.Tensor, reduce: bool = True) -> torch.Tensor:
-        """``reduce=False``: this rank's partial sum, for the norm after the block to all-reduce."""
+        """``reduce=False``: this rank's partial sum, for the norm after the block to all-reduce (on
+        one GPU with :data:`SUM_IN_NORM`, each token's expert rows, for that norm to add)."""
         in_triton = moe_enabled(x)
         if in_triton and TRITON_ROUTE:
             from minisgl_core.layers import _triton_moe
@@ -454,6 +464,15 @@ class SparseMoE(nn.Module):
             router = route
         weights, ids = router(self.gate(x), self.top_k, self.renormalize, self.float32_weights)
         experts = self.experts
+        if (
+            not reduce
+            and in_triton
+            and SUM_IN_NORM
+            and self.parallel.tp_size == 1
+            and triton_ops.split_k_norm_enabled(x.device)
+        ):
+            rows = experts_grouped(x, experts.w13, experts.w2, weights, ids, experts.scales, sum_rows=False)
+            return triton_ops.SplitKPartials(rows.transpose(0, 1), x.dtype)  # type: ignore[return-value]
         run = experts_grouped if in_triton else experts_reference
         out = run(x, experts.w13, experts.w2, weights, ids, experts.scales)
         return self.parallel.all_reduce(out) if reduce else out

@@ -309,7 +309,9 @@ _SPLIT_SUM_BLOCK = 1024
 class SplitKPartials:
     """A split-K :func:`small_gemm`'s float32 partial sums ``[split, rows, n]``, not yet added: what
     ``RowParallelLinear(reduce=False, split_k=True)`` returns on one GPU, for the RMS norm after it to add
-    (:func:`add_partials_rms_norm`), one kernel fewer than :func:`small_gemm`'s own sum."""
+    (:func:`add_partials_rms_norm`), one kernel fewer than :func:`small_gemm`'s own sum. ``parts``
+    may also be the transposed view of a contiguous ``[rows, split, n]`` in any float dtype (a
+    mixture of experts' rows of each token's choices, ``SparseMoE``)."""
 
     __slots__ = ("parts", "dtype")
 
@@ -324,7 +326,7 @@ class SplitKPartials:
 
     def total(self) -> torch.Tensor:
         """The sum as :func:`small_gemm` returns it: the slices added in order in float32, rounded once."""
-        acc = self.parts[0].clone()
+        acc = self.parts[0].to(torch.float32, copy=True)
         for part in self.parts[1:]:
             acc += part
         return acc.to(self.dtype)
@@ -391,7 +393,12 @@ def add_partials_rms_norm(
     checks :func:`norm_enabled` for ``residual`` and that it has the partials' dtype and shape."""
     parts = partials.parts
     split, rows, n = parts.shape
-    if residual.shape != (rows, n) or residual.dtype != partials.dtype or not parts.is_contiguous():
+    part_major = parts.is_contiguous()  # else [rows, split, n] seen transposed
+    if (
+        residual.shape != (rows, n)
+        or residual.dtype != partials.dtype
+        or not (part_major or parts.transpose(0, 1).is_contiguous())
+    ):
         raise ValueError(
             f"add_partials_rms_norm: residual {tuple(residual.shape)} for partials {tuple(parts.shape)}"
         )
@@ -402,8 +409,9 @@ def add_partials_rms_norm(
     if rows:
         block = _pow2(n)
         _kernels().rms_norm_kernel[(rows,)](
-            parts, n, residual, residual.stride(0), weight, float(eps), out, total, n,
-            BLOCK=block, ADD=True, PARTS=split, num_warps=min(16, max(1, block // 256)), **pdl_options(residual.device),
+            parts, n if part_major else split * n, residual, residual.stride(0), weight, float(eps), out, total, n,
+            BLOCK=block, ADD=True, PARTS=split, PART_MAJOR=part_major, num_warps=min(16, max(1, block // 256)),
+            **pdl_options(residual.device),
         )  # fmt: skip
     return out, total
 
