@@ -202,6 +202,21 @@ def count_pairs_kernel(ids, counts, slot, sorted_pairs, pairs, slots, BLOCK: tl.
 
 
 @triton.jit
+def _store_runs(
+    counted, starts, block_expert, experts, real, blocks, ROWS: tl.constexpr, BLOCKS: tl.constexpr
+):
+    """From each expert's pair count: its run padded to a multiple of ``ROWS`` pairs, its first
+    place (``starts``), and each block's expert (``num_experts`` past the last run)."""
+    padded = (counted + ROWS - 1) // ROWS * ROWS
+    ends = tl.cumsum(padded, axis=0)
+    tl.store(starts + experts, ends - padded, mask=real)
+    for b0 in range(0, blocks, BLOCKS):
+        b = b0 + tl.arange(0, BLOCKS)
+        done = (ends[None, :] <= (b * ROWS)[:, None]) & real[None, :]  # runs ending by the block's start
+        tl.store(block_expert + b, tl.sum(done.to(tl.int32), axis=1), mask=b < blocks)
+
+
+@triton.jit
 def run_starts_kernel(
     counts, starts, block_expert, num_experts, blocks,
     ROWS: tl.constexpr, EXPERTS: tl.constexpr, BLOCKS: tl.constexpr,
@@ -210,13 +225,8 @@ def run_starts_kernel(
     (``starts``), and each block's expert (``num_experts`` past the last run)."""
     experts = tl.arange(0, EXPERTS)
     real = experts < num_experts
-    padded = (tl.load(counts + experts, mask=real, other=0) + ROWS - 1) // ROWS * ROWS
-    ends = tl.cumsum(padded, axis=0)
-    tl.store(starts + experts, ends - padded, mask=real)
-    for b0 in range(0, blocks, BLOCKS):
-        b = b0 + tl.arange(0, BLOCKS)
-        done = (ends[None, :] <= (b * ROWS)[:, None]) & real[None, :]  # runs ending by the block's start
-        tl.store(block_expert + b, tl.sum(done.to(tl.int32), axis=1), mask=b < blocks)
+    _store_runs(tl.load(counts + experts, mask=real, other=0), starts, block_expert, experts, real, blocks,
+                ROWS, BLOCKS)  # fmt: skip
 
 
 @triton.jit
@@ -250,13 +260,8 @@ def align_one_program_kernel(
     expert = tl.load(ids + offs, mask=ok, other=0)
     slot = tl.atomic_add(counts + expert, 1, mask=ok, sem="relaxed")
     tl.debug_barrier()
-    padded = (tl.load(counts + experts, mask=real, other=0, cache_modifier=".cg") + ROWS - 1) // ROWS * ROWS
-    ends = tl.cumsum(padded, axis=0)
-    tl.store(starts + experts, ends - padded, mask=real)
-    for b0 in range(0, blocks, BLOCKS):
-        b = b0 + tl.arange(0, BLOCKS)
-        done = (ends[None, :] <= (b * ROWS)[:, None]) & real[None, :]  # runs ending by the block's start
-        tl.store(block_expert + b, tl.sum(done.to(tl.int32), axis=1), mask=b < blocks)
+    counted = tl.load(counts + experts, mask=real, other=0, cache_modifier=".cg")
+    _store_runs(counted, starts, block_expert, experts, real, blocks, ROWS, BLOCKS)
     tl.debug_barrier()
     dest = tl.load(starts + expert, mask=ok, other=0, cache_modifier=".cg") + slot
     tl.store(sorted_pairs + dest, offs.to(tl.int64), mask=ok)
