@@ -76,9 +76,10 @@ class QuantizationMethod(ABC):
         capturable in a CUDA graph on GPU (no host syncs, no allocation that depends on data)."""
 
     def quantize_experts(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """A mixture-of-experts layer's stacked expert matrices as quantized values, or None (the default) to keep them in the run dtype. Called once per stack after loading
-        (gate/up ``[experts, 2 * intermediate, hidden]`` and down ``[experts, hidden,
-        intermediate]``, this rank's share, run dtype).
+        """A mixture-of-experts layer's stacked expert matrices as quantized values, or None (the
+        default) to keep them in the run dtype. Called once per stack after loading (gate/up
+        ``[experts, 2 * intermediate, hidden]`` and down ``[experts, hidden, intermediate]``, this
+        rank's share, run dtype).
 
         Return ``(values, scales)`` on ``weight``'s device with ``weight[e, r] ≈ values[e, r] *
         scales[e, r]``: ``values`` of ``weight``'s shape in ``torch.int8`` or

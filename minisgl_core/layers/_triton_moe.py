@@ -361,7 +361,6 @@ def grouped_gemm(
     a_scale: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     config: tuple[int, int, int, int] | None = None,
-    swap_ab: bool | None = None,
 ) -> torch.Tensor:
     """``[pairs, w.shape[1]]``: row ``p`` is ``a[p // row_div] @ w[e].T`` (times ``scale[p]``) for
     the expert ``e`` that pair ``p`` chose (see the module). ``gated``: ``[pairs, w.shape[1] // 2]``,
@@ -371,8 +370,8 @@ def grouped_gemm(
     ``[rows]`` or ``[rows, 1]``, :func:`~minisgl_core.layers.triton_e4m3.quantize_rows_triton`'s), and
     the output in ``out_dtype``.
     ``config``: (BLOCK_N, BLOCK_K, warps, stages) instead of :func:`launch_config`'s
-    (``tools/device_moe.py`` sweeps them). ``swap_ab``: the kernel's ``SWAP_AB`` (default: W8A8
-    blocks of fewer than :data:`SWAP_AB_BELOW` rows)."""
+    (``tools/device_moe.py`` sweeps them). W8A8 blocks of fewer than :data:`SWAP_AB_BELOW` rows
+    take their product transposed (the kernel's ``SWAP_AB``)."""
     if a.stride(-1) != 1:
         a = a.contiguous()
     num_experts, n, k = w.shape
@@ -389,8 +388,7 @@ def grouped_gemm(
     if gated:
         n //= 2
     fp8_dot = a_scale is not None and a.is_cuda
-    if swap_ab is None:
-        swap_ab = a_scale is not None and block < SWAP_AB_BELOW
+    swap_ab = a_scale is not None and block < SWAP_AB_BELOW
     out = torch.empty(pairs, n, dtype=out_dtype or a.dtype, device=a.device)
     block_n, block_k, warps, stages = config or launch_config(block, n, k, pairs, gated, a_scale is not None)
     grid = (triton.cdiv(n, block_n), block_expert.numel())
