@@ -201,16 +201,17 @@ def align_blocks(ids: torch.Tensor, num_experts: int, block: int) -> tuple[torch
 #: (a fresh machine's first run) against 7,714 unfused (the next process)
 FUSED_GATE_UP = True
 #: The router's softmax, top-k, renormalization and rounding as one Triton kernel
-#: (``_triton_moe.route``) where the experts run in Triton, rather than five torch kernels. Off
-#: until timed on a GPU; the same ids and weights as :func:`route` under Triton's interpreter
-#: (``tests/test_moe.py``)
-TRITON_ROUTE = False
+#: (``_triton_moe.route``) where the experts run in Triton, rather than five torch kernels: on one
+#: H200 3.0-3.4 µs a layer against 15-25 (``tools/device_moe.py --small-kernels``); the same ids
+#: and weights as :func:`route` (``tests/test_moe.py``, the interpreter and the GPU)
+TRITON_ROUTE = True
 #: On one GPU, a block whose sum the norm after it takes (``reduce=False``) leaves each token's
 #: ``top_k`` expert rows to that norm (``triton_ops.SplitKPartials``: ``RMSNorm`` adds them with
-#: the residual in one kernel) instead of summing them with a kernel of its own. Off until timed
-#: on a GPU; the same values as the summed block's up to the order of float32 additions
-#: (``tests/test_moe.py``)
-SUM_IN_NORM = False
+#: the residual in one kernel) instead of summing them with a kernel of its own; the same values
+#: as the summed block's up to the order of float32 additions (``tests/test_moe.py``). With the
+#: two switches above and ``_triton_moe.ONE_PROGRAM_PAIRS``, Qwen3-30B-A3B ``--quantization fp8``
+#: offline 8,618 tok/s against 7,808 (one H200, each a fresh machine's first run, BENCHMARKS.md)
+SUM_IN_NORM = True
 #: e4m3 experts multiply e4m3 activations (W8A8: each GEMM's input rows quantized first, one
 #: scale a row, then the FP8 tensor cores) rather than converting the weights to the run dtype in
 #: the kernel (weight-only). The loop (:func:`experts_reference`) follows it.
