@@ -400,10 +400,24 @@ def test_interpreted_quantized_grouped_experts_match_the_loop():
     assert out.count("ok") == 8, out
 
 
+def through_descriptors(run, *args):
+    """``run(*args)`` with the grouped GEMMs reading their weight tiles through a tensor descriptor
+    (``_triton_moe.TMA_WEIGHTS``)."""
+    from minisgl_core.layers import _triton_moe
+
+    default = _triton_moe.TMA_WEIGHTS
+    _triton_moe.TMA_WEIGHTS = True
+    try:
+        return run(*args)
+    finally:
+        _triton_moe.TMA_WEIGHTS = default
+
+
 def check_quantized() -> None:
     """Child under TRITON_INTERPRET=1: int8 and e4m3 experts through the grouped GEMMs (SiLU·mul
     fused or not; e4m3 as W8A8, its products taken transposed and not, and weight-only) against the
-    loop over the same values, in float32 and float16."""
+    loop over the same values, in float32 and float16; the weights read through tensor descriptors
+    too (the same products as through pointers, up to the interpreter's order of float32 sums)."""
     from minisgl_core.layers import _triton_moe, moe
     from minisgl_core.layers.moe import experts_grouped
 
@@ -417,6 +431,8 @@ def check_quantized() -> None:
             moe.FUSED_GATE_UP = fused
             got = experts_grouped(x, q13, q2, weights, ids, (s13, s2))
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+            tma = through_descriptors(experts_grouped, x, q13, q2, weights, ids, (s13, s2))
+            torch.testing.assert_close(tma, got, atol=1e-6, rtol=1e-5)
             half = experts_grouped(x.half(), q13, q2, weights.half(), ids, (s13, s2))
             assert half.dtype == torch.float16
             torch.testing.assert_close(half, want_half, atol=2e-2, rtol=2e-2)
@@ -430,6 +446,8 @@ def check_quantized() -> None:
                     moe.FUSED_GATE_UP = fused
                     got = experts_grouped(x, q13, q2, weights, ids, (s13, s2))
                     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+                    tma = through_descriptors(experts_grouped, x, q13, q2, weights, ids, (s13, s2))
+                    torch.testing.assert_close(tma, got, atol=1e-6, rtol=1e-5)
             finally:
                 _triton_moe.SWAP_AB_BELOW, moe.FUSED_GATE_UP = below, default
             print("ok transposed or not")
@@ -461,8 +479,10 @@ def test_interpreted_grouped_experts_match_the_loop():
 def check_grouped() -> None:
     """Child under TRITON_INTERPRET=1: float32 (the interpreter's bf16 is unreliable) for every
     block size, uneven pairs, experts with no token, widths not a multiple of the tiles, SiLU·mul
-    fused into the gate/up GEMM and after it; then the SparseMoE block routing through it
-    (moe_enabled) against the loop."""
+    fused into the gate/up GEMM and after it, the weights read through pointers and through tensor
+    descriptors (a tile past an expert's last column reads the next expert's rows, which no stored
+    column uses); then the SparseMoE block routing through it (moe_enabled) against
+    the loop."""
     from minisgl_core.api.parallel import ParallelContext
     from minisgl_core.layers import moe
     from minisgl_core.layers.moe import SparseMoE, experts_grouped, moe_enabled
@@ -482,6 +502,8 @@ def check_grouped() -> None:
             moe.FUSED_GATE_UP = fused
             got = experts_grouped(x, w13, w2, weights, ids)
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+            tma = through_descriptors(experts_grouped, x, w13, w2, weights, ids)
+            torch.testing.assert_close(tma, got, atol=1e-6, rtol=1e-5)
         moe.FUSED_GATE_UP = default
         print("ok", tokens, top_k, experts, block_rows(tokens * top_k, experts))
     block = SparseMoE(

@@ -404,6 +404,47 @@ def test_w8a8_grouped_gemm_compiles_for_ada(block):
             assert set(re.findall(r"mma\.[.\w]*?\.f32\.(\w+)\.", compiled.asm["ptx"])) == {"e4m3"}
 
 
+@pytest.mark.parametrize("block", [16, 32, 64, 128])
+@pytest.mark.parametrize("weights", ["fp8e4nv", "bf16"])
+def test_moe_grouped_gemm_reads_weights_through_tma_on_hopper(block, weights):
+    """``_triton_moe.TMA_WEIGHTS``: with its weights behind a tensor descriptor, the grouped GEMM
+    compiles for sm_90 at every use and launch of Qwen3-30B-A3B's shape to TMA copies
+    (``cp.async.bulk.tensor``) of the weight tiles, multiplied as through pointers (W8A8: e4m3 x e4m3
+    on wgmma, transposed below 64 rows; bf16 tensor cores), within sm_90's shared memory."""
+    from minisgl_core.layers._triton_moe import grouped_gemm_kernel, launch_config
+
+    w8a8 = weights == "fp8e4nv"
+    signature = {"a": f"*{weights}", "a_stride": "i64", "w": f"*{weights}", "w_stride_e": "i64", "w_stride_n": "i64",
+                 "c": "*bf16", "c_stride": "i64", "sorted_pairs": "*i64", "block_expert": "*i64", "scale": "*bf16",
+                 "w_scale": "*fp32", "w_scale_stride": "i64", "a_scale": "*fp32", "pairs": "i32", "n": "i32",
+                 "k": "i32", "num_experts": "i32"}  # fmt: skip
+    for n, k, gated, scaled in [
+        (768, 2048, True, False),
+        (1536, 2048, False, False),
+        (2048, 768, False, True),
+    ]:
+        for pairs in (64, 65536):
+            block_n, block_k, warps, stages = launch_config(block, n, k, pairs=pairs, gated=gated, w8a8=w8a8)
+            constants = {"ROW_DIV": 1 if scaled else 8, "HAS_SCALE": scaled, "HAS_W_SCALE": w8a8, "IEEE": False,
+                         "GATED": gated, "HAS_A_SCALE": w8a8, "FP8_DOT": w8a8, "SWAP_AB": w8a8 and block < 64,
+                         "W_DESC": True, "BLOCK_M": block, "BLOCK_N": block_n, "BLOCK_K": block_k}  # fmt: skip
+            desc = {"w_desc": f"tensordesc<{weights}[{block_n}, {block_k}]>"}
+            compiled = compiles(
+                grouped_gemm_kernel,
+                {**signature, **desc},
+                constants,
+                TARGETS[0],
+                num_warps=warps,
+                num_stages=stages,
+            )
+            ptx = compiled.asm["ptx"]
+            assert "cp.async.bulk.tensor" in ptx, (n, k, pairs)
+            products = set(re.findall(r"mma[.\w]*?\.f32\.(\w+)\.", ptx))
+            assert products == ({"e4m3"} if w8a8 else {"bf16"}), (n, k, pairs, products)
+            if w8a8:  # wgmma (below 64 rows transposed), as through pointers
+                assert re.search(r"wgmma\.mma_async[.\w]*?\.e4m3\.e4m3", ptx), (n, k, pairs)
+
+
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")
 @pytest.mark.parametrize("experts, rows", [(128, 16), (128, 128), (8, 64)])
 def test_moe_align_kernels_compile(target, experts, rows):

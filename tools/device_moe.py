@@ -6,6 +6,7 @@ steps and a prefill step; routing uniform at random, as random weights route.
                                 [--profile | --gemms | --small-kernels]
                                 [--experts bf16|int8|fp8] [--blocks 16,32,64,128] [--swap-below 64]
                                 [--widths 64,128] [--depths 64,128] [--warps 4,8] [--stages 3,4]
+                                [--default-only] [--tma off|on|both]
 
 Each row: tokens, the launch, microseconds a layer's experts take (median of CUDA-graph replays),
 and the bytes of the experts the step's tokens chose over that time (TB/s). ``--gemms``: each
@@ -15,7 +16,9 @@ ways (``moe.TRITON_ROUTE``, ``_triton_moe.ONE_PROGRAM_PAIRS``). ``--experts int8
 ``--quantization int8`` / ``fp8`` quantizes them (a scale a row; int8 weight-only, e4m3 W8A8: each
 GEMM's input rows rounded to e4m3 first, that kernel timed with its GEMM; ``--weight-only``: e4m3
 converted in the kernel instead, ``moe.W8A8_EXPERTS = False``; ``--swap-below``: W8A8 blocks of
-fewer rows multiplied transposed, ``_triton_moe.SWAP_AB_BELOW``)."""
+fewer rows multiplied transposed, ``_triton_moe.SWAP_AB_BELOW``). ``--tma on|both``: each launch
+with its weight tiles read through a tensor descriptor (``_triton_moe.TMA_WEIGHTS``), or both
+ways; ``--default-only``: the engine's launch alone."""
 
 from __future__ import annotations
 
@@ -164,7 +167,12 @@ def main() -> None:
     parser.add_argument("--depths", default="64,128", help="tile depths (BLOCK_K) the launch sweep tries")
     parser.add_argument("--warps", default="4,8", help="warps the launch sweep tries")
     parser.add_argument("--stages", default="3,4", help="pipeline stages the launch sweep tries")
+    parser.add_argument("--default-only", action="store_true", help="the engine's launch alone, no sweep")
+    parser.add_argument(
+        "--tma", choices=("off", "on", "both"), default="off", help="weight tiles through tensor descriptors"
+    )
     args = parser.parse_args()
+    tma_ways = {"off": (False,), "on": (True,), "both": (False, True)}[args.tma]
     moe.W8A8_EXPERTS = not args.weight_only
     if args.swap_below is not None:
         _triton_moe.SWAP_AB_BELOW = args.swap_below
@@ -204,16 +212,22 @@ def main() -> None:
             continue
         default = block_rows(tokens * TOP_K, EXPERTS)
         choices = [(None, None)]
-        for block, bn, bk, warps, stages in itertools.product(
-            *(
-                tuple(map(int, v.split(",")))
-                for v in (args.blocks, args.widths, args.depths, args.warps, args.stages)
+        for block, bn, bk, warps, stages in (
+            ()
+            if args.default_only
+            else itertools.product(
+                *(
+                    tuple(map(int, v.split(",")))
+                    for v in (args.blocks, args.widths, args.depths, args.warps, args.stages)
+                )
             )
         ):
             if block == 128 and tokens < 1024:
                 continue
             choices.append((block, ((bn, bk, warps, stages), (bn, bk, warps, stages))))
-        for block, configs in choices:
+        tma_default = _triton_moe.TMA_WEIGHTS
+        for (block, configs), tma in itertools.product(choices, tma_ways):
+            _triton_moe.TMA_WEIGHTS = tma
             try:
                 run = functools.partial(
                     experts_grouped, x, w13, w2, weights, ids, scales, block=block, configs=configs
@@ -222,9 +236,19 @@ def main() -> None:
                 assert torch.allclose(got.float(), want.float(), atol=3e-2, rtol=3e-2)
                 us = time_graph(run)
             except Exception as exc:  # noqa: BLE001 - out of shared memory and the like
-                rows.append({"tokens": tokens, "block": block, "configs": configs, "error": str(exc)[:200]})
+                rows.append(
+                    {
+                        "tokens": tokens,
+                        "block": block,
+                        "configs": configs,
+                        "tma": tma,
+                        "error": str(exc)[:200],
+                    }
+                )
                 continue
-            row = {"tokens": tokens, "block": block or default, "configs": configs or "default",
+            finally:
+                _triton_moe.TMA_WEIGHTS = tma_default
+            row = {"tokens": tokens, "block": block or default, "configs": configs or "default", "tma": tma,
                    "us": round(us, 1), "experts_touched": touched, "TBps": round(bytes_read / us / 1e6, 2)}  # fmt: skip
             rows.append(row)
             print(json.dumps(row), flush=True)

@@ -4,7 +4,7 @@
     python tools/device_profile.py small             # the same at batch 1-64, page 16
     python tools/device_profile.py kv                # decode over a bf16 vs an fp8 KV pool, µs
     python tools/device_profile.py gemv              # batch-1 GEMMs, cuBLAS vs cuBLASLt, µs
-    python tools/device_profile.py steps MODEL_DIR   # standard offline workload, step by step
+    python tools/device_profile.py steps MODEL_DIR [--quantization fp8]   # standard offline workload, step by step
     python tools/device_profile.py steps MODEL_DIR --workload shared-prefix --max-running 128 [--disable-cascade] [--cache naive]
     python tools/device_profile.py steps MODEL_DIR --cprofile [--trace OUT.json]   # + host phases, Chrome trace
     python tools/device_profile.py steps MODEL_DIR --workload shared-prefix --max-running 128 --mixed --profile-kind mixed
@@ -228,6 +228,7 @@ def steps(args: argparse.Namespace) -> dict:
         max_running_requests=args.max_running,
         cascade=not args.disable_cascade,
         mixed_batch=True if args.mixed else None,
+        **({"quantization": args.quantization} if args.quantization else {}),
     )
     engine = llm.engine
     runner = engine.runner
@@ -477,7 +478,7 @@ def main() -> None:
     p.add_argument("--disable-cascade", action="store_true")
     p.add_argument("--cache", default="radix")
     p.add_argument("--json")
-    p.add_argument("--quantization", help="b1: a --quantization method (fp8, ...)")
+    p.add_argument("--quantization", help="steps, b1: a --quantization method (fp8, ...)")
     p.add_argument("--cprofile", action="store_true", help="steps: cProfile the host phases by step kind")
     p.add_argument("--trace", help="steps, b1: write the profiled window as a Chrome trace here")
     p.add_argument("--mixed", action="store_true", help="steps: mixed prefill + decode steps on")

@@ -32,16 +32,27 @@ def _tile_product(
     x,
     w_ptrs,
     mask,
+    w_desc,
+    w_row,
+    k0,
     CONVERT: tl.constexpr,
     IEEE: tl.constexpr,
     FP8_DOT: tl.constexpr,
     SWAP_AB: tl.constexpr,
+    W_DESC: tl.constexpr,
 ):
     """``acc + x @ w`` for the weight tile at ``w_ptrs`` (``CONVERT``: quantized values, each
     converted exactly to ``x``'s dtype first, unless ``FP8_DOT``: both e4m3, the FP8 tensor cores'
     product). ``SWAP_AB``: the tile is ``[columns, depth]`` and ``acc`` the transposed sum,
-    ``acc + w @ x.T``: the weights' columns are the product's rows."""
-    y = tl.load(w_ptrs, mask=mask, other=0.0)
+    ``acc + w @ x.T``: the weights' columns are the product's rows. ``W_DESC``: the tile read
+    through the tensor descriptor ``w_desc`` instead (Hopper's TMA), rows ``w_row`` on of the
+    experts' stacked ``[columns, depth]`` matrices, depth ``k0`` on; depth past the end reads 0."""
+    if W_DESC:
+        y = w_desc.load([w_row, k0])
+        if not SWAP_AB:
+            y = tl.trans(y)
+    else:
+        y = tl.load(w_ptrs, mask=mask, other=0.0)
     if CONVERT and not FP8_DOT:
         y = y.to(x.dtype)
     if SWAP_AB:
@@ -54,10 +65,10 @@ def _tile_product(
 @triton.jit
 def grouped_gemm_kernel(
     a, a_stride, w, w_stride_e, w_stride_n, c, c_stride, sorted_pairs, block_expert, scale,
-    w_scale, w_scale_stride, a_scale, pairs, n, k, num_experts,
+    w_scale, w_scale_stride, a_scale, pairs, n, k, num_experts, w_desc,
     ROW_DIV: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_W_SCALE: tl.constexpr, IEEE: tl.constexpr,
     GATED: tl.constexpr, HAS_A_SCALE: tl.constexpr, FP8_DOT: tl.constexpr, SWAP_AB: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    W_DESC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """``c[p] = (a[p // ROW_DIV] @ w[e].T) * scale[p]`` for the pairs ``p`` of block
     ``program_id(1)``, whose expert is ``e``; columns ``program_id(0) * BLOCK_N`` on.
@@ -77,7 +88,10 @@ def grouped_gemm_kernel(
     the same exact products either way. ``SWAP_AB``: the product taken transposed,
     ``w[e] @ a[rows].T``, then the sums transposed back: with e4m3 tiles a block of fewer than 64
     rows still reaches Hopper's e4m3 wgmma, whose ``M`` side (64 rows) is then the block's weight
-    columns (:data:`SWAP_AB_BELOW`)."""
+    columns (:data:`SWAP_AB_BELOW`). ``W_DESC``: the weight tiles read through ``w_desc``, a tensor
+    descriptor over ``w`` as one ``[experts * rows, k]`` matrix with ``[BLOCK_N, BLOCK_K]`` blocks
+    (:data:`TMA_WEIGHTS`); a tile past an expert's last column reads the next expert's rows, which
+    no stored column uses."""
     pid_n = tl.program_id(0)  # a block's column tiles run side by side: its rows stay in L2
     pid_m = tl.program_id(1)
     expert = tl.load(block_expert + pid_m)
@@ -101,6 +115,7 @@ def grouped_gemm_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # GATED only
     up_ptrs = w_ptrs + n.to(tl.int64) * w_stride_n
+    w_row = (expert * (w_stride_e // w_stride_n) + pid_n * BLOCK_N).to(tl.int32)  # W_DESC only
     for k0 in range(0, k, BLOCK_K):
         k_ok = offs_k < k - k0
         x = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
@@ -110,9 +125,13 @@ def grouped_gemm_kernel(
             w_ok = n_ok[:, None] & k_ok[None, :]
         else:
             w_ok = k_ok[:, None] & n_ok[None, :]
-        acc = _tile_product(acc, x, w_ptrs, w_ok, HAS_W_SCALE, IEEE, FP8_DOT, SWAP_AB)
+        acc = _tile_product(
+            acc, x, w_ptrs, w_ok, w_desc, w_row, k0, HAS_W_SCALE, IEEE, FP8_DOT, SWAP_AB, W_DESC
+        )
         if GATED:
-            acc_up = _tile_product(acc_up, x, up_ptrs, w_ok, HAS_W_SCALE, IEEE, FP8_DOT, SWAP_AB)
+            acc_up = _tile_product(
+                acc_up, x, up_ptrs, w_ok, w_desc, w_row + n, k0, HAS_W_SCALE, IEEE, FP8_DOT, SWAP_AB, W_DESC
+            )
             up_ptrs += BLOCK_K
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
@@ -317,6 +336,30 @@ def align(ids: torch.Tensor, num_experts: int, block: int, blocks: int) -> tuple
 SWAP_AB_BELOW = 64
 
 
+#: The grouped GEMM reads its weight tiles through a tensor descriptor (Hopper's TMA: one bulk copy
+#: a tile and stage, issued by one thread) instead of each thread's ``cp.async`` of 16 bytes, on
+#: GPUs of compute capability 9.0 and up whose expert matrices the descriptor can address
+#: (:func:`_weight_descriptor`). Off until timed on a GPU (``tools/device_moe.py --tma``); the same
+#: products as the pointer loads (``tests/test_moe.py``, under Triton's interpreter)
+TMA_WEIGHTS = False
+
+
+def _weight_descriptor(w: torch.Tensor, block_n: int, block_k: int):
+    """A tensor descriptor over the experts ``w`` ``[experts, rows, k]`` as one ``[experts * rows,
+    k]`` matrix with ``[block_n, block_k]`` blocks; None where the GPU has no TMA (before compute
+    capability 9.0) or the layout does not allow one (rows packed, 16-byte aligned start and row
+    stride). Under Triton's interpreter (CPU tensors) the interpreter's own."""
+    if w.is_cuda and torch.cuda.get_device_capability(w.device)[0] < 9:
+        return None
+    experts, rows, k = w.shape
+    row_bytes = w.stride(1) * w.element_size()
+    if w.stride(2) != 1 or w.stride(0) != rows * w.stride(1) or row_bytes % 16 or w.data_ptr() % 16:
+        return None
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor(w, [experts * rows, k], [w.stride(1), 1], [block_n, block_k])
+
+
 def launch_config(
     block: int, n: int, k: int, pairs: int = 1 << 30, gated: bool = False, w8a8: bool = False
 ) -> tuple[int, int, int, int]:
@@ -393,15 +436,16 @@ def grouped_gemm(
     swap_ab = a_scale is not None and block < SWAP_AB_BELOW
     out = torch.empty(pairs, n, dtype=out_dtype or a.dtype, device=a.device)
     block_n, block_k, warps, stages = config or launch_config(block, n, k, pairs, gated, a_scale is not None)
+    w_desc = _weight_descriptor(w, block_n, block_k) if TMA_WEIGHTS else None
     grid = (triton.cdiv(n, block_n), block_expert.numel())
     grouped_gemm_kernel[grid](
         a, a.stride(0), w, w.stride(0), w.stride(1), out, out.stride(0), sorted_pairs, block_expert,
         scale if scale is not None else out, w_scale if w_scale is not None else out,
         w_scale.stride(0) if w_scale is not None else 0, a_scale if a_scale is not None else out, pairs, n, k,
-        num_experts,
+        num_experts, w_desc,
         ROW_DIV=row_div, HAS_SCALE=scale is not None, HAS_W_SCALE=w_scale is not None,
         IEEE=a.dtype == torch.float32 or (a_scale is not None and not fp8_dot), GATED=gated, HAS_A_SCALE=a_scale is not None,
-        FP8_DOT=fp8_dot, SWAP_AB=swap_ab,
+        FP8_DOT=fp8_dot, SWAP_AB=swap_ab, W_DESC=w_desc is not None,
         BLOCK_M=block, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out
