@@ -374,6 +374,20 @@ def test_moe_grouped_gemm_compiles(target, block, dtype, scale, weights):
                 assert set(re.findall(r"wgmma\.[.\w]*?\.f32\.(\w+)\.", ptx)) == {"e4m3"}
 
 
+#: the grouped GEMM's uses at Qwen3-30B-A3B's shape: (output columns, inner size, gated, scaled by
+#: the router's weight): gate/up fused (columns of each half), gate/up unfused, down
+QWEN3_MOE_GEMMS = [(768, 2048, True, False), (1536, 2048, False, False), (2048, 768, False, True)]
+
+
+def _bf16_out_signature(values: str) -> dict[str, str]:
+    """``grouped_gemm_kernel``'s signature for ``values`` rows and weights (float32 scales where
+    quantized) and bf16 outputs."""
+    return {"a": f"*{values}", "a_stride": "i64", "w": f"*{values}", "w_stride_e": "i64", "w_stride_n": "i64",
+            "c": "*bf16", "c_stride": "i64", "sorted_pairs": "*i64", "block_expert": "*i64", "scale": "*bf16",
+            "w_scale": "*fp32", "w_scale_stride": "i64", "a_scale": "*fp32", "pairs": "i32", "n": "i32",
+            "k": "i32", "num_experts": "i32"}  # fmt: skip
+
+
 @pytest.mark.parametrize("block", [16, 32, 64, 128])
 def test_w8a8_grouped_gemm_compiles_for_ada(block):
     """e4m3 experts on Ada (sm_89, the oldest GPU ``Experts.quantize`` accepts e4m3 on): every use
@@ -381,15 +395,8 @@ def test_w8a8_grouped_gemm_compiles_for_ada(block):
     from minisgl_core.layers._triton_moe import grouped_gemm_kernel, launch_config
 
     target = GPUTarget("cuda", 89, 32)
-    signature = {"a": "*fp8e4nv", "a_stride": "i64", "w": "*fp8e4nv", "w_stride_e": "i64", "w_stride_n": "i64",
-                 "c": "*bf16", "c_stride": "i64", "sorted_pairs": "*i64", "block_expert": "*i64", "scale": "*bf16",
-                 "w_scale": "*fp32", "w_scale_stride": "i64", "a_scale": "*fp32", "pairs": "i32", "n": "i32",
-                 "k": "i32", "num_experts": "i32"}  # fmt: skip
-    for n, k, gated, scaled in [
-        (768, 2048, True, False),
-        (1536, 2048, False, False),
-        (2048, 768, False, True),
-    ]:
+    signature = _bf16_out_signature("fp8e4nv")
+    for n, k, gated, scaled in QWEN3_MOE_GEMMS:
         block_n, block_k, warps, stages = launch_config(
             block, n, k, pairs=8 if block == 16 else 4096, gated=gated, w8a8=True
         )
@@ -414,15 +421,8 @@ def test_moe_grouped_gemm_reads_weights_through_tma_on_hopper(block, weights):
     from minisgl_core.layers._triton_moe import grouped_gemm_kernel, launch_config
 
     w8a8 = weights == "fp8e4nv"
-    signature = {"a": f"*{weights}", "a_stride": "i64", "w": f"*{weights}", "w_stride_e": "i64", "w_stride_n": "i64",
-                 "c": "*bf16", "c_stride": "i64", "sorted_pairs": "*i64", "block_expert": "*i64", "scale": "*bf16",
-                 "w_scale": "*fp32", "w_scale_stride": "i64", "a_scale": "*fp32", "pairs": "i32", "n": "i32",
-                 "k": "i32", "num_experts": "i32"}  # fmt: skip
-    for n, k, gated, scaled in [
-        (768, 2048, True, False),
-        (1536, 2048, False, False),
-        (2048, 768, False, True),
-    ]:
+    signature = _bf16_out_signature(weights)
+    for n, k, gated, scaled in QWEN3_MOE_GEMMS:
         for pairs in (64, 65536):
             block_n, block_k, warps, stages = launch_config(block, n, k, pairs=pairs, gated=gated, w8a8=w8a8)
             constants = {"ROW_DIV": 1 if scaled else 8, "HAS_SCALE": scaled, "HAS_W_SCALE": w8a8, "IEEE": False,
