@@ -210,6 +210,57 @@ def check_route_kernel(device: str = "cpu") -> None:
         moe.TRITON_ROUTE = default
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     print("ok block")
+    check_route_and_round(device, gen)
+
+
+def check_route_and_round(device: str, gen: torch.Generator) -> None:
+    """``_triton_moe.route_and_round``: the router's kernel that also rounds the block's input rows
+    to e4m3 gives :func:`route`'s kernel's weights and ids and ``quantize_rows``' values and
+    scales, bit for bit (rows of every size a loop step takes: one block, several, a part of one;
+    zeros; float16 and float32); and W8A8 experts fed its rounding (``moe.ROUTE_ROUNDS``) give the
+    same bits as the ones that round their input themselves."""
+    from minisgl_core.api.parallel import ParallelContext
+    from minisgl_core.layers import _triton_moe, e4m3, moe
+    from minisgl_core.layers.moe import SparseMoE, experts_grouped
+
+    for tokens, hidden, dtype in ((5, 48, torch.float32), (3, 5000, torch.float16), (9, 2048, torch.float32)):
+        logits = torch.randn(tokens, 16, generator=gen).to(device)
+        x = (torch.randn(tokens, hidden, generator=gen) * 4).to(dtype).to(device)
+        x[1] = 0  # a row of zeros: the smallest scale
+        weights, ids, (q, scales) = _triton_moe.route_and_round(logits, x, 4, True)
+        want_w, want_ids = _triton_moe.route(logits, 4, True)
+        assert torch.equal(weights, want_w) and torch.equal(ids, want_ids)
+        want_q, want_scales = e4m3.quantize_rows(x)
+        assert q.dtype == torch.float8_e4m3fn and q.shape == x.shape and scales.shape == (tokens, 1)
+        assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)), (tokens, hidden)
+        assert torch.equal(scales, want_scales.float().reshape(tokens, 1))
+        print("ok rounded rows", tokens, hidden)
+    with pytest.raises(ValueError, match="rows to round"):
+        _triton_moe.route_and_round(logits, x[:2], 4, True)
+    # a block with e4m3 experts: its input rounded by the router's kernel or by its own, the same bits
+    block = SparseMoE(64, 32, 8, 2, renormalize=True, parallel=ParallelContext(), dtype=torch.float32,
+                      device=device)  # fmt: skip
+    for param in block.parameters():
+        param.data.copy_(torch.randn(param.shape, generator=gen).to(device) * 0.2)
+    block.experts.quantize(
+        [quantize_experts_rows(block.experts.w13.data, e4m3.FP8), quantize_experts_rows(block.experts.w2.data, e4m3.FP8)],
+        "test",
+    )  # fmt: skip
+    x = torch.randn(11, 64, generator=gen).to(device)
+    defaults = moe.TRITON_ROUTE, moe.ROUTE_ROUNDS
+    try:
+        moe.TRITON_ROUTE, moe.ROUTE_ROUNDS = True, False
+        want = block(x)
+        moe.ROUTE_ROUNDS = True
+        got = block(x)
+    finally:
+        moe.TRITON_ROUTE, moe.ROUTE_ROUNDS = defaults
+    assert torch.equal(got, want)
+    weights, ids = _triton_moe.route(block.gate(x), 2, True)
+    with pytest.raises(ValueError, match="do not multiply e4m3 rows"):
+        experts_grouped(x, block.experts.w13.float(), block.experts.w2.float(), weights, ids,
+                        rounded=e4m3.quantize_rows(x))  # fmt: skip
+    print("ok block rounded by the router")
 
 
 def test_interpreted_route_kernel_matches_route():
@@ -217,7 +268,7 @@ def test_interpreted_route_kernel_matches_route():
     from minisgl_core.testing.triton_interpreter import run_under_interpreter
 
     out = run_under_interpreter(__file__, "route")
-    assert out.count("ok") == len(ROUTE_CASES) + 2, out
+    assert out.count("ok") == len(ROUTE_CASES) + 2 + 3 + 1, out
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

@@ -465,36 +465,34 @@ def test_moe_align_kernels_compile(target, experts, rows):
 
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")
 @pytest.mark.parametrize(
-    "experts, top_k, logits, weights",
-    [(128, 8, "bf16", "bf16"), (8, 2, "bf16", "fp32"), (60, 6, "fp16", "fp16"), (512, 10, "bf16", "bf16")],
-)
-def test_moe_route_kernel_compiles(target, experts, top_k, logits, weights):
+    "experts, top_k, logits, weights, hidden",
+    [(128, 8, "bf16", "bf16", 0), (8, 2, "bf16", "fp32", 0), (60, 6, "fp16", "fp16", 0), (512, 10, "bf16", "bf16", 0),
+     (128, 8, "bf16", "bf16", 2048), (8, 2, "bf16", "fp32", 4096)],
+)  # fmt: skip
+def test_moe_route_kernel_compiles(target, experts, top_k, logits, weights, hidden):
     """The router in one kernel (``_triton_moe.route``): Qwen3-30B-A3B's 128 experts and top 8,
     Mixtral's 8 and top 2 with float32 weights, a count that is no power of two, and 512 experts
-    (four warps), as ``route`` launches it."""
+    (four warps), as ``route`` launches it; with ``hidden``, also rounding the block's input rows
+    to e4m3 (``route_and_round``: Qwen3-30B-A3B's and Mixtral's widths; e4m3 from sm_89)."""
     import triton
 
     from minisgl_core.layers._triton_moe import route_kernel
 
+    if hidden and target.arch < 89:
+        pytest.skip("e4m3 needs sm_89 or newer")
     block = max(16, triton.next_power_of_2(experts))
+    row_block = min(triton.next_power_of_2(hidden), 4096) if hidden else 16
     compiles(
         route_kernel,
-        {
-            "logits": f"*{logits}",
-            "logits_stride": "i64",
-            "weights": f"*{weights}",
-            "ids": "*i64",
-            "num_experts": "i32",
-        },
-        {
-            "TOP_K": top_k,
-            "K_POW2": max(2, triton.next_power_of_2(top_k)),
-            "EXPERTS": block,
-            "RENORMALIZE": True,
-        },
+        {"logits": f"*{logits}", "logits_stride": "i64", "weights": f"*{weights}", "ids": "*i64",
+         "num_experts": "i32", "x": f"*{logits}", "x_stride": "i64", "q": "*fp8e4nv" if hidden else f"*{logits}",
+         "q_scales": "*fp32" if hidden else f"*{logits}", "hidden": "i32"},
+        {"TOP_K": top_k, "K_POW2": max(2, triton.next_power_of_2(top_k)), "EXPERTS": block, "RENORMALIZE": True,
+         "ROUND": bool(hidden), "HIDDEN_ROW": triton.cdiv(hidden, row_block) * row_block if hidden else 16,
+         "BLOCK": row_block},
         target,
-        num_warps=1 if block <= 256 else 4,
-    )
+        num_warps=1 if block <= 256 and not hidden else 4,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"sm{t.arch}")

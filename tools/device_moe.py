@@ -12,7 +12,8 @@ Each row: tokens, the launch, microseconds a layer's experts take (median of CUD
 and the bytes of the experts the step's tokens chose over that time (TB/s). ``--gemms``: each
 grouped GEMM alone over its own launches (gate/up with SiLU·mul after it or fused into it, down),
 at the block size the engine picks. ``--small-kernels``: the router and the schedule, each both
-ways (``moe.TRITON_ROUTE``, ``_triton_moe.ONE_PROGRAM_PAIRS``). ``--experts int8|fp8``: the experts quantized as
+ways (``moe.TRITON_ROUTE``, ``_triton_moe.ONE_PROGRAM_PAIRS``), and the router with the gate/up
+input's rounding, in two kernels or one (``moe.ROUTE_ROUNDS``). ``--experts int8|fp8``: the experts quantized as
 ``--quantization int8`` / ``fp8`` quantizes them (a scale a row; int8 weight-only, e4m3 W8A8: each
 GEMM's input rows rounded to e4m3 first, that kernel timed with its GEMM; ``--weight-only``: e4m3
 converted in the kernel instead, ``moe.W8A8_EXPERTS = False``; ``--swap-below``: W8A8 blocks of
@@ -33,6 +34,7 @@ import torch
 from minisgl_core.layers import _triton_moe, moe
 from minisgl_core.layers.fused import silu_and_mul
 from minisgl_core.layers.moe import align_blocks, block_rows, experts_grouped, route
+from minisgl_core.layers.triton_e4m3 import quantize_rows_triton
 
 HIDDEN, INTER, EXPERTS, TOP_K = 2048, 768, 128, 8
 
@@ -123,9 +125,17 @@ def time_small_kernels(tokens: int, gen: torch.Generator) -> list[dict]:
     probs = torch.softmax(logits.float(), dim=-1)  # (equal logits: either expert may come first)
     assert torch.allclose(got_w.float(), want_w.float(), atol=1e-2)
     assert torch.equal(probs.gather(1, got_ids), probs.gather(1, want_ids))
+    x = torch.randn(tokens, HIDDEN, generator=gen, device=gen.device, dtype=torch.bfloat16)
+    q, scales = quantize_rows_triton(x)
+    _, _, (got_q, got_scales) = _triton_moe.route_and_round(logits, x, TOP_K, True)
+    assert torch.equal(got_q.view(torch.uint8), q.view(torch.uint8)) and torch.equal(got_scales, scales)
     rows = [
         {"tokens": tokens, "op": "route", "way": "torch", "us": time_graph(lambda: route(logits, TOP_K, True))},
         {"tokens": tokens, "op": "route", "way": "triton", "us": time_graph(lambda: _triton_moe.route(logits, TOP_K, True))},
+        {"tokens": tokens, "op": "route+round", "way": "two kernels",
+         "us": time_graph(lambda: (_triton_moe.route(logits, TOP_K, True), quantize_rows_triton(x)))},
+        {"tokens": tokens, "op": "route+round", "way": "one kernel",
+         "us": time_graph(lambda: _triton_moe.route_and_round(logits, x, TOP_K, True))},
     ]  # fmt: skip
     block = block_rows(tokens * TOP_K, EXPERTS)
     default = _triton_moe.ONE_PROGRAM_PAIRS

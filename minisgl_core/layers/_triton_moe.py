@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from minisgl_core.layers.triton_e4m3 import FP8_MAX, round_e4m3, row_scale
+
 
 @triton.jit
 def _dot(acc, a, b, IEEE: tl.constexpr, FP8_DOT: tl.constexpr):
@@ -160,14 +162,26 @@ def grouped_gemm_kernel(
 
 @triton.jit
 def route_kernel(
-    logits, logits_stride, weights, ids, num_experts,
+    logits, logits_stride, weights, ids, num_experts, x, x_stride, q, q_scales, hidden,
     TOP_K: tl.constexpr, K_POW2: tl.constexpr, EXPERTS: tl.constexpr, RENORMALIZE: tl.constexpr,
+    ROUND: tl.constexpr, HIDDEN_ROW: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """One token a program: :func:`~minisgl_core.layers.moe.route` in one kernel. The softmax over
     the experts in float32, then the ``TOP_K`` largest one at a time, largest first (the lowest
     expert index among equal values), divided by their sum when ``RENORMALIZE``; weights stored in
-    ``weights``' dtype, expert ids as int64."""
+    ``weights``' dtype, expert ids as int64. ``ROUND``: the token's row of ``x`` (``hidden`` wide,
+    ``HIDDEN_ROW`` rounded up to a multiple of ``BLOCK``) also rounded to e4m3 into ``q`` with its
+    scale in ``q_scales``, as ``quantize_rows_kernel`` rounds it (the same helpers, the same bits)."""
     row = tl.program_id(0).to(tl.int64)
+    if ROUND:
+        x_row = x + row * x_stride
+        scale, inverse = row_scale(x_row, hidden, HIDDEN_ROW, BLOCK)
+        for start in range(0, HIDDEN_ROW, BLOCK):
+            cols = start + tl.arange(0, BLOCK)[None, :]
+            xk = tl.load(x_row + cols, mask=cols < hidden, other=0.0).to(tl.float32)
+            qk = round_e4m3(tl.clamp(xk * inverse, -FP8_MAX, FP8_MAX))
+            tl.store(q + row * hidden + cols, qk.to(q.dtype.element_ty), mask=cols < hidden)
+        tl.store(q_scales + row + tl.zeros((1, 1), dtype=tl.int64), scale)
     offs = tl.arange(0, EXPERTS)
     real = offs < num_experts
     x = tl.load(logits + row * logits_stride + offs, mask=real, other=float("-inf")).to(tl.float32)
@@ -192,20 +206,53 @@ def route(
     logits: torch.Tensor, top_k: int, renormalize: bool, float32_weights: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """What :func:`minisgl_core.layers.moe.route` returns, from one kernel (five torch ops there)."""
+    weights, ids, _ = _route(logits, top_k, renormalize, float32_weights, None)
+    return weights, ids
+
+
+def route_and_round(
+    logits: torch.Tensor, x: torch.Tensor, top_k: int, renormalize: bool, float32_weights: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`route`'s weights and ids, and ``x`` [tokens, hidden] rounded to e4m3 a row at a time
+    (float8_e4m3fn [tokens, hidden], float32 scales [tokens, 1]: ``quantize_rows_triton(x)``, the
+    same bits), from the same kernel: the W8A8 gate/up GEMM's input without a kernel of its own."""
+    weights, ids, rounded = _route(logits, top_k, renormalize, float32_weights, x)
+    assert rounded is not None
+    return weights, ids, rounded
+
+
+def _route(logits, top_k, renormalize, float32_weights, x):
     tokens, num_experts = logits.shape
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     dtype = torch.float32 if float32_weights else logits.dtype
     weights = torch.empty(tokens, top_k, dtype=dtype, device=logits.device)
     ids = torch.empty(tokens, top_k, dtype=torch.int64, device=logits.device)
+    rounded = None
+    hidden, hidden_row, block = 0, 16, 16
+    if x is not None:
+        if x.shape[0] != tokens:
+            raise ValueError(f"{tokens} tokens' logits and {x.shape[0]} rows to round")
+        if x.stride(1) != 1:
+            x = x.contiguous()
+        hidden = x.shape[1]
+        rounded = (
+            torch.empty(tokens, hidden, dtype=torch.float8_e4m3fn, device=x.device),
+            torch.empty(tokens, 1, dtype=torch.float32, device=x.device),
+        )
+        block = min(triton.next_power_of_2(hidden), 4096)
+        hidden_row = triton.cdiv(hidden, block) * block
     if tokens:
         experts = max(16, triton.next_power_of_2(num_experts))
         route_kernel[(tokens,)](
             logits, logits.stride(0), weights, ids, num_experts,
+            logits if x is None else x, 0 if x is None else x.stride(0),
+            *((logits, logits) if rounded is None else rounded), hidden,
             TOP_K=top_k, K_POW2=max(2, triton.next_power_of_2(top_k)), EXPERTS=experts,
-            RENORMALIZE=renormalize, num_warps=1 if experts <= 256 else 4,
+            RENORMALIZE=renormalize, ROUND=x is not None, HIDDEN_ROW=hidden_row, BLOCK=block,
+            num_warps=1 if experts <= 256 and x is None else 4,
         )  # fmt: skip
-    return weights, ids
+    return weights, ids, rounded
 
 
 @triton.jit
