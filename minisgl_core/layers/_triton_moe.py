@@ -184,8 +184,8 @@ def route_kernel(
         tl.store(q_scales + row + tl.zeros((1, 1), dtype=tl.int64), scale)
     offs = tl.arange(0, EXPERTS)
     real = offs < num_experts
-    x = tl.load(logits + row * logits_stride + offs, mask=real, other=float("-inf")).to(tl.float32)
-    e = tl.exp(x - tl.max(x, axis=0))
+    scores = tl.load(logits + row * logits_stride + offs, mask=real, other=float("-inf")).to(tl.float32)
+    e = tl.exp(scores - tl.max(scores, axis=0))
     probs = tl.where(real, e / tl.sum(e, axis=0), -1.0)  # past the last expert: never chosen
     slots = tl.arange(0, K_POW2)
     chosen_w = tl.zeros((K_POW2,), dtype=tl.float32)
@@ -222,6 +222,7 @@ def route_and_round(
 
 
 def _route(logits, top_k, renormalize, float32_weights, x):
+    """One launch of ``route_kernel``: weights, ids, and ``x`` rounded (None without ``x``)."""
     tokens, num_experts = logits.shape
     if logits.stride(1) != 1:
         logits = logits.contiguous()
