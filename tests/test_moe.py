@@ -679,6 +679,49 @@ def test_quantized_grouped_experts_on_the_gpu(dtype):
                 torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9, reason="needs TMA (sm_90+)"
+)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
+def test_grouped_experts_through_tma_on_the_gpu(dtype):
+    """``_triton_moe.TMA_WEIGHTS`` on Hopper: Qwen3-30B-A3B's experts (bf16, or e4m3 as W8A8) with
+    their weight tiles read through tensor descriptors give what the pointer loads give, at a decode
+    step's and a prefill step's tokens, fused and not, and replayed from a CUDA graph."""
+    from minisgl_core.layers import moe
+    from minisgl_core.layers.moe import experts_grouped
+
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    hidden, inter, experts = 2048, 768, 128
+    w13 = torch.randn(experts, 2 * inter, hidden, generator=gen, device="cuda") * hidden**-0.5
+    w2 = torch.randn(experts, hidden, inter, generator=gen, device="cuda") * inter**-0.5
+    if dtype == torch.bfloat16:
+        w13, w2, scales = w13.bfloat16(), w2.bfloat16(), None
+    else:
+        (w13, s13), (w2, s2) = quantize_experts_rows(w13, dtype), quantize_experts_rows(w2, dtype)
+        scales = (s13, s2)
+    for tokens in (1, 64, 2048):
+        x = torch.randn(tokens, hidden, generator=gen, device="cuda", dtype=torch.bfloat16)
+        weights, ids = route(torch.randn(tokens, experts, generator=gen, device="cuda"), 8, True)
+        weights = weights.bfloat16()
+        base = experts_grouped(x, w13, w2, weights, ids, scales).float()  # the default launch
+        default = moe.FUSED_GATE_UP
+        try:
+            for fused in (True, False):
+                moe.FUSED_GATE_UP = fused
+                want = experts_grouped(x, w13, w2, weights, ids, scales).float()
+                got = through_descriptors(experts_grouped, x, w13, w2, weights, ids, scales).float()
+                torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)
+        finally:
+            moe.FUSED_GATE_UP = default
+        graph = torch.cuda.CUDAGraph()
+        through_descriptors(experts_grouped, x, w13, w2, weights, ids, scales)  # compiled before capture
+        with torch.cuda.graph(graph):
+            captured = through_descriptors(experts_grouped, x, w13, w2, weights, ids, scales)
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(captured.float(), base, atol=1e-3, rtol=1e-3)
+
+
 def test_tensor_parallel_block_sums_to_the_whole():
     """Two gloo ranks, each holding half of every expert's intermediate size: their all-reduced
     outputs equal one rank's whole block. (The rendezvous store lives in this process, as in the
