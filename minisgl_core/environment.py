@@ -30,6 +30,12 @@ DOCUMENTED: dict[str, str] = {
     "them in the RMS norm after it (--disable-fast-path split_k_norm)",
     "MINISGL_TRITON_MOE": "0 runs mixture-of-experts blocks as a loop over the experts instead of the Triton "
     "grouped GEMMs (eager only: it cannot be captured into CUDA graphs; --disable-fast-path triton_moe)",
+    "MINISGL_MOE_ROUTE": "0 runs a mixture-of-experts router as five torch kernels instead of one Triton kernel "
+    "(--disable-fast-path moe_route)",
+    "MINISGL_MOE_ONE_PROGRAM": "0 builds the experts' schedule with three kernels at every step instead of one "
+    "program at steps of up to 2,048 (token, choice) pairs (--disable-fast-path moe_one_program)",
+    "MINISGL_MOE_SUM_IN_NORM": "0 sums each token's top-k expert rows with a kernel of its own instead of in the "
+    "RMS norm after the block (--disable-fast-path moe_sum_in_norm)",
     "MINISGL_SYMM_MEM": "0 turns off the symmetric-memory all-reduce (--disable-fast-path symm_mem)",
     "MINISGL_SYMM_MEM_WIDE": "0 turns off its wide path for sums from 768 KiB (--disable-fast-path symm_mem_wide)",
     "MINISGL_SYMM_MEM_NORM": "0 turns off its sum fused with the residual add and RMS norm after it (--disable-fast-path symm_mem_norm)",

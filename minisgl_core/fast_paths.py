@@ -47,6 +47,15 @@ class FastPaths:
     #: sorted by expert (off: a loop over the experts, which reads their token counts on the host
     #: and so cannot be captured into a CUDA graph)
     triton_moe: bool = True
+    #: those blocks' router (softmax, top-k, renormalization, rounding) as one Triton kernel
+    #: instead of five torch kernels
+    moe_route: bool = True
+    #: those blocks' schedule (pairs grouped by expert) as one program for steps of up to 2,048
+    #: (token, choice) pairs instead of three kernels and a zeroed count
+    moe_one_program: bool = True
+    #: on one GPU, each token's top-k expert rows added by the RMS norm after the block, with the
+    #: residual add, instead of summed by a kernel of their own
+    moe_sum_in_norm: bool = True
     #: one-shot symmetric-memory all-reduce for decode-sized sums under tensor parallelism
     symm_mem: bool = True
     #: its wide path for sums from 768 KiB: copy, barrier, a Triton sum over every peer's buffer
@@ -89,6 +98,9 @@ class FastPaths:
                 "triton_small_gemm",
                 "split_k_norm",
                 "triton_moe",
+                "moe_route",
+                "moe_one_program",
+                "moe_sum_in_norm",
             )
             and not self.compile
         ):
@@ -110,6 +122,9 @@ ENV_VARS: dict[str, str] = {
     "triton_small_gemm": "MINISGL_TRITON_SMALL_GEMM",
     "split_k_norm": "MINISGL_SPLIT_K_NORM",
     "triton_moe": "MINISGL_TRITON_MOE",
+    "moe_route": "MINISGL_MOE_ROUTE",
+    "moe_one_program": "MINISGL_MOE_ONE_PROGRAM",
+    "moe_sum_in_norm": "MINISGL_MOE_SUM_IN_NORM",
     "symm_mem": "MINISGL_SYMM_MEM",
     "symm_mem_wide": "MINISGL_SYMM_MEM_WIDE",
     "symm_mem_norm": "MINISGL_SYMM_MEM_NORM",

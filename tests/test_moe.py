@@ -722,6 +722,73 @@ def test_grouped_experts_through_tma_on_the_gpu(dtype):
         torch.testing.assert_close(captured.float(), base, atol=1e-2, rtol=1e-2)
 
 
+class _Launcher:
+    """A stand-in for a Triton kernel: ``kernel[grid](...)`` records the kernel's name."""
+
+    def __init__(self, name: str, launched: list[str]) -> None:
+        self.name, self.launched = name, launched
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launched.append(self.name)
+
+
+def test_moe_fast_paths_choose_the_kernels(monkeypatch):
+    """``--disable-fast-path moe_route / moe_one_program / moe_sum_in_norm`` (their environment
+    variables here) each put back the path its kernel replaced: the torch router, the schedule's
+    three kernels, the block's own sum of each token's rows."""
+    from minisgl_core import fast_paths
+    from minisgl_core.api.parallel import ParallelContext
+    from minisgl_core.layers import _triton_moe, moe, triton_ops
+    from minisgl_core.layers.moe import SparseMoE
+
+    monkeypatch.setattr(fast_paths, "_configured", None)
+    for var in ("MINISGL_MOE_ROUTE", "MINISGL_MOE_ONE_PROGRAM", "MINISGL_MOE_SUM_IN_NORM", "MINISGL_COMPILE"):
+        monkeypatch.delenv(var, raising=False)
+    # the schedule: one program for a decode step's pairs, or three kernels
+    launched: list[str] = []
+    for name in (
+        "align_one_program_kernel",
+        "count_pairs_kernel",
+        "run_starts_kernel",
+        "scatter_pairs_kernel",
+    ):
+        monkeypatch.setattr(_triton_moe, name, _Launcher(name, launched))
+    ids = torch.zeros(4, 2, dtype=torch.int64)
+    _triton_moe.align(ids, 8, 16, 9)
+    assert launched == ["align_one_program_kernel"]
+    launched.clear()
+    monkeypatch.setenv("MINISGL_MOE_ONE_PROGRAM", "0")
+    _triton_moe.align(ids, 8, 16, 9)
+    assert launched == ["count_pairs_kernel", "run_starts_kernel", "scatter_pairs_kernel"]
+    # the router and the sum, in a block whose experts "run in Triton" (stand-ins for the kernels)
+    calls: list[str] = []
+    monkeypatch.setattr(moe, "moe_enabled", lambda x: True)
+    monkeypatch.setattr(triton_ops, "split_k_norm_enabled", lambda device: True)
+    monkeypatch.setattr(_triton_moe, "route", lambda *a: (calls.append("kernel"), route(*a))[1])
+    monkeypatch.setattr(moe, "route", lambda *a: (calls.append("torch"), route(*a))[1])
+
+    def experts(x, w13, w2, weights, ids, scales=None, *, sum_rows=True, rounded=None):
+        calls.append("summed" if sum_rows else "rows")
+        return (
+            torch.zeros(x.shape[0], w2.shape[1])
+            if sum_rows
+            else torch.zeros(x.shape[0], ids.shape[1], w2.shape[1])
+        )
+
+    monkeypatch.setattr(moe, "experts_grouped", experts)
+    block = SparseMoE(
+        16, 8, 4, 2, renormalize=True, parallel=ParallelContext(), dtype=torch.float32, device="cpu"
+    )
+    x = torch.randn(3, 16)
+    assert isinstance(block(x, reduce=False), triton_ops.SplitKPartials)
+    assert calls == ["kernel", "rows"]
+    calls.clear()
+    monkeypatch.setenv("MINISGL_MOE_ROUTE", "0")
+    monkeypatch.setenv("MINISGL_MOE_SUM_IN_NORM", "0")
+    assert isinstance(block(x, reduce=False), torch.Tensor)
+    assert calls == ["torch", "summed"]
+
+
 def test_tensor_parallel_block_sums_to_the_whole():
     """Two gloo ranks, each holding half of every expert's intermediate size: their all-reduced
     outputs equal one rank's whole block. (The rendezvous store lives in this process, as in the

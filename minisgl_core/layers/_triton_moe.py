@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from minisgl_core import fast_paths
 from minisgl_core.layers.triton_e4m3 import FP8_MAX, round_e4m3, row_scale
 
 
@@ -338,7 +339,8 @@ def align_one_program_kernel(
 #: (``align_one_program_kernel``) rather than three kernels and a zeroed count; at most 4,096
 #: whatever it says (a program's registers). On one H200 (``tools/device_moe.py --small-kernels``,
 #: top-8 of 128 experts) one program takes 3.3 / 7.1 / 11.0 / 17.3 µs at 8 / 512 / 2,048 / 4,096
-#: pairs against the three kernels' 5.4 / 9.8 / 11.4 / 13.4
+#: pairs against the three kernels' 5.4 / 9.8 / 11.4 / 13.4. A user turns it off with
+#: ``--disable-fast-path moe_one_program``
 ONE_PROGRAM_PAIRS = 2048
 
 
@@ -350,7 +352,7 @@ def align(ids: torch.Tensor, num_experts: int, block: int, blocks: int) -> tuple
     if not flat.is_contiguous():
         flat = flat.contiguous()
     pairs, slots, device = flat.numel(), blocks * block, ids.device
-    one_program = pairs <= min(ONE_PROGRAM_PAIRS, 4096)
+    one_program = pairs <= min(ONE_PROGRAM_PAIRS, 4096) and fast_paths.current().enabled("moe_one_program")
     counts = (torch.empty if one_program else torch.zeros)(num_experts, dtype=torch.int32, device=device)
     starts = torch.empty(num_experts, dtype=torch.int32, device=device)
     sorted_pairs = torch.empty(slots, dtype=torch.int64, device=device)

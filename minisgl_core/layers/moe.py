@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minisgl_core import fast_paths
 from minisgl_core.api.parallel import ParallelContext
 from minisgl_core.layers import e4m3, triton_ops
 from minisgl_core.layers.fused import silu_and_mul
@@ -203,14 +204,16 @@ FUSED_GATE_UP = True
 #: The router's softmax, top-k, renormalization and rounding as one Triton kernel
 #: (``_triton_moe.route``) where the experts run in Triton, rather than five torch kernels: on one
 #: H200 3.0-3.4 µs a layer against 15-25 (``tools/device_moe.py --small-kernels``); the same ids
-#: and weights as :func:`route` (``tests/test_moe.py``, the interpreter and the GPU)
+#: and weights as :func:`route` (``tests/test_moe.py``, the interpreter and the GPU). A user turns
+#: it off with ``--disable-fast-path moe_route`` (this constant is the developers' switch)
 TRITON_ROUTE = True
 #: On one GPU, a block whose sum the norm after it takes (``reduce=False``) leaves each token's
 #: ``top_k`` expert rows to that norm (``triton_ops.SplitKPartials``: ``RMSNorm`` adds them with
 #: the residual in one kernel) instead of summing them with a kernel of its own; the same values
 #: as the summed block's up to the order of float32 additions (``tests/test_moe.py``). With the
 #: two switches above and ``_triton_moe.ONE_PROGRAM_PAIRS``, Qwen3-30B-A3B ``--quantization fp8``
-#: offline 8,618 tok/s against 7,808 (one H200, each a fresh machine's first run, BENCHMARKS.md)
+#: offline 8,618 tok/s against 7,808 (one H200, each a fresh machine's first run, BENCHMARKS.md).
+#: A user turns it off with ``--disable-fast-path moe_sum_in_norm``
 SUM_IN_NORM = True
 #: With :data:`TRITON_ROUTE` and W8A8 experts, the router's kernel also rounds the block's input
 #: rows to e4m3 (``_triton_moe.route_and_round``), so the gate/up GEMM's input needs no kernel of
@@ -467,7 +470,7 @@ class SparseMoE(nn.Module):
         in_triton = moe_enabled(x)
         experts = self.experts
         rounded = None
-        if in_triton and TRITON_ROUTE:
+        if in_triton and TRITON_ROUTE and fast_paths.current().enabled("moe_route"):
             from minisgl_core.layers import _triton_moe
 
             if ROUTE_ROUNDS and experts.w13.dtype == e4m3.FP8 and W8A8_EXPERTS:
@@ -484,6 +487,7 @@ class SparseMoE(nn.Module):
             not reduce
             and in_triton
             and SUM_IN_NORM
+            and fast_paths.current().enabled("moe_sum_in_norm")
             and self.parallel.tp_size == 1
             and triton_ops.split_k_norm_enabled(x.device)
         ):
