@@ -464,6 +464,16 @@ def through_descriptors(run, *args):
         _triton_moe.TMA_WEIGHTS = default
 
 
+def check_pointers_and_descriptors(want: torch.Tensor, *args) -> None:
+    """``experts_grouped(*args)`` against the loop's ``want``, and through tensor descriptors
+    against that (the same products, up to the interpreter's order of float32 sums)."""
+    from minisgl_core.layers.moe import experts_grouped
+
+    got = experts_grouped(*args)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(through_descriptors(experts_grouped, *args), got, atol=1e-6, rtol=1e-5)
+
+
 def check_quantized() -> None:
     """Child under TRITON_INTERPRET=1: int8 and e4m3 experts through the grouped GEMMs (SiLU·mul
     fused or not; e4m3 as W8A8, its products taken transposed and not, and weight-only) against the
@@ -480,10 +490,7 @@ def check_quantized() -> None:
         want_half = experts_reference(x.half(), q13, q2, weights.half(), ids, (s13, s2))
         for fused in (True, False):
             moe.FUSED_GATE_UP = fused
-            got = experts_grouped(x, q13, q2, weights, ids, (s13, s2))
-            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
-            tma = through_descriptors(experts_grouped, x, q13, q2, weights, ids, (s13, s2))
-            torch.testing.assert_close(tma, got, atol=1e-6, rtol=1e-5)
+            check_pointers_and_descriptors(want, x, q13, q2, weights, ids, (s13, s2))
             half = experts_grouped(x.half(), q13, q2, weights.half(), ids, (s13, s2))
             assert half.dtype == torch.float16
             torch.testing.assert_close(half, want_half, atol=2e-2, rtol=2e-2)
@@ -495,10 +502,7 @@ def check_quantized() -> None:
             try:
                 for fused in (True, False):
                     moe.FUSED_GATE_UP = fused
-                    got = experts_grouped(x, q13, q2, weights, ids, (s13, s2))
-                    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
-                    tma = through_descriptors(experts_grouped, x, q13, q2, weights, ids, (s13, s2))
-                    torch.testing.assert_close(tma, got, atol=1e-6, rtol=1e-5)
+                    check_pointers_and_descriptors(want, x, q13, q2, weights, ids, (s13, s2))
             finally:
                 _triton_moe.SWAP_AB_BELOW, moe.FUSED_GATE_UP = below, default
             print("ok transposed or not")

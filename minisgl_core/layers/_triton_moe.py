@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from minisgl_core import fast_paths
-from minisgl_core.layers.triton_e4m3 import FP8_MAX, round_e4m3, row_scale
+from minisgl_core.layers.triton_e4m3 import quantize_row
 
 
 @triton.jit
@@ -172,17 +172,10 @@ def route_kernel(
     expert index among equal values), divided by their sum when ``RENORMALIZE``; weights stored in
     ``weights``' dtype, expert ids as int64. ``ROUND``: the token's row of ``x`` (``hidden`` wide,
     ``HIDDEN_ROW`` rounded up to a multiple of ``BLOCK``) also rounded to e4m3 into ``q`` with its
-    scale in ``q_scales``, as ``quantize_rows_kernel`` rounds it (the same helpers, the same bits)."""
+    scale in ``q_scales``, as ``quantize_rows_kernel`` rounds it (``quantize_row``, the same bits)."""
     row = tl.program_id(0).to(tl.int64)
     if ROUND:
-        x_row = x + row * x_stride
-        scale, inverse = row_scale(x_row, hidden, HIDDEN_ROW, BLOCK)
-        for start in range(0, HIDDEN_ROW, BLOCK):
-            cols = start + tl.arange(0, BLOCK)[None, :]
-            xk = tl.load(x_row + cols, mask=cols < hidden, other=0.0).to(tl.float32)
-            qk = round_e4m3(tl.clamp(xk * inverse, -FP8_MAX, FP8_MAX))
-            tl.store(q + row * hidden + cols, qk.to(q.dtype.element_ty), mask=cols < hidden)
-        tl.store(q_scales + row + tl.zeros((1, 1), dtype=tl.int64), scale)
+        quantize_row(x + row * x_stride, q + row * hidden, q_scales + row, hidden, HIDDEN_ROW, BLOCK)
     offs = tl.arange(0, EXPERTS)
     real = offs < num_experts
     scores = tl.load(logits + row * logits_stride + offs, mask=real, other=float("-inf")).to(tl.float32)
