@@ -210,57 +210,6 @@ def check_route_kernel(device: str = "cpu") -> None:
         moe.TRITON_ROUTE = default
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     print("ok block")
-    check_route_and_round(device, gen)
-
-
-def check_route_and_round(device: str, gen: torch.Generator) -> None:
-    """``_triton_moe.route_and_round``: the router's kernel that also rounds the block's input rows
-    to e4m3 gives :func:`route`'s kernel's weights and ids and ``quantize_rows``' values and
-    scales, bit for bit (rows of every size a loop step takes: one block, several, a part of one;
-    zeros; float16 and float32); and W8A8 experts fed its rounding (``moe.ROUTE_ROUNDS``) give the
-    same bits as the ones that round their input themselves."""
-    from minisgl_core.api.parallel import ParallelContext
-    from minisgl_core.layers import _triton_moe, e4m3, moe
-    from minisgl_core.layers.moe import SparseMoE, experts_grouped
-
-    for tokens, hidden, dtype in ((5, 48, torch.float32), (3, 5000, torch.float16), (9, 2048, torch.float32)):
-        logits = torch.randn(tokens, 16, generator=gen).to(device)
-        x = (torch.randn(tokens, hidden, generator=gen) * 4).to(dtype).to(device)
-        x[1] = 0  # a row of zeros: the smallest scale
-        weights, ids, (q, scales) = _triton_moe.route_and_round(logits, x, 4, True)
-        want_w, want_ids = _triton_moe.route(logits, 4, True)
-        assert torch.equal(weights, want_w) and torch.equal(ids, want_ids)
-        want_q, want_scales = e4m3.quantize_rows(x)
-        assert q.dtype == torch.float8_e4m3fn and q.shape == x.shape and scales.shape == (tokens, 1)
-        assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)), (tokens, hidden)
-        assert torch.equal(scales, want_scales.float().reshape(tokens, 1))
-        print("ok rounded rows", tokens, hidden)
-    with pytest.raises(ValueError, match="rows to round"):
-        _triton_moe.route_and_round(logits, x[:2], 4, True)
-    # a block with e4m3 experts: its input rounded by the router's kernel or by its own, the same bits
-    block = SparseMoE(64, 32, 8, 2, renormalize=True, parallel=ParallelContext(), dtype=torch.float32,
-                      device=device)  # fmt: skip
-    for param in block.parameters():
-        param.data.copy_(torch.randn(param.shape, generator=gen).to(device) * 0.2)
-    block.experts.quantize(
-        [quantize_experts_rows(block.experts.w13.data, e4m3.FP8), quantize_experts_rows(block.experts.w2.data, e4m3.FP8)],
-        "test",
-    )  # fmt: skip
-    x = torch.randn(11, 64, generator=gen).to(device)
-    defaults = moe.TRITON_ROUTE, moe.ROUTE_ROUNDS
-    try:
-        moe.TRITON_ROUTE, moe.ROUTE_ROUNDS = True, False
-        want = block(x)
-        moe.ROUTE_ROUNDS = True
-        got = block(x)
-    finally:
-        moe.TRITON_ROUTE, moe.ROUTE_ROUNDS = defaults
-    assert torch.equal(got, want)
-    weights, ids = _triton_moe.route(block.gate(x), 2, True)
-    with pytest.raises(ValueError, match="do not multiply e4m3 rows"):
-        experts_grouped(x, block.experts.w13.float(), block.experts.w2.float(), weights, ids,
-                        rounded=e4m3.quantize_rows(x))  # fmt: skip
-    print("ok block rounded by the router")
 
 
 def test_interpreted_route_kernel_matches_route():
@@ -268,7 +217,7 @@ def test_interpreted_route_kernel_matches_route():
     from minisgl_core.testing.triton_interpreter import run_under_interpreter
 
     out = run_under_interpreter(__file__, "route")
-    assert out.count("ok") == len(ROUTE_CASES) + 2 + 3 + 1, out
+    assert out.count("ok") == len(ROUTE_CASES) + 2, out
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
@@ -451,34 +400,10 @@ def test_interpreted_quantized_grouped_experts_match_the_loop():
     assert out.count("ok") == 8, out
 
 
-def through_descriptors(run, *args):
-    """``run(*args)`` with the grouped GEMMs reading their weight tiles through a tensor descriptor
-    (``_triton_moe.TMA_WEIGHTS``)."""
-    from minisgl_core.layers import _triton_moe
-
-    default = _triton_moe.TMA_WEIGHTS
-    _triton_moe.TMA_WEIGHTS = True
-    try:
-        return run(*args)
-    finally:
-        _triton_moe.TMA_WEIGHTS = default
-
-
-def check_pointers_and_descriptors(want: torch.Tensor, *args) -> None:
-    """``experts_grouped(*args)`` against the loop's ``want``, and through tensor descriptors
-    against that (the same products, up to the interpreter's order of float32 sums)."""
-    from minisgl_core.layers.moe import experts_grouped
-
-    got = experts_grouped(*args)
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
-    torch.testing.assert_close(through_descriptors(experts_grouped, *args), got, atol=1e-6, rtol=1e-5)
-
-
 def check_quantized() -> None:
     """Child under TRITON_INTERPRET=1: int8 and e4m3 experts through the grouped GEMMs (SiLU·mul
     fused or not; e4m3 as W8A8, its products taken transposed and not, and weight-only) against the
-    loop over the same values, in float32 and float16; the weights read through tensor descriptors
-    too (the same products as through pointers, up to the interpreter's order of float32 sums)."""
+    loop over the same values, in float32 and float16."""
     from minisgl_core.layers import _triton_moe, moe
     from minisgl_core.layers.moe import experts_grouped
 
@@ -490,7 +415,8 @@ def check_quantized() -> None:
         want_half = experts_reference(x.half(), q13, q2, weights.half(), ids, (s13, s2))
         for fused in (True, False):
             moe.FUSED_GATE_UP = fused
-            check_pointers_and_descriptors(want, x, q13, q2, weights, ids, (s13, s2))
+            got = experts_grouped(x, q13, q2, weights, ids, (s13, s2))
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
             half = experts_grouped(x.half(), q13, q2, weights.half(), ids, (s13, s2))
             assert half.dtype == torch.float16
             torch.testing.assert_close(half, want_half, atol=2e-2, rtol=2e-2)
@@ -502,7 +428,8 @@ def check_quantized() -> None:
             try:
                 for fused in (True, False):
                     moe.FUSED_GATE_UP = fused
-                    check_pointers_and_descriptors(want, x, q13, q2, weights, ids, (s13, s2))
+                    got = experts_grouped(x, q13, q2, weights, ids, (s13, s2))
+                    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
             finally:
                 _triton_moe.SWAP_AB_BELOW, moe.FUSED_GATE_UP = below, default
             print("ok transposed or not")
@@ -534,10 +461,8 @@ def test_interpreted_grouped_experts_match_the_loop():
 def check_grouped() -> None:
     """Child under TRITON_INTERPRET=1: float32 (the interpreter's bf16 is unreliable) for every
     block size, uneven pairs, experts with no token, widths not a multiple of the tiles, SiLU·mul
-    fused into the gate/up GEMM and after it, the weights read through pointers and through tensor
-    descriptors (a tile past an expert's last column reads the next expert's rows, which no stored
-    column uses); then the SparseMoE block routing through it (moe_enabled) against
-    the loop."""
+    fused into the gate/up GEMM and after it; then the SparseMoE block routing through it
+    (moe_enabled) against the loop."""
     from minisgl_core.api.parallel import ParallelContext
     from minisgl_core.layers import moe
     from minisgl_core.layers.moe import SparseMoE, experts_grouped, moe_enabled
@@ -557,8 +482,6 @@ def check_grouped() -> None:
             moe.FUSED_GATE_UP = fused
             got = experts_grouped(x, w13, w2, weights, ids)
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
-            tma = through_descriptors(experts_grouped, x, w13, w2, weights, ids)
-            torch.testing.assert_close(tma, got, atol=1e-6, rtol=1e-5)
         moe.FUSED_GATE_UP = default
         print("ok", tokens, top_k, experts, block_rows(tokens * top_k, experts))
     block = SparseMoE(
@@ -683,49 +606,6 @@ def test_quantized_grouped_experts_on_the_gpu(dtype):
                 torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.skipif(
-    not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9, reason="needs TMA (sm_90+)"
-)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
-def test_grouped_experts_through_tma_on_the_gpu(dtype):
-    """``_triton_moe.TMA_WEIGHTS`` on Hopper: Qwen3-30B-A3B's experts (bf16, or e4m3 as W8A8) with
-    their weight tiles read through tensor descriptors give what the pointer loads give, at a decode
-    step's and a prefill step's tokens, fused and not, and replayed from a CUDA graph."""
-    from minisgl_core.layers import moe
-    from minisgl_core.layers.moe import experts_grouped
-
-    gen = torch.Generator(device="cuda").manual_seed(9)
-    hidden, inter, experts = 2048, 768, 128
-    w13 = torch.randn(experts, 2 * inter, hidden, generator=gen, device="cuda") * hidden**-0.5
-    w2 = torch.randn(experts, hidden, inter, generator=gen, device="cuda") * inter**-0.5
-    if dtype == torch.bfloat16:
-        w13, w2, scales = w13.bfloat16(), w2.bfloat16(), None
-    else:
-        (w13, s13), (w2, s2) = quantize_experts_rows(w13, dtype), quantize_experts_rows(w2, dtype)
-        scales = (s13, s2)
-    for tokens in (1, 64, 2048):
-        x = torch.randn(tokens, hidden, generator=gen, device="cuda", dtype=torch.bfloat16)
-        weights, ids = route(torch.randn(tokens, experts, generator=gen, device="cuda"), 8, True)
-        weights = weights.bfloat16()
-        base = experts_grouped(x, w13, w2, weights, ids, scales).float()  # the default launch
-        default = moe.FUSED_GATE_UP
-        try:
-            for fused in (True, False):
-                moe.FUSED_GATE_UP = fused
-                want = experts_grouped(x, w13, w2, weights, ids, scales).float()
-                got = through_descriptors(experts_grouped, x, w13, w2, weights, ids, scales).float()
-                torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-2)  # a wrong tile: O(1)
-        finally:
-            moe.FUSED_GATE_UP = default
-        graph = torch.cuda.CUDAGraph()
-        through_descriptors(experts_grouped, x, w13, w2, weights, ids, scales)  # compiled before capture
-        with torch.cuda.graph(graph):
-            captured = through_descriptors(experts_grouped, x, w13, w2, weights, ids, scales)
-        graph.replay()
-        torch.cuda.synchronize()
-        torch.testing.assert_close(captured.float(), base, atol=1e-2, rtol=1e-2)
-
-
 class _Launcher:
     """A stand-in for a Triton kernel: ``kernel[grid](...)`` records the kernel's name."""
 
@@ -771,7 +651,7 @@ def test_moe_fast_paths_choose_the_kernels(monkeypatch):
     monkeypatch.setattr(_triton_moe, "route", lambda *a: (calls.append("kernel"), route(*a))[1])
     monkeypatch.setattr(moe, "route", lambda *a: (calls.append("torch"), route(*a))[1])
 
-    def experts(x, w13, w2, weights, ids, scales=None, *, sum_rows=True, rounded=None):
+    def experts(x, w13, w2, weights, ids, scales=None, *, sum_rows=True):
         calls.append("summed" if sum_rows else "rows")
         return (
             torch.zeros(x.shape[0], w2.shape[1])

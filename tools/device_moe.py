@@ -6,20 +6,18 @@ steps and a prefill step; routing uniform at random, as random weights route.
                                 [--profile | --gemms | --small-kernels]
                                 [--experts bf16|int8|fp8] [--blocks 16,32,64,128] [--swap-below 64]
                                 [--widths 64,128] [--depths 64,128] [--warps 4,8] [--stages 3,4]
-                                [--default-only] [--tma off|on|both]
+                                [--default-only]
 
 Each row: tokens, the launch, microseconds a layer's experts take (median of CUDA-graph replays),
 and the bytes of the experts the step's tokens chose over that time (TB/s). ``--gemms``: each
 grouped GEMM alone over its own launches (gate/up with SiLU·mul after it or fused into it, down),
 at the block size the engine picks. ``--small-kernels``: the router and the schedule, each both
-ways (``moe.TRITON_ROUTE``, ``_triton_moe.ONE_PROGRAM_PAIRS``), and the router with the gate/up
-input's rounding, in two kernels or one (``moe.ROUTE_ROUNDS``). ``--experts int8|fp8``: the experts quantized as
+ways (``moe.TRITON_ROUTE``, ``_triton_moe.ONE_PROGRAM_PAIRS``). ``--experts int8|fp8``: the experts quantized as
 ``--quantization int8`` / ``fp8`` quantizes them (a scale a row; int8 weight-only, e4m3 W8A8: each
 GEMM's input rows rounded to e4m3 first, that kernel timed with its GEMM; ``--weight-only``: e4m3
 converted in the kernel instead, ``moe.W8A8_EXPERTS = False``; ``--swap-below``: W8A8 blocks of
-fewer rows multiplied transposed, ``_triton_moe.SWAP_AB_BELOW``). ``--tma on|both``: each launch
-with its weight tiles read through a tensor descriptor (``_triton_moe.TMA_WEIGHTS``), or both
-ways; ``--default-only``: the engine's launch alone."""
+fewer rows multiplied transposed, ``_triton_moe.SWAP_AB_BELOW``). ``--default-only``: the
+engine's launch alone."""
 
 from __future__ import annotations
 
@@ -34,7 +32,6 @@ import torch
 from minisgl_core.layers import _triton_moe, moe
 from minisgl_core.layers.fused import silu_and_mul
 from minisgl_core.layers.moe import align_blocks, block_rows, experts_grouped, route
-from minisgl_core.layers.triton_e4m3 import quantize_rows_triton
 
 HIDDEN, INTER, EXPERTS, TOP_K = 2048, 768, 128, 8
 
@@ -125,17 +122,9 @@ def time_small_kernels(tokens: int, gen: torch.Generator) -> list[dict]:
     probs = torch.softmax(logits.float(), dim=-1)  # (equal logits: either expert may come first)
     assert torch.allclose(got_w.float(), want_w.float(), atol=1e-2)
     assert torch.equal(probs.gather(1, got_ids), probs.gather(1, want_ids))
-    x = torch.randn(tokens, HIDDEN, generator=gen, device=gen.device, dtype=torch.bfloat16)
-    q, scales = quantize_rows_triton(x)
-    _, _, (got_q, got_scales) = _triton_moe.route_and_round(logits, x, TOP_K, True)
-    assert torch.equal(got_q.view(torch.uint8), q.view(torch.uint8)) and torch.equal(got_scales, scales)
     rows = [
         {"tokens": tokens, "op": "route", "way": "torch", "us": time_graph(lambda: route(logits, TOP_K, True))},
         {"tokens": tokens, "op": "route", "way": "triton", "us": time_graph(lambda: _triton_moe.route(logits, TOP_K, True))},
-        {"tokens": tokens, "op": "route+round", "way": "two kernels",
-         "us": time_graph(lambda: (_triton_moe.route(logits, TOP_K, True), quantize_rows_triton(x)))},
-        {"tokens": tokens, "op": "route+round", "way": "one kernel",
-         "us": time_graph(lambda: _triton_moe.route_and_round(logits, x, TOP_K, True))},
     ]  # fmt: skip
     block = block_rows(tokens * TOP_K, EXPERTS)
     default = _triton_moe.ONE_PROGRAM_PAIRS
@@ -178,11 +167,7 @@ def main() -> None:
     parser.add_argument("--warps", default="4,8", help="warps the launch sweep tries")
     parser.add_argument("--stages", default="3,4", help="pipeline stages the launch sweep tries")
     parser.add_argument("--default-only", action="store_true", help="the engine's launch alone, no sweep")
-    parser.add_argument(
-        "--tma", choices=("off", "on", "both"), default="off", help="weight tiles through tensor descriptors"
-    )
     args = parser.parse_args()
-    tma_ways = {"off": (False,), "on": (True,), "both": (False, True)}[args.tma]
     moe.W8A8_EXPERTS = not args.weight_only
     if args.swap_below is not None:
         _triton_moe.SWAP_AB_BELOW = args.swap_below
@@ -235,9 +220,7 @@ def main() -> None:
             if block == 128 and tokens < 1024:
                 continue
             choices.append((block, ((bn, bk, warps, stages), (bn, bk, warps, stages))))
-        tma_default = _triton_moe.TMA_WEIGHTS
-        for (block, configs), tma in itertools.product(choices, tma_ways):
-            _triton_moe.TMA_WEIGHTS = tma
+        for block, configs in choices:
             try:
                 run = functools.partial(
                     experts_grouped, x, w13, w2, weights, ids, scales, block=block, configs=configs
@@ -246,19 +229,9 @@ def main() -> None:
                 assert torch.allclose(got.float(), want.float(), atol=3e-2, rtol=3e-2)
                 us = time_graph(run)
             except Exception as exc:  # noqa: BLE001 - out of shared memory and the like
-                rows.append(
-                    {
-                        "tokens": tokens,
-                        "block": block,
-                        "configs": configs,
-                        "tma": tma,
-                        "error": str(exc)[:200],
-                    }
-                )
+                rows.append({"tokens": tokens, "block": block, "configs": configs, "error": str(exc)[:200]})
                 continue
-            finally:
-                _triton_moe.TMA_WEIGHTS = tma_default
-            row = {"tokens": tokens, "block": block or default, "configs": configs or "default", "tma": tma,
+            row = {"tokens": tokens, "block": block or default, "configs": configs or "default",
                    "us": round(us, 1), "experts_touched": touched, "TBps": round(bytes_read / us / 1e6, 2)}  # fmt: skip
             rows.append(row)
             print(json.dumps(row), flush=True)

@@ -13,7 +13,6 @@ import triton
 import triton.language as tl
 
 from minisgl_core import fast_paths
-from minisgl_core.layers.triton_e4m3 import quantize_row
 
 
 @triton.jit
@@ -35,27 +34,16 @@ def _tile_product(
     x,
     w_ptrs,
     mask,
-    w_desc,
-    w_row,
-    k0,
     CONVERT: tl.constexpr,
     IEEE: tl.constexpr,
     FP8_DOT: tl.constexpr,
     SWAP_AB: tl.constexpr,
-    W_DESC: tl.constexpr,
 ):
     """``acc + x @ w`` for the weight tile at ``w_ptrs`` (``CONVERT``: quantized values, each
     converted exactly to ``x``'s dtype first, unless ``FP8_DOT``: both e4m3, the FP8 tensor cores'
     product). ``SWAP_AB``: the tile is ``[columns, depth]`` and ``acc`` the transposed sum,
-    ``acc + w @ x.T``: the weights' columns are the product's rows. ``W_DESC``: the tile read
-    through the tensor descriptor ``w_desc`` instead (Hopper's TMA), rows ``w_row`` on of the
-    experts' stacked ``[columns, depth]`` matrices, depth ``k0`` on; depth past the end reads 0."""
-    if W_DESC:
-        y = w_desc.load([w_row, k0])
-        if not SWAP_AB:
-            y = tl.trans(y)
-    else:
-        y = tl.load(w_ptrs, mask=mask, other=0.0)
+    ``acc + w @ x.T``: the weights' columns are the product's rows."""
+    y = tl.load(w_ptrs, mask=mask, other=0.0)
     if CONVERT and not FP8_DOT:
         y = y.to(x.dtype)
     if SWAP_AB:
@@ -68,10 +56,10 @@ def _tile_product(
 @triton.jit
 def grouped_gemm_kernel(
     a, a_stride, w, w_stride_e, w_stride_n, c, c_stride, sorted_pairs, block_expert, scale,
-    w_scale, w_scale_stride, a_scale, pairs, n, k, num_experts, w_desc,
+    w_scale, w_scale_stride, a_scale, pairs, n, k, num_experts,
     ROW_DIV: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_W_SCALE: tl.constexpr, IEEE: tl.constexpr,
     GATED: tl.constexpr, HAS_A_SCALE: tl.constexpr, FP8_DOT: tl.constexpr, SWAP_AB: tl.constexpr,
-    W_DESC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """``c[p] = (a[p // ROW_DIV] @ w[e].T) * scale[p]`` for the pairs ``p`` of block
     ``program_id(1)``, whose expert is ``e``; columns ``program_id(0) * BLOCK_N`` on.
@@ -91,10 +79,7 @@ def grouped_gemm_kernel(
     the same exact products either way. ``SWAP_AB``: the product taken transposed,
     ``w[e] @ a[rows].T``, then the sums transposed back: with e4m3 tiles a block of fewer than 64
     rows still reaches Hopper's e4m3 wgmma, whose ``M`` side (64 rows) is then the block's weight
-    columns (:data:`SWAP_AB_BELOW`). ``W_DESC``: the weight tiles read through ``w_desc``, a tensor
-    descriptor over ``w`` as one ``[experts * rows, k]`` matrix with ``[BLOCK_N, BLOCK_K]`` blocks
-    (:data:`TMA_WEIGHTS`); a tile past an expert's last column reads the next expert's rows, which
-    no stored column uses."""
+    columns (:data:`SWAP_AB_BELOW`)."""
     pid_n = tl.program_id(0)  # a block's column tiles run side by side: its rows stay in L2
     pid_m = tl.program_id(1)
     expert = tl.load(block_expert + pid_m)
@@ -118,7 +103,6 @@ def grouped_gemm_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # GATED only
     up_ptrs = w_ptrs + n.to(tl.int64) * w_stride_n
-    w_row = (expert * (w_stride_e // w_stride_n) + pid_n * BLOCK_N).to(tl.int32)  # W_DESC only
     for k0 in range(0, k, BLOCK_K):
         k_ok = offs_k < k - k0
         x = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
@@ -128,13 +112,9 @@ def grouped_gemm_kernel(
             w_ok = n_ok[:, None] & k_ok[None, :]
         else:
             w_ok = k_ok[:, None] & n_ok[None, :]
-        acc = _tile_product(
-            acc, x, w_ptrs, w_ok, w_desc, w_row, k0, HAS_W_SCALE, IEEE, FP8_DOT, SWAP_AB, W_DESC
-        )
+        acc = _tile_product(acc, x, w_ptrs, w_ok, HAS_W_SCALE, IEEE, FP8_DOT, SWAP_AB)
         if GATED:
-            acc_up = _tile_product(
-                acc_up, x, up_ptrs, w_ok, w_desc, w_row + n, k0, HAS_W_SCALE, IEEE, FP8_DOT, SWAP_AB, W_DESC
-            )
+            acc_up = _tile_product(acc_up, x, up_ptrs, w_ok, HAS_W_SCALE, IEEE, FP8_DOT, SWAP_AB)
             up_ptrs += BLOCK_K
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
@@ -163,19 +143,14 @@ def grouped_gemm_kernel(
 
 @triton.jit
 def route_kernel(
-    logits, logits_stride, weights, ids, num_experts, x, x_stride, q, q_scales, hidden,
+    logits, logits_stride, weights, ids, num_experts,
     TOP_K: tl.constexpr, K_POW2: tl.constexpr, EXPERTS: tl.constexpr, RENORMALIZE: tl.constexpr,
-    ROUND: tl.constexpr, HIDDEN_ROW: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """One token a program: :func:`~minisgl_core.layers.moe.route` in one kernel. The softmax over
     the experts in float32, then the ``TOP_K`` largest one at a time, largest first (the lowest
     expert index among equal values), divided by their sum when ``RENORMALIZE``; weights stored in
-    ``weights``' dtype, expert ids as int64. ``ROUND``: the token's row of ``x`` (``hidden`` wide,
-    ``HIDDEN_ROW`` rounded up to a multiple of ``BLOCK``) also rounded to e4m3 into ``q`` with its
-    scale in ``q_scales``, as ``quantize_rows_kernel`` rounds it (``quantize_row``, the same bits)."""
+    ``weights``' dtype, expert ids as int64."""
     row = tl.program_id(0).to(tl.int64)
-    if ROUND:
-        quantize_row(x + row * x_stride, q + row * hidden, q_scales + row, hidden, HIDDEN_ROW, BLOCK)
     offs = tl.arange(0, EXPERTS)
     real = offs < num_experts
     scores = tl.load(logits + row * logits_stride + offs, mask=real, other=float("-inf")).to(tl.float32)
@@ -200,54 +175,20 @@ def route(
     logits: torch.Tensor, top_k: int, renormalize: bool, float32_weights: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """What :func:`minisgl_core.layers.moe.route` returns, from one kernel (five torch ops there)."""
-    weights, ids, _ = _route(logits, top_k, renormalize, float32_weights, None)
-    return weights, ids
-
-
-def route_and_round(
-    logits: torch.Tensor, x: torch.Tensor, top_k: int, renormalize: bool, float32_weights: bool = False
-) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-    """:func:`route`'s weights and ids, and ``x`` [tokens, hidden] rounded to e4m3 a row at a time
-    (float8_e4m3fn [tokens, hidden], float32 scales [tokens, 1]: ``quantize_rows_triton(x)``, the
-    same bits), from the same kernel: the W8A8 gate/up GEMM's input without a kernel of its own."""
-    weights, ids, rounded = _route(logits, top_k, renormalize, float32_weights, x)
-    assert rounded is not None
-    return weights, ids, rounded
-
-
-def _route(logits, top_k, renormalize, float32_weights, x):
-    """One launch of ``route_kernel``: weights, ids, and ``x`` rounded (None without ``x``)."""
     tokens, num_experts = logits.shape
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     dtype = torch.float32 if float32_weights else logits.dtype
     weights = torch.empty(tokens, top_k, dtype=dtype, device=logits.device)
     ids = torch.empty(tokens, top_k, dtype=torch.int64, device=logits.device)
-    rounded = None
-    hidden, hidden_row, block = 0, 16, 16
-    if x is not None:
-        if x.shape[0] != tokens:
-            raise ValueError(f"{tokens} tokens' logits and {x.shape[0]} rows to round")
-        if x.stride(1) != 1:
-            x = x.contiguous()
-        hidden = x.shape[1]
-        rounded = (
-            torch.empty(tokens, hidden, dtype=torch.float8_e4m3fn, device=x.device),
-            torch.empty(tokens, 1, dtype=torch.float32, device=x.device),
-        )
-        block = min(triton.next_power_of_2(hidden), 4096)
-        hidden_row = triton.cdiv(hidden, block) * block
     if tokens:
         experts = max(16, triton.next_power_of_2(num_experts))
         route_kernel[(tokens,)](
             logits, logits.stride(0), weights, ids, num_experts,
-            logits if x is None else x, 0 if x is None else x.stride(0),
-            *((logits, logits) if rounded is None else rounded), hidden,
             TOP_K=top_k, K_POW2=max(2, triton.next_power_of_2(top_k)), EXPERTS=experts,
-            RENORMALIZE=renormalize, ROUND=x is not None, HIDDEN_ROW=hidden_row, BLOCK=block,
-            num_warps=1 if experts <= 256 and x is None else 4,
+            RENORMALIZE=renormalize, num_warps=1 if experts <= 256 else 4,
         )  # fmt: skip
-    return weights, ids, rounded
+    return weights, ids
 
 
 @triton.jit
@@ -379,30 +320,6 @@ def align(ids: torch.Tensor, num_experts: int, block: int, blocks: int) -> tuple
 SWAP_AB_BELOW = 64
 
 
-#: The grouped GEMM reads its weight tiles through a tensor descriptor (Hopper's TMA: one bulk copy
-#: a tile and stage, issued by one thread) instead of each thread's ``cp.async`` of 16 bytes, on
-#: GPUs of compute capability 9.0 and up whose expert matrices the descriptor can address
-#: (:func:`_weight_descriptor`). Off until timed on a GPU (``tools/device_moe.py --tma``); the same
-#: products as the pointer loads (``tests/test_moe.py``, under Triton's interpreter)
-TMA_WEIGHTS = False
-
-
-def _weight_descriptor(w: torch.Tensor, block_n: int, block_k: int):
-    """A tensor descriptor over the experts ``w`` ``[experts, rows, k]`` as one ``[experts * rows,
-    k]`` matrix with ``[block_n, block_k]`` blocks; None where the GPU has no TMA (before compute
-    capability 9.0) or the layout does not allow one (rows packed, 16-byte aligned start and row
-    stride). Under Triton's interpreter (CPU tensors) the interpreter's own."""
-    if w.is_cuda and torch.cuda.get_device_capability(w.device)[0] < 9:
-        return None
-    experts, rows, k = w.shape
-    row_bytes = w.stride(1) * w.element_size()
-    if w.stride(2) != 1 or w.stride(0) != rows * w.stride(1) or row_bytes % 16 or w.data_ptr() % 16:
-        return None
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    return TensorDescriptor(w, [experts * rows, k], [w.stride(1), 1], [block_n, block_k])
-
-
 def launch_config(
     block: int, n: int, k: int, pairs: int = 1 << 30, gated: bool = False, w8a8: bool = False
 ) -> tuple[int, int, int, int]:
@@ -479,16 +396,15 @@ def grouped_gemm(
     swap_ab = a_scale is not None and block < SWAP_AB_BELOW
     out = torch.empty(pairs, n, dtype=out_dtype or a.dtype, device=a.device)
     block_n, block_k, warps, stages = config or launch_config(block, n, k, pairs, gated, a_scale is not None)
-    w_desc = _weight_descriptor(w, block_n, block_k) if TMA_WEIGHTS else None
     grid = (triton.cdiv(n, block_n), block_expert.numel())
     grouped_gemm_kernel[grid](
         a, a.stride(0), w, w.stride(0), w.stride(1), out, out.stride(0), sorted_pairs, block_expert,
         scale if scale is not None else out, w_scale if w_scale is not None else out,
         w_scale.stride(0) if w_scale is not None else 0, a_scale if a_scale is not None else out, pairs, n, k,
-        num_experts, w_desc,
+        num_experts,
         ROW_DIV=row_div, HAS_SCALE=scale is not None, HAS_W_SCALE=w_scale is not None,
         IEEE=a.dtype == torch.float32 or (a_scale is not None and not fp8_dot), GATED=gated, HAS_A_SCALE=a_scale is not None,
-        FP8_DOT=fp8_dot, SWAP_AB=swap_ab, W_DESC=w_desc is not None,
+        FP8_DOT=fp8_dot, SWAP_AB=swap_ab,
         BLOCK_M=block, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out

@@ -215,10 +215,6 @@ TRITON_ROUTE = True
 #: offline 8,618 tok/s against 7,808 (one H200, each a fresh machine's first run, BENCHMARKS.md).
 #: A user turns it off with ``--disable-fast-path moe_sum_in_norm``
 SUM_IN_NORM = True
-#: With :data:`TRITON_ROUTE` and W8A8 experts, the router's kernel also rounds the block's input
-#: rows to e4m3 (``_triton_moe.route_and_round``), so the gate/up GEMM's input needs no kernel of
-#: its own. Off until timed on a GPU; the same bits as the rounding kernel (``tests/test_moe.py``)
-ROUTE_ROUNDS = False
 #: e4m3 experts multiply e4m3 activations (W8A8: each GEMM's input rows quantized first, one
 #: scale a row, then the FP8 tensor cores) rather than converting the weights to the run dtype in
 #: the kernel (weight-only). The loop (:func:`experts_reference`) follows it.
@@ -236,15 +232,13 @@ def experts_grouped(
     block: int | None = None,
     configs: tuple[tuple[int, int, int, int], tuple[int, int, int, int]] | None = None,
     sum_rows: bool = True,
-    rounded: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """What :func:`experts_reference` computes, as two grouped GEMMs (Triton): gate/up for every
     (token, choice) pair, SiLU·mul, down scaled by the pair's weight, then each token's ``top_k``
     rows summed (:data:`FUSED_GATE_UP`: SiLU·mul in the gate/up GEMM; ``scales`` as there).
     ``block`` and ``configs`` (the two GEMMs' launch) replace :func:`block_rows` and the kernel's
     own choice (``tools/device_moe.py`` sweeps them). ``sum_rows=False``: each token's ``top_k``
-    rows not summed, ``[tokens, top_k, hidden]``. ``rounded``: W8A8 experts' gate/up input already
-    rounded, ``x`` as ``quantize_rows`` rounds it (``_triton_moe.route_and_round``'s)."""
+    rows not summed, ``[tokens, top_k, hidden]``."""
     from minisgl_core.layers import _triton_moe
 
     tokens, top_k = ids.shape
@@ -257,9 +251,7 @@ def experts_grouped(
     s13, s2 = (None, None) if scales is None else scales
     sorted_pairs, block_expert = align_blocks(ids, num_experts, block)
     w8a8 = w13.dtype == e4m3.FP8 and W8A8_EXPERTS
-    if rounded is not None and not w8a8:
-        raise ValueError("rows rounded to e4m3 for experts that do not multiply e4m3 rows")
-    a, a_scale = rounded if rounded is not None else _gemm_input(x, w8a8)
+    a, a_scale = _gemm_input(x, w8a8)
     if FUSED_GATE_UP:
         act = _triton_moe.grouped_gemm(
             a, w13, sorted_pairs, block_expert, pairs, block, row_div=top_k, gated=True, w_scale=s13,
@@ -468,21 +460,14 @@ class SparseMoE(nn.Module):
         """``reduce=False``: this rank's partial sum, for the norm after the block to all-reduce (on
         one GPU with :data:`SUM_IN_NORM`, each token's expert rows, for that norm to add)."""
         in_triton = moe_enabled(x)
-        experts = self.experts
-        rounded = None
         if in_triton and TRITON_ROUTE and fast_paths.current().enabled("moe_route"):
             from minisgl_core.layers import _triton_moe
 
-            if ROUTE_ROUNDS and experts.w13.dtype == e4m3.FP8 and W8A8_EXPERTS:
-                weights, ids, rounded = _triton_moe.route_and_round(
-                    self.gate(x), x, self.top_k, self.renormalize, self.float32_weights
-                )
-            else:
-                weights, ids = _triton_moe.route(
-                    self.gate(x), self.top_k, self.renormalize, self.float32_weights
-                )
+            router = _triton_moe.route
         else:
-            weights, ids = route(self.gate(x), self.top_k, self.renormalize, self.float32_weights)
+            router = route
+        weights, ids = router(self.gate(x), self.top_k, self.renormalize, self.float32_weights)
+        experts = self.experts
         if (
             not reduce
             and in_triton
@@ -491,12 +476,8 @@ class SparseMoE(nn.Module):
             and self.parallel.tp_size == 1
             and triton_ops.split_k_norm_enabled(x.device)
         ):
-            rows = experts_grouped(
-                x, experts.w13, experts.w2, weights, ids, experts.scales, sum_rows=False, rounded=rounded
-            )
+            rows = experts_grouped(x, experts.w13, experts.w2, weights, ids, experts.scales, sum_rows=False)
             return triton_ops.SplitKPartials(rows.transpose(0, 1), x.dtype)  # type: ignore[return-value]
-        if in_triton:
-            out = experts_grouped(x, experts.w13, experts.w2, weights, ids, experts.scales, rounded=rounded)
-        else:
-            out = experts_reference(x, experts.w13, experts.w2, weights, ids, experts.scales)
+        run = experts_grouped if in_triton else experts_reference
+        out = run(x, experts.w13, experts.w2, weights, ids, experts.scales)
         return self.parallel.all_reduce(out) if reduce else out

@@ -52,8 +52,7 @@ def row_scale(x, K, K_ROW: tl.constexpr, BLOCK: tl.constexpr):
 def quantize_row(x, q, scale_out, K, K_ROW: tl.constexpr, BLOCK: tl.constexpr):
     """The row at ``x`` as ``quantize_rows`` quantizes it: the scale (:func:`row_scale`), each
     element times its reciprocal, clamped, rounded to e4m3 (exact in the float8 store) into ``q``,
-    the scale into ``scale_out``; two passes over the row. :func:`quantize_rows_kernel` and the
-    MoE router's kernel (``_triton_moe.route_kernel``) both round rows with it."""
+    the scale into ``scale_out``; two passes over the row (:func:`quantize_rows_kernel`'s rows)."""
     scale, inverse = row_scale(x, K, K_ROW, BLOCK)
     for start in range(0, K_ROW, BLOCK):
         cols = start + tl.arange(0, BLOCK)[None, :]
