@@ -114,8 +114,9 @@ def sweep_gemms(tokens, x, w13, w2, weights, ids, touched, s13=None, s2=None) ->
 
 def time_small_kernels(tokens: int, gen: torch.Generator) -> list[dict]:
     """The router (five torch kernels, or ``_triton_moe.route``) and the schedule (three kernels
-    and a zeroed count, or one program: ``_triton_moe.ONE_PROGRAM_PAIRS``), each timed both ways
-    at ``tokens``, each way checked against the other first."""
+    and a zeroed count, or one program: ``_triton_moe.ONE_PROGRAM_PAIRS``; the one program also at
+    8 and 16 warps, ``ONE_PROGRAM_WARPS``), each way timed at ``tokens`` and checked against the
+    others."""
     logits = torch.randn(tokens, EXPERTS, generator=gen, device=gen.device, dtype=torch.bfloat16)
     want_w, want_ids = route(logits, TOP_K, True)
     got_w, got_ids = _triton_moe.route(logits, TOP_K, True)
@@ -127,18 +128,20 @@ def time_small_kernels(tokens: int, gen: torch.Generator) -> list[dict]:
         {"tokens": tokens, "op": "route", "way": "triton", "us": time_graph(lambda: _triton_moe.route(logits, TOP_K, True))},
     ]  # fmt: skip
     block = block_rows(tokens * TOP_K, EXPERTS)
-    default = _triton_moe.ONE_PROGRAM_PAIRS
+    default, warps_default = _triton_moe.ONE_PROGRAM_PAIRS, _triton_moe.ONE_PROGRAM_WARPS
     try:
         outs = {}
-        for way, limit in (("three kernels", 0), ("one program", 4096)):
-            _triton_moe.ONE_PROGRAM_PAIRS = limit
+        for way, limit, warps in (("three kernels", 0, warps_default), ("one program", 4096, warps_default),
+                                  ("one program, 8 warps", 4096, 8), ("one program, 16 warps", 4096, 16)):  # fmt: skip
+            _triton_moe.ONE_PROGRAM_PAIRS, _triton_moe.ONE_PROGRAM_WARPS = limit, warps
             outs[way] = align_blocks(want_ids, EXPERTS, block)
             us = time_graph(lambda: align_blocks(want_ids, EXPERTS, block))
             rows.append({"tokens": tokens, "op": "align", "way": way, "block": block, "us": us})
     finally:
-        _triton_moe.ONE_PROGRAM_PAIRS = default
-    (sp3, be3), (sp1, be1) = outs["three kernels"], outs["one program"]
-    assert torch.equal(be3, be1) and torch.equal(sp3.sort().values, sp1.sort().values)
+        _triton_moe.ONE_PROGRAM_PAIRS, _triton_moe.ONE_PROGRAM_WARPS = default, warps_default
+    sp3, be3 = outs["three kernels"]
+    for sp1, be1 in list(outs.values())[1:]:
+        assert torch.equal(be3, be1) and torch.equal(sp3.sort().values, sp1.sort().values)
     for row in rows:
         row["us"] = round(row["us"], 2)
         print(json.dumps(row), flush=True)

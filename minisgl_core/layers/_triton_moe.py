@@ -276,6 +276,8 @@ def align_one_program_kernel(
 #: pairs against the three kernels' 5.4 / 9.8 / 11.4 / 13.4. A user turns it off with
 #: ``--disable-fast-path moe_one_program``
 ONE_PROGRAM_PAIRS = 2048
+#: warps of the schedule's one program (``tools/device_moe.py --small-kernels`` times 4, 8 and 16)
+ONE_PROGRAM_WARPS = 4
 
 
 def align(ids: torch.Tensor, num_experts: int, block: int, blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -295,7 +297,7 @@ def align(ids: torch.Tensor, num_experts: int, block: int, blocks: int) -> tuple
         align_one_program_kernel[(1,)](
             flat, counts, starts, sorted_pairs, block_expert, pairs, slots, num_experts, blocks,
             ROWS=block, EXPERTS=max(16, triton.next_power_of_2(num_experts)),
-            PAIRS=max(16, triton.next_power_of_2(pairs)), FILL=1024, BLOCKS=32, num_warps=4,
+            PAIRS=max(16, triton.next_power_of_2(pairs)), FILL=1024, BLOCKS=32, num_warps=ONE_PROGRAM_WARPS,
         )  # fmt: skip
         return sorted_pairs, block_expert
     slot = torch.empty(pairs, dtype=torch.int32, device=device)
