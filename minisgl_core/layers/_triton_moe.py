@@ -276,8 +276,10 @@ def align_one_program_kernel(
 #: pairs against the three kernels' 5.4 / 9.8 / 11.4 / 13.4. A user turns it off with
 #: ``--disable-fast-path moe_one_program``
 ONE_PROGRAM_PAIRS = 2048
-#: warps of the schedule's one program (``tools/device_moe.py --small-kernels`` times 4, 8 and 16)
-ONE_PROGRAM_WARPS = 4
+#: warps of the schedule's one program: on one H200 (``tools/device_moe.py --small-kernels``, top-8
+#: of 128 experts) 16 take 3.39 / 4.20 / 6.89 / 10.65 µs at 1 / 8 / 64 / 256 tokens against 4
+#: warps' 3.43 / 4.44 / 7.40 / 11.87 (8 warps: 3.58 / 4.52 / 7.26 / 10.74)
+ONE_PROGRAM_WARPS = 16
 
 
 def align(ids: torch.Tensor, num_experts: int, block: int, blocks: int) -> tuple[torch.Tensor, torch.Tensor]:

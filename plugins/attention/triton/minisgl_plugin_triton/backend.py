@@ -17,7 +17,8 @@ runs, then wait for it.
 
 How many splits each sequence's KV is cut into depends on the batch size alone (graphs are
 captured per batch size): enough (sequence, KV head, split) programs for ``programs_per_sm``
-per SM, a power of two, at most ``MAX_SPLITS``.
+per SM, a power of two, at most ``MAX_SPLITS``; GQA groups of 8 query heads a KV head or more
+aim for fewer (``wide_group_rule``).
 
 Cascade (``batch.shared_prefixes``): each group's shared prefix is read once by the prefix
 kernel for the query heads of up to ``prefix_rows // GQA group`` members at a time (a "task"),
@@ -172,6 +173,15 @@ class TritonDecodeBackend(AttentionBackend):
     wide_launches: ClassVar[dict[int, Launch]] = {2: Launch(128, 4, 2, programs_per_sm=5)}
     wide_below: ClassVar[int] = 3
     wide_splits_most: ClassVar[int] = 4
+    #: GQA groups of ``wide_group`` query heads a KV head or more, by the pool's element size:
+    #: (programs an SM the split rule aims for, ``wide_below``) in place of the launch's. Over a
+    #: bf16 pool at Qwen3-30B-A3B's 32 query and 4 KV heads (an offline run's lengths, one H200,
+    #: ``tools/device_decode_layout.py --qo-heads 32 --kv-heads 4 --sweep``, BENCHMARKS.md) the
+    #: five-an-SM rule split too often: 153 sequences read a layer in 80.1 µs unsplit at 128
+    #: positions a loop step against 84.8 split two ways, 77 sequences in 61.0 split two ways
+    #: against 68.1 split four; at 256 the unsplit 64-position launch stays the fastest
+    wide_group: ClassVar[int] = 8
+    wide_group_rule: ClassVar[dict[int, tuple[int, int]]] = {2: (3, 5)}
     #: the prefix kernel's (cascade) query rows per program (members x GQA group, padded to the
     #: decode kernel's ``BLOCK_H`` at least); it launches as the decode kernel does. 64 rows
     #: (Hopper's warp-group products, 8 warps) ran the shared-prefix workload at half FlashInfer's
@@ -234,6 +244,9 @@ class TritonDecodeBackend(AttentionBackend):
         element_size = config.kv_cache.buffer.element_size()
         self.launch = self.launches[element_size]
         self.wide_launch = self.wide_launches.get(element_size)
+        self.per_sm, self.wide_below_per_sm = self.launch.programs_per_sm, self.wide_below
+        if self.group >= self.wide_group and element_size in self.wide_group_rule:
+            self.per_sm, self.wide_below_per_sm = self.wide_group_rule[element_size]
         # One buffer of partial outputs for the largest batch x splits any batch size asks for.
         most = max(
             bs * (self.splits(bs) + self.prefix_splits(bs)) for bs in range(1, config.max_requests + 1)
@@ -248,7 +261,7 @@ class TritonDecodeBackend(AttentionBackend):
         self._kernels: Any = None
 
     def _per_sm(self) -> int:
-        return self.programs_per_sm or self.launch.programs_per_sm
+        return self.programs_per_sm or self.per_sm
 
     def splits(self, batch_size: int) -> int:
         return splits_for(batch_size, self.config.num_kv_heads, self.num_sms, self._per_sm())
@@ -261,11 +274,12 @@ class TritonDecodeBackend(AttentionBackend):
     def decode_launch(self, batch_size: int, splits: int) -> Launch:
         """The decode kernel's launch for ``batch_size`` sequences split ``splits`` ways (the step's
         own, from its metadata): the wide one below ``wide_below`` sequence x KV-head pairs an SM
-        at ``wide_splits_most`` splits or fewer, where the pool's element size has one."""
+        (``wide_group_rule``'s for large GQA groups) at ``wide_splits_most`` splits or fewer, where
+        the pool's element size has one."""
         pairs = batch_size * self.config.num_kv_heads
         if (
             self.wide_launch is not None
-            and pairs < self.wide_below * self.num_sms
+            and pairs < self.wide_below_per_sm * self.num_sms
             and splits <= self.wide_splits_most
         ):
             return self.wide_launch

@@ -130,6 +130,38 @@ def test_the_wide_launch_takes_small_batches_of_a_bf16_pool(kv_dtype):
         assert picked == [TritonDecodeBackend.launches[1].block_n] * 6
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_gqa_groups_of_eight_split_less_over_a_bf16_pool(kv_dtype):
+    """At Qwen3-30B-A3B's 32 query and 4 KV heads on an H200's 132 SMs a bf16 pool aims for three
+    programs an SM and takes the wide launch below five (the sweep in the rule's comment: unsplit
+    at 153 sequences, two splits at 77); Qwen3-0.6B's groups of two keep five and three, and a
+    float8 pool keeps its launch's rule whatever the group."""
+    from minisgl_plugin_triton.backend import splits_for
+
+    from minisgl_core.api import AttentionConfig, KVCache
+
+    def backend(q_heads, kv_heads):
+        cache = KVCache(num_layers=1, num_pages=4, page_size=16, num_kv_heads=kv_heads, head_dim=64,
+                        dtype=kv_dtype, device="cpu")  # fmt: skip
+        config = AttentionConfig(num_qo_heads=q_heads, num_kv_heads=kv_heads, head_dim=64, scale=0.125,
+                                 page_size=16, dtype=torch.bfloat16, device=torch.device("cpu"), max_requests=8,
+                                 max_context_len=64, kv_cache=cache)  # fmt: skip
+        b = TritonDecodeBackend(config)
+        b.num_sms = 132
+        return b
+
+    wide, narrow = backend(32, 4), backend(16, 8)
+    sizes = (256, 165, 153, 77, 40)
+    if kv_dtype == torch.float8_e4m3fn:
+        fp8 = TritonDecodeBackend.launches[1].programs_per_sm
+        assert [wide.splits(bs) for bs in sizes] == [splits_for(bs, 4, 132, fp8) for bs in sizes]
+        return
+    assert [wide.splits(bs) for bs in sizes] == [1, 1, 1, 2, 4]
+    assert [wide.decode_launch(bs, wide.splits(bs)).block_n for bs in sizes] == [64, 64, 128, 128, 128]
+    assert [narrow.splits(bs) for bs in sizes] == [1, 1, 1, 2, 4]  # five an SM: as before
+    assert [narrow.decode_launch(bs, narrow.splits(bs)).block_n for bs in sizes] == [64, 64, 64, 64, 128]
+
+
 def test_cascade_plan():
     from minisgl_plugin_triton.backend import cascade_plan
 
