@@ -11,12 +11,51 @@ import traceback
 from collections.abc import Callable
 
 
+def tolerate_one_element_scalars() -> None:
+    """Triton 3.6's interpreter holds a kernel's scalars as one-element arrays and turns one into a
+    loop bound or an index with ``int()``, which NumPy 2.4 refuses for an array of one dimension
+    ("only 0-dimensional arrays can be converted to Python scalars"): have it take the element with
+    ``.item()`` instead, the same number. Call it before a kernel runs under the interpreter
+    (:func:`run_under_interpreter`'s child does); nothing happens where Triton's interpreter has no
+    such hook."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if original is None or getattr(original, "takes_item", False):
+        return
+
+    def patched(tensor, scope) -> None:
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
+
+    patched.takes_item = True  # type: ignore[attr-defined]
+    interpreter._patch_lang_tensor = patched
+
+
+#: the child's start: :func:`tolerate_one_element_scalars`, then the script as ``__main__`` with
+#: its own arguments and its folder first on the path, as ``python script *args`` runs it
+_CHILD = """import os, runpy, sys
+from minisgl_core.testing.triton_interpreter import tolerate_one_element_scalars
+tolerate_one_element_scalars()
+sys.argv = sys.argv[1:]
+sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
 def run_under_interpreter(script: str, *args: str, env: dict[str, str] | None = None) -> str:
-    """``python script *args`` with ``TRITON_INTERPRET=1`` (and ``env``); its stdout, or an
-    assertion error carrying the ends of its output when it exits non-zero."""
+    """``python script *args`` with ``TRITON_INTERPRET=1`` (and ``env``), after
+    :func:`tolerate_one_element_scalars`; its stdout, or an assertion error carrying the ends of its
+    output when it exits non-zero."""
     child_env = {**os.environ, "TRITON_INTERPRET": "1", **(env or {})}
     proc = subprocess.run(
-        [sys.executable, script, *args], env=child_env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", _CHILD, script, *args],
+        env=child_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
