@@ -374,20 +374,6 @@ def test_moe_grouped_gemm_compiles(target, block, dtype, scale, weights):
                 assert set(re.findall(r"wgmma\.[.\w]*?\.f32\.(\w+)\.", ptx)) == {"e4m3"}
 
 
-#: the grouped GEMM's uses at Qwen3-30B-A3B's shape: (output columns, inner size, gated, scaled by
-#: the router's weight): gate/up fused (columns of each half), gate/up unfused, down
-QWEN3_MOE_GEMMS = [(768, 2048, True, False), (1536, 2048, False, False), (2048, 768, False, True)]
-
-
-def _bf16_out_signature(values: str) -> dict[str, str]:
-    """``grouped_gemm_kernel``'s signature for ``values`` rows and weights (float32 scales where
-    quantized) and bf16 outputs."""
-    return {"a": f"*{values}", "a_stride": "i64", "w": f"*{values}", "w_stride_e": "i64", "w_stride_n": "i64",
-            "c": "*bf16", "c_stride": "i64", "sorted_pairs": "*i64", "block_expert": "*i64", "scale": "*bf16",
-            "w_scale": "*fp32", "w_scale_stride": "i64", "a_scale": "*fp32", "pairs": "i32", "n": "i32",
-            "k": "i32", "num_experts": "i32"}  # fmt: skip
-
-
 @pytest.mark.parametrize("block", [16, 32, 64, 128])
 def test_w8a8_grouped_gemm_compiles_for_ada(block):
     """e4m3 experts on Ada (sm_89, the oldest GPU ``Experts.quantize`` accepts e4m3 on): every use
@@ -395,8 +381,15 @@ def test_w8a8_grouped_gemm_compiles_for_ada(block):
     from minisgl_core.layers._triton_moe import grouped_gemm_kernel, launch_config
 
     target = GPUTarget("cuda", 89, 32)
-    signature = _bf16_out_signature("fp8e4nv")
-    for n, k, gated, scaled in QWEN3_MOE_GEMMS:
+    signature = {"a": "*fp8e4nv", "a_stride": "i64", "w": "*fp8e4nv", "w_stride_e": "i64", "w_stride_n": "i64",
+                 "c": "*bf16", "c_stride": "i64", "sorted_pairs": "*i64", "block_expert": "*i64", "scale": "*bf16",
+                 "w_scale": "*fp32", "w_scale_stride": "i64", "a_scale": "*fp32", "pairs": "i32", "n": "i32",
+                 "k": "i32", "num_experts": "i32"}  # fmt: skip
+    for n, k, gated, scaled in [
+        (768, 2048, True, False),
+        (1536, 2048, False, False),
+        (2048, 768, False, True),
+    ]:
         block_n, block_k, warps, stages = launch_config(
             block, n, k, pairs=8 if block == 16 else 4096, gated=gated, w8a8=True
         )

@@ -114,9 +114,8 @@ def sweep_gemms(tokens, x, w13, w2, weights, ids, touched, s13=None, s2=None) ->
 
 def time_small_kernels(tokens: int, gen: torch.Generator) -> list[dict]:
     """The router (five torch kernels, or ``_triton_moe.route``) and the schedule (three kernels
-    and a zeroed count, or one program: ``_triton_moe.ONE_PROGRAM_PAIRS``; the one program also at
-    8 and 16 warps, ``ONE_PROGRAM_WARPS``), each way timed at ``tokens`` and checked against the
-    others."""
+    and a zeroed count, or one program, ``_triton_moe.ONE_PROGRAM_PAIRS``, at 4, 8 and 16 warps,
+    ``ONE_PROGRAM_WARPS``), each way timed at ``tokens`` and checked against the three kernels."""
     logits = torch.randn(tokens, EXPERTS, generator=gen, device=gen.device, dtype=torch.bfloat16)
     want_w, want_ids = route(logits, TOP_K, True)
     got_w, got_ids = _triton_moe.route(logits, TOP_K, True)
@@ -131,8 +130,10 @@ def time_small_kernels(tokens: int, gen: torch.Generator) -> list[dict]:
     default, warps_default = _triton_moe.ONE_PROGRAM_PAIRS, _triton_moe.ONE_PROGRAM_WARPS
     try:
         outs = {}
-        for way, limit, warps in (("three kernels", 0, warps_default), ("one program", 4096, warps_default),
-                                  ("one program, 8 warps", 4096, 8), ("one program, 16 warps", 4096, 16)):  # fmt: skip
+        ways = [("three kernels", 0, warps_default)] + [
+            (f"one program, {w} warps", 4096, w) for w in (4, 8, 16)
+        ]
+        for way, limit, warps in ways:
             _triton_moe.ONE_PROGRAM_PAIRS, _triton_moe.ONE_PROGRAM_WARPS = limit, warps
             outs[way] = align_blocks(want_ids, EXPERTS, block)
             us = time_graph(lambda: align_blocks(want_ids, EXPERTS, block))

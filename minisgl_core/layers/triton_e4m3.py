@@ -49,20 +49,6 @@ def row_scale(x, K, K_ROW: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def quantize_row(x, q, scale_out, K, K_ROW: tl.constexpr, BLOCK: tl.constexpr):
-    """The row at ``x`` as ``quantize_rows`` quantizes it: the scale (:func:`row_scale`), each
-    element times its reciprocal, clamped, rounded to e4m3 (exact in the float8 store) into ``q``,
-    the scale into ``scale_out``; two passes over the row (:func:`quantize_rows_kernel`'s rows)."""
-    scale, inverse = row_scale(x, K, K_ROW, BLOCK)
-    for start in range(0, K_ROW, BLOCK):
-        cols = start + tl.arange(0, BLOCK)[None, :]
-        xk = tl.load(x + cols, mask=cols < K, other=0.0).to(tl.float32)
-        qk = round_e4m3(tl.clamp(xk * inverse, -FP8_MAX, FP8_MAX))
-        tl.store(q + cols, qk.to(q.dtype.element_ty), mask=cols < K)
-    tl.store(scale_out + tl.zeros((1, 1), dtype=tl.int64), scale)
-
-
-@triton.jit
 def quantize_rows_kernel(
     x,
     x_row_stride,
@@ -80,7 +66,14 @@ def quantize_rows_kernel(
         gdc_wait()
         gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
-    quantize_row(x + row * x_row_stride, q + row * K, scales + row, K, K_ROW, BLOCK)
+    x = x + row * x_row_stride
+    scale, inverse = row_scale(x, K, K_ROW, BLOCK)
+    for start in range(0, K_ROW, BLOCK):
+        cols = start + tl.arange(0, BLOCK)[None, :]
+        xk = tl.load(x + cols, mask=cols < K, other=0.0).to(tl.float32)
+        qk = round_e4m3(tl.clamp(xk * inverse, -FP8_MAX, FP8_MAX))
+        tl.store(q + row * K + cols, qk.to(q.dtype.element_ty), mask=cols < K)
+    tl.store(scales + row + tl.zeros((1, 1), dtype=tl.int64), scale)
 
 
 _QUANTIZE_BLOCK = 4096
