@@ -59,7 +59,7 @@ def grouped_gemm_kernel(
     w_scale, w_scale_stride, a_scale, pairs, n, k, num_experts,
     ROW_DIV: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_W_SCALE: tl.constexpr, IEEE: tl.constexpr,
     GATED: tl.constexpr, HAS_A_SCALE: tl.constexpr, FP8_DOT: tl.constexpr, SWAP_AB: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PACK_N: tl.constexpr = 0,
 ):  # fmt: skip
     """``c[p] = (a[p // ROW_DIV] @ w[e].T) * scale[p]`` for the pairs ``p`` of block
     ``program_id(1)``, whose expert is ``e``; columns ``program_id(0) * BLOCK_N`` on.
@@ -79,7 +79,11 @@ def grouped_gemm_kernel(
     the same exact products either way. ``SWAP_AB``: the product taken transposed,
     ``w[e] @ a[rows].T``, then the sums transposed back: with e4m3 tiles a block of fewer than 64
     rows still reaches Hopper's e4m3 wgmma, whose ``M`` side (64 rows) is then the block's weight
-    columns (:data:`SWAP_AB_BELOW`)."""
+    columns (:data:`SWAP_AB_BELOW`).
+
+    ``PACK_N``: ``w[e]`` stored tile after tile (:func:`pack_experts`): each ``PACK_N x BLOCK_K``
+    tile contiguous, so a step's weight loads read whole tiles rather than ``BLOCK_K`` elements of
+    each of ``BLOCK_N`` rows (``BLOCK_N`` a multiple of ``PACK_N``, ``k`` of ``BLOCK_K``)."""
     pid_n = tl.program_id(0)  # a block's column tiles run side by side: its rows stay in L2
     pid_m = tl.program_id(1)
     expert = tl.load(block_expert + pid_m)
@@ -94,15 +98,21 @@ def grouped_gemm_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a + row[:, None].to(tl.int64) * a_stride + offs_k[None, :]
     w_ptrs = w + expert.to(tl.int64) * w_stride_e
+    if PACK_N:  # the tile's rows, PACK_N at a time, each run of tiles k elements a row apart
+        col = (offs_n // PACK_N).to(tl.int64) * (k * PACK_N) + (offs_n % PACK_N) * BLOCK_K
+        step = PACK_N * BLOCK_K
+    else:
+        col = offs_n.to(tl.int64) * w_stride_n
+        step = BLOCK_K
     if SWAP_AB:  # [BLOCK_N, BLOCK_K] tiles, the sums transposed
-        w_ptrs += offs_n[:, None].to(tl.int64) * w_stride_n + offs_k[None, :]
+        w_ptrs += col[:, None] + offs_k[None, :]
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # GATED only
     else:  # [BLOCK_K, BLOCK_N] tiles
-        w_ptrs += offs_n[None, :].to(tl.int64) * w_stride_n + offs_k[:, None]
+        w_ptrs += col[None, :] + offs_k[:, None]
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # GATED only
-    up_ptrs = w_ptrs + n.to(tl.int64) * w_stride_n
+    up_ptrs = w_ptrs + n.to(tl.int64) * w_stride_n  # (packed: the same, n rows of k)
     for k0 in range(0, k, BLOCK_K):
         k_ok = offs_k < k - k0
         x = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
@@ -115,9 +125,9 @@ def grouped_gemm_kernel(
         acc = _tile_product(acc, x, w_ptrs, w_ok, HAS_W_SCALE, IEEE, FP8_DOT, SWAP_AB)
         if GATED:
             acc_up = _tile_product(acc_up, x, up_ptrs, w_ok, HAS_W_SCALE, IEEE, FP8_DOT, SWAP_AB)
-            up_ptrs += BLOCK_K
+            up_ptrs += step
         a_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K
+        w_ptrs += step
     if SWAP_AB:
         acc = tl.trans(acc)
         if GATED:
@@ -370,6 +380,7 @@ def grouped_gemm(
     a_scale: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     config: tuple[int, int, int, int] | None = None,
+    pack_n: int = 0,
 ) -> torch.Tensor:
     """``[pairs, w.shape[1]]``: row ``p`` is ``a[p // row_div] @ w[e].T`` (times ``scale[p]``) for
     the expert ``e`` that pair ``p`` chose (see the module). ``gated``: ``[pairs, w.shape[1] // 2]``,
@@ -380,7 +391,9 @@ def grouped_gemm(
     the output in ``out_dtype``.
     ``config``: (BLOCK_N, BLOCK_K, warps, stages) instead of :func:`launch_config`'s
     (``tools/device_moe.py`` sweeps them). W8A8 blocks of fewer than :data:`SWAP_AB_BELOW` rows
-    take their product transposed (the kernel's ``SWAP_AB``)."""
+    take their product transposed (the kernel's ``SWAP_AB``). ``pack_n``: ``w`` is
+    :func:`pack_experts`' ``(w, pack_n, block_k)``, viewed with ``w``'s shape, and the launch's tile
+    depth is that ``block_k``."""
     if a.stride(-1) != 1:
         a = a.contiguous()
     num_experts, n, k = w.shape
@@ -400,6 +413,8 @@ def grouped_gemm(
     swap_ab = a_scale is not None and block < SWAP_AB_BELOW
     out = torch.empty(pairs, n, dtype=out_dtype or a.dtype, device=a.device)
     block_n, block_k, warps, stages = config or launch_config(block, n, k, pairs, gated, a_scale is not None)
+    if pack_n and (block_n % pack_n or n % pack_n or k % block_k):
+        raise ValueError(f"tiles of {pack_n} rows do not fit a {block_n} x {block_k} launch over {n} x {k}")
     grid = (triton.cdiv(n, block_n), block_expert.numel())
     grouped_gemm_kernel[grid](
         a, a.stride(0), w, w.stride(0), w.stride(1), out, out.stride(0), sorted_pairs, block_expert,
@@ -409,6 +424,17 @@ def grouped_gemm(
         ROW_DIV=row_div, HAS_SCALE=scale is not None, HAS_W_SCALE=w_scale is not None,
         IEEE=a.dtype == torch.float32 or (a_scale is not None and not fp8_dot), GATED=gated, HAS_A_SCALE=a_scale is not None,
         FP8_DOT=fp8_dot, SWAP_AB=swap_ab,
-        BLOCK_M=block, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
+        BLOCK_M=block, BLOCK_N=block_n, BLOCK_K=block_k, PACK_N=pack_n, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out
+
+
+def pack_experts(w: torch.Tensor, pack_n: int, pack_k: int) -> torch.Tensor:
+    """``w`` ``[experts, n, k]`` stored tile after tile, as the kernel's ``PACK_N`` reads it: for
+    each expert, each run of ``pack_n`` rows, each ``pack_k`` columns, one contiguous
+    ``pack_n x pack_k`` tile; returned viewed as ``[experts, n, k]`` (the same bytes)."""
+    e, n, k = w.shape
+    if n % pack_n or k % pack_k:
+        raise ValueError(f"experts of {n} x {k} do not cut into {pack_n} x {pack_k} tiles")
+    tiles = w.reshape(e, n // pack_n, pack_n, k // pack_k, pack_k).transpose(2, 3).contiguous()
+    return tiles.view(e, n, k)
