@@ -54,80 +54,12 @@ def _tile_product(
 
 
 @triton.jit
-def grouped_gemm_kernel(
-    a, a_stride, w, w_stride_e, w_stride_n, c, c_stride, sorted_pairs, block_expert, scale,
-    w_scale, w_scale_stride, a_scale, pairs, n, k, num_experts,
-    ROW_DIV: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_W_SCALE: tl.constexpr, IEEE: tl.constexpr,
-    GATED: tl.constexpr, HAS_A_SCALE: tl.constexpr, FP8_DOT: tl.constexpr, SWAP_AB: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PACK_N: tl.constexpr = 0,
+def _store_tile(
+    acc, acc_up, c, c_stride, pair, valid, row, offs_n, n_ok, n, expert, scale, w_scale, w_scale_stride, a_scale,
+    HAS_SCALE: tl.constexpr, HAS_W_SCALE: tl.constexpr, GATED: tl.constexpr, HAS_A_SCALE: tl.constexpr,
+    SWAP_AB: tl.constexpr,
 ):  # fmt: skip
-    """``c[p] = (a[p // ROW_DIV] @ w[e].T) * scale[p]`` for the pairs ``p`` of block
-    ``program_id(1)``, whose expert is ``e``; columns ``program_id(0) * BLOCK_N`` on.
-
-    ``GATED``: ``w[e]`` is ``[gate | up]`` (``2 * n`` rows) and ``c[p] = silu(g) * u`` with ``g``
-    and ``u`` the products with the two halves, each first rounded to ``c``'s dtype (what
-    ``silu_mul_kernel`` computes from the unfused GEMM's output): one program takes a column tile
-    of both halves, so the ``[pairs, 2 * n]`` product is never written.
-
-    ``HAS_W_SCALE``: ``w`` holds quantized values (float8 e4m3 or int8), each converted exactly to
-    ``a``'s dtype before the product, and output column ``j`` of expert ``e`` is multiplied by
-    ``w_scale[e, j]`` (float32) after the sum, before anything else.
-
-    ``HAS_A_SCALE`` (e4m3 weights): ``a`` holds e4m3 rows too, row ``r`` standing for
-    ``a[r] * a_scale[r]``, applied after ``w_scale``. ``FP8_DOT``: the e4m3 tiles multiplied as
-    they are (the GPU's FP8 tensor cores); else both converted to float32 first (the interpreter):
-    the same exact products either way. ``SWAP_AB``: the product taken transposed,
-    ``w[e] @ a[rows].T``, then the sums transposed back: with e4m3 tiles a block of fewer than 64
-    rows still reaches Hopper's e4m3 wgmma, whose ``M`` side (64 rows) is then the block's weight
-    columns (:data:`SWAP_AB_BELOW`).
-
-    ``PACK_N``: ``w[e]`` stored tile after tile (:func:`pack_experts`): each ``PACK_N x BLOCK_K``
-    tile contiguous, so a step's weight loads read whole tiles rather than ``BLOCK_K`` elements of
-    each of ``BLOCK_N`` rows (``BLOCK_N`` a multiple of ``PACK_N``, ``k`` of ``BLOCK_K``)."""
-    pid_n = tl.program_id(0)  # a block's column tiles run side by side: its rows stay in L2
-    pid_m = tl.program_id(1)
-    expert = tl.load(block_expert + pid_m)
-    if expert >= num_experts:
-        return
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_pairs + offs_m)
-    valid = pair < pairs
-    row = pair // ROW_DIV
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < n
-    offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a + row[:, None].to(tl.int64) * a_stride + offs_k[None, :]
-    w_ptrs = w + expert.to(tl.int64) * w_stride_e
-    if PACK_N:  # the tile's rows, PACK_N at a time, each run of tiles k elements a row apart
-        col = (offs_n // PACK_N).to(tl.int64) * (k * PACK_N) + (offs_n % PACK_N) * BLOCK_K
-        step = PACK_N * BLOCK_K
-    else:
-        col = offs_n.to(tl.int64) * w_stride_n
-        step = BLOCK_K
-    if SWAP_AB:  # [BLOCK_N, BLOCK_K] tiles, the sums transposed
-        w_ptrs += col[:, None] + offs_k[None, :]
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # GATED only
-    else:  # [BLOCK_K, BLOCK_N] tiles
-        w_ptrs += col[None, :] + offs_k[:, None]
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # GATED only
-    up_ptrs = w_ptrs + n.to(tl.int64) * w_stride_n  # (packed: the same, n rows of k)
-    for k0 in range(0, k, BLOCK_K):
-        k_ok = offs_k < k - k0
-        x = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
-        if HAS_A_SCALE and not FP8_DOT:
-            x = x.to(tl.float32)
-        if SWAP_AB:
-            w_ok = n_ok[:, None] & k_ok[None, :]
-        else:
-            w_ok = k_ok[:, None] & n_ok[None, :]
-        acc = _tile_product(acc, x, w_ptrs, w_ok, HAS_W_SCALE, IEEE, FP8_DOT, SWAP_AB)
-        if GATED:
-            acc_up = _tile_product(acc_up, x, up_ptrs, w_ok, HAS_W_SCALE, IEEE, FP8_DOT, SWAP_AB)
-            up_ptrs += step
-        a_ptrs += BLOCK_K
-        w_ptrs += step
+    """A tile's sums (transposed: ``SWAP_AB``) scaled, gated and stored: see the kernel."""
     if SWAP_AB:
         acc = tl.trans(acc)
         if GATED:
@@ -149,6 +81,113 @@ def grouped_gemm_kernel(
         acc = acc * tl.load(scale + pair, mask=valid, other=0.0).to(tl.float32)[:, None]
     c_ptrs = c + pair[:, None].to(tl.int64) * c_stride + offs_n[None, :]
     tl.store(c_ptrs, acc.to(c.dtype.element_ty), mask=valid[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def grouped_gemm_kernel(
+    a, a_stride, w, w_stride_e, w_stride_n, c, c_stride, sorted_pairs, block_expert, scale,
+    w_scale, w_scale_stride, a_scale, pairs, n, k, num_experts,
+    ROW_DIV: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_W_SCALE: tl.constexpr, IEEE: tl.constexpr,
+    GATED: tl.constexpr, HAS_A_SCALE: tl.constexpr, FP8_DOT: tl.constexpr, SWAP_AB: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, COLS: tl.constexpr = 1,
+):  # fmt: skip
+    """``c[p] = (a[p // ROW_DIV] @ w[e].T) * scale[p]`` for the pairs ``p`` of block
+    ``program_id(1)``, whose expert is ``e``; columns ``program_id(0) * BLOCK_N`` on.
+
+    ``GATED``: ``w[e]`` is ``[gate | up]`` (``2 * n`` rows) and ``c[p] = silu(g) * u`` with ``g``
+    and ``u`` the products with the two halves, each first rounded to ``c``'s dtype (what
+    ``silu_mul_kernel`` computes from the unfused GEMM's output): one program takes a column tile
+    of both halves, so the ``[pairs, 2 * n]`` product is never written.
+
+    ``HAS_W_SCALE``: ``w`` holds quantized values (float8 e4m3 or int8), each converted exactly to
+    ``a``'s dtype before the product, and output column ``j`` of expert ``e`` is multiplied by
+    ``w_scale[e, j]`` (float32) after the sum, before anything else.
+
+    ``HAS_A_SCALE`` (e4m3 weights): ``a`` holds e4m3 rows too, row ``r`` standing for
+    ``a[r] * a_scale[r]``, applied after ``w_scale``. ``FP8_DOT``: the e4m3 tiles multiplied as
+    they are (the GPU's FP8 tensor cores); else both converted to float32 first (the interpreter):
+    the same exact products either way. ``SWAP_AB``: the product taken transposed,
+    ``w[e] @ a[rows].T``, then the sums transposed back: with e4m3 tiles a block of fewer than 64
+    rows still reaches Hopper's e4m3 wgmma, whose ``M`` side (64 rows) is then the block's weight
+    columns (:data:`SWAP_AB_BELOW`).
+
+    ``COLS``: a program takes ``COLS`` column tiles of its block one after the other, in one loop
+    over (tile, depth) that the software pipeline runs through: the next tile's first weight loads
+    are in flight while the last one's sums are stored, and a block's rows and expert are looked
+    up once (``program_id(0) * COLS`` the first tile)."""
+    pid_n = tl.program_id(0)  # a block's column tiles run side by side: its rows stay in L2
+    pid_m = tl.program_id(1)
+    expert = tl.load(block_expert + pid_m)
+    if expert >= num_experts:
+        return
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_pairs + offs_m)
+    valid = pair < pairs
+    row = pair // ROW_DIV
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a + row[:, None].to(tl.int64) * a_stride + offs_k[None, :]
+    w_ptrs = w + expert.to(tl.int64) * w_stride_e
+    if COLS > 1:
+        k_steps = tl.cdiv(k, BLOCK_K)
+        if SWAP_AB:
+            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # GATED only
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # GATED only
+        for it in range(0, COLS * k_steps):
+            step = it % k_steps
+            k0 = step * BLOCK_K
+            offs_n = (pid_n * COLS + it // k_steps) * BLOCK_N + tl.arange(0, BLOCK_N)
+            n_ok = offs_n < n
+            k_ok = offs_k < k - k0
+            x = tl.load(a_ptrs + k0, mask=valid[:, None] & k_ok[None, :], other=0.0)
+            if HAS_A_SCALE and not FP8_DOT:
+                x = x.to(tl.float32)
+            if SWAP_AB:
+                tile = w_ptrs + offs_n[:, None].to(tl.int64) * w_stride_n + (k0 + offs_k)[None, :]
+                w_ok = n_ok[:, None] & k_ok[None, :]
+            else:
+                tile = w_ptrs + offs_n[None, :].to(tl.int64) * w_stride_n + (k0 + offs_k)[:, None]
+                w_ok = k_ok[:, None] & n_ok[None, :]
+            acc = _tile_product(acc, x, tile, w_ok, HAS_W_SCALE, IEEE, FP8_DOT, SWAP_AB)
+            if GATED:
+                up = tile + n.to(tl.int64) * w_stride_n
+                acc_up = _tile_product(acc_up, x, up, w_ok, HAS_W_SCALE, IEEE, FP8_DOT, SWAP_AB)
+            if step == k_steps - 1:
+                _store_tile(acc, acc_up, c, c_stride, pair, valid, row, offs_n, n_ok, n, expert, scale, w_scale,
+                            w_scale_stride, a_scale, HAS_SCALE, HAS_W_SCALE, GATED, HAS_A_SCALE, SWAP_AB)  # fmt: skip
+                acc = tl.zeros_like(acc)
+                acc_up = tl.zeros_like(acc_up)
+        return
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < n
+    if SWAP_AB:  # [BLOCK_N, BLOCK_K] tiles, the sums transposed
+        w_ptrs += offs_n[:, None].to(tl.int64) * w_stride_n + offs_k[None, :]
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # GATED only
+    else:  # [BLOCK_K, BLOCK_N] tiles
+        w_ptrs += offs_n[None, :].to(tl.int64) * w_stride_n + offs_k[:, None]
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # GATED only
+    up_ptrs = w_ptrs + n.to(tl.int64) * w_stride_n
+    for k0 in range(0, k, BLOCK_K):
+        k_ok = offs_k < k - k0
+        x = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
+        if HAS_A_SCALE and not FP8_DOT:
+            x = x.to(tl.float32)
+        if SWAP_AB:
+            w_ok = n_ok[:, None] & k_ok[None, :]
+        else:
+            w_ok = k_ok[:, None] & n_ok[None, :]
+        acc = _tile_product(acc, x, w_ptrs, w_ok, HAS_W_SCALE, IEEE, FP8_DOT, SWAP_AB)
+        if GATED:
+            acc_up = _tile_product(acc_up, x, up_ptrs, w_ok, HAS_W_SCALE, IEEE, FP8_DOT, SWAP_AB)
+            up_ptrs += BLOCK_K
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    _store_tile(acc, acc_up, c, c_stride, pair, valid, row, offs_n, n_ok, n, expert, scale, w_scale, w_scale_stride,
+                a_scale, HAS_SCALE, HAS_W_SCALE, GATED, HAS_A_SCALE, SWAP_AB)  # fmt: skip
 
 
 @triton.jit
@@ -334,6 +373,11 @@ def align(ids: torch.Tensor, num_experts: int, block: int, blocks: int) -> tuple
 SWAP_AB_BELOW = 64
 
 
+#: launches swept for one model's shape, in place of :func:`launch_config`'s for steps of more than
+#: 64 pairs, by (W8A8, gated, block rows): (BLOCK_N, BLOCK_K, warps, stages, column tiles a program)
+TUNED: dict[tuple[bool, bool, int], tuple[int, int, int, int, int]] = {}
+
+
 def launch_config(
     block: int, n: int, k: int, pairs: int = 1 << 30, gated: bool = False, w8a8: bool = False
 ) -> tuple[int, int, int, int]:
@@ -380,7 +424,7 @@ def grouped_gemm(
     a_scale: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     config: tuple[int, int, int, int] | None = None,
-    pack_n: int = 0,
+    cols: int = 1,
 ) -> torch.Tensor:
     """``[pairs, w.shape[1]]``: row ``p`` is ``a[p // row_div] @ w[e].T`` (times ``scale[p]``) for
     the expert ``e`` that pair ``p`` chose (see the module). ``gated``: ``[pairs, w.shape[1] // 2]``,
@@ -391,9 +435,8 @@ def grouped_gemm(
     the output in ``out_dtype``.
     ``config``: (BLOCK_N, BLOCK_K, warps, stages) instead of :func:`launch_config`'s
     (``tools/device_moe.py`` sweeps them). W8A8 blocks of fewer than :data:`SWAP_AB_BELOW` rows
-    take their product transposed (the kernel's ``SWAP_AB``). ``pack_n``: ``w`` is
-    :func:`pack_experts`' ``(w, pack_n, block_k)``, viewed with ``w``'s shape, and the launch's tile
-    depth is that ``block_k``."""
+    take their product transposed (the kernel's ``SWAP_AB``). ``cols``: column tiles a program takes
+    one after the other (the kernel's ``COLS``)."""
     if a.stride(-1) != 1:
         a = a.contiguous()
     num_experts, n, k = w.shape
@@ -412,10 +455,18 @@ def grouped_gemm(
     fp8_dot = a_scale is not None and a.is_cuda
     swap_ab = a_scale is not None and block < SWAP_AB_BELOW
     out = torch.empty(pairs, n, dtype=out_dtype or a.dtype, device=a.device)
-    block_n, block_k, warps, stages = config or launch_config(block, n, k, pairs, gated, a_scale is not None)
-    if pack_n and (block_n % pack_n or n % pack_n or k % block_k):
-        raise ValueError(f"tiles of {pack_n} rows do not fit a {block_n} x {block_k} launch over {n} x {k}")
-    grid = (triton.cdiv(n, block_n), block_expert.numel())
+    tuned = TUNED.get((a_scale is not None, gated, block)) if config is None and pairs > 64 else None
+    if tuned is not None:
+        block_n, block_k, warps, stages, cols = tuned
+        block_n, block_k = (
+            min(block_n, max(16, triton.next_power_of_2(n))),
+            min(block_k, max(16, triton.next_power_of_2(k))),
+        )
+    else:
+        block_n, block_k, warps, stages = config or launch_config(
+            block, n, k, pairs, gated, a_scale is not None
+        )
+    grid = (triton.cdiv(triton.cdiv(n, block_n), cols), block_expert.numel())
     grouped_gemm_kernel[grid](
         a, a.stride(0), w, w.stride(0), w.stride(1), out, out.stride(0), sorted_pairs, block_expert,
         scale if scale is not None else out, w_scale if w_scale is not None else out,
@@ -424,17 +475,6 @@ def grouped_gemm(
         ROW_DIV=row_div, HAS_SCALE=scale is not None, HAS_W_SCALE=w_scale is not None,
         IEEE=a.dtype == torch.float32 or (a_scale is not None and not fp8_dot), GATED=gated, HAS_A_SCALE=a_scale is not None,
         FP8_DOT=fp8_dot, SWAP_AB=swap_ab,
-        BLOCK_M=block, BLOCK_N=block_n, BLOCK_K=block_k, PACK_N=pack_n, num_warps=warps, num_stages=stages,
+        BLOCK_M=block, BLOCK_N=block_n, BLOCK_K=block_k, COLS=cols, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out
-
-
-def pack_experts(w: torch.Tensor, pack_n: int, pack_k: int) -> torch.Tensor:
-    """``w`` ``[experts, n, k]`` stored tile after tile, as the kernel's ``PACK_N`` reads it: for
-    each expert, each run of ``pack_n`` rows, each ``pack_k`` columns, one contiguous
-    ``pack_n x pack_k`` tile; returned viewed as ``[experts, n, k]`` (the same bytes)."""
-    e, n, k = w.shape
-    if n % pack_n or k % pack_k:
-        raise ValueError(f"experts of {n} x {k} do not cut into {pack_n} x {pack_k} tiles")
-    tiles = w.reshape(e, n // pack_n, pack_n, k // pack_k, pack_k).transpose(2, 3).contiguous()
-    return tiles.view(e, n, k)
