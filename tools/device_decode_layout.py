@@ -19,13 +19,14 @@ each over all layers (``attend`` for layer 0..L-1 in one graph) and over layer 0
 (the micro-benchmark's cache and TLB state). Qwen3-0.6B's attention shape by default.
 
 ``--sweep`` then times, on the engine layout over all layers, the decode kernel's split count (1-16
-pieces a sequence) and positions a loop step (64, 128) beside the backend as it is. (Its version at
+pieces a sequence, ``--splits``) and positions a loop step (64, 128) beside the backend as it is;
+``--launches`` sweeps positions, warps and stages instead (``--sweep-only``: no layouts timed). (Its version at
 `39d65d9` also timed the order the pieces launch in.) ``--kv-dtype fp8_e4m3`` builds a float8 pool
 (the pool of ``--kv-cache-dtype fp8_e4m3``: half the bytes a page); its sweep's launches carry the
 register caps that fit at their loop step (168 at 128 positions, three stages; 128 at 64).
 
     python3 tools/device_decode_layout.py [--steps 100,400,700,950] [--pool-gb 100] [--kv-dtype bf16|fp8_e4m3]
-        [--sweep] [--json OUT.json]
+        [--sweep [--sweep-only] [--splits 1,2,4,8,16] [--launches 64:4:2,128:4:3,...]] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -117,17 +118,22 @@ def sweep(backend_cls, config, layout, lens, args, result: dict, step: int, kv_b
            "us": round(time_us(backend_cls, config, layout, lens, layers), 2)}  # fmt: skip
     result.setdefault("sweep", []).append(row)
     print(json.dumps(row), flush=True)
-    for splits, block_n in itertools.product((1, 2, 4, 8, 16), (64, 128)):
-        launch = Launch(block_n, 4, 2)
-        if elem == 1:  # the caps the float8 kernel fits without spilling (backend.Launch)
-            launch = Launch(128, 4, 3, maxnreg=168) if block_n == 128 else Launch(64, 4, 2, maxnreg=128)
+    if args.launches:  # positions a loop step : warps : stages
+        launches = [Launch(*map(int, spec.split(":"))) for spec in args.launches.split(",")]
+    elif elem == 1:  # the caps the float8 kernel fits without spilling (backend.Launch)
+        launches = [Launch(64, 4, 2, maxnreg=128), Launch(128, 4, 3, maxnreg=168)]
+    else:
+        launches = [Launch(64, 4, 2), Launch(128, 4, 2)]
+    for splits, launch in itertools.product(map(int, args.splits.split(",")), launches):
+        block_n = launch.block_n
         attrs = {
             "splits": lambda self, bs, s=splits: s,
             "launches": {**backend_cls.launches, elem: launch},
             "wide_launches": {elem: launch},
         }
         variant = type("Variant", (backend_cls,), attrs)
-        row = {"step": step, "batch": len(lens), "splits": splits, "block_n": block_n}
+        row = {"step": step, "batch": len(lens), "splits": splits, "block_n": block_n, "warps": launch.num_warps,
+               "stages": launch.num_stages}  # fmt: skip
         try:
             us = time_us(variant, config, layout, lens, layers)
             row |= {"us": round(us, 2), "tbps": round(kv_bytes / (us * 1e-6) / 1e12, 3)}
@@ -147,6 +153,11 @@ def main() -> None:
     p.add_argument("--backend", default="triton")
     p.add_argument("--kv-dtype", choices=("bf16", "fp8_e4m3"), default="bf16")
     p.add_argument("--sweep", action="store_true", help="then time split counts and loop steps")
+    p.add_argument("--splits", default="1,2,4,8,16", help="the split counts the sweep tries")
+    p.add_argument(
+        "--launches", help="the sweep's launches, block_n:warps:stages,... (default: 64 and 128 positions)"
+    )
+    p.add_argument("--sweep-only", action="store_true", help="the sweep alone, not the layouts")
     p.add_argument("--json")
     args = p.parse_args()
     dev = torch.device("cuda")
@@ -186,7 +197,7 @@ def main() -> None:
         for c in counts:
             layouts["random"].append(shuffled[at : at + c])
             at += c
-        for name, pages in layouts.items():
+        for name, pages in () if args.sweep_only else layouts.items():
             layout = layout_of(pages, lens, max_len, dev)
             row = {"step": step, "batch": len(lens), "mean_len": round(sum(lens) / len(lens)), "layout": name}
             for label, layers in (("all_layers", list(range(args.layers))), ("layer0", [0] * args.layers)):

@@ -3,7 +3,7 @@ width and depth, warps, stages), at Qwen3-30B-A3B's expert shape, for the token 
 steps and a prefill step; routing uniform at random, as random weights route.
 
     python3 tools/device_moe.py [--tokens 1,8,64,256,8192] [--out moe.jsonl]
-                                [--profile | --gemms | --cols | --small-kernels]
+                                [--profile | --gemms | --small-kernels]
                                 [--experts bf16|int8|fp8] [--blocks 16,32,64,128] [--swap-below 64]
                                 [--widths 64,128] [--depths 64,128] [--warps 4,8] [--stages 3,4]
                                 [--default-only]
@@ -11,9 +11,7 @@ steps and a prefill step; routing uniform at random, as random weights route.
 Each row: tokens, the launch, microseconds a layer's experts take (median of CUDA-graph replays),
 and the bytes of the experts the step's tokens chose over that time (TB/s). ``--gemms``: each
 grouped GEMM alone over its own launches (gate/up with SiLU·mul after it or fused into it, down),
-at the block size the engine picks. ``--cols``: the fused gate/up and the down GEMM over launches
-of 128-deep tiles, each with 1, 2, 4 and 8 column tiles a program (the kernel's ``COLS``).
-``--small-kernels``: the router and the schedule, each both
+at the block size the engine picks. ``--small-kernels``: the router and the schedule, each both
 ways (``moe.TRITON_ROUTE``, ``_triton_moe.ONE_PROGRAM_PAIRS``). ``--experts int8|fp8``: the experts quantized as
 ``--quantization int8`` / ``fp8`` quantizes them (a scale a row; int8 weight-only, e4m3 W8A8: each
 GEMM's input rows rounded to e4m3 first, that kernel timed with its GEMM; ``--weight-only``: e4m3
@@ -114,56 +112,6 @@ def sweep_gemms(tokens, x, w13, w2, weights, ids, touched, s13=None, s2=None) ->
     return rows
 
 
-def time_cols(tokens, x, w13, w2, weights, ids, touched, s13=None, s2=None) -> list[dict]:
-    """The fused gate/up and the down GEMM, each over launches with 1, 2, 4 and 8 column tiles a
-    program (``grouped_gemm(cols=)``, the kernel's ``COLS``), each output checked equal to one
-    tile a program's, bit for bit."""
-    pairs = ids.numel()
-    block = block_rows(pairs, EXPERTS)
-    sorted_pairs, block_expert = align_blocks(ids, EXPERTS, block)
-    w8a8 = w13.dtype == torch.float8_e4m3fn and moe.W8A8_EXPERTS
-    launch = functools.partial(_triton_moe.grouped_gemm, sorted_pairs=sorted_pairs, block_expert=block_expert,
-                               pairs=pairs, block=block, out_dtype=x.dtype)  # fmt: skip
-    a13, a13_scale = moe._gemm_input(x, w8a8)
-    act = launch(a13, w13, row_div=TOP_K, gated=True, w_scale=s13, a_scale=a13_scale)
-    a2, a2_scale = moe._gemm_input(act, w8a8)
-    scale = weights.reshape(-1)
-    gemms = {
-        "gate_up fused": (lambda c, t: launch(a13, w13, row_div=TOP_K, gated=True, w_scale=s13, a_scale=a13_scale,
-                                              config=c, cols=t), w13, (32, 64)),
-        "down": (lambda c, t: launch(a2, w2, row_div=1, scale=scale, w_scale=s2, a_scale=a2_scale, config=c, cols=t),
-                 w2, (64, 128)),
-    }  # fmt: skip
-    rows = []
-    for name, (fn, w, widths) in gemms.items():
-        mbytes = touched * w.shape[1] * w.shape[2] * w.element_size()
-        default = _triton_moe.launch_config(block, w.shape[1] // (2 if name == "gate_up fused" else 1), w.shape[2],
-                                            pairs, name == "gate_up fused", w8a8)  # fmt: skip
-        configs = dict.fromkeys([default, *itertools.product(widths, (128,), (4, 8), (3, 4))])
-        for config in configs:
-            want = fn(config, 1)
-            for cols in (1, 2, 4, 8):
-                try:
-                    assert torch.equal(fn(config, cols), want)
-                    us = time_graph(functools.partial(fn, config, cols))
-                except Exception as exc:  # noqa: BLE001 - out of shared memory and the like
-                    rows.append({"tokens": tokens, "gemm": name, "config": config, "cols": cols,
-                                 "error": str(exc)[:120]})  # fmt: skip
-                    continue
-                rows.append({"tokens": tokens, "gemm": name, "block": block, "config": config, "cols": cols,
-                             "default": config == default, "us": round(us, 1),
-                             "TBps": round(mbytes / us / 1e6, 2)})  # fmt: skip
-                print(json.dumps(rows[-1]), flush=True)
-        ok = [r for r in rows if r["gemm"] == name and "us" in r]
-        base = next(r for r in ok if r["default"] and r["cols"] == 1)
-        print(
-            json.dumps(
-                {"tokens": tokens, "gemm": name, "default": base, "best": min(ok, key=lambda r: r["us"])}
-            )
-        )
-    return rows
-
-
 def time_small_kernels(tokens: int, gen: torch.Generator) -> list[dict]:
     """The router (five torch kernels, or ``_triton_moe.route``) and the schedule (three kernels
     and a zeroed count, or one program, ``_triton_moe.ONE_PROGRAM_PAIRS``, at 4, 8 and 16 warps,
@@ -209,7 +157,6 @@ def main() -> None:
         "--profile", action="store_true", help="only the default launch, its kernels profiled"
     )
     parser.add_argument("--gemms", action="store_true", help="each GEMM alone over its own launches")
-    parser.add_argument("--cols", action="store_true", help="each GEMM with 1-8 column tiles a program")
     parser.add_argument(
         "--small-kernels", action="store_true", help="the router and the schedule, each both ways"
     )
@@ -242,9 +189,6 @@ def main() -> None:
         bytes_read = touched * 3 * INTER * HIDDEN * w13.element_size()
         if args.gemms:
             rows += sweep_gemms(tokens, x, w13, w2, weights, ids, touched, s13, s2)
-            continue
-        if args.cols:
-            rows += time_cols(tokens, x, w13, w2, weights, ids, touched, s13, s2)
             continue
         if args.small_kernels:
             rows += time_small_kernels(tokens, gen)

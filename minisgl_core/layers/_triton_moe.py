@@ -54,42 +54,12 @@ def _tile_product(
 
 
 @triton.jit
-def _store_tile(
-    acc, acc_up, c, c_stride, pair, valid, row, offs_n, n_ok, n, expert, scale, w_scale, w_scale_stride, a_scale,
-    HAS_SCALE: tl.constexpr, HAS_W_SCALE: tl.constexpr, GATED: tl.constexpr, HAS_A_SCALE: tl.constexpr,
-    SWAP_AB: tl.constexpr,
-):  # fmt: skip
-    """A tile's sums (transposed: ``SWAP_AB``) scaled, gated and stored: see the kernel."""
-    if SWAP_AB:
-        acc = tl.trans(acc)
-        if GATED:
-            acc_up = tl.trans(acc_up)
-    if HAS_W_SCALE:
-        scale_row = w_scale + expert.to(tl.int64) * w_scale_stride
-        acc = acc * tl.load(scale_row + offs_n, mask=n_ok, other=0.0)[None, :]
-        if GATED:
-            acc_up = acc_up * tl.load(scale_row + n + offs_n, mask=n_ok, other=0.0)[None, :]
-    if HAS_A_SCALE:
-        row_scale = tl.load(a_scale + row, mask=valid, other=0.0)[:, None]
-        acc = acc * row_scale
-        if GATED:
-            acc_up = acc_up * row_scale
-    if GATED:
-        gate = acc.to(c.dtype.element_ty).to(tl.float32)
-        acc = gate * tl.sigmoid(gate) * acc_up.to(c.dtype.element_ty).to(tl.float32)
-    if HAS_SCALE:
-        acc = acc * tl.load(scale + pair, mask=valid, other=0.0).to(tl.float32)[:, None]
-    c_ptrs = c + pair[:, None].to(tl.int64) * c_stride + offs_n[None, :]
-    tl.store(c_ptrs, acc.to(c.dtype.element_ty), mask=valid[:, None] & n_ok[None, :])
-
-
-@triton.jit
 def grouped_gemm_kernel(
     a, a_stride, w, w_stride_e, w_stride_n, c, c_stride, sorted_pairs, block_expert, scale,
     w_scale, w_scale_stride, a_scale, pairs, n, k, num_experts,
     ROW_DIV: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_W_SCALE: tl.constexpr, IEEE: tl.constexpr,
     GATED: tl.constexpr, HAS_A_SCALE: tl.constexpr, FP8_DOT: tl.constexpr, SWAP_AB: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, COLS: tl.constexpr = 1,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """``c[p] = (a[p // ROW_DIV] @ w[e].T) * scale[p]`` for the pairs ``p`` of block
     ``program_id(1)``, whose expert is ``e``; columns ``program_id(0) * BLOCK_N`` on.
@@ -109,12 +79,7 @@ def grouped_gemm_kernel(
     the same exact products either way. ``SWAP_AB``: the product taken transposed,
     ``w[e] @ a[rows].T``, then the sums transposed back: with e4m3 tiles a block of fewer than 64
     rows still reaches Hopper's e4m3 wgmma, whose ``M`` side (64 rows) is then the block's weight
-    columns (:data:`SWAP_AB_BELOW`).
-
-    ``COLS``: a program takes ``COLS`` column tiles of its block one after the other, in one loop
-    over (tile, depth) that the software pipeline runs through: the next tile's first weight loads
-    are in flight while the last one's sums are stored, and a block's rows and expert are looked
-    up once (``program_id(0) * COLS`` the first tile)."""
+    columns (:data:`SWAP_AB_BELOW`)."""
     pid_n = tl.program_id(0)  # a block's column tiles run side by side: its rows stay in L2
     pid_m = tl.program_id(1)
     expert = tl.load(block_expert + pid_m)
@@ -124,44 +89,11 @@ def grouped_gemm_kernel(
     pair = tl.load(sorted_pairs + offs_m)
     valid = pair < pairs
     row = pair // ROW_DIV
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < n
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a + row[:, None].to(tl.int64) * a_stride + offs_k[None, :]
     w_ptrs = w + expert.to(tl.int64) * w_stride_e
-    if COLS > 1:
-        k_steps = tl.cdiv(k, BLOCK_K)
-        if SWAP_AB:
-            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-            acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # GATED only
-        else:
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # GATED only
-        for it in range(0, COLS * k_steps):
-            step = it % k_steps
-            k0 = step * BLOCK_K
-            offs_n = (pid_n * COLS + it // k_steps) * BLOCK_N + tl.arange(0, BLOCK_N)
-            n_ok = offs_n < n
-            k_ok = offs_k < k - k0
-            x = tl.load(a_ptrs + k0, mask=valid[:, None] & k_ok[None, :], other=0.0)
-            if HAS_A_SCALE and not FP8_DOT:
-                x = x.to(tl.float32)
-            if SWAP_AB:
-                tile = w_ptrs + offs_n[:, None].to(tl.int64) * w_stride_n + (k0 + offs_k)[None, :]
-                w_ok = n_ok[:, None] & k_ok[None, :]
-            else:
-                tile = w_ptrs + offs_n[None, :].to(tl.int64) * w_stride_n + (k0 + offs_k)[:, None]
-                w_ok = k_ok[:, None] & n_ok[None, :]
-            acc = _tile_product(acc, x, tile, w_ok, HAS_W_SCALE, IEEE, FP8_DOT, SWAP_AB)
-            if GATED:
-                up = tile + n.to(tl.int64) * w_stride_n
-                acc_up = _tile_product(acc_up, x, up, w_ok, HAS_W_SCALE, IEEE, FP8_DOT, SWAP_AB)
-            if step == k_steps - 1:
-                _store_tile(acc, acc_up, c, c_stride, pair, valid, row, offs_n, n_ok, n, expert, scale, w_scale,
-                            w_scale_stride, a_scale, HAS_SCALE, HAS_W_SCALE, GATED, HAS_A_SCALE, SWAP_AB)  # fmt: skip
-                acc = tl.zeros_like(acc)
-                acc_up = tl.zeros_like(acc_up)
-        return
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < n
     if SWAP_AB:  # [BLOCK_N, BLOCK_K] tiles, the sums transposed
         w_ptrs += offs_n[:, None].to(tl.int64) * w_stride_n + offs_k[None, :]
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -186,8 +118,27 @@ def grouped_gemm_kernel(
             up_ptrs += BLOCK_K
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    _store_tile(acc, acc_up, c, c_stride, pair, valid, row, offs_n, n_ok, n, expert, scale, w_scale, w_scale_stride,
-                a_scale, HAS_SCALE, HAS_W_SCALE, GATED, HAS_A_SCALE, SWAP_AB)  # fmt: skip
+    if SWAP_AB:
+        acc = tl.trans(acc)
+        if GATED:
+            acc_up = tl.trans(acc_up)
+    if HAS_W_SCALE:
+        scale_row = w_scale + expert.to(tl.int64) * w_scale_stride
+        acc = acc * tl.load(scale_row + offs_n, mask=n_ok, other=0.0)[None, :]
+        if GATED:
+            acc_up = acc_up * tl.load(scale_row + n + offs_n, mask=n_ok, other=0.0)[None, :]
+    if HAS_A_SCALE:
+        row_scale = tl.load(a_scale + row, mask=valid, other=0.0)[:, None]
+        acc = acc * row_scale
+        if GATED:
+            acc_up = acc_up * row_scale
+    if GATED:
+        gate = acc.to(c.dtype.element_ty).to(tl.float32)
+        acc = gate * tl.sigmoid(gate) * acc_up.to(c.dtype.element_ty).to(tl.float32)
+    if HAS_SCALE:
+        acc = acc * tl.load(scale + pair, mask=valid, other=0.0).to(tl.float32)[:, None]
+    c_ptrs = c + pair[:, None].to(tl.int64) * c_stride + offs_n[None, :]
+    tl.store(c_ptrs, acc.to(c.dtype.element_ty), mask=valid[:, None] & n_ok[None, :])
 
 
 @triton.jit
@@ -373,11 +324,6 @@ def align(ids: torch.Tensor, num_experts: int, block: int, blocks: int) -> tuple
 SWAP_AB_BELOW = 64
 
 
-#: launches swept for one model's shape, in place of :func:`launch_config`'s for steps of more than
-#: 64 pairs, by (W8A8, gated, block rows): (BLOCK_N, BLOCK_K, warps, stages, column tiles a program)
-TUNED: dict[tuple[bool, bool, int], tuple[int, int, int, int, int]] = {}
-
-
 def launch_config(
     block: int, n: int, k: int, pairs: int = 1 << 30, gated: bool = False, w8a8: bool = False
 ) -> tuple[int, int, int, int]:
@@ -424,7 +370,6 @@ def grouped_gemm(
     a_scale: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     config: tuple[int, int, int, int] | None = None,
-    cols: int = 1,
 ) -> torch.Tensor:
     """``[pairs, w.shape[1]]``: row ``p`` is ``a[p // row_div] @ w[e].T`` (times ``scale[p]``) for
     the expert ``e`` that pair ``p`` chose (see the module). ``gated``: ``[pairs, w.shape[1] // 2]``,
@@ -435,8 +380,7 @@ def grouped_gemm(
     the output in ``out_dtype``.
     ``config``: (BLOCK_N, BLOCK_K, warps, stages) instead of :func:`launch_config`'s
     (``tools/device_moe.py`` sweeps them). W8A8 blocks of fewer than :data:`SWAP_AB_BELOW` rows
-    take their product transposed (the kernel's ``SWAP_AB``). ``cols``: column tiles a program takes
-    one after the other (the kernel's ``COLS``)."""
+    take their product transposed (the kernel's ``SWAP_AB``)."""
     if a.stride(-1) != 1:
         a = a.contiguous()
     num_experts, n, k = w.shape
@@ -455,18 +399,8 @@ def grouped_gemm(
     fp8_dot = a_scale is not None and a.is_cuda
     swap_ab = a_scale is not None and block < SWAP_AB_BELOW
     out = torch.empty(pairs, n, dtype=out_dtype or a.dtype, device=a.device)
-    tuned = TUNED.get((a_scale is not None, gated, block)) if config is None and pairs > 64 else None
-    if tuned is not None:
-        block_n, block_k, warps, stages, cols = tuned
-        block_n, block_k = (
-            min(block_n, max(16, triton.next_power_of_2(n))),
-            min(block_k, max(16, triton.next_power_of_2(k))),
-        )
-    else:
-        block_n, block_k, warps, stages = config or launch_config(
-            block, n, k, pairs, gated, a_scale is not None
-        )
-    grid = (triton.cdiv(triton.cdiv(n, block_n), cols), block_expert.numel())
+    block_n, block_k, warps, stages = config or launch_config(block, n, k, pairs, gated, a_scale is not None)
+    grid = (triton.cdiv(n, block_n), block_expert.numel())
     grouped_gemm_kernel[grid](
         a, a.stride(0), w, w.stride(0), w.stride(1), out, out.stride(0), sorted_pairs, block_expert,
         scale if scale is not None else out, w_scale if w_scale is not None else out,
@@ -475,6 +409,6 @@ def grouped_gemm(
         ROW_DIV=row_div, HAS_SCALE=scale is not None, HAS_W_SCALE=w_scale is not None,
         IEEE=a.dtype == torch.float32 or (a_scale is not None and not fp8_dot), GATED=gated, HAS_A_SCALE=a_scale is not None,
         FP8_DOT=fp8_dot, SWAP_AB=swap_ab,
-        BLOCK_M=block, BLOCK_N=block_n, BLOCK_K=block_k, COLS=cols, num_warps=warps, num_stages=stages,
+        BLOCK_M=block, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out
