@@ -334,12 +334,15 @@ def launch_config(
     which reach more experts at once. ``w8a8`` (e4m3 by e4m3): from 64-row blocks (the e4m3
     wgmma, prefill) 128-deep tiles and 8 warps, 28% faster than the bf16 launch at 8,192 tokens;
     at most 64 pairs (products transposed, :data:`SWAP_AB_BELOW`) 128 x 128 tiles and 8 warps,
-    28% faster at 8 tokens; otherwise as bf16 (a W8A8 sweep at 64 and 256 tokens found nothing
-    faster by more than 2%)."""
+    28% faster at 8 tokens; up to 32-row blocks (decode) 64-column tiles, which take the down GEMM
+    at 256 tokens 58.1 µs against 60.2 at 128 columns (57.3 against 60.4 in an earlier call;
+    ``tools/device_moe.py --experts fp8``, BENCHMARKS.md); otherwise as bf16."""
     if w8a8 and block >= 64:
         block_n, block_k, warps, stages = (128, 128, 8, 4) if block <= 64 else (64, 128, 8, 4)
     elif w8a8 and block <= 16 and pairs <= 64:
         block_n, block_k, warps, stages = 128, 128, 8, 4
+    elif w8a8 and block <= 32:
+        block_n, block_k, warps, stages = 64, 128, 4, 3
     elif block <= 16:
         block_n, block_k, warps, stages = (64, 64, 4, 4) if pairs <= 64 else (64, 128, 4, 3)
     elif block <= 32:
