@@ -15,6 +15,32 @@ import torch.nn.functional as F
 from minisgl_core.layers.moe import align_blocks, block_rows, experts_reference, route
 
 
+@contextlib.contextmanager
+def fast_path_off(var: str):
+    """The fast path behind environment variable ``var`` off inside the block, as
+    ``--disable-fast-path`` turns it off (this process's configured switches, or the environment
+    where none are configured)."""
+    import dataclasses
+    import os
+
+    from minisgl_core import fast_paths
+
+    name = next(name for name, v in fast_paths.ENV_VARS.items() if v == var)
+    configured, before = fast_paths._configured, os.environ.get(var)
+    if configured is not None:
+        fast_paths.configure(dataclasses.replace(configured, **{name: False}))
+    os.environ[var] = "0"
+    try:
+        assert not fast_paths.current().enabled(name)
+        yield
+    finally:
+        fast_paths._configured = configured
+        if before is None:
+            os.environ.pop(var)
+        else:
+            os.environ[var] = before
+
+
 def random_ids(
     tokens: int, top_k: int, experts: int, gen: torch.Generator, skew: bool = False
 ) -> torch.Tensor:
@@ -190,9 +216,8 @@ def check_route_kernel(device: str = "cpu") -> None:
     empty_w, empty_ids = _triton_moe.route(wide[:0, :16], 4, True)
     assert empty_w.shape == (0, 4) and empty_ids.shape == (0, 4)
     print("ok strided, empty")
-    # a block's forward with the kernel as its router (moe.TRITON_ROUTE) against the torch router
+    # a block's forward with the kernel as its router (fast path moe_route) against the torch router
     from minisgl_core.api.parallel import ParallelContext
-    from minisgl_core.layers import moe
     from minisgl_core.layers.moe import SparseMoE
 
     block = SparseMoE(48, 24, 6, 2, renormalize=True, parallel=ParallelContext(), dtype=torch.float32,
@@ -200,14 +225,9 @@ def check_route_kernel(device: str = "cpu") -> None:
     for param in block.parameters():
         param.data.copy_(torch.randn(param.shape, generator=gen).to(device) * 0.2)
     x = torch.randn(13, 48, generator=gen).to(device)
-    default = moe.TRITON_ROUTE
-    try:
-        moe.TRITON_ROUTE = False
+    with fast_path_off("MINISGL_MOE_ROUTE"):
         want = block(x)
-        moe.TRITON_ROUTE = True
-        got = block(x)
-    finally:
-        moe.TRITON_ROUTE = default
+    got = block(x)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     print("ok block")
 
@@ -226,13 +246,13 @@ def test_route_kernel_on_the_gpu():
 
 
 def check_sum_in_norm(device: str = "cpu") -> None:
-    """Child under TRITON_INTERPRET=1: with ``moe.SUM_IN_NORM`` a block's ``reduce=False`` output
+    """Child under TRITON_INTERPRET=1: with fast path ``moe_sum_in_norm`` a block's ``reduce=False`` output
     is its tokens' expert rows (``SplitKPartials`` over ``[tokens, top_k, hidden]``), whose total
     is the summed block's output and which ``RMSNorm`` adds with the residual in one kernel,
     bitwise what summing first and then the add + norm give (float16 under the interpreter, whose
     bfloat16 is unreliable; bfloat16 on the GPU). With the switch off, a plain tensor."""
     from minisgl_core.api.parallel import ParallelContext
-    from minisgl_core.layers import moe, triton_ops
+    from minisgl_core.layers import triton_ops
     from minisgl_core.layers.moe import SparseMoE
     from minisgl_core.layers.norm import RMSNorm
 
@@ -247,15 +267,10 @@ def check_sum_in_norm(device: str = "cpu") -> None:
         norm.weight.data.copy_(torch.rand(64, generator=gen).to(device) + 0.5)
         x = torch.randn(tokens, 64, generator=gen).to(device, dtype)
         residual = torch.randn(tokens, 64, generator=gen).to(device, dtype)
-        default = moe.SUM_IN_NORM
-        try:
-            moe.SUM_IN_NORM = False
+        with fast_path_off("MINISGL_MOE_SUM_IN_NORM"):
             summed = block(x, reduce=False)
-            moe.SUM_IN_NORM = True
-            rows = block(x, reduce=False)
-            whole = block(x)  # reduce=True: summed whatever the switch
-        finally:
-            moe.SUM_IN_NORM = default
+        rows = block(x, reduce=False)
+        whole = block(x)  # reduce=True: summed whatever the switch
         assert isinstance(summed, torch.Tensor) and isinstance(whole, torch.Tensor)
         assert isinstance(rows, triton_ops.SplitKPartials) and rows.parts.shape == (top_k, tokens, 64)
         tol = 2e-2 if dtype == torch.bfloat16 else 2e-3

@@ -12,7 +12,7 @@ Each row: tokens, the launch, microseconds a layer's experts take (median of CUD
 and the bytes of the experts the step's tokens chose over that time (TB/s). ``--gemms``: each
 grouped GEMM alone over its own launches (gate/up with SiLU·mul after it or fused into it, down),
 at the block size the engine picks. ``--small-kernels``: the router and the schedule, each both
-ways (``moe.TRITON_ROUTE``, ``_triton_moe.ONE_PROGRAM_PAIRS``). ``--experts int8|fp8``: the experts quantized as
+ways (fast path ``moe_route``, ``_triton_moe.ONE_PROGRAM_PAIRS``). ``--experts int8|fp8``: the experts quantized as
 ``--quantization int8`` / ``fp8`` quantizes them (a scale a row; int8 weight-only, e4m3 W8A8: each
 GEMM's input rows rounded to e4m3 first, that kernel timed with its GEMM; ``--weight-only``: e4m3
 converted in the kernel instead, ``moe.W8A8_EXPERTS = False``; ``--swap-below``: W8A8 blocks of

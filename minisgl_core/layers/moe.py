@@ -201,20 +201,6 @@ def align_blocks(ids: torch.Tensor, num_experts: int, block: int) -> tuple[torch
 #: (``python3 tools/device_moe.py --gemms``); with ``--quantization fp8`` offline 7,792 tok/s fused
 #: (a fresh machine's first run) against 7,714 unfused (the next process)
 FUSED_GATE_UP = True
-#: The router's softmax, top-k, renormalization and rounding as one Triton kernel
-#: (``_triton_moe.route``) where the experts run in Triton, rather than five torch kernels: on one
-#: H200 3.0-3.4 µs a layer against 15-25 (``tools/device_moe.py --small-kernels``); the same ids
-#: and weights as :func:`route` (``tests/test_moe.py``, the interpreter and the GPU). A user turns
-#: it off with ``--disable-fast-path moe_route`` (this constant is the developers' switch)
-TRITON_ROUTE = True
-#: On one GPU, a block whose sum the norm after it takes (``reduce=False``) leaves each token's
-#: ``top_k`` expert rows to that norm (``triton_ops.SplitKPartials``: ``RMSNorm`` adds them with
-#: the residual in one kernel) instead of summing them with a kernel of its own; the same values
-#: as the summed block's up to the order of float32 additions (``tests/test_moe.py``). With the
-#: two switches above and ``_triton_moe.ONE_PROGRAM_PAIRS``, Qwen3-30B-A3B ``--quantization fp8``
-#: offline 8,618 tok/s against 7,808 (one H200, each a fresh machine's first run, BENCHMARKS.md).
-#: A user turns it off with ``--disable-fast-path moe_sum_in_norm``
-SUM_IN_NORM = True
 #: e4m3 experts multiply e4m3 activations (W8A8: each GEMM's input rows quantized first, one
 #: scale a row, then the FP8 tensor cores) rather than converting the weights to the run dtype in
 #: the kernel (weight-only). The loop (:func:`experts_reference`) follows it.
@@ -458,9 +444,20 @@ class SparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor, reduce: bool = True) -> torch.Tensor:
         """``reduce=False``: this rank's partial sum, for the norm after the block to all-reduce (on
-        one GPU with :data:`SUM_IN_NORM`, each token's expert rows, for that norm to add)."""
+        one GPU, each token's expert rows, for that norm to add).
+
+        Two fast paths where the experts run in Triton. ``moe_route``: the router's softmax,
+        top-k, renormalization and rounding as one kernel (``_triton_moe.route``) rather than five
+        torch kernels, on one H200 3.0-3.4 µs a layer against 15-25
+        (``tools/device_moe.py --small-kernels``), the same ids and weights as :func:`route`.
+        ``moe_sum_in_norm``: on one GPU, with ``reduce=False``, each token's ``top_k`` expert rows
+        left to the norm after the block (``triton_ops.SplitKPartials``: ``RMSNorm`` adds them with
+        the residual in one kernel) instead of summed by a kernel of their own, the same values up
+        to the order of float32 additions. With the one-program schedule, Qwen3-30B-A3B
+        ``--quantization fp8`` offline 8,618 tok/s against 7,808 with the three off (one H200, each
+        a fresh machine's first run, BENCHMARKS.md); ``tests/test_moe.py`` checks both."""
         in_triton = moe_enabled(x)
-        if in_triton and TRITON_ROUTE and fast_paths.current().enabled("moe_route"):
+        if in_triton and fast_paths.current().enabled("moe_route"):
             from minisgl_core.layers import _triton_moe
 
             router = _triton_moe.route
@@ -471,7 +468,6 @@ class SparseMoE(nn.Module):
         if (
             not reduce
             and in_triton
-            and SUM_IN_NORM
             and fast_paths.current().enabled("moe_sum_in_norm")
             and self.parallel.tp_size == 1
             and triton_ops.split_k_norm_enabled(x.device)
