@@ -20,7 +20,8 @@ each over all layers (``attend`` for layer 0..L-1 in one graph) and over layer 0
 
 ``--sweep`` then times, on the engine layout over all layers, the decode kernel's split count (1-16
 pieces a sequence, ``--splits``) and positions a loop step (64, 128) beside the backend as it is;
-``--launches`` sweeps positions, warps and stages instead (``--sweep-only``: no layouts timed). (Its version at
+``--launches`` sweeps positions, warps, stages and a register cap instead (a float8 pool needs
+its cap, ``128:4:3:168``; ``--sweep-only``: no layouts timed). (Its version at
 `39d65d9` also timed the order the pieces launch in.) ``--kv-dtype fp8_e4m3`` builds a float8 pool
 (the pool of ``--kv-cache-dtype fp8_e4m3``: half the bytes a page); its sweep's launches carry the
 register caps that fit at their loop step (168 at 128 positions, three stages; 128 at 64).
@@ -155,7 +156,8 @@ def main() -> None:
     p.add_argument("--sweep", action="store_true", help="then time split counts and loop steps")
     p.add_argument("--splits", default="1,2,4,8,16", help="the split counts the sweep tries")
     p.add_argument(
-        "--launches", help="the sweep's launches, block_n:warps:stages,... (default: 64 and 128 positions)"
+        "--launches",
+        help="the sweep's launches, block_n:warps:stages[:maxnreg],... (default: 64 and 128 positions)",
     )
     p.add_argument("--sweep-only", action="store_true", help="the sweep alone, not the layouts")
     p.add_argument("--json")
