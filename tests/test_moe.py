@@ -16,29 +16,20 @@ from minisgl_core.layers.moe import align_blocks, block_rows, experts_reference,
 
 
 @contextlib.contextmanager
-def fast_path_off(var: str):
-    """The fast path behind environment variable ``var`` off inside the block, as
-    ``--disable-fast-path`` turns it off (this process's configured switches, or the environment
-    where none are configured)."""
+def fast_path_off(name: str):
+    """Fast path ``name`` off inside the block, as ``--disable-fast-path name`` turns it off: this
+    process configured with its current switches but that one (a test child is not configured
+    otherwise: the environment's), then as before."""
     import dataclasses
-    import os
 
     from minisgl_core import fast_paths
 
-    name = next(name for name, v in fast_paths.ENV_VARS.items() if v == var)
-    configured, before = fast_paths._configured, os.environ.get(var)
-    if configured is not None:
-        fast_paths.configure(dataclasses.replace(configured, **{name: False}))
-    os.environ[var] = "0"
+    before = fast_paths._configured
+    fast_paths.configure(dataclasses.replace(fast_paths.current(), **{name: False}))
     try:
-        assert not fast_paths.current().enabled(name)
         yield
     finally:
-        fast_paths._configured = configured
-        if before is None:
-            os.environ.pop(var)
-        else:
-            os.environ[var] = before
+        fast_paths._configured = before
 
 
 def random_ids(
@@ -225,7 +216,7 @@ def check_route_kernel(device: str = "cpu") -> None:
     for param in block.parameters():
         param.data.copy_(torch.randn(param.shape, generator=gen).to(device) * 0.2)
     x = torch.randn(13, 48, generator=gen).to(device)
-    with fast_path_off("MINISGL_MOE_ROUTE"):
+    with fast_path_off("moe_route"):
         want = block(x)
     got = block(x)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
@@ -267,7 +258,7 @@ def check_sum_in_norm(device: str = "cpu") -> None:
         norm.weight.data.copy_(torch.rand(64, generator=gen).to(device) + 0.5)
         x = torch.randn(tokens, 64, generator=gen).to(device, dtype)
         residual = torch.randn(tokens, 64, generator=gen).to(device, dtype)
-        with fast_path_off("MINISGL_MOE_SUM_IN_NORM"):
+        with fast_path_off("moe_sum_in_norm"):
             summed = block(x, reduce=False)
         rows = block(x, reduce=False)
         whole = block(x)  # reduce=True: summed whatever the switch
