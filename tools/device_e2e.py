@@ -77,6 +77,12 @@ def run(model_dir: str, prompts, env: dict | None = None, triton: dict | None = 
                 setattr(backend, k, v)
 
 
+def e2e_prompts() -> list[list[int]]:
+    """The 32 prompts every configuration runs: random ids of 8 to 699 tokens, seed 0."""
+    rng = random.Random(0)
+    return [[rng.randrange(3, 1000) for _ in range(rng.randrange(8, 700))] for _ in range(32)]
+
+
 def sampler_check() -> dict:
     """The fused Gumbel-max sampler on CUDA over bf16 logits: frequencies of 40,000 draws from one
     row of 12 logits at temperature 0.7 against softmax(logits / 0.7)."""
@@ -222,8 +228,7 @@ def main() -> int:
         "--archs", default="Qwen3ForCausalLM,LlamaForCausalLM", help="comma-separated architectures to build"
     )
     args = parser.parse_args()
-    rng = random.Random(0)
-    prompts = [[rng.randrange(3, 1000) for _ in range(rng.randrange(8, 700))] for _ in range(32)]
+    prompts = e2e_prompts()
     report: dict = {"criterion": __doc__.split("Criterion")[1].split("python3")[0].strip(), "models": {}}
     report["sampler"] = sampler_check()
     ok = report["sampler"]["ok"]
