@@ -188,13 +188,6 @@ def _format_regexes() -> dict[str, str]:
 FORMAT_REGEXES: dict[str, str] = _format_regexes()
 
 
-def choice_regex(options: Sequence[str]) -> str:
-    """A regex matching exactly one of ``options`` (each escaped)."""
-    import re
-
-    return "(" + "|".join(re.escape(o) for o in options) + ")"
-
-
 class GrammarMatcher(ABC):
     """One request's position in its grammar. Not thread-safe; used by one engine step at a time."""
 

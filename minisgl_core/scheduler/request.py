@@ -100,10 +100,6 @@ class Request:
     def admitted(self) -> bool:
         return self.row is not None
 
-    @property
-    def prefilled(self) -> bool:
-        return self.num_computed >= self.fill_len
-
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
 
