@@ -25,7 +25,8 @@
 #   OURS_FLAGS=         extra `bench offline` flags for every run of ours
 #   VARIANTS=           ';'-separated extra variants of ours run after each of our runs, e.g.
 #                       "--max-prefill-tokens 16384;MINISGL_X=0" (VAR=value words go to the environment)
-#   TRACE=llama-3.1-8b  shapes whose runs of ours write a step trace ($OUT/steps-<shape>-<n>.jsonl)
+#   TRACE=llama-3.1-8b  shapes whose runs of ours write a step trace (steps-<shape>-<n>.jsonl, packed
+#                       into $OUT/steps.tgz at the end)
 #   PEER_DIR            the peer folder (default: shared/peer, else ../shared/peer)
 #   OUT                 results folder (default /tmp/out): peer-compare.jsonl, *.log, step traces
 set -uo pipefail
@@ -96,3 +97,9 @@ for shape in "${shapes[@]}"; do
   done
 done
 python3 "$here/peer_table.py" "$results" | tee "$out/peer-compare.md"
+# the step traces in one archive ($OUT/steps.tgz): a GPU call brings back at most 8 files
+shopt -s nullglob
+traces=("$out"/steps-*.jsonl)
+if [ ${#traces[@]} -gt 0 ]; then
+  tar czf "$out/steps.tgz" -C "$out" "${traces[@]##*/}" && rm -f "${traces[@]}"
+fi
