@@ -6,7 +6,7 @@ steps and a prefill step; routing uniform at random, as random weights route.
                                 [--profile | --gemms | --small-kernels]
                                 [--experts bf16|int8|fp8] [--blocks 16,32,64,128] [--swap-below 64]
                                 [--widths 64,128] [--depths 64,128] [--warps 4,8] [--stages 3,4]
-                                [--default-only]
+                                [--default-only] [--rounding-apart]
 
 Each row: tokens, the launch, microseconds a layer's experts take (median of CUDA-graph replays),
 and the bytes of the experts the step's tokens chose over that time (TB/s). ``--gemms``: each
@@ -14,7 +14,8 @@ grouped GEMM alone over its own launches (gate/up with SiLU·mul after it or fus
 at the block size the engine picks. ``--small-kernels``: the router and the schedule, each both
 ways (fast path ``moe_route``, ``_triton_moe.ONE_PROGRAM_PAIRS``). ``--experts int8|fp8``: the experts quantized as
 ``--quantization int8`` / ``fp8`` quantizes them (a scale a row; int8 weight-only, e4m3 W8A8: each
-GEMM's input rows rounded to e4m3 first, that kernel timed with its GEMM; ``--weight-only``: e4m3
+GEMM's input rows rounded to e4m3 first, that kernel timed with its GEMM unless ``--rounding-apart``
+(``--gemms``: timed as rows of its own); ``--weight-only``: e4m3
 converted in the kernel instead, ``moe.W8A8_EXPERTS = False``; ``--swap-below``: W8A8 blocks of
 fewer rows multiplied transposed, ``_triton_moe.SWAP_AB_BELOW``). ``--default-only``: the
 engine's launch alone."""
@@ -65,8 +66,12 @@ def quantized(w: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor | 
     return Method(device=w.device, dtype=torch.bfloat16).quantize_experts(w)
 
 
-def sweep_gemms(tokens, x, w13, w2, weights, ids, touched, s13=None, s2=None) -> list[dict]:
-    """Each GEMM of a layer's experts timed alone over a grid of launches (see the module)."""
+def sweep_gemms(
+    tokens, x, w13, w2, weights, ids, touched, s13=None, s2=None, rounding_apart=False
+) -> list[dict]:
+    """Each GEMM of a layer's experts timed alone over a grid of launches (see the module).
+    ``rounding_apart`` (W8A8): each GEMM's input rows rounded to e4m3 once, before the timing, and
+    that rounding timed as rows of its own (``round x``, ``round act``)."""
     pairs = ids.numel()
     block = block_rows(pairs, EXPERTS)
     sorted_pairs, block_expert = align_blocks(ids, EXPERTS, block)
@@ -74,11 +79,20 @@ def sweep_gemms(tokens, x, w13, w2, weights, ids, touched, s13=None, s2=None) ->
     launch = functools.partial(_triton_moe.grouped_gemm, sorted_pairs=sorted_pairs, block_expert=block_expert,
                                pairs=pairs, block=block, out_dtype=x.dtype)  # fmt: skip
 
+    rounded: dict[int, tuple] = {}  # id of an input -> its e4m3 rows and scales (rounding_apart)
+
     def gemm(a, w, **kw):  # W8A8: the input's rounding (moe._gemm_input) is part of the GEMM timed
-        a, a_scale = moe._gemm_input(a, w8a8)
+        a, a_scale = rounded[id(a)] if id(a) in rounded else moe._gemm_input(a, w8a8)
         return launch(a, w, a_scale=a_scale, **kw)
 
     act = silu_and_mul(gemm(x, w13, row_div=TOP_K, w_scale=s13))
+    rows = []
+    if rounding_apart and w8a8:
+        for name, t in (("round x", x), ("round act", act)):
+            rounded[id(t)] = moe._gemm_input(t, True)
+            us = time_graph(functools.partial(moe._gemm_input, t, True))
+            rows.append({"tokens": tokens, "gemm": name, "rows": t.shape[0], "us": round(us, 1)})
+            print(json.dumps(rows[-1]), flush=True)
     scale = weights.reshape(-1)
     variants = {
         "gate_up+silu": (lambda c: silu_and_mul(gemm(x, w13, row_div=TOP_K, w_scale=s13, config=c)), w13, (64, 128)),
@@ -90,7 +104,6 @@ def sweep_gemms(tokens, x, w13, w2, weights, ids, touched, s13=None, s2=None) ->
         "gate_up fused": act,
         "down": gemm(act, w2, row_div=1, scale=scale, w_scale=s2),
     }
-    rows = []
     for name, (fn, w, widths) in variants.items():
         mbytes = touched * w.shape[1] * w.shape[2] * w.element_size()
         for config in [None, *itertools.product(widths, (64, 128, 256), (4,), (3, 4, 5))]:
@@ -171,6 +184,11 @@ def main() -> None:
     parser.add_argument("--warps", default="4,8", help="warps the launch sweep tries")
     parser.add_argument("--stages", default="3,4", help="pipeline stages the launch sweep tries")
     parser.add_argument("--default-only", action="store_true", help="the engine's launch alone, no sweep")
+    parser.add_argument(
+        "--rounding-apart",
+        action="store_true",
+        help="--gemms, W8A8: the GEMMs' input rows rounded before the timing, the rounding timed alone",
+    )
     args = parser.parse_args()
     moe.W8A8_EXPERTS = not args.weight_only
     if args.swap_below is not None:
@@ -188,7 +206,7 @@ def main() -> None:
         touched = int(torch.unique(ids).numel())
         bytes_read = touched * 3 * INTER * HIDDEN * w13.element_size()
         if args.gemms:
-            rows += sweep_gemms(tokens, x, w13, w2, weights, ids, touched, s13, s2)
+            rows += sweep_gemms(tokens, x, w13, w2, weights, ids, touched, s13, s2, args.rounding_apart)
             continue
         if args.small_kernels:
             rows += time_small_kernels(tokens, gen)
