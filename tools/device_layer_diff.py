@@ -14,9 +14,12 @@ prompts: ``--prompt`` is an index into them). Hooks record, for every decoder la
   across a wide margin, or a large distance at layer 0, points at the kernel.
 
 The reference is the torch backend in float32. Also reported: the first token's logprob against
-the reference's (the figure device_e2e's criterion (2) judges).
+the reference's (the figure device_e2e's criterion (2) judges). The prompt runs alone here, where
+device_e2e prefills all 32 together; ``--batched`` also reports each configuration's first token
+and logprob for the prompt within that batch (no hooks). An outlier there and not alone points at
+how the kernel handles a batch of sequences, not at the layers.
 
-    python3 tools/device_layer_diff.py --arch MixtralForCausalLM --prompt 4 \\
+    python3 tools/device_layer_diff.py --arch MixtralForCausalLM --prompt 4 --batched \\
         --configs torch_bf16,fi,fa3_triton --json $OUT/layers.json
 """
 
@@ -81,6 +84,19 @@ def capture(model_dir: str, prompt: list[int], device: str, dtype: str, **option
     return {"layers": records, "token": out.token_ids[0], "logprob": out.logprobs[0].logprob}
 
 
+def batched_first(model_dir: str, prompts: list[list[int]], index: int, device: str, dtype: str, **options):
+    """The first token and its logprob for ``prompts[index]`` prefilled with all of ``prompts``."""
+    llm = LLM(model_dir, device=device, dtype=dtype, num_kv_tokens=200_000, **options)
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, logprobs=1)
+        out = llm.generate(prompts, params, use_tqdm=False)[index]
+    finally:
+        del llm
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return out.token_ids[0], out.logprobs[0].logprob
+
+
 def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
     return float((x - ref).norm() / ref.norm().clamp_min(1e-30))
 
@@ -120,6 +136,9 @@ def main() -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--json", help="write the report here too")
     parser.add_argument("--layers", type=int, help="override the test model's layer count")
+    parser.add_argument(
+        "--batched", action="store_true", help="also the prompt's first token within all 32 prompts' batch"
+    )
     args = parser.parse_args()
     names = args.configs.split(",")
     unknown = [n for n in names if n not in CONFIGS]
@@ -129,7 +148,8 @@ def main() -> int:
     if args.layers:
         shape["num_hidden_layers"] = args.layers
     model_dir = str(make_model_dir(tempfile.mkdtemp() + "/m", args.arch, tokenizer_vocab_size=4096, **shape))
-    prompt = e2e_prompts()[args.prompt]
+    prompts = e2e_prompts()
+    prompt = prompts[args.prompt]
     ref = capture(model_dir, prompt, args.device, "float32", attn="torch")
     report = {
         "arch": args.arch,
@@ -138,9 +158,20 @@ def main() -> int:
         "reference": {"first_token": ref["token"], "first_logprob": round(ref["logprob"], 4)},
         "configs": {},
     }
+    if args.batched:
+        token, logprob = batched_first(model_dir, prompts, args.prompt, args.device, "float32", attn="torch")
+        report["reference"]["batched"] = {"first_token": token, "first_logprob": round(logprob, 4)}
     for name in names:
         run = capture(model_dir, prompt, args.device, "bfloat16", **CONFIGS[name])
         report["configs"][name] = compare(run, ref)
+        if args.batched:
+            token, logprob = batched_first(
+                model_dir, prompts, args.prompt, args.device, "bfloat16", **CONFIGS[name]
+            )
+            report["configs"][name]["batched"] = {
+                "first_token": token,
+                "first_logprob_diff": round(logprob - report["reference"]["batched"]["first_logprob"], 4),
+            }
     text = json.dumps(report, indent=1)
     print(text)
     if args.json:
