@@ -1,5 +1,6 @@
 """Where bf16 configurations part from the float32 reference on one prompt, layer by layer: a
-diagnostic for the GPU machine (BENCHMARKS.md, "Correctness on the GPU", the Mixtral fa3 outlier).
+diagnostic for the GPU machine, made for the Mixtral ``fa3,triton`` outlier (BENCHMARKS.md, "Qwen3-30B-A3B:
+the experts' schedule in three Triton kernels...").
 
 Each configuration prefills the prompt (one output token, CUDA graphs off so that the hooks run)
 on the same random-weight test model as ``tools/device_e2e.py`` (its SHAPE and ARCH_SHAPE, its 32
