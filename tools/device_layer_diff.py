@@ -53,23 +53,34 @@ CONFIGS: dict[str, dict] = {
 
 def capture(model_dir: str, prompt: list[int], device: str, dtype: str, **options) -> dict:
     """Prefill ``prompt`` once and return its per-layer records (CPU float32 tensors) and the
-    first token with its logprob."""
-    llm = LLM(model_dir, device=device, dtype=dtype, cuda_graph_max_bs=0, num_kv_tokens=20_000, **options)
+    first token with its logprob. Only the first forward is recorded (the prefill, in one step:
+    overlap off, so no decode step runs after it)."""
+    llm = LLM(
+        model_dir,
+        device=device,
+        dtype=dtype,
+        cuda_graph_max_bs=0,
+        overlap=False,
+        num_kv_tokens=20_000,
+        **options,
+    )
     layers = llm.engine.runner.model.model.layers
     records: list[dict[str, torch.Tensor]] = [{} for _ in layers]
     handles = []
     for i, layer in enumerate(layers):
 
         def attn_hook(module, args, i=i):
-            records[i]["attn"] = args[0].detach().float().cpu()
+            if "attn" not in records[i]:
+                records[i]["attn"] = args[0].detach().float().cpu()
 
         handles.append(layer.self_attn.o_proj.register_forward_pre_hook(attn_hook))
         gate = getattr(layer.mlp, "gate", None)
         if gate is not None and hasattr(layer.mlp, "top_k"):
 
             def router_hook(module, args, out, i=i):
-                records[i]["router_in"] = args[0].detach().float().cpu()
-                records[i]["router_logits"] = out.detach().float().cpu()
+                if "router_in" not in records[i]:
+                    records[i]["router_in"] = args[0].detach().float().cpu()
+                    records[i]["router_logits"] = out.detach().float().cpu()
 
             handles.append(gate.register_forward_hook(router_hook))
             records[i]["top_k"] = torch.tensor(layer.mlp.top_k)
@@ -82,6 +93,11 @@ def capture(model_dir: str, prompt: list[int], device: str, dtype: str, **option
         del llm
         if device == "cuda":
             torch.cuda.empty_cache()
+    rows = records[0]["attn"].shape[0]
+    if rows != len(prompt):
+        raise SystemExit(
+            f"the first forward held {rows} of the prompt's {len(prompt)} tokens (a chunked prefill?)"
+        )
     return {"layers": records, "token": out.token_ids[0], "logprob": out.logprobs[0].logprob}
 
 
