@@ -41,7 +41,8 @@ from device_e2e import ARCH_SHAPE, SHAPE, e2e_prompts  # noqa: E402
 from minisgl_core import LLM, SamplingParams  # noqa: E402
 from minisgl_core.demo.factories import make_model_dir  # noqa: E402
 
-#: configuration name -> LLM options (device_e2e's names); every one runs without CUDA graphs
+#: configuration name -> LLM options (device_e2e's names); the hooked prefill runs without CUDA
+#: graphs, ``--batched`` with them, as device_e2e runs its configurations
 CONFIGS: dict[str, dict] = {
     "torch_bf16": dict(attn="torch"),
     "fi": dict(attn="fi"),

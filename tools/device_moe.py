@@ -81,7 +81,7 @@ def sweep_gemms(
 
     rounded: dict[int, tuple] = {}  # id of an input -> its e4m3 rows and scales (rounding_apart)
 
-    def gemm(a, w, **kw):  # W8A8: the input's rounding (moe._gemm_input) is part of the GEMM timed
+    def gemm(a, w, **kw):  # W8A8: the input's rounding (moe._gemm_input) is timed with it, unless apart
         a, a_scale = rounded[id(a)] if id(a) in rounded else moe._gemm_input(a, w8a8)
         return launch(a, w, a_scale=a_scale, **kw)
 
