@@ -1,7 +1,8 @@
 """How far ``--quantization`` / ``--kv-cache-dtype`` move the real default model from itself.
 
 Greedy decoding of the real-model prompts (:data:`minisgl_core.testing.real_model.PROMPTS`) with
-and without quantization, same engine, CPU: *agreement* is the share of the unquantized run's
+and without quantization, same engine (CPU and the ``torch`` backend by default; on a GPU its own
+kernels and dtype with ``--device cuda``): *agreement* is the share of the unquantized run's
 output tokens that the quantized run reproduces before it first picks another token (a prompt
 counts its tokens up to the divergence, none after); the *logprob distance* is
 ``|logprob_quantized - logprob_unquantized|`` of the chosen token at every position where both
@@ -13,6 +14,7 @@ prefill each).
 
     python -m minisgl_core.testing.quant_accuracy      # the table in BENCHMARKS.md
     python -m minisgl_core.testing.quant_accuracy --variant fp8 --variant fp8-head
+    python -m minisgl_core.testing.quant_accuracy --device cuda --attn auto --variant fp8   # GPU kernels, bf16
 """
 
 from __future__ import annotations
@@ -77,9 +79,14 @@ def greedy_run(
     quantization: str | None = None,
     kv_cache_dtype: str = "auto",
     forced: list[list[int]] | None = None,
+    *,
+    device: str = "cpu",
+    attn: str = "torch",
+    dtype: str = "auto",
 ) -> Run:
     """Greedy outputs of the real-model prompts, then each prompt's output tokens teacher-forced:
-    this run's own, or ``forced`` (one list per prompt)."""
+    this run's own, or ``forced`` (one list per prompt). ``device``, ``attn`` and ``dtype`` place
+    the engine (``dtype`` "auto": float32 on the CPU, bfloat16 on a GPU)."""
     from minisgl_core.llm import LLM
     from minisgl_core.sampling import SamplingParams
     from minisgl_core.testing.real_model import MAX_TOKENS, PROMPTS
@@ -87,8 +94,9 @@ def greedy_run(
 
     llm = LLM(
         str(model_dir),
-        device="cpu",
-        attn="torch",
+        device=device,
+        attn=attn,
+        dtype=dtype,
         num_kv_tokens=8192,
         quantization=quantization,
         kv_cache_dtype=kv_cache_dtype,
@@ -145,11 +153,15 @@ def compare(label: str, reference: Run, run: Run) -> Agreement:
     )
 
 
-def measure(model_dir: Path, variants=VARIANTS, reference: Run | None = None) -> list[Agreement]:
-    """Each variant against ``reference``, the unquantized :func:`greedy_run` (run here when None)."""
-    reference = greedy_run(model_dir) if reference is None else reference
+def measure(
+    model_dir: Path, variants=VARIANTS, reference: Run | None = None, **engine: str
+) -> list[Agreement]:
+    """Each variant against ``reference``, the unquantized :func:`greedy_run` (run here when None);
+    ``engine``: :func:`greedy_run`'s ``device``, ``attn`` and ``dtype``, for every run."""
+    reference = greedy_run(model_dir, **engine) if reference is None else reference
     return [
-        compare(label, reference, greedy_run(model_dir, q, kv, reference.tokens)) for label, q, kv in variants
+        compare(label, reference, greedy_run(model_dir, q, kv, reference.tokens, **engine))
+        for label, q, kv in variants
     ]
 
 
@@ -162,6 +174,13 @@ def main() -> None:
     parser.add_argument(
         "--variant", action="append", choices=labels, help="measure only these (repeatable; default: all)"
     )
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda: the GPU's own kernels")
+    parser.add_argument(
+        "--attn", default="torch", help="attention backend (default torch; with --device cuda, e.g. auto)"
+    )
+    parser.add_argument(
+        "--dtype", default="auto", help="auto (default: float32 on the CPU, bfloat16 on a GPU)"
+    )
     args = parser.parse_args()
     model_dir = Path(resolve_model(args.model))
     variants = [v for v in VARIANTS if args.variant is None or v[0] in args.variant]
@@ -170,7 +189,7 @@ def main() -> None:
         "| teacher-forced mean |Δlogprob| |"
     )
     print("|---|---|---|---|---|---|")
-    for result in measure(model_dir, variants):
+    for result in measure(model_dir, variants, device=args.device, attn=args.attn, dtype=args.dtype):
         print(result.row(), flush=True)
 
 
