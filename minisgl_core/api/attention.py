@@ -149,6 +149,20 @@ class AttentionConfig:
     max_requests: int
     max_context_len: int
     kv_cache: KVCache
+    #: most sequences (query rows of one token) a decode step can hold, the size of any
+    #: per-sequence buffer a backend keeps: ``max_requests`` times the positions a speculative
+    #: verify step checks for each request (1 + draft tokens), ``max_requests`` without
+    #: speculation; 0 (the default) is filled in as ``max_requests`` (API 2.2)
+    max_sequences: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_sequences < self.max_requests:
+            if self.max_sequences:
+                raise ValueError(
+                    f"max_sequences {self.max_sequences} is below max_requests {self.max_requests}: "
+                    "a decode step holds one sequence per request at least"
+                )
+            object.__setattr__(self, "max_sequences", self.max_requests)
 
 
 class PageRanges(NamedTuple):

@@ -238,6 +238,10 @@ class ModelRunner:
         # The last KV page and one spare page-table row are kept out of the scheduler's hands:
         # padded (dummy) requests of CUDA-graph replays write there.
         self.num_request_rows = config.max_running_requests + 1
+        #: a decode step's sequences for each request: one, or a speculative verify step's 1 + drafts
+        self.sequences_per_request = (
+            1 + config.speculative_num_draft_tokens if config.speculative_algorithm else 1
+        )
         pool, tables = self._memory_asks(num_pages, spec.num_layers, spec.num_kv_heads, spec.head_dim)
         check_fits([pool, tables], self.device, free_bytes(self.device))
         with refusing_failed_allocation(pool, self.device):
@@ -267,6 +271,7 @@ class ModelRunner:
             max_requests=self.num_request_rows,
             max_context_len=self.max_context_len,
             kv_cache=self.kv_cache,
+            max_sequences=self.num_request_rows * self.sequences_per_request,
         )
         self.prefill_attn = build_backend(prefill_name, attn_classes[prefill_name], attn_config)
         try:
@@ -315,9 +320,7 @@ class ModelRunner:
                     config.cuda_graph_max_bs,
                     cascade=self.cascade,
                     single_gpu=self.parallel.tp_size == 1,
-                    sequences_per_request=(
-                        1 + config.speculative_num_draft_tokens if config.speculative_algorithm else 1
-                    ),
+                    sequences_per_request=self.sequences_per_request,
                 )
             else:
                 logger.info("attention backend %s does not support CUDA graphs; running eagerly", decode_name)

@@ -247,9 +247,10 @@ class TritonDecodeBackend(AttentionBackend):
         self.per_sm, self.wide_below_per_sm = self.launch.programs_per_sm, self.wide_below
         if self.group >= self.wide_group and element_size in self.wide_group_rule:
             self.per_sm, self.wide_below_per_sm = self.wide_group_rule[element_size]
-        # One buffer of partial outputs for the largest batch x splits any batch size asks for.
+        # One buffer of partial outputs for the largest batch x splits any batch size asks for (a
+        # speculative verify step's batch holds several sequences a request: max_sequences).
         most = max(
-            bs * (self.splits(bs) + self.prefix_splits(bs)) for bs in range(1, config.max_requests + 1)
+            bs * (self.splits(bs) + self.prefix_splits(bs)) for bs in range(1, config.max_sequences + 1)
         )
         self.partial = torch.empty(
             most * config.num_qo_heads * head_dim, dtype=torch.float32, device=config.device
@@ -294,6 +295,11 @@ class TritonDecodeBackend(AttentionBackend):
     def _metadata(
         self, req_slots: torch.Tensor, seq_lens: torch.Tensor, plan: torch.Tensor, bs: int
     ) -> TritonDecodeMetadata:
+        if bs > self.config.max_sequences:  # the partial outputs would run past their buffer
+            raise ValueError(
+                f"a decode step of {bs} sequences is more than the {self.config.max_sequences} the "
+                f"{self.name} attention backend was built for (AttentionConfig.max_sequences)"
+            )
         if plan.shape[0] == 1:
             return TritonDecodeMetadata(req_slots, seq_lens, plan[0], self.splits(bs))
         return TritonDecodeMetadata(

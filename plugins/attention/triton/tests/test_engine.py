@@ -2,7 +2,9 @@
 prefill, this decode) gives the greedy tokens of ``--attn torch`` and logprobs within float
 rounding of them: a random Llama over a float8 pool, a random Qwen3 (QK-norm) over a float32
 one, both of GQA group 4; and prompts sharing system prompts through the radix cache, where the
-Triton backend runs cascade decode steps (its prefix kernel). On the CPU under Triton's
+Triton backend runs cascade decode steps (its prefix kernel); and n-gram speculation, whose verify
+steps hold several sequences a request (more than the page table's rows: the backend's partial
+outputs are sized by ``AttentionConfig.max_sequences``). On the CPU under Triton's
 interpreter, in a child process (on a GPU the same comparison runs in tools/device_e2e.py's
 configurations). The reference runs in PyTorch alone (rotary and the KV store eager, not the fused
 rope + KV store kernel, which the Triton run uses as the GPU does), so the comparison checks that
@@ -46,7 +48,7 @@ def shared_prompts() -> list[list[int]]:
 @pytest.mark.parametrize(
     "arch, kv_cache_dtype, prompts",
     [("LlamaForCausalLM", "fp8_e4m3", "plain"), ("Qwen3ForCausalLM", "auto", "plain"),
-     ("Qwen3ForCausalLM", "auto", "shared")],
+     ("Qwen3ForCausalLM", "auto", "shared"), ("Qwen3ForCausalLM", "auto", "speculative")],
 )  # fmt: skip
 def test_triton_decode_gives_the_torch_backends_greedy_tokens(arch, kv_cache_dtype, prompts):
     out = run_under_interpreter(__file__, arch, kv_cache_dtype, prompts, env=INTERPRETER_ENV)
@@ -54,12 +56,23 @@ def test_triton_decode_gives_the_torch_backends_greedy_tokens(arch, kv_cache_dty
     reference, triton = runs["torch"], runs["torch,triton"]
     if prompts == "shared":  # the Triton backend's cascade ran: two groups in (nearly) every step
         assert runs["cascade_steps"] >= MAX_TOKENS - 1 and runs["most_groups"] == 2, runs
+    if prompts == "speculative":  # verify steps ran on the Triton backend, with more sequences than rows
+        assert runs["spec_verify_steps"] > 0 and runs["spec_accepted_tokens"] > 0, runs
+        assert runs["most_sequences"] > runs["max_requests"], runs
     for ref, got in zip(reference, triton, strict=True):
         assert got["tokens"] == ref["tokens"]
         worst = max(abs(a - b) for a, b in zip(got["logprobs"], ref["logprobs"], strict=True))
         # float32 products over the same pool (float8: both read the same dequantized values,
         # the kernel multiplies in float16)
         assert worst < (2e-2 if kv_cache_dtype == "fp8_e4m3" else 1e-4), worst
+
+
+def copy_prompts() -> list[list[int]]:
+    """Two prompts that repeat a piece (the n-gram drafter proposes its continuation), one that
+    does not."""
+    rng = random.Random(1)
+    pieces = [[rng.randrange(5, 500) for _ in range(6)] for _ in range(2)]
+    return [p * 4 for p in pieces] + [[rng.randrange(5, 500) for _ in range(12)]]
 
 
 def child(arch: str, kv_cache_dtype: str, prompts: str) -> None:
@@ -73,11 +86,20 @@ def child(arch: str, kv_cache_dtype: str, prompts: str) -> None:
         model = make_model_dir(
             tmp, arch, num_attention_heads=8, num_key_value_heads=2, head_dim=32, hidden_size=128
         )
-        runs: dict = {"cascade_steps": 0, "most_groups": 0}
+        runs: dict = {"cascade_steps": 0, "most_groups": 0, "most_sequences": 0}
+        # two requests in flight: a verify step of both holds 2 x (1 + 4) sequences, more than the
+        # page table's three rows
+        spec = (
+            dict(speculative_algorithm="ngram", speculative_num_draft_tokens=4, max_running_requests=2)
+            if prompts == "speculative"
+            else {}
+        )
         for attn in ("torch", "torch,triton"):
             # the reference in PyTorch alone; the Triton run with the fused rope + KV store
             os.environ["MINISGL_FUSED_KV"] = "0" if attn == "torch" else "1"
-            llm = LLM(str(model), attn=attn, device="cpu", kv_cache_dtype=kv_cache_dtype, num_kv_tokens=1024)
+            llm = LLM(
+                str(model), attn=attn, device="cpu", kv_cache_dtype=kv_cache_dtype, num_kv_tokens=1024, **spec
+            )
             params = llm.sampling_params(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
             scheduler = llm.engine.scheduler
             build = scheduler._build_decode
@@ -91,12 +113,23 @@ def child(arch: str, kv_cache_dtype: str, prompts: str) -> None:
                 return scheduled
 
             scheduler._build_decode = spy
-            outputs = llm.generate(
-                PROMPTS if prompts == "plain" else shared_prompts(), params, use_tqdm=False
-            )
+            if spec and attn == "torch,triton":
+                backend = llm.engine.runner.decode_attn
+                runs["max_requests"] = backend.config.max_requests
+                metadata = backend._metadata
+
+                def sized(req_slots, seq_lens, plan, bs, metadata=metadata):
+                    runs["most_sequences"] = max(runs["most_sequences"], bs)
+                    return metadata(req_slots, seq_lens, plan, bs)
+
+                backend._metadata = sized
+            chosen = {"plain": PROMPTS, "shared": shared_prompts(), "speculative": copy_prompts()}[prompts]
+            outputs = llm.generate(chosen, params, use_tqdm=False)
             runs[attn] = [
                 {"tokens": o.token_ids, "logprobs": [lp.logprob for lp in o.logprobs]} for o in outputs
             ]
+            if spec and attn == "torch,triton":
+                runs.update({k: llm.engine.stats()[k] for k in ("spec_verify_steps", "spec_accepted_tokens")})
             llm.close()
         print(json.dumps(runs))
 

@@ -10,6 +10,7 @@ pools (the suite's "kv_fp8" test), page sizes 1 and 16, GQA groups 1 to 8."""
 from __future__ import annotations
 
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -189,6 +190,7 @@ def test_an_eager_steps_plan_rows_start_aligned_at_any_batch_size():
     from minisgl_plugin_triton.backend import TritonDecodeBackend
 
     backend = TritonDecodeBackend.__new__(TritonDecodeBackend)
+    backend.config = SimpleNamespace(max_sequences=42)  # type: ignore[assignment]
     backend.members_per_task = 2
     backend.splits = backend.prefix_splits = lambda bs: 1  # type: ignore[method-assign]
 
@@ -218,6 +220,29 @@ def test_an_eager_steps_plan_rows_start_aligned_at_any_batch_size():
             if groups is not None:
                 assert meta.tasks.stride(0) % 16 == 0
                 assert meta.skip[:bs].tolist() == [16] * bs
+
+
+def test_partial_outputs_hold_a_speculative_verify_step():
+    """A verify step holds 1 + drafts sequences a request: the partial outputs are sized by
+    ``max_sequences`` (until API 2.2 by ``max_requests``, and a verify step wrote past them), and a
+    step beyond it is refused before any kernel runs."""
+    from minisgl_core.api import AttentionConfig, KVCache
+
+    cache = KVCache(num_layers=1, num_pages=4, page_size=16, num_kv_heads=3, head_dim=64,
+                    dtype=torch.bfloat16, device="cpu")  # fmt: skip
+    common = dict(num_qo_heads=9, num_kv_heads=3, head_dim=64, scale=0.125, page_size=16,
+                  dtype=torch.bfloat16, device=torch.device("cpu"), max_context_len=64, kv_cache=cache)  # fmt: skip
+    assert AttentionConfig(**common, max_requests=3).max_sequences == 3  # built without it: one a request
+    with pytest.raises(ValueError, match="below max_requests"):
+        AttentionConfig(**common, max_requests=3, max_sequences=2)
+    backend = TritonDecodeBackend(AttentionConfig(**common, max_requests=3, max_sequences=15))
+    for bs in range(1, 16):
+        entries = bs * (backend.splits(bs) + backend.prefix_splits(bs)) * 9
+        assert backend.partial_lse.numel() >= entries and backend.partial.numel() >= entries * 64
+    rows = torch.zeros(16, dtype=torch.int32)
+    plan = torch.zeros(5, 16, dtype=torch.int32)
+    with pytest.raises(ValueError, match="16 sequences is more than the 15"):
+        backend._metadata(rows, rows, plan, 16)
 
 
 def test_decode_only_steps_are_refused_clearly():
