@@ -67,6 +67,32 @@ def test_triton_decode_gives_the_torch_backends_greedy_tokens(arch, kv_cache_dty
         assert worst < (2e-2 if kv_cache_dtype == "fp8_e4m3" else 1e-4), worst
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the interpreter's case is above)")
+def test_speculation_with_cuda_graphs_gives_the_plain_greedy_tokens(tmp_path):
+    """On a GPU the verify steps replay CUDA graphs of up to ``max_requests x (1 + drafts)``
+    sequences, captured at start-up: with the partial outputs sized for one sequence a request
+    (until API 2.2) that capture failed with an illegal memory access. float32, so that the
+    verify step's other batch shape moves no greedy token."""
+    from minisgl_core.demo.factories import make_model_dir
+    from minisgl_core.llm import LLM
+
+    model = make_model_dir(tmp_path / "q", "Qwen3ForCausalLM", max_position_embeddings=1024)
+    runs = []
+    for spec in ({}, dict(speculative_algorithm="ngram", speculative_num_draft_tokens=4)):
+        llm = LLM(
+            str(model), device="cuda", dtype="float32", attn="torch,triton", page_size=16,
+            num_kv_tokens=8192, max_running_requests=4, **spec,
+        )  # fmt: skip
+        try:
+            params = llm.sampling_params(temperature=0.0, max_tokens=24, ignore_eos=True)
+            runs.append([o.token_ids for o in llm.generate(copy_prompts(), params, use_tqdm=False)])
+            stats = llm.engine.stats()
+        finally:
+            llm.close()
+    assert runs[1] == runs[0]
+    assert stats["spec_verify_steps"] > 0
+
+
 def copy_prompts() -> list[list[int]]:
     """Two prompts that repeat a piece (the n-gram drafter proposes its continuation), one that
     does not."""
