@@ -82,7 +82,10 @@ def test_moved_module_forwards_names_and_submodules_warning_once_per_importer() 
     from minisgl_core.api.deprecation import moved_module
 
     old = types.ModuleType("minisgl_test_moved_layers")
-    old.__getattr__ = moved_module(old.__dict__, "minisgl_core.layers", since="2.1", submodules=("rotary",))
+    # (its version pinned: the alias would have to go at 2.2, which the API has passed)
+    old.__getattr__ = moved_module(
+        old.__dict__, "minisgl_core.layers", since="2.1", submodules=("rotary",), current="2.1"
+    )
     sys.modules[old.__name__] = old
     try:
         with pytest.warns(MinisglDeprecationWarning) as caught:

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from minisgl_core.api import API_VERSION
+
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "legacy_plugin"
 DIST = "minisgl-plugin-legacy-example"
 
@@ -57,7 +59,7 @@ def test_listed_as_incompatible_saying_how_to_port(site: Path) -> None:
     assert legacy["status"] == "incompatible" and legacy["api"] == "1.4"
     assert legacy["distribution"] == DIST
     assert legacy["reason"] == (
-        f"needs minisgl API 1.4, core provides 2.1: upgrade {DIST} to a release for API 2.1 "
+        f"needs minisgl API 1.4, core provides {API_VERSION}: upgrade {DIST} to a release for API {API_VERSION} "
         '(porting a plugin: docs/plugins.md, "Migrating from 1.x")'
     )
     assert legacy["provides"] == {} or not any(legacy["provides"].values())
