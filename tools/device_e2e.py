@@ -272,6 +272,11 @@ def main() -> int:
             # the Triton decode with P·V float32-accurate (a second product for P's rounding error)
             "fi_triton_exact_pv": dict(attn="fi,triton", triton={"exact_pv": True}),
             "fa3_triton": dict(attn="fa3,triton"),  # --attn auto on Hopper
+            # --attn auto with n-gram drafts: verify steps of 1 + 4 sequences a request through the
+            # Triton decode (and its CUDA graphs), held to the same criteria
+            "fa3_triton_spec": dict(
+                attn="fa3,triton", speculative_algorithm="ngram", speculative_num_draft_tokens=4
+            ),
         }
         if args.configs:
             wanted = args.configs.split(",")
