@@ -7,6 +7,8 @@
 #   torch    plugins/attention/torch (its CUDA cases, and the graph protocol's test-only variant)
 #   kernels  the core's Triton kernels (tests/test_triton_ops.py, test_triton_compile.py)
 #   engine   the core's engine tests with CUDA cases (engine, piecewise graphs, sampler, sync, step inputs)
+#   features every engine feature (speculation, float8 KV, FP8 weights, mixed steps, page size 1)
+#            started and stepped under --attn auto (tests/test_gpu_features.py)
 #
 #   source .whl/prelude.sh && bash tools/device_suites.sh [SUITE ...]      (results in $OUT)
 #
@@ -31,11 +33,12 @@ declare -A paths=(
   [torch]="plugins/attention/torch"
   [kernels]="tests/test_triton_ops.py tests/test_triton_compile.py"
   [engine]="tests/test_engine.py tests/test_piecewise.py tests/test_sampling.py tests/test_schedule_sync.py tests/test_step_inputs.py"
+  [features]="tests/test_gpu_features.py"
 )
 suites=("$@")
-[ ${#suites[@]} -gt 0 ] || suites=(triton fi fa3 torch kernels engine)
+[ ${#suites[@]} -gt 0 ] || suites=(triton fi fa3 torch kernels engine features)
 for suite in "${suites[@]}"; do
-  [ -n "${paths[$suite]:-}" ] || { echo "device_suites: unknown suite $suite (triton fi fa3 torch kernels engine)" >&2; exit 2; }
+  [ -n "${paths[$suite]:-}" ] || { echo "device_suites: unknown suite $suite (triton fi fa3 torch kernels engine features)" >&2; exit 2; }
 done
 for suite in "${suites[@]}"; do
   # shellcheck disable=SC2086
