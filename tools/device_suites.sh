@@ -19,7 +19,9 @@
 # summary lines are printed at the end. Exit status: the number of suites that did not pass.
 # All six at once (the default) on a fresh machine's one GPU do not finish in 470 s (2026-11-30:
 # fa3, torch and engine cut off); within one call's 600 s run them three at a time, e.g.
-# `triton fi kernels`, then `engine torch fa3` (442 s on the warm machine).
+# `triton fi kernels`, then `engine torch fa3` (442 s on the warm machine). 2026-12-04, one H200:
+# `triton features` 240 s of wall on a fresh machine (235 s and 212 s), then `engine torch fa3` 372 s
+# and `fi kernels` 249 s on it warm.
 # PYTHON (default python3) runs pytest; SUITE_TIMEOUT (default 450) bounds each suite.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
