@@ -105,6 +105,60 @@ def test_tp2_with_int8_experts_stays_with_tp1(tmp_path):
     assert any(abs(a - b) > 0 for (a, _), (b, _) in zip(two[0][1], one[1], strict=True))  # rounded apart
 
 
+#: copy-heavy prompts (a piece repeated), so n-gram drafts find continuations
+SPEC_PROMPTS = [[11, 12, 13, 14, 15] * 4, list(range(20, 70)), [7, 8, 9] * 6, [30, 31, 32, 33, 34, 35] * 3]
+
+
+def _speculative_rank(
+    rank: int, world: int, port: int, model_dir: str, spec: bool, temperature: float, queue
+) -> None:
+    import torch.distributed as dist
+
+    from minisgl_core.api import ParallelContext
+    from minisgl_core.config import EngineConfig
+    from minisgl_core.engine.engine import Engine
+    from minisgl_core.sampling import SamplingParams
+    from minisgl_core.testing import drain
+
+    join_parent_store("gloo", rank, world, port)
+    try:
+        drafts = dict(speculative_algorithm="ngram", speculative_num_draft_tokens=4) if spec else {}
+        config = EngineConfig(
+            model=model_dir, attn="torch", device="cpu", dtype="float32", tp_size=world, **drafts
+        )
+        engine = Engine(config, ParallelContext(rank, world, dist.group.WORLD))
+        for rid, prompt in enumerate(SPEC_PROMPTS):
+            # the vocabulary-parallel draw (rows 0-1), and the gathered one (top-p, logprobs)
+            params = SamplingParams(temperature=temperature, max_tokens=24, ignore_eos=True, seed=rid,
+                                    top_p=0.9 if rid == 3 else 1.0, logprobs=2 if rid == 2 else None)  # fmt: skip
+            engine.add_request(rid, prompt, params)
+        tokens: dict[int, list[int]] = {rid: [] for rid in range(len(SPEC_PROMPTS))}
+        for out in drain(engine):
+            tokens[out.rid].append(out.token_id)
+        stats = {k: v for k, v in engine.stats().items() if k.startswith("spec_")}
+        queue.put((rank, ([tokens[r] for r in range(len(SPEC_PROMPTS))], stats)))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_tp2_with_drafts_gives_tp1_greedy_tokens_and_its_ranks_agree_when_sampling(tmp_path):
+    """Speculative decoding under TP: every rank drafts from the same tokens and must accept the
+    same run of them, or the ranks' KV and batches part. Greedy output with drafts at TP=2 is TP=1's
+    without; sampled (temperature 0.3, seeded), both ranks emit the same tokens and the same counts
+    of accepted drafts."""
+    model_dir = str(
+        make_model_dir(tmp_path / "m", "LlamaForCausalLM", vocab_size=1027, tie_word_embeddings=False)
+    )
+    plain = _spawn_ranks(_speculative_rank, 1, model_dir, False, 0.0)[0][0]
+    greedy = _spawn_ranks(_speculative_rank, 2, model_dir, True, 0.0)
+    assert greedy[0][0] == greedy[1][0] == plain
+    assert all(len(t) == 24 for t in plain)
+    assert greedy[0][1] == greedy[1][1] and greedy[0][1]["spec_accepted_tokens"] > 0, greedy[0][1]
+    sampled = _spawn_ranks(_speculative_rank, 2, model_dir, True, 0.3)
+    assert sampled[0] == sampled[1]
+    assert sampled[0][1]["spec_verify_steps"] > 0 and sampled[0][0] != plain
+
+
 def test_offline_tp_runner_reports_a_failing_rank_instead_of_hanging(tmp_path):
     """A rank that raises (here: a prompt id outside the vocabulary) ends the run with its error."""
     import time
