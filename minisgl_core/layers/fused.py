@@ -21,11 +21,18 @@ from minisgl_core.layers import triton_ops
 F_ = TypeVar("F_", bound=Callable)
 
 
+def compiled_kernels(x: torch.Tensor) -> bool:
+    """Whether work on ``x`` takes the compiled (Triton) kernels: on CUDA, with the ``compile``
+    fast path on. Plugins with Triton kernels of their own ask this too, so that
+    ``--disable-fast-path compile`` (or ``MINISGL_COMPILE=0``) turns theirs off with the core's."""
+    return x.is_cuda and fast_paths.current().compile
+
+
 def fused(fn: F_) -> F_:
     compiled: list[Callable] = []
 
     def call(x: torch.Tensor, *args):
-        if not (x.is_cuda and fast_paths.current().compile):
+        if not compiled_kernels(x):
             return fn(x, *args)
         if not compiled:
             compiled.append(torch.compile(fn, dynamic=True, fullgraph=True))

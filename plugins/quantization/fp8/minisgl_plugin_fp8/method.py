@@ -25,7 +25,6 @@ memory.
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 import torch
@@ -33,6 +32,7 @@ from torch import nn
 
 from minisgl_core.api import QuantizationMethod
 from minisgl_core.layers.e4m3 import FP8, FP8_MAX, quantize_rows  # noqa: F401 (FP8_MAX: the tests take it here)
+from minisgl_core.layers.fused import compiled_kernels
 from minisgl_core.layers.moe import quantize_stack
 
 
@@ -40,8 +40,9 @@ def quantize_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`quantize_rows` of the activations: on CUDA one Triton kernel (instead of six per
     layer), whose arithmetic is the one-token GEMV's, so a token's e4m3 row is the same bits
     whichever path its batch takes (``torch.compile`` of :func:`quantize_rows` was the kernel
-    before: its division is not ours to choose); ``MINISGL_COMPILE=0`` runs it eagerly."""
-    if not x.is_cuda or os.environ.get("MINISGL_COMPILE", "1") == "0":
+    before: its division is not ours to choose); ``--disable-fast-path compile`` (or
+    ``MINISGL_COMPILE=0``) runs it eagerly."""
+    if not compiled_kernels(x):
         return quantize_rows(x)
     from minisgl_plugin_fp8.gemv import quantize_rows_triton
 

@@ -66,6 +66,38 @@ def test_the_choice_of_kernel():
     assert not fp8_method.gemv_applies(1, False)  # emulated layers keep the emulation
 
 
+def test_the_activation_rounding_kernel_follows_the_compile_switch(monkeypatch):
+    """``--disable-fast-path compile`` turns off the core's Triton kernels and this plugin's
+    activation-rounding kernel alike (the plugin read ``MINISGL_COMPILE`` itself, so the flag, and
+    a value such as ``false``, left its kernel on). CPU tensors are rounded eagerly whatever the
+    switch."""
+    import types
+
+    from minisgl_plugin_fp8 import gemv
+
+    from minisgl_core import fast_paths
+
+    calls: list[str] = []
+    monkeypatch.setattr(fp8_method, "quantize_rows", lambda x: calls.append("eager"))
+    monkeypatch.setattr(gemv, "quantize_rows_triton", lambda x: calls.append("triton"))
+    monkeypatch.delenv("MINISGL_COMPILE", raising=False)
+    on_cuda = types.SimpleNamespace(is_cuda=True)  # all the switch reads of a CUDA tensor
+    for configured, env, x in [
+        (fast_paths.FastPaths(), None, on_cuda),
+        (fast_paths.FastPaths().without("compile"), None, on_cuda),  # the flag
+        (None, "false", on_cuda),  # not configured: the environment decides
+        (None, None, on_cuda),
+        (fast_paths.FastPaths(), None, torch.zeros(1, 4)),
+    ]:
+        monkeypatch.setattr(fast_paths, "_configured", configured)
+        if env is None:
+            monkeypatch.delenv("MINISGL_COMPILE", raising=False)
+        else:
+            monkeypatch.setenv("MINISGL_COMPILE", env)
+        fp8_method.quantize_tokens(x)
+    assert calls == ["triton", "eager", "eager", "triton", "eager"]
+
+
 def test_split_k_only_when_the_rows_alone_leave_the_gpu_idle():
     from minisgl_plugin_fp8.gemv import MAX_SPLIT_K, PROGRAMS_PER_SM, pick_config
 
