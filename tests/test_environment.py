@@ -66,6 +66,24 @@ def test_every_variable_is_documented_in_the_readme():
     assert missing == []
 
 
+def test_every_variable_a_first_party_plugin_reads_is_in_the_readme():
+    """Plugins may not import minisgl_core.environment (they build on the API), so three read a
+    variable of their own; the README's table lists those too (it had said the core's module was
+    the only reader, and two were missing)."""
+    import re
+
+    readme = README.read_text(encoding="utf-8")
+    read: dict[str, str] = {}
+    for path in sorted((PACKAGE.parent / "plugins").glob("*/*/minisgl_plugin_*/**/*.py")):
+        for name in re.findall(
+            r"os\.(?:environ\.get|getenv)\(\s*\"(\w+)\"", path.read_text(encoding="utf-8")
+        ):
+            read[name] = path.relative_to(PACKAGE.parent).as_posix()
+    assert {"MINISGL_FI_TENSOR_CORES", "MINISGL_XGRAMMAR_THREADS", "MINISGL_CACHE_DIR"} <= set(read), read
+    missing = {name: where for name, where in read.items() if f"| `{name}` |" not in readme}
+    assert missing == {}
+
+
 def test_only_documented_variables_can_be_read(monkeypatch):
     monkeypatch.setenv("MINISGL_CACHE_DIR", "/tmp/somewhere")
     assert environment.get("MINISGL_CACHE_DIR") == "/tmp/somewhere"

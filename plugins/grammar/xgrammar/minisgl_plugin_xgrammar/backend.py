@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -22,8 +23,30 @@ from minisgl_plugin_xgrammar.schema_rewrites import rewrite_for_xgrammar
 BYTE_CHECK_MAX_CHARS = 8192
 
 
-#: threads xgrammar compiles one grammar with (it splits the vocabulary among them)
-_COMPILE_THREADS = int(os.environ.get("MINISGL_XGRAMMAR_THREADS", "8"))
+DEFAULT_COMPILE_THREADS = 8
+
+
+def compile_threads(value: str | None) -> int:
+    """The threads xgrammar compiles one grammar with (it splits the vocabulary among them):
+    ``MINISGL_XGRAMMAR_THREADS``, a positive integer, else 8. Another value is logged and 8 used:
+    an ``int()`` of it had failed the plugin's import, taking the default grammar backend away."""
+    if value is None or value.strip() == "":
+        return DEFAULT_COMPILE_THREADS
+    try:
+        threads = int(value)
+    except ValueError:
+        threads = 0
+    if threads < 1:
+        logging.getLogger(__name__).warning(
+            "MINISGL_XGRAMMAR_THREADS=%r is not a positive integer; compiling grammars with %d threads",
+            value,
+            DEFAULT_COMPILE_THREADS,
+        )
+        return DEFAULT_COMPILE_THREADS
+    return threads
+
+
+_COMPILE_THREADS = compile_threads(os.environ.get("MINISGL_XGRAMMAR_THREADS"))
 
 
 #: any JSON object, compact (no whitespace) and strict (no raw control characters in strings).
