@@ -23,7 +23,7 @@ DOCUMENTED: dict[str, str] = {
     "dependent launch, its first KV blocks prefetched while the kernel before it runs (--disable-fast-path pdl_attention)",
     "MINISGL_TRITON_SILU": "0 turns off the Triton SiLU·mul kernel (--disable-fast-path triton_silu)",
     "MINISGL_TRITON_NORM": "0 turns off the Triton RMS norm kernels (--disable-fast-path triton_norm)",
-    "MINISGL_TRITON_SAMPLER": "0 turns off the one-kernel Gumbel-max draw (--disable-fast-path triton_sampler)",
+    "MINISGL_TRITON_SAMPLER": "0 turns off the Triton Gumbel-max draw (--disable-fast-path triton_sampler)",
     "MINISGL_TRITON_SMALL_GEMM": "0 turns off the Triton GEMM of linear layers at up to 64 rows "
     "(--disable-fast-path triton_small_gemm)",
     "MINISGL_SPLIT_K_NORM": "0 gives that GEMM's split-K partial sums a kernel of their own instead of adding "

@@ -35,7 +35,7 @@ class FastPaths:
     triton_silu: bool = True
     #: the Triton RMS norm (and residual add + RMS norm) kernels, in place of the compiled ones
     triton_norm: bool = True
-    #: the sampler's one-kernel Gumbel-max draw
+    #: the sampler's Gumbel-max draw in Triton (two kernels: the chunks' sums, then the race)
     triton_sampler: bool = True
     #: a Triton GEMM for linear layers of at most 64 rows where cuBLAS is slow (narrow weights of
     #: small models, the lm_head): decode steps of small batches

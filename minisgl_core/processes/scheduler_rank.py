@@ -74,7 +74,7 @@ class StepHeartbeat:
     stats, the idle heartbeat), and a step can take minutes (a prefill of thousands of tokens on a
     CPU: 100 s for 8,000 on two cores), so /health turned 503 in the middle of a busy, healthy
     server. A thread with a socket of its own (ZeroMQ sockets are not shared between threads) sends
-    the last stats once a second while ``since`` (the step's start) is set; a process stopped or
+    the last stats four times a second while ``since`` (the step's start) is set; a process stopped or
     gone still stops reporting, and so does a loop stuck outside a step."""
 
     def __init__(self, sock: zmq.Socket, loop: SchedulerLoop) -> None:
