@@ -168,3 +168,23 @@ def test_every_tool_is_named_in_the_tools_readme() -> None:
         p.name for p in (ROOT / "tools").iterdir() if p.name != "README.md" and p.name != "__pycache__"
     )
     assert [name for name in tools if f"`{name}" not in readme] == []
+
+
+def test_the_kit_capability_list_names_each_suite_s_known_capabilities() -> None:
+    """The page's "Capabilities:" paragraph had left out the attention suite's `kv_fp8`."""
+    from minisgl_core.testing import attention_suite, model_suite, policy_suite
+
+    text = DOC.read_text(encoding="utf-8")
+    paragraph = text[text.index("\nCapabilities: attention ") :].split("\n\n")[0]
+    parts = {
+        "attention": paragraph[paragraph.index("attention ") : paragraph.index("(on the backend class)")],
+        "policy": paragraph[paragraph.index("policy `") : paragraph.index("(on the\npolicy class")],
+        "model": paragraph[paragraph.index("model `") : paragraph.index("(on the suite); weight")],
+    }
+    known = {
+        "attention": attention_suite.KNOWN_CAPABILITIES,
+        "policy": policy_suite.KNOWN_CAPABILITIES,
+        "model": model_suite.KNOWN_CAPABILITIES,
+    }
+    for kind, part in parts.items():
+        assert set(re.findall(r"`([^`]+)`", part)) == set(known[kind]), (kind, part)
