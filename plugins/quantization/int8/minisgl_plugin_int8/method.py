@@ -58,14 +58,20 @@ class Int8Method(QuantizationMethod):
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         q, scale = quantize_weight(layer.weight.data)
         layer.weight = nn.Parameter(q, requires_grad=False)
-        # the kernel wants the scales in the activations' dtype
-        layer.weight_scale = scale.to(self.dtype)
+        # the kernel wants the scales in the activations' dtype; float16 keeps float32 ones (they
+        # scale the weight before the product, and a row's small scale would be subnormal there)
+        layer.weight_scale = scale.to(torch.float32 if self.dtype == torch.float16 else self.dtype)
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         if self.packed:
             out = torch.ops.aten._weight_int8pack_mm(x2.contiguous(), layer.weight, layer.weight_scale)
+        elif x.dtype == torch.float16:
+            # scaled before the product: the int8 values (up to 127) times a real model's outlier
+            # activations summed past float16's 65,504, and the run answered with token 0 only
+            weight = (layer.weight.float() * layer.weight_scale.float()[:, None]).to(x.dtype)
+            out = F.linear(x2, weight)
         else:
             out = F.linear(x2, layer.weight.to(x.dtype)) * layer.weight_scale
         return out.view(*shape[:-1], out.shape[-1])

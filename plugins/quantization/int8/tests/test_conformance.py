@@ -56,3 +56,28 @@ def test_both_kernels_compute_x_times_the_dequantized_weight(dtype, packed):
     assert out.dtype == dtype
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(out.double(), expected, rtol=tolerance, atol=tolerance)
+
+
+class TestInt8Float16(QuantizationMethodSuite):
+    method_cls = Int8Method
+    dtype = torch.float16
+    max_relative_error = 0.03
+
+
+def test_float16_products_do_not_overflow_on_outlier_activations():
+    """In float16 the int8 values were multiplied by the activations before the scale: an outlier
+    channel (here 600, against a weight of 1.0 there, 127 as int8) summed past float16's 65,504,
+    and the default model under `--quantization int8 --dtype float16` answered with token 0 only."""
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(64, 256, generator=gen) * 0.02
+    weight[:, 7] = 1.0  # each row's largest weight: its scale is 1/127
+    x = torch.randn(3, 256, generator=gen)
+    x[:, 7] = 600.0
+    method = Int8Method(device=torch.device("cpu"), dtype=torch.float16)
+    layer = torch.nn.Module()
+    layer.weight = torch.nn.Parameter(weight.clone(), requires_grad=False)
+    method.process_weights_after_loading(layer)
+    out = method.apply(layer, x.half())
+    assert torch.isfinite(out).all()
+    reference = x @ weight.T  # about 600 a row: well inside float16
+    assert ((out.float() - reference).norm() / reference.norm()) < 0.01
