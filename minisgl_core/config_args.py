@@ -363,10 +363,22 @@ def engine_config_from_args(
     return config
 
 
+def _sharded_mlp_sizes(hf: dict) -> dict[str, int]:
+    """The MLP widths the layers split over the ranks: each expert's (``moe_intermediate_size``)
+    in a mixture of experts, and the dense MLP's (``intermediate_size``) where one runs (every
+    layer of a dense model or of Mixtral, whose experts take that width; Qwen3-MoE's
+    ``mlp_only_layers`` / ``decoder_sparse_step`` layers)."""
+    names = ["intermediate_size"]
+    if "moe_intermediate_size" in hf:
+        dense_layers = bool(hf.get("mlp_only_layers")) or hf.get("decoder_sparse_step", 1) != 1
+        names = ["moe_intermediate_size", *(["intermediate_size"] if dense_layers else [])]
+    return {name: hf[name] for name in names if isinstance(hf.get(name), int) and hf[name] > 0}
+
+
 def check_heads_split(model: str, tp_size: int, plugins: Plugins) -> None:
     """``--tp N`` needs the attention heads to split evenly over the ranks (and the KV heads to
-    split, or to be a divisor of N, each then shared by N / heads ranks), as the layers shard them:
-    said at start-up in one line, not as a worker's traceback."""
+    split, or to be a divisor of N, each then shared by N / heads ranks), and the MLP's width too,
+    as the layers shard them: said at start-up in one line, not as a worker's traceback."""
     from minisgl_core.checkpoint.formats import open_model
 
     hf = open_model(model, plugins).hf_config()
@@ -374,9 +386,21 @@ def check_heads_split(model: str, tp_size: int, plugins: Plugins) -> None:
     kv_heads = hf.get("num_key_value_heads", heads)
     if not isinstance(heads, int) or not isinstance(kv_heads, int) or heads < 1 or kv_heads < 1:
         return  # (not a decoder config we know: the model plugin decides)
-    fits = [n for n in range(1, heads + 1) if heads % n == 0 and (kv_heads % n == 0 or n % kv_heads == 0)]
-    if tp_size not in fits:
-        raise ConfigError(
-            f"--tp {tp_size}: the model's {heads} attention heads ({kv_heads} KV heads) do not split "
-            f"evenly over {tp_size} ranks; use --tp {' or '.join(map(str, fits))}"
-        )
+    widths = _sharded_mlp_sizes(hf)
+    fits = [
+        n
+        for n in range(1, heads + 1)
+        if heads % n == 0
+        and (kv_heads % n == 0 or n % kv_heads == 0)
+        and all(w % n == 0 for w in widths.values())
+    ]
+    if tp_size in fits:
+        return
+    problem = f"the model's {heads} attention heads ({kv_heads} KV heads) do not split"
+    if heads % tp_size == 0 and (kv_heads % tp_size == 0 or tp_size % kv_heads == 0):
+        # the heads split, a width does not (the message had offered such a --tp as a fix)
+        odd = " and ".join(f"{name} {width}" for name, width in widths.items() if width % tp_size)
+        problem = f"the model's MLP width ({odd}) does not split"
+    raise ConfigError(
+        f"--tp {tp_size}: {problem} evenly over {tp_size} ranks; use --tp {' or '.join(map(str, fits))}"
+    )

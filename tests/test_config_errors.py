@@ -254,6 +254,38 @@ BAD_FLAGS = [
 ]  # fmt: skip
 
 
+def test_a_tp_size_the_mlp_width_refuses_is_one_line_naming_the_sizes_that_fit(tmp_path):
+    """The heads split over 4 ranks, the MLP's 6 columns do not: --tp 4 was a rank's traceback
+    ("output size of size 6 is not divisible by tp_size=4"), and the heads' message had offered
+    such a --tp as a fix (the default model: --tp 9 for its 9 heads and 1,536 columns)."""
+    model = make_model_dir(tmp_path / "m", "LlamaForCausalLM", intermediate_size=6)
+    for command in (["serve", "--port", "0"], ["bench", "offline", "--num-requests", "1"]):
+        proc = _cli(*command, "--model", str(model), "--device", "cpu", "--tp", "4")
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr.splitlines() == [
+            "minisgl: error: --tp 4: the model's MLP width (intermediate_size 6) does not split evenly "
+            "over 4 ranks; use --tp 1 or 2"
+        ]
+
+
+def test_the_mlp_widths_tp_splits():
+    from minisgl_core.config_args import _sharded_mlp_sizes
+
+    assert _sharded_mlp_sizes({"intermediate_size": 1536}) == {"intermediate_size": 1536}
+    # Qwen3-MoE: the experts' width; the dense one only where dense layers run
+    moe = {"intermediate_size": 6144, "moe_intermediate_size": 768}
+    assert _sharded_mlp_sizes(moe) == {"moe_intermediate_size": 768}
+    assert _sharded_mlp_sizes({**moe, "mlp_only_layers": [0]}) == {
+        "moe_intermediate_size": 768,
+        "intermediate_size": 6144,
+    }
+    assert _sharded_mlp_sizes({**moe, "decoder_sparse_step": 2}) == {
+        "moe_intermediate_size": 768,
+        "intermediate_size": 6144,
+    }
+    assert _sharded_mlp_sizes({"intermediate_size": None}) == {}
+
+
 @pytest.mark.parametrize(
     ("command", "args", "says"), BAD_FLAGS, ids=lambda v: v if isinstance(v, str) else None
 )
