@@ -62,17 +62,22 @@ def _read_folder(folder: Path, spelling: Spelling) -> dict[str, Any]:
         if folder.name == "generation_config.json" and folder.is_file()
         else folder / "generation_config.json"
     )
+    setting = given("generation_config", folder, spelling)
     if not path.is_file():
         raise GenerationConfigError(
-            f"{given('generation_config', folder, spelling)}: no generation_config.json there; give a folder holding one, "
+            f"{setting}: no generation_config.json there; give a folder holding one, "
             f"or one of {AUTO}, {', '.join(ENGINE_ONLY)}"
         )
+    # (these said only the file's path and what was wrong: not the flag, nor the way out)
+    fix = f"fix it, or give {given('generation_config', AUTO, spelling)} (the model's own) or {given('generation_config', 'none', spelling)}"
     try:
         config = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise GenerationConfigError(f"{path} is unreadable: {exc}") from exc
+        raise GenerationConfigError(f"{setting}: {path} is unreadable ({exc}); {fix}") from exc
     if not isinstance(config, dict):
-        raise GenerationConfigError(f"{path} must hold a JSON object, got {type(config).__name__}")
+        raise GenerationConfigError(
+            f"{setting}: {path} must hold a JSON object, got {type(config).__name__}; {fix}"
+        )
     return config
 
 
@@ -83,6 +88,11 @@ def load_sampling_defaults(
     if setting in ENGINE_ONLY:
         return {}
     spelling = _spelling(plugins)
+    if not str(setting).strip():  # (Path("") is ".": the message named the working directory)
+        raise GenerationConfigError(
+            f"{given('generation_config', setting, spelling, quote=True)} is empty; give a folder holding "
+            f"generation_config.json, or one of {AUTO}, {', '.join(ENGINE_ONLY)}"
+        )
     source = (
         model_generation_config(model, plugins) if setting == AUTO else _read_folder(Path(setting), spelling)
     )
@@ -98,8 +108,13 @@ def load_sampling_defaults(
         # max_tokens may be absent (then each request gets what the context leaves)
         SamplingParams(**{"max_tokens": 1, **defaults})
     except (TypeError, ValueError) as exc:
+        whose = (
+            "the model's generation config"
+            if setting == AUTO
+            else given("generation_config", setting, spelling)
+        )
         raise GenerationConfigError(
-            f"the model's generation config has an invalid default: {exc}; fix it, or start with "
+            f"{whose} has an invalid default: {exc}; fix it, or start with "
             f"{given('generation_config', 'none', spelling)}"
         ) from exc
     return defaults

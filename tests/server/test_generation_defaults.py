@@ -115,3 +115,29 @@ def test_bad_generation_config_fails_in_one_line(model_dir: Path, tmp_path: Path
     errors = [line for line in proc.stderr.splitlines() if "error" in line]
     assert errors == [f"minisgl: error: --generation-config {tmp_path / 'nowhere'}: no generation_config.json "
                       "there; give a folder holding one, or one of auto, vllm, none"]  # fmt: skip
+
+
+def test_a_bad_generation_config_file_names_the_flag_and_the_way_out(model_dir: Path, tmp_path: Path) -> None:
+    """A file that is not JSON, JSON that is not an object, and a bad default in the user's own
+    file said only the file's path and what was wrong (the last blamed "the model's" config), and
+    an empty value was reported as '.', the working directory."""
+    from minisgl_core.checkpoint.generation_defaults import GenerationConfigError, load_sampling_defaults
+
+    way_out = "fix it, or give --generation-config auto (the model's own) or --generation-config none"
+    cases = {"bad": ("{bad", "is unreadable ("), "list": ("[1, 2]", "must hold a JSON object, got list; ")}
+    for name, (text, says) in cases.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "generation_config.json").write_text(text)
+        with pytest.raises(GenerationConfigError) as err:
+            load_sampling_defaults(model_dir, str(tmp_path / name))
+        message = str(err.value)
+        assert message.startswith(f"--generation-config {tmp_path / name}: ") and says in message, message
+        assert message.endswith(way_out), message
+    (tmp_path / "hot").mkdir()
+    (tmp_path / "hot" / "generation_config.json").write_text(json.dumps({"temperature": "hot"}))
+    with pytest.raises(
+        GenerationConfigError, match=f"^--generation-config {tmp_path / 'hot'} has an invalid default: "
+    ):
+        load_sampling_defaults(model_dir, str(tmp_path / "hot"))
+    with pytest.raises(GenerationConfigError, match="^--generation-config '' is empty; give a folder"):
+        load_sampling_defaults(model_dir, "")
