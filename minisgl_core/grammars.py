@@ -20,9 +20,17 @@ logger = logging.getLogger(__name__)
 def check_grammar_backend(plugins: Plugins, name: str, default: str) -> None:
     """PluginError when ``name`` was chosen (not the ``default``) and no installed plugin has it:
     refused at start (the server and ``LLM()`` alike); the default, missing, leaves an engine for
-    free text, whose grammar requests say why."""
-    if name != default and name not in plugins.names("grammars"):
+    free text, whose grammar requests say why, and a warning at start says so too (a server
+    started with it disabled looked ready for structured output until the first such request)."""
+    if name in plugins.names("grammars"):
+        return
+    if name != default:
         raise PluginError(plugins.missing_message("grammars", name))
+    logger.warning(
+        "constrained decoding (response_format, tools forced by tool_choice, grammars) is unavailable: %s; "
+        "requests for it will be refused",
+        plugins.missing_message("grammars", name),
+    )
 
 
 def make_grammar_backend(

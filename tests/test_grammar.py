@@ -226,8 +226,13 @@ def test_an_unknown_backend_named_is_refused_at_start(model_dir):
         LLM(model_dir, device="cpu", dtype="float32", attn="torch", grammar_backend="no-such-backend")
 
 
-def test_the_default_backend_missing_is_a_clear_error_on_constrained_requests_only(model_dir):
+def test_the_default_backend_missing_is_a_clear_error_on_constrained_requests_only(model_dir, caplog):
     llm = LLM(model_dir, device="cpu", dtype="float32", attn="torch", disable_plugins=["xgrammar"])
+    # said at start too: a server looked ready for structured output until the first such request
+    assert (
+        "constrained decoding (response_format, tools forced by tool_choice, grammars) is unavailable: "
+        in caplog.text
+    )
     assert llm.generate([[1, 2]], SamplingParams(max_tokens=3), use_tqdm=False)[0].finish_reason == "length"
     with pytest.raises(GrammarError, match="grammar_backend='xgrammar' is unavailable"):
         llm.generate(
