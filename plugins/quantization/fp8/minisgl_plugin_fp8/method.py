@@ -111,7 +111,8 @@ class Fp8Method(QuantizationMethod):
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        if gemv_applies(x2.shape[0], layer.fp8_native):
+        # (--disable-fast-path compile turns the GEMV off too: a token then rounds as in a batch)
+        if gemv_applies(x2.shape[0], layer.fp8_native) and compiled_kernels(x2):
             out = _gemv()(x2, layer.weight, layer.weight_scale)
         elif layer.fp8_native:
             xq, x_scale = quantize_tokens(x2)

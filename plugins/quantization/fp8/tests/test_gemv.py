@@ -58,6 +58,12 @@ def test_apply_takes_the_gemv_at_one_token_and_scaled_mm_beyond():
     assert out.split() == ["gemv", "scaled_mm", "scaled_mm", "scaled_mm"], out
 
 
+def test_with_compile_off_one_token_takes_scaled_mm_too():
+    """The GEMV is a Triton kernel as well: with the compile switch off it had still run."""
+    out = run_child("apply", "compile-off")
+    assert out.split() == ["scaled_mm"] * 4, out
+
+
 def test_the_choice_of_kernel():
     limit = fp8_method.GEMV_MAX_M
     assert fp8_method.gemv_applies(1, True) and fp8_method.gemv_applies(limit, True)
@@ -343,6 +349,10 @@ def check_apply() -> None:
 
     fp8_method.quantize_tokens = quantize_rows
     torch._scaled_mm = fake_scaled_mm
+    # (CPU tensors under the interpreter stand for CUDA ones here; "compile-off" says what
+    # --disable-fast-path compile does: the one token to _scaled_mm as well)
+    compile_on = sys.argv[2:] != ["compile-off"]
+    fp8_method.compiled_kernels = lambda x: compile_on
     for tokens in (GEMV_MAX_M, GEMV_MAX_M + 1, 7, 64):
         x = torch.randn(tokens, 64)
         calls.clear()
