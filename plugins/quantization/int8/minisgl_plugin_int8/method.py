@@ -61,6 +61,9 @@ class Int8Method(QuantizationMethod):
         # the kernel wants the scales in the activations' dtype; float16 keeps float32 ones (they
         # scale the weight before the product, and a row's small scale would be subnormal there)
         layer.weight_scale = scale.to(torch.float32 if self.dtype == torch.float16 else self.dtype)
+        # float16 scales the weight by its scale times this power of two, then by its inverse:
+        # a small row's scale is subnormal in float16; a huge row's boosted weight would overflow
+        layer.weight_scale_boost = 128.0 if float(scale.max()) * 128 * INT8_MAX < 60000 else 1.0
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -69,8 +72,12 @@ class Int8Method(QuantizationMethod):
             out = torch.ops.aten._weight_int8pack_mm(x2.contiguous(), layer.weight, layer.weight_scale)
         elif x.dtype == torch.float16:
             # scaled before the product: the int8 values (up to 127) times a real model's outlier
-            # activations summed past float16's 65,504, and the run answered with token 0 only
-            weight = (layer.weight.float() * layer.weight_scale.float()[:, None]).to(x.dtype)
+            # activations summed past float16's 65,504, and the run answered with token 0 only.
+            # One float16 copy of the weight, as the other dtypes make; the boosted scale, then
+            # the exact inverse power of two.
+            boost = layer.weight_scale_boost
+            weight = layer.weight.to(x.dtype)
+            weight.mul_((layer.weight_scale * boost).to(x.dtype)[:, None]).mul_(1 / boost)
             out = F.linear(x2, weight)
         else:
             out = F.linear(x2, layer.weight.to(x.dtype)) * layer.weight_scale
