@@ -364,14 +364,21 @@ def engine_config_from_args(
 
 
 def _sharded_mlp_sizes(hf: dict) -> dict[str, int]:
-    """The MLP widths the layers split over the ranks: each expert's (``moe_intermediate_size``)
-    in a mixture of experts, and the dense MLP's (``intermediate_size``) where one runs (every
-    layer of a dense model or of Mixtral, whose experts take that width; Qwen3-MoE's
-    ``mlp_only_layers`` / ``decoder_sparse_step`` layers)."""
+    """The MLP widths the layers split over the ranks. A mixture of experts with a width of its
+    own (Qwen3-MoE's ``moe_intermediate_size``) splits that one, and ``intermediate_size`` too
+    where a layer is dense (the qwen3-moe plugin's rule: in ``mlp_only_layers``, or off the
+    ``decoder_sparse_step``); every other model (dense ones, Mixtral, whose experts take
+    ``intermediate_size``) splits ``intermediate_size``."""
     names = ["intermediate_size"]
-    if "moe_intermediate_size" in hf:
-        dense_layers = bool(hf.get("mlp_only_layers")) or hf.get("decoder_sparse_step", 1) != 1
-        names = ["moe_intermediate_size", *(["intermediate_size"] if dense_layers else [])]
+    experts = hf.get("num_experts", hf.get("num_local_experts", 0)) or 0
+    if "moe_intermediate_size" in hf and isinstance(experts, int) and experts > 0:
+        step = hf.get("decoder_sparse_step") or 1
+        layers = hf.get("num_hidden_layers")
+        dense_only = hf.get("mlp_only_layers") or []
+        if not isinstance(step, int) or not isinstance(layers, int) or not isinstance(dense_only, list):
+            return {}  # (a config the model plugin judges itself)
+        dense = any(layer in dense_only or (layer + 1) % step for layer in range(layers))
+        names = ["moe_intermediate_size", *(["intermediate_size"] if dense else [])]
     return {name: hf[name] for name in names if isinstance(hf.get(name), int) and hf[name] > 0}
 
 

@@ -272,16 +272,25 @@ def test_the_mlp_widths_tp_splits():
     from minisgl_core.config_args import _sharded_mlp_sizes
 
     assert _sharded_mlp_sizes({"intermediate_size": 1536}) == {"intermediate_size": 1536}
-    # Qwen3-MoE: the experts' width; the dense one only where dense layers run
-    moe = {"intermediate_size": 6144, "moe_intermediate_size": 768}
-    assert _sharded_mlp_sizes(moe) == {"moe_intermediate_size": 768}
-    assert _sharded_mlp_sizes({**moe, "mlp_only_layers": [0]}) == {
-        "moe_intermediate_size": 768,
+    # Qwen3-MoE: the experts' width; the dense one only where a layer is dense (the plugin's rule)
+    moe = {
         "intermediate_size": 6144,
+        "moe_intermediate_size": 768,
+        "num_experts": 128,
+        "num_hidden_layers": 4,
     }
-    assert _sharded_mlp_sizes({**moe, "decoder_sparse_step": 2}) == {
-        "moe_intermediate_size": 768,
-        "intermediate_size": 6144,
+    both = {"moe_intermediate_size": 768, "intermediate_size": 6144}
+    assert _sharded_mlp_sizes(moe) == {"moe_intermediate_size": 768}
+    assert _sharded_mlp_sizes({**moe, "decoder_sparse_step": None}) == {"moe_intermediate_size": 768}
+    assert _sharded_mlp_sizes({**moe, "mlp_only_layers": [9]}) == {
+        "moe_intermediate_size": 768
+    }  # no such layer
+    assert _sharded_mlp_sizes({**moe, "mlp_only_layers": [0]}) == both
+    assert _sharded_mlp_sizes({**moe, "decoder_sparse_step": 2}) == both
+    assert _sharded_mlp_sizes({**moe, "num_experts": 0}) == {"intermediate_size": 6144}  # every layer dense
+    # Mixtral: its experts take intermediate_size
+    assert _sharded_mlp_sizes({"intermediate_size": 14336, "num_local_experts": 8}) == {
+        "intermediate_size": 14336
     }
     assert _sharded_mlp_sizes({"intermediate_size": None}) == {}
 
