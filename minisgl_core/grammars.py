@@ -17,20 +17,22 @@ from minisgl_core.plugins import PluginError, Plugins, selection
 logger = logging.getLogger(__name__)
 
 
-def check_grammar_backend(plugins: Plugins, name: str, default: str) -> None:
+def check_grammar_backend(plugins: Plugins, name: str, default: str, *, warn: bool = False) -> None:
     """PluginError when ``name`` was chosen (not the ``default``) and no installed plugin has it:
     refused at start (the server and ``LLM()`` alike); the default, missing, leaves an engine for
-    free text, whose grammar requests say why, and a warning at start says so too (a server
-    started with it disabled looked ready for structured output until the first such request)."""
+    free text, whose grammar requests say why. ``warn`` (the server, once) says so at start too:
+    a server started with it disabled looked ready for structured output until the first such
+    request."""
     if name in plugins.names("grammars"):
         return
     if name != default:
         raise PluginError(plugins.missing_message("grammars", name))
-    logger.warning(
-        "constrained decoding (response_format, tools forced by tool_choice, grammars) is unavailable: %s; "
-        "requests for it will be refused",
-        plugins.missing_message("grammars", name),
-    )
+    if warn:
+        logger.warning(
+            "%s; constrained requests (response_format, a tool_choice that forces a call, grammars) "
+            "will be refused",
+            plugins.missing_message("grammars", name),
+        )
 
 
 def make_grammar_backend(

@@ -226,13 +226,8 @@ def test_an_unknown_backend_named_is_refused_at_start(model_dir):
         LLM(model_dir, device="cpu", dtype="float32", attn="torch", grammar_backend="no-such-backend")
 
 
-def test_the_default_backend_missing_is_a_clear_error_on_constrained_requests_only(model_dir, caplog):
+def test_the_default_backend_missing_is_a_clear_error_on_constrained_requests_only(model_dir):
     llm = LLM(model_dir, device="cpu", dtype="float32", attn="torch", disable_plugins=["xgrammar"])
-    # said at start too: a server looked ready for structured output until the first such request
-    assert (
-        "constrained decoding (response_format, tools forced by tool_choice, grammars) is unavailable: "
-        in caplog.text
-    )
     assert llm.generate([[1, 2]], SamplingParams(max_tokens=3), use_tqdm=False)[0].finish_reason == "length"
     with pytest.raises(GrammarError, match="grammar_backend='xgrammar' is unavailable"):
         llm.generate(
@@ -726,3 +721,21 @@ def test_compiled_grammars_kept_are_bounded_by_their_text(model_dir, monkeypatch
     assert list(runner._known) == [large] and list(backend._cache) == [large]
     assert runner._known_chars == backend._cache_chars == 1500
     llm.close()
+
+
+def test_the_server_warns_at_start_when_the_default_backend_is_missing(caplog):
+    """A server started with it disabled looked ready for structured output until the first such
+    request; only the server says so (generate and the benches make no constrained request)."""
+    from minisgl_core.config import EngineConfig
+    from minisgl_core.grammars import check_grammar_backend
+    from minisgl_core.plugins import Plugins
+
+    plugins = Plugins.load(disable=["xgrammar"])
+    check_grammar_backend(plugins, "xgrammar", EngineConfig.grammar_backend)
+    assert "will be refused" not in caplog.text
+    check_grammar_backend(plugins, "xgrammar", EngineConfig.grammar_backend, warn=True)
+    assert "--grammar-backend 'xgrammar' is unavailable: plugin 'xgrammar'" in caplog.text
+    assert (
+        "constrained requests (response_format, a tool_choice that forces a call, grammars) will be refused"
+        in caplog.text
+    )

@@ -283,7 +283,10 @@ def _serve_options(args: argparse.Namespace):
     config = engine_config_from_args(args, plugin_options, plugins)
     if config.tp_size > 1:
         check_heads_split(config.model, config.tp_size, plugins)
-    check_grammar_backend(plugins, config.grammar_backend, EngineConfig.grammar_backend)
+    # (said once: by the node that serves HTTP)
+    check_grammar_backend(
+        plugins, config.grammar_backend, EngineConfig.grammar_backend, warn=args.node_rank == 0
+    )
     if args.nnodes > 1 and not args.dist_init_addr:
         raise ConfigError("--nnodes > 1 needs --dist-init-addr HOST:PORT (rank 0's node)")
     try:
