@@ -66,22 +66,41 @@ def test_every_variable_is_documented_in_the_readme():
     assert missing == []
 
 
+def _variables_read(path: Path) -> set[str]:
+    """The names ``path`` reads from the environment: ``os.environ.get("X")``, ``os.environ["X"]``
+    and ``os.getenv("X")`` with a string literal."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        key = None
+        if isinstance(node, ast.Call) and node.args and isinstance(node.func, ast.Attribute):
+            target = ast.unparse(node.func)
+            if target in ("os.environ.get", "os.getenv", "environ.get"):
+                key = node.args[0]
+        elif isinstance(node, ast.Subscript) and ast.unparse(node.value) in ("os.environ", "environ"):
+            key = node.slice
+        if isinstance(key, ast.Constant) and isinstance(key.value, str):
+            names.add(key.value)
+    return names
+
+
 def test_every_variable_a_first_party_plugin_reads_is_in_the_readme():
     """Plugins may not import minisgl_core.environment (they build on the API), so three read a
     variable of their own; the README's table lists those too (it had said the core's module was
     the only reader, and two were missing)."""
-    import re
-
     readme = README.read_text(encoding="utf-8")
     read: dict[str, str] = {}
     for path in sorted((PACKAGE.parent / "plugins").glob("*/*/minisgl_plugin_*/**/*.py")):
-        for name in re.findall(
-            r"os\.(?:environ\.get|getenv)\(\s*\"(\w+)\"", path.read_text(encoding="utf-8")
-        ):
+        for name in _variables_read(path):
             read[name] = path.relative_to(PACKAGE.parent).as_posix()
     assert {"MINISGL_FI_TENSOR_CORES", "MINISGL_XGRAMMAR_THREADS", "MINISGL_CACHE_DIR"} <= set(read), read
     missing = {name: where for name, where in read.items() if f"| `{name}` |" not in readme}
     assert missing == {}
+
+
+def test_the_scan_finds_each_way_of_reading_a_variable(tmp_path):
+    code = 'import os\nfrom os import environ\na = os.environ.get("A")\nb = os.environ["B"]\nc = os.getenv(\'C\')\nd = environ["D"]\n'
+    (tmp_path / "m.py").write_text(code)
+    assert _variables_read(tmp_path / "m.py") == {"A", "B", "C", "D"}
 
 
 def test_only_documented_variables_can_be_read(monkeypatch):

@@ -99,20 +99,16 @@ def load_sampling_defaults(
     ignored = {
         k: source[k] for k in UNSUPPORTED_GENERATION_KEYS if source.get(k) not in (None, 1, 1.0, 0, 0.0)
     }
+    whose = (
+        "the model's generation config" if setting == AUTO else given("generation_config", setting, spelling)
+    )
     if ignored:
-        logger.warning(
-            "the model's generation config sets %s, which minisgl does not implement; ignored", ignored
-        )
+        logger.warning("%s sets %s, which minisgl does not implement; ignored", whose, ignored)
     defaults = sampling_defaults(source)
     try:
         # max_tokens may be absent (then each request gets what the context leaves)
         SamplingParams(**{"max_tokens": 1, **defaults})
     except (TypeError, ValueError) as exc:
-        whose = (
-            "the model's generation config"
-            if setting == AUTO
-            else given("generation_config", setting, spelling)
-        )
         raise GenerationConfigError(
             f"{whose} has an invalid default: {exc}; fix it, or start with "
             f"{given('generation_config', 'none', spelling)}"

@@ -10,6 +10,7 @@ means OpenAI's 1.0, so seeded requests differ.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -136,7 +137,8 @@ def test_a_bad_generation_config_file_names_the_flag_and_the_way_out(model_dir: 
     (tmp_path / "hot").mkdir()
     (tmp_path / "hot" / "generation_config.json").write_text(json.dumps({"temperature": "hot"}))
     with pytest.raises(
-        GenerationConfigError, match=f"^--generation-config {tmp_path / 'hot'} has an invalid default: "
+        GenerationConfigError,
+        match="^" + re.escape(f"--generation-config {tmp_path / 'hot'} has an invalid default: "),
     ):
         load_sampling_defaults(model_dir, str(tmp_path / "hot"))
     with pytest.raises(GenerationConfigError, match="^--generation-config '' is empty; give a folder"):
