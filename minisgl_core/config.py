@@ -225,7 +225,10 @@ class EngineConfig:
                     "step_trace",
                 )
         attention_names(self.attn)
-        if self.device != "auto" and _device_type(self.device) not in ("cpu", "cuda"):
+        # ("cpu:1" was taken, the index ignored, while this message named no such form)
+        if self.device != "auto" and (
+            _device_type(self.device) not in ("cpu", "cuda") or self.device.startswith("cpu:")
+        ):
             raise ConfigError(f"device must be auto, cpu, cuda or cuda:N; got {self.device!r}", "device")
 
     #: what each simple annotation takes (bool is not an int here, nor a float)

@@ -168,6 +168,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 BAD_FLAGS = [
     ("serve", ["--port", "0", "--page-size", "3"], "--page-size must be a power of two >= 1, got 3"),
     ("serve", ["--port", "0", "--device", "tpu"], "--device must be auto, cpu, cuda or cuda:N; got 'tpu'"),
+    ("generate", ["hi", "--device", "cpu:1"], "--device must be auto, cpu, cuda or cuda:N; got 'cpu:1'"),
     *([] if torch.cuda.is_available() else [
         ("bench", ["offline", "--device", "cuda"], "--device cuda was asked for but CUDA is not available here"),
     ]),

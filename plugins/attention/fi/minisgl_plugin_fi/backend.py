@@ -47,6 +47,13 @@ if TYPE_CHECKING:
 #: 800, graph replay: 213 vs 232 µs) and ~45% slower at group 4; it has not had a clean A/B in
 #: the engine yet (BENCHMARKS.md). ``MINISGL_FI_TENSOR_CORES=0`` selects it.
 
+
+def tensor_cores_from_env(value: str | None) -> bool:
+    """``MINISGL_FI_TENSOR_CORES``: off for 0, false, off or no (the core's spellings of its own
+    switches; only "0" counted), on otherwise."""
+    return (value or "").strip().lower() not in ("0", "false", "off", "no")
+
+
 #: float workspace for split-KV partial results, shared by every wrapper of one backend (the
 #: wrappers run one after another on one stream); FlashInfer recommends 128 MiB
 WORKSPACE_BYTES = 128 << 20
@@ -114,7 +121,7 @@ class FlashInferBackend(AttentionBackend):
         self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
             self.workspace, "NHD", backend=self.prefill_kernels
         )
-        self.decode_tensor_cores = os.environ.get("MINISGL_FI_TENSOR_CORES", "1") != "0"
+        self.decode_tensor_cores = tensor_cores_from_env(os.environ.get("MINISGL_FI_TENSOR_CORES"))
         self.decode_wrapper = self._decode_wrapper()
         self.graph_wrappers: dict[int, BatchDecodeWithPagedKVCacheWrapper] = {}
         self._graph_buffers: GraphBuffers | None = None

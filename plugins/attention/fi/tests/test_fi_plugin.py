@@ -157,3 +157,23 @@ def test_cascade_layout_rejects_bad_groups() -> None:
         batch.shared_prefixes = groups
         with pytest.raises(ValueError, match=message):
             cascade_layout(batch, 1, pad_entries=False)
+
+
+@pytest.mark.parametrize(
+    ("value", "on"),
+    [
+        (None, True),
+        ("", True),
+        ("1", True),
+        ("yes", True),
+        ("0", False),
+        ("false", False),
+        (" Off ", False),
+        ("no", False),
+    ],
+)
+def test_the_tensor_core_switch_takes_the_core_s_spellings(value, on):
+    """MINISGL_FI_TENSOR_CORES=false left the tensor-core decode on: only "0" counted."""
+    from minisgl_plugin_fi.backend import tensor_cores_from_env
+
+    assert tensor_cores_from_env(value) is on
