@@ -24,22 +24,26 @@ BYTE_CHECK_MAX_CHARS = 8192
 
 
 DEFAULT_COMPILE_THREADS = 8
+#: most compile threads taken (as ``--grammar-threads``): 100,000 hung the first compile
+MAX_COMPILE_THREADS = 64
 
 
 def compile_threads(value: str | None) -> int:
     """The threads xgrammar compiles one grammar with (it splits the vocabulary among them):
-    ``MINISGL_XGRAMMAR_THREADS``, a positive integer, else 8. Another value is logged and 8 used:
-    an ``int()`` of it had failed the plugin's import, taking the default grammar backend away."""
+    ``MINISGL_XGRAMMAR_THREADS``, an integer in [1, 64], else 8. Another value is logged and 8
+    used: an ``int()`` of it had failed the plugin's import, taking the default grammar backend
+    away, and a huge one hung or failed the first compile."""
     if value is None or value.strip() == "":
         return DEFAULT_COMPILE_THREADS
     try:
         threads = int(value)
     except ValueError:
         threads = 0
-    if threads < 1:
+    if not 1 <= threads <= MAX_COMPILE_THREADS:
         logging.getLogger(__name__).warning(
-            "MINISGL_XGRAMMAR_THREADS=%r is not a positive integer; compiling grammars with %d threads",
+            "MINISGL_XGRAMMAR_THREADS=%r is not an integer in [1, %d]; compiling grammars with %d threads",
             value,
+            MAX_COMPILE_THREADS,
             DEFAULT_COMPILE_THREADS,
         )
         return DEFAULT_COMPILE_THREADS
