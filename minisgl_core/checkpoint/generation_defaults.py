@@ -55,15 +55,24 @@ def model_generation_config(model: str | Path, plugins: Plugins | None = None) -
         return {}  # not a model this installation reads: the model checks say so in one line
 
 
+def _is_file(path: Path) -> bool:
+    """``path.is_file()``, False where the path cannot be looked up (a name too long was an
+    OSError traceback)."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
+
+
 def _read_folder(folder: Path, spelling: Spelling) -> dict[str, Any]:
     # the file itself named is taken too (it said "no generation_config.json there")
     path = (
         folder
-        if folder.name == "generation_config.json" and folder.is_file()
+        if folder.name == "generation_config.json" and _is_file(folder)
         else folder / "generation_config.json"
     )
     setting = given("generation_config", folder, spelling)
-    if not path.is_file():
+    if not _is_file(path):
         raise GenerationConfigError(
             f"{setting}: no generation_config.json there; give a folder holding one, "
             f"or one of {AUTO}, {', '.join(ENGINE_ONLY)}"

@@ -143,3 +143,6 @@ def test_a_bad_generation_config_file_names_the_flag_and_the_way_out(model_dir: 
         load_sampling_defaults(model_dir, str(tmp_path / "hot"))
     with pytest.raises(GenerationConfigError, match="^--generation-config '' is empty; give a folder"):
         load_sampling_defaults(model_dir, "")
+    # a name too long to look up was an OSError traceback
+    with pytest.raises(GenerationConfigError, match=": no generation_config.json there; give a folder"):
+        load_sampling_defaults(model_dir, "a" * 5000)
