@@ -42,6 +42,14 @@ def test_unknown_architecture_lists_installed_and_the_plugin_to_install(model_di
     assert "pip install minisgl-plugin-mamba" in message
 
 
+def test_a_model_name_too_long_to_look_up_is_not_found():
+    """It was an OSError traceback ("File name too long") from every command."""
+    from minisgl_core.checkpoint.resolve import ModelNotFound, resolve_model
+
+    with pytest.raises(ModelNotFound, match=": no such file or directory"):
+        resolve_model("a" * 5000)
+
+
 def test_missing_config_names_the_file(tmp_path):
     with pytest.raises(ModelPathError, match="the directory has no config.json"):
         LLM(tmp_path, attn="torch", device="cpu")

@@ -82,7 +82,11 @@ def resolve_model(model: str | os.PathLike[str] | None, spelling: Spelling = "fl
         )
         return str(demo_model_dir())
     path = Path(spec).expanduser()
-    if path.exists():
+    try:
+        exists = path.exists()
+    except OSError:  # a name too long to look up was an OSError traceback: no such path
+        exists = False
+    if exists:
         return str(path)
     if _looks_like_hub_id(spec):
         return _hub_snapshot(spec, spelling)
