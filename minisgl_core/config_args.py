@@ -394,18 +394,15 @@ def check_heads_split(model: str, tp_size: int, plugins: Plugins) -> None:
     if not isinstance(heads, int) or not isinstance(kv_heads, int) or heads < 1 or kv_heads < 1:
         return  # (not a decoder config we know: the model plugin decides)
     widths = _sharded_mlp_sizes(hf)
-    fits = [
-        n
-        for n in range(1, heads + 1)
-        if heads % n == 0
-        and (kv_heads % n == 0 or n % kv_heads == 0)
-        and all(w % n == 0 for w in widths.values())
-    ]
+
+    def heads_split(n: int) -> bool:
+        return heads % n == 0 and (kv_heads % n == 0 or n % kv_heads == 0)
+
+    fits = [n for n in range(1, heads + 1) if heads_split(n) and all(w % n == 0 for w in widths.values())]
     if tp_size in fits:
         return
     problem = f"the model's {heads} attention heads ({kv_heads} KV heads) do not split"
-    if heads % tp_size == 0 and (kv_heads % tp_size == 0 or tp_size % kv_heads == 0):
-        # the heads split, a width does not (the message had offered such a --tp as a fix)
+    if heads_split(tp_size):  # a width does not (the heads' message had offered such a --tp as a fix)
         odd = " and ".join(f"{name} {width}" for name, width in widths.items() if width % tp_size)
         problem = f"the model's MLP width ({odd}) does not split"
     raise ConfigError(
