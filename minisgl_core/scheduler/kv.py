@@ -149,10 +149,16 @@ class KVManager:
     def admit(self, req: Request) -> bool:
         """Lock the cached prefix (the round's one match) if the request's expected KV fits."""
         match = self.match(req)
-        self.cache.lock(match.handle)
         prefix_len = self._usable_prefix(len(match.slots), req.fill_len)
         if req.scores_prompt:  # every prompt position's logits are needed
             prefix_len = 0
+        if prefix_len < len(match.slots):
+            # Lock only the part it reads: a locked tail (the last prompt token's page, run again
+            # for its logits; the whole match for a scored prompt) would count as taken, not as
+            # evictable, and a prompt cached whole in a pool just its size then never fitted.
+            # (matching the shorter list ends the handle there; other matches stay valid)
+            match = self.cache.match_prefix(req.fill_ids[:prefix_len])
+        self.cache.lock(match.handle)
         need = ceil_div(self.expected_final_len(req), self.page_size) - prefix_len // self.page_size
         if need > self.available_pages():
             self.cache.unlock(match.handle)

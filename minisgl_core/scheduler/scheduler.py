@@ -562,10 +562,29 @@ class Scheduler:
     def _retract_until_decode_fits(self, reqs: list[Request]) -> None:
         """Retract the newest requests (removed from ``reqs``) until every other one can grow by a token.
 
-        A retracted request gives its KV to the prefix cache and goes back to ``waiting`` with its
-        output so far appended to what it must prefill. No step is in flight here: the engine
-        lands it first when :meth:`decode_may_retract` says so."""
+        First the prompts admitted but only partly prefilled (they wait for their next chunk) give
+        their pages back, newest first: admission expects less output of long runs as they go, so
+        a prompt admitted late and prefilled a chunk a step beside a decode could hold the pool's
+        last pages when that decode needed one. Then running requests are retracted, newest first.
+        Either gives its KV to the prefix cache and waits to be admitted again, a retracted one
+        with its output so far appended to what it must prefill. No step is in flight here: the
+        engine lands it first when :meth:`decode_may_retract` says so."""
         needed = self.kv.needing_a_page(reqs)
+        if needed <= self.kv.obtainable_pages():
+            return
+        partly = [r for r in self.waiting.values() if r.admitted]
+        for victim in sorted(partly, key=lambda r: r.arrival, reverse=True):
+            if needed <= self.kv.obtainable_pages():
+                return
+            computed = victim.num_computed
+            self._release(victim)
+            victim.num_computed = 0
+            if victim.scores_prompt:  # prefilled again from its start, scored again
+                victim.prompt_logprobs = [None]
+            self.kv.retracted()
+            logger.info(
+                "KV pool full: request %d gave back its prefill (%d tokens so far)", victim.rid, computed
+            )
         while needed > self.kv.obtainable_pages() and len(reqs) > 1:
             victim = max(reqs, key=lambda r: r.arrival)
             reqs.remove(victim)
