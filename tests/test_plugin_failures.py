@@ -15,6 +15,7 @@ from minisgl_core.testing import cpu_llm
 
 PLUGIN = """
 from minisgl_core.api import SchedulingPolicy, hookimpl
+from minisgl_plugin_naive.cache import NaiveCache
 from minisgl_plugin_torch.backend import TorchAttentionBackend
 
 MINISGL_API = "2.0"
@@ -37,9 +38,28 @@ class RaisingAtStart(TorchAttentionBackend):
         raise RuntimeError("the backend exploded at start-up")
 
 
+class RaisingAtInit(SchedulingPolicy):
+    def __init__(self):
+        raise RuntimeError("the policy's constructor exploded")
+
+    def schedule(self, state):
+        return None
+
+
+class RaisingCacheAtInit(NaiveCache):
+    def __init__(self, *, page_size):
+        raise ValueError("the cache's constructor exploded")
+
+
 @hookimpl
 def minisgl_register_policies(register):
     register("raising", "minisgl_raising:RaisingPolicy")
+    register("raising-init", "minisgl_raising:RaisingAtInit")
+
+
+@hookimpl
+def minisgl_register_caches(register):
+    register("raising-init", "minisgl_raising:RaisingCacheAtInit")
 
 
 @hookimpl
@@ -108,6 +128,25 @@ def test_a_backend_that_raises_at_start_up_is_named(model_dir, plugin_installed)
         f"attention backend 'raising-start' {NAMED} failed in RaisingAtStart.forward: "
         "RuntimeError: the backend exploded at start-up"
     )
+
+
+@pytest.mark.parametrize(
+    ("option", "expected"),
+    [
+        ("policy", "scheduling policy 'raising-init' {named} failed in RaisingAtInit.__init__: "
+         "RuntimeError: the policy's constructor exploded"),
+        ("cache", "cache 'raising-init' {named} failed in RaisingCacheAtInit.__init__: "
+         "ValueError: the cache's constructor exploded"),
+    ],
+)  # fmt: skip
+def test_a_constructor_that_raises_is_named(model_dir, plugin_installed, option, expected):
+    """The engine builds the cache and the policy after the model: a constructor raising there
+    was the plugin's bare exception (a traceback from the command line, "scheduler 0 process
+    failed: RuntimeError" under serve), naming no plugin."""
+    with pytest.raises(RuntimeError) as caught:
+        cpu_llm(model_dir, **{option: "raising-init"})
+    assert type(caught.value).__name__ == "PluginFailure"
+    assert str(caught.value) == expected.format(named=NAMED)
 
 
 def test_a_failed_process_is_summed_up_for_clients_without_the_exception_text():

@@ -26,7 +26,7 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import IO, Any, NamedTuple
+from typing import IO, Any, NamedTuple, NoReturn
 
 import torch
 
@@ -82,10 +82,7 @@ class Engine:
         except Exception as exc:
             # the model's and the backends' first forwards run here (warm-up, graph capture): a
             # plugin raising in them is named as at a step, not a bare traceback from the runner
-            failure = PluginBlame(self.plugins, _selected_at_start(config, self.plugins)).failure(exc)
-            if failure is None:
-                raise
-            raise failure from exc
+            self._raise_named(exc)
         # from here on the page size is the one the runner resolved (None picks by device)
         self.config = config = dataclasses.replace(config, page_size=self.runner.page_size)
         self.generation_config = self.runner.source.generation_config()
@@ -93,8 +90,11 @@ class Engine:
         if tokenizer is None:
             tokenizer = self.runner.source.tokenizer()
         self.tokenizer = tokenizer
-        cache = cache_cls(page_size=config.page_size)
-        policy = policy_cls()
+        try:
+            cache = cache_cls(page_size=config.page_size)
+            policy = policy_cls()
+        except Exception as exc:  # (a constructor that raises: named too)
+            self._raise_named(exc)
         device = self.runner.device
         self.grammars = GrammarRunner(
             LazyGrammarBackend(
@@ -177,6 +177,14 @@ class Engine:
         if self.trace is not None:  # and the parts of planning a step (schedule.plan, ...)
             self.scheduler.timer = self._time
         _freeze_startup_objects()
+
+    def _raise_named(self, exc: Exception) -> NoReturn:
+        """Raise ``exc`` of the engine's start as a :class:`PluginFailure` naming the selected
+        plugin it came from; as it is when it is the core's own."""
+        failure = PluginBlame(self.plugins, _selected_at_start(self.config, self.plugins)).failure(exc)
+        if failure is None:
+            raise exc
+        raise failure from exc
 
     # ------------------------------------------------------------------ properties
 
