@@ -38,6 +38,8 @@ logger = logging.getLogger(__name__)
 _WARNED_UNKNOWN: set[str] = set()
 
 GROUP = "minisgl.plugins"
+#: what a registered name may be: a flag's value (``--attn a,b`` lists two; spaces split words)
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
 KINDS = (
     "models",
     "attention",
@@ -305,6 +307,12 @@ class Plugins:
             elif api is None:
                 info.reason = f"declares no MINISGL_API (e.g. {example})"
             else:  # MINISGL_API = 2.0: a float, so 2.10 would read as 2.1
+                if isinstance(api, (int, float)) and not isinstance(api, bool) and 0 <= api < 100:
+                    # the version it meant, not the newest core's: a plugin declares the oldest
+                    # API it needs, and the newest would refuse every core before it
+                    example = (
+                        f'MINISGL_API = "{api:.1f}"' if isinstance(api, int) else f'MINISGL_API = "{api}"'
+                    )
                 info.reason = (
                     f"MINISGL_API is {api!r} ({type(api).__name__}); declare it as a string: {example}"
                 )
@@ -353,6 +361,11 @@ class Plugins:
             def register(name: str, target: str, _kind: str = kind, _out: list = registered) -> None:
                 if not isinstance(name, str) or not isinstance(target, str) or ":" not in target:
                     raise TypeError(f"register(name, 'module:attr') got ({name!r}, {target!r})")
+                if not _NAME.fullmatch(name):  # "" or "a b,c" was listed, yet no flag could select it
+                    raise ValueError(
+                        f"register() got the name {name!r}: a name is letters, digits and '_', '-', '.', "
+                        "'+', starting with a letter or digit (no spaces; a comma separates names)"
+                    )
                 _out.append(Registration(_kind, name, target, info))
 
             caller = self.pm.subset_hook_caller(

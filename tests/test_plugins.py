@@ -607,14 +607,18 @@ def test_api_declared_as_a_number_says_to_quote_it(load_fake):
         {
             "minisgl-test-float": (_thin("t7_float", hooks, api="2.0"), {"t7float": "t7_float"}),
             "minisgl-test-none": ({"t7_none/__init__.py": ""}, {"t7none": "t7_none"}),
+            "minisgl-test-int": (
+                _thin("t7_int", hooks.replace("t7_float", "t7_int"), api="2"),
+                {"t7int": "t7_int"},
+            ),
         }
     )
     infos = {i.name: i for i in plugins.infos}
+    assert infos["t7int"].reason == 'MINISGL_API is 2 (int); declare it as a string: MINISGL_API = "2.0"'
     assert infos["t7float"].status == "incompatible" and infos["t7float"].api is None
     assert (
-        infos["t7float"].reason
-        == f'MINISGL_API is 2.0 (float); declare it as a string: MINISGL_API = "{API_VERSION}"'
-    )
+        infos["t7float"].reason == 'MINISGL_API is 2.0 (float); declare it as a string: MINISGL_API = "2.0"'
+    )  # (the version it meant: the core's newest, suggested before, refuses every older core)
     assert infos["t7none"].reason == f'declares no MINISGL_API (e.g. MINISGL_API = "{API_VERSION}")'
 
 
@@ -688,6 +692,29 @@ def test_hook_mistakes_fail_the_plugin_saying_what_is_wrong(load_fake):
     assert infos["t9nohooks"].status == "failed" and "implements no minisgl hook" in infos["t9nohooks"].reason
     with pytest.raises(PluginError, match="'t9extra'.*failed to load"):
         plugins.resolve("policies", "t9-extra")
+
+
+@pytest.mark.parametrize("name", ["", " spaced name", "a,b", "-dash", "tab\there"])
+def test_a_name_no_flag_could_select_fails_the_plugin(load_fake, name):
+    """``register("", ...)`` and ``register("a b,c", ...)`` were taken: ``minisgl plugins`` and
+    ``--help`` listed them (``installed: , a b,c``) and ``--policy ""`` selected the first, while a
+    comma splits a flag's value into two names. Found by a third-party plugin walkthrough."""
+    package = f"t21_names{len(name)}"  # one each (a module imports once a run)
+    hooks = f"""
+    @hookimpl
+    def minisgl_register_policies(register):
+        register("t21-fine", "{package}.impl:Fifo")
+        register({name!r}, "{package}.impl:Fifo")
+    """
+    plugins = load_fake({"minisgl-test-names": (_thin(package, hooks), {"t21names": package})})
+    info = next(i for i in plugins.infos if i.name == "t21names")
+    assert info.status == "failed"
+    assert info.reason == (
+        f"hook minisgl_register_policies raised ValueError: register() got the name {name!r}: a name "
+        "is letters, digits and '_', '-', '.', '+', starting with a letter or digit (no spaces; a "
+        "comma separates names)"
+    )
+    assert "t21-fine" not in plugins.names("policies") and name not in plugins.names("policies")
 
 
 def test_the_listing_says_when_a_registered_class_does_not_import(load_fake):
