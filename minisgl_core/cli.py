@@ -15,12 +15,16 @@ from minisgl_core.plugins import PluginError, Plugins
 
 
 def _cmd_plugins(args: argparse.Namespace) -> int:
-    plugins = Plugins.load(disable=args.disable_plugin)
+    plugins = Plugins.load(disable=args.disable_plugin, report_unloaded=False)  # (the table says it)
     plugins.check_classes()
     if args.json:
         print(json.dumps(plugins.listing(), indent=2))
     else:
         print(plugins.format_table())
+    broken = [p["name"] for p in plugins.listing() if p["status"] in ("failed", "incompatible", "conflict")]
+    if args.check and broken:
+        print(f"minisgl: error: not loaded: {', '.join(broken)} (see the status column)", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -142,7 +146,7 @@ def build_parser(plugins: Plugins | None = None) -> argparse.ArgumentParser:
 
     if plugins is None:
         try:
-            plugins = Plugins.load()
+            plugins = Plugins.load(report_unloaded=False)  # (the command's own load reports)
         except Exception as exc:  # noqa: BLE001 - the CLI works without its plugins' help
             logging.getLogger(__name__).warning("could not load plugins for the command line's help: %s", exc)
     parser = _Parser(prog="minisgl", description="minisgl: a small plugin-based LLM serving engine")
@@ -151,6 +155,12 @@ def build_parser(plugins: Plugins | None = None) -> argparse.ArgumentParser:
 
     p = sub.add_parser("plugins", help="list discovered plugins")
     p.add_argument("--json", action="store_true", help="print the list as JSON (default: a table)")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 when a plugin did not load for a fault of its own (failed, incompatible, "
+        "conflict): for a script, e.g. a plugin's CI after installing it",
+    )
     p.add_argument(
         "--disable-plugin",
         action="append",

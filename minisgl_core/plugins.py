@@ -36,6 +36,8 @@ logger = logging.getLogger(__name__)
 
 #: names in the environment's plugin lists that no installed plugin has, already warned about
 _WARNED_UNKNOWN: set[str] = set()
+#: plugins whose failure to load this process has logged (see Plugins._report_unloaded)
+_WARNED_UNLOADED: set[str] = set()
 
 GROUP = "minisgl.plugins"
 #: what a registered name may be: a flag's value (``--attn a,b`` lists two; spaces split words)
@@ -216,11 +218,15 @@ class Plugins:
         entry_points: Iterable[metadata.EntryPoint] | None = None,
         spelling: Spelling = "flag",
         deprecation_warnings: bool = True,
+        report_unloaded: bool = True,
     ) -> Plugins:
         """Discover and load plugins. ``allow`` None = all; ``disable`` names are skipped;
         ``spelling``: how errors name the settings that select plugins (``--attn`` or ``attn=``);
         ``deprecation_warnings`` False: a 1.x plugin's warning is not shown (the server's processes
-        after the launcher, which showed it).
+        after the launcher, which showed it); ``report_unloaded`` False: a plugin that failed to
+        load (failed, incompatible, in conflict) is not logged as a warning (once a process
+        otherwise: the server's processes after the launcher, and ``minisgl plugins``, whose
+        table says it).
 
         Defaults come from ``MINISGL_PLUGINS`` (allow-list; empty string = none) and
         ``MINISGL_DISABLE_PLUGINS`` (comma-separated)."""
@@ -280,13 +286,28 @@ class Plugins:
                 info.status, info.reason = "disabled", "not in the MINISGL_PLUGINS allow-list"
                 continue
             self._load_one(info, ep)
+        if report_unloaded:
+            self._report_unloaded()
         return self
+
+    def _report_unloaded(self) -> None:
+        """A warning for each plugin that did not load for a fault of its own, once a process: a
+        plugin whose import raised was otherwise seen only in ``minisgl plugins`` and the server's
+        ready line, and ``generate`` or ``LLM()`` ran without it saying nothing."""
+        for info in self.infos:
+            if info.status in ("failed", "incompatible", "conflict") and info.name not in _WARNED_UNLOADED:
+                _WARNED_UNLOADED.add(info.name)
+                logger.warning(
+                    "plugin %r (%s %s) is not loaded (%s): %s; `minisgl plugins` lists every plugin",
+                    info.name, info.distribution, info.version, info.status, info.reason,
+                )  # fmt: skip
 
     def _load_one(self, info: PluginInfo, ep: metadata.EntryPoint) -> None:
         try:
             module = ep.load()
         except Exception as exc:  # noqa: BLE001 - any import failure is the plugin's
             info.status, info.reason = "failed", f"import failed: {type(exc).__name__}: {exc}"
+            logger.debug("plugin %r: its import raised", ep.name, exc_info=True)  # (where: file, line)
             if ep.attr:  # (the AttributeError of a missing attribute does not say the value is wrong)
                 info.reason += (
                     f"; the entry point's value must be the thin module itself, "

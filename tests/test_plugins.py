@@ -172,6 +172,33 @@ def test_installed_plugins_are_discovered_and_broken_ones_isolated(site):
     assert plugins["torch"]["status"] == "ok" and plugins["radix"]["status"] == "ok"
 
 
+def test_plugins_that_did_not_load_are_warned_of_once_and_fail_a_check(site):
+    """``generate`` (and ``LLM()``) ran without a plugin whose import raised, saying nothing even
+    at --log-level debug; only ``minisgl plugins`` showed it, and exited 0 all the same, so a
+    plugin's CI could not check its install. Found by a third-party plugin walkthrough."""
+    proc = _minisgl(site, "generate", "--model", "demo", "--max-tokens", "1", "hi")
+    assert proc.returncode == 0, proc.stderr
+    warned = [line for line in proc.stderr.splitlines() if "is not loaded" in line]
+    # broken, raising, future (a name two plugins share is an error where it is selected; a
+    # class of the wrong kind, where its class is imported: neither is known at loading)
+    assert len(warned) == 3, proc.stderr
+    [broken] = [line for line in warned if "plugin 'broken'" in line]
+    assert broken.endswith(
+        "plugin 'broken' (minisgl-test-plugins 0.3.1) is not loaded (failed): import failed: "
+        "ModuleNotFoundError: No module named 'this_module_does_not_exist'; `minisgl plugins` lists "
+        "every plugin"
+    ), broken
+    listing = _minisgl(site, "plugins")  # its table says it: no warnings on top
+    assert listing.returncode == 0 and "is not loaded" not in listing.stderr, listing.stderr
+    check = _minisgl(site, "plugins", "--check")
+    assert check.returncode == 1
+    assert check.stderr.strip().splitlines()[-1] == (
+        "minisgl: error: not loaded: broken, future, good, other, raising, wrongkind (see the status column)"
+    ), check.stderr
+    clean = _minisgl(site, "plugins", "--check", MINISGL_PLUGINS="torch,radix,prefill-first")
+    assert clean.returncode == 0, clean.stderr
+
+
 def test_selecting_a_broken_plugin_names_distribution_and_cause(site):
     proc = _minisgl(site, "generate", "--attn", "raising", "--max-tokens", "1", "hi")
     assert proc.returncode == 2
