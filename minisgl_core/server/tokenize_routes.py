@@ -29,6 +29,7 @@ from minisgl_core.server.schemas import (
     template_kwargs,
 )
 from minisgl_core.server.state import ServerState
+from minisgl_core.tokenizer.chat_input import ToolsNotRendered, check_tools_rendered
 
 
 class TokenizeBody(StrictModel):
@@ -74,6 +75,19 @@ def _encode(
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("this model's tokenizer has no chat_template; start the server with --chat-template")
     args = {"add_generation_prompt": True, **(args or {})}
+    ids = _render(tokenizer, messages, args)
+    # tools the template drops are refused, as the chat route refuses them (this counted the
+    # prompt without them, with a 200)
+    check_tools_rendered(
+        ids,
+        args,
+        lambda free: _render(tokenizer, messages, free),
+        "start the server with --chat-template FILE whose template does",
+    )
+    return ids
+
+
+def _render(tokenizer: Any, messages: list[dict[str, Any]], args: dict[str, Any]) -> list[int]:
     ids = tokenizer.apply_chat_template(messages, tokenize=True, **args)
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):
         ids = ids["input_ids"]
@@ -94,6 +108,8 @@ def tokenize_router(state: ServerState, tokenizer: ApiTokenizer) -> APIRouter:
         state.check_prompt_size(body.prompt, messages, args)
         try:
             ids = await tokenizer.run(_encode, body, messages, args)
+        except ToolsNotRendered as exc:
+            raise APIError(400, str(exc), "tools") from None
         except Exception as exc:  # noqa: BLE001 - a template error is the request's problem
             raise APIError(
                 400, f"could not tokenize: {exc}", "messages" if body.messages is not None else "prompt"

@@ -548,6 +548,22 @@ def test_a_template_that_ignores_tools_is_a_400(client, model_name, choice):
     assert err.value.body["param"] == "tools"
 
 
+def test_tokenize_refuses_tools_the_template_drops_as_chat_does(server, auth):
+    """/tokenize counted such a prompt without its tools, with a 200, where the chat route says
+    the template drops them (found by a probe of the API); with a template that renders them it
+    counts them (test_tokenize_and_detokenize)."""
+    resp = httpx.post(f"{server.url}/tokenize", json={"messages": ASK, "tools": [WEATHER]}, headers=auth)
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["param"] == "tools" and error["type"] == "invalid_request_error"
+    assert error["message"] == (
+        "this model's chat template does not render tools; start the server with --chat-template FILE "
+        "whose template does"
+    )
+    plain = httpx.post(f"{server.url}/tokenize", json={"messages": ASK}, headers=auth)
+    assert plain.status_code == 200 and plain.json()["count"] > 0
+
+
 def test_tool_choice_none_needs_no_template_for_tools(client, tools_client, templated, model_name):
     """With tool_choice "none" the tools are context only: a template without a tools section
     answers plain content, as OpenAI and vLLM do (it was a 400); one with it still renders them."""
