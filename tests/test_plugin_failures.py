@@ -46,6 +46,11 @@ class RaisingAtInit(SchedulingPolicy):
         return None
 
 
+class RaisingCache(NaiveCache):
+    def match_prefix(self, tokens):
+        raise KeyError("the cache exploded on purpose")
+
+
 class RaisingCacheAtInit(NaiveCache):
     def __init__(self, *, page_size):
         raise ValueError("the cache's constructor exploded")
@@ -60,6 +65,7 @@ def minisgl_register_policies(register):
 @hookimpl
 def minisgl_register_caches(register):
     register("raising-init", "minisgl_raising:RaisingCacheAtInit")
+    register("raising", "minisgl_raising:RaisingCache")
 
 
 @hookimpl
@@ -115,6 +121,23 @@ def test_a_backend_that_raises_is_named_and_stops_the_engine(model_dir, plugin_i
     # the failed step's prompts were offered to the prefix cache without their KV: no more steps
     with pytest.raises(RuntimeError, match="the backend exploded on purpose"):
         llm.generate([[5, 6, 7, 8]], PARAMS)
+
+
+@pytest.mark.parametrize("policy", ["prefill-first", "lpm"])
+def test_a_cache_that_raises_under_the_policys_question_is_named_not_the_policy(
+    model_dir, plugin_installed, caplog, policy
+):
+    """The policy asks the cache (``state.cached_prefix_len``): the cache raising there was first
+    logged as the policy raising (naming the policy), then failed the step naming the cache."""
+    llm = cpu_llm(model_dir, cache="raising", policy=policy)
+    with pytest.raises(RuntimeError) as caught, caplog.at_level(logging.WARNING):
+        llm.generate([[5, 6, 7, 8]], PARAMS)
+    assert type(caught.value).__name__ == "PluginFailure"
+    assert str(caught.value) == (
+        f"cache 'raising' {NAMED} failed in RaisingCache.match_prefix: "
+        "KeyError: 'the cache exploded on purpose'"
+    )
+    assert not [r for r in caplog.records if "scheduling policy" in r.getMessage()], caplog.text
 
 
 def test_a_backend_that_raises_at_start_up_is_named(model_dir, plugin_installed):

@@ -134,6 +134,8 @@ class Scheduler:
         self._warned: set[str] = set()
         #: rounds in a row whose policy plan ran nothing while there was work (see STALL_ROUNDS)
         self._stalled_rounds = 0
+        #: what the cache raised this round under the policy's question (_cached_prefix_len)
+        self._cache_raised: Exception | None = None
         #: set by the engine while it writes a step trace: ``timer(phase, started, seconds)`` adds
         #: ``seconds`` of host time to the step's ``phase``; :meth:`schedule` then reports its parts
         self.timer: Callable[[str, float, float], None] | None = None
@@ -182,8 +184,19 @@ class Scheduler:
             waiting=[r.view() for r in self.waiting.values()],
             running=[r.view() for r in self.running.values()],
             budgets=budgets,
-            cached_prefix_len=lambda rid: self.kv.cached_prefix_len(self.waiting[rid]),
+            cached_prefix_len=self._cached_prefix_len,
         )
+
+    def _cached_prefix_len(self, rid: int) -> int:
+        """The policy's question to the cache. The cache raising is the cache's failure, not the
+        policy's: :meth:`_schedule` raises it as it is, so the engine names the cache (it was
+        first logged as the policy raising, and the core's own plan then asked the cache again)."""
+        req = self.waiting[rid]  # (a rid that is not waiting: the policy's mistake)
+        try:
+            return self.kv.cached_prefix_len(req)
+        except Exception as exc:
+            self._cache_raised = exc
+            raise
 
     def schedule(self) -> ScheduledBatch | None:
         """The next step's batch: the policy's plan, checked. A plan the core cannot use (not a
@@ -207,9 +220,12 @@ class Scheduler:
     def _schedule(self) -> ScheduledBatch | None:
         self.kv.new_round()
         state = self.state()
+        self._cache_raised = None
         try:
             plan = self.policy.schedule(state)
         except Exception as exc:  # noqa: BLE001 - nothing changed yet: the core plans this step
+            if self._cache_raised is not None:  # the cache failed under the policy's question
+                raise self._cache_raised from None
             self._complain(
                 "raised",
                 f"raised {type(exc).__name__}: {exc}; the core plans such steps itself (arrival order)",
