@@ -72,3 +72,19 @@ def test_the_real_model_passes_the_same_tests(model_dir: Path) -> None:
     suite = suite_for(Qwen3ForCausalLM)
     for _, test_name, _ in MUTANTS:
         getattr(suite, test_name)(model_dir)
+
+
+def test_a_new_architecture_is_told_to_write_its_own_checkpoint(tmp_path: Path) -> None:
+    """A third party's architecture name got the factory's bare "unknown arch" from every test,
+    and only the suite's source said make_model_dir may be overridden (found by a plugin
+    walkthrough)."""
+
+    class NewArch(ModelSuite):
+        model_cls = "LlamaForCausalLM"
+        architecture = "NewArchForCausalLM"
+
+    with pytest.raises(TypeError, match=r"^NewArch: the suite's default make_model_dir writes only") as err:
+        NewArch().make_model_dir(tmp_path)
+    assert "override make_model_dir(self, path) to write a checkpoint of 'NewArchForCausalLM'" in str(
+        err.value
+    )

@@ -56,10 +56,24 @@ class ModelSuite:
     # --- hooks a subclass may override ---
 
     def make_model_dir(self, path: Path) -> Path:
-        """Write a random checkpoint of the architecture (config.json, safetensors, tokenizer)."""
+        """Write a random checkpoint of the architecture (config.json, safetensors, tokenizer).
+
+        The default writes the architectures the demo factory knows (transformers' own configs
+        and initialisation); a plugin adding another overrides this to write its own checkpoint,
+        e.g. the factory's of a related architecture with config.json's ``architectures`` and
+        the weight names changed."""
         from minisgl_core.demo.factories import make_model_dir
 
-        return make_model_dir(path, self.architecture, seed=self.seed, **self.config_overrides)
+        try:
+            return make_model_dir(path, self.architecture, seed=self.seed, **self.config_overrides)
+        except ValueError as exc:
+            if not str(exc).startswith("unknown arch"):
+                raise
+            raise TypeError(
+                f"{type(self).__name__}: the suite's default make_model_dir writes only the "
+                f"architectures it knows ({exc}); override make_model_dir(self, path) to write a "
+                f"checkpoint of {self.architecture!r} into path and return it"
+            ) from None
 
     # --- plumbing ---
 
