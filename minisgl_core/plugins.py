@@ -633,6 +633,11 @@ class Plugins:
             hint += f"; or by a plugin not loaded for a name conflict: {'; '.join(conflicts.values())}"
         if disabled:
             hint += f"; or by a disabled plugin: {', '.join(disabled)}"
+        undiscovered = _undiscovered_distributions()
+        if undiscovered:  # (a plugin under another entry-point group is never loaded, silently)
+            hint += (
+                f"; installed but never loaded, having no {GROUP!r} entry point: {'; '.join(undiscovered)}"
+            )
         return f"unknown {selection(kind, name, self.spelling)}; installed: {have}; {hint}"
 
     # ---------------------------------------------------------------- reporting
@@ -949,6 +954,20 @@ def _each(items: list[str]) -> str:
 
 def _canonical(distribution: str) -> str:
     return re.sub(r"[-_.]+", "-", distribution).lower()
+
+
+def _undiscovered_distributions() -> list[str]:
+    """Installed ``minisgl-plugin-*`` distributions that declare no entry point in :data:`GROUP`
+    (one under ``minisgl_plugins`` or ``minisgl.plugin``), each with the groups it does declare."""
+    found = set()
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"] or ""
+        if not _canonical(name).startswith("minisgl-plugin-"):
+            continue
+        groups = sorted({ep.group for ep in dist.entry_points})
+        if GROUP not in groups:
+            found.add(f"{name} {dist.version} (entry-point groups: {', '.join(map(repr, groups)) or 'none'})")
+    return sorted(found)
 
 
 def _plugin_hint(kind: str, name: str) -> str:

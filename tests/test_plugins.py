@@ -73,7 +73,12 @@ class Fifo(SchedulingPolicy):
 
 
 def _write_dist(
-    root: Path, dist: str, package: str, modules: dict[str, str], entry_points: dict[str, str]
+    root: Path,
+    dist: str,
+    package: str,
+    modules: dict[str, str],
+    entry_points: dict[str, str],
+    group: str = "minisgl.plugins",
 ) -> Path:
     src = root / dist
     (src / package).mkdir(parents=True)
@@ -90,7 +95,7 @@ def _write_dist(
             [project]
             name = "{dist}"
             version = "0.3.1"
-            [project.entry-points."minisgl.plugins"]
+            [project.entry-points."{group}"]
             """
         )
         + eps
@@ -126,10 +131,19 @@ def site(tmp_path_factory) -> Path:
     second = _write_dist(
         root, "minisgl-test-other", "minisgl_test_other", {"dup": DUPLICATE, "impl": IMPL}, {"other": "dup"}
     )
+    # a plugin under a misspelt group: never discovered (named where a selection finds nothing)
+    third = _write_dist(
+        root,
+        "minisgl-plugin-misgrouped",
+        "minisgl_plugin_misgrouped",
+        {"thin": GOOD.replace("test-fifo", "misgrouped-fifo").replace("dup", "misgrouped-dup"), "impl": IMPL},
+        {"misgrouped": "thin"},
+        group="minisgl_plugins",
+    )
     target = root / "site"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index",
-         "--target", str(target), str(first), str(second)],
+         "--target", str(target), str(first), str(second), str(third)],
         check=True,
     )  # fmt: skip
     return target
@@ -197,6 +211,19 @@ def test_plugins_that_did_not_load_are_warned_of_once_and_fail_a_check(site):
     ), check.stderr
     clean = _minisgl(site, "plugins", "--check", MINISGL_PLUGINS="torch,radix,prefill-first")
     assert clean.returncode == 0, clean.stderr
+
+
+def test_a_plugin_under_another_entry_point_group_is_named_where_its_name_is_not_found(site):
+    """A plugin declared under ``minisgl_plugins`` (or ``minisgl.plugin``) was never loaded, and
+    selecting its name said only to install a package, already installed. Found by a third-party
+    plugin walkthrough."""
+    proc = _minisgl(site, "generate", "--policy", "misgrouped-fifo", "--max-tokens", "1", "hi")
+    assert proc.returncode == 2
+    assert (
+        "installed but never loaded, having no 'minisgl.plugins' entry point: minisgl-plugin-misgrouped "
+        "0.3.1 (entry-point groups: 'minisgl_plugins')"
+    ) in proc.stderr, proc.stderr
+    assert "misgrouped" not in _listing(site)
 
 
 def test_selecting_a_broken_plugin_names_distribution_and_cause(site):
