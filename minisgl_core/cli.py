@@ -15,7 +15,7 @@ from minisgl_core.plugins import PluginError, Plugins
 
 
 def _cmd_plugins(args: argparse.Namespace) -> int:
-    plugins = Plugins.load(disable=args.disable_plugin, report_unloaded=False)  # (the table says it)
+    plugins = Plugins.load(disable=args.disable_plugin)
     plugins.check_classes()
     if args.json:
         print(json.dumps(plugins.listing(), indent=2))
@@ -146,7 +146,7 @@ def build_parser(plugins: Plugins | None = None) -> argparse.ArgumentParser:
 
     if plugins is None:
         try:
-            plugins = Plugins.load(report_unloaded=False)  # (the command's own load reports)
+            plugins = Plugins.load()
         except Exception as exc:  # noqa: BLE001 - the CLI works without its plugins' help
             logging.getLogger(__name__).warning("could not load plugins for the command line's help: %s", exc)
     parser = _Parser(prog="minisgl", description="minisgl: a small plugin-based LLM serving engine")

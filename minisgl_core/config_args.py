@@ -332,6 +332,7 @@ def engine_config_from_args(
     plugins = plugins or Plugins.load(disable=args.disable_plugin)
     if not names_checked:
         check_plugin_names(values, plugins)
+    plugins.report_unloaded()  # (after the names: an error about a selected one says it itself)
     for name in SPECULATIVE_TUNING:  # None: not given, EngineConfig's default
         if values[name] is None:
             del values[name]

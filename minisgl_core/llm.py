@@ -149,7 +149,7 @@ _NOT_NEEDED_OPTIONS = NOT_NEEDED_KEYWORDS
 def _plugins_options() -> dict[str, Any]:
     """The installed plugins' options (for a hint only: a failure to load says nothing here)."""
     try:
-        return Plugins.load(deprecation_warnings=False, report_unloaded=False).option_defaults()
+        return Plugins.load(deprecation_warnings=False).option_defaults()
     except Exception:  # noqa: BLE001 - the real start reports it
         return {}
 
@@ -290,6 +290,7 @@ class LLM:
                 "`minisgl serve --tp N` for tensor parallelism"
             )
         plugins = Plugins.load(disable=disable_plugins, spelling=spelling)
+        plugins.report_unloaded()
         check_grammar_backend(plugins, config.grammar_backend, EngineConfig.grammar_backend)
         # plugins' own options at the top level, as under serve (ctx.options["example_max_wait"]),
         # each at its default unless given

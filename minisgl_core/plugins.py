@@ -218,15 +218,13 @@ class Plugins:
         entry_points: Iterable[metadata.EntryPoint] | None = None,
         spelling: Spelling = "flag",
         deprecation_warnings: bool = True,
-        report_unloaded: bool = True,
     ) -> Plugins:
         """Discover and load plugins. ``allow`` None = all; ``disable`` names are skipped;
         ``spelling``: how errors name the settings that select plugins (``--attn`` or ``attn=``);
         ``deprecation_warnings`` False: a 1.x plugin's warning is not shown (the server's processes
-        after the launcher, which showed it); ``report_unloaded`` False: a plugin that failed to
-        load (failed, incompatible, in conflict) is not logged as a warning (once a process
-        otherwise: the server's processes after the launcher, and ``minisgl plugins``, whose
-        table says it).
+        after the launcher, which showed it). Plugins that did not load are logged by
+        :meth:`report_unloaded`, which the commands that run a model call once their selections
+        are checked (an error about a selected plugin says it on its own).
 
         Defaults come from ``MINISGL_PLUGINS`` (allow-list; empty string = none) and
         ``MINISGL_DISABLE_PLUGINS`` (comma-separated)."""
@@ -286,11 +284,9 @@ class Plugins:
                 info.status, info.reason = "disabled", "not in the MINISGL_PLUGINS allow-list"
                 continue
             self._load_one(info, ep)
-        if report_unloaded:
-            self._report_unloaded()
         return self
 
-    def _report_unloaded(self) -> None:
+    def report_unloaded(self) -> None:
         """A warning for each plugin that did not load for a fault of its own, once a process: a
         plugin whose import raised was otherwise seen only in ``minisgl plugins`` and the server's
         ready line, and ``generate`` or ``LLM()`` ran without it saying nothing."""

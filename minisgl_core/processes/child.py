@@ -126,7 +126,7 @@ def _summary(exc: BaseException) -> str:
 def load_plugins(disable: Iterable[str]) -> Plugins:
     """The plugins, as the launcher loaded them: the deprecation warnings it showed once (a 1.x
     plugin's) are not shown again by each of the server's processes."""
-    return Plugins.load(disable=disable, deprecation_warnings=False, report_unloaded=False)
+    return Plugins.load(disable=disable, deprecation_warnings=False)
 
 
 def run_child(spec: ChildSpec, main: ChildMain) -> None:

@@ -176,7 +176,7 @@ def add_server_commands(subparsers: Any, plugins: Plugins | None = None) -> None
 
     if plugins is None:
         try:
-            plugins = Plugins.load(report_unloaded=False)  # (the command's own load reports)
+            plugins = Plugins.load()
         except Exception as exc:  # noqa: BLE001
             logger.warning("could not load plugins for their CLI options: %s", exc)
 
