@@ -54,7 +54,7 @@ class CacheManager(ABC):
     def insert_prefix(self, tokens: list[int], slots: torch.Tensor) -> torch.Tensor:
         """Offer ``slots`` (one per token, ``len(tokens)`` a multiple of page_size) to the cache.
 
-        Returns the offered slots the cache did not keep (for example positions it already
+        Returns (1-D int64, CPU) the offered slots the cache did not keep (for example positions it already
         had under other slots); the caller frees those. Every other slot now belongs to the cache.
         A slot the cache already holds for that position (the caller's own matched prefix) is
         neither kept twice nor returned."""
@@ -62,7 +62,7 @@ class CacheManager(ABC):
     @abstractmethod
     def evict(self, num_tokens: int) -> torch.Tensor:
         """Free at least ``num_tokens`` unlocked tokens if possible (least recently used first);
-        return the freed slots (possibly fewer when not enough is evictable)."""
+        return the freed slots (1-D int64, CPU; possibly fewer when not enough is evictable)."""
 
     @abstractmethod
     def size_info(self) -> CacheSize: ...
