@@ -25,8 +25,9 @@ def model_dir(tmp_path_factory):
     )
 
 
-def run_bounded(engine, until=lambda: False) -> dict[int, list[int]]:
-    """Step until nothing is left (or ``until()``), each request's tokens; fails past STEP_LIMIT."""
+def run_bounded(engine, scores: dict | None = None, until=lambda: False) -> dict[int, list[int]]:
+    """Step until nothing is left (or ``until()``), each request's tokens (and into ``scores`` its
+    prompt logprobs, where it asked for them); fails past STEP_LIMIT."""
     tokens: dict[int, list[int]] = {}
     for _ in range(STEP_LIMIT):
         if not engine.has_work or until():
@@ -34,26 +35,33 @@ def run_bounded(engine, until=lambda: False) -> dict[int, list[int]]:
         for out in engine.step():
             if out.token_id >= 0:
                 tokens.setdefault(out.rid, []).append(out.token_id)
+            if scores is not None and out.prompt_logprobs is not None:
+                assert out.rid not in scores, "prompt logprobs sent twice"
+                scores[out.rid] = out.prompt_logprobs
     raise AssertionError(f"requests still unfinished after {STEP_LIMIT} steps: {engine.stats()}")
 
 
-def alone(model_dir, prompt: list[int], params: SamplingParams) -> list[int]:
+def alone(model_dir, prompt: list[int], params: SamplingParams):
     llm = cpu_llm(model_dir, cache="naive")
     [out] = llm.generate([prompt], params, use_tqdm=False)
     llm.close()
-    return out.token_ids
+    return out
 
 
 @pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "no-overlap"])
-def test_a_decode_takes_back_the_pages_of_a_prompt_admitted_after_it(model_dir, overlap):
+@pytest.mark.parametrize("scored", [False, True], ids=["plain", "prompt-logprobs"])
+def test_a_decode_takes_back_the_pages_of_a_prompt_admitted_after_it(model_dir, overlap, scored):
     """A long decode has run long enough that admission expects little more of it (the reserve
     ratio at its floor); a prompt admitted then is prefilled one token a mixed step beside it, and
-    the two exhaust the pool before either finishes (prefill and decode steps taking turns, the
-    prompt is prefilled whole first: prefill-first never lets the decode grow meanwhile). The partly prefilled prompt gives its pages back
-    (its computed part to the prefix cache) and is admitted again later: both finish, with the
-    tokens each gets alone."""
+    the two exhaust the pool before either finishes. The partly prefilled prompt gives its pages
+    back (its computed part to the prefix cache) and is admitted again later: both finish, with
+    the tokens (and a scored prompt's logprobs, each position scored once) each gets alone.
+    (Prefill and decode steps taking turns instead, prefill-first prefills the prompt whole before
+    the decode grows again: that never ran out.)"""
     long = SamplingParams(temperature=0.0, max_tokens=500, ignore_eos=True)
-    short = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    short = SamplingParams(
+        temperature=0.0, max_tokens=1, ignore_eos=True, prompt_logprobs=1 if scored else None
+    )
     prompt_a, prompt_b = [5, 6, 7, 8], list(range(10, 130))
     llm = cpu_llm(
         model_dir, cache="radix", num_kv_tokens=512, max_prefill_tokens=2, overlap=overlap, mixed_batch=True
@@ -61,12 +69,18 @@ def test_a_decode_takes_back_the_pages_of_a_prompt_admitted_after_it(model_dir, 
     engine = llm.engine
     engine.add_request(0, prompt_a, long)
     running = engine.scheduler.running
+    scores: dict[int, list] = {}
     tokens = run_bounded(engine, until=lambda: 0 in running and running[0].num_computed >= 330)
     engine.add_request(1, prompt_b, short)
-    for rid, more in run_bounded(engine).items():
+    for rid, more in run_bounded(engine, scores).items():
         tokens.setdefault(rid, []).extend(more)
-    assert tokens[0] == alone(model_dir, prompt_a, long)
-    assert tokens[1] == alone(model_dir, prompt_b, short)
+    assert tokens[0] == alone(model_dir, prompt_a, long).token_ids
+    reference = alone(model_dir, prompt_b, short)
+    assert tokens[1] == reference.token_ids
+    if scored:
+        assert [p and p.token_id for p in scores[1]] == [None, *prompt_b[1:]]
+        got = [p.logprob for p in scores[1][1:]]
+        assert got == pytest.approx([p.logprob for p in reference.prompt_logprobs[1:]], abs=1e-4)
     assert engine.stats()["retractions"] >= 1  # the test can tell: the pool did run out
     assert_kv_released(llm)
     engine.scheduler.kv.cache.check_integrity()
@@ -96,7 +110,7 @@ def test_a_prompt_cached_whole_is_admitted_when_the_pool_holds_little_else(model
         engine.add_request(rid, prompt, params)
         tokens = run_bounded(engine)
         first, second = (tokens[rid], second) if rid == 0 else (first, tokens[rid])
-    assert second == first == alone(model_dir, prompt, params)
+    assert second == first == alone(model_dir, prompt, params).token_ids
     assert_kv_released(llm)
     engine.scheduler.kv.cache.check_integrity()
     llm.close()

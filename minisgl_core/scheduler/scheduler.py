@@ -595,8 +595,6 @@ class Scheduler:
             computed = victim.num_computed
             self._release(victim)
             victim.num_computed = 0
-            if victim.scores_prompt:  # prefilled again from its start, scored again
-                victim.prompt_logprobs = [None]
             self.kv.retracted()
             logger.info(
                 "KV pool full: request %d gave back its prefill (%d tokens so far)", victim.rid, computed
