@@ -789,6 +789,12 @@ class Plugins:
         rows = []
         for info in self.infos:
             row = info.to_json()
+            # each name's class, "module:Class": what a plugin that builds on another imports
+            row["targets"] = {
+                kind: {reg.name: reg.target for reg in self.registry[kind].values() if reg.plugin is info}
+                for kind in KINDS
+                if info.provides[kind]
+            }
             notes = [
                 note
                 for kind in KINDS

@@ -184,6 +184,11 @@ def test_installed_plugins_are_discovered_and_broken_ones_isolated(site):
     assert "upgrade minisgl-core" in plugins["future"]["reason"]
     # first-party plugins still load next to the broken ones
     assert plugins["torch"]["status"] == "ok" and plugins["radix"]["status"] == "ok"
+    # each name's class, for a plugin that wraps another's (it had to read the plugin's source)
+    assert plugins["torch"]["targets"] == {
+        "attention": {"torch": "minisgl_plugin_torch.backend:TorchAttentionBackend"}
+    }
+    assert plugins["broken"]["targets"] == {}
 
 
 def test_plugins_that_did_not_load_are_warned_of_once_and_fail_a_check(site):
