@@ -290,7 +290,6 @@ class LLM:
                 "`minisgl serve --tp N` for tensor parallelism"
             )
         plugins = Plugins.load(disable=disable_plugins, spelling=spelling)
-        plugins.report_unloaded()
         check_grammar_backend(plugins, config.grammar_backend, EngineConfig.grammar_backend)
         # plugins' own options at the top level, as under serve (ctx.options["example_max_wait"]),
         # each at its default unless given
@@ -304,6 +303,8 @@ class LLM:
         self._context = ProcessContext(role="offline", options=options)
         plugins.call_hook("minisgl_process_start", ctx=self._context)
         self.engine = Engine(self.config, ParallelContext(), plugins)
+        # (once the selections resolved: an error about a selected one says it on its own)
+        plugins.report_unloaded()
         self.tokenizer = self.engine.tokenizer
         self._rids = itertools.count()
         self._closed = False

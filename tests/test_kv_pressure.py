@@ -102,7 +102,7 @@ def test_a_prompt_cached_whole_is_admitted_when_the_pool_holds_little_else(model
     read (the last prompt token, run again for its logits; every token when it scores the prompt)
     as locked room: they are evictable, and it is admitted."""
     pool = 256
-    prompt = [(7 * i) % 1000 + 5 for i in range(pool - 1)]
+    prompt = [(7 * i) % 1000 + 5 for i in range(pool - page_size)]  # ends on a page: its last is run again
     llm = cpu_llm(model_dir, cache="radix", num_kv_tokens=pool, page_size=page_size)
     engine = llm.engine
     first = second = None

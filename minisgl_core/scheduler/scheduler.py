@@ -578,36 +578,37 @@ class Scheduler:
     def _retract_until_decode_fits(self, reqs: list[Request]) -> None:
         """Retract the newest requests (removed from ``reqs``) until every other one can grow by a token.
 
-        First the prompts admitted but only partly prefilled (they wait for their next chunk) give
-        their pages back, newest first: admission expects less output of long runs as they go, so
-        a prompt admitted late and prefilled a chunk a step beside a decode could hold the pool's
-        last pages when that decode needed one. Then running requests are retracted, newest first.
-        Either gives its KV to the prefix cache and waits to be admitted again, a retracted one
-        with its output so far appended to what it must prefill. No step is in flight here: the
-        engine lands it first when :meth:`decode_may_retract` says so."""
+        The candidates are the running requests (one always stays) and the prompts admitted but
+        only partly prefilled (they wait for their next chunk and hold pages too): admission
+        expects less output of long runs as they go, so a prompt admitted late and prefilled a
+        chunk a step beside a decode could hold the pool's last pages when that decode, the only
+        one running, needed one. The newest goes first. A partly prefilled prompt gives its pages
+        back (what it computed to the prefix cache) and is admitted again later; a retracted
+        request waits again with its output so far appended to what it must prefill. Both count
+        as retractions. No step is in flight here: the engine lands it first when
+        :meth:`decode_may_retract` says so (``reqs`` is a subset of the running requests)."""
         needed = self.kv.needing_a_page(reqs)
         if needed <= self.kv.obtainable_pages():
             return
         partly = [r for r in self.waiting.values() if r.admitted]
-        for victim in sorted(partly, key=lambda r: r.arrival, reverse=True):
-            if needed <= self.kv.obtainable_pages():
-                return
-            computed = victim.num_computed
-            self._release(victim)
-            victim.num_computed = 0
+        while needed > self.kv.obtainable_pages() and (partly or len(reqs) > 1):
+            victim = max(partly + reqs if len(reqs) > 1 else partly, key=lambda r: r.arrival)
             self.kv.retracted()
-            logger.info(
-                "KV pool full: request %d gave back its prefill (%d tokens so far)", victim.rid, computed
-            )
-        while needed > self.kv.obtainable_pages() and len(reqs) > 1:
-            victim = max(reqs, key=lambda r: r.arrival)
+            if victim in partly:
+                partly.remove(victim)
+                computed = victim.num_computed
+                self._release(victim)
+                victim.num_computed = 0
+                logger.info(
+                    "KV pool full: request %d gave back its prefill (%d tokens so far)", victim.rid, computed
+                )
+                continue
             reqs.remove(victim)
             del self.running[victim.rid]
             self._release(victim)
             victim.fill_ids = victim.prompt_ids + victim.output_ids
             victim.num_computed = 0
             self.waiting[victim.rid] = victim
-            self.kv.retracted()
             needed = self.kv.needing_a_page(reqs)
             logger.info("KV pool full: retracted request %d (%d tokens so far)", victim.rid, victim.fill_len)
 

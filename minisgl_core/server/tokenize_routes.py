@@ -81,10 +81,19 @@ def _encode(
     check_tools_rendered(
         ids,
         args,
-        lambda free: _render(tokenizer, messages, free),
+        lambda free: _render_or_none(tokenizer, messages, free),
         "start the server with --chat-template FILE whose template does",
     )
     return ids
+
+
+def _render_or_none(tokenizer: Any, messages: list[dict[str, Any]], args: dict[str, Any]) -> list[int] | None:
+    """The rendering without the tools; None where the template cannot render without them (it
+    raises: such a template uses them), as ``LLM.chat`` asks it."""
+    try:
+        return _render(tokenizer, messages, args)
+    except ValueError:
+        return None
 
 
 def _render(tokenizer: Any, messages: list[dict[str, Any]], args: dict[str, Any]) -> list[int]:
