@@ -11,17 +11,18 @@ from typing import Any, NoReturn
 from minisgl_core import environment
 from minisgl_core.checkpoint.resolve import ModelNotFound
 from minisgl_core.config import ConfigError
-from minisgl_core.plugins import PluginError, Plugins
+from minisgl_core.plugins import NOT_LOADED, PluginError, Plugins
 
 
 def _cmd_plugins(args: argparse.Namespace) -> int:
     plugins = Plugins.load(disable=args.disable_plugin)
     plugins.check_classes()
+    listing = plugins.listing()
     if args.json:
-        print(json.dumps(plugins.listing(), indent=2))
+        print(json.dumps(listing, indent=2))
     else:
         print(plugins.format_table())
-    broken = [p["name"] for p in plugins.listing() if p["status"] in ("failed", "incompatible", "conflict")]
+    broken = [p["name"] for p in listing if p["status"] in NOT_LOADED]
     if args.check and broken:
         print(f"minisgl: error: not loaded: {', '.join(broken)} (see the status column)", file=sys.stderr)
         return 1

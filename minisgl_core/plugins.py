@@ -36,8 +36,10 @@ logger = logging.getLogger(__name__)
 
 #: names in the environment's plugin lists that no installed plugin has, already warned about
 _WARNED_UNKNOWN: set[str] = set()
-#: plugins whose failure to load this process has logged (see Plugins._report_unloaded)
+#: plugins whose failure to load this process has logged (see Plugins.report_unloaded)
 _WARNED_UNLOADED: set[str] = set()
+#: the statuses of a plugin that did not load for a fault of its own
+NOT_LOADED = ("failed", "incompatible", "conflict")
 
 GROUP = "minisgl.plugins"
 #: what a registered name may be: a flag's value (``--attn a,b`` lists two; spaces split words)
@@ -291,7 +293,7 @@ class Plugins:
         plugin whose import raised was otherwise seen only in ``minisgl plugins`` and the server's
         ready line, and ``generate`` or ``LLM()`` ran without it saying nothing."""
         for info in self.infos:
-            if info.status in ("failed", "incompatible", "conflict") and info.name not in _WARNED_UNLOADED:
+            if info.status in NOT_LOADED and info.name not in _WARNED_UNLOADED:
                 _WARNED_UNLOADED.add(info.name)
                 logger.warning(
                     "plugin %r (%s %s) is not loaded (%s): %s; `minisgl plugins` lists every plugin",
