@@ -36,6 +36,8 @@ _IGNORED_KEYWORDS = (
     "dependentSchemas",
     "dependencies",
     "unevaluatedProperties",
+    "$dynamicRef",
+    "$recursiveRef",
 )
 
 

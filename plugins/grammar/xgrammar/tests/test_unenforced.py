@@ -56,6 +56,18 @@ REFUSED = [
         "'dependentRequired' at #",
     ),
     ({"type": "number", "multipleOf": 0.5}, "0.3", "'multipleOf' on a number at #"),
+    # dynamic references are dropped: any value passes where the anchored schema is wanted
+    # (found by an API probe: {"a":"x"} for a recursive object, finish "stop")
+    (
+        {"$dynamicAnchor": "n", "type": "object", "properties": {"a": {"$dynamicRef": "#n"}}, "required": ["a"]},
+        '{"a":"x"}',
+        "'$dynamicRef' at #/properties/a",
+    ),
+    (
+        {"$recursiveAnchor": True, "type": "object", "properties": {"a": {"$recursiveRef": "#"}}, "required": ["a"]},
+        '{"a":1}',
+        "'$recursiveRef' at #/properties/a",
+    ),
     # an integer's multipleOf is dropped beside any bound (found by an API probe: 101 for
     # multipleOf 5, maximum 1000, finish "stop")
     ({"type": "integer", "multipleOf": 5, "maximum": 1000}, "101", "'multipleOf' beside 'maximum' at #"),
