@@ -504,6 +504,20 @@ class GrammarBackendSuite:
         self.feed(m, tokenizer, json.dumps(value, separators=(",", ":")), vocab_size)
         self.finish(m, stop_id, vocab_size)
 
+    def test_the_schema_true_takes_any_json_value(
+        self, backend: GrammarBackend, tokenizer: Any, vocab_size: int, stop_id: int
+    ) -> None:
+        """JSON Schema's ``true`` (as ``{}``) is any value; OpenAI clients send it for "no
+        constraint". llguidance takes objects only, so it needs mapping."""
+        self.need(backend, "json_schema")
+        for text in ('{"a":[1,"x",null]}', "5", '"s"', "[true]"):
+            assert self.takes(
+                self.matcher(backend, "json_schema", "true"), tokenizer, text, stop_id, vocab_size
+            ), text
+        assert not self.takes(
+            self.matcher(backend, "json_schema", "true"), tokenizer, "nope", stop_id, vocab_size
+        )
+
     def test_random_walks_validate_against_the_schema(
         self, backend: GrammarBackend, tokenizer: Any, vocab_size: int, stop_id: int
     ) -> None:
@@ -895,6 +909,8 @@ class GrammarBackendSuite:
         [
             ("json_schema", "{not json"),
             ("json_schema", '{"type": "no-such-type"}'),
+            ("json_schema", "false"),  # no value at all
+            ("json_schema", "5"),  # a schema is an object or a boolean
             ("regex", "(unclosed"),
             ("choice", "[]"),
             ("choice", '["a", 1]'),

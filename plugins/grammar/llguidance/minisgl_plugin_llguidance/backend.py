@@ -139,6 +139,14 @@ class LLGuidanceBackend(GrammarBackend):
                 schema = json.loads(spec.value)
             except json.JSONDecodeError as exc:
                 raise GrammarError(f"json_schema is not valid JSON: {exc}") from exc
+            # a schema is an object or a boolean; llguidance takes objects only ("Expecting object
+            # schema to apply options" for each of true, false and 5)
+            if schema is True:
+                schema, spec = {}, GrammarSpec("json_schema", "{}")
+            elif schema is False:
+                raise GrammarError("json_schema: the schema false accepts no value at all")
+            elif not isinstance(schema, dict):
+                raise GrammarError(f"json_schema must be a JSON object or a boolean, got {spec.value[:60]}")
             repeatable = repeatable_key_counts(schema)
             if repeatable:
                 raise GrammarError(
