@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import logging
 import os
 import socket
@@ -97,6 +98,19 @@ def join_parent_store(backend: str, rank: int, world: int, port: int) -> None:
     """Rank ``rank``: join the default process group through the :func:`parent_store` on ``port``."""
     store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=RENDEZVOUS_TIMEOUT)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world)
+
+
+def leave_parent_store_group() -> None:
+    """A rank of :func:`join_parent_store` leaving its group once its engine is closed and its
+    caller dropped every reference to it. Engine start-up freezes every live object
+    (``gc.freeze``), so a cycle through the engine keeps the process group alive past
+    ``destroy_process_group``: gloo's worker threads then outlive the interpreter's teardown, and
+    one finishing a collective late aborts the process ("terminate called without an active
+    exception", exit -6) after its work was done. Collecting first lets the group go for good."""
+    gc.unfreeze()
+    gc.collect()
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 class PeerLost(RuntimeError):

@@ -9,7 +9,7 @@ import pytest
 import torch.multiprocessing as mp
 
 from minisgl_core.demo.factories import make_model_dir
-from minisgl_core.distributed import join_parent_store, parent_store
+from minisgl_core.distributed import join_parent_store, leave_parent_store_group, parent_store
 
 PROMPTS = [[11, 12, 13, 14, 15], list(range(20, 70)), [7] * 9]
 
@@ -41,7 +41,8 @@ def _rank(rank: int, world: int, port: int, model_dir: str, queue, quantization:
                 prompt_logprobs = [(lp.logprob, [t for t, _ in lp.top]) for lp in out.prompt_logprobs[1:]]
         queue.put((rank, ([tokens[r] for r in range(len(PROMPTS))], prompt_logprobs)))
     finally:
-        dist.destroy_process_group()
+        engine = parallel = None
+        leave_parent_store_group()
 
 
 def _spawn_ranks(target, world: int, *args) -> dict:
@@ -138,7 +139,8 @@ def _speculative_rank(
         stats = {k: v for k, v in engine.stats().items() if k.startswith("spec_")}
         queue.put((rank, ([tokens[r] for r in range(len(SPEC_PROMPTS))], stats)))
     finally:
-        dist.destroy_process_group()
+        engine = None
+        leave_parent_store_group()
 
 
 def test_tp2_with_drafts_gives_tp1_greedy_tokens_and_its_ranks_agree_when_sampling(tmp_path):
@@ -199,6 +201,33 @@ def test_offline_tp_runner_counts_every_token_and_reports_the_page_size(tmp_path
     assert len(lines) > 1 and all(
         re.fullmatch(r"minisgl bench offline: [0-3]/3 requests done, \d+ s", x) for x in lines[1:]
     )
+
+
+def test_a_rank_leaving_its_group_lets_an_unclosed_engine_and_its_group_go(tmp_path):
+    """Engine start-up freezes every live object, so an engine a rank never closed (one that raised,
+    say) stays in memory with its process group past destroy_process_group; gloo's threads then
+    outlived the interpreter's teardown and aborted one TP test in ~20 (exit -6). Leaving through
+    leave_parent_store_group collects them first."""
+    import weakref
+
+    import torch.distributed as dist
+
+    from minisgl_core.api import ParallelContext
+    from minisgl_core.config import EngineConfig
+    from minisgl_core.engine.engine import Engine
+
+    model_dir = str(make_model_dir(tmp_path / "m", "LlamaForCausalLM"))
+    store = parent_store(1)
+    join_parent_store("gloo", 0, 1, store.port)
+    try:
+        parallel = ParallelContext(0, 1, dist.group.WORLD)
+        engine = Engine(EngineConfig(model=model_dir, attn="torch", device="cpu", dtype="float32"), parallel)
+        held = weakref.ref(parallel), weakref.ref(engine)
+        engine = parallel = None
+    finally:
+        leave_parent_store_group()
+    assert not dist.is_initialized()
+    assert held[0]() is None and held[1]() is None
 
 
 def test_all_reduce_takes_an_installed_fast_path_and_falls_back_when_it_declines(monkeypatch):
@@ -406,7 +435,8 @@ def _mixed_sampling_rank(rank: int, world: int, port: int, model_dir: str, queue
             logprobs += out.logprob is not None
         queue.put((rank, (sharded, [tokens[r] for r in range(4)], logprobs)))
     finally:
-        dist.destroy_process_group()
+        engine = None
+        leave_parent_store_group()
 
 
 def test_tp2_sampled_batches_agree_across_ranks_on_both_sampling_paths(tmp_path):
@@ -456,7 +486,8 @@ def _rank_cuda(rank: int, world: int, port: int, model_dir: str, env: dict, kwar
         queue.put((rank, (tokens, logprobs, engine.runner.prefill_graphs is not None)))
         engine.close()
     finally:
-        dist.destroy_process_group()
+        engine = parallel = None
+        leave_parent_store_group()
 
 
 #: one prefill step of 531 tokens (within the piecewise graphs' default 8,192), then decode steps of four rows

@@ -48,7 +48,7 @@ def _rank_main(
     import torch.distributed as dist
 
     from minisgl_core.api import ParallelContext
-    from minisgl_core.distributed import join_parent_store
+    from minisgl_core.distributed import join_parent_store, leave_parent_store_group
     from minisgl_core.engine.engine import Engine
     from minisgl_core.plugins import Plugins
 
@@ -79,8 +79,8 @@ def _rank_main(
         queue.put(("error", rank, traceback.format_exc()))
         raise
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        engine = None  # (the frame's reference: see leave_parent_store_group)
+        leave_parent_store_group()
 
 
 def run_offline_tp(
