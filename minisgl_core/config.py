@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar
@@ -136,6 +136,8 @@ class EngineConfig:
     step_trace: str | None = field(default_factory=lambda: environment.get("MINISGL_STEP_TRACE") or None)
 
     def __post_init__(self) -> None:
+        if self.plugin_options is None:  # (no options, as the command line passes none)
+            object.__setattr__(self, "plugin_options", {})
         self._check_types()
         if self.page_size is not None and (self.page_size < 1 or self.page_size & (self.page_size - 1)):
             raise ConfigError(f"page_size must be a power of two >= 1, got {self.page_size}", "page_size")
@@ -246,6 +248,20 @@ class EngineConfig:
         checked by it, so a field added later is too."""
         if not isinstance(self.model, (str, os.PathLike)):
             raise ConfigError(f"model must be a path or a name, got {self.model!r}", "model")
+        # (None was a TypeError from LLM, and a string's characters were taken for option names)
+        if not isinstance(self.plugin_options, Mapping):
+            raise ConfigError(
+                "plugin_options must be a dict of plugin options by name (or unset), got "
+                f"{self.plugin_options!r}",
+                "plugin_options",
+            )
+        # (a dict failed in the first kernel that asked for a switch)
+        if not isinstance(self.fast_paths, FastPaths):
+            raise ConfigError(
+                "fast_paths must be a minisgl_core.fast_paths.FastPaths, e.g. "
+                f"FastPaths().without('compile'); got {type(self.fast_paths).__name__}",
+                "fast_paths",
+            )
         for f in fields(self):
             kind, _, optional = str(f.type).partition(" | ")
             if kind not in self._KINDS or optional not in ("", "None"):

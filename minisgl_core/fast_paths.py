@@ -77,6 +77,17 @@ class FastPaths:
     #: oneDNN's linear instead of MKL's ``F.linear``, which is slow there at every row count
     cpu_onednn_gemm: bool = True
 
+    def __post_init__(self) -> None:
+        # ("no" was taken for true, as any non-empty string is)
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, bool):
+                from minisgl_core.config import ConfigError  # (here: config imports this module)
+
+                raise ConfigError(
+                    f"FastPaths field {f.name} must be true or false, got {value!r}", "fast_paths"
+                )
+
     def without(self, *names: str) -> FastPaths:
         """These switches turned off (names as in :data:`NAMES`)."""
         unknown = sorted(set(names) - set(NAMES))

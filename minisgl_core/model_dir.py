@@ -23,7 +23,16 @@ def load_hf_config(model_dir: str | Path) -> dict[str, Any]:
 def load_generation_config(model_dir: str | Path) -> dict[str, Any]:
     """The parsed ``generation_config.json``, or ``{}`` when the model has none."""
     path = Path(model_dir) / "generation_config.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    try:
+        config = json.loads(path.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{path} is not JSON ({exc})") from None
+    # (a list was an AttributeError from the first look-up of a field)
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} must hold a JSON object, got {type(config).__name__}")
+    return config
 
 
 def eos_token_ids(hf_config: dict, generation_config: dict) -> set[int]:

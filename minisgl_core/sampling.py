@@ -11,6 +11,9 @@ from typing import Any, ClassVar, NamedTuple
 
 from minisgl_core.api.grammar import GrammarError, GrammarSpec
 
+#: a lone UTF-16 surrogate: text no tokenizer encodes, nor UTF-8
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
 #: every integer a request carries travels as a signed 64-bit integer (msgpack, torch tensors)
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
@@ -231,6 +234,12 @@ class SamplingParams:
             raise ValueError(
                 f"stop strings must be at most {self.MAX_STOP_CHARS} characters, got one of {longest}"
             )
+        for i, text in enumerate(self.stop):  # (the scheduler's UnicodeEncodeError, once admitted)
+            if (surrogate := LONE_SURROGATE.search(text)) is not None:
+                raise ValueError(
+                    f"stop is not valid text: stop string {i} has a lone UTF-16 surrogate at index "
+                    f"{surrogate.start()}"
+                )
         stop_ids = tuple(integer("stop_token_ids", 0, INT64_MAX, token) for token in self.stop_token_ids)
         object.__setattr__(self, "stop_token_ids", stop_ids)
         if not finite("repetition_penalty") > 0:

@@ -110,6 +110,18 @@ def test_missing_tokenizer_files_are_named(model_dir, tmp_path):
         LLM(bad, attn="torch", device="cpu")
 
 
+def test_a_tokenizer_config_that_is_no_json_object_is_named(model_dir, tmp_path):
+    # (a list was transformers' "'list' object has no attribute 'get'", once the weights had loaded)
+    bad = _copy(model_dir, tmp_path, "listed")
+    (bad / "tokenizer_config.json").write_text("[1]")
+    with pytest.raises(ModelPathError) as err:
+        LLM(bad, attn="torch", device="cpu")
+    assert str(err.value) == (
+        f"model={str(bad)!r}: tokenizer files in {bad} could not be loaded: tokenizer_config.json must "
+        "hold a JSON object, got list"
+    )
+
+
 @pytest.mark.parametrize(
     ("changes", "says"),
     [

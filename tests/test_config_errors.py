@@ -142,6 +142,20 @@ def test_bad_engine_settings_name_the_field(options, field):
     assert field in err.value.fields
 
 
+def test_plugin_options_must_be_a_dict_and_none_means_none(model_dir):
+    """LLM(plugin_options=None) was a TypeError from the check of the option names, and a
+    string's characters were taken for option names."""
+    for value in ("x", ["a"], 3):
+        with pytest.raises(ConfigError) as err:
+            LLM(model_dir, attn="torch", device="cpu", plugin_options=value)
+        assert str(err.value) == (
+            f"plugin_options must be a dict of plugin options by name (or unset), got {value!r}"
+        )
+        assert err.value.fields == ("plugin_options",)
+    with LLM(model_dir, attn="torch", device="cpu", plugin_options=None) as llm:
+        assert llm.config.plugin_options == {}
+
+
 def test_the_command_line_names_the_flag_not_the_field():
     with pytest.raises(ConfigError) as err:
         EngineConfig(model="x", speculative_ngram_min=3, speculative_ngram_max=2)
@@ -585,6 +599,41 @@ def test_bench_inputs_it_cannot_use_are_one_line_before_anything_loads(args, say
     proc = _cli("bench", *args)
     assert proc.returncode in (1, 2) and "Traceback" not in proc.stderr, proc.stderr
     assert says in proc.stderr.strip().splitlines()[-1], proc.stderr
+
+
+#: JSON that is no schema the default grammar backend (xgrammar) compiles, and a word of its refusal
+REFUSED_SCHEMAS = [('{"type": "foo"}', "foo"), ("5", "5"), ('{"not": {}}', "not"),
+                   ('{"type": "array", "uniqueItems": true}', "uniqueItems")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("schema", "word"), REFUSED_SCHEMAS)
+def test_bench_grammar_with_a_schema_the_backend_refuses_is_one_line(
+    tmp_path_factory, tmp_path, schema, word
+):
+    # (the grammar backend's GrammarError traceback, exit code 1)
+    source = tmp_path / "schema.json"
+    source.write_text(schema)
+    cache = tmp_path_factory.getbasetemp() / "bench-tokenizer"  # (trained once for the four)
+    proc = _cli("bench", "grammar", "--grammar-schema", str(source), "--vocab-size", "4096", "--rows", "2",
+                "--steps", "3", "--warm-steps", "1", "--max-tokens", "8", "--model-cache", str(cache))  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    [line] = proc.stderr.splitlines()
+    assert line.startswith(f"minisgl bench grammar: error: argument --grammar-schema: {source}: "), line
+    assert word in line.split(str(source), 1)[1], line
+    assert proc.stdout == ""
+
+
+def test_bench_offline_with_a_schema_the_backend_refuses_is_one_line(tmp_path):
+    # (the same traceback once the model had loaded; a vocabulary the standard workload fits)
+    model = make_model_dir(tmp_path / "m", "LlamaForCausalLM", vocab_size=10240)
+    source = tmp_path / "schema.json"
+    source.write_text('{"type": "foo"}')
+    proc = _cli("bench", "offline", "--model", str(model), "--device", "cpu", "--num-requests", "1",
+                "--grammar-schema", str(source))  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"minisgl bench offline: error: argument --grammar-schema: {source}: "), last
+    assert "foo" in last.split(str(source), 1)[1] and proc.stdout == "", last
 
 
 def test_bench_grammar_runs_at_its_smallest_vocabulary(tmp_path):

@@ -88,6 +88,25 @@ def test_the_model_runner_applies_its_config(tiny_model_dir):
         llm.close()
 
 
+def test_a_switch_or_a_setting_of_the_wrong_type_is_refused_naming_it(tiny_model_dir):
+    """FastPaths(compile="no") was taken for true, and LLM(fast_paths={...}) failed in the first
+    kernel that asked for a switch (an AttributeError)."""
+    from minisgl_core.config import ConfigError
+    from minisgl_core.llm import LLM
+
+    for value in ("no", 0, None):
+        with pytest.raises(ConfigError) as err:
+            FastPaths(compile=value)
+        assert str(err.value) == f"FastPaths field compile must be true or false, got {value!r}"
+    with pytest.raises(ConfigError) as err:
+        LLM(tiny_model_dir, attn="torch", device="cpu", fast_paths={"compile": False})
+    assert str(err.value) == (
+        "fast_paths must be a minisgl_core.fast_paths.FastPaths, e.g. FastPaths().without('compile'); "
+        "got dict"
+    )
+    assert err.value.fields == ("fast_paths",)
+
+
 def test_a_switch_written_false_turns_its_path_off_and_nonsense_is_logged(caplog):
     """MINISGL_COMPILE=false left the path on: only "0" counted."""
     switches = fast_paths.from_env(

@@ -37,6 +37,18 @@ def test_bad_values_raise_naming_the_field(field, value):
         SamplingParams(**{field: value})
 
 
+def test_a_stop_string_that_is_not_utf8_is_refused_naming_stop():
+    """A lone surrogate was taken, and the scheduler's UnicodeEncodeError came once the request
+    was admitted."""
+    for stop, which, where in (("a\udfff", 0, 1), (["ok", "\ud800b"], 1, 0)):
+        with pytest.raises(ValueError) as err:
+            SamplingParams(stop=stop)
+        assert str(err.value) == (
+            f"stop is not valid text: stop string {which} has a lone UTF-16 surrogate at index {where}"
+        )
+    assert SamplingParams(stop="\U0001f600").stop == ("\U0001f600",)  # (a pair in UTF-16: fine)
+
+
 def _draw(logits: torch.Tensor, params: SamplingParams, n: int) -> torch.Tensor:
     sampler = Sampler(logits.shape[-1], torch.device("cpu"))
     batch = logits.expand(n, -1).contiguous()
@@ -429,8 +441,26 @@ def test_bad_generation_config_is_a_clear_error(tmp_path):
     with pytest.raises(GenerationConfigError, match="temperature must be >= 0"):
         load_sampling_defaults(tmp_path)
     (tmp_path / "generation_config.json").write_text("{not json")
-    with pytest.raises(GenerationConfigError, match="unreadable"):
+    with pytest.raises(GenerationConfigError, match="generation_config.json is not JSON .*; fix it, or remove it"):
         load_sampling_defaults(tmp_path)
+
+
+def test_a_generation_config_that_is_no_object_is_a_clear_error(tmp_path):
+    """JSON, but a list: an AttributeError from generate, serve and LLM (the --generation-config
+    FOLDER path refused it already)."""
+    from minisgl_core.checkpoint.generation_defaults import GenerationConfigError, load_sampling_defaults
+
+    model = make_model_dir(tmp_path / "llama", "LlamaForCausalLM")
+    (model / "generation_config.json").write_text("[1]")
+    with pytest.raises(GenerationConfigError) as err:
+        load_sampling_defaults(model)
+    says = f"{model / 'generation_config.json'} must hold a JSON object, got list; fix it, or remove it"
+    assert str(err.value) == says
+    # the end-of-sequence ids are read from it whatever generation_config says
+    for setting in ("auto", "none"):
+        with pytest.raises(GenerationConfigError) as err:
+            LLM(model, attn="torch", device="cpu", generation_config=setting)
+        assert str(err.value) == says
 
 
 @pytest.mark.parametrize("rows, vocab", [(1, 5), (3, 2048), (4, 2049), (2, 151936), (5, 4097)])

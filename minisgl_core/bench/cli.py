@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from minisgl_core import environment
+from minisgl_core.api import GrammarError
 from minisgl_core.bench import workloads
 from minisgl_core.bench.serve import SERVERS
 from minisgl_core.bench.shapes import SHAPES, TRAINED_TOKENS
@@ -332,7 +333,11 @@ def _offline(args: argparse.Namespace) -> int:
             from minisgl_core.bench.grammar import prepare, schema_spec
 
             grammar = schema_spec(args.grammar_schema, max(r.max_tokens for r in requests))
-            result |= prepare(llm, grammar)
+            try:
+                result |= prepare(llm, grammar)
+            except GrammarError as exc:
+                llm.close()
+                return _schema_refused("offline", args.grammar_schema, exc)
         if args.profile:
             import cProfile
             import pstats
@@ -373,13 +378,24 @@ def _grammar(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"unknown --grammar-backend {args.grammar_backend!r}; installed: {', '.join(installed)}"
         )
-    result = host_step_bench(
-        args.grammar_backend, rows=args.rows, steps=args.steps, warm_steps=args.warm_steps,
-        vocab_size=args.vocab_size, fill_threads=args.grammar_threads, schema=args.grammar_schema,
-        max_tokens=args.max_tokens, cache=Path(args.model_cache), plugins=plugins,
-    )  # fmt: skip
+    try:
+        result = host_step_bench(
+            args.grammar_backend, rows=args.rows, steps=args.steps, warm_steps=args.warm_steps,
+            vocab_size=args.vocab_size, fill_threads=args.grammar_threads, schema=args.grammar_schema,
+            max_tokens=args.max_tokens, cache=Path(args.model_cache), plugins=plugins,
+        )  # fmt: skip
+    except GrammarError as exc:
+        return _schema_refused("grammar", args.grammar_schema, exc)
     _emit({**_meta(args), **result}, args.output)
     return 0
+
+
+def _schema_refused(bench: str, source: str, exc: GrammarError) -> int:
+    """A --grammar-schema the grammar backend refuses (JSON, but not a schema it can compile):
+    one line as argparse says a bad argument, not the backend's traceback. Only the backend can
+    tell, so this comes once it is built (for bench offline, once the model has loaded)."""
+    print(f"minisgl bench {bench}: error: argument --grammar-schema: {source}: {exc}", file=sys.stderr)
+    return 2
 
 
 def _cpu(args: argparse.Namespace) -> int:

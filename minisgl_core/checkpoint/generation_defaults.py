@@ -42,12 +42,14 @@ def model_generation_config(model: str | Path, plugins: Plugins | None = None) -
     weight format reads (a GGUF's metadata). The one place that knows where a model keeps it."""
     path = Path(model)
     if path.is_dir() and not any(path.glob("*.gguf")):
+        # (not "start with --generation-config none": the end-of-sequence ids are read from it anyway)
         try:
             return load_generation_config(path)
-        except (OSError, ValueError) as exc:
+        except ValueError as exc:
+            raise GenerationConfigError(f"{exc}; fix it, or remove it") from exc
+        except OSError as exc:
             raise GenerationConfigError(
-                f"{path / 'generation_config.json'} is unreadable ({exc}); fix it, or start with "
-                f"{given('generation_config', 'none', _spelling(plugins))} to ignore it"
+                f"{path / 'generation_config.json'} is unreadable ({exc}); fix it, or remove it"
             ) from exc
     try:
         return open_model(path, plugins).generation_config()

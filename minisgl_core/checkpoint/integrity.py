@@ -196,9 +196,13 @@ def check_tokenizer_files(model_dir: Path) -> None:
         for name in ("tokenizer_config.json", "special_tokens_map.json"):
             if (model_dir / name).is_file():
                 try:
-                    json.loads((model_dir / name).read_text(encoding="utf-8"))
+                    content = json.loads((model_dir / name).read_text(encoding="utf-8"))
                 except ValueError as exc:
                     raise ValueError(f"{name} is not JSON ({exc})") from None
+                # (tokenizer_config.json as a list was transformers' "'list' object has no
+                # attribute 'get'"; transformers passes over a special_tokens_map.json that is one)
+                if name == "tokenizer_config.json" and not isinstance(content, dict):
+                    raise ValueError(f"{name} must hold a JSON object, got {type(content).__name__}")
         if (model_dir / "tokenizer.json").is_file():
             from tokenizers import Tokenizer
 

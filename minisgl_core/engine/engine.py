@@ -31,7 +31,7 @@ from typing import IO, Any, NamedTuple, NoReturn
 import torch
 
 from minisgl_core.api import ParallelContext
-from minisgl_core.checkpoint.generation_defaults import load_sampling_defaults
+from minisgl_core.checkpoint.generation_defaults import GenerationConfigError, load_sampling_defaults
 from minisgl_core.config import EngineConfig
 from minisgl_core.engine.grammar import GrammarRunner, PendingMask
 from minisgl_core.engine.plugin_failures import PluginBlame, PluginFailure, selected_plugin
@@ -85,7 +85,10 @@ class Engine:
             self._raise_named(exc)
         # from here on the page size is the one the runner resolved (None picks by device)
         self.config = config = dataclasses.replace(config, page_size=self.runner.page_size)
-        self.generation_config = self.runner.source.generation_config()
+        try:  # (read for the end-of-sequence ids whatever --generation-config says)
+            self.generation_config = self.runner.source.generation_config()
+        except ValueError as exc:
+            raise GenerationConfigError(f"{exc}; fix it, or remove it") from exc
         self.eos_ids = eos_token_ids(self.runner.hf_config, self.generation_config)
         if tokenizer is None:
             tokenizer = self.runner.source.tokenizer()

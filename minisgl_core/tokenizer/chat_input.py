@@ -17,14 +17,10 @@ template as they are (vLLM's ``LLM.chat`` passes them on too)."""
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from minisgl_core.sampling import short_repr
-
-#: a lone UTF-16 surrogate: text no tokenizer encodes
-LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+from minisgl_core.sampling import LONE_SURROGATE, short_repr
 
 #: roles a chat message may have; "developer" is OpenAI's newer name for "system"
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
