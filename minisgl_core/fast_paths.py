@@ -82,11 +82,7 @@ class FastPaths:
         for f in fields(self):
             value = getattr(self, f.name)
             if not isinstance(value, bool):
-                from minisgl_core.config import ConfigError  # (here: config imports this module)
-
-                raise ConfigError(
-                    f"FastPaths field {f.name} must be true or false, got {value!r}", "fast_paths"
-                )
+                raise TypeError(f"FastPaths field {f.name} must be true or false, got {value!r}")
 
     def without(self, *names: str) -> FastPaths:
         """These switches turned off (names as in :data:`NAMES`)."""

@@ -95,7 +95,7 @@ def test_a_switch_or_a_setting_of_the_wrong_type_is_refused_naming_it(tiny_model
     from minisgl_core.llm import LLM
 
     for value in ("no", 0, None):
-        with pytest.raises(ConfigError) as err:
+        with pytest.raises(TypeError) as err:
             FastPaths(compile=value)
         assert str(err.value) == f"FastPaths field compile must be true or false, got {value!r}"
     with pytest.raises(ConfigError) as err:

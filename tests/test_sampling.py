@@ -441,7 +441,9 @@ def test_bad_generation_config_is_a_clear_error(tmp_path):
     with pytest.raises(GenerationConfigError, match="temperature must be >= 0"):
         load_sampling_defaults(tmp_path)
     (tmp_path / "generation_config.json").write_text("{not json")
-    with pytest.raises(GenerationConfigError, match="generation_config.json is not JSON .*; fix it, or remove it"):
+    with pytest.raises(
+        GenerationConfigError, match="generation_config.json is not JSON .*; fix it, or remove it"
+    ):
         load_sampling_defaults(tmp_path)
 
 
