@@ -26,7 +26,7 @@ start=$SECONDS
 if [[ $what == checks || $what == all ]]; then
   timeout 150 python3 -m pytest -q -p no:cacheprovider plugins/quantization/fp8/tests > "$out/fp8_pytest.log" 2>&1
   echo "fp8 plugin tests on CUDA: exit $? ($(tail -n 1 "$out/fp8_pytest.log"))"
-  timeout 240 python3 tools/device_fp8_check.py all --out "$out/fp8_check.json" > "$out/fp8_check.log" 2>&1
+  timeout "${FP8_CHECK_TIMEOUT:-420}" python3 tools/device_fp8_check.py all --out "$out/fp8_check.json" > "$out/fp8_check.log" 2>&1
   echo "fp8 check passed: $(python3 -c "import json;print(json.load(open('$out/fp8_check.json'))['passed'])" 2>/dev/null || echo "no report (see fp8_check.log)")"
   grep -E "Error|error" "$out/fp8_check.log" | head -5
 fi
