@@ -1,5 +1,6 @@
 """The parser plugin kinds: minisgl_register_tool_parsers and minisgl_register_reasoning_parsers
-fill their registries, a new format is a few class attributes, and bad names say what to install."""
+fill their registries, a new format is a few class attributes, and bad names say what to install;
+a JSON tool-call parser's stream gives what it parses whole, however the output is split."""
 
 from __future__ import annotations
 
@@ -7,8 +8,12 @@ import json
 from importlib import metadata
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from minisgl_plugin_hermes.parser import HermesToolParser
+from minisgl_plugin_llama3_json.parser import Llama3JsonToolParser
 
-from minisgl_core.api import ReasoningParser, ReasoningResult, ToolParser, scan_tool_call
+from minisgl_core.api import ReasoningParser, ReasoningResult, ToolParser, merge_tool_deltas, scan_tool_call
 from minisgl_core.plugins import PluginError, Plugins
 
 PARSERS = """
@@ -118,3 +123,140 @@ def test_the_command_lines_help_names_installed_parsers_third_parties_included(t
     installed = build_parser()._subparsers._group_actions[0].choices["serve"]
     helps = {a.dest: a.help for a in installed._actions}
     assert "hermes" in helps["tool_call_parser"] and "lpm" in helps["policy"], helps
+
+
+# ---------------------------------------------------------------- streamed as parsed whole
+
+OFFERED = [
+    {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
+    for name in ("get_weather", "get_time")
+]
+HERMES_GOOD = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+#: (parser, output): valid calls, malformed JSON inside the markers, outputs cut off inside a call
+#: or a marker, text around and between calls
+STREAM_CASES = [
+    (HermesToolParser, f"Let me check.\n{HERMES_GOOD}"),
+    (HermesToolParser, f"{HERMES_GOOD}\n{HERMES_GOOD.replace('Paris', 'Rome')}\nDone."),
+    (HermesToolParser, '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"</tool_call>'),
+    (HermesToolParser, '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"</tool_call> after'),
+    (HermesToolParser, '<tool_call>{"name": "get_weather", "arguments": {bad}}</tool_call>'),
+    (
+        HermesToolParser,
+        'Hm. <tool_call>\n{"name": "get_weather", "arguments": {"city": Paris}}\n</tool_call> ok',
+    ),
+    (
+        HermesToolParser,
+        '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}\n</tool_call>\nDone.',
+    ),
+    (HermesToolParser, '<tool_call>{"name": "get_weather", "arguments": {"a": 1} junk</tool_call>'),
+    (HermesToolParser, '<tool_call>{"name": "get_weather", "arguments": {"a": [1}}</tool_call>'),
+    (HermesToolParser, f'<tool_call>{{"name": "get_time", "arguments": {{x}}}}</tool_call>\n{HERMES_GOOD}'),
+    (HermesToolParser, f"{HERMES_GOOD}\n<tool_call>not json</tool_call>\n{HERMES_GOOD}"),
+    (
+        HermesToolParser,
+        '<tool_call>{"name": "get_weather", "arguments": {"note": "</tool_call>"}}</tool_call>',
+    ),
+    (HermesToolParser, '<tool_call>{"name": "delete_all", "arguments": {}}</tool_call> and more'),
+    # the last "name" key wins, the first not being offered (a review's find)
+    (HermesToolParser, '<tool_call>{"name": "nope", "name": "get_weather", "arguments": {}}</tool_call>'),
+    # cut off after a close marker written inside a finished string: a call with its arguments so far
+    (
+        HermesToolParser,
+        '<tool_call>{"name": "get_weather", "arguments": {"note": "</tool_call>", "city": "Pa',
+    ),
+    (HermesToolParser, '<tool_call>{"name": "get_weather", "arguments": {"note": "a\\"</tool_call>", "c'),
+    (HermesToolParser, 'Checking: <tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa'),
+    (HermesToolParser, 'Checking: <tool_call>\n{"name": "get_wea'),
+    (HermesToolParser, "Checking: <tool_"),
+    (HermesToolParser, "No calls here, {just: braces} and </tool_call>."),
+    (Llama3JsonToolParser, '{"name": "get_weather", "parameters": {"city": "Paris"}}'),
+    (Llama3JsonToolParser, '<|python_tag|>{"name": "get_time", "arguments": {"tz": "a;b"}}'),
+    (
+        Llama3JsonToolParser,
+        '{"name": "get_weather", "parameters": {}}; {"name": "get_time", "parameters": {}}',
+    ),
+    (Llama3JsonToolParser, '{"name": "get_weather", "parameters": {"city": Paris}} and text'),
+    (Llama3JsonToolParser, '{"name": "get_weather", "parameters": {bad}}'),
+    (
+        Llama3JsonToolParser,
+        '{"name": "get_weather", "parameters": {}}; {"name": "get_time", "parameters": {x}}',
+    ),
+    (Llama3JsonToolParser, '{"name": "get_weather", "parameters": {"city": "Pa'),
+    (Llama3JsonToolParser, "It is sunny {today}."),
+]
+
+
+def _parsed(parser_cls, text):
+    whole = parser_cls(OFFERED).parse(text)
+    return whole.content or "", [(c.name, c.arguments) for c in whole.tool_calls]
+
+
+def _streamed(parser_cls, text, cuts):
+    parser, content, deltas, start = parser_cls(OFFERED), "", [], 0
+    for end in [*sorted(cuts), len(text)]:
+        out = parser.feed(text[start:end])
+        content, deltas, start = content + out.content, deltas + out.tool_calls, end
+    last = parser.finish()
+    return content + last.content, [
+        (c.name, c.arguments) for c in merge_tool_deltas(deltas + last.tool_calls)
+    ]
+
+
+@pytest.mark.parametrize(("parser_cls", "text"), STREAM_CASES)
+def test_a_json_tool_call_stream_split_anywhere_gives_what_parse_gives(parser_cls, text):
+    """The stream sent a call's arguments as they grew, before the call was known to be valid: a
+    malformed one went out as a call with broken arguments (and its text was lost or leaked into
+    content) where the whole answer kept it as content. Cut once anywhere, and at every character."""
+    expected = _parsed(parser_cls, text)
+    for cuts in [[cut] for cut in range(len(text) + 1)] + [list(range(1, len(text)))]:
+        assert _streamed(parser_cls, text, cuts) == expected, cuts
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(STREAM_CASES), st.data())
+def test_a_json_tool_call_stream_in_random_pieces_gives_what_parse_gives(case, data):
+    parser_cls, text = case
+    cuts = data.draw(st.sets(st.integers(0, len(text))), label="cuts")
+    assert _streamed(parser_cls, text, cuts) == _parsed(parser_cls, text)
+
+
+@pytest.mark.parametrize(
+    ("parser_cls", "text"),
+    [
+        (HermesToolParser, '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"</tool_call>'),
+        (HermesToolParser, '<tool_call>{"name": "get_weather", "arguments": {bad}}</tool_call>'),
+        (
+            HermesToolParser,
+            '<tool_call>\n{"name": "get_weather", "arguments": {"city": Paris}}\n</tool_call>',
+        ),
+        (Llama3JsonToolParser, '{"name": "get_weather", "parameters": {"city": Paris}} and text'),
+    ],
+)
+def test_a_malformed_json_tool_call_is_content_whole_and_streamed(parser_cls, text):
+    """Malformed JSON inside a call (even where the close marker cuts its arguments short) is the
+    raw text as content and no call: the whole answer made the first a call with arguments
+    '{"city": "Paris"', the stream made every one a call."""
+    assert _parsed(parser_cls, text) == (text, [])
+    assert _streamed(parser_cls, text, range(1, len(text))) == (text, [])
+
+
+def test_streamed_json_tool_calls_are_valid_calls_with_their_ids_and_indices():
+    """Held back until whole, a call still goes out named once, first, with a fresh id per index."""
+    text = f"Sure.\n{HERMES_GOOD}\n{HERMES_GOOD.replace('Paris', 'Rome')}"
+    parser, deltas = HermesToolParser(OFFERED), []
+    for char in text:
+        deltas += parser.feed(char).tool_calls
+    deltas += parser.finish().tool_calls
+    named = [d for d in deltas if d.name is not None]
+    assert [(d.index, d.name) for d in named] == [(0, "get_weather"), (1, "get_weather")]
+    assert all(d.id and d.id.startswith("call_") for d in named) and named[0].id != named[1].id
+    assert all(d.id is None for d in deltas if d not in named)
+    calls = merge_tool_deltas(deltas)
+    assert [json.loads(c.arguments) for c in calls] == [{"city": "Paris"}, {"city": "Rome"}]
+
+
+def test_a_cut_off_call_with_a_close_marker_in_a_string_keeps_its_arguments_so_far():
+    text = '<tool_call>{"name": "get_weather", "arguments": {"note": "</tool_call>", "city": "Pa'
+    expected = ("", [("get_weather", '{"note": "</tool_call>", "city": "Pa')])
+    assert _parsed(HermesToolParser, text) == expected
+    assert _streamed(HermesToolParser, text, range(1, len(text))) == expected

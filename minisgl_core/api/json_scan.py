@@ -3,7 +3,7 @@
 :func:`scan_tool_call` looks at text that starts with a call object such as
 ``{"name": "get_weather", "arguments": {"city": "Paris"}}`` and says how far it got: the name
 once its string is complete, the raw text of the arguments value so far (a prefix of its final
-text, so a stream can send it piece by piece), and whether the object is complete, still partial
+text), and whether the object is complete, still partial
 or can no longer become a call. It re-reads from the start on every call: tool calls are short.
 """
 

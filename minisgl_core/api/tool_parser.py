@@ -3,8 +3,9 @@
 A :class:`ToolParser` is made per choice of a chat request that offers tools. Given the model's
 whole output, :meth:`ToolParser.parse` splits it into content and calls; streaming, it is fed the
 text as it arrives (:meth:`ToolParser.feed`, then :meth:`ToolParser.finish`) and answers content
-deltas and tool-call deltas whose ``arguments`` grow piece by piece. Text that only looks like a
-call (malformed JSON, a missing name, a function the request did not offer) is left as content.
+deltas and tool-call deltas (a call's ``arguments`` may come in several pieces). Text that only
+looks like a call (malformed JSON, a missing name, a function the request did not offer) is left
+as content, streamed or not.
 
 :class:`JsonToolCallParser` implements both for the common family of formats whose calls are
 JSON objects ``{"name": ..., "arguments": {...}}`` with optional markers around them; a plugin
@@ -92,12 +93,12 @@ class JsonToolCallParser(ToolParser):
     ``call_open`` and ``call_close``; with ``leading_only`` they count only at the start of the
     output (after ``lead_markers``, inside ``list_open``/``list_close``, joined by ``separator``).
 
-    Whitespace next to a call is not content. Streaming, a call's id and name go out once its
-    arguments begin, then its arguments as they grow; a call that turns out malformed after that
-    cannot be taken back (it keeps what was sent, and the rest of it, through ``call_close``, is
-    not content either), one malformed before that is sent as content. A call that the end of the
-    output cuts off (max_tokens, a stop string) is a call with its arguments so far once its name
-    is complete, content before that, whole and streamed alike.
+    Whitespace next to a call is not content. Streaming, a call is held back until its object is
+    complete and valid, then sent in one delta (id, name and arguments): a call that was sent
+    cannot be taken back, and one that turns out malformed is content, as in the whole answer. A
+    call that the end of the output cuts off (max_tokens, a stop string) is a call with its
+    arguments so far once its name is complete, content before that; one whose text reaches
+    ``call_close`` unfinished is malformed, not cut off. Whole and streamed alike.
     """
 
     call_open: str = ""
@@ -117,20 +118,16 @@ class JsonToolCallParser(ToolParser):
         self._buffer = ""
         #: text consumed before the current call's object, given back as content if it is malformed
         self._giveback = ""
-        self._index = 0
+        #: the ids of the calls sent so far (the next call's index is its length)
         self._ids: list[str] = []
-        self._sent_arguments: list[int] = []
         self._held_whitespace = ""
-        self._streaming = True
         self._out_content: list[str] = []
         self._out_calls: list[ToolCallDelta] = []
 
     # ------------------------------------------------------------------ the public face
 
     def parse(self, text: str) -> ToolParseResult:
-        # The streaming machine in one go: a call is sent once it is whole (or the text ends inside
-        # it), never in part, so one that turns malformed later is content.
-        self._streaming = False
+        # The streaming machine in one go: a stream and the whole answer cannot disagree.
         first, last = self.feed(text), self.finish()
         content = first.content + last.content
         return ToolParseResult(content or None, merge_tool_deltas(first.tool_calls + last.tool_calls))
@@ -168,7 +165,6 @@ class JsonToolCallParser(ToolParser):
             "text": self._plain,
             "call": self._call,
             "after": self._after,
-            "broken": self._broken,
         }
         while step[self._mode](final):
             pass
@@ -222,45 +218,31 @@ class JsonToolCallParser(ToolParser):
 
     def _call(self, final: bool) -> bool:
         scan = scan_tool_call(self._buffer, 0, self.arguments_keys)
-        if scan.name is not None and self._index == len(self._ids) and not self._offered(scan.name):
+        # (judged on the whole object or the output's end: a later "name" key wins, as in parse)
+        if scan.name is not None and (scan.status == "complete" or final) and not self._offered(scan.name):
             # a call to a function the request did not offer is not a tool call: content, as a
             # malformed one (OpenAI calls offered functions only; a client would look it up in vain)
-            self._text(self._giveback)
-            return self._give_up()
+            return self._not_a_call()
         if scan.status == "complete":
             self._send(scan)
-            self._index += 1
             self._buffer, self._mode = self._buffer[scan.end :], "after"
             return True
         if scan.status == "partial" and not final:
-            if self._streaming:
-                self._send(scan)
+            # held back: what was sent cannot be taken back if the call turns out malformed
             return False
-        if scan.status == "partial" and scan.name is not None:
+        reached_close = bool(self.call_close) and _reaches_close(self._buffer, self.call_close)
+        if scan.status == "partial" and scan.name is not None and not reached_close:
             # the output ends inside a call whose name is complete (max_tokens, a stop string): a
-            # call with its arguments so far, whole as streamed (the header too, if none went out)
-            self._send(scan, header=True)
-        if self._index < len(self._ids):  # already sent: it ends as it is
-            self._index += 1
-            if self.call_close:
-                self._mode = "broken"
-                return True
+            # call with its arguments so far
+            self._send(scan)
             self._buffer = ""
             return self._give_up()
+        return self._not_a_call()
+
+    def _not_a_call(self) -> bool:
+        """The current call is malformed: its text, markers and all, is content."""
         self._text(self._giveback)
         return self._give_up()
-
-    def _broken(self, final: bool) -> bool:
-        """The rest of a call that turned malformed after it was sent, through its close marker:
-        the client holds the call, so none of its text is content (not part of it either, which
-        would reach the client as fragments of the call and its marker)."""
-        at = self._buffer.find(self.call_close)
-        if at >= 0:
-            self._buffer, self._mode = self._buffer[at + len(self.call_close) :], "text"
-            return True
-        keep = 0 if final else marker_prefix_length(self._buffer, self.call_close)
-        self._buffer = self._buffer[len(self._buffer) - keep :]
-        return False
 
     def _after(self, final: bool) -> bool:
         """After a call: its close marker, then the next call or the rest as content."""
@@ -286,25 +268,33 @@ class JsonToolCallParser(ToolParser):
         self._buffer = rest
         return self._give_up()
 
-    def _send(self, scan: ScannedCall, header: bool = False) -> None:
-        """Send what is new of the current call: its header once arguments begin (or now, with
-        ``header``), then arguments."""
-        if scan.name is None or (scan.status == "partial" and not scan.arguments and not header):
-            return
-        deltas_id = deltas_name = None
-        if self._index == len(self._ids):
-            self._ids.append(new_tool_call_id())
-            self._sent_arguments.append(0)
-            deltas_id, deltas_name = self._ids[-1], scan.name
+    def _send(self, scan: ScannedCall) -> None:
+        """Send the current call, complete or cut off by the end of the output, in one delta."""
         arguments = scan.arguments
         if scan.status == "partial" and self.call_close:
-            # Hold back what may be the close marker: a call that reaches its marker unfinished is
-            # malformed, and the marker is not arguments (a finished call sends the rest).
-            at = arguments.find(self.call_close)
-            keep = at if at >= 0 else len(arguments) - marker_prefix_length(arguments, self.call_close)
-            arguments = arguments[:keep]
-        sent = self._sent_arguments[self._index]
-        new = arguments[sent:]
-        if deltas_id is not None or new:
-            self._out_calls.append(ToolCallDelta(self._index, deltas_id, deltas_name, new))
-            self._sent_arguments[self._index] = max(sent, len(arguments))
+            # cut off inside what may be the close marker: that is not arguments
+            arguments = arguments[: len(arguments) - marker_prefix_length(arguments, self.call_close)]
+        call_id = new_tool_call_id()
+        self._out_calls.append(ToolCallDelta(len(self._ids), call_id, scan.name, arguments))
+        self._ids.append(call_id)
+
+
+def _reaches_close(text: str, marker: str) -> bool:
+    """Whether a call's ``text`` reaches its close ``marker``: one outside its JSON strings, or in a
+    string the text ends inside (the model closed the call without closing the string). A close marker
+    written in a finished string is an argument's value, not the call's end."""
+    in_string = escaped = False
+    opened = 0
+    for i, char in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string, opened = True, i
+        elif text.startswith(marker, i):
+            return True
+    return in_string and marker in text[opened:]

@@ -125,8 +125,8 @@ class ChoiceOutput:
         self._tool_parser = plan.parser
         self._tool_list = plan.tools
         #: streaming: the text given to the tool parser, read again whole at the end (a call cut
-        #: off part-way, by a stop string or a malformed object, keeps what was sent, but only
-        #: whole calls make the finish reason "tool_calls", as in :meth:`message`)
+        #: off part-way by a stop string is sent with its arguments so far, but only whole calls
+        #: make the finish reason "tool_calls", as in :meth:`message`)
         self._streamed: list[str] = []
 
     def message(self, text: str) -> dict[str, Any]:

@@ -58,8 +58,7 @@ class ForcedToolCallParser(JsonToolCallParser):
     def _cut_before_a_name(self) -> bool:
         if not self._ids and len(self._names) == 1:  # the one function a named tool_choice calls
             (name,) = self._names
-            self._send(ScannedCall("partial", name), header=True)
-            self._index += 1
+            self._send(ScannedCall("partial", name))
         return self._give_up()
 
 
@@ -136,22 +135,41 @@ def plan_tools(body: ChatCompletionRequest, tool_parser: type[ToolParser] | None
             "maxItems": 1,
         }
         single = True
-    schema["$defs"] = {_parameters_key(i): _scoped(f.parameters or NO_PARAMETERS, i) for i, f in functions}
+    schema["$defs"] = {_parameters_key(i): _scoped(_arguments_schema(f, i), i) for i, f in functions}
     grammar = {"kind": "json_schema", "value": json.dumps(schema)}
     return ToolPlan(ForcedToolCallParser, tools, grammar, single)
 
 
+#: keywords that let values other than objects through where ``type`` is absent at the top
+_WIDENING = ("anyOf", "oneOf", "allOf", "$ref", "$dynamicRef", "$recursiveRef", "const", "enum", "not", "if")
+
+
 def _check_parameters(function: FunctionDefinition, index: int) -> None:
-    """A function's arguments are a JSON object, so its ``parameters`` schema must describe one
-    (as OpenAI requires): a schema of another type would force arguments no parser takes for a
-    call (a forced call came back as plain content)."""
-    kind = (function.parameters or {}).get("type")
-    if kind is None or kind == "object" or (isinstance(kind, list) and "object" in kind):
-        return
+    _arguments_schema(function, index)
+
+
+def _arguments_schema(function: FunctionDefinition, index: int) -> dict[str, Any]:
+    """What a forced call's arguments follow: the function's ``parameters`` taken for objects only.
+    A call's arguments are a JSON object, so ``parameters`` must describe one (as OpenAI requires):
+    type ``object``; a list of types naming it (the others dropped); or no type and no keyword that
+    admits other values (type ``object`` added: alone, such a schema takes any JSON value). Anything
+    else forced arguments no parser takes for a call: they came back as content, or as a call to
+    the wrong function."""
+    parameters = function.parameters or NO_PARAMETERS
+    kind = parameters.get("type")
+    if kind == "object":
+        return parameters
+    widening = [key for key in _WIDENING if key in parameters]
+    if (isinstance(kind, list) and "object" in kind) or (kind is None and not widening):
+        return {**parameters, "type": "object"}
+    if kind is None:
+        got, fix = f"{widening[0]!r} with no type", 'add "type": "object" beside it'
+    else:
+        got, fix = f"type {cut(json.dumps(kind))}", "put the value in a property"
     raise APIError(
         400,
         f"the parameters of function {short_repr(function.name)} must be a JSON Schema of type 'object' (a "
-        f"call's arguments are a JSON object), got type {cut(json.dumps(kind))}; put the value in a property",
+        f"call's arguments are a JSON object), got {got}; {fix}",
         f"tools.{index}.function.parameters",
     )
 

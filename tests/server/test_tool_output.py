@@ -379,19 +379,22 @@ class TestForcedToolCallConformance(ToolParserSuite):
 
 def test_a_close_marker_inside_an_unfinished_call_is_not_streamed_as_arguments():
     """Hermes: a model that closes its call tag inside the arguments' string. Streamed, its
-    arguments went out up to the end, marker included (``Par</tool_call>``). The stream now holds
-    back text that is or may become the marker; the output ends inside the call, so parsed whole
-    it is the same call with its arguments so far (it was content), and neither says "tool_calls"."""
+    arguments went out up to the end, marker included (``Par</tool_call>``); then parsed whole it
+    was a call with arguments ``{"city": "Par`` that are no JSON. A call whose text reaches its
+    close marker unfinished is malformed (not cut off by the end of the output): content, whole
+    and streamed, and neither says "tool_calls"."""
     text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par</tool_call>'
     plan = ToolPlan(HermesToolParser, [WEATHER])
     whole = ChoiceOutput(plan, None)
-    [call] = whole.message(text)["tool_calls"]
-    assert call["function"]["arguments"] == '{"city": "Par' and whole.finish_reason("stop") == "stop"
+    message = whole.message(text)
+    assert (message["content"], "tool_calls" in message) == (text, False)
+    assert whole.finish_reason("stop") == "stop"
     for cut in range(1, len(text) + 1):
         stream = ChoiceOutput(plan, None)
         deltas = [stream.delta(text[:cut], final=False), stream.delta(text[cut:], final=True)]
-        arguments = "".join(c["function"]["arguments"] for d in deltas for c in d.get("tool_calls", []))
-        assert arguments == '{"city": "Par' and stream.finish_reason("stop") == "stop", (cut, arguments)
+        assert not any(d.get("tool_calls") for d in deltas), cut
+        assert "".join(d.get("content") or "" for d in deltas) == text, cut
+        assert stream.finish_reason("stop") == "stop", cut
     # the marker's text inside a finished call's string is its arguments, streamed as parsed whole
     fine = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "a</tool_call>b"}}\n</tool_call>'
     [call] = ChoiceOutput(plan, None).message(fine)["tool_calls"]
@@ -558,3 +561,50 @@ def test_an_empty_answer_is_empty_content_with_parsers_too():
     assert ChoiceOutput(ToolPlan(), Qwen3ReasoningParser).message("<think>hm")["content"] is None
     call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
     assert ChoiceOutput(auto, None).message(call)["content"] is None
+
+
+@pytest.mark.parametrize(
+    "parameters",
+    [
+        {"type": ["object", "null"], "properties": {"x": {"type": "integer"}}},
+        {"properties": {"x": {"type": "integer"}}},  # no type: alone, any value passes
+        {"required": ["x"]},
+        {},
+    ],
+)
+@pytest.mark.parametrize("choice", ["required", "named"])
+def test_forced_arguments_are_objects_whatever_else_the_parameters_allow(parameters, choice):
+    """The forced schema took ``parameters`` as they were: with type ["object", "null"] or no
+    type at all it let ``null`` or ``5`` through as the arguments, which no parser takes for a
+    call (found by an API probe: the forced array came back as content)."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": parameters}}
+    tool_choice = {"type": "function", "function": {"name": "f"}} if choice == "named" else choice
+    plan = plan_tools(request(tools=[tool], tool_choice=tool_choice), None)
+    validator = jsonschema.Draft202012Validator(json.loads(plan.grammar["value"]))
+    assert validator.is_valid([{"name": "f", "arguments": {"x": 1} if parameters else {}}])
+    for arguments in (None, 5, "x", [1]):
+        assert not validator.is_valid([{"name": "f", "arguments": arguments}]), arguments
+
+
+@pytest.mark.parametrize(
+    ("parameters", "says"),
+    [
+        (
+            {"anyOf": [{"type": "object"}, {"type": "string"}]},
+            'got \'anyOf\' with no type; add "type": "object"',
+        ),
+        ({"const": 5}, "got 'const' with no type"),
+        ({"$ref": "#/$defs/A", "$defs": {"A": {"type": "string"}}}, "got '$ref' with no type"),
+        ({"type": ["string", "null"]}, 'got type ["string", "null"]; put the value in a property'),
+    ],
+)
+@pytest.mark.parametrize("choice", ["auto", "required"])
+def test_parameters_that_admit_other_values_than_objects_are_a_400(parameters, says, choice):
+    """``anyOf`` an object or a string (or a ``const``) at the top passed the type check, which
+    looked at ``type`` alone: a forced call's array then leaked into content, or called with a
+    string for arguments."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": parameters}}
+    with pytest.raises(APIError) as err:
+        plan_tools(request(tools=[WEATHER, tool], tool_choice=choice), HermesToolParser)
+    assert err.value.status == 400 and err.value.param == "tools.1.function.parameters"
+    assert "must be a JSON Schema of type 'object'" in err.value.message and says in err.value.message

@@ -115,11 +115,13 @@ def test_stream_split_anywhere_matches_parse(text):
         assert (content, [(c.name, c.arguments) for c in calls]) == expected, cut
 
 
-def test_stream_char_by_char_sends_arguments_incrementally():
+def test_stream_char_by_char_sends_a_call_whole_once_it_is_valid():
+    """A call's arguments went out as they grew, so a call that turned malformed could not be
+    taken back; now it is held until its object is complete: one delta with id, name, arguments."""
     content, calls, argument_deltas = stream(ONE_CALL, list(range(1, len(ONE_CALL))))
     whole = HermesToolParser(TOOLS).parse(ONE_CALL)
     assert [(c.name, c.arguments) for c in calls] == [(c.name, c.arguments) for c in whole.tool_calls]
-    assert argument_deltas == len(calls[0].arguments)  # one per character, not one per call
+    assert argument_deltas == 1
 
 
 @pytest.mark.parametrize("text", MALFORMED_EARLY)
@@ -129,38 +131,27 @@ def test_stream_malformed_is_content(text):
     assert stream(text, list(range(1, len(text))))[:2] == (text, [])
 
 
-#: (text before, the broken call, text after): the call's JSON turns malformed after its
-#: arguments began, so a stream has sent it
-BROKEN_AFTER_SENT = [
+#: (the broken call, text after): the call's JSON turns malformed after its arguments began
+BROKEN_LATE = [
     ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}\n</tool_call>', ""),
     ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"} junk\n</tool_call>', ""),
     ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}\n</tool_call>', "Done."),
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"</tool_call>', "Done."),
 ]
 
 
-@pytest.mark.parametrize(("broken", "after"), BROKEN_AFTER_SENT)
-def test_stream_a_call_broken_after_it_was_sent_leaves_no_fragment_in_content(broken, after):
-    """Streamed, a call whose JSON turned malformed after its arguments began keeps what was sent,
-    and the rest of its block through </tool_call> is not content: the stream dropped the held
-    text and sent the rest of the marker as content ("/tool_call>"), found by an API probe."""
+@pytest.mark.parametrize(("broken", "after"), BROKEN_LATE)
+def test_stream_a_call_broken_after_its_arguments_began_is_content(broken, after):
+    """Streamed, a call whose JSON turned malformed after its arguments began kept what had been
+    sent as a call (with broken arguments) and dropped the rest of its block, where the whole answer
+    made it content. Now the stream holds the call until it is whole, so it is content too."""
     text = f"{broken}\n{after}" if after else broken
-    arguments = '{"city": "Paris"}'
-    begun = text.index(arguments) + 1  # a first piece this long has begun the arguments
-    tail = text.index(arguments) + len(arguments)
-    malformed = len(text[:tail]) + len(text[tail:]) - len(text[tail:].lstrip()) + 1  # and this, malformed
-    for cuts in [list(range(1, len(text))), *([cut] for cut in range(len(text)))]:
-        content, calls, _ = stream(text, cuts)
-        if len(cuts) == 1 and not begun <= cuts[0] < malformed:  # never sent: as parse() says
-            assert (content, calls) == (text, []), cuts
-            continue
-        assert content == text[len(broken) :], cuts  # (what follows a good call's marker too)
-        # (it keeps what was sent: all of the arguments when they came a character at a time)
-        [call] = calls
-        assert call.name == "get_weather" and arguments.startswith(call.arguments), cuts
-        assert len(cuts) == 1 or call.arguments == arguments
+    for cuts in [list(range(1, len(text))), *([cut] for cut in range(len(text) + 1))]:
+        assert stream(text, cuts)[:2] == (text, []), cuts
     # a good call after the broken one is still a call
-    content, calls, _ = stream(f"{broken}\n{TWO_CALLS}", list(range(1, len(broken) + len(TWO_CALLS))))
-    assert content == "" and [c.name for c in calls] == ["get_weather"] * 3
+    text = f"{broken}\n{TWO_CALLS}"
+    content, calls, _ = stream(text, list(range(1, len(text))))
+    assert content == broken and [c.name for c in calls] == ["get_weather"] * 2
 
 
 def test_a_call_to_a_function_not_offered_is_content():
