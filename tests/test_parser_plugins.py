@@ -182,6 +182,7 @@ STREAM_CASES = [
         '{"name": "get_weather", "parameters": {}}; {"name": "get_time", "parameters": {x}}',
     ),
     (Llama3JsonToolParser, '{"name": "get_weather", "parameters": {"city": "Pa'),
+    (Llama3JsonToolParser, '{"name": "get_weather", "parameters": {}}; hello'),
     (Llama3JsonToolParser, "It is sunny {today}."),
 ]
 
@@ -260,3 +261,10 @@ def test_a_cut_off_call_with_a_close_marker_in_a_string_keeps_its_arguments_so_f
     expected = ("", [("get_weather", '{"note": "</tool_call>", "city": "Pa')])
     assert _parsed(HermesToolParser, text) == expected
     assert _streamed(HermesToolParser, text, range(1, len(text))) == expected
+
+
+def test_a_separator_no_call_follows_stays_in_the_content():
+    """llama3_json: the ``;`` after a call was dropped when plain text followed it (a review's
+    find): content " hello" for "...}; hello"."""
+    text = '{"name": "get_weather", "parameters": {}}; hello'
+    assert _parsed(Llama3JsonToolParser, text) == ("; hello", [("get_weather", "{}")])

@@ -260,7 +260,7 @@ class JsonToolCallParser(ToolParser):
             self._buffer, self._mode = rest[len(self.call_close) :], "text"
             return True
         if self.separator and rest.startswith(self.separator):
-            self._giveback = ""
+            self._giveback = self.separator  # (content again if no call follows: "; hello")
             self._buffer, self._mode = rest[len(self.separator) :], "call"
             return True
         if self.list_close and rest.startswith(self.list_close):
