@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import zmq
+from jinja2 import TemplateSyntaxError
 
 from minisgl_core.checkpoint.formats import open_model
 from minisgl_core.grammars import LazyGrammarBackend
@@ -156,6 +157,12 @@ class Admitter:
             ids = self.prompt_ids(req)
         except RequestRejected:
             raise
+        except TemplateSyntaxError as exc:  # (the server's template, not the request's doing)
+            raise RequestRejected(
+                f"this server's chat template does not compile (line {exc.lineno}: {exc.message}), so it "
+                "cannot take chat requests; its operator must start it with --chat-template FILE",
+                prompt_field,
+            ) from exc
         except RecursionError as exc:  # the template walked a structure hundreds of levels deep
             field = "tools" if (req.template_args or {}).get("tools") else prompt_field
             raise RequestRejected(

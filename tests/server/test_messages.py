@@ -217,3 +217,18 @@ def test_sampling_params_are_validated_once_on_their_way_to_the_scheduler(tokeni
     assert first.stop == ("x",) and first.logit_bias == {3: 1.0}
     with pytest.raises(dataclasses.FrozenInstanceError):
         first.max_tokens = 1  # type: ignore[misc]
+
+
+def test_a_chat_template_that_does_not_compile_is_named_as_the_servers(model_dir):
+    """A model whose own chat template does not compile answered every chat request "could not
+    tokenize the prompt: unexpected '}'", as if the request were at fault (found by a review)."""
+    tokenizer = load_tokenizer(model_dir, chat_template="{% for m in messages %}{{ m.content }{% endfor %}")
+    admitter = Admitter(tokenizer, m.Limits(max_context_len=64, kv_capacity_tokens=48, vocab_size=1024))
+    messages = [{"role": "user", "content": "hi"}]
+    with pytest.raises(RequestRejected) as bad:
+        admitter.admit(m.TokenizeRequest([0], None, messages, None, SamplingParams(max_tokens=4)))
+    assert bad.value.param == "messages"
+    assert str(bad.value) == (
+        "this server's chat template does not compile (line 1: unexpected '}'), so it cannot take chat "
+        "requests; its operator must start it with --chat-template FILE"
+    )
