@@ -81,8 +81,9 @@ class ToolPlan:
 
 def plan_tools(body: ChatCompletionRequest, tool_parser: type[ToolParser] | None) -> ToolPlan:
     first_of: dict[str, int] = {}
+    #: each tool's parameters as a forced call follows them (checked for every tool choice)
+    arguments = [_arguments_schema(tool.function, i) for i, tool in enumerate(body.tools or ())]
     for i, tool in enumerate(body.tools or ()):
-        _check_parameters(tool.function, i)
         # a call names its function: with two of one name, which parameters would it follow?
         j = first_of.setdefault(tool.function.name, i)
         if j != i:
@@ -135,17 +136,13 @@ def plan_tools(body: ChatCompletionRequest, tool_parser: type[ToolParser] | None
             "maxItems": 1,
         }
         single = True
-    schema["$defs"] = {_parameters_key(i): _scoped(_arguments_schema(f, i), i) for i, f in functions}
+    schema["$defs"] = {_parameters_key(i): _scoped(arguments[i], i) for i, _ in functions}
     grammar = {"kind": "json_schema", "value": json.dumps(schema)}
     return ToolPlan(ForcedToolCallParser, tools, grammar, single)
 
 
 #: keywords that let values other than objects through where ``type`` is absent at the top
 _WIDENING = ("anyOf", "oneOf", "allOf", "$ref", "$dynamicRef", "$recursiveRef", "const", "enum", "not", "if")
-
-
-def _check_parameters(function: FunctionDefinition, index: int) -> None:
-    _arguments_schema(function, index)
 
 
 def _arguments_schema(function: FunctionDefinition, index: int) -> dict[str, Any]:
