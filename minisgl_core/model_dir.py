@@ -29,6 +29,8 @@ def load_generation_config(model_dir: str | Path) -> dict[str, Any]:
         config = json.loads(path.read_text())
     except ValueError as exc:
         raise ValueError(f"{path} is not JSON ({exc})") from None
+    except OSError as exc:  # (a folder of that name, no permission: a traceback at start-up)
+        raise ValueError(f"{path} is unreadable ({exc})") from None
     # (a list was an AttributeError from the first look-up of a field)
     if not isinstance(config, dict):
         raise ValueError(f"{path} must hold a JSON object, got {type(config).__name__}")
@@ -36,12 +38,18 @@ def load_generation_config(model_dir: str | Path) -> dict[str, Any]:
 
 
 def eos_token_ids(hf_config: dict, generation_config: dict) -> set[int]:
-    """The ids that end generation: generation_config's eos_token_id(s), then config.json's."""
+    """The ids that end generation: generation_config's eos_token_id(s), then config.json's.
+
+    Raises ``ValueError`` naming the file for a value that is not a token id or a list of them
+    (``["x"]`` was a bare ``int()`` traceback at start-up, ``"2"`` and ``2.5`` were ignored or
+    truncated: generation that never stopped where the model ends)."""
     ids: set[int] = set()
-    for source in (generation_config, hf_config):
+    for source, name in ((generation_config, "generation_config.json"), (hf_config, "config.json")):
         value = source.get("eos_token_id")
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, list):
-            ids.update(int(v) for v in value)
+        if value is None:
+            continue
+        values = value if isinstance(value, list) else [value]
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            raise ValueError(f"{name}: eos_token_id must be a token id or a list of them, got {value!r}")
+        ids.update(values)
     return ids

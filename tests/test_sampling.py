@@ -465,6 +465,58 @@ def test_a_generation_config_that_is_no_object_is_a_clear_error(tmp_path):
         assert str(err.value) == says
 
 
+@pytest.mark.parametrize(
+    "file, value",
+    [
+        ("generation_config.json", ["x"]),
+        ("generation_config.json", "2"),
+        ("config.json", 2.5),
+        ("config.json", [1, True]),
+    ],
+)
+def test_an_eos_token_id_that_is_no_token_id_is_a_clear_error(tmp_path, file, value):
+    """``["x"]`` was an ``int()`` traceback from LLM and serve; ``"2"`` was ignored and ``2.5``
+    truncated to 2 (generation that does not stop where the model ends, or stops elsewhere)."""
+    import json
+
+    from minisgl_core.checkpoint.generation_defaults import GenerationConfigError
+
+    model = make_model_dir(tmp_path / "llama", "LlamaForCausalLM")
+    path = model / file
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    path.write_text(json.dumps({**config, "eos_token_id": value}))
+    with pytest.raises(GenerationConfigError) as err:
+        LLM(model, attn="torch", device="cpu", generation_config="none")
+    assert str(err.value) == (
+        f"{file}: eos_token_id must be a token id or a list of them, got {value!r}; fix it, or remove it"
+    )
+
+
+def test_a_generation_config_that_cannot_be_read_is_a_clear_error(tmp_path, monkeypatch):
+    """One without read permission was an OSError traceback from LLM with
+    ``generation_config="none"`` (root reads any file: the permission error is raised here)."""
+    import pathlib
+
+    from minisgl_core.checkpoint.generation_defaults import GenerationConfigError
+
+    model = make_model_dir(tmp_path / "llama", "LlamaForCausalLM")
+    (model / "generation_config.json").write_text("{}")
+    read_text = pathlib.Path.read_text
+
+    def refuse(self, *args, **kwargs):
+        if self.name == "generation_config.json":
+            raise PermissionError(13, "Permission denied", str(self))
+        return read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "read_text", refuse)
+    for setting in ("auto", "none"):
+        with pytest.raises(
+            GenerationConfigError,
+            match=r"generation_config.json is unreadable \(.*Permission denied.*\); fix it, or remove it",
+        ):
+            LLM(model, attn="torch", device="cpu", generation_config=setting)
+
+
 @pytest.mark.parametrize("rows, vocab", [(1, 5), (3, 2048), (4, 2049), (2, 151936), (5, 4097)])
 def test_chunked_argmax_is_argmax(rows, vocab):
     """The two-stage argmax the sampler uses (chunks of the vocabulary, then the chunks' maxima)

@@ -32,6 +32,12 @@ class GenerationConfigError(ValueError):
     """The generation config cannot be used; the message names the file and the fix."""
 
 
+def unusable(exc: ValueError) -> GenerationConfigError:
+    """A model's generation config (or end-of-sequence ids) that cannot be read, as the error
+    users see: the file and what is wrong with it (``exc``), then what to do."""
+    return GenerationConfigError(f"{exc}; fix it, or remove it")
+
+
 def _spelling(plugins: Plugins | None) -> Spelling:
     """How errors name the setting: ``--generation-config`` or, offline, ``generation_config=``."""
     return plugins.spelling if plugins is not None else "flag"
@@ -46,11 +52,7 @@ def model_generation_config(model: str | Path, plugins: Plugins | None = None) -
         try:
             return load_generation_config(path)
         except ValueError as exc:
-            raise GenerationConfigError(f"{exc}; fix it, or remove it") from exc
-        except OSError as exc:
-            raise GenerationConfigError(
-                f"{path / 'generation_config.json'} is unreadable ({exc}); fix it, or remove it"
-            ) from exc
+            raise unusable(exc) from exc
     try:
         return open_model(path, plugins).generation_config()
     except (OSError, ValueError):

@@ -31,7 +31,7 @@ from typing import IO, Any, NamedTuple, NoReturn
 import torch
 
 from minisgl_core.api import ParallelContext
-from minisgl_core.checkpoint.generation_defaults import GenerationConfigError, load_sampling_defaults
+from minisgl_core.checkpoint.generation_defaults import load_sampling_defaults, unusable
 from minisgl_core.config import EngineConfig
 from minisgl_core.engine.grammar import GrammarRunner, PendingMask
 from minisgl_core.engine.plugin_failures import PluginBlame, PluginFailure, selected_plugin
@@ -87,9 +87,9 @@ class Engine:
         self.config = config = dataclasses.replace(config, page_size=self.runner.page_size)
         try:  # (read for the end-of-sequence ids whatever --generation-config says)
             self.generation_config = self.runner.source.generation_config()
+            self.eos_ids = eos_token_ids(self.runner.hf_config, self.generation_config)
         except ValueError as exc:
-            raise GenerationConfigError(f"{exc}; fix it, or remove it") from exc
-        self.eos_ids = eos_token_ids(self.runner.hf_config, self.generation_config)
+            raise unusable(exc) from exc
         if tokenizer is None:
             tokenizer = self.runner.source.tokenizer()
         self.tokenizer = tokenizer
