@@ -150,6 +150,12 @@ STREAM_CASES = [
     ),
     (HermesToolParser, '<tool_call>{"name": "get_weather", "arguments": {"a": 1} junk</tool_call>'),
     (HermesToolParser, '<tool_call>{"name": "get_weather", "arguments": {"a": [1}}</tool_call>'),
+    (HermesToolParser, '<tool_call>{"name": "get_weather", "arguments": {"a": 1}}} junk</tool_call> ok'),
+    (
+        HermesToolParser,
+        f'<tool_call>{{"name": "get_weather", "arguments": {{}}}} x</tool_call>\n{HERMES_GOOD}',
+    ),
+    (HermesToolParser, '<tool_call>{"name": "get_weather", "arguments": {"a": 1}}\n</tool_'),
     (HermesToolParser, f'<tool_call>{{"name": "get_time", "arguments": {{x}}}}</tool_call>\n{HERMES_GOOD}'),
     (HermesToolParser, f"{HERMES_GOOD}\n<tool_call>not json</tool_call>\n{HERMES_GOOD}"),
     (

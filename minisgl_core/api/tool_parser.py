@@ -98,7 +98,8 @@ class JsonToolCallParser(ToolParser):
     cannot be taken back, and one that turns out malformed is content, as in the whole answer. A
     call that the end of the output cuts off (max_tokens, a stop string) is a call with its
     arguments so far once its name is complete, content before that; one whose text reaches
-    ``call_close`` unfinished is malformed, not cut off. Whole and streamed alike.
+    ``call_close`` unfinished is malformed, not cut off, and so is one with other text between its
+    object and ``call_close`` (the whole block is content). Whole and streamed alike.
     """
 
     call_open: str = ""
@@ -224,6 +225,14 @@ class JsonToolCallParser(ToolParser):
             # malformed one (OpenAI calls offered functions only; a client would look it up in vain)
             return self._not_a_call()
         if scan.status == "complete":
+            if self.call_close:
+                rest = self._buffer[scan.end :].lstrip()
+                closes = rest.startswith(self.call_close) or (final and self.call_close.startswith(rest))
+                if not closes:
+                    if not final and self.call_close.startswith(rest):
+                        return False  # held until its close marker: text before it makes it malformed
+                    # ('{...}} junk</tool_call>' was a call, then '} junk</tool_call>' as content)
+                    return self._not_a_call()
             self._send(scan)
             self._buffer, self._mode = self._buffer[scan.end :], "after"
             return True

@@ -137,6 +137,13 @@ BROKEN_LATE = [
     ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"} junk\n</tool_call>', ""),
     ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}\n</tool_call>', "Done."),
     ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"</tool_call>', "Done."),
+    # a whole object, then other text before the close marker: the block is content (it was a
+    # call, then '} junk</tool_call>' as content); two objects in one block likewise
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}} junk\n</tool_call>', "Done."),
+    (
+        '<tool_call>\n{"name": "get_weather", "arguments": {}}\n{"name": "get_weather", "arguments": {}}\n</tool_call>',
+        "",
+    ),
 ]
 
 
