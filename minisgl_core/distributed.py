@@ -17,8 +17,10 @@ import gc
 import logging
 import os
 import socket
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -106,7 +108,14 @@ def leave_parent_store_group() -> None:
     (``gc.freeze``), so a cycle through the engine keeps the process group alive past
     ``destroy_process_group``: gloo's worker threads then outlive the interpreter's teardown, and
     one finishing a collective late aborts the process ("terminate called without an active
-    exception", exit -6) after its work was done. Collecting first lets the group go for good."""
+    exception", exit -6) after its work was done. Collecting first lets the group go for good.
+
+    Called in a ``finally`` while an exception is in flight (a rank failing), its traceback holds
+    the frames that referenced the engine: their locals are cleared first (the traceback keeps
+    its lines; the frame still running keeps its own)."""
+    in_flight = sys.exc_info()[1]
+    if in_flight is not None:
+        traceback.clear_frames(in_flight.__traceback__)
     gc.unfreeze()
     gc.collect()
     if dist.is_initialized():

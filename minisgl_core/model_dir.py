@@ -37,19 +37,24 @@ def load_generation_config(model_dir: str | Path) -> dict[str, Any]:
     return config
 
 
-def eos_token_ids(hf_config: dict, generation_config: dict) -> set[int]:
+def eos_token_ids(hf_config: dict, generation_config: dict, model_dir: str | Path | None = None) -> set[int]:
     """The ids that end generation: generation_config's eos_token_id(s), then config.json's.
 
-    Raises ``ValueError`` naming the file for a value that is not a token id or a list of them
-    (``["x"]`` was a bare ``int()`` traceback at start-up, ``"2"`` and ``2.5`` were ignored or
-    truncated: generation that never stopped where the model ends)."""
+    Raises ``ValueError`` naming the file (under ``model_dir`` when given) for a value that is not
+    a token id (an integer >= 0) or a list of them: ``["x"]`` was a bare ``int()`` traceback at
+    start-up, ``"2"`` and ``2.5`` were ignored or truncated (generation that never stopped where the
+    model ends), and ``-5`` banned token ``vocab - 5`` from a request's ``min_tokens``."""
     ids: set[int] = set()
     for source, name in ((generation_config, "generation_config.json"), (hf_config, "config.json")):
         value = source.get("eos_token_id")
         if value is None:
             continue
         values = value if isinstance(value, list) else [value]
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-            raise ValueError(f"{name}: eos_token_id must be a token id or a list of them, got {value!r}")
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+            where = Path(model_dir) / name if model_dir is not None and Path(model_dir).is_dir() else name
+            raise ValueError(
+                f"{where}: eos_token_id must be a token id (an integer >= 0) or a list of them, got "
+                f"{value!r}; fix it, or remove the key"
+            )
         ids.update(values)
     return ids

@@ -189,6 +189,7 @@ STREAM_CASES = [
     ),
     (Llama3JsonToolParser, '{"name": "get_weather", "parameters": {"city": "Pa'),
     (Llama3JsonToolParser, '{"name": "get_weather", "parameters": {}}; hello'),
+    (Llama3JsonToolParser, '{"name": "get_weather", "parameters": {}}; '),
     (Llama3JsonToolParser, "It is sunny {today}."),
 ]
 
@@ -274,3 +275,13 @@ def test_a_separator_no_call_follows_stays_in_the_content():
     find): content " hello" for "...}; hello"."""
     text = '{"name": "get_weather", "parameters": {}}; hello'
     assert _parsed(Llama3JsonToolParser, text) == ("; hello", [("get_weather", "{}")])
+    # one that ends the output is the calls' punctuation, not content (the fix above made it ';',
+    # where vLLM has no content: the next review's find), streamed too
+    for text in (
+        '{"name": "get_weather", "parameters": {}};',
+        '{"name": "get_weather", "parameters": {}}; \n',
+    ):
+        assert _parsed(Llama3JsonToolParser, text) == ("", [("get_weather", "{}")])
+        assert Llama3JsonToolParser(OFFERED).parse(text).content is None
+        for cuts in [range(1, len(text)), *([cut] for cut in range(len(text) + 1))]:
+            assert _streamed(Llama3JsonToolParser, text, cuts) == ("", [("get_weather", "{}")]), cuts

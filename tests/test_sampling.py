@@ -470,13 +470,15 @@ def test_a_generation_config_that_is_no_object_is_a_clear_error(tmp_path):
     [
         ("generation_config.json", ["x"]),
         ("generation_config.json", "2"),
+        ("generation_config.json", [2, -5]),
         ("config.json", 2.5),
         ("config.json", [1, True]),
     ],
 )
 def test_an_eos_token_id_that_is_no_token_id_is_a_clear_error(tmp_path, file, value):
     """``["x"]`` was an ``int()`` traceback from LLM and serve; ``"2"`` was ignored and ``2.5``
-    truncated to 2 (generation that does not stop where the model ends, or stops elsewhere)."""
+    truncated to 2 (generation that does not stop where the model ends, or stops elsewhere); -5
+    banned token ``vocab - 5`` under ``min_tokens``."""
     import json
 
     from minisgl_core.checkpoint.generation_defaults import GenerationConfigError
@@ -488,8 +490,33 @@ def test_an_eos_token_id_that_is_no_token_id_is_a_clear_error(tmp_path, file, va
     with pytest.raises(GenerationConfigError) as err:
         LLM(model, attn="torch", device="cpu", generation_config="none")
     assert str(err.value) == (
-        f"{file}: eos_token_id must be a token id or a list of them, got {value!r}; fix it, or remove it"
+        f"{path}: eos_token_id must be a token id (an integer >= 0) or a list of them, got {value!r}; "
+        "fix it, or remove the key"
     )
+
+
+def test_an_eos_token_id_outside_the_vocabulary_is_dropped(tmp_path, caplog):
+    """An id the model cannot produce ends nothing; a request's ``min_tokens`` banned it by index
+    into the logits (out of range at the step), and the grammar backends refused it (a review's find)."""
+    import json
+
+    from minisgl_core.sampling import SamplingParams
+
+    model = make_model_dir(tmp_path / "llama", "LlamaForCausalLM")
+    config = json.loads((model / "config.json").read_text())
+    vocab = config["vocab_size"]
+    (model / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, vocab, 2**70]}))
+    with caplog.at_level("WARNING"):
+        llm = LLM(model, attn="torch", device="cpu")
+    try:
+        assert 1 in llm.engine.eos_ids and max(llm.engine.eos_ids) < vocab
+        assert (
+            f"end-of-sequence id(s) [{vocab}, {2**70}] are outside the vocabulary of {vocab}" in caplog.text
+        )
+        out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, min_tokens=3, temperature=0))
+        assert len(out[0].token_ids) >= 3
+    finally:
+        llm.close()
 
 
 def test_a_generation_config_that_cannot_be_read_is_a_clear_error(tmp_path, monkeypatch):

@@ -230,6 +230,46 @@ def test_a_rank_leaving_its_group_lets_an_unclosed_engine_and_its_group_go(tmp_p
     assert held[0]() is None and held[1]() is None
 
 
+def test_a_failing_rank_leaving_its_group_lets_its_engine_and_group_go(tmp_path):
+    """On a rank's error path (leave_parent_store_group in a ``finally``, the exception in flight),
+    the traceback held the frames that referenced the engine: it outlived destroy_process_group
+    with its group, the state the helper exists to prevent (a review's find)."""
+    import weakref
+
+    import torch.distributed as dist
+
+    from minisgl_core.api import ParallelContext
+    from minisgl_core.config import EngineConfig
+    from minisgl_core.engine.engine import Engine
+
+    model_dir = str(make_model_dir(tmp_path / "m", "LlamaForCausalLM"))
+    held = []
+
+    def drive(engine):
+        raise RuntimeError("a step failed")
+
+    def rank_main():
+        store = parent_store(1)
+        join_parent_store("gloo", 0, 1, store.port)
+        engine = None
+        try:
+            parallel = ParallelContext(0, 1, dist.group.WORLD)
+            engine = Engine(
+                EngineConfig(model=model_dir, attn="torch", device="cpu", dtype="float32"), parallel
+            )
+            held.extend((weakref.ref(parallel), weakref.ref(engine)))
+            parallel = None
+            drive(engine)
+        finally:
+            engine = None
+            leave_parent_store_group()
+            held.append(not dist.is_initialized() and held[0]() is None and held[1]() is None)
+
+    with pytest.raises(RuntimeError, match="a step failed"):
+        rank_main()
+    assert held[-1] is True
+
+
 def test_all_reduce_takes_an_installed_fast_path_and_falls_back_when_it_declines(monkeypatch):
     """The core's fast all-reduce (symmetric memory on GPUs) is a per-group hook: used when it
     accepts the tensor, NCCL/gloo otherwise; never installed on CPU or with the symm_mem fast path off."""

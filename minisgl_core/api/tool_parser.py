@@ -218,6 +218,10 @@ class JsonToolCallParser(ToolParser):
         return not self.tools or name in self._names
 
     def _call(self, final: bool) -> bool:
+        if final and self.separator and self._giveback == self.separator and not self._buffer.strip():
+            # a separator that ends the output ('...};') is the calls' punctuation, as vLLM reads it
+            self._buffer = ""
+            return self._give_up()
         scan = scan_tool_call(self._buffer, 0, self.arguments_keys)
         # (judged on the whole object or the output's end: a later "name" key wins, as in parse)
         if scan.name is not None and (scan.status == "complete" or final) and not self._offered(scan.name):

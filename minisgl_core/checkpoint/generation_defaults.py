@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from minisgl_core.checkpoint.formats import load_generation_config, open_model
+from minisgl_core.model_dir import eos_token_ids
 from minisgl_core.sampling import UNSUPPORTED_GENERATION_KEYS, SamplingParams, sampling_defaults
 from minisgl_core.setting_names import Spelling, given
 
 if TYPE_CHECKING:
+    from minisgl_core.api.weights import WeightFormat
     from minisgl_core.plugins import Plugins
 
 logger = logging.getLogger(__name__)
@@ -36,6 +38,35 @@ def unusable(exc: ValueError) -> GenerationConfigError:
     """A model's generation config (or end-of-sequence ids) that cannot be read, as the error
     users see: the file and what is wrong with it (``exc``), then what to do."""
     return GenerationConfigError(f"{exc}; fix it, or remove it")
+
+
+def end_of_sequence(
+    source: WeightFormat, hf_config: dict[str, Any] | None = None, vocab_size: int | None = None
+) -> tuple[dict[str, Any], set[int]]:
+    """The model's own generation config and the ids that end its generation, read whatever
+    ``--generation-config`` says (the engine, and ``serve`` before it starts one), as
+    :class:`GenerationConfigError` naming the file and the fix where they cannot be used. Ids
+    of ``vocab_size`` or more, which the model cannot produce, are dropped with a warning (a
+    request's ``min_tokens`` banned them by index: out of range)."""
+    try:
+        generation_config = source.generation_config()
+    except ValueError as exc:
+        raise unusable(exc) from exc
+    try:
+        ids = eos_token_ids(
+            source.hf_config() if hf_config is None else hf_config, generation_config, source.path
+        )
+    except ValueError as exc:
+        raise GenerationConfigError(str(exc)) from exc
+    outside = sorted(i for i in ids if vocab_size is not None and i >= vocab_size)
+    if outside:
+        logger.warning(
+            "%s: end-of-sequence id(s) %s are outside the vocabulary of %d; ignored",
+            source.path,
+            outside,
+            vocab_size,
+        )
+    return generation_config, ids.difference(outside)
 
 
 def _spelling(plugins: Plugins | None) -> Spelling:

@@ -31,14 +31,13 @@ from typing import IO, Any, NamedTuple, NoReturn
 import torch
 
 from minisgl_core.api import ParallelContext
-from minisgl_core.checkpoint.generation_defaults import load_sampling_defaults, unusable
+from minisgl_core.checkpoint.generation_defaults import end_of_sequence, load_sampling_defaults
 from minisgl_core.config import EngineConfig
 from minisgl_core.engine.grammar import GrammarRunner, PendingMask
 from minisgl_core.engine.plugin_failures import PluginBlame, PluginFailure, selected_plugin
 from minisgl_core.engine.speculative import VerifyRunner
 from minisgl_core.grammars import LazyGrammarBackend
 from minisgl_core.messages import Limits
-from minisgl_core.model_dir import eos_token_ids
 from minisgl_core.plugins import Plugins
 from minisgl_core.request_limits import admit
 from minisgl_core.runner.model_runner import ModelRunner
@@ -85,11 +84,10 @@ class Engine:
             self._raise_named(exc)
         # from here on the page size is the one the runner resolved (None picks by device)
         self.config = config = dataclasses.replace(config, page_size=self.runner.page_size)
-        try:  # (read for the end-of-sequence ids whatever --generation-config says)
-            self.generation_config = self.runner.source.generation_config()
-            self.eos_ids = eos_token_ids(self.runner.hf_config, self.generation_config)
-        except ValueError as exc:
-            raise unusable(exc) from exc
+        # (read for the end-of-sequence ids whatever --generation-config says)
+        self.generation_config, self.eos_ids = end_of_sequence(
+            self.runner.source, self.runner.hf_config, self.runner.vocab_size
+        )
         if tokenizer is None:
             tokenizer = self.runner.source.tokenizer()
         self.tokenizer = tokenizer

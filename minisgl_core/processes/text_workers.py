@@ -22,6 +22,7 @@ import zmq
 from jinja2 import TemplateSyntaxError
 
 from minisgl_core.checkpoint.formats import open_model
+from minisgl_core.checkpoint.generation_defaults import end_of_sequence
 from minisgl_core.grammars import LazyGrammarBackend
 from minisgl_core.messages import (
     AbortRequest,
@@ -33,13 +34,16 @@ from minisgl_core.messages import (
     StepOutputs,
     TokenizeRequest,
 )
-from minisgl_core.model_dir import eos_token_ids
 from minisgl_core.plugins import Plugins
 from minisgl_core.processes.child import ChildSpec, ReportReady
 from minisgl_core.processes.ipc import bind_pull, connect_push, recv, send
 from minisgl_core.request_limits import ContextLengthExceeded, admit, truncate_prompt, truncation_tail
 from minisgl_core.sampling import SamplingParams
-from minisgl_core.tokenizer.chat_input import ToolsNotRendered, check_tools_rendered
+from minisgl_core.tokenizer.chat_input import (
+    ToolsNotRendered,
+    check_tools_rendered,
+    template_does_not_compile,
+)
 from minisgl_core.tokenizer.detokenize import IncrementalDetokenizer, raw_token_bytes
 from minisgl_core.tokenizer.load import (
     load_tokenizer,
@@ -158,11 +162,7 @@ class Admitter:
         except RequestRejected:
             raise
         except TemplateSyntaxError as exc:  # (the server's template, not the request's doing)
-            raise RequestRejected(
-                f"this server's chat template does not compile (line {exc.lineno}: {exc.message}), so it "
-                "cannot take chat requests; its operator must start it with --chat-template FILE",
-                prompt_field,
-            ) from exc
+            raise RequestRejected(template_does_not_compile(exc), prompt_field) from exc
         except RecursionError as exc:  # the template walked a structure hundreds of levels deep
             field = "tools" if (req.template_args or {}).get("tools") else prompt_field
             raise RequestRejected(
@@ -273,7 +273,7 @@ def tokenizer_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_r
         spec.payload.get("grammar_backend", "xgrammar"),
         tokenizer,
         vocab_size=limits.vocab_size,
-        stop_token_ids=sorted(eos_token_ids(source.hf_config(), source.generation_config())),
+        stop_token_ids=sorted(end_of_sequence(source, vocab_size=limits.vocab_size)[1]),
     )
     admitter = Admitter(tokenizer, limits, spec.payload.get("sampling_defaults"), grammars)
     # (the server refuses a prompt longer than context x this before sending it here)

@@ -260,7 +260,8 @@ def _plain_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _serve_options(args: argparse.Namespace):
-    from minisgl_core.checkpoint.generation_defaults import describe, load_sampling_defaults
+    from minisgl_core.checkpoint.formats import open_model
+    from minisgl_core.checkpoint.generation_defaults import describe, end_of_sequence, load_sampling_defaults
     from minisgl_core.config_args import check_heads_split, engine_config_from_args
     from minisgl_core.distributed import DistributedSpec
     from minisgl_core.processes.runtime import RuntimeOptions
@@ -306,6 +307,9 @@ def _serve_options(args: argparse.Namespace):
     api = _api_options(args, plugins, chat_template)
     # every setting checked: an error above is the only line the command prints
     sampling_defaults = load_sampling_defaults(config.model, config.generation_config, plugins)
+    # the end-of-sequence ids are read whatever --generation-config says: a file the engine cannot
+    # use is one line here, not the scheduler's traceback after the weights load
+    end_of_sequence(open_model(config.model, plugins))
     logger.info("%s", describe(sampling_defaults))
     runtime = RuntimeOptions(
         chat_template=chat_template,

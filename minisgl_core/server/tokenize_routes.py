@@ -29,7 +29,11 @@ from minisgl_core.server.schemas import (
     template_kwargs,
 )
 from minisgl_core.server.state import ServerState
-from minisgl_core.tokenizer.chat_input import ToolsNotRendered, check_tools_rendered
+from minisgl_core.tokenizer.chat_input import (
+    ToolsNotRendered,
+    check_tools_rendered,
+    template_does_not_compile,
+)
 
 
 class TokenizeBody(StrictModel):
@@ -120,8 +124,10 @@ def tokenize_router(state: ServerState, tokenizer: ApiTokenizer) -> APIRouter:
         except ToolsNotRendered as exc:
             raise APIError(400, str(exc), "tools") from None
         except Exception as exc:  # noqa: BLE001 - a template error is the request's problem
+            field = "messages" if body.messages is not None else "prompt"
+            # (unless the server's own template does not compile: said as /v1/chat/completions says it)
             raise APIError(
-                400, f"could not tokenize: {exc}", "messages" if body.messages is not None else "prompt"
+                400, template_does_not_compile(exc) or f"could not tokenize: {exc}", field
             ) from exc
         return {
             "tokens": ids,

@@ -278,6 +278,20 @@ def check_continued_message(role: str, where: str = "") -> None:
         )
 
 
+def template_does_not_compile(exc: BaseException) -> str | None:
+    """What a chat request is told when the server's own chat template (the model's, or
+    ``--chat-template``'s) does not compile, or None where ``exc`` is another error: the request is
+    not at fault, the server's operator must give another template. The same on every route."""
+    from jinja2 import TemplateSyntaxError  # (transformers renders templates with jinja2)
+
+    if not isinstance(exc, TemplateSyntaxError):
+        return None
+    return (
+        f"this server's chat template does not compile (line {exc.lineno}: {exc.message}), so it "
+        "cannot take chat requests; its operator must start it with --chat-template FILE"
+    )
+
+
 class ToolsNotRendered(ValueError):
     """The chat template renders the same tokens with the tools as without them."""
 

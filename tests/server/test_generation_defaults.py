@@ -118,6 +118,41 @@ def test_bad_generation_config_fails_in_one_line(model_dir: Path, tmp_path: Path
                       "there; give a folder holding one, or one of auto, vllm, none"]  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    "file, text, says",
+    [
+        ("generation_config.json", "{not json", "generation_config.json is not JSON ("),
+        (
+            "config.json",
+            None,
+            "config.json: eos_token_id must be a token id (an integer >= 0) or a list of them, got '2'",
+        ),
+    ],
+)
+def test_a_model_file_the_engine_cannot_use_fails_in_one_line_under_every_setting(
+    model_dir: Path, tmp_path: Path, file: str, text: str | None, says: str
+) -> None:
+    """The end-of-sequence ids are read whatever --generation-config says: with ``none`` a broken
+    generation_config.json, and under every setting a bad eos_token_id, were the scheduler's
+    tracebacks after the weights loaded (a review's find); now one line before anything starts."""
+    copy = tmp_path / "model"
+    shutil.copytree(model_dir, copy)
+    if text is None:
+        config = json.loads((copy / file).read_text())
+        text = json.dumps({**config, "eos_token_id": "2"})
+    (copy / file).write_text(text)
+    for setting in ("auto", "none"):
+        proc = run_cli(
+            ["serve", "--model", str(copy), "--port", "0", "--generation-config", setting, *ENGINE_ARGS]
+        )
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        errors = [line for line in proc.stderr.splitlines() if "error" in line]
+        assert len(errors) == 1 and errors[0].startswith(f"minisgl: error: {copy / file}"), errors
+        assert says in errors[0] and errors[0].endswith(
+            "; fix it, or remove it" if text.startswith("{not") else "; fix it, or remove the key"
+        ), errors
+
+
 def test_a_bad_generation_config_file_names_the_flag_and_the_way_out(model_dir: Path, tmp_path: Path) -> None:
     """A file that is not JSON, JSON that is not an object, and a bad default in the user's own
     file said only the file's path and what was wrong (the last blamed "the model's" config), and

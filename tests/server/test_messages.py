@@ -232,3 +232,37 @@ def test_a_chat_template_that_does_not_compile_is_named_as_the_servers(model_dir
         "this server's chat template does not compile (line 1: unexpected '}'), so it cannot take chat "
         "requests; its operator must start it with --chat-template FILE"
     )
+
+
+def test_tokenize_names_a_chat_template_that_does_not_compile_as_the_chat_route_does(
+    start_server, model_dir, tmp_path
+):
+    """/tokenize said "could not tokenize: unexpected '}'" for the server's own broken template,
+    blaming the request, after /v1/chat/completions had learnt to name the server's (a review's find)."""
+    import json
+    import shutil
+
+    import httpx
+
+    from .conftest import ENGINE_ARGS
+
+    copy = tmp_path / "model"
+    shutil.copytree(model_dir, copy)
+    config = json.loads((copy / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{% for m in messages %}{{ m.content }{% endfor %}"
+    (copy / "tokenizer_config.json").write_text(json.dumps(config))
+    server = start_server(["--model", str(copy), *ENGINE_ARGS])
+    messages = [{"role": "user", "content": "hi"}]
+    chat = httpx.post(
+        f"{server.url}/v1/chat/completions", json={"messages": messages, "max_tokens": 2}, timeout=60
+    )
+    tokenize = httpx.post(f"{server.url}/tokenize", json={"messages": messages}, timeout=60)
+    says = (
+        "this server's chat template does not compile (line 1: unexpected '}'), so it cannot take chat "
+        "requests; its operator must start it with --chat-template FILE"
+    )
+    for response in (chat, tokenize):
+        assert response.status_code == 400
+        assert response.json()["error"]["message"] == says and response.json()["error"]["param"] == "messages"
+    # a plain prompt needs no template: still tokenized
+    assert httpx.post(f"{server.url}/tokenize", json={"prompt": "hi"}, timeout=60).json()["count"] > 0
