@@ -113,9 +113,11 @@ def leave_parent_store_group() -> None:
     Called in a ``finally`` while an exception is in flight (a rank failing), its traceback holds
     the frames that referenced the engine: their locals are cleared first (the traceback keeps
     its lines; the frame still running keeps its own)."""
-    in_flight = sys.exc_info()[1]
-    if in_flight is not None:
+    in_flight, seen = sys.exc_info()[1], set()
+    while in_flight is not None and id(in_flight) not in seen:  # (and the exceptions it chains)
+        seen.add(id(in_flight))
         traceback.clear_frames(in_flight.__traceback__)
+        in_flight = in_flight.__cause__ or in_flight.__context__
     gc.unfreeze()
     gc.collect()
     if dist.is_initialized():

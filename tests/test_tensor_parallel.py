@@ -245,8 +245,14 @@ def test_a_failing_rank_leaving_its_group_lets_its_engine_and_group_go(tmp_path)
     model_dir = str(make_model_dir(tmp_path / "m", "LlamaForCausalLM"))
     held = []
 
+    def step(engine):
+        raise ValueError("a kernel failed")
+
     def drive(engine):
-        raise RuntimeError("a step failed")
+        try:
+            step(engine)
+        except ValueError as exc:  # (the chained exception's frames hold the engine too)
+            raise RuntimeError("a step failed") from exc
 
     def rank_main():
         store = parent_store(1)
