@@ -54,10 +54,16 @@ def fields_named(names: dict[str, str]) -> Iterator[None]:
     except APIError as exc:
         if names and exc.status == 400:
             # whole words only: sampling_params.max_new_tokens or min_tokens_x are other names
-            pattern = re.compile(r"(?<![\w.])(" + "|".join(map(re.escape, names)) + r")(?!\w)")
-            exc.message = pattern.sub(lambda m: names[m.group()], exc.message)
+            pattern = re.compile(r"(?<![\w.])(the )?(" + "|".join(map(re.escape, names)) + r")(?!\w)")
+            exc.message = pattern.sub(lambda m: _field_words(m.group(1), names[m.group(2)]), exc.message)
             exc.param = names.get(exc.param, exc.param)
         raise
+
+
+def _field_words(article: str | None, name: str) -> str:
+    """A field's name in a message: "shorten prompt.1", not "shorten the prompt.1" (an element of
+    a list is named by its path alone); "the" stays before a plain name ("the text")."""
+    return name if article is None or re.search(r"\.\d+$", name) else article + name
 
 
 def reasoning_tags(options: ApiOptions) -> list[str] | None:

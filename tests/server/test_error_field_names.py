@@ -81,6 +81,19 @@ def test_an_empty_prompt_is_named_as_sent(server, auth, path, body, param):
     assert (error["param"], error["message"]) == (param, f"{param} is empty"), error
 
 
+def test_a_prompt_of_a_list_too_long_is_named_by_its_path(server, auth):
+    """It said "shorten the prompt.1" (a helper's probe): an element is named by its path alone;
+    a plain field keeps its article."""
+    error = refusal(server, auth, COMPLETIONS, {"prompt": [[5, 6], [5] * 3000], "max_tokens": 2})
+    assert (error["param"], error["code"]) == ("prompt.1", "context_length_exceeded"), error
+    assert error["message"].startswith("prompt.1 (3000 tokens) + max_tokens (2) = 3002 exceeds"), error
+    assert error["message"].endswith("; shorten prompt.1 or lower max_tokens"), error
+    error = refusal(
+        server, auth, GENERATE, {"input_ids": [5] * 3000, "sampling_params": {"max_new_tokens": 2}}
+    )
+    assert error["message"].endswith("; shorten the input_ids or lower sampling_params.max_new_tokens"), error
+
+
 def test_tokenize_of_no_messages_blames_messages(server, auth):
     error = refusal(server, auth, "/tokenize", {"messages": []})
     assert error["param"] == "messages", error
