@@ -231,12 +231,12 @@ class JsonToolCallParser(ToolParser):
         if scan.status == "complete":
             if self.call_close:
                 rest = self._buffer[scan.end :].lstrip()
-                closes = rest.startswith(self.call_close) or (final and self.call_close.startswith(rest))
-                if not closes:
-                    if not final and self.call_close.startswith(rest):
+                if not rest.startswith(self.call_close):
+                    if not self.call_close.startswith(rest):
+                        # ('{...}} junk</tool_call>' was a call, then '} junk</tool_call>' as content)
+                        return self._not_a_call()
+                    if not final:
                         return False  # held until its close marker: text before it makes it malformed
-                    # ('{...}} junk</tool_call>' was a call, then '} junk</tool_call>' as content)
-                    return self._not_a_call()
             self._send(scan)
             self._buffer, self._mode = self._buffer[scan.end :], "after"
             return True

@@ -35,8 +35,8 @@ class GenerationConfigError(ValueError):
 
 
 def unusable(exc: ValueError) -> GenerationConfigError:
-    """A model's generation config (or end-of-sequence ids) that cannot be read, as the error
-    users see: the file and what is wrong with it (``exc``), then what to do."""
+    """A model's generation config that cannot be read, as the error users see: the file and
+    what is wrong with it (``exc``), then what to do."""
     return GenerationConfigError(f"{exc}; fix it, or remove it")
 
 
