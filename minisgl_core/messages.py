@@ -45,6 +45,8 @@ class Limits(Message):
     max_context_len: int
     kv_capacity_tokens: int
     vocab_size: int
+    #: the ids that end the model's generation, as the engine read them (grammars may stop on them)
+    eos_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass

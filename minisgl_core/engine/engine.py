@@ -66,7 +66,10 @@ class Engine:
         parallel: ParallelContext | None = None,
         plugins: Plugins | None = None,
         tokenizer=None,
+        sampling_defaults: dict[str, Any] | None = None,
     ) -> None:
+        """``sampling_defaults``: what a server's front end already read from
+        ``--generation-config`` (its warnings said there once); None reads them here."""
         self.config = config
         self.parallel = parallel or ParallelContext()
         self.plugins = plugins or Plugins.load()
@@ -75,7 +78,11 @@ class Engine:
         cache_cls = self.plugins.resolve("caches", config.cache)
         policy_cls = self.plugins.resolve("policies", config.policy)
         #: what requests inherit for the sampling fields they leave unset (--generation-config)
-        self.sampling_defaults = load_sampling_defaults(config.model, config.generation_config, self.plugins)
+        self.sampling_defaults = (
+            load_sampling_defaults(config.model, config.generation_config, self.plugins)
+            if sampling_defaults is None
+            else sampling_defaults
+        )
         try:
             self.runner = ModelRunner(config, self.parallel, self.plugins)
         except Exception as exc:
@@ -224,7 +231,9 @@ class Engine:
     @property
     def limits(self) -> Limits:
         """What every request must fit in (the server's tokenizer gets them in the ready handshake)."""
-        return Limits(self.max_context_len, self.kv_capacity_tokens, self.runner.vocab_size)
+        return Limits(
+            self.max_context_len, self.kv_capacity_tokens, self.runner.vocab_size, sorted(self.eos_ids)
+        )
 
     def admit(self, prompt_ids: list[int], params: SamplingParams) -> SamplingParams:
         """The offline path's admission: ``params`` with ``max_tokens`` decided (None = what the

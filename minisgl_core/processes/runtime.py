@@ -139,7 +139,15 @@ class Runtime:
             dist = replace(dist, init_addr=f"127.0.0.1:{listener.getsockname()[1]}")
         for rank in dist.local_ranks:
             extra = {"listener": listener} if rank == 0 and listener is not None else {}
-            spec = self._spec("scheduler", rank, config=self.opts.config, dist=dist, **extra)
+            # (the front end read the sampling defaults: the engine takes them, not the file again)
+            spec = self._spec(
+                "scheduler",
+                rank,
+                config=self.opts.config,
+                dist=dist,
+                sampling_defaults=self.opts.sampling_defaults or {},
+                **extra,
+            )
             children.append((spec.name, spec, scheduler_main))
         try:
             for name, spec, main in children:
@@ -169,7 +177,12 @@ class Runtime:
                     assert self.to_tokenizer is not None
                     send(
                         self.to_tokenizer,
-                        Limits(info["max_context_len"], info["kv_capacity_tokens"], info["vocab_size"]),
+                        Limits(
+                            info["max_context_len"],
+                            info["kv_capacity_tokens"],
+                            info["vocab_size"],
+                            info["eos_token_ids"],
+                        ),
                     )
                 else:
                     others.update(msg.info)

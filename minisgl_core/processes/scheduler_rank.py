@@ -306,13 +306,14 @@ def scheduler_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_r
         check_ranks_agree(tp, rank_settings(config, plugins))
     # Rank 0 binds its inbox before loading the model, so early requests simply queue.
     inbox = bind_pull(ctx, spec.endpoints.scheduler) if spec.rank == 0 else None
-    engine = Engine(config, tp.parallel, plugins)
+    engine = Engine(config, tp.parallel, plugins, sampling_defaults=spec.payload["sampling_defaults"])
     tp.barrier()  # rank 0's ready then means every rank is ready
     report_ready(
         {
             "max_context_len": engine.max_context_len,
             "kv_capacity_tokens": engine.kv_capacity_tokens,
             "vocab_size": engine.runner.vocab_size,
+            "eos_token_ids": sorted(engine.eos_ids),
             "attn": list(engine.runner.attn_names),
             "architecture": (engine.runner.hf_config.get("architectures") or ["?"])[0],
         }

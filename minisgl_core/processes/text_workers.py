@@ -21,8 +21,6 @@ from typing import Any
 import zmq
 from jinja2 import TemplateSyntaxError
 
-from minisgl_core.checkpoint.formats import open_model
-from minisgl_core.checkpoint.generation_defaults import end_of_sequence
 from minisgl_core.grammars import LazyGrammarBackend
 from minisgl_core.messages import (
     AbortRequest,
@@ -267,13 +265,13 @@ def tokenizer_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_r
         return
     if not isinstance(limits, Limits):
         raise RuntimeError(f"tokenizer expected Limits first, got {type(limits).__name__}")
-    source = open_model(spec.payload["model"], plugins)
     grammars = LazyGrammarBackend(
         plugins,
         spec.payload.get("grammar_backend", "xgrammar"),
         tokenizer,
         vocab_size=limits.vocab_size,
-        stop_token_ids=sorted(end_of_sequence(source, vocab_size=limits.vocab_size)[1]),
+        # (the engine's: read here too, the file's warnings were logged twice)
+        stop_token_ids=limits.eos_token_ids,
     )
     admitter = Admitter(tokenizer, limits, spec.payload.get("sampling_defaults"), grammars)
     # (the server refuses a prompt longer than context x this before sending it here)

@@ -29,7 +29,11 @@ def greedy_model_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
     copy = tmp_path_factory.mktemp("greedy") / model_dir.name
     shutil.copytree(model_dir, copy)
     gen = json.loads((copy / "generation_config.json").read_text())
-    gen |= {"temperature": 0.0, "max_new_tokens": 6}
+    gen |= {"temperature": 0.0, "max_new_tokens": 6, "typical_p": 0.9}
+    # and an end-of-sequence id the model cannot produce: dropped, with one warning
+    vocab = json.loads((copy / "config.json").read_text())["vocab_size"]
+    eos = gen.get("eos_token_id")
+    gen["eos_token_id"] = [*(eos if isinstance(eos, list) else [eos] if eos is not None else []), vocab]
     (copy / "generation_config.json").write_text(json.dumps(gen))
     return copy
 
@@ -43,6 +47,9 @@ def greedy_client(start_server, greedy_model_dir: Path):
         "requests' unset sampling fields take the model's defaults: temperature=0.0 max_tokens=6"
         in server.log()
     )
+    # (the tokenizer worker read the ids too and logged it a second time)
+    assert server.log().count("are outside the vocabulary of") == 1, server.log()
+    assert server.log().count("which minisgl does not implement") == 1, server.log()
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
 
 
