@@ -41,7 +41,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             "use `minisgl serve --tp N` for tensor parallelism",
             "tp_size",
         )
-    try:  # before the model loads
+    try:  # checked before the model loads
         params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
     except ValueError as exc:  # the message names the field: --temperature, --max-tokens
         raise ConfigError(str(exc), *(f for f in ("temperature", "max_tokens") if f in str(exc))) from None
@@ -49,6 +49,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         raise ConfigError("a prompt is empty: give each prompt some text")
     # (the model checked above; the engine's errors name the flags, as the checks did)
     llm = LLM.from_config(config, disable_plugins=args.disable_plugin, spelling="flag")
+    # the other sampling fields take the model's defaults (--generation-config): they were OpenAI's
+    params = llm.sampling_params(temperature=params.temperature, max_tokens=params.max_tokens)
     try:
         outputs = llm.generate(args.prompt, params)
     except ValueError as exc:  # a prompt the model cannot take (e.g. longer than its context)
@@ -173,7 +175,12 @@ def build_parser(plugins: Plugins | None = None) -> argparse.ArgumentParser:
 
     p = sub.add_parser("generate", help="generate offline for prompts given on the command line")
     add_engine_args(p)
-    p.add_argument("prompt", nargs="+", help="one or more prompts; one JSON line is printed for each")
+    p.add_argument(
+        "prompt",
+        nargs="+",
+        help="one or more prompts; one JSON line is printed for each (sampling fields other than "
+        "--temperature and --max-tokens take the model's defaults: --generation-config)",
+    )
     p.add_argument(
         "--temperature",
         type=float,

@@ -88,3 +88,24 @@ def test_bench_offline_checks_the_model_once(model_dir, model_checks):
     except SystemExit:  # a tiny model's vocabulary may be too small for the workload: started all the same
         pass
     assert model_checks == [str(model_dir)]
+
+
+def test_generate_takes_the_models_other_sampling_defaults(model_dir, tmp_path, capsys):
+    """--temperature and --max-tokens are the command's; the fields it has no flag for take the
+    model's defaults (``--generation-config``), as LLM.generate's do. They were OpenAI's: a
+    generation config of ``top_k: 1`` was checked and then ignored (a probe's find)."""
+    from minisgl_core import cli
+
+    (tmp_path / "generation_config.json").write_text(json.dumps({"top_k": 1}))
+    args = ["--model", str(model_dir), "--device", "cpu", "--attn", "torch", "--num-kv-tokens", "512"]
+    args += ["--max-tokens", "12", "--seed", "3", *PROMPTS]
+
+    def texts(*extra: str) -> list[str]:
+        assert cli.main(["generate", *args, *extra]) == 0
+        return [json.loads(line)["text"] for line in capsys.readouterr().out.splitlines()]
+
+    greedy = texts("--temperature", "0", "--generation-config", "none")
+    # top_k 1 keeps only the most likely token: sampling at temperature 1 is greedy then
+    assert texts("--temperature", "1", "--generation-config", str(tmp_path)) == greedy
+    # the control: without the file, temperature 1 samples something else
+    assert texts("--temperature", "1", "--generation-config", "none") != greedy
