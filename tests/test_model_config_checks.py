@@ -177,3 +177,57 @@ def test_max_position_embeddings_not_a_positive_integer_is_refused_at_load(model
     with pytest.raises(ModelPathError) as err:  # the runner, where the launcher did not check
         Engine(EngineConfig(model=str(bad), attn="torch", device="cpu"), ParallelContext(), Plugins.load())
     assert str(err.value) == f"--model {bad}: {says}"
+
+
+@pytest.mark.parametrize(
+    ("quantization_config", "named"),
+    [({"quant_method": "fp8", "weight_block_size": [128, 128]}, ', quant_method "fp8"'), ({}, "")],
+    ids=["fp8", "no-method"],
+)
+def test_a_checkpoint_stored_quantized_is_refused(model_dir, tmp_path, quantization_config, named):
+    """A probe's find: float8 weights with their ``weight_scale_inv`` tensors were cast to floats
+    without the scales (only a warning about the unused tensors, then nonsense), and GPTQ's packed
+    tensors were "never loaded", blamed on config.json. From the launcher's check and the runner's."""
+    bad = _with_config(model_dir, tmp_path, quantization_config=quantization_config)
+    says = (
+        f"config.json: the weights are stored quantized (quantization_config{named}), which minisgl "
+        "does not load; give the model's unquantized checkpoint (--quantization fp8, int8 or int4 "
+        "quantizes it at load)"
+    )
+    with pytest.raises(ModelPathError) as err:
+        LLM(bad, attn="torch", device="cpu")
+    assert str(err.value) == f"model={str(bad)!r}: {says}"
+    with pytest.raises(ModelPathError) as err:
+        Engine(EngineConfig(model=str(bad), attn="torch", device="cpu"), ParallelContext(), Plugins.load())
+    assert str(err.value) == f"--model {bad}: {says}"
+
+
+def test_rope_scaling_beside_rope_parameters_saying_otherwise_is_refused(model_dir, tmp_path):
+    """A probe's find: a linear ``rope_scaling`` beside transformers 5's ``rope_parameters`` (as
+    adding the scaling to a config it saved gives) was silently ignored, where transformers reads
+    the scaling (and drops rope_parameters' theta)."""
+    parameters = json.loads((model_dir / "config.json").read_text())["rope_parameters"]
+    scaling = {"rope_type": "linear", "factor": 4.0}
+    bad = _with_config(model_dir, tmp_path, rope_scaling=scaling)
+    with pytest.raises(ModelPathError) as err:
+        LLM(bad, attn="torch", device="cpu")
+    assert str(err.value) == (
+        f"model={str(bad)!r}: config.json: rope_scaling {json.dumps(scaling)} and rope_parameters "
+        f"{json.dumps(parameters)} disagree (transformers 5 reads rope_scaling and drops "
+        "rope_parameters); keep one of them"
+    )
+
+
+def test_rope_scaling_beside_rope_parameters_saying_the_same_loads(model_dir, tmp_path):
+    """The same settings under both keys (the older spelling ``type``, rope_theta in one only)
+    are no disagreement; the model answers as without the copy."""
+    parameters = json.loads((model_dir / "config.json").read_text())["rope_parameters"]
+    same = {("type" if k == "rope_type" else k): v for k, v in parameters.items() if k != "rope_theta"}
+    copy = _with_config(model_dir, tmp_path, rope_scaling=same)
+    outputs = []
+    for model in (model_dir, copy):
+        with LLM(model, attn="torch", device="cpu", num_kv_tokens=512) as llm:
+            outputs.append(
+                llm.generate([[5, 6, 7]], llm.sampling_params(temperature=0, max_tokens=4))[0].token_ids
+            )
+    assert outputs[0] == outputs[1]

@@ -62,6 +62,8 @@ def check_config_values(config: dict[str, Any], source: str = "config.json") -> 
         raise ValueError(
             f'{source}: architectures must be a list of names, e.g. ["LlamaForCausalLM"], got {_shown(archs)}'
         )
+    _check_not_quantized(config, source)
+    _check_one_rope(config, source)
     layout = bool(archs) and archs[0] in LLAMA_LAYOUT
     for key in ENGINE_SIZES + (LAYOUT_SIZES if layout else ()):
         if config.get(key) is not None and _config_int(config, key) is None:
@@ -77,6 +79,46 @@ def check_config_values(config: dict[str, Any], source: str = "config.json") -> 
     for key, value in constants.items():
         if value is not None and not _positive_number(value):
             raise ValueError(f"{source}: {key} must be a positive number, got {_shown(value)}")
+
+
+def _check_not_quantized(config: dict[str, Any], source: str) -> None:
+    """A checkpoint stored quantized (``quantization_config``: fp8 with its scales, GPTQ, AWQ...)
+    is refused: its integers or float8 values were cast to floats without their scales (a model
+    that answered nonsense) or its packed tensors were "never loaded"."""
+    quantized = config.get("quantization_config")
+    if quantized is None:
+        return
+    method = quantized.get("quant_method") if isinstance(quantized, dict) else None
+    raise ValueError(
+        f"{source}: the weights are stored quantized (quantization_config"
+        f"{f', quant_method {_shown(method)}' if method is not None else ''}), which minisgl does not "
+        "load; give the model's unquantized checkpoint (--quantization fp8, int8 or int4 quantizes "
+        "it at load)"
+    )
+
+
+def _rope_settings(params: dict[str, Any]) -> dict[str, Any]:
+    settings = dict(params)
+    if "type" in settings:  # (the older spelling of rope_type)
+        settings.setdefault("rope_type", settings.pop("type"))
+    return settings
+
+
+def _check_one_rope(config: dict[str, Any], source: str) -> None:
+    """Both ``rope_scaling`` and ``rope_parameters`` given, saying different things: refused.
+    transformers 5 takes ``rope_scaling`` whole and drops ``rope_parameters`` (its rope_theta
+    too); rotary.py read ``rope_parameters``: a linear scaling beside it was silently ignored."""
+    scaling, parameters = config.get("rope_scaling"), config.get("rope_parameters")
+    if not (isinstance(scaling, dict) and scaling and isinstance(parameters, dict) and parameters):
+        return
+    a, b = _rope_settings(scaling), _rope_settings(parameters)
+    # (a rope_theta one of them leaves out is no disagreement: the other gives it)
+    keys = (a.keys() | b.keys()) - ({"rope_theta"} - (a.keys() & b.keys()))
+    if any(a.get(key) != b.get(key) for key in keys):
+        raise ValueError(
+            f"{source}: rope_scaling {_shown(scaling)} and rope_parameters {_shown(parameters)} "
+            "disagree (transformers 5 reads rope_scaling and drops rope_parameters); keep one of them"
+        )
 
 
 #: the numbers of a rope scaling (linear's factor, llama3's four) that must be positive
