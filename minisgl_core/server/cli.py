@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from minisgl_core import environment
 from minisgl_core.checkpoint.resolve import DEMO
@@ -89,7 +90,8 @@ def _add_http_args(p: argparse.ArgumentParser, port: int) -> None:
         "--allowed-origins",
         default="",
         metavar="ORIGINS",
-        help="comma-separated origins browsers may call the API from (CORS; '*' = any); off by default",
+        help="comma-separated origins browsers may call the API from, each scheme://host[:port] "
+        "(CORS; '*' = any); off by default",
     )
     g.add_argument("--nnodes", type=int, default=1, help="nodes the TP group spans")
     g.add_argument("--node-rank", type=int, default=0, help="this node's index (0 runs the API server)")
@@ -402,8 +404,44 @@ def _api_options(args: argparse.Namespace, plugins: Plugins, chat_template: str 
         )
         if cls is not None
     }
-    origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
+    origins = tuple(_origin(o.strip()) for o in args.allowed_origins.split(",") if o.strip())
     return ApiOptions(tool_parser, reasoning_parser, origins, chat_template, labels)
+
+
+def _origin(text: str) -> str:
+    """One of ``--allowed-origins``, as a browser's Origin header writes it (scheme and host in
+    lower case). A path or a trailing slash (``https://app.example/``) never matched a browser's
+    Origin: every preflight from it was refused, with nothing said at start-up (a probe's find)."""
+    if text == "*":
+        return text
+    try:
+        parts = urlsplit(text)
+        port = parts.port  # (a ValueError where it is no number)
+    except ValueError:
+        parts = port = None
+    if (
+        parts is None
+        or not parts.scheme
+        or not parts.hostname
+        or parts.username is not None
+        or parts.path
+        or parts.query
+        or parts.fragment
+        or text.endswith(("?", "#"))
+    ):
+        raise ConfigError(
+            f"--allowed-origins: {text!r} is not an origin: give scheme://host[:port] with nothing "
+            "after it, as a browser sends it (e.g. https://app.example), or '*'"
+        )
+    scheme = parts.scheme.lower()
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname  # (IPv6)
+    if port is None or DEFAULT_PORTS.get(scheme) == port:  # (a browser leaves the default out)
+        return f"{scheme}://{host}"
+    return f"{scheme}://{host}:{port}"
+
+
+#: the ports a browser's Origin leaves out
+DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 def _shell_foreground(args: argparse.Namespace):

@@ -4,11 +4,13 @@ error as ``{"error": {...}}`` (found by a probe)."""
 
 from __future__ import annotations
 
+import pytest
 from starlette.testclient import TestClient
 
 from minisgl_core.server.api_options import ApiOptions
 from minisgl_core.server.app import create_app
 from minisgl_core.server.state import ModelInfo, ServerState
+from minisgl_core.testing.cli_runner import run_cli
 
 from .conftest import API_KEY
 
@@ -71,3 +73,34 @@ def test_an_allowed_preflight_is_unchanged():
     resp = _preflight(_client(), ORIGIN, "POST")
     assert resp.status_code == 200 and resp.headers["access-control-allow-origin"] == ORIGIN
     assert resp.text == "OK"
+
+
+@pytest.mark.parametrize("value", ["https://app.example/", "https://app.example/app", "app.example", "null"])
+def test_an_allowed_origin_no_browser_sends_is_refused_at_start_up(value):
+    """A probe's find: ``--allowed-origins https://app.example/`` started a server whose every
+    preflight from https://app.example was refused (a browser's Origin has no path, not even /)."""
+    proc = run_cli(["serve", "--model", "demo", "--port", "0", "--allowed-origins", f"*,{value}"])
+    assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr, proc.stderr
+    # (after the demo model's warning)
+    assert proc.stderr.splitlines()[-1:] == [
+        f"minisgl: error: --allowed-origins: {value!r} is not an origin: give scheme://host[:port] "
+        "with nothing after it, as a browser sends it (e.g. https://app.example), or '*'"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("value", "sent"),
+    [
+        ("HTTPS://App.Example", "https://app.example"),
+        ("https://app.example:443", "https://app.example"),
+        ("http://localhost:8080", "http://localhost:8080"),
+        ("http://[::1]:80", "http://[::1]"),
+        ("chrome-extension://abcdef", "chrome-extension://abcdef"),
+    ],
+)
+def test_an_allowed_origin_is_matched_as_a_browser_writes_it(value, sent):
+    """Scheme and host in lower case, the scheme's default port left out: as the Origin header has
+    them (Starlette compares the strings)."""
+    from minisgl_core.server.cli import _origin
+
+    assert _origin(value) == sent
