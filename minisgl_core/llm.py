@@ -482,14 +482,16 @@ class LLM:
                 "prompts must be a str, a list of token ids, or a list of either, "
                 f"got {type(prompts).__name__}"
             )
-        if not (
-            sampling_params is None
-            or isinstance(sampling_params, SamplingParams)
-            or (
-                isinstance(sampling_params, (list, tuple))
-                and all(isinstance(p, SamplingParams) for p in sampling_params)
-            )
-        ):
+        if isinstance(sampling_params, (list, tuple)):
+            # (the list's own type was named: "got list", for one element that was None)
+            bad = next((i for i, p in enumerate(sampling_params) if not isinstance(p, SamplingParams)), None)
+            if bad is not None:
+                raise TypeError(
+                    f"sampling_params[{bad}] must be a SamplingParams, got "
+                    f"{type(sampling_params[bad]).__name__}: build one with SamplingParams(...) or "
+                    "llm.sampling_params(...)"
+                )
+        elif not (sampling_params is None or isinstance(sampling_params, SamplingParams)):
             raise TypeError(
                 "sampling_params must be a SamplingParams or a list of them (one per prompt), got "
                 f"{type(sampling_params).__name__}: build one with SamplingParams(...) or llm.sampling_params(...)"

@@ -299,7 +299,13 @@ def test_a_failing_request_takes_the_ones_added_before_it_out(llm):
         ({"a": 1}, None, "prompts must be a str, a list of token ids, or a list of either, got dict"),
         ("hi", {"temperature": 0}, "sampling_params must be a SamplingParams or a list of them"),
         ("hi", "greedy", "sampling_params must be a SamplingParams or a list of them"),
-        ("hi", [None], "sampling_params must be a SamplingParams or a list of them"),
+        # (the element is named: it said "got list" of the list itself, a probe's find)
+        ("hi", [None], r"^sampling_params\[0\] must be a SamplingParams, got NoneType: build one"),
+        (
+            ["a", "b"],
+            [SamplingParams(), "greedy"],
+            r"^sampling_params\[1\] must be a SamplingParams, got str",
+        ),
     ],
 )
 def test_generate_names_what_it_takes(llm, prompts, params, says):
