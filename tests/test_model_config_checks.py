@@ -231,3 +231,55 @@ def test_rope_scaling_beside_rope_parameters_saying_the_same_loads(model_dir, tm
                 llm.generate([[5, 6, 7]], llm.sampling_params(temperature=0, max_tokens=4))[0].token_ids
             )
     assert outputs[0] == outputs[1]
+
+
+@pytest.mark.parametrize(
+    ("changes", "says"),
+    [
+        (
+            {"tie_word_embeddings": "false"},
+            "Validation error for field 'tie_word_embeddings': TypeError: Field 'tie_word_embeddings' "
+            "expected bool, got str (value: 'false')",
+        ),
+        (
+            {"rope_parameters": None, "rope_scaling": {"type": "linear"}},
+            "Missing required keys in `rope_parameters` for 'rope_type'='linear': {'factor'}",
+        ),
+    ],
+    ids=["tie-a-string", "linear-without-factor"],
+)
+def test_a_config_transformers_refuses_is_named_before_the_weights_load(model_dir, tmp_path, changes, says):
+    """A probe's find: loading the tokenizer reads config.json through transformers, whose strict
+    validators refused these after the weights had loaded, as "tokenizer files in DIR could not be
+    loaded: Validation error for field 'tie_word_embeddings':" (the reason on a second line, cut;
+    and "false" had built a model with tied embeddings first)."""
+    bad = _with_config(model_dir, tmp_path, **changes)
+    proc = _cli("generate", "--model", str(bad), "--device", "cpu", "--max-tokens", "2", "hi")
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"minisgl: error: --model {bad}: config.json: transformers refuses it: {says}"
+    ]
+
+
+def test_the_workers_name_config_json_where_transformers_refuses_it(model_dir, tmp_path):
+    """Where the launcher did not check (Engine() alone), the tokenizer's load says config.json too."""
+    from minisgl_core.checkpoint.formats import load_tokenizer_dir
+
+    bad = _with_config(model_dir, tmp_path, tie_word_embeddings="false")
+    with pytest.raises(ModelPathError) as err:
+        load_tokenizer_dir(bad)
+    assert str(err.value).startswith(
+        f"{bad / 'config.json'}: transformers refuses it: Validation error for field 'tie_word_embeddings': "
+        "TypeError: Field"
+    )
+
+
+def test_a_tokenizer_file_that_is_a_directory_is_named_before_the_weights_load(model_dir, tmp_path):
+    bad = _with_config(model_dir, tmp_path)
+    (bad / "tokenizer.json").unlink()
+    (bad / "tokenizer.json").mkdir()
+    proc = _cli("generate", "--model", str(bad), "--device", "cpu", "--max-tokens", "2", "hi")
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"minisgl: error: --model {bad}: tokenizer files in {bad} could not be loaded: tokenizer.json is not a file"
+    ]

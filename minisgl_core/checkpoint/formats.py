@@ -179,6 +179,35 @@ def load_tokenizer_dir(model_dir: str | Path) -> Any:
 
 
 def tokenizer_message(model_dir: Path, exc: BaseException) -> str:
-    """What a tokenizer that does not load says, in the launcher's check and in the workers."""
-    detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return f"tokenizer files in {model_dir} could not be loaded: {detail}"
+    """What a tokenizer that does not load says, in the launcher's check and in the workers:
+    config.json named where it is transformers' refusal of config.json (loading a tokenizer
+    reads it; a ``tie_word_embeddings`` of "false" was blamed on the tokenizer files)."""
+    refusal = config_refusal(exc)
+    if refusal is not None:
+        return f"{model_dir / 'config.json'}: {refusal}"
+    return (
+        f"tokenizer files in {model_dir} could not be loaded: {_first_lines(str(exc)) or type(exc).__name__}"
+    )
+
+
+def config_refusal(exc: BaseException) -> str | None:
+    """transformers' own refusal of a config.json (its strict field and class validators, a rope
+    setting missing a key), as one line; None for any other error."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:  # (an older huggingface_hub: transformers did not validate then)
+        return None
+    if isinstance(exc, StrictDataclassError):
+        text = str(exc)
+    elif isinstance(exc, KeyError) and exc.args and "rope_parameters" in str(exc.args[0]):
+        text = str(exc.args[0])
+    else:
+        return None
+    return f"transformers refuses it: {_first_lines(text)}"
+
+
+def _first_lines(text: str, limit: int = 300) -> str:
+    """The first two lines of an exception's text as one (the second holds the reason where the
+    first ends in a colon: "Validation error for field 'rope_parameters':"), cut to ``limit``."""
+    joined = " ".join(line.strip() for line in text.splitlines()[:2] if line.strip())
+    return joined if len(joined) <= limit else joined[: limit - 3] + "..."

@@ -19,6 +19,7 @@ from minisgl_core.checkpoint.formats import (
     TOKENIZER_FILES,
     ModelPathError,
     checkpoint_files,
+    config_refusal,
     tokenizer_message,
 )
 from minisgl_core.checkpoint.safetensors_header import FLOAT_DTYPES, INTEGER_DTYPES, TensorEntry, read_header
@@ -245,6 +246,10 @@ def check_tokenizer_files(model_dir: Path) -> None:
                 # attribute 'get'"; transformers passes over a special_tokens_map.json that is one)
                 if name == "tokenizer_config.json" and not isinstance(content, dict):
                     raise ValueError(f"{name} must hold a JSON object, got {type(content).__name__}")
+        for name in TOKENIZER_FILES:  # (a directory there was transformers' "Couldn't instantiate
+            # the backend tokenizer from one of:" after the weights had loaded)
+            if (model_dir / name).exists() and not (model_dir / name).is_file():
+                raise ValueError(f"{name} is not a file")
         if (model_dir / "tokenizer.json").is_file():
             from tokenizers import Tokenizer
 
@@ -256,6 +261,21 @@ def check_tokenizer_files(model_dir: Path) -> None:
         raise ValueError(tokenizer_message(model_dir, exc)) from None
 
 
+def check_transformers_reads(model_dir: Path) -> None:
+    """A ValueError where transformers refuses config.json (a field of the wrong type: a
+    ``tie_word_embeddings`` of "false", a ``rope_scaling`` that is a string; a rope setting missing
+    a key). Loading the tokenizer reads the config too: that failed after the weights had loaded,
+    blaming the tokenizer files. An architecture transformers does not know is its plugin's."""
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(str(model_dir))
+    except Exception as exc:  # noqa: BLE001 - huggingface_hub's validators raise their own classes
+        refusal = config_refusal(exc)
+        if refusal is not None:
+            raise ValueError(f"config.json: {refusal}") from None
+
+
 def check_model_files(model: str | Path, spelling: Spelling = "flag") -> None:
     """Raise ModelPathError (one line, naming the file) when a safetensors model directory's
     config.json holds a value no model is built from, its weights are cut short or corrupt or
@@ -265,6 +285,8 @@ def check_model_files(model: str | Path, spelling: Spelling = "flag") -> None:
         config = json.loads((path / "config.json").read_text())
         check_config_values(config)
         check_shapes(config, read_headers(path))
+        # (after the weights' checks: theirs name the tensor where both would refuse)
+        check_transformers_reads(path)
         check_tokenizer_files(path)
     except (OSError, ValueError) as exc:
         raise ModelPathError(f"{given('model', model, spelling)}: {exc}") from None
