@@ -454,8 +454,13 @@ def test_a_kv_pool_or_request_tables_past_the_device_name_the_setting_and_the_by
     absurd = [
         (dict(num_kv_tokens=10**15), f"num_kv_tokens=1000000000000000 (the KV pool) asks for {pool_bytes} bytes",
          ("num_kv_tokens",)),
+        # (a context length not given is the model's: said so, a probe's find; it named only the setting)
         (dict(max_running_requests=10**12), f"max_running_requests=1000000000000 (request rows of "
-         f"max_context_len=2048 tokens) asks for {table_bytes} bytes", ("max_running_requests", "max_context_len")),
+         f"max_context_len=2048 tokens, the model's max_position_embeddings) asks for {table_bytes} bytes",
+         ("max_running_requests", "max_context_len")),
+        (dict(max_running_requests=10**12, max_context_len=2048), f"max_running_requests=1000000000000 "
+         f"(request rows of max_context_len=2048 tokens) asks for {table_bytes} bytes",
+         ("max_running_requests", "max_context_len")),
     ]  # fmt: skip
     for options, says, fields in absurd:
         with pytest.raises(ConfigError) as err:

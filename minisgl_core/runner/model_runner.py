@@ -585,9 +585,16 @@ class ModelRunner:
         # per row: its page-table row (int32 per position), then the engine's last token and the
         # scheduler's row index (int64 each)
         row_bytes = 4 * self.max_context_len + 16
+        # (a length nobody gave: the model's, where it named only the flag)
+        given_len = self.config.max_context_len
+        whose = (
+            ""
+            if given_len is not None and given_len <= self.max_context_len
+            else ", the model's max_position_embeddings"
+        )
         tables = MemoryAsk(
             f"max_running_requests={self.config.max_running_requests} "
-            f"(request rows of max_context_len={self.max_context_len} tokens)",
+            f"(request rows of max_context_len={self.max_context_len} tokens{whose})",
             self.num_request_rows * row_bytes,
             ("max_running_requests", "max_context_len"),
         )
