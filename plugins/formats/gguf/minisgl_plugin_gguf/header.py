@@ -97,7 +97,7 @@ def read_header(path: Path, quant_sizes: dict[int, tuple[int, int]]) -> GGUFHead
     """Parse ``path``'s header; ``quant_sizes``: type id -> (block size, bytes per block).
 
     Raises :class:`Truncated` when the file ends inside the header or any tensor's data, and
-    ``ValueError`` for what is not GGUF."""
+    ``ValueError`` for what is not GGUF, or lays out its tensors' data as llama.cpp refuses."""
     if path.stat().st_size < 4:
         raise Truncated(f"the file has {path.stat().st_size} bytes, not even a GGUF magic")
     raw = np.memmap(path, dtype=np.uint8, mode="r")  # pages are read only as they are touched
@@ -139,4 +139,23 @@ def read_header(path: Path, quant_sizes: dict[int, tuple[int, int]]) -> GGUFHead
                 f"tensor {name} ends at byte {tensor.offset + n_bytes} but the file has {len(raw)} bytes"
             )
         tensors.append(tensor)
+    _check_layout(tensors, start, alignment)
     return GGUFHeader(path, version, fields, tensors, len(raw), raw)
+
+
+def _check_layout(tensors: list[TensorInfo], start: int, alignment: int) -> None:
+    """Refuse what llama.cpp refuses: a tensor's data offset that is not a multiple of the
+    alignment, or data that overlaps another tensor's (both loaded other bytes as the weights)."""
+    previous = None
+    for tensor in sorted(tensors, key=lambda t: (t.offset, t.n_bytes)):
+        if (tensor.offset - start) % alignment:
+            raise ValueError(
+                f"tensor {tensor.name} has data offset {tensor.offset - start}, not a multiple of "
+                f"general.alignment ({alignment})"
+            )
+        if previous is not None and tensor.offset < previous.offset + previous.n_bytes:
+            raise ValueError(
+                f"tensor {tensor.name} (data offset {tensor.offset - start}) overlaps tensor "
+                f"{previous.name} (data offset {previous.offset - start}, {previous.n_bytes} bytes)"
+            )
+        previous = tensor

@@ -507,6 +507,47 @@ def test_an_alignment_of_zero_is_named(make_tiny_model, tmp_path):
         GGUFFormat(file)
 
 
+def _with_data_offset(file: Path, out: Path, name: str, offset: int) -> Path:
+    """``file`` with tensor ``name``'s data offset (relative to the data section) set to ``offset``."""
+    import gguf
+
+    tensor = next(t for t in gguf.GGUFReader(file).tensors if t.name == name)
+    data = bytearray(file.read_bytes())
+    # the offset is the last field of the tensor's info
+    position = tensor.field.offset + sum(part.nbytes for part in tensor.field.parts[:-1])
+    data[position : position + 8] = offset.to_bytes(8, "little")
+    out.write_bytes(data)
+    return out
+
+
+def test_tensor_data_that_overlaps_or_is_misaligned_is_refused(make_tiny_model, tmp_path):
+    # llama.cpp refuses both; they loaded other bytes as the weights and generated garbage
+    import gguf
+
+    file = write_gguf(make_tiny_model("LlamaForCausalLM"), tmp_path / "good.gguf", "Q8_0")
+    tensors = gguf.GGUFReader(file).tensors
+    offsets = {t.name: t.field.parts[-1][0].item() for t in tensors}
+    down_bytes = next(t.n_bytes for t in tensors if t.name == "blk.0.ffn_down.weight")
+    overlap = _with_data_offset(
+        file, tmp_path / "overlap.gguf", "blk.1.ffn_down.weight", offsets["blk.0.ffn_down.weight"]
+    )
+    line = one_error_line(run_cli(["generate", "--device", "cpu", "--model", str(overlap), "hi"]))
+    assert line.endswith(
+        f"{overlap} is not a readable GGUF file: tensor blk.1.ffn_down.weight (data offset "
+        f"{offsets['blk.0.ffn_down.weight']}) overlaps tensor blk.0.ffn_down.weight (data offset "
+        f"{offsets['blk.0.ffn_down.weight']}, {down_bytes} bytes)"
+    ), line
+    misaligned = _with_data_offset(
+        file, tmp_path / "misaligned.gguf", "blk.1.attn_q.weight", offsets["blk.1.attn_q.weight"] + 16
+    )
+    with pytest.raises(ValueError) as err:
+        GGUFFormat(misaligned)
+    assert str(err.value) == (
+        f"{misaligned} is not a readable GGUF file: tensor blk.1.attn_q.weight has data offset "
+        f"{offsets['blk.1.attn_q.weight'] + 16}, not a multiple of general.alignment (32)"
+    )
+
+
 def test_phi3_windows_and_longrope_are_refused_in_one_line(make_tiny_model, tmp_path):
     """Phi-3-mini-4k's window (llama.cpp writes phi3.attention.sliding_window) and the 128k models'
     longrope factors (rope_factors_long/short tensors): full attention over the context, or rotary
