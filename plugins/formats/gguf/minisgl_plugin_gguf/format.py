@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -76,6 +77,7 @@ class GGUFFormat(WeightFormat):
             # without those factors, every position would rotate by other angles
             self._config["rope_scaling"] = {"rope_type": "longrope"}
         _check_head_rows(self.header, self._config, self.file)
+        _check_block_count(self.header, self._config, self.file)
 
     @classmethod
     def detect(cls, path: Path) -> bool:
@@ -209,6 +211,29 @@ def _check_head_rows(header: GGUFHeader, config: dict[str, Any], file: Path) -> 
                 f"{file}: tensor {tensor.name} has {tensor.dims[-1]} rows, the metadata's {keys} "
                 f"makes {rows}: the metadata does not describe these weights"
             )
+
+
+def _check_block_count(header: GGUFHeader, config: dict[str, Any], file: Path) -> None:
+    """The blocks ``{arch}.block_count`` counts against the file's ``blk.N.*`` tensors, as the core
+    checks config.json's num_hidden_layers (a smaller count loaded a truncated model silently)."""
+    layers, key = config["num_hidden_layers"], f"{config['model_type']}.block_count"
+    if not isinstance(layers, int) or isinstance(layers, bool):
+        return  # the core's check of the config's values names the bad one
+    found = {int(m.group(1)) for t in header.tensors if (m := re.match(r"blk\.(\d+)\.", t.name))}
+    if not found:
+        return
+    missing = sorted(set(range(layers)) - found)
+    if missing:
+        raise UnsupportedGGUF(
+            f"{file}: the metadata says {key} {layers}, the tensors have no blk.{missing[0]}.* "
+            f"(they hold {len(found)} blocks): the metadata does not describe these weights"
+        )
+    extra = sorted(found - set(range(layers)))
+    if extra:
+        raise UnsupportedGGUF(
+            f"{file}: the metadata says {key} {layers}, the tensors also hold blk.{extra[0]}.* "
+            f"({len(found)} blocks in all): the metadata does not describe these weights"
+        )
 
 
 def _quant_sizes() -> dict[int, tuple[int, int]]:

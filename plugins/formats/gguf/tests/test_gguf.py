@@ -548,6 +548,30 @@ def test_tensor_data_that_overlaps_or_is_misaligned_is_refused(make_tiny_model, 
     )
 
 
+@pytest.mark.parametrize(
+    "fields, extra, says",
+    [
+        ({"llama.block_count": 1}, None, "llama.block_count 1, the tensors also hold blk.1.* (2 blocks in all)"),
+        ({}, "blk.5.attn_norm.weight", "llama.block_count 2, the tensors also hold blk.5.* (3 blocks in all)"),
+        ({"llama.block_count": 3}, None, "llama.block_count 3, the tensors have no blk.2.* (they hold 2 blocks)"),
+    ],
+    ids=["fewer", "stray-block", "more"],
+)  # fmt: skip
+def test_a_block_count_that_does_not_count_the_blocks_is_refused(
+    make_tiny_model, tmp_path, fields, extra, says
+):
+    # a smaller count loaded the first blocks only, without a word (config.json's num_hidden_layers is checked)
+    extra_tensors = {extra: np.ones(64, dtype=np.float32)} if extra else None
+    file = _with_fields(make_tiny_model("LlamaForCausalLM"), tmp_path / "bad.gguf", extra_tensors, **fields)
+    message = f"{file}: the metadata says {says}: the metadata does not describe these weights"
+    with pytest.raises(ValueError) as err:
+        GGUFFormat(file)
+    assert str(err.value) == message
+    if fields.get("llama.block_count") == 1:
+        line = one_error_line(run_cli(["generate", "--device", "cpu", "--model", str(file), "hi"]))
+        assert line.endswith(message), line
+
+
 def test_phi3_windows_and_longrope_are_refused_in_one_line(make_tiny_model, tmp_path):
     """Phi-3-mini-4k's window (llama.cpp writes phi3.attention.sliding_window) and the 128k models'
     longrope factors (rope_factors_long/short tensors): full attention over the context, or rotary
