@@ -16,7 +16,8 @@ import pytest
 
 from minisgl_core import LLM
 from minisgl_core.api import ParallelContext
-from minisgl_core.checkpoint.path_check import ModelPathError
+from minisgl_core.checkpoint.generation_defaults import GenerationConfigError, load_sampling_defaults
+from minisgl_core.checkpoint.path_check import ModelPathError, check_model_path
 from minisgl_core.config import EngineConfig
 from minisgl_core.demo.factories import make_model_dir
 from minisgl_core.engine.engine import Engine
@@ -140,6 +141,35 @@ def test_a_config_that_does_not_describe_the_weights_names_a_tensor(model_dir, t
     with pytest.raises(ModelPathError) as err:
         LLM(bad, attn="torch", device="cpu")
     assert says in str(err.value), str(err.value)
+
+
+def test_a_stray_gguf_beside_the_safetensors_does_not_skip_their_checks(tmp_path):
+    # the directory loads as safetensors (config.json decides, as in open_model); the .gguf skipped
+    # every check, and a Llama config.json counting one layer of two loaded a truncated model
+    bad = make_model_dir(tmp_path / "stray", "LlamaForCausalLM")
+    (bad / "stray.gguf").write_bytes(b"GGUF")
+    _edit_config(bad, num_hidden_layers=1)
+    with pytest.raises(ModelPathError) as err:
+        LLM(bad, attn="torch", device="cpu")
+    assert str(err.value) == (
+        f"model={str(bad)!r}: config.json says num_hidden_layers 1, the weights also hold model.layers.1.* "
+        "(2 layers in all): config.json does not describe these weights"
+    )
+    # its generation_config.json too (one that is not JSON was read as none)
+    (bad / "generation_config.json").write_text("{not json")
+    with pytest.raises(
+        GenerationConfigError, match="generation_config.json is not JSON .*; fix it, or remove it"
+    ):
+        load_sampling_defaults(bad)
+    (bad / "model.safetensors").unlink()
+    with pytest.raises(ModelPathError) as err:
+        check_model_path(bad)
+    assert str(err.value) == (
+        f"--model {bad}: no weights in the directory (expected model.safetensors or "
+        "model.safetensors.index.json); to load stray.gguf, pass the file itself"
+    )
+    (bad / "config.json").unlink()
+    check_model_path(bad)  # a directory of one .gguf (and tokenizer files) is the GGUF format's
 
 
 def test_the_loader_names_the_file_or_tensor_when_the_launcher_did_not_check(model_dir, tmp_path):

@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from minisgl_core.checkpoint.formats import load_generation_config, open_model
+from minisgl_core.checkpoint.formats import SafetensorsFormat, load_generation_config, open_model
 from minisgl_core.model_dir import eos_token_ids
 from minisgl_core.sampling import UNSUPPORTED_GENERATION_KEYS, SamplingParams, sampling_defaults
 from minisgl_core.setting_names import Spelling, given
@@ -78,7 +78,8 @@ def model_generation_config(model: str | Path, plugins: Plugins | None = None) -
     """The model's own generation config: a directory's ``generation_config.json``, or what its
     weight format reads (a GGUF's metadata). The one place that knows where a model keeps it."""
     path = Path(model)
-    if path.is_dir() and not any(path.glob("*.gguf")):
+    # a directory's own file unless it loads as GGUF (open_model's choice: config.json decides)
+    if path.is_dir() and (SafetensorsFormat.detect(path) or not any(path.glob("*.gguf"))):
         # (not "start with --generation-config none": the end-of-sequence ids are read from it anyway)
         try:
             return load_generation_config(path)

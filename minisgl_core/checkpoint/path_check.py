@@ -10,7 +10,7 @@ import json
 import os
 from pathlib import Path
 
-from minisgl_core.checkpoint.formats import INDEX_FILE, SINGLE_FILE, ModelPathError
+from minisgl_core.checkpoint.formats import INDEX_FILE, SINGLE_FILE, ModelPathError, SafetensorsFormat
 from minisgl_core.checkpoint.integrity import check_model_files
 from minisgl_core.setting_names import Spelling, given
 
@@ -58,7 +58,9 @@ def check_model_path(model: str | Path, spelling: Spelling = "flag") -> None:
         raise ModelPathError(f"{given_as} is not a file or a directory; {WANTED}")
     if _unreadable(path) or not os.access(path, os.X_OK):
         raise ModelPathError(f"{given_as}: cannot read the directory (permission denied)")
-    if any(path.glob("*.gguf")):
+    if not SafetensorsFormat.detect(path) and any(path.glob("*.gguf")):
+        # open_model's choice: a directory with config.json loads as safetensors whatever else it
+        # holds (a stray .gguf skipped every check of the weights it loads)
         return
     config = path / "config.json"
     if not config.is_file():
@@ -70,8 +72,10 @@ def check_model_path(model: str | Path, spelling: Spelling = "flag") -> None:
     if not isinstance(parsed, dict) or not parsed.get("architectures"):
         raise ModelPathError(f"{given_as}: config.json names no architectures; {WANTED}")
     if not (path / SINGLE_FILE).is_file() and not (path / INDEX_FILE).is_file():
+        gguf = next(iter(sorted(path.glob("*.gguf"))), None)
+        hint = "" if gguf is None else f"; to load {gguf.name}, pass the file itself"
         raise ModelPathError(
-            f"{given_as}: no weights in the directory (expected {SINGLE_FILE} or {INDEX_FILE})"
+            f"{given_as}: no weights in the directory (expected {SINGLE_FILE} or {INDEX_FILE}){hint}"
         )
     for weights in (path / SINGLE_FILE, path / INDEX_FILE):
         if weights.is_file() and _unreadable(weights):
