@@ -283,3 +283,63 @@ def test_a_tokenizer_file_that_is_a_directory_is_named_before_the_weights_load(m
     assert proc.stderr.splitlines() == [
         f"minisgl: error: --model {bad}: tokenizer files in {bad} could not be loaded: tokenizer.json is not a file"
     ]
+
+
+@pytest.fixture(scope="module")
+def decoder_dirs(tmp_path_factory) -> dict[str, Path]:
+    """Tiny models of the decoder's other architectures (fused q/k/v, experts)."""
+    root = tmp_path_factory.mktemp("archs")
+    archs = ("Phi3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM")
+    return {arch: make_model_dir(root / arch, arch) for arch in archs}
+
+
+@pytest.mark.parametrize("arch", ["Phi3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"])
+@pytest.mark.parametrize(
+    ("field", "value"), [("hidden_size", "64"), ("num_hidden_layers", 2.0), ("num_key_value_heads", -2)]
+)
+def test_the_decoders_other_architectures_have_their_sizes_checked(
+    decoder_dirs, tmp_path, arch, field, value
+):
+    """A probe's find: for Phi3, Mixtral and Qwen3-MoE these were a TypeError or ValueError traceback
+    from the model's construction (the sizes were checked for the Llama names' architectures only)."""
+    bad = _with_config(decoder_dirs[arch], tmp_path, **{field: value})
+    with pytest.raises(ModelPathError) as err:
+        LLM(bad, attn="torch", device="cpu")
+    assert str(err.value) == (
+        f"model={str(bad)!r}: config.json: {field} must be a positive integer, got {json.dumps(value)}"
+    )
+
+
+@pytest.mark.parametrize("arch", ["Phi3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"])
+def test_the_decoders_other_architectures_have_their_layers_counted(decoder_dirs, tmp_path, arch):
+    """num_hidden_layers 1 over two layers of weights loaded the first layer only and answered
+    (a warning of unused tensors the one sign)."""
+    bad = _with_config(decoder_dirs[arch], tmp_path, num_hidden_layers=1)
+    with pytest.raises(ModelPathError) as err:
+        LLM(bad, attn="torch", device="cpu")
+    assert str(err.value) == (
+        f"model={str(bad)!r}: config.json says num_hidden_layers 1, the weights also hold model.layers.1.* "
+        "(2 layers in all): config.json does not describe these weights"
+    )
+
+
+@pytest.mark.parametrize(
+    ("arch", "key", "tensor"),
+    [
+        ("MixtralForCausalLM", "num_local_experts", "block_sparse_moe.experts.{e}.w"),
+        ("Qwen3MoeForCausalLM", "num_local_experts", "mlp.experts.{e}."),
+    ],
+)
+def test_fewer_experts_than_the_weights_hold_names_the_tensor(decoder_dirs, tmp_path, arch, key, tensor):
+    """An IndexError traceback from the experts' loader (a probe's find)."""
+    config = json.loads((decoder_dirs[arch] / "config.json").read_text())
+    experts = config[key]
+    bad = _with_config(decoder_dirs[arch], tmp_path, **{key: experts - 1, "num_experts_per_tok": 1})
+    with pytest.raises(ModelPathError) as err:
+        LLM(bad, attn="torch", device="cpu")
+    says = str(err.value)  # (the first of the expert's tensors the file holds)
+    assert says.startswith(f"model={str(bad)!r}: weight model.layers.0.{tensor.format(e=experts - 1)}"), says
+    assert says.endswith(
+        f".weight: the checkpoint holds expert {experts - 1}; the model was built with {experts - 1} "
+        "experts (config.json does not describe these weights?)"
+    )

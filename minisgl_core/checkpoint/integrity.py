@@ -29,7 +29,14 @@ from minisgl_core.setting_names import Spelling, given
 #: self_attn.q_proj.weight``...), which config.json alone determines. Other architectures may
 #: reuse a name with another meaning (per-layer sizes, packed quantized weights), so their shapes
 #: are left to their model's loader.
-LLAMA_LAYOUT = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"})
+LLAMA_LAYOUT = frozenset(
+    {
+        "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+        # (the decoder's too, their fused or expert tensors named otherwise: no rule matches them;
+        # their sizes were tracebacks from the model's construction, a probe's find)
+        "Phi3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM",
+    }
+)  # fmt: skip
 
 
 def read_headers(model_dir: Path) -> dict[str, TensorEntry]:
@@ -47,6 +54,7 @@ ENGINE_SIZES = ("vocab_size", "max_position_embeddings")
 #: architecture may give these names other meanings (per-layer lists), so its model checks them
 LAYOUT_SIZES = (
     "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+    "moe_intermediate_size", "num_experts_per_tok",
 )  # fmt: skip
 LAYOUT_CONSTANTS = ("rms_norm_eps", "rope_theta")
 

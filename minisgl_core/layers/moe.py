@@ -396,6 +396,7 @@ class Experts(nn.Module):
                     self._load_w13(param, half, (expert, part))
             return list(param.shard_ids)  # type: ignore[attr-defined]
         expert, part = shard_id
+        self._check_expert(expert)
         dest = param.data[expert].narrow(0, part * self.inter, self.inter)
         copy_shard(dest, self._rows(loaded, 0))  # type: ignore[arg-type]
         return None
@@ -407,8 +408,16 @@ class Experts(nn.Module):
             for expert in range(self.num_experts):
                 self._load_w2(param, loaded[expert], expert)
             return list(param.shard_ids)  # type: ignore[attr-defined]
+        self._check_expert(shard_id)
         copy_shard(param.data[shard_id], self._rows(loaded, 1))  # type: ignore[arg-type]
         return None
+
+    def _check_expert(self, expert: int) -> None:
+        # (an IndexError traceback from the copy: config.json counting fewer experts than the weights)
+        if not 0 <= expert < self.num_experts:
+            raise ValueError(
+                f"the checkpoint holds expert {expert}; the model was built with {self.num_experts} experts"
+            )
 
     def _check_fused(self, loaded: torch.Tensor, name: str, dim: int, size: int) -> None:
         if loaded.dim() != 3 or loaded.shape[0] != self.num_experts or loaded.shape[dim] != size:
