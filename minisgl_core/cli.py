@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
+import os
+import select
 import sys
 from typing import Any, NoReturn
 
@@ -269,7 +272,16 @@ def main(argv: list[str] | None = None) -> int:
 
     # a setting or an input the user can fix: one line and exit code 2, as argparse's own errors
     try:
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        sys.stdout.flush()  # a write error here, not in the interpreter's own flush at exit
+        return status
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise
+        # its reader has gone (`minisgl plugins --json | head -1`): quietly, as CPython's docs on
+        # SIGPIPE recommend, with stdout at devnull so that the flush at exit does not fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except ConfigError as exc:
         print(f"minisgl: error: {cli_message(exc)}", file=sys.stderr)
         return 2
@@ -287,9 +299,27 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(__name__).debug("the plugin's exception", exc_info=exc)
         print(f"minisgl: error: {exc} (its traceback: --log-level debug)", file=sys.stderr)
         return 1
-    except OSError as exc:  # fetching the default model or building the demo one
+    except OSError as exc:  # the cache (fetching the default model, building the demo one), a full disk
         problem = environment.cache_dir_error(exc)
+        if problem is None and exc.errno in (errno.ENOSPC, errno.EDQUOT):  # stdout or a file's
+            where = f" ({exc.filename})" if exc.filename else ""
+            print(
+                f"minisgl: error: cannot write{where}: {exc.strerror}; free some space or write elsewhere",
+                file=sys.stderr,
+            )
+            return 1
         if problem is None:
             raise
         print(f"minisgl: error: {problem}", file=sys.stderr)
         return 2
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe or socket whose reader has gone (it polls as an error), so that a
+    BrokenPipeError from elsewhere (a worker's pipe) keeps its traceback."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll (Windows) or no descriptor (captured)
+        return False

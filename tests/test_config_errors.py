@@ -6,6 +6,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -556,6 +557,29 @@ def test_log_level_is_taken_after_the_subcommand_too(command, monkeypatch):
     assert parser.parse_args(command).log_level == "info"
     monkeypatch.setenv("MINISGL_LOG_LEVEL", "warning")
     assert build_parser().parse_args(command).log_level == "warning"
+
+
+def test_a_closed_stdout_ends_quietly_and_a_full_disk_is_one_line():
+    """``minisgl plugins --json | head -1`` and ``minisgl plugins > /dev/full`` were tracebacks
+    (BrokenPipeError; OSError ENOSPC). A pipe without its reader is given as stdout here, so that
+    the write fails whatever the timing; the exit status is CPython's recipe's."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "minisgl_core", "plugins", "--json"], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=120)  # fmt: skip
+    finally:
+        os.close(write_end)
+    assert (proc.returncode, proc.stderr) == (1, "")
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "minisgl_core", "plugins"], stdout=full, stderr=subprocess.PIPE,
+                              text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [
+        "minisgl: error: cannot write: No space left on device; free some space or write elsewhere"
+    ]
 
 
 def test_log_level_after_the_subcommand_sets_the_level(model_dir):
