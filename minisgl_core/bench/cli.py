@@ -33,7 +33,7 @@ def add_bench_command(sub) -> None:
     add_engine_args(p)
     p.add_argument("--shape", choices=sorted(SHAPES), help="build a random-weight model of this real shape")
     p.add_argument(
-        "--model-cache", default="/tmp/minisgl-bench-models",
+        "--model-cache", type=_model_cache, default="/tmp/minisgl-bench-models",
         help="where --shape's models are built, once each (default: %(default)s)",
     )  # fmt: skip
     p.add_argument(
@@ -158,7 +158,12 @@ def add_bench_command(sub) -> None:
         "default: %(default)s)",
     )  # fmt: skip
     p.add_argument("--max-tokens", type=_positive_int, default=1024, help="the builtin schema's length")
-    p.add_argument("--model-cache", default="/tmp/minisgl-bench-models", help="where the tokenizer is built")
+    p.add_argument(
+        "--model-cache",
+        type=_model_cache,
+        default="/tmp/minisgl-bench-models",
+        help="where the tokenizer is built",
+    )
     p.add_argument("--label", default="", help="a free text kept in the JSON result (to tell runs apart)")
     p.add_argument(
         "--output", type=_writable, help="append the JSON result to this file (one object per line)"
@@ -583,6 +588,21 @@ def _writable(text: str) -> str:
     if not folder.is_dir():
         raise argparse.ArgumentTypeError(f"cannot write {text}: no directory {folder}")
     if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"cannot write {text}: permission denied")
+    return text
+
+
+def _model_cache(text: str) -> str:
+    """A folder the bench builds its models or tokenizers in, made if missing, in a directory that
+    exists as :func:`_writable` asks (a file there was a NotADirectoryError traceback, a typo made
+    every folder up to /)."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is not a directory")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not path.exists() and not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write {text}: no directory {folder}")
+    if not os.access(path if path.exists() else folder, os.W_OK):
         raise argparse.ArgumentTypeError(f"cannot write {text}: permission denied")
     return text
 

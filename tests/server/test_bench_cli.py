@@ -332,6 +332,27 @@ def test_files_a_bench_writes_are_checked_before_it_runs(tmp_path, capsys) -> No
     assert "argument --profile: " in proc.stderr and "no directory" in proc.stderr, proc.stderr
 
 
+def test_a_model_cache_that_is_a_file_or_in_no_directory_is_one_line(tmp_path, capsys) -> None:
+    """--model-cache at a file was a NotADirectoryError traceback (bench grammar, and bench offline
+    --shape after its checks); one in a missing directory was made, every folder up to / (grammar)."""
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    missing = tmp_path / "no" / "cache"
+    runs = [
+        ("grammar", ["--rows", "2", "--steps", "2", "--vocab-size", "4096"]),
+        ("offline", ["--shape", "qwen3-0.6b", "--num-requests", "1"]),
+    ]
+    for command, args in runs:
+        for cache, says in [(a_file, f"{a_file} is not a directory"),
+                            (missing, f"cannot write {missing}: no directory {missing.parent}")]:  # fmt: skip
+            code, err = bench_here(capsys, *args, "--model-cache", str(cache), command=command)
+            assert code == 2, err
+            assert (
+                err.splitlines()[-1] == f"minisgl bench {command}: error: argument --model-cache: {says}"
+            ), err
+    assert not missing.parent.exists()
+
+
 def test_the_commit_a_bench_records_is_this_checkouts_not_the_working_directorys(tmp_path, monkeypatch):
     """Run from another directory (another repository, or none) the result named that one's commit, or '?'."""
     import argparse
