@@ -681,6 +681,33 @@ def test_generate_past_the_context_is_an_error_naming_the_flag(model_dir):
     assert last.endswith("shorten the prompt or lower --max-tokens"), last
 
 
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["offline", "--num-requests", "1", "--max-context-len", "64"],
+         "bench offline's requests take up to 1688 tokens (prompt and output), more than --max-context-len 64; "
+         "raise it to 1688"),
+        (["offline", "--num-requests", "1", "--num-kv-tokens", "64"],
+         "bench offline's requests take up to 1688 tokens (prompt and output), more than the KV pool's 64; raise "
+         "--num-kv-tokens to 1688"),
+        (["cpu", "--no-transformers", "--batch-sizes", "1", "--max-new-tokens", "5000", "--rounds", "1"],
+         "bench cpu's requests take up to 5027 tokens (prompt and output), more than the model's context length "
+         "2048; lower --max-new-tokens"),
+        (["cpu", "--no-transformers", "--batch-sizes", "1", "--max-new-tokens", "100", "--num-kv-tokens", "64"],
+         "bench cpu's requests take up to 127 tokens (prompt and output), more than the KV pool's 64; raise "
+         "--num-kv-tokens to 127 or lower --max-new-tokens"),
+    ],
+)  # fmt: skip
+def test_a_bench_workload_past_the_engines_limits_is_one_line_naming_the_flag(model_dir, args, says):
+    """A ContextLengthExceeded traceback from the first generate (bench offline's warm-up), once
+    the model had loaded; bench offline's flags are checked before it loads."""
+    proc = _cli("bench", *args, "--model", str(model_dir), "--device", "cpu")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == f"minisgl: error: {says}", proc.stderr[-2000:]
+    if args[0] == "offline":
+        assert "loading" not in proc.stderr, proc.stderr  # (before the model)
+
+
 def test_bench_offline_on_a_model_too_small_for_its_token_ids_says_so(model_dir):
     """The standard workload draws prompt ids up to 10,000: a smaller vocabulary is one message
     naming the fix, not a traceback from the first request."""

@@ -299,6 +299,8 @@ def _offline(args: argparse.Namespace) -> int:
     if not args.shape:  # (after every check of the flags: a refusal stays one line)
         _warn_if_long_on_cpu(args)
     requests = workloads.standard_offline(args.num_requests, seed=0)
+    longest = max(len(r.prompt_ids) + r.max_tokens for r in requests)  # (the warm-up's are shorter)
+    _check_requests_fit("offline", longest, config.max_context_len, config.num_kv_tokens)
     result: dict[str, Any] = {**_meta(args), "bench": "offline", "shape": args.shape or config.model,
                               "attn": config.attn, "tp": config.tp_size, "cuda_graph_max_bs": config.cuda_graph_max_bs,
                               "piecewise_cuda_graph_max_tokens": config.piecewise_cuda_graph_max_tokens,
@@ -331,6 +333,11 @@ def _offline(args: argparse.Namespace) -> int:
                 f"but {config.model} has a vocabulary of {vocab}; use a model with a larger one "
                 "(--shape qwen3-0.6b or llama-3.1-8b builds one)"
             )
+        try:  # (the context length may be the model's, the KV pool sized from the memory)
+            _check_limits_fit("offline", longest, llm, config.max_context_len)
+        except ConfigError:
+            llm.close()
+            raise
         result["attn"] = ",".join(llm.engine.runner.attn_names)
         result["page_size"] = llm.engine.config.page_size
         grammar = None
@@ -406,7 +413,14 @@ def _schema_refused(bench: str, source: str, exc: GrammarError) -> int:
 def _cpu(args: argparse.Namespace) -> int:
     import torch
 
-    from minisgl_core.bench.cpu import TransformersRunner, markdown_table, memory_bandwidth, run_cpu_bench
+    from minisgl_core.bench.cpu import (
+        CHATS,
+        TransformersRunner,
+        chat_prompts,
+        markdown_table,
+        memory_bandwidth,
+        run_cpu_bench,
+    )
     from minisgl_core.config_args import engine_config_from_args
     from minisgl_core.llm import LLM
 
@@ -420,6 +434,18 @@ def _cpu(args: argparse.Namespace) -> int:
     if fields["tp_size"] != 1:  # (LLM's own refusal was a traceback)
         raise ConfigError(f"bench cpu runs the offline LLM in one process: --tp 1, not {fields['tp_size']}")
     llm = LLM(config.model, disable_plugins=args.disable_plugin, **fields)
+    try:  # the prompts are the chat template's: known once the tokenizer is
+        # (run_cpu_bench's warm-up: two prompts, 4 new tokens; then up to the largest batch's)
+        warm = max(map(len, chat_prompts(llm.tokenizer, 2))) + 4
+        timed = (
+            max(map(len, chat_prompts(llm.tokenizer, min(len(CHATS), max(batch_sizes)))))
+            + args.max_new_tokens
+        )
+        lower = "--max-new-tokens" if timed > warm else None
+        _check_limits_fit("cpu", max(warm, timed), llm, fields["max_context_len"], lower=lower)
+    except ConfigError:
+        llm.close()
+        raise
     theirs = None if args.no_transformers else TransformersRunner(config.model, set(llm.engine.eos_ids))
     result = run_cpu_bench(
         llm,
@@ -576,6 +602,44 @@ def _check_workload_size(prompt_tokens: int, flags: str) -> None:
             f"minisgl bench: the workload would hold up to {prompt_tokens:,} prompt tokens, more than "
             f"the {MAX_BENCH_PROMPT_TOKENS:,} a bench builds; lower {flags}"
         )
+
+
+def _check_requests_fit(
+    bench: str, longest: int, max_context_len: int | None, kv_tokens: int | None, *, models_context: bool = False,
+    lower: str | None = None,
+) -> None:  # fmt: skip
+    """The bench's longest request (prompt and output tokens) against the context length and the KV
+    pool, where known (None: not yet): one past them was ContextLengthExceeded's traceback from the
+    first generate, once the model had loaded. ``lower``: the flag that shortens the requests."""
+    what = f"bench {bench}'s requests take up to {longest} tokens (prompt and output)"
+    instead = f" or lower {lower}" if lower else ""
+    if max_context_len is not None and longest > max_context_len:
+        if models_context:  # (a --max-context-len past it is cut to it)
+            fix = f"lower {lower}" if lower else "use a model with a longer one"
+            raise ConfigError(f"{what}, more than the model's context length {max_context_len}; {fix}")
+        raise ConfigError(
+            f"{what}, more than --max-context-len {max_context_len}; raise it to {longest}{instead}"
+        )
+    if kv_tokens is not None and longest > kv_tokens:
+        raise ConfigError(
+            f"{what}, more than the KV pool's {kv_tokens}; raise --num-kv-tokens to {longest}{instead}"
+        )
+
+
+def _check_limits_fit(
+    bench: str, longest: int, llm: Any, given_context_len: int | None, **kwargs: Any
+) -> None:
+    """:func:`_check_requests_fit` against the limits the engine resolved."""
+    limits = llm.engine.limits
+    models_context = given_context_len is None or given_context_len > limits.max_context_len
+    _check_requests_fit(
+        bench,
+        longest,
+        limits.max_context_len,
+        limits.kv_capacity_tokens,
+        models_context=models_context,
+        **kwargs,
+    )
 
 
 def _writable(text: str) -> str:
