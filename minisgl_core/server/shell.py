@@ -141,7 +141,10 @@ def run_shell(
             continue
         if line.startswith("/") and not line.startswith("//"):
             command = line.split()[0]
-            print(f"unknown command {command} (type /{line} to send the line); {HELP}", file=out, flush=True)
+            # ("/reset now" was an "unknown command /reset")
+            known = command in ("/exit", "/quit", "/reset")
+            problem = f"{command} takes no arguments" if known else f"unknown command {command}"
+            print(f"{problem} (type /{line} to send the line); {HELP}", file=out, flush=True)
             continue
         history.append({"role": "user", "content": line.removeprefix("/") if line.startswith("//") else line})
         reply = ""

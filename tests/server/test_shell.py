@@ -314,6 +314,27 @@ def test_a_line_starting_with_two_slashes_is_sent_with_one():
     assert "//" in HELP
 
 
+def test_a_command_with_arguments_says_it_takes_none():
+    """``/reset now`` said "unknown command /reset", which HELP lists; neither it nor ``/exit now``
+    runs (the line may have been meant as a message: it says how to send it)."""
+    from minisgl_core.server.shell import HELP
+    from minisgl_core.server.shell import run_shell as shell
+
+    out = io.StringIO()
+    with fake_server(b'{"data": [{"id": "m"}]}') as server:
+        code = shell(
+            server.url, None, "m", stdin=io.StringIO("/reset now\n/exit now\n/quit 1\nhi\n"), stdout=out
+        )
+    assert code == 0
+    assert out.getvalue() == (
+        f"you> /reset now\n/reset takes no arguments (type //reset now to send the line); {HELP}\n"
+        f"you> /exit now\n/exit takes no arguments (type //exit now to send the line); {HELP}\n"
+        f"you> /quit 1\n/quit takes no arguments (type //quit 1 to send the line); {HELP}\n"
+        "you> hi\nassistant> Hi\n"
+    )
+    assert [chat["messages"] for chat in server.chats] == [[{"role": "user", "content": "hi"}]]
+
+
 def test_a_line_not_utf8_is_an_error_line_not_sent():
     """A line of bytes not UTF-8 was sent as lone surrogates, and the server's refusal named a JSON
     path ("messages.2.content: invalid text: a lone UTF-16 surrogate"); with stdin strict, it was a
