@@ -269,7 +269,7 @@ def check_tokenizer_files(model_dir: Path) -> None:
         raise ValueError(tokenizer_message(model_dir, exc)) from None
 
 
-def check_transformers_reads(model_dir: Path) -> None:
+def check_transformers_reads(model_dir: Path, config: dict[str, Any]) -> None:
     """A ValueError where transformers refuses config.json (a field of the wrong type: a
     ``tie_word_embeddings`` of "false", a ``rope_scaling`` that is a string; a rope setting missing
     a key). Loading the tokenizer reads the config too: that failed after the weights had loaded,
@@ -281,8 +281,22 @@ def check_transformers_reads(model_dir: Path) -> None:
     except Exception as exc:  # noqa: BLE001 - huggingface_hub's validators raise their own classes
         refusal = config_refusal(exc)
         field = re.match(r"Validation error for field '(\w+)'", str(exc))
-        if refusal is not None and (field is None or field.group(1) not in CHECKED_BY_THE_ENGINE):
-            raise ValueError(f"config.json: {refusal}") from None
+        if refusal is None or (field is not None and field.group(1) in CHECKED_BY_THE_ENGINE):
+            return
+        from minisgl_core.layers.rotary import SUPPORTED_ROPE_TYPES  # (torch: not at import)
+
+        if isinstance(exc, KeyError) and _rope_type(config) not in SUPPORTED_ROPE_TYPES:
+            return  # (a key missing from a rope no model builds: the build check says it is unsupported)
+        raise ValueError(f"config.json: {refusal}") from None
+
+
+def _rope_type(config: dict[str, Any]) -> Any:
+    from minisgl_core.layers.rotary import rope_parameters
+
+    try:
+        return rope_parameters(config)["rope_type"]
+    except (TypeError, ValueError, AttributeError):
+        return None
 
 
 #: config.json fields the engine checks itself, naming the file and the fix in its own words
@@ -300,7 +314,7 @@ def check_model_files(model: str | Path, spelling: Spelling = "flag") -> None:
         check_config_values(config)
         check_shapes(config, read_headers(path))
         # (after the weights' checks: theirs name the tensor where both would refuse)
-        check_transformers_reads(path)
+        check_transformers_reads(path, config)
         check_tokenizer_files(path)
     except (OSError, ValueError) as exc:
         raise ModelPathError(f"{given('model', model, spelling)}: {exc}") from None

@@ -44,6 +44,10 @@ def rope_parameters(hf_config: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
+#: the rope types get_rope builds
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
 def get_rope(hf_config: dict[str, Any], head_dim: int) -> RotaryEmbedding:
     params = rope_parameters(hf_config)
     if params.get("partial_rotary_factor", 1.0) != 1.0:
