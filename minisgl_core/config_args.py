@@ -22,7 +22,7 @@ from minisgl_core.plugins import Plugins
 from minisgl_core.setting_names import flag
 
 
-def _default(field: str) -> Any:
+def engine_default(field: str) -> Any:
     """:class:`EngineConfig`'s default for ``field``: the flags take theirs from it, so a default
     changed there is the command line's too."""
     return EngineConfig.__dataclass_fields__[field].default
@@ -51,42 +51,44 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--attn",
-        default=_default("attn"),
+        default=engine_default("attn"),
         help="attention backend: NAME, PREFILL,DECODE or auto (default: %(default)s, by device)",
     )
-    g.add_argument("--cache", default=_default("cache"), help="prefix cache plugin (default: %(default)s)")
     g.add_argument(
-        "--policy", default=_default("policy"), help="scheduling policy plugin (default: %(default)s)"
+        "--cache", default=engine_default("cache"), help="prefix cache plugin (default: %(default)s)"
+    )
+    g.add_argument(
+        "--policy", default=engine_default("policy"), help="scheduling policy plugin (default: %(default)s)"
     )
     g.add_argument(
         "--page-size",
         type=int,
-        default=_default("page_size"),
+        default=engine_default("page_size"),
         help="tokens per KV page (default: 16 on CUDA, 1 on CPU)",
     )
     g.add_argument(
         "--max-prefill-tokens",
         type=int,
-        default=_default("max_prefill_tokens"),
+        default=engine_default("max_prefill_tokens"),
         help="most new tokens one prefill step runs; longer prompts are prefilled in chunks "
         "(default: %(default)s)",
     )
     g.add_argument(
         "--max-running-requests",
         type=int,
-        default=_default("max_running_requests"),
+        default=engine_default("max_running_requests"),
         help="most requests running at once; the others wait (default: %(default)s)",
     )
     g.add_argument(
         "--max-context-len",
         type=int,
-        default=_default("max_context_len"),
+        default=engine_default("max_context_len"),
         help="longest prompt + output of one request (default: the model's max_position_embeddings)",
     )
     g.add_argument(
         "--num-kv-tokens",
         type=int,
-        default=_default("num_kv_tokens"),
+        default=engine_default("num_kv_tokens"),
         help="KV pool size in tokens (default: on a CPU, what --max-running-requests x --max-context-len "
         f"can use, at most {CPU_DEFAULT_KV_TOKENS} and half the free memory; on a GPU, sized by "
         "--kv-memory-fraction)",
@@ -94,7 +96,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--kv-memory-fraction",
         type=float,
-        default=_default("kv_memory_fraction"),
+        default=engine_default("kv_memory_fraction"),
         help="the share of the GPU memory free once the weights are loaded, less 4 GiB kept for "
         "activations and CUDA graphs, that the KV pool takes (default: %(default)s); used on a GPU "
         "without --num-kv-tokens only: on a CPU the pool holds --num-kv-tokens tokens "
@@ -102,35 +104,37 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--dtype",
-        default=_default("dtype"),
+        default=engine_default("dtype"),
         choices=["auto", "float32", "float16", "bfloat16"],
         help="weights' and activations' dtype (default: %(default)s = bfloat16 on CUDA, float32 on a CPU)",
     )
-    g.add_argument("--device", default=_default("device"), help="auto, cpu or cuda (default: %(default)s)")
+    g.add_argument(
+        "--device", default=engine_default("device"), help="auto, cpu or cuda (default: %(default)s)"
+    )
     g.add_argument(
         "--tp",
         type=int,
-        default=_default("tp_size"),
+        default=engine_default("tp_size"),
         dest="tp_size",
         help="tensor-parallel size: processes (GPUs) the model is split over (default: %(default)s)",
     )
     g.add_argument(
         "--seed",
         type=int,
-        default=_default("seed"),
+        default=engine_default("seed"),
         help="the engine's random seed: requests that give no seed of their own sample from it "
         "(default: %(default)s)",
     )
     g.add_argument(
         "--cuda-graph-max-bs",
         type=int,
-        default=_default("cuda_graph_max_bs"),
+        default=engine_default("cuda_graph_max_bs"),
         help="largest decode batch replayed as a CUDA graph; 0 disables CUDA graphs (default: %(default)s)",
     )
     g.add_argument(
         "--piecewise-cuda-graph-max-tokens",
         type=int,
-        default=_default("piecewise_cuda_graph_max_tokens"),
+        default=engine_default("piecewise_cuda_graph_max_tokens"),
         help="prefill/mixed steps of at most this many tokens replay CUDA graphs of everything but "
         "attention; 0 disables them (default: %(default)s)",
     )
@@ -154,20 +158,20 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--generation-config",
-        default=_default("generation_config"),
+        default=engine_default("generation_config"),
         metavar="auto|vllm|none|DIR",
         help="defaults for sampling fields a request leaves unset: auto = the model's generation_config.json; "
         "vllm or none = the OpenAI defaults only; DIR = a folder holding a generation_config.json",
     )
     g.add_argument(
         "--grammar-backend",
-        default=_default("grammar_backend"),
+        default=engine_default("grammar_backend"),
         help="grammar backend plugin for constrained decoding (default: %(default)s)",
     )
     g.add_argument(
         "--grammar-threads",
         type=int,
-        default=_default("grammar_threads"),
+        default=engine_default("grammar_threads"),
         metavar="N",
         help="threads that fill the token bitmasks of constrained requests each step, "
         f"1 to {MAX_GRAMMAR_THREADS} (default: half the CPUs, 1 to 16)",
@@ -175,14 +179,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--grammar-compile-timeout",
         type=_seconds_or_none,
-        default=_default("grammar_compile_timeout"),
+        default=engine_default("grammar_compile_timeout"),
         metavar="SECONDS",
         help="how long a served request waits for its grammar to compile (off the scheduler's thread) "
         "before it fails with a 400; 0 = no limit (default: %(default)s)",
     )
     g.add_argument(
         "--quantization",
-        default=_default("quantization"),
+        default=engine_default("quantization"),
         metavar="NAME",
         help="quantize the linear layers' weights at load: fp8 (Hopper FP8 GEMMs), int8 (weight-only), "
         "int4 / int4-head (weight-only, groups of 32; int4-head also the LM head), "
@@ -190,14 +194,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--kv-cache-dtype",
-        default=_default("kv_cache_dtype"),
+        default=engine_default("kv_cache_dtype"),
         choices=["auto", "fp8_e4m3"],
         help="KV pool dtype: auto = the run dtype; fp8_e4m3 halves the KV memory of bf16 (torch, fi and "
         "triton backends; not fa3) (default: %(default)s)",
     )
     g.add_argument(
         "--speculative-algorithm",
-        default=_default("speculative_algorithm"),
+        default=engine_default("speculative_algorithm"),
         choices=["ngram"],
         help="speculative decoding: ngram = prompt lookup (lossless; off by default; verify steps run "
         "without overlap scheduling, as decode batches in the decode CUDA graphs)",
@@ -206,19 +210,19 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--speculative-num-draft-tokens",
         type=int,
         default=None,
-        help=f"most draft tokens per request per step (default {_default('speculative_num_draft_tokens')}; needs --speculative-algorithm)",
+        help=f"most draft tokens per request per step (default {engine_default('speculative_num_draft_tokens')}; needs --speculative-algorithm)",
     )
     g.add_argument(
         "--speculative-ngram-max",
         type=int,
         default=None,
-        help=f"longest n-gram the ngram drafter matches (default {_default('speculative_ngram_max')}; needs --speculative-algorithm)",
+        help=f"longest n-gram the ngram drafter matches (default {engine_default('speculative_ngram_max')}; needs --speculative-algorithm)",
     )
     g.add_argument(
         "--speculative-ngram-min",
         type=int,
         default=None,
-        help=f"shortest n-gram the ngram drafter matches (default {_default('speculative_ngram_min')}; needs --speculative-algorithm)",
+        help=f"shortest n-gram the ngram drafter matches (default {engine_default('speculative_ngram_min')}; needs --speculative-algorithm)",
     )
     g.add_argument(
         "--disable-plugin", action="append", default=[], metavar="NAME", help="skip a plugin (repeatable)"

@@ -421,16 +421,29 @@ def _cpu(args: argparse.Namespace) -> int:
         memory_bandwidth,
         run_cpu_bench,
     )
-    from minisgl_core.config_args import engine_config_from_args
+    from minisgl_core.config_args import ENGINE_FIELDS, engine_config_from_args, engine_default
     from minisgl_core.llm import LLM
+    from minisgl_core.setting_names import flag
 
     torch.set_num_threads(args.threads)
+    # the flags given (before the device's default is filled in): an --engine-arg contradicting
+    # one of them won without a word, and the JSON named only the --engine-arg
+    given = {
+        name: value
+        for name in ENGINE_FIELDS
+        if (value := getattr(args, name)) is not None and value != engine_default(name)
+    }
     if args.device == "auto":
         args.device = "cpu"
     batch_sizes = args.batch_sizes
     config = engine_config_from_args(args)
     fields = {k: v for k, v in vars(config).items() if k != "model"}
-    fields |= dict(_engine_arg(text, fields) for text in args.engine_arg)
+    for key, value in (_engine_arg(text, fields) for text in args.engine_arg):
+        if key in given and given[key] != value:
+            raise ConfigError(
+                f"--engine-arg {key}={value!r} contradicts {flag(key)} {given[key]}: give one of them"
+            )
+        fields[key] = value
     if fields["tp_size"] != 1:  # (LLM's own refusal was a traceback)
         raise ConfigError(f"bench cpu runs the offline LLM in one process: --tp 1, not {fields['tp_size']}")
     llm = LLM(config.model, disable_plugins=args.disable_plugin, **fields)
@@ -455,8 +468,11 @@ def _cpu(args: argparse.Namespace) -> int:
         rounds=args.rounds,
         bandwidth=memory_bandwidth(),
     )
+    # every engine option that is not the default, whether a flag or an --engine-arg gave it
+    options = {k: v if isinstance(v, (str, int, float, bool)) else repr(v) for k, v in fields.items()
+               if k in ENGINE_FIELDS and v != engine_default(k) and v is not None}  # fmt: skip
     result = {**_meta(args), "bench": "cpu", "model": config.model, "engine_args": args.engine_arg,
-              "cpu": _cpu_name(), **result}  # fmt: skip
+              "engine_options": options, "cpu": _cpu_name(), **result}  # fmt: skip
     print(markdown_table(result))
     _emit(result, args.output)
     llm.close()

@@ -390,3 +390,26 @@ def test_bench_offline_on_a_cpu_warns_first_that_it_is_a_gpu_benchmark(model_dir
     assert refused.returncode == 2 and refused.stderr.splitlines() == [
         "minisgl: error: --grammar-schema runs with --tp 1 only"
     ], refused.stderr
+
+
+def test_bench_cpu_records_the_engine_options_flags_gave_and_refuses_a_contradicting_engine_arg(
+    model_dir, tmp_path
+) -> None:
+    """``bench cpu --quantization int8 --engine-arg quantization=int4`` ran int4 without a word, and
+    the JSON named only the --engine-arg: a flag-given option was in no result."""
+
+    def cpu(*args: str) -> subprocess.CompletedProcess:
+        return run_cli(["bench", "cpu", "--model", str(model_dir), "--no-transformers", *args], timeout=180)
+
+    refused = cpu("--quantization", "int8", "--engine-arg", "quantization=int4")
+    assert refused.returncode == 2 and refused.stderr.splitlines()[-1] == (
+        "minisgl: error: --engine-arg quantization='int4' contradicts --quantization int8: give one of them"
+    ), refused.stderr
+    out = tmp_path / "cpu.jsonl"
+    small = ["--batch-sizes", "1", "--max-new-tokens", "2", "--rounds", "1", "--output", str(out)]
+    proc = cpu(*small, "--quantization", "int8", "--page-size", "4", "--engine-arg", "quantization=int8")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text().splitlines()[-1])
+    assert result["engine_args"] == ["quantization=int8"]
+    assert result["engine_options"]["quantization"] == "int8" and result["engine_options"]["page_size"] == 4
+    assert "attn" not in result["engine_options"]  # (the default: not recorded)
