@@ -653,8 +653,14 @@ def test_bench_grammar_with_a_schema_the_backend_refuses_is_one_line(
 
 
 def test_bench_offline_with_a_schema_the_backend_refuses_is_one_line(tmp_path):
-    # (the same traceback once the model had loaded; a vocabulary the standard workload fits)
+    # (the same traceback once the model had loaded; a vocabulary the standard workload fits).
+    # Refused from the tokenizer before the weights load: a NaN in them would be said first.
+    from safetensors.torch import load_file, save_file
+
     model = make_model_dir(tmp_path / "m", "LlamaForCausalLM", vocab_size=10240)
+    tensors = load_file(str(model / "model.safetensors"))
+    tensors["model.norm.weight"][0] = float("nan")
+    save_file(tensors, str(model / "model.safetensors"), metadata={"format": "pt"})
     source = tmp_path / "schema.json"
     source.write_text('{"type": "foo"}')
     proc = _cli("bench", "offline", "--model", str(model), "--device", "cpu", "--num-requests", "1",

@@ -296,6 +296,13 @@ def _offline(args: argparse.Namespace) -> int:
             raise ConfigError("--grammar-schema runs with tp_size 1 only", "tp_size")
         # (heads that do not split over the ranks: one line, not every rank's traceback)
         check_heads_split(config.model, config.tp_size, plugins)
+    if args.grammar_schema and args.grammar_schema != "builtin":  # (refused after the weights loaded)
+        from minisgl_core.bench.grammar import check_schema, schema_spec
+
+        try:
+            check_schema(config.model, plugins, config.grammar_backend, schema_spec(args.grammar_schema, 1))
+        except GrammarError as exc:
+            return _schema_refused("offline", args.grammar_schema, exc)
     if not args.shape:  # (after every check of the flags: a refusal stays one line)
         _warn_if_long_on_cpu(args)
     requests = workloads.standard_offline(args.num_requests, seed=0)
@@ -405,7 +412,8 @@ def _grammar(args: argparse.Namespace) -> int:
 def _schema_refused(bench: str, source: str, exc: GrammarError) -> int:
     """A --grammar-schema the grammar backend refuses (JSON, but not a schema it can compile):
     one line as argparse says a bad argument, not the backend's traceback. Only the backend can
-    tell, so this comes once it is built (for bench offline, once the model has loaded)."""
+    tell, so this comes once it is built (for bench offline, from the model's tokenizer before
+    the weights load)."""
     print(f"minisgl bench {bench}: error: argument --grammar-schema: {source}: {exc}", file=sys.stderr)
     return 2
 

@@ -46,6 +46,25 @@ def schema_spec(source: str, max_tokens: int) -> GrammarSpec:
     return GrammarSpec("json_schema", text)
 
 
+def check_schema(model: str, plugins: Plugins, backend_name: str, spec: GrammarSpec) -> None:
+    """GrammarError when the grammar backend refuses ``spec``, from the model's tokenizer alone:
+    before the weights load (a bad schema was found only after them, a minute for an 8B model).
+    The engine builds its own backend once it has loaded; this one is dropped."""
+    from minisgl_core.grammars import make_grammar_backend
+    from minisgl_core.tokenizer.load import load_tokenizer
+
+    tokenizer = load_tokenizer(model, plugins)
+    eos = tokenizer.eos_token_id
+    backend = make_grammar_backend(
+        plugins,
+        backend_name,
+        tokenizer,
+        vocab_size=len(tokenizer),
+        stop_token_ids=[] if eos is None else [eos],
+    )
+    backend.check(spec)
+
+
 def prepare(llm: LLM, spec: GrammarSpec) -> dict[str, Any]:
     """Build the engine's grammar backend and compile ``spec`` (outside the timed run), timing both."""
     lazy = llm.engine.grammars.backend
