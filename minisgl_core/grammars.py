@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from minisgl_core.api.grammar import GrammarBackend, GrammarError, GrammarSpec
-from minisgl_core.plugins import PluginError, Plugins, selection
+from minisgl_core.plugins import PluginError, Plugins, UnknownPluginName, selection
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ def check_grammar_backend(plugins: Plugins, name: str, default: str, *, warn: bo
     if name in plugins.names("grammars"):
         return
     if name != default:
-        raise PluginError(plugins.missing_message("grammars", name))
+        raise UnknownPluginName(plugins.missing_message("grammars", name))
     if warn:
         logger.warning(
             "%s; constrained requests (response_format, a tool_choice that forces a call, grammars) "

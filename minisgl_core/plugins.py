@@ -115,6 +115,12 @@ class PluginError(RuntimeError):
     """A selected implementation cannot be used; the message says which plugin and what to do."""
 
 
+class UnknownPluginName(PluginError, ValueError):
+    """No loaded plugin registers the name selected (``LLM(attn="nope")``, ``--attn nope``): a bad
+    argument, so a ValueError as every other bad setting (:class:`~minisgl_core.config.ConfigError`)
+    is, and a PluginError as a selected plugin that cannot be used is."""
+
+
 @dataclass
 class PluginInfo:
     name: str
@@ -507,7 +513,7 @@ class Plugins:
             )
         reg = self.registry[kind].get(name)
         if reg is None:
-            raise PluginError(self.missing_message(kind, name))
+            raise UnknownPluginName(self.missing_message(kind, name))
         module_name, _, attr = reg.target.partition(":")
         try:
             obj: Any = importlib.import_module(module_name)

@@ -43,6 +43,16 @@ def test_unknown_architecture_lists_installed_and_the_plugin_to_install(model_di
     assert "pip install minisgl-plugin-mamba" in message
 
 
+@pytest.mark.parametrize("option", ["attn", "cache", "policy", "quantization", "grammar_backend"])
+def test_an_unknown_plugin_name_is_a_value_error_as_other_bad_settings_are(model_dir, option):
+    """``LLM(attn="nope")`` raised a PluginError, a RuntimeError, where every other bad keyword
+    (``max_running_requests=-1``) raises a ConfigError, a ValueError: ``except ValueError`` missed
+    it. A name no plugin registers is both now."""
+    with pytest.raises(ValueError, match=f"unknown {option}='nope'; installed: ") as err:
+        LLM(model_dir, device="cpu", **{option: "nope"})
+    assert isinstance(err.value, PluginError)
+
+
 def test_a_model_name_too_long_to_look_up_is_not_found():
     """It was an OSError traceback ("File name too long") from every command."""
     from minisgl_core.checkpoint.resolve import ModelNotFound, resolve_model
