@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from minisgl_core.api.hookspecs import hookimpl, hookspec
 
-API_VERSION = "2.2"
+API_VERSION = "2.3"
 
 __all__ = [
     "API_VERSION",
@@ -72,6 +72,7 @@ __all__ = [
     "deprecated",
     "hookimpl",
     "hookspec",
+    "layer_count_problem",
     "marker_prefix_length",
     "merge_tool_deltas",
     "new_tool_call_id",
@@ -141,6 +142,7 @@ _LAZY: dict[str, str] = {
     "merge_tool_deltas": "tool_parser",
     "new_tool_call_id": "tool_parser",
     "WeightFormat": "weights",
+    "layer_count_problem": "weights",
 }
 
 if TYPE_CHECKING:  # the same names, for type checkers and IDEs
@@ -200,7 +202,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs
         merge_tool_deltas,
         new_tool_call_id,
     )
-    from minisgl_core.api.weights import WeightFormat
+    from minisgl_core.api.weights import WeightFormat, layer_count_problem
 
 
 def __getattr__(name: str) -> Any:

@@ -9,7 +9,7 @@ tokenizer and weights through the one that does.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -69,3 +69,25 @@ class WeightFormat(ABC):
     def describe(self) -> str:
         """A short line for logs: what is being loaded."""
         return f"{self.path} ({type(self).__name__})"
+
+
+def layer_count_problem(count: int, found: Iterable[int], *, key: str, prefix: str) -> str | None:
+    """What is wrong when the layer indices of a model's tensors (``found``: the N of their names
+    ``{prefix}N.*``) are not exactly ``0 .. count - 1``, where ``count`` is what the metadata's
+    ``key`` says: the first index missing or the first one too many, or None when they agree.
+
+    The core checks config.json's ``num_hidden_layers`` against ``model.layers.N.*`` with it; a
+    weight format checks the layer count of its own metadata against its own tensor names the
+    same way (the GGUF plugin: ``{arch}.block_count`` against ``blk.N.*``). A count below the
+    tensors' builds a truncated model that loads without a word.
+
+    .. versionadded:: 2.3
+    """
+    found = set(found)
+    missing = sorted(set(range(count)) - found)
+    if missing:
+        return f"{key} {count}, the weights have no {prefix}{missing[0]}.* (they hold {len(found)} layers)"
+    extra = sorted(found - set(range(count)))
+    if extra:
+        return f"{key} {count}, the weights also hold {prefix}{extra[0]}.* ({len(found)} layers in all)"
+    return None

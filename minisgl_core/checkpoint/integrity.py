@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from minisgl_core.api.weights import layer_count_problem
 from minisgl_core.checkpoint.formats import (
     TOKENIZER_FILES,
     ModelPathError,
@@ -216,18 +217,9 @@ def check_shapes(config: dict[str, Any], tensors: dict[str, TensorEntry]) -> Non
     found = {int(m.group(1)) for name in tensors if (m := re.match(r"model\.layers\.(\d+)\.", name))}
     if layers is None or not found:
         return
-    missing = sorted(set(range(layers)) - found)
-    if missing:
-        raise ValueError(
-            f"config.json says num_hidden_layers {layers}, the weights have no model.layers.{missing[0]}.* "
-            f"(they hold {len(found)} layers): config.json does not describe these weights"
-        )
-    extra = sorted(found - set(range(layers)))
-    if extra:
-        raise ValueError(
-            f"config.json says num_hidden_layers {layers}, the weights also hold model.layers.{extra[0]}.* "
-            f"({len(found)} layers in all): config.json does not describe these weights"
-        )
+    problem = layer_count_problem(layers, found, key="num_hidden_layers", prefix="model.layers.")
+    if problem:
+        raise ValueError(f"config.json says {problem}: config.json does not describe these weights")
 
 
 def _natural(name: str) -> list[Any]:

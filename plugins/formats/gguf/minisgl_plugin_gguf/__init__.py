@@ -4,7 +4,7 @@ from collections.abc import Callable
 
 from minisgl_core.api import hookimpl
 
-MINISGL_API = "2.0"
+MINISGL_API = "2.3"
 
 
 @hookimpl

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from minisgl_core.api import WeightFormat
+from minisgl_core.api import WeightFormat, layer_count_problem
 from minisgl_plugin_gguf.header import GGUFHeader, TensorInfo, Truncated, read_header
 from minisgl_plugin_gguf.metadata import (
     UnsupportedGGUF,
@@ -220,19 +220,10 @@ def _check_block_count(header: GGUFHeader, config: dict[str, Any], file: Path) -
     if not isinstance(layers, int) or isinstance(layers, bool):
         return  # the core's check of the config's values names the bad one
     found = {int(m.group(1)) for t in header.tensors if (m := re.match(r"blk\.(\d+)\.", t.name))}
-    if not found:
-        return
-    missing = sorted(set(range(layers)) - found)
-    if missing:
+    problem = layer_count_problem(layers, found, key=key, prefix="blk.") if found else None
+    if problem:
         raise UnsupportedGGUF(
-            f"{file}: the metadata says {key} {layers}, the tensors have no blk.{missing[0]}.* "
-            f"(they hold {len(found)} blocks): the metadata does not describe these weights"
-        )
-    extra = sorted(found - set(range(layers)))
-    if extra:
-        raise UnsupportedGGUF(
-            f"{file}: the metadata says {key} {layers}, the tensors also hold blk.{extra[0]}.* "
-            f"({len(found)} blocks in all): the metadata does not describe these weights"
+            f"{file}: the metadata says {problem}: the metadata does not describe these weights"
         )
 
 

@@ -551,9 +551,9 @@ def test_tensor_data_that_overlaps_or_is_misaligned_is_refused(make_tiny_model, 
 @pytest.mark.parametrize(
     "fields, extra, says",
     [
-        ({"llama.block_count": 1}, None, "llama.block_count 1, the tensors also hold blk.1.* (2 blocks in all)"),
-        ({}, "blk.5.attn_norm.weight", "llama.block_count 2, the tensors also hold blk.5.* (3 blocks in all)"),
-        ({"llama.block_count": 3}, None, "llama.block_count 3, the tensors have no blk.2.* (they hold 2 blocks)"),
+        ({"llama.block_count": 1}, None, "llama.block_count 1, the weights also hold blk.1.* (2 layers in all)"),
+        ({}, "blk.5.attn_norm.weight", "llama.block_count 2, the weights also hold blk.5.* (3 layers in all)"),
+        ({"llama.block_count": 3}, None, "llama.block_count 3, the weights have no blk.2.* (they hold 2 layers)"),
     ],
     ids=["fewer", "stray-block", "more"],
 )  # fmt: skip
