@@ -275,6 +275,10 @@ def main(argv: list[str] | None = None) -> int:
         status = int(args.func(args) or 0)
         sys.stdout.flush()  # a write error here, not in the interpreter's own flush at exit
         return status
+    except KeyboardInterrupt:
+        # Ctrl-C (`generate`, or any command while it loads): the user knows why, as a shell
+        # does; 130 is 128 + SIGINT. `serve` and `shell` handle it themselves.
+        return 130
     except BrokenPipeError:
         if not _stdout_closed():
             raise

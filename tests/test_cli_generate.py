@@ -109,3 +109,27 @@ def test_generate_takes_the_models_other_sampling_defaults(model_dir, tmp_path, 
     assert texts("--temperature", "1", "--generation-config", str(tmp_path)) == greedy
     # the control: without the file, temperature 1 samples something else
     assert texts("--temperature", "1", "--generation-config", "none") != greedy
+
+
+def test_ctrl_c_ends_generate_with_status_130_and_no_traceback(model_dir):
+    """Ctrl-C during `generate` printed a traceback through cli.py and llm.py."""
+    import signal
+    import time
+
+    args = ["--model", str(model_dir), "--device", "cpu", "--attn", "torch", "--max-context-len", "2048"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "minisgl_core", "generate", *args, "--max-tokens", "2000", "Hello"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        first = proc.stderr.readline()  # the weights' progress bar: the command is in main
+        time.sleep(1)  # loading, or generating its 2,000 tokens (3 s here): Ctrl-C is quiet in both
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        err = first + err
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err

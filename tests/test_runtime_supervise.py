@@ -199,3 +199,30 @@ def test_a_child_ended_by_the_signal_that_stops_the_server_is_no_failure():
     finally:
         runtime.control.close(linger=0)
         ctx.term()
+
+
+def _report_mask(queue) -> None:
+    import signal
+
+    queue.put(sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])))
+
+
+def test_a_worker_is_born_with_the_stop_signals_blocked():
+    """A Ctrl-C to the group while the workers imported torch (the seconds before run_child set
+    SIGINT ignored) printed each worker's KeyboardInterrupt traceback; the launcher now starts them
+    with SIGINT and SIGTERM blocked, and its own thread gets its mask back."""
+    import multiprocessing
+    import signal
+
+    from minisgl_core.processes.child import stop_signals_blocked
+
+    spawn = multiprocessing.get_context("spawn")
+    queue = spawn.Queue()
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    with stop_signals_blocked():
+        proc = spawn.Process(target=_report_mask, args=(queue,))
+        proc.start()
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before
+    blocked = queue.get(timeout=60)
+    proc.join(30)
+    assert {int(signal.SIGINT), int(signal.SIGTERM)} <= set(blocked), blocked

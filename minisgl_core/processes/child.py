@@ -16,7 +16,8 @@ import os
 import signal
 import sys
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,23 @@ from minisgl_core.plugins import PluginError, Plugins
 from minisgl_core.processes.ipc import LINGER_MS, Endpoints, connect_push, send
 
 logger = logging.getLogger(__name__)
+
+#: the signals a worker ignores: they reach it with its process group, and the launcher stops it
+STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
+
+
+@contextmanager
+def stop_signals_blocked() -> Iterator[None]:
+    """Start worker processes inside this: a spawned process inherits the signal mask, so it is
+    born with :data:`STOP_SIGNALS` blocked until :func:`run_child` ignores them (seconds of
+    imports, in which a group's Ctrl-C printed each worker's traceback). This thread's own wait
+    until the end of the block, then arrive."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
 
 ReportReady = Callable[[dict[str, Any]], None]
 ChildMain = Callable[["ChildSpec", Plugins, zmq.Context, ReportReady], None]
@@ -135,8 +153,14 @@ def run_child(spec: ChildSpec, main: ChildMain) -> None:
     last messages (a forwarded Shutdown, the failure report) still go out."""
     _die_with_launcher(spec.launcher_pid)
     _name_process(spec)
-    # Ctrl-C reaches the whole process group; the launcher alone decides how to stop.
+    # Ctrl-C, and SIGTERM from a service manager, `timeout` or `kill -TERM -PGID`, reach the whole
+    # process group; the launcher alone decides how to stop (it drains the accepted requests
+    # first: a worker that died at SIGTERM cut them off as "the engine failed"). The launcher
+    # started this process with both blocked (see Runtime.start), so one that came during the
+    # interpreter's start-up is dropped here, not a traceback from the middle of an import.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     logging.basicConfig(
         level=spec.log_level.upper(),
         format=f"%(asctime)s %(levelname)s [{spec.name}] %(name)s: %(message)s",

@@ -24,14 +24,14 @@ import zmq
 from minisgl_core.config import EngineConfig
 from minisgl_core.distributed import DistributedSpec, loopback_listener
 from minisgl_core.messages import Limits, ProcessFailed, ProcessReady, Shutdown
-from minisgl_core.processes.child import ChildSpec, run_child
+from minisgl_core.processes.child import ChildSpec, run_child, stop_signals_blocked
 from minisgl_core.processes.ipc import Endpoints, bind_pull, connect_push, recv, send
 
 logger = logging.getLogger(__name__)
 
-#: how long stopping waits for the processes to exit by themselves, then after SIGTERM
+#: how long stopping waits for the processes to exit by themselves before it kills them (they
+#: ignore SIGTERM: it reaches them with their process group, see run_child)
 GRACEFUL_STOP_S = 5.0
-TERMINATE_WAIT_S = 2.0
 
 
 class ChildFailed(RuntimeError):
@@ -154,7 +154,8 @@ class Runtime:
                 proc = spawn.Process(
                     target=run_child, args=(spec, main), name=f"minisgl-{name}", daemon=False
                 )
-                proc.start()  # (rank 0 gets its own copy of the listener)
+                with stop_signals_blocked():
+                    proc.start()  # (rank 0 gets its own copy of the listener)
                 self.procs[name] = proc
         finally:
             if listener is not None:
@@ -211,6 +212,11 @@ class Runtime:
             if proc.pid is not None and _process_state(proc.pid) in ("T", "t"):
                 return f"the {name} process is stopped"
         return None
+
+    def signalled_within(self, seconds: float) -> bool:
+        """Whether this process noted a SIGTERM or SIGINT less than ``seconds`` ago."""
+        noted = self._signalled_at
+        return noted is not None and time.monotonic() - noted < seconds
 
     def note_signal(self) -> None:
         """Called from this process's SIGTERM / SIGINT handler, before it unwinds to :meth:`stop`.
@@ -341,13 +347,10 @@ class Runtime:
             logger.debug("%s exit code %s", proc.name, proc.exitcode)
         for proc in procs:
             if proc.is_alive():
-                logger.debug("terminating %s", proc.name)
-                proc.terminate()
-        for proc in procs:
-            proc.join(TERMINATE_WAIT_S)
-            if proc.is_alive():
+                logger.debug("killing %s", proc.name)
                 proc.kill()
-                proc.join()
+        for proc in procs:
+            proc.join()
         self.ctx.destroy(linger=0)
         self.endpoints.remove()
 

@@ -28,6 +28,11 @@ from minisgl_core.server.limits import ServerLimits
 logger = logging.getLogger("minisgl.server")
 
 
+#: a second SIGTERM or SIGINT this soon after the first is the same one arriving twice (GNU
+#: `timeout` signals the server, then its whole process group), not a second request to stop
+REPEAT_S = 0.25
+
+
 class StopRequested(BaseException):
     """Raised in the main thread by SIGTERM, unwinding to the clean-up."""
 
@@ -65,10 +70,14 @@ def serve(opts: ServeOptions, plugins: Plugins, foreground: Foreground | None = 
     runtime = Runtime(opts.runtime)
 
     def on_sigterm(signum: int, frame: Any) -> None:
+        if runtime.signalled_within(REPEAT_S):
+            return
         runtime.note_signal()
         raise StopRequested()
 
     def on_sigint(signum: int, frame: Any) -> None:
+        if runtime.signalled_within(REPEAT_S):
+            return
         runtime.note_signal()
         raise KeyboardInterrupt
 
@@ -162,8 +171,13 @@ def _drain(state: Any, runtime: Runtime, timeout_s: float) -> None:
     # A second Ctrl-C or SIGTERM ends the wait (as uvicorn's and vLLM's): whoever sends it wants
     # the server gone now, not after the rest of the timeout.
     second: list[int] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: second.append(signum))
-    signal.signal(signal.SIGTERM, lambda signum, frame: second.append(signum))
+
+    def again(signum: int, frame: Any) -> None:
+        if not runtime.signalled_within(REPEAT_S):
+            second.append(signum)
+
+    signal.signal(signal.SIGINT, again)
+    signal.signal(signal.SIGTERM, again)
     state.loop.call_soon_threadsafe(state.start_draining)
     deadline = time.monotonic() + timeout_s
     if state.pending or state.open_requests:

@@ -140,6 +140,38 @@ def test_sigterm_drains_then_ends_streams_with_an_error(start_server, long_conte
     assert "resource_tracker" not in server.log(), server.log()[-2000:]
 
 
+@pytest.mark.parametrize("how", ["group", "timeout"])
+def test_sigterm_to_the_process_group_drains_too(start_server, long_context_model_dir, engine_args, how):
+    """SIGTERM to the whole group (a service manager's stop, `kill -TERM -PGID`) killed the
+    workers at once: the requests being drained ended "the engine failed: the tokenizer process
+    exited with signal 15" and the server exited 1. GNU `timeout` signals the server and then its
+    group, and the second arrival counted as "SIGTERM again", which skipped the drain."""
+    limits = ["--max-context-len", "32768", "--num-kv-tokens", "32768", "--shutdown-timeout", str(DRAIN_S)]
+    server = start_server(["--model", str(long_context_model_dir), *engine_args, *limits])
+    children = server.children()
+    long = StreamingClient(server.url, VERY_LONG)
+    short = StreamingClient(server.url, {**LONG, "max_tokens": 40})
+    long.start()
+    assert long.first_event.wait(30)
+    short.start()
+    assert short.first_event.wait(30)
+    if how == "timeout":
+        server.proc.send_signal(signal.SIGTERM)
+    os.killpg(server.proc.pid, signal.SIGTERM)
+    short.join(30)
+    long.join(30)
+    assert not short.is_alive() and not long.is_alive()
+    assert short.error is None and short.error_events() == [], short.events[-3:]
+    assert finish_reasons(short.events) == ["length"] and short.events[-1] == "[DONE]"
+    assert long.error is None and long.events[-1] == "[DONE]", long.events[-3:]
+    assert "shutting down" in long.error_events()[0]["message"], long.error_events()
+    assert server.wait_exit(30) == 0, server.log()[-3000:]
+    log = server.log()
+    assert "the drain ran out of its" in log and "again: aborting" not in log, log[-3000:]
+    assert "exited" not in log and "Traceback" not in log, log[-3000:]
+    server.assert_all_stopped(children)
+
+
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_second_signal_during_the_drain_stops_at_once(
     start_server, long_context_model_dir, engine_args, stop
