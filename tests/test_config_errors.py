@@ -620,6 +620,22 @@ def test_serve_on_a_port_in_use_or_out_of_range_is_one_line_before_anything_load
     assert "argument --port: must be a TCP port, 0 to 65535 (0 = any free port), got 99999" in proc.stderr
 
 
+def test_serve_with_a_dist_init_addr_in_use_is_one_line_before_anything_loads(model_dir):
+    """It was scheduler 0's traceback (an OSError, then the RuntimeError it caused) once the
+    workers had started, exit code 1 (a probe's find)."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        proc = _cli("serve", "--port", "0", "--tp", "2", "--dist-init-addr", f"127.0.0.1:{port}",
+                    "--model", str(model_dir), "--device", "cpu")  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"minisgl: error: cannot listen on --dist-init-addr 127.0.0.1:{port} for the TP rendezvous: "
+        "Address already in use; give an address of this machine with a free port"
+    ]
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [

@@ -50,6 +50,22 @@ def _check_listen(host: str, port: int) -> None:
             ) from None
 
 
+def _check_rendezvous(init_addr: str) -> None:
+    """Bind node 0's ``--dist-init-addr`` once and let go, as :func:`_check_listen` the HTTP port:
+    scheduler 0 listens there for the other ranks (on this host only, so 0.0.0.0 is no answer)."""
+    host, port = init_addr.rsplit(":", 1)
+    host = host.strip("[]")
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as scheduler 0 binds it
+        try:
+            probe.bind((host, int(port)))
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot listen on --dist-init-addr {init_addr} for the TP rendezvous: "
+                f"{exc.strerror or exc}; give an address of this machine with a free port"
+            ) from None
+
+
 def _add_http_args(p: argparse.ArgumentParser, port: int) -> None:
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
@@ -305,6 +321,8 @@ def _serve_options(args: argparse.Namespace):
     chat_template = _read_chat_template(args.chat_template)
     if dist.node_rank == 0:  # the node that serves HTTP
         _check_listen(args.host, args.port)
+        if dist.init_addr:  # (a busy one was scheduler 0's traceback once the workers had started)
+            _check_rendezvous(dist.init_addr)
     limits = limits_from_args(args)
     api = _api_options(args, plugins, chat_template)
     # every setting checked: an error above is the only line the command prints
