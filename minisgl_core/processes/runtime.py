@@ -276,7 +276,10 @@ class Runtime:
             for name, proc in self.procs.items():
                 if name != reporter and proc.exitcode not in (None, 0):
                     lead = self._exited(name, proc.exitcode)
-                    return Failure(f"{lead.detail}; then {report}", lead.summary)
+                    # the reporter's traceback (60 lines from a step down to gloo's all_reduce)
+                    # says only that it lost the peer: its last line says that too
+                    said = msg.error.strip().splitlines()[-1] if msg.error.strip() else "an error"
+                    return Failure(f"{lead.detail}; then the {reporter} process failed: {said}", lead.summary)
             if time.monotonic() >= deadline:
                 raised = f"{self._who(reporter)} raised {msg.summary or 'an error'}"
                 return Failure(report, _for_clients(raised))
