@@ -181,6 +181,9 @@ class StreamOptions(StrictModel):
     #: vLLM's: every chunk carries the usage so far (its choice's completion tokens); it implies
     #: include_usage (``{"continuous_usage_stats": true}`` alone was a 400, vLLM takes it)
     continuous_usage_stats: Bool = False
+    #: OpenAI's: random padding on each stream event against length side channels. minisgl adds
+    #: none, true or false (vLLM accepts it likewise); a 400 had broken clients that send it
+    include_obfuscation: Bool | None = None
 
     @model_validator(mode="after")
     def _continuous_needs_usage(self) -> StreamOptions:

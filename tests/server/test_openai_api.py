@@ -581,6 +581,23 @@ def test_continuous_usage_stats_alone_implies_include_usage(client, model_name):
         assert choice_chunks[-1].usage.completion_tokens == 3
 
 
+def test_include_obfuscation_is_accepted_and_adds_no_padding(client, model_name):
+    """OpenAI's stream_options.include_obfuscation (the openai client's
+    ChatCompletionStreamOptionsParam has it) was a 400 "unsupported field"; true or false is
+    taken, and no chunk carries OpenAI's "obfuscation" padding field either way."""
+    for create, args in [
+        (client.chat.completions.create, {"messages": MESSAGES}),
+        (client.completions.create, {"prompt": PROMPT}),
+    ]:
+        for obfuscate in (True, False):
+            chunks = list(
+                create(model=model_name, **args, max_tokens=3, stream=True,
+                       stream_options={"include_usage": True, "include_obfuscation": obfuscate})
+            )  # fmt: skip
+            assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens <= 3
+            assert not any("obfuscation" in (c.model_extra or {}) for c in chunks)
+
+
 def test_text_parts_are_joined_by_newlines_and_an_assistants_refusal_is_its_text(
     client, server, auth, model_name
 ):
