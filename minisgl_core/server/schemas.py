@@ -772,7 +772,8 @@ class CompletionRequest(SamplingFields):
     #: a text prompt gets the tokenizer's special tokens (a Llama's BOS), as vLLM's and SGLang's
     #: completions do by default (vLLM's field: false encodes the text alone)
     add_special_tokens: Bool = True
-    #: fill-in-the-middle text after the completion: not supported, rejected with a 400
+    #: fill-in-the-middle text after the completion: not supported, rejected with a 400; empty
+    #: (some clients' default) asks for nothing after the completion, as null does, and is taken
     suffix: Text | None = None
     #: OpenAI's: generate best_of and return the n most likely; accepted equal to n only (the no-op,
     #: its default, which clients send as 1)
@@ -780,7 +781,7 @@ class CompletionRequest(SamplingFields):
 
     @model_validator(mode="after")
     def _check_completion(self) -> CompletionRequest:
-        if self.suffix is not None:
+        if self.suffix:
             raise BodyError(
                 "suffix is not supported: this server does no fill-in-the-middle; "
                 "put the whole text in prompt instead",

@@ -873,6 +873,14 @@ def test_what_minisgl_does_not_implement_is_code_unsupported_field(client, model
         assert body["param"] == param and body["code"] == "unsupported_field", body
 
 
+def test_an_empty_suffix_is_taken_as_none(client, model_name):
+    """suffix "" was refused as fill-in-the-middle ("suffix is not supported") while null was
+    taken; an empty suffix asks for nothing after the completion, so it is answered as without one."""
+    plain = client.completions.create(model=model_name, prompt=PROMPT, max_tokens=4, temperature=0)
+    empty = client.completions.create(model=model_name, prompt=PROMPT, max_tokens=4, temperature=0, suffix="")
+    assert empty.choices[0].text == plain.choices[0].text
+
+
 def test_get_load_counts_what_requests_hold_not_the_prefix_cache(server, auth):
     """SGLang's /get_load num_tokens leaves out the cache it can reclaim; ours reported every used
     KV token, so an idle server with a warm prefix cache read as loaded (to the gateway's
