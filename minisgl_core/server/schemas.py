@@ -130,9 +130,11 @@ def _is_gateway_default(key: str, value: Any) -> bool:
 class BodyError(ValueError):
     """A check of the whole body (a model validator) that blames one field: the 400 names it in
     ``param`` (pydantic places a whole-body check at the body itself, which names none), and
-    carries ``code`` (``unsupported_field`` for a value minisgl does not implement)."""
+    carries ``code`` (``unsupported_field`` for a value minisgl does not implement). A check of a
+    list's item, which cannot know its index, blames no field (None): the 400 names the place
+    pydantic found (``tools.1``)."""
 
-    def __init__(self, message: str, field: str, code: str | None = None) -> None:
+    def __init__(self, message: str, field: str | None, code: str | None = None) -> None:
         super().__init__(message)
         self.field = field
         self.code = code
@@ -477,6 +479,20 @@ class FunctionDefinition(StrictModel):
 class ToolDefinition(StrictModel):
     type: Literal["function"]
     function: FunctionDefinition
+
+    # before the field checks, whose 400 for OpenAI's {"type": "custom", "custom": {...}} was
+    # "tools.0.function: Field required": another kind of tool is refused by name, as tool_choice's
+    @model_validator(mode="before")
+    @classmethod
+    def _functions_only(cls, data: Any) -> Any:
+        kind = data.get("type") if isinstance(data, dict) else None
+        if isinstance(kind, str) and kind != "function":
+            raise BodyError(
+                f'type {short_repr(kind)} is not supported: minisgl calls functions; send tools of type "function"',
+                None,
+                "unsupported_field",
+            )
+        return data
 
 
 class FunctionName(StrictModel):

@@ -483,6 +483,21 @@ def test_tool_choice_errors(tools_client, model_name):
         assert f"type '{choice['type']}' is not supported" in body["message"], body
 
 
+def test_a_tool_of_another_type_than_function_is_refused_by_name(tools_client, server, auth, model_name):
+    """OpenAI's custom tools (free-form input, which the openai client sends) were "tools.0.function:
+    Field required"; now refused by name as tool_choice's other kinds are, on /tokenize too."""
+    custom = {"type": "custom", "custom": {"name": "f", "description": "free-form"}}
+    with pytest.raises(openai.BadRequestError) as refused:
+        tools_client.chat.completions.create(model=model_name, messages=ASK, tools=[WEATHER, custom])
+    body = refused.value.body
+    assert body["param"] == "tools.1" and body["code"] == "unsupported_field", body
+    assert body["message"] == (
+        "tools.1: type 'custom' is not supported: minisgl calls functions; send tools of type \"function\""
+    ), body
+    resp = httpx.post(f"{server.url}/tokenize", json={"messages": ASK, "tools": [custom]}, headers=auth)
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "tools.0", resp.text
+
+
 @pytest.mark.parametrize("kind", [123, None, ["function"], True, {"name": "f"}])
 def test_a_tool_choice_type_that_is_no_string_is_named(client, model_name, kind):
     """A type that is no string was "tool_choice.type: Input should be 'function'" (123, a list),
