@@ -65,10 +65,10 @@ def test_installed_parsers_resolve_and_unknown_names_say_what_to_install():
     assert issubclass(plugins.resolve("tool_parsers", "hermes"), ToolParser)
     assert issubclass(plugins.resolve("tool_parsers", "llama3_json"), ToolParser)
     assert issubclass(plugins.resolve("reasoning_parsers", "qwen3"), ReasoningParser)
-    # vLLM's name for the same tags
-    assert plugins.resolve("reasoning_parsers", "deepseek_r1") is plugins.resolve(
-        "reasoning_parsers", "qwen3"
-    )
+    # vLLM's name: the same tags, the output beginning inside the reasoning
+    r1, qwen3 = (plugins.resolve("reasoning_parsers", name) for name in ("deepseek_r1", "qwen3"))
+    assert issubclass(r1, qwen3) and r1 is not qwen3
+    assert r1().parse("a</think>b") == ReasoningResult("a", "b")
     with pytest.raises(
         PluginError, match=r"unknown --tool-call-parser 'mistral'; installed: hermes, llama3_json"
     ):

@@ -119,6 +119,10 @@ class ChoiceOutput:
         self._opened: bool | None = True if reasoning_opened else None
         self._answer_begun = False
         self._held = ""
+        #: with an exact answer: neither the prompt nor the output opened the reasoning, so the
+        #: grammar applied from the first token and the whole output is the answer, whatever the
+        #: parser reads (deepseek_r1's reads an output without <think> as reasoning)
+        self._unreasoned = False
         self.tools = self._call("tool call", plan.parser, plan.parser, plan.tools) if plan.parser else None
         self.single_call = plan.single_call
         self.made_calls = False
@@ -139,6 +143,8 @@ class ChoiceOutput:
             answer = self._answer_part(text)
             if answer is not None:
                 content = answer or None
+            if self._unreasoned:
+                message["reasoning_content"] = None
         if self.tools is not None and content is not None:
             parsed = self._tool(self.tools.parse, content)
             content, calls = parsed.content, self._kept(parsed.tool_calls)
@@ -162,6 +168,8 @@ class ChoiceOutput:
             answer = self._answer_part(text)
             if answer is not None:
                 content = answer
+            if self._unreasoned:
+                reasoning = ""
         calls: list[ToolCallDelta] = []
         if self.tools is not None:
             self._streamed.append(content)
@@ -193,9 +201,10 @@ class ChoiceOutput:
     def _answer_part(self, text: str) -> str | None:
         """With an exact answer (``grammar_after_reasoning``): the part of ``text``, the next piece
         of output (the whole of it for :meth:`message`), that belongs to the answer after the
-        reasoning's end tag, as generated; None before the answer begins, and for an output that
-        did not open with the reasoning (the parser gives that whole as content). Only the text
-        the tags may still span is held between pieces."""
+        reasoning's end tag, as generated; None before the answer begins. An output that did not
+        open the reasoning (nor did the prompt) is the answer whole: the engine applied the
+        grammar from its first token. Only the text the tags may still span is held between
+        pieces."""
         if not self._exact_answer:
             return None
         if self._answer_begun:
@@ -211,8 +220,8 @@ class ChoiceOutput:
                 self._held = window
                 return None
             else:
-                self._exact_answer = False
-                return None
+                self._answer_begun, self._unreasoned, self._held = True, True, ""
+                return window
         where = window.find(end)
         if where < 0:
             self._held = window[-(len(end) - 1) :] if len(end) > 1 else ""  # a tag's start, maybe

@@ -12,7 +12,7 @@ import json
 import jsonschema
 import pytest
 from minisgl_plugin_hermes.parser import HermesToolParser
-from minisgl_plugin_qwen3_reasoning.parser import Qwen3ReasoningParser
+from minisgl_plugin_qwen3_reasoning.parser import DeepSeekR1ReasoningParser, Qwen3ReasoningParser
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
@@ -490,6 +490,34 @@ def test_an_answer_constrained_after_the_reasoning_keeps_its_whitespace(text, op
     plain = ChoiceOutput(ToolPlan(), Qwen3ReasoningParser, None, opened).message(text)
     assert plain["content"] == (content.lstrip() or None if content and "</think>" in text else content)
     assert plain.get("reasoning_content") == whole.get("reasoning_content")
+
+
+@pytest.mark.parametrize(
+    "text, opened, gated, reasoning, content",
+    [
+        ("Let me think.</think>The answer is 4.", False, False, "Let me think.", "The answer is 4."),
+        ("Let me think.</think>The answer is 4.", True, False, "Let me think.", "The answer is 4."),
+        ("<think>Hm.</think>\n\n4", True, False, "<think>Hm.", "4"),  # (as qwen3: one tag per opening)
+        ("<think>Hm.</think>\n\n4", False, False, "Hm.", "4"),
+        ("Still thinking", False, False, "Still thinking", None),
+        # a grammar after the reasoning that the prompt opened waits for </think>
+        ("Hm.</think> 4", True, True, "Hm.", " 4"),
+        # neither the prompt nor the output opened it: the grammar applied from the first token
+        (' {"n": 4}', False, True, None, ' {"n": 4}'),
+    ],
+)
+def test_deepseek_r1_output_is_split_alike_streamed_or_not(text, opened, gated, reasoning, content):
+    """deepseek_r1 reads the output as inside the reasoning (its template opens <think> in the
+    prompt), whether the prompt ended with <think> (the server feeds the tag first, once) or not;
+    with a grammar gated after the reasoning, an output the grammar had from its first token is
+    the answer whole (not reasoning)."""
+    whole = ChoiceOutput(ToolPlan(), DeepSeekR1ReasoningParser, None, opened, gated).message(text)
+    assert (whole.get("reasoning_content"), whole["content"]) == (reasoning, content)
+    for cut in range(len(text) + 1):
+        output = ChoiceOutput(ToolPlan(), DeepSeekR1ReasoningParser, None, opened, gated)
+        message = streamed(output, text, [cut], []).choices[0].message
+        assert getattr(message, "reasoning_content", None) == reasoning, cut
+        assert (message.content or None) == content, cut
 
 
 def test_tool_messages_reach_the_template():
