@@ -104,6 +104,26 @@ KIND_BASES = {
     "quantization": "QuantizationMethod",
 }
 
+#: How the core builds a class of each kind (docs/plugins.md gives each constructor): the call as
+#: messages write it, and stand-in arguments to bind to the class's signature. A constructor that
+#: cannot take the call is refused where the class is imported: at the call it was a TypeError
+#: naming no plugin, after the model had loaded.
+KIND_CALLS: dict[str, tuple[str, tuple[Any, ...], dict[str, Any]]] = {
+    "models": ("(config)", (None,), {}),
+    "attention": ("(config)", (None,), {}),
+    "caches": ("(page_size=...)", (), {"page_size": None}),
+    "policies": ("()", (), {}),
+    "formats": ("(path)", (None,), {}),
+    "grammars": (
+        "(tokenizer, vocab_size=..., stop_token_ids=...)",
+        (None,),
+        {"vocab_size": None, "stop_token_ids": None},
+    ),
+    "tool_parsers": ("(tools)", (None,), {}),
+    "reasoning_parsers": ("()", (), {}),
+    "quantization": ("(device=..., dtype=...)", (), {"device": None, "dtype": None}),
+}
+
 #: ``conflict``: two distributions have the plugin's name (entry-point name), so neither is loaded
 Status = Literal["ok", "failed", "incompatible", "disabled", "conflict"]
 
@@ -524,7 +544,7 @@ class Plugins:
                 f"{selection(kind, name, self.spelling)} from {reg.plugin.distribution} {reg.plugin.version} "
                 f"(plugin {reg.plugin.name!r}) failed to import {reg.target}: {type(exc).__name__}: {exc}"
             ) from exc
-        wrong = wrong_base_message(reg, obj)
+        wrong = wrong_base_message(reg, obj, self.spelling)
         if wrong:
             raise PluginError(wrong)
         # a plugin with one class that does not import is failed, as `minisgl plugins` lists it:
@@ -583,7 +603,7 @@ class Plugins:
                         f"import: {type(exc).__name__}: {exc}"
                     )
                     continue
-                wrong = wrong_base_message(reg, obj)
+                wrong = wrong_base_message(reg, obj, self.spelling)
                 if wrong:
                     problems.append(wrong)
         if problems:
@@ -862,8 +882,9 @@ def state_differences(launcher: list[list[Any]], here: list[list[Any]]) -> list[
     return found
 
 
-def wrong_base_message(reg: Registration, obj: Any) -> str | None:
-    """None when ``obj`` is a class of the registration's kind, else what is wrong and the fix."""
+def wrong_base_message(reg: Registration, obj: Any, spelling: Spelling = "flag") -> str | None:
+    """None when ``obj`` is a class of the registration's kind that the core can build, else what
+    is wrong and the fix (the selection named as ``spelling`` says: ``--attn`` or ``attn=``)."""
     import minisgl_core.api as api
 
     base_name = KIND_BASES[reg.kind]
@@ -874,21 +895,47 @@ def wrong_base_message(reg: Registration, obj: Any) -> str | None:
             name for name in dir(obj) if getattr(getattr(obj, name, None), "__isabstractmethod__", False)
         )
         if not missing:
-            return None
+            return wrong_constructor_message(reg, obj, spelling)
         # (listed as ok, it failed only when selected: a traceback, or a 500 on every tools request)
         return (
             f"plugin {reg.plugin.name!r} ({reg.plugin.distribution} {reg.plugin.version}) registered "
-            f"{reg.target} as {selection(reg.kind, reg.name)}, but it does not implement "
+            f"{reg.target} as {selection(reg.kind, reg.name, spelling)}, but it does not implement "
             f"{base_name}'s abstract method{'s' if len(missing) > 1 else ''} {', '.join(missing)}: "
             f"define {'them' if len(missing) > 1 else 'it'} in {obj.__name__} (docs/plugins.md, {base_name})"
         )
     what = obj.__name__ if isinstance(obj, type) else f"{type(obj).__name__} object"
     return (
         f"plugin {reg.plugin.name!r} ({reg.plugin.distribution} {reg.plugin.version}) registered "
-        f"{reg.target} ({what}) as {selection(reg.kind, reg.name)} through {KIND_HOOKS[reg.kind]}, "
+        f"{reg.target} ({what}) as {selection(reg.kind, reg.name, spelling)} through {KIND_HOOKS[reg.kind]}, "
         f"but it is not a subclass of minisgl_core.api.{base_name}: register it through the hook of "
         f"its kind, or make it subclass {base_name}"
     )
+
+
+def wrong_constructor_message(reg: Registration, cls: type, spelling: Spelling = "flag") -> str | None:
+    """None when ``cls``'s constructor takes the call the core builds its kind with
+    (:data:`KIND_CALLS`), else what is wrong and the fix."""
+    call, args, kwargs = KIND_CALLS[reg.kind]
+    try:
+        signature = inspect.signature(cls)
+    except (TypeError, ValueError):  # (no signature to read: the call itself will tell)
+        return None
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        # shown without annotations and defaults' types: the parameters are what is wrong
+        bare = signature.replace(
+            parameters=[p.replace(annotation=p.empty) for p in signature.parameters.values()],
+            return_annotation=signature.empty,
+        )
+        name, base_name = cls.__name__, KIND_BASES[reg.kind]
+        return (
+            f"plugin {reg.plugin.name!r} ({reg.plugin.distribution} {reg.plugin.version}) registered "
+            f"{reg.target} as {selection(reg.kind, reg.name, spelling)}, but the core builds it as {name}{call} "
+            f"and its constructor takes {name}{bare} ({exc}): make {name}.__init__ accept that call, "
+            f"any other parameter with a default (docs/plugins.md, {base_name})"
+        )
+    return None
 
 
 def _import_target(target: str) -> Any:

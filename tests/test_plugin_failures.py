@@ -172,6 +172,76 @@ def test_a_constructor_that_raises_is_named(model_dir, plugin_installed, option,
     assert str(caught.value) == expected.format(named=NAMED)
 
 
+WRONG_INIT = """
+from minisgl_core.api import SchedulingPolicy, hookimpl
+from minisgl_plugin_naive.cache import NaiveCache
+from minisgl_plugin_torch.backend import TorchAttentionBackend
+
+MINISGL_API = "2.0"
+
+
+class Rounds(SchedulingPolicy):
+    def __init__(self, rounds):
+        self.rounds = rounds
+
+    def schedule(self, state):
+        return None
+
+
+class Capacity(NaiveCache):
+    def __init__(self, *, page_size, capacity):
+        super().__init__(page_size=page_size)
+
+
+class Workspace(TorchAttentionBackend):
+    def __init__(self, config, workspace_mb):
+        super().__init__(config)
+
+
+@hookimpl
+def minisgl_register_policies(register):
+    register("wrong-init", "minisgl_wronginit:Rounds")
+
+
+@hookimpl
+def minisgl_register_caches(register):
+    register("wrong-init", "minisgl_wronginit:Capacity")
+
+
+@hookimpl
+def minisgl_register_attention_backends(register):
+    register("wrong-init", "minisgl_wronginit:Workspace")
+"""
+
+
+@pytest.mark.parametrize(
+    ("option", "expected"),
+    [
+        ("policy", "but the core builds it as Rounds() and its constructor takes "
+         "Rounds(rounds) (missing a required argument: 'rounds'): make Rounds.__init__ accept that "
+         "call, any other parameter with a default (docs/plugins.md, SchedulingPolicy)"),
+        ("cache", "but the core builds it as Capacity(page_size=...) and its "
+         "constructor takes Capacity(*, page_size, capacity) (missing a required argument: 'capacity')"),
+        ("attn", "but the core builds it as Workspace(config) and its constructor "
+         "takes Workspace(config, workspace_mb) (missing a required argument: 'workspace_mb')"),
+    ],
+)  # fmt: skip
+def test_a_constructor_the_core_cannot_call_is_named_before_the_model_loads(
+    model_dir, install_plugin_module, option, expected
+):
+    """A constructor that raises is named by its frame (above); one whose signature does not take
+    the core's call has no frame of the plugin's: it was a bare TypeError (``policy_cls()``,
+    ``cls(config)`` in the runner), "scheduler 0 process failed: TypeError" under serve."""
+    from minisgl_core.plugins import PluginError
+
+    install_plugin_module("minisgl_wronginit", "minisgl-wronginit", WRONG_INIT)
+    with pytest.raises(PluginError) as caught:
+        cpu_llm(model_dir, **{option: "wrong-init"})
+    message = str(caught.value)
+    assert message.startswith("plugin 'wronginit' (minisgl-wronginit 0.1.0) registered minisgl_wronginit:")
+    assert f" as {option}='wrong-init', {expected}" in message, message  # (named as the LLM's keyword)
+
+
 def test_a_failed_process_is_summed_up_for_clients_without_the_exception_text():
     """The scheduler's report carries what clients may see: the exception's class, and a
     PluginFailure's naming of the plugin; the text (the plugin's own exception, gloo's C++

@@ -1054,6 +1054,73 @@ def test_a_model_missing_its_abstract_methods_fails_its_plugin(load_fake):
     assert {row["name"]: row for row in plugins.listing()}["t24halfmodel"]["status"] == "failed"
 
 
+WRONG_INIT_IMPL = """
+import minisgl_core.api as api
+
+
+def needing_more(base):
+    # its abstract methods defined: what is wrong is the constructor alone
+    body = {
+        name: lambda self, *args, **kwargs: None
+        for name in dir(base)
+        if getattr(getattr(base, name, None), "__isabstractmethod__", False)
+    }
+
+    def __init__(self, *args, extra, **kwargs):  # a keyword the core never passes
+        pass
+
+    body["__init__"] = __init__
+    return type("NeedsMore", (base,), body)
+
+
+for kind, base in BASES.items():
+    globals()[kind] = needing_more(getattr(api, base))
+"""
+
+
+@pytest.mark.parametrize(
+    ("kind", "call"),
+    [
+        ("models", "(config)"),
+        ("attention", "(config)"),
+        ("caches", "(page_size=...)"),
+        ("policies", "()"),
+        ("formats", "(path)"),
+        ("grammars", "(tokenizer, vocab_size=..., stop_token_ids=...)"),
+        ("tool_parsers", "(tools)"),
+        ("reasoning_parsers", "()"),
+        ("quantization", "(device=..., dtype=...)"),
+    ],
+)
+def test_a_constructor_the_core_cannot_call_fails_its_plugin_in_one_line(load_fake, kind, call):
+    """``__init__(self, rounds)`` on a policy (``policy_cls()``), ``(self, config, workspace_mb)``
+    on an attention backend: a TypeError at the core's call, after the model had loaded, with no
+    plugin named (the engine blames a plugin by its frames, and a bad call has none)."""
+    from minisgl_core.plugins import KIND_BASES, KIND_HOOKS
+
+    hooks = "".join(
+        f"@hookimpl\ndef {hook}(register):\n    register('T25{k}', 't25_wronginit.impl:{k}')\n"
+        for k, hook in KIND_HOOKS.items()
+    )
+    impl = f"BASES = {dict(KIND_BASES)!r}\n{WRONG_INIT_IMPL}"  # (KIND_BASES: every kind's API class)
+    modules = {**_thin("t25_wronginit", hooks), "t25_wronginit/impl.py": impl}
+    plugins = load_fake({"minisgl-test-wronginit": (modules, {"t25wronginit": "t25_wronginit"})})
+    with pytest.raises(PluginError) as raised:
+        plugins.resolve(kind, f"T25{kind}")
+    message = str(raised.value)
+    assert message.startswith(
+        f"plugin 't25wronginit' (minisgl-test-wronginit 0.1.0) registered t25_wronginit.impl:{kind} as "
+    ), message
+    assert message.endswith(
+        f", but the core builds it as NeedsMore{call} and its constructor takes NeedsMore(*args, extra, "
+        "**kwargs) (missing a required argument: 'extra'): make NeedsMore.__init__ accept that call, "
+        f"any other parameter with a default (docs/plugins.md, {KIND_BASES[kind]})"
+    ), message
+    plugins.check_classes()
+    row = {row["name"]: row for row in plugins.listing()}["t25wronginit"]
+    assert row["status"] == "failed" and f"builds it as NeedsMore{call}" in row["reason"]
+
+
 def test_entry_point_mistakes_are_named_in_one_line(load_fake):
     """``name = "module:attr"`` with an attribute that exists said "declares no MINISGL_API" (the
     module declares it); two entry points naming one module failed with pluggy's 5,000-character
