@@ -242,6 +242,73 @@ def test_a_constructor_the_core_cannot_call_is_named_before_the_model_loads(
     assert f" as {option}='wrong-init', {expected}" in message, message  # (named as the LLM's keyword)
 
 
+WRONG_RESULTS = """
+from minisgl_core.api import hookimpl
+from minisgl_plugin_radix.cache import RadixCache
+from minisgl_plugin_torch.backend import TorchAttentionBackend
+
+MINISGL_API = "2.0"
+
+
+class OneHead(TorchAttentionBackend):
+    def forward(self, q, k, v, layer_id, batch):
+        return super().forward(q, k, v, layer_id, batch)[:, :1]
+
+
+class NoOutput(TorchAttentionBackend):
+    def forward(self, q, k, v, layer_id, batch):
+        super().forward(q, k, v, layer_id, batch)
+
+
+class ListCache(RadixCache):
+    def insert_prefix(self, tokens, slots):
+        return super().insert_prefix(tokens, slots).tolist()
+
+
+class TupleCache(RadixCache):
+    def match_prefix(self, tokens):
+        return tuple(super().match_prefix(tokens))
+
+
+@hookimpl
+def minisgl_register_attention_backends(register):
+    register("one-head", "minisgl_wrongresult:OneHead")
+    register("no-output", "minisgl_wrongresult:NoOutput")
+
+
+@hookimpl
+def minisgl_register_caches(register):
+    register("list", "minisgl_wrongresult:ListCache")
+    register("tuple", "minisgl_wrongresult:TupleCache")
+"""
+
+
+@pytest.mark.parametrize(
+    ("option", "expected"),
+    [
+        (("attn", "one-head"), "attention backend 'one-head' {named}: OneHead.forward returned a float32 "
+         "tensor of shape [1, 1, 16], expected shape [1, 4, 16] (q's)"),
+        (("attn", "no-output"), "attention backend 'no-output' {named}: NoOutput.forward returned "
+         "NoneType, expected shape [1, 4, 16] (q's)"),
+        (("cache", "list"), "cache 'list' {named}: ListCache.insert_prefix returned list, not a 1-D "
+         "int64 CPU tensor"),
+        (("cache", "tuple"), "cache 'tuple' {named}: TupleCache.match_prefix returned tuple, not a "
+         "PrefixMatch"),
+    ],
+)  # fmt: skip
+def test_a_result_the_core_cannot_use_is_named(model_dir, install_plugin_module, option, expected):
+    """A wrong result has no frame of the plugin's to blame: an attention output of another
+    shape failed in the core's reshape ("shape '[1, 256]' is invalid for input of size 64"), a
+    list from insert_prefix in the allocator ("'list' object has no attribute 'numel'")."""
+    install_plugin_module("minisgl_wrongresult", "minisgl-wrongresult", WRONG_RESULTS)
+    with pytest.raises(RuntimeError) as caught:
+        with cpu_llm(model_dir, **dict([option])) as llm:  # (a backend's: at start-up's warm-up)
+            llm.generate([[5, 6, 7, 8]], PARAMS)
+    assert type(caught.value).__name__ == "PluginFailure"
+    assert str(caught.value) == expected.format(named="(plugin 'wrongresult', minisgl-wrongresult 0.1.0)")
+    assert caught.value.summary == str(caught.value)  # (the core's own words: a server's clients see them)
+
+
 def test_a_failed_process_is_summed_up_for_clients_without_the_exception_text():
     """The scheduler's report carries what clients may see: the exception's class, and a
     PluginFailure's naming of the plugin; the text (the plugin's own exception, gloo's C++

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import traceback
 
+from minisgl_core.plugin_results import WrongResult
 from minisgl_core.plugins import Plugins
 
 #: what each kind of selection is called in a message
@@ -48,20 +49,29 @@ class PluginFailure(RuntimeError):
 class PluginBlame:
     """Finds which selected plugin an exception of an engine step came from: the innermost frame
     of its traceback in the package of a selected implementation (a model calls its attention
-    backend: the backend is innermost)."""
+    backend: the backend is innermost), or for a :class:`WrongResult` (a value the core could
+    not use, returned from the plugin's code, so no frame of it) the object that returned it."""
 
     def __init__(self, plugins: Plugins, selected: list[tuple[str, str]]) -> None:
         #: top-level package -> what of it the engine runs ("attention backend 'x' (plugin ...)")
         self.packages: dict[str, list[str]] = {}
+        #: the same by (top-level package, kind)
+        self.kinds: dict[tuple[str, str], list[str]] = {}
         for kind, name in dict.fromkeys(selected):
             reg = plugins.registry[kind].get(name)
             package = reg.target.partition(":")[0].split(".")[0] if reg is not None else "minisgl_core"
             if package != "minisgl_core":  # (a class of the core's own would take every frame)
                 self.packages.setdefault(package, []).append(selected_plugin(plugins, kind, name))
+                self.kinds.setdefault((package, kind), []).append(selected_plugin(plugins, kind, name))
 
     def failure(self, exc: BaseException) -> PluginFailure | None:
         """``exc`` as a :class:`PluginFailure` naming its plugin; None when no selected plugin's
         code is in its traceback (the core's own error: raised as it is)."""
+        if isinstance(exc, WrongResult):
+            labels = self.kinds.get((type(exc.owner).__module__.split(".")[0], exc.kind))
+            if labels:  # (the message names the class: two selections of one package, say both)
+                message = f"{' or '.join(labels)}: {exc}"
+                return PluginFailure(message, message)  # (the core's words only: for clients too)
         culprit = None
         for frame, _ in traceback.walk_tb(exc.__traceback__):
             package = frame.f_globals.get("__name__", "").split(".")[0]

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from minisgl_core.api.batch import ForwardBatch
+from minisgl_core.plugin_results import WrongResult, shown
 
 #: (layer, method name, tensor arguments, batch) -> the layer's output; see :func:`split_at_attention`
 Splitter = Callable[["AttentionLayer", str, tuple[torch.Tensor, ...], ForwardBatch], torch.Tensor]
@@ -54,7 +55,13 @@ class AttentionLayer(nn.Module):
             self.layer_id,
             batch,
         )
-        return out.reshape(num_tokens, self.num_heads * self.head_dim)
+        try:
+            return out.reshape(num_tokens, self.num_heads * self.head_dim)
+        except (AttributeError, RuntimeError):
+            wrong = self._wrong_output(out, num_tokens, "forward", batch)
+            if wrong is None:
+                raise
+            raise wrong from None
 
     def attend(self, q: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """Attention of ``q`` when the model has already written this layer's new K/V to the pool
@@ -63,4 +70,24 @@ class AttentionLayer(nn.Module):
             return _splitter(self, "attend", (q,), batch)
         num_tokens = q.shape[0]
         out = batch.attn.attend(q.reshape(num_tokens, self.num_heads, self.head_dim), self.layer_id, batch)
-        return out.reshape(num_tokens, self.num_heads * self.head_dim)
+        try:
+            return out.reshape(num_tokens, self.num_heads * self.head_dim)
+        except (AttributeError, RuntimeError):
+            wrong = self._wrong_output(out, num_tokens, "attend", batch)
+            if wrong is None:
+                raise
+            raise wrong from None
+
+    def _wrong_output(
+        self, out: object, num_tokens: int, method: str, batch: ForwardBatch
+    ) -> WrongResult | None:
+        """Why the reshape of what the backend's ``method`` returned failed, naming the backend
+        (the reshape's own error named none): not a tensor, or not ``[num_tokens, heads,
+        head_dim]``'s number of elements; None when it is neither (a device error, raised as
+        it is). Asked only when the reshape fails: the try costs nothing per call."""
+        expected = [num_tokens, self.num_heads, self.head_dim]
+        if isinstance(out, torch.Tensor) and out.numel() == num_tokens * self.num_heads * self.head_dim:
+            return None
+        return WrongResult(
+            batch.attn, "attention", f"{method} returned {shown(out)}, expected shape {expected} (q's)"
+        )

@@ -20,6 +20,7 @@ import math
 import torch
 
 from minisgl_core.api import CacheManager, PrefixMatch
+from minisgl_core.plugin_results import WrongResult, shown
 from minisgl_core.runner.sampler import to_device
 from minisgl_core.scheduler.allocator import PageAllocator
 from minisgl_core.scheduler.request import Request
@@ -127,7 +128,7 @@ class KVManager:
         seen = self._matches.get(req.rid)
         if seen is not None and seen[0] is req.fill_ids:
             return seen[1]
-        match = self.cache.match_prefix(req.fill_ids)
+        match = self._match_prefix(req.fill_ids)
         self._matches[req.rid] = (req.fill_ids, match)
         return match
 
@@ -144,6 +145,39 @@ class KVManager:
         # At least one prompt token must run through the model to produce the first output logits.
         return min(matched, (prompt_len - 1) // self.page_size * self.page_size)
 
+    # ------------------------------------------------------------ the cache's answers, checked
+    # The allocator and the page table read the slots a cache returns: a list from insert_prefix
+    # was an AttributeError in the allocator naming no plugin. WrongResult names the cache
+    # (engine/plugin_failures.py); the checks cost a few attribute reads a call, not per token.
+
+    def _match_prefix(self, tokens: list[int]) -> PrefixMatch:
+        match = self.cache.match_prefix(tokens)
+        slots = getattr(match, "slots", None)
+        if slots is None:
+            raise WrongResult(
+                self.cache, "caches", f"match_prefix returned {shown(match)}, not a PrefixMatch"
+            )
+        self._slots("match_prefix", slots, "a PrefixMatch whose slots are ")
+        return match
+
+    def _insert_prefix(self, tokens: list[int], slots: torch.Tensor) -> None:
+        """Offer ``slots`` to the cache; free those it did not keep."""
+        self.allocator.free_slots(self._slots("insert_prefix", self.cache.insert_prefix(tokens, slots)))
+
+    def _slots(self, method: str, slots: object, part: str = "") -> torch.Tensor:
+        """``slots`` as the cache's ``method`` returned them, in the API's form (1-D int64 on the
+        CPU, as the cache kit's ``slot_list`` checks them); WrongResult naming the cache if not."""
+        if (
+            isinstance(slots, torch.Tensor)
+            and slots.dim() == 1
+            and slots.dtype == torch.int64
+            and slots.device.type == "cpu"
+        ):
+            return slots
+        raise WrongResult(
+            self.cache, "caches", f"{method} returned {part}{shown(slots)}, not a 1-D int64 CPU tensor"
+        )
+
     # ------------------------------------------------------------ admission
 
     def admit(self, req: Request) -> bool:
@@ -157,7 +191,7 @@ class KVManager:
             # for its logits; the whole match for a scored prompt) would count as taken, not as
             # evictable, and a prompt cached whole in a pool just its size then never fitted.
             # (matching the shorter list ends the handle there; other matches stay valid)
-            match = self.cache.match_prefix(req.fill_ids[:prefix_len])
+            match = self._match_prefix(req.fill_ids[:prefix_len])
         self.cache.lock(match.handle)
         need = ceil_div(self.expected_final_len(req), self.page_size) - prefix_len // self.page_size
         if need > self.available_pages():
@@ -216,7 +250,7 @@ class KVManager:
         short = n - self.allocator.free_pages
         if short > 0:
             self._matches.clear()
-            self.allocator.free_slots(self.cache.evict(short * self.page_size))
+            self.allocator.free_slots(self._slots("evict", self.cache.evict(short * self.page_size)))
         if n > self.allocator.free_pages:
             return None
         return self.allocator.alloc(n)
@@ -273,8 +307,8 @@ class KVManager:
             return
         tokens = req.fill_ids[:aligned]
         self._matches.clear()
-        self.allocator.free_slots(self.cache.insert_prefix(tokens, self.slots_of(req, aligned)))
-        match = self.cache.match_prefix(tokens)
+        self._insert_prefix(tokens, self.slots_of(req, aligned))
+        match = self._match_prefix(tokens)
         self.cache.lock(match.handle)
         self.cache.unlock(req.prefix_handle)
         cached = len(match.slots)
@@ -297,7 +331,7 @@ class KVManager:
         tokens = req.all_ids()[:aligned]
         if aligned:
             self._matches.clear()
-            self.allocator.free_slots(self.cache.insert_prefix(tokens, all_slots[:aligned]))
+            self._insert_prefix(tokens, all_slots[:aligned])
         # The pages past the aligned part (partly written or never used) return to the allocator.
         tail_pages = req.pages[(max(aligned, req.prefix_len) - req.prefix_len) // self.page_size :]
         self.allocator.free_pages_list(tail_pages)
