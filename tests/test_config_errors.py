@@ -844,14 +844,52 @@ def test_a_backend_is_used_only_for_the_steps_it_declares():
     class PrefillOnly(AttentionBackend):
         capabilities = frozenset({"prefill"})
 
-    both = Plugins.load().resolve("attention", "torch")
-    backends = {"dec": DecodeOnly, "pre": PrefillOnly, "torch": both}
-    check_roles("torch", "dec", backends)
-    check_roles("pre", "torch", backends)
-    with pytest.raises(PluginError, match="'dec' does not run prefill steps.*--attn fi,dec"):
-        check_roles("dec", "dec", backends)
-    with pytest.raises(PluginError, match="'pre' does not run decode steps.*--attn pre,fi"):
-        check_roles("pre", "pre", backends)
+    plugins, cpu = Plugins.load(), torch.device("cpu")
+    backends = {"dec": DecodeOnly, "pre": PrefillOnly, "torch": plugins.resolve("attention", "torch")}
+    check_roles("torch", "dec", backends, plugins, cpu)
+    check_roles("pre", "torch", backends, plugins, cpu)
+    # the partner suggested is one that runs here: torch on a CPU (it said fi on every device)
+    with pytest.raises(PluginError, match="'dec' does not run prefill steps.*--attn torch,dec$"):
+        check_roles("dec", "dec", backends, plugins, cpu)
+    with pytest.raises(PluginError, match="'pre' does not run decode steps.*--attn pre,torch$"):
+        check_roles("pre", "pre", backends, plugins, cpu)
+    # none installed runs the missing role here: said so, no backend named
+    plugins.registry["attention"] = {}
+    with pytest.raises(PluginError) as raised:
+        check_roles("pre", "pre", backends, plugins, cpu)
+    assert str(raised.value).endswith(
+        "use it for prefill only, beside a backend that runs decode steps (none installed runs them on cpu)"
+    )
+
+
+PREFILL_ONLY = """
+from minisgl_core.api import hookimpl
+from minisgl_plugin_torch.backend import TorchAttentionBackend
+
+MINISGL_API = "2.0"
+
+
+class PrefillOnly(TorchAttentionBackend):
+    capabilities = frozenset({"prefill"})
+
+
+@hookimpl
+def minisgl_register_attention_backends(register):
+    register("pre-only", "minisgl_preonly:PrefillOnly")
+"""
+
+
+def test_a_prefill_only_backend_alone_is_refused_suggesting_a_partner_that_runs_here(
+    model_dir, install_plugin_module
+):
+    """A probe's find: on a CPU the hint was ``--attn pre-only,fi``, a backend that cannot run there."""
+    install_plugin_module("minisgl_preonly", "minisgl-preonly", PREFILL_ONLY)
+    with pytest.raises(PluginError) as raised:
+        LLM(model_dir, device="cpu", attn="pre-only")
+    assert str(raised.value) == (
+        "attention backend 'pre-only' does not run decode steps (it does not declare 'decode'); use it "
+        "for prefill only, e.g. attn='pre-only,torch'"
+    )
 
 
 def test_a_backend_refusing_the_model_is_one_clear_error():

@@ -121,18 +121,45 @@ def resolve_page_size(
 
 
 def check_roles(
-    prefill: str, decode: str, backends: dict[str, type[AttentionBackend]], spelling: Spelling = "flag"
+    prefill: str,
+    decode: str,
+    backends: dict[str, type[AttentionBackend]],
+    plugins: Plugins,
+    device: torch.device,
+    spelling: Spelling = "flag",
+    needs: frozenset[str] = frozenset(),
 ) -> None:
     """The prefill backend declares "prefill" and the decode backend "decode" (a backend may
-    implement one of the two: ``--attn fi,triton``)."""
+    implement one of the two: ``--attn fi,triton``); the refusal suggests a partner usable here."""
     for role, name in (("prefill", prefill), ("decode", decode)):
         if role not in backends[name].capabilities:
             other = "decode" if role == "prefill" else "prefill"
-            example = f"fi,{name}" if role == "prefill" else f"{name},fi"
+            partner = role_partner(role, device, plugins, needs)
+            if partner is None:
+                fix = f"beside a backend that runs {role} steps (none installed runs them on {device})"
+            else:
+                pair = f"{partner},{name}" if role == "prefill" else f"{name},{partner}"
+                fix = f"e.g. {given('attn', pair, spelling)}"
             raise PluginError(
                 f"attention backend {name!r} does not run {role} steps (it does not declare {role!r}); "
-                f"use it for {other} only, e.g. {given('attn', example, spelling)}"
+                f"use it for {other} only, {fix}"
             )
+
+
+def role_partner(
+    role: str, device: torch.device, plugins: Plugins, needs: frozenset[str] = frozenset()
+) -> str | None:
+    """The backend to suggest for ``role`` steps beside one that does not run them: the first
+    usable on ``device`` of what ``--attn auto`` prefers for the role, then of the rest installed
+    (the hint said fi on every device, which a CPU cannot run). None: no backend here runs them."""
+    preferred = AUTO_PREFILL if role == "prefill" else AUTO_DECODE
+    for name in dict.fromkeys([*preferred, AUTO_FALLBACK, *plugins.names("attention")]):
+        try:
+            if is_usable(name, device, plugins, needs | {role}):
+                return name
+        except PluginError:  # (a broken plugin is no suggestion; selecting it says why)
+            continue
+    return None
 
 
 def build_backend(name: str, cls: type[AttentionBackend], config: AttentionConfig) -> AttentionBackend:
@@ -202,7 +229,7 @@ class ModelRunner:
         attn_classes = {name: self._backend_class(name, plugins) for name in (prefill_name, decode_name)}
         #: how errors name the settings (``--model`` or ``model=``): as the caller's user gives them
         self.spelling = plugins.spelling
-        check_roles(prefill_name, decode_name, attn_classes, self.spelling)
+        check_roles(prefill_name, decode_name, attn_classes, plugins, self.device, self.spelling, needs)
         check_kv_dtype(config.kv_cache_dtype, self.kv_dtype, self.dtype, attn_classes, self.spelling)
         self.page_size = resolve_page_size(config.page_size, self.device, attn_classes, self.spelling)
         #: the model on disk, through its weight format (safetensors, or a plugin's: GGUF...)
