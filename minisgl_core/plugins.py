@@ -417,12 +417,23 @@ class Plugins:
                 hook_name, remove_plugins=[p for p in self.pm.get_plugins() if p is not module]
             )
             try:
-                caller(register=register)
+                returned = caller(register=register)  # (pluggy: the hook's results that are not None)
             except Exception as exc:  # noqa: BLE001
                 info.status = "failed"
                 info.reason = f"hook {hook_name} raised {type(exc).__name__}: {exc}"
                 for reg in registered:  # named in the error of a user who selects one
                     info.unusable[kind].append(reg.name)
+                self._forget(info)
+                return
+            if returned:  # registrations returned were dropped: listed ok, providing nothing
+                info.status = "failed"
+                info.reason = (
+                    f"{hook_name} returned a {type(returned[0]).__name__}; "
+                    "call register(name, target) instead"
+                )
+                # a returned {name: target}: named in the error of a user who selects one
+                names = returned[0] if isinstance(returned[0], dict) else {}
+                info.unusable[kind] = [r.name for r in registered] + [n for n in names if isinstance(n, str)]
                 self._forget(info)
                 return
             for reg in registered:

@@ -30,6 +30,9 @@ MODULES = {
     "    register(f'flaky-{next(_count)}', 'minisgl_test_broken.impl:Policy')\n",
     "cli": API + REGISTER.format(name="cli") + "@hookimpl\ndef minisgl_add_cli_options(parser):\n"
     "    parser.add_argument('--max-wait', type=int)\n",
+    # returns its registrations instead of calling register: the core registered nothing
+    "retdict": API + "@hookimpl\ndef minisgl_register_policies(register):\n"
+    "    return {'retdict': 'minisgl_test_broken.impl:Policy'}\n",
     # registers the name of the prefill-first plugin's policy: selecting it would be an error
     "collide": API + REGISTER.format(name="prefill-first"),
     # imports PyYAML, which the distribution does not declare
@@ -46,6 +49,8 @@ MUTANTS = [
     ("futureapi", "test_declares_compatible_api", "not compatible"),
     ("flaky", "test_registration_is_idempotent", "twice registered different things"),
     ("cli", "test_cli_options_are_namespaced", "must start with --cli-"),
+    ("retdict", "test_registration_is_idempotent", "returned a dict; call register"),
+    ("retdict", "test_loaded_by_the_core", "says failed: minisgl_register_policies returned a dict"),
     # every undeclared import named at once, not the first of each run
     (
         "heavy",

@@ -753,6 +753,28 @@ def test_hook_mistakes_fail_the_plugin_saying_what_is_wrong(load_fake):
         plugins.resolve("policies", "t9-extra")
 
 
+def test_a_registration_hook_that_returns_its_names_fails_the_plugin(load_fake):
+    """``return {"name": "module:Class"}`` in place of ``register(...)`` was listed ok, providing
+    nothing, and selecting the name said to pip install a plugin that does not exist (a probe)."""
+    hooks = """
+    @hookimpl
+    def minisgl_register_policies(register):
+        return {"t24-pol": "t24_retdict.impl:Fifo"}
+    """
+    plugins = load_fake(
+        {"minisgl-test-retdict": (_thin("t24_retdict", hooks), {"t24retdict": "t24_retdict"})}
+    )
+    info = next(i for i in plugins.infos if i.name == "t24retdict")
+    assert info.status == "failed"
+    assert info.reason == "minisgl_register_policies returned a dict; call register(name, target) instead"
+    with pytest.raises(PluginError) as raised:
+        plugins.resolve("policies", "t24-pol")
+    assert str(raised.value).startswith(
+        "--policy 't24-pol' is unavailable: plugin 't24retdict' (minisgl-test-retdict 0.1.0) failed to load: "
+        "minisgl_register_policies returned a dict"
+    ), raised.value
+
+
 @pytest.mark.parametrize("name", ["", " spaced name", "a,b", "-dash", "tab\there"])
 def test_a_name_no_flag_could_select_fails_the_plugin(load_fake, name):
     """``register("", ...)`` and ``register("a b,c", ...)`` were taken: ``minisgl plugins`` and

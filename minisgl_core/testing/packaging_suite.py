@@ -179,8 +179,12 @@ class PluginPackagingSuite:
         for kind, hook in KIND_HOOKS.items():
             if hasattr(module, hook):
                 calls: list[tuple[str, str]] = []
-                getattr(module, hook)(
+                returned = getattr(module, hook)(
                     register=lambda name, target, _calls=calls: _calls.append((name, target))
+                )
+                # (the core's loader fails the plugin: what is returned is never registered)
+                assert returned is None, (
+                    f"{hook} returned a {type(returned).__name__}; call register(name, target) instead"
                 )
                 out[kind] = calls
         return out
