@@ -698,7 +698,10 @@ class Plugins:
         mine = self.fingerprint()
         if mine == expected:
             return
-        differences = state_differences(launcher_state, self.state()) if launcher_state is not None else []
+        reasons = {i.name: i.reason for i in self.infos}
+        differences = (
+            state_differences(launcher_state, self.state(), reasons) if launcher_state is not None else []
+        )
         what = "; ".join(differences) if differences else f"here: {self.summary()}"
         raise PluginError(
             f"{where} sees a different set of plugins than the launcher (fingerprint {mine} != "
@@ -870,8 +873,12 @@ def _hook_failure(info: PluginInfo, hook_name: str, exc: Exception) -> PluginErr
     )
 
 
-def state_differences(launcher: list[list[Any]], here: list[list[Any]]) -> list[str]:
-    """What differs between two :meth:`Plugins.state` rows, plugin by plugin, in words."""
+def state_differences(
+    launcher: list[list[Any]], here: list[list[Any]], reasons_here: dict[str, str | None] | None = None
+) -> list[str]:
+    """What differs between two :meth:`Plugins.state` rows, plugin by plugin, in words;
+    ``reasons_here``: each plugin's reason in this process, said with a status that differs (a
+    plugin whose import failed only in a worker said "failed here" and not why)."""
     theirs, mine = {row[0]: row for row in launcher}, {row[0]: row for row in here}
     found = []
     for name in sorted(theirs.keys() | mine.keys()):
@@ -883,7 +890,11 @@ def state_differences(launcher: list[list[Any]], here: list[list[Any]]) -> list[
         else:
             for i, label in ((1, "distribution"), (2, "version"), (3, "status")):
                 if a[i] != b[i]:
-                    found.append(f"plugin {name!r} has {label} {a[i]} in the launcher, {b[i]} here")
+                    why = (reasons_here or {}).get(name) if label == "status" else None
+                    found.append(
+                        f"plugin {name!r} has {label} {a[i]} in the launcher, {b[i]} here"
+                        + (f": {why}" if why else "")
+                    )
             for kind in sorted(a[4].keys() | b[4].keys()):
                 if a[4].get(kind, []) != b[4].get(kind, []):
                     found.append(

@@ -369,7 +369,9 @@ def test_fingerprint_is_stable_and_sensitive():
     # with the launcher's state the message says what differs, not two digests and a list
     with pytest.raises(
         PluginError,
-        match=r"the naive process .*: plugin 'naive' has status ok in the launcher, disabled here; plugin 'naive' registered caches \['naive'\] in the launcher, \[\] here\. Install",
+        match=r"the naive process .*: plugin 'naive' has status ok in the launcher, disabled here: named in "
+        r"MINISGL_DISABLE_PLUGINS or --disable-plugin; plugin 'naive' registered caches \['naive'\] in the "
+        r"launcher, \[\] here\. Install",
     ):
         c.check_fingerprint(a.fingerprint(), "the naive process", a.state())
     launcher = a.state()
@@ -751,6 +753,22 @@ def test_hook_mistakes_fail_the_plugin_saying_what_is_wrong(load_fake):
     assert infos["t9nohooks"].status == "failed" and "implements no minisgl hook" in infos["t9nohooks"].reason
     with pytest.raises(PluginError, match="'t9extra'.*failed to load"):
         plugins.resolve("policies", "t9-extra")
+
+
+def test_a_plugin_failing_only_in_a_worker_says_why_in_the_fingerprint_error(load_fake):
+    """A thin module whose import fails only in a server's worker process stopped the server with
+    "has status ok in the launcher, failed here", and its ImportError's text was nowhere."""
+    worker_only = {"t25_worker/__init__.py": "raise ImportError('libfoo.so not found in worker')\n"}
+    launcher = Plugins.load().state() + [
+        ["t25worker", "minisgl-test-worker", "0.1.0", "ok", {"policies": []}]
+    ]
+    here = load_fake({"minisgl-test-worker": (worker_only, {"t25worker": "t25_worker"})})
+    with pytest.raises(PluginError) as raised:
+        here.check_fingerprint("0" * 16, "the detokenizer process", launcher)
+    assert (
+        "plugin 't25worker' has status ok in the launcher, failed here: import failed: ImportError: "
+        "libfoo.so not found in worker" in str(raised.value)
+    ), raised.value
 
 
 def test_a_registration_hook_that_returns_its_names_fails_the_plugin(load_fake):
