@@ -22,7 +22,6 @@ on a dummy decode batch, capture ``forward``; per replay, copy the real batch's 
 
 from __future__ import annotations
 
-import functools
 import importlib
 import itertools
 import math
@@ -42,6 +41,7 @@ from minisgl_core.testing.paged import (
     reference_attention,
     store_prefixes,
 )
+from minisgl_core.testing.targets import registered, resolve
 
 KNOWN_CAPABILITIES = frozenset(
     {"prefill", "decode", "cuda_graph", "page_size>1", "cascade", "prestored_kv", "kv_fp8", "mixed"}
@@ -83,12 +83,9 @@ class Problem(NamedTuple):
     values: list[list[torch.Tensor]]
 
 
-@functools.cache
 def registered_attention_backend(name: str) -> type[AttentionBackend]:
     """The class an installed plugin registers as attention backend ``name`` (through the core's loader)."""
-    from minisgl_core.plugins import Plugins
-
-    return Plugins.load().resolve("attention", name)
+    return registered("attention", name)
 
 
 def import_target(target: str) -> Any:
@@ -133,9 +130,7 @@ class AttentionBackendSuite:
         target = cls.backend_cls
         if target is None:
             raise TypeError(f"{cls.__name__} must set backend_cls")
-        if isinstance(target, str):
-            return import_target(target) if ":" in target else registered_attention_backend(target)
-        return target
+        return resolve("attention", target)
 
     @pytest.fixture(autouse=True)
     def _available(self) -> None:

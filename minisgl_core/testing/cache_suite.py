@@ -4,7 +4,7 @@ Subclass :class:`CacheManagerSuite` in a test module and set ``cache_cls`` (and,
 ``page_sizes``)::
 
     class TestMyCache(CacheManagerSuite):
-        cache_cls = MyCache
+        cache_cls = MyCache      # or "module:Class", or the name your plugin registers ("mine")
 
 It runs a randomized model of how the core drives a cache (:class:`CacheUsageModel`: requests
 match, lock, allocate, decode, insert, free and unlock while others run; eviction under pool
@@ -33,6 +33,7 @@ from hypothesis.stateful import (
 )
 
 from minisgl_core.api import CacheManager, PrefixMatch
+from minisgl_core.testing.targets import resolve
 
 PREFIX_REUSE = "prefix_reuse"
 #: a small alphabet, so random prompts share prefixes often
@@ -256,7 +257,8 @@ class CacheUsageModel(RuleBasedStateMachine):
 class CacheManagerSuite:
     """Tests every cache manager passes. Subclass it as ``Test...`` and set ``cache_cls``."""
 
-    cache_cls: ClassVar[type[CacheManager]]
+    #: the cache manager: its class, "package.module:Class", or a name an installed plugin registers
+    cache_cls: ClassVar[type[CacheManager] | str]
     page_sizes: ClassVar[tuple[int, ...]] = (1, 4)
     #: slots in the randomized model's pool: small, so eviction under pressure happens often
     num_slots: ClassVar[int] = 32
@@ -272,21 +274,27 @@ class CacheManagerSuite:
         if "page_size" in metafunc.fixturenames:
             metafunc.parametrize("page_size", self.page_sizes, ids=[f"page{p}" for p in self.page_sizes])
 
+    @classmethod
+    def cache_class(cls) -> type[CacheManager]:
+        if getattr(cls, "cache_cls", None) is None:
+            raise TypeError(f"{cls.__name__} must set cache_cls")
+        return resolve("caches", cls.cache_cls)
+
     def make_cache(self, page_size: int) -> CacheManager:
-        return self.cache_cls(page_size=page_size)
+        return self.cache_class()(page_size=page_size)
 
     def require(self, capability: str) -> None:
-        if capability not in self.cache_cls.capabilities:
-            pytest.skip(f"{self.cache_cls.__name__} does not declare {capability!r}")
+        if capability not in self.cache_class().capabilities:
+            pytest.skip(f"{self.cache_class().__name__} does not declare {capability!r}")
 
     def test_random_usage(self, page_size: int) -> None:
         model = type(
-            f"{self.cache_cls.__name__}UsageModel",
+            f"{self.cache_class().__name__}UsageModel",
             (CacheUsageModel,),
             {
                 "make_cache": staticmethod(lambda: self.make_cache(page_size)),
                 "page_size": page_size,
-                "prefix_reuse": PREFIX_REUSE in self.cache_cls.capabilities,
+                "prefix_reuse": PREFIX_REUSE in self.cache_class().capabilities,
                 "num_slots": self.num_slots,
             },
         )

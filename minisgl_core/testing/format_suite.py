@@ -5,7 +5,7 @@ tiny random Hugging Face model (safetensors, byte-level BPE tokenizer, ChatML te
 format::
 
     class TestMyFormat(WeightFormatSuite):
-        format_cls = MyFormat
+        format_cls = MyFormat                 # or "module:Class", or the registered name ("mine")
         weight_tolerance = 0.01               # lossy formats: max error / largest |weight|
         capabilities = frozenset({"tokenizer", "chat_template", "truncation"})
 
@@ -28,6 +28,7 @@ import pytest
 import torch
 
 from minisgl_core.api import WeightFormat
+from minisgl_core.testing.targets import resolve
 
 TOKENIZER = "tokenizer"
 CHAT_TEMPLATE = "chat_template"
@@ -53,7 +54,8 @@ _MESSAGES = [
 
 
 class WeightFormatSuite:
-    format_cls: ClassVar[type[WeightFormat]]
+    #: the weight format: its class, "package.module:Class", or a name an installed plugin registers
+    format_cls: ClassVar[type[WeightFormat] | str]
     #: the tiny models written and read back, by Hugging Face architecture
     architectures: ClassVar[tuple[str, ...]] = ("LlamaForCausalLM", "Qwen3ForCausalLM")
     #: largest allowed |read - written| of a weight, relative to that weight's largest |value|
@@ -86,33 +88,41 @@ class WeightFormatSuite:
             written[arch] = (hf_dir, cls().write(hf_dir, out_dir))
         return written
 
+    @classmethod
+    def format_class(cls) -> type[WeightFormat]:
+        if getattr(cls, "format_cls", None) is None:
+            raise TypeError(f"{cls.__name__} must set format_cls")
+        return resolve("formats", cls.format_cls)
+
     def _require(self, capability: str) -> None:
         if capability not in self.capabilities:
-            pytest.skip(f"{self.format_cls.__name__} does not declare {capability!r}")
+            pytest.skip(f"{self.format_class().__name__} does not declare {capability!r}")
 
     # ------------------------------------------------------------------ tests
 
     def test_detects_what_it_wrote_and_nothing_else(self, round_trip, tmp_path: Path) -> None:
         for _, path in round_trip.values():
-            assert self.format_cls.detect(Path(path)), f"detect({path}) is false for a file it wrote"
-        assert not self.format_cls.detect(tmp_path), "detect() accepts an empty directory"
-        assert not self.format_cls.detect(tmp_path / "missing"), "detect() accepts a path that does not exist"
+            assert self.format_class().detect(Path(path)), f"detect({path}) is false for a file it wrote"
+        assert not self.format_class().detect(tmp_path), "detect() accepts an empty directory"
+        assert not self.format_class().detect(tmp_path / "missing"), (
+            "detect() accepts a path that does not exist"
+        )
         stray = tmp_path / "notes.txt"
         stray.write_text("not a model")
-        assert not self.format_cls.detect(stray), "detect() accepts a text file"
+        assert not self.format_class().detect(stray), "detect() accepts a text file"
 
     def test_open_model_picks_this_format(self, round_trip) -> None:
         from minisgl_core.checkpoint.formats import open_model
 
         for _, path in round_trip.values():
-            assert isinstance(open_model(path), self.format_cls)
+            assert isinstance(open_model(path), self.format_class())
 
     def test_config_round_trips(self, round_trip) -> None:
         from minisgl_core.checkpoint.formats import load_hf_config
         from minisgl_core.layers.rotary import rope_parameters
 
         for arch, (hf_dir, path) in round_trip.items():
-            expected, actual = load_hf_config(hf_dir), self.format_cls(Path(path)).hf_config()
+            expected, actual = load_hf_config(hf_dir), self.format_class()(Path(path)).hf_config()
             for key in _CONFIG_KEYS:
                 assert actual.get(key) == expected.get(key), f"{arch}: config[{key!r}]"
             # read as the model plugins read them (transformers 5 nests rope_theta in rope_parameters)
@@ -134,7 +144,7 @@ class WeightFormatSuite:
             expected = dict(iter_checkpoint(hf_dir))
             if load_hf_config(hf_dir).get("tie_word_embeddings"):
                 expected.pop("lm_head.weight", None)  # a format may store a tied head once
-            source = self.format_cls(Path(path))
+            source = self.format_class()(Path(path))
             actual = dict(source.weights(dtype))
             if "lm_head.weight" not in expected:
                 actual.pop("lm_head.weight", None)
@@ -165,7 +175,7 @@ class WeightFormatSuite:
         for arch, (hf_dir, path) in round_trip.items():
             if self.tokenizer_architectures is not None and arch not in self.tokenizer_architectures:
                 continue
-            expected, actual = load_tokenizer_dir(hf_dir), self.format_cls(Path(path)).tokenizer()
+            expected, actual = load_tokenizer_dir(hf_dir), self.format_class()(Path(path)).tokenizer()
             for text in texts:
                 ids = actual.encode(text, add_special_tokens=False)
                 assert ids == expected.encode(text, add_special_tokens=False), f"{arch}: ids of {text!r}"
@@ -178,7 +188,9 @@ class WeightFormatSuite:
 
         for arch, (hf_dir, path) in round_trip.items():
             expected = apply_chat_template(load_tokenizer_dir(hf_dir), _MESSAGES)
-            assert apply_chat_template(self.format_cls(Path(path)).tokenizer(), _MESSAGES) == expected, arch
+            assert apply_chat_template(self.format_class()(Path(path)).tokenizer(), _MESSAGES) == expected, (
+                arch
+            )
 
     def test_truncated_file_fails_when_opened(self, round_trip, tmp_path: Path) -> None:
         self._require(TRUNCATION)
@@ -198,4 +210,4 @@ class WeightFormatSuite:
             damaged.write_bytes(data[: len(data) * 2 // 3])
             target = damaged_dir if path.is_dir() else damaged
             with pytest.raises(ValueError, match="truncated"):
-                self.format_cls(target)
+                self.format_class()(target)

@@ -38,7 +38,7 @@ from minisgl_core.api import (
     allowed_tokens,
     bitmask_width,
 )
-from minisgl_core.testing.policy_suite import resolve
+from minisgl_core.testing.targets import resolve
 
 #: ids past the tokenizer's vocabulary that the (pretend) model still has logits for
 VOCAB_PADDING = 37

@@ -28,13 +28,13 @@ import torch
 from minisgl_core.api import Model, ParallelContext
 from minisgl_core.checkpoint.formats import iter_checkpoint, load_hf_config
 from minisgl_core.testing.harness import PagedSequences, make_attention
-from minisgl_core.testing.policy_suite import resolve
 from minisgl_core.testing.reference import (
     check_batch_against_transformers,
     check_greedy_against_transformers,
     checkpoint_names,
     load_model,
 )
+from minisgl_core.testing.targets import resolve
 
 KNOWN_CAPABILITIES = frozenset({"transformers_reference", "tensor_parallel"})
 

@@ -31,7 +31,7 @@ from minisgl_core.api import (
     ToolParser,
     merge_tool_deltas,
 )
-from minisgl_core.testing.policy_suite import resolve
+from minisgl_core.testing.targets import resolve
 
 #: a function offered by every request the suite makes (the samples' calls name it, or set ``tools``)
 WEATHER_TOOLS = [

@@ -17,7 +17,6 @@ subclass. Tests of undeclared capabilities are skipped.
 
 from __future__ import annotations
 
-import importlib
 import random
 from types import FunctionType
 from typing import Any, ClassVar
@@ -26,20 +25,9 @@ import pytest
 
 from minisgl_core.api import CacheManager, SchedulingPolicy
 from minisgl_core.testing.policy_sim import Simulation
+from minisgl_core.testing.targets import resolve  # (also imported from here by name: kept)
 
 KNOWN_CAPABILITIES = frozenset({"chunked_prefill", "bounded_starvation"})
-
-
-def resolve(kind: str, target: type | str) -> type:
-    """A class given as itself, as ``"module:Class"``, or as a name an installed plugin registers."""
-    if not isinstance(target, str):
-        return target
-    if ":" in target:
-        module, _, attribute = target.partition(":")
-        return getattr(importlib.import_module(module), attribute)
-    from minisgl_core.plugins import Plugins
-
-    return Plugins.load().resolve(kind, target)
 
 
 def random_workload(

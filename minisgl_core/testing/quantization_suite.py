@@ -3,7 +3,7 @@
     from minisgl_core.testing.quantization_suite import QuantizationMethodSuite
 
     class TestMyMethod(QuantizationMethodSuite):
-        method_cls = MyMethod
+        method_cls = MyMethod         # or "module:Class", or the registered name ("mine")
         max_relative_error = 0.02     # what your format's rounding allows
 
 Each linear layer of :mod:`minisgl_core.layers` (fused q/k/v, merged gate/up, row-parallel;
@@ -29,6 +29,7 @@ from torch import nn
 
 from minisgl_core.api import ParallelContext, QuantizationMethod
 from minisgl_core.layers import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from minisgl_core.testing.targets import resolve
 
 HIDDEN, HEAD_DIM, HEADS, KV_HEADS, INTERMEDIATE = 256, 32, 8, 2, 512
 
@@ -56,21 +57,29 @@ def _checkpoint(layer_kind: str, bias: bool, generator: torch.Generator) -> dict
 
 
 class QuantizationMethodSuite:
-    method_cls: ClassVar[type[QuantizationMethod]]
+    #: the method: its class, "package.module:Class", or a name an installed plugin registers
+    method_cls: ClassVar[type[QuantizationMethod] | str]
     device: ClassVar[str] = "cpu"
     dtype: ClassVar[torch.dtype] = torch.float32
     #: the largest relative error (Frobenius) of a layer's output against the unquantized layer
     max_relative_error: ClassVar[float] = 0.05
+
+    @classmethod
+    def method_class(cls) -> type[QuantizationMethod]:
+        if getattr(cls, "method_cls", None) is None:
+            raise TypeError(f"{cls.__name__} must set method_cls")
+        return resolve("quantization", cls.method_cls)
 
     @pytest.fixture
     def method(self) -> QuantizationMethod:
         device = torch.device(self.device)
         if device.type == "cuda" and not torch.cuda.is_available():
             pytest.skip("no CUDA device")
-        why = self.method_cls.availability(device)
+        method_cls = self.method_class()
+        why = method_cls.availability(device)
         if why is not None:
-            pytest.skip(f"{self.method_cls.__name__} unavailable on {device}: {why}")
-        return self.method_cls(device=device, dtype=self.dtype)
+            pytest.skip(f"{method_cls.__name__} unavailable on {device}: {why}")
+        return method_cls(device=device, dtype=self.dtype)
 
     def _layer(self, layer_kind: str, bias: bool) -> nn.Module:
         options = {"parallel": ParallelContext(), "bias": bias, "dtype": self.dtype, "device": self.device}
