@@ -20,6 +20,9 @@ from minisgl_core.plugins import NOT_LOADED, PluginError, Plugins
 def _cmd_plugins(args: argparse.Namespace) -> int:
     plugins = Plugins.load(disable=args.disable_plugin)
     plugins.check_classes()
+    # serve's and shell's parsers, as a start builds them: a plugin whose options are left out
+    # there (one raised, or takes a core flag) is listed so
+    build_parser(plugins)
     listing = plugins.listing()
     if args.json:
         print(json.dumps(listing, indent=2))
@@ -165,7 +168,8 @@ def build_parser(plugins: Plugins | None = None) -> argparse.ArgumentParser:
         "--check",
         action="store_true",
         help="exit 1 when a plugin did not load for a fault of its own (failed, incompatible, "
-        "conflict): for a script, e.g. a plugin's CI after installing it",
+        "conflict; also a plugin whose CLI options are left out): for a script, e.g. a plugin's CI "
+        "after installing it",
     )
     p.add_argument(
         "--disable-plugin",

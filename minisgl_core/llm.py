@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import itertools
@@ -20,9 +21,10 @@ from minisgl_core.api import ParallelContext, ProcessContext
 from minisgl_core.checkpoint.path_check import check_model_path
 from minisgl_core.checkpoint.resolve import resolve_model
 from minisgl_core.config import SPECULATIVE_TUNING, ConfigError, EngineConfig
+from minisgl_core.config_args import add_engine_args
 from minisgl_core.engine.engine import Engine
 from minisgl_core.grammars import check_grammar_backend
-from minisgl_core.plugins import Plugins
+from minisgl_core.plugins import PluginInfo, Plugins, option_default
 from minisgl_core.request_limits import truncate_prompt
 from minisgl_core.sampling import SamplingParams, TokenLogprob, merge_sampling, short_repr
 from minisgl_core.setting_names import NOT_NEEDED_KEYWORDS, VLLM_KEYWORDS, Spelling
@@ -146,6 +148,12 @@ _VLLM_OPTIONS = VLLM_KEYWORDS
 _NOT_NEEDED_OPTIONS = NOT_NEEDED_KEYWORDS
 
 
+#: the plugins' option failures this process warned about (see LLM._start)
+_WARNED_OPTION_HOOKS: set[str] = set()
+#: LLM's settings: EngineConfig's fields
+_SETTINGS = frozenset(f.name for f in dataclasses.fields(EngineConfig))
+
+
 def _plugins_options() -> dict[str, Any]:
     """The installed plugins' options (for a hint only: a failure to load says nothing here)."""
     try:
@@ -154,19 +162,83 @@ def _plugins_options() -> dict[str, Any]:
         return {}
 
 
-def _check_plugin_option_names(given: Mapping[str, Any], defaults: Mapping[str, Any]) -> None:
+def _check_plugin_option_names(
+    given: Mapping[str, Any], defaults: Mapping[str, Any], left_out: Sequence[str] = ()
+) -> None:
     """``plugin_options``: each name an installed plugin's option (a misspelt one was taken, and
-    the plugin read its default), as the command line refuses a flag no plugin added."""
+    the plugin read its default), as the command line refuses a flag no plugin added;
+    ``left_out``: why some plugins' options were left out (said with the refusal)."""
     import difflib
 
     for name in given:
         if name not in defaults:
             near = difflib.get_close_matches(str(name), list(defaults), n=1)
             hint = f"did you mean {near[0]!r}? " if near else ""
+            if name in _SETTINGS:  # (LLM(page_size=2) is the engine's; the option of a plugin is not)
+                hint = f"it is LLM's own setting: pass {name}={given[name]!r}; "
+            also = "".join(f"; {why}" for why in left_out)
             raise ValueError(
                 f"plugin_options has {name!r}, which no installed plugin's options has; {hint}"
-                f"(the plugins' options: {', '.join(map(repr, defaults)) or 'none'})"
+                f"(the plugins' options: {', '.join(map(repr, defaults)) or 'none'}{also})"
             )
+
+
+def _plugin_option_value(name: str, value: Any, action: argparse.Action, plugin: PluginInfo) -> Any:
+    """``plugin_options[name]`` as the command line would take it: a string converted with the
+    option's ``type``, and one of its ``choices`` if it has them (``{"x": "nine"}`` for an int
+    option reached the plugin as the string); a ConfigError naming the option, its plugin and what
+    it takes otherwise."""
+    whose = (
+        f"plugin {plugin.name!r} ({plugin.distribution} {plugin.version}) option {action.option_strings[-1]}"
+    )
+    given = f"plugin_options={{{name!r}: {value!r}}}"
+    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{given}: {whose} is a switch: pass True or False", "plugin_options")
+        return value
+    many = action.nargs not in (None, "?") and isinstance(value, (list, tuple))
+    values = []
+    for item in value if many else [value]:
+        kind = action.type
+        if isinstance(item, str) and callable(kind):
+            try:
+                item = kind(item)
+            except Exception as exc:  # noqa: BLE001 - argparse refuses any failure of the type
+                what = getattr(kind, "__name__", repr(kind))
+                raise ConfigError(f"{given}: {whose} takes {what} values: {exc}", "plugin_options") from None
+        elif (
+            isinstance(kind, type)
+            and not isinstance(item, kind)
+            and not (kind is float and isinstance(item, int))
+        ):
+            raise ConfigError(
+                f"{given}: {whose} takes {kind.__name__} values, got {type(item).__name__}", "plugin_options"
+            )
+        if action.choices is not None and item not in action.choices:
+            allowed = ", ".join(map(repr, action.choices))
+            raise ConfigError(f"{given}: {whose} takes one of {allowed}", "plugin_options")
+        values.append(item)
+    return values if many else values[0]
+
+
+def _process_options(plugins: Plugins, config: EngineConfig, options: dict[str, Any]) -> dict[str, Any]:
+    """``ctx.options`` offline: the settings given, with the plugins' own options at the top level
+    as under serve (``ctx.options["example_max_wait"]``), each at its default unless
+    ``plugin_options`` gives it (checked as the command line checks its flags). The options of a
+    plugin taking an engine setting's flag (``--page-size``) are left out as serve leaves them out:
+    they overwrote the setting in every plugin's ``ctx.options``."""
+    core = argparse.ArgumentParser(add_help=False)
+    add_engine_args(core)
+    actions, failures = plugins.option_actions(core)
+    for failure in failures:
+        if str(failure) not in _WARNED_OPTION_HOOKS:  # (once a process, as the command line does)
+            _WARNED_OPTION_HOOKS.add(str(failure))
+            logger.warning("%s; its options are not available", failure)
+    defaults = {dest: option_default(action) for dest, (action, _) in actions.items()}
+    left_out = [f"plugin {i.name!r}: {i.options_left_out[1]}" for i in plugins.infos if i.options_left_out]
+    _check_plugin_option_names(config.plugin_options, defaults, left_out)
+    given = {k: _plugin_option_value(k, v, *actions[k]) for k, v in config.plugin_options.items()}
+    return defaults | {k: v for k, v in options.items() if k != "plugin_options"} | given
 
 
 def _check_option_names(options: Mapping[str, Any]) -> None:
@@ -291,15 +363,7 @@ class LLM:
             )
         plugins = Plugins.load(disable=disable_plugins, spelling=spelling)
         check_grammar_backend(plugins, config.grammar_backend, EngineConfig.grammar_backend)
-        # plugins' own options at the top level, as under serve (ctx.options["example_max_wait"]),
-        # each at its default unless given
-        defaults = plugins.option_defaults()
-        _check_plugin_option_names(config.plugin_options, defaults)
-        options = (
-            defaults
-            | {k: v for k, v in options.items() if k != "plugin_options"}
-            | dict(config.plugin_options)
-        )
+        options = _process_options(plugins, config, options)
         self._context = ProcessContext(role="offline", options=options)
         plugins.call_hook("minisgl_process_start", ctx=self._context)
         self.engine = Engine(self.config, ParallelContext(), plugins)

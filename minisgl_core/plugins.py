@@ -154,6 +154,9 @@ class PluginInfo:
     #: kind -> names the plugin registered before it failed, or would register were its API
     #: compatible: never selectable, only for the errors of a user who selects one
     unusable: dict[str, list[str]] = field(default_factory=lambda: {k: [] for k in KINDS})
+    #: (the listing's status, why) when its ``minisgl_add_cli_options`` options were left out of
+    #: a parser (see :meth:`Plugins.add_cli_options`): it loads, but users cannot set them
+    options_left_out: tuple[Status, str] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -741,10 +744,18 @@ class Plugins:
         join ``parser`` only when the hook returns and none of them clashes with an option already
         there: a hook that raised after adding some left them in ``--help`` and parsed, where the
         docs promise its options left out. The failures, each naming its plugin, are returned
-        (every other plugin's options still join)."""
+        (every other plugin's options still join) and kept as the plugin's ``options_left_out``,
+        which ``minisgl plugins`` lists."""
+        return self._add_cli_options(parser)[1]
+
+    def _add_cli_options(self, parser: Any) -> tuple[dict[str, tuple[Any, PluginInfo]], list[PluginError]]:
+        """:meth:`add_cli_options`, also returning the argparse action of each option that joined,
+        with its plugin, by ``dest``."""
         import argparse
 
         failures: list[PluginError] = []
+        joined: dict[str, tuple[Any, PluginInfo]] = {}
+        owners: dict[str, str] = {}  # option string -> the plugin that added it here
         for info in self.infos:
             if info.status != "ok":
                 continue
@@ -755,37 +766,57 @@ class Plugins:
             )
             try:
                 caller(parser=own)
-                taken = sorted(
+                # (checked first: argparse's merge would add the options before a clash)
+                taken = [
                     o for a in own._actions for o in a.option_strings if o in parser._option_string_actions
-                )
-                if taken:  # (checked first: argparse's merge would add the options before a clash)
-                    raise ValueError(
-                        f"option {', '.join(taken)} is taken already (by the core or another plugin)"
-                    )
-                parser._add_container_actions(own)  # argparse's own merge, as for ``parents=``: groups kept
+                ]
+                if not taken:  # argparse's own merge, as for ``parents=``: groups kept
+                    parser._add_container_actions(own)
             except Exception as exc:
+                info.options_left_out = (
+                    "failed",
+                    f"hook minisgl_add_cli_options raised {type(exc).__name__}: {exc}, so its CLI "
+                    "options were left out",
+                )
                 failures.append(_hook_failure(info, "minisgl_add_cli_options", exc))
-        return failures
+                continue
+            if taken:  # two meanings for one flag: the plugin's options are left out, whole
+                clash = ", ".join(
+                    f"{o} is taken by {f'plugin {owners[o]!r}' if o in owners else 'the core'}"
+                    for o in sorted(taken)
+                )
+                info.options_left_out = ("conflict", f"its CLI options were left out: {clash}")
+                failures.append(
+                    PluginError(
+                        f"plugin {info.name!r} ({info.distribution} {info.version}) hook "
+                        f"minisgl_add_cli_options: {clash}: rename the plugin's options (--{info.name}-...)"
+                    )
+                )
+                continue
+            for action in own._actions:
+                owners.update(dict.fromkeys(action.option_strings, info.name))
+                joined[action.dest] = (action, info)
+        return joined, failures
 
-    def option_defaults(self) -> dict[str, Any]:
-        """The plugins' own options (``minisgl_add_cli_options``) by argparse ``dest``, each at its
-        default as the command line would parse it: what ``ctx.options`` holds under ``serve``
-        when none is given, so that the offline ``LLM`` hands plugins the same keys (a plugin
-        reading ``ctx.options["example_max_wait"]`` got a KeyError offline)."""
+    def option_actions(self, core: Any = None) -> tuple[dict[str, tuple[Any, PluginInfo]], list[PluginError]]:
+        """The plugins' own options (``minisgl_add_cli_options``), by argparse ``dest``: each
+        option's action and plugin, as they join ``core`` (a parser holding the core's options,
+        so that a plugin taking one of them is left out as under ``serve``; None: an empty
+        one), and the failures of the plugins whose options were left out."""
         import argparse
 
         parser = argparse.ArgumentParser(add_help=False)
-        self.add_cli_options(parser)
-        defaults = {}
-        for action in parser._actions:
-            value = action.default
-            if isinstance(value, str) and callable(action.type):  # (as argparse parses it)
-                try:
-                    value = action.type(value)
-                except Exception:  # noqa: BLE001 - a default its own type refuses stays as written
-                    pass
-            defaults[action.dest] = value
-        return defaults
+        if core is not None:
+            parser._add_container_actions(core)
+        return self._add_cli_options(parser)
+
+    def option_defaults(self, core: Any = None) -> dict[str, Any]:
+        """The plugins' own options by argparse ``dest``, each at its default as the command line
+        would parse it: what ``ctx.options`` holds under ``serve`` when none is given, so that the
+        offline ``LLM`` hands plugins the same keys (a plugin reading
+        ``ctx.options["example_max_wait"]`` got a KeyError offline). ``core``: as for
+        :meth:`option_actions`."""
+        return {dest: option_default(action) for dest, (action, _) in self.option_actions(core)[0].items()}
 
     def unavailable_here(self) -> dict[str, str]:
         """Loaded plugins that cannot run on this machine (plugin name -> why): those whose every
@@ -845,6 +876,12 @@ class Plugins:
             ]
             if info.status == "ok" and info.name in unavailable:
                 row["status"], row["reason"] = "unavailable", unavailable[info.name]
+            if row["status"] in ("ok", "unavailable") and info.options_left_out is not None:
+                # it loads, but users cannot set its options: --check fails it, as a name
+                # collision or a hook that raised would
+                status, why = info.options_left_out
+                row["status"] = status
+                row["reason"] = "; ".join([*([row["reason"]] if row["reason"] else []), why])
             if notes:
                 if row["status"] in ("ok", "unavailable"):
                     row["status"] = "conflict"
@@ -863,6 +900,18 @@ class Plugins:
             if row["reason"]:
                 lines.append(f"{'':<16} {row['status']}: {row['reason']}")
         return "\n".join(lines)
+
+
+def option_default(action: Any) -> Any:
+    """An argparse option's default as the command line parses it (a string default goes through
+    the option's ``type``; one its own type refuses stays as written)."""
+    value = action.default
+    if isinstance(value, str) and callable(action.type):
+        try:
+            value = action.type(value)
+        except Exception:  # noqa: BLE001 - the plugin's default, as written
+            pass
+    return value
 
 
 def _hook_failure(info: PluginInfo, hook_name: str, exc: Exception) -> PluginError:

@@ -996,6 +996,138 @@ def test_options_of_a_hook_that_raised_or_clashed_are_left_out_whole(load_fake, 
     assert "t22half_x" not in defaults  # (offline no core option is there to clash with)
 
 
+CORE_FLAG_OPTIONS = """
+SEEN = []
+
+@hookimpl
+def minisgl_add_cli_options(parser):
+    parser.add_argument("--t26core-level", type=int, default=1)
+    parser.add_argument("--page-size", type=int, default=7)
+
+@hookimpl
+def minisgl_process_start(ctx):
+    SEEN.append(dict(ctx.options))
+    raise RuntimeError("seen: stop before the model loads")
+"""
+
+
+def test_offline_leaves_out_the_options_of_a_plugin_taking_a_core_flag(load_fake, caplog):
+    """Serve leaves out the options of a plugin one of whose takes a core flag (--page-size);
+    offline kept them all, so every plugin's ctx.options["page_size"] was that plugin's default
+    and ``plugin_options={"page_size": 4}`` was taken (found by a probe)."""
+    import logging
+
+    from minisgl_core.llm import LLM
+
+    load_fake({"minisgl-test-coreflag": (_thin("t26_core", CORE_FLAG_OPTIONS), {"t26core": "t26_core"})})
+    with caplog.at_level(logging.WARNING, logger="minisgl_core.llm"):
+        with pytest.raises(PluginError, match="seen: stop"):
+            LLM("demo", page_size=2)
+    import t26_core
+
+    [options] = t26_core.SEEN
+    assert "t26core_level" not in options and options.get("page_size") != 7, options
+    assert (
+        "plugin 't26core' (minisgl-test-coreflag 0.1.0) hook minisgl_add_cli_options: --page-size is "
+        "taken by the core" in caplog.text
+    ), caplog.text
+    with pytest.raises(
+        ValueError, match=r"plugin_options has 'page_size', .*it is LLM's own setting: pass page_size=4"
+    ):
+        LLM("demo", plugin_options={"page_size": 4})
+    with pytest.raises(
+        ValueError,
+        match=r"plugin_options has 't26core_level', .*plugin 't26core': its CLI options were left out: "
+        r"--page-size is taken by the core",
+    ):
+        LLM("demo", plugin_options={"t26core_level": 3})
+    assert len(t26_core.SEEN) == 1  # (both refused before any process hook)
+
+
+def test_the_listing_fails_a_plugin_whose_options_are_left_out(load_fake, capsys):
+    """A plugin whose options serve leaves out (one takes a core flag, or its hook raised) was
+    listed ``ok`` with no reason, and ``minisgl plugins --check`` exited 0."""
+    import argparse
+
+    from minisgl_core.cli import _cmd_plugins
+
+    load_fake(
+        {
+            "minisgl-test-coreflag": (_thin("t26_core", CORE_FLAG_OPTIONS), {"t26core": "t26_core"}),
+            "minisgl-test-half": (_thin("t22_half", HALF_OPTIONS), {"t22half": "t22_half"}),
+            "minisgl-test-good": (_thin("t21_good", GOOD_OPTIONS), {"t21good": "t21_good"}),
+        }
+    )
+    args = argparse.Namespace(disable_plugin=[], json=True, check=True)
+    assert _cmd_plugins(args) == 1
+    rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)}
+    assert rows["t26core"]["status"] == "conflict"
+    assert rows["t26core"]["reason"] == "its CLI options were left out: --page-size is taken by the core"
+    assert rows["t22half"]["status"] == "failed"
+    assert rows["t22half"]["reason"] == (
+        "hook minisgl_add_cli_options raised RuntimeError: half boom, so its CLI options were left out"
+    )
+    assert rows["t21good"]["status"] == "ok" and rows["t21good"]["reason"] is None
+
+
+CHECKED_OPTIONS = """
+SEEN = []
+
+@hookimpl
+def minisgl_add_cli_options(parser):
+    parser.add_argument("--t27typed-flag", choices=["a", "b"], default="a")
+    parser.add_argument("--t27typed-max-wait", type=int, default=32)
+    parser.add_argument("--t27typed-verbose", action="store_true")
+
+@hookimpl
+def minisgl_process_start(ctx):
+    SEEN.append(dict(ctx.options))
+    raise RuntimeError("seen: stop before the model loads")
+"""
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"t27typed_flag": "zzz"}, "option --t27typed-flag takes one of 'a', 'b'"),
+        ({"t27typed_flag": 5}, "option --t27typed-flag takes one of 'a', 'b'"),
+        ({"t27typed_max_wait": "nine"}, "option --t27typed-max-wait takes int values: invalid literal"),
+        ({"t27typed_max_wait": 9.5}, "option --t27typed-max-wait takes int values, got float"),
+        ({"t27typed_verbose": "yes"}, "option --t27typed-verbose is a switch: pass True or False"),
+    ],
+)
+def test_plugin_options_are_checked_as_the_command_line_checks_them(load_fake, given, message):
+    """``plugin_options`` values went to the plugin as given: a choice the option does not offer,
+    a string for an int option ("nine", which serve's argparse refuses) (found by a probe)."""
+    from minisgl_core.config import ConfigError
+    from minisgl_core.llm import LLM
+
+    load_fake({"minisgl-test-typed": (_thin("t27_typed", CHECKED_OPTIONS), {"t27typed": "t27_typed"})})
+    with pytest.raises(ConfigError) as raised:
+        LLM("demo", plugin_options=given)
+    assert str(raised.value).startswith(
+        f"plugin_options={given!r}: plugin 't27typed' (minisgl-test-typed 0.1.0) "
+    )
+    assert message in str(raised.value), raised.value
+    assert raised.value.fields == ("plugin_options",)
+
+
+def test_plugin_options_given_as_strings_are_converted(load_fake):
+    from minisgl_core.llm import LLM
+
+    load_fake({"minisgl-test-typed": (_thin("t27_typed", CHECKED_OPTIONS), {"t27typed": "t27_typed"})})
+    with pytest.raises(PluginError, match="seen: stop"):
+        LLM("demo", plugin_options={"t27typed_max_wait": "9", "t27typed_flag": "b", "t27typed_verbose": True})
+    import t27_typed
+
+    [options] = t27_typed.SEEN
+    assert (options["t27typed_max_wait"], options["t27typed_flag"], options["t27typed_verbose"]) == (
+        9,
+        "b",
+        True,
+    )
+
+
 def test_a_plugin_whose_hooks_raise_leaves_the_others_options_and_stop_hooks(load_fake, caplog):
     """A plugin whose ``minisgl_add_cli_options`` raised dropped the options of every plugin after
     it ("unrecognized arguments: --callfmt-max-wait 5"), and one whose ``minisgl_process_stop``
