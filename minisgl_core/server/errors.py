@@ -190,10 +190,14 @@ def install_error_handlers(app: FastAPI, on_error: Callable[[int], None] = lambd
             except UnicodeDecodeError as bad:
                 err = APIError(400, _not_utf8(bad))
         kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if err.param is None and kind and kind != "application/json" and not kind.endswith("+json"):
-            # the body was not read as JSON at all: "Input should be a valid dictionary" said nothing
+        if err.param is None and kind != "application/json" and not kind.endswith("+json"):
+            # the body was not read as JSON at all: "Input should be a valid dictionary" said
+            # nothing. None is refused too (FastAPI's strict default): a web page may send a body
+            # without a type to a local server with no CORS preflight, as it may a text/plain one
             err = APIError(
-                400, f"the request body must be JSON sent as Content-Type: application/json, not {kind}"
+                400,
+                "the request body must be JSON sent as Content-Type: application/json, "
+                + (f"not {kind}" if kind else "and the request has no Content-Type"),
             )
         on_error(err.status)
         return JSONResponse(err.body(), status_code=err.status)

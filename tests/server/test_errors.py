@@ -358,6 +358,15 @@ def test_a_body_sent_as_another_content_type_says_so(server, auth):
         f"{server.url}{COMPLETIONS}", content=body, headers={**auth, "Content-Type": "application/json"}
     )
     assert ok.status_code == 200, ok.text
+    # none at all (`requests.post(url, data=json.dumps(...))`): "Input should be a valid
+    # dictionary or object" too, on every route that takes a body
+    for route in (COMPLETIONS, "/v1/chat/completions", "/generate", "/tokenize"):
+        resp = httpx.post(f"{server.url}{route}", content=body, headers=auth)
+        assert resp.status_code == 400, (route, resp.text)
+        assert resp.json()["error"]["message"] == (
+            "the request body must be JSON sent as Content-Type: application/json, and the request "
+            "has no Content-Type"
+        ), (route, resp.text)
 
 
 def test_a_compressed_body_is_a_415_saying_to_send_it_uncompressed(server, auth):
