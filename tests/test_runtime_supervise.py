@@ -230,3 +230,42 @@ def test_a_worker_is_born_with_the_stop_signals_blocked():
     blocked = queue.get(timeout=60)
     proc.join(30)
     assert {int(signal.SIGINT), int(signal.SIGTERM)} <= set(blocked), blocked
+
+
+def _main_reading_a_missing_file(spec, plugins, ctx, report_ready) -> None:
+    open(spec.payload["model"] + "/tokenizer.json")  # (the directory was deleted meanwhile)
+
+
+def test_a_file_gone_during_start_up_is_one_line_not_a_traceback(tmp_path):
+    """The model's directory deleted while the workers loaded it: each worker's FileNotFoundError
+    traceback was printed (a probe's find). The file's name says it all."""
+    import multiprocessing
+    import os
+
+    from minisgl_core.plugins import Plugins
+    from minisgl_core.processes.child import ChildSpec, run_child
+    from minisgl_core.processes.ipc import Endpoints, recv
+
+    endpoints = Endpoints.create()
+    ctx = zmq.Context()
+    control = bind_pull(ctx, endpoints.control)
+    plugins = Plugins.load()
+    spec = ChildSpec(role="tokenizer", endpoints=endpoints, fingerprint=plugins.fingerprint(),
+                     disable_plugins=(), log_level="error", launcher_pid=os.getpid(),
+                     payload={"model": str(tmp_path / "gone")}, plugin_state=plugins.state())  # fmt: skip
+    proc = multiprocessing.get_context("spawn").Process(
+        target=run_child, args=(spec, _main_reading_a_missing_file)
+    )
+    try:
+        proc.start()
+        report = recv(control, timeout_ms=60_000)
+        proc.join(30)
+    finally:
+        control.close(linger=0)
+        ctx.term()
+        endpoints.remove()
+    assert isinstance(report, ProcessFailed) and proc.exitcode == 1, report
+    assert "Traceback" not in report.error, report.error
+    assert report.error == (
+        f"FileNotFoundError: [Errno 2] No such file or directory: '{tmp_path / 'gone'}/tokenizer.json'"
+    ), report.error

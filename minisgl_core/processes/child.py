@@ -113,6 +113,12 @@ def _refused_setting(exc: BaseException) -> bool:
     )
 
 
+def _file_gone(exc: BaseException) -> bool:
+    """A file start-up read is missing, named by the error (the model's directory deleted while
+    the workers loaded it: the launcher had checked it). Its traceback adds nothing."""
+    return isinstance(exc, (FileNotFoundError, NotADirectoryError)) and exc.filename is not None
+
+
 def _lost_peer(exc: BaseException) -> bool:
     """A TP rank whose peer is gone (``distributed.PeerLost``): the message says it all, the
     traceback (a gloo broadcast's) adds nothing. Looked up only where torch is loaded."""
@@ -123,9 +129,7 @@ def _lost_peer(exc: BaseException) -> bool:
 def _refusal(exc: BaseException) -> str:
     """A refused setting as the command line that started the server says it: a ConfigError
     names its settings by their flags (``--num-kv-tokens``), not their field names."""
-    if isinstance(
-        exc, (PluginError, ModelPathError)
-    ):  # before importing config: the text workers do without torch
+    if isinstance(exc, (PluginError, ModelPathError, OSError)):  # (before config: it imports torch)
         return str(exc)
     from minisgl_core.config import ConfigError
     from minisgl_core.config_args import cli_message
@@ -170,7 +174,11 @@ def run_child(spec: ChildSpec, main: ChildMain) -> None:
     ctx = zmq.Context()
     control = connect_push(ctx, spec.endpoints.control)
 
+    ready = False
+
     def report_ready(info: dict[str, Any]) -> None:
+        nonlocal ready
+        ready = True
         # What start-up built lives as long as the process: out of the collector's full passes,
         # which otherwise stall a request-serving loop now and then (see engine._freeze_startup_objects)
         gc.collect()
@@ -191,7 +199,7 @@ def run_child(spec: ChildSpec, main: ChildMain) -> None:
         code = 0 if not exc.code else 1
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the launcher
         code = 1
-        if _refused_setting(exc):  # its message names the fix: no traceback
+        if _refused_setting(exc) or (not ready and _file_gone(exc)):  # the message says it all
             message = _refusal(exc)
             logger.error("%s process failed: %s", spec.name, message)
             error = f"{type(exc).__name__}: {message}"
