@@ -205,31 +205,44 @@ def test_a_child_ended_by_the_signal_that_stops_the_server_is_no_failure():
         ctx.term()
 
 
-def _report_mask(queue) -> None:
-    import signal
+#: run in a fresh interpreter: the first process it spawns also starts multiprocessing's resource
+#: tracker (as the launcher's first worker does), whose start unblocked the signals
+_SPAWN_THREE = """
+import multiprocessing, signal, sys
+from minisgl_core.processes.child import stop_signals_blocked
 
-    queue.put(sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])))
+def report():
+    print(sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])), flush=True)
+
+if __name__ == "__main__":
+    spawn = multiprocessing.get_context("spawn")
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    for _ in range(3):
+        with stop_signals_blocked():
+            proc = spawn.Process(target=report)
+            proc.start()
+        proc.join(60)
+    print("parent", sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])) == sorted(before))
+"""
 
 
-def test_a_worker_is_born_with_the_stop_signals_blocked():
+def test_every_worker_is_born_with_the_stop_signals_blocked(tmp_path):
     """A Ctrl-C to the group while the workers imported torch (the seconds before run_child set
     SIGINT ignored) printed each worker's KeyboardInterrupt traceback; the launcher now starts them
-    with SIGINT and SIGTERM blocked, and its own thread gets its mask back."""
-    import multiprocessing
+    with SIGINT and SIGTERM blocked, the first one too, and its own thread gets its mask back."""
+    import json
     import signal
+    import subprocess
+    import sys
 
-    from minisgl_core.processes.child import stop_signals_blocked
-
-    spawn = multiprocessing.get_context("spawn")
-    queue = spawn.Queue()
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
-    with stop_signals_blocked():
-        proc = spawn.Process(target=_report_mask, args=(queue,))
-        proc.start()
-    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before
-    blocked = queue.get(timeout=60)
-    proc.join(30)
-    assert {int(signal.SIGINT), int(signal.SIGTERM)} <= set(blocked), blocked
+    script = tmp_path / "spawn_three.py"
+    script.write_text(_SPAWN_THREE)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    stop = {int(signal.SIGINT), int(signal.SIGTERM)}
+    assert len(lines) == 4 and all(stop <= set(json.loads(line)) for line in lines[:3]), lines
+    assert lines[3] == "parent True", lines
 
 
 def _main_reading_a_missing_file(spec, plugins, ctx, report_ready) -> None:

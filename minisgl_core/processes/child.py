@@ -19,6 +19,7 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from multiprocessing import resource_tracker
 from typing import Any
 
 import zmq
@@ -41,6 +42,10 @@ def stop_signals_blocked() -> Iterator[None]:
     born with :data:`STOP_SIGNALS` blocked until :func:`run_child` ignores them (seconds of
     imports, in which a group's Ctrl-C printed each worker's traceback). This thread's own wait
     until the end of the block, then arrive."""
+    # The first spawn starts multiprocessing's resource tracker, whose start unblocks these two
+    # signals whatever was blocked before (CPython's ResourceTracker.ensure_running): start it
+    # first, or the first worker is born with them unblocked.
+    resource_tracker.ensure_running()
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         yield

@@ -3,8 +3,9 @@
 Node 0 runs the tokenizer, the detokenizer and its share of the scheduler ranks; other nodes run
 only their scheduler ranks. Every child reports ``ProcessReady`` or ``ProcessFailed`` (with its
 traceback) on the control socket; a child that dies without a word is noticed by its exit code.
-Stopping sends ``Shutdown`` down the pipeline so every process exits by itself, then terminates
-whatever is left, and removes the private socket directory.
+Stopping sends ``Shutdown`` down the pipeline so every process exits by itself, then kills
+whatever is left (SIGKILL: the workers ignore SIGTERM, which reaches them with their process
+group), and removes the private socket directory.
 """
 
 from __future__ import annotations
@@ -230,7 +231,9 @@ class Runtime:
         signal as this process: one sent to the whole group (``timeout``, a terminal's Ctrl-C, a
         service manager) reaches the children too, and one of them could die before this process's
         handler ran; that was reported as a failure (a traceback and exit code 1, about one stop in
-        fifteen at TP=2). Waits up to ``FAILURE_GRACE_S`` for this process's handler; a signal
+        fifteen at TP=2). The workers now ignore both signals from birth (run_child,
+        stop_signals_blocked); this stays for a worker whose plugin or library installs its own
+        handlers. Waits up to ``FAILURE_GRACE_S`` for this process's handler; a signal
         noted longer ago than ``SIGNAL_WINDOW_S`` was another one (a shell's Ctrl-C stops a reply
         and the server goes on)."""
         if exitcode not in (-signal.SIGTERM, -signal.SIGINT):
@@ -343,7 +346,7 @@ class Runtime:
         if graceful and self.to_tokenizer is not None:
             # Through the pipeline: tokenizer -> scheduler 0 (-> every rank) -> detokenizer.
             send(self.to_tokenizer, Shutdown())
-        # A process still loading (or a failed peer) would not see Shutdown for a while: terminate it.
+        # A process still loading (or a failed peer) would not see Shutdown for a while: kill it.
         deadline = time.monotonic() + (GRACEFUL_STOP_S if graceful else 0)
         for proc in procs:
             proc.join(max(deadline - time.monotonic(), 0))
