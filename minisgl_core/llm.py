@@ -196,7 +196,12 @@ def _plugin_option_value(name: str, value: Any, action: argparse.Action, plugin:
         if not isinstance(value, bool):
             raise ConfigError(f"{given}: {whose} is a switch: pass True or False", "plugin_options")
         return value
-    many = action.nargs not in (None, "?") and isinstance(value, (list, tuple))
+    # a list, as the command line makes of `--x a b` (nargs) or of `--x a --x b` (append, extend)
+    takes_many = isinstance(action, (argparse._AppendAction, argparse._ExtendAction)) or action.nargs not in (
+        None,
+        "?",
+    )
+    many = takes_many and isinstance(value, (list, tuple))
     values = []
     for item in value if many else [value]:
         kind = action.type

@@ -1078,6 +1078,7 @@ def minisgl_add_cli_options(parser):
     parser.add_argument("--t27typed-flag", choices=["a", "b"], default="a")
     parser.add_argument("--t27typed-max-wait", type=int, default=32)
     parser.add_argument("--t27typed-verbose", action="store_true")
+    parser.add_argument("--t27typed-tag", action="append", type=int, default=[])
 
 @hookimpl
 def minisgl_process_start(ctx):
@@ -1094,6 +1095,7 @@ def minisgl_process_start(ctx):
         ({"t27typed_max_wait": "nine"}, "option --t27typed-max-wait takes int values: invalid literal"),
         ({"t27typed_max_wait": 9.5}, "option --t27typed-max-wait takes int values, got float"),
         ({"t27typed_verbose": "yes"}, "option --t27typed-verbose is a switch: pass True or False"),
+        ({"t27typed_tag": [1, "x"]}, "option --t27typed-tag takes int values: invalid literal"),
     ],
 )
 def test_plugin_options_are_checked_as_the_command_line_checks_them(load_fake, given, message):
@@ -1117,7 +1119,11 @@ def test_plugin_options_given_as_strings_are_converted(load_fake):
 
     load_fake({"minisgl-test-typed": (_thin("t27_typed", CHECKED_OPTIONS), {"t27typed": "t27_typed"})})
     with pytest.raises(PluginError, match="seen: stop"):
-        LLM("demo", plugin_options={"t27typed_max_wait": "9", "t27typed_flag": "b", "t27typed_verbose": True})
+        LLM(
+            "demo",
+            plugin_options={"t27typed_max_wait": "9", "t27typed_flag": "b", "t27typed_verbose": True,
+                            "t27typed_tag": [3, "4"]},
+        )  # fmt: skip
     import t27_typed
 
     [options] = t27_typed.SEEN
@@ -1126,6 +1132,8 @@ def test_plugin_options_given_as_strings_are_converted(load_fake):
         "b",
         True,
     )
+    # an append option's value is the list the command line makes of `--t27typed-tag 3 --t27typed-tag 4`
+    assert options["t27typed_tag"] == [3, 4]
 
 
 def test_a_plugin_whose_hooks_raise_leaves_the_others_options_and_stop_hooks(load_fake, caplog):
