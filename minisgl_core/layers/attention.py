@@ -55,13 +55,7 @@ class AttentionLayer(nn.Module):
             self.layer_id,
             batch,
         )
-        try:
-            return out.reshape(num_tokens, self.num_heads * self.head_dim)
-        except (AttributeError, RuntimeError):
-            wrong = self._wrong_output(out, num_tokens, "forward", batch)
-            if wrong is None:
-                raise
-            raise wrong from None
+        return self._flat(out, num_tokens, "forward", batch)
 
     def attend(self, q: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """Attention of ``q`` when the model has already written this layer's new K/V to the pool
@@ -70,10 +64,15 @@ class AttentionLayer(nn.Module):
             return _splitter(self, "attend", (q,), batch)
         num_tokens = q.shape[0]
         out = batch.attn.attend(q.reshape(num_tokens, self.num_heads, self.head_dim), self.layer_id, batch)
+        return self._flat(out, num_tokens, "attend", batch)
+
+    def _flat(self, out: object, num_tokens: int, method: str, batch: ForwardBatch) -> torch.Tensor:
+        """The backend's ``method``'s output as ``[num_tokens, heads x head_dim]``; a WrongResult
+        naming the backend when it is not a tensor of that many elements."""
         try:
-            return out.reshape(num_tokens, self.num_heads * self.head_dim)
+            return out.reshape(num_tokens, self.num_heads * self.head_dim)  # type: ignore[union-attr]
         except (AttributeError, RuntimeError):
-            wrong = self._wrong_output(out, num_tokens, "attend", batch)
+            wrong = self._wrong_output(out, num_tokens, method, batch)
             if wrong is None:
                 raise
             raise wrong from None

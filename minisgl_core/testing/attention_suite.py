@@ -22,7 +22,6 @@ on a dummy decode batch, capture ``forward``; per replay, copy the real batch's 
 
 from __future__ import annotations
 
-import importlib
 import itertools
 import math
 import zlib
@@ -89,8 +88,8 @@ def registered_attention_backend(name: str) -> type[AttentionBackend]:
 
 
 def import_target(target: str) -> Any:
-    module, _, attribute = target.partition(":")
-    return getattr(importlib.import_module(module), attribute)
+    """The class a ``"module:Class"`` registration names (the plugins' own tests read theirs)."""
+    return resolve("attention", target)
 
 
 class AttentionBackendSuite:
