@@ -117,15 +117,18 @@ def test_ctrl_c_ends_generate_with_status_130_and_no_traceback(model_dir):
     import time
 
     args = ["--model", str(model_dir), "--device", "cpu", "--attn", "torch", "--max-context-len", "2048"]
+    # 32 prompts of up to 2,000 tokens: about two minutes here, end of sequence or not (one prompt
+    # finished within the second the test waits, on a CI machine)
+    prompts = [f"Hello {i}" for i in range(32)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "minisgl_core", "generate", *args, "--max-tokens", "2000", "Hello"],
+        [sys.executable, "-m", "minisgl_core", "generate", *args, "--max-tokens", "2000", *prompts],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
         first = proc.stderr.readline()  # the weights' progress bar: the command is in main
-        time.sleep(1)  # loading, or generating its 2,000 tokens (3 s here): Ctrl-C is quiet in both
+        time.sleep(1)  # loading, or generating: Ctrl-C is quiet in both
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
         err = first + err
