@@ -117,14 +117,16 @@ def test_ctrl_c_ends_generate_with_status_130_and_no_traceback(model_dir):
     import time
 
     args = ["--model", str(model_dir), "--device", "cpu", "--attn", "torch", "--max-context-len", "2048"]
-    # 32 prompts of up to 2,000 tokens: about two minutes here, end of sequence or not (one prompt
-    # finished within the second the test waits, on a CI machine)
+    # 32 prompts of up to 2,000 tokens: about two minutes here, so it outlasts the second it waits
     prompts = [f"Hello {i}" for i in range(32)]
     proc = subprocess.Popen(
         [sys.executable, "-m", "minisgl_core", "generate", *args, "--max-tokens", "2000", *prompts],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # as from a terminal: CI runs the tests in the background of a non-interactive shell, whose
+        # jobs start with SIGINT ignored (generate then ran to its end, status 0)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         first = proc.stderr.readline()  # the weights' progress bar: the command is in main
