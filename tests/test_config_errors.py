@@ -634,6 +634,13 @@ def test_serve_with_a_dist_init_addr_in_use_is_one_line_before_anything_loads(mo
         f"minisgl: error: cannot listen on --dist-init-addr 127.0.0.1:{port} for the TP rendezvous: "
         "Address already in use; give an address of this machine with a free port"
     ]
+    # a host that is not text (bytes that are no UTF-8 on the command line) was a TypeError traceback
+    proc = _cli("serve", "--port", "0", "--tp", "2", "--dist-init-addr", "\udced\udca0\udc80:5", "--model",
+                str(model_dir), "--device", "cpu")  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith(
+        "minisgl: error: cannot listen on --dist-init-addr \\udced\\udca0\\udc80:5 for"
+    ), proc.stderr
 
 
 @pytest.mark.parametrize(

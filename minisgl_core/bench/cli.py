@@ -21,6 +21,7 @@ from minisgl_core.bench import workloads
 from minisgl_core.bench.serve import SERVERS
 from minisgl_core.bench.shapes import SHAPES, TRAINED_TOKENS
 from minisgl_core.config import MAX_GRAMMAR_THREADS, ConfigError, check_grammar_threads
+from minisgl_core.sampling import short_repr
 
 
 def add_bench_command(sub) -> None:
@@ -449,7 +450,7 @@ def _cpu(args: argparse.Namespace) -> int:
     for key, value in (_engine_arg(text, fields) for text in args.engine_arg):
         if key in given and given[key] != value:
             raise ConfigError(
-                f"--engine-arg {key}={value!r} contradicts {flag(key)} {given[key]}: give one of them"
+                f"--engine-arg {key}={short_repr(value)} contradicts {flag(key)} {given[key]}: give one of them"
             )
         fields[key] = value
     if fields["tp_size"] != 1:  # (LLM's own refusal was a traceback)

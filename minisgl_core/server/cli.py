@@ -59,10 +59,12 @@ def _check_rendezvous(init_addr: str) -> None:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as scheduler 0 binds it
         try:
             probe.bind((host, int(port)))
-        except OSError as exc:
+        except (OSError, UnicodeError, TypeError) as exc:  # (a host not encodable: a TypeError)
+            why = getattr(exc, "strerror", None) or str(exc)
+            shown = init_addr.encode("utf-8", "backslashreplace").decode("utf-8")  # (a lone surrogate)
             raise ConfigError(
-                f"cannot listen on --dist-init-addr {init_addr} for the TP rendezvous: "
-                f"{exc.strerror or exc}; give an address of this machine with a free port"
+                f"cannot listen on --dist-init-addr {shown} for the TP rendezvous: "
+                f"{why}; give an address of this machine with a free port"
             ) from None
 
 

@@ -405,6 +405,9 @@ def test_bench_cpu_records_the_engine_options_flags_gave_and_refuses_a_contradic
     assert refused.returncode == 2 and refused.stderr.splitlines()[-1] == (
         "minisgl: error: --engine-arg quantization='int4' contradicts --quantization int8: give one of them"
     ), refused.stderr
+    # a long value is cut short in the message (a 5,000-digit one was echoed whole)
+    huge = cpu("--max-running-requests", "4", "--engine-arg", "max_running_requests=" + "9" * 5000)
+    assert huge.returncode == 2 and len(huge.stderr.splitlines()[-1]) < 200, huge.stderr[-300:]
     out = tmp_path / "cpu.jsonl"
     small = ["--batch-sizes", "1", "--max-new-tokens", "2", "--rounds", "1", "--output", str(out)]
     proc = cpu(*small, "--quantization", "int8", "--page-size", "4", "--engine-arg", "quantization=int8")
