@@ -270,6 +270,17 @@ class TupleCache(RadixCache):
         return tuple(super().match_prefix(tokens))
 
 
+class PlainSizeCache(RadixCache):
+    def size_info(self):
+        return tuple(super().size_info())
+
+
+class HalfSizeCache(RadixCache):
+    def size_info(self):
+        size = super().size_info()
+        return size._replace(evictable=size.evictable / 2)
+
+
 @hookimpl
 def minisgl_register_attention_backends(register):
     register("one-head", "minisgl_wrongresult:OneHead")
@@ -280,6 +291,8 @@ def minisgl_register_attention_backends(register):
 def minisgl_register_caches(register):
     register("list", "minisgl_wrongresult:ListCache")
     register("tuple", "minisgl_wrongresult:TupleCache")
+    register("plain-size", "minisgl_wrongresult:PlainSizeCache")
+    register("half-size", "minisgl_wrongresult:HalfSizeCache")
 """
 
 
@@ -294,6 +307,10 @@ def minisgl_register_caches(register):
          "int64 CPU tensor"),
         (("cache", "tuple"), "cache 'tuple' {named}: TupleCache.match_prefix returned tuple, not a "
          "PrefixMatch"),
+        (("cache", "plain-size"), "cache 'plain-size' {named}: PlainSizeCache.size_info returned (0, 0), "
+         "not a CacheSize of two non-negative integer token counts"),
+        (("cache", "half-size"), "cache 'half-size' {named}: HalfSizeCache.size_info returned "
+         "CacheSize(evictable=0.0, protected=0), not a CacheSize of two non-negative integer token counts"),
     ],
 )  # fmt: skip
 def test_a_result_the_core_cannot_use_is_named(model_dir, install_plugin_module, option, expected):

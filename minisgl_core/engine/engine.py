@@ -211,7 +211,7 @@ class Engine:
     def stats(self) -> dict[str, int]:
         """Gauges and counters for /metrics and the benchmarks."""
         kv = self.scheduler.kv
-        cache = kv.cache.size_info()
+        cache = kv.size_info()
         spec = self.verify.speculator.stats.as_dict() if self.verify is not None else {}
         return spec | {
             "running": len(self.scheduler.running),

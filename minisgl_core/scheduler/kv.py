@@ -16,10 +16,11 @@ asked for is remembered and is the one :meth:`KVManager.admit` locks, until the 
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 
-from minisgl_core.api import CacheManager, PrefixMatch
+from minisgl_core.api import CacheManager, CacheSize, PrefixMatch
 from minisgl_core.plugin_results import WrongResult, shown
 from minisgl_core.runner.sampler import to_device
 from minisgl_core.scheduler.allocator import PageAllocator
@@ -82,7 +83,7 @@ class KVManager:
         if self._growth is None:
             self._growth = {rid: self._still_needed(r) for rid, r in self.admitted.items()}
             self._growth_total = sum(self._growth.values())
-        evictable = self.cache.size_info().evictable // self.page_size
+        evictable = self.size_info().evictable // self.page_size
         return self.allocator.free_pages + evictable - self._growth_total
 
     def _still_needed(self, r: Request) -> int:
@@ -105,7 +106,7 @@ class KVManager:
 
     def obtainable_pages(self) -> int:
         """Pages allocate() can get right now (free, then by evicting unlocked cache entries)."""
-        return self.allocator.free_pages + self.cache.size_info().evictable // self.page_size
+        return self.allocator.free_pages + self.size_info().evictable // self.page_size
 
     def decayed(self) -> None:
         """One decode step went by: expect a little less output from everyone."""
@@ -159,6 +160,28 @@ class KVManager:
             )
         self._slots("match_prefix", slots, "a PrefixMatch whose slots are ")
         return match
+
+    def size_info(self) -> CacheSize:
+        """The cache's ``size_info`` as two ints (a plain tuple was an AttributeError in the
+        admission arithmetic, a float or a negative count skewed it without a word); WrongResult
+        naming the cache if it is not two non-negative integer token counts."""
+        size = self.cache.size_info()
+        counts = [getattr(size, "evictable", None), getattr(size, "protected", None)]
+        try:
+            if any(isinstance(n, bool) for n in counts):
+                raise TypeError
+            evictable, protected = (operator.index(n) for n in counts)  # (an int, a numpy int)
+        except TypeError:
+            pass
+        else:
+            if evictable >= 0 and protected >= 0:
+                return CacheSize(evictable, protected)
+        what = repr(size) if isinstance(size, tuple) and len(repr(size)) <= 80 else shown(size)
+        raise WrongResult(
+            self.cache,
+            "caches",
+            f"size_info returned {what}, not a CacheSize of two non-negative integer token counts",
+        )
 
     def _insert_prefix(self, tokens: list[int], slots: torch.Tensor) -> None:
         """Offer ``slots`` to the cache; free those it did not keep."""
