@@ -105,6 +105,10 @@ class Admission(Message):
     #: the request's grammar applies after the reasoning (``SamplingParams.reasoning_tag_ids`` set):
     #: the text after the end tag is the grammar's, whitespace included
     reasoning_gated: bool = False
+    #: the request's grammar applies from the output's first token although the request names
+    #: reasoning tags (the prompt closed the reasoning, or the tags are not single tokens of the
+    #: tokenizer): the whole output is the grammar's answer, with no reasoning before it
+    grammar_from_start: bool = False
 
 
 @dataclass

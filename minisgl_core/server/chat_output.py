@@ -98,6 +98,7 @@ class ChoiceOutput:
         labels: Mapping[type, str] | None = None,
         reasoning_opened: bool = False,
         grammar_after_reasoning: bool = False,
+        grammar_from_start: bool = False,
     ) -> None:
         """``labels``: how errors name each parser class (:attr:`ApiOptions.parser_labels`);
         ``reasoning_opened``: the prompt ended with a TagReasoningParser's start tag, so the output
@@ -105,7 +106,11 @@ class ChoiceOutput:
         ``grammar_after_reasoning``: a grammar constrained the text after the reasoning's end tag
         (``Admission.reasoning_gated``), so that text is the answer as generated, whitespace
         included: a TagReasoningParser drops the whitespace after the end tag (a model's
-        "</think>\n\n"), which there is the grammar's (a regex or choice opening with a space)."""
+        "</think>\n\n"), which there is the grammar's (a regex or choice opening with a space);
+        ``grammar_from_start``: a grammar constrained the output from its first token
+        (``Admission.grammar_from_start``: the prompt closed the reasoning, or its tags are not
+        single tokens), so the whole output is the answer, whatever the reasoning parser reads
+        (deepseek_r1's reads an output without its end tag as reasoning)."""
         self._labels = labels or {}
         self._reasoning_cls = reasoning_parser
         self.reasoning = (
@@ -123,6 +128,8 @@ class ChoiceOutput:
         #: grammar applied from the first token and the whole output is the answer, whatever the
         #: parser reads (deepseek_r1's reads an output without <think> as reasoning)
         self._unreasoned = False
+        if grammar_from_start and self.reasoning is not None:
+            self._exact_answer = self._answer_begun = self._unreasoned = True
         self.tools = self._call("tool call", plan.parser, plan.parser, plan.tools) if plan.parser else None
         self.single_call = plan.single_call
         self.made_calls = False

@@ -135,6 +135,7 @@ def make_router(
                 options.parser_labels,
                 admission.reasoning_opened,
                 admission.reasoning_gated,
+                admission.grammar_from_start,
             )
 
         produced = [0] * group.num_choices  # each choice's completion tokens so far

@@ -1,22 +1,30 @@
-"""``--reasoning-parser deepseek_r1`` through the official ``openai`` client: DeepSeek-R1's template
+"""``--reasoning-parser deepseek_r1`` through the official ``openai`` client. DeepSeek-R1's template
 opens ``<think>`` in the prompt, so its answer begins inside the reasoning and closes it with
-``</think>`` alone; whether this prompt ended with ``<think>`` or not, the answer is split alike,
-streamed or not. A regex makes the tiny random model write such an answer (its tokenizer has no
-single-token tags, so the grammar applies from the first token, and the server does not recognise
-a prompt ending with ``<think>``: the parser alone reads the output as inside the reasoning; with
-single-token tags the server feeds it the prompt's ``<think>`` first, see test_tool_output)."""
+``</think>`` alone: an output without the end tag is all reasoning, as vLLM's parser reads it.
+The tiny random model's tokenizer has no single-token tags, so a grammar cannot wait for the end
+of the reasoning: it applies from the first token, and then the whole output is the grammar's
+answer, content, not reasoning. (How the parser splits outputs that close the reasoning, streamed
+or not, is tested on ChoiceOutput in test_tool_output; with single-token tags in
+test_reasoning_grammar.)"""
 
 from __future__ import annotations
 
-import re
+import json
 from pathlib import Path
 
+import jsonschema
 import openai
 import pytest
 
 TEMPLATE = Path(__file__).parent / "data" / "tools_template.jinja"
 ASK = [{"role": "user", "content": "2+2?"}]
 OPENED = {"open_thinking": True}  # the template's variable: the prompt ends "<think>\n"
+SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "integer"}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
 
 
 @pytest.fixture(scope="module")
@@ -31,11 +39,11 @@ def client(start_server, model_dir, engine_args):
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
-def answer(client, output: str, template_kwargs: dict) -> tuple[tuple, tuple]:
-    """(reasoning_content, content) of ``output`` answered whole, then streamed."""
+def answer(client, template_kwargs: dict, **extra) -> tuple[tuple, tuple]:
+    """(reasoning_content, content) of the answer whole, then streamed."""
     args = dict(
-        model=client.models.list().data[0].id, messages=ASK, max_tokens=60, temperature=0,
-        extra_body={"structured_outputs": {"regex": re.escape(output)}, "chat_template_kwargs": template_kwargs},
+        model=client.models.list().data[0].id, messages=ASK, max_tokens=24, temperature=0,
+        extra_body={"chat_template_kwargs": template_kwargs}, **extra,
     )  # fmt: skip
     message = client.chat.completions.create(**args).choices[0].message
     deltas = [c.choices[0].delta for c in client.chat.completions.create(**args, stream=True) if c.choices]
@@ -46,22 +54,21 @@ def answer(client, output: str, template_kwargs: dict) -> tuple[tuple, tuple]:
     return (getattr(message, "reasoning_content", None), message.content), streamed
 
 
-R1_ANSWER = "Let me think.</think>The answer is 4."
+@pytest.mark.parametrize("template_kwargs", [{}, OPENED], ids=["plain", "opened"])
+def test_an_output_without_the_end_tag_is_all_reasoning(client, template_kwargs):
+    """deepseek_r1's reading, not Qwen3's (which took such an output as content)."""
+    (reasoning, content), streamed = answer(client, template_kwargs)
+    assert reasoning and "</think>" not in reasoning, reasoning
+    assert content is None
+    assert streamed == (reasoning, content)
 
 
-@pytest.mark.parametrize(
-    "output, template_kwargs, reasoning, content",
-    [
-        # was reasoning None, content with the raw "</think>" (deepseek_r1 was Qwen3's parser)
-        (R1_ANSWER, {}, "Let me think.", "The answer is 4."),
-        (R1_ANSWER, OPENED, "Let me think.", "The answer is 4."),
-        ("Still thinking", {}, "Still thinking", None),  # no </think>: all reasoning, as vLLM's
-        ("<think>Hm.</think>4", {}, "Hm.", "4"),  # an output that opens <think> itself, as before
-    ],
-)
-def test_an_answer_closing_the_reasoning_it_begins_in_is_split(
-    client, output, template_kwargs, reasoning, content
-):
-    whole, streamed = answer(client, output, template_kwargs)
-    assert whole == (reasoning, content)
-    assert streamed == whole
+@pytest.mark.parametrize("template_kwargs", [{}, OPENED], ids=["plain", "opened"])
+def test_a_grammar_applied_from_the_first_token_is_the_answer_not_reasoning(client, template_kwargs):
+    """The JSON the schema forced was all reasoning_content, and content None: the parser read the
+    grammar's output as still inside the reasoning (the tags are not single tokens here)."""
+    response_format = {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}}
+    (reasoning, content), streamed = answer(client, template_kwargs, response_format=response_format)
+    assert reasoning is None
+    jsonschema.validate(json.loads(content), SCHEMA)
+    assert streamed == (reasoning, content)
