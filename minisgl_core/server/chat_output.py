@@ -109,8 +109,9 @@ class ChoiceOutput:
         "</think>\n\n"), which there is the grammar's (a regex or choice opening with a space);
         ``grammar_from_start``: a grammar constrained the output from its first token
         (``Admission.grammar_from_start``: the prompt closed the reasoning, or its tags are not
-        single tokens), so the whole output is the answer, whatever the reasoning parser reads
-        (deepseek_r1's reads an output without its end tag as reasoning)."""
+        single tokens), so an output that does not open the reasoning itself is the answer whole,
+        whatever a TagReasoningParser reads (deepseek_r1's reads an output without its end tag as
+        reasoning), and one that does is split at the end tag as with ``grammar_after_reasoning``."""
         self._labels = labels or {}
         self._reasoning_cls = reasoning_parser
         self.reasoning = (
@@ -118,7 +119,9 @@ class ChoiceOutput:
         )
         if reasoning_opened and isinstance(self.reasoning, TagReasoningParser):
             self._reasoning(self.reasoning.feed, self.reasoning.start_tag)  # (nothing to send yet)
-        self._exact_answer = grammar_after_reasoning and isinstance(self.reasoning, TagReasoningParser)
+        self._exact_answer = (grammar_after_reasoning or grammar_from_start) and isinstance(
+            self.reasoning, TagReasoningParser
+        )
         #: with an exact answer (see :meth:`_answer_part`): whether the output opened the reasoning
         #: (None: not known yet), whether the answer has begun, and the text held until then
         self._opened: bool | None = True if reasoning_opened else None
@@ -128,8 +131,6 @@ class ChoiceOutput:
         #: grammar applied from the first token and the whole output is the answer, whatever the
         #: parser reads (deepseek_r1's reads an output without <think> as reasoning)
         self._unreasoned = False
-        if grammar_from_start and self.reasoning is not None:
-            self._exact_answer = self._answer_begun = self._unreasoned = True
         self.tools = self._call("tool call", plan.parser, plan.parser, plan.tools) if plan.parser else None
         self.single_call = plan.single_call
         self.made_calls = False

@@ -3,7 +3,7 @@ opens ``<think>`` in the prompt, so its answer begins inside the reasoning and c
 ``</think>`` alone: an output without the end tag is all reasoning, as vLLM's parser reads it.
 The tiny random model's tokenizer has no single-token tags, so a grammar cannot wait for the end
 of the reasoning: it applies from the first token, and then the whole output is the grammar's
-answer, content, not reasoning. (How the parser splits outputs that close the reasoning, streamed
+answer, content, not reasoning, unless the grammar itself opens the reasoning. (How the parser splits outputs that close the reasoning, streamed
 or not, is tested on ChoiceOutput in test_tool_output; with single-token tags in
 test_reasoning_grammar.)"""
 
@@ -39,11 +39,11 @@ def client(start_server, model_dir, engine_args):
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
-def answer(client, template_kwargs: dict, **extra) -> tuple[tuple, tuple]:
+def answer(client, template_kwargs: dict, body: dict | None = None, **extra) -> tuple[tuple, tuple]:
     """(reasoning_content, content) of the answer whole, then streamed."""
     args = dict(
-        model=client.models.list().data[0].id, messages=ASK, max_tokens=24, temperature=0,
-        extra_body={"chat_template_kwargs": template_kwargs}, **extra,
+        model=client.models.list().data[0].id, messages=ASK, max_tokens=60, temperature=0,
+        extra_body={"chat_template_kwargs": template_kwargs, **(body or {})}, **extra,
     )  # fmt: skip
     message = client.chat.completions.create(**args).choices[0].message
     deltas = [c.choices[0].delta for c in client.chat.completions.create(**args, stream=True) if c.choices]
@@ -72,3 +72,17 @@ def test_a_grammar_applied_from_the_first_token_is_the_answer_not_reasoning(clie
     assert reasoning is None
     jsonschema.validate(json.loads(content), SCHEMA)
     assert streamed == (reasoning, content)
+
+
+@pytest.mark.parametrize(
+    "regex, reasoning, content",
+    [
+        # was ("Let me think.", "The answer is 4."): read as inside a reasoning no prompt opened
+        ("Let me think\\.</think>The answer is 4\\.", None, "Let me think.</think>The answer is 4."),
+        ("<think>Hm\\.</think>4", "Hm.", "4"),  # a grammar that opens the reasoning itself
+    ],
+)
+def test_a_grammar_that_opens_the_reasoning_itself_is_split(client, regex, reasoning, content):
+    whole, streamed = answer(client, {}, {"structured_outputs": {"regex": regex}})
+    assert whole == (reasoning, content)
+    assert streamed == whole
