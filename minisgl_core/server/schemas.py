@@ -492,6 +492,9 @@ class ToolDefinition(StrictModel):
                 None,
                 "unsupported_field",
             )
+        if isinstance(data, dict) and "type" in data and not isinstance(kind, str):
+            # (the field checks named the missing "function", not the type: {"type": 1})
+            raise BodyError(f'type must be the string "function", not {short_repr(kind)}', None)
         return data
 
 

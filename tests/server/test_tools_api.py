@@ -498,6 +498,16 @@ def test_a_tool_of_another_type_than_function_is_refused_by_name(tools_client, s
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "tools.0", resp.text
 
 
+@pytest.mark.parametrize("kind", [1, None, ["function"]])
+def test_a_tool_type_that_is_no_string_is_named(tools_client, model_name, kind):
+    """{"type": 1} with no "function" was "tools.0.function: Field required", naming the wrong field."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        tools_client.chat.completions.create(model=model_name, messages=ASK, tools=[{"type": kind}])
+    body = refused.value.body
+    assert body["param"] == "tools.0", body
+    assert body["message"] == f'tools.0: type must be the string "function", not {kind!r}', body
+
+
 @pytest.mark.parametrize("kind", [123, None, ["function"], True, {"name": "f"}])
 def test_a_tool_choice_type_that_is_no_string_is_named(client, model_name, kind):
     """A type that is no string was "tool_choice.type: Input should be 'function'" (123, a list),
