@@ -38,7 +38,7 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
 def _cmd_generate(args: argparse.Namespace) -> int:
     from minisgl_core.config_args import engine_config_from_args
     from minisgl_core.llm import LLM
-    from minisgl_core.sampling import SamplingParams
+    from minisgl_core.sampling import LONE_SURROGATE, SamplingParams
 
     config = engine_config_from_args(args)
     if config.tp_size != 1:
@@ -53,6 +53,15 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         raise ConfigError(str(exc), *(f for f in ("temperature", "max_tokens") if f in str(exc))) from None
     if not all(args.prompt):
         raise ConfigError("a prompt is empty: give each prompt some text")
+    for i, prompt in enumerate(args.prompt):
+        # a byte that is not UTF-8 comes through argv as a lone surrogate (surrogateescape): the
+        # LLM said so once the model had loaded, in words about UTF-16 the user never typed
+        if (bad := LONE_SURROGATE.search(prompt)) is not None:
+            which = f"prompt {i + 1}" if len(args.prompt) > 1 else "the prompt"
+            raise ConfigError(
+                f"{which} is not valid UTF-8 text (a byte 0x{ord(bad.group()) & 0xFF:02x} at character "
+                f"{bad.start()}): pass text in UTF-8"
+            )
     # (the model checked above; the engine's errors name the flags, as the checks did)
     llm = LLM.from_config(config, disable_plugins=args.disable_plugin, spelling="flag")
     # the other sampling fields take the model's defaults (--generation-config): they were OpenAI's
@@ -331,3 +340,7 @@ def _stdout_closed() -> bool:
         return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
     except (AttributeError, OSError, ValueError):  # no poll (Windows) or no descriptor (captured)
         return False
+
+
+if __name__ == "__main__":  # (python -m minisgl_core.cli, as python -m minisgl_core)
+    raise SystemExit(main())

@@ -138,3 +138,28 @@ def test_ctrl_c_ends_generate_with_status_130_and_no_traceback(model_dir):
         proc.kill()
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+
+
+def test_a_prompt_that_is_not_utf8_is_refused_before_the_model_loads(model_dir, monkeypatch, capsys):
+    """A byte that is not UTF-8 reaches argv as a lone surrogate (surrogateescape); the LLM refused
+    it once the model had loaded, calling it "a lone UTF-16 surrogate '\\udce9'"."""
+    from minisgl_core import cli
+    from minisgl_core.llm import LLM
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("the model loaded")
+
+    monkeypatch.setattr(LLM, "from_config", loaded)
+    args = ["--model", str(model_dir), "--device", "cpu", "--attn", "torch", "--num-kv-tokens", "512"]
+    assert cli.main(["generate", *args, "ok", os.fsdecode(b"caf\xe9")]) == 2
+    assert capsys.readouterr().err == (
+        "minisgl: error: prompt 2 is not valid UTF-8 text (a byte 0xe9 at character 3): pass text in UTF-8\n"
+    )
+
+
+def test_the_cli_module_runs_as_a_script():
+    """``python -m minisgl_core.cli`` did nothing and exited 0 (no ``__main__`` guard)."""
+    run = subprocess.run(
+        [sys.executable, "-m", "minisgl_core.cli", "generate", "--help"], capture_output=True, timeout=120
+    )
+    assert run.returncode == 0 and b"prompt" in run.stdout, run

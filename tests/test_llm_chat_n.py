@@ -137,6 +137,16 @@ BAD_ARGUMENTS = [
     ({"chat_template": "{% for m in messages %}"}, "chat_template does not compile: line 1"),
     ({"chat_template": "templates/chatml.jinja"}, "chat_template must be the Jinja text of a template"),
     ({"tools": [WEATHER]}, "this model's chat template does not render tools"),
+    # these were "this model's chat template does not render tools": another template would not help
+    (
+        {"tools": [WEATHER, {"type": "custom"}]},
+        "tools\\[1\\]: type 'custom' is not supported: minisgl calls functions",
+    ),
+    ({"tools": [{"function": {"name": "f"}}]}, 'tools\\[0\\]: needs "type": "function"'),
+    (
+        {"tools": [{"type": "function", "function": {"name": ""}}]},
+        'tools\\[0\\]: needs "function": .* with a name',
+    ),
     ({"continue_final_message": True}, "continue_final_message needs add_generation_prompt turned off"),
     (
         {"continue_final_message": True, "add_generation_prompt": False},

@@ -1,7 +1,7 @@
 """The interactive chat shell: a client of the server's streaming chat API, keeping the history.
 
 Commands: ``/reset`` forgets the conversation, ``/exit`` (or Ctrl-D) quits; Ctrl-C stops the reply
-being streamed; a message starting with "/" is typed with "//" (one "/" is taken off). It also
+being streamed, or clears the prompt; a message starting with "/" is typed with "//" (one "/" is taken off). It also
 reads a scripted conversation from a pipe (one user turn per line), and then echoes each turn so
 the output reads as a transcript. The exit status is 1 when a turn failed
 (an error line in place of the reply) or the server stopped, else 0: a script can tell a
@@ -22,6 +22,8 @@ HELP = (
     "minisgl shell: type a message (//... sends one starting with /); /reset clears the history, "
     "/exit or Ctrl-D quits, Ctrl-C stops a reply"
 )
+#: said where Ctrl-C meets the prompt, which it clears (as Python's and ollama's prompts do)
+QUIT_HINT = "/exit or Ctrl-D quits"
 
 
 class ShellError(RuntimeError):
@@ -118,8 +120,15 @@ def run_shell(
     while not is_failed():
         try:
             line = input("you> ") if interactive and stdin is sys.stdin else stdin.readline()
-        except (EOFError, KeyboardInterrupt):
+        except EOFError:
             break
+        except KeyboardInterrupt:
+            if not interactive:
+                break
+            # (at the prompt it quit, status 0, though the help says Ctrl-C stops a reply: a
+            # Ctrl-C meant for a reply that had just ended took the conversation with it)
+            print(f"\n({QUIT_HINT})", file=out, flush=True)
+            continue
         if not interactive and not line:
             break  # end of the script
         line = line.strip()

@@ -319,6 +319,21 @@ def has_jinja(text: str) -> bool:
     return "{{" in text or "{%" in text
 
 
+def _check_tool(tool: dict[str, Any], where: str) -> None:
+    """A tool as the server's schema takes one: of type "function", with a function that has a
+    name (another kind of tool was rendered, or not, and then blamed on the chat template)."""
+    kind = tool.get("type")
+    if kind is None:
+        raise ValueError(f'{where}: needs "type": "function"')
+    if kind != "function":
+        raise ValueError(
+            f'{where}: type {short_repr(kind)} is not supported: minisgl calls functions; pass tools of type "function"'
+        )
+    function = tool.get("function")
+    if not isinstance(function, Mapping) or not isinstance(function.get("name"), str) or not function["name"]:
+        raise ValueError(f'{where}: needs "function": {{"name": ..., "parameters": {{...}}}} with a name')
+
+
 def checked_template_args(
     chat_template: object,
     add_generation_prompt: object,
@@ -352,6 +367,8 @@ def checked_template_args(
         if not isinstance(tools, (list, tuple)) or not all(isinstance(t, Mapping) for t in tools):
             raise TypeError('tools must be a list of tool dicts ({"type": "function", "function": {...}})')
         tools = [dict(t) for t in tools]
+        for i, tool in enumerate(tools):
+            _check_tool(tool, f"tools[{i}]")
     if chat_template is not None:
         if not isinstance(chat_template, str):
             raise TypeError(

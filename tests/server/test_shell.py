@@ -348,3 +348,72 @@ def test_a_line_not_utf8_is_an_error_line_not_sent():
             "you> caf?\nerror: the line is not valid UTF-8 text; not sent\nyou> hi\nassistant> Hi\n"
         )
         assert [chat["messages"] for chat in server.chats] == [[{"role": "user", "content": "hi"}]]
+
+
+def test_ctrl_c_at_the_prompt_clears_it_and_the_shell_goes_on():
+    """Ctrl-C at an empty prompt quit the shell with status 0, though its help says Ctrl-C stops a
+    reply: a Ctrl-C meant for a reply that had just ended took the conversation with it."""
+    import os
+    import pty
+    import select
+    import signal
+    import sys
+    import time
+
+    def read_until(fd: int, text: bytes, seen: bytearray, timeout: float = 120.0) -> None:
+        end = time.monotonic() + timeout
+        while text not in seen:
+            assert time.monotonic() < end, bytes(seen)
+            if select.select([fd], [], [], 1.0)[0]:
+                try:
+                    seen += os.read(fd, 4096)
+                except OSError:  # the child's side closed
+                    break
+        assert text in seen, bytes(seen)
+
+    models = b'{"data": [{"id": "m"}]}'
+    with fake_server(models) as server:
+        pid, fd = pty.fork()
+        if pid == 0:  # the child: a terminal's foreground process, SIGINT at its default
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.execv(sys.executable, [sys.executable, "-m", "minisgl_core", "shell", "--url", server.url])
+        seen = bytearray()
+        try:
+            read_until(fd, b"you> ", seen)
+            # Ctrl-C at the prompt; again while unanswered: a SIGINT that lands between readline's
+            # prompt and its wait for a key is only seen at the next key (CPython's readline)
+            for _ in range(24):
+                time.sleep(0.5)
+                os.write(fd, b"\x03")
+                try:
+                    read_until(fd, b"(/exit or Ctrl-D quits)", seen, timeout=5.0)
+                    break
+                except AssertionError:
+                    continue
+            assert b"(/exit or Ctrl-D quits)" in seen, bytes(seen)
+            del seen[: seen.rindex(b"(/exit or Ctrl-D quits)")]  # (the prompt after it may be here)
+            read_until(fd, b"you> ", seen)
+            os.write(fd, b"hi\r")
+            read_until(fd, b"assistant> Hi", seen)
+            read_until(fd, b"you> ", seen)
+            status = None
+            for _ in range(24):  # Ctrl-D quits (again while it has not: the same race as Ctrl-C's)
+                time.sleep(0.5)
+                os.write(fd, b"\x04")
+                for _ in range(50):
+                    done, status = os.waitpid(pid, os.WNOHANG)
+                    if done:
+                        break
+                    time.sleep(0.1)
+                if done:
+                    break
+            assert done, bytes(seen)
+        finally:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+            os.close(fd)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert len(server.chats) == 1
