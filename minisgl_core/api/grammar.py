@@ -13,7 +13,8 @@ library has a batched, multi-threaded call overrides them (``fill_threads`` says
 
 Backends that check JSON schemas before their library compiles them share the rules stated once
 here: :func:`repeatable_key_count` (``minProperties`` a repeated key could meet) and
-:data:`FORMAT_REGEXES` (exact regexes for the string formats libraries write too loosely). Import
+:data:`FORMAT_REGEXES` (exact regexes for the string formats libraries write too loosely), and
+every backend the words for a grammar no text can begin (:func:`accepts_no_text`). Import
 them from ``minisgl_core.api.grammar``. Patterns naming UTF-16 surrogates are rewritten by
 :func:`minisgl_core.api.ecma_regex.paired_surrogates` (with the ECMA-262 escape reader it uses).
 
@@ -153,6 +154,26 @@ def repeatable_key_count(schema: Any, *, additional_properties_default: bool) ->
     required = schema.get("required")
     named = len({name for name in required if isinstance(name, str)}) if isinstance(required, list) else 0
     return open_keys and least > max(1, named)
+
+
+#: what typically makes a grammar of each kind accept no text, for :func:`accepts_no_text`
+_NO_TEXT_HINTS = {
+    "json_schema": "a schema that only refers to itself, for one",
+    "structural_tag": "a tag's schema that only refers to itself, for one",
+    "regex": "a class that matches no character, such as [^\\s\\S], for one",
+    "ebnf": "a rule that only refers to itself, for one",
+}
+
+
+def accepts_no_text(kind: str) -> str:
+    """The message for a grammar of ``kind`` that no token can begin (a fresh matcher allows none
+    and is not complete), with a hint at the usual cause that fits the kind: a schema that only
+    refers to itself is no hint for a regex.
+
+    .. versionadded:: 2.3 (no minor bump: a message, no behaviour of the API)
+    """
+    hint = _NO_TEXT_HINTS.get(kind)
+    return f"the {kind} grammar accepts no text: no token can begin it" + (f" ({hint})" if hint else "")
 
 
 def _format_regexes() -> dict[str, str]:
@@ -310,10 +331,7 @@ class GrammarBackend(ABC):
             with self._cache_lock:
                 if self._cache.pop(spec, None) is not None:
                     self._cache_chars -= len(spec.value)
-            raise GrammarError(
-                f"the {spec.kind} grammar accepts no text: no token can begin it (a schema that only "
-                "refers to itself, for one)"
-            )
+            raise GrammarError(accepts_no_text(spec.kind))
 
     @abstractmethod
     def compile_uncached(self, spec: GrammarSpec) -> Any:

@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 import torch
 
 from minisgl_core.api import GrammarBackend, GrammarError, GrammarMatcher, GrammarSpec, bitmask_width
+from minisgl_core.api.grammar import accepts_no_text
 from minisgl_core.grammars import LazyGrammarBackend
 from minisgl_core.scheduler.request import OPENING, REASONING, Request
 
@@ -470,11 +471,9 @@ class GrammarRunner:
             if words is None:
                 words = mask.numpy()
             if not words[row].any() and not req.matcher.is_terminated():
+                spec = req.params.grammar
                 self._fail(
-                    req,
-                    "the grammar accepts no text: no token can begin it (a schema that only refers "
-                    "to itself, for one)",
-                    invalid=True,
+                    req, accepts_no_text(spec.kind if spec is not None else "json_schema"), invalid=True
                 )
                 mask[row] = -1
 

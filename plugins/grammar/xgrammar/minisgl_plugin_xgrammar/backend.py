@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 import torch
 
 from minisgl_core.api import GrammarBackend, GrammarError, GrammarMatcher, GrammarSpec, bitmask_width
+from minisgl_core.api.grammar import accepts_no_text
 from minisgl_plugin_xgrammar.byte_guard import ByteGuard
 from minisgl_plugin_xgrammar.patterns import rewrite_printed, unambiguous_hex, xgrammar_regex
 from minisgl_plugin_xgrammar.schema_checks import refuse_what_xgrammar_gets_wrong
@@ -215,10 +216,7 @@ class XGrammarBackend(GrammarBackend):
         except Exception as exc:  # noqa: BLE001 - xgrammar's parse errors name the problem
             raise GrammarError(f"invalid {spec.kind} grammar: {library_message(exc)}") from exc
         if not begins:
-            raise GrammarError(
-                f"the {spec.kind} grammar accepts no text: no token can begin it (a schema that only "
-                "refers to itself, for one)"
-            )
+            raise GrammarError(accepts_no_text(spec.kind))
         if len(self._checked) >= self.cache_size:
             self._checked.clear()
         self._checked.add(spec)

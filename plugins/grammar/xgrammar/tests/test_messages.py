@@ -50,3 +50,20 @@ def test_a_lark_grammar_is_named_as_such(backend, grammar):
     with pytest.raises(GrammarError) as refused:  # GBNF's own mistakes are not called Lark
         backend.check(GrammarSpec("ebnf", 'root ::= "x" rest'))
     assert "Lark" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("kind", "value", "hint"),
+    [
+        ("regex", "[^\\s\\S]", "a class that matches no character"),
+        ("ebnf", "root ::= root", "a rule that only refers to itself"),
+        ("json_schema", json.dumps({"anyOf": [{"$ref": "#"}]}), "a schema that only refers to itself"),
+    ],
+)
+def test_a_grammar_no_text_can_begin_gets_a_hint_of_its_own_kind(backend, kind, value, hint):
+    """A regex no text matches was told of "a schema that only refers to itself"."""
+    with pytest.raises(GrammarError) as refused:
+        backend.check(GrammarSpec(kind, value))
+    message = str(refused.value)
+    assert message.startswith(f"the {kind} grammar accepts no text: no token can begin it ({hint}")
+    assert kind == "json_schema" or "schema" not in message
