@@ -22,6 +22,7 @@ from minisgl_plugin_xgrammar.schema_walk import (
     MAX_SCHEMA_DEPTH,
     _choice_filter,
     _ChoiceFilters,
+    _counts_properties_of_none,
     _first_five,
     _fits,
     _integer_only,
@@ -416,8 +417,9 @@ def _unenforced_here(schema: dict, path: str) -> list[str]:
             found.append(f"'multipleOf' {_shown(step)} at {path} (only up to {MAX_INTEGER_MULTIPLE_OF})")
     if isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1:
         found.append(f"'allOf' of {len(schema['allOf'])} schemas at {path} (one at most)")
-    # (strict mode: no keys outside 'properties' unless 'additionalProperties' says so)
-    if repeatable_key_count(schema, additional_properties_default=False):
+    # (strict mode: no keys outside 'properties' unless 'additionalProperties' says so, or an
+    # object naming no keys gets it: open_counted_containers)
+    if repeatable_key_count(schema, additional_properties_default=_counts_properties_of_none(schema)):
         found.append(f"'minProperties' with keys outside 'properties' at {path}")
     required = schema.get("required")
     properties = schema.get("properties")

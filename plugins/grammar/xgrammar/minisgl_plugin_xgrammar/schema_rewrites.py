@@ -1,6 +1,8 @@
 """JSON schemas rewritten, in place and with the same meaning, into what xgrammar compiles right
 (:func:`rewrite_for_xgrammar`): an ``enum`` filtered by the keywords beside it, whole integer
-bounds, exact formats and patterns, a moot ``propertyNames`` dropped."""
+bounds, exact formats and patterns, a moot ``propertyNames`` dropped, an array or object that
+counts its items or properties without describing them given ``items: {}`` or
+``additionalProperties: {}``."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from minisgl_plugin_xgrammar.patterns import xgrammar_pattern
 from minisgl_plugin_xgrammar.schema_walk import (
     _RANGE_KEYWORDS,
     _ChoiceFilters,
+    _counts_items_of_none,
+    _counts_properties_of_none,
     _fits,
     _integer_only,
     _integer_span,
@@ -30,6 +34,7 @@ def rewrite_for_xgrammar(schema: Any) -> bool:
         | exact_formats(schema)
         | exact_patterns(schema)
         | moot_property_names(schema)
+        | open_counted_containers(schema)
     )
 
 
@@ -148,4 +153,22 @@ def exact_formats(schema: Any) -> bool:
         if regex is not None and "pattern" not in sub:
             del sub["format"]
             sub["pattern"], changed = regex, True
+    return changed
+
+
+def open_counted_containers(schema: Any) -> bool:
+    """Give each array schema in ``schema`` that counts items strict mode would not let it have
+    (:func:`~minisgl_plugin_xgrammar.schema_walk._counts_items_of_none`) ``items: {}``, and each
+    object schema that counts properties while naming none
+    (:func:`~minisgl_plugin_xgrammar.schema_walk._counts_properties_of_none`)
+    ``additionalProperties: {}``, in place: what JSON Schema says they allow, where xgrammar's
+    strict mode allowed ``[]`` or ``{}`` alone, or refused the schema; whether any was. (An array
+    with ``prefixItems`` and no ``minItems`` past them stays a closed tuple, as strict mode closes
+    an object with ``properties``.)"""
+    changed = False
+    for sub, _, _ in _walk(schema):
+        if _counts_items_of_none(sub):
+            sub["items"], changed = {}, True
+        if _counts_properties_of_none(sub):
+            sub["additionalProperties"], changed = {}, True
     return changed

@@ -340,6 +340,44 @@ class _ChoiceFilters:
         return allowed
 
 
+def _typed(schema: dict, name: str) -> bool:
+    """Whether ``schema``'s ``type`` names ``name`` (alone or in a list)."""
+    types = schema.get("type")
+    return types == name or (isinstance(types, list) and name in types)
+
+
+def _counts_items_of_none(schema: dict) -> bool:
+    """Whether xgrammar's strict mode would read the array schema ``schema`` as allowing fewer
+    items than its counts speak of: without ``items``, strict mode allows no item past
+    ``prefixItems``, so ``minItems`` or ``maxItems`` with no ``prefixItems`` left ``[]`` alone
+    (``{"type": "array", "maxItems": 3}`` refused ``[1]``; a bare ``{"type": "array"}`` is any
+    array), and ``minItems`` past the ``prefixItems`` was refused as "additional items are not
+    allowed", which the schema allows. :func:`open_counted_containers` gives it ``items: {}``."""
+    if not _typed(schema, "array") or "items" in schema:
+        return False
+    prefix = schema.get("prefixItems")
+    least = schema.get("minItems", 0)
+    if prefix is None:
+        return "minItems" in schema or "maxItems" in schema
+    return isinstance(prefix, list) and isinstance(least, int) and least > len(prefix)
+
+
+def _counts_properties_of_none(schema: dict) -> bool:
+    """Whether xgrammar's strict mode would read the object schema ``schema`` as allowing no
+    property although it counts them: ``minProperties`` or ``maxProperties`` with nothing naming
+    keys (no ``properties``, ``patternProperties``, ``additionalProperties``, ``propertyNames``).
+    ``{"type": "object", "maxProperties": 2}`` took ``{}`` alone and ``minProperties: 1`` was refused as
+    "additional properties aren't allowed", where a bare ``{"type": "object"}`` is any object.
+    :func:`open_counted_containers` gives it ``additionalProperties: {}`` (so a ``minProperties``
+    above 1 is refused: a repeated key could meet it)."""
+    named = ("properties", "patternProperties", "additionalProperties", "propertyNames")
+    return (
+        _typed(schema, "object")
+        and not any(key in schema for key in named)
+        and ("minProperties" in schema or "maxProperties" in schema)
+    )
+
+
 def _may_be_object(schema: dict) -> bool:
     types = schema.get("type", "object")
     return types == "object" or (isinstance(types, list) and "object" in types)
