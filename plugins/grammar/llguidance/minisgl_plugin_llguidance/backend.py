@@ -6,13 +6,14 @@ import importlib.util
 import json
 import logging
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from minisgl_core.api import GrammarBackend, GrammarError, GrammarMatcher, GrammarSpec
 from minisgl_core.api.ecma_regex import class_atoms, class_end, ecma_dot, paired_surrogates, read_escape
 from minisgl_core.api.grammar import FORMAT_REGEXES, repeatable_key_count
+from minisgl_plugin_llguidance.key_guard import KeyGuard, KeyState
 
 logger = logging.getLogger(__name__)
 
@@ -21,13 +22,29 @@ _JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separ
 
 
 class LLGuidanceMatcher(GrammarMatcher):
-    def __init__(self, matcher: Any) -> None:
+    """``keys``: the backend's :class:`KeyGuard` for a JSON schema whose objects name properties
+    (their keys are written as JSON writes them), else None."""
+
+    def __init__(self, matcher: Any, keys: KeyGuard | None = None) -> None:
         self._matcher = matcher
+        self._keys = keys
+        self._key_state = KeyState()
 
     def accept_token(self, token_id: int) -> bool:
+        if self._keys is not None and not self._keys.allows(self._key_state, token_id):
+            return False  # (not given to llguidance: the matcher stays where it was)
         # a rejected token leaves the matcher in its error state for good; the engine then
         # fails the request, so there is nothing to undo
-        return bool(self._matcher.consume_token(token_id))
+        accepted = bool(self._matcher.consume_token(token_id))
+        if accepted:
+            self._advance(token_id)
+        return accepted
+
+    def _advance(self, token_id: int) -> None:
+        if self._keys is not None:
+            self._key_state.feed(
+                self._keys.token_bytes[token_id] if token_id < len(self._keys.token_bytes) else b""
+            )
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         if bitmask.dtype != torch.int32 or not bitmask.is_cpu or bitmask.dim() != 2:
@@ -38,6 +55,8 @@ class LLGuidanceMatcher(GrammarMatcher):
         self._matcher.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * words.element_size())
         if self._matcher.is_error():  # nothing may follow: the engine fails the request as invalid
             words.zero_()
+        elif self._keys is not None:
+            self._keys.apply(bitmask, row, self._key_state)
 
     def is_terminated(self) -> bool:
         # llguidance stops when only the end may follow (or after the stop token)
@@ -45,6 +64,13 @@ class LLGuidanceMatcher(GrammarMatcher):
 
     def reset(self) -> None:
         self._matcher.reset()
+        self._key_state = KeyState()
+
+
+class _Compiled(NamedTuple):
+    grammar: str
+    #: a JSON schema naming properties: its matchers take the key guard
+    guard_keys: bool
 
 
 def _log_limit(error: str) -> None:
@@ -76,6 +102,8 @@ class LLGuidanceBackend(GrammarBackend):
         self._tokenizer = llguidance.hf.from_tokenizer(
             tokenizer, n_vocab=vocab_size, eos_token=list(self.stop_token_ids) or None
         )
+        #: the guard of JSON keys' escapes (:mod:`key_guard`), built on first use
+        self._keys: KeyGuard | None = None
         #: llguidance's thread pool for batched fills and accepts, started on first use
         self._executor: Any = None
         self._executor_threads = 0
@@ -103,34 +131,62 @@ class LLGuidanceBackend(GrammarBackend):
         pairs = [(m._matcher, row) for m, row in zip(matchers, rows, strict=True)]  # type: ignore[attr-defined]
         batch, words = bitmask.shape
         self._pool().unsafe_compute_mask_ptr(pairs, bitmask.data_ptr(), words * 4, batch)
-        for matcher, row in pairs:
+        for ours, (matcher, row) in zip(matchers, pairs):
             # a matcher in its error state allows nothing (llguidance writes some mask for it):
             # the engine then sees a grammar at a dead end, the request's fault, not a token it
             # drew from that mask rejected
             if matcher.is_error():
                 bitmask[row].zero_()
+            elif ours._keys is not None:  # type: ignore[attr-defined]
+                ours._keys.apply(bitmask, row, ours._key_state)  # type: ignore[attr-defined]
 
     def accept_tokens(self, matchers: Sequence[GrammarMatcher], token_ids: Sequence[int]) -> list[bool]:
-        pairs = [(m._matcher, t) for m, t in zip(matchers, token_ids, strict=True)]  # type: ignore[attr-defined]
-        accepted = [bool(ok) for ok in self._pool().consume_token_par(pairs)]
-        for (matcher, _), ok in zip(pairs, accepted, strict=True):
-            if not ok and matcher.is_error():
+        # a token the key guard forbids is refused here, not given to llguidance
+        guarded = [
+            m._keys is None or m._keys.allows(m._key_state, t)  # type: ignore[attr-defined]
+            for m, t in zip(matchers, token_ids, strict=True)
+        ]
+        pairs = [(m._matcher, t) for m, t, ok in zip(matchers, token_ids, guarded) if ok]  # type: ignore[attr-defined]
+        consumed = iter(self._pool().consume_token_par(pairs) if pairs else [])
+        accepted = [ok and bool(next(consumed)) for ok in guarded]
+        for ours, token, ok in zip(matchers, token_ids, accepted):
+            matcher = ours._matcher  # type: ignore[attr-defined]
+            if ok:
+                ours._advance(token)  # type: ignore[attr-defined]
+            elif matcher.is_error():
                 _log_limit(matcher.get_error())
         return accepted
 
-    def compile_uncached(self, spec: GrammarSpec) -> str:
-        """The llguidance grammar text of ``spec``, validated against the tokenizer."""
+    def compile_uncached(self, spec: GrammarSpec) -> _Compiled:
+        """The llguidance grammar text of ``spec``, validated against the tokenizer, and whether
+        its keys are guarded (a JSON schema naming properties: :mod:`key_guard`)."""
         grammar = self._grammar(spec)
         error = self._llg.LLMatcher.validate_grammar(grammar, self._tokenizer)
         if error:
             raise GrammarError(f"invalid {spec.kind} grammar: {error}")
-        return grammar
+        names = spec.kind == "json_schema" and any(
+            word in spec.value for word in ('"properties"', '"patternProperties"')
+        )
+        return _Compiled(grammar, names)
 
     def matcher(self, compiled: Any) -> GrammarMatcher:
-        matcher = self._llg.LLMatcher(self._tokenizer, compiled, log_level=0)
+        """A matcher of what :meth:`compile` made (or of an llguidance grammar's text, unguarded)."""
+        grammar, guard_keys = (compiled, False) if isinstance(compiled, str) else compiled
+        matcher = self._llg.LLMatcher(self._tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise GrammarError(f"llguidance could not start the grammar: {matcher.get_error()}")
-        return LLGuidanceMatcher(matcher)
+        return LLGuidanceMatcher(matcher, self._key_guard() if guard_keys else None)
+
+    def _key_guard(self) -> KeyGuard:
+        """The key guard, built on first use from the tokens' bytes (special tokens have none)."""
+        if self._keys is None:
+            tokenizer = self._tokenizer
+            count = min(self.vocab_size, tokenizer.vocab_size)
+            token_bytes = [
+                b"" if tokenizer.is_special_token(i) else tokenizer.decode_bytes([i]) for i in range(count)
+            ]
+            self._keys = KeyGuard(token_bytes, self.vocab_size)
+        return self._keys
 
     def _grammar(self, spec: GrammarSpec) -> str:
         build = self._llg.LLMatcher

@@ -64,9 +64,36 @@ def xgrammar_hex_escapes(pattern: str) -> str:
 
 def rewrite_printed(ebnf: str) -> str:
     """A JSON schema's grammar as xgrammar printed it, with the rules it gets wrong rewritten
-    (:func:`_plain_pattern_rules`, :func:`strict_limited_strings`); parse it again only after
-    :func:`unambiguous_hex`."""
-    return strict_limited_strings(_plain_pattern_rules(ebnf))
+    (:func:`_plain_pattern_rules`, :func:`strict_limited_strings`, :func:`plain_extra_keys`);
+    parse it again only after :func:`unambiguous_hex`."""
+    return plain_extra_keys(strict_limited_strings(_plain_pattern_rules(ebnf)))
+
+
+#: an escape in a rule of the keys ``additionalProperties`` allows, as xgrammar (0.2.9) prints it
+_EXTRA_KEY_ESCAPE = re.compile(r"^(\w*_addl_key\w* ::= .*)$", re.M)
+
+
+#: the escapes an extra key may hold: those of the characters JSON must escape (a quote, a
+#: backslash, control characters), never another character's (``\/``, ``\u0061``)
+_KEY_ESCAPE_RULE = 'json_key_escape ::= ((["\\\\bfnrt]) | ("u" "0" "0" [01] [A-Fa-f0-9]))'
+
+
+def plain_extra_keys(ebnf: str) -> str:
+    """``ebnf`` (a JSON schema's grammar as xgrammar printed it) with the keys that
+    ``additionalProperties`` allows taking no escape of a character JSON need not escape.
+    xgrammar writes such a key as any string but the names in ``properties``, character by
+    character, and let an escape stand for the next one: ``{"\\u0061":"x"}`` passed
+    ``{"properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "string"}}``,
+    and parses to ``{"a": "x"}``. With only a quote's, a backslash's or a control character's
+    escape, a key with an escape holds a character no name in ``properties`` does (the schema
+    checks refuse names that need escapes beside such keys), and a key without one is read as
+    written; every key stays possible, written as JSON writes it."""
+    if not _EXTRA_KEY_ESCAPE.search(ebnf):
+        return ebnf
+    rewritten = _EXTRA_KEY_ESCAPE.sub(
+        lambda m: m.group(1).replace('"\\\\" basic_escape', '"\\\\" json_key_escape'), ebnf
+    )
+    return rewritten if rewritten == ebnf else rewritten.rstrip("\n") + "\n" + _KEY_ESCAPE_RULE + "\n"
 
 
 def _plain_pattern_rules(ebnf: str) -> str:

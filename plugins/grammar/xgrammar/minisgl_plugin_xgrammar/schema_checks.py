@@ -423,6 +423,7 @@ def _unenforced_here(schema: dict, path: str) -> list[str]:
         found.append(f"'minProperties' with keys outside 'properties' at {path}")
     required = schema.get("required")
     properties = schema.get("properties")
+    found += _names_extra_keys_pass(schema, path)
     if isinstance(required, list) and _may_be_object(schema):
         declared = properties if isinstance(properties, dict) else {}
         outside = [name for name in dict.fromkeys(map(str, required)) if name not in declared]
@@ -448,6 +449,34 @@ def _unenforced_here(schema: dict, path: str) -> list[str]:
     if "pattern" in schema and schema.get("format") in _FORMATS_IGNORING_LENGTH:
         # the format's regex wins: "2024-01-01" passed {"format": "date", "pattern": "^1"}
         found.append(f"'pattern' beside 'format' {schema['format']!r} at {path} (it writes the format alone)")
+    return found
+
+
+def _names_extra_keys_pass(schema: dict, path: str) -> list[str]:
+    """Where ``additionalProperties`` allows extra keys (anything but false) beside ``properties``,
+    what lets an extra key be a name of ``properties`` with the extra keys' schema: a name that JSON
+    writes with an escape (a quote, a backslash, a control character; xgrammar left it out of the
+    extra keys unescaped, so ``{"a\\"b": "x"}`` passed ``{"properties": {"a\\"b": {"type":
+    "integer"}}, "additionalProperties": {"type": "string"}}``), and a ``propertyNames`` (xgrammar
+    writes the extra keys as its names, ``properties``' among them: ``{"a": "s"}`` passed
+    ``{"properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "string"},
+    "propertyNames": {"pattern": "^[a-z]*$"}}``). The escapes of the other extra keys:
+    :func:`~minisgl_plugin_xgrammar.patterns.plain_extra_keys`."""
+    names = schema.get("properties")
+    if not isinstance(names, dict) or not names or schema.get("additionalProperties", False) is False:
+        return []
+    found = []
+    escaped = [name for name in names if any(c in '"\\' or ord(c) < 0x20 for c in name)]
+    if escaped:
+        found.append(
+            f"the name {escaped[0]!r} of 'properties', which JSON writes with an escape, beside "
+            f"'additionalProperties' at {path} (an extra key written so would pass; rename the property)"
+        )
+    if "propertyNames" in schema:
+        found.append(
+            f"'propertyNames' beside 'properties' and 'additionalProperties' at {path} (it lets the "
+            "names of 'properties' through as extra keys, with the extra keys' schema)"
+        )
     return found
 
 
