@@ -375,3 +375,21 @@ def check_grammar_threads(threads: int | None) -> None:
             f"got {threads}",
             "grammar_threads",
         )
+
+
+def check_api_key(key: str | None) -> None:
+    """A key a client can send in an ``Authorization`` header: printable ASCII without surrounding
+    spaces. A server started with "abc " (HTTP drops the trailing space) or "clé" (the header is
+    read as Latin-1) refused every request with a 401; a client's was a UnicodeEncodeError."""
+    if key is None or not key.strip():
+        return
+    if key != key.strip():
+        raise ConfigError(
+            "--api-key (or MINISGL_API_KEY) has spaces around it, which HTTP drops: remove them"
+        )
+    bad = next((c for c in key if not " " <= c <= "~"), None)
+    if bad is not None:
+        raise ConfigError(
+            f"--api-key (or MINISGL_API_KEY) holds {bad!r}, which an HTTP header cannot carry: use "
+            "printable ASCII characters only"
+        )

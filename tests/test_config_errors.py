@@ -225,6 +225,9 @@ BAD_FLAGS = [
      "--tp 3: the model's 4 attention heads (2 KV heads) do not split evenly over 3 ranks; use --tp 1 or 2 or 4"),
     # (an empty key served without authentication, silently)
     ("serve", ["--port", "0", "--api-key", ""], "--api-key is empty"),
+    # (keys no client can send: every request was a 401; bench serve's a UnicodeEncodeError)
+    ("serve", ["--port", "0", "--api-key", "abc "], "--api-key (or MINISGL_API_KEY) has spaces around it"),
+    ("serve", ["--port", "0", "--api-key", "clé"], "--api-key (or MINISGL_API_KEY) holds 'é', which an HTTP header"),
     ("shell", ["--speculative-algorithm", "ngram", "--speculative-ngram-min", "3", "--speculative-ngram-max", "2"],
      "--speculative-ngram-min <= --speculative-ngram-max"),
     # (speculative decoding's tuning without the algorithm was ignored silently: decoding ran without it)
@@ -345,6 +348,17 @@ def test_a_setting_the_engine_refuses_is_one_line_on_the_command_line(model_dir,
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("minisgl: error: ") and says in lines[0], lines
     assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("command", "code"),
+    [(["shell", "--url", "http://127.0.0.1:9"], 2), (["bench", "serve", "--url", "http://127.0.0.1:9"], 1)],
+)
+def test_a_client_refuses_an_api_key_no_header_can_carry(command, code):
+    """A server refused every request with such a key; bench serve's client was a UnicodeEncodeError."""
+    proc = _cli(*command, "--api-key", "clé")
+    assert proc.returncode == code, proc.stderr
+    assert "holds 'é', which an HTTP header cannot carry" in proc.stderr and "Traceback" not in proc.stderr
 
 
 @pytest.mark.parametrize(

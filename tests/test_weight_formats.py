@@ -129,6 +129,16 @@ def test_served_model_name(tmp_path):
     assert served_model_name(tmp_path / "x.Q4_1.gguf") == "x.Q4_1"
 
 
+def test_a_model_given_as_the_working_directory_is_served_by_its_folders_name(tmp_path, monkeypatch):
+    """``serve --model .`` served the model as "" (``Path(".").name``): a request naming the model
+    was a 404 "this server serves ''"."""
+    (tmp_path / "tiny" / "sub").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "tiny")
+    assert [served_model_name(p) for p in (".", "./", Path("."))] == ["tiny"] * 3
+    monkeypatch.chdir(tmp_path / "tiny" / "sub")
+    assert served_model_name("..") == "tiny"
+
+
 def _local_wheel(index: Path, payload: bytes) -> str:
     """A wheel ``minisgl-fake-model 1.0`` carrying ``fake_model/model.bin`` in a local find-links dir."""
     index.mkdir(parents=True, exist_ok=True)

@@ -64,7 +64,8 @@ class WeightFormat(ABC):
     @property
     def model_name(self) -> str:
         """The name the server reports for this model (``/v1/models``)."""
-        return self.path.stem if self.path.is_file() else self.path.name
+        path = self.path.resolve() if self.path.name in ("", "..") else self.path  # (`.`: its folder's)
+        return path.stem if path.is_file() else path.name
 
     def describe(self) -> str:
         """A short line for logs: what is being loaded."""

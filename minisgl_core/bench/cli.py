@@ -522,6 +522,7 @@ def _serve(args: argparse.Namespace) -> int:
         run_load,
         served_model,
     )
+    from minisgl_core.config import check_api_key
 
     if args.server == "mini-sglang" and not args.tokenizer:
         raise SystemExit(
@@ -546,6 +547,10 @@ def _serve(args: argparse.Namespace) -> int:
             seed=args.seed,
         )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not one log line per request
+    try:
+        check_api_key(args.api_key)
+    except ConfigError as exc:
+        raise SystemExit(f"minisgl bench serve: {exc}") from None
     try:
         served = served_model(args.url, args.api_key)
         check_context(requests, served)

@@ -197,6 +197,8 @@ def served_model_name(path: str | os.PathLike[str]) -> str:
     a Hugging Face hub snapshot (what ``ORG/NAME`` resolves to) its ``ORG/NAME``, as vLLM and
     SGLang serve it (its directory's name is the commit hash, a name no client sends)."""
     resolved = Path(path)
+    if resolved.name in ("", ".."):  # (`--model .` was served as "", a name no client can send)
+        resolved = resolved.resolve()
     return resolved.stem if resolved.is_file() else hub_repo_id(resolved) or resolved.name
 
 

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 from minisgl_core import environment
 from minisgl_core.checkpoint.resolve import DEMO
-from minisgl_core.config import ConfigError, EngineConfig
+from minisgl_core.config import ConfigError, EngineConfig, check_api_key
 from minisgl_core.grammars import check_grammar_backend
 from minisgl_core.plugins import Plugins
 from minisgl_core.server.limits import add_limit_args, limits_from_args
@@ -292,6 +292,7 @@ def _serve_options(args: argparse.Namespace):
             "--api-key is empty (or MINISGL_API_KEY is set to nothing): give a key, or leave both "
             "unset for a server without authentication"
         )
+    check_api_key(args.api_key)
     if args.api_key and environment.get("MINISGL_API_KEY") != args.api_key:
         logger.warning(
             "--api-key is visible to every local user in the process list; prefer env MINISGL_API_KEY"
@@ -548,6 +549,7 @@ def _cmd_shell(args: argparse.Namespace) -> int:
                 f"server at {args.url} was started with its own"
             )
     _check_shell_args(args)
+    check_api_key(args.api_key)
     if args.url:
         model, context_len = (args.served_model_name or [None])[0], None
         if model is None:

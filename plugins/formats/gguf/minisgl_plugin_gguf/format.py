@@ -91,7 +91,11 @@ class GGUFFormat(WeightFormat):
     @property
     def model_name(self) -> str:
         # the cached default model lives in a directory named after it; a bare file is named by its stem
-        return self.path.name if self.path.is_dir() else self.file.stem
+        if not self.path.is_dir():
+            return self.file.stem
+        return (
+            self.path.resolve() if self.path.name in ("", "..") else self.path
+        ).name  # (`.`: its folder's)
 
     def hf_config(self) -> dict[str, Any]:
         return dict(self._config)
