@@ -332,7 +332,9 @@ class Plugins:
     def _load_one(self, info: PluginInfo, ep: metadata.EntryPoint) -> None:
         try:
             module = ep.load()
-        except Exception as exc:  # noqa: BLE001 - any import failure is the plugin's
+        # (SystemExit: a module that calls sys.exit() on import ended `plugins --check` and `serve`
+        # silently, with its status; KeyboardInterrupt stays the user's)
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - any import failure is the plugin's
             info.status, info.reason = "failed", f"import failed: {type(exc).__name__}: {exc}"
             logger.debug("plugin %r: its import raised", ep.name, exc_info=True)  # (where: file, line)
             if ep.attr:  # (the AttributeError of a missing attribute does not say the value is wrong)

@@ -1328,3 +1328,13 @@ def test_entry_point_mistakes_are_named_in_one_line(load_fake):
         "the entry point's value must be the thin module itself, t23c = 't23_twice', not "
         "'t23_twice:hooks' (which names object 'hooks' in it)"
     )
+
+
+def test_a_plugin_that_exits_on_import_is_failed_not_the_end_of_the_process(install_plugin_module):
+    """``import sys; sys.exit(0)`` in a plugin's module ended ``plugins --check`` (and ``serve``)
+    silently with status 0 (a probe's find): SystemExit went past the loader's ``except Exception``."""
+    install_plugin_module("minisgl_quitter", "minisgl-quitter", "import sys\nsys.exit(0)\n")
+    plugins = Plugins.load(deprecation_warnings=False)
+    [info] = [i for i in plugins.infos if i.name == "quitter"]
+    assert (info.status, info.reason) == ("failed", "import failed: SystemExit: 0")
+    assert any(i.name == "torch" and i.status == "ok" for i in plugins.infos)  # the others loaded

@@ -295,7 +295,7 @@ async def run_load(
         tasks = []
         for i, req in enumerate(requests):
             tasks.append(asyncio.create_task(gated(req, None if texts is None else texts[i])))
-            if request_rate:
+            if request_rate and i + 1 < len(requests):  # (a gap after the last was timed too)
                 await asyncio.sleep(rng.expovariate(request_rate))
         try:
             results = await asyncio.gather(*tasks)

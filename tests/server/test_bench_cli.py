@@ -59,6 +59,21 @@ def test_bench_serve_finds_the_model_and_fits_the_vocabulary(server, model_name:
         assert result["itl_ms_p50"] is None and result["itl_ms_p99"] is None
 
 
+def test_bench_serve_at_a_request_rate_times_the_requests_not_a_gap_after_the_last(server) -> None:
+    """The sender slept one more exponential gap after the last request, and it was timed: with
+    ``--request-rate`` the seconds were the gaps' sum, the throughput understated (a probe's find).
+    One request at 0.1 a second draws a gap of 18.6 s (the sender seeds its gaps with 0) that must not be waited for."""
+    import random
+
+    assert random.Random(0).expovariate(0.1) > 10
+    one = ["--workload", "shared-prefix", "--groups", "1", "--prompts-per-group", "1", "--prefix-len", "8",
+           "--question-len", "2", "--output-len", "2"]  # fmt: skip
+    proc = bench("--url", server.url, "--api-key", API_KEY, *one, "--request-rate", "0.1", "--seed", "0")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["requests"] == 1 and result["seconds"] < 10, result
+
+
 def test_bench_serve_errors_are_one_line(server) -> None:
     unreachable = bench("--url", "http://127.0.0.1:9", *SMALL)
     assert unreachable.returncode != 0 and "Traceback" not in unreachable.stderr
