@@ -33,6 +33,47 @@ def test_build_random_model_on_a_bad_device_writes_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def _built(folder, shape: str) -> None:
+    """What a build of ``shape`` leaves that a second build looks at (no weights)."""
+    import json
+
+    from minisgl_core.bench.shapes import SHAPES
+
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(dict(SHAPES[shape], torch_dtype="bfloat16")))
+    (folder / "model.safetensors.index.json").write_text('{"weight_map": {}}')
+
+
+def test_a_folder_holding_anything_but_this_shape_built_before_is_refused(tmp_path):
+    """A real model's folder had its config.json and tokenizer overwritten beside its own weights,
+    and a folder with another shape's index was taken as built (found by a probe)."""
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "config.json").write_text('{"REAL": 1}')
+    (real / "model.safetensors").write_bytes(b"W")
+    other = tmp_path / "other"
+    _built(other, "qwen3-0.6b")
+    for folder in (real, other):
+        before = {p.name: p.read_bytes() for p in folder.iterdir()}
+        proc = run_cli(["bench", "make-model", "--shape", "llama-3.1-8b", "--out", str(folder)])
+        assert proc.returncode == 1 and proc.stdout == "", proc.stderr
+        assert proc.stderr.strip() == (
+            f"minisgl bench make-model: --out {folder} is not empty and holds no llama-3.1-8b built "
+            "before: give a new or empty folder"
+        ), proc.stderr
+        assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    same = tmp_path / "same"  # built before: kept, nothing written
+    _built(same, "llama-3.1-8b")
+    assert build_random_model("llama-3.1-8b", same) == same and len(list(same.iterdir())) == 2
+
+
+def test_an_empty_out_is_refused_not_the_working_directory(tmp_path):
+    """``--out ''`` wrote the 1.2 GB model into the working directory and printed "."."""
+    proc = run_cli(["bench", "make-model", "--shape", "qwen3-0.6b", "--out", ""], cwd=tmp_path)
+    assert proc.returncode == 1 and "--out is empty" in proc.stderr, proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("shape", ["qwen3-0.6b", "llama-3.1-8b", "qwen2.5-7b"])
 def test_linear_shapes_are_the_checkpoints_products_fused(shape):
     """The tools' GEMM shapes (``linear_shapes``) are the checkpoint's q/k/v and gate/up weights

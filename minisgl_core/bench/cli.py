@@ -208,9 +208,13 @@ def add_bench_command(sub) -> None:
 
 
 def _make_model(args: argparse.Namespace) -> int:
+    if not args.out.strip():  # ('' is the working directory: 1.2 GB was written there)
+        raise SystemExit("minisgl bench make-model: --out is empty: give the folder to write the model to")
     _check_generator_device(args.device)
     try:
         print(_make(args.shape, Path(args.out), args.device))
+    except FileExistsError as exc:
+        raise SystemExit(f"minisgl bench make-model: --out {exc}") from None
     except OSError as exc:
         raise SystemExit(
             f"minisgl bench make-model: cannot write {args.out}: {exc.strerror or exc}; give a folder "
@@ -238,10 +242,10 @@ def _check_generator_device(device: str) -> None:
         raise ConfigError(f"device {device}: this machine has {torch.cuda.device_count()} GPU(s)", "device")
 
 
-def _make(shape: str, out: Path, device: str) -> Path:
+def _make(shape: str, out: Path, device: str, overwrite: bool = False) -> Path:
     from minisgl_core.bench.shapes import build_random_model
 
-    return build_random_model(shape, out, device=device)
+    return build_random_model(shape, out, device=device, overwrite=overwrite)
 
 
 def _meta(args: argparse.Namespace) -> dict[str, Any]:
@@ -287,7 +291,11 @@ def _offline(args: argparse.Namespace) -> int:
     check_plugin_names({name: getattr(args, name) for name in ENGINE_FIELDS}, plugins)
     if args.shape:
         _warn_if_long_on_cpu(args)
-        args.model = str(_make(args.shape, Path(args.model_cache) / args.shape, "cuda" if _cuda() else "cpu"))
+        args.model = str(
+            _make(
+                args.shape, Path(args.model_cache) / args.shape, "cuda" if _cuda() else "cpu", overwrite=True
+            )
+        )
     config = engine_config_from_args(args, plugins=plugins, names_checked=True)
     _check_workload_size(args.num_requests * workloads.STANDARD_MAX_PROMPT, "--num-requests")
     if config.tp_size > 1:

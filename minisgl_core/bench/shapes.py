@@ -141,19 +141,39 @@ def linear_shapes(config: dict[str, Any]) -> dict[str, tuple[int, int]]:
 TRAINED_TOKENS = 4096
 
 
+def _holds_shape(out: Path, config: dict[str, Any]) -> bool:
+    """Whether ``out`` holds a model built of ``config``'s shape (its config.json has every key of
+    the shape's with the same value)."""
+    try:
+        written = json.loads((out / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(written, dict) and all(written.get(k) == v for k, v in config.items())
+
+
 def build_random_model(
     shape: str, out_dir: str | Path, *, device: str = "cpu", dtype: torch.dtype = torch.bfloat16,
-    shard_bytes: int = 4 << 30, seed: int = 0,
+    shard_bytes: int = 4 << 30, seed: int = 0, overwrite: bool = False,
 ) -> Path:  # fmt: skip
-    """Write ``SHAPES[shape]`` with random weights (std hidden**-0.5, norms near one) to ``out_dir``."""
+    """Write ``SHAPES[shape]`` with random weights (std hidden**-0.5, norms near one) to ``out_dir``,
+    or keep the model of this shape built there before. A folder holding anything else is refused
+    (FileExistsError) unless ``overwrite`` (a benchmark's own model cache, where a build cut short
+    leaves a part)."""
     from safetensors.torch import save_file
 
     from minisgl_core.demo.factories import pad_vocab, train_tokenizer
 
     config = dict(SHAPES[shape], torch_dtype=str(dtype).removeprefix("torch."))
     out = Path(out_dir)
-    if (out / "model.safetensors.index.json").is_file():
-        return out
+    if (out / "model.safetensors.index.json").is_file() and _holds_shape(out, config):
+        return out  # (built before: kept)
+    if not overwrite and out.is_dir() and any(out.iterdir()):
+        # (its config.json and tokenizer were overwritten beside another model's weights, or a
+        # folder with another shape's index was taken as built: a real model could be lost)
+        raise FileExistsError(
+            f"{out} is not empty{' and holds no ' + shape + ' built before' if out.joinpath('config.json').exists() else ''}: "
+            "give a new or empty folder"
+        )
     gen = torch.Generator(device=device).manual_seed(seed)  # (a bad device fails before any write)
     out.mkdir(parents=True, exist_ok=True)
     train_tokenizer(out, vocab_size=TRAINED_TOKENS)
