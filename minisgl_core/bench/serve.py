@@ -233,7 +233,19 @@ async def _one(
         async for line in resp.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            carries, stated = chunk_tokens(server, json.loads(line[6:]))
+            try:
+                chunk = json.loads(line[6:])
+            except ValueError:
+                raise BenchError(f"the server sent an event that is not JSON: {line[:80]!r}") from None
+            if isinstance(chunk, dict) and "error" in chunk:
+                # (the request failed mid-stream, an engine gone say: it was counted as 0 tokens
+                # and the run exited 0 with figures that hid it)
+                raise BenchError(
+                    f"the server answered an error mid-stream: {error_message(line[6:].encode())}"
+                )
+            if not isinstance(chunk, dict):
+                raise BenchError(f"the server sent an event that is not a JSON object: {line[:80]!r}")
+            carries, stated = chunk_tokens(server, chunk)
             if stated is not None:
                 tokens = stated
             if carries:
@@ -306,6 +318,10 @@ async def run_load(
             raise
         elapsed = time.monotonic() - start
         after = await _settled_metrics(checkout(), url, headers, before)
+    except httpx.TransportError as exc:  # (the server killed mid-run: httpx's 30-line traceback)
+        raise BenchError(
+            f"lost the server at {url} mid-run ({type(exc).__name__}: {exc or 'no detail'}): is it still running?"
+        ) from None
     finally:
         await asyncio.gather(*(c.aclose() for c in every))
     ttft = [(r["stamps"][0] - r["start"]) * 1000 for r in results if r["stamps"]]

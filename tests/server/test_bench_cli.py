@@ -431,3 +431,66 @@ def test_bench_cpu_records_the_engine_options_flags_gave_and_refuses_a_contradic
     assert result["engine_args"] == ["quantization=int8"]
     assert result["engine_options"]["quantization"] == "int8" and result["engine_options"]["page_size"] == 4
     assert "attn" not in result["engine_options"]  # (the default: not recorded)
+
+
+def _streaming_server(events: bytes | None):
+    """An HTTP server listing model "m" (/v1/models), with empty /metrics, that answers each chat
+    or completion with a 200 event stream of ``events`` (then closes the connection; None: a
+    chunked body cut off part-way)."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            body = (
+                b'{"data": [{"id": "m", "vocab_size": 1000, "max_model_len": 4096}]}'
+                if "models" in self.path
+                else b""
+            )
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            if events is None:  # a body cut short, as a server killed mid-reply would leave it
+                self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self.wfile.write(b"40\r\ndata: {" if events is None else events)
+            self.close_connection = True
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+CHUNK = b'data: {"choices": [{"index": 0, "delta": {"content": "a"}}]}\n\n'
+
+
+@pytest.mark.parametrize(
+    ("events", "says"),
+    [
+        # (counted as 0 tokens: exit 0 with "output_tokens": 0 and no word of the error)
+        (CHUNK + b'data: {"error": {"message": "the engine failed"}}\n\ndata: [DONE]\n\n',
+         "the server answered an error mid-stream: the engine failed"),
+        (CHUNK + b"data: {not json\n\n", "the server sent an event that is not JSON: 'data: {not json'"),
+        # (a body cut short, as a server killed mid-reply: httpx's RemoteProtocolError traceback)
+        (None, "lost the server at "),
+    ],
+)  # fmt: skip
+def test_bench_serve_says_what_went_wrong_mid_stream_in_one_line(events, says) -> None:
+    server, url = _streaming_server(events)
+    try:
+        proc = bench("--url", url, *SMALL)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().startswith(f"minisgl bench serve: {says}"), proc.stderr
