@@ -84,7 +84,9 @@ def hf_config_from_metadata(fields: dict[str, Any], tied: bool, path: str) -> di
     if scaling is not None:
         config["rope_scaling"] = scaling
     rotary_dims = fields.get(f"{arch}.rope.dimension_count")
-    head_dim = config.get("head_dim")
+    # (without attention.key_length, as llama.cpp writes Llama files, the head size is the
+    # embedding's share of a head: a rotary part of it was ignored, all of each head rotated)
+    head_dim = config.get("head_dim") or _even_share(config["hidden_size"], config["num_attention_heads"])
     if isinstance(head_dim, int) and isinstance(rotary_dims, int) and 0 < rotary_dims != head_dim:
         config["partial_rotary_factor"] = rotary_dims / head_dim
     if arch in MOE_ARCHITECTURES:
@@ -93,6 +95,13 @@ def hf_config_from_metadata(fields: dict[str, Any], tied: bool, path: str) -> di
         config["norm_topk_prob"] = True
     config["torch_dtype"] = "float32"
     return config
+
+
+def _even_share(total: Any, parts: Any) -> int | None:
+    """``total // parts`` where both are positive ints and it divides evenly, else None."""
+    if isinstance(total, int) and isinstance(parts, int) and parts > 0 and total % parts == 0:
+        return total // parts
+    return None
 
 
 def _refuse_unsupported_layouts(fields: dict[str, Any], arch: str, path: str) -> None:

@@ -595,3 +595,21 @@ def test_phi3_windows_and_longrope_are_refused_in_one_line(make_tiny_model, tmp_
     _with_fields(make_tiny_model("Phi3ForCausalLM"), tmp_path / "with-factors.gguf", extra_tensors=factors)
     generate = run_cli(["generate", "--device", "cpu", "--model", str(tmp_path / "with-factors.gguf"), "hi"])
     assert "rope type 'longrope' is not supported" in one_error_line(generate)
+
+
+@pytest.mark.parametrize("key_length", [True, False], ids=["key_length", "no_key_length"])
+def test_a_rotary_part_of_each_head_is_passed_on_with_or_without_key_length(key_length):
+    """llama.cpp writes Llama files without attention.key_length: a rope.dimension_count of part
+    of the head was then ignored, and the model rotated whole heads, computing other numbers."""
+    from minisgl_plugin_gguf.metadata import hf_config_from_metadata
+
+    fields = {
+        "general.architecture": "llama", "llama.embedding_length": 64, "llama.block_count": 1,
+        "llama.attention.head_count": 4, "llama.vocab_size": 100, "llama.rope.dimension_count": 8,
+    }  # fmt: skip
+    if key_length:
+        fields["llama.attention.key_length"] = 16
+    config = hf_config_from_metadata(fields, tied=True, path="x.gguf")
+    assert config["partial_rotary_factor"] == 0.5
+    fields["llama.rope.dimension_count"] = 16  # the whole head: nothing to pass on
+    assert "partial_rotary_factor" not in hf_config_from_metadata(fields, tied=True, path="x.gguf")
