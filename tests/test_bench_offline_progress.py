@@ -53,3 +53,19 @@ def test_progress_lines_count_what_finished_and_stop_when_closed(capsys):
     assert lines and all(line.startswith("minisgl bench offline: 1/3 requests done, ") for line in lines)
     time.sleep(0.05)
     assert capsys.readouterr().err == ""  # (its thread ended)
+
+
+def test_a_grammar_complete_before_max_tokens_ends_its_requests_and_the_figures_count_what_ran(llm, capsys):
+    """``--grammar-schema`` with a schema shorter than the outputs (``{"type": "boolean"}``): the
+    run's result was lost to "RuntimeError: generated 4 tokens, workload asks for 724" after it."""
+    import json
+
+    from minisgl_core.api import GrammarSpec
+
+    requests = [BenchRequest(list(range(5, 5 + n)), 32) for n in (8, 16, 24)]
+    grammar = GrammarSpec("json_schema", json.dumps({"type": "boolean"}))
+    result = run_offline(llm, requests, grammar=grammar, progress_every=60)
+    assert result["grammar_short_requests"] == 3 and result["workload_output_tokens"] == 3 * 32
+    assert 3 <= result["output_tokens"] < 3 * 32  # "true" or "false": a few tokens each
+    err = capsys.readouterr().err
+    assert "3 of 3 requests ended when their grammar was complete, before max_tokens" in err, err
