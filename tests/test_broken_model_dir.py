@@ -264,3 +264,28 @@ def test_the_shape_check_takes_what_transformers_builds(shape):
     check_shapes(config, tensors)
     with pytest.raises(ValueError, match="config.json does not describe these weights"):
         check_shapes({**config, "intermediate_size": config["intermediate_size"] + 16}, tensors)
+
+
+def test_a_format_failing_to_read_the_next_tensor_is_not_blamed_on_the_last_one(model_dir, monkeypatch):
+    """A weight format's ValueError while reading a tensor was "weight <the tensor before it>: ..."
+    (a GGUF probe: the damaged attn_q was reported as o_proj)."""
+    from minisgl_core.checkpoint.formats import SafetensorsFormat
+
+    read = SafetensorsFormat.weights
+
+    def failing(self, dtype):
+        for i, item in enumerate(read(self, dtype)):
+            if i == 2:
+                raise ValueError("the bytes of the third tensor are damaged")
+            yield item
+
+    monkeypatch.setattr(SafetensorsFormat, "weights", failing)
+    with pytest.raises(ModelPathError) as err:
+        Engine(
+            EngineConfig(model=str(model_dir), attn="torch", device="cpu"), ParallelContext(), Plugins.load()
+        )
+    message = str(err.value)
+    assert (
+        ": reading the weights after " in message and "the bytes of the third tensor are damaged" in message
+    )
+    assert ": weight " not in message, message

@@ -490,6 +490,7 @@ class ModelRunner:
             quantization.before_loading(model, method)
         seen: list[str] = []
         streamed = False
+        reading = [False]  # the source was reading the next tensor (vs the model loading the last)
 
         def tracked():
             nonlocal streamed
@@ -509,7 +510,14 @@ class ModelRunner:
                 leave=False,
             )
             with progress:
-                for name, tensor in self.source.weights(self.dtype):
+                weights = iter(self.source.weights(self.dtype))
+                while True:
+                    reading[0] = True  # (a failure now is the format's, reading the next tensor)
+                    try:
+                        name, tensor = next(weights)
+                    except StopIteration:
+                        break
+                    reading[0] = False
                     seen.append(name)
                     progress.update(1)
                     yield name, tensor
@@ -522,7 +530,12 @@ class ModelRunner:
         except ValueError as exc:
             # A loader refuses a tensor that does not fit the model config.json built (the launcher's
             # header check knows the Llama layout only); say which tensor, not the layer's traceback.
-            where = "" if streamed or not seen else f"weight {seen[-1]}: "
+            # (a failure reading the next tensor was blamed on the one before it)
+            where = (
+                "" if streamed or not seen
+                else f"reading the weights after {seen[-1]}: " if reading[0]
+                else f"weight {seen[-1]}: "
+            )  # fmt: skip
             raise ModelPathError(
                 f"{self._model_given}: {where}{exc} ({self._config_source} does not describe these weights?)"
             ) from exc

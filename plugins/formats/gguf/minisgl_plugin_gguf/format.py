@@ -272,12 +272,21 @@ def _type_name(type_id: int) -> str:
 
 
 def _check_tensor_types(header: GGUFHeader, file: Path) -> None:
+    sizes = _quant_sizes()
     for tensor in header.tensors:
         type_name = _type_name(tensor.type_id)
         if type_name not in SUPPORTED_TYPES:
             raise UnsupportedGGUF(
                 f"{file}: tensor {tensor.name} has GGUF type {type_name}, which is not supported; "
                 f"supported: {', '.join(SUPPORTED_TYPES)}"
+            )
+        # A row of a block type is whole blocks: the header's size check rounds down, so such a
+        # file opened, and its load failed on a reshape, blamed on the tensor before this one
+        block = sizes[tensor.type_id][0]
+        if tensor.dims and tensor.dims[0] % block:
+            raise UnsupportedGGUF(
+                f"{file}: tensor {tensor.name} has GGUF type {type_name} with rows of {tensor.dims[0]} "
+                f"values, not whole blocks of {block}: the file is damaged; download or convert it again"
             )
 
 

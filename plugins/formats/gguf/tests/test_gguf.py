@@ -613,3 +613,27 @@ def test_a_rotary_part_of_each_head_is_passed_on_with_or_without_key_length(key_
     assert config["partial_rotary_factor"] == 0.5
     fields["llama.rope.dimension_count"] = 16  # the whole head: nothing to pass on
     assert "partial_rotary_factor" not in hf_config_from_metadata(fields, tied=True, path="x.gguf")
+
+
+def _set_dims(file: Path, name: str, dims: tuple[int, ...]) -> None:
+    """Rewrite tensor ``name``'s dims (ggml order) in the header of ``file``, in place."""
+    import struct
+
+    data = bytearray(file.read_bytes())
+    key = name.encode()
+    at = data.index(struct.pack("<Q", len(key)) + key) + 8 + len(key)  # its n_dims, then the dims
+    assert struct.unpack_from("<I", data, at)[0] == len(dims)
+    struct.pack_into(f"<{len(dims)}Q", data, at + 4, *dims)
+    file.write_bytes(bytes(data))
+
+
+def test_rows_that_are_not_whole_blocks_fail_at_open_naming_the_tensor(make_tiny_model, tmp_path):
+    """The header's size check rounds down (elements // block * bytes), so Q8_0 rows of 16 values
+    opened; the load then failed on a reshape blamed on the tensor before this one (a probe's find)."""
+    file = write_gguf(make_tiny_model("LlamaForCausalLM"), tmp_path / "q8.gguf", qtype="Q8_0")
+    GGUFFormat(file)  # as written: whole blocks
+    rows, width = next(t.dims for t in GGUFFormat(file).header.tensors if t.name == "blk.0.ffn_up.weight")
+    _set_dims(file, "blk.0.ffn_up.weight", (16, rows * width // 16))  # as many values, rows of 16
+    with pytest.raises(ValueError, match=r"tensor blk\.0\.ffn_up\.weight has GGUF type Q8_0 with rows of 16 "
+                       r"values, not whole blocks of 32: the file is damaged"):  # fmt: skip
+        GGUFFormat(file)
