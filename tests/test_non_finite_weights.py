@@ -63,3 +63,16 @@ def test_a_finite_checkpoint_loads_and_generates(model_dir):
         assert len(out.token_ids) == 3
     finally:
         llm.close()
+
+
+def test_a_value_past_float16s_range_is_not_called_corruption_under_float16(model_dir, tmp_path):
+    """1e6 is finite in the file (it runs under float32 and bfloat16), infinite once cast to
+    float16: "the checkpoint is corrupt" sent the user after a good file."""
+    big = _with_value(model_dir, tmp_path / "big", "model.norm.weight", 1e6)
+    with pytest.raises(ModelPathError) as err:
+        LLM(big, attn="torch", device="cpu", dtype="float16")
+    assert str(err.value).endswith(
+        "weight model.norm.weight holds NaN or infinite values: past float16's range (±65504) once "
+        "cast to it, or the checkpoint is corrupt; try dtype='bfloat16'"
+    ), str(err.value)
+    LLM(big, attn="torch", device="cpu", dtype="float32").close()

@@ -545,9 +545,15 @@ class ModelRunner:
             logger.warning("%s did not use %d checkpoint tensors: %s", arch, len(unused), shown)
         bad = _non_finite_weight(model)
         if bad is not None:
-            raise ModelPathError(
-                f"{self._model_given}: weight {bad} holds NaN or infinite values: the checkpoint is corrupt"
+            # (a finite value past float16's range became infinite in the cast: the checkpoint
+            # was called corrupt although it ran under bfloat16 and float32)
+            why = (
+                "past float16's range (±65504) once cast to it, or the checkpoint is corrupt; try "
+                f"{given('dtype', 'bfloat16', self.spelling)}"
+                if self.dtype == torch.float16
+                else "the checkpoint is corrupt"
             )
+            raise ModelPathError(f"{self._model_given}: weight {bad} holds NaN or infinite values: {why}")
         if method is not None:
             quantization.after_loading(model, method)
         return model.eval()

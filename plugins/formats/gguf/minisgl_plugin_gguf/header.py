@@ -109,6 +109,11 @@ def read_header(path: Path, quant_sizes: dict[int, tuple[int, int]]) -> GGUFHead
     cursor = _Cursor(data)
     cursor.pos = 4
     version = cursor.take("<I")
+    if version not in (2, 3) and int.from_bytes(version.to_bytes(4, "little"), "big") in (2, 3):
+        raise ValueError(
+            "the file is big-endian (written for another byte order: its version reads "
+            f"{version}); convert a little-endian GGUF of the model"
+        )
     if version not in (2, 3):
         raise ValueError(f"GGUF version {version} is not supported (2 and 3 are)")
     tensor_count, kv_count = cursor.take("<Q"), cursor.take("<Q")

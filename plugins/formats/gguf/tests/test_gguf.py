@@ -637,3 +637,11 @@ def test_rows_that_are_not_whole_blocks_fail_at_open_naming_the_tensor(make_tiny
     with pytest.raises(ValueError, match=r"tensor blk\.0\.ffn_up\.weight has GGUF type Q8_0 with rows of 16 "
                        r"values, not whole blocks of 32: the file is damaged"):  # fmt: skip
         GGUFFormat(file)
+
+
+def test_a_big_endian_file_is_named_as_such(tmp_path):
+    """Its version read little-endian was "GGUF version 50331648 is not supported (2 and 3 are)"."""
+    file = tmp_path / "be.gguf"
+    file.write_bytes(b"GGUF" + (3).to_bytes(4, "big") + bytes(16))
+    with pytest.raises(ValueError, match="the file is big-endian .*its version reads 50331648"):
+        GGUFFormat(file)
