@@ -91,7 +91,8 @@ def check_context(requests: list[BenchRequest], served: ServedModel) -> None:
         raise BenchError(
             f"the workload's longest request needs {longest} tokens (prompt + output) but {served.name} "
             f"accepts {served.max_model_len}; use a shorter workload (e.g. --workload shared-prefix "
-            f"--prefix-len/--question-len/--output-len) or a server with a longer --max-context-len"
+            f"--prefix-len/--question-len/--output-len) or a server with room for it (its max_model_len is the "
+            "smaller of its --max-context-len and its KV pool, --num-kv-tokens)"
         )
 
 

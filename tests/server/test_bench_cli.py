@@ -159,6 +159,12 @@ def test_fit_vocab_keeps_lengths_and_shared_prefixes() -> None:
     assert fitted[0].prompt_ids[:16] == fitted[2].prompt_ids[:16]  # same group, same prefix
     assert fit_vocab(workload, None) is workload and fit_vocab(workload, 10000) is workload
     check_context([BenchRequest([1] * 10, 6)], ServedModel("m", 100, 16))  # fits exactly
+    # one token more: what to change names the KV pool too (only --max-context-len was named, where
+    # a server's --num-kv-tokens was the bound)
+    with pytest.raises(
+        BenchError, match=r"smaller of its --max-context-len and its KV pool, --num-kv-tokens"
+    ):
+        check_context([BenchRequest([1] * 10, 7)], ServedModel("m", 100, 16))
 
 
 def bench_here(capsys, *args: str, command: str = "serve") -> tuple[int, str]:
