@@ -1278,7 +1278,7 @@ def test_bench_offline_resolves_the_plugin_names_once(model_dir, monkeypatch):
         "resolve",
         lambda self, kind, name: resolved.append((kind, name)) or resolve(self, kind, name),
     )
-    monkeypatch.setattr(bench_cli, "_make", lambda shape, out, device: model_dir)
+    monkeypatch.setattr(bench_cli, "_make", lambda shape, out, device, overwrite=False: model_dir)
     monkeypatch.setattr(bench_cli, "_check_workload_size", stop)  # (the config is built: stop there)
     parser = argparse.ArgumentParser()
     bench_cli.add_bench_command(parser.add_subparsers())
