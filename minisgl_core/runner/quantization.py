@@ -65,9 +65,12 @@ def after_loading(model: nn.Module, method: QuantizationMethod) -> None:
         experts.quantize(quantized, f"--quantization {name}")  # type: ignore[arg-type]
     if method.device.type == "cuda":
         torch.cuda.empty_cache()  # the run-dtype weights are gone: the KV pool may take their room
+    # the count is of the layers handed over: a method may keep some in the run dtype, which its
+    # describe() says (int4 with in_features not a multiple of its group, for one)
     logger.info(
-        "quantized %d linear layers and %d mixture-of-experts blocks' experts: %s",
-        len(layers), len(stacks) - kept, method.describe(),
+        "--quantization %s was handed %d linear layers and quantized %d mixture-of-experts "
+        "blocks' experts: %s",
+        name, len(layers), len(stacks) - kept, method.describe(),
     )  # fmt: skip
     if kept:
         logger.warning(

@@ -26,6 +26,7 @@ The tied embedding keeps its run-dtype table (a step reads only its tokens' rows
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -34,6 +35,8 @@ from torch import nn
 
 from minisgl_core.api import QuantizationMethod
 from minisgl_core.layers.embedding import ParallelLMHead
+
+logger = logging.getLogger(__name__)
 
 GROUP_SIZE = 32
 #: q runs over 0..QMAX
@@ -169,12 +172,19 @@ class Int4Method(QuantizationMethod):
         info: dict[str, Any] = {"quantization": self.name, "group_size": GROUP_SIZE}
         info["kernel"] = "_weight_int4pack_mm_for_cpu (bf16 activations)" if self.packed else "dequantize"
         info["layers"] = dict(self.counts)
-        if self.counts.get("unquantized"):
+        unquantized = self.counts.get("unquantized", 0)
+        if unquantized:
             info["unquantized"] = (
                 f"in_features not a multiple of {GROUP_SIZE}"
                 + ("" if self.packed else ", or the LM head (quantized only for the packed CPU kernel)")
                 + ": those layers stay in the run dtype"
             )
+        if unquantized and unquantized == sum(self.counts.values()):
+            logger.warning(
+                "--quantization %s left all %d layers it was handed in the run dtype (in_features "
+                "not a multiple of %d): it quantizes nothing on this model",
+                self.name, unquantized, GROUP_SIZE,
+            )  # fmt: skip
         return info
 
 

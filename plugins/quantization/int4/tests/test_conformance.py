@@ -161,7 +161,7 @@ def test_both_kernels_compute_x_times_the_dequantized_weight(dtype, packed):
 
 
 @needs_packed_kernel
-def test_layers_the_kernel_cannot_take_fall_back_and_say_so():
+def test_layers_the_kernel_cannot_take_fall_back_and_say_so(caplog):
     method = Int4Method(device=torch.device("cpu"), dtype=torch.float32)
     generator = torch.Generator().manual_seed(1)
     odd_rows = _layer_with(torch.randn(40, 64, generator=generator), torch.float32)  # 40 % 16 != 0
@@ -175,6 +175,20 @@ def test_layers_the_kernel_cannot_take_fall_back_and_say_so():
     described = method.describe()
     assert described["layers"] == {"dequantize": 1, "unquantized": 1}
     assert "not a multiple of 32" in described["unquantized"]
+    assert "quantizes nothing" not in caplog.text
+
+
+def test_a_model_none_of_whose_layers_it_can_take_is_warned_about(caplog):
+    """Every layer's in_features not a multiple of 32: int4 keeps them all in the run dtype, and
+    says so as a warning (the load log's count is of the layers handed over, not quantized)."""
+    method = Int4Method(device=torch.device("cpu"), dtype=torch.float32)
+    generator = torch.Generator().manual_seed(1)
+    for cols in (48, 80):
+        method.process_weights_after_loading(_layer_with(torch.randn(32, cols, generator=generator), torch.float32))
+    described = method.describe()
+    assert described["layers"] == {"unquantized": 2}
+    assert "--quantization int4 left all 2 layers it was handed in the run dtype" in caplog.text
+    assert "quantizes nothing on this model" in caplog.text
 
 
 @needs_packed_kernel
