@@ -120,7 +120,10 @@ def test_int8_and_fp8_quantize_a_mixture_of_experts_experts(make_tiny_model, cap
         assert experts.w13_scale.shape == experts.w13.shape[:2] and experts.w13_scale.dtype == torch.float32
         assert experts.w2_scale.shape == experts.w2.shape[:2]
         assert layer.mlp.gate.weight.dtype == torch.float32
-    assert f"--quantization {name} was handed 4 linear layers and quantized 2 mixture-of-experts blocks' experts" in caplog.text
+    assert (
+        f"--quantization {name} was handed 4 linear layers and quantized 2 mixture-of-experts blocks' experts"
+        in caplog.text
+    )
     assert "keep their experts" not in caplog.text
     assert len(greedy(engine, [5, 6, 7, 8])) == 6
 

@@ -184,7 +184,9 @@ def test_a_model_none_of_whose_layers_it_can_take_is_warned_about(caplog):
     method = Int4Method(device=torch.device("cpu"), dtype=torch.float32)
     generator = torch.Generator().manual_seed(1)
     for cols in (48, 80):
-        method.process_weights_after_loading(_layer_with(torch.randn(32, cols, generator=generator), torch.float32))
+        method.process_weights_after_loading(
+            _layer_with(torch.randn(32, cols, generator=generator), torch.float32)
+        )
     described = method.describe()
     assert described["layers"] == {"unquantized": 2}
     assert "--quantization int4 left all 2 layers it was handed in the run dtype" in caplog.text
