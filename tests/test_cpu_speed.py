@@ -272,6 +272,22 @@ def test_a_cpu_forward_computes_the_rotary_angles_once(monkeypatch, tmp_path):
     llm.close()
 
 
+def test_kv_bytes_per_token_are_the_pools_own(tmp_path):
+    """The bound's KV bytes are what the pool holds a position: 4 bytes a value in float32, one
+    in a float8 pool (they were the first weight's element size, 4, under fp8_e4m3 too)."""
+    from minisgl_core.testing import cpu_llm, make_model_dir
+
+    model_dir = make_model_dir(tmp_path / "m", "LlamaForCausalLM", num_hidden_layers=2)
+    for kv_dtype, value_bytes in (("auto", 4), ("fp8_e4m3", 1)):
+        llm = cpu_llm(model_dir, cache="naive", kv_cache_dtype=kv_dtype)
+        pool = llm.engine.runner.kv_cache
+        per_token = pool.buffer.numel() * pool.buffer.element_size() // pool.num_slots
+        spec = llm.engine.runner.model.kv_spec
+        assert bench_cpu.kv_bytes_per_token(llm.engine.runner) == per_token
+        assert per_token == 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * value_bytes
+        llm.close()
+
+
 class _Tied(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()

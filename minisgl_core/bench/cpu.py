@@ -91,11 +91,12 @@ def _input_embedding(model: torch.nn.Module) -> torch.Tensor | None:
     return None
 
 
-def kv_bytes_per_token(model: Any) -> int:
-    """Bytes of K and V that one position of context holds over all layers (our model's spec)."""
-    spec = model.kv_spec
-    dtype_size = next(model.parameters()).element_size()
-    return 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * dtype_size
+def kv_bytes_per_token(runner: Any) -> int:
+    """Bytes of K and V that one position of context holds over all layers: the runner's KV pool,
+    in its own dtype (a float8 pool under ``--kv-cache-dtype fp8_e4m3`` holds a byte a value,
+    whatever the weights' dtype)."""
+    pool = runner.kv_cache
+    return pool.bytes_per_token(pool.num_layers, pool.num_kv_heads, pool.head_dim, pool.dtype)
 
 
 def bound_tok_per_s(
@@ -182,7 +183,7 @@ def run_cpu_bench(
     model = llm.engine.runner.model
     eos = set(llm.engine.eos_ids)
     weights = weight_bytes_per_step(model)
-    kv_token = kv_bytes_per_token(model)
+    kv_token = kv_bytes_per_token(llm.engine.runner)
     runners: dict[str, Any] = {"minisgl": OursRunner(llm)}
     if theirs is not None:
         runners["transformers"] = theirs
