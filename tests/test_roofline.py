@@ -55,3 +55,41 @@ def test_e4m3_weights_halve_every_decode_read_but_the_lm_head():
         head_s = 1023 * config["vocab_size"] * config["hidden_size"] * 2 / 4.8e12  # every decode step
         assert fp8["decode_gemm_bytes"] == pytest.approx(bf16["decode_gemm_bytes"] / 2 + head_s / 2, rel=1e-3)
         assert (fp8["prefill"], fp8["decode_attention"]) == (bf16["prefill"], bf16["decode_attention"])
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "nan", "inf", "many"])
+def test_a_rate_that_is_not_positive_and_finite_is_a_usage_error(bad, capsys):
+    """``--bandwidth 0`` was a ZeroDivisionError and ``nan`` or ``-1`` printed nonsense bounds."""
+    tool = load_tool()
+    for flag in ("--bandwidth", "--flops"):
+        with pytest.raises(SystemExit) as exit_info:
+            tool.main_with([flag, bad])
+        assert exit_info.value.code == 2
+        assert f"argument {flag}: invalid positive finite number value: '{bad}'" in capsys.readouterr().err
+
+
+def test_rates_pair_up_and_none_is_dropped(capsys):
+    """Three --bandwidth values print three rows (the third was dropped by a zip with the two
+    default FLOP/s); one value goes with every one of the other kind; unequal lists are refused."""
+    tool = load_tool()
+    parser = tool.argparse.ArgumentParser()
+    assert tool.rates_of(parser, None, None) == [(4.8e12, 989e12), (4.25e12, 789e12)]
+    assert tool.rates_of(parser, [1e12], None) == [(1e12, 989e12)]  # BENCHMARKS.md's H100 rows
+    assert tool.rates_of(parser, [1e12, 2e12], None) == [(1e12, 989e12), (2e12, 789e12)]
+    assert tool.rates_of(parser, [1e12, 2e12, 3e12], None) == [(b, 989e12) for b in (1e12, 2e12, 3e12)]
+    assert tool.rates_of(parser, None, [5e14]) == [(4.8e12, 5e14)]
+    assert tool.rates_of(parser, [1e12], [1e14, 2e14, 3e14]) == [(1e12, f) for f in (1e14, 2e14, 3e14)]
+    with pytest.raises(SystemExit):
+        tool.rates_of(parser, [1e12, 2e12], [1e14, 2e14, 3e14])
+    assert "2 --bandwidth and 3 --flops values" in capsys.readouterr().err
+    tool.main_with(["--bandwidth", "1e12", "--bandwidth", "2e12", "--bandwidth", "3e12"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("qwen3-0.6b ")]
+    assert [line.split()[1] for line in rows] == ["1.00", "2.00", "3.00"]
+
+
+def test_element_sizes_other_than_one_or_two_bytes_are_refused(capsys):
+    tool = load_tool()
+    for flag in ("--kv-bytes", "--weight-bytes"):
+        with pytest.raises(SystemExit):
+            tool.main_with([flag, "0"])
+        assert "invalid choice: 0 (choose from 1, 2)" in capsys.readouterr().err

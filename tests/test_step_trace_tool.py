@@ -86,3 +86,53 @@ def test_schedule_parts_print_inside_schedule_in_planning_order():
         "forward 5.00  sync 4.00  schedule 3.00 (plan 0.25, pack 1.00, copy 0.50, new 0.10)"
     )
     assert tool.phase_text({"sample": 0.26, "schedule": 1.0}, digits=1) == "schedule 1.0  sample 0.3"
+
+
+def _run_tool(*args: str):
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "step_trace.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_a_file_it_cannot_read_is_one_line_naming_it_not_a_traceback(tmp_path):
+    """A missing, empty, non-JSON, truncated-gzip or wrong-kind file was a traceback (or an
+    IndexError on an empty one); each is one line naming the file and what is wrong, status 2."""
+    import gzip
+
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "text.jsonl").write_text("hello\n")
+    (tmp_path / "list.jsonl").write_text("[1, 2]\n")
+    (tmp_path / "cut.jsonl").write_bytes(gzip.compress(b'{"t": 1, "dt": 0.1}\n' * 50)[:20])
+    expected = {
+        "missing.jsonl": "No such file or directory",
+        "empty.jsonl": "holds no records",
+        "text.jsonl": "line 1: not a JSON record: 'hello'",
+        "list.jsonl": "line 1: a record without t, dt",
+        "cut.jsonl": "cannot read",
+    }
+    for name, words in expected.items():
+        done = _run_tool(str(tmp_path / name))
+        assert done.returncode == 2, (name, done.stderr)
+        assert "Traceback" not in done.stderr and words in done.stderr, (name, done.stderr)
+        assert str(tmp_path / name) in done.stderr
+
+
+def test_a_step_trace_passed_as_the_request_trace_is_named_as_the_wrong_kind(tmp_path):
+    steps = tmp_path / "steps.jsonl"
+    steps.write_text('{"t": 1.0, "dt": 0.1, "kind": "decode", "reqs": 2, "tokens": 2, "running": 2}\n')
+    assert _run_tool(str(steps)).returncode == 0
+    done = _run_tool(str(steps), "--requests", str(steps))
+    assert done.returncode == 2 and "a record without sent, first, chunks:" in done.stderr
+    for bucket, words in (
+        ("0", "give a positive number"),
+        ("nan", "give a positive number"),
+        ("1e-9", "rows"),
+    ):
+        done = _run_tool(str(steps), "--bucket", bucket)
+        assert done.returncode == 2 and words in done.stderr and "Traceback" not in done.stderr, done.stderr

@@ -115,17 +115,63 @@ def bounds(
     }
 
 
+def _rate(text: str) -> float:
+    """A positive, finite rate (``4.8e12``); argparse turns the ValueError into a usage error."""
+    value = float(text)
+    if not (0 < value < float("inf")):
+        raise ValueError(text)
+    return value
+
+
+_rate.__name__ = "positive finite number"  # what argparse's message calls the type
+
+
+def rates_of(p: argparse.ArgumentParser, bandwidths: list[float] | None, flops: list[float] | None):
+    """The (bandwidth, FLOP/s) pairs to print. Given once, a rate goes with every one of the other
+    kind; given as often as the other, pairwise; only one kind given, it goes with the defaults
+    pairwise when there are as many of it, else with the first default (the nominal H200's)."""
+    nominal, measured = (4.8e12, 989e12), (4.25e12, 789e12)
+    if bandwidths is None and flops is None:
+        return [nominal, measured]
+    if bandwidths is None or flops is None:
+        given = bandwidths if bandwidths is not None else flops
+        defaults = [r[1 if flops is None else 0] for r in (nominal, measured)]
+        paired = defaults if len(given) == len(defaults) else [defaults[0]] * len(given)
+        return [(g, d) if flops is None else (d, g) for g, d in zip(given, paired, strict=True)]
+    if len(bandwidths) == 1:
+        bandwidths = bandwidths * len(flops)
+    elif len(flops) == 1:
+        flops = flops * len(bandwidths)
+    if len(bandwidths) != len(flops):
+        p.error(
+            f"{len(bandwidths)} --bandwidth and {len(flops)} --flops values: give them pairwise "
+            "(as many of each), or one of either kind"
+        )
+    return list(zip(bandwidths, flops, strict=True))
+
+
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--bandwidth", type=float, action="append", help="bytes/s (default: 4.8e12 and 4.25e12)")
-    p.add_argument("--flops", type=float, action="append", help="FLOP/s (default: 989e12 and 789e12)")
-    p.add_argument("--kv-bytes", type=int, default=BYTES, help="bytes a KV element (default 2: bf16; 1: fp8)")
+    main_with(sys.argv[1:])
+
+
+def main_with(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(prog="roofline.py")
+    p.add_argument("--bandwidth", type=_rate, action="append", help="bytes/s (default: 4.8e12 and 4.25e12)")
+    p.add_argument("--flops", type=_rate, action="append", help="FLOP/s (default: 989e12 and 789e12)")
     p.add_argument(
-        "--weight-bytes", type=int, default=BYTES, help="bytes a weight element (1: fp8; lm_head bf16)"
+        "--kv-bytes",
+        type=int,
+        choices=(1, 2),
+        default=BYTES,
+        help="bytes a KV element (default 2: bf16; 1: fp8)",
     )
+    p.add_argument(
+        "--weight-bytes", type=int, choices=(1, 2), default=BYTES,
+        help="bytes a weight element (1: fp8; lm_head bf16)",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true", help="one JSON object per line")
-    args = p.parse_args()
-    rates = list(zip(args.bandwidth or [4.8e12, 4.25e12], args.flops or [989e12, 789e12], strict=False))
+    args = p.parse_args(argv)
+    rates = rates_of(p, args.bandwidth, args.flops)
     for shape in sorted(SHAPES):
         for bandwidth, flops in rates:
             row = bounds(shape, bandwidth, flops, args.kv_bytes, args.weight_bytes)

@@ -18,17 +18,45 @@ import argparse
 import bisect
 import gzip
 import json
+import zlib
 from collections import defaultdict
 
 
-def load(path: str) -> list[dict]:
-    """The step records of a trace, gzipped (as benchmarks/results keeps them) or not, whatever
-    the file's name says (the engine writes plain lines, even to a ``.gz`` name); the engine's idle
-    records (no ``kind``) included."""
-    with open(path, "rb") as f:
-        zipped = f.read(2) == b"\x1f\x8b"
-    with gzip.open(path, "rt") if zipped else open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+class TraceError(Exception):
+    """A trace this tool cannot read: the message names the file and what is wrong."""
+
+
+def load(path: str, needs: tuple[str, ...] = ("t", "dt")) -> list[dict]:
+    """The records of a trace, gzipped (as benchmarks/results keeps them) or not, whatever the
+    file's name says (the engine writes plain lines, even to a ``.gz`` name); the engine's idle
+    records (no ``kind``) included. Each record must be a JSON object with the keys ``needs``."""
+    records = []
+    try:
+        with open(path, "rb") as f:
+            zipped = f.read(2) == b"\x1f\x8b"
+        with gzip.open(path, "rt") if zipped else open(path) as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    raise TraceError(
+                        f"{path}, line {number}: not a JSON record: {line.strip()[:80]!r}"
+                    ) from None
+                missing = [k for k in needs if k not in record] if isinstance(record, dict) else list(needs)
+                if missing:
+                    raise TraceError(
+                        f"{path}, line {number}: a record without {', '.join(missing)}: is this the "
+                        "right kind of trace (MINISGL_STEP_TRACE for the steps, bench serve --trace "
+                        "for --requests)?"
+                    )
+                records.append(record)
+    except (OSError, EOFError, UnicodeDecodeError, zlib.error) as e:
+        raise TraceError(f"cannot read {path}: {e}") from None
+    if not records:
+        raise TraceError(f"{path} holds no records (a run that has not stepped yet?)")
+    return records
 
 
 def pct(values: list[float], q: float) -> float:
@@ -188,16 +216,29 @@ def requests_view(steps: list[dict], reqs: list[dict]) -> None:
     print(f"  chunks per token p50 {pct(chunks, 50):.2f} (1.00: one SSE chunk per token)")
 
 
+#: the most timeline rows --bucket may ask for
+MAX_BUCKETS = 100_000
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("steps")
     p.add_argument("--requests")
-    p.add_argument("--bucket", type=float, default=0.5)
+    p.add_argument("--bucket", type=float, default=0.5, help="timeline bucket, seconds (default 0.5)")
     args = p.parse_args()
-    steps = load(args.steps)
+    if not (0 < args.bucket < float("inf")):
+        p.error(f"--bucket {args.bucket}: give a positive number of seconds")
+    try:
+        steps = load(args.steps)
+        reqs = load(args.requests, ("sent", "first", "chunks", "tokens")) if args.requests else None
+    except TraceError as e:
+        p.exit(2, f"step_trace: {e}\n")
+    span = steps[-1]["t"] + steps[-1]["dt"] - steps[0]["t"]
+    if span / args.bucket > MAX_BUCKETS:
+        p.error(f"--bucket {args.bucket}: {span:.1f} s of trace would print over {MAX_BUCKETS:,} rows")
     summarise(steps, args.bucket)
-    if args.requests:
-        requests_view(steps, load(args.requests))
+    if reqs is not None:
+        requests_view(steps, reqs)
 
 
 if __name__ == "__main__":
