@@ -9,8 +9,10 @@ import logging
 import math
 import os
 import platform
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -689,9 +691,38 @@ def _writable(text: str) -> str:
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise argparse.ArgumentTypeError(f"cannot write {text}: no directory {folder}")
-    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise argparse.ArgumentTypeError(f"cannot write {text}: permission denied")
+    if path.exists():
+        _check_opens_for_append(text, path)
+    else:
+        _check_can_create_in(text, folder)
     return text
+
+
+#: kernel interfaces: their files look regular, open for root, and fail (or act) on a write
+_KERNEL_FILE_SYSTEMS = (Path("/proc"), Path("/sys"))
+
+
+def _check_opens_for_append(text: str, path: Path) -> None:
+    """An existing ``path`` opens for appending, tried (``os.access`` says yes to root on any file,
+    /proc's and /sys's included, whose write then failed after the run)."""
+    if stat.S_ISREG(path.stat().st_mode) and any(
+        path.resolve().is_relative_to(root) for root in _KERNEL_FILE_SYSTEMS
+    ):
+        raise argparse.ArgumentTypeError(
+            f"cannot write {text}: a kernel interface file, not a file for results"
+        )
+    try:  # non-blocking: a FIFO with no reader fails here instead of hanging the bench
+        os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK))
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot write {text}: {e.strerror.lower()}") from None
+
+
+def _check_can_create_in(text: str, folder: Path) -> None:
+    """A file can be made in ``folder``: tried with a temporary one, removed at once."""
+    try:
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot write {text}: {e.strerror.lower()}") from None
 
 
 def _model_cache(text: str) -> str:
@@ -704,8 +735,7 @@ def _model_cache(text: str) -> str:
     folder = path.parent if str(path.parent) else Path(".")
     if not path.exists() and not folder.is_dir():
         raise argparse.ArgumentTypeError(f"cannot write {text}: no directory {folder}")
-    if not os.access(path if path.exists() else folder, os.W_OK):
-        raise argparse.ArgumentTypeError(f"cannot write {text}: permission denied")
+    _check_can_create_in(text, path if path.exists() else folder)
     return text
 
 

@@ -353,6 +353,37 @@ def test_files_a_bench_writes_are_checked_before_it_runs(tmp_path, capsys) -> No
     assert "argument --profile: " in proc.stderr and "no directory" in proc.stderr, proc.stderr
 
 
+def test_output_files_the_bench_could_not_write_are_refused_before_the_run(tmp_path) -> None:
+    """``os.access`` said yes to root for /proc's and /sys's files and folders, and the write failed
+    (or, in /sys, could act) after the run; a FIFO with no reader would hang the write. Each is now
+    tried before the run; a file that can be written still passes, untouched."""
+    import argparse
+    import os
+    import stat
+
+    from minisgl_core.bench.cli import _model_cache, _writable
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    kept = tmp_path / "kept.jsonl"
+    kept.write_text("{}\n")
+    refused = ["/proc/version", "/proc/minisgl-result.json", "/sys/minisgl-result.json", str(fifo)]
+    sys_file = "/sys/kernel/mm/transparent_hugepage/enabled"
+    if os.path.exists(sys_file):
+        refused.append(sys_file)
+    for path in refused:
+        with pytest.raises(argparse.ArgumentTypeError, match=f"cannot write {path}: "):
+            _writable(path)
+    for folder in ("/proc", "/sys"):
+        with pytest.raises(argparse.ArgumentTypeError, match=f"cannot write {folder}/minisgl-models: "):
+            _model_cache(f"{folder}/minisgl-models")
+    assert _writable(str(kept)) == str(kept) and kept.read_text() == "{}\n"
+    assert _writable(str(tmp_path / "new.jsonl")) and not (tmp_path / "new.jsonl").exists()
+    assert _model_cache(str(tmp_path / "models")) and sorted(tmp_path.iterdir()) == sorted([fifo, kept])
+    assert _writable(os.devnull) == os.devnull
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+
+
 def test_a_model_cache_that_is_a_file_or_in_no_directory_is_one_line(tmp_path, capsys) -> None:
     """--model-cache at a file was a NotADirectoryError traceback (bench grammar, and bench offline
     --shape after its checks); one in a missing directory was made, every folder up to / (grammar)."""
