@@ -35,6 +35,11 @@ BROKEN = [
       "minProperties": 2}, '{"k":0,"k":1}'),
     ({"type": "object", "minProperties": 2}, '{"x":1,"x":2}'),
     ({"type": "object", "properties": {"a": {"type": "object", "minProperties": 3}}}, '{"a":{"x":1,"x":2,"x":3}}'),
+    # keywords of a type beside no "type": xgrammar drops them (the plugin writes one schema per type)
+    ({"maxItems": 2}, "[1,2,3]"),
+    ({"minimum": 5}, "3"),
+    ({"maxLength": 3}, '"abcd"'),
+    ({"type": "object", "properties": {"a": {"minProperties": 1}}}, '{"a":{}}'),
     # a oneOf whose branches overlap: xgrammar compiles it as anyOf (the plugin refuses it)
     ({"oneOf": [{"type": "object", "properties": {"a": {"type": "integer"}}},
                 {"type": "object", "properties": {"b": {"type": "integer"}}}]}, '{"a":1}'),
@@ -58,6 +63,7 @@ def test_llguidance_keeps_what_the_limits_allow(backend):
     assert _takes(backend, {"type": "object", "required": ["a"]}, '{"a":1}')
     assert _takes(backend, {"type": "string", "enum": ["aa", "bbbb"], "minLength": 3}, '"bbbb"')
     assert _takes(backend, {"type": "string", "pattern": "^[a-z]+$", "minLength": 5}, '"jsonjson"')
+    assert _takes(backend, {"maxItems": 2}, '"abc"') and _takes(backend, {"minimum": 5}, "[3]")
     # a oneOf of disjoint branches, as the xgrammar plugin takes it too
     assert _takes(backend, {"oneOf": [{"type": "string"}, {"type": "integer"}]}, "12")
     tagged = {

@@ -2,7 +2,8 @@
 (:func:`rewrite_for_xgrammar`): an ``enum`` filtered by the keywords beside it, whole integer
 bounds, exact formats and patterns, a moot ``propertyNames`` dropped, an array or object that
 counts its items or properties without describing them given ``items: {}`` or
-``additionalProperties: {}``."""
+``additionalProperties: {}``, a schema naming no type but holding keywords of some written as one
+schema per type."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from minisgl_core.api.grammar import FORMAT_REGEXES
 from minisgl_plugin_xgrammar.patterns import xgrammar_pattern
 from minisgl_plugin_xgrammar.schema_walk import (
     _RANGE_KEYWORDS,
+    _TYPE_KEYWORDS,
     _ChoiceFilters,
     _counts_items_of_none,
     _counts_properties_of_none,
@@ -21,15 +23,18 @@ from minisgl_plugin_xgrammar.schema_walk import (
     _integer_span,
     _is_number,
     _length_limits,
+    _resolve,
+    _types_left_open,
     _walk,
 )
 
 
 def rewrite_for_xgrammar(schema: Any) -> bool:
     """The rewrites a checked schema gets before xgrammar compiles it, in place; whether any
-    changed it."""
+    changed it. Types first: the others read each schema's type."""
     return (
-        apply_siblings_to_choices(schema)
+        one_schema_per_type(schema)
+        | apply_siblings_to_choices(schema)
         | whole_integer_bounds(schema)
         | exact_formats(schema)
         | exact_patterns(schema)
@@ -172,3 +177,47 @@ def open_counted_containers(schema: Any) -> bool:
         if _counts_properties_of_none(sub):
             sub["additionalProperties"], changed = {}, True
     return changed
+
+
+def one_schema_per_type(schema: Any) -> bool:
+    """Write each schema in ``schema`` that names no type but holds keywords of some
+    (:func:`~minisgl_plugin_xgrammar.schema_walk._types_left_open`, which xgrammar read as any value,
+    dropping them, or as an object or array alone) as JSON Schema reads it, in place: an ``anyOf``
+    of one schema per JSON type, each with that type's keywords (:data:`_TYPE_KEYWORDS`) and
+    nothing else, the other keywords (``$defs``, ``title``...) left beside it. ``{"maxItems": 2}``
+    becomes ``{"anyOf": [{"type": "object"}, {"type": "array", "maxItems": 2}, {"type":
+    "string"}, ...]}``. A schema of property names (a ``propertyNames``, its branches, what they
+    refer to) gets ``"type": "string"`` instead: a name is a string, and xgrammar writes a name as
+    whatever its schema allows (``{1:1}`` for a number). Whether any was rewritten."""
+    names = _name_schemas(schema)
+    changed = False
+    for sub, _, _ in _walk(schema):  # (a schema is walked as rewritten: into its new branches)
+        if not _types_left_open(sub):
+            continue
+        if id(sub) in names:
+            sub["type"] = "string"
+        else:
+            sub["anyOf"] = [
+                {"type": name, **{key: sub.pop(key) for key in keys if key in sub}}
+                for name, keys in _TYPE_KEYWORDS.items()
+            ]
+        changed = True
+    return changed
+
+
+def _name_schemas(root: Any) -> set[int]:
+    """The ``id`` of each schema in ``root`` that property names are checked against: every
+    ``propertyNames``, and what its ``anyOf``, ``oneOf``, ``allOf`` and ``$ref`` lead to."""
+    found: set[int] = set()
+    stack = [sub["propertyNames"] for sub, _, _ in _walk(root) if isinstance(sub.get("propertyNames"), dict)]
+    while stack:
+        sub = stack.pop()
+        if not isinstance(sub, dict) or id(sub) in found:
+            continue
+        found.add(id(sub))
+        if "$ref" in sub:
+            stack.append(_resolve({"$ref": sub["$ref"]}, root))
+        for key in ("anyOf", "oneOf", "allOf"):
+            if isinstance(sub.get(key), list):
+                stack += sub[key]
+    return found

@@ -341,9 +341,50 @@ class _ChoiceFilters:
 
 
 def _typed(schema: dict, name: str) -> bool:
-    """Whether ``schema``'s ``type`` names ``name`` (alone or in a list)."""
+    """Whether ``schema``'s ``type`` names ``name`` (alone or in a list), or it names no type but
+    holds keywords of some (:func:`_types_left_open`): it is then written as one schema per type,
+    one of ``name`` among them."""
     types = schema.get("type")
-    return types == name or (isinstance(types, list) and name in types)
+    return types == name or (isinstance(types, list) and name in types) or _types_left_open(schema)
+
+
+#: the keywords that assert something of the values of one JSON type only: JSON Schema applies each
+#: to a value of its type and lets a value of any other type pass it
+_TYPE_KEYWORDS = {
+    "object": (
+        "properties", "patternProperties", "additionalProperties", "unevaluatedProperties",
+        "propertyNames", "required", "minProperties", "maxProperties", "dependentRequired",
+        "dependentSchemas", "dependencies",
+    ),
+    "array": (
+        "items", "prefixItems", "additionalItems", "unevaluatedItems", "contains", "minContains",
+        "maxContains", "minItems", "maxItems", "uniqueItems",
+    ),
+    "string": ("minLength", "maxLength", "pattern", "format"),
+    "number": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"),
+    "boolean": (),
+    "null": (),
+}  # fmt: skip
+
+
+#: keywords xgrammar compiles before, and instead of, a schema's type: the type's keywords beside
+#: them are filtered or refused by their own rules (apply_siblings_to_choices, _dropped_beside)
+_COMPILED_BEFORE_TYPE = ("$ref", "const", "enum", "anyOf", "oneOf", "allOf")
+
+
+def _types_left_open(schema: dict) -> bool:
+    """Whether ``schema`` names no ``type`` yet holds keywords of some types (:data:`_TYPE_KEYWORDS`).
+    xgrammar reads such a schema by its own rule, not JSON Schema's (any value, where each type's
+    keywords bind the values of that type): as any value with the keywords dropped (``[1,2,3]``
+    passed ``{"maxItems": 2}``, 3 ``{"minimum": 5}``, ``"abcd"`` ``{"maxLength": 3}``), or as an
+    object alone beside ``properties`` or ``additionalProperties`` and an array alone beside
+    ``items`` or ``prefixItems`` (5, which ``{"properties": {...}}`` allows, was refused).
+    :func:`~minisgl_plugin_xgrammar.schema_rewrites.one_schema_per_type` rewrites it."""
+    return (
+        "type" not in schema
+        and not any(key in schema for key in _COMPILED_BEFORE_TYPE)
+        and any(key in schema for keys in _TYPE_KEYWORDS.values() for key in keys)
+    )
 
 
 def _counts_items_of_none(schema: dict) -> bool:

@@ -76,6 +76,13 @@ def test_formats_and_patterns_in_a_tag_are_written_as_for_a_schema(backend, take
     )
 
 
+def test_a_tag_schema_without_type_holds_to_its_keywords(backend, takes):
+    """Written one schema per type as a ``json_schema`` grammar's is: xgrammar dropped them."""
+    few = _tag({"maxItems": 2, "maxLength": 2})
+    for text, taken in [("[1,2]", True), ('{"a":[1,2,3]}', True), ("[1,2,3]", False), ('"abc"', False)]:
+        assert takes("structural_tag", few, f"<f>{text}</f>") is taken, text
+
+
 def test_json_in_a_tag_is_compact_and_walks_end_valid(backend, takes):
     """A tag's JSON is written as a ``json_schema`` grammar's, compact: xgrammar's own allows free
     whitespace, in which a random model ran to its token limit ("<f>{" then spaces)."""

@@ -1,0 +1,209 @@
+"""A schema that names no ``type`` but holds keywords of some: JSON Schema applies each keyword to
+the values of its type and lets any other value pass (``{"maxItems": 2}`` is any value but an
+array of three). xgrammar read such a schema as any value with the keywords dropped (``[1,2,3]``
+passed ``{"maxItems": 2}``, 3 ``{"minimum": 5}``), or as an object alone beside ``properties``
+(5 refused). The backend writes it as an ``anyOf`` of one schema per type
+(:func:`~minisgl_plugin_xgrammar.schema_rewrites.one_schema_per_type`); what the matcher takes is
+then what ``jsonschema`` takes, in every place a schema can be (as strict mode reads a schema: an
+object beside ``properties`` has no other key unless ``additionalProperties`` says so)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+
+import jsonschema
+import pytest
+import xgrammar as xgr
+from minisgl_plugin_xgrammar.schema_rewrites import one_schema_per_type
+from minisgl_plugin_xgrammar.schema_walk import _walk
+
+from minisgl_core.api import GrammarError, GrammarSpec
+
+_BYTES = xgr.TokenizerInfo(
+    [bytes([b]) for b in range(256)] + [b"</s>"], vocab_type=xgr.VocabType.RAW, stop_token_ids=[256]
+)
+
+#: a value of each type, and values that the keywords below hold to or break
+VALUES = [
+    "null", "true", "0", "3", "7", "-2", "2.5", '""', '"a"', '"aa"', '"abcd"', '"2024-02-30"',
+    '"2024-02-28"', "[]", "[1]", "[1,2,3]", '["a"]', '["abcd"]', "[[1,2,3]]", "{}", '{"a":1}',
+    '{"a":"abcd"}', '{"a":[1,2,3]}', '{"a":7}', '{"b":null}', '{"a":1,"b":2}', '{"b":"abcd"}',
+]  # fmt: skip
+
+#: schemas naming no type, at the root and in each place a schema can be
+CASES = [
+    {"maxItems": 2},
+    {"minItems": 2},
+    {"minimum": 5},
+    {"maximum": 2.5, "exclusiveMinimum": 0},
+    {"maxLength": 3},
+    {"minLength": 2, "maxLength": 3},
+    {"pattern": "^a+$"},
+    {"format": "date"},
+    {"minProperties": 1},
+    {"maxProperties": 1},
+    {"properties": {"a": {"type": "integer"}}},
+    {"properties": {"a": {"type": "integer"}}, "required": ["a"]},
+    {"properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "null"}},
+    {"items": {"type": "integer"}},
+    {"items": {"maxItems": 2}},
+    {"maxItems": 2, "maxLength": 3, "minimum": 5, "maxProperties": 1},
+    {"title": "many", "description": "keywords of each type", "minItems": 1, "minLength": 1, "maximum": 3},
+    {"type": "object", "properties": {"a": {"maxLength": 3}, "b": {"minimum": 5}}},
+    {"type": "object", "additionalProperties": {"maxItems": 2}},
+    {"type": "array", "items": {"minimum": 5}},
+    {"type": "array", "prefixItems": [{"maxLength": 3}], "items": {"maxItems": 2}},
+    {"anyOf": [{"maxLength": 3}, {"type": "integer"}]},
+    {"$defs": {"short": {"maxLength": 3}}, "type": "array", "items": {"$ref": "#/$defs/short"}},
+    {"$defs": {"few": {"maxItems": 1}}, "$ref": "#/$defs/few"},
+    {"$defs": {"few": {"maxItems": 1}}, "minimum": 5, "properties": {"a": {"$ref": "#/$defs/few"}}},
+    {"properties": {"a": {"properties": {"a": {"minimum": 5}}}}},
+]  # fmt: skip
+
+
+def _valid(schema: dict, text: str) -> bool:
+    """Whether ``jsonschema`` takes ``text`` for ``schema`` read as the backend's strict mode reads
+    it (no key outside ``properties`` unless ``additionalProperties`` allows it), formats checked."""
+    strict = copy.deepcopy(schema)
+    for sub, _, _ in _walk(strict):
+        if "properties" in sub:
+            sub.setdefault("additionalProperties", False)
+    validator = jsonschema.Draft202012Validator(
+        strict, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
+    )
+    return validator.is_valid(json.loads(text))
+
+
+def _xgrammar_takes(schema: dict, text: str) -> bool:
+    grammar = xgr.Grammar.from_json_schema(
+        json.dumps(schema), any_whitespace=False, separators=(",", ":"), strict_mode=True
+    )
+    matcher = xgr.GrammarMatcher(xgr.GrammarCompiler(_BYTES, max_threads=1).compile_grammar(grammar))
+    return all(matcher.accept_token(b) for b in text.encode()) and matcher.accept_token(256)
+
+
+def test_xgrammar_still_reads_a_schema_without_type_its_own_way():
+    """The witness: if this fails, xgrammar reads such schemas as JSON Schema does; drop the rewrite."""
+    assert _xgrammar_takes({"maxItems": 2}, "[1,2,3]")
+    assert _xgrammar_takes({"minimum": 5}, "3")
+    assert _xgrammar_takes({"maxLength": 3}, '"abcd"')
+    assert not _xgrammar_takes({"properties": {"a": {"type": "integer"}}}, "5")
+
+
+@pytest.mark.parametrize("schema", CASES, ids=json.dumps)
+def test_the_matcher_takes_what_jsonschema_takes(takes, schema):
+    for text in VALUES:
+        assert takes("json_schema", schema, text) == _valid(schema, text), text
+
+
+def _random_schema(rng: random.Random, depth: int = 0) -> dict:
+    """A schema naming no type, of keywords of several types (and nested schemas, some typed)."""
+    keywords = [
+        # (each lower limit at most each upper one: see test_limits_leaving_no_value_of_their_type_are_refused)
+        ("minimum", lambda: rng.choice([0, 2.5])),
+        ("maximum", lambda: rng.choice([2.5, 3, 7])),
+        ("exclusiveMinimum", lambda: rng.choice([-2, 0])),
+        ("minLength", lambda: rng.randint(0, 2)),
+        ("maxLength", lambda: rng.randint(2, 4)),
+        ("pattern", lambda: rng.choice(["^a*$", "^[ab]+$"])),
+        ("minItems", lambda: rng.randint(0, 1)),
+        ("maxItems", lambda: rng.randint(1, 3)),
+        ("maxProperties", lambda: rng.randint(1, 2)),
+    ]
+    if depth < 2:
+        keywords += [
+            ("items", lambda: _random_schema(rng, depth + 1)),
+            ("properties", lambda: {"a": _random_schema(rng, depth + 1), "b": {"type": "null"}}),
+            (
+                "additionalProperties",
+                lambda: rng.choice([{"type": "integer"}, _random_schema(rng, depth + 1)]),
+            ),
+        ]
+    schema = {key: value() for key, value in rng.sample(keywords, rng.randint(1, 4))}
+    if "pattern" in schema:  # (length limits beside a pattern are refused: xgrammar drops them)
+        for key in ("minLength", "maxLength"):
+            schema.pop(key, None)
+    if "properties" in schema and rng.random() < 0.5:
+        schema["required"] = ["a"]
+    return schema
+
+
+def test_random_schemas_without_type_take_what_jsonschema_takes(takes):
+    """60 random schemas of keywords of several types, nested in one another: each value the matcher
+    takes is valid, and each valid one is taken."""
+    rng = random.Random(20261207)
+    for _ in range(60):
+        schema = _random_schema(rng)
+        for text in VALUES:
+            assert takes("json_schema", schema, text) == _valid(schema, text), (schema, text)
+
+
+def test_limits_leaving_no_value_of_their_type_are_refused(backend):
+    """Written per type, a branch whose limits leave no value of its type is xgrammar's to refuse
+    (a 400 naming them), as beside its type: JSON Schema reads ``{"minItems": 2, "maxItems": 1}``
+    as any value but an array, most likely not what was meant."""
+    for schema in ({"minItems": 2, "maxItems": 1}, {"type": "array", "minItems": 2, "maxItems": 1}):
+        with pytest.raises(GrammarError, match="minItems is greater than maxItems"):
+            backend.check(GrammarSpec("json_schema", json.dumps(schema)))
+
+
+def test_a_schema_of_property_names_is_a_string_schema(takes):
+    """A name is a string: the branches of a ``propertyNames`` get ``"type": "string"``, not one
+    schema per type (xgrammar writes a name as whatever its schema allows: ``{1:1}`` passed)."""
+    schema = {"type": "object", "propertyNames": {"anyOf": [{"maxLength": 2}, {"pattern": "^x+$"}]}}
+    assert takes("json_schema", schema, '{"ab":1}') and takes("json_schema", schema, '{"xxx":1}')
+    assert not takes("json_schema", schema, '{"abc":1}')
+    assert not takes("json_schema", schema, "{1:1}")
+    by_ref = {
+        "$defs": {"short": {"maxLength": 2}},
+        "type": "object",
+        "propertyNames": {"$ref": "#/$defs/short"},
+    }
+    assert takes("json_schema", by_ref, '{"ab":1}')
+    assert not takes("json_schema", by_ref, '{"abc":1}') and not takes("json_schema", by_ref, "{1:1}")
+
+
+def test_what_typed_schemas_refuse_is_refused_without_type(backend):
+    """Written per type, the object's keywords meet the object's checks: ``minProperties: 2``,
+    which a repeated key could meet, is refused as it is beside ``"type": "object"``."""
+    for schema in ({"minProperties": 2}, {"type": "object", "minProperties": 2}):
+        with pytest.raises(GrammarError, match="'minProperties' with keys outside 'properties' at #"):
+            backend.check(GrammarSpec("json_schema", json.dumps(schema)))
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {},
+        {"title": "t", "description": "any value", "default": 3, "examples": [1]},
+        {"type": "string", "maxLength": 3},
+        {"type": ["array", "null"], "maxItems": 2},
+        {"enum": [1, "abcd"], "maxLength": 3},
+        {"const": "ab", "maxLength": 3},
+        {"anyOf": [{"type": "integer"}, {"type": "string"}]},
+        {"$defs": {"n": {"type": "integer"}}, "$ref": "#/$defs/n"},
+    ],
+    ids=json.dumps,
+)
+def test_schemas_with_a_type_or_no_type_keywords_are_left_as_written(schema):
+    written = copy.deepcopy(schema)
+    assert not one_schema_per_type(written) and written == schema
+
+
+def test_a_schema_without_type_is_written_one_schema_per_type():
+    schema = {"$defs": {"n": {"type": "integer"}}, "title": "t", "maxItems": 2, "minimum": 1}
+    assert one_schema_per_type(schema)
+    assert schema == {
+        "$defs": {"n": {"type": "integer"}},
+        "title": "t",
+        "anyOf": [
+            {"type": "object"},
+            {"type": "array", "maxItems": 2},
+            {"type": "string"},
+            {"type": "number", "minimum": 1},
+            {"type": "boolean"},
+            {"type": "null"},
+        ],
+    }
