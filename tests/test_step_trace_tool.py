@@ -136,3 +136,21 @@ def test_a_step_trace_passed_as_the_request_trace_is_named_as_the_wrong_kind(tmp
     ):
         done = _run_tool(str(steps), "--bucket", bucket)
         assert done.returncode == 2 and words in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_trace_from_a_pipe_reads_whole_gzipped_or_not(tmp_path):
+    """``step_trace.py <(zcat steps.jsonl.gz)``: the file was opened twice (once to sniff for
+    gzip), so a pipe lost its first two bytes and the first record failed to parse."""
+    import gzip
+    import os
+    import threading
+
+    record = b'{"t": 1.0, "dt": 0.1, "kind": "decode", "reqs": 2, "tokens": 2, "running": 2}\n'
+    for payload in (record * 3, gzip.compress(record * 3)):
+        fifo = tmp_path / f"pipe{len(payload)}"
+        os.mkfifo(fifo)
+        # a daemon: the old reader, gone after two bytes, would leave it blocked for good
+        threading.Thread(target=lambda f=fifo, p=payload: f.write_bytes(p), daemon=True).start()
+        done = _run_tool(str(fifo))  # its own timeout: the old reader waited on a second open
+        assert done.returncode == 0, done.stderr
+        assert "wall 0.10 s, 3 steps" in done.stdout

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import gzip
+import io
 import json
 import zlib
 from collections import defaultdict
@@ -32,10 +33,11 @@ def load(path: str, needs: tuple[str, ...] = ("t", "dt")) -> list[dict]:
     records (no ``kind``) included. Each record must be a JSON object with the keys ``needs``."""
     records = []
     try:
-        with open(path, "rb") as f:
-            zipped = f.read(2) == b"\x1f\x8b"
-        with gzip.open(path, "rt") if zipped else open(path) as f:
-            for number, line in enumerate(f, 1):
+        # opened once, its first bytes peeked: a pipe (``<(zcat ...)``) cannot be read twice
+        with open(path, "rb") as raw:
+            zipped = raw.peek(2)[:2] == b"\x1f\x8b"
+            lines = io.TextIOWrapper(gzip.GzipFile(fileobj=raw) if zipped else raw, encoding="utf-8")
+            for number, line in enumerate(lines, 1):
                 if not line.strip():
                     continue
                 try:
