@@ -102,13 +102,12 @@ class Admission(Message):
     code: str | None = None
     #: the prompt opened the reasoning (TokenizeRequest.reasoning_tags): the output begins inside it
     reasoning_opened: bool = False
-    #: the request's grammar applies after the reasoning (``SamplingParams.reasoning_tag_ids`` set):
-    #: the text after the end tag is the grammar's, whitespace included
-    reasoning_gated: bool = False
-    #: the request's grammar applies from the output's first token although the request names
-    #: reasoning tags (the prompt closed the reasoning, or the tags are not single tokens of the
-    #: tokenizer): the whole output is the grammar's answer, with no reasoning before it
-    grammar_from_start: bool = False
+    #: the request has a grammar and names reasoning tags: the answer is the grammar's text exactly,
+    #: whitespace included. The grammar applies after the reasoning's end tag where the engine can
+    #: wait for it (``SamplingParams.reasoning_tag_ids`` set), else from the output's first token
+    #: (the prompt closed the reasoning, or the tags are not single tokens of the tokenizer); either
+    #: way an output that does not open the reasoning itself is the grammar's answer whole
+    grammar_answer: bool = False
 
 
 @dataclass

@@ -295,12 +295,7 @@ def tokenizer_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_r
                     sampling.max_tokens,
                     prompt_ids=prompt_ids,
                     reasoning_opened=opened,
-                    reasoning_gated=sampling.reasoning_tag_ids is not None,
-                    grammar_from_start=(
-                        msg.reasoning_tags is not None
-                        and sampling.grammar is not None
-                        and sampling.reasoning_tag_ids is None
-                    ),
+                    grammar_answer=msg.reasoning_tags is not None and sampling.grammar is not None,
                 ),
             )
             for i, rid in enumerate(msg.rids):

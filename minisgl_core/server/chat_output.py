@@ -97,21 +97,18 @@ class ChoiceOutput:
         reasoning_parser: type[ReasoningParser] | None,
         labels: Mapping[type, str] | None = None,
         reasoning_opened: bool = False,
-        grammar_after_reasoning: bool = False,
-        grammar_from_start: bool = False,
+        grammar_answer: bool = False,
     ) -> None:
         """``labels``: how errors name each parser class (:attr:`ApiOptions.parser_labels`);
         ``reasoning_opened``: the prompt ended with a TagReasoningParser's start tag, so the output
         is read as if it began with it (it begins inside the reasoning);
-        ``grammar_after_reasoning``: a grammar constrained the text after the reasoning's end tag
-        (``Admission.reasoning_gated``), so that text is the answer as generated, whitespace
-        included: a TagReasoningParser drops the whitespace after the end tag (a model's
-        "</think>\n\n"), which there is the grammar's (a regex or choice opening with a space);
-        ``grammar_from_start``: a grammar constrained the output from its first token
-        (``Admission.grammar_from_start``: the prompt closed the reasoning, or its tags are not
-        single tokens), so an output that does not open the reasoning itself is the answer whole,
-        whatever a TagReasoningParser reads (deepseek_r1's reads an output without its end tag as
-        reasoning), and one that does is split at the end tag as with ``grammar_after_reasoning``."""
+        ``grammar_answer``: a grammar constrained the answer (``Admission.grammar_answer``), after
+        the reasoning's end tag or from the output's first token, so the text after the end tag is
+        the answer as generated, whitespace included (a TagReasoningParser drops the whitespace
+        after the end tag, a model's "</think>\n\n", which there is the grammar's: a regex or
+        choice opening with a space), and an output that does not open the reasoning itself is the
+        answer whole, whatever a TagReasoningParser reads (deepseek_r1's reads an output without
+        its end tag as reasoning)."""
         self._labels = labels or {}
         self._reasoning_cls = reasoning_parser
         self.reasoning = (
@@ -119,7 +116,7 @@ class ChoiceOutput:
         )
         if reasoning_opened and isinstance(self.reasoning, TagReasoningParser):
             self._reasoning(self.reasoning.feed, self.reasoning.start_tag)  # (nothing to send yet)
-        self._exact_answer = (grammar_after_reasoning or grammar_from_start) and isinstance(
+        self._exact_answer = grammar_answer and isinstance(
             self.reasoning, TagReasoningParser
         )
         #: with an exact answer (see :meth:`_answer_part`): whether the output opened the reasoning
@@ -207,7 +204,7 @@ class ChoiceOutput:
         return "tool_calls" if self.made_calls else reason
 
     def _answer_part(self, text: str) -> str | None:
-        """With an exact answer (``grammar_after_reasoning``): the part of ``text``, the next piece
+        """With an exact answer (``grammar_answer``): the part of ``text``, the next piece
         of output (the whole of it for :meth:`message`), that belongs to the answer after the
         reasoning's end tag, as generated; None before the answer begins. An output that did not
         open the reasoning (nor did the prompt) is the answer whole: the engine applied the

@@ -134,8 +134,7 @@ def make_router(
                 options.reasoning_parser,
                 options.parser_labels,
                 admission.reasoning_opened,
-                admission.reasoning_gated,
-                admission.grammar_from_start,
+                admission.grammar_answer,
             )
 
         produced = [0] * group.num_choices  # each choice's completion tokens so far

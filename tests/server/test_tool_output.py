@@ -473,7 +473,7 @@ def test_stream_reasoning_deltas():
     ],
 )
 def test_an_answer_constrained_after_the_reasoning_keeps_its_whitespace(text, opened, content):
-    """With a grammar after the reasoning (``Admission.reasoning_gated``) the text after
+    """With a grammar after the reasoning (``Admission.grammar_answer``) the text after
     ``</think>`` is the grammar's: the parser's dropping of the whitespace after the tag (a model's
     "</think>\n\n") would change the answer (a choice of " yes" / " no" came back as "yes"), so it
     is kept, whole and streamed at every split; without a grammar the whitespace goes, as before."""
