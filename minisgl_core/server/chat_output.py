@@ -116,9 +116,7 @@ class ChoiceOutput:
         )
         if reasoning_opened and isinstance(self.reasoning, TagReasoningParser):
             self._reasoning(self.reasoning.feed, self.reasoning.start_tag)  # (nothing to send yet)
-        self._exact_answer = grammar_answer and isinstance(
-            self.reasoning, TagReasoningParser
-        )
+        self._exact_answer = grammar_answer and isinstance(self.reasoning, TagReasoningParser)
         #: with an exact answer (see :meth:`_answer_part`): whether the output opened the reasoning
         #: (None: not known yet), whether the answer has begun, and the text held until then
         self._opened: bool | None = True if reasoning_opened else None
