@@ -359,3 +359,27 @@ def test_minisgl_generate_says_it_in_one_line(model_dir, plugin_installed, capsy
         "RuntimeError: the backend exploded on purpose (its traceback: --log-level debug)"
     ), err
     assert not any(line.startswith("Traceback") for line in err), err
+
+
+@pytest.mark.parametrize(
+    "value, count",
+    [
+        (0, 0),
+        (7, 7),
+        ("numpy", 5),
+        (True, None),
+        (False, None),
+        (-1, None),
+        (2.0, None),
+        ("3", None),
+        (None, None),
+    ],
+)
+def test_a_cache_size_count_is_a_non_negative_integer(value, count):
+    """What ``KVManager.size_info`` takes as a token count: an int or a numpy int, not a bool (an
+    int subclass), a float, a string or a negative number."""
+    import numpy as np
+
+    from minisgl_core.scheduler.kv import _count
+
+    assert _count(np.int64(5) if value == "numpy" else value) == count

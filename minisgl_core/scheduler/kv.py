@@ -42,6 +42,15 @@ def _expected_final_len(
     return max(prompt_len + output_len + math.ceil(ratio * (max_tokens - output_len)), fill_len + 1)
 
 
+def _count(value: object) -> int | None:
+    """``value`` as a token count: a non-negative integer (an int, a numpy int; not a bool or a
+    float), else None."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        return None
+    count = operator.index(value)  # type: ignore[arg-type]
+    return count if count >= 0 else None
+
+
 class KVManager:
     def __init__(self, allocator: PageAllocator, cache: CacheManager, page_size: int) -> None:
         self.allocator = allocator
@@ -166,16 +175,9 @@ class KVManager:
         admission arithmetic, a float or a negative count skewed it without a word); WrongResult
         naming the cache if it is not two non-negative integer token counts."""
         size = self.cache.size_info()
-        counts = [getattr(size, "evictable", None), getattr(size, "protected", None)]
-        try:
-            if any(isinstance(n, bool) for n in counts):
-                raise TypeError
-            evictable, protected = (operator.index(n) for n in counts)  # (an int, a numpy int)
-        except TypeError:
-            pass
-        else:
-            if evictable >= 0 and protected >= 0:
-                return CacheSize(evictable, protected)
+        counts = [_count(getattr(size, name, None)) for name in ("evictable", "protected")]
+        if None not in counts:
+            return CacheSize(*counts)  # type: ignore[arg-type]
         what = repr(size) if isinstance(size, tuple) and len(repr(size)) <= 80 else shown(size)
         raise WrongResult(
             self.cache,
