@@ -41,7 +41,8 @@ def add_bench_command(sub) -> None:
     )  # fmt: skip
     p.add_argument(
         "--num-requests", type=_positive_int, default=256,
-        help="requests of the standard workload (default: %(default)s, its standard size)",
+        help="requests of the standard workload (default: %(default)s, its standard size; another N "
+        "draws N prompts, then N output lengths, as nano-vllm's bench does: not the first N of the 256)",
     )  # fmt: skip
     p.add_argument(
         "--temperature", type=_temperature, default=0.6, help="sampling temperature (default: %(default)s)"
@@ -80,7 +81,8 @@ def add_bench_command(sub) -> None:
     )  # fmt: skip
     p.add_argument(
         "--num-requests", type=_positive_int, default=256,
-        help="requests of the standard workload (default: %(default)s)",
+        help="requests of the standard workload (default: %(default)s; another N draws its own N, "
+        "not the first N of the 256)",
     )  # fmt: skip
     p.add_argument(
         "--concurrency", type=_positive_ints, default=None, help="comma-separated sweep, e.g. 1,16,64"

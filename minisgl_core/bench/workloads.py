@@ -18,7 +18,9 @@ STANDARD_MAX_PROMPT = 1024
 def standard_offline(num_requests: int = 256, seed: int = 0) -> list[BenchRequest]:
     """The field's standard offline throughput workload (nano-vllm's bench): 100-1024 random prompt
     tokens, then 100-1024 output tokens per request. With the defaults: 142,827 prompt tokens and
-    133,966 output tokens."""
+    133,966 output tokens. Every prompt is drawn before the first output length (nano-vllm's order,
+    which the peer's driver keeps), so ``standard_offline(n)`` is not the first ``n`` requests of
+    ``standard_offline(256)``: their prompts are the same, their output lengths not."""
     rng = random.Random(seed)
     prompts = [
         [rng.randint(0, 10000) for _ in range(rng.randint(100, STANDARD_MAX_PROMPT))]
