@@ -85,11 +85,14 @@ def add_bench_command(sub) -> None:
         "not the first N of the 256)",
     )  # fmt: skip
     p.add_argument(
-        "--concurrency", type=_positive_ints, default=None, help="comma-separated sweep, e.g. 1,16,64"
-    )
+        "--concurrency", type=_positive_ints, default=None,
+        help="comma-separated sweep, e.g. 1,16,64 (each point after the first moves the prompts' token "
+        "ids by its index round the vocabulary: none runs on the prompts an earlier point cached)",
+    )  # fmt: skip
     p.add_argument(
         "--request-rate", type=_rate_sweep, default=None,
-        help="comma-separated requests/s sweep (Poisson arrivals)",
+        help="comma-separated requests/s sweep (Poisson arrivals; each point on its own prompts, as "
+        "--concurrency's)",
     )  # fmt: skip
     p.add_argument(
         "--groups", type=_positive_int, default=64, help="shared-prefix: prefixes (default: %(default)s)"
@@ -530,6 +533,7 @@ def _serve(args: argparse.Namespace) -> int:
         BenchError,
         check_context,
         fit_vocab,
+        for_sweep_point,
         prompt_texts,
         run_load,
         served_model,
@@ -570,20 +574,23 @@ def _serve(args: argparse.Namespace) -> int:
         raise SystemExit(f"minisgl bench serve: {exc}") from None
     model = args.model or served.name
     requests = fit_vocab(requests, served.vocab_size)
-    try:
-        texts = prompt_texts(requests, args.tokenizer) if args.tokenizer else None
-    except BenchError as exc:
-        raise SystemExit(f"minisgl bench serve: {exc}") from None
     sweep: list[tuple[int | None, float | None]] = []
     sweep += [(c, None) for c in args.concurrency or []]
     sweep += [(None, r) for r in args.request_rate or []]
-    for concurrency, rate in sweep or [(None, None)]:
+    for point, (concurrency, rate) in enumerate(sweep or [(None, None)]):
+        # each point on prompts the server has not cached: the first point's prefix-cache hits
+        # would otherwise be the later points' too, whatever the workload's own sharing
+        point_requests = for_sweep_point(requests, point, served.vocab_size)
+        try:
+            texts = prompt_texts(point_requests, args.tokenizer) if args.tokenizer else None
+        except BenchError as exc:
+            raise SystemExit(f"minisgl bench serve: {exc}") from None
         try:
             result = asyncio.run(
                 run_load(
                     args.url,
                     model,
-                    requests,
+                    point_requests,
                     concurrency=concurrency,
                     request_rate=rate,
                     api_key=args.api_key,
@@ -602,6 +609,8 @@ def _serve(args: argparse.Namespace) -> int:
                 ),
                 4,
             )
+        if point:
+            extra["prompt_ids_shifted_by"] = point  # (for_sweep_point)
         _emit({**_meta(args), "bench": "serve", "workload": args.workload, "model": model, **result, **extra},
               args.output)  # fmt: skip
     return 0

@@ -181,6 +181,18 @@ def fit_vocab(requests: list[BenchRequest], vocab_size: int | None) -> list[Benc
     return [r._replace(prompt_ids=[t % vocab_size for t in r.prompt_ids]) for r in requests]
 
 
+def for_sweep_point(requests: list[BenchRequest], point: int, vocab_size: int | None) -> list[BenchRequest]:
+    """The workload of a sweep's ``point``-th run (0: the workload itself): every prompt token id
+    moved ``point`` places round the vocabulary, so a point finds none of the earlier points'
+    prompts in the server's prefix cache (each would otherwise run on the cache the last left warm)
+    while its lengths, and its shared prefixes among themselves, stay the workload's."""
+    if point == 0:
+        return requests
+    if vocab_size is None:
+        vocab_size = max(t for r in requests for t in r.prompt_ids) + 1 + point
+    return [r._replace(prompt_ids=[(t + point) % vocab_size for t in r.prompt_ids]) for r in requests]
+
+
 class BenchError(RuntimeError):
     """The benchmark cannot run; the message says why and what to do."""
 

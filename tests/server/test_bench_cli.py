@@ -245,6 +245,33 @@ def test_bench_serve_sends_text_prompts_decoded_by_the_tokenizer(server, model_d
     assert 0.3 < result["prefix_hit_rate"] <= result["ideal_hit_rate"] + 0.02, result
 
 
+def test_each_sweep_point_runs_on_prompts_no_earlier_point_cached(server) -> None:
+    """``--concurrency 2,2``: the second point ran the first's prompts on the cache the first left
+    warm, every prefix a hit (its hit rate ≈ 1, not the workload's 0.43). Each point after the first
+    moves the ids round the vocabulary: same lengths and sharing, its hit rate the workload's own."""
+    args = (*SMALL, "--concurrency", "2,2", "--seed", "11")
+    proc = bench("--url", server.url, "--api-key", API_KEY, *args)
+    assert proc.returncode == 0, proc.stderr
+    first, second = (json.loads(line) for line in proc.stdout.strip().splitlines()[-2:])
+    for result in (first, second):
+        assert result["prompt_tokens_served"] == 4 * (48 + 8) and result["output_tokens"] == 4 * 4
+        assert 0 < result["prefix_hit_rate"] <= result["ideal_hit_rate"] + 0.02, result
+    assert "prompt_ids_shifted_by" not in first and second["prompt_ids_shifted_by"] == 1
+
+
+def test_a_sweep_point_keeps_the_workloads_lengths_and_sharing() -> None:
+    from minisgl_core.bench.serve import for_sweep_point
+
+    requests = shared_prefix(groups=2, prompts_per_group=2, prefix_len=6, question_len=2, output_len=3)
+    assert for_sweep_point(requests, 0, 50) is requests
+    moved = for_sweep_point(requests, 3, 50)
+    assert [len(r.prompt_ids) for r in moved] == [len(r.prompt_ids) for r in requests]
+    assert [r.max_tokens for r in moved] == [r.max_tokens for r in requests]
+    assert all(m == (t + 3) % 50 for r, s in zip(requests, moved) for t, m in zip(r.prompt_ids, s.prompt_ids))
+    assert moved[0].prompt_ids[:6] == moved[2].prompt_ids[:6] != requests[0].prompt_ids[:6]
+    assert max(t for r in for_sweep_point(requests, 2, None) for t in r.prompt_ids) < 10_000 + 3
+
+
 def test_mini_sglang_requests_and_chunks() -> None:
     """mini-sglang's server (20fcd7f, server/api_server.py): a text ``prompt`` at
     /v1/chat/completions; it streams one chunk per generated token (its detokenizer answers each
