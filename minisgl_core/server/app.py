@@ -16,6 +16,7 @@ from minisgl_core.server.errors import APIError, error_body, install_error_handl
 from minisgl_core.server.head_requests import HeadAsGet
 from minisgl_core.server.native_routes import health_router, info_router, native_router
 from minisgl_core.server.openapi import build_schema
+from minisgl_core.server.responses_api import responses_router
 from minisgl_core.server.routes import make_router
 from minisgl_core.server.state import ServerState
 from minisgl_core.server.tokenize_routes import tokenize_router
@@ -117,6 +118,7 @@ def create_app(
     app.include_router(health_router(state))
     protected = [Depends(require_api_key(api_key))] if api_key else []
     app.include_router(make_router(state, options, tokenizer), dependencies=protected)
+    app.include_router(responses_router(state, options, tokenizer), dependencies=protected)
     app.include_router(native_router(state), dependencies=protected)
     app.include_router(info_router(state, info or {}), dependencies=protected)
     # outermost last: HEAD seen as GET, CORS headers on every answer (a 401 or 413 too), the key,

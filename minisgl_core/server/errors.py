@@ -156,10 +156,18 @@ def json_kind(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
+#: the tags of the bodies' unions of models (chat's content parts; Responses' input items, their
+#: parts and its tool_choice)
+_UNION_TAGS = frozenset({
+    "str", "int", "float", "bool", "TextPart", "RefusalPart", "MessageItem", "FunctionCallItem",
+    "FunctionCallOutputItem", "ReasoningItem", "InputText", "Refusal", "FunctionChoice",
+})  # fmt: skip
+
+
 def _is_union_member_tag(part: str) -> bool:
     # e.g. "str", "list[int]", "function-after[_utf8(), str]", "TextPart"; exact names, so that
     # fields such as "stream" or "stream_options" are kept
-    return part in ("str", "int", "float", "bool", "TextPart", "RefusalPart") or part.startswith(
+    return part in _UNION_TAGS or part.startswith(
         ("list[", "dict[", "function-", "literal[", "NamedToolChoice")
     )
 

@@ -58,11 +58,12 @@ ERROR_MEANINGS = {
 }
 
 #: routes that run the engine: they stream (SSE) on request and answer every engine-side error
-GENERATING = {"/v1/chat/completions", "/v1/completions", "/generate"}
+GENERATING = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/generate"}
 #: routes that take a ``model`` they may not serve
 NAMING_A_MODEL = {
     "/v1/chat/completions",
     "/v1/completions",
+    "/v1/responses",
     "/v1/models/{model_id}",
     "/tokenize",
     "/detokenize",

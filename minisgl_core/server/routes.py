@@ -10,13 +10,14 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from minisgl_core.api import TagReasoningParser
+from minisgl_core.sampling import SamplingParams
 from minisgl_core.server import responses as r
 from minisgl_core.server.api_options import ApiOptions, ApiTokenizer
 from minisgl_core.server.chat_output import ChoiceOutput
@@ -76,6 +77,65 @@ def reasoning_tags(options: ApiOptions) -> list[str] | None:
     return [parser.start_tag, parser.end_tag]
 
 
+@dataclasses.dataclass(frozen=True)
+class ChatAdmitted:
+    """A chat request admitted by the engine: its group of engine requests (one a choice), its
+    SamplingParams, and a maker of each choice's output parsers (reasoning, tool calls)."""
+
+    group: RequestGroup
+    params: SamplingParams
+    new_output: Callable[[], ChoiceOutput]
+
+
+async def admit_chat(state: ServerState, options: ApiOptions, body: ChatCompletionRequest) -> ChatAdmitted:
+    """The chat pipeline up to the engine: tools planned (a forced call's grammar), the request's
+    SamplingParams, the parsers built once (a plugin failing to build costs no generation), the
+    messages rendered and admitted. A 400 names the body's fields; /v1/responses renames them."""
+    plan = plan_tools(body, options.tool_parser)
+    fields = body.sampling_fields()
+    if plan.grammar is not None:
+        if fields.get("grammar") is not None:  # response_format / structured_outputs
+            raise APIError(
+                400,
+                "tool_choice 'required' or a named function constrains the output to tool calls; "
+                "it cannot be combined with another output constraint such as response_format",
+                "tool_choice",
+            )
+        fields["grammar"] = plan.grammar
+    grammar_field = "tool_choice" if plan.grammar is not None else body.grammar_field
+    rename = {"max_tokens": body.max_tokens_field, "logprobs": "top_logprobs", "grammar": grammar_field}
+    with fields_named({"max_tokens": body.max_tokens_field}):
+        params = sampling_params(fields, rename, state.model)
+    ChoiceOutput(plan, options.reasoning_parser, options.parser_labels)
+    group = RequestGroup(state)
+    group.set_timeout(body.timeout)
+    with fields_named({"max_tokens": body.max_tokens_field}):
+        admission = await group.add(
+            params,
+            body.n,
+            messages=body.template_messages(),
+            max_tokens_field=body.max_tokens_field,
+            template_args=body.template_args(),
+            # a forced tool call's grammar comes from tool_choice, so its errors name that field
+            grammar_field=grammar_field,
+            return_prompt_ids=body.return_token_ids,
+            # tool_choice "none" (no parser: the output is plain content) needs no tools rendered
+            tools_optional=plan.parser is None,
+            reasoning_tags=reasoning_tags(options),
+        )
+
+    def new_output() -> ChoiceOutput:
+        return ChoiceOutput(
+            plan,
+            options.reasoning_parser,
+            options.parser_labels,
+            admission.reasoning_opened,
+            admission.grammar_answer,
+        )
+
+    return ChatAdmitted(group, params, new_output)
+
+
 def make_router(
     state: ServerState, options: ApiOptions | None = None, tokenizer: ApiTokenizer | None = None
 ) -> APIRouter:
@@ -92,50 +152,9 @@ def make_router(
     @router.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         check_model(body)
-        plan = plan_tools(body, options.tool_parser)
-        fields = body.sampling_fields()
-        if plan.grammar is not None:
-            if fields.get("grammar") is not None:  # response_format / structured_outputs
-                raise APIError(
-                    400,
-                    "tool_choice 'required' or a named function constrains the output to tool calls; "
-                    "it cannot be combined with another output constraint such as response_format",
-                    "tool_choice",
-                )
-            fields["grammar"] = plan.grammar
-        grammar_field = "tool_choice" if plan.grammar is not None else body.grammar_field
-        rename = {"max_tokens": body.max_tokens_field, "logprobs": "top_logprobs", "grammar": grammar_field}
-        with fields_named({"max_tokens": body.max_tokens_field}):
-            params = sampling_params(fields, rename, model)
-        ChoiceOutput(
-            plan, options.reasoning_parser, options.parser_labels
-        )  # a parser plugin failing to build costs no generation
-        group = RequestGroup(state)
-        group.set_timeout(body.timeout)
-        with fields_named({"max_tokens": body.max_tokens_field}):
-            admission = await group.add(
-                params,
-                body.n,
-                messages=body.template_messages(),
-                max_tokens_field=body.max_tokens_field,
-                template_args=body.template_args(),
-                # a forced tool call's grammar comes from tool_choice, so its errors name that field
-                grammar_field=grammar_field,
-                return_prompt_ids=body.return_token_ids,
-                # tool_choice "none" (no parser: the output is plain content) needs no tools rendered
-                tools_optional=plan.parser is None,
-                reasoning_tags=reasoning_tags(options),
-            )
+        admitted = await admit_chat(state, options, body)
+        group, params, new_output = admitted.group, admitted.params, admitted.new_output
         rid, created = r.new_id("chatcmpl"), int(time.time())
-
-        def new_output() -> ChoiceOutput:
-            return ChoiceOutput(
-                plan,
-                options.reasoning_parser,
-                options.parser_labels,
-                admission.reasoning_opened,
-                admission.grammar_answer,
-            )
 
         produced = [0] * group.num_choices  # each choice's completion tokens so far
 

@@ -1,0 +1,473 @@
+"""The body of OpenAI's Responses API (``POST /v1/responses``), validated, and turned into the chat
+request that runs it: /v1/responses is a front of the chat pipeline, not a second engine path.
+
+``input`` (a string, or a list of items: messages, ``function_call`` and ``function_call_output``
+items, ``reasoning`` items sent back) becomes the chat ``messages`` (``instructions`` a system
+message first), the flat function ``tools`` chat's nested ones, ``text.format`` the
+``response_format`` and ``max_output_tokens`` the ``max_tokens``. What needs state minisgl does not
+keep (``previous_response_id``, ``conversation``, ``background``, ``prompt`` templates) or a tool it
+does not run (web search, file search...) is a 400 saying what to send instead.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any, Literal
+
+from fastapi.exceptions import RequestValidationError
+from pydantic import Discriminator, Field, Tag, ValidationError, field_validator, model_validator
+
+from minisgl_core.sampling import short_repr
+from minisgl_core.server.errors import APIError, validation_error
+from minisgl_core.server.schemas import (
+    MAX_TIMEOUT_S,
+    BodyError,
+    Bool,
+    ChatCompletionRequest,
+    Float,
+    FreeObject,
+    Int,
+    StreamOptions,
+    StrictModel,
+    Text,
+)
+
+#: the one ``include`` value served: logprobs on each output_text part (with ``top_logprobs``)
+INCLUDE_LOGPROBS = "message.output_text.logprobs"
+#: where the fix for a request that needs stored state is the same
+WHOLE_CONVERSATION = (
+    "minisgl stores no responses or conversations: send the whole conversation in input "
+    "(the earlier input items and each response's output items)"
+)
+
+
+class _Refused(BodyError):
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message, field, "unsupported_field")
+
+
+# ------------------------------------------------------------------ input items
+
+
+class InputText(StrictModel):
+    """A text part: ``input_text`` (what a user, system or developer says) or ``output_text`` (an
+    assistant's, sent back as the server answered it, with its annotations and logprobs)."""
+
+    type: Literal["input_text", "output_text"]
+    text: Text
+    annotations: list[FreeObject] | None = None
+    logprobs: list[FreeObject] | None = None
+
+
+class Refusal(StrictModel):
+    type: Literal["refusal"]
+    refusal: Text
+
+
+def _part_kind(part: Any) -> str:
+    kind = part.get("type") if isinstance(part, dict) else getattr(part, "type", None)
+    return "Refusal" if kind == "refusal" else "InputText"
+
+
+#: (the union's tags are the class names: errors leave them out of the path, see errors.py)
+Part = Annotated[
+    Annotated[InputText, Tag("InputText")] | Annotated[Refusal, Tag("Refusal")], Discriminator(_part_kind)
+]
+#: the text parts the served models read; another part (an image, a file, audio) is refused by name
+TEXT_PARTS = ("input_text", "output_text", "refusal")
+#: Responses' item statuses (sent back with the items of an earlier response)
+Status = Literal["in_progress", "completed", "incomplete"]
+
+
+class MessageItem(StrictModel):
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "developer", "assistant"]
+    content: Text | list[Part]
+    id: Text | None = None
+    status: Status | None = None
+    phase: Literal["commentary", "final_answer"] | None = None
+
+    def text(self) -> str | list[dict[str, str]]:
+        if isinstance(self.content, str):
+            return self.content
+        return [
+            {"type": "refusal", "refusal": p.refusal}
+            if isinstance(p, Refusal)
+            else {"type": "text", "text": p.text}
+            for p in self.content
+        ]
+
+
+class FunctionCallItem(StrictModel):
+    """A call the model made (an earlier response's output item), sent back with its output."""
+
+    type: Literal["function_call"]
+    call_id: Text
+    name: Text
+    arguments: Text
+    id: Text | None = None
+    status: Status | None = None
+
+
+class FunctionCallOutputItem(StrictModel):
+    type: Literal["function_call_output"]
+    call_id: Text
+    output: Text | list[InputText]
+    id: Text | None = None
+    status: Status | None = None
+
+    def text(self) -> str:
+        return self.output if isinstance(self.output, str) else "\n".join(p.text for p in self.output)
+
+
+class ReasoningText(StrictModel):
+    type: Literal["reasoning_text", "summary_text"]
+    text: Text
+
+
+class ReasoningItem(StrictModel):
+    """The reasoning of an earlier response, sent back: the next assistant turn's reasoning."""
+
+    type: Literal["reasoning"]
+    summary: list[ReasoningText]
+    content: list[ReasoningText] | None = None
+    id: Text | None = None
+    status: Status | None = None
+    #: only OpenAI can read its encrypted reasoning; minisgl returns none
+    encrypted_content: None = None
+
+    def text(self) -> str:
+        return "\n".join(p.text for p in (self.content or self.summary))
+
+
+ITEM_KINDS = {"message": MessageItem, "function_call": FunctionCallItem,
+              "function_call_output": FunctionCallOutputItem, "reasoning": ReasoningItem}  # fmt: skip
+
+
+def _item_kind(item: Any) -> str:
+    kind = item.get("type", "message") if isinstance(item, dict) else getattr(item, "type", None)
+    return ITEM_KINDS.get(kind, MessageItem).__name__
+
+
+InputItem = Annotated[
+    Annotated[MessageItem, Tag("MessageItem")]
+    | Annotated[FunctionCallItem, Tag("FunctionCallItem")]
+    | Annotated[FunctionCallOutputItem, Tag("FunctionCallOutputItem")]
+    | Annotated[ReasoningItem, Tag("ReasoningItem")],
+    Discriminator(_item_kind),
+]
+
+
+# ------------------------------------------------------------------ tools and formats
+
+
+class FunctionTool(StrictModel):
+    """Responses' function tool: chat's ``function`` fields at the top level."""
+
+    type: Literal["function"]
+    name: Text = Field(min_length=1)
+    description: Text | None = None
+    parameters: FreeObject | None = None
+    strict: Bool | None = None
+
+
+class FunctionChoice(StrictModel):
+    type: Literal["function"]
+    name: Text
+
+
+#: the tool_choice values a 400 names
+TOOL_CHOICES = '{"type": "function", "name": ...}, or "none", "auto" or "required"'
+
+
+class TextFormat(StrictModel):
+    """``text.format``: plain text, any JSON object, or JSON following ``schema``."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: Text | None = None
+    description: Text | None = None
+    schema_: FreeObject | None = Field(default=None, alias="schema")
+    strict: Bool | None = None
+
+    @model_validator(mode="after")
+    def _schema_iff_json_schema(self) -> TextFormat:
+        schema_fields = [
+            k for k in ("name", "description", "schema_", "strict") if getattr(self, k) is not None
+        ]
+        if self.type == "json_schema" and (self.name is None or self.schema_ is None):
+            raise ValueError('type "json_schema" needs a name and a schema')
+        if self.type != "json_schema" and schema_fields:
+            raise ValueError(f'{schema_fields[0].rstrip("_")} goes with type "json_schema" only')
+        return self
+
+    def response_format(self) -> dict[str, Any]:
+        if self.type != "json_schema":
+            return {"type": self.type}
+        spec = {
+            "name": self.name,
+            "schema": self.schema_,
+            "description": self.description,
+            "strict": self.strict,
+        }
+        return {"type": "json_schema", "json_schema": {k: v for k, v in spec.items() if v is not None}}
+
+
+class TextConfig(StrictModel):
+    format: TextFormat | None = None
+
+
+class ReasoningConfig(StrictModel):
+    """Accepted for clients that always send it; the served model reasons as its template and
+    ``--reasoning-parser`` make it, whatever the effort, and its reasoning comes back whole."""
+
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None
+
+
+# ------------------------------------------------------------------ the body
+
+
+class ResponsesRequest(StrictModel):
+    model: Text | None = None
+    input: Text | list[InputItem]
+    instructions: Text | None = None
+    max_output_tokens: Int | None = None
+    temperature: Float | None = None
+    top_p: Float | None = None
+    top_logprobs: Int | None = None
+    include: list[Text] | None = None
+    stream: Bool = False
+    stream_options: StreamOptions | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | FunctionChoice | None = None
+    parallel_tool_calls: Bool = True
+    text: TextConfig | None = None
+    reasoning: ReasoningConfig | None = None
+    truncation: Literal["disabled", "auto"] = "disabled"
+    #: echoed on the response; nothing is stored, whatever ``store`` says (OpenAI's default is true)
+    metadata: dict[Text, Text] | None = None
+    store: Bool = True
+    user: Text | None = None
+    safety_identifier: Text | None = None
+    prompt_cache_key: Text | None = None
+    service_tier: Literal["auto", "default"] | None = None
+    #: minisgl's, as chat's: seconds after which the request ends with a timeout error
+    timeout: Float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
+    # what needs state minisgl does not keep: refused below, with what to send instead
+    previous_response_id: Text | None = None
+    conversation: Text | FreeObject | None = None
+    background: Bool = False
+    prompt: FreeObject | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_stateful(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        for name in ("previous_response_id", "conversation"):
+            if data.get(name) is not None:
+                raise _Refused(f"not supported: {WHOLE_CONVERSATION}", name)
+        if data.get("background") is True:
+            raise _Refused(
+                "not supported: minisgl answers within the request; leave background false "
+                "(stream for output as it comes)",
+                "background",
+            )
+        if data.get("prompt") is not None:
+            raise _Refused(
+                "stored prompt templates are not supported: send the text in instructions and input",
+                "prompt",
+            )
+        if data.get("truncation") == "auto":
+            raise _Refused(
+                '"auto" is not supported: minisgl does not drop input items; leave truncation '
+                '"disabled" and shorten the input',
+                "truncation",
+            )
+        return data
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _known_items(cls, items: Any) -> Any:
+        # before the union's checks, whose 400 for {"type": "web_search_call"} or an input_image
+        # part would be about a message's missing role; also the index a 400 names
+        if isinstance(items, list):
+            if not items:
+                raise BodyError("input is empty: give at least one item", "input")
+            for i, item in enumerate(items):
+                kind = item.get("type", "message") if isinstance(item, dict) else None
+                if isinstance(kind, str) and kind not in ITEM_KINDS:
+                    raise _Refused(
+                        f"items of type {short_repr(kind)} are not supported: send messages, "
+                        "function_call, function_call_output and reasoning items",
+                        f"input.{i}.type",
+                    )
+                content = item.get("content") if kind == "message" else None
+                for j, part in enumerate(content if isinstance(content, list) else ()):
+                    part_kind = part.get("type") if isinstance(part, dict) else None
+                    if isinstance(part_kind, str) and part_kind not in TEXT_PARTS:
+                        raise _Refused(
+                            f"content parts of type {short_repr(part_kind)} are not supported: the "
+                            "served models take text only (input_text)",
+                            f"input.{i}.content.{j}.type",
+                        )
+        return items
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _functions_only(cls, tools: Any) -> Any:
+        for i, tool in enumerate(tools if isinstance(tools, list) else ()):
+            kind = tool.get("type") if isinstance(tool, dict) else None
+            if isinstance(kind, str) and kind != "function":
+                raise _Refused(
+                    f"type {short_repr(kind)} is not supported: minisgl runs no tools of its "
+                    'own; give functions (type "function") for your code to run',
+                    f"tools.{i}.type",
+                )
+        return tools
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _function_choices_only(cls, choice: Any) -> Any:
+        kind = choice.get("type") if isinstance(choice, dict) else None
+        if isinstance(kind, str) and kind != "function":
+            raise _Refused(
+                f"type {short_repr(kind)} is not supported: minisgl calls functions; send {TOOL_CHOICES}",
+                "tool_choice",
+            )
+        return choice
+
+    @field_validator("include")
+    @classmethod
+    def _logprobs_only(cls, include: list[str]) -> list[str]:
+        other = next((value for value in include if value != INCLUDE_LOGPROBS), None)
+        if other is not None:
+            raise _Refused(
+                f"{short_repr(other)} is not supported: the one include served is {INCLUDE_LOGPROBS!r}",
+                "include",
+            )
+        return include
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options_need_stream(cls, options: StreamOptions, info: Any) -> StreamOptions:
+        if not info.data.get("stream", False):
+            raise ValueError("stream_options is only allowed when stream is true")
+        if options.include_usage is not None or options.continuous_usage_stats:
+            raise ValueError("takes include_obfuscation only (the last event carries the usage)")
+        return options
+
+    @model_validator(mode="after")
+    def _logprobs_asked(self) -> ResponsesRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise BodyError(
+                f'needs include: ["{INCLUDE_LOGPROBS}"], which asks for the logprobs',
+                "top_logprobs",
+            )
+        return self
+
+    @property
+    def logprobs(self) -> bool:
+        return INCLUDE_LOGPROBS in (self.include or ())
+
+    def chat_request(self) -> tuple[ChatCompletionRequest, list[str]]:
+        """The chat request that runs this one, and for each of its messages the field it came
+        from (``instructions``, ``input.3``), for :func:`responses_names`."""
+        messages, origins = self._messages()
+        chat: dict[str, Any] = {
+            "messages": messages,
+            "max_tokens": self.max_output_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "logprobs": self.logprobs,
+            "top_logprobs": self.top_logprobs,
+            "parallel_tool_calls": self.parallel_tool_calls,
+            "timeout": self.timeout,
+        }
+        if self.tools:
+            chat["tools"] = [
+                {"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
+                for t in self.tools
+            ]
+        if isinstance(self.tool_choice, FunctionChoice):
+            chat["tool_choice"] = {"type": "function", "function": {"name": self.tool_choice.name}}
+        else:
+            chat["tool_choice"] = self.tool_choice
+        if self.text is not None and self.text.format is not None:
+            chat["response_format"] = self.text.format.response_format()
+        with responses_names(origins):
+            try:
+                return ChatCompletionRequest.model_validate(chat), origins
+            except ValidationError as exc:  # (a message the chat route refuses: a role's rules)
+                raise validation_error(RequestValidationError(exc.errors())) from None
+
+    def _messages(self) -> tuple[list[dict[str, Any]], list[str]]:
+        """Chat messages: a function_call item joins the assistant message before it (calls in a
+        row are one turn's), a reasoning item the assistant message after it."""
+        messages: list[dict[str, Any]] = []
+        origins: list[str] = []
+        if self.instructions is not None:
+            messages.append({"role": "system", "content": self.instructions})
+            origins.append("instructions")
+        items = [MessageItem(role="user", content=self.input)] if isinstance(self.input, str) else self.input
+        reasoning: str | None = None  # a reasoning item's text, for the next assistant message
+        for i, item in enumerate(items):
+            where = "input" if isinstance(self.input, str) else f"input.{i}"
+            if isinstance(item, ReasoningItem):
+                reasoning = item.text()
+                continue
+            if isinstance(item, FunctionCallItem):
+                call = {"id": item.call_id, "type": "function",
+                        "function": {"name": item.name, "arguments": item.arguments}}  # fmt: skip
+                last = messages[-1] if messages else None
+                if reasoning is None and last is not None and last["role"] == "assistant":
+                    last.setdefault("tool_calls", []).append(call)
+                    continue
+                message: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [call]}
+            elif isinstance(item, FunctionCallOutputItem):
+                message = {"role": "tool", "tool_call_id": item.call_id, "content": item.text()}
+            else:
+                message = {"role": item.role, "content": item.text()}
+            if message["role"] == "assistant" and reasoning is not None:
+                message["reasoning_content"], reasoning = reasoning, None
+            messages.append(message)
+            origins.append(where)
+        if reasoning is not None:  # reasoning last: an assistant turn of reasoning alone
+            messages.append({"role": "assistant", "content": "", "reasoning_content": reasoning})
+            origins.append(f"input.{len(items) - 1}")
+        return messages, origins
+
+
+#: chat's names for the fields of a Responses body, where they differ
+_RENAMES = [
+    (re.compile(r"(?<![\w.])max_tokens(?!\w)"), "max_output_tokens"),
+    (re.compile(r"(?<![\w.])response_format(\.json_schema)?(?![\w])"), "text.format"),
+    (re.compile(r"(?<![\w.])tools\.(\d+)\.function(?![\w])"), r"tools.\1"),
+]
+
+
+@contextmanager
+def responses_names(origins: list[str]) -> Iterator[None]:
+    """A 400 raised while the chat pipeline runs a Responses request names the Responses body's
+    fields (``max_output_tokens``, ``text.format``, ``tools.0.parameters``, ``input.3``), in its
+    param and its message, where it named the chat request's; ``origins``: each chat message's."""
+
+    def renamed(text: str) -> str:
+        for pattern, name in _RENAMES:
+            text = pattern.sub(name, text)
+        return re.sub(
+            r"(?<![\w.])messages(?:\.(\d+))?(?![\w])",
+            lambda m: origins[int(m.group(1))] if m.group(1) and int(m.group(1)) < len(origins) else "input",
+            text,
+        )
+
+    try:
+        yield
+    except APIError as exc:
+        if exc.status == 400:
+            exc.message = renamed(exc.message)
+            exc.param = renamed(exc.param) if exc.param else exc.param
+        raise
