@@ -1,0 +1,488 @@
+"""/v1/responses (OpenAI's Responses API) through the official ``openai`` client, checked against
+/v1/chat/completions, which runs it: the same text, prompt and usage for the same conversation.
+Every answer and stream event is also validated strictly against the client's own pydantic types
+(the client itself builds them without validation). The tiny model's weights are random: forced
+tool calls and JSON output come from grammars (skipped without a grammar backend)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jsonschema
+import openai
+import pytest
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter
+
+from minisgl_core.server.responses_output import EventStream, output_items
+
+from .conftest import API_KEY
+
+TEMPLATE = Path(__file__).parent / "data" / "tools_template.jinja"
+ASK = "What is the weather in Paris?"
+BOUNDED = {
+    "type": "function",
+    "name": "plan_trip",
+    "description": "Book a trip",
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "city": {"enum": ["Paris", "Rome"]},
+            "days": {"type": "integer", "minimum": 1, "maximum": 7},
+        },
+        "required": ["city", "days"],
+        "additionalProperties": False,
+    },
+}
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+EVENTS = TypeAdapter(ResponseStreamEvent)
+
+
+def chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """A Responses function tool as chat writes it."""
+    return {"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}}
+
+
+@pytest.fixture(scope="module")
+def grammar_backend() -> None:
+    from minisgl_core.plugins import Plugins
+
+    if not Plugins.load().registry.get("grammars"):
+        pytest.skip("no grammar backend installed: text.format and tool_choice cannot be enforced")
+
+
+@pytest.fixture(scope="module")
+def tools_server(start_server, model_dir, engine_args):
+    """A template that renders tools, tool calls and an assistant's reasoning (the demo's has
+    none), and the output parsers that read them back."""
+    return start_server(
+        [
+            "--model", str(model_dir), *engine_args, "--chat-template", str(TEMPLATE),
+            "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3",
+        ]
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tools_client(tools_server):
+    return openai.OpenAI(base_url=f"{tools_server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def create(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    """POST /v1/responses; the JSON answer, validated strictly as the client's Response."""
+    resp = httpx.post(
+        f"{url}/v1/responses", json=body, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=120
+    )
+    assert resp.status_code == 200, resp.text
+    Response.model_validate(resp.json())
+    return resp.json()
+
+
+def stream_events(url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The events of a streamed response, each validated strictly as a ResponseStreamEvent, its
+    ``event:`` line naming its type."""
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    events = []
+    with httpx.stream(
+        "POST", f"{url}/v1/responses", json={**body, "stream": True}, headers=headers, timeout=120
+    ) as resp:
+        assert resp.status_code == 200
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        kind = None
+        for line in resp.iter_lines():
+            if line.startswith("event: "):
+                kind = line[len("event: ") :]
+            elif line.startswith("data: "):
+                event = json.loads(line[len("data: ") :])
+                assert event["type"] == kind
+                EVENTS.validate_python(event)
+                events.append(event)
+    return events
+
+
+def without_ids(response: dict[str, Any]) -> dict[str, Any]:
+    """A response less what differs between two runs: its id, times, item ids and call ids."""
+    out = {k: v for k, v in response.items() if k not in ("id", "created_at", "completed_at")}
+    out["output"] = [
+        {k: v for k, v in item.items() if k not in ("id", "call_id")} for item in response["output"]
+    ]
+    return out
+
+
+# ------------------------------------------------------------------ text
+
+
+def test_greedy_text_is_the_chat_routes(client, server, model_name):
+    resp = client.responses.create(model=model_name, input=ASK, max_output_tokens=6, temperature=0)
+    chat = client.chat.completions.create(
+        model=model_name, messages=[{"role": "user", "content": ASK}], max_tokens=6, temperature=0
+    )
+    assert isinstance(resp, Response) and resp.object == "response" and resp.id.startswith("resp_")
+    assert resp.output_text == chat.choices[0].message.content
+    assert resp.usage.input_tokens == chat.usage.prompt_tokens
+    assert resp.usage.output_tokens == chat.usage.completion_tokens == 6
+    assert resp.usage.total_tokens == resp.usage.input_tokens + 6
+    assert resp.model == model_name and resp.temperature == 0
+    [message] = resp.output
+    assert message.type == "message" and message.role == "assistant"
+    assert [p.type for p in message.content] == ["output_text"] and message.content[0].annotations == []
+    create(server.url, {"input": ASK, "max_output_tokens": 6, "temperature": 0})  # strictly valid
+
+
+def test_instructions_are_a_system_message_first(client, model_name):
+    system = "You are terse."
+    resp = client.responses.create(
+        model=model_name, instructions=system, input=ASK, max_output_tokens=5, temperature=0
+    )
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": ASK}]
+    chat = client.chat.completions.create(model=model_name, messages=messages, max_tokens=5, temperature=0)
+    plain = client.chat.completions.create(
+        model=model_name, messages=messages[1:], max_tokens=5, temperature=0
+    )
+    assert resp.instructions == system
+    assert resp.usage.input_tokens == chat.usage.prompt_tokens > plain.usage.prompt_tokens
+    assert resp.output_text == chat.choices[0].message.content
+
+
+def test_a_list_of_messages_with_parts_is_the_chat_conversation(client, model_name):
+    items = [
+        {"role": "developer", "content": "Answer briefly."},
+        {"role": "user", "content": [{"type": "input_text", "text": "Hi"}, {"type": "input_text", "text": "there"}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello!", "annotations": []}]},
+        {"role": "user", "content": ASK},
+    ]  # fmt: skip
+    messages = [
+        {"role": "developer", "content": "Answer briefly."},
+        {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}]},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": ASK},
+    ]
+    resp = client.responses.create(model=model_name, input=items, max_output_tokens=5, temperature=0)
+    chat = client.chat.completions.create(model=model_name, messages=messages, max_tokens=5, temperature=0)
+    assert resp.usage.input_tokens == chat.usage.prompt_tokens
+    assert resp.output_text == chat.choices[0].message.content
+
+
+def test_max_output_tokens_makes_the_response_incomplete(client, model_name):
+    resp = client.responses.create(model=model_name, input=ASK, max_output_tokens=3, temperature=0)
+    assert resp.status == "incomplete" and resp.incomplete_details.reason == "max_output_tokens"
+    assert resp.output[-1].status == "incomplete" and resp.usage.output_tokens == 3
+    assert resp.max_output_tokens == 3
+
+
+def test_json_schema_format_is_the_chat_routes_response_format(grammar_backend, client, model_name):
+    schema = BOUNDED["parameters"]
+    resp = client.responses.create(
+        model=model_name,
+        input=ASK,
+        max_output_tokens=60,
+        temperature=0,
+        text={"format": {"type": "json_schema", "name": "trip", "schema": schema, "strict": True}},
+    )
+    chat = client.chat.completions.create(
+        model=model_name,
+        messages=[{"role": "user", "content": ASK}],
+        max_tokens=60,
+        temperature=0,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "trip", "schema": schema, "strict": True},
+        },
+    )
+    assert resp.status == "completed" and resp.incomplete_details is None and resp.completed_at
+    jsonschema.validate(json.loads(resp.output_text), schema)
+    assert resp.output_text == chat.choices[0].message.content
+    assert resp.text.format.type == "json_schema" and resp.text.format.schema_ == schema
+
+
+# ------------------------------------------------------------------ tools
+
+
+def test_a_function_call_round_trip_is_the_chat_conversation(tools_client, model_name):
+    """function_call and function_call_output items are the assistant's tool_calls and the tool
+    message, as an agent sends them back with the response's output."""
+    arguments = '{"city": "Paris", "days": 2}'
+    items = [
+        {"role": "user", "content": ASK},
+        {"type": "function_call", "call_id": "call_1", "name": "plan_trip", "arguments": arguments},
+        {"type": "function_call_output", "call_id": "call_1", "output": "booked"},
+    ]
+    call = {"id": "call_1", "type": "function", "function": {"name": "plan_trip", "arguments": arguments}}
+    messages = [
+        {"role": "user", "content": ASK},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "booked"},
+    ]
+    resp = tools_client.responses.create(
+        model=model_name, input=items, tools=[BOUNDED], max_output_tokens=5, temperature=0
+    )
+    chat = tools_client.chat.completions.create(
+        model=model_name, messages=messages, tools=[chat_tool(BOUNDED)], max_tokens=5, temperature=0
+    )
+    asked = tools_client.chat.completions.create(
+        model=model_name, messages=messages[:1], tools=[chat_tool(BOUNDED)], max_tokens=1
+    )
+    assert resp.usage.input_tokens == chat.usage.prompt_tokens > asked.usage.prompt_tokens
+    assert resp.output_text == chat.choices[0].message.content
+
+
+def test_a_reasoning_item_sent_back_is_the_assistants_reasoning(tools_client, model_name):
+    items = [
+        {"role": "user", "content": ASK},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "Look."}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Sunny.", "annotations": []}]},
+        {"role": "user", "content": "Thanks"},
+    ]  # fmt: skip
+    messages = [
+        {"role": "user", "content": ASK},
+        {"role": "assistant", "content": "Sunny.", "reasoning_content": "Look."},
+        {"role": "user", "content": "Thanks"},
+    ]
+    resp = tools_client.responses.create(model=model_name, input=items, max_output_tokens=4, temperature=0)
+    chat = tools_client.chat.completions.create(
+        model=model_name, messages=messages, max_tokens=4, temperature=0
+    )
+    del messages[1]["reasoning_content"]
+    unreasoned = tools_client.chat.completions.create(model=model_name, messages=messages, max_tokens=1)
+    assert resp.usage.input_tokens == chat.usage.prompt_tokens > unreasoned.usage.prompt_tokens
+    assert resp.output_text == chat.choices[0].message.content
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "name": "plan_trip"}])
+def test_a_forced_tool_call_is_a_function_call_item(
+    grammar_backend, tools_client, tools_server, model_name, choice
+):
+    body = {
+        "model": model_name,
+        "input": ASK,
+        "tools": [WEATHER, BOUNDED] if choice != "required" else [BOUNDED],
+        "tool_choice": choice,
+        "parallel_tool_calls": False,
+        "max_output_tokens": 100,
+        "temperature": 0,
+    }
+    resp = tools_client.responses.create(**body)
+    whole = create(tools_server.url, body)
+    assert resp.status == "completed", resp.output
+    [call] = resp.output
+    assert (
+        call.type == "function_call"
+        and call.name == "plan_trip"
+        and call.call_id
+        and call.status == "completed"
+    )
+    jsonschema.validate(json.loads(call.arguments), BOUNDED["parameters"])
+    assert resp.output_text == "" and resp.parallel_tool_calls is False
+    assert resp.tools[-1].name == "plan_trip"
+    # streamed: the call's item built by its arguments' deltas, the final response the same
+    events = stream_events(tools_server.url, body)
+    deltas = "".join(e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta")
+    [done] = [e for e in events if e["type"] == "response.function_call_arguments.done"]
+    assert deltas == done["arguments"] == call.arguments and done["name"] == "plan_trip"
+    final = events[-1]["response"]
+    assert events[-1]["type"] == "response.completed"
+    assert without_ids(final) == without_ids(whole) and whole["output"][0]["arguments"] == call.arguments
+    with tools_client.responses.stream(**body) as stream:
+        helper_final = stream.get_final_response()
+    assert helper_final.output[0].arguments == call.arguments and helper_final.status == "completed"
+
+
+# ------------------------------------------------------------------ streaming
+
+
+TEXT_ORDER = [
+    "response.created",
+    "response.in_progress",
+    "response.output_item.added",
+    "response.content_part.added",
+    "response.output_text.delta",
+    "response.output_text.done",
+    "response.content_part.done",
+    "response.output_item.done",
+]
+
+
+def test_a_stream_builds_the_same_response(client, server, model_name):
+    body = {"model": model_name, "input": ASK, "max_output_tokens": 6, "temperature": 0}
+    whole = create(server.url, body)
+    events = stream_events(server.url, body)
+    kinds = [e["type"] for e in events]
+    deduplicated = [k for i, k in enumerate(kinds) if i == 0 or k != kinds[i - 1]]
+    assert deduplicated == [*TEXT_ORDER, "response.incomplete"]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    [done] = [e for e in events if e["type"] == "response.output_text.done"]
+    assert text == done["text"] == whole["output"][0]["content"][0]["text"]
+    assert events[0]["response"]["status"] == "in_progress" and events[0]["response"]["output"] == []
+    final = events[-1]["response"]
+    assert without_ids(final) == without_ids(whole)
+    item_id = events[2]["item"]["id"]
+    assert all(e.get("item_id", item_id) == item_id for e in events) and final["output"][0]["id"] == item_id
+    # the client's own stream helper reads the same events (get_final_response() wants
+    # response.completed: see the forced tool call's test)
+    with client.responses.stream(**body) as stream:
+        typed = list(stream)
+    assert [event.type for event in typed] == kinds
+    assert typed[-1].response.output_text == text and typed[-1].response.status == "incomplete"
+
+
+def test_logprobs_come_with_the_text_streamed_or_not(client, server, model_name):
+    body = {"model": model_name, "input": ASK, "max_output_tokens": 4, "temperature": 0,
+            "include": ["message.output_text.logprobs"], "top_logprobs": 2}  # fmt: skip
+    whole = create(server.url, body)
+    [part] = whole["output"][0]["content"]
+    chat = client.chat.completions.create(
+        model=model_name, messages=[{"role": "user", "content": ASK}], max_tokens=4, temperature=0,
+        logprobs=True, top_logprobs=2,
+    )  # fmt: skip
+    assert part["logprobs"] == chat.model_dump(mode="json")["choices"][0]["logprobs"]["content"]
+    events = stream_events(server.url, body)
+    streamed = [lp for e in events if e["type"] == "response.output_text.delta" for lp in e["logprobs"]]
+    assert streamed == part["logprobs"]
+    assert without_ids(events[-1]["response"]) == without_ids(whole)
+
+
+def test_a_client_that_leaves_mid_stream_aborts_the_request(server, auth, read_metrics):
+    from .test_load import wait_idle
+
+    before = wait_idle(read_metrics)
+    body = {"input": "Tell me a very long story", "max_output_tokens": 1900, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/responses", json=body, headers=auth, timeout=60) as resp:
+        lines = resp.iter_lines()
+        deltas = 0
+        while deltas < 3:
+            deltas += next(lines) == "event: response.output_text.delta"
+    idle = wait_idle(read_metrics, timeout=5)
+    abort = 'minisgl_requests_total{finish_reason="abort"}'
+    assert idle[abort] == before[abort] + 1
+    assert idle["minisgl_generation_tokens_total"] < before["minisgl_generation_tokens_total"] + 1900
+
+
+def test_reasoning_and_calls_are_items_of_their_own():
+    """What a reasoning parser and a tool parser make of a message, whole and streamed (no server:
+    the tiny model's text has no reasoning tags)."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    message = {"role": "assistant", "reasoning_content": "Think.", "content": "Hi", "tool_calls": [call]}
+    items = output_items(message, None, incomplete=False)
+    Response.model_validate(
+        {
+            "id": "resp_1",
+            "object": "response",
+            "created_at": 0,
+            "model": "m",
+            "output": items,
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+        }  # fmt: skip
+    )
+    assert [i["type"] for i in items] == ["reasoning", "message", "function_call"]
+    assert items[0]["content"] == [{"type": "reasoning_text", "text": "Think."}]
+    assert (items[2]["call_id"], items[2]["arguments"]) == ("call_1", '{"a": 1}')
+    stream = EventStream(logprobs=False)
+    events = [
+        *stream.delta({"reasoning_content": "Thi"}, []),
+        *stream.delta({"reasoning_content": "nk."}, []),
+        *stream.delta({"content": "Hi"}, []),
+        *stream.delta(
+            {
+                "tool_calls": [
+                    {
+                        "index": 0,
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "f", "arguments": '{"a"'},
+                    }
+                ]
+            },
+            [],
+        ),  # fmt: skip
+        *stream.delta({"tool_calls": [{"index": 0, "function": {"arguments": ": 1}"}}]}, []),
+        *stream.finish(incomplete=True),
+    ]
+    parsed = [json.loads(e.split("data: ", 1)[1]) for e in events]
+    for event in parsed:
+        EVENTS.validate_python(event)
+    assert [e["type"] for e in parsed] == [
+        "response.output_item.added", "response.content_part.added",
+        "response.reasoning_text.delta", "response.reasoning_text.delta",
+        "response.reasoning_text.done", "response.content_part.done", "response.output_item.done",
+        *TEXT_ORDER[2:],
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.delta", "response.function_call_arguments.done",
+        "response.output_item.done",
+    ]  # fmt: skip
+    assert [i["status"] for i in stream.items] == ["completed", "completed", "incomplete"]
+    assert [{k: v for k, v in i.items() if k not in ("id", "status")} for i in stream.items] == [
+        {k: v for k, v in i.items() if k not in ("id", "status")} for i in items
+    ]
+
+
+# ------------------------------------------------------------------ refusals
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "words"),
+    [
+        ({"previous_response_id": "resp_1"}, "previous_response_id", "send the whole conversation in input"),
+        ({"conversation": "conv_1"}, "conversation", "send the whole conversation in input"),
+        ({"background": True}, "background", "leave background false"),
+        ({"prompt": {"id": "pmpt_1"}}, "prompt", "send the text in instructions and input"),
+        ({"include": ["reasoning.encrypted_content"]}, "include", "message.output_text.logprobs"),
+        ({"truncation": "auto"}, "truncation", 'leave truncation "disabled"'),
+        ({"tools": [{"type": "web_search"}]}, "tools.0.type", "'web_search' is not supported"),
+        (
+            {"tools": [WEATHER, {"type": "file_search", "vector_store_ids": []}]},
+            "tools.1.type",
+            "'file_search'",
+        ),
+        (
+            {"tool_choice": {"type": "web_search_preview"}},
+            "tool_choice",
+            "'web_search_preview' is not supported",
+        ),
+        ({"input": [{"type": "web_search_call", "id": "ws_1"}]}, "input.0.type", "'web_search_call'"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x"}]}]},
+            "input.0.content.0.type",
+            "text only",
+        ),  # fmt: skip
+        ({"max_tool_calls": 2}, "max_tool_calls", "unsupported field"),
+        ({"top_logprobs": 2}, "top_logprobs", "message.output_text.logprobs"),
+        ({"max_output_tokens": 0}, "max_output_tokens", "max_output_tokens must be"),
+        ({"max_output_tokens": 5000}, "max_output_tokens", "shorten the prompt or lower max_output_tokens"),
+        (
+            {"text": {"format": {"type": "json_schema", "name": "x"}}},
+            "text.format",
+            "needs a name and a schema",
+        ),
+        (
+            {"tools": [{**WEATHER, "parameters": {"type": "string"}}], "tool_choice": "required"},
+            "tools.0.parameters",
+            "type 'object'",
+        ),  # fmt: skip
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice", "'nope'"),
+        ({"input": [{"role": "wizard", "content": "Hi"}]}, "input.0.role", "'user'"),
+        ({"input": []}, "input", "at least one item"),
+        ({"temperature": -1}, "temperature", ">= 0"),
+    ],
+)
+def test_what_is_not_served_is_a_400_naming_the_field(client, model_name, extra, param, words):
+    body = {"model": model_name, "input": ASK, "max_output_tokens": 2, **extra}
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(**body)
+    error = refused.value.body
+    assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+    assert error["param"] == param and words in error["message"], error
+
+
+def test_an_unknown_model_is_a_404(client):
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model="no-such-model", input=ASK, max_output_tokens=2)
