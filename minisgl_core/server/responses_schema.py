@@ -148,7 +148,7 @@ ITEM_KINDS = {"message": MessageItem, "function_call": FunctionCallItem,
 
 def _item_kind(item: Any) -> str:
     kind = item.get("type", "message") if isinstance(item, dict) else getattr(item, "type", None)
-    return ITEM_KINDS.get(kind, MessageItem).__name__
+    return (ITEM_KINDS.get(kind, MessageItem) if isinstance(kind, str) else MessageItem).__name__
 
 
 InputItem = Annotated[

@@ -39,7 +39,7 @@ from minisgl_core.server.state import ModelInfo, ServerState
 
 #: the most tokens a fuzzed request may generate (per choice)
 MAX_FUZZ_TOKENS = 3
-MAX_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "max_new_tokens")
+MAX_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "max_new_tokens", "max_output_tokens")
 #: per phase and route for schemathesis (about 700 requests in all), per test for hypothesis
 FUZZ_SETTINGS = settings(
     max_examples=25,
@@ -77,6 +77,8 @@ def bound_output(body: Any) -> Any:
                 body[key] = min(value, MAX_FUZZ_TOKENS)
         if not any(key in body for key in MAX_TOKEN_FIELDS) and ("prompt" in body or "messages" in body):
             body["max_tokens"] = MAX_FUZZ_TOKENS
+        if not any(key in body for key in MAX_TOKEN_FIELDS) and "input" in body:  # /v1/responses
+            body["max_output_tokens"] = MAX_FUZZ_TOKENS
         params = body.get("sampling_params")
         if isinstance(params, dict):
             bound_output(params)
@@ -106,6 +108,13 @@ def assert_well_formed(response: Any) -> None:
         # (schemathesis' responses list each header's values; httpx's give a string)
         # (SSE ends lines with \n only: str.splitlines would also split at a U+0085 in the text)
         events = [line[len("data: ") :] for line in response.text.split("\n") if line.startswith("data: ")]
+        if events and events[-1].startswith('{"type": "response.'):  # /v1/responses: no [DONE]
+            last = json.loads(events[-1])
+            assert last["type"] in ("response.completed", "response.incomplete", "response.failed"), last
+            errors = [json.loads(e) for e in events if e.startswith('{"type": "error"')]
+            # only a fuzzed tiny `timeout` running out ends a stream with an error
+            assert all(e["code"] == "request_timeout" for e in errors), errors
+            return
         assert events and events[-1] == "[DONE]", response.text[-2000:]
         for event in events[:-1]:
             error = json.loads(event).get("error")

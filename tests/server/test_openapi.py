@@ -13,7 +13,7 @@ import pytest
 from minisgl_core.server.app import create_app
 from minisgl_core.server.state import ModelInfo, ServerState
 
-GENERATING = ("/v1/chat/completions", "/v1/completions", "/generate")
+GENERATING = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/generate")
 
 
 def generated_schema(api_key: str | None = None) -> dict[str, Any]:
