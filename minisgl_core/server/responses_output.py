@@ -13,7 +13,7 @@ import time
 import uuid
 from typing import Any
 
-#: the item types in the order a whole message lists them
+#: each output item type's id prefix (OpenAI's: rs_..., msg_..., fc_...)
 _ITEM_PREFIX = {"reasoning": "rs", "message": "msg", "function_call": "fc"}
 
 

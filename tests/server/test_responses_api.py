@@ -365,6 +365,20 @@ def test_a_client_that_leaves_mid_stream_aborts_the_request(server, auth, read_m
     assert idle["minisgl_generation_tokens_total"] < before["minisgl_generation_tokens_total"] + 1900
 
 
+def test_an_error_mid_stream_is_an_error_event_then_response_failed(server, auth, model_name):
+    """The request's own timeout running out mid-stream: the chat route's error event (the 504's
+    code and param), as Responses events."""
+    body = {"model": model_name, "input": "Once", "max_output_tokens": 1500, "temperature": 0, "timeout": 0.3}
+    refused = httpx.post(f"{server.url}/v1/responses", json=body, headers=auth, timeout=60)
+    assert refused.status_code == 504 and refused.json()["error"]["code"] == "request_timeout"
+    events = stream_events(server.url, body)
+    assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
+    assert (events[-2]["code"], events[-2]["param"]) == ("request_timeout", "timeout")
+    failed = events[-1]["response"]
+    assert failed["status"] == "failed" and failed["error"]["code"] == "server_error"
+    assert "0.3s" in failed["error"]["message"] and failed["usage"] is None
+
+
 def test_reasoning_and_calls_are_items_of_their_own():
     """What a reasoning parser and a tool parser make of a message, whole and streamed (no server:
     the tiny model's text has no reasoning tags)."""
