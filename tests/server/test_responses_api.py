@@ -329,7 +329,9 @@ def test_a_stream_builds_the_same_response(client, server, model_name):
     # response.completed: see the forced tool call's test)
     with client.responses.stream(**body) as stream:
         typed = list(stream)
-    assert [event.type for event in typed] == kinds
+    helper_kinds = [event.type for event in typed]
+    # (as many text deltas as the route's deltas: tokens merge when it falls behind)
+    assert [k for i, k in enumerate(helper_kinds) if i == 0 or k != helper_kinds[i - 1]] == deduplicated
     assert typed[-1].response.output_text == text and typed[-1].response.status == "incomplete"
 
 
