@@ -279,6 +279,24 @@ def test_constrained_requests_share_verify_batches(spec_llm, plain, prompts):
             json.loads(o.text)
 
 
+def test_step_trace_times_the_phases_of_verify_steps(model_dir, prompts, reference, tmp_path):
+    """A verify step's trace line splits its host time by phase as a plain step's does (forward,
+    sample, sync, process): it held only ``schedule``, so a trace of a speculative run showed no
+    forward time for most of its steps."""
+    path = tmp_path / "steps.jsonl"
+    llm = cpu_llm(model_dir, cache="naive", step_trace=str(path), **SPEC)
+    outs = llm.generate(prompts, GREEDY)
+    llm.close()
+    assert [o.token_ids for o in outs] == reference
+    steps = [json.loads(line) for line in path.read_text().splitlines()]
+    verify = [s for s in steps if s.get("kind") == "verify"]
+    decode = [s for s in steps if s.get("kind") == "decode"]
+    assert verify and decode
+    for s in verify + decode:
+        assert {"schedule", "forward", "sample", "sync", "process"} <= set(s["ms"]), s
+        assert all(v >= 0 for v in s["ms"].values()), s
+
+
 class _Oracle(Drafter):
     """Proposes each request's reference continuation (so every draft is right), and records what
     it proposed while a request reasoned before its grammar."""

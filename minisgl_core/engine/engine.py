@@ -170,6 +170,7 @@ class Engine:
                 scheduler=self.scheduler,
                 last_tokens=self.last_tokens,
                 parallel=self.parallel,
+                timer=self._time,
             )
         self._inflight: _InFlight | None = None
         self._early_outputs: list[StepOutput] = []

@@ -26,6 +26,9 @@ so it replays the decode CUDA graphs like any decode step.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import torch
 
 from minisgl_core.api import ParallelContext
@@ -48,6 +51,7 @@ class VerifyRunner:
         scheduler: Scheduler,
         last_tokens: torch.Tensor,
         parallel: ParallelContext,
+        timer: Callable[[str, float], None] | None = None,
     ) -> None:
         self.speculator = speculator
         self.runner = runner
@@ -56,10 +60,19 @@ class VerifyRunner:
         self.scheduler = scheduler
         self.last_tokens = last_tokens
         self.parallel = parallel
+        #: the engine's step-trace timer, ``timer(phase, perf_counter at the phase's start)``: a
+        #: verify step's host time by phase, as a plain step's (None: no trace)
+        self.timer = timer
+
+    def _time(self, phase: str, started: float) -> None:
+        if self.timer is not None:
+            self.timer(phase, started)
 
     def run(self, batch: VerifyBatch) -> list[StepOutput]:
         """Forward the batch, sample every position, accept, and return the steps' outputs."""
+        started = time.perf_counter()
         logits = self.runner.forward(batch.forward)  # one row per position
+        self._time("forward", started)
         rows = self.speculator.sample_rows(batch)
         row_requests = [req for req, _ in rows]
         # A constrained request with drafts is reasoning before its grammar (Speculator.build):
@@ -68,7 +81,12 @@ class VerifyRunner:
         # masks its one row.
         drafted = {req.rid: len(req.output_ids) for req, d in zip(batch.requests, batch.drafts) if d}
         pending = self.grammars.bitmask(row_requests)
-        grammar_mask = None if pending is None else pending.result()
+        grammar_mask = None
+        if pending is not None:
+            started = time.perf_counter()
+            grammar_mask = pending.result()
+            self._time("mask_wait", started)
+        started = time.perf_counter()
         result = self.sampler.sample(
             logits,
             [
@@ -87,22 +105,31 @@ class VerifyRunner:
         if self.parallel.tp_size > 1:
             # every rank accepts rank 0's tokens, whatever its own sampler drew
             torch.distributed.broadcast(token_ids, src=0, group=self.parallel.group)
+        self._time("sample", started)
+        started = time.perf_counter()
         tokens = token_ids.tolist()
+        self._time("sync", started)
         logprobs = result.logprobs(tokens)
         constrained = [
             i for i, r in enumerate(row_requests) if r.matcher is not None and r.rid not in drafted
         ]
         if constrained:
+            started = time.perf_counter()
             self.grammars.accept(
                 [row_requests[i] for i in constrained],
                 [tokens[i] for i in constrained],
                 self.scheduler.running,
             )
+            self._time("accept", started)
+        started = time.perf_counter()
         outputs = self.speculator.process(self.scheduler, batch, tokens, logprobs)
+        self._time("process", started)
         for req in batch.requests:
             if req.matcher is not None and req.rid in drafted:  # the tokens it accepted, in order
                 taken = req.output_ids[drafted[req.rid] :]
+                started = time.perf_counter()
                 self.grammars.accept([req] * len(taken), taken, self.scheduler.running)
+                self._time("accept", started)
         # the next plain decode step reads each request's newest token on the device
         live = [r for r in batch.requests if self.scheduler.running.get(r.rid) is r]
         if live:
