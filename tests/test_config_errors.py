@@ -265,6 +265,10 @@ BAD_FLAGS = [
     ("generate", ["hi", ""], "a prompt is empty: give each prompt some text"),
     ("bench", ["offline", "--num-requests", "1", "--max-context-len", "0"], "--max-context-len must be >= 1"),
     ("bench", ["offline", "--tp", "2", "--grammar-schema", "builtin"], "--grammar-schema runs with --tp 1 only"),
+    # (the TP run measured neither and said nothing)
+    ("bench", ["offline", "--num-requests", "1", "--tp", "2", "--decode-latency"], "--decode-latency runs with --tp 1 only"),
+    ("bench", ["offline", "--num-requests", "1", "--tp", "2", "--profile", "/tmp/minisgl-never-written.prof"],
+     "--profile runs with --tp 1 only"),
     # (bench offline checked no heads: every rank's traceback)
     ("bench", ["offline", "--num-requests", "1", "--tp", "3"],
      "--tp 3: the model's 4 attention heads (2 KV heads) do not split evenly over 3 ranks; use --tp 1 or 2 or 4"),
@@ -761,12 +765,40 @@ def test_a_bench_workload_past_the_engines_limits_is_one_line_naming_the_flag(mo
         assert "loading" not in proc.stderr, proc.stderr  # (before the model)
 
 
-def test_bench_offline_on_a_model_too_small_for_its_token_ids_says_so(model_dir):
+@pytest.mark.parametrize("tp", ["1", "2"])
+def test_bench_offline_on_a_model_too_small_for_its_token_ids_says_so(model_dir, tp):
     """The standard workload draws prompt ids up to 10,000: a smaller vocabulary is one message
-    naming the fix, not a traceback from the first request."""
-    proc = _cli("bench", "offline", "--num-requests", "1", "--model", str(model_dir), "--device", "cpu")
+    naming the fix, not a traceback from the first request (with --tp 2: every rank's traceback
+    and the runner's RuntimeError)."""
+    proc = _cli(
+        "bench", "offline", "--num-requests", "1", "--model", str(model_dir), "--device", "cpu", "--tp", tp
+    )
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "has a vocabulary of" in proc.stderr and "--shape qwen3-0.6b" in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def short_model_dir(tmp_path_factory):
+    """A vocabulary the standard workload's ids fit in, and a context its requests do not."""
+    return make_model_dir(
+        tmp_path_factory.mktemp("m") / "short",
+        "LlamaForCausalLM",
+        vocab_size=10240,
+        max_position_embeddings=256,
+    )
+
+
+@pytest.mark.parametrize("tp", ["1", "2"])
+def test_bench_offline_past_the_models_context_is_one_line(short_model_dir, tp):
+    """With --tp 2 each rank's warm-up raised ContextLengthExceeded as a traceback; --tp 1 said it
+    in one line, once the model had loaded."""
+    proc = _cli("bench", "offline", "--num-requests", "1", "--model", str(short_model_dir), "--device", "cpu",
+                "--tp", tp)  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "minisgl: error: bench offline's requests take up to 1688 tokens (prompt and output), more than the "
+        "model's context length 256; use a model with a longer one"
+    ), proc.stderr[-2000:]
 
 
 def test_attn_auto_is_torch_on_cpu_and_pairs_parse():

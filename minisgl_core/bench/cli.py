@@ -310,6 +310,9 @@ def _offline(args: argparse.Namespace) -> int:
 
         if args.grammar_schema:
             raise ConfigError("--grammar-schema runs with tp_size 1 only", "tp_size")
+        for flag, given in (("--decode-latency", args.decode_latency), ("--profile", args.profile)):
+            if given:  # (the TP run measured neither and said nothing)
+                raise ConfigError(f"{flag} runs with tp_size 1 only", "tp_size")
         # (heads that do not split over the ranks: one line, not every rank's traceback)
         check_heads_split(config.model, config.tp_size, plugins)
     if args.grammar_schema and args.grammar_schema != "builtin":  # (refused after the weights loaded)
@@ -324,6 +327,15 @@ def _offline(args: argparse.Namespace) -> int:
     requests = workloads.standard_offline(args.num_requests, seed=0)
     longest = max(len(r.prompt_ids) + r.max_tokens for r in requests)  # (the warm-up's are shorter)
     _check_requests_fit("offline", longest, config.max_context_len, config.num_kv_tokens)
+    if config.tp_size > 1:  # (the ranks found these only as tracebacks, each its own)
+        from minisgl_core.checkpoint.formats import open_model
+
+        hf = open_model(config.model, plugins).hf_config()
+        _check_vocab_fits(requests, config.model, int(hf["vocab_size"]))
+        context = config.context_len(hf)
+        given = config.max_context_len
+        models_context = given is None or given > context
+        _check_requests_fit("offline", longest, context, None, models_context=models_context)
     result: dict[str, Any] = {**_meta(args), "bench": "offline", "shape": args.shape or config.model,
                               "attn": config.attn, "tp": config.tp_size, "cuda_graph_max_bs": config.cuda_graph_max_bs,
                               "piecewise_cuda_graph_max_tokens": config.piecewise_cuda_graph_max_tokens,
@@ -348,14 +360,11 @@ def _offline(args: argparse.Namespace) -> int:
         llm = LLM.from_config(config, disable_plugins=args.disable_plugin, spelling="flag")
         # start-up (weights, KV pool, JIT, graph capture): a fresh machine's cost, outside the timed run
         result["init_seconds"] = round(time.perf_counter() - started, 1)
-        vocab, top = llm.engine.runner.vocab_size, max(max(r.prompt_ids) for r in requests)
-        if top >= vocab:
+        try:
+            _check_vocab_fits(requests, config.model, llm.engine.runner.vocab_size)
+        except SystemExit:
             llm.close()
-            raise SystemExit(
-                f"minisgl bench offline: the standard workload's prompts hold token ids up to {top}, "
-                f"but {config.model} has a vocabulary of {vocab}; use a model with a larger one "
-                "(--shape qwen3-0.6b or llama-3.1-8b builds one)"
-            )
+            raise
         try:  # (the context length may be the model's, the KV pool sized from the memory)
             _check_limits_fit("offline", longest, llm, config.max_context_len)
         except ConfigError:
@@ -399,6 +408,16 @@ def _offline(args: argparse.Namespace) -> int:
             }
     _emit(result, args.output)
     return 0
+
+
+def _check_vocab_fits(requests: list[workloads.BenchRequest], model: str, vocab: int) -> None:
+    top = max(max(r.prompt_ids) for r in requests)
+    if top >= vocab:
+        raise SystemExit(
+            f"minisgl bench offline: the standard workload's prompts hold token ids up to {top}, "
+            f"but {model} has a vocabulary of {vocab}; use a model with a larger one "
+            "(--shape qwen3-0.6b or llama-3.1-8b builds one)"
+        )
 
 
 def _grammar(args: argparse.Namespace) -> int:
