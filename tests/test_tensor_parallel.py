@@ -203,6 +203,24 @@ def test_offline_tp_runner_counts_every_token_and_reports_the_page_size(tmp_path
     )
 
 
+def test_offline_tp_runner_reports_the_speculative_counters(tmp_path):
+    """bench offline --tp 2 --speculative-algorithm ngram reported no acceptance figures (--tp 1
+    does): rank 0's counters come back, and greedy drafts on copy-heavy prompts are accepted."""
+    from minisgl_core.bench.tp import run_offline_tp
+    from minisgl_core.bench.workloads import BenchRequest
+    from minisgl_core.config import EngineConfig
+
+    model_dir = make_model_dir(tmp_path / "m", "LlamaForCausalLM")
+    config = EngineConfig(model=str(model_dir), attn="torch", device="cpu", dtype="float32", tp_size=2,
+                          speculative_algorithm="ngram")  # fmt: skip
+    requests = [BenchRequest(prompt_ids=p, max_tokens=24) for p in SPEC_PROMPTS]
+    result = run_offline_tp(config, requests, temperature=0.0)
+    stats = result["speculative"]
+    assert stats.verify_steps > 0 and 0 < stats.accepted_tokens <= stats.draft_tokens
+    plain = run_offline_tp(dataclasses.replace(config, speculative_algorithm=None), requests, temperature=0.0)
+    assert "speculative" not in plain and plain["output_tokens"] == result["output_tokens"]
+
+
 def test_a_rank_leaving_its_group_lets_an_unclosed_engine_and_its_group_go(tmp_path):
     """Engine start-up freezes every live object, so an engine a rank never closed (one that raised,
     say) stays in memory with its process group past destroy_process_group; gloo's threads then

@@ -397,15 +397,17 @@ def _offline(args: argparse.Namespace) -> int:
         if args.decode_latency:
             result["decode"] = decode_latency(llm)
         verify = llm.engine.verify
-        if verify is not None:  # --speculative-algorithm: how many tokens each verify step gave
-            stats = verify.speculator.stats
-            result["speculative"] = {
-                "algorithm": config.speculative_algorithm,
-                "draft_tokens": config.speculative_num_draft_tokens,
-                "acceptance_length": round(stats.acceptance_length, 3),
-                "acceptance_rate": round(stats.acceptance_rate, 3),
-                **stats.as_dict(),
-            }
+        if verify is not None:
+            result["speculative"] = verify.speculator.stats
+    stats = result.pop("speculative", None)
+    if stats is not None:  # --speculative-algorithm: how many tokens each verify step gave
+        result["speculative"] = {
+            "algorithm": config.speculative_algorithm,
+            "draft_tokens": config.speculative_num_draft_tokens,
+            "acceptance_length": round(stats.acceptance_length, 3),
+            "acceptance_rate": round(stats.acceptance_rate, 3),
+            **stats.as_dict(),
+        }
     _emit(result, args.output)
     return 0
 

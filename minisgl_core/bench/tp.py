@@ -73,8 +73,9 @@ def _rank_main(
             if progress is not None:
                 progress.close()
         elapsed = time.perf_counter() - start
-        if rank == 0:
-            queue.put(("ok", tokens, elapsed, engine.config.page_size))
+        if rank == 0:  # (the speculative counters: SpecStats, None without speculation)
+            stats = engine.verify.speculator.stats if engine.verify is not None else None
+            queue.put(("ok", tokens, elapsed, engine.config.page_size, stats))
     except BaseException:
         queue.put(("error", rank, traceback.format_exc()))
         raise
@@ -133,13 +134,13 @@ def run_offline_tp(
                     ) from None
         if message[0] == "error":
             raise RuntimeError(f"TP rank {message[1]} failed:\n{message[2]}")
-        _, tokens, elapsed, page_size = message
+        _, tokens, elapsed, page_size, spec_stats = message
     finally:
         for p in procs:
             p.join(timeout=30)
             if p.is_alive():  # a rank stuck in a collective its failed peer never joins
                 p.kill()
-    return {
+    result: dict[str, Any] = {
         "requests": len(requests),
         "prompt_tokens": sum(len(r.prompt_ids) for r in requests),
         "output_tokens": tokens,
@@ -147,3 +148,6 @@ def run_offline_tp(
         "output_tok_per_s": round(tokens / elapsed, 1),
         "page_size": page_size,
     }
+    if spec_stats is not None:  # rank 0's SpecStats (every rank accepts the same tokens)
+        result["speculative"] = spec_stats
+    return result
