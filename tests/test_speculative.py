@@ -447,3 +447,21 @@ def test_real_model_copies_with_drafts_and_the_same_tokens(default_model_dir):
     assert "quick brown fox" in spec[0].text  # it did copy: that is what the drafts predict
     accept_len = stats["spec_emitted_tokens"] / stats["spec_request_steps"]
     assert accept_len > 1.5, stats
+
+
+def test_bench_offline_reports_overlap_off_under_speculation(tmp_path):
+    """``bench offline --speculative-algorithm ngram`` reported ``"overlap": true``, the flag's
+    default, while speculation runs without it: the JSON says what the engine ran with."""
+    from minisgl_core.testing.cli_runner import run_cli
+
+    model_dir = make_model_dir(tmp_path / "m", "LlamaForCausalLM", vocab_size=10_240)
+    runs = {}
+    for name, extra in (("spec", ["--speculative-algorithm", "ngram"]), ("plain", [])):
+        proc = run_cli(
+            ["bench", "offline", "--model", str(model_dir), "--num-requests", "1", "--attn", "torch", *extra],
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr
+        runs[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert runs["spec"]["overlap"] is False and "speculative" in runs["spec"]
+    assert runs["plain"]["overlap"] is True and "speculative" not in runs["plain"]

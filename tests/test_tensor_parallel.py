@@ -219,6 +219,12 @@ def test_offline_tp_runner_reports_the_speculative_counters(tmp_path):
     assert stats.verify_steps > 0 and 0 < stats.accepted_tokens <= stats.draft_tokens
     plain = run_offline_tp(dataclasses.replace(config, speculative_algorithm=None), requests, temperature=0.0)
     assert "speculative" not in plain and plain["output_tokens"] == result["output_tokens"]
+    # what each ran with, as the tp_size 1 run reports it: speculation turns overlap off, and the
+    # backend resolved (not the config's "auto") and the start-up times come from rank 0
+    assert result["overlap"] is False and plain["overlap"] is True
+    for run in (result, plain):
+        assert run["attn"] == "torch,torch" and run["page_size"] >= 1  # (prefill, decode)
+        assert run["init_seconds"] > 0 and run["warmup_seconds"] > 0
 
 
 def test_a_rank_leaving_its_group_lets_an_unclosed_engine_and_its_group_go(tmp_path):

@@ -371,6 +371,7 @@ def _offline(args: argparse.Namespace) -> int:
             llm.close()
             raise
         result["attn"] = ",".join(llm.engine.runner.attn_names)
+        result["overlap"] = llm.engine.overlap  # (speculation turns it off)
         result["page_size"] = llm.engine.config.page_size
         grammar = None
         if args.grammar_schema:

@@ -57,9 +57,13 @@ def _rank_main(
         torch.cuda.set_device(rank)
     try:
         join_parent_store(backend, rank, world, port)  # the store is run_offline_tp's
+        started = time.perf_counter()
         engine = Engine(config, ParallelContext(rank, world, dist.group.WORLD), Plugins.load(disable=disable))
+        init = time.perf_counter() - started
+        started = time.perf_counter()
         drive(engine, requests[:4], temperature, first_rid=10**6, max_tokens=8)  # warm-up, as run_offline's
         dist.barrier()
+        warmup = time.perf_counter() - started
         progress = None
         if rank == 0 and progress_every is not None:  # (rank 0 speaks for all: they step together)
             from minisgl_core.bench.offline import ProgressLines, announce_timed_run
@@ -73,9 +77,17 @@ def _rank_main(
             if progress is not None:
                 progress.close()
         elapsed = time.perf_counter() - start
-        if rank == 0:  # (the speculative counters: SpecStats, None without speculation)
+        if rank == 0:  # what the engine ran with, as the tp_size 1 run reports it
+            facts = {
+                "attn": ",".join(engine.runner.attn_names),
+                "overlap": engine.overlap,  # (speculation turns it off)
+                "page_size": engine.config.page_size,
+                "init_seconds": round(init, 1),
+                "warmup_seconds": round(warmup, 1),
+            }
+            # the speculative counters: SpecStats, None without speculation
             stats = engine.verify.speculator.stats if engine.verify is not None else None
-            queue.put(("ok", tokens, elapsed, engine.config.page_size, stats))
+            queue.put(("ok", tokens, elapsed, facts, stats))
     except BaseException:
         queue.put(("error", rank, traceback.format_exc()))
         raise
@@ -134,7 +146,7 @@ def run_offline_tp(
                     ) from None
         if message[0] == "error":
             raise RuntimeError(f"TP rank {message[1]} failed:\n{message[2]}")
-        _, tokens, elapsed, page_size, spec_stats = message
+        _, tokens, elapsed, facts, spec_stats = message
     finally:
         for p in procs:
             p.join(timeout=30)
@@ -146,7 +158,7 @@ def run_offline_tp(
         "output_tokens": tokens,
         "seconds": round(elapsed, 3),
         "output_tok_per_s": round(tokens / elapsed, 1),
-        "page_size": page_size,
+        **facts,
     }
     if spec_stats is not None:  # rank 0's SpecStats (every rank accepts the same tokens)
         result["speculative"] = spec_stats
