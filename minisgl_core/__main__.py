@@ -1,3 +1,3 @@
-from minisgl_core.cli import main
+from minisgl_core.entry import main
 
 raise SystemExit(main())

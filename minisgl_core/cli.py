@@ -169,6 +169,12 @@ def build_parser(plugins: Plugins | None = None) -> argparse.ArgumentParser:
             logging.getLogger(__name__).warning("could not load plugins for the command line's help: %s", exc)
     parser = _Parser(prog="minisgl", description="minisgl: a small plugin-based LLM serving engine")
     _add_log_level(parser, default=environment.get("MINISGL_LOG_LEVEL", "info"))
+    from minisgl_core import __version__
+    from minisgl_core.api import API_VERSION
+
+    parser.add_argument(
+        "--version", action="version", version=f"minisgl {__version__} (plugin API {API_VERSION})"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("plugins", help="list discovered plugins")

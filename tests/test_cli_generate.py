@@ -140,6 +140,30 @@ def test_ctrl_c_ends_generate_with_status_130_and_no_traceback(model_dir):
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
 
 
+@pytest.mark.parametrize("delay", [0.2, 0.6])
+def test_ctrl_c_while_the_command_loads_is_quiet(delay):
+    """A Ctrl-C in the first second of ``minisgl serve`` (its modules importing: torch alone takes
+    over a second) printed a KeyboardInterrupt traceback; it stops with status 130, as later."""
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "minisgl_core", "serve", "--model", "demo", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # (as from a terminal)
+    )
+    try:
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+
+
 def test_a_prompt_that_is_not_utf8_is_refused_before_the_model_loads(model_dir, monkeypatch, capsys):
     """A byte that is not UTF-8 reaches argv as a lone surrogate (surrogateescape); the LLM refused
     it once the model had loaded, calling it "a lone UTF-16 surrogate '\\udce9'"."""
@@ -163,3 +187,16 @@ def test_the_cli_module_runs_as_a_script():
         [sys.executable, "-m", "minisgl_core.cli", "generate", "--help"], capture_output=True, timeout=120
     )
     assert run.returncode == 0 and b"prompt" in run.stdout, run
+
+
+def test_version_names_the_distribution_and_the_plugin_api():
+    """``minisgl --version`` (vLLM's and SGLang's commands take it) was "the following arguments
+    are required: command"."""
+    from minisgl_core import __version__
+    from minisgl_core.api import API_VERSION
+
+    done = subprocess.run(
+        [sys.executable, "-m", "minisgl_core", "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"minisgl {__version__} (plugin API {API_VERSION})"
