@@ -28,6 +28,7 @@ from minisgl_core.server.schemas import (
     ChatCompletionRequest,
     Float,
     FreeObject,
+    FunctionDefinition,
     Int,
     StreamOptions,
     StrictModel,
@@ -163,14 +164,11 @@ InputItem = Annotated[
 # ------------------------------------------------------------------ tools and formats
 
 
-class FunctionTool(StrictModel):
-    """Responses' function tool: chat's ``function`` fields at the top level."""
+class FunctionTool(FunctionDefinition):
+    """Responses' function tool: chat's ``function`` fields (name, description, parameters,
+    strict) at the top level, beside its ``type``."""
 
     type: Literal["function"]
-    name: Text = Field(min_length=1)
-    description: Text | None = None
-    parameters: FreeObject | None = None
-    strict: Bool | None = None
 
 
 class FunctionChoice(StrictModel):
