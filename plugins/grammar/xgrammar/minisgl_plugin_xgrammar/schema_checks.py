@@ -255,7 +255,40 @@ def unenforced_keywords(schema: Any, path: str = "#") -> list[str]:
         found += _overlapping_one_of(sub, where, schema)
         found += _dropped_beside(sub, where, schema)
         found += _names_ruled_out(sub, where, schema)
+        found += _names_not_strings(sub, where, schema)
     return found
+
+
+def _names_not_strings(schema: dict, path: str, root: Any) -> list[str]:
+    """A ``propertyNames`` (or a branch or definition it leads to) that allows values other than
+    strings, as one entry: xgrammar writes a name as whatever its schema allows, so ``{"anyOf":
+    [{"type": "number"}, ...]}``, ``"type": ["string", "null"]`` or ``{"enum": [1, "a"]}`` let it
+    write ``{1:1}`` or ``{null:1}``, which is not JSON. A name is a string: such a schema must
+    describe strings only."""
+    names = schema.get("propertyNames")
+    if not isinstance(names, dict):
+        return []
+    stack, seen = [(names, f"{path}/propertyNames")], set()
+    while stack:
+        sub, where = stack.pop()
+        if not isinstance(sub, dict) or id(sub) in seen:
+            continue
+        seen.add(id(sub))
+        kind = sub.get("type")
+        values = sub.get("enum") if isinstance(sub.get("enum"), list) else []
+        values = values + ([sub["const"]] if "const" in sub else [])
+        if (kind is not None and kind != "string") or any(not isinstance(v, str) for v in values):
+            return [
+                f"'propertyNames' at {path} allowing values other than strings (at {where}: a "
+                "property name is a string, and the backend would write the others as names, "
+                "which is not JSON; describe strings only)"
+            ]
+        if "$ref" in sub:
+            stack.append((_resolve({"$ref": sub["$ref"]}, root), sub["$ref"]))
+        for key in ("anyOf", "oneOf", "allOf"):
+            branches = sub.get(key) if isinstance(sub.get(key), list) else []
+            stack += [(branch, f"{where}/{key}/{i}") for i, branch in enumerate(branches)]
+    return []
 
 
 def _names_ruled_out(schema: dict, path: str, root: Any) -> list[str]:

@@ -207,3 +207,37 @@ def test_a_schema_without_type_is_written_one_schema_per_type():
             {"type": "null"},
         ],
     }
+
+
+#: property-name schemas allowing values other than strings, which xgrammar wrote as names
+#: (``{1:1}``, ``{null:1}``: not JSON)
+NAMES_NOT_STRINGS = [
+    {"anyOf": [{"type": "number"}, {"maxLength": 2}]},
+    {"type": ["string", "null"], "maxLength": 2},
+    {"enum": [1, "a"]},
+    {"const": 5},
+    {"$ref": "#/$defs/n"},
+]
+NAME_TEXTS = ["{}", '{"a":1}', '{"ab":1}', '{"abc":1}', "{1:1}", "{1.5:1}", "{5:1}", "{null:1}", "{true:1}"]
+
+
+@pytest.mark.parametrize("names", NAMES_NOT_STRINGS, ids=json.dumps)
+def test_property_names_allowing_other_values_than_strings_are_refused(takes, names):
+    schema = {"type": "object", "propertyNames": names, "$defs": {"n": {"oneOf": [{"type": "integer"}]}}}
+    with pytest.raises(GrammarError, match="allowing values other than strings"):
+        takes("json_schema", schema, "{}")
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        {"anyOf": [{"type": "string", "maxLength": 1}, {"maxLength": 2}]},
+        {"enum": ["a", "ab"]},
+        {"maxLength": 2},
+    ],
+    ids=json.dumps,
+)
+def test_property_names_of_strings_write_json_names_only(takes, names):
+    """The names these allow are the strings of up to two characters; nothing else is written."""
+    schema = {"type": "object", "propertyNames": names}
+    assert [t for t in NAME_TEXTS if takes("json_schema", schema, t)] == ["{}", '{"a":1}', '{"ab":1}']
