@@ -43,6 +43,11 @@ BROKEN = [
     # a oneOf whose branches overlap: xgrammar compiles it as anyOf (the plugin refuses it)
     ({"oneOf": [{"type": "object", "properties": {"a": {"type": "integer"}}},
                 {"type": "object", "properties": {"b": {"type": "integer"}}}]}, '{"a":1}'),
+    # property names allowing values other than strings: xgrammar wrote them as names (not JSON)
+    ({"type": "object", "propertyNames": {"anyOf": [{"type": "number"}, {"maxLength": 2}]}}, "{1:1}"),
+    ({"type": "object", "propertyNames": {"type": ["string", "null"], "maxLength": 2}}, "{null:1}"),
+    ({"type": "object", "propertyNames": {"enum": [1, "a"]}}, "{1:1}"),
+    ({"type": "object", "propertyNames": {"const": 5}}, "{5:1}"),
 ]  # fmt: skip
 
 
