@@ -33,8 +33,16 @@ from minisgl_plugin_gguf.names import IGNORED, LONGROPE_FACTORS, ROPE_FREQS, hf_
 from minisgl_plugin_gguf.rope_factors import llama3_scaling_from_factors
 
 MAGIC = b"GGUF"
-#: tensor types dequantized at load (by name of ``gguf.GGMLQuantizationType``)
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+#: tensor types dequantized at load (by name of ``gguf.GGMLQuantizationType``): every weight type
+#: ``gguf.quants`` dequantizes. llama.cpp mixes them in one file: a Q4_K_M file stores rows that are
+#: not whole 256-weight super-blocks (Qwen2.5-0.5B's 896 columns) as Q5_0, a Q3_K_M file holds
+#: Q3_K, Q4_K, Q5_K and Q6_K tensors, and the i-quants fall back to IQ4_NL the same way
+SUPPORTED_TYPES = (
+    "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
+    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+    "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS",
+    "TQ1_0", "TQ2_0", "MXFP4",
+)  # fmt: skip
 
 
 def find_gguf_file(path: Path) -> Path:

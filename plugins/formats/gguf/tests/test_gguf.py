@@ -1,7 +1,7 @@
 """GGUF files of every supported tensor type against transformers' own GGUF loading, and bad files.
 
 Tiny random llama / qwen2 / qwen3 / phi3 / qwen3moe models are written with ``gguf.GGUFWriter``; the tensor types
-``gguf.quants`` cannot quantize (the K-quants) are filled with random blocks of valid scales.
+``gguf.quants`` cannot quantize (the K-quants and i-quants) are filled with random blocks of small scales.
 Our model loaded through :class:`GGUFFormat` must give transformers' logits for the same file.
 """
 
@@ -27,17 +27,40 @@ pytest_plugins = ["minisgl_core.testing.pytest_plugin"]
 K_FRIENDLY = dict(
     hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=64
 )
-#: byte offset of the float16 scale ``d`` (and ``dmin`` right after it, where there is one) per block
-_K_SCALES = {"Q4_K": (0, True), "Q5_K": (0, True), "Q6_K": (208, False)}
+#: the types ``gguf.quants`` can quantize (the others are random blocks: :func:`random_blocks`)
+QUANTIZABLE = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "TQ1_0", "TQ2_0", "MXFP4")
+#: byte offsets of each block's float16 scales (``d``, and ``dmin`` where there is one), by the
+#: layouts ``gguf.quants`` reads; IQ1_M spreads its one scale over the top nibbles of its last
+#: four 16-bit words (:func:`_set_scales`)
+_SCALE_OFFSETS = {
+    "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
+    "IQ1_S": (0,), "IQ2_XXS": (0,), "IQ2_XS": (0,), "IQ2_S": (0,), "IQ3_XXS": (0,), "IQ3_S": (0,),
+    "IQ4_NL": (0,), "IQ4_XS": (0,), "IQ1_M": (),
+}  # fmt: skip
 
 
-def k_quant_blocks(qtype: str, seed: int):
-    """An ``encode`` hook for :func:`write_gguf`: random ``qtype`` blocks with small valid scales."""
+def _set_scales(qtype: str, blocks: np.ndarray, scale: np.ndarray) -> None:
+    """Every float16 scale of each block (``blocks`` [n, bytes]) set to ``scale`` [n] float16."""
+    bits = scale.astype(np.float16).view(np.uint16)
+    if qtype == "IQ1_M":  # nibble i of the scale is the top nibble of word i of the last four
+        words = blocks[:, -8:].copy().view(np.uint16)
+        for i in range(4):
+            words[:, i] = (words[:, i] & np.uint16(0x0FFF)) | (
+                ((bits >> np.uint16(4 * i)) & np.uint16(0xF)) << np.uint16(12)
+            )
+        blocks[:, -8:] = words.view(np.uint8)
+        return
+    for offset in _SCALE_OFFSETS[qtype]:
+        blocks[:, offset : offset + 2] = bits.view(np.uint8).reshape(-1, 2)
+
+
+def random_blocks(qtype: str, seed: int):
+    """An ``encode`` hook for :func:`write_gguf`: random ``qtype`` blocks whose scales make the
+    dequantized weights' standard deviation about 0.02 (dequantizing is linear in the scales)."""
     import gguf
 
     quant = gguf.GGMLQuantizationType[qtype]
     block_size, type_size = gguf.GGML_QUANT_SIZES[quant]
-    offset, has_min = _K_SCALES[qtype]
     rng = np.random.default_rng(seed)
 
     def encode(name: str, values: np.ndarray):
@@ -45,10 +68,9 @@ def k_quant_blocks(qtype: str, seed: int):
             return None  # norms stay float32, as llama.cpp keeps them
         rows, cols = values.shape
         blocks = rng.integers(0, 256, size=(rows * cols // block_size, type_size), dtype=np.uint8)
-        scale = rng.uniform(1e-4, 4e-4, size=len(blocks)).astype(np.float16)
-        blocks[:, offset : offset + 2] = scale.view(np.uint8).reshape(-1, 2)
-        if has_min:
-            blocks[:, offset + 2 : offset + 4] = (scale * 4).view(np.uint8).reshape(-1, 2)
+        _set_scales(qtype, blocks, np.ones(len(blocks)))
+        spread = float(np.std(gguf.quants.dequantize(blocks, quant)))
+        _set_scales(qtype, blocks, np.full(len(blocks), 0.02 / spread) * rng.uniform(0.5, 1.5, len(blocks)))
         return blocks.reshape(rows, cols // block_size * type_size), quant
 
     return encode
@@ -175,16 +197,52 @@ def test_mixture_of_experts_reads_its_expert_size_from_the_file(make_tiny_model,
         assert_logits_close(actual, want, 1e-4, what=f"logits at step {step}")
 
 
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
-def test_k_quant_model_matches_transformers(make_tiny_model, tmp_path, qtype):
+@pytest.mark.parametrize("qtype", [*_SCALE_OFFSETS, "Q5_0", "Q5_1", "TQ1_0", "TQ2_0", "MXFP4"])
+def test_more_tensor_types_match_transformers(make_tiny_model, tmp_path, qtype):
+    """The K-quants and i-quants (random blocks), and the other types ``gguf.quants`` quantizes,
+    on a model whose rows are whole 256-weight super-blocks."""
     hf_dir = make_tiny_model("LlamaForCausalLM", tie_word_embeddings=True, **K_FRIENDLY)
-    file = write_gguf(hf_dir, tmp_path / f"{qtype}.gguf", encode=k_quant_blocks(qtype, seed=1))
+    if qtype in QUANTIZABLE:
+        file = write_gguf(hf_dir, tmp_path / f"{qtype}.gguf", qtype)
+    else:
+        file = write_gguf(hf_dir, tmp_path / f"{qtype}.gguf", encode=random_blocks(qtype, seed=1))
     from gguf import GGUFReader
 
     assert {t.tensor_type.name for t in GGUFReader(file).tensors} == {
         "F32",
         qtype,
     }  # llama.cpp's reader agrees
+    check_against_transformers(file)
+
+
+def test_a_q4_k_m_style_file_of_mixed_types_matches_transformers(make_tiny_model, tmp_path):
+    """As llama.cpp writes Q4_K_M for a model whose rows are not whole super-blocks (Qwen2.5-0.5B's
+    896 columns): Q5_0 where Q4_K cannot go, Q8_0 where Q6_K cannot, Q4_K and Q6_K elsewhere. Such
+    files were refused whole for their Q5_0 tensors."""
+    import gguf
+
+    hf_dir = make_tiny_model("Qwen2ForCausalLM", hidden_size=96, head_dim=24, intermediate_size=256)
+    k_blocks = {qtype: random_blocks(qtype, seed=2) for qtype in ("Q4_K", "Q6_K")}
+
+    def encode(name: str, values: np.ndarray):
+        if values.ndim != 2:
+            return None
+        wide = values.shape[1] % 256 == 0  # only ffn_down's rows (intermediate_size) are
+        qtype = (
+            ("Q6_K" if wide else "Q8_0")
+            if name in ("blk.0.ffn_down.weight", "token_embd.weight")
+            else ("Q4_K" if wide else "Q5_0")
+        )
+        if wide:
+            return k_blocks[qtype](name, values)
+        quant = gguf.GGMLQuantizationType[qtype]
+        return gguf.quants.quantize(values, quant), quant
+
+    file = write_gguf(hf_dir, tmp_path / "q4_k_m.gguf", encode=encode)
+    from gguf import GGUFReader
+
+    types = {t.tensor_type.name for t in GGUFReader(file).tensors}
+    assert types == {"F32", "Q4_K", "Q5_0", "Q6_K", "Q8_0"}, types
     check_against_transformers(file)
 
 
@@ -224,7 +282,7 @@ def test_tied_embeddings_when_the_file_has_no_output_tensor(make_tiny_model, tmp
 
 
 def test_every_supported_type_is_tested():
-    tested = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", *_K_SCALES}
+    tested = {*QUANTIZABLE, *_SCALE_OFFSETS}
     assert tested == set(SUPPORTED_TYPES)
 
 
@@ -250,17 +308,15 @@ def test_unsupported_architecture_fails_in_one_line(make_tiny_model, tmp_path):
 def test_unsupported_tensor_type_fails_in_one_line(make_tiny_model, tmp_path):
     import gguf
 
-    def q5_0(name: str, values: np.ndarray):
+    def f64(name: str, values: np.ndarray):  # a type no weight is dequantized from
         if name == "blk.0.ffn_up.weight":
-            return gguf.quants.quantize(
-                values, gguf.GGMLQuantizationType.Q5_0
-            ), gguf.GGMLQuantizationType.Q5_0
+            return values.astype(np.float64), gguf.GGMLQuantizationType.F64
         return None
 
-    file = write_gguf(make_tiny_model("LlamaForCausalLM"), tmp_path / "q5_0.gguf", encode=q5_0)
-    with pytest.raises(ValueError, match=r"blk\.0\.ffn_up\.weight has GGUF type Q5_0.*supported: F32, F16"):
+    file = write_gguf(make_tiny_model("LlamaForCausalLM"), tmp_path / "f64.gguf", encode=f64)
+    with pytest.raises(ValueError, match=r"blk\.0\.ffn_up\.weight has GGUF type F64.*supported: F32, F16"):
         GGUFFormat(file)
-    assert "Q5_0, which is not supported" in one_error_line(serve_cli("--model", str(file)))
+    assert "F64, which is not supported" in one_error_line(serve_cli("--model", str(file)))
 
 
 def test_truncated_file_fails_before_anything_loads(make_tiny_model, tmp_path):
