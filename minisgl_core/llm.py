@@ -90,6 +90,10 @@ class RequestOutput:
     prompt_logprobs: list[TokenLogprob | None] | None = None
     #: every completion of the prompt (vLLM's ``outputs``); built from the flat fields when not given
     outputs: list[CompletionOutput] = field(default_factory=list)
+    #: of the prompt's tokens, those read from the prefix cache, not computed (vLLM's field): the
+    #: least of its completions' figures, so the part of the prompt none of them computed, as the
+    #: server's ``cached_tokens`` counts it; None where not run by LLM.generate
+    num_cached_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if not self.outputs:
@@ -112,6 +116,7 @@ class RequestOutput:
         prompt_token_ids: list[int],
         choices: list[CompletionOutput],
         prompt_logprobs: list[TokenLogprob | None] | None = None,
+        num_cached_tokens: int | None = None,
     ) -> RequestOutput:
         """The output of a prompt whose completions are ``choices``, the flat fields the first's."""
         first = choices[0]
@@ -125,6 +130,7 @@ class RequestOutput:
             first.error,
             prompt_logprobs,
             choices,
+            num_cached_tokens,
         )
 
 
@@ -597,6 +603,7 @@ class LLM:
         choices: dict[int, CompletionOutput] = {}
         by_rid: dict[int, SamplingParams] = {}
         prompt_logprobs: dict[int, list[TokenLogprob | None]] = {}
+        cached: dict[int, int] = {}  # each request's prompt tokens read from the prefix cache
         unfinished: set[int] = set()
         bar = self._progress(sum(p.n for p in params), use_tqdm)  # (it counts completions)
         interrupts = _StepBoundaryInterrupts()
@@ -611,7 +618,7 @@ class LLM:
                         unfinished.add(rid)
                         with _named_errors(where(i)):  # (its grammar did not compile)
                             self.engine.add_request(rid, ids, by_rid[rid])
-                self._run(choices, prompt_logprobs, by_rid, unfinished, bar, interrupts.check)
+                self._run(choices, prompt_logprobs, cached, by_rid, unfinished, bar, interrupts.check)
                 while self.engine.has_work:  # with overlap, one step launched after the last finish
                     self.engine.step()
         except BaseException:
@@ -624,7 +631,12 @@ class LLM:
             if bar is not None:
                 bar.close()
         return [
-            RequestOutput.of_choices(ids, [choices[rid] for rid in group], prompt_logprobs.get(group[0]))
+            RequestOutput.of_choices(
+                ids,
+                [choices[rid] for rid in group],
+                prompt_logprobs.get(group[0]),
+                min(cached.get(rid, 0) for rid in group),
+            )
             for ids, group in zip(encoded, rids)
         ]
 
@@ -651,13 +663,15 @@ class LLM:
         self,
         choices: dict[int, CompletionOutput],
         prompt_logprobs: dict[int, list[TokenLogprob | None]],
+        cached: dict[int, int],
         by_rid: dict[int, SamplingParams],
         unfinished: set[int],
         bar: Any,
         check_interrupt: Callable[[], None] = lambda: None,
     ) -> None:
-        """Step the engine until every request of ``choices`` finished (removed from ``unfinished``);
-        ``check_interrupt`` raises a Ctrl-C that came during the last step."""
+        """Step the engine until every request of ``choices`` finished (removed from ``unfinished``),
+        its prompt logprobs in ``prompt_logprobs`` and its prompt tokens read from the prefix cache
+        in ``cached``; ``check_interrupt`` raises a Ctrl-C that came during the last step."""
         while unfinished:
             check_interrupt()
             for out in self.engine.step():
@@ -666,6 +680,8 @@ class LLM:
                     continue
                 if out.prompt_logprobs is not None:
                     prompt_logprobs[out.rid] = list(out.prompt_logprobs)
+                if out.cached_tokens is not None:
+                    cached[out.rid] = out.cached_tokens
                 if out.token_id >= 0:
                     result.token_ids.append(out.token_id)
                     if out.logprob is not None and result.logprobs is not None:

@@ -166,6 +166,9 @@ class StepOutputs(Message):
     #: request the scheduler received this step: how the detokenizer turns its tokens into text
     #: (sent no later than its first token)
     streams: list[list[Any]] = field(default_factory=list)
+    #: [rid, prompt tokens read from the prefix cache] of each request whose first output is in
+    #: this step (once a request: no column of Nones on every decode step)
+    cached_tokens: list[list[int]] = field(default_factory=list)
 
     def open_stream(
         self,
@@ -216,6 +219,8 @@ class DetokOutputs(Message):
     #: with prompt_logprobs, on a request's first output: the prompt tokens' logprobs as
     #: ``logprobs`` writes them (None for the first token), else None
     prompt_logprobs: list[list[list[Any] | None] | None] = field(default_factory=list)
+    #: StepOutputs.cached_tokens, passed on as it came
+    cached_tokens: list[list[int]] = field(default_factory=list)
 
 
 @dataclass

@@ -401,3 +401,6 @@ class StepOutput(NamedTuple):
     #: with ``prompt_logprobs``, on the request's first output: one per prompt token, None for the
     #: first (nothing precedes it)
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    #: on the request's first output (a token's, or its grammar's error): how many prompt tokens
+    #: were read from the prefix cache, not computed for it (Request.cached_prompt_tokens); else None
+    cached_tokens: int | None = None

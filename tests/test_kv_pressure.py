@@ -25,9 +25,12 @@ def model_dir(tmp_path_factory):
     )
 
 
-def run_bounded(engine, scores: dict | None = None, until=lambda: False) -> dict[int, list[int]]:
+def run_bounded(
+    engine, scores: dict | None = None, until=lambda: False, cached: dict | None = None
+) -> dict[int, list[int]]:
     """Step until nothing is left (or ``until()``), each request's tokens (and into ``scores`` its
-    prompt logprobs, where it asked for them); fails past STEP_LIMIT."""
+    prompt logprobs, where it asked for them; into ``cached`` its prompt tokens read from the
+    prefix cache); fails past STEP_LIMIT."""
     tokens: dict[int, list[int]] = {}
     for _ in range(STEP_LIMIT):
         if not engine.has_work or until():
@@ -35,6 +38,9 @@ def run_bounded(engine, scores: dict | None = None, until=lambda: False) -> dict
         for out in engine.step():
             if out.token_id >= 0:
                 tokens.setdefault(out.rid, []).append(out.token_id)
+            if cached is not None and out.cached_tokens is not None:
+                assert out.rid not in cached, "cached tokens sent twice"
+                cached[out.rid] = out.cached_tokens
             if scores is not None and out.prompt_logprobs is not None:
                 assert out.rid not in scores, "prompt logprobs sent twice"
                 scores[out.rid] = out.prompt_logprobs
@@ -57,7 +63,8 @@ def test_a_decode_takes_back_the_pages_of_a_prompt_admitted_after_it(model_dir, 
     back (its computed part to the prefix cache) and is admitted again later: both finish, with
     the tokens (and a scored prompt's logprobs, each position scored once) each gets alone.
     (Prefill and decode steps taking turns instead, prefill-first prefills the prompt whole before
-    the decode grows again: that never ran out.)"""
+    the decode grows again: that never ran out.) Nothing of the prompt came from another
+    request: its cached tokens are 0."""
     long = SamplingParams(temperature=0.0, max_tokens=500, ignore_eos=True)
     short = SamplingParams(
         temperature=0.0, max_tokens=1, ignore_eos=True, prompt_logprobs=1 if scored else None
@@ -72,8 +79,10 @@ def test_a_decode_takes_back_the_pages_of_a_prompt_admitted_after_it(model_dir, 
     scores: dict[int, list] = {}
     tokens = run_bounded(engine, until=lambda: 0 in running and running[0].num_computed >= 330)
     engine.add_request(1, prompt_b, short)
-    for rid, more in run_bounded(engine, scores).items():
+    cached: dict[int, int] = {}
+    for rid, more in run_bounded(engine, scores, cached=cached).items():
         tokens.setdefault(rid, []).extend(more)
+    assert cached == {1: 0}
     assert tokens[0] == alone(model_dir, prompt_a, long).token_ids
     reference = alone(model_dir, prompt_b, short)
     assert tokens[1] == reference.token_ids

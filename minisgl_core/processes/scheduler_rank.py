@@ -158,6 +158,8 @@ class SchedulerLoop:
                 prompt = [head if lp is None else _wire(lp) for lp in o.prompt_logprobs]
             if o.finished or o.prompt_logprobs is not None:
                 self.first_prompt_ids.pop(o.rid, None)
+            if o.cached_tokens is not None:
+                out.cached_tokens.append([o.rid, o.cached_tokens])
             out.add(
                 o.rid,
                 o.token_id,

@@ -344,7 +344,7 @@ class Detokenizer:
             self.streams[rid] = IncrementalDetokenizer(
                 self.tokenizer, stop, skip_special_tokens, keep_stop, min_tokens
             )
-        out = DetokOutputs(stats=step.stats)
+        out = DetokOutputs(stats=step.stats, cached_tokens=step.cached_tokens)
         for i, rid in enumerate(step.rids):
             token, reason, matched = step.token_ids[i], step.finish_reasons[i], step.matched_stops[i]
             stream = self.streams.get(rid)

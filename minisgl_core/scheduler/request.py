@@ -69,6 +69,14 @@ class Request:
     prompt_logprobs: list[Any] | None = None
     prompt_logprobs_sent: bool = False
 
+    #: prompt tokens whose KV the request read from the prefix cache and never computed itself,
+    #: as its first output reports them (the API's ``cached_tokens``): the prefix its admission
+    #: matched, within the prompt; the least of its admissions before its first token (a prompt
+    #: set back mid-prefill computes again what the cache evicted meanwhile). A retraction after
+    #: the first token changes nothing: what it computes again is the engine's cost, not a miss.
+    #: None until admitted
+    cached_prompt_tokens: int | None = None
+
     def __post_init__(self) -> None:
         if not self.fill_ids:
             self.fill_ids = self.prompt_ids

@@ -434,6 +434,10 @@ class Scheduler:
                 self.page_table[req.row, : req.prefix_len] = to_device(
                     req.prefix_slots, self.device, torch.int32
                 )
+            if newly_admitted and not req.output_ids:  # (an admission that went ahead)
+                read = min(req.prefix_len, req.prompt_len)
+                if req.cached_prompt_tokens is None or read < req.cached_prompt_tokens:
+                    req.cached_prompt_tokens = read
             budget -= n
             slots.append(req_slots)
             reqs.append(req)
@@ -658,8 +662,12 @@ class Scheduler:
             prompt = None
             if req.prompt_logprobs is not None and not req.prompt_logprobs_sent:
                 prompt, req.prompt_logprobs_sent = req.prompt_logprobs, True
+            # the first output says how much of the prompt came from the prefix cache
+            cached = (req.cached_prompt_tokens or 0) if len(req.output_ids) == 1 else None
             outputs.append(
-                StepOutput(req.rid, token, reason is not None, reason, matched, logprob, error, prompt)
+                StepOutput(
+                    req.rid, token, reason is not None, reason, matched, logprob, error, prompt, cached
+                )
             )
         return outputs
 

@@ -100,6 +100,7 @@ def native_router(state: ServerState) -> APIRouter:
                 body.return_logprob,
                 body.logprob_start_len,
                 body.return_text_in_logprobs,
+                group.cached_tokens,
             )
 
         async def chunks() -> AsyncIterator[str]:

@@ -33,12 +33,18 @@ def new_id(prefix: str) -> str:
 Choice = Delta
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+    """OpenAI's usage; with ``cached_tokens`` (of the prompt tokens, those read from the prefix
+    cache: RequestGroup.cached_tokens) its ``prompt_tokens_details`` too. A request's usage has
+    them; vLLM's continuous_usage_stats chunks leave them out, as vLLM's do."""
+    out: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if cached_tokens is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return out
 
 
 # ------------------------------------------------------------------ logprobs
@@ -217,11 +223,12 @@ def chat_completion(
     new_output: Callable[[], ChoiceOutput] | None = None,
     prompt_logprobs_k: int | None = None,
     stop_token_ids: tuple[int, ...] = (),
+    cached_tokens: int = 0,
 ) -> dict:
     """``new_output()`` makes each choice's parser (reasoning, tool calls); None: plain content.
     With ``prompt_logprobs_k`` the response carries vLLM's ``prompt_logprobs`` (the choices share
     the prompt: the first choice's). ``stop_token_ids``: the request's, for each choice's
-    ``stop_reason``."""
+    ``stop_reason``; ``cached_tokens``: of ``prompt_tokens``, those the prefix cache held."""
     rendered = []
     for c in choices:
         if new_output is None:
@@ -245,7 +252,7 @@ def chat_completion(
         "created": int(time.time()),
         "model": model,
         "choices": rendered,
-        "usage": usage(prompt_tokens, sum(len(c.token_ids) for c in choices)),
+        "usage": usage(prompt_tokens, sum(len(c.token_ids) for c in choices), cached_tokens),
     }
     if prompt_logprobs_k is not None:
         first = min(choices, key=lambda c: c.index).prompt_logprobs
@@ -279,10 +286,12 @@ def completion(
     prompt_logprobs_k: int | None = None,
     stop_token_ids: tuple[int, ...] = (),
     as_ids: bool = False,
+    cached_tokens: int = 0,
 ) -> dict:
     """With ``prompt_logprobs_k`` each choice carries vLLM's ``prompt_logprobs`` of its prompt.
     ``stop_token_ids``: the request's, for each choice's ``stop_reason``. ``as_ids``: logprobs name
-    tokens by id (:func:`completion_logprobs`)."""
+    tokens by id (:func:`completion_logprobs`). ``cached_tokens``: of ``prompt_tokens``, those the
+    prefix cache held."""
     rendered = []
     for c in choices:
         choice = {
@@ -303,7 +312,7 @@ def completion(
         "created": int(time.time()),
         "model": model,
         "choices": rendered,
-        "usage": usage(prompt_tokens, sum(len(c.token_ids) for c in choices)),
+        "usage": usage(prompt_tokens, sum(len(c.token_ids) for c in choices), cached_tokens),
     }
 
 
@@ -319,7 +328,13 @@ def completion_chunk(rid: str, model: str, created: int, index: int, text: str, 
 
 
 def usage_chunk(
-    rid: str, model: str, created: int, kind: str, prompt_tokens: int, completion_tokens: int
+    rid: str,
+    model: str,
+    created: int,
+    kind: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached_tokens: int = 0,
 ) -> dict:
     return {
         "id": rid,
@@ -327,7 +342,7 @@ def usage_chunk(
         "created": created,
         "model": model,
         "choices": [],
-        "usage": usage(prompt_tokens, completion_tokens),
+        "usage": usage(prompt_tokens, completion_tokens, cached_tokens),
     }
 
 
@@ -342,9 +357,11 @@ def generate_result(
     with_logprobs: bool,
     logprob_start_len: int = -1,
     with_text: bool = False,
+    cached_tokens: int = 0,
 ) -> dict:
     """SGLang's /generate answer; ``with_text`` (its return_text_in_logprobs): each logprob
-    entry's third item is its token's text, else null."""
+    entry's third item is its token's text, else null. ``cached_tokens``: SGLang's, the prompt
+    tokens the prefix cache held."""
 
     def shown(text: str) -> str | None:
         return text if with_text else None
@@ -353,6 +370,7 @@ def generate_result(
         "id": rid,
         "prompt_tokens": prompt_tokens,
         "completion_tokens": len(choice.token_ids),
+        "cached_tokens": cached_tokens,
         "finish_reason": (
             {"type": choice.finish_reason, "matched": choice.matched_stop} if choice.finish_reason else None
         ),

@@ -80,7 +80,7 @@ def responses_router(state: ServerState, options: ApiOptions, tokenizer: ApiToke
             count = 0
             if reasoning:  # (the engine does not tell which tokens were the reasoning's)
                 count = await tokenizer.run(lambda t: len(t.encode(reasoning, add_special_tokens=False)))
-            return usage(group.prompt_tokens, output_tokens, min(count, output_tokens))
+            return usage(group.prompt_tokens, output_tokens, min(count, output_tokens), group.cached_tokens)
 
         async def build(choices: list[r.Choice]) -> dict[str, Any]:
             (choice,) = choices

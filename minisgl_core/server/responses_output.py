@@ -45,12 +45,14 @@ def response_object(
     }
 
 
-def usage(input_tokens: int, output_tokens: int, reasoning_tokens: int) -> dict[str, Any]:
-    """The usage; cached tokens are not reported to the API server (0), and a reasoning item's
-    tokens are its text's, encoded again."""
+def usage(
+    input_tokens: int, output_tokens: int, reasoning_tokens: int, cached_tokens: int = 0
+) -> dict[str, Any]:
+    """The usage: ``cached_tokens``, of the input tokens, those read from the prefix cache; a
+    reasoning item's tokens are its text's, encoded again."""
     return {
         "input_tokens": input_tokens,
-        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
         "output_tokens": output_tokens,
         "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": input_tokens + output_tokens,

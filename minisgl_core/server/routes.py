@@ -205,6 +205,7 @@ def make_router(
                         "chat.completion.chunk",
                         group.prompt_tokens,
                         completion_tokens,
+                        group.cached_tokens,
                     )
                 )
             yield r.DONE
@@ -226,6 +227,7 @@ def make_router(
                 new_output,
                 body.prompt_logprobs,
                 params.stop_token_ids,
+                group.cached_tokens,
             )
             return (
                 r.add_token_ids(out, choices, group.choice_prompt_ids, False)
@@ -377,7 +379,13 @@ def make_router(
             if body.include_usage:
                 yield r.sse(
                     r.usage_chunk(
-                        rid, model.name, created, "text_completion", group.prompt_tokens, completion_tokens
+                        rid,
+                        model.name,
+                        created,
+                        "text_completion",
+                        group.prompt_tokens,
+                        completion_tokens,
+                        group.cached_tokens,
                     )
                 )
             yield r.DONE
@@ -401,6 +409,7 @@ def make_router(
                 body.prompt_logprobs,
                 params.stop_token_ids,
                 as_ids,
+                group.cached_tokens,
             )
             return (
                 r.add_token_ids(out, choices, group.choice_prompt_ids, True) if body.return_token_ids else out

@@ -164,6 +164,10 @@ class RequestGroup:
         self.choice_prompt_tokens: list[int] = []
         #: each choice's prompt token ids, in choice order, when add() asked for them
         self.choice_prompt_ids: list[list[int] | None] = []
+        #: each choice's prompt tokens read from the prefix cache, by choice index (from its
+        #: first output: StepOutputs.cached_tokens), and each prompt's choices (first index, n)
+        self.choice_cached_tokens: dict[int, int] = {}
+        self._prompt_choices: list[tuple[int, int]] = []
         self.arrival = time.monotonic()
         self.num_choices = 0
         #: monotonic time the request ends with a timeout error (None: no deadline)
@@ -257,9 +261,18 @@ class RequestGroup:
         self.prompt_tokens += result.prompt_len
         self.choice_prompt_tokens += [result.prompt_len] * n
         self.choice_prompt_ids += [result.prompt_ids] * n
+        self._prompt_choices.append((first_index, n))
         if not self.probe:
             state.metrics.prompt_tokens += result.prompt_len
         return result
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens read from the prefix cache, counted as :attr:`prompt_tokens` counts the
+        prompt (once, whatever ``n``): per prompt the least of its choices' figures, the part of it
+        no choice computed (so never more than the prompt). A choice with no output yet counts 0."""
+        got = self.choice_cached_tokens
+        return sum(min(got.get(i, 0) for i in range(first, first + n)) for first, n in self._prompt_choices)
 
     async def deltas(self) -> AsyncIterator[Delta]:
         """Every choice's progress until all have finished: one delta per choice for all the events
@@ -498,6 +511,10 @@ class ServerState:
             self.metrics.engine = out.stats
         now = time.monotonic()
         m = self.metrics
+        for rid, cached in out.cached_tokens:  # (before the outputs: a first output may be the last)
+            group = self.pending.get(rid)
+            if group is not None:
+                group.choice_cached_tokens[group.unfinished.get(rid, 0)] = cached
         for i, rid in enumerate(out.rids):
             group = self.pending.get(rid)
             if group is None:  # aborted or failed meanwhile

@@ -39,8 +39,9 @@ SAMPLES = [
         stats={"running": 1},
         prompt_logprobs=[[[3, None, [], None], [10, -1.5, [[10, -1.5]], 1]], None],
         streams=[[7, ["\n\n"], True]],
+        cached_tokens=[[5, 32]],
     ),
-    m.DetokOutputs([5], [10], ["hi"], ["stop"], ["</s>"], [None], [None], None, [None]),
+    m.DetokOutputs([5], [10], ["hi"], ["stop"], ["</s>"], [None], [None], None, [None], [[5, 32]]),
     m.ProcessReady("scheduler", 1, {"max_context_len": 2048}),
     m.ProcessFailed("tokenizer", 0, "Traceback ...\nValueError: x"),
 ]
@@ -74,9 +75,11 @@ def test_detokenizer_opens_a_stream_with_the_step_that_brings_it(tokenizer):
     received = m.StepOutputs()
     received.open_stream(7, ["wide"], True)
     assert detok.convert(received).rids == [] and set(detok.streams) == {7}
-    first = m.StepOutputs()
+    first = m.StepOutputs(cached_tokens=[[7, 2]])
     first.add(7, ids[0], None)
-    text = detok.convert(first).texts[0]
+    converted = detok.convert(first)
+    assert converted.cached_tokens == [[7, 2]]  # passed on to the API server with the first token
+    text = converted.texts[0]
     for i, token in enumerate(ids[1:], 1):
         step = m.StepOutputs()
         step.add(7, token, "length" if i == len(ids) - 1 else None)

@@ -1,0 +1,140 @@
+"""Prompt tokens served from the prefix cache, per request: chat and completions'
+``usage.prompt_tokens_details.cached_tokens`` (streamed in the ``include_usage`` chunk too),
+``/v1/responses``' ``usage.input_tokens_details.cached_tokens`` and ``/generate``'s
+``meta_info.cached_tokens``. They were never reported (the Responses API said 0 whatever the
+cache did).
+
+Servers of their own, started fresh: a prompt of token ids no request sent before is known to
+find nothing cached. Chat prompts share their template's first tokens, so a chat request's first
+figure is compared, not assumed 0."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+
+from .conftest import API_KEY
+
+#: long enough to fill whole pages on any device (the CPU's page is one token, CUDA's 16)
+LENGTH = 48
+ESSAY = "Tell me about the tides, the moon and the sea, and why the water rises twice a day. " * 3
+
+
+def fresh_ids(first: int) -> list[int]:
+    """A prompt of token ids beginning with ``first``: each test starts its own, so nothing of it
+    is cached before the test sends it."""
+    return [first] + [(first * 7 + i) % 900 + 10 for i in range(LENGTH - 1)]
+
+
+@pytest.fixture(scope="module")
+def servers(start_server, model_dir, engine_args):
+    """{cache: server} for the radix cache (the default) and the naive one (no prefix reuse)."""
+    common = ["--model", str(model_dir), "--api-key", API_KEY, *engine_args]
+    return {cache: start_server([*common, "--cache", cache]) for cache in ("radix", "naive")}
+
+
+@pytest.fixture(scope="module")
+def clients(servers):
+    return {
+        cache: openai.OpenAI(base_url=f"{s.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+        for cache, s in servers.items()
+    }
+
+
+@pytest.fixture(scope="module")
+def model_name(clients):
+    return clients["radix"].models.list().data[0].id
+
+
+def cached(usage) -> int:
+    return usage.prompt_tokens_details.cached_tokens
+
+
+def test_completions_report_the_cached_part_of_a_prompt_sent_again(clients, model_name):
+    client = clients["radix"]
+    ids = fresh_ids(1001)
+    first = client.completions.create(model=model_name, prompt=ids, max_tokens=2, temperature=0).usage
+    second = client.completions.create(model=model_name, prompt=ids, max_tokens=2, temperature=0).usage
+    assert first.prompt_tokens == second.prompt_tokens == LENGTH
+    assert cached(first) == 0
+    assert 0 < cached(second) < LENGTH  # (its last token runs again, for the first logits)
+    streamed = list(
+        client.completions.create(
+            model=model_name, prompt=ids, max_tokens=2, temperature=0, stream=True,
+            stream_options={"include_usage": True},
+        )
+    )  # fmt: skip
+    assert cached(streamed[-1].usage) == cached(second)
+    assert all(c.usage is None for c in streamed[:-1])
+
+
+def test_a_prompt_counts_once_whatever_n(clients, model_name):
+    """prompt_tokens counts a prompt once whatever n, and so does cached_tokens: the part of the
+    prompt no choice computed. The first time, the first choice computes it and the others read
+    its copy: 0, not their hits (n - 1 times the prompt, more than prompt_tokens)."""
+    client = clients["radix"]
+    ids = fresh_ids(1002)
+    args = dict(model=model_name, prompt=ids, max_tokens=2, temperature=1.0, seed=3, n=3)
+    first = client.completions.create(**args).usage
+    again = client.completions.create(**args).usage
+    assert first.prompt_tokens == again.prompt_tokens == LENGTH
+    assert cached(first) == 0 and 0 < cached(again) < LENGTH
+
+
+def test_chat_reports_the_cached_part_of_a_conversation_sent_again(clients, model_name):
+    client = clients["radix"]
+    messages = [{"role": "user", "content": "Chat: " + ESSAY}]
+    args = dict(model=model_name, messages=messages, max_tokens=2, temperature=0)
+    first = client.chat.completions.create(**args).usage
+    second = client.chat.completions.create(**args).usage
+    # (the first shares the chat template's head with any earlier chat request)
+    assert cached(first) < cached(second) < second.prompt_tokens
+    assert cached(second) > second.prompt_tokens // 2
+    chunks = list(client.chat.completions.create(**args, stream=True, stream_options={"include_usage": True}))
+    usage = chunks[-1].usage
+    assert not chunks[-1].choices and cached(usage) == cached(second)
+    assert usage.prompt_tokens == second.prompt_tokens
+
+
+def test_responses_report_cached_input_tokens(clients, model_name):
+    client = clients["radix"]
+    args = dict(model=model_name, input="Responses: " + ESSAY, max_output_tokens=2, temperature=0)
+    first = client.responses.create(**args).usage
+    second = client.responses.create(**args).usage
+    assert first.input_tokens_details.cached_tokens < second.input_tokens_details.cached_tokens
+    assert second.input_tokens_details.cached_tokens < second.input_tokens
+    with client.responses.stream(**args) as stream:
+        last = list(stream)[-1]  # response.incomplete: max_output_tokens ran out
+    assert last.response.usage.input_tokens_details.cached_tokens == second.input_tokens_details.cached_tokens
+
+
+def test_generate_meta_info_has_sglangs_cached_tokens(servers):
+    url, auth = servers["radix"].url, {"Authorization": f"Bearer {API_KEY}"}
+    body = {"input_ids": fresh_ids(1003), "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
+    first = httpx.post(f"{url}/generate", json=body, headers=auth, timeout=120).json()["meta_info"]
+    second = httpx.post(f"{url}/generate", json=body, headers=auth, timeout=120).json()["meta_info"]
+    assert first["cached_tokens"] == 0 and 0 < second["cached_tokens"] < second["prompt_tokens"]
+    with httpx.stream(
+        "POST", f"{url}/generate", json={**body, "stream": True}, headers=auth, timeout=120
+    ) as r:
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert {json.loads(e)["meta_info"]["cached_tokens"] for e in events[:-1]} == {second["cached_tokens"]}
+
+
+def test_nothing_is_cached_without_prefix_reuse(clients, model_name):
+    """--cache naive reuses nothing: every figure 0, and still there."""
+    client = clients["naive"]
+    ids = fresh_ids(1004)
+    for _ in range(2):
+        usage = client.completions.create(model=model_name, prompt=ids, max_tokens=2, temperature=0).usage
+        assert usage.prompt_tokens == LENGTH and cached(usage) == 0
+    messages = [{"role": "user", "content": ESSAY}]
+    for _ in range(2):
+        usage = client.chat.completions.create(model=model_name, messages=messages, max_tokens=2).usage
+        assert cached(usage) == 0
+    response = client.responses.create(model=model_name, input=ESSAY, max_output_tokens=2)
+    assert response.usage.input_tokens_details.cached_tokens == 0
