@@ -404,18 +404,30 @@ class ResponsesRequest(StrictModel):
 
     def _messages(self) -> tuple[list[dict[str, Any]], list[str]]:
         """Chat messages: a function_call item joins the assistant message before it (calls in a
-        row are one turn's), a reasoning item the assistant message after it."""
+        row are one turn's), a reasoning item the assistant message right after it, or, with none
+        there (an output cut off mid-reasoning, sent back before the next user message), is an
+        assistant turn of reasoning alone where it stands."""
         messages: list[dict[str, Any]] = []
         origins: list[str] = []
         if self.instructions is not None:
             messages.append({"role": "system", "content": self.instructions})
             origins.append("instructions")
         items = [MessageItem(role="user", content=self.input)] if isinstance(self.input, str) else self.input
-        reasoning: str | None = None  # a reasoning item's text, for the next assistant message
+        reasoning: str | None = None  # reasoning items' text, for the next assistant message
+        reasoning_origin = ""
+
+        def reasoning_alone() -> None:
+            nonlocal reasoning
+            if reasoning is not None:
+                messages.append({"role": "assistant", "content": "", "reasoning_content": reasoning})
+                origins.append(reasoning_origin)
+                reasoning = None
+
         for i, item in enumerate(items):
             where = "input" if isinstance(self.input, str) else f"input.{i}"
             if isinstance(item, ReasoningItem):
-                reasoning = item.text()
+                reasoning = item.text() if reasoning is None else f"{reasoning}\n{item.text()}"
+                reasoning_origin = where
                 continue
             if isinstance(item, FunctionCallItem):
                 call = {"id": item.call_id, "type": "function",
@@ -429,13 +441,13 @@ class ResponsesRequest(StrictModel):
                 message = {"role": "tool", "tool_call_id": item.call_id, "content": item.text()}
             else:
                 message = {"role": item.role, "content": item.text()}
-            if message["role"] == "assistant" and reasoning is not None:
+            if message["role"] != "assistant":
+                reasoning_alone()  # (before the user's next message, not after it)
+            elif reasoning is not None:
                 message["reasoning_content"], reasoning = reasoning, None
             messages.append(message)
             origins.append(where)
-        if reasoning is not None:  # reasoning last: an assistant turn of reasoning alone
-            messages.append({"role": "assistant", "content": "", "reasoning_content": reasoning})
-            origins.append(f"input.{len(items) - 1}")
+        reasoning_alone()  # reasoning last
         return messages, origins
 
 

@@ -18,6 +18,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from minisgl_core.server.responses_output import EventStream, output_items
+from minisgl_core.server.responses_schema import ResponsesRequest
 
 from .conftest import API_KEY
 
@@ -253,6 +254,37 @@ def test_a_reasoning_item_sent_back_is_the_assistants_reasoning(tools_client, mo
     unreasoned = tools_client.chat.completions.create(model=model_name, messages=messages, max_tokens=1)
     assert resp.usage.input_tokens == chat.usage.prompt_tokens > unreasoned.usage.prompt_tokens
     assert resp.output_text == chat.choices[0].message.content
+
+
+def test_reasoning_cut_off_and_sent_back_stays_before_the_next_user_message(tools_client, model_name):
+    """An output cut off mid-reasoning is a reasoning item alone; sent back with the user's next
+    message, it is the assistant's turn where it stands (it was rendered after that message, as
+    if the model had reasoned about it)."""
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [], "status": "incomplete",
+                 "content": [{"type": "reasoning_text", "text": "Let me think about it"}]}  # fmt: skip
+    items = [{"role": "user", "content": ASK}, reasoning, {"role": "user", "content": "Go on"}]
+    messages = [
+        {"role": "user", "content": ASK},
+        {"role": "assistant", "content": "", "reasoning_content": "Let me think about it"},
+        {"role": "user", "content": "Go on"},
+    ]
+    body = ResponsesRequest.model_validate({"input": items})
+    assert body.chat_request()[0].model_dump(exclude_unset=True)["messages"] == messages
+    resp = tools_client.responses.create(
+        model=model_name, input=items, max_output_tokens=1, temperature=0,
+        include=["message.output_text.logprobs"], top_logprobs=5,
+    )  # fmt: skip
+    chat = tools_client.chat.completions.create(
+        model=model_name, messages=messages, max_tokens=1, temperature=0, logprobs=True, top_logprobs=5
+    )
+    [part] = resp.output[0].content
+    [expected] = chat.choices[0].logprobs.content
+    # (the same top tokens; their logprobs to float rounding: the second request reuses the
+    # first's cached prefix, which a batch of another shape computed)
+    assert [t.token for t in part.logprobs[0].top_logprobs] == [t.token for t in expected.top_logprobs]
+    assert [t.logprob for t in part.logprobs[0].top_logprobs] == pytest.approx(
+        [t.logprob for t in expected.top_logprobs], abs=1e-4
+    )
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "name": "plan_trip"}])
