@@ -36,7 +36,7 @@ from minisgl_core.tokenizer.chat_input import (
     conversations,
 )
 from minisgl_core.tokenizer.detokenize import final_text
-from minisgl_core.tokenizer.load import apply_chat_template
+from minisgl_core.tokenizer.load import apply_chat_template, render_chat_template
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +94,9 @@ class RequestOutput:
     #: least of its completions' figures, so the part of the prompt none of them computed, as the
     #: server's ``cached_tokens`` counts it; None where not run by LLM.generate
     num_cached_tokens: int | None = None
+    #: the prompt's text, as vLLM's: a text prompt as given, a conversation as its chat template
+    #: rendered it; None for a prompt of token ids
+    prompt: str | None = None
 
     def __post_init__(self) -> None:
         if not self.outputs:
@@ -117,6 +120,7 @@ class RequestOutput:
         choices: list[CompletionOutput],
         prompt_logprobs: list[TokenLogprob | None] | None = None,
         num_cached_tokens: int | None = None,
+        prompt: str | None = None,
     ) -> RequestOutput:
         """The output of a prompt whose completions are ``choices``, the flat fields the first's."""
         first = choices[0]
@@ -131,6 +135,7 @@ class RequestOutput:
             prompt_logprobs,
             choices,
             num_cached_tokens,
+            prompt,
         )
 
 
@@ -511,7 +516,9 @@ class LLM:
                 )
             where = (lambda i: f"messages[{i}]: ") if len(chats) > 1 else (lambda i: "")
             prompts = [self._chat_ids(c, args, where(i)) for i, c in enumerate(chats)]
-            return self._generate(prompts, sampling_params, use_tqdm, "messages")
+            # (the text of each, RequestOutput.prompt, as vLLM's: the template renders it again)
+            texts = [render_chat_template(self.tokenizer, c, **args) for c in chats]
+            return self._generate(prompts, sampling_params, use_tqdm, "messages", texts)
 
     def _chat_ids(self, conversation: list[dict[str, Any]], args: dict[str, Any], where: str) -> list[int]:
         """``conversation`` rendered as the server's tokenizer renders a chat request's messages."""
@@ -549,8 +556,10 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None,
         use_tqdm: bool | Callable[..., Any] | None,
         what: str = "prompts",
+        texts: Sequence[str | None] | None = None,
     ) -> list[RequestOutput]:
-        """``what``: the caller's name for the prompts, in a prompt's errors (chat's "messages")."""
+        """``what``: the caller's name for the prompts, in a prompt's errors (chat's "messages");
+        ``texts``: each prompt's text, ``RequestOutput.prompt`` (by default a text prompt's own)."""
         self._check_open()
         if not isinstance(prompts, (str, list, tuple)):
             raise TypeError(
@@ -574,6 +583,8 @@ class LLM:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], numbers.Integral)):
             prompts = [prompts]  # type: ignore[list-item]
         prompts = list(prompts)
+        if texts is None:
+            texts = [p if isinstance(p, str) else None for p in prompts]
         if sampling_params is None:  # the model's own defaults (generation_config.json), if any
             sampling_params = self.sampling_params()
         params = (
@@ -636,8 +647,9 @@ class LLM:
                 [choices[rid] for rid in group],
                 prompt_logprobs.get(group[0]),
                 min(cached.get(rid, 0) for rid in group),
+                text,
             )
-            for ids, group in zip(encoded, rids)
+            for ids, group, text in zip(encoded, rids, texts)
         ]
 
     def _take_out(self, unfinished: set[int], mid_step: bool) -> None:

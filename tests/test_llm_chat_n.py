@@ -266,6 +266,33 @@ def test_a_request_output_built_by_hand_has_its_outputs():
     assert out.outputs == [CompletionOutput(0, "x", [5], None, None, "stop", 2, None)]
 
 
+def test_the_output_has_its_prompt_text_as_vllms(llm, default_model_dir):
+    """vLLM's quick start prints ``output.prompt`` (an AttributeError here, once): a text prompt
+    as given, a conversation as the chat template renders it (transformers' text), None for ids."""
+    from transformers import AutoTokenizer
+
+    from minisgl_core.testing.real_model import gguf_file
+
+    text, ids = "The capital of France is", [1, 2, 3]
+    outputs = llm.generate([text, ids], GREEDY)
+    assert [o.prompt for o in outputs] == [text, None]
+    assert outputs[0].prompt_token_ids == list(llm.tokenizer.encode(text))
+    path = gguf_file(default_model_dir)
+    reference = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    conversations = [HI, [{"role": "system", "content": "Be brief."}, *HI]]
+    chats = llm.chat(conversations, GREEDY)
+    rendered = [
+        reference.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in conversations
+    ]
+    assert [o.prompt for o in chats] == rendered
+    assert [o.prompt_token_ids for o in chats] == [ids_of(llm, r) for r in rendered]
+    [continued] = llm.chat(
+        [*HI, {"role": "assistant", "content": "Hel"}], GREEDY,
+        add_generation_prompt=False, continue_final_message=True,
+    )  # fmt: skip
+    assert continued.prompt.endswith("Hel") and ids_of(llm, continued.prompt) == continued.prompt_token_ids
+
+
 # ------------------------------------------------------------------------------ use_tqdm
 
 
