@@ -41,6 +41,8 @@ from minisgl_core.tokenizer.load import apply_chat_template, render_chat_templat
 logger = logging.getLogger(__name__)
 
 Prompt = str | list[int]
+#: what generate takes for one prompt: also vLLM's ``{"prompt": text}`` / ``{"prompt_token_ids": ids}``
+PromptInput = Prompt | Mapping[str, Any]
 #: one conversation: ``{"role": ..., "content": ...}`` messages
 Conversation = Sequence[Mapping[str, Any]]
 
@@ -462,13 +464,16 @@ class LLM:
 
     def generate(
         self,
-        prompts: Prompt | Sequence[Prompt],
+        prompts: PromptInput | Sequence[PromptInput],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool | Callable[..., Any] | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in prompt order, each with
         ``SamplingParams.n`` completions (``outputs``; the flat fields are the first's). Thread-safe:
         calls from several threads run one after another.
+
+        A prompt is text or a list of token ids, or vLLM's dict of either (``{"prompt": text}``,
+        ``{"prompt_token_ids": ids}``).
 
         ``use_tqdm``: True or False for a progress bar or none, None (the default) for one from 16
         completions on, or a callable that makes the bar (vLLM's: ``functools.partial(tqdm, ...)``),
@@ -552,7 +557,7 @@ class LLM:
 
     def _generate(
         self,
-        prompts: Prompt | Sequence[Prompt],
+        prompts: PromptInput | Sequence[PromptInput],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None,
         use_tqdm: bool | Callable[..., Any] | None,
         what: str = "prompts",
@@ -561,9 +566,10 @@ class LLM:
         """``what``: the caller's name for the prompts, in a prompt's errors (chat's "messages");
         ``texts``: each prompt's text, ``RequestOutput.prompt`` (by default a text prompt's own)."""
         self._check_open()
-        if not isinstance(prompts, (str, list, tuple)):
+        if not isinstance(prompts, (str, list, tuple, Mapping)):
             raise TypeError(
-                "prompts must be a str, a list of token ids, or a list of either, "
+                "prompts must be a str, a list of token ids, a {'prompt': str} or "
+                "{'prompt_token_ids': list} dict, or a list of them, "
                 f"got {type(prompts).__name__}"
             )
         if isinstance(sampling_params, (list, tuple)):
@@ -580,9 +586,13 @@ class LLM:
                 "sampling_params must be a SamplingParams or a list of them (one per prompt), got "
                 f"{type(sampling_params).__name__}: build one with SamplingParams(...) or llm.sampling_params(...)"
             )
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], numbers.Integral)):
+        if isinstance(prompts, (str, Mapping)) or (prompts and isinstance(prompts[0], numbers.Integral)):
             prompts = [prompts]  # type: ignore[list-item]
         prompts = list(prompts)
+        for i, prompt in enumerate(prompts):
+            if isinstance(prompt, Mapping):
+                with _named_errors(f"{what}[{i}]: " if len(prompts) > 1 else ""):
+                    prompts[i] = _vllm_prompt(prompt)
         if texts is None:
             texts = [p if isinstance(p, str) else None for p in prompts]
         if sampling_params is None:  # the model's own defaults (generation_config.json), if any
@@ -724,6 +734,32 @@ class LLM:
         from tqdm import tqdm
 
         return tqdm(total=total, desc="generate", unit="req")
+
+
+def _vllm_prompt(prompt: Mapping[Any, Any]) -> Prompt:
+    """vLLM's prompt dicts: ``{"prompt": text}`` (TextPrompt) is the text, ``{"prompt_token_ids":
+    ids}`` (TokensPrompt) the ids; their other keys (images, a cache salt...) are refused by name."""
+    keys = set(prompt)
+    other = sorted(map(repr, keys - {"prompt", "prompt_token_ids"}))
+    if other:
+        raise TypeError(
+            f"a prompt dict takes 'prompt' (text) or 'prompt_token_ids' (a list of token ids), "
+            f"as vLLM's TextPrompt and TokensPrompt; {', '.join(other)} is not supported (the served "
+            "models read text only)"
+        )
+    if len(keys) != 1:
+        raise TypeError(
+            "a prompt dict takes one of 'prompt' (text) and 'prompt_token_ids' (a list of token ids), "
+            f"got {'both' if keys else 'neither'}"
+        )
+    value = prompt.get("prompt", prompt.get("prompt_token_ids"))
+    if "prompt" in keys and not isinstance(value, str):
+        raise TypeError(f"a prompt dict's 'prompt' must be a str, got {type(value).__name__}")
+    if "prompt_token_ids" in keys and not isinstance(value, (list, tuple)):
+        raise TypeError(
+            f"a prompt dict's 'prompt_token_ids' must be a list of token ids, got {type(value).__name__}"
+        )
+    return value
 
 
 def _check_use_tqdm(use_tqdm: object) -> None:

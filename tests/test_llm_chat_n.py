@@ -293,6 +293,28 @@ def test_the_output_has_its_prompt_text_as_vllms(llm, default_model_dir):
     assert continued.prompt.endswith("Hel") and ids_of(llm, continued.prompt) == continued.prompt_token_ids
 
 
+def test_vllms_prompt_dicts_are_the_text_or_the_ids(llm):
+    """vLLM's TextPrompt and TokensPrompt (its one way to pass token ids now) were a TypeError."""
+    text, ids = "The capital of France is", [1, 504, 3575]
+    plain = llm.generate([text, ids], GREEDY)
+    dicts = llm.generate([{"prompt": text}, {"prompt_token_ids": ids}], GREEDY)
+    assert [(o.prompt, o.prompt_token_ids, o.token_ids, o.text) for o in dicts] == [
+        (o.prompt, o.prompt_token_ids, o.token_ids, o.text) for o in plain
+    ]
+    [one] = llm.generate({"prompt_token_ids": ids}, GREEDY)
+    assert one.token_ids == plain[1].token_ids
+    for prompt, says in [
+        ({"prompt": text, "multi_modal_data": {}}, r"'multi_modal_data' is not supported"),
+        ({"prompt": text, "prompt_token_ids": ids}, "got both"),
+        ({"prompt": ids}, "'prompt' must be a str, got list"),
+        ({"prompt_token_ids": text}, "'prompt_token_ids' must be a list of token ids, got str"),
+    ]:
+        with pytest.raises(TypeError, match=r"^prompts\[1\]: a prompt dict.*" + says):
+            llm.generate([text, prompt], GREEDY)
+    with pytest.raises(ValueError, match=r"prompt token ids must be integers in \[0, "):
+        llm.generate({"prompt_token_ids": [10**9]}, GREEDY)
+
+
 # ------------------------------------------------------------------------------ use_tqdm
 
 

@@ -296,7 +296,12 @@ def test_a_failing_request_takes_the_ones_added_before_it_out(llm):
 @pytest.mark.parametrize(
     ("prompts", "params", "says"),
     [
-        ({"a": 1}, None, "prompts must be a str, a list of token ids, or a list of either, got dict"),
+        ({1, 2}, None, "prompts must be a str, a list of token ids, a {'prompt': str} or .* got set"),
+        (
+            {"a": 1},
+            None,
+            r"a prompt dict takes 'prompt' \(text\) or 'prompt_token_ids'.*'a' is not supported",
+        ),
         ("hi", {"temperature": 0}, "sampling_params must be a SamplingParams or a list of them"),
         ("hi", "greedy", "sampling_params must be a SamplingParams or a list of them"),
         # (the element is named: it said "got list" of the list itself, a probe's find)
