@@ -69,10 +69,13 @@ def test_installed_parsers_resolve_and_unknown_names_say_what_to_install():
     r1, qwen3 = (plugins.resolve("reasoning_parsers", name) for name in ("deepseek_r1", "qwen3"))
     assert issubclass(r1, qwen3) and r1 is not qwen3
     assert r1().parse("a</think>b") == ReasoningResult("a", "b")
+    assert issubclass(plugins.resolve("tool_parsers", "mistral"), ToolParser)
+    assert issubclass(plugins.resolve("tool_parsers", "pythonic"), ToolParser)
     with pytest.raises(
-        PluginError, match=r"unknown --tool-call-parser 'mistral'; installed: hermes, llama3_json"
+        PluginError,
+        match=r"unknown --tool-call-parser 'granite'; installed: hermes, llama3_json, mistral, pythonic",
     ):
-        plugins.resolve("tool_parsers", "mistral")
+        plugins.resolve("tool_parsers", "granite")
     with pytest.raises(PluginError, match="minisgl-plugin-granite-reasoning"):
         plugins.resolve("reasoning_parsers", "granite")
 
