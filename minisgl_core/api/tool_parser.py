@@ -18,7 +18,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from minisgl_core.api.json_scan import ScannedCall, marker_prefix_length, scan_tool_call
 
@@ -59,7 +59,19 @@ class ToolStreamDelta:
 
 
 class ToolParser(ABC):
-    """One choice's tool-call parser. Use an instance either for :meth:`parse` or for a stream."""
+    """One choice's tool-call parser. Use an instance either for :meth:`parse` or for a stream.
+
+    A parser whose format's markers are special tokens of the model's tokenizer (Mistral's
+    ``[TOOL_CALLS]`` and ``[ARGS]``) sets :attr:`reads_special_tokens`: a request's default
+    ``skip_special_tokens`` would take them out of the text it is given.
+    """
+
+    #: the parser needs special tokens in its text. The server then detokenizes the choices it
+    #: parses (a chat request offering tools with ``tool_choice`` ``auto``) with special tokens kept,
+    #: whatever ``skip_special_tokens`` says; when the request skips them (its default), the special
+    #: tokens the parsers leave in ``content`` (and ``reasoning_content``) are taken out afterwards,
+    #: so the answer reads as a skipped one would. ``versionadded``: API 2.4.
+    reads_special_tokens: ClassVar[bool] = False
 
     def __init__(self, tools: Sequence[Mapping[str, Any]] = ()) -> None:
         #: the request's ``tools`` as sent (``{"type": "function", "function": {...}}``)

@@ -58,6 +58,7 @@ def train_tokenizer(
     vocab_size: int = 1024,
     corpus: list[str] | None = None,
     added_tokens: Sequence[str] = (),
+    special_added_tokens: Sequence[str] = (),
 ) -> Path:
     """Train a byte-level BPE tokenizer (about 0.1 s) and save it as Hugging Face files.
 
@@ -65,7 +66,8 @@ def train_tokenizer(
     pad ``<|endoftext|>``), loadable by ``transformers.AutoTokenizer.from_pretrained``. The
     vocabulary holds at most ``vocab_size`` tokens (fewer if the corpus runs out of merges).
     ``added_tokens``: whole tokens that are text, not special (a reasoning model's ``<think>``),
-    with the ids after the special tokens'."""
+    with the ids after the special tokens'; ``special_added_tokens``: whole tokens that are special
+    (decoding with ``skip_special_tokens`` drops them: Mistral's ``[TOOL_CALLS]``), after those."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from minisgl_core.demo.corpus import builtin_corpus
@@ -77,29 +79,30 @@ def train_tokenizer(
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=[*SPECIAL_TOKENS, *added_tokens],
+        special_tokens=[*SPECIAL_TOKENS, *added_tokens, *special_added_tokens],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tokenizer.train_from_iterator(corpus if corpus is not None else builtin_corpus(), trainer)
     tokenizer.save(str(out / "tokenizer.json"))
+    special = (*SPECIAL_TOKENS, *special_added_tokens)
     if added_tokens:  # (the trainer made them special: they would vanish from decoded text)
         saved = json.loads((out / "tokenizer.json").read_text())
         for entry in saved["added_tokens"]:
-            entry["special"] = entry["content"] in SPECIAL_TOKENS
+            entry["special"] = entry["content"] in special
         (out / "tokenizer.json").write_text(json.dumps(saved, ensure_ascii=False))
     # Written by hand (not save_pretrained) so the chat template lives in tokenizer_config.json and
     # the files load with transformers 4 and 5 alike.
     added = {
         str(tokenizer.token_to_id(token)): {
             "content": token,
-            "special": token in SPECIAL_TOKENS,
+            "special": token in special,
             "lstrip": False,
             "rstrip": False,
             "normalized": False,
             "single_word": False,
         }
-        for token in (*SPECIAL_TOKENS, *added_tokens)
+        for token in (*SPECIAL_TOKENS, *added_tokens, *special_added_tokens)
     }
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -161,6 +164,7 @@ def make_model_dir(
     dtype: str = "float32",
     tokenizer_vocab_size: int = 1024,
     added_tokens: Sequence[str] = (),
+    special_added_tokens: Sequence[str] = (),
     **config_overrides: Any,
 ) -> Path:
     """Write a complete random model directory: config, safetensors weights (an index and at least
@@ -199,7 +203,12 @@ def make_model_dir(
     if arch not in config_classes:
         raise ValueError(f"unknown arch {arch!r}; choose from {sorted(config_classes)}")
     out = Path(out_dir)
-    train_tokenizer(out, vocab_size=tokenizer_vocab_size, added_tokens=added_tokens)
+    train_tokenizer(
+        out,
+        vocab_size=tokenizer_vocab_size,
+        added_tokens=added_tokens,
+        special_added_tokens=special_added_tokens,
+    )
     tokens = json.loads((out / "tokenizer.json").read_text())["model"]["vocab"]
     endoftext, im_end = tokens["<|endoftext|>"], tokens["<|im_end|>"]
     moe = {

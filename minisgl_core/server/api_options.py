@@ -33,6 +33,7 @@ class ApiTokenizer:
     model_path: str
     chat_template: str | None = None
     _tokenizer: Any = None
+    _special_texts: tuple[str, ...] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def get(self) -> Any:
@@ -42,6 +43,14 @@ class ApiTokenizer:
 
                 self._tokenizer = load_tokenizer(self.model_path, chat_template=self.chat_template)
             return self._tokenizer
+
+    def special_texts(self) -> tuple[str, ...]:
+        """The text of each special token, longest first (read once)."""
+        if self._special_texts is None:
+            from minisgl_core.tokenizer.detokenize import special_token_texts
+
+            self._special_texts = special_token_texts(self.get())
+        return self._special_texts
 
     async def run(self, work: Any, *args: Any, **kwargs: Any) -> Any:
         """``work(tokenizer, *args, **kwargs)`` off the event loop (tokenizing can take a while)."""

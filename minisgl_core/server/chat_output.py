@@ -14,7 +14,8 @@ import functools
 import importlib.metadata
 import json
 import logging
-from collections.abc import Callable, Iterator, Mapping
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -88,6 +89,56 @@ def tool_call_delta_json(delta: ToolCallDelta) -> dict[str, Any]:
     return out
 
 
+class SpecialTextFilter:
+    """Takes the texts of special tokens out of a stream of text, as ``skip_special_tokens`` would
+    have from the tokens: for a tool parser that reads special tokens (``reads_special_tokens``),
+    whose choices are detokenized with them kept, the ones no parser consumed (an EOS kept by
+    ``include_stop_str_in_output``, a marker of a call that turned out malformed) leave the
+    answer. Read left to right, longest text first; a piece that may still grow into one is held
+    back, so a stream split anywhere gives what the whole text gives. (A model that spelled a
+    special token's text out of ordinary tokens loses it too: the text cannot tell them apart.)"""
+
+    def __init__(self, texts: Sequence[str]) -> None:
+        texts = sorted({t for t in texts if t}, key=len, reverse=True)
+        self._pattern = re.compile("|".join(map(re.escape, texts))) if texts else None
+        self._texts = texts
+        self._longest = len(texts[0]) if texts else 0
+        self._held = ""
+
+    def feed(self, text: str, final: bool = False) -> str:
+        text, self._held = self._held + text, ""
+        if self._pattern is None:
+            return text
+        out: list[str] = []
+        at = 0
+        while at < len(text):
+            tail = text[at:]
+            if (
+                not final
+                and len(tail) < self._longest
+                and any(len(t) > len(tail) and t.startswith(tail) for t in self._texts)
+            ):
+                self._held = tail  # may still become (a longer) special token
+                break
+            match = self._pattern.match(text, at)
+            if match:
+                at = match.end()
+                continue
+            nxt = self._pattern.search(text, at + 1)
+            # (the next place a special token may begin, or the end part that may begin one)
+            stop = nxt.start() if nxt else len(text)
+            stop = min(stop, max(at + 1, len(text) - self._longest + 1))
+            out.append(text[at:stop])
+            at = stop
+        return "".join(out)
+
+    def finish(self) -> str:
+        return self.feed("", final=True)
+
+    def whole(self, text: str) -> str:
+        return self.feed(text, final=True)
+
+
 class ChoiceOutput:
     """Use one instance per choice, either for :meth:`message` or for a stream of :meth:`delta`."""
 
@@ -98,8 +149,12 @@ class ChoiceOutput:
         labels: Mapping[type, str] | None = None,
         reasoning_opened: bool = False,
         grammar_answer: bool = False,
+        hidden_special: Sequence[str] = (),
     ) -> None:
         """``labels``: how errors name each parser class (:attr:`ApiOptions.parser_labels`);
+        ``hidden_special``: texts of special tokens to take out of the content and reasoning the
+        parsers give (:class:`SpecialTextFilter`; a request that skips special tokens, detokenized
+        with them kept for a tool parser that ``reads_special_tokens``);
         ``reasoning_opened``: the prompt ended with a TagReasoningParser's start tag, so the output
         is read as if it began with it (it begins inside the reasoning);
         ``grammar_answer``: a grammar constrained the answer (``Admission.grammar_answer``), after
@@ -135,6 +190,9 @@ class ChoiceOutput:
         #: off part-way by a stop string is sent with its arguments so far, but only whole calls
         #: make the finish reason "tool_calls", as in :meth:`message`)
         self._streamed: list[str] = []
+        self._hidden = tuple(hidden_special)
+        self._content_filter = SpecialTextFilter(self._hidden)
+        self._reasoning_filter = SpecialTextFilter(self._hidden)
 
     def message(self, text: str) -> dict[str, Any]:
         """The whole assistant message of a finished choice."""
@@ -154,6 +212,12 @@ class ChoiceOutput:
             self.made_calls = _all_whole(calls)
             if calls:
                 message["tool_calls"] = [tool_call_json(c) for c in calls]
+        if self._hidden:
+            reasoning = message.get("reasoning_content")
+            if reasoning is not None:
+                message["reasoning_content"] = SpecialTextFilter(self._hidden).whole(reasoning) or None
+            if content is not None:
+                content = SpecialTextFilter(self._hidden).whole(content) or None
         if content is None and "tool_calls" not in message and not message.get("reasoning_content"):
             content = ""  # an empty answer, as without parsers (theirs says "no part" with None)
         message["content"] = content
@@ -182,6 +246,9 @@ class ChoiceOutput:
             ]
             content = "".join(p.content for p in parts)
             calls = [d for p in parts for d in p.tool_calls if not (self.single_call and d.index > 0)]
+        if self._hidden:
+            reasoning = self._reasoning_filter.feed(reasoning, final)
+            content = self._content_filter.feed(content, final)
         out: dict[str, Any] = {}
         if reasoning:
             out["reasoning_content"] = reasoning

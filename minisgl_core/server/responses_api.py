@@ -70,7 +70,7 @@ def responses_router(state: ServerState, options: ApiOptions, tokenizer: ApiToke
         model.check_name(body.model)
         chat, origins = body.chat_request()
         with responses_names(origins):
-            admitted = await admit_chat(state, options, chat)
+            admitted = await admit_chat(state, options, chat, tokenizer)
         group = admitted.group
         rid, created = new_id("resp"), int(time.time())
         echo = echo_fields(body, admitted.params, model.name)

@@ -7,6 +7,7 @@ the whole answer. Leaving a route for any reason closes the group, which aborts 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import re
 import time
@@ -87,12 +88,24 @@ class ChatAdmitted:
     new_output: Callable[[], ChoiceOutput]
 
 
-async def admit_chat(state: ServerState, options: ApiOptions, body: ChatCompletionRequest) -> ChatAdmitted:
+async def admit_chat(
+    state: ServerState, options: ApiOptions, body: ChatCompletionRequest, tokenizer: ApiTokenizer
+) -> ChatAdmitted:
     """The chat pipeline up to the engine: tools planned (a forced call's grammar), the request's
     SamplingParams, the parsers built once (a plugin failing to build costs no generation), the
     messages rendered and admitted. A 400 names the body's fields; /v1/responses renames them."""
     plan = plan_tools(body, options.tool_parser)
     fields = body.sampling_fields()
+    hidden_special: tuple[str, ...] = ()
+    if (
+        plan.parser is not None
+        and getattr(plan.parser, "reads_special_tokens", False)
+        and fields["skip_special_tokens"]
+    ):
+        # the parser's markers are special tokens: its text keeps them, and the ones it leaves in
+        # the answer are taken out after it (vLLM turns skipping off for Mistral's tools as well)
+        fields["skip_special_tokens"] = False
+        hidden_special = await asyncio.to_thread(tokenizer.special_texts)
     if plan.grammar is not None:
         if fields.get("grammar") is not None:  # response_format / structured_outputs
             raise APIError(
@@ -131,6 +144,7 @@ async def admit_chat(state: ServerState, options: ApiOptions, body: ChatCompleti
             options.parser_labels,
             admission.reasoning_opened,
             admission.grammar_answer,
+            hidden_special,
         )
 
     return ChatAdmitted(group, params, new_output)
@@ -152,7 +166,7 @@ def make_router(
     @router.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         check_model(body)
-        admitted = await admit_chat(state, options, body)
+        admitted = await admit_chat(state, options, body, tokenizer)
         group, params, new_output = admitted.group, admitted.params, admitted.new_output
         rid, created = r.new_id("chatcmpl"), int(time.time())
 

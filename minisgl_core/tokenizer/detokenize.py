@@ -56,6 +56,16 @@ def final_text(
     return trim_stop(text, matched_stop, keep_stop, start)
 
 
+def special_token_texts(tokenizer: Any) -> tuple[str, ...]:
+    """The text of each of ``tokenizer``'s special tokens, which ``skip_special_tokens`` drops
+    from decoded text (its added tokens marked special, and ``all_special_ids``), longest first."""
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    ids = {int(i) for i, token in added.items() if getattr(token, "special", False)}
+    ids |= {int(i) for i in getattr(tokenizer, "all_special_ids", ()) or ()}
+    texts = {tokenizer.decode([i], skip_special_tokens=False) for i in ids}
+    return tuple(sorted((t for t in texts if t), key=lambda t: (-len(t), t)))
+
+
 def without_cut_character(tokenizer: Any, ids: list[int], text: str) -> str:
     """``text`` (the decoded ``ids``, or its end) less the U+FFFD that stands for a character the
     output stopped inside (max_tokens reached after the first bytes of a multi-byte character):

@@ -17,7 +17,7 @@ from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from minisgl_core.server import responses as r
-from minisgl_core.server.chat_output import ChoiceOutput
+from minisgl_core.server.chat_output import ChoiceOutput, SpecialTextFilter
 from minisgl_core.server.errors import APIError
 from minisgl_core.server.schemas import ChatCompletionRequest
 from minisgl_core.server.tools import ForcedToolCallParser, ToolPlan, plan_tools
@@ -636,3 +636,51 @@ def test_parameters_that_admit_other_values_than_objects_are_a_400(parameters, s
         plan_tools(request(tools=[WEATHER, tool], tool_choice=choice), HermesToolParser)
     assert err.value.status == 400 and err.value.param == "tools.1.function.parameters"
     assert "must be a JSON Schema of type 'object'" in err.value.message and says in err.value.message
+
+
+SPECIAL = ("</s>", "[TOOL_CALLS]", "[ARGS]", "[INST]", "[/INST]", "ab", "bc", "abcd")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Hi[TOOL_CALLS] sorry</s>", "Hi sorry"),
+        ("[INST][/INST]x[/INS", "x[/INS"),
+        ("abc", "c"),  # leftmost first
+        ("abcd abce", " ce"),  # longest at a place
+        ("<no special>", "<no special>"),
+    ],
+)
+def test_special_text_filter_takes_special_tokens_out_whole_and_streamed(text, expected):
+    """As skip_special_tokens would: each special token's text leaves the answer, read left to right,
+    the longest first, whatever the stream's pieces."""
+    assert SpecialTextFilter(SPECIAL).whole(text) == expected
+    for cut in range(len(text) + 1):
+        stream = SpecialTextFilter(SPECIAL)
+        assert stream.feed(text[:cut]) + stream.feed(text[cut:]) + stream.finish() == expected, cut
+    stream = SpecialTextFilter(SPECIAL)
+    assert "".join(stream.feed(c) for c in text) + stream.finish() == expected
+
+
+def test_special_tokens_no_parser_consumed_leave_content_and_reasoning():
+    """A mistral answer detokenized with special tokens kept for its parser: the calls are read, and
+    the special tokens left (an EOS kept as stop text, a marker that starts no call) are not content."""
+    from minisgl_plugin_mistral.parser import MistralToolParser
+
+    plan = ToolPlan(MistralToolParser, [WEATHER])
+    text = 'Let me check.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}</s>'
+    message = ChoiceOutput(plan, None, hidden_special=SPECIAL).message(text)
+    assert message["content"] == "Let me check."
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]] == [
+        ("get_weather", '{"city": "Paris"}')
+    ]
+    text = "<think>Hmm[INST]</think>Hi[TOOL_CALLS] sorry</s>"
+    message = ChoiceOutput(plan, Qwen3ReasoningParser, hidden_special=SPECIAL).message(text)
+    assert (message["reasoning_content"], message["content"]) == ("Hmm", "Hi sorry")
+    for cut in range(len(text) + 1):
+        output = ChoiceOutput(plan, Qwen3ReasoningParser, hidden_special=SPECIAL)
+        deltas = [output.delta(text[:cut], False), output.delta(text[cut:], True)]
+        assert "".join(d.get("content", "") for d in deltas) == "Hi sorry", cut
+        assert "".join(d.get("reasoning_content", "") for d in deltas) == "Hmm", cut
+    # without hidden_special (the request set skip_special_tokens false) they stay
+    assert ChoiceOutput(plan, None).message("Hi[TOOL_CALLS] sorry")["content"] == "Hi[TOOL_CALLS] sorry"

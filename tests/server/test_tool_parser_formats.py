@@ -255,3 +255,141 @@ def test_a_call_and_its_result_reach_the_template(served):
     assert answer.usage.prompt_tokens == len(ids)
     rendered = reference.decode(ids)
     assert first.message.tool_calls[0].function.name in rendered
+
+
+# ---------------------------------------------------------------- Mistral's markers as special tokens
+
+#: Mistral's markers, special tokens as in its real tokenizers (skip_special_tokens drops them)
+MISTRAL_SPECIAL = ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]")
+
+
+@pytest.fixture(scope="module")
+def mistral_special(start_server, engine_args, tmp_path_factory):
+    """(openai client, model name, token id of each marker): a mistral server whose tokenizer has
+    the markers as special tokens. llguidance's Lark grammars name a token by its id (``<[5]>``),
+    so a random model can be made to write the special tokens themselves (a regex only spells
+    their text out of ordinary tokens, and xgrammar gives special tokens no text)."""
+    from minisgl_core.plugins import Plugins
+
+    if "llguidance" not in (Plugins.load().registry.get("grammars") or {}):
+        pytest.skip("llguidance is not installed: the special tokens cannot be forced")
+    model = make_model_dir(
+        tmp_path_factory.mktemp("model") / "tiny-mistral-special",
+        "MistralForCausalLM",
+        seed=3,
+        special_added_tokens=MISTRAL_SPECIAL,
+    )
+    tokenizer = load_tokenizer(model)
+    ids = {marker: tokenizer.convert_tokens_to_ids(marker) for marker in MISTRAL_SPECIAL}
+    assert tokenizer.decode([ids["[ARGS]"]], skip_special_tokens=True) == ""  # special indeed
+    server = start_server(
+        [
+            "--model",
+            str(model),
+            *engine_args,
+            "--tool-call-parser",
+            "mistral",
+            "--chat-template",
+            str(FORMATS["mistral"].template),
+            "--grammar-backend",
+            "llguidance",
+        ]
+    )
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    return client, model.name, ids
+
+
+def _lark(ids: dict[str, int], *parts: str) -> str:
+    """A Lark grammar of ``parts``: a marker becomes its token (``<[id]>``), other text a string or,
+    between slashes, a regex."""
+    items = [f"<[{ids[p]}]>" if p in ids else p if p.startswith("/") else json.dumps(p) for p in parts]
+    return "start: " + " ".join(items)
+
+
+def _v11(ids):
+    """tokenizer v11's form: two calls, the second with a call id."""
+    return _lark(
+        ids,
+        "[TOOL_CALLS]",
+        "plan_trip",
+        "[ARGS]",
+        '{"city": "',
+        "/(Paris|Rome)/",
+        '", "days": ',
+        "/[1-7]/",
+        "}",
+        "[TOOL_CALLS]",
+        "get_weather",
+        "[CALL_ID]",
+        "/[a-zA-Z0-9]{9}/",
+        "[ARGS]",
+        '{"city": "',
+        "/[A-Z][a-z]{2,8}/",
+        '"}',
+    )
+
+
+def _v3_after_text(ids):
+    """tokenizer v3's array after some content."""
+    return _lark(
+        ids,
+        "Let me check.",
+        "[TOOL_CALLS]",
+        ' [{"name": "get_weather", "arguments": {"city": "',
+        "/[A-Z][a-z]{2,8}/",
+        '"}}]',
+    )
+
+
+@pytest.mark.parametrize(
+    ("case", "content", "names"),
+    [("v11", None, ["plan_trip", "get_weather"]), ("v3-after-text", "Let me check.", ["get_weather"])],
+)
+def test_mistral_calls_in_special_tokens_are_read_by_default(mistral_special, case, content, names):
+    """No skip_special_tokens in the request (its default skips them): the mistral parser asks for
+    them, reads the calls, and the content carries no special token's text."""
+    client, model, ids = mistral_special
+    grammar = {"v11": _v11, "v3-after-text": _v3_after_text}[case](ids)
+    kwargs = dict(
+        model=model,
+        messages=ASK,
+        tools=TOOLS,
+        temperature=0,
+        max_tokens=200,
+        extra_body={"structured_outputs": {"grammar": grammar}},
+    )
+    choice = client.chat.completions.create(**kwargs).choices[0]
+    calls = [(c.id, c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
+    assert (choice.finish_reason, choice.message.content) == ("tool_calls", content), choice
+    _check_calls(calls, names)
+    streamed_content, streamed_calls, finish = _streamed(client, **kwargs)
+    assert (streamed_content, finish) == (content or "", "tool_calls")
+    assert [c[1:] for c in streamed_calls] == [c[1:] for c in calls]
+    # the stop token's text, kept by include_stop_str_in_output, is no content either
+    kept = {**kwargs, "extra_body": {**kwargs["extra_body"], "include_stop_str_in_output": True}}
+    choice = client.chat.completions.create(**kept).choices[0]
+    assert (choice.finish_reason, choice.message.content) == ("tool_calls", content), choice
+    assert _streamed(client, **kept)[0] == (content or "")
+
+
+def test_mistral_special_tokens_left_in_content_are_skipped_unless_asked_for(mistral_special):
+    """A marker that starts no call stays content, but as the request's skip_special_tokens has it:
+    skipped by default (and when set true), kept when it is false."""
+    client, model, ids = mistral_special
+    grammar = _lark(ids, "Hi", "[TOOL_CALLS]", " sorry, no tool fits")
+    for skip, content in [
+        (None, "Hi sorry, no tool fits"),
+        (True, "Hi sorry, no tool fits"),
+        (False, "Hi[TOOL_CALLS] sorry, no tool fits"),
+    ]:
+        extra = {"structured_outputs": {"grammar": grammar}}
+        if skip is not None:
+            extra["skip_special_tokens"] = skip
+        kwargs = dict(model=model, messages=ASK, tools=TOOLS, temperature=0, max_tokens=100, extra_body=extra)
+        choice = client.chat.completions.create(**kwargs).choices[0]
+        assert (choice.finish_reason, choice.message.content, choice.message.tool_calls) == (
+            "stop",
+            content,
+            None,
+        ), skip
+        assert _streamed(client, **kwargs) == (content, [], "stop"), skip
