@@ -95,3 +95,19 @@ def test_pad_vocab_makes_every_id_decode_to_text_and_keeps_encoding(tmp_path: Pa
     assert len(set(words)) == len(words)
     assert after.convert_tokens_to_ids("<|im_end|>") == before.convert_tokens_to_ids("<|im_end|>")
     assert pad_vocab(tmp_path, 5000) == 0  # idempotent
+
+
+def test_added_tokens_are_text_and_special_added_tokens_are_special(tmp_path):
+    """``added_tokens`` stay in decoded text (a reasoning model's ``<think>``);
+    ``special_added_tokens`` are dropped by ``skip_special_tokens``, as Mistral's ``[TOOL_CALLS]``."""
+    out = train_tokenizer(
+        tmp_path, added_tokens=("<think>",), special_added_tokens=("[TOOL_CALLS]", "[ARGS]")
+    )
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    ids = tokenizer.encode("<think>[TOOL_CALLS]get[ARGS]{}")
+    assert (
+        tokenizer.convert_tokens_to_ids("[TOOL_CALLS]") in ids
+        and tokenizer.convert_tokens_to_ids("[ARGS]") in ids
+    )
+    assert tokenizer.decode(ids, skip_special_tokens=False) == "<think>[TOOL_CALLS]get[ARGS]{}"
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "<think>get{}"

@@ -103,6 +103,7 @@ class SpecialTextFilter:
         self._pattern = re.compile("|".join(map(re.escape, texts))) if texts else None
         self._texts = texts
         self._longest = len(texts[0]) if texts else 0
+        self._firsts = {t[0] for t in texts}  # (a real tokenizer has a thousand: <SPECIAL_12>...)
         self._held = ""
 
     def feed(self, text: str, final: bool = False) -> str:
@@ -116,6 +117,7 @@ class SpecialTextFilter:
             if (
                 not final
                 and len(tail) < self._longest
+                and tail[0] in self._firsts
                 and any(len(t) > len(tail) and t.startswith(tail) for t in self._texts)
             ):
                 self._held = tail  # may still become (a longer) special token
