@@ -159,8 +159,16 @@ def xgrammar_regex(pattern: str, what: str = "regex") -> str:
 
 def xgrammar_pattern(pattern: str) -> str:
     """``pattern`` as xgrammar must be given it to match the JSON text of the strings ``pattern``
-    matches. Two things xgrammar's converter of JSON-schema patterns (not its regex grammars) gets
-    wrong are written around:
+    matches. Three things xgrammar's converter of JSON-schema patterns (not its regex grammars)
+    gets wrong are written around:
+
+    - it matches the whole string, where JSON Schema searches for the pattern in it (ECMA-262's
+      ``search``): ``"ba"`` was refused by ``"pattern": "a"``, the same in ``propertyNames`` and
+      ``patternProperties``. Each top-level alternative not anchored by ``^`` or ``$``
+      (:func:`anchored_alternatives`) gets any JSON string text before or after it
+      (:data:`_JSON_ANY`); a pattern anchored at both ends is written as before. (One with an
+      anchor elsewhere, which xgrammar ignored, is refused first:
+      :func:`~minisgl_plugin_xgrammar.schema_checks.invalid_values`.)
 
     - a group's ``?`` (or lazy ``??``) made the group's first part optional too when the group
       holds a quantifier: ``^a(x5+)?$`` took "a5", ``(\\.[0-9]+)?`` a fraction without its dot (a
@@ -187,6 +195,23 @@ def xgrammar_pattern(pattern: str) -> str:
 
     :class:`GrammarError` for a lone surrogate."""
     pattern = paired_surrogates(pattern, what="json_schema pattern")
+    parts = anchored_alternatives(pattern)
+    if parts is None or all(start and end for start, _, end in parts):
+        return xgrammar_hex_escapes(_json_text(pattern))
+    return xgrammar_hex_escapes("|".join(_searched(start, body, end) for start, body, end in parts))
+
+
+def _searched(start: bool, body: str, end: bool) -> str:
+    """The JSON text of the strings in which ``body`` is found, at their start if ``start``, at
+    their end if ``end``."""
+    if not body:
+        return "" if start and end else _JSON_ANY
+    return ("" if start else _JSON_ANY) + f"(?:{_json_text(body)})" + ("" if end else _JSON_ANY)
+
+
+def _json_text(pattern: str) -> str:
+    """:func:`xgrammar_pattern`'s JSON-text rewrite of ``pattern`` (surrogates already paired, hex
+    escapes written after): what JSON must escape as its escapes, ``)?`` as ``){0,1}``."""
     out: list[str] = []
     i = 0
     while i < len(pattern):
@@ -217,7 +242,85 @@ def xgrammar_pattern(pattern: str) -> str:
         if char == ")" and pattern.startswith("?", i):
             out.append("{0,1}")
             i += 2 if pattern.startswith("??", i) else 1
-    return xgrammar_hex_escapes("".join(out))
+    return "".join(out)
+
+
+#: any JSON string text (the content between the quotes): a character JSON writes raw, or the
+#: escape of one it must escape (the escapes JSON requires only: every string can be written so)
+_JSON_ANY = '(?:[^\\x00-\\x1f"\\\\]|\\\\["\\\\bfnrt]|\\\\u00[01][0-9a-fA-F])*'
+
+
+def _tokens(pattern: str) -> list[tuple[str, int]]:
+    """``pattern`` (ECMA-262) as its tokens, each with the depth of groups it stands in: an escape,
+    a class, or one character (a group's ``(`` and ``)`` stand at the depth outside it)."""
+    tokens: list[tuple[str, int]] = []
+    i = depth = 0
+    while i < len(pattern):
+        if pattern[i] == "\\":
+            text = read_escape(pattern, i, in_class=False)[0]
+        elif pattern[i] == "[":
+            text = pattern[i : class_end(pattern, i) or len(pattern)]
+        else:
+            text = pattern[i]
+        depth -= text == ")"
+        tokens.append((text, depth))
+        depth += text == "("
+        i += len(text)
+    return tokens
+
+
+def anchored_alternatives(pattern: str) -> list[tuple[bool, str, bool]] | None:
+    """``pattern``'s top-level alternatives, each as (anchored at the start by ``^``, the rest,
+    anchored at the end by ``$``), a group that is a whole alternative read as its own
+    alternatives (``(^a|b)$`` is ``^a$`` or ``b$``); None where an anchor stands anywhere else
+    (``a^b``, ``(^a)b``), which xgrammar ignored. Unbalanced groups: the whole pattern, anchored
+    (xgrammar refuses it in its own words)."""
+    tokens = _tokens(pattern)
+    if any(depth < 0 for _, depth in tokens) or sum((t == "(") - (t == ")") for t, _ in tokens):
+        return [(True, pattern, True)]
+    alternatives: list[list[str]] = [[]]
+    for text, depth in tokens:
+        if text == "|" and depth == 0:
+            alternatives.append([])
+        else:
+            alternatives[-1].append(text)
+    parts: list[tuple[bool, str, bool]] = []
+    for alternative in alternatives:
+        start = end = False
+        while alternative[:1] == ["^"]:
+            start, alternative = True, alternative[1:]
+        while alternative[-1:] == ["$"]:
+            end, alternative = True, alternative[:-1]
+        body = "".join(alternative)
+        inner = _whole_group(alternative)
+        if inner is not None and any(text in ("^", "$") for text, _ in _tokens(inner)):
+            found = anchored_alternatives(inner)
+            if found is None:
+                return None
+            parts += [(start or first, rest, end or last) for first, rest, last in found]
+        elif any(text in ("^", "$") for text in alternative):
+            return None
+        else:
+            parts.append((start, body, end))
+    return parts
+
+
+def _whole_group(tokens: list[str]) -> str | None:
+    """What is inside the group that ``tokens`` are, if they are one group (``(...)``,
+    ``(?:...)``, ``(?<name>...)``, no quantifier after it); else None."""
+    if tokens[:1] != ["("] or tokens[-1:] != [")"]:
+        return None
+    depth = 0
+    for i, text in enumerate(tokens):
+        depth += (text == "(") - (text == ")")
+        if depth == 0 and i < len(tokens) - 1:
+            return None  # the first group closes before the end: "(a)(b)"
+    inner = "".join(tokens[1:-1])
+    if inner.startswith("?:"):
+        return inner[2:]
+    if inner.startswith("?<") and not inner.startswith(("?<=", "?<!")) and ">" in inner:
+        return inner[inner.index(">") + 1 :]
+    return None if inner.startswith("?") else inner
 
 
 #: the characters a JSON string must escape, as class members

@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 from minisgl_core.api import GrammarError
 from minisgl_core.api.grammar import repeatable_key_count
+from minisgl_plugin_xgrammar.patterns import anchored_alternatives
 from minisgl_plugin_xgrammar.schema_walk import (
     _ASSERTIONS,
     _IGNORED_KEYWORDS,
@@ -140,7 +141,8 @@ def invalid_values(schema: Any) -> list[str]:
     """Keyword values of ``schema`` that JSON Schema does not allow or xgrammar cannot follow, each
     as "... at PATH": a count that is not a non-negative integer (xgrammar refuses 2.0 itself), a ``$ref`` to
     anything but this document (``#...``: xgrammar fetches nothing and answered with no constraint
-    at all), a ``pattern`` with a lookaround (its regex converter has none), and an integer's bound
+    at all), a ``pattern`` with a lookaround (its regex converter has none) or an anchor it ignores
+    (``a^b``: :func:`~minisgl_plugin_xgrammar.patterns.anchored_alternatives`), and an integer's bound
     past 64-bit integers (xgrammar refused it in its own words, or with no words for 1e400)."""
     found = _unreadable_numbers(schema)
     for sub, path, _ in _walk(schema):
@@ -165,6 +167,14 @@ def invalid_values(schema: Any) -> list[str]:
             found.append(
                 f"'pattern' {pattern!r} has a lookaround, which the xgrammar backend cannot follow, at {path}"
             )
+        names = sub.get("patternProperties")
+        for key, written in [("pattern", pattern)] + [("patternProperties", name) for name in names or ()]:
+            if isinstance(written, str) and anchored_alternatives(written) is None:
+                found.append(
+                    f"{key!r} {written!r} has '^' or '$' inside it (not at the start or end of the "
+                    f"pattern or of one of its alternatives), which the xgrammar backend cannot "
+                    f"follow, at {path}"
+                )
         if _integer_only(sub):
             found += [
                 f"{key!r} {_shown(sub[key])} is beyond the 64-bit integers (-2**63 to 2**63-1) the xgrammar "
