@@ -387,6 +387,26 @@ def _types_left_open(schema: dict) -> bool:
     )
 
 
+#: the count keywords of each type, as (at least, at most)
+_COUNT_LIMITS = (("minItems", "maxItems"), ("minLength", "maxLength"), ("minProperties", "maxProperties"))
+
+
+def _meets_no_value(schema: dict) -> bool:
+    """Whether ``schema``'s counts or bounds leave no value they bind: a least count above the
+    most (``minItems`` 2, ``maxItems`` 1), or number bounds with no number between them
+    (``minimum`` 5, ``maximum`` 1; ``exclusiveMinimum`` 1, ``maximum`` 1; draft 4's boolean
+    ``exclusiveMinimum`` read as such). Each binds values of one type only: of a schema naming no
+    type, it rules out that type's branch (:func:`one_schema_per_type`), not every value."""
+    for least, most in _COUNT_LIMITS:
+        if _is_number(schema.get(least)) and _is_number(schema.get(most)) and schema[least] > schema[most]:
+            return True
+    lows = [(schema[key], strict) for key, strict in (("minimum", schema.get("exclusiveMinimum") is True),
+            ("exclusiveMinimum", True)) if _is_number(schema.get(key))]  # fmt: skip
+    highs = [(schema[key], strict) for key, strict in (("maximum", schema.get("exclusiveMaximum") is True),
+             ("exclusiveMaximum", True)) if _is_number(schema.get(key))]  # fmt: skip
+    return any(low > high or (low == high and (a or b)) for low, a in lows for high, b in highs)
+
+
 def _counts_items_of_none(schema: dict) -> bool:
     """Whether xgrammar's strict mode would read the array schema ``schema`` as allowing fewer
     items than its counts speak of: without ``items``, strict mode allows no item past

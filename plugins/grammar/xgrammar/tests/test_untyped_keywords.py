@@ -140,13 +140,70 @@ def test_random_schemas_without_type_take_what_jsonschema_takes(takes):
             assert takes("json_schema", schema, text) == _valid(schema, text), (schema, text)
 
 
-def test_limits_leaving_no_value_of_their_type_are_refused(backend):
-    """Written per type, a branch whose limits leave no value of its type is xgrammar's to refuse
-    (a 400 naming them), as beside its type: JSON Schema reads ``{"minItems": 2, "maxItems": 1}``
-    as any value but an array, most likely not what was meant."""
-    for schema in ({"minItems": 2, "maxItems": 1}, {"type": "array", "minItems": 2, "maxItems": 1}):
-        with pytest.raises(GrammarError, match="minItems is greater than maxItems"):
-            backend.check(GrammarSpec("json_schema", json.dumps(schema)))
+def test_limits_leaving_no_value_of_a_named_type_are_refused(backend):
+    """Beside its ``type``, limits that leave no value of it are xgrammar's to refuse (a 400 naming
+    them): the answer could not be valid."""
+    with pytest.raises(GrammarError, match="minItems is greater than maxItems"):
+        backend.check(GrammarSpec("json_schema", json.dumps({"type": "array", "minItems": 2, "maxItems": 1})))
+
+
+#: schemas naming no type whose limits leave no value of one type (or of several)
+CONTRADICTIONS = [
+    {"minItems": 2, "maxItems": 1},
+    {"minLength": 3, "maxLength": 1},
+    {"minimum": 5, "maximum": 1},
+    {"exclusiveMinimum": 1, "maximum": 1},
+    {"minimum": 1, "exclusiveMaximum": 1},
+    {"minProperties": 1, "maxProperties": 0},
+    {"minItems": 2, "maxItems": 1, "minLength": 3, "maxLength": 1, "minimum": 5, "maximum": 1},
+    {"type": "object", "properties": {"a": {"minItems": 2, "maxItems": 1}}, "required": ["a"]},
+]
+
+
+@pytest.mark.parametrize("schema", CONTRADICTIONS, ids=json.dumps)
+def test_limits_leaving_no_value_of_a_type_rule_out_that_type_alone(takes, schema):
+    """Without a type, JSON Schema reads ``{"minItems": 2, "maxItems": 1}`` as any value but an
+    array: the type the limits rule out drops out of the schema per type, the others stay (it was
+    refused whole, as xgrammar's "minItems is greater than maxItems")."""
+    for text in VALUES + ['{"a":[]}', '{"a":"x"}']:
+        assert takes("json_schema", schema, text) == _valid(schema, text), text
+
+
+def test_a_schema_without_type_always_keeps_a_type():
+    """Boolean and null have no keywords of their own, so no limits rule every type out: the
+    contradictions of every other type leave ``true``, ``false`` and ``null``."""
+    schema = {
+        "minItems": 2, "maxItems": 1, "minLength": 3, "maxLength": 1, "minimum": 5, "maximum": 1,
+        "minProperties": 1, "maxProperties": 0,
+    }  # fmt: skip
+    assert one_schema_per_type(schema)
+    assert schema == {"anyOf": [{"type": "boolean"}, {"type": "null"}]}
+
+
+def test_nested_schemas_without_type_are_definitions():
+    """Each nested schema without a type refers to its branches in ``$defs`` (xgrammar names rules
+    by their path from the nearest definition; nested in place, 63 levels made names of 900
+    characters and a grammar text growing with the square of the depth): the text grows with the
+    depth, and no rule name with it."""
+    from minisgl_plugin_xgrammar.schema_rewrites import rewrite_for_xgrammar
+
+    def chain(depth: int) -> dict:
+        schema: dict = {}
+        for _ in range(depth - 1):
+            schema = {"properties": {"a": schema}}
+        rewrite_for_xgrammar(schema)
+        return schema
+
+    def grammar(depth: int) -> str:
+        return str(
+            xgr.Grammar.from_json_schema(
+                json.dumps(chain(depth)), any_whitespace=False, separators=(",", ":"), strict_mode=True
+            )
+        )
+
+    assert chain(3)["anyOf"][0]["properties"]["a"] == {"$ref": "#/$defs/minisgl_types_0"}
+    assert max(len(line.split(" ::= ")[0]) for line in grammar(63).splitlines()) < 60
+    assert len(grammar(63)) < 2.2 * len(grammar(32))
 
 
 def test_a_schema_of_property_names_is_a_string_schema(takes):
