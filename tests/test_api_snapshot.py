@@ -183,15 +183,37 @@ def extends(old: str, new: str) -> bool:
     return new_params[: len(old_params)] == old_params and bool(added) and all("=" in p for p in added)
 
 
+def bases_extend(old: str, new: str, api: dict[str, Any]) -> bool:
+    """A class's ``new`` bases (JSON lists of qualified names) keep every ``old`` base among their
+    ancestors, looked up in the ``api`` description: a class inserted between a class and its base
+    (``StreamingToolParser`` above ``JsonToolCallParser`` in 2.5) breaks no isinstance check."""
+    old_bases, new_bases = json.loads(old), json.loads(new)
+    seen: set[str] = set()
+    todo = list(new_bases)
+    while todo:
+        base = todo.pop()
+        if base not in seen:
+            seen.add(base)
+            described = api.get(base.rsplit(".", 1)[-1])
+            todo += described.get("bases", []) if isinstance(described, dict) else []
+    return old_bases != new_bases and set(old_bases) <= seen
+
+
 def compare(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[str], list[str], list[str]]:
     """(removed, changed, added) paths between two API descriptions; a signature that only gained
-    trailing parameters with defaults counts as added."""
+    trailing parameters with defaults, and a class that only gained a base between it and its old
+    ones, count as added."""
     a, b = flatten(old), flatten(new)
+    api = new.get("minisgl_core.api", {})
+
+    def grew(key: str) -> bool:
+        if key.endswith(".bases"):
+            return bases_extend(a[key], b[key], api)
+        return extends(a[key], b[key])
+
     removed = sorted(k for k in a if k not in b)
-    changed = sorted(k for k in a if k in b and a[k] != b[k] and not extends(a[k], b[k]))
-    added = sorted(
-        [k for k in b if k not in a] + [k for k in a if k in b and a[k] != b[k] and extends(a[k], b[k])]
-    )
+    changed = sorted(k for k in a if k in b and a[k] != b[k] and not grew(k))
+    added = sorted([k for k in b if k not in a] + [k for k in a if k in b and a[k] != b[k] and grew(k)])
     return removed, changed, added
 
 
@@ -280,6 +302,22 @@ def test_trailing_defaulted_parameters_are_an_addition() -> None:
     assert not extends(old, old)
     assert compare({"f": "def (x)"}, {"f": "def (x, y=1)"}) == ([], [], ["f"])
     assert compare({"f": "def (x)"}, {"f": "def (y)"}) == ([], ["f"], [])
+
+
+def test_a_base_inserted_above_a_class_is_an_addition() -> None:
+    def api(**bases: list[str]) -> dict[str, Any]:
+        return {"minisgl_core.api": {name: {"bases": b} for name, b in bases.items()}}
+
+    old = api(Parser=["m.ABC"], Json=["m.Parser"])
+    inserted = api(Parser=["m.ABC"], Streaming=["m.Parser"], Json=["m.Streaming"])
+    assert compare(old, inserted) == (
+        [],
+        [],
+        ["minisgl_core.api.Json.bases", "minisgl_core.api.Streaming.bases"],
+    )
+    # a base taken away, or swapped for an unrelated one, is a change
+    assert compare(old, api(Parser=["m.ABC"], Json=["m.ABC"]))[1] == ["minisgl_core.api.Json.bases"]
+    assert compare(old, api(Parser=["m.ABC"], Json=["m.Other"]))[1] == ["minisgl_core.api.Json.bases"]
 
 
 # ---------------------------------------------------------------- regenerating

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from minisgl_core.api.hookspecs import hookimpl, hookspec
 
-API_VERSION = "2.4"
+API_VERSION = "2.5"
 
 __all__ = [
     "API_VERSION",
@@ -58,6 +58,7 @@ __all__ = [
     "SchedulerState",
     "SchedulingPolicy",
     "SharedPrefix",
+    "StreamingToolParser",
     "WeightFormat",
     "TagReasoningParser",
     "ToolCall",
@@ -139,6 +140,7 @@ _LAZY: dict[str, str] = {
     "ToolParser": "tool_parser",
     "ToolParseResult": "tool_parser",
     "ToolStreamDelta": "tool_parser",
+    "StreamingToolParser": "tool_parser",
     "merge_tool_deltas": "tool_parser",
     "new_tool_call_id": "tool_parser",
     "WeightFormat": "weights",
@@ -194,6 +196,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs
     )
     from minisgl_core.api.tool_parser import (
         JsonToolCallParser,
+        StreamingToolParser,
         ToolCall,
         ToolCallDelta,
         ToolParser,

@@ -7,9 +7,12 @@ deltas and tool-call deltas (a call's ``arguments`` may come in several pieces).
 looks like a call (malformed JSON, a missing name, a function the request did not offer) is left
 as content, streamed or not.
 
-:class:`JsonToolCallParser` implements both for the common family of formats whose calls are
-JSON objects ``{"name": ..., "arguments": {...}}`` with optional markers around them; a plugin
-for such a format only sets its class attributes (see the ``hermes`` and ``llama3_json`` plugins).
+:class:`StreamingToolParser` is the scaffold for writing one: a format implements one method,
+:meth:`StreamingToolParser.advance`, and gets ``parse``, ``feed`` and ``finish`` from it, so a
+stream and the whole answer cannot disagree (the ``mistral`` and ``pythonic`` plugins).
+:class:`JsonToolCallParser` is one for the common family of formats whose calls are JSON objects
+``{"name": ..., "arguments": {...}}`` with optional markers around them; a plugin for such a
+format only sets its class attributes (see the ``hermes`` and ``llama3_json`` plugins).
 """
 
 from __future__ import annotations
@@ -100,7 +103,96 @@ def merge_tool_deltas(deltas: Sequence[ToolCallDelta]) -> list[ToolCall]:
     return [ToolCall(i, n, a) for i, n, a in (calls[k] for k in sorted(calls))]
 
 
-class JsonToolCallParser(ToolParser):
+class StreamingToolParser(ToolParser):
+    """A tool parser written once, as a machine that reads its text as it streams in.
+
+    A subclass implements :meth:`advance`: it consumes what it can of :attr:`buffer` (the text fed
+    and not consumed yet) and reports what it found with :meth:`emit_content` and
+    :meth:`emit_call`, leaving in the buffer whatever it must wait for. :meth:`feed` adds the text
+    and calls ``advance(final=False)``; :meth:`finish` calls ``advance(final=True)``, where nothing
+    more will come and the buffer must be used up; :meth:`parse` is one feed and the finish, so the
+    whole answer is what a stream gives, whatever its pieces.
+
+    Whitespace next to calls is not content: :meth:`emit_content` holds a text's trailing
+    whitespace until more content follows; :meth:`finish` drops it when the output made calls, and
+    a format takes it with :meth:`take_held_whitespace` where a call begins (to give it back as
+    content if the call turns out malformed). ``versionadded``: API 2.5.
+    """
+
+    def __init__(self, tools: Sequence[Mapping[str, Any]] = ()) -> None:
+        super().__init__(tools)
+        #: the text fed and not consumed yet; :meth:`advance` takes what it reads off the front
+        self.buffer = ""
+        #: the names of the functions the request offered
+        self.offered_names = frozenset(
+            (t.get("function") or {}).get("name") for t in self.tools if isinstance(t, Mapping)
+        )
+        self._calls_sent = 0
+        self._held_whitespace = ""
+        self._out_content: list[str] = []
+        self._out_calls: list[ToolCallDelta] = []
+
+    @abstractmethod
+    def advance(self, final: bool) -> None:
+        """Read what can be read of :attr:`buffer`, reporting it with :meth:`emit_content` and
+        :meth:`emit_call`. ``final``: the output ended; leave nothing in the buffer."""
+
+    # ------------------------------------------------------------------ for advance
+
+    @property
+    def calls_sent(self) -> int:
+        """How many calls were emitted so far (the next call's index)."""
+        return self._calls_sent
+
+    def offered(self, name: str) -> bool:
+        """Whether the request offered a function of this name (any, when it gave no tools): a call
+        to another is content (OpenAI calls offered functions only; a client would look it up in
+        vain)."""
+        return not self.tools or name in self.offered_names
+
+    def emit_content(self, text: str) -> None:
+        """Content, except that trailing whitespace is held until we know no call follows it."""
+        text = self._held_whitespace + text
+        kept = text.rstrip()
+        self._out_content.append(kept)
+        self._held_whitespace = text[len(kept) :]
+
+    def take_held_whitespace(self) -> str:
+        """The whitespace held back after the last content, no longer to be sent as content."""
+        held, self._held_whitespace = self._held_whitespace, ""
+        return held
+
+    def emit_call(self, name: str, arguments: str) -> None:
+        """Send a call whole in one delta: a new id, its name and its arguments (JSON text)."""
+        self._out_calls.append(ToolCallDelta(self._calls_sent, new_tool_call_id(), name, arguments))
+        self._calls_sent += 1
+
+    # ------------------------------------------------------------------ the public face
+
+    def parse(self, text: str) -> ToolParseResult:
+        first, last = self.feed(text), self.finish()
+        content = first.content + last.content
+        return ToolParseResult(content or None, merge_tool_deltas(first.tool_calls + last.tool_calls))
+
+    def feed(self, text: str) -> ToolStreamDelta:
+        self.buffer += text
+        self.advance(final=False)
+        return self._take()
+
+    def finish(self) -> ToolStreamDelta:
+        self.advance(final=True)
+        held = self.take_held_whitespace()
+        if not self._calls_sent:  # whitespace next to calls is not content
+            self._out_content.append(held)
+        return self._take()
+
+    def _take(self) -> ToolStreamDelta:
+        out = ToolStreamDelta("".join(self._out_content), self._out_calls)
+        self._out_content, self._out_calls = [], []
+        return out
+
+
+class JsonToolCallParser(StreamingToolParser):
     """Calls are JSON objects ``{"name": str, <arguments key>: object}``, each optionally between
     ``call_open`` and ``call_close``; with ``leading_only`` they count only at the start of the
     output (after ``lead_markers``, inside ``list_open``/``list_close``, joined by ``separator``).
@@ -126,53 +218,10 @@ class JsonToolCallParser(ToolParser):
     def __init__(self, tools: Sequence[Mapping[str, Any]] = ()) -> None:
         super().__init__(tools)
         self._mode = "lead" if self.leading_only else "text"
-        #: the offered functions' names (a call naming another is content)
-        self._names = {(t.get("function") or {}).get("name") for t in self.tools if isinstance(t, Mapping)}
-        self._buffer = ""
         #: text consumed before the current call's object, given back as content if it is malformed
         self._giveback = ""
-        #: the ids of the calls sent so far (the next call's index is its length)
-        self._ids: list[str] = []
-        self._held_whitespace = ""
-        self._out_content: list[str] = []
-        self._out_calls: list[ToolCallDelta] = []
 
-    # ------------------------------------------------------------------ the public face
-
-    def parse(self, text: str) -> ToolParseResult:
-        # The streaming machine in one go: a stream and the whole answer cannot disagree.
-        first, last = self.feed(text), self.finish()
-        content = first.content + last.content
-        return ToolParseResult(content or None, merge_tool_deltas(first.tool_calls + last.tool_calls))
-
-    def feed(self, text: str) -> ToolStreamDelta:
-        self._buffer += text
-        self._run(final=False)
-        return self._take()
-
-    def finish(self) -> ToolStreamDelta:
-        self._run(final=True)
-        if self._ids:  # whitespace next to calls is not content
-            self._held_whitespace = ""
-        self._out_content.append(self._held_whitespace)
-        self._held_whitespace = ""
-        return self._take()
-
-    # ------------------------------------------------------------------ the machine
-
-    def _take(self) -> ToolStreamDelta:
-        out = ToolStreamDelta("".join(self._out_content), self._out_calls)
-        self._out_content, self._out_calls = [], []
-        return out
-
-    def _text(self, text: str) -> None:
-        """Content, except that whitespace is held until we know no call follows it."""
-        text = self._held_whitespace + text
-        kept = text.rstrip()
-        self._out_content.append(kept)
-        self._held_whitespace = text[len(kept) :]
-
-    def _run(self, final: bool) -> None:
+    def advance(self, final: bool) -> None:
         step = {
             "lead": self._lead,
             "text": self._plain,
@@ -184,7 +233,7 @@ class JsonToolCallParser(ToolParser):
 
     def _lead(self, final: bool) -> bool:
         """Start of a ``leading_only`` output: calls, or plain content for good."""
-        rest = self._buffer.lstrip()
+        rest = self.buffer.lstrip()
         for marker in self.lead_markers:
             if rest.startswith(marker):
                 rest = rest[len(marker) :].lstrip()
@@ -199,8 +248,8 @@ class JsonToolCallParser(ToolParser):
             return self._give_up() if final else False
         if rest[0] != "{":
             return self._give_up()
-        self._giveback = self._buffer[: len(self._buffer) - len(rest)]
-        self._buffer, self._mode = rest, "call"
+        self._giveback = self.buffer[: len(self.buffer) - len(rest)]
+        self.buffer, self._mode = rest, "call"
         return True
 
     def _give_up(self) -> bool:
@@ -210,39 +259,35 @@ class JsonToolCallParser(ToolParser):
 
     def _plain(self, final: bool) -> bool:
         if self.leading_only or not self.call_open:
-            self._text(self._buffer)
-            self._buffer = ""
+            self.emit_content(self.buffer)
+            self.buffer = ""
             return False
-        where = self._buffer.find(self.call_open)
+        where = self.buffer.find(self.call_open)
         if where >= 0:
-            self._text(self._buffer[:where])
+            self.emit_content(self.buffer[:where])
             # whitespace before a call is not content, unless the call turns out malformed
-            self._giveback, self._held_whitespace = self._held_whitespace + self.call_open, ""
-            self._buffer, self._mode = self._buffer[where + len(self.call_open) :], "call"
+            self._giveback = self.take_held_whitespace() + self.call_open
+            self.buffer, self._mode = self.buffer[where + len(self.call_open) :], "call"
             return True
-        keep = 0 if final else marker_prefix_length(self._buffer, self.call_open)
-        self._text(self._buffer[: len(self._buffer) - keep])
-        self._buffer = self._buffer[len(self._buffer) - keep :]
+        keep = 0 if final else marker_prefix_length(self.buffer, self.call_open)
+        self.emit_content(self.buffer[: len(self.buffer) - keep])
+        self.buffer = self.buffer[len(self.buffer) - keep :]
         return False
 
-    def _offered(self, name: str) -> bool:
-        """Whether the request offered a function of this name (any, when it gave no tools)."""
-        return not self.tools or name in self._names
-
     def _call(self, final: bool) -> bool:
-        if final and self.separator and self._giveback == self.separator and not self._buffer.strip():
+        if final and self.separator and self._giveback == self.separator and not self.buffer.strip():
             # a separator that ends the output ('...};') is the calls' punctuation, as vLLM reads it
-            self._buffer = ""
+            self.buffer = ""
             return self._give_up()
-        scan = scan_tool_call(self._buffer, 0, self.arguments_keys)
+        scan = scan_tool_call(self.buffer, 0, self.arguments_keys)
         # (judged on the whole object or the output's end: a later "name" key wins, as in parse)
-        if scan.name is not None and (scan.status == "complete" or final) and not self._offered(scan.name):
+        if scan.name is not None and (scan.status == "complete" or final) and not self.offered(scan.name):
             # a call to a function the request did not offer is not a tool call: content, as a
-            # malformed one (OpenAI calls offered functions only; a client would look it up in vain)
+            # malformed one
             return self._not_a_call()
         if scan.status == "complete":
             if self.call_close:
-                rest = self._buffer[scan.end :].lstrip()
+                rest = self.buffer[scan.end :].lstrip()
                 if not rest.startswith(self.call_close):
                     if not self.call_close.startswith(rest):
                         # ('{...}} junk</tool_call>' was a call, then '} junk</tool_call>' as content)
@@ -250,47 +295,47 @@ class JsonToolCallParser(ToolParser):
                     if not final:
                         return False  # held until its close marker: text before it makes it malformed
             self._send(scan)
-            self._buffer, self._mode = self._buffer[scan.end :], "after"
+            self.buffer, self._mode = self.buffer[scan.end :], "after"
             return True
         if scan.status == "partial" and not final:
             # held back: what was sent cannot be taken back if the call turns out malformed
             return False
-        reached_close = bool(self.call_close) and _reaches_close(self._buffer, self.call_close)
+        reached_close = bool(self.call_close) and _reaches_close(self.buffer, self.call_close)
         if scan.status == "partial" and scan.name is not None and not reached_close:
             # the output ends inside a call whose name is complete (max_tokens, a stop string): a
             # call with its arguments so far
             self._send(scan)
-            self._buffer = ""
+            self.buffer = ""
             return self._give_up()
         return self._not_a_call()
 
     def _not_a_call(self) -> bool:
         """The current call is malformed: its text, markers and all, is content."""
-        self._text(self._giveback)
+        self.emit_content(self._giveback)
         return self._give_up()
 
     def _after(self, final: bool) -> bool:
         """After a call: its close marker, then the next call or the rest as content."""
-        rest = self._buffer.lstrip()
+        rest = self.buffer.lstrip()
         for marker in (self.call_close, self.separator, self.list_close):
             if marker and marker.startswith(rest) and len(rest) < len(marker):
                 if final:  # cut off inside a marker: there is nothing more to say
-                    self._buffer = ""
+                    self.buffer = ""
                     return self._give_up()
                 return False
         if self.call_close:
             if not rest.startswith(self.call_close):
-                self._buffer = rest
+                self.buffer = rest
                 return self._give_up()
-            self._buffer, self._mode = rest[len(self.call_close) :], "text"
+            self.buffer, self._mode = rest[len(self.call_close) :], "text"
             return True
         if self.separator and rest.startswith(self.separator):
             self._giveback = self.separator  # (content again if no call follows: "; hello")
-            self._buffer, self._mode = rest[len(self.separator) :], "call"
+            self.buffer, self._mode = rest[len(self.separator) :], "call"
             return True
         if self.list_close and rest.startswith(self.list_close):
             rest = rest[len(self.list_close) :]
-        self._buffer = rest
+        self.buffer = rest
         return self._give_up()
 
     def _send(self, scan: ScannedCall) -> None:
@@ -299,9 +344,7 @@ class JsonToolCallParser(ToolParser):
         if scan.status == "partial" and self.call_close:
             # cut off inside what may be the close marker: that is not arguments
             arguments = arguments[: len(arguments) - marker_prefix_length(arguments, self.call_close)]
-        call_id = new_tool_call_id()
-        self._out_calls.append(ToolCallDelta(len(self._ids), call_id, scan.name, arguments))
-        self._ids.append(call_id)
+        self.emit_call(scan.name, arguments)  # type: ignore[arg-type]
 
 
 def _reaches_close(text: str, marker: str) -> bool:

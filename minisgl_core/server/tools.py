@@ -42,22 +42,22 @@ class ForcedToolCallParser(JsonToolCallParser):
     separator = ","
 
     def _lead(self, final: bool) -> bool:
-        if final and self._buffer.strip() in ("", self.list_open):  # cut off before the first call
-            self._buffer = ""
+        if final and self.buffer.strip() in ("", self.list_open):  # cut off before the first call
+            self.buffer = ""
             return self._cut_before_a_name()
         return super()._lead(final)
 
     def _call(self, final: bool) -> bool:
         if final:
-            scan = scan_tool_call(self._buffer, 0, self.arguments_keys)
+            scan = scan_tool_call(self.buffer, 0, self.arguments_keys)
             if scan.status == "partial" and scan.name is None:  # ended before its name is complete
-                self._buffer = ""
+                self.buffer = ""
                 return self._cut_before_a_name()
         return super()._call(final)
 
     def _cut_before_a_name(self) -> bool:
-        if not self._ids and len(self._names) == 1:  # the one function a named tool_choice calls
-            (name,) = self._names
+        if not self.calls_sent and len(self.offered_names) == 1:  # the one function a named tool_choice calls
+            (name,) = self.offered_names
             self._send(ScannedCall("partial", name))
         return self._give_up()
 

@@ -12,8 +12,11 @@ and a few outputs of your format with what they should give::
 
 Every sample is parsed whole and streamed split at every character boundary (one cut at each, and
 one character at a time), and so is every beginning of it (an output that max_tokens or a stop
-string cut off): the stream's content and its merged tool-call deltas must equal :meth:`parse`'s, calls' arguments must be JSON objects, ids distinct and in OpenAI's shape, and
-text with nothing of the format in it must stay content. :class:`ReasoningParserSuite` does the
+string cut off): the stream's content and its merged tool-call deltas must equal :meth:`parse`'s,
+calls' arguments must be JSON objects, ids distinct and in OpenAI's shape, and text with nothing
+of the format in it must stay content. ``more_outputs`` (malformed calls, calls to functions not
+offered: whatever a format's own tests look at) are streamed split anywhere too; a format's tests
+can stream with the suite's :meth:`ToolParserSuite.stream` (``TestMine().stream(text, cuts)``). :class:`ReasoningParserSuite` does the
 same for reasoning parsers, with ``(output, reasoning or None, content or None)`` samples.
 """
 
@@ -70,6 +73,8 @@ class ToolParserSuite:
     tools: ClassVar[list[dict[str, Any]]] = WEATHER_TOOLS
     #: outputs with nothing of the format in them (all content)
     plain_texts: ClassVar[Sequence[str]] = PLAIN_TEXTS
+    #: more outputs to stream split anywhere against :meth:`parse` (malformed calls, ...)
+    more_outputs: ClassVar[Sequence[str]] = ()
 
     # --- plumbing ---
 
@@ -132,7 +137,7 @@ class ToolParserSuite:
 
     def test_a_stream_split_anywhere_gives_what_parse_gives(self) -> None:
         self._with_samples()
-        for text in [*(s[0] for s in self.samples), *self.plain_texts]:
+        for text in [*(s[0] for s in self.samples), *self.plain_texts, *self.more_outputs]:
             whole = self.make_parser().parse(text)
             expected = (whole.content or "", [(c.name, c.arguments) for c in whole.tool_calls])
             for cuts in _cuts(text):

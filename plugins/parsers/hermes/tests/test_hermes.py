@@ -8,7 +8,7 @@ import json
 import pytest
 from minisgl_plugin_hermes.parser import HermesToolParser
 
-from minisgl_core.api import ToolCall, merge_tool_deltas
+from minisgl_core.api import ToolCall
 from minisgl_core.testing.packaging_suite import PluginPackagingSuite
 from minisgl_core.testing.parser_suite import ToolParserSuite
 
@@ -32,14 +32,8 @@ MALFORMED_EARLY = [
 
 def stream(text: str, cuts: list[int]) -> tuple[str, list[ToolCall], int]:
     """Feed ``text`` in pieces ending at ``cuts``: (content, calls, number of argument deltas)."""
-    parser = HermesToolParser(TOOLS)
-    content, deltas, start = "", [], 0
-    for end in [*cuts, len(text)]:
-        out = parser.feed(text[start:end])
-        content, deltas, start = content + out.content, deltas + out.tool_calls, end
-    last = parser.finish()
-    deltas += last.tool_calls
-    return content + last.content, merge_tool_deltas(deltas), sum(1 for d in deltas if d.arguments)
+    content, calls, deltas = TestHermesConformance().stream(text, cuts)
+    return content, calls, sum(1 for d in deltas if d.arguments)
 
 
 def test_one_call_with_content():
@@ -104,15 +98,6 @@ def test_a_call_cut_off_is_a_call_with_its_arguments_so_far_once_named():
 def test_missing_close_tag_at_the_end_is_still_a_call():
     result = HermesToolParser(TOOLS).parse(ONE_CALL.removesuffix("\n</tool_call>"))
     assert [c.name for c in result.tool_calls] == ["get_weather"]
-
-
-@pytest.mark.parametrize("text", [ONE_CALL, TWO_CALLS, PLAIN])
-def test_stream_split_anywhere_matches_parse(text):
-    whole = HermesToolParser(TOOLS).parse(text)
-    expected = (whole.content or "", [(c.name, c.arguments) for c in whole.tool_calls])
-    for cut in range(len(text) + 1):
-        content, calls, _ = stream(text, [cut])
-        assert (content, [(c.name, c.arguments) for c in calls]) == expected, cut
 
 
 def test_stream_char_by_char_sends_a_call_whole_once_it_is_valid():
@@ -197,3 +182,4 @@ class TestHermesConformance(ToolParserSuite):
         ),
         (MALFORMED_EARLY[2], MALFORMED_EARLY[2], []),
     ]
+    more_outputs = [PLAIN, *MALFORMED_EARLY, *(f"{broken}\n{after}" for broken, after in BROKEN_LATE)]

@@ -2,7 +2,7 @@
 
 from minisgl_core.api import hookimpl
 
-MINISGL_API = "2.4"
+MINISGL_API = "2.5"
 
 
 @hookimpl

@@ -26,16 +26,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from minisgl_core.api import (
-    ToolCallDelta,
-    ToolParser,
-    ToolParseResult,
-    ToolStreamDelta,
-    marker_prefix_length,
-    merge_tool_deltas,
-    new_tool_call_id,
-    scan_tool_call,
-)
+from minisgl_core.api import StreamingToolParser, marker_prefix_length, scan_tool_call
 
 TOOL_CALLS = "[TOOL_CALLS]"
 ARGS = "[ARGS]"
@@ -45,51 +36,16 @@ _ID = re.compile(r"[\w\-]*")
 _DECODER = json.JSONDecoder()
 
 
-class MistralToolParser(ToolParser):
+class MistralToolParser(StreamingToolParser):
     reads_special_tokens = True
 
     def __init__(self, tools: Sequence[Mapping[str, Any]] = ()) -> None:
         super().__init__(tools)
-        #: the offered functions' names (a call naming another is content)
-        self._names = {(t.get("function") or {}).get("name") for t in self.tools if isinstance(t, Mapping)}
         self._mode = "start"
-        self._buffer = ""
         #: text consumed before the current call, given back as content if it is malformed
         self._giveback = ""
-        self._held_whitespace = ""
-        self._calls = 0
-        self._out_content: list[str] = []
-        self._out_calls: list[ToolCallDelta] = []
 
-    # ------------------------------------------------------------------ the public face
-
-    def parse(self, text: str) -> ToolParseResult:
-        # the streaming machine in one go: a stream and the whole answer cannot disagree
-        first, last = self.feed(text), self.finish()
-        content = first.content + last.content
-        return ToolParseResult(content or None, merge_tool_deltas(first.tool_calls + last.tool_calls))
-
-    def feed(self, text: str) -> ToolStreamDelta:
-        self._buffer += text
-        self._run(final=False)
-        return self._take()
-
-    def finish(self) -> ToolStreamDelta:
-        self._run(final=True)
-        if self._calls:  # whitespace next to calls is not content
-            self._held_whitespace = ""
-        self._out_content.append(self._held_whitespace)
-        self._held_whitespace = ""
-        return self._take()
-
-    # ------------------------------------------------------------------ the machine
-
-    def _take(self) -> ToolStreamDelta:
-        out = ToolStreamDelta("".join(self._out_content), self._out_calls)
-        self._out_content, self._out_calls = [], []
-        return out
-
-    def _run(self, final: bool) -> None:
+    def advance(self, final: bool) -> None:
         steps = {
             "start": self._start,
             "text": self._text_mode,
@@ -102,44 +58,29 @@ class MistralToolParser(ToolParser):
         while steps[self._mode](final):
             pass
 
-    def _text(self, text: str) -> None:
-        """Content, except that whitespace is held until we know no call follows it."""
-        text = self._held_whitespace + text
-        kept = text.rstrip()
-        self._out_content.append(kept)
-        self._held_whitespace = text[len(kept) :]
-
     def _to(self, mode: str, buffer: str) -> bool:
-        self._mode, self._buffer = mode, buffer
+        self._mode, self.buffer = mode, buffer
         return True
 
     def _not_a_call(self) -> bool:
         """The current call is malformed: its text, markers and all, is content."""
-        self._text(self._giveback)
+        self.emit_content(self._giveback)
         self._giveback = ""
         self._mode = "text"
         return True
 
-    def _offered(self, name: str) -> bool:
-        """Whether the request offered a function of this name (any, when it gave no tools)."""
-        return not self.tools or name in self._names
-
-    def _send(self, name: str, arguments: str) -> None:
-        self._out_calls.append(ToolCallDelta(self._calls, new_tool_call_id(), name, arguments))
-        self._calls += 1
-
     def _start(self, final: bool) -> bool:
         """The answer's opening: a marker, a v3 array without its marker, or content."""
-        rest = self._buffer.lstrip()
+        rest = self.buffer.lstrip()
         if rest.startswith(TOOL_CALLS):
-            self._giveback = self._buffer[: len(self._buffer) - len(rest)] + TOOL_CALLS
+            self._giveback = self.buffer[: len(self.buffer) - len(rest)] + TOOL_CALLS
             return self._to("marker", rest[len(TOOL_CALLS) :])
         if not final and TOOL_CALLS.startswith(rest):
             return False  # (nothing yet, "[", or the marker so far)
         if rest.startswith("["):
             after = rest[1:].lstrip()
             if after.startswith("{"):
-                self._giveback = self._buffer[: len(self._buffer) - len(after)]
+                self._giveback = self.buffer[: len(self.buffer) - len(after)]
                 return self._to("array", after)
             if not after and not final:
                 return False
@@ -147,20 +88,20 @@ class MistralToolParser(ToolParser):
         return True
 
     def _text_mode(self, final: bool) -> bool:
-        where = self._buffer.find(TOOL_CALLS)
+        where = self.buffer.find(TOOL_CALLS)
         if where >= 0:
-            self._text(self._buffer[:where])
+            self.emit_content(self.buffer[:where])
             # whitespace before a call is not content, unless the call turns out malformed
-            self._giveback, self._held_whitespace = self._held_whitespace + TOOL_CALLS, ""
-            return self._to("marker", self._buffer[where + len(TOOL_CALLS) :])
-        keep = 0 if final else marker_prefix_length(self._buffer, TOOL_CALLS)
-        self._text(self._buffer[: len(self._buffer) - keep])
-        self._buffer = self._buffer[len(self._buffer) - keep :]
+            self._giveback = self.take_held_whitespace() + TOOL_CALLS
+            return self._to("marker", self.buffer[where + len(TOOL_CALLS) :])
+        keep = 0 if final else marker_prefix_length(self.buffer, TOOL_CALLS)
+        self.emit_content(self.buffer[: len(self.buffer) - keep])
+        self.buffer = self.buffer[len(self.buffer) - keep :]
         return False
 
     def _marker(self, final: bool) -> bool:
         """After ``[TOOL_CALLS]``: a v3 array, or a v11 call's name."""
-        rest = self._buffer.lstrip()
+        rest = self.buffer.lstrip()
         if not rest:
             return self._not_a_call() if final else False
         if not rest.startswith("["):
@@ -168,7 +109,7 @@ class MistralToolParser(ToolParser):
             return True
         after = rest[1:].lstrip()
         if after.startswith("{"):
-            self._giveback += self._buffer[: len(self._buffer) - len(after)]
+            self._giveback += self.buffer[: len(self.buffer) - len(after)]
             return self._to("array", after)
         if not after and not final:
             return False
@@ -176,23 +117,23 @@ class MistralToolParser(ToolParser):
 
     def _array_call(self, final: bool) -> bool:
         """A v3 call object, inside the array."""
-        if final and self._giveback == "," and not self._buffer.strip():
+        if final and self._giveback == "," and not self.buffer.strip():
             return self._to("text", "")  # the output ends after a separator: nothing more
-        scan = scan_tool_call(self._buffer)
-        if scan.name is not None and (scan.status == "complete" or final) and not self._offered(scan.name):
+        scan = scan_tool_call(self.buffer)
+        if scan.name is not None and (scan.status == "complete" or final) and not self.offered(scan.name):
             return self._not_a_call()
         if scan.status == "complete":
-            self._send(scan.name, scan.arguments)  # type: ignore[arg-type]
-            return self._to("array_after", self._buffer[scan.end :])
+            self.emit_call(scan.name, scan.arguments)  # type: ignore[arg-type]
+            return self._to("array_after", self.buffer[scan.end :])
         if scan.status == "partial" and not final:
             return False
         if scan.status == "partial" and scan.name is not None:  # cut off: its arguments so far
-            self._send(scan.name, scan.arguments)
+            self.emit_call(scan.name, scan.arguments)
             return self._to("text", "")
         return self._not_a_call()
 
     def _array_after(self, final: bool) -> bool:
-        rest = self._buffer.lstrip()
+        rest = self.buffer.lstrip()
         if not rest:
             return self._to("text", "") if final else False
         if rest.startswith(","):
@@ -205,7 +146,7 @@ class MistralToolParser(ToolParser):
     def _named_call(self, final: bool) -> bool:
         """A v11 call: ``name[CALL_ID]id[ARGS]{...}`` (the call id optional, and not kept: the
         server's ids are OpenAI's shape)."""
-        rest = self._buffer.lstrip()
+        rest = self.buffer.lstrip()
         where = rest.find(ARGS)
         if where < 0:
             if not _head_may_grow(rest):
@@ -213,18 +154,18 @@ class MistralToolParser(ToolParser):
             if not final:
                 return False
             name, marked, _ = rest.partition(CALL_ID)
-            if marked and _NAME.fullmatch(name) and name and self._offered(name):
-                self._send(name, "")  # cut off after its name: no arguments yet
+            if marked and _NAME.fullmatch(name) and name and self.offered(name):
+                self.emit_call(name, "")  # cut off after its name: no arguments yet
                 return self._to("text", "")
             return self._not_a_call()
         name, _, call_id = rest[:where].partition(CALL_ID)
-        if not name or not _NAME.fullmatch(name) or not _ID.fullmatch(call_id) or not self._offered(name):
+        if not name or not _NAME.fullmatch(name) or not _ID.fullmatch(call_id) or not self.offered(name):
             return self._not_a_call()
         body = rest[where + len(ARGS) :].lstrip()
         if not body:
             if not final:
                 return False
-            self._send(name, "")
+            self.emit_call(name, "")
             return self._to("text", "")
         if not body.startswith("{"):
             return self._not_a_call()
@@ -237,14 +178,14 @@ class MistralToolParser(ToolParser):
                 return self._not_a_call()
             if not final:
                 return False
-            self._send(name, probe.arguments)  # cut off: its arguments so far
+            self.emit_call(name, probe.arguments)  # cut off: its arguments so far
             return self._to("text", "")
-        self._send(name, body[:end])
+        self.emit_call(name, body[:end])
         return self._to("after", body[end:])
 
     def _after(self, final: bool) -> bool:
         """After a v11 call or a v3 array: the next marker, or the rest as content."""
-        rest = self._buffer.lstrip()
+        rest = self.buffer.lstrip()
         if rest.startswith(TOOL_CALLS):
             self._giveback = TOOL_CALLS
             return self._to("marker", rest[len(TOOL_CALLS) :])

@@ -11,7 +11,6 @@ import json
 import pytest
 from minisgl_plugin_mistral.parser import MistralToolParser
 
-from minisgl_core.api import merge_tool_deltas
 from minisgl_core.testing.packaging_suite import PluginPackagingSuite
 from minisgl_core.testing.parser_suite import ToolParserSuite
 
@@ -78,14 +77,8 @@ def parsed(text: str, tools=TOOLS):
 
 
 def stream(text: str, cuts: list[int]) -> tuple[str, list[tuple[str, str]]]:
-    parser = MistralToolParser(TOOLS)
-    content, deltas, start = "", [], 0
-    for end in [*cuts, len(text)]:
-        out = parser.feed(text[start:end])
-        content, deltas, start = content + out.content, deltas + out.tool_calls, end
-    last = parser.finish()
-    calls = merge_tool_deltas(deltas + last.tool_calls)
-    return content + last.content, [(c.name, c.arguments) for c in calls]
+    content, calls, _ = TestMistralConformance().stream(text, cuts)
+    return content, [(c.name, c.arguments) for c in calls]
 
 
 WEATHER_ARGS = {"location": "Paris, France", "format": "celsius"}
@@ -156,18 +149,6 @@ def test_a_call_cut_off_is_a_call_with_its_arguments_so_far_once_named():
             assert stream(text, cuts) == (content, expected), (text, cuts)
 
 
-@pytest.mark.parametrize(
-    "text", [V3_ONE, V3_TWO, V3_SKIPPED, V11_TWO, V11_IDS, *MALFORMED, *(m[0] for m in MIXED)]
-)
-def test_stream_split_anywhere_matches_parse(text):
-    whole = MistralToolParser(TOOLS).parse(text)
-    expected = (whole.content or "", [(c.name, c.arguments) for c in whole.tool_calls])
-    for cut in range(len(text) + 1):
-        assert stream(text, [cut]) == expected, cut
-    assert stream(text, list(range(1, len(text)))) == expected
-    assert stream(text, list(range(3, len(text), 3))) == expected
-
-
 class TestMistralPackaging(PluginPackagingSuite):
     plugin = "mistral"
     provides = {"tool_parsers": ["mistral"]}
@@ -188,3 +169,4 @@ class TestMistralConformance(ToolParserSuite):
         (MALFORMED[0], MALFORMED[0], []),
         (MALFORMED[4], MALFORMED[4], []),
     ]
+    more_outputs = [V3_ONE, *MALFORMED, *(m[0] for m in MIXED)]

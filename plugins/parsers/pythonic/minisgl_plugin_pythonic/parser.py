@@ -20,15 +20,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from minisgl_core.api import (
-    ToolCall,
-    ToolCallDelta,
-    ToolParser,
-    ToolParseResult,
-    ToolStreamDelta,
-    merge_tool_deltas,
-    new_tool_call_id,
-)
+from minisgl_core.api import StreamingToolParser
 
 START = "<|python_start|>"
 END = "<|python_end|>"
@@ -40,42 +32,32 @@ class _NoJson(Exception):
     """A literal with no JSON form (a set, bytes, a complex number, infinity, a non-string key)."""
 
 
-class PythonicToolParser(ToolParser):
+class PythonicToolParser(StreamingToolParser):
     """Streaming, an output that opens like a call list (``[name(``) is held until the end, when
     the whole list is read: its calls, or all of it as content (a call that was sent could not be
     taken back if the list turned out malformed). Any other output is streamed as it comes."""
 
     def __init__(self, tools: Sequence[Mapping[str, Any]] = ()) -> None:
         super().__init__(tools)
-        self._names = {(t.get("function") or {}).get("name") for t in self.tools if isinstance(t, Mapping)}
-        self._held = ""
         #: whether the output may still be a call list (it is held until then)
         self._maybe_calls = True
 
-    def parse(self, text: str) -> ToolParseResult:
-        first, last = self.feed(text), self.finish()
-        content = first.content + last.content
-        return ToolParseResult(content or None, merge_tool_deltas(first.tool_calls + last.tool_calls))
+    def advance(self, final: bool) -> None:
+        if self._maybe_calls:
+            if not final and _opens_like_calls(self.buffer):
+                return  # held
+            self._maybe_calls = False
+            calls = self._calls(self.buffer) if final and self.buffer else None
+            if calls is not None:
+                self.buffer = ""
+                for name, arguments in calls:
+                    self.emit_call(name, arguments)
+                return
+        text, self.buffer = self.buffer, ""
+        self.emit_content(text)
 
-    def feed(self, text: str) -> ToolStreamDelta:
-        if not self._maybe_calls:
-            return ToolStreamDelta(text)
-        self._held += text
-        if _opens_like_calls(self._held):
-            return ToolStreamDelta()
-        self._maybe_calls = False
-        text, self._held = self._held, ""
-        return ToolStreamDelta(text)
-
-    def finish(self) -> ToolStreamDelta:
-        text, self._held, self._maybe_calls = self._held, "", False
-        calls = self._calls(text) if text else None
-        if calls is None:
-            return ToolStreamDelta(text)
-        return ToolStreamDelta("", [ToolCallDelta(i, c.id, c.name, c.arguments) for i, c in enumerate(calls)])
-
-    def _calls(self, text: str) -> list[ToolCall] | None:
-        """The calls of a whole output that is a call list, else None."""
+    def _calls(self, text: str) -> list[tuple[str, str]] | None:
+        """The calls (name, JSON arguments) of a whole output that is a call list, else None."""
         body = text.strip().removeprefix(START).removesuffix(END).strip()
         try:
             tree = ast.parse(body, mode="eval").body
@@ -88,7 +70,7 @@ class PythonicToolParser(ToolParser):
             if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.args:
                 return None  # an attribute call (a.b()), a positional argument
             name = node.func.id
-            if self.tools and name not in self._names:
+            if not self.offered(name):
                 return None  # a function the request did not offer (OpenAI calls offered ones only)
             arguments: dict[str, Any] = {}
             for keyword in node.keywords:
@@ -103,7 +85,7 @@ class PythonicToolParser(ToolParser):
                 encoded.encode()
             except UnicodeEncodeError:  # a lone surrogate ("\ud800"): not text a response can carry
                 return None
-            calls.append(ToolCall(new_tool_call_id(), name, encoded))
+            calls.append((name, encoded))
         return calls
 
 

@@ -9,7 +9,6 @@ import json
 import pytest
 from minisgl_plugin_pythonic.parser import PythonicToolParser
 
-from minisgl_core.api import merge_tool_deltas
 from minisgl_core.testing.packaging_suite import PluginPackagingSuite
 from minisgl_core.testing.parser_suite import ToolParserSuite
 
@@ -49,17 +48,6 @@ NOT_CALLS = [
 def parsed(text: str, tools=TOOLS):
     result = PythonicToolParser(tools).parse(text)
     return result.content, [(c.name, json.loads(c.arguments)) for c in result.tool_calls]
-
-
-def stream(text: str, cuts: list[int]) -> tuple[str, list[tuple[str, str]]]:
-    parser = PythonicToolParser(TOOLS)
-    content, deltas, start = "", [], 0
-    for end in [*cuts, len(text)]:
-        out = parser.feed(text[start:end])
-        content, deltas, start = content + out.content, deltas + out.tool_calls, end
-    last = parser.finish()
-    calls = merge_tool_deltas(deltas + last.tool_calls)
-    return content + last.content, [(c.name, c.arguments) for c in calls]
 
 
 def test_llama_3_2_calls():
@@ -112,16 +100,6 @@ def test_plain_text_streams_at_once():
     assert parser.finish().content == "[get_weather("
 
 
-@pytest.mark.parametrize("text", [ONE, TWO, LLAMA4, LITERALS, *NOT_CALLS])
-def test_stream_split_anywhere_matches_parse(text):
-    whole = PythonicToolParser(TOOLS).parse(text)
-    expected = (whole.content or "", [(c.name, c.arguments) for c in whole.tool_calls])
-    for cut in range(len(text) + 1):
-        assert stream(text, [cut]) == expected, cut
-    assert stream(text, list(range(1, len(text)))) == expected
-    assert stream(text, list(range(3, len(text), 3))) == expected
-
-
 class TestPythonicPackaging(PluginPackagingSuite):
     plugin = "pythonic"
     provides = {"tool_parsers": ["pythonic"]}
@@ -138,3 +116,4 @@ class TestPythonicConformance(ToolParserSuite):
         (ONE, None, [("get_user_info", {"user_id": 7890, "special": "black"})]),
         (NOT_CALLS[0], NOT_CALLS[0], []),
     ]
+    more_outputs = [LITERALS, *NOT_CALLS]
