@@ -432,6 +432,14 @@ class LLM:
         """The model's tokenizer, ``llm.tokenizer`` (vLLM's ``LLM.get_tokenizer``)."""
         return self.tokenizer
 
+    def reset_prefix_cache(self) -> bool:
+        """Empty the prefix cache (vLLM's ``LLM.reset_prefix_cache``), so that the next prompts
+        find nothing cached, as on a fresh start: a benchmark's runs stay apart. True when it was
+        emptied (a generate in another thread finishes first)."""
+        with self._lock:
+            self._check_open()
+            return self.engine.flush_cache() is not None
+
     def sampling_params(self, **fields: Any) -> SamplingParams:
         """SamplingParams from ``fields`` (None = unset), the model's defaults filling the rest."""
         self._check_open()

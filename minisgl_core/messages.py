@@ -6,9 +6,9 @@ as lists of ints; a request's :class:`~minisgl_core.sampling.SamplingParams`, va
 the request entered, travels as its field values and is rebuilt without a second check. Who sends
 what:
 
-    API server  ──TokenizeRequest / AbortRequest / Shutdown──▶ tokenizer
+    API server  ──TokenizeRequest / AbortRequest / FlushCache / Shutdown──▶ tokenizer
     tokenizer   ──Admission──▶ API server          (accepted with its prompt length, or rejected)
-    tokenizer   ──EngineRequest / AbortRequest / Shutdown──▶ scheduler rank 0
+    tokenizer   ──EngineRequest / AbortRequest / FlushCache / Shutdown──▶ scheduler rank 0
     scheduler 0 ──StepOutputs / Shutdown──▶ detokenizer  (a new request's stop strings and
                                                        skip_special_tokens ride with the step
                                                        that received it, before its first token)
@@ -136,6 +136,15 @@ class CompilesSettled(Message):
 
 
 @dataclass
+class FlushCache(Message):
+    """Empty the prefix cache (``/flush_cache``), on every rank in the same step; the answer comes
+    back as ``StepOutputs.flushed`` under ``token``."""
+
+    tag: ClassVar[int] = 13
+    token: int
+
+
+@dataclass
 class Shutdown(Message):
     """Passed down the pipeline (tokenizer → scheduler → detokenizer); each process exits after it."""
 
@@ -169,6 +178,8 @@ class StepOutputs(Message):
     #: [rid, prompt tokens read from the prefix cache] of each request whose first output is in
     #: this step (once a request: no column of Nones on every decode step)
     cached_tokens: list[list[int]] = field(default_factory=list)
+    #: [FlushCache.token, cached tokens freed, or -1: not flushed, requests were running or waiting]
+    flushed: list[list[int]] = field(default_factory=list)
 
     def open_stream(
         self,
@@ -221,6 +232,8 @@ class DetokOutputs(Message):
     prompt_logprobs: list[list[list[Any] | None] | None] = field(default_factory=list)
     #: StepOutputs.cached_tokens, passed on as it came
     cached_tokens: list[list[int]] = field(default_factory=list)
+    #: StepOutputs.flushed, passed on as it came
+    flushed: list[list[int]] = field(default_factory=list)
 
 
 @dataclass
@@ -252,6 +265,7 @@ _BY_TAG: dict[int, type[Message]] = {
         EngineRequest,
         AbortRequest,
         CompilesSettled,
+        FlushCache,
         Shutdown,
         StepOutputs,
         DetokOutputs,

@@ -85,3 +85,23 @@ def test_a_prompt_given_back_mid_prefill_reads_its_own_part_again_which_is_no_hi
     outputs += drain(engine)
     assert {o.rid: o.cached_tokens for o in outputs if o.cached_tokens is not None} == {1: 0}
     llm.close()
+
+
+def test_reset_prefix_cache_empties_the_cache_but_not_under_a_running_request(model_dir):
+    """vLLM's ``LLM.reset_prefix_cache``: the prompt cached before it is computed whole after it,
+    to the same greedy tokens; the engine refuses (None, nothing evicted) while a request runs."""
+    llm = cpu_llm(model_dir, cache="radix")
+    prompt = list(range(200, 230))
+    first, again = (llm.generate([prompt], GREEDY, use_tqdm=False)[0] for _ in range(2))
+    assert (first.num_cached_tokens, again.num_cached_tokens) == (0, len(prompt) - 1)
+    assert llm.reset_prefix_cache() is True
+    assert llm.engine.scheduler.kv.size_info() == (0, 0)
+    after = llm.generate([prompt], GREEDY, use_tqdm=False)[0]
+    assert after.num_cached_tokens == 0
+    assert after.outputs[0].token_ids == first.outputs[0].token_ids == again.outputs[0].token_ids
+    held = llm.engine.scheduler.kv.size_info().evictable
+    llm.engine.add_request(7, prompt, GREEDY)
+    assert llm.engine.flush_cache() is None and llm.engine.scheduler.kv.size_info().evictable == held
+    drain(llm.engine)
+    assert llm.engine.flush_cache() == held > 0
+    llm.close()

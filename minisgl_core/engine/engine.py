@@ -306,6 +306,14 @@ class Engine:
                 ended.append(StepOutput(rid, -1, True, "invalid", error=overran))
         return ended
 
+    def flush_cache(self) -> int | None:
+        """Empty the prefix cache (SGLang's ``/flush_cache``, vLLM's ``reset_prefix_cache``): the
+        number of cached tokens freed; None, and nothing done, while requests are running, waiting
+        or compiling their grammar (their prefixes are in use: the cache would not be empty)."""
+        if self.has_work or self.grammars.compiling:
+            return None
+        return self.scheduler.kv.flush()
+
     def abort(self, rid: int) -> StepOutput | None:
         self._check_not_failed()  # (releasing a half-stepped request's KV would corrupt the cache)
         if self.grammars.drop_compile(rid):

@@ -42,6 +42,7 @@ from minisgl_core.messages import (
     AbortRequest,
     CompilesSettled,
     EngineRequest,
+    FlushCache,
     Message,
     ProcessFailed,
     Shutdown,
@@ -144,6 +145,11 @@ class SchedulerLoop:
                 aborted = self.engine.abort(msg.rid)
                 if aborted is not None:
                     out.add(msg.rid, -1, "abort")
+            elif isinstance(msg, FlushCache):  # (every rank, the same step: their caches stay equal)
+                freed = self.engine.flush_cache()
+                out.flushed.append([msg.token, -1 if freed is None else freed])
+                if freed is not None:
+                    logger.info("prefix cache flushed: %d tokens freed", freed)
             elif isinstance(msg, Shutdown):
                 return True
         return False
@@ -200,7 +206,7 @@ class SchedulerLoop:
             now = time.monotonic()
             if aborted or now - self.last_stats_at >= STATS_INTERVAL:
                 out.stats = self._stats(now)
-            if len(out) or out.stats is not None or out.streams:
+            if len(out) or out.stats is not None or out.streams or out.flushed:
                 send(to_detokenizer, out)
 
     def _wait_for_work(self, inbox: zmq.Socket, to_detokenizer: zmq.Socket) -> list[Message]:

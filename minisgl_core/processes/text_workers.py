@@ -27,6 +27,7 @@ from minisgl_core.messages import (
     Admission,
     DetokOutputs,
     EngineRequest,
+    FlushCache,
     Limits,
     Shutdown,
     StepOutputs,
@@ -301,7 +302,7 @@ def tokenizer_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_r
             for i, rid in enumerate(msg.rids):
                 # n > 1 with a seed: distinct but reproducible choices
                 send(to_scheduler, EngineRequest(rid, ids, sampling.for_choice(i)))
-        elif isinstance(msg, (AbortRequest, Shutdown)):
+        elif isinstance(msg, (AbortRequest, FlushCache, Shutdown)):
             send(to_scheduler, msg)
             if isinstance(msg, Shutdown):
                 return
@@ -344,7 +345,7 @@ class Detokenizer:
             self.streams[rid] = IncrementalDetokenizer(
                 self.tokenizer, stop, skip_special_tokens, keep_stop, min_tokens
             )
-        out = DetokOutputs(stats=step.stats, cached_tokens=step.cached_tokens)
+        out = DetokOutputs(stats=step.stats, cached_tokens=step.cached_tokens, flushed=step.flushed)
         for i, rid in enumerate(step.rids):
             token, reason, matched = step.token_ids[i], step.finish_reasons[i], step.matched_stops[i]
             stream = self.streams.get(rid)
@@ -396,5 +397,5 @@ def detokenizer_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report
             out = detok.convert(msg)
         elif isinstance(msg, Shutdown):
             return
-        if out is not None and (out.rids or out.stats is not None):
+        if out is not None and (out.rids or out.stats is not None or out.flushed):
             send(to_api, out)

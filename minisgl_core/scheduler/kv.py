@@ -280,6 +280,17 @@ class KVManager:
             return None
         return self.allocator.alloc(n)
 
+    def flush(self) -> int:
+        """Evict every unlocked cache entry: the prefix cache emptied of all that no admitted
+        request holds. The number of tokens freed."""
+        evictable = self.size_info().evictable
+        if not evictable:
+            return 0
+        self._matches.clear()
+        slots = self._slots("evict", self.cache.evict(evictable))
+        self.allocator.free_slots(slots)
+        return len(slots)
+
     def needing_a_page(self, reqs: list[Request]) -> int:
         """How many of ``reqs`` start a new page with their next token (``pages_to_reach(r,
         r.num_computed + 1) > 0``), counted in one loop: decode asks every step."""

@@ -212,6 +212,15 @@ def info_router(state: ServerState, info: dict[str, Any]) -> APIRouter:
             }
         ]
 
+    async def flush_cache() -> dict[str, Any]:
+        """Empty the prefix cache (SGLang's /flush_cache; vLLM's /reset_prefix_cache), e.g.
+        between benchmark runs so that one run's prompts are not another's cache hits. Refused
+        (400) while requests are running or waiting."""
+        return {"status": "ok", "flushed_tokens": await state.flush_cache()}
+
+    # POST only (SGLang's route takes GET too; here a GET, and so a HEAD probe, changes nothing)
+    for path in ("/flush_cache", "/reset_prefix_cache"):
+        router.add_api_route(path, flush_cache, methods=["POST"], name=path[1:], operation_id=path[1:])
     # Both spellings: SGLang's older /get_* names and its newer ones.
     router.add_api_route("/get_load", load, methods=["GET"])
     router.add_api_route("/get_model_info", model_info, methods=["GET"])

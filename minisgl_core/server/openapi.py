@@ -70,6 +70,9 @@ NAMING_A_MODEL = {
 }
 #: routes that answer with the error body on an unhealthy engine (no OpenAI body: {status, error})
 HEALTH = {"/health", "/health_generate"}
+#: routes that ask the scheduler to empty the prefix cache: refused while busy, like a request
+#: when the server cannot serve, timed out when the scheduler does not answer
+FLUSHING = {"/flush_cache", "/reset_prefix_cache"}
 
 
 def error_statuses(path: str, method: str, protected: bool) -> list[int]:
@@ -83,6 +86,8 @@ def error_statuses(path: str, method: str, protected: bool) -> list[int]:
         statuses.add(404)
     if path in GENERATING:
         statuses |= {429, 500, 503, 504}
+    if path in FLUSHING:
+        statuses |= {400, 503, 504}
     return sorted(statuses)
 
 

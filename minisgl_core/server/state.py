@@ -22,7 +22,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from minisgl_core.messages import AbortRequest, Admission, DetokOutputs, TokenizeRequest, decode
+from minisgl_core.messages import AbortRequest, Admission, DetokOutputs, FlushCache, TokenizeRequest, decode
 from minisgl_core.processes.ipc import bind_pull, connect_push, send
 from minisgl_core.request_limits import truncation_tail
 from minisgl_core.sampling import SamplingParams
@@ -359,6 +359,9 @@ class ServerState:
         self.rids = itertools.count()
         self.pending: dict[int, RequestGroup] = {}
         self.admissions: dict[int, asyncio.Future[Admission]] = {}
+        #: /flush_cache calls waiting for the scheduler's answer, by FlushCache.token
+        self.flushes: dict[int, asyncio.Future[int]] = {}
+        self._flush_tokens = itertools.count()
         self.last_token_at: dict[int, float] = {}
         #: set when a worker process died; every request then fails with 503
         self.failure: str | None = None
@@ -467,6 +470,38 @@ class ServerState:
         if not self.to_tokenizer.closed:  # streams cancelled at shutdown close their groups late
             send(self.to_tokenizer, AbortRequest(rid))
 
+    async def flush_cache(self) -> int:
+        """Empty the engine's prefix cache: the number of cached tokens freed. A 400 while
+        requests are running or waiting (their prefixes are in use), 503 when the server cannot
+        serve, 504 when the scheduler does not answer within the health bound."""
+        if self.health() is not None:
+            raise APIError(
+                503, f"the server cannot flush its cache: {self.health()}", code="server_unavailable"
+            )
+        token = next(self._flush_tokens)
+        fut: asyncio.Future[int] = self.loop.create_future()
+        self.flushes[token] = fut
+        send(self.to_tokenizer, FlushCache(token))
+        try:
+            freed = await asyncio.wait_for(fut, self.limits.health_timeout_s)
+        except TimeoutError:
+            raise APIError(
+                504,
+                f"the scheduler did not answer within {self.limits.health_timeout_s:g}s (a long "
+                "step?); the cache may be flushed once it does",
+                code="timeout",
+            ) from None
+        finally:
+            self.flushes.pop(token, None)
+        if freed < 0:
+            raise APIError(
+                400,
+                "the prefix cache was not flushed: requests are running or waiting, and their "
+                "prefixes are in use; flush when the server is idle",
+                code="server_busy",
+            )
+        return freed
+
     def start_draining(self) -> None:
         self.draining = True
 
@@ -474,7 +509,7 @@ class ServerState:
         """A worker died: end every waiting request with an error instead of letting it hang."""
         if self.failure is None:
             self.failure = message
-        for fut in self.admissions.values():
+        for fut in [*self.admissions.values(), *self.flushes.values()]:
             if not fut.done():
                 fut.set_exception(APIError(503, message, code="server_unavailable"))
         for rid, group in list(self.pending.items()):
@@ -511,6 +546,10 @@ class ServerState:
             self.metrics.engine = out.stats
         now = time.monotonic()
         m = self.metrics
+        for token, freed in out.flushed:
+            fut = self.flushes.get(token)
+            if fut is not None and not fut.done():
+                fut.set_result(freed)
         for rid, cached in out.cached_tokens:  # (before the outputs: a first output may be the last)
             group = self.pending.get(rid)
             if group is not None:

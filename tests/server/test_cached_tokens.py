@@ -138,3 +138,42 @@ def test_nothing_is_cached_without_prefix_reuse(clients, model_name):
         assert cached(usage) == 0
     response = client.responses.create(model=model_name, input=ESSAY, max_output_tokens=2)
     assert response.usage.input_tokens_details.cached_tokens == 0
+
+
+def test_flush_cache_empties_the_prefix_cache_and_is_refused_while_busy(servers, clients, model_name):
+    """SGLang's /flush_cache and vLLM's /reset_prefix_cache: a prompt cached before the flush is
+    computed whole after it (cached_tokens 0 again, the same greedy tokens); while a request runs
+    the flush is a 400 in OpenAI's error shape and nothing is flushed."""
+    url, auth = servers["radix"].url, {"Authorization": f"Bearer {API_KEY}"}
+    client = clients["radix"]
+    ids = fresh_ids(1007)
+
+    def complete():
+        answer = client.completions.create(model=model_name, prompt=ids, max_tokens=3, temperature=0)
+        return cached(answer.usage), answer.choices[0].text
+
+    first, second = complete(), complete()
+    assert first[0] == 0 and second[0] > 0 and first[1] == second[1]
+    flushed = httpx.post(f"{url}/flush_cache", headers=auth, timeout=60)
+    assert flushed.status_code == 200 and flushed.json()["status"] == "ok"
+    assert flushed.json()["flushed_tokens"] >= second[0]
+    assert complete() == first  # computed whole again
+    # vLLM's name; not GET (nor so HEAD, which runs the GET): a probe must not empty the cache
+    assert complete()[0] > 0
+    assert httpx.post(f"{url}/reset_prefix_cache", headers=auth, timeout=60).status_code == 200
+    assert complete()[0] == 0
+    assert httpx.get(f"{url}/flush_cache", headers=auth, timeout=60).status_code == 405
+    assert complete()[0] > 0
+    assert httpx.post(f"{url}/flush_cache", timeout=60).status_code == 401  # behind the API key
+
+    busy = client.completions.create(
+        model=model_name, prompt=fresh_ids(1008), max_tokens=400, temperature=0, stream=True,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    next(iter(busy))  # running now
+    refused = httpx.post(f"{url}/flush_cache", headers=auth, timeout=60)
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "server_busy" and "idle" in error["message"]
+    busy.close()
+    assert complete()[0] > 0  # not flushed

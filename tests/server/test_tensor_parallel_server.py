@@ -41,6 +41,12 @@ def test_tp2_equals_tp1(tp2, client, model_name, llm):
     # rank 0 reports the prefix cache's hits, as every rank admits alike: the same prompts again
     again = c2.completions.create(model=model_name, prompt=PROMPTS, max_tokens=10, temperature=0).usage
     assert 0 < again.prompt_tokens_details.cached_tokens < again.prompt_tokens
+    # /flush_cache empties every rank's cache in the same step: the prompts are computed whole again,
+    # to the same tokens, and the ranks stay in step
+    assert httpx.post(f"{tp2.url}/flush_cache", timeout=60).json()["flushed_tokens"] > 0
+    flushed = c2.completions.create(model=model_name, prompt=PROMPTS, max_tokens=10, temperature=0)
+    assert flushed.usage.prompt_tokens_details.cached_tokens == 0
+    assert [c.text for c in flushed.choices] == [c.text for c in two.choices]
     messages = [{"role": "user", "content": "Where is the sea?"}]
     chat1 = client.chat.completions.create(model=model_name, messages=messages, max_tokens=8, temperature=0)
     chat2 = c2.chat.completions.create(
