@@ -84,11 +84,8 @@ def responses_router(state: ServerState, options: ApiOptions, tokenizer: ApiToke
 
         async def build(choices: list[r.Choice]) -> dict[str, Any]:
             (choice,) = choices
-            message = admitted.new_output().message(choice.text)
-            logprobs = r.chat_logprobs(choice.logprobs)["content"] if body.logprobs else None
-            incomplete = choice.finish_reason == "length"
-            items = output_items(message, logprobs, incomplete)
-            status = "incomplete" if incomplete else "completed"
+            items = output_items(admitted.new_output(), choice, body.logprobs)
+            status = "incomplete" if choice.finish_reason == "length" else "completed"
             return response_object(
                 rid, created, echo, items, status, await usage_of(len(choice.token_ids), items)
             )
@@ -109,9 +106,7 @@ def responses_router(state: ServerState, options: ApiOptions, tokenizer: ApiToke
                         return
                     output_tokens += len(delta.token_ids)
                     finish = delta.finish_reason or finish
-                    message = output.delta(delta.text, final=delta.finish_reason is not None)
-                    logprobs = r.chat_logprobs(delta.logprobs)["content"] if body.logprobs else []
-                    for event in stream.delta(message, logprobs):
+                    for event in stream.read(output, delta):
                         yield event
                 incomplete = finish == "length"
                 for event in stream.finish(incomplete):

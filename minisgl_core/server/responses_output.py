@@ -1,9 +1,14 @@
 """A chat answer as OpenAI's Responses API gives it: the ``Response`` object, whose ``output`` holds
-a ``reasoning`` item (the reasoning parser's text), a ``message`` item (``output_text``) and a
+a ``reasoning`` item (the reasoning parser's text), ``message`` items (``output_text``) and a
 ``function_call`` item per tool call; and, streaming, the events that build the same items.
 
-Both read the chat pipeline's output (``ChoiceOutput``): the whole message, or its stream deltas.
-When the output ran out of tokens the response is ``incomplete``, and so is its last item.
+Both read the chat pipeline's output (``ChoiceOutput``) token by token, a whole answer as its
+stream (:func:`output_items`), so a response is the same streamed or not, and its items come in
+the order the model wrote them, as OpenAI's: text, a call, then more text are a message, a
+function_call and a second message (a message item per run of text between calls). Each
+output_text's logprobs are those of the tokens that wrote it (tokens that wrote the reasoning or a
+call have none). When the output ran out of tokens the response is ``incomplete``, and so is its
+last item.
 """
 
 from __future__ import annotations
@@ -11,7 +16,13 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from minisgl_core.server.responses import chat_logprobs
+
+if TYPE_CHECKING:
+    from minisgl_core.server.chat_output import ChoiceOutput
+    from minisgl_core.server.responses import Choice
 
 #: each output item type's id prefix (OpenAI's: rs_..., msg_..., fc_...)
 _ITEM_PREFIX = {"reasoning": "rs", "message": "msg", "function_call": "fc"}
@@ -82,33 +93,22 @@ def _finished(items: list[dict[str, Any]], incomplete: bool) -> list[dict[str, A
     return items
 
 
-def output_items(
-    message: dict[str, Any], logprobs: list[dict[str, Any]] | None, incomplete: bool
-) -> list[dict[str, Any]]:
-    """The output items of a whole chat ``message`` (``ChoiceOutput.message``): its reasoning, its
-    text (a message item even when empty, unless there is nothing else) and its tool calls."""
-    items = []
-    if message.get("reasoning_content"):
-        text = message["reasoning_content"]
-        items.append(_new_item("reasoning", content=[{"type": "reasoning_text", "text": text}]))
-    calls = message.get("tool_calls") or []
-    if message.get("content") or not (items or calls):
-        items.append(_new_item("message", content=[_text_part(message.get("content") or "", logprobs)]))
-    for call in calls:
-        function = call["function"]
-        items.append(
-            _new_item(
-                "function_call", call_id=call["id"], name=function["name"], arguments=function["arguments"]
-            )
-        )
-    return _finished(items, incomplete)
+def output_items(output: ChoiceOutput, choice: Choice, logprobs: bool) -> list[dict[str, Any]]:
+    """The output items of a whole choice: those its stream builds (:meth:`EventStream.read`),
+    in the order they were written; a message item even when the text is empty, unless there is
+    something else."""
+    stream = EventStream(logprobs)
+    stream.read(output, choice)
+    stream.finish(incomplete=choice.finish_reason == "length")
+    return stream.items
 
 
 class EventStream:
     """One response's stream events, in OpenAI's order, numbered: ``start`` (created, in
-    progress), then each chat delta opens, fills and closes output items (item added, content
-    part added, text deltas, text done, part done, item done; a call's arguments deltas and done),
-    and ``finish`` closes the last item; the items built are the final response's output."""
+    progress), then each chat delta (``read`` makes them of the route's deltas) opens, fills and
+    closes output items (item added, content part added, text deltas, text done, part done, item
+    done; a call's arguments deltas and done), and ``finish`` closes the last item; the items
+    built are the final response's output."""
 
     def __init__(self, logprobs: bool) -> None:
         self.sequence = 0
@@ -132,8 +132,24 @@ class EventStream:
             self.event("response.in_progress", response=response),
         ]
 
+    def read(self, output: ChoiceOutput, delta: Choice) -> list[str]:
+        """Events for the route's next ``delta`` of the choice, read token by token
+        (:meth:`Delta.tokens`): the parsers see the same pieces however many tokens a delta
+        merged, so text that follows a call in one delta still comes after it, and the items, and
+        whose logprobs each text takes, are the same streamed or not."""
+        out = []
+        for text, entries in delta.tokens():
+            logprobs = chat_logprobs(entries)["content"] if self._logprobs else []
+            out += self.delta(output.delta(text, final=False), logprobs)
+        if delta.finish_reason is not None:
+            out += self.delta(output.delta("", final=True), [])
+        return out
+
     def delta(self, message: dict[str, Any], logprobs: list[dict[str, Any]]) -> list[str]:
-        """Events for a chat stream delta (``ChoiceOutput.delta``) and its tokens' logprobs."""
+        """Events for a chat stream delta (``ChoiceOutput.delta``) and its tokens' logprobs. Its
+        text takes them, with those of earlier tokens that showed nothing (a tag, a marker held
+        back that turned out text, whitespace a parser dropped); tokens that wrote reasoning or a
+        call, and nothing else, are no output_text's."""
         self._pending += logprobs
         out = []
         if message.get("reasoning_content"):
@@ -142,11 +158,17 @@ class EventStream:
             out += self._text("message", message["content"])
         for call in message.get("tool_calls", ()):
             out += self._call(call)
+        if message.get("reasoning_content") or message.get("tool_calls"):
+            self._pending = []
         return out
 
     def finish(self, incomplete: bool) -> list[str]:
-        """Close the last item (an empty message when there was no output at all)."""
+        """Close the last item (an empty message when there was no output at all); a message
+        takes the logprobs of the tokens after its text that showed nothing (an eos)."""
         out = [] if self.items else self._open("message")
+        if self._logprobs and self._part is not None and self.items[-1]["type"] == "message":
+            self._part["logprobs"] += self._pending
+        self._pending = []
         out += self._close(incomplete)
         return out
 
@@ -227,9 +249,6 @@ class EventStream:
         elif self._part is not None:
             part, where = self._part, {"item_id": item["id"], "output_index": index, "content_index": 0}
             if item["type"] == "message":
-                if self._logprobs:
-                    part["logprobs"] += self._pending
-                self._pending = []
                 logprobs = part.get("logprobs", [])
                 out.append(
                     self.event("response.output_text.done", **where, text=part["text"], logprobs=logprobs)

@@ -15,7 +15,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,6 +118,8 @@ class Delta:
     error_code: str | None = None
     #: the prompt tokens' logprobs (prompt_logprobs), from the choice's first event
     prompt_logprobs: list[list[Any] | None] | None = None
+    #: after each event (one token's), where ``text`` and ``logprobs`` ended: :meth:`tokens`
+    token_ends: list[tuple[int, int]] = field(default_factory=list)
 
     def add(self, ev: TokenEvent) -> None:
         if ev.prompt_logprobs is not None:
@@ -127,14 +129,30 @@ class Delta:
             self.token_ids.append(ev.token_id)
         if ev.logprob is not None:
             self.logprobs.append(ev.logprob)
+        self.token_ends.append((len(self.text), len(self.logprobs)))
         if ev.finish_reason is not None:
             self.finish_reason, self.matched_stop, self.error = ev.finish_reason, ev.matched_stop, ev.error
             self.error_status, self.error_code = ev.error_status, ev.error_code
+
+    def tokens(self) -> Iterator[tuple[str, list[list[Any]]]]:
+        """The text and the logprob entries (none, or the token's one) of each event in turn: the
+        delta read token by token, however many events it merged (a delta built whole, without
+        events, is one piece)."""
+        text_at = logprobs_at = 0
+        for text_end, logprobs_end in self.token_ends:
+            yield self.text[text_at:text_end], self.logprobs[logprobs_at:logprobs_end]
+            text_at, logprobs_at = text_end, logprobs_end
+        if text_at < len(self.text) or logprobs_at < len(self.logprobs):
+            yield self.text[text_at:], self.logprobs[logprobs_at:]
 
     def merge(self, later: Delta) -> None:
         """Append what ``later`` (of the same choice) gained."""
         if self.prompt_logprobs is None:
             self.prompt_logprobs = later.prompt_logprobs
+        text_at, logprobs_at = len(self.text), len(self.logprobs)
+        if (text_at, logprobs_at) != (self.token_ends[-1] if self.token_ends else (0, 0)):
+            self.token_ends.append((text_at, logprobs_at))  # (what came without events: one piece)
+        self.token_ends += [(t + text_at, lp + logprobs_at) for t, lp in later.token_ends]
         self.text += later.text
         self.token_ids += later.token_ids
         self.logprobs += later.logprobs

@@ -14,11 +14,16 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from minisgl_plugin_hermes.parser import HermesToolParser
+from minisgl_plugin_qwen3_reasoning.parser import Qwen3ReasoningParser
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
+from minisgl_core.server.chat_output import ChoiceOutput
+from minisgl_core.server.responses import Choice
 from minisgl_core.server.responses_output import EventStream, output_items
 from minisgl_core.server.responses_schema import ResponsesRequest
+from minisgl_core.server.tools import ToolPlan
 
 from .conftest import API_KEY
 
@@ -414,11 +419,12 @@ def test_an_error_mid_stream_is_an_error_event_then_response_failed(server, auth
 
 
 def test_reasoning_and_calls_are_items_of_their_own():
-    """What a reasoning parser and a tool parser make of a message, whole and streamed (no server:
+    """What a reasoning parser and a tool parser make of an answer, whole and streamed (no server:
     the tiny model's text has no reasoning tags)."""
-    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
-    message = {"role": "assistant", "reasoning_content": "Think.", "content": "Hi", "tool_calls": [call]}
-    items = output_items(message, None, incomplete=False)
+    plan = ToolPlan(HermesToolParser, [{"type": "function", "function": {"name": "f", "parameters": {}}}])
+    output = ChoiceOutput(plan, Qwen3ReasoningParser)
+    text = '<think>Think.</think>Hi<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>'
+    items = output_items(output, Choice(0, text=text, finish_reason="length"), logprobs=False)
     Response.model_validate(
         {
             "id": "resp_1",
@@ -433,7 +439,7 @@ def test_reasoning_and_calls_are_items_of_their_own():
     )
     assert [i["type"] for i in items] == ["reasoning", "message", "function_call"]
     assert items[0]["content"] == [{"type": "reasoning_text", "text": "Think."}]
-    assert (items[2]["call_id"], items[2]["arguments"]) == ("call_1", '{"a": 1}')
+    assert items[2]["call_id"].startswith("call_") and items[2]["arguments"] == '{"a": 1}'
     stream = EventStream(logprobs=False)
     events = [
         *stream.delta({"reasoning_content": "Thi"}, []),
@@ -468,8 +474,9 @@ def test_reasoning_and_calls_are_items_of_their_own():
         "response.output_item.done",
     ]  # fmt: skip
     assert [i["status"] for i in stream.items] == ["completed", "completed", "incomplete"]
-    assert [{k: v for k, v in i.items() if k not in ("id", "status")} for i in stream.items] == [
-        {k: v for k, v in i.items() if k not in ("id", "status")} for i in items
+    assert [i["status"] for i in items] == ["completed", "completed", "incomplete"]
+    assert [{k: v for k, v in i.items() if k not in ("id", "call_id")} for i in stream.items] == [
+        {k: v for k, v in i.items() if k not in ("id", "call_id")} for i in items
     ]
 
 

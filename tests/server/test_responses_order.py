@@ -1,0 +1,220 @@
+"""/v1/responses output items in the order the model wrote them, and each output_text's logprobs,
+the same streamed or not, through the official ``openai`` client.
+
+Found: text after a call (``<tool_call>...</tool_call> and some text``) streamed as a
+function_call item then a message, but the whole response put the message first, text from
+before and after the call joined in one message; and a delta that merged the call's last tokens
+with the text after it (the route fell behind) streamed the message first too. Streamed, the
+tokens after the last text went to no item, and a call's tokens joined the text before it, while
+the whole response gave the one message every token's logprobs.
+
+The engine is faked, as in test_parser_failures: the route's group yields scripted token events,
+one delta per token or all merged into one (a tiny random model writes no tool calls). Every
+answer and event is validated strictly against the client's own pydantic types.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import openai
+import pytest
+from minisgl_plugin_hermes.parser import HermesToolParser
+from minisgl_plugin_qwen3_reasoning.parser import Qwen3ReasoningParser
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter
+from starlette.testclient import TestClient
+
+from minisgl_core.messages import Admission
+from minisgl_core.server.api_options import ApiOptions
+from minisgl_core.server.app import create_app
+from minisgl_core.server.state import Delta, ModelInfo, RequestGroup, ServerState, TokenEvent
+
+EVENTS = TypeAdapter(ResponseStreamEvent)
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+CALL = [
+    "<tool_call>",
+    "\n",
+    '{"name": "get_weather",',
+    ' "arguments": {"city": "Paris"}}',
+    "\n",
+    "</tool_call>",
+]
+EOS = ""  # the end of sequence token: its event has no text
+
+
+def events_of(tokens: list[str]) -> list[TokenEvent]:
+    """One event per token, each with its logprob (told apart by its value), the last one ending
+    the choice."""
+    return [
+        TokenEvent(
+            0,
+            10 + i,
+            text,
+            "stop" if i == len(tokens) - 1 else None,
+            None,
+            [text, -i / 100, [[text, -i / 100, 10 + i]], 10 + i, 1],
+            None,
+        )
+        for i, text in enumerate(tokens)
+    ]
+
+
+@pytest.fixture
+def client(monkeypatch, model_dir):
+    """``client(tokens, merged)``: an openai client whose requests get ``tokens`` as the engine's
+    output, a delta per token or (``merged``) all in one."""
+
+    def make(tokens: list[str], merged: bool) -> openai.OpenAI:
+        async def add(self, params, n=1, **kwargs):
+            self.num_choices += n
+            self.choice_prompt_tokens += [3] * n
+            self.choice_prompt_ids += [None] * n
+            self.prompt_tokens += 3
+            return Admission(0, 3, 5)
+
+        async def deltas(self):
+            out: list[Delta] = []
+            for event in events_of(tokens):
+                if not out or not merged:
+                    out.append(Delta(0))
+                out[-1].add(event)
+            for delta in out:
+                yield delta
+
+        monkeypatch.setattr(RequestGroup, "add", add)
+        monkeypatch.setattr(RequestGroup, "deltas", deltas)
+        info = ModelInfo("m", str(model_dir), max_context_len=2048, kv_capacity_tokens=16384, vocab_size=1024)
+        options = ApiOptions(tool_parser=HermesToolParser, reasoning_parser=Qwen3ReasoningParser)
+        app = create_app(ServerState(endpoints=None, model=info), options=options)
+        # no lifespan (no engine behind it): the group's add and deltas above stand for it
+        http = TestClient(app, raise_server_exceptions=False)
+        return openai.OpenAI(
+            base_url="http://testserver/v1", api_key="unused", http_client=http, max_retries=0
+        )
+
+    return make
+
+
+def answer(client: openai.OpenAI, **extra: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The whole response and the events of the streamed one, both as JSON."""
+    body = {"model": "m", "input": "Weather in Paris?", "tools": [WEATHER], **extra}
+    whole = client.responses.create(**body)
+    Response.model_validate(whole.model_dump(mode="json"))
+    events = [
+        e.model_dump(mode="json", exclude_unset=True) for e in client.responses.create(**body, stream=True)
+    ]
+    for event in events:
+        EVENTS.validate_python(event)
+    return whole.model_dump(mode="json", exclude_unset=True), events
+
+
+def without_ids(response: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in response.items() if k not in ("id", "created_at", "completed_at")}
+    out["output"] = [{k: v for k, v in i.items() if k not in ("id", "call_id")} for i in response["output"]]
+    return out
+
+
+def shape(response: dict[str, Any]) -> list[tuple[str, str]]:
+    """Each item's type and its text or call."""
+    return [
+        (i["type"], i["name"] + i["arguments"] if i["type"] == "function_call" else i["content"][0]["text"])
+        for i in response["output"]
+    ]
+
+
+ARGUMENTS = 'get_weather{"city": "Paris"}'
+
+
+@pytest.mark.parametrize("merged", [False, True])
+@pytest.mark.parametrize(
+    ("tokens", "items"),
+    [
+        (
+            [*CALL, " and", " some", " text", EOS],
+            [("function_call", ARGUMENTS), ("message", " and some text")],
+        ),
+        (
+            ["Let", " me", " check.", "\n", *CALL, "\n", "Done", ".", EOS],
+            [("message", "Let me check."), ("function_call", ARGUMENTS), ("message", "\nDone.")],
+        ),
+        (
+            [*CALL, " then", " again", *CALL, EOS],
+            [("function_call", ARGUMENTS), ("message", " then again"), ("function_call", ARGUMENTS)],
+        ),
+        (
+            ["<think>", "Call", " it.", "</think>", "Sure.", *CALL, EOS],
+            [("reasoning", "Call it."), ("message", "Sure."), ("function_call", ARGUMENTS)],
+        ),
+    ],
+    ids=["call-then-text", "text-call-text", "call-text-call", "reasoning-text-call"],
+)
+def test_items_come_in_the_order_they_were_written_streamed_or_not(client, tokens, items, merged):
+    whole, events = answer(client(tokens, merged))
+    assert shape(whole) == items
+    final = events[-1]
+    assert final["type"] == "response.completed"
+    assert without_ids(final["response"]) == without_ids(whole)
+    added = [e["item"]["type"] for e in events if e["type"] == "response.output_item.added"]
+    assert added == [kind for kind, _ in items]
+    indices = [e["output_index"] for e in events if "output_index" in e]
+    assert indices == sorted(indices)
+
+
+def logprob_tokens(item: dict[str, Any]) -> list[str]:
+    return [lp["token"] for lp in item["content"][0]["logprobs"]]
+
+
+@pytest.mark.parametrize("merged", [False, True])
+@pytest.mark.parametrize(
+    ("tokens", "expected"),
+    [
+        # the text's tokens, with the eos after it: the call's are no output_text's
+        (["Let", " me", " check.", "\n", *CALL, EOS], [["Let", " me", " check."]]),
+        (["Hi", ".", EOS], [["Hi", ".", EOS]]),
+        # a marker's start held back, then text after all: it goes with that text
+        (["a", " <tool", "x", EOS], [["a", " <tool", "x", EOS]]),
+        (
+            ["Let", " me", " check.", "\n", *CALL, "\n", "Done", ".", EOS],
+            [["Let", " me", " check."], ["\n", "Done", ".", EOS]],
+        ),
+        ([*CALL, " and", " more", EOS], [[" and", " more", EOS]]),
+        (["<think>", "Hm", "</think>", "Hi", EOS], [["</think>", "Hi", EOS]]),
+    ],
+    ids=["text-call", "text", "held-text", "text-call-text", "call-text", "reasoning-text"],
+)
+def test_each_text_has_its_own_tokens_logprobs_streamed_or_not(client, tokens, expected, merged):
+    whole, events = answer(client(tokens, merged), include=["message.output_text.logprobs"], top_logprobs=1)
+    messages = [i for i in whole["output"] if i["type"] == "message"]
+    assert [logprob_tokens(m) for m in messages] == expected
+    final = events[-1]["response"]
+    assert without_ids(final) == without_ids(whole)
+    done = [e["logprobs"] for e in events if e["type"] == "response.output_text.done"]
+    assert done == [m["content"][0]["logprobs"] for m in messages]
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    for index, item in enumerate(whole["output"]):
+        if item["type"] == "message":
+            streamed = [lp for e in deltas if e["output_index"] == index for lp in e["logprobs"]]
+            # (an eos after the text writes no delta: its logprob comes with the text's done)
+            assert streamed == [lp for lp in item["content"][0]["logprobs"] if lp["token"] != EOS]
+
+
+def test_a_merged_choice_reads_token_by_token():
+    """``Delta.tokens``: each event's text and logprob entry, however the deltas merged; text that
+    came without events (a delta built whole) is one piece where it stands."""
+    events = events_of(["a", "", "bc", "d"])
+    one, two = Delta(0), Delta(0)
+    for event in events[:2]:
+        one.add(event)
+    for event in events[2:]:
+        two.add(event)
+    choice = Delta(0)
+    for delta in (one, Delta(0, text="XY"), two, Delta(0, text="Z")):
+        choice.merge(delta)
+    pieces = [(text, [e[0] for e in entries]) for text, entries in choice.tokens()]
+    assert pieces == [("a", ["a"]), ("", [""]), ("XY", []), ("bc", ["bc"]), ("d", ["d"]), ("Z", [])]
+    assert choice.text == "aXYbcdZ"
