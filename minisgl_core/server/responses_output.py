@@ -97,7 +97,7 @@ def output_items(output: ChoiceOutput, choice: Choice, logprobs: bool) -> list[d
     """The output items of a whole choice: those its stream builds (:meth:`EventStream.read`),
     in the order they were written; a message item even when the text is empty, unless there is
     something else."""
-    stream = EventStream(logprobs)
+    stream = EventStream(logprobs, render=False)
     stream.read(output, choice)
     stream.finish(incomplete=choice.finish_reason == "length")
     return stream.items
@@ -108,10 +108,12 @@ class EventStream:
     progress), then each chat delta (``read`` makes them of the route's deltas) opens, fills and
     closes output items (item added, content part added, text deltas, text done, part done, item
     done; a call's arguments deltas and done), and ``finish`` closes the last item; the items
-    built are the final response's output."""
+    built are the final response's output. Without ``render`` it only builds the items (each
+    event is ""): a whole response, whose events nobody reads."""
 
-    def __init__(self, logprobs: bool) -> None:
+    def __init__(self, logprobs: bool, render: bool = True) -> None:
         self.sequence = 0
+        self._render = render
         self.items: list[dict[str, Any]] = []
         #: the part being written (a message's or the reasoning's text), if the last item has one
         self._part: dict[str, Any] | None = None
@@ -124,6 +126,8 @@ class EventStream:
     def event(self, kind: str, **fields: Any) -> str:
         data = {"type": kind, **fields, "sequence_number": self.sequence}
         self.sequence += 1
+        if not self._render:
+            return ""
         return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
 
     def start(self, response: dict[str, Any]) -> list[str]:

@@ -155,10 +155,10 @@ ARGUMENTS = 'get_weather{"city": "Paris"}'
 )
 def test_items_come_in_the_order_they_were_written_streamed_or_not(client, tokens, items, merged):
     whole, events = answer(client(tokens, merged))
-    assert shape(whole) == items
     final = events[-1]
     assert final["type"] == "response.completed"
     assert without_ids(final["response"]) == without_ids(whole)
+    assert shape(whole) == items
     added = [e["item"]["type"] for e in events if e["type"] == "response.output_item.added"]
     assert added == [kind for kind, _ in items]
     indices = [e["output_index"] for e in events if "output_index" in e]
@@ -189,10 +189,10 @@ def logprob_tokens(item: dict[str, Any]) -> list[str]:
 )
 def test_each_text_has_its_own_tokens_logprobs_streamed_or_not(client, tokens, expected, merged):
     whole, events = answer(client(tokens, merged), include=["message.output_text.logprobs"], top_logprobs=1)
-    messages = [i for i in whole["output"] if i["type"] == "message"]
-    assert [logprob_tokens(m) for m in messages] == expected
     final = events[-1]["response"]
     assert without_ids(final) == without_ids(whole)
+    messages = [i for i in whole["output"] if i["type"] == "message"]
+    assert [logprob_tokens(m) for m in messages] == expected
     done = [e["logprobs"] for e in events if e["type"] == "response.output_text.done"]
     assert done == [m["content"][0]["logprobs"] for m in messages]
     deltas = [e for e in events if e["type"] == "response.output_text.delta"]
