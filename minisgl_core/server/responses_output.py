@@ -142,7 +142,10 @@ class EventStream:
         merged, so text that follows a call in one delta still comes after it, and the items, and
         whose logprobs each text takes, are the same streamed or not."""
         out = []
-        for text, entries in delta.tokens():
+        # without a tool parser nothing can come between two texts, and without logprobs nothing
+        # is attributed to tokens: the delta reads as one piece (a whole answer is one delta)
+        whole = output.tools is None and not self._logprobs
+        for text, entries in [(delta.text, [])] if whole else delta.tokens():
             logprobs = chat_logprobs(entries)["content"] if self._logprobs else []
             out += self.delta(output.delta(text, final=False), logprobs)
         if delta.finish_reason is not None:
