@@ -98,7 +98,8 @@ def minisgl_register_tool_parsers(register: Register) -> None:
 
     ``register("hermes", "minisgl_plugin_hermes.parser:HermesToolParser")``. The class must
     subclass :class:`minisgl_core.api.ToolParser` (most formats subclass
-    :class:`minisgl_core.api.JsonToolCallParser` and set its attributes); the API server makes one
+    :class:`minisgl_core.api.JsonToolCallParser` and set its attributes; another shape is written
+    once, as a stream, on :class:`minisgl_core.api.StreamingToolParser`); the API server makes one
     per choice of a chat request that offers ``tools``, with the request's tools.
 
     Runs once per process at plugin load, in every process.
