@@ -1,7 +1,10 @@
-"""GPU check of per-request cached_tokens (session 94): the same prompt twice under overlap and
-CUDA graphs; the second reads whole pages from the radix cache."""
+"""GPU check of per-request cached_tokens (session 94) and of emptying the prefix cache (session
+95): the same prompt twice under overlap and CUDA graphs, the second reading whole pages from the
+radix cache; then ``LLM.reset_prefix_cache()`` and the prompt again, computed whole, to the same
+greedy tokens; a flush under a running request refused."""
 
 from minisgl_core import LLM, SamplingParams
+from minisgl_core.testing import drain
 
 sp = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 prompt = list(range(100, 180))  # 80 tokens
@@ -13,3 +16,15 @@ with LLM("demo", device="cuda") as llm:
     print("same tokens", first.token_ids == second.token_ids)
     assert first.num_cached_tokens == 0 and 0 < second.num_cached_tokens < len(prompt)
     print("GPU_CACHED_OK")
+    assert llm.reset_prefix_cache() is True
+    print("after reset", tuple(llm.engine.scheduler.kv.size_info()))
+    third = llm.generate([prompt], sp, use_tqdm=False)[0]
+    print("cached after reset", third.num_cached_tokens, "same tokens", third.token_ids == first.token_ids)
+    assert third.num_cached_tokens == 0 and third.token_ids == first.token_ids
+    llm.engine.add_request(99, prompt, sp)
+    assert llm.engine.flush_cache() is None  # a request runs: refused
+    drain(llm.engine)
+    freed = llm.engine.flush_cache()
+    print("freed when idle", freed)
+    assert freed is not None and freed > 0
+    print("GPU_FLUSH_OK")
