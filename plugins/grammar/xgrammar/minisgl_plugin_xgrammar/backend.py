@@ -346,6 +346,7 @@ def structural_tag(tag: Any, compact: Callable[[Any], str] | None = None) -> Any
             if isinstance(node.get("json_schema"), dict):  # a schema: checked here, not walked as a tag
                 try:
                     refuse_what_xgrammar_gets_wrong(node["json_schema"])
+                    rewrite_for_xgrammar(node["json_schema"])  # (it refuses a $ref it cannot keep)
                 except GrammarError as exc:
                     named = f"{where}/json_schema"
                     if legacy:  # where the user wrote it
@@ -355,7 +356,6 @@ def structural_tag(tag: Any, compact: Callable[[Any], str] | None = None) -> Any
                     raise GrammarError(
                         f"structural_tag: the schema at {named}: " + str(exc).removeprefix("json_schema: ")
                     ) from None
-                rewrite_for_xgrammar(node["json_schema"])
                 plain = node.get("type") == "json_schema" and node.get("style", "json") == "json"
                 if compact is not None and plain and not node.get("any_order"):
                     grammar = compact(node["json_schema"])

@@ -21,6 +21,7 @@ from minisgl_plugin_xgrammar.schema_walk import (
     _RANGE_KEYWORDS,
     MAX_OPTIONAL_WEIGHT,
     MAX_SCHEMA_DEPTH,
+    _at_pointer,
     _choice_filter,
     _ChoiceFilters,
     _counts_properties_of_none,
@@ -32,12 +33,16 @@ from minisgl_plugin_xgrammar.schema_walk import (
     _length_limits,
     _limit_words,
     _may_be_object,
+    _name_schemas,
     _pattern_search,
+    _pointer,
     _readable,
     _resolve,
     _shown,
     _tags,
     _types,
+    _types_left_open,
+    _value_schemas,
     _values,
     _walk,
     optional_properties,
@@ -141,7 +146,7 @@ def invalid_values(schema: Any) -> list[str]:
     """Keyword values of ``schema`` that JSON Schema does not allow or xgrammar cannot follow, each
     as "... at PATH": a count that is not a non-negative integer (xgrammar refuses 2.0 itself), a ``$ref`` to
     anything but this document (``#...``: xgrammar fetches nothing and answered with no constraint
-    at all), a ``pattern`` with a lookaround (its regex converter has none) or an anchor it ignores
+    at all) or to no schema in it, a ``pattern`` with a lookaround (its regex converter has none) or an anchor it ignores
     (``a^b``: :func:`~minisgl_plugin_xgrammar.patterns.anchored_alternatives`), and an integer's bound
     past 64-bit integers (xgrammar refused it in its own words, or with no words for 1e400)."""
     found = _unreadable_numbers(schema)
@@ -162,6 +167,10 @@ def invalid_values(schema: Any) -> list[str]:
                 f"'$ref' {ref!r} names an anchor, which the xgrammar backend cannot follow (write the "
                 f"JSON pointer to the schema, such as '#/$defs/Name') at {path}"
             )
+        elif isinstance(ref, str) and not _points_at_schema(schema, ref):
+            # (xgrammar's own words, "Cannot find field 'a' in #/$defs/a", named no path; and a
+            # rewrite adds definitions that such a pointer could come to point at)
+            found.append(f"'$ref' {ref!r} points at no schema in this one at {path}")
         pattern = sub.get("pattern")
         if isinstance(pattern, str) and _LOOKAROUND.search(pattern):
             found.append(
@@ -183,6 +192,13 @@ def invalid_values(schema: Any) -> list[str]:
                 if _readable(sub.get(key)) and not _INT64_MIN <= sub[key] <= _INT64_MAX
             ]
     return found
+
+
+def _points_at_schema(root: Any, ref: str) -> bool:
+    """Whether the JSON pointer ``ref`` ("#/$defs/Name") finds a schema (an object, true or false) in ``root``."""
+    tokens = _pointer(ref)
+    found = _at_pointer(root, tokens) if tokens is not None else None
+    return found is not None and isinstance(found[0], (dict, bool))
 
 
 def _unreadable_numbers(schema: Any) -> list[str]:
@@ -258,7 +274,8 @@ def unenforced_keywords(schema: Any, path: str = "#") -> list[str]:
     ``required`` name outside ``properties`` (never required, whatever other keys may be: with
     none allowed, strict mode's default, ``{}`` passed), ``minLength``/``maxLength`` beside
     a ``pattern`` or a format xgrammar writes as a regex (:data:`_FORMATS_IGNORING_LENGTH`), and
-    a ``pattern`` beside such a format."""
+    a ``pattern`` beside such a format, and a schema naming no type that both names and values
+    are held to (:func:`_names_also_values`)."""
     found: list[str] = []
     for sub, where, _ in _walk(schema, path):
         found += _unenforced_here(sub, where)
@@ -266,7 +283,24 @@ def unenforced_keywords(schema: Any, path: str = "#") -> list[str]:
         found += _dropped_beside(sub, where, schema)
         found += _names_ruled_out(sub, where, schema)
         found += _names_not_strings(sub, where, schema)
-    return found
+    return found + _names_also_values(schema, path)
+
+
+def _names_also_values(root: Any, path: str = "#") -> list[str]:
+    """Each schema naming no type but holding keywords of some that both property names and values
+    are held to (a ``$ref`` to it from each side), as "... at PATH". For names it becomes a string
+    schema (``one_schema_per_type``: xgrammar writes a name as whatever its schema allows), which
+    would refuse a value of another type that the schema allows (``{"b": 1}`` for
+    ``"additionalProperties": {"$ref": "#/propertyNames"}`` beside ``"propertyNames": {"maxLength": 1}``)."""
+    names = _name_schemas(root)
+    values = _value_schemas(root) if names else set()
+    return [
+        f"a schema naming no 'type' that is both a 'propertyNames' and a value's schema at {where} "
+        "(the backend writes it as a string schema for the names, which would refuse the values "
+        "of other types it allows; give it a 'type', or write it once for each)"
+        for sub, where, _ in _walk(root, path)
+        if id(sub) in names and id(sub) in values and _types_left_open(sub)
+    ]
 
 
 def _names_not_strings(schema: dict, path: str, root: Any) -> list[str]:

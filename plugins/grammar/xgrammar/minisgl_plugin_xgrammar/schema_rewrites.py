@@ -12,6 +12,7 @@ from typing import Any
 
 from minisgl_core.api.grammar import FORMAT_REGEXES
 from minisgl_plugin_xgrammar.patterns import xgrammar_pattern
+from minisgl_plugin_xgrammar.schema_refs import refs_through_definitions, refuse_moved_refs
 from minisgl_plugin_xgrammar.schema_walk import (
     _RANGE_KEYWORDS,
     _TYPE_KEYWORDS,
@@ -24,7 +25,7 @@ from minisgl_plugin_xgrammar.schema_walk import (
     _is_number,
     _length_limits,
     _meets_no_value,
-    _resolve,
+    _name_schemas,
     _types_left_open,
     _walk,
 )
@@ -32,9 +33,12 @@ from minisgl_plugin_xgrammar.schema_walk import (
 
 def rewrite_for_xgrammar(schema: Any) -> bool:
     """The rewrites a checked schema gets before xgrammar compiles it, in place; whether any
-    changed it. Types first: the others read each schema's type."""
-    return (
-        one_schema_per_type(schema)
+    changed it. The schemas ``$ref``s point into first become definitions, which no rewrite moves
+    (a ``$ref`` into what one moves is refused); then types: the others read each schema's type."""
+    refs, moved = refs_through_definitions(schema)
+    changed = (
+        moved
+        | one_schema_per_type(schema)
         | apply_siblings_to_choices(schema)
         | whole_integer_bounds(schema)
         | exact_formats(schema)
@@ -42,6 +46,8 @@ def rewrite_for_xgrammar(schema: Any) -> bool:
         | moot_property_names(schema)
         | open_counted_containers(schema)
     )
+    refuse_moved_refs(schema, refs)
+    return changed
 
 
 #: how each bound of an integer rounds to the whole bound that allows the same integers
@@ -230,21 +236,3 @@ def _branches_as_definitions(root: Any, written: list[dict]) -> None:
         name = _BRANCHES_NAME.format(number)
         definitions[name] = {"anyOf": sub.pop("anyOf")}
         sub["$ref"] = f"#/$defs/{name}"
-
-
-def _name_schemas(root: Any) -> set[int]:
-    """The ``id`` of each schema in ``root`` that property names are checked against: every
-    ``propertyNames``, and what its ``anyOf``, ``oneOf``, ``allOf`` and ``$ref`` lead to."""
-    found: set[int] = set()
-    stack = [sub["propertyNames"] for sub, _, _ in _walk(root) if isinstance(sub.get("propertyNames"), dict)]
-    while stack:
-        sub = stack.pop()
-        if not isinstance(sub, dict) or id(sub) in found:
-            continue
-        found.add(id(sub))
-        if "$ref" in sub:
-            stack.append(_resolve({"$ref": sub["$ref"]}, root))
-        for key in ("anyOf", "oneOf", "allOf"):
-            if isinstance(sub.get(key), list):
-                stack += sub[key]
-    return found

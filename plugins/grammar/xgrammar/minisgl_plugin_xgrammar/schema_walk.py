@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import unquote
 
 from minisgl_core.api import GrammarError
 
@@ -455,19 +456,46 @@ def _resolve(schema: Any, root: Any) -> Any:
         ref = schema.get("$ref") if isinstance(schema, dict) else None
         if ref is None:
             return schema
-        if not isinstance(ref, str) or not ref.startswith("#"):
+        tokens = _pointer(ref)
+        found = _at_pointer(root, tokens) if tokens is not None else None
+        if found is None:
             return None
-        target = root
-        for part in ref[1:].split("/")[1:]:
-            part = part.replace("~1", "/").replace("~0", "~")
-            if isinstance(target, dict) and part in target:
-                target = target[part]
-            elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
-                target = target[int(part)]
-            else:
-                return None
-        schema = target
+        schema = found[0]
     return None
+
+
+def _pointer(ref: Any) -> list[str] | None:
+    """The tokens of a local ``$ref``'s JSON pointer, decoded as ``jsonschema`` decodes them
+    (percent-escapes, then ``~1`` and ``~0``): "#/$defs/a~1b" -> ["$defs", "a/b"], "#" and "" ->
+    []; None for a ref that is no such pointer (another document, an anchor)."""
+    if not isinstance(ref, str) or not (ref == "" or ref.startswith("#")):
+        return None
+    text = unquote(ref[1:])
+    if text == "":
+        return []
+    if not text.startswith("/"):
+        return None
+    return [token.replace("~1", "/").replace("~0", "~") for token in text[1:].split("/")]
+
+
+def _at_pointer(root: Any, tokens: list[str]) -> tuple[Any] | None:
+    """``(value,)`` at ``tokens`` (:func:`_pointer`) in ``root``, or None where nothing is there."""
+    target = root
+    for token in tokens:
+        if isinstance(target, dict) and token in target:
+            target = target[token]
+        elif isinstance(target, list) and token.isdigit() and int(token) < len(target):
+            target = target[int(token)]
+        else:
+            return None
+    return (target,)
+
+
+def _pointer_text(tokens: list[str]) -> str:
+    """The ``$ref`` of a JSON pointer's ``tokens``, each escaped (``~0``, ``~1``, ``%25``): what
+    :func:`_pointer` reads back into ``tokens``."""
+    escaped = (token.replace("%", "%25").replace("~", "~0").replace("/", "~1") for token in tokens)
+    return "#" + "".join("/" + token for token in escaped)
 
 
 def _value_key(value: Any) -> str:
@@ -527,3 +555,40 @@ def _tags(schema: Any, root: Any) -> dict[str, frozenset[str]]:
         if values is not None:
             tags[name] = values
     return tags
+
+
+def _name_schemas(root: Any) -> set[int]:
+    """The ``id`` of each schema in ``root`` that property names are checked against: every
+    ``propertyNames``, and what its ``anyOf``, ``oneOf``, ``allOf`` and ``$ref`` lead to."""
+    found: set[int] = set()
+    stack = [sub["propertyNames"] for sub, _, _ in _walk(root) if isinstance(sub.get("propertyNames"), dict)]
+    while stack:
+        sub = stack.pop()
+        if not isinstance(sub, dict) or id(sub) in found:
+            continue
+        found.add(id(sub))
+        if "$ref" in sub:
+            stack.append(_resolve({"$ref": sub["$ref"]}, root))
+        for key in ("anyOf", "oneOf", "allOf"):
+            if isinstance(sub.get(key), list):
+                stack += sub[key]
+    return found
+
+
+def _value_schemas(root: Any) -> set[int]:
+    """The ``id`` of each schema in ``root`` that values are checked against: the root, the schemas
+    in it other than property names and definitions, and what their ``$ref``s lead to."""
+    found: set[int] = set()
+    stack = [root]
+    while stack:
+        sub = stack.pop()
+        if not isinstance(sub, dict) or id(sub) in found:
+            continue
+        found.add(id(sub))
+        kept = [child for child, where in _children(sub, "") if not where.startswith(_NOT_VALUES)]
+        stack += kept + ([_resolve({"$ref": sub["$ref"]}, root)] if "$ref" in sub else [])
+    return found
+
+
+#: where a schema holds schemas that its value is not checked against
+_NOT_VALUES = ("/propertyNames", "/$defs/", "/definitions/")
