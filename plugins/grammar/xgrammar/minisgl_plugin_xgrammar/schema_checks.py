@@ -25,6 +25,7 @@ from minisgl_plugin_xgrammar.schema_walk import (
     _choice_filter,
     _ChoiceFilters,
     _counts_properties_of_none,
+    _deepest_on_pointer,
     _first_five,
     _fits,
     _integer_only,
@@ -167,10 +168,10 @@ def invalid_values(schema: Any) -> list[str]:
                 f"'$ref' {ref!r} names an anchor, which the xgrammar backend cannot follow (write the "
                 f"JSON pointer to the schema, such as '#/$defs/Name') at {path}"
             )
-        elif isinstance(ref, str) and not _points_at_schema(schema, ref):
+        elif isinstance(ref, str) and _ref_target_problem(schema, ref) is not None:
             # (xgrammar's own words, "Cannot find field 'a' in #/$defs/a", named no path; and a
             # rewrite adds definitions that such a pointer could come to point at)
-            found.append(f"'$ref' {ref!r} points at no schema in this one at {path}")
+            found.append(f"'$ref' {ref!r} {_ref_target_problem(schema, ref)} at {path}")
         pattern = sub.get("pattern")
         if isinstance(pattern, str) and _LOOKAROUND.search(pattern):
             found.append(
@@ -194,11 +195,24 @@ def invalid_values(schema: Any) -> list[str]:
     return found
 
 
-def _points_at_schema(root: Any, ref: str) -> bool:
-    """Whether the JSON pointer ``ref`` ("#/$defs/Name") finds a schema (an object, true or false) in ``root``."""
+def _ref_target_problem(root: Any, ref: str) -> str | None:
+    """What is wrong with where the JSON pointer ``ref`` ("#/$defs/Name") leads in ``root``, or
+    None: nothing there, something that is no schema (an object, true or false), or a schema's
+    value (its ``const``, ``enum``, ``default`` or ``examples``: read as a schema, it would be
+    rewritten as one, changing the value)."""
     tokens = _pointer(ref)
     found = _at_pointer(root, tokens) if tokens is not None else None
-    return found is not None and isinstance(found[0], (dict, bool))
+    if found is None or not isinstance(found[0], (dict, bool)):
+        return "points at no schema in this one"
+    place = _deepest_on_pointer(root, tokens)
+    read = place[2] if place is not None else 0
+    if read < len(tokens) and tokens[read] in _VALUE_KEYWORDS:
+        return f"points into the {tokens[read]!r} of a schema, a value the xgrammar backend does not read as a schema,"
+    return None
+
+
+#: keywords whose value is a JSON value, not a schema
+_VALUE_KEYWORDS = ("const", "enum", "default", "examples")
 
 
 def _unreadable_numbers(schema: Any) -> list[str]:

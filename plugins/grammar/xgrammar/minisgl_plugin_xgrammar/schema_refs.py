@@ -12,10 +12,8 @@ from typing import Any, NamedTuple
 
 from minisgl_core.api import GrammarError
 from minisgl_plugin_xgrammar.schema_walk import (
-    _SCHEMA_LISTS,
-    _SCHEMA_MAPS,
-    _SCHEMA_VALUES,
     _at_pointer,
+    _deepest_on_pointer,
     _pointer,
     _pointer_text,
     _walk,
@@ -70,29 +68,10 @@ def refs_through_definitions(root: Any) -> tuple[list[_Ref], bool]:
 
 
 def _deepest_schema(root: Any, tokens: list[str]) -> tuple[Any, Any, int] | None:
-    """(container, key, tokens read) of the deepest schema on the JSON pointer ``tokens`` reached
-    from the root through schemas alone (a property's, an item's, a branch's...), which a rewrite
-    may move; None where that is the root or one of its ``$defs``/``definitions`` entries, which
-    none moves."""
-    node, place, read = root, None, 0
-    while isinstance(node, dict) and read < len(tokens):
-        keyword, value = tokens[read], node.get(tokens[read])
-        name = tokens[read + 1] if read + 1 < len(tokens) else None
-        if keyword in _SCHEMA_MAPS and isinstance(value, dict) and name in value:
-            step = (value, name, read + 2)
-        elif keyword in _SCHEMA_LISTS and isinstance(value, list) and name and name.isdigit():
-            step = (value, int(name), read + 2)
-        elif keyword in _SCHEMA_VALUES and isinstance(value, (dict, bool)):
-            step = (node, keyword, read + 1)
-        else:
-            break
-        container, key, read_then = step
-        if isinstance(container, list) and key >= len(container):
-            break
-        if not isinstance(container[key], (dict, bool)):  # (not a schema: the pointer goes on in data)
-            break
-        place, read, node = step, read_then, container[key]
-    if place is None or (read == 2 and tokens[0] in ("$defs", "definitions")):
+    """:func:`~minisgl_plugin_xgrammar.schema_walk._deepest_on_pointer`, but None where that is
+    one of the root's ``$defs``/``definitions`` entries, which no rewrite moves."""
+    place = _deepest_on_pointer(root, tokens)
+    if place is None or (place[2] == 2 and tokens[0] in ("$defs", "definitions")):
         return None
     return place
 

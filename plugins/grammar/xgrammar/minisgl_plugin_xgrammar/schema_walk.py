@@ -140,13 +140,29 @@ def _children(schema: dict, path: str) -> list[tuple[Any, str]]:
 
 def _walk(schema: Any, path: str = "#") -> Iterator[tuple[dict, str, int]]:
     """Every schema object in ``schema`` (true and false are not objects), each with its path and
-    depth (the root is 1), parents before children, in the order they are written."""
-    stack = [(schema, path, 1)]
-    while stack:
-        sub, where, depth = stack.pop()
-        if isinstance(sub, dict):
-            yield sub, where, depth
-            stack += [(child, at, depth + 1) for child, at in reversed(_children(sub, where))]
+    depth (the root is 1), parents before children, in the order they are written; then, walking
+    from the root (``path`` "#"), each schema a ``$ref`` points at outside them (under a keyword
+    none of them names, such as ``#/components/schemas/A``, or ``x-defs``), from its own path and
+    depth 1, as a definition: xgrammar follows such a pointer, and what it finds there must be
+    checked and rewritten as the rest (``{"maxItems": 1}`` under ``x-defs`` took any value)."""
+    #: the objects yielded, by id (kept: an object freed mid-walk could pass its id to a new one)
+    walked: dict[int, dict] = {}
+    pending = [(schema, path)]
+    while pending:
+        holders = []
+        stack = [(*pending.pop(0), 1)]
+        while stack:
+            sub, where, depth = stack.pop()
+            if isinstance(sub, dict) and id(sub) not in walked:
+                walked[id(sub)] = sub
+                yield sub, where, depth
+                holders += [sub] if "$ref" in sub else []
+                stack += [(child, at, depth + 1) for child, at in reversed(_children(sub, where))]
+        for holder in holders if path == "#" else ():
+            tokens = _pointer(holder.get("$ref"))
+            found = _at_pointer(schema, tokens) if tokens is not None else None
+            if found is not None and isinstance(found[0], dict) and id(found[0]) not in walked:
+                pending.append((found[0], _pointer_text(tokens)))
 
 
 def too_deep(schema: Any, limit: int = MAX_SCHEMA_DEPTH) -> str | None:
@@ -489,6 +505,31 @@ def _at_pointer(root: Any, tokens: list[str]) -> tuple[Any] | None:
         else:
             return None
     return (target,)
+
+
+def _deepest_on_pointer(root: Any, tokens: list[str]) -> tuple[Any, Any, int] | None:
+    """(container, key, tokens read) of the deepest schema on the JSON pointer ``tokens`` reached
+    from the root through schemas alone (a property's, an item's, a branch's...): where a rewrite
+    may move it; None where that is the root."""
+    node, place, read = root, None, 0
+    while isinstance(node, dict) and read < len(tokens):
+        keyword, value = tokens[read], node.get(tokens[read])
+        name = tokens[read + 1] if read + 1 < len(tokens) else None
+        if keyword in _SCHEMA_MAPS and isinstance(value, dict) and name in value:
+            step = (value, name, read + 2)
+        elif keyword in _SCHEMA_LISTS and isinstance(value, list) and name and name.isdigit():
+            step = (value, int(name), read + 2)
+        elif keyword in _SCHEMA_VALUES and isinstance(value, (dict, bool)):
+            step = (node, keyword, read + 1)
+        else:
+            break
+        container, key, read_then = step
+        if isinstance(container, list) and key >= len(container):
+            break
+        if not isinstance(container[key], (dict, bool)):  # (not a schema: the pointer goes on in data)
+            break
+        place, read, node = step, read_then, container[key]
+    return place
 
 
 def _pointer_text(tokens: list[str]) -> str:

@@ -67,6 +67,18 @@ MOVED = [
     },
 ]  # fmt: skip
 
+#: ``$ref``s to schemas under keywords no schema names, which xgrammar follows: they are checked
+#: and rewritten as the others (``{"maxItems": 1}`` under ``x-defs`` took ``[1,2]``)
+ELSEWHERE = [
+    {"type": "object", "x-defs": {"few": {"maxItems": 1}}, "properties": {"b": {"$ref": "#/x-defs/few"}}},
+    {
+        "components": {
+            "schemas": {"A": {"items": {"$ref": "#/components/schemas/S"}}, "S": {"maxLength": 1}}
+        },
+        "properties": {"b": {"$ref": "#/components/schemas/A"}},
+    },
+]
+
 #: ``$ref``s the rewrites never moved: the root, and the root's definitions
 KEPT = [
     {"properties": {"a": {"type": "string"}, "b": {"$ref": "#"}}},
@@ -85,7 +97,7 @@ def _valid(schema: dict, text: str) -> bool:
     return jsonschema.Draft202012Validator(strict).is_valid(json.loads(text))
 
 
-@pytest.mark.parametrize("schema", MOVED + KEPT, ids=json.dumps)
+@pytest.mark.parametrize("schema", MOVED + ELSEWHERE + KEPT, ids=json.dumps)
 def test_a_ref_into_what_a_rewrite_moves_keeps_its_schema(takes, schema):
     jsonschema.Draft202012Validator.check_schema(schema)
     for text in VALUES:
@@ -132,6 +144,28 @@ def test_a_schema_a_ref_points_into_becomes_a_definition():
 def test_a_ref_to_no_schema_is_refused_naming_it(backend, schema):
     with pytest.raises(
         GrammarError, match=r"'\$ref' '#/[^']*' points at no schema in this one at #/properties/"
+    ):
+        backend.check(GrammarSpec("json_schema", json.dumps(schema)))
+
+
+def test_a_schema_under_an_unknown_keyword_is_checked_where_it_is(backend):
+    schema = {
+        "type": "object",
+        "components": {"schemas": {"A": {"type": "array", "uniqueItems": True}}},
+        "properties": {"b": {"$ref": "#/components/schemas/A"}},
+    }
+    with pytest.raises(GrammarError, match="cannot enforce 'uniqueItems' at #/components/schemas/A"):
+        backend.check(GrammarSpec("json_schema", json.dumps(schema)))
+
+
+def test_a_ref_into_a_value_is_refused(backend):
+    """Read as a schema, a ``const``'s object would be rewritten as one (the value changed with it)."""
+    schema = {
+        "type": "object",
+        "properties": {"a": {"const": {"maxItems": 1}}, "b": {"$ref": "#/properties/a/const"}},
+    }
+    with pytest.raises(
+        GrammarError, match=r"'\$ref' '#/properties/a/const' points into the 'const' of a schema"
     ):
         backend.check(GrammarSpec("json_schema", json.dumps(schema)))
 
