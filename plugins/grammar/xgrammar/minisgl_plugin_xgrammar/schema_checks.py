@@ -147,7 +147,8 @@ def invalid_values(schema: Any) -> list[str]:
     """Keyword values of ``schema`` that JSON Schema does not allow or xgrammar cannot follow, each
     as "... at PATH": a count that is not a non-negative integer (xgrammar refuses 2.0 itself), a ``$ref`` to
     anything but this document (``#...``: xgrammar fetches nothing and answered with no constraint
-    at all) or to no schema in it, a ``pattern`` with a lookaround (its regex converter has none) or an anchor it ignores
+    at all) or to no schema in it (:func:`_ref_target_problem`), a ``pattern`` with a lookaround
+    (its regex converter has none) or an anchor it ignores
     (``a^b``: :func:`~minisgl_plugin_xgrammar.patterns.anchored_alternatives`), and an integer's bound
     past 64-bit integers (xgrammar refused it in its own words, or with no words for 1e400)."""
     found = _unreadable_numbers(schema)
@@ -168,10 +169,10 @@ def invalid_values(schema: Any) -> list[str]:
                 f"'$ref' {ref!r} names an anchor, which the xgrammar backend cannot follow (write the "
                 f"JSON pointer to the schema, such as '#/$defs/Name') at {path}"
             )
-        elif isinstance(ref, str) and _ref_target_problem(schema, ref) is not None:
+        elif isinstance(ref, str) and (problem := _ref_target_problem(schema, ref)):
             # (xgrammar's own words, "Cannot find field 'a' in #/$defs/a", named no path; and a
             # rewrite adds definitions that such a pointer could come to point at)
-            found.append(f"'$ref' {ref!r} {_ref_target_problem(schema, ref)} at {path}")
+            found.append(f"'$ref' {ref!r} {problem} at {path}")
         pattern = sub.get("pattern")
         if isinstance(pattern, str) and _LOOKAROUND.search(pattern):
             found.append(
@@ -197,7 +198,7 @@ def invalid_values(schema: Any) -> list[str]:
 
 def _ref_target_problem(root: Any, ref: str) -> str | None:
     """What is wrong with where the JSON pointer ``ref`` ("#/$defs/Name") leads in ``root``, or
-    None: nothing there, something that is no schema (an object, true or false), or a schema's
+    None: nothing there, something other than a schema (an object, true or false), or a schema's
     value (its ``const``, ``enum``, ``default`` or ``examples``: read as a schema, it would be
     rewritten as one, changing the value)."""
     tokens = _pointer(ref)
