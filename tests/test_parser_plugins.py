@@ -13,7 +13,14 @@ from hypothesis import strategies as st
 from minisgl_plugin_hermes.parser import HermesToolParser
 from minisgl_plugin_llama3_json.parser import Llama3JsonToolParser
 
-from minisgl_core.api import ReasoningParser, ReasoningResult, ToolParser, merge_tool_deltas, scan_tool_call
+from minisgl_core.api import (
+    ReasoningParser,
+    ReasoningResult,
+    ScanMemo,
+    ToolParser,
+    merge_tool_deltas,
+    scan_tool_call,
+)
 from minisgl_core.plugins import PluginError, Plugins
 
 PARSERS = """
@@ -105,6 +112,40 @@ def test_scan_tool_call(text, status, name, arguments):
     assert (scan.status, scan.name, scan.arguments) == (status, name, arguments)
     if status == "complete":
         assert scan.end == len(text)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(alphabet='ab"\\{}[]\n é\x01'),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.dictionaries(st.text(max_size=3), _JSON, max_size=3),
+    st.text(alphabet='}]"\\ x', max_size=3),
+    st.data(),
+)
+def test_a_call_scanned_as_it_grows_with_a_memo_reads_as_scanned_fresh(arguments, tail, data):
+    """A stream scans a call again at every piece, the arguments resumed from a ``ScanMemo``
+    (reading them from their start each time made a long call quadratic): every prefix, however
+    the pieces fall, scans as it does fresh; the whole call's arguments are the JSON sent."""
+    text = json.dumps({"name": "f", "arguments": arguments}, ensure_ascii=data.draw(st.booleans()))
+    memo, end = ScanMemo(), 0
+    for piece in data.draw(st.lists(st.integers(1, 6), max_size=len(text))) + [len(text) + 9]:
+        end = min(end + piece, len(text) + len(tail))
+        grown = (text + tail)[:end]
+        assert scan_tool_call(grown, memo=memo) == scan_tool_call(grown), grown
+    whole = scan_tool_call(text, memo=ScanMemo())
+    assert whole.status == "complete" and json.loads(whole.arguments) == arguments
+
+
+def test_a_memo_of_another_text_is_ignored():
+    memo = ScanMemo()
+    scan_tool_call('{"name": "f", "arguments": {"a": "xyz', memo=memo)
+    other = '{"name": "f", "arguments": {"b": 1}}'
+    assert scan_tool_call(other, memo=memo) == scan_tool_call(other)
 
 
 def test_the_command_lines_help_names_installed_parsers_third_parties_included(tmp_path, monkeypatch):

@@ -54,6 +54,7 @@ __all__ = [
     "ReasoningParser",
     "ReasoningResult",
     "RequestView",
+    "ScanMemo",
     "ScannedCall",
     "SchedulerState",
     "SchedulingPolicy",
@@ -118,6 +119,7 @@ _LAZY: dict[str, str] = {
     "ScannedCall": "json_scan",
     "marker_prefix_length": "json_scan",
     "scan_tool_call": "json_scan",
+    "ScanMemo": "json_scan",
     "KVSpec": "model",
     "Model": "model",
     "ModelConfig": "model",
@@ -175,7 +177,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs
         bitmask_width,
         default_fill_threads,
     )
-    from minisgl_core.api.json_scan import ScannedCall, marker_prefix_length, scan_tool_call
+    from minisgl_core.api.json_scan import ScanMemo, ScannedCall, marker_prefix_length, scan_tool_call
     from minisgl_core.api.model import KVSpec, Model, ModelConfig
     from minisgl_core.api.parallel import ParallelContext
     from minisgl_core.api.policy import (

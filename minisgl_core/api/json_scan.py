@@ -4,12 +4,16 @@
 ``{"name": "get_weather", "arguments": {"city": "Paris"}}`` and says how far it got: the name
 once its string is complete, the raw text of the arguments value so far (a prefix of its final
 text), and whether the object is complete, still partial
-or can no longer become a call. It re-reads from the start on every call: tool calls are short.
+or can no longer become a call. A stream reads the call again as it grows: with a
+:class:`ScanMemo` the next scan resumes the arguments where the last one stopped instead of reading
+them from their start (a long argument, a file's contents, made a token-by-token stream quadratic:
+3.4 s of the API server's time for a 14 KB call fed 4 characters at a time).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -17,6 +21,11 @@ ScanStatus = Literal["complete", "partial", "invalid"]
 _WHITESPACE = " \t\n\r"
 _SCALAR_CHARS = set("-+0123456789.eEtruefalsn")
 _CLOSING = {"{": "}", "[": "]"}
+#: a JSON string's inside up to its end: characters other than quote, backslash and control ones,
+#: and backslash escapes (any character after the backslash: json.loads judges the finished string)
+_STRING_BODY = re.compile(r'[^"\\\x00-\x1f]*(?:\\.[^"\\\x00-\x1f]*)*', re.DOTALL)
+#: what changes the bracket structure of a value: a string's start, a bracket
+_STRUCTURE = re.compile(r'["{}\[\]]')
 
 
 @dataclass(frozen=True)
@@ -28,6 +37,21 @@ class ScannedCall:
     arguments: str = ""
     #: the index just past the object's closing brace (complete only)
     end: int = 0
+
+
+class ScanMemo:
+    """Where :func:`scan_tool_call` stopped inside a call's arguments, for the scan of the same
+    call grown longer: a streaming parser keeps one and passes it to every scan. A memo of another
+    text (one that does not begin with what was read) is ignored and replaced, so one memo may
+    serve a parser's calls one after the other. ``versionadded``: API 2.5."""
+
+    __slots__ = ("_in_string", "_pos", "_prefix", "_stack", "_start")
+
+    def __init__(self) -> None:
+        self._prefix: str | None = None
+        self._start = self._pos = 0
+        self._stack: list[str] = []
+        self._in_string = False
 
 
 class _Partial(Exception):
@@ -48,43 +72,23 @@ def _skip_ws(text: str, i: int) -> int:
 
 def _string_end(text: str, i: int) -> int:
     """Index past the JSON string starting at ``text[i] == '"'``."""
-    j = i + 1
-    while j < len(text):
-        c = text[j]
-        if c == "\\":
-            j += 2
-            continue
-        if c == '"':
-            return j + 1
-        if c < " ":  # control characters must be escaped inside JSON strings
-            raise _Invalid
-        j += 1
-    raise _Partial
+    j = _STRING_BODY.match(text, i + 1).end()  # type: ignore[union-attr]
+    if j == len(text) or text[j] == "\\":  # (the text ends inside it, or after a backslash)
+        raise _Partial
+    if text[j] == '"':
+        return j + 1
+    raise _Invalid  # control characters must be escaped inside JSON strings
 
 
-def _value_end(text: str, i: int) -> int:
+def _value_end(text: str, i: int, memo: ScanMemo | None = None) -> int:
     """Index past the JSON value starting at ``text[i]``; only its bracket structure is checked
-    here, the finished value is checked with ``json.loads`` by the caller."""
+    here, the finished value is checked with ``json.loads`` by the caller. An object or array the
+    text ends inside is left in ``memo``, and resumed from it."""
     c = text[i]
     if c == '"':
         return _string_end(text, i)
     if c in _CLOSING:
-        stack = [_CLOSING[c]]
-        j = i + 1
-        while j < len(text):
-            c = text[j]
-            if c == '"':
-                j = _string_end(text, j)
-                continue
-            if c in _CLOSING:
-                stack.append(_CLOSING[c])
-            elif c in "}]":
-                if c != stack.pop():
-                    raise _Invalid
-                if not stack:
-                    return j + 1
-            j += 1
-        raise _Partial
+        return _container_end(text, i, memo)
     if c not in _SCALAR_CHARS:
         raise _Invalid
     j = i
@@ -95,6 +99,43 @@ def _value_end(text: str, i: int) -> int:
     return j
 
 
+def _container_end(text: str, i: int, memo: ScanMemo | None) -> int:
+    """Index past the object or array starting at ``text[i]``, jumping from one string or bracket
+    to the next; resumed where ``memo`` says a scan of the same text, shorter, stopped."""
+    if memo is not None and memo._prefix is not None and memo._start == i and text.startswith(memo._prefix):
+        j, stack, in_string = memo._pos, list(memo._stack), memo._in_string
+    else:
+        j, stack, in_string = i + 1, [_CLOSING[text[i]]], False
+    while True:
+        if in_string:  # (j: inside a string, at the start of a character or an escape)
+            j = _STRING_BODY.match(text, j).end()  # type: ignore[union-attr]
+            if j == len(text) or text[j] == "\\":
+                break
+            if text[j] != '"':
+                raise _Invalid  # a control character
+            j, in_string = j + 1, False
+            continue
+        found = _STRUCTURE.search(text, j)
+        if found is None:
+            j = len(text)
+            break
+        j = found.start()
+        c = text[j]
+        if c == '"':
+            j, in_string = j + 1, True
+            continue
+        if c in _CLOSING:
+            stack.append(_CLOSING[c])
+        elif c != stack.pop():
+            raise _Invalid
+        elif not stack:
+            return j + 1
+        j += 1
+    if memo is not None:
+        memo._prefix, memo._start, memo._pos, memo._stack, memo._in_string = text[:j], i, j, stack, in_string
+    raise _Partial
+
+
 def _load(text: str) -> object:
     try:
         return json.loads(text)
@@ -103,11 +144,15 @@ def _load(text: str) -> object:
 
 
 def scan_tool_call(
-    text: str, start: int = 0, arguments_keys: tuple[str, ...] = ("arguments",)
+    text: str,
+    start: int = 0,
+    arguments_keys: tuple[str, ...] = ("arguments",),
+    memo: ScanMemo | None = None,
 ) -> ScannedCall:
     """Read the call object at ``text[start:]`` (leading whitespace allowed): ``{"name": <string>,
     <one of arguments_keys>: <object>}``, keys in any order, other keys ignored. A complete call
-    with no arguments key has arguments ``"{}"``."""
+    with no arguments key has arguments ``"{}"``. ``memo``: a stream's :class:`ScanMemo`, to
+    resume the arguments where the scan of this text, shorter, stopped (the same result)."""
     name: str | None = None
     arguments = ""
     try:
@@ -133,7 +178,7 @@ def scan_tool_call(
                 if text[value_start] != "{":
                     raise _Invalid
                 try:
-                    i = _value_end(text, value_start)
+                    i = _value_end(text, value_start, memo)
                 except _Partial:
                     arguments = text[value_start:]
                     raise

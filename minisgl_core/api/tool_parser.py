@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from minisgl_core.api.json_scan import ScannedCall, marker_prefix_length, scan_tool_call
+from minisgl_core.api.json_scan import ScanMemo, ScannedCall, marker_prefix_length, scan_tool_call
 
 
 def new_tool_call_id() -> str:
@@ -220,6 +220,8 @@ class JsonToolCallParser(StreamingToolParser):
         self._mode = "lead" if self.leading_only else "text"
         #: text consumed before the current call's object, given back as content if it is malformed
         self._giveback = ""
+        #: where the last scan of the current call stopped (each feed scans it again, longer)
+        self._memo = ScanMemo()
 
     def advance(self, final: bool) -> None:
         step = {
@@ -279,7 +281,7 @@ class JsonToolCallParser(StreamingToolParser):
             # a separator that ends the output ('...};') is the calls' punctuation, as vLLM reads it
             self.buffer = ""
             return self._give_up()
-        scan = scan_tool_call(self.buffer, 0, self.arguments_keys)
+        scan = scan_tool_call(self.buffer, 0, self.arguments_keys, self._memo)
         # (judged on the whole object or the output's end: a later "name" key wins, as in parse)
         if scan.name is not None and (scan.status == "complete" or final) and not self.offered(scan.name):
             # a call to a function the request did not offer is not a tool call: content, as a

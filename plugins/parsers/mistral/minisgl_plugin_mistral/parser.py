@@ -26,7 +26,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from minisgl_core.api import StreamingToolParser, marker_prefix_length, scan_tool_call
+from minisgl_core.api import ScanMemo, StreamingToolParser, marker_prefix_length, scan_tool_call
 
 TOOL_CALLS = "[TOOL_CALLS]"
 ARGS = "[ARGS]"
@@ -44,6 +44,8 @@ class MistralToolParser(StreamingToolParser):
         self._mode = "start"
         #: text consumed before the current call, given back as content if it is malformed
         self._giveback = ""
+        #: where the last scan of the current call stopped (each feed scans it again, longer)
+        self._memo = ScanMemo()
 
     def advance(self, final: bool) -> None:
         steps = {
@@ -119,7 +121,7 @@ class MistralToolParser(StreamingToolParser):
         """A v3 call object, inside the array."""
         if final and self._giveback == "," and not self.buffer.strip():
             return self._to("text", "")  # the output ends after a separator: nothing more
-        scan = scan_tool_call(self.buffer)
+        scan = scan_tool_call(self.buffer, memo=self._memo)
         if scan.name is not None and (scan.status == "complete" or final) and not self.offered(scan.name):
             return self._not_a_call()
         if scan.status == "complete":
@@ -173,7 +175,7 @@ class MistralToolParser(StreamingToolParser):
             _, end = _DECODER.raw_decode(body)
         except (ValueError, RecursionError):
             # unfinished, or not JSON at all: read as a call's arguments to tell which
-            probe = scan_tool_call('{"name": "f", "arguments": ' + body)
+            probe = scan_tool_call('{"name": "f", "arguments": ' + body, memo=self._memo)
             if probe.status == "invalid":
                 return self._not_a_call()
             if not final:
