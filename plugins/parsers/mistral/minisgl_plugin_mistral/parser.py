@@ -171,11 +171,15 @@ class MistralToolParser(StreamingToolParser):
             return self._to("text", "")
         if not body.startswith("{"):
             return self._not_a_call()
+        # read as a call's arguments (resumed where the last piece's scan stopped): while the text
+        # ends inside them, nothing more to do (decoding them again at every piece was quadratic)
+        probe = scan_tool_call('{"name": "f", "arguments": ' + body, memo=self._memo)
+        inside = probe.status == "partial" and probe.arguments == body and not body.endswith("}")
+        if inside and not final:
+            return False
         try:
             _, end = _DECODER.raw_decode(body)
-        except (ValueError, RecursionError):
-            # unfinished, or not JSON at all: read as a call's arguments to tell which
-            probe = scan_tool_call('{"name": "f", "arguments": ' + body, memo=self._memo)
+        except (ValueError, RecursionError):  # unfinished, or not JSON at all
             if probe.status == "invalid":
                 return self._not_a_call()
             if not final:
