@@ -136,6 +136,15 @@ def _container_end(text: str, i: int, memo: ScanMemo | None) -> int:
     raise _Partial
 
 
+def _string(text: str) -> str:
+    """A JSON string :func:`_string_end` read (quotes included): its value. Without a backslash
+    it is its inside (control characters were refused), with no decoder to call: a stream reads
+    a call's keys again at every piece."""
+    if "\\" not in text:
+        return text[1:-1]
+    return _load(text)  # type: ignore[return-value]
+
+
 def _load(text: str) -> object:
     try:
         return json.loads(text)
@@ -164,7 +173,7 @@ def scan_tool_call(
             if text[i] != '"':
                 raise _Invalid
             key_end = _string_end(text, i)
-            key = _load(text[i:key_end])
+            key = _string(text[i:key_end])
             i = _skip_ws(text, key_end)
             if text[i] != ":":
                 raise _Invalid
@@ -173,7 +182,7 @@ def scan_tool_call(
                 if text[value_start] != '"':
                     raise _Invalid
                 i = _string_end(text, value_start)
-                name = _load(text[value_start:i])  # type: ignore[assignment]
+                name = _string(text[value_start:i])
             elif key in arguments_keys:
                 if text[value_start] != "{":
                     raise _Invalid
