@@ -167,6 +167,7 @@ class ChoiceOutput:
         answer whole, whatever a TagReasoningParser reads (deepseek_r1's reads an output without
         its end tag as reasoning)."""
         self._labels = labels or {}
+        self.reasoning_opened = reasoning_opened
         self._reasoning_cls = reasoning_parser
         self.reasoning = (
             self._call("reasoning", reasoning_parser, reasoning_parser) if reasoning_parser else None

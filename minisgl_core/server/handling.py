@@ -4,10 +4,9 @@ RequestGroup as a stream of SSE chunks or as one JSON body, aborting whatever th
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -144,10 +143,9 @@ async def respond(
     request: Request,
     stream: bool,
     chunks: Callable[[], AsyncIterator[str]],
-    build: Callable[[list[Choice]], dict[str, Any] | Awaitable[dict[str, Any]]],
+    build: Callable[[list[Choice]], dict[str, Any]],
 ) -> Response:
-    """Stream ``chunks()`` as SSE, or wait for every choice and answer ``build(choices)`` (which
-    may be a coroutine function: /v1/responses encodes the reasoning again to count its tokens)."""
+    """Stream ``chunks()`` as SSE, or wait for every choice and answer ``build(choices)``."""
     if stream:
         return StreamingResponse(_closing(group, chunks), media_type="text/event-stream")
     choices = await wait_for_all(group, request)
@@ -160,8 +158,7 @@ async def respond(
         if group.state.failure is not None:
             raise APIError(503, error, code="server_unavailable")
         raise APIError(failed.error_status, error)
-    body = build(choices)
-    return JSONResponse(await body if inspect.isawaitable(body) else body)
+    return JSONResponse(build(choices))
 
 
 async def _closing(group: RequestGroup, chunks: Callable[[], AsyncIterator[str]]) -> AsyncIterator[str]:

@@ -22,7 +22,7 @@ from minisgl_core.server import responses as r
 from minisgl_core.server.api_options import ApiOptions, ApiTokenizer
 from minisgl_core.server.errors import APIError
 from minisgl_core.server.handling import respond
-from minisgl_core.server.responses_output import EventStream, new_id, output_items, response_object, usage
+from minisgl_core.server.responses_output import EventStream, new_id, read_whole, response_object, usage
 from minisgl_core.server.responses_schema import FunctionChoice, ResponsesRequest, responses_names
 from minisgl_core.server.routes import admit_chat
 from minisgl_core.server.state import ServerState
@@ -75,20 +75,16 @@ def responses_router(state: ServerState, options: ApiOptions, tokenizer: ApiToke
         rid, created = new_id("resp"), int(time.time())
         echo = echo_fields(body, admitted.params, model.name)
 
-        async def usage_of(output_tokens: int, items: list[dict[str, Any]]) -> dict[str, Any]:
-            reasoning = "".join(p["text"] for i in items if i["type"] == "reasoning" for p in i["content"])
-            count = 0
-            if reasoning:  # (the engine does not tell which tokens were the reasoning's)
-                count = await tokenizer.run(lambda t: len(t.encode(reasoning, add_special_tokens=False)))
-            return usage(group.prompt_tokens, output_tokens, min(count, output_tokens), group.cached_tokens)
+        def usage_of(output_tokens: int, stream: EventStream) -> dict[str, Any]:
+            reasoning = stream.reasoning_tokens(output_tokens)
+            return usage(group.prompt_tokens, output_tokens, reasoning, group.cached_tokens)
 
-        async def build(choices: list[r.Choice]) -> dict[str, Any]:
+        def build(choices: list[r.Choice]) -> dict[str, Any]:
             (choice,) = choices
-            items = output_items(admitted.new_output(), choice, body.logprobs)
+            stream = read_whole(admitted.new_output(), choice, body.logprobs)
             status = "incomplete" if choice.finish_reason == "length" else "completed"
-            return response_object(
-                rid, created, echo, items, status, await usage_of(len(choice.token_ids), items)
-            )
+            output_tokens = len(choice.token_ids)
+            return response_object(rid, created, echo, stream.items, status, usage_of(output_tokens, stream))
 
         async def events() -> AsyncIterator[str]:
             stream = EventStream(body.logprobs)
@@ -113,7 +109,7 @@ def responses_router(state: ServerState, options: ApiOptions, tokenizer: ApiToke
                     yield event
                 status = "incomplete" if incomplete else "completed"
                 final = response_object(
-                    rid, created, echo, stream.items, status, await usage_of(output_tokens, stream.items)
+                    rid, created, echo, stream.items, status, usage_of(output_tokens, stream)
                 )
                 yield stream.event(f"response.{status}", response=final)
             # an error raised while streaming (a parser plugin's, or a bug): the status line went

@@ -9,6 +9,10 @@ function_call and a second message (a message item per run of text between calls
 output_text's logprobs are those of the tokens that wrote it (tokens that wrote the reasoning or a
 call have none). When the output ran out of tokens the response is ``incomplete``, and so is its
 last item.
+
+``usage.output_tokens_details.reasoning_tokens`` counts the generated tokens that wrote the
+reasoning, read one by one as the items are (:class:`ReasoningTokens`), not its text encoded
+again (which is not the inverse of generation): the same streamed or not.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from minisgl_core.api import TagReasoningParser
 from minisgl_core.server.responses import chat_logprobs
 
 if TYPE_CHECKING:
@@ -59,8 +64,9 @@ def response_object(
 def usage(
     input_tokens: int, output_tokens: int, reasoning_tokens: int, cached_tokens: int = 0
 ) -> dict[str, Any]:
-    """The usage: ``cached_tokens``, of the input tokens, those read from the prefix cache; a
-    reasoning item's tokens are its text's, encoded again."""
+    """The usage: ``cached_tokens``, of the input tokens, those read from the prefix cache;
+    ``reasoning_tokens``, of the output tokens, those that wrote the reasoning
+    (:class:`ReasoningTokens`)."""
     return {
         "input_tokens": input_tokens,
         "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
@@ -93,14 +99,88 @@ def _finished(items: list[dict[str, Any]], incomplete: bool) -> list[dict[str, A
     return items
 
 
-def output_items(output: ChoiceOutput, choice: Choice, logprobs: bool) -> list[dict[str, Any]]:
-    """The output items of a whole choice: those its stream builds (:meth:`EventStream.read`),
-    in the order they were written; a message item even when the text is empty, unless there is
-    something else."""
+def read_whole(output: ChoiceOutput, choice: Choice, logprobs: bool) -> EventStream:
+    """A whole choice read as its stream is (:meth:`EventStream.read`), without rendering events:
+    its ``items`` in the order they were written (a message item even when the text is empty,
+    unless there is something else), and its :meth:`~EventStream.reasoning_tokens`."""
     stream = EventStream(logprobs, render=False)
     stream.read(output, choice)
     stream.finish(incomplete=choice.finish_reason == "length")
-    return stream.items
+    return stream
+
+
+class ReasoningTokens:
+    """Which of a choice's generated tokens wrote its reasoning, told token by token as the
+    reasoning parser reads them (:meth:`add`): the tokens from the output's first through the one
+    that closed the reasoning, tags included (``<think>``, text, ``</think>``: all of them; the
+    whitespace after the end tag, which the parser drops, and the answer's tokens are not), or all
+    of the output's where the reasoning never closed (the output ran out, or stopped, while
+    thinking). An output that did not open the reasoning has none.
+
+    The token that closed it is the one whose text completed a :class:`TagReasoningParser`'s
+    ``end_tag``; the output opened the reasoning where its start (after whitespace) is
+    ``start_tag``, the prompt ended with it (``ChoiceOutput.reasoning_opened``), or the parser
+    gave reasoning text (deepseek_r1 reads an output without ``start_tag`` as reasoning). A
+    parser of another shape tells no tag: the reasoning closed with the last token that gave
+    reasoning text, if any token after it gave the answer (text or a call)."""
+
+    def __init__(self, output: ChoiceOutput) -> None:
+        parser = output.reasoning
+        tagged = isinstance(parser, TagReasoningParser)
+        self._tags = (parser.start_tag, parser.end_tag) if tagged else None
+        #: tokens read, and through which one the reasoning is known to run
+        self._read = 0
+        self._last_reasoning = 0
+        #: (tags) the token that completed end_tag, if one did
+        self._closed_at: int | None = None
+        #: the output opened the reasoning; (tags) its start while it may still be start_tag
+        self._opened = output.reasoning_opened
+        self._head: str | None = None if self._opened or not tagged else ""
+        #: (tags) the text read since start_tag that may be the start of end_tag
+        self._tail = ""
+        #: a token gave the answer (text or a call)
+        self._answered = False
+
+    @property
+    def settled(self) -> bool:
+        """Later tokens cannot change the count: with tags, the end tag came or the answer began
+        (a TagReasoningParser answers only after the reasoning); never for other parsers."""
+        return self._tags is not None and (self._closed_at is not None or self._answered)
+
+    def add(self, text: str | None, message: dict[str, Any]) -> None:
+        """The next token's ``text`` and the stream delta it gave (``ChoiceOutput.delta``); None
+        and the delta of the output's end (what the parsers held back)."""
+        if text is not None:
+            self._read += 1
+        if message.get("reasoning_content"):
+            self._last_reasoning = self._read
+        if message.get("content") or message.get("tool_calls"):
+            self._answered = True
+        if self._tags is None or self._closed_at is not None or text is None:
+            return
+        start, end = self._tags
+        if self._head is not None:  # whether the output opens with start_tag is not known yet
+            head = (self._head + text).lstrip()
+            if head.startswith(start):
+                self._opened, self._head, text = True, None, head[len(start) :]
+            elif start.startswith(head):
+                self._head = head
+                return
+            else:
+                self._head = None
+        window = self._tail + text
+        if end in window:
+            self._closed_at = self._read
+        else:
+            self._tail = window[max(len(window) - len(end) + 1, 0) :] if len(end) > 1 else ""
+
+    def count(self, output_tokens: int) -> int:
+        """The reasoning's tokens, of the choice's ``output_tokens``."""
+        if not (self._opened or self._last_reasoning):
+            return 0
+        if self._closed_at is not None:
+            return min(self._closed_at, output_tokens)
+        return min(self._last_reasoning, output_tokens) if self._answered else output_tokens
 
 
 class EventStream:
@@ -122,6 +202,8 @@ class EventStream:
         self._pending: list[dict[str, Any]] = []
         #: the chat delta's index of the function call being written
         self._call_index: int | None = None
+        #: with a reasoning parser, which tokens wrote the reasoning (made on the first read)
+        self._reasoning: ReasoningTokens | None = None
 
     def event(self, kind: str, **fields: Any) -> str:
         data = {"type": kind, **fields, "sequence_number": self.sequence}
@@ -140,17 +222,37 @@ class EventStream:
         """Events for the route's next ``delta`` of the choice, read token by token
         (:meth:`Delta.tokens`): the parsers see the same pieces however many tokens a delta
         merged, so text that follows a call in one delta still comes after it, and the items, and
-        whose logprobs each text takes, are the same streamed or not."""
+        whose logprobs each text takes, are the same streamed or not; so is which tokens wrote
+        the reasoning (:meth:`reasoning_tokens`)."""
+        if self._reasoning is None and output.reasoning is not None:
+            self._reasoning = ReasoningTokens(output)
+        counting = self._reasoning if self._reasoning is not None and not self._reasoning.settled else None
         out = []
         # without a tool parser nothing can come between two texts, and without logprobs nothing
-        # is attributed to tokens: the delta reads as one piece (a whole answer is one delta)
+        # is attributed to tokens: the delta reads as one piece (a whole answer is one delta),
+        # once the reasoning's tokens are counted
         whole = output.tools is None and not self._logprobs
-        for text, entries in [(delta.text, [])] if whole else delta.tokens():
+        tokens = delta.tokens()
+        for text, entries in tokens:
+            if whole and counting is None:
+                text += "".join(rest for rest, _ in tokens)
+            message = output.delta(text, final=False)
+            if counting is not None:
+                counting.add(text, message)
+                counting = None if counting.settled else counting
             logprobs = chat_logprobs(entries)["content"] if self._logprobs else []
-            out += self.delta(output.delta(text, final=False), logprobs)
+            out += self.delta(message, logprobs)
         if delta.finish_reason is not None:
-            out += self.delta(output.delta("", final=True), [])
+            message = output.delta("", final=True)
+            if counting is not None:
+                counting.add(None, message)
+            out += self.delta(message, [])
         return out
+
+    def reasoning_tokens(self, output_tokens: int) -> int:
+        """Of the ``output_tokens`` read, those that wrote the reasoning (none without a
+        reasoning parser)."""
+        return 0 if self._reasoning is None else self._reasoning.count(output_tokens)
 
     def delta(self, message: dict[str, Any], logprobs: list[dict[str, Any]]) -> list[str]:
         """Events for a chat stream delta (``ChoiceOutput.delta``) and its tokens' logprobs. Its

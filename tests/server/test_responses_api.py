@@ -19,11 +19,13 @@ from minisgl_plugin_qwen3_reasoning.parser import Qwen3ReasoningParser
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
+from minisgl_core.demo.factories import make_model_dir
 from minisgl_core.server.chat_output import ChoiceOutput
 from minisgl_core.server.responses import Choice
-from minisgl_core.server.responses_output import EventStream, output_items
+from minisgl_core.server.responses_output import EventStream, read_whole
 from minisgl_core.server.responses_schema import ResponsesRequest
 from minisgl_core.server.tools import ToolPlan
+from minisgl_core.tokenizer.load import load_tokenizer
 
 from .conftest import API_KEY
 
@@ -292,6 +294,52 @@ def test_reasoning_cut_off_and_sent_back_stays_before_the_next_user_message(tool
     )
 
 
+@pytest.fixture(scope="module")
+def thinking(start_server, engine_args, tmp_path_factory) -> tuple[str, Path]:
+    """A tokenizer whose ``<think>`` and ``</think>`` are single tokens, and a template whose
+    prompt always ends with ``<think>`` (a thinking-only model's): the output begins inside the
+    reasoning, which the tiny model does not close."""
+    folder = tmp_path_factory.mktemp("thinking")
+    model = make_model_dir(folder / "thinker", added_tokens=("<think>", "</think>"), seed=1)
+    template = folder / "thinking.jinja"
+    template.write_text("{%- set open_thinking = true %}" + TEMPLATE.read_text())
+    server = start_server(
+        [
+            "--model", str(model), *engine_args, "--chat-template", str(template),
+            "--reasoning-parser", "qwen3",
+        ]
+    )  # fmt: skip
+    return server.url, model
+
+
+def test_reasoning_tokens_are_the_generated_ones_streamed_or_not(thinking):
+    """An unclosed reasoning: every generated token is a reasoning token, as chat's token ids
+    show, streamed or not; its text encoded again is 16 tokens (the old count, capped at the
+    output's 12, hid that here: test_responses_order has the cases it got wrong)."""
+    thinking_url, model = thinking
+    body = {"input": "Hi", "max_output_tokens": 12, "temperature": 0}
+    whole = create(thinking_url, body)
+    final = stream_events(thinking_url, body)[-1]["response"]
+    for response in (final, whole):
+        del response["usage"]["input_tokens_details"]  # (the second read the prompt from the cache)
+    assert without_ids(final) == without_ids(whole)
+    [reasoning] = whole["output"]
+    assert reasoning["type"] == "reasoning" and reasoning["status"] == "incomplete"
+    assert whole["usage"]["output_tokens"] == 12
+    assert whole["usage"]["output_tokens_details"] == {"reasoning_tokens": 12}
+    chat = httpx.post(
+        f"{thinking_url}/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 12, "temperature": 0,
+              "return_token_ids": True},
+        headers={"Authorization": f"Bearer {API_KEY}"},
+        timeout=120,
+    ).json()  # fmt: skip
+    [choice] = chat["choices"]
+    text = choice["message"]["reasoning_content"]
+    assert text == reasoning["content"][0]["text"] and len(choice["token_ids"]) == 12
+    assert len(load_tokenizer(model).encode(text, add_special_tokens=False)) == 16
+
+
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "name": "plan_trip"}])
 def test_a_forced_tool_call_is_a_function_call_item(
     grammar_backend, tools_client, tools_server, model_name, choice
@@ -424,7 +472,7 @@ def test_reasoning_and_calls_are_items_of_their_own():
     plan = ToolPlan(HermesToolParser, [{"type": "function", "function": {"name": "f", "parameters": {}}}])
     output = ChoiceOutput(plan, Qwen3ReasoningParser)
     text = '<think>Think.</think>Hi<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>'
-    items = output_items(output, Choice(0, text=text, finish_reason="length"), logprobs=False)
+    items = read_whole(output, Choice(0, text=text, finish_reason="length"), logprobs=False).items
     Response.model_validate(
         {
             "id": "resp_1",

@@ -1,6 +1,10 @@
 """/v1/responses output items in the order the model wrote them, and each output_text's logprobs,
 the same streamed or not, through the official ``openai`` client.
 
+Found too: ``usage.output_tokens_details.reasoning_tokens`` was the reasoning's text encoded
+again, not the tokens the model generated for it (``<think>``, ``H``, ``m``, ``m``, ``</think>``
+counted as "Hmm" re-encodes, tags left out); it now counts those generated.
+
 Found: text after a call (``<tool_call>...</tool_call> and some text``) streamed as a
 function_call item then a message, but the whole response put the message first, text from
 before and after the call joined in one message; and a delta that merged the call's last tokens
@@ -20,11 +24,12 @@ from typing import Any
 import openai
 import pytest
 from minisgl_plugin_hermes.parser import HermesToolParser
-from minisgl_plugin_qwen3_reasoning.parser import Qwen3ReasoningParser
+from minisgl_plugin_qwen3_reasoning.parser import DeepSeekR1ReasoningParser, Qwen3ReasoningParser
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 from starlette.testclient import TestClient
 
+from minisgl_core.api import ReasoningDelta, ReasoningParser, ReasoningResult, TagReasoningParser
 from minisgl_core.messages import Admission
 from minisgl_core.server.api_options import ApiOptions
 from minisgl_core.server.app import create_app
@@ -69,13 +74,20 @@ def client(monkeypatch, model_dir):
     """``client(tokens, merged)``: an openai client whose requests get ``tokens`` as the engine's
     output, a delta per token or (``merged``) all in one."""
 
-    def make(tokens: list[str], merged: bool) -> openai.OpenAI:
+    def make(
+        tokens: list[str],
+        merged: bool,
+        reasoning_parser: type[ReasoningParser] = Qwen3ReasoningParser,
+        opened: bool = False,
+    ) -> openai.OpenAI:
+        """(``opened``: the prompt ended with the reasoning's start tag)"""
+
         async def add(self, params, n=1, **kwargs):
             self.num_choices += n
             self.choice_prompt_tokens += [3] * n
             self.choice_prompt_ids += [None] * n
             self.prompt_tokens += 3
-            return Admission(0, 3, 5)
+            return Admission(0, 3, 5, reasoning_opened=opened)
 
         async def deltas(self):
             out: list[Delta] = []
@@ -89,7 +101,7 @@ def client(monkeypatch, model_dir):
         monkeypatch.setattr(RequestGroup, "add", add)
         monkeypatch.setattr(RequestGroup, "deltas", deltas)
         info = ModelInfo("m", str(model_dir), max_context_len=2048, kv_capacity_tokens=16384, vocab_size=1024)
-        options = ApiOptions(tool_parser=HermesToolParser, reasoning_parser=Qwen3ReasoningParser)
+        options = ApiOptions(tool_parser=HermesToolParser, reasoning_parser=reasoning_parser)
         app = create_app(ServerState(endpoints=None, model=info), options=options)
         # no lifespan (no engine behind it): the group's add and deltas above stand for it
         http = TestClient(app, raise_server_exceptions=False)
@@ -101,8 +113,10 @@ def client(monkeypatch, model_dir):
 
 
 def answer(client: openai.OpenAI, **extra: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The whole response and the events of the streamed one, both as JSON."""
+    """The whole response and the events of the streamed one, both as JSON (``tools=None``:
+    none offered)."""
     body = {"model": "m", "input": "Weather in Paris?", "tools": [WEATHER], **extra}
+    body = {k: v for k, v in body.items() if v is not None}
     whole = client.responses.create(**body)
     Response.model_validate(whole.model_dump(mode="json"))
     events = [
@@ -218,3 +232,69 @@ def test_a_merged_choice_reads_token_by_token():
     pieces = [(text, [e[0] for e in entries]) for text, entries in choice.tokens()]
     assert pieces == [("a", ["a"]), ("", [""]), ("XY", []), ("bc", ["bc"]), ("d", ["d"]), ("Z", [])]
     assert choice.text == "aXYbcdZ"
+
+
+class UntaggedReasoning(ReasoningParser):
+    """Qwen3's reading behind a parser of another shape, which tells no end tag."""
+
+    def __init__(self) -> None:
+        self._inner = Qwen3ReasoningParser()
+
+    def parse(self, text: str) -> ReasoningResult:
+        return self._inner.parse(text)
+
+    def feed(self, text: str) -> ReasoningDelta:
+        return self._inner.feed(text)
+
+    def finish(self) -> ReasoningDelta:
+        return self._inner.finish()
+
+
+assert not issubclass(UntaggedReasoning, TagReasoningParser)
+
+
+@pytest.mark.parametrize("merged", [False, True])
+@pytest.mark.parametrize(
+    "reading",
+    [{"tools": None}, {}, {"tools": None, "include": ["message.output_text.logprobs"], "top_logprobs": 1}],
+    ids=["plain", "tools", "logprobs"],
+)
+@pytest.mark.parametrize(
+    ("tokens", "parser", "opened", "expected"),
+    [
+        # from the first token through the one that completed the end tag; not the whitespace
+        # after it, nor the answer
+        (["<think>", "H", "m", "m", ".", "</think>", "\n\n", "Hi", EOS], Qwen3ReasoningParser, False, 6),
+        (["<think>", "Hm", "</", "think", ">", "\n", "Hi", EOS], Qwen3ReasoningParser, False, 5),
+        (["<think>", "Hm", "</think>Hi", EOS], Qwen3ReasoningParser, False, 3),
+        (["\n", "<th", "ink>", "Hm", "</think>", "Hi", EOS], Qwen3ReasoningParser, False, 5),
+        (["<think>", "</think>", "Hi", EOS], Qwen3ReasoningParser, False, 2),
+        (["<think>", "</thi", "nk>", "Hi", EOS], Qwen3ReasoningParser, False, 3),
+        (["<think>", "Call", " it.", "</think>", *CALL, EOS], Qwen3ReasoningParser, False, 4),
+        # never closed: all of the output
+        (["<think>", "Hm", " more", EOS], Qwen3ReasoningParser, False, 4),
+        # not opened: none
+        (["Hi", " </think>", "x", EOS], Qwen3ReasoningParser, False, 0),
+        # opened by the prompt, or by deepseek_r1's reading
+        (["H", "m", ".", "</think>", "Hi", EOS], Qwen3ReasoningParser, True, 4),
+        (["H", "m", ".", "</think>", "\n", "Hi", EOS], DeepSeekR1ReasoningParser, False, 4),
+        (["<think>", "Hm", "</think>", "Hi", EOS], DeepSeekR1ReasoningParser, False, 3),
+        # a parser with no tag: through the last token that gave reasoning text
+        (["<think>", "Hm", " ok", "</think>", "\n", "Hi", EOS], UntaggedReasoning, False, 3),
+        (["<think>", "H", "m", EOS], UntaggedReasoning, False, 4),
+    ],
+    ids=[
+        "closed", "split-end-tag", "end-tag-and-answer", "whitespace-first", "empty",
+        "empty-split-end-tag", "then-call",
+        "unclosed", "not-opened", "opened-by-prompt", "deepseek", "deepseek-start-tag",
+        "untagged", "untagged-unclosed",
+    ],
+)  # fmt: skip
+def test_reasoning_tokens_are_the_tokens_generated_for_it(
+    client, tokens, parser, opened, expected, reading, merged
+):
+    whole, events = answer(client(tokens, merged, parser, opened), **reading)
+    final = events[-1]["response"]
+    assert without_ids(final) == without_ids(whole)
+    assert whole["usage"]["output_tokens"] == len(tokens)
+    assert whole["usage"]["output_tokens_details"] == {"reasoning_tokens": expected}
