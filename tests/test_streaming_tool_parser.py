@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -85,3 +86,31 @@ def test_a_function_not_offered_is_content_and_no_tools_offers_any():
     ]
     assert [c.name for c in LineCalls().parse(NOT_OFFERED).tool_calls] == ["delete_everything", "get_weather"]
     assert LineCalls(WEATHER_TOOLS).offered_names == {"get_weather"}
+
+
+def _documented_line_calls() -> type[StreamingToolParser]:
+    """docs/plugins.md's example of a StreamingToolParser, run as it is written there."""
+    doc = (Path(__file__).parent.parent / "docs" / "plugins.md").read_text()
+    start = doc.index("```python\ndef json_object") + len("```python\n")
+    namespace: dict = {"json": json, "re": re, "StreamingToolParser": StreamingToolParser}
+    exec(doc[start : doc.index("```", start)], namespace)
+    return namespace["LineCalls"]
+
+
+class TestTheDocumentedExample(ToolParserSuite):
+    """Found: the example sent ``CALL f {oops}`` as a call whose arguments were no JSON, and ran
+    the text either side of a call together (``Sure.Done.``)."""
+
+    parser_cls = _documented_line_calls()
+    samples = [
+        (
+            'Sure.\nCALL get_weather {"city": "Paris"}\nDone.',
+            "Sure.\nDone.",
+            [("get_weather", {"city": "Paris"})],
+        ),
+        (TWO, None, [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome"})]),
+        (ONE, "Let me check.", [("get_weather", {"city": "Paris"})]),
+        (MALFORMED, MALFORMED, []),
+        ("CALL get_weather {oops}\nsorry", "CALL get_weather {oops}\nsorry", []),
+    ]
+    more_outputs = [NOT_OFFERED, "\n\n" + ONE + "\n\n"]
