@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from minisgl_core.api import StreamingToolParser, ToolParser
+from minisgl_core.api import StreamingToolParser, ToolParser, ToolParseResult
 from minisgl_core.testing.parser_suite import WEATHER_TOOLS, ToolParserSuite
 
 _CALL = re.compile(r"CALL (\w+) (\{.*\})")
@@ -114,3 +114,19 @@ class TestTheDocumentedExample(ToolParserSuite):
         ("CALL get_weather {oops}\nsorry", "CALL get_weather {oops}\nsorry", []),
     ]
     more_outputs = [NOT_OFFERED, "\n\n" + ONE + "\n\n"]
+
+
+def test_what_advance_leaves_in_the_buffer_at_the_end_is_content():
+    """A format whose advance forgets the buffer at the end (waiting for a line that never ends)
+    lost that text silently; the scaffold hands it over as content."""
+
+    class Forgetful(StreamingToolParser):
+        def advance(self, final: bool) -> None:
+            while "\n" in self.buffer:
+                line, newline, self.buffer = self.buffer.partition("\n")
+                self.emit_content(line + newline)
+
+    assert Forgetful().parse("one\ntwo") == ToolParseResult("one\ntwo", [])
+    parser = Forgetful()
+    assert parser.feed("one\ntw").content == "one"
+    assert parser.finish().content == "\ntw"

@@ -110,7 +110,8 @@ class StreamingToolParser(ToolParser):
     and not consumed yet) and reports what it found with :meth:`emit_content` and
     :meth:`emit_call`, leaving in the buffer whatever it must wait for. :meth:`feed` adds the text
     and calls ``advance(final=False)``; :meth:`finish` calls ``advance(final=True)``, where nothing
-    more will come and the buffer must be used up; :meth:`parse` is one feed and the finish, so the
+    more will come and the buffer should be used up (what it leaves there is content, never lost);
+    :meth:`parse` is one feed and the finish, so the
     whole answer is what a stream gives, whatever its pieces.
 
     Whitespace next to calls is not content: :meth:`emit_content` holds a text's trailing
@@ -181,6 +182,9 @@ class StreamingToolParser(ToolParser):
 
     def finish(self) -> ToolStreamDelta:
         self.advance(final=True)
+        if self.buffer:  # what advance left at the end is content: no text of the output is lost
+            self.emit_content(self.buffer)
+            self.buffer = ""
         held = self.take_held_whitespace()
         if not self._calls_sent:  # whitespace next to calls is not content
             self._out_content.append(held)

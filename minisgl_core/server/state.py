@@ -514,8 +514,8 @@ class ServerState:
         if freed < 0:
             raise APIError(
                 400,
-                "the prefix cache was not flushed: requests are running or waiting, and their "
-                "prefixes are in use; flush when the server is idle",
+                "the prefix cache was not flushed: requests are running or waiting; flush when the "
+                "server is idle",
                 code="server_busy",
             )
         return freed
