@@ -174,6 +174,11 @@ class ReasoningTokens:
         else:
             self._tail = window[max(len(window) - len(end) + 1, 0) :] if len(end) > 1 else ""
 
+    @property
+    def closed_by_last(self) -> bool:
+        """The token read last completed the end tag (with tags)."""
+        return self._closed_at is not None and self._closed_at == self._read
+
     def count(self, output_tokens: int) -> int:
         """The reasoning's tokens, of the choice's ``output_tokens``."""
         if not (self._opened or self._last_reasoning):
@@ -239,6 +244,10 @@ class EventStream:
             message = output.delta(text, final=False)
             if counting is not None:
                 counting.add(text, message)
+                if counting.closed_by_last and not (message.get("content") or message.get("tool_calls")):
+                    # the token that closed the reasoning (and those of its tag held before it) wrote
+                    # the reasoning, counted in reasoning_tokens: no output_text's logprobs
+                    self._pending, entries = [], []
                 counting = None if counting.settled else counting
             logprobs = chat_logprobs(entries)["content"] if self._logprobs else []
             out += self.delta(message, logprobs)

@@ -197,9 +197,15 @@ def logprob_tokens(item: dict[str, Any]) -> list[str]:
             [["Let", " me", " check."], ["\n", "Done", ".", EOS]],
         ),
         ([*CALL, " and", " more", EOS], [[" and", " more", EOS]]),
-        (["<think>", "Hm", "</think>", "Hi", EOS], [["</think>", "Hi", EOS]]),
+        # the end tag's tokens are the reasoning's (reasoning_tokens counts them), split or not
+        (["<think>", "Hm", "</think>", "Hi", EOS], [["Hi", EOS]]),
+        (["<think>", "Hm", "</", "think>", "\n\n", "Hi", EOS], [["\n\n", "Hi", EOS]]),
+        (["<think>", "Hm", "</think>Hi", EOS], [["</think>Hi", EOS]]),
     ],
-    ids=["text-call", "text", "held-text", "text-call-text", "call-text", "reasoning-text"],
+    ids=[
+        "text-call", "text", "held-text", "text-call-text", "call-text", "reasoning-text",
+        "reasoning-split-tag", "reasoning-tag-and-text",
+    ],  # fmt: skip
 )
 def test_each_text_has_its_own_tokens_logprobs_streamed_or_not(client, tokens, expected, merged):
     whole, events = answer(client(tokens, merged), include=["message.output_text.logprobs"], top_logprobs=1)
