@@ -203,8 +203,14 @@ def logprob_tokens(item: dict[str, Any]) -> list[str]:
         (["<think>", "Hm", "</think>Hi", EOS], [["</think>Hi", EOS]]),
     ],
     ids=[
-        "text-call", "text", "held-text", "text-call-text", "call-text", "reasoning-text",
-        "reasoning-split-tag", "reasoning-tag-and-text",
+        "text-call",
+        "text",
+        "held-text",
+        "text-call-text",
+        "call-text",
+        "reasoning-text",
+        "reasoning-split-tag",
+        "reasoning-tag-and-text",
     ],  # fmt: skip
 )
 def test_each_text_has_its_own_tokens_logprobs_streamed_or_not(client, tokens, expected, merged):
