@@ -140,6 +140,31 @@ def test_ctrl_c_ends_generate_with_status_130_and_no_traceback(model_dir):
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
 
 
+def test_a_ctrl_c_while_the_command_loads_lets_the_import_finish(monkeypatch):
+    """A Ctrl-C while the command's modules import is noted, not raised there: raised, it could
+    land in a pybind11 callback of torch's import and abort the process (status -6, "terminate
+    called after throwing an instance of 'pybind11::error_already_set'", seen once in CI). The
+    import finishes, the command does not run, the status is 130 and Ctrl-C raises again after."""
+    import signal
+
+    from minisgl_core import entry
+
+    steps = []
+
+    def load():
+        os.kill(os.getpid(), signal.SIGINT)
+        for i in range(100_000):  # Python code after the signal: where a handler would raise
+            steps.append(i)
+        return lambda: pytest.fail("the command ran after a Ctrl-C")
+
+    monkeypatch.setattr(entry, "_load_cli", load)
+    assert entry.main() == 130
+    assert len(steps) == 100_000  # the import was not cut short
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    monkeypatch.setattr(entry, "_load_cli", lambda: lambda: 0)
+    assert entry.main() == 0
+
+
 @pytest.mark.parametrize("delay", [0.2, 0.6])
 def test_ctrl_c_while_the_command_loads_is_quiet(delay):
     """A Ctrl-C in the first second of ``minisgl serve`` (its modules importing: torch alone takes
