@@ -30,6 +30,7 @@ from minisgl_core.sampling import SamplingParams, TokenLogprob, merge_sampling, 
 from minisgl_core.setting_names import NOT_NEEDED_KEYWORDS, VLLM_KEYWORDS, Spelling
 from minisgl_core.tokenizer.chat_input import (
     LONE_SURROGATE,
+    chatml_tools_hint,
     check_continued_message,
     check_tools_rendered,
     checked_template_args,
@@ -545,7 +546,10 @@ class LLM:
             except ValueError:  # (it needs them)
                 return None
 
-        check_tools_rendered(ids, args, without_tools, "pass chat_template= with a template that does")
+        fix = "pass chat_template= with a template that does" + chatml_tools_hint(
+            getattr(self.tokenizer, "chat_template", None), "chat_template='chatml-tools'"
+        )
+        check_tools_rendered(ids, args, without_tools, fix)
         return ids
 
     def _render(self, conversation: list[dict[str, Any]], args: dict[str, Any], where: str) -> list[int]:

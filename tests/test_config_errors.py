@@ -220,6 +220,10 @@ BAD_FLAGS = [
     ("serve", ["--port", "0", "--host", "nonexistent.invalid"], "--host 'nonexistent.invalid' is not an address"),
     ("serve", ["--port", "0", "--grammar-backend", "nope"], "unknown --grammar-backend 'nope'; installed: llguidance, xgrammar"),
     ("serve", ["--port", "0", "--chat-template", "/no/such.jinja"], "--chat-template: cannot read /no/such.jinja"),
+    # (a name that is neither a file nor a bundled template: the bundled ones are listed)
+    ("serve", ["--port", "0", "--chat-template", "chatml"],
+     "--chat-template: cannot read chatml: No such file or directory (give a template file, or a bundled "
+     "template's name: chatml-tools)"),
     # (the tiny model: 4 heads, 2 KV heads; a worker's traceback before)
     ("serve", ["--port", "0", "--tp", "3"],
      "--tp 3: the model's 4 attention heads (2 KV heads) do not split evenly over 3 ranks; use --tp 1 or 2 or 4"),

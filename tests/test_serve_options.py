@@ -109,3 +109,33 @@ def test_the_demo_model_answers_to_demo_too(monkeypatch, tmp_path):
         build_parser().parse_args(["serve", "--model", "demo", "--served-model-name", "x"])
     )
     assert (opts.served_model_name, opts.served_model_aliases) == ("x", ())
+
+
+def test_a_bundled_template_is_served_by_name_and_a_file_of_that_name_comes_first(
+    model_dir, tmp_path, monkeypatch
+):
+    """``--chat-template chatml-tools`` serves the bundled template (it was 'cannot read
+    chatml-tools'); a file of that name in the working directory is still the one read."""
+    from minisgl_core.cli import build_parser
+    from minisgl_core.server.cli import _serve_options
+    from minisgl_core.tokenizer.chat_input import bundled_chat_template
+
+    def served(cwd: Path) -> str | None:
+        monkeypatch.chdir(cwd)
+        argv = [
+            "serve",
+            "--model",
+            str(model_dir),
+            "--port",
+            "0",
+            "--device",
+            "cpu",
+            "--chat-template",
+            "chatml-tools",
+        ]
+        return _serve_options(build_parser().parse_args(argv))[0].api.chat_template
+
+    assert served(tmp_path) == bundled_chat_template("chatml-tools")
+    own = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    (tmp_path / "chatml-tools").write_text(own)
+    assert served(tmp_path) == own

@@ -40,6 +40,7 @@ from minisgl_core.request_limits import ContextLengthExceeded, admit, truncate_p
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.tokenizer.chat_input import (
     ToolsNotRendered,
+    chatml_tools_hint,
     check_tools_rendered,
     template_does_not_compile,
 )
@@ -96,7 +97,11 @@ class Admitter:
                         ids,
                         args,
                         lambda tool_free_args: render(req.messages, tool_free_args),
-                        "start the server with --chat-template FILE whose template does",
+                        "start the server with --chat-template FILE whose template does"
+                        + chatml_tools_hint(
+                            getattr(self.tokenizer, "chat_template", None),
+                            "--chat-template chatml-tools --tool-call-parser hermes",
+                        ),
                     )
                 except ToolsNotRendered as exc:
                     raise RequestRejected(str(exc), "tools") from None

@@ -101,8 +101,10 @@ def _add_http_args(p: argparse.ArgumentParser, port: int) -> None:
     g.add_argument(
         "--chat-template",
         default=None,
-        metavar="PATH",
-        help="a Jinja chat template file replacing the tokenizer's own",
+        metavar="PATH|NAME",
+        help="a Jinja chat template file replacing the tokenizer's own, or a bundled template's name: "
+        "chatml-tools (ChatML with Hermes tool calls, for ChatML models whose template has no tools, "
+        "such as the default model; with --tool-call-parser hermes)",
     )
     g.add_argument(
         "--allowed-origins",
@@ -369,10 +371,19 @@ def _read_chat_template(path: str | None) -> str | None:
     every chat request later."""
     if path is None:
         return None
+    from minisgl_core.tokenizer.chat_input import BUNDLED_CHAT_TEMPLATES, bundled_chat_template
+
+    bundled = None if Path(path).exists() else bundled_chat_template(path)
+    if bundled is not None:  # (a file of that name in the working directory comes first)
+        return bundled
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError(f"--chat-template: cannot read {path}: {exc.strerror or exc}") from None
+        names = ", ".join(BUNDLED_CHAT_TEMPLATES)
+        raise ConfigError(
+            f"--chat-template: cannot read {path}: {exc.strerror or exc} (give a template file, or a "
+            f"bundled template's name: {names})"
+        ) from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"--chat-template: {path} is not UTF-8 text ({exc.reason})") from None
     if not text.strip():  # (taken as "no template": every chat turn then said the tokenizer has none)

@@ -31,6 +31,7 @@ from minisgl_core.server.schemas import (
 from minisgl_core.server.state import ServerState
 from minisgl_core.tokenizer.chat_input import (
     ToolsNotRendered,
+    chatml_tools_hint,
     check_tools_rendered,
     template_does_not_compile,
 )
@@ -86,7 +87,11 @@ def _encode(
         ids,
         args,
         lambda free: _render_or_none(tokenizer, messages, free),
-        "start the server with --chat-template FILE whose template does",
+        "start the server with --chat-template FILE whose template does"
+        + chatml_tools_hint(
+            getattr(tokenizer, "chat_template", None),
+            "--chat-template chatml-tools --tool-call-parser hermes",
+        ),
     )
     return ids
 

@@ -313,6 +313,30 @@ def check_tools_rendered(
         raise ToolsNotRendered(f"this model's chat template does not render tools; {fix}")
 
 
+#: the chat templates minisgl ships (``minisgl_core/tokenizer/templates/NAME.jinja``), taken by
+#: name where a template is asked for: ``serve --chat-template NAME``, ``LLM.chat(chat_template=NAME)``
+BUNDLED_CHAT_TEMPLATES = ("chatml-tools",)
+
+
+def bundled_chat_template(name: str) -> str | None:
+    """The text of the bundled chat template ``name`` (one of :data:`BUNDLED_CHAT_TEMPLATES`), or
+    None where no bundled template has that name."""
+    if name not in BUNDLED_CHAT_TEMPLATES:
+        return None
+    from importlib.resources import files
+
+    return files("minisgl_core.tokenizer").joinpath("templates", f"{name}.jinja").read_text(encoding="utf-8")
+
+
+def chatml_tools_hint(own_template: object, how: str) -> str:
+    """The end of a :class:`ToolsNotRendered` fix where the model's own template is ChatML (its
+    turns open with ``<|im_start|>``, as the default SmolLM2's do): the bundled ``chatml-tools``
+    renders tools for it, and ``how`` says how to pick it; else nothing."""
+    if isinstance(own_template, str) and "<|im_start|>" in own_template:
+        return f"; for this ChatML model the bundled chatml-tools template does: {how}"
+    return ""
+
+
 def has_jinja(text: str) -> bool:
     """Whether ``text`` has a Jinja tag ({{ }} or {% %}), as a chat template has: a file's name or
     plain text has none (``LLM.chat(chat_template=...)`` and ``serve --chat-template`` refuse it)."""
@@ -374,10 +398,14 @@ def checked_template_args(
             raise TypeError(
                 f"chat_template must be the Jinja text of a template, got {type(chat_template).__name__}"
             )
-        if not has_jinja(chat_template):  # a file's name, say
+        bundled = None if has_jinja(chat_template) else bundled_chat_template(chat_template)
+        if bundled is not None:
+            chat_template = bundled
+        elif not has_jinja(chat_template):  # a file's name, say
             raise ValueError(
-                f"chat_template must be the Jinja text of a template, got {short_repr(chat_template)} "
-                "(no {{ }} or {% %} in it); read a template file with Path(...).read_text()"
+                f"chat_template must be the Jinja text of a template or the name of a bundled one "
+                f"({', '.join(BUNDLED_CHAT_TEMPLATES)}), got {short_repr(chat_template)} (no {{{{ }}}} "
+                "or {% %} in it); read a template file with Path(...).read_text()"
             )
     return template_args(
         add_generation_prompt,

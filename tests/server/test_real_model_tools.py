@@ -165,3 +165,36 @@ def test_a_forced_call_cut_off_by_max_tokens_is_a_partial_call_streamed_or_not(
     calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
     assert (choice.finish_reason, choice.message.content, calls) == ("length", None, expected)
     assert _streamed_calls(client, **kwargs) == ("", expected, "length")
+
+
+@pytest.fixture(scope="module")
+def bundled_client(start_server, default_model_dir):
+    """The real model served with the bundled ChatML tools template, by its name."""
+    import openai
+
+    args = ARGS[: ARGS.index("--chat-template")] + [
+        "--chat-template",
+        "chatml-tools",
+        "--tool-call-parser",
+        "hermes",
+    ]
+    server = start_server(args)
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def test_the_bundled_chatml_tools_template_serves_a_forced_call_round_trip(bundled_client):
+    """``--chat-template chatml-tools`` lets the default model take tools with no template file of
+    one's own: the forced call validates against the function's schema, streamed the same, and
+    the tool's result goes back for a final answer."""
+    kwargs = dict(
+        model=MODEL, messages=ASK, tools=[WEATHER], tool_choice=FORCED, temperature=0, max_tokens=64
+    )
+    choice = bundled_client.chat.completions.create(**kwargs).choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER_PARAMS)
+    content, calls, finish = _streamed_calls(bundled_client, **kwargs)
+    assert (content, finish) == ("", "tool_calls")
+    assert [(n, json.loads(a)) for n, a in calls] == [("get_weather", json.loads(call.function.arguments))]
+    assert _round_trip(bundled_client, call.id, call.function.name, call.function.arguments).strip()

@@ -581,9 +581,11 @@ def test_tokenize_refuses_tools_the_template_drops_as_chat_does(server, auth):
     assert resp.status_code == 400, resp.text
     error = resp.json()["error"]
     assert error["param"] == "tools" and error["type"] == "invalid_request_error"
+    # (the demo's template is ChatML, whose tools the bundled template renders: named as the fix)
     assert error["message"] == (
         "this model's chat template does not render tools; start the server with --chat-template FILE "
-        "whose template does"
+        "whose template does; for this ChatML model the bundled chatml-tools template does: "
+        "--chat-template chatml-tools --tool-call-parser hermes"
     )
     plain = httpx.post(f"{server.url}/tokenize", json={"messages": ASK}, headers=auth)
     assert plain.status_code == 200 and plain.json()["count"] > 0
