@@ -246,31 +246,87 @@ def test_a_q4_k_m_style_file_of_mixed_types_matches_transformers(make_tiny_model
     check_against_transformers(file)
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])
-def test_block_formats_dequantize_bitwise_as_gguf_does(qtype):
-    """The 32-weight block formats, all blocks at once, against ``gguf.quants.dequantize`` (a
-    group of rows at a time): random bytes, and infinite, NaN, subnormal and negative-zero
-    float16 scales (and Q4_1's minimums) planted; equal bit for bit."""
+def _mapped(raw: np.ndarray, qtype: str, dims: tuple[int, ...]):
+    """A header and tensor info for ``raw`` bytes of ``qtype`` (ggml ``dims``), read-only as the
+    file's map is: what :func:`~minisgl_plugin_gguf.format._dequantize` reads."""
     import gguf
-    from minisgl_plugin_gguf.format import _BLOCK_FORMATS, _dequantize_blocks
+    from minisgl_plugin_gguf.header import TensorInfo
 
-    assert qtype in _BLOCK_FORMATS
+    data = raw.reshape(-1).copy()
+    data.flags.writeable = False
+
+    class Header:
+        def tensor_bytes(self, tensor: TensorInfo) -> np.ndarray:
+            return data
+
+    info = TensorInfo("t", dims, int(gguf.GGMLQuantizationType[qtype]), 0, data.size)
+    return Header(), info
+
+
+#: float16 scales that are not plain numbers: inf, NaN, a subnormal, -0, -max, a signalling
+#: NaN, a negative NaN, -inf, the largest subnormal
+_SPECIAL_SCALES = np.array(
+    [0x7C00, 0x7E00, 0x0001, 0x8000, 0xFBFF, 0x7C01, 0xFE01, 0xFC00, 0x03FF], dtype=np.uint16
+)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])
+def test_block_formats_dequantize_bitwise_as_gguf_does(qtype, dtype, monkeypatch):
+    """The 32-weight block formats, a chunk of blocks at a time in PyTorch, against
+    ``gguf.quants.dequantize`` (NumPy, a group of rows at a time): random bytes, and infinite,
+    NaN, subnormal and negative-zero float16 scales planted (and Q4_1's minimums, alone and in
+    the same blocks as such scales); float32 equal bit for bit, NaN payloads included; bfloat16
+    and float16 as that float32 cast. Chunks of 1,000 blocks, so a tensor is several and a part."""
+    import gguf
+    import minisgl_plugin_gguf.format as gguf_format
+
+    monkeypatch.setattr(gguf_format, "_CHUNK_BLOCKS", 1000)
+    assert qtype in gguf_format._BLOCK_FORMATS
     quant = gguf.GGMLQuantizationType[qtype]
     block, type_size = gguf.GGML_QUANT_SIZES[quant]
     raw = np.random.default_rng(3).integers(0, 256, size=(96, 64 * type_size), dtype=np.uint8)
     blocks = raw.reshape(-1, type_size)
-    special = np.array(
-        [0x7C00, 0x7E00, 0x0001, 0x8000, 0xFBFF], dtype=np.uint16
-    )  # inf, NaN, subnormal, -0, -max
-    blocks[: len(special), :2] = special.view(np.uint8).reshape(-1, 2)  # the scales d
-    if qtype == "Q4_1":
-        blocks[len(special) : 2 * len(special), 2:4] = special.view(np.uint8).reshape(-1, 2)  # the minimums m
+    special = _SPECIAL_SCALES.view(np.uint8).reshape(-1, 2)
+    count = len(special)
+    blocks[:count, :2] = special  # the scales d
+    if qtype == "Q4_1":  # the minimums m, alone and beside special scales
+        blocks[count : 2 * count, 2:4] = special
+        blocks[2 * count : 3 * count, :2] = special
+        blocks[2 * count : 3 * count, 2:4] = special[::-1]
     with np.errstate(invalid="ignore"):
         want = np.asarray(gguf.quants.dequantize(raw, quant), dtype=np.float32)
-        ours = _dequantize_blocks(qtype, raw.reshape(-1, type_size)).reshape(want.shape)
-    assert ours.dtype == np.float32 and want.shape == (96, 64 * block)
+    assert want.shape == (96, 64 * block) and len(blocks) > 6 * 1000
     assert np.isnan(want).any() and np.isinf(want).any()
-    assert np.array_equal(ours.view(np.uint32), want.view(np.uint32))
+    ours = gguf_format._dequantize(*_mapped(raw, qtype, (64 * block, 96)), dtype)
+    assert ours.dtype == dtype and ours.shape == want.shape
+    bits = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}[dtype]
+    assert torch.equal(ours.view(bits), torch.from_numpy(want).to(dtype).view(bits))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("qtype", ["F32", "F16", "BF16"])
+def test_float_tensors_load_as_gguf_dequantizes_them(qtype, dtype):
+    """The stored float types, cast straight to the asked dtype: every float16 and bfloat16 bit
+    pattern (a float32 tensor of random bits), against ``gguf.quants.dequantize`` cast; equal bit
+    for bit but NaN payloads (PyTorch quiets a signalling NaN, NumPy keeps it; the loader refuses
+    a NaN weight anyway)."""
+    import gguf
+    from minisgl_plugin_gguf.format import _dequantize
+
+    if qtype == "F32":
+        raw = np.random.default_rng(4).integers(0, 256, size=(64, 4096), dtype=np.uint8)
+    else:
+        raw = np.arange(1 << 16, dtype=np.uint16).view(np.uint8).reshape(64, 2048)
+    quant = gguf.GGMLQuantizationType[qtype]
+    want = torch.from_numpy(np.asarray(gguf.quants.dequantize(raw, quant), dtype=np.float32)).to(dtype)
+    ours = _dequantize(*_mapped(raw, qtype, (want.shape[1], 64)), dtype)
+    assert ours.dtype == dtype and ours.shape == want.shape
+    bits = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}[dtype]
+    numbers = ~want.isnan()
+    assert torch.equal(ours.isnan(), ~numbers)
+    assert torch.equal(ours[numbers].view(bits), want[numbers].view(bits))
+    ours.add_(1)  # a tensor of its own: the map is read-only
 
 
 def test_tied_embeddings_when_the_file_has_no_output_tensor(make_tiny_model, tmp_path):
