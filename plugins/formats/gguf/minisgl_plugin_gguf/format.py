@@ -335,8 +335,9 @@ def _as_tensor(raw: np.ndarray) -> torch.Tensor:
 
 #: the 32-weight block formats dequantized here with PyTorch's threads, a chunk of blocks at a time:
 #: ``gguf``'s ``dequantize`` takes them a group of rows at a time in NumPy, on one core (1.2 s for
-#: the default model's 211 block tensors on the dev CPU, NumPy all at once 0.6-0.7); the same
-#: float32 operations in the same order, so bitwise equal to it (tests/test_gguf.py)
+#: the default model's 211 block tensors on the dev CPU; NumPy over all blocks at once 0.84 s, this
+#: 0.53: BENCHMARKS.md, "GGUF blocks dequantized in PyTorch"); the same float32 operations in the
+#: same order, so bitwise equal to it (tests/test_gguf.py)
 _BLOCK_FORMATS = ("Q8_0", "Q4_0", "Q4_1")
 
 #: blocks dequantized at a time: their float32 values (8 MiB) stay in the CPU's cache through the
