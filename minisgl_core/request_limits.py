@@ -8,6 +8,8 @@ torch."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from minisgl_core.messages import Limits
 from minisgl_core.sampling import SamplingParams
 
@@ -76,15 +78,58 @@ def truncate_prompt(
     return prompt_ids[-k:] if len(prompt_ids) > k else prompt_ids
 
 
+#: token ids the tokenized forms of one request's bad words may hold together (vLLM's bound): the
+#: sampler compares every form with the output's last tokens each step
+MAX_BAD_WORDS_TOKENS = 1024
+
+
+def bad_words_token_ids(
+    words: tuple[str, ...], encode: Callable[[str], list[int]]
+) -> tuple[tuple[int, ...], ...]:
+    """The token sequences whose last token ``words`` ban (vLLM's reading of bad_words): each word
+    with its leading whitespace stripped, and with one leading space where that is a distinct
+    word of as many tokens (another first token: "Paris" and " Paris" mid-sentence). ``encode``
+    tokenizes without special tokens. ValueError naming bad_words for a word that gives no token,
+    or forms past :data:`MAX_BAD_WORDS_TOKENS` tokens in all."""
+    forms: list[tuple[int, ...]] = []
+    for i, word in enumerate(words):
+        bare = tuple(encode(word.lstrip()))
+        if not bare:
+            raise ValueError(f"bad_words: word {i} ({word.strip()[:40]!r}) gives no token")
+        forms.append(bare)
+        spaced = tuple(encode(" " + word.lstrip()))
+        if spaced and spaced[0] != bare[0] and len(spaced) == len(bare):
+            forms.append(spaced)
+    total = sum(map(len, forms))
+    if total > MAX_BAD_WORDS_TOKENS:
+        raise ValueError(
+            f"bad_words: their tokenized forms hold {total} tokens, at most {MAX_BAD_WORDS_TOKENS} are "
+            "taken; give fewer or shorter words"
+        )
+    return tuple(forms)
+
+
 def admit(
-    prompt_ids: list[int], params: SamplingParams, limits: Limits, default_max_tokens: int | None = None
+    prompt_ids: list[int],
+    params: SamplingParams,
+    limits: Limits,
+    default_max_tokens: int | None = None,
+    encode: Callable[[str], list[int]] | None = None,
 ) -> SamplingParams:
     """``params`` with ``max_tokens`` decided, once the request is known to fit; ValueError (the
     message says what to change) when it never can.
 
     ``max_tokens=None`` becomes what the context leaves, capped by the model's own default
     (``default_max_tokens``, generation_config.json's max_new_tokens): the default caps what the
-    context leaves, never the other way round."""
+    context leaves, never the other way round.
+
+    ``bad_words`` are tokenized here, once a request, by ``encode`` (text -> token ids without
+    special tokens; the tokenizer worker's or the offline engine's tokenizer), into
+    ``bad_words_token_ids``, which travel with the request to every rank."""
+    if params.bad_words:
+        if encode is None:
+            raise ValueError("bad_words need a tokenizer: this admission has none")
+        params = params.with_bad_words_token_ids(bad_words_token_ids(params.bad_words, encode))
     if params.max_tokens is None:
         room = min(limits.max_context_len, limits.kv_capacity_tokens) - len(prompt_ids)
         if room < 1:
@@ -130,6 +175,10 @@ def check_request_fits(
         raise ValueError(f"stop_token_ids must be integers in [0, {vocab_size}), the model's vocabulary")
     if any(t >= vocab_size for t in params.logit_bias):
         raise ValueError(f"logit_bias token ids must be in [0, {vocab_size})")
+    if params.allowed_token_ids is not None and params.allowed_token_ids[-1] >= vocab_size:
+        raise ValueError(f"allowed_token_ids must be token ids in [0, {vocab_size}), the model's vocabulary")
+    if any(t >= vocab_size for form in params.bad_words_token_ids or () for t in form):
+        raise ValueError(f"bad_words: their tokens must be in [0, {vocab_size}), the model's vocabulary")
     if params.reasoning_tag_ids is not None and max(params.reasoning_tag_ids) >= vocab_size:
         raise ValueError(f"reasoning_tag_ids must be token ids in [0, {vocab_size})")
     total = len(prompt_ids) + params.max_tokens

@@ -96,6 +96,18 @@ class SamplingParams:
     #: distribution, only the grammar's mask applied (vLLM's default, ``raw_logprobs``). The
     #: prompt's logprobs are the model's either way, as in SGLang
     scaled_logprobs: bool = False
+    #: vLLM's: only these token ids may be sampled (every other gets -inf before the draw); None:
+    #: any. Kept sorted without repeats; admission checks them against the vocabulary
+    allowed_token_ids: tuple[int, ...] | None = None
+    #: vLLM's: words the output may not end in. Each is tokenized twice, its leading whitespace
+    #: stripped and with one leading space (that second form kept where it is a distinct word:
+    #: another first token, as many tokens); the last token of a form cannot be sampled right after
+    #: the output's tokens equal the form's others, so a one-token word is never sampled
+    bad_words: tuple[str, ...] = ()
+    #: ``bad_words`` as token sequences, each form a tuple: set by admission, which has the
+    #: tokenizer (:func:`minisgl_core.request_limits.bad_words_token_ids`); None until then. The
+    #: engine reads these, every rank the same ones, and refuses bad_words not yet admitted
+    bad_words_token_ids: tuple[tuple[int, ...], ...] | None = None
 
     MAX_TOP_LOGPROBS: ClassVar[int] = 20
     #: the most completions one prompt may ask for: the offline LLM's bound and the server's (its
@@ -111,6 +123,12 @@ class SamplingParams:
     #: faster than the size (a regex of 1 MB took 7 s on two cores, of 2 MB 55 s), and a compile
     #: cannot be stopped once begun, not even when its client leaves
     MAX_GRAMMAR_CHARS: ClassVar[int] = 1 << 19
+    #: allowed_token_ids a request may give: the largest vocabularies (Gemma's 262,144 ids)
+    MAX_ALLOWED_TOKEN_IDS: ClassVar[int] = 1 << 18
+    #: bad words a request may give (vLLM's bound, on its tokenized forms), and characters in each:
+    #: every step each form's tokens are compared with the output's last ones
+    MAX_BAD_WORDS: ClassVar[int] = 128
+    MAX_BAD_WORD_CHARS: ClassVar[int] = 1024
 
     def __post_init__(self) -> None:
         normalise = partial(object.__setattr__, self)
@@ -124,6 +142,24 @@ class SamplingParams:
                 f"stop_token_ids must be a list of token ids, got {type(self.stop_token_ids).__name__}"
             )
         normalise("stop_token_ids", tuple(self.stop_token_ids or ()))
+        bad_words = self.bad_words
+        if not (bad_words is None or isinstance(bad_words, (str, list, tuple))):
+            raise ValueError(f"bad_words must be a list of strings, got {type(bad_words).__name__}")
+        normalise("bad_words", (bad_words,) if isinstance(bad_words, str) else tuple(bad_words or ()))
+        allowed = self.allowed_token_ids
+        if allowed is not None:
+            if not isinstance(allowed, (list, tuple)):  # (a set's order, a string's characters)
+                raise ValueError(
+                    f"allowed_token_ids must be a list of token ids, got {type(allowed).__name__}"
+                )
+            normalise("allowed_token_ids", tuple(allowed))
+        forms = self.bad_words_token_ids
+        if forms is not None:
+            if not isinstance(forms, (list, tuple)) or not all(
+                isinstance(f, (list, tuple)) and f for f in forms
+            ):
+                raise ValueError("bad_words_token_ids must be lists of token ids (admission sets them)")
+            normalise("bad_words_token_ids", tuple(tuple(f) for f in forms))
         if not (self.logit_bias is None or isinstance(self.logit_bias, dict)):
             raise ValueError(f"logit_bias must map token ids to biases, got {type(self.logit_bias).__name__}")
         # JSON and msgpack carry these as plain values: ids may be strings, the grammar a dict
@@ -153,7 +189,8 @@ class SamplingParams:
 
         Integer ranges: ``max_tokens`` in [1, 2**63-1] or None, ``top_k`` in [-1, 2**63-1] (above
         the vocabulary size it keeps every token), ``seed`` in [-2**63, 2**63-1] (OpenAI's int64),
-        ``logprobs`` and ``prompt_logprobs`` in [0, 20], ``n`` in [1, 64], ``stop_token_ids`` and ``logit_bias``'s token ids in [0, 2**63-1] (admission also checks
+        ``logprobs`` and ``prompt_logprobs`` in [0, 20], ``n`` in [1, 64], ``stop_token_ids``,
+        ``allowed_token_ids`` and ``logit_bias``'s token ids in [0, 2**63-1] (admission also checks
         them against the vocabulary)."""
 
         def bad(name: str, why: str) -> None:
@@ -242,6 +279,38 @@ class SamplingParams:
                 )
         stop_ids = tuple(integer("stop_token_ids", 0, INT64_MAX, token) for token in self.stop_token_ids)
         object.__setattr__(self, "stop_token_ids", stop_ids)
+        if self.allowed_token_ids is not None:
+            if not self.allowed_token_ids:  # (every token -inf: nothing to sample)
+                bad("allowed_token_ids", "must hold at least one token id (None allows every token)")
+            if len(self.allowed_token_ids) > self.MAX_ALLOWED_TOKEN_IDS:
+                raise ValueError(
+                    f"allowed_token_ids must hold at most {self.MAX_ALLOWED_TOKEN_IDS} token ids, got "
+                    f"{len(self.allowed_token_ids)}"
+                )
+            allowed = {integer("allowed_token_ids", 0, INT64_MAX, token) for token in self.allowed_token_ids}
+            object.__setattr__(self, "allowed_token_ids", tuple(sorted(allowed)))
+        if not all(isinstance(w, str) and w.strip() for w in self.bad_words):
+            bad("bad_words", "must be strings with some text besides whitespace")
+        if len(self.bad_words) > self.MAX_BAD_WORDS:
+            raise ValueError(
+                f"bad_words must hold at most {self.MAX_BAD_WORDS} words, got {len(self.bad_words)}"
+            )
+        if any(len(w) > self.MAX_BAD_WORD_CHARS for w in self.bad_words):
+            longest = max(len(w) for w in self.bad_words)
+            raise ValueError(
+                f"bad_words must be at most {self.MAX_BAD_WORD_CHARS} characters each, got one of {longest}"
+            )
+        for i, text in enumerate(self.bad_words):  # (the tokenizer's UnicodeEncodeError)
+            if (surrogate := LONE_SURROGATE.search(text)) is not None:
+                raise ValueError(
+                    f"bad_words is not valid text: word {i} has a lone UTF-16 surrogate at index {surrogate.start()}"
+                )
+        if self.bad_words_token_ids is not None:
+            forms = tuple(
+                tuple(integer("bad_words_token_ids", 0, INT64_MAX, token) for token in form)
+                for form in self.bad_words_token_ids
+            )
+            object.__setattr__(self, "bad_words_token_ids", forms)
         if not finite("repetition_penalty") > 0:
             bad("repetition_penalty", "must be > 0 (1 disables it)")
         limit = self.MAX_LOGIT_BIAS
@@ -266,6 +335,11 @@ class SamplingParams:
         if not 1 <= max_tokens <= INT64_MAX:
             raise ValueError(f"max_tokens must be an integer in [1, 2**63-1], got {max_tokens}")
         return self._derived(max_tokens=max_tokens)
+
+    def with_bad_words_token_ids(self, forms: tuple[tuple[int, ...], ...]) -> SamplingParams:
+        """This request with its ``bad_words`` tokenized, by admission
+        (:func:`minisgl_core.request_limits.bad_words_token_ids`)."""
+        return self._derived(bad_words_token_ids=tuple(tuple(form) for form in forms))
 
     def for_choice(self, index: int) -> SamplingParams:
         """The parameters of the engine request that runs choice ``index`` of a request with
@@ -296,6 +370,11 @@ class SamplingParams:
         by_name = dict(zip(_FIELD_NAMES, values, strict=True))
         by_name["stop"] = tuple(by_name["stop"])
         by_name["stop_token_ids"] = tuple(by_name["stop_token_ids"])
+        by_name["bad_words"] = tuple(by_name["bad_words"])
+        if by_name["allowed_token_ids"] is not None:
+            by_name["allowed_token_ids"] = tuple(by_name["allowed_token_ids"])
+        if by_name["bad_words_token_ids"] is not None:
+            by_name["bad_words_token_ids"] = tuple(map(tuple, by_name["bad_words_token_ids"]))
         if by_name["reasoning_tag_ids"] is not None:
             by_name["reasoning_tag_ids"] = tuple(by_name["reasoning_tag_ids"])
         grammar = by_name["grammar"]

@@ -45,8 +45,8 @@ from minisgl_core.runner.sampler import (
     Sampler,
     SampleRequest,
     SampleResult,
-    min_tokens_ban,
     shards_plain,
+    step_bans,
     to_device,
     vocab_ranks,
 )
@@ -241,7 +241,13 @@ class Engine:
         context leaves, at most the model's default); ValueError when the request can never run,
         a GrammarError (a ValueError) naming what is wrong with its grammar. The server's
         tokenizer worker does the same with the limits of the ready handshake."""
-        params = admit(prompt_ids, params, self.limits, self.sampling_defaults.get("max_tokens"))
+        params = admit(
+            prompt_ids,
+            params,
+            self.limits,
+            self.sampling_defaults.get("max_tokens"),
+            encode=lambda text: self.tokenizer.encode(text, add_special_tokens=False),
+        )
         if params.grammar is not None:
             self.grammars.backend.check(params.grammar)
         return params
@@ -257,6 +263,8 @@ class Engine:
         ended; no GrammarError here then. Otherwise (the offline path) it compiles now."""
         if params.max_tokens is None:
             raise ValueError("admit the request first: its max_tokens is not decided")
+        if params.bad_words and params.bad_words_token_ids is None:
+            raise ValueError("admit the request first: its bad_words are not tokenized")
         if params.n != 1:  # (its other choices would be dropped without a word)
             raise ValueError(
                 f"n={params.n}: an engine runs one completion a request; add one request per choice "
@@ -474,7 +482,7 @@ class Engine:
         samples = [
             SampleRequest(
                 r.params, r.output_ids, r.generator, r.prompt_ids,
-                min_tokens_ban(r.params, len(r.output_ids), self.scheduler.stop_checker.eos_ids),
+                step_bans(r.params, r.output_ids, self.scheduler.stop_checker.eos_ids),
             )
             for r in reqs
         ]  # fmt: skip
@@ -716,7 +724,8 @@ def _open_step_trace(path: str | None) -> IO[str] | None:
 
 def _needs_host_outputs(params: SamplingParams) -> bool:
     """Whether sampling for this request reads its newest output tokens on the host (penalties,
-    and min_tokens, which bans stop tokens by how many there are). repetition_penalty was left
+    min_tokens, which bans stop tokens by how many there are, and bad_words, which ban a word's
+    last token after its others). repetition_penalty was left
     out: under overlap its newest token went unpenalised, and greedy output differed from overlap
     off and from speculative decoding."""
     return bool(
@@ -724,4 +733,5 @@ def _needs_host_outputs(params: SamplingParams) -> bool:
         or params.frequency_penalty
         or params.repetition_penalty != 1.0
         or params.min_tokens
+        or params.bad_words
     )

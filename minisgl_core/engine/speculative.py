@@ -7,7 +7,8 @@ sample ``x ~ p`` at the position as usual, accept ``d`` when ``x == d``, else em
 ``P(accept) = p(d)``, and a rejected ``x`` is ``p`` conditioned on ``x != d``, which is the
 renormalised remainder. So each position goes through the ordinary sampler, with everything it
 supports: temperature, top-k/top-p/min-p, penalties (each position sees the output as if the
-drafts before it were accepted, as it would be without speculation), logit bias, logprobs,
+drafts before it were accepted, as it would be without speculation, and so do min_tokens' and
+bad_words' bans), logit bias, allowed_token_ids, logprobs,
 seeds (a seeded request's text repeats from run to run while the KV pool has room, but differs
 from its text without speculation: every position of a verify step draws from the request's
 generator, drafts rejected or not, so later tokens meet other draws; and for the same reason a
@@ -34,7 +35,7 @@ import torch
 from minisgl_core.api import ParallelContext
 from minisgl_core.engine.grammar import GrammarRunner
 from minisgl_core.runner.model_runner import ModelRunner
-from minisgl_core.runner.sampler import Sampler, SampleRequest, min_tokens_ban, to_device
+from minisgl_core.runner.sampler import Sampler, SampleRequest, step_bans, to_device
 from minisgl_core.sampling import StepOutput
 from minisgl_core.scheduler.scheduler import Scheduler
 from minisgl_core.scheduler.speculative import Speculator, VerifyBatch
@@ -95,7 +96,7 @@ class VerifyRunner:
                     output,
                     r.generator,
                     r.prompt_ids,
-                    min_tokens_ban(r.params, len(output), self.scheduler.stop_checker.eos_ids),
+                    step_bans(r.params, output, self.scheduler.stop_checker.eos_ids),
                 )
                 for r, output in rows
             ],  # fmt: skip

@@ -182,7 +182,7 @@ class Admitter:
         except ContextLengthExceeded as exc:  # -1 with no max_tokens to leave room for
             raise RequestRejected(str(exc), req.max_tokens_field, "context_length_exceeded") from exc
         try:
-            sampling = admit(ids, req.params, self.limits, default)
+            sampling = admit(ids, req.params, self.limits, default, encode=self._encode_word)
         except ValueError as exc:
             # Blame max_tokens only when lowering it would help.
             prompt_fits = len(ids) < min(self.limits.max_context_len, self.limits.kv_capacity_tokens)
@@ -193,6 +193,9 @@ class Admitter:
                 blame = "logit_bias"
             if str(exc).startswith("min_tokens"):
                 blame = "min_tokens"
+            for field in ("allowed_token_ids", "bad_words"):
+                if str(exc).startswith(field):
+                    blame = field
             # (the prompt and max_tokens past the context or the KV pool: OpenAI's code for it, as
             # the API server's check by characters gives)
             code = "context_length_exceeded" if isinstance(exc, ContextLengthExceeded) else None
@@ -212,6 +215,10 @@ class Admitter:
                         sampling, reasoning_tag_ids=tag_ids, reasoning_opened=opened
                     )
         return ids, sampling
+
+    def _encode_word(self, text: str) -> list[int]:
+        """A bad word's token ids (admission tokenizes ``bad_words`` here, once a request)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def reasoning_opened(self, req: TokenizeRequest, ids: list[int]) -> bool:
         """Whether the admitted prompt ``ids`` opened the reasoning of ``req.reasoning_tags``: it

@@ -183,8 +183,8 @@ def _race_scales(params: Sequence[SamplingParams], device: torch.device) -> tupl
 
 def shards_plain(requests: Sequence[SampleRequest]) -> bool:
     """Whether these rows can be sampled from each rank's slice of the vocabulary alone
-    (:meth:`Sampler.sample_sharded`): no penalty, bias, truncation, logprobs or own seed, which all
-    need the whole row."""
+    (:meth:`Sampler.sample_sharded`): no penalty, bias, ban, allowed ids, truncation, logprobs or own
+    seed, which all need the whole row."""
     return all(
         r.generator is None
         and r.params.logprobs is None
@@ -196,6 +196,7 @@ def shards_plain(requests: Sequence[SampleRequest]) -> bool:
         and r.params.repetition_penalty == 1.0
         and not r.params.logit_bias
         and not r.banned
+        and r.params.allowed_token_ids is None
         for r in requests
     )
 
@@ -357,8 +358,33 @@ class SampleRequest:
     generator: torch.Generator | None = None
     #: only read for repetition_penalty, which (as in Hugging Face) also counts the prompt's tokens
     prompt_ids: Sequence[int] = ()
-    #: token ids that cannot be sampled now (eos and stop_token_ids before min_tokens)
+    #: token ids that cannot be sampled now (eos and stop_token_ids before min_tokens, the bad
+    #: words' last tokens: :func:`step_bans`)
     banned: Sequence[int] = ()
+
+
+def step_bans(params: SamplingParams, output_ids: Sequence[int], eos_ids: Iterable[int]) -> tuple[int, ...]:
+    """The token ids a request whose output so far is ``output_ids`` may not sample next: its
+    min_tokens' (:func:`min_tokens_ban`) and its bad words' (:func:`bad_words_ban`)."""
+    banned = min_tokens_ban(params, len(output_ids), eos_ids)
+    if params.bad_words_token_ids:
+        banned += bad_words_ban(params.bad_words_token_ids, output_ids)
+    return banned
+
+
+def bad_words_ban(forms: Sequence[Sequence[int]], output_ids: Sequence[int]) -> tuple[int, ...]:
+    """vLLM's bad_words: the last token of each form (a bad word's token sequence) whose other
+    tokens the output ends with; a one-token form's always. Only the output counts, not the
+    prompt."""
+    banned = []
+    produced = len(output_ids)
+    for form in forms:
+        before = len(form) - 1
+        if before == 0 or (
+            before <= produced and all(output_ids[produced - before + j] == form[j] for j in range(before))
+        ):
+            banned.append(form[-1])
+    return tuple(banned)
 
 
 def min_tokens_ban(params: SamplingParams, produced: int, eos_ids: Iterable[int]) -> tuple[int, ...]:
@@ -380,6 +406,23 @@ def apply_bans(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch
         if ids:
             logits[i, to_device(ids, logits.device)] = float("-inf")
     return logits
+
+
+def apply_allowed_token_ids(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tensor:
+    """vLLM's allowed_token_ids: -inf at every token id a row's list leaves out (admission kept
+    the ids inside the vocabulary; a row of logits may be wider, its padding left out too)."""
+    rows = [i for i, r in enumerate(requests) if r.params.allowed_token_ids is not None]
+    if not rows:
+        return logits
+    masked = torch.full(logits.shape, float("-inf"), dtype=torch.float32, device=logits.device)
+    others = [i for i in range(len(requests)) if requests[i].params.allowed_token_ids is None]
+    if others:
+        where = to_device(others, logits.device, torch.int64)
+        masked[where] = logits[where].float()
+    for i in rows:
+        ids = to_device(list(requests[i].params.allowed_token_ids), logits.device, torch.int64)  # type: ignore[arg-type]
+        masked[i, ids] = logits[i, ids].float()
+    return masked
 
 
 def apply_repetition_penalty(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tensor:
@@ -540,6 +583,8 @@ class Sampler:
         logits = apply_logit_bias(logits, requests)
         logits = apply_repetition_penalty(logits, requests)
         logits = self._apply_penalties(logits, requests)
+        # (the masks and bans come last, with the draw: raw logprobs never see them, as vLLM's)
+        logits = apply_allowed_token_ids(logits, requests)
         logits = apply_bans(logits, requests)
         if all(p.greedy for p in params):
             token_ids = greedy_argmax(logits)
