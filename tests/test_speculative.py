@@ -465,3 +465,26 @@ def test_bench_offline_reports_overlap_off_under_speculation(tmp_path):
         runs[name] = json.loads(proc.stdout.strip().splitlines()[-1])
     assert runs["spec"]["overlap"] is False and "speculative" in runs["spec"]
     assert runs["plain"]["overlap"] is True and "speculative" not in runs["plain"]
+
+
+def test_allowed_token_ids_and_bad_words_keep_verification_lossless(spec_llm, plain, prompts, reference):
+    """Every verified position gets the allowed ids' mask and its own bad-word bans (the output
+    before it taken as if the drafts before it were accepted): greedy output is the plain
+    engine's, with drafts accepted along the way."""
+    tok = plain.tokenizer
+    accepted = spec_llm.engine.stats()["spec_accepted_tokens"]
+    changed = 0
+    for ref, prompt in list(zip(reference, prompts))[::2]:
+        words = [w for w in (tok.decode(ref[3:5]), tok.decode(ref[8:10]), tok.decode(ref[6:7])) if w.strip()]
+        for params in (
+            SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True, bad_words=words),
+            SamplingParams(
+                temperature=0.0, max_tokens=30, ignore_eos=True, allowed_token_ids=sorted(set(ref) - {ref[9]})
+            ),
+        ):
+            got, want = spec_llm.generate([prompt], params)[0], plain.generate([prompt], params)[0]
+            assert got.token_ids == want.token_ids, params
+            changed += got.token_ids != ref[:30]
+    assert changed > 0
+    assert spec_llm.engine.stats()["spec_accepted_tokens"] > accepted
+    assert_kv_released(spec_llm)
