@@ -542,6 +542,11 @@ class SamplingFields(GrammarFields):
     logit_bias: dict[str, Float] | None = None
     #: None = unset: the model's default (generation_config.json), else 1.0 (off)
     repetition_penalty: Float | None = None
+    #: vLLM's: only these token ids may be sampled (None: any; an empty list is refused)
+    allowed_token_ids: list[Int] | None = None
+    #: vLLM's: words the output may not end in (a word's last token is banned right after its
+    #: other tokens, a one-token word always)
+    bad_words: list[Text] | None = None
     #: accepted as harmless metadata (OpenAI uses it for abuse monitoring)
     user: Text | None = None
     #: seconds after which the request ends with a timeout error (the server's --request-timeout
@@ -580,6 +585,8 @@ class SamplingFields(GrammarFields):
             "min_tokens": self.min_tokens,
             "logit_bias": dict(self.logit_bias or {}),
             "repetition_penalty": self.repetition_penalty,
+            "allowed_token_ids": self.allowed_token_ids,
+            "bad_words": list(self.bad_words or []),
             "grammar": self.grammar_wire(),
         }
 

@@ -376,6 +376,46 @@ def test_echo_of_a_truncated_prompt_is_what_was_kept(client, llm, model_name, as
     assert "".join(c.choices[0].text for c in streamed if c.choices) == text
 
 
+def test_allowed_token_ids_and_bad_words_through_the_server_match_offline(client, llm, model_name):
+    """vLLM's fields as the openai client sends them (extra_body): the server's output is the
+    offline LLM's, on chat and completions (bad words tokenized by the tokenizer worker as the
+    offline engine tokenizes them)."""
+    from minisgl_core.request_limits import bad_words_token_ids
+
+    base = greedy(llm, PROMPT, 16, ignore_eos=True)
+    allowed = sorted(set(base.token_ids[1:]) | {5, 77})
+    ref = greedy(llm, PROMPT, 16, ignore_eos=True, allowed_token_ids=allowed)
+    assert set(ref.token_ids) <= set(allowed) and ref.token_ids != base.token_ids
+    resp = client.completions.create(
+        model=model_name, prompt=PROMPT, max_tokens=16, temperature=0,
+        extra_body={"allowed_token_ids": allowed, "ignore_eos": True, "return_token_ids": True},
+    )  # fmt: skip
+    assert resp.choices[0].text == ref.text
+    assert resp.choices[0].model_extra["token_ids"] == ref.token_ids
+
+    def forms(word: str) -> tuple[tuple[int, ...], ...]:
+        return bad_words_token_ids((word,), lambda t: llm.tokenizer.encode(t, add_special_tokens=False))
+
+    # a word of the free run, one token long: it no longer appears
+    word = next(w for t in base.token_ids if (w := llm.tokenizer.decode([t])).strip() and (t,) in forms(w))
+    ref = greedy(llm, PROMPT, 16, ignore_eos=True, bad_words=[word])
+    assert ref.token_ids != base.token_ids and not {f[0] for f in forms(word) if len(f) == 1} & set(
+        ref.token_ids
+    )
+    resp = client.completions.create(
+        model=model_name, prompt=PROMPT, max_tokens=16, temperature=0,
+        extra_body={"bad_words": [word], "ignore_eos": True},
+    )  # fmt: skip
+    assert resp.choices[0].text == ref.text
+    ids = apply_chat_template(llm.tokenizer, MESSAGES)
+    chat_ref = greedy(llm, ids, 8, bad_words=[word], allowed_token_ids=allowed)
+    chat = client.chat.completions.create(
+        model=model_name, messages=MESSAGES, max_tokens=8, temperature=0,
+        extra_body={"bad_words": [word], "allowed_token_ids": allowed},
+    )  # fmt: skip
+    assert chat.choices[0].message.content == chat_ref.text
+
+
 def test_min_tokens_through_the_server_matches_offline(client, llm, model_name):
     """vLLM's min_tokens: stop strings in the first tokens do not count; the server's text (whole
     and streamed, through the detokenizer worker) and finish reason equal the offline LLM's."""
