@@ -681,3 +681,59 @@ def test_the_peer_watch_connects_again_after_its_store_connection_broke(monkeypa
     assert len(clients) >= 2 and watch.answered > started
     assert int(store.get("minisgl/beat/1")) >= 1
     assert not lost.is_set()
+
+
+def _allowed_bad_words_rank(rank: int, world: int, port: int, model_dir: str, queue) -> None:
+    import torch.distributed as dist
+
+    from minisgl_core.api import ParallelContext
+    from minisgl_core.config import EngineConfig
+    from minisgl_core.engine.engine import Engine
+    from minisgl_core.sampling import SamplingParams
+    from minisgl_core.testing import drain
+
+    join_parent_store("gloo", rank, world, port)
+    try:
+        config = EngineConfig(model=model_dir, attn="torch", device="cpu", dtype="float32", tp_size=world)
+        engine = Engine(config, ParallelContext(rank, world, dist.group.WORLD))
+        first_rid = 0
+
+        def run(*cases: SamplingParams) -> list[list[int]]:
+            nonlocal first_rid
+            rids = range(first_rid, first_rid + len(cases))
+            first_rid += len(cases)
+            for rid, params in zip(rids, cases):
+                prompt = PROMPTS[rid % len(PROMPTS)]
+                engine.add_request(rid, prompt, engine.admit(prompt, params))
+            tokens: dict[int, list[int]] = {rid: [] for rid in rids}
+            for out in drain(engine):
+                tokens[out.rid].append(out.token_id)
+            return [tokens[rid] for rid in rids]
+
+        [base] = run(SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
+        word, allowed = engine.tokenizer.decode(base[3:5]), sorted({*base, 5, 6, 7})
+        sampled = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True, allowed_token_ids=allowed)
+        got = run(
+            SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, bad_words=[word]),
+            sampled,
+            sampled,
+        )
+        queue.put((rank, (engine.runner.logit_shard is not None, base, allowed, got)))
+    finally:
+        engine = None
+        leave_parent_store_group()
+
+
+def test_tp2_allowed_token_ids_and_bad_words_agree_with_tp1_and_across_ranks(tmp_path):
+    """Rows with allowed ids leave the vocabulary-parallel draw for the gathered logits (rank 0
+    samples, every rank takes its tokens); each rank admits, tokenizing the bad words alike."""
+    model_dir = str(
+        make_model_dir(tmp_path / "m", "LlamaForCausalLM", vocab_size=1027, tie_word_embeddings=False)
+    )
+    (_, base, allowed, (greedy_one, *_)) = _spawn_ranks(_allowed_bad_words_rank, 1, model_dir)[0]
+    two = _spawn_ranks(_allowed_bad_words_rank, 2, model_dir)
+    assert two[0][0] and two[1][0]  # vocabulary-sharded sampling was on
+    assert two[0][1:] == two[1][1:] and two[0][1] == base
+    (greedy, *sampled) = two[0][3]
+    assert greedy == greedy_one != base
+    assert all(set(tokens) <= set(allowed) and len(tokens) == 12 for tokens in sampled)
