@@ -157,6 +157,21 @@ CASES = [
     (CHAT, {"messages": USER, "bad_words": [7]}, 400, "bad_words.0", ""),
     (CHAT, {"messages": USER, "bad_words": ["ok", " "]}, 400, "bad_words", "besides whitespace"),
     (COMPLETIONS, {"prompt": "hi", "bad_words": ["w"] * 129}, 400, "bad_words", "at most 128"),
+    # (SGLang's /generate has no such fields: refused as any unknown one, not ignored)
+    (
+        "/generate",
+        {"text": "hi", "sampling_params": {"bad_words": ["x"]}},
+        400,
+        "sampling_params.bad_words",
+        "",
+    ),
+    (
+        "/generate",
+        {"text": "hi", "sampling_params": {"allowed_token_ids": [5]}},
+        400,
+        "sampling_params.allowed_token_ids",
+        "",
+    ),
     (CHAT, {"messages": USER, "logprobs": True, "top_logprobs": 2**64}, 400, "top_logprobs", ""),
     (COMPLETIONS, {"prompt": [5, 2**64]}, 400, "prompt", "token ids"),
     (COMPLETIONS, {"prompt": [[5], [-(2**64)]]}, 400, "prompt", "token ids"),
