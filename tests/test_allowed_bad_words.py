@@ -251,3 +251,37 @@ def test_engine_refuses_bad_words_not_admitted(llm):
         llm.engine.add_request(10**6, PROMPT, params)
     with pytest.raises(ValueError, match="^allowed_token_ids must be token ids"):
         llm.generate([PROMPT], SamplingParams(max_tokens=4, allowed_token_ids=[llm.engine.runner.vocab_size]))
+
+
+def test_constraints_that_leave_no_token_end_the_request_as_invalid(llm):
+    """allowed_token_ids, the bans (min_tokens', bad_words') and a grammar can together leave a
+    row without a finite logit; the sampler then drew an arbitrary token (often 0), which was
+    output: a token outside allowed_token_ids, a stop token before min_tokens, a bad word's token
+    (a 200 with the wrong text), or a 500 where the grammar rejected it. The request now ends as
+    "invalid" (a 400 on the server) saying why, without that token; the others in the batch run
+    on. Greedy and sampled rows alike, at the first token and later."""
+    from minisgl_core.api import GrammarSpec
+
+    eos = sorted(llm.engine.scheduler.stop_checker.eos_ids)
+    a, b = 40, 41
+    # (after a, both forms ban what is left: a dead row at the second token)
+    dynamic = dict(allowed_token_ids=[a, b], bad_words_token_ids=[[a, a], [a, b]], logit_bias={a: 100})
+    cases = [
+        (SamplingParams(temperature=0.0, max_tokens=6, allowed_token_ids=eos, min_tokens=3), [], "allowed_token_ids and min_tokens"),
+        (SamplingParams(temperature=1.0, top_k=5, max_tokens=6, allowed_token_ids=eos, min_tokens=3), [], "allowed_token_ids and min_tokens"),
+        (SamplingParams(temperature=0.0, max_tokens=6, bad_words_token_ids=[[a]], allowed_token_ids=[a]), [], "allowed_token_ids and bad_words"),
+        (SamplingParams(temperature=0.0, max_tokens=6, **dynamic), [a], "allowed_token_ids and bad_words"),
+        (SamplingParams(temperature=1.0, top_p=0.9, max_tokens=6, **dynamic), [a], "allowed_token_ids and bad_words"),
+        (SamplingParams(temperature=0.0, max_tokens=6, allowed_token_ids=[a], grammar=GrammarSpec("regex", "x+")), [], "allowed_token_ids and the grammar"),
+        (SamplingParams(temperature=0.0, max_tokens=6, allowed_token_ids=[0, a], grammar=GrammarSpec("regex", "x+")), [], "allowed_token_ids and the grammar"),
+    ]  # fmt: skip
+    free = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    outs = llm.generate([PROMPT] * (len(cases) + 1), [c[0] for c in cases] + [free])
+    for out, (_, tokens, fields) in zip(outs, cases):
+        assert out.finish_reason == "invalid", (fields, out.finish_reason, out.token_ids)
+        assert out.token_ids == tokens, fields
+        assert out.error.startswith(
+            f"no token is left to sample after {len(tokens)} output token(s): {fields} rule out"
+        )
+    assert outs[-1].finish_reason == "length" and outs[-1].token_ids == _greedy(llm, PROMPT, 6).token_ids
+    assert not llm.engine.has_work

@@ -37,6 +37,7 @@ import torch
 from minisgl_core.api import GrammarBackend, GrammarError, GrammarMatcher, GrammarSpec, bitmask_width
 from minisgl_core.api.grammar import accepts_no_text
 from minisgl_core.grammars import LazyGrammarBackend
+from minisgl_core.runner.sampler import no_token_left, own_constraints
 from minisgl_core.scheduler.request import OPENING, REASONING, Request
 
 logger = logging.getLogger(__name__)
@@ -333,6 +334,10 @@ class GrammarRunner:
                     # sampling had nothing to choose from: the grammar cannot go on, the request's
                     # fault (a 400), not the engine's
                     self._fail(req, DEAD_END.format(tokens=req.grammar_tokens), invalid=True)
+                elif own_constraints(req.params):
+                    # its allowed_token_ids or bans took out what the grammar allows: the row was
+                    # empty and the sampler drew an arbitrary token (the request's fault)
+                    self._fail(req, no_token_left(req.params, req.grammar_tokens), invalid=True)
                 else:
                     self._fail(req, f"the grammar rejected sampled token {token} (not allowed here)")
                 continue

@@ -44,9 +44,11 @@ class Request:
 
     #: the request's GrammarMatcher when its output is constrained (see engine/grammar.py)
     matcher: Any = None
-    #: set when the grammar rejected a sampled token: the request then finishes with an error
+    #: set when the grammar rejected a sampled token, or the token was drawn from a row that the
+    #: request's constraints left empty (allowed_token_ids, bans, grammar): it finishes with an error
     grammar_error: str | None = None
-    #: the grammar is at fault (it accepts no text): the request finishes as "invalid", not "error"
+    #: the request is at fault (its grammar accepts no text, its constraints leave no token): it
+    #: finishes as "invalid" (a 400), not "error"
     grammar_invalid: bool = False
     #: the matcher's is_terminated() after its last accepted token, kept by the engine's grammar
     #: runner: the scheduler reads this, never the matcher, which a fill thread may be using

@@ -26,7 +26,7 @@ from minisgl_core.api import (
     SchedulerState,
     SchedulingPolicy,
 )
-from minisgl_core.runner.sampler import rows_to_device, to_device
+from minisgl_core.runner.sampler import drawable, no_token_left, rows_to_device, to_device
 from minisgl_core.sampling import StepOutput, TokenLogprob
 from minisgl_core.scheduler.allocator import PageAllocator, RequestSlots
 from minisgl_core.scheduler.cascade import group_shared_prefixes
@@ -640,6 +640,13 @@ class Scheduler:
             if self.running.get(req.rid) is not req:
                 continue
             token, logprob = token_ids[j], logprobs[j]
+            if not req.grammar_invalid and not drawable(
+                req.params, req.output_ids, token, self.stop_checker.eos_ids
+            ):
+                # its allowed_token_ids and bans (and grammar) left nothing: the sampler drew an
+                # arbitrary token, which must not be output (the grammar may have rejected it too)
+                req.grammar_error = no_token_left(req.params, len(req.output_ids))
+                req.grammar_invalid = True
             req.output_ids.append(token)  # (with the KV it stands for, released below if it ends)
             if req.grammar_error is not None:
                 # the token was rejected by the grammar, or drawn from a row it allowed nothing

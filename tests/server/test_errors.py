@@ -157,6 +157,14 @@ CASES = [
     (CHAT, {"messages": USER, "bad_words": [7]}, 400, "bad_words.0", ""),
     (CHAT, {"messages": USER, "bad_words": ["ok", " "]}, 400, "bad_words", "besides whitespace"),
     (COMPLETIONS, {"prompt": "hi", "bad_words": ["w"] * 129}, 400, "bad_words", "at most 128"),
+    # (constraints that leave no token: the sampler drew an arbitrary one, output with a 200)
+    (
+        COMPLETIONS,
+        {"prompt": "hi", "allowed_token_ids": [5], "stop_token_ids": [5], "min_tokens": 2},
+        400,
+        None,
+        "no token is left to sample after 0 output token(s): allowed_token_ids and min_tokens rule out",
+    ),
     # (SGLang's /generate has no such fields: refused as any unknown one, not ignored)
     (
         "/generate",
