@@ -285,3 +285,23 @@ def test_constraints_that_leave_no_token_end_the_request_as_invalid(llm):
         )
     assert outs[-1].finish_reason == "length" and outs[-1].token_ids == _greedy(llm, PROMPT, 6).token_ids
     assert not llm.engine.has_work
+
+
+def test_token_id_bans_given_directly_hold_under_overlap(llm, model_dir):
+    """``bad_words_token_ids`` given as they are (``bad_words`` empty) ran under overlap
+    scheduling, whose bans read the output without the token in flight: a banned pair was
+    sampled (and, with the drawn-token check, the request then ended as "invalid"). Such a request
+    now reads its newest token on the host, as one with ``bad_words`` does: the pair never
+    appears and the output is the overlap-off run's."""
+    prompts = [PROMPT, [7, 8, 9, 10], [300, 301, 302, 303, 304]]
+    bases = [_greedy(llm, p, 24).token_ids for p in prompts]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, bad_words_token_ids=[base[5:7]])
+        for base in bases
+    ]
+    outs = llm.generate(prompts, params)
+    with cpu_llm(model_dir, overlap=False) as serial:
+        want = [o.token_ids for o in serial.generate(prompts, params)]
+    for out, base, expected in zip(outs, bases, want):
+        assert out.finish_reason == "length", out.error
+        assert not _contains(out.token_ids, tuple(base[5:7])) and out.token_ids == expected

@@ -79,3 +79,56 @@ def test_each_feature_runs_under_the_default_backends(model_dir, name):
         llm.close()
     if "speculative_algorithm" in FEATURES[name]:
         assert stats["spec_verify_steps"] > 0 and stats["spec_accepted_tokens"] > 0, stats
+
+
+@pytest.mark.parametrize("name", ["plain", "speculative"])
+def test_allowed_token_ids_and_bad_words_hold_on_the_gpu(model_dir, name):
+    """vLLM's allowed_token_ids and bad_words under CUDA graphs and overlap (drafts too): every
+    sampled token is an allowed one, no banned pair appears, greedy and sampled; a request whose
+    constraints leave no token ends as "invalid" without the token its empty row gave (the GPU
+    sampler's draw from a row of -inf), and the others run to max_tokens."""
+    from minisgl_core.llm import LLM
+
+    llm = LLM(
+        str(model_dir),
+        device="cuda",
+        attn="auto",
+        max_running_requests=8,
+        num_kv_tokens=16384,
+        **FEATURES[name],
+    )
+    try:
+        free = llm.generate(
+            prompts(), SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+        )
+        allowed = sorted({t for o in free for t in o.token_ids[1::2]} | {7, 8, 9})
+        pairs = [tuple(o.token_ids[2:4]) for o in free]  # a pair each free run wrote
+        for temperature in (0.0, 0.8):
+            params = SamplingParams(
+                temperature=temperature, top_p=0.9, max_tokens=MAX_TOKENS, ignore_eos=True, seed=1,
+                allowed_token_ids=allowed,
+            )  # fmt: skip
+            outs = llm.generate(prompts(), params, use_tqdm=False)
+            assert all(len(o.token_ids) == MAX_TOKENS and set(o.token_ids) <= set(allowed) for o in outs)
+            banned = [
+                SamplingParams(temperature=temperature, max_tokens=MAX_TOKENS, ignore_eos=True, seed=2,
+                               bad_words_token_ids=[pair])
+                for pair in pairs
+            ]  # fmt: skip
+            outs = llm.generate(prompts(), banned, use_tqdm=False)
+            for out, pair in zip(outs, pairs):
+                assert len(out.token_ids) == MAX_TOKENS, name
+                assert all(tuple(out.token_ids[i : i + 2]) != pair for i in range(MAX_TOKENS - 1)), (
+                    pair,
+                    out.token_ids,
+                )
+        eos = sorted(llm.engine.scheduler.stop_checker.eos_ids)
+        empty = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, allowed_token_ids=eos, min_tokens=3)
+        outs = llm.generate(
+            prompts()[:2], [empty, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)]
+        )
+        assert (outs[0].finish_reason, outs[0].token_ids) == ("invalid", []), outs[0]
+        assert outs[0].error.startswith("no token is left to sample after 0 output token(s)")
+        assert outs[1].finish_reason == "length" and len(outs[1].token_ids) == MAX_TOKENS
+    finally:
+        llm.close()

@@ -733,5 +733,6 @@ def _needs_host_outputs(params: SamplingParams) -> bool:
         or params.frequency_penalty
         or params.repetition_penalty != 1.0
         or params.min_tokens
-        or params.bad_words
+        # (the words' token ids: admission's, or given as they are, which bad_words may leave empty)
+        or params.bad_words_token_ids
     )
