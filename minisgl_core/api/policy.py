@@ -10,7 +10,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 
 class RequestView(NamedTuple):
@@ -23,6 +23,10 @@ class RequestView(NamedTuple):
     #: tokens generated so far
     output_len: int
     max_new_tokens: int
+    #: the request's priority, vLLM's: a lower value is served earlier, 0 by default. The core
+    #: accepts a non-zero one only where the policy sets :attr:`SchedulingPolicy.uses_priority`
+    #: (versionadded 2.5; last, so positional construction of the six fields above still works)
+    priority: int = 0
 
     @property
     def remaining_prefill(self) -> int:
@@ -69,6 +73,13 @@ class DecodePlan(NamedTuple):
 
 
 class SchedulingPolicy(ABC):
+    #: the policy orders requests by :attr:`RequestView.priority`. Without it the server refuses a
+    #: request with a non-zero ``priority`` (a 400, as vLLM's without ``--scheduling-policy
+    #: priority``) and the offline ``LLM`` raises ValueError, rather than run it in an order its
+    #: client did not ask for. The scheduler reports it in its ready handshake, so the API server
+    #: knows it without importing the policy. (versionadded 2.5)
+    uses_priority: ClassVar[bool] = False
+
     @abstractmethod
     def schedule(self, state: SchedulerState) -> PrefillPlan | DecodePlan | None:
         """Return the next step's plan, or None when nothing can run.

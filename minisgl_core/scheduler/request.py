@@ -22,6 +22,8 @@ class Request:
     prompt_ids: list[int]
     params: SamplingParams
     arrival: int
+    #: the client's priority (vLLM's: lower runs earlier), for policies that use it (RequestView)
+    priority: int = 0
     output_ids: list[int] = field(default_factory=list)
     #: row of the page table; None until admitted
     row: int | None = None
@@ -116,5 +118,6 @@ class Request:
     def view(self) -> RequestView:
         out = len(self.output_ids)  # positional, no properties: built for every request every step
         return RequestView(
-            self.rid, self.arrival, len(self.fill_ids), self.num_computed, out, self.params.max_tokens - out
-        )
+            self.rid, self.arrival, len(self.fill_ids), self.num_computed, out, self.params.max_tokens - out,
+            self.priority,
+        )  # fmt: skip

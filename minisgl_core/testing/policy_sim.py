@@ -164,11 +164,14 @@ class Simulation:
             mixed=self.mixed,
         )
 
-    def add(self, rid: int, prompt: list[int], max_new_tokens: int) -> None:
+    def add(self, rid: int, prompt: list[int], max_new_tokens: int, *, priority: int = 0) -> None:
+        """Queue a request; ``priority`` (API 2.5): RequestView.priority, lower first."""
         if len(prompt) + max_new_tokens > min(self.kv_tokens, self.max_context_len):
             raise ValueError(f"request {rid} can never fit the pool; the workload is wrong")
         params = SamplingParams(max_tokens=max_new_tokens, ignore_eos=True)
-        self.scheduler.add(Request(rid=rid, prompt_ids=list(prompt), params=params, arrival=0))
+        self.scheduler.add(
+            Request(rid=rid, prompt_ids=list(prompt), params=params, arrival=0, priority=priority)
+        )
         self.arrived[rid] = self.round
         self.expected_tokens[rid] = max_new_tokens
 
