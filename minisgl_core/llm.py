@@ -25,7 +25,7 @@ from minisgl_core.config_args import add_engine_args
 from minisgl_core.engine.engine import Engine
 from minisgl_core.grammars import check_grammar_backend
 from minisgl_core.plugins import PluginInfo, Plugins, option_default
-from minisgl_core.request_limits import truncate_prompt
+from minisgl_core.request_limits import check_priority, truncate_prompt
 from minisgl_core.sampling import SamplingParams, TokenLogprob, merge_sampling, short_repr
 from minisgl_core.setting_names import NOT_NEEDED_KEYWORDS, VLLM_KEYWORDS, Spelling
 from minisgl_core.tokenizer.chat_input import (
@@ -476,6 +476,8 @@ class LLM:
         prompts: PromptInput | Sequence[PromptInput],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool | Callable[..., Any] | None = None,
+        *,
+        priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in prompt order, each with
         ``SamplingParams.n`` completions (``outputs``; the flat fields are the first's). Thread-safe:
@@ -486,10 +488,14 @@ class LLM:
 
         ``use_tqdm``: True or False for a progress bar or none, None (the default) for one from 16
         completions on, or a callable that makes the bar (vLLM's: ``functools.partial(tqdm, ...)``),
-        called with ``total``, ``desc`` and ``unit``."""
+        called with ``total``, ``desc`` and ``unit``.
+
+        ``priority``: one integer per prompt, vLLM's (lower runs earlier, ties by arrival; None:
+        all 0); a value other than 0 needs ``policy="priority"`` (ValueError otherwise, as vLLM's
+        without ``scheduling_policy="priority"``)."""
         _check_use_tqdm(use_tqdm)
         with self._lock:
-            return self._generate(prompts, sampling_params, use_tqdm)
+            return self._generate(prompts, sampling_params, use_tqdm, priority=priority)
 
     def chat(
         self,
@@ -574,9 +580,11 @@ class LLM:
         use_tqdm: bool | Callable[..., Any] | None,
         what: str = "prompts",
         texts: Sequence[str | None] | None = None,
+        priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
         """``what``: the caller's name for the prompts, in a prompt's errors (chat's "messages");
-        ``texts``: each prompt's text, ``RequestOutput.prompt`` (by default a text prompt's own)."""
+        ``texts``: each prompt's text, ``RequestOutput.prompt`` (by default a text prompt's own);
+        ``priority``: one a prompt (:meth:`generate`)."""
         self._check_open()
         if not isinstance(prompts, (str, list, tuple, Mapping)):
             raise TypeError(
@@ -616,6 +624,7 @@ class LLM:
         )
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
+        priorities = self._priorities(priority, len(prompts))
         default = self.engine.sampling_defaults.get("max_tokens")
         # a prompt's error names it among several, as chat's names its conversation
         where = (lambda i: f"{what}[{i}]: ") if len(prompts) > 1 else (lambda i: "")
@@ -650,7 +659,7 @@ class LLM:
                         by_rid[rid] = p.for_choice(index)
                         unfinished.add(rid)
                         with _named_errors(where(i)):  # (its grammar did not compile)
-                            self.engine.add_request(rid, ids, by_rid[rid])
+                            self.engine.add_request(rid, ids, by_rid[rid], priority=priorities[i])
                 self._run(choices, prompt_logprobs, cached, by_rid, unfinished, bar, interrupts.check)
                 while self.engine.has_work:  # with overlap, one step launched after the last finish
                     self.engine.step()
@@ -673,6 +682,24 @@ class LLM:
             )
             for ids, group, text in zip(encoded, rids, texts)
         ]
+
+    def _priorities(self, priority: Sequence[int] | None, count: int) -> list[int]:
+        """``generate``'s ``priority``, checked before anything runs: one integer a prompt."""
+        if priority is None:
+            return [0] * count
+        if not isinstance(priority, (list, tuple)):
+            raise TypeError(
+                f"priority must be a list of integers, one per prompt, got {type(priority).__name__}"
+            )
+        if len(priority) != count:
+            raise ValueError(f"got {count} prompts but {len(priority)} priorities")
+        checked = []
+        for i, value in enumerate(priority):
+            with _named_errors(f"priority[{i}]: " if count > 1 else ""):
+                checked.append(
+                    check_priority(value, self.engine.uses_priority, self.engine.config.policy, "keyword")
+                )
+        return checked
 
     def _take_out(self, unfinished: set[int], mid_step: bool) -> None:
         """Abort ``unfinished`` and land what is in flight; if that fails (or a second Ctrl-C

@@ -83,6 +83,10 @@ class TokenizeRequest(Message):
     #: reasoning (``SamplingParams.reasoning_tag_ids``, set by the tokenizer worker where both tags
     #: are single tokens and the prompt does not close the reasoning itself)
     reasoning_tags: list[str] | None = None
+    #: the request's priority (vLLM's: lower runs earlier), checked by the API server against the
+    #: policy; passed on to each EngineRequest. Not a sampling parameter: it orders the requests,
+    #: the tokens are the same (last, so an encoding without it reads as priority 0)
+    priority: int = 0
 
 
 @dataclass
@@ -117,6 +121,8 @@ class EngineRequest(Message):
     prompt_ids: list[int]
     #: admitted: max_tokens resolved and checked against the engine's limits
     params: SamplingParams
+    #: TokenizeRequest.priority (an encoding without it reads as 0)
+    priority: int = 0
 
 
 @dataclass

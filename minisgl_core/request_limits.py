@@ -9,9 +9,11 @@ torch."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from numbers import Integral
 
 from minisgl_core.messages import Limits
-from minisgl_core.sampling import SamplingParams
+from minisgl_core.sampling import INT64_MAX, INT64_MIN, SamplingParams, short_repr
+from minisgl_core.setting_names import Spelling, given
 
 #: characters one token may stand for when the tokenizer did not say (its longest vocabulary entry,
 #: ``tokenizer.load.longest_token_chars``): a prompt over ``context x`` that many characters cannot
@@ -191,3 +193,36 @@ def check_request_fits(
         raise ContextLengthExceeded(
             f"prompt + max_tokens = {total} tokens exceeds the KV pool ({kv_capacity_tokens} tokens)"
         )
+
+
+def check_priority(priority: object, uses_priority: bool, policy: str, spelling: Spelling = "flag") -> int:
+    """A request's ``priority`` (vLLM's: lower runs earlier) as an int: ValueError when it is no
+    signed 64-bit integer (a bool is none), or not 0 while the scheduling ``policy`` does not order
+    requests by priority (``SchedulingPolicy.uses_priority``): it would run in arrival order, not
+    the order its client asked for (vLLM refuses it too). ``spelling``: how the fix is written."""
+    if (
+        isinstance(priority, bool)
+        or not isinstance(priority, Integral)
+        or not INT64_MIN <= priority <= INT64_MAX
+    ):
+        raise ValueError(
+            f"priority must be an integer in [-2**63, 2**63-1] (lower runs earlier), got {short_repr(priority)}"
+        )
+    priority = int(priority)
+    if priority != 0 and not uses_priority:
+        fix = given("policy", "priority", spelling)
+        if spelling == "flag":
+            where, foreign = (
+                f"this server runs --policy {policy}; start it with",
+                "--scheduling-policy priority",
+            )
+        else:
+            where, foreign = (
+                f"this LLM runs policy={policy!r}; create it with",
+                "scheduling_policy='priority'",
+            )
+        raise ValueError(
+            "a priority other than 0 needs a scheduling policy that orders requests by it: "
+            f"{where} {fix} (vLLM's {foreign}), or leave priority at 0"
+        )
+    return priority

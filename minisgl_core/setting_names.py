@@ -67,6 +67,9 @@ VLLM_KEYWORDS = {
     "enable_prefix_caching": ForeignKeyword(
         "cache", "radix", "the prefix cache, the default; cache='naive' for none"
     ),
+    "scheduling_policy": ForeignKeyword(
+        "policy", note="policy='priority' for vLLM's 'priority', the default 'prefill-first' for its 'fcfs'"
+    ),
 }
 #: vLLM's keywords with no minisgl setting, and why none is needed
 NOT_NEEDED_KEYWORDS = {

@@ -47,6 +47,10 @@ def refusal(parser, argv: list[str], capsys) -> str:
             "--max-num-batched-tokens is vLLM's; minisgl's is --max-prefill-tokens",
         ),
         ("--enforce-eager", "--enforce-eager is vLLM's; minisgl's is --cuda-graph-max-bs 0"),
+        (
+            "--scheduling-policy priority",
+            "--scheduling-policy is vLLM's; minisgl's is --policy",
+        ),
         ("--trust-remote-code", "--trust-remote-code is vLLM's and SGLang's: minisgl runs no model code"),
     ],
 )

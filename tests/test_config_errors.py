@@ -292,7 +292,7 @@ BAD_FLAGS = [
     ("serve", ["--port", "0", "--cache", "nosuch"],
      "unknown --cache 'nosuch'; installed: naive, radix; install the plugin that provides it"),
     ("serve", ["--port", "0", "--attn", "torch,nosuch"], "unknown --attn 'nosuch'; installed: fa3, fi, torch, triton;"),
-    ("shell", ["--policy", "nosuch"], "unknown --policy 'nosuch'; installed: lpm, prefill-first;"),
+    ("shell", ["--policy", "nosuch"], "unknown --policy 'nosuch'; installed: lpm, prefill-first, priority;"),
     ("serve", ["--port", "0", "--quantization", "nosuch"], "unknown --quantization 'nosuch'; installed: fp8, "),
     ("bench", ["offline", "--num-requests", "1", "--tp", "2", "--cache", "nosuch"], "unknown --cache 'nosuch'"),
     ("generate", ["hi", "--attn", "nosuch"], "unknown --attn 'nosuch'; installed: fa3, fi, torch, triton;"),
@@ -1019,6 +1019,7 @@ def test_vllms_keywords_point_at_minisgls_and_a_model_that_is_no_path_is_a_type_
         ("enable_prefix_caching", "cache='radix'"),
         ("gpu_memory_utilization", "kv_memory_fraction="),
         ("max_model_len", "max_context_len="),
+        ("scheduling_policy", "policy= (policy='priority' for vLLM's 'priority'"),
     ]:
         with pytest.raises(
             TypeError, match=rf"^LLM\(\) got an unexpected keyword argument '{name}'; did you mean "

@@ -732,6 +732,25 @@ def test_integers_of_any_size_survive_the_wire():
     assert [type(v) for v in enum] == [type(v) for v in values]  # True stays a bool
 
 
+def test_a_requests_priority_travels_and_old_encodings_read_as_0():
+    """TokenizeRequest and EngineRequest carry the request's priority (last, so a message encoded
+    before it existed decodes with priority 0); the scheduler's request and its view get it."""
+    import msgpack
+
+    from minisgl_core.messages import EngineRequest, TokenizeRequest, decode, encode
+    from minisgl_core.scheduler.request import Request
+
+    tokenize = TokenizeRequest([1], "hi", None, None, SamplingParams(max_tokens=3), priority=-(2**63))
+    assert decode(encode(tokenize)).priority == -(2**63)
+    engine = decode(encode(EngineRequest(1, [5, 6], SamplingParams(max_tokens=3), 2**63 - 1)))
+    assert engine.priority == 2**63 - 1
+    request = Request(1, engine.prompt_ids, engine.params, 0, priority=engine.priority)
+    assert request.view().priority == 2**63 - 1
+    # [tag, rid, prompt_ids, params]: the encoding without the field
+    old = msgpack.unpackb(encode(EngineRequest(1, [5, 6], SamplingParams(max_tokens=3), 9)))[:-1]
+    assert decode(msgpack.packb(old)).priority == 0
+
+
 def test_triton_draw_does_not_compile_per_seed():
     """The seed of the Gumbel-max kernel changes at every sampling call; Triton must not
     specialise on it, or a seed divisible by 16 (or equal to 1) compiles a new variant mid-run (a

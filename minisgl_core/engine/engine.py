@@ -39,7 +39,7 @@ from minisgl_core.engine.speculative import VerifyRunner
 from minisgl_core.grammars import LazyGrammarBackend
 from minisgl_core.messages import Limits
 from minisgl_core.plugins import Plugins
-from minisgl_core.request_limits import admit
+from minisgl_core.request_limits import admit, check_priority
 from minisgl_core.runner.model_runner import ModelRunner
 from minisgl_core.runner.sampler import (
     Sampler,
@@ -206,6 +206,12 @@ class Engine:
         return self.runner.usable_kv_pages * self.config.page_size
 
     @property
+    def uses_priority(self) -> bool:
+        """The scheduling policy orders requests by priority (``SchedulingPolicy.uses_priority``):
+        only then may a request have a non-zero one."""
+        return bool(getattr(self.scheduler.policy, "uses_priority", False))
+
+    @property
     def has_work(self) -> bool:
         return self.scheduler.has_work or self._inflight is not None
 
@@ -253,10 +259,17 @@ class Engine:
         return params
 
     def add_request(
-        self, rid: int, prompt_ids: list[int], params: SamplingParams, *, compile_aside: bool = False
+        self,
+        rid: int,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        compile_aside: bool = False,
+        priority: int = 0,
     ) -> None:
         """Queue an admitted request (:meth:`admit`, or the server's tokenizer): it is not checked
-        again. A GrammarError (a ValueError) when its grammar does not compile.
+        again. A GrammarError (a ValueError) when its grammar does not compile. ``priority``: the
+        client's (lower runs earlier), checked where the request entered (:func:`check_priority`).
 
         ``compile_aside`` (the server): a grammar not compiled before compiles on another thread
         and the request waits beside the queues until :meth:`admit_compiled` is told its compile
@@ -270,8 +283,10 @@ class Engine:
                 f"n={params.n}: an engine runs one completion a request; add one request per choice "
                 "(SamplingParams.for_choice), as LLM.generate does"
             )
+        if priority:  # (0, nearly every request's, needs no look)
+            check_priority(priority, self.uses_priority, self.config.policy, "keyword")
         self._check_not_failed()
-        req = Request(rid=rid, prompt_ids=list(prompt_ids), params=params, arrival=0)
+        req = Request(rid=rid, prompt_ids=list(prompt_ids), params=params, arrival=0, priority=priority)
         if compile_aside and self.grammars.needs_compile(req):
             self.grammars.start_compile(req)
             return

@@ -122,7 +122,9 @@ class SchedulerLoop:
             if isinstance(msg, EngineRequest):
                 try:  # admitted by the tokenizer: the engine trusts it
                     # a grammar not compiled before compiles on another thread (CompilesSettled)
-                    self.engine.add_request(msg.rid, msg.prompt_ids, msg.params, compile_aside=True)
+                    self.engine.add_request(
+                        msg.rid, msg.prompt_ids, msg.params, compile_aside=True, priority=msg.priority
+                    )
                 except ValueError as exc:  # e.g. a grammar the backend then failed to compile
                     logger.error("request %d rejected by the engine: %s", msg.rid, exc)
                     out.add(
@@ -324,6 +326,8 @@ def scheduler_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_r
             "eos_token_ids": sorted(engine.eos_ids),
             "attn": list(engine.runner.attn_names),
             "architecture": (engine.runner.hf_config.get("architectures") or ["?"])[0],
+            # the API server refuses a non-zero priority unless the policy uses it
+            "uses_priority": engine.uses_priority,
         }
     )
     loop = SchedulerLoop(engine, tp)

@@ -242,6 +242,8 @@ def _start_http(opts: ServeOptions, runtime: Runtime, info: dict[str, Any], name
         opts.runtime.sampling_defaults or {},
         info.get("max_token_chars"),
         tuple(alias for alias in opts.served_model_aliases if alias != name),
+        opts.runtime.config.policy,
+        info.get("uses_priority", False),
     )
     state = ServerState(runtime.endpoints, model, limits=opts.limits, process_problem=runtime.process_problem)
     app = create_app(state, opts.api_key, opts.api, {**info, "tp_size": opts.runtime.config.tp_size})

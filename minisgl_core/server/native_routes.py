@@ -68,6 +68,8 @@ def native_router(state: ServerState) -> APIRouter:
             check_token_ids(body.input_ids, state.model.vocab_size, "input_ids")
         group = RequestGroup(state)
         group.set_timeout(body.timeout)
+        # SGLang's priority runs larger values first (its default; vLLM's and ours: lower first)
+        group.set_priority(-body.priority)
         with fields_named(spelled), room_to_score(score_only, state.model, "max_tokens 0"):
             await group.add(
                 params,

@@ -122,6 +122,7 @@ async def admit_chat(
     ChoiceOutput(plan, options.reasoning_parser, options.parser_labels)
     group = RequestGroup(state)
     group.set_timeout(body.timeout)
+    group.set_priority(body.priority)
     with fields_named({"max_tokens": body.max_tokens_field}):
         admission = await group.add(
             params,
@@ -290,6 +291,7 @@ def make_router(
             echoes = [text for text in texts for _ in range(body.n)]
         group = RequestGroup(state)
         group.set_timeout(body.timeout)
+        group.set_priority(body.priority)
         group.expect(len(prompts) * body.n, "n" if body.n > 1 else "prompt")
         try:
             for i, prompt in enumerate(prompts):

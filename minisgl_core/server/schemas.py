@@ -30,7 +30,7 @@ from pydantic import (
 from pydantic.types import Strict
 
 from minisgl_core.api.grammar import GrammarSpec
-from minisgl_core.sampling import SamplingParams, short_repr
+from minisgl_core.sampling import INT64_MAX, INT64_MIN, SamplingParams, short_repr
 from minisgl_core.server.errors import json_kind
 from minisgl_core.tokenizer.chat_input import (
     TEMPLATE_RESERVED,
@@ -552,6 +552,9 @@ class SamplingFields(GrammarFields):
     #: seconds after which the request ends with a timeout error (the server's --request-timeout
     #: still bounds it)
     timeout: Float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
+    #: vLLM's: lower runs earlier, ties by arrival; not 0 only with ``--policy priority`` (a 400
+    #: otherwise, as vLLM's without ``--scheduling-policy priority``)
+    priority: Int = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
     #: vLLM's: each prompt token's logprob and vocabulary rank given the tokens before it, with the
     #: k most likely tokens there (``prompt_logprobs`` of the choice, or of a chat response);
     #: not with stream, as vLLM
@@ -907,6 +910,10 @@ class GenerateRequest(StrictModel):
     #: SGLang's: each logprob entry's third item is its token's text, else null
     return_text_in_logprobs: Bool = False
     timeout: Float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
+    #: SGLang's: LARGER runs earlier (its default, without --schedule-low-priority-values-first),
+    #: so the engine gets its negation; not 0 only with ``--policy priority``. (-2**63 has no
+    #: negation in 64 bits: refused)
+    priority: Int = Field(default=0, ge=-INT64_MAX, le=INT64_MAX)
 
     @model_validator(mode="before")
     @classmethod

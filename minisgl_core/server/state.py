@@ -24,7 +24,7 @@ import zmq.asyncio
 
 from minisgl_core.messages import AbortRequest, Admission, DetokOutputs, FlushCache, TokenizeRequest, decode
 from minisgl_core.processes.ipc import bind_pull, connect_push, send
-from minisgl_core.request_limits import truncation_tail
+from minisgl_core.request_limits import check_priority, truncation_tail
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.server.errors import APIError
 from minisgl_core.server.limits import ServerLimits
@@ -51,6 +51,10 @@ class ModelInfo:
     #: more ids a request may send for this model (--served-model-name's later names); answers
     #: carry ``name``
     aliases: tuple[str, ...] = ()
+    #: --policy, and whether it orders requests by priority (the scheduler's ready handshake says:
+    #: SchedulingPolicy.uses_priority): a request's non-zero ``priority`` is refused unless it does
+    policy: str = "prefill-first"
+    uses_priority: bool = False
 
     @property
     def max_model_len(self) -> int:
@@ -193,6 +197,8 @@ class RequestGroup:
         self.timed_out = False
         #: sequences the whole request will start, when the route knows them up front
         self.expected_sequences: int | None = None
+        #: the request's priority (lower runs earlier), for every engine request it starts
+        self.priority = 0
 
     def expect(self, sequences: int, param: str = "n") -> None:
         """Check the whole request's size (prompts x n) against the bounds before any prompt is
@@ -207,6 +213,15 @@ class RequestGroup:
         """The request's deadline: its own ``timeout`` field, bounded by the server's --request-timeout."""
         bounds = [t for t in (timeout_s, self.state.limits.request_timeout_s) if t]
         self.deadline = self.arrival + min(bounds) if bounds else None
+
+    def set_priority(self, priority: int, param: str = "priority") -> None:
+        """The request's ``priority`` (vLLM's: lower runs earlier); a 400 naming ``param`` when it is
+        not 0 and the server's policy does not order requests by it (as vLLM refuses it)."""
+        model = self.state.model
+        try:
+            self.priority = check_priority(priority, model.uses_priority, model.policy)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param) from None
 
     async def add(
         self,
@@ -255,7 +270,7 @@ class RequestGroup:
                 rids, text, messages, input_ids, params, max_tokens_field, template_args, grammar_field,
                 return_prompt_ids=return_prompt_ids, default_max_tokens=default_max_tokens,
                 tools_optional=tools_optional, add_special_tokens=add_special_tokens,
-                reasoning_tags=reasoning_tags,
+                reasoning_tags=reasoning_tags, priority=self.priority,
             )  # fmt: skip
             send(state.to_tokenizer, request)
             try:  # the deadline holds while the tokenizer worker is busy (or stopped) too
