@@ -864,7 +864,7 @@ def test_a_plugin_with_one_class_that_does_not_import_provides_none_of_its_names
     assert row["status"] == "failed" and cause in row["reason"] and not any(row["provides"].values())
     # the unknown-name error of a fresh start lists none of its names as installed
     message = Plugins.load().missing_message("policies", "t13-other")
-    assert "installed: lpm, prefill-first;" in message, message
+    assert "installed: lpm, prefill-first, priority;" in message, message
     assert "t13-fine" not in message and "t13-typo" not in message, message
 
 

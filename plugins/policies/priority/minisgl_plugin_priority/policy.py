@@ -1,0 +1,35 @@
+"""Priority scheduling (vLLM's ``--scheduling-policy priority``): the waiting requests are admitted
+by their ``priority`` (lower first, as vLLM's), then by arrival; :func:`plan_prefill`
+(prefill-first's) fills the budgets in that order.
+
+Requests already partly prefilled come first whatever their priority: they hold KV and a request
+slot, and a new request that did not fit ahead of them could never be admitted while they wait
+(vLLM's chunked prefills, in its running queue, go first too). Decode runs every running request.
+
+Not vLLM's: a running request is never set back to make room for a more urgent one, and when decode
+runs out of KV the core retracts the newest request, not the least urgent.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from minisgl_plugin_prefill_first.policy import plan_prefill
+
+from minisgl_core.api import DecodePlan, PrefillPlan, SchedulerState, SchedulingPolicy
+
+
+class PriorityPolicy(SchedulingPolicy):
+    uses_priority = True
+    #: a stream of more urgent requests postpones a less urgent one for as long as it lasts, by
+    #: design: no bounded starvation
+    capabilities: ClassVar[frozenset[str]] = frozenset({"chunked_prefill"})
+
+    def schedule(self, state: SchedulerState) -> PrefillPlan | DecodePlan | None:
+        order = sorted(state.waiting, key=lambda r: (r.num_computed == 0, r.priority, r.arrival))
+        plan = plan_prefill(state, order)
+        if plan is not None:
+            return plan
+        if state.running:
+            return DecodePlan([r.rid for r in state.running])
+        return None
