@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 from fastapi.exceptions import RequestValidationError
 from pydantic import Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
-from minisgl_core.sampling import short_repr
+from minisgl_core.sampling import INT64_MAX, INT64_MIN, short_repr
 from minisgl_core.server.errors import APIError, validation_error
 from minisgl_core.server.schemas import (
     MAX_TIMEOUT_S,
@@ -254,6 +254,8 @@ class ResponsesRequest(StrictModel):
     service_tier: Literal["auto", "default"] | None = None
     #: minisgl's, as chat's: seconds after which the request ends with a timeout error
     timeout: Float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
+    #: vLLM's, as chat's: lower runs earlier; not 0 only with ``--policy priority``
+    priority: Int = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
     # what needs state minisgl does not keep: refused below, with what to send instead
     previous_response_id: Text | None = None
     conversation: Text | FreeObject | None = None
@@ -384,6 +386,7 @@ class ResponsesRequest(StrictModel):
             "top_logprobs": self.top_logprobs,
             "parallel_tool_calls": self.parallel_tool_calls,
             "timeout": self.timeout,
+            "priority": self.priority,
         }
         if self.tools:
             chat["tools"] = [

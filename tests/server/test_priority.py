@@ -53,6 +53,10 @@ def test_a_priority_is_taken_with_the_priority_policy(priority_server, model_nam
     )
     assert native.status_code == 200, native.text
     assert native.json()["meta_info"]["completion_tokens"] == 2
+    response = client.responses.create(
+        model=model_name, input="hi", max_output_tokens=3, extra_body={"priority": -(2**63)}
+    )
+    assert response.usage.output_tokens == 3
 
 
 def test_a_priority_is_refused_where_the_policy_ignores_it(client, model_name, server):
@@ -68,6 +72,9 @@ def test_a_priority_is_refused_where_the_policy_ignores_it(client, model_name, s
     assert "vLLM's --scheduling-policy priority" in error["message"]
     with pytest.raises(openai.BadRequestError, match="--policy priority"):
         client.completions.create(model=model_name, prompt="hello", max_tokens=3, extra_body={"priority": 1})
+    with pytest.raises(openai.BadRequestError, match="--policy priority") as refused:
+        client.responses.create(model=model_name, input="hi", max_output_tokens=3, extra_body={"priority": 1})
+    assert refused.value.body["param"] == "priority"
     native = post(server, "/generate", {"text": "hello", "priority": 1})
     assert native.status_code == 400 and native.json()["error"]["param"] == "priority", native.text
     # 0, every request's default, is what the policy does anyway
@@ -78,12 +85,13 @@ def test_a_priority_is_refused_where_the_policy_ignores_it(client, model_name, s
 
 
 @pytest.mark.parametrize("value", ["high", "1", True, 2**64, 2**63, -(2**63) - 1, 1.5, [1]])
-@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions", "/generate"])
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/generate"])
 def test_a_priority_that_is_no_64_bit_integer_is_refused(priority_server, route, value):
     """(null is "not set", as for every field: priority 0)"""
     body = {
         "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
         "/v1/completions": {"prompt": "hi", "max_tokens": 2},
+        "/v1/responses": {"input": "hi", "max_output_tokens": 2},
         "/generate": {"text": "hi", "sampling_params": {"max_new_tokens": 2}},
     }[route]
     resp = post(priority_server, route, {**body, "priority": value})
