@@ -13,7 +13,7 @@ from numbers import Integral
 
 from minisgl_core.messages import Limits
 from minisgl_core.sampling import INT64_MAX, INT64_MIN, SamplingParams, short_repr
-from minisgl_core.setting_names import Spelling, given
+from minisgl_core.setting_names import Spelling
 
 #: characters one token may stand for when the tokenizer did not say (its longest vocabulary entry,
 #: ``tokenizer.load.longest_token_chars``): a prompt over ``context x`` that many characters cannot
@@ -210,19 +210,14 @@ def check_priority(priority: object, uses_priority: bool, policy: str, spelling:
         )
     priority = int(priority)
     if priority != 0 and not uses_priority:
-        fix = given("policy", "priority", spelling)
         if spelling == "flag":
-            where, foreign = (
-                f"this server runs --policy {policy}; start it with",
-                "--scheduling-policy priority",
-            )
+            now = f"this server runs --policy {policy}"
+            fix = "start it with --policy priority (vLLM's --scheduling-policy priority)"
         else:
-            where, foreign = (
-                f"this LLM runs policy={policy!r}; create it with",
-                "scheduling_policy='priority'",
-            )
+            now = f"this LLM runs policy={policy!r}"
+            fix = "create it with policy='priority' (vLLM's scheduling_policy='priority')"
         raise ValueError(
             "a priority other than 0 needs a scheduling policy that orders requests by it: "
-            f"{where} {fix} (vLLM's {foreign}), or leave priority at 0"
+            f"{now}; {fix}, or leave priority at 0"
         )
     return priority
