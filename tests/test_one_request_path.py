@@ -29,7 +29,7 @@ def model_dir(tmp_path_factory):
 # ------------------------------------------------------------------------ one match per admission
 
 
-@pytest.mark.parametrize("policy", ["prefill-first", "lpm"])
+@pytest.mark.parametrize("policy", ["prefill-first", "lpm", "priority"])
 def test_each_admission_searches_the_cache_once(model_dir, policy):
     """The policy asks how much of each waiting prompt is cached, and the admission locks that
     very match: one match_prefix of the prompt per admitted request, cold and warm."""

@@ -123,7 +123,7 @@ def test_a_backend_that_raises_is_named_and_stops_the_engine(model_dir, plugin_i
         llm.generate([[5, 6, 7, 8]], PARAMS)
 
 
-@pytest.mark.parametrize("policy", ["prefill-first", "lpm"])
+@pytest.mark.parametrize("policy", ["prefill-first", "lpm", "priority"])
 def test_a_cache_that_raises_under_the_policys_question_is_named_not_the_policy(
     model_dir, plugin_installed, caplog, policy
 ):
