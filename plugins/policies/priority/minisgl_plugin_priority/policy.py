@@ -6,6 +6,10 @@ Requests already partly prefilled come first whatever their priority: they hold 
 slot, and a new request that did not fit ahead of them could never be admitted while they wait
 (vLLM's chunked prefills, in its running queue, go first too). Decode runs every running request.
 
+A new request that does not fit waits, and the less urgent ones behind it wait too (they would
+take the KV it waits for), while requests run; when none runs, nothing would free that KV, so the
+next ones that fit are admitted instead.
+
 Not vLLM's: a running request is never set back to make room for a more urgent one, and when decode
 runs out of KV the core retracts the newest request, not the least urgent.
 """
@@ -32,4 +36,10 @@ class PriorityPolicy(SchedulingPolicy):
             return plan
         if state.running:
             return DecodePlan([r.rid for r in state.running])
+        # Nothing runs, so nothing will free KV for the request at the head of the order: the
+        # next ones that fit go now rather than the engine idling (the one ahead keeps its place)
+        for skip in range(1, len(order)):
+            plan = plan_prefill(state, order[skip:])
+            if plan is not None:
+                return plan
         return None
