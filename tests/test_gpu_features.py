@@ -54,11 +54,12 @@ def prompts() -> list[list[int]]:
     return out
 
 
-@pytest.mark.parametrize("name", list(FEATURES))
-def test_each_feature_runs_under_the_default_backends(model_dir, name):
+def feature_llm(model_dir, name: str):
+    """An LLM on the GPU under the default backends with feature ``name`` on, fewer request slots
+    than :func:`prompts` has."""
     from minisgl_core.llm import LLM
 
-    llm = LLM(
+    return LLM(
         str(model_dir),
         device="cuda",
         attn="auto",
@@ -66,6 +67,11 @@ def test_each_feature_runs_under_the_default_backends(model_dir, name):
         num_kv_tokens=16384,
         **FEATURES[name],
     )
+
+
+@pytest.mark.parametrize("name", list(FEATURES))
+def test_each_feature_runs_under_the_default_backends(model_dir, name):
+    llm = feature_llm(model_dir, name)
     try:
         for params in (
             SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True),
@@ -87,16 +93,7 @@ def test_allowed_token_ids_and_bad_words_hold_on_the_gpu(model_dir, name):
     sampled token is an allowed one, no banned pair appears, greedy and sampled; a request whose
     constraints leave no token ends as "invalid" without the token its empty row gave (the GPU
     sampler's draw from a row of -inf), and the others run to max_tokens."""
-    from minisgl_core.llm import LLM
-
-    llm = LLM(
-        str(model_dir),
-        device="cuda",
-        attn="auto",
-        max_running_requests=8,
-        num_kv_tokens=16384,
-        **FEATURES[name],
-    )
+    llm = feature_llm(model_dir, name)
     try:
         free = llm.generate(
             prompts(), SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
