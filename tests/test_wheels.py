@@ -238,7 +238,8 @@ def test_core_with_qwen3_torch_radix_prefill_first(
 def test_core_with_llama_naive_lpm_and_the_template(
     venv: Path, wheels: dict[str, Path], tmp_path: Path
 ) -> None:
-    """lpm brings prefill-first (its declared dependency); the template provides the attention."""
+    """lpm stands alone (it plans with the API's plan_prefill since API 2.5; it brought prefill-first,
+    its declared dependency, before); the template provides the attention."""
     from minisgl_core.testing import make_model_dir
 
     use_plugins(
@@ -250,7 +251,7 @@ def test_core_with_llama_naive_lpm_and_the_template(
         "minisgl-plugin-example",
     )
     listing = plugin_listing(venv)
-    assert sorted(listing) == ["example", "llama", "lpm", "naive", "prefill-first"]
+    assert sorted(listing) == ["example", "llama", "lpm", "naive"]
     assert all(p["status"] == "ok" for p in listing.values()), listing
     model_dir = make_model_dir(tmp_path / "llama", "LlamaForCausalLM")
     tokens = generate(venv, model_dir, "--attn", "example", "--cache", "naive", "--policy", "lpm")

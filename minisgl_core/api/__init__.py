@@ -80,6 +80,7 @@ __all__ = [
     "new_tool_call_id",
     "paged_layout",
     "paged_ranges",
+    "plan_prefill",
     "renamed",
     "renamed_attribute",
     "scan_tool_call",
@@ -130,6 +131,7 @@ _LAZY: dict[str, str] = {
     "RequestView": "policy",
     "SchedulerState": "policy",
     "SchedulingPolicy": "policy",
+    "plan_prefill": "policy",
     "ProcessContext": "process",
     "QuantizationMethod": "quantization",
     "ReasoningDelta": "reasoning",
@@ -187,6 +189,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs
         RequestView,
         SchedulerState,
         SchedulingPolicy,
+        plan_prefill,
     )
     from minisgl_core.api.process import ProcessContext
     from minisgl_core.api.quantization import QuantizationMethod

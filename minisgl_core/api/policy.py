@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
@@ -96,3 +96,35 @@ class SchedulingPolicy(ABC):
         such steps itself (arrival order): a policy mistake never stalls or fails accepted
         requests.
         """
+
+
+def plan_prefill(state: SchedulerState, order: Iterable[RequestView]) -> PrefillPlan | None:
+    """A prefill plan that fills ``state``'s budgets from ``order`` (a policy's ordering of
+    ``state.waiting``; partly prefilled requests must come first), or None when nothing fits.
+
+    Each new request is admitted while a request slot is free and its
+    ``budgets.kv_to_admit(request, cached_prefix_len)`` fits the KV left; it is given its prompt
+    less the cached prefix, cut to the token budget left. It stops at the first new request that
+    does not fit, so later ones never overtake it (a policy that wants them to calls it again on
+    the rest). What prefill-first, lpm and priority plan with: a policy orders, this fills.
+    (versionadded 2.5; prefill-first's ``plan_prefill`` before)"""
+    budget = state.budgets.prefill_tokens
+    free_rows = state.budgets.free_request_slots
+    free_kv = state.budgets.free_kv_tokens
+    chunks: list[tuple[int, int]] = []
+    for req in order:
+        if budget <= 0:
+            break
+        remaining = req.remaining_prefill
+        if req.num_computed == 0:
+            cached = state.cached_prefix_len(req.rid)
+            need = state.budgets.kv_to_admit(req, cached)
+            if free_rows == 0 or need > free_kv:
+                break
+            free_rows -= 1
+            free_kv -= need
+            remaining = req.prompt_len - cached
+        n = min(remaining, budget)
+        chunks.append((req.rid, n))
+        budget -= n
+    return PrefillPlan(chunks) if chunks else None

@@ -5,9 +5,9 @@ Imports only the standard library and minisgl_core.api, so discovering the plugi
 
 from minisgl_core.api import hookimpl
 
-#: the oldest minisgl plugin API this plugin works with (2.0: the backend reads the page layout the
-#: core computes, ForwardBatch.layout)
-MINISGL_API = "2.0"
+#: the oldest minisgl plugin API this plugin works with (2.5: the policy fills its budgets with
+#: plan_prefill; 2.0: the backend reads the page layout the core computes, ForwardBatch.layout)
+MINISGL_API = "2.5"
 
 
 @hookimpl

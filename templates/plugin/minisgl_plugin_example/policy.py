@@ -4,7 +4,14 @@ prompt is never postponed forever by a stream of short ones."""
 
 from __future__ import annotations
 
-from minisgl_core.api import DecodePlan, PrefillPlan, RequestView, SchedulerState, SchedulingPolicy
+from minisgl_core.api import (
+    DecodePlan,
+    PrefillPlan,
+    RequestView,
+    SchedulerState,
+    SchedulingPolicy,
+    plan_prefill,
+)
 
 
 class ShortestFirstPolicy(SchedulingPolicy):
@@ -26,31 +33,12 @@ class ShortestFirstPolicy(SchedulingPolicy):
             # partly prefilled first (they hold KV), then overdue by arrival, then shortest first
             return (req.num_computed == 0, not overdue, 0 if overdue else req.prompt_len, req.arrival)
 
-        chunks = self._fill_budgets(state, sorted(state.waiting, key=order))
-        if chunks:
-            return PrefillPlan(chunks)
+        # plan_prefill fills the budgets the core gave (it re-checks them all) in this order: each
+        # new request needs a row and kv_to_admit's KV (exactly what the core takes to admit it),
+        # and it stops at the first that does not fit rather than let later ones overtake it
+        plan = plan_prefill(state, sorted(state.waiting, key=order))
+        if plan is not None:
+            return plan
         if state.running:
             return DecodePlan([r.rid for r in state.running])
         return None
-
-    @staticmethod
-    def _fill_budgets(state: SchedulerState, order: list[RequestView]) -> list[tuple[int, int]]:
-        """Prefill chunks in ``order`` within the budgets the core gave (it re-checks them all)."""
-        budgets = state.budgets
-        tokens, rows, kv = budgets.prefill_tokens, budgets.free_request_slots, budgets.free_kv_tokens
-        chunks: list[tuple[int, int]] = []
-        for req in order:
-            if tokens <= 0:
-                break
-            remaining = req.remaining_prefill
-            if req.num_computed == 0:  # a new request needs a row and KV for its expected future
-                cached = state.cached_prefix_len(req.rid)
-                # the uncached prompt plus the share of max_new_tokens the core expects to use:
-                # exactly what the core itself takes when it admits the request
-                need = budgets.kv_to_admit(req, cached)
-                if rows == 0 or need > kv:
-                    break  # wait for room rather than let later requests overtake this one
-                rows, kv, remaining = rows - 1, kv - need, req.prompt_len - cached
-            chunks.append((req.rid, min(remaining, tokens)))
-            tokens -= chunks[-1][1]
-        return chunks

@@ -2,7 +2,7 @@
 
 from minisgl_core.api import hookimpl
 
-MINISGL_API = "2.0"
+MINISGL_API = "2.5"
 
 
 @hookimpl

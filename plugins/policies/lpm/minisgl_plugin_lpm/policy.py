@@ -1,7 +1,7 @@
 """Longest-prefix-match-first admission (SGLang's cache-aware ordering) with a starvation guard.
 
-Each step the waiting requests are ordered, then :func:`plan_prefill` (prefill-first's) fills
-the budgets in that order:
+Each step the waiting requests are ordered, then the API's :func:`plan_prefill` fills the
+budgets in that order:
 
 1. requests already partly prefilled (they hold KV; finishing them first frees it soonest);
 2. requests that have waited ``max_wait_rounds`` scheduling rounds or more, in arrival order:
@@ -18,9 +18,7 @@ from __future__ import annotations
 import dataclasses
 from functools import cache
 
-from minisgl_plugin_prefill_first.policy import plan_prefill
-
-from minisgl_core.api import DecodePlan, PrefillPlan, SchedulerState, SchedulingPolicy
+from minisgl_core.api import DecodePlan, PrefillPlan, SchedulerState, SchedulingPolicy, plan_prefill
 
 
 class LongestPrefixMatchPolicy(SchedulingPolicy):

@@ -2,35 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from minisgl_core.api import DecodePlan, PrefillPlan, SchedulerState, SchedulingPolicy, plan_prefill
 
-from minisgl_core.api import DecodePlan, PrefillPlan, RequestView, SchedulerState, SchedulingPolicy
-
-
-def plan_prefill(state: SchedulerState, order: Iterable[RequestView]) -> PrefillPlan | None:
-    """Fill the prefill budget from ``order`` (partly prefilled requests must come first).
-
-    Stops at the first new request that does not fit, so later ones never overtake it."""
-    budget = state.budgets.prefill_tokens
-    free_rows = state.budgets.free_request_slots
-    free_kv = state.budgets.free_kv_tokens
-    chunks: list[tuple[int, int]] = []
-    for req in order:
-        if budget <= 0:
-            break
-        remaining = req.remaining_prefill
-        if req.num_computed == 0:
-            cached = state.cached_prefix_len(req.rid)
-            need = state.budgets.kv_to_admit(req, cached)
-            if free_rows == 0 or need > free_kv:
-                break
-            free_rows -= 1
-            free_kv -= need
-            remaining = req.prompt_len - cached
-        n = min(remaining, budget)
-        chunks.append((req.rid, n))
-        budget -= n
-    return PrefillPlan(chunks) if chunks else None
+#: (the budget filling moved into the API as ``minisgl_core.api.plan_prefill`` with API 2.5; this
+#: name stays for code that imported it from here)
+__all__ = ["PrefillFirstPolicy", "plan_prefill"]
 
 
 class PrefillFirstPolicy(SchedulingPolicy):

@@ -1,6 +1,6 @@
 """Priority scheduling (vLLM's ``--scheduling-policy priority``): the waiting requests are admitted
 by their ``priority`` (lower first, as vLLM's), then by arrival; :func:`plan_prefill`
-(prefill-first's) fills the budgets in that order.
+(the API's) fills the budgets in that order.
 
 Requests already partly prefilled come first whatever their priority: they hold KV and a request
 slot, and a new request that did not fit ahead of them could never be admitted while they wait
@@ -18,9 +18,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from minisgl_plugin_prefill_first.policy import plan_prefill
-
-from minisgl_core.api import DecodePlan, PrefillPlan, SchedulerState, SchedulingPolicy
+from minisgl_core.api import DecodePlan, PrefillPlan, SchedulerState, SchedulingPolicy, plan_prefill
 
 
 class PriorityPolicy(SchedulingPolicy):
