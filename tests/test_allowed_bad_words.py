@@ -144,6 +144,24 @@ def test_sampler_masks_all_but_the_allowed_ids_and_bans():
     assert lp_scaled.logprob == pytest.approx(float(masked.max()), abs=1e-5)
 
 
+def test_a_request_makes_its_allowed_ids_tensor_once_and_the_sampler_takes_it():
+    """Each step built the allowed ids' tensor again from the params' tuple (24,576 ids: 0.35 ms
+    of host time a request a step, 7-10% of a CPU run of 16 such requests); the scheduler's
+    request now makes it once, and the sampler masks with it as with the ids themselves."""
+    from minisgl_core.scheduler.request import Request
+
+    params = SamplingParams(temperature=0.0, allowed_token_ids=[30, 4, 17])
+    req = Request(1, [5, 6], params, 0)
+    first = req.allowed_ids_on(torch.device("cpu"))
+    assert first.tolist() == [4, 17, 30] and req.allowed_ids_on(torch.device("cpu")) is first
+    assert Request(2, [5], SamplingParams(), 0).allowed_ids_on(torch.device("cpu")) is None
+    # a tensor the sampler is given is the one it masks with: here, one that differs from the params
+    logits = torch.randn(1, 50)
+    sampler = Sampler(50, torch.device("cpu"))
+    given = SampleRequest(params, [], allowed_ids=torch.tensor([9]))
+    assert sampler.sample(logits.clone(), [given]).token_ids.tolist() == [9]
+
+
 # ------------------------------------------------------------------------ the engine
 
 

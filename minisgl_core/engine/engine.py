@@ -498,6 +498,7 @@ class Engine:
             SampleRequest(
                 r.params, r.output_ids, r.generator, r.prompt_ids,
                 step_bans(r.params, r.output_ids, self.scheduler.stop_checker.eos_ids),
+                r.allowed_ids_on(logits.device),
             )
             for r in reqs
         ]  # fmt: skip

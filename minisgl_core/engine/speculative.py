@@ -97,6 +97,7 @@ class VerifyRunner:
                     r.generator,
                     r.prompt_ids,
                     step_bans(r.params, output, self.scheduler.stop_checker.eos_ids),
+                    r.allowed_ids_on(logits.device),
                 )
                 for r, output in rows
             ],  # fmt: skip

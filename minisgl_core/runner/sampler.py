@@ -362,6 +362,9 @@ class SampleRequest:
     #: token ids that cannot be sampled now (eos and stop_token_ids before min_tokens, the bad
     #: words' last tokens: :func:`step_bans`)
     banned: Sequence[int] = ()
+    #: ``params.allowed_token_ids`` already on the logits' device (the engine keeps one a request:
+    #: ``Request.allowed_ids_on``); None: made from the params here, each call
+    allowed_ids: torch.Tensor | None = None
 
 
 def step_bans(params: SamplingParams, output_ids: Sequence[int], eos_ids: Iterable[int]) -> tuple[int, ...]:
@@ -463,7 +466,9 @@ def apply_allowed_token_ids(logits: torch.Tensor, requests: Sequence[SampleReque
         where = to_device(others, logits.device, torch.int64)
         masked[where] = logits[where].float()
     for i in rows:
-        ids = to_device(list(requests[i].params.allowed_token_ids), logits.device, torch.int64)  # type: ignore[arg-type]
+        ids = requests[i].allowed_ids
+        if ids is None:
+            ids = to_device(list(requests[i].params.allowed_token_ids), logits.device, torch.int64)  # type: ignore[arg-type]
         masked[i, ids] = logits[i, ids].float()
     return masked
 

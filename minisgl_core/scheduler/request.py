@@ -81,6 +81,10 @@ class Request:
     #: None until admitted
     cached_prompt_tokens: int | None = None
 
+    #: ``params.allowed_token_ids`` on the sampler's device, made on first use
+    #: (:meth:`allowed_ids_on`)
+    allowed_ids: torch.Tensor | None = None
+
     def __post_init__(self) -> None:
         if not self.fill_ids:
             self.fill_ids = self.prompt_ids
@@ -88,6 +92,17 @@ class Request:
             self.reasoning = REASONING if self.params.reasoning_opened else OPENING
         if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:
             self.prompt_logprobs = [None]
+
+    def allowed_ids_on(self, device: torch.device) -> torch.Tensor | None:
+        """``params.allowed_token_ids`` as a tensor on ``device`` (what the sampler indexes the
+        logits with), made once for the request: made every step, 24,576 ids took 0.35 ms of host
+        time a request a step; None without the field."""
+        allowed = self.params.allowed_token_ids
+        if allowed is None:
+            return None
+        if self.allowed_ids is None or self.allowed_ids.device != device:
+            self.allowed_ids = torch.tensor(allowed, dtype=torch.int64, device=device)
+        return self.allowed_ids
 
     @property
     def scores_prompt(self) -> bool:
