@@ -88,7 +88,8 @@ class SchedulingPolicy(ABC):
         admitting a waiting request with ``num_computed == 0`` needs a free request slot and
         ``budgets.kv_to_admit(request, cached_prefix_len)`` KV tokens out of ``free_kv_tokens``
         (the cached prefix does not count). A decode plan names running requests only. When
-        decode runs out of KV the core retracts running requests (newest first): they return to
+        decode runs out of KV the core retracts running requests (the least urgent first, the
+        largest ``priority``, then the newest; versionchanged 2.5: newest first): they return to
         ``waiting`` with their output so far as part of the prompt.
 
         A return value that is no plan, an exception, or plans that run nothing for 3 rounds in

@@ -580,13 +580,16 @@ class Scheduler:
         return batch, token_rows_dev
 
     def _retract_until_decode_fits(self, reqs: list[Request]) -> None:
-        """Retract the newest requests (removed from ``reqs``) until every other one can grow by a token.
+        """Retract the least urgent, then newest, requests (removed from ``reqs``) until every other
+        one can grow by a token.
 
         The candidates are the running requests (one always stays) and the prompts admitted but
         only partly prefilled (they wait for their next chunk and hold pages too): admission
         expects less output of long runs as they go, so a prompt admitted late and prefilled a
         chunk a step beside a decode could hold the pool's last pages when that decode, the only
-        one running, needed one. The newest goes first. A partly prefilled prompt gives its pages
+        one running, needed one. The least urgent goes first (the largest ``priority``, vLLM's
+        preemption order; every request's is 0 unless the policy uses priorities), the newest of
+        those. A partly prefilled prompt gives its pages
         back (what it computed to the prefix cache) and is admitted again later; a retracted
         request waits again with its output so far appended to what it must prefill. Both count
         as retractions. No step is in flight here: the engine lands it first when
@@ -596,7 +599,7 @@ class Scheduler:
             return
         partly = [r for r in self.waiting.values() if r.admitted]
         while needed > self.kv.obtainable_pages() and (partly or len(reqs) > 1):
-            victim = max(partly + reqs if len(reqs) > 1 else partly, key=lambda r: r.arrival)
+            victim = max(partly + reqs if len(reqs) > 1 else partly, key=lambda r: (r.priority, r.arrival))
             self.kv.retracted()
             if victim in partly:
                 partly.remove(victim)

@@ -10,8 +10,8 @@ A new request that does not fit waits, and the less urgent ones behind it wait t
 take the KV it waits for), while requests run; when none runs, nothing would free that KV, so the
 next ones that fit are admitted instead.
 
-Not vLLM's: a running request is never set back to make room for a more urgent one, and when decode
-runs out of KV the core retracts the newest request, not the least urgent.
+Not vLLM's: a running request is never set back to make room for a more urgent one. When decode
+runs out of KV the core retracts the least urgent request first (then the newest), as vLLM does.
 """
 
 from __future__ import annotations

@@ -77,3 +77,34 @@ def test_selectable_from_the_command_line(model_dir: Path, capsys: pytest.Captur
     assert main(args) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     assert [len(line["token_ids"]) for line in lines] == [3, 3]
+
+
+def test_decode_out_of_kv_retracts_the_least_urgent_request(model_dir, caplog):
+    """Three requests start together and outgrow a small pool: the core retracted the newest
+    (here the most urgent, -5); it now retracts the least urgent (5, the oldest), vLLM's
+    preemption order, and each still generates what it generates alone."""
+    import logging
+    import random
+
+    rng = random.Random(3)
+    prompts = [[rng.randrange(5, 1000) for _ in range(30)] for _ in range(3)]
+    params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
+    with cpu_llm(model_dir, cache="naive") as alone:
+        expected = [alone.generate([p], params, use_tqdm=False)[0].token_ids for p in prompts]
+    with cpu_llm(model_dir, policy="priority", num_kv_tokens=256, page_size=1) as llm:
+        priority_of: dict[int, int] = {}
+        add = llm.engine.add_request
+
+        def recording(rid, ids, sampling, *, priority=0, **kw):
+            priority_of[rid] = priority
+            return add(rid, ids, sampling, priority=priority, **kw)
+
+        llm.engine.add_request = recording  # type: ignore[method-assign]
+        with caplog.at_level(logging.INFO, logger="minisgl_core.scheduler.scheduler"):
+            outs = llm.generate(prompts, params, use_tqdm=False, priority=[5, 0, -5])
+        assert llm.engine.stats()["retractions"] >= 1
+    retracted = [
+        int(r.getMessage().split()[5]) for r in caplog.records if "retracted request" in r.getMessage()
+    ]
+    assert retracted and priority_of[retracted[0]] == 5, (retracted, priority_of)
+    assert [o.token_ids for o in outs] == expected
