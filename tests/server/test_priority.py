@@ -117,33 +117,41 @@ def test_sglangs_most_negative_priority_has_no_negation(priority_server):
 def test_a_more_urgent_request_queued_later_runs_first(priority_server, model_name):
     """One request slot, held by a long streamed request; a less urgent request, then a more urgent
     one, queue behind it. When the stream is closed (its request aborted), the more urgent one is
-    admitted first and finishes first. Each route's priority: the chat one's vLLM's, /generate's
-    SGLang's (larger first: its 3 runs before vLLM's 1, after vLLM's -7)."""
+    admitted first. Each route's priority: the chat one's vLLM's, /generate's SGLang's (larger
+    first: its 3 runs before vLLM's 1, after vLLM's -7). The order is that of each request's first
+    streamed token, which the next admitted cannot produce before the one ahead has made all 64
+    of its own (the order the answers completed in at the client could swap two short ones whose
+    deliveries overlapped: seen once in CI)."""
 
     async def run() -> list[str]:
         client = openai_client(priority_server, async_=True)
-        finished: list[str] = []
+        started: list[str] = []
 
         async def chat(name: str, priority: int) -> None:
-            await client.chat.completions.create(
-                model=model_name, messages=[{"role": "user", "content": name}], max_tokens=4,
+            stream = await client.chat.completions.create(
+                model=model_name, messages=[{"role": "user", "content": name}], max_tokens=64, stream=True,
                 extra_body={"priority": priority, "ignore_eos": True},
             )  # fmt: skip
-            finished.append(name)
+            async for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content and name not in started:
+                    started.append(name)
 
         async def generate(name: str, priority: int) -> None:
+            body = {
+                "text": name,
+                "priority": priority,
+                "stream": True,
+                "sampling_params": {"max_new_tokens": 64, "ignore_eos": True},
+            }
+            headers = {"Authorization": f"Bearer {API_KEY}"}
             async with httpx.AsyncClient(timeout=120) as http:
-                resp = await http.post(
-                    f"{priority_server.url}/generate",
-                    json={
-                        "text": name,
-                        "priority": priority,
-                        "sampling_params": {"max_new_tokens": 4, "ignore_eos": True},
-                    },
-                    headers={"Authorization": f"Bearer {API_KEY}"},
-                )
-            assert resp.status_code == 200, resp.text
-            finished.append(name)
+                async with http.stream(
+                    "POST", f"{priority_server.url}/generate", json=body, headers=headers
+                ) as resp:
+                    assert resp.status_code == 200
+                    async for line in resp.aiter_lines():
+                        if line.startswith("data: {") and name not in started:
+                            started.append(name)
 
         blocker = await client.completions.create(
             model=model_name, prompt="go", max_tokens=2000, stream=True, extra_body={"ignore_eos": True}
@@ -161,6 +169,6 @@ def test_a_more_urgent_request_queued_later_runs_first(priority_server, model_na
                 await asyncio.sleep(0.05)
         await blocker.close()  # the slot frees
         await asyncio.gather(*queued)
-        return finished
+        return started
 
     assert asyncio.run(run()) == ["urgent", "sglang-mid", "late-low"]
