@@ -14,6 +14,7 @@ from numbers import Integral
 from minisgl_core.messages import Limits
 from minisgl_core.sampling import INT64_MAX, INT64_MIN, SamplingParams, short_repr
 from minisgl_core.setting_names import Spelling
+from minisgl_core.token_bans import NoTokenLeft, first_token_left
 
 #: characters one token may stand for when the tokenizer did not say (its longest vocabulary entry,
 #: ``tokenizer.load.longest_token_chars``): a prompt over ``context x`` that many characters cannot
@@ -145,6 +146,9 @@ def admit(
             f"min_tokens ({params.min_tokens}) exceeds the {params.max_tokens} output tokens this "
             "request may have (max_tokens left unset: what the context leaves); lower min_tokens"
         )
+    stuck = first_token_left(params, limits.eos_token_ids)
+    if stuck is not None:  # (refused here, before a stream starts: found later, it ends one)
+        raise NoTokenLeft(stuck)
     check_request_fits(
         prompt_ids,
         params,

@@ -11,8 +11,9 @@ from minisgl_core import SamplingParams
 from minisgl_core.demo.factories import make_model_dir
 from minisgl_core.messages import Limits
 from minisgl_core.request_limits import MAX_BAD_WORDS_TOKENS, admit, bad_words_token_ids
-from minisgl_core.runner.sampler import Sampler, SampleRequest, bad_words_ban, step_bans
+from minisgl_core.runner.sampler import Sampler, SampleRequest
 from minisgl_core.testing import cpu_llm
+from minisgl_core.token_bans import bad_words_ban, step_bans
 
 PROMPT = [11, 12, 13, 14, 200, 300]
 LIMITS = Limits(256, 256, 2000)
@@ -294,14 +295,62 @@ def test_constraints_that_leave_no_token_end_the_request_as_invalid(llm):
         (SamplingParams(temperature=0.0, max_tokens=6, allowed_token_ids=[0, a], grammar=GrammarSpec("regex", "x+")), [], "allowed_token_ids and the grammar"),
     ]  # fmt: skip
     free = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
-    outs = llm.generate([PROMPT] * (len(cases) + 1), [c[0] for c in cases] + [free])
-    for out, (_, tokens, fields) in zip(outs, cases):
-        assert out.finish_reason == "invalid", (fields, out.finish_reason, out.token_ids)
-        assert out.token_ids == tokens, fields
-        assert out.error.startswith(
+    # (admission refuses the first three, dead at the first token: test_admission_refuses_...;
+    # the engine, which trusts what it is given, still must not output an arbitrary token)
+    engine, outs = llm.engine, {}
+    for rid, params in enumerate([c[0] for c in cases] + [free]):
+        engine.add_request(rid, PROMPT, params)
+    while engine.has_work:
+        for o in engine.step():
+            tokens, _, _ = outs.setdefault(o.rid, ([], None, None))
+            if o.token_id >= 0:
+                tokens.append(o.token_id)
+            if o.finished:
+                outs[o.rid] = (tokens, o.finish_reason, o.error)
+    for rid, (_, tokens, fields) in enumerate(cases):
+        got, reason, error = outs[rid]
+        assert reason == "invalid", (fields, reason, got)
+        assert got == tokens, fields
+        assert error.startswith(
             f"no token is left to sample after {len(tokens)} output token(s): {fields} rule out"
         )
-    assert outs[-1].finish_reason == "length" and outs[-1].token_ids == _greedy(llm, PROMPT, 6).token_ids
+    assert outs[len(cases)][:2] == (_greedy(llm, PROMPT, 6).token_ids, "length")
+
+
+@pytest.mark.parametrize(
+    ("fields", "dead", "fine"),
+    [
+        # every allowed token a stop token before min_tokens (eos is 2 in these limits)
+        ("allowed_token_ids and min_tokens", dict(allowed_token_ids=[2], min_tokens=1), dict(allowed_token_ids=[2])),
+        ("allowed_token_ids and min_tokens", dict(allowed_token_ids=[2, 7], stop_token_ids=[7], min_tokens=3),
+         dict(allowed_token_ids=[2, 7, 8], stop_token_ids=[7], min_tokens=3)),
+        # every allowed token a one-token bad word
+        ("allowed_token_ids and bad_words", dict(allowed_token_ids=[5, 6], bad_words_token_ids=[[5], [6]]),
+         dict(allowed_token_ids=[5, 6], bad_words_token_ids=[[5], [9, 6]])),
+        ("allowed_token_ids, min_tokens and bad_words",
+         dict(allowed_token_ids=[2, 5], bad_words_token_ids=[[5]], min_tokens=1),
+         dict(allowed_token_ids=[2, 5], bad_words_token_ids=[[5]], ignore_eos=True, min_tokens=1)),
+    ],
+)  # fmt: skip
+def test_admission_refuses_constraints_that_leave_the_first_token_nothing(fields, dead, fine):
+    """Found at the first step, such a request ended as "invalid": on the server a stream that had
+    started (a 200 whose only event is an error). Admission now refuses it, as it refuses a
+    min_tokens above max_tokens; what leaves a token there (a bad word of two tokens, ignore_eos
+    lifting min_tokens' ban on eos) is admitted."""
+    limits = Limits(256, 256, 2000, [2])
+    with pytest.raises(ValueError) as raised:
+        admit(PROMPT, SamplingParams(max_tokens=4, **dead), limits)
+    assert str(raised.value).startswith(
+        f"no token is left to sample after 0 output token(s): {fields} rule out every token"
+    ), raised.value
+    admit(PROMPT, SamplingParams(max_tokens=4, **fine), limits)
+
+
+def test_offline_generate_refuses_a_dead_first_token_before_anything_runs(llm):
+    eos = sorted(llm.engine.scheduler.stop_checker.eos_ids)
+    params = [SamplingParams(max_tokens=4), SamplingParams(max_tokens=4, allowed_token_ids=eos, min_tokens=2)]
+    with pytest.raises(ValueError, match=r"^prompts\[1\]: no token is left to sample after 0"):
+        llm.generate([PROMPT, PROMPT], params)
     assert not llm.engine.has_work
 
 

@@ -119,13 +119,18 @@ def test_allowed_token_ids_and_bad_words_hold_on_the_gpu(model_dir, name):
                     pair,
                     out.token_ids,
                 )
-        eos = sorted(llm.engine.scheduler.stop_checker.eos_ids)
-        empty = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, allowed_token_ids=eos, min_tokens=3)
+        # after a, both bad words ban what is left of the two allowed tokens: a dead second row
+        # (one dead at the first token admission refuses, before anything runs)
+        a, b = 40, 41
+        empty = SamplingParams(
+            temperature=0.0, max_tokens=MAX_TOKENS, allowed_token_ids=[a, b],
+            bad_words_token_ids=[[a, a], [a, b]], logit_bias={a: 100},
+        )  # fmt: skip
         outs = llm.generate(
             prompts()[:2], [empty, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)]
         )
-        assert (outs[0].finish_reason, outs[0].token_ids) == ("invalid", []), outs[0]
-        assert outs[0].error.startswith("no token is left to sample after 0 output token(s)")
+        assert (outs[0].finish_reason, outs[0].token_ids) == ("invalid", [a]), outs[0]
+        assert outs[0].error.startswith("no token is left to sample after 1 output token(s)")
         assert outs[1].finish_reason == "length" and len(outs[1].token_ids) == MAX_TOKENS
     finally:
         llm.close()

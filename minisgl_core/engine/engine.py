@@ -46,7 +46,6 @@ from minisgl_core.runner.sampler import (
     SampleRequest,
     SampleResult,
     shards_plain,
-    step_bans,
     to_device,
     vocab_ranks,
 )
@@ -55,6 +54,7 @@ from minisgl_core.scheduler.request import Request
 from minisgl_core.scheduler.scheduler import ScheduledBatch, Scheduler
 from minisgl_core.scheduler.speculative import Speculator, VerifyBatch, make_drafter
 from minisgl_core.scheduler.stop import StopChecker
+from minisgl_core.token_bans import step_bans
 
 logger = logging.getLogger(__name__)
 

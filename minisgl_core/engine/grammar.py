@@ -37,8 +37,8 @@ import torch
 from minisgl_core.api import GrammarBackend, GrammarError, GrammarMatcher, GrammarSpec, bitmask_width
 from minisgl_core.api.grammar import accepts_no_text
 from minisgl_core.grammars import LazyGrammarBackend
-from minisgl_core.runner.sampler import no_token_left, own_constraints
 from minisgl_core.scheduler.request import OPENING, REASONING, Request
+from minisgl_core.token_bans import no_token_left, own_constraints
 
 logger = logging.getLogger(__name__)
 

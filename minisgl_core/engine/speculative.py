@@ -35,10 +35,11 @@ import torch
 from minisgl_core.api import ParallelContext
 from minisgl_core.engine.grammar import GrammarRunner
 from minisgl_core.runner.model_runner import ModelRunner
-from minisgl_core.runner.sampler import Sampler, SampleRequest, step_bans, to_device
+from minisgl_core.runner.sampler import Sampler, SampleRequest, to_device
 from minisgl_core.sampling import StepOutput
 from minisgl_core.scheduler.scheduler import Scheduler
 from minisgl_core.scheduler.speculative import Speculator, VerifyBatch
+from minisgl_core.token_bans import step_bans
 
 
 class VerifyRunner:

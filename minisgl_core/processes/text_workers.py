@@ -38,6 +38,7 @@ from minisgl_core.processes.child import ChildSpec, ReportReady
 from minisgl_core.processes.ipc import bind_pull, connect_push, recv, send
 from minisgl_core.request_limits import ContextLengthExceeded, admit, truncate_prompt, truncation_tail
 from minisgl_core.sampling import SamplingParams
+from minisgl_core.token_bans import NoTokenLeft
 from minisgl_core.tokenizer.chat_input import (
     ToolsNotRendered,
     chatml_tools_hint,
@@ -196,6 +197,8 @@ class Admitter:
             for field in ("allowed_token_ids", "bad_words"):
                 if str(exc).startswith(field):
                     blame = field
+            if isinstance(exc, NoTokenLeft):
+                blame = exc.param
             # (the prompt and max_tokens past the context or the KV pool: OpenAI's code for it, as
             # the API server's check by characters gives)
             code = "context_length_exceeded" if isinstance(exc, ContextLengthExceeded) else None

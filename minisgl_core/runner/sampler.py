@@ -15,7 +15,6 @@ shares its batch.
 from __future__ import annotations
 
 import array
-from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -360,85 +359,11 @@ class SampleRequest:
     #: only read for repetition_penalty, which (as in Hugging Face) also counts the prompt's tokens
     prompt_ids: Sequence[int] = ()
     #: token ids that cannot be sampled now (eos and stop_token_ids before min_tokens, the bad
-    #: words' last tokens: :func:`step_bans`)
+    #: words' last tokens: :func:`minisgl_core.token_bans.step_bans`)
     banned: Sequence[int] = ()
     #: ``params.allowed_token_ids`` already on the logits' device (the engine keeps one a request:
     #: ``Request.allowed_ids_on``); None: made from the params here, each call
     allowed_ids: torch.Tensor | None = None
-
-
-def step_bans(params: SamplingParams, output_ids: Sequence[int], eos_ids: Iterable[int]) -> tuple[int, ...]:
-    """The token ids a request whose output so far is ``output_ids`` may not sample next: its
-    min_tokens' (:func:`min_tokens_ban`) and its bad words' (:func:`bad_words_ban`)."""
-    banned = min_tokens_ban(params, len(output_ids), eos_ids)
-    if params.bad_words_token_ids:
-        banned += bad_words_ban(params.bad_words_token_ids, output_ids)
-    return banned
-
-
-def drawable(params: SamplingParams, output_ids: Sequence[int], token: int, eos_ids: Iterable[int]) -> bool:
-    """Whether ``token`` is one the sampler could draw for a request whose output so far is
-    ``output_ids``: among its ``allowed_token_ids`` and outside its :func:`step_bans`. A token that
-    is not was drawn from a row those left without a finite logit (the sampler then draws an
-    arbitrary one): :func:`no_token_left` says why the request ends."""
-    allowed = params.allowed_token_ids
-    if allowed is not None:
-        at = bisect_left(allowed, token)  # (sorted without repeats by SamplingParams)
-        if at == len(allowed) or allowed[at] != token:
-            return False
-    if len(output_ids) < params.min_tokens or params.bad_words_token_ids:
-        return token not in step_bans(params, output_ids, eos_ids)
-    return True
-
-
-def own_constraints(params: SamplingParams) -> list[str]:
-    """The fields of ``params`` that take tokens out of the sampler's rows besides a grammar."""
-    named = {
-        "allowed_token_ids": params.allowed_token_ids is not None,
-        "min_tokens": params.min_tokens > 0,
-        "bad_words": bool(params.bad_words_token_ids),
-    }
-    return [name for name, present in named.items() if present]
-
-
-def no_token_left(params: SamplingParams, produced: int) -> str:
-    """The error of a request whose constraints left no token to draw after ``produced`` output
-    tokens (a request's own fault: it finishes as "invalid", a 400)."""
-    fields = own_constraints(params) + (["the grammar"] if params.grammar else [])
-    together = fields[0] if len(fields) == 1 else ", ".join(fields[:-1]) + " and " + fields[-1]
-    why = {
-        "min_tokens": "min_tokens bans the stop tokens until its count",
-        "bad_words": "bad_words bans a word's last token right after its other tokens",
-        "the grammar": "the grammar is the request's response_format or forced tool call",
-    }
-    notes = "; ".join(why[f] for f in fields if f in why)
-    return (
-        f"no token is left to sample after {produced} output token(s): {together} rule out every "
-        "token of the vocabulary there" + (f" ({notes})" if notes else "")
-    )
-
-
-def bad_words_ban(forms: Sequence[Sequence[int]], output_ids: Sequence[int]) -> tuple[int, ...]:
-    """vLLM's bad_words: the last token of each form (a bad word's token sequence) whose other
-    tokens the output ends with; a one-token form's always. Only the output counts, not the
-    prompt."""
-    banned = []
-    produced = len(output_ids)
-    for form in forms:
-        before = len(form) - 1
-        if before == 0 or (
-            before <= produced and all(output_ids[produced - before + j] == form[j] for j in range(before))
-        ):
-            banned.append(form[-1])
-    return tuple(banned)
-
-
-def min_tokens_ban(params: SamplingParams, produced: int, eos_ids: Iterable[int]) -> tuple[int, ...]:
-    """The token ids a request with ``produced`` output tokens may not sample now: before
-    ``min_tokens`` its stop token ids and (unless ``ignore_eos``) the eos ids, else none."""
-    if produced >= params.min_tokens:
-        return ()
-    return tuple(params.stop_token_ids) + (() if params.ignore_eos else tuple(sorted(eos_ids)))
 
 
 def apply_bans(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tensor:

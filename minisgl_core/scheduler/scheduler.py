@@ -26,13 +26,14 @@ from minisgl_core.api import (
     SchedulerState,
     SchedulingPolicy,
 )
-from minisgl_core.runner.sampler import drawable, no_token_left, rows_to_device, to_device
+from minisgl_core.runner.sampler import rows_to_device, to_device
 from minisgl_core.sampling import StepOutput, TokenLogprob
 from minisgl_core.scheduler.allocator import PageAllocator, RequestSlots
 from minisgl_core.scheduler.cascade import group_shared_prefixes
 from minisgl_core.scheduler.kv import KVManager
 from minisgl_core.scheduler.request import Request
 from minisgl_core.scheduler.stop import StopChecker
+from minisgl_core.token_bans import drawable, no_token_left
 
 logger = logging.getLogger(__name__)
 

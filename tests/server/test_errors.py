@@ -157,12 +157,13 @@ CASES = [
     (CHAT, {"messages": USER, "bad_words": [7]}, 400, "bad_words.0", ""),
     (CHAT, {"messages": USER, "bad_words": ["ok", " "]}, 400, "bad_words", "besides whitespace"),
     (COMPLETIONS, {"prompt": "hi", "bad_words": ["w"] * 129}, 400, "bad_words", "at most 128"),
-    # (constraints that leave no token: the sampler drew an arbitrary one, output with a 200)
+    # (constraints that leave no token: the sampler drew an arbitrary one, output with a 200; then
+    # a stream started and ended with an error event; now admission refuses it)
     (
         COMPLETIONS,
-        {"prompt": "hi", "allowed_token_ids": [5], "stop_token_ids": [5], "min_tokens": 2},
+        {"prompt": "hi", "allowed_token_ids": [5], "stop_token_ids": [5], "min_tokens": 2, "stream": True},
         400,
-        None,
+        "allowed_token_ids",
         "no token is left to sample after 0 output token(s): allowed_token_ids and min_tokens rule out",
     ),
     # (SGLang's /generate has no such fields: refused as any unknown one, not ignored)
