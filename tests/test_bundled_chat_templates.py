@@ -53,6 +53,18 @@ def test_the_template_is_shipped_and_named():
     assert bundled_chat_template("chatml") is None and bundled_chat_template("../chatml-tools") is None
 
 
+def test_the_template_file_is_read_once(monkeypatch):
+    """``LLM.chat(chat_template="chatml-tools")`` asks for the text on every call: the file is read
+    once a process, not each time."""
+    import importlib.resources
+
+    reads = []
+    real = importlib.resources.files
+    monkeypatch.setattr(importlib.resources, "files", lambda package: reads.append(package) or real(package))
+    assert bundled_chat_template("chatml-tools") == bundled_chat_template("chatml-tools") == TEMPLATE
+    assert len(reads) <= 1, reads
+
+
 PLAIN = [
     ([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}], {}),
     (

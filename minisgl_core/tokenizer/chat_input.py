@@ -16,6 +16,7 @@ template as they are (vLLM's ``LLM.chat`` passes them on too)."""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -323,6 +324,12 @@ def bundled_chat_template(name: str) -> str | None:
     None where no bundled template has that name."""
     if name not in BUNDLED_CHAT_TEMPLATES:
         return None
+    return _read_bundled(name)
+
+
+@functools.cache
+def _read_bundled(name: str) -> str:
+    """A bundled template's text, read once a process (``LLM.chat`` asks on every call)."""
     from importlib.resources import files
 
     return files("minisgl_core.tokenizer").joinpath("templates", f"{name}.jinja").read_text(encoding="utf-8")
