@@ -16,6 +16,7 @@ import shutil
 import tempfile
 import warnings
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -358,14 +359,51 @@ def _dequantize_blocks(type_name: str, blocks: torch.Tensor, dtype: torch.dtype)
     rows = min(count, _CHUNK_BLOCKS)
     values = out if dtype == torch.float32 else torch.empty(rows, 32)
     nibbles = torch.empty(rows, 2, 16, dtype=torch.uint8)
-    for start in range(0, count, _CHUNK_BLOCKS):
-        chunk = blocks[start : start + _CHUNK_BLOCKS]
-        size = chunk.shape[0]
-        target = values[start : start + size] if values is out else values[:size]
-        _dequantize_chunk(type_name, chunk, target, nibbles[:size])
-        if values is not out:
-            out[start : start + size].copy_(target)
+    with _free_threads():
+        for start in range(0, count, _CHUNK_BLOCKS):
+            chunk = blocks[start : start + _CHUNK_BLOCKS]
+            size = chunk.shape[0]
+            target = values[start : start + size] if values is out else values[:size]
+            _dequantize_chunk(type_name, chunk, target, nibbles[:size])
+            if values is not out:
+                out[start : start + size].copy_(target)
     return out
+
+
+@contextmanager
+def _free_threads() -> Iterator[None]:
+    """PyTorch's intra-op threads, while dequantizing, limited to the cores other programs leave
+    free (:func:`free_cores`); the process's own setting restored after.
+
+    Each step on PyTorch's threads waits at its end for the slowest of them, and on a CPU busy with
+    other programs one may be off its core for a whole time slice: on the 2-core dev CPU at load
+    2-3, two threads took 1.1-1.4 s for a 4096 x 14336 Q4_1 tensor that one thread dequantizes in
+    0.14 s, and the default model loaded in 1.3-10 s instead of 0.25-0.8 (BENCHMARKS.md, "GGUF
+    dequantization on the cores left free")."""
+    threads = torch.get_num_threads()
+    wanted = min(threads, free_cores())
+    if wanted == threads:
+        yield
+        return
+    torch.set_num_threads(wanted)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def free_cores() -> int:
+    """The cores this process may run on less the busy ones, by the 1-minute load average
+    (rounded), at least 1; all of them where the system gives no load average."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # (not on Linux)
+        cores = os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return cores
+    return max(1, cores - round(load))
 
 
 def _dequantize_chunk(type_name: str, blocks: torch.Tensor, out: torch.Tensor, nibbles: torch.Tensor) -> None:

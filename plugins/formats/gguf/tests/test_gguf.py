@@ -270,18 +270,21 @@ _SPECIAL_SCALES = np.array(
 )
 
 
+@pytest.mark.parametrize("threaded", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])
-def test_block_formats_dequantize_bitwise_as_gguf_does(qtype, dtype, monkeypatch):
+def test_block_formats_dequantize_bitwise_as_gguf_does(qtype, dtype, threaded, monkeypatch):
     """The 32-weight block formats, a chunk of blocks at a time in PyTorch, against
     ``gguf.quants.dequantize`` (NumPy, a group of rows at a time): random bytes, and infinite,
     NaN, subnormal and negative-zero float16 scales planted (and Q4_1's minimums, alone and in
     the same blocks as such scales); float32 equal bit for bit, NaN payloads included; bfloat16
-    and float16 as that float32 cast. Chunks of 1,000 blocks, so a tensor is several and a part."""
+    and float16 as that float32 cast. Chunks of 1,000 blocks, so a tensor is several and a part;
+    on one thread (a busy CPU) and on PyTorch's."""
     import gguf
     import minisgl_plugin_gguf.format as gguf_format
 
     monkeypatch.setattr(gguf_format, "_CHUNK_BLOCKS", 1000)
+    monkeypatch.setattr(gguf_format, "free_cores", lambda: 64 if threaded else 1)
     assert qtype in gguf_format._BLOCK_FORMATS
     quant = gguf.GGMLQuantizationType[qtype]
     block, type_size = gguf.GGML_QUANT_SIZES[quant]
@@ -302,6 +305,53 @@ def test_block_formats_dequantize_bitwise_as_gguf_does(qtype, dtype, monkeypatch
     assert ours.dtype == dtype and ours.shape == want.shape
     bits = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}[dtype]
     assert torch.equal(ours.view(bits), torch.from_numpy(want).to(dtype).view(bits))
+
+
+def test_dequantizing_takes_the_free_cores_only_and_restores_the_setting(monkeypatch):
+    """Blocks dequantize on as many of PyTorch's threads as the load average leaves cores free (on
+    a busy 2-core CPU two threads made the default model load in seconds: each short step waited
+    for a thread off its core); afterwards, and after an error inside, the process has its own
+    count again (CPU inference runs on it)."""
+    import minisgl_plugin_gguf.format as gguf_format
+
+    monkeypatch.setattr(gguf_format, "_CHUNK_BLOCKS", 1000)
+    seen = []
+    chunk = gguf_format._dequantize_chunk
+    monkeypatch.setattr(
+        gguf_format, "_dequantize_chunk", lambda *a: seen.append(torch.get_num_threads()) or chunk(*a)
+    )
+    raw = np.random.default_rng(4).integers(0, 256, size=(16, 64 * 18), dtype=np.uint8)  # Q4_0: 18 bytes
+    mapped = _mapped(raw, "Q4_0", (64 * 32, 16))  # 1,024 blocks: two chunks
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for free, threads in ((1, 1), (2, 2), (64, 2)):
+            seen.clear()
+            monkeypatch.setattr(gguf_format, "free_cores", lambda free=free: free)
+            gguf_format._dequantize(*mapped, torch.bfloat16)
+            assert seen == [threads, threads] and torch.get_num_threads() == 2, (free, seen)
+        monkeypatch.setattr(gguf_format, "free_cores", lambda: 1)
+        monkeypatch.setattr(gguf_format, "_dequantize_chunk", lambda *a: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            gguf_format._dequantize(*mapped, torch.bfloat16)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_free_cores_are_the_cores_less_the_load(monkeypatch):
+    import minisgl_plugin_gguf.format as gguf_format
+
+    monkeypatch.setattr(gguf_format.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    for load, free in ((0.2, 4), (1.6, 2), (3.4, 1), (9.0, 1)):
+        monkeypatch.setattr(gguf_format.os, "getloadavg", lambda load=load: (load, 0.0, 0.0))
+        assert gguf_format.free_cores() == free, load
+
+    def no_load():
+        raise OSError("no load average")
+
+    monkeypatch.setattr(gguf_format.os, "getloadavg", no_load)
+    assert gguf_format.free_cores() == 4
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
