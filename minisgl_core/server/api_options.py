@@ -1,5 +1,5 @@
 """What the HTTP layer does beyond passing requests on: the output parsers chosen at start-up,
-CORS, and a tokenizer of its own for /tokenize, /detokenize and echoing token-id prompts."""
+CORS, how many responses it stores, and a tokenizer of its own for /tokenize, /detokenize and echoing token-id prompts."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from minisgl_core.api import ReasoningParser, ToolParser
+from minisgl_core.server.responses_store import DEFAULT_STORE_SIZE
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,9 @@ class ApiOptions:
     #: each parser class above -> how errors name it: ``reasoning parser 'qwen3' (plugin
     #: 'qwen3-reasoning', minisgl-plugin-qwen3-reasoning 0.1.0)``, as the command line selected it
     parser_labels: dict[type, str] = field(default_factory=dict)
+    #: ``--responses-store-size``: the most /v1/responses answers kept for GET and
+    #: previous_response_id (0: none)
+    responses_store_size: int = DEFAULT_STORE_SIZE
 
 
 @dataclass

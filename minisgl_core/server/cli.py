@@ -18,6 +18,7 @@ from minisgl_core.config import ConfigError, EngineConfig, check_api_key
 from minisgl_core.grammars import check_grammar_backend
 from minisgl_core.plugins import Plugins
 from minisgl_core.server.limits import add_limit_args, limits_from_args
+from minisgl_core.server.responses_store import DEFAULT_STORE_SIZE, MAX_STORED_CHARS
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +114,15 @@ def _add_http_args(p: argparse.ArgumentParser, port: int) -> None:
         help="comma-separated origins browsers may call the API from, each scheme://host[:port] "
         "(CORS; '*' = any); off by default",
     )
+    g.add_argument(
+        "--responses-store-size",
+        type=_store_size,
+        default=DEFAULT_STORE_SIZE,
+        metavar="N",
+        help="the most /v1/responses answers kept in memory (store: true, OpenAI's default) for "
+        "GET /v1/responses/{id} and previous_response_id, the oldest dropped first (also past "
+        f"{MAX_STORED_CHARS >> 20} Mi characters of JSON in all); 0 stores none",
+    )
     g.add_argument("--nnodes", type=int, default=1, help="nodes the TP group spans")
     g.add_argument("--node-rank", type=int, default=0, help="this node's index (0 runs the API server)")
     g.add_argument(
@@ -129,6 +139,13 @@ def _add_http_args(p: argparse.ArgumentParser, port: int) -> None:
         help="a tensor-parallel rank silent this long (its process stopped, its node gone) stops the "
         "server instead of leaving the others waiting on it (default 30; inf: never)",
     )
+
+
+def _store_size(text: str) -> int:
+    value = int(text) if text.strip().isascii() and text.strip().isdigit() else -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number of responses, 0 or more, got {text!r}")
+    return value
 
 
 def _served_name(text: str) -> str:
@@ -437,7 +454,14 @@ def _api_options(args: argparse.Namespace, plugins: Plugins, chat_template: str 
         if cls is not None
     }
     origins = tuple(_origin(o.strip()) for o in args.allowed_origins.split(",") if o.strip())
-    return ApiOptions(tool_parser, reasoning_parser, origins, chat_template, labels)
+    return ApiOptions(
+        tool_parser,
+        reasoning_parser,
+        origins,
+        chat_template,
+        labels,
+        responses_store_size=args.responses_store_size,
+    )
 
 
 def _origin(text: str) -> str:

@@ -68,6 +68,9 @@ NAMING_A_MODEL = {
     "/tokenize",
     "/detokenize",
 }
+#: routes that read or delete a stored response: 404 for an id not stored; its input items'
+#: page (limit, order, after) may be a 400
+STORED = {"/v1/responses/{response_id}", "/v1/responses/{response_id}/input_items"}
 #: routes that answer with the error body on an unhealthy engine (no OpenAI body: {status, error})
 HEALTH = {"/health", "/health_generate"}
 #: routes that ask the scheduler to empty the prefix cache: refused while busy, like a request
@@ -82,8 +85,10 @@ def error_statuses(path: str, method: str, protected: bool) -> list[int]:
         statuses |= {400, 413, 415}
     if protected and path != "/health":
         statuses.add(401)
-    if path in NAMING_A_MODEL:
+    if path in NAMING_A_MODEL or path in STORED:
         statuses.add(404)
+    if path.endswith("/input_items"):
+        statuses.add(400)
     if path in GENERATING:
         statuses |= {429, 500, 503, 504}
     if path in FLUSHING:
@@ -107,7 +112,11 @@ def build_schema(app: FastAPI, protected: bool) -> dict[str, Any]:
             responses.pop("422", None)
             for status in error_statuses(path, method, protected):
                 content = {"application/json": {"schema": error_ref}}
-                responses[str(status)] = {"description": ERROR_MEANINGS[status], "content": content}
+                meaning = "No stored response of that id" if path in STORED and status == 404 else None
+                responses[str(status)] = {
+                    "description": meaning or ERROR_MEANINGS[status],
+                    "content": content,
+                }
             if path in HEALTH:
                 responses["503"] = {
                     "description": "The engine is not making progress",

@@ -1,21 +1,27 @@
-"""``POST /v1/responses``: OpenAI's Responses API, run by the chat pipeline.
+"""``/v1/responses``: OpenAI's Responses API, run by the chat pipeline, and its stored responses.
 
-The body (``responses_schema``) becomes a chat request, which ``routes.admit_chat`` admits as the
-chat route does (template, sampling, grammar, tools); its one choice's text goes through the same
-output parsers, and comes back as a ``Response`` object or its stream of events
-(``responses_output``). Nothing is stored: there is no GET of a response, and no
-``previous_response_id``.
+``POST``: the body (``responses_schema``) becomes a chat request, which ``routes.admit_chat``
+admits as the chat route does (template, sampling, grammar, tools); its one choice's text goes
+through the same output parsers, and comes back as a ``Response`` object or its stream of events
+(``responses_output``). With ``store`` (the default) the finished response, and the conversation
+it ran on, go to the process's :class:`ResponseStore` (bounded, ``--responses-store-size``):
+``GET``/``DELETE /v1/responses/{id}`` read and delete it, ``GET .../input_items`` lists its
+conversation, and a later request's ``previous_response_id`` continues it (that conversation, the
+response's output, then the new ``input``; the new ``instructions``, not the old). A stream is
+stored when it ends (completed, incomplete or failed); a request the client left is not.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Literal
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
+from pydantic import ValidationError
 
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.server import responses as r
@@ -23,7 +29,14 @@ from minisgl_core.server.api_options import ApiOptions, ApiTokenizer
 from minisgl_core.server.errors import APIError
 from minisgl_core.server.handling import respond
 from minisgl_core.server.responses_output import EventStream, new_id, read_whole, response_object, usage
-from minisgl_core.server.responses_schema import FunctionChoice, ResponsesRequest, responses_names
+from minisgl_core.server.responses_schema import (
+    HISTORY,
+    FunctionChoice,
+    InputItem,
+    ResponsesRequest,
+    responses_names,
+)
+from minisgl_core.server.responses_store import ResponseStore
 from minisgl_core.server.routes import admit_chat
 from minisgl_core.server.state import ServerState
 
@@ -52,7 +65,7 @@ def echo_fields(body: ResponsesRequest, params: SamplingParams, model: str) -> d
         "reasoning": body.reasoning.model_dump(exclude_none=True) if body.reasoning else None,
         "truncation": "disabled",
         "background": False,
-        "previous_response_id": None,
+        "previous_response_id": body.previous_response_id,
         "metadata": body.metadata or {},
         "user": body.user,
         "safety_identifier": body.safety_identifier,
@@ -61,19 +74,108 @@ def echo_fields(body: ResponsesRequest, params: SamplingParams, model: str) -> d
     }
 
 
-def responses_router(state: ServerState, options: ApiOptions, tokenizer: ApiTokenizer) -> APIRouter:
+#: how a request names the option that turns storing off
+STORE_OFF = "this server stores no responses (--responses-store-size 0)"
+
+
+def _history(store: ResponseStore, rid: str) -> list[InputItem]:
+    """The items a request naming ``rid`` as its ``previous_response_id`` continues; a 400 as
+    OpenAI's (its code ``previous_response_not_found``) for one not stored."""
+    if not store.enabled:
+        raise APIError(
+            400,
+            f"previous_response_id: {STORE_OFF}: send the whole conversation in input",
+            "previous_response_id",
+            "unsupported_field",
+        )
+    conversation = store.conversation(rid)
+    if conversation is None:
+        raise APIError(
+            400,
+            f"Previous response with id {rid!r} not found: it was never stored (store false), was "
+            f"deleted, or was evicted (--responses-store-size keeps the latest {store.max_responses})",
+            "previous_response_id",
+            "previous_response_not_found",
+        )
+    try:
+        return HISTORY.validate_python(conversation)
+    except ValidationError:  # (its output items are what this route writes: not expected)
+        logger.exception("stored response %s cannot be read back", rid)
+        raise APIError(500, f"the stored response {rid!r} cannot be read back") from None
+
+
+def _not_found(store: ResponseStore, rid: str) -> APIError:
+    why = STORE_OFF if not store.enabled else "it was never stored (store false), was deleted, or was evicted"
+    return APIError(404, f"Response with id {rid!r} not found: {why}", "response_id")
+
+
+def responses_router(
+    state: ServerState, options: ApiOptions, tokenizer: ApiTokenizer, store: ResponseStore | None = None
+) -> APIRouter:
+    """The routes; ``store``: where responses are kept (default: one of
+    ``options.responses_store_size`` responses)."""
     router = APIRouter()
     model = state.model
+    store = store if store is not None else ResponseStore(options.responses_store_size)
+
+    @router.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str) -> Response:
+        stored = store.get(response_id)
+        if stored is None:
+            raise _not_found(store, response_id)
+        return Response(stored.response, media_type="application/json")
+
+    @router.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str) -> dict[str, Any]:
+        if not store.delete(response_id):
+            raise _not_found(store, response_id)
+        return {"id": response_id, "object": "response", "deleted": True}
+
+    @router.get("/v1/responses/{response_id}/input_items")
+    async def list_input_items(
+        response_id: str,
+        limit: int = Query(default=20, ge=1, le=100),
+        order: Literal["asc", "desc"] = "desc",
+        after: str | None = None,
+    ) -> dict[str, Any]:
+        """OpenAI's list of the items a stored response ran on (``desc``: the latest first),
+        ``after`` the id of the last item of the page before."""
+        stored = store.get(response_id)
+        if stored is None:
+            raise _not_found(store, response_id)
+        items = json.loads(stored.input_items)
+        if order == "desc":
+            items.reverse()
+        if after is not None:
+            at = next((i for i, item in enumerate(items) if item.get("id") == after), None)
+            if at is None:
+                raise APIError(400, f"after: no input item {after!r} in response {response_id!r}", "after")
+            items = items[at + 1 :]
+        page = items[:limit]
+        return {
+            "object": "list",
+            "data": page,
+            "first_id": page[0].get("id") if page else None,
+            "last_id": page[-1].get("id") if page else None,
+            "has_more": len(items) > limit,
+        }
 
     @router.post("/v1/responses")
     async def create_response(body: ResponsesRequest, request: Request) -> Response:
         model.check_name(body.model)
-        chat, origins = body.chat_request()
+        history = _history(store, body.previous_response_id) if body.previous_response_id else []
+        chat, origins = body.chat_request(history)
         with responses_names(origins):
             admitted = await admit_chat(state, options, chat, tokenizer)
         group = admitted.group
         rid, created = new_id("resp"), int(time.time())
         echo = echo_fields(body, admitted.params, model.name)
+        conversation = body.stored_items(history) if body.store and store.enabled else []
+
+        def kept(response: dict[str, Any]) -> dict[str, Any]:
+            if body.store:
+                store.put(response, conversation)
+            return response
 
         def usage_of(output_tokens: int, stream: EventStream) -> dict[str, Any]:
             reasoning = stream.reasoning_tokens(output_tokens)
@@ -84,7 +186,9 @@ def responses_router(state: ServerState, options: ApiOptions, tokenizer: ApiToke
             stream = read_whole(admitted.new_output(), choice, body.logprobs)
             status = "incomplete" if choice.finish_reason == "length" else "completed"
             output_tokens = len(choice.token_ids)
-            return response_object(rid, created, echo, stream.items, status, usage_of(output_tokens, stream))
+            return kept(
+                response_object(rid, created, echo, stream.items, status, usage_of(output_tokens, stream))
+            )
 
         async def events() -> AsyncIterator[str]:
             stream = EventStream(body.logprobs)
@@ -97,7 +201,7 @@ def responses_router(state: ServerState, options: ApiOptions, tokenizer: ApiToke
                     if delta.finish_reason == "error":
                         error = delta.error or "the request failed"
                         for event in _failed(stream, rid, created, echo, error, delta.error_status,
-                                             delta.error_param, delta.error_code):  # fmt: skip
+                                             delta.error_param, delta.error_code, kept):  # fmt: skip
                             yield event
                         return
                     output_tokens += len(delta.token_ids)
@@ -108,21 +212,21 @@ def responses_router(state: ServerState, options: ApiOptions, tokenizer: ApiToke
                 for event in stream.finish(incomplete):
                     yield event
                 status = "incomplete" if incomplete else "completed"
-                final = response_object(
-                    rid, created, echo, stream.items, status, usage_of(output_tokens, stream)
+                final = kept(
+                    response_object(rid, created, echo, stream.items, status, usage_of(output_tokens, stream))
                 )
                 yield stream.event(f"response.{status}", response=final)
             # an error raised while streaming (a parser plugin's, or a bug): the status line went
             # out with the first event, so it is an event too, as on the chat route
             except APIError as exc:
                 for event in _failed(
-                    stream, rid, created, echo, exc.message, exc.status, exc.param, exc.code
+                    stream, rid, created, echo, exc.message, exc.status, exc.param, exc.code, kept
                 ):
                     yield event
             except Exception as exc:
                 logger.exception("a response stream failed")
                 message = f"internal error: {type(exc).__name__}: {exc}"[:500]
-                for event in _failed(stream, rid, created, echo, message, 500, None, None):
+                for event in _failed(stream, rid, created, echo, message, 500, None, None, kept):
                     yield event
 
         return await respond(group, request, body.stream, events, build)
@@ -139,11 +243,12 @@ def _failed(
     status: int,
     param: str | None,
     code: str | None,
+    kept: Callable[[dict[str, Any]], dict[str, Any]],
 ) -> list[str]:
     """An error mid-stream: an ``error`` event with the status's code (``request_timeout``...), then
-    ``response.failed`` with what was generated so far."""
+    ``response.failed`` with what was generated so far (``kept``: stored, if the request asked)."""
     failure = {"code": "server_error" if status >= 500 else "invalid_prompt", "message": message}
-    failed = response_object(rid, created, echo, stream.items, "failed", error=failure)
+    failed = kept(response_object(rid, created, echo, stream.items, "failed", error=failure))
     return [
         stream.event("error", code=code or failure["code"], message=message, param=param),
         stream.event("response.failed", response=failed),

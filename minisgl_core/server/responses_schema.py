@@ -4,20 +4,30 @@ request that runs it: /v1/responses is a front of the chat pipeline, not a secon
 ``input`` (a string, or a list of items: messages, ``function_call`` and ``function_call_output``
 items, ``reasoning`` items sent back) becomes the chat ``messages`` (``instructions`` a system
 message first), the flat function ``tools`` chat's nested ones, ``text.format`` the
-``response_format`` and ``max_output_tokens`` the ``max_tokens``. What needs state minisgl does not
-keep (``previous_response_id``, ``conversation``, ``background``, ``prompt`` templates) or a tool it
-does not run (web search, file search...) is a 400 saying what to send instead.
+``response_format`` and ``max_output_tokens`` the ``max_tokens``; with ``previous_response_id`` the conversation is that
+stored response's (``responses_store``) followed by ``input``. What needs state minisgl does not
+keep (``conversation``, ``background``, ``prompt`` templates) or a tool it does not run (web
+search, file search...) is a 400 saying what to send instead.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+import uuid
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Annotated, Any, Literal
 
 from fastapi.exceptions import RequestValidationError
-from pydantic import Discriminator, Field, Tag, ValidationError, field_validator, model_validator
+from pydantic import (
+    Discriminator,
+    Field,
+    Tag,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from minisgl_core.sampling import INT64_MAX, INT64_MIN, short_repr
 from minisgl_core.server.errors import APIError, validation_error
@@ -39,8 +49,8 @@ from minisgl_core.server.schemas import (
 INCLUDE_LOGPROBS = "message.output_text.logprobs"
 #: where the fix for a request that needs stored state is the same
 WHOLE_CONVERSATION = (
-    "minisgl stores no responses or conversations: send the whole conversation in input "
-    "(the earlier input items and each response's output items)"
+    "minisgl stores no conversations: send the whole conversation in input (the earlier input "
+    "items and each response's output items), or continue a stored response with previous_response_id"
 )
 
 
@@ -159,6 +169,10 @@ InputItem = Annotated[
     | Annotated[ReasoningItem, Tag("ReasoningItem")],
     Discriminator(_item_kind),
 ]
+#: the id prefix of an input item stored without one, by its type
+_ITEM_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+#: a stored conversation read back (``responses_store``): the items it was stored as
+HISTORY = TypeAdapter(list[InputItem])
 
 
 # ------------------------------------------------------------------ tools and formats
@@ -245,9 +259,12 @@ class ResponsesRequest(StrictModel):
     text: TextConfig | None = None
     reasoning: ReasoningConfig | None = None
     truncation: Literal["disabled", "auto"] = "disabled"
-    #: echoed on the response; nothing is stored, whatever ``store`` says (OpenAI's default is true)
+    #: echoed on the response (and kept with it when stored)
     metadata: dict[Text, Text] | None = None
+    #: keep the finished response for GET /v1/responses/{id} and previous_response_id (OpenAI's default)
     store: Bool = True
+    #: a stored response whose conversation, then its output, come before ``input``
+    previous_response_id: Text | None = None
     user: Text | None = None
     safety_identifier: Text | None = None
     prompt_cache_key: Text | None = None
@@ -257,7 +274,6 @@ class ResponsesRequest(StrictModel):
     #: vLLM's, as chat's: lower runs earlier; not 0 only with ``--policy priority``
     priority: Int = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
     # what needs state minisgl does not keep: refused below, with what to send instead
-    previous_response_id: Text | None = None
     conversation: Text | FreeObject | None = None
     background: Bool = False
     prompt: FreeObject | None = None
@@ -267,9 +283,8 @@ class ResponsesRequest(StrictModel):
     def _refuse_stateful(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        for name in ("previous_response_id", "conversation"):
-            if data.get(name) is not None:
-                raise _Refused(f"not supported: {WHOLE_CONVERSATION}", name)
+        if data.get("conversation") is not None:
+            raise _Refused(f"not supported: {WHOLE_CONVERSATION}", "conversation")
         if data.get("background") is True:
             raise _Refused(
                 "not supported: minisgl answers within the request; leave background false "
@@ -373,10 +388,25 @@ class ResponsesRequest(StrictModel):
     def logprobs(self) -> bool:
         return INCLUDE_LOGPROBS in (self.include or ())
 
-    def chat_request(self) -> tuple[ChatCompletionRequest, list[str]]:
-        """The chat request that runs this one, and for each of its messages the field it came
-        from (``instructions``, ``input.3``), for :func:`responses_names`."""
-        messages, origins = self._messages()
+    def input_items(self) -> list[InputItem]:
+        """``input`` as items: a string is a user message."""
+        return [MessageItem(role="user", content=self.input)] if isinstance(self.input, str) else self.input
+
+    def stored_items(self, history: Sequence[InputItem] = ()) -> list[dict[str, Any]]:
+        """The items this request runs on, as JSON, in the order they are rendered: ``history``
+        (a previous response's conversation and output), then ``input``. What a stored response
+        keeps (``instructions`` are not: each request gives its own, as OpenAI's)."""
+        items = [i.model_dump(by_alias=True, exclude_none=True) for i in [*history, *self.input_items()]]
+        for item in items:  # (OpenAI names each: GET .../input_items pages by these ids)
+            item.setdefault("id", f"{_ITEM_PREFIX[item['type']]}_{uuid.uuid4().hex}")
+        return items
+
+    def chat_request(self, history: Sequence[InputItem] = ()) -> tuple[ChatCompletionRequest, list[str]]:
+        """The chat request that runs this one after ``history`` (the items of its
+        ``previous_response_id``, :data:`HISTORY`), and for each of its messages the field it
+        came from (``instructions``, ``input.3``, ``previous_response_id``), for
+        :func:`responses_names`."""
+        messages, origins = self._messages(history)
         chat: dict[str, Any] = {
             "messages": messages,
             "max_tokens": self.max_output_tokens,
@@ -405,7 +435,7 @@ class ResponsesRequest(StrictModel):
             except ValidationError as exc:  # (a message the chat route refuses: a role's rules)
                 raise validation_error(RequestValidationError(exc.errors())) from None
 
-    def _messages(self) -> tuple[list[dict[str, Any]], list[str]]:
+    def _messages(self, history: Sequence[InputItem]) -> tuple[list[dict[str, Any]], list[str]]:
         """Chat messages: a function_call item joins the assistant message before it (calls in a
         row are one turn's), a reasoning item the assistant message right after it, or, with none
         there (an output cut off mid-reasoning, sent back before the next user message), is an
@@ -415,7 +445,7 @@ class ResponsesRequest(StrictModel):
         if self.instructions is not None:
             messages.append({"role": "system", "content": self.instructions})
             origins.append("instructions")
-        items = [MessageItem(role="user", content=self.input)] if isinstance(self.input, str) else self.input
+        items = [*history, *self.input_items()]
         reasoning: str | None = None  # reasoning items' text, for the next assistant message
         reasoning_origin = ""
 
@@ -426,8 +456,10 @@ class ResponsesRequest(StrictModel):
                 origins.append(reasoning_origin)
                 reasoning = None
 
-        for i, item in enumerate(items):
-            where = "input" if isinstance(self.input, str) else f"input.{i}"
+        for i, item in enumerate(items, start=-len(history)):
+            where = (
+                "previous_response_id" if i < 0 else "input" if isinstance(self.input, str) else f"input.{i}"
+            )
             if isinstance(item, ReasoningItem):
                 reasoning = item.text() if reasoning is None else f"{reasoning}\n{item.text()}"
                 reasoning_origin = where
