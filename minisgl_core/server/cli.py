@@ -121,7 +121,7 @@ def _add_http_args(p: argparse.ArgumentParser, port: int) -> None:
         metavar="N",
         help="the most /v1/responses answers kept in memory (store: true, OpenAI's default) for "
         "GET /v1/responses/{id} and previous_response_id, the oldest dropped first (also past "
-        f"{MAX_STORED_CHARS >> 20} Mi characters of JSON in all); 0 stores none",
+        f"{MAX_STORED_CHARS >> 20} Mi characters of JSON in all); 0 stores none (default: %(default)s)",
     )
     g.add_argument("--nnodes", type=int, default=1, help="nodes the TP group spans")
     g.add_argument("--node-rank", type=int, default=0, help="this node's index (0 runs the API server)")

@@ -534,7 +534,6 @@ def test_reasoning_and_calls_are_items_of_their_own():
 @pytest.mark.parametrize(
     ("extra", "param", "words"),
     [
-        ({"previous_response_id": "resp_1"}, "previous_response_id", "send the whole conversation in input"),
         ({"conversation": "conv_1"}, "conversation", "send the whole conversation in input"),
         ({"background": True}, "background", "leave background false"),
         ({"prompt": {"id": "pmpt_1"}}, "prompt", "send the text in instructions and input"),
@@ -589,3 +588,203 @@ def test_what_is_not_served_is_a_400_naming_the_field(client, model_name, extra,
 def test_an_unknown_model_is_a_404(client):
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model="no-such-model", input=ASK, max_output_tokens=2)
+
+
+# ------------------------------------------------------------------ stored responses
+
+
+def get(url: str, path: str, **params: Any) -> httpx.Response:
+    return httpx.get(f"{url}{path}", params=params, headers={"Authorization": f"Bearer {API_KEY}"})
+
+
+def output_items(response: dict[str, Any]) -> list[dict[str, Any]]:
+    """A response's output items, as an agent sends them back in input."""
+    return response["output"]
+
+
+def same_answer(chained: dict[str, Any], written: dict[str, Any]) -> None:
+    """The same prompt (its token count) and the same greedy output."""
+    assert chained["usage"]["input_tokens"] == written["usage"]["input_tokens"]
+    assert [i["type"] for i in chained["output"]] == [i["type"] for i in written["output"]]
+    assert without_ids(chained)["output"] == without_ids(written)["output"]
+
+
+def test_a_chain_of_previous_response_ids_is_the_conversation_written_out(server, model_name):
+    """Each turn continues the stored conversation: its input, then its output, then the new
+    input; a chain of three is the three turns written out by hand (greedy: the same output)."""
+    turn = {"model": model_name, "max_output_tokens": 5, "temperature": 0}
+    first = create(server.url, {**turn, "input": ASK})
+    second = create(server.url, {**turn, "input": "And tomorrow?", "previous_response_id": first["id"]})
+    third = create(
+        server.url,
+        {**turn, "input": [{"role": "user", "content": "Thanks"}], "previous_response_id": second["id"]},
+    )
+    assert second["previous_response_id"] == first["id"] and first["previous_response_id"] is None
+    conversation = [
+        {"role": "user", "content": ASK},
+        *output_items(first),
+        {"role": "user", "content": "And tomorrow?"},
+        *output_items(second),
+        {"role": "user", "content": "Thanks"},
+    ]
+    written = create(server.url, {**turn, "input": conversation})
+    same_answer(third, written)
+    two_turns = create(server.url, {**turn, "input": conversation[:3]})
+    same_answer(second, two_turns)
+    assert third["usage"]["input_tokens"] > second["usage"]["input_tokens"] > first["usage"]["input_tokens"]
+
+
+def test_instructions_are_not_carried_over(client, server, model_name):
+    """OpenAI's rule: a turn's instructions are its own; the previous turn's are not part of the
+    conversation it continues."""
+    turn = {"model": model_name, "max_output_tokens": 5, "temperature": 0}
+    first = create(server.url, {**turn, "input": ASK, "instructions": "You are terse."})
+    chained = create(server.url, {**turn, "input": "Why?", "previous_response_id": first["id"]})
+    conversation = [
+        {"role": "user", "content": ASK},
+        *output_items(first),
+        {"role": "user", "content": "Why?"},
+    ]
+    same_answer(chained, create(server.url, {**turn, "input": conversation}))
+    assert chained["instructions"] is None
+    # new instructions: a system message first, before the stored conversation
+    other = client.responses.create(
+        **turn, input="Why?", previous_response_id=first["id"], instructions="Be kind."
+    )
+    written = create(server.url, {**turn, "input": conversation, "instructions": "Be kind."})
+    assert other.usage.input_tokens == written["usage"]["input_tokens"] and other.instructions == "Be kind."
+    assert other.output_text == written["output"][0]["content"][0]["text"]
+
+
+def test_the_tool_loop_chains_a_call_and_its_output(grammar_backend, tools_client, tools_server, model_name):
+    """The agent loop: the model calls a function (forced), the client runs it and sends only its
+    function_call_output with previous_response_id; the prompt holds the call and its output as
+    if the whole conversation had been sent."""
+    forced = {"model": model_name, "tools": [BOUNDED], "temperature": 0, "parallel_tool_calls": False}
+    called = tools_client.responses.create(
+        **forced, input=ASK, tool_choice={"type": "function", "name": "plan_trip"}, max_output_tokens=100
+    )
+    [call] = called.output
+    assert call.type == "function_call" and call.status == "completed"
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": "booked"}
+    body = {**forced, "max_output_tokens": 5}
+    chained = create(tools_server.url, {**body, "input": [result], "previous_response_id": called.id})
+    conversation = [{"role": "user", "content": ASK}, call.model_dump(exclude_none=True), result]
+    written = create(tools_server.url, {**body, "input": conversation})
+    same_answer(chained, written)
+    # the call and its output are in the prompt: without them it is shorter
+    asked = create(tools_server.url, {**body, "input": ASK})
+    assert chained["usage"]["input_tokens"] > asked["usage"]["input_tokens"]
+
+
+def test_a_reasoning_item_chains_as_the_assistants_reasoning(thinking):
+    """A previous output that is reasoning (cut off while thinking) continues as it would sent
+    back by hand."""
+    thinking_url, _ = thinking
+    turn = {"max_output_tokens": 6, "temperature": 0}
+    first = create(thinking_url, {**turn, "input": "Hi"})
+    assert [i["type"] for i in first["output"]] == ["reasoning"]
+    chained = create(thinking_url, {**turn, "input": "Go on", "previous_response_id": first["id"]})
+    conversation = [
+        {"role": "user", "content": "Hi"},
+        *output_items(first),
+        {"role": "user", "content": "Go on"},
+    ]
+    written = create(thinking_url, {**turn, "input": conversation})
+    for response in (chained, written):
+        del response["usage"]["input_tokens_details"]  # (the second read the prompt from the cache)
+    same_answer(chained, written)
+
+
+def test_get_returns_the_answer_as_created_streamed_or_not_and_delete_forgets_it(client, server, model_name):
+    body = {"model": model_name, "input": ASK, "max_output_tokens": 4, "temperature": 0}
+    whole = create(server.url, body)
+    assert get(server.url, f"/v1/responses/{whole['id']}").json() == whole
+    streamed = stream_events(server.url, body)[-1]["response"]
+    fetched = get(server.url, f"/v1/responses/{streamed['id']}")
+    assert fetched.status_code == 200 and fetched.json() == streamed
+    Response.model_validate(fetched.json())
+    assert client.responses.retrieve(whole["id"]).output_text == whole["output"][0]["content"][0]["text"]
+    # DELETE: OpenAI's answer, then the id is unknown to GET, DELETE and previous_response_id
+    deleted = httpx.delete(
+        f"{server.url}/v1/responses/{whole['id']}", headers={"Authorization": f"Bearer {API_KEY}"}
+    )
+    assert deleted.status_code == 200
+    assert deleted.json() == {"id": whole["id"], "object": "response", "deleted": True}
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.responses.retrieve(whole["id"])
+    assert whole["id"] in missing.value.body["message"] and missing.value.body["param"] == "response_id"
+    with pytest.raises(openai.NotFoundError):
+        client.responses.delete(whole["id"])
+    with pytest.raises(openai.BadRequestError) as unknown:
+        client.responses.create(**body, previous_response_id=whole["id"])
+    assert unknown.value.body["code"] == "previous_response_not_found"
+    assert client.responses.retrieve(streamed["id"]).id == streamed["id"]  # (the other one stays)
+
+
+def test_store_false_keeps_nothing(client, model_name):
+    kept = client.responses.create(model=model_name, input=ASK, max_output_tokens=2)
+    assert client.responses.retrieve(kept.id).id == kept.id
+    unkept = client.responses.create(model=model_name, input=ASK, max_output_tokens=2, store=False)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unkept.id)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(
+            model=model_name, input="Hi", max_output_tokens=2, previous_response_id=unkept.id
+        )
+    assert refused.value.body["param"] == "previous_response_id"
+
+
+def test_an_unknown_previous_response_id_is_openais_400_naming_it(client, model_name):
+    """OpenAI answers an id it does not hold with a 400 of code previous_response_not_found
+    (what agent clients look for to resend the whole conversation)."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(
+            model=model_name, input=ASK, max_output_tokens=2, previous_response_id="resp_nope"
+        )
+    error = refused.value.body
+    assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+    assert (error["param"], error["code"]) == ("previous_response_id", "previous_response_not_found")
+    assert "'resp_nope' not found" in error["message"] and "--responses-store-size" in error["message"]
+
+
+def test_the_stored_routes_need_the_api_key(server, client, model_name):
+    kept = client.responses.create(model=model_name, input=ASK, max_output_tokens=2)
+    where = f"{server.url}/v1/responses/{kept.id}"
+    for method in ("GET", "DELETE"):
+        refused = httpx.request(method, where)
+        assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(f"{where}/input_items").status_code == 401
+    assert client.responses.retrieve(kept.id).id == kept.id  # (DELETE without the key deleted nothing)
+
+
+def test_input_items_list_the_conversation_a_response_ran_on(client, server, model_name):
+    first = create(server.url, {"model": model_name, "input": ASK, "max_output_tokens": 2})
+    second = client.responses.create(
+        model=model_name, input="And tomorrow?", max_output_tokens=2, previous_response_id=first["id"]
+    )
+    listed = client.responses.input_items.list(second.id, order="asc")
+    kinds = [(item.type, getattr(item, "role", None)) for item in listed.data]
+    assert kinds == [("message", "user"), ("message", "assistant"), ("message", "user")]
+    assert listed.data[1].id == first["output"][0]["id"] and listed.data[2].id.startswith("msg_")
+    page = get(server.url, f"/v1/responses/{second.id}/input_items", limit=2).json()  # (desc: latest first)
+    assert page["object"] == "list" and page["has_more"] is True
+    assert [i["id"] for i in page["data"]] == [i.id for i in listed.data[::-1][:2]]
+    assert (page["first_id"], page["last_id"]) == (page["data"][0]["id"], page["data"][1]["id"])
+    rest = get(server.url, f"/v1/responses/{second.id}/input_items", limit=2, after=page["last_id"]).json()
+    assert [i["id"] for i in rest["data"]] == [listed.data[0].id] and rest["has_more"] is False
+
+
+def test_a_failed_stream_is_stored_failed_and_a_left_one_not(server, auth, model_name, read_metrics):
+    from .test_load import wait_idle
+
+    body = {"model": model_name, "input": "Once", "max_output_tokens": 1500, "temperature": 0, "timeout": 0.3}
+    failed = stream_events(server.url, body)[-1]["response"]
+    assert failed["status"] == "failed"
+    assert get(server.url, f"/v1/responses/{failed['id']}").json() == failed
+    body = {"input": "Tell me a very long story", "max_output_tokens": 1900, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/responses", json=body, headers=auth, timeout=60) as resp:
+        lines = resp.iter_lines()
+        created = json.loads(next(line for line in lines if line.startswith("data: "))[len("data: ") :])
+    wait_idle(read_metrics, timeout=5)  # (the request aborted, its stream ended)
+    assert get(server.url, f"/v1/responses/{created['response']['id']}").status_code == 404
