@@ -105,3 +105,19 @@ def test_optional_fields_are_documented_as_nullable(server, auth):
     assert unknown.status_code == 200, unknown.text
     refused = httpx.post(f"{server.url}/v1/chat/completions", json={**body, "foo": 1}, headers=auth)
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "foo", refused.text
+
+
+def test_the_stored_response_routes_document_their_404(server, auth):
+    schema = generated_schema("k")
+    for path, methods in (
+        ("/v1/responses/{response_id}", ("get", "delete")),
+        ("/v1/responses/{response_id}/input_items", ("get",)),
+    ):
+        for method in methods:
+            responses = schema["paths"][path][method]["responses"]
+            assert {"401", "404"} <= set(responses), (path, method)
+            assert responses["404"]["description"] == "No stored response of that id"
+    for method in ("GET", "DELETE"):
+        resp = httpx.request(method, f"{server.url}/v1/responses/resp_none", headers=auth)
+        assert resp.status_code == 404
+        jsonschema.validate(resp.json(), error_schema(schema))
