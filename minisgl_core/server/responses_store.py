@@ -57,6 +57,7 @@ class ResponseStore:
         if not self.enabled:
             return
         entry = Stored(json.dumps(response, ensure_ascii=False), json.dumps(input_items, ensure_ascii=False))
+        self.delete(response["id"])  # (what was kept under the id is replaced, even by nothing)
         if entry.chars > self.max_chars:  # (would evict everything and still not fit)
             logger.warning(
                 "response %s not stored: its %d characters of JSON are more than the store holds",
@@ -64,7 +65,6 @@ class ResponseStore:
                 entry.chars,
             )
             return
-        self.delete(response["id"])
         self._entries[response["id"]] = entry
         self.chars += entry.chars
         while len(self._entries) > self.max_responses or self.chars > self.max_chars:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
 from minisgl_core.server.api_options import ApiOptions
@@ -48,6 +50,44 @@ def test_the_oldest_responses_go_first_past_the_characters():
     store.delete("resp_b")
     store.delete("resp_c")
     assert store.chars == 0
+
+
+OPS = st.lists(
+    st.tuples(st.sampled_from(["put", "delete"]), st.integers(0, 9), st.integers(0, 300)), max_size=60
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=OPS, max_responses=st.integers(1, 5), max_chars=st.integers(150, 1500))
+def test_the_store_keeps_the_latest_responses_within_both_bounds(ops, max_responses, max_chars):
+    """Whatever the puts and deletes: the store holds the latest puts not deleted since, as many
+    as fit both bounds taken newest first, and counts their characters exactly."""
+    store = ResponseStore(max_responses, max_chars)
+    sizes: dict[str, int] = {}
+    latest: list[str] = []  # ids put and not deleted since, oldest first
+    for op, n, length in ops:
+        rid = f"resp_{n}"
+        if rid in latest:
+            latest.remove(rid)
+        if op == "delete":
+            store.delete(rid)
+            continue
+        store.put(response(rid, "x" * length), [])
+        sizes[rid] = len(json.dumps(response(rid, "x" * length))) + len("[]")
+        if sizes[rid] > max_chars:
+            continue  # never kept (and nothing evicted for it)
+        latest.append(rid)
+        # what the store must still hold: the newest, as many as fit
+        kept, chars = [], 0
+        for other in reversed(latest):
+            if len(kept) == max_responses or chars + sizes[other] > max_chars:
+                break
+            kept.append(other)
+            chars += sizes[other]
+        latest = kept[::-1]
+    held = [f"resp_{n}" for n in range(10) if store.get(f"resp_{n}") is not None]
+    assert sorted(held) == sorted(latest) and len(store) == len(latest)
+    assert store.chars == sum(sizes[rid] for rid in latest) <= max_chars
 
 
 def test_a_store_of_size_0_keeps_nothing():
