@@ -4,10 +4,10 @@ request that runs it: /v1/responses is a front of the chat pipeline, not a secon
 ``input`` (a string, or a list of items: messages, ``function_call`` and ``function_call_output``
 items, ``reasoning`` items sent back) becomes the chat ``messages`` (``instructions`` a system
 message first), the flat function ``tools`` chat's nested ones, ``text.format`` the
-``response_format`` and ``max_output_tokens`` the ``max_tokens``; with ``previous_response_id`` the conversation is that
-stored response's (``responses_store``) followed by ``input``. What needs state minisgl does not
-keep (``conversation``, ``background``, ``prompt`` templates) or a tool it does not run (web
-search, file search...) is a 400 saying what to send instead.
+``response_format`` and ``max_output_tokens`` the ``max_tokens``; with ``previous_response_id``,
+that stored response's conversation and output (``responses_store``) come before ``input``. What
+needs state minisgl does not keep (``conversation``, ``background``, ``prompt`` templates) or a
+tool it does not run (web search, file search...) is a 400 saying what to send instead.
 """
 
 from __future__ import annotations
