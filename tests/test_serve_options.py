@@ -139,3 +139,22 @@ def test_a_bundled_template_is_served_by_name_and_a_file_of_that_name_comes_firs
     own = "{% for m in messages %}{{ m.content }}{% endfor %}"
     (tmp_path / "chatml-tools").write_text(own)
     assert served(tmp_path) == own
+
+
+@pytest.mark.parametrize(("given", "size"), [([], 1024), (["--responses-store-size", "3"], 3),
+                                             (["--responses-store-size", "0"], 0)])  # fmt: skip
+def test_responses_store_size_reaches_the_http_layer(model_dir, given, size):
+    from minisgl_core.cli import build_parser
+    from minisgl_core.server.cli import _serve_options
+
+    opts, _ = _serve_options(build_parser().parse_args(["serve", "--model", str(model_dir), *given]))
+    assert opts.api.responses_store_size == size
+
+
+@pytest.mark.parametrize("value", ["-1", "many", "1.5"])
+def test_a_responses_store_size_not_a_count_is_refused(value, capsys):
+    from minisgl_core.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--model", "demo", "--responses-store-size", value])
+    assert "--responses-store-size: must be a whole number of responses, 0 or more" in capsys.readouterr().err
