@@ -23,7 +23,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from pydantic import ValidationError
 
-from minisgl_core.sampling import SamplingParams
+from minisgl_core.sampling import SamplingParams, short_repr
 from minisgl_core.server import responses as r
 from minisgl_core.server.api_options import ApiOptions, ApiTokenizer
 from minisgl_core.server.errors import APIError
@@ -92,7 +92,7 @@ def _history(store: ResponseStore, rid: str) -> list[InputItem]:
     if conversation is None:
         raise APIError(
             400,
-            f"Previous response with id {rid!r} not found: it was never stored (store false), was "
+            f"Previous response with id {short_repr(rid)} not found: it was never stored (store false), was "
             f"deleted, or was evicted (--responses-store-size keeps the latest {store.max_responses})",
             "previous_response_id",
             "previous_response_not_found",
@@ -101,12 +101,12 @@ def _history(store: ResponseStore, rid: str) -> list[InputItem]:
         return HISTORY.validate_python(conversation)
     except ValidationError:  # (its output items are what this route writes: not expected)
         logger.exception("stored response %s cannot be read back", rid)
-        raise APIError(500, f"the stored response {rid!r} cannot be read back") from None
+        raise APIError(500, f"the stored response {short_repr(rid)} cannot be read back") from None
 
 
 def _not_found(store: ResponseStore, rid: str) -> APIError:
     why = STORE_OFF if not store.enabled else "it was never stored (store false), was deleted, or was evicted"
-    return APIError(404, f"Response with id {rid!r} not found: {why}", "response_id")
+    return APIError(404, f"Response with id {short_repr(rid)} not found: {why}", "response_id")
 
 
 def responses_router(
@@ -149,7 +149,11 @@ def responses_router(
         if after is not None:
             at = next((i for i, item in enumerate(items) if item.get("id") == after), None)
             if at is None:
-                raise APIError(400, f"after: no input item {after!r} in response {response_id!r}", "after")
+                raise APIError(
+                    400,
+                    f"after: no input item {short_repr(after)} in response {short_repr(response_id)}",
+                    "after",
+                )
             items = items[at + 1 :]
         page = items[:limit]
         return {
@@ -163,7 +167,7 @@ def responses_router(
     @router.post("/v1/responses")
     async def create_response(body: ResponsesRequest, request: Request) -> Response:
         model.check_name(body.model)
-        history = _history(store, body.previous_response_id) if body.previous_response_id else []
+        history = _history(store, body.previous_response_id) if body.previous_response_id is not None else []
         chat, origins = body.chat_request(history)
         with responses_names(origins):
             admitted = await admit_chat(state, options, chat, tokenizer)

@@ -746,6 +746,17 @@ def test_an_unknown_previous_response_id_is_openais_400_naming_it(client, model_
     assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
     assert (error["param"], error["code"]) == ("previous_response_id", "previous_response_not_found")
     assert "'resp_nope' not found" in error["message"] and "--responses-store-size" in error["message"]
+    # an empty id is no stored one either (it ran as no id at all), and a long one is not echoed whole
+    for rid in ("", "r" * 100_000):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.responses.create(
+                model=model_name, input=ASK, max_output_tokens=2, previous_response_id=rid
+            )
+        assert refused.value.body["code"] == "previous_response_not_found"
+        assert len(refused.value.body["message"]) < 300
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.responses.retrieve("r" * 5000)
+    assert len(missing.value.body["message"]) < 300
 
 
 def test_the_stored_routes_need_the_api_key(server, client, model_name):
