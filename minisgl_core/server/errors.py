@@ -63,6 +63,22 @@ def sse_error(message: str, status: int = 500, param: str | None = None, code: s
     return f"data: {json.dumps(error_body(status, message, param, code))}\n\n"
 
 
+#: fields other servers took that minisgl takes under another name (or a start-up option): an
+#: unsupported-field 400 for one says what to send instead. vLLM's guided_* went in favour of
+#: structured_outputs; SGLang's native names sent to an OpenAI route
+RENAMED_FIELDS: dict[str, str] = {
+    "guided_json": 'vLLM\'s older name: send structured_outputs {"json": <schema>}, or response_format '
+    "json_schema",
+    "guided_regex": 'vLLM\'s older name: send structured_outputs {"regex": <pattern>}',
+    "guided_choice": 'vLLM\'s older name: send structured_outputs {"choice": [<strings>]}',
+    "guided_grammar": 'vLLM\'s older name: send structured_outputs {"grammar": <EBNF>}',
+    "guided_json_object": 'vLLM\'s older name: send structured_outputs {"json_object": true}, or '
+    "response_format json_object",
+    "guided_decoding_backend": "the grammar backend is chosen at start-up: serve --grammar-backend",
+    "max_new_tokens": "SGLang's /generate name: send max_tokens (max_completion_tokens on chat)",
+}
+
+
 def validation_error(exc: RequestValidationError) -> APIError:
     """The first problem pydantic found, as a 400 naming the field."""
     errors = exc.errors()
@@ -87,8 +103,13 @@ def validation_error(exc: RequestValidationError) -> APIError:
         param = blamed
     if kind == "extra_forbidden":
         param = cut(param or "")  # a field's name is the client's too: 100,000 characters came back
+        instead = RENAMED_FIELDS.get(param)
+        fix = f"; {instead}" if instead else ""
         return APIError(
-            400, f"unsupported field {param!r}: minisgl does not implement it", param, "unsupported_field"
+            400,
+            f"unsupported field {param!r}: minisgl does not implement it{fix}",
+            param,
+            "unsupported_field",
         )
     msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
     if kind in ("int_type", "float_type", "bool_type", "string_type") and "input" in err:

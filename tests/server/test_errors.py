@@ -166,6 +166,29 @@ CASES = [
         "allowed_token_ids",
         "no token is left to sample after 0 output token(s): allowed_token_ids and min_tokens rule out",
     ),
+    # vLLM's older guided_* (and a start-up choice sent per request): the 400 says what to send
+    (
+        CHAT,
+        {"messages": USER, "guided_json": {"type": "object"}},
+        400,
+        "guided_json",
+        'structured_outputs {"json"',
+    ),
+    (
+        COMPLETIONS,
+        {"prompt": "hi", "guided_choice": ["a"]},
+        400,
+        "guided_choice",
+        'structured_outputs {"choice"',
+    ),
+    (
+        CHAT,
+        {"messages": USER, "guided_decoding_backend": "xgrammar"},
+        400,
+        "guided_decoding_backend",
+        "--grammar-backend",
+    ),
+    (COMPLETIONS, {"prompt": "hi", "max_new_tokens": 4}, 400, "max_new_tokens", "send max_tokens"),
     # (SGLang's /generate has no such fields: refused as any unknown one, not ignored)
     (
         "/generate",
