@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from minisgl_core.sampling import SamplingParams, cut, merge_sampling, short_repr
 from minisgl_core.server.errors import APIError, sse_error
 from minisgl_core.server.responses import DONE, Choice
+from minisgl_core.server.schemas import MAX_REQUEST_ID_CHARS
 from minisgl_core.server.state import ModelInfo, RequestGroup
 
 logger = logging.getLogger(__name__)
@@ -136,6 +137,28 @@ async def wait_for_all(group: RequestGroup, request: Request) -> list[Choice] | 
 
 def first_error(choices: list[Choice]) -> Choice | None:
     return next((c for c in choices if c.finish_reason == "error"), None)
+
+
+def client_request_id(request: Request, field: str | None) -> str | None:
+    """The id a client gave its request, for the answer's id: the ``X-Request-Id`` header, which
+    wins as in vLLM, else the body's field (vLLM's ``request_id``, SGLang's ``rid``); None for
+    neither (an empty header is none). A header longer than the field's bound is a 400."""
+    header = request.headers.get("x-request-id")
+    if not header:
+        return field
+    if len(header) > MAX_REQUEST_ID_CHARS:
+        raise APIError(
+            400,
+            f"X-Request-Id: at most {MAX_REQUEST_ID_CHARS} characters, got {len(header)}",
+            "X-Request-Id",
+        )
+    return header
+
+
+def with_request_id(response: Response, given: str | None, generated: str) -> Response:
+    """``response`` with the ``X-Request-Id`` header: the client's id, else the answer's own."""
+    response.headers["X-Request-Id"] = given or generated
+    return response
 
 
 async def respond(

@@ -14,11 +14,13 @@ from minisgl_core.server import responses as r
 from minisgl_core.server.errors import APIError, sse_error
 from minisgl_core.server.handling import (
     check_token_ids,
+    client_request_id,
     drop_generated,
     respond,
     room_to_score,
     sampling_params,
     score_only_fields,
+    with_request_id,
 )
 from minisgl_core.server.routes import fields_named
 from minisgl_core.server.schemas import GenerateRequest
@@ -49,6 +51,7 @@ def native_router(state: ServerState) -> APIRouter:
 
     @router.post("/generate")
     async def generate(body: GenerateRequest, request: Request) -> Response:
+        given = client_request_id(request, body.rid)
         names = {**NATIVE_NAMES, "grammar": body.sampling_params.grammar_field}
         # what SamplingParams' and admission's messages call these fields, as this body does
         spelled = {
@@ -91,7 +94,7 @@ def native_router(state: ServerState) -> APIRouter:
                 "or -1 for no input logprobs",
                 "logprob_start_len",
             )
-        rid = r.new_id("gen")
+        rid = given or r.new_id("gen")
 
         def result(choice: r.Choice) -> dict:
             return r.generate_result(
@@ -126,7 +129,7 @@ def native_router(state: ServerState) -> APIRouter:
                 drop_generated(choices[0])
             return result(choices[0])
 
-        return await respond(group, request, body.stream, chunks, build)
+        return with_request_id(await respond(group, request, body.stream, chunks, build), given, rid)
 
     @router.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> PlainTextResponse:

@@ -25,11 +25,13 @@ from minisgl_core.server.chat_output import ChoiceOutput
 from minisgl_core.server.errors import APIError, sse_error
 from minisgl_core.server.handling import (
     check_token_ids,
+    client_request_id,
     drop_generated,
     respond,
     room_to_score,
     sampling_params,
     score_only_fields,
+    with_request_id,
 )
 from minisgl_core.server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from minisgl_core.server.state import RequestGroup, ServerState
@@ -167,9 +169,10 @@ def make_router(
     @router.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         check_model(body)
+        given = client_request_id(request, body.request_id)
         admitted = await admit_chat(state, options, body, tokenizer)
         group, params, new_output = admitted.group, admitted.params, admitted.new_output
-        rid, created = r.new_id("chatcmpl"), int(time.time())
+        rid, created = f"chatcmpl-{given}" if given else r.new_id("chatcmpl"), int(time.time())
 
         produced = [0] * group.num_choices  # each choice's completion tokens so far
 
@@ -250,13 +253,14 @@ def make_router(
                 else out
             )
 
-        return await respond(group, request, body.stream, chunks, build)
+        return with_request_id(await respond(group, request, body.stream, chunks, build), given, rid)
 
     # ---------------------------------------------------------------- completions
 
     @router.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
         check_model(body)
+        given = client_request_id(request, body.request_id)
         fields = body.sampling_fields()
         # echo with max_tokens 0 (OpenAI's legacy way to score a text): the prompt alone comes back,
         # with its logprobs if asked; one token is generated and dropped
@@ -320,7 +324,7 @@ def make_router(
         except BaseException:  # the client went away (or the server is failing) meanwhile
             group.close()
             raise
-        rid, created = r.new_id("cmpl"), int(time.time())
+        rid, created = f"cmpl-{given}" if given else r.new_id("cmpl"), int(time.time())
         with_logprobs = body.logprobs is not None
 
         produced = [0] * group.num_choices  # each choice's completion tokens so far
@@ -431,7 +435,7 @@ def make_router(
                 r.add_token_ids(out, choices, group.choice_prompt_ids, True) if body.return_token_ids else out
             )
 
-        return await respond(group, request, body.stream, chunks, build)
+        return with_request_id(await respond(group, request, body.stream, chunks, build), given, rid)
 
     # ---------------------------------------------------------------- info
 

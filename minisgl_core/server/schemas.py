@@ -104,6 +104,11 @@ Float = Annotated[float, Strict()]
 Bool = Annotated[bool, Strict()]
 
 
+#: the most characters of a client's id for its request (vLLM's ``request_id`` and
+#: ``X-Request-Id``, SGLang's ``rid``): it comes back in the answer's id and header
+MAX_REQUEST_ID_CHARS = 256
+
+
 #: SGLang fields the SGLang Model Gateway (sglang-router) writes into every request it forwards,
 #: each with its default. At that value each asks for what minisgl does anyway, so it is accepted
 #: and dropped; any other value is still refused as an unsupported field.
@@ -549,6 +554,9 @@ class SamplingFields(GrammarFields):
     bad_words: list[Text] | None = None
     #: accepted as harmless metadata (OpenAI uses it for abuse monitoring)
     user: Text | None = None
+    #: vLLM's: the response's id is ``chatcmpl-<request_id>`` (``cmpl-`` on completions), to trace
+    #: a request by an id of the client's; an ``X-Request-Id`` header wins over it, as in vLLM
+    request_id: Text | None = Field(default=None, min_length=1, max_length=MAX_REQUEST_ID_CHARS)
     #: seconds after which the request ends with a timeout error (the server's --request-timeout
     #: still bounds it)
     timeout: Float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
@@ -914,6 +922,8 @@ class GenerateRequest(StrictModel):
     #: so the engine gets its negation; not 0 only with ``--policy priority``. (-2**63 has no
     #: negation in 64 bits: refused)
     priority: Int = Field(default=0, ge=-INT64_MAX, le=INT64_MAX)
+    #: SGLang's: the answer's ``meta_info.id`` (an ``X-Request-Id`` header wins over it)
+    rid: Text | None = Field(default=None, min_length=1, max_length=MAX_REQUEST_ID_CHARS)
 
     @model_validator(mode="before")
     @classmethod
