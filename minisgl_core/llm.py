@@ -25,7 +25,7 @@ from minisgl_core.config_args import add_engine_args
 from minisgl_core.engine.engine import Engine
 from minisgl_core.grammars import check_grammar_backend
 from minisgl_core.plugins import PluginInfo, Plugins, option_default
-from minisgl_core.request_limits import check_priority, truncate_prompt
+from minisgl_core.request_limits import MAX_CACHE_SALT_CHARS, cache_salt_key, check_priority, truncate_prompt
 from minisgl_core.sampling import SamplingParams, TokenLogprob, merge_sampling, short_repr
 from minisgl_core.setting_names import NOT_NEEDED_KEYWORDS, VLLM_KEYWORDS, Spelling
 from minisgl_core.tokenizer.chat_input import (
@@ -609,10 +609,11 @@ class LLM:
         if isinstance(prompts, (str, Mapping)) or (prompts and isinstance(prompts[0], numbers.Integral)):
             prompts = [prompts]  # type: ignore[list-item]
         prompts = list(prompts)
+        salts = [0] * len(prompts)  # each prompt's cache salt's key (0: none)
         for i, prompt in enumerate(prompts):
             if isinstance(prompt, Mapping):
                 with _named_errors(f"{what}[{i}]: " if len(prompts) > 1 else ""):
-                    prompts[i] = _vllm_prompt(prompt)
+                    prompts[i], salts[i] = _vllm_prompt(prompt)
         if texts is None:
             texts = [p if isinstance(p, str) else None for p in prompts]
         if sampling_params is None:  # the model's own defaults (generation_config.json), if any
@@ -659,7 +660,9 @@ class LLM:
                         by_rid[rid] = p.for_choice(index)
                         unfinished.add(rid)
                         with _named_errors(where(i)):  # (its grammar did not compile)
-                            self.engine.add_request(rid, ids, by_rid[rid], priority=priorities[i])
+                            self.engine.add_request(
+                                rid, ids, by_rid[rid], priority=priorities[i], cache_salt=salts[i]
+                            )
                 self._run(choices, prompt_logprobs, cached, by_rid, unfinished, bar, interrupts.check)
                 while self.engine.has_work:  # with overlap, one step launched after the last finish
                     self.engine.step()
@@ -775,16 +778,25 @@ class LLM:
         return tqdm(total=total, desc="generate", unit="req")
 
 
-def _vllm_prompt(prompt: Mapping[Any, Any]) -> Prompt:
+def _vllm_prompt(prompt: Mapping[Any, Any]) -> tuple[Prompt, int]:
     """vLLM's prompt dicts: ``{"prompt": text}`` (TextPrompt) is the text, ``{"prompt_token_ids":
-    ids}`` (TokensPrompt) the ids; their other keys (images, a cache salt...) are refused by name."""
+    ids}`` (TokensPrompt) the ids, with the key of its ``cache_salt`` if it has one (0 if not:
+    :func:`request_limits.cache_salt_key`); their other keys (images...) are refused by name."""
     keys = set(prompt)
+    salt = prompt.get("cache_salt")
+    if "cache_salt" in keys:
+        keys.discard("cache_salt")
+        if not isinstance(salt, str) or not 0 < len(salt) <= MAX_CACHE_SALT_CHARS:
+            raise TypeError(
+                f"a prompt dict's 'cache_salt' must be a str of 1 to {MAX_CACHE_SALT_CHARS} characters, "
+                f"got {short_repr(salt)}"
+            )
     other = sorted(map(repr, keys - {"prompt", "prompt_token_ids"}))
     if other:
         raise TypeError(
-            f"a prompt dict takes 'prompt' (text) or 'prompt_token_ids' (a list of token ids), "
-            f"as vLLM's TextPrompt and TokensPrompt; {', '.join(other)} is not supported (the served "
-            "models read text only)"
+            f"a prompt dict takes 'prompt' (text) or 'prompt_token_ids' (a list of token ids), and "
+            f"'cache_salt', as vLLM's TextPrompt and TokensPrompt; {', '.join(other)} is not "
+            "supported (the served models read text only)"
         )
     if len(keys) != 1:
         raise TypeError(
@@ -798,7 +810,7 @@ def _vllm_prompt(prompt: Mapping[Any, Any]) -> Prompt:
         raise TypeError(
             f"a prompt dict's 'prompt_token_ids' must be a list of token ids, got {type(value).__name__}"
         )
-    return value
+    return value, (cache_salt_key(salt) if salt is not None else 0)
 
 
 def _check_use_tqdm(use_tqdm: object) -> None:

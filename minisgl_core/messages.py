@@ -87,6 +87,9 @@ class TokenizeRequest(Message):
     #: policy; passed on to each EngineRequest. Not a sampling parameter: it orders the requests,
     #: the tokens are the same (last, so an encoding without it reads as priority 0)
     priority: int = 0
+    #: vLLM's cache_salt as its key (``request_limits.cache_salt_key``; 0: none), passed on to each
+    #: EngineRequest (an encoding without it reads as 0)
+    cache_salt: int = 0
 
 
 @dataclass
@@ -123,6 +126,8 @@ class EngineRequest(Message):
     params: SamplingParams
     #: TokenizeRequest.priority (an encoding without it reads as 0)
     priority: int = 0
+    #: TokenizeRequest.cache_salt (an encoding without it reads as 0)
+    cache_salt: int = 0
 
 
 @dataclass

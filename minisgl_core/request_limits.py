@@ -8,6 +8,7 @@ torch."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from numbers import Integral
 
@@ -25,6 +26,18 @@ CHARS_PER_TOKEN = 128
 #: tokens tokenized beyond the k kept of a text cut for truncate_prompt_tokens (the cut's effect
 #: on a byte-level BPE stays within the first pre-token or two)
 TRUNCATION_MARGIN_TOKENS = 16
+
+
+#: the most characters of a request's cache_salt
+MAX_CACHE_SALT_CHARS = 1024
+
+
+def cache_salt_key(salt: str) -> int:
+    """vLLM's ``cache_salt`` as the integer requests carry (``EngineRequest.cache_salt``): a 62-bit
+    digest of the text, never 0 (0 is no salt). Requests share prefix-cache entries only with
+    requests of the same salt (``Request.cache_key``)."""
+    digest = hashlib.blake2b(salt.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return (int.from_bytes(digest, "big") >> 2) | 1
 
 
 def max_prompt_chars(max_context_len: int, max_token_chars: int | None) -> int:

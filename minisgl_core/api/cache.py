@@ -38,6 +38,11 @@ class CacheManager(ABC):
     def match_prefix(self, tokens: list[int]) -> PrefixMatch:
         """Longest cached prefix of ``tokens``, rounded down to whole pages. Does not lock.
 
+        ``tokens`` here and in :meth:`insert_prefix` are a key: a request's token ids, except
+        that under a cache salt (vLLM's ``cache_salt``, API 2.5) the first is a negative integer
+        standing for the salt and that token, so requests of different salts share no entry.
+        Compare them as integers; do not read them as token ids.
+
         The core may lock the handle after other ``match_prefix`` and ``lock`` calls (the policy's
         question and the admission share one match), but never after an ``insert_prefix`` or
         ``evict`` in between: it matches again then."""

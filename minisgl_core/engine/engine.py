@@ -266,10 +266,13 @@ class Engine:
         *,
         compile_aside: bool = False,
         priority: int = 0,
+        cache_salt: int = 0,
     ) -> None:
         """Queue an admitted request (:meth:`admit`, or the server's tokenizer): it is not checked
         again. A GrammarError (a ValueError) when its grammar does not compile. ``priority``: the
         client's (lower runs earlier), checked where the request entered (:func:`check_priority`).
+        ``cache_salt``: its vLLM cache salt's key (``request_limits.cache_salt_key``; 0: none): it
+        shares prefix-cache entries only with requests of the same salt.
 
         ``compile_aside`` (the server): a grammar not compiled before compiles on another thread
         and the request waits beside the queues until :meth:`admit_compiled` is told its compile
@@ -286,7 +289,14 @@ class Engine:
         if priority:  # (0, nearly every request's, needs no look)
             check_priority(priority, self.uses_priority, self.config.policy, "keyword")
         self._check_not_failed()
-        req = Request(rid=rid, prompt_ids=list(prompt_ids), params=params, arrival=0, priority=priority)
+        req = Request(
+            rid=rid,
+            prompt_ids=list(prompt_ids),
+            params=params,
+            arrival=0,
+            priority=priority,
+            cache_salt=cache_salt,
+        )
         if compile_aside and self.grammars.needs_compile(req):
             self.grammars.start_compile(req)
             return

@@ -123,7 +123,12 @@ class SchedulerLoop:
                 try:  # admitted by the tokenizer: the engine trusts it
                     # a grammar not compiled before compiles on another thread (CompilesSettled)
                     self.engine.add_request(
-                        msg.rid, msg.prompt_ids, msg.params, compile_aside=True, priority=msg.priority
+                        msg.rid,
+                        msg.prompt_ids,
+                        msg.params,
+                        compile_aside=True,
+                        priority=msg.priority,
+                        cache_salt=msg.cache_salt,
                     )
                 except ValueError as exc:  # e.g. a grammar the backend then failed to compile
                     logger.error("request %d rejected by the engine: %s", msg.rid, exc)

@@ -316,7 +316,10 @@ def tokenizer_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_r
             )
             for i, rid in enumerate(msg.rids):
                 # n > 1 with a seed: distinct but reproducible choices
-                send(to_scheduler, EngineRequest(rid, ids, sampling.for_choice(i), msg.priority))
+                send(
+                    to_scheduler,
+                    EngineRequest(rid, ids, sampling.for_choice(i), msg.priority, msg.cache_salt),
+                )
         elif isinstance(msg, (AbortRequest, FlushCache, Shutdown)):
             send(to_scheduler, msg)
             if isinstance(msg, Shutdown):

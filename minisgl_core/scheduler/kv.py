@@ -138,7 +138,7 @@ class KVManager:
         seen = self._matches.get(req.rid)
         if seen is not None and seen[0] is req.fill_ids:
             return seen[1]
-        match = self._match_prefix(req.fill_ids)
+        match = self._match_prefix(req.cache_key(req.fill_ids))
         self._matches[req.rid] = (req.fill_ids, match)
         return match
 
@@ -216,7 +216,7 @@ class KVManager:
             # for its logits; the whole match for a scored prompt) would count as taken, not as
             # evictable, and a prompt cached whole in a pool just its size then never fitted.
             # (matching the shorter list ends the handle there; other matches stay valid)
-            match = self._match_prefix(req.fill_ids[:prefix_len])
+            match = self._match_prefix(req.cache_key(req.fill_ids[:prefix_len]))
         self.cache.lock(match.handle)
         need = ceil_div(self.expected_final_len(req), self.page_size) - prefix_len // self.page_size
         if need > self.available_pages():
@@ -341,7 +341,7 @@ class KVManager:
         aligned = req.fill_len // self.page_size * self.page_size
         if aligned <= req.prefix_len:
             return
-        tokens = req.fill_ids[:aligned]
+        tokens = req.cache_key(req.fill_ids[:aligned])
         self._matches.clear()
         self._insert_prefix(tokens, self.slots_of(req, aligned))
         match = self._match_prefix(tokens)
@@ -364,7 +364,7 @@ class KVManager:
         kv_len = req.num_computed
         aligned = kv_len // self.page_size * self.page_size
         all_slots = self.slots_of(req, len(req.pages) * self.page_size + req.prefix_len)
-        tokens = req.all_ids()[:aligned]
+        tokens = req.cache_key(req.all_ids()[:aligned])
         if aligned:
             self._matches.clear()
             self._insert_prefix(tokens, all_slots[:aligned])

@@ -16,6 +16,12 @@ OPENING = "opening"
 REASONING = "reasoning"
 
 
+#: Request.cache_key: an odd multiplier (the golden ratio's 64 bits) maps the 62-bit salts to
+#: distinct values for any one token id
+_SALT_MULTIPLIER = 0x9E3779B97F4A7C15
+_SALT_MASK = (1 << 62) - 1
+
+
 @dataclass(eq=False)
 class Request:
     rid: int
@@ -24,6 +30,8 @@ class Request:
     arrival: int
     #: the client's priority (vLLM's: lower runs earlier), for policies that use it (RequestView)
     priority: int = 0
+    #: its vLLM cache_salt's key (0: none): see :meth:`cache_key`
+    cache_salt: int = 0
     output_ids: list[int] = field(default_factory=list)
     #: row of the page table; None until admitted
     row: int | None = None
@@ -129,6 +137,18 @@ class Request:
 
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
+
+    def cache_key(self, tokens: list[int]) -> list[int]:
+        """``tokens`` (the start of this request's own) as the prefix cache's key. Without a
+        cache salt, the tokens; with one (vLLM's ``cache_salt``), the first is replaced by a
+        negative number made of the salt and that token, which no token id equals and another
+        salt gives for no token. Every entry hangs below the first page, so requests share
+        entries only with requests of the same salt: a client cannot tell from the speed of
+        its answers what others with other salts asked."""
+        if not self.cache_salt or not tokens:
+            return tokens
+        mixed = (self.cache_salt * _SALT_MULTIPLIER + tokens[0]) & _SALT_MASK
+        return [-1 - mixed, *tokens[1:]]
 
     def view(self) -> RequestView:
         out = len(self.output_ids)  # positional, no properties: built for every request every step

@@ -391,7 +391,9 @@ class Scheduler:
             return False
         window = req.fill_ids[start:end]
         return any(  # the head is sliced only for a prompt whose window matched
-            other.fill_ids[start:end] == window and other.fill_ids[:start] == req.fill_ids[:start]
+            other.fill_ids[start:end] == window
+            and other.cache_salt == req.cache_salt  # (the cache keeps other salts apart)
+            and other.fill_ids[:start] == req.fill_ids[:start]
             for other in taken
         )
 

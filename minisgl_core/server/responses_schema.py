@@ -29,6 +29,7 @@ from pydantic import (
     model_validator,
 )
 
+from minisgl_core.request_limits import MAX_CACHE_SALT_CHARS
 from minisgl_core.sampling import INT64_MAX, INT64_MIN, short_repr
 from minisgl_core.server.errors import APIError, validation_error
 from minisgl_core.server.schemas import (
@@ -273,6 +274,8 @@ class ResponsesRequest(StrictModel):
     timeout: Float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
     #: vLLM's, as chat's: lower runs earlier; not 0 only with ``--policy priority``
     priority: Int = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
+    #: vLLM's, as chat's: prefix-cache entries shared only with requests of the same salt
+    cache_salt: Text | None = Field(default=None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)
     # what needs state minisgl does not keep: refused below, with what to send instead
     conversation: Text | FreeObject | None = None
     background: Bool = False
@@ -417,6 +420,7 @@ class ResponsesRequest(StrictModel):
             "parallel_tool_calls": self.parallel_tool_calls,
             "timeout": self.timeout,
             "priority": self.priority,
+            "cache_salt": self.cache_salt,
         }
         if self.tools:
             chat["tools"] = [

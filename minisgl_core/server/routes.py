@@ -125,6 +125,7 @@ async def admit_chat(
     group = RequestGroup(state)
     group.set_timeout(body.timeout)
     group.set_priority(body.priority)
+    group.set_cache_salt(body.cache_salt)
     with fields_named({"max_tokens": body.max_tokens_field}):
         admission = await group.add(
             params,
@@ -296,6 +297,7 @@ def make_router(
         group = RequestGroup(state)
         group.set_timeout(body.timeout)
         group.set_priority(body.priority)
+        group.set_cache_salt(body.cache_salt)
         group.expect(len(prompts) * body.n, "n" if body.n > 1 else "prompt")
         try:
             for i, prompt in enumerate(prompts):

@@ -30,6 +30,7 @@ from pydantic import (
 from pydantic.types import Strict
 
 from minisgl_core.api.grammar import GrammarSpec
+from minisgl_core.request_limits import MAX_CACHE_SALT_CHARS
 from minisgl_core.sampling import INT64_MAX, INT64_MIN, SamplingParams, short_repr
 from minisgl_core.server.errors import json_kind
 from minisgl_core.tokenizer.chat_input import (
@@ -557,6 +558,9 @@ class SamplingFields(GrammarFields):
     #: vLLM's: the response's id is ``chatcmpl-<request_id>`` (``cmpl-`` on completions), to trace
     #: a request by an id of the client's; an ``X-Request-Id`` header wins over it, as in vLLM
     request_id: Text | None = Field(default=None, min_length=1, max_length=MAX_REQUEST_ID_CHARS)
+    #: vLLM's: the request shares prefix-cache entries only with requests of the same salt (one a
+    #: tenant: others cannot learn from the speed of their answers what it asked)
+    cache_salt: Text | None = Field(default=None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)
     #: seconds after which the request ends with a timeout error (the server's --request-timeout
     #: still bounds it)
     timeout: Float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)

@@ -24,7 +24,7 @@ import zmq.asyncio
 
 from minisgl_core.messages import AbortRequest, Admission, DetokOutputs, FlushCache, TokenizeRequest, decode
 from minisgl_core.processes.ipc import bind_pull, connect_push, send
-from minisgl_core.request_limits import check_priority, truncation_tail
+from minisgl_core.request_limits import cache_salt_key, check_priority, truncation_tail
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.server.errors import APIError
 from minisgl_core.server.limits import ServerLimits
@@ -199,6 +199,8 @@ class RequestGroup:
         self.expected_sequences: int | None = None
         #: the request's priority (lower runs earlier), for every engine request it starts
         self.priority = 0
+        #: its cache_salt's key (0: none), for every engine request it starts
+        self.cache_salt = 0
 
     def expect(self, sequences: int, param: str = "n") -> None:
         """Check the whole request's size (prompts x n) against the bounds before any prompt is
@@ -213,6 +215,10 @@ class RequestGroup:
         """The request's deadline: its own ``timeout`` field, bounded by the server's --request-timeout."""
         bounds = [t for t in (timeout_s, self.state.limits.request_timeout_s) if t]
         self.deadline = self.arrival + min(bounds) if bounds else None
+
+    def set_cache_salt(self, salt: str | None) -> None:
+        """The request's vLLM ``cache_salt`` (None: none), as the key its engine requests carry."""
+        self.cache_salt = cache_salt_key(salt) if salt is not None else 0
 
     def set_priority(self, priority: int, param: str = "priority") -> None:
         """The request's ``priority`` (vLLM's: lower runs earlier); a 400 naming ``param`` when it is
@@ -270,7 +276,7 @@ class RequestGroup:
                 rids, text, messages, input_ids, params, max_tokens_field, template_args, grammar_field,
                 return_prompt_ids=return_prompt_ids, default_max_tokens=default_max_tokens,
                 tools_optional=tools_optional, add_special_tokens=add_special_tokens,
-                reasoning_tags=reasoning_tags, priority=self.priority,
+                reasoning_tags=reasoning_tags, priority=self.priority, cache_salt=self.cache_salt,
             )  # fmt: skip
             send(state.to_tokenizer, request)
             try:  # the deadline holds while the tokenizer worker is busy (or stopped) too

@@ -337,6 +337,21 @@ class CacheManagerSuite:
         assert tuple(cache.size_info()) == (aligned, 0)
         cache.check_integrity()
 
+    def test_a_salted_key_matches_only_itself(self, page_size: int) -> None:
+        """Under a cache salt the core's key starts with a negative integer (API 2.5,
+        ``Request.cache_key``): a cache takes it as any other key, and the same tokens under
+        another first key, or none, match nothing of it."""
+        self.require(PREFIX_REUSE)
+        cache = self.make_cache(page_size)
+        tokens = [5, 6, 7] * page_size
+        salted = [-(2**61) - 12345, *tokens[1:]]
+        slots = list(range(50, 50 + len(tokens)))
+        assert slot_list(cache.insert_prefix(salted, slot_tensor(slots))) == []
+        assert slot_list(cache.match_prefix(salted).slots) == slots
+        assert slot_list(cache.match_prefix(tokens).slots) == []
+        assert slot_list(cache.match_prefix([-(2**61) - 1, *tokens[1:]]).slots) == []
+        cache.check_integrity()
+
     def test_split_in_the_middle_of_an_entry(self, page_size: int) -> None:
         self.require(PREFIX_REUSE)
         cache = self.make_cache(page_size)

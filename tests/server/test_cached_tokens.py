@@ -177,3 +177,39 @@ def test_flush_cache_empties_the_prefix_cache_and_is_refused_while_busy(servers,
     assert error["code"] == "server_busy" and "idle" in error["message"]
     busy.close()
     assert complete()[0] > 0  # not flushed
+
+
+def test_cache_salt_keeps_tenants_apart(clients, model_name):
+    """vLLM's cache_salt: a prompt sent again reads the cache only under the salt it was cached
+    with (completions, chat, and the Responses API, which runs as chat)."""
+    client = clients["radix"]
+    ids = fresh_ids(777)
+
+    def completion(salt: str) -> int:
+        extra = {"cache_salt": salt}
+        return cached(
+            client.completions.create(model=model_name, prompt=ids, max_tokens=2, extra_body=extra).usage
+        )
+
+    assert completion("tenant-a") == 0
+    hit = completion("tenant-a")
+    assert hit > 0
+    assert completion("tenant-b") == 0 and completion("tenant-b") == hit
+    messages = [{"role": "user", "content": f"{ESSAY} (salted)"}]
+
+    def chat(salt: str) -> int:
+        usage = client.chat.completions.create(
+            model=model_name, messages=messages, max_tokens=2, extra_body={"cache_salt": salt}
+        ).usage
+        return cached(usage)
+
+    first_a = chat("chat-a")
+    assert chat("chat-a") > first_a
+    assert chat("chat-b") == first_a == 0  # (the template's first tokens too are the salt's)
+    response = client.responses.create(
+        model=model_name, input=f"{ESSAY} (salted)", max_output_tokens=2, extra_body={"cache_salt": "chat-a"}
+    )
+    assert response.usage.input_tokens_details.cached_tokens > 0
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model=model_name, prompt=ids, max_tokens=2, extra_body={"cache_salt": ""})
+    assert refused.value.body["param"] == "cache_salt"
