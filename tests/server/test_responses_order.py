@@ -130,6 +130,8 @@ def answer(client: openai.OpenAI, **extra: Any) -> tuple[dict[str, Any], list[di
 def without_ids(response: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in response.items() if k not in ("id", "created_at", "completed_at")}
     out["output"] = [{k: v for k, v in i.items() if k not in ("id", "call_id")} for i in response["output"]]
+    if out.get("usage"):  # (the prompt tokens the prefix cache held differ between two sends)
+        out["usage"] = {**out["usage"], "input_tokens_details": None}
     return out
 
 
