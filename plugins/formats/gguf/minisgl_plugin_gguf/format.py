@@ -15,7 +15,7 @@ import re
 import shutil
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -316,7 +316,8 @@ def _dequantize(header: GGUFHeader, tensor: TensorInfo, dtype: torch.dtype) -> t
         return _as_tensor(raw).view(stored).reshape(shape).to(dtype, copy=True)
     block, type_size = GGML_QUANT_SIZES[qtype]
     if qtype.name in _BLOCK_FORMATS:
-        return _dequantize_blocks(qtype.name, _as_tensor(raw).reshape(-1, type_size), dtype).reshape(shape)
+        blocks = _as_tensor(raw).reshape(-1, type_size)
+        return _dequantize_blocks(qtype.name, blocks, block, dtype).reshape(shape)
     blocks = raw.reshape(*shape[:-1], shape[-1] // block * type_size)
     values = np.ascontiguousarray(dequantize(blocks, qtype), dtype=np.float32).reshape(shape)
     return torch.from_numpy(values).to(dtype)
@@ -334,37 +335,31 @@ def _as_tensor(raw: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(raw)
 
 
-#: the 32-weight block formats dequantized here with PyTorch's threads, a chunk of blocks at a time:
-#: ``gguf``'s ``dequantize`` takes them a group of rows at a time in NumPy, on one core (1.2 s for
-#: the default model's 211 block tensors on the dev CPU; NumPy over all blocks at once 0.84 s, this
-#: 0.53: BENCHMARKS.md, "GGUF blocks dequantized in PyTorch"); the same float32 operations in the
-#: same order, so bitwise equal to it (tests/test_gguf.py)
-_BLOCK_FORMATS = ("Q8_0", "Q4_0", "Q4_1")
-
-#: blocks dequantized at a time: their float32 values (8 MiB) stay in the CPU's cache through the
+#: weights dequantized at a time: their float32 values (8 MiB) stay in the CPU's cache through the
 #: steps that make them, and only the result in the asked dtype goes out to memory. A 4096 x 14336
 #: Q4_1 tensor to bfloat16 took 21 ms so on a 16-core host (the GPU machine's), 37 ms all blocks at
-#: once, 270 ms in NumPy; 4,096 or 16,384 blocks a chunk were slower (more steps, each starting
-#: PyTorch's threads)
-_CHUNK_BLOCKS = 65536
+#: once, 270 ms in NumPy; 4,096 or 16,384 blocks of 32 a chunk were slower (more steps, each
+#: starting PyTorch's threads)
+_CHUNK_WEIGHTS = 65536 * 32
 
 
-def _dequantize_blocks(type_name: str, blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``blocks`` (``[n, bytes a block]`` uint8) of ``type_name`` as ``[n, 32]`` of ``dtype``: the
-    float32 values below, cast. A float16 scale ``d`` first; Q8_0: 32 int8 weights ``d * q``; Q4_0:
-    16 bytes of two 4-bit weights (weights 0-15 the low nibbles, 16-31 the high), ``d * (q - 8)``;
-    Q4_1: a float16 minimum ``m`` after ``d``, then the nibbles, ``d * q + m``."""
+def _dequantize_blocks(
+    type_name: str, blocks: torch.Tensor, weights: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """``blocks`` (``[n, bytes a block]`` uint8) of ``type_name`` (one of :data:`_BLOCK_FORMATS`),
+    ``weights`` a block, as ``[n, weights]`` of ``dtype``: the float32 values, cast."""
     count = blocks.shape[0]
-    out = torch.empty(count, 32, dtype=dtype)
-    rows = min(count, _CHUNK_BLOCKS)
-    values = out if dtype == torch.float32 else torch.empty(rows, 32)
-    nibbles = torch.empty(rows, 2, 16, dtype=torch.uint8)
+    out = torch.empty(count, weights, dtype=dtype)
+    step = max(1, _CHUNK_WEIGHTS // weights)
+    rows = min(count, step)
+    values = out if dtype == torch.float32 else torch.empty(rows, weights)
+    scratch = torch.empty(2, rows, weights, dtype=torch.uint8)
     with _free_threads():
-        for start in range(0, count, _CHUNK_BLOCKS):
-            chunk = blocks[start : start + _CHUNK_BLOCKS]
+        for start in range(0, count, step):
+            chunk = blocks[start : start + step]
             size = chunk.shape[0]
             target = values[start : start + size] if values is out else values[:size]
-            _dequantize_chunk(type_name, chunk, target, nibbles[:size])
+            _dequantize_chunk(type_name, chunk, target, scratch[:, :size])
             if values is not out:
                 out[start : start + size].copy_(target)
     return out
@@ -406,24 +401,141 @@ def free_cores() -> int:
     return max(1, cores - round(load))
 
 
-def _dequantize_chunk(type_name: str, blocks: torch.Tensor, out: torch.Tensor, nibbles: torch.Tensor) -> None:
-    """:func:`_dequantize_blocks` of ``blocks`` into ``out`` (float32 ``[n, 32]``), in place;
-    ``nibbles``: room for the 4-bit weights (uint8 ``[n, 2, 16]``)."""
-    d = blocks[:, :2].view(torch.float16).float()  # [n, 1]
-    if type_name == "Q8_0":
-        out.copy_(blocks[:, 2:].view(torch.int8)).mul_(d)
-        return
-    packed = blocks[:, 4:] if type_name == "Q4_1" else blocks[:, 2:]
-    torch.bitwise_and(packed, 0x0F, out=nibbles[:, 0])
-    torch.bitwise_right_shift(packed, 4, out=nibbles[:, 1])
-    out.copy_(nibbles.view(-1, 32))
-    if type_name == "Q4_0":
-        out.sub_(8).mul_(d)
-        return
-    m = blocks[:, 2:4].view(torch.float16).float()
+def _dequantize_chunk(type_name: str, blocks: torch.Tensor, out: torch.Tensor, scratch: torch.Tensor) -> None:
+    """:func:`_dequantize_blocks` of a chunk: ``blocks`` into ``out`` (float32 ``[n, weights a
+    block]``), in place; ``scratch``: room for the integer weights (uint8 ``[2, n, weights]``)."""
+    _BLOCK_FORMATS[type_name](blocks, out, scratch)
+
+
+def _float16(blocks: torch.Tensor, at: int) -> torch.Tensor:
+    """The float16 stored at byte ``at`` of each block, as float32 ``[n, 1]``."""
+    return blocks[:, at : at + 2].view(torch.float16).float()
+
+
+def _unpack(packed: torch.Tensor, bits: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The ``bits``-bit fields of ``packed`` (uint8 ``[n, groups, width]``) into ``out`` (uint8
+    ``[n, groups * 8 // bits * width]``, made if not given): per group, the lowest field of each
+    byte, then the next."""
+    n, groups, width = packed.shape
+    if out is None:
+        out = torch.empty(n, groups * 8 // bits * width, dtype=torch.uint8)
+    fields = out.view(n, groups, 8 // bits, width)
+    shifts = torch.arange(0, 8, bits, dtype=torch.uint8).view(-1, 1)
+    torch.bitwise_right_shift(packed.unsqueeze(2), shifts, out=fields)
+    fields[:, :, :-1].bitwise_and_((1 << bits) - 1)  # (the top field has no bits above it)
+    return out
+
+
+def _scaled(out: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor | None = None) -> None:
+    """``out`` (the integer weights ``q``, float32 ``[n, weights]``) made ``scales * q - minimums``
+    in place as gguf computes it (``scales`` and ``minimums`` float32 ``[n, groups]``, one for each
+    equal group of a block's weights). The subtraction is written ``-minimums + (scales * q)``: the same value, bit for bit,
+    and where both are NaN PyTorch's add keeps the second's NaN, as x86's ``a - b`` keeps ``a``'s
+    (torch.sub kept ``b``'s); ``-minimums`` as ``minimums`` times -1, which keeps a NaN's sign."""
+    n, groups = scales.shape
+    grouped = out.view(n, groups, -1)
+    grouped.mul_(scales.unsqueeze(-1))
+    if minimums is not None:
+        torch.add(minimums.mul(-1.0).unsqueeze(-1), grouped, out=grouped)
+
+
+def _q8_0(blocks: torch.Tensor, out: torch.Tensor, scratch: torch.Tensor) -> None:
+    """A float16 scale ``d``, then 32 int8 weights: ``d * q``."""
+    out.copy_(blocks[:, 2:].view(torch.int8)).mul_(_float16(blocks, 0))
+
+
+def _q4_0(blocks: torch.Tensor, out: torch.Tensor, scratch: torch.Tensor) -> None:
+    """``d``, then 16 bytes of two 4-bit weights (weights 0-15 the low nibbles, 16-31 the high):
+    ``d * (q - 8)``."""
+    q = _unpack(blocks[:, None, 2:], 4, scratch[0])
+    out.copy_(q).sub_(8).mul_(_float16(blocks, 0))
+
+
+def _q4_1(blocks: torch.Tensor, out: torch.Tensor, scratch: torch.Tensor) -> None:
+    """``d``, a float16 minimum ``m``, then nibbles as Q4_0's: ``d * q + m``."""
+    q = _unpack(blocks[:, None, 4:], 4, scratch[0])
     # written m + (d * q): where both are NaN, PyTorch's add then keeps d * q's NaN, as gguf's
     # (d * q) + m does; out.add_(m) kept m's (the test compares the bits)
-    torch.add(m, out.mul_(d), out=out)
+    torch.add(_float16(blocks, 2), out.copy_(q).mul_(_float16(blocks, 0)), out=out)
+
+
+def _k_scales(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K's and Q5_K's 6-bit scales and minimums of the 8 groups of 32, float32 ``[n, 8]`` each,
+    from 12 bytes: bytes 0-3 and 4-7 hold the low 6 bits of scales 0-3 and minimums 0-3, their
+    top 2 bits the top of scales 4-7 and minimums 4-7, whose low 4 bits are bytes 8-11's nibbles."""
+    low, high, rest = packed[:, 0:4], packed[:, 4:8], packed[:, 8:12]
+    scales = torch.cat([low & 0x3F, (rest & 0x0F) | ((low >> 2) & 0x30)], dim=1)
+    minimums = torch.cat([high & 0x3F, (rest >> 4) | ((high >> 2) & 0x30)], dim=1)
+    return scales.float(), minimums.float()
+
+
+def _q4_k(blocks: torch.Tensor, out: torch.Tensor, scratch: torch.Tensor) -> None:
+    """256 weights: ``d``, ``dmin`` (float16), 12 bytes of packed scales and minimums, then 128
+    bytes of nibbles, 32 bytes to two groups of 32 (the low nibbles, then the high):
+    ``(d * scale) * q - (dmin * minimum)``."""
+    scales, minimums = _k_scales(blocks[:, 4:16])
+    q = _unpack(blocks[:, 16:].view(-1, 4, 32), 4, scratch[0])
+    _scaled(out.copy_(q), _float16(blocks, 0) * scales, _float16(blocks, 2) * minimums)
+
+
+def _q5_k(blocks: torch.Tensor, out: torch.Tensor, scratch: torch.Tensor) -> None:
+    """Q4_K's with 32 bytes of fifth bits after the scales: group ``j``'s are bit ``j`` of them."""
+    scales, minimums = _k_scales(blocks[:, 4:16])
+    q = _unpack(blocks[:, 48:].view(-1, 4, 32), 4, scratch[0])
+    q.bitwise_or_(_unpack(blocks[:, None, 16:48], 1, scratch[1]).bitwise_left_shift_(4))
+    _scaled(out.copy_(q), _float16(blocks, 0) * scales, _float16(blocks, 2) * minimums)
+
+
+def _q6_k(blocks: torch.Tensor, out: torch.Tensor, scratch: torch.Tensor) -> None:
+    """256 weights in two halves: 128 bytes of low nibbles (64 a half: the low nibbles, then the
+    high), 64 bytes of top 2 bits (32 a half, lowest first), 16 int8 scales of groups of 16, then
+    ``d``: ``(d * scale) * (q - 32)``."""
+    q = _unpack(blocks[:, :128].view(-1, 2, 64), 4, scratch[0])
+    q.bitwise_or_(_unpack(blocks[:, 128:192].view(-1, 2, 32), 2, scratch[1]).bitwise_left_shift_(4))
+    out.copy_(q).sub_(32)  # (exact: q - 32 in float32 is gguf's int8 q - 32)
+    _scaled(out, _float16(blocks, 208) * blocks[:, 192:208].view(torch.int8).float())
+
+
+def _q2_k(blocks: torch.Tensor, out: torch.Tensor, scratch: torch.Tensor) -> None:
+    """256 weights: 16 bytes of 4-bit scales (low nibble) and minimums (high) of groups of 16, 64
+    bytes of 2-bit weights (32 bytes to four groups of 32, lowest bits first), ``d``, ``dmin``:
+    ``(d * scale) * q - (dmin * minimum)``."""
+    packed = blocks[:, :16]
+    q = _unpack(blocks[:, 16:80].view(-1, 2, 32), 2, scratch[0])
+    _scaled(
+        out.copy_(q),
+        _float16(blocks, 80) * (packed & 0x0F).float(),
+        _float16(blocks, 82) * (packed >> 4).float(),
+    )
+
+
+def _q3_k(blocks: torch.Tensor, out: torch.Tensor, scratch: torch.Tensor) -> None:
+    """256 weights: 32 bytes of third bits (group ``j`` of 32 bit ``j``), 64 bytes of low 2 bits
+    (as Q2_K's), 12 bytes of 6-bit scales of groups of 16 (bytes 0-7's nibbles their low 4 bits,
+    bytes 8-11's pairs of bits their top 2), ``d``: ``(d * (scale - 32)) * q``, ``q`` the 3 bits
+    less 4 (a set third bit is no offset)."""
+    packed = blocks[:, 96:108]
+    low = _unpack(packed[:, None, :8], 4)
+    high = _unpack(packed[:, None, 8:], 2)
+    scales = (low | (high << 4)).float().sub_(32)
+    q = _unpack(blocks[:, 32:96].view(-1, 2, 32), 2, scratch[0])
+    q.bitwise_or_(_unpack(blocks[:, None, :32], 1, scratch[1]).bitwise_left_shift_(2))
+    out.copy_(q).sub_(4)
+    _scaled(out, _float16(blocks, 108) * scales)
+
+
+#: the block formats dequantized here with PyTorch's threads, a chunk of blocks at a time (by name
+#: of ``gguf.GGMLQuantizationType``, each to its function below): the 32-weight Q8_0, Q4_0 and
+#: Q4_1, and the K-quants (256-weight super-blocks) of most real files: a Q4_K_M file is mostly
+#: Q4_K and Q6_K, a Q5_K_M one Q5_K and Q6_K. ``gguf``'s ``dequantize`` takes them a group of rows
+#: at a time in NumPy, on one core (1.2 s for the default model's 211 block tensors on the dev CPU;
+#: NumPy over all blocks at once 0.84 s, this 0.53: BENCHMARKS.md, "GGUF blocks dequantized in
+#: PyTorch"; about 90 M K-quant weights a second: "GGUF K-quants dequantized in PyTorch"); the
+#: same float32 operations in the same order, so bitwise equal to it (tests/test_gguf.py)
+_BLOCK_FORMATS: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]] = {
+    "Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_1": _q4_1,
+    "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k, "Q2_K": _q2_k, "Q3_K": _q3_k,
+}  # fmt: skip
 
 
 #: what each cached tokenizer records of its source, so a later conversion can tell a stale entry

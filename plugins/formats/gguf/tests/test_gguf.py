@@ -283,7 +283,7 @@ def test_block_formats_dequantize_bitwise_as_gguf_does(qtype, dtype, threaded, m
     import gguf
     import minisgl_plugin_gguf.format as gguf_format
 
-    monkeypatch.setattr(gguf_format, "_CHUNK_BLOCKS", 1000)
+    monkeypatch.setattr(gguf_format, "_CHUNK_WEIGHTS", 32000)
     monkeypatch.setattr(gguf_format, "free_cores", lambda: 64 if threaded else 1)
     assert qtype in gguf_format._BLOCK_FORMATS
     quant = gguf.GGMLQuantizationType[qtype]
@@ -314,7 +314,7 @@ def test_dequantizing_takes_the_free_cores_only_and_restores_the_setting(monkeyp
     count again (CPU inference runs on it)."""
     import minisgl_plugin_gguf.format as gguf_format
 
-    monkeypatch.setattr(gguf_format, "_CHUNK_BLOCKS", 1000)
+    monkeypatch.setattr(gguf_format, "_CHUNK_WEIGHTS", 32000)
     seen = []
     chunk = gguf_format._dequantize_chunk
     monkeypatch.setattr(
