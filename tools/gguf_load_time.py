@@ -5,7 +5,7 @@ matrix, unless ``--shape``) through ``_dequantize``; each with the GB/s of the f
 bounds beside it: reading those bytes from the (cached) file, and copying the float32 result once.
 
     python3 tools/gguf_load_time.py [PATH] [--dtype bfloat16] [--repeat 3]
-    python3 tools/gguf_load_time.py --synthetic Q4_1 [--shape 14336x4096]
+    python3 tools/gguf_load_time.py --synthetic Q4_1 [--shape 14336x4096]   (or Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K)
 """
 
 from __future__ import annotations
@@ -42,6 +42,15 @@ def _model(path: Path, dtype: torch.dtype, repeat: int) -> None:
     _timed("read the file", nbytes, lambda: source.file.read_bytes())
 
 
+#: where each block type ``--synthetic`` knows keeps its float16 scale ``d`` (and minimum or
+#: ``dmin``), in bytes from the block's start; the other bytes are random, which is a valid block of
+#: each (every bit pattern decodes). gguf can only read K-quants, so the blocks are written raw.
+_FLOAT16_SCALES = {
+    "Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2),
+    "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q2_K": (80, 82), "Q3_K": (108,),
+}  # fmt: skip
+
+
 def _synthetic(type_name: str, shape: tuple[int, int], dtype: torch.dtype, repeat: int) -> None:
     import gguf
     from minisgl_plugin_gguf.format import _dequantize, _quant_sizes
@@ -52,9 +61,8 @@ def _synthetic(type_name: str, shape: tuple[int, int], dtype: torch.dtype, repea
     rows, cols = shape
     blocks = np.random.default_rng(0).integers(0, 256, (rows * cols // block, type_size), dtype=np.uint8)
     scales = np.full(len(blocks), 0.002, dtype=np.float16).view(np.uint8).reshape(-1, 2)
-    blocks[:, :2] = scales  # finite weights (Q4_1's minimum is the next two bytes)
-    if type_name == "Q4_1":
-        blocks[:, 2:4] = scales
+    for at in _FLOAT16_SCALES[type_name]:  # finite weights: the float16 scales (and minimums) set
+        blocks[:, at : at + 2] = scales
     with tempfile.TemporaryDirectory() as tmp:
         file = Path(tmp) / "synthetic.gguf"
         writer = gguf.GGUFWriter(str(file), "llama")
@@ -82,7 +90,9 @@ def main() -> None:
     )
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--synthetic", metavar="TYPE", help="Q8_0, Q4_0 or Q4_1")
+    parser.add_argument(
+        "--synthetic", metavar="TYPE", choices=_FLOAT16_SCALES, help=", ".join(_FLOAT16_SCALES)
+    )
     parser.add_argument("--shape", default="14336x4096", help="rows x columns")
     args = parser.parse_args()
     _plugins_on_path()

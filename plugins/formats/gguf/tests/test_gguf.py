@@ -270,16 +270,25 @@ _SPECIAL_SCALES = np.array(
 )
 
 
+#: where each block format keeps its float16 scale ``d`` and, where it has one, its minimum
+#: (``m``, ``dmin``): bytes from the block's start
+_SCALE_BYTES = {
+    "Q8_0": (0, None), "Q4_0": (0, None), "Q4_1": (0, 2),
+    "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208, None), "Q2_K": (80, 82), "Q3_K": (108, None),
+}  # fmt: skip
+
+
 @pytest.mark.parametrize("threaded", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])
+@pytest.mark.parametrize("qtype", list(_SCALE_BYTES))
 def test_block_formats_dequantize_bitwise_as_gguf_does(qtype, dtype, threaded, monkeypatch):
-    """The 32-weight block formats, a chunk of blocks at a time in PyTorch, against
-    ``gguf.quants.dequantize`` (NumPy, a group of rows at a time): random bytes, and infinite,
-    NaN, subnormal and negative-zero float16 scales planted (and Q4_1's minimums, alone and in
-    the same blocks as such scales); float32 equal bit for bit, NaN payloads included; bfloat16
-    and float16 as that float32 cast. Chunks of 1,000 blocks, so a tensor is several and a part;
-    on one thread (a busy CPU) and on PyTorch's."""
+    """The block formats, a chunk of blocks at a time in PyTorch, against
+    ``gguf.quants.dequantize`` (NumPy, a group of rows at a time): random bytes (every bit pattern
+    is a valid block, the K-quants' packed scales included), and infinite, NaN, subnormal and
+    negative-zero float16 scales planted (and the minimums of Q4_1, Q4_K, Q5_K and Q2_K, alone, in
+    the same blocks as such scales, and NaN beside NaN of another payload); float32 equal bit for
+    bit, NaN payloads included; bfloat16 and float16 as that float32 cast. Chunks of 32,000
+    weights, so a tensor is several and a part; on one thread (a busy CPU) and on PyTorch's."""
     import gguf
     import minisgl_plugin_gguf.format as gguf_format
 
@@ -292,14 +301,18 @@ def test_block_formats_dequantize_bitwise_as_gguf_does(qtype, dtype, threaded, m
     blocks = raw.reshape(-1, type_size)
     special = _SPECIAL_SCALES.view(np.uint8).reshape(-1, 2)
     count = len(special)
-    blocks[:count, :2] = special  # the scales d
-    if qtype == "Q4_1":  # the minimums m, alone and beside special scales
-        blocks[count : 2 * count, 2:4] = special
-        blocks[2 * count : 3 * count, :2] = special
-        blocks[2 * count : 3 * count, 2:4] = special[::-1]
+    d, minimum = _SCALE_BYTES[qtype]
+    blocks[:count, d : d + 2] = special
+    if minimum is not None:  # the minimums, alone and beside special scales
+        blocks[count : 2 * count, minimum : minimum + 2] = special
+        blocks[2 * count : 3 * count, d : d + 2] = special
+        blocks[2 * count : 3 * count, minimum : minimum + 2] = special[::-1]
+        blocks[3 * count : 4 * count, d : d + 2] = special
+        blocks[3 * count : 4 * count, minimum : minimum + 2] = np.roll(special, 1, axis=0)
     with np.errstate(invalid="ignore"):
         want = np.asarray(gguf.quants.dequantize(raw, quant), dtype=np.float32)
-    assert want.shape == (96, 64 * block) and len(blocks) > 6 * 1000
+    assert want.shape == (96, 64 * block) and len(blocks) * block > 6 * 32000
+    assert len(blocks) % (32000 // block)  # (a part of a chunk at the end)
     assert np.isnan(want).any() and np.isinf(want).any()
     ours = gguf_format._dequantize(*_mapped(raw, qtype, (64 * block, 96)), dtype)
     assert ours.dtype == dtype and ours.shape == want.shape
