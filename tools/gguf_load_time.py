@@ -1,11 +1,13 @@
 """Seconds to dequantize GGUF weights on the CPU: a model's whole ``GGUFFormat.weights(dtype)``
 (the default model unless a path is given), or with ``--synthetic TYPE`` one large tensor of that
 block type (random blocks, written to a temporary GGUF file; 4096 x 14336, an 8B model's MLP
-matrix, unless ``--shape``) through ``_dequantize``; each with the GB/s of the file's bytes. The
-bounds beside it: reading those bytes from the (cached) file, and copying the float32 result once.
+matrix, unless ``--shape``) through ``_dequantize`` (``--numpy``: through gguf's NumPy
+``dequantize``, the baseline); each with the GB/s of the file's bytes. The bounds beside it:
+reading those bytes from the (cached) file, and copying the float32 result once. Types: Q8_0,
+Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K.
 
     python3 tools/gguf_load_time.py [PATH] [--dtype bfloat16] [--repeat 3]
-    python3 tools/gguf_load_time.py --synthetic Q4_1 [--shape 14336x4096]   (or Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K)
+    python3 tools/gguf_load_time.py --synthetic Q4_K [--shape 14336x4096] [--numpy]
 """
 
 from __future__ import annotations
@@ -51,10 +53,13 @@ _FLOAT16_SCALES = {
 }  # fmt: skip
 
 
-def _synthetic(type_name: str, shape: tuple[int, int], dtype: torch.dtype, repeat: int) -> None:
+def _synthetic(type_name: str, shape: tuple[int, int], dtype: torch.dtype, repeat: int, numpy: bool) -> None:
     import gguf
-    from minisgl_plugin_gguf.format import _dequantize, _quant_sizes
+    from minisgl_plugin_gguf.format import _BLOCK_FORMATS, _dequantize, _quant_sizes
     from minisgl_plugin_gguf.header import read_header
+
+    if numpy:  # the baseline: the path of the types not dequantized in PyTorch
+        _BLOCK_FORMATS.pop(type_name, None)
 
     qtype = gguf.GGMLQuantizationType[type_name]
     block, type_size = gguf.GGML_QUANT_SIZES[qtype]
@@ -94,12 +99,15 @@ def main() -> None:
         "--synthetic", metavar="TYPE", choices=_FLOAT16_SCALES, help=", ".join(_FLOAT16_SCALES)
     )
     parser.add_argument("--shape", default="14336x4096", help="rows x columns")
+    parser.add_argument(
+        "--numpy", action="store_true", help="with --synthetic: through gguf's NumPy dequantize"
+    )
     args = parser.parse_args()
     _plugins_on_path()
     dtype = getattr(torch, args.dtype)
     if args.synthetic:
         rows, cols = (int(n) for n in args.shape.split("x"))
-        _synthetic(args.synthetic, (rows, cols), dtype, args.repeat)
+        _synthetic(args.synthetic, (rows, cols), dtype, args.repeat, args.numpy)
     else:
         _model(args.path, dtype, args.repeat)
 
