@@ -304,7 +304,10 @@ def _dequantize(header: GGUFHeader, tensor: TensorInfo, dtype: torch.dtype) -> t
     """The tensor as ``dtype`` in PyTorch's shape (ggml dims reversed), a tensor of its own (the map
     is read-only). Exactly ``gguf.quants.dequantize``'s float32 values cast to ``dtype``: the stored
     float types are cast straight to it (float16 and bfloat16 widen to float32 exactly; PyTorch
-    quiets a signalling NaN, which NumPy keeps, and the loader refuses a NaN weight anyway)."""
+    quiets a signalling NaN, which NumPy keeps, and the loader refuses a NaN weight anyway); the
+    block formats of :data:`_BLOCK_FORMATS` (Q8_0, Q4_0, Q4_1 and the K-quants Q2_K to Q6_K) in
+    PyTorch, a chunk of blocks at a time, the same float32 operations as gguf's; every other type
+    through ``gguf.quants.dequantize`` itself."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
     from gguf.quants import dequantize
 
@@ -440,9 +443,10 @@ def _or_shifted(q: torch.Tensor, high: torch.Tensor, shift: int) -> torch.Tensor
 def _scaled(out: torch.Tensor, scales: torch.Tensor, minimums: torch.Tensor | None = None) -> None:
     """``out`` (the integer weights ``q``, float32 ``[n, weights]``) made ``scales * q - minimums``
     in place as gguf computes it (``scales`` and ``minimums`` float32 ``[n, groups]``, one for each
-    equal group of a block's weights). The subtraction is written ``-minimums + (scales * q)``: the same value, bit for bit,
-    and where both are NaN PyTorch's add keeps the second's NaN, as x86's ``a - b`` keeps ``a``'s
-    (torch.sub kept ``b``'s); ``-minimums`` as ``minimums`` times -1, which keeps a NaN's sign."""
+    equal group of a block's weights). The subtraction is written ``-minimums + (scales * q)``:
+    the same value bit for bit, zeros' signs included, and where both are NaN PyTorch's add keeps
+    the second's NaN as NumPy's ``a - b`` keeps ``a``'s (``torch.sub`` kept ``b``'s); ``-minimums``
+    is ``minimums`` times -1, which keeps a NaN's sign (``neg`` flipped it)."""
     n, groups = scales.shape
     grouped = out.view(n, groups, -1)
     grouped.mul_(scales.unsqueeze(-1))
@@ -482,7 +486,7 @@ def _k_scales(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _q4_k(blocks: torch.Tensor, out: torch.Tensor, scratch: torch.Tensor) -> None:
     """256 weights: ``d``, ``dmin`` (float16), 12 bytes of packed scales and minimums, then 128
-    bytes of nibbles, 32 bytes to two groups of 32 (the low nibbles, then the high):
+    bytes of 4-bit weights, 32 bytes to two groups of 32 (their low nibbles, then their high):
     ``(d * scale) * q - (dmin * minimum)``."""
     scales, minimums = _k_scales(blocks[:, 4:16])
     q = _unpack(blocks[:, 16:].view(-1, 4, 32), 4, scratch[0])
@@ -498,9 +502,9 @@ def _q5_k(blocks: torch.Tensor, out: torch.Tensor, scratch: torch.Tensor) -> Non
 
 
 def _q6_k(blocks: torch.Tensor, out: torch.Tensor, scratch: torch.Tensor) -> None:
-    """256 weights in two halves: 128 bytes of low nibbles (64 a half: the low nibbles, then the
-    high), 64 bytes of top 2 bits (32 a half, lowest first), 16 int8 scales of groups of 16, then
-    ``d``: ``(d * scale) * (q - 32)``."""
+    """256 weights in two halves: 128 bytes of their low 4 bits (64 bytes a half: their low
+    nibbles, then their high), 64 bytes of their top 2 bits (32 bytes a half, lowest bits first),
+    16 int8 scales of groups of 16, then ``d``: ``(d * scale) * (q - 32)``."""
     q = _unpack(blocks[:, :128].view(-1, 2, 64), 4, scratch[0])
     _or_shifted(q, _unpack(blocks[:, 128:192].view(-1, 2, 32), 2, scratch[1]), 4)
     out.copy_(q).sub_(32)  # (exact: q - 32 in float32 is gguf's int8 q - 32)
@@ -509,7 +513,7 @@ def _q6_k(blocks: torch.Tensor, out: torch.Tensor, scratch: torch.Tensor) -> Non
 
 def _q2_k(blocks: torch.Tensor, out: torch.Tensor, scratch: torch.Tensor) -> None:
     """256 weights: 16 bytes of 4-bit scales (low nibble) and minimums (high) of groups of 16, 64
-    bytes of 2-bit weights (32 bytes to four groups of 32, lowest bits first), ``d``, ``dmin``:
+    bytes of 2-bit weights (32 bytes to 128 weights, lowest bits first), ``d``, ``dmin``:
     ``(d * scale) * q - (dmin * minimum)``."""
     packed = blocks[:, :16]
     q = _unpack(blocks[:, 16:80].view(-1, 2, 32), 2, scratch[0])
@@ -523,8 +527,8 @@ def _q2_k(blocks: torch.Tensor, out: torch.Tensor, scratch: torch.Tensor) -> Non
 def _q3_k(blocks: torch.Tensor, out: torch.Tensor, scratch: torch.Tensor) -> None:
     """256 weights: 32 bytes of third bits (group ``j`` of 32 bit ``j``), 64 bytes of low 2 bits
     (as Q2_K's), 12 bytes of 6-bit scales of groups of 16 (bytes 0-7's nibbles their low 4 bits,
-    bytes 8-11's pairs of bits their top 2), ``d``: ``(d * (scale - 32)) * q``, ``q`` the 3 bits
-    less 4 (a set third bit is no offset)."""
+    bytes 8-11's pairs of bits their top 2), ``d``: ``(d * (scale - 32)) * q``, ``q`` the low 2
+    bits less 4 where the third bit is clear (``(low | third << 2) - 4``)."""
     packed = blocks[:, 96:108]
     low = _unpack(packed[:, None, :8], 4)
     high = _unpack(packed[:, None, 8:], 2)
@@ -536,13 +540,14 @@ def _q3_k(blocks: torch.Tensor, out: torch.Tensor, scratch: torch.Tensor) -> Non
 
 
 #: the block formats dequantized here with PyTorch's threads, a chunk of blocks at a time (by name
-#: of ``gguf.GGMLQuantizationType``, each to its function below): the 32-weight Q8_0, Q4_0 and
+#: of ``gguf.GGMLQuantizationType``, each to its function above): the 32-weight Q8_0, Q4_0 and
 #: Q4_1, and the K-quants (256-weight super-blocks) of most real files: a Q4_K_M file is mostly
 #: Q4_K and Q6_K, a Q5_K_M one Q5_K and Q6_K. ``gguf``'s ``dequantize`` takes them a group of rows
 #: at a time in NumPy, on one core (1.2 s for the default model's 211 block tensors on the dev CPU;
 #: NumPy over all blocks at once 0.84 s, this 0.53: BENCHMARKS.md, "GGUF blocks dequantized in
-#: PyTorch"; about 90 M K-quant weights a second: "GGUF K-quants dequantized in PyTorch"); the
-#: same float32 operations in the same order, so bitwise equal to it (tests/test_gguf.py)
+#: PyTorch"; a 4096 x 14336 Q4_K tensor 0.40 s, this 0.14 on one core: "GGUF K-quants dequantized
+#: in PyTorch"); the same float32 operations in the same order, so bitwise equal to it
+#: (tests/test_gguf.py). The other types (Q5_0, Q5_1, the i-quants, ...) go through gguf's NumPy.
 _BLOCK_FORMATS: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]] = {
     "Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_1": _q4_1,
     "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k, "Q2_K": _q2_k, "Q3_K": _q3_k,
