@@ -425,12 +425,27 @@ def _unpack(packed: torch.Tensor, bits: int, out: torch.Tensor | None = None) ->
     n, groups, width = packed.shape
     if out is None:
         out = torch.empty(n, groups * 8 // bits * width, dtype=torch.uint8)
-    words = packed.contiguous().view(torch.int32)
+    words = _words(packed)
     fields = out.view(n, groups, 8 // bits, width).view(torch.int32)
     mask = ((1 << bits) - 1) * 0x01010101
     for field, shift in enumerate(range(0, 8, bits)):
         torch.bitwise_and(words >> shift, mask, out=fields[:, :, field])
     return out
+
+
+def _words(packed: torch.Tensor) -> torch.Tensor:
+    """``packed`` (uint8, its last dimension a multiple of 4) as int32 words: a copy where its
+    bytes do not start on a word or a row is not a whole number of words. A slice of one block is
+    contiguous whatever its offset and row stride (a dimension of size 1 has no stride to keep):
+    a tensor or a last chunk of one Q4_0 or Q3_K block failed to view as words."""
+    aligned = (
+        packed.is_contiguous()
+        and packed.storage_offset() % 4 == 0
+        and all(stride % 4 == 0 for stride in packed.stride()[:-1])
+    )
+    if not aligned:
+        packed = torch.empty(packed.shape, dtype=torch.uint8).copy_(packed)
+    return packed.view(torch.int32)
 
 
 def _or_shifted(q: torch.Tensor, high: torch.Tensor, shift: int) -> torch.Tensor:

@@ -320,6 +320,28 @@ def test_block_formats_dequantize_bitwise_as_gguf_does(qtype, dtype, threaded, m
     assert torch.equal(ours.view(bits), torch.from_numpy(want).to(dtype).view(bits))
 
 
+@pytest.mark.parametrize("qtype", list(_SCALE_BYTES))
+def test_one_block_alone_or_ending_a_tensor_dequantizes_as_gguf_does(qtype, monkeypatch):
+    """A tensor of one block, and a last chunk of one block: a one-block slice is contiguous at any
+    offset, and Q4_0's and Q3_K's packed bytes (at byte 2, in rows of 110 bytes) failed to view as
+    int32 words (RuntimeError: storage_offset / stride must be divisible by 4)."""
+    import gguf
+    import minisgl_plugin_gguf.format as gguf_format
+
+    quant = gguf.GGMLQuantizationType[qtype]
+    block, type_size = gguf.GGML_QUANT_SIZES[quant]
+    for blocks, chunk in ((1, None), (5, 2 * block), (7, 3 * block)):  # (one block alone, then last)
+        if chunk is not None:
+            monkeypatch.setattr(gguf_format, "_CHUNK_WEIGHTS", chunk)
+        raw = np.random.default_rng(blocks).integers(0, 256, size=(1, blocks * type_size), dtype=np.uint8)
+        for at in _SCALE_BYTES[qtype]:  # (finite float16 scales: the test above plants the rest)
+            if at is not None:
+                raw.reshape(-1, type_size)[:, at + 1] &= 0x3B
+        want = np.asarray(gguf.quants.dequantize(raw, quant), dtype=np.float32)
+        ours = gguf_format._dequantize(*_mapped(raw, qtype, (blocks * block, 1)), torch.float32)
+        assert torch.equal(ours.view(torch.int32), torch.from_numpy(want).view(torch.int32)), (qtype, blocks)
+
+
 def test_dequantizing_takes_the_free_cores_only_and_restores_the_setting(monkeypatch):
     """Blocks dequantize on as many of PyTorch's threads as the load average leaves cores free (on
     a busy 2-core CPU two threads made the default model load in seconds: each short step waited
