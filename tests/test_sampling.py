@@ -746,9 +746,28 @@ def test_a_requests_priority_travels_and_old_encodings_read_as_0():
     assert engine.priority == 2**63 - 1
     request = Request(1, engine.prompt_ids, engine.params, 0, priority=engine.priority)
     assert request.view().priority == 2**63 - 1
-    # [tag, rid, prompt_ids, params]: the encoding without the field
-    old = msgpack.unpackb(encode(EngineRequest(1, [5, 6], SamplingParams(max_tokens=3), 9)))[:-1]
+    # [tag, rid, prompt_ids, params]: the encoding without the field (nor cache_salt, after it)
+    old = msgpack.unpackb(encode(EngineRequest(1, [5, 6], SamplingParams(max_tokens=3), 9, 77)))[:-2]
     assert decode(msgpack.packb(old)).priority == 0
+
+
+def test_a_requests_cache_salt_travels_and_old_encodings_read_as_0():
+    """The cache salt's key rides last on TokenizeRequest and EngineRequest (a message encoded
+    before it existed decodes with 0, no salt); the scheduler's request keys the cache by it."""
+    import msgpack
+
+    from minisgl_core.messages import EngineRequest, TokenizeRequest, decode, encode
+    from minisgl_core.request_limits import cache_salt_key
+
+    key = cache_salt_key("tenant")
+    tokenize = TokenizeRequest(
+        [1], "hi", None, None, SamplingParams(max_tokens=3), priority=2, cache_salt=key
+    )
+    assert (decode(encode(tokenize)).priority, decode(encode(tokenize)).cache_salt) == (2, key)
+    engine = decode(encode(EngineRequest(1, [5, 6], SamplingParams(max_tokens=3), 4, key)))
+    assert (engine.priority, engine.cache_salt) == (4, key)
+    old = msgpack.unpackb(encode(EngineRequest(1, [5, 6], SamplingParams(max_tokens=3), 4, key)))[:-1]
+    assert (decode(msgpack.packb(old)).priority, decode(msgpack.packb(old)).cache_salt) == (4, 0)
 
 
 def test_triton_draw_does_not_compile_per_seed():
