@@ -104,6 +104,20 @@ def _history(store: ResponseStore, rid: str) -> list[InputItem]:
         raise APIError(500, f"the stored response {short_repr(rid)} cannot be read back") from None
 
 
+def _listed(item: dict[str, Any]) -> dict[str, Any]:
+    """A stored input item as OpenAI lists it: a message's text given as a string becomes its one
+    part (``input_text``; an assistant's ``output_text``), as the SDK's types have it (a client
+    iterating ``content`` got the string's characters)."""
+    content = item.get("content")
+    if item.get("type") != "message" or not isinstance(content, str):
+        return item
+    if item.get("role") == "assistant":
+        part = {"type": "output_text", "text": content, "annotations": []}
+    else:
+        part = {"type": "input_text", "text": content}
+    return {**item, "content": [part]}
+
+
 def _not_found(store: ResponseStore, rid: str) -> APIError:
     why = STORE_OFF if not store.enabled else "it was never stored (store false), was deleted, or was evicted"
     return APIError(404, f"Response with id {short_repr(rid)} not found: {why}", "response_id")
@@ -143,7 +157,7 @@ def responses_router(
         stored = store.get(response_id)
         if stored is None:
             raise _not_found(store, response_id)
-        items = json.loads(stored.input_items)
+        items = [_listed(item) for item in json.loads(stored.input_items)]
         if order == "desc":
             items.reverse()
         if after is not None:

@@ -782,6 +782,9 @@ def test_input_items_list_the_conversation_a_response_ran_on(client, server, mod
     kinds = [(item.type, getattr(item, "role", None)) for item in listed.data]
     assert kinds == [("message", "user"), ("message", "assistant"), ("message", "user")]
     assert listed.data[1].id == first["output"][0]["id"] and listed.data[2].id.startswith("msg_")
+    # a text sent as a string is listed as its one part, as OpenAI lists it
+    assert [(p.type, p.text) for p in listed.data[2].content] == [("input_text", "And tomorrow?")]
+    assert listed.data[1].content[0].type == "output_text"
     page = get(server.url, f"/v1/responses/{second.id}/input_items", limit=2).json()  # (desc: latest first)
     assert page["object"] == "list" and page["has_more"] is True
     assert [i["id"] for i in page["data"]] == [i.id for i in listed.data[::-1][:2]]
