@@ -693,46 +693,54 @@ def test_tensor_parallel_block_sums_to_the_whole():
 
 
 def _tp_worker(rank: int, world: int, port: int) -> None:
-    import torch.distributed as dist
-
-    from minisgl_core.api.parallel import ParallelContext
-    from minisgl_core.distributed import join_parent_store
-    from minisgl_core.layers.moe import SparseMoE
+    from minisgl_core.distributed import join_parent_store, leave_parent_store_group
 
     join_parent_store("gloo", rank, world, port)
     try:
-        gen = torch.Generator().manual_seed(4)
-        hidden, inter, experts = 32, 20, 6
-        router = torch.randn(experts, hidden, generator=gen)
-        gate = [torch.randn(inter, hidden, generator=gen) for _ in range(experts)]
-        up = [torch.randn(inter, hidden, generator=gen) for _ in range(experts)]
-        down = [torch.randn(hidden, inter, generator=gen) for _ in range(experts)]
-        x = torch.randn(9, hidden, generator=gen)
-
-        def build(parallel: ParallelContext) -> SparseMoE:
-            block = SparseMoE(hidden, inter, experts, 3, renormalize=True, parallel=parallel, dtype=torch.float32,
-                              device="cpu")  # fmt: skip
-            block.gate.weight.weight_loader(block.gate.weight, router, None)
-            w13, w2 = block.experts.w13, block.experts.w2
-            for e in range(experts):
-                w13.weight_loader(w13, gate[e], (e, 0))
-                w13.weight_loader(w13, up[e], (e, 1))
-                w2.weight_loader(w2, down[e], e)
-            return block
-
-        whole = build(ParallelContext())(x)
-        sharded = build(ParallelContext(tp_rank=rank, tp_size=world, group=dist.group.WORLD))
-        assert sharded.experts.w13.shape == (experts, inter, hidden)  # half of 2 * inter
-        torch.testing.assert_close(sharded(x), whole, atol=1e-4, rtol=1e-4)
-        partial = sharded(x, reduce=False)
-        dist.all_reduce(partial)
-        torch.testing.assert_close(partial, whole, atol=1e-4, rtol=1e-4)
-        # both ranks past their last collective before either tears gloo down: without it one
-        # rank aborted at exit now and then ("terminate called without an active exception",
-        # 2-3 runs in 30-40 here and once on the GPU machine; 0 in 40 with the barrier)
-        dist.barrier()
+        _tp_check(rank, world)
     finally:
-        dist.destroy_process_group()
+        # the blocks holding the group went with _tp_check's frame; collected before the group is
+        # destroyed, no gloo thread outlives it into the interpreter's teardown (CI's run at
+        # 86267af aborted a rank there once: "terminate called without an active exception")
+        leave_parent_store_group()
+
+
+def _tp_check(rank: int, world: int) -> None:
+    import torch.distributed as dist
+
+    from minisgl_core.api.parallel import ParallelContext
+    from minisgl_core.layers.moe import SparseMoE
+
+    gen = torch.Generator().manual_seed(4)
+    hidden, inter, experts = 32, 20, 6
+    router = torch.randn(experts, hidden, generator=gen)
+    gate = [torch.randn(inter, hidden, generator=gen) for _ in range(experts)]
+    up = [torch.randn(inter, hidden, generator=gen) for _ in range(experts)]
+    down = [torch.randn(hidden, inter, generator=gen) for _ in range(experts)]
+    x = torch.randn(9, hidden, generator=gen)
+
+    def build(parallel: ParallelContext) -> SparseMoE:
+        block = SparseMoE(hidden, inter, experts, 3, renormalize=True, parallel=parallel, dtype=torch.float32,
+                          device="cpu")  # fmt: skip
+        block.gate.weight.weight_loader(block.gate.weight, router, None)
+        w13, w2 = block.experts.w13, block.experts.w2
+        for e in range(experts):
+            w13.weight_loader(w13, gate[e], (e, 0))
+            w13.weight_loader(w13, up[e], (e, 1))
+            w2.weight_loader(w2, down[e], e)
+        return block
+
+    whole = build(ParallelContext())(x)
+    sharded = build(ParallelContext(tp_rank=rank, tp_size=world, group=dist.group.WORLD))
+    assert sharded.experts.w13.shape == (experts, inter, hidden)  # half of 2 * inter
+    torch.testing.assert_close(sharded(x), whole, atol=1e-4, rtol=1e-4)
+    partial = sharded(x, reduce=False)
+    dist.all_reduce(partial)
+    torch.testing.assert_close(partial, whole, atol=1e-4, rtol=1e-4)
+    # both ranks past their last collective before either tears gloo down: without it one
+    # rank aborted at exit now and then ("terminate called without an active exception",
+    # 2-3 runs in 30-40 here and once on the GPU machine; 0 in 40 with the barrier)
+    dist.barrier()
 
 
 if __name__ == "__main__":
