@@ -23,7 +23,7 @@ from minisgl_core.server.handling import (
     with_request_id,
 )
 from minisgl_core.server.routes import fields_named
-from minisgl_core.server.schemas import GenerateRequest
+from minisgl_core.server.schemas import GenerateItem, GenerateRequest
 from minisgl_core.server.state import RequestGroup, ServerState
 
 #: /generate's max_new_tokens when the request and the model's generation config leave it unset:
@@ -46,70 +46,130 @@ NATIVE_NAMES = {
 }  # fmt: skip
 
 
+def native_names(prefix: str) -> dict[str, str]:
+    """NATIVE_NAMES for sampling_params at ``prefix`` (``sampling_params.2`` in a batch)."""
+    return {
+        name: f"{prefix}.{spelled.split('.', 1)[1]}" if spelled.startswith("sampling_params.") else spelled
+        for name, spelled in NATIVE_NAMES.items()
+    }
+
+
+def _prepare(item: GenerateItem, state: ServerState) -> tuple[SamplingParams, bool, dict[str, str]]:
+    """A /generate prompt's SamplingParams, whether it only scores its prompt, and what the
+    errors call its fields; a 400 for a bad field, before anything is admitted."""
+    names = {
+        **native_names(item.sampling_prefix),
+        "grammar": item.sampling.grammar_field(item.sampling_prefix),
+    }
+    # what SamplingParams' and admission's messages call these fields, as this body does
+    spelled = {
+        "max_tokens": names["max_tokens"],
+        "min_tokens": names["min_tokens"],
+        "prompt": item.prompt_field,
+    }
+    # max_new_tokens 0 (SGLang's way to score a prompt): no new text, the prompt's logprobs
+    # if asked; one token is generated and dropped (messages say "max_tokens 0", renamed)
+    score_only = item.sampling.max_new_tokens == 0
+    fields = item.sampling_fields()
+    with fields_named(spelled):
+        if score_only:
+            fields = score_only_fields(fields, "max_tokens 0")
+        params = sampling_params(fields, names, state.model)
+    if item.input_ids is not None:
+        check_token_ids(item.input_ids, state.model.vocab_size, item.prompt_field)
+    return params, score_only, spelled
+
+
 def native_router(state: ServerState) -> APIRouter:
     router = APIRouter()
 
     @router.post("/generate")
     async def generate(body: GenerateRequest, request: Request) -> Response:
-        given = client_request_id(request, body.rid)
-        names = {**NATIVE_NAMES, "grammar": body.sampling_params.grammar_field}
-        # what SamplingParams' and admission's messages call these fields, as this body does
-        spelled = {
-            "max_tokens": NATIVE_NAMES["max_tokens"],
-            "min_tokens": NATIVE_NAMES["min_tokens"],
-            "prompt": "text" if body.text is not None else "input_ids",
-        }
-        # max_new_tokens 0 (SGLang's way to score a prompt): no new text, the prompt's logprobs
-        # if asked; one token is generated and dropped (messages say "max_tokens 0", renamed)
-        score_only = body.sampling_params.max_new_tokens == 0
-        fields = body.sampling_fields()
-        with fields_named(spelled):
-            if score_only:
-                fields = score_only_fields(fields, "max_tokens 0")
-            params = sampling_params(fields, names, state.model)
-        if body.input_ids is not None:
-            check_token_ids(body.input_ids, state.model.vocab_size, "input_ids")
+        """One prompt, or SGLang's batch; each prompt with ``n`` samples. One prompt with one
+        sample answers an object; otherwise a list of them in prompt order (a prompt's samples
+        together), and a stream's chunks carry their place in it as ``index``."""
+        items = body.items()
+        given = client_request_id(request, body.rid if isinstance(body.rid, str) else None)
+        # every prompt's fields are checked before any is admitted
+        prepared = [_prepare(item, state) for item in items]
+        total = sum(item.sampling.n for item in items)
+        single = body.batch_size is None and total == 1
         group = RequestGroup(state)
         group.set_timeout(body.timeout)
         # SGLang's priority runs larger values first (its default; vLLM's and ours: lower first)
         group.set_priority(-body.priority)
-        with fields_named(spelled), room_to_score(score_only, state.model, "max_tokens 0"):
-            await group.add(
-                params,
-                1,
-                text=body.text,
-                input_ids=body.input_ids,
-                max_tokens_field=NATIVE_NAMES["max_tokens"],
-                grammar_field=body.sampling_params.grammar_field,
-                default_max_tokens=GENERATE_DEFAULT_MAX_TOKENS,
-            )
-        if body.return_logprob and body.logprob_start_len >= group.prompt_tokens:
-            # (known once the prompt is tokenized; the admitted request is withdrawn): past the
-            # prompt, input_token_logprobs came back empty, silently
-            group.withdraw()
-            raise APIError(
-                400,
-                f"logprob_start_len {short_repr(body.logprob_start_len)} is past the prompt, which has "
-                f"{group.prompt_tokens} tokens: give a position in [0, {group.prompt_tokens - 1}], "
-                "or -1 for no input logprobs",
-                "logprob_start_len",
-            )
-        rid = given or r.new_id("gen")
+        if not single:
+            # (the sequences a refusal blames: a batch's prompts, else the one prompt's n)
+            prompt = "text" if body.text is not None else "input_ids"
+            group.expect(total, "sampling_params.n" if body.batch_size is None else prompt)
+        try:
+            for i, (item, (params, score_only, spelled)) in enumerate(zip(items, prepared)):
+                with fields_named(spelled), room_to_score(score_only, state.model, "max_tokens 0"):
+                    await group.add(
+                        params,
+                        item.sampling.n,
+                        text=item.text,
+                        input_ids=item.input_ids,
+                        max_tokens_field=spelled["max_tokens"],
+                        grammar_field=item.sampling.grammar_field(item.sampling_prefix),
+                        default_max_tokens=GENERATE_DEFAULT_MAX_TOKENS,
+                    )
+                prompt_tokens = group.choice_prompt_tokens[-1]
+                if item.return_logprob and item.logprob_start_len >= prompt_tokens:
+                    # (known once the prompt is tokenized; the admitted requests are withdrawn):
+                    # past the prompt, input_token_logprobs came back empty, silently
+                    name = (
+                        f"logprob_start_len.{i}"
+                        if isinstance(body.logprob_start_len, list)
+                        else "logprob_start_len"
+                    )
+                    raise APIError(
+                        400,
+                        f"{name} {short_repr(item.logprob_start_len)} is past the prompt, which has "
+                        f"{prompt_tokens} tokens: give a position in [0, {prompt_tokens - 1}], "
+                        "or -1 for no input logprobs",
+                        name,
+                    )
+        except APIError:
+            group.withdraw()  # the prompts admitted before the bad one
+            raise
+        except BaseException:  # the client went away (or the server is failing) meanwhile
+            group.close()
+            raise
+        # each choice's prompt (its place in items) and its place among that prompt's samples
+        owner = [(i, sample) for i, item in enumerate(items) for sample in range(item.sampling.n)]
+        base = given or r.new_id("gen")
+
+        def choice_id(index: int) -> str:
+            """The answer's meta_info.id: a batch's rid list gives each prompt its own (its samples
+            with their number after it), else the request's id with the answer's index after it
+            (an X-Request-Id header wins over the rids, as over one rid)."""
+            i, sample = owner[index]
+            if single:
+                return base
+            if given is None and isinstance(body.rid, list):
+                rid = body.rid[i]
+                return rid if items[i].sampling.n == 1 else f"{rid}-{sample}"
+            return f"{base}-{index}"
 
         def result(choice: r.Choice) -> dict:
+            item = items[owner[choice.index][0]]
             return r.generate_result(
-                rid,
+                choice_id(choice.index),
                 choice,
-                group.prompt_tokens,
+                group.choice_prompt_tokens[choice.index],
                 group.arrival,
-                body.return_logprob,
-                body.logprob_start_len,
+                item.return_logprob,
+                item.logprob_start_len,
                 body.return_text_in_logprobs,
-                group.cached_tokens,
+                group.choice_cached_tokens.get(choice.index, 0),
             )
 
+        def score_only(index: int) -> bool:
+            return prepared[owner[index][0]][1]
+
         async def chunks() -> AsyncIterator[str]:
-            choice = r.Choice(0)
+            choices = [r.Choice(i) for i in range(group.num_choices)]
             async for delta in group.deltas():
                 if delta.finish_reason == "error":
                     # The status line went out long ago: the error is an event, and [DONE] still
@@ -117,19 +177,25 @@ def native_router(state: ServerState) -> APIRouter:
                     yield sse_error(delta.error, delta.error_status, delta.error_param, delta.error_code)
                     yield r.DONE
                     return
-                if score_only:
+                if score_only(delta.index):
                     drop_generated(delta)
+                choice = choices[delta.index]
                 choice.merge(delta)
                 if delta.text or delta.finish_reason is not None:
-                    yield r.sse(result(choice))
+                    chunk = result(choice)
+                    if not single:
+                        chunk["index"] = delta.index
+                    yield r.sse(chunk)
             yield r.DONE
 
-        def build(choices: list[r.Choice]) -> dict:
-            if score_only:
-                drop_generated(choices[0])
-            return result(choices[0])
+        def build(choices: list[r.Choice]) -> dict | list[dict]:
+            for choice in choices:
+                if score_only(choice.index):
+                    drop_generated(choice)
+            answers = [result(choice) for choice in choices]
+            return answers[0] if single else answers
 
-        return with_request_id(await respond(group, request, body.stream, chunks, build), given, rid)
+        return with_request_id(await respond(group, request, body.stream, chunks, build), given, base)
 
     @router.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> PlainTextResponse:

@@ -11,6 +11,7 @@ errors naming the field.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from typing import Annotated, Any, Literal
@@ -147,11 +148,23 @@ class BodyError(ValueError):
 
 
 def refuse_batch(data: Any, route: str, alternative: str = "") -> Any:
-    """SGLang's native routes also take a batch (``text`` a list, ``input_ids`` a list of lists,
-    ``sampling_params`` a list); these routes run one prompt a request, and say so rather than
-    "text: Input should be a valid string"."""
+    """A batch (``prompt`` a list, ``messages`` a list of conversations) on a route that takes one
+    prompt a request (/tokenize), refused saying so rather than "prompt: Input should be a valid
+    string"."""
     if not isinstance(data, dict):
         return data
+    # prompt a list of any shape (empty, of strings, of token ids or their lists; each was "should
+    # be a valid string, not an array"), messages a list of conversations
+    batched = ["prompt"] if isinstance(data.get("prompt"), list) else []
+    if isinstance(value := data.get("messages"), list) and value and isinstance(value[0], list):
+        batched.append("messages")
+    if batched:
+        raise BodyError(
+            f"batched input is not supported on {route}: send one request per prompt{alternative}",
+            batched[0],
+            "unsupported_field",
+        )
+    return data
     # a batch of prompts: text or prompt a list of any shape (empty, of strings, of token id
     # lists; each was "should be a valid string, not an array"), input_ids a list of token id
     # lists, messages a list of conversations
@@ -882,6 +895,8 @@ class GenerateSampling(StrictModel):
     no_stop_trim: Bool = False
     #: SGLang's: no stop before this many new tokens
     min_new_tokens: Int = 0
+    #: SGLang's parallel sampling: this many samples of the prompt, each an answer of its own
+    n: Int = Field(default=1, ge=1, le=SamplingParams.MAX_N)
     #: SGLang's constraints: a JSON schema (as JSON text), a regex or an EBNF grammar; one at most
     json_schema: Text | None = None
     regex: Text | None = None
@@ -901,47 +916,42 @@ class GenerateSampling(StrictModel):
                 return GrammarSpec(name, value)  # type: ignore[arg-type]
         return None
 
-    @property
-    def grammar_field(self) -> str:
+    def grammar_field(self, prefix: str = "sampling_params") -> str:
+        """The grammar field's name in the body (``prefix``: where these sampling_params sit)."""
         name = next(
             (n for n in ("json_schema", "regex", "ebnf") if getattr(self, n) is not None), "json_schema"
         )
-        return f"sampling_params.{name}"
+        return f"{prefix}.{name}"
 
 
-class GenerateRequest(StrictModel):
-    text: Text | None = None
-    input_ids: list[Int] | None = None
-    sampling_params: GenerateSampling = Field(default_factory=GenerateSampling)
-    stream: Bool = False
-    return_logprob: Bool = False
-    top_logprobs_num: Int = 0
-    #: SGLang's: with return_logprob, the prompt's tokens from this position on get their logprobs
-    #: too (meta_info input_token_logprobs; the first prompt token's is null); -1: none
-    logprob_start_len: Int = Field(default=-1, ge=-1)
-    #: SGLang's: each logprob entry's third item is its token's text, else null
-    return_text_in_logprobs: Bool = False
-    timeout: Float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
-    #: SGLang's: LARGER runs earlier (its default, without --schedule-low-priority-values-first),
-    #: so the engine gets its negation; not 0 only with ``--policy priority``. (-2**63 has no
-    #: negation in 64 bits: refused)
-    priority: Int = Field(default=0, ge=-INT64_MAX, le=INT64_MAX)
-    #: SGLang's: the answer's ``meta_info.id`` (an ``X-Request-Id`` header wins over it)
-    rid: Text | None = Field(default=None, min_length=1, max_length=MAX_REQUEST_ID_CHARS)
+#: SGLang's rid on /generate: the answer's meta_info.id
+RequestId = Annotated[Text, Field(min_length=1, max_length=MAX_REQUEST_ID_CHARS)]
+#: SGLang's logprob_start_len: a position in the prompt, or -1 for none
+StartLen = Annotated[Int, Field(ge=-1)]
 
-    @model_validator(mode="before")
-    @classmethod
-    def _not_batched(cls, data: Any) -> Any:
-        return refuse_batch(data, "/generate", ", or use /v1/completions, which takes a list of prompts")
+#: /generate's fields that a batch may give one value per prompt of (SGLang's), else one for all
+PER_PROMPT_FIELDS = ("sampling_params", "rid", "return_logprob", "top_logprobs_num", "logprob_start_len")
 
-    @model_validator(mode="after")
-    def _one_prompt(self) -> GenerateRequest:
-        if (self.text is None) == (self.input_ids is None):
-            raise ValueError("give exactly one of text or input_ids")
-        return self
+
+@dataclasses.dataclass
+class GenerateItem:
+    """One prompt of a /generate request (a batch has several) with its own fields, and the
+    names the errors about it give: ``prompt_field`` (``text``, or ``text.2`` for a batch's third)
+    and ``sampling_prefix`` (``sampling_params``, or ``sampling_params.2`` where each prompt has
+    its own)."""
+
+    text: str | None
+    input_ids: list[int] | None
+    sampling: GenerateSampling
+    rid: str | None
+    return_logprob: bool
+    top_logprobs_num: int
+    logprob_start_len: int
+    prompt_field: str
+    sampling_prefix: str
 
     def sampling_fields(self) -> dict[str, Any]:
-        s = self.sampling_params
+        s = self.sampling
         return {
             "temperature": s.temperature,
             "top_p": s.top_p,
@@ -969,3 +979,101 @@ class GenerateRequest(StrictModel):
             if (spec := s.grammar_spec()) is None
             else {"kind": spec.kind, "value": spec.value},
         }
+
+
+class GenerateRequest(StrictModel):
+    #: one prompt, or SGLang's batch of them (a list of texts; a list of token id lists)
+    text: Text | list[Text] | None = None
+    input_ids: list[Int] | list[list[Int]] | None = None
+    #: one set for every prompt, or a batch's one per prompt (so are rid, return_logprob,
+    #: top_logprobs_num and logprob_start_len)
+    sampling_params: GenerateSampling | list[GenerateSampling] = Field(default_factory=GenerateSampling)
+    stream: Bool = False
+    return_logprob: Bool | list[Bool] = False
+    top_logprobs_num: Int | list[Int] = 0
+    #: SGLang's: with return_logprob, the prompt's tokens from this position on get their logprobs
+    #: too (meta_info input_token_logprobs; the first prompt token's is null); -1: none
+    logprob_start_len: StartLen | list[StartLen] = -1
+    #: SGLang's: each logprob entry's third item is its token's text, else null
+    return_text_in_logprobs: Bool = False
+    timeout: Float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
+    #: SGLang's: LARGER runs earlier (its default, without --schedule-low-priority-values-first),
+    #: so the engine gets its negation; not 0 only with ``--policy priority``. (-2**63 has no
+    #: negation in 64 bits: refused)
+    priority: Int = Field(default=0, ge=-INT64_MAX, le=INT64_MAX)
+    #: SGLang's: the answer's ``meta_info.id`` (an ``X-Request-Id`` header wins over it); a
+    #: batch's: a list, one per prompt
+    rid: RequestId | list[RequestId] | None = None
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> GenerateRequest:
+        if (self.text is None) == (self.input_ids is None):
+            raise ValueError("give exactly one of text or input_ids")
+        prompt = "text" if self.text is not None else "input_ids"
+        size = self.batch_size
+        if size == 0:
+            raise BodyError(f"{prompt}: an empty batch; give at least one prompt", prompt)
+        for name in PER_PROMPT_FIELDS:
+            value = getattr(self, name)
+            if not isinstance(value, list):
+                if size is not None and name == "rid" and value is not None:
+                    raise BodyError(
+                        f"rid: a batch takes a list of ids, one per prompt ({size}); or send an "
+                        "X-Request-Id header, whose id the answers share with their index",
+                        "rid",
+                    )
+                continue
+            if size is None:
+                raise BodyError(
+                    f"{name}: a list goes with a batch of prompts ({prompt} a list of prompts); "
+                    "give one value for the one prompt",
+                    name,
+                )
+            if len(value) != size:
+                raise BodyError(
+                    f"{name}: {len(value)} values for a batch of {size} prompts; give one per prompt, "
+                    "or one value for all" + ("" if name == "rid" else " (not a list)"),
+                    name,
+                )
+        return self
+
+    @property
+    def batch_size(self) -> int | None:
+        """The number of prompts of a batch; None for one prompt (not a list of them)."""
+        if isinstance(self.text, list):
+            return len(self.text)
+        ids = self.input_ids
+        if ids and isinstance(ids[0], list):
+            return len(ids)
+        return None
+
+    def items(self) -> list[GenerateItem]:
+        """Each prompt with its own fields (a batch's per-prompt lists taken apart)."""
+        size = self.batch_size
+
+        def at(name: str, i: int) -> Any:
+            value = getattr(self, name)
+            return value[i] if isinstance(value, list) else value
+
+        prompts: list[Any] = (
+            [self.text if self.text is not None else self.input_ids]
+            if size is None
+            else list(self.text if self.text is not None else self.input_ids)  # type: ignore[arg-type]
+        )
+        prompt = "text" if self.text is not None else "input_ids"
+        return [
+            GenerateItem(
+                text=p if isinstance(p, str) else None,
+                input_ids=None if isinstance(p, str) else list(p),
+                sampling=at("sampling_params", i),
+                rid=at("rid", i),
+                return_logprob=at("return_logprob", i),
+                top_logprobs_num=at("top_logprobs_num", i),
+                logprob_start_len=at("logprob_start_len", i),
+                prompt_field=prompt if size is None else f"{prompt}.{i}",
+                sampling_prefix=f"sampling_params.{i}"
+                if isinstance(self.sampling_params, list)
+                else "sampling_params",
+            )
+            for i, p in enumerate(prompts)
+        ]

@@ -622,30 +622,23 @@ def test_a_request_refused_after_admission_is_counted_as_rejected_only(
 @pytest.mark.parametrize(
     ("path", "body", "param"),
     [
-        ("/generate", {"text": ["Hello", "Bye"], "sampling_params": {"max_new_tokens": 4}}, "text"),
-        ("/generate", {"input_ids": [[5, 6], [7]], "sampling_params": {"max_new_tokens": 4}}, "input_ids"),
-        ("/generate", {"text": "Hello", "sampling_params": [{"max_new_tokens": 4}]}, "sampling_params"),
         ("/tokenize", {"prompt": ["a", "b"]}, "prompt"),
         ("/tokenize", {"messages": [USER, USER]}, "messages"),
         # a list of any shape (empty, of token ids or their lists)
-        ("/generate", {"text": []}, "text"),
-        ("/generate", {"text": [[5, 6]]}, "text"),
         ("/tokenize", {"prompt": []}, "prompt"),
         ("/tokenize", {"prompt": [5, 6]}, "prompt"),
     ],
 )
 def test_a_batch_on_a_native_route_says_to_send_one_prompt_a_request(server, auth, path, body, param):
-    """SGLang's batch shape was "text: Input should be a valid string, not an array", which did not
+    """/tokenize's batch was "prompt: Input should be a valid string, not an array", which did not
     say that batches are what this route does not take, nor what to do instead; an empty list, or
-    one of token ids, still was."""
+    one of token ids, still was. (/generate takes SGLang's batch: tests/server/test_generate_batch.py)"""
     resp = httpx.post(f"{server.url}{path}", json=body, headers=auth)
     assert resp.status_code == 400, resp.text
     error = resp.json()["error"]
     assert error["param"] == param and error["code"] == "unsupported_field", error
     assert f"batched input is not supported on {path}" in error["message"], error
     assert "send one request per prompt" in error["message"], error
-    if path == "/generate":
-        assert "/v1/completions" in error["message"], error
 
 
 BIG = "x" * 100_000
