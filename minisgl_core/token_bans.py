@@ -62,14 +62,34 @@ def first_token_left(params: SamplingParams, eos_ids: Iterable[int]) -> str | No
     allowed = params.allowed_token_ids
     if allowed is None or not set(allowed).issubset(step_bans(params, (), eos_ids)):
         return None
-    return no_token_left(params, 0, grammar=False)
+    return no_token_left(params, (), eos_ids, grammar=False)
 
 
-def no_token_left(params: SamplingParams, produced: int, grammar: bool = True) -> str:
-    """The error of a request whose constraints left no token to draw after ``produced`` output
-    tokens (a request's own fault: it finishes as "invalid", a 400); ``grammar``: whether its
-    grammar, if it has one, took part."""
-    fields = own_constraints(params) + (["the grammar"] if grammar and params.grammar else [])
+def step_constraints(params: SamplingParams, output_ids: Sequence[int], eos_ids: Iterable[int]) -> list[str]:
+    """The fields of ``params`` that take tokens out of the sampler's row after ``output_ids``:
+    allowed_token_ids always; min_tokens and bad_words only where they ban a token at that step
+    (min_tokens before its count, a bad word once the output ends with its other tokens)."""
+    named = {
+        "allowed_token_ids": params.allowed_token_ids is not None,
+        "min_tokens": bool(min_tokens_ban(params, len(output_ids), eos_ids)),
+        "bad_words": bool(params.bad_words_token_ids)
+        and bool(bad_words_ban(params.bad_words_token_ids, output_ids)),
+    }
+    return [name for name, present in named.items() if present]
+
+
+def no_token_left(
+    params: SamplingParams, output_ids: Sequence[int], eos_ids: Iterable[int], grammar: bool = True
+) -> str:
+    """The error of a request whose constraints left no token to draw after the output
+    ``output_ids`` (a request's own fault: it finishes as "invalid", a 400), naming the fields
+    that took part at that step (:func:`step_constraints`); ``grammar``: whether its grammar, if
+    it has one, took part."""
+    fields = step_constraints(params, output_ids, eos_ids) + (
+        ["the grammar"] if grammar and params.grammar else []
+    )
+    if not fields:  # (none banned here by the rules above: name all the request has)
+        fields = own_constraints(params)
     together = fields[0] if len(fields) == 1 else ", ".join(fields[:-1]) + " and " + fields[-1]
     why = {
         "min_tokens": "min_tokens bans the stop tokens until its count",
@@ -77,8 +97,9 @@ def no_token_left(params: SamplingParams, produced: int, grammar: bool = True) -
         "the grammar": "the grammar is the request's response_format or forced tool call",
     }
     notes = "; ".join(why[f] for f in fields if f in why)
+    rule = "rules" if len(fields) == 1 else "rule"
     return (
-        f"no token is left to sample after {produced} output token(s): {together} rule out every "
+        f"no token is left to sample after {len(output_ids)} output token(s): {together} {rule} out every "
         "token of the vocabulary there" + (f" ({notes})" if notes else "")
     )
 

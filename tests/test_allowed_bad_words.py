@@ -13,7 +13,7 @@ from minisgl_core.messages import Limits
 from minisgl_core.request_limits import MAX_BAD_WORDS_TOKENS, admit, bad_words_token_ids
 from minisgl_core.runner.sampler import Sampler, SampleRequest
 from minisgl_core.testing import cpu_llm
-from minisgl_core.token_bans import bad_words_ban, step_bans
+from minisgl_core.token_bans import bad_words_ban, no_token_left, step_bans
 
 PROMPT = [11, 12, 13, 14, 200, 300]
 LIMITS = Limits(256, 256, 2000)
@@ -293,6 +293,11 @@ def test_constraints_that_leave_no_token_end_the_request_as_invalid(llm):
         (SamplingParams(temperature=1.0, top_p=0.9, max_tokens=6, **dynamic), [a], "allowed_token_ids and bad_words"),
         (SamplingParams(temperature=0.0, max_tokens=6, allowed_token_ids=[a], grammar=GrammarSpec("regex", "x+")), [], "allowed_token_ids and the grammar"),
         (SamplingParams(temperature=0.0, max_tokens=6, allowed_token_ids=[0, a], grammar=GrammarSpec("regex", "x+")), [], "allowed_token_ids and the grammar"),
+        # only what banned a token at that step is named: not a min_tokens already reached, nor a
+        # bad word the output is not in the middle of
+        (SamplingParams(temperature=0.0, max_tokens=6, min_tokens=1, **dynamic), [a], "allowed_token_ids and bad_words"),
+        (SamplingParams(temperature=0.0, max_tokens=6, allowed_token_ids=eos, min_tokens=3, bad_words_token_ids=[[a, b]]), [], "allowed_token_ids and min_tokens"),
+        (SamplingParams(temperature=0.0, max_tokens=6, allowed_token_ids=[a], bad_words_token_ids=[[b, b]], grammar=GrammarSpec("regex", "x+")), [], "allowed_token_ids and the grammar"),
     ]  # fmt: skip
     free = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     # (admission refuses the first three, dead at the first token: test_admission_refuses_...;
@@ -344,6 +349,42 @@ def test_admission_refuses_constraints_that_leave_the_first_token_nothing(fields
         f"no token is left to sample after 0 output token(s): {fields} rule out every token"
     ), raised.value
     admit(PROMPT, SamplingParams(max_tokens=4, **fine), limits)
+
+
+def test_no_token_left_names_only_what_banned_a_token_at_that_step():
+    """It named every constraint the request had: min_tokens long after its count, a bad word the
+    output was nowhere near. A field is named where it took tokens out of that step's row."""
+    eos = [2]
+    params = SamplingParams(allowed_token_ids=[5, 6], min_tokens=2, bad_words_token_ids=[[5, 6], [8, 5]])
+    # min_tokens passed, the output ending with 5 (bad word [5, 6] bans 6)
+    passed = no_token_left(params, [7, 5], eos)
+    assert passed.startswith(
+        "no token is left to sample after 2 output token(s): allowed_token_ids and bad_words rule out"
+    ), passed
+    assert "min_tokens" not in passed
+    # before min_tokens' count, no bad word in progress (7 begins none)
+    early = no_token_left(params, [7], eos)
+    assert early.startswith(
+        "no token is left to sample after 1 output token(s): allowed_token_ids and min_tokens rule out"
+    )
+    assert "bad_words" not in early
+    # both at work: before the count and right after a bad word's first token
+    both = no_token_left(params, [5], eos)
+    assert both.startswith(
+        "no token is left to sample after 1 output token(s): allowed_token_ids, min_tokens and bad_words rule out"
+    )
+    # min_tokens bans nothing under ignore_eos without stop_token_ids: not named
+    lifted = SamplingParams(allowed_token_ids=[5], min_tokens=2, ignore_eos=True)
+    assert "min_tokens" not in no_token_left(lifted, [], eos)
+    # a grammar alone: still a sentence, the grammar's note kept
+    from minisgl_core.api import GrammarSpec
+
+    grammar = SamplingParams(bad_words_token_ids=[[5, 6]], grammar=GrammarSpec("regex", "x+"))
+    alone = no_token_left(grammar, [7], eos)
+    assert alone.startswith(
+        "no token is left to sample after 1 output token(s): the grammar rules out every token"
+    )
+    assert "bad_words" not in alone and "response_format" in alone
 
 
 def test_offline_generate_refuses_a_dead_first_token_before_anything_runs(llm):

@@ -336,8 +336,10 @@ class GrammarRunner:
                     self._fail(req, DEAD_END.format(tokens=req.grammar_tokens), invalid=True)
                 elif own_constraints(req.params):
                     # its allowed_token_ids or bans took out what the grammar allows: the row was
-                    # empty and the sampler drew an arbitrary token (the request's fault)
-                    self._fail(req, no_token_left(req.params, req.grammar_tokens), invalid=True)
+                    # empty and the sampler drew an arbitrary token (the request's fault); its
+                    # output is still without the token (process() appends it after this)
+                    why = no_token_left(req.params, req.output_ids, self.backend.stop_token_ids)
+                    self._fail(req, why, invalid=True)
                 else:
                     self._fail(req, f"the grammar rejected sampled token {token} (not allowed here)")
                 continue

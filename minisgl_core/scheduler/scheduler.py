@@ -651,7 +651,7 @@ class Scheduler:
             ):
                 # its allowed_token_ids and bans (and grammar) left nothing: the sampler drew an
                 # arbitrary token, which must not be output (the grammar may have rejected it too)
-                req.grammar_error = no_token_left(req.params, len(req.output_ids))
+                req.grammar_error = no_token_left(req.params, req.output_ids, self.stop_checker.eos_ids)
                 req.grammar_invalid = True
             req.output_ids.append(token)  # (with the KV it stands for, released below if it ends)
             if req.grammar_error is not None:
