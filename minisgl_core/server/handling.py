@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from minisgl_core.sampling import SamplingParams, cut, merge_sampling, short_repr
 from minisgl_core.server.errors import APIError, sse_error
 from minisgl_core.server.responses import DONE, Choice
-from minisgl_core.server.schemas import MAX_REQUEST_ID_CHARS
+from minisgl_core.server.schemas import MAX_REQUEST_ID_CHARS, header_text, header_value_problem
 from minisgl_core.server.state import ModelInfo, RequestGroup
 
 logger = logging.getLogger(__name__)
@@ -142,7 +142,8 @@ def first_error(choices: list[Choice]) -> Choice | None:
 def client_request_id(request: Request, field: str | None) -> str | None:
     """The id a client gave its request, for the answer's id: the ``X-Request-Id`` header, which
     wins as in vLLM, else the body's field (vLLM's ``request_id``, SGLang's ``rid``); None for
-    neither (an empty header is none). A header longer than the field's bound is a 400."""
+    neither (an empty header is none). A header longer than the field's bound, or one that cannot
+    be sent back as it came (a control character: :func:`header_value_problem`), is a 400."""
     header = request.headers.get("x-request-id")
     if not header:
         return field
@@ -152,12 +153,14 @@ def client_request_id(request: Request, field: str | None) -> str | None:
             f"X-Request-Id: at most {MAX_REQUEST_ID_CHARS} characters, got {len(header)}",
             "X-Request-Id",
         )
+    if (problem := header_value_problem(header)) is not None:
+        raise APIError(400, f"X-Request-Id: {problem}", "X-Request-Id")
     return header
 
 
 def with_request_id(response: Response, given: str | None, generated: str) -> Response:
     """``response`` with the ``X-Request-Id`` header: the client's id, else the answer's own."""
-    response.headers["X-Request-Id"] = given or generated
+    response.headers["X-Request-Id"] = header_text(given or generated)
     return response
 
 

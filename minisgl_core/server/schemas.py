@@ -111,6 +111,43 @@ Bool = Annotated[bool, Strict()]
 MAX_REQUEST_ID_CHARS = 256
 
 
+def header_value_problem(text: str) -> str | None:
+    """Why ``text`` cannot be sent back as an HTTP header value, None if it can. RFC 9110 allows
+    visible ASCII, obs-text (bytes from 0x80) and spaces and tabs between them: a control
+    character would make the response's header invalid (h11 lets a request's in and sends it out
+    as it came), edge whitespace is stripped from a request's header and dropped the connection
+    when sent. (A character past Latin-1 goes out as its UTF-8 bytes: :func:`header_text`.)"""
+    for at, char in enumerate(text):
+        code = ord(char)
+        if (code < 0x20 and char != "\t") or code == 0x7F:
+            return f"character {at} is U+{code:04X}, a control character; the id must be printable text"
+    if text != text.strip(" \t"):
+        return "the id must not begin or end with a space or tab, which an HTTP header drops"
+    return None
+
+
+def header_text(text: str) -> str:
+    """``text`` as a header value's characters (Starlette encodes them as Latin-1): itself where
+    Latin-1 holds it (an id that came in a header goes back byte for byte), else its UTF-8 bytes
+    (an id of the body's such as "日本"; it was a 500)."""
+    try:
+        text.encode("latin-1")
+    except UnicodeEncodeError:
+        return text.encode("utf-8").decode("latin-1")
+    return text
+
+
+def _request_id(text: str) -> str:
+    if (problem := header_value_problem(text)) is not None:
+        raise ValueError(f"{problem} (it comes back in the X-Request-Id header)")
+    return text
+
+
+#: a client's id for its request (vLLM's request_id, SGLang's rid), which comes back in the
+#: answer's id and its ``X-Request-Id`` header
+RequestId = Annotated[Text, Field(min_length=1, max_length=MAX_REQUEST_ID_CHARS), AfterValidator(_request_id)]
+
+
 #: SGLang fields the SGLang Model Gateway (sglang-router) writes into every request it forwards,
 #: each with its default. At that value each asks for what minisgl does anyway, so it is accepted
 #: and dropped; any other value is still refused as an unsupported field.
@@ -570,7 +607,7 @@ class SamplingFields(GrammarFields):
     user: Text | None = None
     #: vLLM's: the response's id is ``chatcmpl-<request_id>`` (``cmpl-`` on completions), to trace
     #: a request by an id of the client's; an ``X-Request-Id`` header wins over it, as in vLLM
-    request_id: Text | None = Field(default=None, min_length=1, max_length=MAX_REQUEST_ID_CHARS)
+    request_id: RequestId | None = None
     #: vLLM's: the request shares prefix-cache entries only with requests of the same salt (one a
     #: tenant: others cannot learn from the speed of their answers what it asked)
     cache_salt: Text | None = Field(default=None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)
@@ -924,8 +961,6 @@ class GenerateSampling(StrictModel):
         return f"{prefix}.{name}"
 
 
-#: SGLang's rid on /generate: the answer's meta_info.id
-RequestId = Annotated[Text, Field(min_length=1, max_length=MAX_REQUEST_ID_CHARS)]
 #: SGLang's logprob_start_len: a position in the prompt, or -1 for none
 StartLen = Annotated[Int, Field(ge=-1)]
 
