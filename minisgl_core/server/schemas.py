@@ -145,7 +145,13 @@ def _request_id(text: str) -> str:
 
 #: a client's id for its request (vLLM's request_id, SGLang's rid), which comes back in the
 #: answer's id and its ``X-Request-Id`` header
-RequestId = Annotated[Text, Field(min_length=1, max_length=MAX_REQUEST_ID_CHARS), AfterValidator(_request_id)]
+RequestId = Annotated[
+    str,
+    # (on the string itself: after a validator, pydantic says "at most 256 items after validation")
+    Field(min_length=1, max_length=MAX_REQUEST_ID_CHARS),
+    AfterValidator(_utf8),
+    AfterValidator(_request_id),
+]
 
 
 #: SGLang fields the SGLang Model Gateway (sglang-router) writes into every request it forwards,
@@ -1047,26 +1053,26 @@ class GenerateRequest(StrictModel):
         prompt = "text" if self.text is not None else "input_ids"
         size = self.batch_size
         if size == 0:
-            raise BodyError(f"{prompt}: an empty batch; give at least one prompt", prompt)
+            raise BodyError("an empty batch; give at least one prompt", prompt)
         for name in PER_PROMPT_FIELDS:
             value = getattr(self, name)
             if not isinstance(value, list):
                 if size is not None and name == "rid" and value is not None:
                     raise BodyError(
-                        f"rid: a batch takes a list of ids, one per prompt ({size}); or send an "
+                        f"a batch takes a list of ids, one per prompt ({size}); or send an "
                         "X-Request-Id header, whose id the answers share with their index",
                         "rid",
                     )
                 continue
             if size is None:
                 raise BodyError(
-                    f"{name}: a list goes with a batch of prompts ({prompt} a list of prompts); "
+                    f"a list goes with a batch of prompts ({prompt} a list of prompts); "
                     "give one value for the one prompt",
                     name,
                 )
             if len(value) != size:
                 raise BodyError(
-                    f"{name}: {len(value)} values for a batch of {size} prompts; give one per prompt, "
+                    f"{len(value)} value(s) for a batch of {size} prompt(s); give one per prompt, "
                     "or one value for all" + ("" if name == "rid" else " (not a list)"),
                     name,
                 )

@@ -140,11 +140,16 @@ def test_logprob_fields_per_prompt(server, auth):
 @pytest.mark.parametrize(
     ("body", "param", "words"),
     [
-        ({"text": []}, "text", "empty batch"),
+        ({"text": []}, "text", "text: an empty batch"),
+        (
+            {"text": ["Hi", "Bye"], "rid": ["a", "b" * 257]},
+            "rid.1",
+            "rid.1: String should have at most 256 characters",
+        ),
         (
             {"input_ids": [[5], [6]], "sampling_params": [GREEDY]},
             "sampling_params",
-            "1 values for a batch of 2",
+            "sampling_params: 1 value(s) for a batch of 2 prompt(s)",
         ),
         ({"text": "Hi", "sampling_params": [GREEDY]}, "sampling_params", "a list goes with a batch"),
         ({"text": "Hi", "rid": ["a"]}, "rid", "a list goes with a batch"),
@@ -165,6 +170,7 @@ def test_bad_batches_are_a_400_naming_the_field(server, auth, body, param, words
     assert resp.status_code == 400, resp.text
     error = resp.json()["error"]
     assert error["param"] == param and words in error["message"], error
+    assert not error["message"].startswith(f"{param}: {param}"), error  # (named once)
 
 
 def test_a_prompt_refused_after_others_were_admitted_withdraws_them(server, auth, read_metrics):
