@@ -208,24 +208,6 @@ def refuse_batch(data: Any, route: str, alternative: str = "") -> Any:
             "unsupported_field",
         )
     return data
-    # a batch of prompts: text or prompt a list of any shape (empty, of strings, of token id
-    # lists; each was "should be a valid string, not an array"), input_ids a list of token id
-    # lists, messages a list of conversations
-    batched = [field for field in ("text", "prompt") if isinstance(data.get(field), list)]
-    batched += [
-        field
-        for field in ("input_ids", "messages")
-        if isinstance(value := data.get(field), list) and value and isinstance(value[0], list)
-    ]
-    if isinstance(data.get("sampling_params"), list):
-        batched.append("sampling_params")
-    if batched:
-        raise BodyError(
-            f"batched input is not supported on {route}: send one request per prompt{alternative}",
-            batched[0],
-            "unsupported_field",
-        )
-    return data
 
 
 class StrictModel(BaseModel):
