@@ -148,7 +148,7 @@ def native_router(state: ServerState) -> APIRouter:
             if single:
                 return base
             if given is None and isinstance(body.rid, list):
-                rid = body.rid[i]
+                rid = items[i].rid
                 return rid if items[i].sampling.n == 1 else f"{rid}-{sample}"
             return f"{base}-{index}"
 

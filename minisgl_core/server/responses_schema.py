@@ -41,6 +41,7 @@ from minisgl_core.server.schemas import (
     FreeObject,
     FunctionDefinition,
     Int,
+    ReasoningEffort,
     StreamOptions,
     StrictModel,
     Text,
@@ -232,10 +233,11 @@ class TextConfig(StrictModel):
 
 
 class ReasoningConfig(StrictModel):
-    """Accepted for clients that always send it; the served model reasons as its template and
-    ``--reasoning-parser`` make it, whatever the effort, and its reasoning comes back whole."""
+    """The effort is the chat template's variable ``reasoning_effort``, as chat's field of that
+    name (a template that does not read it ignores it); the served model reasons as its template
+    and ``--reasoning-parser`` make it, and its reasoning comes back whole (no summary)."""
 
-    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    effort: ReasoningEffort | None = None
     summary: Literal["auto", "concise", "detailed"] | None = None
     generate_summary: Literal["auto", "concise", "detailed"] | None = None
 
@@ -433,6 +435,8 @@ class ResponsesRequest(StrictModel):
             chat["tool_choice"] = self.tool_choice
         if self.text is not None and self.text.format is not None:
             chat["response_format"] = self.text.format.response_format()
+        if self.reasoning is not None:
+            chat["reasoning_effort"] = self.reasoning.effort
         with responses_names(origins):
             try:
                 return ChatCompletionRequest.model_validate(chat), origins

@@ -104,6 +104,8 @@ Int = Annotated[int, Strict(), BeforeValidator(_integral_number)]
 Float = Annotated[float, Strict()]
 #: JSON true or false; not 0/1 or a string
 Bool = Annotated[bool, Strict()]
+#: OpenAI's reasoning effort (chat's reasoning_effort, the Responses API's reasoning.effort)
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 
 
 #: the most characters of a client's id for its request (vLLM's ``request_id`` and
@@ -170,6 +172,12 @@ GATEWAY_DEFAULTS: dict[str, bool] = {
     "no_logs": False,
     "return_bytes": False,
     "return_entropy": False,
+    # vLLM's, which clients built for it send with their defaults: no beam search; the reasoning
+    # in the answer (as a reasoning parser puts it there anyway); spaces between special tokens
+    # (what a fast tokenizer's decoding does, vLLM's included)
+    "use_beam_search": False,
+    "include_reasoning": True,
+    "spaces_between_special_tokens": True,
 }
 
 
@@ -688,6 +696,12 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: Bool = True
     #: extra variables for the chat template, e.g. {"enable_thinking": false} for Qwen3
     chat_template_kwargs: FreeObject | None = None
+    #: OpenAI's: the chat template's variable ``reasoning_effort`` (gpt-oss's templates read it;
+    #: a template that does not ignores it); chat_template_kwargs' own wins
+    reasoning_effort: ReasoningEffort | None = None
+    #: vLLM's: documents for a retrieval-augmented template, its variable ``documents`` (as
+    #: transformers' apply_chat_template takes them); chat_template_kwargs' own wins
+    documents: list[dict[Text, Text]] | None = None
     #: end the prompt with the template's opening of an assistant turn (vLLM's field)
     add_generation_prompt: Bool = True
     #: the reply continues the last message, an assistant one, instead of starting a new turn
@@ -803,11 +817,16 @@ def chat_template_args(body: Any) -> dict[str, Any]:
     (its ``messages``, ``tools``, ``chat_template_kwargs``, ``add_generation_prompt`` and
     ``continue_final_message``), as ``LLM.chat`` builds them (``chat_input.template_args``, same
     texts): a BodyError naming the field to change when the settings cannot go together."""
+    # a chat request's reasoning_effort and documents are template variables, which a client's
+    # chat_template_kwargs may set too (its own win); /tokenize's body has neither
+    fields = {name: getattr(body, name, None) for name in ("reasoning_effort", "documents")}
+    variables = {name: value for name, value in fields.items() if value is not None}
+    variables |= body.chat_template_kwargs or {}
     try:
         args = template_args(
             body.add_generation_prompt,
             body.continue_final_message,
-            variables=body.chat_template_kwargs,
+            variables=variables,
             tools=[t.model_dump(exclude_none=True) for t in body.tools or ()],
         )
     except ValueError as exc:

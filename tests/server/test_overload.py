@@ -337,6 +337,22 @@ def test_gateway_fields_at_their_defaults_are_accepted(busy_server, model_name):
     assert error["param"] == "return_hidden_states"
 
 
+def test_vllm_fields_at_their_defaults_are_accepted(busy_server, model_name):
+    """Clients written for vLLM send its use_beam_search, include_reasoning and
+    spaces_between_special_tokens at their defaults, which ask for what minisgl does: each was a
+    400 unsupported field; another value still is."""
+    added = {"use_beam_search": False, "include_reasoning": True, "spaces_between_special_tokens": True}
+    chat = {"model": model_name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **added}
+    assert httpx.post(f"{busy_server.url}/v1/chat/completions", json=chat).status_code == 200
+    for name, other in [("use_beam_search", True), ("include_reasoning", False)]:
+        error = assert_openai_error(
+            httpx.post(f"{busy_server.url}/v1/chat/completions", json={**chat, name: other}),
+            400,
+            "unsupported_field",
+        )
+        assert error["param"] == name
+
+
 # ------------------------------------------------------------------------ the flags
 
 

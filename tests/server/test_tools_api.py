@@ -75,6 +75,41 @@ def test_tools_and_template_kwargs_reach_the_template(tools_client, templated, m
     assert len(reference_ids(templated, ASK, tools=[WEATHER])) > no_tools  # the template does render them
 
 
+DOCS = [{"title": "Paris", "text": "Sunny all week."}, {"title": "Lyon", "text": "Rain."}]
+
+
+def test_reasoning_effort_and_documents_reach_the_template(tools_client, templated, model_name):
+    """OpenAI's reasoning_effort and vLLM's documents are the template's variables (each was a 400
+    unsupported field); chat_template_kwargs' own win; the Responses API's reasoning.effort is
+    chat's reasoning_effort (it was accepted and dropped)."""
+    plain = len(reference_ids(templated, ASK))
+    low = len(reference_ids(templated, ASK, reasoning_effort="low"))
+    for extra, kwargs in [
+        ({"reasoning_effort": "low"}, {"reasoning_effort": "low"}),
+        ({"extra_body": {"documents": DOCS}}, {"documents": DOCS}),
+        (
+            {
+                "reasoning_effort": "low",
+                "extra_body": {"chat_template_kwargs": {"reasoning_effort": "as you like"}},
+            },
+            {"reasoning_effort": "as you like"},
+        ),
+    ]:
+        resp = tools_client.chat.completions.create(model=model_name, messages=ASK, max_tokens=2, **extra)
+        expected = len(reference_ids(templated, ASK, **kwargs))
+        assert resp.usage.prompt_tokens == expected != plain, extra
+    assert len(reference_ids(templated, ASK, reasoning_effort="as you like")) != low
+    answer = tools_client.responses.create(
+        model=model_name, input=ASK[0]["content"], reasoning={"effort": "low"}, max_output_tokens=2
+    )
+    assert answer.usage.input_tokens == low
+    with pytest.raises(openai.BadRequestError) as refused:
+        tools_client.chat.completions.create(
+            model=model_name, messages=ASK, max_tokens=2, extra_body={"reasoning_effort": "extreme"}
+        )
+    assert refused.value.body["param"] == "reasoning_effort"
+
+
 def test_integers_past_64_bits_in_a_tool_reach_the_template(tools_client, templated, model_name):
     """JSON has integers of any size: a tool's schema with ``"const": -9223372036854775809`` was a
     500 (the message to the tokenizer process could not carry it); it reaches the template exactly,
