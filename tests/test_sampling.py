@@ -379,7 +379,9 @@ def test_generation_config_supplies_defaults_for_unset_fields(tmp_path):
 
     def admit(body, model: ModelInfo = info, admitter: Admitter = admitter) -> SamplingParams:
         field = getattr(body, "max_tokens_field", "sampling_params.max_new_tokens")
-        fields = body.items()[0].sampling_fields() if hasattr(body, "items") else body.sampling_fields()
+        fields = (
+            body.items()[0].sampling_fields() if isinstance(body, GenerateRequest) else body.sampling_fields()
+        )
         params = sampling_params(fields, {}, model)
         req = TokenizeRequest([0], None, None, [5, 6, 7], params, field)
         return admitter.admit(decode(encode(req)))[1]
