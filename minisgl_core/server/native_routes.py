@@ -102,7 +102,7 @@ def native_router(state: ServerState) -> APIRouter:
             # (the sequences a refusal blames: a batch's prompts, else the one prompt's n)
             prompt = "text" if body.text is not None else "input_ids"
             group.expect(total, "sampling_params.n" if body.batch_size is None else prompt)
-        try:
+        with group.admitting():  # (a prompt refused withdraws those admitted before it)
             for i, (item, (params, score_only, spelled)) in enumerate(zip(items, prepared)):
                 with fields_named(spelled), room_to_score(score_only, state.model, "max_tokens 0"):
                     await group.add(
@@ -130,12 +130,6 @@ def native_router(state: ServerState) -> APIRouter:
                         "or -1 for no input logprobs",
                         name,
                     )
-        except APIError:
-            group.withdraw()  # the prompts admitted before the bad one
-            raise
-        except BaseException:  # the client went away (or the server is failing) meanwhile
-            group.close()
-            raise
         # each choice's prompt (its place in items) and its place among that prompt's samples
         owner = [(i, sample) for i, item in enumerate(items) for sample in range(item.sampling.n)]
         base = given or r.new_id("gen")

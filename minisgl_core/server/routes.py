@@ -299,7 +299,7 @@ def make_router(
         group.set_priority(body.priority)
         group.set_cache_salt(body.cache_salt)
         group.expect(len(prompts) * body.n, "n" if body.n > 1 else "prompt")
-        try:
+        with group.admitting():  # (a prompt refused withdraws those admitted before it)
             for i, prompt in enumerate(prompts):
                 source = {"text": prompt} if isinstance(prompt, str) else {"input_ids": prompt}
                 # a batch's errors name the prompt they are about
@@ -320,12 +320,6 @@ def make_router(
                 echoes = [
                     await tokenizer.run(lambda t, ids=ids: t.decode(ids)) for ids in group.choice_prompt_ids
                 ]
-        except APIError:
-            group.withdraw()  # the prompts admitted before the bad one
-            raise
-        except BaseException:  # the client went away (or the server is failing) meanwhile
-            group.close()
-            raise
         rid, created = f"cmpl-{given}" if given else r.new_id("cmpl"), int(time.time())
         with_logprobs = body.logprobs is not None
 

@@ -16,6 +16,7 @@ import itertools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -366,6 +367,20 @@ class RequestGroup:
         self._abort_unfinished(counted=False)
         if not self.probe:
             self.state.metrics.prompt_tokens -= self.prompt_tokens
+
+    @contextmanager
+    def admitting(self) -> Iterator[None]:
+        """Around a route's admission of its prompts one after another: a 400 (or other refusal)
+        withdraws the prompts admitted before it (:meth:`withdraw`); anything else (the client
+        went away meanwhile, the server failing) aborts them (:meth:`close`)."""
+        try:
+            yield
+        except APIError:
+            self.withdraw()
+            raise
+        except BaseException:
+            self.close()
+            raise
 
     def _abort_unfinished(self, counted: bool) -> None:
         for rid in list(self.unfinished):
