@@ -68,7 +68,7 @@ class Metrics:
         metric(
             "minisgl_requests_total",
             "counter",
-            "Finished requests by finish reason (abort: the client went away).",
+            "Finished requests by finish reason (abort: the client went away, or /abort_request).",
             [(f'{{finish_reason="{r}"}}', self.finished[r]) for r in reasons],
         )
         metric(

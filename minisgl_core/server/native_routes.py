@@ -23,7 +23,7 @@ from minisgl_core.server.handling import (
     with_request_id,
 )
 from minisgl_core.server.routes import fields_named
-from minisgl_core.server.schemas import GenerateItem, GenerateRequest
+from minisgl_core.server.schemas import AbortRequestBody, GenerateItem, GenerateRequest
 from minisgl_core.server.state import RequestGroup, ServerState
 
 #: /generate's max_new_tokens when the request and the model's generation config leave it unset:
@@ -146,6 +146,21 @@ def native_router(state: ServerState) -> APIRouter:
                 return rid if items[i].sampling.n == 1 else f"{rid}-{sample}"
             return f"{base}-{index}"
 
+        # what /abort_request finds it by: the request's id (given or its own) and any rid of the
+        # body's (the header won over it), a batch's rid list each its prompt's samples, and
+        # each answer's own id
+        group.name(base)
+        if isinstance(body.rid, str) and body.rid != base:
+            group.name(body.rid)
+        first = 0
+        for i, item in enumerate(items):
+            if isinstance(body.rid, list):
+                group.name(body.rid[i], range(first, first + item.sampling.n))
+            first += item.sampling.n
+        if not single:
+            for index in range(total):
+                group.name(choice_id(index), range(index, index + 1))
+
         def result(choice: r.Choice) -> dict:
             item = items[owner[choice.index][0]]
             return r.generate_result(
@@ -190,6 +205,15 @@ def native_router(state: ServerState) -> APIRouter:
             return answers[0] if single else answers
 
         return with_request_id(await respond(group, request, body.stream, chunks, build), given, base)
+
+    @router.post("/abort_request")
+    async def abort_request(body: AbortRequestBody) -> dict[str, int]:
+        """SGLang's: end the requests named ``rid`` (a client's id: X-Request-Id, request_id, rid,
+        a batch's rid for its prompt; or an answer's: ``gen-...``, ``chatcmpl-...``, ``cmpl-...``),
+        or all with ``abort_all``; each ends with what it produced so far, finish reason
+        ``abort``. The number of choices ended: 0 for an unknown rid, which SGLang ignores."""
+        request_id = None if body.abort_all else body.rid
+        return {"aborted": state.abort_requests(request_id, body.abort_message)}
 
     @router.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> PlainTextResponse:
@@ -259,6 +283,8 @@ def info_router(state: ServerState, info: dict[str, Any]) -> APIRouter:
             "attn": info.get("attn", []),
             "max_queued_requests": state.limits.max_queued_sequences,
             "queued_or_running": len(state.pending),
+            # ids /abort_request can name now (RequestGroup.name)
+            "abortable_ids": len(state.named),
         }
 
     def load() -> list[dict[str, int]]:

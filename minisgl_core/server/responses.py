@@ -200,8 +200,9 @@ def top_cut(entries: list[list[Any]], k: int) -> list[list[Any]]:
 
 
 def finish_reason(choice: Choice) -> str | None:
-    # "abort" and "error" never reach a client as a finish reason: those requests end otherwise.
-    return choice.finish_reason if choice.finish_reason in ("stop", "length") else None
+    # "abort" (/abort_request ended it; vLLM's name) reaches the client; "error" never does as a
+    # finish reason: such requests end otherwise.
+    return choice.finish_reason if choice.finish_reason in ("stop", "length", "abort") else None
 
 
 def stop_reason(choice: Choice, stop_token_ids: tuple[int, ...]) -> str | int | None:
@@ -371,9 +372,7 @@ def generate_result(
         "prompt_tokens": prompt_tokens,
         "completion_tokens": len(choice.token_ids),
         "cached_tokens": cached_tokens,
-        "finish_reason": (
-            {"type": choice.finish_reason, "matched": choice.matched_stop} if choice.finish_reason else None
-        ),
+        "finish_reason": _generate_finish(choice),
         "e2e_latency": time.monotonic() - arrival,
     }
     if with_logprobs:
@@ -389,3 +388,13 @@ def generate_result(
                 for _, logprob, top, *_ in prompt
             ]
     return {"text": choice.text, "output_ids": choice.token_ids, "meta_info": meta}
+
+
+def _generate_finish(choice: Choice) -> dict[str, Any] | None:
+    """SGLang's meta_info.finish_reason: ``{"type": "abort", "message": ...}`` for a choice that
+    /abort_request ended, else the reason and what matched (a stop string or token id)."""
+    if choice.finish_reason is None:
+        return None
+    if choice.finish_reason == "abort":
+        return {"type": "abort", "message": choice.error}
+    return {"type": choice.finish_reason, "matched": choice.matched_stop}

@@ -279,7 +279,10 @@ class ResponsesRequest(StrictModel):
     #: vLLM's, as chat's: prefix-cache entries shared only with requests of the same salt
     cache_salt: Text | None = Field(default=None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)
     # what needs state minisgl does not keep: refused below, with what to send instead
-    conversation: Text | FreeObject | None = None
+    # (in the order of schemas.StructuredOutputs.json_: typing caches a union by its members,
+    # so the first spelled in a process was both fields' and the published schema's order changed
+    # with what a process imported first)
+    conversation: FreeObject | Text | None = None
     background: Bool = False
     prompt: FreeObject | None = None
 

@@ -174,6 +174,7 @@ def make_router(
         admitted = await admit_chat(state, options, body, tokenizer)
         group, params, new_output = admitted.group, admitted.params, admitted.new_output
         rid, created = f"chatcmpl-{given}" if given else r.new_id("chatcmpl"), int(time.time())
+        name_group(group, given, rid)
 
         produced = [0] * group.num_choices  # each choice's completion tokens so far
 
@@ -321,6 +322,7 @@ def make_router(
                     await tokenizer.run(lambda t, ids=ids: t.decode(ids)) for ids in group.choice_prompt_ids
                 ]
         rid, created = f"cmpl-{given}" if given else r.new_id("cmpl"), int(time.time())
+        name_group(group, given, rid)
         with_logprobs = body.logprobs is not None
 
         produced = [0] * group.num_choices  # each choice's completion tokens so far
@@ -458,6 +460,13 @@ def make_router(
         return model_card(model_id if model_id in model.aliases else model.name)
 
     return router
+
+
+def name_group(group: RequestGroup, given: str | None, answer_id: str) -> None:
+    """What /abort_request finds the request by: the client's id (if any) and the answer's."""
+    if given:
+        group.name(given)
+    group.name(answer_id)
 
 
 def _with_usage(chunk: dict, on: bool, group: RequestGroup, produced: list[int], index: int) -> dict:

@@ -1119,3 +1119,23 @@ class GenerateRequest(StrictModel):
             )
             for i, p in enumerate(prompts)
         ]
+
+
+#: /abort_request's finish message when the request gives none
+ABORT_MESSAGE = "aborted by /abort_request"
+
+
+class AbortRequestBody(StrictModel):
+    """SGLang's /abort_request: the requests named ``rid`` (a client's id, or an answer's), or every
+    unfinished one with ``abort_all``."""
+
+    rid: Text = ""
+    abort_all: Bool = False
+    #: SGLang's: the aborted choices' finish message
+    abort_message: Text = ABORT_MESSAGE
+
+    @model_validator(mode="after")
+    def _something_to_abort(self) -> AbortRequestBody:
+        if not self.rid and not self.abort_all:
+            raise BodyError("give the rid of the request to abort, or abort_all true", "rid")
+        return self

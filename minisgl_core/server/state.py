@@ -2,8 +2,9 @@
 
 A route opens a :class:`RequestGroup` (one HTTP request: one or more prompts, each fanned out to
 ``n`` engine requests), adds its prompts (each waits for the tokenizer's admission, so a bad prompt
-fails the HTTP request synchronously with a 400), reads the group's token events and closes it;
-closing aborts whatever is unfinished, which is how a client that went away frees its KV.
+fails the HTTP request synchronously with a 400), names it (:meth:`RequestGroup.name`: the ids
+SGLang's /abort_request finds it by), reads the group's token events and closes it; closing aborts
+whatever is unfinished, which is how a client that went away frees its KV.
 
 Everything here runs on the API server's event loop; the launcher reaches it only through
 ``loop.call_soon_threadsafe``.
@@ -91,6 +92,7 @@ class TokenEvent:
     #: the token's vocabulary rank), then [[id, bytes], ...] for those of its tokens whose text is
     #: not whole characters (only when there are some)
     logprob: list[Any] | None
+    #: the error's message; for finish_reason "abort", the abort's (/abort_request's abort_message)
     error: str | None
     #: with prompt_logprobs, on the first event: one entry per prompt token as ``logprob`` (None
     #: for the first token)
@@ -114,6 +116,7 @@ class Delta:
     logprobs: list[list[Any]] = field(default_factory=list)
     finish_reason: str | None = None
     matched_stop: str | int | None = None
+    #: the error's message, or the abort's (TokenEvent.error)
     error: str | None = None
     #: the HTTP status of ``error`` (TokenEvent.error_status)
     error_status: int = 500
@@ -202,6 +205,8 @@ class RequestGroup:
         self.priority = 0
         #: its cache_salt's key (0: none), for every engine request it starts
         self.cache_salt = 0
+        #: the ids it is found by in ServerState.named, while it has unfinished choices
+        self._names: set[str] = set()
 
     def expect(self, sequences: int, param: str = "n") -> None:
         """Check the whole request's size (prompts x n) against the bounds before any prompt is
@@ -355,6 +360,47 @@ class RequestGroup:
     def _time_left(self) -> float | None:
         return None if self.deadline is None else max(self.deadline - time.monotonic(), 0.0)
 
+    def name(self, request_id: str, choices: range | None = None) -> None:
+        """Let /abort_request find this request's choices (all, or those of ``choices``: a batch
+        prompt's) by ``request_id`` (a client's id, an answer's), until it ends. Called once its
+        prompts are admitted; a request that already ended is not named."""
+        if not self.unfinished:
+            return
+        entries = self.state.named.setdefault(request_id, [])
+        if (self, choices) not in entries:  # (a batch's rid is also its one sample's answer id)
+            entries.append((self, choices))
+        self._names.add(request_id)
+
+    def abort(self, choices: range | None, message: str) -> int:
+        """/abort_request: stop the unfinished choices (all, or those of ``choices``) in the engine
+        and end each here as ``abort`` with what it produced so far and ``message``, counted once in
+        /metrics; the engine's late outputs for them are dropped (they are no longer pending). How
+        many choices it ended."""
+        ended = 0
+        for rid, index in list(self.unfinished.items()):
+            if choices is not None and index not in choices:
+                continue
+            del self.unfinished[rid]
+            if self.state.pending.pop(rid, None) is None:
+                continue
+            self.state.abort(rid, not self.probe)
+            self.queue.put_nowait(TokenEvent(index, -1, "", "abort", None, None, message))
+            ended += 1
+        if not self.unfinished:
+            self.forget_names()
+        return ended
+
+    def forget_names(self) -> None:
+        """Out of ServerState.named: the request ended (finished, aborted, closed or refused)."""
+        named = self.state.named
+        for request_id in self._names:
+            left = [entry for entry in named.get(request_id, ()) if entry[0] is not self]
+            if left:
+                named[request_id] = left
+            else:
+                named.pop(request_id, None)
+        self._names.clear()
+
     def close(self) -> None:
         """Abort the engine requests that have not finished (the client is gone or gave up)."""
         self._abort_unfinished(counted=True)
@@ -387,6 +433,7 @@ class RequestGroup:
             if self.state.pending.pop(rid, None) is not None:
                 self.state.abort(rid, counted and not self.probe)
         self.unfinished.clear()
+        self.forget_names()
 
 
 class ServerState:
@@ -412,6 +459,9 @@ class ServerState:
         self.open_requests = 0
         self.rids = itertools.count()
         self.pending: dict[int, RequestGroup] = {}
+        #: the ids /abort_request finds requests by (RequestGroup.name) -> each named group and
+        #: which of its choices (None: all); ids may repeat across requests (a client's)
+        self.named: dict[str, list[tuple[RequestGroup, range | None]]] = {}
         self.admissions: dict[int, asyncio.Future[Admission]] = {}
         #: /flush_cache calls waiting for the scheduler's answer, by FlushCache.token
         self.flushes: dict[int, asyncio.Future[int]] = {}
@@ -524,6 +574,18 @@ class ServerState:
         if not self.to_tokenizer.closed:  # streams cancelled at shutdown close their groups late
             send(self.to_tokenizer, AbortRequest(rid))
 
+    def abort_requests(self, request_id: str | None, message: str) -> int:
+        """SGLang's /abort_request: end the requests named ``request_id`` (RequestGroup.name), or
+        every unfinished one for None (but /health_generate's probes), each choice with what it
+        produced so far and finish reason ``abort``; how many choices it ended (0 for an unknown
+        id, as SGLang ignores one)."""
+        if request_id is None:
+            groups = dict.fromkeys(group for group in self.pending.values() if not group.probe)
+            entries: list[tuple[RequestGroup, range | None]] = [(group, None) for group in groups]
+        else:
+            entries = list(self.named.get(request_id, ()))
+        return sum(group.abort(choices, message) for group, choices in entries)
+
     async def flush_cache(self) -> int:
         """Empty the engine's prefix cache: the number of cached tokens freed. A 400 while
         requests are running or waiting (their prefixes are in use), 503 when the server cannot
@@ -581,6 +643,7 @@ class ServerState:
                 )  # fmt: skip
             )
         self.pending.clear()
+        self.named.clear()
 
     # ------------------------------------------------------------------ outputs
 
@@ -629,6 +692,8 @@ class ServerState:
             if reason is not None:
                 del self.pending[rid]
                 group.unfinished.pop(rid, None)
+                if not group.unfinished:
+                    group.forget_names()
                 self.last_token_at.pop(rid, None)
                 if counted:
                     m.finished[reason] += 1
