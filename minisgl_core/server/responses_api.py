@@ -187,6 +187,7 @@ def responses_router(
             admitted = await admit_chat(state, options, chat, tokenizer)
         group = admitted.group
         rid, created = new_id("resp"), int(time.time())
+        group.name(rid)  # (/abort_request finds it by its id, which a stream's first event gives)
         echo = echo_fields(body, admitted.params, model.name)
         conversation = body.stored_items(history) if body.store and store.enabled else []
 
@@ -202,7 +203,7 @@ def responses_router(
         def build(choices: list[r.Choice]) -> dict[str, Any]:
             (choice,) = choices
             stream = read_whole(admitted.new_output(), choice, body.logprobs)
-            status = "incomplete" if choice.finish_reason == "length" else "completed"
+            status = _status(choice.finish_reason)
             output_tokens = len(choice.token_ids)
             return kept(
                 response_object(rid, created, echo, stream.items, status, usage_of(output_tokens, stream))
@@ -226,10 +227,9 @@ def responses_router(
                     finish = delta.finish_reason or finish
                     for event in stream.read(output, delta):
                         yield event
-                incomplete = finish == "length"
-                for event in stream.finish(incomplete):
+                status = _status(finish)
+                for event in stream.finish(status == "incomplete"):
                     yield event
-                status = "incomplete" if incomplete else "completed"
                 final = kept(
                     response_object(rid, created, echo, stream.items, status, usage_of(output_tokens, stream))
                 )
@@ -250,6 +250,13 @@ def responses_router(
         return await respond(group, request, body.stream, events, build)
 
     return router
+
+
+def _status(finish_reason: str | None) -> str:
+    """A response's status from how its choice finished: ``incomplete`` at max_output_tokens,
+    ``cancelled`` when /abort_request ended it (OpenAI's status of a cancelled response; it keeps
+    what was made), else ``completed``."""
+    return {"length": "incomplete", "abort": "cancelled"}.get(finish_reason or "", "completed")
 
 
 def _failed(

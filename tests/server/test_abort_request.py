@@ -262,3 +262,28 @@ def test_ids_are_forgotten_after_a_disconnect_and_a_refusal(server, auth):
     assert refused.status_code == 400, refused.text
     assert_nothing_left(server, auth)
     assert aborted(server, auth, rid="gone-1") == 0
+
+
+def test_a_streamed_response_aborted_by_its_id_is_cancelled(server, auth, model_name):
+    """/v1/responses: named by its id (its stream's first event gives it), it ends with status
+    "cancelled" and what it made (it ended "completed", as if whole, under abort_all)."""
+    body = {"model": model_name, "input": "Tell me a long story", "max_output_tokens": 2000, "stream": True}
+    body |= {"temperature": 0.0}
+    events: list[tuple[str, dict]] = []
+    with httpx.stream("POST", f"{server.url}/v1/responses", json=body, headers=auth, timeout=120) as resp:
+        assert resp.status_code == 200
+        kind = None
+        for line in resp.iter_lines():
+            if line.startswith("event: "):
+                kind = line[len("event: ") :]
+            elif line.startswith("data: "):
+                events.append((kind, json.loads(line[len("data: ") :])))
+                if kind == "response.output_text.delta" and sum(k == kind for k, _ in events) == 2:
+                    response_id = events[0][1]["response"]["id"]
+                    assert aborted(server, auth, rid=response_id) == 1
+    kind, last = events[-1]
+    assert kind == "response.cancelled" and last["response"]["status"] == "cancelled", events[-1]
+    text = "".join(e["delta"] for k, e in events if k == "response.output_text.delta")
+    assert text and last["response"]["output"][0]["content"][0]["text"] == text
+    assert 0 < last["response"]["usage"]["output_tokens"] < 2000
+    assert_nothing_left(server, auth)
