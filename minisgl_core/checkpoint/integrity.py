@@ -32,7 +32,7 @@ from minisgl_core.setting_names import Spelling, given
 #: are left to their model's loader.
 LLAMA_LAYOUT = frozenset(
     {
-        "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+        "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GraniteForCausalLM",
         # (the decoder's too, their fused or expert tensors named otherwise: no rule matches them;
         # their sizes were tracebacks from the model's construction, a probe's find)
         "Phi3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM",

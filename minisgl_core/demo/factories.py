@@ -171,8 +171,8 @@ def make_model_dir(
     ``num_shards`` files when ``num_shards > 1``), tokenizer and generation config.
 
     ``arch`` is ``"Qwen3ForCausalLM"``, ``"Qwen2ForCausalLM"``, ``"LlamaForCausalLM"``,
-    ``"MistralForCausalLM"``, ``"Phi3ForCausalLM"``, ``"Qwen3MoeForCausalLM"`` or
-    ``"MixtralForCausalLM"``; tiny defaults (hidden 64,
+    ``"MistralForCausalLM"``, ``"Phi3ForCausalLM"``, ``"GraniteForCausalLM"``,
+    ``"Qwen3MoeForCausalLM"`` or ``"MixtralForCausalLM"``; tiny defaults (hidden 64,
     2 layers, 4 heads, 2 KV heads, head_dim 16) are overridden by ``config_overrides``, and
     ``vocab_size`` defaults to the tokenizer's. Weights come from transformers' own initialisation
     with ``seed`` and std ``hidden_size ** -0.5`` (logits of order one); norm weights and biases are then randomised too, so no parameter is trivially
@@ -181,6 +181,7 @@ def make_model_dir(
     from transformers import (
         AutoModelForCausalLM,
         GenerationConfig,
+        GraniteConfig,
         LlamaConfig,
         MistralConfig,
         MixtralConfig,
@@ -197,6 +198,7 @@ def make_model_dir(
         "LlamaForCausalLM": LlamaConfig,
         "MistralForCausalLM": MistralConfig,
         "Phi3ForCausalLM": Phi3Config,
+        "GraniteForCausalLM": GraniteConfig,
         "Qwen3MoeForCausalLM": Qwen3MoeConfig,
         "MixtralForCausalLM": MixtralConfig,
     }
