@@ -70,14 +70,16 @@ class GraniteForCausalLM(DecoderForCausalLM):
         for layer in self.model.layers:
             for proj in (layer.self_attn.o_proj, layer.mlp.down_proj):
                 scaled += [(p, residual) for p in (proj.weight, proj.bias) if p is not None]
+        packed = next((p for p, _ in scaled if not p.is_floating_point() or p.element_size() < 2), None)
+        if packed is not None:
+            # a method that loads pre-quantized weights (packed integers, float8) would need its
+            # scales multiplied instead: refused, before any weight is scaled, rather than
+            # computing another model
+            raise ValueError(
+                f"a weight of dtype {str(packed.dtype).removeprefix('torch.')}: Granite's "
+                "multipliers are folded into 16- or 32-bit floating-point weights at load, so "
+                "pre-quantized Granite checkpoints are not supported (--quantization methods "
+                "quantize after the fold)"
+            )
         for param, factor in scaled:
-            if not param.is_floating_point() or param.element_size() < 2:
-                # a method that loads pre-quantized weights (packed integers, float8) would need
-                # its scales multiplied instead: refused rather than computing another model
-                raise ValueError(
-                    f"a weight of dtype {str(param.dtype).removeprefix('torch.')}: Granite's "
-                    "multipliers are folded into 16- or 32-bit floating-point weights at load, so "
-                    "pre-quantized Granite checkpoints are not supported (--quantization methods "
-                    "quantize after the fold)"
-                )
             param.mul_(factor)
