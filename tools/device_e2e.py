@@ -48,6 +48,13 @@ SHAPE = dict(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, num_ke
 ARCH_SHAPE = {
     "Qwen3MoeForCausalLM": dict(num_experts=16, num_experts_per_tok=4, moe_intermediate_size=256),
     "MixtralForCausalLM": dict(num_local_experts=8, num_experts_per_tok=2),
+    # Granite-3.x-8B's multipliers (its attention scale is 1/128, not head_dim**-0.5)
+    "GraniteForCausalLM": dict(
+        embedding_multiplier=12.0,
+        residual_multiplier=0.22,
+        attention_multiplier=0.0078125,
+        logits_scaling=16.0,
+    ),
 }
 
 
