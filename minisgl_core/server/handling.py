@@ -93,9 +93,11 @@ def room_to_score(score_only: bool, model: ModelInfo, asked: str) -> Iterator[No
 
 
 def drop_generated(delta: Choice) -> None:
-    """A score-only request's delta (or whole choice) without the token generated after the prompt."""
+    """A score-only request's delta (or whole choice) without the token generated after the
+    prompt: a finish by that token (its stop or its length) reads ``length``; an abort or an error
+    stays what it is."""
     delta.text, delta.token_ids, delta.logprobs = "", [], []
-    if delta.finish_reason is not None:
+    if delta.finish_reason in ("stop", "length"):
         delta.finish_reason, delta.matched_stop = "length", None
 
 

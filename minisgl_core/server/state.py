@@ -207,6 +207,9 @@ class RequestGroup:
         self.cache_salt = 0
         #: the ids it is found by in ServerState.named, while it has unfinished choices
         self._names: set[str] = set()
+        #: /abort_request ended the whole request (its message): a prompt admitted after that
+        #: (a batch's later prompts, admitted one after another) ends as aborted at once
+        self.aborted: str | None = None
 
     def expect(self, sequences: int, param: str = "n") -> None:
         """Check the whole request's size (prompts x n) against the bounds before any prompt is
@@ -309,6 +312,8 @@ class RequestGroup:
         self._prompt_choices.append((first_index, n))
         if not self.probe:
             state.metrics.prompt_tokens += result.prompt_len
+        if self.aborted is not None:  # (ended while an earlier prompt of it was admitted)
+            self.abort(range(first_index, first_index + n), self.aborted)
         return result
 
     @property
@@ -376,6 +381,8 @@ class RequestGroup:
         and end each here as ``abort`` with what it produced so far and ``message``, counted once in
         /metrics; the engine's late outputs for them are dropped (they are no longer pending). How
         many choices it ended."""
+        if choices is None:
+            self.aborted = message
         ended = 0
         for rid, index in list(self.unfinished.items()):
             if choices is not None and index not in choices:
