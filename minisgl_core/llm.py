@@ -441,6 +441,18 @@ class LLM:
             self._check_open()
             return self.engine.flush_cache() is not None
 
+    def update_weights_from_disk(self, model_path: str | os.PathLike[str], flush_cache: bool = True) -> int:
+        """Load new weights for the same model from ``model_path`` (SGLang's
+        ``Engine.update_weights_from_disk``): a checkpoint of its config, e.g. a training step's,
+        in any format the model could start from. They are loaded beside the served ones (the
+        device needs room for a second copy) and copied in only once all loaded, so a failure (a
+        ValueError or FileNotFoundError saying why) leaves the old weights serving. With
+        ``flush_cache`` the prefix cache, computed by the old weights, is emptied: the cached
+        tokens freed. A generate in another thread finishes first."""
+        with self._lock:
+            self._check_open()
+            return self.engine.update_weights(os.fspath(model_path), flush_cache)
+
     def sampling_params(self, **fields: Any) -> SamplingParams:
         """SamplingParams from ``fields`` (None = unset), the model's defaults filling the rest."""
         self._check_open()

@@ -6,9 +6,9 @@ as lists of ints; a request's :class:`~minisgl_core.sampling.SamplingParams`, va
 the request entered, travels as its field values and is rebuilt without a second check. Who sends
 what:
 
-    API server  ──TokenizeRequest / AbortRequest / FlushCache / Shutdown──▶ tokenizer
+    API server  ──TokenizeRequest / AbortRequest / FlushCache / UpdateWeights / Shutdown──▶ tokenizer
     tokenizer   ──Admission──▶ API server          (accepted with its prompt length, or rejected)
-    tokenizer   ──EngineRequest / AbortRequest / FlushCache / Shutdown──▶ scheduler rank 0
+    tokenizer   ──EngineRequest / AbortRequest / FlushCache / UpdateWeights / Shutdown──▶ scheduler rank 0
     scheduler 0 ──StepOutputs / Shutdown──▶ detokenizer  (a new request's stop strings and
                                                        skip_special_tokens ride with the step
                                                        that received it, before its first token)
@@ -156,6 +156,19 @@ class FlushCache(Message):
 
 
 @dataclass
+class UpdateWeights(Message):
+    """Load the weights at ``model_path`` into the served model (``/update_weights_from_disk``),
+    on every rank in the same step, once no request runs or waits (those arriving meanwhile wait
+    for it); then, with ``flush_cache``, empty the prefix cache (computed by the old weights). The
+    answer comes back as ``StepOutputs.weight_updates`` under ``token``."""
+
+    tag: ClassVar[int] = 14
+    token: int
+    model_path: str
+    flush_cache: bool = True
+
+
+@dataclass
 class Shutdown(Message):
     """Passed down the pipeline (tokenizer → scheduler → detokenizer); each process exits after it."""
 
@@ -191,6 +204,8 @@ class StepOutputs(Message):
     cached_tokens: list[list[int]] = field(default_factory=list)
     #: [FlushCache.token, cached tokens freed, or -1: not flushed, requests were running or waiting]
     flushed: list[list[int]] = field(default_factory=list)
+    #: [UpdateWeights.token, "" when every rank took the new weights, else why none did]
+    weight_updates: list[list[Any]] = field(default_factory=list)
 
     def open_stream(
         self,
@@ -245,6 +260,8 @@ class DetokOutputs(Message):
     cached_tokens: list[list[int]] = field(default_factory=list)
     #: StepOutputs.flushed, passed on as it came
     flushed: list[list[int]] = field(default_factory=list)
+    #: StepOutputs.weight_updates, passed on as it came
+    weight_updates: list[list[Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -277,6 +294,7 @@ _BY_TAG: dict[int, type[Message]] = {
         AbortRequest,
         CompilesSettled,
         FlushCache,
+        UpdateWeights,
         Shutdown,
         StepOutputs,
         DetokOutputs,

@@ -347,6 +347,47 @@ class Engine:
             return None
         return self.scheduler.kv.flush()
 
+    @property
+    def idle(self) -> bool:
+        """No request runs, waits or compiles its grammar."""
+        return not self.has_work and not self.grammars.compiling
+
+    def stage_weights(self, path: str) -> torch.nn.Module:
+        """SGLang's ``update_weights_from_disk``, first half: the model at ``path`` loaded beside
+        the served one, which serves on unchanged (ModelRunner.stage_weights; a ValueError or
+        FileNotFoundError saying why it cannot be)."""
+        self._check_not_failed()
+        return self.runner.stage_weights(path, self.plugins)
+
+    def adopt_weights(self, staged: torch.nn.Module, flush_cache: bool = True) -> int:
+        """The second half, while :attr:`idle`: the served model takes the staged weights in
+        place, and with ``flush_cache`` the prefix cache (the old weights' keys and values) is
+        emptied; the cached tokens freed. The staged copy's memory goes back to the device."""
+        if not self.idle:
+            raise RuntimeError("weights are adopted only while no request runs or waits")
+        self.runner.adopt_weights(staged)
+        freed = self.scheduler.kv.flush() if flush_cache else 0
+        return freed
+
+    def update_weights(self, path: str, flush_cache: bool = True) -> int:
+        """Both halves at once (one process: the offline ``LLM``), while :attr:`idle`."""
+        if not self.idle:
+            raise RuntimeError("weights are updated only while no request runs or waits")
+        staged = None
+        try:
+            staged = self.stage_weights(path)
+            return self.adopt_weights(staged, flush_cache)
+        finally:
+            staged = None
+            self.release_staged()
+
+    def release_staged(self) -> None:
+        """Give a staged model's memory back once nothing holds it (its layers' weight loaders
+        are bound methods: cycles, which only the collector frees)."""
+        gc.collect()
+        if self.runner.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     def abort(self, rid: int) -> StepOutput | None:
         self._check_not_failed()  # (releasing a half-stepped request's KV would corrupt the cache)
         if self.grammars.drop_compile(rid):

@@ -36,7 +36,7 @@ import zmq
 from minisgl_core.api import GrammarError
 from minisgl_core.checkpoint.formats import open_model
 from minisgl_core.config import ConfigError, EngineConfig
-from minisgl_core.distributed import PeerWatch, TPGroup, init_tp_group
+from minisgl_core.distributed import PeerLost, PeerWatch, TPGroup, init_tp_group
 from minisgl_core.engine.engine import Engine
 from minisgl_core.messages import (
     AbortRequest,
@@ -47,6 +47,7 @@ from minisgl_core.messages import (
     ProcessFailed,
     Shutdown,
     StepOutputs,
+    UpdateWeights,
     decode,
     encode,
 )
@@ -113,6 +114,10 @@ class SchedulerLoop:
         #: the first prompt token of each running request with prompt_logprobs: its wire entry
         #: (no logprob: nothing precedes it) carries the id, for the token's text
         self.first_prompt_ids: dict[int, int] = {}
+        #: /update_weights_from_disk's message while it waits for the engine to go idle, and the
+        #: requests that arrived meanwhile: they run on the new weights, added once those are in
+        self.weight_update: UpdateWeights | None = None
+        self.held: list[EngineRequest] = []
 
     # ------------------------------------------------------------------ every rank
 
@@ -120,28 +125,10 @@ class SchedulerLoop:
         """Apply one step's messages to the engine; True when told to shut down."""
         for msg in msgs:
             if isinstance(msg, EngineRequest):
-                try:  # admitted by the tokenizer: the engine trusts it
-                    # a grammar not compiled before compiles on another thread (CompilesSettled)
-                    self.engine.add_request(
-                        msg.rid,
-                        msg.prompt_ids,
-                        msg.params,
-                        compile_aside=True,
-                        priority=msg.priority,
-                        cache_salt=msg.cache_salt,
-                    )
-                except ValueError as exc:  # e.g. a grammar the backend then failed to compile
-                    logger.error("request %d rejected by the engine: %s", msg.rid, exc)
-                    out.add(
-                        msg.rid, -1, "invalid" if isinstance(exc, GrammarError) else "error", error=str(exc)
-                    )
-                else:  # the detokenizer learns how to detokenize it before its first token
-                    if msg.params.prompt_logprobs is not None and msg.prompt_ids:
-                        self.first_prompt_ids[msg.rid] = msg.prompt_ids[0]
-                    out.open_stream(
-                        msg.rid, msg.params.stop, msg.params.skip_special_tokens,
-                        msg.params.include_stop_str_in_output, msg.params.min_tokens,
-                    )  # fmt: skip
+                if self.weight_update is not None:
+                    self.held.append(msg)
+                else:
+                    self._add(msg, out)
             elif isinstance(msg, CompilesSettled):
                 for o in self.engine.admit_compiled(msg.done, msg.overdue):
                     logger.error("request %d rejected by the engine: %s", o.rid, o.error)
@@ -149,17 +136,87 @@ class SchedulerLoop:
                     out.add(o.rid, -1, o.finish_reason, error=o.error)
             elif isinstance(msg, AbortRequest):
                 self.first_prompt_ids.pop(msg.rid, None)
-                aborted = self.engine.abort(msg.rid)
-                if aborted is not None:
+                held = [m for m in self.held if m.rid != msg.rid]
+                if len(held) < len(self.held):
+                    self.held = held
+                    out.add(msg.rid, -1, "abort")
+                elif self.engine.abort(msg.rid) is not None:
                     out.add(msg.rid, -1, "abort")
             elif isinstance(msg, FlushCache):  # (every rank, the same step: their caches stay equal)
                 freed = self.engine.flush_cache()
                 out.flushed.append([msg.token, -1 if freed is None else freed])
                 if freed is not None:
                     logger.info("prefix cache flushed: %d tokens freed", freed)
+            elif isinstance(msg, UpdateWeights):
+                if self.weight_update is not None:  # (the API server sends one at a time)
+                    out.weight_updates.append([msg.token, "another weight update is in progress"])
+                else:
+                    self.weight_update = msg
             elif isinstance(msg, Shutdown):
                 return True
+        if self.weight_update is not None and self.engine.idle:
+            self._update_weights(out)
         return False
+
+    def _add(self, msg: EngineRequest, out: StepOutputs) -> None:
+        try:  # admitted by the tokenizer: the engine trusts it
+            # a grammar not compiled before compiles on another thread (CompilesSettled)
+            self.engine.add_request(
+                msg.rid,
+                msg.prompt_ids,
+                msg.params,
+                compile_aside=True,
+                priority=msg.priority,
+                cache_salt=msg.cache_salt,
+            )
+        except ValueError as exc:  # e.g. a grammar the backend then failed to compile
+            logger.error("request %d rejected by the engine: %s", msg.rid, exc)
+            out.add(msg.rid, -1, "invalid" if isinstance(exc, GrammarError) else "error", error=str(exc))
+        else:  # the detokenizer learns how to detokenize it before its first token
+            if msg.params.prompt_logprobs is not None and msg.prompt_ids:
+                self.first_prompt_ids[msg.rid] = msg.prompt_ids[0]
+            out.open_stream(
+                msg.rid, msg.params.stop, msg.params.skip_special_tokens,
+                msg.params.include_stop_str_in_output, msg.params.min_tokens,
+            )  # fmt: skip
+
+    def _update_weights(self, out: StepOutputs) -> None:
+        """Every rank loads the new weights beside the served ones; only if all of them could do
+        the served model take them (else every rank keeps the old ones, and the answer says why).
+        Then the requests held meanwhile are added."""
+        msg, self.weight_update = self.weight_update, None
+        assert msg is not None
+        staged, error = None, None
+        started = time.monotonic()
+        if self.heartbeat is not None:  # (/health: loading takes seconds, minutes for a big model)
+            self.heartbeat.since = started
+        try:
+            staged = self.engine.stage_weights(msg.model_path)
+        except PeerLost:
+            raise
+        except Exception as exc:  # noqa: BLE001 (the old weights serve on; the answer says why)
+            error = str(exc) if isinstance(exc, (ValueError, OSError)) else f"{type(exc).__name__}: {exc}"
+        finally:
+            if self.heartbeat is not None:
+                self.heartbeat.since = None
+        if self.tp.size > 1:
+            errors = self.tp.gather(error)
+            error = next((e if r == 0 else f"rank {r}: {e}" for r, e in enumerate(errors) if e), None)
+        if error is None:
+            freed = self.engine.adopt_weights(staged, msg.flush_cache)
+            if self.tp.rank == 0:
+                logger.info(
+                    "weights updated from %s in %.1fs (%d cached tokens flushed)",
+                    msg.model_path, time.monotonic() - started, freed,
+                )  # fmt: skip
+        elif self.tp.rank == 0:
+            logger.error("weights not updated from %s: %s", msg.model_path, error)
+        staged = None
+        self.engine.release_staged()
+        out.weight_updates.append([msg.token, error or ""])
+        held, self.held = self.held, []
+        for request in held:
+            self._add(request, out)
 
     def step(self, out: StepOutputs) -> None:
         for o in self.engine.step():
@@ -188,7 +245,9 @@ class SchedulerLoop:
     def run_leader(self, inbox: zmq.Socket, to_detokenizer: zmq.Socket) -> None:
         while True:
             msgs = drain(inbox) + self._compiles_settled()
-            if not msgs and not self.engine.has_work:
+            # (a weight update waiting for the last request to end runs now, in an empty step)
+            update_now = self.weight_update is not None and self.engine.idle
+            if not msgs and not self.engine.has_work and not update_now:
                 self._report_idle_stats(to_detokenizer)
                 if self.tp.size > 1:
                     self.tp.broadcast_int(IDLE)
@@ -213,7 +272,7 @@ class SchedulerLoop:
             now = time.monotonic()
             if aborted or now - self.last_stats_at >= STATS_INTERVAL:
                 out.stats = self._stats(now)
-            if len(out) or out.stats is not None or out.streams or out.flushed:
+            if len(out) or out.stats is not None or out.streams or out.flushed or out.weight_updates:
                 send(to_detokenizer, out)
 
     def _wait_for_work(self, inbox: zmq.Socket, to_detokenizer: zmq.Socket) -> list[Message]:

@@ -32,6 +32,7 @@ from minisgl_core.messages import (
     Shutdown,
     StepOutputs,
     TokenizeRequest,
+    UpdateWeights,
 )
 from minisgl_core.plugins import Plugins
 from minisgl_core.processes.child import ChildSpec, ReportReady
@@ -320,7 +321,7 @@ def tokenizer_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_r
                     to_scheduler,
                     EngineRequest(rid, ids, sampling.for_choice(i), msg.priority, msg.cache_salt),
                 )
-        elif isinstance(msg, (AbortRequest, FlushCache, Shutdown)):
+        elif isinstance(msg, (AbortRequest, FlushCache, UpdateWeights, Shutdown)):
             send(to_scheduler, msg)
             if isinstance(msg, Shutdown):
                 return
@@ -363,7 +364,12 @@ class Detokenizer:
             self.streams[rid] = IncrementalDetokenizer(
                 self.tokenizer, stop, skip_special_tokens, keep_stop, min_tokens
             )
-        out = DetokOutputs(stats=step.stats, cached_tokens=step.cached_tokens, flushed=step.flushed)
+        out = DetokOutputs(
+            stats=step.stats,
+            cached_tokens=step.cached_tokens,
+            flushed=step.flushed,
+            weight_updates=step.weight_updates,
+        )
         for i, rid in enumerate(step.rids):
             token, reason, matched = step.token_ids[i], step.finish_reasons[i], step.matched_stops[i]
             stream = self.streams.get(rid)
@@ -415,5 +421,5 @@ def detokenizer_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report
             out = detok.convert(msg)
         elif isinstance(msg, Shutdown):
             return
-        if out is not None and (out.rids or out.stats is not None or out.flushed):
+        if out is not None and (out.rids or out.stats is not None or out.flushed or out.weight_updates):
             send(to_api, out)

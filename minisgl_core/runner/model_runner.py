@@ -41,6 +41,7 @@ from minisgl_core.runner import quantization
 from minisgl_core.runner.layout import set_layout
 from minisgl_core.runner.memory_check import MemoryAsk, check_fits, free_bytes, refusing_failed_allocation
 from minisgl_core.runner.split_mixed import SplitMixedAttention, leading_decode_rows
+from minisgl_core.sampling import short_repr
 from minisgl_core.setting_names import Spelling, given, named
 
 logger = logging.getLogger(__name__)
@@ -234,6 +235,8 @@ class ModelRunner:
         self.page_size = resolve_page_size(config.page_size, self.device, attn_classes, self.spelling)
         #: the model on disk, through its weight format (safetensors, or a plugin's: GGUF...)
         self.source = open_model(config.model, plugins)
+        #: the path :meth:`stage_weights` is loading (None: none), as the loader's errors name it
+        self._staging: str | None = None
         self.hf_config = self.source.hf_config()
         self.model = self._load_model(plugins)
         #: (first id, ids) of this rank's slice of the vocabulary while the model returns only
@@ -449,7 +452,10 @@ class ModelRunner:
 
     @property
     def _model_given(self) -> str:
-        """The model setting as the user gave it, for errors: ``--model DIR`` or ``model='DIR'``."""
+        """The model setting as the user gave it, for errors: ``--model DIR`` or ``model='DIR'``
+        (``model_path DIR`` while :meth:`stage_weights` loads one)."""
+        if self._staging is not None:
+            return f"model_path {self._staging}"
         return given("model", self.config.model, self.spelling)
 
     @property
@@ -557,6 +563,74 @@ class ModelRunner:
         if method is not None:
             quantization.after_loading(model, method)
         return model.eval()
+
+    def stage_weights(self, path: str, plugins: Plugins) -> torch.nn.Module:
+        """The model at ``path`` (SGLang's ``/update_weights_from_disk``), loaded as at start-up
+        into a second copy beside the one serving, which stays as it is: a ModelPathError naming
+        what does not fit (a config that differs from the served one's, a tensor of another
+        shape). The served model
+        takes the weights with :meth:`adopt_weights`; every rank stages first, so a rank that
+        fails leaves them all on the old weights."""
+        old_source, old_config = self.source, self.hf_config
+        try:
+            source = open_model(path, plugins)
+            hf_config = source.hf_config()
+            differ = sorted(
+                key
+                for key in {*hf_config, *self.hf_config} - _CONFIG_KEYS_NOT_BUILT
+                if hf_config.get(key) != self.hf_config.get(key)
+            )
+            if differ:
+                shown = ", ".join(
+                    f"{key} {short_repr(hf_config.get(key))} (served: {short_repr(self.hf_config.get(key))})"
+                    for key in differ[:6]
+                ) + (f" and {len(differ) - 6} more" if len(differ) > 6 else "")
+                raise ModelPathError(
+                    f"model_path {path}: its config differs from the served model's in {shown}; new "
+                    "weights must be for the same model (to serve another, restart the server with it)"
+                )
+            self.source, self.hf_config, self._staging = source, hf_config, path
+            staged = self._load_model(plugins)
+        finally:
+            self.source, self.hf_config, self._staging = old_source, old_config, None
+        if self.logit_shard is not None:  # (as the served model's head was set at start-up)
+            staged.lm_head.gather_output = False
+        new = _weight_slots(staged)
+        graphs = self.graphs is not None or self.prefill_graphs is not None
+        for name, (_, _, value) in _weight_slots(self.model).items():
+            other = new.get(name, (None, None, None))[2]
+            if isinstance(value, torch.Tensor):
+                if not isinstance(other, torch.Tensor) or (other.shape, other.dtype) != (
+                    value.shape,
+                    value.dtype,
+                ):
+                    found = (
+                        f"{tuple(other.shape)} {other.dtype}" if isinstance(other, torch.Tensor) else "none"
+                    )
+                    raise ModelPathError(
+                        f"model_path {path}: {name} is {tuple(value.shape)} {value.dtype} in the served "
+                        f"model, {found} in the new one (its config.json describes another shape)"
+                    )
+            elif other != value and graphs:
+                # (a quantization method's scalar, e.g. int8's scale boost: the graphs hold it)
+                raise ModelPathError(
+                    f"model_path {path}: {name} is {short_repr(other)} for the new weights, "
+                    f"{short_repr(value)} for the served ones, which the captured CUDA graphs hold; "
+                    "restart the server on the new weights"
+                )
+        return staged
+
+    @torch.no_grad()
+    def adopt_weights(self, staged: torch.nn.Module) -> None:
+        """Copy the staged model's weights into the served model's tensors, in place: CUDA graphs
+        and compiled prefill graphs read those tensors, so they run the new weights as captured.
+        What a quantization method holds beside the weights (scales, plain values) comes along."""
+        new = _weight_slots(staged)
+        for name, (module, key, value) in _weight_slots(self.model).items():
+            if isinstance(value, torch.Tensor):
+                value.copy_(new[name][2])
+            else:
+                setattr(module, key, new[name][2])
 
     def _num_kv_pages(self, num_layers: int, num_kv_heads: int, head_dim: int) -> int:
         page = self.page_size
@@ -707,6 +781,28 @@ class ModelRunner:
 
 #: the weight dtypes checked for NaN and infinities after loading (quantized ones hold codes)
 _CHECKED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _weight_slots(model: torch.nn.Module) -> dict[str, tuple[torch.nn.Module, str, object]]:
+    """Every tensor and plain value (bool, int, float) the model's layers hold, by dotted name,
+    with the layer and attribute that hold it: parameters, buffers, and what a quantization method
+    set as plain attributes (int8's ``weight_scale``, not in ``state_dict``)."""
+    slots: dict[str, tuple[torch.nn.Module, str, object]] = {}
+    for prefix, module in model.named_modules(remove_duplicate=False):
+        held = [*module._parameters.items(), *module._buffers.items(), *vars(module).items()]
+        for key, value in held:
+            if key.startswith("_") or key == "training":
+                continue
+            if isinstance(value, torch.Tensor) or type(value) in (bool, int, float):
+                slots[f"{prefix}.{key}" if prefix else key] = (module, key, value)
+    return slots
+
+
+#: config.json keys that do not shape the built model: a checkpoint saved by a trainer may
+#: differ from the served one in these (stage_weights compares the rest)
+_CONFIG_KEYS_NOT_BUILT = frozenset(
+    {"_name_or_path", "transformers_version", "torch_dtype", "dtype", "use_cache"}
+)
 
 
 @torch.inference_mode()

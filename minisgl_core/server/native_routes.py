@@ -23,7 +23,7 @@ from minisgl_core.server.handling import (
     with_request_id,
 )
 from minisgl_core.server.routes import fields_named
-from minisgl_core.server.schemas import AbortRequestBody, GenerateItem, GenerateRequest
+from minisgl_core.server.schemas import AbortRequestBody, GenerateItem, GenerateRequest, UpdateWeightsBody
 from minisgl_core.server.state import RequestGroup, ServerState
 
 #: /generate's max_new_tokens when the request and the model's generation config leave it unset:
@@ -272,6 +272,7 @@ def info_router(state: ServerState, info: dict[str, Any]) -> APIRouter:
             "max_context_len": model.max_context_len,
             "vocab_size": model.vocab_size,
             "architecture": info.get("architecture"),
+            "weight_version": state.weight_version,
         }
 
     def server_info() -> dict[str, Any]:
@@ -285,6 +286,8 @@ def info_router(state: ServerState, info: dict[str, Any]) -> APIRouter:
             "queued_or_running": len(state.pending),
             # ids /abort_request can name now (RequestGroup.name)
             "abortable_ids": len(state.named),
+            # /update_weights_from_disk's token_step (weight_version is in model_info)
+            "token_step": state.token_step,
         }
 
     def load() -> list[dict[str, int]]:
@@ -309,6 +312,34 @@ def info_router(state: ServerState, info: dict[str, Any]) -> APIRouter:
         (400) while requests are running or waiting."""
         return {"status": "ok", "flushed_tokens": await state.flush_cache()}
 
+    async def update_weights_from_disk(body: UpdateWeightsBody) -> JSONResponse:
+        """New weights for the served model from ``model_path`` (SGLang's; RL trainers call it
+        between rollouts): a checkpoint of the same config, loaded beside the served weights and
+        copied in once every rank has it, then the prefix cache emptied (``flush_cache``). It
+        waits for the requests running to finish (``abort_all_requests``: ends them now), and
+        requests arriving meanwhile wait for the new weights. SGLang's answer, ``success`` false
+        with OpenAI's error beside it (a 400) when the old weights serve on."""
+        try:
+            aborted = await state.update_weights(body.model_path, body.flush_cache, body.abort_all_requests)
+        except APIError as exc:
+            if exc.status != 400:
+                raise
+            failed = {"success": False, "message": exc.message, "num_paused_requests": 0}
+            return JSONResponse({**exc.body(), **failed}, status_code=400)
+        if body.weight_version is not None:
+            state.weight_version = body.weight_version
+        state.token_step = body.token_step
+        ended = f"; {aborted} unfinished choices aborted" if aborted else ""
+        message = f"weights updated from {body.model_path}{ended}"
+        return JSONResponse({"success": True, "message": message, "num_paused_requests": 0})
+
+    def weight_version() -> dict[str, str]:
+        """The served weights' name: ``default``, or the last /update_weights_from_disk's
+        ``weight_version``."""
+        return {"weight_version": state.weight_version}
+
+    router.add_api_route("/update_weights_from_disk", update_weights_from_disk, methods=["POST"])
+    router.add_api_route("/get_weight_version", weight_version, methods=["GET"])
     # POST only (SGLang's route takes GET too; here a GET, and so a HEAD probe, changes nothing)
     for path in ("/flush_cache", "/reset_prefix_cache"):
         router.add_api_route(path, flush_cache, methods=["POST"], name=path[1:], operation_id=path[1:])

@@ -76,6 +76,9 @@ HEALTH = {"/health", "/health_generate"}
 #: routes that ask the scheduler to empty the prefix cache: refused while busy, like a request
 #: when the server cannot serve, timed out when the scheduler does not answer
 FLUSHING = {"/flush_cache", "/reset_prefix_cache"}
+#: routes that load new weights: a 400 when none can be taken (the old ones serve on), a 503 when
+#: the server cannot serve
+UPDATING_WEIGHTS = {"/update_weights_from_disk"}
 
 
 def error_statuses(path: str, method: str, protected: bool) -> list[int]:
@@ -93,6 +96,8 @@ def error_statuses(path: str, method: str, protected: bool) -> list[int]:
         statuses |= {429, 500, 503, 504}
     if path in FLUSHING:
         statuses |= {400, 503, 504}
+    if path in UPDATING_WEIGHTS:
+        statuses |= {400, 503}
     return sorted(statuses)
 
 
@@ -106,12 +111,28 @@ def build_schema(app: FastAPI, protected: bool) -> dict[str, Any]:
         _nullable_optionals(model)
     components["ErrorResponse"] = ERROR_SCHEMA
     error_ref = {"$ref": "#/components/schemas/ErrorResponse"}
+    # SGLang's answer beside OpenAI's error: {"success": false, "message", "num_paused_requests"}
+    components["WeightUpdateFailure"] = {
+        **ERROR_SCHEMA,
+        "title": "WeightUpdateFailure",
+        "required": ["error", "success", "message", "num_paused_requests"],
+        "properties": {
+            **ERROR_SCHEMA["properties"],
+            "success": {"type": "boolean", "const": False},
+            "message": {"type": "string"},
+            "num_paused_requests": {"type": "integer"},
+        },
+    }
     for path, operations in schema.get("paths", {}).items():
         for method, operation in operations.items():
             responses = operation.setdefault("responses", {})
             responses.pop("422", None)
             for status in error_statuses(path, method, protected):
                 content = {"application/json": {"schema": error_ref}}
+                if path in UPDATING_WEIGHTS and status == 400:
+                    # (a body refused before the update: OpenAI's error alone)
+                    failure = {"$ref": "#/components/schemas/WeightUpdateFailure"}
+                    content = {"application/json": {"schema": {"anyOf": [error_ref, failure]}}}
                 meaning = "No stored response of that id" if path in STORED and status == 404 else None
                 responses[str(status)] = {
                     "description": meaning or ERROR_MEANINGS[status],

@@ -1139,3 +1139,43 @@ class AbortRequestBody(StrictModel):
         if not self.rid and not self.abort_all:
             raise BodyError("give the rid of the request to abort, or abort_all true", "rid")
         return self
+
+
+#: the message of the requests /update_weights_from_disk ends with abort_all_requests
+WEIGHT_UPDATE_ABORT_MESSAGE = "aborted by /update_weights_from_disk"
+
+
+class UpdateWeightsBody(StrictModel):
+    """SGLang's /update_weights_from_disk: new weights for the served model (a checkpoint of its
+    config, e.g. a training step's) from ``model_path``, a path on the server's machine."""
+
+    model_path: Annotated[Text, Field(min_length=1)]
+    #: the format is the one model_path holds (safetensors, GGUF): auto only
+    load_format: Literal["auto"] | None = None
+    #: end every unfinished request first (each answers what it made, finish reason abort);
+    #: otherwise the update waits for them, and requests arriving meanwhile wait for it
+    abort_all_requests: Bool = False
+    #: the new weights' name, /get_weight_version's answer from then on
+    weight_version: Text | None = None
+    #: empty the prefix cache afterwards (keys and values the old weights computed)
+    flush_cache: Bool = True
+    #: the trainer's step of these weights, reported beside weight_version
+    token_step: Int = 0
+    #: the device memory the load used goes back whatever it says
+    torch_empty_cache: Bool = False
+    #: nothing to recapture whatever it says: the graphs read the weights, which are copied in place
+    recapture_cuda_graph: Bool = False
+    is_async: Bool = False
+    keep_pause: Bool = False
+
+    @model_validator(mode="after")
+    def _supported(self) -> UpdateWeightsBody:
+        for name, why in (
+            ("is_async", "the answer comes once the weights are in"),
+            ("keep_pause", "minisgl has no paused state: requests run on the new weights at once"),
+        ):
+            if getattr(self, name):
+                raise BodyError(
+                    f"{name} true is not supported: {why}; leave it false", name, "unsupported_field"
+                )
+        return self

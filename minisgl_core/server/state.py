@@ -24,14 +24,22 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from minisgl_core.messages import AbortRequest, Admission, DetokOutputs, FlushCache, TokenizeRequest, decode
+from minisgl_core.messages import (
+    AbortRequest,
+    Admission,
+    DetokOutputs,
+    FlushCache,
+    TokenizeRequest,
+    UpdateWeights,
+    decode,
+)
 from minisgl_core.processes.ipc import bind_pull, connect_push, send
 from minisgl_core.request_limits import cache_salt_key, check_priority, truncation_tail
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.server.errors import APIError
 from minisgl_core.server.limits import ServerLimits
 from minisgl_core.server.metrics import Metrics
-from minisgl_core.server.schemas import json_strings
+from minisgl_core.server.schemas import WEIGHT_UPDATE_ABORT_MESSAGE, json_strings
 
 logger = logging.getLogger(__name__)
 
@@ -473,6 +481,13 @@ class ServerState:
         #: /flush_cache calls waiting for the scheduler's answer, by FlushCache.token
         self.flushes: dict[int, asyncio.Future[int]] = {}
         self._flush_tokens = itertools.count()
+        #: /update_weights_from_disk calls waiting for the scheduler's answer, by
+        #: UpdateWeights.token (its answer: "" when updated, else why not); one at a time
+        self.weight_updates: dict[int, asyncio.Future[str]] = {}
+        self._updating_weights = asyncio.Lock()
+        #: the served weights' name and trainer step (SGLang's; /update_weights_from_disk sets them)
+        self.weight_version = "default"
+        self.token_step = 0
         self.last_token_at: dict[int, float] = {}
         #: set when a worker process died; every request then fails with 503
         self.failure: str | None = None
@@ -625,6 +640,30 @@ class ServerState:
             )
         return freed
 
+    async def update_weights(self, model_path: str, flush_cache: bool, abort_all: bool) -> int:
+        """Load new weights for the served model from ``model_path`` (/update_weights_from_disk)
+        once no request runs or waits: those running finish first (with ``abort_all`` they end
+        now, as by /abort_request), and those arriving meanwhile wait for the new weights. How
+        many choices it aborted. A 400 naming ``model_path`` when no rank could take the weights
+        (the old ones serve on), 503 when the server cannot serve. Calls run one at a time."""
+        async with self._updating_weights:
+            if self.health() is not None:
+                raise APIError(
+                    503, f"the server cannot update its weights: {self.health()}", code="server_unavailable"
+                )
+            aborted = self.abort_requests(None, WEIGHT_UPDATE_ABORT_MESSAGE) if abort_all else 0
+            token = next(self._flush_tokens)
+            fut: asyncio.Future[str] = self.loop.create_future()
+            self.weight_updates[token] = fut
+            send(self.to_tokenizer, UpdateWeights(token, model_path, flush_cache))
+            try:
+                error = await fut
+            finally:
+                self.weight_updates.pop(token, None)
+        if error:
+            raise APIError(400, f"the weights were not updated: {error}", "model_path", "weights_not_updated")
+        return aborted
+
     def start_draining(self) -> None:
         self.draining = True
 
@@ -632,7 +671,7 @@ class ServerState:
         """A worker died: end every waiting request with an error instead of letting it hang."""
         if self.failure is None:
             self.failure = message
-        for fut in [*self.admissions.values(), *self.flushes.values()]:
+        for fut in [*self.admissions.values(), *self.flushes.values(), *self.weight_updates.values()]:
             if not fut.done():
                 fut.set_exception(APIError(503, message, code="server_unavailable"))
         for rid, group in list(self.pending.items()):
@@ -674,6 +713,10 @@ class ServerState:
             fut = self.flushes.get(token)
             if fut is not None and not fut.done():
                 fut.set_result(freed)
+        for token, error in out.weight_updates:
+            update = self.weight_updates.get(token)
+            if update is not None and not update.done():
+                update.set_result(error)
         for rid, cached in out.cached_tokens:  # (before the outputs: a first output may be the last)
             group = self.pending.get(rid)
             if group is not None:

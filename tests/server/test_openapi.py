@@ -45,6 +45,11 @@ def test_every_body_route_documents_its_400_in_openai_shape():
     for path, op in posts:
         for status in ("400", "413", "415"):
             ref = op["responses"][status]["content"]["application/json"]["schema"]
+            if (path, status) == ("/update_weights_from_disk", "400"):
+                # OpenAI's error, with SGLang's answer beside it when the weights were not taken
+                failure = {"$ref": "#/components/schemas/WeightUpdateFailure"}
+                assert ref == {"anyOf": [{"$ref": "#/components/schemas/ErrorResponse"}, failure]}
+                continue
             assert ref == {"$ref": "#/components/schemas/ErrorResponse"}, (path, status)
     for path in GENERATING:
         responses = schema["paths"][path]["post"]["responses"]
