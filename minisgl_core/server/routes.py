@@ -177,6 +177,9 @@ def make_router(
         name_group(group, given, rid)
 
         produced = [0] * group.num_choices  # each choice's completion tokens so far
+        # vLLM's echo: the client's own text before each choice's, kept apart from what the model
+        # made (its parsers, logprobs and token counts)
+        echoed = body.echoed_text()
 
         def usage_so_far(chunk: dict, index: int) -> dict:
             return _with_usage(chunk, body.continuous_usage, group, produced, index)
@@ -188,6 +191,10 @@ def make_router(
                 if body.return_token_ids:  # the prompt's ids on each choice's first chunk
                     role["prompt_token_ids"] = group.choice_prompt_ids[i]
                 yield r.sse(usage_so_far(role, i))
+            if echoed:  # one chunk a choice, after the roles, as vLLM's
+                for i in range(group.num_choices):
+                    chunk = r.chat_chunk(rid, model.name, created, i, {"content": echoed})
+                    yield r.sse(usage_so_far(chunk, i))
             completion_tokens = 0
             async for delta in group.deltas():
                 if delta.finish_reason == "error":
@@ -249,6 +256,9 @@ def make_router(
                 params.stop_token_ids,
                 group.cached_tokens,
             )
+            if echoed:  # (an answer of tool calls alone, content null, gets the text as content)
+                for choice in out["choices"]:
+                    choice["message"]["content"] = echoed + (choice["message"]["content"] or "")
             return (
                 r.add_token_ids(out, choices, group.choice_prompt_ids, False)
                 if body.return_token_ids

@@ -160,6 +160,8 @@ RequestId = Annotated[
 #: each with its default. At that value each asks for what minisgl does anyway, so it is accepted
 #: and dropped; any other value is still refused as an unsupported field.
 GATEWAY_DEFAULTS: dict[str, bool] = {
+    # (completions and chat have a field of their own, false by default; every other body,
+    # /generate's among them, still drops the gateway's)
     "echo": False,
     "no_stop_trim": False,
     "return_hidden_states": False,
@@ -707,6 +709,9 @@ class ChatCompletionRequest(SamplingFields):
     #: the reply continues the last message, an assistant one, instead of starting a new turn
     #: (vLLM's field; needs add_generation_prompt false)
     continue_final_message: Bool = False
+    #: vLLM's: each choice's content starts with the last message's text where that message has
+    #: the reply's role (:meth:`echoed_text`): with continue_final_message, the whole message back
+    echo: Bool = False
     #: OpenAI's fields for stored completions, tiers and output kinds, taken where they ask for
     #: what minisgl does anyway (the official SDK sends what its caller sets; vLLM ignores them):
     #: nothing is stored (store must be false, and metadata, a stored completion's tags, tags
@@ -805,6 +810,17 @@ class ChatCompletionRequest(SamplingFields):
 
     def template_messages(self) -> list[dict[str, Any]]:
         return [m.to_template() for m in self.messages]
+
+    def echoed_text(self) -> str:
+        """What ``echo`` puts before each choice's content, as vLLM: the last message's text
+        (content parts a line each, as the template reads them) where its role is the reply's,
+        "assistant" or, without add_generation_prompt, the last message's own; else nothing. It
+        is the client's text, not the model's: no parser reads it, no stop string, grammar or
+        logprob applies to it, and no completion token counts it."""
+        last = self.messages[-1]
+        if not self.echo or (self.add_generation_prompt and last.role != "assistant"):
+            return ""
+        return last.to_template()["content"]
 
     def template_args(self) -> dict[str, Any]:
         """Keyword arguments for the chat template: the tools, chat_template_kwargs and the two
