@@ -14,10 +14,11 @@ from minisgl_core.server.api_options import ApiOptions, ApiTokenizer
 from minisgl_core.server.body_limit import BodyGate
 from minisgl_core.server.errors import APIError, error_body, install_error_handlers
 from minisgl_core.server.head_requests import HeadAsGet
-from minisgl_core.server.native_routes import health_router, info_router, native_router
+from minisgl_core.server.native_routes import PUBLIC_PATHS, health_router, info_router, native_router
 from minisgl_core.server.openapi import build_schema
 from minisgl_core.server.responses_api import responses_router
 from minisgl_core.server.routes import make_router
+from minisgl_core.server.sagemaker import sagemaker_router
 from minisgl_core.server.state import ServerState
 from minisgl_core.server.tokenize_routes import tokenize_router
 
@@ -44,7 +45,7 @@ class ApiKeyGate:
     """ASGI middleware: a request without the key gets its 401 before its body is read or checked
     (as vLLM's): an unauthenticated client got "malformed JSON body", the 415 of a compressed body
     or the 413 of a large one, that is, the server parsed what anyone sent. ``public`` paths
-    (/health) and CORS preflights (OPTIONS, which browsers send without the key) pass; the routes'
+    (/health, /ping) and CORS preflights (OPTIONS, which browsers send without the key) pass; the routes'
     own ``require_api_key`` stays (the OpenAPI schema documents it)."""
 
     def __init__(
@@ -121,12 +122,13 @@ def create_app(
     app.include_router(responses_router(state, options, tokenizer), dependencies=protected)
     app.include_router(native_router(state), dependencies=protected)
     app.include_router(info_router(state, info or {}), dependencies=protected)
+    app.include_router(sagemaker_router(), dependencies=protected)
     # outermost last: HEAD seen as GET, CORS headers on every answer (a 401 or 413 too), the key,
     # then the body's size and coding
     app.add_middleware(BodyGate, max_bytes=state.limits.max_body_bytes)
     if api_key:
         app.add_middleware(
-            ApiKeyGate, api_key=api_key, public=frozenset({"/health"}), on_refused=lambda: count_error(401)
+            ApiKeyGate, api_key=api_key, public=PUBLIC_PATHS, on_refused=lambda: count_error(401)
         )
     if options.allowed_origins:
         from minisgl_core.server.cors import OpenAICors

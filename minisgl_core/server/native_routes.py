@@ -1,5 +1,5 @@
 """Routes outside the OpenAI API: the native /generate, /metrics, the model and server info a router
-asks for, and /health (never behind the key)."""
+asks for, and /health and /ping (never behind the key)."""
 
 from __future__ import annotations
 
@@ -222,7 +222,12 @@ def native_router(state: ServerState) -> APIRouter:
     return router
 
 
+#: the routes never behind the API key: the health checks of load balancers and of SageMaker
+PUBLIC_PATHS = frozenset({"/health", "/ping"})
+
+
 def health_router(state: ServerState) -> APIRouter:
+    """/health, and SageMaker's /ping (GET and POST), the same handler."""
     router = APIRouter()
 
     @router.get("/health")
@@ -233,6 +238,10 @@ def health_router(state: ServerState) -> APIRouter:
             return JSONResponse({"status": "unhealthy", "error": problem}, status_code=503)
         return JSONResponse({"status": "ok"})
 
+    for method in ("GET", "POST"):
+        router.add_api_route(
+            "/ping", health, methods=[method], name="ping", operation_id=f"ping_{method.lower()}"
+        )
     return router
 
 

@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from minisgl_core.server.errors import ERROR_TYPES
+from minisgl_core.server.native_routes import PUBLIC_PATHS
 
 #: OpenAI's error body, as ``errors.error_body`` writes it
 ERROR_SCHEMA: dict[str, Any] = {
@@ -58,12 +59,14 @@ ERROR_MEANINGS = {
 }
 
 #: routes that run the engine: they stream (SSE) on request and answer every engine-side error
-GENERATING = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/generate"}
+#: (SageMaker's /invocations answers as one of the others)
+GENERATING = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/generate", "/invocations"}
 #: routes that take a ``model`` they may not serve
 NAMING_A_MODEL = {
     "/v1/chat/completions",
     "/v1/completions",
     "/v1/responses",
+    "/invocations",
     "/v1/models/{model_id}",
     "/tokenize",
     "/detokenize",
@@ -72,7 +75,7 @@ NAMING_A_MODEL = {
 #: page (limit, order, after) may be a 400
 STORED = {"/v1/responses/{response_id}", "/v1/responses/{response_id}/input_items"}
 #: routes that answer with the error body on an unhealthy engine (no OpenAI body: {status, error})
-HEALTH = {"/health", "/health_generate"}
+HEALTH = {"/health", "/health_generate", "/ping"}
 #: routes that ask the scheduler to empty the prefix cache: refused while busy, like a request
 #: when the server cannot serve, timed out when the scheduler does not answer
 FLUSHING = {"/flush_cache", "/reset_prefix_cache"}
@@ -85,8 +88,9 @@ def error_statuses(path: str, method: str, protected: bool) -> list[int]:
     """The error statuses ``method path`` can answer, sorted."""
     statuses: set[int] = set()
     if method == "post":
-        statuses |= {400, 413, 415}
-    if protected and path != "/health":
+        # (SageMaker's POST /ping reads no body: only the body's gate can refuse it)
+        statuses |= {413, 415} if path == "/ping" else {400, 413, 415}
+    if protected and path not in PUBLIC_PATHS:
         statuses.add(401)
     if path in NAMING_A_MODEL or path in STORED:
         statuses.add(404)
