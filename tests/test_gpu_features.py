@@ -134,3 +134,32 @@ def test_allowed_token_ids_and_bad_words_hold_on_the_gpu(model_dir, name):
         assert outs[1].finish_reason == "length" and len(outs[1].token_ids) == MAX_TOKENS
     finally:
         llm.close()
+
+
+@pytest.mark.parametrize("name", ["plain", "fp8_weights", "speculative"])
+def test_new_weights_run_in_the_captured_graphs(model_dir, tmp_path, name):
+    """``update_weights_from_disk`` copies the new weights into the tensors the CUDA graphs (decode
+    and piecewise prefill) were captured on: the engine then answers as one started on them, FP8
+    weights (their scales) included, and back on the old ones as before."""
+    other = make_model_dir(
+        tmp_path / "q", "Qwen3ForCausalLM", seed=7, hidden_size=256, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=128, intermediate_size=512,
+        max_position_embeddings=2048,
+    )  # fmt: skip
+    greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    fresh = feature_llm(other, name)
+    try:
+        reference = [o.token_ids for o in fresh.generate(prompts(), greedy, use_tqdm=False)]
+    finally:
+        fresh.close()
+    llm = feature_llm(model_dir, name)
+    try:
+        assert llm.engine.runner.graphs is not None
+        before = [o.token_ids for o in llm.generate(prompts(), greedy, use_tqdm=False)]
+        assert before != reference
+        llm.update_weights_from_disk(other)
+        assert [o.token_ids for o in llm.generate(prompts(), greedy, use_tqdm=False)] == reference
+        llm.update_weights_from_disk(model_dir)
+        assert [o.token_ids for o in llm.generate(prompts(), greedy, use_tqdm=False)] == before
+    finally:
+        llm.close()
