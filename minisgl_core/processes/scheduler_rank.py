@@ -304,12 +304,20 @@ class SchedulerLoop:
 
     def _stats(self, now: float) -> dict[str, int]:
         self.last_stats_at = now
-        self.last_stats = self.engine.stats()
+        self.last_stats = self._engine_stats()
         return self.last_stats
+
+    def _engine_stats(self) -> dict[str, int]:
+        """Engine.stats(), the requests held for a weight update counted as waiting (/get_load:
+        a router sees the queue building up meanwhile)."""
+        stats = self.engine.stats()
+        if self.held:
+            stats["waiting"] += len(self.held)
+        return stats
 
     def _report_idle_stats(self, to_detokenizer: zmq.Socket) -> None:
         # The last word before blocking, so /metrics shows the idle state (KV freed, 0 running).
-        stats = self.engine.stats()
+        stats = self._engine_stats()
         if stats != self.last_stats:
             self.last_stats, self.last_stats_at = stats, time.monotonic()
             send(to_detokenizer, StepOutputs(stats=stats))

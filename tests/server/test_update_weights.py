@@ -186,6 +186,8 @@ def test_a_request_arriving_during_the_update_runs_on_the_new_weights(served, st
         updating = pool.submit(update, served, model_path=str(steps["b"]))
         time.sleep(0.3)  # (the update is with the scheduler, waiting)
         later = pool.submit(generate, served)
+        # /get_load counts it as waiting meanwhile (a router sees the queue)
+        _wait_for_load(served, lambda load: load["num_waiting_reqs"] == 1 and not updating.done())
         assert updating.result(timeout=300).status_code == 200
         # the running request ran on the old weights to its end, the later one on the new
         assert running.result(timeout=300)["output_ids"] == reference_a
@@ -213,14 +215,18 @@ def test_a_streamed_request_during_the_update_is_not_lost(served, steps):
     assert last["meta_info"]["completion_tokens"] == 200
 
 
-def _wait_until_running(server) -> None:
+def _wait_for_load(server, condition) -> None:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         load = httpx.get(f"{server.url}/get_load", headers=AUTH).json()[0]
-        if load["num_reqs"] > 0 and load["num_waiting_reqs"] == 0:
+        if condition(load):
             return
         time.sleep(0.02)
-    raise AssertionError("the request did not start")
+    raise AssertionError("/get_load never showed the state waited for")
+
+
+def _wait_until_running(server) -> None:
+    _wait_for_load(server, lambda load: load["num_reqs"] > 0 and load["num_waiting_reqs"] == 0)
 
 
 def test_tensor_parallel_ranks_update_together(start_server, steps, engine_args, reference_b):
