@@ -63,10 +63,19 @@ class DecoderAttention(nn.Module):
             heads * head_dim, hidden, parallel=parallel, bias=bias, dtype=dtype, device=device
         )
         eps = hf.get("rms_norm_eps", 1e-6)
+        #: whether q_norm and k_norm are per-head norms this forward applies (a subclass may own
+        #: norms of those names that it applies itself, in :meth:`project_qkv`: OLMo 2's)
+        self.head_qk_norm = qk_norm
         self.q_norm = RMSNorm(head_dim, eps, dtype=dtype, device=device) if qk_norm else None
         self.k_norm = RMSNorm(head_dim, eps, dtype=dtype, device=device) if qk_norm else None
         self.rotary_emb = get_rope(hf, head_dim).to(device)
         self.attn = AttentionLayer(layer_id, num_heads, num_kv_heads, head_dim)
+
+    def project_qkv(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The fused q/k/v projection as ``[num_tokens, q_heads + 2 * kv_heads, head_dim]``, before
+        any per-head norm and rotary; a subclass that transforms the projection first (OLMo 2's
+        norms over whole q and k vectors) overrides this."""
+        return self.qkv_proj(hidden).view(hidden.shape[0], -1, self.attn.head_dim)
 
     def forward(
         self,
@@ -79,12 +88,11 @@ class DecoderAttention(nn.Module):
         or None (each layer's kernel computes them: CUDA). ``reduce=False``: o_proj's partial sum
         (no bias only; see ``RowParallelLinear``), for the norm after it (on one GPU possibly split-K
         partials, ``split_k``)."""
-        num_tokens, head_dim = hidden.shape[0], self.attn.head_dim
         num_heads, num_kv_heads = self.attn.num_heads, self.attn.num_kv_heads
-        qkv = self.qkv_proj(hidden).view(num_tokens, num_heads + 2 * num_kv_heads, head_dim)
-        q_weight = None if self.q_norm is None else self.q_norm.weight
-        k_weight = None if self.k_norm is None else self.k_norm.weight
-        eps = self.q_norm.eps if self.q_norm is not None else 0.0
+        qkv = self.project_qkv(hidden)
+        q_weight = self.q_norm.weight if self.head_qk_norm else None
+        k_weight = self.k_norm.weight if self.head_qk_norm else None
+        eps = self.q_norm.eps if self.head_qk_norm else 0.0
         inv_freq = self.rotary_emb.inv_freq
         cache = batch.attn.config.kv_cache
         if (
@@ -200,13 +208,17 @@ class DecoderModel(nn.Module):
         device: Any,
         qkv_bias: bool = False,
         mlp_factory: MLPFactory | None = None,
+        layer_cls: type[nn.Module] | None = None,
     ) -> None:
+        """``layer_cls``: another layer (see :attr:`DecoderForCausalLM.layer_cls`); by default
+        :class:`DecoderLayer`."""
         super().__init__()
+        layer_cls = layer_cls or DecoderLayer
         self.embed_tokens = VocabParallelEmbedding(
             hf["vocab_size"], hf["hidden_size"], parallel=parallel, dtype=dtype, device=device
         )
         self.layers = nn.ModuleList(
-            DecoderLayer(
+            layer_cls(
                 hf,
                 i,
                 qk_norm=qk_norm,
@@ -265,6 +277,10 @@ class DecoderForCausalLM(Model):
     #: ``use_sliding_window`` (Qwen2): one shorter than the context the engine runs is refused (a
     #: window at least as long as the context is full attention, which this decoder computes)
     window_when_set: bool = False
+    #: the layer class, built as :class:`DecoderLayer` is and called as it is (taking and returning
+    #: ``(branch output, residual stream)``, with a ``defers_sums`` attribute): for a model whose
+    #: norms sit elsewhere in the block (OLMo 2's after each branch); None: :class:`DecoderLayer`
+    layer_cls: type[nn.Module] | None = None
 
     @classmethod
     def unsupported_setting(cls, hf: dict[str, Any], context_len: int | None = None) -> str | None:
@@ -290,7 +306,7 @@ class DecoderForCausalLM(Model):
             raise NotImplementedError(unsupported)
         self.model = DecoderModel(
             hf, qk_norm=self.qk_norm, qkv_bias=self.qkv_bias, parallel=parallel, dtype=dtype, device=device,
-            mlp_factory=self.mlp_factory(config),
+            mlp_factory=self.mlp_factory(config), layer_cls=self.layer_cls,
         )  # fmt: skip
         self.lm_head = ParallelLMHead(
             hf["vocab_size"], hf["hidden_size"], parallel=parallel, dtype=dtype, device=device
