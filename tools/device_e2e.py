@@ -55,6 +55,13 @@ ARCH_SHAPE = {
         attention_multiplier=0.0078125,
         logits_scaling=16.0,
     ),
+    # OLMo-2-1124-7B (hidden 4096, 32 layers, 32 heads, 32 KV heads of 128, intermediate 11008,
+    # rms_norm_eps 1e-6, rope_theta 500000, vocab 100352) at SHAPE's size: its full attention
+    # (as many KV heads as q heads), its MLP ratio (11008 / 4096 x 512), its eps and rope theta
+    # (the whole 7B model's KV for num_kv_tokens=200_000 would not fit one GPU)
+    "Olmo2ForCausalLM": dict(
+        num_key_value_heads=8, intermediate_size=1376, rms_norm_eps=1e-6, rope_theta=500000.0
+    ),
 }
 
 

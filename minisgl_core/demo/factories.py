@@ -171,7 +171,7 @@ def make_model_dir(
     ``num_shards`` files when ``num_shards > 1``), tokenizer and generation config.
 
     ``arch`` is ``"Qwen3ForCausalLM"``, ``"Qwen2ForCausalLM"``, ``"LlamaForCausalLM"``,
-    ``"MistralForCausalLM"``, ``"Phi3ForCausalLM"``, ``"GraniteForCausalLM"``,
+    ``"MistralForCausalLM"``, ``"Phi3ForCausalLM"``, ``"GraniteForCausalLM"``, ``"Olmo2ForCausalLM"``,
     ``"Qwen3MoeForCausalLM"`` or ``"MixtralForCausalLM"``; tiny defaults (hidden 64,
     2 layers, 4 heads, 2 KV heads, head_dim 16) are overridden by ``config_overrides``, and
     ``vocab_size`` defaults to the tokenizer's. Weights come from transformers' own initialisation
@@ -185,6 +185,7 @@ def make_model_dir(
         LlamaConfig,
         MistralConfig,
         MixtralConfig,
+        Olmo2Config,
         Phi3Config,
         Qwen2Config,
         Qwen3Config,
@@ -199,6 +200,7 @@ def make_model_dir(
         "MistralForCausalLM": MistralConfig,
         "Phi3ForCausalLM": Phi3Config,
         "GraniteForCausalLM": GraniteConfig,
+        "Olmo2ForCausalLM": Olmo2Config,
         "Qwen3MoeForCausalLM": Qwen3MoeConfig,
         "MixtralForCausalLM": MixtralConfig,
     }
