@@ -13,6 +13,7 @@ import pytest
 
 from minisgl_core import LLM
 from minisgl_core.api import ParallelContext
+from minisgl_core.checkpoint.integrity import check_shapes, read_headers
 from minisgl_core.checkpoint.path_check import ModelPathError
 from minisgl_core.config import EngineConfig
 from minisgl_core.demo.factories import make_model_dir
@@ -343,3 +344,32 @@ def test_fewer_experts_than_the_weights_hold_names_the_tensor(decoder_dirs, tmp_
         f".weight: the checkpoint holds expert {experts - 1}; the model was built with {experts - 1} "
         "experts (config.json does not describe these weights?)"
     )
+
+
+@pytest.fixture(scope="module")
+def olmo2_dir(tmp_path_factory) -> Path:
+    return make_model_dir(tmp_path_factory.mktemp("olmo2") / "olmo2", "Olmo2ForCausalLM")
+
+
+def test_olmo2s_whole_projection_qk_norms_fit_its_layout(olmo2_dir):
+    """OLMo 2's q_norm/k_norm span the whole projections (64 and 32 values here, not head_dim's
+    16) and each layer has a post_feedforward_layernorm: its checkpoints pass the layout's check."""
+    tensors = read_headers(olmo2_dir)
+    assert tensors["model.layers.0.self_attn.q_norm.weight"].shape == (64,)
+    check_shapes(json.loads((olmo2_dir / "config.json").read_text()), tensors)
+
+
+@pytest.mark.parametrize(
+    ("changes", "says"),
+    [
+        (dict(num_key_value_heads=4), "weight model.layers.0.self_attn.k_norm.weight in model.safetensors has "
+                                      "shape [32], config.json implies [64] (num_key_value_heads x head_dim)"),
+        (dict(hidden_size=96), "has shape [1024, 64], config.json implies [1024, 96] (vocab_size, hidden_size)"),
+        (dict(num_hidden_layers=1), "config.json says num_hidden_layers 1, the weights also hold model.layers.1.*"),
+    ],
+)  # fmt: skip
+def test_an_olmo2_config_that_contradicts_its_weights_is_named(olmo2_dir, tmp_path, changes, says):
+    bad = _with_config(olmo2_dir, tmp_path, **changes)
+    with pytest.raises(ModelPathError) as err:
+        LLM(bad, attn="torch", device="cpu")
+    assert says in str(err.value), str(err.value)

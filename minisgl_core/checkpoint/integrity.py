@@ -33,11 +33,17 @@ from minisgl_core.setting_names import Spelling, given
 LLAMA_LAYOUT = frozenset(
     {
         "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GraniteForCausalLM",
+        "Olmo2ForCausalLM",
         # (the decoder's too, their fused or expert tensors named otherwise: no rule matches them;
         # their sizes were tracebacks from the model's construction, a probe's find)
         "Phi3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM",
     }
 )  # fmt: skip
+
+
+#: Llama-layout architectures whose q_norm and k_norm span the whole q and k projections (OLMo 2),
+#: not one head
+WHOLE_QK_NORMS = frozenset({"Olmo2ForCausalLM"})
 
 
 def read_headers(model_dir: Path) -> dict[str, TensorEntry]:
@@ -169,17 +175,25 @@ def _layout_rules(config: dict[str, Any]) -> list[tuple[re.Pattern[str], tuple[i
     q_rows = heads * head_dim if heads and head_dim else None
     kv_rows = kv_heads * head_dim if kv_heads and head_dim else None
     layer = r"model\.layers\.\d+\."
+    archs = config.get("architectures") or [None]
+    if archs[0] in WHOLE_QK_NORMS:
+        qk_norms = [
+            (layer + r"self_attn\.q_norm\.weight", (q_rows,), "num_attention_heads x head_dim"),
+            (layer + r"self_attn\.k_norm\.weight", (kv_rows,), "num_key_value_heads x head_dim"),
+        ]
+    else:
+        qk_norms = [(layer + r"self_attn\.[qk]_norm\.weight", (head_dim,), "head_dim")]
     rules = [
         (r"model\.embed_tokens\.weight", (vocab, hidden), "vocab_size, hidden_size"),
         (r"lm_head\.weight", (vocab, hidden), "vocab_size, hidden_size"),
         (r"model\.norm\.weight", (hidden,), "hidden_size"),
-        (layer + r"(input|post_attention)_layernorm\.weight", (hidden,), "hidden_size"),
+        (layer + r"(input|post_attention|post_feedforward)_layernorm\.weight", (hidden,), "hidden_size"),
         (layer + r"self_attn\.q_proj\.weight", (q_rows, hidden), "num_attention_heads x head_dim, hidden_size"),
         (layer + r"self_attn\.[kv]_proj\.weight", (kv_rows, hidden), "num_key_value_heads x head_dim, hidden_size"),
         (layer + r"self_attn\.q_proj\.bias", (q_rows,), "num_attention_heads x head_dim"),
         (layer + r"self_attn\.[kv]_proj\.bias", (kv_rows,), "num_key_value_heads x head_dim"),
         (layer + r"self_attn\.o_proj\.weight", (hidden, q_rows), "hidden_size, num_attention_heads x head_dim"),
-        (layer + r"self_attn\.[qk]_norm\.weight", (head_dim,), "head_dim"),
+        *qk_norms,
         (layer + r"mlp\.(gate|up)_proj\.weight", (inter, hidden), "intermediate_size, hidden_size"),
         (layer + r"mlp\.down_proj\.weight", (hidden, inter), "hidden_size, intermediate_size"),
     ]  # fmt: skip
