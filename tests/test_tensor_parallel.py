@@ -76,8 +76,11 @@ def _rank_int8(rank: int, world: int, port: int, model_dir: str, queue) -> None:
         ("LlamaForCausalLM", {"num_key_value_heads": 1, "tie_word_embeddings": False, "vocab_size": 1027}),
         # each expert's intermediate size halved per rank, the router replicated, layer 1 dense
         ("Qwen3MoeForCausalLM", {"mlp_only_layers": [1]}),
+        # q/k norms over whole projections: the ranks' sums of squares all-reduced (the one KV head
+        # held by both ranks counted twice and divided out)
+        ("Olmo2ForCausalLM", {"num_key_value_heads": 1}),
     ],
-    ids=["qwen3-gqa", "llama-replicated-kv-odd-vocab", "qwen3-moe"],
+    ids=["qwen3-gqa", "llama-replicated-kv-odd-vocab", "qwen3-moe", "olmo2-replicated-kv"],
 )
 def test_tp2_equals_tp1(tmp_path, arch, overrides):
     model_dir = str(make_model_dir(tmp_path / "m", arch, **overrides))
