@@ -64,6 +64,7 @@ class TokenizeRequest(Message):
     #: the API field that set max_tokens, named in length errors
     max_tokens_field: str = "max_tokens"
     #: extra chat-template variables with ``messages``: ``tools`` and the request's chat_template_kwargs
+    #: (and ``chat_template``, the request's own Jinja template, where the server trusts it)
     template_args: dict[str, Any] | None = None
     #: the API field that set the grammar (params["grammar"]), named in grammar errors
     grammar_field: str = "grammar"

@@ -99,10 +99,14 @@ class Admitter:
                         ids,
                         args,
                         lambda tool_free_args: render(req.messages, tool_free_args),
-                        "start the server with --chat-template FILE whose template does"
-                        + chatml_tools_hint(
-                            getattr(self.tokenizer, "chat_template", None),
-                            "--chat-template chatml-tools --tool-call-parser hermes",
+                        (
+                            "send a chat_template that does"
+                            if args.get("chat_template")
+                            else "start the server with --chat-template FILE whose template does"
+                            + chatml_tools_hint(
+                                getattr(self.tokenizer, "chat_template", None),
+                                "--chat-template chatml-tools --tool-call-parser hermes",
+                            )
                         ),
                     )
                 except ToolsNotRendered as exc:
@@ -163,11 +167,17 @@ class Admitter:
         """The prompt's token ids and the request's parameters admitted (``max_tokens`` decided);
         the parameters themselves were validated by the API server and are not checked again."""
         prompt_field = "messages" if req.messages is not None else "prompt"
+        # the request's own chat_template (the API server compiled it): its errors name it
+        own_template = req.messages is not None and bool((req.template_args or {}).get("chat_template"))
         try:
             ids = self.prompt_ids(req)
         except RequestRejected:
             raise
         except TemplateSyntaxError as exc:  # (the server's template, not the request's doing)
+            if own_template:  # (the API server compiled it first: kept for a direct caller)
+                raise RequestRejected(
+                    f"chat_template does not compile: line {exc.lineno}: {exc.message}", "chat_template"
+                ) from exc
             raise RequestRejected(template_does_not_compile(exc), prompt_field) from exc
         except RecursionError as exc:  # the template walked a structure hundreds of levels deep
             field = "tools" if (req.template_args or {}).get("tools") else prompt_field
@@ -177,6 +187,10 @@ class Admitter:
                 field,
             ) from exc
         except Exception as exc:  # noqa: BLE001 - a template or tokenizer error is the request's problem
+            if own_template:  # (its raise_exception, an undefined call...)
+                raise RequestRejected(
+                    f"could not render chat_template: {type(exc).__name__}: {exc}", "chat_template"
+                ) from exc
             raise RequestRejected(f"could not tokenize the prompt: {exc}", prompt_field) from exc
         default = self.defaults.get("max_tokens") or req.default_max_tokens
         try:

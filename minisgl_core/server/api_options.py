@@ -28,6 +28,9 @@ class ApiOptions:
     #: ``--responses-store-size``: the most /v1/responses answers kept for GET and
     #: previous_response_id (0: none)
     responses_store_size: int = DEFAULT_STORE_SIZE
+    #: ``--trust-request-chat-template``: a chat request's (or /tokenize's) own ``chat_template``
+    #: renders its messages; off, such a request is a 400 (vLLM's flag and default)
+    trust_request_chat_template: bool = False
 
 
 @dataclass

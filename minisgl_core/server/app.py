@@ -136,7 +136,7 @@ def create_app(
         app.add_middleware(OpenAICors, allowed_origins=options.allowed_origins)
     app.add_middleware(HeadAsGet)
     app.add_middleware(CountOpenRequests, state=state)
-    app.include_router(tokenize_router(state, tokenizer), dependencies=protected)
+    app.include_router(tokenize_router(state, tokenizer, options), dependencies=protected)
     schema = build_schema(app, protected=bool(protected))
     app.openapi = lambda: schema  # type: ignore[method-assign]
 

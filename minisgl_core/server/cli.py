@@ -108,6 +108,14 @@ def _add_http_args(p: argparse.ArgumentParser, port: int) -> None:
         "such as the default model; with --tool-call-parser hermes)",
     )
     g.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="let a request's own chat_template (Jinja text; /v1/chat/completions, /tokenize) "
+        "render its messages instead of the model's or --chat-template's; off by default, such a "
+        "request is refused (400): the template runs in the server's tokenizer worker, where a slow "
+        "one holds up every other request",
+    )
+    g.add_argument(
         "--allowed-origins",
         default="",
         metavar="ORIGINS",
@@ -422,16 +430,9 @@ def _read_chat_template(path: str | None) -> str | None:
 
 
 def _compile_chat_template(text: str) -> None:
-    """Compile ``text`` as transformers will (its extensions: ``{% generation %}``, loop controls);
-    with an older transformers, a plain Jinja environment with loop controls."""
-    try:
-        from transformers.utils.chat_template_utils import _compile_jinja_template
-    except ImportError:
-        from jinja2 import Environment
+    from minisgl_core.tokenizer.chat_input import compile_chat_template
 
-        Environment(extensions=["jinja2.ext.loopcontrols"]).parse(text)
-        return
-    _compile_jinja_template(text)
+    compile_chat_template(text)
 
 
 def _api_options(args: argparse.Namespace, plugins: Plugins, chat_template: str | None):
@@ -461,6 +462,7 @@ def _api_options(args: argparse.Namespace, plugins: Plugins, chat_template: str 
         chat_template,
         labels,
         responses_store_size=args.responses_store_size,
+        trust_request_chat_template=args.trust_request_chat_template,
     )
 
 

@@ -33,7 +33,12 @@ from minisgl_core.server.handling import (
     score_only_fields,
     with_request_id,
 )
-from minisgl_core.server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from minisgl_core.server.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    SamplingFields,
+    check_request_template,
+)
 from minisgl_core.server.state import RequestGroup, ServerState
 from minisgl_core.server.tools import plan_tools
 
@@ -96,6 +101,7 @@ async def admit_chat(
     """The chat pipeline up to the engine: tools planned (a forced call's grammar), the request's
     SamplingParams, the parsers built once (a plugin failing to build costs no generation), the
     messages rendered and admitted. A 400 names the body's fields; /v1/responses renames them."""
+    check_request_template(body.chat_template, options.trust_request_chat_template)
     plan = plan_tools(body, options.tool_parser)
     fields = body.sampling_fields()
     hidden_special: tuple[str, ...] = ()

@@ -33,10 +33,11 @@ from pydantic.types import Strict
 from minisgl_core.api.grammar import GrammarSpec
 from minisgl_core.request_limits import MAX_CACHE_SALT_CHARS
 from minisgl_core.sampling import INT64_MAX, INT64_MIN, SamplingParams, short_repr
-from minisgl_core.server.errors import json_kind
+from minisgl_core.server.errors import APIError, json_kind
 from minisgl_core.tokenizer.chat_input import (
     TEMPLATE_RESERVED,
     check_continued_message,
+    compile_chat_template,
     message_error,
     part_type_error,
     reasoning_error,
@@ -698,6 +699,10 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: Bool = True
     #: extra variables for the chat template, e.g. {"enable_thinking": false} for Qwen3
     chat_template_kwargs: FreeObject | None = None
+    #: vLLM's: the request's own Jinja chat template, rendering its messages instead of the
+    #: server's; only where the server was started with --trust-request-chat-template
+    #: (:func:`check_request_template`)
+    chat_template: Text | None = None
     #: OpenAI's: the chat template's variable ``reasoning_effort`` (gpt-oss's templates read it;
     #: a template that does not ignores it); chat_template_kwargs' own wins
     reasoning_effort: ReasoningEffort | None = None
@@ -844,6 +849,7 @@ def chat_template_args(body: Any) -> dict[str, Any]:
             body.continue_final_message,
             variables=variables,
             tools=[t.model_dump(exclude_none=True) for t in body.tools or ()],
+            chat_template=getattr(body, "chat_template", None),
         )
     except ValueError as exc:
         raise BodyError(str(exc), "add_generation_prompt") from None
@@ -853,6 +859,34 @@ def chat_template_args(body: Any) -> dict[str, Any]:
         except ValueError as exc:
             raise BodyError(str(exc), "messages") from None
     return args
+
+
+def check_request_template(template: str | None, trusted: bool) -> None:
+    """A 400 naming ``chat_template`` unless a request's own template (``template``, None when it
+    sent none) may render its messages: the server trusts requests' templates
+    (``--trust-request-chat-template``, as vLLM's) and it compiles. Checked on the API server, so
+    a template that does not compile never reaches the tokenizer worker; one that fails while
+    rendering is the worker's 400, named the same."""
+    if template is None:
+        return
+    if not trusted:
+        raise APIError(
+            400,
+            "this server does not take a request's own chat_template: its operator must start it "
+            "with --trust-request-chat-template (leave chat_template out to use the server's template)",
+            "chat_template",
+            "unsupported_field",
+        )
+    if not template.strip():
+        raise APIError(400, "chat_template is empty: give the Jinja text of a chat template", "chat_template")
+    from jinja2 import TemplateSyntaxError
+
+    try:
+        compile_chat_template(template)
+    except TemplateSyntaxError as exc:
+        raise APIError(
+            400, f"chat_template does not compile: line {exc.lineno}: {exc.message}", "chat_template"
+        ) from None
 
 
 #: chat template arguments that are request fields of their own

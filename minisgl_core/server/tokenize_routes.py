@@ -3,8 +3,8 @@
 /tokenize counts tokens the way the generating routes do: a ``prompt`` is encoded with the
 tokenizer's special tokens, a Llama's BOS (as /v1/completions does; ``add_special_tokens`` false
 leaves them out, there too), ``messages`` are rendered
-with the chat template (the server's ``--chat-template`` if given), tools and template variables
-included.
+with the chat template (the request's ``chat_template`` where the server trusts requests'
+templates, else the server's ``--chat-template`` if given), tools and template variables included.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import Field, field_validator, model_validator
 
-from minisgl_core.server.api_options import ApiTokenizer
+from minisgl_core.server.api_options import ApiOptions, ApiTokenizer
 from minisgl_core.server.errors import APIError
 from minisgl_core.server.schemas import (
     Bool,
@@ -25,6 +25,7 @@ from minisgl_core.server.schemas import (
     Text,
     ToolDefinition,
     chat_template_args,
+    check_request_template,
     refuse_batch,
     template_kwargs,
 )
@@ -48,6 +49,8 @@ class TokenizeBody(StrictModel):
     #: as the chat route's: template variables only (not a template of the client's, not
     #: return_tensors, truncation...: apply_chat_template's own arguments are the server's)
     chat_template_kwargs: FreeObject | None = None
+    #: as the chat route's: the request's own template, where the server trusts requests' templates
+    chat_template: Text | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -77,7 +80,8 @@ def _encode(
     """The body's prompt or its ``messages`` (made ready for the template) rendered with ``args``."""
     if messages is None:
         return list(tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens))
-    if not getattr(tokenizer, "chat_template", None):
+    template = (args or {}).get("chat_template") or getattr(tokenizer, "chat_template", None)
+    if not template:
         raise ValueError("this model's tokenizer has no chat_template; start the server with --chat-template")
     args = {"add_generation_prompt": True, **(args or {})}
     ids = _render(tokenizer, messages, args)
@@ -87,10 +91,11 @@ def _encode(
         ids,
         args,
         lambda free: _render_or_none(tokenizer, messages, free),
-        "start the server with --chat-template FILE whose template does"
-        + chatml_tools_hint(
-            getattr(tokenizer, "chat_template", None),
-            "--chat-template chatml-tools --tool-call-parser hermes",
+        (
+            "send a chat_template that does"
+            if (args or {}).get("chat_template")
+            else "start the server with --chat-template FILE whose template does"
+            + chatml_tools_hint(template, "--chat-template chatml-tools --tool-call-parser hermes")
         ),
     )
     return ids
@@ -112,7 +117,10 @@ def _render(tokenizer: Any, messages: list[dict[str, Any]], args: dict[str, Any]
     return list(ids)
 
 
-def tokenize_router(state: ServerState, tokenizer: ApiTokenizer) -> APIRouter:
+def tokenize_router(
+    state: ServerState, tokenizer: ApiTokenizer, options: ApiOptions | None = None
+) -> APIRouter:
+    trusted = options is not None and options.trust_request_chat_template
     router = APIRouter()
 
     @router.post("/tokenize")
@@ -120,6 +128,8 @@ def tokenize_router(state: ServerState, tokenizer: ApiTokenizer) -> APIRouter:
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "give exactly one of prompt or messages", "prompt")
         state.model.check_name(body.model)
+        if body.messages is not None:  # (as the chat route: a prompt renders no template)
+            check_request_template(body.chat_template, trusted)
         messages = None if body.messages is None else [m.to_template() for m in body.messages]
         args = None if body.messages is None else chat_template_args(body)
         # (a prompt that cannot fit the context is refused before seconds of tokenizing, as there)
@@ -130,6 +140,10 @@ def tokenize_router(state: ServerState, tokenizer: ApiTokenizer) -> APIRouter:
             raise APIError(400, str(exc), "tools") from None
         except Exception as exc:  # noqa: BLE001 - a template error is the request's problem
             field = "messages" if body.messages is not None else "prompt"
+            if body.messages is not None and body.chat_template is not None:  # the request's template
+                raise APIError(
+                    400, f"could not render chat_template: {type(exc).__name__}: {exc}", "chat_template"
+                ) from exc
             # (unless the server's own template does not compile: said as /v1/chat/completions says it)
             raise APIError(
                 400, template_does_not_compile(exc) or f"could not tokenize: {exc}", field

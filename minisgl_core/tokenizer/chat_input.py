@@ -279,6 +279,21 @@ def check_continued_message(role: str, where: str = "") -> None:
         )
 
 
+def compile_chat_template(text: str) -> None:
+    """Compile ``text`` as transformers will (its extensions: ``{% generation %}``, loop controls);
+    with an older transformers, a plain Jinja environment with loop controls. A
+    ``jinja2.TemplateSyntaxError`` when it does not compile (``serve --chat-template`` and a chat
+    request's own ``chat_template`` are checked with it)."""
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError:
+        from jinja2 import Environment
+
+        Environment(extensions=["jinja2.ext.loopcontrols"]).parse(text)
+        return
+    _compile_jinja_template(text)
+
+
 def template_does_not_compile(exc: BaseException) -> str | None:
     """What a chat request is told when the server's own chat template (the model's, or
     ``--chat-template``'s) does not compile, or None where ``exc`` is another error: the request is
