@@ -156,7 +156,11 @@ def test_the_500_names_the_selection_the_command_line_made(monkeypatch, kind):
     from minisgl_core.server.cli import _api_options
 
     args = argparse.Namespace(
-        tool_call_parser="hermes", reasoning_parser="qwen3", allowed_origins="", responses_store_size=1024
+        tool_call_parser="hermes",
+        reasoning_parser="qwen3",
+        allowed_origins="",
+        responses_store_size=1024,
+        trust_request_chat_template=False,
     )
     options = _api_options(args, Plugins.load(), None)
     cls = options.reasoning_parser if kind == "reasoning" else options.tool_parser
