@@ -172,6 +172,9 @@ def native_router(state: ServerState) -> APIRouter:
                 item.logprob_start_len,
                 body.return_text_in_logprobs,
                 group.choice_cached_tokens.get(choice.index, 0),
+                # (a weight update waits for running requests, and those arriving meanwhile wait
+                # for it: whatever answered ran on the weights named now)
+                state.weight_version,
             )
 
         def score_only(index: int) -> bool:

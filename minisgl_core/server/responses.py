@@ -359,10 +359,12 @@ def generate_result(
     logprob_start_len: int = -1,
     with_text: bool = False,
     cached_tokens: int = 0,
+    weight_version: str = "default",
 ) -> dict:
     """SGLang's /generate answer; ``with_text`` (its return_text_in_logprobs): each logprob
     entry's third item is its token's text, else null. ``cached_tokens``: SGLang's, the prompt
-    tokens the prefix cache held."""
+    tokens the prefix cache held. ``weight_version``: SGLang's, the weights that answered
+    (/update_weights_from_disk's name for them)."""
 
     def shown(text: str) -> str | None:
         return text if with_text else None
@@ -374,6 +376,7 @@ def generate_result(
         "cached_tokens": cached_tokens,
         "finish_reason": _generate_finish(choice),
         "e2e_latency": time.monotonic() - arrival,
+        "weight_version": weight_version,
     }
     if with_logprobs:
         # SGLang's layout: (logprob, token_id, text) per position, and the top-k at each position

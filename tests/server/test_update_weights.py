@@ -83,8 +83,10 @@ def test_new_weights_answer_as_the_offline_engine_on_them(served, steps, referen
         "message": f"weights updated from {steps['b']}",
         "num_paused_requests": 0,
     }
-    after = generate(served)["output_ids"]
+    answer = generate(served)
+    after = answer["output_ids"]
     assert after == reference_b and after != before
+    assert answer["meta_info"]["weight_version"] == "step-2"  # (SGLang's: which weights answered)
     assert httpx.get(f"{served.url}/get_weight_version", headers=AUTH).json() == {"weight_version": "step-2"}
     info = httpx.get(f"{served.url}/get_server_info", headers=AUTH).json()
     assert (info["weight_version"], info["token_step"]) == ("step-2", 2)
