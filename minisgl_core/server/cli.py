@@ -413,7 +413,7 @@ def _read_chat_template(path: str | None) -> str | None:
         raise ConfigError(f"--chat-template: {path} is not UTF-8 text ({exc.reason})") from None
     if not text.strip():  # (taken as "no template": every chat turn then said the tokenizer has none)
         raise ConfigError(f"--chat-template: {path} is empty; give a Jinja chat template file")
-    from minisgl_core.tokenizer.chat_input import has_jinja
+    from minisgl_core.tokenizer.chat_input import compile_chat_template, has_jinja
 
     if not has_jinja(text):  # (served, it rendered every conversation as that same text)
         raise ConfigError(
@@ -423,16 +423,10 @@ def _read_chat_template(path: str | None) -> str | None:
     from jinja2 import TemplateSyntaxError
 
     try:
-        _compile_chat_template(text)
+        compile_chat_template(text)
     except TemplateSyntaxError as exc:
         raise ConfigError(f"--chat-template: {path}, line {exc.lineno}: {exc.message}") from None
     return text
-
-
-def _compile_chat_template(text: str) -> None:
-    from minisgl_core.tokenizer.chat_input import compile_chat_template
-
-    compile_chat_template(text)
 
 
 def _api_options(args: argparse.Namespace, plugins: Plugins, chat_template: str | None):
