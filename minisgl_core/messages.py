@@ -6,9 +6,10 @@ as lists of ints; a request's :class:`~minisgl_core.sampling.SamplingParams`, va
 the request entered, travels as its field values and is rebuilt without a second check. Who sends
 what:
 
-    API server  ──TokenizeRequest / AbortRequest / FlushCache / UpdateWeights / Shutdown──▶ tokenizer
+    API server  ──TokenizeRequest / AbortRequest / FlushCache / UpdateWeights / PauseGeneration /
+                ContinueGeneration / Shutdown──▶ tokenizer
     tokenizer   ──Admission──▶ API server          (accepted with its prompt length, or rejected)
-    tokenizer   ──EngineRequest / AbortRequest / FlushCache / UpdateWeights / Shutdown──▶ scheduler rank 0
+    tokenizer   ──EngineRequest, and the API server's other messages as they came──▶ scheduler rank 0
     scheduler 0 ──StepOutputs / Shutdown──▶ detokenizer  (a new request's stop strings and
                                                        skip_special_tokens ride with the step
                                                        that received it, before its first token)
@@ -161,12 +162,42 @@ class UpdateWeights(Message):
     """Load the weights at ``model_path`` into the served model (``/update_weights_from_disk``),
     on every rank in the same step, once no request runs or waits (those arriving meanwhile wait
     for it); then, with ``flush_cache``, empty the prefix cache (computed by the old weights). The
-    answer comes back as ``StepOutputs.weight_updates`` under ``token``."""
+    answer comes back as ``StepOutputs.answers`` under ``token``. While generation is paused
+    (:class:`PauseGeneration`) it runs at once; with ``keep_pause`` generation is paused (in place)
+    afterwards until :class:`ContinueGeneration`."""
 
     tag: ClassVar[int] = 14
     token: int
     model_path: str
     flush_cache: bool = True
+    keep_pause: bool = False
+
+
+#: SGLang's /pause_generation modes: how the requests in the engine wait (``abort``: the API server
+#: has ended them all; the engine then holds none)
+PAUSE_MODES = ("abort", "retract", "in_place")
+
+
+@dataclass
+class PauseGeneration(Message):
+    """Stop stepping the engine (``/pause_generation``), on every rank in the same step, once the
+    step in flight has landed: ``in_place`` keeps the running requests with their KV, ``retract``
+    gives their KV back (to the prefix cache) and puts them back in the queue, to be computed
+    again. Requests arriving meanwhile wait. The answer ("") comes back as ``StepOutputs.answers``
+    under ``token``."""
+
+    tag: ClassVar[int] = 15
+    token: int
+    mode: str = "abort"
+
+
+@dataclass
+class ContinueGeneration(Message):
+    """Step the engine again after :class:`PauseGeneration` (``/continue_generation``); the answer
+    ("") comes back as ``StepOutputs.answers`` under ``token``."""
+
+    tag: ClassVar[int] = 16
+    token: int
 
 
 @dataclass
@@ -205,8 +236,9 @@ class StepOutputs(Message):
     cached_tokens: list[list[int]] = field(default_factory=list)
     #: [FlushCache.token, cached tokens freed, or -1: not flushed, requests were running or waiting]
     flushed: list[list[int]] = field(default_factory=list)
-    #: [UpdateWeights.token, "" when every rank took the new weights, else why none did]
-    weight_updates: list[list[Any]] = field(default_factory=list)
+    #: [token, "" or why not] answering UpdateWeights ("": every rank took the new weights),
+    #: PauseGeneration and ContinueGeneration
+    answers: list[list[Any]] = field(default_factory=list)
 
     def open_stream(
         self,
@@ -261,8 +293,8 @@ class DetokOutputs(Message):
     cached_tokens: list[list[int]] = field(default_factory=list)
     #: StepOutputs.flushed, passed on as it came
     flushed: list[list[int]] = field(default_factory=list)
-    #: StepOutputs.weight_updates, passed on as it came
-    weight_updates: list[list[Any]] = field(default_factory=list)
+    #: StepOutputs.answers, passed on as they came
+    answers: list[list[Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -296,6 +328,8 @@ _BY_TAG: dict[int, type[Message]] = {
         CompilesSettled,
         FlushCache,
         UpdateWeights,
+        PauseGeneration,
+        ContinueGeneration,
         Shutdown,
         StepOutputs,
         DetokOutputs,

@@ -173,6 +173,9 @@ class Engine:
                 timer=self._time,
             )
         self._inflight: _InFlight | None = None
+        #: /pause_generation: the engine landed its step in flight and plans none until the next
+        #: :meth:`step` (:meth:`land`)
+        self.paused = False
         self._early_outputs: list[StepOutput] = []
         #: the batch the last step() launched (None: nothing), for step traces and diagnostics
         self.launched_last: ScheduledBatch | None = None
@@ -342,10 +345,45 @@ class Engine:
     def flush_cache(self) -> int | None:
         """Empty the prefix cache (SGLang's ``/flush_cache``, vLLM's ``reset_prefix_cache``): the
         number of cached tokens freed; None, and nothing done, while requests are running, waiting
-        or compiling their grammar (their prefixes are in use: the cache would not be empty)."""
-        if self.has_work or self.grammars.compiling:
+        or compiling their grammar (their prefixes are in use: the cache would not be empty). While
+        generation is paused (:meth:`land`) requests that hold no KV may wait: those retracted."""
+        if self._inflight is not None or self.scheduler.holds_kv:
+            return None
+        if not self.paused and (self.scheduler.has_work or self.grammars.compiling):
             return None
         return self.scheduler.kv.flush()
+
+    def land(self) -> list[StepOutput]:
+        """Land the step in flight (overlap) and plan none (SGLang's ``/pause_generation``): what
+        it produced. The engine then steps again only when told to (:meth:`step`); meanwhile
+        :attr:`paused` is True."""
+        self._check_not_failed()
+        self.paused = True
+        outputs, self._early_outputs = self._early_outputs, []
+        if self._inflight is not None:
+            try:
+                outputs += self._complete(self._inflight)
+            except Exception as exc:
+                failure = self.blame.failure(exc)
+                if failure is None:
+                    raise
+                self.failure = failure
+                raise failure from exc
+            finally:
+                self._inflight = None
+        return outputs
+
+    def retract_all(self) -> int:
+        """After :meth:`land`: every request gives its KV back (to the prefix cache) and waits to
+        be computed again (``/pause_generation`` mode ``retract``); how many did."""
+        assert self._inflight is None
+        return self.scheduler.retract_all()
+
+    @property
+    def quiet(self) -> bool:
+        """No step in flight, and none planned until told: :attr:`idle`, or paused after
+        :meth:`land` (the running requests then keep what they computed)."""
+        return self.idle or (self.paused and self._inflight is None)
 
     @property
     def idle(self) -> bool:
@@ -363,8 +401,10 @@ class Engine:
         """The second half, while :attr:`idle`: the served model takes the staged weights in
         place, and with ``flush_cache`` the prefix cache (the old weights' keys and values) is
         emptied; the cached tokens freed. The staged copy's memory goes back to the device."""
-        if not self.idle:
-            raise RuntimeError("weights are adopted only while no request runs or waits")
+        if not self.quiet:
+            raise RuntimeError("weights are adopted only while no request runs or waits, or paused")
+        if flush_cache and self.scheduler.holds_kv:
+            raise RuntimeError("the prefix cache cannot be emptied while requests hold KV")
         self.runner.adopt_weights(staged)
         freed = self.scheduler.kv.flush() if flush_cache else 0
         return freed
@@ -420,7 +460,7 @@ class Engine:
     # ------------------------------------------------------------------ stepping
 
     def step(self) -> list[StepOutput]:
-        """Run one step; returns what finished steps produced.
+        """Run one step (ending a pause: :meth:`land`); returns what finished steps produced.
 
         With overlap the step planned here is launched before the previous step's
         tokens are read back, so the host plans step N+1 while the device runs step N; outputs
@@ -433,6 +473,7 @@ class Engine:
         requests advanced) but never computed. (A policy's exception costs only its plan.)
         """
         self._check_not_failed()
+        self.paused = False
         try:
             if self.trace is None:
                 return self._step()

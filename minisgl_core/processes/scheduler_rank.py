@@ -41,9 +41,11 @@ from minisgl_core.engine.engine import Engine
 from minisgl_core.messages import (
     AbortRequest,
     CompilesSettled,
+    ContinueGeneration,
     EngineRequest,
     FlushCache,
     Message,
+    PauseGeneration,
     ProcessFailed,
     Shutdown,
     StepOutputs,
@@ -118,6 +120,9 @@ class SchedulerLoop:
         #: requests that arrived meanwhile: they run on the new weights, added once those are in
         self.weight_update: UpdateWeights | None = None
         self.held: list[EngineRequest] = []
+        #: /pause_generation's mode while generation is paused (the engine is not stepped: requests
+        #: arriving meanwhile wait in it), None while it runs
+        self.paused: str | None = None
 
     # ------------------------------------------------------------------ every rank
 
@@ -149,14 +154,37 @@ class SchedulerLoop:
                     logger.info("prefix cache flushed: %d tokens freed", freed)
             elif isinstance(msg, UpdateWeights):
                 if self.weight_update is not None:  # (the API server sends one at a time)
-                    out.weight_updates.append([msg.token, "another weight update is in progress"])
+                    out.answers.append([msg.token, "another weight update is in progress"])
                 else:
                     self.weight_update = msg
+            elif isinstance(msg, PauseGeneration):
+                self._pause(msg, out)
+            elif isinstance(msg, ContinueGeneration):
+                self.paused = None
+                out.answers.append([msg.token, ""])
             elif isinstance(msg, Shutdown):
                 return True
-        if self.weight_update is not None and self.engine.idle:
+        if self.weight_update is not None and self.engine.quiet:
             self._update_weights(out)
         return False
+
+    @property
+    def stepping(self) -> bool:
+        """Whether the engine steps now: not while generation is paused."""
+        return self.paused is None
+
+    def _pause(self, msg: PauseGeneration, out: StepOutputs) -> None:
+        """Land the step in flight (its tokens go out now) and step no more until
+        ContinueGeneration; with mode ``retract`` the requests then give their KV back and wait to
+        be computed again."""
+        self._emit(self.engine.land(), out)
+        if msg.mode == "retract":
+            count = self.engine.retract_all()
+            if count and self.tp.rank == 0:
+                logger.info("generation paused: %d requests retracted", count)
+        if self.paused is None or msg.mode == "retract":
+            self.paused = msg.mode
+        out.answers.append([msg.token, ""])
 
     def _add(self, msg: EngineRequest, out: StepOutputs) -> None:
         try:  # admitted by the tokenizer: the engine trusts it
@@ -202,6 +230,12 @@ class SchedulerLoop:
         if self.tp.size > 1:
             errors = self.tp.gather(error)
             error = next((e if r == 0 else f"rank {r}: {e}" for r, e in enumerate(errors) if e), None)
+        if error is None and msg.flush_cache and self.engine.scheduler.holds_kv:
+            error = (
+                "the prefix cache cannot be emptied while requests paused in place hold KV "
+                "computed by the old weights: pause with mode retract (or abort), or pass "
+                "flush_cache false to keep their KV and the cache"
+            )
         if error is None:
             freed = self.engine.adopt_weights(staged, msg.flush_cache)
             if self.tp.rank == 0:
@@ -213,13 +247,18 @@ class SchedulerLoop:
             logger.error("weights not updated from %s: %s", msg.model_path, error)
         staged = None
         self.engine.release_staged()
-        out.weight_updates.append([msg.token, error or ""])
+        out.answers.append([msg.token, error or ""])
+        if msg.keep_pause and error is None:
+            self._pause(PauseGeneration(-1, "in_place"), out)  # (token -1: nobody awaits its answer)
         held, self.held = self.held, []
         for request in held:
             self._add(request, out)
 
     def step(self, out: StepOutputs) -> None:
-        for o in self.engine.step():
+        self._emit(self.engine.step(), out)
+
+    def _emit(self, outputs: list[StepOutput], out: StepOutputs) -> None:
+        for o in outputs:
             prompt = None
             if o.prompt_logprobs is not None:
                 # the first prompt token has no logprob: its entry carries only its id
@@ -246,8 +285,8 @@ class SchedulerLoop:
         while True:
             msgs = drain(inbox) + self._compiles_settled()
             # (a weight update waiting for the last request to end runs now, in an empty step)
-            update_now = self.weight_update is not None and self.engine.idle
-            if not msgs and not self.engine.has_work and not update_now:
+            update_now = self.weight_update is not None and self.engine.quiet
+            if not msgs and not (self.stepping and self.engine.has_work) and not update_now:
                 self._report_idle_stats(to_detokenizer)
                 if self.tp.size > 1:
                     self.tp.broadcast_int(IDLE)
@@ -264,15 +303,16 @@ class SchedulerLoop:
                 send(to_detokenizer, Shutdown())
                 return
             aborted = "abort" in out.finish_reasons
-            if self.heartbeat is not None:
-                self.heartbeat.since = time.monotonic()
-            self.step(out)
-            if self.heartbeat is not None:
-                self.heartbeat.since = None
+            if self.stepping:
+                if self.heartbeat is not None:
+                    self.heartbeat.since = time.monotonic()
+                self.step(out)
+                if self.heartbeat is not None:
+                    self.heartbeat.since = None
             now = time.monotonic()
             if aborted or now - self.last_stats_at >= STATS_INTERVAL:
                 out.stats = self._stats(now)
-            if len(out) or out.stats is not None or out.streams or out.flushed or out.weight_updates:
+            if len(out) or out.stats is not None or out.streams or out.flushed or out.answers:
                 send(to_detokenizer, out)
 
     def _wait_for_work(self, inbox: zmq.Socket, to_detokenizer: zmq.Socket) -> list[Message]:
@@ -335,7 +375,8 @@ class SchedulerLoop:
             )
             if self.apply(msgs, StepOutputs()):
                 return
-            self.engine.step()
+            if self.stepping:
+                self.engine.step()
 
 
 def _wire_logprob(o: StepOutput) -> list[Any] | None:

@@ -25,10 +25,12 @@ from minisgl_core.grammars import LazyGrammarBackend
 from minisgl_core.messages import (
     AbortRequest,
     Admission,
+    ContinueGeneration,
     DetokOutputs,
     EngineRequest,
     FlushCache,
     Limits,
+    PauseGeneration,
     Shutdown,
     StepOutputs,
     TokenizeRequest,
@@ -335,7 +337,9 @@ def tokenizer_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_r
                     to_scheduler,
                     EngineRequest(rid, ids, sampling.for_choice(i), msg.priority, msg.cache_salt),
                 )
-        elif isinstance(msg, (AbortRequest, FlushCache, UpdateWeights, Shutdown)):
+        elif isinstance(
+            msg, (AbortRequest, FlushCache, UpdateWeights, PauseGeneration, ContinueGeneration, Shutdown)
+        ):
             send(to_scheduler, msg)
             if isinstance(msg, Shutdown):
                 return
@@ -382,7 +386,7 @@ class Detokenizer:
             stats=step.stats,
             cached_tokens=step.cached_tokens,
             flushed=step.flushed,
-            weight_updates=step.weight_updates,
+            answers=step.answers,
         )
         for i, rid in enumerate(step.rids):
             token, reason, matched = step.token_ids[i], step.finish_reasons[i], step.matched_stops[i]
@@ -435,5 +439,5 @@ def detokenizer_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report
             out = detok.convert(msg)
         elif isinstance(msg, Shutdown):
             return
-        if out is not None and (out.rids or out.stats is not None or out.flushed or out.weight_updates):
+        if out is not None and (out.rids or out.stats is not None or out.flushed or out.answers):
             send(to_api, out)

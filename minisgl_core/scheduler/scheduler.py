@@ -607,20 +607,48 @@ class Scheduler:
             if victim in partly:
                 partly.remove(victim)
                 computed = victim.num_computed
-                self._release(victim)
-                victim.num_computed = 0
+                self._give_back_prefill(victim)
                 logger.info(
                     "KV pool full: request %d gave back its prefill (%d tokens so far)", victim.rid, computed
                 )
                 continue
             reqs.remove(victim)
-            del self.running[victim.rid]
-            self._release(victim)
-            victim.fill_ids = victim.prompt_ids + victim.output_ids
-            victim.num_computed = 0
-            self.waiting[victim.rid] = victim
+            self._retract(victim)
             needed = self.kv.needing_a_page(reqs)
             logger.info("KV pool full: retracted request %d (%d tokens so far)", victim.rid, victim.fill_len)
+
+    def _give_back_prefill(self, req: Request) -> None:
+        """A prompt admitted but only partly prefilled gives its pages back (what it computed to
+        the prefix cache); it waits, to be admitted again."""
+        self._release(req)
+        req.num_computed = 0
+
+    def _retract(self, req: Request) -> None:
+        """A running request gives its pages back (what it computed to the prefix cache) and waits
+        again, its output so far appended to what it must prefill."""
+        del self.running[req.rid]
+        self._release(req)
+        req.fill_ids = req.prompt_ids + req.output_ids
+        req.num_computed = 0
+        self.waiting[req.rid] = req
+
+    def retract_all(self) -> int:
+        """Every request holding KV gives it back (``/pause_generation`` mode ``retract``): the
+        running ones wait again (their output so far to be prefilled with the prompt), and the
+        prompts partly prefilled wait to be admitted again; how many. No step may be in flight."""
+        partly = [r for r in self.waiting.values() if r.admitted]
+        for req in partly:
+            self._give_back_prefill(req)
+        running = sorted(self.running.values(), key=lambda r: r.arrival)
+        for req in running:
+            self._retract(req)
+        return len(partly) + len(running)
+
+    @property
+    def holds_kv(self) -> bool:
+        """Whether a request holds pages (one running, or a prompt partly prefilled): the prefix
+        cache cannot be emptied then."""
+        return bool(self.running) or any(r.admitted for r in self.waiting.values())
 
     def _complain(self, kind: str, what: str, exc: BaseException | None = None) -> None:
         """Log a mistake of the policy once per ``kind`` (with the traceback of the exception

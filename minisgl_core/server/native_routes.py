@@ -23,7 +23,14 @@ from minisgl_core.server.handling import (
     with_request_id,
 )
 from minisgl_core.server.routes import fields_named
-from minisgl_core.server.schemas import AbortRequestBody, GenerateItem, GenerateRequest, UpdateWeightsBody
+from minisgl_core.server.schemas import (
+    AbortRequestBody,
+    ContinueGenerationBody,
+    GenerateItem,
+    GenerateRequest,
+    PauseGenerationBody,
+    UpdateWeightsBody,
+)
 from minisgl_core.server.state import RequestGroup, ServerState
 
 #: /generate's max_new_tokens when the request and the model's generation config leave it unset:
@@ -258,6 +265,8 @@ def info_router(state: ServerState, info: dict[str, Any]) -> APIRouter:
     async def health_generate() -> JSONResponse:
         """Healthy only if one greedy token comes out of the engine within the health bound."""
         problem = state.health()
+        if problem is None and state.paused is not None:
+            problem = "generation is paused (/pause_generation); POST /continue_generation resumes it"
         if problem is None:
             group = RequestGroup(state, probe=True)
             group.set_timeout(state.limits.health_timeout_s)
@@ -298,6 +307,8 @@ def info_router(state: ServerState, info: dict[str, Any]) -> APIRouter:
             "queued_or_running": len(state.pending),
             # ids /abort_request can name now (RequestGroup.name)
             "abortable_ids": len(state.named),
+            # /pause_generation's mode while generation is paused, else None
+            "paused": state.paused,
             # /update_weights_from_disk's token_step (weight_version is in model_info)
             "token_step": state.token_step,
         }
@@ -332,7 +343,9 @@ def info_router(state: ServerState, info: dict[str, Any]) -> APIRouter:
         requests arriving meanwhile wait for the new weights. SGLang's answer, ``success`` false
         with OpenAI's error beside it (a 400) when the old weights serve on."""
         try:
-            aborted = await state.update_weights(body.model_path, body.flush_cache, body.abort_all_requests)
+            aborted = await state.update_weights(
+                body.model_path, body.flush_cache, body.abort_all_requests, body.keep_pause
+            )
         except APIError as exc:
             if exc.status != 400:
                 raise
@@ -345,6 +358,23 @@ def info_router(state: ServerState, info: dict[str, Any]) -> APIRouter:
         message = f"weights updated from {body.model_path}{ended}"
         return JSONResponse({"success": True, "message": message, "num_paused_requests": 0})
 
+    async def pause_generation(body: PauseGenerationBody | None = None) -> dict[str, str]:
+        """SGLang's: the engine stops generating once its step in flight has landed, until
+        /continue_generation (RL trainers pause rollouts to update the weights). Requests arriving
+        meanwhile are accepted and wait. ``mode`` says what becomes of the unfinished ones:
+        ``abort`` (the default) ends them, each with what it made; ``retract`` gives their KV back,
+        to be computed again after; ``in_place`` keeps it. /update_weights_from_disk runs at once
+        while paused."""
+        mode = (body or PauseGenerationBody()).mode
+        await state.pause_generation(mode)
+        return {"message": "Generation paused successfully.", "status": "ok"}
+
+    async def continue_generation(body: ContinueGenerationBody | None = None) -> dict[str, str]:
+        """SGLang's: generation paused by /pause_generation goes on; the requests that arrived
+        meanwhile run."""
+        await state.continue_generation()
+        return {"message": "Generation continued successfully.", "status": "ok"}
+
     def weight_version() -> dict[str, str]:
         """The served weights' name: ``default``, or the last /update_weights_from_disk's
         ``weight_version``."""
@@ -352,6 +382,8 @@ def info_router(state: ServerState, info: dict[str, Any]) -> APIRouter:
 
     router.add_api_route("/update_weights_from_disk", update_weights_from_disk, methods=["POST"])
     router.add_api_route("/get_weight_version", weight_version, methods=["GET"])
+    router.add_api_route("/pause_generation", pause_generation, methods=["POST"])
+    router.add_api_route("/continue_generation", continue_generation, methods=["POST"])
     # POST only (SGLang's route takes GET too; here a GET, and so a HEAD probe, changes nothing)
     for path in ("/flush_cache", "/reset_prefix_cache"):
         router.add_api_route(path, flush_cache, methods=["POST"], name=path[1:], operation_id=path[1:])

@@ -1193,6 +1193,21 @@ class AbortRequestBody(StrictModel):
 
 #: the message of the requests /update_weights_from_disk ends with abort_all_requests
 WEIGHT_UPDATE_ABORT_MESSAGE = "aborted by /update_weights_from_disk"
+#: the error text of each request /pause_generation (mode abort) ends
+PAUSE_ABORT_MESSAGE = "aborted by /pause_generation"
+
+
+class PauseGenerationBody(StrictModel):
+    """SGLang's /pause_generation (RL trainers pause rollouts around a weight update)."""
+
+    #: ``abort``: end every unfinished request first (each answers what it made, finish reason
+    #: abort); ``retract``: the running requests give their KV back and are computed again after
+    #: /continue_generation; ``in_place``: they keep their KV and continue where they stopped
+    mode: Literal["abort", "retract", "in_place"] = "abort"
+
+
+class ContinueGenerationBody(StrictModel):
+    """SGLang's /continue_generation: no fields."""
 
 
 class UpdateWeightsBody(StrictModel):
@@ -1216,14 +1231,13 @@ class UpdateWeightsBody(StrictModel):
     #: nothing to recapture whatever it says: the graphs read the weights, which are copied in place
     recapture_cuda_graph: Bool = False
     is_async: Bool = False
+    #: generation stays paused after the update (as by /pause_generation mode in_place) until
+    #: /continue_generation; a pause before the update stays whatever it says
     keep_pause: Bool = False
 
     @model_validator(mode="after")
     def _supported(self) -> UpdateWeightsBody:
-        for name, why in (
-            ("is_async", "the answer comes once the weights are in"),
-            ("keep_pause", "minisgl has no paused state: requests run on the new weights at once"),
-        ):
+        for name, why in (("is_async", "the answer comes once the weights are in"),):
             if getattr(self, name):
                 raise BodyError(
                     f"{name} true is not supported: {why}; leave it false", name, "unsupported_field"

@@ -27,8 +27,11 @@ import zmq.asyncio
 from minisgl_core.messages import (
     AbortRequest,
     Admission,
+    ContinueGeneration,
     DetokOutputs,
     FlushCache,
+    Message,
+    PauseGeneration,
     TokenizeRequest,
     UpdateWeights,
     decode,
@@ -39,7 +42,7 @@ from minisgl_core.sampling import SamplingParams
 from minisgl_core.server.errors import APIError
 from minisgl_core.server.limits import ServerLimits
 from minisgl_core.server.metrics import Metrics
-from minisgl_core.server.schemas import WEIGHT_UPDATE_ABORT_MESSAGE, json_strings
+from minisgl_core.server.schemas import PAUSE_ABORT_MESSAGE, WEIGHT_UPDATE_ABORT_MESSAGE, json_strings
 
 logger = logging.getLogger(__name__)
 
@@ -481,10 +484,13 @@ class ServerState:
         #: /flush_cache calls waiting for the scheduler's answer, by FlushCache.token
         self.flushes: dict[int, asyncio.Future[int]] = {}
         self._flush_tokens = itertools.count()
-        #: /update_weights_from_disk calls waiting for the scheduler's answer, by
-        #: UpdateWeights.token (its answer: "" when updated, else why not); one at a time
-        self.weight_updates: dict[int, asyncio.Future[str]] = {}
+        #: /update_weights_from_disk, /pause_generation and /continue_generation calls waiting for
+        #: the scheduler's answer ("" when done, else why not), by their message's token
+        self.answers: dict[int, asyncio.Future[str]] = {}
         self._updating_weights = asyncio.Lock()
+        self._pausing = asyncio.Lock()
+        #: /pause_generation's mode while generation is paused, else None
+        self.paused: str | None = None
         #: the served weights' name and trainer step (SGLang's; /update_weights_from_disk sets them)
         self.weight_version = "default"
         self.token_step = 0
@@ -640,7 +646,9 @@ class ServerState:
             )
         return freed
 
-    async def update_weights(self, model_path: str, flush_cache: bool, abort_all: bool) -> int:
+    async def update_weights(
+        self, model_path: str, flush_cache: bool, abort_all: bool, keep_pause: bool = False
+    ) -> int:
         """Load new weights for the served model from ``model_path`` (/update_weights_from_disk)
         once no request runs or waits: those running finish first (with ``abort_all`` they end
         now, as by /abort_request), and those arriving meanwhile wait for the new weights. How
@@ -653,25 +661,83 @@ class ServerState:
                 )
             aborted = self.abort_requests(None, WEIGHT_UPDATE_ABORT_MESSAGE) if abort_all else 0
             token = next(self._flush_tokens)
-            fut: asyncio.Future[str] = self.loop.create_future()
-            self.weight_updates[token] = fut
-            send(self.to_tokenizer, UpdateWeights(token, model_path, flush_cache))
-            try:
-                error = await fut
-            finally:
-                self.weight_updates.pop(token, None)
+            error = await self._answer(token, UpdateWeights(token, model_path, flush_cache, keep_pause))
+            if keep_pause and not error:
+                self.paused = self.paused or "in_place"
         if error:
             raise APIError(400, f"the weights were not updated: {error}", "model_path", "weights_not_updated")
         return aborted
 
+    async def _answer(self, token: int, msg: Message, timeout: float | None = None) -> str:
+        """Send ``msg`` down to the scheduler and wait for its answer under ``token``."""
+        fut: asyncio.Future[str] = self.loop.create_future()
+        self.answers[token] = fut
+        send(self.to_tokenizer, msg)
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            self.answers.pop(token, None)
+
+    async def pause_generation(self, mode: str) -> int:
+        """SGLang's /pause_generation: the engine stops stepping once its step in flight has
+        landed; requests arriving meanwhile wait (they are accepted, and run after
+        /continue_generation). ``abort`` first ends every unfinished request as /abort_request
+        does; ``retract`` gives the running ones' KV back, to be computed again; ``in_place``
+        keeps it. How many choices it aborted. 503 when the server cannot serve, 504 when the
+        scheduler does not answer within the health bound."""
+        async with self._pausing:
+            if self.health() is not None:
+                raise APIError(
+                    503, f"the server cannot pause generation: {self.health()}", code="server_unavailable"
+                )
+            aborted = self.abort_requests(None, PAUSE_ABORT_MESSAGE) if mode == "abort" else 0
+            token = next(self._flush_tokens)
+            try:
+                await self._answer(token, PauseGeneration(token, mode), self.limits.health_timeout_s)
+            except TimeoutError:
+                raise APIError(
+                    504,
+                    f"the scheduler did not answer within {self.limits.health_timeout_s:g}s (a long "
+                    "step?); generation pauses once it does",
+                    code="timeout",
+                ) from None
+            if self.paused is None or mode == "retract":
+                self.paused = mode
+        return aborted
+
+    async def continue_generation(self) -> None:
+        """SGLang's /continue_generation: the engine steps again, and the requests that arrived
+        while it was paused run (nothing done while it is not paused)."""
+        async with self._pausing:
+            if self.health() is not None:
+                raise APIError(
+                    503, f"the server cannot continue generation: {self.health()}", code="server_unavailable"
+                )
+            token = next(self._flush_tokens)
+            try:
+                await self._answer(token, ContinueGeneration(token), self.limits.health_timeout_s)
+            except TimeoutError:
+                raise APIError(
+                    504,
+                    f"the scheduler did not answer within {self.limits.health_timeout_s:g}s (a long "
+                    "step?); generation continues once it does",
+                    code="timeout",
+                ) from None
+            self.paused = None
+
     def start_draining(self) -> None:
+        """SIGTERM: new requests get 503 while the accepted ones finish; paused generation
+        continues, so that they can."""
         self.draining = True
+        if self.paused is not None and self.failure is None:
+            self.paused = None
+            send(self.to_tokenizer, ContinueGeneration(next(self._flush_tokens)))
 
     def fail(self, message: str) -> None:
         """A worker died: end every waiting request with an error instead of letting it hang."""
         if self.failure is None:
             self.failure = message
-        for fut in [*self.admissions.values(), *self.flushes.values(), *self.weight_updates.values()]:
+        for fut in [*self.admissions.values(), *self.flushes.values(), *self.answers.values()]:
             if not fut.done():
                 fut.set_exception(APIError(503, message, code="server_unavailable"))
         for rid, group in list(self.pending.items()):
@@ -713,10 +779,10 @@ class ServerState:
             fut = self.flushes.get(token)
             if fut is not None and not fut.done():
                 fut.set_result(freed)
-        for token, error in out.weight_updates:
-            update = self.weight_updates.get(token)
-            if update is not None and not update.done():
-                update.set_result(error)
+        for token, error in out.answers:
+            answer = self.answers.get(token)
+            if answer is not None and not answer.done():
+                answer.set_result(error)
         for rid, cached in out.cached_tokens:  # (before the outputs: a first output may be the last)
             group = self.pending.get(rid)
             if group is not None:

@@ -1,0 +1,325 @@
+"""SGLang's ``POST /pause_generation`` and ``POST /continue_generation``: RL trainers pause the
+rollouts, update the weights, and let them go on. While paused the engine does not step, and
+requests arriving are accepted and wait; ``mode`` says what becomes of the unfinished ones
+(``abort`` ends them, ``retract`` gives their KV back to be computed again, ``in_place`` keeps it).
+
+The references are the server's own answers without a pause and, for new weights, the offline
+engine started on them.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from minisgl_core.demo.factories import make_model_dir
+from minisgl_core.llm import LLM
+from minisgl_core.sampling import SamplingParams
+from minisgl_core.server.schemas import PAUSE_ABORT_MESSAGE
+
+from .conftest import API_KEY
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+PROMPT = "The quick brown fox jumps over the lazy dog and then"
+GREEDY = {"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True}
+#: more tokens than a request makes before the test pauses it (ignore_eos: it cannot stop early)
+LONG = {"max_new_tokens": 600, "ignore_eos": True, "temperature": 0.0}
+
+
+@pytest.fixture(scope="module")
+def steps(tmp_path_factory) -> dict[str, Path]:
+    """Two checkpoints of one model (two training steps)."""
+    root = tmp_path_factory.mktemp("steps")
+    return {
+        "a": make_model_dir(root / "step-a", "Qwen3ForCausalLM", seed=1),
+        "b": make_model_dir(root / "step-b", "Qwen3ForCausalLM", seed=2),
+    }
+
+
+@pytest.fixture(scope="module")
+def served(start_server, steps, engine_args):
+    model = steps["a"].parent / "served"
+    shutil.copytree(steps["a"], model)
+    return start_server(["--model", str(model), "--api-key", API_KEY, *engine_args])
+
+
+@pytest.fixture(autouse=True)
+def _continue_afterwards(request):
+    """A failed test leaves the module's server generating."""
+    yield
+    if "served" in request.fixturenames:
+        server = request.getfixturevalue("served")
+        httpx.post(f"{server.url}/continue_generation", headers=AUTH, timeout=60)
+
+
+def post(server, path: str, body: Any = None) -> httpx.Response:
+    kwargs: dict[str, Any] = {} if body is None else {"json": body}
+    return httpx.post(f"{server.url}{path}", headers=AUTH, timeout=120, **kwargs)
+
+
+def pause(server, mode: str | None = None) -> httpx.Response:
+    return post(server, "/pause_generation", None if mode is None else {"mode": mode})
+
+
+def generate(server, text: str = PROMPT, params: dict[str, Any] = GREEDY) -> dict[str, Any]:
+    resp = httpx.post(
+        f"{server.url}/generate", json={"text": text, "sampling_params": params}, headers=AUTH, timeout=300
+    )
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+def load(server) -> dict[str, int]:
+    return httpx.get(f"{server.url}/get_load", headers=AUTH).json()[0]
+
+
+def wait_for_load(server, condition) -> dict[str, int]:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        now = load(server)
+        if condition(now):
+            return now
+        time.sleep(0.02)
+    raise AssertionError("/get_load never showed the state waited for")
+
+
+def wait_until_running(server) -> None:
+    wait_for_load(server, lambda now: now["num_reqs"] > 0 and now["num_waiting_reqs"] == 0)
+
+
+class Stream:
+    """A streamed /generate on a thread of its own: ``tokens`` grows as its events come."""
+
+    def __init__(self, server, params: dict[str, Any] = LONG) -> None:
+        self.tokens = 0
+        self.last: dict[str, Any] | None = None
+        self.done = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(server, params), daemon=True)
+        self._thread.start()
+
+    def _run(self, server, params: dict[str, Any]) -> None:
+        body = {"text": PROMPT, "sampling_params": params, "stream": True}
+        with httpx.stream("POST", f"{server.url}/generate", json=body, headers=AUTH, timeout=300) as resp:
+            for line in resp.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    self.last = json.loads(line[len("data: ") :])
+                    self.tokens = self.last["meta_info"]["completion_tokens"]
+        self.done.set()
+
+    def result(self) -> dict[str, Any]:
+        assert self.done.wait(300), "the stream never ended"
+        assert self.last is not None
+        return self.last
+
+
+@pytest.mark.parametrize("mode", ["in_place", "retract"])
+def test_a_paused_request_stands_still_then_ends_as_without_the_pause(served, mode):
+    """No token comes while paused; once continued the request ends with the tokens it would have
+    made (``retract``: its KV was given back and computed again)."""
+    reference, short = generate(served, params=LONG)["output_ids"], generate(served)["output_ids"]
+    stream = Stream(served)
+    wait_for_load(served, lambda _: stream.tokens > 5)
+    resp = pause(served, mode)
+    assert resp.status_code == 200, resp.text
+    assert resp.json() == {"message": "Generation paused successfully.", "status": "ok"}
+    time.sleep(0.3)  # (the tokens the pause landed reach the client)
+    seen = stream.tokens
+    now = load(served)
+    assert (now["num_reqs"], now["num_waiting_reqs"]) == ((1, 1) if mode == "retract" else (1, 0))
+    if mode == "retract":  # its KV went back: only the prefix cache holds it
+        assert now["num_tokens"] == 0
+    with ThreadPoolExecutor(1) as pool:
+        # other traffic meanwhile: each message wakes the scheduler, which must not step
+        later = pool.submit(generate, served)
+        for _ in range(5):
+            assert post(served, "/flush_cache").status_code == (200 if mode == "retract" else 400)
+        time.sleep(1.0)
+        assert stream.tokens == seen < LONG["max_new_tokens"] and not stream.done.is_set()
+        assert not later.done() and load(served)["num_waiting_reqs"] == (2 if mode == "retract" else 1)
+        assert httpx.get(f"{served.url}/get_server_info", headers=AUTH).json()["paused"] == mode
+        resp = post(served, "/continue_generation")
+        assert resp.status_code == 200, resp.text
+        assert resp.json() == {"message": "Generation continued successfully.", "status": "ok"}
+        assert later.result(timeout=60)["output_ids"] == short
+    answer = stream.result()
+    assert answer["output_ids"] == reference
+    assert answer["meta_info"]["finish_reason"]["type"] == "length"
+    assert httpx.get(f"{served.url}/get_server_info", headers=AUTH).json()["paused"] is None
+
+
+def test_abort_the_default_ends_the_unfinished_and_holds_the_new(served):
+    """No body: mode abort. The running request answers what it made; one sent while paused is
+    accepted, waits (counted by /get_load), and runs after /continue_generation."""
+    reference = generate(served)["output_ids"]
+    with ThreadPoolExecutor(2) as pool:
+        running = pool.submit(generate, served, PROMPT, LONG)
+        wait_until_running(served)
+        resp = pause(served)
+        assert resp.status_code == 200, resp.text
+        meta = running.result(timeout=60)["meta_info"]
+        assert meta["finish_reason"] == {"type": "abort", "message": PAUSE_ABORT_MESSAGE}
+        assert 0 < meta["completion_tokens"] < LONG["max_new_tokens"]
+        later = pool.submit(generate, served)
+        wait_for_load(served, lambda now: now["num_waiting_reqs"] == 1)
+        time.sleep(0.5)
+        assert not later.done()
+        assert post(served, "/continue_generation").status_code == 200
+        assert later.result(timeout=60)["output_ids"] == reference
+
+
+def test_a_request_held_while_paused_can_be_aborted(served):
+    assert pause(served, "in_place").status_code == 200
+    with ThreadPoolExecutor(1) as pool:
+        body = {"text": PROMPT, "sampling_params": GREEDY, "rid": "held-1"}
+        held = pool.submit(
+            lambda: httpx.post(f"{served.url}/generate", json=body, headers=AUTH, timeout=60).json()
+        )
+        wait_for_load(served, lambda now: now["num_waiting_reqs"] == 1)
+        assert post(served, "/abort_request", {"rid": "held-1"}).status_code == 200
+        answer = held.result(timeout=60)
+    assert answer["meta_info"]["finish_reason"]["type"] == "abort"
+    assert answer["meta_info"]["completion_tokens"] == 0
+    wait_for_load(served, lambda now: now["num_reqs"] == 0)
+    assert post(served, "/continue_generation").status_code == 200
+
+
+def test_health_generate_says_paused_and_the_cache_flushes_once_kv_is_given_back(served):
+    text = PROMPT + " once more, at length, so that whole pages of it are cached"
+    generate(served, text)
+    assert pause(served, "in_place").status_code == 200
+    resp = httpx.get(f"{served.url}/health_generate", headers=AUTH, timeout=60)
+    assert resp.status_code == 503 and "paused" in resp.json()["error"]
+    assert httpx.get(f"{served.url}/health", timeout=10).status_code == 200  # alive meanwhile
+    # nothing holds KV: the cache empties while paused (SGLang: so in retract mode)
+    assert post(served, "/flush_cache").status_code == 200
+    assert post(served, "/continue_generation").status_code == 200
+    assert generate(served, text)["meta_info"]["cached_tokens"] == 0
+    assert httpx.get(f"{served.url}/health_generate", headers=AUTH, timeout=60).status_code == 200
+
+
+def test_continue_without_a_pause_changes_nothing(served):
+    before = generate(served)["output_ids"]
+    assert post(served, "/continue_generation", {}).status_code == 200
+    assert generate(served)["output_ids"] == before
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/pause_generation", {"mode": "sideways"}, "mode"),
+        ("/pause_generation", {"mode": "abort", "surprise": 1}, "surprise"),
+        ("/continue_generation", {"surprise": 1}, "surprise"),
+    ],
+)
+def test_bad_bodies_are_a_400_naming_the_field(served, path, body, param):
+    resp = post(served, path, body)
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["param"] == param
+    assert httpx.get(f"{served.url}/get_server_info", headers=AUTH).json()["paused"] is None
+
+
+def test_it_is_behind_the_api_key(served):
+    for path in ("/pause_generation", "/continue_generation"):
+        assert httpx.post(f"{served.url}{path}", timeout=30).status_code == 401
+
+
+# ---------------------------------------------------------------- with /update_weights_from_disk
+
+
+@pytest.fixture(scope="module")
+def greedy_on_b(steps):
+    """The offline engine on step b's weights: the greedy continuation of given token ids."""
+    llm = LLM(steps["b"], device="cpu", attn="torch", max_context_len=2048, num_kv_tokens=16384)
+
+    def run(prompt_ids: list[int], max_tokens: int) -> list[int]:
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        return list(llm.generate([prompt_ids], params, use_tqdm=False)[0].token_ids)
+
+    yield run
+    llm.close()
+
+
+def test_retracted_requests_go_on_with_the_new_weights(served, steps, greedy_on_b):
+    """Pause (retract), update, continue: the update does not wait for the request, which then
+    continues on step b's weights from what it had made on step a's, as the offline engine on
+    step b continues the same tokens."""
+    params = {**LONG, "max_new_tokens": 300}
+    prompt_ids = generate(served, params={**GREEDY, "max_new_tokens": 1})["meta_info"]["prompt_tokens"]
+    reference_a = generate(served, params=params)["output_ids"]
+    stream = Stream(served, params)
+    wait_for_load(served, lambda _: stream.tokens > 5)
+    assert pause(served, "retract").status_code == 200
+    update = post(served, "/update_weights_from_disk", {"model_path": str(steps["b"])})
+    assert update.status_code == 200, update.text
+    assert not stream.done.is_set()
+    assert post(served, "/continue_generation").status_code == 200
+    output = stream.result()["output_ids"]
+    assert len(output) == 300
+    # where the new weights took over: the first token step a would not have made
+    split = next(i for i, (got, was) in enumerate(zip(output, reference_a, strict=True)) if got != was)
+    assert 5 < split < 300
+    ids = _prompt_ids(served) + output[:split]
+    assert len(ids) == prompt_ids + split
+    assert output[split:] == greedy_on_b(ids, 300 - split)
+    assert post(served, "/update_weights_from_disk", {"model_path": str(steps["a"])}).status_code == 200
+
+
+def test_in_place_requests_keep_their_kv_through_an_update_only_without_a_flush(served, steps):
+    """The KV they hold was computed by the old weights: emptying the cache is refused (the old
+    weights serve on); with flush_cache false they continue on the new weights."""
+    params = {**LONG, "max_new_tokens": 300}
+    reference_a = generate(served, params=params)["output_ids"]
+    stream = Stream(served, params)
+    wait_for_load(served, lambda _: stream.tokens > 5)
+    assert pause(served, "in_place").status_code == 200
+    refused = post(served, "/update_weights_from_disk", {"model_path": str(steps["b"])})
+    assert refused.status_code == 400
+    assert "flush_cache false" in refused.json()["error"]["message"]
+    taken = post(served, "/update_weights_from_disk", {"model_path": str(steps["b"]), "flush_cache": False})
+    assert taken.status_code == 200, taken.text
+    assert post(served, "/continue_generation").status_code == 200
+    output = stream.result()["output_ids"]
+    assert len(output) == 300 and output != reference_a  # (the tail came from step b)
+    assert post(served, "/update_weights_from_disk", {"model_path": str(steps["a"])}).status_code == 200
+
+
+def test_keep_pause_leaves_generation_paused_after_the_update(served, steps):
+    reference = generate(served)["output_ids"]
+    resp = post(served, "/update_weights_from_disk", {"model_path": str(steps["a"]), "keep_pause": True})
+    assert resp.status_code == 200, resp.text
+    assert httpx.get(f"{served.url}/get_server_info", headers=AUTH).json()["paused"] == "in_place"
+    with ThreadPoolExecutor(1) as pool:
+        later = pool.submit(generate, served)
+        wait_for_load(served, lambda now: now["num_waiting_reqs"] == 1)
+        time.sleep(0.5)
+        assert not later.done()
+        assert post(served, "/continue_generation").status_code == 200
+        assert later.result(timeout=60)["output_ids"] == reference
+
+
+def _prompt_ids(server) -> list[int]:
+    resp = httpx.post(f"{server.url}/tokenize", json={"prompt": PROMPT}, headers=AUTH, timeout=30)
+    assert resp.status_code == 200, resp.text
+    return resp.json()["tokens"]
+
+
+def test_tensor_parallel_ranks_pause_together(start_server, steps, engine_args):
+    """``--tp 2``: both ranks retract, wait and go on in lock-step."""
+    server = start_server(["--model", str(steps["a"]), "--tp", "2", "--api-key", API_KEY, *engine_args])
+    params = {**LONG, "max_new_tokens": 200}
+    reference = generate(server, params=params)["output_ids"]
+    stream = Stream(server, params)
+    wait_for_load(server, lambda _: stream.tokens > 5)
+    assert pause(server, "retract").status_code == 200
+    time.sleep(0.5)
+    assert not stream.done.is_set()
+    assert post(server, "/continue_generation").status_code == 200
+    assert stream.result()["output_ids"] == reference
