@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -323,3 +324,21 @@ def test_tensor_parallel_ranks_pause_together(start_server, steps, engine_args):
     assert not stream.done.is_set()
     assert post(server, "/continue_generation").status_code == 200
     assert stream.result()["output_ids"] == reference
+
+
+def test_sigterm_while_paused_lets_the_accepted_requests_finish(start_server, steps, engine_args):
+    """The drain continues generation: a paused request would otherwise run out the whole
+    --shutdown-timeout and end with an error."""
+    server = start_server(
+        ["--model", str(steps["a"]), "--api-key", API_KEY, "--shutdown-timeout", "60", *engine_args]
+    )
+    params = {**LONG, "max_new_tokens": 100}
+    reference = generate(server, params=params)["output_ids"]
+    stream = Stream(server, params)
+    wait_for_load(server, lambda _: stream.tokens > 5)
+    assert pause(server, "in_place").status_code == 200
+    started = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+    answer = stream.result()
+    assert answer["output_ids"] == reference and time.monotonic() - started < 30
+    assert server.proc.wait(60) == 0
