@@ -154,6 +154,10 @@ class AttentionConfig:
     #: verify step checks for each request (1 + draft tokens), ``max_requests`` without
     #: speculation; 0 (the default) is filled in as ``max_requests`` (API 2.2)
     max_sequences: int = 0
+    #: attention logit soft-capping, ``cap * tanh(scores / cap)`` on the scaled scores before the
+    #: mask and softmax (Gemma 2's ``attn_logit_softcapping``); 0.0 (the default): none. Non-zero
+    #: only for backends declaring "soft_cap": the core refuses the others at start (API 2.6)
+    logits_soft_cap: float = 0.0
 
     def __post_init__(self) -> None:
         if self.max_sequences < self.max_requests:
@@ -218,7 +222,9 @@ class AttentionBackend(ABC):
     #: "mixed": prefill batches (``is_prefill``) may hold decode rows, sequences with one new
     #: token after a long KV, among the prompt chunks; the core then runs chunked prefill and the
     #: running decodes in one step (``--disable-mixed-batch`` off). A backend's prefill path
-    #: normally handles them already (an extend of length 1)
+    #: normally handles them already (an extend of length 1), and (API 2.6) "soft_cap": the
+    #: backend applies ``config.logits_soft_cap`` when it is non-zero (a model whose attention
+    #: caps its scores, Gemma 2, runs only on backends declaring it)
     capabilities: ClassVar[frozenset[str]] = frozenset({"prefill", "decode", "page_size>1"})
 
     def __init__(self, config: AttentionConfig) -> None:

@@ -34,6 +34,11 @@ class KVSpec:
     num_kv_heads: int
     head_dim: int
     scale: float
+    #: attention logit soft-capping: scores become ``cap * tanh(scores / cap)`` (after ``scale``,
+    #: before the mask and softmax; Gemma 2's ``attn_logit_softcapping``); 0.0: none. The core
+    #: passes it to the backends as ``AttentionConfig.logits_soft_cap`` and refuses, at start, a
+    #: backend that does not declare "soft_cap" (API 2.6)
+    logits_soft_cap: float = 0.0
 
 
 class Model(torch.nn.Module):

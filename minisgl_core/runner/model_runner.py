@@ -193,6 +193,40 @@ def check_kv_dtype(
             )
 
 
+def check_soft_cap(
+    cap: float,
+    names: tuple[str, str],
+    backends: dict[str, type[AttentionBackend]],
+    plugins: Plugins,
+    device: torch.device,
+    spelling: Spelling = "flag",
+) -> None:
+    """A model whose attention soft-caps its scores (``KVSpec.logits_soft_cap``, Gemma 2's
+    ``attn_logit_softcapping``) needs both backends (prefill, decode: ``names``) to declare
+    "soft_cap" (API 2.6): one that does not would compute another model. The refusal suggests,
+    for each role whose backend lacks it, a backend usable here that declares it (weights are
+    loaded by then: the cap is known once the model is built)."""
+    lacking = [i for i, name in enumerate(names) if "soft_cap" not in backends[name].capabilities]
+    if not cap or not lacking:
+        return
+    pair: list[str | None] = [
+        role_partner(("prefill", "decode")[i], device, plugins, frozenset({"soft_cap"}))
+        if i in lacking
+        else name
+        for i, name in enumerate(names)
+    ]
+    prefill, decode = pair
+    if prefill is None or decode is None:
+        fix = f"no attention backend installed declares it on {device}"
+    else:
+        fix = f"use {given('attn', prefill if prefill == decode else f'{prefill},{decode}', spelling)}"
+    name = names[lacking[0]]
+    raise PluginError(
+        f"attention backend {name!r} cannot run this model: it caps attention scores "
+        f'(logits_soft_cap {cap:g}) and {name!r} does not declare "soft_cap"; {fix}'
+    )
+
+
 def _note_graph_settings_unused(config: EngineConfig, device: torch.device, spelling: Spelling) -> None:
     """A warning for each CUDA-graph setting given a value of its own on a device without CUDA
     graphs (the CPU): accepted there (one command line serves either machine), never silently."""
@@ -256,6 +290,24 @@ class ModelRunner:
             self.logit_shard_shape = (head.rows_per_rank, head.valid_rows)
             self._vocab_ids = head.num_embeddings
         spec = self.model.kv_spec
+        if spec.logits_soft_cap:
+            # Attention that caps its scores (Gemma 2), known once the model is built: ``--attn
+            # auto`` picks again among the backends declaring "soft_cap"; a named one is checked.
+            needs |= {"soft_cap"}
+            if config.attn == "auto":
+                prefill_name, decode_name = pick_attention(config.attn, self.device, plugins, needs)
+                attn_classes = {
+                    name: self._backend_class(name, plugins) for name in (prefill_name, decode_name)
+                }
+                self.page_size = resolve_page_size(config.page_size, self.device, attn_classes, self.spelling)
+            check_soft_cap(
+                spec.logits_soft_cap,
+                (prefill_name, decode_name),
+                attn_classes,
+                plugins,
+                self.device,
+                self.spelling,
+            )
         max_pos = int(self.hf_config.get("max_position_embeddings", 4096))
         self.max_context_len = config.context_len(self.hf_config)
         if config.max_context_len and config.max_context_len > max_pos and parallel.tp_rank == 0:
@@ -302,6 +354,7 @@ class ModelRunner:
             max_context_len=self.max_context_len,
             kv_cache=self.kv_cache,
             max_sequences=self.num_request_rows * self.sequences_per_request,
+            logits_soft_cap=spec.logits_soft_cap,
         )
         self.prefill_attn = build_backend(prefill_name, attn_classes[prefill_name], attn_config)
         try:

@@ -43,8 +43,21 @@ from minisgl_core.testing.paged import (
 from minisgl_core.testing.targets import registered, resolve
 
 KNOWN_CAPABILITIES = frozenset(
-    {"prefill", "decode", "cuda_graph", "page_size>1", "cascade", "prestored_kv", "kv_fp8", "mixed"}
+    {
+        "prefill",
+        "decode",
+        "cuda_graph",
+        "page_size>1",
+        "cascade",
+        "prestored_kv",
+        "kv_fp8",
+        "mixed",
+        "soft_cap",
+    }
 )
+#: the ``logits_soft_cap`` of the "soft_cap" tests: small beside the suite's scores (about 1.25
+#: standard deviations), so a backend that ignores it is far off
+SOFT_CAP = 1.5
 #: (atol, rtol) when the suite does not set them
 DEFAULT_TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float16: (4e-3, 4e-3), torch.bfloat16: (2e-2, 2e-2)}
 #: the layer single-layer tests use; layer 0 holds garbage a backend must not read
@@ -169,11 +182,13 @@ class AttentionBackendSuite:
         capacities: Sequence[int],
         generator: torch.Generator,
         kv_dtype: torch.dtype | None = None,
+        soft_cap: float = 0.0,
     ) -> Problem:
         """A backend over a 2-layer pool full of garbage and a layout giving each sequence room
         for ``capacities[i]`` tokens; the sequences' K/V are generated, not yet stored.
         ``kv_dtype``: the pool's dtype when not the suite's (float8_e4m3fn for "kv_fp8"); the
-        dense K/V are then rounded through it, so the reference sees what the pool holds."""
+        dense K/V are then rounded through it, so the reference sees what the pool holds.
+        ``soft_cap``: the config's ``logits_soft_cap`` (API 2.6), which the reference applies too."""
         if shape.page_size > 1:
             self.require("page_size>1")
         page_size = shape.page_size
@@ -203,6 +218,7 @@ class AttentionBackendSuite:
             max_requests=max_requests,
             max_context_len=max_context_len,
             kv_cache=cache,
+            logits_soft_cap=soft_cap,
         )
         layout = random_page_table(
             capacities,
@@ -286,11 +302,13 @@ class AttentionBackendSuite:
         assert output.device == q.device, f"output on {output.device}, expected {q.device}"
         keys = [problem.keys[layer_id][r][:s] for r, s in zip(rows, batch.seq_lens_cpu, strict=True)]
         values = [problem.values[layer_id][r][:s] for r, s in zip(rows, batch.seq_lens_cpu, strict=True)]
-        expected = reference_attention(q, keys, values, batch.extend_lens_cpu, problem.config.scale)
+        config = problem.config
+        expected = reference_attention(
+            q, keys, values, batch.extend_lens_cpu, config.scale, config.logits_soft_cap
+        )
         atol, rtol = self.tolerances()
         torch.testing.assert_close(output.detach().cpu().double(), expected, atol=atol, rtol=rtol)
 
-        config = problem.config
         flat = pool_before[layer_id].view(2, -1, config.num_kv_heads, config.head_dim)
         flat[0, batch.out_cache_loc] = k.to(config.kv_cache.dtype)
         flat[1, batch.out_cache_loc] = v.to(config.kv_cache.dtype)
@@ -487,6 +505,41 @@ class AttentionBackendSuite:
         assert problem.config.kv_cache.buffer.dtype == torch.float8_e4m3fn
         for batch in self.prompt_then_decode_steps(problem, generator, prompts, decode_steps):
             self.run_step(problem, generator, batch)
+
+    def test_soft_cap(self, generator: torch.Generator) -> None:
+        """(API 2.6) With "soft_cap": ``config.logits_soft_cap`` caps the scaled scores
+        (``cap * tanh(scores / cap)``) before the softmax, in a prefill step, decode steps and an
+        extend over a cached prefix; the reference caps them too."""
+        self.require("soft_cap")
+        shape = self.representative_shape()
+        prompts, decode_steps = [self.max_seq_len - 3, 2, 17], 2
+        problem = self.make_problem(shape, [p + decode_steps for p in prompts], generator, soft_cap=SOFT_CAP)
+        for batch in self.prompt_then_decode_steps(problem, generator, prompts, decode_steps):
+            self.run_step(problem, generator, batch)
+        if "prefill" in self.backend_class().capabilities:
+            seq_lens, extend_lens = [40, 9], [13, 9]
+            problem = self.make_problem(shape, seq_lens, generator, soft_cap=SOFT_CAP)
+            batch = self.batch(problem, generator, seq_lens, extend_lens, is_prefill=True)
+            store_prefixes(problem.config.kv_cache, LAYER, batch, problem.keys[LAYER], problem.values[LAYER])
+            self.run_step(problem, generator, batch)
+
+    def test_soft_cap_cuda_graph_decode(self, generator: torch.Generator) -> None:
+        """(API 2.6) A decode step with ``logits_soft_cap`` captured in a CUDA graph and replayed."""
+        self.require("decode", "cuda_graph", "soft_cap")
+        if torch.device(self.device).type != "cuda":
+            pytest.skip("CUDA graphs need a CUDA device")
+        n = self.graph_batch_size
+        seq_lens = self.randoms(generator, n, 1, self.max_seq_len)
+        problem = self.make_problem(
+            self.representative_shape(), seq_lens + [1] * n, generator, soft_cap=SOFT_CAP
+        )
+        dummy = self.batch(
+            problem, generator, [1] * n, [1] * n, rows=range(n, 2 * n), is_prefill=False, captured=True
+        )
+        captured = self.capture_decode(problem, dummy)
+        rows = list(range(n))
+        batch = self.batch(problem, generator, seq_lens, [1] * n, rows=rows, is_prefill=False, captured=True)
+        self.replay_and_check(problem, generator, captured, dummy, batch, rows)
 
     def capture_decode(self, problem: Problem, dummy: ForwardBatch) -> CapturedDecode:
         """The core's protocol: ``init_graph_capture``, ``prepare_capture(dummy)``, a warm-up

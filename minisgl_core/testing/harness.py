@@ -44,6 +44,7 @@ def make_attention(
         max_requests=max_requests,
         max_context_len=max_context_len,
         kv_cache=kv_cache,
+        logits_soft_cap=kv_spec.logits_soft_cap,
     )
     return backend_cls(config)
 

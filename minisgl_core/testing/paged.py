@@ -162,8 +162,10 @@ def reference_attention(
     values: Sequence[torch.Tensor],
     extend_lens: Sequence[int],
     scale: float,
+    soft_cap: float = 0.0,
 ) -> torch.Tensor:
-    """Causal attention in float64 on CPU from dense K/V, one sequence at a time.
+    """Causal attention in float64 on CPU from dense K/V, one sequence at a time; ``soft_cap``
+    non-zero: the scaled scores capped to ``soft_cap * tanh(scores / soft_cap)`` first (API 2.6).
 
     ``q``: [num_tokens, qo_heads, head_dim], the new tokens sequence after sequence; ``keys[i]``/
     ``values[i]``: [seq_len_i, kv_heads, head_dim], every position of sequence i. Query j of
@@ -178,6 +180,8 @@ def reference_attention(
         key = key.detach().cpu().double().repeat_interleave(group, dim=1)
         value = value.detach().cpu().double().repeat_interleave(group, dim=1)
         scores = torch.einsum("thd,shd->hts", query, key) * scale
+        if soft_cap:
+            scores = soft_cap * torch.tanh(scores / soft_cap)
         query_pos = torch.arange(seq_len - extend_len, seq_len)
         causal = torch.arange(seq_len)[None, :] <= query_pos[:, None]
         probs = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)

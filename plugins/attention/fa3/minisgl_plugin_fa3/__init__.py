@@ -2,7 +2,7 @@
 
 from minisgl_core.api import hookimpl
 
-MINISGL_API = "2.0"
+MINISGL_API = "2.6"  # AttentionConfig.logits_soft_cap, the "soft_cap" capability (API 2.6)
 
 
 @hookimpl

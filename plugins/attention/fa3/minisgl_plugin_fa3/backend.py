@@ -76,6 +76,7 @@ class FlashAttention3Backend(FlashInferBackend):
             "cu_seqlens_q": layout.qo_indptr,
             "max_seqlen_q": max(batch.extend_lens_cpu),
             "softmax_scale": self.config.scale,
+            "softcap": self.config.logits_soft_cap,  # (API 2.6) 0.0: none, FlashAttention-3's default
             # bottom-right aligned: query j of an extend sees the cached prefix plus new tokens <= j
             "causal": True,
         }

@@ -97,8 +97,11 @@ class FlashInferBackend(AttentionBackend):
     """Causal paged attention with GQA on FlashInfer kernels, CUDA-graph capable for decode."""
 
     capabilities = frozenset(
-        {"prefill", "decode", "page_size>1", "cuda_graph", "cascade", "prestored_kv", "kv_fp8", "mixed"}
-    )
+        {
+            "prefill", "decode", "page_size>1", "cuda_graph", "cascade", "prestored_kv", "kv_fp8", "mixed",
+            "soft_cap",
+        }
+    )  # fmt: skip
     #: FlashInfer kernel family for prefill/extend; "fa2" runs on sm80+ and shares its JIT module
     #: with the tensor-core decode kernel (one compile). The fa3 plugin swaps in "fa3".
     prefill_kernels: ClassVar[str] = "fa2"
@@ -306,6 +309,8 @@ class FlashInferBackend(AttentionBackend):
     def _kernel_options(self) -> dict[str, Any]:
         return {
             "sm_scale": self.config.scale,
+            # (API 2.6) every plan() takes it, prefill and decode alike; None (no cap) as before
+            "logits_soft_cap": self.config.logits_soft_cap or None,
             "q_data_type": self.config.dtype,
             "kv_data_type": self.config.kv_cache.dtype,
         }

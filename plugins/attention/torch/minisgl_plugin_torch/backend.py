@@ -10,6 +10,11 @@ long prompt beside short ones or decode rows, runs sequence by sequence:
 :meth:`TorchAttentionBackend._each`). Padding costs memory proportional to ``bs * max_len`` per layer,
 which is fine on CPU and in tests but is why GPU serving uses the kernel backends.
 
+Soft-capping (``config.logits_soft_cap``, API 2.6: Gemma 2): the scaled scores become
+``cap * tanh(scores / cap)`` before the mask and softmax, on every path; where the path would
+call ``scaled_dot_product_attention``, which has no such step, it computes the scores itself
+(:func:`_attention`).
+
 Cascade (decode batches with ``shared_prefixes``): each group's queries attend once to the shared
 prefix (the first sequence's slots), each sequence to its own positions after it, and the two
 partial results are merged by their log-sum-exp: the same arithmetic the GPU backends run,
@@ -69,6 +74,37 @@ def _gather(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     return _gather_rows(pool, slots).transpose(1, 2)
 
 
+def _cap(scores: torch.Tensor, cap: float) -> torch.Tensor:
+    """``cap * tanh(scores / cap)`` in place (``cap`` 0: ``scores`` unchanged)."""
+    if cap:
+        scores.div_(cap).tanh_().mul_(cap)
+    return scores
+
+
+def _attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    cap: float,
+) -> torch.Tensor:
+    """``scaled_dot_product_attention(q, k, v, mask, scale)`` with GQA (``q`` [b, qo_heads, t, d],
+    ``k``/``v`` [b, kv_heads, s, d], ``mask`` broadcast to [b, qo_heads, t, s] or None), the scores
+    soft-capped by ``cap`` when it is non-zero (then computed here: SDPA has no cap)."""
+    gqa = q.shape[1] != k.shape[1]
+    if not cap:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    b, heads, t, d = q.shape
+    kv_heads = k.shape[1]
+    rows = q.reshape(b, kv_heads, heads // kv_heads * t, d)  # head h reads KV head h // group
+    scores = _cap(torch.matmul(rows, k.transpose(-1, -2)).mul_(scale), cap).view(b, heads, t, -1)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).view(b, kv_heads, heads // kv_heads * t, -1)
+    return torch.matmul(probs, v).view(b, heads, t, d)
+
+
 #: from this many gathered elements of K (batch x keys x KV heads x head dim) a CPU decode
 #: attends one KV head at a time (:meth:`TorchAttentionBackend._decode`)
 _HEAD_BY_HEAD_ELEMENTS = 1 << 17
@@ -98,7 +134,7 @@ class TorchAttentionBackend(AttentionBackend):
     """Causal paged attention with GQA for any device and page size (no CUDA graphs)."""
 
     capabilities = frozenset(
-        {"prefill", "decode", "page_size>1", "cascade", "prestored_kv", "kv_fp8", "mixed"}
+        {"prefill", "decode", "page_size>1", "cascade", "prestored_kv", "kv_fp8", "mixed", "soft_cap"}
     )
 
     def prepare_metadata(self, batch: ForwardBatch) -> None:
@@ -217,13 +253,13 @@ class TorchAttentionBackend(AttentionBackend):
             return self._cascade(queries[:, 0], keys, values, meta, layer_id).to(q.dtype)
         # one sequence decoding over exactly its own keys sees them all: no mask to apply
         whole = decode and bs == 1 and keys.shape[2] == batch.seq_lens_cpu[0]
-        out = F.scaled_dot_product_attention(
+        out = _attention(
             queries.transpose(1, 2),
             keys,
             values,
-            attn_mask=None if whole else meta.mask,
-            scale=self.config.scale,
-            enable_gqa=num_qo_heads != cache.num_kv_heads,
+            None if whole else meta.mask,
+            self.config.scale,
+            self.config.logits_soft_cap,
         )
         # [bs, qo_heads, max_extend, head_dim] -> the new tokens, token-major
         if decode:
@@ -282,6 +318,7 @@ class TorchAttentionBackend(AttentionBackend):
         rows = q.view(bs, kv_heads, num_heads // kv_heads, head_dim)  # head h reads KV head h // group
         if bs == 1 or keys.numel() < _HEAD_BY_HEAD_ELEMENTS:
             scores = torch.matmul(rows, keys.transpose(1, 2).transpose(-1, -2)).mul_(self.config.scale)
+            _cap(scores, self.config.logits_soft_cap)
             if mask is not None:
                 scores.masked_fill_(~mask, float("-inf"))  # [bs, 1, 1, n] broadcast over heads
             out = torch.matmul(torch.softmax(scores, dim=-1), values.transpose(1, 2))  # [bs, kv, g, head_dim]
@@ -292,6 +329,7 @@ class TorchAttentionBackend(AttentionBackend):
             scores = torch.bmm(rows[:, h], keys[:, :, h].transpose(1, 2)).mul_(
                 self.config.scale
             )  # [bs, g, n]
+            _cap(scores, self.config.logits_soft_cap)
             if hidden is not None:
                 scores.masked_fill_(hidden, float("-inf"))
             outs.append(torch.bmm(torch.softmax(scores, dim=-1), values[:, :, h]))  # [bs, g, head_dim]
@@ -330,13 +368,13 @@ class TorchAttentionBackend(AttentionBackend):
                 token += end - b
             else:
                 extend = extend_lens[b]
-                o = F.scaled_dot_product_attention(
+                o = _attention(
                     q[token : token + extend].transpose(0, 1)[None],  # [1, qo_heads, extend, head_dim]
                     keys[b:end],
                     values[b:end],
-                    attn_mask=meta.mask[b:end, :, :extend],
-                    scale=self.config.scale,
-                    enable_gqa=q.shape[1] != keys.shape[1],
+                    meta.mask[b:end, :, :extend],
+                    self.config.scale,
+                    self.config.logits_soft_cap,
                 )
                 out.append(o[0].transpose(0, 1))  # [extend, qo_heads, head_dim]
                 token += extend
@@ -386,7 +424,10 @@ class TorchAttentionBackend(AttentionBackend):
         b, heads, t, d = q.shape
         kv_heads = k.shape[1]
         group = heads // kv_heads
-        scores = q.reshape(b, kv_heads, group * t, d) @ k.transpose(-1, -2) * self.config.scale
+        scores = _cap(
+            q.reshape(b, kv_heads, group * t, d) @ k.transpose(-1, -2) * self.config.scale,
+            self.config.logits_soft_cap,
+        )
         if mask is not None:  # [b, 1, 1, s]: the same keys hidden from every head and query
             scores = scores.masked_fill(~mask, float("-inf"))
         lse = torch.logsumexp(scores, dim=-1)

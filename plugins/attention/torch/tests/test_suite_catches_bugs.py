@@ -117,6 +117,23 @@ class OneTokenRowsSeeOnlyThemselves(TorchAttentionBackend):
         batch.attn_metadata = meta._replace(mask=mask)
 
 
+class IgnoresSoftCap(TorchAttentionBackend):
+    """Declares "soft_cap" (API 2.6) but attends with uncapped scores."""
+
+    def prepare_metadata(self, batch: ForwardBatch) -> None:
+        self.config = dataclasses.replace(self.config, logits_soft_cap=0.0)
+        super().prepare_metadata(batch)
+
+
+class CapsOnlyPrefill(TorchAttentionBackend):
+    """Caps only prefill steps' scores: decode steps (another path on a CPU) run uncapped."""
+
+    def prepare_metadata(self, batch: ForwardBatch) -> None:
+        if not batch.is_prefill:
+            self.config = dataclasses.replace(self.config, logits_soft_cap=0.0)
+        super().prepare_metadata(batch)
+
+
 MUTANTS = [
     DefaultScale,
     AttendsBeforeStoring,
@@ -150,6 +167,15 @@ def test_suite_rejects_cascade_bugs(mutant: type[TorchAttentionBackend]) -> None
         suite.test_cascade_decode(Shape(2, 4, 64, 16), torch.Generator().manual_seed(1))
 
 
+@pytest.mark.parametrize("mutant", [IgnoresSoftCap, CapsOnlyPrefill], ids=lambda m: m.__name__)
+def test_suite_rejects_a_backend_declaring_soft_cap_that_does_not_cap(
+    mutant: type[TorchAttentionBackend],
+) -> None:
+    suite = type("MutantSuite", (AttentionBackendSuite,), {"backend_cls": mutant})()
+    with pytest.raises(AssertionError):
+        suite.test_soft_cap(torch.Generator().manual_seed(1))
+
+
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_suite_rejects_a_prefill_path_without_decode_rows(page_size: int) -> None:
     suite = type("MutantSuite", (AttentionBackendSuite,), {"backend_cls": OneTokenRowsSeeOnlyThemselves})()
@@ -166,3 +192,4 @@ def test_suite_accepts_the_unmutated_backend() -> None:
         "test_cascade_decode",
     ):
         getattr(suite, test_name)(Shape(2, 4, 64, 16), torch.Generator().manual_seed(1))
+    suite.test_soft_cap(torch.Generator().manual_seed(1))
