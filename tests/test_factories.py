@@ -56,8 +56,8 @@ def test_model_dir_is_complete_and_seeded(tmp_path: Path) -> None:
 
 
 def test_model_dir_rejects_unknown_arch(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="GemmaForCausalLM"):
-        make_model_dir(tmp_path, "GemmaForCausalLM")
+    with pytest.raises(ValueError, match="FalconForCausalLM"):
+        make_model_dir(tmp_path, "FalconForCausalLM")
 
 
 def test_demo_model_is_built_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

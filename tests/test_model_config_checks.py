@@ -373,3 +373,28 @@ def test_an_olmo2_config_that_contradicts_its_weights_is_named(olmo2_dir, tmp_pa
     with pytest.raises(ModelPathError) as err:
         LLM(bad, attn="torch", device="cpu")
     assert says in str(err.value), str(err.value)
+
+
+@pytest.fixture(scope="module")
+def gemma2_dir(tmp_path_factory) -> Path:
+    return make_model_dir(tmp_path_factory.mktemp("gemma2") / "gemma2", "Gemma2ForCausalLM", head_dim=24)
+
+
+def test_gemma2s_four_norms_and_its_own_head_dim_fit_its_layout(gemma2_dir):
+    """Gemma 2's pre_feedforward_layernorm (beside OLMo 2's post_feedforward one) and a head_dim
+    that is not hidden / heads (24 x 4 heads beside hidden 64): its checkpoints pass the check."""
+    tensors = read_headers(gemma2_dir)
+    assert tensors["model.layers.0.pre_feedforward_layernorm.weight"].shape == (64,)
+    assert tensors["model.layers.0.self_attn.q_proj.weight"].shape == (96, 64)
+    check_shapes(json.loads((gemma2_dir / "config.json").read_text()), tensors)
+
+
+def test_a_gemma2_config_that_contradicts_its_weights_is_named(gemma2_dir, tmp_path):
+    bad = _with_config(gemma2_dir, tmp_path, head_dim=16)
+    with pytest.raises(ModelPathError) as err:
+        LLM(bad, attn="torch", device="cpu")
+    says = (
+        "weight model.layers.0.self_attn.k_proj.weight in model.safetensors has shape [48, 64], config.json "
+        "implies [32, 64] (num_key_value_heads x head_dim, hidden_size)"
+    )
+    assert says in str(err.value), str(err.value)

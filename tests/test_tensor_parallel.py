@@ -79,8 +79,27 @@ def _rank_int8(rank: int, world: int, port: int, model_dir: str, queue) -> None:
         # q/k norms over whole projections: the ranks' sums of squares all-reduced (the one KV head
         # held by both ranks counted twice and divided out)
         ("Olmo2ForCausalLM", {"num_key_value_heads": 1}),
+        # the final logit soft-cap on each rank's slice of the vocabulary (vocabulary-parallel
+        # sampling) and the attention soft-cap on each rank's heads
+        (
+            "Gemma2ForCausalLM",
+            {
+                "num_key_value_heads": 1,
+                "tie_word_embeddings": False,
+                "vocab_size": 1027,
+                "attn_logit_softcapping": 2.0,
+                "final_logit_softcapping": 3.0,
+                "query_pre_attn_scalar": 8,
+            },
+        ),
     ],
-    ids=["qwen3-gqa", "llama-replicated-kv-odd-vocab", "qwen3-moe", "olmo2-replicated-kv"],
+    ids=[
+        "qwen3-gqa",
+        "llama-replicated-kv-odd-vocab",
+        "qwen3-moe",
+        "olmo2-replicated-kv",
+        "gemma2-capped-replicated-kv-odd-vocab",
+    ],
 )
 def test_tp2_equals_tp1(tmp_path, arch, overrides):
     model_dir = str(make_model_dir(tmp_path / "m", arch, **overrides))

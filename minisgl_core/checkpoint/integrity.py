@@ -33,7 +33,7 @@ from minisgl_core.setting_names import Spelling, given
 LLAMA_LAYOUT = frozenset(
     {
         "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GraniteForCausalLM",
-        "Olmo2ForCausalLM",
+        "Olmo2ForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM",
         # (the decoder's too, their fused or expert tensors named otherwise: no rule matches them;
         # their sizes were tracebacks from the model's construction, a probe's find)
         "Phi3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM",
@@ -187,7 +187,7 @@ def _layout_rules(config: dict[str, Any]) -> list[tuple[re.Pattern[str], tuple[i
         (r"model\.embed_tokens\.weight", (vocab, hidden), "vocab_size, hidden_size"),
         (r"lm_head\.weight", (vocab, hidden), "vocab_size, hidden_size"),
         (r"model\.norm\.weight", (hidden,), "hidden_size"),
-        (layer + r"(input|post_attention|post_feedforward)_layernorm\.weight", (hidden,), "hidden_size"),
+        (layer + r"(input|post_attention|pre_feedforward|post_feedforward)_layernorm\.weight", (hidden,), "hidden_size"),
         (layer + r"self_attn\.q_proj\.weight", (q_rows, hidden), "num_attention_heads x head_dim, hidden_size"),
         (layer + r"self_attn\.[kv]_proj\.weight", (kv_rows, hidden), "num_key_value_heads x head_dim, hidden_size"),
         (layer + r"self_attn\.q_proj\.bias", (q_rows,), "num_attention_heads x head_dim"),

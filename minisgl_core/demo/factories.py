@@ -40,6 +40,18 @@ _TINY_MOE_DEFAULTS: dict[str, Any] = dict(
     num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True
 )
 
+#: what an architecture changes in the tiny shape: Gemma's tied head (as every Gemma checkpoint
+#: has), and Gemma 2's sliding window as long as the tiny context, so a tiny Gemma 2 loads without
+#: ``max_context_len`` (the window is refused where a sequence could outgrow it)
+_TINY_ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
+    "GemmaForCausalLM": dict(tie_word_embeddings=True),
+    "Gemma2ForCausalLM": dict(
+        tie_word_embeddings=True, sliding_window=_TINY_DEFAULTS["max_position_embeddings"]
+    ),
+}
+#: architectures whose RMS norms scale by ``1 + weight``
+_NORMS_AROUND_ZERO = frozenset({"GemmaForCausalLM", "Gemma2ForCausalLM"})
+
 #: the embedded demo model: what it changes in the tiny shape (make_model_dir starts from that)
 _DEMO_OVERRIDES: dict[str, Any] = dict(
     hidden_size=256,
@@ -172,7 +184,8 @@ def make_model_dir(
 
     ``arch`` is ``"Qwen3ForCausalLM"``, ``"Qwen2ForCausalLM"``, ``"LlamaForCausalLM"``,
     ``"MistralForCausalLM"``, ``"Phi3ForCausalLM"``, ``"GraniteForCausalLM"``, ``"Olmo2ForCausalLM"``,
-    ``"Qwen3MoeForCausalLM"`` or ``"MixtralForCausalLM"``; tiny defaults (hidden 64,
+    ``"GemmaForCausalLM"``, ``"Gemma2ForCausalLM"``, ``"Qwen3MoeForCausalLM"`` or
+    ``"MixtralForCausalLM"``; tiny defaults (hidden 64,
     2 layers, 4 heads, 2 KV heads, head_dim 16) are overridden by ``config_overrides``, and
     ``vocab_size`` defaults to the tokenizer's. Weights come from transformers' own initialisation
     with ``seed`` and std ``hidden_size ** -0.5`` (logits of order one); norm weights and biases are then randomised too, so no parameter is trivially
@@ -180,6 +193,8 @@ def make_model_dir(
     import torch
     from transformers import (
         AutoModelForCausalLM,
+        Gemma2Config,
+        GemmaConfig,
         GenerationConfig,
         GraniteConfig,
         LlamaConfig,
@@ -201,6 +216,8 @@ def make_model_dir(
         "Phi3ForCausalLM": Phi3Config,
         "GraniteForCausalLM": GraniteConfig,
         "Olmo2ForCausalLM": Olmo2Config,
+        "GemmaForCausalLM": GemmaConfig,
+        "Gemma2ForCausalLM": Gemma2Config,
         "Qwen3MoeForCausalLM": Qwen3MoeConfig,
         "MixtralForCausalLM": MixtralConfig,
     }
@@ -219,7 +236,13 @@ def make_model_dir(
         "Qwen3MoeForCausalLM": _TINY_MOE_DEFAULTS,
         "MixtralForCausalLM": dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32),
     }.get(arch, {})
-    settings = {**_TINY_DEFAULTS, **moe, "vocab_size": len(tokens), **config_overrides}
+    settings = {
+        **_TINY_DEFAULTS,
+        **moe,
+        **_TINY_ARCH_DEFAULTS.get(arch, {}),
+        "vocab_size": len(tokens),
+        **config_overrides,
+    }
     # transformers' default std (0.02) leaves the residual stream dominated by the token's own
     # embedding, so a tied model just repeats its input; unit-gain projections make every layer count.
     settings.setdefault("initializer_range", settings["hidden_size"] ** -0.5)
@@ -231,7 +254,9 @@ def make_model_dir(
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
-                param.copy_(1.0 + 0.1 * torch.randn_like(param))
+                # (Gemma's norms scale by 1 + weight: their weights are stored around zero)
+                centre = 0.0 if arch in _NORMS_AROUND_ZERO else 1.0
+                param.copy_(centre + 0.1 * torch.randn_like(param))
             elif name.endswith(".bias"):
                 param.copy_(0.02 * torch.randn_like(param))
     model.to(getattr(torch, dtype))

@@ -1,0 +1,320 @@
+"""Google Gemma and Gemma 2: the shared Llama-family decoder with Gemma's differences.
+
+Both:
+
+- the token embeddings are multiplied by ``sqrt(hidden_size)`` rounded to the run dtype (as
+  transformers' scaled embedding does); the LM head, tied to the same table, reads it unscaled.
+  The first layer, which receives the embeddings, applies the factor;
+- every RMS norm scales by ``1 + weight`` (its weights are stored around zero), in float32, then
+  rounds (:class:`GemmaRMSNorm`);
+- the MLP is ``gelu_tanh(gate) * up`` (``hidden_act`` / ``hidden_activation``
+  ``gelu_pytorch_tanh``; Gemma's legacy ``gelu`` means the same, as transformers reads it);
+- ``head_dim`` comes from config.json (256 for the released models, not hidden / heads).
+
+Gemma 2 adds:
+
+- four norms a layer: ``h = x + post_attention_norm(attn(input_norm(x)))``, then
+  ``h + post_feedforward_norm(mlp(pre_feedforward_norm(h)))``;
+- the softmax scale ``query_pre_attn_scalar ** -0.5``;
+- attention logit soft-capping (``attn_logit_softcapping``: scores become ``cap * tanh(scores /
+  cap)`` before the softmax), which the attention backend applies: the KV spec's
+  ``logits_soft_cap`` (API 2.6; the core refuses a backend not declaring "soft_cap");
+- final logit soft-capping (``final_logit_softcapping``) on the LM head's output, in
+  :meth:`GemmaForCausalLM.logits_from`, which every logit the engine reads comes through
+  (sampling, logprobs, prompt logprobs), eager, CUDA graphs and piecewise graphs alike;
+- sliding-window attention (``sliding_window``) on alternate layers (``layer_types``; by default
+  the even ones, as transformers' ``Gemma2Config``): not implemented, so a window shorter than the
+  context the engine runs is refused with the decoder's message naming ``--max-context-len``; a
+  context of at most the window is exactly full attention.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minisgl_core.api import ForwardBatch, KVSpec, ModelConfig, ParallelContext
+from minisgl_core.layers import (
+    DecoderAttention,
+    DecoderForCausalLM,
+    MergedColumnParallelLinear,
+    RowParallelLinear,
+    load_full,
+)
+from minisgl_core.layers.decoder import Angles
+from minisgl_core.layers.fused import fused
+from minisgl_core.layers.weights import new_param
+
+#: the activations Gemma's MLP is built with: the tanh approximation of GELU
+TANH_GELU = frozenset({"gelu_pytorch_tanh"})
+
+
+def _gemma_normalize(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return (x32 * (1.0 + weight.float())).to(x.dtype)
+
+
+@fused
+def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x / rms(x) * (1 + weight)`` in float32, rounded to ``x``'s dtype at the end (Gemma's norm;
+    Llama's rounds before the weight)."""
+    return _gemma_normalize(x, weight, eps)
+
+
+@fused
+def gemma_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(gemma_rms_norm(x + residual), x + residual)``, the add in ``x``'s dtype."""
+    total = x + residual
+    return _gemma_normalize(total, weight, eps), total
+
+
+@fused
+def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``gelu_tanh(gate) * up`` of ``gate_up = [gate | up]`` over the last dimension."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
+
+
+class GemmaRMSNorm(nn.Module):
+    """Gemma's RMS norm: scales by ``1 + weight``; called as the decoder's ``RMSNorm`` is
+    (``norm(x)``, or ``norm(x, residual)`` for ``(norm(x + residual), x + residual)``)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, *, dtype: torch.dtype | None, device: Any) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = new_param((dim,), dtype, device, load_full)
+        self.weight.data.zero_()
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if residual is None:
+            return gemma_rms_norm(x, self.weight, self.eps)
+        return gemma_add_rms_norm(x, residual, self.weight, self.eps)
+
+
+class GemmaMLP(nn.Module):
+    """``down(gelu_tanh(gate(x)) * up(x))``, no bias; each rank holds a slice of the width and
+    ``down_proj`` sums them."""
+
+    def __init__(
+        self, hf: dict[str, Any], *, parallel: ParallelContext, dtype: torch.dtype | None, device: Any
+    ) -> None:
+        super().__init__()
+        hidden, inter = hf["hidden_size"], hf["intermediate_size"]
+        self.gate_up_proj = MergedColumnParallelLinear(
+            hidden, [inter, inter], parallel=parallel, bias=False, dtype=dtype, device=device
+        )
+        self.down_proj = RowParallelLinear(
+            inter, hidden, parallel=parallel, bias=False, dtype=dtype, device=device
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(gelu_tanh_and_mul(self.gate_up_proj(x)))
+
+
+def embedding_scale(hf: dict[str, Any], dtype: torch.dtype | None) -> float:
+    """``sqrt(hidden_size)`` rounded to the run dtype, as transformers multiplies the embeddings by
+    it (3072's root, 55.43, is 55.5 in bfloat16)."""
+    return float(torch.tensor(hf["hidden_size"] ** 0.5, dtype=dtype or torch.get_default_dtype()))
+
+
+class GemmaDecoderLayer(nn.Module):
+    """Gemma's pre-norm layer: ``h = x + attn(norm(x))``, then ``h + mlp(norm(h))``. Built and called
+    as the decoder's ``DecoderLayer`` (see ``DecoderForCausalLM.layer_cls``): it takes and returns
+    (branch output, residual stream), the residual add folded into the next norm."""
+
+    #: each branch is summed across ranks in its own projection: the output is never a partial sum
+    defers_sums = False
+
+    def __init__(
+        self,
+        hf: dict[str, Any],
+        layer_id: int,
+        *,
+        qk_norm: bool,
+        parallel: ParallelContext,
+        dtype: torch.dtype | None,
+        device: Any,
+        qkv_bias: bool = False,
+        mlp: nn.Module | None = None,
+    ) -> None:
+        super().__init__()
+        eps, hidden = hf.get("rms_norm_eps", 1e-6), hf["hidden_size"]
+        self.self_attn = DecoderAttention(
+            hf, layer_id, qk_norm=False, parallel=parallel, dtype=dtype, device=device
+        )
+        self.mlp = mlp if mlp is not None else GemmaMLP(hf, parallel=parallel, dtype=dtype, device=device)
+        self.input_layernorm = GemmaRMSNorm(hidden, eps, dtype=dtype, device=device)
+        self.post_attention_layernorm = GemmaRMSNorm(hidden, eps, dtype=dtype, device=device)
+        #: the first layer receives the raw token embeddings and scales them
+        self.embed_scale = embedding_scale(hf, dtype) if layer_id == 0 else None
+
+    def embedded(
+        self, hidden: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer's input norm's output, the residual stream after adding ``hidden``)."""
+        if residual is None:  # the first layer: the token embeddings, scaled as Gemma's are
+            hidden = hidden * self.embed_scale
+            return self.input_layernorm(hidden), hidden
+        return self.input_layernorm(hidden, residual)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        batch: ForwardBatch,
+        angles: Angles | None = None,
+        *,
+        hidden_is_partial: bool = False,
+        reduce_output: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``hidden_is_partial`` and ``reduce_output`` are never set: see :attr:`defers_sums`."""
+        normed, residual = self.embedded(hidden, residual)
+        normed, residual = self.post_attention_layernorm(self.self_attn(normed, batch, angles), residual)
+        return self.mlp(normed), residual
+
+
+class Gemma2DecoderLayer(GemmaDecoderLayer):
+    """Gemma 2's layer: a norm on each branch's output too, ``h = x + norm(attn(norm(x)))``, then
+    ``h + norm(mlp(norm(h)))`` (``post_attention_layernorm`` is the attention output's norm here,
+    ``pre_feedforward_layernorm`` the MLP input's)."""
+
+    def __init__(self, hf: dict[str, Any], layer_id: int, **kwargs: Any) -> None:
+        super().__init__(hf, layer_id, **kwargs)
+        eps, hidden = hf.get("rms_norm_eps", 1e-6), hf["hidden_size"]
+        dtype, device = kwargs["dtype"], kwargs["device"]
+        self.pre_feedforward_layernorm = GemmaRMSNorm(hidden, eps, dtype=dtype, device=device)
+        self.post_feedforward_layernorm = GemmaRMSNorm(hidden, eps, dtype=dtype, device=device)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        batch: ForwardBatch,
+        angles: Angles | None = None,
+        *,
+        hidden_is_partial: bool = False,
+        reduce_output: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        normed, residual = self.embedded(hidden, residual)
+        attn_out = self.post_attention_layernorm(self.self_attn(normed, batch, angles))
+        normed, residual = self.pre_feedforward_layernorm(attn_out, residual)
+        return self.post_feedforward_layernorm(self.mlp(normed)), residual
+
+
+def _cap_problem(hf: dict[str, Any], key: str) -> str | None:
+    value = hf.get(key)
+    if value is None or (
+        not isinstance(value, bool) and isinstance(value, (int, float)) and 0 < value < math.inf
+    ):
+        return None
+    return f"{key} {json.dumps(value)} is not supported (a positive number, or null for none, is)"
+
+
+class GemmaForCausalLM(DecoderForCausalLM):
+    """Gemma (1): see the module docstring."""
+
+    qk_norm = False
+    layer_cls = GemmaDecoderLayer
+    #: config.json's key naming the MLP's activation, and the legacy values read as the tanh GELU
+    activation_key = "hidden_act"
+    legacy_tanh_gelu = frozenset({"gelu"})
+    #: the soft-cap keys this architecture reads, with the value of a key config.json leaves out
+    #: (its config class's default); a null one caps nothing
+    soft_caps: dict[str, float] = {}
+
+    @classmethod
+    def activation(cls, hf: dict[str, Any]) -> Any:
+        """The MLP's activation as config.json names it (the config class's default when unset)."""
+        value = hf.get(cls.activation_key)
+        return "gelu_pytorch_tanh" if value is None else value
+
+    @classmethod
+    def unsupported_setting(cls, hf: dict[str, Any], context_len: int | None = None) -> str | None:
+        """An activation other than the tanh GELU, a soft-cap that is not a positive number, then
+        the decoder's rules (rope, sliding window) for the rest."""
+        act = cls.activation(hf)
+        if act not in TANH_GELU | cls.legacy_tanh_gelu:
+            return f"{cls.activation_key} {json.dumps(act)} is not supported (gelu_pytorch_tanh is)"
+        for key in cls.soft_caps:
+            problem = _cap_problem(hf, key)
+            if problem is not None:
+                return problem
+        # (the decoder's activation rule is its SwiGLU MLP's, not this one's)
+        return super().unsupported_setting({**cls.decoder_view(hf), "hidden_act": "silu"}, context_len)
+
+    @classmethod
+    def decoder_view(cls, hf: dict[str, Any]) -> dict[str, Any]:
+        """config.json as the shared decoder's rules should read it."""
+        return hf
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        hf = config.hf_config
+        eps = hf.get("rms_norm_eps", 1e-6)
+        self.model.norm = GemmaRMSNorm(hf["hidden_size"], eps, dtype=config.dtype, device=config.device)
+        #: ``final_logit_softcapping`` (0.0: none)
+        self.final_logit_softcap = self.soft_cap(hf, "final_logit_softcapping")
+        self._gemma_kv_spec = self.gemma_kv_spec(super().kv_spec, hf)
+
+    @classmethod
+    def soft_cap(cls, hf: dict[str, Any], key: str) -> float:
+        """config.json's soft-cap ``key`` (one of :attr:`soft_caps`), 0.0 for none."""
+        if key not in cls.soft_caps:
+            return 0.0
+        return float(hf.get(key, cls.soft_caps[key]) or 0.0)
+
+    def gemma_kv_spec(self, spec: KVSpec, hf: dict[str, Any]) -> KVSpec:
+        """The decoder's KV spec, as this architecture changes it (Gemma 1: unchanged)."""
+        return spec
+
+    @property
+    def kv_spec(self) -> KVSpec:
+        return self._gemma_kv_spec
+
+    def logits_from(self, states: tuple[torch.Tensor, ...], batch: ForwardBatch) -> torch.Tensor:
+        """The decoder's logits, soft-capped to ``cap * tanh(logits / cap)`` in float32 when
+        ``final_logit_softcapping`` is set (elementwise: a rank's slice of the vocabulary, under
+        tensor parallelism, is capped alone)."""
+        logits = super().logits_from(states, batch)
+        cap = self.final_logit_softcap
+        if not cap:
+            return logits
+        return torch.tanh(logits.float() / cap) * cap
+
+
+class Gemma2ForCausalLM(GemmaForCausalLM):
+    """Gemma 2: see the module docstring."""
+
+    layer_cls = Gemma2DecoderLayer
+    activation_key = "hidden_activation"
+    legacy_tanh_gelu = frozenset()  # (Gemma2Config reads "gelu" as the exact GELU)
+    soft_caps = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
+    #: ``sliding_window`` applies whenever it is set and some layer slides (``layer_types``)
+    window_when_set = True
+
+    @classmethod
+    def decoder_view(cls, hf: dict[str, Any]) -> dict[str, Any]:
+        """``sliding_window`` 4096 where config.json leaves it out (Gemma2Config's default), and
+        none where ``layer_types`` lists no sliding layer (every layer attends fully)."""
+        types = hf.get("layer_types")
+        if isinstance(types, list) and "sliding_attention" not in types:
+            return {key: value for key, value in hf.items() if key != "sliding_window"}
+        return {"sliding_window": 4096, **hf}
+
+    def gemma_kv_spec(self, spec: KVSpec, hf: dict[str, Any]) -> KVSpec:
+        """The softmax scale ``query_pre_attn_scalar ** -0.5`` (256 when unset, Gemma2Config's
+        default) and the attention soft-cap."""
+        scalar = hf.get("query_pre_attn_scalar")
+        scale = float(256 if scalar is None else scalar) ** -0.5
+        return dataclasses.replace(
+            spec, scale=scale, logits_soft_cap=self.soft_cap(hf, "attn_logit_softcapping")
+        )
