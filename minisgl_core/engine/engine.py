@@ -364,11 +364,8 @@ class Engine:
             try:
                 outputs += self._complete(self._inflight)
             except Exception as exc:
-                failure = self.blame.failure(exc)
-                if failure is None:
-                    raise
-                self.failure = failure
-                raise failure from exc
+                self._blame(exc)
+                raise
             finally:
                 self._inflight = None
         return outputs
@@ -482,9 +479,14 @@ class Engine:
             self._trace_step(started, time.monotonic())
             return outputs
         except Exception as exc:
-            failure = self.blame.failure(exc)
-            if failure is None:
-                raise
+            self._blame(exc)
+            raise
+
+    def _blame(self, exc: Exception) -> None:
+        """A selected plugin's exception is raised as a :class:`PluginFailure` naming it (the
+        engine steps no more); anything else returns, for the caller to re-raise."""
+        failure = self.blame.failure(exc)
+        if failure is not None:
             self.failure = failure
             raise failure from exc
 

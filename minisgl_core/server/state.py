@@ -691,16 +691,7 @@ class ServerState:
                     503, f"the server cannot pause generation: {self.health()}", code="server_unavailable"
                 )
             aborted = self.abort_requests(None, PAUSE_ABORT_MESSAGE) if mode == "abort" else 0
-            token = next(self._flush_tokens)
-            try:
-                await self._answer(token, PauseGeneration(token, mode), self.limits.health_timeout_s)
-            except TimeoutError:
-                raise APIError(
-                    504,
-                    f"the scheduler did not answer within {self.limits.health_timeout_s:g}s (a long "
-                    "step?); generation pauses once it does",
-                    code="timeout",
-                ) from None
+            await self._answer_in_time(lambda token: PauseGeneration(token, mode), "generation pauses")
             if self.paused is None or mode == "retract":
                 self.paused = mode
         return aborted
@@ -713,17 +704,22 @@ class ServerState:
                 raise APIError(
                     503, f"the server cannot continue generation: {self.health()}", code="server_unavailable"
                 )
-            token = next(self._flush_tokens)
-            try:
-                await self._answer(token, ContinueGeneration(token), self.limits.health_timeout_s)
-            except TimeoutError:
-                raise APIError(
-                    504,
-                    f"the scheduler did not answer within {self.limits.health_timeout_s:g}s (a long "
-                    "step?); generation continues once it does",
-                    code="timeout",
-                ) from None
+            await self._answer_in_time(ContinueGeneration, "generation continues")
             self.paused = None
+
+    async def _answer_in_time(self, make: Callable[[int], Message], later: str) -> None:
+        """Send the message ``make`` builds for a new token and wait for the scheduler's answer
+        within the health bound; a 504 saying ``later`` happens once it does, past it."""
+        token = next(self._flush_tokens)
+        try:
+            await self._answer(token, make(token), self.limits.health_timeout_s)
+        except TimeoutError:
+            raise APIError(
+                504,
+                f"the scheduler did not answer within {self.limits.health_timeout_s:g}s (a long "
+                f"step?); {later} once it does",
+                code="timeout",
+            ) from None
 
     def start_draining(self) -> None:
         """SIGTERM: new requests get 503 while the accepted ones finish; paused generation
