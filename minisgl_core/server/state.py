@@ -691,9 +691,11 @@ class ServerState:
                     503, f"the server cannot pause generation: {self.health()}", code="server_unavailable"
                 )
             aborted = self.abort_requests(None, PAUSE_ABORT_MESSAGE) if mode == "abort" else 0
-            await self._answer_in_time(lambda token: PauseGeneration(token, mode), "generation pauses")
-            if self.paused is None or mode == "retract":
-                self.paused = mode
+            try:
+                await self._answer_in_time(lambda token: PauseGeneration(token, mode), "generation pauses")
+            finally:  # sent: the engine pauses, answered in time or not (a 504), so a drain continues it
+                if self.paused is None or mode == "retract":
+                    self.paused = mode
         return aborted
 
     async def continue_generation(self) -> None:
@@ -704,8 +706,10 @@ class ServerState:
                 raise APIError(
                     503, f"the server cannot continue generation: {self.health()}", code="server_unavailable"
                 )
-            await self._answer_in_time(ContinueGeneration, "generation continues")
-            self.paused = None
+            try:
+                await self._answer_in_time(ContinueGeneration, "generation continues")
+            finally:  # sent: the engine goes on, answered in time or not
+                self.paused = None
 
     async def _answer_in_time(self, make: Callable[[int], Message], later: str) -> None:
         """Send the message ``make`` builds for a new token and wait for the scheduler's answer
