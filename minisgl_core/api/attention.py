@@ -158,8 +158,20 @@ class AttentionConfig:
     #: mask and softmax (Gemma 2's ``attn_logit_softcapping``); 0.0 (the default): none. Non-zero
     #: only for backends declaring "soft_cap": the core refuses the others at start (API 2.6)
     logits_soft_cap: float = 0.0
+    #: sliding-window attention (API 2.7): in the layers ``window_layers`` a query at position
+    #: ``p`` attends only to the keys at positions ``p - sliding_window + 1`` to ``p``, the other
+    #: layers attending causally as ever; 0 (the default): every layer attends causally. Non-zero
+    #: only for backends declaring "sliding_window": the core refuses the others at start
+    sliding_window: int = 0
+    window_layers: frozenset[int] = frozenset()
+
+    def window_of(self, layer_id: int) -> int:
+        """The sliding window layer ``layer_id`` attends through; 0: none, causal attention."""
+        return self.sliding_window if layer_id in self.window_layers else 0
 
     def __post_init__(self) -> None:
+        if self.sliding_window < 0:
+            raise ValueError(f"sliding_window must be 0 (none) or positive; got {self.sliding_window}")
         if self.max_sequences < self.max_requests:
             if self.max_sequences:
                 raise ValueError(
@@ -224,7 +236,10 @@ class AttentionBackend(ABC):
     #: running decodes in one step (``--disable-mixed-batch`` off). A backend's prefill path
     #: normally handles them already (an extend of length 1), and (API 2.6) "soft_cap": the
     #: backend applies ``config.logits_soft_cap`` when it is non-zero (a model whose attention
-    #: caps its scores, Gemma 2, runs only on backends declaring it)
+    #: caps its scores, Gemma 2, runs only on backends declaring it), and (API 2.7)
+    #: "sliding_window": the backend applies ``config.sliding_window`` in ``config.window_layers``
+    #: (:meth:`AttentionConfig.window_of`; a model with a window shorter than the context runs
+    #: only on backends declaring it)
     capabilities: ClassVar[frozenset[str]] = frozenset({"prefill", "decode", "page_size>1"})
 
     def __init__(self, config: AttentionConfig) -> None:

@@ -39,6 +39,15 @@ class KVSpec:
     #: passes it to the backends as ``AttentionConfig.logits_soft_cap`` and refuses, at start, a
     #: backend that does not declare "soft_cap" (API 2.6)
     logits_soft_cap: float = 0.0
+    #: sliding-window attention (API 2.7): in the layers of ``window_layers`` (layer ids, as the
+    #: backends' ``forward`` gets them) a query at position ``p`` sees only the keys at positions
+    #: ``p - sliding_window + 1`` to ``p`` (transformers' ``kv_idx > q_idx - sliding_window``;
+    #: Mistral, Phi-3, Gemma 2's alternate layers, Qwen2's ``use_sliding_window``); 0: none. The
+    #: core passes it on as ``AttentionConfig.sliding_window``/``window_layers`` when the context
+    #: it runs is longer than the window (else it is full attention, which every backend computes)
+    #: and then refuses, at start, a backend that does not declare "sliding_window"
+    sliding_window: int = 0
+    window_layers: frozenset[int] = frozenset()
 
 
 class Model(torch.nn.Module):

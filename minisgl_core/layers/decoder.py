@@ -274,8 +274,9 @@ class DecoderForCausalLM(Model):
     #: such key); config.json's ``attention_bias`` gives one to all four projections, o_proj too
     qkv_bias: bool = False
     #: config.json's ``sliding_window`` applies whenever it is set (Mistral, Phi-3), not only under
-    #: ``use_sliding_window`` (Qwen2): one shorter than the context the engine runs is refused (a
-    #: window at least as long as the context is full attention, which this decoder computes)
+    #: ``use_sliding_window`` (Qwen2). One shorter than the context the engine runs goes to the
+    #: attention backends (``KVSpec.sliding_window``, API 2.7: :meth:`sliding_window_layers` says
+    #: where); one at least as long is full attention, which every backend computes
     window_when_set: bool = False
     #: the layer class, built as :class:`DecoderLayer` is and called as it is (taking and returning
     #: ``(branch output, residual stream)``, with a ``defers_sums`` attribute): for a model whose
@@ -287,7 +288,7 @@ class DecoderForCausalLM(Model):
         """The first config.json setting this decoder cannot build, as one line naming the setting
         and its value ("hidden_act 'gelu' is not supported (silu is)"); None when it can build the
         rest. ``context_len``: the longest sequence the engine will run (None: the config's
-        ``max_position_embeddings``), which decides whether a sliding window ever applies. The
+        ``max_position_embeddings``), for a subclass whose rules depend on it. The
         constructor raises NotImplementedError with it; the launcher asks it first, so the user
         reads that line before any process starts. A subclass that builds more (another rope,
         say) overrides this with its own rules."""
@@ -295,7 +296,27 @@ class DecoderForCausalLM(Model):
             unsupported = check(hf)
             if unsupported is not None:
                 return unsupported
-        return _unsupported_sliding_window(hf, cls.window_when_set, context_len)
+        return _unsupported_sliding_window(hf, cls.window_when_set)
+
+    @classmethod
+    def sliding_window_layers(cls, hf: dict[str, Any]) -> tuple[int, frozenset[int]]:
+        """The sliding window config.json asks for and the layers it applies in; ``(0, {})`` for
+        none. It applies under ``use_sliding_window`` (Qwen2), or whenever ``sliding_window`` is
+        set with :attr:`window_when_set` (Mistral, Phi-3); in the layers ``layer_types`` calls
+        ``"sliding_attention"`` where config.json lists them, else in every layer from
+        ``max_window_layers`` on under ``use_sliding_window`` (Qwen2Config's default, 28), else in
+        every layer. A subclass whose config has other defaults (Gemma 2) overrides it."""
+        window = hf.get("sliding_window")
+        applies = hf.get("use_sliding_window") or (cls.window_when_set and window is not None)
+        if not applies or _window_problem(hf) is not None:
+            return 0, frozenset()
+        num_layers = int(hf["num_hidden_layers"])
+        types = hf.get("layer_types")
+        if isinstance(types, list):
+            return window, frozenset(i for i, kind in enumerate(types) if kind == "sliding_attention")
+        if hf.get("use_sliding_window"):
+            return window, frozenset(range(int(hf.get("max_window_layers", 28)), num_layers))
+        return window, frozenset(range(num_layers))
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
@@ -315,12 +336,19 @@ class DecoderForCausalLM(Model):
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         first = self.model.layers[0].self_attn.attn
+        window, window_layers = type(self).sliding_window_layers(hf)
+        max_pos = int(hf.get("max_position_embeddings", 4096))
+        context = min(config.max_context_len or max_pos, max_pos)
+        if window >= context or not window_layers:  # no sequence outgrows it: full attention
+            window, window_layers = 0, frozenset()
         self._kv_spec = KVSpec(
             num_layers=len(self.model.layers),
             num_qo_heads=first.num_heads,
             num_kv_heads=first.num_kv_heads,
             head_dim=first.head_dim,
             scale=first.head_dim**-0.5,
+            sliding_window=window,
+            window_layers=window_layers,
         )
 
     @property
@@ -415,35 +443,36 @@ def _unsupported_activation(hf: dict[str, Any]) -> str | None:
     return None if act == "silu" else f"hidden_act {act!r} is not supported (silu is)"
 
 
-def _unsupported_sliding_window(hf: dict[str, Any], when_set: bool, context_len: int | None) -> str | None:
-    """A sliding window (``use_sliding_window``, or ``sliding_window`` alone with ``when_set``)
-    shorter than the longest sequence the engine runs (``context_len`` capped by the config's
-    ``max_position_embeddings``): refused, naming the context that avoids it."""
-    window, max_pos = hf.get("sliding_window"), hf.get("max_position_embeddings", 4096)
-    context = max_pos if context_len is None or not isinstance(max_pos, int) else min(context_len, max_pos)
-    sized = isinstance(window, int) and not isinstance(window, bool) and window > 0
-    fix = (
-        f"; a context of at most {window} tokens never reaches the window (--max-context-len {window}, "
-        f"or max_context_len={window} in LLM())"
-        if sized
-        else ""
-    )
-    if hf.get("use_sliding_window"):
-        if sized and isinstance(context, int) and window >= context:
-            return None
-        return (
-            f"use_sliding_window {json.dumps(hf['use_sliding_window'])} (sliding_window {json.dumps(window)}) "
-            f"is not supported: sliding-window attention is not implemented{fix}"
+def _unsupported_sliding_window(hf: dict[str, Any], when_set: bool) -> str | None:
+    """A sliding window that applies (``use_sliding_window``, or ``sliding_window`` alone with
+    ``when_set``) but is no window: not a positive whole number of tokens, or a ``layer_types``
+    that does not name each layer's attention."""
+    if hf.get("use_sliding_window") or (when_set and hf.get("sliding_window") is not None):
+        return _window_problem(hf)
+    return None
+
+
+def _window_problem(hf: dict[str, Any]) -> str | None:
+    window, types = hf.get("sliding_window"), hf.get("layer_types")
+    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+        named = (
+            f"use_sliding_window {json.dumps(hf['use_sliding_window'])} ("
+            if hf.get("use_sliding_window")
+            else ""
         )
-    if not (when_set and isinstance(window, int) and isinstance(context, int)):
-        return None
-    if window >= context:  # no sequence the engine runs is longer than the window: full attention
-        return None
-    longer = f"max_position_embeddings {max_pos}" if context == max_pos else f"the context, {context} tokens"
-    return (
-        f"sliding_window {json.dumps(window)} (shorter than {longer}) is not supported: sliding-window "
-        f"attention is not implemented{fix}"
-    )
+        return (
+            f"{named}sliding_window {json.dumps(window)}{')' if named else ''} is not supported: the "
+            "window must be a positive number of tokens"
+        )
+    if types is not None:
+        layers = hf.get("num_hidden_layers")
+        kinds = {"sliding_attention", "full_attention"}
+        if not isinstance(types, list) or len(types) != layers or not set(types) <= kinds:
+            return (
+                f"layer_types {json.dumps(types)[:80]} is not supported: one of "
+                f'"sliding_attention" or "full_attention" for each of the {layers} layers'
+            )
+    return None
 
 
 def _unsupported_rope(hf: dict[str, Any]) -> str | None:

@@ -14,6 +14,7 @@ from minisgl_core.api import (
     AttentionConfig,
     ForwardBatch,
     KVCache,
+    KVSpec,
     ModelConfig,
     ParallelContext,
     SharedPrefix,
@@ -193,6 +194,56 @@ def check_kv_dtype(
             )
 
 
+def attention_needs(spec: KVSpec, spelling: Spelling = "flag") -> dict[str, tuple[str, str]]:
+    """What the model's attention asks of the backends beyond causal attention: for each
+    capability it needs, (why, in words; another fix than a backend declaring it, or "")."""
+    needs: dict[str, tuple[str, str]] = {}
+    if spec.logits_soft_cap:
+        needs["soft_cap"] = (f"it caps attention scores (logits_soft_cap {spec.logits_soft_cap:g})", "")
+        # (API 2.6: Gemma 2's attn_logit_softcapping)
+    if spec.sliding_window:
+        window, layers = spec.sliding_window, len(spec.window_layers)
+        needs["sliding_window"] = (
+            f"{layers} of its {spec.num_layers} layers attend through a sliding window of {window} "
+            "tokens, shorter than the context",
+            f"or {given('max_context_len', window, spelling)}, within which the window is full attention",
+        )  # (API 2.7)
+    return needs
+
+
+def check_attention_needs(
+    needs: dict[str, tuple[str, str]],
+    names: tuple[str, str],
+    backends: dict[str, type[AttentionBackend]],
+    plugins: Plugins,
+    device: torch.device,
+    spelling: Spelling = "flag",
+) -> None:
+    """Both backends (prefill, decode: ``names``) must declare each capability of ``needs``
+    (:func:`attention_needs`): one that does not would compute another model. The refusal
+    suggests, for each role whose backend lacks one, a backend usable here that declares them
+    all (weights are loaded by then: what the attention needs is known once the model is built)."""
+    wanted = frozenset(needs)
+    for capability, (why, other_fix) in needs.items():
+        lacking = [i for i, name in enumerate(names) if capability not in backends[name].capabilities]
+        if not lacking:
+            continue
+        pair: list[str | None] = [
+            role_partner(("prefill", "decode")[i], device, plugins, wanted) if i in lacking else name
+            for i, name in enumerate(names)
+        ]
+        prefill, decode = pair
+        if prefill is None or decode is None:
+            fix = f"no attention backend installed declares it on {device}"
+        else:
+            fix = f"use {given('attn', prefill if prefill == decode else f'{prefill},{decode}', spelling)}"
+        name = names[lacking[0]]
+        raise PluginError(
+            f"attention backend {name!r} cannot run this model: {why} and {name!r} does not declare "
+            f'"{capability}"; {fix}{f", {other_fix}" if other_fix else ""}'
+        )
+
+
 def check_soft_cap(
     cap: float,
     names: tuple[str, str],
@@ -201,30 +252,11 @@ def check_soft_cap(
     device: torch.device,
     spelling: Spelling = "flag",
 ) -> None:
-    """A model whose attention soft-caps its scores (``KVSpec.logits_soft_cap``, Gemma 2's
-    ``attn_logit_softcapping``) needs both backends (prefill, decode: ``names``) to declare
-    "soft_cap" (API 2.6): one that does not would compute another model. The refusal suggests,
-    for each role whose backend lacks it, a backend usable here that declares it (weights are
-    loaded by then: the cap is known once the model is built)."""
-    lacking = [i for i, name in enumerate(names) if "soft_cap" not in backends[name].capabilities]
-    if not cap or not lacking:
-        return
-    pair: list[str | None] = [
-        role_partner(("prefill", "decode")[i], device, plugins, frozenset({"soft_cap"}))
-        if i in lacking
-        else name
-        for i, name in enumerate(names)
-    ]
-    prefill, decode = pair
-    if prefill is None or decode is None:
-        fix = f"no attention backend installed declares it on {device}"
-    else:
-        fix = f"use {given('attn', prefill if prefill == decode else f'{prefill},{decode}', spelling)}"
-    name = names[lacking[0]]
-    raise PluginError(
-        f"attention backend {name!r} cannot run this model: it caps attention scores "
-        f'(logits_soft_cap {cap:g}) and {name!r} does not declare "soft_cap"; {fix}'
-    )
+    """:func:`check_attention_needs` for a model whose attention soft-caps its scores by ``cap``
+    (``KVSpec.logits_soft_cap``, Gemma 2's ``attn_logit_softcapping``, API 2.6) and needs nothing
+    else."""
+    needs = attention_needs(KVSpec(1, 1, 1, 1, 1.0, logits_soft_cap=cap), spelling)
+    check_attention_needs(needs, names, backends, plugins, device, spelling)
 
 
 def _note_graph_settings_unused(config: EngineConfig, device: torch.device, spelling: Spelling) -> None:
@@ -290,23 +322,26 @@ class ModelRunner:
             self.logit_shard_shape = (head.rows_per_rank, head.valid_rows)
             self._vocab_ids = head.num_embeddings
         spec = self.model.kv_spec
-        if spec.logits_soft_cap:
-            # Attention that caps its scores (Gemma 2), known once the model is built: ``--attn
-            # auto`` picks again among the backends declaring "soft_cap"; a named one is checked.
-            needs |= {"soft_cap"}
+        model_needs = attention_needs(spec, self.spelling)
+        if model_needs:
+            # Attention that caps its scores (Gemma 2) or slides a window shorter than the context
+            # (Mistral, Gemma 2), known once the model is built: ``--attn auto`` picks again among
+            # the backends declaring what it needs; a named one is checked.
+            needs |= frozenset(model_needs)
             if config.attn == "auto":
                 prefill_name, decode_name = pick_attention(config.attn, self.device, plugins, needs)
                 attn_classes = {
                     name: self._backend_class(name, plugins) for name in (prefill_name, decode_name)
                 }
                 self.page_size = resolve_page_size(config.page_size, self.device, attn_classes, self.spelling)
-            check_soft_cap(
-                spec.logits_soft_cap,
-                (prefill_name, decode_name),
-                attn_classes,
-                plugins,
-                self.device,
-                self.spelling,
+                fallback = AUTO_FALLBACK in (prefill_name, decode_name)
+                if self.device.type == "cuda" and fallback and "sliding_window" in model_needs:
+                    logger.warning(  # (pick_attention said which backend lacks what)
+                        "the model's sliding window is shorter than the context; %s keeps the GPU kernels",
+                        given("max_context_len", spec.sliding_window, self.spelling),
+                    )
+            check_attention_needs(
+                model_needs, (prefill_name, decode_name), attn_classes, plugins, self.device, self.spelling
             )
         max_pos = int(self.hf_config.get("max_position_embeddings", 4096))
         self.max_context_len = config.context_len(self.hf_config)
@@ -355,6 +390,8 @@ class ModelRunner:
             kv_cache=self.kv_cache,
             max_sequences=self.num_request_rows * self.sequences_per_request,
             logits_soft_cap=spec.logits_soft_cap,
+            sliding_window=spec.sliding_window,
+            window_layers=spec.window_layers,
         )
         self.prefill_attn = build_backend(prefill_name, attn_classes[prefill_name], attn_config)
         try:

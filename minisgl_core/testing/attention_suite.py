@@ -53,11 +53,15 @@ KNOWN_CAPABILITIES = frozenset(
         "kv_fp8",
         "mixed",
         "soft_cap",
+        "sliding_window",
     }
 )
 #: the ``logits_soft_cap`` of the "soft_cap" tests: small beside the suite's scores (about 1.25
 #: standard deviations), so a backend that ignores it is far off
 SOFT_CAP = 1.5
+#: the ``sliding_window`` of the "sliding_window" tests: shorter than most of their sequences, not
+#: a multiple of a page, and on :data:`LAYER` only (layer 0 attends causally in the same steps)
+WINDOW = 7
 #: (atol, rtol) when the suite does not set them
 DEFAULT_TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float16: (4e-3, 4e-3), torch.bfloat16: (2e-2, 2e-2)}
 #: the layer single-layer tests use; layer 0 holds garbage a backend must not read
@@ -183,12 +187,15 @@ class AttentionBackendSuite:
         generator: torch.Generator,
         kv_dtype: torch.dtype | None = None,
         soft_cap: float = 0.0,
+        sliding_window: int = 0,
+        window_layers: frozenset[int] = frozenset(),
     ) -> Problem:
         """A backend over a 2-layer pool full of garbage and a layout giving each sequence room
         for ``capacities[i]`` tokens; the sequences' K/V are generated, not yet stored.
         ``kv_dtype``: the pool's dtype when not the suite's (float8_e4m3fn for "kv_fp8"); the
         dense K/V are then rounded through it, so the reference sees what the pool holds.
-        ``soft_cap``: the config's ``logits_soft_cap`` (API 2.6), which the reference applies too."""
+        ``soft_cap``: the config's ``logits_soft_cap`` (API 2.6), which the reference applies too;
+        ``sliding_window``/``window_layers``: the config's (API 2.7), as the reference's ``window``."""
         if shape.page_size > 1:
             self.require("page_size>1")
         page_size = shape.page_size
@@ -219,6 +226,8 @@ class AttentionBackendSuite:
             max_context_len=max_context_len,
             kv_cache=cache,
             logits_soft_cap=soft_cap,
+            sliding_window=sliding_window,
+            window_layers=window_layers,
         )
         layout = random_page_table(
             capacities,
@@ -304,7 +313,13 @@ class AttentionBackendSuite:
         values = [problem.values[layer_id][r][:s] for r, s in zip(rows, batch.seq_lens_cpu, strict=True)]
         config = problem.config
         expected = reference_attention(
-            q, keys, values, batch.extend_lens_cpu, config.scale, config.logits_soft_cap
+            q,
+            keys,
+            values,
+            batch.extend_lens_cpu,
+            config.scale,
+            config.logits_soft_cap,
+            config.window_of(layer_id),
         )
         atol, rtol = self.tolerances()
         torch.testing.assert_close(output.detach().cpu().double(), expected, atol=atol, rtol=rtol)
@@ -523,6 +538,42 @@ class AttentionBackendSuite:
             store_prefixes(problem.config.kv_cache, LAYER, batch, problem.keys[LAYER], problem.values[LAYER])
             self.run_step(problem, generator, batch)
 
+    def test_sliding_window(self, generator: torch.Generator) -> None:
+        """(API 2.7) With "sliding_window": in the layers of ``config.window_layers`` a query sees
+        only the last ``config.sliding_window`` positions up to its own, the other layers every
+        position, in the same steps: a prefill step then decode steps (a lone decode row too),
+        an extend over a cached prefix longer than the window, and a mixed batch."""
+        self.require("sliding_window")
+        shape = self.representative_shape()
+        window = {"sliding_window": WINDOW, "window_layers": frozenset({LAYER})}
+        for prompts in ([self.max_seq_len - 3, 2, 17, WINDOW, WINDOW + 1], [WINDOW + 5]):
+            prompts = prompts[: self.max_batch_size]
+            decode_steps = 2
+            problem = self.make_problem(shape, [p + decode_steps for p in prompts], generator, **window)
+            for step, batch in enumerate(
+                self.prompt_then_decode_steps(problem, generator, prompts, decode_steps)
+            ):
+                if step == 0 and batch.extend_lens_cpu == [1] * len(prompts):  # (decode only: the
+                    # suite stored the prompts of LAYER, not of layer 0)
+                    store_prefixes(problem.config.kv_cache, 0, batch, problem.keys[0], problem.values[0])
+                problem.backend.prepare_metadata(batch)
+                for layer_id in (0, LAYER):
+                    self.run_step(problem, generator, batch, layer_id=layer_id, prepare=False)
+        if "prefill" not in self.backend_class().capabilities:
+            return
+        longest = self.max_seq_len
+        cases = [(40, 13), (9, 9), (longest, 1), (WINDOW + 2, 1), (longest, longest // 2), (WINDOW * 3, 2)]
+        cases = cases[: self.max_batch_size]
+        seq_lens, extend_lens = [s for s, _ in cases], [e for _, e in cases]
+        problem = self.make_problem(shape, seq_lens, generator, **window)
+        batch = self.batch(problem, generator, seq_lens, extend_lens, is_prefill=True)
+        problem.backend.prepare_metadata(batch)
+        for layer_id in (0, LAYER):
+            store_prefixes(
+                problem.config.kv_cache, layer_id, batch, problem.keys[layer_id], problem.values[layer_id]
+            )
+            self.run_step(problem, generator, batch, layer_id=layer_id, prepare=False)
+
     def test_soft_cap_cuda_graph_decode(self, generator: torch.Generator) -> None:
         """(API 2.6) A decode step with ``logits_soft_cap`` captured in a CUDA graph and replayed."""
         self.require("decode", "cuda_graph", "soft_cap")
@@ -608,13 +659,19 @@ class AttentionBackendSuite:
     # --- cascade (shared prefixes) ---
 
     def shared_prefix_problem(
-        self, shape: Shape, generator: torch.Generator, plan: Sequence[int], extra: int = 0
+        self,
+        shape: Shape,
+        generator: torch.Generator,
+        plan: Sequence[int],
+        extra: int = 0,
+        **problem_kw: Any,
     ) -> tuple[Problem, list[int], list[SharedPrefix]]:
         """A decode batch laid out by ``plan`` (a group of that many sequences for each entry
         > 1, a lone sequence for each 1) whose groups really share their prefix's pages, as the
         prefix cache makes them: members' page-table rows point at the first member's slots and
         their K/V there is the first member's. ``extra`` more lone sequences follow in the
-        problem (not in the batch). Returns the problem, the batch's lengths and its groups."""
+        problem (not in the batch); ``problem_kw`` go to :meth:`make_problem`. Returns the
+        problem, the batch's lengths and its groups."""
         page, longest = shape.page_size, self.max_seq_len
         seq_lens: list[int] = []
         groups: list[SharedPrefix] = []
@@ -628,7 +685,7 @@ class AttentionBackendSuite:
             groups.append(SharedPrefix(len(seq_lens), len(seq_lens) + size, length))
             seq_lens += lens
         capacities = seq_lens + self.randoms(generator, extra, 1, longest)
-        problem = self.make_problem(shape, capacities, generator)
+        problem = self.make_problem(shape, capacities, generator, **problem_kw)
         table, rows = problem.layout.page_table, problem.layout.req_slots.long()
         for g in groups:
             for member in range(g.start + 1, g.end):
@@ -642,6 +699,18 @@ class AttentionBackendSuite:
         including a member whose suffix is only its new token, equals plain attention."""
         self.require("decode", "cascade")
         problem, seq_lens, groups = self.shared_prefix_problem(shape, generator, [1, 3, 1, 2, 4, 1])
+        batch = self.batch(problem, generator, seq_lens, [1] * len(seq_lens), is_prefill=False)
+        batch.shared_prefixes = groups
+        store_prefixes(problem.config.kv_cache, LAYER, batch, problem.keys[LAYER], problem.values[LAYER])
+        self.run_step(problem, generator, batch)
+
+    def test_sliding_window_cascade_decode(self, generator: torch.Generator) -> None:
+        """(API 2.7) A cascade decode step in a windowed layer: a window hides the start of a
+        shared prefix from its members (the suite's sequences are mostly longer than it)."""
+        self.require("decode", "cascade", "sliding_window")
+        window = {"sliding_window": WINDOW, "window_layers": frozenset({LAYER})}
+        shape = self.representative_shape()
+        problem, seq_lens, groups = self.shared_prefix_problem(shape, generator, [1, 3, 2, 1], **window)
         batch = self.batch(problem, generator, seq_lens, [1] * len(seq_lens), is_prefill=False)
         batch.shared_prefixes = groups
         store_prefixes(problem.config.kv_cache, LAYER, batch, problem.keys[LAYER], problem.values[LAYER])

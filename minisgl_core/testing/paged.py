@@ -163,9 +163,11 @@ def reference_attention(
     extend_lens: Sequence[int],
     scale: float,
     soft_cap: float = 0.0,
+    window: int = 0,
 ) -> torch.Tensor:
     """Causal attention in float64 on CPU from dense K/V, one sequence at a time; ``soft_cap``
-    non-zero: the scaled scores capped to ``soft_cap * tanh(scores / soft_cap)`` first (API 2.6).
+    non-zero: the scaled scores capped to ``soft_cap * tanh(scores / soft_cap)`` first (API 2.6);
+    ``window`` non-zero: a query at position ``p`` sees only the keys after ``p - window`` (API 2.7).
 
     ``q``: [num_tokens, qo_heads, head_dim], the new tokens sequence after sequence; ``keys[i]``/
     ``values[i]``: [seq_len_i, kv_heads, head_dim], every position of sequence i. Query j of
@@ -184,6 +186,8 @@ def reference_attention(
             scores = soft_cap * torch.tanh(scores / soft_cap)
         query_pos = torch.arange(seq_len - extend_len, seq_len)
         causal = torch.arange(seq_len)[None, :] <= query_pos[:, None]
+        if window:
+            causal &= torch.arange(seq_len)[None, :] > query_pos[:, None] - window
         probs = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
         outputs.append(torch.einsum("hts,shd->thd", probs, value))
     return torch.cat(outputs)

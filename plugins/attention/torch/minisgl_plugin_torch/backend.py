@@ -15,6 +15,12 @@ Soft-capping (``config.logits_soft_cap``, API 2.6: Gemma 2): the scaled scores b
 call ``scaled_dot_product_attention``, which has no such step, it computes the scores itself
 (:func:`_attention`).
 
+Sliding window (``config.sliding_window`` in ``config.window_layers``, API 2.7: Mistral, Gemma 2):
+the step's metadata holds a second mask, the causal one less the keys a window hides from each
+query; the windowed layers attend through it on every path (never the unmasked shortcut of a
+lone decode row), and a cascade batch is attended whole (its shared prefix may lie outside a
+window), which computes the same.
+
 Cascade (decode batches with ``shared_prefixes``): each group's queries attend once to the shared
 prefix (the first sequence's slots), each sequence to its own positions after it, and the two
 partial results are merged by their log-sum-exp: the same arithmetic the GPU backends run,
@@ -55,6 +61,10 @@ class TorchAttentionMetadata(NamedTuple):
     #: off CUDA, a batch with longer prompts whose grid is mostly padding: run sequence by
     #: sequence (:meth:`_each`)
     each: bool = False
+    #: with ``config.sliding_window``: ``mask`` less the keys out of each query's window
+    window_mask: torch.Tensor | None = None
+    #: ``mask`` is ``window_mask`` (a windowed layer's view of the metadata): always applied
+    windowed: bool = False
 
 
 def _gather_rows(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
@@ -134,7 +144,17 @@ class TorchAttentionBackend(AttentionBackend):
     """Causal paged attention with GQA for any device and page size (no CUDA graphs)."""
 
     capabilities = frozenset(
-        {"prefill", "decode", "page_size>1", "cascade", "prestored_kv", "kv_fp8", "mixed", "soft_cap"}
+        {
+            "prefill",
+            "decode",
+            "page_size>1",
+            "cascade",
+            "prestored_kv",
+            "kv_fp8",
+            "mixed",
+            "soft_cap",
+            "sliding_window",
+        }
     )
 
     def prepare_metadata(self, batch: ForwardBatch) -> None:
@@ -143,7 +163,7 @@ class TorchAttentionBackend(AttentionBackend):
     def build_metadata(self, batch: ForwardBatch, max_len: int | None = None) -> TorchAttentionMetadata:
         """The metadata of ``batch``, its KV padded to ``max_len`` (default: the longest sequence)."""
         groups = batch.shared_prefixes
-        if not groups:
+        if not groups or self.config.sliding_window:  # (a window may hide part of a shared prefix)
             return self._grid(batch, max_len)
         if max(batch.extend_lens_cpu) > 1:
             raise ValueError("shared_prefixes is for decode batches (one new token per sequence)")
@@ -196,6 +216,13 @@ class TorchAttentionBackend(AttentionBackend):
         # sequence's new tokens see every valid key, so no softmax row is empty (no NaN).
         query_pos = prefix_lens[:, None] + torch.arange(max_extend, device=device)[None, :]
         mask = (key_pos[None, None, :] <= query_pos[:, :, None]) & key_valid[:, None, :]
+        window_mask = None
+        if self.config.sliding_window:
+            # (a padded query row counts as its sequence's last position: its row is never empty)
+            last = torch.minimum(query_pos, seq_lens[:, None] - 1)
+            window_mask = (mask & (key_pos[None, None, :] > last[:, :, None] - self.config.sliding_window))[
+                :, None
+            ]
 
         token_seq = torch.repeat_interleave(
             torch.arange(bs, device=device), extend_lens, output_size=num_tokens
@@ -221,6 +248,7 @@ class TorchAttentionBackend(AttentionBackend):
             max_extend=max_extend,
             width_groups=width_groups,
             each=each,
+            window_mask=window_mask,
         )
 
     def forward(
@@ -232,6 +260,8 @@ class TorchAttentionBackend(AttentionBackend):
     def attend(self, q: torch.Tensor, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
         cache = self.config.kv_cache
         meta: TorchAttentionMetadata = batch.attn_metadata
+        if self.config.window_of(layer_id):
+            meta = meta._replace(mask=meta.window_mask, windowed=True)
         bs, num_qo_heads, head_dim = batch.batch_size, q.shape[1], q.shape[2]
         # Decode (one new token per sequence) needs no scatter into the padded grid: token i is
         # sequence i's only query. The index_put/index pair it replaces cost a parallel region
@@ -252,7 +282,7 @@ class TorchAttentionBackend(AttentionBackend):
         if meta.groups is not None:
             return self._cascade(queries[:, 0], keys, values, meta, layer_id).to(q.dtype)
         # one sequence decoding over exactly its own keys sees them all: no mask to apply
-        whole = decode and bs == 1 and keys.shape[2] == batch.seq_lens_cpu[0]
+        whole = decode and bs == 1 and keys.shape[2] == batch.seq_lens_cpu[0] and not meta.windowed
         out = _attention(
             queries.transpose(1, 2),
             keys,
@@ -281,7 +311,7 @@ class TorchAttentionBackend(AttentionBackend):
             n = groups[0][1]
             slots = meta.kv_slots[:, :n]
             # one sequence over exactly its own keys sees them all: no mask to apply
-            mask = None if batch.batch_size == 1 else meta.mask[..., :n]
+            mask = None if batch.batch_size == 1 and not meta.windowed else meta.mask[..., :n]
             return self._decode(q, _gather_rows(k_pool, slots), _gather_rows(v_pool, slots), mask)
         out = torch.empty_like(q)
         for index, n in groups:

@@ -769,18 +769,16 @@ def test_a_block_count_that_does_not_count_the_blocks_is_refused(
         assert line.endswith(message), line
 
 
-def test_phi3_windows_and_longrope_are_refused_in_one_line(make_tiny_model, tmp_path):
-    """Phi-3-mini-4k's window (llama.cpp writes phi3.attention.sliding_window) and the 128k models'
-    longrope factors (rope_factors_long/short tensors): full attention over the context, or rotary
-    angles without the factors, would be other numbers. A window of the whole context loads."""
+def test_phi3_windows_load_and_longrope_is_refused_in_one_line(make_tiny_model, tmp_path):
+    """Phi-3-mini-4k's window (llama.cpp writes phi3.attention.sliding_window) reaches the model's
+    config, whose attention applies it (API 2.7), and the 128k models' longrope factors
+    (rope_factors_long/short tensors) are refused: rotary angles without them would be other
+    numbers. A window of the whole context loads too."""
 
-    hf_dir = make_tiny_model("Phi3ForCausalLM", sliding_window=64)
-    generate = run_cli(
-        ["generate", "--device", "cpu", "--model", str(write_gguf(hf_dir, tmp_path / "w.gguf")), "hi"]
-    )
-    assert "sliding_window 64 (shorter than max_position_embeddings 2048) is not supported" in one_error_line(
-        generate
-    )
+    windowed = write_gguf(make_tiny_model("Phi3ForCausalLM", sliding_window=64), tmp_path / "w.gguf")
+    assert GGUFFormat(windowed).hf_config()["sliding_window"] == 64
+    generate = run_cli(["generate", "--device", "cpu", "--model", str(windowed), "--max-tokens", "2", "hi"])
+    assert generate.returncode == 0, generate.stderr
     whole = write_gguf(make_tiny_model("Phi3ForCausalLM", sliding_window=2048), tmp_path / "whole.gguf")
     assert GGUFFormat(whole).hf_config()["sliding_window"] == 2048
     check_against_transformers(whole, steps=2)

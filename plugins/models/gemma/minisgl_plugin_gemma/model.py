@@ -22,10 +22,11 @@ Gemma 2 adds:
 - final logit soft-capping (``final_logit_softcapping``) on the LM head's output, in
   :meth:`GemmaForCausalLM.logits_from`, which every logit the engine reads comes through
   (sampling, logprobs, prompt logprobs), eager, CUDA graphs and piecewise graphs alike;
-- sliding-window attention (``sliding_window``) on alternate layers (``layer_types``; by default
-  the even ones, as transformers' ``Gemma2Config``): not implemented, so a window shorter than the
-  context the engine runs is refused with the decoder's message naming ``--max-context-len``; a
-  context of at most the window is exactly full attention.
+- sliding-window attention (``sliding_window``, 4096 when unset) on alternate layers
+  (``layer_types``; by default the even ones, as transformers' ``Gemma2Config``), which the
+  attention backend applies: the KV spec's ``sliding_window``/``window_layers`` (API 2.7; the
+  core refuses a backend not declaring "sliding_window" when the context is longer than the
+  window, and a context of at most the window is exactly full attention).
 """
 
 from __future__ import annotations
@@ -309,6 +310,18 @@ class Gemma2ForCausalLM(GemmaForCausalLM):
         if isinstance(types, list) and "sliding_attention" not in types:
             return {key: value for key, value in hf.items() if key != "sliding_window"}
         return {"sliding_window": 4096, **hf}
+
+    @classmethod
+    def sliding_window_layers(cls, hf: dict[str, Any]) -> tuple[int, frozenset[int]]:
+        """The decoder's rule on :meth:`decoder_view`, the sliding layers being the even ones
+        where config.json has no ``layer_types`` (Gemma2Config's default)."""
+        view = cls.decoder_view(hf)
+        if "layer_types" not in view:
+            layers = int(view["num_hidden_layers"])
+            view["layer_types"] = [
+                "sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)
+            ]
+        return super().sliding_window_layers(view)
 
     def gemma_kv_spec(self, spec: KVSpec, hf: dict[str, Any]) -> KVSpec:
         """The softmax scale ``query_pre_attn_scalar ** -0.5`` (256 when unset, Gemma2Config's

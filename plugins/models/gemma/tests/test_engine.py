@@ -1,8 +1,7 @@
 """Gemma and Gemma 2 served by the engine (the offline ``LLM``, the plugin found by its entry
 point): greedy tokens, their logprobs and the prompt's logprobs are transformers' (the final
-soft-cap applied to every logit the engine reads); a Gemma 2 sliding window shorter than the
-context is refused with the message naming ``max_context_len``, and a context of at most the
-window is served as transformers computes it."""
+soft-cap applied to every logit the engine reads); a context of at most Gemma 2's sliding window
+is served as transformers computes it (longer ones: ``tests/test_sliding_window.py``)."""
 
 from __future__ import annotations
 
@@ -12,11 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from minisgl_core import LLM
 from minisgl_core.checkpoint.formats import load_hf_config
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.testing import cpu_llm, make_model_dir
-from minisgl_core.testing.cli_runner import run_cli
 from minisgl_core.testing.reference import TransformersReference, random_prompt
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=2, prompt_logprobs=2)
@@ -63,28 +60,6 @@ def test_the_engine_generates_transformers_greedy_tokens_and_logprobs(model_dir:
             want = float(expected_prompt[position, prompt[position + 1]])
             assert abs(entry.logprob - want) < 1e-4, (position, entry.logprob, want)
     assert len({t for output in outputs for t in output.token_ids}) > 5
-
-
-def test_a_sliding_window_shorter_than_the_context_is_refused_naming_the_context(tmp_path: Path) -> None:
-    """Gemma 2 slides on alternate layers; the window is not implemented: the engine refuses a
-    context longer than the window before anything loads, with the decoder's message naming the
-    setting that serves the model."""
-    model_dir = make_model_dir(tmp_path / "g2", "Gemma2ForCausalLM", sliding_window=48)
-    with pytest.raises(Exception) as raised:
-        LLM(model_dir, device="cpu", dtype="float32", attn="torch")
-    refusal = (
-        "Gemma2ForCausalLM cannot be built from this model's config: sliding_window 48 (shorter than "
-        "max_position_embeddings 2048) is not supported: sliding-window attention is not implemented; a "
-        "context of at most 48 tokens never reaches the window (--max-context-len 48, or max_context_len=48 "
-        "in LLM())"
-    )
-    assert str(raised.value) == f"model='{model_dir}': {refusal}"
-    with pytest.raises(Exception, match=r"sliding_window 48 \(shorter than the context, 49 tokens\)"):
-        LLM(model_dir, device="cpu", dtype="float32", attn="torch", max_context_len=49)
-    # on the command line: one line, no traceback
-    proc = run_cli(["generate", "--model", model_dir, "--device", "cpu", "--max-tokens", "3", "hi"])
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert proc.stderr.strip().splitlines() == [f"minisgl: error: --model {model_dir}: {refusal}"]
 
 
 def test_a_context_of_at_most_the_window_is_served_as_transformers_computes_it(tmp_path: Path) -> None:

@@ -154,24 +154,20 @@ def test_settings_it_cannot_build_are_named(model_cls: type, changes: dict[str, 
     assert model_cls.unsupported_setting(config) == says
 
 
-def test_the_sliding_window_is_refused_only_where_a_sequence_outgrows_it() -> None:
-    """Gemma 2 slides on alternate layers: a window shorter than the context is refused (the
-    decoder's message, naming the context that avoids it), one at least as long is full attention;
-    a config whose layer_types has no sliding layer has no window to refuse; a config without
-    sliding_window has Gemma2Config's 4096."""
-    config = {"max_position_embeddings": 8192, "sliding_window": 4096}
-    says = Gemma2ForCausalLM.unsupported_setting(config)
-    assert says == (
-        "sliding_window 4096 (shorter than max_position_embeddings 8192) is not supported: sliding-window "
-        "attention is not implemented; a context of at most 4096 tokens never reaches the window "
-        "(--max-context-len 4096, or max_context_len=4096 in LLM())"
-    )
-    assert Gemma2ForCausalLM.unsupported_setting(config, 4096) is None
-    assert Gemma2ForCausalLM.unsupported_setting(config, 4097) is not None
-    assert Gemma2ForCausalLM.unsupported_setting({"max_position_embeddings": 8192}) == says
+def test_the_sliding_window_and_its_layers() -> None:
+    """Gemma 2 slides on alternate layers (API 2.7: the backend applies it): the even ones where
+    config.json has no layer_types, as Gemma2Config; a config without sliding_window has its 4096;
+    a layer_types without a sliding layer has no window. Gemma 1 has none."""
+    config = {"max_position_embeddings": 8192, "sliding_window": 2048, "num_hidden_layers": 4}
+    assert Gemma2ForCausalLM.unsupported_setting(config) is None
+    assert Gemma2ForCausalLM.sliding_window_layers(config) == (2048, frozenset({0, 2}))
+    default = {key: value for key, value in config.items() if key != "sliding_window"}
+    assert Gemma2ForCausalLM.sliding_window_layers(default) == (4096, frozenset({0, 2}))
+    listed = {**config, "layer_types": ["full_attention", "sliding_attention"] * 2}
+    assert Gemma2ForCausalLM.sliding_window_layers(listed) == (2048, frozenset({1, 3}))
     full = {**config, "layer_types": ["full_attention"] * 4}
-    assert Gemma2ForCausalLM.unsupported_setting(full) is None
-    assert GemmaForCausalLM.unsupported_setting(config) is None  # (Gemma 1 has no window)
+    assert Gemma2ForCausalLM.sliding_window_layers(full) == (0, frozenset())
+    assert GemmaForCausalLM.sliding_window_layers(config) == (0, frozenset())  # (Gemma 1 has no window)
 
 
 STEPS = 6

@@ -1,6 +1,6 @@
 """MistralForCausalLM: Llama's decoder under Mistral's name, against transformers' Mistral; a sliding
-window shorter than the context is refused in one line before anything loads, and served when the
-engine's context is capped at the window (no sequence reaches it)."""
+window applies in every layer, and the engine's context capped at the window (no sequence reaches
+it) is full attention."""
 
 from __future__ import annotations
 
@@ -29,35 +29,15 @@ def test_matches_transformers_mistral(tmp_path: Path, window: int | None) -> Non
     check_batch_against_transformers(MistralForCausalLM, model_dir, TorchAttentionBackend, page_size=2)
 
 
-def test_a_window_shorter_than_the_context_is_refused_in_one_line(tmp_path: Path) -> None:
-    """Mistral-7B-v0.1's 4,096-token window over a 32,768-token context: computed as full attention,
-    every token past the window would attend to keys the model never saw together."""
-    hf = {"architectures": ["MistralForCausalLM"], "sliding_window": 4096, "max_position_embeddings": 32768}
-    fix = "a context of at most 4096 tokens never reaches the window (--max-context-len 4096, or max_context_len=4096 in LLM())"
-    says = (
-        "sliding_window 4096 (shorter than max_position_embeddings 32768) is not supported: "
-        f"sliding-window attention is not implemented; {fix}"
-    )
-    assert MistralForCausalLM.unsupported_setting(hf) == says
-    assert MistralForCausalLM.unsupported_setting({**hf, "sliding_window": None}) is None
-    assert MistralForCausalLM.unsupported_setting(hf, context_len=4096) is None
-    assert MistralForCausalLM.unsupported_setting(hf, context_len=8192) == (
-        "sliding_window 4096 (shorter than the context, 8192 tokens) is not supported: "
-        f"sliding-window attention is not implemented; {fix}"
-    )
-    assert MistralForCausalLM.unsupported_setting(hf, context_len=65536) == says  # capped by the model
-    model_dir = make_model_dir(tmp_path / "v01", "MistralForCausalLM", sliding_window=16)
-    proc = run_cli(["generate", "--model", model_dir, "--device", "cpu", "--max-tokens", "3", "hi"])
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert proc.stderr.strip().splitlines() == [
-        f"minisgl: error: --model {model_dir}: MistralForCausalLM cannot be built from this model's config: "
-        "sliding_window 16 (shorter than max_position_embeddings 2048) is not supported: sliding-window "
-        "attention is not implemented; a context of at most 16 tokens never reaches the window "
-        "(--max-context-len 16, or max_context_len=16 in LLM())"
-    ], proc.stderr
-    proc = run_cli(["generate", "--model", model_dir, "--device", "cpu", "--max-tokens", "3", "--max-context-len",
-                    "17", "hi"])  # fmt: skip
-    assert proc.returncode == 2 and "shorter than the context, 17 tokens" in proc.stderr, proc.stderr
+def test_a_window_shorter_than_the_context_applies_in_every_layer() -> None:
+    """Mistral-7B-v0.1's 4,096-token window over a 32,768-token context: no switch, every layer
+    (API 2.7: the attention backend applies it; served past the window in
+    ``tests/test_sliding_window.py``)."""
+    hf = {"architectures": ["MistralForCausalLM"], "sliding_window": 4096, "max_position_embeddings": 32768,
+          "num_hidden_layers": 32}  # fmt: skip
+    assert MistralForCausalLM.unsupported_setting(hf) is None
+    assert MistralForCausalLM.sliding_window_layers(hf) == (4096, frozenset(range(32)))
+    assert MistralForCausalLM.sliding_window_layers({**hf, "sliding_window": None}) == (0, frozenset())
 
 
 def test_a_window_no_sequence_reaches_is_served_as_transformers_computes_it(tmp_path: Path) -> None:

@@ -32,10 +32,11 @@ def test_settings_it_cannot_build_are_refused_in_one_line() -> None:
     assert MixtralForCausalLM.unsupported_setting({**hf, "num_experts_per_tok": 9}) == (
         "num_experts_per_tok 9 is not supported (1 to num_local_experts 8 is)"
     )
-    assert MixtralForCausalLM.unsupported_setting({**hf, "sliding_window": 4096}) == (
-        "sliding_window 4096 (shorter than max_position_embeddings 32768) is not supported: "
-        "sliding-window attention is not implemented; a context of at most 4096 tokens never reaches "
-        "the window (--max-context-len 4096, or max_context_len=4096 in LLM())"
+    # a window applies in every layer, as Mistral's (API 2.7: the backend computes it)
+    assert MixtralForCausalLM.unsupported_setting({**hf, "sliding_window": 4096}) is None
+    windowed = {**hf, "sliding_window": 4096, "num_hidden_layers": 3}
+    assert MixtralForCausalLM.sliding_window_layers(windowed) == (4096, frozenset({0, 1, 2}))
+    assert MixtralForCausalLM.unsupported_setting({**hf, "sliding_window": -1}) == (
+        "sliding_window -1 is not supported: the window must be a positive number of tokens"
     )
-    assert MixtralForCausalLM.unsupported_setting({**hf, "sliding_window": 4096}, context_len=4096) is None
     assert MixtralForCausalLM.unsupported_setting({**hf, "sliding_window": None}) is None

@@ -79,13 +79,21 @@ def test_the_fused_tensors_are_split_per_rank(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("changes", "says"),
     [
-        ({"sliding_window": 2047, "max_position_embeddings": 4096}, "sliding_window 2047 (shorter than"),
+        ({"sliding_window": 0}, "sliding_window 0 is not supported: the window must be a positive number"),
         ({"rope_scaling": {"type": "longrope", "short_factor": [1.0], "long_factor": [1.0]}}, "longrope"),
     ],
 )
 def test_what_the_decoder_cannot_build_is_named(changes: dict[str, Any], says: str) -> None:
-    """Phi-3-mini-4k's window of 2,047 and the 128k models' longrope: refused, not computed as
-    something else."""
+    """The 128k models' longrope and a window of no tokens: refused, not computed as something
+    else. (Phi-3-mini-4k's window of 2,047 applies in every layer, API 2.7.)"""
     hf = {"architectures": ["Phi3ForCausalLM"], "hidden_size": 64, "num_attention_heads": 4, **changes}
     assert says in (Phi3ForCausalLM.unsupported_setting(hf) or "")
     assert Phi3ForCausalLM.unsupported_setting({**hf, "sliding_window": None, "rope_scaling": None}) is None
+
+
+def test_the_mini_4k_window_applies_in_every_layer() -> None:
+    """Phi-3-mini-4k's window of 2,047 (API 2.7: the attention backend applies it)."""
+    windowed = {"architectures": ["Phi3ForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
+                "sliding_window": 2047, "max_position_embeddings": 4096, "num_hidden_layers": 2}  # fmt: skip
+    assert Phi3ForCausalLM.unsupported_setting(windowed) is None
+    assert Phi3ForCausalLM.sliding_window_layers(windowed) == (2047, frozenset({0, 1}))
