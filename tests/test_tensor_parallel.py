@@ -80,7 +80,7 @@ def _rank_int8(rank: int, world: int, port: int, model_dir: str, queue) -> None:
         # held by both ranks counted twice and divided out)
         ("Olmo2ForCausalLM", {"num_key_value_heads": 1}),
         # the final logit soft-cap on each rank's slice of the vocabulary (vocabulary-parallel
-        # sampling) and the attention soft-cap on each rank's heads
+        # sampling), the attention soft-cap and (layer 0) a sliding window on each rank's heads
         (
             "Gemma2ForCausalLM",
             {
@@ -90,6 +90,7 @@ def _rank_int8(rank: int, world: int, port: int, model_dir: str, queue) -> None:
                 "attn_logit_softcapping": 2.0,
                 "final_logit_softcapping": 3.0,
                 "query_pre_attn_scalar": 8,
+                "sliding_window": 6,
             },
         ),
     ],
@@ -98,7 +99,7 @@ def _rank_int8(rank: int, world: int, port: int, model_dir: str, queue) -> None:
         "llama-replicated-kv-odd-vocab",
         "qwen3-moe",
         "olmo2-replicated-kv",
-        "gemma2-capped-replicated-kv-odd-vocab",
+        "gemma2-capped-windowed-replicated-kv-odd-vocab",
     ],
 )
 def test_tp2_equals_tp1(tmp_path, arch, overrides):
