@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from minisgl_core import LLM
+from minisgl_core.checkpoint.formats import SafetensorsFormat
 from minisgl_core.demo.factories import make_model_dir
 from minisgl_core.layers.decoder import DecoderForCausalLM
 from minisgl_core.plugins import PluginError, Plugins
@@ -152,8 +153,15 @@ def test_a_context_within_the_window_needs_no_backend_declaring_it(windowed, ins
     assert len(out.token_ids) == 4
 
 
-def test_a_named_backend_without_it_is_refused_naming_the_fixes(tmp_path, install_plugin_module):
+def test_a_named_backend_without_it_is_refused_naming_the_fixes(tmp_path, install_plugin_module, monkeypatch):
+    """In one line, before a weight is read (the model is built first: its config says where the
+    window applies)."""
     install_plugin_module("minisgl_nowindow", "minisgl-nowindow", NO_WINDOW)
+
+    def no_weights(self, dtype):
+        raise AssertionError("the weights were read before the refusal")
+
+    monkeypatch.setattr(SafetensorsFormat, "weights", no_weights)
     model_dir = make_model_dir(tmp_path / "mistral", "MistralForCausalLM", sliding_window=16)
     refusal = (
         "attention backend 'nowindow' cannot run this model: 2 of its 2 layers attend through a sliding "

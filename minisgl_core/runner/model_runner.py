@@ -222,7 +222,8 @@ def check_attention_needs(
     """Both backends (prefill, decode: ``names``) must declare each capability of ``needs``
     (:func:`attention_needs`): one that does not would compute another model. The refusal
     suggests, for each role whose backend lacks one, a backend usable here that declares them
-    all (weights are loaded by then: what the attention needs is known once the model is built)."""
+    all (called once the model is built, before its weights load: what the attention needs is
+    known from the built model)."""
     wanted = frozenset(needs)
     for capability, (why, other_fix) in needs.items():
         lacking = [i for i, name in enumerate(names) if capability not in backends[name].capabilities]
@@ -304,7 +305,35 @@ class ModelRunner:
         #: the path :meth:`stage_weights` is loading (None: none), as the loader's errors name it
         self._staging: str | None = None
         self.hf_config = self.source.hf_config()
-        self.model = self._load_model(plugins)
+
+        def fit_attention(model: torch.nn.Module) -> None:
+            """Attention that caps its scores (Gemma 2) or slides a window shorter than the context
+            (Mistral, Gemma 2), known once the model is built and checked before its weights load:
+            ``--attn auto`` picks again among the backends declaring what it needs; a named one is
+            checked."""
+            nonlocal prefill_name, decode_name, attn_classes, needs
+            spec = model.kv_spec
+            model_needs = attention_needs(spec, self.spelling)
+            if not model_needs:
+                return
+            needs |= frozenset(model_needs)
+            if config.attn == "auto":
+                prefill_name, decode_name = pick_attention(config.attn, self.device, plugins, needs)
+                attn_classes = {
+                    name: self._backend_class(name, plugins) for name in (prefill_name, decode_name)
+                }
+                self.page_size = resolve_page_size(config.page_size, self.device, attn_classes, self.spelling)
+                fallback = AUTO_FALLBACK in (prefill_name, decode_name)
+                if self.device.type == "cuda" and fallback and "sliding_window" in model_needs:
+                    logger.warning(  # (pick_attention said which backend lacks what)
+                        "the model's sliding window is shorter than the context; %s keeps the GPU kernels",
+                        given("max_context_len", spec.sliding_window, self.spelling),
+                    )
+            check_attention_needs(
+                model_needs, (prefill_name, decode_name), attn_classes, plugins, self.device, self.spelling
+            )
+
+        self.model = self._load_model(plugins, before_weights=fit_attention)
         #: (first id, ids) of this rank's slice of the vocabulary while the model returns only
         #: that slice of the logits (TP > 1, a ParallelLMHead, vocabulary-parallel sampling on);
         #: None while it returns every id's. :meth:`full_logits` gathers the rest.
@@ -322,27 +351,6 @@ class ModelRunner:
             self.logit_shard_shape = (head.rows_per_rank, head.valid_rows)
             self._vocab_ids = head.num_embeddings
         spec = self.model.kv_spec
-        model_needs = attention_needs(spec, self.spelling)
-        if model_needs:
-            # Attention that caps its scores (Gemma 2) or slides a window shorter than the context
-            # (Mistral, Gemma 2), known once the model is built: ``--attn auto`` picks again among
-            # the backends declaring what it needs; a named one is checked.
-            needs |= frozenset(model_needs)
-            if config.attn == "auto":
-                prefill_name, decode_name = pick_attention(config.attn, self.device, plugins, needs)
-                attn_classes = {
-                    name: self._backend_class(name, plugins) for name in (prefill_name, decode_name)
-                }
-                self.page_size = resolve_page_size(config.page_size, self.device, attn_classes, self.spelling)
-                fallback = AUTO_FALLBACK in (prefill_name, decode_name)
-                if self.device.type == "cuda" and fallback and "sliding_window" in model_needs:
-                    logger.warning(  # (pick_attention said which backend lacks what)
-                        "the model's sliding window is shorter than the context; %s keeps the GPU kernels",
-                        given("max_context_len", spec.sliding_window, self.spelling),
-                    )
-            check_attention_needs(
-                model_needs, (prefill_name, decode_name), attn_classes, plugins, self.device, self.spelling
-            )
         max_pos = int(self.hf_config.get("max_position_embeddings", 4096))
         self.max_context_len = config.context_len(self.hf_config)
         if config.max_context_len and config.max_context_len > max_pos and parallel.tp_rank == 0:
@@ -554,7 +562,11 @@ class ModelRunner:
         metadata (a GGUF file has no config.json)."""
         return "config.json" if isinstance(self.source, SafetensorsFormat) else "the file's metadata"
 
-    def _load_model(self, plugins: Plugins) -> torch.nn.Module:
+    def _load_model(
+        self, plugins: Plugins, before_weights: Callable[[torch.nn.Module], None] | None = None
+    ) -> torch.nn.Module:
+        """Build the model of ``self.hf_config`` and load its weights from ``self.source``;
+        ``before_weights(model)`` runs between the two (a refusal there reads no weight)."""
         # again here: a weight format other than a safetensors directory (GGUF), or Engine() alone
         try:
             check_config_values(self.hf_config, self._config_source)
@@ -581,6 +593,8 @@ class ModelRunner:
             raise ModelPathError(unbuildable_message(self._model_given, arch, str(exc))) from exc
         finally:
             torch.set_default_dtype(default_dtype)
+        if before_weights is not None:
+            before_weights(model)
         method = quantization.make_quantization(self.config.quantization, plugins, self.device, self.dtype)
         if method is not None:
             quantization.before_loading(model, method)
