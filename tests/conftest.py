@@ -76,3 +76,24 @@ def install_plugin_module(tmp_path, monkeypatch):
         monkeypatch.syspath_prepend(str(tmp_path))
 
     return install
+
+
+@pytest.fixture
+def torch_backend_lacking(install_plugin_module):
+    """``install(name, capability)``: an attention plugin registering, as ``name``, the torch
+    backend less ``capability`` (what a backend not declaring it does to a model needing it)."""
+
+    def install(name: str, capability: str) -> None:
+        source = (
+            "from minisgl_core.api import hookimpl\n"
+            "from minisgl_plugin_torch.backend import TorchAttentionBackend\n\n"
+            'MINISGL_API = "2.0"\n\n\n'
+            "class Lacking(TorchAttentionBackend):\n"
+            f"    capabilities = TorchAttentionBackend.capabilities - {{{capability!r}}}\n\n\n"
+            "@hookimpl\n"
+            "def minisgl_register_attention_backends(register):\n"
+            f"    register({name!r}, 'minisgl_{name}:Lacking')\n"
+        )
+        install_plugin_module(f"minisgl_{name}", f"minisgl-{name}", source)
+
+    return install

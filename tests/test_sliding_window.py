@@ -28,22 +28,6 @@ from minisgl_core.sampling import SamplingParams
 from minisgl_core.testing.cli_runner import run_cli
 from minisgl_core.testing.reference import TransformersReference, random_prompt
 
-NO_WINDOW = """
-from minisgl_core.api import hookimpl
-from minisgl_plugin_torch.backend import TorchAttentionBackend
-
-MINISGL_API = "2.0"
-
-
-class NoWindow(TorchAttentionBackend):
-    capabilities = TorchAttentionBackend.capabilities - {"sliding_window"}
-
-
-@hookimpl
-def minisgl_register_attention_backends(register):
-    register("nowindow", "minisgl_nowindow:NoWindow")
-"""
-
 WINDOW = 8
 #: (architecture, config.json changes): each with the window on some layers
 MODELS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -143,9 +127,9 @@ def test_full_attention_past_the_window_would_differ(windowed):
     assert out.token_ids != want or max(gaps) > 1e-3
 
 
-def test_a_context_within_the_window_needs_no_backend_declaring_it(windowed, install_plugin_module):
+def test_a_context_within_the_window_needs_no_backend_declaring_it(windowed, torch_backend_lacking):
     """``--max-context-len`` at the window: no sequence outgrows it, full attention is the model."""
-    install_plugin_module("minisgl_nowindow", "minisgl-nowindow", NO_WINDOW)
+    torch_backend_lacking("nowindow", "sliding_window")
     _, model_dir = windowed
     with LLM(model_dir, device="cpu", dtype="float32", attn="nowindow", max_context_len=WINDOW) as llm:
         assert llm.engine.runner.model.kv_spec.sliding_window == 0
@@ -153,10 +137,10 @@ def test_a_context_within_the_window_needs_no_backend_declaring_it(windowed, ins
     assert len(out.token_ids) == 4
 
 
-def test_a_named_backend_without_it_is_refused_naming_the_fixes(tmp_path, install_plugin_module, monkeypatch):
+def test_a_named_backend_without_it_is_refused_naming_the_fixes(tmp_path, torch_backend_lacking, monkeypatch):
     """In one line, before a weight is read (the model is built first: its config says where the
     window applies)."""
-    install_plugin_module("minisgl_nowindow", "minisgl-nowindow", NO_WINDOW)
+    torch_backend_lacking("nowindow", "sliding_window")
 
     def no_weights(self, dtype):
         raise AssertionError("the weights were read before the refusal")

@@ -18,22 +18,6 @@ from minisgl_core.runner.model_runner import check_soft_cap, pick_attention
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.testing.cli_runner import run_cli
 
-NO_CAP = """
-from minisgl_core.api import hookimpl
-from minisgl_plugin_torch.backend import TorchAttentionBackend
-
-MINISGL_API = "2.0"
-
-
-class NoCap(TorchAttentionBackend):
-    capabilities = TorchAttentionBackend.capabilities - {"soft_cap"}
-
-
-@hookimpl
-def minisgl_register_attention_backends(register):
-    register("nocap", "minisgl_nocap:NoCap")
-"""
-
 CAPPED = dict(attn_logit_softcapping=2.0, final_logit_softcapping=3.0, query_pre_attn_scalar=8)
 PARAMS = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 
@@ -47,8 +31,8 @@ def test_the_torch_reference_declares_it():
     assert "soft_cap" in Plugins.load().resolve("attention", "torch").capabilities
 
 
-def test_a_named_backend_without_soft_cap_is_refused_naming_one_with_it(capped_dir, install_plugin_module):
-    install_plugin_module("minisgl_nocap", "minisgl-nocap", NO_CAP)
+def test_a_named_backend_without_soft_cap_is_refused_naming_one_with_it(capped_dir, torch_backend_lacking):
+    torch_backend_lacking("nocap", "soft_cap")
     with pytest.raises(PluginError) as raised:
         LLM(capped_dir, device="cpu", dtype="float32", attn="nocap")
     assert str(raised.value) == (
@@ -60,8 +44,8 @@ def test_a_named_backend_without_soft_cap_is_refused_naming_one_with_it(capped_d
         LLM(capped_dir, device="cpu", dtype="float32", attn="torch,nocap")
 
 
-def test_on_the_command_line_it_is_one_line(capped_dir, install_plugin_module, tmp_path):
-    install_plugin_module("minisgl_nocap", "minisgl-nocap", NO_CAP)
+def test_on_the_command_line_it_is_one_line(capped_dir, torch_backend_lacking, tmp_path):
+    torch_backend_lacking("nocap", "soft_cap")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     proc = run_cli(
         env=env,
@@ -89,9 +73,9 @@ def test_on_the_command_line_it_is_one_line(capped_dir, install_plugin_module, t
     ), proc.stderr
 
 
-def test_a_model_without_caps_runs_on_such_a_backend(tmp_path, install_plugin_module):
+def test_a_model_without_caps_runs_on_such_a_backend(tmp_path, torch_backend_lacking):
     """The refusal is the capped model's only: Gemma 2 with null caps, Gemma, run on it."""
-    install_plugin_module("minisgl_nocap", "minisgl-nocap", NO_CAP)
+    torch_backend_lacking("nocap", "soft_cap")
     for arch, overrides in (
         ("Gemma2ForCausalLM", dict(attn_logit_softcapping=None)),
         ("GemmaForCausalLM", {}),

@@ -168,3 +168,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/server" in str(item.fspath) and not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(240))
+
+
+class FakeSocket:
+    """The API server's socket to the tokenizer worker, where the test plays the engine."""
+
+    closed = False
+
+
+@pytest.fixture
+def sent(monkeypatch) -> list:
+    """What the API server sends the tokenizer worker, in order (``ServerState`` with a
+    :class:`FakeSocket`: nothing goes out)."""
+    from minisgl_core.server import state as state_module
+
+    messages: list = []
+    monkeypatch.setattr(state_module, "send", lambda socket, message: messages.append(message))
+    return messages

@@ -16,24 +16,13 @@ import pytest
 
 from minisgl_core.messages import AbortRequest, Admission, TokenizeRequest
 from minisgl_core.sampling import SamplingParams
-from minisgl_core.server import state as state_module
 from minisgl_core.server.handling import drop_generated
 from minisgl_core.server.responses import Choice
 from minisgl_core.server.state import ModelInfo, RequestGroup, ServerState, TokenEvent
 
+from .conftest import FakeSocket
+
 MESSAGE = "stopped by the test"
-
-
-class FakeSocket:
-    closed = False
-
-
-@pytest.fixture
-def sent(monkeypatch) -> list:
-    """What the API server sends the tokenizer worker, in order."""
-    messages: list = []
-    monkeypatch.setattr(state_module, "send", lambda socket, message: messages.append(message))
-    return messages
 
 
 def make_state() -> ServerState:

@@ -19,17 +19,7 @@ from minisgl_core.server.errors import APIError
 from minisgl_core.server.limits import ServerLimits
 from minisgl_core.server.state import ModelInfo, ServerState
 
-
-class FakeSocket:
-    closed = False
-
-
-@pytest.fixture
-def sent(monkeypatch) -> list:
-    """What the API server sends the tokenizer worker, in order."""
-    messages: list = []
-    monkeypatch.setattr(state_module, "send", lambda socket, message: messages.append(message))
-    return messages
+from .conftest import FakeSocket
 
 
 def make_state() -> ServerState:
