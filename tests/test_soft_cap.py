@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from minisgl_core import LLM
-from minisgl_core.api import AttentionBackend
+from minisgl_core.api import AttentionBackend, KVSpec
 from minisgl_core.demo.factories import make_model_dir
 from minisgl_core.plugins import PluginError, Plugins
-from minisgl_core.runner.model_runner import check_soft_cap, pick_attention
+from minisgl_core.runner.model_runner import attention_needs, check_attention_needs, pick_attention
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.testing.cli_runner import run_cli
 
@@ -90,6 +90,12 @@ def test_attn_auto_serves_a_capped_model(capped_dir):
     with LLM(capped_dir, device="cpu", dtype="float32") as llm:
         (out,) = llm.generate([[5, 6, 7]], PARAMS, use_tqdm=False)
     assert len(out.token_ids) == 4
+
+
+def check_soft_cap(cap, names, backends, plugins, device):
+    """The runner's check for a model whose only need is the soft-cap ``cap``."""
+    needs = attention_needs(KVSpec(1, 1, 1, 1, 1.0, logits_soft_cap=cap))
+    check_attention_needs(needs, names, backends, plugins, device)
 
 
 def test_check_soft_cap_names_a_partner_usable_here():

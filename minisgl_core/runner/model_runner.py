@@ -245,21 +245,6 @@ def check_attention_needs(
         )
 
 
-def check_soft_cap(
-    cap: float,
-    names: tuple[str, str],
-    backends: dict[str, type[AttentionBackend]],
-    plugins: Plugins,
-    device: torch.device,
-    spelling: Spelling = "flag",
-) -> None:
-    """:func:`check_attention_needs` for a model whose attention soft-caps its scores by ``cap``
-    (``KVSpec.logits_soft_cap``, Gemma 2's ``attn_logit_softcapping``, API 2.6) and needs nothing
-    else."""
-    needs = attention_needs(KVSpec(1, 1, 1, 1, 1.0, logits_soft_cap=cap), spelling)
-    check_attention_needs(needs, names, backends, plugins, device, spelling)
-
-
 def _note_graph_settings_unused(config: EngineConfig, device: torch.device, spelling: Spelling) -> None:
     """A warning for each CUDA-graph setting given a value of its own on a device without CUDA
     graphs (the CPU): accepted there (one command line serves either machine), never silently."""
