@@ -2,7 +2,7 @@
 process starts.
 
 The shared decoder (:class:`~minisgl_core.layers.decoder.DecoderForCausalLM`) states what it cannot
-build (``unsupported_setting``: a rope type, an activation, sliding windows); those limits are the
+build (``unsupported_setting``: a rope type, an activation, a window of no tokens); those limits are the
 decoder's, not every model's (a third-party model may build yarn), so the launcher asks the class the
 architecture resolves to through the loaded plugins. Without this, ``rope_scaling`` yarn was a
 NotImplementedError traceback from a worker once the model was being built.
