@@ -48,9 +48,13 @@ _TINY_ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
     "Gemma2ForCausalLM": dict(
         tie_word_embeddings=True, sliding_window=_TINY_DEFAULTS["max_position_embeddings"]
     ),
+    # (Gemma 3 likewise; its default sliding_window_pattern of 6 makes both tiny layers slide)
+    "Gemma3ForCausalLM": dict(
+        tie_word_embeddings=True, sliding_window=_TINY_DEFAULTS["max_position_embeddings"]
+    ),
 }
-#: architectures whose RMS norms scale by ``1 + weight``
-_NORMS_AROUND_ZERO = frozenset({"GemmaForCausalLM", "Gemma2ForCausalLM"})
+#: architectures whose RMS norms scale by ``1 + weight`` (Gemma 3's q_norm/k_norm too)
+_NORMS_AROUND_ZERO = frozenset({"GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM"})
 
 #: the embedded demo model: what it changes in the tiny shape (make_model_dir starts from that)
 _DEMO_OVERRIDES: dict[str, Any] = dict(
@@ -184,7 +188,7 @@ def make_model_dir(
 
     ``arch`` is ``"Qwen3ForCausalLM"``, ``"Qwen2ForCausalLM"``, ``"LlamaForCausalLM"``,
     ``"MistralForCausalLM"``, ``"Phi3ForCausalLM"``, ``"GraniteForCausalLM"``, ``"Olmo2ForCausalLM"``,
-    ``"GemmaForCausalLM"``, ``"Gemma2ForCausalLM"``, ``"Qwen3MoeForCausalLM"`` or
+    ``"GemmaForCausalLM"``, ``"Gemma2ForCausalLM"``, ``"Gemma3ForCausalLM"``, ``"Qwen3MoeForCausalLM"`` or
     ``"MixtralForCausalLM"``; tiny defaults (hidden 64,
     2 layers, 4 heads, 2 KV heads, head_dim 16) are overridden by ``config_overrides``, and
     ``vocab_size`` defaults to the tokenizer's. Weights come from transformers' own initialisation
@@ -194,6 +198,7 @@ def make_model_dir(
     from transformers import (
         AutoModelForCausalLM,
         Gemma2Config,
+        Gemma3TextConfig,
         GemmaConfig,
         GenerationConfig,
         GraniteConfig,
@@ -218,6 +223,7 @@ def make_model_dir(
         "Olmo2ForCausalLM": Olmo2Config,
         "GemmaForCausalLM": GemmaConfig,
         "Gemma2ForCausalLM": Gemma2Config,
+        "Gemma3ForCausalLM": Gemma3TextConfig,
         "Qwen3MoeForCausalLM": Qwen3MoeConfig,
         "MixtralForCausalLM": MixtralConfig,
     }

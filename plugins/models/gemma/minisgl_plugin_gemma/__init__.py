@@ -1,5 +1,5 @@
-"""Registers GemmaForCausalLM and Gemma2ForCausalLM; the model classes are imported only when a
-model of either architecture loads."""
+"""Registers GemmaForCausalLM, Gemma2ForCausalLM and Gemma3ForCausalLM; the model classes are
+imported only when a model of one of them loads."""
 
 from minisgl_core.api import hookimpl
 
@@ -10,3 +10,4 @@ MINISGL_API = "2.6"  # Gemma 2's attention soft-cap: KVSpec.logits_soft_cap (API
 def minisgl_register_models(register) -> None:
     register("GemmaForCausalLM", "minisgl_plugin_gemma.model:GemmaForCausalLM")
     register("Gemma2ForCausalLM", "minisgl_plugin_gemma.model:Gemma2ForCausalLM")
+    register("Gemma3ForCausalLM", "minisgl_plugin_gemma.model:Gemma3ForCausalLM")

@@ -134,6 +134,8 @@ class GemmaDecoderLayer(nn.Module):
 
     #: each branch is summed across ranks in its own projection: the output is never a partial sum
     defers_sums = False
+    #: the attention module, built as the decoder's ``DecoderAttention`` is (Gemma 3's adds norms)
+    attention_cls: type[DecoderAttention] = DecoderAttention
 
     def __init__(
         self,
@@ -149,7 +151,7 @@ class GemmaDecoderLayer(nn.Module):
     ) -> None:
         super().__init__()
         eps, hidden = hf.get("rms_norm_eps", 1e-6), hf["hidden_size"]
-        self.self_attn = DecoderAttention(
+        self.self_attn = self.attention_cls(
             hf, layer_id, qk_norm=False, parallel=parallel, dtype=dtype, device=device
         )
         self.mlp = mlp if mlp is not None else GemmaMLP(hf, parallel=parallel, dtype=dtype, device=device)
@@ -331,3 +333,188 @@ class Gemma2ForCausalLM(GemmaForCausalLM):
         return dataclasses.replace(
             spec, scale=scale, logits_soft_cap=self.soft_cap(hf, "attn_logit_softcapping")
         )
+
+
+#: Gemma 3's two kinds of layer (``layer_types``)
+SLIDING, FULL = "sliding_attention", "full_attention"
+#: the rope types Gemma 3's layers are built with (transformers' "default" and "linear")
+GEMMA3_ROPE_TYPES = ("default", "linear")
+#: each kind's rope theta where config.json gives none in ``rope_parameters``: the older top-level
+#: key and Gemma3TextConfig's default
+_GEMMA3_THETA = {SLIDING: ("rope_local_base_freq", 10_000.0), FULL: ("rope_theta", 1_000_000.0)}
+
+
+def gemma3_layer_types(hf: dict[str, Any]) -> list[Any] | None:
+    """Each layer's kind: config.json's ``layer_types``, else Gemma3TextConfig's default from
+    ``sliding_window_pattern`` (6): layer ``i`` slides unless ``(i + 1) % pattern == 0``. None when
+    the pattern is not a positive whole number (:meth:`Gemma3ForCausalLM.unsupported_setting`
+    names it)."""
+    types = hf.get("layer_types")
+    if types is not None:
+        return types
+    pattern = hf.get("sliding_window_pattern", 6)
+    if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern <= 0:
+        return None
+    return [SLIDING if (i + 1) % pattern else FULL for i in range(int(hf["num_hidden_layers"]))]
+
+
+def gemma3_rope(hf: dict[str, Any], kind: str) -> tuple[str, dict[str, Any]]:
+    """(the config.json key it comes from, the rope settings) of the layers of ``kind``, as
+    Gemma3TextConfig reads them: transformers 5's ``rope_parameters[kind]``, else the default rope;
+    an older config's ``rope_scaling`` applies to the full-attention layers only; the theta, where
+    unset, is ``rope_local_base_freq`` (sliding) or ``rope_theta`` (full), else 1e4 or 1e6."""
+    nested, scaling = hf.get("rope_parameters"), hf.get("rope_scaling")
+    given = nested.get(kind) if isinstance(nested, dict) else None
+    params = dict(given) if isinstance(given, dict) else {}
+    theta_key, theta_default = _GEMMA3_THETA[kind]
+    where = f"rope_parameters.{kind}" if params else theta_key
+    if kind == FULL and isinstance(scaling, dict):
+        params.update(scaling)
+        where = "rope_scaling"
+    params.setdefault("rope_theta", hf.get(theta_key, theta_default))
+    params["rope_type"] = params.get("rope_type", params.get("type", "default"))
+    return where, params
+
+
+def _number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 < value < math.inf
+
+
+def _gemma3_rope_problem(hf: dict[str, Any]) -> str | None:
+    nested, scaling = hf.get("rope_parameters"), hf.get("rope_scaling")
+    if nested is not None and (not isinstance(nested, dict) or not set(nested) <= {SLIDING, FULL}):
+        return (
+            f"rope_parameters {json.dumps(nested)[:80]} is not supported: Gemma 3 reads one for each "
+            f'layer type ("{SLIDING}", "{FULL}")'
+        )
+    if scaling is not None and not isinstance(scaling, dict):
+        return f"rope_scaling {json.dumps(scaling)[:80]} is not supported (an object, or null)"
+    for kind in (SLIDING, FULL):
+        where, params = gemma3_rope(hf, kind)
+        rope_type = params["rope_type"]
+        if rope_type not in GEMMA3_ROPE_TYPES:
+            return (
+                f"{where} rope_type {json.dumps(rope_type)} is not supported "
+                f"({', '.join(GEMMA3_ROPE_TYPES)} are)"
+            )
+        if not _number(params["rope_theta"]):
+            name = where if where in (key for key, _ in _GEMMA3_THETA.values()) else f"{where} rope_theta"
+            return f"{name} {json.dumps(params['rope_theta'])} is not supported (a positive number is)"
+        if rope_type == "linear" and not _number(params.get("factor")):
+            return (
+                f"{where} factor {json.dumps(params.get('factor'))} is not supported (a positive number is)"
+            )
+        factor = params.get("partial_rotary_factor")
+        if factor is not None and factor != 1.0:
+            return f"{where} partial_rotary_factor {json.dumps(factor)} is not supported (whole heads are rotated)"
+    return None
+
+
+@fused
+def gemma_qk_norm(
+    qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, num_q_heads: int, num_kv_heads: int,
+    eps: float,
+) -> torch.Tensor:  # fmt: skip
+    """Gemma's RMS norm (``1 + weight``, float32) on each q head and each k head of ``qkv``
+    (``[num_tokens, q_heads + 2 * kv_heads, head_dim]``), v unchanged."""
+    q, k, v = qkv.split((num_q_heads, num_kv_heads, num_kv_heads), dim=1)
+    return torch.cat((_gemma_normalize(q, q_weight, eps), _gemma_normalize(k, k_weight, eps), v), dim=1)
+
+
+class Gemma3Attention(DecoderAttention):
+    """The decoder's attention with Gemma 3's per-head ``q_norm``/``k_norm`` (``1 + weight``, in
+    float32, before the rotary) and the rope of its layer's kind (:func:`gemma3_rope`)."""
+
+    def __init__(
+        self,
+        hf: dict[str, Any],
+        layer_id: int,
+        *,
+        qk_norm: bool,
+        parallel: ParallelContext,
+        dtype: torch.dtype | None,
+        device: Any,
+        qkv_bias: bool = False,
+    ) -> None:
+        types = gemma3_layer_types(hf)
+        assert types is not None  # (refused by unsupported_setting)
+        #: "sliding_attention" or "full_attention"
+        self.layer_type = types[layer_id]
+        _, rope = gemma3_rope(hf, self.layer_type)
+        # (the decoder builds its rotary from the config's rope settings: this layer's alone)
+        view = {**hf, "rope_parameters": rope, "rope_scaling": None}
+        super().__init__(view, layer_id, qk_norm=False, parallel=parallel, dtype=dtype, device=device)
+        head_dim, eps = self.attn.head_dim, hf.get("rms_norm_eps", 1e-6)
+        # per head, the same weights on every rank; applied in project_qkv (head_qk_norm stays
+        # False: the decoder's fused norm is Llama's, weight times the rounded normalised vector)
+        self.q_norm = GemmaRMSNorm(head_dim, eps, dtype=dtype, device=device)
+        self.k_norm = GemmaRMSNorm(head_dim, eps, dtype=dtype, device=device)
+
+    def project_qkv(self, hidden: torch.Tensor) -> torch.Tensor:
+        qkv = super().project_qkv(hidden)
+        return gemma_qk_norm(
+            qkv, self.q_norm.weight, self.k_norm.weight, self.attn.num_heads, self.attn.num_kv_heads,
+            self.q_norm.eps,
+        )  # fmt: skip
+
+
+class Gemma3DecoderLayer(Gemma2DecoderLayer):
+    """Gemma 2's layer with :class:`Gemma3Attention`."""
+
+    attention_cls = Gemma3Attention
+
+    def __init__(self, hf: dict[str, Any], layer_id: int, **kwargs: Any) -> None:
+        super().__init__(hf, layer_id, **kwargs)
+        types = gemma3_layer_types(hf)
+        assert types is not None
+        # Off CUDA the model computes the rotary angles once a forward, with layer 0's rope, and
+        # hands them to every layer (DecoderModel.forward): a layer whose rope is another kind's
+        # computes its own from its inv_freq instead.
+        self.own_angles = gemma3_rope(hf, types[layer_id])[1] != gemma3_rope(hf, types[0])[1]
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        batch: ForwardBatch,
+        angles: Angles | None = None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return super().forward(hidden, residual, batch, None if self.own_angles else angles, **kwargs)
+
+
+class Gemma3ForCausalLM(Gemma2ForCausalLM):
+    """Gemma 3 (text, ``Gemma3TextConfig``): see the module docstring."""
+
+    layer_cls = Gemma3DecoderLayer
+    #: none unless config.json sets them (Gemma3TextConfig's defaults are null)
+    soft_caps = {"attn_logit_softcapping": None, "final_logit_softcapping": None}
+
+    @classmethod
+    def unsupported_setting(cls, hf: dict[str, Any], context_len: int | None = None) -> str | None:
+        """Bidirectional attention, a ``sliding_window_pattern`` that is no pattern, a rope
+        :func:`gemma3_rope` does not build, then Gemma 2's rules."""
+        if hf.get("use_bidirectional_attention"):
+            value = json.dumps(hf["use_bidirectional_attention"])
+            return f"use_bidirectional_attention {value} is not supported (causal attention is)"
+        if gemma3_layer_types(hf) is None:
+            pattern = json.dumps(hf.get("sliding_window_pattern"))
+            return f"sliding_window_pattern {pattern} is not supported (a positive whole number is)"
+        return _gemma3_rope_problem(hf) or super().unsupported_setting(hf, context_len)
+
+    @classmethod
+    def decoder_view(cls, hf: dict[str, Any]) -> dict[str, Any]:
+        """Gemma 2's view with :func:`gemma3_layer_types` as ``layer_types``, and without the rope
+        keys (checked and built per layer kind here, not by the decoder's single-rope rules)."""
+        rope_keys = ("rope_parameters", "rope_scaling", "rope_theta", "rope_local_base_freq")
+        view = {key: value for key, value in hf.items() if key not in rope_keys}
+        types = gemma3_layer_types(hf)
+        if types is not None:
+            view["layer_types"] = types
+        return super().decoder_view(view)
+
+    def __init__(self, config: ModelConfig) -> None:
+        # (tied where config.json does not say: Gemma3TextConfig's default, and Gemma-3-1B's
+        # checkpoint has no lm_head tensor)
+        hf = {"tie_word_embeddings": True, **config.hf_config}
+        super().__init__(dataclasses.replace(config, hf_config=hf))
