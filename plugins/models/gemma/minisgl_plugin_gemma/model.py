@@ -232,7 +232,7 @@ class GemmaForCausalLM(DecoderForCausalLM):
     legacy_tanh_gelu = frozenset({"gelu"})
     #: the soft-cap keys this architecture reads, with the value of a key config.json leaves out
     #: (its config class's default); a null one caps nothing
-    soft_caps: dict[str, float] = {}
+    soft_caps: dict[str, float | None] = {}
 
     @classmethod
     def activation(cls, hf: dict[str, Any]) -> Any:
@@ -487,8 +487,10 @@ class Gemma3ForCausalLM(Gemma2ForCausalLM):
     """Gemma 3 (text, ``Gemma3TextConfig``): see the module docstring."""
 
     layer_cls = Gemma3DecoderLayer
-    #: none unless config.json sets them (Gemma3TextConfig's defaults are null)
-    soft_caps = {"attn_logit_softcapping": None, "final_logit_softcapping": None}
+    #: none unless config.json sets it (Gemma3TextConfig's default is null). Not
+    #: ``attn_logit_softcapping``: transformers' Gemma 3 keeps the key but never applies it (its
+    #: attention passes no cap), so neither does the plugin
+    soft_caps = {"final_logit_softcapping": None}
 
     @classmethod
     def unsupported_setting(cls, hf: dict[str, Any], context_len: int | None = None) -> str | None:
