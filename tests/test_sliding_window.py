@@ -7,7 +7,8 @@ does), and a named backend that does not is refused in one line naming the fixes
 
 The reference is transformers' model of each architecture on the same weights (float32, eager),
 over sequences several windows long; the engine's prefill runs in chunks shorter than the window
-and a second request reuses the first one's KV from the prefix cache.
+and a second request reuses the first one's KV from the prefix cache. Gemma 3 (five layers in six
+sliding by default, each kind of layer with its own rope) is checked the same way.
 """
 
 from __future__ import annotations
@@ -45,6 +46,18 @@ MODELS: dict[str, tuple[str, dict[str, Any]]] = {
             "tie_word_embeddings": False,  # (tied, the tiny model repeats one token)
         },
     ),
+    # Gemma 3's sliding_window_pattern (as the released config.json, without layer_types): every
+    # second layer attends fully, with its own rope; the others slide, with the local rope
+    "gemma3": (
+        "Gemma3ForCausalLM",
+        {
+            "sliding_window": WINDOW,
+            "num_hidden_layers": 3,
+            "sliding_window_pattern": 2,
+            "final_logit_softcapping": 3.0,
+            "tie_word_embeddings": False,
+        },
+    ),
     # Qwen2's switch: the layers from max_window_layers on slide
     "qwen2": (
         "Qwen2ForCausalLM",
@@ -57,7 +70,7 @@ MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
 }
 #: layers that slide, as transformers reads each config
-SLIDING = {"mistral": {0, 1}, "phi3": {0, 1}, "gemma2": {0, 2}, "qwen2": {1, 2}}
+SLIDING = {"mistral": {0, 1}, "phi3": {0, 1}, "gemma2": {0, 2}, "gemma3": {0, 2}, "qwen2": {1, 2}}
 
 
 @pytest.fixture(scope="module", params=list(MODELS), ids=list(MODELS))
@@ -67,6 +80,10 @@ def windowed(request, tmp_path_factory):
     # as the released Gemma 2 and Qwen2 configs: no layer_types (each config class's default)
     config = json.loads((model_dir / "config.json").read_text())
     config.pop("layer_types", None)
+    # (Gemma3TextConfig saves the pattern as "_sliding_window_pattern", the released Gemma 3 configs
+    # as "sliding_window_pattern": the key transformers reads when layer_types is absent)
+    if "_sliding_window_pattern" in config:
+        config["sliding_window_pattern"] = config.pop("_sliding_window_pattern")
     (model_dir / "config.json").write_text(json.dumps(config))
     return request.param, model_dir
 

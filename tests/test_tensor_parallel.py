@@ -93,6 +93,24 @@ def _rank_int8(rank: int, world: int, port: int, model_dir: str, queue) -> None:
                 "sliding_window": 6,
             },
         ),
+        # per-head q/k norms (whole on each rank), layer 1 attends fully with its own rope (linearly
+        # scaled), layers 0 and 2 slide a window of 6 with the local one; the final soft-cap
+        (
+            "Gemma3ForCausalLM",
+            {
+                "num_key_value_heads": 1,
+                "tie_word_embeddings": False,
+                "vocab_size": 1027,
+                "num_hidden_layers": 3,
+                "sliding_window_pattern": 2,
+                "sliding_window": 6,
+                "final_logit_softcapping": 3.0,
+                "rope_parameters": {
+                    "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                },
+            },
+        ),
     ],
     ids=[
         "qwen3-gqa",
@@ -100,6 +118,7 @@ def _rank_int8(rank: int, world: int, port: int, model_dir: str, queue) -> None:
         "qwen3-moe",
         "olmo2-replicated-kv",
         "gemma2-capped-windowed-replicated-kv-odd-vocab",
+        "gemma3-two-ropes-windowed-replicated-kv-odd-vocab",
     ],
 )
 def test_tp2_equals_tp1(tmp_path, arch, overrides):
