@@ -1,6 +1,7 @@
-"""Google Gemma and Gemma 2: the shared Llama-family decoder with Gemma's differences.
+"""Google Gemma, Gemma 2 and Gemma 3 (text): the shared Llama-family decoder with Gemma's
+differences.
 
-Both:
+All three:
 
 - the token embeddings are multiplied by ``sqrt(hidden_size)`` rounded to the run dtype (as
   transformers' scaled embedding does); the LM head, tied to the same table, reads it unscaled.
@@ -27,6 +28,22 @@ Gemma 2 adds:
   attention backend applies: the KV spec's ``sliding_window``/``window_layers`` (API 2.7; the
   core refuses a backend not declaring "sliding_window" when the context is longer than the
   window, and a context of at most the window is exactly full attention).
+
+Gemma 3 (``Gemma3ForCausalLM``, ``Gemma3TextConfig``: Gemma-3-1B's checkpoint) is Gemma 2's
+layer, scale and window with:
+
+- a per-head RMS norm on q and on k (``q_norm``/``k_norm``, ``head_dim`` weights, ``1 + weight``
+  in float32) before the rotary;
+- a rope per kind of layer: the sliding layers rotate with ``rope_local_base_freq`` (1e4), the
+  full-attention ones with ``rope_theta`` (1e6) and the older configs' ``rope_scaling`` (linear,
+  factor 8, in the 4B+ models); transformers 5 writes both as ``rope_parameters`` per layer type.
+  The "default" and "linear" rope types are built, others refused (:func:`gemma3_rope`);
+- ``layer_types``, where config.json has none, from ``sliding_window_pattern`` (6): layer ``i``
+  attends fully when ``(i + 1) % pattern == 0`` (:func:`gemma3_layer_types`);
+- no soft-caps by default (both keys null); ``final_logit_softcapping`` applies when set,
+  ``attn_logit_softcapping`` never (transformers' Gemma 3 keeps the key but does not apply it);
+- a tied LM head where config.json does not say (Gemma3TextConfig's default);
+- ``use_bidirectional_attention`` refused.
 """
 
 from __future__ import annotations
