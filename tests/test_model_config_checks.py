@@ -389,6 +389,23 @@ def test_gemma2s_four_norms_and_its_own_head_dim_fit_its_layout(gemma2_dir):
     check_shapes(json.loads((gemma2_dir / "config.json").read_text()), tensors)
 
 
+def test_a_gemma3_config_that_contradicts_its_per_head_qk_norms_is_named(tmp_path):
+    """Gemma 3's q_norm/k_norm hold head_dim weights (one head's): a config.json head_dim that
+    contradicts them is named before the model is built (the q/k/v/o shapes agree here)."""
+    model_dir = make_model_dir(tmp_path / "gemma3", "Gemma3ForCausalLM", head_dim=24)
+    tensors = read_headers(model_dir)
+    assert tensors["model.layers.0.self_attn.q_norm.weight"].shape == (24,)
+    check_shapes(json.loads((model_dir / "config.json").read_text()), tensors)
+    bad = _with_config(model_dir, tmp_path, head_dim=16, num_attention_heads=6, num_key_value_heads=3)
+    with pytest.raises(ModelPathError) as err:
+        LLM(bad, attn="torch", device="cpu")
+    says = (
+        "weight model.layers.0.self_attn.k_norm.weight in model.safetensors has shape [24], config.json "
+        "implies [16] (head_dim)"
+    )
+    assert says in str(err.value), str(err.value)
+
+
 def test_a_gemma2_config_that_contradicts_its_weights_is_named(gemma2_dir, tmp_path):
     bad = _with_config(gemma2_dir, tmp_path, head_dim=16)
     with pytest.raises(ModelPathError) as err:

@@ -33,7 +33,7 @@ from minisgl_core.setting_names import Spelling, given
 LLAMA_LAYOUT = frozenset(
     {
         "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GraniteForCausalLM",
-        "Olmo2ForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM",
+        "Olmo2ForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM",
         # (the decoder's too, their fused or expert tensors named otherwise: no rule matches them;
         # their sizes were tracebacks from the model's construction, a probe's find)
         "Phi3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM",
