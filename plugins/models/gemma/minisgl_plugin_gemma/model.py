@@ -516,9 +516,17 @@ class Gemma3ForCausalLM(Gemma2ForCausalLM):
         if hf.get("use_bidirectional_attention"):
             value = json.dumps(hf["use_bidirectional_attention"])
             return f"use_bidirectional_attention {value} is not supported (causal attention is)"
-        if gemma3_layer_types(hf) is None:
+        types = gemma3_layer_types(hf)
+        if types is None:
             pattern = json.dumps(hf.get("sliding_window_pattern"))
             return f"sliding_window_pattern {pattern} is not supported (a positive whole number is)"
+        layers = hf.get("num_hidden_layers")
+        if not isinstance(types, list) or len(types) != layers or not set(types) <= {SLIDING, FULL}:
+            # (the decoder names it only where a window applies; each layer's rope needs it always)
+            return (
+                f"layer_types {json.dumps(types)[:80]} is not supported: one of "
+                f'"{SLIDING}" or "{FULL}" for each of the {layers} layers'
+            )
         return _gemma3_rope_problem(hf) or super().unsupported_setting(hf, context_len)
 
     @classmethod

@@ -245,6 +245,10 @@ BASE = {"hidden_size": 64, "num_hidden_layers": 6, "max_position_embeddings": 20
         ({"rope_parameters": {"full_attention": {"rope_type": "default", "partial_rotary_factor": 0.5}}},
          "rope_parameters.full_attention partial_rotary_factor 0.5 is not supported (whole heads are rotated)"),
         ({"sliding_window_pattern": 0}, "sliding_window_pattern 0 is not supported (a positive whole number is)"),
+        # (no sliding layer, so no window, but a kind of layer with no rope)
+        ({"num_hidden_layers": 2, "layer_types": ["full_attention", "chunked_attention"]},
+         'layer_types ["full_attention", "chunked_attention"] is not supported: one of "sliding_attention" or '
+         '"full_attention" for each of the 2 layers'),
         ({"use_bidirectional_attention": True},
          "use_bidirectional_attention true is not supported (causal attention is)"),
         ({"hidden_activation": "gelu"}, 'hidden_activation "gelu" is not supported (gelu_pytorch_tanh is)'),
@@ -363,3 +367,36 @@ def test_two_tensor_parallel_ranks_match_transformers(tmp_path: Path) -> None:
             assert_logits_close(actual, expected, what=f"rank {rank}'s logits of step {step}")
         assert tokens == expected_tokens
         assert len(set(tokens)) > 1
+
+
+#: the settings of Gemma-3-1B's config.json (the old layout; 4B+ text configs add rope_scaling)
+GEMMA_3_1B = dict(
+    architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", hidden_size=1152, intermediate_size=6912,
+    num_hidden_layers=26, num_attention_heads=4, num_key_value_heads=1, head_dim=256, vocab_size=262144,
+    hidden_activation="gelu_pytorch_tanh", max_position_embeddings=32768, query_pre_attn_scalar=256,
+    rms_norm_eps=1e-6, rope_local_base_freq=10000, rope_theta=1000000, rope_scaling=None, sliding_window=512,
+    sliding_window_pattern=6, attn_logit_softcapping=None, final_logit_softcapping=None, attention_bias=False,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("scaling", [None, {"rope_type": "linear", "factor": 8.0}])
+def test_a_released_config_reads_as_transformers_reads_it(scaling: dict[str, Any] | None) -> None:
+    """Gemma-3-1B's settings (and the 4B+ models' linear scaling): the layer kinds, the window
+    and each kind's rope are those of transformers' Gemma3TextConfig built from the same keys."""
+    from transformers import Gemma3TextConfig
+
+    hf = {**GEMMA_3_1B, "rope_scaling": scaling}
+    theirs = Gemma3TextConfig(**{k: v for k, v in hf.items() if k not in ("architectures", "model_type")})
+    assert Gemma3ForCausalLM.unsupported_setting(hf) is None
+    assert gemma3_layer_types(hf) == theirs.layer_types
+    full = {i for i, kind in enumerate(theirs.layer_types) if kind == "full_attention"}
+    assert full == {5, 11, 17, 23}
+    assert Gemma3ForCausalLM.sliding_window_layers(hf) == (512, frozenset(range(26)) - full)
+    for kind in ("sliding_attention", "full_attention"):
+        _, ours = gemma3_rope(hf, kind)
+        want = theirs.rope_parameters[kind]
+        assert (ours["rope_type"], ours["rope_theta"], ours.get("factor")) == (
+            want["rope_type"],
+            want["rope_theta"],
+            want.get("factor"),
+        )
