@@ -455,12 +455,12 @@ class Gemma3Attention(DecoderAttention):
     ) -> None:
         types = gemma3_layer_types(hf)
         assert types is not None  # (refused by unsupported_setting)
-        #: "sliding_attention" or "full_attention"
-        self.layer_type = types[layer_id]
-        _, rope = gemma3_rope(hf, self.layer_type)
+        _, rope = gemma3_rope(hf, types[layer_id])
         # (the decoder builds its rotary from the config's rope settings: this layer's alone)
         view = {**hf, "rope_parameters": rope, "rope_scaling": None}
         super().__init__(view, layer_id, qk_norm=False, parallel=parallel, dtype=dtype, device=device)
+        #: "sliding_attention" or "full_attention"
+        self.layer_type = types[layer_id]
         head_dim, eps = self.attn.head_dim, hf.get("rms_norm_eps", 1e-6)
         # per head, the same weights on every rank; applied in project_qkv (head_qk_norm stays
         # False: the decoder's fused norm is Llama's, weight times the rounded normalised vector)
