@@ -45,6 +45,8 @@ def make_attention(
         max_context_len=max_context_len,
         kv_cache=kv_cache,
         logits_soft_cap=kv_spec.logits_soft_cap,
+        sliding_window=kv_spec.sliding_window,
+        window_layers=kv_spec.window_layers,
     )
     return backend_cls(config)
 

@@ -16,10 +16,11 @@ from minisgl_core.testing.cli_runner import run_cli
 from minisgl_core.testing.reference import check_batch_against_transformers, check_greedy_against_transformers
 
 
-@pytest.mark.parametrize("window", [None, 2048], ids=["no-window", "window-of-the-context"])
+@pytest.mark.parametrize("window", [None, 2048, 8], ids=["no-window", "window-of-the-context", "window-8"])
 def test_matches_transformers_mistral(tmp_path: Path, window: int | None) -> None:
     """Mistral-7B-v0.2/v0.3 have no window (null); a window as long as the context never bites, so
-    transformers' sliding-window attention and our full attention are the same numbers."""
+    transformers' sliding-window attention and our full attention are the same numbers; one of 8
+    tokens (Mistral-7B-v0.1's kind, API 2.7) is applied in every layer, as transformers does."""
     model_dir = make_model_dir(tmp_path / "mistral", "MistralForCausalLM", seed=4, sliding_window=window)
     assert json.loads((model_dir / "config.json").read_text())["architectures"] == ["MistralForCausalLM"]
     tokens = check_greedy_against_transformers(
