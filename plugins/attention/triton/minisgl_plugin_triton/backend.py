@@ -26,6 +26,10 @@ split ``prefix_splits(batch size)`` ways; the decode kernel reads each member fr
 its prefix on; the merge combines both. A step's plan is one small int32 table (order, skip,
 tasks) copied to the device without waiting, so cascade graphs (captured with no groups) replay
 any grouping of the batch.
+
+Sliding window (``config.sliding_window`` in ``config.window_layers``, API 2.7): a windowed
+layer's decode kernel starts each sequence's KV at ``seq_len - window`` (its splits share what is
+left); such a model runs no cascade.
 """
 
 from __future__ import annotations
@@ -151,7 +155,9 @@ def splits_for(batch_size: int, num_kv_heads: int, num_sms: int, programs_per_sm
 class TritonDecodeBackend(AttentionBackend):
     """Decode attention over the paged pool (bf16, fp16 or float8 e4m3), CUDA-graph capable."""
 
-    capabilities = frozenset({"decode", "page_size>1", "cuda_graph", "cascade", "prestored_kv", "kv_fp8"})
+    capabilities = frozenset(
+        {"decode", "page_size>1", "cuda_graph", "cascade", "prestored_kv", "kv_fp8", "sliding_window"}
+    )
     name: ClassVar[str] = "triton"
     #: programs per SM the split rule aims for (None: the launch's ``programs_per_sm``)
     programs_per_sm: ClassVar[int | None] = None
@@ -287,8 +293,10 @@ class TritonDecodeBackend(AttentionBackend):
         return self.launch
 
     def _plan(self, seq_lens: list[int], groups: list[SharedPrefix] | None) -> list[list[int]]:
-        """The step's table: the order alone, or a cascade plan (``groups`` not None)."""
-        if groups is None:
+        """The step's table: the order alone, or a cascade plan (``groups`` not None). A model with
+        a sliding window runs no cascade (a window may hide part of a shared prefix): the order
+        alone, which gives the same result, in graphs captured for cascade too."""
+        if groups is None or self.config.sliding_window:
             return [longest_first(seq_lens)]
         return cascade_plan(seq_lens, groups, self.members_per_task)
 
@@ -412,6 +420,7 @@ class TritonDecodeBackend(AttentionBackend):
             EARLY=early,
             EARLY_BLOCKS=self.early_blocks,
             EARLY_LINE=min(config.head_dim, 128 // cache.buffer.element_size()),
+            WINDOW=config.window_of(layer_id),  # (a model compiles two variants at most)
             **launch.options(self.interpreted),
             **decode_pdl,
         )

@@ -121,6 +121,7 @@ def decode_kernel(
     EARLY: tl.constexpr = False,  # the first blocks' K and V prefetched into L2 before the wait (see below)
     EARLY_BLOCKS: tl.constexpr = 1,
     EARLY_LINE: tl.constexpr = 64,  # elements a prefetch covers: a 128-byte line, at most a head's row
+    WINDOW: tl.constexpr = 0,  # the layer's sliding window (API 2.7): its last WINDOW positions; 0: all
 ):
     if PDL and not EARLY:  # wait for the kernel before, then let the one after start launching
         gdc_wait()
@@ -133,6 +134,8 @@ def decode_kernel(
     seq_len = tl.load(seq_lens_ptr + seq)
     row = tl.load(req_slots_ptr + seq).to(tl.int64)
     first = 0
+    if WINDOW:  # the query, at seq_len - 1, sees the positions after seq_len - 1 - WINDOW
+        first = tl.maximum(seq_len - WINDOW, 0)
     if CASCADE:  # a shared prefix is the prefix kernel's: this sequence's own part starts after it
         first = tl.load(skip_ptr + seq)
     # whole blocks per split, so only the sequence's last block is partial

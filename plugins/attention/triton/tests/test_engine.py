@@ -4,7 +4,8 @@ rounding of them: a random Llama over a float8 pool, a random Qwen3 (QK-norm) ov
 one, both of GQA group 4; and prompts sharing system prompts through the radix cache, where the
 Triton backend runs cascade decode steps (its prefix kernel); and n-gram speculation, whose verify
 steps hold several sequences a request (more than the page table's rows: the backend's partial
-outputs are sized by ``AttentionConfig.max_sequences``). On the CPU under Triton's
+outputs are sized by ``AttentionConfig.max_sequences``); and a Mistral whose 8-token window
+(API 2.7) the decode kernel applies, which runs no cascade. On the CPU under Triton's
 interpreter, in a child process (on a GPU the same comparison runs in tools/device_e2e.py's
 configurations). The reference runs in PyTorch alone (rotary and the KV store eager, not the fused
 rope + KV store kernel, which the Triton run uses as the GPU does), so the comparison checks that
@@ -48,7 +49,8 @@ def shared_prompts() -> list[list[int]]:
 @pytest.mark.parametrize(
     "arch, kv_cache_dtype, prompts",
     [("LlamaForCausalLM", "fp8_e4m3", "plain"), ("Qwen3ForCausalLM", "auto", "plain"),
-     ("Qwen3ForCausalLM", "auto", "shared"), ("Qwen3ForCausalLM", "auto", "speculative")],
+     ("Qwen3ForCausalLM", "auto", "shared"), ("Qwen3ForCausalLM", "auto", "speculative"),
+     ("MistralForCausalLM", "auto", "windowed")],
 )  # fmt: skip
 def test_triton_decode_gives_the_torch_backends_greedy_tokens(arch, kv_cache_dtype, prompts):
     out = run_under_interpreter(__file__, arch, kv_cache_dtype, prompts, env=INTERPRETER_ENV)
@@ -56,6 +58,9 @@ def test_triton_decode_gives_the_torch_backends_greedy_tokens(arch, kv_cache_dty
     reference, triton = runs["torch"], runs["torch,triton"]
     if prompts == "shared":  # the Triton backend's cascade ran: two groups in (nearly) every step
         assert runs["cascade_steps"] >= MAX_TOKENS - 1 and runs["most_groups"] == 2, runs
+    if prompts == "windowed":  # an 8-token window in every layer (API 2.7), under prompts of 40-60
+        # tokens sharing system prompts: no cascade step (a window may hide part of a prefix)
+        assert runs["window"] == 8 and runs["cascade_steps"] == 0 and runs["offered_groups"] > 0, runs
     if prompts == "speculative":  # verify steps ran on the Triton backend, with more sequences than rows
         assert runs["spec_verify_steps"] > 0 and runs["spec_accepted_tokens"] > 0, runs
         assert runs["most_sequences"] > runs["max_requests"], runs
@@ -109,10 +114,11 @@ def child(arch: str, kv_cache_dtype: str, prompts: str) -> None:
     # cascade for any saving, so these short prompts run it (the engine is in this process)
     cascade.MIN_SAVED_TOKENS, cascade.MIN_SAVED_SHARE = 0, 0.0
     with tempfile.TemporaryDirectory() as tmp:
+        window = {"sliding_window": 8} if prompts == "windowed" else {}
         model = make_model_dir(
-            tmp, arch, num_attention_heads=8, num_key_value_heads=2, head_dim=32, hidden_size=128
+            tmp, arch, num_attention_heads=8, num_key_value_heads=2, head_dim=32, hidden_size=128, **window
         )
-        runs: dict = {"cascade_steps": 0, "most_groups": 0, "most_sequences": 0}
+        runs: dict = {"cascade_steps": 0, "most_groups": 0, "most_sequences": 0, "offered_groups": 0}
         # two requests in flight: a verify step of both holds 2 x (1 + 4) sequences, more than the
         # page table's three rows
         spec = (
@@ -130,12 +136,15 @@ def child(arch: str, kv_cache_dtype: str, prompts: str) -> None:
             scheduler = llm.engine.scheduler
             build = scheduler._build_decode
 
-            def spy(plan, build=build, attn=attn):
+            def spy(plan, build=build, attn=attn, decode=llm.engine.runner.decode_attn):
                 scheduled = build(plan)
                 groups = scheduled.forward.shared_prefixes if scheduled is not None else None
                 if groups and attn == "torch,triton":
-                    runs["cascade_steps"] += 1
-                    runs["most_groups"] = max(runs["most_groups"], len(groups))
+                    runs["offered_groups"] += 1
+                    # (the backend's plan: a cascade step's has its skip and task rows)
+                    if len(decode._plan(scheduled.forward.seq_lens_cpu, groups)) > 1:
+                        runs["cascade_steps"] += 1
+                        runs["most_groups"] = max(runs["most_groups"], len(groups))
                 return scheduled
 
             scheduler._build_decode = spy
@@ -149,7 +158,9 @@ def child(arch: str, kv_cache_dtype: str, prompts: str) -> None:
                     return metadata(req_slots, seq_lens, plan, bs)
 
                 backend._metadata = sized
-            chosen = {"plain": PROMPTS, "shared": shared_prompts(), "speculative": copy_prompts()}[prompts]
+            chosen = {"plain": PROMPTS, "shared": shared_prompts(), "speculative": copy_prompts(),
+                      "windowed": shared_prompts()}[prompts]  # fmt: skip
+            runs["window"] = llm.engine.runner.decode_attn.config.sliding_window
             outputs = llm.generate(chosen, params, use_tqdm=False)
             runs[attn] = [
                 {"tokens": o.token_ids, "logprobs": [lp.logprob for lp in o.logprobs]} for o in outputs

@@ -48,15 +48,26 @@ def compile_ptx(kernel, signature: dict, constants: dict, arch: int = 90) -> str
 
 
 def compile_decode(
-    arch: int, kv: str, widen: bool, splits: int, cascade: bool = False, exact: bool = False
+    arch: int, kv: str, widen: bool, splits: int, cascade: bool = False, exact: bool = False, window: int = 0
 ) -> str:
     from minisgl_plugin_triton.kernels import decode_kernel
 
     signature = {**DECODE, "k_ptr": f"*{kv}", "v_ptr": f"*{kv}"}
     constants = {"NUM_HEADS": 16, "GROUP": 2, "BLOCK_H": 16, "HEAD_DIM": 128, "BLOCK_N": 64,
                  "NUM_SPLITS": splits, "ENTRIES": splits + (2 if cascade else 0), "CASCADE": cascade,
-                 "WIDEN_FP8": widen, "DOT_FP32": False, "EXACT_PV": exact}  # fmt: skip
+                 "WIDEN_FP8": widen, "DOT_FP32": False, "EXACT_PV": exact, "WINDOW": window}  # fmt: skip
     return compile_ptx(decode_kernel, signature, constants, arch)
+
+
+@pytest.mark.parametrize(
+    ("arch", "kv", "widen"), [(90, "bf16", False), (90, "fp8e4nv", True), (80, "bf16", False)]
+)
+def test_a_windowed_layer_compiles_and_starts_later(arch: int, kv: str, widen: bool) -> None:
+    """(API 2.7) ``WINDOW`` (a sliding window's layer): the same kernel with one more subtraction
+    and maximum before the loop (its numbers: the suite's ``test_sliding_window``)."""
+    plain = compile_decode(arch, kv, widen, splits=4)
+    windowed = compile_decode(arch, kv, widen, splits=4, window=4093)
+    assert windowed != plain and "4093" in windowed and "4093" not in plain
 
 
 def test_fp8_pool_is_widened_to_fp16_and_multiplied_on_tensor_cores():

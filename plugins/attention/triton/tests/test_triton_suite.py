@@ -190,7 +190,7 @@ def test_an_eager_steps_plan_rows_start_aligned_at_any_batch_size():
     from minisgl_plugin_triton.backend import TritonDecodeBackend
 
     backend = TritonDecodeBackend.__new__(TritonDecodeBackend)
-    backend.config = SimpleNamespace(max_sequences=42)  # type: ignore[assignment]
+    backend.config = SimpleNamespace(max_sequences=42, sliding_window=0)  # type: ignore[assignment]
     backend.members_per_task = 2
     backend.splits = backend.prefix_splits = lambda bs: 1  # type: ignore[method-assign]
 
