@@ -138,3 +138,56 @@ def check_batch_against_transformers(
                 assert_logits_close(logits[i], expected, rel, what=f"sequence {i} at step {step}")
                 prompt.append(int(expected.argmax()))
             new_tokens = [[prompt[-1]] for prompt in prompts]
+
+
+def _greedy_rank(
+    rank: int,
+    world: int,
+    port: int,
+    model_cls: type[Model],
+    backend_cls: type[AttentionBackend],
+    model_dir: str,
+    out: str,
+    prompt_len: int,
+    steps: int,
+) -> None:
+    """One rank of :func:`greedy_on_ranks` (a spawned process)."""
+    import torch.distributed as dist
+
+    from minisgl_core.distributed import join_parent_store, leave_parent_store_group
+
+    join_parent_store("gloo", rank, world, port)
+    try:
+        model, _ = load_model(model_cls, model_dir, parallel=ParallelContext(rank, world, dist.group.WORLD))
+        prompt = random_prompt(prompt_len, load_hf_config(model_dir)["vocab_size"])
+        with torch.inference_mode():
+            tokens, logits = greedy_generate(
+                model, make_attention(backend_cls, model.kv_spec, page_size=2), prompt, steps
+            )
+        torch.save((prompt, tokens, logits), f"{out}/rank{rank}.pt")
+        del model
+    finally:
+        leave_parent_store_group()
+
+
+def greedy_on_ranks(
+    model_cls: type[Model],
+    backend_cls: type[AttentionBackend],
+    model_dir: str | Path,
+    out: str | Path,
+    *,
+    prompt_len: int,
+    steps: int,
+    world: int = 2,
+) -> list[tuple[list[int], list[int], list[torch.Tensor]]]:
+    """``model_cls`` split over ``world`` gloo ranks (spawned processes, page size 2), each running
+    :func:`greedy_generate` over a random prompt of ``prompt_len`` tokens for ``steps`` steps:
+    each rank's (prompt, tokens, logits), through files in ``out``."""
+    import torch.multiprocessing as mp
+
+    from minisgl_core.distributed import parent_store
+
+    store = parent_store(world)  # kept until every rank is done
+    args = (world, store.port, model_cls, backend_cls, str(model_dir), str(out), prompt_len, steps)
+    mp.spawn(_greedy_rank, args=args, nprocs=world, join=True)
+    return [torch.load(Path(out) / f"rank{rank}.pt") for rank in range(world)]

@@ -23,15 +23,15 @@ from minisgl_plugin_gemma.model import Gemma3ForCausalLM, gemma3_layer_types, ge
 from minisgl_plugin_torch.backend import TorchAttentionBackend
 
 from minisgl_core import LLM
-from minisgl_core.api import ParallelContext
 from minisgl_core.checkpoint.formats import load_hf_config
 from minisgl_core.sampling import SamplingParams
-from minisgl_core.testing import greedy_generate, make_attention, make_model_dir
+from minisgl_core.testing import make_model_dir
 from minisgl_core.testing.reference import (
     TransformersReference,
     assert_logits_close,
     check_batch_against_transformers,
     check_greedy_against_transformers,
+    greedy_on_ranks,
     load_model,
     random_prompt,
 )
@@ -324,44 +324,21 @@ def test_generation_past_the_window_equals_transformers(tmp_path: Path) -> None:
 STEPS = 6
 
 
-def _tp_rank(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
-    import torch.distributed as dist
-
-    from minisgl_core.distributed import join_parent_store, leave_parent_store_group
-
-    join_parent_store("gloo", rank, world, port)
-    try:
-        parallel = ParallelContext(rank, world, dist.group.WORLD)
-        model, _ = load_model(Gemma3ForCausalLM, model_dir, parallel=parallel)
-        prompt = random_prompt(30, load_hf_config(model_dir)["vocab_size"])
-        with torch.inference_mode():
-            tokens, logits = greedy_generate(
-                model, make_attention(TorchAttentionBackend, model.kv_spec, page_size=2), prompt, STEPS
-            )
-        torch.save((prompt, tokens, logits), f"{out}/rank{rank}.pt")
-        del model
-    finally:
-        leave_parent_store_group()
-
-
 def test_two_tensor_parallel_ranks_match_transformers(tmp_path: Path) -> None:
     """Two gloo ranks, each with half the q heads, one of the two KV heads (with its q/k norms,
     which every rank holds whole), half the MLP and half the vocabulary: both ranks' logits and
     greedy tokens are transformers'."""
-    import torch.multiprocessing as mp
-
-    from minisgl_core.distributed import parent_store
-
     model_dir = make_model_dir(
         tmp_path / "m", ARCH, seed=7, vocab_size=1027, num_hidden_layers=3, sliding_window_pattern=2,
         tie_word_embeddings=False,
     )  # fmt: skip
     old_layout(model_dir, rope_scaling=LINEAR)
-    store = parent_store(2)  # kept until both ranks are done
-    mp.spawn(_tp_rank, args=(2, store.port, str(model_dir), str(tmp_path)), nprocs=2, join=True)
+    results = greedy_on_ranks(
+        Gemma3ForCausalLM, TorchAttentionBackend, model_dir, tmp_path, prompt_len=30, steps=STEPS
+    )
     reference = TransformersReference(model_dir)
     for rank in range(2):
-        prompt, tokens, logits = torch.load(tmp_path / f"rank{rank}.pt")
+        prompt, tokens, logits = results[rank]
         expected_tokens, expected_logits = reference.greedy(prompt, STEPS)
         for step, (actual, expected) in enumerate(zip(logits, expected_logits, strict=True)):
             assert_logits_close(actual, expected, what=f"rank {rank}'s logits of step {step}")

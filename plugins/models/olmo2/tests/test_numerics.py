@@ -9,20 +9,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from minisgl_plugin_olmo2.model import Olmo2ForCausalLM
 from minisgl_plugin_torch.backend import TorchAttentionBackend
 
-from minisgl_core.api import ParallelContext
-from minisgl_core.checkpoint.formats import load_hf_config
-from minisgl_core.testing import greedy_generate, make_attention, make_model_dir
+from minisgl_core.testing import make_model_dir
 from minisgl_core.testing.reference import (
     TransformersReference,
     assert_logits_close,
     check_batch_against_transformers,
     check_greedy_against_transformers,
+    greedy_on_ranks,
     load_model,
-    random_prompt,
 )
 
 SHAPES: dict[str, dict[str, Any]] = {
@@ -75,26 +72,6 @@ def test_the_checkpoint_names_are_transformers(tmp_path: Path) -> None:
 STEPS = 6
 
 
-def _tp_rank(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
-    import torch.distributed as dist
-
-    from minisgl_core.distributed import join_parent_store, leave_parent_store_group
-
-    join_parent_store("gloo", rank, world, port)
-    try:
-        parallel = ParallelContext(rank, world, dist.group.WORLD)
-        model, _ = load_model(Olmo2ForCausalLM, model_dir, parallel=parallel)
-        prompt = random_prompt(20, load_hf_config(model_dir)["vocab_size"])
-        with torch.inference_mode():
-            tokens, logits = greedy_generate(
-                model, make_attention(TorchAttentionBackend, model.kv_spec, page_size=2), prompt, STEPS
-            )
-        torch.save((prompt, tokens, logits), f"{out}/rank{rank}.pt")
-        del model
-    finally:
-        leave_parent_store_group()
-
-
 @pytest.mark.parametrize(
     "overrides",
     [dict(), dict(num_key_value_heads=1, tie_word_embeddings=True)],
@@ -104,16 +81,13 @@ def test_two_tensor_parallel_ranks_match_transformers(tmp_path: Path, overrides:
     """Two gloo ranks, each with half the q heads (and half the KV heads, or the one KV head both
     hold), half the MLP and half the vocabulary, and the slices of q_norm/k_norm that match its
     heads: both ranks' logits and greedy tokens are transformers'."""
-    import torch.multiprocessing as mp
-
-    from minisgl_core.distributed import parent_store
-
     model_dir = olmo2_dir(tmp_path / "olmo2", 7, vocab_size=1027, **overrides)
-    store = parent_store(2)  # kept until both ranks are done
-    mp.spawn(_tp_rank, args=(2, store.port, str(model_dir), str(tmp_path)), nprocs=2, join=True)
+    results = greedy_on_ranks(
+        Olmo2ForCausalLM, TorchAttentionBackend, model_dir, tmp_path, prompt_len=20, steps=STEPS
+    )
     reference = TransformersReference(model_dir)
     for rank in range(2):
-        prompt, tokens, logits = torch.load(tmp_path / f"rank{rank}.pt")
+        prompt, tokens, logits = results[rank]
         expected_tokens, expected_logits = reference.greedy(prompt, STEPS)
         for step, (actual, expected) in enumerate(zip(logits, expected_logits, strict=True)):
             assert_logits_close(actual, expected, what=f"rank {rank}'s logits of step {step}")
