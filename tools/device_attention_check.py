@@ -148,7 +148,7 @@ def metadata_breakdown_us(case: Case) -> dict[str, float]:
     layout = paged_layout(batch, config.page_size)
 
     def plan_from_device_offsets() -> None:
-        backend.decode_wrapper.plan(
+        backend.decode_wrappers[0].plan(
             layout.kv_indptr,
             layout.kv_indices,
             layout.kv_last_page_len,

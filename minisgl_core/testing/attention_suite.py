@@ -79,13 +79,15 @@ class Shape(NamedTuple):
 
 
 class CapturedDecode(NamedTuple):
-    """One layer's decode forward captured in a CUDA graph, with the tensors it reads and writes."""
+    """Decode forwards of ``layers`` captured in one CUDA graph, with the tensors each reads and
+    writes (``q[i]``, ``k[i]``, ``v[i]`` and ``out[i]`` are layer ``layers[i]``'s)."""
 
     graph: torch.cuda.CUDAGraph
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    out: torch.Tensor
+    layers: tuple[int, ...]
+    q: list[torch.Tensor]
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+    out: list[torch.Tensor]
 
 
 class Problem(NamedTuple):
@@ -592,24 +594,61 @@ class AttentionBackendSuite:
         batch = self.batch(problem, generator, seq_lens, [1] * n, rows=rows, is_prefill=False, captured=True)
         self.replay_and_check(problem, generator, captured, dummy, batch, rows)
 
-    def capture_decode(self, problem: Problem, dummy: ForwardBatch) -> CapturedDecode:
+    def test_sliding_window_cuda_graph_decode(self, generator: torch.Generator) -> None:
+        """(API 2.7) A decode step of two layers, one windowed and one not, captured in one CUDA
+        graph and replayed for two batches, each with a cascade graph's ``shared_prefixes=[]``
+        too where the backend declares "cascade" (a windowed model may run plain decode there)."""
+        self.require("decode", "cuda_graph", "sliding_window")
+        if torch.device(self.device).type != "cuda":
+            pytest.skip("CUDA graphs need a CUDA device")
+        n = self.graph_batch_size
+        window = {"sliding_window": WINDOW, "window_layers": frozenset({LAYER})}
+        real_lens = [self.randoms(generator, n, WINDOW, self.max_seq_len) for _ in range(2)]
+        cascade = "cascade" in self.backend_class().capabilities
+        problem = self.make_problem(
+            self.representative_shape(), real_lens[0] + real_lens[1] + [1] * n, generator, **window
+        )
+        dummy = self.batch(
+            problem, generator, [1] * n, [1] * n, rows=range(2 * n, 3 * n), is_prefill=False, captured=True
+        )
+        if cascade:
+            dummy.shared_prefixes = []
+        captured = self.capture_decode(problem, dummy, layers=(0, LAYER))
+        for part, seq_lens in enumerate(real_lens):
+            rows = list(range(part * n, (part + 1) * n))
+            batch = self.batch(
+                problem, generator, seq_lens, [1] * n, rows=rows, is_prefill=False, captured=True
+            )
+            if cascade:
+                batch.shared_prefixes = []
+            self.replay_and_check(problem, generator, captured, dummy, batch, rows)
+
+    def capture_decode(
+        self, problem: Problem, dummy: ForwardBatch, layers: tuple[int, ...] = (LAYER,)
+    ) -> CapturedDecode:
         """The core's protocol: ``init_graph_capture``, ``prepare_capture(dummy)``, a warm-up
-        outside the graph, then one layer's ``forward`` captured on fixed q/k/v tensors."""
+        outside the graph, then the ``forward`` of each of ``layers`` in turn captured in one
+        graph on fixed q/k/v tensors."""
         config, backend, n = problem.config, problem.backend, dummy.batch_size
-        q = torch.zeros(n, config.num_qo_heads, config.head_dim, dtype=self.dtype, device=self.device)
-        k = torch.zeros(n, config.num_kv_heads, config.head_dim, dtype=self.dtype, device=self.device)
-        v = torch.zeros_like(k)
+
+        def zeros(heads: int) -> list[torch.Tensor]:
+            return [
+                torch.zeros(n, heads, config.head_dim, dtype=self.dtype, device=self.device) for _ in layers
+            ]
+
+        q, k, v = zeros(config.num_qo_heads), zeros(config.num_kv_heads), zeros(config.num_kv_heads)
         backend.init_graph_capture(n)
         backend.prepare_capture(dummy)
         side = torch.cuda.Stream(device=self.device)
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up outside the graph, as the core does
-            backend.forward(q, k, v, LAYER, dummy)
+            for i, layer_id in enumerate(layers):
+                backend.forward(q[i], k[i], v[i], layer_id, dummy)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            out = backend.forward(q, k, v, LAYER, dummy)
-        return CapturedDecode(graph, q, k, v, out)
+            out = [backend.forward(q[i], k[i], v[i], layer_id, dummy) for i, layer_id in enumerate(layers)]
+        return CapturedDecode(graph, layers, q, k, v, out)
 
     def replay_and_check(
         self,
@@ -620,21 +659,30 @@ class AttentionBackendSuite:
         batch: ForwardBatch,
         rows: Sequence[int],
     ) -> None:
-        """Store the prefixes of ``batch`` (sequences ``rows``), copy its inputs into the captured
-        ones, ``prepare_replay(batch)``, replay and check the output and the pool."""
+        """Store the prefixes of ``batch`` (sequences ``rows``) in each captured layer, copy its
+        inputs into the captured ones, ``prepare_replay(batch)``, replay and check each layer's
+        output and the pool."""
         config = problem.config
-        keys, values = ([d[r] for r in rows] for d in (problem.keys[LAYER], problem.values[LAYER]))
-        store_prefixes(config.kv_cache, LAYER, batch, keys, values)
-        inputs = self.step_inputs(problem, generator, batch, LAYER, rows)
+        steps = []
+        for i, layer_id in enumerate(captured.layers):
+            keys, values = ([d[r] for r in rows] for d in (problem.keys[layer_id], problem.values[layer_id]))
+            store_prefixes(config.kv_cache, layer_id, batch, keys, values)
+            inputs = self.step_inputs(problem, generator, batch, layer_id, rows)
+            for static, value in zip((captured.q[i], captured.k[i], captured.v[i]), inputs, strict=True):
+                static.copy_(value)
+            steps.append(inputs)
         for name in ("input_ids", "positions", "out_cache_loc"):
             getattr(dummy, name).copy_(getattr(batch, name))
-        for static, value in zip((captured.q, captured.k, captured.v), inputs, strict=True):
-            static.copy_(value)
         problem.backend.prepare_replay(batch)
         pool_before = config.kv_cache.buffer.clone()
         captured.graph.replay()
         torch.cuda.synchronize(self.device)
-        self.check_step(problem, batch, LAYER, rows, inputs, captured.out.clone(), pool_before)
+        for layer_id, (_, k, v) in zip(captured.layers, steps, strict=True):  # every layer's writes
+            flat = pool_before[layer_id].view(2, -1, config.num_kv_heads, config.head_dim)
+            flat[0, batch.out_cache_loc] = k.to(config.kv_cache.dtype)
+            flat[1, batch.out_cache_loc] = v.to(config.kv_cache.dtype)
+        for i, layer_id in enumerate(captured.layers):
+            self.check_step(problem, batch, layer_id, rows, steps[i], captured.out[i].clone(), pool_before)
 
     def test_cuda_graph_decode(self, shape: Shape, generator: torch.Generator) -> None:
         """Capture one decode step on a dummy batch, then replay it for two different real batches."""

@@ -13,11 +13,14 @@ FA3 gains nothing over FlashInfer's tensor-core decode for one query per sequenc
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from minisgl_plugin_fi.availability import cuda_unavailable_reason, module_installed
-from minisgl_plugin_fi.backend import FlashInferBackend, FlashInferMetadata
+from minisgl_plugin_fi.backend import Attend, FlashInferBackend
+
+if TYPE_CHECKING:
+    from flashinfer import BatchPrefillWithPagedKVCacheWrapper
 
 from minisgl_core.api import AttentionConfig, ForwardBatch, PagedLayout
 
@@ -61,9 +64,15 @@ class FlashAttention3Backend(FlashInferBackend):
 
             self._flash_attn_with_kvcache = flash_attn_with_kvcache
 
-    def _plan_prefill(self, batch: ForwardBatch, layout: PagedLayout) -> FlashInferMetadata:
+    def _plan_prefill(
+        self,
+        wrapper: BatchPrefillWithPagedKVCacheWrapper,
+        batch: ForwardBatch,
+        layout: PagedLayout,
+        window_left: int,
+    ) -> Attend:
         if self._flash_attn_with_kvcache is None:
-            return super()._plan_prefill(batch, layout)
+            return super()._plan_prefill(wrapper, batch, layout, window_left)
         page_size = self.config.page_size
         # FA3 wants a dense [bs, max_pages] table of page ids; entries past a sequence's last page
         # are never read (cache_seqlens bounds the keys).
@@ -80,9 +89,11 @@ class FlashAttention3Backend(FlashInferBackend):
             # bottom-right aligned: query j of an extend sees the cached prefix plus new tokens <= j
             "causal": True,
         }
+        if window_left >= 0:  # (API 2.7) the keys a query sees before its own, none after
+            options["window_size"] = (window_left, 0)
         flash_attn_with_kvcache = self._flash_attn_with_kvcache
 
         def attend(q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
             return flash_attn_with_kvcache(q, kv[0], kv[1], **options)
 
-        return FlashInferMetadata(attend)
+        return attend

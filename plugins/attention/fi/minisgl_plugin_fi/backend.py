@@ -21,6 +21,15 @@ sequence's pages after the prefix. The two are merged by their log-sum-exp (rows
 the prefix pass's result). Captured in CUDA graphs like plain decode, with the prefix pass's entry
 list padded to the batch size by empty entries, since graph-mode wrappers keep their batch size.
 
+Sliding window (``config.sliding_window`` in ``config.window_layers``, API 2.7: Mistral, Gemma 2):
+FlashInfer takes the window when a wrapper is planned (``window_left``, the keys a query sees
+before its own: ``sliding_window - 1``), so each window the layers use gets its own wrappers, all
+planned every step from the same layout: one set for a model whose every layer slides (Mistral),
+two (full and windowed) for one that alternates (Gemma 2). Graph-mode wrappers of one batch size
+share the fixed index buffers (both plans write the same layout there). A windowed model runs no
+cascade: the window may hide part of a shared prefix, and plain decode gives the same result, in
+the graphs captured for cascade too.
+
 ``flashinfer`` is imported in ``__init__`` only, so importing this module stays cheap.
 """
 
@@ -65,7 +74,8 @@ Attend = Callable[[torch.Tensor, "tuple[torch.Tensor, torch.Tensor]"], torch.Ten
 class FlashInferMetadata(NamedTuple):
     """What ``prepare_metadata`` leaves in ``batch.attn_metadata``."""
 
-    attend: Attend
+    #: the planned kernel of each window the layers use (``FlashInferBackend.window_lefts``)
+    attends: tuple[Attend, ...]
 
 
 class GraphBuffers(NamedTuple):
@@ -99,7 +109,7 @@ class FlashInferBackend(AttentionBackend):
     capabilities = frozenset(
         {
             "prefill", "decode", "page_size>1", "cuda_graph", "cascade", "prestored_kv", "kv_fp8", "mixed",
-            "soft_cap",
+            "soft_cap", "sliding_window",
         }
     )  # fmt: skip
     #: FlashInfer kernel family for prefill/extend; "fa2" runs on sm80+ and shares its JIT module
@@ -119,14 +129,21 @@ class FlashInferBackend(AttentionBackend):
         import flashinfer  # the heavy import, deferred until a backend is actually built
 
         self._flashinfer: Any = flashinfer
+        #: FlashInfer's ``window_left`` of each pass, in the order of ``FlashInferMetadata.attends``:
+        #: -1 (causal) and/or ``sliding_window - 1``, each only where some layer uses it
+        self.window_lefts, self._pass_of_layer = window_passes(config)
         # Zeroed: FlashInfer requires the float workspace to start at 0 on first use.
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=config.device)
-        self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-            self.workspace, "NHD", backend=self.prefill_kernels
+        self.prefill_wrappers = tuple(
+            flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+                self.workspace, "NHD", backend=self.prefill_kernels
+            )
+            for _ in self.window_lefts
         )
         self.decode_tensor_cores = tensor_cores_from_env(os.environ.get("MINISGL_FI_TENSOR_CORES"))
-        self.decode_wrapper = self._decode_wrapper()
-        self.graph_wrappers: dict[int, BatchDecodeWithPagedKVCacheWrapper] = {}
+        self.decode_wrappers = tuple(self._decode_wrapper() for _ in self.window_lefts)
+        #: batch size -> one graph-mode decode wrapper a pass
+        self.graph_wrappers: dict[int, tuple[BatchDecodeWithPagedKVCacheWrapper, ...]] = {}
         self._graph_buffers: GraphBuffers | None = None
         # Cascade: the prefix pass (paged prefill kernel); its suffix pass reuses the decode wrappers.
         self.prefix_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
@@ -141,16 +158,21 @@ class FlashInferBackend(AttentionBackend):
     # --- per step ---
 
     def prepare_metadata(self, batch: ForwardBatch) -> None:
-        if batch.shared_prefixes is not None and not batch.is_prefill:
+        if self._cascade(batch) and not batch.is_prefill:
             batch.attn_metadata = self._plan_cascade(
-                self.prefix_wrapper, self.decode_wrapper, batch, pad=False
+                self.prefix_wrapper, self.decode_wrappers[0], batch, pad=False
             )
             return
         layout = batch.layout
         if batch.is_prefill or max(batch.extend_lens_cpu) > 1:
-            batch.attn_metadata = self._plan_prefill(batch, layout)
+            batch.attn_metadata = FlashInferMetadata(
+                tuple(
+                    self._plan_prefill(wrapper, batch, layout, left)
+                    for wrapper, left in zip(self.prefill_wrappers, self.window_lefts, strict=True)
+                )
+            )
         else:
-            batch.attn_metadata = self._plan_decode(self.decode_wrapper, batch, layout)
+            batch.attn_metadata = self._plan_decode(self.decode_wrappers, batch, layout)
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch
@@ -161,8 +183,14 @@ class FlashInferBackend(AttentionBackend):
     def attend(self, q: torch.Tensor, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
         cache = self.config.kv_cache
         metadata: FlashInferMetadata = batch.attn_metadata
-        out = metadata.attend(q.to(self.config.dtype), (cache.k_cache(layer_id), cache.v_cache(layer_id)))
+        attend = metadata.attends[self._pass_of_layer.get(layer_id, 0)]
+        out = attend(q.to(self.config.dtype), (cache.k_cache(layer_id), cache.v_cache(layer_id)))
         return out.to(q.dtype)
+
+    def _cascade(self, batch: ForwardBatch) -> bool:
+        """Whether a step runs as cascade: it carries ``shared_prefixes`` and the model has no
+        sliding window (plain decode gives the same result)."""
+        return batch.shared_prefixes is not None and not self.config.sliding_window
 
     # --- CUDA graphs (decode) ---
 
@@ -186,33 +214,40 @@ class FlashInferBackend(AttentionBackend):
         )
 
     def prepare_capture(self, batch: ForwardBatch) -> None:
-        if batch.shared_prefixes is not None:
+        if self._cascade(batch):
             prefix, suffix = self._cascade_graph_wrappers(batch.batch_size)
             batch.attn_metadata = self._plan_cascade(prefix, suffix, batch, pad=True)
             return
-        wrapper = self._graph_wrapper(batch.batch_size)
-        batch.attn_metadata = self._plan_decode(wrapper, batch, batch.layout)
+        wrappers = self._graph_wrappers(batch.batch_size)
+        batch.attn_metadata = self._plan_decode(wrappers, batch, batch.layout)
 
     def prepare_replay(self, batch: ForwardBatch) -> None:
         # Planning a graph-mode wrapper copies the layout into the buffers the graph reads.
-        if batch.shared_prefixes is not None:
-            wrappers = self.cascade_graph_wrappers.get(batch.batch_size)
-            if wrappers is None:
+        if self._cascade(batch):
+            cascade = self.cascade_graph_wrappers.get(batch.batch_size)
+            if cascade is None:
                 raise RuntimeError(f"no cascade decode graph was captured for batch size {batch.batch_size}")
-            batch.attn_metadata = self._plan_cascade(*wrappers, batch, pad=True)
+            batch.attn_metadata = self._plan_cascade(*cascade, batch, pad=True)
             return
-        wrapper = self.graph_wrappers.get(batch.batch_size)
-        if wrapper is None:
+        wrappers = self.graph_wrappers.get(batch.batch_size)
+        if wrappers is None:
             raise RuntimeError(f"no decode graph was captured for batch size {batch.batch_size}")
-        batch.attn_metadata = self._plan_decode(wrapper, batch, batch.layout)
+        batch.attn_metadata = self._plan_decode(wrappers, batch, batch.layout)
 
     # --- planning, overridable by backends that reuse this one (fa3) ---
 
-    def _plan_prefill(self, batch: ForwardBatch, layout: PagedLayout) -> FlashInferMetadata:
+    def _plan_prefill(
+        self,
+        wrapper: BatchPrefillWithPagedKVCacheWrapper,
+        batch: ForwardBatch,
+        layout: PagedLayout,
+        window_left: int,
+    ) -> Attend:
+        """One pass of a prefill/extend step: ``wrapper`` planned with ``window_left``."""
         config = self.config
         host = batch.host_layout
-        with self._fences.planning(self.prefill_wrapper):
-            self.prefill_wrapper.plan(
+        with self._fences.planning(wrapper):
+            wrapper.plan(
                 host.qo_indptr,
                 host.kv_indptr,
                 layout.kv_indices,
@@ -222,6 +257,7 @@ class FlashInferBackend(AttentionBackend):
                 config.head_dim,
                 config.page_size,
                 causal=True,
+                window_left=window_left,
                 **self._kernel_options(),
             )
         # One output buffer for every layer of this batch: FlashInfer's run() otherwise allocates
@@ -231,33 +267,39 @@ class FlashInferBackend(AttentionBackend):
         out = torch.empty(
             batch.num_tokens, config.num_qo_heads, config.head_dim, dtype=config.dtype, device=config.device
         )
-        run = self.prefill_wrapper.run
+        run = wrapper.run
 
         def attend(q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
             return run(q, kv, out=out)
 
-        return FlashInferMetadata(attend)
+        return attend
 
     def _plan_decode(
-        self, wrapper: BatchDecodeWithPagedKVCacheWrapper, batch: ForwardBatch, layout: PagedLayout
+        self,
+        wrappers: tuple[BatchDecodeWithPagedKVCacheWrapper, ...],
+        batch: ForwardBatch,
+        layout: PagedLayout,
     ) -> FlashInferMetadata:
+        """A decode step: each pass's wrapper planned with its window."""
         config = self.config
         host = batch.host_layout
         # Split-KV stays on even for full batches: without it the graph replay of bs 32 x 1500
         # tokens took 71.6 instead of 56.7 µs per layer (tools/device_profile.py attn).
         options = self._kernel_options()
-        with self._fences.planning(wrapper):
-            wrapper.plan(
-                host.kv_indptr,
-                layout.kv_indices,
-                host.kv_last_page_len,
-                config.num_qo_heads,
-                config.num_kv_heads,
-                config.head_dim,
-                config.page_size,
-                **options,
-            )
-        return FlashInferMetadata(wrapper.run)
+        for wrapper, window_left in zip(wrappers, self.window_lefts, strict=True):
+            with self._fences.planning(wrapper):
+                wrapper.plan(
+                    host.kv_indptr,
+                    layout.kv_indices,
+                    host.kv_last_page_len,
+                    config.num_qo_heads,
+                    config.num_kv_heads,
+                    config.head_dim,
+                    config.page_size,
+                    window_left=window_left,
+                    **options,
+                )
+        return FlashInferMetadata(tuple(wrapper.run for wrapper in wrappers))
 
     def _plan_cascade(
         self,
@@ -304,7 +346,7 @@ class FlashInferBackend(AttentionBackend):
             suffix_out, suffix_lse = suffix_wrapper.run(q, kv, return_lse=True)
             return merge_attention_states(out, lse, suffix_out, suffix_lse, in_group)
 
-        return FlashInferMetadata(attend)
+        return FlashInferMetadata((attend,))
 
     def _kernel_options(self) -> dict[str, Any]:
         return {
@@ -334,7 +376,7 @@ class FlashInferBackend(AttentionBackend):
         buffers = self._cascade_buffers
         if buffers is None:
             raise RuntimeError("call init_graph_capture() before prepare_capture()")
-        self._graph_wrapper(batch_size)  # checks the size against init_graph_capture's
+        self._graph_wrappers(batch_size)  # checks the size against init_graph_capture's
         if batch_size not in self.cascade_graph_wrappers:
             prefix = self._flashinfer.BatchPrefillWithPagedKVCacheWrapper(
                 self.workspace,
@@ -346,11 +388,12 @@ class FlashInferBackend(AttentionBackend):
                 paged_kv_indices_buf=buffers.kv_indices,
                 paged_kv_last_page_len_buf=buffers.kv_last_page_len[:batch_size],
             )
-            # The suffix pass reads the plain decode graphs' index buffers: one graph replays at a time.
+            # The suffix pass reads the plain decode graphs' index buffers: one graph replays at a
+            # time. (A windowed model runs no cascade: one pass, no window.)
             self.cascade_graph_wrappers[batch_size] = (prefix, self._decode_wrapper(batch_size))
         return self.cascade_graph_wrappers[batch_size]
 
-    def _graph_wrapper(self, batch_size: int) -> BatchDecodeWithPagedKVCacheWrapper:
+    def _graph_wrappers(self, batch_size: int) -> tuple[BatchDecodeWithPagedKVCacheWrapper, ...]:
         buffers = self._graph_buffers
         if buffers is None:
             raise RuntimeError("call init_graph_capture() before prepare_capture()")
@@ -360,5 +403,17 @@ class FlashInferBackend(AttentionBackend):
                 f"{buffers.kv_last_page_len.numel()}"
             )
         if batch_size not in self.graph_wrappers:
-            self.graph_wrappers[batch_size] = self._decode_wrapper(batch_size)
+            # one a pass, on the same fixed buffers (each plan writes the same layout there)
+            self.graph_wrappers[batch_size] = tuple(
+                self._decode_wrapper(batch_size) for _ in self.window_lefts
+            )
         return self.graph_wrappers[batch_size]
+
+
+def window_passes(config: AttentionConfig) -> tuple[tuple[int, ...], dict[int, int]]:
+    """The ``window_left`` of each pass a step plans (-1: causal; ``sliding_window - 1``: the
+    window), in order, and each layer's pass: one pass unless some layers slide and some do not."""
+    layers = range(config.kv_cache.num_layers)
+    lefts = [config.window_of(layer) - 1 if config.window_of(layer) else -1 for layer in layers]
+    passes = tuple(sorted(set(lefts))) or (-1,)
+    return passes, {layer: passes.index(left) for layer, left in zip(layers, lefts, strict=True)}
