@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -73,12 +71,6 @@ def flash_attn_with_kvcache(
     return out.to(q.dtype)
 
 
-class NoFences:
-    @contextmanager
-    def planning(self, wrapper: object) -> Iterator[None]:
-        yield
-
-
 class FlashAttention3OnCpu(FlashAttention3Backend):
     @classmethod
     def availability(cls, device: torch.device) -> str | None:
@@ -90,7 +82,7 @@ class FlashAttention3OnCpu(FlashAttention3Backend):
 
     def __init__(self, config: AttentionConfig) -> None:
         super().__init__(config)
-        self._fences = NoFences()
+        self._fences = flashinfer_double.NoFences()
 
 
 @pytest.fixture(autouse=True)

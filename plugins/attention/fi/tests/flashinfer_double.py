@@ -16,9 +16,19 @@ the log-sum-exp is in base 2. The real kernels are held to the same suite on the
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
+
+
+class NoFences:
+    """For a backend's ``_fences``: its plan fences wait on CUDA events; the CPU runs in order."""
+
+    @contextmanager
+    def planning(self, wrapper: object) -> Iterator[None]:
+        yield
 
 
 class _PagedAttention:

@@ -7,8 +7,6 @@ cascade. FlashInfer's kernels themselves are checked by the same suite on a GPU 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -22,14 +20,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 import flashinfer_double  # noqa: E402
 
 
-class NoFences:
-    """The backend's plan fences wait on CUDA events; the CPU runs in order."""
-
-    @contextmanager
-    def planning(self, wrapper: object) -> Iterator[None]:
-        yield
-
-
 class FlashInferOnCpu(FlashInferBackend):
     @classmethod
     def availability(cls, device: torch.device) -> str | None:
@@ -37,7 +27,7 @@ class FlashInferOnCpu(FlashInferBackend):
 
     def __init__(self, config: AttentionConfig) -> None:
         super().__init__(config)
-        self._fences = NoFences()
+        self._fences = flashinfer_double.NoFences()
 
 
 @pytest.fixture(autouse=True)
