@@ -19,6 +19,7 @@ import os
 from typing import Any
 
 import pytest
+import torch
 
 from minisgl_core import LLM
 from minisgl_core.checkpoint.formats import SafetensorsFormat
@@ -188,6 +189,36 @@ def test_a_named_backend_without_it_is_refused_naming_the_fixes(tmp_path, torch_
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert last.endswith(refusal.format(attn="--attn torch", context="--max-context-len 16")), proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("needs", "picked"),
+    [
+        (frozenset({"sliding_window"}), ("fa3", "triton")),  # Mistral, Phi-3, Gemma 3, Qwen2
+        (frozenset({"sliding_window", "soft_cap"}), ("fa3", "fi")),  # Gemma 2
+    ],
+)
+def test_attn_auto_on_a_gpu_keeps_the_gpu_kernels(needs, picked):
+    """On a GPU (every backend available, as on Hopper), ``--attn auto`` serves a windowed model
+    on the bundled GPU kernels as their classes declare them, none falling back to torch."""
+    from minisgl_core.runner.model_runner import pick_attention
+
+    class Available:
+        def __init__(self, cls) -> None:
+            self.capabilities = cls.capabilities
+
+        def availability(self, device):
+            return None
+
+    real = Plugins.load()
+
+    class OnAGpu:
+        registry = {"attention": {name: None for name in real.registry["attention"]}}
+
+        def resolve(self, kind: str, name: str):
+            return Available(real.resolve(kind, name))
+
+    assert pick_attention("auto", torch.device("cuda"), OnAGpu(), needs) == picked  # type: ignore[arg-type]
 
 
 def test_attn_auto_serves_it_on_the_cpu(tmp_path):
