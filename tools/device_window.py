@@ -39,13 +39,18 @@ MODELS = {
     "mistral": ("MistralForCausalLM", dict(COMMON, num_hidden_layers=4, head_dim=128)),
     "gemma2": (
         "Gemma2ForCausalLM",
-        dict(COMMON, num_hidden_layers=4, head_dim=256, query_pre_attn_scalar=256,
-             attn_logit_softcapping=50.0, final_logit_softcapping=30.0),
+        dict(
+            COMMON,
+            num_hidden_layers=4,
+            head_dim=256,
+            query_pre_attn_scalar=256,
+            attn_logit_softcapping=50.0,
+            final_logit_softcapping=30.0,
+        ),
     ),  # fmt: skip
     "gemma3": (
         "Gemma3ForCausalLM",
-        dict(COMMON, num_hidden_layers=4, head_dim=256, query_pre_attn_scalar=256,
-             sliding_window_pattern=2),
+        dict(COMMON, num_hidden_layers=4, head_dim=256, query_pre_attn_scalar=256, sliding_window_pattern=2),
     ),  # fmt: skip
 }
 #: model -> configurations; every one runs with graphs up to 32 sequences unless it says
@@ -58,8 +63,18 @@ CONFIGS = {
         "fi,triton": dict(attn="fi,triton"),
         "torch,triton": dict(attn="torch,triton"),
     },
-    "gemma2": {"fi": dict(attn="fi"), "fi_no_graph": dict(attn="fi", cuda_graph_max_bs=0), "fa3,fi": dict(attn="fa3,fi"), "auto": dict(attn="auto")},  # fmt: skip
-    "gemma3": {"fi": dict(attn="fi"), "fa3,fi": dict(attn="fa3,fi"), "auto": dict(attn="auto"), "fi,triton": dict(attn="fi,triton")},  # fmt: skip
+    "gemma2": {
+        "fi": dict(attn="fi"),
+        "fi_no_graph": dict(attn="fi", cuda_graph_max_bs=0),
+        "fa3,fi": dict(attn="fa3,fi"),
+        "auto": dict(attn="auto"),
+    },  # fmt: skip
+    "gemma3": {
+        "fi": dict(attn="fi"),
+        "fa3,fi": dict(attn="fa3,fi"),
+        "auto": dict(attn="auto"),
+        "fi,triton": dict(attn="fi,triton"),
+    },  # fmt: skip
 }
 PARAMS = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=2)
 LIMIT = 0.05
