@@ -361,10 +361,12 @@ def engine_config_from_args(
     if device.type == "cpu":  # (on a GPU the check may start CUDA in this process: the scheduler makes it)
         check_plugins_run_on(values, plugins, device)
     if config.page_size is not None:  # (else the runner's default fits; it checks any page again)
+        from minisgl_core.checkpoint.buildable import model_config
         from minisgl_core.checkpoint.formats import open_model
 
         pool = config.num_kv_tokens or (CPU_DEFAULT_KV_TOKENS if device.type == "cpu" else None)
-        check_page_size(config.page_size, config.context_len(open_model(model, plugins).hf_config()), pool)
+        hf = model_config(open_model(model, plugins).hf_config(), plugins)
+        check_page_size(config.page_size, config.context_len(hf), pool)
     return config
 
 
@@ -391,9 +393,10 @@ def check_heads_split(model: str, tp_size: int, plugins: Plugins) -> None:
     """``--tp N`` needs the attention heads to split evenly over the ranks (and the KV heads to
     split, or to be a divisor of N, each then shared by N / heads ranks), and the MLP's width too,
     as the layers shard them: said at start-up in one line, not as a worker's traceback."""
+    from minisgl_core.checkpoint.buildable import model_config
     from minisgl_core.checkpoint.formats import open_model
 
-    hf = open_model(model, plugins).hf_config()
+    hf = model_config(open_model(model, plugins).hf_config(), plugins)
     heads = hf.get("num_attention_heads")
     kv_heads = hf.get("num_key_value_heads", heads)
     if not isinstance(heads, int) or not isinstance(kv_heads, int) or heads < 1 or kv_heads < 1:

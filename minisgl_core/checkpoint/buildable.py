@@ -24,6 +24,30 @@ def unbuildable_message(model_given: str, arch: str, reason: str) -> str:
     return f"{model_given}: {arch} cannot be built from this model's config: {reason}"
 
 
+def model_config(hf_config: dict[str, Any], plugins: Plugins) -> dict[str, Any]:
+    """config.json as the model class its architecture selects reads it (a shared-decoder model's
+    ``read_config``: Gemma 3's multimodal checkpoints nest the language model in ``text_config``
+    and leave out the keys at their config class's defaults), so the engine's own reads
+    (``vocab_size``, ``max_position_embeddings``, the heads) agree with the model's. Unchanged for
+    an architecture no plugin provides or whose plugin fails to import (the runner names it)."""
+    from minisgl_core.plugins import PluginError
+
+    archs = hf_config.get("architectures")
+    if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
+        return hf_config
+    if archs[0] not in plugins.registry["models"]:
+        return hf_config
+    try:
+        model_cls = plugins.resolve("models", archs[0])
+    except PluginError:
+        return hf_config
+    from minisgl_core.layers.decoder import DecoderForCausalLM
+
+    if isinstance(model_cls, type) and issubclass(model_cls, DecoderForCausalLM):
+        return model_cls.read_config(hf_config)
+    return hf_config
+
+
 def check_model_builds(
     hf_config: dict[str, Any], plugins: Plugins, model_given: str, context_len: int | None = None
 ) -> None:

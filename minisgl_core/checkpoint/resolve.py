@@ -176,7 +176,7 @@ def check_model(path: str, plugins: Plugins | None = None, max_context_len: int 
     model fails with :class:`ModelNotFound`, and one whose config.json asks what its model class
     cannot build (for contexts of ``max_context_len`` tokens, None: the model's longest) with a
     :class:`ModelPathError`, before any process is started."""
-    from minisgl_core.checkpoint.buildable import check_model_builds
+    from minisgl_core.checkpoint.buildable import check_model_builds, model_config
     from minisgl_core.checkpoint.formats import open_model
     from minisgl_core.checkpoint.path_check import check_model_path
     from minisgl_core.plugins import Plugins
@@ -184,7 +184,7 @@ def check_model(path: str, plugins: Plugins | None = None, max_context_len: int 
     check_model_path(path)  # the common mistakes, each named in one line
     plugins = plugins or Plugins.load()
     try:
-        hf_config = open_model(path, plugins).hf_config()
+        hf_config = model_config(open_model(path, plugins).hf_config(), plugins)
     except (OSError, ValueError) as exc:
         raise ModelNotFound(str(exc)) from exc
     # what the model class cannot build (rope_scaling yarn, hidden_act gelu): one line here, not a

@@ -284,6 +284,15 @@ class DecoderForCausalLM(Model):
     layer_cls: type[nn.Module] | None = None
 
     @classmethod
+    def read_config(cls, hf: dict[str, Any]) -> dict[str, Any]:
+        """config.json as this model and the engine read it: unchanged here. A subclass whose
+        checkpoints nest the language model (``text_config``) or leave out keys whose defaults are
+        its config class's, not the engine's (``max_position_embeddings`` 4096), returns the flat
+        config with them; the core reads the model's sizes from it
+        (:func:`minisgl_core.checkpoint.buildable.model_config`) and builds the model from it."""
+        return hf
+
+    @classmethod
     def unsupported_setting(cls, hf: dict[str, Any], context_len: int | None = None) -> str | None:
         """The first config.json setting this decoder cannot build, as one line naming the setting
         and its value ("hidden_act 'gelu' is not supported (silu is)"); None when it can build the

@@ -19,7 +19,7 @@ from minisgl_core.api import (
     ParallelContext,
     SharedPrefix,
 )
-from minisgl_core.checkpoint.buildable import unbuildable_message
+from minisgl_core.checkpoint.buildable import model_config, unbuildable_message
 from minisgl_core.checkpoint.formats import ModelPathError, SafetensorsFormat, open_model
 from minisgl_core.checkpoint.integrity import check_config_values
 from minisgl_core.config import (
@@ -289,7 +289,9 @@ class ModelRunner:
         self.source = open_model(config.model, plugins)
         #: the path :meth:`stage_weights` is loading (None: none), as the loader's errors name it
         self._staging: str | None = None
-        self.hf_config = self.source.hf_config()
+        #: config.json as the model class reads it (its ``read_config``: a nested text_config
+        #: flattened, its config class's defaults filled in)
+        self.hf_config = model_config(self.source.hf_config(), plugins)
 
         def fit_attention(model: torch.nn.Module) -> None:
             """Attention that caps its scores (Gemma 2) or slides a window shorter than the context
@@ -663,7 +665,7 @@ class ModelRunner:
         old_source, old_config = self.source, self.hf_config
         try:
             source = open_model(path, plugins)
-            hf_config = source.hf_config()
+            hf_config = model_config(source.hf_config(), plugins)
             differ = sorted(
                 key
                 for key in {*hf_config, *self.hf_config} - _CONFIG_KEYS_NOT_BUILT

@@ -542,10 +542,12 @@ def _check_reply_fits(max_tokens: int | None, context_len: int | None, model: st
 def _context_len(config: EngineConfig, plugins: Plugins) -> int | None:
     """The context length the server will have, decided as the model runner does (None: the model
     cannot say yet; the server then reports the problem)."""
+    from minisgl_core.checkpoint.buildable import model_config
     from minisgl_core.checkpoint.formats import open_model
 
     try:
-        max_pos = int(open_model(config.model, plugins).hf_config().get("max_position_embeddings", 4096))
+        hf = model_config(open_model(config.model, plugins).hf_config(), plugins)
+        max_pos = int(hf.get("max_position_embeddings", 4096))
     except (OSError, ValueError):
         return config.max_context_len
     return min(config.max_context_len or max_pos, max_pos)

@@ -1,5 +1,6 @@
-"""Registers GemmaForCausalLM, Gemma2ForCausalLM and Gemma3ForCausalLM; the model classes are
-imported only when a model of one of them loads."""
+"""Registers GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM and
+Gemma3ForConditionalGeneration (text-only); the model classes are imported only when a model of
+one of them loads."""
 
 from minisgl_core.api import hookimpl
 
@@ -11,3 +12,5 @@ def minisgl_register_models(register) -> None:
     register("GemmaForCausalLM", "minisgl_plugin_gemma.model:GemmaForCausalLM")
     register("Gemma2ForCausalLM", "minisgl_plugin_gemma.model:Gemma2ForCausalLM")
     register("Gemma3ForCausalLM", "minisgl_plugin_gemma.model:Gemma3ForCausalLM")
+    # Gemma 3's multimodal checkpoints (4B and up), served text-only
+    register("Gemma3ForConditionalGeneration", "minisgl_plugin_gemma.model:Gemma3ForConditionalGeneration")

@@ -51,6 +51,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -540,8 +541,122 @@ class Gemma3ForCausalLM(Gemma2ForCausalLM):
             view["layer_types"] = types
         return super().decoder_view(view)
 
+    @classmethod
+    def read_config(cls, hf: dict[str, Any]) -> dict[str, Any]:
+        """config.json with Gemma3TextConfig's defaults for the keys it leaves out (a tied head,
+        ``max_position_embeddings`` 131072, not the engine's 4096...)."""
+        return {**GEMMA3_TEXT_DEFAULTS, **hf}
+
     def __init__(self, config: ModelConfig) -> None:
-        # (tied where config.json does not say: Gemma3TextConfig's default, and Gemma-3-1B's
-        # checkpoint has no lm_head tensor)
-        hf = {"tie_word_embeddings": True, **config.hf_config}
+        # (the core builds the model from read_config's view already; a test may not: idempotent)
+        hf = type(self).read_config(config.hf_config)
         super().__init__(dataclasses.replace(config, hf_config=hf))
+
+
+#: Gemma3TextConfig's defaults (transformers 4.5x and 5) of the keys the model and the engine
+#: read; the rope keys and ``layer_types`` default in :func:`gemma3_rope` and
+#: :func:`gemma3_layer_types`. ``tie_word_embeddings`` True: Gemma-3-1B's checkpoint has no
+#: lm_head tensor and its config.json does not say
+GEMMA3_TEXT_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 262_208,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "max_position_embeddings": 131_072,
+    "rms_norm_eps": 1e-6,
+    "pad_token_id": 0,
+    "eos_token_id": 1,
+    "bos_token_id": 2,
+    "tie_word_embeddings": True,
+    "attention_bias": False,
+    "query_pre_attn_scalar": 256,
+    "sliding_window": 4096,
+    "final_logit_softcapping": None,
+    "attn_logit_softcapping": None,
+}
+
+#: the multimodal config's keys that are its own, not the language model's (Gemma3Config)
+_MULTIMODAL_KEYS = frozenset(
+    {"text_config", "vision_config", "mm_tokens_per_image", "boi_token_index", "eoi_token_index",
+     "image_token_index", "boi_token_id", "eoi_token_id", "image_token_id"}
+)  # fmt: skip
+#: top-level keys of the multimodal config that apply to the language model over its text_config's:
+#: the run dtype, the token ids generation ends on (the -it models' [1, 106]), the head's tie
+#: (Gemma3Config's own, default True, ties the language model's head)
+_TOP_LEVEL_WINS = (
+    "torch_dtype",
+    "dtype",
+    "eos_token_id",
+    "bos_token_id",
+    "pad_token_id",
+    "tie_word_embeddings",
+)
+#: (prefix in the checkpoint, prefix in the text model's) of the language model's tensors: the
+#: released checkpoints' (transformers 4.5x) and transformers 5's ``save_pretrained``
+_LANGUAGE_MODEL_PREFIXES = (
+    ("language_model.model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+    ("model.language_model.", "model."),
+)
+#: the vision tower's and the projector's tensors, in either layout: images are not served
+_VISION_PREFIXES = (
+    "vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.",
+)  # fmt: skip
+
+
+def gemma3_text_config(hf: dict[str, Any]) -> dict[str, Any]:
+    """The language model's config of a ``Gemma3ForConditionalGeneration`` config.json, flat:
+    ``text_config`` over the top-level keys (less the multimodal ones), with the top-level
+    :data:`_TOP_LEVEL_WINS` over it and Gemma3TextConfig's defaults under both; ``architectures``
+    stays the top level's. A config without ``text_config`` is already flat."""
+    if "text_config" not in hf:
+        return hf
+    text = hf.get("text_config") or {}
+    top = {key: value for key, value in hf.items() if key not in _MULTIMODAL_KEYS}
+    wins = {key: hf[key] for key in _TOP_LEVEL_WINS if key in hf}
+    flat = {**top, **text, **wins}
+    flat["architectures"] = hf.get("architectures")
+    return flat
+
+
+def text_model_name(name: str) -> str | None:
+    """The text model's name (``model.layers.0...``, ``lm_head.weight``) of a multimodal
+    checkpoint's tensor, in either layout; None for the vision tower's and the projector's."""
+    if name.startswith(_VISION_PREFIXES):
+        return None
+    for prefix, text_prefix in _LANGUAGE_MODEL_PREFIXES:
+        if name.startswith(prefix):
+            return text_prefix + name[len(prefix) :]
+    return name  # (transformers 5's lm_head.weight)
+
+
+class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
+    """Gemma 3's multimodal checkpoints (4B, 12B, 27B and their -it variants) served text-only:
+    the language model of ``text_config`` (:func:`gemma3_text_config`), its tensors renamed to
+    the text model's (:func:`text_model_name`); the vision tower and the projector are skipped,
+    and a request (text only) never needs them."""
+
+    @classmethod
+    def read_config(cls, hf: dict[str, Any]) -> dict[str, Any]:
+        return super().read_config(gemma3_text_config(hf))
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """The language model's tensors, under the text model's names; returns the checkpoint's
+        names of those it used (the vision tower's are left unused)."""
+        checkpoint_names: dict[str, str] = {}
+
+        def renamed() -> Iterator[tuple[str, torch.Tensor]]:
+            for name, tensor in weights:
+                text_name = text_model_name(name)
+                if text_name is None:
+                    del tensor  # (not kept past this step: the tower is a few hundred MB)
+                    continue
+                checkpoint_names[text_name] = name
+                yield text_name, tensor
+
+        used = super().load_weights(renamed())
+        return {checkpoint_names.get(name, name) for name in used}

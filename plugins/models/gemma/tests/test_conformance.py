@@ -37,4 +37,11 @@ class TestGemma3Conformance(ModelSuite):
 
 class TestGemmaPackaging(PluginPackagingSuite):
     plugin = "gemma"
-    provides = {"models": ["GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM"]}
+    provides = {
+        "models": [
+            "GemmaForCausalLM",
+            "Gemma2ForCausalLM",
+            "Gemma3ForCausalLM",
+            "Gemma3ForConditionalGeneration",
+        ]
+    }

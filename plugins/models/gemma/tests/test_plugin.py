@@ -1,4 +1,4 @@
-"""The thin plugin module registers the three architectures lazily and points at real Model subclasses."""
+"""The thin plugin module registers the four architectures lazily and points at real Model subclasses."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ def test_registers_the_architectures() -> None:
         ("GemmaForCausalLM", "minisgl_plugin_gemma.model:GemmaForCausalLM"),
         ("Gemma2ForCausalLM", "minisgl_plugin_gemma.model:Gemma2ForCausalLM"),
         ("Gemma3ForCausalLM", "minisgl_plugin_gemma.model:Gemma3ForCausalLM"),
+        ("Gemma3ForConditionalGeneration", "minisgl_plugin_gemma.model:Gemma3ForConditionalGeneration"),
     ]
     for _, target in registered:
         module, _, attribute = target.partition(":")
