@@ -1,5 +1,5 @@
-"""Google Gemma, Gemma 2 and Gemma 3 (text): the shared Llama-family decoder with Gemma's
-differences.
+"""Google Gemma, Gemma 2 and Gemma 3 (text; the multimodal checkpoints text-only): the shared
+Llama-family decoder with Gemma's differences.
 
 All three:
 
@@ -42,8 +42,14 @@ layer, scale and window with:
   attends fully when ``(i + 1) % pattern == 0`` (:func:`gemma3_layer_types`);
 - no soft-caps by default (both keys null); ``final_logit_softcapping`` applies when set,
   ``attn_logit_softcapping`` never (transformers' Gemma 3 keeps the key but does not apply it);
-- a tied LM head where config.json does not say (Gemma3TextConfig's default);
+- Gemma3TextConfig's defaults for the keys config.json leaves out, a tied LM head and
+  ``max_position_embeddings`` 131072 among them (:meth:`Gemma3ForCausalLM.read_config`);
 - ``use_bidirectional_attention`` refused.
+
+``Gemma3ForConditionalGeneration`` (the multimodal 4B+ checkpoints) is served as its language
+model alone, text only: ``text_config`` flattened (:func:`gemma3_text_config`), the language
+model's tensors renamed from either layout and the vision tower's skipped
+(:func:`text_model_name`).
 """
 
 from __future__ import annotations

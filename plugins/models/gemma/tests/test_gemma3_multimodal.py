@@ -67,7 +67,7 @@ def multimodal_dir(out: Path, *, tied: bool = True, seed: int = 5, std: float = 
         path.unlink()
     vocab = text_model["vocab_size"]
     text = {**TEXT, "vocab_size": vocab, "initializer_range": std}
-    # (the image token outside the vocabulary: transformers reads that id in a prompt as an image's)
+    # (the image ids past the vocabulary, as small models' are: no random prompt holds one)
     tokens = dict(image_token_index=vocab + 2, boi_token_index=vocab, eoi_token_index=vocab + 1)
     top = dict(
         mm_tokens_per_image=4, eos_token_id=text_model["eos_token_id"], tie_word_embeddings=tied,
