@@ -328,9 +328,10 @@ def _offline(args: argparse.Namespace) -> int:
     longest = max(len(r.prompt_ids) + r.max_tokens for r in requests)  # (the warm-up's are shorter)
     _check_requests_fit("offline", longest, config.max_context_len, config.num_kv_tokens)
     if config.tp_size > 1:  # (the ranks found these only as tracebacks, each its own)
+        from minisgl_core.checkpoint.buildable import model_config
         from minisgl_core.checkpoint.formats import open_model
 
-        hf = open_model(config.model, plugins).hf_config()
+        hf = model_config(open_model(config.model, plugins).hf_config(), plugins)
         _check_vocab_fits(requests, config.model, int(hf["vocab_size"]))
         context = config.context_len(hf)
         given = config.max_context_len

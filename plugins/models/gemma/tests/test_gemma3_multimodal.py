@@ -83,7 +83,9 @@ def multimodal_dir(out: Path, *, tied: bool = True, seed: int = 5, std: float = 
     model.save_pretrained(model_dir)
     released = {
         "architectures": [ARCH], "model_type": "gemma3", "torch_dtype": "float32", **top,
-        "text_config": {"model_type": "gemma3_text", **text},
+        # (with Gemma3TextConfig's tie and eos, which transformers 5 writes into text_config whatever
+        # the top level says: the top level's apply)
+        "text_config": {"model_type": "gemma3_text", "tie_word_embeddings": True, "eos_token_id": 1, **text},
         "vision_config": {"model_type": "siglip_vision_model", **VISION},
     }  # fmt: skip
     (model_dir / "config.json").write_text(json.dumps(released))
@@ -179,7 +181,7 @@ def test_the_language_model_is_read_from_text_config(saved_dir: Path) -> None:
     hf = load_hf_config(saved_dir)
     flat = gemma3_text_config(hf)
     assert "text_config" not in flat and "vision_config" not in flat and flat["architectures"] == [ARCH]
-    assert flat["eos_token_id"] == hf["eos_token_id"]
+    assert flat["eos_token_id"] == hf["eos_token_id"] != hf["text_config"]["eos_token_id"]
     model, _ = load_model(Gemma3ForConditionalGeneration, saved_dir)
     spec = model.kv_spec
     assert (spec.num_layers, spec.num_qo_heads, spec.num_kv_heads, spec.head_dim) == (3, 8, 4, 16)
