@@ -279,3 +279,37 @@ def test_text_model_config_defaults_are_gemma3s() -> None:
     for key in GEMMA3_TEXT_DEFAULTS:
         assert flat[key] == getattr(theirs, key), key
     assert flat["max_position_embeddings"] == 131_072
+
+
+def test_the_launcher_reads_the_config_as_the_model_does(saved_dir: Path) -> None:
+    """The checks before any process starts read the flat config too: the heads split over the
+    ranks (8 heads, 4 KV heads: Gemma3TextConfig's, which config.json leaves out), the context
+    is 131072, and a setting the model cannot build in text_config is named in one line."""
+    from minisgl_core.checkpoint.buildable import model_config
+    from minisgl_core.checkpoint.formats import ModelPathError
+    from minisgl_core.checkpoint.resolve import check_model
+    from minisgl_core.config import ConfigError, EngineConfig
+    from minisgl_core.config_args import check_heads_split
+    from minisgl_core.plugins import Plugins
+    from minisgl_core.server.cli import _context_len
+
+    plugins = Plugins.load()
+    raw = load_hf_config(saved_dir)
+    assert model_config(raw, plugins) == Gemma3ForConditionalGeneration.read_config(raw)
+    check_heads_split(str(saved_dir), 4, plugins)
+    with pytest.raises(ConfigError, match="8 attention heads"):
+        check_heads_split(str(saved_dir), 3, plugins)
+    assert _context_len(EngineConfig(model=str(saved_dir), device="cpu"), plugins) == 131_072
+    check_model(str(saved_dir), plugins)
+    yarn = saved_dir.parent / "yarn"
+    yarn.mkdir()
+    for path in saved_dir.iterdir():
+        (yarn / path.name).symlink_to(path)
+    (yarn / "config.json").unlink()
+    config = {
+        **raw,
+        "text_config": {**raw["text_config"], "rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+    }
+    (yarn / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelPathError, match='rope_scaling rope_type "yarn" is not supported'):
+        check_model(str(yarn), plugins)
