@@ -559,7 +559,7 @@ class Gemma3ForCausalLM(Gemma2ForCausalLM):
         super().__init__(dataclasses.replace(config, hf_config=hf))
 
 
-#: Gemma3TextConfig's defaults (transformers 4.5x and 5) of the keys the model and the engine
+#: Gemma3TextConfig's defaults (as transformers 5.25 declares them) of the keys the model and the engine
 #: read; the rope keys and ``layer_types`` default in :func:`gemma3_rope` and
 #: :func:`gemma3_layer_types`. ``tie_word_embeddings`` True: Gemma-3-1B's checkpoint has no
 #: lm_head tensor and its config.json does not say
@@ -602,7 +602,8 @@ _TOP_LEVEL_WINS = (
     "tie_word_embeddings",
 )
 #: (prefix in the checkpoint, prefix in the text model's) of the language model's tensors: the
-#: released checkpoints' (transformers 4.5x) and transformers 5's ``save_pretrained``
+#: released checkpoints' (transformers 4.5x), which transformers 5's ``save_pretrained`` still
+#: writes, and the names of transformers 5's modules (its state dict)
 _LANGUAGE_MODEL_PREFIXES = (
     ("language_model.model.", "model."),
     ("language_model.lm_head.", "lm_head."),
@@ -637,7 +638,7 @@ def text_model_name(name: str) -> str | None:
     for prefix, text_prefix in _LANGUAGE_MODEL_PREFIXES:
         if name.startswith(prefix):
             return text_prefix + name[len(prefix) :]
-    return name  # (transformers 5's lm_head.weight)
+    return name  # (the module layout's lm_head.weight)
 
 
 class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
@@ -659,7 +660,8 @@ class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
             for name, tensor in weights:
                 text_name = text_model_name(name)
                 if text_name is None:
-                    del tensor  # (not kept past this step: the tower is a few hundred MB)
+                    # (the format has read it from disk as it streamed past; dropped here)
+                    del tensor
                     continue
                 checkpoint_names[text_name] = name
                 yield text_name, tensor
