@@ -133,7 +133,7 @@ def model_dir(
     return module_layout(saved_dir, tmp_path_factory.mktemp("modules") / "m")
 
 
-def test_the_checkpoint_is_what_transformers_writes(saved_dir: Path, tmp_path: Path) -> None:
+def test_the_checkpoint_is_what_transformers_writes(saved_dir: Path) -> None:
     """(What the tests rest on.) transformers saves the released layout, with the vision tower
     and the projector; the reference reads the released-style config with the defaults the
     plugin fills in and sliding layers 0 and 2; the module layout loads into transformers too."""
@@ -281,7 +281,7 @@ def test_text_model_config_defaults_are_gemma3s() -> None:
     assert flat["max_position_embeddings"] == 131_072
 
 
-def test_the_launcher_reads_the_config_as_the_model_does(saved_dir: Path) -> None:
+def test_the_launcher_reads_the_config_as_the_model_does(saved_dir: Path, tmp_path: Path) -> None:
     """The checks before any process starts read the flat config too: the heads split over the
     ranks (8 heads, 4 KV heads: Gemma3TextConfig's, which config.json leaves out), the context
     is 131072, and a setting the model cannot build in text_config is named in one line."""
@@ -301,7 +301,7 @@ def test_the_launcher_reads_the_config_as_the_model_does(saved_dir: Path) -> Non
         check_heads_split(str(saved_dir), 3, plugins)
     assert _context_len(EngineConfig(model=str(saved_dir), device="cpu"), plugins) == 131_072
     check_model(str(saved_dir), plugins)
-    yarn = saved_dir.parent / "yarn"
+    yarn = tmp_path / "yarn"
     yarn.mkdir()
     for path in saved_dir.iterdir():
         (yarn / path.name).symlink_to(path)
