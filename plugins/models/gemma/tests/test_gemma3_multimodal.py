@@ -279,6 +279,12 @@ def test_text_model_config_defaults_are_gemma3s() -> None:
     for key in GEMMA3_TEXT_DEFAULTS:
         assert flat[key] == getattr(theirs, key), key
     assert flat["max_position_embeddings"] == 131_072
+    # (the engine's reads go through the class: the runner, the launcher)
+    from minisgl_core.checkpoint.buildable import model_config
+    from minisgl_core.plugins import Plugins
+
+    raw = {"architectures": ["Gemma3ForCausalLM"], "hidden_size": 64}
+    assert model_config(raw, Plugins.load())["max_position_embeddings"] == 131_072
 
 
 def test_the_launcher_reads_the_config_as_the_model_does(saved_dir: Path, tmp_path: Path) -> None:
