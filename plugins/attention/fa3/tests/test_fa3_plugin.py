@@ -68,7 +68,7 @@ def test_distribution_metadata() -> None:
         d.startswith("minisgl-plugin-fi") for d in deps
     )
     assert [d.split(">")[0] for d in project["optional-dependencies"]["flash-attn"]] == ["flash-attn"]
-    assert minisgl_plugin_fa3.MINISGL_API == "2.6"
+    assert minisgl_plugin_fa3.MINISGL_API == "2.7"
 
 
 def test_import_loads_no_kernels() -> None:

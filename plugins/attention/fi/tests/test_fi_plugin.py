@@ -41,7 +41,7 @@ def test_distribution_metadata() -> None:
     assert project["name"] == "minisgl-plugin-fi"
     assert project["entry-points"]["minisgl.plugins"] == {"fi": "minisgl_plugin_fi"}
     assert any(dep.startswith("flashinfer-python") for dep in project["dependencies"])
-    assert minisgl_plugin_fi.MINISGL_API == "2.6"
+    assert minisgl_plugin_fi.MINISGL_API == "2.7"
 
 
 def test_import_loads_no_kernels() -> None:

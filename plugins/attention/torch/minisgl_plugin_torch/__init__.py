@@ -2,7 +2,7 @@
 
 from minisgl_core.api import hookimpl
 
-MINISGL_API = "2.6"  # AttentionConfig.logits_soft_cap, the "soft_cap" capability (API 2.6)
+MINISGL_API = "2.7"  # AttentionConfig.sliding_window/window_layers, "sliding_window" (API 2.7)
 
 
 @hookimpl

@@ -2,7 +2,7 @@
 
 from minisgl_core.api import hookimpl
 
-MINISGL_API = "2.2"  # AttentionConfig.max_sequences (API 2.2)
+MINISGL_API = "2.7"  # AttentionConfig.sliding_window/window_layers, "sliding_window" (API 2.7)
 
 
 @hookimpl

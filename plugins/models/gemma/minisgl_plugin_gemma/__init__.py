@@ -4,7 +4,7 @@ one of them loads."""
 
 from minisgl_core.api import hookimpl
 
-MINISGL_API = "2.6"  # Gemma 2's attention soft-cap: KVSpec.logits_soft_cap (API 2.6)
+MINISGL_API = "2.8"  # Gemma 3's config read through DecoderForCausalLM.read_config (API 2.8)
 
 
 @hookimpl

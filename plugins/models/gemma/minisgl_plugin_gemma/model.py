@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -75,6 +76,8 @@ from minisgl_core.layers import (
 from minisgl_core.layers.decoder import Angles
 from minisgl_core.layers.fused import fused
 from minisgl_core.layers.weights import new_param
+
+logger = logging.getLogger(__name__)
 
 #: the activations Gemma's MLP is built with: the tanh approximation of GELU
 TANH_GELU = frozenset({"gelu_pytorch_tanh"})
@@ -653,18 +656,25 @@ class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """The language model's tensors, under the text model's names; returns the checkpoint's
-        names of those it used (the vision tower's are left unused)."""
+        names of those it used and of the vision tower's, which it skips by design (so the core
+        does not warn of them as tensors the model did not use)."""
         checkpoint_names: dict[str, str] = {}
+        skipped: set[str] = set()
 
         def renamed() -> Iterator[tuple[str, torch.Tensor]]:
             for name, tensor in weights:
                 text_name = text_model_name(name)
                 if text_name is None:
                     # (the format has read it from disk as it streamed past; dropped here)
+                    skipped.add(name)
                     del tensor
                     continue
                 checkpoint_names[text_name] = name
                 yield text_name, tensor
 
         used = super().load_weights(renamed())
-        return {checkpoint_names.get(name, name) for name in used}
+        if skipped:
+            logger.info(
+                "serving text only: skipped the %d tensors of the vision tower and projector", len(skipped)
+            )
+        return {checkpoint_names.get(name, name) for name in used} | skipped

@@ -26,4 +26,4 @@ def test_registers_the_architectures() -> None:
         cls = getattr(importlib.import_module(module), attribute)
         assert issubclass(cls, DecoderForCausalLM) and issubclass(cls, Model)
     # Gemma 2's attention soft-cap reaches the backends through KVSpec.logits_soft_cap (API 2.6)
-    assert minisgl_plugin_gemma.MINISGL_API == "2.6"
+    assert minisgl_plugin_gemma.MINISGL_API == "2.8"
