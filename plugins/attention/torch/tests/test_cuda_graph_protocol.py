@@ -16,7 +16,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 class GraphCapableTorchBackend(TorchAttentionBackend):
     """Decode metadata padded to max_context_len in fixed buffers, so captured shapes never change.
-    Plain decode only: its buffers hold no cascade groups, so it does not claim "cascade"."""
+    Plain decode only: its buffers hold no cascade groups, so it does not claim "cascade". With a
+    sliding window, the window's mask in a fixed buffer too."""
 
     capabilities = (TorchAttentionBackend.capabilities | {"cuda_graph"}) - {"cascade"}
 
@@ -33,18 +34,25 @@ class GraphCapableTorchBackend(TorchAttentionBackend):
             token_offset=torch.zeros(max_batch_size, dtype=torch.int64, device=config.device),
             max_extend=1,
         )
+        #: the graph's tensors: kv_slots, mask, token_seq, token_offset, and window_mask with a window
+        self.graph_tensors = list(self.graph_buffers[:4])
+        if config.sliding_window:
+            self.graph_tensors.append(torch.zeros_like(self.graph_buffers.mask))
 
     def prepare_capture(self, batch: ForwardBatch) -> None:
         self.refresh_buffers(batch)
         bs = batch.batch_size
-        batch.attn_metadata = TorchAttentionMetadata(*(t[:bs] for t in self.graph_buffers[:4]), max_extend=1)
+        views = [t[:bs] for t in self.graph_tensors]
+        window_mask = views[4] if len(views) > 4 else None
+        batch.attn_metadata = TorchAttentionMetadata(*views[:4], max_extend=1, window_mask=window_mask)
 
     def prepare_replay(self, batch: ForwardBatch) -> None:
         self.refresh_buffers(batch)
 
     def refresh_buffers(self, batch: ForwardBatch) -> None:
         fresh = self.build_metadata(batch, max_len=self.config.max_context_len)
-        for buffer, value in zip(self.graph_buffers[:4], fresh[:4], strict=True):
+        values = [*fresh[:4], fresh.window_mask] if self.config.sliding_window else fresh[:4]
+        for buffer, value in zip(self.graph_tensors, values, strict=True):
             buffer[: value.shape[0]].copy_(value)
 
 
