@@ -229,6 +229,18 @@ def test_attn_auto_serves_it_on_the_cpu(tmp_path):
     assert len(out.token_ids) == 4
 
 
+def test_a_windowed_model_runs_no_cascade(tmp_path):
+    """Decode steps are not grouped by shared prefix (cascade) for a model whose window applies:
+    a window may hide part of the prefix, and every bundled backend attends such a step plainly,
+    so the groups' host work and a second set of decode graphs would be spent for nothing. The
+    same model with a window as long as its context groups them as ever."""
+    for window, cascade in ((16, False), (4096, True)):
+        model_dir = make_model_dir(tmp_path / f"w{window}", "MistralForCausalLM", sliding_window=window)
+        with LLM(model_dir, device="cpu", dtype="float32", attn="torch") as llm:
+            assert llm.engine.runner.cascade is cascade
+            assert llm.engine.scheduler.cascade is cascade
+
+
 @pytest.mark.parametrize(
     ("hf", "expected"),
     [

@@ -409,7 +409,12 @@ class ModelRunner:
                 decode_name, self._backend_class(decode_name, plugins), attn_config
             )
         self.attn_names = (prefill_name, decode_name)
-        self.cascade = config.cascade and "cascade" in self.decode_attn.capabilities
+        #: decode steps grouped by shared prefix (cascade): not for a model whose sliding window
+        #: applies, whose prefix a window may partly hide (every bundled backend would attend such
+        #: a step plainly); the groups' host work and a second set of decode graphs are saved
+        self.cascade = (
+            config.cascade and "cascade" in self.decode_attn.capabilities and not attn_config.sliding_window
+        )
         #: prefill steps carry the running decodes where the prefill backend takes decode rows
         #: (by default on a CPU only, see EngineConfig.mixed_batch)
         wanted = config.mixed_batch if config.mixed_batch is not None else self.device.type != "cuda"
