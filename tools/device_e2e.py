@@ -68,14 +68,25 @@ ARCH_SHAPE = {
         num_key_value_heads=8, head_dim=256, intermediate_size=4096, tie_word_embeddings=True
     ),
     # Gemma-2-9B (hidden 3584, 16 heads, 8 KV heads of 256, query_pre_attn_scalar 256, soft-caps 50
-    # and 30, a 4096-token window on alternate layers, tied) at SHAPE's size: the window is
-    # SHAPE's whole context (4096), so it never bites (sliding windows are not implemented)
+    # and 30, a 4096-token window on alternate layers, tied) at SHAPE's size, its window scaled to
+    # 256 of SHAPE's 4096 so that it bites within the prompts (API 2.7: fi's two passes)
     "Gemma2ForCausalLM": dict(
         head_dim=256,
         query_pre_attn_scalar=256,
         attn_logit_softcapping=50.0,
         final_logit_softcapping=30.0,
-        sliding_window=4096,
+        sliding_window=256,
+        tie_word_embeddings=True,
+    ),
+    # Mistral-7B-v0.1 (a 4096-token window in every layer of 32768) at SHAPE's size: a window of 256
+    "MistralForCausalLM": dict(sliding_window=256),
+    # Gemma-3-1B (hidden 1152, 4 heads, 1 KV head of 256, a 512-token window on five layers in six,
+    # local rope 1e4, global 1e6, tied) at SHAPE's size: every second layer full, window 256
+    "Gemma3ForCausalLM": dict(
+        head_dim=256,
+        query_pre_attn_scalar=256,
+        sliding_window=256,
+        sliding_window_pattern=2,
         tie_word_embeddings=True,
     ),
 }
