@@ -16,7 +16,6 @@ import pytest
 import torch
 from minisgl_plugin_fa3.backend import FLASH_ATTN_MODULE, FlashAttention3Backend
 
-from minisgl_core.api import AttentionConfig
 from minisgl_core.testing.attention_suite import AttentionBackendSuite
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fi" / "tests"))
@@ -71,18 +70,10 @@ def flash_attn_with_kvcache(
     return out.to(q.dtype)
 
 
-class FlashAttention3OnCpu(FlashAttention3Backend):
-    @classmethod
-    def availability(cls, device: torch.device) -> str | None:
-        return None
-
+class FlashAttention3OnCpu(flashinfer_double.OnCpu, FlashAttention3Backend):
     @classmethod
     def prefill_path(cls) -> str:
         return FLASH_ATTN_MODULE
-
-    def __init__(self, config: AttentionConfig) -> None:
-        super().__init__(config)
-        self._fences = flashinfer_double.NoFences()
 
 
 @pytest.fixture(autouse=True)

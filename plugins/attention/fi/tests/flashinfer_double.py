@@ -31,6 +31,19 @@ class NoFences:
         yield
 
 
+class OnCpu:
+    """Mixed in before a FlashInfer-based backend class: available on the CPU (over this double),
+    without plan fences."""
+
+    @classmethod
+    def availability(cls, device: torch.device) -> str | None:
+        return None
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)  # type: ignore[call-arg]
+        self._fences = NoFences()
+
+
 class _PagedAttention:
     def __init__(self, workspace: torch.Tensor, kv_layout: str = "NHD", **options: Any) -> None:
         if kv_layout != "NHD":

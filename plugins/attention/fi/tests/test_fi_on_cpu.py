@@ -20,14 +20,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import flashinfer_double  # noqa: E402
 
 
-class FlashInferOnCpu(FlashInferBackend):
-    @classmethod
-    def availability(cls, device: torch.device) -> str | None:
-        return None
-
-    def __init__(self, config: AttentionConfig) -> None:
-        super().__init__(config)
-        self._fences = flashinfer_double.NoFences()
+class FlashInferOnCpu(flashinfer_double.OnCpu, FlashInferBackend):
+    pass
 
 
 @pytest.fixture(autouse=True)
