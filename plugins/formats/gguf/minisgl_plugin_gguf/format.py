@@ -26,12 +26,20 @@ import torch
 from minisgl_core.api import WeightFormat, layer_count_problem
 from minisgl_plugin_gguf.header import GGUFHeader, TensorInfo, Truncated, read_header
 from minisgl_plugin_gguf.metadata import (
+    GEMMA_ARCHITECTURES,
     UnsupportedGGUF,
     check_tokenizer_metadata,
     generation_config_from_metadata,
     hf_config_from_metadata,
 )
-from minisgl_plugin_gguf.names import IGNORED, LONGROPE_FACTORS, ROPE_FREQS, hf_name, unpermute_qk
+from minisgl_plugin_gguf.names import (
+    GEMMA_NORM_SHIFT,
+    IGNORED,
+    LONGROPE_FACTORS,
+    ROPE_FREQS,
+    hf_name,
+    unpermute_qk,
+)
 from minisgl_plugin_gguf.rope_factors import llama3_scaling_from_factors
 
 MAGIC = b"GGUF"
@@ -127,10 +135,15 @@ class GGUFFormat(WeightFormat):
     def weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
         config = self._config
         permuted = config["model_type"] == "llama"
+        shifted = config["model_type"] in GEMMA_ARCHITECTURES
         for tensor in self.header.tensors:
             if tensor.name in IGNORED:
                 continue
-            weight = _dequantize(self.header, tensor, dtype)
+            if shifted and tensor.name.endswith("norm.weight"):
+                # stored as 1 + weight (llama.cpp's converter); our Gemma models add the 1
+                weight = _dequantize(self.header, tensor, torch.float32).sub_(GEMMA_NORM_SHIFT).to(dtype)
+            else:
+                weight = _dequantize(self.header, tensor, dtype)
             name = hf_name(tensor.name, config["model_type"]) or tensor.name  # the core reports unknown ones
             # llama.cpp's converter permutes the biases of q and k with their rows
             if permuted and name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):

@@ -11,6 +11,9 @@ ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
     "qwen3moe": "Qwen3MoeForCausalLM",
+    "gemma": "GemmaForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
 }
 
 #: the architectures whose files hold a mixture of experts (``{arch}.expert_count``)
@@ -93,8 +96,70 @@ def hf_config_from_metadata(fields: dict[str, Any], tied: bool, path: str) -> di
         # llama.cpp's qwen3moe graph always renormalises the chosen experts' weights (the
         # released Qwen3-MoE configs' norm_topk_prob); the file has no key for it
         config["norm_topk_prob"] = True
+    if arch in GEMMA_ARCHITECTURES:
+        config.update(gemma_settings(fields, arch, config))
     config["torch_dtype"] = "float32"
     return config
+
+
+#: the Gemma architectures, whose norm weights llama.cpp's converter stores plus one
+#: (:data:`minisgl_plugin_gguf.names.GEMMA_NORM_SHIFT`)
+GEMMA_ARCHITECTURES = frozenset({"gemma", "gemma2", "gemma3"})
+#: ``{arch}.block_count`` of the 27B models, whose attention scale is ``(hidden / heads) ** -0.5``,
+#: not ``head_dim ** -0.5``: llama.cpp decides the scale by the layer count alone (its
+#: llama-model.cpp, ``LLM_TYPE_27B``; query_pre_attn_scalar is not in the file)
+_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
+#: the sliding-window period llama.cpp gives each architecture (llama-model.cpp's
+#: ``set_swa_pattern``): layer ``i`` slides where ``i % period < period - 1``
+_GEMMA_WINDOW_PERIOD = {"gemma2": 2, "gemma3": 6}
+
+
+def gemma_settings(fields: dict[str, Any], arch: str, config: dict[str, Any]) -> dict[str, Any]:
+    """The config.json keys of a Gemma file that llama.cpp states by convention rather than in
+    metadata (its llama-model.cpp's hparams for GEMMA, GEMMA2 and GEMMA3; convert_hf_to_gguf.py's
+    GemmaModel, Gemma2Model and Gemma3Model for what the file holds)."""
+    # the converter writes no rope.freq_base for Gemma and Gemma 2: llama.cpp's default 10000
+    out: dict[str, Any] = {"rope_theta": config.get("rope_theta", 10000.0)}
+    if arch == "gemma":
+        return out
+    heads, hidden = config["num_attention_heads"], config["hidden_size"]
+    head_dim = config.get("head_dim") or _even_share(hidden, heads)
+    share = _even_share(hidden, heads)
+    is_27b = config["num_hidden_layers"] == _GEMMA_27B_LAYERS[arch]
+    out["query_pre_attn_scalar"] = share if is_27b and share is not None else head_dim
+    window = fields.get(f"{arch}.attention.sliding_window")
+    if arch == "gemma2":
+        # llama.cpp's defaults where the file has no key (Gemma2Config's too): 50, 30 and 4096
+        out["attn_logit_softcapping"] = fields.get(f"{arch}.attn_logit_softcapping", 50.0)
+        out["final_logit_softcapping"] = fields.get(f"{arch}.final_logit_softcapping", 30.0)
+        window = 4096 if window is None else window
+    else:
+        # no attention soft-cap in Gemma 3; a final one only where the file states it
+        out["attn_logit_softcapping"] = None
+        out["final_logit_softcapping"] = fields.get(f"{arch}.final_logit_softcapping") or None
+        # sliding layers rotate with their own base: llama.cpp's 10000 unless the file says
+        out["rope_local_base_freq"] = fields.get(f"{arch}.rope.freq_base_swa", 10000.0)
+    layers = config["num_hidden_layers"]
+    if not isinstance(layers, int) or isinstance(layers, bool):
+        return out  # the core's check of the config's values names the bad one
+    if not window:  # (Gemma 3 without the key: every layer attends fully)
+        out["layer_types"] = ["full_attention"] * layers
+        return out
+    out["sliding_window"] = window
+    # newer llama.cpp reads a period or a flag a layer (true: it slides) from the file where given
+    pattern = fields.get(f"{arch}.attention.sliding_window_pattern", _GEMMA_WINDOW_PERIOD[arch])
+    if isinstance(pattern, list):
+        slides = [bool(flag) for flag in pattern]
+    elif isinstance(pattern, int) and not isinstance(pattern, bool) and pattern > 0:
+        slides = [i % pattern < pattern - 1 for i in range(layers)]
+    else:
+        raise UnsupportedGGUF(f"{arch}.attention.sliding_window_pattern {pattern!r} is not supported")
+    if len(slides) != layers:
+        raise UnsupportedGGUF(
+            f"{arch}.attention.sliding_window_pattern has {len(slides)} flags for {layers} blocks"
+        )
+    out["layer_types"] = ["sliding_attention" if slide else "full_attention" for slide in slides]
+    return out
 
 
 def _even_share(total: Any, parts: Any) -> int | None:

@@ -34,7 +34,19 @@ _BLOCK = {
 }
 #: block parts an architecture names otherwise: phi3's ffn_up is gate and up fused (as its
 #: checkpoint's gate_up_proj, gate first)
-_ARCH_BLOCK = {"phi3": {"ffn_up": "mlp.gate_up_proj"}}
+#: Gemma 2 and 3 have four norms a block (gguf's tensor_mapping.py for GEMMA2/GEMMA3): the
+#: attention output's, the MLP input's (``ffn_norm``, which is Gemma 1's post_attention_layernorm)
+#: and the MLP output's
+_GEMMA2_NORMS = {
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+_ARCH_BLOCK = {"phi3": {"ffn_up": "mlp.gate_up_proj"}, "gemma2": _GEMMA2_NORMS, "gemma3": _GEMMA2_NORMS}
+#: what llama.cpp's converter adds to every ``*norm.weight`` of a Gemma model (the model scales by
+#: ``1 + weight``, llama.cpp's RMS norm by the weight): GemmaModel, Gemma2Model and Gemma3Model in
+#: convert_hf_to_gguf.py, Gemma 3's per-head q/k norms included; undone at load
+GEMMA_NORM_SHIFT = 1.0
 
 _BLOCK_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 

@@ -1,7 +1,8 @@
 """Writing a Hugging Face model directory (safetensors + byte-level BPE tokenizer) as a GGUF file.
 
 For tests and for the weight-format conformance kit: it writes what llama.cpp's converter writes
-(llama.cpp tensor names, the llama architecture's Q/K row permutation, norms kept in F32, the
+(llama.cpp tensor names, the llama architecture's Q/K row permutation, Gemma's norm weights plus
+one and its metadata conventions, norms kept in F32, the
 tokenizer as a ``gpt2`` token list with merges, the chat template), so reading it back exercises
 the same paths a downloaded GGUF does.
 """
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from minisgl_plugin_gguf.metadata import ARCHITECTURES, EXPERTS_OF
+from minisgl_plugin_gguf.metadata import ARCHITECTURES, EXPERTS_OF, GEMMA_ARCHITECTURES
 from minisgl_plugin_gguf.names import ROPE_FREQS
 from minisgl_plugin_gguf.rope_factors import llama3_divisors
 
@@ -60,12 +61,21 @@ _MIXTRAL = {"block_sparse_moe.": "mlp.", ".w1.weight": ".gate_proj.weight", ".w3
 EncodeHook = Callable[[str, np.ndarray], "tuple[np.ndarray, Any] | None"]
 
 
-def gguf_name(hf_name: str) -> str:
+#: Gemma 2's and 3's four norms a block (gguf's tensor_mapping.py for GEMMA2 and GEMMA3)
+_GEMMA2_TO_GGUF = {
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
+_ARCH_BLOCK_TO_GGUF = {"gemma2": _GEMMA2_TO_GGUF, "gemma3": _GEMMA2_TO_GGUF}
+
+
+def gguf_name(hf_name: str, arch: str = "llama") -> str:
     if hf_name in _TO_GGUF:
         return _TO_GGUF[hf_name]
     parts = hf_name.split(".")  # model.layers.N.<module...>.weight
     layer, module, kind = parts[2], ".".join(parts[3:-1]), parts[-1]
-    return f"blk.{layer}.{_BLOCK_TO_GGUF[module]}.{kind}"
+    return f"blk.{layer}.{({**_BLOCK_TO_GGUF, **_ARCH_BLOCK_TO_GGUF.get(arch, {})})[module]}.{kind}"
 
 
 def permute_qk(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -98,7 +108,7 @@ def write_gguf(
     arch = arch or by_class[config["architectures"][0]]
     quant = gguf.GGMLQuantizationType[qtype]
     writer = gguf.GGUFWriter(str(out), arch)
-    _write_config(writer, config)
+    _write_config(writer, config, arch)
     _write_tokenizer(writer, hf_dir)
     factors = _llama3_rope_factors(config)
     if factors is not None:  # as llama.cpp's converter stores Llama 3.1's scaling
@@ -106,10 +116,14 @@ def write_gguf(
         writer.add_tensor(ROPE_FREQS, factors if custom is None else custom[0])
     permuted = arch == "llama"
     for name, tensor in _stack_experts(_iter_safetensors(hf_dir)):
-        if name == "lm_head.weight" and config.get("tie_word_embeddings"):
-            continue
+        if name == "lm_head.weight" and (config.get("tie_word_embeddings") or arch in ("gemma", "gemma2")):
+            continue  # (GemmaModel and Gemma2Model skip lm_head: llama.cpp ties their head)
         values = tensor.to(torch.float32).numpy()
-        target = gguf_name(name)
+        target = gguf_name(name, arch)
+        if arch in GEMMA_ARCHITECTURES and name.endswith("norm.weight"):
+            # every Gemma norm weight, Gemma 3's q/k norms too, plus one (GemmaModel, Gemma2Model,
+            # Gemma3Model.norm_shift), so that llama.cpp's plain RMS norm scales by 1 + weight
+            values = values + 1.0
         if permuted and name.endswith(("q_proj.weight", "q_proj.bias")):  # biases with their rows
             values = permute_qk(values, config["num_attention_heads"])
         elif permuted and name.endswith(("k_proj.weight", "k_proj.bias")):
@@ -129,8 +143,11 @@ def write_gguf(
     return out
 
 
-def _write_config(writer: Any, config: dict[str, Any]) -> None:
+def _write_config(writer: Any, config: dict[str, Any], arch: str = "llama") -> None:
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    if arch in GEMMA_ARCHITECTURES:
+        _write_gemma_config(writer, config, arch, head_dim)
+        return
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
     writer.add_feed_forward_length(config["intermediate_size"])
@@ -160,6 +177,47 @@ def _write_config(writer: Any, config: dict[str, Any]) -> None:
         writer.add_rope_scaling_factor(scaling["factor"])
         if "original_max_position_embeddings" in scaling:
             writer.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
+
+
+def _write_gemma_config(writer: Any, config: dict[str, Any], arch: str, head_dim: int) -> None:
+    """The metadata convert_hf_to_gguf.py's GemmaModel, Gemma2Model and Gemma3Model write: no rope
+    base for Gemma 1 and 2 (llama.cpp's default 10000 applies), Gemma 2's soft-caps and window,
+    Gemma 3's full layers' rope base (and scaling), the sliding layers' base where config.json
+    nests it by layer type (TextModel's ``rope_freq_base_swa``), a final soft-cap only where set,
+    and the window unless ``sliding_window_pattern`` is 1."""
+    import gguf
+
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config.get("num_key_value_heads", config["num_attention_heads"]))
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_vocab_size(config["vocab_size"])
+    writer.add_file_type(0)
+    if arch == "gemma2":
+        writer.add_attn_logit_softcapping(config["attn_logit_softcapping"])
+        writer.add_final_logit_softcapping(config["final_logit_softcapping"])
+        writer.add_sliding_window(config["sliding_window"])
+    elif arch == "gemma3":
+        nested = config.get("rope_parameters") or {}
+        full = nested.get("full_attention", nested) if nested else {}
+        writer.add_rope_freq_base(full.get("rope_theta", config.get("rope_theta", 1_000_000.0)))
+        local = nested.get("sliding_attention", {}).get("rope_theta")
+        if local is not None:
+            writer.add_rope_freq_base_swa(local)
+        scaling = full if nested else (config.get("rope_scaling") or {})
+        kind = scaling.get("rope_type", scaling.get("type", "default"))
+        if kind == "linear":
+            writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            writer.add_rope_scaling_factor(scaling["factor"])
+        if config.get("final_logit_softcapping"):
+            writer.add_final_logit_softcapping(config["final_logit_softcapping"])
+        if config.get("sliding_window_pattern", config.get("_sliding_window_pattern")) != 1:
+            writer.add_sliding_window(config["sliding_window"])
 
 
 def _rope(config: dict[str, Any]) -> dict[str, Any]:

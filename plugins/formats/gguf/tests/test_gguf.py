@@ -1,6 +1,6 @@
 """GGUF files of every supported tensor type against transformers' own GGUF loading, and bad files.
 
-Tiny random llama / qwen2 / qwen3 / phi3 / qwen3moe models are written with ``gguf.GGUFWriter``; the tensor types
+Tiny random llama / qwen2 / qwen3 / phi3 / qwen3moe / gemma / gemma2 / gemma3 models are written with ``gguf.GGUFWriter``; the tensor types
 ``gguf.quants`` cannot quantize (the K-quants and i-quants) are filled with random blocks of small scales.
 Our model loaded through :class:`GGUFFormat` must give transformers' logits for the same file.
 """
@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from minisgl_plugin_gguf.format import SUPPORTED_TYPES, GGUFFormat
+from minisgl_plugin_gguf.metadata import hf_config_from_metadata
 from minisgl_plugin_gguf.writer import write_gguf
 
 from minisgl_core.testing.cli_runner import run_cli
@@ -840,3 +841,138 @@ def test_a_big_endian_file_is_named_as_such(tmp_path):
     file.write_bytes(b"GGUF" + (3).to_bytes(4, "big") + bytes(16))
     with pytest.raises(ValueError, match="the file is big-endian .*its version reads 50331648"):
         GGUFFormat(file)
+
+
+# --- Gemma, Gemma 2 and Gemma 3 -------------------------------------------------------------------
+# Files as llama.cpp's converter writes them (``write_gguf``: norm weights plus one, Gemma 2's four
+# norms a block, no rope base for Gemma 1 and 2, the soft-caps and the window in metadata, no
+# ``output.weight`` for Gemma 1 and 2), read into the gemma plugin's models and compared with
+# transformers' model of the directory they were written from.
+
+#: tiny shapes each of whose settings changes the logits: small soft-caps, an 8-token window under
+#: the 40-token prompt, a query_pre_attn_scalar of head_dim (llama.cpp's rule below 27B); Gemma 3
+#: with 7 blocks, so llama.cpp's period of 6 gives both kinds of layer (block 5 attends fully)
+GEMMA_SHAPES = {
+    "GemmaForCausalLM": dict(),
+    "Gemma2ForCausalLM": dict(
+        num_hidden_layers=3, query_pre_attn_scalar=16, attn_logit_softcapping=2.0,
+        final_logit_softcapping=3.0, sliding_window=8,
+    ),
+    "Gemma3ForCausalLM": dict(
+        num_hidden_layers=7, sliding_window=8, final_logit_softcapping=3.0, query_pre_attn_scalar=16,
+        tie_word_embeddings=False,
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("arch", list(GEMMA_SHAPES))
+@pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
+def test_gemma_files_match_transformers(make_tiny_model, tmp_path, arch, qtype):
+    hf_dir = make_tiny_model(arch, **GEMMA_SHAPES[arch])
+    file = write_gguf(hf_dir, tmp_path / f"{arch}-{qtype}.gguf", qtype)
+    config = GGUFFormat(file).hf_config()
+    assert config["architectures"] == [arch]
+    if qtype == "F32":
+        check_against_directory(hf_dir, file)
+        return
+    # quantized: transformers' model of the directory with its matrices replaced by the file's
+    # dequantized ones; its norms (F32 in the file, as llama.cpp keeps them) stay the checkpoint's,
+    # so the +1 is still checked against the original
+    expected = TransformersReference(hf_dir)
+    model_state = expected.model.state_dict()
+    for name, tensor in GGUFFormat(file).weights(torch.float32):
+        if tensor.ndim == 2:
+            model_state[name].copy_(tensor)
+            if name == "model.embed_tokens.weight" and config["tie_word_embeddings"]:
+                model_state["lm_head.weight"].copy_(tensor)
+    _check_with_reference(file, expected)
+
+
+def _check_with_reference(file: Path, reference: TransformersReference) -> None:
+    from minisgl_plugin_torch.backend import TorchAttentionBackend
+
+    model, config = load_ours(file)
+    prompt = random_prompt(40, config["vocab_size"], seed=7)
+    _, logits = greedy_generate(model, make_attention(TorchAttentionBackend, model.kv_spec), prompt, 3)
+    _, expected = reference.greedy(prompt, 3)
+    for step, (actual, want) in enumerate(zip(logits, expected, strict=True)):
+        assert_logits_close(actual, want, 1e-4, what=f"{file.name} logits at step {step}")
+
+
+def test_norm_weights_are_read_back_without_the_plus_one(make_tiny_model, tmp_path):
+    """Every norm (Gemma 3's per-head q/k norms too) is the checkpoint's, around zero."""
+    from safetensors.torch import load_file
+
+    hf_dir = make_tiny_model("Gemma3ForCausalLM", **GEMMA_SHAPES["Gemma3ForCausalLM"])
+    file = write_gguf(hf_dir, tmp_path / "g3.gguf")
+    ours = dict(GGUFFormat(file).weights(torch.float32))
+    theirs = {k: v for path in hf_dir.glob("*.safetensors") for k, v in load_file(path).items()}
+    norms = [name for name in theirs if name.endswith("norm.weight")]
+    assert any("q_norm" in name for name in norms) and any("post_feedforward" in name for name in norms)
+    for name in norms:
+        # (the +1 and -1 in float32 round the weight to a multiple of 2**-23 at most: not bitwise)
+        torch.testing.assert_close(ours[name], theirs[name].float(), rtol=0, atol=2**-23, msg=name)
+
+
+def _gemma_fields(arch: str, **extra):
+    base = {
+        "general.architecture": arch,
+        f"{arch}.embedding_length": 4608,
+        f"{arch}.attention.head_count": 32,
+        f"{arch}.attention.head_count_kv": 16,
+        f"{arch}.attention.key_length": 128,
+        "tokenizer.ggml.tokens": ["a", "b"],
+    }
+    return {**base, **{f"{arch}.{key}": value for key, value in extra.items()}}
+
+
+@pytest.mark.parametrize(
+    ("arch", "layers", "scalar"),
+    [("gemma2", 46, 144), ("gemma2", 42, 128), ("gemma3", 62, 144), ("gemma3", 48, 128)],
+)
+def test_the_attention_scale_follows_llama_cpp_by_layer_count(arch, layers, scalar):
+    """query_pre_attn_scalar is not in the file: llama.cpp takes hidden / heads for the 27B models
+    (46 Gemma 2 blocks, 62 Gemma 3 ones) and head_dim otherwise."""
+    config = hf_config_from_metadata(_gemma_fields(arch, block_count=layers), tied=True, path="x.gguf")
+    assert config["query_pre_attn_scalar"] == scalar
+
+
+def test_llama_cpp_defaults_where_the_file_says_nothing():
+    """Gemma 2 without soft-cap or window keys: llama.cpp's 50, 30 and 4096, even layers sliding;
+    Gemma 3 without a window: every layer full, no soft-caps, the sliding base 10000 (or the file's);
+    Gemma 1 and 2 files have no rope base: 10000."""
+    gemma2 = hf_config_from_metadata(_gemma_fields("gemma2", block_count=4), tied=True, path="x.gguf")
+    assert (gemma2["attn_logit_softcapping"], gemma2["final_logit_softcapping"]) == (50.0, 30.0)
+    assert gemma2["sliding_window"] == 4096 and gemma2["rope_theta"] == 10000.0
+    assert gemma2["layer_types"] == ["sliding_attention", "full_attention"] * 2
+    gemma3 = hf_config_from_metadata(_gemma_fields("gemma3", block_count=3), tied=True, path="x.gguf")
+    assert gemma3["layer_types"] == ["full_attention"] * 3
+    assert gemma3["final_logit_softcapping"] is None and gemma3["attn_logit_softcapping"] is None
+    assert gemma3["rope_local_base_freq"] == 10000.0
+    windowed = hf_config_from_metadata(
+        _gemma_fields(
+            "gemma3", block_count=7, **{"attention.sliding_window": 512, "rope.freq_base_swa": 20.0}
+        ),
+        tied=True,
+        path="x.gguf",
+    )
+    assert windowed["layer_types"] == ["sliding_attention"] * 5 + ["full_attention", "sliding_attention"]
+    assert windowed["rope_local_base_freq"] == 20.0
+    gemma = hf_config_from_metadata(_gemma_fields("gemma", block_count=2), tied=True, path="x.gguf")
+    assert gemma["rope_theta"] == 10000.0 and "query_pre_attn_scalar" not in gemma
+
+
+def test_the_engine_runs_a_gemma3_file_past_its_window(make_tiny_model, tmp_path):
+    """LLM on the .gguf: a 40-token prompt through an 8-token window, the greedy tokens those of
+    transformers' model of the directory."""
+    from minisgl_core.llm import LLM
+    from minisgl_core.sampling import SamplingParams
+
+    hf_dir = make_tiny_model("Gemma3ForCausalLM", **GEMMA_SHAPES["Gemma3ForCausalLM"])
+    file = write_gguf(hf_dir, tmp_path / "g3.gguf")
+    prompt = [int(t) for t in np.random.default_rng(3).integers(3, 200, size=40)]
+    want, _ = TransformersReference(hf_dir).greedy(prompt, 5)  # (the prefill's token and 5 more)
+    with LLM(file, device="cpu", attn="torch", num_kv_tokens=1024) as llm:
+        params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+        got = llm.generate([prompt], params)[0].token_ids
+    assert got == list(want)
