@@ -126,7 +126,7 @@ class GGUFFormat(WeightFormat):
 
         cached = _tokenizer_cache_dir(self.file)
         if not (cached / "tokenizer_config.json").is_file():
-            _convert_tokenizer(self.file, cached)
+            _convert_tokenizer(self.file, cached, self.fields.get("general.architecture"))
         return AutoTokenizer.from_pretrained(str(cached))
 
     def num_weights(self) -> int | None:
@@ -642,12 +642,19 @@ def _prune(cache: Path, keep: Path) -> None:
             lock_path.unlink(missing_ok=True)
 
 
-def _convert_tokenizer(file: Path, target: Path) -> None:
+#: architectures whose tokenizer transformers builds from a GGUF file but whose config it does not
+#: read (its ``load_gguf_checkpoint`` raises "not supported yet" for ``gemma``), so AutoTokenizer,
+#: which reads the config to pick the class, fails: the class it picks for their successors
+#: (``gemma2``, ``gemma3``) builds the same sentencepiece vocabulary
+_TOKENIZER_CLASSES = {"gemma": "GemmaTokenizer"}
+
+
+def _convert_tokenizer(file: Path, target: Path, arch: str | None = None) -> None:
     """Build the tokenizer with transformers (slow: it re-reads the whole vocabulary) and save it
     under ``target``; a lock makes concurrent processes convert once, a rename keeps it whole."""
     import fcntl
 
-    from transformers import AutoTokenizer
+    import transformers
     from transformers.utils import logging as hf_logging
 
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -658,7 +665,8 @@ def _convert_tokenizer(file: Path, target: Path) -> None:
         verbosity = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()  # its notes on converting the GGUF vocabulary are not ours to show
         try:
-            tokenizer = AutoTokenizer.from_pretrained(str(file.parent), gguf_file=file.name)
+            builder = getattr(transformers, _TOKENIZER_CLASSES.get(arch or "", "AutoTokenizer"))
+            tokenizer = builder.from_pretrained(str(file.parent), gguf_file=file.name)
         finally:
             hf_logging.set_verbosity(verbosity)
         staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))

@@ -976,3 +976,44 @@ def test_the_engine_runs_a_gemma3_file_past_its_window(make_tiny_model, tmp_path
         params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
         got = llm.generate([prompt], params)[0].token_ids
     assert got == list(want)
+
+
+def _sentencepiece_gguf(path: Path, arch: str) -> Path:
+    """A header-only ``arch`` file with a sentencepiece vocabulary (``tokenizer.ggml.model``
+    "llama", as llama.cpp writes Gemma's) and only the embeddings."""
+    import gguf
+
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "\u2581", "a", "b", "\u2581a", "ab", "\u2581ab"]
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(1)
+    writer.add_embedding_length(8)
+    writer.add_head_count(2)
+    writer.add_head_count_kv(1)
+    writer.add_key_length(4)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores([0.0] * len(tokens))
+    writer.add_token_types([3, 3, 3, 2] + [1] * (len(tokens) - 4))
+    writer.add_bos_token_id(2)
+    writer.add_eos_token_id(1)
+    writer.add_pad_token_id(0)
+    writer.add_add_bos_token(True)
+    writer.add_tensor("token_embd.weight", np.zeros((len(tokens), 8), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("arch", ["gemma", "gemma2", "gemma3"])
+def test_gemma_sentencepiece_tokenizers_are_built(tmp_path, monkeypatch, arch):
+    """transformers builds Gemma's tokenizer from each file; for ``gemma`` it cannot read the
+    config AutoTokenizer needs ("architecture gemma is not supported yet"), so the plugin builds it
+    with the class AutoTokenizer picks for gemma2 and gemma3."""
+    monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path / "cache"))
+    file = _sentencepiece_gguf(tmp_path / f"{arch}.gguf", arch)
+    tokenizer = GGUFFormat(file).tokenizer()
+    ids = tokenizer.encode("ab a")
+    assert tokenizer.convert_ids_to_tokens(ids) == ["<bos>", "ab", "\u2581a"]
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "ab a"
