@@ -94,6 +94,11 @@ class GGUFFormat(WeightFormat):
             # stated as config.json states it, so the core refuses it in its own words: computed
             # without those factors, every position would rotate by other angles
             self._config["rope_scaling"] = {"rope_type": "longrope"}
+        embeddings = next((t for t in self.header.tensors if t.name == "token_embd.weight"), None)
+        if self._config["model_type"] == "gemma3" and embeddings is not None and len(embeddings.dims) == 2:
+            # llama.cpp's converter cuts Gemma 3's embedding rows past the tokenizer's vocabulary
+            # (Gemma3Model.modify_tensors: 262144 of config.json's 262208): the table is the vocabulary
+            self._config["vocab_size"] = int(embeddings.dims[1])
         _check_head_rows(self.header, self._config, self.file)
         _check_block_count(self.header, self._config, self.file)
 

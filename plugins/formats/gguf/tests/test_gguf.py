@@ -909,6 +909,7 @@ def test_norm_weights_are_read_back_without_the_plus_one(make_tiny_model, tmp_pa
     theirs = {k: v for path in hf_dir.glob("*.safetensors") for k, v in load_file(path).items()}
     norms = [name for name in theirs if name.endswith("norm.weight")]
     assert any("q_norm" in name for name in norms) and any("post_feedforward" in name for name in norms)
+    assert "lm_head.weight" in ours  # (Gemma 3 files keep an untied head: Gemma3Model skips nothing)
     for name in norms:
         # (the +1 and -1 in float32 round the weight to a multiple of 2**-23 at most: not bitwise)
         torch.testing.assert_close(ours[name], theirs[name].float(), rtol=0, atol=2**-23, msg=name)
@@ -962,14 +963,15 @@ def test_llama_cpp_defaults_where_the_file_says_nothing():
     assert gemma["rope_theta"] == 10000.0 and "query_pre_attn_scalar" not in gemma
 
 
-def test_the_engine_runs_a_gemma3_file_past_its_window(make_tiny_model, tmp_path):
+@pytest.mark.parametrize("arch", ["Gemma2ForCausalLM", "Gemma3ForCausalLM"])
+def test_the_engine_runs_a_gemma_file_past_its_window(make_tiny_model, tmp_path, arch):
     """LLM on the .gguf: a 40-token prompt through an 8-token window, the greedy tokens those of
     transformers' model of the directory."""
     from minisgl_core.llm import LLM
     from minisgl_core.sampling import SamplingParams
 
-    hf_dir = make_tiny_model("Gemma3ForCausalLM", **GEMMA_SHAPES["Gemma3ForCausalLM"])
-    file = write_gguf(hf_dir, tmp_path / "g3.gguf")
+    hf_dir = make_tiny_model(arch, **GEMMA_SHAPES[arch])
+    file = write_gguf(hf_dir, tmp_path / f"{arch}.gguf")
     prompt = [int(t) for t in np.random.default_rng(3).integers(3, 200, size=40)]
     want, _ = TransformersReference(hf_dir).greedy(prompt, 5)  # (the prefill's token and 5 more)
     with LLM(file, device="cpu", attn="torch", num_kv_tokens=1024) as llm:
@@ -1017,3 +1019,12 @@ def test_gemma_sentencepiece_tokenizers_are_built(tmp_path, monkeypatch, arch):
     ids = tokenizer.encode("ab a")
     assert tokenizer.convert_ids_to_tokens(ids) == ["<bos>", "ab", "\u2581a"]
     assert tokenizer.decode(ids, skip_special_tokens=True) == "ab a"
+
+
+def test_gemma3_vocabulary_is_its_embedding_rows(make_tiny_model, tmp_path):
+    """llama.cpp's converter cuts Gemma 3's embedding rows past the tokenizer's vocabulary, whatever
+    the file's vocab_size says: the model is built with the table's rows."""
+    hf_dir = make_tiny_model("Gemma3ForCausalLM", **GEMMA_SHAPES["Gemma3ForCausalLM"])
+    rows = GGUFFormat(write_gguf(hf_dir, tmp_path / "g3.gguf")).hf_config()["vocab_size"]
+    file = _with_fields(hf_dir, tmp_path / "more.gguf", **{"gemma3.vocab_size": rows + 64})
+    assert GGUFFormat(file).hf_config()["vocab_size"] == rows
