@@ -97,7 +97,7 @@ def hf_config_from_metadata(fields: dict[str, Any], tied: bool, path: str) -> di
         # released Qwen3-MoE configs' norm_topk_prob); the file has no key for it
         config["norm_topk_prob"] = True
     if arch in GEMMA_ARCHITECTURES:
-        config.update(gemma_settings(fields, arch, config))
+        config.update(gemma_settings(fields, arch, config, path))
     config["torch_dtype"] = "float32"
     return config
 
@@ -114,7 +114,7 @@ _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 _GEMMA_WINDOW_PERIOD = {"gemma2": 2, "gemma3": 6}
 
 
-def gemma_settings(fields: dict[str, Any], arch: str, config: dict[str, Any]) -> dict[str, Any]:
+def gemma_settings(fields: dict[str, Any], arch: str, config: dict[str, Any], path: str) -> dict[str, Any]:
     """The config.json keys of a Gemma file that llama.cpp states by convention rather than in
     metadata (its llama-model.cpp's hparams for GEMMA, GEMMA2 and GEMMA3; convert_hf_to_gguf.py's
     GemmaModel, Gemma2Model and Gemma3Model for what the file holds)."""
@@ -153,10 +153,13 @@ def gemma_settings(fields: dict[str, Any], arch: str, config: dict[str, Any]) ->
     elif isinstance(pattern, int) and not isinstance(pattern, bool) and pattern > 0:
         slides = [i % pattern < pattern - 1 for i in range(layers)]
     else:
-        raise UnsupportedGGUF(f"{arch}.attention.sliding_window_pattern {pattern!r} is not supported")
+        raise UnsupportedGGUF(
+            f"{path}: {arch}.attention.sliding_window_pattern {pattern!r} is not supported "
+            "(a positive period or a flag a block is)"
+        )
     if len(slides) != layers:
         raise UnsupportedGGUF(
-            f"{arch}.attention.sliding_window_pattern has {len(slides)} flags for {layers} blocks"
+            f"{path}: {arch}.attention.sliding_window_pattern has {len(slides)} flags for {layers} blocks"
         )
     out["layer_types"] = ["sliding_attention" if slide else "full_attention" for slide in slides]
     return out

@@ -1028,3 +1028,27 @@ def test_gemma3_vocabulary_is_its_embedding_rows(make_tiny_model, tmp_path):
     rows = GGUFFormat(write_gguf(hf_dir, tmp_path / "g3.gguf")).hf_config()["vocab_size"]
     file = _with_fields(hf_dir, tmp_path / "more.gguf", **{"gemma3.vocab_size": rows + 64})
     assert GGUFFormat(file).hf_config()["vocab_size"] == rows
+
+
+def test_a_sliding_window_pattern_in_the_file_is_read():
+    """Newer llama.cpp reads ``attention.sliding_window_pattern``, a period or a flag a block
+    (true: it slides); a list of another length is refused naming the key."""
+    window = {"attention.sliding_window": 512}
+
+    def types(pattern):
+        fields = _gemma_fields(
+            "gemma3", block_count=4, **window, **{"attention.sliding_window_pattern": pattern}
+        )
+        return hf_config_from_metadata(fields, tied=True, path="x.gguf")["layer_types"]
+
+    assert types(3) == ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]
+    assert types([False, True, True, False]) == [
+        "full_attention",
+        "sliding_attention",
+        "sliding_attention",
+        "full_attention",
+    ]
+    with pytest.raises(
+        ValueError, match=r"x\.gguf: gemma3\.attention\.sliding_window_pattern has 2 flags for 4"
+    ):
+        types([True, False])
