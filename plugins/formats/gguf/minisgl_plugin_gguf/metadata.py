@@ -222,7 +222,10 @@ def check_tokenizer_metadata(fields: dict[str, Any], path: str) -> None:
             "tokenizer from the GGUF file's metadata"
         )
     size = len(fields["tokenizer.ggml.tokens"])
-    for key in ("bos_token_id", "eos_token_id", "pad_token_id", "unknown_token_id", "seperator_token_id"):
+    for key in (
+        "bos_token_id", "eos_token_id", "eot_token_id", "eom_token_id", "pad_token_id", "unknown_token_id",
+        "seperator_token_id",
+    ):  # fmt: skip
         value = fields.get(f"tokenizer.ggml.{key}")
         if value is not None and not (isinstance(value, int) and 0 <= value < size):
             raise UnsupportedGGUF(
@@ -231,14 +234,20 @@ def check_tokenizer_metadata(fields: dict[str, Any], path: str) -> None:
 
 
 def generation_config_from_metadata(fields: dict[str, Any]) -> dict[str, Any]:
-    """Sampling defaults the file declares, plus its eos token (so stop checks agree with HF)."""
+    """Sampling defaults the file declares, plus the tokens generation ends on (so stop checks
+    agree with HF's generation config): its eos, and where the file names them its end-of-turn
+    and end-of-message tokens, on which llama.cpp ends generation too (a Gemma -it file's
+    ``<end_of_turn>``, Llama 3's ``<|eot_id|>``, whose eos may be another token)."""
     out: dict[str, Any] = {}
     for key, hf_key in _SAMPLING_KEYS.items():
         value = fields.get(f"general.sampling.{key}")
         if value is not None:
             out[hf_key] = value
-    for key in ("bos_token_id", "eos_token_id"):
-        value = fields.get(f"tokenizer.ggml.{key}")
-        if value is not None:
-            out[key] = int(value)
+    bos = fields.get("tokenizer.ggml.bos_token_id")
+    if bos is not None:
+        out["bos_token_id"] = int(bos)
+    ends = [fields.get(f"tokenizer.ggml.{key}") for key in ("eos_token_id", "eot_token_id", "eom_token_id")]
+    ends = list(dict.fromkeys(int(v) for v in ends if v is not None))
+    if ends:
+        out["eos_token_id"] = ends[0] if len(ends) == 1 else ends
     return out

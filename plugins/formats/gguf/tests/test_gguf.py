@@ -1052,3 +1052,25 @@ def test_a_sliding_window_pattern_in_the_file_is_read():
         ValueError, match=r"x\.gguf: gemma3\.attention\.sliding_window_pattern has 2 flags for 4"
     ):
         types([True, False])
+
+
+def test_generation_ends_on_the_files_end_of_turn_token(make_tiny_model, tmp_path):
+    """llama.cpp ends generation on the file's end-of-turn (``eot``) and end-of-message tokens as
+    on its eos (a Gemma -it file's ``<end_of_turn>`` is not its eos): a tiny model's second greedy
+    token named the end of turn ends the reply there, as the eos would."""
+    from minisgl_core import LLM, SamplingParams
+
+    hf_dir = make_tiny_model("LlamaForCausalLM")
+    plain = write_gguf(hf_dir, tmp_path / "plain.gguf", "F32")
+    prompt = random_prompt(12, 100, seed=4)
+    free = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    with LLM(plain, device="cpu", attn="torch", num_kv_tokens=1024) as llm:
+        tokens = llm.generate([prompt], free)[0].token_ids
+    eos = GGUFFormat(plain).generation_config()["eos_token_id"]
+    second = next(t for t in tokens[1:] if t != tokens[0] and t != eos)
+    file = _with_fields(hf_dir, tmp_path / "eot.gguf", **{"tokenizer.ggml.eot_token_id": second})
+    assert GGUFFormat(file).generation_config()["eos_token_id"] == [eos, second]
+    stopping = SamplingParams(temperature=0.0, max_tokens=8)
+    with LLM(file, device="cpu", attn="torch", num_kv_tokens=1024) as llm:
+        out = llm.generate([prompt], stopping)[0]
+    assert out.token_ids == tokens[: tokens.index(second) + 1] and out.finish_reason == "stop"
