@@ -76,6 +76,9 @@ NAMING_A_MODEL = {
 STORED = {"/v1/responses/{response_id}", "/v1/responses/{response_id}/input_items"}
 #: routes that answer with the error body on an unhealthy engine (no OpenAI body: {status, error})
 HEALTH = {"/health", "/health_generate", "/ping"}
+#: routes whose JSON answer is an object or, for several prompts or samples, a list of them
+ANSWERS_A_LIST = {"/generate", "/invocations"}
+BATCH_OR_ONE = {"anyOf": [{"type": "object"}, {"type": "array", "items": {"type": "object"}}]}
 #: routes that ask the scheduler to empty the prefix cache: refused while busy, like a request
 #: when the server cannot serve, timed out when the scheduler does not answer
 FLUSHING = {"/flush_cache", "/reset_prefix_cache"}
@@ -149,8 +152,11 @@ def build_schema(app: FastAPI, protected: bool) -> dict[str, Any]:
                 }
             if path in GENERATING:
                 ok = responses.setdefault("200", {"description": "Successful Response"})
+                # /generate answers a list for a batch or n > 1 (SGLang's), and /invocations
+                # answers as /generate for a body with its keys
+                answer = BATCH_OR_ONE if path in ANSWERS_A_LIST else {"type": "object"}
                 ok["content"] = {
-                    "application/json": {"schema": {"type": "object"}},
+                    "application/json": {"schema": answer},
                     "text/event-stream": {"schema": SSE_EVENT},
                 }
     return schema

@@ -127,3 +127,26 @@ def test_the_stored_response_routes_document_their_404(server, auth):
         resp = httpx.request(method, f"{server.url}/v1/responses/resp_none", headers=auth)
         assert resp.status_code == 404
         jsonschema.validate(resp.json(), error_schema(schema))
+
+
+@pytest.mark.parametrize("path", ["/generate", "/invocations"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"text": "hi", "sampling_params": {"max_new_tokens": 2}},
+        {"text": ["hi", "there"], "sampling_params": {"max_new_tokens": 2}},
+        {"text": "hi", "sampling_params": {"max_new_tokens": 2, "n": 2}},
+    ],
+    ids=["one", "batch", "n2"],
+)
+def test_generate_answers_match_the_documented_200(server, auth, path, body):
+    """/generate answers an object for one prompt and a list for a batch or n > 1; its schema
+    says both (a batch's list was documented as an object, which a client checking answers
+    against /openapi.json refused; found by fuzzing)."""
+    schema = httpx.get(f"{server.url}/openapi.json", headers=auth).json()
+    resp = httpx.post(f"{server.url}{path}", json=body, headers=auth, timeout=60)
+    assert resp.status_code == 200, resp.text
+    answer = resp.json()
+    assert isinstance(answer, dict) == (body["text"] == "hi" and "n" not in body["sampling_params"])
+    documented = schema["paths"][path]["post"]["responses"]["200"]["content"]["application/json"]["schema"]
+    jsonschema.validate(answer, documented)
