@@ -136,11 +136,29 @@ def test_allowed_token_ids_and_bad_words_hold_on_the_gpu(model_dir, name):
         llm.close()
 
 
-@pytest.mark.parametrize("name", ["plain", "fp8_weights", "speculative"])
-def test_new_weights_run_in_the_captured_graphs(model_dir, tmp_path, name):
+@pytest.mark.parametrize("name", ["plain", "fp8_weights", "speculative", "plain_staged_on_host"])
+def test_new_weights_run_in_the_captured_graphs(model_dir, tmp_path, name, monkeypatch):
     """``update_weights_from_disk`` copies the new weights into the tensors the CUDA graphs (decode
     and piecewise prefill) were captured on: the engine then answers as one started on them, FP8
-    weights (their scales) included, and back on the old ones as before."""
+    weights (their scales) included, and back on the old ones as before. ``plain_staged_on_host``:
+    the GPU has no room for the second copy (as when the KV pool took it), so the new weights load
+    in host memory and are copied from there."""
+    from minisgl_core.runner import model_runner
+
+    staged_on: list[str] = []
+    if name == "plain_staged_on_host":
+        free = model_runner._free_for_tensors
+        monkeypatch.setattr(
+            model_runner, "_free_for_tensors", lambda device: 0 if device.type == "cuda" else free(device)
+        )
+        load = model_runner.ModelRunner._load_model
+
+        def spied(self, plugins, before_weights=None, device=None):
+            staged_on.append(str(device))
+            return load(self, plugins, before_weights, device)
+
+        monkeypatch.setattr(model_runner.ModelRunner, "_load_model", spied)
+        name = "plain"
     other = make_model_dir(
         tmp_path / "q", "Qwen3ForCausalLM", seed=7, hidden_size=256, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=128, intermediate_size=512,
@@ -161,5 +179,7 @@ def test_new_weights_run_in_the_captured_graphs(model_dir, tmp_path, name):
         assert [o.token_ids for o in llm.generate(prompts(), greedy, use_tqdm=False)] == reference
         llm.update_weights_from_disk(model_dir)
         assert [o.token_ids for o in llm.generate(prompts(), greedy, use_tqdm=False)] == before
+        if staged_on:
+            assert staged_on[-2:] == ["cpu", "cpu"], staged_on
     finally:
         llm.close()

@@ -77,3 +77,84 @@ def test_a_tensor_of_another_shape_is_refused(steps, tmp_path):
         with pytest.raises(ValueError, match="o_proj"):
             llm.update_weights_from_disk(broken)
         assert tokens(llm) == before
+
+
+def test_no_memory_for_a_second_copy_is_refused_with_the_old_weights_serving(steps, monkeypatch):
+    """The new weights load beside the served ones: where the memory for that copy is not free,
+    the update is refused in words (a CPU process out of memory would be killed, the server with
+    it), and the old weights serve on."""
+    from minisgl_core.runner import model_runner
+
+    with LLM(steps["a"], device="cpu", attn="torch") as llm:
+        before = tokens(llm)
+        monkeypatch.setattr(model_runner, "free_bytes", lambda device: 1 << 20)
+        with pytest.raises(
+            ValueError, match=r"second copy of the weights needs 0\.2\d GiB on cpu .* 0\.00 GiB is free"
+        ):
+            llm.update_weights_from_disk(steps["b"])
+        assert tokens(llm) == before
+        monkeypatch.undo()
+        llm.update_weights_from_disk(steps["b"])
+        assert tokens(llm) == answers(steps["b"])
+
+
+@pytest.mark.parametrize("quantization", [None, "int8"])
+def test_a_gpu_without_room_stages_plain_weights_in_host_memory(steps, monkeypatch, quantization):
+    """Where the second copy goes on a GPU whose memory the KV pool took (the default): host
+    memory for plain floating-point weights, which the served tensors then copy; quantized ones
+    (a method's load-time work may depend on the device) are refused, naming the settings that
+    leave the GPU room. The loading and copying from host memory run in the GPU suite
+    (``tests/test_gpu_features.py``)."""
+    import torch
+
+    from minisgl_core.runner import model_runner
+
+    with LLM(steps["a"], device="cpu", attn="torch", quantization=quantization) as llm:
+        runner = llm.engine.runner
+        gpu_free = {"free": 1 << 40}
+        host_free = {"free": 1 << 40}
+        monkeypatch.setattr(runner, "device", torch.device("cuda", 0))
+        monkeypatch.setattr(model_runner, "_free_for_tensors", lambda device: gpu_free["free"])
+        monkeypatch.setattr(model_runner, "free_bytes", lambda device: host_free["free"])
+        assert runner._staging_device("new") == torch.device("cuda", 0)  # room on the GPU
+        gpu_free["free"] = 1 << 20
+        if quantization is None:
+            assert runner._host_stageable()
+            assert runner._staging_device("new") == torch.device("cpu")
+            host_free["free"] = 1 << 20
+            with pytest.raises(ValueError, match=r"neither cuda:0 nor host memory \(0\.00 GiB free\)"):
+                runner._staging_device("new")
+        else:
+            assert not runner._host_stageable()  # (int8's integer weights)
+            with pytest.raises(
+                ValueError,
+                match=r"quantization='int8'\) load on the GPU only: .*kv_memory_fraction= or num_kv_tokens=",
+            ):
+                runner._staging_device("new")
+
+
+def test_a_gpu_that_runs_out_while_staging_stages_in_host_memory(steps, monkeypatch):
+    """The GPU's free memory is read before the new weights load; where something takes it
+    meanwhile and the load runs out, a plain model's copy loads again in host memory."""
+    import torch
+
+    from minisgl_core.runner import model_runner
+
+    load = model_runner.ModelRunner._load_model
+    tried: list[str] = []
+
+    def load_on(self, plugins, before_weights=None, device=None):
+        tried.append(str(device))
+        if device is not None and device.type == "cuda":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
+        return load(self, plugins, before_weights, device)
+
+    with LLM(steps["a"], device="cpu", attn="torch") as llm:
+        before = tokens(llm)
+        monkeypatch.setattr(llm.engine.runner, "device", torch.device("cuda", 0))
+        monkeypatch.setattr(model_runner, "_free_for_tensors", lambda device: 1 << 40)
+        monkeypatch.setattr(model_runner.ModelRunner, "_load_model", load_on)
+        llm.update_weights_from_disk(steps["b"])
+        assert tried == ["cuda:0", "cpu"]
+        monkeypatch.undo()
+        assert tokens(llm) == answers(steps["b"]) != before

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import Callable
@@ -555,10 +556,15 @@ class ModelRunner:
         return "config.json" if isinstance(self.source, SafetensorsFormat) else "the file's metadata"
 
     def _load_model(
-        self, plugins: Plugins, before_weights: Callable[[torch.nn.Module], None] | None = None
+        self,
+        plugins: Plugins,
+        before_weights: Callable[[torch.nn.Module], None] | None = None,
+        device: torch.device | None = None,
     ) -> torch.nn.Module:
-        """Build the model of ``self.hf_config`` and load its weights from ``self.source``;
-        ``before_weights(model)`` runs between the two (a refusal there reads no weight)."""
+        """Build the model of ``self.hf_config`` on ``device`` (the runner's) and load its weights
+        from ``self.source``; ``before_weights(model)`` runs between the two (a refusal there
+        reads no weight)."""
+        device = self.device if device is None else device
         # again here: a weight format other than a safetensors directory (GGUF), or Engine() alone
         try:
             check_config_values(self.hf_config, self._config_source)
@@ -570,12 +576,12 @@ class ModelRunner:
         arch = archs[0]
         model_cls = plugins.resolve("models", arch)
         model_config = ModelConfig(
-            self.hf_config, self.dtype, self.device, self.parallel, self.config.context_len(self.hf_config)
+            self.hf_config, self.dtype, device, self.parallel, self.config.context_len(self.hf_config)
         )
         default_dtype = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
         try:
-            with torch.device(self.device):
+            with torch.device(device):
                 model = model_cls(model_config)
         except KeyError as exc:  # a model reads config.json's keys by name
             raise ModelPathError(
@@ -587,7 +593,7 @@ class ModelRunner:
             torch.set_default_dtype(default_dtype)
         if before_weights is not None:
             before_weights(model)
-        method = quantization.make_quantization(self.config.quantization, plugins, self.device, self.dtype)
+        method = quantization.make_quantization(self.config.quantization, plugins, device, self.dtype)
         if method is not None:
             quantization.before_loading(model, method)
         seen: list[str] = []
@@ -664,9 +670,14 @@ class ModelRunner:
         """The model at ``path`` (SGLang's ``/update_weights_from_disk``), loaded as at start-up
         into a second copy beside the one serving, which stays as it is: a ModelPathError naming
         what does not fit (a config that differs from the served one's, a tensor of another
-        shape). The served model
-        takes the weights with :meth:`adopt_weights`; every rank stages first, so a rank that
-        fails leaves them all on the old weights."""
+        shape, no memory for the copy). The served model takes the weights with
+        :meth:`adopt_weights`; every rank stages first, so a rank that fails leaves them all on
+        the old weights.
+
+        The copy goes where there is room for it (:meth:`_staging_device`): on the GPU beside the
+        served weights, else (the KV pool has taken the GPU, as it does by default) in host
+        memory, for a model whose weights are plain floating-point tensors; the served model's
+        tensors take them from there."""
         old_source, old_config = self.source, self.hf_config
         try:
             source = open_model(path, plugins)
@@ -686,7 +697,22 @@ class ModelRunner:
                     "weights must be for the same model (to serve another, restart the server with it)"
                 )
             self.source, self.hf_config, self._staging = source, hf_config, path
-            staged = self._load_model(plugins)
+            device = self._staging_device(path)
+            try:
+                staged = self._load_model(plugins, device=device)
+            except torch.OutOfMemoryError:
+                # (the GPU's free memory was read before loading; something took it meanwhile)
+                if device.type != "cuda" or not self._host_stageable():
+                    raise ModelPathError(
+                        f"model_path {path}: no memory on {device} for a second copy of the weights "
+                        f"while the served ones stay in place; {self._staging_fix()}"
+                    ) from None
+                gc.collect()
+                torch.cuda.empty_cache()
+                device = self._staging_device(path, on_host=True)
+                staged = self._load_model(plugins, device=device)
+            if device != self.device:
+                logger.info("new weights staged in host memory: the GPU has no room for a second copy")
         finally:
             self.source, self.hf_config, self._staging = old_source, old_config, None
         if self.logit_shard is not None:  # (as the served model's head was set at start-up)
@@ -716,14 +742,65 @@ class ModelRunner:
                 )
         return staged
 
+    def _staging_device(self, path: str, on_host: bool = False) -> torch.device:
+        """Where :meth:`stage_weights` loads the new weights: the runner's device while it has
+        room for a second copy of the served model's tensors; on a GPU without it (or
+        ``on_host``), host memory, for :meth:`_host_stageable` models; else a ModelPathError
+        naming what to change (a process that ran out of host memory would be killed)."""
+        need = _tensor_bytes(self.model) + STAGING_MARGIN_BYTES
+        if not on_host:
+            free = _free_for_tensors(self.device)
+            if free is None or need <= free:
+                return self.device
+            if self.device.type != "cuda" or not self._host_stageable():
+                raise ModelPathError(
+                    f"model_path {path}: a second copy of the weights needs {_gib(need)} on "
+                    f"{self.device} while the served ones stay in place, and {_gib(free)} is free; "
+                    f"{self._staging_fix()}"
+                )
+        host = torch.device("cpu")
+        room = free_bytes(host)
+        if room is not None and need > room:
+            raise ModelPathError(
+                f"model_path {path}: a second copy of the weights needs {_gib(need)} while the served "
+                f"ones stay in place; neither {self.device} nor host memory ({_gib(room)} free) has "
+                f"it; {self._staging_fix()}"
+            )
+        return host
+
+    def _host_stageable(self) -> bool:
+        """Whether new weights may load in host memory and be copied over: no quantization method
+        (whose load-time work may depend on the device: layouts, scales) and only floating-point
+        tensors in the served model."""
+        return self.config.quantization is None and all(
+            value.dtype in (torch.float32, torch.bfloat16, torch.float16)
+            for _, _, value in _weight_slots(self.model).values()
+            if isinstance(value, torch.Tensor)
+        )
+
+    def _staging_fix(self) -> str:
+        if self.device.type == "cuda" and self.config.quantization is not None:
+            return (
+                f"quantized weights ({given('quantization', self.config.quantization, self.spelling)}) "
+                "load on the GPU only: start again with a smaller KV pool "
+                f"({named('kv_memory_fraction', self.spelling)} or {named('num_kv_tokens', self.spelling)})"
+            )
+        return "free memory, or start again on the new weights"
+
     @torch.no_grad()
     def adopt_weights(self, staged: torch.nn.Module) -> None:
         """Copy the staged model's weights into the served model's tensors, in place: CUDA graphs
         and compiled prefill graphs read those tensors, so they run the new weights as captured.
-        What a quantization method holds beside the weights (scales, plain values) comes along."""
+        What a quantization method holds beside the weights (scales, plain values) comes along.
+        A copy staged in host memory brings no non-persistent buffer (``inv_freq``: derived from
+        the config, which is the served one's, and computed here on the device, as a fresh start
+        on the new weights would)."""
         new = _weight_slots(staged)
+        on_host = _device_of(staged) != _device_of(self.model)
         for name, (module, key, value) in _weight_slots(self.model).items():
             if isinstance(value, torch.Tensor):
+                if on_host and key in module._non_persistent_buffers_set:
+                    continue
                 value.copy_(new[name][2])
             else:
                 setattr(module, key, new[name][2])
@@ -892,6 +969,39 @@ def _weight_slots(model: torch.nn.Module) -> dict[str, tuple[torch.nn.Module, st
             if isinstance(value, torch.Tensor) or type(value) in (bool, int, float):
                 slots[f"{prefix}.{key}" if prefix else key] = (module, key, value)
     return slots
+
+
+#: room left beside a staged copy of the weights (the loader's transient tensors)
+STAGING_MARGIN_BYTES = 256 << 20
+
+
+def _tensor_bytes(model: torch.nn.Module) -> int:
+    """The bytes of every tensor the model's layers hold (:func:`_weight_slots`; a tensor two
+    layers share, a tied head, once)."""
+    seen: dict[tuple[int, int], int] = {}
+    for _, _, value in _weight_slots(model).values():
+        if isinstance(value, torch.Tensor):
+            seen[(value.untyped_storage().data_ptr(), value.untyped_storage().nbytes())] = (
+                value.untyped_storage().nbytes()
+            )
+    return sum(seen.values())
+
+
+def _free_for_tensors(device: torch.device) -> int | None:
+    """What new tensors on ``device`` can take: the device's free memory and, on a GPU, what
+    PyTorch's allocator holds unused."""
+    free = free_bytes(device)
+    if free is not None and device.type == "cuda":
+        free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return free
+
+
+def _device_of(model: torch.nn.Module) -> torch.device | None:
+    return next((p.device for p in model.parameters()), None)
+
+
+def _gib(size: int | None) -> str:
+    return "an unknown amount" if size is None else f"{size / (1 << 30):.2f} GiB"
 
 
 #: config.json keys that do not shape the built model: a checkpoint saved by a trainer may
