@@ -96,8 +96,28 @@ def parent_store(world: int) -> dist.TCPStore:
     )
 
 
+def share_cpu_threads(ranks_here: int) -> int:
+    """A CPU rank's share of the node's CPUs for torch's intra-op threads, set, and returned.
+
+    Each process's pool defaults to every core, so the ranks of one node ran ``ranks_here`` times
+    as many spinning OpenMP threads as cores, each rank's waiting at barriers for cores the others
+    held: a ``--tp 2`` CPU server on two cores ran 6.3x slower than with one thread a rank
+    (BENCHMARKS.md, "CPU ranks share the cores"). ``OMP_NUM_THREADS``, where set, wins."""
+    if ranks_here <= 1 or os.environ.get("OMP_NUM_THREADS"):
+        return torch.get_num_threads()
+    cores = torch.get_num_threads()  # (torch's default: the physical cores)
+    if hasattr(os, "sched_getaffinity"):  # (a process pinned to fewer CPUs: those)
+        cores = min(cores, len(os.sched_getaffinity(0)))
+    threads = max(1, cores // ranks_here)
+    torch.set_num_threads(threads)
+    return threads
+
+
 def join_parent_store(backend: str, rank: int, world: int, port: int) -> None:
-    """Rank ``rank``: join the default process group through the :func:`parent_store` on ``port``."""
+    """Rank ``rank``: join the default process group through the :func:`parent_store` on ``port``
+    (on the CPU, with its :func:`share_cpu_threads` of the node's cores)."""
+    if backend == "gloo":
+        share_cpu_threads(world)
     store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=RENDEZVOUS_TIMEOUT)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world)
 
@@ -234,6 +254,8 @@ def init_tp_group(
             device = torch.device("cuda", tp_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
+    if backend == "gloo":
+        share_cpu_threads(spec.tp_size // spec.nnodes)
     if spec.nnodes == 1:
         # One node: the ranks' own connections stay on loopback (a library left alone listens
         # on the host's outward address). A user's own setting wins.

@@ -779,3 +779,61 @@ def test_tp2_allowed_token_ids_and_bad_words_agree_with_tp1_and_across_ranks(tmp
     (greedy, *sampled) = two[0][3]
     assert greedy == greedy_one != base
     assert all(set(tokens) <= set(allowed) and len(tokens) == 12 for tokens in sampled)
+
+
+def _threads_rank(rank: int, world: int, port: int, how: str, queue) -> None:
+    """Reports torch's intra-op threads before and after joining a CPU group of ``world`` ranks,
+    through the offline runners' store (``how`` "parent"), the server's rendezvous ("server"),
+    or the parent's store with ``OMP_NUM_THREADS`` set ("omp")."""
+    import os
+
+    import torch
+
+    from minisgl_core.distributed import DistributedSpec, init_tp_group
+
+    if how == "omp":
+        os.environ["OMP_NUM_THREADS"] = "2"
+        torch.set_num_threads(2)
+    before = torch.get_num_threads()
+    if how == "server":
+        tp = init_tp_group(
+            rank, DistributedSpec(tp_size=world, init_addr=f"127.0.0.1:{port}"), torch.device("cpu")
+        )
+        queue.put((rank, (before, torch.get_num_threads())))
+        tp.close()
+        return
+    join_parent_store("gloo", rank, world, port)
+    try:
+        queue.put((rank, (before, torch.get_num_threads())))
+    finally:
+        leave_parent_store_group()
+
+
+@pytest.mark.parametrize("how", ["parent", "server", "omp"])
+def test_cpu_ranks_share_the_cores(how):
+    """Every process's torch pool defaulted to all the cores, so two CPU ranks ran twice as many
+    spinning threads as cores: a --tp 2 server on two cores ran 6.3x slower than with one thread a
+    rank. Each rank of a CPU group now takes its share; OMP_NUM_THREADS, where set, wins."""
+    import os
+    import socket
+
+    if how == "server":
+        with socket.socket() as probe:  # (a free port for rank 0's store; the server holds one)
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        ctx = mp.get_context("spawn")
+        queue = ctx.Queue()
+        procs = [ctx.Process(target=_threads_rank, args=(r, 2, port, how, queue)) for r in range(2)]
+        for p in procs:
+            p.start()
+        results = dict(queue.get(timeout=300) for _ in procs)
+        for p in procs:
+            p.join(timeout=60)
+    else:
+        results = _spawn_ranks(_threads_rank, 2, how)
+    cores = len(os.sched_getaffinity(0))
+    for before, after in results.values():
+        if how == "omp":
+            assert after == before == 2
+        else:
+            assert after == max(1, min(before, cores) // 2), (before, after, cores)
