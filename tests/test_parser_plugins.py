@@ -105,6 +105,10 @@ def test_installed_parsers_resolve_and_unknown_names_say_what_to_install():
         ('{"name": "f", "arguments": {"a": 1]}', "invalid", "f", ""),
         ('{"arguments": {}}', "invalid", None, "{}"),
         ("[1]", "invalid", None, ""),
+        # another key's value is JSON too: its brackets alone were read (found by a longer fuzz)
+        ('{"name": "f", "arguments": {}, "id": nul}', "invalid", "f", "{}"),
+        ('{"name": "f", "x": [1 2], "arguments": {}}', "invalid", "f", ""),
+        ('{"name": "f", "x": "\\q"}', "invalid", "f", ""),
     ],
 )
 def test_scan_tool_call(text, status, name, arguments):
@@ -282,6 +286,12 @@ def test_a_json_tool_call_stream_in_random_pieces_gives_what_parse_gives(case, d
             '<tool_call>\n{"name": "get_weather", "arguments": {"city": Paris}}\n</tool_call>',
         ),
         (Llama3JsonToolParser, '{"name": "get_weather", "parameters": {"city": Paris}} and text'),
+        # malformed outside the arguments: a call with '{"city": "Paris"}' (found by a longer fuzz)
+        (
+            HermesToolParser,
+            '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}, "id": nul}</tool_call>',
+        ),
+        (Llama3JsonToolParser, '{"name": "get_weather", "x": [1 2], "parameters": {}}'),
     ],
 )
 def test_a_malformed_json_tool_call_is_content_whole_and_streamed(parser_cls, text):

@@ -159,9 +159,10 @@ def scan_tool_call(
     memo: ScanMemo | None = None,
 ) -> ScannedCall:
     """Read the call object at ``text[start:]`` (leading whitespace allowed): ``{"name": <string>,
-    <one of arguments_keys>: <object>}``, keys in any order, other keys ignored. A complete call
-    with no arguments key has arguments ``"{}"``. ``memo``: a stream's :class:`ScanMemo`, to
-    resume the arguments where the scan of this text, shorter, stopped (the same result)."""
+    <one of arguments_keys>: <object>}``, keys in any order, other keys ignored (though their
+    values must be JSON, as the whole object must). A complete call with no arguments key has
+    arguments ``"{}"``. ``memo``: a stream's :class:`ScanMemo`, to resume the arguments where the
+    scan of this text, shorter, stopped (the same result)."""
     name: str | None = None
     arguments = ""
     try:
@@ -196,6 +197,9 @@ def scan_tool_call(
                     raise _Invalid
             else:
                 i = _value_end(text, value_start)
+                # (its brackets only were read: '"id": nul' or '"x": [1 2]' made a malformed
+                # object a call, where a malformed call is content)
+                _load(text[value_start:i])
             i = _skip_ws(text, i)
             if text[i] == "}":
                 break
