@@ -118,6 +118,15 @@ def test_scan_tool_call(text, status, name, arguments):
         assert scan.end == len(text)
 
 
+@pytest.mark.parametrize("where", ["arguments", "other key"])
+def test_a_call_nested_past_the_decoders_depth_is_invalid_not_an_error(where):
+    """A model's output of 100,000 open brackets inside a call raised RecursionError from the
+    JSON decoder out of the scanner, which every JSON tool parser calls on the model's text."""
+    deep = "[" * 100_000 + "]" * 100_000
+    value = f'{{"a": {deep}}}, "x": 1' if where == "arguments" else f'{{}}, "x": {deep}'
+    assert scan_tool_call(f'{{"name": "f", "arguments": {value}}}').status == "invalid"
+
+
 _JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(alphabet='ab"\\{}[]\n é\x01'),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),

@@ -148,7 +148,7 @@ def _string(text: str) -> str:
 def _load(text: str) -> object:
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # (nesting past the decoder's depth: no call either)
         raise _Invalid from None
 
 
