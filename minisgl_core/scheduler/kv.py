@@ -3,10 +3,10 @@
 A request is admitted when the pool can hold its remaining prompt plus an expected share
 (``output_reserve_ratio``) of its remaining ``max_tokens``, counting the expected growth of every
 admitted request as taken. The ratio falls while requests finish early and jumps back up when
-decode runs out of pages, in which case the scheduler retracts the newest running request: its
-KV goes to the prefix cache and it later resumes from there, so nothing accepted is dropped.
-Pages are allocated lazily; unlocked cache entries are evicted (LRU) only when the free list
-runs short.
+decode runs out of pages, in which case the scheduler retracts the least urgent running request
+(largest ``priority``; the newest among equals): its KV goes to the prefix cache and it later
+resumes from there, so nothing accepted is dropped. Pages are allocated lazily; unlocked cache
+entries are evicted (LRU) only when the free list runs short.
 
 The prefix cache is searched once per admission: the match the policy's ``cached_prefix_len``
 asked for is remembered and is the one :meth:`KVManager.admit` locks, until the cache changes

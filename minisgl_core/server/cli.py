@@ -76,7 +76,7 @@ def _add_http_args(p: argparse.ArgumentParser, port: int) -> None:
     g.add_argument(
         "--api-key",
         default=environment.get("MINISGL_API_KEY"),
-        help="require 'Authorization: Bearer KEY' on every endpoint but /health (env MINISGL_API_KEY)",
+        help="require 'Authorization: Bearer KEY' on every endpoint but /health and /ping (env MINISGL_API_KEY)",
     )
     g.add_argument(
         "--served-model-name",
