@@ -133,6 +133,9 @@ def test_a_tokenizer_config_that_is_no_json_object_is_named(model_dir, tmp_path)
                                       "has shape [32, 64], config.json implies [64, 64]"),
         (dict(num_hidden_layers=3), "num_hidden_layers 3, the weights have no model.layers.2.*"),
         (dict(num_hidden_layers=1), "num_hidden_layers 1, the weights also hold model.layers.1.*"),
+        # the check built set(range(num_hidden_layers)) to find the first layer missing: a MemoryError
+        (dict(num_hidden_layers=3_000_000_000), "num_hidden_layers 3000000000, the weights have no model.layers.2.* "
+                                                 "(they hold 2 layers)"),
     ],
 )  # fmt: skip
 def test_a_config_that_does_not_describe_the_weights_names_a_tensor(model_dir, tmp_path, changes, says):

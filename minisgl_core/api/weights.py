@@ -8,6 +8,7 @@ tokenizer and weights through the one that does.
 
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -85,10 +86,12 @@ def layer_count_problem(count: int, found: Iterable[int], *, key: str, prefix: s
     .. versionadded:: 2.3
     """
     found = set(found)
-    missing = sorted(set(range(count)) - found)
-    if missing:
-        return f"{key} {count}, the weights have no {prefix}{missing[0]}.* (they hold {len(found)} layers)"
-    extra = sorted(found - set(range(count)))
+    # the first index missing is at most len(found): never build range(count), which a file may
+    # make 2**32 long
+    missing = next(i for i in itertools.count() if i not in found)
+    if missing < count:
+        return f"{key} {count}, the weights have no {prefix}{missing}.* (they hold {len(found)} layers)"
+    extra = sorted(i for i in found if not 0 <= i < count)
     if extra:
         return f"{key} {count}, the weights also hold {prefix}{extra[0]}.* ({len(found)} layers in all)"
     return None

@@ -100,6 +100,7 @@ class GGUFFormat(WeightFormat):
             # (Gemma3Model.modify_tensors: 262144 of config.json's 262208): the table is the vocabulary
             self._config["vocab_size"] = int(embeddings.dims[1])
         _check_head_rows(self.header, self._config, self.file)
+        _check_other_sizes(self.header, self._config, self.file)
         _check_block_count(self.header, self._config, self.file)
 
     @classmethod
@@ -242,6 +243,36 @@ def _check_head_rows(header: GGUFHeader, config: dict[str, Any], file: Path) -> 
             raise UnsupportedGGUF(
                 f"{file}: tensor {tensor.name} has {tensor.dims[-1]} rows, the metadata's {keys} "
                 f"makes {rows}: the metadata does not describe these weights"
+            )
+
+
+def _check_other_sizes(header: GGUFHeader, config: dict[str, Any], file: Path) -> None:
+    """The vocabulary's rows and the MLPs' inner size against the metadata, before the model is
+    built from it: the model's tables are sized by the metadata, so a count of 2**31 asked the
+    allocator for terabytes (a bare allocation error) where a small one was named at load."""
+    arch = config["model_type"]
+    sizes = {
+        "token_embd": (-1, "vocab_size", f"{arch}.vocab_size (or the tokenizer's token count)"),
+        "output": (-1, "vocab_size", f"{arch}.vocab_size (or the tokenizer's token count)"),
+        "ffn_down": (0, "intermediate_size", f"{arch}.feed_forward_length"),
+    }
+    if "moe_intermediate_size" in config:
+        sizes["ffn_down_exps"] = (0, "moe_intermediate_size", f"{arch}.expert_feed_forward_length")
+    else:  # (Mixtral: llama experts sized by feed_forward_length)
+        sizes["ffn_down_exps"] = (0, "intermediate_size", f"{arch}.feed_forward_length")
+    for tensor in header.tensors:
+        part, _, kind = _part(tensor.name).partition(".")
+        if part not in sizes or kind != "weight" or len(tensor.dims) < 2:
+            continue  # (a bias has one size)
+        axis, config_key, metadata_key = sizes[part]
+        want = config.get(config_key)
+        if not isinstance(want, int) or isinstance(want, bool) or want <= 0:
+            continue  # the core's check of the config's values names the bad one
+        if int(tensor.dims[axis]) != want:
+            what = "rows" if axis == -1 else "columns"
+            raise UnsupportedGGUF(
+                f"{file}: tensor {tensor.name} has {tensor.dims[axis]} {what}, the metadata's "
+                f"{metadata_key} makes {want}: the metadata does not describe these weights"
             )
 
 

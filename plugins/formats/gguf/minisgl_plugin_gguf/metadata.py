@@ -79,8 +79,12 @@ def hf_config_from_metadata(fields: dict[str, Any], tied: bool, path: str) -> di
         raise UnsupportedGGUF(f"{path}: GGUF metadata has neither {arch}.vocab_size nor a token list")
     config["vocab_size"] = int(vocab_size)
     config["tie_word_embeddings"] = tied
-    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        value = fields.get(f"tokenizer.ggml.{key}")
+    for key, gguf_key in (
+        ("bos_token_id", "bos_token_id"),
+        ("eos_token_id", "eos_token_id"),
+        ("pad_token_id", "padding_token_id"),
+    ):
+        value = fields.get(f"tokenizer.ggml.{gguf_key}")
         if value is not None:
             config[key] = int(value)
     scaling = rope_scaling_from_metadata(fields, arch)
@@ -90,7 +94,12 @@ def hf_config_from_metadata(fields: dict[str, Any], tied: bool, path: str) -> di
     # (without attention.key_length, as llama.cpp writes Llama files, the head size is the
     # embedding's share of a head: a rotary part of it was ignored, all of each head rotated)
     head_dim = config.get("head_dim") or _even_share(config["hidden_size"], config["num_attention_heads"])
-    if isinstance(head_dim, int) and isinstance(rotary_dims, int) and 0 < rotary_dims != head_dim:
+    if (
+        isinstance(head_dim, int)
+        and head_dim > 0
+        and isinstance(rotary_dims, int)
+        and 0 < rotary_dims != head_dim
+    ):
         config["partial_rotary_factor"] = rotary_dims / head_dim
     if arch in MOE_ARCHITECTURES:
         # llama.cpp's qwen3moe graph always renormalises the chosen experts' weights (the
@@ -223,7 +232,7 @@ def check_tokenizer_metadata(fields: dict[str, Any], path: str) -> None:
         )
     size = len(fields["tokenizer.ggml.tokens"])
     for key in (
-        "bos_token_id", "eos_token_id", "eot_token_id", "eom_token_id", "pad_token_id", "unknown_token_id",
+        "bos_token_id", "eos_token_id", "eot_token_id", "eom_token_id", "padding_token_id", "unknown_token_id",
         "seperator_token_id",
     ):  # fmt: skip
         value = fields.get(f"tokenizer.ggml.{key}")

@@ -686,6 +686,43 @@ def test_files_our_models_cannot_serve_fail_in_one_line(make_tiny_model, tmp_pat
     assert re.search(message, one_error_line(generate))
 
 
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        # the model's tables are sized by the metadata: each asked the allocator for 512 GB (a
+        # bare RuntimeError; on a machine that overcommits, the OOM killer), now named up front
+        (
+            {"llama.feed_forward_length": 2_000_000_000},
+            r"blk\.0\.ffn_down\.weight has 128 columns, the metadata's llama\.feed_forward_length makes 2000000000",
+        ),
+        (
+            {"llama.vocab_size": 2_000_000_000},
+            r"(output|token_embd)\.weight has 1024 rows, the metadata's llama\.vocab_size .* makes 2000000000",
+        ),
+        # transformers' tokenizer indexed the token list with it: an IndexError
+        ({"tokenizer.ggml.padding_token_id": 99999}, "tokenizer.ggml.padding_token_id is 99999, not an id"),
+        # the rotary share of a head of size 0: a ZeroDivisionError
+        (
+            {
+                "llama.embedding_length": 0,
+                "llama.rope.dimension_count": 16,
+                "llama.attention.key_length": None,
+            },
+            "hidden_size must be a positive integer, got 0",
+        ),
+        # range(2_000_000_000) as a set, to find which blk.N the weights lack: a MemoryError
+        ({"llama.block_count": 2_000_000_000}, r"block_count 2000000000, the weights have no blk\.2\.\*"),
+    ],
+    ids=["ffn-size", "vocab-size", "pad-id", "no-hidden-size", "block-count"],
+)
+def test_metadata_that_sizes_the_model_past_its_weights_is_named(make_tiny_model, tmp_path, fields, message):
+    from minisgl_core.llm import LLM
+
+    file = _with_fields(make_tiny_model("LlamaForCausalLM"), tmp_path / "bad.gguf", **fields)
+    with pytest.raises(ValueError, match=message):
+        LLM(file, device="cpu", attn="torch")
+
+
 def test_experts_in_an_architecture_without_them_are_refused(make_tiny_model, tmp_path):
     file = _with_fields(
         make_tiny_model("Qwen3ForCausalLM"), tmp_path / "bad.gguf", **{"qwen3.expert_count": 4}
