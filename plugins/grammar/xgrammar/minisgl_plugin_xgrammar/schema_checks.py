@@ -239,7 +239,8 @@ def _unreadable_numbers(schema: Any) -> list[str]:
 def accepting_nothing(schema: Any) -> list[str]:
     """The parts of ``schema`` that accept no value, each as "... at PATH": ``anyOf`` or ``oneOf``
     of no schemas, an ``enum`` none of whose values keeps to the length limits beside it, a
-    ``const`` that breaks them. xgrammar compiles each into a grammar that a server answered ""
+    ``const`` that breaks them or that the ``enum`` beside it does not list (xgrammar compiles the
+    ``const`` alone). xgrammar compiles each into a grammar that a server answered ""
     for (it refuses ``false`` and an empty ``enum`` itself). And an integer whose bounds leave no
     integer (``minimum`` 2.5, ``maximum`` 2.7): rounded to whole bounds for xgrammar, that read
     "minimum greater than maximum", of bounds the user never wrote."""
@@ -251,7 +252,10 @@ def accepting_nothing(schema: Any) -> list[str]:
             found.append(f"'type' of no types at {path}")
         limits = _length_limits(sub)
         values = sub.get("enum")
-        if limits is not None and "const" in sub and not _fits(sub["const"], limits):
+        if "const" in sub and isinstance(values, list) and not _listed(sub["const"], values):
+            # xgrammar compiles the const alone: "b" passed {"enum": ["a"], "const": "b"}
+            found.append(f"'const' that the 'enum' beside it rules out at {path}")
+        elif limits is not None and "const" in sub and not _fits(sub["const"], limits):
             found.append(f"'const' that {_limit_words(sub)} rules out at {path}")
         elif (
             limits is not None
@@ -273,6 +277,14 @@ def accepting_nothing(schema: Any) -> list[str]:
             )
             found.append(f"integer bounds that no integer meets ({bounds}) at {path}")
     return found
+
+
+def _listed(value: Any, values: list) -> bool:
+    """Whether ``value`` is one of ``values`` as JSON Schema's ``enum`` compares them (1 and 1.0
+    alike, True apart from 1, in arrays and objects too)."""
+    import jsonschema
+
+    return jsonschema.Draft202012Validator({"enum": values}).is_valid(value)
 
 
 #: the largest ``multipleOf`` of an integer xgrammar enforces (it ignores a larger one)

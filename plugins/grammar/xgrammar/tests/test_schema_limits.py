@@ -66,6 +66,13 @@ ACCEPTING_NOTHING = [
     # xgrammar compiled it with no constraint: a string came back (a structured-output probe)
     ({"type": []}, "'type' of no types at #"),
     ({"type": "object", "properties": {"a": {"type": []}}}, "'type' of no types at #/properties/a"),
+    # xgrammar compiles a const alone, dropping the enum beside it: "b" passed (a random-schema walk)
+    ({"enum": ["a"], "const": "b"}, "'const' that the 'enum' beside it rules out at #"),
+    ({"enum": [1, "a"], "const": True}, "'const' that the 'enum' beside it rules out at #"),
+    (
+        {"type": "object", "properties": {"a": {"type": "string", "enum": ['q"'], "const": "\\"}}},
+        "'const' that the 'enum' beside it rules out at #/properties/a",
+    ),
 ]
 
 
@@ -76,6 +83,19 @@ def test_a_schema_part_accepting_no_value_is_refused_as_false_is(backend, schema
     assert message.startswith("json_schema: part of the schema accepts no value"), message
     assert says in message
     assert "cannot accept any value" in _refusal(backend, False, how)  # xgrammar's own for false
+
+
+@pytest.mark.parametrize(
+    ("schema", "taken", "refused"),
+    [
+        ({"enum": ["a", "c"], "const": "c"}, '"c"', '"a"'),
+        ({"enum": [1, "a"], "const": 1.0}, "1", '"a"'),  # equal as JSON Schema compares them
+        ({"enum": [[1.0], "a"], "const": [1]}, "[1]", '"a"'),
+    ],
+)
+def test_a_const_in_the_enum_beside_it_is_the_value(takes, schema, taken, refused):
+    assert takes("json_schema", schema, taken)
+    assert not takes("json_schema", schema, refused)
 
 
 def test_xgrammar_compiles_an_empty_any_of_without_a_word():
