@@ -430,8 +430,10 @@ def _counts_items_of_none(schema: dict) -> bool:
     ``prefixItems``, so ``minItems`` or ``maxItems`` with no ``prefixItems`` left ``[]`` alone
     (``{"type": "array", "maxItems": 3}`` refused ``[1]``; a bare ``{"type": "array"}`` is any
     array), and ``minItems`` past the ``prefixItems`` was refused as "additional items are not
-    allowed", which the schema allows. :func:`open_counted_containers` gives it ``items: {}``."""
-    if not _typed(schema, "array") or "items" in schema:
+    allowed", which the schema allows. :func:`open_counted_containers` gives it ``items: {}``.
+    Not one with ``unevaluatedItems``: strict mode reads that as the items past ``prefixItems``
+    (as JSON Schema does there), which ``items: {}`` would have let any value through."""
+    if not _typed(schema, "array") or "items" in schema or "unevaluatedItems" in schema:
         return False
     prefix = schema.get("prefixItems")
     least = schema.get("minItems", 0)

@@ -32,6 +32,29 @@ CASES = [
     ),
     ({"type": "object", "minProperties": 1}, ['{"a":1}', '{"a":1,"b":[]}'], ["{}"]),
     ({"type": "object", "maxProperties": 2}, ["{}", '{"a":1,"b":2}'], ['{"a":1,"b":2,"c":3}']),
+    # strict mode reads unevaluatedItems as the items past prefixItems: not opened with items: {}
+    # (which took ["a","b"] for minItems 2 beside unevaluatedItems integer; a random-schema walk)
+    (
+        {"type": "array", "minItems": 2, "unevaluatedItems": {"type": "integer"}},
+        ["[1,2]"],
+        ['["a","b"]', "[1]"],
+    ),
+    (
+        {"type": "array", "maxItems": 2, "unevaluatedItems": {"type": "integer"}},
+        ["[]", "[1,2]"],
+        ['["a"]', "[1,2,3]"],
+    ),
+    (
+        {
+            "type": "array",
+            "prefixItems": [{"type": "string"}],
+            "minItems": 2,
+            "unevaluatedItems": {"type": "integer"},
+        },
+        ['["a",1]', '["a",1,2]'],
+        ['["a","b"]', '["a"]'],
+    ),
+    ({"minItems": 1, "unevaluatedItems": {"type": "boolean"}}, ["[true]", '"s"'], ['["a"]', "[]"]),
 ]
 
 
