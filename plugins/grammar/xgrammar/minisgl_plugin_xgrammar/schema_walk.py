@@ -9,10 +9,12 @@ import math
 import sys
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 from urllib.parse import unquote
 
 from minisgl_core.api import GrammarError
+from minisgl_core.api.grammar import FORMAT_REGEXES
 
 #: the deepest a JSON schema may nest schemas in schemas (the root is level 1). xgrammar's
 #: conversion of a schema grows with the cube of its depth (two cores, objects in objects each
@@ -319,12 +321,21 @@ class _ChoiceFilters:
                         if self._search(wanted, key):
                             yield from validator.descend(value, sub, path=key, schema_path=wanted)
 
+        def exact_format(regex: str, instance: Any) -> bool:
+            return not isinstance(instance, str) or self._search(regex.removesuffix("$") + r"\Z", instance)
+
         try:
+            base = jsonschema.validators.validator_for(self.root, default=jsonschema.Draft202012Validator)
             validator_cls = jsonschema.validators.extend(
-                jsonschema.validators.validator_for(self.root, default=jsonschema.Draft202012Validator),
-                {"pattern": pattern, "patternProperties": pattern_properties},
+                base, {"pattern": pattern, "patternProperties": pattern_properties}
             )
-            self._validator = validator_cls(self.root)
+            # a format checked as the backend writes it alone (FORMAT_REGEXES), else as jsonschema
+            # checks it here (email, uuid, ipv6...); one it cannot check asserts nothing
+            formats = jsonschema.FormatChecker(formats=())
+            formats.checkers.update(base.FORMAT_CHECKER.checkers)
+            for name, regex in FORMAT_REGEXES.items():
+                formats.checks(name)(partial(exact_format, regex))
+            self._validator = validator_cls(self.root, format_checker=formats)
         except Exception:  # an unreadable schema: refused elsewhere, or not judged here
             self._validator = None
         return self._validator
