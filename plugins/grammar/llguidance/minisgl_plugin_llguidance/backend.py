@@ -203,6 +203,13 @@ class LLGuidanceBackend(GrammarBackend):
                 raise GrammarError("json_schema: the schema false accepts no value at all")
             elif not isinstance(schema, dict):
                 raise GrammarError(f"json_schema must be a JSON object or a boolean, got {spec.value[:60]}")
+            crashing = crashing_integers(schema)
+            if crashing:
+                raise GrammarError(
+                    f"json_schema: the integer {crashing[0]} is one the llguidance backend cannot "
+                    "compile (llguidance crashed the whole process on an integer from -2**63 to "
+                    "-2**63+512, which a 64-bit float reads as -2**63); leave it out of the schema"
+                )
             repeatable = repeatable_key_counts(schema)
             if repeatable:
                 raise GrammarError(
@@ -240,6 +247,34 @@ def repeatable_key_counts(schema: Any) -> list[str]:
         for node, path in _schema_objects(schema)
         if repeatable_key_count(node, additional_properties_default=True)
     )
+
+
+#: what a 64-bit float reads the integers llguidance crashes on as
+_CRASHING_FLOAT = -(2.0**63)
+
+
+def crashing_integers(schema: Any) -> list[str]:
+    """Each integer in ``schema`` (a keyword's value or data: ``const``, ``enum``, at any depth)
+    from -2**63 to -2**63+512, which a 64-bit float reads as -2**63, as "VALUE at PATH".
+    llguidance 1.9 crashed the process compiling the grammar (a segmentation fault in
+    ``validate_grammar``) on ``{"const": -9223372036854775808}`` and on such an integer
+    anywhere in an ``enum`` or ``const`` (a random-schema walk); -2**63-1 and -2**63+513 compile."""
+    found = []
+    stack: list[tuple[Any, str]] = [(schema, "#")]  # (value, its JSON pointer); no recursion
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, dict):
+            stack += [(v, f"{path}/{k}") for k, v in reversed(value.items())]
+        elif isinstance(value, list):
+            stack += [(v, f"{path}/{i}") for i, v in reversed(list(enumerate(value)))]
+        elif (
+            isinstance(value, int)
+            and not isinstance(value, bool)
+            and -(2**63) <= value < 0
+            and float(value) == _CRASHING_FLOAT
+        ):
+            found.append(f"{value} at {path}")
+    return found
 
 
 def _schema_objects(schema: Any) -> Iterator[tuple[dict, str]]:

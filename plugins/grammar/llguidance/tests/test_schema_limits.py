@@ -11,7 +11,7 @@ import json
 import time
 
 import pytest
-from minisgl_plugin_llguidance.backend import LLGuidanceBackend
+from minisgl_plugin_llguidance.backend import LLGuidanceBackend, crashing_integers
 
 from minisgl_core.api import GrammarError, GrammarSpec
 
@@ -110,3 +110,24 @@ def test_a_number_past_a_64_bit_float_is_refused_with_words(backend, schema):
     llguidance says where its JSON reader gave up."""
     with pytest.raises(GrammarError, match=r"^invalid json_schema grammar: number out of range at line 1"):
         backend.compile(GrammarSpec("json_schema", schema))
+
+
+@pytest.mark.parametrize(
+    ("schema", "where"),
+    [
+        ({"const": -(2**63)}, "-9223372036854775808 at #/const"),
+        ({"type": "integer", "enum": [1, -(2**63) + 512]}, "-9223372036854775296 at #/enum/1"),
+        ({"anyOf": [{"type": "string"}, {"const": {"id": [None, -(2**63) + 1]}}]}, "at #/anyOf/1/const/id/1"),
+    ],
+)
+def test_an_integer_llguidance_crashes_on_is_refused(backend, schema, where):
+    """llguidance 1.9 died of a segmentation fault compiling these (a random-schema walk): without
+    the refusal this test takes the test process down with it."""
+    assert where in crashing_integers(schema)[0]
+    with pytest.raises(GrammarError, match="cannot compile") as refused:
+        backend.check(GrammarSpec("json_schema", json.dumps(schema)))
+    assert where in str(refused.value)
+
+
+def test_the_integers_beside_those_are_not_refused_as_crashing():
+    assert crashing_integers({"enum": [-(2**63) - 1, -(2**63) + 513, 2**63, -(2.0**63), True]}) == []
