@@ -210,6 +210,14 @@ class LLGuidanceBackend(GrammarBackend):
                     "compile (llguidance crashed the whole process on an integer from -2**63 to "
                     "-2**63+512, which a 64-bit float reads as -2**63); leave it out of the schema"
                 )
+            rounded = rounded_integers(schema)
+            if rounded:
+                raise GrammarError(
+                    f"json_schema: the integer {rounded[0]} is past what the llguidance backend "
+                    "holds exactly (llguidance reads every number as a 64-bit float, and would take "
+                    "the float's integer where the schema names this one); write an integer a "
+                    "64-bit float holds exactly (any up to 2**53)"
+                )
             repeatable = repeatable_key_counts(schema)
             if repeatable:
                 raise GrammarError(
@@ -274,6 +282,31 @@ def crashing_integers(schema: Any) -> list[str]:
             and float(value) == _CRASHING_FLOAT
         ):
             found.append(f"{value} at {path}")
+    return found
+
+
+def rounded_integers(schema: Any) -> list[str]:
+    """Each integer in ``schema`` (a keyword's value or data, at any depth) that a 64-bit float
+    does not hold exactly (past 2**53; one past the floats is left to llguidance, which names it),
+    as "VALUE at PATH (read as FLOAT)". llguidance reads them as the float: ``{"const":
+    9007199254740993}`` took 9007199254740992 and refused itself, and ``{"type": "integer",
+    "minimum": 9007199254740993}`` took 9007199254740992 (a random-schema walk), values the schema
+    rules out."""
+    found = []
+    stack: list[tuple[Any, str]] = [(schema, "#")]  # (value, its JSON pointer); no recursion
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, dict):
+            stack += [(v, f"{path}/{k}") for k, v in reversed(value.items())]
+        elif isinstance(value, list):
+            stack += [(v, f"{path}/{i}") for i, v in reversed(list(enumerate(value)))]
+        elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**53:
+            try:
+                read = float(value)
+            except OverflowError:
+                continue
+            if read != value:
+                found.append(f"{value} at {path} (read as {int(read)})")
     return found
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import time
 
+import jsonschema
 import pytest
-from minisgl_plugin_llguidance.backend import LLGuidanceBackend, crashing_integers
+from minisgl_plugin_llguidance.backend import LLGuidanceBackend, crashing_integers, rounded_integers
 
 from minisgl_core.api import GrammarError, GrammarSpec
 
@@ -131,3 +132,25 @@ def test_an_integer_llguidance_crashes_on_is_refused(backend, schema, where):
 
 def test_the_integers_beside_those_are_not_refused_as_crashing():
     assert crashing_integers({"enum": [-(2**63) - 1, -(2**63) + 513, 2**63, -(2.0**63), True]}) == []
+
+
+#: (schema, an integer llguidance took for it that the schema rules out, what the refusal names)
+ROUNDED = [
+    ({"const": 2**53 + 1}, "9007199254740992", "9007199254740993 at #/const (read as 9007199254740992)"),
+    ({"enum": ["a", [2**53 + 1]]}, "[9007199254740992]", "at #/enum/1/0"),
+    ({"type": "integer", "minimum": 2**53 + 1}, "9007199254740992", "9007199254740993 at #/minimum"),
+    ({"type": "number", "minimum": 2**53 + 1}, "9007199254740992", "at #/minimum"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("schema", "text", "says"), ROUNDED)
+def test_an_integer_a_float_does_not_hold_is_refused(backend, schema, text, says):
+    assert not jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
+    with pytest.raises(GrammarError, match="past what the llguidance backend holds exactly") as refused:
+        backend.check(GrammarSpec("json_schema", json.dumps(schema)))
+    assert says in str(refused.value)
+
+
+def test_an_integer_a_float_holds_is_kept(backend):
+    assert rounded_integers({"enum": [2**53, -(2**53), 2**60, 10**400, 1.5e300]}) == []
+    assert _takes(backend, {"const": 2**60}, str(2**60))
