@@ -186,7 +186,17 @@ def invalid_values(schema: Any) -> list[str]:
                     f"pattern or of one of its alternatives), which the xgrammar backend cannot "
                     f"follow, at {path}"
                 )
-        if _integer_only(sub):
+        if not _integer_only(sub):
+            # a number's bounds are read as 64-bit floats: 9007199254740992 passed minimum
+            # 9007199254740993 (2**53+1, read as 2**53) beside "type": "number" (a random-schema walk)
+            found += [
+                f"{key!r} {_shown(sub[key])} is an integer a 64-bit float does not hold exactly (the "
+                f"xgrammar backend reads a number's bounds as floats: {float(sub[key])!r}; an integer "
+                f"up to 2**53 is held exactly), at {path}"
+                for key in _RANGE_KEYWORDS
+                if _is_number(sub.get(key)) and _readable(sub[key]) and float(sub[key]) != sub[key]
+            ]
+        else:
             found += [
                 f"{key!r} {_shown(sub[key])} is beyond the 64-bit integers (-2**63 to 2**63-1) the xgrammar "
                 f"backend takes as an integer's bounds, at {path}"

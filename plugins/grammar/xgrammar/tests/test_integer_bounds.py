@@ -148,3 +148,23 @@ def test_integer_or_null_whose_bounds_no_integer_meets_takes_null(backend, bound
         valid = jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
         assert valid is (text == "null")
         assert _takes(backend, schema, text) is valid, text
+
+
+@pytest.mark.parametrize(
+    ("schema", "text", "says"),
+    [
+        ({"type": "number", "minimum": 2**53 + 1}, "9007199254740992", "'minimum' 9007199254740993 is an integer"),
+        ({"minimum": 2**53 + 1}, "9007199254740992", "at #"),
+        ({"type": ["number", "null"], "maximum": -(2**53) - 1}, "-9007199254740992", "at #"),
+        ({"properties": {"a": {"type": "number", "minimum": 10**20 + 1}}}, '{"a":100000000000000000000}', "at #/properties/a"),
+    ],
+)  # fmt: skip
+def test_a_numbers_bound_a_float_does_not_hold_is_refused(backend, schema, text, says):
+    """xgrammar reads a number's bounds as 64-bit floats: each text here passed (2**53 for minimum
+    2**53+1, a random-schema walk). An integer's bounds are exact, so only a number's are refused."""
+    assert not jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
+    with pytest.raises(GrammarError, match="a 64-bit float does not hold exactly") as refused:
+        backend.check(GrammarSpec("json_schema", json.dumps(schema)))
+    assert says in str(refused.value)
+    exact = {"type": "integer", "minimum": 2**53 + 1}
+    assert _takes(backend, exact, "9007199254740993") and not _takes(backend, exact, "9007199254740992")
