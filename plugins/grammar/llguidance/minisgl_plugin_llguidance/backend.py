@@ -218,6 +218,13 @@ class LLGuidanceBackend(GrammarBackend):
                     "the float's integer where the schema names this one); write an integer a "
                     "64-bit float holds exactly (any up to 2**53)"
                 )
+            narrow = narrow_exclusive_ranges(schema)
+            if narrow:
+                raise GrammarError(
+                    f"json_schema: {narrow[0]} is not enforced by llguidance (it lets the excluded "
+                    "whole number itself through when the other bound is less than 1 away: 1 passed "
+                    "exclusiveMinimum 1 beside maximum 1.5); give the range a width of 1 or more"
+                )
             repeatable = repeatable_key_counts(schema)
             if repeatable:
                 raise GrammarError(
@@ -308,6 +315,45 @@ def rounded_integers(schema: Any) -> list[str]:
             if read != value:
                 found.append(f"{value} at {path} (read as {int(read)})")
     return found
+
+
+def narrow_exclusive_ranges(schema: Any) -> list[str]:
+    """Each schema in ``schema`` bounding numbers (not integers only) on both sides less than 1
+    apart where the bound in force on one side is an exclusive whole number, as "'KEY' N beside
+    'KEY' M at PATH". llguidance 1.9 let that whole number itself through: 1 passed
+    ``{"type": "number", "exclusiveMinimum": 1, "maximum": 1.5}``, 0 ``exclusiveMinimum`` 0
+    beside ``exclusiveMaximum`` 0.5, -0 ``exclusiveMaximum`` 0 beside ``minimum`` -0.5 (a
+    random-schema walk: the whole number nearer zero, where the range lies on its side). Every
+    such pair is refused, also those llguidance got right (0.5 to an exclusive 1)."""
+    found = []
+    for node, path in _schema_objects(schema):
+        types = node.get("type")
+        if types == "integer" or (isinstance(types, list) and "integer" in types and "number" not in types):
+            continue
+        low = _bound_in_force(node, "minimum", "exclusiveMinimum", max)
+        high = _bound_in_force(node, "maximum", "exclusiveMaximum", min)
+        if low is None or high is None or not high[1] - low[1] < 1:
+            continue
+        for key, value, exclusive in (low, high):
+            if exclusive and (isinstance(value, int) or value.is_integer()):
+                other = high if key == low[0] else low
+                found.append(f"{key!r} {value!r} beside {other[0]!r} {other[1]!r} at {path}")
+                break
+    return found
+
+
+def _bound_in_force(node: dict, inclusive: str, exclusive: str, tighter: Any) -> tuple[str, Any, bool] | None:
+    """(keyword, value, whether exclusive) of the bound of ``node`` in force on one side (``tighter``:
+    max for the lower side, min for the upper); an exclusive one wins a tie. None without one."""
+    bounds = [
+        (key, node[key], key == exclusive)
+        for key in (exclusive, inclusive)
+        if isinstance(node.get(key), (int, float)) and not isinstance(node[key], bool)
+    ]
+    if not bounds:
+        return None
+    best = tighter(bound[1] for bound in bounds)
+    return next(bound for bound in bounds if bound[1] == best)
 
 
 def _schema_objects(schema: Any) -> Iterator[tuple[dict, str]]:

@@ -154,3 +154,29 @@ def test_an_integer_a_float_does_not_hold_is_refused(backend, schema, text, says
 def test_an_integer_a_float_holds_is_kept(backend):
     assert rounded_integers({"enum": [2**53, -(2**53), 2**60, 10**400, 1.5e300]}) == []
     assert _takes(backend, {"const": 2**60}, str(2**60))
+
+
+#: (schema, the whole number llguidance took for it, what the refusal names)
+NARROW = [
+    ({"type": "number", "exclusiveMinimum": 1, "maximum": 1.5}, "1", "'exclusiveMinimum' 1 beside 'maximum' 1.5 at #"),
+    ({"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 0.5}, "0", "'exclusiveMinimum' 0 beside"),
+    ({"type": "number", "minimum": -0.5, "exclusiveMaximum": 0}, "-0", "'exclusiveMaximum' 0 beside 'minimum' -0.5"),
+    ({"type": ["number", "null"], "minimum": -1.75, "exclusiveMaximum": -1}, "-1", "'exclusiveMaximum' -1"),
+    ({"properties": {"a": {"type": "number", "exclusiveMinimum": 3, "exclusiveMaximum": 3.5}}}, '{"a":3}',
+     "at #/properties/a"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("schema", "text", "says"), NARROW)
+def test_an_exclusive_whole_bound_less_than_1_from_the_other_is_refused(backend, schema, text, says):
+    assert not jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
+    with pytest.raises(GrammarError, match="is not enforced by llguidance") as refused:
+        backend.check(GrammarSpec("json_schema", json.dumps(schema)))
+    assert says in str(refused.value)
+
+
+def test_ranges_llguidance_bounds_right_are_kept(backend):
+    assert _takes(backend, {"type": "number", "exclusiveMinimum": 1, "maximum": 2}, "1.5")
+    assert not _takes(backend, {"type": "number", "exclusiveMinimum": 1, "maximum": 2}, "1")
+    assert _takes(backend, {"type": "number", "minimum": 1, "maximum": 1.5}, "1")
+    assert _takes(backend, {"type": "number", "minimum": 1.2, "exclusiveMinimum": 1, "maximum": 1.5}, "1.3")
