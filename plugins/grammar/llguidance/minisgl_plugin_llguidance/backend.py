@@ -6,6 +6,7 @@ import importlib.util
 import json
 import logging
 from collections.abc import Iterator, Sequence
+from decimal import Decimal
 from typing import Any, NamedTuple
 
 import torch
@@ -298,7 +299,8 @@ def rounded_integers(schema: Any) -> list[str]:
     as "VALUE at PATH (read as FLOAT)". llguidance reads them as the float: ``{"const":
     9007199254740993}`` took 9007199254740992 and refused itself, and ``{"type": "integer",
     "minimum": 9007199254740993}`` took 9007199254740992 (a random-schema walk), values the schema
-    rules out."""
+    rules out. And one past the 64-bit integers that llguidance writes as the float's shortest
+    digits padded with zeros: 2**64 (a float exactly) took 18446744073709552000."""
     found = []
     stack: list[tuple[Any, str]] = [(schema, "#")]  # (value, its JSON pointer); no recursion
     while stack:
@@ -314,6 +316,8 @@ def rounded_integers(schema: Any) -> list[str]:
                 continue
             if read != value:
                 found.append(f"{value} at {path} (read as {int(read)})")
+            elif not -(2**63) <= value < 2**64 and (written := int(Decimal(repr(read)))) != value:
+                found.append(f"{value} at {path} (written as {written})")
     return found
 
 
