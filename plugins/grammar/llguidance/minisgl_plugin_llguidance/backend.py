@@ -219,13 +219,14 @@ class LLGuidanceBackend(GrammarBackend):
                     "the float's integer where the schema names this one); write an integer a "
                     "64-bit float holds exactly (any up to 2**53)"
                 )
-            long = long_listed_numbers(schema)
+            long = long_floats(schema)
             if long:
                 raise GrammarError(
                     f"json_schema: the number {long[0]} has more significant digits than the "
-                    f"llguidance backend writes exactly in a value ({MAX_LISTED_DIGITS}; llguidance "
-                    "wrote 0.10653719911035897 as 0.10653719911035896, another number); round it to "
-                    f"{MAX_LISTED_DIGITS} significant digits"
+                    f"llguidance backend writes or bounds by exactly ({MAX_FLOAT_DIGITS}; llguidance "
+                    "wrote 0.10653719911035897 as 0.10653719911035896, another number, and let "
+                    "-93424338.98624992 through a minimum of -93424338.98624991); round it to "
+                    f"{MAX_FLOAT_DIGITS} significant digits"
                 )
             narrow = narrow_exclusive_ranges(schema)
             if narrow:
@@ -331,20 +332,24 @@ def rounded_integers(schema: Any) -> list[str]:
 
 #: the most significant digits of a float in a ``const`` or ``enum`` that llguidance 1.9 wrote
 #: right in every probe (300 random floats each, 1e-9 to 1e17: none wrong at 6, 10 or 12 digits,
-#: 1 at 13, 8 at 15, 25 at 16)
-MAX_LISTED_DIGITS = 12
+#: 1 at 13, 8 at 15, 25 at 16), and of a number's bound it kept to (120 each: none let through
+#: a float past it at 8, 12 or 14 digits, 10 at 17)
+MAX_FLOAT_DIGITS = 12
 
 
-def long_listed_numbers(schema: Any) -> list[str]:
-    """Each float in a ``const`` or ``enum`` of ``schema`` (at any depth in the value) with more
-    than :data:`MAX_LISTED_DIGITS` significant digits, as "VALUE at PATH". llguidance writes such a
+def long_floats(schema: Any) -> list[str]:
+    """Each float in a ``const`` or ``enum`` of ``schema`` (at any depth in the value), or a
+    number's bound (``minimum``, ``maximum`` and the exclusive ones), with more than
+    :data:`MAX_FLOAT_DIGITS` significant digits, as "VALUE at PATH". llguidance writes such a
     value with digits of its own: 0.10653719911035897 as 0.10653719911035896, 1000000000000000.5
     as 1000000000000000.4, 4420421153695070.0 as 4420421153695070.5 (a random-schema walk, then a
-    probe), taking only that other number. An integer is :func:`rounded_integers`'s."""
+    probe), taking only that other number; and such a bound lets a number past it through:
+    -93424338.98624992 passed a minimum of -93424338.98624991, 238.9465653679488 a maximum of
+    238.94656536794878 (a probe). An integer is :func:`rounded_integers`'s."""
     found = []
     for node, path in _schema_objects(schema):
         stack: list[tuple[Any, str]] = [
-            (node[key], f"{path}/{key}") for key in ("const", "enum") if key in node
+            (node[key], f"{path}/{key}") for key in ("const", "enum", *_BOUNDS) if key in node
         ]
         while stack:
             value, where = stack.pop()
@@ -352,9 +357,12 @@ def long_listed_numbers(schema: Any) -> list[str]:
                 stack += [(v, f"{where}/{k}") for k, v in value.items()]
             elif isinstance(value, list):
                 stack += [(v, f"{where}/{i}") for i, v in enumerate(value)]
-            elif isinstance(value, float) and _significant_digits(value) > MAX_LISTED_DIGITS:
+            elif isinstance(value, float) and _significant_digits(value) > MAX_FLOAT_DIGITS:
                 found.append(f"{value!r} at {where}")
     return sorted(found)
+
+
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 
 
 def _significant_digits(value: float) -> int:

@@ -185,21 +185,25 @@ def test_ranges_llguidance_bounds_right_are_kept(backend):
 
 
 #: (schema, the other number llguidance took for it, what the refusal names)
-LONG_LISTED = [
+LONG_FLOATS = [
     ({"const": 0.10653719911035897}, "0.10653719911035896", "0.10653719911035897 at #/const"),
     ({"enum": ["a", [None, 1000000000000000.5]]}, "[null,1000000000000000.4]", "1000000000000000.5 at #/enum/1/1"),
     ({"properties": {"a": {"const": 4420421153695070.0}}}, '{"a":4420421153695070.5}', "at #/properties/a/const"),
+    # a bound: the number past it passed (a probe)
+    ({"type": "number", "minimum": -93424338.98624991}, "-93424338.98624992", "-93424338.98624991 at #/minimum"),
+    ({"type": "number", "minimum": 0.10653719911035897}, "0.10653719911035896", "at #/minimum"),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("schema", "text", "says"), LONG_LISTED)
-def test_a_listed_number_of_more_digits_than_llguidance_writes_is_refused(backend, schema, text, says):
+@pytest.mark.parametrize(("schema", "text", "says"), LONG_FLOATS)
+def test_a_number_of_more_digits_than_llguidance_writes_is_refused(backend, schema, text, says):
     assert not jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
     with pytest.raises(GrammarError, match="more significant digits than the llguidance backend") as refused:
         backend.check(GrammarSpec("json_schema", json.dumps(schema)))
     assert says in str(refused.value)
 
 
-def test_listed_numbers_of_12_digits_are_kept(backend):
+def test_numbers_of_12_digits_are_kept(backend):
     assert _takes(backend, {"enum": [0.1, 123456.789012, 1e-7, 2.5]}, "123456.789012")
     assert _takes(backend, {"const": 1e-7}, "0.0000001")
+    assert _takes(backend, {"type": "number", "minimum": 0.123456789012}, "0.123456789012")
