@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+from decimal import Decimal
 from typing import Any, NamedTuple
 
 from minisgl_core.api import GrammarError
@@ -196,6 +197,13 @@ def invalid_values(schema: Any) -> list[str]:
                 for key in _RANGE_KEYWORDS
                 if _is_number(sub.get(key)) and _readable(sub[key]) and float(sub[key]) != sub[key]
             ]
+            found += [
+                f"{key!r} {sub[key]!r} at {path}, which the xgrammar backend writes with 6 decimals as "
+                f"{written}: the bound itself would pass (the 64-bit float it reads has other decimals there); "
+                "give it as a whole number, or as an inclusive bound"
+                for key in _exclusive_bounds_in_force(sub)
+                if (written := _loosened_bound(key, sub[key])) is not None
+            ]
         else:
             found += [
                 f"{key!r} {_shown(sub[key])} is beyond the 64-bit integers (-2**63 to 2**63-1) the xgrammar "
@@ -204,6 +212,43 @@ def invalid_values(schema: Any) -> list[str]:
                 if _readable(sub.get(key)) and not _INT64_MIN <= sub[key] <= _INT64_MAX
             ]
     return found
+
+
+def _exclusive_bounds_in_force(schema: dict) -> list[str]:
+    """The exclusive bounds of a number schema that xgrammar applies: ``exclusiveMinimum`` where it
+    is at least the ``minimum`` beside it (or none is), ``exclusiveMaximum`` where at most the
+    ``maximum``. xgrammar writes a number's range as a regex of the bounds printed with 6 decimals,
+    and a float's 6 decimals may be another number: ``exclusiveMaximum`` 20659077510.9 printed as
+    20659077510.900002 let 20659077510.9 itself through (a probe after a random-schema walk)."""
+    found = []
+    for exclusive, inclusive, wins in (
+        ("exclusiveMinimum", "minimum", lambda a, b: a >= b),
+        ("exclusiveMaximum", "maximum", lambda a, b: a <= b),
+    ):
+        bound, other = schema.get(exclusive), schema.get(inclusive)
+        if _is_number(bound) and (not _is_number(other) or wins(bound, other)):
+            found.append(exclusive)
+    return found
+
+
+def _loosened_bound(key: str, bound: Any) -> Decimal | None:
+    """The bound xgrammar writes for the exclusive bound ``key`` (``exclusiveMinimum`` or
+    ``exclusiveMaximum``) of a number, where it lies beyond ``bound`` (letting ``bound`` itself
+    through), else None. xgrammar (0.2.9) writes a number's range with 6 decimals: the bound
+    printed so (``%.6f``), moved a millionth inward where that reads as a float beyond it. A float
+    whose 6 decimals read as itself but are another decimal stays beyond: 20659077510.9 prints as
+    20659077510.900002 (the float is 20659077510.9000015...), 887960813819214.4 as ...214.375000."""
+    if not isinstance(bound, float) or not math.isfinite(bound):
+        return None
+    written = Decimal(f"{bound:.6f}")
+    step = Decimal("0.000001")
+    if key == "exclusiveMinimum":
+        written += step if float(written) < bound else 0
+        loosened = written < Decimal(repr(bound))
+    else:
+        written -= step if float(written) > bound else 0
+        loosened = written > Decimal(repr(bound))
+    return written if loosened else None
 
 
 def _ref_target_problem(root: Any, ref: str) -> str | None:

@@ -168,3 +168,27 @@ def test_a_numbers_bound_a_float_does_not_hold_is_refused(backend, schema, text,
     assert says in str(refused.value)
     exact = {"type": "integer", "minimum": 2**53 + 1}
     assert _takes(backend, exact, "9007199254740993") and not _takes(backend, exact, "9007199254740992")
+
+
+@pytest.mark.parametrize(
+    ("schema", "text", "says"),
+    [
+        ({"type": "number", "exclusiveMaximum": 20659077510.9}, "20659077510.9", "'exclusiveMaximum' 20659077510.9 at #, which"),
+        ({"type": "number", "exclusiveMinimum": 887960813819214.4}, "887960813819214.4", "as 887960813819214.375000"),
+        ({"properties": {"a": {"type": ["number", "null"], "exclusiveMinimum": -110407783891.09007}}},
+         '{"a":-110407783891.09007}', "at #/properties/a"),
+    ],
+)  # fmt: skip
+def test_an_exclusive_bound_whose_6_decimals_are_beyond_it_is_refused(backend, schema, text, says):
+    """xgrammar writes a number's range with the bound's 6 decimals (``%.6f``), which for a large
+    float are another decimal, beyond it: the bound itself (``text``) passed (a probe after a
+    random-schema walk)."""
+    assert not jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
+    with pytest.raises(GrammarError, match="the bound itself would pass") as refused:
+        backend.check(GrammarSpec("json_schema", json.dumps(schema)))
+    assert says in str(refused.value)
+
+
+def test_an_exclusive_bound_xgrammar_writes_exactly_is_kept(backend):
+    schema = {"type": "number", "exclusiveMinimum": 0.3, "exclusiveMaximum": 2.0000005}
+    assert _takes(backend, schema, "0.5") and not _takes(backend, schema, "0.3")
