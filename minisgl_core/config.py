@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -218,12 +219,11 @@ class EngineConfig:
                 "speculative_ngram_max",
             )
         if self.step_trace:  # a path the engine cannot append to failed once the model had loaded
-            trace = Path(self.step_trace)
-            if trace.is_dir() or not trace.parent.is_dir():
+            problem = _cannot_append(Path(self.step_trace))
+            if problem is not None:
                 raise ConfigError(
-                    f"step_trace {self.step_trace!r}: "
-                    + ("is a directory" if trace.is_dir() else "its directory does not exist")
-                    + " (a file to append one JSON line per step to; env MINISGL_STEP_TRACE)",
+                    f"step_trace {self.step_trace!r}: {problem}"
+                    " (a file to append one JSON line per step to; env MINISGL_STEP_TRACE)",
                     "step_trace",
                 )
         attention_names(self.attn)
@@ -323,6 +323,27 @@ def check_page_size(page_size: int, context_len: int, kv_tokens: int | None) -> 
         "page_size",
         "num_kv_tokens",
     )
+
+
+def _cannot_append(path: Path) -> str | None:
+    """Why the engine could not open ``path`` to append its step trace to (None: it can), tried
+    as it will open it: a file it may not write, or a kernel interface's (/proc's), was a worker's
+    traceback once the model had loaded. An existing file is opened for appending (nothing is
+    written), a missing one tried as a temporary file in its folder; anything else (a FIFO, whose
+    reader would take the probe's close for the end) is left as it is."""
+    if path.is_dir():
+        return "is a directory"
+    if not path.parent.is_dir():
+        return "its directory does not exist"
+    try:
+        if not path.exists():
+            tempfile.TemporaryFile(dir=path.parent).close()
+        elif path.is_file():
+            with open(path, "a"):
+                pass
+    except OSError as exc:
+        return f"cannot be opened for appending: {exc.strerror or exc}"
+    return None
 
 
 def _device_type(device: str) -> str | None:

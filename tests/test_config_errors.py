@@ -244,6 +244,9 @@ BAD_FLAGS = [
     # (tracebacks: the step trace's after the model had loaded, urllib's, the grammar backend loader's)
     ("generate", ["hi", "--step-trace", "/nonexistent/dir/steps.jsonl"], "--step-trace '/nonexistent/dir/steps.jsonl': its directory does not exist"),
     ("generate", ["hi", "--step-trace", "/tmp"], "--step-trace '/tmp': is a directory"),
+    # (a file that cannot be opened to append to: the engine's PermissionError or OSError traceback
+    # once the model had loaded, from the scheduler process under serve)
+    ("serve", ["--port", "0", "--step-trace", "/proc/self/status"], "--step-trace '/proc/self/status': cannot be opened for appending"),
     ("shell", ["--url", "notaurl"], "--url 'notaurl': give the server's address, e.g. http://127.0.0.1:8000"),
     ("bench grammar", ["--grammar-backend", "bogus"], "unknown --grammar-backend 'bogus'; installed: llguidance, xgrammar"),
     # (--shape won silently: a random-weight model of that shape was built and benchmarked)
