@@ -259,6 +259,9 @@ BAD_FLAGS = [
     # (a misspelt name left the plugin it meant loaded, silently)
     ("serve", ["--port", "0", "--disable-plugin", "xgramar"], "no plugin named 'xgramar' to disable; installed: "),
     ("bench", ["offline", "--num-requests", "1", "--disable-plugin", "nope"], "no plugin named 'nope' to disable"),
+    # (the model's own plugin disabled: serve's scheduler process refused it once started, exit code 1, said twice)
+    ("serve", ["--port", "0", "--disable-plugin", "llama"],
+     "model architecture 'LlamaForCausalLM' is unavailable: plugin 'llama' (minisgl-plugin-llama 0.1.0) is disabled"),
     # (generate and bench offline ignored --disable-plugin: every plugin loaded, torch attention ran)
     ("generate", ["hi", "--disable-plugin", "torch", "--attn", "torch"], "--attn 'torch' is unavailable: plugin 'torch'"),
     # (each turn was an error once the model had loaded)

@@ -53,20 +53,15 @@ def check_model_builds(
 ) -> None:
     """ModelPathError (one line) when ``hf_config``'s architecture resolves to a shared-decoder
     model that cannot build one of its settings for a context of ``context_len`` tokens (None: the
-    config's ``max_position_embeddings``). An architecture no plugin provides, or whose
-    plugin fails to import, is left to the model runner, which names the plugin."""
-    from minisgl_core.plugins import PluginError
-
+    config's ``max_position_embeddings``). An architecture no plugin provides, whose plugin is
+    disabled or fails to import, is the :class:`~minisgl_core.plugins.PluginError` the model runner
+    would raise, naming the plugin: raised there, in a scheduler process of ``serve``, it came once
+    the workers had started (exit code 1, said twice) instead of as the command line's one line."""
     archs = hf_config.get("architectures")
     if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
         return
     arch = archs[0]
-    if arch not in plugins.registry["models"]:
-        return
-    try:
-        model_cls = plugins.resolve("models", arch)
-    except PluginError:
-        return
+    model_cls = plugins.resolve("models", arch)
     from minisgl_core.layers.decoder import DecoderForCausalLM, unsupported_for
 
     if isinstance(model_cls, type) and issubclass(model_cls, DecoderForCausalLM):
