@@ -785,6 +785,22 @@ def _server_url(text: str) -> str:
         )
     if not rest.split("/", 1)[0]:
         raise argparse.ArgumentTypeError(f"names no host, got {text!r}: e.g. http://127.0.0.1:8000")
+    # a host or port no client can use (http://[::1, http://127.0.0.1:abc) was httpx's InvalidURL
+    # traceback, one out of range (http://127.0.0.1:99999) "cannot reach the server ... start it
+    # first" while it ran: checked as `shell --url` checks them
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(text)
+        port = parts.port  # (a ValueError where it is out of range, or no number)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"is not a URL ({exc}), got {text!r}: e.g. http://127.0.0.1:8000"
+        ) from None
+    if not parts.hostname:
+        raise argparse.ArgumentTypeError(f"names no host, got {text!r}: e.g. http://127.0.0.1:8000")
+    if port == 0:
+        raise argparse.ArgumentTypeError(f"the port must be a number from 1 to 65535, got {text!r}")
     from minisgl_core.server.cli import base_url
 
     return base_url(text)

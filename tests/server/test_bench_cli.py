@@ -125,11 +125,19 @@ def test_bench_serve_takes_the_api_key_from_the_environment_as_shell_does(server
 
 
 def test_bench_serve_refuses_a_url_without_an_http_scheme_up_front() -> None:
-    """``--url localhost:31200`` said "cannot reach the server ... start it first" while it ran."""
+    """``--url localhost:31200`` said "cannot reach the server ... start it first" while it ran; a
+    port no number or out of range, or a broken IPv6 host, was httpx's traceback or that line too."""
     for url, said in [
         ("localhost:31200", "argument --url: needs a scheme: http://localhost:31200"),
         ("ftp://localhost:31200", "argument --url: must be an http:// or https:// URL, not ftp://: "
          "http://localhost:31200"),
+        # (httpx's InvalidURL tracebacks; "cannot reach the server ... start it first")
+        ("http://127.0.0.1:abc", "argument --url: is not a URL (Port could not be cast to integer value as "
+         "'abc'), got 'http://127.0.0.1:abc': e.g. http://127.0.0.1:8000"),
+        ("http://[::1", "argument --url: is not a URL (Invalid IPv6 URL), got 'http://[::1': e.g. http://127.0.0.1:8000"),
+        ("http://127.0.0.1:99999", "argument --url: is not a URL (Port out of range 0-65535), got "
+         "'http://127.0.0.1:99999': e.g. http://127.0.0.1:8000"),
+        ("http://127.0.0.1:0", "argument --url: the port must be a number from 1 to 65535, got 'http://127.0.0.1:0'"),
     ]:  # fmt: skip
         proc = bench("--url", url, *SMALL)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
