@@ -227,6 +227,9 @@ BAD_FLAGS = [
     # (the tiny model: 4 heads, 2 KV heads; a worker's traceback before)
     ("serve", ["--port", "0", "--tp", "3"],
      "--tp 3: the model's 4 attention heads (2 KV heads) do not split evenly over 3 ranks; use --tp 1 or 2 or 4"),
+    # (an empty parser name served without the parser, silently)
+    ("serve", ["--port", "0", "--tool-call-parser", ""], "--tool-call-parser needs a name; installed: hermes, "),
+    ("shell", ["--reasoning-parser", ""], "--reasoning-parser needs a name; installed: "),
     # (an empty key served without authentication, silently)
     ("serve", ["--port", "0", "--api-key", ""], "--api-key is empty"),
     # (keys no client can send: every request was a 401; bench serve's a UnicodeEncodeError)

@@ -433,10 +433,15 @@ def _api_options(args: argparse.Namespace, plugins: Plugins, chat_template: str 
     """The HTTP layer's options, the parsers resolved now so that a wrong name fails at start-up."""
     from minisgl_core.server.api_options import ApiOptions
 
-    # an unknown name is a PluginError: the command line says it in one line (exit code 2)
-    tool_parser = plugins.resolve("tool_parsers", args.tool_call_parser) if args.tool_call_parser else None
+    # an unknown name is a PluginError: the command line says it in one line (exit code 2); an
+    # empty one too ("" served without a parser, as if the flag had been left out)
+    tool_parser = (
+        plugins.resolve("tool_parsers", args.tool_call_parser) if args.tool_call_parser is not None else None
+    )
     reasoning_parser = (
-        plugins.resolve("reasoning_parsers", args.reasoning_parser) if args.reasoning_parser else None
+        plugins.resolve("reasoning_parsers", args.reasoning_parser)
+        if args.reasoning_parser is not None
+        else None
     )
     from minisgl_core.engine.plugin_failures import selected_plugin
 
