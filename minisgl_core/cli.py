@@ -96,10 +96,18 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         """argparse's error line alone, as every other refusal of the command line is one line
         (argparse printed the usage block first: 14-38 lines above the one that says what is wrong);
-        an SGLang or vLLM flag among the unrecognized arguments gets minisgl's flag for it."""
+        an SGLang or vLLM flag among the unrecognized arguments gets minisgl's flag for it, and a
+        missing subcommand the names to choose from (the usage block listed them; the line alone
+        said "required: command", or "bench_kind")."""
         prefix = "unrecognized arguments: "
         if message.startswith(prefix):
             message += "".join(f"; {hint}" for hint in foreign_flag_hints(message[len(prefix) :].split()))
+        required = "the following arguments are required: "
+        if message.startswith(required):
+            missing = message[len(required) :].split(", ")
+            for action in self._actions:
+                if isinstance(action, argparse._SubParsersAction) and action.dest in missing:
+                    message += f" (one of: {', '.join(action.choices)})"
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 

@@ -1256,11 +1256,15 @@ def test_a_flag_not_spelled_out_is_refused_not_taken_for_another(argv, capsys):
         (["generate", "--seed", "abc", "hi"], "minisgl generate: error: argument --seed: invalid int value: 'abc'"),
         (["bench", "offline", "--num-requests", "0"], "minisgl bench offline: error: argument --num-requests: "),
         (["serve", "--bogus"], "minisgl: error: unrecognized arguments: --bogus"),
+        # (without the usage block, the line named argparse's dest alone: "required: command")
+        ([], "minisgl: error: the following arguments are required: command (one of: plugins, generate, serve, shell, bench)"),
+        (["bench"], "minisgl bench: error: the following arguments are required: bench_kind (one of: offline, serve, "),
     ],
 )  # fmt: skip
 def test_a_value_argparse_refuses_is_one_line_without_the_usage_block(argv, says, capsys):
     """Found by a probe: argparse's refusals printed the usage block (14-38 lines) above the line
-    saying what is wrong, where every other refusal of the command line is that line alone."""
+    saying what is wrong, where every other refusal of the command line is that line alone; a
+    missing subcommand's line lists the subcommands, as the usage block did."""
     from minisgl_core.cli import build_parser
 
     with pytest.raises(SystemExit) as exit_:
