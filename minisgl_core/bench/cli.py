@@ -182,7 +182,12 @@ def add_bench_command(sub) -> None:
         "cpu", help="our offline LLM against transformers generate on the CPU, with the bandwidth bound"
     )
     add_engine_args(p)
-    p.add_argument("--threads", type=_positive_int, default=2, help="torch.set_num_threads for both engines")
+    p.add_argument(
+        "--threads",
+        type=_cpu_threads,
+        default=2,
+        help="torch.set_num_threads for both engines, at most the CPUs (default: %(default)s)",
+    )
     p.add_argument("--batch-sizes", type=_positive_ints, default=[1, 8], help="comma-separated batch sizes")
     p.add_argument("--max-new-tokens", type=_positive_int, default=64, help="new tokens per request")
     p.add_argument("--rounds", type=_positive_int, default=3, help="alternating runs per batch size")
@@ -866,6 +871,19 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
+    return value
+
+
+def _cpu_threads(text: str) -> int:
+    """``bench cpu --threads``: 1 to the machine's CPUs (past 2**31 torch.set_num_threads raised
+    its ValueError traceback; short of that, threads that only take turns on the cores)."""
+    cpus = os.cpu_count() or 1
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= cpus:
+        raise argparse.ArgumentTypeError(f"must be 1 to {cpus} (this machine's CPUs), got {text}")
     return value
 
 
