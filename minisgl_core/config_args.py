@@ -346,8 +346,14 @@ def engine_config_from_args(
     # the path's common mistakes, then its weight format's metadata (with the plugins' formats):
     # a truncated .gguf was a traceback from `generate` and the benches
     check_model(model, plugins, values["max_context_len"])
-    if getattr(args, "step_trace", None):  # else EngineConfig's default: $MINISGL_STEP_TRACE
-        values["step_trace"] = args.step_trace
+    step_trace = getattr(args, "step_trace", None)
+    if step_trace is not None and not step_trace.strip():  # ("" was taken as the flag left out)
+        raise ConfigError(
+            "step_trace is empty: give a file to append one JSON line per step to, or leave step_trace out",
+            "step_trace",
+        )
+    if step_trace:  # else EngineConfig's default: $MINISGL_STEP_TRACE
+        values["step_trace"] = step_trace
     config = EngineConfig(
         model=model,
         overlap=not args.disable_overlap,

@@ -247,6 +247,8 @@ BAD_FLAGS = [
     # (tracebacks: the step trace's after the model had loaded, urllib's, the grammar backend loader's)
     ("generate", ["hi", "--step-trace", "/nonexistent/dir/steps.jsonl"], "--step-trace '/nonexistent/dir/steps.jsonl': its directory does not exist"),
     ("generate", ["hi", "--step-trace", "/tmp"], "--step-trace '/tmp': is a directory"),
+    # (taken as the flag left out: no trace, or $MINISGL_STEP_TRACE's, silently)
+    ("generate", ["hi", "--step-trace", ""], "--step-trace is empty: give a file to append one JSON line per step to, or leave --step-trace out"),
     # (a file that cannot be opened to append to: the engine's PermissionError or OSError traceback
     # once the model had loaded, from the scheduler process under serve)
     ("serve", ["--port", "0", "--step-trace", "/proc/self/status"], "--step-trace '/proc/self/status': cannot be opened for appending"),
