@@ -1260,6 +1260,9 @@ def test_a_flag_not_spelled_out_is_refused_not_taken_for_another(argv, capsys):
         (["serve", "--bogus"], "minisgl: error: unrecognized arguments: --bogus"),
         # (torch.set_num_threads' ValueError traceback, "Overflow when unpacking long")
         (["bench", "cpu", "--threads", str(2**31)], "minisgl bench cpu: error: argument --threads: must be 1 to "),
+        # (taken as the working directory, and as the flag left out)
+        (["bench", "grammar", "--model-cache", ""], "minisgl bench grammar: error: argument --model-cache: is empty"),
+        (["bench", "serve", "--tokenizer", ""], "minisgl bench serve: error: argument --tokenizer: is empty"),
         # (without the usage block, the line named argparse's dest alone: "required: command")
         ([], "minisgl: error: the following arguments are required: command (one of: plugins, generate, serve, shell, bench)"),
         (["bench"], "minisgl bench: error: the following arguments are required: bench_kind (one of: offline, serve, "),

@@ -123,7 +123,7 @@ def add_bench_command(sub) -> None:
         "/v1/chat/completions; no usage or metrics)",
     )  # fmt: skip
     p.add_argument(
-        "--tokenizer", metavar="DIR",
+        "--tokenizer", metavar="DIR", type=_tokenizer,
         help="send the prompts as text decoded by this tokenizer (the served model's folder or .gguf file); "
         "needed with --server mini-sglang",
     )  # fmt: skip
@@ -767,7 +767,9 @@ def _check_can_create_in(text: str, folder: Path) -> None:
 def _model_cache(text: str) -> str:
     """A folder the bench builds its models or tokenizers in, made if missing, in a directory that
     exists as :func:`_writable` asks (a file there was a NotADirectoryError traceback, a typo made
-    every folder up to /)."""
+    every folder up to /; an empty one, the working directory, took --shape's gigabytes)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty: give the folder to build in, or leave the flag out")
     path = Path(text)
     if path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is not a directory")
@@ -775,6 +777,15 @@ def _model_cache(text: str) -> str:
     if not path.exists() and not folder.is_dir():
         raise argparse.ArgumentTypeError(f"cannot write {text}: no directory {folder}")
     _check_can_create_in(text, path if path.exists() else folder)
+    return text
+
+
+def _tokenizer(text: str) -> str:
+    """``bench serve --tokenizer``: an empty one was taken as the flag left out (token ids sent)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            "is empty: give the served model's folder or .gguf file, or leave the flag out to send token ids"
+        )
     return text
 
 
