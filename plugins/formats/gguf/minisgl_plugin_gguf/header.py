@@ -8,6 +8,7 @@ with ``struct`` in a fraction of that; ``gguf`` still does the dequantizing.
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,7 +138,9 @@ def read_header(path: Path, quant_sizes: dict[int, tuple[int, int]]) -> GGUFHead
         if type_id not in quant_sizes:
             raise ValueError(f"tensor {name} has an unknown GGUF type id {type_id}")
         block, type_size = quant_sizes[type_id]
-        n_bytes = int(np.prod(dims, dtype=np.int64)) // block * type_size
+        # (Python's integers: a dimension of 2**63 wrapped numpy's int64 product round to a size
+        # that passed the check below, then failed torch's reshape with an overflow)
+        n_bytes = math.prod(dims) // block * type_size
         tensor = TensorInfo(name, dims, type_id, start + offset, n_bytes)
         if tensor.offset + n_bytes > len(raw):
             raise Truncated(

@@ -478,6 +478,20 @@ def test_truncated_file_fails_before_anything_loads(make_tiny_model, tmp_path):
     assert "truncated" in one_error_line(generate)
 
 
+def test_a_dimension_past_the_64_bit_sizes_is_named_not_an_overflow(make_tiny_model, tmp_path):
+    # numpy's int64 product of the dimensions wrapped round for 2**63: a size that passed the check
+    # against the file's length, then torch's reshape failed with "Overflow when unpacking long long"
+    import gguf
+
+    file = write_gguf(make_tiny_model("LlamaForCausalLM"), tmp_path / "dims.gguf")
+    reader = gguf.GGUFReader(file, "r+")
+    tensor = next(t for t in reader.tensors if t.name == "blk.0.attn_output.weight")
+    tensor.field.parts[3][0] = 2**63  # the first dimension
+    del reader
+    with pytest.raises(ValueError, match=r"tensor blk\.0\.attn_output\.weight ends at byte \d{20,}"):
+        GGUFFormat(file)
+
+
 def test_a_directory_must_hold_exactly_one_gguf(make_tiny_model, tmp_path):
     hf_dir = make_tiny_model("LlamaForCausalLM")
     write_gguf(hf_dir, tmp_path / "a.gguf")
