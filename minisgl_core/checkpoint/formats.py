@@ -178,6 +178,18 @@ def load_tokenizer_dir(model_dir: str | Path) -> Any:
         raise ModelPathError(tokenizer_message(path, exc)) from exc
 
 
+def source_tokenizer(source: Any) -> Any:
+    """``source.tokenizer()`` (a :class:`~minisgl_core.api.WeightFormat`'s), a ValueError it raises
+    (a format's refusal of what its file holds: a GGUF file's damaged vocabulary) as a
+    :class:`ModelPathError`, which the command line says in one line."""
+    try:
+        return source.tokenizer()
+    except ModelPathError:
+        raise
+    except ValueError as exc:
+        raise ModelPathError(str(exc)) from exc
+
+
 def tokenizer_message(model_dir: Path, exc: BaseException) -> str:
     """What a tokenizer that does not load says, in the launcher's check and in the workers:
     config.json named where it is transformers' refusal of config.json (loading a tokenizer

@@ -31,6 +31,7 @@ from typing import IO, Any, NamedTuple, NoReturn
 import torch
 
 from minisgl_core.api import ParallelContext
+from minisgl_core.checkpoint.formats import source_tokenizer
 from minisgl_core.checkpoint.generation_defaults import end_of_sequence, load_sampling_defaults
 from minisgl_core.config import EngineConfig
 from minisgl_core.engine.grammar import GrammarRunner, PendingMask
@@ -96,7 +97,7 @@ class Engine:
             self.runner.source, self.runner.hf_config, self.runner.vocab_size
         )
         if tokenizer is None:
-            tokenizer = self.runner.source.tokenizer()
+            tokenizer = source_tokenizer(self.runner.source)
         self.tokenizer = tokenizer
         try:
             cache = cache_cls(page_size=config.page_size)

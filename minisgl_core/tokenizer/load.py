@@ -27,9 +27,9 @@ def load_tokenizer(
 ) -> Any:
     """The tokenizer of the model at ``model``, read through its weight format, with
     ``chat_template`` (Jinja text, ``--chat-template``) replacing its own when given."""
-    from minisgl_core.checkpoint.formats import open_model
+    from minisgl_core.checkpoint.formats import open_model, source_tokenizer
 
-    tokenizer = open_model(model, plugins).tokenizer()
+    tokenizer = source_tokenizer(open_model(model, plugins))
     if chat_template is not None:
         tokenizer.chat_template = chat_template
     return tokenizer

@@ -132,7 +132,17 @@ class GGUFFormat(WeightFormat):
 
         cached = _tokenizer_cache_dir(self.file)
         if not (cached / "tokenizer_config.json").is_file():
-            _convert_tokenizer(self.file, cached, self.fields.get("general.architecture"))
+            try:
+                _convert_tokenizer(self.file, cached, self.fields.get("general.architecture"))
+            except Exception as exc:  # noqa: BLE001 - the tokenizers library raises bare Exceptions
+                # (a token or the chat template not UTF-8 was transformers' UnicodeDecodeError,
+                # a damaged merge list the tokenizers library's bare Exception: tracebacks)
+                reason = str(exc).strip().splitlines()
+                raise UnsupportedGGUF(
+                    f"{self.file}: its tokenizer could not be built from the file's metadata "
+                    f"({type(exc).__name__}: {reason[0] if reason else 'no message'}); the file may "
+                    "be damaged: download it again"
+                ) from exc
         return AutoTokenizer.from_pretrained(str(cached))
 
     def num_weights(self) -> int | None:

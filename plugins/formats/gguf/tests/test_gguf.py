@@ -492,6 +492,24 @@ def test_a_dimension_past_the_64_bit_sizes_is_named_not_an_overflow(make_tiny_mo
         GGUFFormat(file)
 
 
+@pytest.mark.parametrize("field", ["tokenizer.ggml.tokens", "tokenizer.chat_template"])
+def test_a_vocabulary_that_is_not_utf8_is_named_not_a_traceback(make_tiny_model, tmp_path, field):
+    # transformers' GGUF reader decodes every string strictly: a UnicodeDecodeError traceback from
+    # `generate` once the weights had loaded (a byte of the default model's file changed)
+    import gguf
+
+    from minisgl_core.checkpoint.formats import ModelPathError
+    from minisgl_core.llm import LLM
+
+    file = write_gguf(make_tiny_model("LlamaForCausalLM"), tmp_path / "vocab.gguf")
+    reader = gguf.GGUFReader(file, "r+")
+    text = reader.fields[field]
+    text.parts[text.data[-1]][0] = 0xFF  # the first byte of the last string: never UTF-8
+    del reader
+    with pytest.raises(ModelPathError, match=r"its tokenizer could not be built .*UnicodeDecodeError"):
+        LLM(file, device="cpu", attn="torch")
+
+
 def test_a_directory_must_hold_exactly_one_gguf(make_tiny_model, tmp_path):
     hf_dir = make_tiny_model("LlamaForCausalLM")
     write_gguf(hf_dir, tmp_path / "a.gguf")
