@@ -415,3 +415,37 @@ def test_a_gemma2_config_that_contradicts_its_weights_is_named(gemma2_dir, tmp_p
         "implies [32, 64] (num_key_value_heads x head_dim, hidden_size)"
     )
     assert says in str(err.value), str(err.value)
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory) -> Path:
+    return make_model_dir(tmp_path_factory.mktemp("m") / "llama", "LlamaForCausalLM")
+
+
+@pytest.mark.parametrize("value", ["x", None, 1.5], ids=json.dumps)
+def test_a_max_window_layers_not_a_whole_number_is_refused_naming_it(llama_dir, tmp_path, value):
+    """A probe's find: under ``use_sliding_window`` in a config whose class transformers does not
+    validate it for (a Llama's), "x" or null was int()'s ValueError or TypeError traceback from
+    the model's construction, and 1.5 silently slid from layer 1 (transformers' rule: from 2)."""
+    bad = _with_config(
+        llama_dir, tmp_path, use_sliding_window=True, sliding_window=4, max_window_layers=value
+    )
+    with pytest.raises(ModelPathError) as err:
+        LLM(bad, attn="torch", device="cpu")
+    assert str(err.value) == (
+        f"model={str(bad)!r}: LlamaForCausalLM cannot be built from this model's config: max_window_layers "
+        f"{json.dumps(value)} is not supported: the first layer with the sliding window must be a whole "
+        "number (or leave the key out: 28)"
+    )
+
+
+def test_a_negative_max_window_layers_slides_every_layer(model_dir, tmp_path):
+    """transformers takes it (Qwen3's config validates it as an int) and slides every layer from it:
+    every layer. The frozenset of the range from -2**62 was a MemoryError."""
+    # (without layer_types, which transformers 5 derives from it)
+    window = dict(use_sliding_window=True, sliding_window=4, max_window_layers=-(2**62), layer_types=None)
+    bad = _with_config(model_dir, tmp_path, **window)
+    with LLM(bad, attn="torch", device="cpu", num_kv_tokens=512) as llm:
+        assert set(llm.engine.runner.model.kv_spec.window_layers) == {0, 1}
+        output = llm.generate([[5, 6, 7]], llm.sampling_params(temperature=0, max_tokens=3))[0]
+    assert len(output.token_ids) == 3

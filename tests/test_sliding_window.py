@@ -249,6 +249,11 @@ def test_a_windowed_model_runs_no_cascade(tmp_path):
         ({"use_sliding_window": False, "sliding_window": 16}, (0, set())),
         ({"use_sliding_window": True, "sliding_window": 16}, (16, {28, 29})),  # max_window_layers 28
         ({"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 0}, (16, set(range(30)))),
+        # below 0 every layer slides, as in transformers (a range from -2**62 was a MemoryError)
+        (
+            {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": -(2**62)},
+            (16, set(range(30))),
+        ),
         (
             {
                 "use_sliding_window": True,
@@ -279,6 +284,16 @@ def test_which_layers_slide(hf, expected):
             {"use_sliding_window": True, "sliding_window": 16, "layer_types": ["sliding_attention"]},
             'layer_types ["sliding_attention"] is not supported: one of "sliding_attention" or "full_attention" '
             "for each of the 2 layers",
+        ),
+        # (int() of it was a ValueError or TypeError traceback from the model's construction where
+        # transformers does not validate it, a Llama config; 1.5 silently slid from layer 1, not 2)
+        *(
+            (
+                {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": value},
+                f"max_window_layers {json.dumps(value)} is not supported: the first layer with the sliding "
+                "window must be a whole number",
+            )
+            for value in ("x", None, 1.5, True)
         ),
     ],
 )

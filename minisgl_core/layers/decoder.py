@@ -324,7 +324,10 @@ class DecoderForCausalLM(Model):
         if isinstance(types, list):
             return window, frozenset(i for i, kind in enumerate(types) if kind == "sliding_attention")
         if hf.get("use_sliding_window"):
-            return window, frozenset(range(int(hf.get("max_window_layers", 28)), num_layers))
+            # (transformers slides layer i where i >= max_window_layers: below 0, every layer; a
+            # range from -2**40 was a MemoryError)
+            first = max(hf.get("max_window_layers", 28), 0)
+            return window, frozenset(range(first, num_layers))
         return window, frozenset(range(num_layers))
 
     def __init__(self, config: ModelConfig) -> None:
@@ -480,6 +483,16 @@ def _window_problem(hf: dict[str, Any]) -> str | None:
             return (
                 f"layer_types {json.dumps(types)[:80]} is not supported: one of "
                 f'"sliding_attention" or "full_attention" for each of the {layers} layers'
+            )
+    elif hf.get("use_sliding_window") and "max_window_layers" in hf:
+        # (sliding_window_layers takes it for the first sliding layer; transformers validates it
+        # for Qwen2 and Qwen3 only: under a Llama config "x" or null was int()'s ValueError or
+        # TypeError traceback from the model's construction, and 1.5 silently layer 1, not 2)
+        first = hf["max_window_layers"]
+        if isinstance(first, bool) or not isinstance(first, int):
+            return (
+                f"max_window_layers {json.dumps(first)[:80]} is not supported: the first layer with "
+                "the sliding window must be a whole number (or leave the key out: 28)"
             )
     return None
 
