@@ -16,6 +16,7 @@ import pytest
 
 from minisgl_core import LLM
 from minisgl_core.api import ParallelContext
+from minisgl_core.checkpoint.formats import load_tokenizer_dir
 from minisgl_core.checkpoint.generation_defaults import GenerationConfigError, load_sampling_defaults
 from minisgl_core.checkpoint.path_check import ModelPathError, check_model_path
 from minisgl_core.config import EngineConfig
@@ -121,6 +122,26 @@ def test_a_tokenizer_config_that_is_no_json_object_is_named(model_dir, tmp_path)
         f"model={str(bad)!r}: tokenizer files in {bad} could not be loaded: tokenizer_config.json must "
         "hold a JSON object, got list"
     )
+
+
+@pytest.mark.parametrize("value", ["512", [512], {"max": 512}], ids=json.dumps)
+def test_a_model_max_length_that_is_no_number_is_named(model_dir, tmp_path, value):
+    """A probe's find: transformers loads tokenizer_config.json's model_max_length as it is and
+    compares it with every text prompt's length: the model loaded, then each text prompt was a
+    TypeError ("'>' not supported between instances of 'int' and 'str')."""
+    bad = _copy(model_dir, tmp_path, "max-length")
+    config = json.loads((bad / "tokenizer_config.json").read_text())
+    (bad / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": value}))
+    says = (
+        f"tokenizer files in {bad} could not be loaded: tokenizer_config.json: model_max_length must be a "
+        f"number (the longest input, in tokens), got {json.dumps(value)}; fix it, or remove the key"
+    )
+    with pytest.raises(ModelPathError) as err:
+        LLM(bad, attn="torch", device="cpu")
+    assert str(err.value) == f"model={str(bad)!r}: {says}"
+    with pytest.raises(ModelPathError) as err:  # the workers' load, where the launcher did not check
+        load_tokenizer_dir(bad)
+    assert str(err.value) == says
 
 
 @pytest.mark.parametrize(

@@ -173,9 +173,26 @@ def load_tokenizer_dir(model_dir: str | Path) -> Any:
             f"no tokenizer in {path} (expected tokenizer.json, tokenizer.model or vocab.json next to config.json)"
         )
     try:
-        return AutoTokenizer.from_pretrained(str(path))
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
     except Exception as exc:  # noqa: BLE001 - the tokenizers library raises bare Exceptions
         raise ModelPathError(tokenizer_message(path, exc)) from exc
+    problem = model_max_length_problem(getattr(tokenizer, "model_max_length", None))
+    if problem:
+        raise ModelPathError(tokenizer_message(path, ValueError(f"tokenizer_config.json: {problem}")))
+    return tokenizer
+
+
+def model_max_length_problem(value: Any) -> str | None:
+    """What is wrong with tokenizer_config.json's ``model_max_length``, which transformers loads
+    as it is and compares with every text prompt's length: a string or a list was its TypeError
+    ("'>' not supported between instances of 'int' and 'str'") from each encode, once the model
+    had loaded."""
+    if value is None or isinstance(value, (int, float)):
+        return None
+    return (
+        f"model_max_length must be a number (the longest input, in tokens), got {json.dumps(value)[:80]}; "
+        "fix it, or remove the key"
+    )
 
 
 def source_tokenizer(source: Any) -> Any:

@@ -21,6 +21,7 @@ from minisgl_core.checkpoint.formats import (
     ModelPathError,
     checkpoint_files,
     config_refusal,
+    model_max_length_problem,
     tokenizer_message,
 )
 from minisgl_core.checkpoint.safetensors_header import FLOAT_DTYPES, INTEGER_DTYPES, TensorEntry, read_header
@@ -260,6 +261,10 @@ def check_tokenizer_files(model_dir: Path) -> None:
                 # attribute 'get'"; transformers passes over a special_tokens_map.json that is one)
                 if name == "tokenizer_config.json" and not isinstance(content, dict):
                     raise ValueError(f"{name} must hold a JSON object, got {type(content).__name__}")
+                if name == "tokenizer_config.json":
+                    problem = model_max_length_problem(content.get("model_max_length"))
+                    if problem:
+                        raise ValueError(f"{name}: {problem}")
         for name in TOKENIZER_FILES:  # (a directory there was transformers' "Couldn't instantiate
             # the backend tokenizer from one of:" after the weights had loaded)
             if (model_dir / name).exists() and not (model_dir / name).is_file():
