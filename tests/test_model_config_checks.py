@@ -336,13 +336,45 @@ def test_fewer_experts_than_the_weights_hold_names_the_tensor(decoder_dirs, tmp_
     config = json.loads((decoder_dirs[arch] / "config.json").read_text())
     experts = config[key]
     bad = _with_config(decoder_dirs[arch], tmp_path, **{key: experts - 1, "num_experts_per_tok": 1})
-    with pytest.raises(ModelPathError) as err:
+    with pytest.raises(ModelPathError) as err:  # (the launcher's check: the router's shape says it)
         LLM(bad, attn="torch", device="cpu")
+    assert f"config.json implies [{experts - 1}, 64] ({key}" in str(err.value) or (
+        f"config.json implies [{experts - 1}, 64] (num_experts" in str(err.value)
+    ), str(err.value)
+    with pytest.raises(ModelPathError) as err:  # the loader's, where the launcher did not check
+        Engine(EngineConfig(model=str(bad), attn="torch", device="cpu"), ParallelContext(), Plugins.load())
     says = str(err.value)  # (the first of the expert's tensors the file holds)
-    assert says.startswith(f"model={str(bad)!r}: weight model.layers.0.{tensor.format(e=experts - 1)}"), says
+    assert says.startswith(f"--model {bad}: weight model.layers.0.{tensor.format(e=experts - 1)}"), says
     assert says.endswith(
         f".weight: the checkpoint holds expert {experts - 1}; the model was built with {experts - 1} "
         "experts (config.json does not describe these weights?)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("arch", "key", "tensor", "shape", "implied"),
+    [
+        ("MixtralForCausalLM", "intermediate_size", "block_sparse_moe.experts.0.w1", [32, 64], [2**31, 64]),
+        ("MixtralForCausalLM", "num_local_experts", "block_sparse_moe.gate", [8, 64], [2**31, 64]),
+        ("Qwen3MoeForCausalLM", "moe_intermediate_size", "mlp.experts.0.down_proj", [64, 32], [64, 2**31]),
+        ("Qwen3MoeForCausalLM", "num_local_experts", "mlp.gate", [8, 64], [2**31, 64]),
+    ],
+)
+def test_an_expert_size_the_weights_do_not_have_names_the_tensor(
+    decoder_dirs, tmp_path, arch, key, tensor, shape, implied
+):
+    """A probe's find: the experts' sizes were not compared with the weights, and the model built
+    its experts from config.json first: 2**31 was a PluginFailure from the allocator (a smaller
+    size, all the memory) before a weight was read."""
+    bad = _with_config(decoder_dirs[arch], tmp_path, **{key: 2**31})
+    with pytest.raises(ModelPathError) as err:
+        LLM(bad, attn="torch", device="cpu")
+    assert (
+        f": weight model.layers.0.{tensor}.weight in model.safetensors has shape {shape}, config.json "
+        in str(err.value)
+    )
+    assert f"implies {implied} (" in str(err.value) and str(err.value).endswith(
+        "config.json does not describe these weights"
     )
 
 

@@ -173,6 +173,10 @@ def _layout_rules(config: dict[str, Any]) -> list[tuple[re.Pattern[str], tuple[i
     kv_heads = _config_int(config, "num_key_value_heads") or heads
     head_dim = _config_int(config, "head_dim") or (hidden // heads if hidden and heads else None)
     inter = _config_int(config, "intermediate_size")
+    # (the experts' sizes: Mixtral's from intermediate_size and num_local_experts, Qwen3-MoE's from
+    # moe_intermediate_size and num_experts, num_local_experts as transformers 5 writes it)
+    moe_inter = _config_int(config, "moe_intermediate_size")
+    experts = _config_int(config, "num_experts") or _config_int(config, "num_local_experts")
     q_rows = heads * head_dim if heads and head_dim else None
     kv_rows = kv_heads * head_dim if kv_heads and head_dim else None
     layer = r"model\.layers\.\d+\."
@@ -197,6 +201,15 @@ def _layout_rules(config: dict[str, Any]) -> list[tuple[re.Pattern[str], tuple[i
         *qk_norms,
         (layer + r"mlp\.(gate|up)_proj\.weight", (inter, hidden), "intermediate_size, hidden_size"),
         (layer + r"mlp\.down_proj\.weight", (hidden, inter), "hidden_size, intermediate_size"),
+        # the experts, built from config.json before a weight is read: an intermediate size or
+        # expert count of 2**31 was an allocation failure (smaller, all the memory) in their build
+        (layer + r"block_sparse_moe\.experts\.\d+\.w[13]\.weight", (inter, hidden), "intermediate_size, hidden_size"),
+        (layer + r"block_sparse_moe\.experts\.\d+\.w2\.weight", (hidden, inter), "hidden_size, intermediate_size"),
+        (layer + r"block_sparse_moe\.gate\.weight", (_config_int(config, "num_local_experts"), hidden),
+         "num_local_experts, hidden_size"),
+        (layer + r"mlp\.experts\.\d+\.(gate|up)_proj\.weight", (moe_inter, hidden), "moe_intermediate_size, hidden_size"),
+        (layer + r"mlp\.experts\.\d+\.down_proj\.weight", (hidden, moe_inter), "hidden_size, moe_intermediate_size"),
+        (layer + r"mlp\.gate\.weight", (experts, hidden), "num_experts, hidden_size"),
     ]  # fmt: skip
     return [(re.compile(pattern), shape, keys) for pattern, shape, keys in rules]
 
