@@ -284,22 +284,25 @@ def crashing_integers(schema: Any) -> list[str]:
     llguidance 1.9 crashed the process compiling the grammar (a segmentation fault in
     ``validate_grammar``) on ``{"const": -9223372036854775808}`` and on such an integer
     anywhere in an ``enum`` or ``const`` (a random-schema walk); -2**63-1 and -2**63+513 compile."""
-    found = []
-    stack: list[tuple[Any, str]] = [(schema, "#")]  # (value, its JSON pointer); no recursion
+    return [
+        f"{value} at {path}"
+        for value, path in _integers(schema)
+        if -(2**63) <= value < 0 and float(value) == _CRASHING_FLOAT
+    ]
+
+
+def _integers(schema: Any) -> Iterator[tuple[int, str]]:
+    """Every integer (not a bool) in ``schema`` at any depth, with its JSON pointer, in document
+    order; a walk without recursion (nesting is unbounded)."""
+    stack: list[tuple[Any, str]] = [(schema, "#")]
     while stack:
         value, path = stack.pop()
         if isinstance(value, dict):
             stack += [(v, f"{path}/{k}") for k, v in reversed(value.items())]
         elif isinstance(value, list):
             stack += [(v, f"{path}/{i}") for i, v in reversed(list(enumerate(value)))]
-        elif (
-            isinstance(value, int)
-            and not isinstance(value, bool)
-            and -(2**63) <= value < 0
-            and float(value) == _CRASHING_FLOAT
-        ):
-            found.append(f"{value} at {path}")
-    return found
+        elif isinstance(value, int) and not isinstance(value, bool):
+            yield value, path
 
 
 def rounded_integers(schema: Any) -> list[str]:
@@ -311,14 +314,8 @@ def rounded_integers(schema: Any) -> list[str]:
     rules out. And one past the 64-bit integers that llguidance writes as the float's shortest
     digits padded with zeros: 2**64 (a float exactly) took 18446744073709552000."""
     found = []
-    stack: list[tuple[Any, str]] = [(schema, "#")]  # (value, its JSON pointer); no recursion
-    while stack:
-        value, path = stack.pop()
-        if isinstance(value, dict):
-            stack += [(v, f"{path}/{k}") for k, v in reversed(value.items())]
-        elif isinstance(value, list):
-            stack += [(v, f"{path}/{i}") for i, v in reversed(list(enumerate(value)))]
-        elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**53:
+    for value, path in _integers(schema):
+        if abs(value) > 2**53:
             try:
                 read = float(value)
             except OverflowError:
