@@ -98,7 +98,7 @@ class _Parser(argparse.ArgumentParser):
         (argparse printed the usage block first: 14-38 lines above the one that says what is wrong);
         an SGLang or vLLM flag among the unrecognized arguments gets minisgl's flag for it, and a
         missing subcommand the names to choose from (the usage block listed them; the line alone
-        said "required: command", or "bench_kind")."""
+        said "required: command", or "bench_kind"); a prompt taken for a flag says how to pass it."""
         prefix = "unrecognized arguments: "
         if message.startswith(prefix):
             message += "".join(f"; {hint}" for hint in foreign_flag_hints(message[len(prefix) :].split()))
@@ -108,6 +108,10 @@ class _Parser(argparse.ArgumentParser):
             for action in self._actions:
                 if isinstance(action, argparse._SubParsersAction) and action.dest in missing:
                     message += f" (one of: {', '.join(action.choices)})"
+        if any(action.dest == "prompt" for action in self._actions) and (
+            "prompt" in message.removeprefix(required).split(", ") or "ignored explicit argument" in message
+        ):  # ("generate -hello" was "argument -h/--help: ignored explicit argument 'ello'")
+            message += f"; a prompt that starts with '-' goes after '--', as in {self.prog} -- '-hello'"
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 

@@ -227,3 +227,22 @@ def test_version_names_the_distribution_and_the_plugin_api():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"minisgl {__version__} (plugin API {API_VERSION})"
+
+
+@pytest.mark.parametrize("argv", [["-hello"], ["--max-tokens", "2", "-world"]])
+def test_a_prompt_taken_for_a_flag_says_how_to_pass_it(argv, capsys):
+    """``generate -hello`` was "argument -h/--help: ignored explicit argument 'ello'" and
+    ``generate -world`` "the following arguments are required: prompt": neither said that a prompt
+    starting with '-' goes after '--' (argparse's own rule), which the line now says."""
+    from minisgl_core import cli
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["generate", *argv])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("minisgl generate: error: "), err
+    assert "a prompt that starts with '-' goes after '--', as in minisgl generate -- '-hello'" in err
+    # and what the line says works: the prompt reaches the command
+    assert (
+        cli.build_parser().parse_args(["generate", "--max-tokens", "2", "--", *argv[-1:]]).prompt == argv[-1:]
+    )
