@@ -304,6 +304,11 @@ class SchedulerLoop:
                 return
             aborted = "abort" in out.finish_reasons
             if self.stepping:
+                if out.flushed or out.answers:
+                    # answered now, not after the step: one that prefills long prompts on a CPU
+                    # takes minutes, and /continue_generation got its 504 past the health bound
+                    send(to_detokenizer, out)
+                    out = StepOutputs()
                 if self.heartbeat is not None:
                     self.heartbeat.since = time.monotonic()
                 self.step(out)

@@ -1,0 +1,70 @@
+"""Scheduler rank 0's loop (``SchedulerLoop.run_leader``) over real sockets, with an engine that
+only records what the detokenizer has received when it is stepped."""
+
+from __future__ import annotations
+
+import zmq
+
+from minisgl_core.messages import ContinueGeneration, FlushCache, Message, Shutdown, StepOutputs
+from minisgl_core.processes.ipc import bind_pull, connect_push, drain, send
+from minisgl_core.processes.scheduler_rank import SchedulerLoop
+
+
+class OneRank:
+    size, rank = 1, 0
+
+
+class SlowEngine:
+    """Always has work; each step stands for one that runs for minutes (a long prefill on a CPU):
+    it notes the answers the API server could read by then, and the second step shuts down."""
+
+    compiling = 0
+    has_work = True
+    quiet = True
+
+    def __init__(self, to_scheduler: zmq.Socket, detokenizer: zmq.Socket) -> None:
+        self.to_scheduler = to_scheduler
+        self.detokenizer = detokenizer
+        self.answered_before_step: list[list] = []
+
+    def flush_cache(self) -> int | None:
+        return None  # busy: requests run
+
+    def stats(self) -> dict[str, int]:
+        return {"waiting": 0}
+
+    def step(self) -> list:
+        for msg in drain(self.detokenizer):
+            if isinstance(msg, StepOutputs):
+                self.answered_before_step += msg.answers + msg.flushed
+        send(self.to_scheduler, Shutdown())
+        return []
+
+
+def run(msg: Message, paused: str | None) -> list[list]:
+    ctx = zmq.Context()
+    inbox, to_scheduler = bind_pull(ctx, "inproc://scheduler"), connect_push(ctx, "inproc://scheduler")
+    detokenizer, to_detokenizer = bind_pull(ctx, "inproc://detok"), connect_push(ctx, "inproc://detok")
+    try:
+        engine = SlowEngine(to_scheduler, detokenizer)
+        loop = SchedulerLoop(engine, OneRank())  # type: ignore[arg-type]
+        loop.paused = paused
+        send(to_scheduler, msg)
+        loop.run_leader(inbox, to_detokenizer)
+        return engine.answered_before_step
+    finally:
+        for sock in (inbox, detokenizer, to_scheduler, to_detokenizer):
+            sock.close(linger=0)
+        ctx.term()
+
+
+def test_continue_generation_is_answered_before_the_step_it_starts():
+    """A paused server with long prompts waiting: /continue_generation's answer went out only after
+    the first step it started, a prefill of minutes on a CPU (a 504 past the health bound, found by
+    a probe), though the scheduler had taken it at once."""
+    assert run(ContinueGeneration(7), paused="in_place") == [[7, ""]]
+
+
+def test_flush_cache_is_answered_before_the_next_step():
+    """/flush_cache on a busy server is refused at once (-1); the refusal waited for a step too."""
+    assert run(FlushCache(3), paused=None) == [[3, -1]]
