@@ -36,7 +36,7 @@ from minisgl_core.tokenizer.chat_input import (
     checked_template_args,
     conversations,
 )
-from minisgl_core.tokenizer.detokenize import final_text
+from minisgl_core.tokenizer.detokenize import final_text, prompt_context
 from minisgl_core.tokenizer.load import apply_chat_template, render_chat_template
 
 logger = logging.getLogger(__name__)
@@ -657,6 +657,7 @@ class LLM:
         rids = [[next(self._rids) for _ in range(p.n)] for p in params]
         choices: dict[int, CompletionOutput] = {}
         by_rid: dict[int, SamplingParams] = {}
+        contexts: dict[int, list[int]] = {}  # each request's prompt's last tokens (prompt_context)
         prompt_logprobs: dict[int, list[TokenLogprob | None]] = {}
         cached: dict[int, int] = {}  # each request's prompt tokens read from the prefix cache
         unfinished: set[int] = set()
@@ -670,12 +671,15 @@ class LLM:
                             index, logprobs=[] if p.logprobs is not None else None
                         )
                         by_rid[rid] = p.for_choice(index)
+                        contexts[rid] = prompt_context(ids)
                         unfinished.add(rid)
                         with _named_errors(where(i)):  # (its grammar did not compile)
                             self.engine.add_request(
                                 rid, ids, by_rid[rid], priority=priorities[i], cache_salt=salts[i]
                             )
-                self._run(choices, prompt_logprobs, cached, by_rid, unfinished, bar, interrupts.check)
+                self._run(
+                    choices, prompt_logprobs, cached, by_rid, contexts, unfinished, bar, interrupts.check
+                )
                 while self.engine.has_work:  # with overlap, one step launched after the last finish
                     self.engine.step()
         except BaseException:
@@ -741,6 +745,7 @@ class LLM:
         prompt_logprobs: dict[int, list[TokenLogprob | None]],
         cached: dict[int, int],
         by_rid: dict[int, SamplingParams],
+        contexts: dict[int, list[int]],
         unfinished: set[int],
         bar: Any,
         check_interrupt: Callable[[], None] = lambda: None,
@@ -774,6 +779,7 @@ class LLM:
                         by_rid[out.rid].skip_special_tokens,
                         by_rid[out.rid].include_stop_str_in_output,
                         by_rid[out.rid].min_tokens,
+                        contexts[out.rid],
                     )
                     unfinished.discard(out.rid)
                     if bar is not None:

@@ -227,9 +227,9 @@ class StepOutputs(Message):
     #: with prompt_logprobs, on a request's first output: one wire logprob per prompt token (None
     #: for the first), else None
     prompt_logprobs: list[list[WireLogprob | None] | None] = field(default_factory=list)
-    #: [rid, stop strings, skip_special_tokens, include_stop_str_in_output, min_tokens] of each
-    #: request the scheduler received this step: how the detokenizer turns its tokens into text
-    #: (sent no later than its first token)
+    #: [rid, stop strings, skip_special_tokens, include_stop_str_in_output, min_tokens, the
+    #: prompt's last tokens] of each request the scheduler received this step: how the detokenizer
+    #: turns its tokens into text (sent no later than its first token)
     streams: list[list[Any]] = field(default_factory=list)
     #: [rid, prompt tokens read from the prefix cache] of each request whose first output is in
     #: this step (once a request: no column of Nones on every decode step)
@@ -247,8 +247,9 @@ class StepOutputs(Message):
         skip_special_tokens: bool,
         keep_stop: bool = False,
         min_tokens: int = 0,
+        context: Sequence[int] = (),
     ) -> None:
-        self.streams.append([rid, list(stop), skip_special_tokens, keep_stop, min_tokens])
+        self.streams.append([rid, list(stop), skip_special_tokens, keep_stop, min_tokens, list(context)])
 
     def add(
         self,

@@ -58,6 +58,7 @@ from minisgl_core.processes.child import ChildSpec, ReportReady
 from minisgl_core.processes.ipc import bind_pull, connect_push, drain, recv, send
 from minisgl_core.sampling import StepOutput, TokenLogprob
 from minisgl_core.setting_names import flag
+from minisgl_core.tokenizer.detokenize import prompt_context
 
 logger = logging.getLogger(__name__)
 
@@ -206,6 +207,7 @@ class SchedulerLoop:
             out.open_stream(
                 msg.rid, msg.params.stop, msg.params.skip_special_tokens,
                 msg.params.include_stop_str_in_output, msg.params.min_tokens,
+                prompt_context(msg.prompt_ids),
             )  # fmt: skip
 
     def _update_weights(self, out: StepOutputs) -> None:

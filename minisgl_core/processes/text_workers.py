@@ -378,9 +378,9 @@ class Detokenizer:
     def convert(self, step: StepOutputs) -> DetokOutputs:
         # The scheduler opens a request's stream in the step that received it, so no later than
         # its first token (one socket: nothing overtakes it).
-        for rid, stop, skip_special_tokens, keep_stop, min_tokens in step.streams:
+        for rid, stop, skip_special_tokens, keep_stop, min_tokens, context in step.streams:
             self.streams[rid] = IncrementalDetokenizer(
-                self.tokenizer, stop, skip_special_tokens, keep_stop, min_tokens
+                self.tokenizer, stop, skip_special_tokens, keep_stop, min_tokens, context
             )
         out = DetokOutputs(
             stats=step.stats,

@@ -2,7 +2,31 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
+
+#: how many of the prompt's last tokens the output is decoded after (:func:`decode_after`)
+CONTEXT_TOKENS = 4
+
+
+def prompt_context(prompt_ids: Sequence[int]) -> list[int]:
+    """The prompt's last tokens, which the output's text is decoded after."""
+    return list(prompt_ids[-CONTEXT_TOKENS:])
+
+
+def decode_after(decode: Callable[[list[int]], str], context: list[int], ids: list[int]) -> str:
+    """The text of ``ids`` as it reads after the ``context`` tokens (the prompt's last ones): a
+    SentencePiece decoder (Llama 2's, Mistral's) drops the space of the "▁" its text starts with,
+    so "▁Paris" alone is "Paris" where the answer to "The capital of France is" is " Paris" (vLLM's
+    and SGLang's detokenizers decode the output after a few prompt tokens too). The ids alone
+    where the context's text ends inside a character or is not the start of theirs together."""
+    if context and ids:
+        head = decode(context)
+        if not head.endswith("\ufffd"):
+            text = decode(context + ids)
+            if text.startswith(head):
+                return text[len(head) :]
+    return decode(ids)
 
 
 def visible_ids(output_ids: list[int], matched_stop: str | int | None, keep: bool = False) -> list[int]:
@@ -41,17 +65,20 @@ def final_text(
     skip_special_tokens: bool = True,
     keep_stop: bool = False,
     min_tokens: int = 0,
+    context: list[int] | None = None,
 ) -> str:
+    """The text of a finished request's output; ``context``: its prompt's last tokens
+    (:func:`prompt_context`), which the output is decoded after."""
+
+    def decode(ids: list[int]) -> str:
+        return decode_after(
+            lambda ids: tokenizer.decode(ids, skip_special_tokens=skip_special_tokens), context or [], ids
+        )
+
     visible = visible_ids(output_ids, matched_stop, keep_stop)
-    text = without_cut_character(
-        tokenizer, visible, tokenizer.decode(visible, skip_special_tokens=skip_special_tokens)
-    )
+    text = without_cut_character(tokenizer, visible, decode(visible))
     start = 0
     if isinstance(matched_stop, str):
-
-        def decode(ids: list[int]) -> str:
-            return tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
-
         start = stop_search_start(decode, visible, matched_stop, min_tokens)
     return trim_stop(text, matched_stop, keep_stop, start)
 
@@ -112,8 +139,10 @@ class IncrementalDetokenizer:
         skip_special_tokens: bool = True,
         keep_stop: bool = False,
         min_tokens: int = 0,
+        context: list[int] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        self.context = context or []  # the prompt's last tokens: the output is decoded after them
         self.skip = skip_special_tokens
         self.stop = stop
         self.keep_stop = keep_stop  # the matched stop string stays in the text
@@ -133,12 +162,19 @@ class IncrementalDetokenizer:
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip)
 
+    def _decode_output(self, ids: list[int]) -> str:
+        """The text of output ids from the output's first on, read after the context."""
+        return decode_after(self._decode, self.context, ids)
+
+    def _decode_window(self, ids: list[int], start: int) -> str:
+        return self._decode_output(ids) if start == 0 else self._decode(ids)
+
     def add(self, token_ids: list[int], finished: bool = False, matched_stop: str | int | None = None) -> str:
         """Feed new tokens; return text that is safe to emit now."""
         self.ids.extend(token_ids)
         ids = visible_ids(self.ids, matched_stop, self.keep_stop) if finished else self.ids
-        prefix = self._decode(ids[self.prefix_offset : self.read_offset])
-        full = self._decode(ids[self.prefix_offset :])
+        prefix = self._decode_window(ids[self.prefix_offset : self.read_offset], self.prefix_offset)
+        full = self._decode_window(ids[self.prefix_offset :], self.prefix_offset)
         if finished or (len(full) > len(prefix) and not full.endswith("\ufffd")):
             new = full[len(prefix) :]
             if finished:
@@ -152,7 +188,7 @@ class IncrementalDetokenizer:
         if finished:
             start = 0
             if isinstance(matched_stop, str):
-                start = stop_search_start(self._decode, ids, matched_stop, self.min_tokens)
+                start = stop_search_start(self._decode_output, ids, matched_stop, self.min_tokens)
             end = len(trim_stop(self.text, matched_stop, self.keep_stop, start))
         else:
             # Hold back a tail that could still grow into a stop string, and text from a whole one
@@ -164,7 +200,7 @@ class IncrementalDetokenizer:
                     start = self._search_start.get(stop)
                     if start is None:  # decodes the first min_tokens - 1 tokens: once per stop
                         start = self._search_start[stop] = stop_search_start(
-                            self._decode, self.ids, stop, self.min_tokens
+                            self._decode_output, self.ids, stop, self.min_tokens
                         )
                     # (only where a new occurrence may lie: the text searched before had none)
                     at = self.text.find(stop, max(start, self._searched - len(stop) + 1))
