@@ -14,7 +14,7 @@ from minisgl_core.processes.text_workers import Detokenizer
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.scheduler.request import Request
 from minisgl_core.scheduler.stop import StopChecker
-from minisgl_core.tokenizer.detokenize import final_text, prompt_context
+from minisgl_core.tokenizer.detokenize import IncrementalDetokenizer, final_text, prompt_context
 
 WORDS = ["▁The", "▁capital", "▁of", "▁France", "▁is", "▁Paris", ".", "▁It", "▁big"]
 
@@ -104,3 +104,21 @@ def test_offline_generation_keeps_the_first_space(spm, tmp_path: Path):
         SamplingParams(max_tokens=1, allowed_token_ids=paris, temperature=0, stop=[" Paris"]),
     )
     assert (out.outputs[0].text, out.outputs[0].finish_reason) == ("", "stop")
+
+
+def test_an_output_cut_inside_a_character_keeps_the_characters_before_it(spm):
+    """Byte pieces (<0xE6>) ending inside a character decode, the whole run of them, to U+FFFD
+    a byte: "日本" and half of "語" were " ��������" whole and its stream's last piece; the
+    cut character's bytes are left out, as the stream never sent them."""
+    prompt = ids_of(spm, "▁The", "▁capital", "▁is")
+    pieces = ["▁", *(f"<0x{b:02X}>" for b in "日本語".encode())]
+    output = ids_of(spm, *pieces)[:-1]  # max_tokens reached one byte before "語" completes
+    context = prompt_context(prompt)
+    assert final_text(spm, output, None, context=context) == " 日本"
+    detok = IncrementalDetokenizer(spm, [], context=context)
+    streamed = "".join(detok.add([token]) for token in output[:-1]) + detok.add(output[-1:], finished=True)
+    assert streamed == " 日本"
+    # whole characters, and a U+FFFD the model wrote itself, stay
+    assert final_text(spm, ids_of(spm, *pieces), None, context=context) == " 日本語"
+    written = ids_of(spm, "▁", *(f"<0x{b:02X}>" for b in "\ufffd".encode()))
+    assert final_text(spm, written, None, context=context) == " \ufffd"

@@ -76,7 +76,12 @@ def final_text(
         )
 
     visible = visible_ids(output_ids, matched_stop, keep_stop)
-    text = without_cut_character(tokenizer, visible, decode(visible))
+    text = decode(visible)
+    cut = cut_character_tokens(tokenizer, visible, text)
+    if cut:
+        visible = visible[:-cut]
+        text = decode(visible)
+    text = without_cut_character(tokenizer, visible, text)
     start = 0
     if isinstance(matched_stop, str):
         start = stop_search_start(decode, visible, matched_stop, min_tokens)
@@ -103,10 +108,33 @@ def without_cut_character(tokenizer: Any, ids: list[int], text: str) -> str:
     return text
 
 
+def cut_character_tokens(tokenizer: Any, ids: list[int], text: str) -> int:
+    """How many of the last ``ids`` (``text``: their decoded text, or its end) hold nothing but
+    the first bytes of a character the output stopped inside. A byte-fallback vocabulary's pieces
+    (``<0xE6>``, Llama 2's) decode to U+FFFD a byte, and a run of them ending inside a character
+    all to U+FFFD, the whole characters before too ("你好" and half of "世" were eight U+FFFD), so
+    they are left out before decoding, as vLLM never sends them (a byte-level token that also holds
+    whole characters stays: :func:`without_cut_character` drops its U+FFFD)."""
+    if not text.endswith("\ufffd"):
+        return 0
+    cut, held, tokens = _cut_bytes(tokenizer, ids), 0, 0
+    for token_id in reversed(ids):
+        raw = raw_token_bytes(tokenizer, token_id)
+        if raw is None or held + len(raw) > cut:
+            break
+        held, tokens = held + len(raw), tokens + 1
+    return tokens
+
+
 def ends_inside_character(tokenizer: Any, ids: list[int]) -> bool:
     """Whether the bytes of ``ids`` end with an incomplete UTF-8 sequence: a lead byte whose
     continuation bytes never came (read from the last tokens' vocabulary entries,
     :func:`raw_token_bytes`; a token of another kind ends whole characters)."""
+    return _cut_bytes(tokenizer, ids) > 0
+
+
+def _cut_bytes(tokenizer: Any, ids: list[int]) -> int:
+    """How many bytes of an incomplete UTF-8 sequence the bytes of ``ids`` end with (0: none)."""
     tail = b""
     for token_id in reversed(ids[-4:]):
         raw = raw_token_bytes(tokenizer, token_id)
@@ -120,9 +148,9 @@ def ends_inside_character(tokenizer: Any, ids: list[int]) -> bool:
         if 0x80 <= byte < 0xC0:  # a continuation byte: the lead is further back
             continue
         if 0xC0 <= byte < 0xF8:  # a lead byte: 2, 3 or 4 bytes in all
-            return (2 if byte < 0xE0 else 3 if byte < 0xF0 else 4) > back
-        return False  # ASCII
-    return False
+            return back if (2 if byte < 0xE0 else 3 if byte < 0xF0 else 4) > back else 0
+        return 0  # ASCII
+    return 0
 
 
 class IncrementalDetokenizer:
@@ -175,6 +203,11 @@ class IncrementalDetokenizer:
         ids = visible_ids(self.ids, matched_stop, self.keep_stop) if finished else self.ids
         prefix = self._decode_window(ids[self.prefix_offset : self.read_offset], self.prefix_offset)
         full = self._decode_window(ids[self.prefix_offset :], self.prefix_offset)
+        if finished:  # (the bytes of a character the output stopped inside were never sent)
+            cut = cut_character_tokens(self.tokenizer, ids, full)
+            if cut:
+                ids = ids[: max(len(ids) - cut, self.read_offset)]
+                full = self._decode_window(ids[self.prefix_offset :], self.prefix_offset)
         if finished or (len(full) > len(prefix) and not full.endswith("\ufffd")):
             new = full[len(prefix) :]
             if finished:
