@@ -122,3 +122,36 @@ def test_an_output_cut_inside_a_character_keeps_the_characters_before_it(spm):
     assert final_text(spm, ids_of(spm, *pieces), None, context=context) == " 日本語"
     written = ids_of(spm, "▁", *(f"<0x{b:02X}>" for b in "\ufffd".encode()))
     assert final_text(spm, written, None, context=context) == " \ufffd"
+
+
+def byte_pieces(spm, text: str) -> list[int]:
+    return ids_of(spm, *(f"<0x{b:02X}>" for b in text.encode()))
+
+
+def stop_at(spm, output: list[int], **params) -> tuple[int, str | None]:
+    """(tokens produced when the scheduler's check stopped, the stop it matched)."""
+    checker = StopChecker((), lambda ids, skip: spm.decode(ids, skip_special_tokens=skip))
+    sampling = SamplingParams(max_tokens=len(output), ignore_eos=True, **params)
+    req = Request(rid=0, prompt_ids=ids_of(spm, "▁The", "▁capital", "▁is"), params=sampling, arrival=0)
+    for token in output:
+        req.output_ids.append(token)
+        reason, matched = checker.check(req)
+        if reason == "stop":
+            return len(req.output_ids), matched  # type: ignore[return-value]
+    return len(output), None
+
+
+def test_a_stop_after_byte_pieces_is_found_where_it_ends(spm):
+    """A window starting inside a character of a run of byte pieces decoded the whole run to
+    U+FFFD: stop "👧 ." in "👨‍👩‍👧 ." was found a token late (or, with max_tokens there, never)."""
+    output = [
+        *ids_of(spm, "▁"),
+        *byte_pieces(spm, "👨\u200d👩\u200d👧"),
+        *ids_of(spm, "▁", "."),
+        *ids_of(spm, "▁It"),
+    ]
+    assert stop_at(spm, output, stop=["👧 ."]) == (len(output) - 1, "👧 .")
+    for stop in ["語", "本語", "日本語 It"]:  # CJK spelled in byte pieces, each window start
+        text_ids = [*ids_of(spm, "▁"), *byte_pieces(spm, "一日本語"), *ids_of(spm, "▁It", "▁big")]
+        want = len(ids_of(spm, "▁")) + len(byte_pieces(spm, "一日本語")) + (1 if "It" in stop else 0)
+        assert stop_at(spm, text_ids, stop=[stop]) == (want, stop), stop

@@ -60,14 +60,12 @@ class StopChecker:
             # ending in a real U+FFFD, the token before), which began within the last four tokens:
             # if no stop's last character is in the last few tokens' text, none can match, and the
             # window (up to 4,100 tokens for a long stop of emoji) need not be decoded this step.
-            recent = decode(req.output_ids[-_RECENT:])
+            _, recent = _text_from(decode, req, len(req.output_ids) - _RECENT)
             if not any(stop[-1] in recent for stop in req.params.stop):
                 return None
-        window = req.output_ids[-req.stop_window :]
-        # (a window from the output's first token is read after the prompt's end, as the
-        # detokenizer reads it: a SentencePiece "▁Paris" starting the output is " Paris")
-        context = prompt_context(req.prompt_ids) if len(window) == len(req.output_ids) else []
-        tail = decode_after(decode, context, window)
+        start, tail = _text_from(decode, req, len(req.output_ids) - req.stop_window)
+        window = req.output_ids[start:]
+        context = prompt_context(req.prompt_ids) if start == 0 else []
         early = req.params.min_tokens - 1 - (len(req.output_ids) - len(window))
         # (a character the first min_tokens - 1 tokens end inside is not their text: it ends later)
         before = len(decode_after(decode, context, window[:early]).rstrip("\ufffd")) if early > 0 else 0
@@ -85,3 +83,19 @@ class StopChecker:
             if at >= 0 and (found is None or (at, len(stop)) < found[:2]):
                 found = (at, len(stop), stop)
         return None if found is None else found[2]
+
+
+def _text_from(decode: Callable[[list[int]], str], req: Request, start: int) -> tuple[int, str]:
+    """(where it starts, the text of) ``req``'s output from token ``start`` on. A window starting
+    inside a character decodes it to U+FFFD, and with a byte-fallback vocabulary (Llama 2's
+    <0xE6> pieces) the whole run of byte pieces it starts in, the characters after the cut one
+    too ("👧 ." was not found in "\ufffd" * 8 + " ."): it starts again a token earlier, up to
+    three, at the character's first byte. From the output's first token it is read after the
+    prompt's end, as the detokenizer reads it (a SentencePiece "▁Paris" starting it is " Paris")."""
+    first = start = max(0, start)
+    while True:
+        context = prompt_context(req.prompt_ids) if start == 0 else []
+        text = decode_after(decode, context, req.output_ids[start:])
+        if start == 0 or first - start == 3 or not text.startswith("\ufffd"):
+            return start, text
+        start -= 1
