@@ -155,3 +155,16 @@ def test_a_stop_after_byte_pieces_is_found_where_it_ends(spm):
         text_ids = [*ids_of(spm, "▁"), *byte_pieces(spm, "一日本語"), *ids_of(spm, "▁It", "▁big")]
         want = len(ids_of(spm, "▁")) + len(byte_pieces(spm, "一日本語")) + (1 if "It" in stop else 0)
         assert stop_at(spm, text_ids, stop=[stop]) == (want, stop), stop
+
+
+def test_a_stop_before_min_tokens_stays_uncounted_after_byte_pieces(spm):
+    """The text of the first min_tokens - 1 tokens, ending inside "👩" after other byte pieces,
+    decoded to U+FFFD from "👨" on: read as the text before it, so "👨", ended before min_tokens,
+    counted and cut the answer short."""
+    output = [*ids_of(spm, "▁"), *byte_pieces(spm, "日本"), *ids_of(spm, "▁")]
+    output += [*byte_pieces(spm, "👨\u200d👩"), *ids_of(spm, "▁It", "▁big")]
+    min_tokens = len(output) - 3  # the first min_tokens - 1 end two bytes into "👩"
+    assert stop_at(spm, output, stop=["👨"], min_tokens=min_tokens) == (len(output), None)
+    detok = IncrementalDetokenizer(spm, ["👨"], min_tokens=min_tokens, context=ids_of(spm, "▁is"))
+    streamed = "".join(detok.add([token], finished=token == output[-1]) for token in output)
+    assert streamed == final_text(spm, output, None, context=ids_of(spm, "▁is")) == " 日本 👨\u200d👩 It big"

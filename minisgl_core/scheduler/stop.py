@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from minisgl_core.scheduler.request import Request
-from minisgl_core.tokenizer.detokenize import decode_after, prompt_context
+from minisgl_core.tokenizer.detokenize import decode_after, prompt_context, whole_text_length
 
 #: tokens decoded first for a long stop's window: they hold every character the newest token
 #: completed (a character is at most four bytes, a token at least one) and the token before it
@@ -68,7 +68,11 @@ class StopChecker:
         context = prompt_context(req.prompt_ids) if start == 0 else []
         early = req.params.min_tokens - 1 - (len(req.output_ids) - len(window))
         # (a character the first min_tokens - 1 tokens end inside is not their text: it ends later)
-        before = len(decode_after(decode, context, window[:early]).rstrip("\ufffd")) if early > 0 else 0
+        before = (
+            whole_text_length(lambda ids: decode_after(decode, context, ids), window[:early])
+            if early > 0
+            else 0
+        )
         # A character cut by either end of the window (the window starting inside one, the newest
         # token ending inside one) decodes to U+FFFD: not the output's text, which a stop of
         # "\ufffd" matched inside a whole emoji. The end's characters are found once complete.

@@ -55,7 +55,17 @@ def stop_search_start(decode: Any, output_ids: list[int], stop: str, min_tokens:
     less its length plus one (of their whole characters: one they end inside ends later)."""
     if min_tokens <= 1:
         return 0
-    return max(0, len(decode(output_ids[: min_tokens - 1]).rstrip("\ufffd")) - len(stop) + 1)
+    return max(0, whole_text_length(decode, output_ids[: min_tokens - 1]) - len(stop) + 1)
+
+
+def whole_text_length(decode: Callable[[list[int]], str], ids: list[int]) -> int:
+    """The length of the text of ``ids``' whole characters: a character they end inside decodes to
+    U+FFFD, and with a byte-fallback vocabulary (Llama 2's <0xE6> pieces) the whole run of byte
+    pieces it ends, the characters before it too, whose text that of fewer tokens holds."""
+    text = decode(ids)
+    if not text.endswith("\ufffd"):
+        return len(text)
+    return max(len(decode(ids[: len(ids) - back]).rstrip("\ufffd")) for back in range(min(3, len(ids)) + 1))
 
 
 def final_text(
