@@ -1,7 +1,9 @@
 """Output text of a SentencePiece vocabulary whose decoder strips the space of the first "▁" piece
 (Llama 2's, Mistral's, Phi-3's): the output is read after the prompt's last tokens, so an answer
 starting "▁Paris" is " Paris", as vLLM and SGLang give it (decoded alone it was "Paris", and
-"The capital of France is" + "Paris" ran together), streamed, whole, offline and for stop strings."""
+"The capital of France is" + "Paris" ran together), streamed, whole, offline and for stop strings.
+And its byte pieces (<0xE6>), a run of which decodes all to U+FFFD where it ends inside a character:
+an output cut there, a stop-string window starting there, min_tokens' text ending there."""
 
 from __future__ import annotations
 
@@ -108,8 +110,8 @@ def test_offline_generation_keeps_the_first_space(spm, tmp_path: Path):
 
 def test_an_output_cut_inside_a_character_keeps_the_characters_before_it(spm):
     """Byte pieces (<0xE6>) ending inside a character decode, the whole run of them, to U+FFFD
-    a byte: "日本" and half of "語" were " ��������" whole and its stream's last piece; the
-    cut character's bytes are left out, as the stream never sent them."""
+    a byte: "日本" and half of "語" were seven U+FFFD (the last one dropped), whole and as the
+    stream's last piece; the cut character's bytes are left out, as the stream never sent them."""
     prompt = ids_of(spm, "▁The", "▁capital", "▁is")
     pieces = ["▁", *(f"<0x{b:02X}>" for b in "日本語".encode())]
     output = ids_of(spm, *pieces)[:-1]  # max_tokens reached one byte before "語" completes
