@@ -324,6 +324,32 @@ def test_the_decoders_other_architectures_have_their_layers_counted(decoder_dirs
     )
 
 
+@pytest.mark.parametrize("value", [float("nan"), [8], True, "7", 0, 8.0], ids=json.dumps)
+@pytest.mark.parametrize(
+    ("arch", "key"),
+    [
+        ("Qwen3MoeForCausalLM", "num_experts"),  # (Qwen's checkpoints' name)
+        ("Qwen3MoeForCausalLM", "num_local_experts"),  # (transformers 5's)
+        ("Qwen3MoeForCausalLM", "decoder_sparse_step"),
+        ("MixtralForCausalLM", "num_local_experts"),
+    ],
+)
+def test_an_expert_count_not_a_positive_integer_is_refused_naming_it(
+    decoder_dirs, tmp_path, arch, key, value
+):
+    """A probe's find: the plugins took int() of the experts' counts, so "7" was silently 7 experts
+    (then a loader's error about an expert 7 the weights hold), NaN or a list a PluginFailure from
+    the model's construction, 0 a dense model "never loaded"."""
+    bad = _with_config(decoder_dirs[arch], tmp_path, **{key: value})
+    says = f"config.json: {key} must be a positive integer, got {json.dumps(value)}"
+    with pytest.raises(ModelPathError) as err:
+        LLM(bad, attn="torch", device="cpu")
+    assert str(err.value) == f"model={str(bad)!r}: {says}"
+    with pytest.raises(ModelPathError) as err:  # the runner, where the launcher did not check
+        Engine(EngineConfig(model=str(bad), attn="torch", device="cpu"), ParallelContext(), Plugins.load())
+    assert str(err.value) == f"--model {bad}: {says}"
+
+
 @pytest.mark.parametrize(
     ("arch", "key", "tensor"),
     [

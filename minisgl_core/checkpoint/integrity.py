@@ -59,10 +59,13 @@ def read_headers(model_dir: Path) -> dict[str, TensorEntry]:
 #: request table: -5 failed to allocate it, 0 loaded a model that refused every prompt)
 ENGINE_SIZES = ("vocab_size", "max_position_embeddings")
 #: the sizes and constants the Llama layout's decoder (layers/decoder.py) builds from; another
-#: architecture may give these names other meanings (per-layer lists), so its model checks them
+#: architecture may give these names other meanings (per-layer lists), so its model checks them.
+#: The experts' counts too (Qwen3-MoE's num_experts, Mixtral's and transformers 5's
+#: num_local_experts, Qwen3-MoE's decoder_sparse_step): the plugins took int() of them, so "7" was
+#: silently 7 experts and NaN or a list a PluginFailure from the model's construction
 LAYOUT_SIZES = (
     "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-    "moe_intermediate_size", "num_experts_per_tok",
+    "moe_intermediate_size", "num_experts_per_tok", "num_experts", "num_local_experts", "decoder_sparse_step",
 )  # fmt: skip
 LAYOUT_CONSTANTS = ("rms_norm_eps", "rope_theta")
 

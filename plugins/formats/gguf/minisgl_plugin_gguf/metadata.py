@@ -63,8 +63,8 @@ def hf_config_from_metadata(fields: dict[str, Any], tied: bool, path: str) -> di
     config: dict[str, Any] = {"architectures": [ARCHITECTURES[arch]], "model_type": arch}
     for key, hf_key in _ARCH_KEYS.items():
         value = fields.get(f"{arch}.{key}")
-        if value is not None:
-            config[hf_key] = value
+        if value is not None and not (key in ("expert_count", "expert_used_count") and value == 0):
+            config[hf_key] = value  # (an expert count of 0: a dense model, as llama.cpp reads it)
     if arch in EXPERTS_OF and config.get("num_experts", 0) > 0:
         config["architectures"] = [EXPERTS_OF[arch]]
         config["num_local_experts"] = config.pop("num_experts")

@@ -755,6 +755,24 @@ def test_metadata_that_sizes_the_model_past_its_weights_is_named(make_tiny_model
         LLM(file, device="cpu", attn="torch")
 
 
+def test_an_expert_count_of_zero_is_a_dense_model(make_tiny_model, tmp_path):
+    """llama.cpp reads ``expert_count`` 0 as no experts (dense files may state it): no experts in the
+    config, which the core would refuse as a count below 1."""
+    file = _with_fields(
+        make_tiny_model("LlamaForCausalLM"),
+        tmp_path / "dense.gguf",
+        **{"llama.expert_count": 0, "llama.expert_used_count": 0},
+    )
+    from minisgl_core.llm import LLM
+
+    config = GGUFFormat(file).hf_config()
+    assert config["architectures"] == ["LlamaForCausalLM"] and "num_experts" not in config
+    assert "num_experts_per_tok" not in config
+    with LLM(file, device="cpu", attn="torch", num_kv_tokens=512) as llm:
+        output = llm.generate([[5, 6, 7]], llm.sampling_params(temperature=0, max_tokens=2))[0]
+    assert len(output.token_ids) == 2
+
+
 def test_experts_in_an_architecture_without_them_are_refused(make_tiny_model, tmp_path):
     file = _with_fields(
         make_tiny_model("Qwen3ForCausalLM"), tmp_path / "bad.gguf", **{"qwen3.expert_count": 4}
