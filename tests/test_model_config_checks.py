@@ -99,20 +99,66 @@ def test_a_size_not_a_positive_integer_is_refused_naming_the_field(model_dir, tm
     )
 
 
-@pytest.mark.parametrize("value", ["abc", 0, -1.0, True, float("nan")], ids=json.dumps)
-@pytest.mark.parametrize("field", ["rope_theta", "rms_norm_eps", "rope_parameters.rope_theta"])
-def test_a_rope_theta_or_norm_epsilon_not_a_positive_number_is_refused(model_dir, tmp_path, field, value):
-    """rope_theta -1 or "abc" and rms_norm_eps -1 loaded a model that answered nonsense."""
+THETA_SAYS = "must be a number above 1 (the rotary base; models use 10000 to 1e9), got "
+EPS_SAYS = "must be a number between 0 and 1 (the norm's epsilon; models use 1e-5 or 1e-6), got "
+INF = float("inf")
+NOT_A_ROTARY_BASE = ("abc", 0, -1.0, True, float("nan"), INF, 1e-320, 0.5, 1, 1e39, [10000.0], None)
+NOT_A_NORM_EPSILON = ("abc", 0, -1.0, True, float("nan"), INF, 1e308, 1, 7.0, [1e-6])
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        *(("rope_theta", value, THETA_SAYS) for value in NOT_A_ROTARY_BASE if value is not None),
+        *(("rope_parameters.rope_theta", value, THETA_SAYS) for value in NOT_A_ROTARY_BASE),
+        *(("rms_norm_eps", value, EPS_SAYS) for value in NOT_A_NORM_EPSILON),
+    ],
+    ids=lambda value: json.dumps(value)[:16],
+)
+def test_a_rope_theta_or_norm_epsilon_that_cannot_be_right_is_refused(
+    model_dir, tmp_path, field, value, says
+):
+    """rope_theta -1 or "abc" and rms_norm_eps -1 loaded a model that answered nonsense; so did a
+    rotary base of 1e-320 (an infinity), 0.5 or 1 (frequencies that do not fall), 1e39 (infinite in
+    float32), and an epsilon of 1e308 or 7 (every activation flattened). rope_parameters' rope_theta
+    null was a TypeError traceback from the rotary's build."""
     nest, _, key = field.rpartition(".")
-    bad = _with_config(
-        model_dir, tmp_path, **({nest: {"rope_type": "default", key: value}} if nest else {key: value})
-    )
+    changes = {nest: {"rope_type": "default", key: value}} if nest else {key: value, "rope_parameters": None}
+    bad = _with_config(model_dir, tmp_path, **changes)
     with pytest.raises(ModelPathError) as err:
         LLM(bad, attn="torch", device="cpu")
-    assert (
-        str(err.value)
-        == f"model={str(bad)!r}: config.json: {field} must be a positive number, got {json.dumps(value)}"
-    )
+    assert str(err.value) == f"model={str(bad)!r}: config.json: {field} {says}{json.dumps(value)}"
+
+
+def test_a_null_rope_theta_is_the_default_one(model_dir, tmp_path):
+    """Left out or null at the top level, rope_theta is 10000 (LlamaConfig's default): null was a
+    TypeError traceback from the rotary's build."""
+    outputs = []
+    for theta in (None, 10000.0):
+        edited = _with_config(model_dir, tmp_path / str(theta), rope_theta=theta, rope_parameters=None)
+        with LLM(edited, attn="torch", device="cpu", num_kv_tokens=512) as llm:
+            params = llm.sampling_params(temperature=0, max_tokens=4)
+            outputs.append(llm.generate([[5, 6, 7]], params)[0].token_ids)
+    assert outputs[0] == outputs[1]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("rope_parameters.full_attention.rope_theta", 0.5), ("rope_local_base_freq", 1e-320)],
+    ids=["full-attention", "local-base"],
+)
+def test_gemma3s_rotary_bases_are_checked_too(tmp_path, field, value):
+    """Gemma 3 gives a rope_theta a layer type (and the older rope_local_base_freq): 0.5 loaded."""
+    model = make_model_dir(tmp_path / "gemma3", "Gemma3ForCausalLM")
+    config = json.loads((model / "config.json").read_text())
+    if field == "rope_local_base_freq":
+        changes = {"rope_parameters": None, field: value}
+    else:
+        changes = {"rope_parameters": {**config["rope_parameters"], "full_attention": {"rope_theta": value}}}
+    bad = _with_config(model, tmp_path, **changes)
+    with pytest.raises(ModelPathError) as err:
+        LLM(bad, attn="torch", device="cpu")
+    assert str(err.value) == f"model={str(bad)!r}: config.json: {field} {THETA_SAYS}{json.dumps(value)}"
 
 
 @pytest.mark.parametrize("value", ["x", 0.0, -2.0], ids=json.dumps)
@@ -135,13 +181,14 @@ def test_a_rope_scaling_factor_not_a_positive_number_is_refused(model_dir, tmp_p
 
 
 @pytest.mark.parametrize(
-    ("field", "value"), [("hidden_size", "abc"), ("num_hidden_layers", 0), ("rms_norm_eps", -1)]
+    ("field", "value"),
+    [("hidden_size", "abc"), ("num_hidden_layers", 0), ("rms_norm_eps", -1), ("rope_theta", 0.5)],
 )
 def test_the_runner_refuses_a_bad_size_when_the_launcher_did_not_check(model_dir, tmp_path, field, value):
     bad = _with_config(model_dir, tmp_path, **{field: value})
     with pytest.raises(ModelPathError) as err:
         Engine(EngineConfig(model=str(bad), attn="torch", device="cpu"), ParallelContext(), Plugins.load())
-    assert f"--model {bad}: config.json: {field} must be a positive " in str(err.value)
+    assert f"--model {bad}: config.json: {field} must be a " in str(err.value)
 
 
 @pytest.mark.parametrize("shape", ["qwen3-0.6b", "llama-3.1-8b"])

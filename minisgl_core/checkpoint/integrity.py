@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,15 +68,49 @@ LAYOUT_SIZES = (
     "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
     "moe_intermediate_size", "num_experts_per_tok", "num_experts", "num_local_experts", "decoder_sparse_step",
 )  # fmt: skip
-LAYOUT_CONSTANTS = ("rms_norm_eps", "rope_theta")
+#: float32's largest number: the rotary frequencies and the norms are computed in float32, where a
+#: larger one (1e308) is infinite
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _above_one(value: float) -> bool:
+    return value > 1
+
+
+def _below_one(value: float) -> bool:
+    return 0 < value < 1
+
+
+def _positive(value: float) -> bool:
+    return value > 0
+
+
+#: the rotary base: each rotary frequency is a power of 1 / rope_theta, so at 1 or below they do
+#: not fall from the first dimension to the last (1e-320 was an infinity, 0.5 a model that answered
+#: nonsense); released models use 10,000 to about 1e9 (tests, 10)
+THETA_RULE = (_above_one, "a number above 1 (the rotary base; models use 10000 to 1e9)")
+#: what config.json's constants must be, each as (test of a finite number, what the error says);
+#: the bounds are the arithmetic's, and every released model is well inside them
+CONSTANT_RULES = {
+    "rope_theta": THETA_RULE,
+    "rope_local_base_freq": THETA_RULE,  # (Gemma 3's sliding layers' rope_theta)
+    # added to the mean square under the root: 1e308 or 7 flattened every activation (models use
+    # 1e-5 or 1e-6)
+    "rms_norm_eps": (_below_one, "a number between 0 and 1 (the norm's epsilon; models use 1e-5 or 1e-6)"),
+    "factor": (_positive, "a positive number"),
+    "low_freq_factor": (_positive, "a positive number"),
+    "high_freq_factor": (_positive, "a positive number"),
+    "original_max_position_embeddings": (_positive, "a positive number"),
+}
+LAYOUT_CONSTANTS = ("rms_norm_eps", "rope_theta", "rope_local_base_freq")
 
 
 def check_config_values(config: dict[str, Any], source: str = "config.json") -> None:
     """A ValueError naming the first config.json value no model can be built from: architectures
     not a list of names, a size or count not a positive integer (a string, a bool, a float, zero or
     less: each was a torch error deep in the model's construction, or a model that built), a rope
-    theta or norm epsilon not a positive number. Keys left out (or null) are the model's to default
-    or require."""
+    theta, norm epsilon or rope scaling number outside what its arithmetic allows
+    (:data:`CONSTANT_RULES`). Keys left out (or null) are the model's to default or require."""
     archs = config.get("architectures")
     if archs is not None and not (isinstance(archs, list) and all(isinstance(name, str) for name in archs)):
         # transformers declares list[str] and reads architectures[0]: a string was its first letter
@@ -90,15 +125,32 @@ def check_config_values(config: dict[str, Any], source: str = "config.json") -> 
             raise ValueError(f"{source}: {key} must be a positive integer, got {_shown(config[key])}")
     if not layout:
         return
-    constants = {key: config.get(key) for key in LAYOUT_CONSTANTS}
-    for nest in ("rope_parameters", "rope_scaling"):  # (transformers 5 nests rope_theta)
-        if isinstance(config.get(nest), dict):
-            # the scaling's numbers too: a factor of 0 divided the rotary frequencies into infinities
+    for key, value in _constants(config):
+        test, words = CONSTANT_RULES[key.rpartition(".")[2]]
+        if not (_finite_number(value) and test(value)):
+            raise ValueError(f"{source}: {key} must be {words}, got {_shown(value)}")
+
+
+def _constants(config: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    """(the key as the error names it, its value) of each constant config.json gives: the top-level
+    ones, and those of its rope settings (transformers 5 nests rope_theta in rope_parameters,
+    Gemma 3 one set a layer type). A top-level one that is null is the model's to default; one
+    that a rope setting states as null is a number missing (a TypeError from the rotary's build)."""
+    for key in LAYOUT_CONSTANTS:
+        if config.get(key) is not None:
+            yield key, config[key]
+    for nest in ("rope_parameters", "rope_scaling"):
+        settings = config.get(nest)
+        if not isinstance(settings, dict):
+            continue
+        nested = [(nest, settings)]
+        nested += [
+            (f"{nest}.{kind}", settings[kind]) for kind in LAYER_KINDS if isinstance(settings.get(kind), dict)
+        ]
+        for where, params in nested:
             for key in ("rope_theta", *ROPE_SCALING_NUMBERS):
-                constants[f"{nest}.{key}"] = config[nest].get(key)
-    for key, value in constants.items():
-        if value is not None and not _positive_number(value):
-            raise ValueError(f"{source}: {key} must be a positive number, got {_shown(value)}")
+                if key in params:
+                    yield f"{where}.{key}", params[key]
 
 
 def _check_not_quantized(config: dict[str, Any], source: str) -> None:
@@ -141,13 +193,19 @@ def _check_one_rope(config: dict[str, Any], source: str) -> None:
         )
 
 
-#: the numbers of a rope scaling (linear's factor, llama3's four) that must be positive
+#: the numbers of a rope scaling (linear's factor, llama3's four)
 ROPE_SCALING_NUMBERS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+#: the layer types Gemma 3's rope_parameters give settings for, one each
+LAYER_KINDS = ("sliding_attention", "full_attention")
 
 
-def _positive_number(value: Any) -> bool:
+def _finite_number(value: Any) -> bool:
+    """A number float32 holds (int or float, not a bool, NaN or an infinity)."""
     return (
-        isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and abs(value) <= FLOAT32_MAX
     )
 
 

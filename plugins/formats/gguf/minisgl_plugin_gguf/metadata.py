@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import math
+from collections.abc import Callable
 from typing import Any
 
 #: GGUF ``general.architecture`` → the Hugging Face architecture our model plugins register
@@ -41,6 +44,31 @@ _ARCH_KEYS = {
     "expert_feed_forward_length": "moe_intermediate_size",
 }
 
+#: the ``{arch}.*`` keys read as counts and sizes (llama.cpp's uint32s): each a positive integer
+_WHOLE_KEYS = (
+    "context_length", "embedding_length", "feed_forward_length", "block_count", "attention.head_count",
+    "attention.head_count_kv", "attention.key_length", "rope.dimension_count", "expert_feed_forward_length",
+    "vocab_size", "rope.scaling.original_context_length",
+)  # fmt: skip
+#: counts where 0 is none (a dense model's ``expert_count``; Gemma 3's window): whole numbers from 0
+_WHOLE_OR_NONE_KEYS = ("expert_count", "expert_used_count", "attention.sliding_window")
+#: the ``{arch}.*`` keys read as numbers (llama.cpp's float32s), each as (test of a finite
+#: number, what the error says): the bounds the core checks config.json's rope_theta, rms_norm_eps
+#: and rope scaling factor against (checkpoint/integrity.py's CONSTANT_RULES), named in the file's
+#: keys (1e-320 or 0.5 as the rotary base, 1e308 as the epsilon loaded a model that answered
+#: nonsense; a string was a TypeError traceback)
+_NUMBER_KEYS: dict[str, tuple[Callable[[float], bool], str]] = {
+    "rope.freq_base": (lambda v: v > 1, "a number above 1 (the rotary base; models use 10000 to 1e9)"),
+    "rope.freq_base_swa": (lambda v: v > 1, "a number above 1 (the rotary base; models use 10000 to 1e9)"),
+    "attention.layer_norm_rms_epsilon": (
+        lambda v: 0 < v < 1,
+        "a number between 0 and 1 (the norm's epsilon; models use 1e-5 or 1e-6)",
+    ),
+    "rope.scaling.factor": (lambda v: v > 0, "a positive number"),
+}
+#: float32's largest number (llama.cpp holds these in float32, as the core computes with them)
+_FLOAT32_MAX = 3.4028234663852886e38
+
 #: ``general.sampling.*`` (written by recent llama.cpp converters) → generation_config.json key
 _SAMPLING_KEYS = {"temp": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p"}
 
@@ -59,6 +87,7 @@ def hf_config_from_metadata(fields: dict[str, Any], tied: bool, path: str) -> di
     if arch not in ARCHITECTURES:
         supported = ", ".join(f"{k} ({v})" for k, v in ARCHITECTURES.items())
         raise UnsupportedGGUF(f"{path}: GGUF architecture {arch!r} is not supported; supported: {supported}")
+    _check_numbers(fields, arch, path)
     _refuse_unsupported_layouts(fields, arch, path)
     config: dict[str, Any] = {"architectures": [ARCHITECTURES[arch]], "model_type": arch}
     for key, hf_key in _ARCH_KEYS.items():
@@ -179,6 +208,32 @@ def _even_share(total: Any, parts: Any) -> int | None:
     if isinstance(total, int) and isinstance(parts, int) and parts > 0 and total % parts == 0:
         return total // parts
     return None
+
+
+def _check_numbers(fields: dict[str, Any], arch: str, path: str) -> None:
+    """An UnsupportedGGUF naming the first ``{arch}.*`` number the model cannot be built from: a
+    count that is not a whole number (a string, a float, a list) or below 1, a rotary base,
+    norm epsilon or scaling factor outside its bounds (:data:`_NUMBER_KEYS`)."""
+    for key in (*_WHOLE_KEYS, *_WHOLE_OR_NONE_KEYS):
+        value, least = fields.get(f"{arch}.{key}"), 0 if key in _WHOLE_OR_NONE_KEYS else 1
+        if value is not None and not (
+            isinstance(value, int) and not isinstance(value, bool) and value >= least
+        ):
+            words = "a whole number (0: none)" if least == 0 else "a positive integer"
+            raise UnsupportedGGUF(f"{path}: {arch}.{key} must be {words}, got {_shown(value)}")
+    for key, (test, words) in _NUMBER_KEYS.items():
+        value = fields.get(f"{arch}.{key}")
+        if value is None:
+            continue
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not (number and math.isfinite(value) and abs(value) <= _FLOAT32_MAX and test(value)):
+            raise UnsupportedGGUF(f"{path}: {arch}.{key} must be {words}, got {_shown(value)}")
+
+
+def _shown(value: Any) -> str:
+    """``value`` as JSON writes it (a string quoted, NaN as NaN), cut to 80 characters."""
+    text = json.dumps(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _refuse_unsupported_layouts(fields: dict[str, Any], arch: str, path: str) -> None:

@@ -7,6 +7,7 @@ Our model loaded through :class:`GGUFFormat` must give transformers' logits for 
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -665,8 +666,8 @@ def test_a_gguf_file_is_known_by_its_magic_not_its_name(make_tiny_model, tmp_pat
 def _with_fields(
     hf_dir: Path, out: Path, extra_tensors: dict[str, np.ndarray] | None = None, **fields
 ) -> Path:
-    """``hf_dir`` written as GGUF with metadata ``fields`` replaced (None: left out), and
-    ``extra_tensors`` added."""
+    """``hf_dir`` written as GGUF with metadata ``fields`` replaced (None: left out; a tuple:
+    the value and its GGUF type), and ``extra_tensors`` added."""
     import gguf
 
     file = write_gguf(hf_dir, out.with_suffix(".orig.gguf"))
@@ -678,7 +679,9 @@ def _with_fields(
             continue
         writer.add_key_value(field.name, field.contents(), field.types[0], field.types[-1])
     for key, value in fields.items():
-        if value is not None:
+        if isinstance(value, tuple):  # (value, its GGUF type): a float64, say
+            writer.add_key_value(key, *value)
+        elif value is not None:
             writer.add_key_value(key, value, gguf.GGUFValueType.get_type(value))
     for tensor in reader.tensors:
         writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
@@ -706,7 +709,7 @@ def _with_fields(
         ({"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0}, "'yarn' is not supported"),
         (
             {"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 0.0},
-            "rope_scaling.factor must be a positive number, got 0.0",
+            r"llama\.rope\.scaling\.factor must be a positive number, got 0.0",
         ),
     ],
     ids=["no-tokenizer", "eos-out-of-range", "kv-heads", "split", "experts", "yarn", "factor-0"],
@@ -740,7 +743,7 @@ def test_files_our_models_cannot_serve_fail_in_one_line(make_tiny_model, tmp_pat
                 "llama.rope.dimension_count": 16,
                 "llama.attention.key_length": None,
             },
-            "hidden_size must be a positive integer, got 0",
+            r"llama\.embedding_length must be a positive integer, got 0",
         ),
         # range(2_000_000_000) as a set, to find which blk.N the weights lack: a MemoryError
         ({"llama.block_count": 2_000_000_000}, r"block_count 2000000000, the weights have no blk\.2\.\*"),
@@ -753,6 +756,49 @@ def test_metadata_that_sizes_the_model_past_its_weights_is_named(make_tiny_model
     file = _with_fields(make_tiny_model("LlamaForCausalLM"), tmp_path / "bad.gguf", **fields)
     with pytest.raises(ValueError, match=message):
         LLM(file, device="cpu", attn="torch")
+
+
+F64 = "FLOAT64"
+THETA_SAYS = "must be a number above 1 (the rotary base; models use 10000 to 1e9), got "
+EPS_SAYS = "must be a number between 0 and 1 (the norm's epsilon; models use 1e-5 or 1e-6), got "
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "says"),
+    [
+        *(("llama.rope.freq_base", value, THETA_SAYS) for value in (0.0, -1.0, 0.5, 1.0, float("inf"))),
+        ("llama.rope.freq_base", (1e-320, F64), THETA_SAYS),
+        ("llama.rope.freq_base", float("nan"), THETA_SAYS),
+        ("llama.rope.freq_base", "10000", THETA_SAYS),
+        *(("llama.attention.layer_norm_rms_epsilon", value, EPS_SAYS) for value in (0.0, -1.0, 1.0, 7.0)),
+        ("llama.attention.layer_norm_rms_epsilon", (1e308, F64), EPS_SAYS),
+        ("llama.attention.layer_norm_rms_epsilon", float("nan"), EPS_SAYS),
+        ("llama.attention.layer_norm_rms_epsilon", float("-inf"), EPS_SAYS),
+        # (a count as a string was a TypeError traceback, or int()'s silent 7; 4.0 a float)
+        ("llama.expert_count", "7", "must be a whole number (0: none), got "),
+        ("llama.vocab_size", "1024", "must be a positive integer, got "),
+        ("llama.attention.head_count", (4.0, "FLOAT32"), "must be a positive integer, got "),
+        ("llama.block_count", True, "must be a positive integer, got "),
+    ],
+    ids=lambda value: json.dumps(value if not isinstance(value, tuple) else value[0])[:16],
+)
+def test_metadata_numbers_that_cannot_be_right_are_named_in_the_files_keys(
+    make_tiny_model, tmp_path, key, value, says
+):
+    """A probe's find: a rotary base of 0.5 or 1e-320 (an infinity) and a norm epsilon of 1e308 or 7
+    loaded a model that answered nonsense; -1 or NaN was refused only by a scheduler process once
+    the workers had started (exit code 1, blaming "the file's metadata: rope_theta"). Now one line
+    naming the file and its key, as config.json's rope_theta and rms_norm_eps are refused."""
+    import gguf
+
+    if isinstance(value, tuple):
+        value = (value[0], getattr(gguf.GGUFValueType, value[1]))
+    file = _with_fields(make_tiny_model("LlamaForCausalLM"), tmp_path / "bad.gguf", **{key: value})
+    line = f"{file}: {key} {says}{json.dumps(value[0] if isinstance(value, tuple) else value)}"
+    with pytest.raises(ValueError) as err:
+        GGUFFormat(file)
+    assert str(err.value) == line
+    assert one_error_line(serve_cli("--model", str(file))) == f"minisgl: error: {line}"
 
 
 def test_an_expert_count_of_zero_is_a_dense_model(make_tiny_model, tmp_path):
