@@ -161,11 +161,15 @@ def test_gemma3s_rotary_bases_are_checked_too(tmp_path, field, value):
     assert str(err.value) == f"model={str(bad)!r}: config.json: {field} {THETA_SAYS}{json.dumps(value)}"
 
 
-@pytest.mark.parametrize("value", ["x", 0.0, -2.0], ids=json.dumps)
+FACTOR_SAYS = "must be a number of at least 1 (the positions are divided by it), got "
+
+
+@pytest.mark.parametrize("value", ["x", 0.0, -2.0, 0.5, 1e308, 1e-320, None], ids=json.dumps)
 @pytest.mark.parametrize("nest", ["rope_scaling", "rope_parameters"])
-def test_a_rope_scaling_factor_not_a_positive_number_is_refused(model_dir, tmp_path, nest, value):
-    """A linear scaling's factor 0 divided the rotary frequencies into infinities (a model that
-    answered nonsense), "x" was a TypeError traceback from a worker."""
+def test_a_rope_scaling_factor_that_cannot_be_right_is_refused(model_dir, tmp_path, nest, value):
+    """A linear scaling's factor 0 or 1e-320 divided the rotary frequencies into infinities (a
+    model that answered nonsense), 1e308 made them 0 in float32 and 0.5 sped every rotation up
+    (transformers' rule: at least 1); "x" and null were TypeError tracebacks from a worker."""
     bad = _with_config(
         model_dir, tmp_path, **{nest: {"rope_type": "linear", "rope_theta": 1e4, "factor": value}}
     )
@@ -175,8 +179,35 @@ def test_a_rope_scaling_factor_not_a_positive_number_is_refused(model_dir, tmp_p
         (bad / "config.json").write_text(json.dumps(config))
     with pytest.raises(ModelPathError) as err:
         LLM(bad, attn="torch", device="cpu")
-    assert str(err.value) == (
-        f"model={str(bad)!r}: config.json: {nest}.factor must be a positive number, got {json.dumps(value)}"
+    assert (
+        str(err.value) == f"model={str(bad)!r}: config.json: {nest}.factor {FACTOR_SAYS}{json.dumps(value)}"
+    )
+
+
+LLAMA3 = {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 1024}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "says"),
+    [
+        ("factor", 1e-320, FACTOR_SAYS),
+        ("factor", None, FACTOR_SAYS),
+        ("low_freq_factor", 1e308, "must be a positive number, got "),
+        ("high_freq_factor", float("inf"), "must be a positive number, got "),
+        ("original_max_position_embeddings", 0.5, "must be a positive integer, got "),
+        ("original_max_position_embeddings", 1024.0, "must be a positive integer, got "),
+    ],
+    ids=lambda value: json.dumps(value)[:16],
+)
+def test_a_llama3_rope_scaling_number_that_cannot_be_right_is_refused(model_dir, tmp_path, key, value, says):
+    """Llama 3.1's scaling: each loaded a model that answered nonsense (1e-320: token 0 only), and
+    a factor of null was a TypeError traceback from the rotary's build."""
+    bad = _with_config(model_dir, tmp_path, rope_parameters={**LLAMA3, key: value})
+    with pytest.raises(ModelPathError) as err:
+        LLM(bad, attn="torch", device="cpu")
+    assert (
+        str(err.value) == f"model={str(bad)!r}: config.json: rope_parameters.{key} {says}{json.dumps(value)}"
     )
 
 

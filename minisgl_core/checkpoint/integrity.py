@@ -81,8 +81,16 @@ def _below_one(value: float) -> bool:
     return 0 < value < 1
 
 
+def _at_least_one(value: float) -> bool:
+    return value >= 1
+
+
 def _positive(value: float) -> bool:
     return value > 0
+
+
+def _whole_and_positive(value: float) -> bool:
+    return isinstance(value, int) and value > 0
 
 
 #: the rotary base: each rotary frequency is a power of 1 / rope_theta, so at 1 or below they do
@@ -97,10 +105,13 @@ CONSTANT_RULES = {
     # added to the mean square under the root: 1e308 or 7 flattened every activation (models use
     # 1e-5 or 1e-6)
     "rms_norm_eps": (_below_one, "a number between 0 and 1 (the norm's epsilon; models use 1e-5 or 1e-6)"),
-    "factor": (_positive, "a positive number"),
+    # a rope scaling's: the positions are divided by its factor (transformers' rule: at least 1;
+    # 0.5 sped every rotation up, 1e308 made each frequency 0 in float32, 1e-320 an infinity), and
+    # llama3's context before the scaling is a count of tokens (0.5 loaded)
+    "factor": (_at_least_one, "a number of at least 1 (the positions are divided by it)"),
     "low_freq_factor": (_positive, "a positive number"),
     "high_freq_factor": (_positive, "a positive number"),
-    "original_max_position_embeddings": (_positive, "a positive number"),
+    "original_max_position_embeddings": (_whole_and_positive, "a positive integer"),
 }
 LAYOUT_CONSTANTS = ("rms_norm_eps", "rope_theta", "rope_local_base_freq")
 

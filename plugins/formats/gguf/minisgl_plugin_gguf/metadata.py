@@ -64,7 +64,7 @@ _NUMBER_KEYS: dict[str, tuple[Callable[[float], bool], str]] = {
         lambda v: 0 < v < 1,
         "a number between 0 and 1 (the norm's epsilon; models use 1e-5 or 1e-6)",
     ),
-    "rope.scaling.factor": (lambda v: v > 0, "a positive number"),
+    "rope.scaling.factor": (lambda v: v >= 1, "a number of at least 1 (the positions are divided by it)"),
 }
 #: float32's largest number (llama.cpp holds these in float32, as the core computes with them)
 _FLOAT32_MAX = 3.4028234663852886e38

@@ -708,11 +708,12 @@ def _with_fields(
         ),
         ({"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0}, "'yarn' is not supported"),
         (
-            {"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 0.0},
-            r"llama\.rope\.scaling\.factor must be a positive number, got 0.0",
+            {"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 0.5},
+            r"llama\.rope\.scaling\.factor must be a number of at least 1 \(the positions are divided by it\), "
+            "got 0.5",
         ),
     ],
-    ids=["no-tokenizer", "eos-out-of-range", "kv-heads", "split", "experts", "yarn", "factor-0"],
+    ids=["no-tokenizer", "eos-out-of-range", "kv-heads", "split", "experts", "yarn", "factor-below-1"],
 )
 def test_files_our_models_cannot_serve_fail_in_one_line(make_tiny_model, tmp_path, fields, message):
     # each was a traceback from transformers, a reshape or a worker, or loaded and ran wrong
