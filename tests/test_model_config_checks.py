@@ -389,6 +389,21 @@ def test_the_decoders_other_architectures_have_their_sizes_checked(
     )
 
 
+@pytest.mark.parametrize(("kv_heads", "rows"), [(2**31, 68719476800), (1, 96)], ids=["2**31", "1"])
+def test_phi3s_fused_qkv_projection_is_compared_with_config_json(decoder_dirs, tmp_path, kv_heads, rows):
+    """A probe's find: Phi-3's fused qkv_proj ([64 + 2 x 32, 64] here) had no rule, and no other
+    tensor's shape involves the KV heads: 2**31 of them was the allocator's RuntimeError for a
+    17 TB tensor (on a machine that overcommits, the OOM killer) before a weight was read."""
+    bad = _with_config(decoder_dirs["Phi3ForCausalLM"], tmp_path, num_key_value_heads=kv_heads)
+    with pytest.raises(ModelPathError) as err:
+        LLM(bad, attn="torch", device="cpu")
+    assert str(err.value) == (
+        f"model={str(bad)!r}: weight model.layers.0.self_attn.qkv_proj.weight in model.safetensors has "
+        f"shape [128, 64], config.json implies [{rows}, 64] ((num_attention_heads + 2 x num_key_value_heads) x "
+        "head_dim, hidden_size): config.json does not describe these weights"
+    )
+
+
 @pytest.mark.parametrize("arch", ["Phi3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"])
 def test_the_decoders_other_architectures_have_their_layers_counted(decoder_dirs, tmp_path, arch):
     """num_hidden_layers 1 over two layers of weights loaded the first layer only and answered

@@ -251,6 +251,7 @@ def _layout_rules(config: dict[str, Any]) -> list[tuple[re.Pattern[str], tuple[i
     experts = _config_int(config, "num_experts") or _config_int(config, "num_local_experts")
     q_rows = heads * head_dim if heads and head_dim else None
     kv_rows = kv_heads * head_dim if kv_heads and head_dim else None
+    qkv_rows = q_rows + 2 * kv_rows if q_rows and kv_rows else None
     layer = r"model\.layers\.\d+\."
     archs = config.get("architectures") or [None]
     if archs[0] in WHOLE_QK_NORMS:
@@ -271,6 +272,11 @@ def _layout_rules(config: dict[str, Any]) -> list[tuple[re.Pattern[str], tuple[i
         (layer + r"self_attn\.[kv]_proj\.bias", (kv_rows,), "num_key_value_heads x head_dim"),
         (layer + r"self_attn\.o_proj\.weight", (hidden, q_rows), "hidden_size, num_attention_heads x head_dim"),
         *qk_norms,
+        # Phi-3's fused q/k/v and gate/up (a KV head count of 2**31 was the allocator's failure
+        # for a 17 TB qkv_proj: the other shapes do not involve it)
+        (layer + r"self_attn\.qkv_proj\.weight", (qkv_rows, hidden),
+         "(num_attention_heads + 2 x num_key_value_heads) x head_dim, hidden_size"),
+        (layer + r"mlp\.gate_up_proj\.weight", (2 * inter if inter else None, hidden), "2 x intermediate_size, hidden_size"),
         (layer + r"mlp\.(gate|up)_proj\.weight", (inter, hidden), "intermediate_size, hidden_size"),
         (layer + r"mlp\.down_proj\.weight", (hidden, inter), "hidden_size, intermediate_size"),
         # the experts, built from config.json before a weight is read: an intermediate size or
