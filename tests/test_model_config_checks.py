@@ -600,3 +600,40 @@ def test_a_negative_max_window_layers_slides_every_layer(model_dir, tmp_path):
         assert set(llm.engine.runner.model.kv_spec.window_layers) == {0, 1}
         output = llm.generate([[5, 6, 7]], llm.sampling_params(temperature=0, max_tokens=3))[0]
     assert len(output.token_ids) == 3
+
+
+@pytest.fixture(scope="module")
+def granite_dir(tmp_path_factory) -> Path:
+    return make_model_dir(tmp_path_factory.mktemp("granite") / "granite", "GraniteForCausalLM")
+
+
+SCALE_SAYS = "must be a positive number float32 holds (1.2e-38 to 3.4e38), got "
+
+
+@pytest.mark.parametrize(
+    ("arch", "key", "value"),
+    [
+        ("Gemma2ForCausalLM", "query_pre_attn_scalar", 0),
+        ("Gemma2ForCausalLM", "query_pre_attn_scalar", -1),
+        ("Gemma2ForCausalLM", "final_logit_softcapping", 1e308),
+        ("Gemma2ForCausalLM", "attn_logit_softcapping", 1e-320),
+        ("GraniteForCausalLM", "embedding_multiplier", 1e308),
+        ("GraniteForCausalLM", "embedding_multiplier", 1e-320),
+        ("GraniteForCausalLM", "attention_multiplier", 1e308),
+        ("GraniteForCausalLM", "logits_scaling", 1e-320),
+    ],
+    ids=lambda value: json.dumps(value)[:24],
+)
+def test_an_architectures_scale_that_cannot_be_right_is_refused(
+    gemma2_dir, granite_dir, tmp_path, arch, key, value
+):
+    """A probe's find: Gemma 2's query_pre_attn_scalar 0 was a ZeroDivisionError (a PluginFailure)
+    from the model's build and -1 a complex softmax scale that failed the first decode step, after
+    the model had loaded; a soft-cap or Granite multiplier of 1e308 (infinite in float32) or 1e-320
+    (0 in float32) loaded a model that answered token 0, or was blamed on "the checkpoint is
+    corrupt"."""
+    model = gemma2_dir if arch == "Gemma2ForCausalLM" else granite_dir
+    bad = _with_config(model, tmp_path, **{key: value})
+    with pytest.raises(ModelPathError) as err:
+        LLM(bad, attn="torch", device="cpu")
+    assert str(err.value) == f"model={str(bad)!r}: config.json: {key} {SCALE_SAYS}{json.dumps(value)}"

@@ -71,6 +71,8 @@ LAYOUT_SIZES = (
 #: float32's largest number: the rotary frequencies and the norms are computed in float32, where a
 #: larger one (1e308) is infinite
 FLOAT32_MAX = 3.4028234663852886e38
+#: float32's smallest normal number: a positive scale below it is 0 there, or its inverse infinite
+FLOAT32_TINY = 1.1754943508222875e-38
 
 
 def _above_one(value: float) -> bool:
@@ -93,6 +95,15 @@ def _whole_and_positive(value: float) -> bool:
     return isinstance(value, int) and value > 0
 
 
+def _scale(value: float) -> bool:
+    return value >= FLOAT32_TINY
+
+
+#: scales some architectures multiply or divide by (Gemma's, Granite's)
+SCALES = (
+    "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
+    "embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling",
+)  # fmt: skip
 #: the rotary base: each rotary frequency is a power of 1 / rope_theta, so at 1 or below they do
 #: not fall from the first dimension to the last (1e-320 was an infinity, 0.5 a model that answered
 #: nonsense); released models use 10,000 to about 1e9 (tests, 10)
@@ -112,8 +123,13 @@ CONSTANT_RULES = {
     "low_freq_factor": (_positive, "a positive number"),
     "high_freq_factor": (_positive, "a positive number"),
     "original_max_position_embeddings": (_whole_and_positive, "a positive integer"),
+    # the architectures' own scales: Gemma 2's and 3's softmax scale query_pre_attn_scalar ** -0.5
+    # (0 was a ZeroDivisionError from the model's build, -1 a complex number that failed the first
+    # decode step) and soft-caps (null: none), Granite's multipliers; 1e308, or 1e-320 (0 in
+    # float32), loaded a model that answered token 0, or was blamed on "the checkpoint is corrupt"
+    **dict.fromkeys(SCALES, (_scale, "a positive number float32 holds (1.2e-38 to 3.4e38)")),
 }
-LAYOUT_CONSTANTS = ("rms_norm_eps", "rope_theta", "rope_local_base_freq")
+LAYOUT_CONSTANTS = ("rms_norm_eps", "rope_theta", "rope_local_base_freq", *SCALES)
 
 
 def check_config_values(config: dict[str, Any], source: str = "config.json") -> None:
