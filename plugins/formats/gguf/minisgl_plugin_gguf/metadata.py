@@ -90,10 +90,14 @@ def hf_config_from_metadata(fields: dict[str, Any], tied: bool, path: str) -> di
     _check_numbers(fields, arch, path)
     _refuse_unsupported_layouts(fields, arch, path)
     config: dict[str, Any] = {"architectures": [ARCHITECTURES[arch]], "model_type": arch}
+    # (no experts, expert_count 0: a dense model, as llama.cpp reads it, its expert keys left out;
+    # beside experts, an expert_used_count of 0 is passed on for the core to refuse: left out, the
+    # model's default of 8 would have run silently)
+    dense = not fields.get(f"{arch}.expert_count")
     for key, hf_key in _ARCH_KEYS.items():
         value = fields.get(f"{arch}.{key}")
-        if value is not None and not (key in ("expert_count", "expert_used_count") and value == 0):
-            config[hf_key] = value  # (an expert count of 0: a dense model, as llama.cpp reads it)
+        if value is not None and not (dense and key in ("expert_count", "expert_used_count") and value == 0):
+            config[hf_key] = value
     if arch in EXPERTS_OF and config.get("num_experts", 0) > 0:
         config["architectures"] = [EXPERTS_OF[arch]]
         config["num_local_experts"] = config.pop("num_experts")

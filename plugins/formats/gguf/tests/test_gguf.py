@@ -820,6 +820,22 @@ def test_an_expert_count_of_zero_is_a_dense_model(make_tiny_model, tmp_path):
     assert len(output.token_ids) == 2
 
 
+def test_no_experts_used_beside_experts_is_refused(make_tiny_model, tmp_path):
+    """A probe's find: qwen3moe.expert_used_count 0 was left out with the dense files' zeros, and
+    the model ran its default of 8 experts a token without a word."""
+    from minisgl_core.llm import LLM
+
+    file = _with_fields(
+        make_tiny_model("Qwen3MoeForCausalLM"),
+        tmp_path / "none-used.gguf",
+        **{"qwen3moe.expert_used_count": 0},
+    )
+    assert GGUFFormat(file).hf_config()["num_experts_per_tok"] == 0
+    with pytest.raises(ValueError) as err:
+        LLM(file, device="cpu", attn="torch")
+    assert str(err.value).endswith("num_experts_per_tok must be a positive integer, got 0")
+
+
 def test_experts_in_an_architecture_without_them_are_refused(make_tiny_model, tmp_path):
     file = _with_fields(
         make_tiny_model("Qwen3ForCausalLM"), tmp_path / "bad.gguf", **{"qwen3.expert_count": 4}
