@@ -109,7 +109,7 @@ NOT_A_NORM_EPSILON = ("abc", 0, -1.0, True, float("nan"), INF, 1e308, 1, 7.0, [1
 @pytest.mark.parametrize(
     ("field", "value", "says"),
     [
-        *(("rope_theta", value, THETA_SAYS) for value in NOT_A_ROTARY_BASE if value is not None),
+        *(("rope_theta", value, THETA_SAYS) for value in NOT_A_ROTARY_BASE),
         *(("rope_parameters.rope_theta", value, THETA_SAYS) for value in NOT_A_ROTARY_BASE),
         *(("rms_norm_eps", value, EPS_SAYS) for value in NOT_A_NORM_EPSILON),
     ],
@@ -120,26 +120,14 @@ def test_a_rope_theta_or_norm_epsilon_that_cannot_be_right_is_refused(
 ):
     """rope_theta -1 or "abc" and rms_norm_eps -1 loaded a model that answered nonsense; so did a
     rotary base of 1e-320 (an infinity), 0.5 or 1 (frequencies that do not fall), 1e39 (infinite in
-    float32), and an epsilon of 1e308 or 7 (every activation flattened). rope_parameters' rope_theta
-    null was a TypeError traceback from the rotary's build."""
+    float32), and an epsilon of 1e308 or 7 (every activation flattened). A rope_theta of null (no
+    rope setting giving one) was a TypeError traceback from the rotary's build."""
     nest, _, key = field.rpartition(".")
     changes = {nest: {"rope_type": "default", key: value}} if nest else {key: value, "rope_parameters": None}
     bad = _with_config(model_dir, tmp_path, **changes)
     with pytest.raises(ModelPathError) as err:
         LLM(bad, attn="torch", device="cpu")
     assert str(err.value) == f"model={str(bad)!r}: config.json: {field} {says}{json.dumps(value)}"
-
-
-def test_a_null_rope_theta_is_the_default_one(model_dir, tmp_path):
-    """Left out or null at the top level, rope_theta is 10000 (LlamaConfig's default): null was a
-    TypeError traceback from the rotary's build."""
-    outputs = []
-    for theta in (None, 10000.0):
-        edited = _with_config(model_dir, tmp_path / str(theta), rope_theta=theta, rope_parameters=None)
-        with LLM(edited, attn="torch", device="cpu", num_kv_tokens=512) as llm:
-            params = llm.sampling_params(temperature=0, max_tokens=4)
-            outputs.append(llm.generate([[5, 6, 7]], params)[0].token_ids)
-    assert outputs[0] == outputs[1]
 
 
 @pytest.mark.parametrize(
@@ -228,7 +216,10 @@ def test_real_configs_and_left_out_or_null_values_pass(shape):
     from minisgl_core.checkpoint.integrity import check_config_values
 
     check_config_values(dict(SHAPES[shape]))  # (llama 3.1: a rope_scaling without rope_theta)
-    check_config_values({**SHAPES[shape], "head_dim": None, "num_key_value_heads": None, "rope_theta": None})
+    check_config_values({**SHAPES[shape], "head_dim": None, "num_key_value_heads": None})
+    # (a null rope_theta beside the rope settings' own is no missing one)
+    nested = {"rope_scaling": None, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}
+    check_config_values({**SHAPES[shape], "rope_theta": None, **nested})
     check_config_values({key: value for key, value in SHAPES[shape].items() if key != "rms_norm_eps"})
 
 

@@ -161,23 +161,30 @@ def check_config_values(config: dict[str, Any], source: str = "config.json") -> 
 def _constants(config: dict[str, Any]) -> Iterator[tuple[str, Any]]:
     """(the key as the error names it, its value) of each constant config.json gives: the top-level
     ones, and those of its rope settings (transformers 5 nests rope_theta in rope_parameters,
-    Gemma 3 one set a layer type). A top-level one that is null is the model's to default; one
-    that a rope setting states as null is a number missing (a TypeError from the rotary's build)."""
+    Gemma 3 one set a layer type). A top-level one that is null is the model's to default, but for
+    a rope_theta no rope setting gives (the rotary's TypeError; and the config classes' defaults
+    differ, Llama's 10000, Mixtral's 1e6); one that a rope setting states as null is a number
+    missing (a TypeError from the rotary's build)."""
+    nested = []
+    for nest in ("rope_parameters", "rope_scaling"):
+        settings = config.get(nest)
+        if isinstance(settings, dict):
+            nested.append((nest, settings))
+            nested += [
+                (f"{nest}.{kind}", settings[kind])
+                for kind in LAYER_KINDS
+                if isinstance(settings.get(kind), dict)
+            ]
     for key in LAYOUT_CONSTANTS:
         if config.get(key) is not None:
             yield key, config[key]
-    for nest in ("rope_parameters", "rope_scaling"):
-        settings = config.get(nest)
-        if not isinstance(settings, dict):
-            continue
-        nested = [(nest, settings)]
-        nested += [
-            (f"{nest}.{kind}", settings[kind]) for kind in LAYER_KINDS if isinstance(settings.get(kind), dict)
-        ]
-        for where, params in nested:
-            for key in ("rope_theta", *ROPE_SCALING_NUMBERS):
-                if key in params:
-                    yield f"{where}.{key}", params[key]
+    if "rope_theta" in config and config["rope_theta"] is None:
+        if not any(params.get("rope_theta") is not None for _, params in nested):
+            yield "rope_theta", None
+    for where, params in nested:
+        for key in ("rope_theta", *ROPE_SCALING_NUMBERS):
+            if key in params:
+                yield f"{where}.{key}", params[key]
 
 
 def _check_not_quantized(config: dict[str, Any], source: str) -> None:

@@ -40,9 +40,7 @@ def rope_parameters(hf_config: dict[str, Any]) -> dict[str, Any]:
     ``rope_scaling`` plus a top-level ``rope_theta``. Always has ``rope_type`` and ``rope_theta``."""
     params = dict(hf_config.get("rope_parameters") or hf_config.get("rope_scaling") or {})
     params["rope_type"] = params.get("rope_type", params.get("type", "default"))
-    if params.get("rope_theta") is None:  # (left out or null: config.json's top-level one, or 10000)
-        top = hf_config.get("rope_theta")
-        params["rope_theta"] = 10000.0 if top is None else top
+    params.setdefault("rope_theta", hf_config.get("rope_theta", 10000.0))
     return params
 
 
