@@ -149,6 +149,7 @@ def test_gemma3s_rotary_bases_are_checked_too(tmp_path, field, value):
     assert str(err.value) == f"model={str(bad)!r}: config.json: {field} {THETA_SAYS}{json.dumps(value)}"
 
 
+SCALE_SAYS = "must be a positive number float32 holds (1.2e-38 to 3.4e38), got "
 FACTOR_SAYS = "must be a number of at least 1 (the positions are divided by it), got "
 
 
@@ -181,8 +182,10 @@ LLAMA3 = {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_fac
     [
         ("factor", 1e-320, FACTOR_SAYS),
         ("factor", None, FACTOR_SAYS),
-        ("low_freq_factor", 1e308, "must be a positive number, got "),
-        ("high_freq_factor", float("inf"), "must be a positive number, got "),
+        ("low_freq_factor", 1e308, SCALE_SAYS),
+        ("low_freq_factor", 1e-320, SCALE_SAYS),
+        ("high_freq_factor", float("inf"), SCALE_SAYS),
+        ("high_freq_factor", 0.0, SCALE_SAYS),
         ("original_max_position_embeddings", 0.5, "must be a positive integer, got "),
         ("original_max_position_embeddings", 1024.0, "must be a positive integer, got "),
     ],
@@ -596,9 +599,6 @@ def test_a_negative_max_window_layers_slides_every_layer(model_dir, tmp_path):
 @pytest.fixture(scope="module")
 def granite_dir(tmp_path_factory) -> Path:
     return make_model_dir(tmp_path_factory.mktemp("granite") / "granite", "GraniteForCausalLM")
-
-
-SCALE_SAYS = "must be a positive number float32 holds (1.2e-38 to 3.4e38), got "
 
 
 @pytest.mark.parametrize(

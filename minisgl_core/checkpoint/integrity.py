@@ -87,10 +87,6 @@ def _at_least_one(value: float) -> bool:
     return value >= 1
 
 
-def _positive(value: float) -> bool:
-    return value > 0
-
-
 def _whole_and_positive(value: float) -> bool:
     return isinstance(value, int) and value > 0
 
@@ -108,6 +104,8 @@ SCALES = (
 #: not fall from the first dimension to the last (1e-320 was an infinity, 0.5 a model that answered
 #: nonsense); released models use 10,000 to about 1e9 (tests, 10)
 THETA_RULE = (_above_one, "a number above 1 (the rotary base; models use 10000 to 1e9)")
+#: a positive scale float32 holds: below its smallest normal number (1e-320) it is 0 there
+SCALE_RULE = (_scale, "a positive number float32 holds (1.2e-38 to 3.4e38)")
 #: what config.json's constants must be, each as (test of a finite number, what the error says);
 #: the bounds are the arithmetic's, and every released model is well inside them
 CONSTANT_RULES = {
@@ -120,14 +118,15 @@ CONSTANT_RULES = {
     # 0.5 sped every rotation up, 1e308 made each frequency 0 in float32, 1e-320 an infinity), and
     # llama3's context before the scaling is a count of tokens (0.5 loaded)
     "factor": (_at_least_one, "a number of at least 1 (the positions are divided by it)"),
-    "low_freq_factor": (_positive, "a positive number"),
-    "high_freq_factor": (_positive, "a positive number"),
+    # (llama3's band edges: the context is divided by them; 1e-320 is 0 in float32)
+    "low_freq_factor": SCALE_RULE,
+    "high_freq_factor": SCALE_RULE,
     "original_max_position_embeddings": (_whole_and_positive, "a positive integer"),
     # the architectures' own scales: Gemma 2's and 3's softmax scale query_pre_attn_scalar ** -0.5
     # (0 was a ZeroDivisionError from the model's build, -1 a complex number that failed the first
     # decode step) and soft-caps (null: none), Granite's multipliers; 1e308, or 1e-320 (0 in
     # float32), loaded a model that answered token 0, or was blamed on "the checkpoint is corrupt"
-    **dict.fromkeys(SCALES, (_scale, "a positive number float32 holds (1.2e-38 to 3.4e38)")),
+    **dict.fromkeys(SCALES, SCALE_RULE),
 }
 LAYOUT_CONSTANTS = ("rms_norm_eps", "rope_theta", "rope_local_base_freq", *SCALES)
 
