@@ -35,6 +35,17 @@ def _with_config(model_dir: Path, tmp_path: Path, **changes: object) -> Path:
     return out
 
 
+def _refused_by_launcher_and_runner(bad: Path, says: str) -> None:
+    """``bad`` refused with ``says`` by ``LLM()``'s first look and by the engine alone, as the
+    runner of a process the launcher did not check refuses it."""
+    with pytest.raises(ModelPathError) as err:
+        LLM(bad, attn="torch", device="cpu")
+    assert str(err.value) == f"model={str(bad)!r}: {says}"
+    with pytest.raises(ModelPathError) as err:
+        Engine(EngineConfig(model=str(bad), attn="torch", device="cpu"), ParallelContext(), Plugins.load())
+    assert str(err.value) == f"--model {bad}: {says}"
+
+
 ARCHITECTURES_SAYS = 'config.json: architectures must be a list of names, e.g. ["LlamaForCausalLM"], got '
 
 
@@ -244,12 +255,7 @@ def test_max_position_embeddings_not_a_positive_integer_is_refused_at_load(model
     the model, then every prompt "exceeds the context length 0"."""
     bad = _with_config(model_dir, tmp_path, max_position_embeddings=value)
     says = f"config.json: max_position_embeddings must be a positive integer, got {json.dumps(value)}"
-    with pytest.raises(ModelPathError) as err:
-        LLM(bad, attn="torch", device="cpu")
-    assert str(err.value) == f"model={str(bad)!r}: {says}"
-    with pytest.raises(ModelPathError) as err:  # the runner, where the launcher did not check
-        Engine(EngineConfig(model=str(bad), attn="torch", device="cpu"), ParallelContext(), Plugins.load())
-    assert str(err.value) == f"--model {bad}: {says}"
+    _refused_by_launcher_and_runner(bad, says)
 
 
 @pytest.mark.parametrize(
@@ -267,12 +273,7 @@ def test_a_checkpoint_stored_quantized_is_refused(model_dir, tmp_path, quantizat
         "does not load; give the model's unquantized checkpoint (--quantization fp8, int8 or int4 "
         "quantizes it at load)"
     )
-    with pytest.raises(ModelPathError) as err:
-        LLM(bad, attn="torch", device="cpu")
-    assert str(err.value) == f"model={str(bad)!r}: {says}"
-    with pytest.raises(ModelPathError) as err:
-        Engine(EngineConfig(model=str(bad), attn="torch", device="cpu"), ParallelContext(), Plugins.load())
-    assert str(err.value) == f"--model {bad}: {says}"
+    _refused_by_launcher_and_runner(bad, says)
 
 
 def test_rope_scaling_beside_rope_parameters_saying_otherwise_is_refused(model_dir, tmp_path):
@@ -429,12 +430,7 @@ def test_an_expert_count_not_a_positive_integer_is_refused_naming_it(
     the model's construction, 0 a dense model "never loaded"."""
     bad = _with_config(decoder_dirs[arch], tmp_path, **{key: value})
     says = f"config.json: {key} must be a positive integer, got {json.dumps(value)}"
-    with pytest.raises(ModelPathError) as err:
-        LLM(bad, attn="torch", device="cpu")
-    assert str(err.value) == f"model={str(bad)!r}: {says}"
-    with pytest.raises(ModelPathError) as err:  # the runner, where the launcher did not check
-        Engine(EngineConfig(model=str(bad), attn="torch", device="cpu"), ParallelContext(), Plugins.load())
-    assert str(err.value) == f"--model {bad}: {says}"
+    _refused_by_launcher_and_runner(bad, says)
 
 
 @pytest.mark.parametrize(
