@@ -209,8 +209,10 @@ class ChoiceOutput:
                 content = answer or None
             if self._unreasoned:
                 message["reasoning_content"] = None
-        if self.tools is not None and content is not None:
-            parsed = self._tool(self.tools.parse, content)
+        if self.tools is not None:
+            # (an answer all reasoning is an empty one, as a stream feeds it: a named tool_choice's
+            # call is still certain)
+            parsed = self._tool(self.tools.parse, content or "")
             content, calls = parsed.content, self._kept(parsed.tool_calls)
             self.made_calls = _all_whole(calls)
             if calls:

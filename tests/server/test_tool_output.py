@@ -340,6 +340,26 @@ def test_a_call_to_the_one_function_cut_before_its_name_is_still_that_call(choic
     assert as_completion(whole.message(text[:9]), "length").choices[0].message.tool_calls is None
 
 
+@pytest.mark.parametrize("parser", [Qwen3ReasoningParser, DeepSeekR1ReasoningParser])
+@pytest.mark.parametrize("text", ["<think>Let me see", "<think>Let me see</think>", "<think>Hm.</think>\n\n"])
+def test_a_named_call_after_a_reasoning_with_no_answer_is_that_call_streamed_or_not(parser, text):
+    """A named tool_choice whose output is reasoning only (max_tokens inside it, or nothing after
+    ``</think>``): the whole message had no call (its content None went to no tool parser) while
+    the stream, which feeds the tool parser an empty answer, sent the named function's call with
+    arguments "". The call is certain, as for an answer cut before its name: both send it."""
+    tools = [WEATHER]
+    plan = plan_tools(
+        request(tools=tools, tool_choice={"type": "function", "function": {"name": "get_weather"}}), None
+    )
+    whole = ChoiceOutput(plan, parser)
+    completion = as_completion(whole.message(text), whole.finish_reason("stop"))
+    for answer in (completion, streamed(ChoiceOutput(plan, parser), text, [len(text) // 2], tools)):
+        message = answer.choices[0].message
+        calls = [(c.function.name, c.function.arguments) for c in message.tool_calls or []]
+        got = (message.content or None, calls, answer.choices[0].finish_reason)
+        assert got == (None, [("get_weather", "")], "stop"), answer
+
+
 def test_a_hermes_call_cut_off_part_way_is_the_call_so_far_streamed_or_not():
     """max_tokens or a stop string cutting a hermes call (the tester's ``{"a": "hello `` cut): the
     whole answer put the raw text in content with no tool_calls, while the stream sent the call.
