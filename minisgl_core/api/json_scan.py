@@ -22,7 +22,7 @@ _WHITESPACE = " \t\n\r"
 _SCALAR_CHARS = set("-+0123456789.eEtruefalsn")
 _CLOSING = {"{": "}", "[": "]"}
 #: a JSON string's inside up to its end: characters other than quote, backslash and control ones,
-#: and backslash escapes (any character after the backslash: json.loads judges the finished string)
+#: and backslash escapes (any character after the backslash: the decoder judges the finished string)
 _STRING_BODY = re.compile(r'[^"\\\x00-\x1f]*(?:\\.[^"\\\x00-\x1f]*)*', re.DOTALL)
 #: what changes the bracket structure of a value: a string's start, a bracket
 _STRUCTURE = re.compile(r'["{}\[\]]')
@@ -82,8 +82,8 @@ def _string_end(text: str, i: int) -> int:
 
 def _value_end(text: str, i: int, memo: ScanMemo | None = None) -> int:
     """Index past the JSON value starting at ``text[i]``; only its bracket structure is checked
-    here, the finished value is checked with ``json.loads`` by the caller. An object or array the
-    text ends inside is left in ``memo``, and resumed from it."""
+    here, the finished value is checked with the decoder by the caller (:func:`_load`). An object
+    or array the text ends inside is left in ``memo``, and resumed from it."""
     c = text[i]
     if c == '"':
         return _string_end(text, i)
@@ -145,9 +145,18 @@ def _string(text: str) -> str:
     return _load(text)  # type: ignore[return-value]
 
 
+def _not_json(constant: str) -> object:
+    raise ValueError(f"{constant} is not JSON")
+
+
+#: JSON's decoder without Python's extension: NaN and Infinity (a client's JSON.parse refuses them)
+#: make a call malformed, not arguments to send
+_DECODER = json.JSONDecoder(parse_constant=_not_json)
+
+
 def _load(text: str) -> object:
     try:
-        return json.loads(text)
+        return _DECODER.decode(text)
     except (ValueError, RecursionError):  # (nesting past the decoder's depth: no call either)
         raise _Invalid from None
 

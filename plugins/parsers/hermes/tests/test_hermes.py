@@ -76,6 +76,17 @@ def test_malformed_call_is_content(text):
     assert result.content == text and result.tool_calls == []
 
 
+@pytest.mark.parametrize("value", ["NaN", "[Infinity]", '{"low": -Infinity}'])
+def test_arguments_with_python_constants_are_not_json_so_not_a_call(value):
+    """NaN and Infinity are Python's json extension, not JSON (a client's JSON.parse refuses
+    them): the call was sent with them in its arguments (finish_reason "tool_calls"), where the
+    same constant in another key ("id": NaN) made the object malformed. Content, whole and streamed."""
+    text = f'<tool_call>{{"name": "get_weather", "arguments": {{"days": {value}}}}}</tool_call>'
+    result = HermesToolParser(TOOLS).parse(text)
+    assert result.content == text and result.tool_calls == []
+    assert stream(text, list(range(1, len(text))))[:2] == (text, [])
+
+
 def test_a_call_cut_off_is_a_call_with_its_arguments_so_far_once_named():
     """max_tokens or a stop string ending the output inside a call: parsed whole it was content
     (the raw text) while the stream sent the call; the README promises the call, streamed or not."""

@@ -33,7 +33,14 @@ ARGS = "[ARGS]"
 CALL_ID = "[CALL_ID]"
 _NAME = re.compile(r"[\w.\-]*")
 _ID = re.compile(r"[\w\-]*")
-_DECODER = json.JSONDecoder()
+
+
+def _not_json(constant: str) -> object:
+    raise ValueError(f"{constant} is not JSON")
+
+
+#: NaN and Infinity are Python's json extension, not JSON: arguments with them are malformed
+_DECODER = json.JSONDecoder(parse_constant=_not_json)
 
 
 class MistralToolParser(StreamingToolParser):

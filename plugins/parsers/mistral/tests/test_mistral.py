@@ -49,6 +49,9 @@ MALFORMED = [
     "[1] A citation, not a call.",
     '[TOOL_CALLS]get_time[ARGS]{"tz": }',
     '[TOOL_CALLS]get_time[ARGS]"UTC"',
+    # NaN and Infinity are Python's json extension, not JSON: they were sent as arguments
+    '[TOOL_CALLS]get_time[ARGS]{"offset": NaN}',
+    '[TOOL_CALLS] [{"name": "get_time", "arguments": {"offset": [-Infinity]}}]',
     '[TOOL_CALLS]get time[ARGS]{"tz": "UTC"}',
     '[TOOL_CALLS][ARGS]{"tz": "UTC"}',
     "[TOOL_CALLS]get_time",
