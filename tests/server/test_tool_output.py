@@ -11,7 +11,10 @@ import json
 
 import jsonschema
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from minisgl_plugin_hermes.parser import HermesToolParser
+from minisgl_plugin_mistral.parser import MistralToolParser
 from minisgl_plugin_qwen3_reasoning.parser import DeepSeekR1ReasoningParser, Qwen3ReasoningParser
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
@@ -538,6 +541,68 @@ def test_deepseek_r1_output_is_split_alike_streamed_or_not(text, opened, gated, 
         message = streamed(output, text, [cut], []).choices[0].message
         assert getattr(message, "reasoning_content", None) == reasoning, cut
         assert (message.content or None) == content, cut
+
+
+#: pieces of outputs mixing reasoning and calls (whole, cut off, malformed, markers in prose)
+CHOICE_PIECES = [
+    "<think>",
+    "</think>",
+    "<thi",
+    "Hm, {x}.",
+    " ",
+    "\n\n",
+    "<tool_call>",
+    "</tool_call>",
+    '{"name": "get_weather", "arguments": {"city": "Par\\"is 🌤️"}}',
+    '{"name": "get_weather", "arguments": {"city": NaN}}',
+    '[{"name": "get_weather", "arguments": {"city": "Paris"}}]',
+    '[{"na',
+    "[TOOL_CALLS]",
+    "get_weather[ARGS]",
+    '{"city": "Rome"}',
+]
+CHOICE_PLANS = [
+    ToolPlan(),
+    ToolPlan(HermesToolParser, [WEATHER, TIME]),
+    ToolPlan(MistralToolParser, [WEATHER], single_call=True),
+    plan_tools(
+        request(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}}), None
+    ),
+]
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(
+    st.sampled_from(CHOICE_PLANS),
+    st.sampled_from([None, Qwen3ReasoningParser, DeepSeekR1ReasoningParser]),
+    st.booleans(),
+    st.booleans(),
+    st.lists(st.sampled_from(CHOICE_PIECES), max_size=6).map("".join),
+    st.data(),
+)
+def test_a_choice_streamed_in_any_pieces_reads_as_its_whole_message(
+    plan, reasoning, opened, gated, text, data
+):
+    """Whatever the parsers (reasoning, then tool calls), the prompt's opened reasoning and a
+    grammar after it: the stream's deltas add up to the whole message, its reasoning, content,
+    calls (name and arguments) and finish_reason."""
+    hidden = ("[TOOL_CALLS]", "[ARGS]") if plan.parser is MistralToolParser else ()
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=5)))
+    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+    whole = ChoiceOutput(plan, reasoning, None, opened and reasoning is not None, gated, hidden)
+    message = whole.message(text)
+    stream = ChoiceOutput(plan, reasoning, None, opened and reasoning is not None, gated, hidden)
+    deltas = [stream.delta(piece, i == len(pieces) - 1) for i, piece in enumerate(pieces)]
+    calls: dict[int, list[str]] = {}
+    for tool_call in (c for d in deltas for c in d.get("tool_calls", [])):
+        entry = calls.setdefault(tool_call["index"], [tool_call["function"].get("name"), ""])
+        entry[1] += tool_call["function"]["arguments"]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == (message.get("reasoning_content") or "")
+    assert "".join(d.get("content", "") for d in deltas) == (message["content"] or "")
+    assert [calls[i] for i in sorted(calls)] == [
+        [c["function"]["name"], c["function"]["arguments"]] for c in message.get("tool_calls", [])
+    ]
+    assert stream.finish_reason("stop") == whole.finish_reason("stop")
 
 
 def test_tool_messages_reach_the_template():
