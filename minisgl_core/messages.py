@@ -207,6 +207,11 @@ class Shutdown(Message):
     tag: ClassVar[int] = 6
 
 
+#: the stats key of the step heartbeat's reports (StepHeartbeat): how long the step in flight has
+#: run, in ms; absent from every other report, as no step is in flight then
+STEP_MS = "step_ms"
+
+
 @dataclass
 class StepOutputs(Message):
     """One engine step's outputs, column by column (one entry per request that progressed)."""

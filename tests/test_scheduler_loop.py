@@ -3,11 +3,22 @@ only records what the detokenizer has received when it is stepped."""
 
 from __future__ import annotations
 
+import time
+
 import zmq
 
-from minisgl_core.messages import ContinueGeneration, FlushCache, Message, Shutdown, StepOutputs
+from minisgl_core.messages import (
+    STEP_MS,
+    ContinueGeneration,
+    EngineRequest,
+    FlushCache,
+    Message,
+    Shutdown,
+    StepOutputs,
+)
 from minisgl_core.processes.ipc import bind_pull, connect_push, drain, send
-from minisgl_core.processes.scheduler_rank import SchedulerLoop
+from minisgl_core.processes.scheduler_rank import SchedulerLoop, StepHeartbeat
+from minisgl_core.sampling import SamplingParams
 
 
 class OneRank:
@@ -68,3 +79,51 @@ def test_continue_generation_is_answered_before_the_step_it_starts():
 def test_flush_cache_is_answered_before_the_next_step():
     """/flush_cache on a busy server is refused at once (-1); the refusal waited for a step too."""
     assert run(FlushCache(3), paused=None) == [[3, -1]]
+
+
+class LongStepEngine(SlowEngine):
+    """Counts the requests added as waiting; its step takes 0.8 s and notes the step heartbeat's
+    reports meanwhile."""
+
+    def __init__(self, to_scheduler: zmq.Socket, detokenizer: zmq.Socket) -> None:
+        super().__init__(to_scheduler, detokenizer)
+        self.requests = 0
+        self.heartbeats: list[dict[str, int]] = []
+
+    def add_request(self, rid: int, prompt_ids: list[int], params: SamplingParams, **kwargs) -> None:
+        self.requests += 1
+
+    def stats(self) -> dict[str, int]:
+        return {"waiting": self.requests}
+
+    def step(self) -> list:
+        time.sleep(0.8)
+        self.heartbeats = [m.stats for m in drain(self.detokenizer) if isinstance(m, StepOutputs) and m.stats]
+        send(self.to_scheduler, Shutdown())
+        return []
+
+
+def test_the_step_heartbeat_says_how_long_the_step_has_run_and_counts_its_new_requests():
+    """While one step runs long, the heartbeat's reports carry its age (STEP_MS: /health_generate
+    tells a busy engine from one stuck in a step past --step-timeout) and stats that count the
+    requests the step took in: they were the last ones before it, taken while idle, so /get_load
+    said 0 requests through a minute's prefill of four new prompts (found by a probe)."""
+    ctx = zmq.Context()
+    inbox, to_scheduler = bind_pull(ctx, "inproc://scheduler"), connect_push(ctx, "inproc://scheduler")
+    detokenizer, to_detokenizer = bind_pull(ctx, "inproc://detok"), connect_push(ctx, "inproc://detok")
+    engine = LongStepEngine(to_scheduler, detokenizer)
+    loop = SchedulerLoop(engine, OneRank())  # type: ignore[arg-type]
+    loop.last_stats = {"waiting": 0}  # (as the idle loop's last report leaves it)
+    loop.heartbeat = StepHeartbeat(connect_push(ctx, "inproc://detok"), loop)
+    try:
+        send(to_scheduler, EngineRequest(1, [5, 6, 7], SamplingParams(max_tokens=1)))
+        loop.run_leader(inbox, to_detokenizer)
+    finally:
+        loop.heartbeat.close()
+        for sock in (inbox, detokenizer, to_scheduler, to_detokenizer):
+            sock.close(linger=0)
+        ctx.term()
+    assert len(engine.heartbeats) >= 2, engine.heartbeats
+    assert all(stats["waiting"] == 1 for stats in engine.heartbeats), engine.heartbeats
+    ages = [stats.get(STEP_MS) for stats in engine.heartbeats]
+    assert all(age is not None and 250 <= age <= 900 for age in ages) and ages == sorted(ages), ages

@@ -39,6 +39,7 @@ from minisgl_core.config import ConfigError, EngineConfig
 from minisgl_core.distributed import PeerLost, PeerWatch, TPGroup, init_tp_group
 from minisgl_core.engine.engine import Engine
 from minisgl_core.messages import (
+    STEP_MS,
     AbortRequest,
     CompilesSettled,
     ContinueGeneration,
@@ -79,14 +80,18 @@ class StepHeartbeat:
     stats, the idle heartbeat), and a step can take minutes (a prefill of thousands of tokens on a
     CPU: 100 s for 8,000 on two cores), so /health turned 503 in the middle of a busy, healthy
     server. A thread with a socket of its own (ZeroMQ sockets are not shared between threads) sends
-    the last stats four times a second while ``since`` (the step's start) is set; a process stopped or
-    gone still stops reporting, and so does a loop stuck outside a step."""
+    the last stats four times a second while ``since`` (the step's start) is set, with how long the
+    step has run (``STEP_MS``: /health_generate calls a step past --step-timeout stuck); a process
+    stopped or gone still stops reporting, and so does a loop stuck outside a step."""
 
     def __init__(self, sock: zmq.Socket, loop: SchedulerLoop) -> None:
         self.sock = sock
         self.loop = loop
         #: when the step running now began (set by the loop), None between steps
         self.since: float | None = None
+        #: False while the work in flight is a weight update's load, not a step: no STEP_MS then
+        #: (--step-timeout bounds steps; loading a large checkpoint takes as long as its disk)
+        self.stepping = True
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="step-heartbeat", daemon=True)
         self._thread.start()
@@ -97,8 +102,11 @@ class StepHeartbeat:
         interval = HEARTBEAT_INTERVAL_MS / 4000
         while not self._stop.wait(interval):
             since, stats = self.since, self.loop.last_stats
-            if since is not None and stats is not None and time.monotonic() - since >= interval:
-                send(self.sock, StepOutputs(stats=stats))
+            if since is not None and stats is not None and (ran := time.monotonic() - since) >= interval:
+                send(
+                    self.sock,
+                    StepOutputs(stats={**stats, STEP_MS: int(ran * 1000)} if self.stepping else stats),
+                )
 
     def close(self) -> None:
         self._stop.set()
@@ -219,7 +227,7 @@ class SchedulerLoop:
         staged, error = None, None
         started = time.monotonic()
         if self.heartbeat is not None:  # (/health: loading takes seconds, minutes for a big model)
-            self.heartbeat.since = started
+            self.heartbeat.since, self.heartbeat.stepping = started, False
         try:
             staged = self.engine.stage_weights(msg.model_path)
         except PeerLost:
@@ -228,7 +236,7 @@ class SchedulerLoop:
             error = str(exc) if isinstance(exc, (ValueError, OSError)) else f"{type(exc).__name__}: {exc}"
         finally:
             if self.heartbeat is not None:
-                self.heartbeat.since = None
+                self.heartbeat.since, self.heartbeat.stepping = None, True
         if self.tp.size > 1:
             errors = self.tp.gather(error)
             error = next((e if r == 0 else f"rank {r}: {e}" for r, e in enumerate(errors) if e), None)
@@ -312,6 +320,9 @@ class SchedulerLoop:
                     send(to_detokenizer, out)
                     out = StepOutputs()
                 if self.heartbeat is not None:
+                    if msgs:  # (what the heartbeat reports counts the requests this step took in:
+                        # /get_load read 0 through a minute's prefill of four new prompts)
+                        self.last_stats = self._engine_stats()
                     self.heartbeat.since = time.monotonic()
                 self.step(out)
                 if self.heartbeat is not None:

@@ -3,7 +3,8 @@
 Every bound here turns into a clean, early answer instead of unbounded work: a body too large is
 refused before it is parsed (413), a prompt too long before it is tokenized (400), a request with
 too many sequences before it is queued (400), a full waiting queue with 429 and ``Retry-After``, a
-request past its deadline with a timeout error, and a stalled engine with a 503 on ``/health``.
+request past its deadline with a timeout error, a stalled engine with a 503 on ``/health``, and one
+stuck in a step with a 503 on ``/health_generate``.
 """
 
 from __future__ import annotations
@@ -54,6 +55,14 @@ class ServerLimits:
         20.0,
         "--health-timeout",
         "/health answers 503 when the scheduler has not reported for this many seconds",
+    )
+    #: one step may take minutes on a CPU (a prefill of thousands of tokens); SGLang's watchdog
+    #: bound on one forward batch (--watchdog-timeout), though here nothing is killed
+    step_timeout_s: float = _limit(
+        300.0,
+        "--step-timeout",
+        "/health_generate answers 503, and calls waiting for the scheduler (/flush_cache, "
+        "/pause_generation...) give up, once one scheduler step has run this many seconds (0 = none)",
     )
 
     def __post_init__(self) -> None:

@@ -3,6 +3,8 @@ asks for, and /health and /ping (never behind the key)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -263,23 +265,14 @@ def info_router(state: ServerState, info: dict[str, Any]) -> APIRouter:
 
     @router.get("/health_generate")
     async def health_generate() -> JSONResponse:
-        """Healthy only if one greedy token comes out of the engine within the health bound."""
-        problem = state.health()
+        """Healthy if one greedy token comes out of the engine within the health bound, or the
+        engine shows meanwhile that it is busy with other work (:func:`_probe`); not while a step
+        has run past --step-timeout."""
+        problem = state.serving_problem()
         if problem is None and state.paused is not None:
             problem = "generation is paused (/pause_generation); POST /continue_generation resumes it"
         if problem is None:
-            group = RequestGroup(state, probe=True)
-            group.set_timeout(state.limits.health_timeout_s)
-            try:
-                await group.add(_PROBE, 1, input_ids=[0])
-                async for delta in group.deltas():
-                    if delta.finish_reason == "error":
-                        problem = delta.error
-            except APIError as exc:
-                if exc.status != 429:  # a full queue is busy, not broken
-                    problem = exc.message
-            finally:
-                group.close()
+            problem = await _probe(state)
         if problem is not None:
             return JSONResponse({"status": "unhealthy", "error": problem}, status_code=503)
         return JSONResponse({"status": "ok"})
@@ -398,6 +391,48 @@ def info_router(state: ServerState, info: dict[str, Any]) -> APIRouter:
 
 #: the smallest request that runs the engine: one greedy token
 _PROBE = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+#: how often /health_generate looks whether the engine is busy while its probe waits
+_PROBE_POLL_S = 0.25
+
+
+async def _probe(state: ServerState) -> str | None:
+    """Run one greedy token through the whole pipeline: None (healthy) once it comes back, or once
+    the engine shows it is busy with other work, as SGLang counts any output: a step in flight
+    (its heartbeat; one prefill step takes minutes on a CPU, and the probe waits behind it) or
+    other requests' tokens (the probe queued behind them). Else why not, once the health bound
+    has passed or the server cannot serve (a step past --step-timeout)."""
+    group = RequestGroup(state, probe=True)
+    sent = time.monotonic()
+
+    async def token() -> str | None:
+        try:
+            await group.add(_PROBE, 1, input_ids=[0])
+        except APIError as exc:  # a full queue (429) is busy, not broken
+            return None if exc.status == 429 else exc.message
+        async for delta in group.deltas():
+            if delta.finish_reason == "error":
+                return delta.error
+        return None
+
+    answer = asyncio.ensure_future(token())
+    try:
+        while not answer.done():
+            await asyncio.wait({answer}, timeout=_PROBE_POLL_S)
+            if answer.done():
+                break
+            if (problem := state.serving_problem()) is not None:
+                return problem
+            if state.busy_since(sent):
+                return None
+            if (waited := time.monotonic() - sent) > (bound := state.limits.health_timeout_s):
+                return (
+                    f"the probe's token did not come within {waited:.1f}s (bound {bound:g}s), and the "
+                    "engine showed no other work meanwhile"
+                )
+        return answer.result()
+    finally:
+        answer.cancel()
+        group.close()
 
 
 def minisgl_version() -> str:

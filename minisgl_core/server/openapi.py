@@ -79,9 +79,10 @@ HEALTH = {"/health", "/health_generate", "/ping"}
 #: routes whose JSON answer is an object or, for several prompts or samples, a list of them
 ANSWERS_A_LIST = {"/generate", "/invocations"}
 BATCH_OR_ONE = {"anyOf": [{"type": "object"}, {"type": "array", "items": {"type": "object"}}]}
-#: routes that ask the scheduler to empty the prefix cache: refused while busy, like a request
-#: when the server cannot serve, timed out when the scheduler does not answer
+#: routes that ask the scheduler to empty the prefix cache: refused while busy, and like the
+#: pause and continue routes a 503 when the server cannot serve (a busy one answers late)
 FLUSHING = {"/flush_cache", "/reset_prefix_cache"}
+PAUSING = {"/pause_generation", "/continue_generation"}
 #: routes that load new weights: a 400 when none can be taken (the old ones serve on), a 503 when
 #: the server cannot serve
 UPDATING_WEIGHTS = {"/update_weights_from_disk"}
@@ -102,7 +103,9 @@ def error_statuses(path: str, method: str, protected: bool) -> list[int]:
     if path in GENERATING:
         statuses |= {429, 500, 503, 504}
     if path in FLUSHING:
-        statuses |= {400, 503, 504}
+        statuses |= {400, 503}
+    if path in PAUSING:
+        statuses.add(503)
     if path in UPDATING_WEIGHTS:
         statuses |= {400, 503}
     return sorted(statuses)

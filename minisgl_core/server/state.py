@@ -25,6 +25,7 @@ import zmq
 import zmq.asyncio
 
 from minisgl_core.messages import (
+    STEP_MS,
     AbortRequest,
     Admission,
     ContinueGeneration,
@@ -45,6 +46,9 @@ from minisgl_core.server.metrics import Metrics
 from minisgl_core.server.schemas import PAUSE_ABORT_MESSAGE, WEIGHT_UPDATE_ABORT_MESSAGE, json_strings
 
 logger = logging.getLogger(__name__)
+
+#: how often a call waiting for the scheduler's answer looks whether the server can still serve
+ANSWER_POLL_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -471,6 +475,10 @@ class ServerState:
         self.process_problem = process_problem
         #: when scheduler rank 0 last reported (outputs, stats or its idle heartbeat)
         self.last_report_at = time.monotonic()
+        #: when the step in flight began, by rank 0's step heartbeat (None: no step in flight, as
+        #: its last stats said), and when the engine last sent any request's output
+        self.step_began_at: float | None = None
+        self.last_output_at = 0.0
         #: set by SIGTERM: new requests get 503 while the in-flight ones finish
         self.draining = False
         #: HTTP requests from their headers to the end of their answer (app.CountOpenRequests)
@@ -593,6 +601,27 @@ class ServerState:
             return f"the scheduler has not reported for {silent:.1f}s (bound {bound:g}s)"
         return None
 
+    def serving_problem(self) -> str | None:
+        """Why the engine cannot serve now, or None: :meth:`health`'s reasons, or one step running
+        past --step-timeout (stuck in it: the step heartbeat still reports, so /health stays 200,
+        as vLLM's asks only whether the engine lives). A step shorter than that is a busy server,
+        however long (a CPU prefill of thousands of tokens takes minutes)."""
+        if (problem := self.health()) is not None:
+            return problem
+        bound = self.limits.step_timeout_s
+        if (
+            bound
+            and self.step_began_at is not None
+            and (ran := time.monotonic() - self.step_began_at) > bound
+        ):
+            return f"one scheduler step has run for {ran:.0f}s, past --step-timeout ({bound:g}s)"
+        return None
+
+    def busy_since(self, since: float) -> bool:
+        """Whether the engine has shown since ``since`` that it works on other requests: a step in
+        flight (shorter than --step-timeout), or some request's output."""
+        return self.step_began_at is not None or self.last_output_at > since
+
     def abort(self, rid: int, counted: bool = True) -> None:
         """Stop engine request ``rid``; ``counted``: a finish by abort in /metrics (the client went
         away), not a request refused after admission."""
@@ -617,24 +646,14 @@ class ServerState:
     async def flush_cache(self) -> int:
         """Empty the engine's prefix cache: the number of cached tokens freed. A 400 while
         requests are running or waiting (their prefixes are in use), 503 when the server cannot
-        serve, 504 when the scheduler does not answer within the health bound."""
-        if self.health() is not None:
-            raise APIError(
-                503, f"the server cannot flush its cache: {self.health()}", code="server_unavailable"
-            )
+        serve (:meth:`serving_problem`), before or while it waits for the scheduler's answer."""
+        self.check_serving("flush its cache")
         token = next(self._flush_tokens)
         fut: asyncio.Future[int] = self.loop.create_future()
         self.flushes[token] = fut
         send(self.to_tokenizer, FlushCache(token))
         try:
-            freed = await asyncio.wait_for(fut, self.limits.health_timeout_s)
-        except TimeoutError:
-            raise APIError(
-                504,
-                f"the scheduler did not answer within {self.limits.health_timeout_s:g}s (a long "
-                "step?); the cache may be flushed once it does",
-                code="timeout",
-            ) from None
+            freed = await self._answered(fut, "the cache may be flushed")
         finally:
             self.flushes.pop(token, None)
         if freed < 0:
@@ -655,45 +674,64 @@ class ServerState:
         many choices it aborted. A 400 naming ``model_path`` when no rank could take the weights
         (the old ones serve on), 503 when the server cannot serve. Calls run one at a time."""
         async with self._updating_weights:
-            if self.health() is not None:
-                raise APIError(
-                    503, f"the server cannot update its weights: {self.health()}", code="server_unavailable"
-                )
+            self.check_serving("update its weights")
             aborted = self.abort_requests(None, WEIGHT_UPDATE_ABORT_MESSAGE) if abort_all else 0
             token = next(self._flush_tokens)
-            error = await self._answer(token, UpdateWeights(token, model_path, flush_cache, keep_pause))
+            update = UpdateWeights(token, model_path, flush_cache, keep_pause)
+            error = await self._answer(token, update, "the weights may be updated")
             if keep_pause and not error:
                 self.paused = self.paused or "in_place"
         if error:
             raise APIError(400, f"the weights were not updated: {error}", "model_path", "weights_not_updated")
         return aborted
 
-    async def _answer(self, token: int, msg: Message, timeout: float | None = None) -> str:
-        """Send ``msg`` down to the scheduler and wait for its answer under ``token``."""
+    async def _answer(self, token: int, msg: Message, later: str) -> str:
+        """Send ``msg`` down to the scheduler and wait for its answer under ``token``
+        (:meth:`_answered`)."""
         fut: asyncio.Future[str] = self.loop.create_future()
         self.answers[token] = fut
         send(self.to_tokenizer, msg)
         try:
-            return await asyncio.wait_for(fut, timeout)
+            return await self._answered(fut, later)
         finally:
             self.answers.pop(token, None)
+
+    async def _answered(self, fut: asyncio.Future, later: str) -> Any:
+        """The scheduler's answer in ``fut``, however long the step in flight keeps it (it reads
+        messages between steps): a busy server answers late, never with an error, as SGLang and
+        vLLM wait for theirs (a 504 past the health bound said the action would happen anyway, and
+        a client retrying it applied it twice). A 503 once the server cannot serve
+        (:meth:`serving_problem`), saying ``later`` once the scheduler reads the message."""
+        while True:
+            try:
+                return await asyncio.wait_for(asyncio.shield(fut), ANSWER_POLL_S)
+            except TimeoutError:
+                if (problem := self.serving_problem()) is not None:
+                    raise APIError(
+                        503,
+                        f"the scheduler did not answer: {problem}; {later} once it reads the message",
+                        code="server_unavailable",
+                    ) from None
+
+    def check_serving(self, action: str) -> None:
+        """A 503 saying the server cannot do ``action`` now (:meth:`serving_problem`)."""
+        if (problem := self.serving_problem()) is not None:
+            raise APIError(503, f"the server cannot {action}: {problem}", code="server_unavailable")
 
     async def pause_generation(self, mode: str) -> int:
         """SGLang's /pause_generation: the engine stops stepping once its step in flight has
         landed; requests arriving meanwhile wait (they are accepted, and run after
         /continue_generation). ``abort`` first ends every unfinished request as /abort_request
         does; ``retract`` gives the running ones' KV back, to be computed again; ``in_place``
-        keeps it. How many choices it aborted. 503 when the server cannot serve, 504 when the
-        scheduler does not answer within the health bound."""
+        keeps it. How many choices it aborted. 503 when the server cannot serve, before or while it
+        waits for the scheduler's answer (:meth:`_answered`)."""
         async with self._pausing:
-            if self.health() is not None:
-                raise APIError(
-                    503, f"the server cannot pause generation: {self.health()}", code="server_unavailable"
-                )
+            self.check_serving("pause generation")
             aborted = self.abort_requests(None, PAUSE_ABORT_MESSAGE) if mode == "abort" else 0
+            token = next(self._flush_tokens)
             try:
-                await self._answer_in_time(lambda token: PauseGeneration(token, mode), "generation pauses")
-            finally:  # sent: the engine pauses, answered in time or not (a 504), so a drain continues it
+                await self._answer(token, PauseGeneration(token, mode), "generation pauses")
+            finally:  # sent: the engine pauses, answered or not (a 503), so a drain continues it
                 if self.paused is None or mode == "retract":
                     self.paused = mode
         return aborted
@@ -702,28 +740,12 @@ class ServerState:
         """SGLang's /continue_generation: the engine steps again, and the requests that arrived
         while it was paused run (nothing done while it is not paused)."""
         async with self._pausing:
-            if self.health() is not None:
-                raise APIError(
-                    503, f"the server cannot continue generation: {self.health()}", code="server_unavailable"
-                )
+            self.check_serving("continue generation")
+            token = next(self._flush_tokens)
             try:
-                await self._answer_in_time(ContinueGeneration, "generation continues")
-            finally:  # sent: the engine goes on, answered in time or not
+                await self._answer(token, ContinueGeneration(token), "generation continues")
+            finally:  # sent: the engine goes on, answered or not
                 self.paused = None
-
-    async def _answer_in_time(self, make: Callable[[int], Message], later: str) -> None:
-        """Send the message ``make`` builds for a new token and wait for the scheduler's answer
-        within the health bound; a 504 saying ``later`` happens once it does, past it."""
-        token = next(self._flush_tokens)
-        try:
-            await self._answer(token, make(token), self.limits.health_timeout_s)
-        except TimeoutError:
-            raise APIError(
-                504,
-                f"the scheduler did not answer within {self.limits.health_timeout_s:g}s (a long "
-                f"step?); {later} once it does",
-                code="timeout",
-            ) from None
 
     def start_draining(self) -> None:
         """SIGTERM: new requests get 503 while the accepted ones finish; paused generation
@@ -770,10 +792,13 @@ class ServerState:
                 self._dispatch(msg)
 
     def _dispatch(self, out: DetokOutputs) -> None:
-        self.last_report_at = time.monotonic()
+        now = self.last_report_at = time.monotonic()
         if out.stats is not None:
             self.metrics.engine = out.stats
-        now = time.monotonic()
+            step_ms = out.stats.get(STEP_MS)
+            self.step_began_at = None if step_ms is None else now - step_ms / 1000
+        if out.rids:
+            self.last_output_at = now
         m = self.metrics
         for token, freed in out.flushed:
             fut = self.flushes.get(token)

@@ -374,8 +374,9 @@ def test_each_limit_flag_sets_its_field():
     limits = _limits(
         ["--max-body-bytes", "5", "--max-sequences-per-request", "6", "--max-queued-requests", "7"]
         + ["--request-timeout", "1.5", "--shutdown-timeout", "2.5", "--health-timeout", "3.5"]
+        + ["--step-timeout", "4.5"]
     )
-    assert limits == ServerLimits(5, 6, 7, 1.5, 2.5, 3.5)
+    assert limits == ServerLimits(5, 6, 7, 1.5, 2.5, 3.5, 4.5)
 
 
 @pytest.mark.parametrize(
@@ -389,6 +390,7 @@ def test_each_limit_flag_sets_its_field():
         (["--request-timeout", "nan"], "--request-timeout must be a finite number of seconds, got nan"),
         (["--shutdown-timeout", "inf"], "--shutdown-timeout must be a finite number of seconds, got inf"),
         (["--health-timeout", "0"], "--health-timeout must be more than 0 seconds"),
+        (["--step-timeout", "-1"], "--step-timeout must not be negative"),
     ],
 )
 def test_a_bad_limit_names_its_flag(argv, message):
