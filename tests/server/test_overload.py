@@ -404,8 +404,9 @@ def test_a_bad_limit_names_its_flag(argv, message):
 def test_health_stays_ok_through_a_step_longer_than_its_bound(start_server, tmp_path_factory, engine_args):
     """/health measured the time since the scheduler's last report, and the scheduler reports
     between steps: a CPU prefill of thousands of tokens in one step (100 s for 8,000 on two cores,
-    the real default model) turned it 503 for as long as the step ran, on a healthy server. A model
-    big enough that one 6,000-token prefill step outlasts a 1 s bound several times over."""
+    the real default model) turned it 503 for as long as the step ran, on a healthy server; so did
+    /health_generate, whose probe waited behind the step. A model big enough that one 6,000-token
+    prefill step outlasts a 1 s bound several times over."""
     from minisgl_core.demo.factories import make_model_dir
 
     model = make_model_dir(
@@ -435,14 +436,18 @@ def test_health_stays_ok_through_a_step_longer_than_its_bound(start_server, tmp_
 
     thread = threading.Thread(target=prefill, daemon=True)
     thread.start()
-    statuses = []
+    statuses, probes = [], []
     while thread.is_alive():
         statuses.append(httpx.get(f"{server.url}/health", timeout=10).status_code)
+        # (the probe waits behind the step: busy, not broken; it was a 503 past the 1 s bound)
+        probe = httpx.get(f"{server.url}/health_generate", timeout=10)
+        probes.append((probe.status_code, probe.json().get("error")))
         time.sleep(0.25)
     thread.join()
     assert result["resp"].status_code == 200, result["resp"].text
     assert result["seconds"] > 3, f"the step took {result['seconds']:.1f} s: too short to tell"
     assert set(statuses) == {200}, statuses
+    assert {status for status, _ in probes} == {200}, probes
 
 
 def test_max_model_len_is_what_the_kv_pool_holds_when_it_holds_less(busy_server, model_name):
