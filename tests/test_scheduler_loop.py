@@ -82,7 +82,7 @@ def test_flush_cache_is_answered_before_the_next_step():
 
 
 class LongStepEngine(SlowEngine):
-    """Counts the requests added as waiting; its step takes 0.8 s and notes the step heartbeat's
+    """Counts the requests added as waiting; its step takes 1 s and notes the step heartbeat's
     reports meanwhile."""
 
     def __init__(self, to_scheduler: zmq.Socket, detokenizer: zmq.Socket) -> None:
@@ -97,7 +97,7 @@ class LongStepEngine(SlowEngine):
         return {"waiting": self.requests}
 
     def step(self) -> list:
-        time.sleep(0.8)
+        time.sleep(1.0)
         self.heartbeats = [m.stats for m in drain(self.detokenizer) if isinstance(m, StepOutputs) and m.stats]
         send(self.to_scheduler, Shutdown())
         return []
@@ -126,4 +126,4 @@ def test_the_step_heartbeat_says_how_long_the_step_has_run_and_counts_its_new_re
     assert len(engine.heartbeats) >= 2, engine.heartbeats
     assert all(stats["waiting"] == 1 for stats in engine.heartbeats), engine.heartbeats
     ages = [stats.get(STEP_MS) for stats in engine.heartbeats]
-    assert all(age is not None and 250 <= age <= 900 for age in ages) and ages == sorted(ages), ages
+    assert all(age is not None and 250 <= age <= 1100 for age in ages) and ages == sorted(ages), ages
