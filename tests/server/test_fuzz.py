@@ -33,6 +33,7 @@ from schemathesis.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
+from schemathesis.core import NOT_SET
 
 from minisgl_core.server.app import create_app
 from minisgl_core.server.state import ModelInfo, ServerState
@@ -136,7 +137,21 @@ def test_schema_fuzz_gets_no_server_error(case, server, auth):
     case.body = bound_output(case.body)
     response = case.call(base_url=server.url, headers=auth, timeout=120)
     assert_well_formed(response)
-    case.validate_response(response, checks=SCHEMA_CHECKS)
+    checks = SCHEMA_CHECKS
+    if (case.body is None or case.body is NOT_SET) and _body_optional(case):
+        # schemathesis' negative phase sends such a route no body, or a JSON null, as
+        # "schema-violating" (its mutation of an optional, nullable body failed: "Invalid
+        # component: positive test case"), and calls the 200 a failure: /pause_generation's body
+        # is optional and may be null (``anyOf: [{$ref}, {type: null}]``), so both are valid
+        checks = [check for check in SCHEMA_CHECKS if check is not negative_data_rejection]
+    case.validate_response(response, checks=checks)
+
+
+def _body_optional(case: Any) -> bool:
+    """Whether ``case``'s route takes no body or a JSON null as its body."""
+    body = case.operation.definition.raw.get("requestBody") or {}
+    schema = body.get("content", {}).get("application/json", {}).get("schema", {})
+    return not body.get("required") and {"type": "null"} in schema.get("anyOf", [])
 
 
 # ------------------------------------------------------------------------ hypothesis
