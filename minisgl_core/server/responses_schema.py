@@ -414,6 +414,7 @@ class ResponsesRequest(StrictModel):
         ``previous_response_id``, :data:`HISTORY`), and for each of its messages the field it
         came from (``instructions``, ``input.3``, ``previous_response_id``), for
         :func:`responses_names`."""
+        self._distinct_ids(history)
         messages, origins = self._messages(history)
         chat: dict[str, Any] = {
             "messages": messages,
@@ -445,6 +446,27 @@ class ResponsesRequest(StrictModel):
                 return ChatCompletionRequest.model_validate(chat), origins
             except ValidationError as exc:  # (a message the chat route refuses: a role's rules)
                 raise validation_error(RequestValidationError(exc.errors())) from None
+
+    def _distinct_ids(self, history: Sequence[InputItem]) -> None:
+        """OpenAI's 400 for an input item whose id an earlier item of the conversation has (one
+        of ``history``, ``previous_response_id``'s, when a client sends that response's output
+        again): the turn would run twice, and GET .../input_items, which pages by id, would loop."""
+        earlier = {item.id for item in history if item.id is not None}
+        seen = set(earlier)
+        for i, item in enumerate(self.input if isinstance(self.input, list) else ()):
+            if item.id is None:
+                continue
+            if item.id in seen:
+                where = (
+                    "previous_response_id's conversation" if item.id in earlier else "an earlier input item"
+                )
+                raise APIError(
+                    400,
+                    f"Duplicate item found with id {short_repr(item.id)} ({where} has it): remove "
+                    "duplicate items from your input",
+                    f"input.{i}.id",
+                )
+            seen.add(item.id)
 
     def _messages(self, history: Sequence[InputItem]) -> tuple[list[dict[str, Any]], list[str]]:
         """Chat messages: a function_call item joins the assistant message before it (calls in a

@@ -763,6 +763,34 @@ def test_an_unknown_previous_response_id_is_openais_400_naming_it(client, model_
     assert len(missing.value.body["message"]) < 300
 
 
+def test_an_item_id_given_twice_is_a_400_naming_the_second(client, model_name):
+    """A conversation's items have distinct ids, as OpenAI's (whose 400 says "Duplicate item
+    found"): GET .../input_items pages by them (a client paging items sharing an id was sent the
+    second one again and again), and a previous response's output sent back in input beside its
+    previous_response_id ran that turn twice in the prompt."""
+    twice = [
+        {"role": "user", "content": "Hi", "id": "msg_1"},
+        {"role": "user", "content": "Yo", "id": "msg_1"},
+    ]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model=model_name, input=twice, max_output_tokens=2)
+    error = refused.value.body
+    assert error["param"] == "input.1.id" and "Duplicate item found with id 'msg_1'" in error["message"]
+    first = client.responses.create(model=model_name, input=ASK, max_output_tokens=2)
+    again = [
+        *(item.model_dump(exclude_none=True) for item in first.output),
+        {"role": "user", "content": "Hi"},
+    ]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(
+            model=model_name, input=again, max_output_tokens=2, previous_response_id=first.id
+        )
+    assert refused.value.body["param"] == "input.0.id" and first.output[0].id in refused.value.body["message"]
+    # the same items as the whole conversation, with no previous_response_id, are one of each
+    written = [{"role": "user", "content": ASK}, *again]
+    assert client.responses.create(model=model_name, input=written, max_output_tokens=2).status
+
+
 def test_the_stored_routes_need_the_api_key(server, client, model_name):
     kept = client.responses.create(model=model_name, input=ASK, max_output_tokens=2)
     where = f"{server.url}/v1/responses/{kept.id}"
