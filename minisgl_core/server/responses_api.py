@@ -105,17 +105,22 @@ def _history(store: ResponseStore, rid: str) -> list[InputItem]:
 
 
 def _listed(item: dict[str, Any]) -> dict[str, Any]:
-    """A stored input item as OpenAI lists it: a message's text given as a string becomes its one
-    part (``input_text``; an assistant's ``output_text``), as the SDK's types have it (a client
-    iterating ``content`` got the string's characters)."""
-    content = item.get("content")
-    if item.get("type") != "message" or not isinstance(content, str):
-        return item
+    """A stored input item as OpenAI lists it, one of the SDK's ``ResponseItem`` types: status
+    ``completed`` where it was sent with none (those types require one), a message's text sent as
+    a string its one part (``input_text``, an assistant's ``output_text``: a client iterating
+    ``content`` got the string's characters), and an assistant's text parts ``output_text`` with
+    their annotations."""
+    listed = {**item, "status": item.get("status") or "completed"}
+    if item.get("type") != "message":
+        return listed
+    content = item["content"]
+    parts = [{"type": "input_text", "text": content}] if isinstance(content, str) else content
     if item.get("role") == "assistant":
-        part = {"type": "output_text", "text": content, "annotations": []}
-    else:
-        part = {"type": "input_text", "text": content}
-    return {**item, "content": [part]}
+        parts = [
+            part if part["type"] == "refusal" else {"annotations": [], **part, "type": "output_text"}
+            for part in parts
+        ]
+    return {**listed, "content": parts}
 
 
 def _not_found(store: ResponseStore, rid: str) -> APIError:

@@ -16,7 +16,7 @@ import openai
 import pytest
 from minisgl_plugin_hermes.parser import HermesToolParser
 from minisgl_plugin_qwen3_reasoning.parser import Qwen3ReasoningParser
-from openai.types.responses import Response, ResponseStreamEvent
+from openai.types.responses import Response, ResponseItem, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from minisgl_core.demo.factories import make_model_dir
@@ -51,6 +51,7 @@ WEATHER = {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
 }
 EVENTS = TypeAdapter(ResponseStreamEvent)
+RESPONSE_ITEM = TypeAdapter(ResponseItem)
 
 
 def chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
@@ -819,6 +820,29 @@ def test_input_items_list_the_conversation_a_response_ran_on(client, server, mod
     assert (page["first_id"], page["last_id"]) == (page["data"][0]["id"], page["data"][1]["id"])
     rest = get(server.url, f"/v1/responses/{second.id}/input_items", limit=2, after=page["last_id"]).json()
     assert [i["id"] for i in rest["data"]] == [listed.data[0].id] and rest["has_more"] is False
+
+
+def test_input_items_listed_are_the_clients_items(server, model_name):
+    """Each listed item is one of the client's ``ResponseItem`` types, validated: an item sent with
+    no status is listed ``completed``, as OpenAI lists input items (the assistant message, the
+    call and its output lacked the status those types require), and an assistant's text parts
+    are ``output_text`` with their annotations."""
+    sent = [
+        {"role": "user", "content": ASK},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "Let me look."}]},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+        {"type": "reasoning", "summary": [{"type": "summary_text", "text": "It is sunny."}]},
+        {"role": "assistant", "content": "Sunny.", "status": "incomplete"},
+        {"role": "user", "content": [{"type": "input_text", "text": "Thanks"}]},
+    ]
+    kept = create(server.url, {"model": model_name, "input": sent, "max_output_tokens": 2})
+    listed = get(server.url, f"/v1/responses/{kept['id']}/input_items", order="asc").json()["data"]
+    assert [item["type"] for item in listed] == [item.get("type", "message") for item in sent]
+    for item in listed:
+        RESPONSE_ITEM.validate_python(item)
+    assert [item["status"] for item in listed] == [*["completed"] * 5, "incomplete", "completed"]
+    assert listed[1]["content"] == [{"type": "output_text", "text": "Let me look.", "annotations": []}]
 
 
 def test_a_failed_stream_is_stored_failed_and_a_left_one_not(server, auth, model_name, read_metrics):
