@@ -108,8 +108,8 @@ def _listed(item: dict[str, Any]) -> dict[str, Any]:
     """A stored input item as OpenAI lists it, one of the SDK's ``ResponseItem`` types: status
     ``completed`` where it was sent with none (those types require one), a message's text sent as
     a string its one part (``input_text``, an assistant's ``output_text``: a client iterating
-    ``content`` got the string's characters), and an assistant's text parts ``output_text`` with
-    their annotations."""
+    ``content`` got the string's characters), an assistant's text parts ``output_text`` with their
+    annotations and the other roles' ``input_text``."""
     listed = {**item, "status": item.get("status") or "completed"}
     if item.get("type") != "message":
         return listed
@@ -118,6 +118,11 @@ def _listed(item: dict[str, Any]) -> dict[str, Any]:
     if item.get("role") == "assistant":
         parts = [
             part if part["type"] == "refusal" else {"annotations": [], **part, "type": "output_text"}
+            for part in parts
+        ]
+    else:  # (an output_text part sent in a user's message is read as its text)
+        parts = [
+            {"type": "input_text", "text": part["text"]} if part["type"] == "output_text" else part
             for part in parts
         ]
     return {**listed, "content": parts}

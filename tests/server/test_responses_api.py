@@ -825,8 +825,8 @@ def test_input_items_list_the_conversation_a_response_ran_on(client, server, mod
 def test_input_items_listed_are_the_clients_items(server, model_name):
     """Each listed item is one of the client's ``ResponseItem`` types, validated: an item sent with
     no status is listed ``completed``, as OpenAI lists input items (the assistant message, the
-    call and its output lacked the status those types require), and an assistant's text parts
-    are ``output_text`` with their annotations."""
+    call and its output lacked the status those types require), an assistant's text parts are
+    ``output_text`` with their annotations, and those of the other roles ``input_text``."""
     sent = [
         {"role": "user", "content": ASK},
         {"role": "assistant", "content": [{"type": "output_text", "text": "Let me look."}]},
@@ -834,7 +834,7 @@ def test_input_items_listed_are_the_clients_items(server, model_name):
         {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
         {"type": "reasoning", "summary": [{"type": "summary_text", "text": "It is sunny."}]},
         {"role": "assistant", "content": "Sunny.", "status": "incomplete"},
-        {"role": "user", "content": [{"type": "input_text", "text": "Thanks"}]},
+        {"role": "user", "content": [{"type": "output_text", "text": "Thanks", "annotations": []}]},
     ]
     kept = create(server.url, {"model": model_name, "input": sent, "max_output_tokens": 2})
     listed = get(server.url, f"/v1/responses/{kept['id']}/input_items", order="asc").json()["data"]
@@ -843,6 +843,7 @@ def test_input_items_listed_are_the_clients_items(server, model_name):
         RESPONSE_ITEM.validate_python(item)
     assert [item["status"] for item in listed] == [*["completed"] * 5, "incomplete", "completed"]
     assert listed[1]["content"] == [{"type": "output_text", "text": "Let me look.", "annotations": []}]
+    assert listed[-1]["content"] == [{"type": "input_text", "text": "Thanks"}]
 
 
 def test_a_failed_stream_is_stored_failed_and_a_left_one_not(server, auth, model_name, read_metrics):
