@@ -49,6 +49,8 @@ from minisgl_core.server.schemas import (
 
 #: the one ``include`` value served: logprobs on each output_text part (with ``top_logprobs``)
 INCLUDE_LOGPROBS = "message.output_text.logprobs"
+#: OpenAI's bounds on ``metadata``: pairs, and the characters of a key and of a value
+METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
 #: where the fix for a request that needs stored state is the same
 WHOLE_CONVERSATION = (
     "minisgl stores no conversations: send the whole conversation in input (the earlier input "
@@ -362,6 +364,27 @@ class ResponsesRequest(StrictModel):
                 "tool_choice",
             )
         return choice
+
+    @field_validator("metadata")
+    @classmethod
+    def _openais_metadata_bounds(cls, metadata: dict[str, str] | None) -> dict[str, str] | None:
+        # (a client built against minisgl would meet OpenAI's 400 only once deployed there)
+        if metadata is None:
+            return None
+        long_key = next((key for key in metadata if len(key) > METADATA_KEY_CHARS), None)
+        long_value = next((key for key, value in metadata.items() if len(value) > METADATA_VALUE_CHARS), None)
+        if len(metadata) > METADATA_PAIRS:
+            got = f"{len(metadata)} pairs"
+        elif long_key is not None:
+            got = f"a key of {len(long_key)} characters"
+        elif long_value is not None:
+            got = f"a value of {len(metadata[long_value])} characters (key {short_repr(long_value)})"
+        else:
+            return metadata
+        raise ValueError(
+            f"at most {METADATA_PAIRS} pairs, keys of at most {METADATA_KEY_CHARS} characters and values "
+            f"of at most {METADATA_VALUE_CHARS} characters, as OpenAI's; got {got}"
+        )
 
     @field_validator("include")
     @classmethod

@@ -579,6 +579,10 @@ def test_reasoning_and_calls_are_items_of_their_own():
         ({"input": [{"role": "wizard", "content": "Hi"}]}, "input.0.role", "'user'"),
         ({"input": []}, "input", "at least one item"),
         ({"temperature": -1}, "temperature", ">= 0"),
+        # OpenAI's bounds on metadata (16 pairs, keys of 64 characters, values of 512)
+        ({"metadata": {str(i): "v" for i in range(17)}}, "metadata", "at most 16 pairs"),
+        ({"metadata": {"k" * 65: "v"}}, "metadata", "keys of at most 64 characters"),
+        ({"metadata": {"k": "v" * 513}}, "metadata", "values of at most 512 characters"),
     ],
 )
 def test_what_is_not_served_is_a_400_naming_the_field(client, model_name, extra, param, words):
