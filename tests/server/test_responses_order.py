@@ -19,6 +19,8 @@ answer and event is validated strictly against the client's own pydantic types.
 
 from __future__ import annotations
 
+import random
+from collections.abc import Collection
 from typing import Any
 
 import openai
@@ -29,7 +31,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 from starlette.testclient import TestClient
 
-from minisgl_core.api import ReasoningDelta, ReasoningParser, ReasoningResult, TagReasoningParser
+from minisgl_core.api import ReasoningDelta, ReasoningParser, ReasoningResult, TagReasoningParser, ToolParser
 from minisgl_core.messages import Admission
 from minisgl_core.server.api_options import ApiOptions
 from minisgl_core.server.app import create_app
@@ -52,15 +54,15 @@ CALL = [
 EOS = ""  # the end of sequence token: its event has no text
 
 
-def events_of(tokens: list[str]) -> list[TokenEvent]:
+def events_of(tokens: list[str], finish: str = "stop") -> list[TokenEvent]:
     """One event per token, each with its logprob (told apart by its value), the last one ending
-    the choice."""
+    the choice (``finish``: its reason)."""
     return [
         TokenEvent(
             0,
             10 + i,
             text,
-            "stop" if i == len(tokens) - 1 else None,
+            finish if i == len(tokens) - 1 else None,
             None,
             [text, -i / 100, [[text, -i / 100, 10 + i]], 10 + i, 1],
             None,
@@ -77,10 +79,15 @@ def client(monkeypatch, model_dir):
     def make(
         tokens: list[str],
         merged: bool,
-        reasoning_parser: type[ReasoningParser] = Qwen3ReasoningParser,
+        reasoning_parser: type[ReasoningParser] | None = Qwen3ReasoningParser,
         opened: bool = False,
+        *,
+        starts: Collection[int] | None = None,
+        finish: str = "stop",
+        tool_parser: type[ToolParser] | None = HermesToolParser,
     ) -> openai.OpenAI:
-        """(``opened``: the prompt ended with the reasoning's start tag)"""
+        """(``opened``: the prompt ended with the reasoning's start tag; ``starts``: the tokens
+        that begin a delta, for ``merged``; ``finish``: the output's finish reason)"""
 
         async def add(self, params, n=1, **kwargs):
             self.num_choices += n
@@ -91,8 +98,8 @@ def client(monkeypatch, model_dir):
 
         async def deltas(self):
             out: list[Delta] = []
-            for event in events_of(tokens):
-                if not out or not merged:
+            for i, event in enumerate(events_of(tokens, finish)):
+                if not out or (i in starts if starts is not None else not merged):
                     out.append(Delta(0))
                 out[-1].add(event)
             for delta in out:
@@ -101,7 +108,7 @@ def client(monkeypatch, model_dir):
         monkeypatch.setattr(RequestGroup, "add", add)
         monkeypatch.setattr(RequestGroup, "deltas", deltas)
         info = ModelInfo("m", str(model_dir), max_context_len=2048, kv_capacity_tokens=16384, vocab_size=1024)
-        options = ApiOptions(tool_parser=HermesToolParser, reasoning_parser=reasoning_parser)
+        options = ApiOptions(tool_parser=tool_parser, reasoning_parser=reasoning_parser)
         app = create_app(ServerState(endpoints=None, model=info), options=options)
         # no lifespan (no engine behind it): the group's add and deltas above stand for it
         http = TestClient(app, raise_server_exceptions=False)
@@ -312,3 +319,107 @@ def test_reasoning_tokens_are_the_tokens_generated_for_it(
     assert without_ids(final) == without_ids(whole)
     assert whole["usage"]["output_tokens"] == len(tokens)
     assert whole["usage"]["output_tokens_details"] == {"reasoning_tokens": expected}
+
+
+#: what a random output is made of: text, whitespace, the reasoning's tags and their pieces, a
+#: call's markers and their pieces, JSON pieces, a call to an unknown function, a replacement char
+PIECES = ["Hi", " there", ".", "\n", "\n\n", " ", "<think>", "</think>", "<th", "ink>", "</", "think>",
+          "<tool_call>", "</tool_call>", "<tool", "_call>", '{"name": "get_weather",',
+          '{"name": "nope", "arguments": {}}', "{", "}", '"', "😀", "\ufffd", "<", ">"]  # fmt: skip
+
+
+def random_output(rng: random.Random) -> list[str]:
+    """Maybe reasoning (closed or not), then calls, calls cut short and random pieces."""
+    tokens = []
+    if rng.random() < 0.4:
+        tokens += ["<think>", *rng.choices(PIECES[:6], k=rng.randint(0, 3))]
+        tokens += ["</think>"] if rng.random() < 0.8 else []
+    for _ in range(rng.randint(0, 5)):
+        kind = rng.random()
+        if kind < 0.3:
+            tokens += CALL
+        elif kind < 0.4:
+            tokens += CALL[: rng.randint(1, len(CALL))]
+        else:
+            tokens += rng.choices(PIECES, k=rng.randint(1, 3))
+    return [*tokens, EOS]
+
+
+def events_in_order(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Check a stream's events are OpenAI's order (numbered from 0; created, in progress; each
+    item added, its part, its deltas, their done events and the item's done, one item at a time,
+    each event naming the open item by id and index; each done's text the deltas'); the items the
+    done events gave, which must be the final response's output."""
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert [e["type"] for e in events[:2]] == ["response.created", "response.in_progress"]
+    items: list[dict[str, Any]] = []
+    item_open = part_open = False
+    written: dict[str, str] = {}  # a delta event's type: the text of the open item's deltas
+    for event in events[2:-1]:
+        kind = event["type"]
+        if kind == "response.output_item.added":
+            assert not item_open and event["output_index"] == len(items)
+            items.append(event["item"])
+            item_open, written = True, {}
+            continue
+        assert item_open and event["output_index"] == len(items) - 1
+        if kind == "response.output_item.done":
+            assert not part_open and event["item"]["id"] == items[-1]["id"]
+            items[-1], item_open = event["item"], False
+            continue
+        assert event["item_id"] == items[-1]["id"] and event.get("content_index", 0) == 0
+        if kind in ("response.content_part.added", "response.content_part.done"):
+            assert part_open == kind.endswith(".done")
+            part_open = not part_open
+        elif kind.endswith(".delta"):
+            assert part_open or kind == "response.function_call_arguments.delta"
+            written[kind] = written.get(kind, "") + event["delta"]
+        else:
+            done = event["arguments"] if kind == "response.function_call_arguments.done" else event["text"]
+            assert done == written.get(kind.replace(".done", ".delta"), "")
+    assert not item_open
+    return items
+
+
+def texts(response: dict[str, Any], kind: str) -> str:
+    """The text of a response's items of a ``kind`` (message, reasoning), joined."""
+    return "".join(i["content"][0]["text"] for i in response["output"] if i["type"] == kind)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_outputs_read_alike_streamed_whole_and_on_chat(client, seed):
+    """A seeded property test: a random output (reasoning, text, calls whole and cut short, tag and
+    marker pieces) coming in random deltas, finished or cut off, read with or without a tool
+    parser, tools, logprobs, either reasoning parser or none: the stream's events are in OpenAI's
+    order and build its final response, which is the whole one; its calls, reasoning and text are
+    chat's for the same output."""
+    rng = random.Random(seed)
+    tokens = random_output(rng)
+    finish = rng.choice(["stop", "stop", "length"])
+    starts = set(rng.sample(range(1, len(tokens)), rng.randint(0, len(tokens) - 1)))
+    parser = rng.choice([Qwen3ReasoningParser, DeepSeekR1ReasoningParser, None])
+    tool_parser = HermesToolParser if rng.random() < 0.8 else None
+    served = client(
+        tokens, False, parser, parser is not None and rng.random() < 0.2,
+        starts=starts, finish=finish, tool_parser=tool_parser,
+    )  # fmt: skip
+    tools = [WEATHER] if tool_parser is not None and rng.random() < 0.8 else None
+    reading = {"include": ["message.output_text.logprobs"]} if rng.random() < 0.4 else {}
+    whole, events = answer(served, tools=tools, **reading)
+    final = events[-1]["response"]
+    assert events_in_order(events) == final["output"]
+    assert without_ids(final) == without_ids(whole)
+    assert whole["status"] == ("incomplete" if finish == "length" else "completed")
+    offered = {
+        "tools": [
+            {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER["parameters"]}}
+        ]
+    }
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    chat = served.chat.completions.create(model="m", messages=messages, **(offered if tools else {}))
+    message = chat.choices[0].message
+    assert [(i["name"], i["arguments"]) for i in whole["output"] if i["type"] == "function_call"] == [
+        (call.function.name, call.function.arguments) for call in message.tool_calls or ()
+    ]
+    assert texts(whole, "reasoning") == ((message.model_extra or {}).get("reasoning_content") or "")
+    assert texts(whole, "message") == (message.content or "")
