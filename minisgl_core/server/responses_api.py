@@ -143,7 +143,18 @@ def responses_router(
     store = store if store is not None else ResponseStore(options.responses_store_size)
 
     @router.get("/v1/responses/{response_id}")
-    async def get_response(response_id: str) -> Response:
+    async def get_response(
+        response_id: str, stream: bool = False, starting_after: int | None = None
+    ) -> Response:
+        if stream or starting_after is not None:
+            # (the JSON answer, read by a client as the stream it asked for, was no event at all)
+            raise APIError(
+                400,
+                "a stored response is answered whole: minisgl keeps no events to stream again; GET it "
+                "without stream (or send the request itself with stream true)",
+                "stream" if stream else "starting_after",
+                "unsupported_field",
+            )
         stored = store.get(response_id)
         if stored is None:
             raise _not_found(store, response_id)

@@ -731,6 +731,20 @@ def test_get_returns_the_answer_as_created_streamed_or_not_and_delete_forgets_it
     assert client.responses.retrieve(streamed["id"]).id == streamed["id"]  # (the other one stays)
 
 
+def test_a_stored_response_is_not_streamed_again(client, model_name):
+    """GET with stream (the SDK's ``responses.stream(response_id=...)``, ``retrieve(stream=True)``)
+    is a 400 naming stream: minisgl keeps no events to replay, and its JSON answer, read as a
+    stream, was no event at all and no error."""
+    kept = client.responses.create(model=model_name, input=ASK, max_output_tokens=2)
+    with pytest.raises(openai.BadRequestError) as refused:
+        with client.responses.stream(response_id=kept.id, starting_after=1) as stream:
+            list(stream)
+    assert (refused.value.body["param"], refused.value.body["code"]) == ("stream", "unsupported_field")
+    with pytest.raises(openai.BadRequestError):
+        list(client.responses.retrieve(kept.id, stream=True))
+    assert client.responses.retrieve(kept.id, stream=False).id == kept.id
+
+
 def test_store_false_keeps_nothing(client, model_name):
     kept = client.responses.create(model=model_name, input=ASK, max_output_tokens=2)
     assert client.responses.retrieve(kept.id).id == kept.id
