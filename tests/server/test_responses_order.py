@@ -390,9 +390,9 @@ def texts(response: dict[str, Any], kind: str) -> str:
 def test_random_outputs_read_alike_streamed_whole_and_on_chat(client, seed):
     """A seeded property test: a random output (reasoning, text, calls whole and cut short, tag and
     marker pieces) coming in random deltas, finished or cut off, read with or without a tool
-    parser, tools, logprobs, either reasoning parser or none: the stream's events are in OpenAI's
-    order and build its final response, which is the whole one; its calls, reasoning and text are
-    chat's for the same output."""
+    parser, tools (parallel calls or one), logprobs, either reasoning parser or none: the stream's
+    events are in OpenAI's order and build its final response, which is the whole one; its calls,
+    reasoning and text are chat's for the same output."""
     rng = random.Random(seed)
     tokens = random_output(rng)
     finish = rng.choice(["stop", "stop", "length"])
@@ -404,8 +404,9 @@ def test_random_outputs_read_alike_streamed_whole_and_on_chat(client, seed):
         starts=starts, finish=finish, tool_parser=tool_parser,
     )  # fmt: skip
     tools = [WEATHER] if tool_parser is not None and rng.random() < 0.8 else None
+    single = {"parallel_tool_calls": False} if tools and rng.random() < 0.3 else {}
     reading = {"include": ["message.output_text.logprobs"]} if rng.random() < 0.4 else {}
-    whole, events = answer(served, tools=tools, **reading)
+    whole, events = answer(served, tools=tools, **single, **reading)
     final = events[-1]["response"]
     assert events_in_order(events) == final["output"]
     assert without_ids(final) == without_ids(whole)
@@ -416,7 +417,9 @@ def test_random_outputs_read_alike_streamed_whole_and_on_chat(client, seed):
         ]
     }
     messages = [{"role": "user", "content": "Weather in Paris?"}]
-    chat = served.chat.completions.create(model="m", messages=messages, **(offered if tools else {}))
+    chat = served.chat.completions.create(
+        model="m", messages=messages, **(offered if tools else {}), **single
+    )
     message = chat.choices[0].message
     assert [(i["name"], i["arguments"]) for i in whole["output"] if i["type"] == "function_call"] == [
         (call.function.name, call.function.arguments) for call in message.tool_calls or ()
