@@ -71,8 +71,8 @@ NAMING_A_MODEL = {
     "/tokenize",
     "/detokenize",
 }
-#: routes that read or delete a stored response: 404 for an id not stored; its input items'
-#: page (limit, order, after) may be a 400
+#: routes that read or delete a stored response: 404 for an id not stored; a GET may be a 400
+#: (its input items' page: limit, order, after; the response asked with stream)
 STORED = {"/v1/responses/{response_id}", "/v1/responses/{response_id}/input_items"}
 #: routes that answer with the error body on an unhealthy engine (no OpenAI body: {status, error})
 HEALTH = {"/health", "/health_generate", "/ping"}
@@ -98,7 +98,7 @@ def error_statuses(path: str, method: str, protected: bool) -> list[int]:
         statuses.add(401)
     if path in NAMING_A_MODEL or path in STORED:
         statuses.add(404)
-    if path.endswith("/input_items"):
+    if path in STORED and method == "get":
         statuses.add(400)
     if path in GENERATING:
         statuses |= {429, 500, 503, 504}
