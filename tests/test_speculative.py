@@ -403,6 +403,43 @@ def test_sampling_keeps_the_target_distribution(model_dir):
     assert p_value > 1e-3, (p_value, keys, table)
 
 
+def test_seeded_sampling_draws_what_decoding_without_drafts_draws(model_dir, prompts):
+    """A seeded request's text is the one without speculation, whatever shares its steps: each
+    verified position draws the noise plain decoding draws at that position, and the draws of
+    positions rejected are taken back. Before, a request drew at every verified position, so its
+    text depended on how many drafts each step carried: a prompt arriving mid-run (its prefill
+    steps carry the running decodes one token each) changed it."""
+    seeded = [
+        SamplingParams(temperature=0.5, max_tokens=40, ignore_eos=True, seed=1234),
+        SamplingParams(temperature=0.5, top_k=40, max_tokens=40, ignore_eos=True, seed=-7),
+    ]
+    late_prompt = prompts[1] * 3
+
+    def run(llm: LLM, params: SamplingParams, late: int | None) -> list[int]:
+        # the seeded request alone, or with another prompt arriving at step ``late``
+        engine, tokens = llm.engine, []
+        engine.add_request(1, prompts[0], params)
+        step = 0
+        while engine.has_work:
+            if step == late:
+                engine.add_request(2, late_prompt, GREEDY)
+            tokens += [o.token_id for o in engine.step() if o.rid == 1]
+            step += 1
+        return tokens
+
+    plain = cpu_llm(model_dir, cache="naive", max_prefill_tokens=16)
+    want = [run(plain, p, None) for p in seeded]
+    plain.close()
+    spec = cpu_llm(model_dir, cache="naive", max_prefill_tokens=16, **SPEC)
+    for params, tokens in zip(seeded, want):
+        for late in (None, 3, 9):
+            assert run(spec, params, late) == tokens, (params, late)
+    stats = spec.engine.stats()
+    assert 0 < stats["spec_accepted_tokens"] < stats["spec_draft_tokens"], stats
+    assert_kv_released(spec)
+    spec.close()
+
+
 def chi_square_p_value(table: list[tuple[int, ...]]) -> float:
     """Pearson's test of independence on a 2 x m contingency table."""
     totals = [sum(row) for row in table]

@@ -9,12 +9,12 @@ renormalised remainder. So each position goes through the ordinary sampler, with
 supports: temperature, top-k/top-p/min-p, penalties (each position sees the output as if the
 drafts before it were accepted, as it would be without speculation, and so do min_tokens' and
 bad_words' bans), logit bias, allowed_token_ids, logprobs,
-seeds (a seeded request's text repeats from run to run while the KV pool has room, but differs
-from its text without speculation: every position of a verify step draws from the request's
-generator, drafts rejected or not, so later tokens meet other draws; and for the same reason a
-step that gives a request no drafts, because the pool could not hold them, or its retraction and
-prefill again, change its later draws: under memory pressure a seeded request's text can differ
-from run to run, as the lifecycle probe saw with a 700-token pool). Under greedy sampling this accepts a draft exactly when it is the argmax, so the output is
+and seeds: a seeded request draws once a sampled row from its own generator, so position ``j`` of
+a verify step draws what decoding without drafts draws ``j`` tokens on, and the draws of the rows
+past the tokens it keeps are taken back (:meth:`Sampler.rewind`). Its text is then the one without
+speculation, whatever shares its steps (a prompt arriving mid-run, whose prefill steps carry the
+running decodes without drafts, changed it before), whether the pool has room for its drafts or
+not. Under greedy sampling this accepts a draft exactly when it is the argmax, so the output is
 the one decoding without drafts gives (up to the float differences of an extend-shaped forward).
 
 Constrained requests (grammars) get no drafts: their bitmask depends on the tokens before it.
@@ -82,6 +82,13 @@ class VerifyRunner:
         # accepts after process(); any other constrained request has no drafts, so its matcher
         # masks its one row.
         drafted = {req.rid: len(req.output_ids) for req, d in zip(batch.requests, batch.drafts) if d}
+        # A seeded request draws from its own generator once a sampled row: its generator's state
+        # before the step, to take back the draws of the rows past the tokens it keeps
+        seeded = {
+            req.rid: req.generator.get_state()
+            for req, d in zip(batch.requests, batch.drafts)
+            if d and req.generator is not None and not req.params.greedy
+        }
         pending = self.grammars.bitmask(row_requests)
         grammar_mask = None
         if pending is not None:
@@ -135,6 +142,14 @@ class VerifyRunner:
                 self._time("accept", started)
         # the next plain decode step reads each request's newest token on the device
         live = [r for r in batch.requests if self.scheduler.running.get(r.rid) is r]
+        for req, draft in zip(batch.requests, batch.drafts):
+            state = seeded.get(req.rid)
+            if state is None or self.scheduler.running.get(req.rid) is not req:
+                continue
+            kept = len(req.output_ids) - drafted[req.rid]
+            if kept <= len(draft):  # a draft was rejected: its next draw is then the one decoding
+                # without drafts makes at its next position
+                self.sampler.rewind(req.generator, state, kept, logits.shape[-1])  # type: ignore[arg-type]
         if live:
             device = self.last_tokens.device
             self.last_tokens[to_device([r.row for r in live], device)] = to_device(

@@ -633,9 +633,22 @@ class Sampler:
         token_ids = self._gumbel_argmax(logits, scale, noise_scale)
         for i, r in enumerate(requests):
             if r.generator is not None and not r.params.greedy:
-                q = torch.empty(logits.shape[-1], device=device).exponential_(generator=r.generator)
+                q = self.seeded_noise(r.generator, logits.shape[-1])
                 token_ids[i] = (logits[i].float() / r.params.temperature - q.log()).argmax()
         return token_ids
+
+    def seeded_noise(self, generator: torch.Generator, width: int) -> torch.Tensor:
+        """A seeded row's Exp(1) noise over ``width`` token ids: its one draw from its request's
+        generator (a non-greedy seeded row draws exactly once a sampled row)."""
+        return torch.empty(width, device=self.device).exponential_(generator=generator)
+
+    def rewind(self, generator: torch.Generator, state: torch.Tensor, draws: int, width: int) -> None:
+        """Put ``generator`` where ``draws`` rows of ``width`` ids leave it from ``state``
+        (``generator.get_state()`` before them): a verify step takes back the draws of the
+        positions past the tokens it kept."""
+        generator.set_state(state)
+        for _ in range(draws):
+            self.seeded_noise(generator, width)
 
     def _gumbel_argmax(
         self, logits: torch.Tensor, scale: torch.Tensor, noise_scale: torch.Tensor
@@ -660,7 +673,7 @@ class Sampler:
         noise = torch.empty_like(probs).exponential_()
         for i, r in enumerate(requests):
             if r.generator is not None:
-                noise[i] = torch.empty(probs.shape[-1], device=device).exponential_(generator=r.generator)
+                noise[i] = self.seeded_noise(r.generator, probs.shape[-1])
         sampled = (probs / noise).argmax(dim=-1)
         return torch.where(greedy, logits.argmax(dim=-1), sampled)
 
