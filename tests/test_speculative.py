@@ -364,6 +364,25 @@ def test_abort_mid_run_frees_everything(spec_llm, prompts):
     spec_llm.engine.scheduler.kv.cache.check_integrity()
 
 
+def test_emitted_tokens_count_what_the_requests_got(model_dir, prompts, reference):
+    """``spec_emitted_tokens`` counts the tokens verify steps gave requests: a stop token inside a
+    run of accepted drafts ends the request there, and the tokens of the run after it (dropped)
+    were counted too, so the acceptance length ``bench offline`` reports was overstated."""
+    llm = cpu_llm(model_dir, cache="naive", **SPEC)
+    llm.engine.verify.speculator.drafter = _Oracle({tuple(p): ref for p, ref in zip(prompts, reference)})
+    ref = reference[0]
+    # a token first seen inside the first verify step's run of (all accepted) drafts
+    end = next(i for i in range(2, 5) if ref[i] not in ref[:i])
+    params = SamplingParams(temperature=0.0, max_tokens=40, stop_token_ids=[ref[end]])
+    out = llm.generate([prompts[0]], params)[0]
+    stats = llm.engine.stats()
+    llm.close()
+    assert out.token_ids == ref[: end + 1]
+    # the first token is the prefill's, every other one a verify step's
+    assert stats["spec_emitted_tokens"] == len(out.token_ids) - 1, stats
+    assert stats["spec_request_steps"] == 1, stats
+
+
 class ConstantDrafter(Drafter):
     """Always guesses the same tokens: verify steps at every decode step, accepted or not by chance."""
 

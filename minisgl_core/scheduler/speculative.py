@@ -117,7 +117,8 @@ class SpecStats:
     drafted_requests: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
-    #: tokens the verify steps produced (accepted drafts + one sampled token per request step)
+    #: tokens the verify steps gave requests (accepted drafts + one sampled token per request
+    #: step, less those after a stop inside the run)
     emitted_tokens: int = 0
     request_steps: int = 0
 
@@ -256,7 +257,6 @@ class Speculator:
             while accepted < len(draft) and sampled[accepted] == draft[accepted]:
                 accepted += 1
             stats.request_steps += 1
-            stats.emitted_tokens += accepted + 1
             if draft:
                 stats.drafted_requests += 1
                 stats.draft_tokens += len(draft)
@@ -268,7 +268,8 @@ class Speculator:
                 # as after a plain decode step: every token but the newest has its KV in the pool
                 req.num_computed = base + 1 + j
                 outputs += scheduler.process(single, [sampled[j]], [row_logprobs[j]])
-                if scheduler.running.get(req.rid) is not req:
+                stats.emitted_tokens += 1
+                if scheduler.running.get(req.rid) is not req:  # a stop: the rest of the run is dropped
                     break
         return outputs
 
