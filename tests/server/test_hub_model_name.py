@@ -56,7 +56,9 @@ def test_serve_a_hub_id_under_that_id(start_server, offline_hub):
     server = start_server(["--model", "org/tiny", "--device", "cpu", "--max-context-len", "256"], offline_hub)
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=120)
     assert [model.id for model in client.models.list()] == ["org/tiny"]
-    out = client.completions.create(model="org/tiny", prompt="hi", max_tokens=2)
+    out = client.completions.create(
+        model="org/tiny", prompt="hi", max_tokens=2, extra_body={"ignore_eos": True}
+    )
     assert out.model == "org/tiny" and out.usage.completion_tokens == 2
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model=REVISION[:8], prompt="hi", max_tokens=2)

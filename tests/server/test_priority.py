@@ -39,22 +39,22 @@ def test_a_priority_is_taken_with_the_priority_policy(priority_server, model_nam
     client = openai_client(priority_server)
     chat = client.chat.completions.create(
         model=model_name, messages=[{"role": "user", "content": "hi"}], max_tokens=3,
-        extra_body={"priority": -5},
+        extra_body={"priority": -5, "ignore_eos": True},
     )  # fmt: skip
     assert chat.usage.completion_tokens == 3
     completion = client.completions.create(
-        model=model_name, prompt="hello", max_tokens=3, extra_body={"priority": 2**63 - 1}
+        model=model_name, prompt="hello", max_tokens=3, extra_body={"priority": 2**63 - 1, "ignore_eos": True}
     )
     assert completion.usage.completion_tokens == 3
     native = post(
         priority_server,
         "/generate",
-        {"text": "hello", "priority": 5, "sampling_params": {"max_new_tokens": 2}},
+        {"text": "hello", "priority": 5, "sampling_params": {"max_new_tokens": 2, "ignore_eos": True}},
     )
     assert native.status_code == 200, native.text
     assert native.json()["meta_info"]["completion_tokens"] == 2
     response = client.responses.create(
-        model=model_name, input="hi", max_output_tokens=3, extra_body={"priority": -(2**63)}
+        model=model_name, input="hi", max_output_tokens=3, temperature=0, extra_body={"priority": -(2**63)}
     )
     assert response.usage.output_tokens == 3
 
@@ -79,7 +79,7 @@ def test_a_priority_is_refused_where_the_policy_ignores_it(client, model_name, s
     assert native.status_code == 400 and native.json()["error"]["param"] == "priority", native.text
     # 0, every request's default, is what the policy does anyway
     taken = client.completions.create(
-        model=model_name, prompt="hello", max_tokens=2, extra_body={"priority": 0}
+        model=model_name, prompt="hello", max_tokens=2, extra_body={"priority": 0, "ignore_eos": True}
     )
     assert taken.usage.completion_tokens == 2
 
