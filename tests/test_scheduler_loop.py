@@ -127,3 +127,52 @@ def test_the_step_heartbeat_says_how_long_the_step_has_run_and_counts_its_new_re
     assert all(stats["waiting"] == 1 for stats in engine.heartbeats), engine.heartbeats
     ages = [stats.get(STEP_MS) for stats in engine.heartbeats]
     assert all(age is not None and 250 <= age <= 1100 for age in ages) and ages == sorted(ages), ages
+
+
+def test_the_prompts_a_step_prefills_count_as_running_while_it_runs_not_as_waiting(tmp_path):
+    """/get_load's ``num_waiting_reqs`` is SGLang's ``len(waiting_queue)``: the requests no step
+    has taken yet. The step heartbeat's stats, taken before the step was planned, counted the
+    prompts it was prefilling as waiting through the whole step (a minute on a CPU).
+
+    A prompt part-way through its chunks runs, not waits: it is in every step until its last chunk
+    and holds its KV. SGLang takes such a request out of its waiting queue when it admits the first
+    chunk (its ``chunked_req``), so it is not waiting there either; we count it among the running,
+    where ``num_reqs`` (running + waiting) has always counted it.
+
+    A real engine (tiny random model, prefill budget of 16 tokens): two 6-token prompts, a 40-token
+    one and one more 6-token one arrive together; the first step prefills the first two and 4
+    tokens of the long one, and the fourth waits for budget."""
+    from minisgl_core.demo.factories import make_model_dir
+    from minisgl_core.testing import cpu_llm
+
+    engine = cpu_llm(make_model_dir(tmp_path / "m", "LlamaForCausalLM"), max_prefill_tokens=16).engine
+    ctx = zmq.Context()
+    inbox, to_scheduler = bind_pull(ctx, "inproc://scheduler"), connect_push(ctx, "inproc://scheduler")
+    detokenizer, to_detokenizer = bind_pull(ctx, "inproc://detok"), connect_push(ctx, "inproc://detok")
+    loop = SchedulerLoop(engine, OneRank())  # type: ignore[arg-type]
+    loop.heartbeat = StepHeartbeat(connect_push(ctx, "inproc://detok"), loop)
+    reported: list[dict[str, int]] = []  # what the heartbeat reports while each step's forward runs
+    launch = engine._launch
+
+    def launch_and_note(batch):
+        reported.append(dict(loop.last_stats or {}))
+        if len(reported) == 1:
+            send(to_scheduler, Shutdown())  # (read after this step)
+        return launch(batch)
+
+    engine._launch = launch_and_note  # type: ignore[method-assign]
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    try:
+        for rid, length in enumerate([6, 6, 40, 6]):
+            send(to_scheduler, EngineRequest(rid, [10 * rid + 7 + i for i in range(length)], params))
+        time.sleep(0.1)  # (all four in the first step's messages)
+        loop.run_leader(inbox, to_detokenizer)
+    finally:
+        loop.heartbeat.close()
+        for sock in (inbox, detokenizer, to_scheduler, to_detokenizer):
+            sock.close(linger=0)
+        ctx.term()
+    first = reported[0]
+    assert (first["running"], first["waiting"]) == (3, 1), reported
+    stats = engine.stats()  # after the step: the long prompt still part-way, the fourth queued
+    assert (stats["running"], stats["waiting"]) == (3, 1), stats

@@ -24,7 +24,7 @@ import gc
 import json
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import IO, Any, NamedTuple, NoReturn
 
@@ -174,6 +174,10 @@ class Engine:
                 timer=self._time,
             )
         self._inflight: _InFlight | None = None
+        #: called with each step's batch (None: nothing) once it is planned, before it runs: rank
+        #: 0's loop then takes the stats its step heartbeat reports, which count the prompts the
+        #: step prefills as running, no longer waiting (/get_load)
+        self.on_planned: Callable[[ScheduledBatch | None], None] | None = None
         #: /pause_generation: the engine landed its step in flight and plans none until the next
         #: :meth:`step` (:meth:`land`)
         self.paused = False
@@ -224,10 +228,14 @@ class Engine:
         kv = self.scheduler.kv
         cache = kv.size_info()
         spec = self.verify.speculator.stats.as_dict() if self.verify is not None else {}
+        # A prompt part-way through its chunks stays in the scheduler's queue between its steps,
+        # but every step computes its next chunk (and it holds KV): it runs. Waiting is what no
+        # step has taken yet, SGLang's waiting_queue (which its chunked request leaves too).
+        started = sum(1 for r in self.scheduler.waiting.values() if r.admitted)
         return spec | {
-            "running": len(self.scheduler.running),
+            "running": len(self.scheduler.running) + started,
             # a request waiting for its grammar's compile waits as much as one in the queue
-            "waiting": len(self.scheduler.waiting) + self.grammars.compiling,
+            "waiting": len(self.scheduler.waiting) - started + self.grammars.compiling,
             "kv_used_tokens": kv.used_tokens(),
             "kv_total_tokens": self.kv_capacity_tokens,
             "cache_evictable_tokens": cache.evictable,
@@ -529,6 +537,8 @@ class Engine:
         started = time.perf_counter()
         batch = self.scheduler.schedule()
         self._time("schedule", started)
+        if self.on_planned is not None:
+            self.on_planned(batch)
         self.launched_last = batch
         outputs, self._early_outputs = self._early_outputs, []
         if self._inflight is not None and (batch is None or not self.overlap):

@@ -58,6 +58,7 @@ from minisgl_core.plugins import Plugins
 from minisgl_core.processes.child import ChildSpec, ReportReady
 from minisgl_core.processes.ipc import bind_pull, connect_push, drain, recv, send
 from minisgl_core.sampling import StepOutput, TokenLogprob
+from minisgl_core.scheduler.scheduler import ScheduledBatch
 from minisgl_core.setting_names import flag
 from minisgl_core.tokenizer.detokenize import prompt_context
 
@@ -292,6 +293,8 @@ class SchedulerLoop:
     # ------------------------------------------------------------------ rank 0
 
     def run_leader(self, inbox: zmq.Socket, to_detokenizer: zmq.Socket) -> None:
+        if self.heartbeat is not None:
+            self.engine.on_planned = self._planned
         while True:
             msgs = drain(inbox) + self._compiles_settled()
             # (a weight update waiting for the last request to end runs now, in an empty step)
@@ -321,7 +324,8 @@ class SchedulerLoop:
                     out = StepOutputs()
                 if self.heartbeat is not None:
                     if msgs:  # (what the heartbeat reports counts the requests this step took in:
-                        # /get_load read 0 through a minute's prefill of four new prompts)
+                        # /get_load read 0 through a minute's prefill of four new prompts; those
+                        # the step prefills are counted again as running once it is planned)
                         self.last_stats = self._engine_stats()
                     self.heartbeat.since = time.monotonic()
                 self.step(out)
@@ -359,6 +363,13 @@ class SchedulerLoop:
             return []
         done, overdue = self.engine.compiles_settled()
         return [CompilesSettled(done, overdue)] if done or overdue else []
+
+    def _planned(self, batch: ScheduledBatch | None) -> None:
+        """Engine.on_planned (rank 0, with its step heartbeat): a prefill step takes its prompts
+        out of the queue, so the stats the heartbeat reports while it runs are taken again once
+        it is planned. /get_load counted the prompts a minute's prefill computed as waiting."""
+        if batch is not None and batch.forward.is_prefill:
+            self.last_stats = self._engine_stats()
 
     def _stats(self, now: float) -> dict[str, int]:
         self.last_stats_at = now
