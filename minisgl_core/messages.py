@@ -92,6 +92,10 @@ class TokenizeRequest(Message):
     #: vLLM's cache_salt as its key (``request_limits.cache_salt_key``; 0: none), passed on to each
     #: EngineRequest (an encoding without it reads as 0)
     cache_salt: int = 0
+    #: [API field, what it is, JSON schema] of each part of the grammar that another field of the
+    #: request gave (a forced tool call's grammar: each function's parameters). When the whole
+    #: grammar fails its check, the first part that fails alone is named, not ``grammar_field``
+    grammar_parts: list[list[str]] | None = None
 
 
 @dataclass

@@ -21,6 +21,7 @@ from typing import Any
 import zmq
 from jinja2 import TemplateSyntaxError
 
+from minisgl_core.api.grammar import GrammarSpec
 from minisgl_core.grammars import LazyGrammarBackend
 from minisgl_core.messages import (
     AbortRequest,
@@ -226,7 +227,7 @@ class Admitter:
             try:
                 self.grammars.check(sampling.grammar)
             except ValueError as exc:  # GrammarError: the message says what is wrong
-                raise RequestRejected(f"{req.grammar_field}: {exc}", req.grammar_field) from exc
+                raise self._grammar_rejected(req, exc) from exc
             if req.reasoning_tags is not None:
                 tag_ids = self.reasoning_tag_ids(*req.reasoning_tags)
                 if tag_ids is not None and not ends_with_tag(self.tokenizer, ids, tag_ids[1]):
@@ -235,6 +236,25 @@ class Admitter:
                         sampling, reasoning_tag_ids=tag_ids, reasoning_opened=opened
                     )
         return ids, sampling
+
+    def _grammar_rejected(self, req: TokenizeRequest, exc: ValueError) -> RequestRejected:
+        """Why the request's grammar failed its check, naming the field at fault: the first of
+        its parts that fails alone (a forced call's tool parameters, ``grammar_parts``), else the
+        field that set the grammar. (A tool's parameters that no arguments can satisfy were a 400
+        naming tool_choice.)"""
+        whole = RequestRejected(f"{req.grammar_field}: {exc}", req.grammar_field)
+        if not req.grammar_parts or self.grammars is None:
+            return whole
+        try:
+            backend = self.grammars.get()
+        except ValueError:  # no backend (its error is the whole grammar's): no part is at fault
+            return whole
+        for field, what, schema in req.grammar_parts:
+            try:
+                backend.check(GrammarSpec("json_schema", schema))
+            except ValueError as part_exc:
+                return RequestRejected(f"{field}: {what}: {part_exc}", field)
+        return whole
 
     def _encode_word(self, text: str) -> list[int]:
         """A bad word's token ids (admission tokenizes ``bad_words`` here, once a request)."""

@@ -139,8 +139,10 @@ async def admit_chat(
             messages=body.template_messages(),
             max_tokens_field=body.max_tokens_field,
             template_args=body.template_args(),
-            # a forced tool call's grammar comes from tool_choice, so its errors name that field
+            # a forced tool call's grammar comes from tool_choice, so its errors name that field,
+            # or the tool's parameters when they alone fail
             grammar_field=grammar_field,
+            grammar_parts=plan.grammar_parts or None,
             return_prompt_ids=body.return_token_ids,
             # tool_choice "none" (no parser: the output is plain content) needs no tools rendered
             tools_optional=plan.parser is None,

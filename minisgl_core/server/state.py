@@ -264,6 +264,7 @@ class RequestGroup:
         max_tokens_field: str = "max_tokens",
         template_args: dict[str, Any] | None = None,
         grammar_field: str = "grammar",
+        grammar_parts: list[list[str]] | None = None,
         return_prompt_ids: bool = False,
         default_max_tokens: int | None = None,
         tools_optional: bool = False,
@@ -274,8 +275,8 @@ class RequestGroup:
         (a 429 if the server's queue is full, a 503 if it cannot take requests). With
         ``return_prompt_ids`` the admission carries the prompt's token ids; ``default_max_tokens``
         caps an unset ``max_tokens`` where the model sets no default; ``tools_optional``: a template
-        may leave the tools out, ``reasoning_tags``: a grammar applies after the reasoning (see
-        TokenizeRequest)."""
+        may leave the tools out, ``reasoning_tags``: a grammar applies after the reasoning,
+        ``grammar_parts``: the grammar's parts a failed check may name (see TokenizeRequest)."""
         state = self.state
         state.check_alive()
         if self.expected_sequences is None:
@@ -301,6 +302,7 @@ class RequestGroup:
                 return_prompt_ids=return_prompt_ids, default_max_tokens=default_max_tokens,
                 tools_optional=tools_optional, add_special_tokens=add_special_tokens,
                 reasoning_tags=reasoning_tags, priority=self.priority, cache_salt=self.cache_salt,
+                grammar_parts=grammar_parts,
             )  # fmt: skip
             send(state.to_tokenizer, request)
             try:  # the deadline holds while the tokenizer worker is busy (or stopped) too

@@ -77,6 +77,9 @@ class ToolPlan:
     grammar: dict[str, str] | None = None
     #: parallel_tool_calls false: at most one call per choice
     single_call: bool = False
+    #: TokenizeRequest.grammar_parts: each forced function's parameters, which a grammar error is
+    #: about when they fail alone (the tool's fault, not tool_choice's)
+    grammar_parts: list[list[str]] = field(default_factory=list)
 
 
 def plan_tools(body: ChatCompletionRequest, tool_parser: type[ToolParser] | None) -> ToolPlan:
@@ -138,7 +141,16 @@ def plan_tools(body: ChatCompletionRequest, tool_parser: type[ToolParser] | None
         single = True
     schema["$defs"] = {_parameters_key(i): _scoped(arguments[i], i) for i, _ in functions}
     grammar = {"kind": "json_schema", "value": json.dumps(schema)}
-    return ToolPlan(ForcedToolCallParser, tools, grammar, single)
+    parts = [
+        [
+            f"tools.{i}.function.parameters",
+            f"the parameters of function {short_repr(f.name)}, which the calls tool_choice forces "
+            "must follow, do not compile",
+            json.dumps(arguments[i]),
+        ]
+        for i, f in functions
+    ]
+    return ToolPlan(ForcedToolCallParser, tools, grammar, single, parts)
 
 
 #: keywords that let values other than objects through where ``type`` is absent at the top

@@ -19,6 +19,15 @@ SAMPLES = [
     m.TokenizeRequest(
         [3, 4], None, [{"role": "user", "content": "hé"}], None, SamplingParams(max_tokens=None), "max_tokens"
     ),
+    m.TokenizeRequest(
+        [5],
+        None,
+        [{"role": "user", "content": "hi"}],
+        None,
+        SamplingParams(max_tokens=4),
+        grammar_field="tool_choice",
+        grammar_parts=[["tools.0.function.parameters", "the parameters of function 'f'", "{}"]],
+    ),
     m.Admission(3, 17, 100, error="too long", param="messages"),
     m.EngineRequest(
         5,

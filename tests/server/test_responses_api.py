@@ -50,6 +50,12 @@ WEATHER = {
     "name": "get_weather",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
 }
+#: parameters no arguments can follow: at least three items in a list of at most one
+UNSATISFIABLE = {
+    "type": "object",
+    "properties": {"xs": {"type": "array", "items": {"type": "integer"}, "minItems": 3, "maxItems": 1}},
+    "required": ["xs"],
+}
 EVENTS = TypeAdapter(ResponseStreamEvent)
 RESPONSE_ITEM = TypeAdapter(ResponseItem)
 
@@ -592,6 +598,27 @@ def test_what_is_not_served_is_a_400_naming_the_field(client, model_name, extra,
     error = refused.value.body
     assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
     assert error["param"] == param and words in error["message"], error
+
+
+@pytest.mark.parametrize("choice", ["required", "named"])
+def test_a_tool_schema_a_forced_call_cannot_follow_is_a_400_naming_its_parameters(
+    grammar_backend, tools_client, model_name, choice
+):
+    """Parameters no arguments can follow, under a tool_choice that forces calls: the 400 named
+    tool_choice (the forced grammar's compile failed as a whole); it names the tool's parameters
+    as this API spells them (``tools.1.parameters``) and says what the grammar backend found."""
+    pick = {**WEATHER, "name": "pick", "parameters": UNSATISFIABLE}
+    tool_choice = {"type": "function", "name": "pick"} if choice == "named" else choice
+    with pytest.raises(openai.BadRequestError) as refused:
+        tools_client.responses.create(
+            model=model_name, input=ASK, max_output_tokens=2, tools=[WEATHER, pick], tool_choice=tool_choice
+        )
+    error = refused.value.body
+    assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+    assert error["param"] == "tools.1.parameters", error
+    message = error["message"]
+    assert message.startswith("tools.1.parameters: the parameters of function 'pick'"), error
+    assert "minItems" in message or "nsatisfiable" in message, error  # (xgrammar's words, llguidance's)
 
 
 def test_an_unknown_model_is_a_404(client):

@@ -594,6 +594,46 @@ def test_parameters_of_a_type_other_than_object_are_a_400(tools_server, model_na
         assert ok.status_code == 200, ok.text
 
 
+#: parameters no arguments can follow: at least three items in a list of at most one
+UNSATISFIABLE = {
+    "type": "object",
+    "properties": {"xs": {"type": "array", "items": {"type": "integer"}, "minItems": 3, "maxItems": 1}},
+    "required": ["xs"],
+}
+
+
+@pytest.mark.parametrize("choice", ["required", "named"])
+def test_a_tool_schema_a_forced_call_cannot_follow_is_a_400_naming_its_parameters(
+    grammar_backend, tools_client, model_name, choice
+):
+    """A forced call's grammar holds every offered function's parameters; one that no arguments
+    can satisfy failed its compile as the whole grammar's, a 400 whose param was ``tool_choice``
+    (the message named the tool, with llguidance, only as a path inside the grammar's ``$defs``).
+    The client's mistake is in that tool's ``parameters``: the param names them, and the message
+    the function and what the grammar backend found wrong."""
+    tool = {"type": "function", "function": {"name": "pick", "parameters": UNSATISFIABLE}}
+    tool_choice = {"type": "function", "function": {"name": "pick"}} if choice == "named" else choice
+    with pytest.raises(openai.BadRequestError) as refused:
+        tools_client.chat.completions.create(
+            model=model_name, messages=ASK, max_tokens=4, tools=[WEATHER, tool], tool_choice=tool_choice
+        )
+    error = refused.value.body
+    assert error["param"] == "tools.1.function.parameters", error
+    message = error["message"]
+    assert message.startswith("tools.1.function.parameters: ") and "'pick'" in message, error
+    assert "minItems" in message or "nsatisfiable" in message, error  # (xgrammar's words, llguidance's)
+    # the other tool alone is fine, and so is the unsatisfiable one where nothing forces a call
+    resp = tools_client.chat.completions.create(
+        model=model_name, messages=ASK, max_tokens=4, tools=[WEATHER, tool],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )  # fmt: skip
+    assert resp.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    resp = tools_client.chat.completions.create(
+        model=model_name, messages=ASK, max_tokens=4, tools=[WEATHER, tool], tool_choice="auto"
+    )
+    assert resp.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
 def test_auto_tools_without_a_parser_is_a_400(client, model_name):
     with pytest.raises(openai.BadRequestError, match="--tool-call-parser"):
         client.chat.completions.create(model=model_name, messages=ASK, tools=[WEATHER])
