@@ -438,6 +438,7 @@ class ResponsesRequest(StrictModel):
         came from (``instructions``, ``input.3``, ``previous_response_id``), for
         :func:`responses_names`."""
         self._distinct_ids(history)
+        self._outputs_answer_calls(history)
         messages, origins = self._messages(history)
         chat: dict[str, Any] = {
             "messages": messages,
@@ -490,6 +491,25 @@ class ResponsesRequest(StrictModel):
                     f"input.{i}.id",
                 )
             seen.add(item.id)
+
+    def _outputs_answer_calls(self, history: Sequence[InputItem]) -> None:
+        """OpenAI's 400 for a function_call_output whose call_id no function_call of the
+        conversation has (``history`` or ``input``): it answers no call, and the chat template
+        rendered a tool result after no call of that id. (A call with no output is still
+        accepted, rendered unanswered, where OpenAI answers 400 "No tool output found for
+        function call ...".)"""
+        if not isinstance(self.input, list):
+            return
+        calls = {item.call_id for item in [*history, *self.input] if isinstance(item, FunctionCallItem)}
+        for i, item in enumerate(self.input):
+            if isinstance(item, FunctionCallOutputItem) and item.call_id not in calls:
+                raise APIError(
+                    400,
+                    f"No tool call found for function call output with call_id {short_repr(item.call_id)}: "
+                    "send the function_call item it answers in input as well, or the "
+                    "previous_response_id of the response that made the call",
+                    f"input.{i}.call_id",
+                )
 
     def _messages(self, history: Sequence[InputItem]) -> tuple[list[dict[str, Any]], list[str]]:
         """Chat messages: a function_call item joins the assistant message before it (calls in a

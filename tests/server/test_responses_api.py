@@ -713,6 +713,49 @@ def test_the_tool_loop_chains_a_call_and_its_output(grammar_backend, tools_clien
     assert chained["usage"]["input_tokens"] > asked["usage"]["input_tokens"]
 
 
+def test_a_function_call_output_that_answers_no_call_is_a_400(client, model_name):
+    """A function_call_output whose call_id no function_call has, in input or in the
+    previous_response_id chain, was accepted: its output rendered as a tool result after no call
+    of that id. OpenAI answers it 400 "No tool call found for function call output with call_id
+    call_....", type invalid_request_error, param "input" (the error bodies quoted in
+    continuedev/continue#10092 and leookun/cursor-byok#307, GitHub issues corpus); ours is that
+    400, its message starting the same, its param the item's field (``input.1.call_id``, as this
+    API's other item errors name theirs: ``input.1.id`` for a duplicate id).
+
+    A call sent with no output is accepted as before. OpenAI refuses that too, "No tool output
+    found for function call call_....", param "input" (openai/openai-support-agent-demo#12, a call
+    last in input; openai/openai-agents-python#673, a previous response's calls left unanswered):
+    not changed here."""
+    orphan = {"type": "function_call_output", "call_id": "call_nope", "output": "sunny"}
+    call = {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"}
+    answer = {**orphan, "call_id": "call_1"}
+    plain = client.responses.create(model=model_name, input=ASK, max_output_tokens=2)
+    # the call left unanswered: accepted, and stored for the chain below
+    asked = client.responses.create(model=model_name, input=[{"role": "user", "content": ASK}, call],
+                                    max_output_tokens=2)  # fmt: skip
+    for extra, index in [
+        ({"input": [{"role": "user", "content": ASK}, orphan]}, 1),
+        ({"input": [{"role": "user", "content": ASK}, call, answer, orphan]}, 3),
+        ({"input": [orphan], "previous_response_id": plain.id}, 0),  # (the chain has no call)
+        ({"input": [answer, orphan], "previous_response_id": asked.id}, 1),
+    ]:
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.responses.create(model=model_name, max_output_tokens=2, **extra)
+        error = refused.value.body
+        assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+        assert error["param"] == f"input.{index}.call_id", error
+        assert error["message"].startswith(
+            "No tool call found for function call output with call_id 'call_nope'"
+        ), error
+    # an output answering a call of input, or of the previous response's conversation: served
+    for extra in (
+        {"input": [{"role": "user", "content": ASK}, call, answer]},
+        {"input": [answer], "previous_response_id": asked.id},
+    ):
+        resp = client.responses.create(model=model_name, max_output_tokens=2, **extra)
+        assert resp.status in ("completed", "incomplete")
+
+
 def test_a_reasoning_item_chains_as_the_assistants_reasoning(thinking):
     """A previous output that is reasoning (cut off while thinking) continues as it would sent
     back by hand."""
