@@ -1,5 +1,5 @@
 """Scheduler rank 0's loop (``SchedulerLoop.run_leader``) over real sockets, with an engine that
-only records what the detokenizer has received when it is stepped."""
+only records what the detokenizer has received when it is stepped, or a real one on a tiny model."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import time
 
 import zmq
 
+from minisgl_core.demo.factories import make_model_dir
 from minisgl_core.messages import (
     STEP_MS,
     ContinueGeneration,
@@ -19,6 +20,7 @@ from minisgl_core.messages import (
 from minisgl_core.processes.ipc import bind_pull, connect_push, drain, send
 from minisgl_core.processes.scheduler_rank import SchedulerLoop, StepHeartbeat
 from minisgl_core.sampling import SamplingParams
+from minisgl_core.testing import cpu_llm
 
 
 class OneRank:
@@ -142,9 +144,6 @@ def test_the_prompts_a_step_prefills_count_as_running_while_it_runs_not_as_waiti
     A real engine (tiny random model, prefill budget of 16 tokens): two 6-token prompts, a 40-token
     one and one more 6-token one arrive together; the first step prefills the first two and 4
     tokens of the long one, and the fourth waits for budget."""
-    from minisgl_core.demo.factories import make_model_dir
-    from minisgl_core.testing import cpu_llm
-
     engine = cpu_llm(make_model_dir(tmp_path / "m", "LlamaForCausalLM"), max_prefill_tokens=16).engine
     ctx = zmq.Context()
     inbox, to_scheduler = bind_pull(ctx, "inproc://scheduler"), connect_push(ctx, "inproc://scheduler")
