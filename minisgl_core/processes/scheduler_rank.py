@@ -120,7 +120,11 @@ class SchedulerLoop:
         self.engine = engine
         self.tp = tp
         self.last_stats_at = 0.0
+        #: the engine's stats as last taken (what the step heartbeat reports while a step runs)
         self.last_stats: dict[str, int] | None = None
+        #: the stats this loop last sent the API server: those taken for the heartbeat alone after
+        #: a step's messages (a flush) did not reach /metrics, so the idle report compares to these
+        self.reported_stats: dict[str, int] | None = None
         #: rank 0's reports while one step runs long (None: ranks 1..N-1, and tests)
         self.heartbeat: StepHeartbeat | None = None
         #: the first prompt token of each running request with prompt_logprobs: its wire entry
@@ -373,7 +377,7 @@ class SchedulerLoop:
 
     def _stats(self, now: float) -> dict[str, int]:
         self.last_stats_at = now
-        self.last_stats = self._engine_stats()
+        self.last_stats = self.reported_stats = self._engine_stats()
         return self.last_stats
 
     def _engine_stats(self) -> dict[str, int]:
@@ -387,8 +391,9 @@ class SchedulerLoop:
     def _report_idle_stats(self, to_detokenizer: zmq.Socket) -> None:
         # The last word before blocking, so /metrics shows the idle state (KV freed, 0 running).
         stats = self._engine_stats()
-        if stats != self.last_stats:
-            self.last_stats, self.last_stats_at = stats, time.monotonic()
+        if stats != self.reported_stats:
+            self.last_stats = self.reported_stats = stats
+            self.last_stats_at = time.monotonic()
             send(to_detokenizer, StepOutputs(stats=stats))
 
     # ------------------------------------------------------------------ ranks 1..N-1
