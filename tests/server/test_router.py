@@ -28,7 +28,10 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def router(start_server, model_dir, engine_args, tmp_path_factory):
-    workers = [start_server(["--model", str(model_dir), *engine_args]) for _ in range(2)]
+    # both start at once (their start-ups overlap), then each must be ready
+    workers = [start_server(["--model", str(model_dir), *engine_args], wait=False) for _ in range(2)]
+    for worker in workers:
+        worker.wait_ready()
     port, metrics_port = free_port(), free_port()
     log_path = tmp_path_factory.mktemp("router") / "router.log"
     # fmt: off
