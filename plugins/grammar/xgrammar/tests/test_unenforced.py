@@ -359,7 +359,9 @@ def test_the_one_of_check_takes_any_integer_and_stays_linear_in_values():
     started = time.monotonic()
     assert unenforced_keywords({"oneOf": many}) == []
     said = unenforced_keywords({"oneOf": [*many, {"const": 7.0}]})
-    assert time.monotonic() - started < 10
+    # linear: 0.5 s at 3,000 values, 4 s at 30,000 on two cores at load 7.5, where a bound of 10 s
+    # failed once (the test took 15 s); the pairwise check took 24 s at 2,000, hours at 30,000
+    assert time.monotonic() - started < 60
     assert said and "#/oneOf/7 and #/oneOf/30000 may both hold" in said[0]
     tagged = [{"type": "object", "properties": {"k": {"const": i}}, "required": ["k"]} for i in range(200)]
     assert unenforced_keywords({"oneOf": tagged[:128]}) == []
