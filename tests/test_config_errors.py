@@ -522,7 +522,7 @@ def test_a_kv_pool_or_request_tables_past_the_device_name_the_setting_and_the_by
     monkeypatch.undo()
     llm = LLM(model_dir, attn="torch", device="cpu", num_kv_tokens=2**19, max_running_requests=4096)
     assert llm.engine.kv_capacity_tokens == 2**19 and llm.engine.runner.page_table.shape == (4097, 2048)
-    assert len(llm.generate(["hi"], SamplingParams(max_tokens=2))[0].token_ids) == 2
+    assert len(llm.generate(["hi"], SamplingParams(max_tokens=2, ignore_eos=True))[0].token_ids) == 2
 
 
 def test_settings_that_fit_alone_but_not_together_are_named_together():

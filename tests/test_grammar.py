@@ -228,7 +228,8 @@ def test_an_unknown_backend_named_is_refused_at_start(model_dir):
 
 def test_the_default_backend_missing_is_a_clear_error_on_constrained_requests_only(model_dir):
     llm = LLM(model_dir, device="cpu", dtype="float32", attn="torch", disable_plugins=["xgrammar"])
-    assert llm.generate([[1, 2]], SamplingParams(max_tokens=3), use_tqdm=False)[0].finish_reason == "length"
+    free = SamplingParams(max_tokens=3, ignore_eos=True)
+    assert llm.generate([[1, 2]], free, use_tqdm=False)[0].finish_reason == "length"
     with pytest.raises(GrammarError, match="grammar_backend='xgrammar' is unavailable"):
         llm.generate(
             [[1, 2]], SamplingParams(max_tokens=3, grammar=GrammarSpec("regex", "a")), use_tqdm=False
