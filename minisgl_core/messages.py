@@ -243,6 +243,9 @@ class StepOutputs(Message):
     #: [rid, prompt tokens read from the prefix cache] of each request whose first output is in
     #: this step (once a request: no column of Nones on every decode step)
     cached_tokens: list[list[int]] = field(default_factory=list)
+    #: [rid, field] of each request finishing "invalid" this step whose error names the request's
+    #: field at fault (StepOutput.error_param): the 400's param (once a request: no column)
+    error_params: list[list[Any]] = field(default_factory=list)
     #: [FlushCache.token, cached tokens freed, or -1: not flushed, requests were running or waiting]
     flushed: list[list[int]] = field(default_factory=list)
     #: [token, "" or why not] answering UpdateWeights ("": every rank took the new weights),
@@ -269,8 +272,11 @@ class StepOutputs(Message):
         logprob: WireLogprob | None = None,
         error: str | None = None,
         prompt_logprobs: list[WireLogprob | None] | None = None,
+        error_param: str | None = None,
     ) -> None:
         self.rids.append(rid)
+        if error_param is not None:
+            self.error_params.append([rid, error_param])
         self.token_ids.append(token_id)
         self.finish_reasons.append(finish_reason)
         self.matched_stops.append(matched_stop)
@@ -301,6 +307,8 @@ class DetokOutputs(Message):
     prompt_logprobs: list[list[list[Any] | None] | None] = field(default_factory=list)
     #: StepOutputs.cached_tokens, passed on as it came
     cached_tokens: list[list[int]] = field(default_factory=list)
+    #: StepOutputs.error_params, passed on as they came
+    error_params: list[list[Any]] = field(default_factory=list)
     #: StepOutputs.flushed, passed on as it came
     flushed: list[list[int]] = field(default_factory=list)
     #: StepOutputs.answers, passed on as they came

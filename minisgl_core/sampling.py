@@ -483,3 +483,6 @@ class StepOutput(NamedTuple):
     #: on the request's first output (a token's, or its grammar's error): how many prompt tokens
     #: were read from the prefix cache, not computed for it (Request.cached_prompt_tokens); else None
     cached_tokens: int | None = None
+    #: with finish_reason "invalid": the request's field at fault (a SamplingParams field, or
+    #: "grammar" for whichever field set it), which the server's 400 names as its param; else None
+    error_param: str | None = None

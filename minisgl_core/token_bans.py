@@ -104,6 +104,19 @@ def no_token_left(
     )
 
 
+def no_token_left_field(params: SamplingParams, output_ids: Sequence[int], eos_ids: Iterable[int]) -> str:
+    """The field the 400 of :func:`no_token_left` names: the first of the request's own constraints
+    that took part at that step (allowed_token_ids before min_tokens and bad_words), else
+    ``"grammar"`` (the grammar alone ran dry: whatever field set it). Its own constraints before
+    the grammar: admission checked that the grammar alone accepts a text and that the allowed ids
+    alone leave a first token, so it is the ids (or bans) that take the grammar's tokens away, and
+    widening them is the fix that keeps the output's format."""
+    fields = step_constraints(params, output_ids, eos_ids)
+    if not fields and params.grammar is None:  # (as no_token_left: all the request has)
+        fields = own_constraints(params)
+    return fields[0] if fields else "grammar"
+
+
 def bad_words_ban(forms: Sequence[Sequence[int]], output_ids: Sequence[int]) -> tuple[int, ...]:
     """vLLM's bad_words: the last token of each form (a bad word's token sequence) whose other
     tokens the output ends with; a one-token form's always. Only the output counts, not the

@@ -13,7 +13,7 @@ from minisgl_core.messages import Limits
 from minisgl_core.request_limits import MAX_BAD_WORDS_TOKENS, admit, bad_words_token_ids
 from minisgl_core.runner.sampler import Sampler, SampleRequest
 from minisgl_core.testing import cpu_llm
-from minisgl_core.token_bans import bad_words_ban, no_token_left, step_bans
+from minisgl_core.token_bans import bad_words_ban, no_token_left, no_token_left_field, step_bans
 
 PROMPT = [11, 12, 13, 14, 200, 300]
 LIMITS = Limits(256, 256, 2000)
@@ -385,6 +385,24 @@ def test_no_token_left_names_only_what_banned_a_token_at_that_step():
         "no token is left to sample after 1 output token(s): the grammar rules out every token"
     )
     assert "bad_words" not in alone and "response_format" in alone
+
+
+def test_the_field_a_refusal_names_is_the_requests_own_constraint_before_its_grammar():
+    """The 400 of a request whose constraints left no token had param null. It names the first
+    of its own constraints at work at that step (widening it keeps the output's format: admission
+    checked the grammar alone accepts a text); the grammar (the field that set it) only alone."""
+    from minisgl_core.api import GrammarSpec
+
+    eos, grammar = [2], GrammarSpec("json_schema", '{"type": "object"}')
+    params = SamplingParams(allowed_token_ids=[5, 6], bad_words_token_ids=[[5, 6]], grammar=grammar)
+    assert no_token_left_field(params, [], eos) == "allowed_token_ids"
+    assert no_token_left_field(params, [5], eos) == "allowed_token_ids"
+    banned = SamplingParams(bad_words_token_ids=[[5, 6]], grammar=grammar)
+    assert no_token_left_field(banned, [7, 5], eos) == "bad_words"
+    assert no_token_left_field(banned, [7], eos) == "grammar"  # (the bad word bans nothing there)
+    plain = SamplingParams(min_tokens=2, bad_words_token_ids=[[5, 6]])
+    assert no_token_left_field(plain, [7], eos) == "min_tokens"
+    assert no_token_left_field(plain, [7, 7, 5], eos) == "bad_words"
 
 
 def test_offline_generate_refuses_a_dead_first_token_before_anything_runs(llm):

@@ -115,6 +115,7 @@ class Engine:
                 fill_threads=config.grammar_threads,
             ),
             device,
+            leader=self.parallel.tp_rank == 0,
         )
         self.sampler = Sampler(self.runner.vocab_size, device)
         self.sampler.warm_up(self.runner.dtype, self.runner.logit_shard_shape)
@@ -336,7 +337,7 @@ class Engine:
             try:
                 req = self.grammars.finish_compile(rid)
             except ValueError as exc:
-                ended.append(StepOutput(rid, -1, True, "invalid", error=str(exc)))
+                ended.append(StepOutput(rid, -1, True, "invalid", error=str(exc), error_param="grammar"))
                 continue
             if req is not None:  # else aborted meanwhile
                 self.scheduler.add(req)
@@ -348,7 +349,7 @@ class Engine:
         )
         for rid in overdue:
             if self.grammars.drop_compile(rid):
-                ended.append(StepOutput(rid, -1, True, "invalid", error=overran))
+                ended.append(StepOutput(rid, -1, True, "invalid", error=overran, error_param="grammar"))
         return ended
 
     def flush_cache(self) -> int | None:

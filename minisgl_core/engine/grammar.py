@@ -38,7 +38,7 @@ from minisgl_core.api import GrammarBackend, GrammarError, GrammarMatcher, Gramm
 from minisgl_core.api.grammar import accepts_no_text
 from minisgl_core.grammars import LazyGrammarBackend
 from minisgl_core.scheduler.request import OPENING, REASONING, Request
-from minisgl_core.token_bans import no_token_left, own_constraints
+from minisgl_core.token_bans import no_token_left, no_token_left_field, own_constraints
 
 logger = logging.getLogger(__name__)
 
@@ -129,9 +129,14 @@ class GrammarRunner:
     """Matchers of the engine's constrained requests: made at admission, advanced by each sampled
     token, asked for the next step's bitmask."""
 
-    def __init__(self, backend: LazyGrammarBackend, device: torch.device, *, batched: bool = True) -> None:
+    def __init__(
+        self, backend: LazyGrammarBackend, device: torch.device, *, batched: bool = True, leader: bool = True
+    ) -> None:
         self.backend = backend
         self.device = device
+        #: whether this runner logs the requests it refuses (:meth:`_refuse`): rank 0's does; every
+        #: other rank refuses the same requests in the same step
+        self.leader = leader
         #: False: one matcher at a time through the GrammarMatcher API (the benchmark's baseline)
         self.batched = batched
         #: the thread background fills run on, started on the first
@@ -333,13 +338,14 @@ class GrammarRunner:
                 if self._dead_end(req.matcher):
                     # sampling had nothing to choose from: the grammar cannot go on, the request's
                     # fault (a 400), not the engine's
-                    self._fail(req, DEAD_END.format(tokens=req.grammar_tokens), invalid=True)
+                    self._refuse(req, DEAD_END.format(tokens=req.grammar_tokens), "grammar")
                 elif own_constraints(req.params):
                     # its allowed_token_ids or bans took out what the grammar allows: the row was
                     # empty and the sampler drew an arbitrary token (the request's fault); its
                     # output is still without the token (process() appends it after this)
-                    why = no_token_left(req.params, req.output_ids, self.backend.stop_token_ids)
-                    self._fail(req, why, invalid=True)
+                    eos = self.backend.stop_token_ids
+                    why = no_token_left(req.params, req.output_ids, eos)
+                    self._refuse(req, why, no_token_left_field(req.params, req.output_ids, eos))
                 else:
                     self._fail(req, f"the grammar rejected sampled token {token} (not allowed here)")
                 continue
@@ -479,16 +485,26 @@ class GrammarRunner:
                 words = mask.numpy()
             if not words[row].any() and not req.matcher.is_terminated():
                 spec = req.params.grammar
-                self._fail(
-                    req, accepts_no_text(spec.kind if spec is not None else "json_schema"), invalid=True
+                self._refuse(
+                    req, accepts_no_text(spec.kind if spec is not None else "json_schema"), "grammar"
                 )
                 mask[row] = -1
 
     @staticmethod
-    def _fail(req: Request, why: str, *, invalid: bool = False) -> None:
+    def _fail(req: Request, why: str) -> None:
+        """End ``req`` with an error (a 500): the backend failed, or it rejected a token it allowed."""
         req.grammar_error = why
-        req.grammar_invalid = invalid
         logger.error("request %d: %s", req.rid, why)
+
+    def _refuse(self, req: Request, why: str, param: str) -> None:
+        """End ``req`` as "invalid" (a 400 naming ``param``, see ``Request.error_param``): the
+        request asked for what cannot be, not the server's failure, so it is logged at INFO, once
+        (rank 0's runner; a storm of such requests on a TP=2 server logged an ERROR per rank)."""
+        req.grammar_error = why
+        req.grammar_invalid = True
+        req.error_param = param
+        if self.leader:
+            logger.info("request %d refused: %s", req.rid, why)
 
 
 def _allow(mask: torch.Tensor, row: int, token: int) -> None:

@@ -150,9 +150,11 @@ class SchedulerLoop:
                     self._add(msg, out)
             elif isinstance(msg, CompilesSettled):
                 for o in self.engine.admit_compiled(msg.done, msg.overdue):
-                    logger.error("request %d rejected by the engine: %s", o.rid, o.error)
+                    # (its grammar did not compile, or not in time: the request's fault, a 400)
+                    if self.tp.rank == 0:
+                        logger.info("request %d refused by the engine: %s", o.rid, o.error)
                     self.first_prompt_ids.pop(o.rid, None)
-                    out.add(o.rid, -1, o.finish_reason, error=o.error)
+                    out.add(o.rid, -1, o.finish_reason, error=o.error, error_param=o.error_param)
             elif isinstance(msg, AbortRequest):
                 self.first_prompt_ids.pop(msg.rid, None)
                 held = [m for m in self.held if m.rid != msg.rid]
@@ -212,8 +214,14 @@ class SchedulerLoop:
                 cache_salt=msg.cache_salt,
             )
         except ValueError as exc:  # e.g. a grammar the backend then failed to compile
-            logger.error("request %d rejected by the engine: %s", msg.rid, exc)
-            out.add(msg.rid, -1, "invalid" if isinstance(exc, GrammarError) else "error", error=str(exc))
+            if not isinstance(exc, GrammarError):
+                logger.error("request %d rejected by the engine: %s", msg.rid, exc)
+                out.add(msg.rid, -1, "error", error=str(exc))
+                return
+            # the request's fault (a 400 naming its grammar's field), not the server's: once, at INFO
+            if self.tp.rank == 0:
+                logger.info("request %d refused by the engine: %s", msg.rid, exc)
+            out.add(msg.rid, -1, "invalid", error=str(exc), error_param="grammar")
         else:  # the detokenizer learns how to detokenize it before its first token
             if msg.params.prompt_logprobs is not None and msg.prompt_ids:
                 self.first_prompt_ids[msg.rid] = msg.prompt_ids[0]
@@ -292,6 +300,7 @@ class SchedulerLoop:
                 _wire_logprob(o),
                 o.error,
                 prompt,
+                o.error_param,
             )
 
     # ------------------------------------------------------------------ rank 0

@@ -405,6 +405,7 @@ class Detokenizer:
         out = DetokOutputs(
             stats=step.stats,
             cached_tokens=step.cached_tokens,
+            error_params=step.error_params,
             flushed=step.flushed,
             answers=step.answers,
         )

@@ -60,6 +60,9 @@ class Request:
     #: the request is at fault (its grammar accepts no text, its constraints leave no token): it
     #: finishes as "invalid" (a 400), not "error"
     grammar_invalid: bool = False
+    #: with ``grammar_invalid``: the field at fault, which the 400 names as its param (a
+    #: SamplingParams field: ``allowed_token_ids``..., or ``grammar`` for the field that set it)
+    error_param: str | None = None
     #: the matcher's is_terminated() after its last accepted token, kept by the engine's grammar
     #: runner: the scheduler reads this, never the matcher, which a fill thread may be using
     grammar_terminated: bool = False

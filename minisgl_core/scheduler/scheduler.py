@@ -33,7 +33,7 @@ from minisgl_core.scheduler.cascade import group_shared_prefixes
 from minisgl_core.scheduler.kv import KVManager
 from minisgl_core.scheduler.request import Request
 from minisgl_core.scheduler.stop import StopChecker
-from minisgl_core.token_bans import drawable, no_token_left
+from minisgl_core.token_bans import drawable, no_token_left, no_token_left_field
 
 logger = logging.getLogger(__name__)
 
@@ -679,8 +679,10 @@ class Scheduler:
             ):
                 # its allowed_token_ids and bans (and grammar) left nothing: the sampler drew an
                 # arbitrary token, which must not be output (the grammar may have rejected it too)
-                req.grammar_error = no_token_left(req.params, req.output_ids, self.stop_checker.eos_ids)
+                eos = self.stop_checker.eos_ids
+                req.grammar_error = no_token_left(req.params, req.output_ids, eos)
                 req.grammar_invalid = True
+                req.error_param = no_token_left_field(req.params, req.output_ids, eos)
             req.output_ids.append(token)  # (with the KV it stands for, released below if it ends)
             if req.grammar_error is not None:
                 # the token was rejected by the grammar, or drawn from a row it allowed nothing
@@ -700,14 +702,16 @@ class Scheduler:
                 del self.running[req.rid]
                 self._release(req)
             error = req.grammar_error if reason in ("error", "invalid") else None
+            error_param = req.error_param if reason == "invalid" else None
             prompt = None
             if req.prompt_logprobs is not None and not req.prompt_logprobs_sent:
                 prompt, req.prompt_logprobs_sent = req.prompt_logprobs, True
             # the first output says how much of the prompt came from the prefix cache
             cached = (req.cached_prompt_tokens or 0) if len(req.output_ids) == 1 else None
+            finished = reason is not None
             outputs.append(
                 StepOutput(
-                    req.rid, token, reason is not None, reason, matched, logprob, error, prompt, cached
+                    req.rid, token, finished, reason, matched, logprob, error, prompt, cached, error_param
                 )
             )
         return outputs

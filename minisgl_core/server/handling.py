@@ -185,7 +185,7 @@ async def respond(
             raise APIError(504, error, "timeout", "request_timeout")
         if group.state.failure is not None:
             raise APIError(503, error, code="server_unavailable")
-        raise APIError(failed.error_status, error)
+        raise APIError(failed.error_status, error, failed.error_param, failed.error_code)
     return JSONResponse(build(choices))
 
 

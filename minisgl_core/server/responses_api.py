@@ -35,6 +35,7 @@ from minisgl_core.server.responses_schema import (
     InputItem,
     ResponsesRequest,
     responses_names,
+    responses_renamed,
 )
 from minisgl_core.server.responses_store import ResponseStore
 from minisgl_core.server.routes import admit_chat
@@ -239,9 +240,12 @@ def responses_router(
             try:
                 async for delta in group.deltas():
                     if delta.finish_reason == "error":
-                        error = delta.error or "the request failed"
+                        error, param = delta.error or "the request failed", delta.error_param
+                        if delta.error_status == 400:  # (the engine's: it names the chat request's fields)
+                            error = responses_renamed(error, origins)
+                            param = responses_renamed(param, origins) if param else param
                         for event in _failed(stream, rid, created, echo, error, delta.error_status,
-                                             delta.error_param, delta.error_code, kept):  # fmt: skip
+                                             param, delta.error_code, kept):  # fmt: skip
                             yield event
                         return
                     output_tokens += len(delta.token_ids)
@@ -268,7 +272,8 @@ def responses_router(
                 for event in _failed(stream, rid, created, echo, message, 500, None, None, kept):
                     yield event
 
-        return await respond(group, request, body.stream, events, build)
+        with responses_names(origins):  # (a 400 the engine found, answered whole)
+            return await respond(group, request, body.stream, events, build)
 
     return router
 

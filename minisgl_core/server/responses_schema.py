@@ -570,25 +570,27 @@ _RENAMES = [
 ]
 
 
+def responses_renamed(text: str, origins: list[str]) -> str:
+    """``text`` (a 400's message or param) with the chat request's field names replaced by the
+    Responses body's (see :func:`responses_names`)."""
+    for pattern, name in _RENAMES:
+        text = pattern.sub(name, text)
+    return re.sub(
+        r"(?<![\w.])messages(?:\.(\d+))?(?![\w])",
+        lambda m: origins[int(m.group(1))] if m.group(1) and int(m.group(1)) < len(origins) else "input",
+        text,
+    )
+
+
 @contextmanager
 def responses_names(origins: list[str]) -> Iterator[None]:
     """A 400 raised while the chat pipeline runs a Responses request names the Responses body's
     fields (``max_output_tokens``, ``text.format``, ``tools.0.parameters``, ``input.3``), in its
     param and its message, where it named the chat request's; ``origins``: each chat message's."""
-
-    def renamed(text: str) -> str:
-        for pattern, name in _RENAMES:
-            text = pattern.sub(name, text)
-        return re.sub(
-            r"(?<![\w.])messages(?:\.(\d+))?(?![\w])",
-            lambda m: origins[int(m.group(1))] if m.group(1) and int(m.group(1)) < len(origins) else "input",
-            text,
-        )
-
     try:
         yield
     except APIError as exc:
         if exc.status == 400:
-            exc.message = renamed(exc.message)
-            exc.param = renamed(exc.param) if exc.param else exc.param
+            exc.message = responses_renamed(exc.message, origins)
+            exc.param = responses_renamed(exc.param, origins) if exc.param else exc.param
         raise

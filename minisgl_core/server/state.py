@@ -117,6 +117,8 @@ class TokenEvent:
     error_status: int = 500
     #: the error's code, where its status has one ("server_unavailable")
     error_code: str | None = None
+    #: the request's field a 400 of the engine's names (RequestGroup.field_name), else None
+    error_param: str | None = None
 
 
 @dataclass
@@ -155,7 +157,11 @@ class Delta:
         self.token_ends.append((len(self.text), len(self.logprobs)))
         if ev.finish_reason is not None:
             self.finish_reason, self.matched_stop, self.error = ev.finish_reason, ev.matched_stop, ev.error
-            self.error_status, self.error_code = ev.error_status, ev.error_code
+            self.error_status, self.error_param, self.error_code = (
+                ev.error_status,
+                ev.error_param,
+                ev.error_code,
+            )
 
     def tokens(self) -> Iterator[tuple[str, list[list[Any]]]]:
         """The text and the logprob entries (none, or the token's one) of each event in turn: the
@@ -225,6 +231,8 @@ class RequestGroup:
         #: /abort_request ended the whole request (its message): a prompt admitted after that
         #: (a batch's later prompts, admitted one after another) ends as aborted at once
         self.aborted: str | None = None
+        #: the field that set each choice's grammar (``add``'s grammar_field), by choice index
+        self.choice_grammar_fields: dict[int, str] = {}
 
     def expect(self, sequences: int, param: str = "n") -> None:
         """Check the whole request's size (prompts x n) against the bounds before any prompt is
@@ -293,6 +301,7 @@ class RequestGroup:
         self.num_choices += n
         for i, rid in enumerate(rids):
             self.unfinished[rid] = first_index + i
+            self.choice_grammar_fields[first_index + i] = grammar_field
             state.pending[rid] = self
         admission: asyncio.Future[Admission] = asyncio.get_running_loop().create_future()
         state.admissions[rids[0]] = admission
@@ -332,6 +341,14 @@ class RequestGroup:
         if self.aborted is not None:  # (ended while an earlier prompt of it was admitted)
             self.abort(range(first_index, first_index + n), self.aborted)
         return result
+
+    def field_name(self, index: int, name: str | None) -> str | None:
+        """The request's field ``name`` (an engine's: a SamplingParams field, ``grammar`` for the
+        one that set the grammar) as choice ``index``'s route spelled it (``response_format``,
+        ``tool_choice``, ``sampling_params.json_schema``...)."""
+        if name == "grammar":
+            return self.choice_grammar_fields.get(index, name)
+        return name
 
     @property
     def cached_tokens(self) -> int:
@@ -814,14 +831,17 @@ class ServerState:
             group = self.pending.get(rid)
             if group is not None:
                 group.choice_cached_tokens[group.unfinished.get(rid, 0)] = cached
+        error_params = dict(out.error_params) if out.error_params else {}
         for i, rid in enumerate(out.rids):
             group = self.pending.get(rid)
             if group is None:  # aborted or failed meanwhile
                 continue
             token, reason = out.token_ids[i], out.finish_reasons[i]
-            status = 500
+            status, param = 500, None
+            index = group.unfinished.get(rid, 0)
             if reason == "invalid":  # the engine found the request at fault: an error, a 400
                 reason, status = "error", 400
+                param = group.field_name(index, error_params.get(rid))
             counted = not group.probe
             if token >= 0 and counted:
                 m.generation_tokens += 1
@@ -831,7 +851,6 @@ class ServerState:
                 else:
                     m.itl.observe(now - last)
                 self.last_token_at[rid] = now
-            index = group.unfinished.get(rid, 0)
             if reason is not None:
                 del self.pending[rid]
                 group.unfinished.pop(rid, None)
@@ -852,5 +871,6 @@ class ServerState:
                     out.errors[i],
                     out.prompt_logprobs[i],
                     status,
+                    error_param=param,
                 )  # fmt: skip
             )

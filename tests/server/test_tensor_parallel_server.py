@@ -101,6 +101,41 @@ def test_tp2_grammars_compile_aside_and_every_rank_admits_them_in_step(tp2, mode
     assert out.usage.completion_tokens == 4
 
 
+def test_tp2_a_request_whose_allowed_ids_and_grammar_leave_no_token_is_a_400_logged_once(
+    tp2, model_dir, model_name
+):
+    """allowed_token_ids that no JSON text can begin with, beside a json_schema: the engine finds
+    it at the first token. It was a 400 with param null, and each rank logged it at ERROR as if
+    the server had failed; streamed, the error event (the stream began before the compile) had
+    param null too. Now the param names allowed_token_ids, and rank 0 alone logs it, at INFO."""
+    from transformers import AutoTokenizer
+
+    letters = AutoTokenizer.from_pretrained(model_dir).convert_tokens_to_ids(["a", "b", "c"])
+    schema = {"type": "object", "properties": {"tp2_dead_end": {"type": "integer"}}}
+    body = {
+        "model": model_name,
+        "messages": [{"role": "user", "content": "hi"}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+        "allowed_token_ids": letters,
+        "max_tokens": 8,
+    }
+    url = f"{tp2.url}/v1/chat/completions"
+    whole = httpx.post(url, json=body, timeout=120)
+    assert whole.status_code == 400, whole.text
+    error = whole.json()["error"]
+    assert error["param"] == "allowed_token_ids", error
+    assert error["message"].startswith("no token is left to sample after 0 output token(s)"), error
+    with httpx.stream("POST", url, json={**body, "stream": True}, timeout=120) as streamed:
+        events = [json.loads(line[6:]) for line in streamed.iter_lines() if line.startswith("data: {")]
+    assert events[-1]["error"]["param"] == "allowed_token_ids", events
+    assert events[-1]["error"]["type"] == "invalid_request_error", events
+    tp2.wait_for_log("refused: no token is left")
+    log = tp2.log()
+    refusals = [line for line in log.splitlines() if "no token is left" in line]
+    assert len(refusals) == 2, refusals  # one a request, rank 0's
+    assert all(" INFO [scheduler 0] " in line for line in refusals), refusals
+
+
 def test_idle_server_does_not_spin(tp2):
     children = tp2.children()
     time.sleep(0.5)  # let the last request's stragglers settle
