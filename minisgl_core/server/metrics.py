@@ -1,8 +1,9 @@
 """Server metrics in the Prometheus text format (written by hand: a few counters, gauges, histograms).
 
 Counters and latency histograms are measured in the API server; gauges (running / waiting
-requests, KV usage, prefix-cache hits) come from ``Engine.stats()``, which scheduler rank 0 sends
-along with its outputs.
+requests, KV usage, prefix-cache hits) and the engine's counters (admitted prompt tokens, prefix
+cache hits, and with speculative decoding its drafts: SPEC_COUNTERS) come from ``Engine.stats()``,
+which scheduler rank 0 sends along with its outputs.
 """
 
 from __future__ import annotations
@@ -13,6 +14,23 @@ from collections import Counter
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+#: the speculative-decoding counters (``Engine.stats()``' ``spec_*``, ``SpecStats``): (metric, stat,
+#: help). The first three are vLLM's ``vllm:spec_decode_num_*`` counters under our prefix (their
+#: exposition adds ``_total``, as ours): acceptance rate = accepted / draft tokens, mean acceptance
+#: length = 1 + accepted / drafts; ours also count what vLLM's leave out (emitted / request steps:
+#: the acceptance length ``minisgl bench`` reports, a request's verify steps without drafts too)
+SPEC_COUNTERS = (
+    ("minisgl_spec_decode_num_drafts_total", "spec_drafted_requests",
+     "Drafts verified: a request in a verify step that carried draft tokens for it."),
+    ("minisgl_spec_decode_num_draft_tokens_total", "spec_draft_tokens", "Draft tokens verified."),
+    ("minisgl_spec_decode_num_accepted_tokens_total", "spec_accepted_tokens", "Draft tokens accepted."),
+    ("minisgl_spec_decode_num_emitted_tokens_total", "spec_emitted_tokens",
+     "Tokens verify steps gave requests (accepted drafts and one sampled token each, less a run cut by a stop)."),
+    ("minisgl_spec_decode_request_steps_total", "spec_request_steps",
+     "Requests' verify steps (one request in one verify step, with drafts or not)."),
+    ("minisgl_spec_decode_verify_steps_total", "spec_verify_steps", "Verify steps run."),
+)  # fmt: skip
 
 
 class Histogram:
@@ -141,4 +159,9 @@ class Metrics:
             "Share of admitted prompt tokens found in the prefix cache.",
             [("", cached / prompt if prompt else 0.0)],
         )
+        # only with --speculative-algorithm (the engine then reports them), as vLLM: a 0 would
+        # read as drafts all rejected, where none are made
+        for name, stat, help_text in SPEC_COUNTERS:
+            if stat in e:
+                metric(name, "counter", help_text, [("", e[stat])])
         return "\n".join(lines) + "\n"

@@ -11,12 +11,13 @@ figure is compared, not assumed 0."""
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import openai
 import pytest
 
-from .conftest import API_KEY
+from .conftest import API_KEY, metrics
 
 #: long enough to fill whole pages on any device (the CPU's page is one token, CUDA's 16)
 LENGTH = 48
@@ -29,11 +30,21 @@ def fresh_ids(first: int) -> list[int]:
     return [first] + [(first * 7 + i) % 900 + 10 for i in range(LENGTH - 1)]
 
 
+#: the naive server's speculative decoding (prompt lookup): its /metrics are checked below, and no
+#: server of the suite speculated before (one more server start costs CI seconds it has not got);
+#: it changes no cached figure, prefill is as without it
+SPEC = ["--speculative-algorithm", "ngram", "--speculative-num-draft-tokens", "4"]
+
+
 @pytest.fixture(scope="module")
 def servers(start_server, model_dir, engine_args):
-    """{cache: server} for the radix cache (the default) and the naive one (no prefix reuse)."""
+    """{cache: server} for the radix cache (the default) and the naive one (no prefix reuse),
+    which also speculates (SPEC)."""
     common = ["--model", str(model_dir), "--api-key", API_KEY, *engine_args]
-    return {cache: start_server([*common, "--cache", cache]) for cache in ("radix", "naive")}
+    return {
+        "radix": start_server([*common, "--cache", "radix"]),
+        "naive": start_server([*common, "--cache", "naive", *SPEC]),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -213,3 +224,50 @@ def test_cache_salt_keeps_tenants_apart(clients, model_name):
     with pytest.raises(openai.BadRequestError) as refused:
         client.completions.create(model=model_name, prompt=ids, max_tokens=2, extra_body={"cache_salt": ""})
     assert refused.value.body["param"] == "cache_salt"
+
+
+def test_speculative_counters_reach_metrics_as_the_engine_counts_them(
+    servers, clients, model_name, model_dir
+):
+    """Engine.stats() had spec_* counters that /metrics never exported, so a server's draft
+    acceptance could not be observed. They are vLLM's spec_decode_num_* counters under our prefix
+    (and ours: emitted tokens, request and verify steps), on a speculating server only."""
+    from minisgl_core import SamplingParams
+    from minisgl_core.testing import cpu_llm
+
+    prompts = [[101, 102, 103, 104, 105] * 8, [201, 202, 203] * 10]  # (copy-heavy: drafts are accepted)
+    llm = cpu_llm(model_dir, cache="naive", speculative_algorithm="ngram", speculative_num_draft_tokens=4)
+    try:
+        for ids in prompts:  # one at a time, as sent below
+            llm.generate([ids], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+        expected = llm.engine.stats()
+    finally:
+        llm.close()
+    names = {
+        "minisgl_spec_decode_num_drafts_total": "spec_drafted_requests",
+        "minisgl_spec_decode_num_draft_tokens_total": "spec_draft_tokens",
+        "minisgl_spec_decode_num_accepted_tokens_total": "spec_accepted_tokens",
+        "minisgl_spec_decode_num_emitted_tokens_total": "spec_emitted_tokens",
+        "minisgl_spec_decode_request_steps_total": "spec_request_steps",
+        "minisgl_spec_decode_verify_steps_total": "spec_verify_steps",
+    }
+    assert 0 < expected["spec_accepted_tokens"] <= expected["spec_draft_tokens"], expected
+
+    def spec_metrics(server) -> dict[str, float]:
+        return {k: v for k, v in metrics(server.url).items() if k.startswith("minisgl_spec_decode")}
+
+    before = spec_metrics(servers["naive"])
+    assert set(before) == set(names), before
+    client = clients["naive"]
+    for ids in prompts:
+        out = client.completions.create(
+            model=model_name, prompt=ids, max_tokens=24, temperature=0, extra_body={"ignore_eos": True}
+        )
+        assert out.usage.completion_tokens == 24
+    want = {name: before[name] + expected[stat] for name, stat in names.items()}
+    deadline = time.monotonic() + 10  # (the engine's stats come with its outputs and idle reports)
+    while (after := spec_metrics(servers["naive"])) != want and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert after == want, (before, after, expected)
+    # the server without speculation exports none of them (a 0 would read as drafts rejected)
+    assert spec_metrics(servers["radix"]) == {}
