@@ -631,8 +631,9 @@ def enable_fast_all_reduce(parallel: ParallelContext, device: torch.device) -> b
     if reducer is None or not ok.item():
         return False
     _fast_all_reduce[id(parallel.group)] = reducer
-    logger.info(
-        "tensor parallelism: one-shot symmetric-memory all-reduce up to %d KiB, NCCL above",
-        reducer.max_bytes >> 10,
-    )
+    if parallel.tp_rank == 0:  # (every rank installs the same buffer: said once for the server)
+        logger.info(
+            "tensor parallelism: one-shot symmetric-memory all-reduce up to %d KiB, NCCL above",
+            reducer.max_bytes >> 10,
+        )
     return True

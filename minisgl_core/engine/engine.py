@@ -139,6 +139,7 @@ class Engine:
             cascade=self.runner.cascade,
             mixed=self.runner.mixed,
             policy_label=selected_plugin(self.plugins, "policies", config.policy),
+            leader=self.parallel.tp_rank == 0,
         )
         self.scheduler.cascade_mixed = self.runner.split_mixed is not None
         #: names the selected plugin an exception of a step came from (see step)

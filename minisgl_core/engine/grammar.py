@@ -426,7 +426,7 @@ class GrammarRunner:
             if background:
                 if self._thread is None:
                     self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="minisgl-grammar")
-                    self._switch_interval = _shorten_switch_interval()
+                    self._switch_interval = _shorten_switch_interval(log=self.leader)
                 pending.future = self._thread.submit(self._fill_rows, mask, reqs, live, pending, opening)
             else:
                 self._fill_rows(mask, reqs, live, pending, opening)
@@ -521,14 +521,16 @@ def _forbid(mask: torch.Tensor, row: int, token: int) -> None:
         mask[row, word] = int(mask[row, word]) & ~(1 << bit)
 
 
-def _shorten_switch_interval() -> float | None:
+def _shorten_switch_interval(*, log: bool = True) -> float | None:
     """Hand the GIL between the engine's thread and the fill thread within GIL_SWITCH_INTERVAL_S
     (process-wide, never lengthened; in a server the scheduler process runs only the engine);
-    the interval it replaced, or None when it left it alone."""
+    the interval it replaced, or None when it left it alone. Every rank shortens its own; only
+    ``log`` (rank 0's runner) says so, once for the server."""
     before = sys.getswitchinterval()
     if GIL_SWITCH_INTERVAL_S >= before:
         return None
-    logger.info("GIL switch interval %g s for background grammar fills", GIL_SWITCH_INTERVAL_S)
+    if log:
+        logger.info("GIL switch interval %g s for background grammar fills", GIL_SWITCH_INTERVAL_S)
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     return before
 

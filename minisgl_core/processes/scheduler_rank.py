@@ -166,7 +166,7 @@ class SchedulerLoop:
             elif isinstance(msg, FlushCache):  # (every rank, the same step: their caches stay equal)
                 freed = self.engine.flush_cache()
                 out.flushed.append([msg.token, -1 if freed is None else freed])
-                if freed is not None:
+                if freed is not None and self.tp.rank == 0:  # (equal caches free as many tokens)
                     logger.info("prefix cache flushed: %d tokens freed", freed)
             elif isinstance(msg, UpdateWeights):
                 if self.weight_update is not None:  # (the API server sends one at a time)

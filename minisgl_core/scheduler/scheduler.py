@@ -101,8 +101,12 @@ class Scheduler:
         cascade: bool = False,
         mixed: bool = False,
         policy_label: str | None = None,
+        leader: bool = True,
     ) -> None:
         self.policy = policy
+        #: whether this rank logs what every rank decides alike (rank 0; the others run the same
+        #: steps in lock-step, so a TP=2 server logged each retraction and policy mistake twice)
+        self.leader = leader
         #: how warnings name the policy: its selection, plugin and distribution (the engine's)
         self.policy_label = policy_label or f"scheduling policy {type(policy).__name__}"
         self.kv = KVManager(PageAllocator(num_pages, page_size), cache, page_size)
@@ -608,14 +612,20 @@ class Scheduler:
                 partly.remove(victim)
                 computed = victim.num_computed
                 self._give_back_prefill(victim)
-                logger.info(
-                    "KV pool full: request %d gave back its prefill (%d tokens so far)", victim.rid, computed
-                )
+                if self.leader:
+                    logger.info(
+                        "KV pool full: request %d gave back its prefill (%d tokens so far)",
+                        victim.rid,
+                        computed,
+                    )
                 continue
             reqs.remove(victim)
             self._retract(victim)
             needed = self.kv.needing_a_page(reqs)
-            logger.info("KV pool full: retracted request %d (%d tokens so far)", victim.rid, victim.fill_len)
+            if self.leader:  # (every rank's pool has as many pages: the ranks agree on their minimum)
+                logger.info(
+                    "KV pool full: retracted request %d (%d tokens so far)", victim.rid, victim.fill_len
+                )
 
     def _give_back_prefill(self, req: Request) -> None:
         """A prompt admitted but only partly prefilled gives its pages back (what it computed to
@@ -652,7 +662,10 @@ class Scheduler:
 
     def _complain(self, kind: str, what: str, exc: BaseException | None = None) -> None:
         """Log a mistake of the policy once per ``kind`` (with the traceback of the exception
-        it raised, if any): it may repeat it every step."""
+        it raised, if any): it may repeat it every step. Rank 0 alone logs it: every rank runs
+        the same policy on the same requests."""
+        if not self.leader:
+            return
         if kind not in self._warned:
             self._warned.add(kind)
             logger.warning("%s: %s", self.policy_label, what, exc_info=exc)

@@ -47,6 +47,9 @@ def test_tp2_equals_tp1(tp2, client, model_name, llm):
     flushed = c2.completions.create(model=model_name, prompt=PROMPTS, max_tokens=10, temperature=0)
     assert flushed.usage.prompt_tokens_details.cached_tokens == 0
     assert [c.text for c in flushed.choices] == [c.text for c in two.choices]
+    # rank 0 alone logs the flush (each rank logged it; rank 1 has flushed by now: it ran that request)
+    tp2.wait_for_log("prefix cache flushed")
+    assert tp2.log().count("prefix cache flushed") == 1, tp2.log()[-3000:]
     messages = [{"role": "user", "content": "Where is the sea?"}]
     chat1 = client.chat.completions.create(model=model_name, messages=messages, max_tokens=8, temperature=0)
     chat2 = c2.chat.completions.create(
