@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -48,6 +49,23 @@ class APIError(Exception):
 
     def body(self) -> dict[str, Any]:
         return error_body(self.status, self.message, self.param, self.code)
+
+
+def respell(message: str, names: dict[str, str]) -> str:
+    """``message`` with each field of ``names`` (SamplingParams' name or admission's: ``max_tokens``,
+    ``min_tokens``, ``prompt``) renamed as the request spelled it (``sampling_params.min_new_tokens``,
+    ``prompt.1``): whole words only (sampling_params.max_new_tokens or min_tokens_x are other names)."""
+    names = {old: new for old, new in names.items() if old != new}
+    if not names:
+        return message
+    pattern = re.compile(r"(?<![\w.])(the )?(" + "|".join(map(re.escape, names)) + r")(?!\w)")
+    return pattern.sub(lambda m: _field_words(m.group(1), names[m.group(2)]), message)
+
+
+def _field_words(article: str | None, name: str) -> str:
+    """A field's name in a message: "shorten prompt.1", not "shorten the prompt.1" (an element of
+    a list is named by its path alone); "the" stays before a plain name ("the text")."""
+    return name if article is None or re.search(r"\.\d+$", name) else article + name
 
 
 def error_body(

@@ -121,6 +121,8 @@ def native_router(state: ServerState) -> APIRouter:
                         input_ids=item.input_ids,
                         max_tokens_field=spelled["max_tokens"],
                         grammar_field=item.sampling.grammar_field(item.sampling_prefix),
+                        # (the engine's 400s name these two; "stop" or "prompt" in its messages are words)
+                        field_names={name: spelled[name] for name in ("max_tokens", "min_tokens")},
                         default_max_tokens=GENERATE_DEFAULT_MAX_TOKENS,
                     )
                 prompt_tokens = group.choice_prompt_tokens[-1]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
@@ -22,7 +21,7 @@ from minisgl_core.sampling import SamplingParams
 from minisgl_core.server import responses as r
 from minisgl_core.server.api_options import ApiOptions, ApiTokenizer
 from minisgl_core.server.chat_output import ChoiceOutput
-from minisgl_core.server.errors import APIError, sse_error
+from minisgl_core.server.errors import APIError, respell, sse_error
 from minisgl_core.server.handling import (
     check_token_ids,
     client_request_id,
@@ -57,22 +56,13 @@ def fields_named(names: dict[str, str]) -> Iterator[None]:
     ``sampling_params.max_new_tokens``, ``text``, ``prompt.1``), in its param and its message:
     the messages are built where the body's names are unknown (SamplingParams, admission in the
     tokenizer worker)."""
-    names = {old: new for old, new in names.items() if old != new}
     try:
         yield
     except APIError as exc:
-        if names and exc.status == 400:
-            # whole words only: sampling_params.max_new_tokens or min_tokens_x are other names
-            pattern = re.compile(r"(?<![\w.])(the )?(" + "|".join(map(re.escape, names)) + r")(?!\w)")
-            exc.message = pattern.sub(lambda m: _field_words(m.group(1), names[m.group(2)]), exc.message)
+        if exc.status == 400:
+            exc.message = respell(exc.message, names)
             exc.param = names.get(exc.param, exc.param)
         raise
-
-
-def _field_words(article: str | None, name: str) -> str:
-    """A field's name in a message: "shorten prompt.1", not "shorten the prompt.1" (an element of
-    a list is named by its path alone); "the" stays before a plain name ("the text")."""
-    return name if article is None or re.search(r"\.\d+$", name) else article + name
 
 
 def reasoning_tags(options: ApiOptions) -> list[str] | None:

@@ -40,7 +40,7 @@ from minisgl_core.messages import (
 from minisgl_core.processes.ipc import bind_pull, connect_push, send
 from minisgl_core.request_limits import cache_salt_key, check_priority, truncation_tail
 from minisgl_core.sampling import SamplingParams
-from minisgl_core.server.errors import APIError
+from minisgl_core.server.errors import APIError, respell
 from minisgl_core.server.limits import ServerLimits
 from minisgl_core.server.metrics import Metrics
 from minisgl_core.server.schemas import PAUSE_ABORT_MESSAGE, WEIGHT_UPDATE_ABORT_MESSAGE, json_strings
@@ -233,6 +233,9 @@ class RequestGroup:
         self.aborted: str | None = None
         #: the field that set each choice's grammar (``add``'s grammar_field), by choice index
         self.choice_grammar_fields: dict[int, str] = {}
+        #: SamplingParams' fields each choice's route spells otherwise (``add``'s field_names:
+        #: /generate's sampling_params.min_new_tokens), by choice index
+        self.choice_field_names: dict[int, dict[str, str]] = {}
 
     def expect(self, sequences: int, param: str = "n") -> None:
         """Check the whole request's size (prompts x n) against the bounds before any prompt is
@@ -272,6 +275,7 @@ class RequestGroup:
         max_tokens_field: str = "max_tokens",
         template_args: dict[str, Any] | None = None,
         grammar_field: str = "grammar",
+        field_names: dict[str, str] | None = None,
         grammar_parts: list[list[str]] | None = None,
         return_prompt_ids: bool = False,
         default_max_tokens: int | None = None,
@@ -284,7 +288,8 @@ class RequestGroup:
         ``return_prompt_ids`` the admission carries the prompt's token ids; ``default_max_tokens``
         caps an unset ``max_tokens`` where the model sets no default; ``tools_optional``: a template
         may leave the tools out, ``reasoning_tags``: a grammar applies after the reasoning,
-        ``grammar_parts``: the grammar's parts a failed check may name (see TokenizeRequest)."""
+        ``grammar_parts``: the grammar's parts a failed check may name (see TokenizeRequest),
+        ``field_names``: SamplingParams' fields the route spells otherwise, for the engine's 400s."""
         state = self.state
         state.check_alive()
         if self.expected_sequences is None:
@@ -302,6 +307,8 @@ class RequestGroup:
         for i, rid in enumerate(rids):
             self.unfinished[rid] = first_index + i
             self.choice_grammar_fields[first_index + i] = grammar_field
+            if field_names:
+                self.choice_field_names[first_index + i] = field_names
             state.pending[rid] = self
         admission: asyncio.Future[Admission] = asyncio.get_running_loop().create_future()
         state.admissions[rids[0]] = admission
@@ -345,10 +352,18 @@ class RequestGroup:
     def field_name(self, index: int, name: str | None) -> str | None:
         """The request's field ``name`` (an engine's: a SamplingParams field, ``grammar`` for the
         one that set the grammar) as choice ``index``'s route spelled it (``response_format``,
-        ``tool_choice``, ``sampling_params.json_schema``...)."""
+        ``tool_choice``, ``sampling_params.json_schema``, ``sampling_params.min_new_tokens``...)."""
         if name == "grammar":
             return self.choice_grammar_fields.get(index, name)
-        return name
+        if name is None:
+            return None
+        return self.choice_field_names.get(index, {}).get(name, name)
+
+    def spelled(self, index: int, message: str) -> str:
+        """The engine's ``message`` about choice ``index`` with SamplingParams' field names as its
+        route spells them (the engine knows only its own: "min_tokens rule out every token")."""
+        names = self.choice_field_names.get(index)
+        return respell(message, names) if names else message
 
     @property
     def cached_tokens(self) -> int:
@@ -837,11 +852,12 @@ class ServerState:
             if group is None:  # aborted or failed meanwhile
                 continue
             token, reason = out.token_ids[i], out.finish_reasons[i]
-            status, param = 500, None
+            status, param, error = 500, None, out.errors[i]
             index = group.unfinished.get(rid, 0)
             if reason == "invalid":  # the engine found the request at fault: an error, a 400
                 reason, status = "error", 400
                 param = group.field_name(index, error_params.get(rid))
+                error = group.spelled(index, error) if error else error
             counted = not group.probe
             if token >= 0 and counted:
                 m.generation_tokens += 1
@@ -868,7 +884,7 @@ class ServerState:
                     reason,
                     out.matched_stops[i],
                     out.logprobs[i],
-                    out.errors[i],
+                    error,
                     out.prompt_logprobs[i],
                     status,
                     error_param=param,

@@ -113,3 +113,21 @@ def test_score_only_echo_of_a_full_context_says_it_needs_one_token(server, auth)
     )
     assert resp.status_code == 200, resp.text
     assert resp.json()["usage"]["completion_tokens"] == 0
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["one", "batch"])
+def test_an_engine_refusal_on_generate_names_min_new_tokens(server, auth, batch):
+    """The engine's 400 (min_new_tokens bans every stop token, and the stop tokens are the whole
+    vocabulary: no token is left) named min_tokens, the engine's name, in its param and its
+    message, where /generate's body says sampling_params.min_new_tokens."""
+    info = httpx.get(f"{server.url}/get_model_info", headers=auth, timeout=30).json()
+    runs_dry = {"max_new_tokens": 3, "min_new_tokens": 2, "stop_token_ids": list(range(info["vocab_size"]))}
+    if batch:  # (each prompt its own sampling_params: the second's are named by its index)
+        body = {"text": ["hi", "ho"], "sampling_params": [{"max_new_tokens": 2}, runs_dry]}
+        param = "sampling_params.1.min_new_tokens"
+    else:
+        body, param = {"text": "hi", "sampling_params": runs_dry}, "sampling_params.min_new_tokens"
+    error = refusal(server, auth, GENERATE, body)
+    assert error["param"] == param, error
+    assert error["message"].startswith("no token is left to sample after 0 output token(s)"), error
+    assert param in error["message"] and "min_tokens" not in words(error["message"]), error
