@@ -23,7 +23,7 @@ from minisgl_core.bench import workloads
 from minisgl_core.bench.serve import SERVERS
 from minisgl_core.bench.shapes import SHAPES, TRAINED_TOKENS
 from minisgl_core.config import MAX_GRAMMAR_THREADS, ConfigError, check_grammar_threads
-from minisgl_core.sampling import short_repr
+from minisgl_core.sampling import cut, short_repr
 
 
 def add_bench_command(sub) -> None:
@@ -724,6 +724,20 @@ def _check_limits_fit(
 def _writable(text: str) -> str:
     """A file a bench writes when its run is over, checked before the run (a missing directory
     failed with a traceback after minutes of measuring, the result lost)."""
+    try:
+        return _check_writable(text)
+    except OSError as e:
+        raise _unlooked_up(text, e) from None
+
+
+def _unlooked_up(text: str, error: OSError) -> argparse.ArgumentTypeError:
+    """A path the file system will not look up (a name too long: ENAMETOOLONG, which pathlib's
+    ``exists`` and ``is_dir`` raise where they answer False for a missing one), as one line: it
+    was os.stat's traceback from bench's --output, --profile, --trace and --model-cache."""
+    return argparse.ArgumentTypeError(f"cannot write {cut(text)}: {(error.strerror or str(error)).lower()}")
+
+
+def _check_writable(text: str) -> str:
     path = Path(text)
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a directory, not a file")
@@ -770,6 +784,13 @@ def _model_cache(text: str) -> str:
     every folder up to /; an empty one, the working directory, took --shape's gigabytes)."""
     if not text.strip():
         raise argparse.ArgumentTypeError("is empty: give the folder to build in, or leave the flag out")
+    try:
+        return _check_model_cache(text)
+    except OSError as e:
+        raise _unlooked_up(text, e) from None
+
+
+def _check_model_cache(text: str) -> str:
     path = Path(text)
     if path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is not a directory")

@@ -419,6 +419,24 @@ def test_output_files_the_bench_could_not_write_are_refused_before_the_run(tmp_p
     assert stat.S_ISFIFO(fifo.stat().st_mode)
 
 
+def test_a_file_name_too_long_to_look_up_is_one_line(capsys) -> None:
+    """A name past the file system's limit (ENAMETOOLONG) was os.stat's OSError traceback from the
+    benches' --output, --profile, --trace and --model-cache (pathlib's exists and is_dir raise it):
+    now argparse's line for the flag, the name cut short."""
+    long_name = "x" * 300
+    runs = [
+        ("offline", "--output"), ("offline", "--profile"), ("offline", "--model-cache"),
+        ("serve", "--trace"), ("grammar", "--model-cache"), ("cpu", "--output"),
+    ]  # fmt: skip
+    for command, flag in runs:
+        for path in (long_name, f"/tmp/{long_name}/result.jsonl"):
+            code, err = bench_here(capsys, flag, path, command=command)
+            assert code == 2, err
+            line = err.splitlines()[-1]
+            assert line.startswith(f"minisgl bench {command}: error: argument {flag}: cannot write "), err
+            assert line.endswith("...: file name too long") and len(line) < 200, err
+
+
 def test_a_model_cache_that_is_a_file_or_in_no_directory_is_one_line(tmp_path, capsys) -> None:
     """--model-cache at a file was a NotADirectoryError traceback (bench grammar, and bench offline
     --shape after its checks); one in a missing directory was made, every folder up to / (grammar)."""
