@@ -498,6 +498,13 @@ def _cpu(args: argparse.Namespace) -> int:
         fields[key] = value
     if fields["tp_size"] != 1:  # (LLM's own refusal was a traceback)
         raise ConfigError(f"bench cpu runs the offline LLM in one process: --tp 1, not {fields['tp_size']}")
+    largest, running = max(batch_sizes), fields["max_running_requests"]
+    # (ours ran a larger one in waves, transformers in one batch; a huge one built prompts for ever)
+    if largest > running:
+        raise ConfigError(
+            f"--batch-sizes {largest}: more than --max-running-requests {running}, the requests the engine "
+            "runs at once (a larger batch is not timed as one); lower it or raise --max-running-requests"
+        )
     llm = LLM(config.model, disable_plugins=args.disable_plugin, **fields)
     try:  # the prompts are the chat template's: known once the tokenizer is
         # (run_cpu_bench's warm-up: two prompts, 4 new tokens; then up to the largest batch's)

@@ -523,6 +523,34 @@ def test_bench_cpu_records_the_engine_options_flags_gave_and_refuses_a_contradic
     assert "attn" not in result["engine_options"]  # (the default: not recorded)
 
 
+def test_bench_cpu_refuses_a_batch_larger_than_the_engine_runs_at_once(model_dir, capsys) -> None:
+    """``bench cpu --batch-sizes 1000`` timed our engine running 256 at a time (--max-running-requests)
+    against transformers' one batch of 1,000, under one batch_size; 99999999999999999999 built its
+    prompts until killed. Refused before the model loads, naming both flags."""
+    import torch
+
+    threads = torch.get_num_threads()  # (bench cpu sets torch's threads in this process)
+    try:
+        for args, largest, running in [
+            (["--batch-sizes", "1,300"], 300, 256),
+            (["--batch-sizes", "99999999999999999999"], 99999999999999999999, 256),
+            (["--batch-sizes", "8", "--max-running-requests", "4"], 8, 4),
+            (["--batch-sizes", "8", "--engine-arg", "max_running_requests=4"], 8, 4),
+        ]:
+            short = ["--no-transformers", "--max-new-tokens", "1", "--rounds", "1", "--threads", "1"]
+            code, err = bench_here(
+                capsys, "--model", str(model_dir), "--device", "cpu", *short, *args, command="cpu"
+            )
+            assert code == 2, err
+            assert err.splitlines()[-1] == (
+                f"minisgl: error: --batch-sizes {largest}: more than --max-running-requests {running}, the "
+                "requests the engine runs at once (a larger batch is not timed as one); lower it or raise "
+                "--max-running-requests"
+            ), err
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _streaming_server(events: bytes | None):
     """An HTTP server listing model "m" (/v1/models), with empty /metrics, that answers each chat
     or completion with a 200 event stream of ``events`` (then closes the connection; None: a
