@@ -433,6 +433,12 @@ def _grammar(args: argparse.Namespace) -> int:
     from minisgl_core.bench.grammar import host_step_bench
 
     check_grammar_threads(args.grammar_threads)
+    logits = args.rows * args.vocab_size  # (the float32 logits each step draws, a mask's rows too)
+    if logits > MAX_GRAMMAR_BENCH_LOGITS:  # (--rows 99999999999999999999 ran until killed)
+        raise ConfigError(
+            f"--rows {args.rows} x --vocab-size {args.vocab_size}: each step would draw {logits:,} logits, "
+            f"more than the {MAX_GRAMMAR_BENCH_LOGITS:,} (4 GiB) a bench allocates; lower --rows or --vocab-size"
+        )
     from minisgl_core.plugins import Plugins
 
     plugins = Plugins.load()
@@ -676,6 +682,9 @@ def _warn_if_long_on_cpu(args: argparse.Namespace) -> None:
 
 #: seconds between bench offline's progress lines on stderr (a CPU run said nothing for minutes)
 PROGRESS_EVERY = 30.0
+
+#: the most logits bench grammar's step may draw (float32, rows x vocabulary): 27x its default's
+MAX_GRAMMAR_BENCH_LOGITS = 1 << 30
 
 #: the most prompt tokens a bench workload may hold (15x the shared-prefix default's 2.2M): a
 #: larger one took minutes and gigabytes to build before anything was sent

@@ -551,6 +551,30 @@ def test_bench_cpu_refuses_a_batch_larger_than_the_engine_runs_at_once(model_dir
         torch.set_num_threads(threads)
 
 
+def test_bench_grammar_refuses_more_logits_than_it_allocates(tmp_path, capsys, monkeypatch) -> None:
+    """``bench grammar --rows 99999999999999999999`` ran until killed (a request per row, then a
+    rows x vocabulary logits tensor each step), as did a --vocab-size as large (filler words padding
+    its tokenizer): the product is refused before any work, naming both flags."""
+    import minisgl_core.bench.grammar as grammar
+
+    def ran(*args, **kwargs):
+        raise AssertionError("the bench ran")
+
+    monkeypatch.setattr(grammar, "host_step_bench", ran)
+    for rows, vocab in [(99999999999999999999, 151936), (8000, 151936), (1, 99999999999999999999)]:
+        code, err = bench_here(
+            capsys, "--rows", str(rows), "--vocab-size", str(vocab), "--model-cache", str(tmp_path),
+            command="grammar",
+        )  # fmt: skip
+        assert code == 2, err
+        assert err.splitlines()[-1] == (
+            f"minisgl: error: --rows {rows} x --vocab-size {vocab}: each step would draw {rows * vocab:,} "
+            "logits, more than the 1,073,741,824 (4 GiB) a bench allocates; lower --rows or --vocab-size"
+        ), err
+    with pytest.raises(AssertionError, match="the bench ran"):  # (the largest it takes: 7,067 x Qwen3's)
+        bench_here(capsys, "--rows", "7067", "--model-cache", str(tmp_path), command="grammar")
+
+
 def _streaming_server(events: bytes | None):
     """An HTTP server listing model "m" (/v1/models), with empty /metrics, that answers each chat
     or completion with a 200 event stream of ``events`` (then closes the connection; None: a
