@@ -165,7 +165,12 @@ def add_bench_command(sub) -> None:
         help="the JSON schema every row follows (builtin: an array of objects, --max-tokens long; "
         "default: %(default)s)",
     )  # fmt: skip
-    p.add_argument("--max-tokens", type=_positive_int, default=1024, help="the builtin schema's length")
+    p.add_argument(
+        "--max-tokens",
+        type=_schema_length,
+        default=1024,
+        help="the builtin schema's length (default: %(default)s)",
+    )
     p.add_argument(
         "--model-cache",
         type=_model_cache,
@@ -911,6 +916,24 @@ def _vocab_size(text: str) -> int:
     if value is None or value < TRAINED_TOKENS:
         raise argparse.ArgumentTypeError(
             f"must be an integer >= {TRAINED_TOKENS} (the tokens of the tokenizer the bench trains), got {text}"
+        )
+    return value
+
+
+#: the longest array a JSON schema's minItems may ask for (xgrammar's limit, a C int's)
+MAX_SCHEMA_ITEMS = 2**31 - 1
+
+
+def _schema_length(text: str) -> int:
+    """``bench grammar --max-tokens``, the builtin schema's minItems: past 2**31 - 1 the grammar
+    backend refused the schema, the error naming --grammar-schema."""
+    try:
+        value = _positive_int(text)
+    except (ValueError, argparse.ArgumentTypeError):
+        value = None
+    if value is None or value > MAX_SCHEMA_ITEMS:
+        raise argparse.ArgumentTypeError(
+            f"must be an integer from 1 to {MAX_SCHEMA_ITEMS} (the builtin schema's minItems), got {cut(text)}"
         )
     return value
 

@@ -575,6 +575,31 @@ def test_bench_grammar_refuses_more_logits_than_it_allocates(tmp_path, capsys, m
         bench_here(capsys, "--rows", "7067", "--model-cache", str(tmp_path), command="grammar")
 
 
+def test_bench_grammar_max_tokens_past_a_schemas_min_items_names_the_flag(
+    tmp_path, capsys, monkeypatch
+) -> None:
+    """``bench grammar --max-tokens 99999999999999999999`` was "argument --grammar-schema: builtin:
+    invalid json_schema grammar: minItems must be an integer" (xgrammar takes up to 2**31 - 1):
+    the flag at fault is named, with its range, before any work."""
+    import minisgl_core.bench.grammar as grammar
+
+    def ran(*args, **kwargs):
+        raise AssertionError("the bench ran")
+
+    monkeypatch.setattr(grammar, "host_step_bench", ran)
+    for value in ("99999999999999999999", "2147483648", "0", "abc"):
+        code, err = bench_here(
+            capsys, "--max-tokens", value, "--model-cache", str(tmp_path), command="grammar"
+        )
+        assert code == 2, err
+        assert err.splitlines()[-1] == (
+            "minisgl bench grammar: error: argument --max-tokens: must be an integer from 1 to 2147483647 "
+            f"(the builtin schema's minItems), got {value}"
+        ), err
+    with pytest.raises(AssertionError, match="the bench ran"):
+        bench_here(capsys, "--max-tokens", "2147483647", "--model-cache", str(tmp_path), command="grammar")
+
+
 def _streaming_server(events: bytes | None):
     """An HTTP server listing model "m" (/v1/models), with empty /metrics, that answers each chat
     or completion with a 200 event stream of ``events`` (then closes the connection; None: a
