@@ -67,6 +67,18 @@ def test_a_folder_holding_anything_but_this_shape_built_before_is_refused(tmp_pa
     assert build_random_model("llama-3.1-8b", same) == same and len(list(same.iterdir())) == 2
 
 
+def test_an_out_that_is_a_file_is_one_line_naming_the_fix(tmp_path):
+    """``--out /dev/null`` (or any file) was "--out [Errno 17] File exists: '/dev/null'", mkdir's
+    words, after the generator was made; the file is left as it was."""
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("kept")
+    for out in (str(a_file), "/dev/null"):
+        with pytest.raises(FileExistsError) as err:
+            build_random_model("qwen3-0.6b", out, device="cpu")
+        assert str(err.value) == f"{out} is a file, not a folder: give a new or empty folder"
+    assert a_file.read_text() == "kept"
+
+
 def test_an_empty_out_is_refused_not_the_working_directory(tmp_path):
     """``--out ''`` wrote the 1.2 GB model into the working directory and printed "."."""
     proc = run_cli(["bench", "make-model", "--shape", "qwen3-0.6b", "--out", ""], cwd=tmp_path)

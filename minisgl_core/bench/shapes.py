@@ -174,6 +174,8 @@ def build_random_model(
             f"{out} is not empty{' and holds no ' + shape + ' built before' if out.joinpath('config.json').exists() else ''}: "
             "give a new or empty folder"
         )
+    if out.exists() and not out.is_dir():  # (it was mkdir's "[Errno 17] File exists: '/dev/null'")
+        raise FileExistsError(f"{out} is a file, not a folder: give a new or empty folder")
     gen = torch.Generator(device=device).manual_seed(seed)  # (a bad device fails before any write)
     out.mkdir(parents=True, exist_ok=True)
     train_tokenizer(out, vocab_size=TRAINED_TOKENS)
