@@ -191,6 +191,18 @@ def test_ctrl_c_while_the_command_loads_is_quiet(delay):
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
 
 
+def test_the_entry_point_takes_a_ctrl_c_before_it_imports_anything_of_ours():
+    """Until ``minisgl_core.entry`` has set its SIGINT handler, a Ctrl-C is a KeyboardInterrupt
+    traceback; the package it sits in imported ``minisgl_core.sampling`` first (40 ms, most of the
+    time before the handler), and on a loaded CI machine a Ctrl-C 0.2 s after start landed there."""
+    code = (
+        "import sys, minisgl_core.entry; "
+        "print(sorted(m for m in sys.modules if m.startswith('minisgl_core')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['minisgl_core', 'minisgl_core.entry']", out
+
+
 def test_a_prompt_that_is_not_utf8_is_refused_before_the_model_loads(model_dir, monkeypatch, capsys):
     """A byte that is not UTF-8 reaches argv as a lone surrogate (surrogateescape); the LLM refused
     it once the model had loaded, calling it "a lone UTF-16 surrogate '\\udce9'"."""
