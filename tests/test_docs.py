@@ -3,10 +3,12 @@
 Undocumented or untested parts of the API fail here: every public name of ``minisgl_core.api``
 and ``minisgl_core.layers``, every hook with its exact signature, every method of the four
 extension classes with its exact signature, and the template plugin's code as it really is.
+Beside it, facts the other docs state that a test can hold: every flag they name exists.
 """
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import re
 from pathlib import Path
@@ -195,3 +197,48 @@ def test_the_kit_capability_list_names_each_suite_s_known_capabilities() -> None
     }
     for kind, part in parts.items():
         assert set(re.findall(r"`([^`]+)`", part)) == set(known[kind]), (kind, part)
+
+
+#: flags the docs name that are other programs' own, not minisgl's
+FOREIGN_FLAGS = {
+    "--scheduling-policy": "vLLM's, which --policy priority matches",
+    "--worker-urls": "the SGLang Model Gateway's (python -m sglang_router.launch_router)",
+    "--wheel": "python -m build's",
+    "--no-deps": "pip's",
+    "--sweep": "tools/device_fp8_check.py's",
+    "--example-max-wait": "the option plugins.md's example plugin adds",
+}
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> set[str]:
+    """Every option string of ``parser`` and of its subcommands, at any depth."""
+    found: set[str] = set()
+    for action in parser._actions:
+        found.update(action.option_strings)
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found |= _option_strings(sub)
+    return found
+
+
+def test_every_flag_the_docs_name_is_a_flag_of_the_command_line() -> None:
+    """A flag renamed or removed in the CLI left behind in the README, the docs or a plugin's
+    README is a command that fails as written; each flag named there is one of `minisgl`'s
+    (any subcommand) or another program's, listed in FOREIGN_FLAGS."""
+    from minisgl_core.cli import build_parser
+
+    known = _option_strings(build_parser()) | set(FOREIGN_FLAGS)
+    docs = [
+        ROOT / "README.md",
+        *sorted((ROOT / "docs").glob("*.md")),
+        *sorted(ROOT.glob("plugins/*/*/README.md")),
+    ]
+    unknown = [
+        f"{doc.relative_to(ROOT)}: {flag}"
+        for doc in docs
+        for flag in sorted(
+            set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*[a-z0-9]", doc.read_text(encoding="utf-8")))
+        )
+        if flag not in known
+    ]
+    assert unknown == []
