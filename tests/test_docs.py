@@ -242,3 +242,12 @@ def test_every_flag_the_docs_name_is_a_flag_of_the_command_line() -> None:
         if flag not in known
     ]
     assert unknown == []
+
+
+def test_the_hermes_example_is_the_hermes_plugin_s_parser() -> None:
+    """The page shows HermesToolParser as a format needing no code; it had left out the plugin's
+    `arguments_keys`, so a parser copied from it missed calls written with "parameters"."""
+    source = (ROOT / "plugins" / "parsers" / "hermes" / "minisgl_plugin_hermes" / "parser.py").read_text()
+    code = source[source.index("class HermesToolParser(") :].splitlines()
+    parser = "\n".join(line for line in code if line.strip() and not line.strip().startswith("#"))
+    assert parser in doc_text()
