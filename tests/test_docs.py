@@ -251,3 +251,26 @@ def test_the_hermes_example_is_the_hermes_plugin_s_parser() -> None:
     code = source[source.index("class HermesToolParser(") :].splitlines()
     parser = "\n".join(line for line in code if line.strip() and not line.strip().startswith("#"))
     assert parser in doc_text()
+
+
+def test_the_readme_plugin_table_names_what_each_first_party_plugin_registers() -> None:
+    """README's Plugins table is where a user learns what `--attn`, `--policy`, `--quantization`,
+    the parsers and `architectures` take: a plugin added to plugins/ (or a name added to one)
+    without a mention there is a choice nobody is told about."""
+    from minisgl_core.plugins import Plugins
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = readme[
+        readme.index("| kind | plugins (distribution") : readme.index("Plugins are discovered through")
+    ]
+    first_party = {path.parent.name for path in ROOT.glob("plugins/*/*/pyproject.toml")}
+    infos = [info for info in Plugins.load().infos if info.name in first_party]
+    assert {info.name for info in infos} == first_party
+    missing = [
+        f"{info.name}: {name}"
+        for info in infos
+        for names in info.provides.values()
+        for name in [info.name, *names]
+        if not re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", table)
+    ]
+    assert missing == []
