@@ -330,12 +330,13 @@ def _cannot_append(path: Path) -> str | None:
     as it will open it: a file it may not write, or a kernel interface's (/proc's), was a worker's
     traceback once the model had loaded. An existing file is opened for appending (nothing is
     written), a missing one tried as a temporary file in its folder; anything else (a FIFO, whose
-    reader would take the probe's close for the end) is left as it is."""
-    if path.is_dir():
-        return "is a directory"
-    if not path.parent.is_dir():
-        return "its directory does not exist"
+    reader would take the probe's close for the end) is left as it is. A name the file system will
+    not look up (too long: ENAMETOOLONG, which pathlib's ``is_dir`` raises) cannot be opened either."""
     try:
+        if path.is_dir():
+            return "is a directory"
+        if not path.parent.is_dir():
+            return "its directory does not exist"
         if not path.exists():
             tempfile.TemporaryFile(dir=path.parent).close()
         elif path.is_file():

@@ -61,6 +61,16 @@ def test_a_model_name_too_long_to_look_up_is_not_found():
         resolve_model("a" * 5000)
 
 
+def test_a_step_trace_name_too_long_to_look_up_is_refused_naming_the_field():
+    """It was an OSError traceback ("File name too long") from pathlib's is_dir, which raises
+    ENAMETOOLONG where it answers False for a missing path (serve, generate, the benches)."""
+    long = "/tmp/" + "x" * 300
+    with pytest.raises(ConfigError, match="File name too long") as err:
+        EngineConfig(model="x", step_trace=long)
+    assert err.value.fields == ("step_trace",)
+    assert cli_message(err.value).startswith(f"--step-trace {long!r}: cannot be opened for appending")
+
+
 def test_missing_config_names_the_file(tmp_path):
     with pytest.raises(ModelPathError, match="the directory has no config.json"):
         LLM(tmp_path, attn="torch", device="cpu")
