@@ -158,3 +158,19 @@ def test_a_responses_store_size_not_a_count_is_refused(value, capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--model", "demo", "--responses-store-size", value])
     assert "--responses-store-size: must be a whole number of responses, 0 or more" in capsys.readouterr().err
+
+
+def test_a_chat_template_name_too_long_to_look_up_is_one_line():
+    """It was an OSError traceback ("File name too long") from pathlib's exists, which raises
+    ENAMETOOLONG where it answers False for a missing path; now it cannot be read, as a missing
+    file, naming the flag and the bundled templates."""
+    from minisgl_core.config import ConfigError
+    from minisgl_core.server.cli import _read_chat_template
+
+    long = "x" * 300
+    with pytest.raises(ConfigError) as refused:
+        _read_chat_template(long)
+    assert str(refused.value) == (
+        f"--chat-template: cannot read {long}: File name too long (give a template file, or a "
+        "bundled template's name: chatml-tools)"
+    )

@@ -398,7 +398,11 @@ def _read_chat_template(path: str | None) -> str | None:
         return None
     from minisgl_core.tokenizer.chat_input import BUNDLED_CHAT_TEMPLATES, bundled_chat_template
 
-    bundled = None if Path(path).exists() else bundled_chat_template(path)
+    try:
+        exists = Path(path).exists()
+    except OSError:  # a name too long to look up was an OSError traceback: read below, it says so
+        exists = False
+    bundled = None if exists else bundled_chat_template(path)
     if bundled is not None:  # (a file of that name in the working directory comes first)
         return bundled
     try:
