@@ -122,10 +122,16 @@ class CacheDirError(RuntimeError):
 
 def cache_dir() -> Path:
     """Where downloaded and built models are kept: ``$MINISGL_CACHE_DIR``, else ~/.cache/minisgl.
-    One that exists and is no directory is a :class:`CacheDirError` (a traceback from the first
-    ``mkdir`` inside it before)."""
+    One that exists and is no directory, or that cannot be looked up, is a :class:`CacheDirError`
+    (a traceback from the first ``mkdir`` inside it before)."""
     path = Path(get("MINISGL_CACHE_DIR") or Path.home() / ".cache" / "minisgl")
-    if path.exists() and not path.is_dir():
+    try:
+        not_a_directory = path.exists() and not path.is_dir()
+    except OSError as exc:  # (a name too long: ENAMETOOLONG, a traceback from every command)
+        raise CacheDirError(
+            _cache_dir_message(path, f"cannot be looked up ({exc.strerror or exc})")
+        ) from None
+    if not_a_directory:
         raise CacheDirError(_cache_dir_message(path, "is not a directory"))
     return path
 

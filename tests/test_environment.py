@@ -183,3 +183,17 @@ def test_a_cache_dir_that_is_a_file_is_refused_by_the_accessor(tmp_path, monkeyp
         environment.cache_dir()
     monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path / "new"))  # (made by whoever writes first)
     assert environment.cache_dir() == tmp_path / "new"
+
+
+def test_a_cache_dir_name_too_long_to_look_up_is_refused_by_the_accessor(monkeypatch):
+    """pathlib's exists raises ENAMETOOLONG where it answers False for a missing path: `serve
+    --model demo` (and the default model's fetch) was an OSError traceback, twice over (the
+    command line's handler asked the cache directory again)."""
+    long = "/tmp/" + "x" * 300
+    monkeypatch.setenv("MINISGL_CACHE_DIR", long)
+    with pytest.raises(environment.CacheDirError) as refused:
+        environment.cache_dir()
+    assert str(refused.value) == (
+        f"MINISGL_CACHE_DIR={long}: cannot be looked up (File name too long); point "
+        "MINISGL_CACHE_DIR at a directory you can write to"
+    )
