@@ -174,3 +174,18 @@ def test_a_chat_template_name_too_long_to_look_up_is_one_line():
         f"--chat-template: cannot read {long}: File name too long (give a template file, or a "
         "bundled template's name: chatml-tools)"
     )
+
+
+@pytest.mark.parametrize("path", ["", "  "])
+def test_an_empty_chat_template_path_is_refused_as_empty(path):
+    """An empty path was read as the working directory ("cannot read : Is a directory"), a blank one as a
+    file of that name; each is refused as empty, naming the flag and the way out."""
+    from minisgl_core.config import ConfigError
+    from minisgl_core.server.cli import _read_chat_template
+
+    with pytest.raises(ConfigError) as refused:
+        _read_chat_template(path)
+    assert str(refused.value) == (
+        f"--chat-template {path!r} is empty: give a Jinja chat template file or a bundled template's "
+        "name (chatml-tools), or leave the flag out for the tokenizer's own template"
+    )

@@ -398,6 +398,12 @@ def _read_chat_template(path: str | None) -> str | None:
         return None
     from minisgl_core.tokenizer.chat_input import BUNDLED_CHAT_TEMPLATES, bundled_chat_template
 
+    if not path.strip():  # ("" was read as the working directory: "cannot read : Is a directory")
+        names = ", ".join(BUNDLED_CHAT_TEMPLATES)
+        raise ConfigError(
+            f"--chat-template {path!r} is empty: give a Jinja chat template file or a bundled "
+            f"template's name ({names}), or leave the flag out for the tokenizer's own template"
+        )
     try:
         exists = Path(path).exists()
     except OSError:  # a name too long to look up was an OSError traceback: read below, it says so
