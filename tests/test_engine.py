@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
+import os
 import random
 
 import pytest
@@ -229,6 +231,23 @@ def test_step_trace_of_an_offline_run(model_dir, prompts, reference, tmp_path, m
         got = {k.removeprefix("schedule."): v for k, v in s["ms"].items() if k.startswith("schedule.")}
         assert set(got) == (parts | {"cache"} if s["kind"] != "decode" else parts), s
         assert all(v >= 0 for v in got.values()) and sum(got.values()) <= s["ms"]["schedule"] + 0.01, s
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_a_step_trace_that_cannot_be_written_stops_the_trace_not_the_engine(
+    model_dir, prompts, reference, caplog
+):
+    """A write that failed (a full disk; /dev/full opens, as the start-up check tries, and takes no
+    byte) raised out of the step, its outputs lost: `serve --step-trace /dev/full` went down on its
+    first request with the scheduler's OSError traceback. The trace stops, said once; the run goes on."""
+    llm = cpu_llm(model_dir, cache="naive", step_trace="/dev/full")
+    with caplog.at_level(logging.WARNING, logger="minisgl_core.engine.engine"):
+        outs = llm.generate(prompts, GREEDY)
+    assert [o.token_ids for o in outs] == reference
+    assert [r.getMessage() for r in caplog.records if "step trace" in r.getMessage()] == [
+        "the step trace /dev/full (--step-trace) cannot be written to: No space left on device; "
+        "no more steps are traced"
+    ]
 
 
 def test_batch_tensors_start_16_byte_aligned(model_dir):

@@ -19,6 +19,7 @@ tensor-parallel one) is read step by step; ``tools/step_trace.py`` summarises on
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import json
@@ -528,7 +529,21 @@ class Engine:
         if self._phases:
             record["ms"] = {k: round(v * 1e3, 3) for k, v in self._phases.items()}
             self._phases.clear()
-        self.trace.write(json.dumps(record) + "\n")
+        try:
+            self.trace.write(json.dumps(record) + "\n")
+        except OSError as exc:  # (a full disk: the step's outputs were lost, the server went down)
+            self._stop_trace(exc)
+
+    def _stop_trace(self, exc: OSError) -> None:
+        """The trace is a diagnostic: one it cannot write ends, said once; the engine goes on."""
+        assert self.trace is not None
+        logger.warning(
+            "the step trace %s (--step-trace) cannot be written to: %s; no more steps are traced",
+            self.trace.name, exc.strerror or exc,
+        )  # fmt: skip
+        with contextlib.suppress(OSError):  # (the line it could not write is still buffered)
+            self.trace.close()
+        self.trace = self._phases = self.scheduler.timer = None
 
     def _step(self) -> list[StepOutput]:
         if self._inflight is not None and self._planning_needs_host_outputs():
