@@ -500,6 +500,11 @@ def _origin(text: str) -> str:
             f"--allowed-origins: {text!r} is not an origin: give scheme://host[:port] with nothing "
             "after it, as a browser sends it (e.g. https://app.example), or '*'"
         )
+    if not parts.hostname.isascii():  # (never matched: a browser's Origin has it in punycode)
+        raise ConfigError(
+            f"--allowed-origins: {text!r}: a browser sends a host that is not ASCII in its punycode "
+            "form (xn--...); give that form"
+        )
     scheme = parts.scheme.lower()
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname  # (IPv6)
     if port is None or DEFAULT_PORTS.get(scheme) == port:  # (a browser leaves the default out)

@@ -88,6 +88,21 @@ def test_an_allowed_origin_no_browser_sends_is_refused_at_start_up(value):
     ]
 
 
+@pytest.mark.parametrize("value", ["https://bücher.example", "http://💥.com:8080"])
+def test_an_allowed_origin_whose_host_is_not_ascii_is_refused(value):
+    """A browser's Origin writes such a host in punycode (https://xn--bcher-kva.example): the
+    value as given never matched, and every preflight from it was refused, nothing said at start-up."""
+    from minisgl_core.config import ConfigError
+    from minisgl_core.server.cli import _origin
+
+    with pytest.raises(ConfigError) as refused:
+        _origin(value)
+    assert str(refused.value) == (
+        f"--allowed-origins: {value!r}: a browser sends a host that is not ASCII in its punycode "
+        "form (xn--...); give that form"
+    )
+
+
 @pytest.mark.parametrize(
     ("value", "sent"),
     [
