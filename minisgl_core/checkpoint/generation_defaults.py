@@ -117,7 +117,7 @@ def _read_folder(folder: Path, spelling: Spelling) -> dict[str, Any]:
     fix = f"fix it, or give {given('generation_config', AUTO, spelling)} (the model's own) or {given('generation_config', 'none', spelling)}"
     try:
         config = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # (the last: nested too deep to decode)
         raise GenerationConfigError(f"{setting}: {path} is unreadable ({exc}); {fix}") from exc
     if not isinstance(config, dict):
         raise GenerationConfigError(

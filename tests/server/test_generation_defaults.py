@@ -161,13 +161,18 @@ def test_a_model_file_the_engine_cannot_use_fails_in_one_line_under_every_settin
 
 
 def test_a_bad_generation_config_file_names_the_flag_and_the_way_out(model_dir: Path, tmp_path: Path) -> None:
-    """A file that is not JSON, JSON that is not an object, and a bad default in the user's own
+    """A file that is not JSON (or nested too deep to decode), JSON that is not an object, and a bad default in the user's own
     file said only the file's path and what was wrong (the last blamed "the model's" config), and
     an empty value was reported as '.', the working directory."""
     from minisgl_core.checkpoint.generation_defaults import GenerationConfigError, load_sampling_defaults
 
     way_out = "fix it, or give --generation-config auto (the model's own) or --generation-config none"
-    cases = {"bad": ("{bad", "is unreadable ("), "list": ("[1, 2]", "must hold a JSON object, got list; ")}
+    cases = {
+        "bad": ("{bad", "is unreadable ("),
+        "list": ("[1, 2]", "must hold a JSON object, got list; "),
+        # (nested past the JSON decoder's recursion limit: a RecursionError traceback)
+        "deep": ("[" * 100_000 + "]" * 100_000, "is unreadable (maximum recursion depth exceeded"),
+    }
     for name, (text, says) in cases.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / "generation_config.json").write_text(text)
