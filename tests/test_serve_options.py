@@ -189,3 +189,32 @@ def test_an_empty_chat_template_path_is_refused_as_empty(path):
         f"--chat-template {path!r} is empty: give a Jinja chat template file or a bundled template's "
         "name (chatml-tools), or leave the flag out for the tokenizer's own template"
     )
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--dist-init-addr", "127.0.0.1:29500"], "--dist-init-addr"),
+        (["--tp-peer-timeout", "inf"], "--tp-peer-timeout"),
+        (
+            ["--dist-init-addr", "0.0.0.0:29500", "--tp-peer-timeout", "5"],
+            "--dist-init-addr, --tp-peer-timeout",
+        ),
+    ],
+)
+def test_tensor_parallel_settings_without_tensor_parallelism_are_refused(model_dir, flags, named):
+    """--tp 1 runs no TP group: these were accepted and used by nothing (no rendezvous is bound,
+    no peer watched), as serve's shell flags without --shell were; refused before anything starts."""
+    from minisgl_core.cli import build_parser
+    from minisgl_core.config import ConfigError
+    from minisgl_core.server.cli import _serve_options
+
+    args = build_parser().parse_args(
+        ["serve", "--model", str(model_dir), "--port", "0", "--device", "cpu", *flags]
+    )
+    with pytest.raises(ConfigError) as refused:
+        _serve_options(args)
+    assert str(refused.value) == (
+        f"{named}: the tensor-parallel ranks' settings, unused with --tp 1; leave "
+        f"{'it' if ',' not in named else 'them'} out, or give --tp N"
+    )

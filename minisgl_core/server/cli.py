@@ -23,6 +23,10 @@ from minisgl_core.server.responses_store import DEFAULT_STORE_SIZE, MAX_STORED_C
 logger = logging.getLogger(__name__)
 
 
+#: --tp-peer-timeout's default
+TP_PEER_TIMEOUT_S = 30.0
+
+
 def _port(text: str) -> int:
     value = int(text) if text.strip().isascii() and text.strip().isdigit() else -1
     if not 0 <= value <= 65535:
@@ -142,7 +146,7 @@ def _add_http_args(p: argparse.ArgumentParser, port: int) -> None:
     g.add_argument(
         "--tp-peer-timeout",
         type=float,
-        default=30.0,
+        default=TP_PEER_TIMEOUT_S,
         metavar="SECONDS",
         help="a tensor-parallel rank silent this long (its process stopped, its node gone) stops the "
         "server instead of leaving the others waiting on it (default 30; inf: never)",
@@ -348,6 +352,20 @@ def _serve_options(args: argparse.Namespace):
         )
     except ValueError as exc:  # the message names the flags
         raise ConfigError(str(exc)) from None
+    if dist.tp_size == 1:  # (accepted and used by nothing: one process binds no rendezvous, watches no peer)
+        given = [
+            flag
+            for flag, value, default in (
+                ("--dist-init-addr", args.dist_init_addr, None),
+                ("--tp-peer-timeout", args.tp_peer_timeout, TP_PEER_TIMEOUT_S),
+            )
+            if value != default
+        ]
+        if given:
+            raise ConfigError(
+                f"{', '.join(given)}: the tensor-parallel ranks' settings, unused with --tp 1; leave "
+                f"{'it' if len(given) == 1 else 'them'} out, or give --tp N"
+            )
     chat_template = _read_chat_template(args.chat_template)
     if dist.node_rank == 0:  # the node that serves HTTP
         _check_listen(args.host, args.port)
