@@ -218,3 +218,23 @@ def test_tensor_parallel_settings_without_tensor_parallelism_are_refused(model_d
         f"{named}: the tensor-parallel ranks' settings, unused with --tp 1; leave "
         f"{'it' if ',' not in named else 'them'} out, or give --tp N"
     )
+
+
+def test_an_attention_backend_without_prefill_alone_is_refused_before_anything_starts(model_dir, monkeypatch):
+    """``--attn triton`` on a CPU under TRITON_INTERPRET=1 (triton declares decode only): the
+    scheduler refused it once started, exit code 1, the line said twice; now the runner's own
+    refusal, with its suggestion, before any process starts."""
+    from minisgl_core.cli import build_parser
+    from minisgl_core.plugins import PluginError
+    from minisgl_core.server.cli import _serve_options
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    args = build_parser().parse_args(
+        ["serve", "--model", str(model_dir), "--port", "0", "--device", "cpu", "--attn", "triton"]
+    )
+    with pytest.raises(PluginError) as refused:
+        _serve_options(args)
+    assert str(refused.value) == (
+        "attention backend 'triton' does not run prefill steps (it does not declare 'prefill'); use it "
+        "for decode only, e.g. --attn torch,triton"
+    )
