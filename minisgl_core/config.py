@@ -384,7 +384,8 @@ def attention_names(attn: str) -> tuple[str, ...]:
     if attn == "auto":
         return ()
     names = tuple(name.strip() for name in attn.split(","))
-    if len(names) not in (1, 2) or not all(names):
+    # (auto in a pair was an unknown backend 'auto': "pip install minisgl-plugin-auto")
+    if len(names) not in (1, 2) or not all(names) or (len(names) == 2 and "auto" in names):
         raise ConfigError(f"attn takes NAME, PREFILL,DECODE or auto; got {attn!r}", "attn")
     return names
 
