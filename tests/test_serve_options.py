@@ -238,3 +238,23 @@ def test_an_attention_backend_without_prefill_alone_is_refused_before_anything_s
         "attention backend 'triton' does not run prefill steps (it does not declare 'prefill'); use it "
         "for decode only, e.g. --attn torch,triton"
     )
+
+
+def test_a_dist_init_addr_on_the_http_port_is_refused_before_anything_starts(model_dir):
+    """--port P with --dist-init-addr HOST:P passed both checks (each port was bound once and let
+    go), then rank 0's rendezvous took the port and the HTTP server could not bind it once the
+    model had loaded (exit code 1, uvicorn's "address already in use")."""
+    from minisgl_core.cli import build_parser
+    from minisgl_core.config import ConfigError
+    from minisgl_core.server.cli import _serve_options
+
+    args = build_parser().parse_args(
+        ["serve", "--model", str(model_dir), "--device", "cpu", "--tp", "2", "--port", "29411"]
+        + ["--dist-init-addr", "127.0.0.1:29411"]
+    )
+    with pytest.raises(ConfigError) as refused:
+        _serve_options(args)
+    assert str(refused.value) == (
+        "--dist-init-addr 127.0.0.1:29411 is on the HTTP server's --port 29411: the TP rendezvous "
+        "needs a port of its own; give another"
+    )

@@ -369,6 +369,13 @@ def _serve_options(args: argparse.Namespace):
             )
     chat_template = _read_chat_template(args.chat_template)
     if dist.node_rank == 0:  # the node that serves HTTP
+        # (each passed the probes below alone; then the rendezvous took the port from the HTTP server)
+        if dist.init_addr and int(dist.init_addr.rsplit(":", 1)[1]) == args.port:
+            shown = dist.init_addr.encode("utf-8", "backslashreplace").decode("utf-8")  # (a lone surrogate)
+            raise ConfigError(
+                f"--dist-init-addr {shown} is on the HTTP server's --port {args.port}: the TP "
+                "rendezvous needs a port of its own; give another"
+            )
         _check_listen(args.host, args.port)
         if dist.init_addr:  # (a busy one was scheduler 0's traceback once the workers had started)
             _check_rendezvous(dist.init_addr)
