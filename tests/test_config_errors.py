@@ -501,6 +501,18 @@ def test_a_kv_pool_past_the_memory_is_one_error_line_on_the_command_line(model_d
     assert "minisgl: error: " in last and says in last, last
 
 
+def test_a_server_that_fails_after_start_says_why_at_any_log_level(model_dir):
+    """Under --log-level critical a worker's failure was logged at ERROR only: serve exited 1 with
+    nothing said. The server's last word on why it stopped is critical."""
+    proc = _cli(
+        "serve", "--port", "0", "--model", str(model_dir), "--device", "cpu", "--log-level", "critical",
+        "--num-kv-tokens", str(10**15),
+    )  # fmt: skip
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "CRITICAL minisgl.server: the scheduler 0 process failed:" in proc.stderr, proc.stderr
+    assert proc.stderr.rstrip().endswith(" free on cpu: lower --num-kv-tokens"), proc.stderr
+
+
 def test_a_kv_pool_or_request_tables_past_the_device_name_the_setting_and_the_bytes(model_dir, monkeypatch):
     """An absurd num_kv_tokens or max_running_requests is refused before allocating (a raw
     allocator error once); one that fits starts as before."""

@@ -117,7 +117,7 @@ def serve(opts: ServeOptions, plugins: Plugins, foreground: Foreground | None = 
         logger.info("stopping")
     except ChildFailed as exc:
         if runtime.failure is None:  # not a child: the HTTP server itself
-            logger.error("%s", exc)
+            logger.critical("%s", exc)
             code = 1
     finally:
         _ignore_signals()
@@ -127,8 +127,8 @@ def serve(opts: ServeOptions, plugins: Plugins, foreground: Foreground | None = 
             logger.warning("%s", failure)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, previous)
-    if runtime.failure is not None:
-        logger.error("%s", runtime.failure.rstrip())
+    if runtime.failure is not None:  # (critical: --log-level critical hid why the server stopped)
+        logger.critical("%s", runtime.failure.rstrip())
         return 1
     return code
 
