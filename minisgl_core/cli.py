@@ -164,10 +164,15 @@ def foreign_flag_hints(arguments: list[str]) -> list[str]:
 _LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
+class _FromEnvironment(str):
+    """--log-level's default as MINISGL_LOG_LEVEL spells it: a bad one is named as the variable's."""
+
+
 def _log_level(value: str) -> str:
     """A logging level name, any case (argparse applies this to the environment's default too)."""
     if value.lower() not in _LOG_LEVELS:
-        raise argparse.ArgumentTypeError(f"must be one of {', '.join(_LOG_LEVELS)}, got {value!r}")
+        source = "its default from MINISGL_LOG_LEVEL " if isinstance(value, _FromEnvironment) else ""
+        raise argparse.ArgumentTypeError(f"{source}must be one of {', '.join(_LOG_LEVELS)}, got {value!r}")
     return value.lower()
 
 
@@ -180,7 +185,7 @@ def build_parser(plugins: Plugins | None = None) -> argparse.ArgumentParser:
         except Exception as exc:  # noqa: BLE001 - the CLI works without its plugins' help
             logging.getLogger(__name__).warning("could not load plugins for the command line's help: %s", exc)
     parser = _Parser(prog="minisgl", description="minisgl: a small plugin-based LLM serving engine")
-    _add_log_level(parser, default=environment.get("MINISGL_LOG_LEVEL", "info"))
+    _add_log_level(parser, default=_FromEnvironment(environment.get("MINISGL_LOG_LEVEL", "info")))
     from minisgl_core import __version__
     from minisgl_core.api import API_VERSION
 
