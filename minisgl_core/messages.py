@@ -211,6 +211,10 @@ class Shutdown(Message):
     tag: ClassVar[int] = 6
 
 
+#: ms between two of scheduler rank 0's reports while idle (a heartbeat): the API server's /health
+#: reads their age, so --health-timeout is at least two of them
+HEARTBEAT_INTERVAL_MS = 1000
+
 #: the stats key of the step heartbeat's reports (StepHeartbeat): how long the step in flight has
 #: run, in ms; absent from every other report, as no step is in flight then
 STEP_MS = "step_ms"

@@ -39,6 +39,7 @@ from minisgl_core.config import ConfigError, EngineConfig
 from minisgl_core.distributed import PeerLost, PeerWatch, TPGroup, init_tp_group
 from minisgl_core.engine.engine import Engine
 from minisgl_core.messages import (
+    HEARTBEAT_INTERVAL_MS,
     STEP_MS,
     AbortRequest,
     CompilesSettled,
@@ -68,8 +69,6 @@ logger = logging.getLogger(__name__)
 IDLE = -1
 #: seconds between two stats reports while busy
 STATS_INTERVAL = 0.25
-#: seconds between two heartbeats while idle: the API server's /health reads their age
-HEARTBEAT_INTERVAL_MS = 1000
 #: how long a rank giving a peer up waits for its failure report to leave
 GIVE_UP_LINGER_MS = 1000
 #: how often an idle rank 0 looks whether a grammar compile has ended, while requests wait for one

@@ -16,6 +16,7 @@ from typing import Any
 
 from minisgl_core import request_limits
 from minisgl_core.config import ConfigError
+from minisgl_core.messages import HEARTBEAT_INTERVAL_MS
 
 
 def _limit(default: float, flag: str, help_text: str) -> Any:
@@ -97,8 +98,20 @@ def add_limit_args(p: argparse.ArgumentParser) -> None:
         )
 
 
+#: the least --health-timeout: two idle heartbeats, so that a report a little late is not a 503
+#: (at 1 s, /health answered 503 now and then on an idle, healthy server; tests' own states go lower)
+MIN_HEALTH_TIMEOUT_S = 2 * HEARTBEAT_INTERVAL_MS / 1000
+
+
 def limits_from_args(args: argparse.Namespace) -> ServerLimits:
     try:
-        return ServerLimits(**{f.name: getattr(args, _dest(f)) for f in fields(ServerLimits)})
+        limits = ServerLimits(**{f.name: getattr(args, _dest(f)) for f in fields(ServerLimits)})
     except ValueError as exc:  # the message names the flag
         raise ConfigError(str(exc)) from None
+    if limits.health_timeout_s < MIN_HEALTH_TIMEOUT_S:
+        raise ConfigError(
+            f"--health-timeout {limits.health_timeout_s:g} is shorter than two of the scheduler's idle "
+            f"reports (one every {HEARTBEAT_INTERVAL_MS / 1000:g} s): /health would answer 503 between "
+            f"them on a healthy server; give {MIN_HEALTH_TIMEOUT_S:g} or more"
+        )
+    return limits
