@@ -141,6 +141,7 @@ class SchedulerLoop:
 
     def apply(self, msgs: list[Message], out: StepOutputs) -> bool:
         """Apply one step's messages to the engine; True when told to shut down."""
+        arrived: UpdateWeights | None = None
         for msg in msgs:
             if isinstance(msg, EngineRequest):
                 if self.weight_update is not None:
@@ -172,6 +173,7 @@ class SchedulerLoop:
                     out.answers.append([msg.token, "another weight update is in progress"])
                 else:
                     self.weight_update = msg
+                    arrived = msg
             elif isinstance(msg, PauseGeneration):
                 self._pause(msg, out)
             elif isinstance(msg, ContinueGeneration):
@@ -181,6 +183,14 @@ class SchedulerLoop:
                 return True
         if self.weight_update is not None and self.engine.quiet:
             self._update_weights(out)
+        elif arrived is not None and self.tp.rank == 0:
+            # (an update that seems to hang says why; a request sent after this line waits for it)
+            stats = self.engine.stats()
+            logger.info(
+                "weight update from %s waits for the %d requests in the engine to end; requests "
+                "arriving meanwhile wait for the new weights",
+                arrived.model_path, stats["running"] + stats["waiting"],
+            )  # fmt: skip
         return False
 
     @property

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -30,16 +31,24 @@ PROMPT = "The quick brown fox jumps over the lazy dog and then"
 GREEDY = {"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True}
 #: more tokens than a request makes before the test acts on it (ignore_eos: it cannot stop early)
 LONG = {"max_new_tokens": 1500, "ignore_eos": True, "temperature": 0.0}
+#: the served context (the models' own): room for a request that runs until the test aborts it
+CONTEXT = 32768
+#: over a minute of decoding on an idle CPU, aborted once the test has seen what it waits for: the
+#: 1,500 tokens of LONG (2 s) ended first on a loaded CI machine
+ENDLESS = {"max_new_tokens": CONTEXT - 100, "ignore_eos": True, "temperature": 0.0}
+#: the scheduler's line once it holds an update that waits for the engine's requests
+UPDATE_WAITS = "requests arriving meanwhile wait for the new weights"
 
 
 @pytest.fixture(scope="module")
 def steps(tmp_path_factory) -> dict[str, Path]:
     """Two checkpoints of one model (two training steps), and one of another shape."""
     root = tmp_path_factory.mktemp("steps")
+    context = {"max_position_embeddings": CONTEXT}
     return {
-        "a": make_model_dir(root / "step-a", "Qwen3ForCausalLM", seed=1),
-        "b": make_model_dir(root / "step-b", "Qwen3ForCausalLM", seed=2),
-        "deeper": make_model_dir(root / "deeper", "Qwen3ForCausalLM", seed=3, num_hidden_layers=3),
+        "a": make_model_dir(root / "step-a", "Qwen3ForCausalLM", seed=1, **context),
+        "b": make_model_dir(root / "step-b", "Qwen3ForCausalLM", seed=2, **context),
+        "deeper": make_model_dir(root / "deeper", "Qwen3ForCausalLM", seed=3, num_hidden_layers=3, **context),
     }
 
 
@@ -59,17 +68,19 @@ def served(start_server, steps, engine_args):
     # (a copy of step a: serving from a directory, then updating from others)
     model = steps["a"].parent / "served"
     shutil.copytree(steps["a"], model)
-    return start_server(["--model", str(model), "--api-key", API_KEY, *engine_args])
+    context = ["--max-context-len", str(CONTEXT), "--num-kv-tokens", str(2 * CONTEXT)]
+    return start_server(["--model", str(model), "--api-key", API_KEY, *engine_args, *context])
 
 
 def update(server, **body: Any) -> httpx.Response:
     return httpx.post(f"{server.url}/update_weights_from_disk", json=body, headers=AUTH, timeout=300)
 
 
-def generate(server, text: str = PROMPT, params: dict[str, Any] = GREEDY) -> dict[str, Any]:
-    resp = httpx.post(
-        f"{server.url}/generate", json={"text": text, "sampling_params": params}, headers=AUTH, timeout=300
-    )
+def generate(
+    server, text: str = PROMPT, params: dict[str, Any] = GREEDY, rid: str | None = None
+) -> dict[str, Any]:
+    body = {"text": text, "sampling_params": params, "rid": rid}
+    resp = httpx.post(f"{server.url}/generate", json=body, headers=AUTH, timeout=300)
     assert resp.status_code == 200, resp.text
     return resp.json()
 
@@ -168,7 +179,7 @@ def test_a_running_request_finishes_on_the_old_weights_first(served, steps):
 
 def test_abort_all_requests_ends_them_first(served, steps):
     with ThreadPoolExecutor(1) as pool:
-        running = pool.submit(generate, served, PROMPT, LONG)
+        running = pool.submit(generate, served, PROMPT, ENDLESS)
         _wait_until_running(served)
         resp = update(served, model_path=str(steps["a"]), abort_all_requests=True)
         answer = running.result(timeout=120)
@@ -176,23 +187,33 @@ def test_abort_all_requests_ends_them_first(served, steps):
     assert resp.json()["message"].endswith("; 1 unfinished choices aborted")
     meta = answer["meta_info"]
     assert meta["finish_reason"] == {"type": "abort", "message": WEIGHT_UPDATE_ABORT_MESSAGE}
-    assert 0 < meta["completion_tokens"] < LONG["max_new_tokens"]
+    assert 0 < meta["completion_tokens"] < ENDLESS["max_new_tokens"]
 
 
 def test_a_request_arriving_during_the_update_runs_on_the_new_weights(served, steps, reference_b):
-    """It waits in the scheduler while the update waits for the running request to end."""
+    """It waits in the scheduler while the update waits for the running request to end. What
+    orders the two: the API server sends both down one socket, through the tokenizer, to the
+    scheduler; a request sent once the scheduler says it holds the update reaches it after."""
     reference_a = generate(served, params=LONG)["output_ids"]
     with ThreadPoolExecutor(3) as pool:
-        running = pool.submit(generate, served, PROMPT, LONG)
-        _wait_until_running(served)
-        updating = pool.submit(update, served, model_path=str(steps["b"]))
-        time.sleep(0.3)  # (the update is with the scheduler, waiting)
-        later = pool.submit(generate, served)
-        # /get_load counts it as waiting meanwhile (a router sees the queue)
-        _wait_for_load(served, lambda load: load["num_waiting_reqs"] == 1 and not updating.done())
+        running = pool.submit(generate, served, PROMPT, ENDLESS, "endless")
+        try:
+            _wait_until_running(served)
+            seen = served.log().count(UPDATE_WAITS)
+            updating = pool.submit(update, served, model_path=str(steps["b"]))
+            _wait_for(lambda: served.log().count(UPDATE_WAITS) > seen, "the scheduler to hold the update")
+            later = pool.submit(generate, served)
+            # it waits, and /get_load counts it as waiting meanwhile (a router sees the queue)
+            _wait_for(lambda: later.done() or _load(served)["num_reqs"] == 2, "the later request")
+            assert not later.done() and not updating.done()
+            assert _load(served)["num_waiting_reqs"] == 1
+        finally:  # (the running request ends here, the update follows)
+            httpx.post(f"{served.url}/abort_request", json={"rid": "endless"}, headers=AUTH, timeout=30)
         assert updating.result(timeout=300).status_code == 200
-        # the running request ran on the old weights to its end, the later one on the new
-        assert running.result(timeout=300)["output_ids"] == reference_a
+        # the running request ran on the old weights until it ended (aborted), the later one on the new
+        made = running.result(timeout=300)["output_ids"]
+        assert 0 < len(made) < ENDLESS["max_new_tokens"]
+        assert made[: len(reference_a)] == reference_a[: len(made)]
         assert later.result(timeout=300)["output_ids"] == reference_b
     assert update(served, model_path=str(steps["a"])).status_code == 200
 
@@ -217,14 +238,19 @@ def test_a_streamed_request_during_the_update_is_not_lost(served, steps):
     assert last["meta_info"]["completion_tokens"] == 200
 
 
-def _wait_for_load(server, condition) -> None:
+def _wait_for(condition: Callable[[], Any], what: str) -> None:
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        load = httpx.get(f"{server.url}/get_load", headers=AUTH).json()[0]
-        if condition(load):
-            return
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.02)
-    raise AssertionError("/get_load never showed the state waited for")
+
+
+def _load(server) -> dict[str, int]:
+    return httpx.get(f"{server.url}/get_load", headers=AUTH).json()[0]
+
+
+def _wait_for_load(server, condition: Callable[[dict[str, int]], bool]) -> None:
+    _wait_for(lambda: condition(_load(server)), "/get_load to show the state waited for")
 
 
 def _wait_until_running(server) -> None:
