@@ -207,24 +207,27 @@ def test_full_queue_is_429_with_retry_after(busy_server, model_name):
     body = {"model": model_name, "prompt": "Tell a long story", "max_tokens": 200, "ignore_eos": True}
     openai_body = {"model": model_name, "prompt": body["prompt"], "max_tokens": 200}
     openai_body["extra_body"] = {"ignore_eos": True}
-    # three requests of n=2 fill the queue of 6: chat streams, whose role chunk comes as soon as
-    # a request is admitted, of 900 tokens a choice, so that none can end before the checks below
-    # (a KV pool of 1,024 tokens runs one at a time); completions streams of 200 tokens, whose first
-    # chunk is a token, once all ended before the next request on a busy CI machine (a 200, no 429)
+    # three requests of n=2 fill the queue of 6: chat streams, whose role chunk comes as soon as a
+    # request is admitted. Generation is paused meanwhile, so that none can end before the checks
+    # below: on a busy CI machine, 900 tokens a choice once ended first (a 200, no 429)
     chat_body = {"model": model_name, "messages": [{"role": "user", "content": "Tell a long story"}]}
     chat_body |= {"max_tokens": 900, "extra_body": {"ignore_eos": True}}
-    streams = [client.chat.completions.create(**chat_body, n=2, stream=True) for _ in range(3)]
+    assert httpx.post(f"{busy_server.url}/pause_generation", json={"mode": "in_place"}).status_code == 200
     try:
-        for s in streams:
-            next(iter(s))  # each is admitted
-        resp = httpx.post(f"{busy_server.url}/v1/completions", json={**body, "max_tokens": 1})
-        assert_openai_error(resp, 429, "server_overloaded")
-        assert int(resp.headers["retry-after"]) >= 1
-        with pytest.raises(openai.RateLimitError):
-            client.completions.create(**{**openai_body, "max_tokens": 1})
+        streams = [client.chat.completions.create(**chat_body, n=2, stream=True) for _ in range(3)]
+        try:
+            for s in streams:
+                next(iter(s))  # each is admitted
+            resp = httpx.post(f"{busy_server.url}/v1/completions", json={**body, "max_tokens": 1})
+            assert_openai_error(resp, 429, "server_overloaded")
+            assert int(resp.headers["retry-after"]) >= 1
+            with pytest.raises(openai.RateLimitError):
+                client.completions.create(**{**openai_body, "max_tokens": 1})
+        finally:
+            for s in streams:
+                s.close()
     finally:
-        for s in streams:
-            s.close()
+        assert httpx.post(f"{busy_server.url}/continue_generation").status_code == 200
     deadline = time.monotonic() + 10
     while True:  # the aborts reach the engine; then there is room again
         resp = httpx.post(f"{busy_server.url}/v1/completions", json={**body, "max_tokens": 1})
