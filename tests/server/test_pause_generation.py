@@ -32,11 +32,15 @@ from .conftest import API_KEY
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 PROMPT = "The quick brown fox jumps over the lazy dog and then"
 GREEDY = {"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True}
-#: more tokens than a request can make before a pause sent once it has made a few lands, on a
-#: machine however loaded (the tiny model makes 300 in half a second on two idle cores, and CI
-#: once saw 300 made before the pause landed): a paused stream is aborted once it has shown what
-#: the test checks (``Stream.stop_after``), and its reference is made as long as it came out
-ENDLESS = {"max_new_tokens": 2000, "ignore_eos": True, "temperature": 0.0}
+#: the served context (the models' own): room for a request that runs until the test aborts it
+CONTEXT = 32768
+LONG_CONTEXT = ["--max-context-len", str(CONTEXT), "--num-kv-tokens", str(2 * CONTEXT)]
+#: more tokens than a request can make before a pause sent once it has made a few lands, or
+#: before an abort sent once it has made a few more, on a machine however loaded (the tiny model
+#: makes 300 in half a second on two idle cores; CI once saw 300 made before the pause landed, and
+#: beside 3 busy loops 2,000 were made before the abort): a paused stream is aborted once it has
+#: shown what the test checks (``Stream.stop_after``), and its reference is made as long as it came out
+ENDLESS = {"max_new_tokens": CONTEXT - 100, "ignore_eos": True, "temperature": 0.0}
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +48,8 @@ def steps(tmp_path_factory) -> dict[str, Path]:
     """Two checkpoints of one model (two training steps)."""
     root = tmp_path_factory.mktemp("steps")
     return {
-        "a": make_model_dir(root / "step-a", "Qwen3ForCausalLM", seed=1),
-        "b": make_model_dir(root / "step-b", "Qwen3ForCausalLM", seed=2),
+        "a": make_model_dir(root / "step-a", "Qwen3ForCausalLM", seed=1, max_position_embeddings=CONTEXT),
+        "b": make_model_dir(root / "step-b", "Qwen3ForCausalLM", seed=2, max_position_embeddings=CONTEXT),
     }
 
 
@@ -53,7 +57,7 @@ def steps(tmp_path_factory) -> dict[str, Path]:
 def served(start_server, steps, engine_args):
     model = steps["a"].parent / "served"
     shutil.copytree(steps["a"], model)
-    return start_server(["--model", str(model), "--api-key", API_KEY, *engine_args])
+    return start_server(["--model", str(model), "--api-key", API_KEY, *engine_args, *LONG_CONTEXT])
 
 
 @pytest.fixture(autouse=True)
@@ -147,9 +151,9 @@ def reference(server, tokens: int) -> list[int]:
     return generate(server, params={**ENDLESS, "max_new_tokens": tokens})["output_ids"]
 
 
-def paused_stream(server, mode: str) -> Stream:
-    """A stream paused in ``mode`` once it has made a few tokens (fewer than ``ENDLESS`` asks)."""
-    stream = Stream(server)
+def paused_stream(server, mode: str, params: dict[str, Any] = ENDLESS) -> Stream:
+    """A stream paused in ``mode`` once it has made a few tokens (fewer than ``params`` ask)."""
+    stream = Stream(server, params)
     wait_for_load(server, lambda _: stream.tokens > 5)
     resp = pause(server, mode)
     assert resp.status_code == 200, resp.text
@@ -353,7 +357,9 @@ def _prompt_ids(server) -> list[int]:
 
 def test_tensor_parallel_ranks_pause_together(start_server, steps, engine_args):
     """``--tp 2``: both ranks retract, wait and go on in lock-step."""
-    server = start_server(["--model", str(steps["a"]), "--tp", "2", "--api-key", API_KEY, *engine_args])
+    server = start_server(
+        ["--model", str(steps["a"]), "--tp", "2", "--api-key", API_KEY, *engine_args, *LONG_CONTEXT]
+    )
     stream = paused_stream(server, "retract")
     time.sleep(0.5)
     assert not stream.done.is_set()
@@ -368,8 +374,8 @@ def test_sigterm_while_paused_lets_the_accepted_requests_finish(start_server, st
     server = start_server(
         ["--model", str(steps["a"]), "--api-key", API_KEY, "--shutdown-timeout", "300", *engine_args]
     )
-    whole = reference(server, ENDLESS["max_new_tokens"])
-    stream = paused_stream(server, "in_place")
+    whole = reference(server, 2000)  # (made whole twice: not ENDLESS)
+    stream = paused_stream(server, "in_place", {**ENDLESS, "max_new_tokens": 2000})
     started = time.monotonic()
     server.proc.send_signal(signal.SIGTERM)
     answer = stream.result()
