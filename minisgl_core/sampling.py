@@ -207,13 +207,22 @@ class SamplingParams:
                 object.__setattr__(self, name, int(value))  # type: ignore[arg-type]
             return int(value)  # type: ignore[arg-type]
 
+        #: the float fields checked, each as a Python float: stored once every check passed, so
+        #: that an error shows the value given
+        floats: dict[str, float] = {}
+
         def finite(name: str) -> float:
             value = getattr(self, name)
-            if not _is_number(value) or not math.isfinite(value):
+            try:  # (10**400 was an OverflowError from math.isfinite)
+                number = float(value) if _is_number(value) else math.nan
+            except OverflowError:
+                number = math.nan
+            if not math.isfinite(number):
                 bad(name, "must be a finite number")
-            if type(value) not in (int, float):  # (np.float32(0.5): a Python float)
-                object.__setattr__(self, name, float(value))
-            return float(value)
+            # np.float32(0.5) or an int a Python float: torch took repetition_penalty=10**20 for
+            # an integer, and the sampler failed with an OverflowError
+            floats[name] = number
+            return number
 
         for name in (
             "ignore_eos", "skip_special_tokens", "include_stop_str_in_output", "reasoning_opened", "scaled_logprobs",
@@ -321,6 +330,8 @@ class SamplingParams:
                 bad("logit_bias", f"values must be numbers in [-{limit:g}, {limit:g}]")
             if type(bias) not in (int, float):
                 self.logit_bias[token] = float(bias)
+        for name, number in floats.items():
+            object.__setattr__(self, name, number)
 
     # ---------------------------------------------------------------- derived copies (no re-check)
 

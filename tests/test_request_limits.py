@@ -78,6 +78,31 @@ def test_extreme_integers_in_range_run_offline(llm):
     assert llm.generate(PROMPTS[:1], big_k_greedy)[0].token_ids == greedy.token_ids
 
 
+@pytest.mark.parametrize(
+    "field", ["temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"]
+)
+def test_float_fields_given_integers_past_a_float_are_refused_naming_the_field(field):
+    """10**400 (past a float's range) was an OverflowError from math.isfinite, not a ValueError."""
+    for value in (10**400, -(10**400)):
+        with pytest.raises(ValueError, match=f"^{field} must be a finite number, got "):
+            SamplingParams(**{field: value})
+
+
+def test_float_fields_given_large_integers_run_as_floats(llm):
+    """repetition_penalty=10**20 (an int beyond torch's 64 bits) passed the checks, then the
+    sampler's ``scores * penalty`` raised an OverflowError inside generate; every float field is
+    now kept as a Python float (as numpy's already were), with the same draws as the float."""
+    params = SamplingParams(repetition_penalty=10**20, temperature=10**20, max_tokens=3, seed=1)
+    assert (type(params.repetition_penalty), type(params.temperature), type(SamplingParams(top_p=1).top_p)) == (
+        float, float, float,
+    )  # fmt: skip
+    given = llm.generate(PROMPTS[:1], params)[0]
+    as_float = SamplingParams(repetition_penalty=1e20, temperature=1e20, max_tokens=3, seed=1)
+    assert given.token_ids == llm.generate(PROMPTS[:1], as_float)[0].token_ids
+    with pytest.raises(ValueError, match=r"^temperature must be >= 0, got -1$"):  # (the value given)
+        SamplingParams(temperature=-1)
+
+
 def test_token_ids_outside_the_vocabulary_are_refused_offline(llm):
     vocab = llm.engine.runner.vocab_size
     with pytest.raises(ValueError, match="^stop_token_ids"):
