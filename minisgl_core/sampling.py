@@ -410,7 +410,10 @@ def _bound(value: int) -> str:
 
 def short_repr(value: object) -> str:
     """A field's value for an error message, cut short (a stop list may be long)."""
-    return cut(repr(value))
+    try:
+        return cut(repr(value))
+    except RecursionError:  # (a list nested thousands deep: repr's error replaced the field's)
+        return f"<{type(value).__name__} nested too deeply to show>"
 
 
 def cut(text: str, limit: int = 80) -> str:

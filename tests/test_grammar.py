@@ -4,6 +4,7 @@ A random model follows no grammar on its own, so every valid output here is the 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import logging
@@ -204,6 +205,16 @@ def test_a_json_schema_may_be_a_dict_and_a_wrong_grammar_says_what_to_pass(model
     assert GrammarSpec("json_schema", True).value == "true"
     with pytest.raises(GrammarError, match=r"^the json_schema grammar is not JSON: "):
         GrammarSpec("json_schema", {"maximum": float("nan")})
+    # (a RecursionError from json.dumps and repr, naming no field)
+    deep = functools.reduce(lambda inner, _: {"not": inner}, range(5000), {})
+    with pytest.raises(
+        ValueError, match=r"^grammar the json_schema grammar is not JSON: it is nested too deeply$"
+    ):
+        SamplingParams(grammar={"kind": "json_schema", "value": deep})
+    with pytest.raises(
+        ValueError, match=r"^grammar must be a GrammarSpec.*, got <list nested too deeply to show>$"
+    ):
+        SamplingParams(grammar=functools.reduce(lambda inner, _: [inner], range(5000), []))
     with pytest.raises(GrammarError, match=r"^the regex grammar must be given as a string, got dict$"):
         GrammarSpec("regex", {"a": 1})
     says = (

@@ -7,6 +7,7 @@ One LLM for the module and a few tokens a call: the module's budget is a few sec
 from __future__ import annotations
 
 import dataclasses
+import functools
 import pickle
 
 import pytest
@@ -127,6 +128,12 @@ BAD_MESSAGES = [
         r"messages\[0\]\.content\[0\]: content parts of type 'image_url' are not supported",
     ),
     ([{"role": "user", "content": "a\udfffb"}], ValueError, "lone UTF-16 surrogate at index 1"),
+    # (a RecursionError from repr, naming nothing)
+    (
+        [{"role": "user", "content": [functools.reduce(lambda inner, _: [inner], range(5000), "x")]}],
+        TypeError,
+        r"messages\[0\]\.content\[0\] must be a text part .*, got <list nested too deeply to show>$",
+    ),
 ]
 BAD_ARGUMENTS = [
     (

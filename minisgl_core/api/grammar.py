@@ -60,6 +60,8 @@ class GrammarSpec:
                 text = json.dumps(self.value, allow_nan=False)
             except (TypeError, ValueError) as exc:
                 raise GrammarError(f"the json_schema grammar is not JSON: {exc}") from None
+            except RecursionError:  # (json's own error, naming no field)
+                raise GrammarError("the json_schema grammar is not JSON: it is nested too deeply") from None
             object.__setattr__(self, "value", text)
         if not isinstance(self.value, str):
             raise GrammarError(
@@ -92,7 +94,10 @@ class GrammarSpec:
 
 
 def _short(value: object, limit: int = 80) -> str:
-    text = repr(value)
+    try:
+        text = repr(value)
+    except RecursionError:  # (a list nested thousands deep)
+        return f"<{type(value).__name__} nested too deeply to show>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
