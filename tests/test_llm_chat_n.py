@@ -128,6 +128,11 @@ BAD_MESSAGES = [
         r"messages\[0\]\.content\[0\]: content parts of type 'image_url' are not supported",
     ),
     ([{"role": "user", "content": "a\udfffb"}], ValueError, "lone UTF-16 surrogate at index 1"),
+    (
+        [{"role": "user", "content": "hi", "name": "b\udfff"}],
+        ValueError,
+        r"^messages\[0\]\.name is not valid text: 'b\\udfff' has a lone UTF-16 surrogate at index 1$",
+    ),
     # (a RecursionError from repr, naming nothing)
     (
         [{"role": "user", "content": [functools.reduce(lambda inner, _: [inner], range(5000), "x")]}],
@@ -161,6 +166,20 @@ BAD_ARGUMENTS = [
     ),
     ({"chat_template_kwargs": {"tokenize": False}}, "'tokenize' is not a template variable"),
     ({"chat_template_kwargs": {"tools": []}}, "'tools' is chat\\(\\)'s own argument: pass tools= instead"),
+    # a lone surrogate, refused as the server's schema refuses it (it was "could not render chat_template:
+    # TypeError: TextEncodeInput must be Union[...]" from the tokenizer, or passed where not rendered)
+    (
+        {"chat_template_kwargs": {"who": ["a\ud800"]}},
+        r"^chat_template_kwargs is not valid text: 'a\\ud800' has a lone UTF-16 surrogate at index 1$",
+    ),
+    (
+        {"tools": [{**WEATHER, "function": {**WEATHER["function"], "description": "\udc00"}}]},
+        r"^tools\[0\] is not valid text: '\\udc00' has a lone UTF-16 surrogate at index 0$",
+    ),
+    (
+        {"chat_template": "\ud800{% for m in messages %}{{ m.content }}{% endfor %}"},
+        r"^chat_template is not valid text: .* has a lone UTF-16 surrogate at index 0$",
+    ),
 ]
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -38,6 +37,7 @@ from minisgl_core.tokenizer.chat_input import (
     TEMPLATE_RESERVED,
     check_continued_message,
     compile_chat_template,
+    json_strings,
     message_error,
     part_type_error,
     reasoning_error,
@@ -61,20 +61,6 @@ def _utf8(text: str) -> str:
 
 #: every string of a request body: valid Unicode text (no lone surrogates)
 Text = Annotated[str, AfterValidator(_utf8)]
-
-
-def json_strings(value: Any) -> Iterator[str]:
-    """Every string (keys too) of a JSON-like value, without recursion (the nesting is the client's)."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            yield item
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
 
 
 def _utf8_throughout(value: Any) -> Any:

@@ -43,7 +43,8 @@ from minisgl_core.sampling import SamplingParams
 from minisgl_core.server.errors import APIError, respell
 from minisgl_core.server.limits import ServerLimits
 from minisgl_core.server.metrics import Metrics
-from minisgl_core.server.schemas import PAUSE_ABORT_MESSAGE, WEIGHT_UPDATE_ABORT_MESSAGE, json_strings
+from minisgl_core.server.schemas import PAUSE_ABORT_MESSAGE, WEIGHT_UPDATE_ABORT_MESSAGE
+from minisgl_core.tokenizer.chat_input import json_strings
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from minisgl_core.sampling import LONE_SURROGATE, short_repr
@@ -32,6 +32,32 @@ _CHAT_ARGUMENTS = ("add_generation_prompt", "continue_final_message", "tools", "
 #: no template variable of a request or of chat() may name one
 TEMPLATE_RESERVED = ("conversation", "messages", "tokenize", "return_dict", "return_tensors", "padding",
                       "truncation", "max_length", "tokenizer_kwargs", "return_assistant_tokens_mask")  # fmt: skip
+
+
+def json_strings(value: Any) -> Iterator[str]:
+    """Every string (keys too) of a JSON-like value, without recursion (the nesting is the client's)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, Mapping):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+
+
+def check_valid_text(value: Any, where: str) -> None:
+    """A ValueError naming ``where`` when a string of ``value`` (keys too) has a lone UTF-16
+    surrogate, which no tokenizer encodes: the template's text failed in the tokenizer with a
+    TypeError naming no field (the server's schema refuses it as invalid text)."""
+    for text in json_strings(value):
+        bad = LONE_SURROGATE.search(text)
+        if bad is not None:
+            raise ValueError(
+                f"{where} is not valid text: {short_repr(text)} has a lone UTF-16 surrogate at index {bad.start()}"
+            )
 
 
 def role_error(role: str) -> str | None:
@@ -152,6 +178,9 @@ def template_message(message: object, where: str = "message") -> dict[str, Any]:
         raise ValueError(
             f"{where}: content is not valid text: a lone UTF-16 surrogate at index {bad.start()}"
         )
+    for key, value in message.items():  # (name, tool calls, reasoning: the template may write them)
+        if key != "content":
+            check_valid_text(value, f"{where}.{key}")
     # role and content first, as the server's schema lists its fields; a null key or an empty
     # tool_calls left out, as the server leaves out what its request did not set (Llama 3.1's
     # template takes the tool-call branch whenever the key is there, and fails on [] or None)
@@ -409,17 +438,20 @@ def checked_template_args(
                 raise ValueError(
                     f"chat_template_kwargs: {short_repr(key)} is not a template variable chat() can pass"
                 )
+        check_valid_text(chat_template_kwargs, "chat_template_kwargs")
     if tools is not None:
         if not isinstance(tools, (list, tuple)) or not all(isinstance(t, Mapping) for t in tools):
             raise TypeError('tools must be a list of tool dicts ({"type": "function", "function": {...}})')
         tools = [dict(t) for t in tools]
         for i, tool in enumerate(tools):
             _check_tool(tool, f"tools[{i}]")
+            check_valid_text(tool, f"tools[{i}]")
     if chat_template is not None:
         if not isinstance(chat_template, str):
             raise TypeError(
                 f"chat_template must be the Jinja text of a template, got {type(chat_template).__name__}"
             )
+        check_valid_text(chat_template, "chat_template")
         bundled = None if has_jinja(chat_template) else bundled_chat_template(chat_template)
         if bundled is not None:
             chat_template = bundled
