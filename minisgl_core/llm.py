@@ -630,6 +630,10 @@ class LLM:
             texts = [p if isinstance(p, str) else None for p in prompts]
         if sampling_params is None:  # the model's own defaults (generation_config.json), if any
             sampling_params = self.sampling_params()
+            if "max_tokens" in self.engine.sampling_defaults:
+                # its max_new_tokens caps what the context leaves, as the server admits a request
+                # that leaves max_tokens unset (past the context it was ContextLengthExceeded)
+                sampling_params = dataclasses.replace(sampling_params, max_tokens=None)
         params = (
             [sampling_params] * len(prompts)
             if isinstance(sampling_params, SamplingParams)

@@ -407,6 +407,28 @@ def test_generation_config_supplies_defaults_for_unset_fields(tmp_path):
     assert plain.max_tokens == 512 - 3  # what the context leaves
 
 
+def test_a_model_default_max_tokens_past_the_context_caps_generate_without_sampling_params(tmp_path):
+    """generate(prompts) without SamplingParams took the model's max_new_tokens (1000) as the
+    request's own max_tokens and raised ContextLengthExceeded on a context of 64, where the server
+    answers the same unset request with what the context leaves; now it is the server's cap."""
+    import json
+
+    d = make_model_dir(tmp_path / "m", "LlamaForCausalLM", max_position_embeddings=64)
+    gen = json.loads((d / "generation_config.json").read_text()) | {
+        "max_new_tokens": 1000,
+        "temperature": 0.0,
+    }
+    (d / "generation_config.json").write_text(json.dumps(gen))
+    with LLM(d, attn="torch", device="cpu", dtype="float32") as llm:
+        [out] = llm.generate([[5] * 60])
+        assert 1 <= len(out.token_ids) <= 4
+        assert (
+            out.token_ids
+            == llm.generate([[5] * 60], SamplingParams(temperature=0.0, max_tokens=4))[0].token_ids
+        )
+        assert llm.sampling_params().max_tokens == 1000  # (a field filled on request is the model's own)
+
+
 @pytest.mark.parametrize(
     ("setting", "expected"),
     [
