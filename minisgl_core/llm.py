@@ -640,7 +640,8 @@ class LLM:
             else list(sampling_params)
         )
         if len(params) != len(prompts):
-            raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
+            given = "conversations" if what == "messages" else what  # (chat's: it said "prompts")
+            raise ValueError(f"got {len(prompts)} {given} but {len(params)} SamplingParams")
         priorities = self._priorities(priority, len(prompts))
         default = self.engine.sampling_defaults.get("max_tokens")
         # a prompt's error names it among several, as chat's names its conversation

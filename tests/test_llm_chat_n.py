@@ -198,6 +198,14 @@ def test_bad_template_arguments_are_named(llm, arguments, message):
     assert not llm.engine.has_work
 
 
+def test_sampling_params_not_one_per_conversation_are_counted_as_conversations(llm):
+    """It said "got 2 prompts but 1 SamplingParams" of chat's two conversations."""
+    with pytest.raises(ValueError, match=r"^got 2 conversations but 1 SamplingParams$"):
+        llm.chat([HI, HI], [GREEDY])
+    with pytest.raises(ValueError, match=r"^got 2 prompts but 1 SamplingParams$"):
+        llm.generate(["a", "b"], [GREEDY])
+
+
 def test_a_failed_chat_leaves_the_llm_usable(llm):
     with pytest.raises(ValueError, match=r"messages\[1\]: could not render chat_template"):
         llm.chat(
