@@ -274,7 +274,8 @@ class Plugins:
         names = sorted({ep.name for ep in entry_points})
         unknown = sorted(set(disable) - set(names))
         if unknown:  # a misspelt name would leave the plugin it meant loaded, silently
-            raise PluginError(
+            # (a bad argument, a ValueError: LLM(disable_plugins=["nope"]) was a RuntimeError)
+            raise UnknownPluginName(
                 f"no plugin named {', '.join(map(repr, unknown))} to disable; installed: {', '.join(names)}"
             )
         for name in sorted((from_env | (allowed or set())) - set(names) - _WARNED_UNKNOWN):

@@ -423,6 +423,13 @@ def test_llm_options_of_the_wrong_type_name_the_field(model_dir, option, says):
         LLM(str(model_dir), **{"device": "cpu", "attn": "torch", **option})
 
 
+def test_a_plugin_name_to_disable_that_no_plugin_has_is_a_value_error(model_dir):
+    """LLM(disable_plugins=["nope"]) raised PluginError, a RuntimeError, where every other bad
+    argument of LLM() (attn="nope" among them) is a ValueError."""
+    with pytest.raises(ValueError, match=r"^no plugin named 'nope' to disable; installed: "):
+        LLM(str(model_dir), device="cpu", attn="torch", disable_plugins=["nope"])
+
+
 def test_sampling_params_take_numbers_of_any_kind_as_python_ones_but_not_booleans():
     """np.float32(0.5) was "temperature must be a finite number, got np.float32(0.5)", np.int64(3)
     "seed must be an integer in [...]" (vLLM takes them; LLM.encode took numpy ids already). They
