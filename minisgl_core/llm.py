@@ -375,6 +375,13 @@ class LLM:
         self.config = config
         if isinstance(disable_plugins, str):
             disable_plugins = [disable_plugins]
+        # (None or 5 was "'int' object is not iterable", naming no argument)
+        names = list(disable_plugins) if isinstance(disable_plugins, Iterable) else None
+        if names is None or not all(isinstance(name, str) for name in names):
+            raise TypeError(
+                f"disable_plugins must be a list of installed plugins' names, got {short_repr(disable_plugins)}"
+            )
+        disable_plugins = names
         if self.config.tp_size != 1:
             raise ValueError(
                 f"tp_size {self.config.tp_size}: LLM runs one process (tp_size 1); use "

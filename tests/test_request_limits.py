@@ -428,6 +428,11 @@ def test_a_plugin_name_to_disable_that_no_plugin_has_is_a_value_error(model_dir)
     argument of LLM() (attn="nope" among them) is a ValueError."""
     with pytest.raises(ValueError, match=r"^no plugin named 'nope' to disable; installed: "):
         LLM(str(model_dir), device="cpu", attn="torch", disable_plugins=["nope"])
+    for given in (None, 5, [5]):  # (the first two were "'int' object is not iterable", naming nothing)
+        with pytest.raises(
+            TypeError, match=r"^disable_plugins must be a list of installed plugins' names, got "
+        ):
+            LLM(str(model_dir), device="cpu", attn="torch", disable_plugins=given)
 
 
 def test_sampling_params_take_numbers_of_any_kind_as_python_ones_but_not_booleans():
