@@ -25,7 +25,15 @@ from minisgl_core.config_args import add_engine_args
 from minisgl_core.engine.engine import Engine
 from minisgl_core.grammars import check_grammar_backend
 from minisgl_core.plugins import PluginInfo, Plugins, option_default
-from minisgl_core.request_limits import MAX_CACHE_SALT_CHARS, cache_salt_key, check_priority, truncate_prompt
+from minisgl_core.request_limits import (
+    MAX_CACHE_SALT_CHARS,
+    ContextLengthExceeded,
+    cache_salt_key,
+    check_priority,
+    max_prompt_chars,
+    truncate_prompt,
+    truncation_tail,
+)
 from minisgl_core.sampling import SamplingParams, TokenLogprob, merge_sampling, short_repr
 from minisgl_core.setting_names import NOT_NEEDED_KEYWORDS, VLLM_KEYWORDS, Spelling
 from minisgl_core.tokenizer.chat_input import (
@@ -37,7 +45,7 @@ from minisgl_core.tokenizer.chat_input import (
     conversations,
 )
 from minisgl_core.tokenizer.detokenize import final_text, prompt_context
-from minisgl_core.tokenizer.load import apply_chat_template, render_chat_template
+from minisgl_core.tokenizer.load import apply_chat_template, longest_token_chars, render_chat_template
 
 logger = logging.getLogger(__name__)
 
@@ -405,6 +413,8 @@ class LLM:
         #: threads' generate interleaved their steps on one engine: hangs, page-table errors,
         #: outputs that differed from a call alone)
         self._lock = threading.RLock()
+        #: the tokenizer's longest token in characters (0: unknown), on the first long text prompt
+        self._max_token_chars: int | None = None
 
     def close(self) -> None:
         """Run the plugins' ``minisgl_process_stop`` hooks and free the engine (the model, the KV
@@ -656,7 +666,8 @@ class LLM:
         encoded = []
         for i, (prompt, p) in enumerate(zip(prompts, params)):
             with _named_errors(where(i)):
-                encoded.append(truncate_prompt(self.encode(prompt), p, self.engine.limits, default))
+                text = self._within_reach(prompt, p)
+                encoded.append(truncate_prompt(self.encode(text), p, self.engine.limits, default))
         # SamplingParams checked themselves when built; admission checks each request against
         # the engine's limits (all before any runs) and decides max_tokens where it is None
         admitted = []
@@ -713,6 +724,26 @@ class LLM:
             )
             for ids, group, text in zip(encoded, rids, texts)
         ]
+
+    def _within_reach(self, prompt: Prompt, params: SamplingParams) -> Prompt:
+        """A text prompt as the server takes one, before the tokenizer spends seconds on it (10 MB
+        of text took 6 s to be refused): one longer in characters than the context can hold is a
+        ContextLengthExceeded, and with ``truncate_prompt_tokens`` only its tail is tokenized
+        (:func:`~minisgl_core.request_limits.truncation_tail`)."""
+        if not isinstance(prompt, str):
+            return prompt
+        if self._max_token_chars is None:
+            self._max_token_chars = longest_token_chars(self.tokenizer) or 0
+        context = self.engine.limits.max_context_len
+        bound = max_prompt_chars(context, self._max_token_chars or None)
+        if len(prompt) <= bound:
+            return prompt
+        if params.truncate_prompt_tokens is None:
+            raise ContextLengthExceeded(
+                f"the prompt has {len(prompt)} characters, more than can fit the context length of "
+                f"{context} tokens (at most {bound} characters); shorten it"
+            )
+        return truncation_tail(prompt, params.truncate_prompt_tokens, context, self._max_token_chars or None)
 
     def _priorities(self, priority: Sequence[int] | None, count: int) -> list[int]:
         """``generate``'s ``priority``, checked before anything runs: one integer a prompt."""

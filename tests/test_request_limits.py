@@ -103,6 +103,26 @@ def test_float_fields_given_large_integers_run_as_floats(llm):
         SamplingParams(temperature=-1)
 
 
+def test_a_text_prompt_far_past_the_context_is_refused_before_it_is_tokenized(llm, monkeypatch):
+    """10 MB of text was tokenized whole (6 s on two cores, and transformers' warning about its
+    length) only to be refused for the context of 256 tokens; the server refuses it by its
+    characters first, and with truncate_prompt_tokens tokenizes its tail only. So does LLM now."""
+    from minisgl_core.request_limits import ContextLengthExceeded
+
+    text = "word " * 100_000
+    whole = list(llm.tokenizer.encode(text))
+    lengths = []
+    encode = llm.tokenizer.encode
+    monkeypatch.setattr(
+        llm.tokenizer, "encode", lambda t, *a, **k: lengths.append(len(t)) or encode(t, *a, **k)
+    )
+    with pytest.raises(ContextLengthExceeded, match=r"^the prompt has 500000 characters, more than can fit"):
+        llm.generate(text, SamplingParams(max_tokens=2))
+    [out] = llm.generate(text, SamplingParams(max_tokens=2, truncate_prompt_tokens=10))
+    assert out.prompt_token_ids == whole[-10:] and out.prompt == text
+    assert lengths and max(lengths) < len(text) // 10
+
+
 def test_token_ids_outside_the_vocabulary_are_refused_offline(llm):
     vocab = llm.engine.runner.vocab_size
     with pytest.raises(ValueError, match="^stop_token_ids"):
