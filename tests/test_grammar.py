@@ -217,6 +217,16 @@ def test_a_json_schema_may_be_a_dict_and_a_wrong_grammar_says_what_to_pass(model
         SamplingParams(grammar=functools.reduce(lambda inner, _: [inner], range(5000), []))
     with pytest.raises(GrammarError, match=r"^the regex grammar must be given as a string, got dict$"):
         GrammarSpec("regex", {"a": 1})
+    # a choice as its list (vLLM's choice=[...]) was "must be given as a string, got list"
+    assert GrammarSpec("choice", ["a", 'b "c"']) == GrammarSpec("choice", json.dumps(["a", 'b "c"']))
+    assert SamplingParams(grammar={"kind": "choice", "value": ("x", "y")}).grammar.choices() == ["x", "y"]
+    with pytest.raises(GrammarError, match=r"^choice must be a non-empty list of strings$"):
+        GrammarSpec("choice", ["a", 1])
+    with pytest.raises(
+        GrammarError,
+        match=r"^the choice grammar must be given as a string \(or the list of choices\), got int$",
+    ):
+        GrammarSpec("choice", 3)
     says = (
         "grammar must be a GrammarSpec(kind, value) (from minisgl_core.api; a JSON schema is "
         "GrammarSpec('json_schema', schema)) or {'kind': ..., 'value': ...}, got '{}'"

@@ -46,8 +46,9 @@ class GrammarSpec:
     """What a request's output must match. value: the JSON schema as JSON text (json_schema),
     "" (json_object), the regex, a JSON list of strings (choice), the EBNF text (ebnf), or the
     structural-tag JSON (structural_tag: free text with tagged regions constrained by schemas).
-    A json_schema may also be given as the schema itself (a dict, as vLLM takes it): the spec keeps
-    its JSON text, so that it stays hashable (the compile cache's key)."""
+    A json_schema may also be given as the schema itself (a dict, as vLLM takes it), a choice as
+    the list of its strings (vLLM's ``choice=[...]``): the spec keeps their JSON text, so that it
+    stays hashable (the compile cache's key)."""
 
     kind: GrammarKind
     value: str
@@ -63,10 +64,15 @@ class GrammarSpec:
             except RecursionError:  # (json's own error, naming no field)
                 raise GrammarError("the json_schema grammar is not JSON: it is nested too deeply") from None
             object.__setattr__(self, "value", text)
+        if self.kind == "choice" and isinstance(self.value, (list, tuple)):
+            if not all(isinstance(option, str) for option in self.value):
+                raise GrammarError("choice must be a non-empty list of strings")
+            object.__setattr__(self, "value", json.dumps(list(self.value)))
         if not isinstance(self.value, str):
             raise GrammarError(
                 f"the {self.kind} grammar must be given as a string"
                 + (" (or the schema as a dict)" if self.kind == "json_schema" else "")
+                + (" (or the list of choices)" if self.kind == "choice" else "")
                 + f", got {type(self.value).__name__}"
             )
 
