@@ -114,7 +114,9 @@ def test_sigterm_drains_then_ends_streams_with_an_error(start_server, long_conte
     short.start()
     assert short.first_event.wait(30)
     server.proc.send_signal(signal.SIGTERM)
-    time.sleep(0.3)
+    # the drain is on (it is queued on the server's loop before this line is logged, so ahead of
+    # the POST below): a sleep stood in for it
+    server.wait_for_log("in-flight requests (")  # (2, or 1: the short one may be done)
     # draining: no new work, and health says so (the listener stays up until the end)
     resp = httpx.post(f"{server.url}/v1/completions", json={"prompt": "hi", "max_tokens": 1}, timeout=10)
     assert resp.status_code == 503 and resp.json()["error"]["code"] == "server_unavailable"
