@@ -227,9 +227,12 @@ def test_sigterm_on_an_idle_server_answers_a_request_whose_body_is_still_arrivin
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     )
     sock.sendall(head.encode() + body[:5])
-    time.sleep(0.5)  # the headers are in: the request is open
+    # the request is open: the server's loop reads these waiting headers, and so starts this
+    # request, before it accepts a later connection and answers it (sleeps stood in for both
+    # waits; cut to 0 beside two busy loops the body came in before the drain, a 200)
+    assert httpx.get(f"{server.url}/health", timeout=30).status_code == 200
     server.proc.send_signal(signal.SIGTERM)
-    time.sleep(1.5)
+    server.wait_for_log("(1 HTTP requests open)")  # the drain is on, and waits for this request
     sock.sendall(body[5:])
     answer = b""
     try:
