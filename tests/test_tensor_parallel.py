@@ -438,7 +438,10 @@ def test_an_infinite_peer_timeout_watches_on_and_gives_nobody_up():
     spec = DistributedSpec(tp_size=2, init_addr=f"127.0.0.1:{store.port}", peer_timeout_s=float("inf"))
     watch = PeerWatch(spec, 1, lambda _: lost.set())
     started = watch.answered
-    time.sleep(2.5)
+    # the watch beats on (a sleep of 2.5 s stood in: cut to 0.05 s, nothing had beaten yet)
+    deadline = time.monotonic() + 30
+    while watch.answered == started and time.monotonic() < deadline:
+        time.sleep(0.05)
     watch.stop()
     assert watch.answered > started and int(store.get("minisgl/beat/1")) >= 1
     assert not lost.is_set()
@@ -718,7 +721,10 @@ def test_the_peer_watch_connects_again_after_its_store_connection_broke(monkeypa
     spec = DistributedSpec(tp_size=2, init_addr=f"127.0.0.1:{store.port}", peer_timeout_s=2.0)
     watch = PeerWatch(spec, 1, lambda _: lost.set())
     started = watch.answered
-    time.sleep(1.0)
+    # it connects again and beats (a sleep of 1 s stood in: cut to 0.05 s, it had not yet)
+    deadline = time.monotonic() + 30
+    while (len(clients) < 2 or watch.answered == started) and time.monotonic() < deadline:
+        time.sleep(0.05)
     watch.stop()
     assert len(clients) >= 2 and watch.answered > started
     assert int(store.get("minisgl/beat/1")) >= 1
