@@ -45,7 +45,7 @@ def test_a_forked_run_answers_as_a_fresh_interpreter(tmp_path):
         results.append(run_cli(args, **kwargs))
         same(results[-1], fresh(args, **kwargs))
     assert results[0].returncode == 0 and results[0].stdout.startswith("usage: minisgl")
-    assert "argument --log-level: must be one of" in results[2].stderr
+    assert "argument --log-level: its default from MINISGL_LOG_LEVEL must be one of" in results[2].stderr
     assert "--model empty: the directory has no config.json" in results[3].stderr
     assert results[4].returncode == 2 and "notaurl" in results[4].stderr
 

@@ -12,15 +12,28 @@ import httpx
 import openai
 import pytest
 
+from minisgl_core.demo.factories import make_model_dir
+
 from .conftest import API_KEY, metrics
+
+#: the served context: room for a blocking request that runs until the test closes it (2,000
+#: tokens in a 2,048 context ended before three requests had queued behind it on a loaded CI run)
+CONTEXT = 32768
 
 
 @pytest.fixture(scope="module")
-def priority_server(start_server, model_dir, engine_args):
+def priority_server(start_server, tmp_path_factory, engine_args):
+    # the session's tiny model (its name too), with a longer context
+    model_dir = make_model_dir(
+        tmp_path_factory.mktemp("long") / "tiny-qwen3",
+        "Qwen3ForCausalLM",
+        seed=1,
+        max_position_embeddings=CONTEXT,
+    )
     # (the last --max-running-requests wins: one request runs at a time, the rest queue)
     return start_server(
         ["--model", str(model_dir), "--api-key", API_KEY, *engine_args, "--policy", "priority",
-         "--max-running-requests", "1"]
+         "--max-running-requests", "1", "--max-context-len", str(CONTEXT), "--num-kv-tokens", str(2 * CONTEXT)]
     )  # fmt: skip
 
 
@@ -154,7 +167,11 @@ def test_a_more_urgent_request_queued_later_runs_first(priority_server, model_na
                             started.append(name)
 
         blocker = await client.completions.create(
-            model=model_name, prompt="go", max_tokens=2000, stream=True, extra_body={"ignore_eos": True}
+            model=model_name,
+            prompt="go",
+            max_tokens=CONTEXT - 100,
+            stream=True,
+            extra_body={"ignore_eos": True},
         )
         await anext(aiter(blocker))  # it runs: the one slot is taken
         queued = []
