@@ -33,6 +33,7 @@ from minisgl_core.request_limits import (
     max_prompt_chars,
     truncate_prompt,
     truncation_tail,
+    unset_max_tokens,
 )
 from minisgl_core.sampling import SamplingParams, TokenLogprob, merge_sampling, short_repr
 from minisgl_core.setting_names import NOT_NEEDED_KEYWORDS, VLLM_KEYWORDS, Spelling
@@ -471,9 +472,18 @@ class LLM:
             return self.engine.update_weights(os.fspath(model_path), flush_cache)
 
     def sampling_params(self, **fields: Any) -> SamplingParams:
-        """SamplingParams from ``fields`` (None = unset), the model's defaults filling the rest."""
+        """SamplingParams from ``fields`` (None = unset), the model's defaults filling the rest. The
+        model's ``max_tokens`` (generation_config's max_new_tokens) is capped at what the context
+        leaves the shortest prompt, as admission caps it for a request that leaves it unset (1000
+        on a context of 64 was kept, and every prompt refused with it)."""
         self._check_open()
-        return SamplingParams(**merge_sampling(fields, self.engine.sampling_defaults))
+        defaults = self.engine.sampling_defaults
+        if defaults.get("max_tokens") is not None:
+            defaults = {
+                **defaults,
+                "max_tokens": unset_max_tokens(1, self.engine.limits, defaults["max_tokens"]),
+            }
+        return SamplingParams(**merge_sampling(fields, defaults))
 
     def encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):

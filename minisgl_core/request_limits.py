@@ -147,13 +147,13 @@ def admit(
             raise ValueError("bad_words need a tokenizer: this admission has none")
         params = params.with_bad_words_token_ids(bad_words_token_ids(params.bad_words, encode))
     if params.max_tokens is None:
-        room = min(limits.max_context_len, limits.kv_capacity_tokens) - len(prompt_ids)
+        room = unset_max_tokens(len(prompt_ids), limits, default_max_tokens)
         if room < 1:
             raise ContextLengthExceeded(
                 f"the prompt has {len(prompt_ids)} tokens and leaves no room for output in the context "
                 f"length {limits.max_context_len}; shorten the prompt"
             )
-        params = params.with_max_tokens(min(room, default_max_tokens or room))
+        params = params.with_max_tokens(room)
     if params.min_tokens > params.max_tokens:  # (given ones are checked with the other fields)
         raise ValueError(
             f"min_tokens ({params.min_tokens}) exceeds the {params.max_tokens} output tokens this "
@@ -170,6 +170,14 @@ def admit(
         kv_capacity_tokens=limits.kv_capacity_tokens,
     )
     return params
+
+
+def unset_max_tokens(prompt_len: int, limits: Limits, default_max_tokens: int | None = None) -> int:
+    """The ``max_tokens`` a request of ``prompt_len`` tokens that leaves it unset gets: what the
+    context (or the KV pool, if smaller) leaves, capped by the model's own default; below 1 when
+    the prompt leaves no room."""
+    room = min(limits.max_context_len, limits.kv_capacity_tokens) - prompt_len
+    return min(room, default_max_tokens or room)
 
 
 def check_request_fits(

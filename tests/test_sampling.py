@@ -410,7 +410,8 @@ def test_generation_config_supplies_defaults_for_unset_fields(tmp_path):
 def test_a_model_default_max_tokens_past_the_context_caps_generate_without_sampling_params(tmp_path):
     """generate(prompts) without SamplingParams took the model's max_new_tokens (1000) as the
     request's own max_tokens and raised ContextLengthExceeded on a context of 64, where the server
-    answers the same unset request with what the context leaves; now it is the server's cap."""
+    answers the same unset request with what the context leaves; now it is the server's cap, and
+    llm.sampling_params() caps it too."""
     import json
 
     d = make_model_dir(tmp_path / "m", "LlamaForCausalLM", max_position_embeddings=64)
@@ -426,7 +427,12 @@ def test_a_model_default_max_tokens_past_the_context_caps_generate_without_sampl
             out.token_ids
             == llm.generate([[5] * 60], SamplingParams(temperature=0.0, max_tokens=4))[0].token_ids
         )
-        assert llm.sampling_params().max_tokens == 1000  # (a field filled on request is the model's own)
+        # llm.sampling_params() took the 1000 as it was, so every prompt was refused with it: now
+        # capped as admission caps it, at what the context leaves the shortest prompt
+        params = llm.sampling_params(temperature=0.0)
+        assert params.max_tokens == 63
+        assert len(llm.generate([[5]], params)[0].token_ids) <= 63
+        assert llm.sampling_params(max_tokens=7).max_tokens == 7  # (one given is taken as it is)
 
 
 @pytest.mark.parametrize(
