@@ -467,6 +467,16 @@ class LLM:
         ValueError or FileNotFoundError saying why) leaves the old weights serving. With
         ``flush_cache`` the prefix cache, computed by the old weights, is emptied: the cached
         tokens freed. A generate in another thread finishes first."""
+        # (5 was os.fspath's "expected str, bytes or os.PathLike object, not int", naming nothing)
+        if not isinstance(model_path, (str, os.PathLike)):
+            raise TypeError(
+                "model_path must be a path (str or os.PathLike) to a checkpoint of the served model's "
+                f"config, got {short_repr(model_path)}"
+            )
+        if isinstance(model_path, str) and not model_path.strip():  # ("" was read as "no model in .")
+            raise ValueError("model_path is empty: give the directory or file of the new weights")
+        if not isinstance(flush_cache, bool):
+            raise TypeError(f"flush_cache must be True or False, got {short_repr(flush_cache)}")
         with self._lock:
             self._check_open()
             return self.engine.update_weights(os.fspath(model_path), flush_cache)

@@ -58,6 +58,22 @@ def test_a_checkpoint_of_another_config_is_refused(steps, tmp_path):
         assert tokens(llm) == before
 
 
+def test_a_model_path_of_another_type_is_a_type_error_naming_it(steps):
+    """``update_weights_from_disk(5)`` was os.fspath's bare TypeError ("expected str, bytes or
+    os.PathLike object, not int"), "" read as the working directory ("no model in ."), and
+    ``flush_cache="no"`` taken as true; the HTTP route's body refuses all three with a 400."""
+    with LLM(steps["a"], device="cpu", attn="torch") as llm:
+        before = tokens(llm)
+        for bad in (5, None, b"/tmp", ["/tmp"]):
+            with pytest.raises(TypeError, match=r"^model_path must be a path \(str or os.PathLike\)"):
+                llm.update_weights_from_disk(bad)
+        with pytest.raises(ValueError, match="^model_path is empty"):
+            llm.update_weights_from_disk(" ")
+        with pytest.raises(TypeError, match="^flush_cache must be True or False, got 'no'"):
+            llm.update_weights_from_disk(steps["b"], flush_cache="no")
+        assert tokens(llm) == before
+
+
 def test_a_tensor_of_another_shape_is_refused(steps, tmp_path):
     """The config alone matches: the weights themselves do not fit it."""
     import shutil

@@ -146,7 +146,7 @@ def test_weights_that_do_not_fit_leave_the_old_ones_serving(served, steps, tmp_p
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("is_async", True), ("load_format", "pt"), ("model_path", ""), ("surprise", 1)],
+    [("is_async", True), ("load_format", "pt"), ("model_path", ""), ("model_path", 5), ("surprise", 1)],
 )
 def test_bad_bodies_are_a_400_naming_the_field(served, steps, field, value):
     resp = update(served, **{"model_path": str(steps["b"]), field: value})
