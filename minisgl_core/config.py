@@ -152,9 +152,18 @@ class EngineConfig:
                 f"grammar_compile_timeout must be a number of seconds > 0, got {timeout}",
                 "grammar_compile_timeout",
             )
-        for name in ("max_context_len", "num_kv_tokens"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1 (or unset), got {getattr(self, name)}", name)
+        if (
+            self.max_context_len is not None and self.max_context_len < 2
+        ):  # (1 started, then refused every request)
+            raise ConfigError(
+                f"max_context_len must be >= 2 (a one-token prompt and one output token), or unset, "
+                f"got {self.max_context_len}",
+                "max_context_len",
+            )
+        if self.num_kv_tokens is not None and self.num_kv_tokens < 1:
+            raise ConfigError(
+                f"num_kv_tokens must be >= 1 (or unset), got {self.num_kv_tokens}", "num_kv_tokens"
+            )
         if self.num_kv_tokens is not None and self.num_kv_tokens < 2 * (self.page_size or 1):
             raise ConfigError(
                 f"num_kv_tokens must hold two pages at least (2 x page_size {self.page_size or 1}), "

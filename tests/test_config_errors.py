@@ -145,6 +145,7 @@ def test_an_empty_model_is_refused_not_read_as_the_working_directory(model_dir, 
         (dict(max_prefill_tokens=0), "max_prefill_tokens"),
         (dict(kv_memory_fraction=1.5), "kv_memory_fraction"),
         (dict(max_context_len=0), "max_context_len"),
+        (dict(max_context_len=1), "max_context_len"),  # (started, then refused every request)
         (dict(num_kv_tokens=0), "num_kv_tokens"),
         (dict(num_kv_tokens=20, page_size=16), "num_kv_tokens"),
         (dict(cuda_graph_max_bs=-1), "cuda_graph_max_bs"),
@@ -164,6 +165,18 @@ def test_bad_engine_settings_name_the_field(options, field):
     with pytest.raises(ConfigError, match=field) as err:
         EngineConfig(model="x", **options)
     assert field in err.value.fields
+
+
+def test_the_smallest_context_serves_a_one_token_prompt_and_one_output_token(model_dir):
+    """``max_context_len=1`` started and then refused every request; 2, the least it now takes,
+    serves a one-token prompt and its one output token."""
+    with pytest.raises(
+        ConfigError, match=r"max_context_len must be >= 2 \(a one-token prompt and one output"
+    ):
+        LLM(model_dir, device="cpu", attn="torch", max_context_len=1)
+    with LLM(model_dir, device="cpu", attn="torch", max_context_len=2) as llm:
+        [out] = llm.generate([[5]], SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
+        assert len(out.token_ids) == 1 and out.finish_reason == "length"
 
 
 def test_plugin_options_must_be_a_dict_and_none_means_none(model_dir):
@@ -291,7 +304,10 @@ BAD_FLAGS = [
     ("generate", ["hi", "--max-tokens", "0"], "--max-tokens must be an integer in [1, 2**63-1], got 0"),
     ("generate", ["hi", "--temperature", "-1"], "--temperature must be >= 0, got -1.0"),
     ("generate", ["hi", ""], "a prompt is empty: give each prompt some text"),
-    ("bench", ["offline", "--num-requests", "1", "--max-context-len", "0"], "--max-context-len must be >= 1"),
+    ("bench", ["offline", "--num-requests", "1", "--max-context-len", "0"], "--max-context-len must be >= 2"),
+    # (started, then refused every request: a one-token prompt and one output token need 2)
+    ("serve", ["--port", "0", "--max-context-len", "1"],
+     "--max-context-len must be >= 2 (a one-token prompt and one output token), or unset, got 1"),
     ("bench", ["offline", "--tp", "2", "--grammar-schema", "builtin"], "--grammar-schema runs with --tp 1 only"),
     # (the TP run measured neither and said nothing)
     ("bench", ["offline", "--num-requests", "1", "--tp", "2", "--decode-latency"], "--decode-latency runs with --tp 1 only"),
