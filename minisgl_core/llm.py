@@ -21,7 +21,7 @@ from minisgl_core.api import ParallelContext, ProcessContext
 from minisgl_core.checkpoint.path_check import check_model_path
 from minisgl_core.checkpoint.resolve import resolve_model
 from minisgl_core.config import SPECULATIVE_TUNING, ConfigError, EngineConfig
-from minisgl_core.config_args import add_engine_args
+from minisgl_core.config_args import add_engine_args, check_plugins_run_on
 from minisgl_core.engine.engine import Engine
 from minisgl_core.grammars import check_grammar_backend
 from minisgl_core.plugins import PluginInfo, Plugins, option_default
@@ -398,6 +398,8 @@ class LLM:
             )
         plugins = Plugins.load(disable=disable_plugins, spelling=spelling)
         check_grammar_backend(plugins, config.grammar_backend, EngineConfig.grammar_backend)
+        # (attn="fi" on a CPU: the same refusal as serve's, a ValueError, before the engine starts)
+        check_plugins_run_on(vars(config), plugins, config.resolve_device())
         options = _process_options(plugins, config, options)
         self._context = ProcessContext(role="offline", options=options)
         plugins.call_hook("minisgl_process_start", ctx=self._context)

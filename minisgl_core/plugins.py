@@ -141,6 +141,11 @@ class UnknownPluginName(PluginError, ValueError):
     is, and a PluginError as a selected plugin that cannot be used is."""
 
 
+class NotRunnableHere(PluginError, ValueError):
+    """The selected implementation does not run on this device (``LLM(attn="fi")`` on a CPU): a
+    setting to change, so a ValueError as :class:`UnknownPluginName` is."""
+
+
 @dataclass
 class PluginInfo:
     name: str
@@ -574,13 +579,20 @@ class Plugins:
 
     def resolve_on_device(self, kind: str, name: str, device: torch.device) -> type:
         """:meth:`resolve`, then the class asked whether it runs on ``device`` (its ``availability``:
-        attention backends, quantization methods); PluginError "--attn fi cannot run on cpu: why"
-        if not. The one refusal for the command line's early check and the model runner's."""
+        attention backends, quantization methods); NotRunnableHere "--attn fi cannot run on cpu:
+        why; ..." if not. The one refusal for the early checks (the command line's, LLM's) and the
+        model runner's."""
         cls = self.resolve(kind, name)
         why = cls.availability(device)
         if why is not None:
-            raise PluginError(
-                f"{selection(kind, name, self.spelling, quote=False)} cannot run on {device}: {why}"
+            # (attention has a choice that always runs: auto picks among the backends that run here)
+            fix = (
+                f"; use {given('attn', 'auto', self.spelling)} to pick one that does"
+                if kind == "attention"
+                else ""
+            )
+            raise NotRunnableHere(
+                f"{selection(kind, name, self.spelling, quote=False)} cannot run on {device}: {why}{fix}"
             )
         return cls
 

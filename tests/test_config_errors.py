@@ -235,6 +235,7 @@ BAD_FLAGS = [
     # an installed backend this machine cannot run (the scheduler refused it after start-up)
     *([] if torch.cuda.is_available() else [
         ("serve", ["--port", "0", "--attn", "fi"], "--attn fi cannot run on cpu: the fi attention backend runs on CUDA"),
+        ("generate", ["hi", "--attn", "fi"], "not on 'cpu'; use --attn auto to pick one that does"),
         ("serve", ["--port", "0", "--attn", "torch,fi"], "--attn fi cannot run on cpu"),
         ("shell", ["--attn", "fa3"], "--attn fa3 cannot run on cpu"),
     ]),
@@ -1018,9 +1019,17 @@ def test_a_backend_refusing_the_model_is_one_clear_error():
         build_backend("picky", Picky, None)  # type: ignore[arg-type]
 
 
-def test_gpu_backend_on_cpu_says_why(model_dir):
-    with pytest.raises(PluginError, match="attn='fi' cannot run on cpu: .*CUDA"):
-        LLM(model_dir, attn="fi", device="cpu")
+def test_gpu_backend_on_cpu_says_why(model_dir, monkeypatch):
+    """A ValueError naming attn and the fix, before the engine starts, as serve refuses it (a
+    PluginError, a RuntimeError, from the model runner once)."""
+    import minisgl_core.llm
+
+    monkeypatch.setattr(minisgl_core.llm, "Engine", lambda *args: pytest.fail("the engine started"))
+    for attn in ("fi", "torch,fi"):
+        with pytest.raises(
+            ValueError, match="^attn='fi' cannot run on cpu: .*CUDA.*; use attn='auto' to pick one that does$"
+        ):
+            LLM(model_dir, attn=attn, device="cpu")
 
 
 def test_the_python_api_names_its_keyword_arguments_not_the_flags(model_dir, tmp_path):
