@@ -14,12 +14,14 @@ import importlib
 import inspect
 import json
 import logging
+import os
 import re
 import sys
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import metadata
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import pluggy
@@ -665,10 +667,14 @@ class Plugins:
         if not name.strip():  # (the hint was "pip install minisgl-plugin-")
             return f"{selection(kind, None, self.spelling)} needs a name; installed: {have}"
         near = _near_name(kind, name, self.names(kind))
+        # (it said "pip install minisgl-plugin-NAME", a package no index has, for any name)
+        source = checkout_plugin(kind, name)
         hint = (
-            f"did you mean {selection(kind, near, self.spelling)}?"  # (a plugin to install: a typo's guess)
+            f"did you mean {selection(kind, near, self.spelling)}?"
             if near
-            else f"install the plugin that provides it (e.g. pip install minisgl-plugin-{_plugin_hint(kind, name)})"
+            else f"install it from this checkout: pip install -e {source}"
+            if source
+            else "install a plugin that registers it"
         )
         # plugins that registered nothing (disabled, in conflict, or failed before registering) may have it
         unknown = [i for i in self.infos if i.status != "ok" and not any(i.unusable.values())]
@@ -1113,6 +1119,32 @@ def _undiscovered_distributions() -> list[str]:
     return sorted(found)
 
 
+#: where each kind's first-party plugins live in a checkout of minisgl: plugins/<folder>/<name>
+_CHECKOUT_FOLDERS = {
+    "models": "models",
+    "attention": "attention",
+    "caches": "cache",
+    "policies": "policies",
+    "formats": "formats",
+    "grammars": "grammar",
+    "tool_parsers": "parsers",
+    "reasoning_parsers": "parsers",
+    "quantization": "quantization",
+}
+
+
+def checkout_plugin(kind: str, name: str) -> str | None:
+    """The folder of this checkout of minisgl holding the first-party plugin that would provide
+    ``name`` (``plugins/attention/fi``, relative to the working directory when inside it), or None:
+    not run from a checkout, or no such plugin there."""
+    root = Path(__file__).resolve().parent.parent
+    folder = root / "plugins" / _CHECKOUT_FOLDERS[kind] / _plugin_hint(kind, name)
+    if not re.fullmatch(r"[\w.-]+", _plugin_hint(kind, name)) or not (folder / "pyproject.toml").is_file():
+        return None
+    relative = os.path.relpath(folder)
+    return str(folder) if relative.startswith("..") else relative
+
+
 def _plugin_hint(kind: str, name: str) -> str:
     if kind == "models":
         return name.removesuffix("ForCausalLM").lower()
@@ -1138,13 +1170,17 @@ _NAMES_ELSEWHERE = {
 }
 
 
+#: the names of a kind the core takes itself, no plugin registering them: ``--attn AUTO`` means auto
+_CORE_NAMES = {"attention": ("auto",)}
+
+
 def _near_name(kind: str, name: str, installed: list[str]) -> str | None:
     """The installed name ``name`` likely means (a typo: ``radx``, ``flashinfr``; another
     engine's name: ``flashinfer``), or None. Not for model architectures, which come from the
     model's config.json, where a near name is another model (MambaForCausalLM, LlamaForCausalLM)."""
     if kind == "models":
         return None
-    known = {n: n for n in installed} | {
+    known = {n: n for n in [*installed, *_CORE_NAMES.get(kind, ())]} | {
         other: ours for other, ours in _NAMES_ELSEWHERE.get(kind, {}).items() if ours in installed
     }
     folded = {n.casefold(): ours for n, ours in known.items()}

@@ -309,13 +309,42 @@ def test_a_name_to_disable_that_no_plugin_has_is_an_error_on_the_command_line(si
 
 
 def test_resolve_unknown_name_lists_installed_and_the_fix():
+    """It said "pip install minisgl-plugin-NAME" for any name, a package no index has."""
     plugins = Plugins.load()
     with pytest.raises(
-        PluginError, match=r"unknown --attn 'nope'; installed: .*torch.*pip install minisgl-plugin-nope"
+        PluginError,
+        match=r"^unknown --attn 'nope'; installed: fa3, fi, torch, triton; install a plugin that registers it$",
     ):
         plugins.resolve("attention", "nope")
-    with pytest.raises(PluginError, match="minisgl-plugin-mamba"):
+    with pytest.raises(PluginError, match="; install a plugin that registers it$"):
         plugins.resolve("models", "MambaForCausalLM")
+
+
+def test_a_first_party_plugin_not_installed_is_named_by_its_folder_in_the_checkout(monkeypatch, tmp_path):
+    """A plugin of this checkout that is not installed: its folder to ``pip install -e``, relative
+    to the working directory when inside the checkout; a name with no folder names none."""
+    from importlib import metadata
+
+    import minisgl_core
+    from minisgl_core.plugins import GROUP
+
+    root = Path(minisgl_core.__file__).resolve().parent.parent
+    entry_points = [ep for ep in metadata.entry_points(group=GROUP) if ep.name not in ("fi", "radix")]
+    plugins = Plugins.load(entry_points=entry_points)
+    monkeypatch.chdir(root)
+    assert plugins.missing_message("attention", "fi") == (
+        "unknown --attn 'fi'; installed: fa3, torch, triton; install it from this checkout: "
+        "pip install -e plugins/attention/fi"
+    )
+    assert plugins.missing_message("caches", "radix").endswith("pip install -e plugins/cache/radix")
+    monkeypatch.chdir(tmp_path)
+    assert plugins.missing_message("caches", "radix").endswith(f"pip install -e {root}/plugins/cache/radix")
+    for kind, name in [
+        ("attention", "nope"),
+        ("attention", "../cache/radix"),
+        ("models", "MambaForCausalLM"),
+    ]:
+        assert plugins.missing_message(kind, name).endswith("; install a plugin that registers it"), name
 
 
 @pytest.mark.parametrize(
@@ -329,6 +358,7 @@ def test_resolve_unknown_name_lists_installed_and_the_fix():
         ("grammars", "xgrammer", "xgrammar"),
         ("quantization", "INT8", "int8"),  # (another case: said "pip install minisgl-plugin-INT8")
         ("caches", "Radix", "radix"),
+        ("attention", "AUTO", "auto"),  # (the core's choice: said "pip install minisgl-plugin-AUTO")
     ],
 )
 def test_a_name_near_an_installed_one_is_suggested_not_a_plugin_to_install(kind, typed, meant):
@@ -344,11 +374,11 @@ def test_a_name_near_an_installed_one_is_suggested_not_a_plugin_to_install(kind,
 
 
 def test_a_name_near_none_installed_still_says_what_to_install(tmp_path):
-    """No close name: the plugin to install, as before (fp4 is no typo of fp8, nor Mamba of Llama)."""
+    """No close name: a plugin to install (fp4 is no typo of fp8, nor Mamba of Llama)."""
     plugins = Plugins.load()
     for kind, name in [("quantization", "fp4"), ("attention", "nope"), ("models", "MambaForCausalLM")]:
         message = plugins.missing_message(kind, name)
-        assert "pip install minisgl-plugin-" in message and "did you mean" not in message, message
+        assert message.endswith("; install a plugin that registers it"), message
     from minisgl_core import LLM
     from minisgl_core.demo.factories import make_model_dir
 

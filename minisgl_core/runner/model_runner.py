@@ -38,7 +38,7 @@ from minisgl_core.config import (
 )
 from minisgl_core.layers import ParallelLMHead
 from minisgl_core.layers.triton_ops import ROPE_STORE_WIDE_FROM
-from minisgl_core.plugins import PluginError, Plugins
+from minisgl_core.plugins import PluginError, Plugins, checkout_plugin
 from minisgl_core.runner import quantization
 from minisgl_core.runner.layout import set_layout
 from minisgl_core.runner.memory_check import MemoryAsk, check_fits, free_bytes, refusing_failed_allocation
@@ -76,7 +76,8 @@ def unusable_reason(
 ) -> str:
     """Why attention backend ``name`` is not :func:`is_usable` (one phrase)."""
     if name not in plugins.registry["attention"]:
-        return f"not installed (pip install minisgl-plugin-{name})"
+        source = checkout_plugin("attention", name)  # (a package no index has was named)
+        return f"not installed (pip install -e {source})" if source else "not installed"
     cls = plugins.resolve("attention", name)
     reason = cls.availability(device)
     if reason is not None:
