@@ -586,15 +586,29 @@ class LLM:
                     "of one), or give generate() the prompt itself"
                 )
             where = (lambda i: f"messages[{i}]: ") if len(chats) > 1 else (lambda i: "")
+            truncated = _truncates(sampling_params, len(chats))
+            # the text of each (RequestOutput.prompt, as vLLM's), rendered first: one that cannot
+            # fit the context is refused by its characters before the tokenizer spends seconds on it
+            texts = [self._chat_text(c, args, where(i), truncated[i]) for i, c in enumerate(chats)]
             prompts = [self._chat_ids(c, args, where(i)) for i, c in enumerate(chats)]
-            # (the text of each, RequestOutput.prompt, as vLLM's: the template renders it again)
-            texts = [render_chat_template(self.tokenizer, c, **args) for c in chats]
             return self._generate(prompts, sampling_params, use_tqdm, "messages", texts)
+
+    def _chat_text(
+        self, conversation: list[dict[str, Any]], args: dict[str, Any], where: str, truncated: bool
+    ) -> str:
+        """``conversation`` as its chat template renders it; unless ``truncated``
+        (``truncate_prompt_tokens`` keeps what fits), a ContextLengthExceeded when it has more
+        characters than the context can hold, as :meth:`generate` refuses such a text prompt."""
+        if args.get("continue_final_message"):
+            check_continued_message(conversation[-1]["role"], where)
+        text = self._render(conversation, args, where, tokenize=False)
+        if not truncated:
+            with _named_errors(where):
+                self._refuse_past_context(text, "conversation, as its chat template renders it,")
+        return text
 
     def _chat_ids(self, conversation: list[dict[str, Any]], args: dict[str, Any], where: str) -> list[int]:
         """``conversation`` rendered as the server's tokenizer renders a chat request's messages."""
-        if args.get("continue_final_message"):
-            check_continued_message(conversation[-1]["role"], where)
         ids = self._render(conversation, args, where)
 
         def without_tools(tool_free_args: dict[str, Any]) -> list[int] | None:
@@ -609,11 +623,17 @@ class LLM:
         check_tools_rendered(ids, args, without_tools, fix)
         return ids
 
-    def _render(self, conversation: list[dict[str, Any]], args: dict[str, Any], where: str) -> list[int]:
+    def _render(
+        self, conversation: list[dict[str, Any]], args: dict[str, Any], where: str, tokenize: bool = True
+    ) -> Any:
+        """The conversation's token ids (``tokenize``), or its text; the template's failures as a
+        ValueError saying where."""
         from jinja2 import TemplateSyntaxError
 
         template = "chat_template" if "chat_template" in args else "the model's chat template"
         try:
+            if not tokenize:
+                return render_chat_template(self.tokenizer, conversation, **args)
             return apply_chat_template(self.tokenizer, conversation, **args)
         except TemplateSyntaxError as exc:
             raise ValueError(f"{template} does not compile: line {exc.lineno}: {exc.message}") from None
@@ -754,18 +774,28 @@ class LLM:
         (:func:`~minisgl_core.request_limits.truncation_tail`)."""
         if not isinstance(prompt, str):
             return prompt
+        if params.truncate_prompt_tokens is None:
+            self._refuse_past_context(prompt, "prompt")
+            return prompt
+        context = self.engine.limits.max_context_len
+        return truncation_tail(prompt, params.truncate_prompt_tokens, context, self._token_chars())
+
+    def _token_chars(self) -> int | None:
+        """The tokenizer's longest token in characters (None: unknown), looked up once."""
         if self._max_token_chars is None:
             self._max_token_chars = longest_token_chars(self.tokenizer) or 0
+        return self._max_token_chars or None
+
+    def _refuse_past_context(self, text: str, what: str) -> None:
+        """ContextLengthExceeded when ``text`` (the ``what``) has more characters than a text
+        that fits the context can have."""
         context = self.engine.limits.max_context_len
-        bound = max_prompt_chars(context, self._max_token_chars or None)
-        if len(prompt) <= bound:
-            return prompt
-        if params.truncate_prompt_tokens is None:
+        bound = max_prompt_chars(context, self._token_chars())
+        if len(text) > bound:
             raise ContextLengthExceeded(
-                f"the prompt has {len(prompt)} characters, more than can fit the context length of "
+                f"the {what} has {len(text)} characters, more than can fit the context length of "
                 f"{context} tokens (at most {bound} characters); shorten it"
             )
-        return truncation_tail(prompt, params.truncate_prompt_tokens, context, self._max_token_chars or None)
 
     def _priorities(self, priority: Sequence[int] | None, count: int) -> list[int]:
         """``generate``'s ``priority``, checked before anything runs: one integer a prompt."""
@@ -894,6 +924,16 @@ def _vllm_prompt(prompt: Mapping[Any, Any]) -> tuple[Prompt, int]:
             f"a prompt dict's 'prompt_token_ids' must be a list of token ids, got {type(value).__name__}"
         )
     return value, (cache_salt_key(salt) if salt is not None else 0)
+
+
+def _truncates(sampling_params: SamplingParams | Sequence[SamplingParams] | None, count: int) -> list[bool]:
+    """For each of ``count`` prompts, whether its SamplingParams set ``truncate_prompt_tokens``
+    (False where they are not yet known to be SamplingParams: generate refuses those)."""
+    if isinstance(sampling_params, SamplingParams):
+        return [sampling_params.truncate_prompt_tokens is not None] * count
+    if isinstance(sampling_params, (list, tuple)) and len(sampling_params) == count:
+        return [getattr(p, "truncate_prompt_tokens", None) is not None for p in sampling_params]
+    return [False] * count
 
 
 def _check_use_tqdm(use_tqdm: object) -> None:

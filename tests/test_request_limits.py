@@ -123,6 +123,31 @@ def test_a_text_prompt_far_past_the_context_is_refused_before_it_is_tokenized(ll
     assert lengths and max(lengths) < len(text) // 10
 
 
+def test_a_conversation_far_past_the_context_is_refused_before_it_is_tokenized(llm, monkeypatch):
+    """LLM.chat tokenized a huge rendered conversation whole before refusing it as too long, where
+    generate refuses such a text prompt by its characters first; chat does too now. One that
+    keeps its tail (truncate_prompt_tokens) is taken as before."""
+    from minisgl_core.request_limits import ContextLengthExceeded
+
+    huge = [{"role": "user", "content": "word " * 100_000}]
+    tokenized = []  # the lengths of the conversations tokenized
+    apply = llm.tokenizer.apply_chat_template
+
+    def recording(conversation, *args, **kwargs):
+        if kwargs.get("tokenize", True):
+            tokenized.append(sum(len(m["content"]) for m in conversation))
+        return apply(conversation, *args, **kwargs)
+
+    monkeypatch.setattr(llm.tokenizer, "apply_chat_template", recording)
+    short = [{"role": "user", "content": "hi"}]
+    says = r"^messages\[1\]: the conversation, as its chat template renders it, has 5000\d\d characters, more than can fit"
+    with pytest.raises(ContextLengthExceeded, match=says):
+        llm.chat([short, huge], SamplingParams(max_tokens=2))
+    assert tokenized == []  # (neither was tokenized: the refusal came first)
+    [out] = llm.chat(huge, SamplingParams(max_tokens=2, truncate_prompt_tokens=10))
+    assert len(out.prompt_token_ids) == 10 and len(out.prompt) > 500_000
+
+
 def test_token_ids_outside_the_vocabulary_are_refused_offline(llm):
     vocab = llm.engine.runner.vocab_size
     with pytest.raises(ValueError, match="^stop_token_ids"):
