@@ -514,7 +514,7 @@ def test_attn_auto_the_launcher_checks_what_the_runner_can_pick():
 )  # fmt: skip
 def test_a_kv_pool_past_the_memory_is_one_error_line_on_the_command_line(model_dir, args, says):
     """Exit code 2 and the flag, the bytes and what is free in the last line, no traceback (a raw
-    allocator error once). Refused once the weights are in: only then is what is free known."""
+    allocator error once). Refused before the weights load, with what is free then."""
     proc = _cli("generate", "hi", *args, "--model", str(model_dir), "--device", "cpu")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stdout == "", proc.stderr
     last = proc.stderr.splitlines()[-1]  # after the loading bar's lines
@@ -533,9 +533,23 @@ def test_a_server_that_fails_after_start_says_why_at_any_log_level(model_dir):
     assert proc.stderr.rstrip().endswith(" free on cpu: lower --num-kv-tokens"), proc.stderr
 
 
+def test_a_kv_pool_past_the_memory_is_said_once_by_serve_before_the_weights_load(model_dir):
+    """The scheduler process logged its refusal and the launcher said it again (twice in the
+    log), once the weights had loaded; now the launcher says it, once, and no weight is read
+    (the loading bar never shows)."""
+    for flag, value in [("--num-kv-tokens", 10**15), ("--max-running-requests", 10**12)]:
+        proc = _cli("serve", "--port", "0", "--model", str(model_dir), "--device", "cpu", flag, str(value))
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr.count(f"{flag}={value} (") == 1, proc.stderr
+        assert "CRITICAL minisgl.server: the scheduler 0 process failed:" in proc.stderr, proc.stderr
+        assert "loading " not in proc.stderr, proc.stderr
+
+
 def test_a_kv_pool_or_request_tables_past_the_device_name_the_setting_and_the_bytes(model_dir, monkeypatch):
     """An absurd num_kv_tokens or max_running_requests is refused before allocating (a raw
-    allocator error once); one that fits starts as before."""
+    allocator error once), and before the weights load (it was after: minutes for a large
+    model); one that fits starts as before."""
+    from minisgl_core.checkpoint.formats import SafetensorsFormat
     from minisgl_core.runner import model_runner
 
     pool_bytes = (10**15 + 1) * 512  # 2 layers x K,V x 2 heads x 16 dims x 4 bytes; one spare page
@@ -551,11 +565,13 @@ def test_a_kv_pool_or_request_tables_past_the_device_name_the_setting_and_the_by
          f"(request rows of max_context_len=2048 tokens) asks for {table_bytes} bytes",
          ("max_running_requests", "max_context_len")),
     ]  # fmt: skip
-    for options, says, fields in absurd:
-        with pytest.raises(ConfigError) as err:
-            LLM(model_dir, attn="torch", device="cpu", **options)
-        assert str(err.value).startswith(says) and "free on cpu: lower " in str(err.value)
-        assert err.value.fields == fields
+    with monkeypatch.context() as patched:
+        patched.setattr(SafetensorsFormat, "weights", lambda *args: pytest.fail("the weights were read"))
+        for options, says, fields in absurd:
+            with pytest.raises(ConfigError) as err:
+                LLM(model_dir, attn="torch", device="cpu", **options)
+            assert str(err.value).startswith(says) and "free on cpu: lower " in str(err.value)
+            assert err.value.fields == fields
     # where the free memory is not known, the failed allocation is the same error
     monkeypatch.setattr(model_runner, "free_bytes", lambda device: None)
     for options, says, fields in absurd:

@@ -206,7 +206,8 @@ def run_child(spec: ChildSpec, main: ChildMain) -> None:
         code = 1
         if _refused_setting(exc) or (not ready and _file_gone(exc)):  # the message says it all
             message = _refusal(exc)
-            logger.error("%s process failed: %s", spec.name, message)
+            # (the launcher says it, once: logged here too, it was said twice)
+            logger.debug("%s process failed: %s", spec.name, message)
             error = f"{type(exc).__name__}: {message}"
             send(control, ProcessFailed(spec.role, spec.rank, error, _summary(exc)))
         elif _lost_peer(exc):

@@ -322,7 +322,29 @@ class ModelRunner:
                 model_needs, (prefill_name, decode_name), attn_classes, plugins, self.device, self.spelling
             )
 
-        self.model = self._load_model(plugins, before_weights=fit_attention)
+        self.max_context_len = config.context_len(self.hf_config)
+        # The last KV page and one spare page-table row are kept out of the scheduler's hands:
+        # padded (dummy) requests of CUDA-graph replays write there.
+        self.num_request_rows = config.max_running_requests + 1
+
+        def fit_memory(model: torch.nn.Module) -> None:
+            """A KV pool (``num_kv_tokens``) or request tables (``max_running_requests``) past the
+            memory free, refused before the weights load (minutes for a large model), not after;
+            checked again once they are in (a pool sized from free memory is checked then only)."""
+            fit_attention(model)
+            spec = model.kv_spec
+            pool, tables = self._memory_asks(
+                self._num_kv_pages(spec.num_layers, spec.num_kv_heads, spec.head_dim) + 1
+                if config.num_kv_tokens is not None
+                else 0,
+                spec.num_layers,
+                spec.num_kv_heads,
+                spec.head_dim,
+            )
+            asks = [pool, tables] if config.num_kv_tokens is not None else [tables]
+            check_fits(asks, self.device, free_bytes(self.device))
+
+        self.model = self._load_model(plugins, before_weights=fit_memory)
         #: (first id, ids) of this rank's slice of the vocabulary while the model returns only
         #: that slice of the logits (TP > 1, a ParallelLMHead, vocabulary-parallel sampling on);
         #: None while it returns every id's. :meth:`full_logits` gathers the rest.
@@ -341,7 +363,6 @@ class ModelRunner:
             self._vocab_ids = head.num_embeddings
         spec = self.model.kv_spec
         max_pos = int(self.hf_config.get("max_position_embeddings", 4096))
-        self.max_context_len = config.context_len(self.hf_config)
         if config.max_context_len and config.max_context_len > max_pos and parallel.tp_rank == 0:
             logger.warning(  # named as the user set it: ``--max-context-len N`` or ``max_context_len=N``
                 "%s is more than the model's max_position_embeddings %d: using %d",
@@ -349,9 +370,6 @@ class ModelRunner:
             )  # fmt: skip
         self.vocab_size = int(self.hf_config["vocab_size"])
         num_pages = self._num_kv_pages(spec.num_layers, spec.num_kv_heads, spec.head_dim) + 1
-        # The last KV page and one spare page-table row are kept out of the scheduler's hands:
-        # padded (dummy) requests of CUDA-graph replays write there.
-        self.num_request_rows = config.max_running_requests + 1
         #: a decode step's sequences for each request: one, or a speculative verify step's 1 + drafts
         self.sequences_per_request = (
             1 + config.speculative_num_draft_tokens if config.speculative_algorithm else 1
