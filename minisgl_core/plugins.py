@@ -1171,7 +1171,7 @@ _NAMES_ELSEWHERE = {
 
 
 #: the names of a kind the core takes itself, no plugin registering them: ``--attn AUTO`` means auto
-_CORE_NAMES = {"attention": ("auto",)}
+_CORE_NAMES = {"attention": ("auto",), "quantization": ("none",)}
 
 
 def _near_name(kind: str, name: str, installed: list[str]) -> str | None:

@@ -359,6 +359,7 @@ def test_a_first_party_plugin_not_installed_is_named_by_its_folder_in_the_checko
         ("quantization", "INT8", "int8"),  # (another case: said "pip install minisgl-plugin-INT8")
         ("caches", "Radix", "radix"),
         ("attention", "AUTO", "auto"),  # (the core's choice: said "pip install minisgl-plugin-AUTO")
+        ("quantization", "None", "none"),
     ],
 )
 def test_a_name_near_an_installed_one_is_suggested_not_a_plugin_to_install(kind, typed, meant):
