@@ -116,6 +116,36 @@ def test_bad_words_ban_the_last_token_only_after_the_others():
     assert step_bans(params, [5], {0}) == (3, 0, 9)  # min_tokens' bans too
 
 
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {"allowed_token_ids": [4]},
+        {"min_tokens": 2, "stop_token_ids": [3]},
+        {"bad_words_token_ids": ((5, 6),)},
+    ],
+)
+def test_a_request_without_its_own_constraints_bans_nothing_and_draws_anything(fields):
+    """The engine makes a step's bans and checks a drawn token only for a request whose params
+    take tokens out of its rows (Request.has_own_constraints, read once): for every other, bans and
+    the check would find nothing, whatever its output so far."""
+    from minisgl_core.scheduler.request import Request
+    from minisgl_core.token_bans import drawable
+
+    bad_words = fields.pop("bad_words_token_ids", None)
+    params = SamplingParams(max_tokens=8, **fields)
+    if bad_words is not None:
+        params = params.with_bad_words_token_ids(bad_words)
+    req = Request(rid=0, prompt_ids=[1, 2], params=params, arrival=0)
+    assert req.has_own_constraints == bool(fields or bad_words)
+    outputs = [[], [5], [5, 6], [0, 3, 5]]
+    finds = [
+        bool(step_bans(params, out, {0})) or not all(drawable(params, out, t, {0}) for t in range(9))
+        for out in outputs
+    ]
+    assert any(finds) == req.has_own_constraints
+
+
 def test_sampler_masks_all_but_the_allowed_ids_and_bans():
     torch.manual_seed(0)
     logits = torch.randn(3, 50)

@@ -586,7 +586,9 @@ class Engine:
         s = self.scheduler
         if s.decode_may_retract():
             return True
-        return any(_needs_host_outputs(r.params) for r in (*s.running.values(), *s.waiting.values()))
+        return any(r.needs_host_outputs for r in s.running.values()) or any(
+            r.needs_host_outputs for r in s.waiting.values()
+        )
 
     def _complete_inflight_now(self) -> None:
         """Land the step in flight before planning the next; its outputs go out with this step's."""
@@ -616,12 +618,14 @@ class Engine:
             return _InFlight(batch, None, None, None, prompt=prompt)
         reqs = [batch.requests[i] for i in batch.sampled]
         # what sampling needs, taken now: landing the step in flight may release a row
+        eos = self.scheduler.stop_checker.eos_ids
         samples = [
             SampleRequest(
                 r.params, r.output_ids, r.generator, r.prompt_ids,
-                step_bans(r.params, r.output_ids, self.scheduler.stop_checker.eos_ids),
-                r.allowed_ids_on(logits.device),
+                step_bans(r.params, r.output_ids, eos), r.allowed_ids_on(logits.device),
             )
+            if r.has_own_constraints
+            else SampleRequest(r.params, r.output_ids, r.generator, r.prompt_ids)
             for r in reqs
         ]  # fmt: skip
         launched = _InFlight(
@@ -858,19 +862,3 @@ def _selections(
 def _open_step_trace(path: str | None) -> IO[str] | None:
     # line-buffered, open as long as the engine: a trace read while the run goes on is whole
     return open(path, "a", buffering=1) if path else None  # noqa: SIM115
-
-
-def _needs_host_outputs(params: SamplingParams) -> bool:
-    """Whether sampling for this request reads its newest output tokens on the host (penalties,
-    min_tokens, which bans stop tokens by how many there are, and bad_words, which ban a word's
-    last token after its others). repetition_penalty was left
-    out: under overlap its newest token went unpenalised, and greedy output differed from overlap
-    off and from speculative decoding."""
-    return bool(
-        params.presence_penalty
-        or params.frequency_penalty
-        or params.repetition_penalty != 1.0
-        or params.min_tokens
-        # (the words' token ids: admission's, or given as they are, which bad_words may leave empty)
-        or params.bad_words_token_ids
-    )

@@ -9,6 +9,7 @@ import torch
 
 from minisgl_core.api import RequestView
 from minisgl_core.sampling import SamplingParams
+from minisgl_core.token_bans import own_constraints
 
 #: Request.reasoning: no output token yet, and the reasoning's start tag may open the output
 OPENING = "opening"
@@ -96,7 +97,17 @@ class Request:
     #: (:meth:`allowed_ids_on`)
     allowed_ids: torch.Tensor | None = None
 
+    #: whether its params take tokens out of its sampler rows besides a grammar
+    #: (allowed_token_ids, min_tokens, bad_words: :func:`~minisgl_core.token_bans.own_constraints`):
+    #: only then are a step's bans made and a drawn token checked against them. Read once (the
+    #: params never change): asked every step of every request, the calls cost more than the answer
+    has_own_constraints: bool = field(init=False, default=False)
+    #: whether its sampling reads its newest output tokens on the host (:func:`needs_host_outputs`)
+    needs_host_outputs: bool = field(init=False, default=False)
+
     def __post_init__(self) -> None:
+        self.has_own_constraints = bool(own_constraints(self.params))
+        self.needs_host_outputs = needs_host_outputs(self.params)
         if not self.fill_ids:
             self.fill_ids = self.prompt_ids
         if self.params.reasoning_tag_ids is not None and self.params.grammar is not None:
@@ -159,3 +170,19 @@ class Request:
             self.rid, self.arrival, len(self.fill_ids), self.num_computed, out, self.params.max_tokens - out,
             self.priority,
         )  # fmt: skip
+
+
+def needs_host_outputs(params: SamplingParams) -> bool:
+    """Whether sampling for a request reads its newest output tokens on the host (penalties,
+    min_tokens, which bans stop tokens by how many there are, and bad_words, which ban a word's
+    last token after its others): with overlap, the engine lands the step in flight before it
+    plans one with such a request. repetition_penalty was left out: under overlap its newest token
+    went unpenalised, and greedy output differed from overlap off and from speculative decoding."""
+    return bool(
+        params.presence_penalty
+        or params.frequency_penalty
+        or params.repetition_penalty != 1.0
+        or params.min_tokens
+        # (the words' token ids: admission's, or given as they are, which bad_words may leave empty)
+        or params.bad_words_token_ids
+    )

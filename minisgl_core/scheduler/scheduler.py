@@ -682,17 +682,21 @@ class Scheduler:
         With overlap scheduling a request may have been planned once more after it finished (or
         been aborted) before its last token arrived here: such tokens are dropped."""
         outputs: list[StepOutput] = []
+        # (read once: this loop runs for every request of every step)
+        running, eos, check = self.running, self.stop_checker.eos_ids, self.stop_checker.check
+        context_len = self.page_table.shape[1]
         for j, i in enumerate(batch.sampled):
             req = batch.requests[i]
-            if self.running.get(req.rid) is not req:
+            if running.get(req.rid) is not req:
                 continue
             token, logprob = token_ids[j], logprobs[j]
-            if not req.grammar_invalid and not drawable(
-                req.params, req.output_ids, token, self.stop_checker.eos_ids
+            if (
+                req.has_own_constraints
+                and not req.grammar_invalid
+                and not drawable(req.params, req.output_ids, token, eos)
             ):
                 # its allowed_token_ids and bans (and grammar) left nothing: the sampler drew an
                 # arbitrary token, which must not be output (the grammar may have rejected it too)
-                eos = self.stop_checker.eos_ids
                 req.grammar_error = no_token_left(req.params, req.output_ids, eos)
                 req.grammar_invalid = True
                 req.error_param = no_token_left_field(req.params, req.output_ids, eos)
@@ -703,16 +707,16 @@ class Scheduler:
                 token, logprob = -1, None
                 reason, matched = "invalid" if req.grammar_invalid else "error", None
             else:
-                reason, matched = self.stop_checker.check(req)
+                reason, matched = check(req)
                 if req.matcher is not None and req.grammar_terminated:
                     # the grammar is complete, also under ignore_eos; its final stop token stays hidden
                     if reason != "stop":
-                        matched = token if token in self.stop_checker.eos_ids else None
+                        matched = token if token in eos else None
                     reason = "stop"
-            if reason is None and req.prompt_len + len(req.output_ids) >= self.page_table.shape[1]:
+            if reason is None and len(req.prompt_ids) + len(req.output_ids) >= context_len:
                 reason = "length"
             if reason is not None:
-                del self.running[req.rid]
+                del running[req.rid]
                 self._release(req)
             error = req.grammar_error if reason in ("error", "invalid") else None
             error_param = req.error_param if reason == "invalid" else None
