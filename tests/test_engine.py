@@ -322,15 +322,17 @@ def test_available_pages_kept_within_a_round_equals_the_full_sum(model_dir, prom
     KV manager sums the admitted requests' expected growth once a round and updates it as
     admissions, allocations, prompt caching and releases change single requests. Under memory
     pressure (evictions, retractions, shared prefixes moving into the cache) every answer must
-    equal the sum taken from scratch."""
+    equal the sum taken from scratch, and the round's sum (one loop) each request's own growth."""
     from minisgl_core.scheduler.kv import KVManager
 
     llm = cpu_llm(model_dir, cache="radix", num_kv_tokens=256, page_size=page_size, mixed_batch=mixed)
     kv = llm.engine.scheduler.kv
     kept = KVManager.available_pages.__get__(kv)
     answers: list[tuple[int, int]] = []
+    growths: list[tuple[dict[int, int], dict[int, int]]] = []
 
     def checked() -> int:
+        growths.append((kv._sum_growth(), {rid: kv._still_needed(r) for rid, r in kv.admitted.items()}))
         fast = kept()
         saved = (kv._growth, kv._growth_total)
         kv._forget_growth()
@@ -343,6 +345,8 @@ def test_available_pages_kept_within_a_round_equals_the_full_sum(model_dir, prom
     llm.generate(prompts[:16], params)
     assert len(answers) > 50 and llm.engine.stats()["retractions"] >= 1
     assert [fast for fast, _ in answers] == [full for _, full in answers]
+    assert [summed for summed, _ in growths] == [each for _, each in growths]
+    assert any(summed and any(summed.values()) for summed, _ in growths)
     assert_kv_released(llm)
 
 

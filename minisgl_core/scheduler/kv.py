@@ -90,10 +90,24 @@ class KVManager:
         admitted request is still expected to need (asked every step, for hundreds of requests,
         and at every admission of a prefill step: summed once a round, see :attr:`_growth`)."""
         if self._growth is None:
-            self._growth = {rid: self._still_needed(r) for rid, r in self.admitted.items()}
+            self._growth = self._sum_growth()
             self._growth_total = sum(self._growth.values())
         evictable = self.size_info().evictable // self.page_size
         return self.allocator.free_pages + evictable - self._growth_total
+
+    def _sum_growth(self) -> dict[int, int]:
+        """:meth:`_still_needed` of every admitted request, by rid, in one loop: hundreds of
+        requests every step, where two calls a request cost more than the arithmetic."""
+        ratio, ps = self.reserve_ratio, self.page_size
+        growth = {}
+        for rid, r in self.admitted.items():
+            output_len, max_tokens = len(r.output_ids), r.params.max_tokens
+            final = max(
+                len(r.prompt_ids) + output_len + math.ceil(ratio * (max_tokens - output_len)),
+                len(r.fill_ids) + 1,
+            )
+            growth[rid] = max(0, -(-final // ps) - r.prefix_len // ps - len(r.pages))
+        return growth
 
     def _still_needed(self, r: Request) -> int:
         final = _expected_final_len(
