@@ -601,8 +601,11 @@ class Scheduler:
         request waits again with its output so far appended to what it must prefill. Both count
         as retractions. No step is in flight here: the engine lands it first when
         :meth:`decode_may_retract` says so (``reqs`` is a subset of the running requests)."""
+        obtainable = self.kv.obtainable_pages()
+        if len(reqs) <= obtainable:  # (each needs at most one page: no count of them needed)
+            return
         needed = self.kv.needing_a_page(reqs)
-        if needed <= self.kv.obtainable_pages():
+        if needed <= obtainable:
             return
         partly = [r for r in self.waiting.values() if r.admitted]
         while needed > self.kv.obtainable_pages() and (partly or len(reqs) > 1):
