@@ -17,10 +17,10 @@ busy machine the min is the steadiest figure). With ``--stub-forward`` the forwa
 (each step's logits are a fixed random tensor), so the step is the host's work and the CPU's
 sampling alone. The timed steps are decode steps only.
 
-``--against TREE --swap MODULE:CLASS.METHOD,...`` compares two versions of the core in one process:
-the windows alternate in pairs (ABBA...) between the methods named as this tree has them and as
-TREE has them (its modules loaded under other names), so a busy machine slows both alike; it
-prints both CPU figures and the ratio this/TREE of each pair. Another tree's whole core is timed
+``--against TREE --swap MODULE:CLASS.METHOD,...`` (or ``MODULE:FUNCTION``) compares two versions
+of the core in one process: the windows alternate in pairs (ABBA...) between the methods named as
+this tree has them and as TREE has them (its modules loaded under other names), so a busy machine
+slows both alike; it prints both CPU figures and the ratio this/TREE of each pair. Another tree's whole core is timed
 by running the tool with that tree first on PYTHONPATH.
 """
 
@@ -35,14 +35,17 @@ import time
 from pathlib import Path
 
 
-def swaps(tree: str, names: str) -> list[tuple[type, str, object, object]]:
-    """(class, method, this tree's function, ``tree``'s) for each ``module:Class.method`` of
-    ``names`` (modules under minisgl_core, e.g. ``scheduler.kv:KVManager.available_pages``)."""
+def swaps(tree: str, names: str) -> list[tuple[object, str, object, object]]:
+    """(class or module, name, this tree's function, ``tree``'s) for each ``module:Class.method``
+    or ``module:function`` of ``names`` (modules under minisgl_core, e.g.
+    ``scheduler.kv:KVManager.available_pages``; a function is swapped where its module's own
+    callers look it up)."""
     out = []
     for name in names.split(","):
         module, _, attr = name.partition(":")
-        cls_name, method = attr.split(".")
-        ours = getattr(importlib.import_module(f"minisgl_core.{module}"), cls_name)
+        cls_name, _, method = attr.rpartition(".")
+        ours = importlib.import_module(f"minisgl_core.{module}")
+        ours = getattr(ours, cls_name) if cls_name else ours
         alias = f"_against_{module.replace('.', '_')}"
         theirs_module = sys.modules.get(alias)
         if theirs_module is None:
@@ -51,8 +54,8 @@ def swaps(tree: str, names: str) -> list[tuple[type, str, object, object]]:
             theirs_module = importlib.util.module_from_spec(spec)
             sys.modules[alias] = theirs_module  # (dataclasses look their module up)
             spec.loader.exec_module(theirs_module)
-        theirs = getattr(theirs_module, cls_name)
-        out.append((ours, method, ours.__dict__[method], theirs.__dict__[method]))
+        theirs = getattr(theirs_module, cls_name) if cls_name else theirs_module
+        out.append((ours, method, vars(ours)[method], vars(theirs)[method]))
     return out
 
 
@@ -74,7 +77,9 @@ def main() -> None:
     parser.add_argument(
         "--against", help="another tree of the project, whose --swap methods alternate with ours"
     )
-    parser.add_argument("--swap", help="MODULE:CLASS.METHOD,... under minisgl_core (with --against)")
+    parser.add_argument(
+        "--swap", help="MODULE:CLASS.METHOD or MODULE:FUNCTION,... under minisgl_core (with --against)"
+    )
     args = parser.parse_args()
     if bool(args.against) != bool(args.swap) or (args.against and args.windows % 2):
         parser.error("--against and --swap go together, with an even number of --windows")
