@@ -265,7 +265,7 @@ def copy_to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
 def _aligned(rows: list[list], dtype: torch.dtype) -> tuple[array.array | torch.Tensor, tuple[int, int]]:
     """:func:`aligned_rows`'s bytes before they become a tensor (an ``array.array`` for the
     integer dtypes, else a host tensor) and their shape."""
-    per_line = 64 // torch.empty((), dtype=dtype).element_size()
+    per_line = 64 // dtype.itemsize  # (not a tensor made to ask: 1-3 µs of host time a block a step)
     width = -(-len(rows[0]) // per_line) * per_line
     pad = [0] * (width - len(rows[0]))
     code = _ARRAY_CODES.get(dtype)
