@@ -38,25 +38,31 @@ from pathlib import Path
 def swaps(tree: str, names: str) -> list[tuple[object, str, object, object]]:
     """(class or module, name, this tree's function, ``tree``'s) for each ``module:Class.method``
     or ``module:function`` of ``names`` (modules under minisgl_core, e.g.
-    ``scheduler.kv:KVManager.available_pages``; a function is swapped where its module's own
-    callers look it up)."""
+    ``scheduler.kv:KVManager.available_pages``). A function is swapped where ``module``'s code
+    looks it up, and ``tree``'s version is taken from the module that defines it
+    (``scheduler.scheduler:rows_to_device``: runner/sampler.py's, as the scheduler calls it)."""
     out = []
     for name in names.split(","):
         module, _, attr = name.partition(":")
         cls_name, _, method = attr.rpartition(".")
         ours = importlib.import_module(f"minisgl_core.{module}")
         ours = getattr(ours, cls_name) if cls_name else ours
-        alias = f"_against_{module.replace('.', '_')}"
-        theirs_module = sys.modules.get(alias)
-        if theirs_module is None:
-            path = Path(tree, "minisgl_core", *module.split(".")).with_suffix(".py")
-            spec = importlib.util.spec_from_file_location(alias, path)
-            theirs_module = importlib.util.module_from_spec(spec)
-            sys.modules[alias] = theirs_module  # (dataclasses look their module up)
-            spec.loader.exec_module(theirs_module)
+        home = getattr(vars(ours)[method], "__module__", None) if not cls_name else ours.__module__
+        theirs_module = _load(tree, home.removeprefix("minisgl_core."))
         theirs = getattr(theirs_module, cls_name) if cls_name else theirs_module
         out.append((ours, method, vars(ours)[method], vars(theirs)[method]))
     return out
+
+
+def _load(tree: str, module: str):
+    """``tree``'s minisgl_core.``module`` under another name (its own imports are this tree's)."""
+    alias = f"_against_{module.replace('.', '_')}"
+    if alias not in sys.modules:
+        path = Path(tree, "minisgl_core", *module.split(".")).with_suffix(".py")
+        spec = importlib.util.spec_from_file_location(alias, path)
+        sys.modules[alias] = importlib.util.module_from_spec(spec)  # (dataclasses look it up)
+        spec.loader.exec_module(sys.modules[alias])
+    return sys.modules[alias]
 
 
 def main() -> None:
