@@ -400,7 +400,7 @@ def test_rows_to_device_gives_each_block_as_aligned_rows_gives_it(lengths):
     base = got[0].data_ptr()
     for tensor, (rows, dtype) in zip(got, blocks, strict=True):
         alone = aligned_rows(rows, dtype)
-        assert tensor.dtype == dtype and torch.equal(tensor, alone)
+        assert tensor.dtype == dtype and torch.equal(tensor, alone) and tensor.is_contiguous()
         for row in tensor:
             assert (row.data_ptr() - base) % 64 == 0
 
