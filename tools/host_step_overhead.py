@@ -20,8 +20,9 @@ sampling alone. The timed steps are decode steps only.
 ``--against TREE --swap MODULE:CLASS.METHOD,...`` (or ``MODULE:FUNCTION``) compares two versions
 of the core in one process: the windows alternate in pairs (ABBA...) between the methods named as
 this tree has them and as TREE has them (its modules loaded under other names), so a busy machine
-slows both alike; it prints both CPU figures and the ratio this/TREE of each pair. Another tree's whole core is timed
-by running the tool with that tree first on PYTHONPATH.
+slows both alike; it prints both CPU figures and the ratio this/TREE of each pair. Another tree's
+whole core is timed by running the tool with that tree first on PYTHONPATH (whole runs of one
+tree swung 1.5-3.4 ms a step at batch 256 on the shared dev CPU: compare within one process).
 """
 
 from __future__ import annotations
