@@ -438,7 +438,7 @@ class ResponsesRequest(StrictModel):
         came from (``instructions``, ``input.3``, ``previous_response_id``), for
         :func:`responses_names`."""
         self._distinct_ids(history)
-        self._outputs_answer_calls(history)
+        self._calls_answered(history)
         messages, origins = self._messages(history)
         chat: dict[str, Any] = {
             "messages": messages,
@@ -492,24 +492,55 @@ class ResponsesRequest(StrictModel):
                 )
             seen.add(item.id)
 
-    def _outputs_answer_calls(self, history: Sequence[InputItem]) -> None:
-        """OpenAI's 400 for a function_call_output whose call_id no function_call of the
-        conversation has (``history`` or ``input``): it answers no call, and the chat template
-        rendered a tool result after no call of that id. (A call with no output is still
-        accepted, rendered unanswered, where OpenAI answers 400 "No tool output found for
-        function call ...".)"""
-        if not isinstance(self.input, list):
-            return
-        calls = {item.call_id for item in [*history, *self.input] if isinstance(item, FunctionCallItem)}
-        for i, item in enumerate(self.input):
-            if isinstance(item, FunctionCallOutputItem) and item.call_id not in calls:
+    def _calls_answered(self, history: Sequence[InputItem]) -> None:
+        """OpenAI's 400s for function calls and outputs that do not pair up, in the conversation
+        (``history``, then ``input``): an output whose call_id no earlier function_call has ("No
+        tool call found for function call output..."; the chat template rendered a tool result
+        after no call of that id), a call with no output after it ("No tool output found for
+        function call ...", param ``input``: the model would answer as if the call had returned
+        nothing), and a call_id two calls, or two outputs, share (which call an output answers
+        is ambiguous)."""
+        items = [*history, *self.input_items()]
+        unanswered: dict[str, bool] = {}  # each call's call_id: whether no output answered it yet
+        for i, item in enumerate(items, start=-len(history)):
+            if not isinstance(item, FunctionCallItem | FunctionCallOutputItem):
+                continue
+            param = f"input.{i}.call_id" if i >= 0 else "previous_response_id"
+            call_id = short_repr(item.call_id)
+            if isinstance(item, FunctionCallItem):
+                if item.call_id in unanswered:
+                    raise APIError(
+                        400,
+                        f"Duplicate function call with call_id {call_id}: each function_call item "
+                        "needs a call_id of its own",
+                        param,
+                    )
+                unanswered[item.call_id] = True
+            elif item.call_id not in unanswered:
                 raise APIError(
                     400,
-                    f"No tool call found for function call output with call_id {short_repr(item.call_id)}: "
-                    "send the function_call item it answers in input as well, or the "
-                    "previous_response_id of the response that made the call",
-                    f"input.{i}.call_id",
+                    f"No tool call found for function call output with call_id {call_id}: send the "
+                    "function_call item it answers in input before it, or the previous_response_id "
+                    "of the response that made the call",
+                    param,
                 )
+            elif not unanswered[item.call_id]:
+                raise APIError(
+                    400,
+                    f"Duplicate function call output for call_id {call_id}: send one "
+                    "function_call_output per function_call",
+                    param,
+                )
+            else:
+                unanswered[item.call_id] = False
+        missing = next((call_id for call_id, open_ in unanswered.items() if open_), None)
+        if missing is not None:
+            raise APIError(
+                400,
+                f"No tool output found for function call {short_repr(missing)}: send its function_call_output "
+                "item (the result of running it) in input after it",
+                "input",
+            )
 
     def _messages(self, history: Sequence[InputItem]) -> tuple[list[dict[str, Any]], list[str]]:
         """Chat messages: a function_call item joins the assistant message before it (calls in a

@@ -122,6 +122,15 @@ def stream_events(url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
     return events
 
 
+def refusal(client: openai.OpenAI, model_name: str, **extra: Any) -> dict[str, Any]:
+    """The 400 OpenAI's error body of a /v1/responses request (``extra``: its fields)."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model=model_name, max_output_tokens=2, **extra)
+    error = refused.value.body
+    assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+    return error
+
+
 def without_ids(response: dict[str, Any]) -> dict[str, Any]:
     """A response less what differs between two runs: its id, times, item ids and call ids, and
     the prompt tokens read from the prefix cache (the first of two sends computes the prompt, the
@@ -711,6 +720,14 @@ def test_the_tool_loop_chains_a_call_and_its_output(grammar_backend, tools_clien
     # the call and its output are in the prompt: without them it is shorter
     asked = create(tools_server.url, {**body, "input": ASK})
     assert chained["usage"]["input_tokens"] > asked["usage"]["input_tokens"]
+    # continued without the call's output: OpenAI's 400 (the call would go unanswered)
+    error = refusal(tools_client, model_name, input="Thanks", previous_response_id=called.id)
+    assert error["param"] == "input", error
+    assert error["message"].startswith(f"No tool output found for function call '{call.call_id}'"), error
+
+
+CALL = {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"}
+ANSWER = {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}
 
 
 def test_a_function_call_output_that_answers_no_call_is_a_400(client, model_name):
@@ -720,40 +737,66 @@ def test_a_function_call_output_that_answers_no_call_is_a_400(client, model_name
     call_....", type invalid_request_error, param "input" (the error bodies quoted in
     continuedev/continue#10092 and leookun/cursor-byok#307, GitHub issues corpus); ours is that
     400, its message starting the same, its param the item's field (``input.1.call_id``, as this
-    API's other item errors name theirs: ``input.1.id`` for a duplicate id).
-
-    A call sent with no output is accepted as before. OpenAI refuses that too, "No tool output
-    found for function call call_....", param "input" (openai/openai-support-agent-demo#12, a call
-    last in input; openai/openai-agents-python#673, a previous response's calls left unanswered):
-    not changed here."""
-    orphan = {"type": "function_call_output", "call_id": "call_nope", "output": "sunny"}
-    call = {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"}
-    answer = {**orphan, "call_id": "call_1"}
+    API's other item errors name theirs: ``input.1.id`` for a duplicate id). An output sent before
+    its call answers no call made yet: the same 400."""
+    orphan = {**ANSWER, "call_id": "call_nope"}
+    user = {"role": "user", "content": ASK}
     plain = client.responses.create(model=model_name, input=ASK, max_output_tokens=2)
-    # the call left unanswered: accepted, and stored for the chain below
-    asked = client.responses.create(model=model_name, input=[{"role": "user", "content": ASK}, call],
-                                    max_output_tokens=2)  # fmt: skip
-    for extra, index in [
-        ({"input": [{"role": "user", "content": ASK}, orphan]}, 1),
-        ({"input": [{"role": "user", "content": ASK}, call, answer, orphan]}, 3),
-        ({"input": [orphan], "previous_response_id": plain.id}, 0),  # (the chain has no call)
-        ({"input": [answer, orphan], "previous_response_id": asked.id}, 1),
+    answered = client.responses.create(model=model_name, input=[user, CALL, ANSWER], max_output_tokens=2)
+    for extra, index, call_id in [
+        ({"input": [user, orphan]}, 1, "call_nope"),
+        ({"input": [user, CALL, ANSWER, orphan]}, 3, "call_nope"),
+        ({"input": [orphan], "previous_response_id": plain.id}, 0, "call_nope"),  # (the chain has no call)
+        ({"input": [orphan], "previous_response_id": answered.id}, 0, "call_nope"),
+        ({"input": [user, ANSWER, CALL]}, 1, "call_1"),  # (the output before its call)
     ]:
-        with pytest.raises(openai.BadRequestError) as refused:
-            client.responses.create(model=model_name, max_output_tokens=2, **extra)
-        error = refused.value.body
-        assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+        error = refusal(client, model_name, **extra)
         assert error["param"] == f"input.{index}.call_id", error
         assert error["message"].startswith(
-            "No tool call found for function call output with call_id 'call_nope'"
+            f"No tool call found for function call output with call_id '{call_id}'"
         ), error
-    # an output answering a call of input, or of the previous response's conversation: served
-    for extra in (
-        {"input": [{"role": "user", "content": ASK}, call, answer]},
-        {"input": [answer], "previous_response_id": asked.id},
-    ):
-        resp = client.responses.create(model=model_name, max_output_tokens=2, **extra)
-        assert resp.status in ("completed", "incomplete")
+    # an output answering a call of input, or of the previous response's conversation, is served:
+    # test_a_function_call_round_trip_is_the_chat_conversation and test_the_tool_loop_chains_...
+    assert answered.status in ("completed", "incomplete")
+
+
+def test_a_function_call_without_its_output_is_openais_400(client, model_name):
+    """A function_call item with no function_call_output after it was accepted: the call rendered
+    unanswered, and the model answered as if it had returned nothing. OpenAI answers 400 "No tool
+    output found for function call call_....", param "input" (openai/openai-support-agent-demo#12:
+    a call last in input; openai/openai-agents-python#673: a previous response's calls left
+    unanswered); so does minisgl, whether the call is last, before a user message, or one of two
+    parallel calls of which one was answered."""
+    user = {"role": "user", "content": ASK}
+    second = {**CALL, "call_id": "call_2"}
+    for items, missing in [
+        ([user, CALL], "call_1"),
+        ([user, CALL, {"role": "user", "content": "Thanks"}], "call_1"),
+        ([user, CALL, second, ANSWER], "call_2"),
+    ]:
+        error = refusal(client, model_name, input=items)
+        assert error["param"] == "input", error
+        assert error["message"].startswith(f"No tool output found for function call '{missing}'"), error
+    # answered, the same calls are served
+    answered = [user, CALL, second, ANSWER, {**ANSWER, "call_id": "call_2"}]
+    assert client.responses.create(model=model_name, input=answered, max_output_tokens=2).output
+
+
+def test_a_call_id_two_calls_or_two_outputs_share_is_a_400_naming_the_second(client, model_name):
+    """Two function_call items of one call_id (which does an output answer?) and two outputs of
+    one call were accepted, rendered as two calls, or two results, of the same id."""
+    user = {"role": "user", "content": ASK}
+    answered = client.responses.create(model=model_name, input=[user, CALL, ANSWER], max_output_tokens=2)
+    for extra, index, words in [
+        ({"input": [user, CALL, CALL, ANSWER]}, 2, "Duplicate function call with call_id 'call_1'"),
+        ({"input": [user, CALL, ANSWER, ANSWER]}, 3, "Duplicate function call output for call_id 'call_1'"),
+        # the previous response's conversation has the call and its output already
+        ({"input": [ANSWER], "previous_response_id": answered.id}, 0, "Duplicate function call output"),
+        ({"input": [CALL, ANSWER], "previous_response_id": answered.id}, 0, "Duplicate function call with"),
+    ]:
+        error = refusal(client, model_name, **extra)
+        assert error["param"] == f"input.{index}.call_id", error
+        assert error["message"].startswith(words), error
 
 
 def test_a_reasoning_item_chains_as_the_assistants_reasoning(thinking):
