@@ -253,12 +253,12 @@ def responses_router(
                     for event in stream.read(output, delta):
                         yield event
                 status = _status(finish)
-                for event in stream.finish(status == "incomplete"):
+                for event in stream.finish(status != "completed"):
                     yield event
                 final = kept(
                     response_object(rid, created, echo, stream.items, status, usage_of(output_tokens, stream))
                 )
-                yield stream.event(f"response.{status}", response=final)
+                yield stream.event(_last_event(status), response=final)
             # an error raised while streaming (a parser plugin's, or a bug): the status line went
             # out with the first event, so it is an event too, as on the chat route
             except APIError as exc:
@@ -281,8 +281,17 @@ def responses_router(
 def _status(finish_reason: str | None) -> str:
     """A response's status from how its choice finished: ``incomplete`` at max_output_tokens,
     ``cancelled`` when /abort_request ended it (OpenAI's status of a cancelled response; it keeps
-    what was made), else ``completed``."""
+    what was made, its last item ``incomplete``), else ``completed``."""
     return {"length": "incomplete", "abort": "cancelled"}.get(finish_reason or "", "completed")
+
+
+def _last_event(status: str) -> str:
+    """The event that ends a stream of that status: ``response.completed`` or
+    ``response.incomplete``; a cancelled response's too, for OpenAI's stream events have no
+    ``response.cancelled`` (a client read that type as another event: the SDK's
+    ``ResponseStreamEvent`` union made it a ``response.audio.delta``), and the response it carries
+    ended short of its end, as an incomplete one, with what it made (its status ``cancelled``)."""
+    return "response.completed" if status == "completed" else "response.incomplete"
 
 
 def _failed(

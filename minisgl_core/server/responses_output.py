@@ -8,7 +8,7 @@ the order the model wrote them, as OpenAI's: text, a call, then more text are a 
 function_call and a second message (a message item per run of text between calls). Each
 output_text's logprobs are those of the tokens that wrote it (tokens that wrote the reasoning or a
 call have none). When the output ran out of tokens the response is ``incomplete``, and so is its
-last item.
+last item (the last item too of a response /abort_request cut short, status ``cancelled``).
 
 ``usage.output_tokens_details.reasoning_tokens`` counts the generated tokens that wrote the
 reasoning, read one by one as the items are (:class:`ReasoningTokens`), not its text encoded
@@ -105,7 +105,7 @@ def read_whole(output: ChoiceOutput, choice: Choice, logprobs: bool) -> EventStr
     unless there is something else), and its :meth:`~EventStream.reasoning_tokens`."""
     stream = EventStream(logprobs, render=False)
     stream.read(output, choice)
-    stream.finish(incomplete=choice.finish_reason == "length")
+    stream.finish(incomplete=choice.finish_reason in ("length", "abort"))
     return stream
 
 

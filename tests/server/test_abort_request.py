@@ -264,26 +264,57 @@ def test_ids_are_forgotten_after_a_disconnect_and_a_refusal(server, auth):
     assert aborted(server, auth, rid="gone-1") == 0
 
 
-def test_a_streamed_response_aborted_by_its_id_is_cancelled(server, auth, model_name):
+def test_a_streamed_response_aborted_by_its_id_is_cancelled(server, auth, client, model_name):
     """/v1/responses: named by its id (its stream's first event gives it), it ends with status
-    "cancelled" and what it made (it ended "completed", as if whole, under abort_all)."""
-    body = {"model": model_name, "input": "Tell me a long story", "max_output_tokens": 2000, "stream": True}
-    body |= {"temperature": 0.0}
-    events: list[tuple[str, dict]] = []
-    with httpx.stream("POST", f"{server.url}/v1/responses", json=body, headers=auth, timeout=120) as resp:
-        assert resp.status_code == 200
-        kind = None
-        for line in resp.iter_lines():
-            if line.startswith("event: "):
-                kind = line[len("event: ") :]
-            elif line.startswith("data: "):
-                events.append((kind, json.loads(line[len("data: ") :])))
-                if kind == "response.output_text.delta" and sum(k == kind for k, _ in events) == 2:
-                    response_id = events[0][1]["response"]["id"]
-                    assert aborted(server, auth, rid=response_id) == 1
-    kind, last = events[-1]
-    assert kind == "response.cancelled" and last["response"]["status"] == "cancelled", events[-1]
-    text = "".join(e["delta"] for k, e in events if k == "response.output_text.delta")
-    assert text and last["response"]["output"][0]["content"][0]["text"] == text
-    assert 0 < last["response"]["usage"]["output_tokens"] < 2000
+    "cancelled" and what it made, its last item incomplete (it ended "completed", as if whole, under
+    abort_all). Its last event is ``response.incomplete``, one the official client knows: it was
+    ``response.cancelled``, no type of OpenAI's stream events, which the client read as a
+    ``ResponseAudioDeltaEvent``."""
+    from openai.types.responses import ResponseIncompleteEvent, ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    strict = TypeAdapter(ResponseStreamEvent)  # (built before the stream: it takes a while)
+    events = []
+    stream = client.responses.create(
+        model=model_name, input="Tell me a long story", max_output_tokens=2000, temperature=0.0, stream=True
+    )
+    for event in stream:
+        events.append(event)
+        if event.type == "response.output_text.delta" and sum(e.type == event.type for e in events) == 2:
+            assert aborted(server, auth, rid=events[0].response.id) == 1
+    for event in events:
+        strict.validate_python(event.to_dict())  # (every field, strictly)
+    last = events[-1]
+    assert isinstance(last, ResponseIncompleteEvent) and last.type == "response.incomplete", last
+    assert last.response.status == "cancelled" and last.response.incomplete_details is None
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    [message] = last.response.output
+    assert text and message.content[0].text == text and message.status == "incomplete"
+    assert 0 < last.response.usage.output_tokens < 2000
+    stored = client.responses.retrieve(last.response.id)
+    assert stored.status == "cancelled" and stored.output_text == text
+    assert_nothing_left(server, auth)
+
+
+def test_a_response_aborted_whole_is_cancelled_its_last_item_incomplete(
+    client, server, auth, model_name, read_metrics
+):
+    """/v1/responses answered whole, ended by abort_all (its id comes with the answer, too late to
+    name it): status "cancelled", and its last item, cut short, "incomplete" as in the stream (it
+    was "completed", as if the text had ended)."""
+
+    def ask() -> Any:
+        return client.responses.create(
+            model=model_name, input="Tell me a long story", max_output_tokens=1900, temperature=0
+        )
+
+    made = "minisgl_generation_tokens_total"
+    before = read_metrics()[made]
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(ask)
+        wait_for(lambda: read_metrics()[made] >= before + 4, "the first tokens")
+        assert aborted(server, auth, abort_all=True) == 1
+        out = answer.result(timeout=120)
+    assert out.status == "cancelled" and out.incomplete_details is None
+    assert out.output[-1].status == "incomplete" and 0 < out.usage.output_tokens < 1900
     assert_nothing_left(server, auth)
