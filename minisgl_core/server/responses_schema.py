@@ -330,14 +330,16 @@ class ResponsesRequest(StrictModel):
                         "function_call, function_call_output and reasoning items",
                         f"input.{i}.type",
                     )
-                content = item.get("content") if kind == "message" else None
-                for j, part in enumerate(content if isinstance(content, list) else ()):
+                # (a message's content, a function_call_output's output: a tool's image is as unread)
+                field = {"message": "content", "function_call_output": "output"}.get(kind)
+                parts = item.get(field) if field is not None else None
+                for j, part in enumerate(parts if isinstance(parts, list) else ()):
                     part_kind = part.get("type") if isinstance(part, dict) else None
                     if isinstance(part_kind, str) and part_kind not in TEXT_PARTS:
                         raise _Refused(
                             f"content parts of type {short_repr(part_kind)} are not supported: the "
                             "served models take text only (input_text)",
-                            f"input.{i}.content.{j}.type",
+                            f"input.{i}.{field}.{j}.type",
                         )
         return items
 

@@ -576,6 +576,21 @@ def test_reasoning_and_calls_are_items_of_their_own():
             "input.0.content.0.type",
             "text only",
         ),  # fmt: skip
+        # (a tool's image: it was "input.1.output.0.text: Field required", as if a text part lacked it)
+        (
+            {
+                "input": [
+                    {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+                    {
+                        "type": "function_call_output",
+                        "call_id": "c",
+                        "output": [{"type": "input_image", "image_url": "https://x"}],
+                    },
+                ]
+            },
+            "input.1.output.0.type",
+            "text only",
+        ),
         ({"max_tool_calls": 2}, "max_tool_calls", "unsupported field"),
         ({"top_logprobs": 2}, "top_logprobs", "message.output_text.logprobs"),
         ({"max_output_tokens": 0}, "max_output_tokens", "max_output_tokens must be"),
