@@ -331,7 +331,8 @@ class ResponsesRequest(StrictModel):
                         f"input.{i}.type",
                     )
                 # (a message's content, a function_call_output's output: a tool's image is as unread)
-                field = {"message": "content", "function_call_output": "output"}.get(kind)
+                parts_of = {"message": "content", "function_call_output": "output"}
+                field = parts_of.get(kind) if isinstance(kind, str) else None
                 parts = item.get(field) if field is not None else None
                 for j, part in enumerate(parts if isinstance(parts, list) else ()):
                     part_kind = part.get("type") if isinstance(part, dict) else None

@@ -591,6 +591,8 @@ def test_reasoning_and_calls_are_items_of_their_own():
             "input.1.output.0.type",
             "text only",
         ),
+        # (an item's type not a string: a 400, not a 500 "unhashable type", found by test_fuzz)
+        ({"input": [{"type": {"a": 1}, "role": "user", "content": "Hi"}]}, "input.0.type", "'message'"),
         ({"max_tool_calls": 2}, "max_tool_calls", "unsupported field"),
         ({"top_logprobs": 2}, "top_logprobs", "message.output_text.logprobs"),
         ({"max_output_tokens": 0}, "max_output_tokens", "max_output_tokens must be"),
