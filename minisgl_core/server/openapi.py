@@ -71,9 +71,14 @@ NAMING_A_MODEL = {
     "/tokenize",
     "/detokenize",
 }
-#: routes that read or delete a stored response: 404 for an id not stored; a GET may be a 400
-#: (its input items' page: limit, order, after; the response asked with stream)
-STORED = {"/v1/responses/{response_id}", "/v1/responses/{response_id}/input_items"}
+#: routes that read, delete or cancel a stored response: 404 for an id not stored; a GET may be a
+#: 400 (its input items' page: limit, order, after; the response asked with stream), and a cancel
+#: is one (minisgl runs no background responses)
+STORED = {
+    "/v1/responses/{response_id}",
+    "/v1/responses/{response_id}/input_items",
+    "/v1/responses/{response_id}/cancel",
+}
 #: routes that answer with the error body on an unhealthy engine (no OpenAI body: {status, error})
 HEALTH = {"/health", "/health_generate", "/ping"}
 #: routes whose JSON answer is an object or, for several prompts or samples, a list of them

@@ -9,6 +9,8 @@ it ran on, go to the process's :class:`ResponseStore` (bounded, ``--responses-st
 conversation, and a later request's ``previous_response_id`` continues it (that conversation, the
 response's output, then the new ``input``; the new ``instructions``, not the old). A stream is
 stored when it ends (completed, incomplete or failed); a request the client left is not.
+``POST .../cancel`` (for OpenAI's background responses, which minisgl does not run) is OpenAI's
+400 for a response of another kind.
 """
 
 from __future__ import annotations
@@ -166,6 +168,20 @@ def responses_router(
         if not store.delete(response_id):
             raise _not_found(store, response_id)
         return {"id": response_id, "object": "response", "deleted": True}
+
+    @router.post("/v1/responses/{response_id}/cancel")
+    async def cancel_response(response_id: str) -> None:
+        """OpenAI's cancel (``client.responses.cancel``) stops a ``background`` response, which
+        minisgl never runs: its 400 for a response of another kind (it was a bare 404 "Not
+        Found", as for an unknown path), saying what stops one still running."""
+        if response_id not in state.named and store.get(response_id) is None:
+            raise _not_found(store, response_id)
+        raise APIError(
+            400,
+            "Cannot cancel a synchronous response: minisgl runs no background responses; "
+            f'POST /abort_request {{"rid": {json.dumps(response_id)}}} ends one still running, as cancelled',
+            "response_id",
+        )
 
     @router.get("/v1/responses/{response_id}/input_items")
     async def list_input_items(

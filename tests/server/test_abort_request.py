@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from minisgl_core.server.schemas import ABORT_MESSAGE
@@ -281,6 +282,8 @@ def test_a_streamed_response_aborted_by_its_id_is_cancelled(server, auth, client
     for event in stream:
         events.append(event)
         if event.type == "response.output_text.delta" and sum(e.type == event.type for e in events) == 2:
+            with pytest.raises(openai.BadRequestError, match="Cannot cancel a synchronous response"):
+                client.responses.cancel(events[0].response.id)  # (OpenAI's, for background ones)
             assert aborted(server, auth, rid=events[0].response.id) == 1
     for event in events:
         strict.validate_python(event.to_dict())  # (every field, strictly)

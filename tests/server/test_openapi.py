@@ -118,13 +118,15 @@ def test_the_stored_response_routes_document_their_404(server, auth):
     for path, methods in (
         ("/v1/responses/{response_id}", ("get", "delete")),
         ("/v1/responses/{response_id}/input_items", ("get",)),
+        ("/v1/responses/{response_id}/cancel", ("post",)),
     ):
         for method in methods:
             responses = schema["paths"][path][method]["responses"]
             assert {"401", "404"} <= set(responses), (path, method)
             assert responses["404"]["description"] == "No stored response of that id"
-            # (GET: a page's limit, order or after, or stream, which no stored response answers)
-            assert ("400" in responses) == (method == "get"), (path, method)
+            # (GET: a page's limit, order or after, or stream, which no stored response answers;
+            # POST: a cancel, for background responses)
+            assert ("400" in responses) == (method in ("get", "post")), (path, method)
     for method in ("GET", "DELETE"):
         resp = httpx.request(method, f"{server.url}/v1/responses/resp_none", headers=auth)
         assert resp.status_code == 404

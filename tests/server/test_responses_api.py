@@ -1007,3 +1007,22 @@ def test_a_failed_stream_is_stored_failed_and_a_left_one_not(server, auth, model
         created = json.loads(next(line for line in lines if line.startswith("data: "))[len("data: ") :])
     wait_idle(read_metrics, timeout=5)  # (the request aborted, its stream ended)
     assert get(server.url, f"/v1/responses/{created['response']['id']}").status_code == 404
+
+
+def test_cancel_is_openais_400_for_a_response_not_run_in_the_background(client, model_name):
+    """``client.responses.cancel`` (POST .../cancel, for background responses, which minisgl does
+    not run) was a bare 404 "Not Found", as for a path the server does not have: a stored response
+    is OpenAI's 400 "Cannot cancel a synchronous response", saying what ends one still running; an
+    id not stored the GET's 404."""
+    kept = client.responses.create(model=model_name, input=ASK, max_output_tokens=2)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.cancel(kept.id)
+    error = refused.value.body
+    assert error["param"] == "response_id" and error["type"] == "invalid_request_error", error
+    assert error["message"].startswith("Cannot cancel a synchronous response"), error
+    assert f'POST /abort_request {{"rid": "{kept.id}"}}' in error["message"], error
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.responses.cancel("resp_nope")
+    assert missing.value.body["message"].startswith("Response with id 'resp_nope' not found"), (
+        missing.value.body
+    )
