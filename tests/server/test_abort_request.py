@@ -318,6 +318,7 @@ def test_a_response_aborted_whole_is_cancelled_its_last_item_incomplete(
         wait_for(lambda: read_metrics()[made] >= before + 4, "the first tokens")
         assert aborted(server, auth, abort_all=True) == 1
         out = answer.result(timeout=120)
-    assert out.status == "cancelled" and out.incomplete_details is None
-    assert out.output[-1].status == "incomplete" and 0 < out.usage.output_tokens < 1900
+    assert out.status == "cancelled" and out.incomplete_details is None, out
+    # (what the engine made may not have reached the API server yet: no count below)
+    assert out.output[-1].status == "incomplete" and out.usage.output_tokens < 1900, out
     assert_nothing_left(server, auth)
