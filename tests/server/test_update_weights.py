@@ -163,13 +163,19 @@ def test_it_is_behind_the_api_key(served, steps):
 
 def test_a_running_request_finishes_on_the_old_weights_first(served, steps):
     """Without abort_all_requests the update waits: the request running ends as it would have, on
-    the old weights, and only then does the answer come."""
+    the old weights, and only then does the answer come. The scheduler's line says it held the
+    update while the request ran: an update that came after the request's end would wait for
+    nothing, and the test would pass without testing it."""
     params = LONG
     reference = generate(served, params=params)["output_ids"]  # (the served weights: step a)
+    held = f"weight update from {steps['b']} waits for the 1 requests in the engine"
     with ThreadPoolExecutor(2) as pool:
         running = pool.submit(generate, served, PROMPT, params)
         _wait_until_running(served)
+        seen = served.log().count(held)
         updating = pool.submit(update, served, model_path=str(steps["b"]))
+        _wait_for(lambda: served.log().count(held) > seen or updating.done(), "the update's answer")
+        assert served.log().count(held) > seen, "the update did not wait for the running request"
         answer = running.result(timeout=300)
         resp = updating.result(timeout=300)
     assert resp.status_code == 200, resp.text
