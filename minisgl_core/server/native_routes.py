@@ -204,7 +204,9 @@ def native_router(state: ServerState) -> APIRouter:
                     drop_generated(delta)
                 choice = choices[delta.index]
                 choice.merge(delta)
-                if delta.text or delta.finish_reason is not None:
+                # a chunk for every token, as SGLang's: one whose text is held back (part of a
+                # UTF-8 character, or of what may be a stop string) still shows in output_ids
+                if delta.text or delta.token_ids or delta.finish_reason is not None:
                     chunk = result(choice)
                     if not single:
                         chunk["index"] = delta.index

@@ -716,6 +716,31 @@ def test_native_generate(server, llm, auth):
     assert last["text"] == ref.text and last["output_ids"] == ref.token_ids
 
 
+def test_native_generate_streams_the_tokens_whose_text_is_held_back(server, auth):
+    """A chunk for every token, as SGLang's: a stop string that the whole output begins holds all
+    its text back until the end, yet the chunks before show the tokens (output_ids,
+    completion_tokens) as they come. A token with no text to send made no chunk: a paused
+    request's stream showed fewer tokens than it had made."""
+    params = {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True}
+    resp = httpx.post(
+        f"{server.url}/generate", json={"text": PROMPT, "sampling_params": params}, headers=auth
+    )
+    assert resp.status_code == 200, resp.text
+    whole = resp.json()
+    held = {**params, "stop": [whole["text"] + " and never this"]}
+    body = {"text": PROMPT, "sampling_params": held, "stream": True}
+    with httpx.stream("POST", f"{server.url}/generate", json=body, headers=auth) as streamed:
+        events = [line.removeprefix("data: ") for line in streamed.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    assert (chunks[-1]["text"], chunks[-1]["output_ids"]) == (whole["text"], whole["output_ids"])
+    early = chunks[:-1]
+    assert early and all(c["text"] == "" and c["meta_info"]["finish_reason"] is None for c in early), chunks
+    for chunk in chunks:
+        ids = chunk["output_ids"]
+        assert ids == whole["output_ids"][: len(ids)] and len(ids) == chunk["meta_info"]["completion_tokens"]
+
+
 @pytest.mark.parametrize("start", [0, 3])
 def test_native_generate_input_logprobs(server, llm, auth, start):
     """SGLang's logprob_start_len: the prompt's tokens from that position get their logprobs in

@@ -27,7 +27,7 @@ from minisgl_core.llm import LLM
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.server.schemas import PAUSE_ABORT_MESSAGE
 
-from .conftest import API_KEY
+from .conftest import API_KEY, metrics
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 PROMPT = "The quick brown fox jumps over the lazy dog and then"
@@ -88,6 +88,11 @@ def generate(server, text: str = PROMPT, params: dict[str, Any] = GREEDY) -> dic
 
 def load(server) -> dict[str, int]:
     return httpx.get(f"{server.url}/get_load", headers=AUTH).json()[0]
+
+
+def generated_tokens(server) -> int:
+    """The tokens the server has counted as generated (``/metrics``)."""
+    return int(metrics(server.url)["minisgl_generation_tokens_total"])
 
 
 def wait_for_load(server, condition) -> dict[str, int]:
@@ -166,13 +171,19 @@ def test_a_paused_request_stands_still_then_ends_as_without_the_pause(served, mo
     """No token comes while paused; once continued the request ends with the tokens it would have
     made (``retract``: its KV was given back and computed again)."""
     short = generate(served)["output_ids"]
+    before = generated_tokens(served)
     stream = Stream(served)
     wait_for_load(served, lambda _: stream.tokens > 5)
     resp = pause(served, mode)
     assert resp.status_code == 200, resp.text
     assert resp.json() == {"message": "Generation paused successfully.", "status": "ok"}
-    time.sleep(0.3)  # (the tokens the pause landed reach the client)
+    # the tokens the pause landed reach the client: the server counted each before it answered
+    # the pause, and the stream has a chunk for each, its text held back or not
+    made, deadline = generated_tokens(served) - before, time.monotonic() + 60
+    while stream.tokens < made and time.monotonic() < deadline:
+        time.sleep(0.01)
     seen = stream.tokens
+    assert seen == made, (seen, made)
     now = load(served)
     assert (now["num_reqs"], now["num_waiting_reqs"]) == ((1, 1) if mode == "retract" else (1, 0))
     if mode == "retract":  # its KV went back: only the prefix cache holds it
