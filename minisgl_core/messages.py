@@ -219,6 +219,11 @@ HEARTBEAT_INTERVAL_MS = 1000
 #: run, in ms; absent from every other report, as no step is in flight then
 STEP_MS = "step_ms"
 
+#: the stats key of rank 0's idle heartbeat while the engine has nothing to do: how long, in ms,
+#: every rank has been parked waiting for work (/metrics' minisgl_idle_seconds); absent from every
+#: other report, and rank 0's first report after it wakes has stats
+IDLE_MS = "idle_ms"
+
 
 @dataclass
 class StepOutputs(Message):

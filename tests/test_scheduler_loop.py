@@ -11,6 +11,7 @@ import zmq
 
 from minisgl_core.demo.factories import make_model_dir
 from minisgl_core.messages import (
+    IDLE_MS,
     STEP_MS,
     ContinueGeneration,
     EngineRequest,
@@ -66,6 +67,7 @@ class SlowEngine:
 
     compiling = 0
     has_work = True
+    idle = False
     quiet = True
 
     def __init__(self, to_scheduler: zmq.Socket, detokenizer: zmq.Socket) -> None:
@@ -188,6 +190,7 @@ class FlushedEngine(SlowEngine):
     """Idle with a full prefix cache, which /flush_cache empties."""
 
     has_work = False
+    idle = True
 
     def __init__(self, to_scheduler: zmq.Socket, detokenizer: zmq.Socket) -> None:
         super().__init__(to_scheduler, detokenizer)
@@ -229,6 +232,42 @@ def test_the_idle_report_after_a_flush_gives_the_emptied_cache(wires):
                     m.stats for m in drain(wires.detokenizer) if isinstance(m, StepOutputs) and m.stats
                 ]
         assert any(r["kv_used_tokens"] == 0 for r in reports), reports
+    finally:
+        send(wires.to_scheduler, Shutdown())
+        thread.join(5)
+
+
+def test_the_idle_heartbeat_says_how_long_every_rank_has_waited_until_work_wakes_it(wires):
+    """Idle, rank 0's heartbeat (once a second) carries IDLE_MS, how long the ranks have been
+    parked (/metrics' minisgl_idle_seconds: a test measures an idle server's CPU once it is there);
+    the first round after a message woke it reports stats without it, even one changing no stat
+    soon after the heartbeat: a request's first outputs then read as an idle server's."""
+    import threading
+
+    engine = FlushedEngine(wires.to_scheduler, wires.detokenizer)
+    loop = SchedulerLoop(engine, OneRank())  # type: ignore[arg-type]
+    thread = threading.Thread(target=loop.run_leader, args=(wires.inbox, wires.to_detokenizer))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        idle: list[StepOutputs] = []
+        while not idle:
+            idle = [
+                m
+                for m in drain(wires.detokenizer)
+                if isinstance(m, StepOutputs) and IDLE_MS in (m.stats or {})
+            ]
+            assert time.monotonic() < deadline, "no idle heartbeat"
+            wires.detokenizer.poll(5)
+        assert idle[-1].stats[IDLE_MS] >= 1000
+        send(wires.to_scheduler, ContinueGeneration(7))
+        reports: list[StepOutputs] = []
+        deadline = time.monotonic() + 0.5  # (the next idle heartbeat comes after a second)
+        while time.monotonic() < deadline and not any(r.stats for r in reports):
+            if wires.detokenizer.poll(10):
+                reports += [m for m in drain(wires.detokenizer) if isinstance(m, StepOutputs)]
+        assert [7, ""] in [answer for r in reports for answer in r.answers], reports
+        assert [IDLE_MS in r.stats for r in reports if r.stats] == [False], reports
     finally:
         send(wires.to_scheduler, Shutdown())
         thread.join(5)

@@ -40,6 +40,7 @@ from minisgl_core.distributed import PeerLost, PeerWatch, TPGroup, init_tp_group
 from minisgl_core.engine.engine import Engine
 from minisgl_core.messages import (
     HEARTBEAT_INTERVAL_MS,
+    IDLE_MS,
     STEP_MS,
     AbortRequest,
     CompilesSettled,
@@ -326,6 +327,7 @@ class SchedulerLoop:
                 if self.tp.size > 1:
                     self.tp.broadcast_int(IDLE)
                 msgs = self._wait_for_work(inbox, to_detokenizer)
+                self.last_stats_at = 0.0  # (this round reports: the idle heartbeat's IDLE_MS ends)
                 if self.tp.size > 1:
                     self.tp.wake()
             if self.tp.size > 1:
@@ -362,8 +364,10 @@ class SchedulerLoop:
     def _wait_for_work(self, inbox: zmq.Socket, to_detokenizer: zmq.Socket) -> list[Message]:
         """Block until a message arrives or, while requests wait for their grammar, a compile
         ends or overruns (no busy wait); once a second meanwhile, check the parked peers and say
-        it is alive."""
-        beat = time.monotonic()
+        it is alive (with IDLE_MS while the engine has nothing to do: the peers' wake returns once
+        each has parked, as gloo sends only to a receive posted)."""
+        parked = beat = time.monotonic()
+        idle = self.engine.idle and not self.held
         while True:
             waiting = self.engine.compiling > 0
             msg = recv(inbox, timeout_ms=COMPILE_POLL_MS if waiting else HEARTBEAT_INTERVAL_MS)
@@ -376,7 +380,10 @@ class SchedulerLoop:
                 if self.tp.size > 1:  # the peers still there? (PeerLost if not)
                     self.tp.wake()
                     self.tp.broadcast_int(IDLE)
-                send(to_detokenizer, StepOutputs(stats=self._stats(now)))
+                stats = self._stats(now)
+                if idle:
+                    stats = {**stats, IDLE_MS: int((now - parked) * 1000)}
+                send(to_detokenizer, StepOutputs(stats=stats))
                 beat = now
 
     def _compiles_settled(self) -> list[Message]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 
+from minisgl_core.messages import IDLE_MS
+
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -158,6 +160,13 @@ class Metrics:
             "gauge",
             "Share of admitted prompt tokens found in the prefix cache.",
             [("", cached / prompt if prompt else 0.0)],
+        )
+        metric(
+            "minisgl_idle_seconds",
+            "gauge",
+            "How long every scheduler rank has waited for work, parked, with no request in the "
+            "engine (rank 0's idle heartbeat says it once a second; 0 while the engine works).",
+            [("", e.get(IDLE_MS, 0) / 1000)],
         )
         # only with --speculative-algorithm (the engine then reports them), as vLLM: a 0 would
         # read as drafts all rejected, where none are made

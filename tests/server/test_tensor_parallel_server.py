@@ -15,6 +15,8 @@ import pytest
 
 from minisgl_core.tokenizer.load import apply_chat_template
 
+from .conftest import metrics
+
 PROMPTS = ["The quick brown fox jumps over", "Once upon a time", "In a hole in the ground there lived"]
 
 
@@ -141,7 +143,12 @@ def test_tp2_a_request_whose_allowed_ids_and_grammar_leave_no_token_is_a_400_log
 
 def test_idle_server_does_not_spin(tp2):
     children = tp2.children()
-    time.sleep(0.5)  # let the last request's stragglers settle
+    # measured once rank 0's idle heartbeat has found every rank parked (/metrics), not before: a
+    # rank may still be ending the last test's request on a loaded machine
+    deadline = time.monotonic() + 60
+    while metrics(tp2.url)["minisgl_idle_seconds"] == 0:
+        assert time.monotonic() < deadline, "the server never said it was idle"
+        time.sleep(0.05)
     before = tp2.cpu_seconds(children)
     time.sleep(2.0)
     # a rank polling in a loop would burn ~2 CPU seconds here; parked ones use almost none
