@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -146,8 +147,14 @@ def add_bench_command(sub) -> None:
         "--grammar-backend", default="xgrammar", help="the grammar plugin to time (default: %(default)s)"
     )
     p.add_argument("--rows", type=_positive_int, default=256, help="constrained requests in the batch")
-    p.add_argument("--steps", type=_positive_int, default=24, help="timed decode steps")
-    p.add_argument("--warm-steps", type=_non_negative_int, default=24, help="steps walked before timing")
+    p.add_argument(
+        "--steps", type=_int_range(1, MAX_GRAMMAR_BENCH_STEPS), default=24,
+        help=f"timed decode steps (default: %(default)s, at most {MAX_GRAMMAR_BENCH_STEPS:,})",
+    )  # fmt: skip
+    p.add_argument(
+        "--warm-steps", type=_int_range(0, MAX_GRAMMAR_BENCH_STEPS), default=24,
+        help=f"steps walked before timing (default: %(default)s, at most {MAX_GRAMMAR_BENCH_STEPS:,})",
+    )  # fmt: skip
     p.add_argument(
         "--vocab-size",
         type=_vocab_size,
@@ -195,7 +202,10 @@ def add_bench_command(sub) -> None:
     )
     p.add_argument("--batch-sizes", type=_positive_ints, default=[1, 8], help="comma-separated batch sizes")
     p.add_argument("--max-new-tokens", type=_positive_int, default=64, help="new tokens per request")
-    p.add_argument("--rounds", type=_positive_int, default=3, help="alternating runs per batch size")
+    p.add_argument(
+        "--rounds", type=_int_range(1, MAX_CPU_BENCH_ROUNDS), default=3,
+        help=f"alternating runs per batch size (default: %(default)s, at most {MAX_CPU_BENCH_ROUNDS:,})",
+    )  # fmt: skip
     p.add_argument("--no-transformers", action="store_true", help="measure ours only")
     p.add_argument(
         "--engine-arg",
@@ -936,6 +946,30 @@ def _schema_length(text: str) -> int:
             f"must be an integer from 1 to {MAX_SCHEMA_ITEMS} (the builtin schema's minItems), got {cut(text)}"
         )
     return value
+
+
+#: the most steps bench grammar walks, timed or warm-up, each (its default: 24): 10**20 ran until
+#: killed, and at its default rows a step takes milliseconds to tens of them
+MAX_GRAMMAR_BENCH_STEPS = 100_000
+#: the most alternating runs per batch size bench cpu makes (its default: 3): 10**20 ran until
+#: killed, and a run takes seconds to minutes on a CPU
+MAX_CPU_BENCH_ROUNDS = 1_000
+
+
+def _int_range(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an integer from ``low`` to ``high``, anything else refused naming the range
+    (one without a bound was taken, up to 10**20, and the bench then ran until killed)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be an integer from {low} to {high:,}, got {cut(text)}")
+        return value
+
+    return parse
 
 
 def _positive_int(text: str) -> int:

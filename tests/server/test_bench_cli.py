@@ -600,6 +600,42 @@ def test_bench_grammar_max_tokens_past_a_schemas_min_items_names_the_flag(
         bench_here(capsys, "--max-tokens", "2147483647", "--model-cache", str(tmp_path), command="grammar")
 
 
+def test_bench_step_and_round_counts_past_their_limit_are_a_usage_error(
+    model_dir, tmp_path, capsys, monkeypatch
+) -> None:
+    """``bench grammar --steps 99999999999999999999`` (or --warm-steps) and ``bench cpu --rounds``
+    as large were taken, and the bench then ran until killed: refused before any work, naming the
+    flag and its range; the largest each takes still runs."""
+    import torch
+
+    import minisgl_core.bench.cpu as cpu
+    import minisgl_core.bench.grammar as grammar
+
+    def ran(*args, **kwargs):
+        raise AssertionError("the bench ran")
+
+    monkeypatch.setattr(grammar, "host_step_bench", ran)
+    monkeypatch.setattr(cpu, "run_cpu_bench", ran)
+    grammar_args = ["--rows", "2", "--vocab-size", "4096", "--model-cache", str(tmp_path)]
+    cpu_args = ["--model", str(model_dir), "--device", "cpu", "--no-transformers", "--threads", "1",
+                "--batch-sizes", "1", "--max-new-tokens", "1"]  # fmt: skip
+    cases = [("grammar", grammar_args, "--steps", "1 to 100,000"),
+             ("grammar", grammar_args, "--warm-steps", "0 to 100,000"),
+             ("cpu", cpu_args, "--rounds", "1 to 1,000")]  # fmt: skip
+    threads = torch.get_num_threads()  # (bench cpu sets torch's threads in this process)
+    try:
+        for command, args, flag, limit in cases:
+            for value in ("99999999999999999999", str(int(limit.split()[-1].replace(",", "")) + 1)):
+                code, err = bench_here(capsys, *args, flag, value, command=command)
+                assert code == 2 and err.splitlines()[-1] == (
+                    f"minisgl bench {command}: error: argument {flag}: must be an integer from {limit}, got {value}"
+                ), err
+            with pytest.raises(AssertionError, match="the bench ran"):
+                bench_here(capsys, *args, flag, limit.split()[-1].replace(",", ""), command=command)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _streaming_server(events: bytes | None):
     """An HTTP server listing model "m" (/v1/models), with empty /metrics, that answers each chat
     or completion with a 200 event stream of ``events`` (then closes the connection; None: a
