@@ -618,6 +618,7 @@ def _serve(args: argparse.Namespace) -> int:
             args.output_len,
             seed=args.seed,
         )
+    _check_arrival_span(len(requests), args.request_rate or [])
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not one log line per request
     try:
         check_api_key(args.api_key)
@@ -712,6 +713,25 @@ def _check_workload_size(prompt_tokens: int, flags: str) -> None:
             f"minisgl bench: the workload would hold up to {prompt_tokens:,} prompt tokens, more than "
             f"the {MAX_BENCH_PROMPT_TOKENS:,} a bench builds; lower {flags}"
         )
+
+
+#: the longest a --request-rate sweep point's arrivals may take on average: a rate of 1e-300 was
+#: taken, and the bench then waited between two requests until killed
+MAX_ARRIVAL_SECONDS = 24 * 3600
+
+
+def _check_arrival_span(requests: int, rates: list[float]) -> None:
+    """Each --request-rate sends ``requests`` with exponential gaps of mean 1/rate between them."""
+    for rate in rates:
+        span = (requests - 1) / rate
+        if span > MAX_ARRIVAL_SECONDS:
+            least = (requests - 1) / MAX_ARRIVAL_SECONDS
+            places = 2 - math.floor(math.log10(least))  # (three significant digits, rounded up)
+            raise ConfigError(
+                f"--request-rate {rate:g}: the {requests} requests would take {span / 3600:,.3g} hours to "
+                f"arrive on average, more than the {MAX_ARRIVAL_SECONDS // 3600} hours a bench waits; give "
+                f"at least {math.ceil(least * 10**places) / 10**places:g} requests/s (or fewer requests)"
+            )
 
 
 def _check_requests_fit(

@@ -221,6 +221,26 @@ def test_bench_serve_refuses_a_workload_too_large_to_build_and_bad_sweeps(capsys
     assert "more than the 33,554,432 a bench builds; lower --num-requests" in proc.stderr, proc.stderr
 
 
+def test_bench_serve_refuses_a_request_rate_whose_arrivals_take_more_than_a_day(capsys) -> None:
+    """``--request-rate 1e-300`` was taken: the bench sent its first request, then waited for the
+    next until killed. Refused before the server is reached, with the least rate it takes."""
+    for rates, rate in (("1e-300", "1e-300"), ("4,0.001", "0.001")):
+        code, err = bench_here(capsys, "--url", "http://127.0.0.1:9", "--request-rate", rates)
+        assert code == 2 and err.splitlines()[-1].startswith(
+            f"minisgl: error: --request-rate {rate}: the 256 requests would take "
+        ), err
+        assert err.endswith(
+            "hours to arrive on average, more than the 24 hours a bench waits; give at least 0.00296 "
+            "requests/s (or fewer requests)\n"
+        ), err
+    code, err = bench_here(capsys, "--url", "http://127.0.0.1:9", "--request-rate", "0.00296")
+    assert code == 1 and "cannot reach the server" in err, err  # (the least it takes: on to the server)
+    code, err = bench_here(
+        capsys, "--url", "http://127.0.0.1:9", "--num-requests", "1", "--request-rate", "1e-300"
+    )
+    assert code == 1 and "cannot reach the server" in err, err  # (one request: no wait between two)
+
+
 def test_latency_percentiles_interpolate_as_numpy_does() -> None:
     import numpy as np
     import pytest
