@@ -889,8 +889,10 @@ def _server_url(text: str) -> str:
         raise argparse.ArgumentTypeError(f"names no host, got {text!r}: e.g. http://127.0.0.1:8000")
     if port == 0:
         raise argparse.ArgumentTypeError(f"the port must be a number from 1 to 65535, got {text!r}")
-    from minisgl_core.server.cli import base_url
+    from minisgl_core.server.cli import base_url, host_problem
 
+    if (problem := host_problem(parts.hostname)) is not None:
+        raise argparse.ArgumentTypeError(f"{problem}, got {cut(text)!r}")
     return base_url(text)
 
 

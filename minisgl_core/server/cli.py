@@ -17,6 +17,7 @@ from minisgl_core.checkpoint.resolve import DEMO
 from minisgl_core.config import ConfigError, EngineConfig, check_api_key
 from minisgl_core.grammars import check_grammar_backend
 from minisgl_core.plugins import Plugins
+from minisgl_core.sampling import cut
 from minisgl_core.server.limits import add_limit_args, limits_from_args
 from minisgl_core.server.responses_store import DEFAULT_STORE_SIZE, MAX_STORED_CHARS
 
@@ -284,7 +285,20 @@ def _server_url(text: str) -> str:
         port = 0
     if port == 0:
         raise ConfigError(f"--url {text!r}: the port must be a number from 1 to 65535")
+    if (problem := host_problem(parts.hostname)) is not None:
+        raise ConfigError(f"--url {cut(text)!r}: {problem}")
     return base_url(text)
+
+
+def host_problem(host: str) -> str | None:
+    """Why a URL's ``host`` is no name a lookup takes, or None: a label past 63 characters or an
+    empty one (``a..b``) was UnicodeError's traceback from the first request (the IDNA encoding
+    every lookup makes). ``shell --url`` and ``bench serve --url`` both check it."""
+    try:
+        host.encode("idna")
+    except UnicodeError:
+        return "the host name has a part longer than 63 characters or an empty one; give the server's address"
+    return None
 
 
 def base_url(url: str) -> str:

@@ -126,7 +126,8 @@ def test_bench_serve_takes_the_api_key_from_the_environment_as_shell_does(server
 
 def test_bench_serve_refuses_a_url_without_an_http_scheme_up_front() -> None:
     """``--url localhost:31200`` said "cannot reach the server ... start it first" while it ran; a
-    port no number or out of range, or a broken IPv6 host, was httpx's traceback or that line too."""
+    port no number or out of range, or a broken IPv6 host, was httpx's traceback or that line too;
+    a host name part past 63 characters or an empty one, UnicodeError's."""
     for url, said in [
         ("localhost:31200", "argument --url: needs a scheme: http://localhost:31200"),
         ("ftp://localhost:31200", "argument --url: must be an http:// or https:// URL, not ftp://: "
@@ -138,6 +139,11 @@ def test_bench_serve_refuses_a_url_without_an_http_scheme_up_front() -> None:
         ("http://127.0.0.1:99999", "argument --url: is not a URL (Port out of range 0-65535), got "
          "'http://127.0.0.1:99999': e.g. http://127.0.0.1:8000"),
         ("http://127.0.0.1:0", "argument --url: the port must be a number from 1 to 65535, got 'http://127.0.0.1:0'"),
+        # (a host name the lookup's IDNA encoding refuses: UnicodeError's traceback)
+        ("http://a..b:9", "argument --url: the host name has a part longer than 63 characters or an empty "
+         "one; give the server's address, got 'http://a..b:9'"),
+        ("http://" + "a" * 300, "argument --url: the host name has a part longer than 63 characters or an "
+         f"empty one; give the server's address, got 'http://{'a' * 70}...'"),
     ]:  # fmt: skip
         proc = bench("--url", url, *SMALL)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr

@@ -204,6 +204,11 @@ def test_a_url_that_is_no_minisgl_server_is_one_line_naming_url():
     for url, says in [
         ("http://[bad", "--url 'http://[bad' is not a URL: Invalid IPv6 URL"),
         ("http://127.0.0.1:99999", "--url 'http://127.0.0.1:99999': the port must be a number from 1 to 65535"),
+        # (UnicodeError's traceback from the lookup: a host name part past 63 characters or an empty one)
+        ("http://a..b:9", "--url 'http://a..b:9': the host name has a part longer than 63 characters or an "
+         "empty one; give the server's address"),
+        ("http://" + "a" * 300, f"--url 'http://{'a' * 70}...': the host name has a part longer than 63 "
+         "characters or an empty one; give the server's address"),
     ]:  # fmt: skip
         result = shell_command("--url", url)
         assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
