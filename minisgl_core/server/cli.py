@@ -273,6 +273,10 @@ def _server_url(text: str) -> str:
     65535 "Connection refused"), as :func:`base_url` spells it."""
     import urllib.parse
 
+    if not text.strip():  # (it was taken as --url left out: the shell started a server of its own)
+        raise ConfigError(
+            "--url is empty: give the server's address, e.g. http://127.0.0.1:8000, or leave --url out"
+        )
     try:
         parts = urllib.parse.urlsplit(text)
     except ValueError as exc:  # "Invalid IPv6 URL"
@@ -649,7 +653,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_shell(args: argparse.Namespace) -> int:
-    if args.url:
+    if args.url is not None:
         args.url = _server_url(args.url)
         # (they were accepted and used by nothing, as serve's shell flags without --shell)
         given = [flag for flag, dest, default in args.server_flags if getattr(args, dest) != default]
@@ -660,7 +664,7 @@ def _cmd_shell(args: argparse.Namespace) -> int:
             )
     _check_shell_args(args)
     check_api_key(args.api_key)
-    if args.url:
+    if args.url is not None:
         model, context_len = (args.served_model_name or [None])[0], None
         if model is None:
             model, context_len = _served_model(args.url, args.api_key)

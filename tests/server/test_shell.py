@@ -215,6 +215,18 @@ def test_a_url_that_is_no_minisgl_server_is_one_line_naming_url():
         assert result.stderr == f"minisgl: error: {says}\n"
 
 
+def test_an_empty_url_is_refused_not_taken_as_none():
+    """``shell --url ''`` (an unset variable in a script) was taken as --url left out: the shell
+    started a server of its own, on the default model (here a model that does not exist, refused
+    naming --model)."""
+    for url in ("", " "):
+        result = shell_command("--url", url, "--model", "/nonexistent")
+        assert result.returncode == 2 and result.stderr == (
+            "minisgl: error: --url is empty: give the server's address, e.g. http://127.0.0.1:8000, or "
+            "leave --url out\n"
+        ), result.stderr
+
+
 def test_a_server_refusing_the_key_is_named_as_such_not_unreachable(server):
     """A missing or wrong key was "cannot reach the server at URL: HTTP Error 401" (found by a
     probe): the server was reached, and the fix is the key."""
