@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import math
@@ -517,9 +518,12 @@ def _cpu(args: argparse.Namespace) -> int:
                 f"--engine-arg {key}={short_repr(value)} contradicts {flag(key)} {given[key]}: give one of them"
             )
         fields[key] = value
-    if fields["tp_size"] != 1:  # (LLM's own refusal was a traceback)
-        raise ConfigError(f"bench cpu runs the offline LLM in one process: --tp 1, not {fields['tp_size']}")
-    largest, running = max(batch_sizes), fields["max_running_requests"]
+    # the --engine-arg values checked as the engine checks them, before they are compared below
+    # (max_running_requests=abc was a TypeError traceback there, -1 "more than -1")
+    checked = dataclasses.replace(config, **fields)
+    if checked.tp_size != 1:  # (LLM's own refusal was a traceback)
+        raise ConfigError(f"bench cpu runs the offline LLM in one process: --tp 1, not {checked.tp_size}")
+    largest, running = max(batch_sizes), checked.max_running_requests
     # (ours ran a larger one in waves, transformers in one batch; a huge one built prompts for ever)
     if largest > running:
         raise ConfigError(

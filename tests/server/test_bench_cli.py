@@ -577,6 +577,27 @@ def test_bench_cpu_refuses_a_batch_larger_than_the_engine_runs_at_once(model_dir
         torch.set_num_threads(threads)
 
 
+def test_bench_cpu_checks_engine_arg_values_before_comparing_them(model_dir, capsys) -> None:
+    """``--engine-arg max_running_requests=abc`` was a TypeError traceback (compared with the largest
+    batch size before the engine checked it), ``=-1`` "--batch-sizes 1: more than
+    --max-running-requests -1": each is now the engine's own one-line refusal."""
+    import torch
+
+    threads = torch.get_num_threads()  # (bench cpu sets torch's threads in this process)
+    try:
+        for value, says in [
+            ("abc", "--max-running-requests must be an integer, got 'abc'"),
+            ("-1", "--max-running-requests must be >= 1, got -1"),
+        ]:
+            code, err = bench_here(
+                capsys, "--model", str(model_dir), "--device", "cpu", "--no-transformers", "--threads", "1",
+                "--batch-sizes", "1", "--engine-arg", f"max_running_requests={value}", command="cpu",
+            )  # fmt: skip
+            assert code == 2 and err.splitlines()[-1] == f"minisgl: error: {says}", err
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_bench_grammar_refuses_more_logits_than_it_allocates(tmp_path, capsys, monkeypatch) -> None:
     """``bench grammar --rows 99999999999999999999`` ran until killed (a request per row, then a
     rows x vocabulary logits tensor each step), as did a --vocab-size as large (filler words padding
