@@ -17,7 +17,7 @@ from minisgl_core.checkpoint.resolve import DEMO
 from minisgl_core.config import ConfigError, EngineConfig, check_api_key
 from minisgl_core.grammars import check_grammar_backend
 from minisgl_core.plugins import Plugins
-from minisgl_core.sampling import cut
+from minisgl_core.sampling import LONE_SURROGATE, cut
 from minisgl_core.server.limits import add_limit_args, limits_from_args
 from minisgl_core.server.responses_store import DEFAULT_STORE_SIZE, MAX_STORED_CHARS
 
@@ -607,6 +607,13 @@ def _check_shell_args(args: argparse.Namespace) -> None:
         )
     except ValueError as exc:  # the message names the field
         raise ConfigError(str(exc), *(f for f in ("temperature", "max_tokens") if f in str(exc))) from None
+    # a byte that is not UTF-8 comes through argv as a lone surrogate: the server refused every
+    # turn naming a JSON path ("messages.0.content: invalid text")
+    if args.system is not None and (bad := LONE_SURROGATE.search(args.system)) is not None:
+        raise ConfigError(
+            f"--system is not valid UTF-8 text (a byte 0x{ord(bad.group()) & 0xFF:02x} at character "
+            f"{bad.start()}): pass text in UTF-8"
+        )
 
 
 def _check_reply_fits(max_tokens: int | None, context_len: int | None, model: str) -> None:

@@ -165,8 +165,13 @@ def run_shell(
         except KeyboardInterrupt:
             print(" [stopped]", end="", file=out)
         except ShellError as exc:
-            # (a conversation past the context fails at every turn from then on: say the way out)
-            hint = " (/reset clears the history)" if "context" in str(exc) and len(history) > 1 else ""
+            # (a conversation past the context fails at every turn from then on: say the way out;
+            # /reset keeps the system prompt, so it is no way out of one too long on its own)
+            hint = ""
+            if "context" in str(exc) and len(history) > len(start) + 1:
+                hint = " (/reset clears the history)"
+            elif "context" in str(exc) and start:
+                hint = " (the system prompt, --system, takes part of the context)"
             print(f"\nerror: {exc}{hint}", file=out, flush=True)
             history.pop()
             turn_failed = True

@@ -150,6 +150,52 @@ def test_the_shell_exits_nonzero_after_a_failed_turn():
     assert "error: cannot reach the server" in result.stdout and "(history cleared)" in result.stdout
 
 
+def test_a_system_prompt_past_the_context_is_not_hinted_away_by_reset():
+    """A --system prompt too long for the context failed every turn with "(/reset clears the
+    history)", though /reset keeps it: the hint now names the system prompt there, and /reset
+    only where earlier turns take room."""
+    from minisgl_core.server.shell import run_shell as shell
+
+    body = b'{"error": {"message": "the prompt exceeds the context length 2048; shorten it"}}'
+    refused = (
+        b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+        % (len(body), body)
+    )
+    ok = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n"
+          b'data: {"choices": [{"index": 0, "delta": {"content": "Hi"}}]}\n\ndata: [DONE]\n\n')  # fmt: skip
+    said = "error: the prompt exceeds the context length 2048; shorten it"
+    system_hint, reset_hint = (
+        " (the system prompt, --system, takes part of the context)",
+        " (/reset clears the history)",
+    )
+    for system, replies, hints in [
+        ("long", [refused], [system_hint] * 3),
+        (None, [refused], [""] * 3),
+        ("short", [ok, refused], [reset_hint, system_hint]),  # (turn 1 answered, turn 2 past it, /reset)
+        (None, [ok, refused], [reset_hint, ""]),
+    ]:
+        listener, url = _one_shot_server(replies)
+        out = io.StringIO()
+        try:
+            code = shell(url, None, "m", system=system, stdin=io.StringIO("hi\nhi\n/reset\nhi\n"), stdout=out)
+        finally:
+            listener.close()
+        errors = [line for line in out.getvalue().splitlines() if line.startswith("error:")]
+        assert code == 1 and errors == [said + hint for hint in hints], out.getvalue()
+
+
+def test_a_system_prompt_not_utf8_is_refused_before_any_turn(capsys):
+    """``--system $'\\xff'`` (a lone surrogate in argv) was sent with every turn, and the server
+    refused each naming a JSON path ("messages.0.content: invalid text")."""
+    from minisgl_core.cli import main
+
+    for args in (["shell", "--url", "http://127.0.0.1:9"], ["serve", "--shell", "--model", "/nonexistent"]):
+        assert main([*args, "--system", "ok \udcff"]) == 2
+        assert capsys.readouterr().err == (
+            "minisgl: error: --system is not valid UTF-8 text (a byte 0xff at character 3): pass text in UTF-8\n"
+        )
+
+
 @contextlib.contextmanager
 def fake_server(models: bytes) -> Iterator[http.server.ThreadingHTTPServer]:
     """An HTTP server that answers GET /v1/models with ``models`` and every chat with "Hi"; the
