@@ -779,6 +779,8 @@ def _check_limits_fit(
 def _writable(text: str) -> str:
     """A file a bench writes when its run is over, checked before the run (a missing directory
     failed with a traceback after minutes of measuring, the result lost)."""
+    if not text.strip():  # (it was " is a directory, not a file": the working directory's name)
+        raise argparse.ArgumentTypeError("is empty: give the file to write, or leave the flag out")
     try:
         return _check_writable(text)
     except OSError as e:
@@ -921,6 +923,8 @@ def _schema_source(text: str) -> str:
     """``builtin``, or a readable file holding JSON (checked before any model loads)."""
     if text == "builtin":
         return text
+    if not text.strip():  # (it was "cannot read : Is a directory")
+        raise argparse.ArgumentTypeError("is empty: give a JSON schema file, or builtin")
     try:
         json.loads(Path(text).read_text())
     except OSError as exc:

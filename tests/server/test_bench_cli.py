@@ -414,6 +414,27 @@ def test_files_a_bench_writes_are_checked_before_it_runs(tmp_path, capsys) -> No
     assert "argument --profile: " in proc.stderr and "no directory" in proc.stderr, proc.stderr
 
 
+def test_an_empty_file_name_is_refused_as_empty(capsys) -> None:
+    """``--output ''`` was refused as " is a directory, not a file" (the working directory, unnamed),
+    ``--grammar-schema ''`` as "cannot read : Is a directory"; each now says it is empty."""
+    runs = [
+        (["serve", "--url", "http://127.0.0.1:9", "--output", ""], "--output", "the file to write"),
+        (["serve", "--url", "http://127.0.0.1:9", "--trace", " "], "--trace", "the file to write"),
+        (["offline", "--profile", ""], "--profile", "the file to write"),
+        (["grammar", "--output", ""], "--output", "the file to write"),
+        (["grammar", "--grammar-schema", ""], "--grammar-schema", "a JSON schema file, or builtin"),
+        (["offline", "--grammar-schema", ""], "--grammar-schema", "a JSON schema file, or builtin"),
+    ]
+    for (command, *args), flag, what in runs:
+        code, err = bench_here(capsys, *args, command=command)
+        assert (
+            code == 2
+            and err
+            == f"minisgl bench {command}: error: argument {flag}: is empty: give {what}"
+            + (", or leave the flag out\n" if what == "the file to write" else "\n")
+        ), err
+
+
 def test_output_files_the_bench_could_not_write_are_refused_before_the_run(tmp_path) -> None:
     """``os.access`` said yes to root for /proc's and /sys's files and folders, and the write failed
     (or, in /sys, could act) after the run; a FIFO with no reader would hang the write. Each is now
