@@ -56,9 +56,9 @@ def test_a_folder_holding_anything_but_this_shape_built_before_is_refused(tmp_pa
     for folder in (real, other):
         before = {p.name: p.read_bytes() for p in folder.iterdir()}
         proc = run_cli(["bench", "make-model", "--shape", "llama-3.1-8b", "--out", str(folder)])
-        assert proc.returncode == 1 and proc.stdout == "", proc.stderr
+        assert proc.returncode == 2 and proc.stdout == "", proc.stderr
         assert proc.stderr.strip() == (
-            f"minisgl bench make-model: --out {folder} is not empty and holds no llama-3.1-8b built "
+            f"minisgl bench make-model: error: --out {folder} is not empty and holds no llama-3.1-8b built "
             "before: give a new or empty folder"
         ), proc.stderr
         assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
@@ -82,7 +82,9 @@ def test_an_out_that_is_a_file_is_one_line_naming_the_fix(tmp_path):
 def test_an_empty_out_is_refused_not_the_working_directory(tmp_path):
     """``--out ''`` wrote the 1.2 GB model into the working directory and printed "."."""
     proc = run_cli(["bench", "make-model", "--shape", "qwen3-0.6b", "--out", ""], cwd=tmp_path)
-    assert proc.returncode == 1 and "--out is empty" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and proc.stderr == (
+        "minisgl bench make-model: error: --out is empty: give the folder to write the model to\n"
+    ), proc.stderr  # (a usage error, as argparse's: it exited 1, as a failed run does)
     assert list(tmp_path.iterdir()) == []
 
 

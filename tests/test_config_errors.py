@@ -852,7 +852,7 @@ def test_bench_offline_on_a_model_too_small_for_its_token_ids_says_so(model_dir,
     proc = _cli(
         "bench", "offline", "--num-requests", "1", "--model", str(model_dir), "--device", "cpu", "--tp", tp
     )
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "has a vocabulary of" in proc.stderr and "--shape qwen3-0.6b" in proc.stderr, proc.stderr[-2000:]
 
 

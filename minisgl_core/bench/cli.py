@@ -17,7 +17,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from minisgl_core import environment
 from minisgl_core.api import GrammarError
@@ -237,17 +237,17 @@ def add_bench_command(sub) -> None:
 
 def _make_model(args: argparse.Namespace) -> int:
     if not args.out.strip():  # ('' is the working directory: 1.2 GB was written there)
-        raise SystemExit("minisgl bench make-model: --out is empty: give the folder to write the model to")
+        _refuse("make-model", "--out is empty: give the folder to write the model to")
     _check_generator_device(args.device)
     try:
         print(_make(args.shape, Path(args.out), args.device))
     except FileExistsError as exc:
-        raise SystemExit(f"minisgl bench make-model: --out {exc}") from None
+        _refuse("make-model", f"--out {exc}")
     except OSError as exc:
-        raise SystemExit(
-            f"minisgl bench make-model: cannot write {args.out}: {exc.strerror or exc}; give a folder "
-            "you can write to with --out"
-        ) from None
+        _refuse(
+            "make-model",
+            f"cannot write {args.out}: {exc.strerror or exc}; give a folder you can write to with --out",
+        )
     return 0
 
 
@@ -325,7 +325,7 @@ def _offline(args: argparse.Namespace) -> int:
             )
         )
     config = engine_config_from_args(args, plugins=plugins, names_checked=True)
-    _check_workload_size(args.num_requests * workloads.STANDARD_MAX_PROMPT, "--num-requests")
+    _check_workload_size("offline", args.num_requests * workloads.STANDARD_MAX_PROMPT, "--num-requests")
     if config.tp_size > 1:
         from minisgl_core.config_args import check_heads_split
 
@@ -438,10 +438,10 @@ def _offline(args: argparse.Namespace) -> int:
 def _check_vocab_fits(requests: list[workloads.BenchRequest], model: str, vocab: int) -> None:
     top = max(max(r.prompt_ids) for r in requests)
     if top >= vocab:
-        raise SystemExit(
-            f"minisgl bench offline: the standard workload's prompts hold token ids up to {top}, "
-            f"but {model} has a vocabulary of {vocab}; use a model with a larger one "
-            "(--shape qwen3-0.6b or llama-3.1-8b builds one)"
+        _refuse(
+            "offline",
+            f"the standard workload's prompts hold token ids up to {top}, but {model} has a vocabulary "
+            f"of {vocab}; use a model with a larger one (--shape qwen3-0.6b or llama-3.1-8b builds one)",
         )
 
 
@@ -601,16 +601,17 @@ def _serve(args: argparse.Namespace) -> int:
     from minisgl_core.config import check_api_key
 
     if args.server == "mini-sglang" and not args.tokenizer:
-        raise SystemExit(
-            "minisgl bench serve: mini-sglang's server takes text prompts only: add --tokenizer DIR "
-            "(the served model's folder)"
+        _refuse(
+            "serve",
+            "mini-sglang's server takes text prompts only: add --tokenizer DIR (the served model's folder)",
         )
 
     if args.workload == "standard":
-        _check_workload_size(args.num_requests * workloads.STANDARD_MAX_PROMPT, "--num-requests")
+        _check_workload_size("serve", args.num_requests * workloads.STANDARD_MAX_PROMPT, "--num-requests")
         requests = workloads.standard_offline(args.num_requests, seed=args.seed)
     else:
         _check_workload_size(
+            "serve",
             args.groups * args.prompts_per_group * (args.prefix_len + args.question_len),
             "--groups, --prompts-per-group, --prefix-len or --question-len",
         )
@@ -627,7 +628,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         check_api_key(args.api_key)
     except ConfigError as exc:
-        raise SystemExit(f"minisgl bench serve: {exc}") from None
+        _refuse("serve", str(exc))
     try:
         served = served_model(args.url, args.api_key)
         check_context(requests, served)
@@ -711,12 +712,20 @@ MAX_GRAMMAR_BENCH_LOGITS = 1 << 30
 MAX_BENCH_PROMPT_TOKENS = 1 << 25
 
 
-def _check_workload_size(prompt_tokens: int, flags: str) -> None:
+def _check_workload_size(bench: str, prompt_tokens: int, flags: str) -> None:
     if prompt_tokens > MAX_BENCH_PROMPT_TOKENS:
-        raise SystemExit(
-            f"minisgl bench: the workload would hold up to {prompt_tokens:,} prompt tokens, more than "
-            f"the {MAX_BENCH_PROMPT_TOKENS:,} a bench builds; lower {flags}"
+        _refuse(
+            bench,
+            f"the workload would hold up to {prompt_tokens:,} prompt tokens, more than the "
+            f"{MAX_BENCH_PROMPT_TOKENS:,} a bench builds; lower {flags}",
         )
+
+
+def _refuse(bench: str, message: str) -> NoReturn:
+    """Flags refused once parsed, as argparse refuses them: one line and exit code 2 (a usage
+    error; ``SystemExit(message)`` exited 1, as a run that failed does)."""
+    print(f"minisgl bench {bench}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 #: the longest a --request-rate sweep point's arrivals may take on average: a rate of 1e-300 was

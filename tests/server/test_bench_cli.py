@@ -217,13 +217,14 @@ def test_bench_serve_refuses_a_workload_too_large_to_build_and_bad_sweeps(capsys
     }
     for args, fix in too_large.items():
         code, err = bench_here(capsys, "--url", "http://127.0.0.1:9", *args)
-        assert code == 1 and "prompt tokens, more than the 33,554,432 a bench builds; " + fix in err, err
+        assert code == 2 and "minisgl bench serve: error: the workload would hold up to " in err, err
+        assert "prompt tokens, more than the 33,554,432 a bench builds; " + fix in err, err
     for flag, value in (("--concurrency", "abc"), ("--concurrency", "4,0"), ("--request-rate", "-1"),
                         ("--request-rate", "nan"), ("--request-rate", "2,x")):  # fmt: skip
         code, err = bench_here(capsys, "--url", "http://127.0.0.1:9", flag, value)
         assert code == 2 and f"argument {flag}: must be" in err and repr(value) in err, err
     proc = bench("--url", "http://127.0.0.1:9", "--num-requests", "1000000000")
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "more than the 33,554,432 a bench builds; lower --num-requests" in proc.stderr, proc.stderr
 
 
@@ -369,8 +370,23 @@ def test_bench_serve_names_a_tokenizer_it_cannot_load(server, tmp_path) -> None:
 
 def test_bench_serve_against_mini_sglang_needs_a_tokenizer() -> None:
     proc = bench("--url", "http://127.0.0.1:9", "--server", "mini-sglang", *SMALL)
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "mini-sglang's server takes text prompts only: add --tokenizer DIR" in proc.stderr
+
+
+def test_bench_flags_refused_once_parsed_are_usage_errors(capsys) -> None:
+    """A usage error exits 2, as argparse's own: these exited 1 (a failed run's status) with a line
+    not saying error: a script could not tell a bad command line from a run that failed."""
+    for args, says in [
+        (["--server", "mini-sglang"], "mini-sglang's server takes text prompts only: add --tokenizer DIR "
+         "(the served model's folder)"),
+        (["--api-key", "clé"], "--api-key (or MINISGL_API_KEY) holds 'é', which an HTTP header cannot carry: "
+         "use printable ASCII characters only"),
+        (["--num-requests", "1000000000"], "the workload would hold up to 1,024,000,000,000 prompt tokens, "
+         "more than the 33,554,432 a bench builds; lower --num-requests"),
+    ]:  # fmt: skip
+        code, err = bench_here(capsys, "--url", "http://127.0.0.1:9", *args)
+        assert (code, err) == (2, f"minisgl bench serve: error: {says}\n"), err
 
 
 def test_text_prompts_encode_back_to_the_workload_exactly(tmp_path) -> None:
