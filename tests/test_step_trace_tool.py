@@ -154,3 +154,26 @@ def test_a_trace_from_a_pipe_reads_whole_gzipped_or_not(tmp_path):
         done = _run_tool(str(fifo))  # its own timeout: the old reader waited on a second open
         assert done.returncode == 0, done.stderr
         assert "wall 0.10 s, 3 steps" in done.stdout
+
+
+def test_a_record_with_fields_no_summary_can_use_is_one_line_naming_it(tmp_path):
+    """A step with ``t`` a string or NaN, a busy step without ``reqs``, a trace going back in time
+    (two runs' traces joined) or a step of negative duration was a TypeError, ValueError, KeyError
+    or IndexError traceback mid-summary; each is one line naming the file and the record."""
+    step = '{"t": %s, "dt": %s, "kind": "decode", "reqs": 1, "tokens": 1, "running": 1}\n'
+    traces = {
+        "text.jsonl": ('{"t": "x", "dt": 1}\n', "line 1: t is 'x', not a finite number"),
+        "nan.jsonl": ('{"t": NaN, "dt": 1}\n', "line 1: t is 'nan', not a finite number"),
+        "bool.jsonl": (step.replace('"reqs": 1', '"reqs": true') % (1, 0.1), "line 1: reqs is 'True', not a finite number"),
+        "no-reqs.jsonl": ('{"t": 1, "dt": 0.1, "kind": "decode"}\n', "line 1: a record without reqs, tokens, running"),
+        "back.jsonl": (step % (100, 0.1) + step % (5, 0.1), "record 2 starts at 5, before record 1's 100: a trace of more than one run?"),
+        "negative.jsonl": (step % (1, -5), "record 1 lasts -5 s, less than nothing"),
+    }  # fmt: skip
+    for name, (text, words) in traces.items():
+        (tmp_path / name).write_text(text)
+        done = _run_tool(str(tmp_path / name))
+        assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, (name, done.stderr)
+        assert done.stderr.startswith(f"step_trace: {tmp_path / name}") and words in done.stderr, (
+            name,
+            done.stderr,
+        )

@@ -19,12 +19,23 @@ import bisect
 import gzip
 import io
 import json
+import math
 import zlib
 from collections import defaultdict
 
 
 class TraceError(Exception):
     """A trace this tool cannot read: the message names the file and what is wrong."""
+
+
+#: what a busy step's record (one with a ``kind``) holds besides ``t`` and ``dt``
+STEP_FIELDS = ("reqs", "tokens", "running")
+#: fields a record may leave None (a request that got no chunk has no ``first``)
+MAY_BE_NONE = frozenset({"first"})
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def load(path: str, needs: tuple[str, ...] = ("t", "dt")) -> list[dict]:
@@ -46,12 +57,23 @@ def load(path: str, needs: tuple[str, ...] = ("t", "dt")) -> list[dict]:
                     raise TraceError(
                         f"{path}, line {number}: not a JSON record: {line.strip()[:80]!r}"
                     ) from None
-                missing = [k for k in needs if k not in record] if isinstance(record, dict) else list(needs)
+                wanted = needs + (STEP_FIELDS if isinstance(record, dict) and "kind" in record else ())
+                missing = [k for k in wanted if k not in record] if isinstance(record, dict) else list(needs)
                 if missing:
                     raise TraceError(
                         f"{path}, line {number}: a record without {', '.join(missing)}: is this the "
                         "right kind of trace (MINISGL_STEP_TRACE for the steps, bench serve --trace "
                         "for --requests)?"
+                    )
+                # (a string, a NaN or a list there was a TypeError or ValueError traceback mid-summary)
+                bad = [
+                    k
+                    for k in wanted
+                    if not _is_number(record[k]) and not (k in MAY_BE_NONE and record[k] is None)
+                ]
+                if bad:
+                    raise TraceError(
+                        f"{path}, line {number}: {bad[0]} is {str(record[bad[0]])[:40]!r}, not a finite number"
                     )
                 records.append(record)
     except (OSError, EOFError, UnicodeDecodeError, zlib.error) as e:
@@ -59,6 +81,20 @@ def load(path: str, needs: tuple[str, ...] = ("t", "dt")) -> list[dict]:
     if not records:
         raise TraceError(f"{path} holds no records (a run that has not stepped yet?)")
     return records
+
+
+def check_order(path: str, steps: list[dict]) -> None:
+    """Steps in time order, each of a duration >= 0, as the engine appends them: a trace going back
+    in time (two runs' traces joined, from machines or boots apart) or a negative ``dt`` was an
+    IndexError traceback from the timeline."""
+    for i, step in enumerate(steps):
+        if step["dt"] < 0:
+            raise TraceError(f"{path}: record {i + 1} lasts {step['dt']} s, less than nothing")
+        if i and step["t"] < steps[i - 1]["t"]:
+            raise TraceError(
+                f"{path}: record {i + 1} starts at {step['t']}, before record {i}'s {steps[i - 1]['t']}: "
+                "a trace of more than one run? give one run's records"
+            )
 
 
 def pct(values: list[float], q: float) -> float:
@@ -235,8 +271,12 @@ def main() -> None:
         reqs = load(args.requests, ("sent", "first", "chunks", "tokens")) if args.requests else None
     except TraceError as e:
         p.exit(2, f"step_trace: {e}\n")
+    try:
+        check_order(args.steps, steps)
+    except TraceError as e:
+        p.exit(2, f"step_trace: {e}\n")
     span = steps[-1]["t"] + steps[-1]["dt"] - steps[0]["t"]
-    if span / args.bucket > MAX_BUCKETS:
+    if not span / args.bucket <= MAX_BUCKETS:  # (an infinite span too)
         p.error(f"--bucket {args.bucket}: {span:.1f} s of trace would print over {MAX_BUCKETS:,} rows")
     summarise(steps, args.bucket)
     if reqs is not None:
