@@ -159,10 +159,6 @@ def build_random_model(
     or keep the model of this shape built there before. A folder holding anything else is refused
     (FileExistsError) unless ``overwrite`` (a benchmark's own model cache, where a build cut short
     leaves a part)."""
-    from safetensors.torch import save_file
-
-    from minisgl_core.demo.factories import pad_vocab, train_tokenizer
-
     config = dict(SHAPES[shape], torch_dtype=str(dtype).removeprefix("torch."))
     out = Path(out_dir)
     if (out / "model.safetensors.index.json").is_file() and _holds_shape(out, config):
@@ -177,7 +173,40 @@ def build_random_model(
     if out.exists() and not out.is_dir():  # (it was mkdir's "[Errno 17] File exists: '/dev/null'")
         raise FileExistsError(f"{out} is a file, not a folder: give a new or empty folder")
     gen = torch.Generator(device=device).manual_seed(seed)  # (a bad device fails before any write)
+    fresh = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        _write_random_model(out, config, gen, device, dtype, shard_bytes)
+    except BaseException:
+        # (a build cut short, by Ctrl-C or a full disk, left a part that the next run refused as
+        # "not empty"; a benchmark's own cache, ``overwrite``, is built over instead)
+        if not overwrite:
+            _remove_written(out, fresh)
+        raise
+    return out
+
+
+def _remove_written(out: Path, fresh: bool) -> None:
+    """What a build cut short wrote into ``out``, new or empty before it (nothing else is there)."""
+    import shutil
+
+    if fresh:
+        shutil.rmtree(out, ignore_errors=True)
+        return
+    for path in out.iterdir():
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def _write_random_model(
+    out: Path, config: dict[str, Any], gen: torch.Generator, device: str, dtype: torch.dtype, shard_bytes: int
+) -> None:
+    from safetensors.torch import save_file
+
+    from minisgl_core.demo.factories import pad_vocab, train_tokenizer
+
     train_tokenizer(out, vocab_size=TRAINED_TOKENS)
     tokens = json.loads((out / "tokenizer.json").read_text())["model"]["vocab"]
     # Every id the model samples must decode to text, or streaming would send almost no chunks.
@@ -209,4 +238,3 @@ def build_random_model(
     index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for s in shards for t in s.values())},
              "weight_map": weight_map}  # fmt: skip
     (out / "model.safetensors.index.json").write_text(json.dumps(index))
-    return out
