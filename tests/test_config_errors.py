@@ -854,6 +854,8 @@ def test_bench_offline_on_a_model_too_small_for_its_token_ids_says_so(model_dir,
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "has a vocabulary of" in proc.stderr and "--shape qwen3-0.6b" in proc.stderr, proc.stderr[-2000:]
+    # (from config.json, before the weights: with --tp 1 it was said once they had loaded)
+    assert "loading" not in proc.stderr, proc.stderr
 
 
 @pytest.fixture(scope="module")

@@ -348,16 +348,16 @@ def _offline(args: argparse.Namespace) -> int:
     requests = workloads.standard_offline(args.num_requests, seed=0)
     longest = max(len(r.prompt_ids) + r.max_tokens for r in requests)  # (the warm-up's are shorter)
     _check_requests_fit("offline", longest, config.max_context_len, config.num_kv_tokens)
-    if config.tp_size > 1:  # (the ranks found these only as tracebacks, each its own)
-        from minisgl_core.checkpoint.buildable import model_config
-        from minisgl_core.checkpoint.formats import open_model
+    # from the model's config, before its weights load (the ranks found these only as tracebacks,
+    # each its own; one process after its weights had loaded)
+    from minisgl_core.checkpoint.buildable import model_config
+    from minisgl_core.checkpoint.formats import open_model
 
-        hf = model_config(open_model(config.model, plugins).hf_config(), plugins)
-        _check_vocab_fits(requests, config.model, int(hf["vocab_size"]))
-        context = config.context_len(hf)
-        given = config.max_context_len
-        models_context = given is None or given > context
-        _check_requests_fit("offline", longest, context, None, models_context=models_context)
+    hf = model_config(open_model(config.model, plugins).hf_config(), plugins)
+    _check_vocab_fits(requests, config.model, int(hf["vocab_size"]))
+    context = config.context_len(hf)
+    given = config.max_context_len
+    _check_requests_fit("offline", longest, context, None, models_context=given is None or given > context)
     result: dict[str, Any] = {**_meta(args), "bench": "offline", "shape": args.shape or config.model,
                               "attn": config.attn, "tp": config.tp_size, "cuda_graph_max_bs": config.cuda_graph_max_bs,
                               "piecewise_cuda_graph_max_tokens": config.piecewise_cuda_graph_max_tokens,
