@@ -404,7 +404,7 @@ def test_a_setting_the_engine_refuses_is_one_line_on_the_command_line(model_dir,
 
 @pytest.mark.parametrize(
     ("command", "code"),
-    [(["shell", "--url", "http://127.0.0.1:9"], 2), (["bench", "serve", "--url", "http://127.0.0.1:9"], 1)],
+    [(["shell", "--url", "http://127.0.0.1:9"], 2), (["bench", "serve", "--url", "http://127.0.0.1:9"], 2)],
 )
 def test_a_client_refuses_an_api_key_no_header_can_carry(command, code):
     """A server refused every request with such a key; bench serve's client was a UnicodeEncodeError."""
