@@ -62,11 +62,14 @@ def served(start_server, steps, engine_args):
 
 @pytest.fixture(autouse=True)
 def _continue_afterwards(request):
-    """A failed test leaves the module's server generating."""
+    """A failed test leaves the module's server generating, and its endless streams running (the
+    next test would see their tokens): they are aborted whatever happened."""
     yield
     if "served" in request.fixturenames:
         server = request.getfixturevalue("served")
         httpx.post(f"{server.url}/continue_generation", headers=AUTH, timeout=60)
+    while _OPEN_STREAMS:
+        _OPEN_STREAMS.pop().end()
 
 
 def post(server, path: str, body: Any = None) -> httpx.Response:
@@ -120,6 +123,7 @@ class Stream:
         self._rid = f"stream-{next(_RIDS)}"
         self._thread = threading.Thread(target=self._run, args=(params,), daemon=True)
         self._thread.start()
+        _OPEN_STREAMS.append(self)
 
     def _run(self, params: dict[str, Any]) -> None:
         server = self._server
@@ -136,6 +140,12 @@ class Stream:
         assert self.last is not None
         return self.last
 
+    def end(self) -> None:
+        """Abort the request unless it has ended (a test's clean-up, whatever it left)."""
+        if not self.done.is_set():
+            httpx.post(f"{self._server.url}/abort_request", json={"rid": self._rid}, headers=AUTH, timeout=60)
+            self._thread.join(60)
+
     def stop_after(self, more: int) -> dict[str, Any]:
         """Abort the request once ``more`` tokens beyond those seen now have come; its last event."""
         target, deadline = self.tokens + more, time.monotonic() + 120
@@ -149,6 +159,8 @@ class Stream:
 
 
 _RIDS = itertools.count()
+#: the streams started by the running test, ended after it
+_OPEN_STREAMS: list[Stream] = []
 
 
 def reference(server, tokens: int) -> list[int]:
