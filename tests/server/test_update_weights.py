@@ -12,7 +12,7 @@ import json
 import shutil
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -171,7 +171,7 @@ def test_a_running_request_finishes_on_the_old_weights_first(served, steps):
     held = f"weight update from {steps['b']} waits for the 1 requests in the engine"
     with ThreadPoolExecutor(2) as pool:
         running = pool.submit(generate, served, PROMPT, params)
-        _wait_until_running(served)
+        _wait_until_running(served, running)
         seen = served.log().count(held)
         updating = pool.submit(update, served, model_path=str(steps["b"]))
         _wait_for(lambda: served.log().count(held) > seen or updating.done(), "the update's answer")
@@ -186,7 +186,7 @@ def test_a_running_request_finishes_on_the_old_weights_first(served, steps):
 def test_abort_all_requests_ends_them_first(served, steps):
     with ThreadPoolExecutor(1) as pool:
         running = pool.submit(generate, served, PROMPT, ENDLESS)
-        _wait_until_running(served)
+        _wait_until_running(served, running)
         resp = update(served, model_path=str(steps["a"]), abort_all_requests=True)
         answer = running.result(timeout=120)
     assert resp.status_code == 200, resp.text
@@ -204,7 +204,7 @@ def test_a_request_arriving_during_the_update_runs_on_the_new_weights(served, st
     with ThreadPoolExecutor(3) as pool:
         running = pool.submit(generate, served, PROMPT, ENDLESS, "endless")
         try:
-            _wait_until_running(served)
+            _wait_until_running(served, running)
             seen = served.log().count(UPDATE_WAITS)
             updating = pool.submit(update, served, model_path=str(steps["b"]))
             _wait_for(lambda: served.log().count(UPDATE_WAITS) > seen, "the scheduler to hold the update")
@@ -255,12 +255,18 @@ def _load(server) -> dict[str, int]:
     return httpx.get(f"{server.url}/get_load", headers=AUTH).json()[0]
 
 
-def _wait_for_load(server, condition: Callable[[dict[str, int]], bool]) -> None:
-    _wait_for(lambda: condition(_load(server)), "/get_load to show the state waited for")
+def _wait_until_running(server, request: Future[dict[str, Any]]) -> None:
+    """Until /get_load shows ``request`` running; failing at once with its own answer if it ends
+    first (it failed, or ran to its end between two polls on a loaded machine)."""
 
+    def running() -> bool:
+        if request.done():  # (result() raises the request's own error)
+            meta = request.result()["meta_info"]
+            raise AssertionError(f"the request ended before /get_load showed it running: {meta}")
+        load = _load(server)
+        return load["num_reqs"] > 0 and load["num_waiting_reqs"] == 0
 
-def _wait_until_running(server) -> None:
-    _wait_for_load(server, lambda load: load["num_reqs"] > 0 and load["num_waiting_reqs"] == 0)
+    _wait_for(running, "/get_load to show the request running")
 
 
 def test_tensor_parallel_ranks_update_together(start_server, steps, engine_args, reference_b):
