@@ -7,6 +7,7 @@ tool calls and JSON output come from grammars (skipped without a grammar backend
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -1001,11 +1002,24 @@ def test_a_failed_stream_is_stored_failed_and_a_left_one_not(server, auth, model
     failed = stream_events(server.url, body)[-1]["response"]
     assert failed["status"] == "failed"
     assert get(server.url, f"/v1/responses/{failed['id']}").json() == failed
+    # The engine is paused while the client leaves, so the response cannot end before the server
+    # sees it gone: unpaused, a loaded machine could make all 1900 tokens before the server saw the
+    # disconnect, and the response, complete, was rightly stored (GET answered 200).
+    abort, before = 'minisgl_requests_total{finish_reason="abort"}', wait_idle(read_metrics)
     body = {"input": "Tell me a very long story", "max_output_tokens": 1900, "temperature": 0, "stream": True}
-    with httpx.stream("POST", f"{server.url}/v1/responses", json=body, headers=auth, timeout=60) as resp:
-        lines = resp.iter_lines()
-        created = json.loads(next(line for line in lines if line.startswith("data: "))[len("data: ") :])
-    wait_idle(read_metrics, timeout=5)  # (the request aborted, its stream ended)
+    paused = httpx.post(f"{server.url}/pause_generation", json={"mode": "in_place"}, headers=auth)
+    assert paused.status_code == 200, paused.text
+    try:
+        with httpx.stream("POST", f"{server.url}/v1/responses", json=body, headers=auth, timeout=60) as resp:
+            lines = resp.iter_lines()
+            created = json.loads(next(line for line in lines if line.startswith("data: "))[len("data: ") :])
+        deadline = time.monotonic() + 30
+        while get(server.url, "/get_server_info").json()["queued_or_running"]:
+            assert time.monotonic() < deadline, "the server never saw the client leave"
+            time.sleep(0.02)
+    finally:
+        assert httpx.post(f"{server.url}/continue_generation", headers=auth).status_code == 200
+    assert wait_idle(read_metrics, timeout=5)[abort] == before[abort] + 1  # (the request aborted)
     assert get(server.url, f"/v1/responses/{created['response']['id']}").status_code == 404
 
 
