@@ -8,7 +8,8 @@ it ran on, go to the process's :class:`ResponseStore` (bounded, ``--responses-st
 ``GET``/``DELETE /v1/responses/{id}`` read and delete it, ``GET .../input_items`` lists its
 conversation, and a later request's ``previous_response_id`` continues it (that conversation, the
 response's output, then the new ``input``; the new ``instructions``, not the old). A stream is
-stored when it ends (completed, incomplete or failed); a request the client left is not.
+stored when it ends (completed, incomplete or failed); a request the client left is not (one
+that ended before the server saw the client go is stored: it cannot tell it from a slow reader).
 ``POST .../cancel`` (for OpenAI's background responses, which minisgl does not run) is OpenAI's
 400 for a response of another kind.
 """
