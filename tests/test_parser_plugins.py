@@ -83,7 +83,11 @@ def test_installed_parsers_resolve_and_unknown_names_say_what_to_install():
         match=r"unknown --tool-call-parser 'granite'; installed: hermes, llama3_json, mistral, pythonic",
     ):
         plugins.resolve("tool_parsers", "granite")
-    with pytest.raises(PluginError, match="minisgl-plugin-granite-reasoning"):
+    # (no index has a minisgl-plugin-granite-reasoning, which it said to pip install)
+    with pytest.raises(
+        PluginError,
+        match=r"unknown --reasoning-parser 'granite'; installed: deepseek_r1, qwen3; install a plugin that registers it$",
+    ):
         plugins.resolve("reasoning_parsers", "granite")
 
 
