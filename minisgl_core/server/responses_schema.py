@@ -25,6 +25,7 @@ from pydantic import (
     Tag,
     TypeAdapter,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -237,11 +238,26 @@ class TextConfig(StrictModel):
 class ReasoningConfig(StrictModel):
     """The effort is the chat template's variable ``reasoning_effort``, as chat's field of that
     name (a template that does not read it ignores it); the served model reasons as its template
-    and ``--reasoning-parser`` make it, and its reasoning comes back whole (no summary)."""
+    and ``--reasoning-parser`` make it, and its reasoning comes back whole, as the reasoning
+    item's ``content``. A ``summary`` is refused: minisgl writes none (the item's ``summary`` was
+    an empty list where one was asked for), and the reasoning itself is no summary of it."""
 
     effort: ReasoningEffort | None = None
     summary: Literal["auto", "concise", "detailed"] | None = None
+    #: (OpenAI's older name for ``summary``)
     generate_summary: Literal["auto", "concise", "detailed"] | None = None
+
+    @field_validator("summary", "generate_summary", mode="before")
+    @classmethod
+    def _no_summaries(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None:
+            raise _Refused(
+                "reasoning summaries are not supported: minisgl writes none; the reasoning item's "
+                "content holds the model's reasoning text whole (with the server's --reasoning-parser); "
+                f"leave reasoning.{info.field_name} out",
+                f"reasoning.{info.field_name}",
+            )
+        return value
 
 
 # ------------------------------------------------------------------ the body
@@ -394,8 +410,15 @@ class ResponsesRequest(StrictModel):
     def _logprobs_only(cls, include: list[str]) -> list[str]:
         other = next((value for value in include if value != INCLUDE_LOGPROBS), None)
         if other is not None:
+            # (the value a stateless client, store false, sends to carry reasoning between turns)
+            why = (
+                ": minisgl encrypts no reasoning; a reasoning item carries its text in content, and "
+                "that item sent back in input (or previous_response_id) gives the model its reasoning"
+                if other == "reasoning.encrypted_content"
+                else ""
+            )
             raise _Refused(
-                f"{short_repr(other)} is not supported: the one include served is {INCLUDE_LOGPROBS!r}",
+                f"{short_repr(other)} is not supported{why}; the one include served is {INCLUDE_LOGPROBS!r}",
                 "include",
             )
         return include

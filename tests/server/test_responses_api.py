@@ -559,6 +559,15 @@ def test_reasoning_and_calls_are_items_of_their_own():
         ({"background": True}, "background", "leave background false"),
         ({"prompt": {"id": "pmpt_1"}}, "prompt", "send the text in instructions and input"),
         ({"include": ["reasoning.encrypted_content"]}, "include", "message.output_text.logprobs"),
+        # (what a stateless client sends to carry reasoning between turns: said why, and what does)
+        ({"include": ["reasoning.encrypted_content"]}, "include", "minisgl encrypts no reasoning"),
+        # (accepted, and the reasoning item's summary came back an empty list)
+        ({"reasoning": {"summary": "auto"}}, "reasoning.summary", "reasoning summaries are not supported"),
+        (
+            {"reasoning": {"effort": "low", "generate_summary": "concise"}},
+            "reasoning.generate_summary",
+            "leave reasoning.generate_summary out",
+        ),
         ({"truncation": "auto"}, "truncation", 'leave truncation "disabled"'),
         ({"tools": [{"type": "web_search"}]}, "tools.0.type", "'web_search' is not supported"),
         (
