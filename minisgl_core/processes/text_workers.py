@@ -45,9 +45,9 @@ from minisgl_core.sampling import SamplingParams
 from minisgl_core.token_bans import NoTokenLeft
 from minisgl_core.tokenizer.chat_input import (
     ToolsNotRendered,
-    chatml_tools_hint,
     check_tools_rendered,
     template_does_not_compile,
+    unrendered_tools_fix,
 )
 from minisgl_core.tokenizer.detokenize import IncrementalDetokenizer, raw_token_bytes
 from minisgl_core.tokenizer.load import (
@@ -102,15 +102,7 @@ class Admitter:
                         ids,
                         args,
                         lambda tool_free_args: render(req.messages, tool_free_args),
-                        (
-                            "send a chat_template that does"
-                            if args.get("chat_template")
-                            else "start the server with --chat-template FILE whose template does"
-                            + chatml_tools_hint(
-                                getattr(self.tokenizer, "chat_template", None),
-                                "--chat-template chatml-tools --tool-call-parser hermes",
-                            )
-                        ),
+                        unrendered_tools_fix(args, getattr(self.tokenizer, "chat_template", None)),
                     )
                 except ToolsNotRendered as exc:
                     raise RequestRejected(str(exc), "tools") from None

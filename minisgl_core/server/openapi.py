@@ -66,6 +66,7 @@ NAMING_A_MODEL = {
     "/v1/chat/completions",
     "/v1/completions",
     "/v1/responses",
+    "/v1/responses/input_tokens",
     "/invocations",
     "/v1/models/{model_id}",
     "/tokenize",

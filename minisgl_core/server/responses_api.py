@@ -11,7 +11,10 @@ response's output, then the new ``input``; the new ``instructions``, not the old
 stored when it ends (completed, incomplete or failed); a request the client left is not (one
 that ended before the server saw the client go is stored: it cannot tell it from a slow reader).
 ``POST .../cancel`` (for OpenAI's background responses, which minisgl does not run) is OpenAI's
-400 for a response of another kind.
+400 for a response of another kind; a response being made is stopped by its client leaving
+(a dropped connection aborts it, streamed or not) or by ``/abort_request`` with its id.
+``POST /v1/responses/input_tokens`` counts the prompt a request would run on, rendered as above
+without running it; ``POST /v1/responses/compact`` (OpenAI's encrypted compaction) is a 400.
 """
 
 from __future__ import annotations
@@ -36,12 +39,13 @@ from minisgl_core.server.responses_schema import (
     HISTORY,
     FunctionChoice,
     InputItem,
+    InputTokensRequest,
     ResponsesRequest,
     responses_names,
     responses_renamed,
 )
 from minisgl_core.server.responses_store import ResponseStore
-from minisgl_core.server.routes import admit_chat
+from minisgl_core.server.routes import admit_chat, chat_prompt_ids
 from minisgl_core.server.state import ServerState
 
 logger = logging.getLogger(__name__)
@@ -216,6 +220,31 @@ def responses_router(
             "last_id": page[-1].get("id") if page else None,
             "has_more": len(items) > limit,
         }
+
+    @router.post("/v1/responses/input_tokens")
+    async def count_input_tokens(body: InputTokensRequest) -> dict[str, Any]:
+        """OpenAI's ``client.responses.input_tokens.count``: the tokens of the prompt the same
+        request would run on (its ``usage.input_tokens``): ``previous_response_id``'s conversation,
+        ``instructions``, ``input``, the tools and the reasoning effort, rendered by the chat
+        template as ``POST /v1/responses`` renders them; nothing runs."""
+        model.check_name(body.model)
+        history = _history(store, body.previous_response_id) if body.previous_response_id is not None else []
+        chat, origins = body.chat_request(history)
+        with responses_names(origins):
+            ids = await chat_prompt_ids(state, options, chat, tokenizer)
+        return {"object": "response.input_tokens", "input_tokens": len(ids)}
+
+    @router.post("/v1/responses/compact")
+    async def compact_response() -> None:
+        """OpenAI's ``client.responses.compact`` returns the conversation shrunk to an encrypted
+        ``compaction`` item that only OpenAI's models read: minisgl has no such thing to make
+        (its 405 "Method Not Allowed" named no reason, for GET /v1/responses/{id} has the path)."""
+        raise APIError(
+            400,
+            "POST /v1/responses/compact is not supported: minisgl makes no compaction items (OpenAI's "
+            "are encrypted, for its models to read); send the conversation in input, or continue a "
+            "stored response with previous_response_id",
+        )
 
     @router.post("/v1/responses")
     async def create_response(body: ResponsesRequest, request: Request) -> Response:

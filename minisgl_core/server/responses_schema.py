@@ -6,8 +6,10 @@ items, ``reasoning`` items sent back) becomes the chat ``messages`` (``instructi
 message first), the flat function ``tools`` chat's nested ones, ``text.format`` the
 ``response_format`` and ``max_output_tokens`` the ``max_tokens``; with ``previous_response_id``,
 that stored response's conversation and output (``responses_store``) come before ``input``. What
-needs state minisgl does not keep (``conversation``, ``background``, ``prompt`` templates) or a
-tool it does not run (web search, file search...) is a 400 saying what to send instead.
+needs state minisgl does not keep (``conversation``, ``background``, ``prompt`` templates), a
+tool it does not run (web search, file search...) or what it does not make (reasoning summaries,
+encrypted reasoning) is a 400 saying what to send instead. :class:`InputTokensRequest`, the body
+of ``POST /v1/responses/input_tokens``, has the fields that make the prompt (:class:`ResponsesInput`).
 """
 
 from __future__ import annotations
@@ -263,46 +265,28 @@ class ReasoningConfig(StrictModel):
 # ------------------------------------------------------------------ the body
 
 
-class ResponsesRequest(StrictModel):
+class ResponsesInput(StrictModel):
+    """What a Responses request runs on: the fields that make its prompt (``input``,
+    ``instructions``, ``tools``, ``reasoning``, ``previous_response_id``...), which
+    ``POST /v1/responses/input_tokens`` takes too (:class:`InputTokensRequest`), and the chat
+    request they become."""
+
     model: Text | None = None
     input: Text | list[InputItem]
     instructions: Text | None = None
-    max_output_tokens: Int | None = None
-    temperature: Float | None = None
-    top_p: Float | None = None
-    top_logprobs: Int | None = None
-    include: list[Text] | None = None
-    stream: Bool = False
-    stream_options: StreamOptions | None = None
     tools: list[FunctionTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | FunctionChoice | None = None
     parallel_tool_calls: Bool = True
     text: TextConfig | None = None
     reasoning: ReasoningConfig | None = None
     truncation: Literal["disabled", "auto"] = "disabled"
-    #: echoed on the response (and kept with it when stored)
-    metadata: dict[Text, Text] | None = None
-    #: keep the finished response for GET /v1/responses/{id} and previous_response_id (OpenAI's default)
-    store: Bool = True
     #: a stored response whose conversation, then its output, come before ``input``
     previous_response_id: Text | None = None
-    user: Text | None = None
-    safety_identifier: Text | None = None
-    prompt_cache_key: Text | None = None
-    service_tier: Literal["auto", "default"] | None = None
-    #: minisgl's, as chat's: seconds after which the request ends with a timeout error
-    timeout: Float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
-    #: vLLM's, as chat's: lower runs earlier; not 0 only with ``--policy priority``
-    priority: Int = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
-    #: vLLM's, as chat's: prefix-cache entries shared only with requests of the same salt
-    cache_salt: Text | None = Field(default=None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)
     # what needs state minisgl does not keep: refused below, with what to send instead
     # (in the order of schemas.StructuredOutputs.json_: typing caches a union by its members,
     # so the first spelled in a process was both fields' and the published schema's order changed
     # with what a process imported first)
     conversation: FreeObject | Text | None = None
-    background: Bool = False
-    prompt: FreeObject | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -311,17 +295,6 @@ class ResponsesRequest(StrictModel):
             return data
         if data.get("conversation") is not None:
             raise _Refused(f"not supported: {WHOLE_CONVERSATION}", "conversation")
-        if data.get("background") is True:
-            raise _Refused(
-                "not supported: minisgl answers within the request; leave background false "
-                "(stream for output as it comes)",
-                "background",
-            )
-        if data.get("prompt") is not None:
-            raise _Refused(
-                "stored prompt templates are not supported: send the text in instructions and input",
-                "prompt",
-            )
         if data.get("truncation") == "auto":
             raise _Refused(
                 '"auto" is not supported: minisgl does not drop input items; leave truncation '
@@ -384,69 +357,10 @@ class ResponsesRequest(StrictModel):
             )
         return choice
 
-    @field_validator("metadata")
-    @classmethod
-    def _openais_metadata_bounds(cls, metadata: dict[str, str] | None) -> dict[str, str] | None:
-        # (a client built against minisgl would meet OpenAI's 400 only once deployed there)
-        if metadata is None:
-            return None
-        long_key = next((key for key in metadata if len(key) > METADATA_KEY_CHARS), None)
-        long_value = next((key for key, value in metadata.items() if len(value) > METADATA_VALUE_CHARS), None)
-        if len(metadata) > METADATA_PAIRS:
-            got = f"{len(metadata)} pairs"
-        elif long_key is not None:
-            got = f"a key of {len(long_key)} characters"
-        elif long_value is not None:
-            got = f"a value of {len(metadata[long_value])} characters (key {short_repr(long_value)})"
-        else:
-            return metadata
-        raise ValueError(
-            f"at most {METADATA_PAIRS} pairs, keys of at most {METADATA_KEY_CHARS} characters and values "
-            f"of at most {METADATA_VALUE_CHARS} characters, as OpenAI's; got {got}"
-        )
-
-    @field_validator("include")
-    @classmethod
-    def _logprobs_only(cls, include: list[str]) -> list[str]:
-        other = next((value for value in include if value != INCLUDE_LOGPROBS), None)
-        if other is not None:
-            # (the value a stateless client, store false, sends to carry reasoning between turns)
-            why = (
-                ": minisgl encrypts no reasoning; a reasoning item carries its text in content, and "
-                "that item sent back in input (or previous_response_id) gives the model its reasoning"
-                if other == "reasoning.encrypted_content"
-                else ""
-            )
-            raise _Refused(
-                f"{short_repr(other)} is not supported{why}; the one include served is {INCLUDE_LOGPROBS!r}",
-                "include",
-            )
-        return include
-
-    @field_validator("stream_options")
-    @classmethod
-    def _stream_options_need_stream(cls, options: StreamOptions, info: Any) -> StreamOptions:
-        if not info.data.get("stream", False):
-            raise ValueError("stream_options is only allowed when stream is true")
-        if options.include_usage is not None or options.continuous_usage_stats:
-            raise ValueError("takes include_obfuscation only (the last event carries the usage)")
-        return options
-
-    @model_validator(mode="after")
-    def _logprobs_asked(self) -> ResponsesRequest:
-        if self.top_logprobs is not None and not self.logprobs:
-            raise BodyError(
-                f'needs include: ["{INCLUDE_LOGPROBS}"], which asks for the logprobs',
-                "top_logprobs",
-            )
-        return self
-
-    @property
-    def logprobs(self) -> bool:
-        return INCLUDE_LOGPROBS in (self.include or ())
-
     def input_items(self) -> list[InputItem]:
-        """``input`` as items: a string is a user message."""
+        """``input`` as items: a string is a user message (none: no items, a count's without input)."""
+        if self.input is None:
+            return []
         return [MessageItem(role="user", content=self.input)] if isinstance(self.input, str) else self.input
 
     def stored_items(self, history: Sequence[InputItem] = ()) -> list[dict[str, Any]]:
@@ -468,15 +382,8 @@ class ResponsesRequest(StrictModel):
         messages, origins = self._messages(history)
         chat: dict[str, Any] = {
             "messages": messages,
-            "max_tokens": self.max_output_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "logprobs": self.logprobs,
-            "top_logprobs": self.top_logprobs,
             "parallel_tool_calls": self.parallel_tool_calls,
-            "timeout": self.timeout,
-            "priority": self.priority,
-            "cache_salt": self.cache_salt,
+            **self._generation_fields(),
         }
         if self.tools:
             chat["tools"] = [
@@ -496,6 +403,10 @@ class ResponsesRequest(StrictModel):
                 return ChatCompletionRequest.model_validate(chat), origins
             except ValidationError as exc:  # (a message the chat route refuses: a role's rules)
                 raise validation_error(RequestValidationError(exc.errors())) from None
+
+    def _generation_fields(self) -> dict[str, Any]:
+        """The chat fields of how the answer is generated (none here: a count generates nothing)."""
+        return {}
 
     def _distinct_ids(self, history: Sequence[InputItem]) -> None:
         """OpenAI's 400 for an input item whose id an earlier item of the conversation has (one
@@ -617,6 +528,143 @@ class ResponsesRequest(StrictModel):
             origins.append(where)
         reasoning_alone()  # reasoning last
         return messages, origins
+
+
+class ResponsesRequest(ResponsesInput):
+    """The body of ``POST /v1/responses``: what it runs on, and how to generate the answer."""
+
+    max_output_tokens: Int | None = None
+    temperature: Float | None = None
+    top_p: Float | None = None
+    top_logprobs: Int | None = None
+    include: list[Text] | None = None
+    stream: Bool = False
+    stream_options: StreamOptions | None = None
+    #: echoed on the response (and kept with it when stored)
+    metadata: dict[Text, Text] | None = None
+    #: keep the finished response for GET /v1/responses/{id} and previous_response_id (OpenAI's default)
+    store: Bool = True
+    user: Text | None = None
+    safety_identifier: Text | None = None
+    prompt_cache_key: Text | None = None
+    service_tier: Literal["auto", "default"] | None = None
+    #: minisgl's, as chat's: seconds after which the request ends with a timeout error
+    timeout: Float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
+    #: vLLM's, as chat's: lower runs earlier; not 0 only with ``--policy priority``
+    priority: Int = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
+    #: vLLM's, as chat's: prefix-cache entries shared only with requests of the same salt
+    cache_salt: Text | None = Field(default=None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)
+    # more that needs state minisgl does not keep (see ResponsesInput.conversation)
+    background: Bool = False
+    prompt: FreeObject | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_background_and_stored_prompts(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        if data.get("background") is True:
+            raise _Refused(
+                "not supported: minisgl answers within the request; leave background false "
+                "(stream for output as it comes; closing the connection stops a response, streamed "
+                "or not)",
+                "background",
+            )
+        if data.get("prompt") is not None:
+            raise _Refused(
+                "stored prompt templates are not supported: send the text in instructions and input",
+                "prompt",
+            )
+        return data
+
+    @field_validator("metadata")
+    @classmethod
+    def _openais_metadata_bounds(cls, metadata: dict[str, str] | None) -> dict[str, str] | None:
+        # (a client built against minisgl would meet OpenAI's 400 only once deployed there)
+        if metadata is None:
+            return None
+        long_key = next((key for key in metadata if len(key) > METADATA_KEY_CHARS), None)
+        long_value = next((key for key, value in metadata.items() if len(value) > METADATA_VALUE_CHARS), None)
+        if len(metadata) > METADATA_PAIRS:
+            got = f"{len(metadata)} pairs"
+        elif long_key is not None:
+            got = f"a key of {len(long_key)} characters"
+        elif long_value is not None:
+            got = f"a value of {len(metadata[long_value])} characters (key {short_repr(long_value)})"
+        else:
+            return metadata
+        raise ValueError(
+            f"at most {METADATA_PAIRS} pairs, keys of at most {METADATA_KEY_CHARS} characters and values "
+            f"of at most {METADATA_VALUE_CHARS} characters, as OpenAI's; got {got}"
+        )
+
+    @field_validator("include")
+    @classmethod
+    def _logprobs_only(cls, include: list[str]) -> list[str]:
+        other = next((value for value in include if value != INCLUDE_LOGPROBS), None)
+        if other is not None:
+            # (the value a stateless client, store false, sends to carry reasoning between turns)
+            why = (
+                ": minisgl encrypts no reasoning; a reasoning item carries its text in content, and "
+                "that item sent back in input (or previous_response_id) gives the model its reasoning"
+                if other == "reasoning.encrypted_content"
+                else ""
+            )
+            raise _Refused(
+                f"{short_repr(other)} is not supported{why}; the one include served is {INCLUDE_LOGPROBS!r}",
+                "include",
+            )
+        return include
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options_need_stream(cls, options: StreamOptions, info: Any) -> StreamOptions:
+        if not info.data.get("stream", False):
+            raise ValueError("stream_options is only allowed when stream is true")
+        if options.include_usage is not None or options.continuous_usage_stats:
+            raise ValueError("takes include_obfuscation only (the last event carries the usage)")
+        return options
+
+    @model_validator(mode="after")
+    def _logprobs_asked(self) -> ResponsesRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise BodyError(
+                f'needs include: ["{INCLUDE_LOGPROBS}"], which asks for the logprobs',
+                "top_logprobs",
+            )
+        return self
+
+    @property
+    def logprobs(self) -> bool:
+        return INCLUDE_LOGPROBS in (self.include or ())
+
+    def _generation_fields(self) -> dict[str, Any]:
+        return {
+            "max_tokens": self.max_output_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "logprobs": self.logprobs,
+            "top_logprobs": self.top_logprobs,
+            "timeout": self.timeout,
+            "priority": self.priority,
+            "cache_salt": self.cache_salt,
+        }
+
+
+class InputTokensRequest(ResponsesInput):
+    """The body of ``POST /v1/responses/input_tokens`` (``client.responses.input_tokens.count``):
+    the fields of a Responses request that make its prompt, ``input`` optional (without it, the
+    conversation of ``previous_response_id`` is counted)."""
+
+    input: Text | list[InputItem] | None = None
+
+    @model_validator(mode="after")
+    def _something_to_count(self) -> InputTokensRequest:
+        if self.input is None and self.previous_response_id is None:
+            raise BodyError(
+                "give the input to count, or a previous_response_id to count its conversation", "input"
+            )
+        return self
 
 
 #: chat's names for the fields of a Responses body, where they differ

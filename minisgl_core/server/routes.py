@@ -12,6 +12,7 @@ import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -40,6 +41,12 @@ from minisgl_core.server.schemas import (
 )
 from minisgl_core.server.state import RequestGroup, ServerState
 from minisgl_core.server.tools import plan_tools
+from minisgl_core.tokenizer.chat_input import (
+    ToolsNotRendered,
+    check_tools_rendered,
+    template_does_not_compile,
+    unrendered_tools_fix,
+)
 
 #: /v1/completions' max_tokens when the request and the model's generation config leave it unset:
 #: OpenAI's legacy default (vLLM's too), capped by what the context leaves. Chat has none (OpenAI's
@@ -150,6 +157,41 @@ async def admit_chat(
         )
 
     return ChatAdmitted(group, params, new_output)
+
+
+async def chat_prompt_ids(
+    state: ServerState, options: ApiOptions, body: ChatCompletionRequest, tokenizer: ApiTokenizer
+) -> list[int]:
+    """The token ids :func:`admit_chat` would run ``body`` on, its messages rendered and
+    tokenized as the tokenizer worker does (``Admitter.prompt_ids``), in the API process (the
+    tokenizer /tokenize loads) and with nothing run: what /v1/responses/input_tokens counts. The
+    pipeline's checks of the template and the tools come first, with their 400s; as there, the
+    tools must render unless no tool parser reads the answer (tool_choice none). What the worker
+    checks beyond the prompt (a forced call's grammar, the room left for the output) is not."""
+    check_request_template(body.chat_template, options.trust_request_chat_template)
+    plan = plan_tools(body, options.tool_parser)
+    messages, args = body.template_messages(), body.template_args()
+    state.check_prompt_size(None, messages, args)  # (before seconds of tokenizing, as admission)
+
+    def render(tok: Any, free_args: dict[str, Any]) -> list[int]:
+        from minisgl_core.tokenizer.load import render_chat_template  # (as ApiTokenizer loads it: on use)
+
+        return list(tok.encode(render_chat_template(tok, messages, **free_args), add_special_tokens=False))
+
+    def prompt_ids(tok: Any) -> list[int]:
+        ids = render(tok, args)
+        if plan.parser is not None:
+            fix = unrendered_tools_fix(args, getattr(tok, "chat_template", None))
+            check_tools_rendered(ids, args, lambda free_args: render(tok, free_args), fix)
+        return ids
+
+    try:
+        return await tokenizer.run(prompt_ids)
+    except ToolsNotRendered as exc:
+        raise APIError(400, str(exc), "tools") from None
+    except Exception as exc:  # noqa: BLE001 - a template or tokenizer error is the request's problem
+        message = template_does_not_compile(exc) or f"could not tokenize the prompt: {exc}"
+        raise APIError(400, message, "messages") from exc
 
 
 def make_router(

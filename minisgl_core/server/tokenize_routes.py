@@ -32,9 +32,9 @@ from minisgl_core.server.schemas import (
 from minisgl_core.server.state import ServerState
 from minisgl_core.tokenizer.chat_input import (
     ToolsNotRendered,
-    chatml_tools_hint,
     check_tools_rendered,
     template_does_not_compile,
+    unrendered_tools_fix,
 )
 
 
@@ -91,12 +91,7 @@ def _encode(
         ids,
         args,
         lambda free: _render_or_none(tokenizer, messages, free),
-        (
-            "send a chat_template that does"
-            if (args or {}).get("chat_template")
-            else "start the server with --chat-template FILE whose template does"
-            + chatml_tools_hint(template, "--chat-template chatml-tools --tool-call-parser hermes")
-        ),
+        unrendered_tools_fix(args, getattr(tokenizer, "chat_template", None)),
     )
     return ids
 

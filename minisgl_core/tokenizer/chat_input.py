@@ -388,6 +388,17 @@ def chatml_tools_hint(own_template: object, how: str) -> str:
     return ""
 
 
+def unrendered_tools_fix(args: Mapping[str, Any], own_template: object) -> str:
+    """The ``fix`` of a :class:`ToolsNotRendered` for a request rendered with ``args`` on a
+    tokenizer whose template is ``own_template``: a template of the request's own that renders
+    tools, else the server started with one."""
+    if args.get("chat_template"):
+        return "send a chat_template that does"
+    return "start the server with --chat-template FILE whose template does" + chatml_tools_hint(
+        own_template, "--chat-template chatml-tools --tool-call-parser hermes"
+    )
+
+
 def has_jinja(text: str) -> bool:
     """Whether ``text`` has a Jinja tag ({{ }} or {% %}), as a chat template has: a file's name or
     plain text has none (``LLM.chat(chat_template=...)`` and ``serve --chat-template`` refuse it)."""

@@ -134,7 +134,8 @@ def assert_alive(url: str) -> None:
 @SCHEMA.parametrize()
 @FUZZ_SETTINGS
 def test_schema_fuzz_gets_no_server_error(case, server, auth):
-    case.body = bound_output(case.body)
+    if case.path != "/v1/responses/input_tokens":  # (a count generates nothing: no max_output_tokens)
+        case.body = bound_output(case.body)
     response = case.call(base_url=server.url, headers=auth, timeout=120)
     assert_well_formed(response)
     checks = SCHEMA_CHECKS

@@ -42,6 +42,25 @@ def test_capital_of_france(real_client):
     assert "Paris" in resp.choices[0].message.content
 
 
+def test_responses_input_tokens_count_is_the_usage_of_the_same_request(real_client):
+    """SmolLM2's own tokenizer and template: ``client.responses.input_tokens.count`` of a
+    conversation (instructions, several turns, non-ASCII text) is the ``usage.input_tokens`` of
+    the same request created."""
+    asked = {
+        "model": "SmolLM2-135M-Instruct",
+        "instructions": "Answer in one word.",
+        "input": [
+            {"role": "user", "content": "Café or thé?"},
+            {"role": "assistant", "content": "Café."},
+            {"role": "user", "content": [{"type": "input_text", "text": "Why? 😀"}]},
+        ],
+    }
+    counted = real_client.responses.input_tokens.count(**asked)
+    created = real_client.responses.create(**asked, max_output_tokens=1, temperature=0)
+    assert counted.object == "response.input_tokens"
+    assert counted.input_tokens == created.usage.input_tokens > 20
+
+
 def test_a_prompt_of_long_tokens_that_fits_is_served(real_client):
     """The early size check bounds a prompt by the vocabulary's longest entry: SmolLM2 packs 64
     dashes into one token, so 57,600 of them are 900 tokens, which fit the 2,048-token context

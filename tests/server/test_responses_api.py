@@ -17,7 +17,7 @@ import openai
 import pytest
 from minisgl_plugin_hermes.parser import HermesToolParser
 from minisgl_plugin_qwen3_reasoning.parser import Qwen3ReasoningParser
-from openai.types.responses import Response, ResponseItem, ResponseStreamEvent
+from openai.types.responses import InputTokenCountResponse, Response, ResponseItem, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from minisgl_core.demo.factories import make_model_dir
@@ -1049,3 +1049,111 @@ def test_cancel_is_openais_400_for_a_response_not_run_in_the_background(client, 
     assert missing.value.body["message"].startswith("Response with id 'resp_nope' not found"), (
         missing.value.body
     )
+
+
+def test_a_client_that_leaves_a_response_not_streamed_aborts_it(server, auth, read_metrics):
+    """background is refused and cancel is for background responses: a response answered whole
+    is stopped by its client leaving, as a stream is. The server sees the connection close while
+    it waits for the answer and aborts the request, long before its 1,900 tokens."""
+    from .test_load import wait_idle
+
+    before = wait_idle(read_metrics)
+    body = {"input": "Tell me a very long story", "max_output_tokens": 1900, "temperature": 0}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/v1/responses", json=body, headers=auth, timeout=0.5)
+    idle = wait_idle(read_metrics, timeout=5)
+    abort = 'minisgl_requests_total{finish_reason="abort"}'
+    assert idle[abort] == before[abort] + 1
+    assert idle["minisgl_generation_tokens_total"] < before["minisgl_generation_tokens_total"] + 1900
+
+
+def test_compact_is_a_400_saying_it_is_not_supported(client, model_name):
+    """``client.responses.compact`` (OpenAI's conversation shrunk to an encrypted item only its
+    models read) was a 405 "Method Not Allowed": the path is GET /v1/responses/{id}'s."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.compact(model=model_name, input=ASK)
+    error = refused.value.body
+    assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+    assert error["message"].startswith("POST /v1/responses/compact is not supported"), error
+    assert "previous_response_id" in error["message"], error
+
+
+# ------------------------------------------------------------------ counting input tokens
+
+
+def count_tokens(client: openai.OpenAI, **body: Any) -> int:
+    """``client.responses.input_tokens.count``'s answer, checked strictly as the SDK's type."""
+    raw = client.responses.input_tokens.with_raw_response.count(**body)
+    answer = raw.http_response.json()
+    assert answer == {"object": "response.input_tokens", "input_tokens": answer["input_tokens"]}
+    InputTokenCountResponse.model_validate(answer, strict=True)
+    counted = raw.parse()
+    assert isinstance(counted, InputTokenCountResponse)
+    return counted.input_tokens
+
+
+def test_input_tokens_count_is_the_usage_of_the_same_request(tools_client, tools_server, model_name):
+    """``client.responses.input_tokens.count`` (POST /v1/responses/input_tokens) was a 405: it
+    counts what the same request, created, reports as ``usage.input_tokens``: its instructions,
+    input, tools and reasoning effort (this template renders the last two), and with
+    previous_response_id the stored conversation before the new input, or alone without one."""
+    asked = {"model": model_name, "instructions": "You are terse.", "input": ASK, "tools": [WEATHER],
+             "reasoning": {"effort": "low"}}  # fmt: skip
+    counted = count_tokens(tools_client, **asked)
+    created = tools_client.responses.create(**asked, max_output_tokens=3, temperature=0)
+    assert counted == created.usage.input_tokens
+    for left_out in ("instructions", "tools", "reasoning"):  # (each counts)
+        fewer = count_tokens(tools_client, **{k: v for k, v in asked.items() if k != left_out})
+        assert fewer < counted, left_out
+    assert [item.type for item in created.output] == ["message"]
+    follow = {
+        "model": model_name,
+        "input": "And tomorrow?",
+        "previous_response_id": created.id,
+        "tools": [WEATHER],
+    }
+    chained = tools_client.responses.create(**follow, max_output_tokens=3, temperature=0)
+    assert count_tokens(tools_client, **follow) == chained.usage.input_tokens
+    # the stored conversation alone: the turn and its answer, written out (no instructions: not carried)
+    alone = count_tokens(tools_client, model=model_name, previous_response_id=created.id, tools=[WEATHER])
+    written = create(
+        tools_server.url,
+        {"input": [{"role": "user", "content": ASK}, *created.model_dump(mode="json")["output"]],
+         "tools": [WEATHER], "max_output_tokens": 1},
+    )  # fmt: skip
+    assert alone == written["usage"]["input_tokens"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "words"),
+    [
+        (
+            {"previous_response_id": "resp_nope"},
+            "previous_response_id",
+            "Previous response with id 'resp_nope'",
+        ),
+        ({"input": None}, "input", "give the input to count"),
+        ({"conversation": "conv_1"}, "conversation", "send the whole conversation in input"),
+        ({"truncation": "auto"}, "truncation", 'leave truncation "disabled"'),
+        ({"reasoning": {"summary": "auto"}}, "reasoning.summary", "reasoning summaries are not supported"),
+        ({"tools": [{"type": "web_search"}]}, "tools.0.type", "'web_search' is not supported"),
+        # (the same request created: this server has no tool parser to read calls)
+        ({"tools": [WEATHER]}, "tool_choice", "--tool-call-parser"),
+        ({"input": [{"role": "wizard", "content": "Hi"}]}, "input.0.role", "'user'"),
+        ({"personality": "friendly"}, "personality", "unsupported field"),
+        # (a generation setting: a count has none, as OpenAI's)
+        ({"extra_body": {"max_output_tokens": 5}}, "max_output_tokens", "unsupported field"),
+    ],
+)
+def test_input_tokens_count_refuses_what_a_request_would(client, model_name, extra, param, words):
+    body = {"model": model_name, "input": ASK, **extra}
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.input_tokens.count(**body)
+    error = refused.value.body
+    assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+    assert error["param"] == param and words in error["message"], error
+
+
+def test_input_tokens_count_of_an_unknown_model_is_a_404(client):
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_tokens.count(model="no-such-model", input=ASK)
