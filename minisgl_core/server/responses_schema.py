@@ -241,8 +241,10 @@ class ReasoningConfig(StrictModel):
     """The effort is the chat template's variable ``reasoning_effort``, as chat's field of that
     name (a template that does not read it ignores it); the served model reasons as its template
     and ``--reasoning-parser`` make it, and its reasoning comes back whole, as the reasoning
-    item's ``content``. A ``summary`` is refused: minisgl writes none (the item's ``summary`` was
-    an empty list where one was asked for), and the reasoning itself is no summary of it."""
+    item's ``content``. minisgl writes no summary: ``summary: "auto"`` (the model's choice; what
+    agents such as Codex send by default) is taken and the item's ``summary`` is an empty list, as
+    vLLM does; ``"concise"`` or ``"detailed"`` asks for one and is refused (an empty list there
+    would be a silent wrong answer)."""
 
     effort: ReasoningEffort | None = None
     summary: Literal["auto", "concise", "detailed"] | None = None
@@ -252,11 +254,11 @@ class ReasoningConfig(StrictModel):
     @field_validator("summary", "generate_summary", mode="before")
     @classmethod
     def _no_summaries(cls, value: Any, info: ValidationInfo) -> Any:
-        if value is not None:
+        if value is not None and value != "auto":
             raise _Refused(
                 "reasoning summaries are not supported: minisgl writes none; the reasoning item's "
                 "content holds the model's reasoning text whole (with the server's --reasoning-parser); "
-                f"leave reasoning.{info.field_name} out",
+                f'leave reasoning.{info.field_name} out, or "auto"',
                 f"reasoning.{info.field_name}",
             )
         return value

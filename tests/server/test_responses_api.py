@@ -206,6 +206,16 @@ def test_max_output_tokens_makes_the_response_incomplete(client, model_name):
     assert resp.max_output_tokens == 3
 
 
+def test_a_summary_left_to_the_model_is_taken_and_none_is_written(client, model_name):
+    """``reasoning.summary: "auto"``, what agents such as Codex send by default, is taken (as vLLM
+    takes it): the answer is the one without it, and the request's reasoning is echoed."""
+    asked = {"model": model_name, "input": ASK, "max_output_tokens": 4, "temperature": 0}
+    resp = client.responses.create(**asked, reasoning={"summary": "auto"})
+    assert resp.output_text == client.responses.create(**asked).output_text
+    assert resp.reasoning.summary == "auto"
+    assert all(item.summary == [] for item in resp.output if item.type == "reasoning")
+
+
 def test_json_schema_format_is_the_chat_routes_response_format(grammar_backend, client, model_name):
     schema = BOUNDED["parameters"]
     resp = client.responses.create(
@@ -561,8 +571,12 @@ def test_reasoning_and_calls_are_items_of_their_own():
         ({"include": ["reasoning.encrypted_content"]}, "include", "message.output_text.logprobs"),
         # (what a stateless client sends to carry reasoning between turns: said why, and what does)
         ({"include": ["reasoning.encrypted_content"]}, "include", "minisgl encrypts no reasoning"),
-        # (accepted, and the reasoning item's summary came back an empty list)
-        ({"reasoning": {"summary": "auto"}}, "reasoning.summary", "reasoning summaries are not supported"),
+        # (accepted, and the reasoning item's summary came back an empty list; "auto" is taken)
+        (
+            {"reasoning": {"summary": "detailed"}},
+            "reasoning.summary",
+            "reasoning summaries are not supported",
+        ),
         (
             {"reasoning": {"effort": "low", "generate_summary": "concise"}},
             "reasoning.generate_summary",
@@ -1135,7 +1149,7 @@ def test_input_tokens_count_is_the_usage_of_the_same_request(tools_client, tools
         ({"input": None}, "input", "give the input to count"),
         ({"conversation": "conv_1"}, "conversation", "send the whole conversation in input"),
         ({"truncation": "auto"}, "truncation", 'leave truncation "disabled"'),
-        ({"reasoning": {"summary": "auto"}}, "reasoning.summary", "reasoning summaries are not supported"),
+        ({"reasoning": {"summary": "concise"}}, "reasoning.summary", "reasoning summaries are not supported"),
         ({"tools": [{"type": "web_search"}]}, "tools.0.type", "'web_search' is not supported"),
         # (the same request created: this server has no tool parser to read calls)
         ({"tools": [WEATHER]}, "tool_choice", "--tool-call-parser"),
