@@ -35,6 +35,7 @@ from minisgl_core.request_limits import (
     truncation_tail,
     unset_max_tokens,
 )
+from minisgl_core.runner.model_runner import check_attention_choice
 from minisgl_core.sampling import SamplingParams, TokenLogprob, merge_sampling, short_repr
 from minisgl_core.setting_names import NOT_NEEDED_KEYWORDS, VLLM_KEYWORDS, Spelling
 from minisgl_core.tokenizer.chat_input import (
@@ -398,8 +399,11 @@ class LLM:
             )
         plugins = Plugins.load(disable=disable_plugins, spelling=spelling)
         check_grammar_backend(plugins, config.grammar_backend, EngineConfig.grammar_backend)
-        # (attn="fi" on a CPU: the same refusal as serve's, a ValueError, before the engine starts)
-        check_plugins_run_on(vars(config), plugins, config.resolve_device())
+        # (attn="fi" on a CPU, attn="triton" (decode only) anywhere: the same refusals as serve's,
+        # ValueErrors, before the engine starts)
+        device = config.resolve_device()
+        check_plugins_run_on(vars(config), plugins, device)
+        check_attention_choice(config, plugins, device)
         options = _process_options(plugins, config, options)
         self._context = ProcessContext(role="offline", options=options)
         plugins.call_hook("minisgl_process_start", ctx=self._context)

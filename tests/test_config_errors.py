@@ -1026,6 +1026,46 @@ def test_a_prefill_only_backend_alone_is_refused_suggesting_a_partner_that_runs_
     )
 
 
+@pytest.mark.parametrize(
+    ("settings", "refusal"),
+    [
+        (
+            {"attn": "triton"},
+            "attention backend 'triton' does not run prefill steps (it does not declare 'prefill'); use it "
+            "for decode only, e.g. attn='torch,triton'",
+        ),
+        (  # (the partner suggested runs here: triton, under the interpreter)
+            {"attn": "pre-only"},
+            "attention backend 'pre-only' does not run decode steps (it does not declare 'decode'); use it "
+            "for prefill only, e.g. attn='pre-only,triton'",
+        ),
+        (
+            {"attn": "pre-only,torch", "page_size": 4},
+            "attention backend 'pre-only' supports only page_size=1 (it does not declare \"page_size>1\")",
+        ),
+    ],
+)
+def test_an_attention_backend_that_cannot_run_here_is_refused_before_the_engine_starts(
+    model_dir, install_plugin_module, monkeypatch, settings, refusal
+):
+    """``LLM(attn="triton")`` where Triton runs (TRITON_INTERPRET=1 on a CPU; a GPU): triton runs
+    decode steps only, and was refused from inside the engine once its start had begun (the
+    plugins' process-start hooks run, a RuntimeError), where ``LLM(attn="fi")`` on a CPU is a
+    ValueError before anything starts. Now the same: a ValueError naming the fix, no engine built."""
+    import minisgl_core.llm
+
+    install_plugin_module("minisgl_preonly", "minisgl-preonly", PREFILL_ONLY)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+    def no_engine(*args, **kwargs):
+        raise AssertionError("the engine was started before the refusal")
+
+    monkeypatch.setattr(minisgl_core.llm, "Engine", no_engine)
+    with pytest.raises(ValueError) as refused:
+        LLM(model_dir, device="cpu", **settings)
+    assert str(refused.value) == refusal
+
+
 def test_a_backend_refusing_the_model_is_one_clear_error():
     from minisgl_core.api import AttentionBackend
     from minisgl_core.runner.model_runner import build_backend

@@ -33,12 +33,13 @@ from minisgl_core.config import (
     CUDA_PAGE_SIZE,
     ConfigError,
     EngineConfig,
+    attention_names,
     auto_attention,
     check_page_size,
 )
 from minisgl_core.layers import ParallelLMHead
 from minisgl_core.layers.triton_ops import ROPE_STORE_WIDE_FROM
-from minisgl_core.plugins import PluginError, Plugins, checkout_plugin
+from minisgl_core.plugins import NotRunnableHere, PluginError, Plugins, checkout_plugin
 from minisgl_core.runner import quantization
 from minisgl_core.runner.layout import set_layout
 from minisgl_core.runner.memory_check import MemoryAsk, check_fits, free_bytes, refusing_failed_allocation
@@ -117,7 +118,7 @@ def resolve_page_size(
     if page_size is None:
         return CUDA_PAGE_SIZE if device.type == "cuda" and not single else 1
     if page_size > 1 and single:
-        raise PluginError(
+        raise NotRunnableHere(
             f"attention backend {single[0]!r} supports only {given('page_size', 1, spelling)} (it does not "
             'declare "page_size>1")'
         )
@@ -144,7 +145,7 @@ def check_roles(
             else:
                 pair = f"{partner},{name}" if role == "prefill" else f"{name},{partner}"
                 fix = f"e.g. {given('attn', pair, spelling)}"
-            raise PluginError(
+            raise NotRunnableHere(
                 f"attention backend {name!r} does not run {role} steps (it does not declare {role!r}); "
                 f"use it for {other} only, {fix}"
             )
@@ -164,6 +165,31 @@ def role_partner(
         except PluginError:  # (a broken plugin is no suggestion; selecting it says why)
             continue
     return None
+
+
+def check_attention_choice(
+    config: EngineConfig, plugins: Plugins, device: torch.device, *, ask_device: bool = True
+) -> None:
+    """The backends ``config.attn`` names (none for auto, which picks among the usable ones) asked
+    what the runner asks them before the model loads: whether they run on ``device`` (their
+    ``availability``; ``ask_device`` False skips it, for a launcher on a GPU, where asking may
+    start CUDA in a process that runs no model), whether each runs its role's steps, reads the
+    KV pool's dtype and takes the page size. :class:`NotRunnableHere` (a ValueError) naming the
+    fix, before any process starts or the engine begins: ``LLM(attn="triton")`` under Triton's
+    interpreter was refused from inside the engine, a RuntimeError, once its start had begun."""
+    names = attention_names(config.attn)
+    if not names:
+        return
+    resolve = (
+        plugins.resolve_on_device if ask_device else lambda kind, name, _device: plugins.resolve(kind, name)
+    )
+    backends = {name: resolve("attention", name, device) for name in names}
+    dtype = config.resolve_dtype(device)
+    kv_dtype = config.resolve_kv_dtype(dtype)
+    needs = frozenset({"kv_fp8"}) if kv_dtype == torch.float8_e4m3fn else frozenset()
+    check_roles(names[0], names[-1], backends, plugins, device, plugins.spelling, needs)
+    check_kv_dtype(config.kv_cache_dtype, kv_dtype, dtype, backends, plugins.spelling)
+    resolve_page_size(config.page_size, device, backends, plugins.spelling)
 
 
 def build_backend(name: str, cls: type[AttentionBackend], config: AttentionConfig) -> AttentionBackend:
@@ -188,7 +214,7 @@ def check_kv_dtype(
     if kv_dtype == torch.float8_e4m3fn:
         refusing = sorted(n for n, cls in backends.items() if "kv_fp8" not in cls.capabilities)
         if refusing:
-            raise PluginError(
+            raise NotRunnableHere(
                 f"attention backend {refusing[0]!r} does not support {given('kv_cache_dtype', name, spelling)} "
                 '(it does not declare "kv_fp8"); '
                 f"use {given('attn', 'fi', spelling)} or "

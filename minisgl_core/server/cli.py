@@ -352,7 +352,7 @@ def _serve_options(args: argparse.Namespace):
     plugin_options = {d: getattr(args, d) for d in getattr(args, "plugin_dests", [])}
     # (the model checked too: a bad file fails here in one line, before any process starts)
     config = engine_config_from_args(args, plugin_options, plugins)
-    _check_attention_roles(config, plugins)
+    _check_attention_choice(config, plugins)
     if config.tp_size > 1:
         check_heads_split(config.model, config.tp_size, plugins)
     # (said once: by the node that serves HTTP)
@@ -435,21 +435,16 @@ def _serve_options(args: argparse.Namespace):
     return opts, plugins
 
 
-def _check_attention_roles(config: EngineConfig, plugins: Plugins) -> None:
-    """An --attn backend that does not run its role's steps (``--attn triton``: decode only),
-    refused as the model runner refuses it, before any process starts: the scheduler refused it
-    once started (exit code 1, said twice). On a CPU only: the suggestion asks the backends
-    whether they run here, which on a GPU may start CUDA in this process."""
-    from minisgl_core.config import attention_names
-    from minisgl_core.runner.model_runner import check_roles
+def _check_attention_choice(config: EngineConfig, plugins: Plugins) -> None:
+    """The --attn backends refused as the model runner refuses them (a backend that does not run
+    its role's steps, ``--attn triton``: decode only; a pool dtype or page size it does not take),
+    before any process starts: the scheduler refused them once started (exit code 1, said twice).
+    Whether they run on this device is asked on a CPU only (engine_config_from_args did): on a GPU
+    asking may start CUDA in this process, which runs no model; the scheduler asks there."""
+    from minisgl_core.runner.model_runner import check_attention_choice
 
-    names = attention_names(config.attn)
     device = config.resolve_device()
-    if not names or device.type != "cpu":
-        return
-    needs = frozenset({"kv_fp8"}) if config.kv_cache_dtype == "fp8_e4m3" else frozenset()
-    backends = {name: plugins.resolve("attention", name) for name in names}
-    check_roles(names[0], names[-1], backends, plugins, device, plugins.spelling, needs)
+    check_attention_choice(config, plugins, device, ask_device=device.type == "cpu")
 
 
 def _read_chat_template(path: str | None) -> str | None:
