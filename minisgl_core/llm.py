@@ -47,7 +47,7 @@ from minisgl_core.tokenizer.chat_input import (
     conversations,
 )
 from minisgl_core.tokenizer.detokenize import final_text, prompt_context
-from minisgl_core.tokenizer.load import apply_chat_template, longest_token_chars, render_chat_template
+from minisgl_core.tokenizer.load import longest_token_chars, render_chat_template
 
 logger = logging.getLogger(__name__)
 
@@ -590,11 +590,16 @@ class LLM:
                     "of one), or give generate() the prompt itself"
                 )
             where = (lambda i: f"messages[{i}]: ") if len(chats) > 1 else (lambda i: "")
-            truncated = _truncates(sampling_params, len(chats))
-            # the text of each (RequestOutput.prompt, as vLLM's), rendered first: one that cannot
-            # fit the context is refused by its characters before the tokenizer spends seconds on it
-            texts = [self._chat_text(c, args, where(i), truncated[i]) for i, c in enumerate(chats)]
-            prompts = [self._chat_ids(c, args, where(i)) for i, c in enumerate(chats)]
+            keep = _truncations(sampling_params, len(chats))
+            # each rendered once, into its text (RequestOutput.prompt, as vLLM's), which is what is
+            # tokenized, as the server's tokenizer worker does: one that cannot fit the context is
+            # refused by its characters before the tokenizer spends seconds on it; of one cut to
+            # its last tokens (truncate_prompt_tokens) only the tail they come from is tokenized
+            texts = [self._chat_text(c, args, where(i), keep[i] is not None) for i, c in enumerate(chats)]
+            prompts = [
+                self._chat_ids(c, text, args, where(i), keep[i])
+                for i, (c, text) in enumerate(zip(chats, texts))
+            ]
             return self._generate(prompts, sampling_params, use_tqdm, "messages", texts)
 
     def _chat_text(
@@ -605,17 +610,28 @@ class LLM:
         characters than the context can hold, as :meth:`generate` refuses such a text prompt."""
         if args.get("continue_final_message"):
             check_continued_message(conversation[-1]["role"], where)
-        text = self._render(conversation, args, where, tokenize=False)
+        text = self._render(conversation, args, where)
         if not truncated:
             with _named_errors(where):
                 self._refuse_past_context(text, "conversation, as its chat template renders it,")
         return text
 
-    def _chat_ids(self, conversation: list[dict[str, Any]], args: dict[str, Any], where: str) -> list[int]:
-        """``conversation`` rendered as the server's tokenizer renders a chat request's messages."""
-        ids = self._render(conversation, args, where)
+    def _chat_ids(
+        self,
+        conversation: list[dict[str, Any]],
+        text: str,
+        args: dict[str, Any],
+        where: str,
+        keep: int | None,
+    ) -> list[int]:
+        """``text``, ``conversation`` as its chat template renders it with ``args``, as token ids:
+        tokenized as the template's output is (without the tokenizer's special tokens: the template
+        writes them), as transformers' ``apply_chat_template(tokenize=True)`` and the server's
+        tokenizer do; with ``keep`` (``truncate_prompt_tokens``) only the tail its last tokens come
+        from (:func:`~minisgl_core.request_limits.truncation_tail`) when it is longer than the
+        context could hold."""
 
-        def without_tools(tool_free_args: dict[str, Any]) -> list[int] | None:
+        def without_tools(tool_free_args: dict[str, Any]) -> str | None:
             try:
                 return self._render(conversation, tool_free_args, where)
             except ValueError:  # (it needs them)
@@ -624,21 +640,19 @@ class LLM:
         fix = "pass chat_template= with a template that does" + chatml_tools_hint(
             getattr(self.tokenizer, "chat_template", None), "chat_template='chatml-tools'"
         )
-        check_tools_rendered(ids, args, without_tools, fix)
-        return ids
+        check_tools_rendered(text, args, without_tools, fix)
+        if keep is not None:
+            text = truncation_tail(text, keep, self.engine.limits.max_context_len, self._token_chars())
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def _render(
-        self, conversation: list[dict[str, Any]], args: dict[str, Any], where: str, tokenize: bool = True
-    ) -> Any:
-        """The conversation's token ids (``tokenize``), or its text; the template's failures as a
+    def _render(self, conversation: list[dict[str, Any]], args: dict[str, Any], where: str) -> str:
+        """The conversation's text as the chat template renders it; the template's failures as a
         ValueError saying where."""
         from jinja2 import TemplateSyntaxError
 
         template = "chat_template" if "chat_template" in args else "the model's chat template"
         try:
-            if not tokenize:
-                return render_chat_template(self.tokenizer, conversation, **args)
-            return apply_chat_template(self.tokenizer, conversation, **args)
+            return render_chat_template(self.tokenizer, conversation, **args)
         except TemplateSyntaxError as exc:
             raise ValueError(f"{template} does not compile: line {exc.lineno}: {exc.message}") from None
         except RecursionError:
@@ -930,14 +944,16 @@ def _vllm_prompt(prompt: Mapping[Any, Any]) -> tuple[Prompt, int]:
     return value, (cache_salt_key(salt) if salt is not None else 0)
 
 
-def _truncates(sampling_params: SamplingParams | Sequence[SamplingParams] | None, count: int) -> list[bool]:
-    """For each of ``count`` prompts, whether its SamplingParams set ``truncate_prompt_tokens``
-    (False where they are not yet known to be SamplingParams: generate refuses those)."""
+def _truncations(
+    sampling_params: SamplingParams | Sequence[SamplingParams] | None, count: int
+) -> list[int | None]:
+    """For each of ``count`` prompts, its SamplingParams' ``truncate_prompt_tokens`` (None where
+    unset, or where they are not yet known to be SamplingParams: generate refuses those)."""
     if isinstance(sampling_params, SamplingParams):
-        return [sampling_params.truncate_prompt_tokens is not None] * count
+        return [sampling_params.truncate_prompt_tokens] * count
     if isinstance(sampling_params, (list, tuple)) and len(sampling_params) == count:
-        return [getattr(p, "truncate_prompt_tokens", None) is not None for p in sampling_params]
-    return [False] * count
+        return [p.truncate_prompt_tokens if isinstance(p, SamplingParams) else None for p in sampling_params]
+    return [None] * count
 
 
 def _check_use_tqdm(use_tqdm: object) -> None:

@@ -95,6 +95,26 @@ def test_chat_renders_as_the_server_does(llm):
     assert cont.prompt_token_ids[-len(tail) :] == tail
 
 
+def test_chat_renders_each_conversation_once_into_transformers_ids(llm, monkeypatch):
+    """chat rendered each conversation twice (its text for the check by characters, then again to
+    tokenize it); once now, its text tokenized as the template's output. The ids stay
+    transformers' ``apply_chat_template(tokenize=True)``'s, and truncate_prompt_tokens keeps
+    their tail."""
+    chats = [HI, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]]
+    references = [apply_chat_template(llm.tokenizer, chat) for chat in chats]  # (transformers')
+    rendered = []
+    apply = llm.tokenizer.apply_chat_template
+    monkeypatch.setattr(
+        llm.tokenizer, "apply_chat_template", lambda c, *a, **k: rendered.append(c) or apply(c, *a, **k)
+    )
+    one_token = SamplingParams(temperature=0.0, max_tokens=1)
+    outs = llm.chat(chats, one_token)
+    assert rendered == chats  # once each, in order
+    assert [out.prompt_token_ids for out in outs] == references
+    outs = llm.chat(chats, dataclasses.replace(one_token, truncate_prompt_tokens=5))
+    assert [out.prompt_token_ids for out in outs] == [ids[-5:] for ids in references]
+
+
 def test_chat_with_a_model_without_a_chat_template(llm, monkeypatch):
     monkeypatch.setattr(llm.tokenizer, "chat_template", None)
     with pytest.raises(ValueError, match="this model's tokenizer has no chat template: pass chat_template="):

@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import weakref
+from collections.abc import Mapping
 from fractions import Fraction
 
 import msgpack
@@ -144,8 +145,18 @@ def test_a_conversation_far_past_the_context_is_refused_before_it_is_tokenized(l
     with pytest.raises(ContextLengthExceeded, match=says):
         llm.chat([short, huge], SamplingParams(max_tokens=2))
     assert tokenized == []  # (neither was tokenized: the refusal came first)
+    # with truncate_prompt_tokens only the tail its last tokens come from is tokenized (the whole
+    # rendered conversation was), and they are the whole one's last tokens (transformers')
+    whole = apply(huge, add_generation_prompt=True)
+    whole = whole["input_ids"] if isinstance(whole, Mapping) or hasattr(whole, "input_ids") else whole
+    lengths = []  # the lengths of the texts tokenized
+    encode = llm.tokenizer.encode
+    monkeypatch.setattr(
+        llm.tokenizer, "encode", lambda t, *a, **k: lengths.append(len(t)) or encode(t, *a, **k)
+    )
     [out] = llm.chat(huge, SamplingParams(max_tokens=2, truncate_prompt_tokens=10))
-    assert len(out.prompt_token_ids) == 10 and len(out.prompt) > 500_000
+    assert out.prompt_token_ids == list(whole)[-10:] and len(out.prompt) > 500_000
+    assert tokenized == [] and lengths and max(lengths) < len(out.prompt) // 10
 
 
 def test_token_ids_outside_the_vocabulary_are_refused_offline(llm):

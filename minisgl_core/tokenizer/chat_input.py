@@ -342,16 +342,16 @@ class ToolsNotRendered(ValueError):
 
 
 def check_tools_rendered(
-    ids: list[int],
+    ids: list[int] | str,
     args: Mapping[str, Any],
-    render: Callable[[dict[str, Any]], list[int] | None],
+    render: Callable[[dict[str, Any]], list[int] | str | None],
     fix: str,
 ) -> None:
     """:class:`ToolsNotRendered` (its text ending in ``fix``, what the caller's user does about
-    it) when ``args`` has tools and ``ids``, the template's tokens with ``args``, are what
-    ``render`` gives with ``args`` but the tools: a template without a tools section drops them
-    without a word, and the model answers as if it had none. ``render`` returns None where it
-    cannot render without them (such a template uses them)."""
+    it) when ``args`` has tools and ``ids``, the template's tokens (or text) with ``args``, are
+    what ``render`` gives with ``args`` but the tools: a template without a tools section drops
+    them without a word, and the model answers as if it had none. ``render`` returns None where
+    it cannot render without them (such a template uses them)."""
     if not args.get("tools"):
         return
     if ids == render({k: v for k, v in args.items() if k != "tools"}):
