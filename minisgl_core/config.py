@@ -393,9 +393,13 @@ def attention_names(attn: str) -> tuple[str, ...]:
     if attn == "auto":
         return ()
     names = tuple(name.strip() for name in attn.split(","))
-    # (auto in a pair was an unknown backend 'auto': "pip install minisgl-plugin-auto")
-    if len(names) not in (1, 2) or not all(names) or (len(names) == 2 and "auto" in names):
-        raise ConfigError(f"attn takes NAME, PREFILL,DECODE or auto; got {attn!r}", "attn")
+    # (auto in a pair was an unknown backend 'auto': "pip install minisgl-plugin-auto"; AUTO in
+    # one was too, with "did you mean 'auto'?", as a name in another case is, for a pair that
+    # refuses auto)
+    in_pair = len(names) == 2 and any(name.casefold() == "auto" for name in names)
+    if len(names) not in (1, 2) or not all(names) or in_pair:
+        alone = ": auto picks both backends, so it stands alone" if in_pair else ""
+        raise ConfigError(f"attn takes NAME, PREFILL,DECODE or auto; got {attn!r}{alone}", "attn")
     return names
 
 

@@ -155,6 +155,7 @@ def test_an_empty_model_is_refused_not_read_as_the_working_directory(model_dir, 
         # (auto in a pair: "unknown --attn 'auto'", suggesting pip install minisgl-plugin-auto)
         (dict(attn="auto,torch"), "attn"),
         (dict(attn="torch, auto"), "attn"),
+        (dict(attn="torch,AUTO"), "attn"),  # (in another case too: "did you mean 'auto'?")
         (dict(device="tpu"), "device"),
         (dict(device="meta"), "device"),
         (dict(tp_size=0), "tp_size"),
@@ -302,6 +303,9 @@ BAD_FLAGS = [
     ("serve", ["--port", "0", "--shell", "--temperature", "-1"], "--temperature must be >= 0, got -1.0"),
     ("generate", ["hi", "--tp", "2"], "--tp 2: minisgl generate runs one process"),
     ("generate", ["hi", "--attn", "torch,torch,torch"], "--attn takes NAME, PREFILL,DECODE or auto"),
+    # (it said "unknown --attn 'AUTO'; ...; did you mean --attn 'auto'?", which a pair refuses)
+    ("generate", ["hi", "--attn", "torch,AUTO"],
+     "--attn takes NAME, PREFILL,DECODE or auto; got 'torch,AUTO': auto picks both backends, so it stands alone"),
     ("generate", ["hi", "--num-kv-tokens", "1"], "--num-kv-tokens must hold two pages at least"),
     ("generate", ["hi", "--max-tokens", "0"], "--max-tokens must be an integer in [1, 2**63-1], got 0"),
     ("generate", ["hi", "--temperature", "-1"], "--temperature must be >= 0, got -1.0"),
