@@ -342,6 +342,9 @@ class ProcessFailed(Message):
     #: what HTTP clients may be told: the exception's class, with the words it carries for them
     #: (a PluginFailure's ``summary``), never its text (a gloo error holds C++ build paths)
     summary: str = ""
+    #: a setting (or a model's file) the process refused before it was ready, in the one line the
+    #: command that started the server says (a usage error: exit code 2); "" for any other failure
+    refusal: str = ""
 
 
 _BY_TAG: dict[int, type[Message]] = {

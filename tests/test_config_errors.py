@@ -527,26 +527,30 @@ def test_a_kv_pool_past_the_memory_is_one_error_line_on_the_command_line(model_d
 
 def test_a_server_that_fails_after_start_says_why_at_any_log_level(model_dir):
     """Under --log-level critical a worker's failure was logged at ERROR only: serve exited 1 with
-    nothing said. The server's last word on why it stopped is critical."""
+    nothing said. A setting a worker refuses is the command line's error line, shown at any level."""
     proc = _cli(
         "serve", "--port", "0", "--model", str(model_dir), "--device", "cpu", "--log-level", "critical",
         "--num-kv-tokens", str(10**15),
     )  # fmt: skip
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert "CRITICAL minisgl.server: the scheduler 0 process failed:" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("minisgl: error: --num-kv-tokens="), proc.stderr
     assert proc.stderr.rstrip().endswith(" free on cpu: lower --num-kv-tokens"), proc.stderr
 
 
 def test_a_kv_pool_past_the_memory_is_said_once_by_serve_before_the_weights_load(model_dir):
     """The scheduler process logged its refusal and the launcher said it again (twice in the
-    log), once the weights had loaded; now the launcher says it, once, and no weight is read
-    (the loading bar never shows)."""
+    log), once the weights had loaded; then the launcher said it once, logged under "the
+    scheduler 0 process failed:" with exit code 1. It is a usage error only the scheduler can
+    judge (the memory free, the model's KV layout): now the command line's one error line and
+    exit code 2, as for the settings it refuses itself, and no weight is read (the loading bar
+    never shows)."""
     for flag, value in [("--num-kv-tokens", 10**15), ("--max-running-requests", 10**12)]:
         proc = _cli("serve", "--port", "0", "--model", str(model_dir), "--device", "cpu", flag, str(value))
-        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
-        assert proc.stderr.count(f"{flag}={value} (") == 1, proc.stderr
-        assert "CRITICAL minisgl.server: the scheduler 0 process failed:" in proc.stderr, proc.stderr
-        assert "loading " not in proc.stderr, proc.stderr
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        errors = [line for line in proc.stderr.splitlines() if f"{flag}={value} (" in line]
+        assert len(errors) == 1 and errors[0].startswith(f"minisgl: error: {flag}={value} ("), proc.stderr
+        assert proc.stderr.splitlines()[-1] == errors[0], proc.stderr
+        assert "process failed" not in proc.stderr and "loading " not in proc.stderr, proc.stderr
 
 
 def test_a_kv_pool_or_request_tables_past_the_device_name_the_setting_and_the_bytes(model_dir, monkeypatch):

@@ -209,7 +209,8 @@ def run_child(spec: ChildSpec, main: ChildMain) -> None:
             # (the launcher says it, once: logged here too, it was said twice)
             logger.debug("%s process failed: %s", spec.name, message)
             error = f"{type(exc).__name__}: {message}"
-            send(control, ProcessFailed(spec.role, spec.rank, error, _summary(exc)))
+            refusal = "" if ready else message
+            send(control, ProcessFailed(spec.role, spec.rank, error, _summary(exc), refusal))
         elif _lost_peer(exc):
             logger.error("%s process failed: %s", spec.name, exc)
             send(control, ProcessFailed(spec.role, spec.rank, f"{type(exc).__name__}: {exc}", _summary(exc)))

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 import zmq
 
-from minisgl_core.config import EngineConfig
+from minisgl_core.config import ConfigError, EngineConfig
 from minisgl_core.distributed import DistributedSpec, loopback_listener
 from minisgl_core.messages import Limits, ProcessFailed, ProcessReady, Shutdown
 from minisgl_core.processes.child import ChildSpec, run_child, stop_signals_blocked
@@ -37,6 +37,17 @@ GRACEFUL_STOP_S = 5.0
 
 class ChildFailed(RuntimeError):
     """A worker process failed; the message carries its traceback or exit status."""
+
+
+class StartRefused(ChildFailed, ConfigError):
+    """A worker refused a setting at start-up, one only it can judge (a KV pool or request tables
+    past the memory free, a backend the GPU cannot run): a usage error, as the command line's own
+    refusals are, its message the worker's one line. ``serve`` exited 1 with it logged under
+    "the scheduler 0 process failed:"; the command line now says it as it says its own (exit
+    code 2)."""
+
+    def __init__(self, message: str) -> None:
+        ConfigError.__init__(self, message)  # (no fields: the worker named the flags already)
 
 
 #: how long a child's failure report waits for another child's exit code before it goes out alone
@@ -190,6 +201,8 @@ class Runtime:
                     others.update(msg.info)
             elif isinstance(msg, ProcessFailed):
                 self.failure = f"the {_name(msg.role, msg.rank)} process failed:\n{msg.error}"
+                if msg.refusal:
+                    raise StartRefused(msg.refusal)
                 raise ChildFailed(self.failure)
             elif msg is None and (dead := self._dead_child()) is not None:
                 raise ChildFailed(dead.detail)
@@ -256,6 +269,9 @@ class Runtime:
                     return None
                 # Prefer the child's own report if it managed to send one.
                 msg = recv(self.control, timeout_ms=100)
+                if isinstance(msg, ProcessFailed) and msg.refusal and not self.ready:
+                    self.failure = f"the {_name(msg.role, msg.rank)} process failed:\n{msg.error}"
+                    raise StartRefused(msg.refusal)
                 if isinstance(msg, ProcessFailed):
                     failure = self.failure_of(msg)
                 else:

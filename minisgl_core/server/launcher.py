@@ -3,7 +3,9 @@
 The main thread owns the processes and the signals; uvicorn runs in a second thread (so the main
 thread is free for the interactive shell of ``serve --shell`` / ``minisgl shell``). SIGINT and
 SIGTERM stop everything with exit code 0, after letting in-flight requests finish (a second one
-ends that wait at once); a failed child stops everything with exit code 1 and its error in the log.
+ends that wait at once); a failed child stops everything with exit code 1 and its error in the log,
+and a setting a child refused at start-up (StartRefused) is raised once all is stopped, for the
+command line to say as its own refusals (exit code 2).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from minisgl_core.api import ProcessContext
 from minisgl_core.checkpoint.resolve import served_model_name
 from minisgl_core.distributed import RENDEZVOUS_TIMEOUT
 from minisgl_core.plugins import Plugins
-from minisgl_core.processes.runtime import ChildFailed, Runtime, RuntimeOptions
+from minisgl_core.processes.runtime import ChildFailed, Runtime, RuntimeOptions, StartRefused
 from minisgl_core.server.api_options import ApiOptions
 from minisgl_core.server.limits import ServerLimits
 
@@ -115,6 +117,8 @@ def serve(opts: ServeOptions, plugins: Plugins, foreground: Foreground | None = 
                 runtime.check_children(timeout_ms=0)  # a rank that exited between the two looks
     except (KeyboardInterrupt, StopRequested):
         logger.info("stopping")
+    except StartRefused:
+        raise  # (once the processes are stopped) the command line says it in one line, exit code 2
     except ChildFailed as exc:
         if runtime.failure is None:  # not a child: the HTTP server itself
             logger.critical("%s", exc)
