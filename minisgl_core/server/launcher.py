@@ -115,8 +115,12 @@ def serve(opts: ServeOptions, plugins: Plugins, foreground: Foreground | None = 
                 pass
             if runtime.failure is None:
                 runtime.check_children(timeout_ms=0)  # a rank that exited between the two looks
-    except (KeyboardInterrupt, StopRequested):
+    except (KeyboardInterrupt, StopRequested) as stop:
         logger.info("stopping")
+        if foreground is not None and isinstance(stop, KeyboardInterrupt):
+            # the shell's Ctrl-C while the model loads (its chat takes those at the prompt): 130,
+            # 128 + SIGINT, as every other command's (it was 0); a server's Ctrl-C is how it stops
+            code = 130
     except StartRefused:
         raise  # (once the processes are stopped) the command line says it in one line, exit code 2
     except ChildFailed as exc:

@@ -480,3 +480,33 @@ def test_ctrl_c_at_the_prompt_clears_it_and_the_shell_goes_on():
             os.close(fd)
     assert os.waitstatus_to_exitcode(status) == 0
     assert len(server.chats) == 1
+
+
+def test_ctrl_c_while_the_shell_loads_the_model_ends_it_with_status_130(model_dir, engine_args):
+    """Ctrl-C while ``minisgl shell`` started its server (the workers loading the model) ended it
+    with status 0, as a server's stop; 130 (128 + SIGINT) now, as every other command's."""
+    import signal
+    import sys
+    import time
+
+    from minisgl_core.testing.live_server import child_pids
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "minisgl_core", "shell", "--model", str(model_dir), *engine_args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # (as from a terminal)
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not child_pids(proc.pid):  # the server's workers started: it is loading
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "ready in" not in err and out == "", err
