@@ -226,7 +226,12 @@ def add_bench_command(sub) -> None:
     p.add_argument(
         "--shape", choices=sorted(SHAPES), required=True, help="the real model whose shape to build"
     )
-    p.add_argument("--out", required=True, help="the model directory to write")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="the model directory to write: a new one (made with its missing parents) or an empty one; "
+        "one holding anything but this shape built before is refused",
+    )
     p.add_argument(
         "--device",
         default="cpu",

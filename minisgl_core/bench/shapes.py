@@ -156,9 +156,9 @@ def build_random_model(
     shard_bytes: int = 4 << 30, seed: int = 0, overwrite: bool = False,
 ) -> Path:  # fmt: skip
     """Write ``SHAPES[shape]`` with random weights (std hidden**-0.5, norms near one) to ``out_dir``,
-    or keep the model of this shape built there before. A folder holding anything else is refused
-    (FileExistsError) unless ``overwrite`` (a benchmark's own model cache, where a build cut short
-    leaves a part)."""
+    made with its missing parents, or keep the model of this shape built there before. A folder
+    holding anything else is refused (FileExistsError) unless ``overwrite`` (a benchmark's own
+    model cache, where a build cut short leaves a part); a build cut short removes what it made."""
     config = dict(SHAPES[shape], torch_dtype=str(dtype).removeprefix("torch."))
     out = Path(out_dir)
     if (out / "model.safetensors.index.json").is_file() and _holds_shape(out, config):
@@ -173,7 +173,9 @@ def build_random_model(
     if out.exists() and not out.is_dir():  # (it was mkdir's "[Errno 17] File exists: '/dev/null'")
         raise FileExistsError(f"{out} is a file, not a folder: give a new or empty folder")
     gen = torch.Generator(device=device).manual_seed(seed)  # (a bad device fails before any write)
-    fresh = not out.exists()
+    # the topmost folder made here: ``out`` is made with its missing parents, as ``mkdir -p`` (and
+    # transformers' save_pretrained) make them; None: ``out`` was there, empty
+    made = next((folder for folder in reversed([out, *out.parents]) if not folder.exists()), None)
     out.mkdir(parents=True, exist_ok=True)
     try:
         _write_random_model(out, config, gen, device, dtype, shard_bytes)
@@ -181,17 +183,18 @@ def build_random_model(
         # (a build cut short, by Ctrl-C or a full disk, left a part that the next run refused as
         # "not empty"; a benchmark's own cache, ``overwrite``, is built over instead)
         if not overwrite:
-            _remove_written(out, fresh)
+            _remove_written(out, made)
         raise
     return out
 
 
-def _remove_written(out: Path, fresh: bool) -> None:
-    """What a build cut short wrote into ``out``, new or empty before it (nothing else is there)."""
+def _remove_written(out: Path, made: Path | None) -> None:
+    """What a build cut short wrote: the folders it made (``made``, the topmost: --out a/b/c left
+    a/b behind), else what it wrote into ``out``, empty before it (nothing else is there)."""
     import shutil
 
-    if fresh:
-        shutil.rmtree(out, ignore_errors=True)
+    if made is not None:
+        shutil.rmtree(made, ignore_errors=True)
         return
     for path in out.iterdir():
         if path.is_dir():
