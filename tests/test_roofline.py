@@ -6,6 +6,8 @@ add time, must not exceed it."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import math
 from pathlib import Path
 
 import pytest
@@ -66,6 +68,37 @@ def test_a_rate_that_is_not_positive_and_finite_is_a_usage_error(bad, capsys):
             tool.main_with([flag, bad])
         assert exit_info.value.code == 2
         assert f"argument {flag}: invalid positive finite number value: '{bad}'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flag", "bad", "says"),
+    [
+        ("--bandwidth", "1e-300", "1e-300 bytes/s is outside 1e+09 to 1e+15: give the device's rate in bytes/s, e.g. 4.8e12 for 4.8 TB/s"),
+        ("--bandwidth", "4.8", "4.8 bytes/s is outside 1e+09 to 1e+15"),
+        ("--bandwidth", "1e300", "1e300 bytes/s is outside 1e+09 to 1e+15"),
+        ("--flops", "1e-300", "1e-300 FLOP/s is outside 1e+09 to 1e+18: give the device's rate in FLOP/s, e.g. 989e12 for 989 TFLOP/s"),
+        ("--flops", "1e30", "1e30 FLOP/s is outside 1e+09 to 1e+18"),
+    ],
+)  # fmt: skip
+def test_a_rate_no_device_has_is_a_usage_error(flag, bad, says, capsys):
+    """``--bandwidth 1e-300`` printed inf seconds and 0 tok/s, ``1e300`` a 300-digit TB/s column,
+    and ``4.8`` (TB/s meant) bounds of hours: a usage error now, naming the unit and the range."""
+    tool = load_tool()
+    with pytest.raises(SystemExit) as exit_info:
+        tool.main_with([flag, bad])
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 2 and captured.out == ""
+    last = captured.err.splitlines()[-1]
+    assert last.startswith(f"roofline.py: error: argument {flag}: {says}"), last
+
+
+def test_the_ends_of_the_rates_taken_give_finite_bounds(capsys):
+    tool = load_tool()
+    (low_bandwidth, high_bandwidth), (low_flops, high_flops) = tool.BANDWIDTH_RANGE, tool.FLOPS_RANGE
+    for bandwidth, flops in ((low_bandwidth, high_flops), (high_bandwidth, low_flops)):
+        tool.main_with(["--bandwidth", f"{bandwidth:g}", "--flops", f"{flops:g}", "--json"])
+        rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert rows and all(all(map(math.isfinite, row["seconds"].values())) for row in rows)
 
 
 def test_rates_pair_up_and_none_is_dropped(capsys):

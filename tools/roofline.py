@@ -115,15 +115,33 @@ def bounds(
     }
 
 
-def _rate(text: str) -> float:
-    """A positive, finite rate (``4.8e12``); argparse turns the ValueError into a usage error."""
-    value = float(text)
-    if not (0 < value < float("inf")):
-        raise ValueError(text)
-    return value
+#: the rates taken, (lowest, highest): bytes/s from 1 GB/s to 1 PB/s, FLOP/s from 1 GFLOP/s to
+#: 1 EFLOP/s, a device's. Past them (``--bandwidth 1e-300``, or 4.8 meant as TB/s) the bounds were
+#: inf seconds and 0 tok/s, or a 300-digit TB/s column: never a device's numbers
+BANDWIDTH_RANGE = (1e9, 1e15)
+FLOPS_RANGE = (1e9, 1e18)
 
 
-_rate.__name__ = "positive finite number"  # what argparse's message calls the type
+def _rate_in(low: float, high: float, unit: str, example: str):
+    """The argparse type of a rate in ``unit``: a positive, finite number (argparse turns the
+    ValueError into "invalid positive finite number value"), from ``low`` to ``high``."""
+
+    def rate(text: str) -> float:
+        value = float(text)
+        if not (0 < value < float("inf")):
+            raise ValueError(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(
+                f"{text} {unit} is outside {low:g} to {high:g}: give the device's rate in {unit}, e.g. {example}"
+            )
+        return value
+
+    rate.__name__ = "positive finite number"  # what argparse's message calls the type
+    return rate
+
+
+_bandwidth = _rate_in(*BANDWIDTH_RANGE, "bytes/s", "4.8e12 for 4.8 TB/s")
+_flops = _rate_in(*FLOPS_RANGE, "FLOP/s", "989e12 for 989 TFLOP/s")
 
 
 def rates_of(p: argparse.ArgumentParser, bandwidths: list[float] | None, flops: list[float] | None):
@@ -156,8 +174,15 @@ def main() -> None:
 
 def main_with(argv: list[str]) -> None:
     p = argparse.ArgumentParser(prog="roofline.py")
-    p.add_argument("--bandwidth", type=_rate, action="append", help="bytes/s (default: 4.8e12 and 4.25e12)")
-    p.add_argument("--flops", type=_rate, action="append", help="FLOP/s (default: 989e12 and 789e12)")
+    p.add_argument(
+        "--bandwidth",
+        type=_bandwidth,
+        action="append",
+        help="bytes/s, 1e9 to 1e15 (default: 4.8e12 and 4.25e12)",
+    )
+    p.add_argument(
+        "--flops", type=_flops, action="append", help="FLOP/s, 1e9 to 1e18 (default: 989e12 and 789e12)"
+    )
     p.add_argument(
         "--kv-bytes",
         type=int,
