@@ -9,6 +9,7 @@ becomes fatal when the user selects something it provides (see :meth:`Plugins.re
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import importlib
 import inspect
@@ -1119,30 +1120,50 @@ def _undiscovered_distributions() -> list[str]:
     return sorted(found)
 
 
-#: where each kind's first-party plugins live in a checkout of minisgl: plugins/<folder>/<name>
-_CHECKOUT_FOLDERS = {
-    "models": "models",
-    "attention": "attention",
-    "caches": "cache",
-    "policies": "policies",
-    "formats": "formats",
-    "grammars": "grammar",
-    "tool_parsers": "parsers",
-    "reasoning_parsers": "parsers",
-    "quantization": "quantization",
-}
-
-
 def checkout_plugin(kind: str, name: str) -> str | None:
-    """The folder of this checkout of minisgl holding the first-party plugin that would provide
-    ``name`` (``plugins/attention/fi``, relative to the working directory when inside it), or None:
-    not run from a checkout, or no such plugin there."""
-    root = Path(__file__).resolve().parent.parent
-    folder = root / "plugins" / _CHECKOUT_FOLDERS[kind] / _plugin_hint(kind, name)
-    if not re.fullmatch(r"[\w.-]+", _plugin_hint(kind, name)) or not (folder / "pyproject.toml").is_file():
+    """The folder of this checkout of minisgl holding the first-party plugin that registers
+    ``name`` as a ``kind`` (``plugins/attention/fi``, relative to the working directory when inside
+    it), or None: not run from a checkout, or no plugin there registers it."""
+    folder = _checkout_registry().get((kind, name))
+    if folder is None:
         return None
     relative = os.path.relpath(folder)
     return str(folder) if relative.startswith("..") else relative
+
+
+@functools.cache
+def _checkout_registry() -> dict[tuple[str, str], Path]:
+    """(kind, name) -> folder, for each name the first-party plugins of this checkout register,
+    read from the tree itself (it was a table of kinds' folders kept by hand beside a rule of
+    names, which missed ``fp8-head``, ``MistralForCausalLM``, ``Qwen3MoeForCausalLM``...): each
+    plugin of ``plugins/<group>/<plugin>/`` (a pyproject.toml beside its ``minisgl_plugin_*``
+    package, whose ``__init__`` is the entry point), the functions there named after a
+    registration hook and their ``register("NAME", ...)`` calls with a literal name. Parsed, not
+    imported: the plugin is not installed (that is why it is looked for), nor, maybe, what it
+    needs. Empty outside a checkout (an installed minisgl_core has no plugins/ beside it)."""
+    import ast
+
+    kind_of_hook = {hook: kind for kind, hook in KIND_HOOKS.items()}
+    found: dict[tuple[str, str], Path] = {}
+    for project in sorted((Path(__file__).resolve().parent.parent / "plugins").glob("*/*/pyproject.toml")):
+        for module in sorted(project.parent.glob("minisgl_plugin_*/__init__.py")):
+            try:
+                source = ast.parse(module.read_text())
+            except (OSError, SyntaxError, ValueError):
+                continue
+            hooks = [n for n in source.body if isinstance(n, ast.FunctionDef) and n.name in kind_of_hook]
+            for hook in hooks:
+                for call in ast.walk(hook):
+                    if (
+                        isinstance(call, ast.Call)
+                        and isinstance(call.func, ast.Name)
+                        and call.func.id == "register"
+                        and call.args
+                        and isinstance(call.args[0], ast.Constant)
+                        and isinstance(call.args[0].value, str)
+                    ):
+                        found.setdefault((kind_of_hook[hook.name], call.args[0].value), project.parent)
+    return found
 
 
 def _plugin_hint(kind: str, name: str) -> str:

@@ -347,6 +347,32 @@ def test_a_first_party_plugin_not_installed_is_named_by_its_folder_in_the_checko
         assert plugins.missing_message(kind, name).endswith("; install a plugin that registers it"), name
 
 
+def test_every_name_a_first_party_plugin_registers_is_found_in_its_checkout_folder():
+    """checkout_plugin looked in a table of each kind's folder kept by hand, under a folder named
+    by a rule of names: ``--quantization fp8-head``, a Gemma 2 or Mistral checkpoint, Qwen3-MoE and
+    ``--reasoning-parser deepseek_r1`` without their plugin installed got "install a plugin that
+    registers it", not the folder. Now read from the tree: every name each first-party plugin
+    registers (as loaded) names its folder; a name of another kind names none."""
+    import minisgl_core
+    from minisgl_core.plugins import checkout_plugin
+
+    tree = Path(minisgl_core.__file__).resolve().parent.parent / "plugins"
+    folders = {path.parent for path in tree.glob("*/*/pyproject.toml")}
+    found = set()
+    for info in Plugins.load().infos:
+        home = Path(info.module.__file__).resolve().parent.parent if info.module else None
+        if home not in folders:
+            continue  # (installed from elsewhere)
+        for kind, names in info.provides.items():
+            for name in names:
+                assert checkout_plugin(kind, name) is not None, (kind, name)
+                assert Path(checkout_plugin(kind, name)).resolve() == home, (kind, name)
+                found.add(home)
+    assert found == folders  # (each plugin of the tree is installed here: all were checked)
+    assert checkout_plugin("caches", "torch") is None  # (an attention backend's name)
+    assert checkout_plugin("models", "llama") is None  # (a folder's name, no architecture's)
+
+
 @pytest.mark.parametrize(
     ("kind", "typed", "meant"),
     [
