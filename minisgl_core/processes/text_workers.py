@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -94,19 +93,22 @@ class Admitter:
     def prompt_ids(self, req: TokenizeRequest) -> list[int]:
         if req.messages is not None:
             args = req.template_args or {}
-            render = self._chat_ids(req)
-            ids = render(req.messages, args)
+            text = render_chat_template(self.tokenizer, req.messages, **args)
             if not req.tools_optional:  # (tools the model may not call are context only)
+                # (the whole texts compared, not their tokens: with truncate_prompt_tokens those
+                # are of the tails only, the same where the tools are rendered near the start)
                 try:
                     check_tools_rendered(
-                        ids,
+                        text,
                         args,
-                        lambda tool_free_args: render(req.messages, tool_free_args),
+                        lambda tool_free_args: render_chat_template(
+                            self.tokenizer, req.messages, **tool_free_args
+                        ),
                         unrendered_tools_fix(args, getattr(self.tokenizer, "chat_template", None)),
                     )
                 except ToolsNotRendered as exc:
                     raise RequestRejected(str(exc), "tools") from None
-            return ids
+            return self._chat_ids(req, text)
         if req.text is not None:
             if req.params.truncate_prompt_tokens is None:
                 self._refuse_far_past_context(req.text, "prompt")
@@ -133,30 +135,20 @@ class Admitter:
                 "context_length_exceeded",
             )
 
-    def _chat_ids(self, req: TokenizeRequest) -> Callable[[list[dict[str, Any]], dict[str, Any]], list[int]]:
-        """How a chat becomes token ids: the template's tokens; with ``truncate_prompt_tokens``
-        the rendered text cut to the tail its last k tokens come from when it is longer than the
-        context could hold (the API server let it past its bound by characters: it is cut here,
-        as a text prompt is there), so a long conversation costs the tokenizer no more than a
-        prompt that fits."""
+    def _chat_ids(self, req: TokenizeRequest, text: str) -> list[int]:
+        """``text``, the chat as its template renders it, as token ids (without special tokens:
+        the template writes them); with ``truncate_prompt_tokens`` only the tail its last k tokens
+        come from when it is longer than the context could hold (the API server let it past its
+        bound by characters: it is cut here, as a text prompt is there), so a long conversation
+        costs the tokenizer no more than a prompt that fits."""
         k = req.params.truncate_prompt_tokens
         if k is None:
-
-            def whole(messages: list[dict[str, Any]], args: dict[str, Any]) -> list[int]:
-                text = render_chat_template(self.tokenizer, messages, **args)
-                self._refuse_far_past_context(text, "messages")
-                return list(self.tokenizer.encode(text, add_special_tokens=False))
-
-            return whole
+            self._refuse_far_past_context(text, "messages")
+            return list(self.tokenizer.encode(text, add_special_tokens=False))
         if self.max_token_chars is None:
             self.max_token_chars = longest_token_chars(self.tokenizer) or 0
-
-        def ids(messages: list[dict[str, Any]], args: dict[str, Any]) -> list[int]:
-            text = render_chat_template(self.tokenizer, messages, **args)
-            tail = truncation_tail(text, k, self.limits.max_context_len, self.max_token_chars or None)
-            return list(self.tokenizer.encode(tail, add_special_tokens=False))
-
-        return ids
+        tail = truncation_tail(text, k, self.limits.max_context_len, self.max_token_chars or None)
+        return list(self.tokenizer.encode(tail, add_special_tokens=False))
 
     def admit(self, req: TokenizeRequest) -> tuple[list[int], SamplingParams]:
         """The prompt's token ids and the request's parameters admitted (``max_tokens`` decided);

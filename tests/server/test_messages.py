@@ -278,3 +278,29 @@ def test_tokenize_names_a_chat_template_that_does_not_compile_as_the_chat_route_
         assert response.json()["error"]["message"] == says and response.json()["error"]["param"] == "messages"
     # a plain prompt needs no template: still tokenized
     assert httpx.post(f"{server.url}/tokenize", json={"prompt": "hi"}, timeout=60).json()["count"] > 0
+
+
+def test_tools_rendered_at_the_start_of_a_chat_cut_to_its_tail_are_seen(tokenizer):
+    """With truncate_prompt_tokens the tokenizer worker checked that the template renders the
+    tools on the tokens of the tails: a conversation longer than the context could hold, whose
+    template writes the tools first, has the same tail with and without them, and was refused as
+    "does not render tools". The whole texts are compared; a template that drops them is still
+    refused, cut or not."""
+    limits = m.Limits(max_context_len=64, kv_capacity_tokens=4096, vocab_size=1024)
+    admitter = Admitter(tokenizer, limits)
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    messages = [{"role": "user", "content": "word " * 20_000}]
+    first = "{% if tools %}TOOLS {{ tools | tojson }}\n{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}"
+    drops = "{% for m in messages %}{{ m.content }}{% endfor %}"
+
+    def admit(template, keep):
+        params = SamplingParams(max_tokens=4, truncate_prompt_tokens=keep)
+        args = {"tools": tools, "chat_template": template}
+        return admitter.admit(m.TokenizeRequest([0], None, messages, None, params, template_args=args))
+
+    ids, _ = admit(first, 40)
+    assert ids == tokenizer.encode("word " * 20_000, add_special_tokens=False)[-40:]
+    for keep in (40, None):
+        with pytest.raises(RequestRejected, match="does not render tools") as refused:
+            admit(drops, keep)
+        assert refused.value.param == "tools"
