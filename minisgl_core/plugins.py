@@ -435,9 +435,11 @@ class Plugins:
             except Exception as exc:  # noqa: BLE001
                 info.status = "failed"
                 info.reason = f"hook {hook_name} raised {type(exc).__name__}: {exc}"
-                for reg in registered:  # named in the error of a user who selects one
-                    info.unusable[kind].append(reg.name)
+                logger.debug("plugin %r: hook %s raised", info.name, hook_name, exc_info=True)  # (where)
                 self._forget(info)
+                # what it registers of every kind (those before the raise included), so that
+                # selecting one says this, not "unknown" (its other hooks' names were lost)
+                self._note_unusable(info, module)
                 return
             if returned:  # registrations returned were dropped: listed ok, providing nothing
                 info.status = "failed"
@@ -445,10 +447,11 @@ class Plugins:
                     f"{hook_name} returned a {type(returned[0]).__name__}; "
                     "call register(name, target) instead"
                 )
+                self._forget(info)
+                self._note_unusable(info, module)
                 # a returned {name: target}: named in the error of a user who selects one
                 names = returned[0] if isinstance(returned[0], dict) else {}
                 info.unusable[kind] = [r.name for r in registered] + [n for n in names if isinstance(n, str)]
-                self._forget(info)
                 return
             for reg in registered:
                 self._add(reg)
@@ -456,16 +459,27 @@ class Plugins:
     @staticmethod
     def _note_unusable(info: PluginInfo, module: Any) -> None:
         """What a plugin that will not load registers, asked of its hook functions directly (they
-        only call ``register``), so that selecting one of its names says why it is unavailable."""
-        for kind, hook_name in KIND_HOOKS.items():
-            hook = getattr(module, hook_name, None)
-            if not callable(hook):
+        only call ``register``), so that selecting one of its names says why it is unavailable.
+        A misspelt registration hook (``minisgl_register_policy``) counts as the hook it meant:
+        selecting a name it registers names the misspelling, not "unknown"."""
+        hooks: dict[str, list[Any]] = {kind: [] for kind in KIND_HOOKS}
+        kind_of = {hook_name: kind for kind, hook_name in KIND_HOOKS.items()}
+        for name in dir(module):
+            function = getattr(module, name, None)
+            if not callable(function) or isinstance(function, type):
+                continue
+            meant = name if name in kind_of else _meant_hook(name) if _is_hookimpl(function) else None
+            if meant in kind_of:
+                hooks[kind_of[meant]].append(function)
+        for kind, functions in hooks.items():
+            if not functions:
                 continue
             names: list[str] = []
-            try:
-                hook(register=lambda name, *_args, _out=names: _out.append(name))
-            except Exception:  # noqa: BLE001 - best effort, for messages only
-                pass
+            for hook in functions:
+                try:
+                    hook(register=lambda name, *_args, _out=names: _out.append(name))
+                except Exception:  # noqa: BLE001 - best effort, for messages only
+                    pass
             info.unusable[kind] = [n for n in names if isinstance(n, str)]
 
     @staticmethod
@@ -937,7 +951,10 @@ def option_default(action: Any) -> Any:
 
 
 def _hook_failure(info: PluginInfo, hook_name: str, exc: Exception) -> PluginError:
-    """A plugin's hook that raised, as the error naming the plugin, its distribution and the hook."""
+    """A plugin's hook that raised, as the error naming the plugin, its distribution and the hook.
+    The exception's traceback (the line of the plugin's that raised) goes to the debug log: the
+    error is one line, and its author needs the line."""
+    logger.debug("plugin %r: hook %s raised", info.name, hook_name, exc_info=exc)
     return PluginError(
         f"plugin {info.name!r} ({info.distribution} {info.version}) hook {hook_name} "
         f"raised {type(exc).__name__}: {exc}"
@@ -1052,8 +1069,8 @@ def _hook_mistakes(module: Any) -> str | None:
             continue
         marked = hasattr(obj, marker)
         if marked and name not in known:
-            close = difflib.get_close_matches(name, sorted(known), n=1)
-            hint = f" (did you mean {close[0]}?)" if close else ""
+            close = _meant_hook(name)
+            hint = f" (did you mean {close}?)" if close else ""
             mistakes.append(f"{name} is not a minisgl hook{hint}")
         elif not marked and name in known:
             mistakes.append(f"{name} lacks @hookimpl, so the core would never call it")
@@ -1071,6 +1088,17 @@ def _hook_mistakes(module: Any) -> str | None:
                     f"(it passes {', '.join(passed)}, by keyword; take any of them)"
                 )
     return "; ".join(mistakes) or None
+
+
+def _meant_hook(name: str) -> str | None:
+    """The hook a misspelt hook function's name is closest to (None: none is close)."""
+    known = sorted(name for name in dir(hookspecs) if name.startswith("minisgl_"))
+    close = difflib.get_close_matches(name, known, n=1)
+    return close[0] if close else None
+
+
+def _is_hookimpl(function: Any) -> bool:
+    return hasattr(function, f"{hookspecs.PROJECT}_impl")
 
 
 def _implements_a_hook(module: Any) -> bool:

@@ -620,6 +620,48 @@ def test_selecting_a_name_of_a_plugin_that_did_not_load_names_it_and_the_cause(l
     assert "t5newer" not in message and "t5raising" not in message  # their names are known
 
 
+def test_a_name_of_a_plugin_failed_by_another_of_its_hooks_names_that_plugin(load_fake):
+    """A plugin whose cache hook raised, or whose policy hook was misspelt, failed, and selecting
+    a policy it registers said "unknown --policy ...; it may be provided by" every failed plugin
+    installed: the names its other hooks register, and a misspelt hook's, were never asked for."""
+    raising = """
+    @hookimpl
+    def minisgl_register_policies(register):
+        register("t40-pol", "t40_raising.impl:Fifo")
+
+    @hookimpl
+    def minisgl_register_caches(register):
+        raise RuntimeError("cache registration exploded")
+    """
+    typo = """
+    @hookimpl
+    def minisgl_register_policy(register):
+        register("t40-typo-pol", "t40_typo.impl:Fifo")
+    """
+    plugins = load_fake(
+        {
+            "minisgl-test-raising40": (_thin("t40_raising", raising), {"t40raising": "t40_raising"}),
+            "minisgl-test-typo40": (_thin("t40_typo", typo), {"t40typo": "t40_typo"}),
+        }
+    )
+    with pytest.raises(PluginError) as raised:
+        plugins.resolve("policies", "t40-pol")
+    assert str(raised.value) == (
+        "--policy 't40-pol' is unavailable: plugin 't40raising' (minisgl-test-raising40 0.1.0) failed "
+        "to load: hook minisgl_register_caches raised RuntimeError: cache registration exploded"
+    )
+    with pytest.raises(PluginError) as raised:
+        plugins.resolve("policies", "t40-typo-pol")
+    assert str(raised.value) == (
+        "--policy 't40-typo-pol' is unavailable: plugin 't40typo' (minisgl-test-typo40 0.1.0) failed to "
+        "load: invalid hooks: minisgl_register_policy is not a minisgl hook (did you mean "
+        "minisgl_register_policies?)"
+    )
+    # both are known now, so a name neither registers does not list them as candidates
+    message = plugins.missing_message("policies", "t40-neither")
+    assert "t40raising" not in message and "t40typo" not in message, message
+
+
 COLLIDE_HOOKS = """
 @hookimpl
 def minisgl_register_policies(register):
@@ -1229,6 +1271,52 @@ def test_a_plugin_whose_hooks_raise_leaves_the_others_options_and_stop_hooks(loa
     # offline, the plugins' options reach ctx.options at their defaults, parsed as the command line
     # parses them (the docs' ctx.options["example_max_wait"] was a KeyError offline)
     assert plugins.option_defaults() == {"t21good_max_wait": 32}
+
+
+def test_a_hook_that_raised_leaves_its_traceback_in_the_debug_log(load_fake, caplog):
+    """A registration or process hook that raised was one line naming the plugin and the hook,
+    and its traceback was nowhere, not even under ``--log-level debug`` (as an import failure's
+    is): its author could not see which line of the plugin raised."""
+    import logging
+    import traceback
+
+    from minisgl_core.processes.child import ProcessContext
+
+    hooks = """
+    @hookimpl
+    def minisgl_register_caches(register):
+        raise RuntimeError("register boom")
+    """
+    starting = """
+    @hookimpl
+    def minisgl_register_policies(register):
+        register("t41-pol", "t41_start.impl:Fifo")
+
+    @hookimpl
+    def minisgl_process_start(ctx):
+        raise RuntimeError("start boom")
+    """
+    with caplog.at_level(logging.DEBUG, logger="minisgl_core.plugins"):
+        plugins = load_fake(
+            {
+                "minisgl-test-reg41": (_thin("t41_reg", hooks), {"t41reg": "t41_reg"}),
+                "minisgl-test-start41": (_thin("t41_start", starting), {"t41start": "t41_start"}),
+            }
+        )
+        with pytest.raises(PluginError, match="plugin 't41start' .* hook minisgl_process_start raised"):
+            plugins.call_hook("minisgl_process_start", ctx=ProcessContext(role="offline"))
+
+    def traceback_of(hook: str, plugin: str) -> str:
+        [record] = [r for r in caplog.records if f"plugin {plugin!r}: hook {hook} raised" in r.getMessage()]
+        assert record.levelno == logging.DEBUG and record.exc_info, record
+        return "".join(traceback.format_exception(*record.exc_info))
+
+    text = traceback_of("minisgl_register_caches", "t41reg")
+    assert 't41_reg/__init__.py", line 6, in minisgl_register_caches' in text, text
+    assert "RuntimeError: register boom" in text
+    text = traceback_of("minisgl_process_start", "t41start")
+    assert 't41_start/__init__.py", line 10, in minisgl_process_start' in text, text
+    assert "RuntimeError: start boom" in text
 
 
 ABSTRACT_HOOKS = """
