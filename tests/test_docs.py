@@ -205,6 +205,7 @@ FOREIGN_FLAGS = {
     "--worker-urls": "the SGLang Model Gateway's (python -m sglang_router.launch_router)",
     "--wheel": "python -m build's",
     "--no-deps": "pip's",
+    "--target": "pip install's",
     "--sweep": "tools/device_fp8_check.py's",
     "--example-max-wait": "the option plugins.md's example plugin adds",
 }
@@ -274,3 +275,38 @@ def test_the_readme_plugin_table_names_what_each_first_party_plugin_registers() 
         if not re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", table)
     ]
     assert missing == []
+
+
+def test_the_recipe_for_a_plugin_without_installing_it_works(tmp_path: Path) -> None:
+    """The page said only ``pip install -e``: a plugin author who may not install into minisgl's
+    environment had to find out from the core's tests that a hand-written ``.dist-info`` folder on
+    ``PYTHONPATH`` is discovered. The recipe's shell lines, run as written on a copy of the
+    template, then its ``minisgl plugins`` line in the environment they leave, list the plugin ok
+    with what it registers (its ``minisgl serve`` line is not run here)."""
+    import os
+    import shlex
+    import shutil
+    import subprocess
+
+    from minisgl_core.testing.cli_runner import run_cli
+
+    text = doc_text()
+    section = text[text.index("### Without installing it") :]
+    start = section.index("```bash\n") + len("```bash\n")
+    lines = section[start : section.index("\n```", start)].splitlines()
+    shell = "\n".join(line for line in lines if not line.startswith("minisgl "))
+    [listing] = [line.split("#")[0].split()[1:] for line in lines if line.startswith("minisgl plugins")]
+    plugin = tmp_path / "minisgl-plugin-example"
+    shutil.copytree(ROOT / "templates" / "plugin", plugin)
+    env = {k: v for k, v in os.environ.items() if k not in ("MINISGL_PLUGINS", "MINISGL_DISABLE_PLUGINS")}
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", f'{shell}\nprintf %s "$PYTHONPATH"'],
+        cwd=plugin, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split(os.pathsep)[0] == str(plugin), shlex.quote(done.stdout)
+    listed = run_cli(listing, env={**env, "PYTHONPATH": done.stdout}, cwd=plugin)
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    [row] = [line for line in listed.stdout.splitlines() if line.startswith("example ")]
+    assert row.split()[1:5] == ["minisgl-plugin-example", "0.1.0", "2.5", "ok"], row
+    assert row.endswith("attention: example; policies: shortest-first"), row
