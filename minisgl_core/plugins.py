@@ -194,6 +194,16 @@ def _api_version(text: str) -> Version:
     return Version(text)
 
 
+def _api_meant(text: str) -> str:
+    """The ``MINISGL_API`` line a malformed one meant: ``"2"`` -> ``"2.0"``, ``"2.5.1"`` or
+    ``"v2.5"`` -> ``"2.5"`` (the oldest API it needs, as a version's leading numbers say), else
+    an example with the core's version."""
+    numbers = re.fullmatch(r"\s*[vV]?(\d+)(?:\.(\d+))?(?:\.\d+)*\s*", text)
+    if numbers is None:
+        return f'the oldest API it needs as "major.minor", e.g. MINISGL_API = "{API_VERSION}"'
+    return f'MINISGL_API = "{int(numbers[1])}.{int(numbers[2] or 0)}"'
+
+
 #: The previous major a core still loads for one minor version, through the compatibility layer
 #: (``minisgl_core.api.layers``, see :mod:`minisgl_core.api.deprecation`): API 2.0 loads plugins
 #: written for any 1.x, with a deprecation warning; API 2.1 refuses them.
@@ -381,7 +391,8 @@ class Plugins:
         try:
             compatible = api_compatible(info.api)
         except ValueError:
-            info.status, info.reason = "incompatible", f"MINISGL_API {info.api!r} is not 'major.minor'"
+            info.status = "incompatible"
+            info.reason = f"MINISGL_API {info.api!r} is not 'major.minor': declare {_api_meant(info.api)}"
             self._note_unusable(info, module)
             return
         if not compatible:

@@ -782,6 +782,36 @@ def test_api_declared_as_a_number_says_to_quote_it(load_fake):
     assert infos["t7none"].reason == f'declares no MINISGL_API (e.g. MINISGL_API = "{API_VERSION}")'
 
 
+def test_an_api_string_not_major_minor_says_what_to_declare(load_fake):
+    """MINISGL_API = "2" or "2.5.1" was "is not 'major.minor'", leaving the author to guess the
+    form (a float is refused too); the reason now gives the line it meant."""
+    hooks = """
+    @hookimpl
+    def minisgl_register_policies(register):
+        register("PKG-pol", "PKG.impl:Fifo")
+    """
+    declared = {"t42_major": '"2"', "t42_patch": '"2.5.1"', "t42_v": '"v2.5"', "t42_word": '"latest"'}
+    plugins = load_fake(
+        {
+            f"minisgl-test-{package}": (
+                _thin(package, hooks.replace("PKG", package), api=api),
+                {package.replace("_", ""): package},
+            )
+            for package, api in declared.items()
+        }
+    )
+    reasons = {i.name: i.reason for i in plugins.infos if i.name.startswith("t42")}
+    assert reasons == {
+        "t42major": "MINISGL_API '2' is not 'major.minor': declare MINISGL_API = \"2.0\"",
+        "t42patch": "MINISGL_API '2.5.1' is not 'major.minor': declare MINISGL_API = \"2.5\"",
+        "t42v": "MINISGL_API 'v2.5' is not 'major.minor': declare MINISGL_API = \"2.5\"",
+        "t42word": "MINISGL_API 'latest' is not 'major.minor': declare the oldest API it needs as "
+        f'"major.minor", e.g. MINISGL_API = "{API_VERSION}"',
+    }
+    with pytest.raises(PluginError, match="t42major.*is incompatible: MINISGL_API '2' is not"):
+        plugins.resolve("policies", "t42_major-pol")
+
+
 def test_legacy_warning_once_a_process_pointing_at_the_plugin(load_fake, monkeypatch):
     """The 1.x deprecation was shown twice per command (the command line loads plugins twice) and
     pointed at minisgl_core/plugins.py. (API 2.1 ended 1.x's cycle: the loader is given 2.0's

@@ -2,8 +2,8 @@
 
 Versioned by :data:`API_VERSION` ("major.minor"). A plugin declares ``MINISGL_API = "2.0"``, the
 oldest version it needs; it is compatible when the majors are equal and its minor is not newer
-than the core's (API 2.0 also loads 1.x plugins, with a deprecation warning, for one minor
-version). Every name in ``__all__`` is covered by a snapshot test.
+than the core's (API 2.0 also loaded 1.x plugins, with a deprecation warning; 2.1 and later
+refuse them). Every name in ``__all__`` is covered by a snapshot test.
 
 The API is types, hookspecs and versions. The model layers and kernels plugins build models from
 live in :mod:`minisgl_core.layers`: usable, but not promised (their changes are no API change).
