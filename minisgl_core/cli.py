@@ -101,7 +101,10 @@ class _Parser(argparse.ArgumentParser):
         said "required: command", or "bench_kind"); a prompt taken for a flag says how to pass it."""
         prefix = "unrecognized arguments: "
         if message.startswith(prefix):
-            message += "".join(f"; {hint}" for hint in foreign_flag_hints(message[len(prefix) :].split()))
+            arguments = message[len(prefix) :].split()
+            message += "".join(f"; {hint}" for hint in foreign_flag_hints(arguments))
+            notes = getattr(self, "plugin_flag_notes", {})
+            message += "".join(f"; {hint}" for hint in plugin_flag_hints(arguments, notes))
         required = "the following arguments are required: "
         if message.startswith(required):
             missing = message[len(required) :].split(", ")
@@ -158,6 +161,34 @@ def foreign_flag_hints(arguments: list[str]) -> list[str]:
             hints.append(f"{name} is {whose}'s; minisgl's is {instead}")
         elif keyword in NOT_NEEDED_KEYWORDS:
             hints.append(f"{name} is vLLM's and SGLang's: {NOT_NEEDED_KEYWORDS[keyword]}")
+    return list(dict.fromkeys(hints))
+
+
+def plugin_flag_notes(plugins: Plugins) -> dict[str, str]:
+    """``--NAME-`` -> why plugin NAME has no options on this command line: its
+    ``minisgl_add_cli_options`` raised or took a flag already taken, or the plugin did not load.
+    (A flag of such a plugin was "unrecognized arguments: --x-max-wait 5" and nothing more.)"""
+    notes = {}
+    for info in plugins.infos:
+        who = f"plugin {info.name!r} ({info.distribution} {info.version})"
+        if info.options_left_out is not None:
+            notes[f"--{info.name}-"] = f"{who}: {info.options_left_out[1]}"
+        elif info.status not in ("ok", "unavailable"):
+            why = f" ({info.reason})" if info.reason else ""
+            notes[f"--{info.name}-"] = f"{who}: it is {info.status}{why}, so its options are not available"
+    return notes
+
+
+def plugin_flag_hints(arguments: list[str], notes: dict[str, str]) -> list[str]:
+    """For each flag among ``arguments`` named like a plugin whose options are not on the command
+    line (``--NAME-...``, the namespace plugins.md asks for), what :func:`plugin_flag_notes` says."""
+    hints = []
+    for argument in arguments:
+        flag = argument.split("=", 1)[0].replace("_", "-")
+        matches = [prefix for prefix in notes if flag.startswith(prefix.replace("_", "-"))]
+        if matches:
+            prefix = max(matches, key=len)  # (plugins "x" and "x-y": --x-y-z is x-y's)
+            hints.append(f"{argument.split('=', 1)[0]} looks like an option of {notes[prefix]}")
     return list(dict.fromkeys(hints))
 
 
@@ -246,6 +277,8 @@ def build_parser(plugins: Plugins | None = None) -> argparse.ArgumentParser:
     _log_level_after_subcommands(parser)
     if plugins is not None:
         _name_installed_choices(parser, plugins)
+        # (read by _Parser.error: argparse reports a subcommand's unknown flags on this parser)
+        parser.plugin_flag_notes = plugin_flag_notes(plugins)  # type: ignore[attr-defined]
     return parser
 
 

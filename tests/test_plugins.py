@@ -1199,6 +1199,55 @@ def test_the_listing_fails_a_plugin_whose_options_are_left_out(load_fake, capsys
     assert rows["t21good"]["status"] == "ok" and rows["t21good"]["reason"] is None
 
 
+def test_a_flag_of_a_plugin_without_its_options_says_why(load_fake, capsys):
+    """``serve --t23clash-y 2`` for a plugin whose options were left out (its hook took ``--port``,
+    or raised), or that did not load, was "unrecognized arguments: --t23clash-y 2" and no more: the
+    warning that said why had scrolled by, or (a plugin not loaded) there was none."""
+    from minisgl_core.cli import build_parser
+
+    future = """
+    @hookimpl
+    def minisgl_add_cli_options(parser):
+        parser.add_argument("--t43future-x", type=int, default=1)
+    """
+    plugins = load_fake(
+        {
+            "minisgl-test-clash": (_thin("t23_clash", CLASHING_OPTIONS), {"t23clash": "t23_clash"}),
+            "minisgl-test-broken": (_thin("t20_broken", BROKEN_OPTIONS), {"t20broken": "t20_broken"}),
+            "minisgl-test-future": (_thin("t43_future", future, api='"9.0"'), {"t43future": "t43_future"}),
+            "minisgl-test-good": (_thin("t21_good", GOOD_OPTIONS), {"t21good": "t21_good"}),
+        }
+    )
+    parser = build_parser(plugins)
+
+    def error_of(argv: list[str]) -> str:
+        with pytest.raises(SystemExit) as exited:
+            parser.parse_args(argv)
+        assert exited.value.code == 2
+        return capsys.readouterr().err.strip()
+
+    assert error_of(["serve", "--t23clash-y", "2"]) == (
+        "minisgl: error: unrecognized arguments: --t23clash-y 2; --t23clash-y looks like an option of "
+        "plugin 't23clash' (minisgl-test-clash 0.1.0): its CLI options were left out: --port is taken "
+        "by the core"
+    )
+    assert error_of(["shell", "--t20broken_limit=3"]).endswith(
+        "; --t20broken_limit looks like an option of plugin 't20broken' (minisgl-test-broken 0.1.0): "
+        "hook minisgl_add_cli_options raised RuntimeError: cli boom, so its CLI options were left out"
+    )
+    assert error_of(["serve", "--t43future-x", "1"]).endswith(
+        "; --t43future-x looks like an option of plugin 't43future' (minisgl-test-future 0.1.0): it is "
+        "incompatible (needs minisgl API 9.0, core provides " + API_VERSION + ": upgrade minisgl-core), "
+        "so its options are not available"
+    )
+    # a plugin whose options joined, and a flag of no plugin, are argparse's plain error
+    assert parser.parse_args(["serve", "--t21good-max-wait", "4"]).t21good_max_wait == 4
+    assert (
+        error_of(["serve", "--t21good-other", "1"])
+        == "minisgl: error: unrecognized arguments: --t21good-other 1"
+    )
+
+
 CHECKED_OPTIONS = """
 SEEN = []
 
