@@ -186,6 +186,77 @@ def test_the_command_lines_help_names_installed_parsers_third_parties_included(t
     assert "hermes" in helps["tool_call_parser"] and "lpm" in helps["policy"], helps
 
 
+BROKEN_PARSERS = """
+from minisgl_core.api import StreamingToolParser, TagReasoningParser, hookimpl
+
+MINISGL_API = "2.5"
+OPTIONS = {}
+
+
+class Thought(TagReasoningParser):
+    def __init__(self):
+        super().__init__()
+        # (the docs' way to configure a parser: read what minisgl_process_start stored)
+        if "role" not in OPTIONS:
+            raise RuntimeError("built before minisgl_process_start")
+        raise RuntimeError("reasoning parser bug")
+
+
+class Calls(StreamingToolParser):
+    def __init__(self, tools):
+        super().__init__(tools)
+        OPTIONS["tools"] = tools
+        raise KeyError("no_such_option")
+
+    def advance(self, final):
+        pass
+
+
+@hookimpl
+def minisgl_register_tool_parsers(register):
+    register("t44-calls", "minisgl_t44parsers:Calls")
+
+
+@hookimpl
+def minisgl_register_reasoning_parsers(register):
+    register("t44-thought", "minisgl_t44parsers:Thought")
+
+
+@hookimpl
+def minisgl_process_start(ctx):
+    OPTIONS["role"] = ctx.role
+"""
+
+
+@pytest.mark.parametrize(
+    ("flag", "name", "what"),
+    [
+        ("--reasoning-parser", "t44-thought", "reasoning parser 't44-thought'"),
+        ("--tool-call-parser", "t44-calls", "tool call parser 't44-calls'"),
+    ],
+)
+def test_a_parser_whose_constructor_raises_stops_the_start(tmp_path, install_plugin_module, flag, name, what):
+    """The server builds a parser per choice: one whose constructor raised started a server that
+    looked healthy and failed every chat request with a 500 (a probe writing a plugin). It is built
+    once at start-up now, after the API process's ``minisgl_process_start`` (a parser reading its
+    options finds them), and the start stops before any worker, naming the plugin."""
+    import os
+
+    from minisgl_core.testing.cli_runner import run_cli
+
+    install_plugin_module("minisgl_t44parsers", "minisgl-t44parsers", BROKEN_PARSERS)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    proc = run_cli(["serve", "--model", "demo", "--port", "0", flag, name], env=env, timeout=60)
+    bug = "RuntimeError: reasoning parser bug" if "reasoning" in flag else "KeyError: 'no_such_option'"
+    cls = "Thought" if "reasoning" in flag else "Calls"
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.splitlines()[-1] == (
+        f"minisgl: error: {what} (plugin 't44parsers', minisgl-t44parsers 0.1.0) failed in "
+        f"{cls}.__init__: {bug} (its traceback: --log-level debug)"
+    ), proc.stderr
+    assert "scheduler" not in proc.stderr  # (no worker started)
+
+
 # ---------------------------------------------------------------- streamed as parsed whole
 
 OFFERED = [

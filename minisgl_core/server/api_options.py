@@ -32,6 +32,32 @@ class ApiOptions:
     #: renders its messages; off, such a request is a 400 (vLLM's flag and default)
     trust_request_chat_template: bool = False
 
+    def try_parsers(self) -> None:
+        """Build each selected parser once, as a chat request does (a tool parser offered one
+        function), raising a PluginFailure naming the selection and its plugin if one cannot be
+        built. The server builds one per choice, so a constructor that raises failed every chat
+        request with a 500 while the server looked healthy. Called after the API process's
+        ``minisgl_process_start``, where a parser reading its plugin's options finds them."""
+        from minisgl_core.engine.plugin_failures import PluginFailure
+
+        for cls, call in ((self.tool_parser, (PROBE_TOOLS,)), (self.reasoning_parser, ())):
+            if cls is None:
+                continue
+            try:
+                cls(*call)
+            except Exception as exc:
+                label = self.parser_labels.get(cls, cls.__qualname__)
+                what = f"{label} failed in {cls.__qualname__}.__init__"
+                raise PluginFailure(
+                    f"{what}: {type(exc).__name__}: {exc}", f"{what} with {type(exc).__name__}"
+                ) from exc
+
+
+#: the ``tools`` a tool parser is built with when :meth:`ApiOptions.try_parsers` tries it
+PROBE_TOOLS = [
+    {"type": "function", "function": {"name": "probe", "parameters": {"type": "object", "properties": {}}}}
+]
+
 
 @dataclass
 class ApiTokenizer:

@@ -69,6 +69,7 @@ def serve(opts: ServeOptions, plugins: Plugins, foreground: Foreground | None = 
     config = opts.runtime.config
     process_ctx = ProcessContext(role="api", tp_size=config.tp_size, options=dict(opts.runtime.options or {}))
     plugins.call_hook("minisgl_process_start", ctx=process_ctx)
+    opts.api.try_parsers()  # (before the workers start: a broken parser stops the start at once)
     runtime = Runtime(opts.runtime)
 
     def on_sigterm(signum: int, frame: Any) -> None:
