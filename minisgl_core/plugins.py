@@ -488,7 +488,14 @@ class Plugins:
             names: list[str] = []
             for hook in functions:
                 try:
-                    hook(register=lambda name, *_args, _out=names: _out.append(name))
+                    # (a parameter the hook does not pass, the plugin's mistake, gets None)
+                    extra = {
+                        p.name: None
+                        for p in inspect.signature(hook).parameters.values()
+                        if p.default is p.empty and p.name != "register"
+                        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                    }  # fmt: skip
+                    hook(register=lambda name, *_args, _out=names: _out.append(name), **extra)
                 except Exception:  # noqa: BLE001 - best effort, for messages only
                     pass
             info.unusable[kind] = [n for n in names if isinstance(n, str)]

@@ -638,10 +638,16 @@ def test_a_name_of_a_plugin_failed_by_another_of_its_hooks_names_that_plugin(loa
     def minisgl_register_policy(register):
         register("t40-typo-pol", "t40_typo.impl:Fifo")
     """
+    extra = """
+    @hookimpl
+    def minisgl_register_policies(register, options):
+        register("t40-extra-pol", "t40_extra.impl:Fifo")
+    """
     plugins = load_fake(
         {
             "minisgl-test-raising40": (_thin("t40_raising", raising), {"t40raising": "t40_raising"}),
             "minisgl-test-typo40": (_thin("t40_typo", typo), {"t40typo": "t40_typo"}),
+            "minisgl-test-extra40": (_thin("t40_extra", extra), {"t40extra": "t40_extra"}),
         }
     )
     with pytest.raises(PluginError) as raised:
@@ -657,9 +663,16 @@ def test_a_name_of_a_plugin_failed_by_another_of_its_hooks_names_that_plugin(loa
         "load: invalid hooks: minisgl_register_policy is not a minisgl hook (did you mean "
         "minisgl_register_policies?)"
     )
-    # both are known now, so a name neither registers does not list them as candidates
+    # a registration hook taking an argument the hook does not pass: asked with None for it
+    with pytest.raises(PluginError) as raised:
+        plugins.resolve("policies", "t40-extra-pol")
+    assert str(raised.value).startswith(
+        "--policy 't40-extra-pol' is unavailable: plugin 't40extra' (minisgl-test-extra40 0.1.0) failed to "
+        "load: invalid hooks: minisgl_register_policies takes options, which the hook does not pass"
+    ), raised.value
+    # all are known now, so a name none registers does not list them as candidates
     message = plugins.missing_message("policies", "t40-neither")
-    assert "t40raising" not in message and "t40typo" not in message, message
+    assert "t40raising" not in message and "t40typo" not in message and "t40extra" not in message, message
 
 
 COLLIDE_HOOKS = """
