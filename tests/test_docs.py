@@ -310,3 +310,24 @@ def test_the_recipe_for_a_plugin_without_installing_it_works(tmp_path: Path) -> 
     [row] = [line for line in listed.stdout.splitlines() if line.startswith("example ")]
     assert row.split()[1:5] == ["minisgl-plugin-example", "0.1.0", "2.5", "ok"], row
     assert row.endswith("attention: example; policies: shortest-first"), row
+
+
+def test_every_testing_name_the_template_imports_is_documented_in_the_kit_section() -> None:
+    """The template's test imports ``TransformersReference`` from ``minisgl_core.testing.reference``,
+    which the page showed inside the template and nowhere said what it is or returns: a plugin
+    author copying the test had to read the core's source. Each name the template's tests import
+    from ``minisgl_core.testing`` is explained in "The conformance kit" (or "Publishing")."""
+    import ast
+
+    source = (ROOT / "templates" / "plugin" / "tests" / "test_example.py").read_text()
+    imported = [
+        (node.module, alias.name)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("minisgl_core.testing")
+        for alias in node.names
+    ]
+    assert ("minisgl_core.testing.reference", "TransformersReference") in imported
+    text = doc_text()
+    kit = text[text.index("## The conformance kit") :]
+    missing = [f"{module}.{name}" for module, name in imported if f"`{module}" not in kit or name not in kit]
+    assert missing == [], f"docs/plugins.md's kit section does not explain {missing}"
