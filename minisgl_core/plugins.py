@@ -374,7 +374,10 @@ class Plugins:
                     f"not {ep.value!r} (which names {type(module).__name__} {ep.attr!r} in it)"
                 )
             elif api is None:
-                info.reason = f"declares no MINISGL_API (e.g. {example})"
+                info.reason = (  # (the oldest it needs, as docs/plugins.md says; not this core's)
+                    f'declares no MINISGL_API: declare the oldest plugin API it needs, e.g. MINISGL_API = "2.0" '
+                    f'(this core serves up to "{API_VERSION}")'
+                )
             else:  # MINISGL_API = 2.0: a float, so 2.10 would read as 2.1
                 if isinstance(api, (int, float)) and not isinstance(api, bool) and 0 <= api < 100:
                     # the version it meant, not the newest core's: a plugin declares the oldest
