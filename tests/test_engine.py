@@ -322,7 +322,12 @@ def test_available_pages_kept_within_a_round_equals_the_full_sum(model_dir, prom
     KV manager sums the admitted requests' expected growth once a round and updates it as
     admissions, allocations, prompt caching and releases change single requests. Under memory
     pressure (evictions, retractions, shared prefixes moving into the cache) every answer must
-    equal the sum taken from scratch, and the round's sum (one loop) each request's own growth."""
+    equal the sum taken from scratch, and each request's share of the sum kept the pages the
+    documented rule gives it: those its expected final length (what it has plus the reserve ratio
+    of what it may add, at least one token past what it must fill) spans past its cached prefix's
+    whole pages and the pages it holds."""
+    import math
+
     from minisgl_core.scheduler.kv import KVManager
 
     llm = cpu_llm(model_dir, cache="radix", num_kv_tokens=256, page_size=page_size, mixed_batch=mixed)
@@ -331,9 +336,17 @@ def test_available_pages_kept_within_a_round_equals_the_full_sum(model_dir, prom
     answers: list[tuple[int, int]] = []
     growths: list[tuple[dict[int, int], dict[int, int]]] = []
 
+    def rule(r) -> int:
+        out, ps = len(r.output_ids), page_size
+        final = max(
+            len(r.prompt_ids) + out + math.ceil(kv.reserve_ratio * (r.params.max_tokens - out)),
+            r.fill_len + 1,
+        )
+        return max(0, math.ceil(final / ps) - r.prefix_len // ps - len(r.pages))
+
     def checked() -> int:
-        growths.append((kv._sum_growth(), {rid: kv._still_needed(r) for rid, r in kv.admitted.items()}))
         fast = kept()
+        growths.append((dict(kv._growth), {rid: rule(r) for rid, r in kv.admitted.items()}))
         saved = (kv._growth, kv._growth_total)
         kv._forget_growth()
         answers.append((fast, kept()))

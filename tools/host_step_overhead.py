@@ -41,18 +41,32 @@ def swaps(tree: str, names: str) -> list[tuple[object, str, object, object]]:
     or ``module:function`` of ``names`` (modules under minisgl_core, e.g.
     ``scheduler.kv:KVManager.available_pages``). A function is swapped where ``module``'s code
     looks it up, and ``tree``'s version is taken from the module that defines it
-    (``scheduler.scheduler:rows_to_device``: runner/sampler.py's, as the scheduler calls it)."""
+    (``scheduler.scheduler:rows_to_device``: runner/sampler.py's, as the scheduler calls it).
+    A method only one tree has (one that the change removed, or added) is None on the other
+    side: :func:`put` removes it while that side is timed."""
     out = []
     for name in names.split(","):
         module, _, attr = name.partition(":")
         cls_name, _, method = attr.rpartition(".")
         ours = importlib.import_module(f"minisgl_core.{module}")
         ours = getattr(ours, cls_name) if cls_name else ours
-        home = getattr(vars(ours)[method], "__module__", None) if not cls_name else ours.__module__
+        home = getattr(vars(ours).get(method), "__module__", None) if not cls_name else ours.__module__
+        home = home or ours.__name__  # (a function only the other tree has: this module's)
         theirs_module = _load(tree, home.removeprefix("minisgl_core."))
         theirs = getattr(theirs_module, cls_name) if cls_name else theirs_module
-        out.append((ours, method, vars(ours)[method], vars(theirs)[method]))
+        mine, other = vars(ours).get(method), vars(theirs).get(method)
+        if mine is None and other is None:
+            raise SystemExit(f"--swap {name}: neither tree has it")
+        out.append((ours, method, mine, other))
     return out
+
+
+def put(owner: object, name: str, function: object) -> None:
+    """``owner.name = function``; with None, ``name`` removed (absent from the tree timed)."""
+    if function is not None:
+        setattr(owner, name, function)
+    elif name in vars(owner):
+        delattr(owner, name)
 
 
 def _load(tree: str, module: str):
@@ -156,7 +170,7 @@ def main() -> None:
         for window in range(args.windows):
             against = bool(methods) and (window % 2 == 0) == (window // 2 % 2 == 0)
             for cls, method, ours, other in methods:
-                setattr(cls, method, other if against else ours)
+                put(cls, method, other if against else ours)
             forward[0] = 0.0
             if profiler is not None and repeat:
                 profiler.enable()
@@ -173,7 +187,7 @@ def main() -> None:
                 forwards.append(forward[0] / args.steps * 1e6)
                 cpus.append(cpu / args.steps * 1e6)
         for cls, method, ours, _ in methods:
-            setattr(cls, method, ours)
+            put(cls, method, ours)
         while engine.has_work:
             engine.step()
     if engine.stats()["retractions"]:

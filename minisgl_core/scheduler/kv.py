@@ -15,8 +15,9 @@ asked for is remembered and is the one :meth:`KVManager.admit` locks, until the 
 
 from __future__ import annotations
 
-import math
 import operator
+from collections.abc import Iterable
+from math import ceil
 
 import torch
 
@@ -35,11 +36,19 @@ def ceil_div(a: int, b: int) -> int:
 RESERVE_INITIAL, RESERVE_MIN, RESERVE_DECAY = 0.7, 0.2, 0.002
 
 
-def _expected_final_len(
-    prompt_len: int, output_len: int, fill_len: int, max_tokens: int, ratio: float
-) -> int:
-    # what it has, plus ``ratio`` of what it may still add; at least one token past what must be filled
-    return max(prompt_len + output_len + math.ceil(ratio * (max_tokens - output_len)), fill_len + 1)
+def pages_still_needed(reqs: Iterable[Request], ratio: float, page_size: int) -> list[int]:
+    """The pages each of ``reqs`` is still expected to need (the one place a request's expected
+    growth is computed): those its expected final length spans past the whole pages of its cached
+    prefix and the pages it holds. Its expected final length is what it has plus ``ratio`` of what
+    it may still add (``max_tokens`` less its output), and at least one token past what it must
+    fill. One loop for many requests: the KV manager sums hundreds every step, where a call a
+    request cost more than the arithmetic."""
+    needs = []
+    for r in reqs:
+        out = len(r.output_ids)
+        final = max(len(r.prompt_ids) + out + ceil(ratio * (r.params.max_tokens - out)), len(r.fill_ids) + 1)
+        needs.append(max(0, -(-final // page_size) - r.prefix_len // page_size - len(r.pages)))
+    return needs
 
 
 def _count(value: object) -> int | None:
@@ -75,45 +84,19 @@ class KVManager:
 
     # ------------------------------------------------------------ accounting
 
-    def expected_final_len(self, req: Request) -> int:
-        """Tokens the request is expected to reach: what it has plus a share of what it may still add."""
-        return _expected_final_len(
-            len(req.prompt_ids),
-            len(req.output_ids),
-            len(req.fill_ids),
-            req.params.max_tokens,
-            self.reserve_ratio,
-        )
-
     def available_pages(self) -> int:
         """Pages a new request may still be promised: free and evictable pages minus the pages every
         admitted request is still expected to need (asked every step, for hundreds of requests,
         and at every admission of a prefill step: summed once a round, see :attr:`_growth`)."""
         if self._growth is None:
-            self._growth = self._sum_growth()
-            self._growth_total = sum(self._growth.values())
+            admitted = self.admitted
+            needs = pages_still_needed(admitted.values(), self.reserve_ratio, self.page_size)
+            self._growth, self._growth_total = dict(zip(admitted, needs)), sum(needs)
         evictable = self.size_info().evictable // self.page_size
         return self.allocator.free_pages + evictable - self._growth_total
 
-    def _sum_growth(self) -> dict[int, int]:
-        """:meth:`_still_needed` of every admitted request, by rid, in one loop: hundreds of
-        requests every step, where two calls a request cost more than the arithmetic."""
-        ratio, ps = self.reserve_ratio, self.page_size
-        growth = {}
-        for rid, r in self.admitted.items():
-            output_len, max_tokens = len(r.output_ids), r.params.max_tokens
-            final = max(
-                len(r.prompt_ids) + output_len + math.ceil(ratio * (max_tokens - output_len)),
-                len(r.fill_ids) + 1,
-            )
-            growth[rid] = max(0, -(-final // ps) - r.prefix_len // ps - len(r.pages))
-        return growth
-
-    def _still_needed(self, r: Request) -> int:
-        final = _expected_final_len(
-            len(r.prompt_ids), len(r.output_ids), len(r.fill_ids), r.params.max_tokens, self.reserve_ratio
-        )
-        return max(0, -(-final // self.page_size) - r.prefix_len // self.page_size - len(r.pages))
+    def _still_needed(self, req: Request) -> int:
+        return pages_still_needed((req,), self.reserve_ratio, self.page_size)[0]
 
     def _regrow(self, req: Request) -> None:
         """``req`` was admitted or released, or its pages or prefix changed: its share of the sum."""
@@ -232,7 +215,9 @@ class KVManager:
             # (matching the shorter list ends the handle there; other matches stay valid)
             match = self._match_prefix(req.cache_key(req.fill_ids[:prefix_len]))
         self.cache.lock(match.handle)
-        need = ceil_div(self.expected_final_len(req), self.page_size) - prefix_len // self.page_size
+        # (not admitted, it holds no page and no prefix: its growth is all it would take, less
+        # the pages of the prefix it would read)
+        need = self._still_needed(req) - prefix_len // self.page_size
         if need > self.available_pages():
             self.cache.unlock(match.handle)
             return False
