@@ -454,3 +454,34 @@ def test_start_up_runs_one_prefill_into_the_reserved_slot_only(model_dir, page_s
     assert runner.dummy_slot >= runner.usable_kv_pages * page_size
     out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
     assert len(out[0].token_ids) == 3
+
+
+def test_step_outputs_and_request_views_are_their_named_tuples_whole(model_dir):
+    """``Scheduler.process`` and ``Request.view`` make their NamedTuples by ``tuple.__new__`` (no
+    Python-level call a request a step): each is the tuple its class makes of the same fields by
+    name, every field in its place (a field added to the class must be added there too)."""
+    from minisgl_core.api import RequestView
+    from minisgl_core.sampling import StepOutput
+    from minisgl_core.scheduler.request import Request
+
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    req = Request(7, [5, 6, 7, 8], params, arrival=4, priority=3)
+    req.num_computed, req.output_ids = 2, [9]
+    view = req.view()
+    assert type(view) is RequestView and view.remaining_prefill == 2
+    assert view == RequestView(
+        rid=7, arrival=4, prompt_len=4, num_computed=2, output_len=1, max_new_tokens=2, priority=3
+    )
+    llm = cpu_llm(model_dir)
+    engine = llm.engine
+    engine.add_request(1, [5, 6, 7], engine.admit([5, 6, 7], params))
+    outputs = []
+    while engine.has_work:
+        outputs += engine.step()
+    assert all(type(o) is StepOutput and len(o) == len(StepOutput._fields) for o in outputs)
+    assert outputs == [
+        StepOutput(rid=1, token_id=o.token_id, finished=last, finish_reason="length" if last else None,
+                   cached_tokens=0 if first else None)
+        for o, first, last in zip(outputs, [True, False, False], [False, False, True], strict=True)
+    ]  # fmt: skip
+    llm.close()

@@ -865,3 +865,82 @@ def test_logprobs_of_a_constrained_row_are_shares_of_what_its_grammar_allows(con
             assert [value for _, value in logprob.top[3:]] == [FORBIDDEN_LOGPROB, FORBIDDEN_LOGPROB]
         else:  # a free row beside a constrained one keeps the model's logprobs
             assert logprob.logprob == pytest.approx(float(torch.log_softmax(logits[row], -1).max()), abs=1e-5)
+
+
+EDITS = {
+    "logit_bias": {5: 1.0},
+    "repetition_penalty": 3.0,  # token 2 is in the prompt: 1.0 / 3 falls below token 5's 0.5
+    "presence_penalty": 1.0,  # and in the output: 1.0 - 1.0
+    "frequency_penalty": 1.0,
+    "allowed_token_ids": [5],
+    "banned": None,  # (a SampleRequest field: the step's bans)
+    "logprobs": 0,
+}
+
+
+@pytest.mark.parametrize("edit", EDITS)
+def test_a_row_that_edits_its_logits_or_wants_logprobs_gets_them_alone_or_among_plain_rows(edit):
+    """The sampler skips its passes over the rows' edits (bias, penalties, allowed ids, bans) and
+    logprobs when every row is plain (``SampleRequest.plain``, set once): a row with any one of
+    them, alone or between plain rows, is still drawn from its edited logits (greedy: token 5, not
+    the raw best 2) or gets its logprob (that of the raw logits), and the plain rows are not."""
+    logits = torch.zeros(3, 16)
+    logits[:, 2], logits[:, 5] = 1.0, 0.5
+    fields = {edit: EDITS[edit]} if edit != "banned" else {}
+    row = SampleRequest(
+        SamplingParams(temperature=0.0, **fields), [2], None, [2], (2,) if edit == "banned" else ()
+    )
+    plain = SampleRequest(SamplingParams(temperature=0.0), [2], None, [2])
+    assert not row.plain and row.greedy and plain.plain
+    sampler = Sampler(16, torch.device("cpu"))
+    for rows in ([row], [plain, row, plain]):
+        result = sampler.sample(logits[: len(rows)].clone(), rows)
+        tokens = result.token_ids.tolist()
+        drawn = 2 if edit == "logprobs" else 5
+        assert tokens == [drawn if r is row else 2 for r in rows]
+        logprobs = result.logprobs(tokens)
+        for r, logprob in zip(rows, logprobs, strict=True):
+            if r is row and edit == "logprobs":
+                assert logprob.logprob == pytest.approx(torch.log_softmax(logits[0], -1)[2].item())
+            else:
+                assert logprob is None
+
+
+def test_a_request_keeps_its_sample_request_while_its_generator_stays(llm):
+    """A request without constraints of its own hands the sampler the same SampleRequest every
+    step: it reads the output as it grows, and a new generator (the scheduler gives a seeded
+    request its own as it is added) makes a new one, which carries it; through the engine, the one
+    a seeded request is sampled with holds the scheduler's generator."""
+    from minisgl_core.scheduler.request import Request
+
+    params = SamplingParams(temperature=1.0, seed=7, presence_penalty=1.0, max_tokens=3, ignore_eos=True)
+    req = Request(0, [3, 4], params, 0)
+    kept = req.sample_request()
+    assert kept is req.sample_request() and kept.generator is None
+    assert (kept.params, kept.prompt_ids, kept.output_ids) == (params, [3, 4], [])
+    assert not kept.plain and not kept.greedy
+    req.output_ids.append(9)
+    assert req.sample_request() is kept and kept.output_ids == [9]
+    req.generator = torch.Generator().manual_seed(7)
+    fresh = req.sample_request()
+    assert fresh is not kept and fresh.generator is req.generator and fresh.output_ids is req.output_ids
+
+    engine = llm.engine
+    engine.add_request(12345, [3, 4, 5], engine.admit([3, 4, 5], params))
+    added = engine.scheduler.waiting[12345]
+    assert added.generator is not None
+    sampled: list[SampleRequest] = []
+    sample = engine.sampler.sample
+
+    def recorded(logits, requests, grammar_mask=None):
+        sampled.extend(r for r in requests if r.params is params)
+        return sample(logits, requests, grammar_mask)
+
+    engine.sampler.sample = recorded
+    try:
+        while engine.has_work:
+            engine.step()
+    finally:
+        del engine.sampler.sample
+    assert len(sampled) == 3 and all(r is sampled[0] for r in sampled)
+    assert sampled[0].generator is added.generator and sampled[0].output_ids is added.output_ids

@@ -625,7 +625,7 @@ class Engine:
                 step_bans(r.params, r.output_ids, eos), r.allowed_ids_on(logits.device),
             )
             if r.has_own_constraints
-            else SampleRequest(r.params, r.output_ids, r.generator, r.prompt_ids)
+            else r.sample_request()
             for r in reqs
         ]  # fmt: skip
         launched = _InFlight(

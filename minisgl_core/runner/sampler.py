@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import array
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -368,6 +368,25 @@ class SampleRequest:
     #: ``params.allowed_token_ids`` already on the logits' device (the engine keeps one a request:
     #: ``Request.allowed_ids_on``); None: made from the params here, each call
     allowed_ids: torch.Tensor | None = None
+    #: set from the fields above when made (the sampler asks every row of every step, where a pass
+    #: a feature over hundreds of rows cost more than the answer): whether the row is drawn from
+    #: the logits as they are (no logit bias, penalty, allowed ids or bans) and wants no logprobs
+    plain: bool = field(init=False, repr=False, compare=False)
+    #: whether the row is greedy (``params.greedy``)
+    greedy: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        p = self.params
+        self.greedy = p.temperature == 0.0
+        self.plain = not (
+            p.logit_bias
+            or p.repetition_penalty != 1.0
+            or p.presence_penalty
+            or p.frequency_penalty
+            or p.allowed_token_ids is not None
+            or self.banned
+            or p.logprobs is not None
+        )
 
 
 def apply_bans(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tensor:
@@ -549,27 +568,32 @@ class Sampler:
         the model's logits with the mask applied, before penalties, bias and temperature (as
         vLLM's): a constrained request's logprobs are shares of what its grammar allows, the
         forbidden tokens' -9999.0."""
-        params = [r.params for r in requests]
         if grammar_mask is not None:
             rows, bitmask = grammar_mask
             if rows.numel() != logits.shape[0]:  # masked in place: not in the model's output buffer
                 logits = logits.float() if logits.dtype != torch.float32 else logits.clone()
             logits = apply_token_bitmask(logits, rows, bitmask)
         raw = logits
-        # vLLM's order: the bias is part of the logits the penalties then scale
-        logits = apply_logit_bias(logits, requests)
-        logits = apply_repetition_penalty(logits, requests)
-        logits = self._apply_penalties(logits, requests)
-        # (the masks and bans come last, with the draw: raw logprobs never see them, as vLLM's)
-        logits = apply_allowed_token_ids(logits, requests)
-        logits = apply_bans(logits, requests)
-        if all(p.greedy for p in params):
+        # (one look a row when no row edits its logits or wants logprobs, as most steps: each of
+        # the passes below finds no row of its own then)
+        plain = all(r.plain for r in requests)
+        if not plain:
+            # vLLM's order: the bias is part of the logits the penalties then scale
+            logits = apply_logit_bias(logits, requests)
+            logits = apply_repetition_penalty(logits, requests)
+            logits = self._apply_penalties(logits, requests)
+            # (the masks and bans come last, with the draw: raw logprobs never see them, as vLLM's)
+            logits = apply_allowed_token_ids(logits, requests)
+            logits = apply_bans(logits, requests)
+        if all(r.greedy for r in requests):
             token_ids = greedy_argmax(logits)
-        elif any(p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 for p in params):
+        elif any(r.params.top_k > 0 or r.params.top_p < 1.0 or r.params.min_p > 0.0 for r in requests):
             token_ids = self._sample_truncated(logits, requests)
         else:
             token_ids = self._sample_race(logits, requests)
-        return self._with_logprobs(raw, logits, token_ids, params)
+        if plain:  # (no row wants logprobs)
+            return SampleResult(token_ids, [], None, None, None, [])
+        return self._with_logprobs(raw, logits, token_ids, [r.params for r in requests])
 
     def sample_sharded(
         self, logits: torch.Tensor, requests: Sequence[SampleRequest], shard: tuple[int, int], parallel

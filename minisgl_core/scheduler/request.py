@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from minisgl_core.api import RequestView
+from minisgl_core.runner.sampler import SampleRequest
 from minisgl_core.sampling import SamplingParams
 from minisgl_core.token_bans import own_constraints
 
@@ -21,6 +22,8 @@ REASONING = "reasoning"
 #: distinct values for any one token id
 _SALT_MULTIPLIER = 0x9E3779B97F4A7C15
 _SALT_MASK = (1 << 62) - 1
+
+_new_tuple = tuple.__new__
 
 
 @dataclass(eq=False)
@@ -104,6 +107,8 @@ class Request:
     has_own_constraints: bool = field(init=False, default=False)
     #: whether its sampling reads its newest output tokens on the host (:func:`needs_host_outputs`)
     needs_host_outputs: bool = field(init=False, default=False)
+    #: what the sampler reads of it without constraints of its own, kept (:meth:`sample_request`)
+    _sample_request: SampleRequest | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.has_own_constraints = bool(own_constraints(self.params))
@@ -125,6 +130,20 @@ class Request:
         if self.allowed_ids is None or self.allowed_ids.device != device:
             self.allowed_ids = torch.tensor(allowed, dtype=torch.int64, device=device)
         return self.allowed_ids
+
+    def sample_request(self) -> SampleRequest:
+        """What the sampler reads of this request when it has no constraints of its own (no bans
+        nor allowed ids: ``has_own_constraints`` is False), made once and kept while its generator
+        is the request's: the scheduler gives a seeded request its own when it is added. Its params,
+        prompt and output list are the request's for its whole life (the output grows in place,
+        which the kept one reads as it is). Made for every request of every step, one cost
+        0.4 µs of host time on the dev CPU."""
+        made = self._sample_request
+        if made is None or made.generator is not self.generator:
+            made = self._sample_request = SampleRequest(
+                self.params, self.output_ids, self.generator, self.prompt_ids
+            )
+        return made
 
     @property
     def scores_prompt(self) -> bool:
@@ -165,11 +184,13 @@ class Request:
         return [-1 - mixed, *tokens[1:]]
 
     def view(self) -> RequestView:
-        out = len(self.output_ids)  # positional, no properties: built for every request every step
-        return RequestView(
+        # positional, no properties, and no call of the NamedTuple's Python-level __new__ (the same
+        # tuple, made by tuple.__new__ as that makes it): built for every request every step
+        out = len(self.output_ids)
+        return _new_tuple(RequestView, (
             self.rid, self.arrival, len(self.fill_ids), self.num_computed, out, self.params.max_tokens - out,
             self.priority,
-        )  # fmt: skip
+        ))  # fmt: skip
 
 
 def needs_host_outputs(params: SamplingParams) -> bool:

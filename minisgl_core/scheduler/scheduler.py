@@ -685,7 +685,10 @@ class Scheduler:
         With overlap scheduling a request may have been planned once more after it finished (or
         been aborted) before its last token arrived here: such tokens are dropped."""
         outputs: list[StepOutput] = []
-        # (read once: this loop runs for every request of every step)
+        # (read once: this loop runs for every request of every step; each StepOutput is made by
+        # tuple.__new__, as its class's own __new__ makes it, without that Python-level call of
+        # ten arguments: 0.11 µs a request on the dev CPU, from 0.23)
+        new_tuple = tuple.__new__
         running, eos, check = self.running, self.stop_checker.eos_ids, self.stop_checker.check
         context_len = self.page_table.shape[1]
         for j, i in enumerate(batch.sampled):
@@ -730,8 +733,9 @@ class Scheduler:
             cached = (req.cached_prompt_tokens or 0) if len(req.output_ids) == 1 else None
             finished = reason is not None
             outputs.append(
-                StepOutput(
-                    req.rid, token, finished, reason, matched, logprob, error, prompt, cached, error_param
+                new_tuple(
+                    StepOutput,
+                    (req.rid, token, finished, reason, matched, logprob, error, prompt, cached, error_param),
                 )
             )
         return outputs
