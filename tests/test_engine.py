@@ -485,3 +485,18 @@ def test_step_outputs_and_request_views_are_their_named_tuples_whole(model_dir):
         for o, first, last in zip(outputs, [True, False, False], [False, False, True], strict=True)
     ]  # fmt: skip
     llm.close()
+
+
+def test_a_batchs_sampled_requests_are_its_own_list_when_every_one_is_sampled():
+    """The engine reads a step's sampled requests twice a step (its sampling, its grammars): a
+    decode step's are its whole list, given as it is; a prefill step's are those whose prompt the
+    step completes, in their order."""
+    from minisgl_core.scheduler.request import Request
+    from minisgl_core.scheduler.scheduler import ScheduledBatch
+
+    a, b, c = (Request(i, [1, 2, 3, 4], SamplingParams(), 0) for i in range(3))
+    decode = ScheduledBatch(None, [a, b, c], [1, 1, 1], [0, 1, 2])
+    assert decode.sampled_requests() is decode.requests
+    prefill = ScheduledBatch(None, [a, b, c], [2, 4, 4], [1, 2])  # a's prompt is not whole yet
+    assert prefill.sampled_requests() == [b, c]
+    assert ScheduledBatch(None, [a], [2], []).sampled_requests() == []

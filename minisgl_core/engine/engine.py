@@ -616,7 +616,7 @@ class Engine:
         prompt = self._prompt_logprobs(batch, logits) if batch.prompt_rows else None
         if not batch.sampled:
             return _InFlight(batch, None, None, None, prompt=prompt)
-        reqs = [batch.requests[i] for i in batch.sampled]
+        reqs = batch.sampled_requests()
         # what sampling needs, taken now: landing the step in flight may release a row
         eos = self.scheduler.stop_checker.eos_ids
         samples = [
@@ -771,7 +771,7 @@ class Engine:
             return
         inflight.grammars_advanced = True
         batch = inflight.batch
-        reqs = [batch.requests[i] for i in batch.sampled]
+        reqs = batch.sampled_requests()
         if any(r.matcher is not None for r in reqs):
             tokens = self._tokens_of(inflight)
             started = time.perf_counter()

@@ -72,8 +72,9 @@ def group_shared_prefixes(
         groups.append(SharedPrefix(len(grouped), len(grouped) + len(members), length))
         grouped += members
         saved += (len(members) - 1) * length
-    total = sum(seq_lens[r.rid] for r in reqs)
-    if saved < MIN_SAVED_TOKENS or saved < MIN_SAVED_SHARE * total:
+    if saved < MIN_SAVED_TOKENS:  # (most steps: no sum of every request's length then)
+        return reqs, None
+    if saved < MIN_SAVED_SHARE * sum(seq_lens[r.rid] for r in reqs):
         return reqs, None
     in_groups = {id(r) for r in grouped}
     return grouped + [r for r in reqs if id(r) not in in_groups], groups

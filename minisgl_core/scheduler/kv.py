@@ -42,12 +42,17 @@ def pages_still_needed(reqs: Iterable[Request], ratio: float, page_size: int) ->
     prefix and the pages it holds. Its expected final length is what it has plus ``ratio`` of what
     it may still add (``max_tokens`` less its output), and at least one token past what it must
     fill. One loop for many requests: the KV manager sums hundreds every step, where a call a
-    request cost more than the arithmetic."""
-    needs = []
+    request cost more than the arithmetic (and comparisons, not ``max``: its two calls a request
+    were a third of the loop's time on the dev CPU)."""
+    needs: list[int] = []
+    append = needs.append
     for r in reqs:
         out = len(r.output_ids)
-        final = max(len(r.prompt_ids) + out + ceil(ratio * (r.params.max_tokens - out)), len(r.fill_ids) + 1)
-        needs.append(max(0, -(-final // page_size) - r.prefix_len // page_size - len(r.pages)))
+        final = len(r.prompt_ids) + out + ceil(ratio * (r.params.max_tokens - out))
+        if final <= len(r.fill_ids):
+            final = len(r.fill_ids) + 1
+        need = -(-final // page_size) - r.prefix_len // page_size - len(r.pages)
+        append(need if need > 0 else 0)
     return needs
 
 

@@ -60,6 +60,14 @@ class ScheduledBatch:
     #: request's prompt tokens at positions + 1 (SamplingParams.prompt_logprobs)
     prompt_rows: list[tuple[int, int, int, int]] = field(default_factory=list, kw_only=True)
 
+    def sampled_requests(self) -> list[Request]:
+        """The requests that get a token this step (``requests[i]`` for ``i`` in ``sampled``): the
+        batch's own list when every one does, as in a decode step (``sampled`` is then 0 .. n-1),
+        not a copy of it a step."""
+        if len(self.sampled) == len(self.requests):
+            return self.requests
+        return [self.requests[i] for i in self.sampled]
+
     @property
     def kind(self) -> str:
         """ "prefill", "decode" or "mixed" (step traces, diagnostics)."""
