@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -184,13 +185,21 @@ class Request:
         return [-1 - mixed, *tokens[1:]]
 
     def view(self) -> RequestView:
-        # positional, no properties, and no call of the NamedTuple's Python-level __new__ (the same
-        # tuple, made by tuple.__new__ as that makes it): built for every request every step
-        out = len(self.output_ids)
-        return _new_tuple(RequestView, (
-            self.rid, self.arrival, len(self.fill_ids), self.num_computed, out, self.params.max_tokens - out,
-            self.priority,
-        ))  # fmt: skip
+        return views((self,))[0]
+
+
+def views(reqs: Iterable[Request]) -> list[RequestView]:
+    """What a scheduling policy sees of each of ``reqs`` (the one place a RequestView is made).
+    Built for every request every step: one comprehension, positional, no properties, and no call
+    of the NamedTuple's Python-level ``__new__`` (the same tuple, made by ``tuple.__new__`` as that
+    makes it)."""
+    return [
+        _new_tuple(RequestView, (
+            r.rid, r.arrival, len(r.fill_ids), r.num_computed, (out := len(r.output_ids)),
+            r.params.max_tokens - out, r.priority,
+        ))
+        for r in reqs
+    ]  # fmt: skip
 
 
 def needs_host_outputs(params: SamplingParams) -> bool:

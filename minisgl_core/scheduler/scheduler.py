@@ -31,7 +31,7 @@ from minisgl_core.sampling import StepOutput, TokenLogprob
 from minisgl_core.scheduler.allocator import PageAllocator, RequestSlots
 from minisgl_core.scheduler.cascade import group_shared_prefixes
 from minisgl_core.scheduler.kv import KVManager
-from minisgl_core.scheduler.request import Request
+from minisgl_core.scheduler.request import Request, views
 from minisgl_core.scheduler.stop import StopChecker
 from minisgl_core.token_bans import drawable, no_token_left, no_token_left_field
 
@@ -194,8 +194,8 @@ class Scheduler:
             output_reserve_ratio=self.kv.reserve_ratio,
         )
         return SchedulerState(
-            waiting=[r.view() for r in self.waiting.values()],
-            running=[r.view() for r in self.running.values()],
+            waiting=views(self.waiting.values()),
+            running=views(self.running.values()),
             budgets=budgets,
             cached_prefix_len=self._cached_prefix_len,
         )
@@ -460,7 +460,8 @@ class Scheduler:
         return (reqs, chunks, slots) if reqs else None
 
     def _build_decode(self, plan: DecodePlan) -> ScheduledBatch | None:
-        reqs = [self.running[rid] for rid in dict.fromkeys(plan.rids) if rid in self.running]
+        running = self.running
+        reqs = [running[rid] for rid in dict.fromkeys(plan.rids) if rid in running]
         if len(reqs) != len(plan.rids):
             self._complain(
                 "decode",
@@ -699,11 +700,9 @@ class Scheduler:
         new_tuple = tuple.__new__
         running, eos, check = self.running, self.stop_checker.eos_ids, self.stop_checker.check
         context_len = self.page_table.shape[1]
-        for j, i in enumerate(batch.sampled):
-            req = batch.requests[i]
+        for req, token, logprob in zip(batch.sampled_requests(), token_ids, logprobs, strict=True):
             if running.get(req.rid) is not req:
                 continue
-            token, logprob = token_ids[j], logprobs[j]
             if (
                 req.has_own_constraints
                 and not req.grammar_invalid
@@ -729,11 +728,14 @@ class Scheduler:
                     reason = "stop"
             if reason is None and len(req.prompt_ids) + len(req.output_ids) >= context_len:
                 reason = "length"
+            error = error_param = None
             if reason is not None:
                 del running[req.rid]
                 self._release(req)
-            error = req.grammar_error if reason in ("error", "invalid") else None
-            error_param = req.error_param if reason == "invalid" else None
+                if reason == "invalid":
+                    error, error_param = req.grammar_error, req.error_param
+                elif reason == "error":
+                    error = req.grammar_error
             prompt = None
             if req.prompt_logprobs is not None and not req.prompt_logprobs_sent:
                 prompt, req.prompt_logprobs_sent = req.prompt_logprobs, True
