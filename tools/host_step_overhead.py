@@ -43,7 +43,10 @@ def swaps(tree: str, names: str) -> list[tuple[object, str, object, object]]:
     looks it up, and ``tree``'s version is taken from the module that defines it
     (``scheduler.scheduler:rows_to_device``: runner/sampler.py's, as the scheduler calls it).
     A method only one tree has (one that the change removed, or added) is None on the other
-    side: :func:`put` removes it while that side is timed."""
+    side: :func:`put` removes it while that side is timed. ``tree``'s functions see this tree's
+    imports, and their own module's classes: a method that makes objects of a class its module
+    defines (``Scheduler._build_decode``, a ScheduledBatch) hands the other tree's code objects
+    of another class, so such a method is left out (the other tree's code reading them failed)."""
     out = []
     for name in names.split(","):
         module, _, attr = name.partition(":")
