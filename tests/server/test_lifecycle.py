@@ -7,6 +7,8 @@ from pathlib import Path
 
 import httpx
 
+from minisgl_core.testing.cli_runner import run_cli
+
 PLUGIN = """
 from minisgl_core.api import hookimpl
 from minisgl_plugin_torch.backend import TorchAttentionBackend
@@ -75,12 +77,23 @@ def test_scheduler_crash_mid_serving_exits_nonzero(start_server, model_dir, engi
     server.assert_all_stopped(children)
 
 
-def test_a_kv_pool_past_the_memory_names_the_flag_and_the_bytes(start_server, model_dir, engine_args):
+def _failed_serve(args: list[str], tmp_path: Path, env: dict[str, str] | None = None) -> str:
+    """``minisgl serve ARGS`` that a worker refuses during start-up, as a forked CLI run (its launcher's
+    imports paid once, its workers spawned as a server's are) with a private TMPDIR: its output,
+    after checking it exited 2 and left no socket directory behind."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = run_cli(["serve", "--port", "0", *args], env={**os.environ, **(env or {}), "TMPDIR": str(tmp)})
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 2, log  # a usage error, said as the command line's own
+    assert sorted(tmp.glob("minisgl-*")) == [], log
+    return log
+
+
+def test_a_kv_pool_past_the_memory_names_the_flag_and_the_bytes(model_dir, engine_args, tmp_path):
     """Refused in the scheduler process, said with the command line's flags (not the fields)."""
     args = [*engine_args, "--max-running-requests", str(10**12)]
-    server = start_server(["--model", str(model_dir), *args], wait=False)
-    assert server.wait_exit(120) == 2  # a usage error, as the command line's own
-    log = server.log()
+    log = _failed_serve(["--model", str(model_dir), *args], tmp_path)
     assert (
         "minisgl: error: --max-running-requests=1000000000000 (request rows of --max-context-len=2048 tokens) "
         in log
@@ -88,28 +101,22 @@ def test_a_kv_pool_past_the_memory_names_the_flag_and_the_bytes(start_server, mo
     assert "asks for 8208000000008208 bytes (7.3 PiB), more than the " in log
     assert "free on cpu: lower --max-running-requests or --max-context-len" in log
     assert "Traceback" not in log and "minisgl ready" not in log
-    assert server.socket_dirs() == []
 
 
-def test_start_up_failure_exits_nonzero_with_the_error(start_server, model_dir, engine_args):
+def test_start_up_failure_exits_nonzero_with_the_error(model_dir, engine_args, tmp_path):
     # a KV pool larger than the memory free once the weights are in: only the scheduler process
     # can tell (a bad plugin name, or a backend this machine cannot run, the command line refuses
     # before anything starts: test_config_errors); the last --num-kv-tokens wins
     too_big = ["--num-kv-tokens", str(10**11)]
-    server = start_server(["--model", str(model_dir), *engine_args, *too_big], wait=False)
-    assert server.wait_exit(120) == 2  # a usage error, said as the command line's own
-    log = server.log()
+    log = _failed_serve(["--model", str(model_dir), *engine_args, *too_big], tmp_path)
     assert "minisgl: error: --num-kv-tokens=" in log and "lower --num-kv-tokens" in log
     assert "Traceback" not in log  # a refused setting is its message, which names the fix
     assert "minisgl ready" not in log
-    assert server.socket_dirs() == []
 
 
-def test_a_process_seeing_other_plugins_stops_the_server(start_server, model_dir, engine_args, tmp_path):
+def test_a_process_seeing_other_plugins_stops_the_server(model_dir, engine_args, tmp_path):
     env = install_fake_plugin(tmp_path, "lopsided", LOPSIDED_PLUGIN)
-    server = start_server(["--model", str(model_dir), *engine_args], env=env, wait=False)
-    assert server.wait_exit(120) != 0
-    log = server.log()
+    log = _failed_serve(["--model", str(model_dir), *engine_args], tmp_path, env)
     assert "sees a different set of plugins than the launcher" in log
     # what differs, plugin by plugin (the launcher hands its view to every process)
     # and why, in that process (the ImportError's text was nowhere)
@@ -117,4 +124,3 @@ def test_a_process_seeing_other_plugins_stops_the_server(start_server, model_dir
         "plugin 'lopsided' has status ok in the launcher, failed here: import failed: ImportError: "
         "not installed in this process" in log
     ), log[-2000:]
-    assert server.socket_dirs() == []

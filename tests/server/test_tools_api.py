@@ -16,6 +16,7 @@ import openai
 import pytest
 
 from minisgl_core.sampling import SamplingParams
+from minisgl_core.testing.cli_runner import run_cli
 from minisgl_core.tokenizer.detokenize import raw_token_bytes
 from minisgl_core.tokenizer.load import load_tokenizer
 
@@ -1015,12 +1016,15 @@ def test_cors_only_for_allowed_origins(tools_server, server, auth):
     assert "access-control-allow-origin" not in plain.headers
 
 
-def test_unknown_parser_fails_at_start(start_server, model_dir, engine_args):
-    bad = start_server(["--model", str(model_dir), *engine_args, "--tool-call-parser", "nope"], wait=False)
-    assert bad.wait_exit(120) != 0
-    assert "unknown --tool-call-parser 'nope'" in bad.log() and "hermes" in bad.log()
-    missing = start_server(
-        ["--model", str(model_dir), *engine_args, "--chat-template", "/no/such.jinja"], wait=False
+def test_unknown_parser_fails_at_start(model_dir, engine_args):
+    """Refused by the command line before any process starts (a forked CLI run, not a server)."""
+    bad = run_cli(
+        ["serve", "--port", "0", "--model", str(model_dir), *engine_args, "--tool-call-parser", "nope"]
     )
-    assert missing.wait_exit(120) != 0
-    assert "--chat-template: cannot read /no/such.jinja" in missing.log()
+    assert bad.returncode == 2, bad.stderr
+    assert "unknown --tool-call-parser 'nope'" in bad.stderr and "hermes" in bad.stderr
+    missing = run_cli(
+        ["serve", "--port", "0", "--model", str(model_dir), *engine_args, "--chat-template", "/no/such.jinja"]
+    )
+    assert missing.returncode == 2, missing.stderr
+    assert "--chat-template: cannot read /no/such.jinja" in missing.stderr
