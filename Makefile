@@ -10,7 +10,8 @@ CPU_PLUGINS := $(filter-out $(GPU_PLUGINS),$(patsubst %/pyproject.toml,%,$(wildc
 ARGS ?=
 PYTEST_ARGS ?=
 # pytest-xdist workers for `make test` (one per core of a CI machine); whole test files go to a
-# worker, so a module's own server and fixtures stay with it. TEST_WORKERS=0 runs in one process.
+# worker, so a module's own server and fixtures stay with it, the slowest files first (the order
+# conftest.py gives them; --no-loadscope-reorder keeps it). TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
 
 .PHONY: install serve test lint
@@ -38,7 +39,7 @@ serve: install
 	$(BIN)/minisgl serve $(ARGS)
 
 test: install
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Paths and rules live in pyproject.toml ([tool.ruff], [tool.importlinter]). CI runs this.
 lint: install

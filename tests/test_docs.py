@@ -208,6 +208,7 @@ FOREIGN_FLAGS = {
     "--target": "pip install's",
     "--sweep": "tools/device_fp8_check.py's",
     "--example-max-wait": "the option plugins.md's example plugin adds",
+    "--file-durations": "pytest's, added by the tree's conftest.py (make test, CI)",
 }
 
 
