@@ -396,7 +396,16 @@ class PeerWatch:
             if self.rank != 0 and now - self.answered >= timeout:
                 lost = f"lost tensor-parallel rank 0 (its store has not answered for {timeout:g} s)"
             else:
-                silent = [peer for peer, (_, moved) in self.heard.items() if now - moved >= timeout]
+                # (rank 0 hosts the store: while the store is not answering, rank 0 is judged by
+                # that, the line above, a beat or so later: its count's last move came before the
+                # store's last answer, and a loaded machine's lagging beat gave "silent" for a
+                # frozen rank 0 whose store had stopped with it)
+                quiet_store = self.rank != 0 and now - self.answered >= 2 * PEER_BEAT_S
+                silent = [
+                    peer
+                    for peer, (_, moved) in self.heard.items()
+                    if now - moved >= timeout and not (peer == 0 and quiet_store)
+                ]
                 if not silent:
                     continue
                 who = f"rank {silent[0]}" if len(silent) == 1 else f"ranks {', '.join(map(str, silent))}"

@@ -174,19 +174,24 @@ def test_ctrl_c_while_the_command_loads_is_quiet(delay):
     import signal
     import time
 
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "minisgl_core", "serve", "--model", "demo", "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # (as from a terminal)
-    )
-    try:
-        time.sleep(delay)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
+    for _ in range(3):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "minisgl_core", "serve", "--model", "demo", "--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # (as from a terminal)
+        )
+        try:
+            time.sleep(delay)
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+        # (on a loaded machine the Ctrl-C can land while Python itself starts, importing site,
+        # before any code of ours runs: "Fatal Python error: init_import_site", not ours to mend)
+        if "init_import_site" not in err:
+            break
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
 

@@ -447,6 +447,40 @@ def test_an_infinite_peer_timeout_watches_on_and_gives_nobody_up():
     assert not lost.is_set()
 
 
+@pytest.mark.parametrize(
+    ("count_age", "store_age", "words"),
+    [
+        # rank 0 frozen: its store stopped with it, a beat after its count last moved (a lagging
+        # beat on a loaded machine): the store's silence is the cause, said once it is timeout old
+        (3.5, 1.5, "lost tensor-parallel rank 0 (its store has not answered for 3 s)"),
+        # the store answers but rank 0's count stands still: rank 0 itself is silent
+        (3.5, 0.0, "lost tensor-parallel rank 0 (silent for 3 s)"),
+    ],
+)
+def test_a_frozen_rank_0_is_given_up_for_its_store_when_the_store_is_quiet(
+    monkeypatch, count_age, store_age, words
+):
+    """Rank 1's judge of rank 0, from what its beat thread last heard (no threads here): a frozen
+    rank 0 was given up as "silent" where its store had stopped answering too (the TP server test
+    expects the store's words, and failed so under load)."""
+    import threading
+    import time
+
+    from minisgl_core import distributed
+    from minisgl_core.distributed import DistributedSpec, PeerWatch
+
+    monkeypatch.setattr(distributed, "PEER_BEAT_S", 0.5)  # (a look every 0.5 s; quiet after 1 s)
+    watch = object.__new__(PeerWatch)
+    lost: list[str] = []
+    now = time.monotonic()
+    watch.spec = DistributedSpec(tp_size=2, init_addr="127.0.0.1:1", peer_timeout_s=3.0)
+    watch.rank, watch.peers, watch.on_lost = 1, [0], lost.append
+    watch.heard, watch.answered = {0: (7, now - count_age)}, now - store_age
+    watch._stop = threading.Event()
+    watch._judge()  # (returns once it gives a peer up: at most 1.5 s here)
+    assert lost == [words]
+
+
 def test_all_gather_concatenates_in_rank_order_along_the_dimension():
     import torch.multiprocessing as mp
 
