@@ -173,6 +173,11 @@ def plugin_flag_notes(plugins: Plugins) -> dict[str, str]:
         who = f"plugin {info.name!r} ({info.distribution} {info.version})"
         if info.options_left_out is not None:
             notes[f"--{info.name}-"] = f"{who}: {info.options_left_out[1]}"
+        elif info.status == "disabled":  # (by the user: the option was meant, the plugin left out)
+            notes[f"--{info.name}-"] = (
+                f"{who}: it is disabled ({info.reason}), so its options would do nothing; drop them, "
+                "or enable the plugin"
+            )
         elif info.status not in ("ok", "unavailable"):
             why = f" ({info.reason})" if info.reason else ""
             notes[f"--{info.name}-"] = f"{who}: it is {info.status}{why}, so its options are not available"
@@ -329,6 +334,8 @@ def _log_level_after_subcommands(parser: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "plugin_dests", None) and args.disable_plugin:
+        _refuse_disabled_plugins_options(argv, args.disable_plugin)
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -385,6 +392,21 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"minisgl: error: {problem}", file=sys.stderr)
         return 2
+
+
+def _refuse_disabled_plugins_options(argv: list[str] | None, disable: list[str]) -> None:
+    """The command line parsed again without the plugins ``--disable-plugin`` names: the parser
+    is built before the flags are read, so it held their options, and ``serve --disable-plugin x
+    --x-level 1`` was taken with the option doing nothing. Now a flag of a disabled plugin is the
+    usage error (exit 2) it is under ``MINISGL_DISABLE_PLUGINS=x``, which says the plugin is
+    disabled. (A name no plugin has is left to the command, whose error names it.)"""
+    from minisgl_core.plugins import UnknownPluginName
+
+    try:
+        plugins = Plugins.load(disable=disable)
+    except UnknownPluginName:
+        return
+    build_parser(plugins).parse_args(argv)
 
 
 def _stdout_closed() -> bool:

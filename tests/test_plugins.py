@@ -1279,6 +1279,35 @@ def test_a_flag_of_a_plugin_without_its_options_says_why(load_fake, capsys):
     )
 
 
+def test_a_flag_of_a_plugin_disabled_by_the_flag_is_a_usage_error(load_fake, monkeypatch, capsys):
+    """``serve --disable-plugin t21good --t21good-max-wait 5`` was taken, the option doing nothing:
+    the parser is built (with every plugin's options) before --disable-plugin is read. It is now
+    the usage error that ``MINISGL_DISABLE_PLUGINS=t21good`` gives, saying the plugin is disabled."""
+    from minisgl_core.cli import main
+
+    load_fake({"minisgl-test-good": (_thin("t21_good", GOOD_OPTIONS), {"t21good": "t21_good"})})
+    note = (
+        "--t21good-max-wait looks like an option of plugin 't21good' (minisgl-test-good 0.1.0): it is "
+        "disabled (named in MINISGL_DISABLE_PLUGINS or --disable-plugin), so its options would do "
+        "nothing; drop them, or enable the plugin"
+    )
+    missing = str(Path(__file__).parent / "no-such-model")  # (a start that got this far stops here)
+    for command in ("serve", "shell"):
+        with pytest.raises(SystemExit) as exited:
+            main([command, "--disable-plugin", "t21good", "--t21good-max-wait", "5", "--model", missing])
+        assert exited.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert err == f"minisgl: error: unrecognized arguments: --t21good-max-wait 5; {note}", err
+    # the variable said so already; the flag alone, without the option, still starts (to the model check)
+    monkeypatch.setenv("MINISGL_DISABLE_PLUGINS", "t21good")
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--t21good-max-wait=5", "--model", missing])
+    assert exited.value.code == 2 and capsys.readouterr().err.strip().endswith(note)
+    monkeypatch.delenv("MINISGL_DISABLE_PLUGINS")
+    assert main(["serve", "--disable-plugin", "t21good", "--model", missing]) == 2
+    assert "no-such-model: no such file or directory" in capsys.readouterr().err
+
+
 CHECKED_OPTIONS = """
 SEEN = []
 
