@@ -80,6 +80,8 @@ class RuntimeOptions:
     chat_template: str | None = None
     #: the launcher's Plugins.state(), for the children's check of what they load
     plugin_state: list[Any] | None = None
+    #: ``--reasoning-parser``'s tags (start, end), which the tokenizer worker looks up at start-up
+    reasoning_tags: list[str] | None = None
 
 
 class Runtime:
@@ -139,6 +141,7 @@ class Runtime:
                         sampling_defaults=self.opts.sampling_defaults or {},
                         chat_template=self.opts.chat_template,
                         grammar_backend=self.opts.config.grammar_backend,
+                        reasoning_tags=self.opts.reasoning_tags,
                     ),
                     tokenizer_main,
                 ),

@@ -87,7 +87,8 @@ class Admitter:
         self.grammars = grammars
         #: the tokenizer's longest token in characters (truncation_tail's bound), on first use
         self.max_token_chars: int | None = None
-        #: reasoning tags -> their token ids (None: not single tokens), on first use
+        #: reasoning tags -> their token ids (None: not single tokens), on first use (the server's
+        #: --reasoning-parser's at start-up: tokenizer_main)
         self._tag_ids: dict[tuple[str, str], tuple[int, int] | None] = {}
 
     def prompt_ids(self, req: TokenizeRequest) -> list[int]:
@@ -311,6 +312,10 @@ def tokenizer_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_r
         stop_token_ids=limits.eos_token_ids,
     )
     admitter = Admitter(tokenizer, limits, spec.payload.get("sampling_defaults"), grammars)
+    # --reasoning-parser's tags looked up now: tags that are not single tokens are said at
+    # start-up, once (the lookup is kept), not on the first request that has a grammar
+    if spec.payload.get("reasoning_tags"):
+        admitter.reasoning_tag_ids(*spec.payload["reasoning_tags"])
     # (the server refuses a prompt longer than context x this before sending it here)
     report_ready({"max_token_chars": longest_token_chars(tokenizer)})
     while True:

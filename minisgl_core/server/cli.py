@@ -335,6 +335,7 @@ def _serve_options(args: argparse.Namespace):
     from minisgl_core.distributed import DistributedSpec
     from minisgl_core.processes.runtime import RuntimeOptions
     from minisgl_core.server.launcher import ServeOptions
+    from minisgl_core.server.routes import reasoning_tags
 
     if args.api_key is not None and not args.api_key.strip():
         raise ConfigError(
@@ -415,6 +416,7 @@ def _serve_options(args: argparse.Namespace):
         log_level=args.log_level,
         options=_plain_options(args),
         sampling_defaults=sampling_defaults,
+        reasoning_tags=reasoning_tags(api),
     )
     names = args.served_model_name or []
     if names:  # the first answers; the rest (repeats dropped) are aliases a request may send

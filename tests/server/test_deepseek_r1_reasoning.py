@@ -28,15 +28,36 @@ SCHEMA = {
 
 
 @pytest.fixture(scope="module")
-def client(start_server, model_dir, engine_args):
+def r1_server(start_server, model_dir, engine_args):
     from minisgl_core.plugins import Plugins
 
     if not Plugins.load().registry.get("grammars"):
         pytest.skip("no grammar backend installed")
-    server = start_server(
+    return start_server(
         ["--model", str(model_dir), *engine_args, "--reasoning-parser", "deepseek_r1", "--chat-template", str(TEMPLATE)]
     )  # fmt: skip
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def client(r1_server):
+    return openai.OpenAI(base_url=f"{r1_server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+NOT_SINGLE = "reasoning tags '<think>' and '</think>' are not single tokens of this tokenizer"
+
+
+def test_tags_that_are_not_single_tokens_are_said_at_start_up_once(r1_server, client):
+    """The warning came with the first request that had a grammar, long after start-up, where a
+    user reads what the server says of its settings. It is now in the log before the ready line,
+    and a request with a grammar does not say it again."""
+    from minisgl_core.testing.live_server import READY
+
+    log = r1_server.log()
+    assert log.count(NOT_SINGLE) == 1 and log.index(NOT_SINGLE) < READY.search(log).start(), log
+    response_format = {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}}
+    (_, content), _ = answer(client, {}, response_format=response_format)
+    jsonschema.validate(json.loads(content), SCHEMA)
+    assert r1_server.log().count(NOT_SINGLE) == 1, r1_server.log()
 
 
 def answer(client, template_kwargs: dict, body: dict | None = None, **extra) -> tuple[tuple, tuple]:
