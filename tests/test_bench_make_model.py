@@ -67,6 +67,22 @@ def test_a_folder_holding_anything_but_this_shape_built_before_is_refused(tmp_pa
     assert build_random_model("llama-3.1-8b", same) == same and len(list(same.iterdir())) == 2
 
 
+def test_a_folder_holding_this_shape_built_before_is_kept_and_says_so(tmp_path):
+    """It printed the path and exited 0 as if it had built the model: nothing said that it wrote
+    nothing (a user asking for a fresh model with another seed or dtype in mind could not tell).
+    Still exit status 0 and the path on stdout, which benchmark scripts rely on."""
+    same = tmp_path / "same"
+    _built(same, "llama-3.1-8b")
+    before = {p.name: p.read_bytes() for p in same.iterdir()}
+    proc = run_cli(["bench", "make-model", "--shape", "llama-3.1-8b", "--out", str(same)])
+    assert proc.returncode == 0 and proc.stdout == f"{same}\n", (proc.stdout, proc.stderr)
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"minisgl bench make-model: {same} already holds a model of this shape (llama-3.1-8b); kept it, "
+        "nothing written; give a new --out to build another"
+    ), proc.stderr
+    assert {p.name: p.read_bytes() for p in same.iterdir()} == before
+
+
 def test_an_out_that_is_a_file_is_one_line_naming_the_fix(tmp_path):
     """``--out /dev/null`` (or any file) was "--out [Errno 17] File exists: '/dev/null'", mkdir's
     words, after the generator was made; the file is left as it was."""

@@ -23,7 +23,7 @@ from minisgl_core import environment
 from minisgl_core.api import GrammarError
 from minisgl_core.bench import workloads
 from minisgl_core.bench.serve import SERVERS
-from minisgl_core.bench.shapes import SHAPES, TRAINED_TOKENS
+from minisgl_core.bench.shapes import SHAPES, TRAINED_TOKENS, built_before
 from minisgl_core.config import MAX_GRAMMAR_THREADS, ConfigError, check_grammar_threads
 from minisgl_core.sampling import cut, short_repr
 
@@ -230,7 +230,8 @@ def add_bench_command(sub) -> None:
         "--out",
         required=True,
         help="the model directory to write: a new one (made with its missing parents) or an empty one; "
-        "one holding anything but this shape built before is refused",
+        "one holding this shape built before is kept (nothing written; said on stderr, exit status 0), "
+        "one holding anything else is refused",
     )
     p.add_argument(
         "--device",
@@ -244,6 +245,14 @@ def _make_model(args: argparse.Namespace) -> int:
     if not args.out.strip():  # ('' is the working directory: 1.2 GB was written there)
         _refuse("make-model", "--out is empty: give the folder to write the model to")
     _check_generator_device(args.device)
+    if built_before(args.shape, args.out):  # (kept, exit 0: benchmark scripts run it before each use)
+        print(Path(args.out))
+        print(
+            f"minisgl bench make-model: {args.out} already holds a model of this shape ({args.shape}); "
+            "kept it, nothing written; give a new --out to build another",
+            file=sys.stderr,
+        )
+        return 0
     try:
         print(_make(args.shape, Path(args.out), args.device))
     except FileExistsError as exc:

@@ -151,6 +151,14 @@ def _holds_shape(out: Path, config: dict[str, Any]) -> bool:
     return isinstance(written, dict) and all(written.get(k) == v for k, v in config.items())
 
 
+def built_before(shape: str, out_dir: str | Path, dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether ``out_dir`` holds the model of ``shape`` (and ``dtype``) a build made there before,
+    which :func:`build_random_model` keeps rather than writes again."""
+    out = Path(out_dir)
+    config = dict(SHAPES[shape], torch_dtype=str(dtype).removeprefix("torch."))
+    return (out / "model.safetensors.index.json").is_file() and _holds_shape(out, config)
+
+
 def build_random_model(
     shape: str, out_dir: str | Path, *, device: str = "cpu", dtype: torch.dtype = torch.bfloat16,
     shard_bytes: int = 4 << 30, seed: int = 0, overwrite: bool = False,
@@ -161,8 +169,8 @@ def build_random_model(
     model cache, where a build cut short leaves a part); a build cut short removes what it made."""
     config = dict(SHAPES[shape], torch_dtype=str(dtype).removeprefix("torch."))
     out = Path(out_dir)
-    if (out / "model.safetensors.index.json").is_file() and _holds_shape(out, config):
-        return out  # (built before: kept)
+    if built_before(shape, out, dtype):
+        return out  # (kept)
     if not overwrite and out.is_dir() and any(out.iterdir()):
         # (its config.json and tokenizer were overwritten beside another model's weights, or a
         # folder with another shape's index was taken as built: a real model could be lost)
