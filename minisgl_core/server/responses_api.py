@@ -12,7 +12,9 @@ stored when it ends (completed, incomplete or failed); a request the client left
 that ended before the server saw the client go is stored: it cannot tell it from a slow reader).
 ``POST .../cancel`` (for OpenAI's background responses, which minisgl does not run) is OpenAI's
 400 for a response of another kind; a response being made is stopped by its client leaving
-(a dropped connection aborts it, streamed or not) or by ``/abort_request`` with its id.
+(a dropped connection aborts it, streamed or not) or by ``/abort_request`` with its id, or with
+the client's ``X-Request-Id`` header (as on the chat route: a response answered whole has no id
+before it ends), which the answer's ``X-Request-Id`` header carries back.
 ``POST /v1/responses/input_tokens`` counts the prompt a request would run on, rendered as above
 without running it; ``POST /v1/responses/compact`` (OpenAI's encrypted compaction) is a 400.
 """
@@ -33,7 +35,7 @@ from minisgl_core.sampling import SamplingParams, short_repr
 from minisgl_core.server import responses as r
 from minisgl_core.server.api_options import ApiOptions, ApiTokenizer
 from minisgl_core.server.errors import APIError
-from minisgl_core.server.handling import respond
+from minisgl_core.server.handling import client_request_id, respond, with_request_id
 from minisgl_core.server.responses_output import EventStream, new_id, read_whole, response_object, usage
 from minisgl_core.server.responses_schema import (
     HISTORY,
@@ -45,7 +47,7 @@ from minisgl_core.server.responses_schema import (
     responses_renamed,
 )
 from minisgl_core.server.responses_store import ResponseStore
-from minisgl_core.server.routes import admit_chat, chat_prompt_ids
+from minisgl_core.server.routes import admit_chat, chat_prompt_ids, name_group
 from minisgl_core.server.state import ServerState
 
 logger = logging.getLogger(__name__)
@@ -249,13 +251,17 @@ def responses_router(
     @router.post("/v1/responses")
     async def create_response(body: ResponsesRequest, request: Request) -> Response:
         model.check_name(body.model)
+        # the client's id for /abort_request (the response's own id is known only once it is
+        # answered, unless streamed): the X-Request-Id header, as on the chat route; not the response's id
+        given = client_request_id(request, None)
         history = _history(store, body.previous_response_id) if body.previous_response_id is not None else []
         chat, origins = body.chat_request(history)
         with responses_names(origins):
             admitted = await admit_chat(state, options, chat, tokenizer)
         group = admitted.group
         rid, created = new_id("resp"), int(time.time())
-        group.name(rid)  # (/abort_request finds it by its id, which a stream's first event gives)
+        # (/abort_request finds it by the client's id, and by its own, which a stream's first event gives)
+        name_group(group, given, rid)
         echo = echo_fields(body, admitted.params, model.name)
         conversation = body.stored_items(history) if body.store and store.enabled else []
 
@@ -319,7 +325,7 @@ def responses_router(
                     yield event
 
         with responses_names(origins):  # (a 400 the engine found, answered whole)
-            return await respond(group, request, body.stream, events, build)
+            return with_request_id(await respond(group, request, body.stream, events, build), given, rid)
 
     return router
 

@@ -143,6 +143,37 @@ def test_chat_aborted_by_its_x_request_id(client, server, auth, model_name):
     assert_nothing_left(server, auth)
 
 
+def test_a_response_answered_whole_aborted_by_its_x_request_id(client, server, auth, model_name):
+    """/v1/responses took no client id: a response answered whole has no id until it ends, so only
+    closing the connection stopped it. Its X-Request-Id header now names it, as chat's does; the
+    response keeps its own resp_ id, and ends cancelled with what it made."""
+
+    def ask() -> Any:
+        return client.responses.with_raw_response.create(
+            model=model_name,
+            input="Tell me a very long story",  # (greedy, the tiny model runs to max_output_tokens)
+            max_output_tokens=1900,
+            temperature=0,
+            extra_headers={"X-Request-Id": "resp-abort-1"},
+        )
+
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(ask)
+        abort_when_named(server, auth, "resp-abort-1")
+        raw = answer.result(timeout=120)
+    out = raw.parse()
+    assert raw.headers["x-request-id"] == "resp-abort-1"
+    assert out.id.startswith("resp_") and out.status == "cancelled", out
+    assert 0 < out.usage.output_tokens < 1900
+    assert_nothing_left(server, auth)
+    # an id that cannot come back in the header is chat's 400, before anything runs
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(
+            model=model_name, input="hi", max_output_tokens=2, extra_headers={"X-Request-Id": "x" * 257}
+        )
+    assert refused.value.body["param"] == "X-Request-Id", refused.value.body
+
+
 def test_a_completion_stream_aborted_by_its_answer_id(client, server, auth, model_name):
     stream = client.completions.create(
         model=model_name,
