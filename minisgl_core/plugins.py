@@ -41,6 +41,8 @@ logger = logging.getLogger(__name__)
 _WARNED_UNKNOWN: set[str] = set()
 #: plugins whose failure to load this process has logged (see Plugins.report_unloaded)
 _WARNED_UNLOADED: set[str] = set()
+#: distributions whose metadata was found twice, differing, already warned about (_warn_shadowed)
+_WARNED_SHADOWED: set[str] = set()
 #: the statuses of a plugin that did not load for a fault of its own
 NOT_LOADED = ("failed", "incompatible", "conflict")
 
@@ -288,6 +290,7 @@ class Plugins:
         self.deprecation_warnings = deprecation_warnings
         if entry_points is None:
             entry_points = metadata.entry_points(group=GROUP)
+            _warn_shadowed(entry_points)
         entry_points = list(entry_points)
         names = sorted({ep.name for ep in entry_points})
         unknown = sorted(set(disable) - set(names))
@@ -1138,6 +1141,40 @@ def _api_line(module: Any) -> tuple[str, int]:
     except OSError:
         pass
     return filename, 1
+
+
+def _warn_shadowed(entry_points: Iterable[metadata.EntryPoint]) -> None:
+    """A warning, once a process, for each plugin distribution whose metadata is found twice with
+    a different version or different plugin entry points: importlib.metadata takes the first found
+    and hides the other, silently. The usual cause is a stale ``*.egg-info`` that a build left in a
+    plugin's source folder on PYTHONPATH, beside the ``.dist-info`` meant (found first in the same
+    folder, it won: the old version and entry points were loaded). The same metadata twice (one
+    distribution on two sys.path entries) is no warning."""
+    for name in sorted({_distribution_name(ep) for ep in entry_points if ep.dist is not None}):
+        if name in _WARNED_SHADOWED:
+            continue
+        found = list(metadata.distributions(name=name))
+        used, hidden = found[0], [d for d in found[1:] if _dist_key(d) != _dist_key(found[0])]
+        if not hidden:
+            continue
+        _WARNED_SHADOWED.add(name)
+        logger.warning(
+            "distribution %s has metadata in more than one place: using %s (version %s), not %s; "
+            "remove the stale one (e.g. a *.egg-info a build left in the plugin's source folder)",
+            name, _dist_where(used), used.version,
+            ", ".join(f"{_dist_where(d)} (version {d.version})" for d in hidden),
+        )  # fmt: skip
+
+
+def _dist_key(dist: metadata.Distribution) -> tuple[str, list[tuple[str, str]]]:
+    """What of a distribution's metadata the plugins see: its version and plugin entry points."""
+    return dist.version, sorted((ep.name, ep.value) for ep in dist.entry_points if ep.group == GROUP)
+
+
+def _dist_where(dist: metadata.Distribution) -> str:
+    """The folder of a distribution's metadata (``.dist-info``, ``.egg-info``), as importlib's path
+    distributions keep it."""
+    return str(getattr(dist, "_path", dist))
 
 
 def _distribution_name(ep: metadata.EntryPoint) -> str:

@@ -594,6 +594,49 @@ def test_the_same_distribution_seen_twice_is_loaded_once_quietly(tmp_path, monke
     assert not caplog.records
 
 
+def test_a_stale_egg_info_beside_the_dist_info_is_named_with_the_one_used(tmp_path, monkeypatch, caplog):
+    """A build leaves ``*.egg-info`` in a plugin's source folder; on PYTHONPATH beside the
+    ``.dist-info`` meant, importlib.metadata found both and kept the first, and the plugin loaded
+    (or failed) with the stale version and entry points, silently. A warning now names both
+    folders and says which is used: importlib.metadata's pick, which minisgl loads. One
+    distribution twice with the same metadata (two sys.path entries) stays quiet."""
+    from importlib import metadata
+
+    import minisgl_core.plugins as plugins_module
+    from minisgl_core.plugins import GROUP
+
+    hooks = SHADOW_HOOKS.replace("t3_shadow", "t9_stale")
+    site = _fake_site(tmp_path, {"minisgl-test-stale": (_thin("t9_stale", hooks), {"t9stale": "t9_stale"})})
+    stale = site / "minisgl_test_stale.egg-info"
+    stale.mkdir()
+    (stale / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: minisgl-test-stale\nVersion: 0.0.1\n")
+    (stale / "entry_points.txt").write_text("[minisgl.plugins]\nt9stale = t9_stale_old\n")
+    twice = (_thin("t8_twice", SHADOW_HOOKS.replace("t3_shadow", "t8_twice")), {"twice": "t8_twice"})
+    for copy in ("a", "b"):
+        monkeypatch.syspath_prepend(str(_fake_site(tmp_path / copy, {"minisgl-test-twice": twice})))
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.delenv("MINISGL_PLUGINS", raising=False)
+    monkeypatch.delenv("MINISGL_DISABLE_PLUGINS", raising=False)
+    monkeypatch.setattr(plugins_module, "_WARNED_SHADOWED", set(), raising=False)
+    # the reference: the distribution importlib.metadata gives the entry point of
+    [picked] = [ep.dist for ep in metadata.entry_points(group=GROUP) if ep.name == "t9stale"]
+    paths = {str(d._path) for d in metadata.distributions(name="minisgl-test-stale")}
+    assert paths == {str(stale), str(site / "minisgl_test_stale-0.1.0.dist-info")}, paths
+    with caplog.at_level("WARNING", logger="minisgl_core.plugins"):
+        plugins = Plugins.load()
+        Plugins.load()  # (said once a process)
+    [row] = [row for row in plugins.listing() if row["name"] == "t9stale"]
+    assert row["version"] == picked.version
+    [hidden] = paths - {str(picked._path)}
+    warnings = [r.getMessage() for r in caplog.records if "minisgl-test" in r.getMessage()]
+    assert warnings == [
+        f"distribution minisgl-test-stale has metadata in more than one place: using {picked._path} "
+        f"(version {picked.version}), not {hidden} (version {'0.1.0' if picked.version == '0.0.1' else '0.0.1'}); "
+        "remove the stale one (e.g. a *.egg-info a build left in the plugin's source folder)"
+    ], caplog.text
+    assert [(i.name, i.status) for i in plugins.infos if i.name == "twice"] == [("twice", "ok")]
+
+
 def test_selecting_a_name_of_a_plugin_that_did_not_load_names_it_and_the_cause(load_fake):
     """Only a plugin named like the selection was named (``--attn fi``): for any other name the
     error said "unknown ... pip install", although the plugin was installed and its cause known."""
