@@ -242,17 +242,18 @@ def _processes_with(tag: str) -> list[int]:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_scheduler_that_cannot_build_the_model_stops_serve_with_its_one_line(model_dir, tmp_path):
-    """What only the scheduler rank finds (config.json lacks a key the model reads): exit code 1,
-    the rank's message as the launcher's last line, no traceback, no process left behind."""
+    """What only the scheduler rank finds (config.json lacks a key the model reads): the command
+    line's one ``minisgl: error:`` line and exit code 2, as the launcher's own refusals of --model
+    (it was exit 1 and the rank's ModelPathError line), no traceback, no process left behind."""
     bad = _copy(model_dir, tmp_path, "no-intermediate-size")
     _edit_config(bad, intermediate_size=None)
     tag = f"MINISGL_TEST_TAG={uuid.uuid4().hex}"
     env = {**os.environ, tag.split("=")[0]: tag.split("=")[1]}
     proc = _cli("serve", "--port", "0", "--model", str(bad), "--device", "cpu", env=env)
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     says = (
-        f"ModelPathError: --model {bad}: config.json has no 'intermediate_size', which Qwen3ForCausalLM needs"
+        f"minisgl: error: --model {bad}: config.json has no 'intermediate_size', which Qwen3ForCausalLM needs"
     )
     assert proc.stderr.splitlines()[-1] == says, proc.stderr
     assert _processes_with(tag) == []
