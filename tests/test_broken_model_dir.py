@@ -4,6 +4,7 @@ before any process starts; what only loading finds reaches the launcher as one l
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -279,8 +280,10 @@ def test_the_shape_check_takes_what_transformers_builds(shape):
     from minisgl_core.checkpoint.safetensors_header import TensorEntry
 
     config = dict(QWEN2_TINY if shape == "qwen2-tiny" else SHAPES[shape])
-    with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config))
+    with torch.device("meta"):  # (a deep copy: transformers writes rope_theta into rope_scaling)
+        model = transformers.AutoModelForCausalLM.from_config(
+            transformers.AutoConfig.for_model(**copy.deepcopy(config))
+        )
     tensors = {
         name: TensorEntry("BF16", tuple(t.shape), "model.safetensors")
         for name, t in model.state_dict().items()
