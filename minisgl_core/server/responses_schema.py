@@ -50,8 +50,12 @@ from minisgl_core.server.schemas import (
     Text,
 )
 
-#: the one ``include`` value served: logprobs on each output_text part (with ``top_logprobs``)
+#: the ``include`` that asks for logprobs on each output_text part (with ``top_logprobs``)
 INCLUDE_LOGPROBS = "message.output_text.logprobs"
+#: what a stateless client (``store: false``) asks for to carry reasoning between turns: taken, and
+#: no item carries it (minisgl encrypts nothing: a reasoning item sent back as it came carries its
+#: text in ``content``, which is what the next turn needs)
+INCLUDE_ENCRYPTED_REASONING = "reasoning.encrypted_content"
 #: OpenAI's bounds on ``metadata``: pairs, and the characters of a key and of a value
 METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
 #: where the fix for a request that needs stored state is the same
@@ -602,18 +606,14 @@ class ResponsesRequest(ResponsesInput):
 
     @field_validator("include")
     @classmethod
-    def _logprobs_only(cls, include: list[str]) -> list[str]:
-        other = next((value for value in include if value != INCLUDE_LOGPROBS), None)
+    def _served_includes(cls, include: list[str]) -> list[str]:
+        served = (INCLUDE_LOGPROBS, INCLUDE_ENCRYPTED_REASONING)
+        other = next((value for value in include if value not in served), None)
         if other is not None:
-            # (the value a stateless client, store false, sends to carry reasoning between turns)
-            why = (
-                ": minisgl encrypts no reasoning; a reasoning item carries its text in content, and "
-                "that item sent back in input (or previous_response_id) gives the model its reasoning"
-                if other == "reasoning.encrypted_content"
-                else ""
-            )
             raise _Refused(
-                f"{short_repr(other)} is not supported{why}; the one include served is {INCLUDE_LOGPROBS!r}",
+                f"{short_repr(other)} is not supported; the includes served are {INCLUDE_LOGPROBS!r} "
+                f"and {INCLUDE_ENCRYPTED_REASONING!r} (minisgl encrypts no reasoning: a reasoning item "
+                "sent back as it came carries its text)",
                 "include",
             )
         return include

@@ -568,9 +568,8 @@ def test_reasoning_and_calls_are_items_of_their_own():
         ({"conversation": "conv_1"}, "conversation", "send the whole conversation in input"),
         ({"background": True}, "background", "leave background false"),
         ({"prompt": {"id": "pmpt_1"}}, "prompt", "send the text in instructions and input"),
-        ({"include": ["reasoning.encrypted_content"]}, "include", "message.output_text.logprobs"),
-        # (what a stateless client sends to carry reasoning between turns: said why, and what does)
-        ({"include": ["reasoning.encrypted_content"]}, "include", "minisgl encrypts no reasoning"),
+        ({"include": ["file_search_call.results"]}, "include", "message.output_text.logprobs"),
+        ({"include": ["code_interpreter_call.outputs"]}, "include", "minisgl encrypts no reasoning"),
         # (accepted, and the reasoning item's summary came back an empty list; "auto" is taken)
         (
             {"reasoning": {"summary": "detailed"}},
@@ -857,6 +856,33 @@ def test_a_reasoning_item_chains_as_the_assistants_reasoning(thinking):
     for response in (chained, written):
         del response["usage"]["input_tokens_details"]  # (the second read the prompt from the cache)
     same_answer(chained, written)
+
+
+def test_a_stateless_client_asking_for_encrypted_reasoning_gets_it_as_text(thinking):
+    """``store: false`` with ``include: ["reasoning.encrypted_content"]`` (what Codex-style agents
+    send to carry reasoning between turns) is taken: the answer is the one without the include, its
+    reasoning item carries no encrypted content, and that item sent back with the next message is
+    the assistant's reasoning (the same answer as the conversation written out)."""
+    thinking_url, _ = thinking
+    turn = {"max_output_tokens": 6, "temperature": 0, "store": False}
+    asked = create(thinking_url, {**turn, "input": "Hi", "include": ["reasoning.encrypted_content"]})
+    plain = create(thinking_url, {**turn, "input": "Hi"})
+    same_answer(asked, plain)
+    assert [i["type"] for i in asked["output"]] == ["reasoning"]
+    assert asked["output"][0].get("encrypted_content") is None and asked["output"][0]["content"]
+    conversation = [
+        {"role": "user", "content": "Hi"},
+        *output_items(asked),
+        {"role": "user", "content": "Go on"},
+    ]
+    sent_back = create(
+        thinking_url, {**turn, "input": conversation, "include": ["reasoning.encrypted_content"]}
+    )
+    same_answer(sent_back, create(thinking_url, {**turn, "input": conversation}))
+    # (its text is what the prompt holds: emptied, the prompt is shorter)
+    emptied = {**conversation[1], "content": [{"type": "reasoning_text", "text": ""}]}
+    without_text = create(thinking_url, {**turn, "input": [conversation[0], emptied, conversation[2]]})
+    assert sent_back["usage"]["input_tokens"] > without_text["usage"]["input_tokens"]
 
 
 def test_get_returns_the_answer_as_created_streamed_or_not_and_delete_forgets_it(client, server, model_name):
