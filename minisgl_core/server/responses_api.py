@@ -70,7 +70,8 @@ def echo_fields(body: ResponsesRequest, params: SamplingParams, model: str) -> d
         "text": {
             "format": text_format.model_dump(by_alias=True, exclude_none=True)
             if text_format
-            else {"type": "text"}
+            else {"type": "text"},
+            **({"verbosity": body.text.verbosity} if body.text and body.text.verbosity else {}),
         },
         "reasoning": body.reasoning.model_dump(exclude_none=True) if body.reasoning else None,
         "truncation": "disabled",

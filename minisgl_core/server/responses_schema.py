@@ -238,7 +238,24 @@ class TextFormat(StrictModel):
 
 
 class TextConfig(StrictModel):
+    """``verbosity`` is OpenAI's hint for how long an answer runs: ``"medium"``, its default, is
+    taken (the model answers as it does); ``"low"`` or ``"high"`` would need the model told, which
+    a served model's template has no variable for, so it is refused rather than ignored."""
+
     format: TextFormat | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+
+    @field_validator("verbosity", mode="before")
+    @classmethod
+    def _default_verbosity_only(cls, value: Any) -> Any:
+        if value in ("low", "high"):
+            raise _Refused(
+                f"{short_repr(value)} is not supported: the served model answers at its own length; "
+                'leave text.verbosity out, or "medium" (the default), and bound the answer with '
+                "max_output_tokens",
+                "text.verbosity",
+            )
+        return value
 
 
 class ReasoningConfig(StrictModel):

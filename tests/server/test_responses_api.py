@@ -216,6 +216,16 @@ def test_a_summary_left_to_the_model_is_taken_and_none_is_written(client, model_
     assert all(item.summary == [] for item in resp.output if item.type == "reasoning")
 
 
+def test_the_default_verbosity_is_taken_and_echoed(client, model_name):
+    """``text.verbosity: "medium"`` (OpenAI's default, which some agents send) is taken: the
+    same answer as without it, echoed as the request gave it; ``"low"``/``"high"`` are refused
+    in test_what_is_not_served_is_a_400_naming_the_field."""
+    asked = {"model": model_name, "input": ASK, "max_output_tokens": 4, "temperature": 0}
+    resp = client.responses.create(**asked, text={"verbosity": "medium"})
+    assert resp.output_text == client.responses.create(**asked).output_text
+    assert resp.text.verbosity == "medium" and resp.text.format.type == "text"
+
+
 def test_json_schema_format_is_the_chat_routes_response_format(grammar_backend, client, model_name):
     schema = BOUNDED["parameters"]
     resp = client.responses.create(
@@ -582,6 +592,8 @@ def test_reasoning_and_calls_are_items_of_their_own():
             "leave reasoning.generate_summary out",
         ),
         ({"truncation": "auto"}, "truncation", 'leave truncation "disabled"'),
+        ({"text": {"verbosity": "low"}}, "text.verbosity", '"medium" (the default)'),
+        ({"text": {"verbosity": "high"}}, "text.verbosity", "max_output_tokens"),
         ({"tools": [{"type": "web_search"}]}, "tools.0.type", "'web_search' is not supported"),
         (
             {"tools": [WEATHER, {"type": "file_search", "vector_store_ids": []}]},
