@@ -81,6 +81,8 @@ def echo_fields(body: ResponsesRequest, params: SamplingParams, model: str) -> d
         "user": body.user,
         "safety_identifier": body.safety_identifier,
         "prompt_cache_key": body.prompt_cache_key,
+        "prompt_cache_retention": body.prompt_cache_retention,
+        "max_tool_calls": body.max_tool_calls,
         "service_tier": body.service_tier or "default",
     }
 

@@ -570,6 +570,11 @@ class ResponsesRequest(ResponsesInput):
     user: Text | None = None
     safety_identifier: Text | None = None
     prompt_cache_key: Text | None = None
+    #: (OpenAI's, deprecated for prompt_cache_options) how long cached prefixes live:
+    #: ``"in_memory"`` is what minisgl's prefix cache does (kept while there is room)
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    #: a bound on calls to OpenAI's built-in tools: minisgl runs none, so any bound holds
+    max_tool_calls: Int | None = Field(default=None, ge=0, le=INT64_MAX)
     service_tier: Literal["auto", "default"] | None = None
     #: minisgl's, as chat's: seconds after which the request ends with a timeout error
     timeout: Float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
@@ -599,6 +604,17 @@ class ResponsesRequest(ResponsesInput):
                 "prompt",
             )
         return data
+
+    @field_validator("prompt_cache_retention", mode="before")
+    @classmethod
+    def _in_memory_only(cls, value: Any) -> Any:
+        if value == "24h":
+            raise _Refused(
+                "'24h' is not supported: minisgl's prefix cache keeps prefixes in memory while there "
+                'is room, for no set time; leave prompt_cache_retention out, or "in_memory"',
+                "prompt_cache_retention",
+            )
+        return value
 
     @field_validator("metadata")
     @classmethod

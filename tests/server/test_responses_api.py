@@ -226,6 +226,19 @@ def test_the_default_verbosity_is_taken_and_echoed(client, model_name):
     assert resp.text.verbosity == "medium" and resp.text.format.type == "text"
 
 
+def test_a_bound_on_built_in_tool_calls_and_in_memory_caching_hold_and_are_echoed(client, model_name):
+    """``max_tool_calls`` bounds calls to OpenAI's built-in tools, which minisgl does not run, and
+    ``prompt_cache_retention: "in_memory"`` is how its prefix cache keeps prefixes: both hold as
+    asked (the same answer) and are echoed; ``"24h"`` is refused in
+    test_what_is_not_served_is_a_400_naming_the_field."""
+    asked = {"model": model_name, "input": ASK, "max_output_tokens": 4, "temperature": 0}
+    resp = client.responses.create(**asked, max_tool_calls=0, prompt_cache_retention="in_memory")
+    plain = client.responses.create(**asked)
+    assert resp.output_text == plain.output_text
+    assert (resp.max_tool_calls, resp.prompt_cache_retention) == (0, "in_memory")
+    assert (plain.max_tool_calls, plain.prompt_cache_retention) == (None, None)
+
+
 def test_json_schema_format_is_the_chat_routes_response_format(grammar_backend, client, model_name):
     schema = BOUNDED["parameters"]
     resp = client.responses.create(
@@ -593,6 +606,7 @@ def test_reasoning_and_calls_are_items_of_their_own():
         ),
         ({"truncation": "auto"}, "truncation", 'leave truncation "disabled"'),
         ({"text": {"verbosity": "low"}}, "text.verbosity", '"medium" (the default)'),
+        ({"prompt_cache_retention": "24h"}, "prompt_cache_retention", 'or "in_memory"'),
         ({"text": {"verbosity": "high"}}, "text.verbosity", "max_output_tokens"),
         ({"tools": [{"type": "web_search"}]}, "tools.0.type", "'web_search' is not supported"),
         (
@@ -628,7 +642,7 @@ def test_reasoning_and_calls_are_items_of_their_own():
         ),
         # (an item's type not a string: a 400, not a 500 "unhashable type", found by test_fuzz)
         ({"input": [{"type": {"a": 1}, "role": "user", "content": "Hi"}]}, "input.0.type", "'message'"),
-        ({"max_tool_calls": 2}, "max_tool_calls", "unsupported field"),
+        ({"context_management": [{"type": "compaction"}]}, "context_management", "unsupported field"),
         ({"top_logprobs": 2}, "top_logprobs", "message.output_text.logprobs"),
         ({"max_output_tokens": 0}, "max_output_tokens", "max_output_tokens must be"),
         ({"max_output_tokens": 5000}, "max_output_tokens", "shorten the prompt or lower max_output_tokens"),
