@@ -48,6 +48,8 @@ from minisgl_core.server.schemas import (
     StreamOptions,
     StrictModel,
     Text,
+    default_verbosity_only,
+    in_memory_cache_only,
 )
 
 #: the ``include`` that asks for logprobs on each output_text part (with ``top_logprobs``)
@@ -238,24 +240,14 @@ class TextFormat(StrictModel):
 
 
 class TextConfig(StrictModel):
-    """``verbosity`` is OpenAI's hint for how long an answer runs: ``"medium"``, its default, is
-    taken (the model answers as it does); ``"low"`` or ``"high"`` would need the model told, which
-    a served model's template has no variable for, so it is refused rather than ignored."""
-
     format: TextFormat | None = None
+    #: (see :func:`~minisgl_core.server.schemas.default_verbosity_only`)
     verbosity: Literal["low", "medium", "high"] | None = None
 
     @field_validator("verbosity", mode="before")
     @classmethod
     def _default_verbosity_only(cls, value: Any) -> Any:
-        if value in ("low", "high"):
-            raise _Refused(
-                f"{short_repr(value)} is not supported: the served model answers at its own length; "
-                'leave text.verbosity out, or "medium" (the default), and bound the answer with '
-                "max_output_tokens",
-                "text.verbosity",
-            )
-        return value
+        return default_verbosity_only(value, "text.verbosity")
 
 
 class ReasoningConfig(StrictModel):
@@ -570,8 +562,7 @@ class ResponsesRequest(ResponsesInput):
     user: Text | None = None
     safety_identifier: Text | None = None
     prompt_cache_key: Text | None = None
-    #: (OpenAI's, deprecated for prompt_cache_options) how long cached prefixes live:
-    #: ``"in_memory"`` is what minisgl's prefix cache does (kept while there is room)
+    #: (see :func:`~minisgl_core.server.schemas.in_memory_cache_only`)
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     #: a bound on calls to OpenAI's built-in tools: minisgl runs none, so any bound holds
     max_tool_calls: Int | None = Field(default=None, ge=0, le=INT64_MAX)
@@ -608,13 +599,7 @@ class ResponsesRequest(ResponsesInput):
     @field_validator("prompt_cache_retention", mode="before")
     @classmethod
     def _in_memory_only(cls, value: Any) -> Any:
-        if value == "24h":
-            raise _Refused(
-                "'24h' is not supported: minisgl's prefix cache keeps prefixes in memory while there "
-                'is room, for no set time; leave prompt_cache_retention out, or "in_memory"',
-                "prompt_cache_retention",
-            )
-        return value
+        return in_memory_cache_only(value, "prompt_cache_retention")
 
     @field_validator("metadata")
     @classmethod

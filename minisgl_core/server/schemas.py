@@ -187,6 +187,35 @@ class BodyError(ValueError):
         self.code = code
 
 
+def default_verbosity_only(value: Any, field: str) -> Any:
+    """OpenAI's ``verbosity`` (chat's, the Responses API's ``text.verbosity``), a hint for how long
+    an answer runs: ``"medium"``, its default, is taken (the model answers as it does); ``"low"``
+    and ``"high"`` would need the model told, which a served model's template has no variable for,
+    so they are refused rather than ignored."""
+    if value in ("low", "high"):
+        raise BodyError(
+            f"{short_repr(value)} is not supported: the served model answers at its own length; "
+            f'leave {field} out, or "medium" (the default), and bound the answer with the maximum '
+            "of tokens",
+            field,
+            "unsupported_field",
+        )
+    return value
+
+
+def in_memory_cache_only(value: Any, field: str) -> Any:
+    """OpenAI's ``prompt_cache_retention`` (deprecated for ``prompt_cache_options``): how long cached
+    prefixes live. ``"in_memory"`` is what the prefix cache does; ``"24h"`` is refused."""
+    if value == "24h":
+        raise BodyError(
+            "'24h' is not supported: minisgl's prefix cache keeps prefixes in memory while there "
+            f'is room, for no set time; leave {field} out, or "in_memory"',
+            field,
+            "unsupported_field",
+        )
+    return value
+
+
 def refuse_batch(data: Any, route: str, alternative: str = "") -> Any:
     """A batch (``prompt`` a list, ``messages`` a list of conversations) on a route that takes one
     prompt a request (/tokenize), refused saying so rather than "prompt: Input should be a valid
@@ -715,6 +744,19 @@ class ChatCompletionRequest(SamplingFields):
     #: a key to group requests for its prompt cache (the radix cache finds shared prefixes itself)
     safety_identifier: Text | None = None
     prompt_cache_key: Text | None = None
+    #: (see :func:`in_memory_cache_only` and :func:`default_verbosity_only`)
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+
+    @field_validator("prompt_cache_retention", mode="before")
+    @classmethod
+    def _in_memory_only(cls, value: Any) -> Any:
+        return in_memory_cache_only(value, "prompt_cache_retention")
+
+    @field_validator("verbosity", mode="before")
+    @classmethod
+    def _default_verbosity_only(cls, value: Any) -> Any:
+        return default_verbosity_only(value, "verbosity")
 
     @field_validator("chat_template_kwargs")
     @classmethod

@@ -895,6 +895,9 @@ def test_openai_sdk_fields_at_what_minisgl_does_are_accepted(client, model_name)
         modalities=["text"],
         safety_identifier="user-7f3a",
         prompt_cache_key="search-v1",
+        # (the prefix cache keeps prefixes in memory; OpenAI's default verbosity)
+        prompt_cache_retention="in_memory",
+        verbosity="medium",
     )
     assert resp.choices[0].message.content == plain.choices[0].message.content
     # refused as the other values minisgl does not serve are (the Literal checks came first: code null)
@@ -904,6 +907,9 @@ def test_openai_sdk_fields_at_what_minisgl_does_are_accepted(client, model_name)
         ({"modalities": ["audio"]}, "modalities", "'audio' is not supported"),
         ({"service_tier": "flex"}, "service_tier", "'flex' is not supported"),
         ({"service_tier": "priority"}, "service_tier", "'priority' is not supported"),
+        ({"prompt_cache_retention": "24h"}, "prompt_cache_retention", 'or "in_memory"'),
+        ({"verbosity": "low"}, "verbosity", '"medium" (the default)'),
+        ({"verbosity": "high"}, "verbosity", "answers at its own length"),
     ]:
         with pytest.raises(openai.BadRequestError) as refused:
             client.chat.completions.create(**kwargs, **extra)

@@ -607,7 +607,7 @@ def test_reasoning_and_calls_are_items_of_their_own():
         ({"truncation": "auto"}, "truncation", 'leave truncation "disabled"'),
         ({"text": {"verbosity": "low"}}, "text.verbosity", '"medium" (the default)'),
         ({"prompt_cache_retention": "24h"}, "prompt_cache_retention", 'or "in_memory"'),
-        ({"text": {"verbosity": "high"}}, "text.verbosity", "max_output_tokens"),
+        ({"text": {"verbosity": "high"}}, "text.verbosity", "bound the answer"),
         ({"tools": [{"type": "web_search"}]}, "tools.0.type", "'web_search' is not supported"),
         (
             {"tools": [WEATHER, {"type": "file_search", "vector_store_ids": []}]},
