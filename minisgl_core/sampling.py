@@ -500,3 +500,7 @@ class StepOutput(NamedTuple):
     #: with finish_reason "invalid": the request's field at fault (a SamplingParams field, or
     #: "grammar" for whichever field set it), which the server's 400 names as its param; else None
     error_param: str | None = None
+    #: of the request's prediction (OpenAI's Predicted Outputs), the tokens this step's output used
+    #: for the first time (a verify step's accepted drafts from it): added up into the usage's
+    #: ``accepted_prediction_tokens``; else None
+    accepted_prediction_tokens: int | None = None

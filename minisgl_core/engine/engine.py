@@ -282,12 +282,15 @@ class Engine:
         compile_aside: bool = False,
         priority: int = 0,
         cache_salt: int = 0,
+        prediction_ids: list[int] | None = None,
     ) -> None:
         """Queue an admitted request (:meth:`admit`, or the server's tokenizer): it is not checked
         again. A GrammarError (a ValueError) when its grammar does not compile. ``priority``: the
         client's (lower runs earlier), checked where the request entered (:func:`check_priority`).
         ``cache_salt``: its vLLM cache salt's key (``request_limits.cache_salt_key``; 0: none): it
-        shares prefix-cache entries only with requests of the same salt.
+        shares prefix-cache entries only with requests of the same salt. ``prediction_ids``:
+        OpenAI's predicted output, tokenized: the speculative drafter proposes from it (it changes
+        the speed, never the output; without speculative decoding nothing reads it).
 
         ``compile_aside`` (the server): a grammar not compiled before compiles on another thread
         and the request waits beside the queues until :meth:`admit_compiled` is told its compile
@@ -311,6 +314,7 @@ class Engine:
             arrival=0,
             priority=priority,
             cache_salt=cache_salt,
+            prediction_ids=prediction_ids or None,
         )
         if compile_aside and self.grammars.needs_compile(req):
             self.grammars.start_compile(req)

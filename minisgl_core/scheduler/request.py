@@ -37,6 +37,9 @@ class Request:
     priority: int = 0
     #: its vLLM cache_salt's key (0: none): see :meth:`cache_key`
     cache_salt: int = 0
+    #: OpenAI's Predicted Outputs: the tokens the client expects the output to be mostly, which
+    #: the speculative drafter proposes from (scheduler/speculative.py); never changes the output
+    prediction_ids: list[int] | None = None
     output_ids: list[int] = field(default_factory=list)
     #: row of the page table; None until admitted
     row: int | None = None

@@ -742,12 +742,14 @@ class Scheduler:
             # the first output says how much of the prompt came from the prefix cache
             cached = (req.cached_prompt_tokens or 0) if len(req.output_ids) == 1 else None
             finished = reason is not None
+            # (accepted_prediction_tokens, None: a verify step's, which the Speculator sets)
             outputs.append(
                 new_tuple(
                     StepOutput,
-                    (req.rid, token, finished, reason, matched, logprob, error, prompt, cached, error_param),
+                    (req.rid, token, finished, reason, matched, logprob, error, prompt, cached, error_param,
+                     None),
                 )
-            )
+            )  # fmt: skip
         return outputs
 
     def _release(self, req: Request) -> None:

@@ -10,6 +10,11 @@ token the target sampled after it: 1 to ``1 + drafts`` tokens per request per st
 rejected drafts is rolled back: ``num_computed`` goes back to the accepted length and the pages
 past it return to the allocator.
 
+A request may carry a *prediction* (OpenAI's Predicted Outputs: text the client expects most of the
+output to be, tokenized): the n-gram drafter looks the output's suffix up in it too, and the
+prediction's tokens the verification accepts are counted for the request's usage
+(``accepted_prediction_tokens``). Drafts change the speed only: the output is the one without.
+
 The drafter interface (:class:`Drafter`) is internal for now, not part of ``minisgl_core.api``:
 a draft-model or EAGLE drafter needs more than n-gram lookup does (its own forward on the device,
 its own KV or the target's hidden states, a say in CUDA-graph capture), and an API frozen around
@@ -18,6 +23,7 @@ prompt lookup alone would have to break for it. It is the shape such a plugin wo
 
 from __future__ import annotations
 
+import bisect
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -41,6 +47,13 @@ class Drafter(ABC):
         """Up to ``max_drafts[i]`` tokens expected to follow ``requests[i].all_ids()``, per request
         (an empty list: no guess). Called on the host while planning each decode step."""
 
+    def verified(self, req: Request, draft: list[int], emitted: list[int]) -> int:
+        """Told after a verify step: ``req``'s ``draft`` (as proposed, maybe cut by the budget)
+        gave it the tokens ``emitted`` (the accepted drafts, then the target's own token; fewer
+        after a stop). Returns how many of the request's prediction tokens
+        (``Request.prediction_ids``) the step used; a drafter that reads no prediction says 0."""
+        return 0
+
 
 class NgramDrafter(Drafter):
     """Prompt lookup: find the longest suffix (``max_n`` down to ``min_n`` tokens) of a request's
@@ -49,7 +62,15 @@ class NgramDrafter(Drafter):
 
     Each request keeps an index of its n-grams (n-gram → where its latest occurrence ends),
     extended by the tokens added since the last step, so a lookup costs ``max_n - min_n + 1``
-    dictionary reads however long the request is."""
+    dictionary reads however long the request is.
+
+    With a prediction (``Request.prediction_ids``) the suffix is looked up in the prediction as
+    well, through an index of its own (n-gram → every end of it, in order), and the longest match
+    wins; at equal lengths the prediction's (it is the client's guess of the output, the prompt's
+    text is a guess of what gets copied). Of a prediction's occurrences of the suffix, the first
+    at or after the point the output has reached in the prediction is taken (a repeated line
+    continues where the output is), found by bisection: the cost of a lookup does not grow with
+    the prediction's length."""
 
     def __init__(self, max_n: int = 4, min_n: int = 1) -> None:
         if not 1 <= min_n <= max_n:
@@ -70,6 +91,12 @@ class NgramDrafter(Drafter):
             out.append(index.lookup(req, k))
         return out
 
+    def verified(self, req: Request, draft: list[int], emitted: list[int]) -> int:
+        index = self._indexes.get(req)
+        if index is None or index.prediction is None:
+            return 0
+        return index.prediction.verified(draft, emitted)
+
 
 class _NgramIndex:
     def __init__(self, min_n: int, max_n: int) -> None:
@@ -79,8 +106,11 @@ class _NgramIndex:
         self.tokens: list[int] = []
         #: n-grams ending at positions up to here are indexed
         self.indexed = 0
+        self.prediction: _PredictionIndex | None = None
 
     def lookup(self, req: Request, k: int) -> list[int]:
+        if req.prediction_ids and self.prediction is None:
+            self.prediction = _PredictionIndex(req.prediction_ids, self.sizes)
         tokens = self.tokens
         if len(tokens) < req.prompt_len + len(req.output_ids):
             if not tokens:
@@ -93,13 +123,73 @@ class _NgramIndex:
                 if end >= n:
                     self.ends[n][tuple(tokens[end - n : end])] = end
         self.indexed = max(self.indexed, length - 1)
+        prediction = self.prediction
+        if prediction is not None:
+            prediction.proposed_from = None
         for n in self.sizes:
-            if length <= n:
+            if length < n:
                 continue
-            end = self.ends[n].get(tuple(tokens[length - n :]))
+            suffix = tuple(tokens[length - n :])
+            if prediction is not None:  # (at equal lengths the prediction's match wins)
+                draft = prediction.lookup(suffix, k)
+                if draft:
+                    return draft
+            if length == n:
+                continue
+            end = self.ends[n].get(suffix)
             if end is not None:
                 return tokens[end : end + k]
         return []
+
+
+class _PredictionIndex:
+    """A request's prediction: its n-grams' ends, where the output has reached in it, and which
+    of its tokens verification has accepted."""
+
+    def __init__(self, prediction: list[int], sizes: range) -> None:
+        self.tokens = prediction
+        #: per n-gram size: n-gram -> the ends (exclusive) of its occurrences, ascending; those
+        #: at the prediction's end are left out (nothing follows them to propose)
+        self.ends: dict[int, dict[tuple[int, ...], list[int]]] = {n: {} for n in sizes}
+        for n in sizes:
+            ends = self.ends[n]
+            for end in range(n, len(prediction)):
+                ends.setdefault(tuple(prediction[end - n : end]), []).append(end)
+        #: the prediction's position the output has reached: after its last token accepted
+        self.cursor = 0
+        #: where the last proposal began in the prediction (None: the proposal was not its)
+        self.proposed_from: int | None = None
+        #: whether each prediction token has been accepted (each counts once)
+        self.used = bytearray(len(prediction))
+
+    def lookup(self, suffix: tuple[int, ...], k: int) -> list[int]:
+        ends = self.ends[len(suffix)].get(suffix)
+        if not ends:
+            return []
+        at = bisect.bisect_left(ends, self.cursor)
+        end = ends[at] if at < len(ends) else ends[-1]
+        self.proposed_from = end
+        return self.tokens[end : end + k]
+
+    def verified(self, draft: list[int], emitted: list[int]) -> int:
+        """The prediction tokens a verify step used (newly): the accepted drafts taken from it,
+        and the target's own token after them where it is the prediction's next one too."""
+        start, self.proposed_from = self.proposed_from, None
+        if start is None or not draft:
+            return 0
+        run = 0
+        tokens = self.tokens
+        # a draft is the prediction's tokens from ``start``: the emitted tokens agree with it up
+        # to the first rejected draft, where the target's token differs; after a whole accepted
+        # draft, the target's token may go on with the prediction
+        while run < len(emitted) and start + run < len(tokens) and emitted[run] == tokens[start + run]:
+            run += 1
+        if run == 0:
+            return 0
+        self.cursor = start + run
+        fresh = run - sum(self.used[start : start + run])
+        self.used[start : start + run] = b"\x01" * run
+        return fresh
 
 
 def make_drafter(algorithm: str, *, ngram_max: int = 4, ngram_min: int = 1) -> Drafter:
@@ -264,13 +354,19 @@ class Speculator:
             # Roll back: KV is valid up to the last accepted draft; later pages return to the pool.
             _trim_pages(scheduler, req, base + 1 + accepted)
             single = ScheduledBatch(batch.forward, [req], [1], [0])
+            emitted = 0
             for j in range(accepted + 1):
                 # as after a plain decode step: every token but the newest has its KV in the pool
                 req.num_computed = base + 1 + j
                 outputs += scheduler.process(single, [sampled[j]], [row_logprobs[j]])
                 stats.emitted_tokens += 1
+                emitted += 1
                 if scheduler.running.get(req.rid) is not req:  # a stop: the rest of the run is dropped
                     break
+            if req.prediction_ids:
+                used = self.drafter.verified(req, draft, sampled[:emitted])
+                if used:  # the request's usage counts them (on the step's last output)
+                    outputs[-1] = outputs[-1]._replace(accepted_prediction_tokens=used)
         return outputs
 
 
