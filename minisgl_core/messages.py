@@ -96,6 +96,9 @@ class TokenizeRequest(Message):
     #: request gave (a forced tool call's grammar: each function's parameters). When the whole
     #: grammar fails its check, the first part that fails alone is named, not ``grammar_field``
     grammar_parts: list[list[str]] | None = None
+    #: OpenAI's Predicted Outputs: the text the client expects the output to be, mostly; tokenized
+    #: (no special tokens) onto each EngineRequest for the speculative drafter
+    prediction: str | None = None
 
 
 @dataclass
@@ -121,6 +124,9 @@ class Admission(Message):
     #: (the prompt closed the reasoning, or the tags are not single tokens of the tokenizer); either
     #: way an output that does not open the reasoning itself is the grammar's answer whole
     grammar_answer: bool = False
+    #: the tokens of TokenizeRequest.prediction (0: none): the usage's rejected_prediction_tokens
+    #: are those of them the output did not use
+    prediction_tokens: int = 0
 
 
 @dataclass
@@ -134,6 +140,8 @@ class EngineRequest(Message):
     priority: int = 0
     #: TokenizeRequest.cache_salt (an encoding without it reads as 0)
     cache_salt: int = 0
+    #: TokenizeRequest.prediction's tokens (None: no prediction)
+    prediction_ids: list[int] | None = None
 
 
 @dataclass
@@ -260,6 +268,9 @@ class StepOutputs(Message):
     #: [token, "" or why not] answering UpdateWeights ("": every rank took the new weights),
     #: PauseGeneration and ContinueGeneration
     answers: list[list[Any]] = field(default_factory=list)
+    #: [rid, tokens] of each request whose prediction this step's output used more of
+    #: (StepOutput.accepted_prediction_tokens: no column on every step)
+    accepted_predictions: list[list[int]] = field(default_factory=list)
 
     def open_stream(
         self,
@@ -322,6 +333,8 @@ class DetokOutputs(Message):
     flushed: list[list[int]] = field(default_factory=list)
     #: StepOutputs.answers, passed on as they came
     answers: list[list[Any]] = field(default_factory=list)
+    #: StepOutputs.accepted_predictions, passed on as they came
+    accepted_predictions: list[list[int]] = field(default_factory=list)
 
 
 @dataclass

@@ -222,6 +222,7 @@ class SchedulerLoop:
                 compile_aside=True,
                 priority=msg.priority,
                 cache_salt=msg.cache_salt,
+                prediction_ids=msg.prediction_ids,
             )
         except ValueError as exc:  # e.g. a grammar the backend then failed to compile
             if not isinstance(exc, GrammarError):
@@ -302,6 +303,8 @@ class SchedulerLoop:
                 self.first_prompt_ids.pop(o.rid, None)
             if o.cached_tokens is not None:
                 out.cached_tokens.append([o.rid, o.cached_tokens])
+            if o.accepted_prediction_tokens:
+                out.accepted_predictions.append([o.rid, o.accepted_prediction_tokens])
             out.add(
                 o.rid,
                 o.token_id,

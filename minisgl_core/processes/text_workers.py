@@ -329,6 +329,10 @@ def tokenizer_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_r
                 continue
             prompt_ids = list(ids) if msg.return_prompt_ids else None
             opened = admitter.reasoning_opened(msg, ids)
+            # (the client's guess of the output's text: tokenized as output is, no special tokens)
+            prediction = (
+                list(tokenizer.encode(msg.prediction, add_special_tokens=False)) if msg.prediction else None
+            )
             send(
                 to_api,
                 Admission(
@@ -338,13 +342,14 @@ def tokenizer_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_r
                     prompt_ids=prompt_ids,
                     reasoning_opened=opened,
                     grammar_answer=msg.reasoning_tags is not None and sampling.grammar is not None,
+                    prediction_tokens=len(prediction or ()),
                 ),
             )
             for i, rid in enumerate(msg.rids):
                 # n > 1 with a seed: distinct but reproducible choices
                 send(
                     to_scheduler,
-                    EngineRequest(rid, ids, sampling.for_choice(i), msg.priority, msg.cache_salt),
+                    EngineRequest(rid, ids, sampling.for_choice(i), msg.priority, msg.cache_salt, prediction),
                 )
         elif isinstance(
             msg, (AbortRequest, FlushCache, UpdateWeights, PauseGeneration, ContinueGeneration, Shutdown)
@@ -397,6 +402,7 @@ class Detokenizer:
             error_params=step.error_params,
             flushed=step.flushed,
             answers=step.answers,
+            accepted_predictions=step.accepted_predictions,
         )
         for i, rid in enumerate(step.rids):
             token, reason, matched = step.token_ids[i], step.finish_reasons[i], step.matched_stops[i]

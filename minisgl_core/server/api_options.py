@@ -31,6 +31,9 @@ class ApiOptions:
     #: ``--trust-request-chat-template``: a chat request's (or /tokenize's) own ``chat_template``
     #: renders its messages; off, such a request is a 400 (vLLM's flag and default)
     trust_request_chat_template: bool = False
+    #: ``--speculative-algorithm`` is set: a chat request's ``prediction`` has a drafter to feed
+    #: (without one it is a 400, not ignored)
+    speculative_decoding: bool = False
 
     def try_parsers(self) -> None:
         """Build each selected parser once, as a chat request does (a tool parser offered one

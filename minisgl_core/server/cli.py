@@ -530,6 +530,7 @@ def _api_options(args: argparse.Namespace, plugins: Plugins, chat_template: str 
         labels,
         responses_store_size=args.responses_store_size,
         trust_request_chat_template=args.trust_request_chat_template,
+        speculative_decoding=getattr(args, "speculative_algorithm", None) is not None,
     )
 
 

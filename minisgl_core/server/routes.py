@@ -99,6 +99,14 @@ async def admit_chat(
     SamplingParams, the parsers built once (a plugin failing to build costs no generation), the
     messages rendered and admitted. A 400 names the body's fields; /v1/responses renames them."""
     check_request_template(body.chat_template, options.trust_request_chat_template)
+    if body.prediction is not None and not options.speculative_decoding:
+        raise APIError(
+            400,
+            "prediction needs speculative decoding, which this server does not run: its operator "
+            "must start it with --speculative-algorithm ngram (or leave prediction out)",
+            "prediction",
+            "unsupported_field",
+        )
     plan = plan_tools(body, options.tool_parser)
     fields = body.sampling_fields()
     hidden_special: tuple[str, ...] = ()
@@ -144,6 +152,7 @@ async def admit_chat(
             # tool_choice "none" (no parser: the output is plain content) needs no tools rendered
             tools_optional=plan.parser is None,
             reasoning_tags=reasoning_tags(options),
+            prediction=body.prediction.text() if body.prediction is not None else None,
         )
 
     def new_output() -> ChoiceOutput:
@@ -265,20 +274,28 @@ def make_router(
                 yield r.sse(usage_so_far(chunk, delta.index))
             if body.include_usage:
                 yield r.sse(
-                    r.usage_chunk(
-                        rid,
-                        model.name,
-                        created,
-                        "chat.completion.chunk",
-                        group.prompt_tokens,
-                        completion_tokens,
-                        group.cached_tokens,
+                    with_prediction_usage(
+                        r.usage_chunk(
+                            rid,
+                            model.name,
+                            created,
+                            "chat.completion.chunk",
+                            group.prompt_tokens,
+                            completion_tokens,
+                            group.cached_tokens,
+                        )
                     )
                 )
             yield r.DONE
 
         def named(items: list) -> list:
             return r.as_token_ids(items) if body.return_tokens_as_token_ids else items
+
+        def with_prediction_usage(out: dict) -> dict:
+            details = group.prediction_usage()
+            if details is not None:  # (OpenAI's: only where the request had a prediction)
+                out["usage"]["completion_tokens_details"] = details
+            return out
 
         def build(choices: list[r.Choice]) -> dict:
             for choice in choices:
@@ -296,6 +313,7 @@ def make_router(
                 params.stop_token_ids,
                 group.cached_tokens,
             )
+            with_prediction_usage(out)
             if echoed:  # (an answer of tool calls alone, content null, gets the text as content)
                 for choice in out["choices"]:
                     choice["message"]["content"] = echoed + (choice["message"]["content"] or "")

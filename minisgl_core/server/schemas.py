@@ -703,6 +703,25 @@ class SamplingFields(GrammarFields):
         return "max_tokens"
 
 
+class PredictionTextPart(StrictModel):
+    type: Literal["text"]
+    text: Text
+
+
+class PredictedOutput(StrictModel):
+    """OpenAI's Predicted Outputs (``prediction``): text the client expects most of the answer to
+    be (a file with small edits). Its tokens are the speculative decoder's drafts: the answer is
+    the one without it, faster where it matches."""
+
+    type: Literal["content"]
+    content: Text | list[PredictionTextPart]
+
+    def text(self) -> str:
+        """The predicted text: its parts one after the other."""
+        content = self.content
+        return content if isinstance(content, str) else "".join(part.text for part in content)
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Int | None = None
@@ -747,6 +766,9 @@ class ChatCompletionRequest(SamplingFields):
     #: (see :func:`in_memory_cache_only` and :func:`default_verbosity_only`)
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     verbosity: Literal["low", "medium", "high"] | None = None
+    #: OpenAI's Predicted Outputs: drafts for the speculative decoder (a 400 on a server without
+    #: one: admit_chat), reported in usage.completion_tokens_details
+    prediction: PredictedOutput | None = None
 
     @field_validator("prompt_cache_retention", mode="before")
     @classmethod

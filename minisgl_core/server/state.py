@@ -16,6 +16,7 @@ import asyncio
 import itertools
 import logging
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -215,6 +216,11 @@ class RequestGroup:
         #: each choice's prompt tokens read from the prefix cache, by choice index (from its
         #: first output: StepOutputs.cached_tokens), and each prompt's choices (first index, n)
         self.choice_cached_tokens: dict[int, int] = {}
+        #: with a prediction (OpenAI's Predicted Outputs): each choice's prediction tokens, in
+        #: choice order, and those of them its output used, by choice index
+        #: (StepOutputs.accepted_predictions); see :meth:`prediction_usage`
+        self.choice_prediction_tokens: list[int] = []
+        self.choice_accepted_prediction: Counter[int] = Counter()
         self._prompt_choices: list[tuple[int, int]] = []
         self.arrival = time.monotonic()
         self.num_choices = 0
@@ -283,6 +289,7 @@ class RequestGroup:
         tools_optional: bool = False,
         add_special_tokens: bool = True,
         reasoning_tags: list[str] | None = None,
+        prediction: str | None = None,
     ) -> Admission:
         """Tokenize one prompt into ``n`` engine requests; raise a 400 APIError if it cannot run
         (a 429 if the server's queue is full, a 503 if it cannot take requests). With
@@ -290,7 +297,8 @@ class RequestGroup:
         caps an unset ``max_tokens`` where the model sets no default; ``tools_optional``: a template
         may leave the tools out, ``reasoning_tags``: a grammar applies after the reasoning,
         ``grammar_parts``: the grammar's parts a failed check may name (see TokenizeRequest),
-        ``field_names``: SamplingParams' fields the route spells otherwise, for the engine's 400s."""
+        ``field_names``: SamplingParams' fields the route spells otherwise, for the engine's 400s;
+        ``prediction``: OpenAI's predicted output, the speculative drafter's (``prediction_usage``)."""
         state = self.state
         state.check_alive()
         if self.expected_sequences is None:
@@ -319,7 +327,7 @@ class RequestGroup:
                 return_prompt_ids=return_prompt_ids, default_max_tokens=default_max_tokens,
                 tools_optional=tools_optional, add_special_tokens=add_special_tokens,
                 reasoning_tags=reasoning_tags, priority=self.priority, cache_salt=self.cache_salt,
-                grammar_parts=grammar_parts,
+                grammar_parts=grammar_parts, prediction=prediction,
             )  # fmt: skip
             send(state.to_tokenizer, request)
             try:  # the deadline holds while the tokenizer worker is busy (or stopped) too
@@ -343,6 +351,8 @@ class RequestGroup:
         self.prompt_tokens += result.prompt_len
         self.choice_prompt_tokens += [result.prompt_len] * n
         self.choice_prompt_ids += [result.prompt_ids] * n
+        if prediction is not None:
+            self.choice_prediction_tokens += [result.prediction_tokens] * n
         self._prompt_choices.append((first_index, n))
         if not self.probe:
             state.metrics.prompt_tokens += result.prompt_len
@@ -373,6 +383,20 @@ class RequestGroup:
         no choice computed (so never more than the prompt). A choice with no output yet counts 0."""
         got = self.choice_cached_tokens
         return sum(min(got.get(i, 0) for i in range(first, first + n)) for first, n in self._prompt_choices)
+
+    def prediction_usage(self) -> dict[str, int] | None:
+        """OpenAI's ``completion_tokens_details`` of a request with a prediction (None without):
+        ``accepted_prediction_tokens``, the prediction's tokens the choices' outputs used (drafts
+        the verification accepted, and the target's own token where it went on with the
+        prediction); ``rejected_prediction_tokens``, the prediction's other tokens, which the
+        outputs did not use. Summed over the choices, each of which had the prediction."""
+        if not self.choice_prediction_tokens:
+            return None
+        accepted = sum(self.choice_accepted_prediction.values())
+        return {
+            "accepted_prediction_tokens": accepted,
+            "rejected_prediction_tokens": sum(self.choice_prediction_tokens) - accepted,
+        }
 
     async def deltas(self) -> AsyncIterator[Delta]:
         """Every choice's progress until all have finished: one delta per choice for all the events
@@ -847,6 +871,10 @@ class ServerState:
             group = self.pending.get(rid)
             if group is not None:
                 group.choice_cached_tokens[group.unfinished.get(rid, 0)] = cached
+        for rid, used in out.accepted_predictions:  # (before the outputs: the step may end it)
+            group = self.pending.get(rid)
+            if group is not None:
+                group.choice_accepted_prediction[group.unfinished.get(rid, 0)] += used
         error_params = dict(out.error_params) if out.error_params else {}
         for i, rid in enumerate(out.rids):
             group = self.pending.get(rid)
