@@ -5,6 +5,7 @@ counted (StepOutput.accepted_prediction_tokens). The server's side: tests/server
 from __future__ import annotations
 
 import random
+from unittest import mock
 
 import pytest
 from hypothesis import given, settings
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from minisgl_core import SamplingParams
 from minisgl_core.demo.factories import make_model_dir
+from minisgl_core.scheduler import speculative
 from minisgl_core.scheduler.request import Request
 from minisgl_core.scheduler.speculative import NgramDrafter
 from minisgl_core.testing import assert_kv_released, cpu_llm, drain
@@ -69,6 +71,24 @@ def test_lookup_in_the_prediction_matches_brute_force(prompt, output, prediction
             req.output_ids.append(token)
         [draft] = drafter.propose([req], [k])
         assert draft == brute_force(req.all_ids(), prediction, 0, k, max_n, min_n)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    prediction=st.lists(st.integers(0, 4), max_size=40),
+    output=st.lists(st.integers(0, 4), min_size=1, max_size=12),
+    chunk=st.integers(1, 7),
+)
+def test_a_prediction_indexed_a_chunk_a_step_finds_what_indexing_it_whole_finds(prediction, output, chunk):
+    """A long prediction is indexed a chunk of positions a lookup (the first lookup of an
+    8,000-token one held the scheduler up for the whole): across the chunks' borders the index is
+    the one built whole, as the lookups show once the prediction is covered."""
+    req = request([9], output, prediction)
+    with mock.patch.object(speculative, "_PREDICTION_CHUNK", chunk):
+        drafter = NgramDrafter(3, 1)
+        for _ in range(len(prediction) // chunk + 1):
+            drafter.propose([req], [3])
+    assert drafter.propose([req], [3]) == [brute_force(req.all_ids(), prediction, 0, 3, 3, 1)]
 
 
 def test_the_longest_match_wins_and_the_prediction_at_equal_lengths():
