@@ -405,9 +405,9 @@ class LLM:
         check_plugins_run_on(vars(config), plugins, device)
         check_attention_choice(config, plugins, device)
         options = _process_options(plugins, config, options)
-        self._context = ProcessContext(role="offline", options=options)
+        self._context = ProcessContext(role="offline", options=options, _plugins=plugins)
         plugins.call_hook("minisgl_process_start", ctx=self._context)
-        self.engine = Engine(self.config, ParallelContext(), plugins)
+        self.engine = Engine(self.config, ParallelContext(), plugins, context=self._context)
         # (once the selections resolved: an error about a selected one says it on its own)
         plugins.report_unloaded()
         self.tokenizer = self.engine.tokenizer

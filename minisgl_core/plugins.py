@@ -129,6 +129,55 @@ KIND_CALLS: dict[str, tuple[str, tuple[Any, ...], dict[str, Any]]] = {
     "quantization": ("(device=..., dtype=...)", (), {"device": None, "dtype": None}),
 }
 
+#: The kinds whose classes may take the process's context (API 2.9): a constructor with a
+#: parameter named ``ctx`` gets ``ctx=`` the process's :class:`~minisgl_core.api.ProcessContext`
+#: (its ``options``, its ``resolve``) beside the call above; one without is built as before.
+CONTEXT_KINDS = ("caches", "policies", "tool_parsers", "reasoning_parsers")
+#: the API that added it, which a plugin whose constructor requires ``ctx`` declares
+CONTEXT_API = "2.9"
+
+
+@functools.cache
+def takes_context(cls: type) -> bool:
+    """Whether ``cls``'s constructor has a parameter ``ctx`` the core can pass by keyword."""
+    try:
+        param = inspect.signature(cls).parameters.get("ctx")
+    except (TypeError, ValueError):
+        return False
+    return param is not None and param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY)
+
+
+def build(cls: type, ctx: Any, *args: Any, **kwargs: Any) -> Any:
+    """``cls(*args, **kwargs)`` as the core builds a plugin's class, with ``ctx=ctx`` (the
+    process's ProcessContext) when its constructor takes one (see :data:`CONTEXT_KINDS`)."""
+    if takes_context(cls):
+        kwargs["ctx"] = ctx
+    return cls(*args, **kwargs)
+
+
+@functools.cache
+def hook_versions() -> dict[str, str]:
+    """Each hook's ``.. versionadded::`` (its docstring in hookspecs): the oldest API a plugin
+    implementing it declares."""
+    found = {}
+    for name, spec in vars(hookspecs).items():
+        if name.startswith("minisgl_") and inspect.isfunction(spec):
+            added = re.search(r"\.\. versionadded:: (\d+\.\d+)", spec.__doc__ or "")
+            found[name] = added[1] if added else "1.0"
+    return found
+
+
+def _hooks_newer_than(module: Any, api: str) -> list[tuple[str, str]]:
+    """(hook, the API that added it) for each hook ``module`` implements that is newer than the
+    ``api`` it declares."""
+    declared = _api_version(api)
+    return [
+        (name, added)
+        for name, added in sorted(hook_versions().items())
+        if _is_hookimpl(getattr(module, name, None)) and _api_version(added) > declared
+    ]
+
+
 #: ``conflict``: two distributions have the plugin's name (entry-point name), so neither is loaded
 Status = Literal["ok", "failed", "incompatible", "disabled", "conflict"]
 
@@ -414,6 +463,17 @@ class Plugins:
             info.status, info.reason = "failed", f"invalid hooks: {wrong_hooks}"
             self._note_unusable(info, module)
             return
+        newer = _hooks_newer_than(module, info.api)
+        if newer:  # (its MINISGL_API says an older core runs it: one without the hook refuses it)
+            need = max((added for _, added in newer), key=_api_version)
+            hooks = ", ".join(f"{hook} (added in API {added})" for hook, added in newer)
+            info.status = "incompatible"
+            info.reason = (
+                f'declares MINISGL_API = "{info.api}" but implements {hooks}: declare '
+                f'MINISGL_API = "{need}", the oldest API with every hook it implements'
+            )
+            self._note_unusable(info, module)
+            return
         twin = next(
             (i for i in self.infos if i is not info and i.module is module and i.status == "ok"), None
         )
@@ -617,6 +677,27 @@ class Plugins:
             if reg.plugin.status != "ok":
                 raise PluginError(self.missing_message(kind, name))
         return obj
+
+    def lookup(self, kind: str, name: str) -> type:
+        """:meth:`resolve` for a plugin asking for another's class (``ctx.resolve``, API 2.9): a
+        name nothing registers is a LookupError that names the kind, the name and the names
+        registered as that kind, not the user's flag (the user selected no such thing)."""
+        if kind not in KINDS:
+            raise ValueError(
+                f"resolve({kind!r}, {name!r}): no kind {kind!r}; the kinds are {', '.join(KINDS)}"
+            )
+        try:
+            return self.resolve(kind, name)
+        except UnknownPluginName as exc:
+            have = ", ".join(self.names(kind)) or "none"
+            near = _near_name(kind, name, self.names(kind))
+            hint = f"; did you mean {near!r}?" if near and near != name else ""
+            # (a plugin that would provide it but did not load: resolve's message says which and why)
+            why = "" if str(exc).startswith("unknown ") else f" ({exc})"
+            raise LookupError(
+                f"resolve({kind!r}, {name!r}): no loaded plugin registers {name!r} as one of the {kind}"
+                f"{why}; registered {kind}: {have}{hint}"
+            ) from None
 
     def resolve_on_device(self, kind: str, name: str, device: torch.device) -> type:
         """:meth:`resolve`, then the class asked whether it runs on ``device`` (its ``availability``:
@@ -1054,6 +1135,22 @@ def wrong_constructor_message(reg: Registration, cls: type, spelling: Spelling =
         signature = inspect.signature(cls)
     except (TypeError, ValueError):  # (no signature to read: the call itself will tell)
         return None
+    context = signature.parameters.get("ctx")
+    if reg.kind in CONTEXT_KINDS and takes_context(cls):
+        kwargs = {**kwargs, "ctx": None}
+        declared = reg.plugin.api
+        if (
+            context.default is context.empty
+            and declared
+            and _api_version(declared) < _api_version(CONTEXT_API)
+        ):
+            # (an older core would build it without ctx: a TypeError naming no plugin)
+            return (
+                f"plugin {reg.plugin.name!r} ({reg.plugin.distribution} {reg.plugin.version}) registered "
+                f"{reg.target} as {selection(reg.kind, reg.name, spelling)}, whose constructor requires "
+                f"ctx, which the core passes since API {CONTEXT_API}, but the plugin declares "
+                f'MINISGL_API = "{declared}": declare MINISGL_API = "{CONTEXT_API}" (or give ctx a default)'
+            )
     try:
         signature.bind(*args, **kwargs)
     except TypeError as exc:

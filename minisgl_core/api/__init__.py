@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from minisgl_core.api.hookspecs import hookimpl, hookspec
 
-API_VERSION = "2.8"
+API_VERSION = "2.9"
 
 __all__ = [
     "API_VERSION",

@@ -31,7 +31,7 @@ from typing import IO, Any, NamedTuple, NoReturn
 
 import torch
 
-from minisgl_core.api import ParallelContext
+from minisgl_core.api import ParallelContext, ProcessContext
 from minisgl_core.checkpoint.formats import source_tokenizer
 from minisgl_core.checkpoint.generation_defaults import end_of_sequence, load_sampling_defaults
 from minisgl_core.config import EngineConfig
@@ -40,7 +40,7 @@ from minisgl_core.engine.plugin_failures import PluginBlame, PluginFailure, sele
 from minisgl_core.engine.speculative import VerifyRunner
 from minisgl_core.grammars import LazyGrammarBackend
 from minisgl_core.messages import Limits
-from minisgl_core.plugins import Plugins
+from minisgl_core.plugins import Plugins, build
 from minisgl_core.request_limits import admit, check_priority
 from minisgl_core.runner.model_runner import ModelRunner
 from minisgl_core.runner.sampler import (
@@ -69,12 +69,22 @@ class Engine:
         plugins: Plugins | None = None,
         tokenizer=None,
         sampling_defaults: dict[str, Any] | None = None,
+        context: ProcessContext | None = None,
     ) -> None:
         """``sampling_defaults``: what a server's front end already read from
-        ``--generation-config`` (its warnings said there once); None reads them here."""
+        ``--generation-config`` (its warnings said there once); None reads them here.
+        ``context``: the process's, handed to a cache or policy whose constructor takes ``ctx``
+        (None: a scheduler's, without options)."""
         self.config = config
         self.parallel = parallel or ParallelContext()
         self.plugins = plugins or Plugins.load()
+        if context is None:
+            context = ProcessContext(
+                role="scheduler",
+                tp_rank=self.parallel.tp_rank,
+                tp_size=self.parallel.tp_size,
+                _plugins=self.plugins,
+            )
         torch.manual_seed(config.seed)
         # Resolve every selected plugin before the (slow) model load, so a bad choice fails fast.
         cache_cls = self.plugins.resolve("caches", config.cache)
@@ -101,8 +111,8 @@ class Engine:
             tokenizer = source_tokenizer(self.runner.source)
         self.tokenizer = tokenizer
         try:
-            cache = cache_cls(page_size=config.page_size)
-            policy = policy_cls()
+            cache = build(cache_cls, context, page_size=config.page_size)
+            policy = build(policy_cls, context)
         except Exception as exc:  # (a constructor that raises: named too)
             self._raise_named(exc)
         device = self.runner.device

@@ -156,6 +156,14 @@ def load_plugins(disable: Iterable[str]) -> Plugins:
     return Plugins.load(disable=disable, deprecation_warnings=False)
 
 
+def process_context(spec: ChildSpec, plugins: Plugins) -> ProcessContext:
+    """The context of the process ``spec`` starts, as its plugins see it (``minisgl_process_start``,
+    a component's ``ctx``)."""
+    return ProcessContext(
+        role=spec.role, tp_rank=spec.rank, tp_size=spec.tp_size, options=spec.options, _plugins=plugins
+    )
+
+
 def run_child(spec: ChildSpec, main: ChildMain) -> None:
     """The spawn target of every child: set-up, ``main(spec, plugins, zmq_context, report_ready)``,
     reporting. Sockets the main function opens on the context are closed here, lingering so the
@@ -190,13 +198,11 @@ def run_child(spec: ChildSpec, main: ChildMain) -> None:
         gc.freeze()
         send(control, ProcessReady(spec.role, spec.rank, info))
 
-    process_ctx = ProcessContext(
-        role=spec.role, tp_rank=spec.rank, tp_size=spec.tp_size, options=spec.options
-    )
     plugins: Plugins | None = None
     code = 0
     try:
         plugins = load_plugins(spec.disable_plugins)
+        process_ctx = process_context(spec, plugins)
         plugins.check_fingerprint(spec.fingerprint, f"the {spec.name} process", spec.plugin_state)
         plugins.call_hook("minisgl_process_start", ctx=process_ctx)
         main(spec, plugins, ctx, report_ready)

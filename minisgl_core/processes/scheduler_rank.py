@@ -57,7 +57,7 @@ from minisgl_core.messages import (
     encode,
 )
 from minisgl_core.plugins import Plugins
-from minisgl_core.processes.child import ChildSpec, ReportReady
+from minisgl_core.processes.child import ChildSpec, ReportReady, process_context
 from minisgl_core.processes.ipc import bind_pull, connect_push, drain, recv, send
 from minisgl_core.sampling import StepOutput, TokenLogprob
 from minisgl_core.scheduler.scheduler import ScheduledBatch
@@ -491,7 +491,13 @@ def scheduler_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_r
         check_ranks_agree(tp, rank_settings(config, plugins))
     # Rank 0 binds its inbox before loading the model, so early requests simply queue.
     inbox = bind_pull(ctx, spec.endpoints.scheduler) if spec.rank == 0 else None
-    engine = Engine(config, tp.parallel, plugins, sampling_defaults=spec.payload["sampling_defaults"])
+    engine = Engine(
+        config,
+        tp.parallel,
+        plugins,
+        sampling_defaults=spec.payload["sampling_defaults"],
+        context=process_context(spec, plugins),
+    )
     tp.barrier()  # rank 0's ready then means every rank is ready
     report_ready(
         {

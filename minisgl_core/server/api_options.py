@@ -8,7 +8,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from minisgl_core.api import ReasoningParser, ToolParser
+from minisgl_core.api import ProcessContext, ReasoningParser, ToolParser
 from minisgl_core.server.responses_store import DEFAULT_STORE_SIZE
 
 
@@ -34,6 +34,9 @@ class ApiOptions:
     #: ``--speculative-algorithm`` is set: a chat request's ``prediction`` has a drafter to feed
     #: (without one it is a 400, not ignored)
     speculative_decoding: bool = False
+    #: the API process's context, which a parser whose constructor takes ``ctx`` is built with
+    #: (set once the process started: :func:`~minisgl_core.server.launcher.serve`)
+    context: ProcessContext | None = None
 
     def try_parsers(self) -> None:
         """Build each selected parser once, as a chat request does (a tool parser offered one
@@ -42,12 +45,13 @@ class ApiOptions:
         request with a 500 while the server looked healthy. Called after the API process's
         ``minisgl_process_start``, where a parser reading its plugin's options finds them."""
         from minisgl_core.engine.plugin_failures import PluginFailure
+        from minisgl_core.plugins import build
 
         for cls, call in ((self.tool_parser, (PROBE_TOOLS,)), (self.reasoning_parser, ())):
             if cls is None:
                 continue
             try:
-                cls(*call)
+                build(cls, self.context, *call)
             except Exception as exc:
                 label = self.parser_labels.get(cls, cls.__qualname__)
                 what = f"{label} failed in {cls.__qualname__}.__init__"

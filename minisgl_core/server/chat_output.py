@@ -29,6 +29,8 @@ from minisgl_core.api import (
     ToolParseResult,
     ToolStreamDelta,
 )
+from minisgl_core.api.process import ProcessContext
+from minisgl_core.plugins import build
 from minisgl_core.server.errors import APIError
 from minisgl_core.server.tools import ToolPlan
 
@@ -152,8 +154,10 @@ class ChoiceOutput:
         reasoning_opened: bool = False,
         grammar_answer: bool = False,
         hidden_special: Sequence[str] = (),
+        context: ProcessContext | None = None,
     ) -> None:
         """``labels``: how errors name each parser class (:attr:`ApiOptions.parser_labels`);
+        ``context``: the process's, for a parser whose constructor takes ``ctx``;
         ``hidden_special``: texts of special tokens to take out of the content and reasoning the
         parsers give (:class:`SpecialTextFilter`; a request that skips special tokens, detokenized
         with them kept for a tool parser that ``reads_special_tokens``);
@@ -170,7 +174,9 @@ class ChoiceOutput:
         self.reasoning_opened = reasoning_opened
         self._reasoning_cls = reasoning_parser
         self.reasoning = (
-            self._call("reasoning", reasoning_parser, reasoning_parser) if reasoning_parser else None
+            self._call("reasoning", reasoning_parser, build, reasoning_parser, context)
+            if reasoning_parser
+            else None
         )
         if reasoning_opened and isinstance(self.reasoning, TagReasoningParser):
             self._reasoning(self.reasoning.feed, self.reasoning.start_tag)  # (nothing to send yet)
@@ -184,11 +190,16 @@ class ChoiceOutput:
         #: grammar applied from the first token and the whole output is the answer, whatever the
         #: parser reads (deepseek_r1's reads an output without <think> as reasoning)
         self._unreasoned = False
-        self.tools = self._call("tool call", plan.parser, plan.parser, plan.tools) if plan.parser else None
+        self.tools = (
+            self._call("tool call", plan.parser, build, plan.parser, context, plan.tools)
+            if plan.parser
+            else None
+        )
         self.single_call = plan.single_call
         self.made_calls = False
         self._tool_parser = plan.parser
         self._tool_list = plan.tools
+        self._context = context
         #: streaming: the text given to the tool parser, read again whole at the end (a call cut
         #: off part-way by a stop string is sent with its arguments so far, but only whole calls
         #: make the finish reason "tool_calls", as in :meth:`message`)
@@ -269,7 +280,9 @@ class ChoiceOutput:
             return reason
         if self._streamed and self._tool_parser is not None:  # once, at the end of a stream
             text, self._streamed = "".join(self._streamed), []
-            parsed = self._tool(self._tool(self._tool_parser, self._tool_list).parse, text)
+            parsed = self._tool(
+                self._tool(build, self._tool_parser, self._context, self._tool_list).parse, text
+            )
             self.made_calls = _all_whole(self._kept(parsed.tool_calls))
         return "tool_calls" if self.made_calls else reason
 

@@ -11,6 +11,7 @@ command line to say as its own refusals (exit code 2).
 from __future__ import annotations
 
 import _thread
+import dataclasses
 import logging
 import signal
 import threading
@@ -67,8 +68,12 @@ def _ignore_signals() -> None:
 def serve(opts: ServeOptions, plugins: Plugins, foreground: Foreground | None = None) -> int:
     """Run a server node until a signal, a failed child, or ``foreground`` returning; the exit code."""
     config = opts.runtime.config
-    process_ctx = ProcessContext(role="api", tp_size=config.tp_size, options=dict(opts.runtime.options or {}))
+    process_ctx = ProcessContext(
+        role="api", tp_size=config.tp_size, options=dict(opts.runtime.options or {}), _plugins=plugins
+    )
     plugins.call_hook("minisgl_process_start", ctx=process_ctx)
+    # (the parsers a chat request builds take it as ctx, when they take one)
+    opts = dataclasses.replace(opts, api=dataclasses.replace(opts.api, context=process_ctx))
     opts.api.try_parsers()  # (before the workers start: a broken parser stops the start at once)
     runtime = Runtime(opts.runtime)
 

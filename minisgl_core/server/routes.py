@@ -132,7 +132,7 @@ async def admit_chat(
     rename = {"max_tokens": body.max_tokens_field, "logprobs": "top_logprobs", "grammar": grammar_field}
     with fields_named({"max_tokens": body.max_tokens_field}):
         params = sampling_params(fields, rename, state.model)
-    ChoiceOutput(plan, options.reasoning_parser, options.parser_labels)
+    ChoiceOutput(plan, options.reasoning_parser, options.parser_labels, context=options.context)
     group = RequestGroup(state)
     group.set_timeout(body.timeout)
     group.set_priority(body.priority)
@@ -163,6 +163,7 @@ async def admit_chat(
             admission.reasoning_opened,
             admission.grammar_answer,
             hidden_special,
+            context=options.context,
         )
 
     return ChatAdmitted(group, params, new_output)
