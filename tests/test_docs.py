@@ -208,6 +208,7 @@ FOREIGN_FLAGS = {
     "--target": "pip install's",
     "--sweep": "tools/device_fp8_check.py's",
     "--example-max-wait": "the option plugins.md's example plugin adds",
+    "--aging-max-wait": "the option of plugins.md's example of a policy built with ctx (API 2.9)",
     "--file-durations": "pytest's, added by the tree's conftest.py (make test, CI)",
 }
 

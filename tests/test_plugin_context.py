@@ -280,3 +280,33 @@ def test_a_hook_newer_than_the_declared_api_makes_the_plugin_incompatible(instal
         r'declares MINISGL_API = "2.0" but implements minisgl_process_stop .*MINISGL_API = "2.5"',
         str(selected.value),
     ), selected.value
+
+
+def test_the_conformance_kits_build_a_component_that_takes_ctx(install_plugin_module):
+    """A third party's suites (cache, policy, parser) build its class as the core does: with a
+    context holding the installed plugins' options at their defaults (the kits called ``Cls()``,
+    a TypeError for a class taking ctx)."""
+    import importlib
+
+    from minisgl_plugin_radix.cache import RadixCache
+
+    from minisgl_core.testing import targets
+    from minisgl_core.testing.cache_suite import CacheManagerSuite
+    from minisgl_core.testing.policy_suite import SchedulingPolicySuite
+
+    install_plugin_module("minisgl_t29wrap", "minisgl-t29wrap", WRAPPER)
+    targets.suite_context.cache_clear()  # (another test's plugins may be cached: this one's are these)
+    wrapper = importlib.import_module("minisgl_t29wrap")
+
+    class TestAging(SchedulingPolicySuite):
+        policy_cls = wrapper.AgingPolicy
+
+    class TestCounting(CacheManagerSuite):
+        cache_cls = wrapper.CountingCache
+
+    try:
+        assert TestAging().make_policy().max_wait == 32  # the option's default
+        cache = TestCounting().make_cache(page_size=1)
+        assert type(cache.inner) is RadixCache and cache.role == "scheduler"
+    finally:
+        targets.suite_context.cache_clear()

@@ -69,7 +69,9 @@ def minisgl_register_caches(register: Register) -> None:
 def minisgl_register_policies(register: Register) -> None:
     """Register scheduling policies by the name users pass to ``--policy``.
 
-    The class must subclass :class:`minisgl_core.api.SchedulingPolicy`.
+    The class must subclass :class:`minisgl_core.api.SchedulingPolicy`; it is built with no
+    arguments, or with ``ctx=`` the process's :class:`ProcessContext` when its constructor takes
+    ``ctx`` (API 2.9; so do caches and parsers).
 
     Runs once per process at plugin load, in every process.
 
@@ -113,8 +115,9 @@ def minisgl_register_reasoning_parsers(register: Register) -> None:
     """Register reasoning parsers by the name users pass to ``--reasoning-parser``.
 
     ``register("qwen3", "minisgl_plugin_qwen3_reasoning.parser:Qwen3ReasoningParser")``. The class
-    must subclass :class:`minisgl_core.api.ReasoningParser` and take no constructor arguments; the
-    API server makes one per choice of every chat request.
+    must subclass :class:`minisgl_core.api.ReasoningParser` and take no constructor arguments (or
+    only ``ctx``, the process's :class:`ProcessContext`, since API 2.9); the API server makes one
+    per choice of every chat request.
 
     Runs once per process at plugin load, in every process.
 
@@ -172,7 +175,8 @@ def minisgl_process_start(ctx: ProcessContext) -> None:
     ``ctx.role`` is ``"api"``, ``"tokenizer"``, ``"detokenizer"``, ``"scheduler"``, or ``"offline"``
     in a program using the in-process ``LLM`` (its constructor calls this hook, ``LLM.close()`` the
     stop hook); scheduler processes also carry ``ctx.tp_rank``. Use it for per-process set-up (logging,
-    warming a JIT cache). An exception here stops the process with an error naming the plugin.
+    warming a JIT cache); ``ctx.resolve(kind, name)`` (API 2.9) gives another plugin's class. An
+    exception here stops the process with an error naming the plugin.
 
     .. versionadded:: 1.0
     """

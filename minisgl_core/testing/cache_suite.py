@@ -33,7 +33,7 @@ from hypothesis.stateful import (
 )
 
 from minisgl_core.api import CacheManager, PrefixMatch
-from minisgl_core.testing.targets import resolve
+from minisgl_core.testing.targets import build, resolve
 
 PREFIX_REUSE = "prefix_reuse"
 #: a small alphabet, so random prompts share prefixes often
@@ -281,7 +281,7 @@ class CacheManagerSuite:
         return resolve("caches", cls.cache_cls)
 
     def make_cache(self, page_size: int) -> CacheManager:
-        return self.cache_class()(page_size=page_size)
+        return build(self.cache_class(), page_size=page_size)
 
     def require(self, capability: str) -> None:
         if capability not in self.cache_class().capabilities:

@@ -360,6 +360,11 @@ class PluginPackagingSuite:
         ]
         if not hooks:
             pytest.skip("the plugin implements no process hooks")
+        from minisgl_core.testing.targets import suite_context
+
+        # (as a process gives it: the plugins' options at their defaults, resolve that works)
+        scheduler = suite_context()
         for role in ("offline", "scheduler"):
+            ctx = ProcessContext(role=role, options=scheduler.options, _plugins=scheduler._plugins)
             for hook in hooks:
-                hook(ctx=ProcessContext(role=role))
+                hook(ctx=ctx)

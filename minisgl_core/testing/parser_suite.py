@@ -34,7 +34,7 @@ from minisgl_core.api import (
     ToolParser,
     merge_tool_deltas,
 )
-from minisgl_core.testing.targets import resolve
+from minisgl_core.testing.targets import build, resolve
 
 #: a function offered by every request the suite makes (the samples' calls name it, or set ``tools``)
 WEATHER_TOOLS = [
@@ -90,7 +90,7 @@ class ToolParserSuite:
         return self.parser_class()
 
     def make_parser(self) -> ToolParser:
-        return self._resolved(self.tools)
+        return build(self._resolved, self.tools)
 
     def stream(self, text: str, cuts: list[int]) -> tuple[str, list[ToolCall], list[ToolCallDelta]]:
         """``text`` fed in pieces ending at ``cuts``, then ``finish``: (content, merged calls, deltas)."""
@@ -212,7 +212,7 @@ class ReasoningParserSuite:
         return self.parser_class()
 
     def make_parser(self) -> ReasoningParser:
-        return self._resolved()
+        return build(self._resolved)
 
     def stream(self, text: str, cuts: list[int]) -> tuple[str, str]:
         parser = self.make_parser()

@@ -25,7 +25,7 @@ import pytest
 
 from minisgl_core.api import CacheManager, SchedulingPolicy
 from minisgl_core.testing.policy_sim import Simulation
-from minisgl_core.testing.targets import resolve  # (also imported from here by name: kept)
+from minisgl_core.testing.targets import build, resolve  # (resolve also imported from here by name: kept)
 
 KNOWN_CAPABILITIES = frozenset({"chunked_prefill", "bounded_starvation"})
 
@@ -70,7 +70,7 @@ class SchedulingPolicySuite:
     # --- hooks a subclass may override ---
 
     def make_policy(self) -> SchedulingPolicy:
-        return self.policy_class()()
+        return build(self.policy_class())
 
     def make_cache(self) -> CacheManager:
         from minisgl_core.plugins import PluginError

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+from typing import Any
 
 
 def resolve(kind: str, target: type | str) -> type:
@@ -25,3 +26,24 @@ def registered(kind: str, name: str) -> type:
     from minisgl_core.plugins import Plugins
 
     return Plugins.load().resolve(kind, name)
+
+
+def build(cls: type, *args: Any, **kwargs: Any) -> Any:
+    """``cls(*args, **kwargs)`` as the core builds it: with ``ctx=`` a scheduler's context when
+    its constructor takes ``ctx`` (API 2.9), whose ``options`` hold every installed plugin's
+    options at their defaults and whose ``resolve`` looks in the installed plugins."""
+    from minisgl_core import plugins
+
+    if not plugins.takes_context(cls):
+        return cls(*args, **kwargs)
+    return plugins.build(cls, suite_context(), *args, **kwargs)
+
+
+@functools.cache
+def suite_context() -> Any:
+    """The ProcessContext the suites build a component with (a scheduler's, as offline)."""
+    from minisgl_core.api import ProcessContext
+    from minisgl_core.plugins import Plugins
+
+    loaded = Plugins.load()
+    return ProcessContext(role="scheduler", options=loaded.option_defaults(), _plugins=loaded)
