@@ -310,3 +310,54 @@ def test_the_conformance_kits_build_a_component_that_takes_ctx(install_plugin_mo
         assert type(cache.inner) is RadixCache and cache.role == "scheduler"
     finally:
         targets.suite_context.cache_clear()
+
+
+SERVED_POLICY = """
+from minisgl_core.api import SchedulingPolicy, hookimpl
+
+MINISGL_API = "2.9"
+
+
+class Tagged(SchedulingPolicy):
+    def __init__(self, ctx):
+        # (raises to say what ctx brought: the scheduler's start stops, naming it)
+        raise RuntimeError(f"built with tag {ctx.options['t29s_tag']} in {ctx.role} rank {ctx.tp_rank}")
+
+    def schedule(self, state):
+        return None
+
+
+@hookimpl
+def minisgl_add_cli_options(parser):
+    parser.add_argument("--t29s-tag", default="unset")
+
+
+@hookimpl
+def minisgl_register_policies(register):
+    register("t29s", "minisgl_t29s:Tagged")
+"""
+
+
+def test_a_policy_gets_its_option_through_ctx_in_the_scheduler_process(tmp_path, install_plugin_module):
+    """(b) under ``serve``: the scheduler process builds the policy with its own context (role,
+    rank, the plugin's flag), not only the offline LLM."""
+    from minisgl_core.testing.cli_runner import run_cli
+
+    install_plugin_module("minisgl_t29s", "minisgl-t29s", SERVED_POLICY)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    args = [
+        "serve",
+        "--model",
+        "demo",
+        "--port",
+        "0",
+        "--device",
+        "cpu",
+        "--policy",
+        "t29s",
+        "--t29s-tag",
+        "blue",
+    ]
+    proc = run_cli(args, env=env, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert "RuntimeError: built with tag blue in scheduler rank 0" in proc.stderr, proc.stderr
