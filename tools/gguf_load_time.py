@@ -1,7 +1,7 @@
 """Seconds to dequantize GGUF weights on the CPU: a model's whole ``GGUFFormat.weights(dtype)``
 (the default model unless a path is given), or with ``--synthetic TYPE`` one large tensor of that
 block type (random blocks, written to a temporary GGUF file; 4096 x 14336, an 8B model's MLP
-matrix, unless ``--shape``) through ``_dequantize`` (``--numpy``: through gguf's NumPy
+matrix, unless ``--shape``) through ``dequantize_tensor`` (``--numpy``: through gguf's NumPy
 ``dequantize``, the baseline); each with the GB/s of the file's bytes. The bounds beside it:
 reading those bytes from the (cached) file, and copying the float32 result once. Types: Q8_0,
 Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K.
@@ -55,7 +55,8 @@ _FLOAT16_SCALES = {
 
 def _synthetic(type_name: str, shape: tuple[int, int], dtype: torch.dtype, repeat: int, numpy: bool) -> None:
     import gguf
-    from minisgl_plugin_gguf.format import _BLOCK_FORMATS, _dequantize, _quant_sizes
+    from minisgl_plugin_gguf.dequantize import _BLOCK_FORMATS, dequantize_tensor
+    from minisgl_plugin_gguf.format import _quant_sizes
     from minisgl_plugin_gguf.header import read_header
 
     if numpy:  # the baseline: the path of the types not dequantized in PyTorch
@@ -81,7 +82,9 @@ def _synthetic(type_name: str, shape: tuple[int, int], dtype: torch.dtype, repea
         print(f"{type_name} {rows}x{cols}: {tensor.n_bytes / 1e6:.0f} MB in the file", flush=True)
         for i in range(repeat):
             _timed(
-                f"_dequantize({dtype}) #{i + 1}", tensor.n_bytes, lambda: _dequantize(header, tensor, dtype)
+                f"dequantize_tensor({dtype}) #{i + 1}",
+                tensor.n_bytes,
+                lambda: dequantize_tensor(header, tensor, dtype),
             )
         _timed("read the file", tensor.n_bytes, lambda: file.read_bytes())
     result = torch.empty(rows, cols)

@@ -50,6 +50,7 @@ from minisgl_core.tokenizer.chat_input import (
 )
 from minisgl_core.tokenizer.detokenize import IncrementalDetokenizer, raw_token_bytes
 from minisgl_core.tokenizer.load import (
+    import_transformers_without_torch,
     load_tokenizer,
     longest_token_chars,
     render_chat_template,
@@ -292,8 +293,15 @@ def ends_with_tag(tokenizer: Any, ids: list[int], tag_id: int) -> bool:
     return not tokenizer.decode(after, skip_special_tokens=False).strip()
 
 
+def load_worker_tokenizer(spec: ChildSpec, plugins: Plugins) -> Any:
+    """The model's tokenizer, as the tokenizer and detokenizer processes load it: without torch,
+    which neither needs (only the scheduler ranks run the model)."""
+    import_transformers_without_torch()
+    return load_tokenizer(spec.payload["model"], plugins, spec.payload.get("chat_template"))
+
+
 def tokenizer_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_ready: ReportReady) -> None:
-    tokenizer = load_tokenizer(spec.payload["model"], plugins, spec.payload.get("chat_template"))
+    tokenizer = load_worker_tokenizer(spec, plugins)
     inbox = bind_pull(ctx, spec.endpoints.tokenizer)
     to_scheduler = connect_push(ctx, spec.endpoints.scheduler)
     to_api = connect_push(ctx, spec.endpoints.api)
@@ -444,7 +452,7 @@ class Detokenizer:
 
 
 def detokenizer_main(spec: ChildSpec, plugins: Plugins, ctx: zmq.Context, report_ready: ReportReady) -> None:
-    detok = Detokenizer(load_tokenizer(spec.payload["model"], plugins))
+    detok = Detokenizer(load_worker_tokenizer(spec, plugins))
     inbox = bind_pull(ctx, spec.endpoints.detokenizer)
     to_api = connect_push(ctx, spec.endpoints.api)
     report_ready({})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,7 @@ from minisgl_core.checkpoint.formats import load_tokenizer_dir  # noqa: E402 (af
 
 __all__ = [
     "apply_chat_template",
+    "import_transformers_without_torch",
     "load_tokenizer",
     "load_tokenizer_dir",
     "longest_token_chars",
@@ -33,6 +35,31 @@ def load_tokenizer(
     if chat_template is not None:
         tokenizer.chat_template = chat_template
     return tokenizer
+
+
+def import_transformers_without_torch() -> None:
+    """Import transformers as if torch were not installed, for a process that only tokenizes (the
+    server's tokenizer and detokenizer). transformers imports torch whenever it is installed
+    (``is_torch_available()``, decided once a process, at its import): 2-4 CPU-seconds and 300 MB
+    a process, for tokenizers that never touch it. Hidden while transformers decides, torch stays
+    importable after (a plugin may still import it); transformers, in this process, runs as in an
+    install without torch: its tokenizers, chat templates and configs are the same, its models
+    are unavailable. Does nothing where either is imported already (the decision is made)."""
+    if "transformers" in sys.modules or "torch" in sys.modules:
+        return
+    advice = os.environ.get("TRANSFORMERS_NO_ADVISORY_WARNINGS")
+    # (a None entry makes importlib.util.find_spec("torch") None, and `import torch` fail)
+    sys.modules["torch"] = None  # type: ignore[assignment]
+    # its "PyTorch was not found. Models won't be available" is this function's purpose, not news
+    os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"
+    try:
+        import transformers  # noqa: F401 (decides is_torch_available() once)
+    finally:
+        del sys.modules["torch"]
+        if advice is None:
+            os.environ.pop("TRANSFORMERS_NO_ADVISORY_WARNINGS", None)
+        else:
+            os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = advice
 
 
 def apply_chat_template(tokenizer: Any, messages: list[dict[str, Any]], **kwargs: Any) -> list[int]:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # (names are read where torch is not: the tokenizer processes open the file)
+    import torch
 
 _GLOBAL = {
     "token_embd.weight": "model.embed_tokens.weight",

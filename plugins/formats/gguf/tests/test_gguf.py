@@ -8,8 +8,10 @@ Our model loaded through :class:`GGUFFormat` must give transformers' logits for 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -250,7 +252,7 @@ def test_a_q4_k_m_style_file_of_mixed_types_matches_transformers(make_tiny_model
 
 def _mapped(raw: np.ndarray, qtype: str, dims: tuple[int, ...]):
     """A header and tensor info for ``raw`` bytes of ``qtype`` (ggml ``dims``), read-only as the
-    file's map is: what :func:`~minisgl_plugin_gguf.format._dequantize` reads."""
+    file's map is: what :func:`~minisgl_plugin_gguf.dequantize.dequantize_tensor` reads."""
     import gguf
     from minisgl_plugin_gguf.header import TensorInfo
 
@@ -292,11 +294,11 @@ def test_block_formats_dequantize_bitwise_as_gguf_does(qtype, dtype, threaded, m
     bit, NaN payloads included; bfloat16 and float16 as that float32 cast. Chunks of 32,000
     weights, so a tensor is several and a part; on one thread (a busy CPU) and on PyTorch's."""
     import gguf
-    import minisgl_plugin_gguf.format as gguf_format
+    import minisgl_plugin_gguf.dequantize as gguf_dequantize
 
-    monkeypatch.setattr(gguf_format, "_CHUNK_WEIGHTS", 32000)
-    monkeypatch.setattr(gguf_format, "free_cores", lambda: 64 if threaded else 1)
-    assert qtype in gguf_format._BLOCK_FORMATS
+    monkeypatch.setattr(gguf_dequantize, "_CHUNK_WEIGHTS", 32000)
+    monkeypatch.setattr(gguf_dequantize, "free_cores", lambda: 64 if threaded else 1)
+    assert qtype in gguf_dequantize._BLOCK_FORMATS
     quant = gguf.GGMLQuantizationType[qtype]
     block, type_size = gguf.GGML_QUANT_SIZES[quant]
     raw = np.random.default_rng(3).integers(0, 256, size=(96, 64 * type_size), dtype=np.uint8)
@@ -316,7 +318,7 @@ def test_block_formats_dequantize_bitwise_as_gguf_does(qtype, dtype, threaded, m
     assert want.shape == (96, 64 * block) and len(blocks) * block > 6 * 32000
     assert len(blocks) % (32000 // block)  # (a part of a chunk at the end)
     assert np.isnan(want).any() and np.isinf(want).any()
-    ours = gguf_format._dequantize(*_mapped(raw, qtype, (64 * block, 96)), dtype)
+    ours = gguf_dequantize.dequantize_tensor(*_mapped(raw, qtype, (64 * block, 96)), dtype)
     assert ours.dtype == dtype and ours.shape == want.shape
     bits = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}[dtype]
     assert torch.equal(ours.view(bits), torch.from_numpy(want).to(dtype).view(bits))
@@ -328,19 +330,19 @@ def test_one_block_alone_or_ending_a_tensor_dequantizes_as_gguf_does(qtype, monk
     offset, and Q4_0's and Q3_K's packed bytes (at byte 2, in rows of 110 bytes) failed to view as
     int32 words (RuntimeError: storage_offset / stride must be divisible by 4)."""
     import gguf
-    import minisgl_plugin_gguf.format as gguf_format
+    import minisgl_plugin_gguf.dequantize as gguf_dequantize
 
     quant = gguf.GGMLQuantizationType[qtype]
     block, type_size = gguf.GGML_QUANT_SIZES[quant]
     for blocks, chunk in ((1, None), (5, 2 * block), (7, 3 * block)):  # (one block alone, then last)
         if chunk is not None:
-            monkeypatch.setattr(gguf_format, "_CHUNK_WEIGHTS", chunk)
+            monkeypatch.setattr(gguf_dequantize, "_CHUNK_WEIGHTS", chunk)
         raw = np.random.default_rng(blocks).integers(0, 256, size=(1, blocks * type_size), dtype=np.uint8)
         for at in _SCALE_BYTES[qtype]:  # (finite float16 scales: the test above plants the rest)
             if at is not None:
                 raw.reshape(-1, type_size)[:, at + 1] &= 0x3B
         want = np.asarray(gguf.quants.dequantize(raw, quant), dtype=np.float32)
-        ours = gguf_format._dequantize(*_mapped(raw, qtype, (blocks * block, 1)), torch.float32)
+        ours = gguf_dequantize.dequantize_tensor(*_mapped(raw, qtype, (blocks * block, 1)), torch.float32)
         assert torch.equal(ours.view(torch.int32), torch.from_numpy(want).view(torch.int32)), (qtype, blocks)
 
 
@@ -349,13 +351,13 @@ def test_dequantizing_takes_the_free_cores_only_and_restores_the_setting(monkeyp
     a busy 2-core CPU two threads made the default model load in seconds: each short step waited
     for a thread off its core); afterwards, and after an error inside, the process has its own
     count again (CPU inference runs on it)."""
-    import minisgl_plugin_gguf.format as gguf_format
+    import minisgl_plugin_gguf.dequantize as gguf_dequantize
 
-    monkeypatch.setattr(gguf_format, "_CHUNK_WEIGHTS", 32000)
+    monkeypatch.setattr(gguf_dequantize, "_CHUNK_WEIGHTS", 32000)
     seen = []
-    chunk = gguf_format._dequantize_chunk
+    chunk = gguf_dequantize._dequantize_chunk
     monkeypatch.setattr(
-        gguf_format, "_dequantize_chunk", lambda *a: seen.append(torch.get_num_threads()) or chunk(*a)
+        gguf_dequantize, "_dequantize_chunk", lambda *a: seen.append(torch.get_num_threads()) or chunk(*a)
     )
     raw = np.random.default_rng(4).integers(0, 256, size=(16, 64 * 18), dtype=np.uint8)  # Q4_0: 18 bytes
     mapped = _mapped(raw, "Q4_0", (64 * 32, 16))  # 1,024 blocks: two chunks
@@ -364,31 +366,31 @@ def test_dequantizing_takes_the_free_cores_only_and_restores_the_setting(monkeyp
     try:
         for free, threads in ((1, 1), (2, 2), (64, 2)):
             seen.clear()
-            monkeypatch.setattr(gguf_format, "free_cores", lambda free=free: free)
-            gguf_format._dequantize(*mapped, torch.bfloat16)
+            monkeypatch.setattr(gguf_dequantize, "free_cores", lambda free=free: free)
+            gguf_dequantize.dequantize_tensor(*mapped, torch.bfloat16)
             assert seen == [threads, threads] and torch.get_num_threads() == 2, (free, seen)
-        monkeypatch.setattr(gguf_format, "free_cores", lambda: 1)
-        monkeypatch.setattr(gguf_format, "_dequantize_chunk", lambda *a: 1 / 0)
+        monkeypatch.setattr(gguf_dequantize, "free_cores", lambda: 1)
+        monkeypatch.setattr(gguf_dequantize, "_dequantize_chunk", lambda *a: 1 / 0)
         with pytest.raises(ZeroDivisionError):
-            gguf_format._dequantize(*mapped, torch.bfloat16)
+            gguf_dequantize.dequantize_tensor(*mapped, torch.bfloat16)
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
 
 
 def test_free_cores_are_the_cores_less_the_load(monkeypatch):
-    import minisgl_plugin_gguf.format as gguf_format
+    import minisgl_plugin_gguf.dequantize as gguf_dequantize
 
-    monkeypatch.setattr(gguf_format.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    monkeypatch.setattr(gguf_dequantize.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
     for load, free in ((0.2, 4), (1.6, 2), (3.4, 1), (9.0, 1)):
-        monkeypatch.setattr(gguf_format.os, "getloadavg", lambda load=load: (load, 0.0, 0.0))
-        assert gguf_format.free_cores() == free, load
+        monkeypatch.setattr(gguf_dequantize.os, "getloadavg", lambda load=load: (load, 0.0, 0.0))
+        assert gguf_dequantize.free_cores() == free, load
 
     def no_load():
         raise OSError("no load average")
 
-    monkeypatch.setattr(gguf_format.os, "getloadavg", no_load)
-    assert gguf_format.free_cores() == 4
+    monkeypatch.setattr(gguf_dequantize.os, "getloadavg", no_load)
+    assert gguf_dequantize.free_cores() == 4
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -399,7 +401,7 @@ def test_float_tensors_load_as_gguf_dequantizes_them(qtype, dtype):
     for bit but NaN payloads (PyTorch quiets a signalling NaN, NumPy keeps it; the loader refuses
     a NaN weight anyway)."""
     import gguf
-    from minisgl_plugin_gguf.format import _dequantize
+    from minisgl_plugin_gguf.dequantize import dequantize_tensor
 
     if qtype == "F32":
         raw = np.random.default_rng(4).integers(0, 256, size=(64, 4096), dtype=np.uint8)
@@ -407,7 +409,7 @@ def test_float_tensors_load_as_gguf_dequantizes_them(qtype, dtype):
         raw = np.arange(1 << 16, dtype=np.uint16).view(np.uint8).reshape(64, 2048)
     quant = gguf.GGMLQuantizationType[qtype]
     want = torch.from_numpy(np.asarray(gguf.quants.dequantize(raw, quant), dtype=np.float32)).to(dtype)
-    ours = _dequantize(*_mapped(raw, qtype, (want.shape[1], 64)), dtype)
+    ours = dequantize_tensor(*_mapped(raw, qtype, (want.shape[1], 64)), dtype)
     assert ours.dtype == dtype and ours.shape == want.shape
     bits = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}[dtype]
     numbers = ~want.isnan()
@@ -1224,3 +1226,53 @@ def test_generation_ends_on_the_files_end_of_turn_token(make_tiny_model, tmp_pat
     with LLM(file, device="cpu", attn="torch", num_kv_tokens=1024) as llm:
         out = llm.generate([prompt], stopping)[0]
     assert out.token_ids == tokens[: tokens.index(second) + 1] and out.finish_reason == "stop"
+
+
+# A tokenizer process's load: transformers without torch (whose GGUF reader then refuses to run).
+_TORCH_LESS_LOAD = r"""
+import json, sys
+from pathlib import Path
+from minisgl_core.tokenizer.load import import_transformers_without_torch
+
+import_transformers_without_torch()
+from minisgl_plugin_gguf.format import GGUFFormat
+try:
+    tokenizer = GGUFFormat(Path(sys.argv[1])).tokenizer()
+except ValueError as exc:
+    print(json.dumps({"error": str(exc), "torch": "torch" in sys.modules}))
+else:
+    print(json.dumps({"ids": tokenizer.encode(sys.argv[2]), "torch": "torch" in sys.modules}))
+"""
+
+
+@pytest.mark.parametrize("damaged", [False, True])
+def test_a_process_without_torch_converts_the_tokenizer_in_the_same_words(
+    make_tiny_model, tmp_path, monkeypatch, damaged
+):
+    """Where transformers runs without torch (the server's tokenizer and detokenizer), the first
+    conversion of a file's tokenizer runs in a child interpreter: the same tokenizer, a damaged
+    vocabulary refused in the same words, and no torch in the process itself."""
+    import gguf
+
+    file = write_gguf(make_tiny_model("LlamaForCausalLM"), tmp_path / "model.gguf")
+    if damaged:
+        reader = gguf.GGUFReader(file, "r+")
+        tokens = reader.fields["tokenizer.ggml.tokens"]
+        tokens.parts[tokens.data[-1]][0] = 0xFF  # the first byte of the last string: never UTF-8
+        del reader
+    text = "hello world, the tokenizer"
+    out = subprocess.run(
+        [sys.executable, "-c", _TORCH_LESS_LOAD, str(file), text],
+        capture_output=True, text=True, timeout=300, check=True,
+        env={**os.environ, "MINISGL_CACHE_DIR": str(tmp_path / "torch-less")},
+    )  # fmt: skip
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path / "here"))
+    if damaged:
+        with pytest.raises(ValueError) as here:
+            GGUFFormat(file).tokenizer()
+        assert "UnicodeDecodeError" in str(here.value)
+        assert result["error"] == str(here.value)
+    else:
+        assert result["ids"] == GGUFFormat(file).tokenizer().encode(text)
+    assert result["torch"] is False
