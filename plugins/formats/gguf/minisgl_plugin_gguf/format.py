@@ -503,14 +503,16 @@ def _convert_tokenizer(file: Path, target: Path, arch: str | None = None) -> Non
     under ``target``; a lock makes concurrent processes convert once, a rename keeps it whole."""
     import fcntl
 
-    import transformers
-    from transformers.utils import logging as hf_logging
-
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / f"{target.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (target / "tokenizer_config.json").is_file():
             return
+        # (imported once the lock says there is work: a child interpreter that waited on another
+        # process's conversion exits without transformers' and torch's seconds of import)
+        import transformers
+        from transformers.utils import logging as hf_logging
+
         verbosity = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()  # its notes on converting the GGUF vocabulary are not ours to show
         try:
