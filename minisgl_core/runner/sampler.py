@@ -507,6 +507,9 @@ class Sampler:
         self._seed = int(torch.randint(0, 2**30, ()).item())
         #: the noise of sample_sharded off the Triton path (made on first use, keyed by rank)
         self._shard_generator: torch.Generator | None = None
+        #: the last batch of rows :meth:`_kinds` was asked about (a tuple: it cannot change), and
+        #: its answer
+        self._kinds_memo: tuple[tuple[SampleRequest, ...], tuple[bool, bool, bool]] | None = None
 
     def warm_up(self, dtype: torch.dtype, shard: tuple[int, int] | None = None) -> None:
         """Compile the fused sampling kernel and the grammar mask now (one and several rows), so
@@ -576,7 +579,7 @@ class Sampler:
         raw = logits
         # (one look a row when no row edits its logits or wants logprobs, as most steps: each of
         # the passes below finds no row of its own then)
-        plain = all(r.plain for r in requests)
+        plain, greedy, truncated = self._kinds(requests)
         if not plain:
             # vLLM's order: the bias is part of the logits the penalties then scale
             logits = apply_logit_bias(logits, requests)
@@ -585,15 +588,32 @@ class Sampler:
             # (the masks and bans come last, with the draw: raw logprobs never see them, as vLLM's)
             logits = apply_allowed_token_ids(logits, requests)
             logits = apply_bans(logits, requests)
-        if all(r.greedy for r in requests):
+        if greedy:
             token_ids = greedy_argmax(logits)
-        elif any(r.params.top_k > 0 or r.params.top_p < 1.0 or r.params.min_p > 0.0 for r in requests):
+        elif truncated:
             token_ids = self._sample_truncated(logits, requests)
         else:
             token_ids = self._sample_race(logits, requests)
         if plain:  # (no row wants logprobs)
             return SampleResult(token_ids, [], None, None, None, [])
         return self._with_logprobs(raw, logits, token_ids, [r.params for r in requests])
+
+    def _kinds(self, requests: Sequence[SampleRequest]) -> tuple[bool, bool, bool]:
+        """Whether every row is plain, every row greedy, and (unless all are greedy) some row
+        truncated (top_k, top_p or min_p): one pass each over the rows, remembered for a tuple of
+        rows (which cannot change), as the engine hands the same one step after step while it
+        samples the same requests (``Engine._sample_requests``)."""
+        memo = self._kinds_memo
+        if memo is not None and memo[0] is requests:
+            return memo[1]
+        plain = all(r.plain for r in requests)
+        greedy = all(r.greedy for r in requests)
+        truncated = not greedy and any(
+            r.params.top_k > 0 or r.params.top_p < 1.0 or r.params.min_p > 0.0 for r in requests
+        )
+        if type(requests) is tuple:
+            self._kinds_memo = (requests, (plain, greedy, truncated))
+        return plain, greedy, truncated
 
     def sample_sharded(
         self, logits: torch.Tensor, requests: Sequence[SampleRequest], shard: tuple[int, int], parallel

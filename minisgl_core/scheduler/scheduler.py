@@ -142,6 +142,12 @@ class Scheduler:
         self.speculate: Callable[[Scheduler, list[Request]], ScheduledBatch | None] | None = None
         self.waiting: dict[int, Request] = {}
         self.running: dict[int, Request] = {}
+        #: of the requests waiting or running, how many have sampling that reads their newest
+        #: outputs on the host (``Request.needs_host_outputs``) and how many a grammar constrains:
+        #: counted as they arrive (:meth:`add`) and leave (:meth:`_gone`), since the engine asks
+        #: every step and a scan of hundreds of requests found none nearly always
+        self.host_output_requests = 0
+        self.grammar_requests = 0
         self._arrivals = 0
         #: the kinds of policy mistakes already logged (each is logged once)
         self._warned: set[str] = set()
@@ -162,12 +168,20 @@ class Scheduler:
         if req.params.seed is not None:
             req.generator = self.make_generator(req.params.seed)
         self.waiting[req.rid] = req
+        self.host_output_requests += req.needs_host_outputs
+        self.grammar_requests += req.params.grammar is not None
+
+    def _gone(self, req: Request) -> None:
+        """``req`` left the queues for good (finished or aborted): its KV and row are released."""
+        self._release(req)
+        self.host_output_requests -= req.needs_host_outputs
+        self.grammar_requests -= req.params.grammar is not None
 
     def abort(self, rid: int) -> StepOutput | None:
         req = self.waiting.pop(rid, None) or self.running.pop(rid, None)
         if req is None:
             return None
-        self._release(req)
+        self._gone(req)
         return StepOutput(rid, -1, True, "abort")
 
     @property
@@ -731,7 +745,7 @@ class Scheduler:
             error = error_param = None
             if reason is not None:
                 del running[req.rid]
-                self._release(req)
+                self._gone(req)
                 if reason == "invalid":
                     error, error_param = req.grammar_error, req.error_param
                 elif reason == "error":
