@@ -41,7 +41,7 @@ def test_steps_of_the_same_requests_share_one_tuple_of_samples(model_dir, overla
     llm = cpu_llm(model_dir, overlap=overlap)
     engine = llm.engine
     greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    drawn = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=6, ignore_eos=True, seed=3)
+    drawn = SamplingParams(temperature=0.8, max_tokens=6, ignore_eos=True, seed=3)
     for rid, params in enumerate([greedy, drawn, greedy]):
         prompt = [1 + rid, 2, 3, 4]
         engine.add_request(rid, prompt, engine.admit(prompt, params))
@@ -49,8 +49,10 @@ def test_steps_of_the_same_requests_share_one_tuple_of_samples(model_dir, overla
         engine.step()
     first, second = launched_samples(engine, 2)
     assert second is first and len(first) == 3
-    # the sampler answers once for the tuple: rows not all greedy, one truncated (top_p)
-    assert engine.sampler._kinds_memo == (first, (True, False, True))
+    # the sampler answers once for the tuple (plain rows, not all greedy, none truncated) and
+    # copies the race's scales once: row 1 draws from its own generator
+    assert engine.sampler._kinds_memo == (first, (True, False, False))
+    assert engine.sampler._race_memo[0] is first and engine.sampler._race_memo[3] == [1]
     while len(engine.scheduler.running) == 3:  # request 1 finishes first: a new tuple, without it
         engine.step()
     [after] = launched_samples(engine, 1)
@@ -75,4 +77,22 @@ def test_a_request_whose_bans_follow_its_output_gets_new_samples_each_step(model
     bans = [bool(s[0].banned) for s in steps]
     # (launched with 1, 2, 3 and 4 tokens out: banned while fewer than min_tokens)
     assert bans == [True, True, True, False], (bans, len(req.output_ids))
+    llm.close()
+
+
+def test_a_seeded_request_draws_alike_alone_and_among_requests_that_come_and_go(model_dir):
+    """Its tokens do not depend on the batch, while requests before it in the batch finish (its
+    row moves: the reused samples and scales must follow) and others join."""
+    llm = cpu_llm(model_dir)
+    seeded = SamplingParams(temperature=0.9, max_tokens=16, ignore_eos=True, seed=11)
+    [alone] = llm.generate([[3, 4, 5]], seeded, use_tqdm=False)
+    prompts = [[7, 8], [9, 10, 11], [3, 4, 5], [12, 13]]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True),
+        SamplingParams(temperature=0.7, max_tokens=7, ignore_eos=True),
+        seeded,
+        SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True),
+    ]
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert outs[2].token_ids == alone.token_ids
     llm.close()

@@ -510,6 +510,8 @@ class Sampler:
         #: the last batch of rows :meth:`_kinds` was asked about (a tuple: it cannot change), and
         #: its answer
         self._kinds_memo: tuple[tuple[SampleRequest, ...], tuple[bool, bool, bool]] | None = None
+        #: the same for :meth:`_race_of`: the rows, their scales on the device and the seeded rows
+        self._race_memo: tuple[tuple[SampleRequest, ...], torch.Tensor, torch.Tensor, list[int]] | None = None
 
     def warm_up(self, dtype: torch.dtype, shard: tuple[int, int] | None = None) -> None:
         """Compile the fused sampling kernel and the grammar mask now (one and several rows), so
@@ -676,14 +678,29 @@ class Sampler:
     def _sample_race(self, logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tensor:
         """Gumbel-max over the whole batch in one pass; greedy rows get no noise, seeded rows are
         redrawn with their own generators."""
-        device = logits.device
-        scale, noise_scale = _race_scales([r.params for r in requests], device)
+        scale, noise_scale, seeded = self._race_of(requests, logits.device)
         token_ids = self._gumbel_argmax(logits, scale, noise_scale)
-        for i, r in enumerate(requests):
-            if r.generator is not None and not r.params.greedy:
-                q = self.seeded_noise(r.generator, logits.shape[-1])
-                token_ids[i] = (logits[i].float() / r.params.temperature - q.log()).argmax()
+        for i in seeded:
+            r = requests[i]
+            q = self.seeded_noise(r.generator, logits.shape[-1])  # type: ignore[arg-type]
+            token_ids[i] = (logits[i].float() / r.params.temperature - q.log()).argmax()
         return token_ids
+
+    def _race_of(
+        self, requests: Sequence[SampleRequest], device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """The rows' scales of a Gumbel-max race on ``device`` (:func:`_race_scales`) and the rows
+        that draw their noise from their own generator, remembered for a tuple of rows as
+        :meth:`_kinds` is: a batch sampled step after step copies its scales to the device once
+        (the read-only tensor stays alive in the memo while the steps in flight read it)."""
+        memo = self._race_memo
+        if memo is not None and memo[0] is requests:
+            return memo[1], memo[2], memo[3]
+        scale, noise_scale = _race_scales([r.params for r in requests], device)
+        seeded = [i for i, r in enumerate(requests) if r.generator is not None and not r.params.greedy]
+        if type(requests) is tuple:
+            self._race_memo = (requests, scale, noise_scale, seeded)
+        return scale, noise_scale, seeded
 
     def seeded_noise(self, generator: torch.Generator, width: int) -> torch.Tensor:
         """A seeded row's Exp(1) noise over ``width`` token ids: its one draw from its request's
