@@ -55,12 +55,12 @@ def running(rid: int, prefix: list[int], seq_len: int) -> tuple[Request, int]:
     req = Request(rid=rid, prompt_ids=[1] * seq_len, params=SamplingParams(), arrival=rid)
     req.prefix_slots = torch.tensor(prefix, dtype=torch.int64)
     req.prefix_len = len(prefix)
+    req.num_computed = seq_len - 1  # (decoding its last token: seq_len tokens in the KV after it)
     return req, seq_len
 
 
 def group(reqs_and_lens: list[tuple[Request, int]], page_size: int = 1):
-    reqs = [r for r, _ in reqs_and_lens]
-    return group_shared_prefixes(reqs, {r.rid: n for r, n in reqs_and_lens}, page_size)
+    return group_shared_prefixes([r for r, _ in reqs_and_lens], page_size)
 
 
 @pytest.fixture

@@ -46,10 +46,12 @@ def _shared_with(req: Request, leader: torch.Tensor) -> int:
 
 
 def group_shared_prefixes(
-    reqs: list[Request], seq_lens: dict[int, int], page_size: int
+    reqs: list[Request], page_size: int
 ) -> tuple[list[Request], list[SharedPrefix] | None]:
     """``reqs`` reordered (groups first, consecutive) and their groups, or ``reqs`` and None when
-    cascade would not pay. ``seq_lens``: rid -> tokens in the KV after this step.
+    cascade would not pay. Each request decodes one token this step: ``num_computed + 1`` tokens
+    are in its KV after it (read only for the requests of a group, and for all of them only when
+    a group saves enough: most steps look at no request's length).
 
     A group's prefix is the common prefix of its members' reused slots, cut to whole pages and
     to less than each member's length, so every member keeps a non-empty suffix of its own."""
@@ -65,7 +67,7 @@ def group_shared_prefixes(
             continue
         leader = members[0].prefix_slots
         length = min(_shared_with(m, leader) for m in members[1:])
-        length = min(length, min(seq_lens[m.rid] for m in members) - 1)
+        length = min(length, min(m.num_computed for m in members))  # (less than each one's length)
         length -= length % page_size
         if length <= 0:
             continue
@@ -74,7 +76,7 @@ def group_shared_prefixes(
         saved += (len(members) - 1) * length
     if saved < MIN_SAVED_TOKENS:  # (most steps: no sum of every request's length then)
         return reqs, None
-    if saved < MIN_SAVED_SHARE * sum(seq_lens[r.rid] for r in reqs):
+    if saved < MIN_SAVED_SHARE * sum(r.num_computed + 1 for r in reqs):
         return reqs, None
     in_groups = {id(r) for r in grouped}
     return grouped + [r for r in reqs if id(r) not in in_groups], groups

@@ -353,9 +353,7 @@ class Scheduler:
             return self._build_prefill(plan)
         shared = None
         if self.cascade and self.cascade_mixed:
-            decodes, shared = group_shared_prefixes(
-                decodes, {r.rid: r.num_computed + 1 for r in decodes}, self.kv.page_size
-            )
+            decodes, shared = group_shared_prefixes(decodes, self.kv.page_size)
         dec_slots = self.kv.decode_slots(decodes)
         if dec_slots is None:  # cannot happen: the retraction left room for every one
             raise RuntimeError("KV pool exhausted with a single request running")
@@ -495,9 +493,7 @@ class Scheduler:
             return verify
         shared = None
         if self.cascade:
-            reqs, shared = group_shared_prefixes(
-                reqs, {r.rid: r.num_computed + 1 for r in reqs}, self.kv.page_size
-            )
+            reqs, shared = group_shared_prefixes(reqs, self.kv.page_size)
         slots = self.kv.decode_slots(reqs)
         if slots is None:  # cannot happen: admission keeps one request within the pool
             raise RuntimeError("KV pool exhausted with a single request running")
