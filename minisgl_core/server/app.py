@@ -12,8 +12,14 @@ from fastapi.responses import JSONResponse
 
 from minisgl_core.server.api_options import ApiOptions, ApiTokenizer
 from minisgl_core.server.body_limit import BodyGate
-from minisgl_core.server.errors import APIError, error_body, install_error_handlers
+from minisgl_core.server.errors import (
+    APIError,
+    install_error_handlers,
+    is_anthropic_path,
+    route_error_body,
+)
 from minisgl_core.server.head_requests import HeadAsGet
+from minisgl_core.server.messages_api import messages_router
 from minisgl_core.server.native_routes import PUBLIC_PATHS, health_router, info_router, native_router
 from minisgl_core.server.openapi import build_schema
 from minisgl_core.server.responses_api import responses_router
@@ -23,6 +29,8 @@ from minisgl_core.server.state import ServerState
 from minisgl_core.server.tokenize_routes import tokenize_router
 
 _NO_KEY = "invalid or missing API key (send 'Authorization: Bearer <key>')"
+#: Anthropic's clients send the key in its own header (/v1/messages takes either)
+_NO_ANTHROPIC_KEY = "invalid or missing API key (send 'x-api-key: <key>' or 'Authorization: Bearer <key>')"
 
 
 def _key_matches(authorization: str, expected: bytes) -> bool:
@@ -31,12 +39,28 @@ def _key_matches(authorization: str, expected: bytes) -> bool:
     return (scheme.lower() == "bearer") & secrets.compare_digest(given.encode(), expected)
 
 
+def _authorized(path: str, authorization: str, x_api_key: str | None, expected: bytes) -> bool:
+    """The key in ``Authorization: Bearer``, or on Anthropic's routes in ``x-api-key``."""
+    if x_api_key is not None and is_anthropic_path(path):
+        return secrets.compare_digest(x_api_key.encode(), expected)
+    return _key_matches(authorization, expected)
+
+
+def _refusal(path: str) -> JSONResponse:
+    message = _NO_ANTHROPIC_KEY if is_anthropic_path(path) else _NO_KEY
+    return JSONResponse(route_error_body(path, 401, message, None, "invalid_api_key"), status_code=401)
+
+
 def require_api_key(api_key: str) -> Callable[[Request], None]:
     expected = api_key.encode()
 
     def check(request: Request) -> None:
-        if not _key_matches(request.headers.get("authorization", ""), expected):
-            raise APIError(401, _NO_KEY, code="invalid_api_key")
+        headers = request.headers
+        if not _authorized(
+            request.url.path, headers.get("authorization", ""), headers.get("x-api-key"), expected
+        ):
+            message = _NO_ANTHROPIC_KEY if is_anthropic_path(request.url.path) else _NO_KEY
+            raise APIError(401, message, code="invalid_api_key")
 
     return check
 
@@ -60,14 +84,15 @@ class ApiKeyGate:
         if scope["type"] != "http" or scope["method"] == "OPTIONS" or scope["path"] in self.public:
             await self.app(scope, receive, send)
             return
-        authorization = dict(scope.get("headers") or ()).get(b"authorization", b"").decode("latin-1")
-        if _key_matches(authorization, self.expected):
+        headers = dict(scope.get("headers") or ())
+        authorization = headers.get(b"authorization", b"").decode("latin-1")
+        x_api_key = headers.get(b"x-api-key")
+        given = x_api_key.decode("latin-1") if x_api_key is not None else None
+        if _authorized(scope["path"], authorization, given, self.expected):
             await self.app(scope, receive, send)
             return
         self.on_refused()
-        await JSONResponse(error_body(401, _NO_KEY, None, "invalid_api_key"), status_code=401)(
-            scope, receive, send
-        )
+        await _refusal(scope["path"])(scope, receive, send)
 
 
 class CountOpenRequests:
@@ -120,6 +145,7 @@ def create_app(
     protected = [Depends(require_api_key(api_key))] if api_key else []
     app.include_router(make_router(state, options, tokenizer), dependencies=protected)
     app.include_router(responses_router(state, options, tokenizer), dependencies=protected)
+    app.include_router(messages_router(state, options, tokenizer), dependencies=protected)
     app.include_router(native_router(state), dependencies=protected)
     app.include_router(info_router(state, info or {}), dependencies=protected)
     app.include_router(sagemaker_router(), dependencies=protected)

@@ -8,7 +8,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from minisgl_core.server.errors import error_body
+from minisgl_core.server.errors import route_error_body
 
 Scope = dict[str, Any]
 
@@ -22,9 +22,9 @@ class BodyGate:
         self.app = app
         self.max_bytes = max_bytes
 
-    def _refuse(self) -> JSONResponse:
+    def _refuse(self, path: str) -> JSONResponse:
         message = f"the request body is larger than this server's limit of {self.max_bytes} bytes"
-        return JSONResponse(error_body(413, message, None, "body_too_large"), status_code=413)
+        return JSONResponse(route_error_body(path, 413, message, None, "body_too_large"), status_code=413)
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -33,12 +33,12 @@ class BodyGate:
         headers = dict(scope.get("headers") or ())
         encoding = headers.get(b"content-encoding", b"").strip().lower()
         if encoding not in (b"", b"identity"):
-            await _refuse_encoding(encoding.decode("latin-1"))(scope, receive, send)
+            await _refuse_encoding(encoding.decode("latin-1"), scope["path"])(scope, receive, send)
             return
         declared = headers.get(b"content-length")
         if declared is not None:
             if declared.isdigit() and int(declared) > self.max_bytes:
-                await self._refuse()(scope, receive, send)
+                await self._refuse(scope["path"])(scope, receive, send)
                 return
             await self.app(scope, receive, send)  # the HTTP server enforces the declared length
             return
@@ -51,7 +51,7 @@ class BodyGate:
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             if size > self.max_bytes:
-                await self._refuse()(scope, receive, send)
+                await self._refuse(scope["path"])(scope, receive, send)
                 return
             if not message.get("more_body", False):
                 break
@@ -67,14 +67,14 @@ class BodyGate:
         await self.app(scope, replay, send)
 
 
-def _refuse_encoding(encoding: str) -> JSONResponse:
+def _refuse_encoding(encoding: str, path: str) -> JSONResponse:
     message = (
         f"compressed request bodies are not supported (Content-Encoding: {encoding[:40]}): "
         "send the body uncompressed, without a Content-Encoding header"
     )
     # RFC 9110 15.5.16: a 415 for a content coding says which codings are accepted
     return JSONResponse(
-        error_body(415, message, None, "unsupported_content_encoding"),
+        route_error_body(path, 415, message, None, "unsupported_content_encoding"),
         status_code=415,
         headers={"Accept-Encoding": "identity"},
     )

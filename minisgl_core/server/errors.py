@@ -1,4 +1,5 @@
-"""Errors of the HTTP API, always returned as OpenAI's body ``{"error": {message, type, param, code}}``."""
+"""Errors of the HTTP API, returned as OpenAI's body ``{"error": {message, type, param, code}}``; on
+Anthropic's /v1/messages routes as its body ``{"type": "error", "error": {type, message}}``."""
 
 from __future__ import annotations
 
@@ -73,6 +74,40 @@ def error_body(
 ) -> dict[str, Any]:
     kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "internal_server_error")
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+#: Anthropic's error types by status (its SDK raises by status: a 400 is BadRequestError)
+ANTHROPIC_ERROR_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
+#: the paths whose errors are Anthropic's shape (``messages_api``): /v1/messages and below
+ANTHROPIC_PATH = "/v1/messages"
+
+
+def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
+    """Anthropic's error body, ``{"type": "error", "error": {"type", "message"}}``."""
+    kind = ANTHROPIC_ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def is_anthropic_path(path: str) -> bool:
+    return path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/")
+
+
+def route_error_body(
+    path: str, status: int, message: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    """The error body in the shape of the API ``path`` belongs to: Anthropic's for /v1/messages
+    (which names the field in the message), OpenAI's for every other route."""
+    if is_anthropic_path(path):
+        return anthropic_error_body(status, message)
+    return error_body(status, message, param, code)
 
 
 def sse_error(message: str, status: int = 500, param: str | None = None, code: str | None = None) -> str:
@@ -200,6 +235,7 @@ def json_kind(value: Any) -> str:
 _UNION_TAGS = frozenset({
     "str", "int", "float", "bool", "TextPart", "RefusalPart", "MessageItem", "FunctionCallItem",
     "FunctionCallOutputItem", "ReasoningItem", "InputText", "Refusal", "FunctionChoice",
+    "TextBlock", "ToolUseBlock", "ToolResultBlock", "ThinkingBlock",
 })  # fmt: skip
 
 
@@ -224,7 +260,8 @@ def install_error_handlers(app: FastAPI, on_error: Callable[[int], None] = lambd
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
         on_error(exc.status)
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+        body = route_error_body(request.url.path, exc.status, exc.message, exc.param, exc.code)
+        return JSONResponse(body, status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -247,15 +284,15 @@ def install_error_handlers(app: FastAPI, on_error: Callable[[int], None] = lambd
                 + (f"not {kind}" if kind else "and the request has no Content-Type"),
             )
         on_error(err.status)
-        return JSONResponse(err.body(), status_code=err.status)
+        body = route_error_body(request.url.path, err.status, err.message, err.param, err.code)
+        return JSONResponse(body, status_code=err.status)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         # A bug, not the client's fault; still answered in OpenAI's shape (Starlette logs the traceback).
         on_error(500)
-        return JSONResponse(
-            error_body(500, f"internal error: {type(exc).__name__}: {exc}"[:500]), status_code=500
-        )
+        message = f"internal error: {type(exc).__name__}: {exc}"[:500]
+        return JSONResponse(route_error_body(request.url.path, 500, message), status_code=500)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -263,16 +300,16 @@ def install_error_handlers(app: FastAPI, on_error: Callable[[int], None] = lambd
         if isinstance(exc.__cause__, UnicodeDecodeError):
             # FastAPI's "There was an error parsing the body": the JSON decoder met bytes that
             # are not UTF-8 (a compressed body sent without its Content-Encoding reads so too)
-            return JSONResponse(error_body(400, _not_utf8(exc.__cause__)), status_code=400)
+            body = route_error_body(request.url.path, 400, _not_utf8(exc.__cause__))
+            return JSONResponse(body, status_code=400)
         if isinstance(exc.__cause__, RecursionError):  # the same message for a body nested too deep
             message = "malformed JSON body: nested deeper than the JSON decoder goes (about 1,000 levels)"
-            return JSONResponse(error_body(400, message), status_code=400)
+            return JSONResponse(route_error_body(request.url.path, 400, message), status_code=400)
         # exc.headers: a 405's Allow, which RFC 9110 requires; every GET route answers HEAD too
         # (HeadAsGet), which the router does not know
         headers = dict(exc.headers or {})
         allow = [m.strip() for m in headers.get("Allow", "").split(",") if m.strip()]
         if "GET" in allow and "HEAD" not in allow:
             headers["Allow"] = ", ".join([*allow, "HEAD"])
-        return JSONResponse(
-            error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code, headers=headers or None
-        )
+        body = route_error_body(request.url.path, exc.status_code, str(exc.detail))
+        return JSONResponse(body, status_code=exc.status_code, headers=headers or None)
