@@ -4,7 +4,7 @@ FastAPI documents a 422 with its own body for every route that validates input; 
 answers such input with a 400 in OpenAI's error shape (``errors.py``), and has more answers of its
 own (413 or 415 before a body is read, 429 when full, 504 past a request's ``timeout``...). The
 schema here replaces FastAPI's 422 with what each route can really answer, all with the one error
-body, so clients and schema-driven fuzzers (schemathesis) can check responses against it.
+body (Anthropic's on its /v1/messages routes), so clients and schema-driven fuzzers (schemathesis) can check responses against it.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from minisgl_core.server.errors import ERROR_TYPES
+from minisgl_core.server.errors import ANTHROPIC_ERROR_TYPES, ERROR_TYPES, is_anthropic_path
 from minisgl_core.server.native_routes import PUBLIC_PATHS
 
 #: OpenAI's error body, as ``errors.error_body`` writes it
@@ -35,6 +35,29 @@ ERROR_SCHEMA: dict[str, Any] = {
                 "code": {"type": ["string", "null"]},
             },
         }
+    },
+}
+
+#: Anthropic's error body, as ``errors.anthropic_error_body`` writes it (/v1/messages)
+ANTHROPIC_ERROR_SCHEMA: dict[str, Any] = {
+    "title": "AnthropicErrorResponse",
+    "type": "object",
+    "required": ["type", "error"],
+    "additionalProperties": False,
+    "properties": {
+        "type": {"type": "string", "const": "error"},
+        "error": {
+            "type": "object",
+            "required": ["type", "message"],
+            "additionalProperties": False,
+            "properties": {
+                "type": {
+                    "type": "string",
+                    "enum": sorted({*ANTHROPIC_ERROR_TYPES.values(), "invalid_request_error", "api_error"}),
+                },
+                "message": {"type": "string"},
+            },
+        },
     },
 }
 
@@ -60,13 +83,22 @@ ERROR_MEANINGS = {
 
 #: routes that run the engine: they stream (SSE) on request and answer every engine-side error
 #: (SageMaker's /invocations answers as one of the others)
-GENERATING = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/generate", "/invocations"}
+GENERATING = {
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/responses",
+    "/v1/messages",
+    "/generate",
+    "/invocations",
+}
 #: routes that take a ``model`` they may not serve
 NAMING_A_MODEL = {
     "/v1/chat/completions",
     "/v1/completions",
     "/v1/responses",
     "/v1/responses/input_tokens",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
     "/invocations",
     "/v1/models/{model_id}",
     "/tokenize",
@@ -126,7 +158,8 @@ def build_schema(app: FastAPI, protected: bool) -> dict[str, Any]:
     for model in components.values():
         _nullable_optionals(model)
     components["ErrorResponse"] = ERROR_SCHEMA
-    error_ref = {"$ref": "#/components/schemas/ErrorResponse"}
+    components["AnthropicErrorResponse"] = ANTHROPIC_ERROR_SCHEMA
+    openai_error_ref = {"$ref": "#/components/schemas/ErrorResponse"}
     # SGLang's answer beside OpenAI's error: {"success": false, "message", "num_paused_requests"}
     components["WeightUpdateFailure"] = {
         **ERROR_SCHEMA,
@@ -140,6 +173,12 @@ def build_schema(app: FastAPI, protected: bool) -> dict[str, Any]:
         },
     }
     for path, operations in schema.get("paths", {}).items():
+        # (Anthropic's routes answer errors in its shape)
+        error_ref = (
+            {"$ref": "#/components/schemas/AnthropicErrorResponse"}
+            if is_anthropic_path(path)
+            else openai_error_ref
+        )
         for method, operation in operations.items():
             responses = operation.setdefault("responses", {})
             responses.pop("422", None)

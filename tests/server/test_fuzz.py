@@ -1,5 +1,5 @@
 """Fuzzing the live server: whatever a client sends, no 5xx, the server stays alive, and every
-error comes in OpenAI's shape.
+error comes in OpenAI's shape (Anthropic's on /v1/messages).
 
 Two sources of requests, both bounded to run in CI on two cores in about a minute:
 
@@ -96,6 +96,9 @@ def assert_well_formed(response: Any) -> None:
     """No 5xx (but the 504 a request's own ``timeout`` asks for when it runs out); an error is
     OpenAI's ``{"error": {message, type, param, code}}``."""
     status = response.status_code
+    if "/v1/messages" in str(response.request.url):
+        assert_anthropic_well_formed(response)
+        return
     if status == 504:  # a fuzzed tiny `timeout`: the deadline the client set, not a server fault
         assert response.json()["error"]["code"] == "request_timeout", response.text[:2000]
         return
@@ -123,6 +126,20 @@ def assert_well_formed(response: Any) -> None:
             assert error is None or error["code"] == "request_timeout", event
 
 
+def assert_anthropic_well_formed(response: Any) -> None:
+    """/v1/messages answers in Anthropic's shape: an error ``{"type": "error", "error": {type,
+    message}}``; a stream of its events, the last ``message_stop`` (a fuzzed body sets no timeout:
+    no error event)."""
+    assert response.status_code < 500, response.text[:2000]
+    if response.status_code >= 400:
+        body = response.json()
+        assert set(body) == {"type", "error"} and body["type"] == "error", body
+        assert set(body["error"]) == {"type", "message"} and body["error"]["message"], body
+    elif "text/event-stream" in str(response.headers.get("content-type", "")):
+        events = [line[len("data: ") :] for line in response.text.split("\n") if line.startswith("data: ")]
+        assert [json.loads(e)["type"] for e in events[:1] + events[-1:]] == ["message_start", "message_stop"]
+
+
 def assert_alive(url: str) -> None:
     health = httpx.get(f"{url}/health", timeout=30)
     assert health.status_code == 200 and health.json()["status"] == "ok", health.text
@@ -134,7 +151,8 @@ def assert_alive(url: str) -> None:
 @SCHEMA.parametrize()
 @FUZZ_SETTINGS
 def test_schema_fuzz_gets_no_server_error(case, server, auth):
-    if case.path != "/v1/responses/input_tokens":  # (a count generates nothing: no max_output_tokens)
+    # (a count generates nothing: no max_output_tokens, no max_tokens)
+    if case.path not in ("/v1/responses/input_tokens", "/v1/messages/count_tokens"):
         case.body = bound_output(case.body)
     response = case.call(base_url=server.url, headers=auth, timeout=120)
     assert_well_formed(response)

@@ -268,6 +268,16 @@ def test_the_key_is_taken_as_x_api_key_and_refused_in_anthropics_shape(server, m
     assert chat.status_code == 401 and set(chat.json()) == {"error"}
 
 
+def test_the_body_gates_refusals_are_in_anthropics_shape(server):
+    """The middleware's answers (before any route runs) follow the path too: a compressed body's 415."""
+    headers = {"x-api-key": API_KEY, "Content-Encoding": "gzip", "Content-Type": "application/json"}
+    resp = httpx.post(f"{server.url}/v1/messages", content=b"\x1f\x8b", headers=headers)
+    assert resp.status_code == 415 and resp.json()["type"] == "error", resp.text
+    assert "Content-Encoding" in resp.json()["error"]["message"]
+    chat = httpx.post(f"{server.url}/v1/chat/completions", content=b"\x1f\x8b", headers=headers)
+    assert chat.status_code in (401, 415) and set(chat.json()) == {"error"}
+
+
 # ------------------------------------------------------------------ tools and thinking
 
 
