@@ -332,6 +332,15 @@ def test_a_tool_result_sent_back_is_chats_tool_message(tools_clients, model_name
     assert text == (chat.choices[0].message.content or "")
     count = claude.messages.count_tokens(model=model_name, messages=messages, tools=[WEATHER])
     assert count.input_tokens == msg.usage.input_tokens
+    # a failed tool's result: chat's tool message has no error flag, so the text says it
+    failed = [*messages[:2], {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                                            "content": "Sunny", "is_error": True}]}]  # fmt: skip
+    errored = [*chat_messages[:2], {**chat_messages[2], "content": "Error: Sunny"}]
+    assert claude.messages.count_tokens(model=model_name, messages=failed, tools=[WEATHER]).input_tokens == (
+        openai_client.chat.completions.create(
+            model=model_name, messages=errored, tools=chat_tools, max_tokens=1
+        ).usage.prompt_tokens
+    )
 
 
 def test_a_thinking_block_sent_back_is_the_assistants_reasoning(tools_clients, model_name):
