@@ -41,9 +41,13 @@ def _key_matches(authorization: str, expected: bytes) -> bool:
 
 def _authorized(path: str, authorization: str, x_api_key: str | None, expected: bytes) -> bool:
     """The key in ``Authorization: Bearer``, or on Anthropic's routes in ``x-api-key``."""
-    if x_api_key is not None and is_anthropic_path(path):
-        return secrets.compare_digest(x_api_key.encode(), expected)
-    return _key_matches(authorization, expected)
+    if _key_matches(authorization, expected):
+        return True
+    return (
+        x_api_key is not None
+        and is_anthropic_path(path)
+        and secrets.compare_digest(x_api_key.encode(), expected)
+    )
 
 
 def _refusal(path: str) -> JSONResponse:
