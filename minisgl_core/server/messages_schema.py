@@ -313,7 +313,8 @@ class MessagesRequest(MessagesInput):
             raise _Refused(
                 f"a thinking budget under max_tokens ({budget} < {self.max_tokens}) is not supported: "
                 "minisgl cannot end the thinking apart from the answer (both count in max_tokens); "
-                "send budget_tokens of at least max_tokens, or lower max_tokens",
+                'send thinking {"type": "adaptive"} (the model thinks as it decides, within '
+                "max_tokens), or budget_tokens of at least max_tokens",
                 "thinking.budget_tokens",
             )
         return self
