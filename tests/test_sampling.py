@@ -777,8 +777,9 @@ def test_a_requests_priority_travels_and_old_encodings_read_as_0():
     assert engine.priority == 2**63 - 1
     request = Request(1, engine.prompt_ids, engine.params, 0, priority=engine.priority)
     assert request.view().priority == 2**63 - 1
-    # [tag, rid, prompt_ids, params]: the encoding without the field (nor cache_salt, after it)
-    old = msgpack.unpackb(encode(EngineRequest(1, [5, 6], SamplingParams(max_tokens=3), 9, 77)))[:-2]
+    # [tag, rid, prompt_ids, params]: the encoding without the field (nor cache_salt and
+    # prediction_ids, after it)
+    old = msgpack.unpackb(encode(EngineRequest(1, [5, 6], SamplingParams(max_tokens=3), 9, 77, [3])))[:-3]
     assert decode(msgpack.packb(old)).priority == 0
 
 
@@ -797,8 +798,10 @@ def test_a_requests_cache_salt_travels_and_old_encodings_read_as_0():
     assert (decode(encode(tokenize)).priority, decode(encode(tokenize)).cache_salt) == (2, key)
     engine = decode(encode(EngineRequest(1, [5, 6], SamplingParams(max_tokens=3), 4, key)))
     assert (engine.priority, engine.cache_salt) == (4, key)
-    old = msgpack.unpackb(encode(EngineRequest(1, [5, 6], SamplingParams(max_tokens=3), 4, key)))[:-1]
+    # (without it and prediction_ids, after it)
+    old = msgpack.unpackb(encode(EngineRequest(1, [5, 6], SamplingParams(max_tokens=3), 4, key, [3])))[:-2]
     assert (decode(msgpack.packb(old)).priority, decode(msgpack.packb(old)).cache_salt) == (4, 0)
+    assert decode(msgpack.packb(old)).prediction_ids is None
 
 
 def test_triton_draw_does_not_compile_per_seed():

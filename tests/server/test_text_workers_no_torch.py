@@ -16,6 +16,8 @@ import pytest
 
 from minisgl_core.demo.factories import train_tokenizer
 
+from .conftest import ENGINE_ARGS
+
 # Runs in a fresh interpreter: this test process has long imported torch.
 CHILD = r"""
 import json, sys
@@ -142,10 +144,12 @@ def _mapped_libraries(pid: int) -> str:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_served_text_workers_have_no_torch_loaded(server):
-    """The real server's tokenizer and detokenizer processes (the shared test server: a model
-    directory, AutoTokenizer's path) have no torch library mapped; the scheduler rank has (so the
-    check can tell)."""
+def test_served_text_workers_have_no_torch_loaded(start_server, model_dir):
+    """The real server's tokenizer and detokenizer processes (a model directory, AutoTokenizer's
+    path) have no torch library mapped; the scheduler rank has (so the check can tell). A server of
+    its own: the session's shared one may have served a grammar, whose backend (xgrammar) imports
+    torch in the tokenizer process when the first one comes (CI found it so)."""
+    server = start_server(["--model", str(model_dir), *ENGINE_ARGS])
     roles = {Path(f"/proc/{pid}/comm").read_text().strip(): pid for pid in server.children()}
     assert "libtorch" in _mapped_libraries(roles["minisgl-sched0"])
     for role in ("minisgl-tok", "minisgl-detok"):
