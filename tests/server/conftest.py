@@ -149,6 +149,18 @@ def metrics(url: str) -> dict[str, float]:
 
 
 @pytest.fixture(scope="session")
+def grammar_backend() -> None:
+    """Skip (before any server starts) unless a grammar backend plugin is installed: without one,
+    response_format, text.format and forced tool calls cannot be enforced."""
+    from minisgl_core.plugins import Plugins
+
+    if not Plugins.load().registry.get("grammars"):
+        pytest.skip(
+            "no grammar backend installed: structured output and forced tool calls cannot be enforced"
+        )
+
+
+@pytest.fixture(scope="session")
 def engine_args() -> list[str]:
     return list(ENGINE_ARGS)
 

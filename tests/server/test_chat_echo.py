@@ -26,14 +26,6 @@ CONTINUE = {"add_generation_prompt": False, "continue_final_message": True}
 CONTINUED = [*ASK, {"role": "assistant", "content": PREFIX}]
 
 
-@pytest.fixture(scope="module")
-def grammar_backend() -> None:
-    from minisgl_core.plugins import Plugins
-
-    if not Plugins.load().registry.get("grammars"):
-        pytest.skip("no grammar backend installed: tool_choice and response_format cannot be enforced")
-
-
 def create(client, model_name, messages, echo: bool, extra: dict | None = None, **kwargs):
     kwargs = {"max_tokens": 6, "temperature": 0, **kwargs}
     body = {**(extra or {}), "echo": echo}

@@ -48,14 +48,6 @@ def claude(server):
 
 
 @pytest.fixture(scope="module")
-def grammar_backend() -> None:
-    from minisgl_core.plugins import Plugins
-
-    if not Plugins.load().registry.get("grammars"):
-        pytest.skip("no grammar backend installed: tool_choice cannot be enforced")
-
-
-@pytest.fixture(scope="module")
 def tools_server(start_server, model_dir, engine_args):
     """A template that renders tools, tool calls and an assistant's reasoning, and the parsers."""
     return start_server(

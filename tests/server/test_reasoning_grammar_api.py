@@ -31,14 +31,6 @@ PICK = {"type": "function", "function": {"name": "pick", "parameters": SCHEMA}}
 
 
 @pytest.fixture(scope="module")
-def grammar_backend() -> None:
-    from minisgl_core.plugins import Plugins
-
-    if not Plugins.load().registry.get("grammars"):
-        pytest.skip("no grammar backend installed")
-
-
-@pytest.fixture(scope="module")
 def thinker_dir(tmp_path_factory) -> Path:
     return make_model_dir(
         tmp_path_factory.mktemp("model") / "thinker", added_tokens=("<think>", "</think>"), seed=1

@@ -67,14 +67,6 @@ def chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def grammar_backend() -> None:
-    from minisgl_core.plugins import Plugins
-
-    if not Plugins.load().registry.get("grammars"):
-        pytest.skip("no grammar backend installed: text.format and tool_choice cannot be enforced")
-
-
-@pytest.fixture(scope="module")
 def tools_server(start_server, model_dir, engine_args):
     """A template that renders tools, tool calls and an assistant's reasoning (the demo's has
     none), and the output parsers that read them back."""

@@ -274,15 +274,6 @@ BOUNDED = {
 }
 
 
-@pytest.fixture(scope="module")
-def grammar_backend() -> None:
-    """Skip (before any server starts) unless a grammar backend plugin is installed."""
-    from minisgl_core.plugins import Plugins
-
-    if not Plugins.load().registry.get("grammars"):
-        pytest.skip("no grammar backend installed: tool_choice's GrammarSpec cannot be enforced")
-
-
 @pytest.mark.parametrize("stream", [False, True])
 def test_forced_tool_call_round_trip(grammar_backend, tools_client, model_name, stream):
     """tools -> tool_calls -> tool message -> answer with a random model: the named tool_choice's
